@@ -1,0 +1,45 @@
+"""Describes the engine and model a measurement ran on (report header, baselines)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """Static facts about an engine: which backend, which model, which settings."""
+
+    engine: str
+    model: str
+    model_path: str | None = None
+    model_size_bytes: int | None = None
+    n_params: int | None = None
+    quantization: str | None = None
+    n_layer: int | None = None
+    n_threads: int | None = None
+    n_ctx: int | None = None
+    n_batch: int | None = None
+    n_gpu_layers: int | None = None
+    load_ms: float | None = None
+    native_load_ms: float | None = None
+    backend_version: str | None = None
+
+    def describe(self) -> str:
+        parts = [self.model]
+        if self.model_size_bytes is not None:
+            parts.append(_human_bytes(self.model_size_bytes))
+        if self.quantization:
+            parts.append(self.quantization)
+        if self.n_params is not None:
+            parts.append(f"{self.n_params / 1e6:.1f} M params")
+        if self.n_layer is not None:
+            parts.append(f"{self.n_layer} layers")
+        return ", ".join(parts)
+
+
+def _human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")

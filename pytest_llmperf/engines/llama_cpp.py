@@ -1,0 +1,291 @@
+"""llama.cpp in process, through llama-cpp-python's low-level API.
+
+Why not ``create_completion(stream=True)``: its chunks are held back for UTF-8 and stop
+sequences, so chunk times are not token times. This engine drives ``llama_decode`` and the
+native sampler itself and reads the clock right after each token id is available. Everything
+the run needs (token arrays, batches' inputs, output slots) is prepared before the first clock
+read, so the timed region holds only llama.cpp's work and the loop that calls it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..engine_info import EngineInfo
+from ..errors import EngineError
+from ..trace import NativeCounters, RunTrace
+from ..workload import Workload
+
+GGUF_MAGIC = b"GGUF"
+
+
+def import_llama_cpp() -> Any:
+    try:
+        import llama_cpp
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise EngineError(
+            f"llama-cpp-python is not importable ({exc}); install it: pip install llama-cpp-python"
+        ) from None
+    return llama_cpp
+
+
+def llama_cpp_version() -> str | None:
+    try:
+        return metadata.version("llama-cpp-python")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def check_gguf(path: str | os.PathLike[str]) -> Path:
+    """Fail with a one-line message unless ``path`` is a readable GGUF file."""
+    p = Path(path)
+    if not p.exists():
+        raise EngineError(f"model file not found: {p}; give a GGUF path or a preset name (tiny, small)")
+    if not p.is_file():
+        raise EngineError(f"model path is not a file: {p}")
+    with p.open("rb") as fh:
+        magic = fh.read(4)
+    if magic != GGUF_MAGIC:
+        raise EngineError(f"not a GGUF model file (starts with {magic!r}, expected b'GGUF'): {p}")
+    return p
+
+
+def default_threads() -> int:
+    """All CPUs this process may use (llama-cpp-python's own default is half of them)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def split_prompt(n_tokens: int, n_batch: int) -> list[tuple[int, int]]:
+    """(start, length) chunks of at most ``n_batch`` tokens, never a trailing 1-token chunk.
+
+    llama.cpp books a synchronize after a single queued token as decode, not prefill; a
+    one-token tail would move prompt time into the decode counters.
+    """
+    chunks = [(s, min(n_batch, n_tokens - s)) for s in range(0, n_tokens, n_batch)]
+    if len(chunks) > 1 and chunks[-1][1] == 1:
+        (s1, n1), (s2, _) = chunks[-2], chunks[-1]
+        chunks[-2:] = [(s1, n1 - 1), (s2 - 1, 2)]
+    return chunks
+
+
+class LlamaCppEngine:
+    """One loaded model and context; each ``run`` is an independent request.
+
+    ``llm`` is the ``llama_cpp.Llama`` object, available to tests; the engine clears the KV
+    cache and resets it before every run, so no prompt prefix is reused between runs.
+    """
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        *,
+        n_ctx: int = 2048,
+        n_threads: int | None = None,
+        n_batch: int = 512,
+        n_gpu_layers: int = 0,
+        name: str | None = None,
+        verbose: bool = False,
+    ) -> None:
+        path = check_gguf(model_path)
+        llama_cpp = import_llama_cpp()
+        self._lib = llama_cpp
+        threads = n_threads or default_threads()
+        started = time.perf_counter_ns()
+        try:
+            self.llm = llama_cpp.Llama(
+                model_path=str(path),
+                n_ctx=n_ctx,
+                n_threads=threads,
+                n_threads_batch=threads,
+                n_batch=n_batch,
+                n_ubatch=n_batch,
+                n_gpu_layers=n_gpu_layers,
+                no_perf=False,
+                verbose=verbose,
+            )
+        except (ValueError, RuntimeError, OSError) as exc:
+            raise EngineError(f"llama.cpp could not load {path}: {exc}") from None
+        load_ms = (time.perf_counter_ns() - started) / 1e6
+
+        self._ctx = self.llm._ctx.ctx
+        self._model = self.llm._model.model
+        self._vocab = self.llm._model.vocab
+        self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
+        self.n_batch = llama_cpp.llama_n_batch(self._ctx)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        self._eog_ids = [t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t)]
+        self._prompt_ids = np.array(
+            [
+                t
+                for t in range(self.n_vocab)
+                if not llama_cpp.llama_vocab_is_control(self._vocab, t) and t not in self._eog_ids
+            ],
+            dtype=np.int64,
+        )
+        self._sampler = self._make_sampler()
+        # One throw-away evaluation: the first decode after load is several times slower, and
+        # it makes llama.cpp record its own load time.
+        self._evaluate_once()
+        native_load_ms = llama_cpp.llama_perf_context(self._ctx).t_load_ms
+
+        self._info = EngineInfo(
+            engine="llama.cpp",
+            model=name or path.stem,
+            model_path=str(path),
+            model_size_bytes=int(llama_cpp.llama_model_size(self._model)),
+            n_params=int(llama_cpp.llama_model_n_params(self._model)),
+            quantization=_quantization(self.llm.metadata),
+            n_layer=int(llama_cpp.llama_model_n_layer(self._model)),
+            n_threads=threads,
+            n_ctx=self.n_ctx,
+            n_batch=self.n_batch,
+            n_gpu_layers=n_gpu_layers,
+            load_ms=load_ms,
+            native_load_ms=float(native_load_ms),
+            backend_version=llama_cpp_version(),
+        )
+
+    # -- setup -------------------------------------------------------------------------------
+
+    def _make_sampler(self) -> Any:
+        """Greedy sampling with every end-of-generation token banned: runs have equal length."""
+        lib = self._lib
+        chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
+        if self._eog_ids:
+            biases = (lib.llama_logit_bias * len(self._eog_ids))()
+            for slot, token in zip(biases, self._eog_ids):
+                slot.token = token
+                slot.bias = float("-inf")
+            lib.llama_sampler_chain_add(
+                chain, lib.llama_sampler_init_logit_bias(self.n_vocab, len(self._eog_ids), biases)
+            )
+        lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_greedy())
+        return chain
+
+    def _clear(self) -> None:
+        lib = self._lib
+        lib.llama_memory_clear(lib.llama_get_memory(self._ctx), True)
+        self.llm.reset()  # keep the Llama object's own token bookkeeping in step
+        lib.llama_sampler_reset(self._sampler)
+        lib.llama_perf_context_reset(self._ctx)
+
+    def _evaluate_once(self) -> None:
+        ids = (self._lib.llama_token * 2)(*self.synthetic_prompt(2, seed=0))
+        if self._lib.llama_decode(self._ctx, self._lib.llama_batch_get_one(ids, 2)) != 0:
+            raise EngineError("llama.cpp failed its first evaluation of the model")
+        self._lib.llama_synchronize(self._ctx)
+        self._clear()
+
+    def synthetic_prompt(self, n_tokens: int, seed: int) -> list[int]:
+        """Exactly ``n_tokens`` ids: BOS (if the model wants one) then seeded ordinary tokens."""
+        rng = np.random.default_rng(seed)
+        head: list[int] = []
+        if self._lib.llama_vocab_get_add_bos(self._vocab):
+            head = [int(self._lib.llama_vocab_bos(self._vocab))]
+        body = rng.choice(self._prompt_ids, size=max(n_tokens - len(head), 0))
+        return (head + [int(t) for t in body])[:n_tokens]
+
+    # -- Engine protocol -----------------------------------------------------------------------
+
+    def info(self) -> EngineInfo:
+        return self._info
+
+    def run(self, workload: Workload, run_index: int) -> RunTrace:
+        lib = self._lib
+        clock = time.perf_counter_ns
+        max_tokens = workload.max_tokens
+        tokenize_ns = 0
+        if workload.prompt is not None:
+            text = workload.prompt.encode("utf-8")
+            before = clock()
+            prompt_ids = self.llm.tokenize(text, add_bos=True, special=False)
+            tokenize_ns = clock() - before
+        else:
+            prompt_ids = self.synthetic_prompt(workload.synthetic_prompt_tokens or 0, workload.seed)
+        self._check_fits(len(prompt_ids), max_tokens)
+        # The arrays must outlive the batches that point into them (kept in ``arrays``).
+        arrays = [
+            (lib.llama_token * n)(*prompt_ids[s : s + n])
+            for s, n in split_prompt(len(prompt_ids), self.n_batch)
+        ]
+        prompt_batches = [lib.llama_batch_get_one(a, len(a)) for a in arrays]
+        one = (lib.llama_token * 1)()
+        batch_one = lib.llama_batch_get_one(one, 1)
+        self._clear()
+
+        decode = lib.llama_decode
+        sample = lib.llama_sampler_sample
+        ctx, sampler = self._ctx, self._sampler
+        token_ns = [0] * max_tokens
+        token_ids = [0] * max_tokens
+
+        start = clock()
+        for batch in prompt_batches:
+            if decode(ctx, batch) != 0:
+                raise EngineError(f"llama_decode failed on the prompt ({len(prompt_ids)} tokens)")
+        lib.llama_synchronize(ctx)
+        prefill_done = clock()
+        token = sample(sampler, ctx, -1)
+        token_ns[0] = clock()
+        token_ids[0] = token
+        for i in range(1, max_tokens):
+            one[0] = token
+            if decode(ctx, batch_one) != 0:
+                raise EngineError(f"llama_decode failed at generated token {i + 1}")
+            token = sample(sampler, ctx, -1)
+            token_ns[i] = clock()
+            token_ids[i] = token
+
+        perf = lib.llama_perf_context(ctx)
+        return RunTrace(
+            start_ns=start,
+            prefill_done_ns=prefill_done,
+            token_ns=tuple(token_ns),
+            prompt_tokens=len(prompt_ids),
+            tokenize_ns=tokenize_ns,
+            native=NativeCounters(
+                prefill_ms=float(perf.t_p_eval_ms),
+                prefill_tokens=int(perf.n_p_eval),
+                decode_ms=float(perf.t_eval_ms),
+                decode_tokens=int(perf.n_eval),
+            ),
+            token_ids=tuple(token_ids),
+        )
+
+    def _check_fits(self, prompt_tokens: int, max_tokens: int) -> None:
+        if prompt_tokens + max_tokens > self.n_ctx:
+            raise EngineError(
+                f"context too small: {prompt_tokens} prompt + {max_tokens} generated tokens > "
+                f"n_ctx {self.n_ctx}; raise --llmperf-n-ctx or shorten the workload"
+            )
+
+    def close(self) -> None:
+        if getattr(self, "_sampler", None) is not None:
+            self._lib.llama_sampler_free(self._sampler)
+            self._sampler = None
+        if getattr(self, "llm", None) is not None:
+            self.llm.close()
+
+
+def _quantization(meta: dict[str, str]) -> str | None:
+    """general.file_type as llama.cpp names it (F16, Q8_0, Q4_K_M...)."""
+    raw = meta.get("general.file_type")
+    if raw is None:
+        return None
+    try:
+        from gguf import LlamaFileType
+
+        name = LlamaFileType(int(raw)).name
+    except (ImportError, ValueError):
+        return f"file_type {raw}"
+    return name.removeprefix("MOSTLY_").removeprefix("ALL_")

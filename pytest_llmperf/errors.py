@@ -1,0 +1,16 @@
+"""User-facing errors: each carries a one-line message that says what to do."""
+
+
+class LLMPerfError(Exception):
+    """A problem the user can fix (bad model path, bad marker key, context too small...).
+
+    The plugin shows ``str(error)`` as a single line, without a traceback.
+    """
+
+
+class ConfigError(LLMPerfError):
+    """Invalid configuration: options, ini settings, marker keys."""
+
+
+class EngineError(LLMPerfError):
+    """The engine could not load the model or run the workload."""

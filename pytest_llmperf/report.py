@@ -1,0 +1,134 @@
+"""Plain-text reports: the per-test metrics table and the session summary table.
+
+Summary rows travel as flat ``user_properties`` on test reports (scalars only), so they reach
+the controller under pytest-xdist and land in JUnit XML as properties.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable, Sequence
+
+from .budgets import BudgetFailure, fmt
+from .metrics import Measurement
+
+PROPERTY_RE = re.compile(r"^llmperf(?:\[(?P<label>[^\]]*)\])?\.(?P<field>\w+)$")
+
+
+def render_table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    rows = [list(r) for r in rows]
+    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows)]
+
+    def line(cells: Sequence[str]) -> str:
+        first, *rest = cells
+        return "  ".join([str(first).ljust(widths[0])] + [str(c).rjust(w) for c, w in zip(rest, widths[1:])])
+
+    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def _opt(value: float | None) -> str:
+    return "n/a" if value is None else fmt(value)
+
+
+def metrics_table(m: Measurement) -> str:
+    """The detail section of one measurement: every figure with its sample count."""
+    itl = m.itl
+    head = (
+        f"{m.engine.engine}: {m.engine.describe()}; threads {m.engine.n_threads}\n"
+        f"workload: {m.prompt_tokens if m.prompt_tokens is not None else '?'} prompt tokens, "
+        f"{m.output_tokens} generated per run, {m.n_runs} runs (+{m.workload.warmup} warm-up discarded)\n"
+    )
+    rows = [
+        ("TTFT median / p95", "ms", f"{fmt(m.ttft_ms)} / {fmt(m.ttft_p95_ms)}", f"{m.n_runs} runs"),
+        ("tokenize median", "ms", fmt(m.tokenize_ms), f"{m.n_runs} runs"),
+        ("prefill median", "ms", _opt(m.prefill_ms), f"{m.n_runs} runs"),
+        ("prefill (llama.cpp) median", "ms", _opt(m.native_prefill_ms), f"{m.n_runs} runs"),
+        ("prefill TPS median", "t/s", _opt(m.prefill_tps), f"{m.n_runs} runs"),
+        ("decode TPOT median", "ms", fmt(m.tpot_ms), f"{m.n_runs} runs"),
+        ("decode (llama.cpp) median", "ms/token", _opt(m.native_decode_ms_per_token), f"{m.n_runs} runs"),
+        ("engine overhead median", "ms/token", _opt(m.overhead_ms_per_token), f"{m.n_runs} runs"),
+        ("decode TPS median", "t/s", fmt(m.decode_tps), f"{m.n_runs} runs"),
+        ("E2E median", "ms", fmt(m.e2e_ms), f"{m.n_runs} runs"),
+        ("ITL p50 / p90", "ms", f"{fmt(itl.p50_ms)} / {fmt(itl.p90_ms)}", f"{itl.count} tokens"),
+        ("ITL p95 / p99", "ms", f"{fmt(itl.p95_ms)} / {fmt(itl.p99_ms)}", f"{itl.count} tokens"),
+        ("ITL mean +- stdev", "ms", f"{fmt(itl.mean_ms)} +- {fmt(itl.stdev_ms)}", f"{itl.count} tokens"),
+        ("ITL CV", "", f"{itl.cv:.1%}", f"{itl.count} tokens"),
+        ("ITL min / max", "ms", f"{fmt(itl.min_ms)} / {fmt(itl.max_ms)}", f"{itl.count} tokens"),
+    ]
+    if m.engine.load_ms is not None:
+        rows.append(("model load (wall)", "ms", fmt(m.engine.load_ms), "1 load"))
+    if m.engine.native_load_ms is not None:
+        rows.append(("model load (llama.cpp)", "ms", fmt(m.engine.native_load_ms), "1 load"))
+    return head + render_table(("metric", "unit", "value", "sample"), rows)
+
+
+def properties(m: Measurement, failure: BudgetFailure | None, n_budgets: int) -> list[tuple[str, Any]]:
+    """Flat, JSON-safe key/value pairs for ``report.user_properties`` and JUnit XML."""
+    prefix = f"llmperf[{m.label}]." if m.label else "llmperf."
+    budget = "-" if not n_budgets else ("FAIL " + ",".join(b.key for b in failure.breaches) if failure else "ok")
+    values: dict[str, Any] = {
+        "model": m.engine.model,
+        "engine": m.engine.engine,
+        "prompt_tokens": m.prompt_tokens,
+        "output_tokens": m.output_tokens,
+        "runs": m.n_runs,
+        "ttft_ms": m.ttft_ms,
+        "ttft_p95_ms": m.ttft_p95_ms,
+        "prefill_ms": m.prefill_ms,
+        "prefill_tps": m.prefill_tps,
+        "tpot_ms": m.tpot_ms,
+        "decode_tps": m.decode_tps,
+        "e2e_ms": m.e2e_ms,
+        "itl_count": m.itl.count,
+        "itl_p50_ms": m.itl.p50_ms,
+        "itl_p90_ms": m.itl.p90_ms,
+        "itl_p95_ms": m.itl.p95_ms,
+        "itl_p99_ms": m.itl.p99_ms,
+        "itl_cv": m.itl.cv,
+        "native_prefill_ms": m.native_prefill_ms,
+        "native_decode_ms_per_token": m.native_decode_ms_per_token,
+        "overhead_ms_per_token": m.overhead_ms_per_token,
+        "budget": budget,
+    }
+    return [(prefix + k, v) for k, v in values.items()]
+
+
+def rows_from_properties(nodeid: str, props: Iterable[tuple[str, Any]]) -> list[dict[str, Any]]:
+    """Inverse of ``properties``: one dict per measurement of a test."""
+    rows: dict[str, dict[str, Any]] = {}
+    for key, value in props:
+        match = PROPERTY_RE.match(str(key))
+        if match:
+            label = match.group("label") or ""
+            row = rows.setdefault(label, {"test": nodeid + (f"[{label}]" if label else "")})
+            row[match.group("field")] = value
+    return list(rows.values())
+
+
+SUMMARY_COLUMNS = (
+    ("test", "test"),
+    ("model", "model"),
+    ("prompt", "prompt_tokens"),
+    ("gen", "output_tokens"),
+    ("runs", "runs"),
+    ("TTFT ms", "ttft_ms"),
+    ("prefill t/s", "prefill_tps"),
+    ("decode t/s", "decode_tps"),
+    ("ITL p50 ms", "itl_p50_ms"),
+    ("p95 ms", "itl_p95_ms"),
+    ("p99 ms", "itl_p99_ms"),
+    ("budget", "budget"),
+)
+
+
+def summary_table(rows: Sequence[dict[str, Any]]) -> str:
+    def cell(value: Any) -> str:
+        if value is None:
+            return "n/a"
+        if isinstance(value, float):
+            return fmt(value)
+        return str(value)
+
+    return render_table(
+        [h for h, _ in SUMMARY_COLUMNS], [[cell(r.get(f)) for _, f in SUMMARY_COLUMNS] for r in rows]
+    )

@@ -1,0 +1,116 @@
+"""The one description of the ``llmperf`` marker's keys: validation, help text and docs.
+
+Budget keys map to a statistic of a Measurement (see ``budgets.STATISTICS``); workload keys
+become fields of a ``Workload``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str
+    kind: str  # "budget" or "workload"
+    help: str
+    check: Callable[[str, Any], Any]
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"llmperf marker key {name!r} must be a number, got {value!r}")
+    if not value > 0:
+        raise ConfigError(f"llmperf marker key {name!r} must be > 0, got {value!r}")
+    return float(value)
+
+
+def _int_at_least(minimum: int) -> Callable[[str, Any], int]:
+    def check(name: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"llmperf marker key {name!r} must be an integer, got {value!r}")
+        if value < minimum:
+            raise ConfigError(f"llmperf marker key {name!r} must be >= {minimum}, got {value}")
+        return value
+
+    return check
+
+
+def _text(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"llmperf marker key {name!r} must be a non-empty string, got {value!r}")
+    return value
+
+
+KEYS: dict[str, Key] = {
+    k.name: k
+    for k in [
+        Key("p50_ms", "budget", "max pooled decode ITL p50 (ms)", _number),
+        Key("p90_ms", "budget", "max pooled decode ITL p90 (ms)", _number),
+        Key("p95_ms", "budget", "max pooled decode ITL p95 (ms)", _number),
+        Key("p99_ms", "budget", "max pooled decode ITL p99 (ms)", _number),
+        Key("ttft_ms", "budget", "max median time to first token (ms)", _number),
+        Key("ttft_p95_ms", "budget", "max p95 over runs of time to first token (ms)", _number),
+        Key("tpot_ms", "budget", "max median time per output token (ms)", _number),
+        Key("e2e_ms", "budget", "max median end-to-end request time (ms)", _number),
+        Key("min_tps", "budget", "min median decode tokens/s", _number),
+        Key("min_prefill_tps", "budget", "min median prefill (prompt) tokens/s", _number),
+        Key("prompt", "workload", "literal prompt text", _text),
+        Key("prompt_tokens", "workload", "synthetic prompt of exactly N tokens", _int_at_least(1)),
+        Key("max_tokens", "workload", "tokens generated per run (>= 2, EOS cannot end a run)", _int_at_least(2)),
+        Key("runs", "workload", "measured runs (>= 1)", _int_at_least(1)),
+        Key("warmup", "workload", "discarded warm-up runs before measuring (>= 0)", _int_at_least(0)),
+    ]
+}
+
+BUDGET_KEYS = tuple(k for k, v in KEYS.items() if v.kind == "budget")
+WORKLOAD_KEYS = tuple(k for k, v in KEYS.items() if v.kind == "workload")
+
+
+@dataclass(frozen=True)
+class MarkerConfig:
+    """Validated marker arguments, split by kind."""
+
+    budgets: Mapping[str, float]
+    workload: Mapping[str, Any]
+
+    def merged(self, overrides: Mapping[str, Any]) -> "MarkerConfig":
+        extra = validate(overrides)
+        workload = dict(self.workload)
+        # A prompt given here replaces the marker's prompt of either kind.
+        if "prompt" in extra.workload or "prompt_tokens" in extra.workload:
+            workload.pop("prompt", None)
+            workload.pop("prompt_tokens", None)
+        return MarkerConfig(
+            budgets={**self.budgets, **extra.budgets},
+            workload={**workload, **extra.workload},
+        )
+
+
+def validate(kwargs: Mapping[str, Any], args: tuple[Any, ...] = ()) -> MarkerConfig:
+    """Check marker keys and values; a ConfigError names the key and the allowed keys."""
+    if args:
+        raise ConfigError(
+            f"llmperf marker takes keyword arguments only, got positional {args!r}; "
+            f"allowed keys: {', '.join(KEYS)}"
+        )
+    budgets: dict[str, float] = {}
+    workload: dict[str, Any] = {}
+    for name, value in kwargs.items():
+        key = KEYS.get(name)
+        if key is None:
+            raise ConfigError(f"unknown llmperf marker key {name!r}; allowed keys: {', '.join(KEYS)}")
+        (budgets if key.kind == "budget" else workload)[name] = key.check(name, value)
+    if "prompt" in workload and "prompt_tokens" in workload:
+        raise ConfigError("llmperf marker: give either 'prompt' or 'prompt_tokens', not both")
+    return MarkerConfig(budgets=budgets, workload=workload)
+
+
+def marker_help() -> str:
+    """The text registered for ``pytest --markers``."""
+    return "llmperf(**keys): measure LLM inference for this test and enforce budgets. Keys: " + ", ".join(
+        f"{k.name} ({k.help})" for k in KEYS.values()
+    )

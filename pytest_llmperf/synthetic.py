@@ -1,0 +1,243 @@
+"""The embedded default model: a llama-architecture GGUF with seeded random weights.
+
+No model hub is reachable in CI, so the plugin writes its own model. Random weights produce
+meaningless text, but llama.cpp runs exactly the same kernels over them as over a trained
+model of the same shape, which is what a timing test needs. Same spec, same bytes: the file
+name carries a digest of the spec and the write is atomic, so the cache is safe to share
+between sessions and pytest-xdist workers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+#: Bump when the generator's output changes for an unchanged spec (invalidates cached files).
+GENERATOR_VERSION = 1
+
+DTYPES = ("F32", "F16", "Q8_0")
+
+# SentencePiece-style special ids, as llama.cpp's "llama" tokenizer expects them.
+UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
+N_BYTE_TOKENS = 256
+FIRST_NORMAL_ID = 3 + N_BYTE_TOKENS
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shape and storage of a synthetic llama model."""
+
+    name: str
+    n_layer: int = 4
+    n_embd: int = 256
+    n_ff: int = 688
+    n_head: int = 4
+    n_head_kv: int = 4
+    n_vocab: int = 512
+    n_ctx_train: int = 2048
+    dtype: str = "F32"
+    seed: int = 0
+    #: Per-layer FFN widths overriding ``n_ff`` (lets a test make one layer deliberately slow).
+    layer_n_ff: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
+        if self.n_embd % self.n_head or self.n_head % self.n_head_kv:
+            raise ValueError("n_embd must divide by n_head, and n_head by n_head_kv")
+        if self.n_vocab <= FIRST_NORMAL_ID:
+            raise ValueError(f"n_vocab must exceed {FIRST_NORMAL_ID} (special and byte tokens)")
+        if self.layer_n_ff is not None and len(self.layer_n_ff) != self.n_layer:
+            raise ValueError("layer_n_ff needs one width per layer")
+        if self.dtype == "Q8_0" and (self.n_embd % 32 or any(w % 32 for w in self.ffn_widths)):
+            raise ValueError("Q8_0 needs n_embd and FFN widths divisible by 32")
+
+    @property
+    def ffn_widths(self) -> tuple[int, ...]:
+        return self.layer_n_ff if self.layer_n_ff is not None else (self.n_ff,) * self.n_layer
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def n_params(self) -> int:
+        e, kv = self.n_embd, self.n_head_kv * self.head_dim
+        per_layer_fixed = 2 * e + e * e * 2 + 2 * e * kv  # norms, q/o, k/v
+        ffn = sum(3 * e * w for w in self.ffn_widths)
+        return 2 * self.n_vocab * e + e + self.n_layer * per_layer_fixed + ffn
+
+    def digest(self) -> str:
+        payload = json.dumps(
+            {**dataclasses.asdict(self), "generator": GENERATOR_VERSION}, sort_keys=True
+        )
+        return hashlib.sha256(payload.encode()).hexdigest()[:12]
+
+    def filename(self) -> str:
+        return f"llmperf-{self.name}-{self.dtype.lower()}-{self.digest()}.gguf"
+
+
+PRESETS: dict[str, ModelSpec] = {
+    # Fast enough for unit and plugin tests: 3.4 M parameters, well under 1 ms per token.
+    "tiny": ModelSpec(name="tiny"),
+    # GPT-2-small-sized (134 M parameters, 269 MB in F16): weights do not fit in cache, so
+    # decode is memory-bound as with a real model.
+    "small": ModelSpec(
+        name="small",
+        n_layer=12,
+        n_embd=768,
+        n_ff=2048,
+        n_head=12,
+        n_head_kv=12,
+        n_vocab=32000,
+        dtype="F16",
+    ),
+}
+
+
+def _vocab(n_vocab: int) -> tuple[list[bytes], list[float], list[int]]:
+    """Special tokens, the 256 byte tokens (every text encodes) and plain pieces to fill up."""
+    from gguf import TokenType
+
+    tokens = [b"<unk>", b"<s>", b"</s>"]
+    types = [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL]
+    tokens += [f"<0x{b:02X}>".encode() for b in range(N_BYTE_TOKENS)]
+    types += [TokenType.BYTE] * N_BYTE_TOKENS
+    pieces = _pieces(n_vocab - len(tokens))
+    tokens += pieces
+    types += [TokenType.NORMAL] * len(pieces)
+    # Higher score merges first in the SentencePiece tokenizer; specials and bytes score 0.
+    scores = [0.0] * FIRST_NORMAL_ID + [-float(i) for i in range(len(pieces))]
+    return tokens, scores, [int(t) for t in types]
+
+
+def _pieces(count: int) -> list[bytes]:
+    """Deterministic, unique word pieces: printable characters, then letter pairs, triples."""
+    import itertools
+    import string
+
+    space = "\u2581"  # SentencePiece's word-start marker
+    letters = string.ascii_lowercase
+    out: list[str] = []
+    singles = [c for c in string.printable if not c.isspace()]
+    out += singles + [space + c for c in singles]
+    for length in (2, 3, 4):
+        for combo in itertools.product(letters, repeat=length):
+            word = "".join(combo)
+            out += [space + word, word]
+            if len(out) >= count:
+                return [p.encode() for p in out[:count]]
+    if len(out) < count:
+        raise ValueError(f"cannot make {count} distinct pieces")
+    return [p.encode() for p in out[:count]]
+
+
+def write_gguf(spec: ModelSpec, path: str | os.PathLike[str]) -> Path:
+    """Write ``spec`` as a GGUF file at ``path`` (overwrites). Deterministic in ``spec``."""
+    import gguf
+
+    path = Path(path)
+    rng = np.random.default_rng(spec.seed)
+    qtype = gguf.GGMLQuantizationType[spec.dtype]
+    file_type = {
+        "F32": gguf.LlamaFileType.ALL_F32,
+        "F16": gguf.LlamaFileType.MOSTLY_F16,
+        "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+    }[spec.dtype]
+
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_name(f"llmperf-synthetic-{spec.name}")
+    writer.add_context_length(spec.n_ctx_train)
+    writer.add_embedding_length(spec.n_embd)
+    writer.add_block_count(spec.n_layer)
+    if spec.layer_n_ff is None:
+        writer.add_feed_forward_length(spec.n_ff)
+    else:
+        writer.add_feed_forward_length(list(spec.layer_n_ff))
+    writer.add_head_count(spec.n_head)
+    writer.add_head_count_kv(spec.n_head_kv)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(spec.head_dim)
+    writer.add_file_type(int(file_type))
+
+    tokens, scores, types = _vocab(spec.n_vocab)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(BOS_ID)
+    writer.add_eos_token_id(EOS_ID)
+    writer.add_unk_token_id(UNK_ID)
+    writer.add_add_bos_token(True)
+
+    def matrix(name: str, n_out: int, n_in: int) -> None:
+        weights = rng.standard_normal((n_out, n_in), dtype=np.float32) * np.float32(0.02)
+        if qtype == gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(name, weights)
+        else:
+            data = gguf.quants.quantize(weights, qtype)
+            writer.add_tensor(name, data, raw_shape=weights.shape, raw_dtype=qtype)
+
+    def norm(name: str) -> None:
+        writer.add_tensor(name, np.ones(spec.n_embd, dtype=np.float32))  # 1-D stays F32
+
+    e, kv = spec.n_embd, spec.n_head_kv * spec.head_dim
+    matrix("token_embd.weight", spec.n_vocab, e)
+    for i, n_ff in enumerate(spec.ffn_widths):
+        norm(f"blk.{i}.attn_norm.weight")
+        matrix(f"blk.{i}.attn_q.weight", e, e)
+        matrix(f"blk.{i}.attn_k.weight", kv, e)
+        matrix(f"blk.{i}.attn_v.weight", kv, e)
+        matrix(f"blk.{i}.attn_output.weight", e, e)
+        norm(f"blk.{i}.ffn_norm.weight")
+        matrix(f"blk.{i}.ffn_gate.weight", n_ff, e)
+        matrix(f"blk.{i}.ffn_up.weight", n_ff, e)
+        matrix(f"blk.{i}.ffn_down.weight", e, n_ff)
+    norm("output_norm.weight")
+    matrix("output.weight", spec.n_vocab, e)
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def default_cache_dir() -> Path:
+    """``$LLMPERF_CACHE_DIR``, else the user cache dir: models are shared across projects."""
+    env = os.environ.get("LLMPERF_CACHE_DIR")
+    if env:
+        return Path(env)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("pytest-llmperf"))
+
+
+def ensure_model(spec: ModelSpec | str, cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Path of the cached GGUF for ``spec`` (a ModelSpec or a preset name), writing it once."""
+    if isinstance(spec, str):
+        if spec not in PRESETS:
+            raise KeyError(f"unknown preset {spec!r}; presets: {', '.join(PRESETS)}")
+        spec = PRESETS[spec]
+    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    target = folder / spec.filename()
+    if target.is_file():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    # Write beside the target and rename: readers never see a half-written model.
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".gguf", dir=folder)
+    os.close(fd)
+    try:
+        write_gguf(spec, tmp)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target

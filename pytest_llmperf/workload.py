@@ -1,0 +1,58 @@
+"""What to measure: the prompt, how many tokens to generate, how many runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One measurement's request shape and repetition.
+
+    Exactly one of ``prompt`` (literal text, tokenized by the engine) and ``prompt_tokens``
+    (a synthetic prompt of exactly that many tokens, seeded) is used; with neither, the default
+    is a synthetic prompt of ``DEFAULT_PROMPT_TOKENS``.
+    """
+
+    prompt: str | None = None
+    prompt_tokens: int | None = None
+    max_tokens: int = 64
+    runs: int = 5
+    warmup: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.prompt is not None and self.prompt_tokens is not None:
+            raise ConfigError("give either prompt or prompt_tokens, not both")
+        if self.prompt_tokens is not None and self.prompt_tokens < 1:
+            raise ConfigError(f"prompt_tokens must be >= 1, got {self.prompt_tokens}")
+        if self.prompt is not None and not self.prompt:
+            raise ConfigError("prompt must not be empty")
+        if self.max_tokens < 2:
+            raise ConfigError(
+                f"max_tokens must be >= 2 (decode latency needs two tokens), got {self.max_tokens}"
+            )
+        if self.runs < 1:
+            raise ConfigError(f"runs must be >= 1, got {self.runs}")
+        if self.warmup < 0:
+            raise ConfigError(f"warmup must be >= 0, got {self.warmup}")
+
+    @property
+    def synthetic_prompt_tokens(self) -> int | None:
+        """Token count of the synthetic prompt, or None for a literal prompt."""
+        if self.prompt is not None:
+            return None
+        return self.prompt_tokens if self.prompt_tokens is not None else DEFAULT_PROMPT_TOKENS
+
+    def describe(self) -> str:
+        source = (
+            f"prompt {len(self.prompt)} chars"
+            if self.prompt is not None
+            else f"{self.synthetic_prompt_tokens} prompt tokens"
+        )
+        return f"{source}, {self.max_tokens} generated, {self.runs} runs (+{self.warmup} warm-up)"
+
+
+DEFAULT_PROMPT_TOKENS = 64
