@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 #: Bump when the generator's output changes for an unchanged spec (invalidates cached files).
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 
 DTYPES = ("F32", "F16", "Q8_0")
 
@@ -44,8 +44,6 @@ class ModelSpec:
     n_ctx_train: int = 2048
     dtype: str = "F32"
     seed: int = 0
-    #: Per-layer FFN widths overriding ``n_ff`` (lets a test make one layer deliberately slow).
-    layer_n_ff: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -54,14 +52,8 @@ class ModelSpec:
             raise ValueError("n_embd must divide by n_head, and n_head by n_head_kv")
         if self.n_vocab <= FIRST_NORMAL_ID:
             raise ValueError(f"n_vocab must exceed {FIRST_NORMAL_ID} (special and byte tokens)")
-        if self.layer_n_ff is not None and len(self.layer_n_ff) != self.n_layer:
-            raise ValueError("layer_n_ff needs one width per layer")
-        if self.dtype == "Q8_0" and (self.n_embd % 32 or any(w % 32 for w in self.ffn_widths)):
-            raise ValueError("Q8_0 needs n_embd and FFN widths divisible by 32")
-
-    @property
-    def ffn_widths(self) -> tuple[int, ...]:
-        return self.layer_n_ff if self.layer_n_ff is not None else (self.n_ff,) * self.n_layer
+        if self.dtype == "Q8_0" and (self.n_embd % 32 or self.n_ff % 32):
+            raise ValueError("Q8_0 needs n_embd and n_ff divisible by 32")
 
     @property
     def head_dim(self) -> int:
@@ -71,8 +63,8 @@ class ModelSpec:
     def n_params(self) -> int:
         e, kv = self.n_embd, self.n_head_kv * self.head_dim
         per_layer_fixed = 2 * e + e * e * 2 + 2 * e * kv  # norms, q/o, k/v
-        ffn = sum(3 * e * w for w in self.ffn_widths)
-        return 2 * self.n_vocab * e + e + self.n_layer * per_layer_fixed + ffn
+        ffn = 3 * e * self.n_ff
+        return 2 * self.n_vocab * e + e + self.n_layer * (per_layer_fixed + ffn)
 
     def digest(self) -> str:
         payload = json.dumps(
@@ -127,7 +119,7 @@ def _pieces(count: int) -> list[bytes]:
     letters = string.ascii_lowercase
     out: list[str] = []
     singles = [c for c in string.printable if not c.isspace()]
-    out += singles + [space + c for c in singles]
+    out += [space] + singles + [space + c for c in singles]
     for length in (2, 3, 4):
         for combo in itertools.product(letters, repeat=length):
             word = "".join(combo)
@@ -157,10 +149,7 @@ def write_gguf(spec: ModelSpec, path: str | os.PathLike[str]) -> Path:
     writer.add_context_length(spec.n_ctx_train)
     writer.add_embedding_length(spec.n_embd)
     writer.add_block_count(spec.n_layer)
-    if spec.layer_n_ff is None:
-        writer.add_feed_forward_length(spec.n_ff)
-    else:
-        writer.add_feed_forward_length(list(spec.layer_n_ff))
+    writer.add_feed_forward_length(spec.n_ff)
     writer.add_head_count(spec.n_head)
     writer.add_head_count_kv(spec.n_head_kv)
     writer.add_layer_norm_rms_eps(1e-5)
@@ -181,16 +170,18 @@ def write_gguf(spec: ModelSpec, path: str | os.PathLike[str]) -> Path:
         weights = rng.standard_normal((n_out, n_in), dtype=np.float32) * np.float32(0.02)
         if qtype == gguf.GGMLQuantizationType.F32:
             writer.add_tensor(name, weights)
-        else:
-            data = gguf.quants.quantize(weights, qtype)
-            writer.add_tensor(name, data, raw_shape=weights.shape, raw_dtype=qtype)
+        elif qtype == gguf.GGMLQuantizationType.F16:
+            writer.add_tensor(name, weights.astype(np.float16))
+        else:  # quantized: bytes per row, the shape in elements is derived from raw_dtype
+            writer.add_tensor(name, gguf.quants.quantize(weights, qtype), raw_dtype=qtype)
 
     def norm(name: str) -> None:
         writer.add_tensor(name, np.ones(spec.n_embd, dtype=np.float32))  # 1-D stays F32
 
     e, kv = spec.n_embd, spec.n_head_kv * spec.head_dim
     matrix("token_embd.weight", spec.n_vocab, e)
-    for i, n_ff in enumerate(spec.ffn_widths):
+    n_ff = spec.n_ff
+    for i in range(spec.n_layer):
         norm(f"blk.{i}.attn_norm.weight")
         matrix(f"blk.{i}.attn_q.weight", e, e)
         matrix(f"blk.{i}.attn_k.weight", kv, e)

@@ -1,0 +1,107 @@
+"""The llama.cpp engine on the tiny synthetic model: real inference, exact token counts,
+independent runs, llama.cpp's own counters recorded, clear errors."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import pytest
+
+from pytest_llmperf import EngineError, LlamaCppEngine, Workload, measure
+from pytest_llmperf.engines.llama_cpp import split_prompt
+
+
+def test_every_run_generates_exactly_max_tokens(tiny_engine) -> None:
+    m = measure(tiny_engine, Workload(prompt_tokens=16, max_tokens=40, runs=4))
+    assert [r.output_tokens for r in m.runs] == [40] * 4
+    assert m.itl.count == 4 * 39
+
+
+def test_native_counters_match_the_workload(tiny_engine) -> None:
+    workload = Workload(prompt_tokens=48, max_tokens=20, runs=1, warmup=0)
+    trace = tiny_engine.run(workload, 0)
+    assert trace.prompt_tokens == 48
+    assert trace.native.prefill_tokens == 48  # the whole prompt evaluated: nothing reused
+    assert trace.native.decode_tokens == 19  # one decode per token after the first
+    assert len(trace.token_ids) == 20
+    assert trace.start_ns < trace.prefill_done_ns < trace.token_ns[0]
+    assert list(trace.token_ns) == sorted(trace.token_ns)
+
+
+def test_runs_are_independent_no_prefix_reuse(tiny_engine) -> None:
+    # The same 512-token prompt five times: with prefix reuse the second run's TTFT would
+    # collapse to about one decode step (~100x less); without it, it matches the first.
+    m = measure(tiny_engine, Workload(prompt_tokens=512, max_tokens=4, runs=5, warmup=0))
+    first, rest = m.runs[0].ttft_ms, [r.ttft_ms for r in m.runs[1:]]
+    assert all(r.native_prefill_ms > 0 for r in m.runs)
+    assert 0.5 < statistics.median(rest) / first < 2.0
+
+
+def test_long_prompt_is_split_without_single_token_tail(tiny_engine) -> None:
+    assert split_prompt(1025, 512) == [(0, 512), (512, 511), (1023, 2)]
+    assert split_prompt(10, 512) == [(0, 10)]
+    trace = tiny_engine.run(Workload(prompt_tokens=tiny_engine.n_batch + 1, max_tokens=2, warmup=0), 0)
+    assert trace.native.prefill_tokens == tiny_engine.n_batch + 1
+
+
+def test_literal_prompt_is_tokenized_and_timed(tiny_engine) -> None:
+    m = measure(tiny_engine, Workload(prompt="The quick brown fox jumps over the lazy dog", max_tokens=4, runs=2))
+    assert m.prompt_tokens > 5
+    assert all(r.tokenize_ms > 0 for r in m.runs)
+    assert all(r.ttft_ms >= r.tokenize_ms + r.prefill_ms for r in m.runs)
+
+
+def test_engine_info(tiny_engine) -> None:
+    info = tiny_engine.info()
+    assert info.engine == "llama.cpp"
+    assert info.n_layer == 4 and info.quantization == "F32"
+    assert info.model_size_bytes > 1_000_000 and info.n_threads >= 1
+    assert info.load_ms > 0 and info.native_load_ms > 0
+    assert info.backend_version
+
+
+def test_context_too_small_is_a_clear_error(tiny_engine) -> None:
+    with pytest.raises(EngineError, match=r"context too small: 2000 prompt \+ 100 generated tokens > n_ctx 2048"):
+        tiny_engine.run(Workload(prompt_tokens=2000, max_tokens=100), 0)
+
+
+def test_missing_model(tmp_path: Path) -> None:
+    with pytest.raises(EngineError, match="model file not found: .*nope.gguf; give a GGUF path or a preset"):
+        LlamaCppEngine(tmp_path / "nope.gguf")
+
+
+def test_not_a_gguf(tmp_path: Path) -> None:
+    bogus = tmp_path / "model.gguf"
+    bogus.write_text("definitely not a model")
+    with pytest.raises(EngineError, match="not a GGUF model file"):
+        LlamaCppEngine(bogus)
+
+
+def test_truncated_gguf(tmp_path: Path, tiny_model_path: Path) -> None:
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(tiny_model_path.read_bytes()[:100_000])
+    with pytest.raises(EngineError, match="llama.cpp could not load"):
+        LlamaCppEngine(broken)
+
+
+def test_callable_engine_timestamps_each_item() -> None:
+    import time
+
+    def stream(prompt: str, max_tokens: int):
+        time.sleep(0.02)
+        for _ in range(max_tokens):
+            time.sleep(0.005)
+            yield "tok"
+
+    m = measure(stream, Workload(prompt="hi", max_tokens=5, runs=2, warmup=0))
+    assert m.engine.engine == "callable" and m.engine.model == "stream"
+    assert m.output_tokens == 5
+    assert m.ttft_ms >= 25
+    assert 4.5 <= m.itl.p50_ms < 50
+    assert m.prefill_ms is None and m.native_decode_ms_per_token is None
+
+
+def test_callable_engine_too_few_tokens() -> None:
+    with pytest.raises(EngineError, match="yielded 1 token"):
+        measure(lambda prompt, n: iter(["only"]), Workload(runs=1, warmup=0))

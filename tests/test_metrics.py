@@ -1,0 +1,109 @@
+"""Metrics and budgets on hand-made traces with known answers."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pytest_llmperf import EngineInfo, NativeCounters, RunTrace, Workload, check_budgets, summarize
+from pytest_llmperf.budgets import STATISTICS
+from pytest_llmperf.metrics import LatencyStats, RunMetrics
+from pytest_llmperf.schema import BUDGET_KEYS
+
+MS = 1_000_000  # ns
+
+
+def trace(ttft_ms: float, gaps_ms: list[float], prompt_tokens: int = 10, prefill_ms: float | None = None,
+          tokenize_ms: float = 0.0, native: NativeCounters | None = None) -> RunTrace:
+    start = 1_000 * MS
+    tokens = [start + int(ttft_ms * MS)]
+    for gap in gaps_ms:
+        tokens.append(tokens[-1] + int(gap * MS))
+    return RunTrace(
+        start_ns=start,
+        prefill_done_ns=None if prefill_ms is None else start + int(prefill_ms * MS),
+        token_ns=tuple(tokens),
+        prompt_tokens=prompt_tokens,
+        tokenize_ns=int(tokenize_ms * MS),
+        native=native,
+    )
+
+
+def test_run_metrics_definitions() -> None:
+    native = NativeCounters(prefill_ms=19.0, prefill_tokens=10, decode_ms=3 * 1.9, decode_tokens=3)
+    r = RunMetrics.of(trace(20.0, [1.0, 2.0, 3.0], prefill_ms=19.5, tokenize_ms=0.5, native=native))
+    assert r.output_tokens == 4
+    assert r.tokenize_ms == pytest.approx(0.5)
+    assert r.ttft_ms == pytest.approx(20.5)  # tokenization counts: the caller waits for it
+    assert r.e2e_ms == pytest.approx(26.5)
+    assert r.tpot_ms == pytest.approx(2.0)  # (E2E - TTFT) / (n - 1)
+    assert r.decode_tps == pytest.approx(500.0)
+    assert r.itl_ms == pytest.approx((1.0, 2.0, 3.0))
+    assert r.itl_p50_ms == pytest.approx(2.0)
+    assert r.prefill_ms == pytest.approx(19.5)
+    assert r.prefill_tps == pytest.approx(10 / 19.5 * 1000)
+    assert r.native_decode_ms_per_token == pytest.approx(1.9)
+    assert r.overhead_ms_per_token == pytest.approx(0.1)
+
+
+def test_one_token_is_not_a_run() -> None:
+    with pytest.raises(ValueError, match="at least 2"):
+        RunMetrics.of(trace(5.0, []))
+
+
+def test_latency_stats_percentiles_interpolate() -> None:
+    s = LatencyStats.of(list(range(1, 101)))
+    assert s.count == 100
+    assert s.p50_ms == pytest.approx(50.5)
+    assert s.p95_ms == pytest.approx(95.05)
+    assert s.p99_ms == pytest.approx(99.01)
+    assert s.min_ms == 1 and s.max_ms == 100
+    assert s.cv == pytest.approx(np.std(range(1, 101), ddof=1) / 50.5)
+
+
+def measurement(runs: int = 3):
+    traces = [trace(10.0 + i, [1.0] * 9 + [5.0], prefill_ms=9.0) for i in range(runs)]
+    return summarize(traces, Workload(max_tokens=11, runs=runs), EngineInfo(engine="test", model="m"))
+
+
+def test_summary_medians_and_pooling() -> None:
+    m = measurement()
+    assert m.n_runs == 3
+    assert m.ttft_ms == pytest.approx(11.0)
+    assert m.itl.count == 30  # 10 gaps x 3 runs, pooled
+    assert m.itl.p50_ms == pytest.approx(1.0)
+    assert m.itl.max_ms == pytest.approx(5.0)
+    assert m.tpot_ms == pytest.approx(1.4)
+    assert m.output_tokens == 11
+
+
+def test_measurement_is_json_serializable() -> None:
+    data = json.loads(json.dumps(measurement().to_dict()))
+    assert data["itl"]["count"] == 30
+    assert len(data["runs"]) == 3
+
+
+def test_budget_keys_all_have_a_statistic() -> None:
+    assert set(STATISTICS) == set(BUDGET_KEYS)
+
+
+def test_budgets_pass_and_fail_with_message() -> None:
+    m = measurement()
+    assert check_budgets(m, {"p50_ms": 2.0, "min_tps": 100.0, "ttft_ms": 50}) is None
+    failure = check_budgets(m, {"p99_ms": 1.0, "min_tps": 10_000.0, "ttft_ms": 50})
+    assert failure is not None
+    assert [b.key for b in failure.breaches] == ["p99_ms", "min_tps"]
+    line = failure.as_longrepr()
+    assert line.startswith("decode ITL p99 ")
+    assert "ms > budget 1.00 ms (30 tokens, 3 runs)" in line
+    assert "decode TPS median 714 t/s < budget 10000 t/s (3 runs)" in line
+
+
+def test_budget_on_unmeasured_statistic_fails_clearly() -> None:
+    traces = [trace(10.0, [1.0, 1.0])]  # no prefill reading: a plain token stream
+    m = summarize(traces, Workload(runs=1), EngineInfo(engine="callable", model="m"))
+    failure = check_budgets(m, {"min_prefill_tps": 1.0})
+    assert failure is not None
+    assert "prefill TPS median was not measured by this engine" in failure.as_longrepr()
