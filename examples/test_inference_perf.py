@@ -9,7 +9,7 @@ import pytest
 
 
 # One line: the marker alone makes a measured test (default workload: 64-token synthetic
-# prompt, 64 generated tokens, 5 runs after 1 warm-up).
+# prompt, 64 generated tokens, 20 runs after 1 warm-up).
 @pytest.mark.llmperf(p95_ms=45, ttft_ms=500)
 def test_decode_latency():
     pass

@@ -23,6 +23,7 @@ class Result:
     measurement: Measurement
     failure: BudgetFailure | None
     n_budgets: int
+    baseline: Any = None  # what the plugin's ``assess`` returned (baseline comparison)
 
 
 class LLMPerf:
@@ -32,9 +33,15 @@ class LLMPerf:
     ``engine`` may be any Engine or a callable ``fn(prompt, max_tokens)`` yielding tokens.
     """
 
-    def __init__(self, marker: MarkerConfig, engine_factory: Callable[[], "LlamaCppEngine"]) -> None:
+    def __init__(
+        self,
+        marker: MarkerConfig,
+        engine_factory: Callable[[], "LlamaCppEngine"],
+        assess: Callable[[Measurement, MarkerConfig], Any] = lambda m, c: None,
+    ) -> None:
         self._marker = marker
         self._engine_factory = engine_factory
+        self._assess = assess
         self.results: list[Result] = []
 
     @property
@@ -59,6 +66,11 @@ class LLMPerf:
         except LLMPerfError as exc:
             pytest.fail(str(exc), pytrace=False)
         self.results.append(
-            Result(measurement, check_budgets(measurement, config.budgets), len(config.budgets))
+            Result(
+                measurement,
+                check_budgets(measurement, config.budgets),
+                len(config.budgets),
+                self._assess(measurement, config),
+            )
         )
         return measurement

@@ -7,13 +7,32 @@ Thin on purpose: measuring lives in ``runner``/``engines``, budgets in ``budgets
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import functools
+import os
+import subprocess
 from pathlib import Path
 from typing import Any, Generator
 
 import pytest
 
+from . import baseline_store
+from . import session as session_mod
+from .baseline_store import BaselineError
 from .errors import ConfigError, EngineError, LLMPerfError
+from .fingerprint import Fingerprint, hardware, subject
 from .fixture import LLMPerf
+from .metrics import Measurement
+from .records import record
+from .regression import (
+    DEFAULT_ALPHA,
+    DEFAULT_THRESHOLD,
+    DEFAULT_TAIL_THRESHOLD,
+    BaselineVerdict,
+    CompareSettings,
+    judge,
+)
 from .report import metrics_table, properties, rows_from_properties, summary_table
 from .schema import MarkerConfig, marker_help, validate
 from .settings import INI_HELP, EngineSettings, resolve
@@ -38,8 +57,62 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--llmperf-gpu-layers", dest="llmperf_gpu_layers", default=None, help="layers offloaded to a GPU"
     )
+    group.addoption(
+        "--llmperf-baseline-dir",
+        dest="llmperf_baseline_dir",
+        default=None,
+        help="folder of baseline JSON files (default: baselines/ under the rootdir; ini llmperf_baseline_dir)",
+    )
+    group.addoption(
+        "--llmperf-update-baselines",
+        action="store_true",
+        help="write or refresh the baselines of the tests that ran (others stay as they are)",
+    )
+    group.addoption(
+        "--llmperf-require-baseline", action="store_true", help="fail a measured test that has no baseline"
+    )
+    group.addoption(
+        "--llmperf-strict-env",
+        action="store_true",
+        help="fail a test whose baselines were all recorded on other hardware",
+    )
+    group.addoption("--llmperf-no-compare", action="store_true", help="do not compare with baselines")
+    group.addoption(
+        "--llmperf-compare-only", action="store_true", help="ignore budgets; only baseline comparisons gate"
+    )
+    group.addoption(
+        "--llmperf-alpha", dest="llmperf_alpha", type=float, default=None,
+        help=f"family-wise significance level over the session's comparisons (default {DEFAULT_ALPHA})",
+    )
+    group.addoption(
+        "--llmperf-threshold", dest="llmperf_threshold", type=_fraction, default=None,
+        help=f"smallest change of a median that counts, e.g. 5%% or 0.05 (default {DEFAULT_THRESHOLD:.0%})",
+    )
+    group.addoption(
+        "--llmperf-tail-threshold", dest="llmperf_tail_threshold", type=_fraction, default=None,
+        help=f"smallest change of the ITL p95 that counts (default {DEFAULT_TAIL_THRESHOLD:.0%})",
+    )
+    group.addoption(
+        "--llmperf-fail-unstable", action="store_true",
+        help="fail tests whose comparison is UNSTABLE (CV >= 10%%) instead of warning",
+    )
+    group.addoption("--llmperf-json", dest="llmperf_json", default=None, help="write the session's results as JSON")
+    group.addoption(
+        "--llmperf-markdown", dest="llmperf_markdown", default=None,
+        help="write a Markdown summary (also appended to $GITHUB_STEP_SUMMARY when set)",
+    )
     for name, text in INI_HELP.items():
         parser.addini(name, text)
+    parser.addini("llmperf_baseline_dir", "folder of baseline JSON files (default: baselines)")
+
+
+def _fraction(text: str) -> float:
+    """``5%`` or ``0.05``."""
+    text = text.strip()
+    value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    if not 0 <= value < 10:
+        raise ValueError(text)
+    return value
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -48,7 +121,7 @@ def pytest_configure(config: pytest.Config) -> None:
         settings = resolve(config.getoption, config.getini)
     except ConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
-    config.pluginmanager.register(LLMPerfPlugin(settings), PLUGIN_NAME)
+    config.pluginmanager.register(LLMPerfPlugin(config, settings), PLUGIN_NAME)
 
 
 def _plugin(config: pytest.Config) -> "LLMPerfPlugin":
@@ -74,7 +147,8 @@ def llmperf(request: pytest.FixtureRequest) -> LLMPerf:
     plugin do it after the test body when the test did not)."""
     plugin = _plugin(request.config)
     config = request.node.stash.get(MARKER_CONFIG, None) or MarkerConfig({}, {})
-    fixture = LLMPerf(config, plugin.engine)
+    item = request.node
+    fixture = LLMPerf(config, plugin.engine, lambda m, c: plugin.assess(item, m, c))
     request.node.stash[FIXTURE] = fixture
     return fixture
 
@@ -101,14 +175,104 @@ def llm(llmperf_engine: Any) -> Any:
     return llmperf_engine.llm
 
 
-class LLMPerfPlugin:
-    """Session state: the engine (loaded lazily, once) and the summary rows."""
+@dataclasses.dataclass(frozen=True)
+class Assessment:
+    """A measurement's record and what its baseline says, ready to travel on the report."""
 
-    def __init__(self, settings: EngineSettings) -> None:
+    key: str
+    baseline_file: str
+    hardware_key: str
+    record: dict[str, Any]
+    verdict: BaselineVerdict | None
+
+
+class LLMPerfPlugin:
+    """Session state: the engine (loaded lazily, once), baselines read, results collected."""
+
+    def __init__(self, config: pytest.Config, settings: EngineSettings) -> None:
+        self.config = config
         self.settings = settings
         self._engine: Any = None
         self._engine_error: str | None = None
         self.rows: list[dict[str, Any]] = []
+        self.results: list[dict[str, Any]] = []
+        self.family_size = 0
+        self._baselines: dict[Path, dict[str, Any] | BaselineError] = {}
+        self._fingerprints: dict[Any, Fingerprint] = {}
+        self._hardware: dict[str, Any] | None = None
+        self.started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        option = config.getoption
+        ini_dir = config.getini("llmperf_baseline_dir")
+        self.baseline_dir = Path(config.rootpath) / (option("llmperf_baseline_dir") or ini_dir or "baselines")
+        self.update = bool(option("llmperf_update_baselines"))
+        self.compare = not option("llmperf_no_compare")
+        self.budgets_gate = not option("llmperf_compare_only")
+        self.compare_settings = CompareSettings(
+            alpha=option("llmperf_alpha") or DEFAULT_ALPHA,
+            threshold=DEFAULT_THRESHOLD if option("llmperf_threshold") is None else option("llmperf_threshold"),
+            tail_threshold=(
+                DEFAULT_TAIL_THRESHOLD if option("llmperf_tail_threshold") is None else option("llmperf_tail_threshold")
+            ),
+            fail_unstable=bool(option("llmperf_fail_unstable")),
+        )
+        self.is_worker = hasattr(config, "workerinput")
+
+    # -- baselines ---------------------------------------------------------------------------
+
+    def fingerprint(self, m: Measurement) -> Fingerprint:
+        key = m.engine
+        if key not in self._fingerprints:
+            if self._hardware is None:
+                self._hardware = hardware()
+            self._fingerprints[key] = Fingerprint(self._hardware, subject(m.engine))
+        return self._fingerprints[key]
+
+    def baselines(self, path: Path) -> dict[str, Any]:
+        if path not in self._baselines:
+            try:
+                self._baselines[path] = baseline_store.load(path)
+            except BaselineError as exc:
+                self._baselines[path] = exc
+        loaded = self._baselines[path]
+        if isinstance(loaded, BaselineError):
+            raise loaded
+        return loaded
+
+    def assess(self, item: pytest.Item, m: Measurement, marker: MarkerConfig) -> Assessment:
+        fp = self.fingerprint(m)
+        rec = record(m, fp, commit=_commit(self.config.rootpath), recorded_at=self.started_at)
+        module = Path(item.path).resolve()
+        try:
+            rel = module.relative_to(Path(self.config.rootpath).resolve())
+        except ValueError:
+            rel = Path(module.name)
+        path = baseline_store.module_file(self.baseline_dir, rel.as_posix())
+        key = baseline_store.entry_key(item.nodeid, m.label)
+        verdict = None
+        if self.compare:
+            settings = dataclasses.replace(
+                self.compare_settings,
+                family_size=self.family_size or None,
+                **{k: v for k, v in marker.settings.items()},
+            )
+            try:
+                entries = self.baselines(path).get(key)
+                verdict = judge(entries, fp.hardware_key, rec, settings)
+            except BaselineError as exc:
+                verdict = BaselineVerdict("error", str(exc))
+        return Assessment(key, path.relative_to(self.baseline_dir).as_posix(), fp.hardware_key, rec, verdict)
+
+    def failure_lines(self, assessment: Assessment) -> list[str]:
+        v = assessment.verdict
+        if v is None or self.update:
+            return []  # updating: the run is recorded as the new baseline (an unreadable file is moved aside)
+        if v.status == "error":
+            return [v.note]
+        if v.status == "no-baseline" and self.config.getoption("llmperf_require_baseline"):
+            return [f"{assessment.key}: {v.note} (--llmperf-require-baseline)"]
+        if v.status == "other-hardware" and self.config.getoption("llmperf_strict_env"):
+            return [f"{v.note} (--llmperf-strict-env)"]
+        return v.failure_lines()
 
     def engine(self) -> Any:
         if self._engine is None and self._engine_error is None:
@@ -131,6 +295,12 @@ class LLMPerfPlugin:
             f"llmperf: model {describe_model(s)}, threads {s.threads or default_threads()}, "
             f"n_ctx {s.n_ctx}, llama-cpp-python {llama_cpp_version() or 'NOT INSTALLED'}"
         )
+
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        from .compare import METRICS
+
+        measured = sum(1 for i in items if MARKER_CONFIG in i.stash or "llmperf" in getattr(i, "fixturenames", ()))
+        self.family_size = measured * len(METRICS)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_make_collect_report(self, collector: pytest.Collector) -> Generator[None, Any, Any]:
@@ -170,20 +340,70 @@ class LLMPerfPlugin:
         for r in results:
             # On the item, so they reach every later report (JUnit reads the teardown one).
             item.user_properties.extend(properties(r.measurement, r.failure, r.n_budgets))
+            if r.baseline is not None and r.baseline.verdict is not None:
+                prefix = f"llmperf[{r.measurement.label}]." if r.measurement.label else "llmperf."
+                item.user_properties.append((prefix + "baseline", r.baseline.verdict.short()))
+                for c in r.baseline.verdict.comparisons:
+                    item.user_properties.append((f"{prefix}verdict.{c.metric}", c.verdict.value))
         report = yield
+        lines: list[str] = []
+        shipped = []
         for r in results:
-            title = "llmperf" + (f" [{r.measurement.label}]" if r.measurement.label else "")
-            report.sections.append((title, metrics_table(r.measurement)))
-        failures = [r.failure for r in results if r.failure is not None]
-        if failures and report.passed:
+            m, a = r.measurement, r.baseline
+            title = "llmperf" + (f" [{m.label}]" if m.label else "")
+            detail = metrics_table(m)
+            if a is not None and a.verdict is not None:
+                table = session_mod.comparison_table([{"test": a.key, "verdict": session_mod.verdict_dict(a.verdict)}])
+                extra = [a.verdict.note] if a.verdict.note else []
+                if a.verdict.changes:
+                    extra.append("changed since the baseline: " + ", ".join(a.verdict.changes))
+                detail += "\n\n" + "\n".join(extra + ([table] if table else []))
+            report.sections.append((title, detail.rstrip()))
+            if r.failure is not None and self.budgets_gate:
+                lines.append(r.failure.as_longrepr())
+            if a is not None:
+                lines += self.failure_lines(a)
+                shipped.append(
+                    {
+                        "test": item.nodeid + (f"[{m.label}]" if m.label else ""),
+                        "key": a.key,
+                        "baseline_file": a.baseline_file,
+                        "hardware_key": a.hardware_key,
+                        "record": a.record,
+                        "budget": "-" if not r.n_budgets else ("FAIL" if r.failure else "ok"),
+                        "verdict": session_mod.verdict_dict(a.verdict),
+                    }
+                )
+        if shipped:
+            report.llmperf = shipped  # plain data: crosses xdist's wire to the controller
+        if lines and report.passed:
             report.outcome = "failed"
-            report.longrepr = "\n".join(f.as_longrepr() for f in failures)
+            report.longrepr = "\n".join(lines)
         return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        # Runs on the xdist controller too: rows come from the serialized user properties.
+        # Runs on the xdist controller too: rows come from the serialized report.
         if report.when == "call":
             self.rows.extend(rows_from_properties(report.nodeid, report.user_properties))
+            self.results.extend(getattr(report, "llmperf", None) or [])
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.is_worker:
+            return
+        self.written = []
+        if self.update and self.results:
+            self.written = session_mod.write_baselines(self.baseline_dir, self.results)
+        json_path = self.config.getoption("llmperf_json")
+        if json_path:
+            baseline_store.atomic_write(Path(json_path), session_mod.session_json(self.results, self.started_at))
+        md = session_mod.markdown(self.results) if self.results else ""
+        md_path = self.config.getoption("llmperf_markdown")
+        if md_path and md:
+            baseline_store.atomic_write(Path(md_path), md)
+        step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+        if step_summary and md:
+            with open(step_summary, "a", encoding="utf-8") as fh:
+                fh.write(md)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.rows:
@@ -199,6 +419,23 @@ class LLMPerfPlugin:
             return
         terminalreporter.write_sep("-", "llmperf summary")
         terminalreporter.write_line(summary_table(self.rows))
+        table = session_mod.comparison_table(self.results)
+        if table:
+            terminalreporter.write_sep("-", "llmperf baseline comparison")
+            terminalreporter.write_line(table)
+        notes = sorted(
+            {
+                f"{r['test']}: {r['verdict']['note']}"
+                for r in self.results
+                if r.get("verdict") and r["verdict"]["note"] and not self.update
+            }
+        )
+        for note in notes:
+            terminalreporter.write_line(note)
+        for path, moved in getattr(self, "written", []):
+            terminalreporter.write_line(f"llmperf: baselines written to {path}")
+            if moved is not None:
+                terminalreporter.write_line(f"llmperf: the unreadable old file was kept as {moved}")
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         if self._engine is not None:
@@ -219,3 +456,18 @@ def load_engine(settings: EngineSettings) -> Any:
         n_gpu_layers=settings.gpu_layers,
         name=settings.model_label,
     )
+
+
+@functools.lru_cache(maxsize=None)
+def _commit(root: Path) -> str | None:
+    """The commit under test: $GITHUB_SHA / $CI_COMMIT_SHA, else git's HEAD, else None."""
+    for env in ("GITHUB_SHA", "CI_COMMIT_SHA"):
+        if os.environ.get(env):
+            return os.environ[env][:12]
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None

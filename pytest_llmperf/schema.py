@@ -6,6 +6,7 @@ become fields of a ``Workload``.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -15,7 +16,7 @@ from .errors import ConfigError
 @dataclass(frozen=True)
 class Key:
     name: str
-    kind: str  # "budget" or "workload"
+    kind: str  # "budget", "workload" or "setting"
     help: str
     check: Callable[[str, Any], Any]
 
@@ -35,6 +36,17 @@ def _int_at_least(minimum: int) -> Callable[[str, Any], int]:
         if value < minimum:
             raise ConfigError(f"llmperf marker key {name!r} must be >= {minimum}, got {value}")
         return value
+
+    return check
+
+
+def _fraction(low: float, high: float) -> Callable[[str, Any], float]:
+    def check(name: str, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"llmperf marker key {name!r} must be a number, got {value!r}")
+        if not low < value < high:
+            raise ConfigError(f"llmperf marker key {name!r} must be between {low} and {high}, got {value!r}")
+        return float(value)
 
     return check
 
@@ -63,11 +75,15 @@ KEYS: dict[str, Key] = {
         Key("max_tokens", "workload", "tokens generated per run (>= 2, EOS cannot end a run)", _int_at_least(2)),
         Key("runs", "workload", "measured runs (>= 1)", _int_at_least(1)),
         Key("warmup", "workload", "discarded warm-up runs before measuring (>= 0)", _int_at_least(0)),
+        Key("alpha", "setting", "family-wise significance level for baseline comparisons", _fraction(0, 1)),
+        Key("threshold", "setting", "smallest change of a median that counts (0.05 = 5%)", _fraction(0, 10)),
+        Key("tail_threshold", "setting", "smallest change of the ITL p95 that counts (0.10 = 10%)", _fraction(0, 10)),
     ]
 }
 
 BUDGET_KEYS = tuple(k for k, v in KEYS.items() if v.kind == "budget")
 WORKLOAD_KEYS = tuple(k for k, v in KEYS.items() if v.kind == "workload")
+SETTING_KEYS = tuple(k for k, v in KEYS.items() if v.kind == "setting")
 
 
 @dataclass(frozen=True)
@@ -76,6 +92,7 @@ class MarkerConfig:
 
     budgets: Mapping[str, float]
     workload: Mapping[str, Any]
+    settings: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def merged(self, overrides: Mapping[str, Any]) -> "MarkerConfig":
         extra = validate(overrides)
@@ -87,6 +104,7 @@ class MarkerConfig:
         return MarkerConfig(
             budgets={**self.budgets, **extra.budgets},
             workload={**workload, **extra.workload},
+            settings={**self.settings, **extra.settings},
         )
 
 
@@ -97,16 +115,15 @@ def validate(kwargs: Mapping[str, Any], args: tuple[Any, ...] = ()) -> MarkerCon
             f"llmperf marker takes keyword arguments only, got positional {args!r}; "
             f"allowed keys: {', '.join(KEYS)}"
         )
-    budgets: dict[str, float] = {}
-    workload: dict[str, Any] = {}
+    by_kind: dict[str, dict[str, Any]] = {"budget": {}, "workload": {}, "setting": {}}
     for name, value in kwargs.items():
         key = KEYS.get(name)
         if key is None:
             raise ConfigError(f"unknown llmperf marker key {name!r}; allowed keys: {', '.join(KEYS)}")
-        (budgets if key.kind == "budget" else workload)[name] = key.check(name, value)
-    if "prompt" in workload and "prompt_tokens" in workload:
+        by_kind[key.kind][name] = key.check(name, value)
+    if "prompt" in by_kind["workload"] and "prompt_tokens" in by_kind["workload"]:
         raise ConfigError("llmperf marker: give either 'prompt' or 'prompt_tokens', not both")
-    return MarkerConfig(budgets=budgets, workload=workload)
+    return MarkerConfig(budgets=by_kind["budget"], workload=by_kind["workload"], settings=by_kind["setting"])
 
 
 def marker_help() -> str:

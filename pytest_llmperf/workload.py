@@ -19,7 +19,7 @@ class Workload:
     prompt: str | None = None
     prompt_tokens: int | None = None
     max_tokens: int = 64
-    runs: int = 5
+    runs: int = 20
     warmup: int = 1
     seed: int = 0
 

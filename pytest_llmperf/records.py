@@ -1,0 +1,75 @@
+"""A Measurement as a plain JSON record: the format of baseline entries and session reports.
+
+Per-run values (the statistics' sampling unit) and each run's ITL samples are kept raw, so a
+later comparison can resample runs; the summary is for people reading the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from .fingerprint import Fingerprint
+from .metrics import Measurement
+
+#: Per-run metric families stored and compared.
+RUN_FIELDS = ("ttft_ms", "prefill_tps", "tpot_ms", "decode_tps", "itl_p50_ms", "itl_p95_ms")
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else float(f"{value:.6g}")
+
+
+def run_values(m: Measurement) -> dict[str, list[float]]:
+    """Per-run values by field; a field the engine cannot observe (None) is left out."""
+    out: dict[str, list[float]] = {}
+    for name in RUN_FIELDS:
+        values = [getattr(r, name) for r in m.runs]
+        if all(v is not None for v in values):
+            out[name] = [_round(v) for v in values]
+    return out
+
+
+def workload_identity(m: Measurement) -> dict[str, Any]:
+    """What must match for two measurements to be compared (the run count may differ)."""
+    w = m.workload
+    return {
+        "prompt": w.prompt,
+        "prompt_tokens": m.prompt_tokens,
+        "max_tokens": w.max_tokens,
+        "seed": w.seed,
+    }
+
+
+def record(m: Measurement, fingerprint: Fingerprint, *, commit: str | None, recorded_at: str) -> dict[str, Any]:
+    return {
+        "recorded_at": recorded_at,
+        "commit": commit,
+        "hardware": dict(fingerprint.hardware),
+        "subject": dict(fingerprint.subject),
+        "workload": {**workload_identity(m), "runs": m.workload.runs, "warmup": m.workload.warmup},
+        "runs": run_values(m),
+        "itl_ms": [[_round(v) for v in r.itl_ms] for r in m.runs],
+        "summary": {
+            "n_runs": m.n_runs,
+            "itl_count": m.itl.count,
+            "ttft_ms": _round(m.ttft_ms),
+            "prefill_tps": _round(m.prefill_tps),
+            "tpot_ms": _round(m.tpot_ms),
+            "decode_tps": _round(m.decode_tps),
+            "itl_p50_ms": _round(m.itl.p50_ms),
+            "itl_p95_ms": _round(m.itl.p95_ms),
+            "itl_p99_ms": _round(m.itl.p99_ms),
+        },
+    }
+
+
+def same_workload(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """Differences between two records' workloads, as ``key a -> b`` strings."""
+    keys = ("prompt", "prompt_tokens", "max_tokens", "seed")
+    wa, wb = a.get("workload", {}), b.get("workload", {})
+    return [f"{k} {wa.get(k)!r} -> {wb.get(k)!r}" for k in keys if wa.get(k) != wb.get(k)]
+
+
+def as_dict(obj: Any) -> Any:
+    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj

@@ -1,0 +1,172 @@
+"""Baseline files: reviewable, validated as data, written atomically, never silently lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pytest_llmperf import baseline_store as store
+from pytest_llmperf.baseline_store import BaselineError
+from pytest_llmperf.fingerprint import hardware, hardware_key, model_digest, subject_changes
+
+
+def entry(tpot: float = 6.5) -> dict:
+    return {
+        "recorded_at": "2026-11-30T00:00:00+00:00",
+        "commit": "abc",
+        "hardware": {"cpu": "x"},
+        "subject": {"backend_version": "0.3.36"},
+        "workload": {"prompt": None, "prompt_tokens": 64, "max_tokens": 64, "seed": 0},
+        "runs": {"tpot_ms": [tpot, tpot + 0.1]},
+        "itl_ms": [[tpot] * 3, [tpot] * 3],
+        "summary": {},
+    }
+
+
+def test_update_merges_and_keeps_other_entries(tmp_path: Path) -> None:
+    path = tmp_path / "tests" / "test_perf.json"
+    store.update(path, {"test_a": {"hw1": entry(1.0)}, "test_b": {"hw1": entry(2.0)}})
+    store.update(path, {"test_a": {"hw2": entry(3.0)}})
+    store.update(path, {"test_b": {"hw1": entry(4.0)}})
+    tests = store.load(path)
+    assert sorted(tests) == ["test_a", "test_b"]
+    assert sorted(tests["test_a"]) == ["hw1", "hw2"]  # several machines side by side
+    assert tests["test_a"]["hw1"]["runs"]["tpot_ms"][0] == 1.0
+    assert tests["test_b"]["hw1"]["runs"]["tpot_ms"][0] == 4.0
+    assert not list(path.parent.glob(".*.tmp"))
+
+
+def test_file_is_stable_and_reviewable(tmp_path: Path) -> None:
+    path = tmp_path / "m.json"
+    store.update(path, {"test_a": {"hw1": entry()}})
+    first = path.read_text()
+    store.update(path, {"test_a": {"hw1": entry()}})
+    assert path.read_text() == first  # same data, same bytes: clean diffs
+    assert '"tpot_ms": [6.5, 6.6]' in first  # number lists on one line
+    data = json.loads(first)
+    assert data["schema"] == store.SCHEMA and data["schema_version"] == store.SCHEMA_VERSION
+    keys = [line.strip().split(":")[0] for line in first.splitlines() if line.startswith('  "')]
+    assert keys == sorted(keys)
+
+
+def test_module_file_mirrors_the_test_module(tmp_path: Path) -> None:
+    assert store.module_file(tmp_path, "tests/perf/test_decode.py") == tmp_path / "tests/perf/test_decode.json"
+    assert store.module_file(tmp_path, "../outside/test_x.py") == tmp_path / "outside/test_x.json"
+    assert store.entry_key("tests/test_a.py::TestX::test_y[2]") == "TestX::test_y[2]"
+    assert store.entry_key("tests/test_a.py::test_y", "long") == "test_y#long"
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('{"schema": "pytest-llmperf/baselines", "schema_version": 1, "tests": {', "is not valid JSON"),
+        ("", "is not valid JSON"),
+        ("[1, 2]", "is not a pytest-llmperf baseline file"),
+        ('{"schema": "pytest-llmperf/baselines", "schema_version": 99, "tests": {}}', "schema_version 99, newer"),
+        ('{"schema": "pytest-llmperf/baselines", "schema_version": "1", "tests": {}}', "not an integer"),
+        ('{"schema": "pytest-llmperf/baselines", "schema_version": 1, "tests": []}', '"tests" is missing'),
+        (
+            '{"schema": "pytest-llmperf/baselines", "schema_version": 1, "tests": {"t": {"hw": '
+            '{"runs": {"tpot_ms": ["fast"]}, "workload": {}, "subject": {}, "hardware": {}}}}}',
+            "runs['tpot_ms'] is not a list of finite numbers",
+        ),
+        (
+            '{"schema": "pytest-llmperf/baselines", "schema_version": 1, "tests": {"t": {"hw": '
+            '{"runs": {"tpot_ms": [NaN]}, "workload": {}, "subject": {}, "hardware": {}}}}}',
+            "finite numbers",
+        ),
+        (
+            '{"schema": "pytest-llmperf/baselines", "schema_version": 1, "tests": {"t": {"hw": {"runs": {}}}}}',
+            "has no 'workload' object",
+        ),
+    ],
+)
+def test_bad_files_are_one_line_errors_naming_the_file(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(BaselineError) as info:
+        store.load(path)
+    text = str(info.value)
+    assert message in text and str(path) in text and "\n" not in text
+    assert path.read_text() == content  # reading never touches the file
+
+
+def test_update_moves_an_unreadable_file_aside(tmp_path: Path) -> None:
+    path = tmp_path / "m.json"
+    path.write_text("{ truncated")
+    moved = store.update(path, {"test_a": {"hw": entry()}})
+    assert moved == tmp_path / "m.json.corrupt" and moved.read_text() == "{ truncated"
+    assert "test_a" in store.load(path)
+
+
+def test_missing_file_is_empty(tmp_path: Path) -> None:
+    assert store.load(tmp_path / "none.json") == {}
+
+
+def test_fingerprint_parts(tmp_path: Path) -> None:
+    hw = hardware()
+    assert hw["logical_cpus"] >= 1 and hw["os"] and hw["arch"]
+    assert hardware_key(hw) == hardware_key(dict(hw))
+    assert hardware_key({**hw, "cpu": "other"}) != hardware_key(hw)
+    changes = subject_changes(
+        {"backend_version": "0.3.35", "quantization": "Q8_0", "n_threads": 2, "model_size_bytes": 1},
+        {"backend_version": "0.3.36", "quantization": "Q4_K", "n_threads": 1, "model_size_bytes": 2},
+    )
+    assert changes == ["llama-cpp-python 0.3.35 -> 0.3.36", "model Q8_0 -> Q4_K", "threads 2 -> 1"]
+
+
+def test_model_digest_is_cheap_and_sensitive(tmp_path: Path) -> None:
+    big = tmp_path / "big.gguf"
+    with big.open("wb") as fh:  # sparse 2 GiB file
+        fh.write(b"GGUF" + b"\0" * 100)
+        fh.truncate(2 * 1024**3)
+    started = time.perf_counter()
+    digest = model_digest(big)
+    assert time.perf_counter() - started < 0.5
+    with big.open("r+b") as fh:
+        fh.seek(10)
+        fh.write(b"x")
+    assert model_digest(big) != digest
+
+
+WRITER = r"""
+import sys
+from pathlib import Path
+from pytest_llmperf import baseline_store as store
+
+path = Path(sys.argv[1])
+print("ready", flush=True)
+for i in range(100000):
+    runs = {"tpot_ms": [float(i)] * 2000, "ttft_ms": [float(i)] * 2000}
+    store.update(path, {f"test_{k}": {"hw": {"runs": runs, "workload": {}, "subject": {}, "hardware": {},
+                                            "itl_ms": [[1.0] * 500] * 20}} for k in range(10)})
+"""
+
+
+def test_sigkill_during_writes_never_corrupts(tmp_path: Path) -> None:
+    """20 SIGKILLs at seeded random moments while a process rewrites a ~1 MB baseline file
+    in a loop: the file always loads, as one complete version."""
+    import random
+
+    path = tmp_path / "m.json"
+    store.update(path, {"seed": {"hw": entry()}})
+    rng = random.Random(1234)
+    for _ in range(20):
+        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE)
+        assert proc.stdout.readline() == b"ready\n"
+        time.sleep(rng.uniform(0.0, 0.3))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        tests = store.load(path)  # raises if the file were torn
+        assert "seed" in tests
+        values = {tuple(t["hw"]["runs"].get("tpot_ms", [])[:1]) for k, t in tests.items() if k != "seed"}
+        assert len(values) <= 1  # every test entry from the same write: one version, not a mix
+    store.update(path, {"after": {"hw": entry()}})
+    assert not list(tmp_path.glob("*.tmp"))  # a later write sweeps a killed writer's temp files
