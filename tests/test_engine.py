@@ -35,7 +35,7 @@ def test_runs_are_independent_no_prefix_reuse(tiny_engine) -> None:
     m = measure(tiny_engine, Workload(prompt_tokens=512, max_tokens=4, runs=5, warmup=0))
     first, rest = m.runs[0].ttft_ms, [r.ttft_ms for r in m.runs[1:]]
     assert all(r.native_prefill_ms > 0 for r in m.runs)
-    assert 0.5 < statistics.median(rest) / first < 2.0
+    assert 0.25 < statistics.median(rest) / first < 4.0  # reuse would give ~0.01
 
 
 def test_long_prompt_is_split_without_single_token_tail(tiny_engine) -> None:

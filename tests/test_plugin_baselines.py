@@ -118,10 +118,15 @@ def test_injected_speedup_is_improved_and_passes(pytester: pytest.Pytester) -> N
     pytester.makepyfile(test_suite=SUITE)
     run(pytester, "--llmperf-update-baselines")
     edit_baseline(pytester, lambda e: scale(e, 0.5))
-    result = run(pytester, "--llmperf-fail-unstable", "--junitxml=out.xml")
-    assert result.parseoutcomes().get("passed") == 2, result.stdout.str()
-    assert "IMPROVED" in result.stdout.str()
-    assert 'name="llmperf.verdict.tpot_ms" value="IMPROVED"' in (pytester.path / "out.xml").read_text()
+    result = run(pytester, "--junitxml=out.xml", "--llmperf-json", "session.json")
+    assert result.parseoutcomes().get("passed") == 2, result.stdout.str()  # IMPROVED never fails
+    assert "REGRESSION" not in result.stdout.str()
+    for r in json.loads((pytester.path / "session.json").read_text())["results"]:
+        tpot = next(c for c in r["verdict"]["comparisons"] if c["metric"] == "tpot_ms")
+        # On a noisy day the CV guard says UNSTABLE, and its reason still names the verdict.
+        assert tpot["verdict"] == "IMPROVED" or "would be IMPROVED" in tpot["reason"], tpot
+    xml = (pytester.path / "out.xml").read_text()
+    assert re.search(r'name="llmperf.verdict.tpot_ms" value="(IMPROVED|UNSTABLE)"', xml)
 
 
 def test_other_hardware_is_not_comparable(pytester: pytest.Pytester) -> None:
