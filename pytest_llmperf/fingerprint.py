@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .engine_info import EngineInfo
+from .engines.llama_cpp import default_threads as usable_cpus
 
 #: Bytes of a model file hashed for its identity: the GGUF header, metadata and tensor table
 #: sit at the start, so this changes with any change of shape, type, tokenizer or metadata,
@@ -45,13 +46,6 @@ def _memory_gib() -> int | None:
         return None
 
 
-def _logical_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
 def _gpu_model() -> str | None:
     """NVIDIA GPU names when nvidia-smi is present; None otherwise (CPU-only machines)."""
     smi = shutil.which("nvidia-smi")
@@ -70,7 +64,7 @@ def _gpu_model() -> str | None:
 def hardware() -> dict[str, Any]:
     return {
         "cpu": _cpu_model(),
-        "logical_cpus": _logical_cpus(),
+        "logical_cpus": usable_cpus(),
         "memory_gib": _memory_gib(),
         "gpu": _gpu_model(),
         "os": platform.system(),

@@ -6,7 +6,6 @@ later comparison can resample runs; the summary is for people reading the file.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Mapping
 
 from .fingerprint import Fingerprint
@@ -69,7 +68,3 @@ def same_workload(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     keys = ("prompt", "prompt_tokens", "max_tokens", "seed")
     wa, wb = a.get("workload", {}), b.get("workload", {})
     return [f"{k} {wa.get(k)!r} -> {wb.get(k)!r}" for k in keys if wa.get(k) != wb.get(k)]
-
-
-def as_dict(obj: Any) -> Any:
-    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj

@@ -82,8 +82,6 @@ KEYS: dict[str, Key] = {
 }
 
 BUDGET_KEYS = tuple(k for k, v in KEYS.items() if v.kind == "budget")
-WORKLOAD_KEYS = tuple(k for k, v in KEYS.items() if v.kind == "workload")
-SETTING_KEYS = tuple(k for k, v in KEYS.items() if v.kind == "setting")
 
 
 @dataclass(frozen=True)
