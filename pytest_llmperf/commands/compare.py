@@ -1,0 +1,60 @@
+"""``llmperf compare BASE.json NEW.json``: the plugin's statistics between two saved session
+reports (``pytest --llmperf-json``); exit 1 on any regression, 2 on unusable input."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "compare two saved session reports (pytest --llmperf-json)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("base", help="the baseline session report")
+    parser.add_argument("new", help="the candidate session report")
+    parser.add_argument("--alpha", type=float, default=0.01, help="family-wise significance level")
+    parser.add_argument("--threshold", type=float, default=0.05, help="smallest median change that counts")
+    parser.add_argument("--tail-threshold", type=float, default=0.10, help="smallest ITL p95 change that counts")
+    parser.add_argument("--fail-unstable", action="store_true", help="count UNSTABLE comparisons as failures")
+    parser.add_argument(
+        "--any-hardware", action="store_true", help="compare even when the reports come from different hardware"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..compare import METRICS
+    from ..regression import CompareSettings, judge
+    from ..session import comparison_table, load_session, verdict_dict
+
+    base = {r["test"]: r for r in load_session(args.base)}
+    new = load_session(args.new)
+    matched = [r for r in new if r["test"] in base]
+    settings = CompareSettings(
+        alpha=args.alpha,
+        threshold=args.threshold,
+        tail_threshold=args.tail_threshold,
+        family_size=max(len(matched), 1) * len(METRICS),
+        fail_unstable=args.fail_unstable,
+    )
+    results, notes, failures = [], [], []
+    regressed = 0
+    for r in new:
+        old = base.get(r["test"])
+        if old is None:
+            notes.append(f"{r['test']}: not in {args.base}")
+            continue
+        hw_key = r["hardware_key"] if args.any_hardware else old["hardware_key"]
+        verdict = judge({hw_key: old["record"]}, r["hardware_key"], r["record"], settings)
+        if verdict.note:
+            notes.append(f"{r['test']}: {verdict.note}")
+        results.append({"test": r["test"], "verdict": verdict_dict(verdict)})
+        lines = verdict.failure_lines()
+        regressed += bool(lines)
+        failures += [f"{r['test']}: {line}" for line in lines]
+    for test in sorted(set(base) - {r["test"] for r in new}):
+        notes.append(f"{test}: not in {args.new}")
+    table = comparison_table(results)
+    print(table if table else "nothing to compare")
+    for line in notes + failures:
+        print(line)
+    print(f"{regressed} regression(s) in {len(results)} compared measurement(s)")
+    return 1 if failures else 0
