@@ -17,6 +17,7 @@ from .engine_info import EngineInfo
 from .engines import CallableEngine, Engine
 from .errors import ConfigError, EngineError, LLMPerfError
 from .metrics import LatencyStats, Measurement, RunMetrics, summarize
+from .profiler import InferenceProfiler, ProfilerStats
 from .runner import measure
 from .synthetic import PRESETS, ModelSpec, ensure_model, write_gguf
 from .trace import NativeCounters, RunTrace
@@ -44,6 +45,7 @@ __all__ = [
     "Engine",
     "EngineError",
     "EngineInfo",
+    "InferenceProfiler",
     "LLMPerfError",
     "LatencyStats",
     "LlamaCppEngine",
@@ -51,6 +53,7 @@ __all__ = [
     "ModelSpec",
     "NativeCounters",
     "PRESETS",
+    "ProfilerStats",
     "RunMetrics",
     "RunTrace",
     "Workload",

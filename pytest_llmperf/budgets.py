@@ -50,6 +50,12 @@ STATISTICS: dict[str, Statistic] = {
     "e2e_ms": Statistic("E2E median", "ms", True, lambda m: m.e2e_ms, False),
     "min_tps": Statistic("decode TPS median", "t/s", False, lambda m: m.decode_tps, False),
     "min_prefill_tps": Statistic("prefill TPS median", "t/s", False, lambda m: m.prefill_tps, False),
+    "min_mbu": Statistic(
+        "decode MBU", "of peak bandwidth", False, lambda m: m.roofline.decode.mbu if m.roofline else None, False
+    ),
+    "min_goodput": Statistic(
+        "goodput", "share", False, lambda m: m.load.goodput if m.load is not None else None, False
+    ),
 }
 
 

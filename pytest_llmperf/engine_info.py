@@ -16,6 +16,10 @@ class EngineInfo:
     n_params: int | None = None
     quantization: str | None = None
     n_layer: int | None = None
+    n_embd: int | None = None
+    n_head: int | None = None
+    n_head_kv: int | None = None
+    kv_bytes_per_element: float | None = None  # K and V cache type (F16: 2)
     n_threads: int | None = None
     n_ctx: int | None = None
     n_batch: int | None = None
@@ -23,6 +27,8 @@ class EngineInfo:
     load_ms: float | None = None
     native_load_ms: float | None = None
     backend_version: str | None = None
+    endpoint: str | None = None  # served models: the API base URL (never the API key)
+    token_count: str | None = None  # served models: token counts from "usage" or "events"
 
     def describe(self) -> str:
         parts = [self.model]
@@ -34,6 +40,10 @@ class EngineInfo:
             parts.append(f"{self.n_params / 1e6:.1f} M params")
         if self.n_layer is not None:
             parts.append(f"{self.n_layer} layers")
+        if self.endpoint:
+            parts.append(f"at {self.endpoint}")
+        if self.token_count:
+            parts.append(f"tokens counted from {self.token_count}")
         return ", ".join(parts)
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import pytest
 
@@ -24,6 +24,7 @@ class Result:
     failure: BudgetFailure | None
     n_budgets: int
     baseline: Any = None  # what the plugin's ``assess`` returned (baseline comparison)
+    budgets: Mapping[str, float] = field(default_factory=dict)  # the marker's, drawn as lines in the HTML report
 
 
 class LLMPerf:
@@ -38,8 +39,10 @@ class LLMPerf:
         marker: MarkerConfig,
         engine_factory: Callable[[], "LlamaCppEngine"],
         assess: Callable[[Measurement, MarkerConfig], Any] = lambda m, c: None,
+        measure_options: Callable[[Any, MarkerConfig], Mapping[str, Any]] = lambda engine, c: {},
     ) -> None:
         self._marker = marker
+        self._measure_options = measure_options
         self._engine_factory = engine_factory
         self._assess = assess
         self.results: list[Result] = []
@@ -62,15 +65,26 @@ class LLMPerf:
         try:
             config = self._marker.merged(overrides)
             workload = Workload(**config.workload)
-            measurement = measure(self.engine if engine is None else engine, workload, label=label)
+            subject = self.engine if engine is None else engine
+            measurement = measure(
+                subject, workload, label=label, slo=config.budgets, **self._measure_options(subject, config)
+            )
         except LLMPerfError as exc:
             pytest.fail(str(exc), pytrace=False)
+        load = measurement.load
+        if load is not None and load.n_failed:
+            # Shown in the report, but never assessed: no baseline from a broken measurement.
+            failure = check_budgets(measurement, config.budgets)
+            self.results.append(Result(measurement, failure, len(config.budgets)))
+            prefix = f"[{label}] " if label else ""
+            pytest.fail(f"{prefix}{load.n_failed} of {load.n_requests} requests failed; {load.errors[0]}", pytrace=False)
         self.results.append(
             Result(
                 measurement,
                 check_budgets(measurement, config.budgets),
                 len(config.budgets),
                 self._assess(measurement, config),
+                dict(config.budgets),
             )
         )
         return measurement

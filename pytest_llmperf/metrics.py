@@ -10,6 +10,7 @@ budgets.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -149,10 +150,24 @@ class Measurement:
     overhead_ms_per_token: float | None
     prompt_tokens: int | None
     output_tokens: int
+    load: Any = None  # load.LoadStats for a load test (concurrency/requests/rate), else None
+    # Filled by runner.measure (None / empty when a Measurement is built from traces alone):
+    warmup_runs: tuple[RunMetrics, ...] = ()
+    system: Any = None  # diagnostics.SystemDelta around the runs
+    peak_rss: Any = None  # memory.PeakRss over the runs
+    layers: Any = None  # layers.LayerProfile, when per-layer timing was asked for
+    roofline: Any = None  # roofline.Roofline, when peaks were known or asked for
 
     @property
     def n_runs(self) -> int:
         return len(self.runs)
+
+    @functools.cached_property
+    def stability(self) -> Any:
+        """diagnostics.Stability: CV, spread, first-run/first-token effects, context slope."""
+        from .diagnostics import diagnose
+
+        return diagnose(self, self.system, self.warmup_runs)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -38,6 +38,7 @@ from .schema import MarkerConfig, marker_help, validate
 from .settings import INI_HELP, EngineSettings, resolve
 
 MARKER = "llmperf"
+XDIST_GROUP = "llmperf"
 MARKER_CONFIG = pytest.StashKey[MarkerConfig]()
 FIXTURE = pytest.StashKey[LLMPerf]()
 PLUGIN_NAME = "llmperf-manager"
@@ -96,10 +97,49 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--llmperf-fail-unstable", action="store_true",
         help="fail tests whose comparison is UNSTABLE (CV >= 10%%) instead of warning",
     )
+    group.addoption(
+        "--llmperf-endpoint", dest="llmperf_endpoint", default=None,
+        help="measure this OpenAI-compatible server (API base URL, e.g. http://host:8000/v1) instead of "
+        "llama.cpp in process. Env: LLMPERF_ENDPOINT",
+    )
+    group.addoption("--llmperf-api", dest="llmperf_api", default=None, help="endpoint API: completions (default) or chat")
+    group.addoption("--llmperf-api-model", dest="llmperf_api_model", default=None, help="model name sent to the endpoint")
+    group.addoption(
+        "--llmperf-api-key-env", dest="llmperf_api_key_env", default=None,
+        help="environment variable holding the endpoint's API key (default LLMPERF_API_KEY; never written anywhere)",
+    )
+    group.addoption(
+        "--llmperf-request-timeout", dest="llmperf_request_timeout", default=None,
+        help="seconds one request to the endpoint may take in all (default 300)",
+    )
+    group.addoption(
+        "--llmperf-token-timeout", dest="llmperf_token_timeout", default=None,
+        help="seconds without data from the endpoint before the stream counts as stalled (default 30)",
+    )
+    group.addoption(
+        "--llmperf-layers", dest="llmperf_layers", action="store_true",
+        help="also time each layer of the in-process model (llama.cpp eval callback, after the plain runs)",
+    )
+    group.addoption(
+        "--llmperf-roofline", dest="llmperf_roofline", action="store_true",
+        help="attach the roofline (MBU, MFU, bound) to every in-process measurement (probes the machine once)",
+    )
+    group.addoption(
+        "--llmperf-peak-bw", dest="llmperf_peak_bw", type=float, default=None, metavar="GB/s",
+        help="the machine's peak memory bandwidth for the roofline (default: measured by a probe, cached)",
+    )
+    group.addoption(
+        "--llmperf-peak-tflops", dest="llmperf_peak_tflops", type=float, default=None, metavar="TFLOP/s",
+        help="the machine's peak dense FLOP rate for the roofline (default: CPU spec or measured GEMM)",
+    )
     group.addoption("--llmperf-json", dest="llmperf_json", default=None, help="write the session's results as JSON")
     group.addoption(
         "--llmperf-markdown", dest="llmperf_markdown", default=None,
         help="write a Markdown summary (also appended to $GITHUB_STEP_SUMMARY when set)",
+    )
+    group.addoption(
+        "--llmperf-html", dest="llmperf_html", default=None,
+        help='write a self-contained HTML report with plots (needs pip install "pytest-llmperf[report]")',
     )
     for name, text in INI_HELP.items():
         parser.addini(name, text)
@@ -117,9 +157,20 @@ def _fraction(text: str) -> float:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", marker_help())
+    # pytest-xdist: perf tests side by side measure each other. Its default "load" becomes
+    # "loadgroup", which keeps the llmperf tests (marked xdist_group("llmperf") at
+    # collection) on one worker and spreads the others as before.
+    if not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") == "load":
+        config.option.dist = "loadgroup"
+    if getattr(config, "workerinput", {}).get("llmperf_dist") == "loadgroup":
+        config.option.loadgroup = True  # a worker re-parses the command line: it cannot tell
     try:
         settings = resolve(config.getoption, config.getini)
-    except ConfigError as exc:
+        if config.getoption("llmperf_html") and not hasattr(config, "workerinput"):
+            from .figures import require_matplotlib
+
+            require_matplotlib()  # say what to install now, not after the whole session
+    except LLMPerfError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.pluginmanager.register(LLMPerfPlugin(config, settings), PLUGIN_NAME)
 
@@ -148,7 +199,7 @@ def llmperf(request: pytest.FixtureRequest) -> LLMPerf:
     plugin = _plugin(request.config)
     config = request.node.stash.get(MARKER_CONFIG, None) or MarkerConfig({}, {})
     item = request.node
-    fixture = LLMPerf(config, plugin.engine, lambda m, c: plugin.assess(item, m, c))
+    fixture = LLMPerf(config, plugin.engine, lambda m, c: plugin.assess(item, m, c), plugin.measure_options)
     request.node.stash[FIXTURE] = fixture
     return fixture
 
@@ -170,6 +221,22 @@ def llmperf_engine(pytestconfig: pytest.Config) -> Any:
 
 
 @pytest.fixture(scope="session")
+def llmperf_server(pytestconfig: pytest.Config) -> Any:
+    """llama-cpp-python's OpenAI-compatible server on a free loopback port, serving the
+    session's model with its thread count; ``.url`` and ``.engine()`` give an HttpEngine."""
+    from .server import serve
+    from .synthetic import ensure_model
+
+    s = _plugin(pytestconfig).settings
+    try:
+        path = ensure_model(s.preset) if s.preset else s.model
+        with serve(path, n_threads=s.threads, n_ctx=s.n_ctx, n_batch=s.n_batch, alias=s.model_label) as server:
+            yield server
+    except LLMPerfError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
 def llm(llmperf_engine: Any) -> Any:
     """The session's ``llama_cpp.Llama`` object: the model the llmperf tests measure."""
     return llmperf_engine.llm
@@ -184,6 +251,7 @@ class Assessment:
     hardware_key: str
     record: dict[str, Any]
     verdict: BaselineVerdict | None
+    baseline_record: dict[str, Any] | None = None  # the entry the verdict compared against (HTML plots)
 
 
 class LLMPerfPlugin:
@@ -200,6 +268,7 @@ class LLMPerfPlugin:
         self._baselines: dict[Path, dict[str, Any] | BaselineError] = {}
         self._fingerprints: dict[Any, Fingerprint] = {}
         self._hardware: dict[str, Any] | None = None
+        self._peaks: Any = None
         self.started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         option = config.getoption
         ini_dir = config.getini("llmperf_baseline_dir")
@@ -216,6 +285,7 @@ class LLMPerfPlugin:
             fail_unstable=bool(option("llmperf_fail_unstable")),
         )
         self.is_worker = hasattr(config, "workerinput")
+        self._groups_dir: str | None = None  # xdist controller: workers' group files
 
     # -- baselines ---------------------------------------------------------------------------
 
@@ -249,6 +319,7 @@ class LLMPerfPlugin:
         path = baseline_store.module_file(self.baseline_dir, rel.as_posix())
         key = baseline_store.entry_key(item.nodeid, m.label)
         verdict = None
+        baseline_record = None
         if self.compare:
             settings = dataclasses.replace(
                 self.compare_settings,
@@ -258,9 +329,30 @@ class LLMPerfPlugin:
             try:
                 entries = self.baselines(path).get(key)
                 verdict = judge(entries, fp.hardware_key, rec, settings)
+                if verdict.status == "compared":
+                    baseline_record = entries[fp.hardware_key]
             except BaselineError as exc:
                 verdict = BaselineVerdict("error", str(exc))
-        return Assessment(key, path.relative_to(self.baseline_dir).as_posix(), fp.hardware_key, rec, verdict)
+        return Assessment(
+            key, path.relative_to(self.baseline_dir).as_posix(), fp.hardware_key, rec, verdict, baseline_record
+        )
+
+    def measure_options(self, engine: Any, marker: MarkerConfig) -> dict[str, Any]:
+        """What to measure besides the runs: per-layer timing and the roofline (in-process only;
+        a marker's ``layers=True`` on another engine is an error the runner reports)."""
+        option = self.config.getoption
+        in_process = hasattr(engine, "_model")
+        layers = marker.options.get("layers", bool(option("llmperf_layers")) and in_process)
+        wants_roofline = layers or "min_mbu" in marker.budgets or option("llmperf_roofline")
+        wants_roofline = wants_roofline or option("llmperf_peak_bw") or option("llmperf_peak_tflops")
+        peaks = None
+        if wants_roofline and in_process:
+            from .machine_peak import machine_peaks
+
+            if self._peaks is None:
+                self._peaks = machine_peaks(given_bw_gbs=option("llmperf_peak_bw"), given_tflops=option("llmperf_peak_tflops"))
+            peaks = self._peaks
+        return {"layers": layers, "peaks": peaks}
 
     def failure_lines(self, assessment: Assessment) -> list[str]:
         v = assessment.verdict
@@ -291,16 +383,68 @@ class LLMPerfPlugin:
         from .model_facts import describe_model
 
         s = self.settings
-        return (
+        lines = [
             f"llmperf: model {describe_model(s)}, threads {s.threads or default_threads()}, "
             f"n_ctx {s.n_ctx}, llama-cpp-python {llama_cpp_version() or 'NOT INSTALLED'}"
-        )
+        ]
+        if s.endpoint:
+            lines[0] = f"llmperf: endpoint {s.endpoint} ({s.api}), model {s.api_model or '(server default)'}"
+        dist = getattr(config.option, "dist", "no")
+        if dist == "loadgroup":
+            lines.append("llmperf: pytest-xdist --dist loadgroup: llmperf tests run on one worker, others spread")
+        elif dist not in ("no", None):
+            lines.append(f"llmperf: pytest-xdist --dist {dist} may run llmperf tests side by side; use loadgroup")
+        return lines
 
+    # -- pytest-xdist: llmperf tests on one worker (see xdist_groups) -------------------------------
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        """Controller: tell each worker the distribution mode and where to write its groups."""
+        dist = getattr(self.config.option, "dist", "no")
+        node.workerinput["llmperf_dist"] = dist
+        if dist == "loadgroup":
+            if self._groups_dir is None:
+                import tempfile
+
+                self._groups_dir = tempfile.mkdtemp(prefix="llmperf-xdist-")
+            node.workerinput["llmperf_groups_dir"] = self._groups_dir
+
+    @pytest.hookimpl(optionalhook=True, tryfirst=True)
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
+        if getattr(config.option, "dist", "no") == "loadgroup" and self._groups_dir is not None:
+            from .xdist_groups import make_scheduler
+
+            return make_scheduler(config, log, self._groups_dir)
+        return None
+
+    @pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the xdist_group marks
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         from .compare import METRICS
 
         measured = sum(1 for i in items if MARKER_CONFIG in i.stash or "llmperf" in getattr(i, "fixturenames", ()))
         self.family_size = measured * len(METRICS)
+        perf = [i for i in items if MARKER_CONFIG in i.stash or _uses_llmperf(i)]
+        dist = getattr(self.config, "workerinput", {}).get("llmperf_dist")
+        if self.is_worker and dist == "loadgroup":
+            from .xdist_groups import item_group, write_groups
+
+            perf_ids = {id(i) for i in perf}
+            for item in perf:
+                item.add_marker(pytest.mark.xdist_group(XDIST_GROUP))
+            groups = [(i.nodeid, item_group(i, id(i) in perf_ids)) for i in items]
+            folder = self.config.workerinput.get("llmperf_groups_dir")
+            if folder:
+                write_groups(folder, self.config.workerinput["workerid"], [(n, g) for n, g in groups if g])
+        elif self.is_worker and perf:
+            import warnings
+
+            warnings.warn(
+                pytest.PytestWarning(
+                    f"llmperf: {len(perf)} perf test(s) under pytest-xdist --dist {dist} may run side by side "
+                    "and measure each other; use --dist loadgroup (or -p no:xdist)"
+                )
+            )
 
     @pytest.hookimpl(wrapper=True)
     def pytest_make_collect_report(self, collector: pytest.Collector) -> Generator[None, Any, Any]:
@@ -372,6 +516,8 @@ class LLMPerfPlugin:
                         "record": a.record,
                         "budget": "-" if not r.n_budgets else ("FAIL" if r.failure else "ok"),
                         "verdict": session_mod.verdict_dict(a.verdict),
+                        "baseline_record": a.baseline_record,
+                        "budgets": dict(r.budgets),
                     }
                 )
         if shipped:
@@ -396,16 +542,32 @@ class LLMPerfPlugin:
         json_path = self.config.getoption("llmperf_json")
         if json_path:
             baseline_store.atomic_write(Path(json_path), session_mod.session_json(self.results, self.started_at))
-        md = session_mod.markdown(self.results) if self.results else ""
+        html_path = self.config.getoption("llmperf_html")
         md_path = self.config.getoption("llmperf_markdown")
+        md_extra: list[str] = []
+        self.html_written = self.html_error = None
+        if html_path:
+            from . import html_report
+
+            try:
+                self.html_written = html_report.write_html(Path(html_path), self.results, self.started_at)
+                md_extra = html_report.markdown_lines(Path(html_path), Path(md_path) if md_path else None, self.results)
+            except (OSError, LLMPerfError) as exc:
+                self.html_error = f"llmperf: HTML report not written: {exc}"
+        md = session_mod.markdown(self.results, md_extra) if self.results else ""
         if md_path and md:
             baseline_store.atomic_write(Path(md_path), md)
         step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if step_summary and md:
+            step_extra = [f"Plots: HTML report `{html_path}` (keep it as a CI artifact)."] if self.html_written else []
             with open(step_summary, "a", encoding="utf-8") as fh:
-                fh.write(md)
+                fh.write(session_mod.markdown(self.results, step_extra))
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if getattr(self, "html_error", None):
+            terminalreporter.write_line(self.html_error)
+        elif getattr(self, "html_written", None):
+            terminalreporter.write_line(f"llmperf: HTML report written to {self.html_written}")
         if not self.rows:
             return
         verbosity = terminalreporter.config.get_verbosity()
@@ -419,6 +581,10 @@ class LLMPerfPlugin:
             return
         terminalreporter.write_sep("-", "llmperf summary")
         terminalreporter.write_line(summary_table(self.rows))
+        from .served import overhead_lines
+
+        for line in overhead_lines(self.rows):
+            terminalreporter.write_line(line)
         table = session_mod.comparison_table(self.results)
         if table:
             terminalreporter.write_sep("-", "llmperf baseline comparison")
@@ -438,12 +604,31 @@ class LLMPerfPlugin:
                 terminalreporter.write_line(f"llmperf: the unreadable old file was kept as {moved}")
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self._groups_dir is not None:
+            import shutil
+
+            shutil.rmtree(self._groups_dir, ignore_errors=True)
         if self._engine is not None:
             self._engine.close()
             self._engine = None
 
 
+def _uses_llmperf(item: pytest.Item) -> bool:
+    return any(name.startswith("llmperf") for name in getattr(item, "fixturenames", ()))
+
+
 def load_engine(settings: EngineSettings) -> Any:
+    if settings.endpoint:
+        from .engines.http import HttpEngine
+
+        return HttpEngine(
+            settings.endpoint,
+            model=settings.api_model,
+            api=settings.api,
+            api_key_env=settings.api_key_env,
+            request_timeout_s=settings.request_timeout,
+            token_timeout_s=settings.token_timeout,
+        )
     from .engines.llama_cpp import LlamaCppEngine
     from .synthetic import ensure_model
 

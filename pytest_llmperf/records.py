@@ -37,6 +37,9 @@ def workload_identity(m: Measurement) -> dict[str, Any]:
         "prompt_tokens": m.prompt_tokens,
         "max_tokens": w.max_tokens,
         "seed": w.seed,
+        # Load tests: a run under concurrency 4 is not comparable with one under concurrency 1.
+        "concurrency": w.concurrency,
+        "rate": w.rate,
     }
 
 
@@ -60,11 +63,28 @@ def record(m: Measurement, fingerprint: Fingerprint, *, commit: str | None, reco
             "itl_p95_ms": _round(m.itl.p95_ms),
             "itl_p99_ms": _round(m.itl.p99_ms),
         },
+        **diagnosis(m),
     }
+
+
+def diagnosis(m: Measurement) -> dict[str, Any]:
+    """Where the time went, when known: layers, roofline, stability, memory (optional keys)."""
+    from .roofline import kv_cache_bytes
+
+    out: dict[str, Any] = {"stability": m.stability.as_dict()}
+    if m.layers is not None:
+        out["layers"] = m.layers.as_dict()
+    if m.roofline is not None:
+        out["roofline"] = m.roofline.as_dict()
+    memory = {"kv_cache_bytes": kv_cache_bytes(m.engine)}
+    if m.peak_rss is not None:
+        memory.update(peak_rss_bytes=m.peak_rss.bytes, peak_rss_scope=m.peak_rss.scope)
+    out["memory"] = memory
+    return out
 
 
 def same_workload(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     """Differences between two records' workloads, as ``key a -> b`` strings."""
-    keys = ("prompt", "prompt_tokens", "max_tokens", "seed")
+    keys = ("prompt", "prompt_tokens", "max_tokens", "seed", "concurrency", "rate")
     wa, wb = a.get("workload", {}), b.get("workload", {})
     return [f"{k} {wa.get(k)!r} -> {wb.get(k)!r}" for k in keys if wa.get(k) != wb.get(k)]

@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 from .compare import METRICS, Comparison, Verdict, compare_runs, compare_tail, decide
 from .fingerprint import subject_changes
+from .layer_diff import LayerChange, compare_layers
 from .records import same_workload
 
 DEFAULT_ALPHA = 0.01
@@ -39,6 +40,12 @@ class BaselineVerdict:
     comparisons: tuple[Comparison, ...] = ()
     changes: tuple[str, ...] = ()
     fail_unstable: bool = False
+    #: Per-layer diff when both records carry layer timing (a diagnosis, not a gate).
+    layer_changes: tuple[LayerChange, ...] = ()
+
+    @property
+    def slower_layers(self) -> tuple[LayerChange, ...]:
+        return tuple(c for c in self.layer_changes if c.slower)
 
     @property
     def regressions(self) -> tuple[Comparison, ...]:
@@ -47,7 +54,10 @@ class BaselineVerdict:
 
     def failure_lines(self) -> list[str]:
         suffix = f"; {', '.join(self.changes)}" if self.changes else ""
-        return [c.line() + suffix for c in self.regressions]
+        lines = [c.line() + suffix for c in self.regressions]
+        if lines and self.slower_layers:
+            lines.append("slower layers: " + "; ".join(c.line() for c in self.slower_layers))
+        return lines
 
     def short(self) -> str:
         """One cell for the summary table."""
@@ -125,5 +135,6 @@ def judge(
         comparisons=tuple(compare_records(baseline, candidate, settings)),
         changes=changes,
         fail_unstable=settings.fail_unstable,
+        layer_changes=compare_layers(baseline, candidate, alpha=settings.alpha, threshold=settings.threshold),
     )
 

@@ -34,7 +34,9 @@ def metrics_table(m: Measurement) -> str:
     """The detail section of one measurement: every figure with its sample count."""
     itl = m.itl
     head = (
-        f"{m.engine.engine}: {m.engine.describe()}; threads {m.engine.n_threads}\n"
+        f"{m.engine.engine}: {m.engine.describe()}"
+        + (f"; threads {m.engine.n_threads}" if m.engine.n_threads is not None else "")
+        + "\n"
         f"workload: {m.prompt_tokens if m.prompt_tokens is not None else '?'} prompt tokens, "
         f"{m.output_tokens} generated per run, {m.n_runs} runs (+{m.workload.warmup} warm-up discarded)\n"
     )
@@ -55,11 +57,26 @@ def metrics_table(m: Measurement) -> str:
         ("ITL CV", "", f"{itl.cv:.1%}", f"{itl.count} tokens"),
         ("ITL min / max", "ms", f"{fmt(itl.min_ms)} / {fmt(itl.max_ms)}", f"{itl.count} tokens"),
     ]
+    if m.load is not None:
+        from .load import load_rows
+
+        rows += load_rows(m)
     if m.engine.load_ms is not None:
         rows.append(("model load (wall)", "ms", fmt(m.engine.load_ms), "1 load"))
     if m.engine.native_load_ms is not None:
         rows.append(("model load (llama.cpp)", "ms", fmt(m.engine.native_load_ms), "1 load"))
-    return head + render_table(("metric", "unit", "value", "sample"), rows)
+    from . import breakdown
+    from .records import diagnosis
+
+    found = diagnosis(m)
+    rows += breakdown.stability_rows(found["stability"]) + breakdown.memory_rows(found["memory"])
+    text = head + render_table(("metric", "unit", "value", "sample"), rows)
+    if "layers" in found:
+        text += "\n\nper-layer time:\n" + breakdown.layers_text(found["layers"])
+    if "roofline" in found:
+        text += "\n\nroofline:\n" + breakdown.roofline_text(found["roofline"])
+    warnings = found["stability"]["warnings"]
+    return text + ("\n\n" + "\n".join(warnings) if warnings else "")
 
 
 def properties(m: Measurement, failure: BudgetFailure | None, n_budgets: int) -> list[tuple[str, Any]]:
@@ -90,6 +107,15 @@ def properties(m: Measurement, failure: BudgetFailure | None, n_budgets: int) ->
         "overhead_ms_per_token": m.overhead_ms_per_token,
         "budget": budget,
     }
+    if m.load is not None:
+        values.update(
+            concurrency=m.load.concurrency,
+            requests=m.load.n_requests,
+            failed_requests=m.load.n_failed,
+            requests_per_s=m.load.requests_per_s,
+            output_tps=m.load.output_tps,
+            goodput=m.load.goodput,
+        )
     return [(prefix + k, v) for k, v in values.items()]
 
 

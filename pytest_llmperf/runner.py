@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, Mapping
 
 from .engines import CallableEngine, Engine
-from .metrics import Measurement, summarize
+from .diagnostics import SystemDelta, sample_system
+from .errors import ConfigError
+from .memory import peak_rss, reset_peak_rss
+from .metrics import Measurement, RunMetrics, summarize
 from .workload import Workload
 
 
@@ -16,11 +20,47 @@ def as_engine(obj: Any) -> Engine:
     return CallableEngine(obj)
 
 
-def measure(engine: Any, workload: Workload | None = None, label: str = "") -> Measurement:
-    """Run ``workload.warmup`` discarded runs, then ``workload.runs`` measured ones."""
+def measure(
+    engine: Any,
+    workload: Workload | None = None,
+    label: str = "",
+    slo: Mapping[str, float] | None = None,
+    *,
+    layers: bool = False,
+    peaks: tuple[Any, Any] | None = None,
+) -> Measurement:
+    """Run ``workload.warmup`` discarded runs, then ``workload.runs`` measured ones; a load
+    workload (concurrency/requests/rate) goes to ``load.measure_load`` with ``slo``.
+
+    System counters and peak RSS are read around the runs, never between a run's clock reads.
+    ``layers``: afterwards, time each layer on an instrumented context (in-process llama.cpp
+    only); ``peaks`` (bandwidth, TFLOP/s ``machine_peak.Peak``): attach the roofline."""
     workload = workload or Workload()
     engine = as_engine(engine)
-    for i in range(workload.warmup):
-        engine.run(workload, -1 - i)
+    if workload.is_load:
+        from .load import measure_load
+
+        return measure_load(engine, workload, label=label, slo=slo)
+    was_reset = reset_peak_rss()
+    before = sample_system()
+    warmup = [engine.run(workload, -1 - i) for i in range(workload.warmup)]
     traces = [engine.run(workload, i) for i in range(workload.runs)]
-    return summarize(traces, workload, engine.info(), label=label)
+    system = SystemDelta(before, sample_system())
+    m = summarize(traces, workload, engine.info(), label=label)
+    m = dataclasses.replace(
+        m,
+        warmup_runs=tuple(RunMetrics.of(t) for t in warmup),
+        system=system,
+        peak_rss=peak_rss(was_reset),
+    )
+    if layers:
+        from .layers import profile_layers
+
+        if not hasattr(engine, "_model"):
+            raise ConfigError("per-layer timing (layers=True) needs the in-process llama.cpp engine")
+        m = dataclasses.replace(m, layers=profile_layers(engine, workload))
+    if peaks is not None:
+        from .roofline import roofline
+
+        m = dataclasses.replace(m, roofline=roofline(m, *peaks))
+    return m

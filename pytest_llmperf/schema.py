@@ -16,7 +16,7 @@ from .errors import ConfigError
 @dataclass(frozen=True)
 class Key:
     name: str
-    kind: str  # "budget", "workload" or "setting"
+    kind: str  # "budget", "workload", "setting" (comparison) or "option" (what to measure)
     help: str
     check: Callable[[str, Any], Any]
 
@@ -51,6 +51,18 @@ def _fraction(low: float, high: float) -> Callable[[str, Any], float]:
     return check
 
 
+def _share(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ConfigError(f"llmperf marker key {name!r} must be a share in (0, 1], e.g. 0.95, got {value!r}")
+    return float(value)
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"llmperf marker key {name!r} must be True or False, got {value!r}")
+    return value
+
+
 def _text(name: str, value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise ConfigError(f"llmperf marker key {name!r} must be a non-empty string, got {value!r}")
@@ -70,11 +82,17 @@ KEYS: dict[str, Key] = {
         Key("e2e_ms", "budget", "max median end-to-end request time (ms)", _number),
         Key("min_tps", "budget", "min median decode tokens/s", _number),
         Key("min_prefill_tps", "budget", "min median prefill (prompt) tokens/s", _number),
+        Key("min_goodput", "budget", "load: min share of requests meeting ttft_ms and tpot_ms", _share),
+        Key("min_mbu", "budget", "min decode memory-bandwidth utilization, e.g. 0.5 (roofline)", _share),
         Key("prompt", "workload", "literal prompt text", _text),
         Key("prompt_tokens", "workload", "synthetic prompt of exactly N tokens", _int_at_least(1)),
         Key("max_tokens", "workload", "tokens generated per run (>= 2, EOS cannot end a run)", _int_at_least(2)),
         Key("runs", "workload", "measured runs (>= 1)", _int_at_least(1)),
         Key("warmup", "workload", "discarded warm-up runs before measuring (>= 0)", _int_at_least(0)),
+        Key("concurrency", "workload", "load: requests in flight at once (served models)", _int_at_least(1)),
+        Key("requests", "workload", "load: requests sent in all (default: runs)", _int_at_least(1)),
+        Key("rate", "workload", "load: Poisson arrivals, requests per second (seeded)", _number),
+        Key("layers", "option", "also time each layer (llama.cpp eval callback; in-process only)", _flag),
         Key("alpha", "setting", "family-wise significance level for baseline comparisons", _fraction(0, 1)),
         Key("threshold", "setting", "smallest change of a median that counts (0.05 = 5%)", _fraction(0, 10)),
         Key("tail_threshold", "setting", "smallest change of the ITL p95 that counts (0.10 = 10%)", _fraction(0, 10)),
@@ -91,6 +109,7 @@ class MarkerConfig:
     budgets: Mapping[str, float]
     workload: Mapping[str, Any]
     settings: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def merged(self, overrides: Mapping[str, Any]) -> "MarkerConfig":
         extra = validate(overrides)
@@ -103,6 +122,7 @@ class MarkerConfig:
             budgets={**self.budgets, **extra.budgets},
             workload={**workload, **extra.workload},
             settings={**self.settings, **extra.settings},
+            options={**self.options, **extra.options},
         )
 
 
@@ -113,7 +133,7 @@ def validate(kwargs: Mapping[str, Any], args: tuple[Any, ...] = ()) -> MarkerCon
             f"llmperf marker takes keyword arguments only, got positional {args!r}; "
             f"allowed keys: {', '.join(KEYS)}"
         )
-    by_kind: dict[str, dict[str, Any]] = {"budget": {}, "workload": {}, "setting": {}}
+    by_kind: dict[str, dict[str, Any]] = {"budget": {}, "workload": {}, "setting": {}, "option": {}}
     for name, value in kwargs.items():
         key = KEYS.get(name)
         if key is None:
@@ -121,7 +141,12 @@ def validate(kwargs: Mapping[str, Any], args: tuple[Any, ...] = ()) -> MarkerCon
         by_kind[key.kind][name] = key.check(name, value)
     if "prompt" in by_kind["workload"] and "prompt_tokens" in by_kind["workload"]:
         raise ConfigError("llmperf marker: give either 'prompt' or 'prompt_tokens', not both")
-    return MarkerConfig(budgets=by_kind["budget"], workload=by_kind["workload"], settings=by_kind["setting"])
+    return MarkerConfig(
+        budgets=by_kind["budget"],
+        workload=by_kind["workload"],
+        settings=by_kind["setting"],
+        options=by_kind["option"],
+    )
 
 
 def marker_help() -> str:

@@ -38,6 +38,7 @@ def verdict_dict(v: Any) -> dict[str, Any] | None:
         "short": v.short(),
         "failures": v.failure_lines(),
         "comparisons": [comparison_dict(c) for c in v.comparisons],
+        "layer_changes": [c.as_dict() for c in getattr(v, "layer_changes", ())],
     }
 
 
@@ -121,14 +122,18 @@ def comparison_table(results: Iterable[Mapping[str, Any]]) -> str:
     return render_table(COMPARISON_HEADERS, rows) if rows else ""
 
 
-def markdown(results: list[Mapping[str, Any]]) -> str:
-    """A GitHub-flavoured summary: one line per test, then the comparison table."""
+def markdown(results: list[Mapping[str, Any]], extra: Iterable[str] = ()) -> str:
+    """A GitHub-flavoured summary: one line per test, then the comparison table.
+
+    ``extra``: Markdown lines after the headline (the HTML report's link and key figure)."""
     lines = ["## pytest-llmperf", ""]
     regressions = [f for r in results for f in ((r.get("verdict") or {}).get("failures") or [])]
     lines.append(
         f"**{len(regressions)} regression(s)** in {len(results)} measurement(s)." if regressions
         else f"No regression in {len(results)} measurement(s)."
     )
+    for line in extra:
+        lines += ["", line]
     lines += ["", "| test | TTFT ms | decode t/s | ITL p95 ms | budget | baseline |", "| --- | --- | --- | --- | --- | --- |"]
     for r in results:
         s = r["record"]["summary"]

@@ -19,6 +19,13 @@ _SOURCES: dict[str, tuple[str, str, Callable[[str], Any], Any]] = {
     "n_ctx": ("LLMPERF_N_CTX", "llmperf_n_ctx", int, 2048),
     "n_batch": ("LLMPERF_N_BATCH", "llmperf_n_batch", int, 512),
     "gpu_layers": ("LLMPERF_GPU_LAYERS", "llmperf_gpu_layers", int, 0),
+    # Served models (engines/http.py): set an endpoint and the session measures it instead.
+    "endpoint": ("LLMPERF_ENDPOINT", "llmperf_endpoint", str, None),
+    "api": ("LLMPERF_API", "llmperf_api", str, "completions"),
+    "api_model": ("LLMPERF_API_MODEL", "llmperf_api_model", str, None),
+    "api_key_env": ("LLMPERF_API_KEY_ENV", "llmperf_api_key_env", str, "LLMPERF_API_KEY"),
+    "request_timeout": ("LLMPERF_REQUEST_TIMEOUT", "llmperf_request_timeout", float, 300.0),
+    "token_timeout": ("LLMPERF_TOKEN_TIMEOUT", "llmperf_token_timeout", float, 30.0),
 }
 
 INI_HELP = {
@@ -27,6 +34,12 @@ INI_HELP = {
     "llmperf_n_ctx": "llama.cpp context size (default 2048)",
     "llmperf_n_batch": "llama.cpp batch size for prompt evaluation (default 512)",
     "llmperf_gpu_layers": "layers offloaded to the GPU (default 0)",
+    "llmperf_endpoint": "OpenAI-compatible API base URL to measure instead of llama.cpp in process",
+    "llmperf_api": "API of the endpoint: completions (default) or chat",
+    "llmperf_api_model": "model name sent to the endpoint (default: the server's default)",
+    "llmperf_api_key_env": "environment variable holding the endpoint's API key (default LLMPERF_API_KEY)",
+    "llmperf_request_timeout": "seconds one request may take in all (default 300)",
+    "llmperf_token_timeout": "seconds without data before a stream counts as stalled (default 30)",
 }
 
 
@@ -37,6 +50,12 @@ class EngineSettings:
     n_ctx: int
     n_batch: int
     gpu_layers: int
+    endpoint: str | None = None
+    api: str = "completions"
+    api_model: str | None = None
+    api_key_env: str = "LLMPERF_API_KEY"
+    request_timeout: float = 300.0
+    token_timeout: float = 30.0
 
     @property
     def preset(self) -> str | None:
@@ -70,4 +89,9 @@ def resolve(getoption: Callable[[str], Any], getini: Callable[[str], Any]) -> En
     for name in ("threads", "n_ctx", "n_batch"):
         if values[name] is not None and values[name] < 1:
             raise ConfigError(f"llmperf setting {name} must be >= 1, got {values[name]}")
+    for name in ("request_timeout", "token_timeout"):
+        if not values[name] > 0:
+            raise ConfigError(f"llmperf setting {name} must be > 0 seconds, got {values[name]}")
+    if values["api"] not in ("completions", "chat"):
+        raise ConfigError(f"llmperf setting api must be completions or chat, got {values['api']!r}")
     return EngineSettings(**values)

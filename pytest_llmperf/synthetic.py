@@ -44,6 +44,9 @@ class ModelSpec:
     n_ctx_train: int = 2048
     dtype: str = "F32"
     seed: int = 0
+    #: Per-block FFN widths (None: every block ``n_ff``). A non-uniform list is written as the
+    #: ``deci`` architecture, llama's graph with per-layer widths: the llama arch rejects them.
+    layer_ff: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -52,8 +55,18 @@ class ModelSpec:
             raise ValueError("n_embd must divide by n_head, and n_head by n_head_kv")
         if self.n_vocab <= FIRST_NORMAL_ID:
             raise ValueError(f"n_vocab must exceed {FIRST_NORMAL_ID} (special and byte tokens)")
-        if self.dtype == "Q8_0" and (self.n_embd % 32 or self.n_ff % 32):
+        if self.layer_ff is not None and len(self.layer_ff) != self.n_layer:
+            raise ValueError(f"layer_ff needs one width per layer ({self.n_layer}), got {len(self.layer_ff)}")
+        if self.dtype == "Q8_0" and (self.n_embd % 32 or any(f % 32 for f in self.ffn_widths)):
             raise ValueError("Q8_0 needs n_embd and n_ff divisible by 32")
+
+    @property
+    def ffn_widths(self) -> tuple[int, ...]:
+        return tuple(self.layer_ff) if self.layer_ff is not None else (self.n_ff,) * self.n_layer
+
+    @property
+    def arch(self) -> str:
+        return "deci" if len(set(self.ffn_widths)) > 1 else "llama"
 
     @property
     def head_dim(self) -> int:
@@ -63,13 +76,12 @@ class ModelSpec:
     def n_params(self) -> int:
         e, kv = self.n_embd, self.n_head_kv * self.head_dim
         per_layer_fixed = 2 * e + e * e * 2 + 2 * e * kv  # norms, q/o, k/v
-        ffn = 3 * e * self.n_ff
-        return 2 * self.n_vocab * e + e + self.n_layer * (per_layer_fixed + ffn)
+        ffn = sum(3 * e * f for f in self.ffn_widths)
+        return 2 * self.n_vocab * e + e + self.n_layer * per_layer_fixed + ffn
 
     def digest(self) -> str:
-        payload = json.dumps(
-            {**dataclasses.asdict(self), "generator": GENERATOR_VERSION}, sort_keys=True
-        )
+        fields = {k: v for k, v in dataclasses.asdict(self).items() if not (k == "layer_ff" and v is None)}
+        payload = json.dumps({**fields, "generator": GENERATOR_VERSION}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
     def filename(self) -> str:
@@ -144,12 +156,12 @@ def write_gguf(spec: ModelSpec, path: str | os.PathLike[str]) -> Path:
         "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
     }[spec.dtype]
 
-    writer = gguf.GGUFWriter(path, "llama")
+    writer = gguf.GGUFWriter(path, spec.arch)
     writer.add_name(f"llmperf-synthetic-{spec.name}")
     writer.add_context_length(spec.n_ctx_train)
     writer.add_embedding_length(spec.n_embd)
     writer.add_block_count(spec.n_layer)
-    writer.add_feed_forward_length(spec.n_ff)
+    writer.add_feed_forward_length(spec.n_ff if spec.arch == "llama" else list(spec.ffn_widths))
     writer.add_head_count(spec.n_head)
     writer.add_head_count_kv(spec.n_head_kv)
     writer.add_layer_norm_rms_eps(1e-5)
@@ -180,8 +192,7 @@ def write_gguf(spec: ModelSpec, path: str | os.PathLike[str]) -> Path:
 
     e, kv = spec.n_embd, spec.n_head_kv * spec.head_dim
     matrix("token_embd.weight", spec.n_vocab, e)
-    n_ff = spec.n_ff
-    for i in range(spec.n_layer):
+    for i, n_ff in enumerate(spec.ffn_widths):
         norm(f"blk.{i}.attn_norm.weight")
         matrix(f"blk.{i}.attn_q.weight", e, e)
         matrix(f"blk.{i}.attn_k.weight", kv, e)

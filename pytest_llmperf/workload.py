@@ -22,6 +22,11 @@ class Workload:
     runs: int = 20
     warmup: int = 1
     seed: int = 0
+    # Load (served models): requests in flight at once, total requests (default: runs), and
+    # Poisson arrivals at ``rate`` requests/s (seeded). Any of them set = a load test.
+    concurrency: int | None = None
+    requests: int | None = None
+    rate: float | None = None
 
     def __post_init__(self) -> None:
         if self.prompt is not None and self.prompt_tokens is not None:
@@ -38,6 +43,21 @@ class Workload:
             raise ConfigError(f"runs must be >= 1, got {self.runs}")
         if self.warmup < 0:
             raise ConfigError(f"warmup must be >= 0, got {self.warmup}")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ConfigError(f"concurrency must be >= 1, got {self.concurrency}")
+        if self.requests is not None and self.requests < 1:
+            raise ConfigError(f"requests must be >= 1, got {self.requests}")
+        if self.rate is not None and not self.rate > 0:
+            raise ConfigError(f"rate must be > 0 requests/s, got {self.rate}")
+
+    @property
+    def is_load(self) -> bool:
+        """A load test: several requests, possibly concurrent, summarized per request."""
+        return self.concurrency is not None or self.requests is not None or self.rate is not None
+
+    @property
+    def n_requests(self) -> int:
+        return self.requests if self.requests is not None else self.runs
 
     @property
     def synthetic_prompt_tokens(self) -> int | None:
@@ -52,6 +72,12 @@ class Workload:
             if self.prompt is not None
             else f"{self.synthetic_prompt_tokens} prompt tokens"
         )
+        if self.is_load:
+            pace = f"Poisson {self.rate:g}/s" if self.rate else "closed loop"
+            return (
+                f"{source}, {self.max_tokens} generated, {self.n_requests} requests, "
+                f"concurrency {self.concurrency or 1}, {pace} (+{self.warmup} warm-up)"
+            )
         return f"{source}, {self.max_tokens} generated, {self.runs} runs (+{self.warmup} warm-up)"
 
 

@@ -146,6 +146,10 @@ class LlamaCppEngine:
             n_params=int(llama_cpp.llama_model_n_params(self._model)),
             quantization=_quantization(self.llm.metadata),
             n_layer=int(llama_cpp.llama_model_n_layer(self._model)),
+            n_embd=int(llama_cpp.llama_model_n_embd(self._model)),
+            n_head=int(llama_cpp.llama_model_n_head(self._model)),
+            n_head_kv=int(llama_cpp.llama_model_n_head_kv(self._model)),
+            kv_bytes_per_element=_kv_bytes_per_element(self.llm.context_params),
             n_threads=threads,
             n_ctx=self.n_ctx,
             n_batch=self.n_batch,
@@ -275,6 +279,17 @@ class LlamaCppEngine:
             self._sampler = None
         if getattr(self, "llm", None) is not None:
             self.llm.close()
+
+
+def _kv_bytes_per_element(params: Any) -> float | None:
+    """Mean bytes per K/V cache element, from the context's cache types (F16 by default)."""
+    try:
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        sizes = [GGML_QUANT_SIZES[GGMLQuantizationType(int(t))] for t in (params.type_k, params.type_v)]
+    except (ImportError, ValueError, KeyError):
+        return None
+    return sum(type_size / block for block, type_size in sizes) / 2
 
 
 def _quantization(meta: dict[str, str]) -> str | None:

@@ -1,0 +1,33 @@
+"""``llmperf report SESSION.json -o PATH``: the HTML report (plots, tables, verdicts) of a
+saved session report (``pytest --llmperf-json``), as ``--llmperf-html`` writes it."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "write the HTML report of a saved session report (pytest --llmperf-json)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("session", help="the session report (JSON)")
+    parser.add_argument("-o", "--output", default="llmperf-report.html", help="HTML file to write")
+    parser.add_argument(
+        "--jobs", type=int, default=None, help="processes drawing figures (default: usable CPUs, at most 8)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from ..baseline_store import atomic_write
+    from ..figures import require_matplotlib
+    from ..html_report import render_html
+    from ..session import load_session
+
+    require_matplotlib()
+    results = load_session(args.session)
+    created = json.loads(Path(args.session).read_text(encoding="utf-8")).get("created_at")
+    atomic_write(Path(args.output), render_html(results, created, workers=args.jobs))
+    print(f"{args.output}: {len(results)} measurement(s)")
+    return 0

@@ -1,0 +1,253 @@
+"""The HTML report: rendered from a real session, opened in headless Chromium.
+
+Chromium is required (``.ci/run`` installs Debian's ``chromium``): a missing browser fails
+the test with what to install instead of skipping, so a report nobody opened cannot pass.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import matplotlib.figure  # noqa: F401  (imported before any inner session, which would unload it)
+import numpy as np
+import pytest
+
+from pytest_llmperf import figures, html_report
+from pytest_llmperf.cli import main as cli_main
+
+SUITE = """
+import pytest
+
+@pytest.mark.llmperf(prompt_tokens=64, max_tokens=32, runs=8, p95_ms=40, ttft_ms=200, min_tps=50)
+def test_steady(): pass
+
+@pytest.mark.llmperf(prompt_tokens=128, max_tokens=32, runs=8, tpot_ms=20)
+def test_regressed(): pass
+"""
+
+PER_TEST_FIGURES = {"itl-ecdf", "run-strips", "token-timeline"}
+CHROMIUM_FLAGS = (
+    "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
+)
+
+
+def chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    pytest.fail("headless Chromium is needed to check the HTML report: apt-get install -y chromium", pytrace=False)
+
+
+def open_in_chromium(page: Path, tmp: Path, *action: str) -> tuple[str, list[str]]:
+    """Run Chromium on ``page``; returns stdout and the URLs the page itself requested (from
+    Chromium's net log: requests on behalf of a file:// page; the browser's own update and
+    account pings are not the page's)."""
+    net_log = tmp / f"net-{len(list(tmp.glob('net-*')))}.json"
+    proc = subprocess.run(
+        [chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={tmp / 'profile'}", f"--log-net-log={net_log}",
+         "--window-size=1280,2400", "--virtual-time-budget=5000", *action, page.resolve().as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    log = json.loads(net_log.read_text())
+    start_job = log["constants"]["logEventTypes"]["URL_REQUEST_START_JOB"]
+    requested = [
+        e["params"]["url"]
+        for e in log["events"]
+        if e["type"] == start_job and "file://" in str(e.get("params", {}).get("network_isolation_key", ""))
+    ]
+    return proc.stdout, requested
+
+
+class Outline(HTMLParser):
+    """Test sections and the figures (with an <svg>) inside each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sections: dict[str, set[str]] = {}
+        self.summary_figures: set[str] = set()
+        self.ids: list[str] = []
+        self._section: str | None = None
+        self._figure: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if a.get("id"):
+            self.ids.append(a["id"])
+        if tag == "section" and "data-test" in a:
+            self._section = a["data-test"]
+            self.sections[self._section] = set()
+        elif tag == "figure":
+            self._figure = a.get("data-figure")
+        elif tag == "svg" and self._figure:
+            (self.sections[self._section] if self._section else self.summary_figures).add(self._figure)
+
+
+def outline(html: str) -> Outline:
+    parser = Outline()
+    parser.feed(html)
+    return parser
+
+
+def external_references(html: str) -> list[str]:
+    """Anything a browser would fetch: src/href/url() pointing off the page (SVG namespace
+    declarations are names, not requests)."""
+    refs = re.findall(r'(?:src|href|xlink:href|action|poster)\s*=\s*["\']([^"\'#][^"\']*)', html)
+    refs += re.findall(r"url\(\s*['\"]?([^#'\")][^'\")]*)", html)
+    refs += re.findall(r"@import", html)
+    return [r for r in refs if not r.startswith("data:")]
+
+
+def scale_baseline(path: Path, test: str, factor: float) -> None:
+    """Make ``test``'s stored baseline ``factor`` times faster: now looks like a slowdown."""
+    data = json.loads(path.read_text())
+    for entry in data["tests"][test].values():
+        runs = entry["runs"]
+        for key in ("ttft_ms", "tpot_ms", "itl_p50_ms", "itl_p95_ms"):
+            runs[key] = [v / factor for v in runs[key]]
+        for key in ("prefill_tps", "decode_tps"):
+            runs[key] = [v * factor for v in runs[key]]
+        entry["itl_ms"] = [[v / factor for v in run] for run in entry["itl_ms"]]
+        entry["subject"]["backend_version"] = "0.3.35"
+    path.write_text(json.dumps(data))
+
+
+def test_real_session_report_in_chromium(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    pytester.makepyfile(test_suite=SUITE)
+    run = ("-p", "no:cacheprovider", "--llmperf-threads", "1")
+    pytester.runpytest_inprocess(*run, "--llmperf-update-baselines").assert_outcomes(passed=2)
+    scale_baseline(pytester.path / "baselines" / "test_suite.json", "test_regressed", 2.0)
+    result = pytester.runpytest_inprocess(
+        *run, "--llmperf-fail-unstable", "--llmperf-html", "out/report.html", "--llmperf-json", "session.json",
+        "--llmperf-markdown", "summary.md",
+    )
+    assert result.parseoutcomes()["failed"] >= 1, result.stdout.str()
+    result.stdout.fnmatch_lines(["*llmperf: HTML report written to out*report.html*"])
+    page = pytester.path / "out" / "report.html"
+    html = page.read_text()
+    session = json.loads((pytester.path / "session.json").read_text())
+    tests = [r["test"] for r in session["results"]]
+    regressed = next(r for r in session["results"] if r["test"].endswith("test_regressed"))
+    assert regressed["baseline_record"] and regressed["budgets"] == {"tpot_ms": 20.0}
+
+    # Self-contained: nothing to fetch, every id unique across the inline SVGs.
+    assert external_references(html) == []
+    static = outline(html)
+    assert len(static.ids) == len(set(static.ids))
+    assert "REGRESSION" in html and "changed since the baseline: llama-cpp-python 0.3.35 -&gt; " in html
+    assert "budget tpot_ms=20 ms" in html and "budget p95_ms=40 ms" in html  # budgets drawn as lines
+
+    # The Markdown summary links the report and embeds the key figure (an SVG beside it).
+    md = (pytester.path / "summary.md").read_text()
+    assert "Plots: [HTML report](out/report.html)" in md
+    assert "![Compared metrics, most notable first](summary.svg)" in md
+    assert (pytester.path / "summary.svg").read_text().count("<svg") == 1
+
+    # In the browser: the DOM holds every section and figure, the page asked for nothing.
+    dom, requested = open_in_chromium(page, tmp_path, "--dump-dom")
+    assert requested == []
+    rendered = outline(dom)
+    assert sorted(rendered.sections) == sorted(tests)
+    for test, found in rendered.sections.items():
+        assert PER_TEST_FIGURES <= found, (test, found)
+    assert rendered.summary_figures == {"change-overview"}
+
+    _, requested = open_in_chromium(page, tmp_path, f"--screenshot={tmp_path / 'shot.png'}")
+    assert requested == []
+    from PIL import Image
+
+    shot = Image.open(tmp_path / "shot.png").convert("RGB")
+    assert shot.size == (1280, 2400)
+    pixels = np.asarray(shot.resize((320, 600))).reshape(-1, 3)
+    inked = float((pixels.min(axis=1) < 200).mean())
+    colours = len(np.unique(pixels, axis=0))
+    assert inked > 0.03 and colours > 100, (inked, colours)  # text, plots, colours: not a blank page
+
+    # The same page from the saved JSON report.
+    out = tmp_path / "again.html"
+    assert cli_main(["report", str(pytester.path / "session.json"), "-o", str(out)]) == 0
+    assert {k: v for k, v in outline(out.read_text()).sections.items()} == static.sections
+
+
+def test_the_net_log_check_sees_page_requests(tmp_path: Path) -> None:
+    """The 'no request' assertion above is not vacuous: an external image and stylesheet show up."""
+    page = tmp_path / "leaky.html"
+    page.write_text('<!DOCTYPE html><img src="http://127.0.0.1:9/probe.png"><link rel="stylesheet" href="http://127.0.0.1:9/x.css">')
+    assert external_references(page.read_text()) == ["http://127.0.0.1:9/probe.png", "http://127.0.0.1:9/x.css"]
+    _, requested = open_in_chromium(page, tmp_path, "--dump-dom")
+    assert sorted(requested) == ["http://127.0.0.1:9/probe.png", "http://127.0.0.1:9/x.css"]
+
+
+def _record(scale: float = 1.0) -> dict:
+    itl = [[(0.5 + 0.002 * i + 0.05 * (r == 0)) * scale for i in range(40)] for r in range(6)]
+    layer = {
+        "names": [f"layer {i}" for i in range(4)] + ["output"],
+        "median_ms": [v * scale for v in (0.1, 0.1, 0.4, 0.1, 0.05)],
+        "share": [0.13, 0.13, 0.53, 0.13, 0.07],
+        "step_ms": 0.75 * scale,
+        "n_runs": 6,
+        "outliers": ["layer 2"],
+    }
+    phase = {"bytes_per_token": 2e8, "flops_per_token": 2.7e8, "intensity_flop_per_byte": 1.35, "bound_tps": 100.0,
+             "achieved_tps": 80 / scale, "achieved_bw_gbs": 16.0, "mbu": 0.8, "mfu": 0.02, "verdict": "memory-bound"}
+    return {
+        "runs": {"ttft_ms": [5.0 * scale] * 6, "tpot_ms": [0.6 * scale] * 6, "decode_tps": [1600 / scale] * 6},
+        "itl_ms": itl,
+        "summary": {"n_runs": 6, "ttft_ms": 5.0 * scale, "decode_tps": 1600 / scale, "itl_p95_ms": 0.6 * scale},
+        "workload": {"prompt_tokens": 64, "max_tokens": 41},
+        "hardware": {"cpu": "test"},
+        "subject": {"engine": "llama.cpp"},
+        "layers": {"phases": {"prefill": layer, "decode": layer}, "outlier_rule": "median + 5 x MAD",
+                   "overhead_ratio": 1.1},
+        "roofline": {"peak_bw_gbs": 20.0, "peak_bw_source": "measured", "peak_tflops": 0.5,
+                     "peak_tflops_source": "given", "decode": phase, "prefill": {**phase, "verdict": "compute-bound"}},
+    }
+
+
+def test_layer_and_roofline_figures_when_the_record_has_them() -> None:
+    result = {"test": "t.py::test_layers", "record": _record(1.3), "baseline_record": _record(), "budget": "ok",
+              "budgets": {"p99_ms": 2.0, "tpot_ms": 1.0}, "verdict": None}
+    section = html_report.test_section(0, result)
+    found = outline(section).sections["t.py::test_layers"]
+    assert found == PER_TEST_FIGURES | {"layer-bars", "roofline"}
+    assert "median + 5 x MAD" in section and f"fill: {figures.BUDGET}" in section  # outlier layer in red
+    assert "MBU 80%" in section and "memory-bound" in section and "budget p99_ms=2 ms" in section
+    without = html_report.test_section(0, {**result, "record": {k: v for k, v in _record().items()
+                                                                    if k not in ("layers", "roofline")}})
+    assert outline(without).sections["t.py::test_layers"] == PER_TEST_FIGURES
+
+
+def test_parallel_sections_match_sequential(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Big reports draw in worker processes; the page must not depend on it."""
+    results = [{"test": f"t.py::test_{i}", "record": _record(1 + i / 10), "baseline_record": _record(), "budgets": {},
+                "budget": "-", "verdict": None} for i in range(3)]
+    sequential = html_report.test_sections(results, workers=1)
+    monkeypatch.setattr(html_report, "PARALLEL_FROM", 1)
+    assert html_report.test_sections(results, workers=2) == sequential
+
+
+def test_without_matplotlib_a_one_line_message(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    pytester.makepyfile("def test_nothing(): pass")
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--llmperf-html", "r.html")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert 'the HTML report needs matplotlib: pip install "pytest-llmperf[report]"' in result.stderr.str()
+    assert "Traceback" not in result.stderr.str()
+    capsys.readouterr()
+    (pytester.path / "s.json").write_text('{"schema": "pytest-llmperf/session", "schema_version": 1, "results": []}')
+    assert cli_main(["report", str(pytester.path / "s.json"), "-o", str(pytester.path / "r.html")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        'llmperf: error: the HTML report needs matplotlib: pip install "pytest-llmperf[report]"'
+    )

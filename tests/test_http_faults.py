@@ -1,0 +1,282 @@
+"""Faults of a served model: each ends within its timeout with a one-line message, and no
+baseline is written from a broken measurement.
+
+The happy path uses the real llama.cpp server (test_http_engine.py); these faults come from a
+small misbehaving server of our own on loopback, one URL path per fault.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from pytest_llmperf import EngineError, Workload, measure
+from pytest_llmperf.engines.http import EarlyEndError, HttpEngine
+from pytest_llmperf.server import free_port
+
+STOP = threading.Event()
+
+
+def event(text: str, finish: str | None = None, **extra) -> bytes:
+    body = {"choices": [{"index": 0, "text": text, "finish_reason": finish}], **extra}
+    return f"data: {json.dumps(body)}\n\n".encode()
+
+
+class Faulty(BaseHTTPRequestHandler):
+    """``/<fault>/v1/completions``: the fault is the first path segment."""
+
+    protocol_version = "HTTP/1.1"
+    seen_auth: list[str] = []
+    flaky_count = 0
+
+    def log_message(self, *args) -> None:  # quiet
+        pass
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def _start_stream(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+    def _end(self) -> None:
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def _stall(self) -> None:
+        while not STOP.is_set():
+            time.sleep(0.05)
+
+    def _tokens(self, n: int) -> None:
+        for i in range(n):
+            self._chunk(event(f" t{i}"))
+
+    def do_POST(self) -> None:  # noqa: C901 - one branch per fault, on purpose
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length) or b"{}")
+        n = int(body.get("max_tokens", 8))
+        fault = self.path.strip("/").split("/")[0]
+        Faulty.seen_auth.append(self.headers.get("Authorization") or "")
+        if fault in ("http500", "http401"):
+            status = 500 if fault == "http500" else 401
+            payload = json.dumps({"error": {"message": "model exploded" if status == 500 else "invalid api key"}})
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload.encode())
+            return
+        if fault == "flaky":  # every other request gets a 503
+            Faulty.flaky_count += 1
+            if Faulty.flaky_count % 2 == 0:
+                self.send_response(503)
+                self.send_header("Content-Length", "4")
+                self.end_headers()
+                self.wfile.write(b"busy")
+                return
+        self._start_stream()
+        if fault in ("ok", "flaky"):
+            self._tokens(n)
+            self._chunk(event("", "length"))
+            self._chunk(b"data: [DONE]\n\n")
+            self._end()
+        elif fault == "usage":
+            self._tokens(n)
+            self._chunk(event("", "length", usage={"prompt_tokens": 7, "completion_tokens": n}))
+            self._chunk(b"data: [DONE]\n\n")
+            self._end()
+        elif fault == "short":  # EOS after 3 tokens
+            self._tokens(3)
+            self._chunk(event("", "stop"))
+            self._chunk(b"data: [DONE]\n\n")
+            self._end()
+        elif fault == "garbage":
+            self._tokens(2)
+            self._chunk(b"data: {not json at all\n\n")
+            self._end()
+        elif fault == "truncated":  # a clean end of the body, but no [DONE] and no finish
+            self._tokens(3)
+            self._chunk(b'data: {"choices": [{"te')
+            self._end()
+        elif fault == "midstream":  # the connection drops inside the chunked body
+            self._tokens(3)
+            self.wfile.write(b"ff\r\ndata: {")
+            self.wfile.flush()
+            self.connection.shutdown(2)
+        elif fault == "stall_first":
+            self._stall()
+        elif fault == "stall_mid":
+            self._tokens(3)
+            self._stall()
+        elif fault in ("drip", "pings"):  # every 0.2 s, for ever: only the request timeout ends it
+            i = 0
+            while not STOP.is_set():
+                self._chunk(event(f" d{i}") if fault == "drip" else b": ping\n\n")
+                i += 1
+                time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def faulty() -> str:
+    STOP.clear()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Faulty)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    STOP.set()
+    server.shutdown()
+    server.server_close()
+
+
+WL = Workload(prompt_tokens=4, max_tokens=8, runs=1, warmup=0)
+
+
+def fails_within(engine: HttpEngine, seconds: float, workload: Workload = WL) -> str:
+    started = time.monotonic()
+    with pytest.raises(EngineError) as info:
+        measure(engine, workload)
+    elapsed = time.monotonic() - started
+    assert elapsed < seconds, f"took {elapsed:.1f} s: {info.value}"
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_healthy_fake_stream_counts_events(faulty):
+    m = measure(HttpEngine(f"{faulty}/ok/v1"), WL)
+    assert m.output_tokens == 8 and m.engine.token_count == "events"
+
+
+def test_usage_is_preferred_when_the_server_sends_it(faulty):
+    m = measure(HttpEngine(f"{faulty}/usage/v1"), WL)
+    assert m.engine.token_count == "usage" and m.prompt_tokens == 7
+
+
+def test_server_not_running():
+    message = fails_within(HttpEngine(f"http://127.0.0.1:{free_port()}/v1"), 5)
+    assert "cannot connect" in message and "is the server running?" in message
+
+
+def test_connection_dropped_mid_stream(faulty):
+    message = fails_within(HttpEngine(f"{faulty}/midstream/v1", token_timeout_s=2), 5)
+    assert "connection to" in message and "broke after 3 tokens" in message
+
+
+@pytest.mark.parametrize(
+    ("fault", "expected"),
+    [("http500", "HTTP 500 from .*model exploded"), ("http401", "HTTP 401 from .*invalid api key")],
+)
+def test_http_error_with_body(faulty, fault, expected):
+    import re
+
+    assert re.search(expected, fails_within(HttpEngine(f"{faulty}/{fault}/v1"), 5))
+
+
+def test_malformed_event(faulty):
+    message = fails_within(HttpEngine(f"{faulty}/garbage/v1"), 5)
+    assert "malformed event" in message and "is not JSON" in message
+
+
+def test_truncated_stream(faulty):
+    message = fails_within(HttpEngine(f"{faulty}/truncated/v1"), 5)
+    assert "malformed event" in message or "ended without [DONE]" in message
+
+
+@pytest.mark.parametrize(("fault", "waiting"), [("stall_first", "the first token"), ("stall_mid", "the token after 3")])
+def test_stalled_server_hits_the_token_timeout(faulty, fault, waiting):
+    message = fails_within(HttpEngine(f"{faulty}/{fault}/v1", token_timeout_s=0.5), 3)
+    assert f"server stalled: no data from {faulty}/{fault}/v1/completions within 0.5 s (waiting for {waiting})" in message
+
+
+@pytest.mark.parametrize("fault", ["drip", "pings"])
+def test_dripping_server_hits_the_request_timeout(faulty, fault):
+    engine = HttpEngine(f"{faulty}/{fault}/v1", token_timeout_s=5, request_timeout_s=1)
+    message = fails_within(engine, 3, Workload(prompt_tokens=4, max_tokens=1000, runs=1, warmup=0))
+    assert "took longer than 1 s" in message
+
+
+def test_fewer_tokens_than_asked(faulty):
+    with pytest.raises(EarlyEndError, match=r"generated 3 of 8 tokens \(finish_reason 'stop', counted from events\)"):
+        measure(HttpEngine(f"{faulty}/short/v1"), WL)
+
+
+def test_api_key_sent_but_never_recorded(faulty, monkeypatch):
+    from pytest_llmperf.fingerprint import Fingerprint, subject
+    from pytest_llmperf.records import record
+
+    monkeypatch.setenv("LLMPERF_TEST_KEY", "sk-secret-123")
+    engine = HttpEngine(f"{faulty}/ok/v1", api_key_env="LLMPERF_TEST_KEY")
+    m = measure(engine, WL)
+    assert Faulty.seen_auth[-1] == "Bearer sk-secret-123"
+    rec = record(m, Fingerprint({}, subject(m.engine)), commit=None, recorded_at="now")
+    assert "sk-secret" not in json.dumps(rec) + repr(engine) + repr(m.engine)
+
+
+def test_load_counts_failed_requests(faulty):
+    engine = HttpEngine(f"{faulty}/flaky/v1")
+    m = measure(engine, Workload(prompt_tokens=4, max_tokens=4, requests=6, concurrency=1, warmup=0))
+    assert (m.load.n_ok, m.load.n_failed) == (3, 3)
+    assert m.load.goodput == 0.5
+    assert m.load.errors[0].startswith("request 1: HTTP 503")
+
+
+PERF_TEST = """
+import pytest
+
+@pytest.mark.llmperf(prompt_tokens=4, max_tokens=8, runs=2, warmup=0)
+def test_served():
+    pass
+
+@pytest.mark.llmperf(prompt_tokens=4, max_tokens=4, requests=4, concurrency=2, warmup=0)
+def test_load():
+    pass
+"""
+
+
+@pytest.mark.parametrize("fault", ["short", "flaky"])
+def test_no_baseline_from_a_failed_measurement(pytester, faulty, fault):
+    pytester.makepyfile(test_served=PERF_TEST)
+    started = time.monotonic()
+    result = pytester.runpytest_subprocess(
+        f"--llmperf-endpoint={faulty}/{fault}/v1", "--llmperf-update-baselines", "--llmperf-token-timeout=2"
+    )
+    assert time.monotonic() - started < 60
+    result.assert_outcomes(failed=2)
+    if fault == "short":
+        result.stdout.fnmatch_lines(["*server generated 3 of 8 tokens*"])
+    else:
+        result.stdout.fnmatch_lines(["*requests failed; request * HTTP 503 from*busy*"])
+    assert not list(pytester.path.rglob("baselines/**/*.json"))
+
+
+def test_good_http_measurement_writes_and_compares_baselines(pytester, faulty, monkeypatch):
+    monkeypatch.setenv("LLMPERF_API_KEY", "sk-never-written")
+    pytester.makepyfile(test_served=PERF_TEST)
+    args = (f"--llmperf-endpoint={faulty}/ok/v1",)
+    pytester.runpytest_subprocess(*args, "--llmperf-update-baselines").assert_outcomes(passed=2)
+    files = list(pytester.path.rglob("baselines/**/*.json"))
+    assert len(files) == 1
+    text = files[0].read_text()
+    assert "test_served" in text and "test_load" in text and "sk-never-written" not in text
+    result = pytester.runpytest_subprocess(*args)
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*llmperf: endpoint*/ok/v1 (completions)*", "*llmperf baseline comparison*"])
+
+
+def test_endpoint_from_ini_and_environment(pytester, faulty, monkeypatch):
+    pytester.makepyfile(test_served=PERF_TEST)
+    pytester.makeini(f"[pytest]\nllmperf_endpoint = {faulty}/short/v1\nllmperf_request_timeout = 5\n")
+    monkeypatch.setenv("LLMPERF_ENDPOINT", f"{faulty}/ok/v1")  # the environment beats the ini
+    result = pytester.runpytest_subprocess()
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines([f"llmperf: endpoint {faulty}/ok/v1 (completions), model (server default)"])
+    result = pytester.runpytest_subprocess("--llmperf-token-timeout=soon")
+    result.stderr.fnmatch_lines(["*--llmperf-token-timeout: expected float, got 'soon'*"])

@@ -1,0 +1,302 @@
+"""Where the time goes: per-layer timing, roofline, stability diagnostics, memory, profiler,
+and ``llmperf profile`` — on real llama.cpp and on generated samples with known answers."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from pytest_llmperf import InferenceProfiler, Workload, measure
+from pytest_llmperf.cli import main as cli_main
+from pytest_llmperf.diagnostics import SystemDelta, SystemSample, context_slope, far_off, likely_causes
+from pytest_llmperf.layer_diff import compare_layers
+from pytest_llmperf.layers import outlier_layers
+from pytest_llmperf.machine_peak import machine_peaks
+from pytest_llmperf.roofline import kv_cache_bytes
+from pytest_llmperf.synthetic import ModelSpec, ensure_model
+
+#: A model with one block much wider than the others: block 3's FFN is 16x as wide.
+SLOW_LAYER = ModelSpec(name="slow-layer", n_layer=6, n_embd=256, n_ff=512, layer_ff=(512, 512, 512, 8192, 512, 512))
+
+
+# -- per-layer timing on the 100M+ preset ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_profiled(small_engine):
+    peaks = machine_peaks()
+    return measure(small_engine, Workload(prompt_tokens=128, max_tokens=24, runs=4), layers=True, peaks=peaks)
+
+
+def test_layers_sum_to_the_instrumented_step_and_match_the_model(small_profiled) -> None:
+    m = small_profiled
+    assert m.engine.n_params > 100e6
+    for phase in (m.layers.prefill, m.layers.decode):
+        assert phase.n_layers == m.engine.n_layer == 12
+        assert len(phase.names) == 13 and phase.names[0] == "embd+layer 0" and phase.names[-1] == "output"
+        # Per step: the segments tile the llama_decode call; what is left is the call's tail.
+        assert 0.90 <= phase.coverage <= 1.0, (phase.phase, phase.coverage)
+        assert abs(sum(phase.share) - 1) < 1e-9
+    assert m.layers.decode.n_steps == 4 * 23
+    # The overhead ratio is measured (instrumented / plain step), not assumed.
+    for ratio in (m.layers.decode_overhead_ratio, m.layers.prefill_overhead_ratio):
+        assert ratio is not None and 0.5 < ratio < 3
+
+
+def test_roofline_on_the_small_preset(small_profiled) -> None:
+    r = small_profiled.roofline
+    assert r.peak_bw.source == "measured" and r.peak_bw.value > 0
+    assert r.decode.verdict == "memory-bound"
+    assert 0 < r.decode.mbu < 1
+    assert r.prefill.intensity_flop_per_byte > r.decode.intensity_flop_per_byte
+    # Achieved decode TPS is the measured one; the bound is BW / bytes per token.
+    assert r.decode.achieved_tps == pytest.approx(1e3 / small_profiled.tpot_ms)
+    assert r.decode.bound_tps == pytest.approx(r.peak_bw.value * 1e9 / r.decode.bytes_per_token)
+    assert r.decode.achieved_tps < r.decode.bound_tps
+
+
+def test_slow_layer_is_named_by_profile(capsys: pytest.CaptureFixture[str]) -> None:
+    path = ensure_model(SLOW_LAYER)
+    args = [str(path), "--format", "json", "--runs", "3", "--max-tokens", "16", "--prompt-tokens", "64"]
+    assert cli_main(["profile", *args]) == 0
+    report = json.loads(capsys.readouterr().out)
+    for phase in ("prefill", "decode"):
+        assert report["layers"]["phases"][phase]["outliers"] == ["layer 3"], report["layers"]["phases"][phase]
+    assert cli_main(["profile", *args[:1], "--runs", "3", "--max-tokens", "16"]) == 0
+    text = capsys.readouterr().out
+    (row,) = [line for line in text.splitlines() if line.startswith("layer 3 ")]
+    assert row.rstrip().endswith("OUTLIER")
+
+
+def test_outlier_rule_on_known_values() -> None:
+    names = ["embd+layer 0", "layer 1", "layer 2", "layer 3", "layer 4", "output"]
+    assert outlier_layers(names, [1.6, 1.02, 0.98, 1.01, 1.0, 3.0]) == ()  # first segment, head: apart
+    assert outlier_layers(names, [1.0, 1.02, 3.0, 1.01, 0.99, 0.1]) == ("layer 2",)
+    assert outlier_layers(names, [1.0, 1.0, 1.0, 1.0001, 1.0, 0.1]) == ()  # zero MAD: noise is not flagged
+
+
+# -- profile command ------------------------------------------------------------------------
+
+
+def test_profile_without_arguments_validates_against_the_schema() -> None:
+    jsonschema = pytest.importorskip("jsonschema")  # in the test extra
+    from pytest_llmperf.profile import json_schema
+
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest_llmperf.cli", "profile", "--format", "json"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == ""  # no progress output when not on a terminal
+    report = json.loads(out.stdout)
+    jsonschema.validate(report, json_schema())
+    assert report["model"]["name"] == "synthetic-tiny"
+    assert report["workload"]["runs"] == 10 and report["itl_ms"]["count"] == 10 * 63
+
+
+def test_profile_markdown_and_bad_model(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["profile", "tiny", "--format", "markdown", "--runs", "2", "--max-tokens", "8"]) == 0
+    md = capsys.readouterr().out
+    for heading in ("# llmperf profile: synthetic-tiny", "## speed", "## per-layer time", "## roofline", "## stability"):
+        assert heading in md
+    assert "| layer 1 |" in md
+    assert cli_main(["profile", str(tmp_path / "missing.gguf")]) == 2
+    assert "model file not found" in capsys.readouterr().err
+
+
+# -- memory -----------------------------------------------------------------------------------
+
+
+def test_kv_cache_size_agrees_with_llama_cpp(tiny_engine) -> None:
+    code = (
+        "import llama_cpp, sys; llama_cpp.Llama(sys.argv[1], n_ctx=2048, verbose=True)"
+    )
+    out = subprocess.run([sys.executable, "-c", code, tiny_engine.info().model_path], capture_output=True, text=True, timeout=120)
+    mib = float(re.search(r"llama_kv_cache: size =\s*([\d.]+) MiB", out.stderr).group(1))
+    assert kv_cache_bytes(tiny_engine.info()) == pytest.approx(mib * 2**20, rel=0.01)
+
+
+def test_peak_rss_is_reported(tiny_engine) -> None:
+    m = measure(tiny_engine, Workload(prompt_tokens=16, max_tokens=8, runs=2))
+    assert m.peak_rss.bytes > tiny_engine.info().model_size_bytes  # the mapped model is resident
+    assert m.peak_rss.scope in ("measurement", "process")
+
+
+# -- stability diagnostics on known samples ---------------------------------------------------
+
+
+def test_context_slope_recovers_a_known_slope() -> None:
+    rng = np.random.default_rng(1)
+    prompt = 100
+    runs = [[5.0] + [2.0 + 0.004 * (prompt + 1 + i) + rng.normal(0, 0.01) for i in range(1, 64)] for _ in range(5)]
+    slope_us, span = context_slope(runs, prompt)
+    assert slope_us == pytest.approx(4.0, rel=0.05)  # 0.004 ms = 4 us per token of context
+    assert span == (prompt + 2, prompt + 64)
+
+
+def test_far_off_runs_and_causes() -> None:
+    assert far_off([10, 10.2, 9.9, 10.1, 25]) == (4,)
+    assert far_off([10, 10.2, 9.9, 10.1, 10.3]) == ()
+    before = SystemSample(load_1m=0.1, cpu_mhz=3000, minor_faults=0, major_faults=0, involuntary_switches=0)
+    quiet = SystemDelta(before, before)
+    assert likely_causes(quiet) == []
+    busy = SystemDelta(before, SystemSample(5.0, 2000, 10, 7, 400))
+    causes = " | ".join(likely_causes(busy))
+    for signal in ("load average 5.0", "400 involuntary", "7 major page faults", "3000 -> 2000 MHz"):
+        assert signal in causes
+
+
+def test_unstable_measurement_warns_in_plain_words() -> None:
+    from pytest_llmperf import CallableEngine
+
+    delays = iter([0.0] * 40 + [0.004] * 8 + [0.0] * 200)
+
+    def engine(prompt, max_tokens):
+        import time
+
+        for _ in range(max_tokens):
+            time.sleep(next(delays, 0.0) + 0.0005)
+            yield "x"
+
+    m = measure(CallableEngine(engine), Workload(prompt="hi", max_tokens=8, runs=6, warmup=0))
+    stab = m.stability
+    assert stab.unstable and stab.warnings[0].startswith("unstable measurement")
+    steady = measure(CallableEngine(lambda p, n: iter("x" * n)), Workload(prompt="hi", max_tokens=8, runs=3, warmup=1))
+    assert steady.stability.first_run_slowdown is not None
+
+
+# -- per-layer diff ---------------------------------------------------------------------------
+
+
+def _layers(decode_ms: list[list[float]]) -> dict:
+    names = ["embd+layer 0", "layer 1", "layer 2", "output"]
+    med = list(np.median(np.asarray(decode_ms), axis=0))
+    phase = {"names": names, "median_ms": med, "per_run_ms": decode_ms}
+    return {"layers": {"phases": {"prefill": phase, "decode": phase}}}
+
+
+def test_layer_diff_names_the_slower_layer() -> None:
+    rng = np.random.default_rng(0)
+    base = [[1.0, 1.0, 1.0, 0.2] + rng.normal(0, 0.01, 4) for _ in range(12)]
+    slower = [[1.0, 1.0, 1.3, 0.2] + rng.normal(0, 0.01, 4) for _ in range(12)]
+    changes = compare_layers(_layers(base), _layers(slower))
+    assert {(c.phase, c.name) for c in changes if c.slower} == {("prefill", "layer 2"), ("decode", "layer 2")}
+    assert not any(c.slower for c in compare_layers(_layers(base), _layers(base)))
+    assert compare_layers({}, _layers(base)) == ()
+
+
+# -- production profiler ----------------------------------------------------------------------
+
+
+def test_profiler_window_percentiles_and_fixed_memory() -> None:
+    p = InferenceProfiler(window=100, ttft_window=3)
+    memory = p.memory_bytes
+    for v in range(1000):
+        p.record_token(float(v))
+    for t in (5.0, 6.0, 7.0, 8.0):
+        p.record_ttft(t)
+    s = p.stats()
+    window = np.arange(900, 1000, dtype=float)
+    assert s.token_count == 100 and s.tokens_recorded == 1000
+    assert s.p95_ms == pytest.approx(np.percentile(window, 95)) and s.p99_ms == pytest.approx(998.01)  # 900 + 0.99 * 99, interpolated
+    assert s.mean_ms == pytest.approx(949.5)
+    assert s.ttft_history_ms == (6.0, 7.0, 8.0)
+    assert p.memory_bytes == memory
+
+
+def test_profiler_is_thread_safe_and_times_requests() -> None:
+    p = InferenceProfiler(window=100_000)
+
+    def worker() -> None:
+        for _ in range(5000):
+            p.record_token(1.0)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert p.stats().tokens_recorded == 40_000
+    with p.request() as req:
+        for _ in range(4):
+            req.token()
+    s = p.stats()
+    assert s.ttft_count == 1 and s.tokens_recorded == 40_003
+
+
+# -- the plugin: layers=True, --llmperf-layers, min_mbu, layer data in baselines --------------
+
+FAST = "max_tokens=8, runs=3, warmup=1, prompt_tokens=16"
+
+
+def _inner(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return pytester.runpytest_inprocess("-p", "no:cacheprovider", *args)
+
+
+def test_marker_layers_go_to_report_baseline_and_comparison(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        f"""
+        import pytest
+
+        @pytest.mark.llmperf(layers=True, {FAST})
+        def test_layered():
+            pass
+
+        @pytest.mark.llmperf({FAST})
+        def test_plain():
+            pass
+        """
+    )
+    _inner(pytester, "--llmperf-update-baselines").assert_outcomes(passed=2)
+    (stored,) = (pytester.path / "baselines").glob("*.json")
+    entries = json.loads(stored.read_text())["tests"]
+    layered = next(iter(entries["test_layered"].values()))
+    plain = next(iter(entries["test_plain"].values()))
+    assert layered["layers"]["phases"]["decode"]["names"][-1] == "output" and "roofline" in layered
+    assert "layers" not in plain and "roofline" not in plain  # off by default: it perturbs timing
+    result = _inner(pytester, "-rA", "--llmperf-json", "session.json")
+    result.stdout.fnmatch_lines(["*per-layer time:*", "*embd+layer 0*", "*roofline:*", "*memory-bound*"])
+    session = json.loads((pytester.path / "session.json").read_text())
+    by_test = {r["test"].split("::")[-1]: r for r in session["results"]}
+    changes = by_test["test_layered"]["verdict"]["layer_changes"]
+    assert len(changes) == 2 * 5 and {c["phase"] for c in changes} == {"prefill", "decode"}
+    assert by_test["test_plain"]["verdict"]["layer_changes"] == []
+
+
+def test_layers_option_and_mbu_budget(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        f"""
+        import pytest
+
+        @pytest.mark.llmperf(min_mbu=0.5, {FAST})
+        def test_mbu():
+            pass
+
+        def test_option(llmperf):
+            m = llmperf.measure(max_tokens=8, runs=2, prompt_tokens=16)
+            assert m.layers is not None and m.layers.decode.n_layers == 4
+        """
+    )
+    # A given peak far above this machine's: the MBU budget must fail, and say it was given.
+    result = _inner(pytester, "--llmperf-layers", "--llmperf-peak-bw", "100000", "-rA")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.re_match_lines([r"^decode MBU [\d.e-]+ of peak bandwidth < budget 0\.5 of peak bandwidth \(3 runs\)$"])
+    result.stdout.fnmatch_lines(["*peak bandwidth 100000 GB/s (given)*"])
+
+
+def test_layers_marker_on_a_served_or_callable_engine_is_a_clear_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        def test_callable(llmperf):
+            llmperf.measure(lambda prompt, n: iter("x" * n), prompt="hi", max_tokens=4, runs=2, layers=True)
+        """
+    )
+    result = _inner(pytester)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*per-layer timing (layers=True) needs the in-process llama.cpp engine*"])
