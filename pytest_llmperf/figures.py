@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import re
+from collections import Counter
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -116,7 +117,7 @@ def _figure(
         if reuse:
             _BLANK[key] = fig
     for ax in np.ravel(axes):
-        ax.locator_params(nbins=5)
+        ax.locator_params(nbins=4)
     return fig, axes
 
 
@@ -246,7 +247,6 @@ def _strip(ax: Any, runs: Sequence[Sequence[float] | None], colours: Sequence[st
         ax.hlines(np.median(v), i - 0.28, i + 0.28, color=colour, lw=2.2, zorder=4)
     ax.set_xticks(range(len(names)), [f"{n}\n({len(r or [])} runs)" for n, r in zip(names, runs)])
     ax.set_xlim(-0.6, len(names) - 0.4)
-    ax.set_ylim(bottom=0)
 
 
 def run_strips(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, budgets: Mapping[str, float]) -> Any:
@@ -263,16 +263,18 @@ def run_strips(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, bu
         ax.set_ylabel(f"{metric.split('_')[0].upper()} (ms)")
     lines = [(left, "ttft_ms", budgets.get("ttft_ms"), "ms"), (left, "ttft_p95_ms", budgets.get("ttft_p95_ms"), "ms"),
              (right, "tpot_ms", budgets.get("tpot_ms"), "ms")]
-    for ax, key, value, unit in lines:
-        if value is not None:
-            ax.axhline(value, color=BUDGET, ls="-.", lw=1.2, label=_budget_label(key, value, unit))
     if "min_tps" in budgets:  # a decode TPS floor is a TPOT ceiling
-        tps = budgets["min_tps"]
-        right.axhline(1000 / tps, color=BUDGET, ls="-.", lw=1.2, label=f"budget min_tps={tps:g} t/s")
+        lines.append((right, "min_tps", budgets["min_tps"], "t/s"))
+    for ax, key, value, unit in lines:
+        if value is not None:  # labelled on the line: a legend per axes costs more than the plot
+            y = 1000 / value if key == "min_tps" else value
+            ax.axhline(y, color=BUDGET, ls="-.", lw=1.2)
+            ax.annotate(_budget_label(key, value, unit), (0, y), xycoords=ax.get_yaxis_transform(), xytext=(2, 2),
+                        textcoords="offset points", ha="left", va="bottom", fontsize=6.5, color=BUDGET,
+                        bbox={"fc": "white", "ec": "none", "alpha": 0.75, "pad": 0.5})
     for ax in (left, right):
         ax.grid(axis="x", visible=False)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(loc="lower center")
+        ax.set_ylim(bottom=0)  # after the budget lines, so the axis reaches them
     return fig
 
 
@@ -323,8 +325,11 @@ def layer_bars(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, bu
     names = [p for p in ("prefill", "decode") if p in phases]
     n_rows = max(len(phases[p]["names"]) for p in names)
     longest = max(len(n) for p in names for n in phases[p]["names"])
-    fig, axes = _figure(0.95 + 0.16 * n_rows, len(names), margins_in=(0.2 + 0.06 * longest, 0.45, 0.15, 0.5),
-                        wspace=0.06 * longest + 0.1, squeeze=False)
+    width = 2 * WIDTH_IN  # the page shows it across both columns
+    label_in = 0.15 + 0.075 * longest
+    axes_in = (width - label_in - 0.2 - label_in * (len(names) - 1)) / len(names)
+    fig, axes = _figure(1.2 + 0.2 * n_rows, len(names), width_in=width, margins_in=(label_in, 0.8, 0.2, 0.3),
+                        wspace=label_in / axes_in, squeeze=False)
     base_phases = ((baseline or {}).get("layers") or {}).get("phases", {})
     for ax, phase in zip(axes[0], names):
         now = phases[phase]
@@ -346,17 +351,15 @@ def layer_bars(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, bu
         ax.set_xlabel("median time (ms)")
         ax.set_title(f"{phase}: step {now.get('step_ms', 0):.3g} ms, {now.get('n_runs', '?')} runs")
         ax.grid(axis="y", visible=False)
-        ax.legend(loc="lower right")
-    rule = record["layers"].get("outlier_rule")
-    if rule:
-        fig.suptitle(f"Time per layer (outliers in red: {rule})", fontsize=9.5)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncols=2)
     return fig
 
 
 def roofline(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, budgets: Mapping[str, float]) -> Any:
     """Achieved vs attainable performance per phase on the machine's roofline."""
     rf = record["roofline"]
-    fig, ax = _figure(3.0)
+    fig, ax = _figure(3.6, margins_in=(0.62, 1.2, 0.15, 0.3))
     bw, peak = rf["peak_bw_gbs"], rf["peak_tflops"] * 1000  # GB/s, GFLOP/s
     points = [(p, rf[p]) for p in ("prefill", "decode") if isinstance(rf.get(p), Mapping)]
     intensities = [d["intensity_flop_per_byte"] for _, d in points] + [peak / bw]
@@ -385,7 +388,7 @@ def roofline(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, budg
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("performance (GFLOP/s)")
     ax.set_title("Roofline: achieved (filled) vs bound (hollow black)")
-    ax.legend(loc="lower right", fontsize=6.5)
+    fig.legend(loc="lower center", fontsize=6.5)
     return fig
 
 
@@ -416,9 +419,13 @@ def change_overview(results: Sequence[Mapping[str, Any]]) -> Any:
     labels = [f"{test.split('::')[-1][:38]} \u00b7 {c['phase']} {c['label']}" for _, _, test, c in shown]
     ax.set_yticks(range(len(shown)), labels)
     ax.invert_yaxis()
-    threshold = shown[0][3].get("threshold") if shown else None
-    if threshold:
-        ax.axvspan(-threshold * 100, threshold * 100, color="#eeeeee", zorder=0, label=f"within +-{threshold:.0%}")
+    thresholds = Counter(c.get("threshold") for _, _, _, c in shown if c.get("threshold"))
+    if thresholds:
+        common = thresholds.most_common(1)[0][0]
+        others = sorted({f"{c['label']} +-{c['threshold']:.0%}" for _, _, _, c in shown
+                         if c.get("threshold") and c["threshold"] != common})
+        label = f"threshold +-{common:.0%}" + (f" ({', '.join(others)})" if others else "")
+        ax.axvspan(-common * 100, common * 100, color="#eeeeee", zorder=0, label=label)
         ax.legend(loc="lower right")
     ax.axvline(0, color="black", lw=0.8)
     ax.grid(axis="y", visible=False)

@@ -49,6 +49,7 @@ th{background:#f3f3f3}td:first-child,th:first-child{text-align:left;white-space:
 .bad{background:#fde2e0;color:#8e1b10;border-color:#e9a39b}.warn{background:#fff1d6;color:#7a4b00;border-color:#e8c27a}
 .good{background:#e0f3e4;color:#155d27;border-color:#9fd1ab}.same{background:#eceff3;color:#3b4350;border-color:#c6ccd5}
 .plots{display:grid;grid-template-columns:repeat(auto-fit,minmax(480px,1fr));gap:10px}
+figure[data-figure="layer-bars"]{grid-column:1/-1}
 figure{margin:0;border:1px solid #eee;border-radius:4px;padding:4px;background:#fff}
 figure svg{width:100%;height:auto;display:block}figcaption{font-size:11.5px;color:#555;padding:2px 4px}
 .notes{font-size:12.5px;color:#444;margin:4px 0}.notes li{margin:2px 0}
@@ -105,6 +106,8 @@ def budget_value(record: Mapping[str, Any], key: str) -> float | None:
         return float(np.percentile(pooled, quantile)) if pooled.size else None
     if key == "ttft_p95_ms":
         return float(np.percentile(runs["ttft_ms"], 95)) if runs.get("ttft_ms") else None
+    if key == "min_mbu":
+        return ((record.get("roofline") or {}).get("decode") or {}).get("mbu")
     field = {"ttft_ms": "ttft_ms", "tpot_ms": "tpot_ms", "min_tps": "decode_tps", "min_prefill_tps": "prefill_tps"}
     return _median(runs.get(field[key])) if key in field else None
 
@@ -187,6 +190,8 @@ def test_section(index: int, result: Mapping[str, Any]) -> str:
     plots = []
     for n, (fig_id, caption, fn) in enumerate(figures.figures_for(record)):
         svg = figures.render(fn, record, baseline, budgets)
+        if fig_id == "layer-bars" and record["layers"].get("outlier_rule"):
+            caption += f"; outlier layers in red: {record['layers']['outlier_rule']}"
         plots.append(_figure_html(fig_id, caption, svg, f"t{index}f{n}-"))
     parts.append('<div class="plots">' + "".join(plots) + "</div></section>")
     return "\n".join(parts)

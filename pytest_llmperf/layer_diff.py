@@ -1,9 +1,12 @@
 """Per-layer diff between two records that both carry layer timing: which layers got slower.
 
-Each layer's per-run medians are the samples (runs are independent, tokens within a run are
-not); a layer counts as slower when a one-sided Mann-Whitney U test says so at ``alpha``
-after Holm over all layers of both phases, and its median grew by more than ``threshold``.
-This is a diagnosis next to the phase verdicts, which stay the gate.
+A layer counts as slower when its share of the step grew: each run's per-layer medians divided
+by their sum are the samples (runs are independent, tokens within a run are not), a one-sided
+Mann-Whitney U test on them is significant at ``alpha`` after Holm over all layers of both
+phases, and the median share grew by more than ``threshold`` (relative). Shares, not ms: the
+two sessions may run on a machine that got uniformly slower or faster in between, which would
+move every layer's ms and say nothing about which layer changed; a uniform slowdown is the
+phase verdicts' business. This is a diagnosis next to those verdicts, which stay the gate.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ class LayerChange:
     name: str
     baseline_ms: float
     now_ms: float
-    p_value: float  # Holm-adjusted, one-sided (now slower)
+    baseline_share: float
+    now_share: float
+    p_value: float  # Holm-adjusted, one-sided (share now larger)
     slower: bool
 
     @property
@@ -33,7 +38,8 @@ class LayerChange:
     def line(self) -> str:
         return (
             f"{self.phase} {self.name}: {self.now_ms:.3g} ms vs {self.baseline_ms:.3g} ms "
-            f"({self.change_pct:+.1f}%, p={self.p_value:.2g} Holm)"
+            f"({self.change_pct:+.1f}%), {self.now_share:.1%} of the step vs {self.baseline_share:.1%} "
+            f"(p={self.p_value:.2g} Holm)"
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -43,6 +49,8 @@ class LayerChange:
             "baseline_ms": self.baseline_ms,
             "now_ms": self.now_ms,
             "change_pct": self.change_pct,
+            "baseline_share": self.baseline_share,
+            "now_share": self.now_share,
             "p_value": self.p_value,
             "slower": self.slower,
         }
@@ -61,16 +69,22 @@ def compare_layers(
         b, c = base["phases"].get(phase), cand["phases"].get(phase)
         if not b or not c or b["names"] != c["names"]:
             return ()
-        b_runs, c_runs = np.asarray(b["per_run_ms"], float), np.asarray(c["per_run_ms"], float)
+        b_share, c_share = _shares(b["per_run_ms"]), _shares(c["per_run_ms"])
         for i, name in enumerate(b["names"]):
-            if len(b_runs) > 1 and len(c_runs) > 1:
-                p = float(mannwhitneyu(c_runs[:, i], b_runs[:, i], alternative="greater").pvalue)
+            if len(b_share) > 1 and len(c_share) > 1:
+                p = float(mannwhitneyu(c_share[:, i], b_share[:, i], alternative="greater").pvalue)
             else:
                 p = 1.0
-            rows.append((phase, name, float(b["median_ms"][i]), float(c["median_ms"][i]), p))
-    adjusted = holm([r[4] for r in rows]) if rows else []
+            shares = float(np.median(b_share[:, i])), float(np.median(c_share[:, i]))
+            rows.append((phase, name, float(b["median_ms"][i]), float(c["median_ms"][i]), *shares, p))
+    adjusted = holm([r[-1] for r in rows]) if rows else []
     return tuple(
-        LayerChange(phase, name, b_ms, c_ms, p, p < alpha and c_ms > b_ms * (1 + threshold))
-        for (phase, name, b_ms, c_ms, _), p in zip(rows, adjusted)
+        LayerChange(phase, name, b_ms, c_ms, b_sh, c_sh, p, p < alpha and c_sh > b_sh * (1 + threshold))
+        for (phase, name, b_ms, c_ms, b_sh, c_sh, _), p in zip(rows, adjusted)
     )
+
+
+def _shares(per_run_ms: Any) -> np.ndarray:
+    runs = np.asarray(per_run_ms, dtype=float)
+    return runs / runs.sum(axis=1, keepdims=True)
 

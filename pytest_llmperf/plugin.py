@@ -501,6 +501,13 @@ class LLMPerfPlugin:
                 extra = [a.verdict.note] if a.verdict.note else []
                 if a.verdict.changes:
                     extra.append("changed since the baseline: " + ", ".join(a.verdict.changes))
+                if a.verdict.layer_changes:
+                    slower = a.verdict.slower_layers
+                    extra.append(
+                        "slower layers: " + "; ".join(c.line() for c in slower)
+                        if slower
+                        else f"per-layer diff: no layer significantly slower ({len(a.verdict.layer_changes)} compared)"
+                    )
                 detail += "\n\n" + "\n".join(extra + ([table] if table else []))
             report.sections.append((title, detail.rstrip()))
             if r.failure is not None and self.budgets_gate:

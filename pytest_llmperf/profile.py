@@ -52,6 +52,7 @@ def profile(
     n_batch: int = 512,
     peak_bw_gbs: float | None = None,
     peak_tflops: float | None = None,
+    reprobe_peaks: bool = False,
     progress: Callable[[str], None] = lambda step: None,
 ) -> dict[str, Any]:
     from .engines.llama_cpp import LlamaCppEngine
@@ -67,7 +68,7 @@ def profile(
     engine = LlamaCppEngine(path, n_ctx=n_ctx, n_threads=threads, n_batch=n_batch, n_gpu_layers=n_gpu_layers, name=name)
     try:
         progress("peaks")
-        peaks = machine_peaks(given_bw_gbs=peak_bw_gbs, given_tflops=peak_tflops)
+        peaks = machine_peaks(given_bw_gbs=peak_bw_gbs, given_tflops=peak_tflops, refresh=reprobe_peaks)
         progress("runs")  # plain runs, then the instrumented per-layer runs
         m = measure(engine, workload, layers=True, peaks=peaks)
     finally:

@@ -188,6 +188,9 @@ def test_layer_diff_names_the_slower_layer() -> None:
     changes = compare_layers(_layers(base), _layers(slower))
     assert {(c.phase, c.name) for c in changes if c.slower} == {("prefill", "layer 2"), ("decode", "layer 2")}
     assert not any(c.slower for c in compare_layers(_layers(base), _layers(base)))
+    # The whole machine 30% slower: every layer's ms grows, no layer's share does.
+    uniform = [[v * 1.3 for v in run] for run in base]
+    assert not any(c.slower for c in compare_layers(_layers(base), _layers(uniform)))
     assert compare_layers({}, _layers(base)) == ()
 
 
@@ -300,3 +303,55 @@ def test_layers_marker_on_a_served_or_callable_engine_is_a_clear_error(pytester:
     result = _inner(pytester)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*per-layer timing (layers=True) needs the in-process llama.cpp engine*"])
+
+
+def test_profile_shows_progress_on_a_terminal() -> None:
+    import os
+    import pty
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest_llmperf.cli", "profile", "--runs", "2", "--max-tokens", "8", "--format", "json"],
+        stdout=subprocess.PIPE, stderr=slave, text=True,
+    )
+    os.close(slave)
+    out, _ = proc.communicate(timeout=300)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # the terminal closed with the process
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    assert proc.returncode == 0
+    assert b"llmperf profile [" in seen and b"measuring" in seen
+    json.loads(out)  # stdout stays the clean report
+
+
+def test_per_layer_diff_names_the_layer_that_got_slower(pytester: pytest.Pytester) -> None:
+    """Baseline on a model of six equal blocks; then block 3 becomes 16x wider (a real model
+    change): the comparison must say layer 3 got slower, in the test's report."""
+    import dataclasses
+
+    uniform = ensure_model(dataclasses.replace(SLOW_LAYER, name="six-equal", layer_ff=None))
+    wider = ensure_model(SLOW_LAYER)
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.llmperf(layers=True, max_tokens=8, runs=10, prompt_tokens=32)
+        def test_model():
+            pass
+        """
+    )
+    _inner(pytester, "--llmperf-model", str(uniform), "--llmperf-update-baselines").assert_outcomes(passed=1)
+    result = _inner(pytester, "--llmperf-model", str(wider), "--llmperf-json", "s.json", "-rA")
+    session = json.loads((pytester.path / "s.json").read_text())
+    changes = session["results"][0]["verdict"]["layer_changes"]
+    slower = {(c["phase"], c["name"]) for c in changes if c["slower"]}
+    assert {("prefill", "layer 3"), ("decode", "layer 3")} <= slower, changes
+    assert not {name for _, name in slower} - {"layer 3"}, slower  # shares: the others shrank
+    assert "layer 3" in result.stdout.str() and "model file" in result.stdout.str()

@@ -29,6 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-batch", type=int, default=512)
     parser.add_argument("--peak-bw", type=float, default=None, metavar="GB/s", help="peak memory bandwidth (default: probe)")
     parser.add_argument("--peak-tflops", type=float, default=None, metavar="TFLOP/s", help="peak FLOP rate (default: CPU spec / GEMM)")
+    parser.add_argument("--reprobe-peaks", action="store_true", help="measure the machine's peaks again (else cached)")
     parser.add_argument("-o", "--output", default=None, help="write the report here instead of stdout")
 
 
@@ -64,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
             n_batch=args.n_batch,
             peak_bw_gbs=args.peak_bw,
             peak_tflops=args.peak_tflops,
+            reprobe_peaks=args.reprobe_peaks,
             progress=progress,
         )
     finally:

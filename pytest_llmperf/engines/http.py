@@ -185,23 +185,22 @@ class HttpEngine:
             ) from None
         if not done and finish is None:
             raise EngineError(f"stream from {self.url} ended without [DONE] after {len(stamps)} tokens (truncated)")
-        counted = len(stamps)
-        source = "events"
+        n = workload.max_tokens
+        counted, source = len(stamps), "events"
         if usage and isinstance(usage.get("completion_tokens"), int):
             counted, source = usage["completion_tokens"], "usage"
+        elif finish == "length" and counted != n:
+            # Events are not tokens one to one (llama-cpp-python sends empty events and flushes
+            # held-back text late), but the server says it stopped at the limit we asked for.
+            counted, source = n, "finish_reason"
         with self._lock:
             self._token_count.add(source)
-        if counted < workload.max_tokens or len(stamps) < 2:
+        if counted < n or len(stamps) < 2:
             raise EarlyEndError(
-                f"server generated {counted} of {workload.max_tokens} tokens (finish_reason {finish!r}, "
-                f"counted from {source}); it does not honour ignore_eos/min_tokens: the run is not comparable"
+                f"server generated {counted} of {n} tokens (finish_reason {finish!r}, counted from {source}); "
+                "it does not honour ignore_eos/min_tokens: the run is not comparable"
             )
-        n = workload.max_tokens
-        if len(stamps) > n:
-            # More text events than tokens asked: a server that holds back partial UTF-8
-            # (llama-cpp-python) flushes it in the closing event. Keep the last arrival as the
-            # end of the stream.
-            stamps = stamps[: n - 1] + stamps[-1:]
+        stamps = fit_stamps(stamps, counted)
         prompt_tokens = usage.get("prompt_tokens") if usage else None
         return RunTrace(
             start_ns=start,
@@ -212,6 +211,19 @@ class HttpEngine:
 
     def close(self) -> None:
         self._client.close()
+
+
+def fit_stamps(stamps: list[int], n_tokens: int) -> list[int]:
+    """One arrival time per generated token when events and tokens do not pair up.
+
+    More events than tokens: the first ``n - 1`` and the last (the stream's end stays the
+    end). Fewer: tokens that came merged into one event arrived with it; the missing ones are
+    put on the last event (where servers flush held-back text), so TPOT divides by the true
+    count and those tokens show an ITL of 0.
+    """
+    if len(stamps) > n_tokens:
+        return stamps[: n_tokens - 1] + stamps[-1:]
+    return stamps + stamps[-1:] * (n_tokens - len(stamps))
 
 
 def _sse_data(lines: Iterator[str]) -> Iterator[str | None]:
