@@ -1,7 +1,8 @@
 """How long a 200-test HTML report takes to render, and how big the file is.
 
-Results are made by resampling the runs of a real session (tiny model, measured here, a
-baseline and a slower candidate), so every figure has realistic shapes and sizes:
+Results are made by resampling the runs of a real session (tiny model, measured here
+against a baseline recorded just before), some scaled slower or faster and judged again, so
+every figure and verdict has realistic shapes and sizes:
 
     python benchmarks/html_report.py            # prints seconds and MB
     python benchmarks/html_report.py --tests 50 --out /tmp/report.html
@@ -22,6 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
+from pytest_llmperf import compare
+from pytest_llmperf.regression import CompareSettings, judge
+from pytest_llmperf.session import verdict_dict
+
 SUITE = """
 import pytest
 
@@ -33,7 +38,8 @@ def test_decode(): pass
 def real_result(workdir: Path) -> dict:
     """One measured result, with its baseline, from a real pytest session on the tiny model."""
     (workdir / "test_bench.py").write_text(SUITE)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--llmperf-model", "tiny", "--llmperf-threads", "1"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--llmperf-model", "tiny",
+           "--llmperf-threads", "1"]
     subprocess.run(cmd + ["--llmperf-update-baselines"], cwd=workdir, capture_output=True, timeout=300)
     subprocess.run(cmd + ["--llmperf-json", "session.json"], cwd=workdir, capture_output=True, timeout=300)
     (result,) = json.loads((workdir / "session.json").read_text())["results"]
@@ -50,6 +56,15 @@ def resampled(result: dict, index: int, rng: np.random.Generator) -> dict:
     for key, values in rec["runs"].items():
         scale = 1 / factor if key.endswith("tps") else factor
         rec["runs"][key] = [values[i] * scale for i in picks]
+    for key in ("ttft_ms", "prefill_tps", "tpot_ms", "decode_tps"):
+        if key in rec["runs"]:
+            rec["summary"][key] = float(np.median(rec["runs"][key]))
+    pooled = np.concatenate(rec["itl_ms"])
+    for q in (50, 95, 99):
+        rec["summary"][f"itl_p{q}_ms"] = float(np.percentile(pooled, q))
+    if r.get("baseline_record"):  # judged again, so the verdicts vary as a real session's do
+        verdict = judge({"hw": r["baseline_record"]}, "hw", rec, CompareSettings(family_size=5 * 200))
+        r["verdict"] = verdict_dict(verdict)
     r["test"] = f"tests/test_perf_{index // 10:02d}.py::test_case_{index}"
     return r
 
@@ -71,6 +86,7 @@ def main() -> int:
         os.environ.setdefault("LLMPERF_CACHE_DIR", str(Path(__file__).resolve().parent.parent / ".llmperf-cache"))
         base = real_result(Path(tmp))
         rng = np.random.default_rng(0)
+        compare.BOOTSTRAP_RESAMPLES = 200  # setup only (verdicts to show), not what is timed
         results = [resampled(base, i, rng) for i in range(args.tests)]
         started, cpu = time.perf_counter(), _cpu_seconds()
         page = render_html(results, created_at="benchmark")

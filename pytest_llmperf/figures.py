@@ -1,4 +1,5 @@
-"""The HTML report's figures: matplotlib (Agg, no pyplot) rendered to SVG text.
+"""The HTML report's figures: matplotlib Figure objects (no pyplot, no GUI backend) saved
+as SVG text.
 
 Each function takes the session report's plain dicts (a record, its baseline record, the
 marker's budgets) and returns one SVG document, so ``llmperf report`` draws from a saved
@@ -127,15 +128,26 @@ _ID = re.compile(r'\sid="([^"]+)"')
 _NOOP_ROTATE = re.compile(r' transform="rotate\(-?0 [\d.]+ [\d.]+\)"')
 
 
+_TAG = re.compile(r"<[^>]+>")
+#: One font rule per figure instead of a font list on every text element.
+FONT_CSS = "text{font-family:'DejaVu Sans',Verdana,Geneva,sans-serif}"
+
+
+def _minify_tag(match: re.Match[str]) -> str:
+    tag = _NUMBER.sub(r"\1", match.group(0))  # inside tags only: text keeps its digits
+    tag = re.sub(r"\s+", " ", tag)
+    tag = _FONT.sub("", tag)
+    return _NOOP_ROTATE.sub("", tag)
+
+
 def minify(svg: str) -> str:
-    """Smaller SVG, same picture: 0.1 pt coordinates (1/720 inch), no layout whitespace, no
-    font lists (the page's CSS sets the font), no ids that nothing references."""
+    """Smaller SVG, same picture: coordinates to 0.1 pt (1/720 inch), no layout whitespace,
+    one font rule instead of a font list per text, no ids that nothing references."""
     svg = svg[svg.index("<svg"):]
     svg = re.sub(r"<metadata>.*?</metadata>", "", svg, flags=re.S)
-    svg = _NUMBER.sub(r"\1", svg)
-    svg = re.sub(r"\s*\n\s*", " ", svg).replace("> <", "><")
-    svg = _FONT.sub("", svg)
-    svg = _NOOP_ROTATE.sub("", svg)
+    svg = _TAG.sub(_minify_tag, svg)
+    svg = re.sub(r">\s+<", "><", svg)
+    svg = svg.replace("stroke-linecap: butt}", "stroke-linecap: butt}" + FONT_CSS, 1)
     used = set(re.findall(r"#([\w.-]+)", svg))
     svg = _ID.sub(lambda m: m.group(0) if m.group(1) in used else "", svg)
     return svg.replace(' style=""', "").strip()
@@ -171,7 +183,7 @@ def _place_axis_labels(fig: Any) -> None:
 
 
 def render(fn: Any, *args: Any) -> str:
-    """Draw with the report's style and return the SVG (the figure is dropped after)."""
+    """Draw with the report's style and return the SVG."""
     matplotlib = require_matplotlib()
     with matplotlib.rc_context(RC):
         fig = fn(*args)
@@ -208,14 +220,15 @@ def itl_ecdf(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, budg
         if not values.size:
             continue
         x, y = _ecdf(values)
-        ax.plot(x, y, color=colour, lw=1.6, label=f"{name} ({values.size} tokens)", drawstyle="steps-post" if x.size < ECDF_POINTS else "default")
+        steps = "steps-post" if x.size < ECDF_POINTS else "default"  # quantiles of a big sample: a line
+        ax.plot(x, y, color=colour, lw=1.6, label=f"{name} ({values.size} tokens)", drawstyle=steps)
         qs = np.percentile(values, [50, 95, 99])
         ax.plot(qs, [0.50, 0.95, 0.99], marker, color=colour, ms=4.5, mfc="white", mew=1.3, ls="none")
-        for q, p in zip(qs, ("p50", "p95", "p99")):
-            if p != "p50" or name == "now":
-                ax.annotate(f"{p} {q:.3g}", (q, {"p50": 0.5, "p95": 0.95, "p99": 0.99}[p]),
-                            xytext=(5, -9 if name == "baseline" else 3), textcoords="offset points",
-                            fontsize=6.5, color=colour)
+        if name == "now":  # values for now; the baseline's are in the table, its markers show where
+            for q, p, y in zip(qs, ("p50", "p95", "p99"), (0.5, 0.95, 0.99)):
+                left = p == "p95"  # p95 left of its marker, p99 right: they sit close
+                ax.annotate(f"{p} {q:.3g}", (q, y), xytext=(-5 if left else 5, -10 if left else 2),
+                            textcoords="offset points", ha="right" if left else "left", fontsize=6.5, color=colour)
         top = max(top, float(np.percentile(values, 99.9)))
     for key, label in ITL_BUDGETS.items():
         if key in budgets:
@@ -243,8 +256,8 @@ def _strip(ax: Any, runs: Sequence[Sequence[float] | None], colours: Sequence[st
         if not values:
             continue
         v = np.asarray(values, dtype=float)
-        ax.scatter(i + rng.uniform(-0.15, 0.15, v.size), v, s=14, color=colour, alpha=0.8, lw=0, zorder=3)
-        ax.hlines(np.median(v), i - 0.28, i + 0.28, color=colour, lw=2.2, zorder=4)
+        ax.plot(i + rng.uniform(-0.15, 0.15, v.size), v, "o", ms=3.8, color=colour, alpha=0.8, mew=0, zorder=3)
+        ax.plot([i - 0.28, i + 0.28], [np.median(v)] * 2, color=colour, lw=2.2, zorder=4)
     ax.set_xticks(range(len(names)), [f"{n}\n({len(r or [])} runs)" for n, r in zip(names, runs)])
     ax.set_xlim(-0.6, len(names) - 0.4)
 
@@ -284,7 +297,7 @@ def token_timeline(record: Mapping[str, Any], baseline: Mapping[str, Any] | None
     The first token (prefill) and the first measured run (warm-up effects) stand out; the
     fitted slope of the ITL over position shows the cost of a growing context.
     """
-    fig, ax = _figure(3.4, margins_in=(0.62, 1.15, 0.15, 0.3), reuse=True)
+    fig, ax = _figure(3.2, margins_in=(0.62, 0.9, 0.15, 0.3), reuse=True)
     for name, rec, colour in (("baseline", baseline, BASELINE), ("now", record, NOW)):
         if not rec or not rec.get("itl_ms"):
             continue
@@ -297,14 +310,15 @@ def token_timeline(record: Mapping[str, Any], baseline: Mapping[str, Any] | None
         if name == "now":
             if len(runs) >= 3:  # a band, not one line per run: the file stays small at 200 tests
                 low, high = np.percentile(matrix, [10, 90], axis=0)
-                ax.fill_between(position, low, high, color=colour, alpha=0.15, lw=0, label="now: p10-p90 over runs")
+                ax.fill_between(position, low, high, color=colour, alpha=0.15, lw=0)  # named in the caption
             ax.plot(position, matrix[0], color=FIRST_RUN, lw=0.9, label="now: first measured run")
-        slope_us = float(np.polyfit(position, median, 1)[0] * 1000) if n >= 3 else float("nan")
-        ax.plot(position, median, color=colour, lw=1.8,
-                label=f"{name}: median over {len(runs)} runs, slope {slope_us:+.2f} us/token")
-        if ttft:
-            ax.plot([1], [float(np.median(ttft))], "D" if name == "now" else "s", color=colour, ms=6,
-                    label=f"{name}: first token (TTFT median {np.median(ttft):.3g} ms)")
+        slope = f", slope {np.polyfit(position, median, 1)[0] * 1000:+.2f} us/token" if n >= 3 else ""
+        ax.plot(position, median, color=colour, lw=1.8, label=f"{name}: median over {len(runs)} runs{slope}")
+        if ttft:  # labelled on the plot: each legend entry costs more to draw than the data
+            first = float(np.median(ttft))
+            ax.plot([1], [first], "D" if name == "now" else "s", color=colour, ms=6)
+            ax.annotate(f"TTFT {first:.3g}", (1, first), xytext=(6, 4 if name == "now" else -8),
+                        textcoords="offset points", fontsize=6.5, color=colour)
     for key, label in ITL_BUDGETS.items():
         if key in budgets:
             ax.axhline(budgets[key], color=BUDGET, ls="-.", lw=1.2, label=_budget_label(key, budgets[key], "ms"))
@@ -439,7 +453,8 @@ def change_overview(results: Sequence[Mapping[str, Any]]) -> Any:
 FIGURES = (
     ("itl-ecdf", "Decode ITL distribution now vs baseline, p50/p95/p99 marked", itl_ecdf, "itl_ms"),
     ("run-strips", "Per-run TTFT and TPOT now vs baseline (bar: median)", run_strips, "runs"),
-    ("token-timeline", "Per-token latency by output position", token_timeline, "itl_ms"),
+    ("token-timeline", "Per-token latency by output position: token 1 is the first token (TTFT median, diamond "
+     "now, square baseline), then each inter-token latency; shaded: p10-p90 of now's runs", token_timeline, "itl_ms"),
     ("layer-bars", "Time per layer now vs baseline", layer_bars, "layers"),
     ("roofline", "Roofline: achieved vs bound", roofline, "roofline"),
 )

@@ -78,12 +78,20 @@ def badge(word: str, text: str | None = None) -> str:
     return f'<span class="badge {css}">{symbol} {_e(text or word)}</span>'
 
 
+def test_badge(result: Mapping[str, Any]) -> str:
+    """The test's word, with the verdict's detail when it has one (``REGRESSION decode``)."""
+    word = state_of(result)
+    short = (result.get("verdict") or {}).get("short") or ""
+    return badge(word, short if short.startswith(word) or word not in ("REGRESSION", "OVER BUDGET") else word)
+
+
 def _scope_ids(svg: str, prefix: str) -> str:
     """Prefix every id (and reference to it) so inline SVGs cannot collide in one page."""
     ids = set(re.findall(r'\bid="([^"]+)"', svg))
     if not ids:
         return svg
-    pattern = re.compile(r'(\bid="|#)(' + "|".join(re.escape(i) for i in sorted(ids, key=len, reverse=True)) + r')(?=["\)])')
+    names = "|".join(re.escape(i) for i in sorted(ids, key=len, reverse=True))
+    pattern = re.compile(r'(\bid="|#)(' + names + r')(?=["\)])')
     return pattern.sub(lambda m: f"{m.group(1)}{prefix}{m.group(2)}", svg)
 
 
@@ -166,7 +174,7 @@ def test_section(index: int, result: Mapping[str, Any]) -> str:
     budgets = result.get("budgets") or {}
     word = state_of(result)
     parts = [f'<section class="test" id="test-{index}" data-test="{_e(result["test"])}" data-state="{_e(word)}">',
-             f"<h2>{_e(result['test'])} {badge(word, verdict.get('short') if word not in ('REGRESSION', 'OVER BUDGET') else word)}</h2>"]
+             f"<h2>{_e(result['test'])} {test_badge(result)}</h2>"]
     w = record.get("workload", {})
     parts.append(f'<p class="notes">{_e(w.get("prompt_tokens", "?"))} prompt tokens, {_e(w.get("max_tokens", "?"))} '
                  f'generated per run, {_e(record.get("summary", {}).get("n_runs", "?"))} runs; '
@@ -199,22 +207,21 @@ def test_section(index: int, result: Mapping[str, Any]) -> str:
 
 def summary_section(results: Sequence[Mapping[str, Any]], created_at: str | None) -> str:
     states = Counter(state_of(r) for r in results)
-    counts = " ".join(badge(word, f"{n} {word}") for word, n in sorted(states.items()))
+    order = list(STATES)  # the worst first
+    ranked = sorted(states.items(), key=lambda item: (order.index(item[0]) if item[0] in order else len(order), item[0]))
+    counts = " ".join(badge(word, f"{n} {word}") for word, n in ranked)
     rows = []
     for i, r in enumerate(results):
         s = r["record"].get("summary", {})
         verdict = r.get("verdict") or {}
-        word = state_of(r)
-
-        def cell(key: str) -> str:
-            return "n/a" if s.get(key) is None else _e(fmt(s[key]))
-
-        rows.append([f'<a href="#test-{i}">{_e(r["test"])}</a>', badge(word, verdict.get("short") if word not in ("REGRESSION", "OVER BUDGET") else word),
-                     _e(r.get("budget", "-")), cell("ttft_ms"), cell("decode_tps"), cell("itl_p95_ms"),
+        cells = ["n/a" if s.get(k) is None else _e(fmt(s[k])) for k in ("ttft_ms", "decode_tps", "itl_p95_ms")]
+        rows.append([f'<a href="#test-{i}">{_e(r["test"])}</a>', test_badge(r), _e(r.get("budget", "-")), *cells,
                      _e(", ".join(verdict.get("changes") or [])) or "-"])
     changes = Counter(c for r in results for c in ((r.get("verdict") or {}).get("changes") or []))
-    changed = ("<ul class='notes'>" + "".join(f"<li>{_e(c)} ({n} test(s))</li>" for c, n in changes.most_common()) + "</ul>"
-               if changes else "<p class='notes'>nothing, or no test was compared with a baseline</p>")
+    changed = (
+        "<ul class='notes'>" + "".join(f"<li>{_e(c)} ({n} test(s))</li>" for c, n in changes.most_common()) + "</ul>"
+        if changes else "<p class='notes'>nothing, or no test was compared with a baseline</p>"
+    )
     parts = ['<section id="summary">', "<h2>Summary</h2>",
              f"<p>{len(results)} measurement(s){' at ' + _e(created_at) if created_at else ''}: {counts}</p>",
              _table(("test", "verdict", "budget", "TTFT ms", "decode t/s", "ITL p95 ms", "changed since the baseline"),
@@ -257,6 +264,7 @@ def test_sections(results: Sequence[Mapping[str, Any]], workers: int | None = No
         return [test_section(i, r) for i, r in enumerate(results)]
     bounds = [round(len(results) * k / workers) for k in range(workers + 1)]
     chunks = [(lo, list(results[lo:hi])) for lo, hi in zip(bounds, bounds[1:])]
+    # This process draws the first chunk itself (matplotlib is loaded here already).
 
     def draw(chunk: tuple[int, list[Mapping[str, Any]]]) -> list[str]:
         start, part = chunk
@@ -272,8 +280,10 @@ def test_sections(results: Sequence[Mapping[str, Any]], workers: int | None = No
             pass
         return [test_section(start + i, r) for i, r in enumerate(part)]
 
-    with ThreadPoolExecutor(workers) as pool:
-        return [section for sections in pool.map(draw, chunks) for section in sections]
+    with ThreadPoolExecutor(workers - 1) as pool:
+        others = pool.map(draw, chunks[1:])
+        first = [test_section(chunks[0][0] + i, r) for i, r in enumerate(chunks[0][1])]
+        return first + [section for sections in others for section in sections]
 
 
 def render_html(

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .errors import ConfigError, EngineError, LLMPerfError
-from .metrics import NS_PER_MS, LatencyStats, Measurement, RunMetrics, summarize
+from .metrics import LatencyStats, Measurement, RunMetrics, summarize
 from .trace import RunTrace
 from .workload import Workload
 
@@ -64,11 +63,12 @@ def meets_slo(run: RunMetrics, slo: Mapping[str, float]) -> bool:
     return all(getattr(run, key) <= limit for key, limit in slo.items() if key in SLO_KEYS)
 
 
-def _check_engine(engine: Any, workers: int) -> None:
+def _check_engine(engine: Any, workers: int, rate: float | None) -> None:
     if workers > 1 and not getattr(engine, "concurrent_safe", False):
+        what = f"concurrency {workers}" if not rate else f"rate {rate:g}/s with up to {workers} requests in flight"
         raise ConfigError(
-            f"concurrency {workers} needs an engine that takes concurrent requests (an HTTP endpoint: "
-            "--llmperf-endpoint); this engine runs one request at a time"
+            f"{what} needs an engine that takes concurrent requests (an HTTP endpoint: "
+            "--llmperf-endpoint); this engine runs one request at a time (concurrency=1 works)"
         )
 
 
@@ -79,7 +79,7 @@ def measure_load(
     slo = {k: float(v) for k, v in (slo or {}).items() if k in SLO_KEYS}
     n = workload.n_requests
     workers = workload.concurrency or (n if workload.rate else 1)
-    _check_engine(engine, workers)
+    _check_engine(engine, workers, workload.rate if not workload.concurrency else None)
     for i in range(workload.warmup):
         engine.run(workload, -1 - i)
 
@@ -90,16 +90,17 @@ def measure_load(
             outcomes[i] = engine.run(workload, i)
         except LLMPerfError as exc:
             outcomes[i] = str(exc)
+        except Exception as exc:  # a bug must not vanish in a worker thread
+            outcomes[i] = f"{type(exc).__name__}: {exc}"
 
     clock = time.perf_counter_ns
     begin = clock()
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="llmperf-load") as pool:
         if workload.rate:
-            stop = threading.Event()
             for i, offset in enumerate(arrival_offsets_s(n, workload.rate, workload.seed)):
                 delay = begin / 1e9 + offset - clock() / 1e9
                 if delay > 0:
-                    stop.wait(delay)
+                    time.sleep(delay)
                 pool.submit(one, i)
         else:
             for i in range(n):

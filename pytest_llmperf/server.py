@@ -126,9 +126,10 @@ def serve(
             deadline = time.monotonic() + start_timeout_s
             while not _ready(url, 1.0):
                 if proc.poll() is not None:
+                    tail = _tail(log) or "no output"
+                    hint = '; install it: pip install "llama-cpp-python[server]"' if "No module named" in tail else ""
                     raise EngineError(
-                        f"llama_cpp.server exited with status {proc.returncode} before it was ready: "
-                        f"{_tail(log) or 'no output'}; is llama-cpp-python[server] installed?"
+                        f"llama_cpp.server exited with status {proc.returncode} before it was ready: {tail}{hint}"
                     )
                 if time.monotonic() > deadline:
                     raise EngineError(

@@ -24,7 +24,7 @@ from pytest_llmperf.cli import main as cli_main
 SUITE = """
 import pytest
 
-@pytest.mark.llmperf(prompt_tokens=64, max_tokens=32, runs=8, p95_ms=40, ttft_ms=200, min_tps=50)
+@pytest.mark.llmperf(prompt_tokens=64, max_tokens=32, runs=8, p95_ms=40, ttft_ms=200, min_tps=50, layers=True)
 def test_steady(): pass
 
 @pytest.mark.llmperf(prompt_tokens=128, max_tokens=32, runs=8, tpot_ms=20)
@@ -156,8 +156,11 @@ def test_real_session_report_in_chromium(pytester: pytest.Pytester, tmp_path: Pa
     assert requested == []
     rendered = outline(dom)
     assert sorted(rendered.sections) == sorted(tests)
-    for test, found in rendered.sections.items():
-        assert PER_TEST_FIGURES <= found, (test, found)
+    for r in session["results"]:  # layer and roofline figures where the record has the data
+        optional = {"layer-bars": "layers", "roofline": "roofline"}
+        expected = PER_TEST_FIGURES | {f for f, key in optional.items() if r["record"].get(key)}
+        assert rendered.sections[r["test"]] == expected, r["test"]
+    assert "layer-bars" in rendered.sections[tests[0]]  # layers=True
     assert rendered.summary_figures == {"change-overview"}
 
     _, requested = open_in_chromium(page, tmp_path, f"--screenshot={tmp_path / 'shot.png'}")
@@ -180,7 +183,9 @@ def test_real_session_report_in_chromium(pytester: pytest.Pytester, tmp_path: Pa
 def test_the_net_log_check_sees_page_requests(tmp_path: Path) -> None:
     """The 'no request' assertion above is not vacuous: an external image and stylesheet show up."""
     page = tmp_path / "leaky.html"
-    page.write_text('<!DOCTYPE html><img src="http://127.0.0.1:9/probe.png"><link rel="stylesheet" href="http://127.0.0.1:9/x.css">')
+    page.write_text(
+        '<!DOCTYPE html><img src="http://127.0.0.1:9/probe.png"><link rel="stylesheet" href="http://127.0.0.1:9/x.css">'
+    )
     assert external_references(page.read_text()) == ["http://127.0.0.1:9/probe.png", "http://127.0.0.1:9/x.css"]
     _, requested = open_in_chromium(page, tmp_path, "--dump-dom")
     assert sorted(requested) == ["http://127.0.0.1:9/probe.png", "http://127.0.0.1:9/x.css"]

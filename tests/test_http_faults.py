@@ -92,6 +92,11 @@ class Faulty(BaseHTTPRequestHandler):
             self._chunk(event("", "length", usage={"prompt_tokens": 7, "completion_tokens": n}))
             self._chunk(b"data: [DONE]\n\n")
             self._end()
+        elif fault == "merged":  # all tokens in 3 events, then the length limit
+            self._tokens(3)
+            self._chunk(event("", "length"))
+            self._chunk(b"data: [DONE]\n\n")
+            self._end()
         elif fault == "short":  # EOS after 3 tokens
             self._tokens(3)
             self._chunk(event("", "stop"))
@@ -160,6 +165,20 @@ def test_usage_is_preferred_when_the_server_sends_it(faulty):
     assert m.engine.token_count == "usage" and m.prompt_tokens == 7
 
 
+def test_events_merged_into_fewer_than_tokens(faulty):
+    m = measure(HttpEngine(f"{faulty}/merged/v1"), WL)
+    assert m.engine.token_count == "finish_reason" and m.output_tokens == 8
+    assert m.runs[0].itl_ms[-5:] == (0.0,) * 5  # the merged tokens arrived with the last event
+
+
+def test_fit_stamps():
+    from pytest_llmperf.engines.http import fit_stamps
+
+    assert fit_stamps([1, 2, 3, 4, 5], 3) == [1, 2, 5]
+    assert fit_stamps([1, 2], 4) == [1, 2, 2, 2]
+    assert fit_stamps([1, 2, 3], 3) == [1, 2, 3]
+
+
 def test_server_not_running():
     message = fails_within(HttpEngine(f"http://127.0.0.1:{free_port()}/v1"), 5)
     assert "cannot connect" in message and "is the server running?" in message
@@ -204,7 +223,9 @@ def test_dripping_server_hits_the_request_timeout(faulty, fault):
 
 
 def test_fewer_tokens_than_asked(faulty):
-    with pytest.raises(EarlyEndError, match=r"generated 3 of 8 tokens \(finish_reason 'stop', counted from events\)"):
+    message = fails_within(HttpEngine(f"{faulty}/short/v1"), 5)
+    assert "server generated 3 of 8 tokens (finish_reason 'stop', counted from events)" in message
+    with pytest.raises(EarlyEndError):
         measure(HttpEngine(f"{faulty}/short/v1"), WL)
 
 
@@ -280,3 +301,17 @@ def test_endpoint_from_ini_and_environment(pytester, faulty, monkeypatch):
     result.stdout.fnmatch_lines([f"llmperf: endpoint {faulty}/ok/v1 (completions), model (server default)"])
     result = pytester.runpytest_subprocess("--llmperf-token-timeout=soon")
     result.stderr.fnmatch_lines(["*--llmperf-token-timeout: expected float, got 'soon'*"])
+
+
+def test_server_that_cannot_start_says_why_in_one_line(tmp_path):
+    from pytest_llmperf.server import serve
+
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + b"\0" * 64)
+    started = time.monotonic()
+    with pytest.raises(EngineError) as info:
+        with serve(broken, n_threads=1, start_timeout_s=30):
+            pass
+    assert time.monotonic() - started < 30
+    message = str(info.value)
+    assert message.startswith("llama_cpp.server exited with status") and "\n" not in message

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
             alias = f"synthetic-{args.serve}" if preset else None
             server = stack.enter_context(serve(path, n_threads=args.threads, alias=alias))
             endpoint, model = server.url, model or server.model
-            print(f"llmperf: serving {path} at {endpoint} ({server.n_threads} threads)")
+            print(f"llmperf: serving {path} at {endpoint}, threads {server.n_threads}")
         engine = HttpEngine(
             endpoint,
             model=model,

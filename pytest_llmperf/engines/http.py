@@ -6,7 +6,10 @@ stamped when its line arrives, so TTFT and the token gaps include the network an
 server's own queueing, as a client sees them.
 
 Token counts come from the server's ``usage`` (asked for with ``stream_options``) when it
-sends one, else from the events; ``info().token_count`` says which. The request asks for
+sends one; else, when it stopped with ``finish_reason="length"``, they are the ``max_tokens``
+asked for (events and tokens need not pair up: llama-cpp-python sends empty events and
+flushes held-back text late); else from the events. ``info().token_count`` says which, and
+``fit_stamps`` gives each token an arrival time. The request asks for
 exactly ``max_tokens`` (``min_tokens`` and ``ignore_eos``, which servers that do not know them
 ignore); a run that still ends early is an error naming the count, never averaged in.
 
