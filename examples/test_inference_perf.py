@@ -30,3 +30,12 @@ def test_prompt_length_scaling(llmperf):
     short = llmperf.measure(prompt_tokens=64, max_tokens=16, runs=3, label="64 tokens")
     long = llmperf.measure(prompt_tokens=512, max_tokens=16, runs=3, label="512 tokens")
     assert long.ttft_ms > short.ttft_ms  # prefill grows with the prompt
+
+
+# Where the time goes: time each layer (after the plain runs) and place decode on the
+# roofline; the report's llmperf section shows the per-layer table and the verdict.
+@pytest.mark.llmperf(layers=True, prompt_tokens=128, max_tokens=32, runs=5)
+def test_where_the_time_goes(llmperf):
+    m = llmperf.measure()
+    assert m.layers.decode.n_layers == m.engine.n_layer
+    assert m.roofline.decode.verdict == "memory-bound"  # about 1 FLOP per byte of weights

@@ -20,6 +20,10 @@ class EngineInfo:
     n_head: int | None = None
     n_head_kv: int | None = None
     kv_bytes_per_element: float | None = None  # K and V cache type (F16: 2)
+    # The token-embedding table when it is only looked up (output has its own weights): a token
+    # reads one row of it and does no FLOPs with it. (0, 0) when tied; None when unknown.
+    embedding_lookup_params: int | None = None
+    embedding_lookup_bytes: int | None = None
     n_threads: int | None = None
     n_ctx: int | None = None
     n_batch: int | None = None

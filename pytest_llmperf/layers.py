@@ -171,14 +171,10 @@ class LayerTimer:
             return True
 
         self._callback = lib.ggml_backend_sched_eval_callback(callback)  # kept referenced
-        params = lib.llama_context_default_params()
-        info = engine.info()
-        params.n_ctx = engine.n_ctx
-        params.n_batch = engine.n_batch
-        params.n_ubatch = engine.n_batch
-        params.n_threads = info.n_threads
-        params.n_threads_batch = info.n_threads
-        params.no_perf = False
+        # The plain context's own parameters (threads, batch, cache types, attention kernel...),
+        # so the overhead ratio compares like with like; only the callback differs.
+        plain = engine.llm.context_params
+        params = type(plain).from_buffer_copy(plain)
         params.cb_eval = self._callback
         params.cb_eval_user_data = None
         self._ctx = lib.llama_init_from_model(engine._model, params)

@@ -2,7 +2,9 @@
 
 Terms as in the project's metrics definitions: W = model bytes as stored (``llama_model_size``),
 KV(c) = 2 * n_layer * n_head_kv * head_dim * c * bytes per K/V element, FLOPs per token
-~= 2 * N_params + 4 * n_layer * n_embd * c. Decode reads W + KV(c) per token at the mean
+~= 2 * N_params + 4 * n_layer * n_embd * c; both W and N_params leave out the token-embedding
+table when the output projection has its own weights (a token looks up one row of it: no
+FLOPs, one row of bytes), as "active" parameters in those definitions. Decode reads W + KV(c) per token at the mean
 context position c of the generated tokens. Prefill reads the weights once per micro-batch
 (``n_batch`` tokens) plus the prompt's KV, and does the FLOPs of every prompt token. A phase
 whose arithmetic intensity (FLOPs / byte) is below the machine balance (peak FLOP/s / peak
@@ -118,6 +120,8 @@ def roofline(measurement: Any, bw: Peak, tflops: Peak) -> Roofline | None:
     if per_pos is None or info.model_size_bytes is None or info.n_params is None or not measurement.tpot_ms:
         return None
     w, n, layers, embd = info.model_size_bytes, info.n_params, info.n_layer, info.n_embd
+    w -= info.embedding_lookup_bytes or 0
+    n -= info.embedding_lookup_params or 0
     p = measurement.prompt_tokens or 0
     c_decode = p + (measurement.workload.max_tokens - 1) / 2
     decode = _phase(

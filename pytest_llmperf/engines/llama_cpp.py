@@ -20,6 +20,7 @@ import numpy as np
 
 from ..engine_info import EngineInfo
 from ..errors import EngineError
+from ..model_facts import embedding_lookup
 from ..trace import NativeCounters, RunTrace
 from ..workload import Workload
 
@@ -138,6 +139,7 @@ class LlamaCppEngine:
         self._evaluate_once()
         native_load_ms = llama_cpp.llama_perf_context(self._ctx).t_load_ms
 
+        lookup = embedding_lookup(path) or (None, None)
         self._info = EngineInfo(
             engine="llama.cpp",
             model=name or path.stem,
@@ -150,6 +152,8 @@ class LlamaCppEngine:
             n_head=int(llama_cpp.llama_model_n_head(self._model)),
             n_head_kv=int(llama_cpp.llama_model_n_head_kv(self._model)),
             kv_bytes_per_element=_kv_bytes_per_element(self.llm.context_params),
+            embedding_lookup_params=lookup[0],
+            embedding_lookup_bytes=lookup[1],
             n_threads=threads,
             n_ctx=self.n_ctx,
             n_batch=self.n_batch,
