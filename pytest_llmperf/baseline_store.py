@@ -137,6 +137,16 @@ def _locked(path: Path) -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
+def _file_mode(path: Path) -> int:
+    """The existing file's mode, else 0o666 less the process umask."""
+    try:
+        return os.stat(path).st_mode & 0o777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
 def atomic_write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -144,6 +154,8 @@ def atomic_write(path: Path, text: str) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
+            # mkstemp makes the file owner-only; give it the mode a plain write would have.
+            os.fchmod(fh.fileno(), _file_mode(path))
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:

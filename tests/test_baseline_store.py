@@ -170,3 +170,21 @@ def test_sigkill_during_writes_never_corrupts(tmp_path: Path) -> None:
         assert len(values) <= 1  # every test entry from the same write: one version, not a mix
     store.update(path, {"after": {"hw": entry()}})
     assert not list(tmp_path.glob("*.tmp"))  # a later write sweeps a killed writer's temp files
+
+
+def test_atomic_write_gives_files_the_usual_mode(tmp_path: Path) -> None:
+    import os
+    import stat
+
+    from pytest_llmperf.baseline_store import atomic_write
+
+    target = tmp_path / "report.json"
+    old = os.umask(0o022)
+    try:
+        atomic_write(target, "{}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644  # not mkstemp's owner-only 0o600
+    target.chmod(0o640)
+    atomic_write(target, "{}")
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640  # an existing file keeps its mode
