@@ -381,6 +381,10 @@ def roofline(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, budg
     ax.plot(x, np.minimum(peak, x * bw), color="black", lw=1.4,
             label=f"roof: {bw:.3g} GB/s ({rf.get('peak_bw_source', '?')}), {peak:.3g} GFLOP/s "
                   f"({rf.get('peak_tflops_source', '?')})")
+    if "min_mbu" in budgets:  # an MBU floor: achieved bytes/s >= min_mbu x peak, i.e. GFLOP/s >= that x intensity
+        floor = budgets["min_mbu"] * bw * x
+        ax.plot(x[floor <= peak], floor[floor <= peak], color=BUDGET, ls="-.", lw=1.2,
+                label=_budget_label("min_mbu", budgets["min_mbu"], "of peak bandwidth"))
     base_rf = (baseline or {}).get("roofline") or {}
     for phase, d in points:
         marker = "o" if phase == "decode" else "^"

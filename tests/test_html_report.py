@@ -219,12 +219,13 @@ def _record(scale: float = 1.0) -> dict:
 
 def test_layer_and_roofline_figures_when_the_record_has_them() -> None:
     result = {"test": "t.py::test_layers", "record": _record(1.3), "baseline_record": _record(), "budget": "ok",
-              "budgets": {"p99_ms": 2.0, "tpot_ms": 1.0}, "verdict": None}
+              "budgets": {"p99_ms": 2.0, "tpot_ms": 1.0, "min_mbu": 0.5}, "verdict": None}
     section = html_report.test_section(0, result)
     found = outline(section).sections["t.py::test_layers"]
     assert found == PER_TEST_FIGURES | {"layer-bars", "roofline"}
     assert "median + 5 x MAD" in section and f"fill: {figures.BUDGET}" in section  # outlier layer in red
     assert "MBU 80%" in section and "memory-bound" in section and "budget p99_ms=2 ms" in section
+    assert "budget min_mbu=0.5 of peak bandwidth" in section  # the MBU floor on the roofline
     without = html_report.test_section(0, {**result, "record": {k: v for k, v in _record().items()
                                                                     if k not in ("layers", "roofline")}})
     assert outline(without).sections["t.py::test_layers"] == PER_TEST_FIGURES
