@@ -173,7 +173,6 @@ def test_sigkill_during_writes_never_corrupts(tmp_path: Path) -> None:
 
 
 def test_atomic_write_gives_files_the_usual_mode(tmp_path: Path) -> None:
-    import os
     import stat
 
     from pytest_llmperf.baseline_store import atomic_write

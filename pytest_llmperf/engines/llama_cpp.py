@@ -9,7 +9,6 @@ read, so the timed region holds only llama.cpp's work and the loop that calls it
 
 from __future__ import annotations
 
-import ctypes
 import os
 import time
 from importlib import metadata

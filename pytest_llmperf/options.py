@@ -1,0 +1,120 @@
+"""The plugin's command-line options and ini keys, declared in one place."""
+
+from __future__ import annotations
+
+import pytest
+
+from .regression import DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRESHOLD
+from .settings import INI_HELP
+
+
+def add_options(parser: pytest.Parser) -> None:
+    """Every --llmperf-* option and llmperf_* ini key (precedence: see settings.py)."""
+    group = parser.getgroup("llmperf", "LLM inference performance (pytest-llmperf)")
+    group.addoption(
+        "--llmperf-model",
+        dest="llmperf_model",
+        default=None,
+        help="GGUF model path, or a synthetic preset: tiny (default), small. Env: LLMPERF_MODEL",
+    )
+    group.addoption("--llmperf-threads", dest="llmperf_threads", default=None, help="llama.cpp threads")
+    group.addoption("--llmperf-n-ctx", dest="llmperf_n_ctx", default=None, help="llama.cpp context size")
+    group.addoption("--llmperf-n-batch", dest="llmperf_n_batch", default=None, help="prompt batch size")
+    group.addoption(
+        "--llmperf-gpu-layers", dest="llmperf_gpu_layers", default=None, help="layers offloaded to a GPU"
+    )
+    group.addoption(
+        "--llmperf-baseline-dir",
+        dest="llmperf_baseline_dir",
+        default=None,
+        help="folder of baseline JSON files (default: baselines/ under the rootdir; ini llmperf_baseline_dir)",
+    )
+    group.addoption(
+        "--llmperf-update-baselines",
+        action="store_true",
+        help="write or refresh the baselines of the tests that ran (others stay as they are)",
+    )
+    group.addoption(
+        "--llmperf-require-baseline", action="store_true", help="fail a measured test that has no baseline"
+    )
+    group.addoption(
+        "--llmperf-strict-env",
+        action="store_true",
+        help="fail a test whose baselines were all recorded on other hardware",
+    )
+    group.addoption("--llmperf-no-compare", action="store_true", help="do not compare with baselines")
+    group.addoption(
+        "--llmperf-compare-only", action="store_true", help="ignore budgets; only baseline comparisons gate"
+    )
+    group.addoption(
+        "--llmperf-alpha", dest="llmperf_alpha", type=float, default=None,
+        help=f"family-wise significance level over the session's comparisons (default {DEFAULT_ALPHA})",
+    )
+    group.addoption(
+        "--llmperf-threshold", dest="llmperf_threshold", type=_fraction, default=None,
+        help=f"smallest change of a median that counts, e.g. 5%% or 0.05 (default {DEFAULT_THRESHOLD:.0%})",
+    )
+    group.addoption(
+        "--llmperf-tail-threshold", dest="llmperf_tail_threshold", type=_fraction, default=None,
+        help=f"smallest change of the ITL p95 that counts (default {DEFAULT_TAIL_THRESHOLD:.0%})",
+    )
+    group.addoption(
+        "--llmperf-fail-unstable", action="store_true",
+        help="fail tests whose comparison is UNSTABLE (CV >= 10%%) instead of warning",
+    )
+    group.addoption(
+        "--llmperf-endpoint", dest="llmperf_endpoint", default=None,
+        help="measure this OpenAI-compatible server (API base URL, e.g. http://host:8000/v1) instead of "
+        "llama.cpp in process. Env: LLMPERF_ENDPOINT",
+    )
+    group.addoption("--llmperf-api", dest="llmperf_api", default=None, help="endpoint API: completions (default) or chat")
+    group.addoption("--llmperf-api-model", dest="llmperf_api_model", default=None, help="model name sent to the endpoint")
+    group.addoption(
+        "--llmperf-api-key-env", dest="llmperf_api_key_env", default=None,
+        help="environment variable holding the endpoint's API key (default LLMPERF_API_KEY; never written anywhere)",
+    )
+    group.addoption(
+        "--llmperf-request-timeout", dest="llmperf_request_timeout", default=None,
+        help="seconds one request to the endpoint may take in all (default 300)",
+    )
+    group.addoption(
+        "--llmperf-token-timeout", dest="llmperf_token_timeout", default=None,
+        help="seconds without data from the endpoint before the stream counts as stalled (default 30)",
+    )
+    group.addoption(
+        "--llmperf-layers", dest="llmperf_layers", action="store_true",
+        help="also time each layer of the in-process model (llama.cpp eval callback, after the plain runs)",
+    )
+    group.addoption(
+        "--llmperf-roofline", dest="llmperf_roofline", action="store_true",
+        help="attach the roofline (MBU, MFU, bound) to every in-process measurement (probes the machine once)",
+    )
+    group.addoption(
+        "--llmperf-peak-bw", dest="llmperf_peak_bw", type=float, default=None, metavar="GB/s",
+        help="the machine's peak memory bandwidth for the roofline (default: measured by a probe, cached)",
+    )
+    group.addoption(
+        "--llmperf-peak-tflops", dest="llmperf_peak_tflops", type=float, default=None, metavar="TFLOP/s",
+        help="the machine's peak dense FLOP rate for the roofline (default: CPU spec or measured GEMM)",
+    )
+    group.addoption("--llmperf-json", dest="llmperf_json", default=None, help="write the session's results as JSON")
+    group.addoption(
+        "--llmperf-markdown", dest="llmperf_markdown", default=None,
+        help="write a Markdown summary (also appended to $GITHUB_STEP_SUMMARY when set)",
+    )
+    group.addoption(
+        "--llmperf-html", dest="llmperf_html", default=None,
+        help='write a self-contained HTML report with plots (needs pip install "pytest-llmperf[report]")',
+    )
+    for name, text in INI_HELP.items():
+        parser.addini(name, text)
+    parser.addini("llmperf_baseline_dir", "folder of baseline JSON files (default: baselines)")
+
+
+def _fraction(text: str) -> float:
+    """``5%`` or ``0.05``."""
+    text = text.strip()
+    value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    if not 0 <= value < 10:
+        raise ValueError(text)
+    return value
