@@ -83,7 +83,7 @@ import itertools
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import scipy
@@ -334,7 +334,32 @@ def compare_runs(
     base, cand = _values(f"{spec.name} baseline", baseline), _values(f"{spec.name} candidate", candidate)
     p_worse, p_better, floor = _mwu_pvalues(base, cand, spec.higher_is_better)
     ci_low, ci_high = _bootstrap_ci((base, cand), _median_ratio, seed)
-    b_med, c_med = float(np.median(base)), float(np.median(cand))
+    return _provisional(
+        spec,
+        (float(np.median(base)), float(np.median(cand))),
+        (ci_low, ci_high),
+        (p_worse, p_better, floor),
+        (int(base.size), int(cand.size)),
+        (_cv(base), _cv(cand)),
+        threshold=threshold,
+        alpha=alpha,
+    )
+
+
+def _provisional(
+    spec: MetricSpec,
+    values: tuple[float, float],
+    ci: tuple[float | None, float | None],
+    p: tuple[float, float, float],
+    n_runs: tuple[int, int],
+    cv: tuple[float, float],
+    *,
+    threshold: float,
+    alpha: float,
+    **tail: Any,
+) -> Comparison:
+    """A Comparison decided on its own (m = 1); each pair is (baseline, candidate) and ``p`` is
+    (p worse, p better, p floor). ``tail``: the extra fields of a tail comparison."""
     c = Comparison(
         metric=spec.name,
         label=spec.label,
@@ -342,22 +367,23 @@ def compare_runs(
         unit=spec.unit,
         higher_is_better=spec.higher_is_better,
         threshold=threshold,
-        baseline_value=b_med,
-        candidate_value=c_med,
-        ratio=c_med / b_med,
-        ci_low=ci_low,
-        ci_high=ci_high,
-        p_value=p_worse,
-        p_value_better=p_better,
-        p_floor=floor,
-        n_baseline=int(base.size),
-        n_candidate=int(cand.size),
-        cv_baseline=_cv(base),
-        cv_candidate=_cv(cand),
+        baseline_value=values[0],
+        candidate_value=values[1],
+        ratio=values[1] / values[0],
+        ci_low=ci[0],
+        ci_high=ci[1],
+        p_value=p[0],
+        p_value_better=p[1],
+        p_floor=p[2],
+        n_baseline=n_runs[0],
+        n_candidate=n_runs[1],
+        cv_baseline=cv[0],
+        cv_candidate=cv[1],
         verdict=Verdict.UNCHANGED,
         reason="",
+        **tail,
     )
-    return _decided(c, p_worse, p_better, alpha=alpha, m=1, fail_unstable=False)
+    return _decided(c, p[0], p[1], alpha=alpha, m=1, fail_unstable=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -523,34 +549,19 @@ def compare_tail(
         return (c_pool.quantiles(wc, q) / b_pool.quantiles(wb, q)).reshape(shape)
 
     ci_low, ci_high = _bootstrap_ci((np.arange(len(base)), np.arange(len(cand))), ratio, seed)
-    b_val = float(np.quantile(np.concatenate(base), q))
-    c_val = float(np.quantile(np.concatenate(cand), q))
-    c = Comparison(
-        metric=spec.name,
-        label=spec.label,
-        phase=spec.phase,
-        unit=spec.unit,
-        higher_is_better=spec.higher_is_better,
+    return _provisional(
+        spec,
+        (float(np.quantile(np.concatenate(base), q)), float(np.quantile(np.concatenate(cand), q))),
+        (ci_low, ci_high),
+        (p_worse, p_better, floor),
+        (len(base), len(cand)),
+        (_cv(np.array([r.mean() for r in base])), _cv(np.array([r.mean() for r in cand]))),
         threshold=threshold,
-        baseline_value=b_val,
-        candidate_value=c_val,
-        ratio=c_val / b_val,
-        ci_low=ci_low,
-        ci_high=ci_high,
-        p_value=p_worse,
-        p_value_better=p_better,
-        p_floor=floor,
-        n_baseline=len(base),
-        n_candidate=len(cand),
-        cv_baseline=_cv(np.array([r.mean() for r in base])),
-        cv_candidate=_cv(np.array([r.mean() for r in cand])),
-        verdict=Verdict.UNCHANGED,
-        reason="",
+        alpha=alpha,
         quantile=q,
         n_tokens_baseline=int(sum(r.size for r in base)),
         n_tokens_candidate=int(sum(r.size for r in cand)),
     )
-    return _decided(c, p_worse, p_better, alpha=alpha, m=1, fail_unstable=False)
 
 
 # ---------------------------------------------------------------------------------------------

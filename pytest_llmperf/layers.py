@@ -196,9 +196,10 @@ class LayerTimer:
         from .engines.llama_cpp import split_prompt
 
         lib, engine = self._lib, self._engine
-        prompt_ids = engine.synthetic_prompt(workload.synthetic_prompt_tokens or 8, workload.seed)
         if workload.prompt is not None:
             prompt_ids = engine.llm.tokenize(workload.prompt.encode("utf-8"), add_bos=True, special=False)
+        else:
+            prompt_ids = engine.synthetic_prompt(workload.synthetic_prompt_tokens or 0, workload.seed)
         engine._check_fits(len(prompt_ids), workload.max_tokens)
         arrays = [(lib.llama_token * n)(*prompt_ids[s : s + n]) for s, n in split_prompt(len(prompt_ids), engine.n_batch)]
         batches = [lib.llama_batch_get_one(a, len(a)) for a in arrays]
