@@ -18,6 +18,7 @@ import matplotlib.figure  # noqa: F401  (imported before any inner session, whic
 import numpy as np
 import pytest
 
+from inner import scale
 from pytest_llmperf import figures, html_report
 from pytest_llmperf.cli import main as cli_main
 
@@ -110,12 +111,7 @@ def scale_baseline(path: Path, test: str, factor: float) -> None:
     """Make ``test``'s stored baseline ``factor`` times faster: now looks like a slowdown."""
     data = json.loads(path.read_text())
     for entry in data["tests"][test].values():
-        runs = entry["runs"]
-        for key in ("ttft_ms", "tpot_ms", "itl_p50_ms", "itl_p95_ms"):
-            runs[key] = [v / factor for v in runs[key]]
-        for key in ("prefill_tps", "decode_tps"):
-            runs[key] = [v * factor for v in runs[key]]
-        entry["itl_ms"] = [[v / factor for v in run] for run in entry["itl_ms"]]
+        scale(entry, factor)
         entry["subject"]["backend_version"] = "0.3.35"
     path.write_text(json.dumps(data))
 

@@ -7,12 +7,9 @@ import sys
 import xml.etree.ElementTree as ET
 
 import pytest
+from inner import run
 
 FAST = "max_tokens=8, runs=2, warmup=1, prompt_tokens=16"
-
-
-def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_inprocess("-p", "no:cacheprovider", *args)
 
 
 def test_generous_budget_passes_tight_budget_fails(pytester: pytest.Pytester) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from inner import run, scale
 from pytest_llmperf.cli import main as cli_main
 
 SUITE = """
@@ -27,10 +28,6 @@ def test_other(): pass
 """
 
 
-def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_inprocess("-p", "no:cacheprovider", *args)
-
-
 def baseline_file(pytester: pytest.Pytester) -> Path:
     return pytester.path / "baselines" / "test_suite.json"
 
@@ -42,16 +39,6 @@ def edit_baseline(pytester: pytest.Pytester, change) -> None:
         for entry in per_hw.values():
             change(entry)
     path.write_text(json.dumps(data))
-
-
-def scale(entry: dict, factor: float) -> None:
-    """Make the stored baseline ``factor`` times faster than what was measured."""
-    runs = entry["runs"]
-    for key in ("ttft_ms", "tpot_ms", "itl_p50_ms", "itl_p95_ms"):
-        runs[key] = [v / factor for v in runs[key]]
-    for key in ("prefill_tps", "decode_tps"):
-        runs[key] = [v * factor for v in runs[key]]
-    entry["itl_ms"] = [[v / factor for v in run] for run in entry["itl_ms"]]
 
 
 def test_no_baseline_passes_with_a_note(pytester: pytest.Pytester) -> None:

@@ -12,6 +12,7 @@ import threading
 import numpy as np
 import pytest
 
+from inner import run as run_inner
 from pytest_llmperf import InferenceProfiler, Workload, measure
 from pytest_llmperf.cli import main as cli_main
 from pytest_llmperf.diagnostics import SystemDelta, SystemSample, context_slope, far_off, likely_causes
@@ -238,10 +239,6 @@ def test_profiler_is_thread_safe_and_times_requests() -> None:
 FAST = "max_tokens=8, runs=3, warmup=1, prompt_tokens=16"
 
 
-def _inner(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_inprocess("-p", "no:cacheprovider", *args)
-
-
 def test_marker_layers_go_to_report_baseline_and_comparison(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         f"""
@@ -256,14 +253,14 @@ def test_marker_layers_go_to_report_baseline_and_comparison(pytester: pytest.Pyt
             pass
         """
     )
-    _inner(pytester, "--llmperf-update-baselines").assert_outcomes(passed=2)
+    run_inner(pytester, "--llmperf-update-baselines").assert_outcomes(passed=2)
     (stored,) = (pytester.path / "baselines").glob("*.json")
     entries = json.loads(stored.read_text())["tests"]
     layered = next(iter(entries["test_layered"].values()))
     plain = next(iter(entries["test_plain"].values()))
     assert layered["layers"]["phases"]["decode"]["names"][-1] == "output" and "roofline" in layered
     assert "layers" not in plain and "roofline" not in plain  # off by default: it perturbs timing
-    result = _inner(pytester, "-rA", "--llmperf-json", "session.json")
+    result = run_inner(pytester, "-rA", "--llmperf-json", "session.json")
     result.stdout.fnmatch_lines(["*per-layer time:*", "*embd+layer 0*", "*roofline:*", "*memory-bound*"])
     session = json.loads((pytester.path / "session.json").read_text())
     by_test = {r["test"].split("::")[-1]: r for r in session["results"]}
@@ -287,7 +284,7 @@ def test_layers_option_and_mbu_budget(pytester: pytest.Pytester) -> None:
         """
     )
     # A given peak far above this machine's: the MBU budget must fail, and say it was given.
-    result = _inner(pytester, "--llmperf-layers", "--llmperf-peak-bw", "100000", "-rA")
+    result = run_inner(pytester, "--llmperf-layers", "--llmperf-peak-bw", "100000", "-rA")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.re_match_lines([r"^decode MBU [\d.e-]+ of peak bandwidth < budget 0\.5 of peak bandwidth \(3 runs\)$"])
     result.stdout.fnmatch_lines(["*peak bandwidth 100000 GB/s (given)*"])
@@ -300,7 +297,7 @@ def test_layers_marker_on_a_served_or_callable_engine_is_a_clear_error(pytester:
             llmperf.measure(lambda prompt, n: iter("x" * n), prompt="hi", max_tokens=4, runs=2, layers=True)
         """
     )
-    result = _inner(pytester)
+    result = run_inner(pytester)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*per-layer timing (layers=True) needs the in-process llama.cpp engine*"])
 
@@ -347,8 +344,8 @@ def test_per_layer_diff_names_the_layer_that_got_slower(pytester: pytest.Pyteste
             pass
         """
     )
-    _inner(pytester, "--llmperf-model", str(uniform), "--llmperf-update-baselines").assert_outcomes(passed=1)
-    result = _inner(pytester, "--llmperf-model", str(wider), "--llmperf-json", "s.json", "-rA")
+    run_inner(pytester, "--llmperf-model", str(uniform), "--llmperf-update-baselines").assert_outcomes(passed=1)
+    result = run_inner(pytester, "--llmperf-model", str(wider), "--llmperf-json", "s.json", "-rA")
     session = json.loads((pytester.path / "s.json").read_text())
     changes = session["results"][0]["verdict"]["layer_changes"]
     slower = {(c["phase"], c["name"]) for c in changes if c["slower"]}
