@@ -21,7 +21,7 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Callable, Any, Iterator, Mapping
 
 from .errors import LLMPerfError
 
@@ -170,7 +170,11 @@ def atomic_write(path: Path, text: str) -> None:
             os.close(dir_fd)
 
 
-def update(path: Path, entries: Mapping[str, Mapping[str, Any]]) -> Path | None:
+def update(
+    path: Path,
+    entries: Mapping[str, Mapping[str, Any]],
+    merge: Callable[[Mapping[str, Any] | None, dict[str, Any]], dict[str, Any]] | None = None,
+) -> Path | None:
     """Merge ``{test key: {hardware key: entry}}`` into ``path``; other entries stay as they are.
 
     A file that cannot be read as a baseline is moved aside (``<name>.corrupt``, returned)
@@ -188,6 +192,9 @@ def update(path: Path, entries: Mapping[str, Mapping[str, Any]]) -> Path | None:
             os.replace(path, moved)
             tests = {}
         for test, per_hw in entries.items():
-            tests.setdefault(test, {}).update(per_hw)
+            stored = tests.setdefault(test, {})
+            for hw, entry in per_hw.items():
+                # ``merge`` sees the entry it replaces (read under the lock): baseline history.
+                stored[hw] = merge(stored.get(hw), dict(entry)) if merge else entry
         atomic_write(path, dumps({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "tests": tests}))
         return moved

@@ -59,10 +59,6 @@ def add_options(parser: pytest.Parser) -> None:
         help=f"smallest change of the ITL p95 that counts (default {DEFAULT_TAIL_THRESHOLD:.0%})",
     )
     group.addoption(
-        "--llmperf-fail-unstable", action="store_true",
-        help="fail tests whose comparison is UNSTABLE (CV >= 10%%) instead of warning",
-    )
-    group.addoption(
         "--llmperf-endpoint", dest="llmperf_endpoint", default=None,
         help="measure this OpenAI-compatible server (API base URL, e.g. http://host:8000/v1) instead of "
         "llama.cpp in process. Env: LLMPERF_ENDPOINT",

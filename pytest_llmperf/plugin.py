@@ -158,7 +158,6 @@ class LLMPerfPlugin:
         self._engine_error: str | None = None
         self.rows: list[dict[str, Any]] = []
         self.results: list[dict[str, Any]] = []
-        self.family_size = 0
         self._baselines: dict[Path, dict[str, Any] | BaselineError] = {}
         self._fingerprints: dict[Any, Fingerprint] = {}
         self._hardware: dict[str, Any] | None = None
@@ -176,7 +175,6 @@ class LLMPerfPlugin:
             tail_threshold=(
                 DEFAULT_TAIL_THRESHOLD if option("llmperf_tail_threshold") is None else option("llmperf_tail_threshold")
             ),
-            fail_unstable=bool(option("llmperf_fail_unstable")),
         )
         self.is_worker = hasattr(config, "workerinput")
         self._groups_dir: str | None = None  # xdist controller: workers' group files
@@ -205,6 +203,10 @@ class LLMPerfPlugin:
     def assess(self, item: pytest.Item, m: Measurement, marker: MarkerConfig) -> Assessment:
         fp = self.fingerprint(m)
         rec = record(m, fp, commit=_commit(self.config.rootpath), recorded_at=self.started_at)
+        if self.compare or self.update:
+            from . import reference
+
+            rec["reference"] = reference.measure()  # after the runs: never inside a timed region
         module = Path(item.path).resolve()
         try:
             rel = module.relative_to(Path(self.config.rootpath).resolve())
@@ -214,6 +216,11 @@ class LLMPerfPlugin:
         key = baseline_store.entry_key(item.nodeid, m.label)
         verdict = None
         baseline_record = None
+        seen = getattr(self, "_measured", {})
+        self._measured = seen
+        seen[item.nodeid] = seen.get(item.nodeid, 0) + 1
+        if seen[item.nodeid] > 1:
+            self.extra_measurements = getattr(self, "extra_measurements", 0) + 1
         if self.compare:
             settings = dataclasses.replace(
                 self.compare_settings,
@@ -314,10 +321,6 @@ class LLMPerfPlugin:
 
     @pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the xdist_group marks
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        from .compare import METRICS
-
-        measured = sum(1 for i in items if MARKER_CONFIG in i.stash or "llmperf" in getattr(i, "fixturenames", ()))
-        self.family_size = measured * len(METRICS)
         perf = [i for i in items if MARKER_CONFIG in i.stash or _uses_llmperf(i)]
         dist = getattr(self.config, "workerinput", {}).get("llmperf_dist")
         if self.is_worker and dist == "loadgroup":
@@ -339,6 +342,19 @@ class LLMPerfPlugin:
                     "and measure each other; use --dist loadgroup (or -p no:xdist)"
                 )
             )
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        # After deselection (-k, -m): Holm's family is what will be measured, one member per
+        # judged metric (each phase once, its TPS mirror not counted); labelled measurements
+        # beyond a test's first are added as they come (``family_size``).
+        self.measuring_tests = sum(1 for i in session.items if MARKER_CONFIG in i.stash or _uses_llmperf(i))
+        self.extra_measurements = 0
+
+    @property
+    def family_size(self) -> int:
+        from .compare import JUDGED
+
+        return (getattr(self, "measuring_tests", 0) + getattr(self, "extra_measurements", 0)) * len(JUDGED)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_make_collect_report(self, collector: pytest.Collector) -> Generator[None, Any, Any]:
@@ -438,6 +454,9 @@ class LLMPerfPlugin:
         if self.is_worker:
             return
         self.written = []
+        from .regression import session_holm
+
+        session_holm(self.results, self.compare_settings.alpha)
         if self.update and self.results:
             self.written = session_mod.write_baselines(self.baseline_dir, self.results)
         json_path = self.config.getoption("llmperf_json")

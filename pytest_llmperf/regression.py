@@ -5,10 +5,24 @@ Core, no pytest: the plugin and ``llmperf compare`` both call ``compare_records`
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .compare import METRICS, Comparison, Verdict, compare_runs, compare_tail, decide
+from . import reference
+from .compare import (
+    JUDGED,
+    METRICS,
+    Comparison,
+    Level,
+    NoiseModel,
+    Verdict,
+    compare_levels,
+    decide,
+    holm,
+    level,
+    mirrored,
+)
 from .fingerprint import subject_changes
 from .layer_diff import LayerChange, compare_layers
 from .records import same_workload
@@ -16,7 +30,8 @@ from .records import same_workload
 DEFAULT_ALPHA = 0.01
 DEFAULT_THRESHOLD = 0.05
 DEFAULT_TAIL_THRESHOLD = 0.10
-TAIL_QUANTILE = 0.95
+#: Recorded sessions a baseline keeps per test and hardware (the newest K, rolling).
+HISTORY_SESSIONS = 10
 
 
 @dataclass(frozen=True)
@@ -24,11 +39,18 @@ class CompareSettings:
     alpha: float = DEFAULT_ALPHA
     threshold: float = DEFAULT_THRESHOLD
     tail_threshold: float = DEFAULT_TAIL_THRESHOLD
-    #: Comparisons in the whole session (Holm's m); unseen ones count as p = 1, which bounds
-    #: the session-wide Holm adjustment from above, so a test can fail before the session ends.
+    #: Judged comparisons in the whole session (Holm's m); unseen ones count as p = 1, which
+    #: bounds the session-wide Holm adjustment from above, so a test can fail before the
+    #: session ends.
     family_size: int | None = None
-    fail_unstable: bool = False
-    seed: int = 0
+    noise: NoiseModel = NoiseModel()
+    #: Looks of a sequential (adaptive run count) measurement: each look tests at alpha / looks
+    #: (Bonferroni over looks), so stopping at the first decided look keeps the error rate.
+    looks: int = 1
+
+    @property
+    def alpha_per_look(self) -> float:
+        return self.alpha / max(self.looks, 1)
 
 
 @dataclass(frozen=True)
@@ -39,9 +61,10 @@ class BaselineVerdict:
     note: str = ""
     comparisons: tuple[Comparison, ...] = ()
     changes: tuple[str, ...] = ()
-    fail_unstable: bool = False
     #: Per-layer diff when both records carry layer timing (a diagnosis, not a gate).
     layer_changes: tuple[LayerChange, ...] = ()
+    #: Machine reference, candidate/baseline (None: not measured on both sides).
+    machine_ratio: float | None = None
 
     @property
     def slower_layers(self) -> tuple[LayerChange, ...]:
@@ -49,8 +72,7 @@ class BaselineVerdict:
 
     @property
     def regressions(self) -> tuple[Comparison, ...]:
-        bad = {Verdict.REGRESSION} | ({Verdict.UNSTABLE} if self.fail_unstable else set())
-        return tuple(c for c in self.comparisons if c.verdict in bad)
+        return tuple(c for c in self.comparisons if c.verdict is Verdict.REGRESSION)
 
     def failure_lines(self) -> list[str]:
         suffix = f"; {', '.join(self.changes)}" if self.changes else ""
@@ -66,44 +88,88 @@ class BaselineVerdict:
         if self.regressions:
             return "REGRESSION " + "+".join(sorted({c.phase for c in self.regressions}))
         verdicts = {c.verdict for c in self.comparisons}
-        for v in (Verdict.UNSTABLE, Verdict.IMPROVED, Verdict.INSUFFICIENT):
+        for v in (Verdict.MACHINE_SLOWER, Verdict.INCONCLUSIVE, Verdict.IMPROVED):
             if v in verdicts:
                 return v.value
         return Verdict.UNCHANGED.value
 
 
+def session_levels(rec: Mapping[str, Any]) -> dict[str, Level]:
+    """The record's own session level of each judged metric it carries."""
+    out = {}
+    for spec in JUDGED:
+        values = rec.get("runs", {}).get(spec.name)
+        if values:
+            out[spec.name] = level(values, f"{spec.name} of a record")
+    return out
+
+
+def history(rec: Mapping[str, Any]) -> dict[str, list[Level]]:
+    """Older recorded sessions' levels (oldest first), without the record's own session."""
+    stored = rec.get("sessions") or {}
+    return {name: [Level.from_json(d) for d in stored.get(name, [])] for name in (s.name for s in JUDGED)}
+
+
+def carry_history(old: Mapping[str, Any] | None, new: dict[str, Any], keep: int = HISTORY_SESSIONS) -> dict[str, Any]:
+    """The record to store when ``new`` replaces ``old``: ``new`` with the levels of the last
+    ``keep - 1`` sessions before it, when ``old`` measured the same subject and workload (a
+    baseline re-recorded after a change starts its history anew)."""
+    if not old or same_workload(old, new) or subject_changes(old.get("subject", {}), new.get("subject", {})):
+        return new
+    try:
+        older = history(old)
+        own = session_levels(old)
+    except (KeyError, TypeError, ValueError):
+        return new  # an unreadable history is dropped, never guessed
+    sessions = {}
+    for name, levels in older.items():
+        chain = levels + ([own[name]] if name in own else [])
+        if chain and keep > 1:
+            sessions[name] = [lv.to_json() for lv in chain[-(keep - 1):]]
+    return {**new, "sessions": sessions} if sessions else new
+
+
 def compare_records(
     baseline: Mapping[str, Any], candidate: Mapping[str, Any], settings: CompareSettings
 ) -> list[Comparison]:
-    """Every metric family both records carry, decided with Holm over ``family_size``."""
-    comparisons = []
-    for name, spec in METRICS.items():
-        if spec.tail:
-            if baseline.get("itl_ms") and candidate.get("itl_ms"):
-                comparisons.append(
-                    compare_tail(
-                        spec,
-                        baseline["itl_ms"],
-                        candidate["itl_ms"],
-                        q=TAIL_QUANTILE,
-                        threshold=settings.tail_threshold,
-                        alpha=settings.alpha,
-                        seed=settings.seed,
-                    )
-                )
-        elif name in baseline["runs"] and name in candidate["runs"]:
-            comparisons.append(
-                compare_runs(
-                    spec,
-                    baseline["runs"][name],
-                    candidate["runs"][name],
-                    threshold=settings.threshold,
-                    alpha=settings.alpha,
-                    seed=settings.seed,
-                )
+    """Every judged metric both records carry (plus the rate mirrors), decided with Holm over
+    ``family_size``."""
+    base_levels, cand_levels, older = session_levels(baseline), session_levels(candidate), history(baseline)
+    judged: dict[str, Comparison] = {}
+    for spec in JUDGED:
+        if spec.name in base_levels and spec.name in cand_levels:
+            judged[spec.name] = compare_levels(
+                spec,
+                [*older.get(spec.name, []), base_levels[spec.name]],
+                cand_levels[spec.name],
+                threshold=settings.tail_threshold if spec.tail else settings.threshold,
+                alpha=settings.alpha_per_look,
+                noise=settings.noise,
             )
-    family = max(settings.family_size or 0, len(comparisons)) or None
-    return decide(comparisons, alpha=settings.alpha, m=family, fail_unstable=settings.fail_unstable)
+    comparisons = []
+    for spec in METRICS.values():
+        if spec.mirror_of is None and spec.name in judged:
+            comparisons.append(judged[spec.name])
+        elif spec.mirror_of in judged and spec.name in baseline.get("runs", {}) and spec.name in candidate.get("runs", {}):
+            shown = (level(baseline["runs"][spec.name]).value, level(candidate["runs"][spec.name]).value)
+            comparisons.append(mirrored(judged[spec.mirror_of], spec, shown))
+    family = max(settings.family_size or 0, len(judged)) or None
+    return decide(comparisons, alpha=settings.alpha_per_look, m=family)
+
+
+def blame_machine(comparisons: list[Comparison], ratio: float | None) -> list[Comparison]:
+    """When the machine reference itself slowed by ``reference.MACHINE_SLOWER_RATIO`` or more,
+    a slowdown says nothing about the subject: REGRESSION becomes MACHINE_SLOWER."""
+    if ratio is None or ratio < reference.MACHINE_SLOWER_RATIO:
+        return comparisons
+    why = (
+        f"the machine itself is {ratio:.2f}x slower than at baseline (reference probe); "
+        "not blamed on the subject: re-run on an idle machine"
+    )
+    return [
+        dataclasses.replace(c, verdict=Verdict.MACHINE_SLOWER, reason=why) if c.verdict is Verdict.REGRESSION else c
+        for c in comparisons
+    ]
 
 
 def judge(
@@ -130,11 +196,37 @@ def judge(
             "re-record with --llmperf-update-baselines",
         )
     changes = tuple(subject_changes(baseline.get("subject", {}), candidate.get("subject", {})))
+    machine = reference.slowdown(baseline.get("reference"), candidate.get("reference"))
     return BaselineVerdict(
         "compared",
-        comparisons=tuple(compare_records(baseline, candidate, settings)),
+        comparisons=tuple(blame_machine(compare_records(baseline, candidate, settings), machine)),
         changes=changes,
-        fail_unstable=settings.fail_unstable,
         layer_changes=compare_layers(baseline, candidate, alpha=settings.alpha, threshold=settings.threshold),
+        machine_ratio=machine,
     )
 
+
+def session_holm(results: list[dict[str, Any]], alpha: float) -> None:
+    """Holm over every judged comparison of a finished session (the results' verdict dicts,
+    adjusted in place), so the "p (Holm)" reported equals Holm over all the session's
+    p-values. Verdicts stay as decided during the session: each was decided against an upper
+    bound of this adjustment (unseen comparisons counted as p = 1)."""
+    judged = [
+        c
+        for r in results
+        for c in ((r.get("verdict") or {}).get("comparisons") or [])
+        if c.get("mirror_of") is None and c.get("p_value") is not None
+    ]
+    if not judged:
+        return
+    worse = holm([c["p_value"] for c in judged])
+    better = holm([c["p_value_better"] if c.get("p_value_better") is not None else 1.0 for c in judged])
+    for c, pw, pb in zip(judged, worse, better):
+        c["p_adjusted"], c["p_adjusted_better"] = pw, pb
+    for r in results:
+        comps = (r.get("verdict") or {}).get("comparisons") or []
+        by_metric = {c["metric"]: c for c in comps if c.get("mirror_of") is None}
+        for c in comps:
+            source = by_metric.get(c.get("mirror_of"))
+            if source is not None:
+                c["p_adjusted"], c["p_adjusted_better"] = source.get("p_adjusted"), source.get("p_adjusted_better")

@@ -15,6 +15,7 @@ from typing import Any, Iterable, Mapping
 
 from . import baseline_store
 from .budgets import fmt
+from .regression import carry_history
 from .report import render_table
 
 SESSION_SCHEMA = "pytest-llmperf/session"
@@ -50,7 +51,7 @@ def write_baselines(baseline_dir: Path, results: Iterable[Mapping[str, Any]]) ->
     written = []
     for rel, entries in sorted(by_file.items()):
         path = baseline_dir / rel
-        written.append((path, baseline_store.update(path, entries)))
+        written.append((path, baseline_store.update(path, entries, merge=carry_history)))
     return written
 
 

@@ -14,14 +14,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--alpha", type=float, default=0.01, help="family-wise significance level")
     parser.add_argument("--threshold", type=float, default=0.05, help="smallest median change that counts")
     parser.add_argument("--tail-threshold", type=float, default=0.10, help="smallest ITL p95 change that counts")
-    parser.add_argument("--fail-unstable", action="store_true", help="count UNSTABLE comparisons as failures")
     parser.add_argument(
         "--any-hardware", action="store_true", help="compare even when the reports come from different hardware"
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..compare import METRICS
+    from ..compare import JUDGED
     from ..regression import CompareSettings, judge
     from ..session import comparison_table, load_session, verdict_dict
 
@@ -32,8 +31,7 @@ def run(args: argparse.Namespace) -> int:
         alpha=args.alpha,
         threshold=args.threshold,
         tail_threshold=args.tail_threshold,
-        family_size=max(len(matched), 1) * len(METRICS),
-        fail_unstable=args.fail_unstable,
+        family_size=max(len(matched), 1) * len(JUDGED),
     )
     results, notes, failures = [], [], []
     regressed = 0
