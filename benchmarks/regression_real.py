@@ -1,88 +1,116 @@
-"""Regression detection on the real engine: A/A false alarms and a real slowdown.
+"""Verdicts on the real engine across separate processes, as a stored baseline is used.
 
-    python benchmarks/regression_real.py [--preset tiny] [--repeats 20] [--runs N]
+    .venv/bin/python benchmarks/regression_real.py [--preset small] [--aa 20] [--threads 10]
+        [--quant 10] [--busy 10] [--runs 20]
 
-A/A: the same configuration measured twice (baseline, then candidate), ``--repeats`` times;
-every pair is compared with the plugin's statistics as one session of that many tests, and
-the script counts REGRESSION verdicts (false alarms). Slowdown: a baseline with all threads
-against a candidate with one thread; prints each metric's verdict (prefill and decode).
+One process records the baseline (llama.cpp, the preset in F16, all usable threads); then
+each later session is a fresh process that measures and writes its record (with the machine
+reference probe), and is judged against that baseline by ``regression.judge`` with the family
+of one test (3 judged metrics):
+
+  A/A      the same configuration: no REGRESSION may come out
+  threads  one thread instead of all: decode and prefill REGRESSION expected
+  quant    the same shape in Q8_0: prefill REGRESSION, decode IMPROVED expected (on this CPU)
+  busy     the same configuration while another process keeps one core busy: no REGRESSION
+           unless the machine is named as the cause (MACHINE_SLOWER)
+
+Prints every session's verdicts and a count per scenario, and the correlation between the
+reference probe's ratio and the prefill/decode ratios over all A/A and busy sessions.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import json
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
-from pytest_llmperf import LlamaCppEngine, Workload, ensure_model, measure
-from pytest_llmperf.compare import METRICS, Verdict
-from pytest_llmperf.engines.llama_cpp import default_threads
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from pytest_llmperf.regression import CompareSettings, judge  # noqa: E402
+
+SESSION = r"""
+import json, sys
+from pytest_llmperf import LlamaCppEngine, Workload, measure
+from pytest_llmperf.synthetic import PRESETS, ensure_model
 from pytest_llmperf.fingerprint import Fingerprint, hardware, subject
 from pytest_llmperf.records import record
-from pytest_llmperf.regression import CompareSettings, judge
+from pytest_llmperf import reference
+import dataclasses
+preset, dtype, threads, runs, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+spec = PRESETS[preset]
+if dtype != spec.dtype:
+    spec = dataclasses.replace(spec, dtype=dtype, name=f"{spec.name}-{dtype.lower()}")
+engine = LlamaCppEngine(ensure_model(spec), n_threads=threads or None)
+m = measure(engine, Workload(prompt_tokens=128, max_tokens=48, runs=runs, warmup=1))
+rec = record(m, Fingerprint(hardware(), subject(m.engine)), commit=None, recorded_at="")
+rec["reference"] = reference.measure()
+open(out, "w").write(json.dumps(rec))
+"""
 
 
-def as_record(m, hw):
-    return record(m, Fingerprint(hw, subject(m.engine)), commit=None, recorded_at="")
+def session(args, dtype: str, threads: int, busy: bool = False) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "rec.json"
+        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
+        try:
+            subprocess.run([sys.executable, "-c", SESSION, args.preset, dtype, str(threads), str(args.runs), str(out)],
+                           check=True, cwd=ROOT, timeout=600)
+        finally:
+            if hog:
+                hog.kill()
+                hog.wait()
+        return json.loads(out.read_text())
+
+
+def ratio(base: dict, cand: dict, name: str) -> float:
+    return float(np.median(cand["runs"][name]) / np.median(base["runs"][name]))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--preset", default="tiny")
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--runs", type=int, default=None, help="runs per measurement (default: Workload's)")
-    parser.add_argument("--prompt-tokens", type=int, default=64)
-    parser.add_argument("--max-tokens", type=int, default=64)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--aa", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=10)
+    parser.add_argument("--quant", type=int, default=10)
+    parser.add_argument("--busy", type=int, default=10)
     args = parser.parse_args()
-
-    hw = hardware()
-    workload = Workload(prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens)
-    if args.runs:
-        workload = Workload(prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, runs=args.runs)
-    engine = LlamaCppEngine(ensure_model(args.preset))
-    print(f"model {engine.info().describe()}, threads {engine.info().n_threads}; workload: {workload.describe()}")
-
     started = time.perf_counter()
-    pairs = []
-    for _ in range(args.repeats):
-        base = as_record(measure(engine, workload), hw)
-        cand = as_record(measure(engine, workload), hw)
-        pairs.append((base, cand))
-    settings = CompareSettings(family_size=args.repeats * len(METRICS))
-    counts: collections.Counter[str] = collections.Counter()
-    alarms = []
-    for i, (base, cand) in enumerate(pairs):
-        verdict = judge({"hw": base}, "hw", cand, settings)
-        for c in verdict.comparisons:
-            counts[f"{c.metric}:{c.verdict.value}"] += 1
-        alarms += [f"pair {i}: {line}" for line in verdict.failure_lines()]
-    print(f"A/A: {args.repeats} pairs x {len(METRICS)} metrics as one session (Holm m={settings.family_size}), "
-          f"{time.perf_counter() - started:.0f} s")
-    for metric in METRICS:
-        row = {v.value: counts.get(f"{metric}:{v.value}", 0) for v in Verdict}
-        print(f"  {metric:<12} " + "  ".join(f"{k} {n}" for k, n in row.items() if n))
-    print(f"A/A false alarms (REGRESSION verdicts): {len(alarms)} of {args.repeats * len(METRICS)} comparisons; "
-          f"pairs with any: {len({a.split(':')[0] for a in alarms})} of {args.repeats}")
-    for a in alarms:
-        print("  " + a)
-    engine.close()
-
-    threads = default_threads()
-    if threads < 2:
-        print("slowdown check skipped: needs 2 CPUs")
-        return
-    base_engine = LlamaCppEngine(ensure_model(args.preset), n_threads=threads)
-    base = as_record(measure(base_engine, workload), hw)
-    base_engine.close()
-    slow_engine = LlamaCppEngine(ensure_model(args.preset), n_threads=1)
-    cand = as_record(measure(slow_engine, workload), hw)
-    slow_engine.close()
-    verdict = judge({"hw": base}, "hw", cand, CompareSettings(family_size=len(METRICS)))
-    print(f"slowdown: threads {threads} -> 1")
-    for c in verdict.comparisons:
-        print(f"  {c.phase:<8} {c.label:<14} {c.verdict.value:<12} {c.change_pct:+.1f}%  p={c.p_adjusted}")
-    for line in verdict.failure_lines():
-        print("  " + line)
+    base = session(args, "F16", 0)
+    settings = CompareSettings(family_size=3)
+    print(f"baseline: {args.preset} F16, threads {base['subject'].get('n_threads')}, {args.runs} runs; "
+          f"TTFT {np.median(base['runs']['ttft_ms']):.1f} ms, TPOT {np.median(base['runs']['tpot_ms']):.2f} ms")
+    scenarios = [("A/A", "F16", 0, False, args.aa), ("threads 1", "F16", 1, False, args.threads),
+                 ("Q8_0", "Q8_0", 0, False, args.quant), ("busy core", "F16", 0, True, args.busy)]
+    probe: list[tuple[float, float, float]] = []
+    for name, dtype, threads, busy, count in scenarios:
+        tally: collections.Counter[str] = collections.Counter()
+        for i in range(count):
+            cand = session(args, dtype, threads, busy)
+            v = judge({"hw": base}, "hw", cand, settings)
+            by = {c.metric: c for c in v.comparisons}
+            cells = [f"{m} {by[m].verdict.value} {by[m].change_pct:+.1f}%" for m in ("ttft_ms", "tpot_ms", "itl_p95_ms")
+                     if m in by]
+            for m in ("ttft_ms", "tpot_ms"):
+                tally[f"{by[m].phase} {by[m].verdict.value}"] += 1
+            if name in ("A/A", "busy core") and v.machine_ratio:
+                probe.append((v.machine_ratio, ratio(base, cand, "ttft_ms"), ratio(base, cand, "tpot_ms")))
+            print(f"  {name:<9} {i + 1:>2}: {v.short():<24} reference x{v.machine_ratio or float('nan'):.2f}; "
+                  + "; ".join(cells), flush=True)
+        print(f"{name}: " + ", ".join(f"{k} {n}/{count}" for k, n in sorted(tally.items())), flush=True)
+    if len(probe) > 2:
+        p = np.array(probe)
+        print(f"reference probe vs engine over {len(p)} A/A and busy sessions: correlation with prefill "
+              f"{np.corrcoef(p[:, 0], p[:, 1])[0, 1]:.2f}, with decode {np.corrcoef(p[:, 0], p[:, 2])[0, 1]:.2f}")
+    print(f"total {time.perf_counter() - started:.0f} s")
 
 
 if __name__ == "__main__":

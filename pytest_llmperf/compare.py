@@ -147,7 +147,7 @@ def _positive(name: str, values: Sequence[float] | np.ndarray) -> np.ndarray:
     a = np.asarray(values, dtype=float).ravel()
     if a.size == 0:
         raise ValueError(f"{name}: no runs")
-    if not np.all(np.isfinite(a)) or np.any(a <= 0):
+    if not (np.isfinite(a).all() and (a > 0).all()):
         raise ValueError(f"{name}: values must be finite and positive")
     return a
 
@@ -159,9 +159,15 @@ def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _median(a: np.ndarray) -> float:
     """Median of a 1-d array (numpy's median, without its per-call overhead)."""
-    s = np.sort(a)
-    n = s.size
-    return float(s[(n - 1) // 2] + s[n // 2]) * 0.5
+    return _sorted_quantile(np.sort(a), 0.5)
+
+
+def _sorted_quantile(s: np.ndarray, q: float) -> float:
+    """numpy's default (linear) quantile of an already sorted 1-d array."""
+    h = (s.size - 1) * q
+    lo = int(h)
+    hi = min(lo + 1, s.size - 1)
+    return float(s[lo] + (h - lo) * (s[hi] - s[lo]))
 
 
 def _hodges_lehmann(x: np.ndarray) -> float:
@@ -172,12 +178,12 @@ def _hodges_lehmann(x: np.ndarray) -> float:
 
 def level(values: Sequence[float], name: str = "values") -> Level:
     """The session level of positive per-run values (robust location and its standard error)."""
-    x = np.log(_positive(name, values))
-    spread = MAD_SCALE * _median(np.abs(x - _median(x)))
+    x = np.sort(np.log(_positive(name, values)))
+    spread = MAD_SCALE * _median(np.abs(x - _sorted_quantile(x, 0.5)))
     if x.size > 1 and spread == 0.0:
         # Over half the runs identical (coarse clocks): fall back to the plain deviation.
         spread = float(x.std(ddof=1))
-    upper = float(np.quantile(x, UPPER_QUANTILE)) if x.size > 1 else float(x[0])
+    upper = _sorted_quantile(x, UPPER_QUANTILE)
     return Level(_hodges_lehmann(x), HL_SE_FACTOR * spread / math.sqrt(x.size), int(x.size), spread, upper)
 
 
@@ -322,10 +328,12 @@ def compare_levels(
     threshold: float,
     alpha: float,
     noise: NoiseModel = NoiseModel(),
+    provisional: bool = True,
 ) -> Comparison:
     """Candidate session level against the baseline's recorded session levels (newest last).
 
-    The verdict is provisional (this comparison alone, m = 1); :func:`decide` sets the final one.
+    The verdict is provisional (this comparison alone, m = 1; left INCONCLUSIVE without
+    ``provisional``); :func:`decide` sets the final one.
     """
     if not baseline:
         raise ValueError(f"{spec.name}: the baseline holds no session")
@@ -371,7 +379,7 @@ def compare_levels(
             if candidate.upper is not None and latest.upper is not None else None
         ),
     )
-    return _decided(c, p_worse, p_better, alpha=alpha)
+    return _decided(c, p_worse, p_better, alpha=alpha) if provisional else c
 
 
 def compare_runs(

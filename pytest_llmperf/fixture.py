@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -10,7 +12,7 @@ import pytest
 from .budgets import BudgetFailure, check_budgets
 from .errors import LLMPerfError
 from .metrics import Measurement
-from .runner import measure
+from .runner import extend, measure
 from .schema import MarkerConfig
 from .workload import Workload
 
@@ -25,6 +27,21 @@ class Result:
     n_budgets: int
     baseline: Any = None  # what the plugin's ``assess`` returned (baseline comparison)
     budgets: Mapping[str, float] = field(default_factory=dict)  # the marker's, drawn as lines in the HTML report
+
+
+#: Default cap of a sequential measurement: this many times the marker's ``runs``.
+SEQUENTIAL_FACTOR = 3
+#: Time a test may spend adding runs to decide its verdict.
+SEQUENTIAL_TIME_CAP_S = 120.0
+
+
+def _undecided(assessment: Any) -> bool:
+    verdict = getattr(assessment, "verdict", None)
+    return (
+        verdict is not None
+        and verdict.status == "compared"
+        and any(c.verdict.value == "INCONCLUSIVE" for c in verdict.comparisons)
+    )
 
 
 class LLMPerf:
@@ -78,13 +95,39 @@ class LLMPerf:
             self.results.append(Result(measurement, failure, len(config.budgets)))
             prefix = f"[{label}] " if label else ""
             pytest.fail(f"{prefix}{load.n_failed} of {load.n_requests} requests failed; {load.errors[0]}", pytrace=False)
+        measurement, assessment = self._sequential(subject, measurement, config)
         self.results.append(
             Result(
                 measurement,
                 check_budgets(measurement, config.budgets),
                 len(config.budgets),
-                self._assess(measurement, config),
+                assessment,
                 dict(config.budgets),
             )
         )
         return measurement
+
+    def _sequential(self, subject: Any, m: Measurement, config: MarkerConfig) -> tuple[Measurement, Any]:
+        """Assess; while the baseline comparison is INCONCLUSIVE, measure ``runs`` more, up to
+        ``max_runs`` or ``SEQUENTIAL_TIME_CAP_S``. Every look tests at alpha / looks
+        (``CompareSettings.looks``), so stopping early keeps the error rate."""
+        step = m.workload.runs
+        max_runs = int(config.options.get("max_runs", SEQUENTIAL_FACTOR * step))
+        looks = max(1, -(-max(max_runs, step) // step)) if m.load is None else 1
+        config = dataclasses.replace(config, settings={**config.settings, "looks": looks})
+        assessment = self._assess(m, config)
+        started = time.monotonic()
+        try:
+            while (
+                looks > 1
+                and _undecided(assessment)
+                and m.n_runs < max_runs
+                and time.monotonic() - started < SEQUENTIAL_TIME_CAP_S
+            ):
+                m = extend(subject, m, min(step, max_runs - m.n_runs))
+                assessment = self._assess(m, config)
+        except LLMPerfError as exc:
+            error = str(exc)
+        else:
+            return m, assessment
+        pytest.fail(error, pytrace=False)

@@ -179,7 +179,13 @@ def summarize(
     """Per-run metrics, pooled ITL and medians over runs."""
     if not traces:
         raise ValueError("no runs to summarize")
-    runs = tuple(RunMetrics.of(t) for t in traces)
+    return summarize_runs(tuple(RunMetrics.of(t) for t in traces), workload, engine, label)
+
+
+def summarize_runs(
+    runs: tuple[RunMetrics, ...], workload: Workload, engine: EngineInfo, label: str = ""
+) -> Measurement:
+    """Pooled ITL and medians over already computed runs (a measurement extended by more)."""
     ttfts = [r.ttft_ms for r in runs]
 
     def med(field: str) -> float | None:

@@ -218,9 +218,11 @@ class LLMPerfPlugin:
         baseline_record = None
         seen = getattr(self, "_measured", {})
         self._measured = seen
-        seen[item.nodeid] = seen.get(item.nodeid, 0) + 1
-        if seen[item.nodeid] > 1:
-            self.extra_measurements = getattr(self, "extra_measurements", 0) + 1
+        labels = seen.setdefault(item.nodeid, set())
+        if m.label not in labels:  # a sequential measurement's later looks are not new members
+            labels.add(m.label)
+            if len(labels) > 1:
+                self.extra_measurements = getattr(self, "extra_measurements", 0) + 1
         if self.compare:
             settings = dataclasses.replace(
                 self.compare_settings,

@@ -6,6 +6,7 @@ Core, no pytest: the plugin and ``llmperf compare`` both call ``compare_records`
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -145,13 +146,14 @@ def compare_records(
                 threshold=settings.tail_threshold if spec.tail else settings.threshold,
                 alpha=settings.alpha_per_look,
                 noise=settings.noise,
+                provisional=False,
             )
     comparisons = []
     for spec in METRICS.values():
         if spec.mirror_of is None and spec.name in judged:
             comparisons.append(judged[spec.name])
         elif spec.mirror_of in judged and spec.name in baseline.get("runs", {}) and spec.name in candidate.get("runs", {}):
-            shown = (level(baseline["runs"][spec.name]).value, level(candidate["runs"][spec.name]).value)
+            shown = (statistics.median(baseline["runs"][spec.name]), statistics.median(candidate["runs"][spec.name]))
             comparisons.append(mirrored(judged[spec.mirror_of], spec, shown))
     family = max(settings.family_size or 0, len(judged)) or None
     return decide(comparisons, alpha=settings.alpha_per_look, m=family)

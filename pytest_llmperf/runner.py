@@ -9,7 +9,7 @@ from .engines import CallableEngine, Engine
 from .diagnostics import SystemDelta, sample_system
 from .errors import ConfigError
 from .memory import peak_rss, reset_peak_rss
-from .metrics import Measurement, RunMetrics, summarize
+from .metrics import Measurement, RunMetrics, summarize, summarize_runs
 from .workload import Workload
 
 
@@ -64,3 +64,20 @@ def measure(
 
         m = dataclasses.replace(m, roofline=roofline(m, *peaks))
     return m
+
+
+def extend(engine: Any, m: Measurement, extra_runs: int) -> Measurement:
+    """``m`` with ``extra_runs`` more measured runs of its workload (no warm-up: the engine is
+    warm), for a sequential measurement. Per-layer timing and the roofline stay those of the
+    first runs; system counters and peak RSS cover the added runs too."""
+    engine = as_engine(engine)
+    before = sample_system()
+    start = m.n_runs
+    traces = [engine.run(m.workload, start + i) for i in range(extra_runs)]
+    system = SystemDelta(before, sample_system())
+    runs = m.runs + tuple(RunMetrics.of(t) for t in traces)
+    grown = summarize_runs(runs, dataclasses.replace(m.workload, runs=len(runs)), m.engine, label=m.label)
+    return dataclasses.replace(
+        grown, warmup_runs=m.warmup_runs, system=m.system if m.system is not None else system,
+        peak_rss=m.peak_rss, layers=m.layers, roofline=m.roofline,
+    )

@@ -92,6 +92,8 @@ KEYS: dict[str, Key] = {
         Key("concurrency", "workload", "load: requests in flight at once (served models)", _int_at_least(1)),
         Key("requests", "workload", "load: requests sent in all (default: runs)", _int_at_least(1)),
         Key("rate", "workload", "load: Poisson arrivals, requests per second (seeded)", _number),
+        Key("max_runs", "option", "baseline comparisons: measure more runs, `runs` at a time, while a verdict "
+            "is INCONCLUSIVE, up to this many (default 3 x runs; = runs turns it off)", _int_at_least(1)),
         Key("layers", "option", "also time each layer (llama.cpp eval callback; in-process only)", _flag),
         Key("alpha", "setting", "family-wise significance level for baseline comparisons", _fraction(0, 1)),
         Key("threshold", "setting", "smallest change of a median that counts (0.05 = 5%)", _fraction(0, 10)),
