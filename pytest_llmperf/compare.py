@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
-from scipy.special import ndtr, ndtri
+from scipy.special import ndtri, stdtr, stdtrit
 
 #: Confidence of the reported CI of the ratio.
 CI_LEVEL = 0.95
@@ -65,10 +65,13 @@ HL_SE_FACTOR = math.sqrt(math.pi / 3.0)
 #: MAD -> standard deviation for normal noise.
 MAD_SCALE = 1.4826
 #: A robust level hides a slowdown of a minority of runs (30% of runs 1.5x slower barely moves
-#: it). This quantile of the runs moves with such a minority; UNCHANGED also needs it within
-#: ``UPPER_FACTOR`` x the threshold of the latest baseline session's.
-UPPER_QUANTILE = 0.80
+#: it). This quantile of the runs moves with such a minority; UNCHANGED also needs its distance
+#: above the level (shape, not position: session drift moves both) to grow by less than
+#: ``UPPER_FACTOR`` x the threshold over the latest baseline session's.
+UPPER_QUANTILE = 0.90
 UPPER_FACTOR = 2.0
+#: Runs further than this many MADs from the median do not count in the spread.
+OUTLIER_MADS = 3.5
 
 
 class Verdict(str, enum.Enum):
@@ -122,7 +125,7 @@ class Level:
     n: int
     #: Robust standard deviation of the runs' log values (about the CV of the values).
     spread: float
-    #: Log of the runs' 80th percentile: a slowdown of part of the runs shows here first.
+    #: Log of the runs' 90th percentile: a slowdown of part of the runs shows here first.
     upper: float | None = None
 
     @property
@@ -179,10 +182,13 @@ def _hodges_lehmann(x: np.ndarray) -> float:
 def level(values: Sequence[float], name: str = "values") -> Level:
     """The session level of positive per-run values (robust location and its standard error)."""
     x = np.sort(np.log(_positive(name, values)))
-    spread = MAD_SCALE * _median(np.abs(x - _sorted_quantile(x, 0.5)))
-    if x.size > 1 and spread == 0.0:
-        # Over half the runs identical (coarse clocks): fall back to the plain deviation.
-        spread = float(x.std(ddof=1))
+    med = _sorted_quantile(x, 0.5)
+    mad = MAD_SCALE * _median(np.abs(x - med))
+    # The plain deviation of the runs within 3.5 MADs of the median: as stable as the
+    # standard deviation on clean runs (the MAD alone is 37% efficient, and an unstable
+    # standard error makes false alarms), yet one wild run does not inflate it.
+    kept = x[np.abs(x - med) <= OUTLIER_MADS * mad] if mad > 0 else x
+    spread = float(kept.std(ddof=1)) if kept.size > 2 else mad
     upper = _sorted_quantile(x, UPPER_QUANTILE)
     return Level(_hodges_lehmann(x), HL_SE_FACTOR * spread / math.sqrt(x.size), int(x.size), spread, upper)
 
@@ -262,7 +268,8 @@ class Comparison:
     runs_needed: int | None = None
     #: The judged metric this one mirrors (a rate of the same runs), else None.
     mirror_of: str | None = None
-    #: Candidate/baseline ratio of the runs' 80th percentiles (latest baseline session).
+    #: How much further above its level the candidate's slowest runs (p90) lie than the latest
+    #: baseline session's, as a ratio (1.0: the same shape).
     upper_ratio: float | None = None
 
     @property
@@ -340,16 +347,22 @@ def compare_levels(
     k = len(baseline)
     base_log = sum(s.log_level for s in baseline) / k
     between = noise.between(baseline)
-    se = math.sqrt(
-        candidate.se**2 + sum(s.se**2 for s in baseline) / k**2 + between**2 * (1.0 + 1.0 / k)
+    parts = (  # (variance, degrees of freedom) of each term of the standard error
+        (candidate.se**2, candidate.n - 1),
+        (sum(s.se**2 for s in baseline) / k**2, sum(s.n - 1 for s in baseline)),
+        (between**2 * (1.0 + 1.0 / k), math.inf),  # the prior is a calibrated setting
     )
+    se = math.sqrt(sum(v for v, _ in parts))
+    # Welch-Satterthwaite: run spreads are estimated from a few runs, so the statistic is
+    # Student's t, not normal (a spread that came out small must not make a false alarm).
+    df = se**4 / sum(v * v / f for v, f in parts if f > 0 and v > 0) if se > 0 else math.inf
     d = candidate.log_level - base_log
     worse = -d if spec.higher_is_better else d
     if se > 0:
-        p_worse, p_better = float(ndtr(-worse / se)), float(ndtr(worse / se))
+        p_worse, p_better = float(stdtr(df, -worse / se)), float(stdtr(df, worse / se))
     else:  # constant values on both sides: only an exact difference is evidence
         p_worse, p_better = (0.0 if worse > 0 else 1.0), (0.0 if worse < 0 else 1.0)
-    z = float(ndtri(0.5 + CI_LEVEL / 2))
+    z = float(stdtrit(df, 0.5 + CI_LEVEL / 2)) if math.isfinite(df) else float(ndtri(0.5 + CI_LEVEL / 2))
     latest = baseline[-1]
     c = Comparison(
         metric=spec.name,
@@ -375,7 +388,7 @@ def compare_levels(
         between_sd=between,
         baseline_sessions=k,
         upper_ratio=(
-            math.exp(candidate.upper - latest.upper)
+            math.exp((candidate.upper - candidate.log_level) - (latest.upper - latest.log_level))
             if candidate.upper is not None and latest.upper is not None else None
         ),
     )
@@ -476,8 +489,8 @@ def _part_slower(c: Comparison) -> str:
         return ""
     return (
         f"cannot decide: the typical run moved {c.change_pct:+.1f}% but the slowest runs "
-        f"{(c.upper_ratio - 1) * 100:+.1f}% (p{UPPER_QUANTILE * 100:.0f} of runs): part of the runs slowed "
-        f"down; re-run, and look at the per-run values"
+        f"(p{UPPER_QUANTILE * 100:.0f}) {(c.upper_ratio - 1) * 100:+.1f}% more than that: part of the runs "
+        f"slowed down; re-run, and look at the per-run values"
     )
 
 
