@@ -4,6 +4,9 @@ reports (``pytest --llmperf-json``); exit 1 on any regression, 2 on unusable inp
 from __future__ import annotations
 
 import argparse
+import dataclasses
+
+from . import alpha, share
 
 HELP = "compare two saved session reports (pytest --llmperf-json)"
 
@@ -11,9 +14,13 @@ HELP = "compare two saved session reports (pytest --llmperf-json)"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("base", help="the baseline session report")
     parser.add_argument("new", help="the candidate session report")
-    parser.add_argument("--alpha", type=float, default=0.01, help="family-wise significance level")
-    parser.add_argument("--threshold", type=float, default=0.05, help="smallest median change that counts")
-    parser.add_argument("--tail-threshold", type=float, default=0.10, help="smallest ITL p95 change that counts")
+    parser.add_argument("--alpha", type=alpha, default=0.01, help="family-wise significance level, e.g. 1%% or 0.01")
+    parser.add_argument(
+        "--threshold", type=share, default=0.05, help="smallest median change that counts, e.g. 5%% or 0.05 (default 5%%)"
+    )
+    parser.add_argument(
+        "--tail-threshold", type=share, default=0.10, help="smallest ITL p95 change that counts (default 10%%)"
+    )
     parser.add_argument("--fail-unstable", action="store_true", help="count UNSTABLE comparisons as failures")
     parser.add_argument(
         "--any-hardware", action="store_true", help="compare even when the reports come from different hardware"
@@ -22,6 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..compare import METRICS
+    from ..fingerprint import other_hardware_note
     from ..regression import CompareSettings, judge
     from ..session import comparison_table, load_session, verdict_dict
 
@@ -44,6 +52,9 @@ def run(args: argparse.Namespace) -> int:
             continue
         hw_key = r["hardware_key"] if args.any_hardware else old["hardware_key"]
         verdict = judge({hw_key: old["record"]}, r["hardware_key"], r["record"], settings)
+        if verdict.status == "other-hardware":  # name the fields that differ
+            note = other_hardware_note({hw_key: old["record"]}, r["hardware_key"], r["record"])
+            verdict = dataclasses.replace(verdict, note=note.replace("--llmperf-update-baselines", "--any-hardware"))
         if verdict.note:
             notes.append(f"{r['test']}: {verdict.note}")
         results.append({"test": r["test"], "verdict": verdict_dict(verdict)})
