@@ -169,7 +169,10 @@ def hardware_differences(before: Mapping[str, Any], after: Mapping[str, Any]) ->
 
 
 def other_hardware_note(
-    entries: Mapping[str, Mapping[str, Any]], hardware_key: str, candidate: Mapping[str, Any]
+    entries: Mapping[str, Mapping[str, Any]],
+    hardware_key: str,
+    candidate: Mapping[str, Any],
+    hint: str = "record one with --llmperf-update-baselines",
 ) -> str:
     """The "not comparable here" note, naming the fingerprint fields that differ between this
     machine and the recorded one closest to it (fewest differing fields)."""
@@ -188,5 +191,5 @@ def other_hardware_note(
         differs = f"; differs from {closest}{others}: {fields}"
     return (
         f"not comparable here: baselines exist only for other hardware ({', '.join(sorted(entries))}); "
-        f"this machine is {hardware_key}{differs}; record one with --llmperf-update-baselines"
+        f"this machine is {hardware_key}{differs}; {hint}"
     )

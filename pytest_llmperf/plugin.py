@@ -192,7 +192,6 @@ class LLMPerfPlugin:
         self.compare = not option("llmperf_budgets_only") and not self.disabled
         self.budgets_gate = not option("llmperf_baselines_only") and not self.disabled
         self.columns = option("llmperf_columns")
-        self.perf_collected = 0
         # Plain values: the CompareSettings (regression, scipy) is built on first comparison.
         self.compare_values = dict(
             alpha=option("llmperf_alpha") or DEFAULT_ALPHA,
@@ -525,8 +524,11 @@ class LLMPerfPlugin:
             self.results.extend(getattr(report, "llmperf", None) or [])
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if self.is_worker or not (self.results or self.rows):
-            return  # no llmperf test ran: nothing to write, nothing imported
+        if self.is_worker:
+            return
+        option = self.config.getoption
+        if not (self.results or self.rows or any(option(f"llmperf_{o}") for o in ("json", "html", "markdown"))):
+            return  # no llmperf test ran and no report asked for: nothing to write or import
         from . import baseline_store
         from . import session as session_mod
 
@@ -581,7 +583,7 @@ class LLMPerfPlugin:
             terminalreporter.write_line(
                 f"llmperf: {len(self.rows)} measurement(s), {over} over budget (drop -q for the table)"
             )
-            for line in session_mod.undecided_lines(self.results):
+            for line in session_mod.undecided_lines(self.results, short=True):
                 terminalreporter.write_line(line)
             return
         width = self.width(terminalreporter)
@@ -595,7 +597,7 @@ class LLMPerfPlugin:
         if table:
             terminalreporter.write_sep("-", "llmperf baseline comparison")
             terminalreporter.write_line(table)
-            for line in session_mod.undecided_lines(self.results):
+            for line in session_mod.undecided_lines(self.results, short=True):
                 terminalreporter.write_line(line)
         notes = sorted(
             {

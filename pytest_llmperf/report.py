@@ -169,7 +169,8 @@ def summary_table(
         chosen = list(SUMMARY_COLUMNS)
     else:
         wanted = [c for c in (columns or ()) if c in names and c != "test"] or list(DEFAULT_SUMMARY_COLUMNS)
-        chosen = [SUMMARY_COLUMNS[0]] + [col for col in SUMMARY_COLUMNS if col[0] in wanted]
+        by_name = {col[0]: col for col in SUMMARY_COLUMNS}
+        chosen = [SUMMARY_COLUMNS[0]] + [by_name[name] for name in dict.fromkeys(wanted)]  # in the order given
     headers = [h for _, h, _ in chosen]
     body = [[cell(r.get(f)) for _, _, f in chosen] for r in rows]
     return render_table(headers, body) if width is None else fit_table(headers, body, width)

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from . import baseline_store
 from .budgets import fmt
-from .report import fit_table, render_table
+from .report import fit_table, render_table, short_ids
 from .settings import DEFAULT_COMPARISON_COLUMNS
 
 SESSION_SCHEMA = "pytest-llmperf/session"
@@ -139,25 +139,26 @@ def comparison_table(
         return ""
     if width is None:
         return render_table(COMPARISON_HEADERS, rows)
-    chosen = [c for c in (columns or ()) if c in COMPARISON_COLUMNS] or list(DEFAULT_COMPARISON_COLUMNS)
+    chosen = list(dict.fromkeys(c for c in (columns or ()) if c in COMPARISON_COLUMNS)) or list(DEFAULT_COMPARISON_COLUMNS)
     keep = [0, 1] + [COMPARISON_COLUMNS[c] for c in chosen]
     headers = [COMPARISON_HEADERS[i] for i in keep]
     return fit_table(headers, [[row[i] for i in keep] for row in rows], width)
 
 
-def undecided_lines(results: Iterable[Mapping[str, Any]]) -> list[str]:
-    """Why a comparison could not decide (e.g. the runs needed), one line per test and reason."""
+def undecided_lines(results: Iterable[Mapping[str, Any]], *, short: bool = False) -> list[str]:
+    """Why a comparison could not decide (e.g. the runs needed), one line per test and reason;
+    ``short``: test ids as the terminal tables show them."""
+    results = list(results)
+    names = short_ids([r["test"] for r in results]) if short else {}
     lines = []
     for r in results:
-        by_reason: dict[str, list[str]] = {}
+        # Metrics that share a reason share a line (side remarks after "; also " aside).
+        by_reason: dict[tuple[str, str], list[str]] = {}
         for c in (r.get("verdict") or {}).get("comparisons", []):
             if c.get("verdict") not in DECIDED and c.get("reason"):
-                by_reason.setdefault(c["reason"], []).append(c["label"])
-        for reason, labels in by_reason.items():
-            verdict = next(
-                c["verdict"] for c in r["verdict"]["comparisons"] if c.get("reason") == reason
-            )
-            lines.append(f"{r['test']}: {verdict} ({', '.join(labels)}): {reason}")
+                by_reason.setdefault((c["verdict"], c["reason"].split("; also ")[0]), []).append(c["label"])
+        for (verdict, reason), labels in by_reason.items():
+            lines.append(f"{names.get(r['test'], r['test'])}: {verdict} ({', '.join(labels)}): {reason}")
     return lines
 
 
