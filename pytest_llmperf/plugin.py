@@ -348,6 +348,9 @@ class LLMPerfPlugin:
         """The model line, once collection found llmperf tests to run (none: not a word)."""
         if self.is_worker or self.config.getoption("llmperf_skip") or not any(_is_perf(i) for i in items):
             return []
+        verbosity = config.get_verbosity()
+        if verbosity < 0:  # -q: only the warnings; -qq: nothing
+            return [line for line in self.describe() if "warning" in line] if verbosity == -1 else []
         return self.describe()
 
     # -- pytest-xdist: llmperf tests on one worker (see xdist_groups) -------------------------------
