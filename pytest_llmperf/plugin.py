@@ -602,9 +602,12 @@ class LLMPerfPlugin:
             terminalreporter.write_line(table)
             for line in session_mod.undecided_lines(self.results, short=True):
                 terminalreporter.write_line(line)
+        from .report import short_ids
+
+        short = short_ids([r["test"] for r in self.results])
         notes = sorted(
             {
-                f"{r['test']}: {r['verdict']['note']}"
+                f"{short[r['test']]}: {r['verdict']['note']}"
                 for r in self.results
                 if r.get("verdict") and r["verdict"]["note"] and not self.update
             }
