@@ -197,9 +197,13 @@ def short_ids(ids: Sequence[str]) -> dict[str, str]:
 
 
 def _clip(text: str, width: int) -> str:
-    """``text`` cut in the middle to ``width`` characters (the ends say the most)."""
+    """``text`` cut in the middle to ``width`` characters (the ends say the most); a
+    parameter id (``[...]``) is kept whole when it leaves room for 6 characters of the name."""
     if len(text) <= width:
         return text
+    name, bracket, param = text.partition("[")
+    if bracket and len(param) + 1 <= width - 6:
+        return _clip(name, width - len(param) - 1) + bracket + param
     keep = width - 2
     return text[: keep - keep // 2] + ".." + text[len(text) - keep // 2 :]
 

@@ -361,3 +361,15 @@ def test_profile_rejects_zero_threads(capsys: pytest.CaptureFixture[str]) -> Non
     out = capsys.readouterr()
     assert out.err == "llmperf profile: error: argument --threads: must be >= 1, got 0 (see llmperf profile --help)\n"
     assert out.out == ""
+
+
+def test_short_ids_keep_what_tells_tests_apart() -> None:
+    from pytest_llmperf.report import _clip, short_ids
+
+    assert short_ids(["tests/a/test_x.py::test_f[1]", "tests/b/test_y.py::test_f[1]"]) == {
+        "tests/a/test_x.py::test_f[1]": "test_x.py::test_f[1]",
+        "tests/b/test_y.py::test_f[1]": "test_y.py::test_f[1]",
+    }
+    assert short_ids(["t.py::TestA::test_f", "t.py::TestB::test_f"])["t.py::TestB::test_f"] == "TestB::test_f"
+    clipped = _clip("test_in_process_and_served[in-process]", 20)
+    assert len(clipped) == 20 and clipped.endswith("[in-process]") and ".." in clipped
