@@ -10,56 +10,65 @@ The core works without pytest::
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
-
-from .budgets import BudgetFailure, check_budgets
-from .engine_info import EngineInfo
-from .engines import CallableEngine, Engine
-from .errors import ConfigError, EngineError, LLMPerfError
-from .metrics import LatencyStats, Measurement, RunMetrics, summarize
-from .profiler import InferenceProfiler, ProfilerStats
-from .runner import measure
-from .synthetic import PRESETS, ModelSpec, ensure_model, write_gguf
-from .trace import NativeCounters, RunTrace
-from .workload import Workload
 
 __version__ = "0.1.0"
 
+# Public names and the module that defines each. Imported on first use: pytest loads this
+# package for every run of every project where the plugin is installed, and numpy, scipy and
+# llama_cpp must cost nothing in a run that collects no llmperf test.
+_EXPORTS = {
+    "BudgetFailure": "budgets",
+    "check_budgets": "budgets",
+    "EngineInfo": "engine_info",
+    "CallableEngine": "engines",
+    "Engine": "engines",
+    "ConfigError": "errors",
+    "EngineError": "errors",
+    "LLMPerfError": "errors",
+    "LatencyStats": "metrics",
+    "Measurement": "metrics",
+    "RunMetrics": "metrics",
+    "summarize": "metrics",
+    "InferenceProfiler": "profiler",
+    "ProfilerStats": "profiler",
+    "measure": "runner",
+    "PRESETS": "synthetic",
+    "ModelSpec": "synthetic",
+    "ensure_model": "synthetic",
+    "write_gguf": "synthetic",
+    "NativeCounters": "trace",
+    "RunTrace": "trace",
+    "Workload": "workload",
+    "LlamaCppEngine": "engines.llama_cpp",
+}
+
 if TYPE_CHECKING:
+    from .budgets import BudgetFailure, check_budgets
+    from .engine_info import EngineInfo
+    from .engines import CallableEngine, Engine
     from .engines.llama_cpp import LlamaCppEngine
+    from .errors import ConfigError, EngineError, LLMPerfError
+    from .metrics import LatencyStats, Measurement, RunMetrics, summarize
+    from .profiler import InferenceProfiler, ProfilerStats
+    from .runner import measure
+    from .synthetic import PRESETS, ModelSpec, ensure_model, write_gguf
+    from .trace import NativeCounters, RunTrace
+    from .workload import Workload
 
 
 def __getattr__(name: str) -> Any:
-    # llama_cpp is imported only when its engine is asked for.
-    if name == "LlamaCppEngine":
-        from .engines.llama_cpp import LlamaCppEngine
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
 
-        return LlamaCppEngine
-    raise AttributeError(name)
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
 
 
-__all__ = [
-    "BudgetFailure",
-    "CallableEngine",
-    "ConfigError",
-    "Engine",
-    "EngineError",
-    "EngineInfo",
-    "InferenceProfiler",
-    "LLMPerfError",
-    "LatencyStats",
-    "LlamaCppEngine",
-    "Measurement",
-    "ModelSpec",
-    "NativeCounters",
-    "PRESETS",
-    "ProfilerStats",
-    "RunMetrics",
-    "RunTrace",
-    "Workload",
-    "check_budgets",
-    "ensure_model",
-    "measure",
-    "summarize",
-    "write_gguf",
-]
+__all__ = sorted(_EXPORTS)

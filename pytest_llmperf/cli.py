@@ -10,6 +10,7 @@ import argparse
 import importlib
 import pkgutil
 import sys
+import typing
 from typing import Sequence
 
 from . import commands
@@ -24,13 +25,25 @@ def _commands() -> dict[str, object]:
     return found
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="llmperf", description="LLM inference performance tools")
-    sub = parser.add_subparsers(dest="command", required=True)
-    found = _commands()
-    for name, module in found.items():
+class Parser(argparse.ArgumentParser):
+    """argparse, with a bad argument reported as one line (not the usage block) and exit 2."""
+
+    def error(self, message: str) -> "typing.NoReturn":
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line: one subparser per command module."""
+    parser = Parser(prog="llmperf", description="LLM inference performance tools")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    for name, module in _commands().items():
         module.add_arguments(sub.add_parser(name, help=module.HELP, description=module.HELP))  # type: ignore[attr-defined]
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    found = _commands()
+    args = build_parser().parse_args(argv)
     try:
         return int(found[args.command].run(args))  # type: ignore[attr-defined]
     except LLMPerfError as exc:

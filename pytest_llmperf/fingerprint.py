@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .engine_info import EngineInfo
-from .engines.llama_cpp import default_threads as usable_cpus
+from .settings import usable_cpus
 
 #: Bytes of a model file hashed for its identity: the GGUF header, metadata and tensor table
 #: sit at the start, so this changes with any change of shape, type, tokenizer or metadata,
@@ -145,3 +145,51 @@ class Fingerprint:
     @property
     def hardware_key(self) -> str:
         return hardware_key(self.hardware)
+
+
+HARDWARE_LABELS = {
+    "cpu": "CPU",
+    "logical_cpus": "usable CPUs",
+    "memory_gib": "memory GiB",
+    "gpu": "GPU",
+    "os": "OS",
+    "arch": "arch",
+}
+
+
+def hardware_differences(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """``["CPU 'Xeon A' -> 'EPYC B'", "usable CPUs 8 -> 2"]``: why two machines' timings are
+    not comparable, field by field (keys absent from both are ignored)."""
+    keys = list(HARDWARE_LABELS) + sorted(set(before) | set(after) - set(HARDWARE_LABELS))
+    return [
+        f"{HARDWARE_LABELS.get(k, k)} {before.get(k)!r} -> {after.get(k)!r}"
+        for k in keys
+        if before.get(k) != after.get(k)
+    ]
+
+
+def other_hardware_note(
+    entries: Mapping[str, Mapping[str, Any]],
+    hardware_key: str,
+    candidate: Mapping[str, Any],
+    hint: str = "record one with --llmperf-update-baselines",
+) -> str:
+    """The "not comparable here" note, naming the fingerprint fields that differ between this
+    machine and the recorded one closest to it (fewest differing fields)."""
+    here = candidate.get("hardware") or {}
+    diffs = {
+        key: hardware_differences((entry or {}).get("hardware") or {}, here)
+        for key, entry in entries.items()
+        if isinstance(entry, Mapping)
+    }
+    closest = min(diffs, key=lambda k: (len(diffs[k]), k)) if diffs else None
+    if closest is None or not here:
+        differs = ""
+    else:
+        fields = "; ".join(diffs[closest]) or "no recorded field (hardware keys differ)"
+        others = f" (closest of {len(diffs)} recorded)" if len(diffs) > 1 else ""
+        differs = f"; differs from {closest}{others}: {fields}"
+    return (
+        f"not comparable here: baselines exist only for other hardware ({', '.join(sorted(entries))}); "
+        f"this machine is {hardware_key}{differs}; {hint}"
+    )

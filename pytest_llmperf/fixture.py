@@ -19,6 +19,9 @@ from .workload import Workload
 if TYPE_CHECKING:
     from .engines.llama_cpp import LlamaCppEngine
 
+#: Workload keys ``--llmperf-disable`` overrides: one run, no warm-up (a smoke test).
+SMOKE = {"runs": 1, "warmup": 0}
+
 
 @dataclass(frozen=True)
 class Result:
@@ -49,6 +52,7 @@ class LLMPerf:
 
     Keyword arguments to ``measure`` are marker keys and override the marker for that call;
     ``engine`` may be any Engine or a callable ``fn(prompt, max_tokens)`` yielding tokens.
+    ``smoke`` (``--llmperf-disable``): one run each, no budgets, no baseline assessment.
     """
 
     def __init__(
@@ -57,8 +61,11 @@ class LLMPerf:
         engine_factory: Callable[[], "LlamaCppEngine"],
         assess: Callable[[Measurement, MarkerConfig], Any] = lambda m, c: None,
         measure_options: Callable[[Any, MarkerConfig], Mapping[str, Any]] = lambda engine, c: {},
+        *,
+        smoke: bool = False,
     ) -> None:
         self._marker = marker
+        self._smoke = smoke
         self._measure_options = measure_options
         self._engine_factory = engine_factory
         self._assess = assess
@@ -81,6 +88,8 @@ class LLMPerf:
             label = f"#{len(self.results) + 1}"
         try:
             config = self._marker.merged(overrides)
+            if self._smoke:
+                return self._smoke_measure(engine, config, label)
             workload = Workload(**config.workload)
             subject = self.engine if engine is None else engine
             measurement = measure(
@@ -131,3 +140,14 @@ class LLMPerf:
         else:
             return m, assessment
         pytest.fail(error, pytrace=False)
+
+    def _smoke_measure(self, engine: Any, config: MarkerConfig, label: str) -> Measurement:
+        """Once, with no warm-up; a load workload sends one request per slot. Recorded with no
+        budgets and no assessment: one run is no statistic."""
+        workload = {**config.workload, **SMOKE}
+        if "requests" in workload or "concurrency" in workload or "rate" in workload:
+            workload["requests"] = workload.get("concurrency", 1)
+        subject = self.engine if engine is None else engine
+        measurement = measure(subject, Workload(**workload), label=label)
+        self.results.append(Result(measurement, None, 0))
+        return measurement

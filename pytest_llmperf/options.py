@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
-from .regression import DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRESHOLD
-from .settings import INI_HELP
+from .settings import (
+    COMPARISON_COLUMN_NAMES,
+    DEFAULT_ALPHA,
+    DEFAULT_COMPARISON_COLUMNS,
+    DEFAULT_SUMMARY_COLUMNS,
+    DEFAULT_TAIL_THRESHOLD,
+    DEFAULT_THRESHOLD,
+    INI_HELP,
+    SUMMARY_COLUMN_NAMES,
+    parse_fraction,
+)
+
+DEFAULT_COLUMNS = DEFAULT_SUMMARY_COLUMNS + DEFAULT_COMPARISON_COLUMNS
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -42,21 +55,43 @@ def add_options(parser: pytest.Parser) -> None:
         action="store_true",
         help="fail a test whose baselines were all recorded on other hardware",
     )
-    group.addoption("--llmperf-no-compare", action="store_true", help="do not compare with baselines")
     group.addoption(
-        "--llmperf-compare-only", action="store_true", help="ignore budgets; only baseline comparisons gate"
+        "--llmperf-budgets-only", dest="llmperf_budgets_only", action="store_true",
+        help="only budgets gate: do not compare with baselines",
     )
     group.addoption(
-        "--llmperf-alpha", dest="llmperf_alpha", type=float, default=None,
-        help=f"family-wise significance level over the session's comparisons (default {DEFAULT_ALPHA})",
+        "--llmperf-baselines-only", dest="llmperf_baselines_only", action="store_true",
+        help="only baseline comparisons gate: budgets are measured and shown, never fail a test",
+    )
+    group.addoption(
+        "--llmperf-skip", dest="llmperf_skip", action="store_true",
+        help="skip the tests that measure with llmperf (marker or llmperf* fixtures)",
+    )
+    group.addoption(
+        "--llmperf-only", dest="llmperf_only", action="store_true",
+        help="run only the tests that measure with llmperf; skip the others",
+    )
+    group.addoption(
+        "--llmperf-disable", dest="llmperf_disable", action="store_true",
+        help="smoke mode: run each measurement once, no warm-up, budgets, statistics or baselines",
+    )
+    group.addoption(
+        "--llmperf-columns", dest="llmperf_columns", type=_columns, default=None, metavar="COLS",
+        help="columns of the terminal tables, comma-separated, from: "
+        + ", ".join(SUMMARY_COLUMN_NAMES + COMPARISON_COLUMN_NAMES)
+        + " (default " + ",".join(DEFAULT_COLUMNS) + "; JSON/HTML/Markdown keep all)",
+    )
+    group.addoption(
+        "--llmperf-alpha", dest="llmperf_alpha", type=_alpha, default=None,
+        help=_escape(f"family-wise significance level over the session's comparisons (default {DEFAULT_ALPHA})"),
     )
     group.addoption(
         "--llmperf-threshold", dest="llmperf_threshold", type=_fraction, default=None,
-        help=f"smallest change of a median that counts, e.g. 5%% or 0.05 (default {DEFAULT_THRESHOLD:.0%})",
+        help=_escape(f"smallest change of a median that counts, e.g. 5% or 0.05 (default {DEFAULT_THRESHOLD:.0%})"),
     )
     group.addoption(
         "--llmperf-tail-threshold", dest="llmperf_tail_threshold", type=_fraction, default=None,
-        help=f"smallest change of the ITL p95 that counts (default {DEFAULT_TAIL_THRESHOLD:.0%})",
+        help=_escape(f"smallest change of the ITL p95 that counts (default {DEFAULT_TAIL_THRESHOLD:.0%})"),
     )
     group.addoption(
         "--llmperf-endpoint", dest="llmperf_endpoint", default=None,
@@ -107,10 +142,32 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini("llmperf_baseline_dir", "folder of baseline JSON files (default: baselines)")
 
 
+def _escape(text: str) -> str:
+    """argparse %-formats help strings: a literal ``%`` must be written ``%%``."""
+    return text.replace("%", "%%")
+
+
 def _fraction(text: str) -> float:
     """``5%`` or ``0.05``."""
-    text = text.strip()
-    value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
-    if not 0 <= value < 10:
-        raise ValueError(text)
-    return value
+    try:
+        return parse_fraction(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _alpha(text: str) -> float:
+    try:
+        return parse_fraction(text, high=1.0)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _columns(text: str) -> tuple[str, ...]:
+    names = tuple(c.strip().lower() for c in text.split(",") if c.strip())
+    allowed = SUMMARY_COLUMN_NAMES + COMPARISON_COLUMN_NAMES
+    unknown = [c for c in names if c not in allowed]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown column(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(allowed)}"
+        )
+    return names

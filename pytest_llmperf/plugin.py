@@ -3,6 +3,10 @@
 Thin on purpose: options live in ``options``, measuring in ``runner``/``engines``, budgets in
 ``budgets``, text in ``report``. A budget breach fails *that* test (as pytest-memray does), through
 ``pytest_runtest_makereport``.
+
+Loaded by every pytest run where the package is installed, so this module imports only what
+the options and the marker need: numpy, scipy, llama_cpp and the reports are imported inside
+the hooks that run once an llmperf test is collected (tests/test_plugin_cli.py checks).
 """
 
 from __future__ import annotations
@@ -13,35 +17,26 @@ import functools
 import os
 import subprocess
 from pathlib import Path
-from typing import Any, Generator
+from typing import TYPE_CHECKING, Any, Generator
 
 import pytest
 
-from . import baseline_store
-from . import session as session_mod
-from .baseline_store import BaselineError
 from .errors import ConfigError, EngineError, LLMPerfError
-from .fingerprint import Fingerprint, hardware, subject
-from .fixture import LLMPerf
-from .metrics import Measurement
-from .records import record
-from .regression import (
-    DEFAULT_ALPHA,
-    DEFAULT_THRESHOLD,
-    DEFAULT_TAIL_THRESHOLD,
-    BaselineVerdict,
-    CompareSettings,
-    judge,
-)
-from .report import metrics_table, properties, rows_from_properties, summary_table
-from .schema import MarkerConfig, marker_help, validate
 from .options import add_options
-from .settings import EngineSettings, resolve
+from .schema import MarkerConfig, marker_help, validate
+from .settings import DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRESHOLD, EngineSettings, resolve, threads_warning
+
+if TYPE_CHECKING:
+    from .baseline_store import BaselineError
+    from .fingerprint import Fingerprint
+    from .fixture import LLMPerf
+    from .metrics import Measurement
+    from .regression import BaselineVerdict
 
 MARKER = "llmperf"
 XDIST_GROUP = "llmperf"
 MARKER_CONFIG = pytest.StashKey[MarkerConfig]()
-FIXTURE = pytest.StashKey[LLMPerf]()
+FIXTURE = pytest.StashKey["LLMPerf"]()
 PLUGIN_NAME = "llmperf-manager"
 
 
@@ -60,6 +55,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.loadgroup = True  # a worker re-parses the command line: it cannot tell
     try:
         settings = resolve(config.getoption, config.getini)
+        _check_modes(config)
         if config.getoption("llmperf_html") and not hasattr(config, "workerinput"):
             from .figures import require_matplotlib
 
@@ -67,6 +63,21 @@ def pytest_configure(config: pytest.Config) -> None:
     except LLMPerfError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.pluginmanager.register(LLMPerfPlugin(config, settings), PLUGIN_NAME)
+
+
+def _check_modes(config: pytest.Config) -> None:
+    """Options that contradict each other: one line each, before anything runs."""
+    pairs = [
+        ("llmperf_skip", "llmperf_only", "--llmperf-skip and --llmperf-only exclude each other"),
+        ("llmperf_budgets_only", "llmperf_baselines_only",
+         "--llmperf-budgets-only and --llmperf-baselines-only exclude each other; give neither to gate on both"),
+        ("llmperf_disable", "llmperf_update_baselines",
+         "--llmperf-disable measures once without statistics: it cannot record baselines "
+         "(drop one of --llmperf-disable, --llmperf-update-baselines)"),
+    ]
+    for a, b, message in pairs:
+        if config.getoption(a) and config.getoption(b):
+            raise ConfigError(message)
 
 
 def _plugin(config: pytest.Config) -> "LLMPerfPlugin":
@@ -87,13 +98,21 @@ def marker_config(item: pytest.Item) -> MarkerConfig | None:
 
 
 @pytest.fixture
-def llmperf(request: pytest.FixtureRequest) -> LLMPerf:
+def llmperf(request: pytest.FixtureRequest) -> "LLMPerf":
     """Measures the ``llmperf`` marker's workload; call ``llmperf.measure()`` (or let the
     plugin do it after the test body when the test did not)."""
+    from .fixture import LLMPerf
+
     plugin = _plugin(request.config)
     config = request.node.stash.get(MARKER_CONFIG, None) or MarkerConfig({}, {})
     item = request.node
-    fixture = LLMPerf(config, plugin.engine, lambda m, c: plugin.assess(item, m, c), plugin.measure_options)
+    fixture = LLMPerf(
+        config,
+        plugin.engine,
+        lambda m, c: plugin.assess(item, m, c),
+        plugin.measure_options,
+        smoke=plugin.disabled,
+    )
     request.node.stash[FIXTURE] = fixture
     return fixture
 
@@ -131,7 +150,7 @@ def llmperf_server(pytestconfig: pytest.Config) -> Any:
 
 
 @pytest.fixture(scope="session")
-def llm(llmperf_engine: Any) -> Any:
+def llmperf_llm(llmperf_engine: Any) -> Any:
     """The session's ``llama_cpp.Llama`` object: the model the llmperf tests measure."""
     return llmperf_engine.llm
 
@@ -144,7 +163,7 @@ class Assessment:
     baseline_file: str
     hardware_key: str
     record: dict[str, Any]
-    verdict: BaselineVerdict | None
+    verdict: "BaselineVerdict | None"
     baseline_record: dict[str, Any] | None = None  # the entry the verdict compared against (HTML plots)
 
 
@@ -167,9 +186,13 @@ class LLMPerfPlugin:
         ini_dir = config.getini("llmperf_baseline_dir")
         self.baseline_dir = Path(config.rootpath) / (option("llmperf_baseline_dir") or ini_dir or "baselines")
         self.update = bool(option("llmperf_update_baselines"))
-        self.compare = not option("llmperf_no_compare")
-        self.budgets_gate = not option("llmperf_compare_only")
-        self.compare_settings = CompareSettings(
+        #: --llmperf-disable: each measurement runs once; no budgets, statistics or baselines.
+        self.disabled = bool(option("llmperf_disable"))
+        self.compare = not option("llmperf_budgets_only") and not self.disabled
+        self.budgets_gate = not option("llmperf_baselines_only") and not self.disabled
+        self.columns = option("llmperf_columns")
+        # Plain values: the CompareSettings (regression, scipy) is built on first comparison.
+        self.compare_values = dict(
             alpha=option("llmperf_alpha") or DEFAULT_ALPHA,
             threshold=DEFAULT_THRESHOLD if option("llmperf_threshold") is None else option("llmperf_threshold"),
             tail_threshold=(
@@ -181,7 +204,9 @@ class LLMPerfPlugin:
 
     # -- baselines ---------------------------------------------------------------------------
 
-    def fingerprint(self, m: Measurement) -> Fingerprint:
+    def fingerprint(self, m: "Measurement") -> "Fingerprint":
+        from .fingerprint import Fingerprint, hardware, subject
+
         key = m.engine
         if key not in self._fingerprints:
             if self._hardware is None:
@@ -190,6 +215,9 @@ class LLMPerfPlugin:
         return self._fingerprints[key]
 
     def baselines(self, path: Path) -> dict[str, Any]:
+        from . import baseline_store
+        from .baseline_store import BaselineError
+
         if path not in self._baselines:
             try:
                 self._baselines[path] = baseline_store.load(path)
@@ -200,7 +228,13 @@ class LLMPerfPlugin:
             raise loaded
         return loaded
 
-    def assess(self, item: pytest.Item, m: Measurement, marker: MarkerConfig) -> Assessment:
+    def assess(self, item: pytest.Item, m: "Measurement", marker: MarkerConfig) -> Assessment:
+        from . import baseline_store
+        from .baseline_store import BaselineError
+        from .fingerprint import other_hardware_note
+        from .records import record
+        from .regression import BaselineVerdict, CompareSettings, judge
+
         fp = self.fingerprint(m)
         rec = record(m, fp, commit=_commit(self.config.rootpath), recorded_at=self.started_at)
         if self.compare or self.update:
@@ -224,14 +258,15 @@ class LLMPerfPlugin:
             if len(labels) > 1:
                 self.extra_measurements = getattr(self, "extra_measurements", 0) + 1
         if self.compare:
-            settings = dataclasses.replace(
-                self.compare_settings,
+            settings = CompareSettings(
+                **{**self.compare_values, **marker.settings},
                 family_size=self.family_size or None,
-                **{k: v for k, v in marker.settings.items()},
             )
             try:
                 entries = self.baselines(path).get(key)
                 verdict = judge(entries, fp.hardware_key, rec, settings)
+                if verdict.status == "other-hardware":  # name the fields that differ
+                    verdict = dataclasses.replace(verdict, note=other_hardware_note(entries, fp.hardware_key, rec))
                 if verdict.status == "compared":
                     baseline_record = entries[fp.hardware_key]
             except BaselineError as exc:
@@ -281,23 +316,51 @@ class LLMPerfPlugin:
 
     # -- header and collection ------------------------------------------------------------------
 
-    def pytest_report_header(self, config: pytest.Config) -> str:
-        from .engines.llama_cpp import default_threads, llama_cpp_version
+    def describe(self) -> list[str]:
+        """What the llmperf tests measure (model or endpoint, threads), and a warning when the
+        threads asked for exceed the CPUs usable. Loads nothing but file metadata."""
+        from .engines.llama_cpp import llama_cpp_version
         from .model_facts import describe_model
+        from .settings import usable_cpus
 
         s = self.settings
-        lines = [
-            f"llmperf: model {describe_model(s)}, threads {s.threads or default_threads()}, "
-            f"n_ctx {s.n_ctx}, llama-cpp-python {llama_cpp_version() or 'NOT INSTALLED'}"
-        ]
         if s.endpoint:
-            lines[0] = f"llmperf: endpoint {s.endpoint} ({s.api}), model {s.api_model or '(server default)'}"
+            lines = [f"llmperf: endpoint {s.endpoint} ({s.api}), model {s.api_model or '(server default)'}"]
+        else:
+            lines = [
+                f"llmperf: model {describe_model(s)}, threads {s.threads or usable_cpus()}, "
+                f"n_ctx {s.n_ctx}, llama-cpp-python {llama_cpp_version() or 'NOT INSTALLED'}"
+            ]
+        if self.disabled:
+            lines.append("llmperf: --llmperf-disable: each measurement runs once; no budgets, statistics or baselines")
+        warning = None if s.endpoint else threads_warning(s.threads, self._threads_source())
+        return lines + ([warning] if warning else [])
+
+    def _threads_source(self) -> str:
+        if self.config.getoption("llmperf_threads") is not None:
+            return "--llmperf-threads"
+        return "$LLMPERF_THREADS" if os.environ.get("LLMPERF_THREADS") else "ini llmperf_threads"
+
+    def pytest_report_header(self, config: pytest.Config) -> list[str]:
+        lines = []
         dist = getattr(config.option, "dist", "no")
+        if dist not in ("no", None):
+            # The controller collects nothing itself: say what its workers will measure.
+            lines += self.describe()
         if dist == "loadgroup":
             lines.append("llmperf: pytest-xdist --dist loadgroup: llmperf tests run on one worker, others spread")
         elif dist not in ("no", None):
             lines.append(f"llmperf: pytest-xdist --dist {dist} may run llmperf tests side by side; use loadgroup")
         return lines
+
+    def pytest_report_collectionfinish(self, config: pytest.Config, items: list[pytest.Item]) -> list[str]:
+        """The model line, once collection found llmperf tests to run (none: not a word)."""
+        if self.is_worker or self.config.getoption("llmperf_skip") or not any(_is_perf(i) for i in items):
+            return []
+        verbosity = config.get_verbosity()
+        if verbosity < 0:  # -q: only the warnings; -qq: nothing
+            return [line for line in self.describe() if "warning" in line] if verbosity == -1 else []
+        return self.describe()
 
     # -- pytest-xdist: llmperf tests on one worker (see xdist_groups) -------------------------------
 
@@ -323,7 +386,17 @@ class LLMPerfPlugin:
 
     @pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the xdist_group marks
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        perf = [i for i in items if MARKER_CONFIG in i.stash or _uses_llmperf(i)]
+        perf = [i for i in items if _is_perf(i)]
+        option = self.config.getoption
+        if option("llmperf_skip"):
+            for item in perf:
+                item.add_marker(pytest.mark.skip(reason="llmperf test (--llmperf-skip)"))
+            perf = []
+        elif option("llmperf_only"):
+            perf_ids = {id(i) for i in perf}
+            for item in items:
+                if id(item) not in perf_ids:
+                    item.add_marker(pytest.mark.skip(reason="not an llmperf test (--llmperf-only)"))
         dist = getattr(self.config, "workerinput", {}).get("llmperf_dist")
         if self.is_worker and dist == "loadgroup":
             from .xdist_groups import item_group, write_groups
@@ -349,7 +422,7 @@ class LLMPerfPlugin:
         # After deselection (-k, -m): Holm's family is what will be measured, one member per
         # judged metric (each phase once, its TPS mirror not counted); labelled measurements
         # beyond a test's first are added as they come (``family_size``).
-        self.measuring_tests = sum(1 for i in session.items if MARKER_CONFIG in i.stash or _uses_llmperf(i))
+        self.measuring_tests = sum(1 for i in session.items if _is_perf(i) and not i.get_closest_marker("skip"))
         self.extra_measurements = 0
 
     @property
@@ -373,6 +446,9 @@ class LLMPerfPlugin:
                     continue
                 if config is not None:
                     node.stash[MARKER_CONFIG] = config
+                elif _uses_llmperf(node):
+                    # Measures through a fixture: carries the mark, so -m "not llmperf" works.
+                    node.add_marker(MARKER)
         if errors:
             report.outcome = "failed"
             report.longrepr = "\n".join(errors)
@@ -393,6 +469,10 @@ class LLMPerfPlugin:
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[Any]) -> Generator[None, Any, Any]:
         fixture = item.stash.get(FIXTURE, None)
         results = fixture.results if fixture is not None and call.when == "call" else []
+        if not results:
+            return (yield)
+        from .report import metrics_table, properties
+
         for r in results:
             # On the item, so they reach every later report (JUnit reads the teardown one).
             item.user_properties.extend(properties(r.measurement, r.failure, r.n_budgets))
@@ -409,7 +489,13 @@ class LLMPerfPlugin:
             title = "llmperf" + (f" [{m.label}]" if m.label else "")
             detail = metrics_table(m)
             if a is not None and a.verdict is not None:
-                table = session_mod.comparison_table([{"test": a.key, "verdict": session_mod.verdict_dict(a.verdict)}])
+                from . import session as session_mod
+
+                verdict = session_mod.verdict_dict(a.verdict)
+                table = session_mod.comparison_table(
+                    [{"test": a.key, "verdict": verdict}], self.columns, self.width()
+                )
+                undecided = session_mod.undecided_lines([{"test": a.key, "verdict": verdict}])
                 extra = [a.verdict.note] if a.verdict.note else []
                 if a.verdict.changes:
                     extra.append("changed since the baseline: " + ", ".join(a.verdict.changes))
@@ -420,11 +506,13 @@ class LLMPerfPlugin:
                         if slower
                         else f"per-layer diff: no layer significantly slower ({len(a.verdict.layer_changes)} compared)"
                     )
-                detail += "\n\n" + "\n".join(extra + ([table] if table else []))
+                detail += "\n\n" + "\n".join(extra + ([table] if table else []) + undecided)
             report.sections.append((title, detail.rstrip()))
             if r.failure is not None and self.budgets_gate:
                 lines.append(r.failure.as_longrepr())
             if a is not None:
+                from . import session as session_mod
+
                 lines += self.failure_lines(a)
                 shipped.append(
                     {
@@ -434,6 +522,7 @@ class LLMPerfPlugin:
                         "hardware_key": a.hardware_key,
                         "record": a.record,
                         "budget": "-" if not r.n_budgets else ("FAIL" if r.failure else "ok"),
+                        "budget_failures": [b.line() for b in r.failure.breaches] if r.failure else [],
                         "verdict": session_mod.verdict_dict(a.verdict),
                         "baseline_record": a.baseline_record,
                         "budgets": dict(r.budgets),
@@ -448,13 +537,21 @@ class LLMPerfPlugin:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         # Runs on the xdist controller too: rows come from the serialized report.
-        if report.when == "call":
+        if report.when == "call" and report.user_properties:
+            from .report import rows_from_properties
+
             self.rows.extend(rows_from_properties(report.nodeid, report.user_properties))
             self.results.extend(getattr(report, "llmperf", None) or [])
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.is_worker:
             return
+        option = self.config.getoption
+        if not (self.results or self.rows or any(option(f"llmperf_{o}") for o in ("json", "html", "markdown"))):
+            return  # no llmperf test ran and no report asked for: nothing to write or import
+        from . import baseline_store
+        from . import session as session_mod
+
         self.written = []
         from .regression import session_holm
 
@@ -476,14 +573,14 @@ class LLMPerfPlugin:
                 md_extra = html_report.markdown_lines(Path(html_path), Path(md_path) if md_path else None, self.results)
             except (OSError, LLMPerfError) as exc:
                 self.html_error = f"llmperf: HTML report not written: {exc}"
-        md = session_mod.markdown(self.results, md_extra) if self.results else ""
+        md = session_mod.markdown(self.results, md_extra, budgets_gate=self.budgets_gate) if self.results else ""
         if md_path and md:
             baseline_store.atomic_write(Path(md_path), md)
         step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if step_summary and md:
             step_extra = [f"Plots: HTML report `{html_path}` (keep it as a CI artifact)."] if self.html_written else []
             with open(step_summary, "a", encoding="utf-8") as fh:
-                fh.write(session_mod.markdown(self.results, step_extra))
+                fh.write(session_mod.markdown(self.results, step_extra, budgets_gate=self.budgets_gate))
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if getattr(self, "html_error", None):
@@ -492,28 +589,45 @@ class LLMPerfPlugin:
             terminalreporter.write_line(f"llmperf: HTML report written to {self.html_written}")
         if not self.rows:
             return
+        from . import session as session_mod
+        from .report import summary_table
+
         verbosity = terminalreporter.config.get_verbosity()
         over = sum(1 for r in self.rows if str(r.get("budget", "")).startswith("FAIL"))
         if verbosity <= -2:
+            return
+        if self.disabled:
+            terminalreporter.write_line(
+                f"llmperf: {len(self.rows)} measurement(s) run once (--llmperf-disable): "
+                "no budgets, statistics or baselines"
+            )
             return
         if verbosity == -1:
             terminalreporter.write_line(
                 f"llmperf: {len(self.rows)} measurement(s), {over} over budget (drop -q for the table)"
             )
+            for line in session_mod.undecided_lines(self.results, short=True):
+                terminalreporter.write_line(line)
             return
+        width = self.width(terminalreporter)
         terminalreporter.write_sep("-", "llmperf summary")
-        terminalreporter.write_line(summary_table(self.rows))
+        terminalreporter.write_line(summary_table(self.rows, self.columns, width))
         from .served import overhead_lines
 
         for line in overhead_lines(self.rows):
             terminalreporter.write_line(line)
-        table = session_mod.comparison_table(self.results)
+        table = session_mod.comparison_table(self.results, self.columns, width)
         if table:
             terminalreporter.write_sep("-", "llmperf baseline comparison")
             terminalreporter.write_line(table)
+            for line in session_mod.undecided_lines(self.results, short=True):
+                terminalreporter.write_line(line)
+        from .report import short_ids
+
+        short = short_ids([r["test"] for r in self.results])
         notes = sorted(
             {
-                f"{r['test']}: {r['verdict']['note']}"
+                f"{short[r['test']]}: {r['verdict']['note']}"
                 for r in self.results
                 if r.get("verdict") and r["verdict"]["note"] and not self.update
             }
@@ -524,6 +638,16 @@ class LLMPerfPlugin:
             terminalreporter.write_line(f"llmperf: baselines written to {path}")
             if moved is not None:
                 terminalreporter.write_line(f"llmperf: the unreadable old file was kept as {moved}")
+
+    def width(self, terminalreporter: Any = None) -> int:
+        """The terminal's width (``$COLUMNS``, else the tty's, else 80): tables fit it."""
+        tr = terminalreporter or self.config.pluginmanager.get_plugin("terminalreporter")
+        try:
+            return int(tr._tw.fullwidth)
+        except (AttributeError, TypeError, ValueError):
+            import shutil
+
+            return shutil.get_terminal_size().columns
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         if self._groups_dir is not None:
@@ -537,6 +661,11 @@ class LLMPerfPlugin:
 
 def _uses_llmperf(item: pytest.Item) -> bool:
     return any(name.startswith("llmperf") for name in getattr(item, "fixturenames", ()))
+
+
+def _is_perf(item: pytest.Item) -> bool:
+    """Measures or loads a model: the marker, or an ``llmperf*`` fixture."""
+    return MARKER_CONFIG in item.stash or _uses_llmperf(item)
 
 
 def load_engine(settings: EngineSettings) -> Any:

@@ -11,6 +11,7 @@ from typing import Any, Iterable, Sequence
 
 from .budgets import BudgetFailure, fmt
 from .metrics import Measurement
+from .settings import DEFAULT_SUMMARY_COLUMNS
 
 PROPERTY_RE = re.compile(r"^llmperf(?:\[(?P<label>[^\]]*)\])?\.(?P<field>\w+)$")
 
@@ -131,23 +132,31 @@ def rows_from_properties(nodeid: str, props: Iterable[tuple[str, Any]]) -> list[
     return list(rows.values())
 
 
+#: (``--llmperf-columns`` name, header, row field); ``test`` always comes first.
 SUMMARY_COLUMNS = (
-    ("test", "test"),
-    ("model", "model"),
-    ("prompt", "prompt_tokens"),
-    ("gen", "output_tokens"),
-    ("runs", "runs"),
-    ("TTFT ms", "ttft_ms"),
-    ("prefill t/s", "prefill_tps"),
-    ("decode t/s", "decode_tps"),
-    ("ITL p50 ms", "itl_p50_ms"),
-    ("p95 ms", "itl_p95_ms"),
-    ("p99 ms", "itl_p99_ms"),
-    ("budget", "budget"),
+    ("test", "test", "test"),
+    ("model", "model", "model"),
+    ("prompt", "prompt", "prompt_tokens"),
+    ("gen", "gen", "output_tokens"),
+    ("runs", "runs", "runs"),
+    ("ttft", "TTFT ms", "ttft_ms"),
+    ("prefill", "prefill t/s", "prefill_tps"),
+    ("decode", "decode t/s", "decode_tps"),
+    ("p50", "ITL p50 ms", "itl_p50_ms"),
+    ("p95", "ITL p95 ms", "itl_p95_ms"),
+    ("p99", "ITL p99 ms", "itl_p99_ms"),
+    ("budget", "budget", "budget"),
 )
+#: A test id is never cut shorter than this, whatever the width.
+MIN_TEST_WIDTH = 16
 
 
-def summary_table(rows: Sequence[dict[str, Any]]) -> str:
+def summary_table(
+    rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None, width: int | None = None
+) -> str:
+    """The session summary. ``width`` (a terminal's): only ``columns`` (default
+    ``DEFAULT_SUMMARY_COLUMNS``), test ids shortened to fit; None: every column, full ids."""
+
     def cell(value: Any) -> str:
         if value is None:
             return "n/a"
@@ -155,6 +164,55 @@ def summary_table(rows: Sequence[dict[str, Any]]) -> str:
             return fmt(value)
         return str(value)
 
-    return render_table(
-        [h for h, _ in SUMMARY_COLUMNS], [[cell(r.get(f)) for _, f in SUMMARY_COLUMNS] for r in rows]
-    )
+    names = {name for name, _, _ in SUMMARY_COLUMNS}
+    if width is None:
+        chosen = list(SUMMARY_COLUMNS)
+    else:
+        wanted = [c for c in (columns or ()) if c in names and c != "test"] or list(DEFAULT_SUMMARY_COLUMNS)
+        by_name = {col[0]: col for col in SUMMARY_COLUMNS}
+        chosen = [SUMMARY_COLUMNS[0]] + [by_name[name] for name in dict.fromkeys(wanted)]  # in the order given
+    headers = [h for _, h, _ in chosen]
+    body = [[cell(r.get(f)) for _, _, f in chosen] for r in rows]
+    return render_table(headers, body) if width is None else fit_table(headers, body, width)
+
+
+def short_ids(ids: Sequence[str]) -> dict[str, str]:
+    """Each test id without what all of them share: the path, then the module when the rest
+    is unique (``tests/perf/test_a.py::test_decode[#2]`` -> ``test_decode[#2]``)."""
+    def tail(nodeid: str, parts: int) -> str:
+        head, sep, rest = nodeid.partition("::")
+        if not sep:
+            return nodeid
+        pieces = rest.split("::")
+        if parts > len(pieces):
+            return head.rsplit("/", 1)[-1] + "::" + rest
+        return "::".join(pieces[-parts:])
+
+    unique = list(dict.fromkeys(ids))
+    for parts in range(1, 10):
+        short = {i: tail(i, parts) for i in unique}
+        if len(set(short.values())) == len(unique):
+            return short
+    return {i: i for i in unique}
+
+
+def _clip(text: str, width: int) -> str:
+    """``text`` cut in the middle to ``width`` characters (the ends say the most); a
+    parameter id (``[...]``) is kept whole when it leaves room for 6 characters of the name."""
+    if len(text) <= width:
+        return text
+    name, bracket, param = text.partition("[")
+    if bracket and len(param) + 1 <= width - 6:
+        return _clip(name, width - len(param) - 1) + bracket + param
+    keep = width - 2
+    return text[: keep - keep // 2] + ".." + text[len(text) - keep // 2 :]
+
+
+def fit_table(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int) -> str:
+    """``render_table`` with the first column (test ids) shortened so lines fit ``width``."""
+    rows = [list(r) for r in rows]
+    short = short_ids([r[0] for r in rows])
+    rows = [[short[r[0]]] + r[1:] for r in rows]
+    others = sum(max(len(str(c)) for c in col) + 2 for col in list(zip(headers, *rows))[1:])
+    room = max(width - others, MIN_TEST_WIDTH, len(headers[0]))
+    return render_table(headers, [[_clip(r[0], room)] + r[1:] for r in rows])

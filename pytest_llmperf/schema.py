@@ -42,6 +42,13 @@ def _int_at_least(minimum: int) -> Callable[[str, Any], int]:
 
 def _fraction(low: float, high: float) -> Callable[[str, Any], float]:
     def check(name: str, value: Any) -> float:
+        if isinstance(value, str):  # "5%", as the options and `llmperf compare` take it
+            from .settings import parse_fraction
+
+            try:
+                value = parse_fraction(value, high=high)
+            except ValueError as exc:
+                raise ConfigError(f"llmperf marker key {name!r}: {exc}") from None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"llmperf marker key {name!r} must be a number, got {value!r}")
         if not low < value < high:
@@ -96,8 +103,8 @@ KEYS: dict[str, Key] = {
             "is INCONCLUSIVE, up to this many (default 3 x runs; = runs turns it off)", _int_at_least(1)),
         Key("layers", "option", "also time each layer (llama.cpp eval callback; in-process only)", _flag),
         Key("alpha", "setting", "family-wise significance level for baseline comparisons", _fraction(0, 1)),
-        Key("threshold", "setting", "smallest change of a median that counts (0.05 = 5%)", _fraction(0, 10)),
-        Key("tail_threshold", "setting", "smallest change of the ITL p95 that counts (0.10 = 10%)", _fraction(0, 10)),
+        Key("threshold", "setting", "smallest change of a median that counts: 0.05 or '5%'", _fraction(0, 10)),
+        Key("tail_threshold", "setting", "smallest change of the ITL p95 that counts: 0.10 or '10%'", _fraction(0, 10)),
     ]
 }
 

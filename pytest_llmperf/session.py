@@ -11,12 +11,12 @@ import dataclasses
 import json
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from . import baseline_store
 from .budgets import fmt
-from .regression import carry_history
-from .report import render_table
+from .report import fit_table, render_table, short_ids
+from .settings import DEFAULT_COMPARISON_COLUMNS
 
 SESSION_SCHEMA = "pytest-llmperf/session"
 SESSION_SCHEMA_VERSION = 1
@@ -45,6 +45,8 @@ def verdict_dict(v: Any) -> dict[str, Any] | None:
 
 def write_baselines(baseline_dir: Path, results: Iterable[Mapping[str, Any]]) -> list[tuple[Path, Path | None]]:
     """Merge each result's record into its module's file; returns (file, moved-aside corrupt file)."""
+    from .regression import carry_history  # keeps the last sessions' levels (verdict history)
+
     by_file: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
     for r in results:
         by_file[r["baseline_file"]].setdefault(r["key"], {})[r["hardware_key"]] = r["record"]
@@ -90,6 +92,17 @@ def load_session(path: Path) -> list[dict[str, Any]]:
 
 
 COMPARISON_HEADERS = ("test", "metric", "baseline", "now", "change", "95% CI", "p (Holm)", "verdict")
+#: ``--llmperf-columns`` names of the comparison columns after test and metric.
+COMPARISON_COLUMNS = {"baseline": 2, "now": 3, "change": 4, "ci": 5, "p": 6, "verdict": 7}
+#: Verdicts that decide; any other one (the cannot-decide verdict) has its reason printed.
+DECIDED = ("REGRESSION", "IMPROVED", "UNCHANGED")
+
+
+def metric_label(c: Mapping[str, Any]) -> str:
+    """``decode TPS (t/s)``, ``prefill TTFT (ms)``: the phase once, even when the label has it."""
+    label = c["label"]
+    name = label if label.split(" ", 1)[0] == c["phase"] else f"{c['phase']} {label}"
+    return f"{name} ({c['unit']})"
 
 
 def comparison_rows(results: Iterable[Mapping[str, Any]]) -> list[list[str]]:
@@ -106,7 +119,7 @@ def comparison_rows(results: Iterable[Mapping[str, Any]]) -> list[list[str]]:
             rows.append(
                 [
                     r["test"],
-                    f"{c['phase']} {c['label']} ({c['unit']})",
+                    metric_label(c),
                     fmt(c["baseline_value"]),
                     fmt(c["candidate_value"]),
                     f"{(c['ratio'] - 1) * 100:+.1f}%",
@@ -118,21 +131,71 @@ def comparison_rows(results: Iterable[Mapping[str, Any]]) -> list[list[str]]:
     return rows
 
 
-def comparison_table(results: Iterable[Mapping[str, Any]]) -> str:
+def comparison_table(
+    results: Iterable[Mapping[str, Any]], columns: Sequence[str] | None = None, width: int | None = None
+) -> str:
+    """The comparison table; with ``width`` (a terminal's), only ``columns`` (default
+    ``DEFAULT_COMPARISON_COLUMNS``) and test ids shortened to fit."""
     rows = comparison_rows(results)
-    return render_table(COMPARISON_HEADERS, rows) if rows else ""
+    if not rows:
+        return ""
+    if width is None:
+        return render_table(COMPARISON_HEADERS, rows)
+    chosen = list(dict.fromkeys(c for c in (columns or ()) if c in COMPARISON_COLUMNS)) or list(DEFAULT_COMPARISON_COLUMNS)
+    keep = [0, 1] + [COMPARISON_COLUMNS[c] for c in chosen]
+    headers = [COMPARISON_HEADERS[i] for i in keep]
+    return fit_table(headers, [[row[i] for i in keep] for row in rows], width)
 
 
-def markdown(results: list[Mapping[str, Any]], extra: Iterable[str] = ()) -> str:
+def undecided_lines(results: Iterable[Mapping[str, Any]], *, short: bool = False) -> list[str]:
+    """Why a comparison could not decide (e.g. the runs needed), one line per test and reason;
+    ``short``: test ids as the terminal tables show them."""
+    results = list(results)
+    names = short_ids([r["test"] for r in results]) if short else {}
+    lines = []
+    for r in results:
+        # Metrics that share a reason share a line (side remarks after "; also " aside).
+        by_reason: dict[tuple[str, str], list[str]] = {}
+        for c in (r.get("verdict") or {}).get("comparisons", []):
+            if c.get("verdict") not in DECIDED and c.get("reason"):
+                by_reason.setdefault((c["verdict"], c["reason"].split("; also ")[0]), []).append(c["label"])
+        for (verdict, reason), labels in by_reason.items():
+            lines.append(f"{names.get(r['test'], r['test'])}: {verdict} ({', '.join(labels)}): {reason}")
+    return lines
+
+
+def budget_failures(results: Iterable[Mapping[str, Any]]) -> list[str]:
+    """``test: breach; breach`` for every measurement over one of its budgets."""
+    out = []
+    for r in results:
+        if str(r.get("budget", "")).startswith("FAIL"):
+            detail = "; ".join(r.get("budget_failures") or []) or "over budget"
+            out.append(f"{r['test']}: {detail}")
+    return out
+
+
+def markdown(results: list[Mapping[str, Any]], extra: Iterable[str] = (), *, budgets_gate: bool = True) -> str:
     """A GitHub-flavoured summary: one line per test, then the comparison table.
 
-    ``extra``: Markdown lines after the headline (the HTML report's link and key figure)."""
+    ``extra``: Markdown lines after the headline (the HTML report's link and key figure).
+    The headline counts what fails the run: regressions and, unless ``--llmperf-baselines-only``,
+    budget failures."""
     lines = ["## pytest-llmperf", ""]
     regressions = [f for r in results for f in ((r.get("verdict") or {}).get("failures") or [])]
-    lines.append(
-        f"**{len(regressions)} regression(s)** in {len(results)} measurement(s)." if regressions
-        else f"No regression in {len(results)} measurement(s)."
-    )
+    over = budget_failures(results) if budgets_gate else []
+    failing = [
+        r for r in results
+        if (r.get("verdict") or {}).get("failures")
+        or (budgets_gate and str(r.get("budget", "")).startswith("FAIL"))
+    ]
+    if failing:
+        parts = [f"{len(over)} over budget"] if over else []
+        parts += [f"{len(regressions)} regression(s)"] if regressions else []
+        lines.append(
+            f"**{len(failing)} of {len(results)} measurement(s) failed**: {', '.join(parts)}."
+        )
+    else:
+        lines.append(f"No regression and no budget failure in {len(results)} measurement(s).")
     for line in extra:
         lines += ["", line]
     lines += ["", "| test | TTFT ms | decode t/s | ITL p95 ms | budget | baseline |", "| --- | --- | --- | --- | --- | --- |"]
@@ -143,8 +206,13 @@ def markdown(results: list[Mapping[str, Any]], extra: Iterable[str] = ()) -> str
             f"| `{r['test']}` | {fmt(s['ttft_ms'])} | {fmt(s['decode_tps'])} | {fmt(s['itl_p95_ms'])} "
             f"| {r.get('budget', '-')} | {verdict.get('short', 'not compared')} |"
         )
+    if over:
+        lines += ["", "### Over budget", ""] + [f"- {line}" for line in over]
     if regressions:
         lines += ["", "### Regressions", ""] + [f"- {line}" for line in regressions]
+    undecided = undecided_lines(results)
+    if undecided:
+        lines += ["", "### Undecided", ""] + [f"- {line}" for line in undecided]
     rows = comparison_rows(results)
     if rows:
         lines += ["", "### Comparisons", "", "| " + " | ".join(COMPARISON_HEADERS) + " |",

@@ -8,9 +8,24 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .errors import ConfigError
-from .synthetic import PRESETS
 
 DEFAULT_MODEL = "tiny"
+#: Names of the synthetic presets (``synthetic.PRESETS``), here so that reading the settings
+#: does not import numpy (tests/test_plugin_cli.py checks the two agree).
+PRESET_NAMES = ("tiny", "small")
+
+# Comparison defaults, as in ``regression`` (which imports scipy): the options' help text
+# needs them at plugin load (tests/test_plugin_cli.py checks the two agree).
+DEFAULT_ALPHA = 0.01
+DEFAULT_THRESHOLD = 0.05
+DEFAULT_TAIL_THRESHOLD = 0.10
+
+#: ``--llmperf-columns`` names: summary table, then comparison table (``test`` and ``metric``
+#: always shown). The defaults fit 80 columns; JSON, HTML and Markdown keep every column.
+SUMMARY_COLUMN_NAMES = ("model", "prompt", "gen", "runs", "ttft", "prefill", "decode", "p50", "p95", "p99", "budget")
+COMPARISON_COLUMN_NAMES = ("baseline", "now", "change", "ci", "p", "verdict")
+DEFAULT_SUMMARY_COLUMNS = ("ttft", "decode", "p95", "budget")
+DEFAULT_COMPARISON_COLUMNS = ("change", "ci", "verdict")
 
 # (option dest, environment variable, ini name, parser, default)
 _SOURCES: dict[str, tuple[str, str, Callable[[str], Any], Any]] = {
@@ -60,7 +75,7 @@ class EngineSettings:
     @property
     def preset(self) -> str | None:
         """The synthetic preset this names, unless a file of that name exists."""
-        if self.model in PRESETS and not Path(self.model).exists():
+        if self.model in PRESET_NAMES and not Path(self.model).exists():
             return self.model
         return None
 
@@ -95,3 +110,43 @@ def resolve(getoption: Callable[[str], Any], getini: Callable[[str], Any]) -> En
     if values["api"] not in ("completions", "chat"):
         raise ConfigError(f"llmperf setting api must be completions or chat, got {values['api']!r}")
     return EngineSettings(**values)
+
+
+def parse_fraction(text: str | float, *, high: float = 10.0) -> float:
+    """A share written ``5%`` or ``0.05`` (the same everywhere a threshold is given).
+
+    Raises ValueError with a one-line message for anything else, or a value outside
+    ``(0, high)``."""
+    if isinstance(text, bool):
+        raise ValueError(f"expected a share like 5% or 0.05, got {text!r}")
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        raw = str(text).strip()
+        try:
+            value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+        except ValueError:
+            raise ValueError(f"expected a share like 5% or 0.05, got {text!r}") from None
+    if not 0 < value < high:  # also rejects nan
+        raise ValueError(f"expected a share between 0 and {high:g} (e.g. 5% or 0.05), got {text!r}")
+    return value
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (affinity mask, e.g. a container's cpuset)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def threads_warning(threads: int | None, source: str = "--llmperf-threads") -> str | None:
+    """One line when more threads are asked for than CPUs usable: they would time-slice and
+    measure the scheduler, not the model."""
+    cpus = usable_cpus()
+    if threads is not None and threads > cpus:
+        return (
+            f"llmperf: warning: {source} {threads} exceeds the {cpus} usable CPU(s); threads will "
+            f"time-slice and the timings measure the scheduler; use at most {cpus}"
+        )
+    return None

@@ -11,6 +11,8 @@ import argparse
 import contextlib
 import os
 
+from . import positive_int
+
 HELP = "latency-throughput curve of an OpenAI-compatible server at rising concurrency"
 
 
@@ -28,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--endpoint", default=os.environ.get("LLMPERF_ENDPOINT"), help="API base URL (env LLMPERF_ENDPOINT)")
     where.add_argument("--serve", metavar="MODEL", help="start llama_cpp.server with this preset or GGUF for the run")
-    parser.add_argument("--threads", type=int, default=None, help="server threads with --serve (default: all CPUs)")
+    parser.add_argument("--threads", type=positive_int, default=None, help="server threads with --serve (default: all CPUs)")
     parser.add_argument("--api", choices=("completions", "chat"), default="completions")
     parser.add_argument("--model", default=None, help="model name sent to the endpoint")
     parser.add_argument("--api-key-env", default="LLMPERF_API_KEY", help="env var holding the API key")

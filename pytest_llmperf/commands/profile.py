@@ -6,6 +6,8 @@ import argparse
 import sys
 import time
 
+from . import positive_int
+
 HELP = "profile a model: prefill/decode speed, per-layer time, roofline, stability, memory"
 
 STEPS = {
@@ -23,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens generated per run (default 64)")
     parser.add_argument("--runs", type=int, default=10, help="measured runs (default 10)")
     parser.add_argument("--warmup", type=int, default=1, help="discarded warm-up runs (default 1)")
-    parser.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: all usable CPUs)")
+    parser.add_argument("--threads", type=positive_int, default=None, help="llama.cpp threads (default: all usable CPUs)")
     parser.add_argument("--n-gpu-layers", type=int, default=0, help="layers offloaded to a GPU (default 0)")
     parser.add_argument("--n-ctx", type=int, default=2048)
     parser.add_argument("--n-batch", type=int, default=512)
@@ -50,7 +52,12 @@ def run(args: argparse.Namespace) -> int:
     from ..profile import profile, render
     from ..workload import Workload
 
+    from ..settings import threads_warning
+
     Workload(prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, runs=args.runs, warmup=args.warmup)
+    warning = threads_warning(args.threads, "--threads")
+    if warning:
+        print(warning, file=sys.stderr)
     progress = _progress()
     try:
         report = profile(
