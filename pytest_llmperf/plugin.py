@@ -231,7 +231,6 @@ class LLMPerfPlugin:
     def assess(self, item: pytest.Item, m: "Measurement", marker: MarkerConfig) -> Assessment:
         from . import baseline_store
         from .baseline_store import BaselineError
-        from .fingerprint import other_hardware_note
         from .records import record
         from .regression import BaselineVerdict, CompareSettings, judge
 
@@ -265,8 +264,6 @@ class LLMPerfPlugin:
             try:
                 entries = self.baselines(path).get(key)
                 verdict = judge(entries, fp.hardware_key, rec, settings)
-                if verdict.status == "other-hardware":  # name the fields that differ
-                    verdict = dataclasses.replace(verdict, note=other_hardware_note(entries, fp.hardware_key, rec))
                 if verdict.status == "compared":
                     baseline_record = entries[fp.hardware_key]
             except BaselineError as exc:

@@ -24,7 +24,7 @@ from .compare import (
     level,
     mirrored,
 )
-from .fingerprint import subject_changes
+from .fingerprint import other_hardware_note, subject_changes
 from .layer_diff import LayerChange, compare_layers
 from .records import same_workload
 
@@ -185,11 +185,7 @@ def judge(
         return BaselineVerdict("no-baseline", "no baseline: run with --llmperf-update-baselines")
     baseline = entries.get(hardware_key)
     if baseline is None:
-        return BaselineVerdict(
-            "other-hardware",
-            f"not comparable here: baselines exist only for other hardware ({', '.join(sorted(entries))}); "
-            f"this machine is {hardware_key}; record one with --llmperf-update-baselines",
-        )
+        return BaselineVerdict("other-hardware", other_hardware_note(entries, hardware_key, candidate))
     changed = same_workload(baseline, candidate)
     if changed:
         return BaselineVerdict(
