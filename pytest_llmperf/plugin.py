@@ -552,7 +552,7 @@ class LLMPerfPlugin:
         self.written = []
         from .regression import session_holm
 
-        session_holm(self.results, self.compare_settings.alpha)
+        session_holm(self.results)
         if self.update and self.results:
             self.written = session_mod.write_baselines(self.baseline_dir, self.results)
         json_path = self.config.getoption("llmperf_json")

@@ -204,7 +204,7 @@ def judge(
     )
 
 
-def session_holm(results: list[dict[str, Any]], alpha: float) -> None:
+def session_holm(results: list[dict[str, Any]]) -> None:
     """Holm over every judged comparison of a finished session (the results' verdict dicts,
     adjusted in place), so the "p (Holm)" reported equals Holm over all the session's
     p-values. Verdicts stay as decided during the session: each was decided against an upper

@@ -183,7 +183,7 @@ def test_session_holm_equals_holm_over_all_p_values() -> None:
                   record(lognormal(rng, 10.3, 0.02, 20), lognormal(rng, 150, 0.02, 20)),
                   CompareSettings(family_size=100))
         results.append({"test": f"t{i}", "verdict": verdict_dict(v)})
-    session_holm(results, ALPHA)
+    session_holm(results)
     judged = [c for r in results for c in r["verdict"]["comparisons"] if c["mirror_of"] is None]
     expected = holm([c["p_value"] for c in judged])
     assert [c["p_adjusted"] for c in judged] == pytest.approx(expected)

@@ -220,7 +220,8 @@ def test_tables_fit_80_columns_and_columns_are_chosen(pytester: pytest.Pytester,
     chosen = run(pytester, "--llmperf-columns=runs,model,p,now")  # shown in the order given
     header = next(l for l in chosen.stdout.lines if l.startswith("test") and "model" in l)
     assert header.split() == ["test", "runs", "model"]
-    assert re.search(r"^test_decode\S*\[16\] +3 +synthetic-tiny$", chosen.stdout.str(), re.M)
+    # 3 runs, or more when an undecided comparison measured more (max_runs, 3 x runs)
+    assert re.search(r"^test_decode\S*\[16\] +[369] +synthetic-tiny$", chosen.stdout.str(), re.M)
     cmp_header = next(l for l in chosen.stdout.lines if l.startswith("test") and "metric" in l)
     assert cmp_header.split() == ["test", "metric", "p", "(Holm)", "now"]
     bad = run(pytester, "--llmperf-columns=speed")
