@@ -34,7 +34,7 @@ from .regression import (
     judge,
 )
 from .report import metrics_table, properties, rows_from_properties, summary_table
-from .schema import MarkerConfig, marker_help, validate
+from .schema import PROMPT_KEYS, MarkerConfig, marker_help, validate
 from .options import add_options
 from .settings import EngineSettings, resolve
 
@@ -81,6 +81,9 @@ def marker_config(item: pytest.Item) -> MarkerConfig | None:
     kwargs: dict[str, Any] = {}
     args: tuple[Any, ...] = ()
     for mark in reversed(marks):
+        if PROMPT_KEYS & mark.kwargs.keys():  # prompt and prompt_tokens are one choice
+            for key in PROMPT_KEYS:
+                kwargs.pop(key, None)
         kwargs.update(mark.kwargs)
         args += mark.args
     return validate(kwargs, args)
@@ -111,7 +114,7 @@ def llmperf_engine(pytestconfig: pytest.Config) -> Any:
     try:
         return _plugin(pytestconfig).engine()
     except LLMPerfError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        raise pytest.fail.Exception(str(exc), pytrace=False) from None  # no chained second copy
 
 
 @pytest.fixture(scope="session")
@@ -127,7 +130,7 @@ def llmperf_server(pytestconfig: pytest.Config) -> Any:
         with serve(path, n_threads=s.threads, n_ctx=s.n_ctx, n_batch=s.n_batch, alias=s.model_label) as server:
             yield server
     except LLMPerfError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        raise pytest.fail.Exception(str(exc), pytrace=False) from None  # no chained second copy
 
 
 @pytest.fixture(scope="session")
@@ -438,11 +441,12 @@ class LLMPerfPlugin:
         if self.is_worker:
             return
         self.written = []
+        self.write_errors: list[str] = []  # one line each; the tests keep their outcomes
         if self.update and self.results:
-            self.written = session_mod.write_baselines(self.baseline_dir, self.results)
+            self.written = session_mod.write_baselines(self.baseline_dir, self.results, self.write_errors)
         json_path = self.config.getoption("llmperf_json")
         if json_path:
-            baseline_store.atomic_write(Path(json_path), session_mod.session_json(self.results, self.started_at))
+            self._write(Path(json_path), session_mod.session_json(self.results, self.started_at))
         html_path = self.config.getoption("llmperf_html")
         md_path = self.config.getoption("llmperf_markdown")
         md_extra: list[str] = []
@@ -457,14 +461,22 @@ class LLMPerfPlugin:
                 self.html_error = f"llmperf: HTML report not written: {exc}"
         md = session_mod.markdown(self.results, md_extra) if self.results else ""
         if md_path and md:
-            baseline_store.atomic_write(Path(md_path), md)
+            self._write(Path(md_path), md)
         step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if step_summary and md:
             step_extra = [f"Plots: HTML report `{html_path}` (keep it as a CI artifact)."] if self.html_written else []
             with open(step_summary, "a", encoding="utf-8") as fh:
                 fh.write(session_mod.markdown(self.results, step_extra))
 
+    def _write(self, path: Path, text: str) -> None:
+        try:
+            baseline_store.atomic_write(path, text)
+        except OSError as exc:
+            self.write_errors.append(f"llmperf: cannot write {path}: {exc.strerror or exc}")
+
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        for line in getattr(self, "write_errors", []):
+            terminalreporter.write_line(line)
         if getattr(self, "html_error", None):
             terminalreporter.write_line(self.html_error)
         elif getattr(self, "html_written", None):

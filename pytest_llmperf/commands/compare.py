@@ -1,5 +1,6 @@
 """``llmperf compare BASE.json NEW.json``: the plugin's statistics between two saved session
-reports (``pytest --llmperf-json``); exit 1 on any regression, 2 on unusable input."""
+reports (``pytest --llmperf-json``); exit 1 on any regression, 2 on unusable input or when no
+test is in both reports (a CI gate must not pass on nothing compared)."""
 
 from __future__ import annotations
 
@@ -21,13 +22,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..compare import METRICS
-    from ..regression import CompareSettings, judge
-    from ..session import comparison_table, load_session, verdict_dict
+    from ..errors import ConfigError
+    from ..session import load_session
 
     base = {r["test"]: r for r in load_session(args.base)}
     new = load_session(args.new)
     matched = [r for r in new if r["test"] in base]
+    if not matched:
+        raise ConfigError(f"no test in both {args.base} and {args.new}: nothing to compare")
+    try:
+        return _compare(args, base, new, matched)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise ConfigError(
+            f"{args.base} or {args.new} is not a usable session report ({type(exc).__name__}: {exc}); "
+            "write it again with pytest --llmperf-json"
+        ) from None
+
+
+def _compare(args: argparse.Namespace, base: dict, new: list, matched: list) -> int:
+    from ..compare import METRICS
+    from ..regression import CompareSettings, judge
+    from ..session import comparison_table, verdict_dict
+
     settings = CompareSettings(
         alpha=args.alpha,
         threshold=args.threshold,
