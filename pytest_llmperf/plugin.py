@@ -395,7 +395,8 @@ class LLMPerfPlugin:
             detail = metrics_table(m)
             if a is not None and a.verdict is not None:
                 table = session_mod.comparison_table([{"test": a.key, "verdict": session_mod.verdict_dict(a.verdict)}])
-                extra = [a.verdict.note] if a.verdict.note else []
+                # An error note is the test's failure line already: not a second copy here.
+                extra = [a.verdict.note] if a.verdict.note and a.verdict.status != "error" else []
                 if a.verdict.changes:
                     extra.append("changed since the baseline: " + ", ".join(a.verdict.changes))
                 if a.verdict.layer_changes:
@@ -506,7 +507,7 @@ class LLMPerfPlugin:
             {
                 f"{r['test']}: {r['verdict']['note']}"
                 for r in self.results
-                if r.get("verdict") and r["verdict"]["note"] and not self.update
+                if r.get("verdict") and r["verdict"]["note"] and not self.update and r["verdict"]["status"] != "error"
             }
         )
         for note in notes:

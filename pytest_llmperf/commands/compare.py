@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
         raise ConfigError(
             f"{args.base} or {args.new} is not a usable session report ({type(exc).__name__}: {exc}); "
-            "write it again with pytest --llmperf-json"
+            "write the report again with pytest --llmperf-json"
         ) from None
 
 
