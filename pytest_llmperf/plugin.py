@@ -466,8 +466,11 @@ class LLMPerfPlugin:
         step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if step_summary and md:
             step_extra = [f"Plots: HTML report `{html_path}` (keep it as a CI artifact)."] if self.html_written else []
-            with open(step_summary, "a", encoding="utf-8") as fh:
-                fh.write(session_mod.markdown(self.results, step_extra))
+            try:
+                with open(step_summary, "a", encoding="utf-8") as fh:
+                    fh.write(session_mod.markdown(self.results, step_extra))
+            except OSError as exc:
+                self.write_errors.append(f"llmperf: cannot write {step_summary}: {exc.strerror or exc}")
 
     def _write(self, path: Path, text: str) -> None:
         try:

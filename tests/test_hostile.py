@@ -265,6 +265,7 @@ class Case:
     seconds: float = 30.0
     after: Callable[[Path, dict[str, bytes]], None] = unchanged
     also: tuple[str, ...] = ()  # further lines that must appear (the summary after a failed write)
+    env: dict[str, str] = field(default_factory=dict)
 
 
 TIMEOUT = ("--llmperf-request-timeout=1",)  # the token timeout stays at its 30 s default
@@ -336,6 +337,9 @@ CASES = [
     Case("json-report-path-unwritable", "llmperf: cannot write {root}/afile/session.json: File exists", 0,
          args=("--llmperf-json={root}/afile/session.json",), files={"afile": "a file, not a folder"},
          also=("*llmperf summary*",)),
+    Case("step-summary-unwritable", "llmperf: cannot write {root}/afile/summary.md: Not a directory", 0,
+         files={"afile": "a file, not a folder"}, env={"GITHUB_STEP_SUMMARY": "{root}/afile/summary.md"},
+         also=("*llmperf summary*",)),
 ]
 
 
@@ -349,6 +353,8 @@ def test_hostile_session(pytester: pytest.Pytester, server: str, monkeypatch: py
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
     (root / "baselines").mkdir(exist_ok=True)
+    for name, value in case.env.items():
+        monkeypatch.setenv(name, value.format(**names))
     before = snapshot(root)
     if case.inject is not None:
         case.inject(monkeypatch, root)
