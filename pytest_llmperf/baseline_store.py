@@ -10,7 +10,11 @@ measurements) -> hardware key -> entry. Several machines' baselines sit side by 
 Safety: files are parsed as data only (``json``), checked against the schema, and a problem
 is a ``BaselineError`` naming the file and what is wrong. Writes go to a temporary file in the
 same folder, are fsynced and renamed over the old file, so a crash at any moment leaves either
-the old or the new file. Writers serialize on a lock of the folder.
+the old or the new file. Writers serialize on a lock of the folder. An update over a file it
+cannot read keeps that file as ``<name>.corrupt`` (then ``.corrupt.1``, ``.corrupt.2``...: a
+copy is never overwritten) and carries its valid entries over; a file of a newer schema is
+never touched (the update fails with a ``NewerSchemaError``). A write that fails (read-only
+folder, disk full) is a ``BaselineError`` and leaves the old file as it was.
 """
 
 from __future__ import annotations
@@ -33,6 +37,14 @@ class BaselineError(LLMPerfError):
     """A baseline file that cannot be used (corrupt, truncated, wrong schema...)."""
 
 
+class NewerSchemaError(BaselineError):
+    """A valid file of a newer pytest-llmperf: never overwritten by this one."""
+
+    def __init__(self, message: str, version: int) -> None:
+        super().__init__(message)
+        self.version = version
+
+
 def module_file(baseline_dir: Path, module_path: str) -> Path:
     """``baselines/<module path without .py>.json`` for a test module path relative to rootdir."""
     rel = Path(module_path)
@@ -47,21 +59,35 @@ def entry_key(nodeid: str, label: str = "") -> str:
     return f"{name}#{label}" if label else name
 
 
-def _check_entry(path: Path, test: str, hw: str, entry: Any) -> None:
-    where = f"{path}: tests[{test!r}][{hw!r}]"
+def _finite_numbers(values: Any) -> bool:
+    return isinstance(values, list) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values
+    )
+
+
+def check_record(where: str, entry: Any, redo: str = "re-record it with --llmperf-update-baselines") -> None:
+    """A record (baseline entry or session result) that the statistics can use, or a
+    ``BaselineError`` beginning with ``where`` and ending with ``redo``: what the comparison
+    reads is checked here, so a hand-edited value is one line, never a traceback from the
+    statistics."""
+    unusable = f"unusable entry; {redo}"
     if not isinstance(entry, dict):
-        raise BaselineError(f"{where} is not an object; fix or delete the file, then --llmperf-update-baselines")
+        raise BaselineError(f"{where} is not an object: {unusable}")
     for key in ("runs", "workload", "subject", "hardware"):
         if not isinstance(entry.get(key), dict):
-            raise BaselineError(f"{where} has no {key!r} object; re-record with --llmperf-update-baselines")
+            raise BaselineError(f"{where} has no {key!r} object: {unusable}")
     for metric, values in entry["runs"].items():
-        if not isinstance(values, list) or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values
-        ):
-            raise BaselineError(f"{where}.runs[{metric!r}] is not a list of finite numbers")
+        if not _finite_numbers(values):
+            raise BaselineError(f"{where}.runs[{metric!r}] is not a list of finite numbers: {unusable}")
+        if not values:
+            raise BaselineError(f"{where}.runs[{metric!r}] has no runs: {unusable}")
     itl = entry.get("itl_ms", [])
-    if not isinstance(itl, list) or not all(isinstance(run, list) for run in itl):
-        raise BaselineError(f"{where}.itl_ms is not a list of per-run lists")
+    if not isinstance(itl, list) or not all(_finite_numbers(run) and run for run in itl):
+        raise BaselineError(f"{where}.itl_ms is not a list of per-run lists of finite numbers: {unusable}")
+
+
+def _check_entry(path: Path, test: str, hw: str, entry: Any) -> None:
+    check_record(f"{path}: tests[{test!r}][{hw!r}]", entry)
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -85,9 +111,10 @@ def load(path: Path) -> dict[str, Any]:
     if not isinstance(version, int) or isinstance(version, bool):
         raise BaselineError(f"{path}: schema_version missing or not an integer")
     if version > SCHEMA_VERSION:
-        raise BaselineError(
+        raise NewerSchemaError(
             f"{path} has schema_version {version}, newer than this pytest-llmperf understands "
-            f"({SCHEMA_VERSION}); upgrade pytest-llmperf"
+            f"({SCHEMA_VERSION}); upgrade pytest-llmperf",
+            version,
         )
     tests = data.get("tests")
     if not isinstance(tests, dict):
@@ -170,6 +197,48 @@ def atomic_write(path: Path, text: str) -> None:
             os.close(dir_fd)
 
 
+def _keep_aside(path: Path) -> Path:
+    """A copy of ``path`` as ``<name>.corrupt``, or the first free ``.corrupt.N``: never
+    over an older copy (a hard link, created exclusively; a plain copy where links fail)."""
+    for n in range(10_000):
+        moved = path.with_name(path.name + ".corrupt" + (f".{n}" if n else ""))
+        try:
+            os.link(path, moved)
+            return moved
+        except FileExistsError:
+            continue
+        except OSError:
+            pass
+        try:
+            with open(moved, "xb") as fh:
+                fh.write(path.read_bytes())
+                fh.flush()
+                os.fsync(fh.fileno())
+            return moved
+        except FileExistsError:
+            continue
+    raise BaselineError(f"{path}: 10000 .corrupt copies beside it already; clean them up")
+
+
+def _salvage(path: Path) -> dict[str, Any]:
+    """The valid entries of a file that does not load as a whole (e.g. one entry with no runs)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("tests"), dict):
+        return {}
+    kept: dict[str, Any] = {}
+    for test, per_hw in data["tests"].items():
+        for hw, entry in per_hw.items() if isinstance(per_hw, dict) else ():
+            try:
+                _check_entry(path, test, hw, entry)
+            except BaselineError:
+                continue
+            kept.setdefault(test, {})[hw] = entry
+    return kept
+
+
 def update(
     path: Path,
     entries: Mapping[str, Mapping[str, Any]],
@@ -177,24 +246,36 @@ def update(
 ) -> Path | None:
     """Merge ``{test key: {hardware key: entry}}`` into ``path``; other entries stay as they are.
 
-    A file that cannot be read as a baseline is moved aside (``<name>.corrupt``, returned)
-    before the new one is written: asked-for updates never destroy data silently.
+    A file that cannot be read as a baseline is kept aside (``<name>.corrupt[.N]``, returned)
+    and its valid entries carried over: asked-for updates never destroy data silently. A file
+    of a newer schema raises ``NewerSchemaError`` and stays as it is; a failed write raises a
+    ``BaselineError`` with the old file intact.
     """
-    with _locked(path):
-        for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a writer killed mid-write
-            with contextlib.suppress(OSError):
-                stale.unlink()
-        moved = None
-        try:
-            tests = load(path)
-        except BaselineError:
-            moved = path.with_name(path.name + ".corrupt")
-            os.replace(path, moved)
-            tests = {}
-        for test, per_hw in entries.items():
-            stored = tests.setdefault(test, {})
-            for hw, entry in per_hw.items():
-                # ``merge`` sees the entry it replaces (read under the lock): baseline history.
-                stored[hw] = merge(stored.get(hw), dict(entry)) if merge else entry
-        atomic_write(path, dumps({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "tests": tests}))
-        return moved
+    try:
+        with _locked(path):
+            for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a writer killed mid-write
+                with contextlib.suppress(OSError):
+                    stale.unlink()
+            moved = None
+            try:
+                tests = load(path)
+            except NewerSchemaError as exc:
+                raise NewerSchemaError(
+                    f"baselines not written to {path}: it has schema_version {exc.version}, newer than this "
+                    f"pytest-llmperf understands ({SCHEMA_VERSION}); upgrade pytest-llmperf to update it",
+                    exc.version,
+                ) from None
+            except BaselineError:
+                moved = _keep_aside(path)
+                tests = _salvage(path)
+            for test, per_hw in entries.items():
+                stored = tests.setdefault(test, {})
+                for hw, entry in per_hw.items():
+                    # ``merge`` sees the entry it replaces (read under the lock): baseline history.
+                    stored[hw] = merge(stored.get(hw), dict(entry)) if merge else entry
+            atomic_write(path, dumps({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "tests": tests}))
+            return moved
+    except OSError as exc:
+        raise BaselineError(
+            f"cannot write baseline file {path}: {exc.strerror or exc}; the file is unchanged"
+        ) from None

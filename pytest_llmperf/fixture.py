@@ -77,7 +77,7 @@ class LLMPerf:
         try:
             return self._engine_factory()
         except LLMPerfError as exc:
-            pytest.fail(str(exc), pytrace=False)
+            raise pytest.fail.Exception(str(exc), pytrace=False) from None  # no chained second copy
 
     @property
     def measurements(self) -> list[Measurement]:
@@ -96,7 +96,7 @@ class LLMPerf:
                 subject, workload, label=label, slo=config.budgets, **self._measure_options(subject, config)
             )
         except LLMPerfError as exc:
-            pytest.fail(str(exc), pytrace=False)
+            raise pytest.fail.Exception(str(exc), pytrace=False) from None  # no chained second copy
         load = measurement.load
         if load is not None and load.n_failed:
             # Shown in the report, but never assessed: no baseline from a broken measurement.

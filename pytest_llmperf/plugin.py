@@ -23,7 +23,7 @@ import pytest
 
 from .errors import ConfigError, EngineError, LLMPerfError
 from .options import add_options
-from .schema import MarkerConfig, marker_help, validate
+from .schema import PROMPT_KEYS, MarkerConfig, marker_help, validate
 from .settings import DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRESHOLD, EngineSettings, resolve, threads_warning
 
 if TYPE_CHECKING:
@@ -92,6 +92,9 @@ def marker_config(item: pytest.Item) -> MarkerConfig | None:
     kwargs: dict[str, Any] = {}
     args: tuple[Any, ...] = ()
     for mark in reversed(marks):
+        if PROMPT_KEYS & mark.kwargs.keys():  # prompt and prompt_tokens are one choice
+            for key in PROMPT_KEYS:
+                kwargs.pop(key, None)
         kwargs.update(mark.kwargs)
         args += mark.args
     return validate(kwargs, args)
@@ -130,7 +133,7 @@ def llmperf_engine(pytestconfig: pytest.Config) -> Any:
     try:
         return _plugin(pytestconfig).engine()
     except LLMPerfError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        raise pytest.fail.Exception(str(exc), pytrace=False) from None  # no chained second copy
 
 
 @pytest.fixture(scope="session")
@@ -146,7 +149,7 @@ def llmperf_server(pytestconfig: pytest.Config) -> Any:
         with serve(path, n_threads=s.threads, n_ctx=s.n_ctx, n_batch=s.n_batch, alias=s.model_label) as server:
             yield server
     except LLMPerfError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        raise pytest.fail.Exception(str(exc), pytrace=False) from None  # no chained second copy
 
 
 @pytest.fixture(scope="session")
@@ -493,7 +496,8 @@ class LLMPerfPlugin:
                     [{"test": a.key, "verdict": verdict}], self.columns, self.width()
                 )
                 undecided = session_mod.undecided_lines([{"test": a.key, "verdict": verdict}])
-                extra = [a.verdict.note] if a.verdict.note else []
+                # An error note is the test's failure line already: not a second copy here.
+                extra = [a.verdict.note] if a.verdict.note and a.verdict.status != "error" else []
                 if a.verdict.changes:
                     extra.append("changed since the baseline: " + ", ".join(a.verdict.changes))
                 if a.verdict.layer_changes:
@@ -546,18 +550,18 @@ class LLMPerfPlugin:
         option = self.config.getoption
         if not (self.results or self.rows or any(option(f"llmperf_{o}") for o in ("json", "html", "markdown"))):
             return  # no llmperf test ran and no report asked for: nothing to write or import
-        from . import baseline_store
         from . import session as session_mod
 
-        self.written = []
         from .regression import session_holm
 
-        session_holm(self.results)
+        self.written = []
+        session_holm(self.results)  # the "p (Holm)" shown: over every comparison of the session
+        self.write_errors: list[str] = []  # one line each; the tests keep their outcomes
         if self.update and self.results:
-            self.written = session_mod.write_baselines(self.baseline_dir, self.results)
+            self.written = session_mod.write_baselines(self.baseline_dir, self.results, self.write_errors)
         json_path = self.config.getoption("llmperf_json")
         if json_path:
-            baseline_store.atomic_write(Path(json_path), session_mod.session_json(self.results, self.started_at))
+            self._write(Path(json_path), session_mod.session_json(self.results, self.started_at))
         html_path = self.config.getoption("llmperf_html")
         md_path = self.config.getoption("llmperf_markdown")
         md_extra: list[str] = []
@@ -572,14 +576,27 @@ class LLMPerfPlugin:
                 self.html_error = f"llmperf: HTML report not written: {exc}"
         md = session_mod.markdown(self.results, md_extra, budgets_gate=self.budgets_gate) if self.results else ""
         if md_path and md:
-            baseline_store.atomic_write(Path(md_path), md)
+            self._write(Path(md_path), md)
         step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if step_summary and md:
             step_extra = [f"Plots: HTML report `{html_path}` (keep it as a CI artifact)."] if self.html_written else []
-            with open(step_summary, "a", encoding="utf-8") as fh:
-                fh.write(session_mod.markdown(self.results, step_extra, budgets_gate=self.budgets_gate))
+            try:
+                with open(step_summary, "a", encoding="utf-8") as fh:
+                    fh.write(session_mod.markdown(self.results, step_extra, budgets_gate=self.budgets_gate))
+            except OSError as exc:
+                self.write_errors.append(f"llmperf: cannot write {step_summary}: {exc.strerror or exc}")
+
+    def _write(self, path: Path, text: str) -> None:
+        from . import baseline_store
+
+        try:
+            baseline_store.atomic_write(path, text)
+        except OSError as exc:
+            self.write_errors.append(f"llmperf: cannot write {path}: {exc.strerror or exc}")
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        for line in getattr(self, "write_errors", []):
+            terminalreporter.write_line(line)
         if getattr(self, "html_error", None):
             terminalreporter.write_line(self.html_error)
         elif getattr(self, "html_written", None):
@@ -626,7 +643,7 @@ class LLMPerfPlugin:
             {
                 f"{short[r['test']]}: {r['verdict']['note']}"
                 for r in self.results
-                if r.get("verdict") and r["verdict"]["note"] and not self.update
+                if r.get("verdict") and r["verdict"]["note"] and not self.update and r["verdict"]["status"] != "error"
             }
         )
         for note in notes:

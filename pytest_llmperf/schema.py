@@ -109,6 +109,9 @@ KEYS: dict[str, Key] = {
 }
 
 BUDGET_KEYS = tuple(k for k, v in KEYS.items() if v.kind == "budget")
+#: One choice, not two keys: a closer marker's (or ``measure()``'s) prompt of either kind
+#: replaces a farther one's.
+PROMPT_KEYS = frozenset({"prompt", "prompt_tokens"})
 
 
 @dataclass(frozen=True)
@@ -124,9 +127,9 @@ class MarkerConfig:
         extra = validate(overrides)
         workload = dict(self.workload)
         # A prompt given here replaces the marker's prompt of either kind.
-        if "prompt" in extra.workload or "prompt_tokens" in extra.workload:
-            workload.pop("prompt", None)
-            workload.pop("prompt_tokens", None)
+        if PROMPT_KEYS & extra.workload.keys():
+            for key in PROMPT_KEYS:
+                workload.pop(key, None)
         return MarkerConfig(
             budgets={**self.budgets, **extra.budgets},
             workload={**workload, **extra.workload},

@@ -43,8 +43,13 @@ def verdict_dict(v: Any) -> dict[str, Any] | None:
     }
 
 
-def write_baselines(baseline_dir: Path, results: Iterable[Mapping[str, Any]]) -> list[tuple[Path, Path | None]]:
-    """Merge each result's record into its module's file; returns (file, moved-aside corrupt file)."""
+def write_baselines(
+    baseline_dir: Path, results: Iterable[Mapping[str, Any]], errors: list[str] | None = None
+) -> list[tuple[Path, Path | None]]:
+    """Merge each result's record into its module's file; returns (file, moved-aside corrupt file).
+
+    ``errors``: a file that cannot be written adds its one-line reason there and the others
+    are still written (without it, the ``BaselineError`` is raised)."""
     from .regression import carry_history  # keeps the last sessions' levels (verdict history)
 
     by_file: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
@@ -53,7 +58,12 @@ def write_baselines(baseline_dir: Path, results: Iterable[Mapping[str, Any]]) ->
     written = []
     for rel, entries in sorted(by_file.items()):
         path = baseline_dir / rel
-        written.append((path, baseline_store.update(path, entries, merge=carry_history)))
+        try:
+            written.append((path, baseline_store.update(path, entries, merge=carry_history)))
+        except baseline_store.BaselineError as exc:
+            if errors is None:
+                raise
+            errors.append(f"llmperf: {exc}")
     return written
 
 
@@ -83,11 +93,21 @@ def load_session(path: Path) -> list[dict[str, Any]]:
         raise baseline_store.BaselineError(
             f"{path} is not a pytest-llmperf session report (write one with --llmperf-json)"
         )
-    if data.get("schema_version", 0) > SESSION_SCHEMA_VERSION:
+    version = data.get("schema_version", 0)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise baseline_store.BaselineError(f"{path}: schema_version is not an integer")
+    if version > SESSION_SCHEMA_VERSION:
         raise baseline_store.BaselineError(f"{path} is from a newer pytest-llmperf; upgrade to read it")
     results = data.get("results")
     if not isinstance(results, list) or not all(isinstance(r, dict) and "record" in r for r in results):
         raise baseline_store.BaselineError(f"{path}: \"results\" is not a list of measurement records")
+    for i, r in enumerate(results):  # a hand-edited file: one line naming the field, not a traceback
+        for key in ("test", "hardware_key"):
+            if not isinstance(r.get(key), str):
+                raise baseline_store.BaselineError(f"{path}: results[{i}].{key} is missing or not a string")
+        baseline_store.check_record(
+            f"{path}: results[{i}].record", r["record"], "write the report again with pytest --llmperf-json"
+        )
     return results
 
 

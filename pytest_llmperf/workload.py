@@ -35,6 +35,14 @@ class Workload:
             raise ConfigError(f"prompt_tokens must be >= 1, got {self.prompt_tokens}")
         if self.prompt is not None and not self.prompt:
             raise ConfigError("prompt must not be empty")
+        if self.prompt is not None:
+            _check_encodable(self.prompt)
+        for name in ("prompt_tokens", "max_tokens"):
+            value = getattr(self, name)
+            if value is not None and value > MAX_TOKENS:
+                raise ConfigError(
+                    f"{name} must be <= {MAX_TOKENS} (more than any model's context), got {value}"
+                )
         if self.max_tokens < 2:
             raise ConfigError(
                 f"max_tokens must be >= 2 (decode latency needs two tokens), got {self.max_tokens}"
@@ -82,3 +90,18 @@ class Workload:
 
 
 DEFAULT_PROMPT_TOKENS = 64
+
+#: Bound on ``prompt_tokens`` and ``max_tokens``: 2**24 is beyond every model's context, and
+#: an engine may build arrays of this size before the server or llama.cpp can say no.
+MAX_TOKENS = 2**24
+
+
+def _check_encodable(prompt: str) -> None:
+    """Engines send the prompt as UTF-8: a lone surrogate (``'\\ud800'``) cannot be sent."""
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigError(
+            f"prompt is not valid text: {exc.object[exc.start:exc.end]!r} at index {exc.start} "
+            "cannot be encoded as UTF-8 (a lone surrogate); fix the prompt string"
+        ) from None

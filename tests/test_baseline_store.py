@@ -187,3 +187,58 @@ def test_atomic_write_gives_files_the_usual_mode(tmp_path: Path) -> None:
     target.chmod(0o640)
     atomic_write(target, "{}")
     assert stat.S_IMODE(target.stat().st_mode) == 0o640  # an existing file keeps its mode
+
+
+def test_corrupt_copies_are_numbered_never_overwritten(tmp_path: Path) -> None:
+    path = tmp_path / "m.json"
+    copies = []
+    for i in range(3):
+        path.write_text(f"{{ broken {i}")
+        copies.append(store.update(path, {"test_a": {"hw": entry()}}))
+    assert [p.name for p in copies] == ["m.json.corrupt", "m.json.corrupt.1", "m.json.corrupt.2"]
+    assert [p.read_text() for p in copies] == ["{ broken 0", "{ broken 1", "{ broken 2"]
+
+
+def test_update_carries_valid_entries_over_from_a_file_with_a_bad_one(tmp_path: Path) -> None:
+    path = tmp_path / "m.json"
+    bad = entry()
+    bad["runs"] = {"tpot_ms": []}
+    path.write_text(store.dumps({"schema": store.SCHEMA, "schema_version": 1,
+                                 "tests": {"test_bad": {"hw": bad}, "test_good": {"hw": entry(2.0)}}}))
+    original = path.read_text()
+    with pytest.raises(BaselineError, match=r"runs\['tpot_ms'\] has no runs: unusable entry; re-record"):
+        store.load(path)
+    moved = store.update(path, {"test_new": {"hw": entry()}})
+    assert moved.read_text() == original
+    assert sorted(store.load(path)) == ["test_good", "test_new"]
+
+
+def test_a_newer_schema_file_is_never_overwritten(tmp_path: Path) -> None:
+    path = tmp_path / "m.json"
+    path.write_text('{"schema": "pytest-llmperf/baselines", "schema_version": 2, "tests": {"t": {}}}')
+    before = path.read_bytes()
+    with pytest.raises(store.NewerSchemaError) as info:
+        store.update(path, {"test_a": {"hw": entry()}})
+    assert str(info.value) == (
+        f"baselines not written to {path}: it has schema_version 2, newer than this pytest-llmperf "
+        "understands (1); upgrade pytest-llmperf to update it"
+    )
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["m.json"]
+
+
+def test_a_failed_write_is_one_line_and_keeps_the_old_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    path = tmp_path / "m.json"
+    store.update(path, {"test_a": {"hw": entry()}})
+    before = path.read_bytes()
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(store.os, "fsync", full)
+    with pytest.raises(BaselineError) as info:
+        store.update(path, {"test_b": {"hw": entry()}})
+    monkeypatch.undo()
+    assert str(info.value) == f"cannot write baseline file {path}: No space left on device; the file is unchanged"
+    assert path.read_bytes() == before and not list(tmp_path.glob(".*.tmp"))

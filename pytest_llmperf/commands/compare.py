@@ -1,5 +1,6 @@
 """``llmperf compare BASE.json NEW.json``: the plugin's statistics between two saved session
-reports (``pytest --llmperf-json``); exit 1 on any regression, 2 on unusable input."""
+reports (``pytest --llmperf-json``); exit 1 on any regression, 2 on unusable input or when no
+test is in both reports (a CI gate must not pass on nothing compared)."""
 
 from __future__ import annotations
 
@@ -46,14 +47,29 @@ def _columns(text: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..compare import JUDGED
-    from ..fingerprint import other_hardware_note
-    from ..regression import CompareSettings, judge
-    from ..session import comparison_table, load_session, undecided_lines, verdict_dict
+    from ..errors import ConfigError
+    from ..session import load_session
 
     base = {r["test"]: r for r in load_session(args.base)}
     new = load_session(args.new)
     matched = [r for r in new if r["test"] in base]
+    if not matched:
+        raise ConfigError(f"no test in both {args.base} and {args.new}: nothing to compare")
+    try:
+        return _compare(args, base, new, matched)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise ConfigError(
+            f"{args.base} or {args.new} is not a usable session report ({type(exc).__name__}: {exc}); "
+            "write the report again with pytest --llmperf-json"
+        ) from None
+
+
+def _compare(args: argparse.Namespace, base: dict, new: list, matched: list) -> int:
+    from ..compare import JUDGED
+    from ..fingerprint import other_hardware_note
+    from ..regression import CompareSettings, judge
+    from ..session import comparison_table, undecided_lines, verdict_dict
+
     settings = CompareSettings(
         alpha=args.alpha,
         threshold=args.threshold,

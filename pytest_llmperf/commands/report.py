@@ -25,9 +25,21 @@ def run(args: argparse.Namespace) -> int:
     from ..html_report import render_html
     from ..session import load_session
 
+    from ..errors import ConfigError
+
     require_matplotlib()
     results = load_session(args.session)
     created = json.loads(Path(args.session).read_text(encoding="utf-8")).get("created_at")
-    atomic_write(Path(args.output), render_html(results, created, workers=args.jobs))
+    try:
+        page = render_html(results, created if isinstance(created, str) else None, workers=args.jobs)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise ConfigError(
+            f"{args.session} is not a usable session report ({type(exc).__name__}: {exc}); "
+            "write the report again with pytest --llmperf-json"
+        ) from None
+    try:
+        atomic_write(Path(args.output), page)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {args.output}: {exc.strerror or exc}") from None
     print(f"{args.output}: {len(results)} measurement(s)")
     return 0

@@ -14,16 +14,23 @@ exactly ``max_tokens`` (``min_tokens`` and ``ignore_eos``, which servers that do
 ignore); a run that still ends early is an error naming the count, never averaged in.
 
 Timeouts: ``connect_timeout_s`` to connect, ``token_timeout_s`` for any gap between bytes
-(a stalled stream), ``request_timeout_s`` for the whole request. No run can hang.
+(a stalled stream), ``request_timeout_s`` for the whole request. httpx's timeouts are per
+socket operation, so a server that trickles a byte at a time would never hit them: every
+socket operation of a request is given at most the time left to its deadline (a wrapped
+network backend), so no run can hang, whatever the server sends.
+
+What a server sends is untrusted: events are size-capped and checked, and any text of the
+server's that ends up in a message has the configured API key redacted.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from ..engine_info import EngineInfo
 from ..errors import ConfigError, EngineError
@@ -33,6 +40,12 @@ from .callable import synthetic_text
 
 APIS = ("completions", "chat")
 DEFAULT_API_KEY_ENV = "LLMPERF_API_KEY"
+#: Longest SSE line accepted: a server streaming bytes without a newline is an error, not a
+#: buffer that grows until the deadline.
+MAX_LINE_BYTES = 1 << 20
+#: Bytes of an HTTP error body kept for the message.
+MAX_ERROR_BODY_BYTES = 4096
+REDACTED = "***"
 
 
 class EarlyEndError(EngineError):
@@ -88,10 +101,13 @@ class HttpEngine:
         key = os.environ.get(api_key_env)
         if key:
             headers["Authorization"] = f"Bearer {key}"
+        # Server text is redacted of the key (and its JSON-escaped form) before it is shown.
+        self._secrets = tuple(sorted({key, json.dumps(key)[1:-1]}, key=len, reverse=True)) if key else ()
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
         self._client = httpx.Client(
             headers=headers,
             timeout=httpx.Timeout(token_timeout_s, connect=connect_timeout_s),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+            transport=_deadline_transport(httpx.HTTPTransport(limits=limits)),
         )
         self._lock = threading.Lock()
         self._token_count: set[str] = set()
@@ -136,6 +152,30 @@ class HttpEngine:
         return body
 
     def run(self, workload: Workload, run_index: int) -> RunTrace:
+        _DEADLINE.at, _DEADLINE.hit = time.monotonic() + self.request_timeout_s, False
+        try:
+            return self._run(workload, run_index)
+        except EngineError as exc:
+            message = self.redact(str(exc))
+            if message != str(exc):
+                raise type(exc)(message) from None
+            raise
+        finally:
+            _DEADLINE.at = None
+
+    def redact(self, text: str) -> str:
+        """``text`` with the configured API key replaced by ``***``."""
+        for secret in self._secrets:
+            text = text.replace(secret, REDACTED)
+        return text
+
+    def _too_long(self, n_tokens: int) -> EngineError:
+        return EngineError(
+            f"request to {self.url} took longer than {self.request_timeout_s:g} s "
+            f"({n_tokens} tokens so far); raise the request timeout or shorten the workload"
+        )
+
+    def _run(self, workload: Workload, run_index: int) -> RunTrace:
         import httpx
 
         body = self.body(workload, run_index)
@@ -144,39 +184,42 @@ class HttpEngine:
         usage: dict[str, Any] | None = None
         finish: str | None = None
         done = False
-        deadline = time.monotonic() + self.request_timeout_s
+        deadline = _DEADLINE.at
         start = clock()
         try:
             with self._client.stream("POST", self.url, json=body) as response:
                 if response.status_code >= 400:
-                    response.read()
-                    raise EngineError(
-                        f"HTTP {response.status_code} from {self.url}: {_short(response.text) or '(empty body)'}"
-                    )
-                for data in _sse_data(response.iter_lines()):
+                    text = _head(response.iter_bytes(), MAX_ERROR_BODY_BYTES).decode("utf-8", "replace")
+                    raise EngineError(f"HTTP {response.status_code} from {self.url}: {_short(text) or '(empty body)'}")
+                for data in _sse_data(_lines(response.iter_bytes(), self.url)):
                     now = clock()
                     if time.monotonic() > deadline:
-                        raise EngineError(
-                            f"request to {self.url} took longer than {self.request_timeout_s:g} s "
-                            f"({len(stamps)} tokens so far); raise the request timeout or shorten the workload"
-                        )
+                        raise self._too_long(len(stamps))
                     if data is None:  # a comment (keep-alive ping): only the deadline counts
                         continue
                     if data == "[DONE]":
                         done = True
                         break
                     event = _parse(data, self.url)
-                    if event.get("usage"):
-                        usage = event["usage"]
+                    event_usage = event.get("usage")
+                    if event_usage is not None and not isinstance(event_usage, dict):
+                        raise EngineError(
+                            f"malformed event from {self.url}: \"usage\" is {_short(json.dumps(event_usage), 40)}, "
+                            "not a JSON object"
+                        )
+                    if event_usage:
+                        usage = event_usage
                     tokens, reason = _tokens_in(event, self.api)
                     if tokens:
                         stamps.append(now)
-                    finish = reason or finish
+                    finish = reason if isinstance(reason, str) and reason else finish
         except httpx.ConnectError as exc:
             raise EngineError(f"cannot connect to {self.url} ({exc}); is the server running?") from None
-        except httpx.ConnectTimeout:
-            raise EngineError(f"cannot connect to {self.url} within the connect timeout; is the server up?") from None
-        except httpx.TimeoutException:
+        except httpx.TimeoutException as exc:
+            if _DEADLINE.hit:
+                raise self._too_long(len(stamps)) from None
+            if isinstance(exc, httpx.ConnectTimeout):
+                raise EngineError(f"cannot connect to {self.url} within the connect timeout; is the server up?") from None
             what = "the first token" if not stamps else f"the token after {len(stamps)}"
             raise EngineError(
                 f"server stalled: no data from {self.url} within {self.token_timeout_s:g} s "
@@ -190,8 +233,14 @@ class HttpEngine:
             raise EngineError(f"stream from {self.url} ended without [DONE] after {len(stamps)} tokens (truncated)")
         n = workload.max_tokens
         counted, source = len(stamps), "events"
-        if usage and isinstance(usage.get("completion_tokens"), int):
-            counted, source = usage["completion_tokens"], "usage"
+        reported = usage.get("completion_tokens") if usage else None
+        if isinstance(reported, int) and not isinstance(reported, bool):
+            if not 0 <= reported <= n:
+                raise EngineError(
+                    f"implausible usage from {self.url}: completion_tokens {reported} for max_tokens {n}; "
+                    "the run is not comparable"
+                )
+            counted, source = reported, "usage"
         elif finish == "length" and counted != n:
             # Events are not tokens one to one (llama-cpp-python sends empty events and flushes
             # held-back text late), but the server says it stopped at the limit we asked for.
@@ -200,8 +249,8 @@ class HttpEngine:
             self._token_count.add(source)
         if counted < n or len(stamps) < 2:
             raise EarlyEndError(
-                f"server generated {counted} of {n} tokens (finish_reason {finish!r}, counted from {source}); "
-                "it does not honour ignore_eos/min_tokens: the run is not comparable"
+                f"server generated {counted} of {n} tokens (finish_reason {_short(repr(finish), 40)}, "
+                f"counted from {source}); it does not honour ignore_eos/min_tokens: the run is not comparable"
             )
         stamps = fit_stamps(stamps, counted)
         prompt_tokens = usage.get("prompt_tokens") if usage else None
@@ -209,11 +258,119 @@ class HttpEngine:
             start_ns=start,
             prefill_done_ns=None,
             token_ns=tuple(stamps),
-            prompt_tokens=prompt_tokens if isinstance(prompt_tokens, int) else None,
+            prompt_tokens=prompt_tokens if _count(prompt_tokens) else None,
         )
 
     def close(self) -> None:
         self._client.close()
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _head(chunks: Iterable[bytes], limit: int) -> bytes:
+    """The first ``limit`` bytes of a body (an error page can be of any size)."""
+    data = b""
+    for chunk in chunks:
+        data += chunk
+        if len(data) >= limit:
+            break
+    return data[:limit]
+
+
+_EOL = re.compile(rb"\r\n|\r|\n")
+
+
+def _lines(chunks: Iterable[bytes], url: str) -> Iterator[str]:
+    """The lines of a byte stream (ended by CRLF, LF or CR, as SSE allows), decoded as UTF-8;
+    each line is yielded as soon as its end arrives. A line over ``MAX_LINE_BYTES`` is an error."""
+    pending = b""
+    for chunk in chunks:
+        pending += chunk
+        held = pending.endswith(b"\r")  # maybe the first half of a CRLF split across chunks
+        parts = _EOL.split(pending[:-1] if held else pending)
+        pending = parts.pop() + (b"\r" if held else b"")
+        for part in parts:
+            yield part.decode("utf-8", "replace")
+        if len(pending) > MAX_LINE_BYTES:
+            raise EngineError(
+                f"malformed stream from {url}: a line longer than {MAX_LINE_BYTES} bytes without a line end"
+            )
+    if pending.rstrip(b"\r"):
+        yield pending.rstrip(b"\r").decode("utf-8", "replace")
+
+
+class _Deadline(threading.local):
+    """The running request's deadline (``time.monotonic()``), per thread: a sync httpx request
+    does all its socket work in the thread that made it. ``hit``: the last socket operation
+    was cut short by the deadline, not by its own timeout."""
+
+    at: float | None = None
+    hit: bool = False
+
+
+_DEADLINE = _Deadline()
+
+
+def _clamp(timeout: float | None) -> float | None:
+    at = _DEADLINE.at
+    if at is None:
+        return timeout
+    left = max(at - time.monotonic(), 0.001)
+    _DEADLINE.hit = timeout is None or left < timeout
+    return left if _DEADLINE.hit else timeout
+
+
+class _DeadlineStream:
+    """A network stream whose every read and write waits at most until the request's deadline."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._stream.read(max_bytes, _clamp(timeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._stream.write(buffer, _clamp(timeout))
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def start_tls(self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None) -> Any:
+        return _DeadlineStream(self._stream.start_tls(ssl_context, server_hostname, _clamp(timeout)))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
+
+
+class _DeadlineBackend:
+    """httpcore's network backend, with streams and connects bounded by the deadline."""
+
+    def __init__(self, backend: Any) -> None:
+        self._backend = backend
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None, *args: Any, **kwargs: Any) -> Any:
+        return _DeadlineStream(self._backend.connect_tcp(host, port, _clamp(timeout), *args, **kwargs))
+
+    def connect_unix_socket(self, path: str, timeout: float | None = None, *args: Any, **kwargs: Any) -> Any:
+        return _DeadlineStream(self._backend.connect_unix_socket(path, _clamp(timeout), *args, **kwargs))
+
+    def sleep(self, seconds: float) -> None:
+        self._backend.sleep(seconds)
+
+
+def _deadline_transport(transport: Any) -> Any:
+    """``transport`` with its connection pool's network backend wrapped in ``_DeadlineBackend``.
+
+    httpx has no public hook for this; its pool keeps the backend in ``_network_backend``
+    (httpcore >= 0.17). tests/test_hostile.py fails if a trickling server outlives the deadline."""
+    pool = getattr(transport, "_pool", None)
+    backend = getattr(pool, "_network_backend", None)
+    if backend is None:
+        raise EngineError("this httpx/httpcore version is not supported (no network backend to bound); pin httpx<1")
+    pool._network_backend = _DeadlineBackend(backend)
+    return transport
 
 
 def fit_stamps(stamps: list[int], n_tokens: int) -> list[int]:

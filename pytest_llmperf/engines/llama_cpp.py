@@ -218,7 +218,9 @@ class LlamaCppEngine:
             prompt_ids = self.llm.tokenize(text, add_bos=True, special=False)
             tokenize_ns = clock() - before
         else:
-            prompt_ids = self.synthetic_prompt(workload.synthetic_prompt_tokens or 0, workload.seed)
+            n_prompt = workload.synthetic_prompt_tokens or 0
+            self._check_fits(n_prompt, max_tokens)  # before building the prompt: it may be huge
+            prompt_ids = self.synthetic_prompt(n_prompt, workload.seed)
         self._check_fits(len(prompt_ids), max_tokens)
         # The arrays must outlive the batches that point into them (kept in ``arrays``).
         arrays = [
