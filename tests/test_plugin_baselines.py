@@ -1,7 +1,10 @@
 """Baselines and regression gating through inner pytest sessions on real llama.cpp.
 
-Regressions that must be detected are made unmistakable (a 2x change, or 1 thread against 2)
-so these tests assert verdicts, not timings that flake on a shared machine.
+Changes that must be detected are injected into the stored baseline and made certain on a
+busy machine: ``outpace`` replaces the baseline by steady runs faster than its *fastest* run
+(noise only slows runs down), ``lag`` by runs slower than its slowest. Where a verdict still
+depends on the machine, the tests accept every verdict the rule allows and reject the wrong
+ones, rather than assert what a quiet machine happens to give.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from inner import run, scale
+from inner import BaselinesGuard, lag, outpace, run
 from pytest_llmperf.cli import main as cli_main
 
 SUITE = """
@@ -73,13 +76,14 @@ def test_update_writes_only_tests_that_ran(pytester: pytest.Pytester) -> None:
 def test_injected_slowdown_fails_with_phase_and_figures(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_suite=SUITE)
     run(pytester, "--llmperf-update-baselines").assert_outcomes(passed=2)
-    edit_baseline(pytester, lambda e: scale(e, 2.0))
+    edit_baseline(pytester, lambda e: outpace(e, 2.0))  # every run now at least 2x slower
 
     def older_backend(entry: dict) -> None:
         entry["subject"]["backend_version"] = "0.3.35"
 
     edit_baseline(pytester, older_backend)
-    # --llmperf-fail-unstable: a 2x change must fail even if this shared machine is noisy today.
+    # --llmperf-fail-unstable: the candidate's runs may vary by more than 10% on a busy machine;
+    # a REGRESSION must then still fail. issue 12: UNSTABLE goes away (and this option with it).
     result = run(pytester, "--llmperf-fail-unstable", "--llmperf-json", "session.json", "--llmperf-markdown", "summary.md")
     result.assert_outcomes(failed=2)
     out = result.stdout.str()
@@ -104,16 +108,19 @@ def test_injected_slowdown_fails_with_phase_and_figures(pytester: pytest.Pyteste
 def test_injected_speedup_is_improved_and_passes(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_suite=SUITE)
     run(pytester, "--llmperf-update-baselines")
-    edit_baseline(pytester, lambda e: scale(e, 0.5))
+    edit_baseline(pytester, lambda e: lag(e, 4.0))  # 4x slower than the slowest run
     result = run(pytester, "--junitxml=out.xml", "--llmperf-json", "session.json")
     assert result.parseoutcomes().get("passed") == 2, result.stdout.str()  # IMPROVED never fails
     assert "REGRESSION" not in result.stdout.str()
     for r in json.loads((pytester.path / "session.json").read_text())["results"]:
         tpot = next(c for c in r["verdict"]["comparisons"] if c["metric"] == "tpot_ms")
-        # On a noisy day the CV guard says UNSTABLE, and its reason still names the verdict.
-        assert tpot["verdict"] == "IMPROVED" or "would be IMPROVED" in tpot["reason"], tpot
+        # Never REGRESSION or UNCHANGED: a whole candidate session 4x slower than the slowest
+        # baseline run would be a real slowdown. issue 12: UNSTABLE goes away (a candidate
+        # whose runs vary by >= 10% on a busy machine is UNSTABLE today).
+        assert tpot["verdict"] in ("IMPROVED", "UNSTABLE"), tpot
+        assert tpot["ratio"] < 1.0, tpot
     xml = (pytester.path / "out.xml").read_text()
-    assert re.search(r'name="llmperf.verdict.tpot_ms" value="(IMPROVED|UNSTABLE)"', xml)
+    assert re.search(r'name="llmperf.verdict.tpot_ms" value="(IMPROVED|UNSTABLE)"', xml)  # issue 12: UNSTABLE goes away
 
 
 def test_other_hardware_is_not_comparable(pytester: pytest.Pytester) -> None:
@@ -159,11 +166,22 @@ def test_corrupt_baseline_is_a_one_line_error_and_is_kept(pytester: pytest.Pytes
 def test_threshold_marker_override_and_no_compare(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_suite=SUITE)
     run(pytester, "--llmperf-update-baselines")
-    edit_baseline(pytester, lambda e: scale(e, 1.5))
+    edit_baseline(pytester, lambda e: outpace(e, 1.5))  # every run now at least 1.5x slower
     run(pytester, "--llmperf-no-compare").assert_outcomes(passed=2)
-    # A 50% slowdown is within a 200% threshold.
+    # Beyond the default 5% threshold: both fail (issue 12: UNSTABLE goes away, and the option).
+    run(pytester, "--llmperf-fail-unstable").assert_outcomes(failed=2)
+    # Within a 200% threshold set by the marker. A REGRESSION is then allowed only where the
+    # CI reaches +200% (this machine became 2x slower between the sessions), and fails its test.
     pytester.makepyfile(test_suite=SUITE.replace("runs=8)", "runs=8, threshold=2.0, tail_threshold=2.0)"))
-    run(pytester).assert_outcomes(passed=2)
+    result = run(pytester, "--llmperf-fail-unstable", "--llmperf-json", "session.json")
+    regressed = 0
+    for r in json.loads((pytester.path / "session.json").read_text())["results"]:
+        comparisons = r["verdict"]["comparisons"]
+        assert len(comparisons) == 5 and {c["threshold"] for c in comparisons} == {2.0}, comparisons
+        for c in comparisons:  # a rate cannot fall by 200%: only a latency's CI can reach it
+            assert c["verdict"] != "REGRESSION" or (not c["higher_is_better"] and c["ci_high"] > 3.0), c
+        regressed += any(c["verdict"] == "REGRESSION" for c in comparisons)
+    result.assert_outcomes(passed=2 - regressed, failed=regressed)
 
 
 def test_github_step_summary(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -183,7 +201,7 @@ def test_compare_cli_exit_codes(pytester: pytest.Pytester, capsys: pytest.Captur
     base = json.loads((pytester.path / "base.json").read_text())
     assert cli_main(["compare", str(pytester.path / "base.json"), str(pytester.path / "base.json")]) == 0
     for r in base["results"]:
-        scale(r["record"], 2.0)
+        outpace(r["record"], 2.0)
     (pytester.path / "fast.json").write_text(json.dumps(base))
     capsys.readouterr()
     assert cli_main(["compare", "--fail-unstable", str(pytester.path / "fast.json"), str(pytester.path / "base.json")]) == 1
@@ -236,7 +254,9 @@ def test_sigkill_during_update_baselines(pytester: pytest.Pytester) -> None:
 
 
 def test_fewer_threads_is_a_decode_and_prefill_regression(pytester: pytest.Pytester) -> None:
-    """A real slowdown: the 134 M preset recorded with 2 threads, measured with 1."""
+    """The 134 M preset recorded with 2 threads, measured with 1: the regression names the
+    changed thread count. The slowdown is also injected (``outpace``): with another process
+    on one of 2 cores, 2 threads can be slower than 1, so the real effect alone is luck."""
     from pytest_llmperf.engines.llama_cpp import default_threads
 
     if default_threads() < 2:
@@ -251,11 +271,37 @@ def test_fewer_threads_is_a_decode_and_prefill_regression(pytester: pytest.Pytes
     )
     common = ("--llmperf-model", "small")
     run(pytester, *common, "--llmperf-threads", "2", "--llmperf-update-baselines").assert_outcomes(passed=1)
+    edit_baseline(pytester, lambda e: outpace(e, 2.0))
     # TTFT's CV across runs often exceeds 10% on a shared 2-core machine (UNSTABLE): ask for
-    # unstable regressions to fail, as a CI on such a machine would.
+    # unstable regressions to fail, as a CI on such a machine would. issue 12: UNSTABLE goes away.
     result = run(pytester, *common, "--llmperf-threads", "1", "--llmperf-fail-unstable")
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
     assert "decode regression: TPOT" in out, out
     assert "prefill regression: TTFT" in out, out
     assert "threads 2 -> 1" in out
+
+
+def test_guard_fails_a_session_that_writes_into_baselines(pytester: pytest.Pytester) -> None:
+    """The guard tests/conftest.py registers for the checkout's ``baselines/``, on a folder of
+    its own: a session that changes a file there exits 1 and names the file."""
+    folder = pytester.path / "baselines"
+    folder.mkdir()
+    (folder / "kept.json").write_text("{}")
+    pytester.makepyfile(
+        """
+        from pathlib import Path
+
+        def test_reads():
+            assert Path("baselines/kept.json").read_text() == "{}"
+
+        def test_writes():
+            Path("baselines/kept.json").write_text('{"tests": {}}')
+        """
+    )
+    quiet = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-k", "reads", plugins=[BaselinesGuard(folder)])
+    assert quiet.ret == pytest.ExitCode.OK and "under" not in quiet.stdout.str()
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", plugins=[BaselinesGuard(folder)])
+    result.assert_outcomes(passed=2)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines([f"ERROR: the test suite changed 1 file(s) under {folder}: kept.json; *"])

@@ -64,12 +64,21 @@ def test_roofline_on_the_small_preset(small_profiled) -> None:
 
 def test_slow_layer_is_named_by_profile(capsys: pytest.CaptureFixture[str]) -> None:
     path = ensure_model(SLOW_LAYER)
-    args = [str(path), "--format", "json", "--runs", "3", "--max-tokens", "16", "--prompt-tokens", "64"]
+    # One thread: see tests/conftest.py (with 2 threads and a busy core every block measured
+    # ~300 ms, layer 3 no slower than the others).
+    args = [str(path), "--format", "json", "--threads", "1", "--runs", "3", "--max-tokens", "16", "--prompt-tokens", "64"]
     assert cli_main(["profile", *args]) == 0
     report = json.loads(capsys.readouterr().out)
     for phase in ("prefill", "decode"):
-        assert report["layers"]["phases"][phase]["outliers"] == ["layer 3"], report["layers"]["phases"][phase]
-    assert cli_main(["profile", *args[:1], "--runs", "3", "--max-tokens", "16"]) == 0
+        layers = report["layers"]["phases"][phase]
+        # Layer 3 does 16x the FFN work: always named, and by far the slowest block. A busy
+        # machine can push another block past the rule (a preemption inside it in most of the
+        # few prefill steps): allowed, but never in layer 3's place.
+        assert "layer 3" in layers["outliers"], layers
+        blocks = {n: ms for n, ms in zip(layers["names"], layers["median_ms"]) if n.startswith("layer ")}
+        others = sorted(ms for n, ms in blocks.items() if n != "layer 3")
+        assert blocks["layer 3"] > 2 * others[len(others) // 2], layers
+    assert cli_main(["profile", *args[:1], "--threads", "1", "--runs", "3", "--max-tokens", "16"]) == 0
     text = capsys.readouterr().out
     (row,) = [line for line in text.splitlines() if line.startswith("layer 3 ")]
     assert row.rstrip().endswith("OUTLIER")
@@ -345,6 +354,9 @@ def test_per_layer_diff_names_the_layer_that_got_slower(pytester: pytest.Pyteste
         """
     )
     run_inner(pytester, "--llmperf-model", str(uniform), "--llmperf-update-baselines").assert_outcomes(passed=1)
+    # The model path lies in the checkout's .llmperf-cache: pytest would take the checkout for
+    # the rootdir (and its baselines/ for this session's) unless the rootdir is pinned.
+    assert (pytester.path / "baselines" / "test_per_layer_diff_names_the_layer_that_got_slower.json").is_file()
     result = run_inner(pytester, "--llmperf-model", str(wider), "--llmperf-json", "s.json", "-rA")
     session = json.loads((pytester.path / "s.json").read_text())
     changes = session["results"][0]["verdict"]["layer_changes"]
