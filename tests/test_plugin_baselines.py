@@ -172,8 +172,9 @@ def test_threshold_marker_override_and_no_compare(pytester: pytest.Pytester) -> 
     run(pytester, "--llmperf-fail-unstable").assert_outcomes(failed=2)
     # Within a 200% threshold set by the marker. A REGRESSION is then allowed only where the
     # CI reaches +200% (this machine became 2x slower between the sessions), and fails its test.
+    # (No --llmperf-fail-unstable: it would fail the UNSTABLE ones, which a busy machine gives.)
     pytester.makepyfile(test_suite=SUITE.replace("runs=8)", "runs=8, threshold=2.0, tail_threshold=2.0)"))
-    result = run(pytester, "--llmperf-fail-unstable", "--llmperf-json", "session.json")
+    result = run(pytester, "--llmperf-json", "session.json")
     regressed = 0
     for r in json.loads((pytester.path / "session.json").read_text())["results"]:
         comparisons = r["verdict"]["comparisons"]
@@ -253,33 +254,28 @@ def test_sigkill_during_update_baselines(pytester: pytest.Pytester) -> None:
 
 
 
-def test_fewer_threads_is_a_decode_and_prefill_regression(pytester: pytest.Pytester) -> None:
-    """The 134 M preset recorded with 2 threads, measured with 1: the regression names the
-    changed thread count. The slowdown is also injected (``outpace``): with another process
-    on one of 2 cores, 2 threads can be slower than 1, so the real effect alone is luck."""
-    from pytest_llmperf.engines.llama_cpp import default_threads
+def test_changed_thread_count_is_named_in_the_regression(pytester: pytest.Pytester) -> None:
+    """A baseline recorded with 2 threads, a run with 1: the regression lines name the change
+    (``threads 2 -> 1``). Not a real 2-against-1 measurement: with another process on one of 2
+    cores, 2 llama.cpp threads measured 2x *slower* than 1 (TPOT 177 vs 92 ms on the 134 M
+    preset; the threads wait for each other), so which is faster is the machine's load, not
+    the plugin. The slowdown is injected (``outpace``) and the baseline's thread count edited."""
+    pytester.makepyfile(test_suite=SUITE)
+    run(pytester, "--llmperf-threads", "1", "--llmperf-update-baselines").assert_outcomes(passed=2)
 
-    if default_threads() < 2:
-        pytest.skip("needs 2 usable CPUs to record a 2-thread baseline")
-    pytester.makepyfile(
-        test_suite="""
-        import pytest
+    def two_threads_and_faster(entry: dict) -> None:
+        assert entry["subject"]["n_threads"] == 1
+        entry["subject"]["n_threads"] = 2
+        outpace(entry, 2.0)
 
-        @pytest.mark.llmperf(prompt_tokens=64, max_tokens=16, runs=8)
-        def test_small(): pass
-        """
-    )
-    common = ("--llmperf-model", "small")
-    run(pytester, *common, "--llmperf-threads", "2", "--llmperf-update-baselines").assert_outcomes(passed=1)
-    edit_baseline(pytester, lambda e: outpace(e, 2.0))
+    edit_baseline(pytester, two_threads_and_faster)
     # TTFT's CV across runs often exceeds 10% on a shared 2-core machine (UNSTABLE): ask for
     # unstable regressions to fail, as a CI on such a machine would. issue 12: UNSTABLE goes away.
-    result = run(pytester, *common, "--llmperf-threads", "1", "--llmperf-fail-unstable")
-    result.assert_outcomes(failed=1)
+    result = run(pytester, "--llmperf-threads", "1", "--llmperf-fail-unstable")
+    result.assert_outcomes(failed=2)
     out = result.stdout.str()
-    assert "decode regression: TPOT" in out, out
-    assert "prefill regression: TTFT" in out, out
-    assert "threads 2 -> 1" in out
+    assert re.search(r"decode regression: TPOT .*; threads 2 -> 1", out), out
+    assert re.search(r"prefill regression: TTFT .*; threads 2 -> 1", out), out
 
 
 def test_guard_fails_a_session_that_writes_into_baselines(pytester: pytest.Pytester) -> None:
