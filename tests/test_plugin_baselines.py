@@ -82,9 +82,8 @@ def test_injected_slowdown_fails_with_phase_and_figures(pytester: pytest.Pyteste
         entry["subject"]["backend_version"] = "0.3.35"
 
     edit_baseline(pytester, older_backend)
-    # --llmperf-fail-unstable: the candidate's runs may vary by more than 10% on a busy machine;
-    # a REGRESSION must then still fail. issue 12: UNSTABLE goes away (and this option with it).
-    result = run(pytester, "--llmperf-fail-unstable", "--llmperf-json", "session.json", "--llmperf-markdown", "summary.md")
+    # However noisy the candidate's runs: a whole CI beyond the threshold is a REGRESSION.
+    result = run(pytester, "--llmperf-json", "session.json", "--llmperf-markdown", "summary.md")
     result.assert_outcomes(failed=2)
     out = result.stdout.str()
     assert re.search(
@@ -95,8 +94,9 @@ def test_injected_slowdown_fails_with_phase_and_figures(pytester: pytest.Pyteste
     assert "prefill regression: TTFT" in out
     result.stdout.fnmatch_lines(["*- llmperf baseline comparison -*", "*test*metric*baseline*now*change*95% CI*p (Holm)*verdict*"])
     session = json.loads((pytester.path / "session.json").read_text())
-    verdicts = {c["metric"]: c["verdict"] for c in session["results"][0]["verdict"]["comparisons"]}
-    assert verdicts["tpot_ms"] == "REGRESSION" and verdicts["ttft_ms"] == "REGRESSION"
+    for r in session["results"]:
+        verdicts = {c["metric"]: c["verdict"] for c in r["verdict"]["comparisons"]}
+        assert verdicts["tpot_ms"] == verdicts["ttft_ms"] == verdicts["decode_tps"] == "REGRESSION", verdicts
     assert "regression(s)" in (pytester.path / "summary.md").read_text()
 
     # The stored baselines are the same after a failing comparison: nothing was written.
@@ -108,19 +108,17 @@ def test_injected_slowdown_fails_with_phase_and_figures(pytester: pytest.Pyteste
 def test_injected_speedup_is_improved_and_passes(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_suite=SUITE)
     run(pytester, "--llmperf-update-baselines")
-    edit_baseline(pytester, lambda e: lag(e, 4.0))  # 4x slower than the slowest run
+    edit_baseline(pytester, lambda e: lag(e, 10.0))  # 10x slower than the slowest run
     result = run(pytester, "--junitxml=out.xml", "--llmperf-json", "session.json")
     assert result.parseoutcomes().get("passed") == 2, result.stdout.str()  # IMPROVED never fails
     assert "REGRESSION" not in result.stdout.str()
     for r in json.loads((pytester.path / "session.json").read_text())["results"]:
         tpot = next(c for c in r["verdict"]["comparisons"] if c["metric"] == "tpot_ms")
-        # Never REGRESSION or UNCHANGED: a whole candidate session 4x slower than the slowest
-        # baseline run would be a real slowdown. issue 12: UNSTABLE goes away (a candidate
-        # whose runs vary by >= 10% on a busy machine is UNSTABLE today).
-        assert tpot["verdict"] in ("IMPROVED", "UNSTABLE"), tpot
-        assert tpot["ratio"] < 1.0, tpot
+        # A whole CI beyond the threshold is decided however noisy the runs; only a machine
+        # 10x slower in the whole second session could make it anything but IMPROVED.
+        assert tpot["verdict"] == "IMPROVED" and tpot["ratio"] < 0.5, tpot
     xml = (pytester.path / "out.xml").read_text()
-    assert re.search(r'name="llmperf.verdict.tpot_ms" value="(IMPROVED|UNSTABLE)"', xml)  # issue 12: UNSTABLE goes away
+    assert re.search(r'name="llmperf.verdict.tpot_ms" value="IMPROVED"', xml)
 
 
 def test_other_hardware_is_not_comparable(pytester: pytest.Pytester) -> None:
@@ -168,19 +166,18 @@ def test_threshold_marker_override_and_no_compare(pytester: pytest.Pytester) -> 
     run(pytester, "--llmperf-update-baselines")
     edit_baseline(pytester, lambda e: outpace(e, 1.5))  # every run now at least 1.5x slower
     run(pytester, "--llmperf-no-compare").assert_outcomes(passed=2)
-    # Beyond the default 5% threshold: both fail (issue 12: UNSTABLE goes away, and the option).
-    run(pytester, "--llmperf-fail-unstable").assert_outcomes(failed=2)
+    run(pytester).assert_outcomes(failed=2)  # beyond the default 5% threshold
     # Within a 200% threshold set by the marker. A REGRESSION is then allowed only where the
-    # CI reaches +200% (this machine became 2x slower between the sessions), and fails its test.
-    # (No --llmperf-fail-unstable: it would fail the UNSTABLE ones, which a busy machine gives.)
+    # estimated change passes +200% (this machine became 2x slower between the sessions), and
+    # fails its test.
     pytester.makepyfile(test_suite=SUITE.replace("runs=8)", "runs=8, threshold=2.0, tail_threshold=2.0)"))
     result = run(pytester, "--llmperf-json", "session.json")
     regressed = 0
     for r in json.loads((pytester.path / "session.json").read_text())["results"]:
         comparisons = r["verdict"]["comparisons"]
         assert len(comparisons) == 5 and {c["threshold"] for c in comparisons} == {2.0}, comparisons
-        for c in comparisons:  # a rate cannot fall by 200%: only a latency's CI can reach it
-            assert c["verdict"] != "REGRESSION" or (not c["higher_is_better"] and c["ci_high"] > 3.0), c
+        for c in comparisons:  # judged: latencies; the rates mirror their phase's verdict
+            assert c["verdict"] != "REGRESSION" or c["mirror_of"] or c["ratio"] > 3.0, c
         regressed += any(c["verdict"] == "REGRESSION" for c in comparisons)
     result.assert_outcomes(passed=2 - regressed, failed=regressed)
 
@@ -205,7 +202,7 @@ def test_compare_cli_exit_codes(pytester: pytest.Pytester, capsys: pytest.Captur
         outpace(r["record"], 2.0)
     (pytester.path / "fast.json").write_text(json.dumps(base))
     capsys.readouterr()
-    assert cli_main(["compare", "--fail-unstable", str(pytester.path / "fast.json"), str(pytester.path / "base.json")]) == 1
+    assert cli_main(["compare", str(pytester.path / "fast.json"), str(pytester.path / "base.json")]) == 1
     out = capsys.readouterr().out
     assert "decode regression: TPOT" in out and "2 regression(s) in 2 compared measurement(s)" in out
     (pytester.path / "junk.json").write_text("[]")
@@ -269,9 +266,7 @@ def test_changed_thread_count_is_named_in_the_regression(pytester: pytest.Pytest
         outpace(entry, 2.0)
 
     edit_baseline(pytester, two_threads_and_faster)
-    # TTFT's CV across runs often exceeds 10% on a shared 2-core machine (UNSTABLE): ask for
-    # unstable regressions to fail, as a CI on such a machine would. issue 12: UNSTABLE goes away.
-    result = run(pytester, "--llmperf-threads", "1", "--llmperf-fail-unstable")
+    result = run(pytester, "--llmperf-threads", "1")
     result.assert_outcomes(failed=2)
     out = result.stdout.str()
     assert re.search(r"decode regression: TPOT .*; threads 2 -> 1", out), out
