@@ -1,4 +1,5 @@
-"""Shared fixtures: real llama.cpp engines on the embedded synthetic models.
+"""Shared fixtures: real llama.cpp engines on the embedded synthetic models; inner pytest
+sessions pinned to their own folders; the HTML report's browser.
 
 Models are cached in the repository's ignored ``.llmperf-cache/`` (set before any inner
 pytester session starts, so they inherit it) and written once per machine.
@@ -7,12 +8,60 @@ pytester session starts, so they inherit it) and written once per machine.
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 
 import pytest
 
-CACHE_DIR = Path(__file__).resolve().parent.parent / ".llmperf-cache"
+from inner import NO_BROWSER, REQUIRE_BROWSER_ENV, BaselinesGuard
+
+CHECKOUT = Path(__file__).resolve().parent.parent
+CACHE_DIR = CHECKOUT / ".llmperf-cache"
 os.environ.setdefault("LLMPERF_CACHE_DIR", str(CACHE_DIR))
+#: One llama.cpp thread for the engines here and, through the environment, every inner session
+#: (a test's own --llmperf-threads wins). llama.cpp's threads meet at a barrier after every
+#: operation: with as many threads as cores and another process on one core, each operation
+#: waits for a descheduled thread, and a block that computes in ~1 ms measured 300 ms. The
+#: suite checks what the plugin reports, not how llama.cpp scales, so it must not measure
+#: the scheduler.
+TEST_THREADS = 1
+os.environ.setdefault("LLMPERF_THREADS", str(TEST_THREADS))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # xdist: the controller watches the checkout
+        config.pluginmanager.register(BaselinesGuard(CHECKOUT / "baselines"), "llmperf-baselines-guard")
+
+
+@pytest.fixture(autouse=True)
+def _inner_sessions_use_their_own_rootdir(request: pytest.FixtureRequest):
+    """Every inner session (in-process or subprocess) of a test using ``pytester`` gets
+    ``--rootdir=<its tmp folder>``. pytest takes any existing path on the command line for
+    a test path when it looks for the rootdir, an option's value too: ``--llmperf-model
+    <.llmperf-cache/x.gguf>`` made the checkout the rootdir, and its ``baselines/`` the
+    inner session's baseline folder. An explicit ``--rootdir`` in a test's args wins."""
+    if "pytester" not in request.fixturenames:
+        yield
+        return
+    pytester: pytest.Pytester = request.getfixturevalue("pytester")  # it clears PYTEST_ADDOPTS
+    patch = pytest.MonkeyPatch()
+    patch.setenv("PYTEST_ADDOPTS", f"--rootdir={shlex.quote(str(pytester.path))}")
+    yield
+    patch.undo()
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Say at the end of the run, without ``-rs``, that browser checks were skipped."""
+    skipped = [
+        r for r in terminalreporter.stats.get("skipped", [])
+        if isinstance(r.longrepr, tuple) and NO_BROWSER in str(r.longrepr[2])
+    ]
+    if skipped:
+        terminalreporter.write_line(
+            f"{len(skipped)} HTML-report browser check(s) skipped: {NO_BROWSER}; "
+            f"{REQUIRE_BROWSER_ENV}=1 makes them fail instead",
+            yellow=True,
+        )
 
 # The plugin imports numpy, scipy and llama_cpp only once an llmperf test runs. In-process
 # inner sessions (pytester) drop the modules first imported during them, and numpy's C
@@ -33,7 +82,7 @@ def tiny_model_path() -> Path:
 def tiny_engine(tiny_model_path: Path):
     from pytest_llmperf import LlamaCppEngine
 
-    engine = LlamaCppEngine(tiny_model_path)
+    engine = LlamaCppEngine(tiny_model_path, n_threads=TEST_THREADS)
     yield engine
     engine.close()
 
@@ -42,6 +91,6 @@ def tiny_engine(tiny_model_path: Path):
 def small_engine():
     from pytest_llmperf import LlamaCppEngine, ensure_model
 
-    engine = LlamaCppEngine(ensure_model("small"))
+    engine = LlamaCppEngine(ensure_model("small"), n_threads=TEST_THREADS)
     yield engine
     engine.close()

@@ -3,7 +3,6 @@ independent runs, llama.cpp's own counters recorded, clear errors."""
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 
 import pytest
@@ -30,12 +29,16 @@ def test_native_counters_match_the_workload(tiny_engine) -> None:
 
 
 def test_runs_are_independent_no_prefix_reuse(tiny_engine) -> None:
-    # The same 512-token prompt five times: with prefix reuse the second run's TTFT would
-    # collapse to about one decode step (~100x less); without it, it matches the first.
-    m = measure(tiny_engine, Workload(prompt_tokens=512, max_tokens=4, runs=5, warmup=0))
-    first, rest = m.runs[0].ttft_ms, [r.ttft_ms for r in m.runs[1:]]
-    assert all(r.native_prefill_ms > 0 for r in m.runs)
-    assert 0.25 < statistics.median(rest) / first < 4.0  # reuse would give ~0.01
+    # The same 512-token prompt three times. llama.cpp's own counter says how many prompt
+    # tokens it evaluated: with prefix reuse the later runs would evaluate ~none. And each run
+    # starts from an empty KV cache: the greedy continuation is the same every time (a run
+    # that saw the previous run's tokens would continue a different context). Counts and
+    # tokens, not TTFT ratios, which a busy machine can push anywhere.
+    workload = Workload(prompt_tokens=512, max_tokens=8, runs=3, warmup=0)
+    traces = [tiny_engine.run(workload, i) for i in range(3)]
+    assert [t.native.prefill_tokens for t in traces] == [512] * 3
+    assert all(t.native.prefill_ms > 0 for t in traces)
+    assert traces[1].token_ids == traces[0].token_ids == traces[2].token_ids
 
 
 def test_long_prompt_is_split_without_single_token_tail(tiny_engine) -> None:
@@ -97,8 +100,10 @@ def test_callable_engine_timestamps_each_item() -> None:
     m = measure(stream, Workload(prompt="hi", max_tokens=5, runs=2, warmup=0))
     assert m.engine.engine == "callable" and m.engine.model == "stream"
     assert m.output_tokens == 5
-    assert m.ttft_ms >= 25
-    assert 4.5 <= m.itl.p50_ms < 50
+    assert m.ttft_ms >= 25  # sleeps never end early; a busy machine only adds
+    # Each item timed as it arrives: >= its 5 ms sleep. The upper bound only rules out gaps
+    # that are not one sleep (e.g. the first token's 20 ms counted in): 40x room for noise.
+    assert 4.5 <= m.itl.p50_ms < 200
     assert m.prefill_ms is None and m.native_decode_ms_per_token is None
 
 

@@ -1,7 +1,10 @@
 """Baselines and regression gating through inner pytest sessions on real llama.cpp.
 
-Regressions that must be detected are made unmistakable (a 2x change, or 1 thread against 2)
-so these tests assert verdicts, not timings that flake on a shared machine.
+Changes that must be detected are injected into the stored baseline and made certain on a
+busy machine: ``outpace`` replaces the baseline by steady runs faster than its *fastest* run
+(noise only slows runs down), ``lag`` by runs slower than its slowest. Where a verdict still
+depends on the machine, the tests accept every verdict the rule allows and reject the wrong
+ones, rather than assert what a quiet machine happens to give.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from inner import run, scale
+from inner import BaselinesGuard, lag, outpace, run
 from pytest_llmperf.cli import main as cli_main
 
 SUITE = """
@@ -73,14 +76,14 @@ def test_update_writes_only_tests_that_ran(pytester: pytest.Pytester) -> None:
 def test_injected_slowdown_fails_with_phase_and_figures(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_suite=SUITE)
     run(pytester, "--llmperf-update-baselines").assert_outcomes(passed=2)
-    edit_baseline(pytester, lambda e: scale(e, 2.0))
+    edit_baseline(pytester, lambda e: outpace(e, 2.0))  # every run now at least 2x slower
 
     def older_backend(entry: dict) -> None:
         entry["subject"]["backend_version"] = "0.3.35"
 
     edit_baseline(pytester, older_backend)
-    # --llmperf-fail-unstable: a 2x change must fail even if this shared machine is noisy today.
-    result = run(pytester, "--llmperf-fail-unstable", "--llmperf-json", "session.json", "--llmperf-markdown", "summary.md")
+    # However noisy the candidate's runs: a whole CI beyond the threshold is a REGRESSION.
+    result = run(pytester, "--llmperf-json", "session.json", "--llmperf-markdown", "summary.md")
     result.assert_outcomes(failed=2)
     out = result.stdout.str()
     assert re.search(
@@ -91,8 +94,9 @@ def test_injected_slowdown_fails_with_phase_and_figures(pytester: pytest.Pyteste
     assert "prefill regression: TTFT" in out
     result.stdout.fnmatch_lines(["*- llmperf baseline comparison -*", "*test*metric*change*95% CI*verdict*"])
     session = json.loads((pytester.path / "session.json").read_text())
-    verdicts = {c["metric"]: c["verdict"] for c in session["results"][0]["verdict"]["comparisons"]}
-    assert verdicts["tpot_ms"] == "REGRESSION" and verdicts["ttft_ms"] == "REGRESSION"
+    for r in session["results"]:
+        verdicts = {c["metric"]: c["verdict"] for c in r["verdict"]["comparisons"]}
+        assert verdicts["tpot_ms"] == verdicts["ttft_ms"] == verdicts["decode_tps"] == "REGRESSION", verdicts
     assert "regression(s)" in (pytester.path / "summary.md").read_text()
 
     # The stored baselines are the same after a failing comparison: nothing was written.
@@ -104,16 +108,17 @@ def test_injected_slowdown_fails_with_phase_and_figures(pytester: pytest.Pyteste
 def test_injected_speedup_is_improved_and_passes(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_suite=SUITE)
     run(pytester, "--llmperf-update-baselines")
-    edit_baseline(pytester, lambda e: scale(e, 0.5))
+    edit_baseline(pytester, lambda e: lag(e, 10.0))  # 10x slower than the slowest run
     result = run(pytester, "--junitxml=out.xml", "--llmperf-json", "session.json")
     assert result.parseoutcomes().get("passed") == 2, result.stdout.str()  # IMPROVED never fails
     assert "REGRESSION" not in result.stdout.str()
     for r in json.loads((pytester.path / "session.json").read_text())["results"]:
         tpot = next(c for c in r["verdict"]["comparisons"] if c["metric"] == "tpot_ms")
-        # On a noisy day the CV guard says UNSTABLE, and its reason still names the verdict.
-        assert tpot["verdict"] == "IMPROVED" or "would be IMPROVED" in tpot["reason"], tpot
+        # A whole CI beyond the threshold is decided however noisy the runs; only a machine
+        # 10x slower in the whole second session could make it anything but IMPROVED.
+        assert tpot["verdict"] == "IMPROVED" and tpot["ratio"] < 0.5, tpot
     xml = (pytester.path / "out.xml").read_text()
-    assert re.search(r'name="llmperf.verdict.tpot_ms" value="(IMPROVED|UNSTABLE)"', xml)
+    assert re.search(r'name="llmperf.verdict.tpot_ms" value="IMPROVED"', xml)
 
 
 def test_other_hardware_is_not_comparable(pytester: pytest.Pytester) -> None:
@@ -159,11 +164,22 @@ def test_corrupt_baseline_is_a_one_line_error_and_is_kept(pytester: pytest.Pytes
 def test_threshold_marker_override_and_no_compare(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_suite=SUITE)
     run(pytester, "--llmperf-update-baselines")
-    edit_baseline(pytester, lambda e: scale(e, 1.5))
+    edit_baseline(pytester, lambda e: outpace(e, 1.5))  # every run now at least 1.5x slower
     run(pytester, "--llmperf-budgets-only").assert_outcomes(passed=2)
-    # A 50% slowdown is within a 200% threshold.
+    run(pytester).assert_outcomes(failed=2)  # beyond the default 5% threshold
+    # Within a 200% threshold set by the marker. A REGRESSION is then allowed only where the
+    # estimated change passes +200% (this machine became 2x slower between the sessions), and
+    # fails its test.
     pytester.makepyfile(test_suite=SUITE.replace("runs=8)", "runs=8, threshold=2.0, tail_threshold=2.0)"))
-    run(pytester).assert_outcomes(passed=2)
+    result = run(pytester, "--llmperf-json", "session.json")
+    regressed = 0
+    for r in json.loads((pytester.path / "session.json").read_text())["results"]:
+        comparisons = r["verdict"]["comparisons"]
+        assert len(comparisons) == 5 and {c["threshold"] for c in comparisons} == {2.0}, comparisons
+        for c in comparisons:  # judged: latencies; the rates mirror their phase's verdict
+            assert c["verdict"] != "REGRESSION" or c["mirror_of"] or c["ratio"] > 3.0, c
+        regressed += any(c["verdict"] == "REGRESSION" for c in comparisons)
+    result.assert_outcomes(passed=2 - regressed, failed=regressed)
 
 
 def test_github_step_summary(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -183,10 +199,10 @@ def test_compare_cli_exit_codes(pytester: pytest.Pytester, capsys: pytest.Captur
     base = json.loads((pytester.path / "base.json").read_text())
     assert cli_main(["compare", str(pytester.path / "base.json"), str(pytester.path / "base.json")]) == 0
     for r in base["results"]:
-        scale(r["record"], 2.0)
+        outpace(r["record"], 2.0)
     (pytester.path / "fast.json").write_text(json.dumps(base))
     capsys.readouterr()
-    assert cli_main(["compare", "--fail-unstable", str(pytester.path / "fast.json"), str(pytester.path / "base.json")]) == 1
+    assert cli_main(["compare", str(pytester.path / "fast.json"), str(pytester.path / "base.json")]) == 1
     out = capsys.readouterr().out
     assert "decode regression: TPOT" in out and "2 regression(s) in 2 compared measurement(s)" in out
     (pytester.path / "junk.json").write_text("[]")
@@ -226,36 +242,57 @@ def test_sigkill_during_update_baselines(pytester: pytest.Pytester) -> None:
     subprocess.run(cmd, cwd=pytester.path, capture_output=True, check=True)
     duration = time.perf_counter() - started
     rng = random.Random(7)
-    for _ in range(20):
+    for _ in range(10):  # each kill costs most of a session (~20 s on a busy 2-core machine)
         proc = subprocess.Popen(cmd, cwd=pytester.path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.5, 1.0) * duration)  # biased to the end, where the file is written
+        time.sleep(rng.uniform(0.6, 1.0) * duration)  # biased to the end, where the file is written
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         assert sorted(baseline_store.load(path)) == ["test_decode", "test_other"]
 
 
 
-def test_fewer_threads_is_a_decode_and_prefill_regression(pytester: pytest.Pytester) -> None:
-    """A real slowdown: the 134 M preset recorded with 2 threads, measured with 1."""
-    from pytest_llmperf.engines.llama_cpp import default_threads
+def test_changed_thread_count_is_named_in_the_regression(pytester: pytest.Pytester) -> None:
+    """A baseline recorded with 2 threads, a run with 1: the regression lines name the change
+    (``threads 2 -> 1``). Not a real 2-against-1 measurement: with another process on one of 2
+    cores, 2 llama.cpp threads measured 2x *slower* than 1 (TPOT 177 vs 92 ms on the 134 M
+    preset; the threads wait for each other), so which is faster is the machine's load, not
+    the plugin. The slowdown is injected (``outpace``) and the baseline's thread count edited."""
+    pytester.makepyfile(test_suite=SUITE)
+    run(pytester, "--llmperf-threads", "1", "--llmperf-update-baselines").assert_outcomes(passed=2)
 
-    if default_threads() < 2:
-        pytest.skip("needs 2 usable CPUs to record a 2-thread baseline")
+    def two_threads_and_faster(entry: dict) -> None:
+        assert entry["subject"]["n_threads"] == 1
+        entry["subject"]["n_threads"] = 2
+        outpace(entry, 2.0)
+
+    edit_baseline(pytester, two_threads_and_faster)
+    result = run(pytester, "--llmperf-threads", "1")
+    result.assert_outcomes(failed=2)
+    out = result.stdout.str()
+    assert re.search(r"decode regression: TPOT .*; threads 2 -> 1", out), out
+    assert re.search(r"prefill regression: TTFT .*; threads 2 -> 1", out), out
+
+
+def test_guard_fails_a_session_that_writes_into_baselines(pytester: pytest.Pytester) -> None:
+    """The guard tests/conftest.py registers for the checkout's ``baselines/``, on a folder of
+    its own: a session that changes a file there exits 1 and names the file."""
+    folder = pytester.path / "baselines"
+    folder.mkdir()
+    (folder / "kept.json").write_text("{}")
     pytester.makepyfile(
-        test_suite="""
-        import pytest
+        """
+        from pathlib import Path
 
-        @pytest.mark.llmperf(prompt_tokens=64, max_tokens=16, runs=8)
-        def test_small(): pass
+        def test_reads():
+            assert Path("baselines/kept.json").read_text() == "{}"
+
+        def test_writes():
+            Path("baselines/kept.json").write_text('{"tests": {}}')
         """
     )
-    common = ("--llmperf-model", "small")
-    run(pytester, *common, "--llmperf-threads", "2", "--llmperf-update-baselines").assert_outcomes(passed=1)
-    # TTFT's CV across runs often exceeds 10% on a shared 2-core machine (UNSTABLE): ask for
-    # unstable regressions to fail, as a CI on such a machine would.
-    result = run(pytester, *common, "--llmperf-threads", "1", "--llmperf-fail-unstable")
-    result.assert_outcomes(failed=1)
-    out = result.stdout.str()
-    assert "decode regression: TPOT" in out, out
-    assert "prefill regression: TTFT" in out, out
-    assert "threads 2 -> 1" in out
+    quiet = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-k", "reads", plugins=[BaselinesGuard(folder)])
+    assert quiet.ret == pytest.ExitCode.OK and "under" not in quiet.stdout.str()
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", plugins=[BaselinesGuard(folder)])
+    result.assert_outcomes(passed=2)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines([f"ERROR: the test suite changed 1 file(s) under {folder}: kept.json; *"])

@@ -64,12 +64,21 @@ def test_roofline_on_the_small_preset(small_profiled) -> None:
 
 def test_slow_layer_is_named_by_profile(capsys: pytest.CaptureFixture[str]) -> None:
     path = ensure_model(SLOW_LAYER)
-    args = [str(path), "--format", "json", "--runs", "3", "--max-tokens", "16", "--prompt-tokens", "64"]
+    # One thread: see tests/conftest.py (with 2 threads and a busy core every block measured
+    # ~300 ms, layer 3 no slower than the others).
+    args = [str(path), "--format", "json", "--threads", "1", "--runs", "3", "--max-tokens", "16", "--prompt-tokens", "64"]
     assert cli_main(["profile", *args]) == 0
     report = json.loads(capsys.readouterr().out)
     for phase in ("prefill", "decode"):
-        assert report["layers"]["phases"][phase]["outliers"] == ["layer 3"], report["layers"]["phases"][phase]
-    assert cli_main(["profile", *args[:1], "--runs", "3", "--max-tokens", "16"]) == 0
+        layers = report["layers"]["phases"][phase]
+        # Layer 3 does 16x the FFN work: always named, and by far the slowest block. A busy
+        # machine can push another block past the rule (a preemption inside it in most of the
+        # few prefill steps): allowed, but never in layer 3's place.
+        assert "layer 3" in layers["outliers"], layers
+        blocks = {n: ms for n, ms in zip(layers["names"], layers["median_ms"]) if n.startswith("layer ")}
+        others = sorted(ms for n, ms in blocks.items() if n != "layer 3")
+        assert blocks["layer 3"] > 2 * others[len(others) // 2], layers
+    assert cli_main(["profile", *args[:1], "--threads", "1", "--runs", "3", "--max-tokens", "16"]) == 0
     text = capsys.readouterr().out
     (row,) = [line for line in text.splitlines() if line.startswith("layer 3 ")]
     assert row.rstrip().endswith("OUTLIER")
@@ -85,12 +94,14 @@ def test_outlier_rule_on_known_values() -> None:
 # -- profile command ------------------------------------------------------------------------
 
 
-def test_profile_without_arguments_validates_against_the_schema() -> None:
+def test_profile_defaults_validate_against_the_schema() -> None:
+    """Every default but the thread count: with all CPUs' threads and another process busy,
+    this run of the tiny model took more than 300 s on 2 cores (tests/conftest.py)."""
     jsonschema = pytest.importorskip("jsonschema")  # in the test extra
     from pytest_llmperf.profile import json_schema
 
     out = subprocess.run(
-        [sys.executable, "-m", "pytest_llmperf.cli", "profile", "--format", "json"],
+        [sys.executable, "-m", "pytest_llmperf.cli", "profile", "--format", "json", "--threads", "1"],
         capture_output=True, text=True, timeout=300,
     )
     assert out.returncode == 0, out.stderr
@@ -102,7 +113,7 @@ def test_profile_without_arguments_validates_against_the_schema() -> None:
 
 
 def test_profile_markdown_and_bad_model(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli_main(["profile", "tiny", "--format", "markdown", "--runs", "2", "--max-tokens", "8"]) == 0
+    assert cli_main(["profile", "tiny", "--format", "markdown", "--threads", "1", "--runs", "2", "--max-tokens", "8"]) == 0
     md = capsys.readouterr().out
     for heading in ("# llmperf profile: synthetic-tiny", "## speed", "## per-layer time", "## roofline", "## stability"):
         assert heading in md
@@ -308,7 +319,8 @@ def test_profile_shows_progress_on_a_terminal() -> None:
 
     master, slave = pty.openpty()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest_llmperf.cli", "profile", "--runs", "2", "--max-tokens", "8", "--format", "json"],
+        [sys.executable, "-m", "pytest_llmperf.cli", "profile", "--threads", "1", "--runs", "2", "--max-tokens", "8",
+         "--format", "json"],
         stdout=subprocess.PIPE, stderr=slave, text=True,
     )
     os.close(slave)
@@ -345,6 +357,9 @@ def test_per_layer_diff_names_the_layer_that_got_slower(pytester: pytest.Pyteste
         """
     )
     run_inner(pytester, "--llmperf-model", str(uniform), "--llmperf-update-baselines").assert_outcomes(passed=1)
+    # The model path lies in the checkout's .llmperf-cache: pytest would take the checkout for
+    # the rootdir (and its baselines/ for this session's) unless the rootdir is pinned.
+    assert (pytester.path / "baselines" / "test_per_layer_diff_names_the_layer_that_got_slower.json").is_file()
     result = run_inner(pytester, "--llmperf-model", str(wider), "--llmperf-json", "s.json", "-rA")
     session = json.loads((pytester.path / "s.json").read_text())
     changes = session["results"][0]["verdict"]["layer_changes"]

@@ -7,6 +7,8 @@ import re
 from collections import defaultdict
 
 SUITE = """
+import os
+import pathlib
 import time
 import pytest
 
@@ -25,6 +27,23 @@ def test_plain(i):
     time.sleep(0.1)
 """
 
+#: Plain tests that wait until both workers have run one. Without it, "others spread" was
+#: timing: on a busy machine the perf tests kept gw0 busy until gw1 had run all 8 plain ones.
+#: xdist hands a worker more tests as its queue empties, so once gw0 is done with the perf
+#: group it gets a plain test; if the plugin had put the plain tests in the perf group, no
+#: second worker would ever come and they would fail after the deadline.
+SPREAD = SUITE.replace(
+    "    time.sleep(0.1)\n",
+    """    seen = pathlib.Path(__file__).parent / "workers-seen"
+    seen.mkdir(exist_ok=True)
+    (seen / os.environ["PYTEST_XDIST_WORKER"]).touch()
+    deadline = time.monotonic() + 120
+    while len(list(seen.iterdir())) < 2:
+        assert time.monotonic() < deadline, "the plain tests never reached a second worker"
+        time.sleep(0.01)
+""",
+)
+
 
 def workers(lines: list[str]) -> dict[str, set[str]]:
     seen: dict[str, set[str]] = defaultdict(set)
@@ -36,7 +55,7 @@ def workers(lines: list[str]) -> dict[str, set[str]]:
 
 
 def test_llmperf_tests_run_on_one_worker_others_spread(pytester):
-    pytester.makepyfile(test_suite=SUITE)
+    pytester.makepyfile(test_suite=SPREAD)
     result = pytester.runpytest_subprocess("-n", "2", "-v", "-p", "no:randomly")
     result.assert_outcomes(passed=12)
     result.stdout.fnmatch_lines(["llmperf: pytest-xdist --dist loadgroup: llmperf tests run on one worker, others spread"])
