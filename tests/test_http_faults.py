@@ -287,7 +287,9 @@ def test_good_http_measurement_writes_and_compares_baselines(pytester, faulty, m
     assert len(files) == 1
     text = files[0].read_text()
     assert "test_served" in text and "test_load" in text and "sk-never-written" not in text
-    result = pytester.runpytest_subprocess(*args)
+    # Compared, not judged: an A/A pair of sessions of a server in this busy process may differ
+    # by 2x (the rule may then call it a regression); a 1000% threshold keeps the verdict out.
+    result = pytester.runpytest_subprocess(*args, "--llmperf-threshold=1000%", "--llmperf-tail-threshold=1000%")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*llmperf: endpoint*/ok/v1 (completions)*", "*llmperf baseline comparison*"])
 
