@@ -12,6 +12,7 @@ package is not installed as a pytest plugin, ``-p pytest_llmperf.plugin`` loads 
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import statistics
 import subprocess
@@ -54,6 +55,9 @@ def main() -> int:
     env.pop("PYTEST_ADDOPTS", None)
     with_plugin = [] if installed_as_plugin() else ["-p", "pytest_llmperf.plugin"]
     without = ["-p", "no:llmperf"] if installed_as_plugin() else []
+    # An installed package has its bytecode compiled (pip does it); this machine sets
+    # PYTHONDONTWRITEBYTECODE, which would otherwise charge a source compile to every run.
+    compileall.compile_dir(str(ROOT / "pytest_llmperf"), quiet=1)
     with tempfile.TemporaryDirectory(prefix="llmperf-overhead-") as tmp:
         project = Path(tmp)
         (project / "pytest.ini").write_text("[pytest]\n")

@@ -120,13 +120,6 @@ def llmperf(request: pytest.FixtureRequest) -> "LLMPerf":
     return fixture
 
 
-@pytest.fixture(autouse=True)
-def _llmperf_marked(request: pytest.FixtureRequest) -> None:
-    """A test with only the marker gets the ``llmperf`` fixture too (a one-line test works)."""
-    if MARKER_CONFIG in request.node.stash:
-        request.getfixturevalue("llmperf")
-
-
 @pytest.fixture(scope="session")
 def llmperf_engine(pytestconfig: pytest.Config) -> Any:
     """The session's LlamaCppEngine (loaded once)."""
@@ -387,6 +380,12 @@ class LLMPerfPlugin:
     @pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the xdist_group marks
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         perf = [i for i in items if _is_perf(i)]
+        for item in perf:
+            # A test with only the marker gets the ``llmperf`` fixture too (a one-line test
+            # works). Requested here, not by an autouse fixture that every plain test pays for.
+            names = getattr(item, "fixturenames", None)
+            if MARKER_CONFIG in item.stash and names is not None and "llmperf" not in names:
+                names.append("llmperf")
         option = self.config.getoption
         if option("llmperf_skip"):
             for item in perf:
