@@ -495,27 +495,28 @@ def _part_slower(c: Comparison) -> str:
 
 
 def _decided(
-    c: Comparison, p_adj: float | None, p_adj_better: float | None, *, alpha: float, m: int = 1
+    c: Comparison, p_adj: float | None, p_adj_better: float | None, *, alpha: float, m: int = 1, **fields: Any
 ) -> Comparison:
-    """The verdict of one comparison given its adjusted p-values (see the module docstring)."""
+    """The verdict of one comparison given its adjusted p-values (see the module docstring);
+    ``fields``: more fields to set in the same copy."""
     if c.p_value is None or p_adj is None:
-        return dataclasses.replace(c, verdict=Verdict.INCONCLUSIVE, reason=c.reason or "no p-value")
+        return dataclasses.replace(c, **fields, verdict=Verdict.INCONCLUSIVE, reason=c.reason or "no p-value")
     t = math.log1p(c.threshold)
     log_ratio = math.log(c.ratio)
     worse = -log_ratio if c.higher_is_better else log_ratio
     q_eq = _q(1.0 - EQUIVALENCE_CONFIDENCE)
     pct = f"{c.threshold:.0%}"
     if p_adj < alpha and worse > t:
-        return dataclasses.replace(c, verdict=Verdict.REGRESSION, reason=f"significant and beyond {pct}")
+        return dataclasses.replace(c, **fields, verdict=Verdict.REGRESSION, reason=f"significant and beyond {pct}")
     if p_adj_better is not None and p_adj_better < alpha and -worse > t:
-        return dataclasses.replace(c, verdict=Verdict.IMPROVED, reason=f"significant and beyond {pct}")
+        return dataclasses.replace(c, **fields, verdict=Verdict.IMPROVED, reason=f"significant and beyond {pct}")
     part = _part_slower(c)
     if part:
-        return dataclasses.replace(c, verdict=Verdict.INCONCLUSIVE, reason=part)
+        return dataclasses.replace(c, **fields, verdict=Verdict.INCONCLUSIVE, reason=part)
     if abs(log_ratio) + q_eq * c.se_log < t:
         note = "significant but " if min(p_adj, p_adj_better or 1.0) < alpha else ""
         return dataclasses.replace(
-            c, verdict=Verdict.UNCHANGED, reason=f"{note}within {pct} ({EQUIVALENCE_CONFIDENCE:.0%} confidence)"
+            c, **fields, verdict=Verdict.UNCHANGED, reason=f"{note}within {pct} ({EQUIVALENCE_CONFIDENCE:.0%} confidence)"
         )
     lean = "slower" if worse > 0 else "faster"
     need = _runs_needed(c, alpha / max(m, 1))
@@ -529,6 +530,7 @@ def _decided(
         how = f"about {need} runs would decide it"
     return dataclasses.replace(
         c,
+        **fields,
         verdict=Verdict.INCONCLUSIVE,
         reason=f"cannot decide: {abs(c.change_pct):.1f}% {lean}, not shown beyond or within {pct}; {how}",
         runs_needed=need,
@@ -549,8 +551,8 @@ def decide(comparisons: Sequence[Comparison], *, alpha: float, m: int | None = N
     by_metric: dict[str, Comparison] = {}
     for i, c in enumerate(comparisons):
         if c.mirror_of is None:
-            c = dataclasses.replace(c, p_adjusted=worse.get(i), p_adjusted_better=better.get(i))
-            c = _decided(c, worse.get(i), better.get(i), alpha=alpha, m=max(family, 1))
+            c = _decided(c, worse.get(i), better.get(i), alpha=alpha, m=max(family, 1),
+                         p_adjusted=worse.get(i), p_adjusted_better=better.get(i))
             by_metric[c.metric] = c
         out.append(c)
     # Mirrors follow their judged metric (computed from the same runs).
