@@ -15,7 +15,8 @@ from .settings import (
     DEFAULT_THRESHOLD,
     INI_HELP,
     SUMMARY_COLUMN_NAMES,
-    parse_fraction,
+    alpha_arg,
+    share_arg,
 )
 
 DEFAULT_COLUMNS = DEFAULT_SUMMARY_COLUMNS + DEFAULT_COMPARISON_COLUMNS
@@ -82,15 +83,15 @@ def add_options(parser: pytest.Parser) -> None:
         + " (default " + ",".join(DEFAULT_COLUMNS) + "; JSON/HTML/Markdown keep all)",
     )
     group.addoption(
-        "--llmperf-alpha", dest="llmperf_alpha", type=_alpha, default=None,
+        "--llmperf-alpha", dest="llmperf_alpha", type=alpha_arg, default=None,
         help=_escape(f"family-wise significance level over the session's comparisons (default {DEFAULT_ALPHA})"),
     )
     group.addoption(
-        "--llmperf-threshold", dest="llmperf_threshold", type=_fraction, default=None,
+        "--llmperf-threshold", dest="llmperf_threshold", type=share_arg, default=None,
         help=_escape(f"smallest change of a median that counts, e.g. 5% or 0.05 (default {DEFAULT_THRESHOLD:.0%})"),
     )
     group.addoption(
-        "--llmperf-tail-threshold", dest="llmperf_tail_threshold", type=_fraction, default=None,
+        "--llmperf-tail-threshold", dest="llmperf_tail_threshold", type=share_arg, default=None,
         help=_escape(f"smallest change of the ITL p95 that counts (default {DEFAULT_TAIL_THRESHOLD:.0%})"),
     )
     group.addoption(
@@ -145,21 +146,6 @@ def add_options(parser: pytest.Parser) -> None:
 def _escape(text: str) -> str:
     """argparse %-formats help strings: a literal ``%`` must be written ``%%``."""
     return text.replace("%", "%%")
-
-
-def _fraction(text: str) -> float:
-    """``5%`` or ``0.05``."""
-    try:
-        return parse_fraction(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _alpha(text: str) -> float:
-    try:
-        return parse_fraction(text, high=1.0)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _columns(text: str) -> tuple[str, ...]:

@@ -132,6 +132,26 @@ def parse_fraction(text: str | float, *, high: float = 10.0) -> float:
     return value
 
 
+def share_arg(text: str) -> float:
+    """An argparse type (pytest options, the CLI) for thresholds: ``5%`` or ``0.05``."""
+    import argparse
+
+    try:
+        return parse_fraction(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def alpha_arg(text: str) -> float:
+    """An argparse type for a significance level in (0, 1): ``1%`` or ``0.01``."""
+    import argparse
+
+    try:
+        return parse_fraction(text, high=1.0)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def usable_cpus() -> int:
     """CPUs this process may run on (affinity mask, e.g. a container's cpuset)."""
     try:

@@ -5,29 +5,8 @@ A module here defines ``HELP`` (one line), ``add_arguments(parser)`` and ``run(a
 file. Keep imports of heavy modules inside ``run`` so ``llmperf --help`` stays fast.
 """
 
-
-def share(text: str) -> float:
-    """An argparse type for thresholds: ``5%`` or ``0.05``, as the pytest options take them."""
-    import argparse
-
-    from ..settings import parse_fraction
-
-    try:
-        return parse_fraction(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def alpha(text: str) -> float:
-    """An argparse type for a significance level in (0, 1): ``1%`` or ``0.01``."""
-    import argparse
-
-    from ..settings import parse_fraction
-
-    try:
-        return parse_fraction(text, high=1.0)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+from ..settings import alpha_arg as alpha  # noqa: F401  (the argparse types of every command; light)
+from ..settings import share_arg as share  # noqa: F401
 
 
 def positive_int(text: str) -> int:

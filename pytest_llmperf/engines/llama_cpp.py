@@ -59,10 +59,9 @@ def check_gguf(path: str | os.PathLike[str]) -> Path:
 
 def default_threads() -> int:
     """All CPUs this process may use (llama-cpp-python's own default is half of them)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+    from ..settings import usable_cpus
+
+    return usable_cpus()
 
 
 def split_prompt(n_tokens: int, n_batch: int) -> list[tuple[int, int]]:
