@@ -34,7 +34,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pytest_llmperf.regression import CompareSettings, judge  # noqa: E402
+from pytest_llmperf.regression import STEAL_MACHINE_SHARE, CompareSettings, judge, steal_share  # noqa: E402
 
 SESSION = r"""
 import json, sys
@@ -70,6 +70,10 @@ def session(args, dtype: str, threads: int, busy: bool = False) -> dict:
         return json.loads(out.read_text())
 
 
+def probe_ms(rec: dict) -> float:
+    return float(np.median(rec["reference"]["runs_ms"]))
+
+
 def ratio(base: dict, cand: dict, name: str) -> float:
     return float(np.median(cand["runs"][name]) / np.median(base["runs"][name]))
 
@@ -84,10 +88,18 @@ def main() -> None:
     parser.add_argument("--busy", type=int, default=10)
     args = parser.parse_args()
     started = time.perf_counter()
-    base = session(args, "F16", 0)
+    # A baseline recorded while the hypervisor took the CPU is re-recorded, as the plugin's
+    # note tells a user to (up to 5 tries).
+    for attempt in range(5):
+        base = session(args, "F16", 0)
+        stolen = steal_share(base) or 0.0
+        if stolen < STEAL_MACHINE_SHARE:
+            break
+        print(f"baseline attempt {attempt + 1}: steal {stolen:.0%} during its runs; re-recording", flush=True)
     settings = CompareSettings(family_size=3)
     print(f"baseline: {args.preset} F16, threads {base['subject'].get('n_threads')}, {args.runs} runs; "
-          f"TTFT {np.median(base['runs']['ttft_ms']):.1f} ms, TPOT {np.median(base['runs']['tpot_ms']):.2f} ms")
+          f"TTFT {np.median(base['runs']['ttft_ms']):.1f} ms, TPOT {np.median(base['runs']['tpot_ms']):.2f} ms, "
+          f"reference {probe_ms(base):.2f} ms, steal {steal_share(base) or 0:.1%}")
     scenarios = [("A/A", "F16", 0, False, args.aa), ("threads 1", "F16", 1, False, args.threads),
                  ("Q8_0", "Q8_0", 0, False, args.quant), ("busy core", "F16", 0, True, args.busy)]
     probe: list[tuple[float, float, float]] = []
@@ -103,7 +115,8 @@ def main() -> None:
                 tally[f"{by[m].phase} {by[m].verdict.value}"] += 1
             if name in ("A/A", "busy core") and v.machine_ratio:
                 probe.append((v.machine_ratio, ratio(base, cand, "ttft_ms"), ratio(base, cand, "tpot_ms")))
-            print(f"  {name:<9} {i + 1:>2}: {v.short():<24} reference x{v.machine_ratio or float('nan'):.2f}; "
+            print(f"  {name:<9} {i + 1:>2}: {v.short():<24} reference {probe_ms(cand):.2f} ms "
+                  f"x{v.machine_ratio or float('nan'):.2f}, steal {steal_share(cand) or 0:.1%}; "
                   + "; ".join(cells), flush=True)
         print(f"{name}: " + ", ".join(f"{k} {n}/{count}" for k, n in sorted(tally.items())), flush=True)
     if len(probe) > 2:

@@ -72,6 +72,16 @@ UPPER_QUANTILE = 0.90
 UPPER_FACTOR = 2.0
 #: Runs further than this many MADs from the median do not count in the spread.
 OUTLIER_MADS = 3.5
+#: Suite-relative check (:func:`suite_relative`): with at least this many compared
+#: measurements in a session, each is also judged against the median shift of the others.
+MIN_PEERS = 6
+#: Share of the session's alpha spent on the suite-relative check (the rest on the
+#: per-test comparisons against the baseline), so both together keep the family-wise rate.
+SUITE_ALPHA_SHARE = 0.5
+#: Prior sd (log scale) of one measurement's session level around the suite's shared shift:
+#: what the other tests cannot explain (the calibration model has 0.5%; the estimate from the
+#: session's own residuals can only raise it).
+TEST_BETWEEN_SD = 0.01
 
 
 class Verdict(str, enum.Enum):
@@ -271,10 +281,25 @@ class Comparison:
     #: How much further above its level the candidate's slowest runs (p90) lie than the latest
     #: baseline session's, as a ratio (1.0: the same shape).
     upper_ratio: float | None = None
+    #: Standard error of log(ratio) from the runs alone (without the between-session part).
+    se_within_log: float = 0.0
+    #: Suite-relative REGRESSION: the other measurements' median ratio this one was judged
+    #: against (:func:`suite_relative`), else None.
+    suite_ratio: float | None = None
 
     @property
     def change_pct(self) -> float:
         return (self.ratio - 1.0) * 100.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data (the session JSON, pytest-xdist's wire), with the verdict's name and line."""
+        return {**dataclasses.asdict(self), "verdict": self.verdict.value, "line": self.line()}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Comparison":
+        """The inverse of ``dataclasses.asdict`` (results cross pytest-xdist's wire as dicts)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names and k != "verdict"}, verdict=Verdict(d["verdict"]))
 
     @property
     def failed(self) -> bool:
@@ -303,7 +328,7 @@ class Comparison:
             f"{self.phase} {word}: {self.label} {_fmt_value(self.candidate_value)} {self.unit} "
             f"vs {_fmt_value(self.baseline_value)} {self.unit} baseline ({', '.join(parts)})"
         )
-        if self.verdict in (Verdict.INCONCLUSIVE, Verdict.MACHINE_SLOWER) and self.reason:
+        if (self.verdict in (Verdict.INCONCLUSIVE, Verdict.MACHINE_SLOWER) or self.suite_ratio is not None) and self.reason:
             text += f": {self.reason}"
         return text
 
@@ -385,6 +410,7 @@ def compare_levels(
         verdict=Verdict.INCONCLUSIVE,
         reason="",
         se_log=se,
+        se_within_log=math.sqrt(parts[0][0] + parts[1][0]),
         between_sd=between,
         baseline_sessions=k,
         upper_ratio=(
@@ -562,6 +588,71 @@ def decide(comparisons: Sequence[Comparison], *, alpha: float, m: int | None = N
         else c
         for c in out
     ]
+
+
+def suite_relative(tests: Sequence[Sequence[Comparison]], *, alpha: float) -> list[list[Comparison]]:
+    """Each measurement of a session against the others' shared shift (docs/verdicts.md).
+
+    Most of a session's drift is shared by all its tests (the machine that day), and it is
+    what limits a comparison against a stored baseline. The median shift of the *other*
+    measurements of the same metric estimates it, so one measurement's departure from it is
+    known far more precisely than its own shift. A departure significant at ``alpha`` (Holm
+    over every such comparison of the session) and beyond the threshold, on a measurement
+    that is itself slower than its baseline, is a REGRESSION ("slower than the rest of the
+    suite"). A change that slows every test alike leaves the departures at zero and is
+    judged by the per-test comparisons, never normalised away: this check only adds
+    REGRESSION verdicts. Needs ``MIN_PEERS`` compared measurements; ``tests``: each
+    measurement's comparisons, as :func:`decide` left them; returned in the same shape.
+    """
+    out = [list(cs) for cs in tests]
+    #: (test, index, departure, p, peers' median shift, peers)
+    candidates: list[tuple[int, int, float, float, float, int]] = []
+    for spec in JUDGED:
+        found = [(t, i, c) for t, cs in enumerate(out) for i, c in enumerate(cs)
+                 if c.metric == spec.name and c.mirror_of is None and c.p_value is not None and c.ratio > 0]
+        if len(found) < MIN_PEERS:
+            continue
+        sign = -1.0 if spec.higher_is_better else 1.0
+        d = np.array([sign * math.log(c.ratio) for _, _, c in found])
+        w = np.array([c.se_within_log**2 for _, _, c in found])
+        n = d.size
+        # What the shared shift leaves per measurement, from the session itself (robust to the
+        # few that really changed); never below the prior.
+        resid = d - float(np.median(d))
+        tau2 = max(TEST_BETWEEN_SD**2, (MAD_SCALE * float(np.median(np.abs(resid)))) ** 2 - float(np.median(w)))
+        for j, (t, i, c) in enumerate(found):
+            shift = float(np.median(np.delete(d, j)))
+            var_shift = (math.pi / 2.0) * float(np.mean(np.delete(w, j) + tau2)) / (n - 1)
+            se = math.sqrt(w[j] + tau2 + var_shift)
+            p = float(stdtr(max(c.n_candidate - 1, 1), -(d[j] - shift) / se))
+            candidates.append((t, i, float(d[j] - shift), p, shift, n - 1))
+    if not candidates:
+        return out
+    adjusted = holm([cand[3] for cand in candidates])
+    for (t, i, departure, _, shift, peers), p_adj in zip(candidates, adjusted):
+        c = out[t][i]
+        own = -math.log(c.ratio) if c.higher_is_better else math.log(c.ratio)
+        if p_adj >= alpha or departure <= math.log1p(c.threshold) or own <= 0:
+            continue
+        if c.verdict in (Verdict.REGRESSION, Verdict.MACHINE_SLOWER, Verdict.IMPROVED):
+            continue
+        suite = math.exp(-shift if c.higher_is_better else shift)
+        new = dataclasses.replace(
+            c,
+            verdict=Verdict.REGRESSION,
+            suite_ratio=suite,
+            reason=(
+                f"slower than the rest of the suite: {math.expm1(departure) * 100:+.1f}% beyond the median "
+                f"shift of {peers} other measurements ({(suite - 1) * 100:+.1f}%), p={_fmt_p(p_adj)} Holm "
+                f"(suite-relative)"
+            ),
+        )
+        out[t] = [
+            new if k == i else
+            mirrored(new, METRICS[m.metric], (m.baseline_value, m.candidate_value)) if m.mirror_of == c.metric else m
+            for k, m in enumerate(out[t])
+        ]
+    return out
 
 
 def judged_family(comparisons: Iterable[Comparison]) -> int:

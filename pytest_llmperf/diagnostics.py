@@ -2,7 +2,8 @@
 
 System counters are sampled just before the first and after the last run (never inside a
 timed region): load average, CPU clock, page faults and involuntary context switches of this
-process. A cause is named only when its signal is there; an unstable measurement with no signal
+process, and the CPU time the hypervisor gave to other guests (steal: on a shared VM the
+largest cause of slow sessions seen on this project's machines). A cause is named only when its signal is there; an unstable measurement with no signal
 says so.
 """
 
@@ -29,6 +30,25 @@ class SystemSample:
     minor_faults: int
     major_faults: int
     involuntary_switches: int
+    #: (steal, total) CPU ticks of the whole machine so far (/proc/stat), None where unknown.
+    cpu_ticks: tuple[int, int] | None = None
+
+
+#: Steal above this share of the CPU time during the runs is named as a cause (and, beyond the
+#: baseline's by ``regression.STEAL_MACHINE_SHARE``, blamed instead of the subject).
+STEAL_NOTE_SHARE = 0.02
+
+
+def _cpu_ticks() -> tuple[int, int] | None:
+    """(steal, total) ticks of /proc/stat's ``cpu`` line (user nice system idle iowait irq
+    softirq steal ...; guest time is already inside user)."""
+    try:
+        with open("/proc/stat") as fh:
+            fields = fh.readline().split()
+        ticks = [int(v) for v in fields[1:9]]
+    except (OSError, ValueError, IndexError):
+        return None
+    return (ticks[7], sum(ticks)) if len(ticks) == 8 and fields[0] == "cpu" else None
 
 
 def _cpu_mhz() -> float | None:
@@ -54,7 +74,7 @@ def sample_system() -> SystemSample:
         load = os.getloadavg()[0]
     except OSError:
         load = None
-    return SystemSample(load, _cpu_mhz(), usage.ru_minflt, usage.ru_majflt, usage.ru_nivcsw)
+    return SystemSample(load, _cpu_mhz(), usage.ru_minflt, usage.ru_majflt, usage.ru_nivcsw, _cpu_ticks())
 
 
 @dataclass(frozen=True)
@@ -73,6 +93,23 @@ class SystemDelta:
     @property
     def involuntary_switches(self) -> int:
         return self.after.involuntary_switches - self.before.involuntary_switches
+
+    @property
+    def steal_share(self) -> float | None:
+        """Share of all CPUs' time between the samples that the hypervisor gave to others."""
+        if self.before.cpu_ticks is None or self.after.cpu_ticks is None:
+            return None
+        steal = self.after.cpu_ticks[0] - self.before.cpu_ticks[0]
+        total = self.after.cpu_ticks[1] - self.before.cpu_ticks[1]
+        return steal / total if total > 0 and steal >= 0 else None
+
+    def as_dict(self) -> dict[str, Any]:
+        share = self.steal_share
+        return {
+            "steal_share": None if share is None else round(share, 5),
+            "load_1m": self.after.load_1m,
+            "involuntary_switches": self.involuntary_switches,
+        }
 
 
 @dataclass(frozen=True)
@@ -202,6 +239,9 @@ def likely_causes(system: SystemDelta | None) -> list[str]:
     loads = [x for x in (system.before.load_1m, system.after.load_1m) if x is not None]
     if loads and max(loads) > cpus:
         causes.append(f"other load: load average {max(loads):.1f} on {cpus} CPU(s) (llama.cpp's threads compete)")
+    steal = system.steal_share
+    if steal is not None and steal >= STEAL_NOTE_SHARE:
+        causes.append(f"the hypervisor gave {steal:.0%} of this VM's CPU time to other guests (steal)")
     if system.involuntary_switches > 0:
         causes.append(f"{system.involuntary_switches} involuntary context switches (other processes took these cores)")
     if system.major_faults > 0:

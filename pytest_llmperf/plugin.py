@@ -256,6 +256,7 @@ class LLMPerfPlugin:
             settings = CompareSettings(
                 **{**self.compare_values, **marker.settings},
                 family_size=self.family_size or None,
+                peers=self.family_size // 3,
             )
             try:
                 entries = self.baselines(path).get(key)
@@ -543,6 +544,23 @@ class LLMPerfPlugin:
             self.rows.extend(rows_from_properties(report.nodeid, report.user_properties))
             self.results.extend(getattr(report, "llmperf", None) or [])
 
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, Any, Any]:
+        result = yield
+        # Every result is in (with pytest-xdist, from every worker): the suite-relative check.
+        # Like a coverage threshold, a failure found here fails the session, not one test.
+        self.suite_failures: list[str] = []
+        if self.compare and not self.update and not self.disabled and not self.is_worker and self.results:
+            from .compare import JUDGED
+            from .regression import CompareSettings, suite_check
+
+            peers = len({(r.get("test"), r.get("label")) for r in self.results})
+            settings = CompareSettings(**self.compare_values, peers=max(peers, self.family_size // len(JUDGED)))
+            self.suite_failures = suite_check(self.results, settings)
+            if self.suite_failures:
+                session.testsfailed += 1
+        return result
+
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.is_worker:
             return
@@ -600,6 +618,10 @@ class LLMPerfPlugin:
             terminalreporter.write_line(self.html_error)
         elif getattr(self, "html_written", None):
             terminalreporter.write_line(f"llmperf: HTML report written to {self.html_written}")
+        if getattr(self, "suite_failures", None):
+            terminalreporter.write_sep("-", "llmperf: slower than the rest of the suite (fails the session)", red=True)
+            for line in self.suite_failures:
+                terminalreporter.write_line(line)
         if not self.rows:
             return
         from . import session as session_mod

@@ -80,6 +80,8 @@ def diagnosis(m: Measurement) -> dict[str, Any]:
     if m.peak_rss is not None:
         memory.update(peak_rss_bytes=m.peak_rss.bytes, peak_rss_scope=m.peak_rss.scope)
     out["memory"] = memory
+    if m.system is not None:
+        out["machine"] = m.system.as_dict()
     return out
 
 

@@ -14,6 +14,8 @@ from . import reference
 from .compare import (
     JUDGED,
     METRICS,
+    MIN_PEERS,
+    SUITE_ALPHA_SHARE,
     Comparison,
     Level,
     NoiseModel,
@@ -23,6 +25,7 @@ from .compare import (
     holm,
     level,
     mirrored,
+    suite_relative,
 )
 from .fingerprint import other_hardware_note, subject_changes
 from .layer_diff import LayerChange, compare_layers
@@ -48,10 +51,23 @@ class CompareSettings:
     #: Looks of a sequential (adaptive run count) measurement: each look tests at alpha / looks
     #: (Bonferroni over looks), so stopping at the first decided look keeps the error rate.
     looks: int = 1
+    #: Measurements the session will compare: with ``compare.MIN_PEERS`` or more, a share of
+    #: alpha goes to the suite-relative check at the end of the session.
+    peers: int = 0
+
+    @property
+    def suite_check(self) -> bool:
+        return self.peers >= MIN_PEERS
+
+    @property
+    def alpha_suite(self) -> float:
+        """Family-wise level of the session-end suite-relative check."""
+        return self.alpha * SUITE_ALPHA_SHARE if self.suite_check else 0.0
 
     @property
     def alpha_per_look(self) -> float:
-        return self.alpha / max(self.looks, 1)
+        """Level of each look of the per-test comparisons against the baseline."""
+        return (self.alpha - self.alpha_suite) / max(self.looks, 1)
 
 
 @dataclass(frozen=True)
@@ -159,15 +175,39 @@ def compare_records(
     return decide(comparisons, alpha=settings.alpha_per_look, m=family)
 
 
-def blame_machine(comparisons: list[Comparison], ratio: float | None) -> list[Comparison]:
-    """When the machine reference itself slowed by ``reference.MACHINE_SLOWER_RATIO`` or more,
-    a slowdown says nothing about the subject: REGRESSION becomes MACHINE_SLOWER."""
-    if ratio is None or ratio < reference.MACHINE_SLOWER_RATIO:
+#: The hypervisor took this much more of the CPU time (steal) during the candidate's runs than
+#: during the baseline's: the machine was not this VM's, so a slowdown is not the subject's.
+#: llama.cpp's threads meet at a barrier every graph node, so one descheduled vCPU stalls all
+#: of them (seen here: 15% steal, TPOT 3.8x the quiet value).
+STEAL_MACHINE_SHARE = 0.05
+
+
+def steal_share(rec: Mapping[str, Any]) -> float | None:
+    value = (rec.get("machine") or {}).get("steal_share") if isinstance(rec.get("machine"), Mapping) else None
+    return float(value) if isinstance(value, (int, float)) and 0 <= value <= 1 else None
+
+
+def machine_blame(ratio: float | None, steal: tuple[float | None, float | None]) -> str | None:
+    """Why a slowdown is the machine's, not the subject's (None: nothing says so)."""
+    base, cand = steal
+    if cand is not None and cand - (base or 0.0) >= STEAL_MACHINE_SHARE:
+        return (
+            f"the hypervisor gave {cand:.0%} of this VM's CPU time to other guests during the runs "
+            f"(steal; {(base or 0.0):.0%} at baseline): not blamed on the subject; re-run"
+        )
+    if ratio is not None and ratio >= reference.MACHINE_SLOWER_RATIO:
+        return (
+            f"the machine itself is {ratio:.2f}x slower than at baseline (reference probe); "
+            "not blamed on the subject: re-run on an idle machine"
+        )
+    return None
+
+
+def blame_machine(comparisons: list[Comparison], why: str | None) -> list[Comparison]:
+    """When the machine itself was slower (``machine_blame``), a slowdown says nothing about
+    the subject: REGRESSION becomes MACHINE_SLOWER."""
+    if why is None:
         return comparisons
-    why = (
-        f"the machine itself is {ratio:.2f}x slower than at baseline (reference probe); "
-        "not blamed on the subject: re-run on an idle machine"
-    )
     return [
         dataclasses.replace(c, verdict=Verdict.MACHINE_SLOWER, reason=why) if c.verdict is Verdict.REGRESSION else c
         for c in comparisons
@@ -195,9 +235,17 @@ def judge(
         )
     changes = tuple(subject_changes(baseline.get("subject", {}), candidate.get("subject", {})))
     machine = reference.slowdown(baseline.get("reference"), candidate.get("reference"))
+    steal = (steal_share(baseline), steal_share(candidate))
+    note = ""
+    if steal[0] is not None and steal[0] >= STEAL_MACHINE_SHARE:
+        note = (
+            f"the baseline was recorded while the hypervisor took {steal[0]:.0%} of the CPU time (steal): "
+            "it may be too slow to catch a regression; re-record it with --llmperf-update-baselines"
+        )
     return BaselineVerdict(
         "compared",
-        comparisons=tuple(blame_machine(compare_records(baseline, candidate, settings), machine)),
+        note=note,
+        comparisons=tuple(blame_machine(compare_records(baseline, candidate, settings), machine_blame(machine, steal))),
         changes=changes,
         layer_changes=compare_layers(baseline, candidate, alpha=settings.alpha, threshold=settings.threshold),
         machine_ratio=machine,
@@ -228,3 +276,27 @@ def session_holm(results: list[dict[str, Any]]) -> None:
             source = by_metric.get(c.get("mirror_of"))
             if source is not None:
                 c["p_adjusted"], c["p_adjusted_better"] = source.get("p_adjusted"), source.get("p_adjusted_better")
+
+
+def suite_check(results: list[dict[str, Any]], settings: CompareSettings) -> list[str]:
+    """The session-end suite-relative check (``compare.suite_relative``) over the results'
+    verdict dicts, updated in place; returns the failure line of each new REGRESSION."""
+    if not settings.suite_check:
+        return []
+    compared = [r for r in results if (r.get("verdict") or {}).get("status") == "compared"]
+    before = [[Comparison.from_dict(c) for c in r["verdict"]["comparisons"]] for r in compared]
+    after = suite_relative(before, alpha=settings.alpha_suite)
+    lines = []
+    for r, old, new in zip(compared, before, after):
+        if old == new:
+            continue
+        v = r["verdict"]
+        v["comparisons"] = [c.as_dict() for c in new]
+        fresh = [c.line() + (f"; {', '.join(v.get('changes') or [])}" if v.get("changes") else "")
+                 for o, c in zip(old, new) if c.verdict is Verdict.REGRESSION and o.verdict is not Verdict.REGRESSION
+                 and c.mirror_of is None]
+        v["failures"] = list(v.get("failures") or []) + fresh
+        phases = sorted({c.phase for c in new if c.verdict is Verdict.REGRESSION})
+        v["short"] = "REGRESSION " + "+".join(phases)
+        lines += [f"{r.get('test', '?')}: {line}" for line in fresh]
+    return lines

@@ -78,6 +78,8 @@ def extend(engine: Any, m: Measurement, extra_runs: int) -> Measurement:
     runs = m.runs + tuple(RunMetrics.of(t) for t in traces)
     grown = summarize_runs(runs, dataclasses.replace(m.workload, runs=len(runs)), m.engine, label=m.label)
     return dataclasses.replace(
-        grown, warmup_runs=m.warmup_runs, system=m.system if m.system is not None else system,
+        grown, warmup_runs=m.warmup_runs,
         peak_rss=m.peak_rss, layers=m.layers, roofline=m.roofline,
+        # One span over all the runs (steal and load of the whole measurement).
+        system=SystemDelta(m.system.before, system.after) if m.system is not None else system,
     )

@@ -7,7 +7,6 @@ so workers never race on a baseline file.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -23,10 +22,7 @@ SESSION_SCHEMA_VERSION = 1
 
 
 def comparison_dict(c: Any) -> dict[str, Any]:
-    d = dataclasses.asdict(c)
-    d["verdict"] = c.verdict.value
-    d["line"] = c.line()
-    return d
+    return c.as_dict()
 
 
 def verdict_dict(v: Any) -> dict[str, Any] | None:
