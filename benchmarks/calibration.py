@@ -37,6 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_llmperf.compare import JUDGED, Verdict, lognormal_sigma  # noqa: E402
+from pytest_llmperf.compare import suite_relative  # noqa: E402
 from pytest_llmperf.regression import CompareSettings, carry_history, judge  # noqa: E402
 
 SHARED_SD, TEST_SD, RAMP = 0.015, 0.005, 0.02
@@ -128,8 +129,8 @@ def simulate(cv: float, outliers: bool, k: int, sessions: int, tests: int, seed:
     """Both run policies (fixed 20, adaptive 20-60) on the same baselines and sessions."""
     rng = np.random.default_rng([seed, int(cv * 1000), outliers, k])
     machine = Machine(rng, cv, outliers)
-    settings = CompareSettings(family_size=tests * len(JUDGED))
-    tally = {policy: {"alarm": 0, "inconclusive": 0, "verdicts": 0, "aa_runs": [], "flagged": 0, "silent": 0,
+    settings = CompareSettings(family_size=tests * len(JUDGED), peers=tests)
+    tally = {policy: {"alarm": 0, "inconclusive": 0, "verdicts": 0, "aa_runs": [], "flagged": 0, "silent": 0, "others_alarm": 0,
                       "slow_runs": []} for policy in ("20", "20-60")}
     for _ in range(sessions):
         stored = baseline(machine, tests, k)
@@ -138,22 +139,29 @@ def simulate(cv: float, outliers: bool, k: int, sessions: int, tests: int, seed:
         for policy, adaptive in (("20", False), ("20-60", True)):
             rng.bit_generator.state = state  # common random numbers: the same runs for both policies
             t_ = tally[policy]
-            alarm = False
-            for t in range(1, tests):  # A/A tests of the session
+            # The session's A/A tests 1..19 are measured once; test 0 three ways (A/A, +10%,
+            # 30% x1.5), each a separate session with the same 19 others, judged per test
+            # as it ends and then by the session-end suite-relative check, as the plugin does.
+            others = []
+            for t in range(1, tests):
                 comps, n = run_test(machine, stored[t], offsets[t], settings, adaptive)
                 t_["aa_runs"].append(n)
-                judged = [c for c in comps if c.mirror_of is None]
-                alarm |= any(c.verdict is Verdict.REGRESSION for c in judged)
-                t_["inconclusive"] += sum(c.verdict is Verdict.INCONCLUSIVE for c in judged)
-                t_["verdicts"] += len(judged)
-            t_["alarm"] += alarm
-            # Test 0 carries the change, once as +10% and once as the 30% x1.5 mixture.
-            comps, n = run_test(machine, stored[0], offsets[0], settings, adaptive, slow=1.10)
-            t_["slow_runs"].append(n)
-            t_["flagged"] += any(c.verdict is Verdict.REGRESSION and c.metric == "tpot_ms" for c in comps)
-            comps, _ = run_test(machine, stored[0], offsets[0], settings, adaptive, mixture=0.30)
-            tpot = next(c for c in comps if c.metric == "tpot_ms")
+                others.append(comps)
+            sessions_of = {}
+            for case, effect in (("aa", {}), ("slow", {"slow": 1.10}), ("mix", {"mixture": 0.30})):
+                comps, n = run_test(machine, stored[0], offsets[0], settings, adaptive, **effect)
+                if case == "slow":
+                    t_["slow_runs"].append(n)
+                sessions_of[case] = suite_relative([comps, *others], alpha=settings.alpha_suite)
+            aa = sessions_of["aa"]
+            judged = [c for comps in aa for c in comps if c.mirror_of is None]
+            t_["alarm"] += any(c.verdict is Verdict.REGRESSION for c in judged)
+            t_["inconclusive"] += sum(c.verdict is Verdict.INCONCLUSIVE for c in judged)
+            t_["verdicts"] += len(judged)
+            t_["flagged"] += any(c.verdict is Verdict.REGRESSION and c.metric == "tpot_ms" for c in sessions_of["slow"][0])
+            tpot = next(c for c in sessions_of["mix"][0] if c.metric == "tpot_ms")
             t_["silent"] += tpot.verdict in (Verdict.UNCHANGED, Verdict.IMPROVED)
+            t_["others_alarm"] += any(c.verdict is Verdict.REGRESSION for comps in sessions_of["slow"][1:] for c in comps)
     return {
         policy: {
             "aa_any": t_["alarm"] / sessions,

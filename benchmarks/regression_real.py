@@ -86,12 +86,25 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=10)
     parser.add_argument("--quant", type=int, default=10)
     parser.add_argument("--busy", type=int, default=10)
+    parser.add_argument("--save", type=Path, help="append every record to this JSON-lines file")
+    parser.add_argument("--rejudge", type=Path, help="judge the records saved by --save again (no measuring)")
     args = parser.parse_args()
+    saved = iter(json.loads(line) for line in args.rejudge.read_text().splitlines()) if args.rejudge else None
+
+    def measured(dtype: str, threads: int, busy: bool = False) -> dict:
+        if saved is not None:
+            return next(saved)
+        rec = session(args, dtype, threads, busy)
+        if args.save:
+            with args.save.open("a") as fh:
+                fh.write(json.dumps(rec) + "\n")
+        return rec
+
     started = time.perf_counter()
     # A baseline recorded while the hypervisor took the CPU is re-recorded, as the plugin's
     # note tells a user to (up to 5 tries).
     for attempt in range(5):
-        base = session(args, "F16", 0)
+        base = measured("F16", 0)
         stolen = steal_share(base) or 0.0
         if stolen < STEAL_MACHINE_SHARE:
             break
@@ -106,7 +119,7 @@ def main() -> None:
     for name, dtype, threads, busy, count in scenarios:
         tally: collections.Counter[str] = collections.Counter()
         for i in range(count):
-            cand = session(args, dtype, threads, busy)
+            cand = measured(dtype, threads, busy)
             v = judge({"hw": base}, "hw", cand, settings)
             by = {c.metric: c for c in v.comparisons}
             cells = [f"{m} {by[m].verdict.value} {by[m].change_pct:+.1f}%" for m in ("ttft_ms", "tpot_ms", "itl_p95_ms")

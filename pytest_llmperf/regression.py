@@ -203,15 +203,28 @@ def machine_blame(ratio: float | None, steal: tuple[float | None, float | None])
     return None
 
 
-def blame_machine(comparisons: list[Comparison], why: str | None) -> list[Comparison]:
-    """When the machine itself was slower (``machine_blame``), a slowdown says nothing about
-    the subject: REGRESSION becomes MACHINE_SLOWER."""
-    if why is None:
-        return comparisons
-    return [
-        dataclasses.replace(c, verdict=Verdict.MACHINE_SLOWER, reason=why) if c.verdict is Verdict.REGRESSION else c
-        for c in comparisons
-    ]
+def blame_machine(comparisons: list[Comparison], why: str | None, ratio: float | None = None) -> list[Comparison]:
+    """A slowdown the machine explains says nothing about the subject: REGRESSION becomes
+    MACHINE_SLOWER when ``why`` (``machine_blame``: steal, or a reference far slower) is
+    given, or when the reference probe is measurably slower (``reference.MACHINE_NOTE_RATIO``)
+    and the change, divided by the probe's slowdown, is no longer beyond the threshold."""
+    out = []
+    for c in comparisons:
+        if c.verdict is Verdict.REGRESSION and why is not None:
+            c = dataclasses.replace(c, verdict=Verdict.MACHINE_SLOWER, reason=why)
+        elif c.verdict is Verdict.REGRESSION and ratio is not None and ratio >= reference.MACHINE_NOTE_RATIO:
+            slower = 1.0 / c.ratio if c.higher_is_better else c.ratio
+            if slower / ratio <= 1.0 + c.threshold:
+                c = dataclasses.replace(
+                    c,
+                    verdict=Verdict.MACHINE_SLOWER,
+                    reason=(
+                        f"the machine itself is {ratio:.2f}x slower than at baseline (reference probe), "
+                        f"which explains this {(slower - 1) * 100:+.1f}%: not blamed on the subject; re-run"
+                    ),
+                )
+        out.append(c)
+    return out
 
 
 def judge(
@@ -245,7 +258,9 @@ def judge(
     return BaselineVerdict(
         "compared",
         note=note,
-        comparisons=tuple(blame_machine(compare_records(baseline, candidate, settings), machine_blame(machine, steal))),
+        comparisons=tuple(
+            blame_machine(compare_records(baseline, candidate, settings), machine_blame(machine, steal), machine)
+        ),
         changes=changes,
         layer_changes=compare_layers(baseline, candidate, alpha=settings.alpha, threshold=settings.threshold),
         machine_ratio=machine,
