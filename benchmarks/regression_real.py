@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import signal
 import subprocess
 import sys
 import tempfile
@@ -89,6 +90,9 @@ def main() -> None:
     parser.add_argument("--save", type=Path, help="append every record to this JSON-lines file")
     parser.add_argument("--rejudge", type=Path, help="judge the records saved by --save again (no measuring)")
     args = parser.parse_args()
+    # Terminated: unwind, so subprocess.run kills the session it waits for (an orphaned
+    # session would measure side by side with the next run of this script).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     saved = iter(json.loads(line) for line in args.rejudge.read_text().splitlines()) if args.rejudge else None
 
     def measured(dtype: str, threads: int, busy: bool = False) -> dict:

@@ -13,6 +13,7 @@ import pytest
 from pytest_llmperf.compare import (
     JUDGED,
     METRICS,
+    MIN_PEERS,
     Comparison,
     Level,
     NoiseModel,
@@ -23,8 +24,9 @@ from pytest_llmperf.compare import (
     level,
     lognormal_sigma,
     min_detectable_effect,
+    suite_relative,
 )
-from pytest_llmperf.regression import CompareSettings, carry_history, judge, session_holm
+from pytest_llmperf.regression import CompareSettings, carry_history, judge, session_holm, suite_check
 
 TPOT, DECODE_TPS, TTFT = (METRICS[k] for k in ("tpot_ms", "decode_tps", "ttft_ms"))
 ALPHA = 0.01
@@ -253,3 +255,121 @@ def test_min_detectable_effect_grows_with_noise_and_shrinks_with_history() -> No
     assert min_detectable_effect(20, 0.08, alpha=ALPHA, m=60) > one_session
     assert min_detectable_effect(20, 0.03, alpha=ALPHA, m=60, baseline_sessions=10) < one_session
     assert math.isfinite(one_session)
+
+
+# ---------------------------------------------------------------------------------------------
+# The session-end suite-relative check, and what the machine explains
+
+
+def _session(rng: np.random.Generator, tests: int, shared: float, slow: dict[int, float] | None = None,
+             cv: float = 0.03) -> list[list[Comparison]]:
+    """One session of ``tests`` measurements against one-session baselines under the drift
+    model (this session's shared offset ``shared``, 0.5% per test), each decided with Holm over
+    the session at the per-test share of alpha, as the plugin does."""
+    settings = CompareSettings(family_size=tests * len(JUDGED), peers=tests)
+    per_test = []
+    for t in range(tests):
+        factor = (slow or {}).get(t, 1.0)
+        base = record(lognormal(rng, 10, cv, 20, rng.normal(0, 0.005)), lognormal(rng, 150, cv, 20))
+        cand = record(lognormal(rng, 10 * factor, cv, 20, shared + rng.normal(0, 0.005)),
+                      lognormal(rng, 150, cv, 20, shared))
+        per_test.append(list(judge({"hw": base}, "hw", cand, settings).comparisons))
+    return per_test
+
+
+def test_suite_relative_finds_one_slower_test_that_session_drift_hides() -> None:
+    """A +10% decode slowdown in a session that ran 3% faster overall: against its baseline it
+    is +7% (not shown beyond 5% against the 2% between-session prior), against the other 19
+    tests' shift it is +10% and precise. Seeded: 20 sessions, all flagged."""
+    rng = np.random.default_rng(21)
+    alpha = CompareSettings(peers=20).alpha_suite
+    flagged = per_test_only = 0
+    for _ in range(20):
+        before = _session(rng, 20, -0.03, {0: 1.10})
+        after = suite_relative(before, alpha=alpha)
+        tpot = next(c for c in after[0] if c.metric == "tpot_ms")
+        per_test_only += next(c for c in before[0] if c.metric == "tpot_ms").verdict is Verdict.REGRESSION
+        flagged += tpot.verdict is Verdict.REGRESSION
+        if tpot.verdict is Verdict.REGRESSION and tpot.suite_ratio is not None:
+            assert "slower than the rest of the suite" in tpot.line() and "(suite-relative)" in tpot.reason
+            tps = next(c for c in after[0] if c.metric == "decode_tps")
+            assert tps.verdict is Verdict.REGRESSION and tps.ratio == pytest.approx(1 / tpot.ratio)
+        # The other tests are untouched.
+        assert all(c.verdict is not Verdict.REGRESSION for cs in after[1:] for c in cs)
+    assert flagged == 20 and per_test_only < 10
+
+
+def test_suite_relative_raises_no_false_alarm_under_shared_drift() -> None:
+    """A/A sessions with a large shared shift (+-4%): the shift is everyone's, so no test departs
+    from it; 100 seeded sessions of 20 tests, no REGRESSION from the check."""
+    rng = np.random.default_rng(22)
+    alpha = CompareSettings(peers=20).alpha_suite
+    for _ in range(100):
+        before = _session(rng, 20, rng.normal(0, 0.04))
+        after = suite_relative(before, alpha=alpha)
+        new = [(b.verdict, a.verdict) for bs, as_ in zip(before, after) for b, a in zip(bs, as_) if a != b]
+        assert new == []
+
+
+def test_suite_relative_never_normalises_a_change_of_every_test_away() -> None:
+    """Every test 12% slower (a llama.cpp upgrade): nobody departs from the suite, the check adds
+    nothing, and the per-test comparisons against the baseline still say REGRESSION."""
+    rng = np.random.default_rng(23)
+    before = _session(rng, 10, 0.0, {t: 1.12 for t in range(10)}, cv=0.02)
+    after = suite_relative(before, alpha=CompareSettings(peers=10).alpha_suite)
+    assert after == before
+    assert sum(c.verdict is Verdict.REGRESSION for cs in after for c in cs if c.metric == "tpot_ms") >= 8
+
+
+def test_suite_relative_needs_enough_peers() -> None:
+    rng = np.random.default_rng(24)
+    before = _session(rng, MIN_PEERS - 1, -0.03, {0: 1.3})
+    assert suite_relative(before, alpha=0.005) == before
+    assert not CompareSettings(peers=MIN_PEERS - 1).suite_check
+    assert CompareSettings(peers=MIN_PEERS - 1).alpha_per_look == ALPHA
+    s = CompareSettings(peers=MIN_PEERS, looks=2)
+    assert s.alpha_suite + 2 * s.alpha_per_look == pytest.approx(ALPHA)
+
+
+def test_suite_check_updates_the_session_results() -> None:
+    """The plugin's session-end step: the verdict dicts gain the new REGRESSION, its failure
+    line and the short cell."""
+    rng = np.random.default_rng(25)
+    per_test = _session(rng, 12, -0.03, {3: 1.15}, cv=0.02)
+    results = [{"test": f"t{i}", "verdict": {"status": "compared", "changes": [], "failures": [],
+                                           "short": "UNCHANGED", "comparisons": [c.as_dict() for c in cs]}}
+               for i, cs in enumerate(per_test)]
+    lines = suite_check(results, CompareSettings(peers=12))
+    assert lines and all(line.startswith("t3: decode regression: TPOT") for line in lines)
+    assert results[3]["verdict"]["short"].startswith("REGRESSION") and results[3]["verdict"]["failures"]
+    assert Comparison.from_dict(results[3]["verdict"]["comparisons"][0]).metric == "ttft_ms"
+    assert suite_check(results, CompareSettings(peers=MIN_PEERS - 1)) == []
+
+
+def test_a_slowdown_the_machine_explains_is_the_machines() -> None:
+    rng = np.random.default_rng(26)
+    ref = {"kind": "numpy-sgemm-384", "runs_ms": [1.0] * 5}
+    base = record(lognormal(rng, 10, 0.01, 20), lognormal(rng, 150, 0.01, 20), reference=ref)
+    cand_runs = (lognormal(rng, 11.2, 0.01, 20), lognormal(rng, 150, 0.01, 20))
+    quiet = judge({"hw": base}, "hw", record(*cand_runs, reference=ref), CompareSettings())
+    assert quiet.short() == "REGRESSION decode"
+    slower = judge({"hw": base}, "hw", record(*cand_runs, reference={**ref, "runs_ms": [1.15] * 5}), CompareSettings())
+    tpot = next(c for c in slower.comparisons if c.metric == "tpot_ms")
+    assert tpot.verdict is Verdict.MACHINE_SLOWER and "which explains this +12" in tpot.reason
+    # A slowdown beyond what the machine explains stays the subject's.
+    far = record(lognormal(rng, 14, 0.01, 20), cand_runs[1], reference={**ref, "runs_ms": [1.15] * 5})
+    assert judge({"hw": base}, "hw", far, CompareSettings()).short() == "REGRESSION decode"
+
+
+def test_steal_time_is_blamed_on_the_machine() -> None:
+    rng = np.random.default_rng(27)
+    base = record(lognormal(rng, 10, 0.01, 20), lognormal(rng, 150, 0.01, 20), machine={"steal_share": 0.001})
+    runs = (lognormal(rng, 30, 0.05, 20), lognormal(rng, 400, 0.05, 20))
+    stolen = judge({"hw": base}, "hw", record(*runs, machine={"steal_share": 0.15}), CompareSettings())
+    assert stolen.short() == "MACHINE_SLOWER" and not stolen.regressions
+    assert all("15% of this VM's CPU time" in c.reason for c in stolen.comparisons if c.verdict is Verdict.MACHINE_SLOWER)
+    own = judge({"hw": base}, "hw", record(*runs, machine={"steal_share": 0.01}), CompareSettings())
+    assert own.short() == "REGRESSION decode+prefill"
+    # A baseline recorded under steal says so.
+    noisy_base = judge({"hw": {**base, "machine": {"steal_share": 0.3}}}, "hw", record(*runs), CompareSettings())
+    assert "30% of the CPU time (steal)" in noisy_base.note and "--llmperf-update-baselines" in noisy_base.note
