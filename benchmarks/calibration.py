@@ -168,6 +168,7 @@ def simulate(cv: float, outliers: bool, k: int, sessions: int, tests: int, seed:
             "aa_inconclusive": t_["inconclusive"] / max(t_["verdicts"], 1),
             "flag10": t_["flagged"] / sessions,
             "silent_mix": t_["silent"],
+            "others_alarm": t_["others_alarm"] / sessions,
             "runs_aa": float(np.mean(t_["aa_runs"])),
             "runs_slow": float(np.mean(t_["slow_runs"])),
         }
@@ -182,23 +183,24 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cvs", default="0.02,0.05,0.08")
     parser.add_argument("--baseline-sessions", default="10,1")
+    parser.add_argument("--outliers", choices=("both", "no", "yes"), default="both")
     args = parser.parse_args()
     cvs = [float(c) for c in args.cvs.split(",")]
     print(f"{args.sessions} sessions of {args.tests} tests, Holm m = {args.tests * len(JUDGED)}, alpha 0.01, "
           f"threshold 5% (tail 10%); drift: shared {SHARED_SD:.1%}, per test {TEST_SD:.1%}, ramp +-{RAMP:.0%}")
     print(f"targets: {TARGETS}")
     header = (f"{'K':>3} {'outliers':>8} {'CV':>4} {'runs':>8} | {'A/A any REG':>11} {'A/A inconcl.':>12} "
-              f"{'+10% flagged':>12} {'30%x1.5 silent':>14} | {'mean runs A/A':>13} {'+10%':>6}  {'s':>4}")
+              f"{'+10% flagged':>12} {'30%x1.5 silent':>14} {'others REG':>10} | {'mean runs A/A':>13} {'+10%':>6}  {'s':>4}")
     print(header)
     print("-" * len(header))
     for k in (int(v) for v in args.baseline_sessions.split(",")):
-        for outliers in (False, True):
+        for outliers in {"both": (False, True), "no": (False,), "yes": (True,)}[args.outliers]:
             for cv in cvs:
                 started = time.perf_counter()
                 for policy, r in simulate(cv, outliers, k, args.sessions, args.tests, args.seed).items():
                     print(f"{k:>3} {'5%' if outliers else '-':>8} {cv:>4.0%} {policy:>8} | "
                           f"{r['aa_any']:>11.2%} {r['aa_inconclusive']:>12.1%} {r['flag10']:>12.1%} "
-                          f"{r['silent_mix']:>14d} | {r['runs_aa']:>13.1f} {r['runs_slow']:>6.1f}  "
+                          f"{r['silent_mix']:>14d} {r['others_alarm']:>10.2%} | {r['runs_aa']:>13.1f} {r['runs_slow']:>6.1f}  "
                           f"{time.perf_counter() - started:>4.0f}", flush=True)
 
 

@@ -211,13 +211,23 @@ def level(values: Sequence[float], name: str = "values") -> Level:
 class NoiseModel:
     """What a session's level may do between sessions on the same hardware.
 
-    ``between_sd``: the prior standard deviation of a session's level (log scale, 0.015 = 1.5%)
-    for one metric of one test. The stored sessions' own spread refines it; ``prior_sessions``
-    is how many sessions' worth of evidence the prior counts as.
+    ``between_sd``: the prior standard deviation of a session's level (log scale, 0.08 = 8%)
+    for one metric of one test, for as long as the baseline's own history cannot say. Measured
+    on this project's shared 2-vCPU VM with other work running: separate A/A sessions against
+    one recorded baseline moved +1% to +27% (TTFT), sd about 5% around a mean of +13%, the
+    recorded session itself being one draw (docs/verdicts.md). A smaller prior turns such a
+    baseline into false alarms; a quiet machine earns a smaller figure from its history.
+    ``prior_sessions``: how many sessions' worth of evidence the prior counts as, so that a
+    baseline with a few recorded sessions is soon judged by its own spread.
     """
 
-    between_sd: float = 0.02
-    prior_sessions: float = 8.0
+    between_sd: float = 0.08
+    prior_sessions: float = 1.0
+
+    def between_df(self, sessions: int) -> float:
+        """Degrees of freedom of the between-session estimate: the prior alone is a stated
+        figure (infinite); with history, the stored sessions plus the prior's weight."""
+        return math.inf if sessions < 2 else self.prior_sessions + sessions - 1
 
     def between(self, sessions: Sequence[Level]) -> float:
         """Estimated between-session sd: the prior, pooled with the stored levels' spread beyond
@@ -375,7 +385,7 @@ def compare_levels(
     parts = (  # (variance, degrees of freedom) of each term of the standard error
         (candidate.se**2, candidate.n - 1),
         (sum(s.se**2 for s in baseline) / k**2, sum(s.n - 1 for s in baseline)),
-        (between**2 * (1.0 + 1.0 / k), math.inf),  # the prior is a calibrated setting
+        (between**2 * (1.0 + 1.0 / k), noise.between_df(k)),
     )
     se = math.sqrt(sum(v for v, _ in parts))
     # Welch-Satterthwaite: run spreads are estimated from a few runs, so the statistic is

@@ -81,7 +81,8 @@ def diagnosis(m: Measurement) -> dict[str, Any]:
         memory.update(peak_rss_bytes=m.peak_rss.bytes, peak_rss_scope=m.peak_rss.scope)
     out["memory"] = memory
     if m.system is not None:
-        out["machine"] = m.system.as_dict()
+        runs = max(1, len(m.runs) + len(m.warmup_runs))
+        out["machine"] = {**m.system.as_dict(), "involuntary_switches_per_run": round(m.system.involuntary_switches / runs, 2)}
     return out
 
 

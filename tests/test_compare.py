@@ -4,7 +4,6 @@ flake; what it asserts is what the rule must do under that noise."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import numpy as np
@@ -38,7 +37,13 @@ def lognormal(rng: np.random.Generator, median: float, cv: float, n: int, offset
     return median * np.exp(offset + rng.normal(0.0, lognormal_sigma(cv), n))
 
 
-def one(spec, base, cand, *, m=None, threshold=0.05, noise=NoiseModel()) -> Comparison:
+#: The prior a baseline whose recorded sessions showed the drift model's spread (1.5% shared,
+#: 0.5% per test) would come to: the tests below judge the rule under that model, not the
+#: default prior for a baseline recorded once (8%, a shared VM's drift).
+DRIFT = NoiseModel(between_sd=0.02, prior_sessions=8)
+
+
+def one(spec, base, cand, *, m=None, threshold=0.05, noise=DRIFT) -> Comparison:
     c = compare_runs(spec, base, cand, threshold=threshold, alpha=ALPHA, noise=noise)
     return decide([c], alpha=ALPHA, m=m)[0]
 
@@ -112,7 +117,8 @@ def test_drifting_sessions_raise_no_false_alarm() -> None:
             c_off = cand_off + rng.normal(0, 0.005)
             for spec, med in ((TPOT, 10.0), (TTFT, 150.0)):
                 comps.append(compare_runs(spec, lognormal(rng, med, 0.03, 20, b_off),
-                                          lognormal(rng, med, 0.03, 20, c_off), threshold=0.05, alpha=ALPHA))
+                                          lognormal(rng, med, 0.03, 20, c_off), threshold=0.05, alpha=ALPHA,
+                                          noise=DRIFT))
         alarms += any(c.verdict is Verdict.REGRESSION for c in decide(comps, alpha=ALPHA, m=60))
     assert alarms == 0
 
@@ -146,7 +152,7 @@ def test_tps_mirrors_tpot() -> None:
     rng = np.random.default_rng(7)
     tpot_b, tpot_c = lognormal(rng, 10.0, 0.02, 20), lognormal(rng, 11.5, 0.02, 20)
     v = judge({"hw": record(tpot_b, lognormal(rng, 150, 0.02, 20))}, "hw",
-              record(tpot_c, lognormal(rng, 150, 0.02, 20)), CompareSettings(family_size=2))
+              record(tpot_c, lognormal(rng, 150, 0.02, 20)), CompareSettings(family_size=2, noise=DRIFT))
     by = {c.metric: c for c in v.comparisons}
     assert by["tpot_ms"].verdict is by["decode_tps"].verdict is Verdict.REGRESSION
     assert by["decode_tps"].ratio == pytest.approx(1 / by["tpot_ms"].ratio)
@@ -217,17 +223,15 @@ def test_between_session_spread_is_learned_from_history() -> None:
     assert noise.between(calm) < 0.02 < noise.between(wild)
 
 
-def test_a_slower_machine_is_not_blamed_on_the_subject() -> None:
+def test_the_reference_probe_is_shown_but_decides_nothing() -> None:
+    """Its drift did not follow llama.cpp's on this project's VM (docs/verdicts.md)."""
     rng = np.random.default_rng(11)
     ref = {"kind": "numpy-sgemm-384", "runs_ms": [1.0] * 5}
-    busy = {"kind": "numpy-sgemm-384", "runs_ms": [2.6] * 5}
     base = record(lognormal(rng, 10, 0.02, 20), lognormal(rng, 150, 0.02, 20), reference=ref)
-    slow = record(lognormal(rng, 25, 0.02, 20), lognormal(rng, 400, 0.02, 20), reference=busy)
+    slow = record(lognormal(rng, 25, 0.02, 20), lognormal(rng, 400, 0.02, 20),
+                  reference={**ref, "runs_ms": [2.6] * 5})
     v = judge({"hw": base}, "hw", slow, CompareSettings())
-    assert v.machine_ratio == pytest.approx(2.6) and not v.regressions and v.short() == "MACHINE_SLOWER"
-    assert all("machine itself is 2.60x slower" in c.reason for c in v.comparisons)
-    same_machine = judge({"hw": base}, "hw", {**slow, "reference": ref}, CompareSettings())
-    assert same_machine.short() == "REGRESSION decode+prefill"
+    assert v.machine_ratio == pytest.approx(2.6) and v.short() == "REGRESSION decode+prefill"
 
 
 def test_deterministic() -> None:
@@ -262,11 +266,11 @@ def test_min_detectable_effect_grows_with_noise_and_shrinks_with_history() -> No
 
 
 def _session(rng: np.random.Generator, tests: int, shared: float, slow: dict[int, float] | None = None,
-             cv: float = 0.03) -> list[list[Comparison]]:
+             cv: float = 0.03, noise: NoiseModel = NoiseModel()) -> list[list[Comparison]]:
     """One session of ``tests`` measurements against one-session baselines under the drift
     model (this session's shared offset ``shared``, 0.5% per test), each decided with Holm over
     the session at the per-test share of alpha, as the plugin does."""
-    settings = CompareSettings(family_size=tests * len(JUDGED), peers=tests)
+    settings = CompareSettings(family_size=tests * len(JUDGED), peers=tests, noise=noise)
     per_test = []
     for t in range(tests):
         factor = (slow or {}).get(t, 1.0)
@@ -301,10 +305,10 @@ def test_suite_relative_finds_one_slower_test_that_session_drift_hides() -> None
 
 def test_suite_relative_raises_no_false_alarm_under_shared_drift() -> None:
     """A/A sessions with a large shared shift (+-4%): the shift is everyone's, so no test departs
-    from it; 100 seeded sessions of 20 tests, no REGRESSION from the check."""
+    from it; 40 seeded sessions of 20 tests, no REGRESSION from the check."""
     rng = np.random.default_rng(22)
     alpha = CompareSettings(peers=20).alpha_suite
-    for _ in range(100):
+    for _ in range(40):
         before = _session(rng, 20, rng.normal(0, 0.04))
         after = suite_relative(before, alpha=alpha)
         new = [(b.verdict, a.verdict) for bs, as_ in zip(before, after) for b, a in zip(bs, as_) if a != b]
@@ -315,7 +319,7 @@ def test_suite_relative_never_normalises_a_change_of_every_test_away() -> None:
     """Every test 12% slower (a llama.cpp upgrade): nobody departs from the suite, the check adds
     nothing, and the per-test comparisons against the baseline still say REGRESSION."""
     rng = np.random.default_rng(23)
-    before = _session(rng, 10, 0.0, {t: 1.12 for t in range(10)}, cv=0.02)
+    before = _session(rng, 10, 0.0, {t: 1.12 for t in range(10)}, cv=0.02, noise=DRIFT)
     after = suite_relative(before, alpha=CompareSettings(peers=10).alpha_suite)
     assert after == before
     assert sum(c.verdict is Verdict.REGRESSION for cs in after for c in cs if c.metric == "tpot_ms") >= 8
@@ -346,21 +350,6 @@ def test_suite_check_updates_the_session_results() -> None:
     assert suite_check(results, CompareSettings(peers=MIN_PEERS - 1)) == []
 
 
-def test_a_slowdown_the_machine_explains_is_the_machines() -> None:
-    rng = np.random.default_rng(26)
-    ref = {"kind": "numpy-sgemm-384", "runs_ms": [1.0] * 5}
-    base = record(lognormal(rng, 10, 0.01, 20), lognormal(rng, 150, 0.01, 20), reference=ref)
-    cand_runs = (lognormal(rng, 11.2, 0.01, 20), lognormal(rng, 150, 0.01, 20))
-    quiet = judge({"hw": base}, "hw", record(*cand_runs, reference=ref), CompareSettings())
-    assert quiet.short() == "REGRESSION decode"
-    slower = judge({"hw": base}, "hw", record(*cand_runs, reference={**ref, "runs_ms": [1.15] * 5}), CompareSettings())
-    tpot = next(c for c in slower.comparisons if c.metric == "tpot_ms")
-    assert tpot.verdict is Verdict.MACHINE_SLOWER and "which explains this +12" in tpot.reason
-    # A slowdown beyond what the machine explains stays the subject's.
-    far = record(lognormal(rng, 14, 0.01, 20), cand_runs[1], reference={**ref, "runs_ms": [1.15] * 5})
-    assert judge({"hw": base}, "hw", far, CompareSettings()).short() == "REGRESSION decode"
-
-
 def test_steal_time_is_blamed_on_the_machine() -> None:
     rng = np.random.default_rng(27)
     base = record(lognormal(rng, 10, 0.01, 20), lognormal(rng, 150, 0.01, 20), machine={"steal_share": 0.001})
@@ -373,3 +362,27 @@ def test_steal_time_is_blamed_on_the_machine() -> None:
     # A baseline recorded under steal says so.
     noisy_base = judge({"hw": {**base, "machine": {"steal_share": 0.3}}}, "hw", record(*runs), CompareSettings())
     assert "30% of the CPU time (steal)" in noisy_base.note and "--llmperf-update-baselines" in noisy_base.note
+
+
+def test_other_processes_on_the_engines_cores_are_blamed_on_the_machine() -> None:
+    rng = np.random.default_rng(28)
+    base = record(lognormal(rng, 10, 0.02, 20), lognormal(rng, 150, 0.02, 20),
+                  machine={"involuntary_switches_per_run": 70.0})
+    runs = (lognormal(rng, 25, 0.8, 20), lognormal(rng, 400, 0.5, 20))
+    shared = judge({"hw": base}, "hw", record(*runs, machine={"involuntary_switches_per_run": 900.0}), CompareSettings())
+    assert shared.short() == "MACHINE_SLOWER"
+    assert any("13x as often as at baseline" in c.reason for c in shared.comparisons)
+    alone = judge({"hw": base}, "hw", record(*runs, machine={"involuntary_switches_per_run": 90.0}), CompareSettings())
+    assert alone.regressions
+
+
+def test_a_baseline_recorded_once_is_judged_with_a_shared_machines_drift() -> None:
+    """The default prior (8%): A/A sessions that moved like this VM's (+1..+27% against one
+    recorded session) raise no alarm; a 2x slowdown (threads 2 -> 1) still does."""
+    rng = np.random.default_rng(29)
+    base = record(lognormal(rng, 10, 0.03, 12), lognormal(rng, 150, 0.03, 12))
+    for shift in (0.01, 0.08, 0.13, 0.19, 0.25):
+        cand = record(lognormal(rng, 10 * (1 + shift), 0.03, 12), lognormal(rng, 150 * (1 + shift), 0.03, 12))
+        assert not judge({"hw": base}, "hw", cand, CompareSettings(family_size=3)).regressions
+    slow = record(lognormal(rng, 18, 0.03, 12), lognormal(rng, 280, 0.03, 12))
+    assert judge({"hw": base}, "hw", slow, CompareSettings(family_size=3)).short() == "REGRESSION decode+prefill"
