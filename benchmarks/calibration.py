@@ -4,8 +4,9 @@
 
 Every simulated measurement becomes a record like the plugin's (per-run TTFT, TPOT, ITL p95
 and the TPS mirrors); baselines are built by ``regression.carry_history`` exactly as
-``--llmperf-update-baselines`` builds them, and each candidate test is judged by
-``regression.judge`` with Holm's family of the whole session (20 tests x 3 judged metrics).
+``--llmperf-update-baselines`` builds them, each candidate test is judged by
+``regression.judge`` with Holm's family of the whole session (20 tests x 3 judged metrics) as
+it ends, and the session by ``compare.suite_relative`` at its end, as the plugin does.
 
 Drift model (docs/verdicts.md), on the log scale, for session s, test t, run i of n:
   shared session offset  S_s   ~ N(0, 1.5%)   (the machine's speed that session, all tests)
@@ -22,12 +23,12 @@ test's judged verdicts are all decided; alpha split over the 3 looks):
   +10% decode   one test's TPOT x1.10: share flagged REGRESSION (decode)
   30% x1.5      one test: 30% of its runs 1.5x slower (decode): share that passes silently
                 (UNCHANGED or IMPROVED) - must be 0
+  others REG    sessions where the +10% test is slowed and any of the 19 others is REGRESSION
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from pathlib import Path

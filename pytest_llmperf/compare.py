@@ -35,8 +35,12 @@ mirror those verdicts, so each phase counts once in the family):
 * INCONCLUSIVE: anything else. The reason says which way the data lean and how many runs would
   decide, or that runs cannot (between-session noise) and what can (more recorded baseline
   sessions, an interleaved A/B).
-* MACHINE_SLOWER: set by ``regression.judge`` when the subject-independent machine reference
-  shows the machine itself slowed down; a slowdown is then not blamed on the subject.
+* MACHINE_SLOWER: set by ``regression.judge`` when steal time or context switches show the
+  machine was not the engine's during the runs; a slowdown is then not blamed on the subject.
+
+At the end of a session, :func:`suite_relative` also judges each measurement against the
+median shift of the others (the shared part of the session's drift), and adds REGRESSION
+verdicts for those significantly slower than the rest of the suite.
 
 No dispersion flag overrides a verdict: noise widens the standard error, so noisy data end
 INCONCLUSIVE unless the effect is larger than the noise can explain.

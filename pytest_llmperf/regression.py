@@ -81,8 +81,10 @@ class BaselineVerdict:
     changes: tuple[str, ...] = ()
     #: Per-layer diff when both records carry layer timing (a diagnosis, not a gate).
     layer_changes: tuple[LayerChange, ...] = ()
-    #: Machine reference, candidate/baseline (None: not measured on both sides).
+    #: Machine reference, candidate/baseline (None: not measured on both sides); shown only.
     machine_ratio: float | None = None
+    #: Why the machine, not the subject, explains a slowdown (``machine_blame``), else "".
+    machine: str = ""
 
     @property
     def slower_layers(self) -> tuple[LayerChange, ...]:
@@ -264,12 +266,12 @@ def judge(
             f"the baseline was recorded while the hypervisor took {steal[0]:.0%} of the CPU time (steal): "
             "it may be too slow to catch a regression; re-record it with --llmperf-update-baselines"
         )
+    why = machine_blame(steal, switches)
     return BaselineVerdict(
         "compared",
         note=note,
-        comparisons=tuple(
-            blame_machine(compare_records(baseline, candidate, settings), machine_blame(steal, switches))
-        ),
+        machine=why or "",
+        comparisons=tuple(blame_machine(compare_records(baseline, candidate, settings), why)),
         changes=changes,
         layer_changes=compare_layers(baseline, candidate, alpha=settings.alpha, threshold=settings.threshold),
         machine_ratio=machine,
@@ -314,6 +316,7 @@ def suite_check(results: list[dict[str, Any]], settings: CompareSettings) -> lis
     for r, old, new in zip(compared, before, after):
         if old == new:
             continue
+        new = blame_machine(new, r["verdict"].get("machine") or None)  # a busy machine during this test's runs
         v = r["verdict"]
         v["comparisons"] = [c.as_dict() for c in new]
         fresh = [c.line() + (f"; {', '.join(v.get('changes') or [])}" if v.get("changes") else "")
@@ -321,6 +324,6 @@ def suite_check(results: list[dict[str, Any]], settings: CompareSettings) -> lis
                  and c.mirror_of is None]
         v["failures"] = list(v.get("failures") or []) + fresh
         phases = sorted({c.phase for c in new if c.verdict is Verdict.REGRESSION})
-        v["short"] = "REGRESSION " + "+".join(phases)
+        v["short"] = "REGRESSION " + "+".join(phases) if phases else Verdict.MACHINE_SLOWER.value
         lines += [f"{r.get('test', '?')}: {line}" for line in fresh]
     return lines

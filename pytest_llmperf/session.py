@@ -32,6 +32,7 @@ def verdict_dict(v: Any) -> dict[str, Any] | None:
         "status": v.status,
         "note": v.note,
         "changes": list(v.changes),
+        "machine": getattr(v, "machine", ""),
         "short": v.short(),
         "failures": v.failure_lines(),
         "comparisons": [comparison_dict(c) for c in v.comparisons],
