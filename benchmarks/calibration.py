@@ -121,7 +121,7 @@ def run_test(machine: Machine, base: dict, offset: float, settings: CompareSetti
             values = concat(values, machine.runs(offset, n - looks[i - 1], start=looks[i - 1],
                                                   ramp=values["_ramp"], **effect))
         verdict = judge_test(base, values, s)
-        if not any(c.verdict is Verdict.INCONCLUSIVE for c in verdict.comparisons):
+        if not any(c.worth_more_runs for c in verdict.comparisons):  # the plugin's own stopping rule
             break
     return list(verdict.comparisons), n
 

@@ -319,6 +319,17 @@ class Comparison:
     def failed(self) -> bool:
         return self.verdict is Verdict.REGRESSION
 
+    @property
+    def worth_more_runs(self) -> bool:
+        """INCONCLUSIVE and more runs may decide it: the runs alone would (``runs_needed``), or
+        it leans slower by half the threshold or more (more runs sharpen the shape check and
+        the session-end suite-relative check). Leaning faster or level with runs that cannot
+        decide: stop, a slowdown is not in sight."""
+        if self.verdict is not Verdict.INCONCLUSIVE:
+            return False
+        worse = -math.log(self.ratio) if self.higher_is_better else math.log(self.ratio)
+        return self.runs_needed is not None or worse >= math.log1p(self.threshold / 2)
+
     def line(self) -> str:
         """One line for a failure message or a log, e.g. ``decode regression: TPOT 7.41 ms vs
         6.52 ms baseline (+13.6%, 95% CI +9.8..+17.2%, p=0.0004 Holm, 20 vs 20 runs)``."""

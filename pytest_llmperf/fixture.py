@@ -43,7 +43,7 @@ def _undecided(assessment: Any) -> bool:
     return (
         verdict is not None
         and verdict.status == "compared"
-        and any(c.verdict.value == "INCONCLUSIVE" for c in verdict.comparisons)
+        and any(c.worth_more_runs for c in verdict.comparisons)
     )
 
 
