@@ -95,6 +95,8 @@ def main() -> None:
     parser.add_argument("--busy", type=int, default=10)
     parser.add_argument("--save", type=Path, help="append every record to this JSON-lines file")
     parser.add_argument("--rejudge", type=Path, help="judge the records saved by --save again (no measuring)")
+    parser.add_argument("--baseline", type=Path, help="a baseline record saved by --save (its first line): "
+                        "judge new sessions against it instead of recording one")
     parser.add_argument("--baseline-sessions", type=int, default=1,
                         help="record the baseline in this many separate sessions (with --rejudge: the first "
                              "A/A sessions become the baseline's older sessions)")
@@ -122,8 +124,8 @@ def main() -> None:
     started = time.perf_counter()
     # A baseline recorded while the hypervisor took the CPU is re-recorded, as the plugin's
     # note tells a user to (up to 5 tries).
-    base = None
-    for k in range(args.baseline_sessions):
+    base = json.loads(args.baseline.read_text().splitlines()[0]) if args.baseline else None
+    for k in range(0 if args.baseline else args.baseline_sessions):
         for attempt in range(5):
             rec = measured("F16", 0)
             stolen = steal_share(rec) or 0.0
