@@ -18,7 +18,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_llmperf.regression import CompareSettings, judge  # noqa: E402
+from pytest_llmperf.regression import CompareSettings, judge, suite_check  # noqa: E402
 
 
 def record(rng: np.random.Generator, runs: int) -> dict:
@@ -40,15 +40,21 @@ def main() -> None:
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     pairs = [(record(rng, args.runs), record(rng, args.runs)) for _ in range(args.tests)]
-    settings = CompareSettings(family_size=3 * args.tests)
+    settings = CompareSettings(family_size=3 * args.tests, peers=args.tests)
     best = float("inf")
     for _ in range(3):
         started = time.perf_counter()
-        for base, cand in pairs:
-            judge({"hw": base}, "hw", cand, settings)
+        verdicts = [judge({"hw": base}, "hw", cand, settings) for base, cand in pairs]
         best = min(best, time.perf_counter() - started)
     print(f"{args.tests} comparisons ({args.runs} runs a side): {best:.2f} s, best of 3 "
           f"({best / args.tests * 1000:.2f} ms per test)")
+    # The session-end step, on the results as the plugin holds them (plain dicts).
+    results = [{"test": f"t{i}", "verdict": {"status": "compared", "changes": [], "failures": [], "short": "",
+                                            "comparisons": [c.as_dict() for c in v.comparisons]}}
+               for i, v in enumerate(verdicts)]
+    started = time.perf_counter()
+    suite_check(results, settings)
+    print(f"session-end suite-relative check over the {args.tests}: {time.perf_counter() - started:.2f} s")
 
 
 if __name__ == "__main__":
