@@ -615,6 +615,19 @@ def decide(comparisons: Sequence[Comparison], *, alpha: float, m: int | None = N
     ]
 
 
+def _leave_one_out_medians(d: np.ndarray) -> np.ndarray:
+    """The median of all values but the j-th, for every j (O(n log n))."""
+    n = d.size
+    order = np.argsort(d, kind="stable")
+    s = d[order]
+    pos = np.empty(n, dtype=int)
+    pos[order] = np.arange(n)
+    m = n - 1
+    lo, hi = (m - 1) // 2, m // 2  # the middle of the n - 1 remaining, sorted
+    at = lambda k: np.where(k < pos, s[k], s[np.minimum(k + 1, n - 1)])  # noqa: E731
+    return (at(lo) + at(hi)) / 2.0
+
+
 def suite_relative(tests: Sequence[Sequence[Comparison]], *, alpha: float) -> list[list[Comparison]]:
     """Each measurement of a session against the others' shared shift (docs/verdicts.md).
 
@@ -645,10 +658,11 @@ def suite_relative(tests: Sequence[Sequence[Comparison]], *, alpha: float) -> li
         # few that really changed); never below the prior.
         resid = d - float(np.median(d))
         tau2 = max(TEST_BETWEEN_SD**2, (MAD_SCALE * float(np.median(np.abs(resid)))) ** 2 - float(np.median(w)))
+        shifts = _leave_one_out_medians(d)
+        var_shifts = (math.pi / 2.0) * ((w.sum() - w) / (n - 1) + tau2) / (n - 1)
         for j, (t, i, c) in enumerate(found):
-            shift = float(np.median(np.delete(d, j)))
-            var_shift = (math.pi / 2.0) * float(np.mean(np.delete(w, j) + tau2)) / (n - 1)
-            se = math.sqrt(w[j] + tau2 + var_shift)
+            shift = float(shifts[j])
+            se = math.sqrt(w[j] + tau2 + float(var_shifts[j]))
             p = float(stdtr(max(c.n_candidate - 1, 1), -(d[j] - shift) / se))
             candidates.append((t, i, float(d[j] - shift), p, shift, n - 1))
     if not candidates:
