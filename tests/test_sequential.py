@@ -15,7 +15,7 @@ def tokens(prompt: str, max_tokens: int):
 
 def verdicts(*words: str):
     """An assessment whose comparison verdicts are ``words``."""
-    comps = tuple(SimpleNamespace(verdict=SimpleNamespace(value=w)) for w in words)
+    comps = tuple(SimpleNamespace(verdict=SimpleNamespace(value=w), worth_more_runs=w == "INCONCLUSIVE") for w in words)
     return SimpleNamespace(verdict=SimpleNamespace(status="compared", comparisons=comps))
 
 
