@@ -1,5 +1,10 @@
 """Verdicts on the real engine across separate processes, as a stored baseline is used.
 
+    --save FILE          keep every record (JSON lines), to judge them again later
+    --rejudge FILE       judge saved records with the current rule (no measuring)
+    --baseline FILE      judge new sessions against a saved baseline record
+    --baseline-sessions K  record the baseline in K sessions (rejudge: the first A/A ones)
+
     .venv/bin/python benchmarks/regression_real.py [--preset small] [--aa 20] [--threads 10]
         [--quant 10] [--busy 10] [--runs 20]
 

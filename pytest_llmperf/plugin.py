@@ -256,7 +256,7 @@ class LLMPerfPlugin:
             settings = CompareSettings(
                 **{**self.compare_values, **marker.settings},
                 family_size=self.family_size or None,
-                peers=self.family_size // 3,
+                peers=self.planned_measurements,
             )
             try:
                 entries = self.baselines(path).get(key)
@@ -429,7 +429,12 @@ class LLMPerfPlugin:
     def family_size(self) -> int:
         from .compare import JUDGED
 
-        return (getattr(self, "measuring_tests", 0) + getattr(self, "extra_measurements", 0)) * len(JUDGED)
+        return self.planned_measurements * len(JUDGED)
+
+    @property
+    def planned_measurements(self) -> int:
+        """Measurements this process will judge (tests after deselection, plus labels seen)."""
+        return getattr(self, "measuring_tests", 0) + getattr(self, "extra_measurements", 0)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_make_collect_report(self, collector: pytest.Collector) -> Generator[None, Any, Any]:
@@ -551,11 +556,10 @@ class LLMPerfPlugin:
         # Like a coverage threshold, a failure found here fails the session, not one test.
         self.suite_failures: list[str] = []
         if self.compare and not self.update and not self.disabled and not self.is_worker and self.results:
-            from .compare import JUDGED
             from .regression import CompareSettings, suite_check
 
             peers = len({(r.get("test"), r.get("label")) for r in self.results})
-            settings = CompareSettings(**self.compare_values, peers=max(peers, self.family_size // len(JUDGED)))
+            settings = CompareSettings(**self.compare_values, peers=max(peers, self.planned_measurements))
             self.suite_failures = suite_check(self.results, settings)
             if self.suite_failures:
                 session.testsfailed += 1
