@@ -6,7 +6,8 @@ made unable to decide (its stored history of sessions spreads +-50%, so the betw
 noise it shows swamps any change). Only the comparison with the other six tests' shift can
 then find it. On a busy machine the test accepts what the rule allows: the session fails
 with the suite-relative REGRESSION, or, when other processes took the engine's cores during
-that test's runs, the slowdown is the machine's (MACHINE_SLOWER) and nothing fails.
+that test's runs, the slowdown is the machine's (MACHINE_SLOWER) and nothing fails; another
+test slowed by contention may be flagged too, but only beyond the threshold.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 
 from inner import outpace, run
@@ -48,20 +50,49 @@ def test_one_test_slower_than_the_rest_fails_the_session(pytester: pytest.Pytest
     path.write_text(json.dumps(data))
 
     result = run(pytester, "--llmperf-json=session.json")
-    result.assert_outcomes(passed=7)  # each test passed when it ended; the session decides
+    # Each test's own comparison decides when it ends (test_3's history makes its own one
+    # undecided unless its runs moved far beyond the +-50% swings); the session decides the rest.
     session = json.loads((pytester.path / "session.json").read_text())
     by_test = {r["test"].rsplit("::", 1)[-1]: r["verdict"] for r in session["results"]}
+    failed = {line.split("::")[1].split()[0] for line in result.outlines if line.startswith("FAILED test_suite.py::")}
+    for name in failed:
+        assert any(c["verdict"] == "REGRESSION" for c in by_test[name]["comparisons"]), by_test[name]
     slow = by_test["test_3"]
     tpot = next(c for c in slow["comparisons"] if c["metric"] == "tpot_ms")
+    any_regression = any(c["verdict"] == "REGRESSION" for v in by_test.values() for c in v["comparisons"])
+    assert result.ret == (1 if any_regression else 0)
     if slow["machine"]:  # other processes took the cores during test_3's runs
-        assert result.ret == 0 and tpot["verdict"] in ("MACHINE_SLOWER", "INCONCLUSIVE")
+        assert tpot["verdict"] in ("MACHINE_SLOWER", "INCONCLUSIVE")
         return
-    assert result.ret == 1
-    assert tpot["verdict"] == "REGRESSION" and tpot["suite_ratio"] is not None
-    assert "slower than the rest of the suite" in tpot["reason"]
-    result.stdout.fnmatch_lines([
-        "*llmperf: slower than the rest of the suite (fails the session)*",
-        "*test_3*decode regression: TPOT*slower than the rest of the suite*",
-    ])
-    # Only the slowed test is blamed.
-    assert all(c["verdict"] != "REGRESSION" for name, v in by_test.items() if name != "test_3" for c in v["comparisons"])
+    verdicts = [c["verdict"] for c in slow["comparisons"]]
+    assert "UNCHANGED" not in verdicts and "IMPROVED" not in verdicts, slow["comparisons"]
+    # How far the other six tests' shifts scatter decides what the suite check can see: within
+    # +-10% (robust sd of their log changes) a 3x departure is certain to be found; on a machine
+    # busy enough to scatter them by +-50% it may stay undecided, never wrong.
+    regressions = {c["metric"]: c for c in slow["comparisons"] if c["verdict"] == "REGRESSION"}
+    for metric in ("ttft_ms", "tpot_ms"):
+        if peer_scatter(by_test, metric) <= 0.10:
+            assert metric in regressions, (metric, slow["comparisons"])
+    suite = [c for c in regressions.values() if c.get("suite_ratio") is not None]
+    if suite:
+        assert all("slower than the rest of the suite" in c["reason"] for c in suite)
+        result.stdout.fnmatch_lines([
+            "*llmperf: slower than the rest of the suite (fails the session)*",
+            "*test_3*regression:*slower than the rest of the suite*",
+        ])
+    # Another test may be flagged too on a busy machine (contention during its runs is a real
+    # slowdown of what it measured), but only as the rule allows: slower than its baseline, and
+    # by more than the threshold unless the suite check found it.
+    for name, verdict in by_test.items():
+        for c in verdict["comparisons"] if name != "test_3" else ():
+            if c["verdict"] == "REGRESSION":
+                slower = 1 / c["ratio"] if c["higher_is_better"] else c["ratio"]
+                floor = 1.0 if c.get("suite_ratio") is not None else 1 + c["threshold"]
+                assert slower > floor, (name, c)
+
+
+def peer_scatter(by_test: dict, metric: str) -> float:
+    """Robust sd (1.4826 MAD) of the log changes of ``metric`` in the tests other than test_3."""
+    logs = np.log([c["ratio"] for name, v in by_test.items() if name != "test_3"
+                   for c in v["comparisons"] if c["metric"] == metric])
+    return float(1.4826 * np.median(np.abs(logs - np.median(logs))))
