@@ -26,6 +26,10 @@ os.environ.setdefault("LLMPERF_CACHE_DIR", str(CACHE_DIR))
 #: the scheduler.
 TEST_THREADS = 1
 os.environ.setdefault("LLMPERF_THREADS", str(TEST_THREADS))
+#: The suite's own session keeps no history in the checkout (``.llmperf/``); each inner
+#: session gets one in its tmp folder (below), and history tests pass their own location.
+HISTORY_ENV = "LLMPERF_HISTORY"
+os.environ.setdefault(HISTORY_ENV, "off")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -46,6 +50,7 @@ def _inner_sessions_use_their_own_rootdir(request: pytest.FixtureRequest):
     pytester: pytest.Pytester = request.getfixturevalue("pytester")  # it clears PYTEST_ADDOPTS
     patch = pytest.MonkeyPatch()
     patch.setenv("PYTEST_ADDOPTS", f"--rootdir={shlex.quote(str(pytester.path))}")
+    patch.setenv(HISTORY_ENV, str(pytester.path / ".llmperf" / "history.sqlite"))
     yield
     patch.undo()
 
