@@ -37,15 +37,23 @@ TEST_SD = 0.005  # this test's own
 RAMP = 0.02  # within a measurement, up to +-2% from first to last run
 
 
-def session_values(rng: np.random.Generator, shift: np.ndarray) -> np.ndarray:
-    """The stored level of each session (log scale) for a series with ``shift`` (log) per session."""
-    out = np.empty(shift.size)
+def session_runs(rng: np.random.Generator, shift: np.ndarray, base: float = 100.0) -> np.ndarray:
+    """Per-run values (shape sessions x RUNS) of a series with ``shift`` (log) per session."""
+    out = np.empty((shift.size, RUNS))
     for s in range(shift.size):
         offset = rng.normal(0, SESSION_SD) + rng.normal(0, TEST_SD)
         ramp = rng.uniform(-RAMP, RAMP) * np.linspace(-0.5, 0.5, RUNS)
-        runs = np.exp(shift[s] + offset + ramp + rng.normal(0, RUN_CV, RUNS)) * 100.0
-        out[s] = level(runs).log_level
+        out[s] = np.exp(shift[s] + offset + ramp + rng.normal(0, RUN_CV, RUNS)) * base
     return out
+
+
+def session_values(rng: np.random.Generator, shift: np.ndarray) -> np.ndarray:
+    """The stored level of each session (log scale), as the history keeps it."""
+    return np.array([level(runs).log_level for runs in session_runs(rng, shift)])
+
+
+STEP = np.where(np.arange(SESSIONS) >= 40, math.log(1.05), 0.0)
+CREEP = np.log(1 + 0.001 * np.arange(SESSIONS))  # +1% per 10 sessions, 6% in all
 
 
 def scenario(name: str, n: int, seed: int, shift: np.ndarray, **kw) -> list[list[int]]:
@@ -67,8 +75,7 @@ def main() -> None:
     kw = dict(alpha=args.alpha, permutations=args.permutations, min_size=args.min_size)
     n = args.series
     t0 = time.perf_counter()
-    step = np.where(np.arange(SESSIONS) >= 40, math.log(1.05), 0.0)
-    res = scenario("step", n, args.seed, step, **kw)
+    res = scenario("step", n, args.seed, STEP, **kw)
     exact = sum(1 for f in res if len(f) == 1 and abs(f[0] - 40) <= 1)
     near = sum(1 for f in res if any(abs(i - 40) <= 1 for i in f))
     extra = sum(1 for f in res if len(f) > 1)
@@ -79,8 +86,7 @@ def main() -> None:
     aa = scenario("aa", n, args.seed, np.zeros(SESSIONS), **kw)
     false = sum(1 for f in aa if f)
     print(f"A/A: a change point in {false}/{n} = {false / n:.1%} of series (target <= 2%)")
-    creep = np.log(1 + 0.001 * np.arange(SESSIONS))  # +1% per 10 sessions, 6% in all
-    cr = scenario("creep", n, args.seed, creep, **kw)
+    cr = scenario("creep", n, args.seed, CREEP, **kw)
     hit = sum(1 for f in cr if f)
     counts = np.bincount([len(f) for f in cr])
     print(f"creep +1%/10 sessions (6% in all): found in {hit}/{n} = {hit / n:.1%}; change points per series: "
