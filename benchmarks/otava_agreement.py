@@ -40,6 +40,9 @@ from pytest_llmperf.history.series import read_series  # noqa: E402
 from pytest_llmperf.history.trends import export_csv  # noqa: E402
 
 OTAVA = "apache-otava==0.8.0"
+#: The sessions' branch (as CI sets it): Otava's PostgreSQL source selects one branch.
+BRANCH = "main"
+os.environ["GITHUB_REF_NAME"] = BRANCH
 
 
 def otava_venv(folder: Path) -> Path:
@@ -64,12 +67,13 @@ def scenarios(series: int) -> dict[str, np.ndarray]:
     return out
 
 
-def write_history(path: Path, shifts: dict[str, np.ndarray], seed: int) -> None:
+def write_history(target: str, folder: Path, shifts: dict[str, np.ndarray], seed: int) -> None:
     """One session per index, each measuring every series (a "test" each), at hourly times
     ending now (Otava reads the last year by default)."""
     runs = {name: session_runs(np.random.default_rng([seed, zlib.crc32(name.encode())]), shift, base=20.0)
             for name, shift in shifts.items()}
-    loc = parse(str(path), "benchmark", path.parent)
+    loc = parse(target, "benchmark", folder)
+    path = folder
     now = datetime.datetime.now(datetime.timezone.utc).replace(minute=0, second=0, microsecond=0)
     for s in range(SESSIONS):
         results = [
@@ -79,14 +83,20 @@ def write_history(path: Path, shifts: dict[str, np.ndarray], seed: int) -> None:
             for name, r in runs.items()
         ]
         started = (now - datetime.timedelta(hours=SESSIONS - s)).isoformat(timespec="seconds")
-        append_session(loc, results, started, path.parent, compared=False)
+        append_session(loc, results, started, path, compared=False)
 
 
-def otava_points(exe: Path, config: Path, tests: list[str], pvalue: float, window: int) -> dict[str, list[int]]:
+def otava_points(
+    exe: Path, config: Path, tests: list[str], pvalue: float, window: int, env: dict[str, str] | None = None
+) -> dict[str, list[int]]:
     out = subprocess.run(
-        [str(exe), "analyze", *tests, "--output", "json", "-P", str(pvalue), "--window", str(window)],
-        env={**os.environ, "OTAVA_CONFIG": str(config)}, capture_output=True, text=True, timeout=600, check=True,
-    ).stdout
+        [str(exe), "analyze", *tests, "--output", "json", "-P", str(pvalue), "--window", str(window),
+         "--branch", BRANCH],
+        env={**os.environ, **(env or {}), "OTAVA_CONFIG": str(config)}, capture_output=True, text=True, timeout=600,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"otava failed ({out.returncode}): {out.stderr.strip()[-2000:]}")
+    out = out.stdout
     found: dict[str, list[int]] = {}
     for line in out.splitlines():
         line = line.strip()
@@ -112,7 +122,7 @@ def main() -> None:
     exe = otava_venv(args.venv)
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "history.sqlite"
-        write_history(db, scenarios(args.series), args.seed)
+        write_history(str(db), Path(tmp), scenarios(args.series), args.seed)
         loc = parse(str(db), "benchmark", tmp)
         series = read_series(loc, metrics=["tpot_ms"])
         export_csv(series, Path(tmp) / "csv")
@@ -135,6 +145,36 @@ def main() -> None:
             print(f"{kind:<8} {len(pairs):>6} {n_same:>18} {np.mean([len(o) for o, _ in pairs]):>17.2f} "
                   f"{np.mean([len(t) for _, t in pairs]):>18.2f}  {examples}")
         print(f"agreement: {same}/{total} series give the same change points (+-1 session)")
+        for name, slug in slugs.items():
+            ours = [st.index for st in detect.steps(next(s for s in series if s.name == name))]
+            if not agree(ours, theirs.get(slug, [])):
+                print(f"  differ: {name.split('::')[1]}: ours {ours}, Otava {theirs.get(slug, [])}")
+        postgres_source(exe, args, series, slugs, theirs)
+
+
+def postgres_source(exe: Path, args: argparse.Namespace, series: list, slugs: dict, from_csv: dict) -> None:
+    """The same history in a throw-away PostgreSQL (tests/pgserver.py), read by Otava's own
+    PostgreSQL source with the ``otava-postgres.yaml`` that ``llmperf history --csv`` writes."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        import psycopg  # noqa: F401
+        from pgserver import PgServer, bindir
+    except ImportError:
+        print("PostgreSQL source: skipped (no psycopg)")
+        return
+    if bindir() is None:
+        print("PostgreSQL source: skipped (no PostgreSQL binaries)")
+        return
+    with tempfile.TemporaryDirectory() as tmp, PgServer() as pg:
+        url = pg.new_database()
+        write_history(url, Path(tmp), scenarios(args.series), args.seed)
+        export_csv(read_series(parse(url, "benchmark", tmp), metrics=["tpot_ms"]), Path(tmp), postgres=True)
+        conn = {"POSTGRES_HOSTNAME": "127.0.0.1", "POSTGRES_PORT": str(pg.port), "POSTGRES_USERNAME": pg.user,
+                "POSTGRES_PASSWORD": "unused (trust)", "POSTGRES_DATABASE": url.rsplit("/", 1)[1]}
+        got = otava_points(exe, Path(tmp) / "otava-postgres.yaml", list(slugs.values()), args.pvalue, args.window, conn)
+        same = sum(got.get(slug) == from_csv.get(slug) for slug in slugs.values())
+        print(f"PostgreSQL source (otava-postgres.yaml on a throw-away server): {same}/{len(slugs)} series give "
+              "Otava the same change points as the CSV export")
 
 
 if __name__ == "__main__":

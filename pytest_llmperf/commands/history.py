@@ -64,8 +64,13 @@ def run(args: argparse.Namespace) -> int:
             print("  change point: " + step.line())
         print()
     if args.csv:
-        written = trends.export_csv(series, Path(args.csv))
-        print(f"{args.csv}: {len(written)} CSV file(s) and otava.yaml (otava --config-file {Path(args.csv) / 'otava.yaml'} analyze ...)")
+        from ..history.location import for_cli
+
+        postgres = for_cli(args.history).kind == "postgresql"
+        written = trends.export_csv(series, Path(args.csv), postgres=postgres)
+        extra = " and otava-postgres.yaml" if postgres else ""
+        print(f"{args.csv}: {len(written)} CSV file(s), otava.yaml{extra} "
+              f"(OTAVA_CONFIG={Path(args.csv) / 'otava.yaml'} otava analyze TEST)")
     if args.html:
         from ..baseline_store import atomic_write
         from ..errors import ConfigError

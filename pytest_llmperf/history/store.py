@@ -5,7 +5,8 @@ Tables (the same names, columns and meaning on both; only the column types are s
 backend): ``llmperf_schema`` (one row: the schema version), ``llmperf_sessions`` (one row per
 pytest session), ``llmperf_measurements`` (per test and label: fingerprints, workload,
 summary, the baseline verdict when a comparison ran) and ``llmperf_values`` (per metric: the
-per-run values and the session's level with its standard error).
+per-run values, their median, and the session's level: ``level`` in the metric's unit, for
+plain SQL and Otava's PostgreSQL source, ``log_level`` with its standard error ``se``).
 
 Every write is one transaction, taken under a lock that serialises writers (SQLite ``BEGIN
 IMMEDIATE`` with a busy timeout; PostgreSQL an advisory transaction lock), so concurrent pytest
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import sqlite3
 from contextlib import contextmanager
 from pathlib import Path
@@ -74,6 +76,7 @@ DDL = (
         unit TEXT NOT NULL,
         n INTEGER NOT NULL,
         median {float} NOT NULL,
+        level {float} NOT NULL,
         log_level {float} NOT NULL,
         se {float} NOT NULL,
         spread {float} NOT NULL,
@@ -267,11 +270,11 @@ def append(loc: Location, session: Mapping[str, Any], measurements: Sequence[Map
                 ).fetchone()[0]
                 for v in m["values"]:
                     conn.execute(
-                        "INSERT INTO llmperf_values (measurement_id, metric, phase, unit, n, median, log_level, se, "
-                        "spread, upper, runs) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        "INSERT INTO llmperf_values (measurement_id, metric, phase, unit, n, median, level, log_level, "
+                        "se, spread, upper, runs) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (
-                            mid, v["metric"], v["phase"], v["unit"], v["n"], v["median"], v["log_level"],
-                            v["se"], v["spread"], v.get("upper"), _json(v["runs"]),
+                            mid, v["metric"], v["phase"], v["unit"], v["n"], v["median"], math.exp(v["log_level"]),
+                            v["log_level"], v["se"], v["spread"], v.get("upper"), _json(v["runs"]),
                         ),
                     )
             return int(session_id)

@@ -134,15 +134,34 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")[:120] or "test"
 
 
-def export_csv(series: Sequence[Series], folder: Path) -> list[Path]:
+#: Otava's PostgreSQL source: one row per session, one column per metric (the stored level), of
+#: the branch given to ``otava analyze --branch`` (Otava 0.8.0 with its pg8000 fails on a query
+#: without the ``%{BRANCH}`` parameter: "object of type 'NoneType' has no len()").
+OTAVA_PG_QUERY = """SELECT s.started_at AS time, s.commit_sha AS commit, s.branch AS branch,
+{columns}
+FROM llmperf_sessions s
+JOIN llmperf_measurements m ON m.session_id = s.id
+JOIN llmperf_values v ON v.measurement_id = m.id
+WHERE m.test = '{test}' AND m.label = '{label}' AND m.hardware_key = '{hardware_key}'
+  AND s.branch = %{{BRANCH}}
+GROUP BY s.id, s.started_at, s.commit_sha, s.branch
+ORDER BY s.started_at, s.id"""
+
+
+def _sql_text(text: str) -> str:
+    return text.replace("'", "''")
+
+
+def export_csv(series: Sequence[Series], folder: Path, postgres: bool = False) -> list[Path]:
     """One CSV per test, label and hardware (a row per session: time, commit, branch, subject
     and one column per metric, the session's level) and an ``otava.yaml`` that names them:
-    ``otava --config-file DIR/otava.yaml analyze TEST`` reads them as they are."""
+    ``OTAVA_CONFIG=DIR/otava.yaml otava analyze TEST`` reads them as they are. ``postgres``:
+    also ``otava-postgres.yaml``, the same tests read straight from a PostgreSQL history."""
     folder.mkdir(parents=True, exist_ok=True)
     groups: dict[tuple[str, str], list[Series]] = {}
     for s in series:
         groups.setdefault((s.name, s.hardware_key), []).append(s)
-    written, tests = [], []
+    written, tests, pg_tests = [], [], []
     for (name, hw), members in groups.items():
         slug = _slug(f"{name}-{hw}")
         rows: dict[int, dict[str, Any]] = {}
@@ -169,7 +188,19 @@ def export_csv(series: Sequence[Series], folder: Path) -> list[Path]:
             f"  {slug}:\n    type: csv\n    file: {path.resolve()}\n    time_column: time\n"
             f"    attributes: [commit, branch, subject]\n    metrics:\n{metric_lines}"
         )
+        s0 = members[0]
+        columns = ",\n".join(f"MAX(CASE WHEN v.metric = '{m}' THEN v.level END) AS {m}" for m in metrics)
+        query = OTAVA_PG_QUERY.format(columns=columns, test=_sql_text(s0.test), label=_sql_text(s0.label),
+                                      hardware_key=_sql_text(hw))
+        pg_tests.append(
+            f"  {slug}:\n    type: postgres\n    time_column: time\n    attributes: [commit, branch]\n"
+            f"    metrics:\n{metric_lines}    query: |\n" + "".join(f"      {q}\n" for q in query.splitlines())
+        )
     (folder / "otava.yaml").write_text("# written by llmperf history --csv\ntests:\n" + "".join(tests), encoding="utf-8")
+    if postgres:
+        (folder / "otava-postgres.yaml").write_text(
+            "# written by llmperf history --csv; connection: otava --postgres-hostname ... (docs/history.md)\n"
+            "tests:\n" + "".join(pg_tests), encoding="utf-8")
     return written
 
 
