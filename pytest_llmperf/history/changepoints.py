@@ -72,7 +72,8 @@ def e_divisive(
     """Significant change points of ``values`` (in session order), sorted by index.
 
     Pass log values for effects as ratios. ``min_size``: the fewest sessions on each side of a
-    change point (a step in the last ``min_size - 1`` sessions is not found yet). The same
+    change point (a step in the last ``min_size - 1`` sessions is found late, or early at the
+    last allowed split when it is large). The same
     input always gives the same answer: each segment's permutations come from a generator
     seeded with ``seed`` and the segment's bounds."""
     x = np.asarray(values, dtype=float)
