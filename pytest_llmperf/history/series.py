@@ -10,7 +10,7 @@ from typing import Any, Mapping, Sequence
 
 from ..compare import METRICS, Level
 from ..fingerprint import subject_changes
-from ..records import same_workload
+from ..records import RUN_FIELDS, same_workload
 from . import store
 from .location import Location
 
@@ -98,7 +98,11 @@ def group(rows: Sequence[Mapping[str, Any]]) -> list[Series]:
             for r in rs
         )
         out.append(Series(test, label, metric, rs[0]["phase"], rs[0]["unit"], hw, points))
-    return out
+    first = {}
+    for s in out:
+        first.setdefault((s.test, s.label, s.hardware_key), len(first))
+    order = {m: i for i, m in enumerate(RUN_FIELDS)}  # prefill first, then decode
+    return sorted(out, key=lambda s: (first[(s.test, s.label, s.hardware_key)], order.get(s.metric, len(order))))
 
 
 def read_series(

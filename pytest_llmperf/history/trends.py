@@ -73,8 +73,12 @@ def trend_figure(trends: Sequence[Mapping[str, Any]]) -> Any:
         top = max(p[2] for p in pts)
         for st in t["steps"]:
             at = st["index"] + 0.5
-            ax.axvline(at, color=BUDGET if st["regression"] else "#1e8449", ls="--", lw=1)
-            ax.text(at + 0.15, top, st["text"], fontsize=7, va="top", color=BUDGET if st["regression"] else "#1e8449")
+            colour = BUDGET if st["regression"] else "#1e8449"
+            ax.axvline(at, color=colour, ls="--", lw=1)
+            right = at < (len(pts) + 1) / 2  # the label on the side with more room
+            ax.text(at + (0.3 if right else -0.3), top, st["text"], fontsize=7, va="top",
+                    ha="left" if right else "right", color=colour,
+                    bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1.0})
         ax.set_title(f"{t['label']} ({t['unit']})")
         ax.set_xlabel("session")
         ax.set_xlim(0.5, len(pts) + 0.5)
@@ -95,7 +99,7 @@ def attach(results: Sequence[Mapping[str, Any]], loc: Any, last: int = RECENT_SE
     out = []
     for r in results:
         key = (r.get("nodeid") or r["test"], r.get("label") or "", r["hardware_key"])
-        trend = sorted(found.get(key, []), key=lambda t: t["metric"], reverse=True)  # ttft, then tpot
+        trend = sorted(found.get(key, []), key=lambda t: t["metric"], reverse=True)  # ttft_ms, then tpot_ms
         out.append({**r, "trend": trend} if trend else dict(r))
     return out
 
@@ -106,7 +110,7 @@ def html_page(series: Sequence[Series]) -> str:
     from ..html_report import CSS, _scope_ids
 
     groups: dict[tuple[str, str], list[Series]] = {}
-    for s in series:
+    for s in sorted(series, key=_metric_order):
         groups.setdefault((s.name, s.hardware_key), []).append(s)
     body = []
     for n, ((name, hw), members) in enumerate(groups.items()):
@@ -128,6 +132,13 @@ def html_page(series: Sequence[Series]) -> str:
         f"<style>{CSS}</style></head><body><main><h1>pytest-llmperf history</h1>\n" + "\n".join(body)
         + "\n</main></body></html>\n"
     )
+
+
+def _metric_order(s: Series) -> int:
+    """Prefill first, then decode: the order of ``records.RUN_FIELDS``."""
+    from ..records import RUN_FIELDS
+
+    return RUN_FIELDS.index(s.metric) if s.metric in RUN_FIELDS else len(RUN_FIELDS)
 
 
 def _slug(text: str) -> str:
