@@ -35,6 +35,7 @@ os.environ.setdefault(HISTORY_ENV, "off")
 def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):  # xdist: the controller watches the checkout
         config.pluginmanager.register(BaselinesGuard(CHECKOUT / "baselines"), "llmperf-baselines-guard")
+        config.pluginmanager.register(BaselinesGuard(CHECKOUT / ".llmperf"), "llmperf-history-guard")
 
 
 @pytest.fixture(autouse=True)

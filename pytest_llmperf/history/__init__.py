@@ -43,6 +43,8 @@ def keep(
         session_id = append_session(loc, results, started_at, rootdir, compared)
     except HistoryError as exc:
         return f"llmperf: history not written: {exc}", results
+    except (KeyError, TypeError, ValueError) as exc:  # a result the history cannot hold: say so, end the session
+        return f"llmperf: history not written: unusable result ({type(exc).__name__}: {exc}); nothing was appended", results
     line = f"llmperf: history: session #{session_id} ({len(results)} measurement(s)) appended to {loc.display}"
     if not trends:
         return line, results
