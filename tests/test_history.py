@@ -208,3 +208,37 @@ def test_bad_locations_say_what_to_do(tmp_path: Path) -> None:
         parse(str(tmp_path), "x", tmp_path)
     assert parse("off", "x", tmp_path) is None
     assert cli_main(["history", "--history", str(tmp_path / "none.sqlite")]) == 2
+
+
+def test_otava_export_reads_the_same_levels_from_csv_and_sql(location: str, tmp_path: Path) -> None:
+    """``llmperf history --csv``: Otava's CSV files and config, and (PostgreSQL) the query of its
+    PostgreSQL source, give the stored levels session by session."""
+    import csv
+
+    import yaml
+
+    loc = parse(location, "test", tmp_path)
+    fill(loc, switch_history(4, 3), tmp_path)
+    out = tmp_path / "otava"
+    assert cli_main(["history", "--history", location, "--metric", "tpot_ms", "--metric", "decode_tps",
+                     "--csv", str(out)]) == 0
+    (name, test), = yaml.safe_load((out / "otava.yaml").read_text())["tests"].items()
+    assert test["type"] == "csv" and test["time_column"] == "time"
+    assert test["metrics"] == {"tpot_ms": {"direction": -1}, "decode_tps": {"direction": 1}}
+    rows = list(csv.DictReader(open(test["file"], encoding="utf-8")))
+    levels_stored = [p.value for p in read_series(loc, metrics=["tpot_ms"])[0].points]
+    assert [float(r["tpot_ms"]) for r in rows] == pytest.approx(levels_stored, rel=1e-5)
+    assert rows[-1]["subject"].endswith("n_threads=1") and rows[0]["time"] == stamp(0)
+    if loc.kind != "postgresql":
+        assert not (out / "otava-postgres.yaml").exists()
+        return
+    pg_test = yaml.safe_load((out / "otava-postgres.yaml").read_text())["tests"][name]
+    assert pg_test["type"] == "postgres" and pg_test["metrics"] == test["metrics"]
+    conn = store._connect(loc, create=False)
+    try:
+        # As Otava runs it: the %{BRANCH} placeholder becomes a parameter (sessions here have none).
+        got = conn.raw.execute(pg_test["query"].replace("s.branch = %{BRANCH}", "s.branch IS NOT DISTINCT FROM %s"),
+                               (None,)).fetchall()
+    finally:
+        conn.raw.close()
+    assert [r[3] for r in got] == pytest.approx(levels_stored, rel=1e-9)
