@@ -68,6 +68,18 @@ def pytest_terminal_summary(terminalreporter) -> None:
             f"{REQUIRE_BROWSER_ENV}=1 makes them fail instead",
             yellow=True,
         )
+    from pgserver import NO_POSTGRES, REQUIRE_POSTGRES_ENV
+
+    no_pg = [
+        r for r in terminalreporter.stats.get("skipped", [])
+        if isinstance(r.longrepr, tuple) and NO_POSTGRES in str(r.longrepr[2])
+    ]
+    if no_pg:
+        terminalreporter.write_line(
+            f"{len(no_pg)} PostgreSQL history test(s) skipped: {NO_POSTGRES}; "
+            f"{REQUIRE_POSTGRES_ENV}=1 makes them fail instead",
+            yellow=True,
+        )
 
 # The plugin imports numpy, scipy and llama_cpp only once an llmperf test runs. In-process
 # inner sessions (pytester) drop the modules first imported during them, and numpy's C
