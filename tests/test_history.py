@@ -179,6 +179,9 @@ def test_detect_names_the_switch_and_gates_on_recent_sessions(
     assert re.search(r"median (9\.9|10\.0)\d* -> 1[89]\.\d+ ms \(\+\d\d\.\d%, 95% CI \+\d\d\.\d%\.\.", line), line
     assert "p = 0.002" in line  # (1 + 0) / (1 + 499): no permutation came close
     assert cli_main(["detect", "--history", location, "--last", "5"]) == 0  # the switch is older
+    # The verdicts' reader: only the sessions since the subject last changed (threads 2 -> 1).
+    after = levels(loc, "t.py::test_decode", "", "tpot_ms", "linux-x86_64-2cpu-abcd")
+    assert len(after) == 8 and all(math.exp(lv.log_level) > 15 for lv in after)
     capsys.readouterr()
     assert cli_main(["history", "t.py::test_decode", "--history", location, "--metric", "tpot_ms"]) == 0
     table = capsys.readouterr().out
