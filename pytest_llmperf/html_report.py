@@ -201,6 +201,12 @@ def test_section(index: int, result: Mapping[str, Any]) -> str:
         if fig_id == "layer-bars" and record["layers"].get("outlier_rule"):
             caption += f"; outlier layers in red: {record['layers']['outlier_rule']}"
         plots.append(_figure_html(fig_id, caption, svg, f"t{index}f{n}-"))
+    if result.get("trend"):  # the history's recent sessions (history/trends.attach)
+        from .history.trends import trend_figure
+
+        plots.append(_figure_html("trend", "Recent trend: level per session with its 95% CI (the last is this "
+                                  "session); dashed: change points", figures.render(trend_figure, result["trend"]),
+                                  f"t{index}tr-"))
     parts.append('<div class="plots">' + "".join(plots) + "</div></section>")
     return "\n".join(parts)
 

@@ -138,8 +138,14 @@ def add_options(parser: pytest.Parser) -> None:
         "--llmperf-html", dest="llmperf_html", default=None,
         help='write a self-contained HTML report with plots (needs pip install "pytest-llmperf[report]")',
     )
+    group.addoption(
+        "--llmperf-history", dest="llmperf_history", default=None, metavar="PATH|URL|off",
+        help="where every session's results are appended: a SQLite file, a postgresql:// URL or off "
+        "(default .llmperf/history.sqlite under the rootdir; env LLMPERF_HISTORY; ini llmperf_history)",
+    )
     for name, text in INI_HELP.items():
         parser.addini(name, text)
+    parser.addini("llmperf_history", "session history: SQLite file, postgresql:// URL or off (default .llmperf/history.sqlite)")
     parser.addini("llmperf_baseline_dir", "folder of baseline JSON files (default: baselines)")
 
 

@@ -62,7 +62,14 @@ def pytest_configure(config: pytest.Config) -> None:
             require_matplotlib()  # say what to install now, not after the whole session
     except LLMPerfError as exc:
         raise pytest.UsageError(str(exc)) from None
-    config.pluginmanager.register(LLMPerfPlugin(config, settings), PLUGIN_NAME)
+    plugin = LLMPerfPlugin(config, settings)
+    try:  # the session history (pytest_llmperf/history): a bad location is one line, now
+        from .history.location import resolve as history_location
+
+        plugin.history = history_location(config.getoption, config.getini, config.rootpath)
+    except LLMPerfError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    config.pluginmanager.register(plugin, PLUGIN_NAME)
 
 
 def _check_modes(config: pytest.Config) -> None:
@@ -523,6 +530,8 @@ class LLMPerfPlugin:
                 shipped.append(
                     {
                         "test": item.nodeid + (f"[{m.label}]" if m.label else ""),
+                        "nodeid": item.nodeid,
+                        "label": m.label or "",
                         "key": a.key,
                         "baseline_file": a.baseline_file,
                         "hardware_key": a.hardware_key,
@@ -580,6 +589,14 @@ class LLMPerfPlugin:
         self.write_errors: list[str] = []  # one line each; the tests keep their outcomes
         if self.update and self.results:
             self.written = session_mod.write_baselines(self.baseline_dir, self.results, self.write_errors)
+        html_results: Any = self.results
+        if getattr(self, "history", None) is not None and self.results and not self.disabled:
+            from .history import keep
+
+            self.history_line, html_results = keep(
+                self.history, self.results, self.started_at, self.config.rootpath, self.compare,
+                trends=bool(self.config.getoption("llmperf_html")),
+            )
         json_path = self.config.getoption("llmperf_json")
         if json_path:
             self._write(Path(json_path), session_mod.session_json(self.results, self.started_at))
@@ -591,7 +608,7 @@ class LLMPerfPlugin:
             from . import html_report
 
             try:
-                self.html_written = html_report.write_html(Path(html_path), self.results, self.started_at)
+                self.html_written = html_report.write_html(Path(html_path), html_results, self.started_at)
                 md_extra = html_report.markdown_lines(Path(html_path), Path(md_path) if md_path else None, self.results)
             except (OSError, LLMPerfError) as exc:
                 self.html_error = f"llmperf: HTML report not written: {exc}"
@@ -618,6 +635,9 @@ class LLMPerfPlugin:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         for line in getattr(self, "write_errors", []):
             terminalreporter.write_line(line)
+        history_line = getattr(self, "history_line", None)
+        if history_line and (terminalreporter.config.get_verbosity() >= 0 or "not written" in history_line):
+            terminalreporter.write_line(history_line)
         if getattr(self, "html_error", None):
             terminalreporter.write_line(self.html_error)
         elif getattr(self, "html_written", None):

@@ -26,11 +26,16 @@ os.environ.setdefault("LLMPERF_CACHE_DIR", str(CACHE_DIR))
 #: the scheduler.
 TEST_THREADS = 1
 os.environ.setdefault("LLMPERF_THREADS", str(TEST_THREADS))
+#: The suite's own session keeps no history in the checkout (``.llmperf/``); each inner
+#: session gets one in its tmp folder (below), and history tests pass their own location.
+HISTORY_ENV = "LLMPERF_HISTORY"
+os.environ.setdefault(HISTORY_ENV, "off")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):  # xdist: the controller watches the checkout
         config.pluginmanager.register(BaselinesGuard(CHECKOUT / "baselines"), "llmperf-baselines-guard")
+        config.pluginmanager.register(BaselinesGuard(CHECKOUT / ".llmperf"), "llmperf-history-guard")
 
 
 @pytest.fixture(autouse=True)
@@ -46,6 +51,7 @@ def _inner_sessions_use_their_own_rootdir(request: pytest.FixtureRequest):
     pytester: pytest.Pytester = request.getfixturevalue("pytester")  # it clears PYTEST_ADDOPTS
     patch = pytest.MonkeyPatch()
     patch.setenv("PYTEST_ADDOPTS", f"--rootdir={shlex.quote(str(pytester.path))}")
+    patch.setenv(HISTORY_ENV, str(pytester.path / ".llmperf" / "history.sqlite"))
     yield
     patch.undo()
 
@@ -60,6 +66,18 @@ def pytest_terminal_summary(terminalreporter) -> None:
         terminalreporter.write_line(
             f"{len(skipped)} HTML-report browser check(s) skipped: {NO_BROWSER}; "
             f"{REQUIRE_BROWSER_ENV}=1 makes them fail instead",
+            yellow=True,
+        )
+    from pgserver import NO_POSTGRES, REQUIRE_POSTGRES_ENV
+
+    no_pg = [
+        r for r in terminalreporter.stats.get("skipped", [])
+        if isinstance(r.longrepr, tuple) and NO_POSTGRES in str(r.longrepr[2])
+    ]
+    if no_pg:
+        terminalreporter.write_line(
+            f"{len(no_pg)} PostgreSQL history test(s) skipped: {NO_POSTGRES}; "
+            f"{REQUIRE_POSTGRES_ENV}=1 makes them fail instead",
             yellow=True,
         )
 

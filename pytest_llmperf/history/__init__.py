@@ -1,0 +1,56 @@
+"""Every session's results kept, per test, label, phase and metric; change points found in
+the series (``llmperf history``, ``llmperf detect``, the HTML report's trends).
+
+Layers: ``location`` (where), ``store`` (SQLite / PostgreSQL, one schema), ``collect`` (the
+rows a session appends), ``series`` (the one reader: stored rows -> per-series points, also
+the between-session levels the verdicts can use), ``changepoints`` (E-divisive means),
+``detect`` (change points named: session, commit, subject change, step size).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from .location import Location
+
+
+def append_session(
+    loc: Location, results: Sequence[Mapping[str, Any]], started_at: str, rootdir: Path | str, compared: bool
+) -> int:
+    """Append the session's measured results to the history (one transaction); returns the
+    session's id. Raises ``store.HistoryError`` (one line)."""
+    from . import collect, store
+
+    return store.append(loc, collect.session_row(started_at, rootdir, compared), collect.measurement_rows(results))
+
+
+def keep(
+    loc: Location,
+    results: Sequence[Mapping[str, Any]],
+    started_at: str,
+    rootdir: Path | str,
+    compared: bool,
+    *,
+    trends: bool = False,
+) -> tuple[str, Sequence[Mapping[str, Any]]]:
+    """The plugin's end-of-session step: append, then (``trends``) read each test's recent
+    trend back for the HTML report. Returns the line to print and the results for the report;
+    a history that cannot be written costs that line, never the session's outcome."""
+    from .store import HistoryError
+
+    try:
+        session_id = append_session(loc, results, started_at, rootdir, compared)
+    except HistoryError as exc:
+        return f"llmperf: history not written: {exc}", results
+    except (KeyError, TypeError, ValueError) as exc:  # a result the history cannot hold: say so, end the session
+        return f"llmperf: history not written: unusable result ({type(exc).__name__}: {exc}); nothing was appended", results
+    line = f"llmperf: history: session #{session_id} ({len(results)} measurement(s)) appended to {loc.display}"
+    if not trends:
+        return line, results
+    from .trends import attach
+
+    try:
+        return line, attach(results, loc)
+    except HistoryError as exc:
+        return f"{line}; trends not read: {exc}", results

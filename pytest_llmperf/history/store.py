@@ -1,0 +1,367 @@
+"""One schema, two backends: SQLite (stdlib ``sqlite3``, the embedded default) and PostgreSQL
+(psycopg 3, for a fleet of CI runners writing to one place).
+
+Tables (the same names, columns and meaning on both; only the column types are spelled per
+backend): ``llmperf_schema`` (one row: the schema version), ``llmperf_sessions`` (one row per
+pytest session), ``llmperf_measurements`` (per test and label: fingerprints, workload,
+summary, the baseline verdict when a comparison ran) and ``llmperf_values`` (per metric: the
+per-run values, their median, and the session's level: ``level`` in the metric's unit, for
+plain SQL and Otava's PostgreSQL source, ``log_level`` with its standard error ``se``).
+
+Every write is one transaction, taken under a lock that serialises writers (SQLite ``BEGIN
+IMMEDIATE`` with a busy timeout; PostgreSQL an advisory transaction lock), so concurrent pytest
+processes and the schema's creation never interleave: a session's rows land whole or not at
+all. A history written by a newer pytest-llmperf (a higher schema version) is refused with one
+line and never altered.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import sqlite3
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+from ..errors import LLMPerfError
+from .location import INSTALL_POSTGRES, Location
+
+SCHEMA_VERSION = 1
+#: Seconds a writer waits for another one (SQLite busy timeout, PostgreSQL lock_timeout).
+LOCK_WAIT_S = 60
+#: Seconds to reach a PostgreSQL server before giving up (every network wait has a deadline).
+CONNECT_TIMEOUT_S = 10
+#: PostgreSQL advisory lock key of history writers (any constant shared by all writers).
+ADVISORY_LOCK = 0x6C6C6D70  # "llmp"
+#: Upgrades from an older schema version: version -> statements that bring it to version + 1.
+MIGRATIONS: dict[int, tuple[str, ...]] = {}
+
+TYPES = {
+    "sqlite": {"pk": "INTEGER PRIMARY KEY AUTOINCREMENT", "float": "REAL", "time": "TEXT"},
+    "postgresql": {"pk": "BIGSERIAL PRIMARY KEY", "float": "DOUBLE PRECISION", "time": "TIMESTAMPTZ"},
+}
+
+DDL = (
+    "CREATE TABLE llmperf_schema (version INTEGER NOT NULL)",
+    """CREATE TABLE llmperf_sessions (
+        id {pk},
+        uid TEXT NOT NULL UNIQUE,
+        started_at {time} NOT NULL,
+        finished_at {time} NOT NULL,
+        commit_sha TEXT,
+        dirty INTEGER,
+        branch TEXT,
+        host TEXT,
+        compared INTEGER NOT NULL,
+        llmperf_version TEXT
+    )""",
+    """CREATE TABLE llmperf_measurements (
+        id {pk},
+        session_id INTEGER NOT NULL REFERENCES llmperf_sessions(id),
+        test TEXT NOT NULL,
+        label TEXT NOT NULL,
+        hardware_key TEXT NOT NULL,
+        hardware TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        workload TEXT NOT NULL,
+        summary TEXT NOT NULL,
+        baseline TEXT
+    )""",
+    """CREATE TABLE llmperf_values (
+        measurement_id INTEGER NOT NULL REFERENCES llmperf_measurements(id),
+        metric TEXT NOT NULL,
+        phase TEXT NOT NULL,
+        unit TEXT NOT NULL,
+        n INTEGER NOT NULL,
+        median {float} NOT NULL,
+        level {float} NOT NULL,
+        log_level {float} NOT NULL,
+        se {float} NOT NULL,
+        spread {float} NOT NULL,
+        upper {float},
+        runs TEXT NOT NULL,
+        PRIMARY KEY (measurement_id, metric)
+    )""",
+    "CREATE INDEX llmperf_measurements_series ON llmperf_measurements (test, hardware_key)",
+    "CREATE INDEX llmperf_measurements_session ON llmperf_measurements (session_id)",
+)
+
+
+class HistoryError(LLMPerfError):
+    """The history cannot be read or written; one line that says what to do."""
+
+
+class NewerSchemaError(HistoryError):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Connections
+
+
+class _Conn:
+    """A DB-API connection with ``?`` placeholders on both backends and the backend's name."""
+
+    def __init__(self, kind: str, raw: Any) -> None:
+        self.kind = kind
+        self.raw = raw
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        if self.kind == "postgresql":
+            sql = sql.replace("?", "%s")
+        cur = self.raw.cursor()
+        cur.execute(sql, tuple(params))
+        return cur
+
+
+def _connect(loc: Location, *, create: bool) -> _Conn:
+    if loc.kind == "sqlite":
+        path = Path(loc.target)
+        if create:
+            _make_folder(path.parent)
+        elif not path.is_file():
+            raise HistoryError(f"no history at {path}")
+        try:
+            raw = sqlite3.connect(str(path), timeout=LOCK_WAIT_S, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise HistoryError(f"cannot open the history {path}: {exc}") from None
+        return _Conn("sqlite", raw)
+    try:
+        import psycopg
+    except ImportError:
+        raise HistoryError(f"a PostgreSQL history needs psycopg 3: {INSTALL_POSTGRES}") from None
+    try:
+        raw = psycopg.connect(loc.target, connect_timeout=CONNECT_TIMEOUT_S, autocommit=True)
+    except psycopg.Error as exc:
+        raise HistoryError(f"cannot connect to the history {loc.display}: {_first_line(exc)}") from None
+    return _Conn("postgresql", raw)
+
+
+def _make_folder(folder: Path) -> None:
+    """The history's folder; a new ``.llmperf`` one gets a ``.gitignore`` of ``*`` (as pytest's
+    cache does), so the history stays out of git unless the user removes it to keep it."""
+    existed = folder.is_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not existed and folder.name == ".llmperf":
+            (folder / ".gitignore").write_text("# created by pytest-llmperf: the session history stays out of git\n*\n")
+    except OSError as exc:
+        raise HistoryError(f"cannot create the history folder {folder}: {exc.strerror or exc}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _errors(kind: str) -> tuple[type[BaseException], ...]:
+    if kind == "sqlite":
+        return (sqlite3.Error,)
+    import psycopg
+
+    return (psycopg.Error,)
+
+
+@contextmanager
+def _transaction(conn: _Conn, loc: Location) -> Iterator[_Conn]:
+    """One writer at a time, all or nothing."""
+    try:
+        if conn.kind == "sqlite":
+            conn.execute("BEGIN IMMEDIATE")
+        else:
+            conn.execute("BEGIN")
+            conn.execute(f"SET LOCAL lock_timeout = '{LOCK_WAIT_S}s'")
+            conn.execute("SELECT pg_advisory_xact_lock(?)", (ADVISORY_LOCK,))
+    except _errors(conn.kind) as exc:
+        raise HistoryError(f"cannot lock the history {loc.display}: {_first_line(exc)}") from None
+    try:
+        yield conn
+    except BaseException:
+        try:
+            conn.execute("ROLLBACK")
+        except _errors(conn.kind):
+            pass  # a broken connection: the server drops the transaction itself
+        raise
+    conn.execute("COMMIT")
+
+
+def _table_exists(conn: _Conn, name: str) -> bool:
+    if conn.kind == "sqlite":
+        row = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone()
+    else:
+        row = conn.execute("SELECT to_regclass(?::text)", (name,)).fetchone()
+        row = row if row and row[0] is not None else None
+    return row is not None
+
+
+def _version(conn: _Conn, loc: Location) -> int | None:
+    if not _table_exists(conn, "llmperf_schema"):
+        return None
+    row = conn.execute("SELECT MAX(version) FROM llmperf_schema").fetchone()
+    if not row or row[0] is None:
+        raise HistoryError(f"{loc.display}: llmperf_schema holds no version; not a usable pytest-llmperf history")
+    return int(row[0])
+
+
+def _check_newer(version: int, loc: Location) -> None:
+    if version > SCHEMA_VERSION:
+        raise NewerSchemaError(
+            f"the history {loc.display} has schema version {version}, newer than this pytest-llmperf's "
+            f"({SCHEMA_VERSION}); upgrade pytest-llmperf to use it (it was left as it is)"
+        )
+
+
+def ensure_schema(conn: _Conn, loc: Location) -> None:
+    """Create or migrate the schema; inside a writer's transaction."""
+    version = _version(conn, loc)
+    if version is None:
+        for statement in DDL:
+            conn.execute(statement.format(**TYPES[conn.kind]))
+        conn.execute("INSERT INTO llmperf_schema (version) VALUES (?)", (SCHEMA_VERSION,))
+        return
+    _check_newer(version, loc)
+    while version < SCHEMA_VERSION:
+        for statement in MIGRATIONS[version]:
+            conn.execute(statement.format(**TYPES[conn.kind]))
+        version += 1
+        conn.execute("UPDATE llmperf_schema SET version = ?", (version,))
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+
+def _time(conn: _Conn, iso: str) -> Any:
+    if conn.kind == "sqlite":
+        return iso
+    return datetime.datetime.fromisoformat(iso)
+
+
+def append(loc: Location, session: Mapping[str, Any], measurements: Sequence[Mapping[str, Any]]) -> int:
+    """Append one session and its measurements (see ``collect.session_rows``) in one
+    transaction; returns the session's id. A session whose ``uid`` is stored already is not
+    written twice."""
+    conn = _connect(loc, create=True)
+    try:
+        with _transaction(conn, loc):
+            ensure_schema(conn, loc)
+            found = conn.execute("SELECT id FROM llmperf_sessions WHERE uid = ?", (session["uid"],)).fetchone()
+            if found:
+                return int(found[0])
+            session_id = conn.execute(
+                "INSERT INTO llmperf_sessions (uid, started_at, finished_at, commit_sha, dirty, branch, host, "
+                "compared, llmperf_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                (
+                    session["uid"], _time(conn, session["started_at"]), _time(conn, session["finished_at"]),
+                    session.get("commit"), None if session.get("dirty") is None else int(session["dirty"]),
+                    session.get("branch"), session.get("host"), int(bool(session.get("compared"))),
+                    session.get("llmperf_version"),
+                ),
+            ).fetchone()[0]
+            for m in measurements:
+                mid = conn.execute(
+                    "INSERT INTO llmperf_measurements (session_id, test, label, hardware_key, hardware, subject, "
+                    "workload, summary, baseline) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                    (
+                        session_id, m["test"], m.get("label") or "", m["hardware_key"], _json(m["hardware"]),
+                        _json(m["subject"]), _json(m["workload"]), _json(m["summary"]), m.get("baseline"),
+                    ),
+                ).fetchone()[0]
+                for v in m["values"]:
+                    conn.execute(
+                        "INSERT INTO llmperf_values (measurement_id, metric, phase, unit, n, median, level, log_level, "
+                        "se, spread, upper, runs) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (
+                            mid, v["metric"], v["phase"], v["unit"], v["n"], v["median"], math.exp(v["log_level"]),
+                            v["log_level"], v["se"], v["spread"], v.get("upper"), _json(v["runs"]),
+                        ),
+                    )
+            return int(session_id)
+    except _errors(conn.kind) as exc:
+        raise HistoryError(f"cannot write the history {loc.display}: {_first_line(exc)}") from None
+    finally:
+        conn.raw.close()
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, allow_nan=False, separators=(",", ":"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+COLUMNS = (
+    "session_id", "uid", "started_at", "commit_sha", "dirty", "branch", "host", "compared",
+    "test", "label", "hardware_key", "subject", "workload", "baseline",
+    "metric", "phase", "unit", "n", "median", "log_level", "se", "spread", "upper", "runs",
+)
+
+
+def read(
+    loc: Location, *, test: str | None = None, metrics: Sequence[str] | None = None, hardware_key: str | None = None
+) -> list[dict[str, Any]]:
+    """Every stored value (one dict per session, measurement and metric), oldest session first.
+
+    ``test``: a substring of the test id; ``metrics``: metric names. Never creates anything: a
+    missing schema reads as an empty history, a newer one is refused."""
+    conn = _connect(loc, create=False)
+    try:
+        version = _version(conn, loc)
+        if version is None:
+            return []
+        _check_newer(version, loc)
+        where, params = [], []
+        if test:
+            where.append("m.test LIKE ?")
+            params.append(f"%{test}%")
+        if metrics:
+            where.append("v.metric IN (" + ", ".join("?" for _ in metrics) + ")")
+            params += list(metrics)
+        if hardware_key:
+            where.append("m.hardware_key = ?")
+            params.append(hardware_key)
+        sql = (
+            "SELECT s.id, s.uid, s.started_at, s.commit_sha, s.dirty, s.branch, s.host, s.compared, "
+            "m.test, m.label, m.hardware_key, m.subject, m.workload, m.baseline, "
+            "v.metric, v.phase, v.unit, v.n, v.median, v.log_level, v.se, v.spread, v.upper, v.runs "
+            "FROM llmperf_values v JOIN llmperf_measurements m ON v.measurement_id = m.id "
+            "JOIN llmperf_sessions s ON m.session_id = s.id"
+            + (" WHERE " + " AND ".join(where) if where else "")
+            + " ORDER BY s.started_at, s.id, m.id, v.metric"
+        )
+        rows = conn.execute(sql, params).fetchall()
+    except _errors(conn.kind) as exc:
+        raise HistoryError(f"cannot read the history {loc.display}: {_first_line(exc)}") from None
+    finally:
+        conn.raw.close()
+    out = []
+    for row in rows:
+        d = dict(zip(COLUMNS, row))
+        if isinstance(d["started_at"], datetime.datetime):
+            d["started_at"] = d["started_at"].astimezone(datetime.timezone.utc).isoformat(timespec="seconds")
+        d["dirty"] = None if d["dirty"] is None else bool(d["dirty"])
+        d["compared"] = bool(d["compared"])
+        for key in ("subject", "workload", "runs"):
+            d[key] = json.loads(d[key])
+        out.append(d)
+    return out
+
+
+def counts(loc: Location) -> dict[str, int]:
+    """Rows per table (tests and the CLI's summary line)."""
+    conn = _connect(loc, create=False)
+    try:
+        version = _version(conn, loc)
+        if version is None:
+            return {"sessions": 0, "measurements": 0, "values": 0}
+        _check_newer(version, loc)
+        return {
+            name: int(conn.execute(f"SELECT COUNT(*) FROM llmperf_{name}").fetchone()[0])
+            for name in ("sessions", "measurements", "values")
+        }
+    except _errors(conn.kind) as exc:
+        raise HistoryError(f"cannot read the history {loc.display}: {_first_line(exc)}") from None
+    finally:
+        conn.raw.close()

@@ -1,0 +1,62 @@
+"""The change-point detector (E-divisive means, permutation test): finds a step where it is,
+stays quiet on noise, gives the same answer every time, and sizes the step honestly."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from pytest_llmperf.history.changepoints import e_divisive, split_statistics
+from pytest_llmperf.history.detect import shift_ci
+
+
+def drifting(seed: int, n: int = 60, step_at: int | None = None, step: float = 0.05, sd: float = 0.016) -> np.ndarray:
+    """Log session levels with the verdicts' between-session drift (~1.6%)."""
+    x = np.random.default_rng(seed).normal(0, sd, n)
+    if step_at is not None:
+        x[step_at:] += math.log(1 + step)
+    return x
+
+
+def test_a_step_is_found_at_its_session() -> None:
+    found = [e_divisive(drifting(seed, step_at=40)) for seed in range(20)]
+    assert sum(len(f) == 1 and abs(f[0].index - 40) <= 1 for f in found) >= 18
+    assert all(f and f[0].p_value <= 0.01 for f in found)
+
+
+def test_noise_alone_rarely_makes_one() -> None:
+    found = [e_divisive(drifting(seed)) for seed in range(100, 150)]
+    assert sum(bool(f) for f in found) <= 3  # alpha 0.01 per series: 0.5 expected
+
+
+def test_the_same_input_gives_the_same_answer() -> None:
+    x = drifting(3, step_at=25, step=0.03)
+    assert e_divisive(x) == e_divisive(x.copy()) == e_divisive(list(x))
+    assert e_divisive(x, seed=1) != [] and e_divisive(np.full(30, 2.0)) == []
+
+
+def test_min_size_and_short_series() -> None:
+    x = drifting(4, n=30, step_at=27, step=0.5)  # a huge step, 3 sessions from the end
+    assert all(c.index <= 26 for c in e_divisive(x, min_size=4))  # at most at 26: 4 sessions after it
+    assert [c.index for c in e_divisive(x, min_size=3)] == [27]
+    assert e_divisive(drifting(5, n=7)) == []
+    with pytest.raises(ValueError, match="min_size"):
+        e_divisive(x, min_size=1)
+
+
+def test_statistic_peaks_at_the_split() -> None:
+    x = np.r_[np.zeros(10), np.ones(10)]
+    q = split_statistics(x[None, :], 2)[0]
+    assert int(np.argmax(q)) + 2 == 10
+
+
+def test_shift_ci_covers_the_step() -> None:
+    covered = 0
+    for seed in range(200):
+        x = drifting(seed, n=40, step_at=20, step=0.10)
+        shift, lo, hi = shift_ci(x[:20], x[20:])
+        assert lo <= shift <= hi
+        covered += lo < math.log(1.10) < hi
+    assert 180 <= covered <= 200  # a 95% interval: 190 expected
