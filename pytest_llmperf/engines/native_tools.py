@@ -192,14 +192,16 @@ def _extract_vendor(sdist: Path, target: Path) -> None:
 
 
 def _step(command: list[str], out, log: Path, what: str, timeout_s: float) -> None:
-    """Run one build step into the log; killed (with its children) on timeout or Ctrl-C."""
+    """Run one build step into the log, in its own process group: killed with all its
+    children on timeout, Ctrl-C or SIGTERM (a stopped build leaves no compiler running)."""
     out.write(f"\n$ {' '.join(command)}\n")
     out.flush()
     proc = subprocess.Popen(
         command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
     )
     try:
-        rc = proc.wait(timeout_s)
+        with _sigterm_raises():
+            rc = proc.wait(timeout_s)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
         raise ToolBuildError(f"{what} llama.cpp took longer than {timeout_s:.0f} s and was stopped; see {log}") from None
@@ -208,6 +210,26 @@ def _step(command: list[str], out, log: Path, what: str, timeout_s: float) -> No
         raise
     if rc != 0:
         raise ToolBuildError(f"{what} llama.cpp failed (exit status {rc}); see {log}")
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """SIGTERM (``timeout``, a CI runner cancelling) as SystemExit while we wait, so the
+    build's process group is killed on the way out (main thread only: signals go there)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGTERM"):
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
