@@ -340,6 +340,9 @@ class LLMPerfPlugin:
         s = self.settings
         if s.endpoint:
             lines = [f"llmperf: endpoint {s.endpoint} ({s.api}), model {s.api_model or '(server default)'}"]
+            from .workload import PROMPT_CACHE_NOTE
+
+            lines.append(f"llmperf: {PROMPT_CACHE_NOTE}")
         else:
             lines = [
                 f"llmperf: model {describe_model(s)}, threads {s.threads or usable_cpus()}, "

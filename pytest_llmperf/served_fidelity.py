@@ -33,6 +33,8 @@ class ServerSide:
     server_ms_per_token_p50: float | None  # predicted_ms / predicted_n
     tpot_gap_ms_p50: float | None  # client TPOT - server ms per predicted token
     metrics: Mapping[str, float] | None = None  # llamacpp:* counters' change over the level
+    # Sum over requests of prompt length - prompt_n: prompt tokens the server took from its cache.
+    prompt_tokens_from_cache: int | None = None
 
     @property
     def tokens_per_decode(self) -> float | None:
@@ -72,6 +74,8 @@ def server_side(
             [r.tpot_ms - t.native.decode_ms / t.native.decode_tokens for t, r in pairs if t.native.decode_tokens]
         ),
         metrics=metrics,
+        prompt_tokens_from_cache=sum(t.prompt_tokens - t.native.prefill_tokens for t, _ in pairs)
+        if pairs and all(t.prompt_tokens is not None for t, _ in pairs) else None,
     )
 
 
@@ -91,6 +95,7 @@ def rows(server: ServerSide | None) -> list[tuple[str, str, str, str]]:
             ("server prompt tokens evaluated min/p50/max", "tokens",
              f"{server.prompt_n_min} / {opt(server.prompt_n_median)} / {server.prompt_n_max}",
              f"prompt {opt(server.prompt_tokens_median)} tokens"),
+            ("prompt tokens the server took from its cache", "tokens", opt(server.prompt_tokens_from_cache), reqs),
             ("server prompt time p50 (timings)", "ms", opt(server.server_prompt_ms_p50), reqs),
             ("client TTFT - server prompt time p50", "ms", opt(server.ttft_gap_ms_p50), reqs),
             ("server time per token p50 (timings)", "ms", opt(server.server_ms_per_token_p50), reqs),
@@ -121,7 +126,8 @@ def curve_lines(measurements: Sequence[Any]) -> list[str]:
         parts = []
         if s.n_timed:
             parts += [
-                f"server evaluated {opt(s.prompt_n_median)} of {opt(s.prompt_tokens_median)} prompt tokens (p50)",
+                f"server evaluated {opt(s.prompt_n_median)} of {opt(s.prompt_tokens_median)} prompt tokens (p50), "
+                f"{opt(s.prompt_tokens_from_cache)} from its cache in all",
                 f"TTFT - server prompt {opt(s.ttft_gap_ms_p50)} ms",
                 f"TPOT {opt(m.load.tpot.p50_ms)} vs server {opt(s.server_ms_per_token_p50)} ms/token",
             ]

@@ -115,6 +115,13 @@ class Workload:
 
 DEFAULT_PROMPT_TOKENS = 64
 
+#: The session header's word on prompt caching for served models (each test's own choice is
+#: ``Workload.prompt_cache``, in its metrics table).
+PROMPT_CACHE_NOTE = (
+    "prompt cache: every request's prompt unique, cache_prompt=false; tests with "
+    "shared_prefix_tokens measure prefix caching (cache_prompt=true)"
+)
+
 #: Bound on ``prompt_tokens`` and ``max_tokens``: 2**24 is beyond every model's context, and
 #: an engine may build arrays of this size before the server or llama.cpp can say no.
 MAX_TOKENS = 2**24
