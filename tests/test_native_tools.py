@@ -81,3 +81,40 @@ def test_built_tools_run(llama_server_binary):
         assert out.returncode == 0, out.stderr[-500:]
     assert "--parallel" in subprocess.run([str(llama_server_binary), "--help"], capture_output=True,
                                           text=True, timeout=60).stdout
+
+
+SLOW_CONFIGURE = """cmake_minimum_required(VERSION 3.14)
+project(slow NONE)
+execute_process(COMMAND sh -c "echo $$ > ${CMAKE_BINARY_DIR}/../sleeper.pid; exec sleep 120")
+"""
+
+BUILDER = "from pytest_llmperf.engines.native_tools import build_tools; build_tools()"
+
+
+def test_a_stopped_build_leaves_no_process(empty_cache, tmp_path, monkeypatch):
+    """SIGTERM (a CI job cancelled, `timeout`) kills the build's whole process group."""
+    import os
+    import signal
+    import sys
+    import time
+
+    sdist = _sdist(tmp_path / "slow.tar.gz", SLOW_CONFIGURE)
+    monkeypatch.setenv(native_tools.SDIST_ENV, str(sdist))
+    proc = subprocess.Popen([sys.executable, "-c", BUILDER], stderr=subprocess.PIPE, text=True)
+    pid_file = native_tools.tools_root() / "sleeper.pid"
+    deadline = time.monotonic() + 60
+    while not (pid_file.is_file() and pid_file.read_text().strip()):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else "slow"
+        time.sleep(0.1)
+    sleeper = int(pid_file.read_text())
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 128 + signal.SIGTERM
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(sleeper, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(sleeper, signal.SIGKILL)
+    pytest.fail("the build's child outlived the stopped build")
