@@ -78,9 +78,9 @@ def test_shared_prefix_is_measured_only_when_asked(small_server, capsys):
     """TTFT without and with a shared prompt prefix: what the plugin says it measured, and
     what llama-server says it evaluated."""
     engine = small_server.engine()
-    unique = measure_load(engine, Workload(prompt_tokens=64, max_tokens=8, requests=6, concurrency=1, warmup=0))
+    unique = measure_load(engine, Workload(prompt_tokens=64, max_tokens=16, requests=6, concurrency=1, warmup=0))
     shared = measure_load(
-        engine, Workload(prompt_tokens=64, max_tokens=8, requests=6, concurrency=1, warmup=0, shared_prefix_tokens=48)
+        engine, Workload(prompt_tokens=64, max_tokens=16, requests=6, concurrency=1, warmup=0, shared_prefix_tokens=48)
     )
     assert unique.load.prompt_cache == "unique prompts, prompt cache off (cache_prompt=false)"
     assert shared.load.prompt_cache == "shared 48-token prefix, prompt cache on (measures prefix caching)"
@@ -110,7 +110,7 @@ def test_sweep_levels_never_repeat_a_prompt(small_server):
 
 def test_cli_serve_starts_llama_server(capsys):
     status = main(["load", "--serve", "small", "--threads", "1", "--concurrency", "1,2", "--requests", "4",
-                   "--max-tokens", "8", "--prompt-tokens", "8", "--tpot-ms", "60000", "--min-goodput", "0.9"])
+                   "--max-tokens", "16", "--prompt-tokens", "8", "--tpot-ms", "60000", "--min-goodput", "0.9"])
     out = capsys.readouterr().out
     assert status == 0, out
     assert "with llama-server at http://127.0.0.1:" in out and "4 slot(s)" in out
@@ -170,7 +170,7 @@ import pytest
 
 @pytest.mark.parametrize("c", [1, 2])
 def test_curve(llmperf, c):
-    llmperf.measure(prompt_tokens=8, max_tokens=8, requests=4, concurrency=c, warmup=0)
+    llmperf.measure(prompt_tokens=8, max_tokens=16, requests=4, concurrency=c, warmup=0)
 """
 
 

@@ -117,6 +117,12 @@ class StreamState:
             # Events are not tokens one to one (llama-cpp-python sends empty events and flushes
             # held-back text late), but the server says it stopped at the limit we asked for.
             counted, source = n, "finish_reason"
+        if counted >= n and len(stamps) < 2:
+            raise EngineError(
+                f"server sent all {n} tokens in {len(stamps)} event(s) (counted from {source}): no token gaps "
+                "to measure; servers hold back text that is not yet whole UTF-8 (llama-server does), so a "
+                "model emitting byte tokens can arrive at once; raise max_tokens or use a model with text tokens"
+            )
         if counted < n or len(stamps) < 2:
             raise EarlyEndError(
                 f"server generated {counted} of {n} tokens (finish_reason {short(repr(self.finish), 40)}, "
