@@ -6,7 +6,8 @@ load hits both alike; the ratio is the median over rounds of (tok/s at 4) / (tok
 the same round. Every request's prompt is unique and sent with cache_prompt=false. A Poisson
 run at a given rate closes the table.
 
-    python benchmarks/served_load.py                      # small preset, 4 slots, 3 rounds
+    python benchmarks/served_load.py                      # small preset (F16), 4 slots, 3 rounds
+    python benchmarks/served_load.py --dtype Q8_0         # the same model in Q8_0
     python benchmarks/served_load.py --model tiny --rounds 1 --requests 8
 """
 
@@ -23,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="small", help="preset or GGUF path (default: small)")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", default=None, help="weights of the preset: F16, F32 or Q8_0 (default: the preset's)")
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--parallel", type=int, default=4)
     parser.add_argument("--levels", default="1,4")
     parser.add_argument("--rounds", type=int, default=3)
@@ -45,7 +47,11 @@ def main() -> None:
     from pytest_llmperf.synthetic import PRESETS
 
     levels = [int(v) for v in args.levels.split(",")]
-    path = ensure_model(args.model) if args.model in PRESETS and not os.path.exists(args.model) else args.model
+    if args.model in PRESETS and not os.path.exists(args.model):
+        spec = PRESETS[args.model]
+        path = ensure_model(dataclasses.replace(spec, dtype=args.dtype) if args.dtype else spec)
+    else:
+        path = args.model
     slo = {"ttft_ms": args.ttft_ms, "tpot_ms": args.tpot_ms}
     base = Workload(prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, requests=args.requests, warmup=1)
     print(f"llama-server: {path}, {args.parallel} slots, {args.threads} threads; {args.requests} requests per level, "
