@@ -278,8 +278,6 @@ def load_rows(m: Measurement) -> list[tuple[str, str, str, str]]:
         rows.append(("goodput", "", f"{s.goodput:.1%} ({slo})", f"{s.n_requests} requests"))
     else:
         rows.append(("goodput (no SLO: requests that succeeded)", "", f"{s.goodput:.1%}", f"{s.n_requests} requests"))
-    if s.prompt_cache:
-        rows.append(("prompt cache", "", s.prompt_cache, ""))
     from .served_fidelity import rows as server_rows
 
     return rows + server_rows(s.server)

@@ -10,6 +10,7 @@ answered part of a prompt.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -65,8 +66,11 @@ def test_load_with_server_timings_and_metrics(small_server, capsys):
     assert side.metrics["prompt_tokens_total"] == sum(r.prompt_tokens for r in m.runs)
     assert side.metrics["prompt_tokens_cached_total"] == 0
     assert side.tokens_per_decode >= 1.0
+    from pytest_llmperf.report import metrics_table
+
+    assert re.search(r"^prompt cache +unique prompts, prompt cache off \(cache_prompt=false\)", metrics_table(m), re.M)
     labels = [row[0] for row in load_rows(m)]
-    for label in ("prompt cache", "client TTFT - server prompt time p50", "client TPOT - server time per token p50",
+    for label in ("client TTFT - server prompt time p50", "client TPOT - server time per token p50",
                   "server /metrics: tokens per decode call"):
         assert label in labels
     with capsys.disabled():
