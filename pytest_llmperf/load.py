@@ -96,14 +96,13 @@ def measure_load(
     n = workload.n_requests
     workers = workload.concurrency or (n if workload.rate else 1)
     _check_engine(engine, workers, workload.rate if not workload.concurrency else None)
-    for i in range(workload.warmup):
-        engine.run(workload, -1 - first_index - i)
-    server_before = _server_metrics(engine)
-
     outcomes: list[RunTrace | str | None] = [None] * n
     if hasattr(engine, "arun"):
-        _run_loop(_send_async(engine, workload, n, workers, first_index, outcomes))
+        server_before = _run_loop(_send_async(engine, workload, n, workers, first_index, outcomes))
     else:
+        for i in range(workload.warmup):
+            engine.run(workload, -1 - first_index - i)
+        server_before = _server_metrics(engine)
         _send_threads(engine, workload, n, workers, first_index, outcomes)
     server_after = _server_metrics(engine)
     traces = [o for o in outcomes if isinstance(o, RunTrace)]
@@ -163,11 +162,27 @@ def _send_threads(
 
 async def _send_async(
     engine: Any, workload: Workload, n: int, workers: int, first: int, outcomes: list[Any]
-) -> None:
-    """All requests as tasks of this loop, at most ``workers`` in flight (a semaphore)."""
+) -> dict[str, float] | None:
+    """Warm-ups one by one, then all requests as tasks of this loop, at most ``workers`` in
+    flight (a semaphore). The warm-ups run on the same client: the lazy imports of its first
+    request and its first connection fall outside the measured requests. Returns the
+    server's metrics read between the two."""
+    _import_async_stack()
     slots = asyncio.Semaphore(workers)
     client = engine.async_client()
+    try:
+        for i in range(workload.warmup):
+            await engine.arun(workload, -1 - first - i, client)
+        server_before = _server_metrics(engine)  # blocking, but nothing else runs on the loop yet
+        await _send_measured(engine, workload, n, first, outcomes, slots, client)
+    finally:
+        await client.aclose()
+    return server_before
 
+
+async def _send_measured(
+    engine: Any, workload: Workload, n: int, first: int, outcomes: list[Any], slots: Any, client: Any
+) -> None:
     async def one(i: int) -> None:
         async with slots:
             try:
@@ -177,32 +192,38 @@ async def _send_async(
             except Exception as exc:  # a bug must not vanish in a task
                 outcomes[i] = f"{type(exc).__name__}: {exc}"
 
-    try:
-        clock = time.perf_counter_ns
-        begin = clock()
-        tasks = []
-        if workload.rate:
-            for i, offset in enumerate(arrival_offsets_s(n, workload.rate, workload.seed)):
-                delay = begin / 1e9 + offset - clock() / 1e9
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                tasks.append(asyncio.ensure_future(one(i)))
-        else:
-            tasks = [asyncio.ensure_future(one(i)) for i in range(n)]
-        await asyncio.gather(*tasks)
-    finally:
-        await client.aclose()
+    clock = time.perf_counter_ns
+    begin = clock()
+    tasks = []
+    if workload.rate:
+        for i, offset in enumerate(arrival_offsets_s(n, workload.rate, workload.seed)):
+            delay = begin / 1e9 + offset - clock() / 1e9
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.ensure_future(one(i)))
+    else:
+        tasks = [asyncio.ensure_future(one(i)) for i in range(n)]
+    await asyncio.gather(*tasks)
 
 
-def _run_loop(coro: Any) -> None:
+def _import_async_stack() -> None:
+    """What httpx imports on an async client's first request (anyio's asyncio backend), here
+    and not inside the first measured request (with warmup=0 there is no warm-up to pay it)."""
+    import contextlib
+
+    with contextlib.suppress(ImportError):
+        import anyio._backends._asyncio  # noqa: F401
+        import httpcore._backends.anyio  # noqa: F401
+
+
+def _run_loop(coro: Any) -> Any:
     """``asyncio.run``; in a helper thread when this thread already runs a loop (Jupyter)."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        asyncio.run(coro)
-        return
+        return asyncio.run(coro)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmperf-loop") as pool:
-        pool.submit(asyncio.run, coro).result()
+        return pool.submit(asyncio.run, coro).result()
 
 
 def _server_metrics(engine: Any) -> dict[str, float] | None:
