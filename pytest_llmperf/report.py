@@ -62,6 +62,8 @@ def metrics_table(m: Measurement) -> str:
         from .load import load_rows
 
         rows += load_rows(m)
+    if m.engine.endpoint:  # served: what the server's prompt cache was allowed to do
+        rows.append(("prompt cache", "", m.workload.prompt_cache, ""))
     if m.engine.load_ms is not None:
         rows.append(("model load (wall)", "ms", fmt(m.engine.load_ms), "1 load"))
     if m.engine.native_load_ms is not None:

@@ -99,6 +99,8 @@ KEYS: dict[str, Key] = {
         Key("concurrency", "workload", "load: requests in flight at once (served models)", _int_at_least(1)),
         Key("requests", "workload", "load: requests sent in all (default: runs)", _int_at_least(1)),
         Key("rate", "workload", "load: Poisson arrivals, requests per second (seeded)", _number),
+        Key("shared_prefix_tokens", "workload", "served: the first N prompt tokens are the same in every request "
+            "(measures prefix caching; default: unique prompts, server prompt cache off)", _int_at_least(1)),
         Key("max_runs", "option", "baseline comparisons: measure more runs, `runs` at a time, while a verdict "
             "is INCONCLUSIVE, up to this many (default 3 x runs; = runs turns it off)", _int_at_least(1)),
         Key("layers", "option", "also time each layer (llama.cpp eval callback; in-process only)", _flag),

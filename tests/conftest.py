@@ -112,3 +112,16 @@ def small_engine():
     engine = LlamaCppEngine(ensure_model("small"), n_threads=TEST_THREADS)
     yield engine
     engine.close()
+
+
+@pytest.fixture(scope="session")
+def llama_server_binary() -> Path:
+    """llama.cpp's llama-server of the installed llama-cpp-python, built once per version
+    (several minutes the first time; `.ci/run` builds it before the tests)."""
+    from pytest_llmperf.engines.native_tools import tool_path
+    from pytest_llmperf.errors import ToolBuildError
+
+    try:
+        return tool_path("llama-server")
+    except ToolBuildError as exc:
+        pytest.fail(str(exc), pytrace=False)

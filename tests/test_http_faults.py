@@ -317,3 +317,48 @@ def test_server_that_cannot_start_says_why_in_one_line(tmp_path):
     assert time.monotonic() - started < 30
     message = str(info.value)
     assert message.startswith("llama_cpp.server exited with status") and "\n" not in message
+
+
+# -- the asynchronous load client (HttpEngine.arun): the same faults, the same deadlines --------
+
+
+def load_fails_within(engine, seconds, workload):
+    """Every request of a load run fails, the run ends within ``seconds``; the first error."""
+    from pytest_llmperf.load import measure_load
+
+    begin = time.monotonic()
+    with pytest.raises(EngineError) as exc:
+        measure_load(engine, workload)
+    assert time.monotonic() - begin < seconds
+    return str(exc.value)
+
+
+@pytest.mark.parametrize("fault", ["drip", "pings"])
+def test_async_load_client_keeps_the_request_deadline(faulty, fault):
+    engine = HttpEngine(f"{faulty}/{fault}/v1", token_timeout_s=5, request_timeout_s=1)
+    w = Workload(prompt_tokens=4, max_tokens=1000, requests=3, concurrency=3, warmup=0)
+    message = load_fails_within(engine, 4, w)
+    assert message.startswith("all 3 requests failed; first: request to ") and "took longer than 1 s" in message
+
+
+def test_async_load_client_stall_and_http_errors(faulty):
+    w = Workload(prompt_tokens=4, max_tokens=8, requests=2, concurrency=2, warmup=0)
+    message = load_fails_within(HttpEngine(f"{faulty}/stall_first/v1", token_timeout_s=0.5), 4, w)
+    assert "server stalled: no data from" in message and "within 0.5 s (waiting for the first token)" in message
+    message = load_fails_within(HttpEngine(f"{faulty}/http500/v1"), 4, w)
+    assert "HTTP 500 from" in message and "model exploded" in message
+    message = load_fails_within(HttpEngine(f"{faulty}/short/v1"), 4, w)
+    assert "server generated 3 of 8 tokens" in message
+
+
+def test_async_load_client_counts_like_the_sync_one(faulty):
+    """Healthy and merged streams through the load path: exact counts, the same sources."""
+    from pytest_llmperf.load import measure_load
+
+    for fault, source in (("ok", "events"), ("merged", "finish_reason"), ("usage", "usage")):
+        engine = HttpEngine(f"{faulty}/{fault}/v1")
+        m = measure_load(engine, Workload(prompt_tokens=4, max_tokens=8, requests=4, concurrency=4, warmup=0))
+        assert (m.load.n_ok, m.output_tokens) == (4, 8), fault
+        assert m.engine.token_count == source, fault
+        assert m.load.prompt_cache == "unique prompts, prompt cache off (cache_prompt=false)"
+        assert m.load.server is None  # not llama-server: no timings, no /metrics

@@ -93,3 +93,27 @@ def test_goodput_budget_in_the_plugin(pytester, llmperf_server):
     result.stdout.fnmatch_lines(["*goodput 0 share < budget 0.5 share (4 runs)*"])
     result.stdout.fnmatch_lines(["*goodput*0.0% (ttft_ms <= 0.001)*4 requests*"])
     result.stdout.fnmatch_lines(["test_meets_slo *ok", "*test_misses_slo*FAIL ttft_ms,min_goodput*"])
+
+
+def test_shared_prefix_needs_a_synthetic_prompt_and_a_server(tiny_engine):
+    with pytest.raises(ConfigError, match="shared_prefix_tokens needs a synthetic prompt"):
+        Workload(prompt="hello there", shared_prefix_tokens=2)
+    with pytest.raises(ConfigError, match=r"shared_prefix_tokens must be between 1 and prompt_tokens - 1 \(7\)"):
+        Workload(prompt_tokens=8, shared_prefix_tokens=8)
+    with pytest.raises(ConfigError, match="shared_prefix_tokens measures a server's prompt cache"):
+        measure(tiny_engine, Workload(prompt_tokens=8, max_tokens=4, runs=1, warmup=0, shared_prefix_tokens=4))
+
+
+def test_request_bodies_unique_or_sharing_the_asked_prefix():
+    from pytest_llmperf.engines.http import HttpEngine
+
+    engine = HttpEngine("http://127.0.0.1:9/v1", prompt_salt=7)
+    w = Workload(prompt_tokens=12, max_tokens=4)
+    bodies = [engine.body(w, i) for i in range(-3, 20)]
+    assert len({b["prompt"] for b in bodies}) == len(bodies) and not any(b["cache_prompt"] for b in bodies)
+    other = HttpEngine("http://127.0.0.1:9/v1")  # another engine (salt): other prompts
+    assert other.body(w, 0)["prompt"] != engine.body(w, 0)["prompt"]
+    shared = [engine.body(Workload(prompt_tokens=12, max_tokens=4, shared_prefix_tokens=8), i) for i in range(5)]
+    words = [b["prompt"].split() for b in shared]
+    assert all(len(ws) == 12 and ws[:8] == words[0][:8] for ws in words) and all(b["cache_prompt"] for b in shared)
+    assert len({" ".join(ws[8:]) for ws in words}) == 5
