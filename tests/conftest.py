@@ -49,11 +49,13 @@ def _inner_sessions_use_their_own_rootdir(request: pytest.FixtureRequest):
         yield
         return
     pytester: pytest.Pytester = request.getfixturevalue("pytester")  # it clears PYTEST_ADDOPTS
-    patch = pytest.MonkeyPatch()
+    # The test's own ``monkeypatch`` (pytester's too): one undo stack, so a test that changes
+    # these again is unwound in order (a second MonkeyPatch, undone first, let the test's undo
+    # restore this fixture's value after it: a tmp history leaked into later tests).
+    patch: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
     patch.setenv("PYTEST_ADDOPTS", f"--rootdir={shlex.quote(str(pytester.path))}")
     patch.setenv(HISTORY_ENV, str(pytester.path / ".llmperf" / "history.sqlite"))
     yield
-    patch.undo()
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
