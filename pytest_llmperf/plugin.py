@@ -298,15 +298,42 @@ class LLMPerfPlugin:
             return [f"{v.note} (--llmperf-strict-env)"]
         return v.failure_lines()
 
-    def engine(self) -> Any:
-        if self._engine is None and self._engine_error is None:
-            try:
-                self._engine = load_engine(self.settings)
-            except LLMPerfError as exc:
-                self._engine_error = str(exc)
-        if self._engine_error is not None:
-            raise EngineError(self._engine_error)
-        return self._engine
+    def engine(self, overrides: Any = None) -> Any:
+        """The engine a test measures: the session's, or with a test's own llama.cpp settings
+        (marker keys ``threads``, ``flash_attn``...) one from the pool (engines/pool.py)."""
+        if overrides:
+            if self.settings.endpoint:
+                raise EngineError(
+                    f"llama.cpp settings ({', '.join(overrides)}) need the in-process engine; this session "
+                    f"measures the endpoint {self.settings.endpoint}"
+                )
+            return self.engine_pool().get(self.settings.engine_config(overrides))
+        if self.settings.endpoint:
+            if self._engine is None and self._engine_error is None:
+                try:
+                    self._engine = load_engine(self.settings)
+                except LLMPerfError as exc:
+                    self._engine_error = str(exc)
+            if self._engine_error is not None:
+                raise EngineError(self._engine_error)
+            return self._engine
+        base = self.settings.engine_config()
+        pool = self.engine_pool()
+        pool.pin(base)  # the llmperf_engine fixture may hold it for the whole session
+        return pool.get(base)
+
+    def engine_pool(self) -> Any:
+        if getattr(self, "_pool", None) is None:
+            from .engines.pool import EnginePool
+
+            self._pool = EnginePool(load_engine_config, self.settings.max_engines)
+            self._pool.plan(getattr(self, "_planned_configs", []))
+        return self._pool
+
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.finished(getattr(self, "_planned_by_id", {}).get(nodeid))
 
     # -- header and collection ------------------------------------------------------------------
 
@@ -424,6 +451,24 @@ class LLMPerfPlugin:
         # beyond a test's first are added as they come (``family_size``).
         self.measuring_tests = sum(1 for i in session.items if _is_perf(i) and not i.get_closest_marker("skip"))
         self.extra_measurements = 0
+        self._plan_engines(session.items)
+
+    def _plan_engines(self, items: list[pytest.Item]) -> None:
+        """Which llama.cpp settings the markers of the tests to run name (engines/pool.py frees
+        an engine after the last of them)."""
+        if self.settings.endpoint:
+            return
+        self._planned_by_id = {}
+        for item in items:
+            config = item.stash.get(MARKER_CONFIG, None)
+            if config is not None and config.engine and not item.get_closest_marker("skip"):
+                try:
+                    self._planned_by_id[item.nodeid] = self.settings.engine_config(config.engine)
+                except LLMPerfError:
+                    continue  # the test fails with that line when it runs
+        self._planned_configs = list(self._planned_by_id.values())
+        if getattr(self, "_pool", None) is not None:
+            self._pool.plan(self._planned_configs)
 
     @property
     def family_size(self) -> int:
@@ -466,16 +511,25 @@ class LLMPerfPlugin:
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, Any, Any]:
         result = yield  # raises if the test body failed: then nothing is measured
         fixture = item.stash.get(FIXTURE, None)
-        if fixture is not None and not fixture.results and MARKER_CONFIG in item.stash:
-            fixture.measure()
+        if fixture is not None and not fixture.results and not fixture.ab_results and MARKER_CONFIG in item.stash:
+            if item.stash[MARKER_CONFIG].is_ab:
+                fixture.compare()  # the marker's a=..., b=...: an interleaved A/B
+            else:
+                fixture.measure()
         return result
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[Any]) -> Generator[None, Any, Any]:
         fixture = item.stash.get(FIXTURE, None)
         results = fixture.results if fixture is not None and call.when == "call" else []
+        ab = fixture.ab_results if fixture is not None and call.when == "call" else []
+        if ab:
+            from .ab.report import attach, properties as ab_properties
+
+            item.user_properties.extend(ab_properties(ab))
         if not results:
-            return (yield)
+            report = yield
+            return attach(report, ab) if ab else report
         from .report import metrics_table, properties
 
         for r in results:
@@ -539,7 +593,7 @@ class LLMPerfPlugin:
         if lines and report.passed:
             report.outcome = "failed"
             report.longrepr = "\n".join(lines)
-        return report
+        return attach(report, ab) if ab else report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         # Runs on the xdist controller too: rows come from the serialized report.
@@ -696,6 +750,8 @@ class LLMPerfPlugin:
         if self._engine is not None:
             self._engine.close()
             self._engine = None
+        if getattr(self, "_pool", None) is not None:
+            self._pool.close()
 
 
 def _uses_llmperf(item: pytest.Item) -> bool:
@@ -705,6 +761,22 @@ def _uses_llmperf(item: pytest.Item) -> bool:
 def _is_perf(item: pytest.Item) -> bool:
     """Measures or loads a model: the marker, or an ``llmperf*`` fixture."""
     return MARKER_CONFIG in item.stash or _uses_llmperf(item)
+
+
+def load_engine_config(config: Any) -> Any:
+    """A LlamaCppEngine for an ``engines.config.EngineConfig`` (a preset name is written once)."""
+    from .engines.llama_cpp import LlamaCppEngine
+    from .synthetic import PRESETS, ensure_model
+
+    preset = config.model in PRESETS and not Path(config.model).exists()
+    path: str | Path = ensure_model(config.model) if preset else config.model
+    label = f"synthetic-{config.model}" if preset else Path(config.model).stem
+    return LlamaCppEngine(
+        path, n_ctx=config.n_ctx, n_threads=config.threads, n_batch=config.n_batch,
+        n_gpu_layers=config.n_gpu_layers, name=label, n_ubatch=config.n_ubatch,
+        flash_attn=config.flash_attn, type_k=config.type_k, type_v=config.type_v,
+        use_mmap=config.mmap, use_mlock=config.mlock,
+    )
 
 
 def load_engine(settings: EngineSettings) -> Any:

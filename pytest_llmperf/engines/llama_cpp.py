@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..engine_info import EngineInfo
+from .config import DEFAULTS, EngineConfig, ggml_type
 from ..errors import EngineError
 from ..model_facts import embedding_lookup
 from ..trace import NativeCounters, RunTrace
@@ -88,17 +89,29 @@ class LlamaCppEngine:
         self,
         model_path: str | os.PathLike[str],
         *,
-        n_ctx: int = 2048,
+        n_ctx: int = DEFAULTS["n_ctx"],
         n_threads: int | None = None,
-        n_batch: int = 512,
-        n_gpu_layers: int = 0,
+        n_batch: int = DEFAULTS["n_batch"],
+        n_gpu_layers: int = DEFAULTS["n_gpu_layers"],
         name: str | None = None,
         verbose: bool = False,
+        n_ubatch: int | None = DEFAULTS["n_ubatch"],
+        flash_attn: bool = DEFAULTS["flash_attn"],
+        type_k: str = DEFAULTS["type_k"],
+        type_v: str = DEFAULTS["type_v"],
+        use_mmap: bool = DEFAULTS["mmap"],
+        use_mlock: bool = DEFAULTS["mlock"],
     ) -> None:
         path = check_gguf(model_path)
         llama_cpp = import_llama_cpp()
         self._lib = llama_cpp
         threads = n_threads or default_threads()
+        # Validates the combination (cache types, quantized V without flash attention...).
+        self.config = EngineConfig(
+            model=str(path), threads=threads, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
+            flash_attn=flash_attn, type_k=type_k, type_v=type_v, n_gpu_layers=n_gpu_layers,
+            mmap=use_mmap, mlock=use_mlock,
+        )
         started = time.perf_counter_ns()
         try:
             self.llm = llama_cpp.Llama(
@@ -107,8 +120,13 @@ class LlamaCppEngine:
                 n_threads=threads,
                 n_threads_batch=threads,
                 n_batch=n_batch,
-                n_ubatch=n_batch,
+                n_ubatch=self.config.ubatch,
                 n_gpu_layers=n_gpu_layers,
+                flash_attn=flash_attn,
+                type_k=ggml_type(type_k),
+                type_v=ggml_type(type_v),
+                use_mmap=use_mmap,
+                use_mlock=use_mlock,
                 no_perf=False,
                 verbose=verbose,
             )
@@ -156,6 +174,12 @@ class LlamaCppEngine:
             n_ctx=self.n_ctx,
             n_batch=self.n_batch,
             n_gpu_layers=n_gpu_layers,
+            n_ubatch=self.config.ubatch,
+            flash_attn=flash_attn,
+            type_k=type_k,
+            type_v=type_v,
+            mmap=use_mmap,
+            mlock=use_mlock,
             load_ms=load_ms,
             native_load_ms=float(native_load_ms),
             backend_version=llama_cpp_version(),
