@@ -35,6 +35,7 @@ class EngineInfo:
     type_v: str | None = None
     mmap: bool | None = None
     mlock: bool | None = None
+    sample: bool | None = None  # greedy sampling inside the timed decode loop
     load_ms: float | None = None
     native_load_ms: float | None = None
     backend_version: str | None = None

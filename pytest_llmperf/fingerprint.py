@@ -111,6 +111,7 @@ def subject(info: EngineInfo) -> dict[str, Any]:
         "type_v": info.type_v,
         "mmap": info.mmap,
         "mlock": info.mlock,
+        "sample": info.sample,
         "llmperf_version": __version__,
         "python": platform.python_version(),
     }
@@ -131,6 +132,7 @@ SUBJECT_LABELS = {
     "type_v": "V cache type",
     "mmap": "mmap",
     "mlock": "mlock",
+    "sample": "sampling in decode",
     "llmperf_version": "pytest-llmperf",
     "python": "Python",
     "engine": "engine",
@@ -139,7 +141,7 @@ SUBJECT_LABELS = {
 
 
 #: Subject keys added after baselines were first recorded: a record without one is not changed.
-NEWER_KEYS = frozenset({"n_ubatch", "flash_attn", "type_k", "type_v", "mmap", "mlock"})
+NEWER_KEYS = frozenset({"n_ubatch", "flash_attn", "type_k", "type_v", "mmap", "mlock", "sample"})
 
 
 def subject_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:

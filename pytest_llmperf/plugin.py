@@ -775,7 +775,7 @@ def load_engine_config(config: Any) -> Any:
         path, n_ctx=config.n_ctx, n_threads=config.threads, n_batch=config.n_batch,
         n_gpu_layers=config.n_gpu_layers, name=label, n_ubatch=config.n_ubatch,
         flash_attn=config.flash_attn, type_k=config.type_k, type_v=config.type_v,
-        use_mmap=config.mmap, use_mlock=config.mlock,
+        use_mmap=config.mmap, use_mlock=config.mlock, sample=config.sample,
     )
 
 

@@ -33,14 +33,30 @@ class PhaseRoofline:
     achieved_bw_gbs: float
     mbu: float
     mfu: float
-    verdict: str  # "memory-bound" | "compute-bound"
+    verdict: str  # "memory-bound" | "compute-bound" | "cache-resident"
+    note: str = ""  # why the DRAM roofline does not apply (cache-resident), else ""
 
     def line(self) -> str:
-        return (
+        mbu = "MBU n/a (fits in cache)" if self.verdict == CACHE_RESIDENT else f"MBU {self.mbu:.2f}"
+        text = (
             f"{self.phase}: {self.verdict} (intensity {self.intensity_flop_per_byte:.3g} FLOP/byte), "
             f"achieved {self.achieved_tps:.1f} t/s of bound {self.bound_tps:.1f} t/s, "
-            f"{self.achieved_bw_gbs:.1f} GB/s, MBU {self.mbu:.2f}, MFU {self.mfu:.2f}"
+            f"{self.achieved_bw_gbs:.1f} GB/s, {mbu}, MFU {self.mfu:.2f}"
         )
+        return text + (f"; {self.note}" if self.note else "")
+
+
+#: A memory-bound phase that moved its bytes faster than the measured DRAM peak: its working
+#: set (weights + KV) stays in the CPU caches between tokens, so DRAM bandwidth does not bound
+#: it and a "utilisation" above 100% would be no utilisation at all.
+CACHE_RESIDENT = "cache-resident"
+
+
+def cache_note(achieved_gbs: float, peak_gbs: float, bytes_per_token: float) -> str:
+    return (
+        f"working set fits in cache; the DRAM roofline does not bound it ({achieved_gbs:.1f} GB/s achieved "
+        f"> {peak_gbs:.1f} GB/s measured DRAM peak, {bytes_per_token / 2**20:.1f} MiB moved per token)"
+    )
 
 
 @dataclass(frozen=True)
@@ -98,6 +114,11 @@ def _phase(name: str, bytes_moved: float, flops: float, tokens: int, seconds: fl
     peak_bps, peak_fps = bw.value * 1e9, fl.value * 1e12
     intensity = flops / bytes_moved
     bound_s = max(bytes_moved / peak_bps, flops / peak_fps)
+    verdict = "memory-bound" if intensity < peak_fps / peak_bps else "compute-bound"
+    achieved_bps = bytes_moved / seconds
+    note = ""
+    if verdict == "memory-bound" and achieved_bps > peak_bps:
+        verdict, note = CACHE_RESIDENT, cache_note(achieved_bps / 1e9, bw.value, bytes_moved / tokens)
     return PhaseRoofline(
         phase=name,
         bytes_per_token=bytes_moved / tokens,
@@ -108,7 +129,8 @@ def _phase(name: str, bytes_moved: float, flops: float, tokens: int, seconds: fl
         achieved_bw_gbs=bytes_moved / seconds / 1e9,
         mbu=bytes_moved / seconds / peak_bps,
         mfu=flops / seconds / peak_fps,
-        verdict="memory-bound" if intensity < peak_fps / peak_bps else "compute-bound",
+        verdict=verdict,
+        note=note,
     )
 
 

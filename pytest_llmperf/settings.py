@@ -32,6 +32,9 @@ ENGINE_DEFAULTS: dict[str, Any] = {
     "n_gpu_layers": 0,
     "mmap": True,
     "mlock": False,
+    # Greedy sampling inside the timed decode loop (False: llama-bench's tg, which feeds seeded
+    # tokens; sampling is then timed apart and reported as its own figure).
+    "sample": True,
 }
 
 

@@ -31,6 +31,7 @@ class EngineConfig:
     n_gpu_layers: int = DEFAULTS["n_gpu_layers"]
     mmap: bool = DEFAULTS["mmap"]
     mlock: bool = DEFAULTS["mlock"]
+    sample: bool = DEFAULTS["sample"]
 
     def __post_init__(self) -> None:
         for name in ("type_k", "type_v"):

@@ -25,6 +25,8 @@ from ..trace import NativeCounters, RunTrace
 from ..workload import Workload
 
 GGUF_MAGIC = b"GGUF"
+#: Sampler calls per run that time sampling apart when the decode loop does not sample.
+SAMPLING_PROBES = 8
 
 
 def import_llama_cpp() -> Any:
@@ -101,6 +103,7 @@ class LlamaCppEngine:
         type_v: str = DEFAULTS["type_v"],
         use_mmap: bool = DEFAULTS["mmap"],
         use_mlock: bool = DEFAULTS["mlock"],
+        sample: bool = DEFAULTS["sample"],
     ) -> None:
         path = check_gguf(model_path)
         llama_cpp = import_llama_cpp()
@@ -110,8 +113,9 @@ class LlamaCppEngine:
         self.config = EngineConfig(
             model=str(path), threads=threads, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
             flash_attn=flash_attn, type_k=type_k, type_v=type_v, n_gpu_layers=n_gpu_layers,
-            mmap=use_mmap, mlock=use_mlock,
+            mmap=use_mmap, mlock=use_mlock, sample=sample,
         )
+        self.sample = sample
         started = time.perf_counter_ns()
         try:
             self.llm = llama_cpp.Llama(
@@ -180,6 +184,7 @@ class LlamaCppEngine:
             type_v=type_v,
             mmap=use_mmap,
             mlock=use_mlock,
+            sample=sample,
             load_ms=load_ms,
             native_load_ms=float(native_load_ms),
             backend_version=llama_cpp_version(),
@@ -208,6 +213,7 @@ class LlamaCppEngine:
         self.llm.reset()  # keep the Llama object's own token bookkeeping in step
         lib.llama_sampler_reset(self._sampler)
         lib.llama_perf_context_reset(self._ctx)
+        lib.llama_perf_sampler_reset(self._sampler)
 
     def _evaluate_once(self) -> None:
         ids = (self._lib.llama_token * 2)(*self.synthetic_prompt(2, seed=0))
@@ -257,28 +263,46 @@ class LlamaCppEngine:
 
         decode = lib.llama_decode
         sample = lib.llama_sampler_sample
+        sync = lib.llama_synchronize
         ctx, sampler = self._ctx, self._sampler
         token_ns = [0] * max_tokens
         token_ids = [0] * max_tokens
+        if not self.sample:
+            # As llama-bench's tg: each step feeds a seeded token, no sampler runs between the
+            # clock reads (sampling is timed apart, after the run: ``_time_sampling``).
+            token_ids = self.synthetic_prompt(max_tokens + 1, workload.seed + 1)[1:]
+            feed = (lib.llama_token * max_tokens)(*token_ids)
 
         start = clock()
         for batch in prompt_batches:
             if decode(ctx, batch) != 0:
                 raise EngineError(f"llama_decode failed on the prompt ({len(prompt_ids)} tokens)")
-        lib.llama_synchronize(ctx)
+        sync(ctx)
         prefill_done = clock()
-        token = sample(sampler, ctx, -1)
-        token_ns[0] = clock()
-        token_ids[0] = token
-        for i in range(1, max_tokens):
-            one[0] = token
-            if decode(ctx, batch_one) != 0:
-                raise EngineError(f"llama_decode failed at generated token {i + 1}")
+        if self.sample:
             token = sample(sampler, ctx, -1)
-            token_ns[i] = clock()
-            token_ids[i] = token
+            token_ns[0] = clock()
+            token_ids[0] = token
+            for i in range(1, max_tokens):
+                one[0] = token
+                if decode(ctx, batch_one) != 0:
+                    raise EngineError(f"llama_decode failed at generated token {i + 1}")
+                token = sample(sampler, ctx, -1)
+                token_ns[i] = clock()
+                token_ids[i] = token
+        else:
+            token_ns[0] = prefill_done  # the first token's logits are ready
+            for i in range(1, max_tokens):
+                one[0] = feed[i - 1]
+                if decode(ctx, batch_one) != 0:
+                    raise EngineError(f"llama_decode failed at generated token {i + 1}")
+                sync(ctx)
+                token_ns[i] = clock()
 
         perf = lib.llama_perf_context(ctx)
+        if not self.sample:
+            self._time_sampling(max_tokens)
+        sampled = lib.llama_perf_sampler(sampler)
         return RunTrace(
             start_ns=start,
             prefill_done_ns=prefill_done,
@@ -290,9 +314,19 @@ class LlamaCppEngine:
                 prefill_tokens=int(perf.n_p_eval),
                 decode_ms=float(perf.t_eval_ms),
                 decode_tokens=int(perf.n_eval),
+                sample_ms=float(sampled.t_sample_ms),
+                sample_count=int(sampled.n_sample),
             ),
             token_ids=tuple(token_ids),
         )
+
+    def _time_sampling(self, max_tokens: int) -> None:
+        """Run the sampler (greedy over the vocabulary, end-of-generation banned) on the last
+        logits, outside the timed region, so llama.cpp's sampler counters give the sampling
+        cost per token that a generating server adds on top of decode."""
+        lib = self._lib
+        for _ in range(min(max_tokens, SAMPLING_PROBES)):
+            lib.llama_sampler_sample(self._sampler, self._ctx, -1)
 
     def _check_fits(self, prompt_tokens: int, max_tokens: int) -> None:
         if prompt_tokens + max_tokens > self.n_ctx:
