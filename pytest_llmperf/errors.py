@@ -14,3 +14,7 @@ class ConfigError(LLMPerfError):
 
 class EngineError(LLMPerfError):
     """The engine could not load the model or run the workload."""
+
+
+class ToolBuildError(EngineError):
+    """llama.cpp's own tools (llama-server, llama-bench) could not be built or found."""

@@ -228,6 +228,12 @@ def summary_section(results: Sequence[Mapping[str, Any]], created_at: str | None
                     rows, raw=True),
              "<h3>Changed in the subject since the baseline</h3>", changed,
              "<h3>Environment (first measurement)</h3>", _env(results[0]["record"]) if results else ""]
+    from .load_figure import section as load_curve
+
+    curve = load_curve(results)
+    if curve:
+        parts.append(_figure_html("load-curve", "Served load: throughput against per-request latency, one point per "
+                                  "load level (label: concurrency)", curve, "load-"))
     overview = key_figure(results)
     if overview:
         parts.append(_figure_html("change-overview", "Largest changes with 95% CI (colour and label: verdict)",

@@ -6,13 +6,21 @@ definitions as a single-stream measurement. On top: the distributions over reque
 of *all* requests (failed ones count as misses) that met the SLOs, given as the ``ttft_ms``
 and ``tpot_ms`` budgets. A failed request is kept with its one-line reason, never dropped.
 
-Closed loop (no rate): a pool of ``concurrency`` workers takes the next request as soon as
-one finishes. Rate mode: requests are sent at seeded exponential gaps (a Poisson process),
-at most ``concurrency`` at once (unbounded when not given); TTFT counts from the send.
+Closed loop (no rate): ``concurrency`` requests in flight, the next sent as soon as one
+finishes. Rate mode: requests are sent at seeded exponential gaps (a Poisson process), at most
+``concurrency`` at once (unbounded when not given); TTFT counts from the send. An engine with
+``arun`` (the HTTP engine) runs every request as a task on one asyncio event loop (httpx's
+AsyncClient): at 64 in flight no thread switch sits between a line's arrival and its stamp
+(benchmarks/client_overhead.py); other engines run in a thread pool.
+
+Every request of a load run gets its own request index (levels of a sweep do not repeat
+indices), so synthetic prompts never repeat: no level is answered from a prompt cache that an
+earlier level filled.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import statistics
 import time
@@ -24,6 +32,7 @@ import numpy as np
 
 from .errors import ConfigError, EngineError, LLMPerfError
 from .metrics import LatencyStats, Measurement, RunMetrics, summarize
+from .served_fidelity import ServerSide, server_side
 from .trace import RunTrace
 from .workload import Workload
 
@@ -50,6 +59,8 @@ class LoadStats:
     requests_per_s: float  # successful requests / duration
     goodput: float  # share of all requests meeting the SLOs (and not failed)
     slo: Mapping[str, float]
+    server: ServerSide | None = None  # llama-server's own timings and /metrics, when it gave them
+    prompt_cache: str | None = None  # served: what the server's prompt cache was allowed to do
 
 
 def arrival_offsets_s(n: int, rate_per_s: float, seed: int) -> np.ndarray:
@@ -73,38 +84,28 @@ def _check_engine(engine: Any, workers: int, rate: float | None) -> None:
 
 
 def measure_load(
-    engine: Any, workload: Workload, label: str = "", slo: Mapping[str, float] | None = None
+    engine: Any,
+    workload: Workload,
+    label: str = "",
+    slo: Mapping[str, float] | None = None,
+    first_index: int = 0,
 ) -> Measurement:
-    """Warm up (sequentially, discarded), then send ``workload.n_requests`` requests."""
+    """Warm up (sequentially, discarded), then send ``workload.n_requests`` requests, with
+    request indices ``first_index``, ``first_index + 1``... (warm-ups: negative ones)."""
     slo = {k: float(v) for k, v in (slo or {}).items() if k in SLO_KEYS}
     n = workload.n_requests
     workers = workload.concurrency or (n if workload.rate else 1)
     _check_engine(engine, workers, workload.rate if not workload.concurrency else None)
     for i in range(workload.warmup):
-        engine.run(workload, -1 - i)
+        engine.run(workload, -1 - first_index - i)
+    server_before = _server_metrics(engine)
 
     outcomes: list[RunTrace | str | None] = [None] * n
-
-    def one(i: int) -> None:
-        try:
-            outcomes[i] = engine.run(workload, i)
-        except LLMPerfError as exc:
-            outcomes[i] = str(exc)
-        except Exception as exc:  # a bug must not vanish in a worker thread
-            outcomes[i] = f"{type(exc).__name__}: {exc}"
-
-    clock = time.perf_counter_ns
-    begin = clock()
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="llmperf-load") as pool:
-        if workload.rate:
-            for i, offset in enumerate(arrival_offsets_s(n, workload.rate, workload.seed)):
-                delay = begin / 1e9 + offset - clock() / 1e9
-                if delay > 0:
-                    time.sleep(delay)
-                pool.submit(one, i)
-        else:
-            for i in range(n):
-                pool.submit(one, i)
+    if hasattr(engine, "arun"):
+        _run_loop(_send_async(engine, workload, n, workers, first_index, outcomes))
+    else:
+        _send_threads(engine, workload, n, workers, first_index, outcomes)
+    server_after = _server_metrics(engine)
     traces = [o for o in outcomes if isinstance(o, RunTrace)]
     errors = tuple(f"request {i}: {o}" for i, o in enumerate(outcomes) if not isinstance(o, RunTrace))
     if not traces:
@@ -129,8 +130,84 @@ def measure_load(
         requests_per_s=len(traces) / duration_s,
         goodput=sum(1 for r in runs if meets_slo(r, slo)) / n,
         slo=slo,
+        server=server_side(traces, runs, server_before, server_after),
+        prompt_cache=workload.prompt_cache if m.engine.endpoint else None,
     )
     return dataclasses.replace(m, load=stats)
+
+
+def _send_threads(
+    engine: Any, workload: Workload, n: int, workers: int, first: int, outcomes: list[Any]
+) -> None:
+    def one(i: int) -> None:
+        try:
+            outcomes[i] = engine.run(workload, first + i)
+        except LLMPerfError as exc:
+            outcomes[i] = str(exc)
+        except Exception as exc:  # a bug must not vanish in a worker thread
+            outcomes[i] = f"{type(exc).__name__}: {exc}"
+
+    clock = time.perf_counter_ns
+    begin = clock()
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="llmperf-load") as pool:
+        if workload.rate:
+            for i, offset in enumerate(arrival_offsets_s(n, workload.rate, workload.seed)):
+                delay = begin / 1e9 + offset - clock() / 1e9
+                if delay > 0:
+                    time.sleep(delay)
+                pool.submit(one, i)
+        else:
+            for i in range(n):
+                pool.submit(one, i)
+
+
+async def _send_async(
+    engine: Any, workload: Workload, n: int, workers: int, first: int, outcomes: list[Any]
+) -> None:
+    """All requests as tasks of this loop, at most ``workers`` in flight (a semaphore)."""
+    slots = asyncio.Semaphore(workers)
+    client = engine.async_client()
+
+    async def one(i: int) -> None:
+        async with slots:
+            try:
+                outcomes[i] = await engine.arun(workload, first + i, client)
+            except LLMPerfError as exc:
+                outcomes[i] = str(exc)
+            except Exception as exc:  # a bug must not vanish in a task
+                outcomes[i] = f"{type(exc).__name__}: {exc}"
+
+    try:
+        clock = time.perf_counter_ns
+        begin = clock()
+        tasks = []
+        if workload.rate:
+            for i, offset in enumerate(arrival_offsets_s(n, workload.rate, workload.seed)):
+                delay = begin / 1e9 + offset - clock() / 1e9
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.ensure_future(one(i)))
+        else:
+            tasks = [asyncio.ensure_future(one(i)) for i in range(n)]
+        await asyncio.gather(*tasks)
+    finally:
+        await client.aclose()
+
+
+def _run_loop(coro: Any) -> None:
+    """``asyncio.run``; in a helper thread when this thread already runs a loop (Jupyter)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        asyncio.run(coro)
+        return
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmperf-loop") as pool:
+        pool.submit(asyncio.run, coro).result()
+
+
+def _server_metrics(engine: Any) -> dict[str, float] | None:
+    read = getattr(engine, "server_metrics", None)
+    return read() if read is not None else None
 
 
 def sweep(
@@ -139,11 +216,14 @@ def sweep(
     concurrencies: Sequence[int] = (1, 2, 4, 8),
     slo: Mapping[str, float] | None = None,
 ) -> list[Measurement]:
-    """The latency-throughput curve: one load measurement per concurrency, in order."""
-    return [
-        measure_load(engine, dataclasses.replace(workload, concurrency=c), label=f"concurrency {c}", slo=slo)
-        for c in concurrencies
-    ]
+    """The latency-throughput curve: one load measurement per concurrency, in order; each
+    level's requests have their own indices (no prompt repeats across levels)."""
+    results, first = [], 0
+    for c in concurrencies:
+        level = dataclasses.replace(workload, concurrency=c)
+        results.append(measure_load(engine, level, label=f"concurrency {c}", slo=slo, first_index=first))
+        first += level.n_requests + level.warmup
+    return results
 
 
 def curve_table(measurements: Sequence[Measurement]) -> str:
@@ -198,4 +278,8 @@ def load_rows(m: Measurement) -> list[tuple[str, str, str, str]]:
         rows.append(("goodput", "", f"{s.goodput:.1%} ({slo})", f"{s.n_requests} requests"))
     else:
         rows.append(("goodput (no SLO: requests that succeeded)", "", f"{s.goodput:.1%}", f"{s.n_requests} requests"))
-    return rows
+    if s.prompt_cache:
+        rows.append(("prompt cache", "", s.prompt_cache, ""))
+    from .served_fidelity import rows as server_rows
+
+    return rows + server_rows(s.server)

@@ -146,6 +146,26 @@ def llmperf_server(pytestconfig: pytest.Config) -> Any:
 
 
 @pytest.fixture(scope="session")
+def llmperf_llama_server(pytestconfig: pytest.Config) -> Any:
+    """llama.cpp's own ``llama-server`` (continuous batching, ``LLAMA_SERVER_PARALLEL`` slots,
+    ``/metrics``) on a free loopback port, serving the session's model; built on first use
+    (``llmperf server build``). ``.url`` and ``.engine()`` as for ``llmperf_server``."""
+    from .server import LLAMA_SERVER_PARALLEL, serve_llama_server
+    from .synthetic import ensure_model
+
+    s = _plugin(pytestconfig).settings
+    try:
+        path = ensure_model(s.preset) if s.preset else s.model
+        with serve_llama_server(
+            path, parallel=LLAMA_SERVER_PARALLEL, n_threads=s.threads, n_ctx=s.n_ctx, n_batch=s.n_batch,
+            alias=s.model_label,
+        ) as server:
+            yield server
+    except LLMPerfError as exc:
+        raise pytest.fail.Exception(str(exc), pytrace=False) from None  # no chained second copy
+
+
+@pytest.fixture(scope="session")
 def llmperf_llm(llmperf_engine: Any) -> Any:
     """The session's ``llama_cpp.Llama`` object: the model the llmperf tests measure."""
     return llmperf_engine.llm

@@ -40,6 +40,9 @@ def workload_identity(m: Measurement) -> dict[str, Any]:
         # Load tests: a run under concurrency 4 is not comparable with one under concurrency 1.
         "concurrency": w.concurrency,
         "rate": w.rate,
+        # Served: a shared prompt prefix measures the prompt cache (only present when set, so
+        # older baselines keep matching).
+        **({"shared_prefix_tokens": w.shared_prefix_tokens} if w.shared_prefix_tokens else {}),
     }
 
 
@@ -80,14 +83,32 @@ def diagnosis(m: Measurement) -> dict[str, Any]:
     if m.peak_rss is not None:
         memory.update(peak_rss_bytes=m.peak_rss.bytes, peak_rss_scope=m.peak_rss.scope)
     out["memory"] = memory
+    if m.load is not None:
+        out["load"] = load_record(m.load)
     if m.system is not None:
         runs = max(1, len(m.runs) + len(m.warmup_runs))
         out["machine"] = {**m.system.as_dict(), "involuntary_switches_per_run": round(m.system.involuntary_switches / runs, 2)}
     return out
 
 
+def load_record(s: Any) -> dict[str, Any]:
+    """A load level's figures (the HTML report's throughput-latency curve)."""
+    out = {
+        "concurrency": s.concurrency, "rate_per_s": s.rate_per_s, "n_requests": s.n_requests, "n_ok": s.n_ok,
+        "output_tps": _round(s.output_tps), "requests_per_s": _round(s.requests_per_s), "goodput": _round(s.goodput),
+        "ttft_p50_ms": _round(s.ttft.p50_ms), "ttft_p99_ms": _round(s.ttft.p99_ms),
+        "tpot_p50_ms": _round(s.tpot.p50_ms), "tpot_p99_ms": _round(s.tpot.p99_ms),
+        "prompt_cache": s.prompt_cache,
+    }
+    if s.server is not None:
+        out["server"] = {k: _round(v) if isinstance(v, float) else v
+                         for k, v in vars(s.server).items() if k != "metrics"}
+        out["server"]["metrics"] = dict(s.server.metrics or {})
+    return out
+
+
 def same_workload(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     """Differences between two records' workloads, as ``key a -> b`` strings."""
-    keys = ("prompt", "prompt_tokens", "max_tokens", "seed", "concurrency", "rate")
+    keys = ("prompt", "prompt_tokens", "max_tokens", "seed", "concurrency", "rate", "shared_prefix_tokens")
     wa, wb = a.get("workload", {}), b.get("workload", {})
     return [f"{k} {wa.get(k)!r} -> {wb.get(k)!r}" for k in keys if wa.get(k) != wb.get(k)]

@@ -126,6 +126,8 @@ KEYS: dict[str, Key] = {
         Key("concurrency", "workload", "load: requests in flight at once (served models)", _int_at_least(1)),
         Key("requests", "workload", "load: requests sent in all (default: runs)", _int_at_least(1)),
         Key("rate", "workload", "load: Poisson arrivals, requests per second (seeded)", _number),
+        Key("shared_prefix_tokens", "workload", "served: the first N prompt tokens are the same in every request "
+            "(measures prefix caching; default: unique prompts, server prompt cache off)", _int_at_least(1)),
         Key("model", "engine", "GGUF path or preset (tiny, small) for this test; one engine per distinct setting", _text),
         Key("threads", "engine", "llama.cpp threads for this test (prompt and generation)", _int_at_least(1)),
         Key("n_ctx", "engine", "llama.cpp context size for this test", _int_at_least(1)),

@@ -1,9 +1,12 @@
-"""Start and stop llama-cpp-python's OpenAI-compatible server on loopback, without pytest.
+"""Start and stop a real OpenAI-compatible server on loopback, without pytest.
 
-Tests (and users) measure a real server this way: ``with serve(model_path) as server:`` starts
-``python -m llama_cpp.server`` on a free port of 127.0.0.1, waits until ``/v1/models`` answers,
-and stops it on exit (terminate, then kill). A server that does not come up fails with one
-line that carries the tail of its stderr.
+``with serve_llama_server(model_path, parallel=4) as server:`` starts llama.cpp's own
+``llama-server`` (continuous batching over ``parallel`` slots; built from the installed
+llama-cpp-python's sources, see engines/native_tools.py) on a free port of 127.0.0.1 and waits
+until ``/health`` answers; ``with serve(model_path) as server:`` does the same with the lighter
+``python -m llama_cpp.server`` (one request at a time), waiting for ``/v1/models``. Both are
+stopped on exit (terminate, then kill; on Linux also when the starting process dies). A server
+that does not come up within its deadline fails with one line that carries its stderr's tail.
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from .errors import EngineError
+from .errors import ConfigError, EngineError
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 60.0
+#: Slots of the ``llmperf_llama_server`` fixture (and ``llmperf load --serve``'s floor).
+LLAMA_SERVER_PARALLEL = 4
 STOP_TIMEOUT_S = 5.0
 
 
@@ -43,6 +48,13 @@ class Server:
     model: str  # the name the server answers to (``--model_alias``)
     n_threads: int
     pid: int
+    kind: str = "llama-cpp-python"  # or "llama-server" (llama.cpp's own, continuous batching)
+    parallel: int = 1  # request slots (llama-server --parallel); 1: one request at a time
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:PORT``: where ``/health`` and ``/metrics`` are."""
+        return self.url.rsplit("/v1", 1)[0]
 
     def engine(self, **kwargs: Any) -> Any:
         """An HttpEngine on this server (keyword arguments go to HttpEngine)."""
@@ -82,7 +94,7 @@ def _ready(url: str, timeout_s: float) -> bool:
     import httpx
 
     try:
-        return httpx.get(f"{url}/models", timeout=timeout_s).status_code == 200
+        return httpx.get(url, timeout=timeout_s).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -94,6 +106,52 @@ def _tail(path: Path, n_chars: int = 300) -> str:
         return ""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     return " | ".join(lines[-3:])[-n_chars:]
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child
+    """Linux: the server gets SIGTERM when the process that started it dies (even by SIGKILL),
+    so a killed pytest leaves no server behind."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+@contextlib.contextmanager
+def _launch(
+    command: list[str], ready_url: str, name: str, start_timeout_s: float, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``command`` until the ``with`` block ends; ready when ``ready_url`` answers 200.
+
+    Stopped on every exit (an exception, a failed test, Ctrl-C): SIGTERM, then SIGKILL."""
+    with tempfile.TemporaryDirectory(prefix="llmperf-server-") as tmp:
+        log = Path(tmp) / "stderr.log"
+        with log.open("wb") as err:
+            proc = subprocess.Popen(
+                command,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            )
+        try:
+            deadline = time.monotonic() + start_timeout_s
+            while not _ready(ready_url, 1.0):
+                if proc.poll() is not None:
+                    tail = _tail(log) or "no output"
+                    hint = '; install it: pip install "llama-cpp-python[server]"' if "No module named" in tail else ""
+                    raise EngineError(f"{name} exited with status {proc.returncode} before it was ready: {tail}{hint}")
+                if time.monotonic() > deadline:
+                    raise EngineError(
+                        f"{name} did not answer {ready_url} within {start_timeout_s:.0f} s: {_tail(log) or 'no output'}"
+                    )
+                time.sleep(0.1)
+            yield proc
+        finally:
+            stop(proc)
 
 
 @contextlib.contextmanager
@@ -113,33 +171,72 @@ def serve(
     threads = n_threads or default_threads()
     port = free_port()
     url = f"http://{HOST}:{port}/v1"
-    with tempfile.TemporaryDirectory(prefix="llmperf-server-") as tmp:
-        log = Path(tmp) / "stderr.log"
-        with log.open("wb") as err:
-            proc = subprocess.Popen(
-                server_command(path, port, n_threads=threads, n_ctx=n_ctx, n_batch=n_batch, alias=alias),
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-                stdin=subprocess.DEVNULL,
-            )
-        try:
-            deadline = time.monotonic() + start_timeout_s
-            while not _ready(url, 1.0):
-                if proc.poll() is not None:
-                    tail = _tail(log) or "no output"
-                    hint = '; install it: pip install "llama-cpp-python[server]"' if "No module named" in tail else ""
-                    raise EngineError(
-                        f"llama_cpp.server exited with status {proc.returncode} before it was ready: {tail}{hint}"
-                    )
-                if time.monotonic() > deadline:
-                    raise EngineError(
-                        f"llama_cpp.server did not answer {url}/models within {start_timeout_s:.0f} s: "
-                        f"{_tail(log) or 'no output'}"
-                    )
-                time.sleep(0.1)
-            yield Server(url=url, model_path=str(path), model=alias or path.stem, n_threads=threads, pid=proc.pid)
-        finally:
-            stop(proc)
+    command = server_command(path, port, n_threads=threads, n_ctx=n_ctx, n_batch=n_batch, alias=alias)
+    with _launch(command, f"{url}/models", "llama_cpp.server", start_timeout_s) as proc:
+        yield Server(url=url, model_path=str(path), model=alias or path.stem, n_threads=threads, pid=proc.pid)
+
+
+def llama_server_command(
+    binary: str | os.PathLike[str],
+    model_path: str | os.PathLike[str],
+    port: int,
+    *,
+    n_threads: int,
+    parallel: int,
+    n_ctx: int = 2048,
+    n_batch: int = 512,
+    alias: str | None = None,
+) -> list[str]:
+    """llama.cpp's server with ``parallel`` slots of ``n_ctx`` tokens each (continuous
+    batching is its default) and the Prometheus ``/metrics`` endpoint."""
+    return [
+        str(binary),
+        "--model", str(model_path),
+        "--alias", alias or Path(model_path).stem,
+        "--host", HOST,
+        "--port", str(port),
+        "--threads", str(n_threads),
+        "--threads-batch", str(n_threads),
+        "--ctx-size", str(n_ctx * parallel),
+        "--batch-size", str(n_batch),
+        "--parallel", str(parallel),
+        "--metrics",
+        "--no-webui",
+    ]
+
+
+@contextlib.contextmanager
+def serve_llama_server(
+    model_path: str | os.PathLike[str],
+    *,
+    parallel: int = 4,
+    n_threads: int | None = None,
+    n_ctx: int = 2048,
+    n_batch: int = 512,
+    alias: str | None = None,
+    start_timeout_s: float = START_TIMEOUT_S,
+    build: bool = True,
+) -> Iterator[Server]:
+    """Run llama.cpp's ``llama-server`` (of the installed llama-cpp-python's version, built
+    once: ``llmperf server build``) on a free loopback port for the ``with`` block."""
+    from .engines.llama_cpp import check_gguf, default_threads
+    from .engines.native_tools import tool_path
+
+    if parallel < 1:
+        raise ConfigError(f"llama-server needs parallel >= 1 slots, got {parallel}")
+    binary = tool_path("llama-server", build=build)
+    path = check_gguf(model_path)
+    threads = n_threads or default_threads()
+    port = free_port()
+    url = f"http://{HOST}:{port}/v1"
+    command = llama_server_command(
+        binary, path, port, n_threads=threads, parallel=parallel, n_ctx=n_ctx, n_batch=n_batch, alias=alias
+    )
+    with _launch(command, f"http://{HOST}:{port}/health", "llama-server", start_timeout_s) as proc:
+        yield Server(
+            url=url, model_path=str(path), model=alias or path.stem, n_threads=threads, pid=proc.pid,
+            kind="llama-server", parallel=parallel,
+        )
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:

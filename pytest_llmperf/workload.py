@@ -27,6 +27,10 @@ class Workload:
     concurrency: int | None = None
     requests: int | None = None
     rate: float | None = None
+    # Served models: the first N words of every request's synthetic prompt are the same (the
+    # rest differ), to measure prefix caching on purpose. None: every prompt unique, and the
+    # server asked not to reuse cached prompts (llama-server's cache_prompt=false).
+    shared_prefix_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.prompt is not None and self.prompt_tokens is not None:
@@ -57,6 +61,15 @@ class Workload:
             raise ConfigError(f"requests must be >= 1, got {self.requests}")
         if self.rate is not None and not self.rate > 0:
             raise ConfigError(f"rate must be > 0 requests/s, got {self.rate}")
+        if self.shared_prefix_tokens is not None:
+            total = self.synthetic_prompt_tokens
+            if total is None:
+                raise ConfigError("shared_prefix_tokens needs a synthetic prompt (prompt_tokens), not a literal prompt")
+            if not 1 <= self.shared_prefix_tokens < total:
+                raise ConfigError(
+                    f"shared_prefix_tokens must be between 1 and prompt_tokens - 1 ({total - 1}), "
+                    f"got {self.shared_prefix_tokens}"
+                )
 
     @property
     def is_load(self) -> bool:
@@ -74,12 +87,23 @@ class Workload:
             return None
         return self.prompt_tokens if self.prompt_tokens is not None else DEFAULT_PROMPT_TOKENS
 
+    @property
+    def prompt_cache(self) -> str:
+        """What a served measurement lets the server's prompt cache do (said in reports)."""
+        if self.shared_prefix_tokens:
+            return f"shared {self.shared_prefix_tokens}-token prefix, prompt cache on (measures prefix caching)"
+        if self.prompt is not None:
+            return "same literal prompt every request, prompt cache off (cache_prompt=false)"
+        return "unique prompts, prompt cache off (cache_prompt=false)"
+
     def describe(self) -> str:
         source = (
             f"prompt {len(self.prompt)} chars"
             if self.prompt is not None
             else f"{self.synthetic_prompt_tokens} prompt tokens"
         )
+        if self.shared_prefix_tokens:
+            source += f" ({self.shared_prefix_tokens} shared)"
         if self.is_load:
             pace = f"Poisson {self.rate:g}/s" if self.rate else "closed loop"
             return (

@@ -1,8 +1,10 @@
 """``llmperf load``: the latency-throughput curve of a served model, one row per concurrency.
 
 Measures ``--endpoint`` (an OpenAI-compatible API base URL), or with ``--serve MODEL`` starts
-llama-cpp-python's server on loopback for the run (a preset name or a GGUF path). Exit 1 when
-``--min-goodput`` is given and a level misses it.
+a server on loopback for the run (a preset name or a GGUF path): llama.cpp's ``llama-server``
+with ``--parallel`` slots (built once per llama-cpp-python version), or with ``--server
+llama-cpp-python`` the lighter one-request-at-a-time server. Exit 1 when ``--min-goodput`` is
+given and a level misses it.
 """
 
 from __future__ import annotations
@@ -29,8 +31,16 @@ def _levels(text: str) -> list[int]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--endpoint", default=os.environ.get("LLMPERF_ENDPOINT"), help="API base URL (env LLMPERF_ENDPOINT)")
-    where.add_argument("--serve", metavar="MODEL", help="start llama_cpp.server with this preset or GGUF for the run")
+    where.add_argument("--serve", metavar="MODEL", help="start a server with this preset or GGUF for the run")
+    parser.add_argument(
+        "--server", choices=("llama-server", "llama-cpp-python"), default="llama-server",
+        help="which server --serve starts (llama-server: continuous batching, built on first use)",
+    )
+    parser.add_argument("--parallel", type=positive_int, default=None,
+                        help="llama-server slots with --serve (default: the highest concurrency level, at least 4)")
     parser.add_argument("--threads", type=positive_int, default=None, help="server threads with --serve (default: all CPUs)")
+    parser.add_argument("--shared-prefix-tokens", type=positive_int, default=None,
+                        help="the first N prompt words the same in every request (measures prefix caching)")
     parser.add_argument("--api", choices=("completions", "chat"), default="completions")
     parser.add_argument("--model", default=None, help="model name sent to the endpoint")
     parser.add_argument("--api-key-env", default="LLMPERF_API_KEY", help="env var holding the API key")
@@ -63,20 +73,30 @@ def run(args: argparse.Namespace) -> int:
         rate=args.rate,
         warmup=args.warmup,
         seed=args.seed,
+        shared_prefix_tokens=args.shared_prefix_tokens,
     )
     slo = {k: v for k, v in (("ttft_ms", args.ttft_ms), ("tpot_ms", args.tpot_ms)) if v is not None}
     with contextlib.ExitStack() as stack:
         endpoint, model = args.endpoint, args.model
         if args.serve:
-            from ..server import serve
+            from ..server import LLAMA_SERVER_PARALLEL, serve, serve_llama_server
             from ..synthetic import PRESETS, ensure_model
 
             preset = args.serve in PRESETS and not os.path.exists(args.serve)
             path = ensure_model(args.serve) if preset else args.serve
             alias = f"synthetic-{args.serve}" if preset else None
-            server = stack.enter_context(serve(path, n_threads=args.threads, alias=alias))
+            if args.server == "llama-server":
+                parallel = args.parallel or max(LLAMA_SERVER_PARALLEL, *args.concurrency)
+                server = stack.enter_context(
+                    serve_llama_server(path, parallel=parallel, n_threads=args.threads, alias=alias)
+                )
+            else:
+                server = stack.enter_context(serve(path, n_threads=args.threads, alias=alias))
             endpoint, model = server.url, model or server.model
-            print(f"llmperf: serving {path} at {endpoint}, threads {server.n_threads}")
+            print(
+                f"llmperf: serving {path} with {server.kind} at {endpoint}, threads {server.n_threads}, "
+                f"{server.parallel} slot(s)"
+            )
         engine = HttpEngine(
             endpoint,
             model=model,
@@ -91,8 +111,13 @@ def run(args: argparse.Namespace) -> int:
             f"llmperf load: {args.requests} requests per level ({pace}, +{args.warmup} warm-up), "
             f"{args.prompt_tokens}-word prompts, {args.max_tokens} tokens each; {args.api} at {engine.endpoint}"
         )
+        print(f"llmperf load: {workload.prompt_cache}")
         results = sweep(engine, workload, args.concurrency, slo=slo)
     print(curve_table(results))
+    from ..served_fidelity import curve_lines
+
+    for line in curve_lines(results):
+        print(line)
     failed = [e for m in results for e in m.load.errors]
     for line in failed[:5]:
         print(line)

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..engine_info import EngineInfo
 from .config import DEFAULTS, EngineConfig, ggml_type
-from ..errors import EngineError
+from ..errors import ConfigError, EngineError
 from ..model_facts import embedding_lookup
 from ..trace import NativeCounters, RunTrace
 from ..workload import Workload
@@ -237,6 +237,8 @@ class LlamaCppEngine:
         return self._info
 
     def run(self, workload: Workload, run_index: int) -> RunTrace:
+        if workload.shared_prefix_tokens:  # this engine clears its KV cache before every run
+            raise ConfigError("shared_prefix_tokens measures a server's prompt cache: use a served model (an endpoint)")
         lib = self._lib
         clock = time.perf_counter_ns
         max_tokens = workload.max_tokens

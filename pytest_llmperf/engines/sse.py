@@ -1,0 +1,262 @@
+"""One streamed completion, parsed: server-sent event lines in, a RunTrace out.
+
+Shared by the synchronous and the asynchronous HTTP clients (engines/http.py), so both apply
+the same checks. What a server sends is untrusted: lines are size-capped, events must be JSON
+objects, counts must be plausible.
+
+Token counts, in order of trust: the server's ``usage.completion_tokens``; llama-server's
+``timings.predicted_n``; ``max_tokens`` when the server stopped with ``finish_reason="length"``;
+else the events. llama-server's ``timings`` (prompt_n, prompt_ms, predicted_n, predicted_ms)
+become the run's ``NativeCounters``: the server's own clock beside ours, as llama.cpp's
+counters are for the in-process engine.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Iterable, Iterator
+
+from ..errors import EngineError
+from ..trace import NativeCounters, RunTrace
+
+#: Longest SSE line accepted: a server streaming bytes without a newline is an error, not a
+#: buffer that grows until the deadline.
+MAX_LINE_BYTES = 1 << 20
+#: Bytes of an HTTP error body kept for the message.
+MAX_ERROR_BODY_BYTES = 4096
+
+
+class EarlyEndError(EngineError):
+    """The server generated fewer tokens than asked (EOS or a stop it did not let us disable)."""
+
+
+def short(text: str, n: int = 160) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_ms(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1e9
+
+
+class StreamState:
+    """What one request's stream said so far; ``feed`` each event's data with its arrival time."""
+
+    def __init__(self, url: str, api: str, max_tokens: int) -> None:
+        self.url, self.api, self.max_tokens = url, api, max_tokens
+        self.stamps: list[int] = []
+        self.usage: dict[str, Any] | None = None
+        self.timings: dict[str, Any] | None = None
+        self.finish: str | None = None
+        self.done = False
+
+    def feed(self, data: str | None, now: int) -> bool:
+        """Take one event (None: a comment); True once the stream said it is done."""
+        if data is None:  # a comment (keep-alive ping)
+            return False
+        if data == "[DONE]":
+            self.done = True
+            return True
+        event = parse_event(data, self.url)
+        event_usage = event.get("usage")
+        if event_usage is not None and not isinstance(event_usage, dict):
+            raise EngineError(
+                f"malformed event from {self.url}: \"usage\" is {short(json.dumps(event_usage), 40)}, "
+                "not a JSON object"
+            )
+        if event_usage:
+            self.usage = event_usage
+        timings = event.get("timings")
+        if isinstance(timings, dict) and timings:
+            self.timings = timings
+        tokens, reason = tokens_in(event, self.api)
+        if tokens:
+            self.stamps.append(now)
+        self.finish = reason if isinstance(reason, str) and reason else self.finish
+        return False
+
+    def native(self) -> NativeCounters | None:
+        """llama-server's per-request timings, when it sent plausible ones."""
+        t = self.timings
+        if not t:
+            return None
+        keys = ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms")
+        if not (is_count(t.get("prompt_n")) and is_count(t.get("predicted_n"))):
+            return None
+        if not (_is_ms(t.get("prompt_ms")) and _is_ms(t.get("predicted_ms"))):
+            return None
+        prompt_n, prompt_ms, predicted_n, predicted_ms = (t[k] for k in keys)
+        return NativeCounters(
+            prefill_ms=float(prompt_ms), prefill_tokens=prompt_n, decode_ms=float(predicted_ms), decode_tokens=predicted_n
+        )
+
+    def trace(self, start_ns: int) -> tuple[RunTrace, str]:
+        """The run, and where its token count came from ("usage", "timings", ...)."""
+        if not self.done and self.finish is None:
+            raise EngineError(f"stream from {self.url} ended without [DONE] after {len(self.stamps)} tokens (truncated)")
+        n = self.max_tokens
+        stamps = self.stamps
+        counted, source = len(stamps), "events"
+        reported = self.usage.get("completion_tokens") if self.usage else None
+        native = self.native()
+        if isinstance(reported, int) and not isinstance(reported, bool):
+            if not 0 <= reported <= n:
+                raise EngineError(
+                    f"implausible usage from {self.url}: completion_tokens {reported} for max_tokens {n}; "
+                    "the run is not comparable"
+                )
+            counted, source = reported, "usage"
+        elif native is not None and native.decode_tokens <= n:
+            counted, source = native.decode_tokens, "timings"
+        elif self.finish == "length" and counted != n:
+            # Events are not tokens one to one (llama-cpp-python sends empty events and flushes
+            # held-back text late), but the server says it stopped at the limit we asked for.
+            counted, source = n, "finish_reason"
+        if counted < n or len(stamps) < 2:
+            raise EarlyEndError(
+                f"server generated {counted} of {n} tokens (finish_reason {short(repr(self.finish), 40)}, "
+                f"counted from {source}); it does not honour ignore_eos/min_tokens: the run is not comparable"
+            )
+        prompt_tokens = self.usage.get("prompt_tokens") if self.usage else None
+        trace = RunTrace(
+            start_ns=start_ns,
+            prefill_done_ns=None,
+            token_ns=tuple(fit_stamps(stamps, counted)),
+            prompt_tokens=prompt_tokens if is_count(prompt_tokens) else None,
+            native=native,
+        )
+        return trace, source
+
+
+def head(chunks: Iterable[bytes], limit: int) -> bytes:
+    """The first ``limit`` bytes of a body (an error page can be of any size)."""
+    data = b""
+    for chunk in chunks:
+        data += chunk
+        if len(data) >= limit:
+            break
+    return data[:limit]
+
+
+_EOL = re.compile(rb"\r\n|\r|\n")
+
+
+class LineSplitter:
+    """Bytes in, complete lines out (ended by CRLF, LF or CR, as SSE allows), as UTF-8 text;
+    a line over ``MAX_LINE_BYTES`` is an error. Used by both clients, chunk by chunk."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.pending = b""
+
+    def feed(self, chunk: bytes) -> list[str]:
+        pending = self.pending + chunk
+        held = pending.endswith(b"\r")  # maybe the first half of a CRLF split across chunks
+        parts = _EOL.split(pending[:-1] if held else pending)
+        self.pending = parts.pop() + (b"\r" if held else b"")
+        if len(self.pending) > MAX_LINE_BYTES:
+            raise EngineError(
+                f"malformed stream from {self.url}: a line longer than {MAX_LINE_BYTES} bytes without a line end"
+            )
+        return [part.decode("utf-8", "replace") for part in parts]
+
+    def end(self) -> list[str]:
+        rest = self.pending.rstrip(b"\r")
+        self.pending = b""
+        return [rest.decode("utf-8", "replace")] if rest else []
+
+
+def lines(chunks: Iterable[bytes], url: str) -> Iterator[str]:
+    """The lines of a byte stream, each yielded as soon as its end arrives."""
+    splitter = LineSplitter(url)
+    for chunk in chunks:
+        yield from splitter.feed(chunk)
+    yield from splitter.end()
+
+
+class EventSplitter:
+    """Lines in, the ``data`` of each server-sent event out (multi-line data joined); None for
+    a comment."""
+
+    def __init__(self) -> None:
+        self.buffer: list[str] = []
+
+    def feed(self, line: str) -> list[str | None]:
+        if not line:
+            if self.buffer:
+                data, self.buffer = "\n".join(self.buffer), []
+                return [data]
+            return []
+        if line.startswith(":"):
+            return [None]
+        field, _, value = line.partition(":")
+        if field == "data":
+            self.buffer.append(value[1:] if value.startswith(" ") else value)
+        return []
+
+    def end(self) -> list[str | None]:
+        if self.buffer:
+            data, self.buffer = "\n".join(self.buffer), []
+            return [data]
+        return []
+
+
+def sse_data(line_iter: Iterator[str]) -> Iterator[str | None]:
+    splitter = EventSplitter()
+    for line in line_iter:
+        yield from splitter.feed(line)
+    yield from splitter.end()
+
+
+def parse_event(data: str, url: str) -> dict[str, Any]:
+    try:
+        event = json.loads(data)
+    except json.JSONDecodeError:
+        raise EngineError(f"malformed event from {url}: {short(data, 80)!r} is not JSON") from None
+    if not isinstance(event, dict):
+        raise EngineError(f"malformed event from {url}: {short(data, 80)!r} is not a JSON object")
+    if "error" in event:
+        err = event["error"]
+        message = err.get("message", err) if isinstance(err, dict) else err
+        raise EngineError(f"server error in stream from {url}: {short(str(message))}")
+    return event
+
+
+def tokens_in(event: dict[str, Any], api: str) -> tuple[bool, str | None]:
+    """Whether this event carries a generated token, and its finish_reason.
+
+    A token event has the text field (``text``, or ``delta.content`` for chat) and either
+    some text or no finish_reason yet: a token can decode to no text (a partial UTF-8 byte),
+    while a closing event carries only the finish_reason.
+    """
+    choices = event.get("choices") or []
+    if not choices or not isinstance(choices[0], dict):
+        return False, None
+    choice = choices[0]
+    reason = choice.get("finish_reason")
+    if api == "completions":
+        text = choice.get("text")
+    else:
+        delta = choice.get("delta") or {}
+        text = delta.get("content") if isinstance(delta, dict) else None
+    if text is None:
+        return False, reason
+    return bool(text) or reason is None, reason
+
+
+def fit_stamps(stamps: list[int], n_tokens: int) -> list[int]:
+    """One arrival time per generated token when events and tokens do not pair up.
+
+    More events than tokens: the first ``n - 1`` and the last (the stream's end stays the
+    end). Fewer: tokens that came merged into one event arrived with it; the missing ones are
+    put on the last event (where servers flush held-back text), so TPOT divides by the true
+    count and those tokens show an ITL of 0.
+    """
+    if len(stamps) > n_tokens:
+        return stamps[: n_tokens - 1] + stamps[-1:]
+    return stamps + stamps[-1:] * (n_tokens - len(stamps))
