@@ -24,7 +24,7 @@ import pytest
 from .errors import ConfigError, EngineError, LLMPerfError
 from .options import add_options
 from .schema import PROMPT_KEYS, MarkerConfig, marker_help, validate
-from .settings import DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRESHOLD, EngineSettings, resolve, threads_warning
+from .settings import SERVER_N_CTX, DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRESHOLD, EngineSettings, resolve, threads_warning
 
 if TYPE_CHECKING:
     from .baseline_store import BaselineError
@@ -139,7 +139,7 @@ def llmperf_server(pytestconfig: pytest.Config) -> Any:
     s = _plugin(pytestconfig).settings
     try:
         path = ensure_model(s.preset) if s.preset else s.model
-        with serve(path, n_threads=s.threads, n_ctx=s.n_ctx, n_batch=s.n_batch, alias=s.model_label) as server:
+        with serve(path, n_threads=s.threads, n_ctx=s.n_ctx or SERVER_N_CTX, n_batch=s.n_batch, alias=s.model_label) as server:
             yield server
     except LLMPerfError as exc:
         raise pytest.fail.Exception(str(exc), pytrace=False) from None  # no chained second copy
@@ -157,7 +157,7 @@ def llmperf_llama_server(pytestconfig: pytest.Config) -> Any:
     try:
         path = ensure_model(s.preset) if s.preset else s.model
         with serve_llama_server(
-            path, parallel=LLAMA_SERVER_PARALLEL, n_threads=s.threads, n_ctx=s.n_ctx, n_batch=s.n_batch,
+            path, parallel=LLAMA_SERVER_PARALLEL, n_threads=s.threads, n_ctx=s.n_ctx or SERVER_N_CTX, n_batch=s.n_batch,
             alias=s.model_label,
         ) as server:
             yield server
@@ -370,7 +370,7 @@ class LLMPerfPlugin:
         else:
             lines = [
                 f"llmperf: model {describe_model(s)}, threads {s.threads or usable_cpus()}, "
-                f"n_ctx {s.n_ctx}, llama-cpp-python {llama_cpp_version() or 'NOT INSTALLED'}"
+                f"n_ctx {s.n_ctx or 'auto'}, llama-cpp-python {llama_cpp_version() or 'NOT INSTALLED'}"
             ]
         if self.disabled:
             lines.append("llmperf: --llmperf-disable: each measurement runs once; no budgets, statistics or baselines")

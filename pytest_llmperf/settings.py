@@ -19,14 +19,20 @@ CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "
 #: Types that V may take without flash attention (llama.cpp refuses a quantized V otherwise).
 UNQUANTIZED = ("f32", "f16", "bf16")
 
+#: Context of a served model's slot when the session leaves n_ctx to the workload (a server
+#: is started before any workload is known).
+SERVER_N_CTX = 2048
+
 #: llama.cpp engine defaults (``engines/config.EngineConfig``), one definition each (here, so
 #: reading the settings imports nothing heavy). ``n_ubatch`` None: ``n_batch``.
 ENGINE_DEFAULTS: dict[str, Any] = {
     "threads": None,
-    "n_ctx": 2048,
+    # None: sized to each workload (prompt + generated, rounded up to 256), as llama-bench does.
+    "n_ctx": None,
     "n_batch": 512,
     "n_ubatch": None,
-    "flash_attn": False,
+    # What llama-bench's default (auto) resolves to on the CPU backend.
+    "flash_attn": True,
     "type_k": "f16",
     "type_v": "f16",
     "n_gpu_layers": 0,
@@ -34,7 +40,7 @@ ENGINE_DEFAULTS: dict[str, Any] = {
     "mlock": False,
     # Greedy sampling inside the timed decode loop (False: llama-bench's tg, which feeds seeded
     # tokens; sampling is then timed apart and reported as its own figure).
-    "sample": True,
+    "sample": False,
 }
 
 
@@ -71,7 +77,7 @@ _SOURCES: dict[str, tuple[str, str, Callable[[str], Any], Any]] = {
 INI_HELP = {
     "llmperf_model": "model for llmperf tests: a GGUF path or a synthetic preset (tiny, small)",
     "llmperf_threads": "llama.cpp threads (default: all usable CPUs)",
-    "llmperf_n_ctx": "llama.cpp context size (default 2048)",
+    "llmperf_n_ctx": "llama.cpp context size (default: each workload's prompt + generated tokens)",
     "llmperf_n_batch": "llama.cpp batch size for prompt evaluation (default 512)",
     "llmperf_gpu_layers": "layers offloaded to the GPU (default 0)",
     "llmperf_max_engines": "llama.cpp engines (per-test settings) alive at once (default 2)",
@@ -88,7 +94,7 @@ INI_HELP = {
 class EngineSettings:
     model: str
     threads: int | None
-    n_ctx: int
+    n_ctx: int | None
     n_batch: int
     gpu_layers: int
     max_engines: int = 2

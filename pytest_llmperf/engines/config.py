@@ -22,7 +22,7 @@ class EngineConfig:
 
     model: str
     threads: int | None = DEFAULTS["threads"]
-    n_ctx: int = DEFAULTS["n_ctx"]
+    n_ctx: int | None = DEFAULTS["n_ctx"]
     n_batch: int = DEFAULTS["n_batch"]
     n_ubatch: int | None = DEFAULTS["n_ubatch"]
     flash_attn: bool = DEFAULTS["flash_attn"]

@@ -9,6 +9,7 @@ read, so the timed region holds only llama.cpp's work and the loop that calls it
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from importlib import metadata
@@ -25,6 +26,9 @@ from ..trace import NativeCounters, RunTrace
 from ..workload import Workload
 
 GGUF_MAGIC = b"GGUF"
+#: n_ctx None (auto): the context is sized to each workload, prompt + generated tokens rounded
+#: up to this step, as llama-bench sizes its context (llama.cpp pads the cache to 256 anyway).
+AUTO_CTX_STEP = 256
 #: Sampler calls per run that time sampling apart when the decode loop does not sample.
 SAMPLING_PROBES = 8
 
@@ -91,7 +95,7 @@ class LlamaCppEngine:
         self,
         model_path: str | os.PathLike[str],
         *,
-        n_ctx: int = DEFAULTS["n_ctx"],
+        n_ctx: int | None = DEFAULTS["n_ctx"],
         n_threads: int | None = None,
         n_batch: int = DEFAULTS["n_batch"],
         n_gpu_layers: int = DEFAULTS["n_gpu_layers"],
@@ -120,7 +124,7 @@ class LlamaCppEngine:
         try:
             self.llm = llama_cpp.Llama(
                 model_path=str(path),
-                n_ctx=n_ctx,
+                n_ctx=n_ctx or AUTO_CTX_STEP,
                 n_threads=threads,
                 n_threads_batch=threads,
                 n_batch=n_batch,
@@ -139,6 +143,9 @@ class LlamaCppEngine:
         load_ms = (time.perf_counter_ns() - started) / 1e6
 
         self._ctx = self.llm._ctx.ctx
+        self.context_params = self.llm.context_params  # of the context in use
+        self._auto_ctx = n_ctx is None
+        self._own_ctx = False  # True once a context was made here for a workload (auto n_ctx)
         self._model = self.llm._model.model
         self._vocab = self.llm._model.vocab
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
@@ -195,7 +202,9 @@ class LlamaCppEngine:
     def _make_sampler(self) -> Any:
         """Greedy sampling with every end-of-generation token banned: runs have equal length."""
         lib = self._lib
-        chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
+        params = lib.llama_sampler_chain_default_params()
+        params.no_perf = False  # keep llama.cpp's sampler counters (sampling ms/token)
+        chain = lib.llama_sampler_chain_init(params)
         if self._eog_ids:
             biases = (lib.llama_logit_bias * len(self._eog_ids))()
             for slot, token in zip(biases, self._eog_ids):
@@ -252,6 +261,7 @@ class LlamaCppEngine:
             n_prompt = workload.synthetic_prompt_tokens or 0
             self._check_fits(n_prompt, max_tokens)  # before building the prompt: it may be huge
             prompt_ids = self.synthetic_prompt(n_prompt, workload.seed)
+        self.fit_context(len(prompt_ids) + max_tokens)
         self._check_fits(len(prompt_ids), max_tokens)
         # The arrays must outlive the batches that point into them (kept in ``arrays``).
         arrays = [
@@ -330,14 +340,51 @@ class LlamaCppEngine:
         for _ in range(min(max_tokens, SAMPLING_PROBES)):
             lib.llama_sampler_sample(self._sampler, self._ctx, -1)
 
+    def fit_context(self, tokens: int) -> None:
+        """Auto n_ctx: make the context exactly as large as the workload needs (rounded up to
+        ``AUTO_CTX_STEP``), as llama-bench does: a context many times larger than the run
+        slowed decode by 9% here (docs/fidelity.md). Outside every timed region; the new
+        context gets one throw-away evaluation like a fresh load."""
+        if not self._auto_ctx:
+            return
+        want = -(-max(tokens, 1) // AUTO_CTX_STEP) * AUTO_CTX_STEP
+        if want == self.n_ctx or tokens > self._n_ctx_train():
+            return  # beyond the model's training context: _check_fits says so
+        lib = self._lib
+        params = type(self.llm.context_params).from_buffer_copy(self.llm.context_params)
+        params.n_ctx = want
+        params.n_batch = min(self.config.n_batch, want)
+        params.n_ubatch = min(self.config.ubatch, params.n_batch)
+        ctx = lib.llama_init_from_model(self._model, params)
+        if not ctx:
+            raise EngineError(f"llama.cpp could not make a context of {want} tokens")
+        if self._own_ctx:
+            lib.llama_free(self._ctx)
+        self._ctx, self._own_ctx = ctx, True
+        self.context_params = params
+        self.n_ctx, self.n_batch = lib.llama_n_ctx(ctx), lib.llama_n_batch(ctx)
+        self._evaluate_once()
+        self._info = dataclasses.replace(self._info, n_ctx=self.n_ctx, n_batch=self.n_batch)
+
+    def _n_ctx_train(self) -> int:
+        return int(self._lib.llama_model_n_ctx_train(self._model))
+
     def _check_fits(self, prompt_tokens: int, max_tokens: int) -> None:
-        if prompt_tokens + max_tokens > self.n_ctx:
+        if self._auto_ctx and prompt_tokens + max_tokens > self._n_ctx_train():
+            raise EngineError(
+                f"context too small: {prompt_tokens} prompt + {max_tokens} generated tokens > the model's "
+                f"training context {self._n_ctx_train()}; shorten the workload"
+            )
+        if not self._auto_ctx and prompt_tokens + max_tokens > self.n_ctx:
             raise EngineError(
                 f"context too small: {prompt_tokens} prompt + {max_tokens} generated tokens > "
                 f"n_ctx {self.n_ctx}; raise --llmperf-n-ctx or shorten the workload"
             )
 
     def close(self) -> None:
+        if getattr(self, "_own_ctx", False):
+            self._lib.llama_free(self._ctx)
+            self._own_ctx = False
         if getattr(self, "_sampler", None) is not None:
             self._lib.llama_sampler_free(self._sampler)
             self._sampler = None
