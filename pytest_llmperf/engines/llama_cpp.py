@@ -372,8 +372,8 @@ class LlamaCppEngine:
     def _check_fits(self, prompt_tokens: int, max_tokens: int) -> None:
         if self._auto_ctx and prompt_tokens + max_tokens > self._n_ctx_train():
             raise EngineError(
-                f"context too small: {prompt_tokens} prompt + {max_tokens} generated tokens > the model's "
-                f"training context {self._n_ctx_train()}; shorten the workload"
+                f"context too small: {prompt_tokens} prompt + {max_tokens} generated tokens > n_ctx "
+                f"{self._n_ctx_train()} (the model's training context); shorten the workload"
             )
         if not self._auto_ctx and prompt_tokens + max_tokens > self.n_ctx:
             raise EngineError(
