@@ -94,7 +94,7 @@ def roofline_text(roof: Mapping[str, Any], markdown: bool = False) -> str:
                     fmt(p["bound_tps"]),
                     fmt(p["achieved_tps"]),
                     fmt(p["achieved_bw_gbs"]),
-                    "n/a" if p["verdict"] == "cache-resident" else f"{p['mbu']:.2f}",
+                    "n/a" if p.get("note") else f"{p['mbu']:.2f}",
                     f"{p['mfu']:.2f}",
                 ]
             )

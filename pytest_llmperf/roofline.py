@@ -37,7 +37,7 @@ class PhaseRoofline:
     note: str = ""  # why the DRAM roofline does not apply (cache-resident), else ""
 
     def line(self) -> str:
-        mbu = "MBU n/a (fits in cache)" if self.verdict == CACHE_RESIDENT else f"MBU {self.mbu:.2f}"
+        mbu = "MBU n/a (fits in cache)" if self.verdict == CACHE_RESIDENT else "MBU n/a" if self.note else f"MBU {self.mbu:.2f}"
         text = (
             f"{self.phase}: {self.verdict} (intensity {self.intensity_flop_per_byte:.3g} FLOP/byte), "
             f"achieved {self.achieved_tps:.1f} t/s of bound {self.bound_tps:.1f} t/s, "
@@ -52,10 +52,17 @@ class PhaseRoofline:
 CACHE_RESIDENT = "cache-resident"
 
 
-def cache_note(achieved_gbs: float, peak_gbs: float, bytes_per_token: float) -> str:
+def above_peak_note(achieved_gbs: float, peak_gbs: float, bytes_per_token: float, llc_bytes: int | None) -> str:
+    """What is true when a memory-bound phase moved its bytes faster than the peak: the working
+    set fits in the last-level cache, or (larger than it) the peak figure is too low."""
+    moved = f"{achieved_gbs:.1f} GB/s achieved > {peak_gbs:.1f} GB/s peak, {bytes_per_token / 2**20:.1f} MiB per token"
+    if llc_bytes is None or bytes_per_token <= llc_bytes:
+        cache = f" <= {llc_bytes / 2**20:.0f} MiB last-level cache" if llc_bytes else ""
+        return f"working set fits in cache; the DRAM roofline does not bound it ({moved}{cache})"
     return (
-        f"working set fits in cache; the DRAM roofline does not bound it ({achieved_gbs:.1f} GB/s achieved "
-        f"> {peak_gbs:.1f} GB/s measured DRAM peak, {bytes_per_token / 2**20:.1f} MiB moved per token)"
+        f"the peak bandwidth figure is too low: the working set exceeds the {llc_bytes / 2**20:.0f} MiB "
+        f"last-level cache yet {moved}; re-probe on a quiet machine (llmperf profile --reprobe-peaks) or "
+        f"give --llmperf-peak-bw"
     )
 
 
@@ -118,7 +125,12 @@ def _phase(name: str, bytes_moved: float, flops: float, tokens: int, seconds: fl
     achieved_bps = bytes_moved / seconds
     note = ""
     if verdict == "memory-bound" and achieved_bps > peak_bps:
-        verdict, note = CACHE_RESIDENT, cache_note(achieved_bps / 1e9, bw.value, bytes_moved / tokens)
+        from .machine_peak import last_level_cache_bytes
+
+        llc = last_level_cache_bytes()
+        note = above_peak_note(achieved_bps / 1e9, bw.value, bytes_moved / tokens, llc)
+        if llc is None or bytes_moved / tokens <= llc:
+            verdict = CACHE_RESIDENT
     return PhaseRoofline(
         phase=name,
         bytes_per_token=bytes_moved / tokens,
