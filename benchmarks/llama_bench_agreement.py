@@ -5,7 +5,9 @@ sdist (same version; ``engines.native_tools``, cached). Each pair runs llama-ben
 (``-t T -p P -n N -r R -o json``: pp P and tg N, R repetitions) and then, in this process, the
 plugin's ``measure`` on the same model, threads and workload (R runs after 1 warm-up), for each
 variant of the plugin's settings in a shuffled order. Printed per pair and as medians: the
-plugin's prefill t/s / llama-bench's pp t/s and decode t/s / tg t/s.
+plugin's prefill t/s / llama-bench's pp t/s, decode t/s / tg t/s (tg from an empty context, as
+``-p P -n N`` runs it) and decode t/s / tg t/s at depth P (``-d P``: after a P-token prompt,
+where the plugin's runs decode).
 
 Variants, one cause at a time (``--variants``): ``old`` (the defaults before issue 15:
 greedy sampling inside the decode loop, n_ctx 2048, flash attention off), ``nosample`` (old,
@@ -40,16 +42,21 @@ VARIANTS = {
 }
 
 
-def llama_bench(binary: Path, model: Path, threads: int, prompt: int, gen: int, reps: int) -> tuple[float, float]:
-    """(pp t/s, tg t/s), llama-bench's averages over its repetitions."""
+def llama_bench(binary: Path, model: Path, threads: int, prompt: int, gen: int, reps: int) -> tuple[float, float, float]:
+    """(pp t/s, tg t/s from an empty context, tg t/s after ``prompt`` tokens), llama-bench's
+    averages over its repetitions. ``-d 0,P``: tg at depth P decodes at the positions our runs
+    decode at (after the prompt); plain tg starts at position 0 (the issue's ``-p P -n N``)."""
     out = subprocess.run(
-        [str(binary), "-m", str(model), "-t", str(threads), "-p", str(prompt), "-n", str(gen), "-r", str(reps), "-o", "json"],
-        capture_output=True, text=True, timeout=600, check=True,
+        [str(binary), "-m", str(model), "-t", str(threads), "-p", str(prompt), "-n", str(gen), "-d", f"0,{prompt}",
+         "-r", str(reps), "-o", "json"],
+        capture_output=True, text=True, timeout=900, check=True,
     )
     rows = json.loads(out.stdout)
-    pp = next(r["avg_ts"] for r in rows if r["n_prompt"] == prompt and r["n_gen"] == 0)
-    tg = next(r["avg_ts"] for r in rows if r["n_gen"] == gen and r["n_prompt"] == 0)
-    return float(pp), float(tg)
+
+    def ts(n_prompt: int, n_gen: int, depth: int) -> float:
+        return float(next(r["avg_ts"] for r in rows if (r["n_prompt"], r["n_gen"], r.get("n_depth", 0)) == (n_prompt, n_gen, depth)))
+
+    return ts(prompt, 0, 0), ts(0, gen, 0), ts(0, gen, prompt)
 
 
 def load_state() -> str:
@@ -88,33 +95,36 @@ def main() -> int:
     print(f"model {model.name}, threads {args.threads}, pp{args.prompt_tokens} tg{args.max_tokens}, "
           f"{args.reps} reps per side per pair, {args.pairs} pairs; {load_state()} at start; llama-bench {binary}")
     rng = random.Random(args.seed)
-    ratios: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
+    ratios: dict[str, list[tuple[float, float, float]]] = {n: [] for n in names}
     sampling: dict[str, list[float]] = {n: [] for n in names}
-    header = f"{'pair':>4}  {'bench pp':>9}  {'bench tg':>9}  " + "  ".join(f"{n + ' pp/tg ratio':>22}" for n in names)
-    print(header)
+    d = args.prompt_tokens
+    print(f"per pair: llama-bench pp{d}, tg{args.max_tokens}, tg{args.max_tokens}@d{d} t/s; per variant the "
+          f"plugin's prefill/pp, decode/tg, decode/tg@d{d} ratios")
     for i in range(args.pairs):
         order = list(names)
         rng.shuffle(order)
         bench_first = rng.random() < 0.5
         if bench_first:
-            pp, tg = llama_bench(binary, model, args.threads, args.prompt_tokens, args.max_tokens, args.reps)
+            bench = llama_bench(binary, model, args.threads, args.prompt_tokens, args.max_tokens, args.reps)
         for name in order:
             m = measure(engines[name], workload)
-            ratios[name].append((m.prefill_tps, m.decode_tps))
+            ratios[name].append((m.prefill_tps, m.decode_tps, m.decode_tps))
             if m.sampling_ms_per_token is not None:
                 sampling[name].append(m.sampling_ms_per_token)
         if not bench_first:
-            pp, tg = llama_bench(binary, model, args.threads, args.prompt_tokens, args.max_tokens, args.reps)
+            bench = llama_bench(binary, model, args.threads, args.prompt_tokens, args.max_tokens, args.reps)
+        pp, tg, tgd = bench
         for name in names:
-            ratios[name][-1] = (ratios[name][-1][0] / pp, ratios[name][-1][1] / tg)
-        cells = "  ".join(f"{ratios[n][-1][0]:>10.3f} / {ratios[n][-1][1]:<9.3f}" for n in names)
-        print(f"{i + 1:>4}  {pp:>9.1f}  {tg:>9.1f}  {cells}", flush=True)
+            p_, t_, _ = ratios[name][-1]
+            ratios[name][-1] = (p_ / pp, t_ / tg, t_ / tgd)
+        cells = "  ".join(f"{n} {r[0]:.3f}/{r[1]:.3f}/{r[2]:.3f}" for n in names for r in [ratios[n][-1]])
+        print(f"pair {i + 1}: bench {pp:.1f} / {tg:.1f} / {tgd:.1f} t/s; {cells}", flush=True)
     print(f"{load_state()} at end")
     for name in names:
-        pp_r = statistics.median(r[0] for r in ratios[name])
-        tg_r = statistics.median(r[1] for r in ratios[name])
+        pp_r, tg_r, tgd_r = (statistics.median(r[k] for r in ratios[name]) for k in range(3))
         s = f", sampling {statistics.median(sampling[name]):.3f} ms/token (llama.cpp sampler counters)" if sampling[name] else ""
-        print(f"median plugin/llama-bench, {name} {VARIANTS[name]}: prefill {pp_r:.3f}, decode {tg_r:.3f} ({args.pairs} pairs){s}")
+        print(f"median plugin/llama-bench, {name} {VARIANTS[name]}: prefill/pp {pp_r:.3f}, decode/tg {tg_r:.3f}, "
+              f"decode/tg@d{d} {tgd_r:.3f} ({args.pairs} pairs){s}")
     for e in engines.values():
         e.close()
     return 0
