@@ -46,24 +46,26 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--busy", choices=("no", "yes", "both"), default="both")
     p.add_argument("--comparisons", default="aa,threads,quant")
+    p.add_argument("--preset", default="small")
     args = p.parse_args()
 
-    f16 = ensure_model("small")
-    q8 = ensure_model(dataclasses.replace(PRESETS["small"], dtype="Q8_0"))
+    chosen = [c.strip() for c in args.comparisons.split(",")]
+    f16 = ensure_model(args.preset)
     e = {
         "t2": LlamaCppEngine(f16, n_threads=2, name="f16-t2"),
         "t2b": LlamaCppEngine(f16, n_threads=2, name="f16-t2-copy"),
         "t1": LlamaCppEngine(f16, n_threads=1, name="f16-t1"),
-        "q8": LlamaCppEngine(q8, n_threads=2, name="q8_0-t2"),
     }
+    if "quant" in chosen:
+        q8 = ensure_model(dataclasses.replace(PRESETS[args.preset], dtype="Q8_0"))
+        e["q8"] = LlamaCppEngine(q8, n_threads=2, name="q8_0-t2")
     comparisons = {
         "aa": ("A/A f16 t2 vs f16 t2", "t2", "t2b", {"max_slowdown": 0.05}),
         "threads": ("threads 2 (A) vs 1 (B)", "t2", "t1", {}),
         "quant": ("F16 (A) vs Q8_0 (B)", "t2", "q8", {}),
     }
-    chosen = [c.strip() for c in args.comparisons.split(",")]
     modes = {"no": [False], "yes": [True], "both": [False, True]}[args.busy]
-    print(f"small preset, pp{args.prompt_tokens} tg{args.max_tokens}, {args.runs} pairs per session, "
+    print(f"{args.preset} preset, pp{args.prompt_tokens} tg{args.max_tokens}, {args.runs} pairs per session, "
           f"{args.sessions} sessions per comparison and load; load average at start {load_state()}")
     for busy in modes:
         hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
