@@ -219,3 +219,14 @@ def test_bad_side_fails_collection_with_one_line(pytester: pytest.Pytester) -> N
     )
     result = run(pytester)
     result.stdout.fnmatch_lines(["*A/B side 'a': unknown llama.cpp setting 'thread'; allowed: model, threads*"])
+
+
+def test_signed_rank_p_agrees_with_scipy_exact_and_approximate() -> None:
+    from scipy.stats import wilcoxon
+
+    from pytest_llmperf.ab.paired import _signed_rank_p
+
+    rng = np.random.default_rng(0)
+    for n in (8, 20, 200):
+        d = rng.normal(0.01, 0.05, n)
+        assert _signed_rank_p(d) == pytest.approx(wilcoxon(d).pvalue, rel=0.01, abs=1e-6), n

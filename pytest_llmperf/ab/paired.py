@@ -107,10 +107,20 @@ def _null_cdf(n: int) -> np.ndarray:
     return np.cumsum(counts) / 2.0**n
 
 
+#: Beyond this many pairs the signed-rank statistic is read from its normal approximation
+#: (exact counts would overflow a float; the approximation is then accurate to 1e-4).
+EXACT_MAX_PAIRS = 60
+
+
 def _lower_index(n: int, alpha: float) -> int:
     """Index (0-based) of the lower CI end among the sorted Walsh averages: the largest c with
     P(T+ <= c) <= alpha / 2 (Hollander & Wolfe). Fewer than 6 pairs reach no 95%: then 0, the
     smallest average (the CI is the widest the pairs give)."""
+    if n > EXACT_MAX_PAIRS:
+        from scipy.special import ndtri
+
+        mean, sd = n * (n + 1) / 4.0, math.sqrt(n * (n + 1) * (2 * n + 1) / 24.0)
+        return max(int(math.floor(mean + ndtri(alpha / 2.0) * sd - 0.5)), 0)
     cdf = _null_cdf(n)
     return max(int(np.searchsorted(cdf, alpha / 2.0, side="right")) - 1, 0)
 
@@ -125,6 +135,11 @@ def _signed_rank_p(d: np.ndarray) -> float:
 
     ranks = rankdata(np.abs(d))
     t = float(ranks[d > 0].sum())
+    if n > EXACT_MAX_PAIRS:
+        from scipy.special import ndtr
+
+        mean, sd = n * (n + 1) / 4.0, math.sqrt(n * (n + 1) * (2 * n + 1) / 24.0)
+        return float(min(1.0, 2.0 * ndtr(-(abs(t - mean) - 0.5) / sd)))
     cdf = _null_cdf(n)
     lo = cdf[min(int(math.floor(t)), cdf.size - 1)]
     hi = 1.0 - (cdf[int(math.ceil(t)) - 1] if math.ceil(t) >= 1 else 0.0)
