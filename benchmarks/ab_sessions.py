@@ -2,10 +2,10 @@
 
 Per session (small preset, synthetic prompt, ``--runs`` pairs after 1 warm-up each):
 
-- A/A: two engines of identical settings, ``max_slowdown=0.05``: budget failures, CIs that
+- A/A: two engines of identical settings (1 thread, as the project's tests run), ``max_slowdown=0.05``: budget failures, CIs that
   exclude 1;
 - threads 2 vs 1: sessions whose prefill and decode CIs exclude 1 towards B slower;
-- F16 vs Q8_0 of the same shape: sessions with prefill slower and decode faster (CI beyond 1);
+- F16 vs Q8_0 of the same shape (1 thread): sessions with prefill slower and decode faster (CI beyond 1);
 - ``--busy``: the same while another process keeps one core busy (``python -c "while True:
   pass"``, started and stopped by this script).
 
@@ -53,16 +53,16 @@ def main() -> int:
     f16 = ensure_model(args.preset)
     e = {
         "t2": LlamaCppEngine(f16, n_threads=2, name="f16-t2"),
-        "t2b": LlamaCppEngine(f16, n_threads=2, name="f16-t2-copy"),
         "t1": LlamaCppEngine(f16, n_threads=1, name="f16-t1"),
+        "t1b": LlamaCppEngine(f16, n_threads=1, name="f16-t1-copy"),
     }
     if "quant" in chosen:
         q8 = ensure_model(dataclasses.replace(PRESETS[args.preset], dtype="Q8_0"))
-        e["q8"] = LlamaCppEngine(q8, n_threads=2, name="q8_0-t2")
+        e["q8"] = LlamaCppEngine(q8, n_threads=1, name="q8_0-t1")
     comparisons = {
-        "aa": ("A/A f16 t2 vs f16 t2", "t2", "t2b", {"max_slowdown": 0.05}),
+        "aa": ("A/A f16 1 thread, two engines", "t1", "t1b", {"max_slowdown": 0.05}),
         "threads": ("threads 2 (A) vs 1 (B)", "t2", "t1", {}),
-        "quant": ("F16 (A) vs Q8_0 (B)", "t2", "q8", {}),
+        "quant": ("F16 (A) vs Q8_0 (B), 1 thread", "t1", "q8", {}),
     }
     modes = {"no": [False], "yes": [True], "both": [False, True]}[args.busy]
     print(f"{args.preset} preset, pp{args.prompt_tokens} tg{args.max_tokens}, {args.runs} pairs per session, "

@@ -151,6 +151,7 @@ class LLMPerf:
             workload = dict(config.workload)
             if self._smoke:
                 workload.update(runs=3, warmup=0)  # the fewest pairs with a CI
+
             def engine_for(settings: Mapping[str, Any]) -> Any:
                 merged = {**config.engine, **settings}  # the marker's settings under each side's
                 return self._engine_factory(merged) if merged else self._engine_factory()
