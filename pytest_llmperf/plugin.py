@@ -344,9 +344,9 @@ class LLMPerfPlugin:
 
     def engine_pool(self) -> Any:
         if getattr(self, "_pool", None) is None:
-            from .engines.pool import EnginePool
+            from .engines.pool import EnginePool, load_config
 
-            self._pool = EnginePool(load_engine_config, self.settings.max_engines)
+            self._pool = EnginePool(load_config, self.settings.max_engines)
             self._pool.plan(getattr(self, "_planned_configs", []))
         return self._pool
 
@@ -781,22 +781,6 @@ def _uses_llmperf(item: pytest.Item) -> bool:
 def _is_perf(item: pytest.Item) -> bool:
     """Measures or loads a model: the marker, or an ``llmperf*`` fixture."""
     return MARKER_CONFIG in item.stash or _uses_llmperf(item)
-
-
-def load_engine_config(config: Any) -> Any:
-    """A LlamaCppEngine for an ``engines.config.EngineConfig`` (a preset name is written once)."""
-    from .engines.llama_cpp import LlamaCppEngine
-    from .synthetic import PRESETS, ensure_model
-
-    preset = config.model in PRESETS and not Path(config.model).exists()
-    path: str | Path = ensure_model(config.model) if preset else config.model
-    label = f"synthetic-{config.model}" if preset else Path(config.model).stem
-    return LlamaCppEngine(
-        path, n_ctx=config.n_ctx, n_threads=config.threads, n_batch=config.n_batch,
-        n_gpu_layers=config.n_gpu_layers, name=label, n_ubatch=config.n_ubatch,
-        flash_attn=config.flash_attn, type_k=config.type_k, type_v=config.type_v,
-        use_mmap=config.mmap, use_mlock=config.mlock, sample=config.sample,
-    )
 
 
 def load_engine(settings: EngineSettings) -> Any:

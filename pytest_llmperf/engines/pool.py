@@ -99,3 +99,20 @@ class EnginePool:
         close = getattr(engine, "close", None)
         if close is not None:
             close()
+
+
+def load_config(config: EngineConfig) -> Any:
+    """A LlamaCppEngine for ``config`` (a preset name is written once, then cached)."""
+    from pathlib import Path
+
+    from ..synthetic import PRESETS, ensure_model
+    from .llama_cpp import LlamaCppEngine
+
+    preset = config.model in PRESETS and not Path(config.model).exists()
+    path: str | Path = ensure_model(config.model) if preset else config.model
+    return LlamaCppEngine(
+        path, n_ctx=config.n_ctx, n_threads=config.threads, n_batch=config.n_batch,
+        n_gpu_layers=config.n_gpu_layers, name=f"synthetic-{config.model}" if preset else Path(config.model).stem,
+        n_ubatch=config.n_ubatch, flash_attn=config.flash_attn, type_k=config.type_k, type_v=config.type_v,
+        use_mmap=config.mmap, use_mlock=config.mlock, sample=config.sample,
+    )
