@@ -230,3 +230,17 @@ def test_signed_rank_p_agrees_with_scipy_exact_and_approximate() -> None:
     for n in (8, 20, 200):
         d = rng.normal(0.01, 0.05, n)
         assert _signed_rank_p(d) == pytest.approx(wilcoxon(d).pvalue, rel=0.01, abs=1e-6), n
+
+
+def test_in_process_against_served_endpoint(llmperf_server, tiny_engine) -> None:
+    """A side given as an endpoint URL is measured through the OpenAI-compatible API; the
+    server's overhead per token is the decode ratio's distance from 1 (any value is allowed:
+    the machine decides; the pairs and the sides are what must be right)."""
+    from pytest_llmperf.ab import resolve_side
+
+    served = resolve_side("b", llmperf_server.url, lambda settings: pytest.fail("no llama.cpp settings here"))
+    r = compare_ab(Side("in-process", tiny_engine), served, Workload(prompt_tokens=8, max_tokens=6, runs=4, warmup=1))
+    assert r.b_name == llmperf_server.url and r.b.engine.endpoint == llmperf_server.url
+    assert r.a.engine.engine == "llama.cpp" and r.decode.n_pairs == 4
+    assert r.decode.ci_low <= r.decode.ratio <= r.decode.ci_high
+    served.engine.close()
