@@ -42,6 +42,10 @@ _EXPORTS = {
     "RunTrace": "trace",
     "Workload": "workload",
     "LlamaCppEngine": "engines.llama_cpp",
+    "EngineConfig": "engines.config",
+    "ABResult": "ab",
+    "Side": "ab",
+    "compare_ab": "ab",
 }
 
 if TYPE_CHECKING:
@@ -49,6 +53,8 @@ if TYPE_CHECKING:
     from .engine_info import EngineInfo
     from .engines import CallableEngine, Engine
     from .engines.llama_cpp import LlamaCppEngine
+    from .engines.config import EngineConfig
+    from .ab import ABResult, Side, compare_ab
     from .errors import ConfigError, EngineError, LLMPerfError
     from .metrics import LatencyStats, Measurement, RunMetrics, summarize
     from .profiler import InferenceProfiler, ProfilerStats

@@ -94,7 +94,7 @@ def roofline_text(roof: Mapping[str, Any], markdown: bool = False) -> str:
                     fmt(p["bound_tps"]),
                     fmt(p["achieved_tps"]),
                     fmt(p["achieved_bw_gbs"]),
-                    f"{p['mbu']:.2f}",
+                    "n/a" if p.get("note") else f"{p['mbu']:.2f}",
                     f"{p['mfu']:.2f}",
                 ]
             )
@@ -105,7 +105,7 @@ def roofline_text(roof: Mapping[str, Any], markdown: bool = False) -> str:
         + (f": {roof['peak_tflops_detail']})" if roof.get("peak_tflops_detail") else ")"),
         f"machine balance {fmt(roof['machine_balance_flop_per_byte'])} FLOP/byte; below it a phase is "
         f"memory-bound; decode at mean context {fmt(roof['context_tokens'])} tokens",
-    ]
+    ] + [f"{phase}: {roof[phase]['note']}" for phase in ("prefill", "decode") if (roof.get(phase) or {}).get("note")]
     if markdown:
         return table(headers, rows, True) + "\n\n" + "\n".join(f"- {n}" for n in notes)
     return table(headers, rows, False) + "\n" + "\n".join(notes)

@@ -28,6 +28,14 @@ class EngineInfo:
     n_ctx: int | None = None
     n_batch: int | None = None
     n_gpu_layers: int | None = None
+    # llama.cpp context settings beyond threads/n_ctx/n_batch (engines/config.py); None: not llama.cpp
+    n_ubatch: int | None = None
+    flash_attn: bool | None = None
+    type_k: str | None = None
+    type_v: str | None = None
+    mmap: bool | None = None
+    mlock: bool | None = None
+    sample: bool | None = None  # greedy sampling inside the timed decode loop
     load_ms: float | None = None
     native_load_ms: float | None = None
     backend_version: str | None = None

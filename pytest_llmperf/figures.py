@@ -394,7 +394,8 @@ def roofline(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, budg
         ax.plot(d["intensity_flop_per_byte"], bound, marker, color="black", mfc="white", ms=6)
         ax.plot(d["intensity_flop_per_byte"], gflops, marker, color=NOW, ms=7,
                 label=f"{phase} now: {d['achieved_tps']:.4g} t/s of {d['bound_tps']:.4g} bound "
-                      f"(MBU {d['mbu']:.0%}, MFU {d['mfu']:.1%}, {d['verdict']})")
+                      f"({'fits in cache' if d['verdict'] == 'cache-resident' else 'MBU n/a' if d.get('note') else 'MBU ' + format(d['mbu'], '.0%')}, "
+                      f"MFU {d['mfu']:.1%}, {d['verdict']})")
         b = base_rf.get(phase)
         if isinstance(b, Mapping):
             ax.plot(b["intensity_flop_per_byte"], b["achieved_tps"] * b["flops_per_token"] / 1e9, marker,

@@ -105,6 +105,13 @@ def subject(info: EngineInfo) -> dict[str, Any]:
         "n_gpu_layers": info.n_gpu_layers,
         "n_ctx": info.n_ctx,
         "n_batch": info.n_batch,
+        "n_ubatch": info.n_ubatch,
+        "flash_attn": info.flash_attn,
+        "type_k": info.type_k,
+        "type_v": info.type_v,
+        "mmap": info.mmap,
+        "mlock": info.mlock,
+        "sample": info.sample,
         "llmperf_version": __version__,
         "python": platform.python_version(),
     }
@@ -119,11 +126,22 @@ SUBJECT_LABELS = {
     "n_gpu_layers": "GPU layers",
     "n_ctx": "n_ctx",
     "n_batch": "n_batch",
+    "n_ubatch": "n_ubatch",
+    "flash_attn": "flash attention",
+    "type_k": "K cache type",
+    "type_v": "V cache type",
+    "mmap": "mmap",
+    "mlock": "mlock",
+    "sample": "sampling in decode",
     "llmperf_version": "pytest-llmperf",
     "python": "Python",
     "engine": "engine",
     "model": "model name",
 }
+
+
+#: Subject keys added after baselines were first recorded: a record without one is not changed.
+NEWER_KEYS = frozenset({"n_ubatch", "flash_attn", "type_k", "type_v", "mmap", "mlock", "sample"})
 
 
 def subject_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
@@ -132,6 +150,8 @@ def subject_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list
     for key, label in SUBJECT_LABELS.items():
         if key == "model_size_bytes" and before.get("quantization") != after.get("quantization"):
             continue  # the quantization line says it
+        if key in NEWER_KEYS and key not in before:
+            continue  # recorded before the setting was: not a change
         if before.get(key) != after.get(key):
             changes.append(f"{label} {before.get(key)} -> {after.get(key)}")
     return changes

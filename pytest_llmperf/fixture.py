@@ -58,7 +58,7 @@ class LLMPerf:
     def __init__(
         self,
         marker: MarkerConfig,
-        engine_factory: Callable[[], "LlamaCppEngine"],
+        engine_factory: Callable[..., "LlamaCppEngine"],
         assess: Callable[[Measurement, MarkerConfig], Any] = lambda m, c: None,
         measure_options: Callable[[Any, MarkerConfig], Mapping[str, Any]] = lambda engine, c: {},
         *,
@@ -70,14 +70,29 @@ class LLMPerf:
         self._engine_factory = engine_factory
         self._assess = assess
         self.results: list[Result] = []
+        self.ab_results: list[Any] = []  # ab.ABResult of each compare()
 
     @property
     def engine(self) -> "LlamaCppEngine":
-        """The session's llama.cpp engine (loaded on first use)."""
+        """The llama.cpp engine this test's marker names (the session's unless the marker sets
+        llama.cpp keys such as ``threads`` or ``flash_attn``; loaded on first use)."""
+        return self._engine_for(self._marker)
+
+    def _engine_for(self, config: MarkerConfig) -> Any:
         try:
-            return self._engine_factory()
+            return self._engine_factory(dict(config.engine)) if config.engine else self._engine_factory()
         except LLMPerfError as exc:
             raise pytest.fail.Exception(str(exc), pytrace=False) from None  # no chained second copy
+
+    def _subject(self, engine: Any, config: MarkerConfig) -> Any:
+        if engine is None:
+            return self._engine_for(config)
+        if config.engine:
+            raise pytest.fail.Exception(
+                f"llama.cpp settings ({', '.join(config.engine)}) apply to the plugin's engine, not to the "
+                "engine passed to measure(); drop one of them", pytrace=False,
+            )
+        return engine
 
     @property
     def measurements(self) -> list[Measurement]:
@@ -91,7 +106,7 @@ class LLMPerf:
             if self._smoke:
                 return self._smoke_measure(engine, config, label)
             workload = Workload(**config.workload)
-            subject = self.engine if engine is None else engine
+            subject = self._subject(engine, config)
             measurement = measure(
                 subject, workload, label=label, slo=config.budgets, **self._measure_options(subject, config)
             )
@@ -115,6 +130,43 @@ class LLMPerf:
             )
         )
         return measurement
+
+    def compare(self, a: Any = None, b: Any = None, *, label: str = "", **keys: Any) -> Any:
+        """Run A and B interleaved (``runs`` pairs in seeded AB/BA order, warm-ups for both) and
+        compare them with paired statistics (``ab.ABResult``). A side: llama.cpp settings
+        (``{"threads": 1}``, over the session's), a model (path or preset), a callable
+        ``fn(prompt, max_tokens)``, an endpoint URL or an engine. ``max_slowdown`` /
+        ``min_speedup`` (a number for both phases, or per phase/metric) fail the test when
+        the whole CI lies beyond them. Other keywords are marker keys (workload)."""
+        from .ab import compare_ab, resolve_side
+
+        if a is not None:
+            keys["a"] = a
+        if b is not None:
+            keys["b"] = b
+        try:
+            config = self._marker.merged(keys)
+            if not config.is_ab:
+                raise LLMPerfError("llmperf.compare() needs both sides: a=... and b=...")
+            workload = dict(config.workload)
+            if self._smoke:
+                workload.update(runs=3, warmup=0)  # the fewest pairs with a CI
+
+            def engine_for(settings: Mapping[str, Any]) -> Any:
+                merged = {**config.engine, **settings}  # the marker's settings under each side's
+                return self._engine_factory(merged) if merged else self._engine_factory()
+
+            sides = [resolve_side(name, config.ab[name], engine_for) for name in ("a", "b")]
+            result = compare_ab(
+                *sides, Workload(**workload),
+                max_slowdown=None if self._smoke else config.ab.get("max_slowdown"),
+                min_speedup=None if self._smoke else config.ab.get("min_speedup"),
+                label=label,
+            )
+        except LLMPerfError as exc:
+            raise pytest.fail.Exception(str(exc), pytrace=False) from None
+        self.ab_results.append(result)
+        return result
 
     def _sequential(self, subject: Any, m: Measurement, config: MarkerConfig) -> tuple[Measurement, Any]:
         """Assess; while the baseline comparison is INCONCLUSIVE, measure ``runs`` more, up to
@@ -147,7 +199,7 @@ class LLMPerf:
         workload = {**config.workload, **SMOKE}
         if "requests" in workload or "concurrency" in workload or "rate" in workload:
             workload["requests"] = workload.get("concurrency", 1)
-        subject = self.engine if engine is None else engine
+        subject = self._subject(engine, config)
         measurement = measure(subject, Workload(**workload), label=label)
         self.results.append(Result(measurement, None, 0))
         return measurement

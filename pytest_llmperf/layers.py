@@ -173,7 +173,7 @@ class LayerTimer:
         self._callback = lib.ggml_backend_sched_eval_callback(callback)  # kept referenced
         # The plain context's own parameters (threads, batch, cache types, attention kernel...),
         # so the overhead ratio compares like with like; only the callback differs.
-        plain = engine.llm.context_params
+        plain = getattr(engine, "context_params", engine.llm.context_params)
         params = type(plain).from_buffer_copy(plain)
         params.cb_eval = self._callback
         params.cb_eval_user_data = None
@@ -201,6 +201,8 @@ class LayerTimer:
         else:
             prompt_ids = engine.synthetic_prompt(workload.synthetic_prompt_tokens or 0, workload.seed)
         engine._check_fits(len(prompt_ids), workload.max_tokens)
+        if len(prompt_ids) + workload.max_tokens > self._lib.llama_n_ctx(self._ctx):
+            raise EngineError("per-layer timing: the instrumented context is smaller than this workload")
         arrays = [(lib.llama_token * n)(*prompt_ids[s : s + n]) for s, n in split_prompt(len(prompt_ids), engine.n_batch)]
         batches = [lib.llama_batch_get_one(a, len(a)) for a in arrays]
         one = (lib.llama_token * 1)()

@@ -115,6 +115,21 @@ def probe_tflops(size: int = 1536, repeats: int = 5) -> Peak:
     return Peak(spec[0], "cpu spec", f"{spec[1]} = {spec[0] * 1e3:.0f} GFLOP/s; {detail}")
 
 
+def last_level_cache_bytes() -> int | None:
+    """Size of the CPU's largest cache (Linux sysfs), None where unknown: a working set below
+    it can stay cached between decode steps and beat the DRAM bandwidth."""
+    sizes = []
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    for entry in base.glob("index*/size"):
+        text = entry.read_text().strip() if entry.is_file() else ""
+        units = {"K": 2**10, "M": 2**20, "G": 2**30}
+        try:
+            sizes.append(int(text[:-1]) * units[text[-1]] if text and text[-1] in units else int(text))
+        except (ValueError, OSError):
+            continue
+    return max(sizes) if sizes else None
+
+
 def _cache_file() -> Path:
     from .synthetic import default_cache_dir
 

@@ -80,6 +80,9 @@ class RunMetrics:
     native_prefill_ms: float | None = None
     native_decode_ms_per_token: float | None = None
     overhead_ms_per_token: float | None = None
+    #: llama.cpp's sampler time per sampled token (inside the decode loop, or timed apart
+    #: after the run when the engine does not sample between clock reads).
+    sampling_ms_per_token: float | None = None
 
     @classmethod
     def of(cls, trace: RunTrace) -> "RunMetrics":
@@ -116,6 +119,7 @@ class RunMetrics:
             native_prefill_ms=native.prefill_ms if native else None,
             native_decode_ms_per_token=native_decode,
             overhead_ms_per_token=tpot_ms - native_decode if native_decode is not None else None,
+            sampling_ms_per_token=native.sample_ms_per_token if native else None,
         )
 
 
@@ -150,6 +154,7 @@ class Measurement:
     overhead_ms_per_token: float | None
     prompt_tokens: int | None
     output_tokens: int
+    sampling_ms_per_token: float | None = None
     load: Any = None  # load.LoadStats for a load test (concurrency/requests/rate), else None
     # Filled by runner.measure (None / empty when a Measurement is built from traces alone):
     warmup_runs: tuple[RunMetrics, ...] = ()
@@ -210,4 +215,5 @@ def summarize_runs(
         overhead_ms_per_token=med("overhead_ms_per_token"),
         prompt_tokens=runs[0].prompt_tokens,
         output_tokens=min(r.output_tokens for r in runs),
+        sampling_ms_per_token=med("sampling_ms_per_token"),
     )

@@ -38,6 +38,10 @@ def add_options(parser: pytest.Parser) -> None:
         "--llmperf-gpu-layers", dest="llmperf_gpu_layers", default=None, help="layers offloaded to a GPU"
     )
     group.addoption(
+        "--llmperf-max-engines", dest="llmperf_max_engines", default=None,
+        help="llama.cpp engines (per-test settings) alive at once (default 2)",
+    )
+    group.addoption(
         "--llmperf-baseline-dir",
         dest="llmperf_baseline_dir",
         default=None,

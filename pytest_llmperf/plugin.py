@@ -24,7 +24,7 @@ import pytest
 from .errors import ConfigError, EngineError, LLMPerfError
 from .options import add_options
 from .schema import PROMPT_KEYS, MarkerConfig, marker_help, validate
-from .settings import DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRESHOLD, EngineSettings, resolve, threads_warning
+from .settings import SERVER_N_CTX, DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRESHOLD, EngineSettings, resolve, threads_warning
 
 if TYPE_CHECKING:
     from .baseline_store import BaselineError
@@ -146,7 +146,7 @@ def llmperf_server(pytestconfig: pytest.Config) -> Any:
     s = _plugin(pytestconfig).settings
     try:
         path = ensure_model(s.preset) if s.preset else s.model
-        with serve(path, n_threads=s.threads, n_ctx=s.n_ctx, n_batch=s.n_batch, alias=s.model_label) as server:
+        with serve(path, n_threads=s.threads, n_ctx=s.n_ctx or SERVER_N_CTX, n_batch=s.n_batch, alias=s.model_label) as server:
             yield server
     except LLMPerfError as exc:
         raise pytest.fail.Exception(str(exc), pytrace=False) from None  # no chained second copy
@@ -164,7 +164,7 @@ def llmperf_llama_server(pytestconfig: pytest.Config) -> Any:
     try:
         path = ensure_model(s.preset) if s.preset else s.model
         with serve_llama_server(
-            path, parallel=LLAMA_SERVER_PARALLEL, n_threads=s.threads, n_ctx=s.n_ctx, n_batch=s.n_batch,
+            path, parallel=LLAMA_SERVER_PARALLEL, n_threads=s.threads, n_ctx=s.n_ctx or SERVER_N_CTX, n_batch=s.n_batch,
             alias=s.model_label,
         ) as server:
             yield server
@@ -325,15 +325,42 @@ class LLMPerfPlugin:
             return [f"{v.note} (--llmperf-strict-env)"]
         return v.failure_lines()
 
-    def engine(self) -> Any:
-        if self._engine is None and self._engine_error is None:
-            try:
-                self._engine = load_engine(self.settings)
-            except LLMPerfError as exc:
-                self._engine_error = str(exc)
-        if self._engine_error is not None:
-            raise EngineError(self._engine_error)
-        return self._engine
+    def engine(self, overrides: Any = None) -> Any:
+        """The engine a test measures: the session's, or with a test's own llama.cpp settings
+        (marker keys ``threads``, ``flash_attn``...) one from the pool (engines/pool.py)."""
+        if overrides:
+            if self.settings.endpoint:
+                raise EngineError(
+                    f"llama.cpp settings ({', '.join(overrides)}) need the in-process engine; this session "
+                    f"measures the endpoint {self.settings.endpoint}"
+                )
+            return self.engine_pool().get(self.settings.engine_config(overrides))
+        if self.settings.endpoint:
+            if self._engine is None and self._engine_error is None:
+                try:
+                    self._engine = load_engine(self.settings)
+                except LLMPerfError as exc:
+                    self._engine_error = str(exc)
+            if self._engine_error is not None:
+                raise EngineError(self._engine_error)
+            return self._engine
+        base = self.settings.engine_config()
+        pool = self.engine_pool()
+        pool.pin(base)  # the llmperf_engine fixture may hold it for the whole session
+        return pool.get(base)
+
+    def engine_pool(self) -> Any:
+        if getattr(self, "_pool", None) is None:
+            from .engines.pool import EnginePool, load_config
+
+            self._pool = EnginePool(load_config, self.settings.max_engines)
+            self._pool.plan(getattr(self, "_planned_configs", []))
+        return self._pool
+
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.finished(getattr(self, "_planned_by_id", {}).get(nodeid))
 
     # -- header and collection ------------------------------------------------------------------
 
@@ -353,7 +380,7 @@ class LLMPerfPlugin:
         else:
             lines = [
                 f"llmperf: model {describe_model(s)}, threads {s.threads or usable_cpus()}, "
-                f"n_ctx {s.n_ctx}, llama-cpp-python {llama_cpp_version() or 'NOT INSTALLED'}"
+                f"n_ctx {s.n_ctx or 'auto'}, llama-cpp-python {llama_cpp_version() or 'NOT INSTALLED'}"
             ]
         if self.disabled:
             lines.append("llmperf: --llmperf-disable: each measurement runs once; no budgets, statistics or baselines")
@@ -454,6 +481,24 @@ class LLMPerfPlugin:
         # beyond a test's first are added as they come (``family_size``).
         self.measuring_tests = sum(1 for i in session.items if _is_perf(i) and not i.get_closest_marker("skip"))
         self.extra_measurements = 0
+        self._plan_engines(session.items)
+
+    def _plan_engines(self, items: list[pytest.Item]) -> None:
+        """Which llama.cpp settings the markers of the tests to run name (engines/pool.py frees
+        an engine after the last of them)."""
+        if self.settings.endpoint:
+            return
+        self._planned_by_id = {}
+        for item in items:
+            config = item.stash.get(MARKER_CONFIG, None)
+            if config is not None and config.engine and not item.get_closest_marker("skip"):
+                try:
+                    self._planned_by_id[item.nodeid] = self.settings.engine_config(config.engine)
+                except LLMPerfError:
+                    continue  # the test fails with that line when it runs
+        self._planned_configs = list(self._planned_by_id.values())
+        if getattr(self, "_pool", None) is not None:
+            self._pool.plan(self._planned_configs)
 
     @property
     def family_size(self) -> int:
@@ -496,16 +541,25 @@ class LLMPerfPlugin:
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, Any, Any]:
         result = yield  # raises if the test body failed: then nothing is measured
         fixture = item.stash.get(FIXTURE, None)
-        if fixture is not None and not fixture.results and MARKER_CONFIG in item.stash:
-            fixture.measure()
+        if fixture is not None and not fixture.results and not fixture.ab_results and MARKER_CONFIG in item.stash:
+            if item.stash[MARKER_CONFIG].is_ab:
+                fixture.compare()  # the marker's a=..., b=...: an interleaved A/B
+            else:
+                fixture.measure()
         return result
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[Any]) -> Generator[None, Any, Any]:
         fixture = item.stash.get(FIXTURE, None)
         results = fixture.results if fixture is not None and call.when == "call" else []
+        ab = fixture.ab_results if fixture is not None and call.when == "call" else []
+        if ab:
+            from .ab.report import attach, properties as ab_properties
+
+            item.user_properties.extend(ab_properties(ab))
         if not results:
-            return (yield)
+            report = yield
+            return attach(report, ab) if ab else report
         from .report import metrics_table, properties
 
         for r in results:
@@ -571,7 +625,7 @@ class LLMPerfPlugin:
         if lines and report.passed:
             report.outcome = "failed"
             report.longrepr = "\n".join(lines)
-        return report
+        return attach(report, ab) if ab else report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         # Runs on the xdist controller too: rows come from the serialized report.
@@ -739,6 +793,8 @@ class LLMPerfPlugin:
         if self._engine is not None:
             self._engine.close()
             self._engine = None
+        if getattr(self, "_pool", None) is not None:
+            self._pool.close()
 
 
 def _uses_llmperf(item: pytest.Item) -> bool:

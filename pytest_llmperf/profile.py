@@ -48,7 +48,7 @@ def profile(
     warmup: int = 1,
     threads: int | None = None,
     n_gpu_layers: int = 0,
-    n_ctx: int = 2048,
+    n_ctx: int | None = None,
     n_batch: int = 512,
     peak_bw_gbs: float | None = None,
     peak_tflops: float | None = None,

@@ -51,6 +51,10 @@ def metrics_table(m: Measurement) -> str:
         ("decode (llama.cpp) median", "ms/token", _opt(m.native_decode_ms_per_token), f"{m.n_runs} runs"),
         ("engine overhead median", "ms/token", _opt(m.overhead_ms_per_token), f"{m.n_runs} runs"),
         ("decode TPS median", "t/s", fmt(m.decode_tps), f"{m.n_runs} runs"),
+        (
+            "sampling (llama.cpp sampler)" + ("" if m.engine.sample else ", timed apart"),
+            "ms/token", _opt(m.sampling_ms_per_token), f"{m.n_runs} runs",
+        ),
         ("E2E median", "ms", fmt(m.e2e_ms), f"{m.n_runs} runs"),
         ("ITL p50 / p90", "ms", f"{fmt(itl.p50_ms)} / {fmt(itl.p90_ms)}", f"{itl.count} tokens"),
         ("ITL p95 / p99", "ms", f"{fmt(itl.p95_ms)} / {fmt(itl.p99_ms)}", f"{itl.count} tokens"),

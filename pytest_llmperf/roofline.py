@@ -33,14 +33,37 @@ class PhaseRoofline:
     achieved_bw_gbs: float
     mbu: float
     mfu: float
-    verdict: str  # "memory-bound" | "compute-bound"
+    verdict: str  # "memory-bound" | "compute-bound" | "cache-resident"
+    note: str = ""  # why the DRAM roofline does not apply (cache-resident), else ""
 
     def line(self) -> str:
-        return (
+        mbu = "MBU n/a (fits in cache)" if self.verdict == CACHE_RESIDENT else "MBU n/a" if self.note else f"MBU {self.mbu:.2f}"
+        text = (
             f"{self.phase}: {self.verdict} (intensity {self.intensity_flop_per_byte:.3g} FLOP/byte), "
             f"achieved {self.achieved_tps:.1f} t/s of bound {self.bound_tps:.1f} t/s, "
-            f"{self.achieved_bw_gbs:.1f} GB/s, MBU {self.mbu:.2f}, MFU {self.mfu:.2f}"
+            f"{self.achieved_bw_gbs:.1f} GB/s, {mbu}, MFU {self.mfu:.2f}"
         )
+        return text + (f"; {self.note}" if self.note else "")
+
+
+#: A memory-bound phase that moved its bytes faster than the measured DRAM peak: its working
+#: set (weights + KV) stays in the CPU caches between tokens, so DRAM bandwidth does not bound
+#: it and a "utilisation" above 100% would be no utilisation at all.
+CACHE_RESIDENT = "cache-resident"
+
+
+def above_peak_note(achieved_gbs: float, peak_gbs: float, bytes_per_token: float, llc_bytes: int | None) -> str:
+    """What is true when a memory-bound phase moved its bytes faster than the peak: the working
+    set fits in the last-level cache, or (larger than it) the peak figure is too low."""
+    moved = f"{achieved_gbs:.1f} GB/s achieved > {peak_gbs:.1f} GB/s peak, {bytes_per_token / 2**20:.1f} MiB per token"
+    if llc_bytes is None or bytes_per_token <= llc_bytes:
+        cache = f" <= {llc_bytes / 2**20:.0f} MiB last-level cache" if llc_bytes else ""
+        return f"working set fits in cache; the DRAM roofline does not bound it ({moved}{cache})"
+    return (
+        f"the peak bandwidth figure is too low: the working set exceeds the {llc_bytes / 2**20:.0f} MiB "
+        f"last-level cache yet {moved}; re-probe on a quiet machine (llmperf profile --reprobe-peaks) or "
+        f"give --llmperf-peak-bw"
+    )
 
 
 @dataclass(frozen=True)
@@ -98,6 +121,16 @@ def _phase(name: str, bytes_moved: float, flops: float, tokens: int, seconds: fl
     peak_bps, peak_fps = bw.value * 1e9, fl.value * 1e12
     intensity = flops / bytes_moved
     bound_s = max(bytes_moved / peak_bps, flops / peak_fps)
+    verdict = "memory-bound" if intensity < peak_fps / peak_bps else "compute-bound"
+    achieved_bps = bytes_moved / seconds
+    note = ""
+    if verdict == "memory-bound" and achieved_bps > peak_bps:
+        from .machine_peak import last_level_cache_bytes
+
+        llc = last_level_cache_bytes()
+        note = above_peak_note(achieved_bps / 1e9, bw.value, bytes_moved / tokens, llc)
+        if llc is None or bytes_moved / tokens <= llc:
+            verdict = CACHE_RESIDENT
     return PhaseRoofline(
         phase=name,
         bytes_per_token=bytes_moved / tokens,
@@ -108,7 +141,8 @@ def _phase(name: str, bytes_moved: float, flops: float, tokens: int, seconds: fl
         achieved_bw_gbs=bytes_moved / seconds / 1e9,
         mbu=bytes_moved / seconds / peak_bps,
         mfu=flops / seconds / peak_fps,
-        verdict="memory-bound" if intensity < peak_fps / peak_bps else "compute-bound",
+        verdict=verdict,
+        note=note,
     )
 
 

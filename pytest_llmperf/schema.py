@@ -16,7 +16,7 @@ from .errors import ConfigError
 @dataclass(frozen=True)
 class Key:
     name: str
-    kind: str  # "budget", "workload", "setting" (comparison) or "option" (what to measure)
+    kind: str  # "budget", "workload", "engine" (llama.cpp settings), "setting" (comparison), "option", "ab"
     help: str
     check: Callable[[str, Any], Any]
 
@@ -76,6 +76,33 @@ def _text(name: str, value: Any) -> str:
     return value
 
 
+def _cache_type(name: str, value: Any) -> str:
+    from .settings import CACHE_TYPES
+
+    if not isinstance(value, str) or value.lower() not in CACHE_TYPES:
+        raise ConfigError(f"llmperf marker key {name!r} must be one of {', '.join(CACHE_TYPES)}, got {value!r}")
+    return value.lower()
+
+
+def _gpu_layers(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+        raise ConfigError(f"llmperf marker key {name!r} must be an integer >= -1 (-1: all layers), got {value!r}")
+    return value
+
+
+def _side(name: str, value: Any) -> Any:
+    from .ab.sides import check_side
+
+    return check_side(name, value)
+
+
+def _relative(name: str, value: Any) -> Any:
+    from .ab.budgets import parse_budgets
+
+    parse_budgets(**{name: value})  # raises a ConfigError naming what is wrong
+    return value
+
+
 KEYS: dict[str, Key] = {
     k.name: k
     for k in [
@@ -101,6 +128,22 @@ KEYS: dict[str, Key] = {
         Key("rate", "workload", "load: Poisson arrivals, requests per second (seeded)", _number),
         Key("shared_prefix_tokens", "workload", "served: the first N prompt tokens are the same in every request "
             "(measures prefix caching; default: unique prompts, server prompt cache off)", _int_at_least(1)),
+        Key("model", "engine", "GGUF path or preset (tiny, small) for this test; one engine per distinct setting", _text),
+        Key("threads", "engine", "llama.cpp threads for this test (prompt and generation)", _int_at_least(1)),
+        Key("n_ctx", "engine", "llama.cpp context size for this test", _int_at_least(1)),
+        Key("n_batch", "engine", "llama.cpp logical batch (prompt tokens per llama_decode call)", _int_at_least(1)),
+        Key("n_ubatch", "engine", "llama.cpp physical micro-batch (<= n_batch; default n_batch)", _int_at_least(1)),
+        Key("flash_attn", "engine", "llama.cpp flash attention on/off", _flag),
+        Key("type_k", "engine", "K cache type: f16, q8_0, q4_0...", _cache_type),
+        Key("type_v", "engine", "V cache type (quantized needs flash_attn=True)", _cache_type),
+        Key("n_gpu_layers", "engine", "layers offloaded to a GPU (-1: all)", _gpu_layers),
+        Key("mmap", "engine", "map the model file (llama.cpp use_mmap)", _flag),
+        Key("mlock", "engine", "lock the model in RAM (llama.cpp use_mlock)", _flag),
+        Key("a", "ab", "A/B: side A (llama.cpp settings dict, model, callable or endpoint URL); runs interleave with b", _side),
+        Key("b", "ab", "A/B: side B, compared with A by paired statistics", _side),
+        Key("max_slowdown", "ab", "A/B: max B/A time ratio - 1 per phase, e.g. 0.05, '5%' or {'prefill': 0.03}", _relative),
+        Key("min_speedup", "ab", "A/B: min B/A speed ratio per phase, e.g. 1.5 or {'decode': 1.2}", _relative),
+        Key("sample", "engine", "greedy sampling inside the timed decode loop (False: as llama-bench's tg)", _flag),
         Key("max_runs", "option", "baseline comparisons: measure more runs, `runs` at a time, while a verdict "
             "is INCONCLUSIVE, up to this many (default 3 x runs; = runs turns it off)", _int_at_least(1)),
         Key("layers", "option", "also time each layer (llama.cpp eval callback; in-process only)", _flag),
@@ -124,6 +167,14 @@ class MarkerConfig:
     workload: Mapping[str, Any]
     settings: Mapping[str, float] = dataclasses.field(default_factory=dict)
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: llama.cpp settings for this test (``engines.config.EngineConfig`` fields), over the session's.
+    engine: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: A/B keys (a, b, max_slowdown, min_speedup): the test compares two sides interleaved.
+    ab: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def is_ab(self) -> bool:
+        return "a" in self.ab and "b" in self.ab
 
     def merged(self, overrides: Mapping[str, Any]) -> "MarkerConfig":
         extra = validate(overrides)
@@ -137,6 +188,8 @@ class MarkerConfig:
             workload={**workload, **extra.workload},
             settings={**self.settings, **extra.settings},
             options={**self.options, **extra.options},
+            engine={**self.engine, **extra.engine},
+            ab={**self.ab, **extra.ab},
         )
 
 
@@ -147,7 +200,7 @@ def validate(kwargs: Mapping[str, Any], args: tuple[Any, ...] = ()) -> MarkerCon
             f"llmperf marker takes keyword arguments only, got positional {args!r}; "
             f"allowed keys: {', '.join(KEYS)}"
         )
-    by_kind: dict[str, dict[str, Any]] = {"budget": {}, "workload": {}, "setting": {}, "option": {}}
+    by_kind: dict[str, dict[str, Any]] = {"budget": {}, "workload": {}, "setting": {}, "option": {}, "engine": {}, "ab": {}}
     for name, value in kwargs.items():
         key = KEYS.get(name)
         if key is None:
@@ -160,6 +213,8 @@ def validate(kwargs: Mapping[str, Any], args: tuple[Any, ...] = ()) -> MarkerCon
         workload=by_kind["workload"],
         settings=by_kind["setting"],
         options=by_kind["option"],
+        engine=by_kind["engine"],
+        ab=by_kind["ab"],
     )
 
 

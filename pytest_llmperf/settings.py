@@ -14,6 +14,36 @@ DEFAULT_MODEL = "tiny"
 #: does not import numpy (tests/test_plugin_cli.py checks the two agree).
 PRESET_NAMES = ("tiny", "small")
 
+#: K/V cache element types as llama.cpp's ``-ctk``/``-ctv`` name them.
+CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+#: Types that V may take without flash attention (llama.cpp refuses a quantized V otherwise).
+UNQUANTIZED = ("f32", "f16", "bf16")
+
+#: Context of a served model's slot when the session leaves n_ctx to the workload (a server
+#: is started before any workload is known).
+SERVER_N_CTX = 2048
+
+#: llama.cpp engine defaults (``engines/config.EngineConfig``), one definition each (here, so
+#: reading the settings imports nothing heavy). ``n_ubatch`` None: ``n_batch``.
+ENGINE_DEFAULTS: dict[str, Any] = {
+    "threads": None,
+    # None: sized to each workload (prompt + generated, rounded up to 256), as llama-bench does.
+    "n_ctx": None,
+    "n_batch": 512,
+    "n_ubatch": None,
+    # What llama-bench's default (auto) resolves to on the CPU backend.
+    "flash_attn": True,
+    "type_k": "f16",
+    "type_v": "f16",
+    "n_gpu_layers": 0,
+    "mmap": True,
+    "mlock": False,
+    # Greedy sampling inside the timed decode loop (False: llama-bench's tg, which feeds seeded
+    # tokens; sampling is then timed apart and reported as its own figure).
+    "sample": False,
+}
+
+
 # Comparison defaults, as in ``regression`` (which imports scipy): the options' help text
 # needs them at plugin load (tests/test_plugin_cli.py checks the two agree).
 DEFAULT_ALPHA = 0.01
@@ -31,9 +61,10 @@ DEFAULT_COMPARISON_COLUMNS = ("change", "ci", "verdict")
 _SOURCES: dict[str, tuple[str, str, Callable[[str], Any], Any]] = {
     "model": ("LLMPERF_MODEL", "llmperf_model", str, DEFAULT_MODEL),
     "threads": ("LLMPERF_THREADS", "llmperf_threads", int, None),
-    "n_ctx": ("LLMPERF_N_CTX", "llmperf_n_ctx", int, 2048),
-    "n_batch": ("LLMPERF_N_BATCH", "llmperf_n_batch", int, 512),
-    "gpu_layers": ("LLMPERF_GPU_LAYERS", "llmperf_gpu_layers", int, 0),
+    "n_ctx": ("LLMPERF_N_CTX", "llmperf_n_ctx", int, ENGINE_DEFAULTS["n_ctx"]),
+    "n_batch": ("LLMPERF_N_BATCH", "llmperf_n_batch", int, ENGINE_DEFAULTS["n_batch"]),
+    "gpu_layers": ("LLMPERF_GPU_LAYERS", "llmperf_gpu_layers", int, ENGINE_DEFAULTS["n_gpu_layers"]),
+    "max_engines": ("LLMPERF_MAX_ENGINES", "llmperf_max_engines", int, 2),
     # Served models (engines/http.py): set an endpoint and the session measures it instead.
     "endpoint": ("LLMPERF_ENDPOINT", "llmperf_endpoint", str, None),
     "api": ("LLMPERF_API", "llmperf_api", str, "completions"),
@@ -46,9 +77,10 @@ _SOURCES: dict[str, tuple[str, str, Callable[[str], Any], Any]] = {
 INI_HELP = {
     "llmperf_model": "model for llmperf tests: a GGUF path or a synthetic preset (tiny, small)",
     "llmperf_threads": "llama.cpp threads (default: all usable CPUs)",
-    "llmperf_n_ctx": "llama.cpp context size (default 2048)",
+    "llmperf_n_ctx": "llama.cpp context size (default: each workload's prompt + generated tokens)",
     "llmperf_n_batch": "llama.cpp batch size for prompt evaluation (default 512)",
     "llmperf_gpu_layers": "layers offloaded to the GPU (default 0)",
+    "llmperf_max_engines": "llama.cpp engines (per-test settings) alive at once (default 2)",
     "llmperf_endpoint": "OpenAI-compatible API base URL to measure instead of llama.cpp in process",
     "llmperf_api": "API of the endpoint: completions (default) or chat",
     "llmperf_api_model": "model name sent to the endpoint (default: the server's default)",
@@ -62,9 +94,10 @@ INI_HELP = {
 class EngineSettings:
     model: str
     threads: int | None
-    n_ctx: int
+    n_ctx: int | None
     n_batch: int
     gpu_layers: int
+    max_engines: int = 2
     endpoint: str | None = None
     api: str = "completions"
     api_model: str | None = None
@@ -82,6 +115,16 @@ class EngineSettings:
     @property
     def model_label(self) -> str:
         return f"synthetic-{self.preset}" if self.preset else Path(self.model).stem
+
+    def engine_config(self, overrides: Any = None) -> Any:
+        """The session's llama.cpp settings with a test's own (marker keys) over them."""
+        from .engines.config import EngineConfig
+
+        base = EngineConfig(
+            model=self.model, threads=self.threads, n_ctx=self.n_ctx, n_batch=self.n_batch,
+            n_gpu_layers=self.gpu_layers,
+        )
+        return base.replace(overrides) if overrides else base
 
 
 def resolve(getoption: Callable[[str], Any], getini: Callable[[str], Any]) -> EngineSettings:
@@ -101,7 +144,7 @@ def resolve(getoption: Callable[[str], Any], getini: Callable[[str], Any]) -> En
             values[name] = parse(raw)
         except ValueError:
             raise ConfigError(f"{source}: expected {parse.__name__}, got {raw!r}") from None
-    for name in ("threads", "n_ctx", "n_batch"):
+    for name in ("threads", "n_ctx", "n_batch", "max_engines"):
         if values[name] is not None and values[name] < 1:
             raise ConfigError(f"llmperf setting {name} must be >= 1, got {values[name]}")
     for name in ("request_timeout", "token_timeout"):

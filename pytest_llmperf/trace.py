@@ -17,6 +17,13 @@ class NativeCounters:
     prefill_tokens: int
     decode_ms: float
     decode_tokens: int
+    #: llama.cpp's sampler counters (``llama_perf_sampler``): time in the sampler chain and calls.
+    sample_ms: float | None = None
+    sample_count: int = 0
+
+    @property
+    def sample_ms_per_token(self) -> float | None:
+        return self.sample_ms / self.sample_count if self.sample_count and self.sample_ms is not None else None
 
     @property
     def decode_ms_per_token(self) -> float | None:

@@ -208,7 +208,7 @@ def test_report_header(pytester: pytest.Pytester) -> None:
     result.stdout.re_match_lines(
         [
             r"^llmperf: model synthetic-tiny \(embedded synthetic, 4 layers, 3\.4 M params, F32\), "
-            r"threads \d+, n_ctx 2048, llama-cpp-python \d+\.\d+\.\d+$"
+            r"threads \d+, n_ctx auto, llama-cpp-python \d+\.\d+\.\d+$"
         ]
     )
 

@@ -53,13 +53,15 @@ def test_layers_sum_to_the_instrumented_step_and_match_the_model(small_profiled)
 def test_roofline_on_the_small_preset(small_profiled) -> None:
     r = small_profiled.roofline
     assert r.peak_bw.source == "measured" and r.peak_bw.value > 0
-    assert r.decode.verdict == "memory-bound"
-    assert 0 < r.decode.mbu < 1
+    assert r.decode.verdict == "memory-bound"  # 256 MiB of weights: never cache-resident
+    # A peak probed on a busy machine can be below what decode achieves: then the report says
+    # the figure is too low instead of showing a utilisation above 100%.
+    assert 0 < r.decode.mbu < 1 or r.decode.note.startswith("the peak bandwidth figure is too low"), r.decode
     assert r.prefill.intensity_flop_per_byte > r.decode.intensity_flop_per_byte
     # Achieved decode TPS is the measured one; the bound is BW / bytes per token.
     assert r.decode.achieved_tps == pytest.approx(1e3 / small_profiled.tpot_ms)
     assert r.decode.bound_tps == pytest.approx(r.peak_bw.value * 1e9 / r.decode.bytes_per_token)
-    assert r.decode.achieved_tps < r.decode.bound_tps
+    assert r.decode.achieved_tps < r.decode.bound_tps or r.decode.note
 
 
 def test_slow_layer_is_named_by_profile(capsys: pytest.CaptureFixture[str]) -> None:
@@ -127,7 +129,7 @@ def test_profile_markdown_and_bad_model(tmp_path, capsys: pytest.CaptureFixture[
 
 def test_kv_cache_size_agrees_with_llama_cpp(tiny_engine) -> None:
     code = (
-        "import llama_cpp, sys; llama_cpp.Llama(sys.argv[1], n_ctx=2048, verbose=True)"
+        f"import llama_cpp, sys; llama_cpp.Llama(sys.argv[1], n_ctx={tiny_engine.info().n_ctx}, verbose=True)"
     )
     out = subprocess.run([sys.executable, "-c", code, tiny_engine.info().model_path], capture_output=True, text=True, timeout=120)
     mib = float(re.search(r"llama_kv_cache: size =\s*([\d.]+) MiB", out.stderr).group(1))
@@ -272,7 +274,8 @@ def test_marker_layers_go_to_report_baseline_and_comparison(pytester: pytest.Pyt
     assert layered["layers"]["phases"]["decode"]["names"][-1] == "output" and "roofline" in layered
     assert "layers" not in plain and "roofline" not in plain  # off by default: it perturbs timing
     result = run_inner(pytester, "-rA", "--llmperf-json", "session.json")
-    result.stdout.fnmatch_lines(["*per-layer time:*", "*embd+layer 0*", "*roofline:*", "*memory-bound*"])
+    result.stdout.fnmatch_lines(["*per-layer time:*", "*embd+layer 0*", "*roofline:*"])
+    assert re.search(r"decode +(memory-bound|cache-resident)", result.stdout.str())  # tiny fits in cache
     session = json.loads((pytester.path / "session.json").read_text())
     by_test = {r["test"].split("::")[-1]: r for r in session["results"]}
     changes = by_test["test_layered"]["verdict"]["layer_changes"]
@@ -367,3 +370,40 @@ def test_per_layer_diff_names_the_layer_that_got_slower(pytester: pytest.Pyteste
     assert {("prefill", "layer 3"), ("decode", "layer 3")} <= slower, changes
     assert not {name for _, name in slower} - {"layer 3"}, slower  # shares: the others shrank
     assert "layer 3" in result.stdout.str() and "model file" in result.stdout.str()
+
+
+def test_roofline_says_what_is_true_instead_of_a_utilisation_above_100_percent(monkeypatch) -> None:
+    """Constructed numbers: 13 MiB of weights moved per token in 0.2 ms is 68 GB/s, above a
+    45 GB/s DRAM peak: with a 32 MiB last-level cache the working set stays cached; a 256 MiB
+    one cannot, so there the peak figure is too low. Never an MBU above 1."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    import pytest_llmperf.machine_peak as machine_peak
+    from pytest_llmperf.breakdown import roofline_text
+    from pytest_llmperf.engine_info import EngineInfo
+    from pytest_llmperf.machine_peak import Peak
+    from pytest_llmperf.roofline import roofline
+
+    monkeypatch.setattr(machine_peak, "last_level_cache_bytes", lambda: 32 * 2**20)
+    info = EngineInfo(engine="llama.cpp", model="m", model_size_bytes=13 * 2**20, n_params=3_400_000, n_layer=4,
+                      n_embd=256, n_head=4, n_head_kv=4, kv_bytes_per_element=2.0, n_batch=512)
+    bw, fl = Peak(45.0, "measured"), Peak(0.157, "cpu spec")
+
+    def at(tpot_ms: float, size: int = 13 * 2**20):
+        m = SimpleNamespace(engine=dataclasses.replace(info, model_size_bytes=size), prompt_tokens=128,
+                            workload=Workload(max_tokens=64), tpot_ms=tpot_ms, prefill_ms=20.0)
+        return roofline(m, bw, fl)
+
+    fast = at(0.2).decode
+    assert fast.verdict == "cache-resident" and fast.mbu > 1
+    assert "working set fits in cache; the DRAM roofline does not bound it" in fast.line()
+    assert "MBU n/a (fits in cache)" in fast.line() and f"MBU {fast.mbu:.2f}" not in fast.line()
+    text = roofline_text(at(0.2).as_dict())
+    assert "decode   cache-resident" in text and "decode: working set fits in cache" in text
+    big = at(4.0, 256 * 2**20).decode  # 67 GB/s from 256 MiB: no cache holds it
+    assert big.verdict == "memory-bound" and big.mbu > 1
+    assert "the peak bandwidth figure is too low" in big.line() and "MBU n/a" in big.line()
+    slow = at(2.0).decode  # 6.8 GB/s: DRAM bounds it
+    assert slow.verdict == "memory-bound" and 0 < slow.mbu < 1 and slow.note == ""
+    assert at(2.0).prefill.verdict == "compute-bound"

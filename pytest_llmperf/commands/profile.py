@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=1, help="discarded warm-up runs (default 1)")
     parser.add_argument("--threads", type=positive_int, default=None, help="llama.cpp threads (default: all usable CPUs)")
     parser.add_argument("--n-gpu-layers", type=int, default=0, help="layers offloaded to a GPU (default 0)")
-    parser.add_argument("--n-ctx", type=int, default=2048)
+    parser.add_argument("--n-ctx", type=int, default=None, help="llama.cpp context (default: prompt + generated)")
     parser.add_argument("--n-batch", type=int, default=512)
     parser.add_argument("--peak-bw", type=float, default=None, metavar="GB/s", help="peak memory bandwidth (default: probe)")
     parser.add_argument("--peak-tflops", type=float, default=None, metavar="TFLOP/s", help="peak FLOP rate (default: CPU spec / GEMM)")

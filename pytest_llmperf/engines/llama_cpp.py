@@ -9,6 +9,7 @@ read, so the timed region holds only llama.cpp's work and the loop that calls it
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from importlib import metadata
@@ -18,12 +19,18 @@ from typing import Any
 import numpy as np
 
 from ..engine_info import EngineInfo
+from .config import DEFAULTS, EngineConfig, ggml_type
 from ..errors import ConfigError, EngineError
 from ..model_facts import embedding_lookup
 from ..trace import NativeCounters, RunTrace
 from ..workload import Workload
 
 GGUF_MAGIC = b"GGUF"
+#: n_ctx None (auto): the context is sized to each workload, prompt + generated tokens rounded
+#: up to this step, as llama-bench sizes its context (llama.cpp pads the cache to 256 anyway).
+AUTO_CTX_STEP = 256
+#: Sampler calls per run that time sampling apart when the decode loop does not sample.
+SAMPLING_PROBES = 8
 
 
 def import_llama_cpp() -> Any:
@@ -88,27 +95,46 @@ class LlamaCppEngine:
         self,
         model_path: str | os.PathLike[str],
         *,
-        n_ctx: int = 2048,
+        n_ctx: int | None = DEFAULTS["n_ctx"],
         n_threads: int | None = None,
-        n_batch: int = 512,
-        n_gpu_layers: int = 0,
+        n_batch: int = DEFAULTS["n_batch"],
+        n_gpu_layers: int = DEFAULTS["n_gpu_layers"],
         name: str | None = None,
         verbose: bool = False,
+        n_ubatch: int | None = DEFAULTS["n_ubatch"],
+        flash_attn: bool = DEFAULTS["flash_attn"],
+        type_k: str = DEFAULTS["type_k"],
+        type_v: str = DEFAULTS["type_v"],
+        use_mmap: bool = DEFAULTS["mmap"],
+        use_mlock: bool = DEFAULTS["mlock"],
+        sample: bool = DEFAULTS["sample"],
     ) -> None:
         path = check_gguf(model_path)
         llama_cpp = import_llama_cpp()
         self._lib = llama_cpp
         threads = n_threads or default_threads()
+        # Validates the combination (cache types, quantized V without flash attention...).
+        self.config = EngineConfig(
+            model=str(path), threads=threads, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
+            flash_attn=flash_attn, type_k=type_k, type_v=type_v, n_gpu_layers=n_gpu_layers,
+            mmap=use_mmap, mlock=use_mlock, sample=sample,
+        )
+        self.sample = sample
         started = time.perf_counter_ns()
         try:
             self.llm = llama_cpp.Llama(
                 model_path=str(path),
-                n_ctx=n_ctx,
+                n_ctx=n_ctx or AUTO_CTX_STEP,
                 n_threads=threads,
                 n_threads_batch=threads,
                 n_batch=n_batch,
-                n_ubatch=n_batch,
+                n_ubatch=self.config.ubatch,
                 n_gpu_layers=n_gpu_layers,
+                flash_attn=flash_attn,
+                type_k=ggml_type(type_k),
+                type_v=ggml_type(type_v),
+                use_mmap=use_mmap,
+                use_mlock=use_mlock,
                 no_perf=False,
                 verbose=verbose,
             )
@@ -117,6 +143,9 @@ class LlamaCppEngine:
         load_ms = (time.perf_counter_ns() - started) / 1e6
 
         self._ctx = self.llm._ctx.ctx
+        self.context_params = self.llm.context_params  # of the context in use
+        self._auto_ctx = n_ctx is None
+        self._own_ctx = False  # True once a context was made here for a workload (auto n_ctx)
         self._model = self.llm._model.model
         self._vocab = self.llm._model.vocab
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
@@ -156,6 +185,13 @@ class LlamaCppEngine:
             n_ctx=self.n_ctx,
             n_batch=self.n_batch,
             n_gpu_layers=n_gpu_layers,
+            n_ubatch=self.config.ubatch,
+            flash_attn=flash_attn,
+            type_k=type_k,
+            type_v=type_v,
+            mmap=use_mmap,
+            mlock=use_mlock,
+            sample=sample,
             load_ms=load_ms,
             native_load_ms=float(native_load_ms),
             backend_version=llama_cpp_version(),
@@ -166,7 +202,9 @@ class LlamaCppEngine:
     def _make_sampler(self) -> Any:
         """Greedy sampling with every end-of-generation token banned: runs have equal length."""
         lib = self._lib
-        chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
+        params = lib.llama_sampler_chain_default_params()
+        params.no_perf = False  # keep llama.cpp's sampler counters (sampling ms/token)
+        chain = lib.llama_sampler_chain_init(params)
         if self._eog_ids:
             biases = (lib.llama_logit_bias * len(self._eog_ids))()
             for slot, token in zip(biases, self._eog_ids):
@@ -184,6 +222,7 @@ class LlamaCppEngine:
         self.llm.reset()  # keep the Llama object's own token bookkeeping in step
         lib.llama_sampler_reset(self._sampler)
         lib.llama_perf_context_reset(self._ctx)
+        lib.llama_perf_sampler_reset(self._sampler)
 
     def _evaluate_once(self) -> None:
         ids = (self._lib.llama_token * 2)(*self.synthetic_prompt(2, seed=0))
@@ -222,6 +261,7 @@ class LlamaCppEngine:
             n_prompt = workload.synthetic_prompt_tokens or 0
             self._check_fits(n_prompt, max_tokens)  # before building the prompt: it may be huge
             prompt_ids = self.synthetic_prompt(n_prompt, workload.seed)
+        self.fit_context(len(prompt_ids) + max_tokens)
         self._check_fits(len(prompt_ids), max_tokens)
         # The arrays must outlive the batches that point into them (kept in ``arrays``).
         arrays = [
@@ -235,28 +275,46 @@ class LlamaCppEngine:
 
         decode = lib.llama_decode
         sample = lib.llama_sampler_sample
+        sync = lib.llama_synchronize
         ctx, sampler = self._ctx, self._sampler
         token_ns = [0] * max_tokens
         token_ids = [0] * max_tokens
+        if not self.sample:
+            # As llama-bench's tg: each step feeds a seeded token, no sampler runs between the
+            # clock reads (sampling is timed apart, after the run: ``_time_sampling``).
+            token_ids = self.synthetic_prompt(max_tokens + 1, workload.seed + 1)[1:]
+            feed = (lib.llama_token * max_tokens)(*token_ids)
 
         start = clock()
         for batch in prompt_batches:
             if decode(ctx, batch) != 0:
                 raise EngineError(f"llama_decode failed on the prompt ({len(prompt_ids)} tokens)")
-        lib.llama_synchronize(ctx)
+        sync(ctx)
         prefill_done = clock()
-        token = sample(sampler, ctx, -1)
-        token_ns[0] = clock()
-        token_ids[0] = token
-        for i in range(1, max_tokens):
-            one[0] = token
-            if decode(ctx, batch_one) != 0:
-                raise EngineError(f"llama_decode failed at generated token {i + 1}")
+        if self.sample:
             token = sample(sampler, ctx, -1)
-            token_ns[i] = clock()
-            token_ids[i] = token
+            token_ns[0] = clock()
+            token_ids[0] = token
+            for i in range(1, max_tokens):
+                one[0] = token
+                if decode(ctx, batch_one) != 0:
+                    raise EngineError(f"llama_decode failed at generated token {i + 1}")
+                token = sample(sampler, ctx, -1)
+                token_ns[i] = clock()
+                token_ids[i] = token
+        else:
+            token_ns[0] = prefill_done  # the first token's logits are ready
+            for i in range(1, max_tokens):
+                one[0] = feed[i - 1]
+                if decode(ctx, batch_one) != 0:
+                    raise EngineError(f"llama_decode failed at generated token {i + 1}")
+                sync(ctx)
+                token_ns[i] = clock()
 
         perf = lib.llama_perf_context(ctx)
+        if not self.sample:
+            self._time_sampling(max_tokens)
+        sampled = lib.llama_perf_sampler(sampler)
         return RunTrace(
             start_ns=start,
             prefill_done_ns=prefill_done,
@@ -268,18 +326,65 @@ class LlamaCppEngine:
                 prefill_tokens=int(perf.n_p_eval),
                 decode_ms=float(perf.t_eval_ms),
                 decode_tokens=int(perf.n_eval),
+                sample_ms=float(sampled.t_sample_ms),
+                sample_count=int(sampled.n_sample),
             ),
             token_ids=tuple(token_ids),
         )
 
+    def _time_sampling(self, max_tokens: int) -> None:
+        """Run the sampler (greedy over the vocabulary, end-of-generation banned) on the last
+        logits, outside the timed region, so llama.cpp's sampler counters give the sampling
+        cost per token that a generating server adds on top of decode."""
+        lib = self._lib
+        for _ in range(min(max_tokens, SAMPLING_PROBES)):
+            lib.llama_sampler_sample(self._sampler, self._ctx, -1)
+
+    def fit_context(self, tokens: int) -> None:
+        """Auto n_ctx: make the context exactly as large as the workload needs (rounded up to
+        ``AUTO_CTX_STEP``), as llama-bench does: a context many times larger than the run
+        slowed decode by 9% here (docs/fidelity.md). Outside every timed region; the new
+        context gets one throw-away evaluation like a fresh load."""
+        if not self._auto_ctx:
+            return
+        want = -(-max(tokens, 1) // AUTO_CTX_STEP) * AUTO_CTX_STEP
+        if want == self.n_ctx or tokens > self._n_ctx_train():
+            return  # beyond the model's training context: _check_fits says so
+        lib = self._lib
+        params = type(self.llm.context_params).from_buffer_copy(self.llm.context_params)
+        params.n_ctx = want
+        params.n_batch = min(self.config.n_batch, want)
+        params.n_ubatch = min(self.config.ubatch, params.n_batch)
+        ctx = lib.llama_init_from_model(self._model, params)
+        if not ctx:
+            raise EngineError(f"llama.cpp could not make a context of {want} tokens")
+        if self._own_ctx:
+            lib.llama_free(self._ctx)
+        self._ctx, self._own_ctx = ctx, True
+        self.context_params = params
+        self.n_ctx, self.n_batch = lib.llama_n_ctx(ctx), lib.llama_n_batch(ctx)
+        self._evaluate_once()
+        self._info = dataclasses.replace(self._info, n_ctx=self.n_ctx, n_batch=self.n_batch)
+
+    def _n_ctx_train(self) -> int:
+        return int(self._lib.llama_model_n_ctx_train(self._model))
+
     def _check_fits(self, prompt_tokens: int, max_tokens: int) -> None:
-        if prompt_tokens + max_tokens > self.n_ctx:
+        if self._auto_ctx and prompt_tokens + max_tokens > self._n_ctx_train():
+            raise EngineError(
+                f"context too small: {prompt_tokens} prompt + {max_tokens} generated tokens > n_ctx "
+                f"{self._n_ctx_train()} (the model's training context); shorten the workload"
+            )
+        if not self._auto_ctx and prompt_tokens + max_tokens > self.n_ctx:
             raise EngineError(
                 f"context too small: {prompt_tokens} prompt + {max_tokens} generated tokens > "
                 f"n_ctx {self.n_ctx}; raise --llmperf-n-ctx or shorten the workload"
             )
 
     def close(self) -> None:
+        if getattr(self, "_own_ctx", False):
+            self._lib.llama_free(self._ctx)
+            self._own_ctx = False
         if getattr(self, "_sampler", None) is not None:
             self._lib.llama_sampler_free(self._sampler)
             self._sampler = None

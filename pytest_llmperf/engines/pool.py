@@ -1,0 +1,118 @@
+"""Engines per distinct setting: each loaded once, freed when no later test needs it, bounded.
+
+A test (or a parametrized case) may ask for its own threads, context, flash attention... Loading
+a model takes from milliseconds to minutes and holds its weights and KV cache in memory, so:
+
+- one engine per distinct ``EngineConfig``, loaded on first use and reused;
+- ``plan`` counts how many collected tests name each setting in their marker; when the last
+  of them has run (``finished``), its engine is freed. Settings given only to
+  ``llmperf.measure()`` are not known before the test runs: their engine is freed when that
+  test ends, unless a later test's marker names the same setting;
+- at most ``max_alive`` engines live at once; the least recently used is freed first. The
+  session's default engine (the ``llmperf_engine`` fixture hands it out for the whole session)
+  is pinned and never freed before the end. The running test's own engines are never freed
+  under it (an A/B comparison alternates two), so one test may exceed the bound by what it
+  needs at once.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from typing import Any, Callable, Iterable
+
+from ..errors import EngineError
+from .config import EngineConfig
+
+#: Engines alive at once, unless the session says otherwise (``--llmperf-max-engines``).
+DEFAULT_MAX_ALIVE = 2
+
+
+class EnginePool:
+    def __init__(self, load: Callable[[EngineConfig], Any], max_alive: int = DEFAULT_MAX_ALIVE) -> None:
+        if max_alive < 1:
+            raise ValueError(f"max_alive must be >= 1, got {max_alive}")
+        self._load = load
+        self.max_alive = max_alive
+        self._alive: OrderedDict[EngineConfig, Any] = OrderedDict()
+        self._errors: dict[EngineConfig, str] = {}
+        self._planned: Counter[EngineConfig] = Counter()
+        self._pinned: set[EngineConfig] = set()
+        self._used_by_current: set[EngineConfig] = set()
+        #: How often each setting was loaded (a setting loaded twice was freed in between).
+        self.loads: Counter[EngineConfig] = Counter()
+
+    def plan(self, configs: Iterable[EngineConfig | None]) -> None:
+        """The settings named by the markers of the tests still to run, in order (None: the
+        session default)."""
+        self._planned = Counter(c for c in configs if c is not None)
+
+    def pin(self, config: EngineConfig) -> None:
+        self._pinned.add(config)
+
+    def get(self, config: EngineConfig) -> Any:
+        """The engine for ``config``: the live one, else loaded now (freeing the least recently
+        used unpinned engines beyond the bound first). A failed load is remembered: later
+        tests asking for the same setting fail with the same line, without retrying."""
+        if config in self._alive:
+            self._used_by_current.add(config)
+            self._alive.move_to_end(config)
+            return self._alive[config]
+        if config in self._errors:
+            raise EngineError(self._errors[config])
+        self._make_room(self.max_alive - 1)
+        self._used_by_current.add(config)
+        try:
+            engine = self._load(config)
+        except EngineError as exc:
+            self._errors[config] = str(exc)
+            raise
+        self.loads[config] += 1
+        self._alive[config] = engine
+        return engine
+
+    def finished(self, planned: EngineConfig | None) -> None:
+        """A test ended: its marker's setting has one use fewer; free every engine no later
+        test names (the test's own measure() settings included), except pinned ones."""
+        if planned is not None and self._planned[planned] > 0:
+            self._planned[planned] -= 1
+        for config in list(self._alive):
+            if config not in self._pinned and self._planned[config] <= 0:
+                self._free(config)
+        self._used_by_current.clear()
+
+    def alive(self) -> list[EngineConfig]:
+        return list(self._alive)
+
+    def close(self) -> None:
+        for config in list(self._alive):
+            self._free(config)
+
+    def _make_room(self, keep: int) -> None:
+        # The running test's engines stay (an A/B test alternates two of them): the bound may
+        # be exceeded by what one test needs at once, never by what earlier tests left.
+        unpinned = [c for c in self._alive if c not in self._pinned and c not in self._used_by_current]
+        while len(self._alive) > keep and unpinned:
+            self._free(unpinned.pop(0))
+
+    def _free(self, config: EngineConfig) -> None:
+        engine = self._alive.pop(config)
+        close = getattr(engine, "close", None)
+        if close is not None:
+            close()
+
+
+def load_config(config: EngineConfig) -> Any:
+    """A LlamaCppEngine for ``config`` (a preset name is written once, then cached)."""
+    from pathlib import Path
+
+    from ..synthetic import PRESETS, ensure_model
+    from .llama_cpp import LlamaCppEngine
+
+    preset = config.model in PRESETS and not Path(config.model).exists()
+    path: str | Path = ensure_model(config.model) if preset else config.model
+    return LlamaCppEngine(
+        path, n_ctx=config.n_ctx, n_threads=config.threads, n_batch=config.n_batch,
+        n_gpu_layers=config.n_gpu_layers, name=f"synthetic-{config.model}" if preset else Path(config.model).stem,
+        n_ubatch=config.n_ubatch, flash_attn=config.flash_attn, type_k=config.type_k, type_v=config.type_v,
+        use_mmap=config.mmap, use_mlock=config.mlock, sample=config.sample,
+    )

@@ -1,0 +1,246 @@
+"""Interleaved A/B: paired statistics under simulated machine drift, relative budgets, the
+fixture and marker forms on real engines (callables and llama.cpp)."""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+
+import numpy as np
+import pytest
+from inner import run
+
+from pytest_llmperf.ab import Side, block_orders, compare_ab, paired, parse_budgets
+from pytest_llmperf.engine_info import EngineInfo
+from pytest_llmperf.errors import ConfigError
+from pytest_llmperf.trace import RunTrace
+from pytest_llmperf.workload import Workload
+
+
+class Machine:
+    """A shared machine whose speed drifts over the session: a slow ramp (up to +60%), a
+    wave, bursts of a busy neighbour lasting a few runs (x1.5-3), per-run noise (3%) and rare
+    outlier runs. Seeded; both sides of an A/B draw from it in the order they run."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.i = 0
+        self.burst_left = 0
+        self.burst = 1.0
+
+    def factor(self) -> float:
+        self.i += 1
+        if self.burst_left == 0 and self.rng.random() < 0.04:
+            self.burst_left, self.burst = int(self.rng.integers(2, 6)), float(self.rng.uniform(1.5, 3.0))
+        burst = self.burst if self.burst_left > 0 else 1.0
+        self.burst_left = max(self.burst_left - 1, 0)
+        ramp = 1.0 + 0.6 * min(self.i / 80, 1.0)
+        wave = 1.0 + 0.15 * math.sin(self.i / 7.0)
+        outlier = float(self.rng.uniform(1.3, 2.0)) if self.rng.random() < 0.03 else 1.0
+        return ramp * wave * burst * outlier * float(self.rng.lognormal(0.0, 0.03))
+
+
+class DriftingEngine:
+    """Simulated engine on a drifting machine: prefill ``prefill_ms`` and ``token_ms`` per
+    generated token at the machine's current speed (clock readings made up, nothing sleeps)."""
+
+    def __init__(self, machine: Machine, prefill_ms: float, token_ms: float, name: str) -> None:
+        self.machine, self.prefill_ms, self.token_ms = machine, prefill_ms, token_ms
+        self._info = EngineInfo(engine="simulated", model=name)
+        self.now = 0
+
+    def info(self) -> EngineInfo:
+        return self._info
+
+    def run(self, workload: Workload, run_index: int) -> RunTrace:
+        f = self.machine.factor()
+        start = self.now
+        prefill_done = start + int(self.prefill_ms * f * 1e6)
+        stamps = [prefill_done + int(k * self.token_ms * f * 1e6) for k in range(1, workload.max_tokens + 1)]
+        self.now = stamps[-1] + 1_000_000
+        return RunTrace(start_ns=start, prefill_done_ns=prefill_done, token_ns=tuple(stamps), prompt_tokens=64)
+
+
+def simulated(seed: int, b_slower: float = 1.0, max_slowdown=0.05, min_speedup=None, runs: int = 20):
+    machine = Machine(seed)
+    a = DriftingEngine(machine, 100.0, 10.0, "a")
+    b = DriftingEngine(machine, 100.0 * b_slower, 10.0 * b_slower, "b")
+    return compare_ab(
+        Side("a", a), Side("b", b), Workload(prompt_tokens=64, max_tokens=16, runs=runs, warmup=1, seed=seed),
+        max_slowdown=max_slowdown, min_speedup=min_speedup,
+    )
+
+
+def test_a_a_under_drift_never_breaks_a_5_percent_budget() -> None:
+    """40 sessions of identical sides on a machine that drifts by up to 2.4x inside a session:
+    no budget failure, and the paired CIs cover 1 in nearly every session (95% CIs)."""
+    results = [simulated(seed) for seed in range(40)]
+    assert [r.failure_lines() for r in results if r.failed] == []
+    covering = sum(not r.get(p).excludes_one for r in results for p in ("prefill", "decode"))
+    assert covering >= 70, covering  # of 80 comparisons (95% CIs; 72 with these seeds)
+    # The drift is real: the same runs, unpaired, spread far wider than the pairs do.
+    r = results[0]
+    a_runs = np.log([x.tpot_ms for x in r.a.runs])
+    assert a_runs.std() > 5 * r.decode.spread
+
+
+def test_a_real_2x_difference_is_found_under_drift_with_a_one_line_failure() -> None:
+    for seed in range(20):
+        r = simulated(seed, b_slower=2.0)
+        for phase in ("prefill", "decode"):
+            c = r.get(phase)
+            assert c.ci_low > 1.5 and 1.8 < c.ratio < 2.2, (seed, phase, c)
+            assert c.p_value < 1e-5  # every pair slower: 2 / 2**20
+        assert len(r.failure_lines()) == 2
+    line = r.failure_lines()[1]
+    assert re.fullmatch(
+        r"decode: B \[b\] vs A \[a\]: TPOT B/A 2\.\d{3} \(95% CI 1\.\d{3}\.\.2\.\d{3}, 20 pairs\) vs limit 1\.050: "
+        r"breaks max_slowdown 5%",
+        line,
+    ), line
+
+
+def test_min_speedup_met_breached_and_undecided() -> None:
+    r = simulated(3, b_slower=0.5, max_slowdown=None, min_speedup={"decode": 1.5, "prefill": 3})
+    status = {o.budget.target: o.status for o in r.budgets}
+    assert status == {"decode": "met", "prefill": "breached"}
+    assert re.fullmatch(
+        r"prefill: B \[b\] vs A \[a\]: speedup of B over A \d\.\d{3}x \(95% CI \d\.\d{3}\.\.\d\.\d{3}, 20 pairs, "
+        r"from TTFT\) vs at least 3x: breaks min_speedup 3x",
+        r.failure_lines()[0],
+    )
+    # 4% slower against a 5% limit: neither shown within nor beyond with these few pairs.
+    undecided = simulated(5, b_slower=1.04, runs=5)
+    assert {o.status for o in undecided.budgets} <= {"undecided", "met"}
+    assert not undecided.failed
+
+
+def test_block_orders_are_seeded_and_balanced() -> None:
+    orders = block_orders(200, seed=7)
+    assert orders == block_orders(200, seed=7) != block_orders(200, seed=8)
+    assert set(orders) == {"AB", "BA"}
+    assert 70 < orders.count("AB") < 130
+
+
+def test_paired_statistics_on_known_ratios() -> None:
+    a = [10.0, 20.0, 40.0, 10.0, 20.0, 40.0]
+    c = paired("tpot_ms", a, [2 * v * (1.01 if i % 2 else 0.99) for i, v in enumerate(a)])
+    assert c.ratio == pytest.approx(2.0, rel=0.011) and c.ci_low < 2.0 < c.ci_high
+    assert c.excludes_one and c.n_pairs == 6
+    with pytest.raises(ValueError, match="3 A runs but 2 B runs"):
+        paired("tpot_ms", [1, 2, 3], [1, 2])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_slowdown": "5 percent"}, "max_slowdown: expected a share"),
+        ({"min_speedup": -1}, "min_speedup must be a factor > 0"),
+        ({"max_slowdown": {"decoding": 0.05}}, "unknown phase or metric 'decoding'"),
+    ],
+)
+def test_bad_relative_budgets_say_what_to_do(kwargs, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_budgets(**kwargs)
+
+
+def _stream(delay_s: float):
+    def fn(prompt: str, max_tokens: int):
+        for _ in range(max_tokens):
+            time.sleep(delay_s)
+            yield "x"
+
+    fn.__name__ = f"sleep_{delay_s * 1e3:g}ms"
+    return fn
+
+
+def test_callable_sides_a_real_2x_difference_is_detected() -> None:
+    """Real clocks: a stream twice as slow per token, measured interleaved."""
+    r = compare_ab(
+        Side("fast", _stream(0.001)), Side("slow", _stream(0.005)),
+        Workload(prompt_tokens=4, max_tokens=6, runs=8, warmup=1), max_slowdown={"decode": 0.2},
+    )
+    assert r.decode.ci_low > 1.2, r.decode  # sleeping overshoots under load, never halves
+    assert [o.status for o in r.budgets] == ["breached"]
+    assert r.failure_lines()[0].startswith("decode: B [slow] vs A [fast]: TPOT B/A ")
+
+
+def test_marker_and_fixture_forms_in_a_session(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import time
+        import pytest
+
+        def fast(prompt, max_tokens):
+            for _ in range(max_tokens):
+                time.sleep(0.001)
+                yield "x"
+
+        def slow(prompt, max_tokens):
+            for _ in range(max_tokens):
+                time.sleep(0.005)
+                yield "x"
+
+        @pytest.mark.llmperf(a=fast, b=slow, max_slowdown={"decode": 0.2}, runs=6, max_tokens=5)
+        def test_marker_form():
+            pass
+
+        def test_fixture_form(llmperf):
+            r = llmperf.compare(a=fast, b=fast, max_slowdown="50%", runs=6, max_tokens=5, label="same")
+            assert r.decode.n_pairs == 6 and not r.failed
+
+        @pytest.mark.llmperf(a={"flash_attn": False}, b={"flash_attn": True}, runs=3, prompt_tokens=16, max_tokens=4)
+        def test_llama_settings_sides(llmperf):
+            pass
+        """
+    )
+    result = run(pytester, "-rA")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.re_match_lines([
+        r"^decode: B \[slow\] vs A \[fast\]: TPOT B/A \d\.\d{3} \(95% CI \d\.\d{3}\.\.\d\.\d{3}, 6 pairs\) "
+        r"vs limit 1\.200: breaks max_slowdown 20%$",
+    ])
+    out = result.stdout.str()
+    assert "A: flash_attn=False" in out and "B: flash_attn=True" in out
+    assert re.search(r"3 pairs interleaved \(\d AB, \d BA, seeded\)", out)
+    assert "Traceback" not in out
+
+
+def test_bad_side_fails_collection_with_one_line(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.llmperf(a={"thread": 2}, b={})
+        def test_typo():
+            pass
+        """
+    )
+    result = run(pytester)
+    result.stdout.fnmatch_lines(["*A/B side 'a': unknown llama.cpp setting 'thread'; allowed: model, threads*"])
+
+
+def test_signed_rank_p_agrees_with_scipy_exact_and_approximate() -> None:
+    from scipy.stats import wilcoxon
+
+    from pytest_llmperf.ab.paired import _signed_rank_p
+
+    rng = np.random.default_rng(0)
+    for n in (8, 20, 200):
+        d = rng.normal(0.01, 0.05, n)
+        assert _signed_rank_p(d) == pytest.approx(wilcoxon(d).pvalue, rel=0.01, abs=1e-6), n
+
+
+def test_in_process_against_served_endpoint(llmperf_server, tiny_engine) -> None:
+    """A side given as an endpoint URL is measured through the OpenAI-compatible API; the
+    server's overhead per token is the decode ratio's distance from 1 (any value is allowed:
+    the machine decides; the pairs and the sides are what must be right)."""
+    from pytest_llmperf.ab import resolve_side
+
+    served = resolve_side("b", llmperf_server.url, lambda settings: pytest.fail("no llama.cpp settings here"))
+    r = compare_ab(Side("in-process", tiny_engine), served, Workload(prompt_tokens=8, max_tokens=6, runs=4, warmup=1))
+    assert r.b_name == llmperf_server.url and r.b.engine.endpoint == llmperf_server.url
+    assert r.a.engine.engine == "llama.cpp" and r.decode.n_pairs == 4
+    assert r.decode.ci_low <= r.decode.ratio <= r.decode.ci_high
+    served.engine.close()
