@@ -59,29 +59,20 @@ def _inner_sessions_use_their_own_rootdir(request: pytest.FixtureRequest):
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
-    """Say at the end of the run, without ``-rs``, that browser checks were skipped."""
-    skipped = [
-        r for r in terminalreporter.stats.get("skipped", [])
-        if isinstance(r.longrepr, tuple) and NO_BROWSER in str(r.longrepr[2])
-    ]
-    if skipped:
-        terminalreporter.write_line(
-            f"{len(skipped)} HTML-report browser check(s) skipped: {NO_BROWSER}; "
-            f"{REQUIRE_BROWSER_ENV}=1 makes them fail instead",
-            yellow=True,
-        )
+    """Say at the end of the run, without ``-rs``, that browser or PostgreSQL checks were skipped."""
     from pgserver import NO_POSTGRES, REQUIRE_POSTGRES_ENV
 
-    no_pg = [
-        r for r in terminalreporter.stats.get("skipped", [])
-        if isinstance(r.longrepr, tuple) and NO_POSTGRES in str(r.longrepr[2])
-    ]
-    if no_pg:
-        terminalreporter.write_line(
-            f"{len(no_pg)} PostgreSQL history test(s) skipped: {NO_POSTGRES}; "
-            f"{REQUIRE_POSTGRES_ENV}=1 makes them fail instead",
-            yellow=True,
-        )
+    for reason, what, env in ((NO_BROWSER, "HTML-report browser check(s)", REQUIRE_BROWSER_ENV),
+                              (NO_POSTGRES, "PostgreSQL history test(s)", REQUIRE_POSTGRES_ENV)):
+        skipped = [
+            r for r in terminalreporter.stats.get("skipped", [])
+            if isinstance(r.longrepr, tuple) and reason in str(r.longrepr[2])
+        ]
+        if skipped:
+            terminalreporter.write_line(
+                f"{len(skipped)} {what} skipped: {reason}; {env}=1 makes them fail instead", yellow=True
+            )
+
 
 # The plugin imports numpy, scipy and llama_cpp only once an llmperf test runs. In-process
 # inner sessions (pytester) drop the modules first imported during them, and numpy's C
