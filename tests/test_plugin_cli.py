@@ -201,10 +201,13 @@ def test_tables_fit_80_columns_and_columns_are_chosen(pytester: pytest.Pytester,
     monkeypatch.setenv("COLUMNS", "80")
     pytester.makepyfile(test_long_module_name_for_width=LONG)
     run(pytester, "--llmperf-update-baselines")
-    # About widths, not verdicts: a 500% threshold keeps a machine that got busier between the
-    # two sessions from failing the A/A pair.
+    # About widths, not verdicts: a 500% threshold keeps most of what a machine that got busier
+    # between the two sessions does from failing the A/A pair; the tiny model's sub-millisecond
+    # tokens can still be 6x slower when the engine's core is taken, and such a failure says so.
     result = run(pytester, "--llmperf-json=out.json", "--llmperf-threshold=500%", "--llmperf-tail-threshold=500%")
-    result.assert_outcomes(passed=2)
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("passed", 0) + outcomes.get("failed", 0) == 2, outcomes
+    assert all("regression" in l for l in result.outlines if l.startswith("FAILED ")), result.outlines
     text = result.stdout.str()
     summary = text.split("llmperf summary")[1]
     assert "llmperf baseline comparison" in summary
