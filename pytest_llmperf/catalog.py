@@ -47,10 +47,20 @@ class Metric:
     run_field: Optional[str] = None
     #: Key of the record's ``summary`` (None: not in the summary).
     summary_key: Optional[str] = None
+    #: Elsewhere in a record (a load level's or the roofline's figures), as a key path.
+    record_path: tuple[str, ...] = ()
 
     @property
     def budget_keys(self) -> tuple[str, ...]:
-        return tuple(b.key for b in BUDGETS if b.metric == self.name)
+        return tuple(b.key for b in BUDGETS.values() if b.metric == self.name)
+
+    def from_record(self, record: Mapping[str, Any]) -> Optional[float]:
+        """The value ``read`` gives, from a stored record (None: the record lacks it)."""
+        if self.summary_key is not None:
+            return _summary(self.summary_key)(record)
+        if self.run_field is not None:
+            return _median_of(self.run_field)(record)
+        return _at(*self.record_path)(record) if self.record_path else None
 
 
 # --- readers from a stored record (numpy imported only when a percentile is needed) ---------
@@ -126,10 +136,12 @@ METRICS: dict[str, Metric] = {
         Metric("itl_p95_ms", "ITL p95", "ms", "decode", False,
                lambda m: statistics.median(r.itl_p95_ms for r in m.runs), "itl_p95_ms"),
         # Every run's inter-token latencies pooled (budgets and display).
-        Metric("itl_ms", "ITL", "ms", "decode", False, lambda m: m.itl.p50_ms),
+        Metric("itl_ms", "ITL", "ms", "decode", False, lambda m: m.itl.p50_ms, None, "itl_p50_ms"),
+        Metric("prefill_ms", "prefill", "ms", "prefill", False, lambda m: m.prefill_ms, None, "prefill_ms"),
         Metric("e2e_ms", "E2E", "ms", "request", False, lambda m: m.e2e_ms, None, "e2e_ms"),
-        Metric("goodput", "goodput", "share", "load", True, _goodput),
-        Metric("decode_mbu", "decode MBU", "of peak bandwidth", "roofline", True, _mbu),
+        Metric("goodput", "goodput", "share", "load", True, _goodput, record_path=("load", "goodput")),
+        Metric("decode_mbu", "decode MBU", "of peak bandwidth", "roofline", True, _mbu,
+               record_path=("roofline", "decode", "mbu")),
     )
 }
 

@@ -60,6 +60,7 @@ def record(m: Measurement, fingerprint: Fingerprint, *, commit: str | None, reco
             "n_runs": m.n_runs,
             "itl_count": m.itl.count,
             "ttft_ms": _round(m.ttft_ms),
+            "prefill_ms": _round(m.prefill_ms),
             "prefill_tps": _round(m.prefill_tps),
             "tpot_ms": _round(m.tpot_ms),
             "decode_tps": _round(m.decode_tps),
