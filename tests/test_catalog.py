@@ -49,30 +49,28 @@ def test_schema_budget_keys_are_the_catalogs() -> None:
     assert all(m.phase in catalog.PHASES for m in catalog.METRICS.values())
 
 
+def _agree(measured, name: str, read, from_record) -> None:
+    """``from_record(record)`` equals ``read(measurement)`` wherever the measurement has a
+    value, and at least one measurement has one."""
+    seen = 0
+    for m, rec in measured:
+        value = read(m)
+        if value is None:
+            continue
+        seen += 1
+        stored = from_record(rec)
+        assert stored is not None and _close(stored, value), (name, stored, value)
+    assert seen, f"{name}: no measurement had a value"
+
+
 def test_every_metric_reads_from_a_measurement_and_its_record(measured) -> None:
     for metric in catalog.METRICS.values():
-        seen = 0
-        for m, rec in measured:
-            value = metric.read(m)
-            if value is None:
-                continue
-            seen += 1
-            stored = metric.from_record(rec)
-            assert stored is not None and _close(stored, value), (metric.name, stored, value)
-        assert seen, f"{metric.name}: no measurement had a value"
+        _agree(measured, metric.name, metric.read, metric.from_record)
 
 
 def test_html_budget_value_is_the_measured_value_for_every_budget_key(measured) -> None:
     for key, stat in STATISTICS.items():
-        seen = 0
-        for m, rec in measured:
-            value = stat.value(m)
-            if value is None:
-                continue
-            seen += 1
-            shown = budget_value(rec, key)
-            assert shown is not None and _close(shown, value), (key, shown, value)
-        assert seen, f"{key}: no measurement had a value"
+        _agree(measured, key, stat.value, lambda rec: budget_value(rec, key))
     # The table itself: e2e_ms and min_goodput used to show "not in record".
     m, rec = measured[1]
     rows = _budget_rows({"budgets": {"e2e_ms": 1e9, "min_goodput": 0.5, "ttft_ms": 1e9}, "record": rec})
