@@ -96,3 +96,15 @@ def test_documented_marker_key_table_matches_the_catalog() -> None:
     for key, meaning in rows.items():
         word = "max" if catalog.is_ceiling(key) else "min"
         assert re.search(rf"\b{word}\b", meaning), f"{key}: the table should say {word!r}: {meaning}"
+
+
+def test_catalog_is_a_bottom_layer() -> None:
+    """It imports nothing from the package and no numpy at import (the plugin loads it)."""
+    import ast
+
+    tree = ast.parse((ROOT / "pytest_llmperf" / "catalog.py").read_text(encoding="utf-8"))
+    top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert not [n for n in top if isinstance(n, ast.ImportFrom) and n.level], "catalog imports from the package"
+    names = {a.name.split(".")[0] for n in top for a in n.names} | {
+        (n.module or "").split(".")[0] for n in top if isinstance(n, ast.ImportFrom)}
+    assert not names & {"numpy", "scipy", "pytest", "pytest_llmperf"}, names
