@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+from .catalog import BUDGETS, is_ceiling, metric_of
 from .metrics import Measurement
 
 
@@ -39,23 +40,10 @@ class Statistic:
         return f"{m.n_runs} runs"
 
 
+#: Budget key -> the statistic it bounds, from the metric catalog.
 STATISTICS: dict[str, Statistic] = {
-    "p50_ms": Statistic("decode ITL p50", "ms", True, lambda m: m.itl.p50_ms, True),
-    "p90_ms": Statistic("decode ITL p90", "ms", True, lambda m: m.itl.p90_ms, True),
-    "p95_ms": Statistic("decode ITL p95", "ms", True, lambda m: m.itl.p95_ms, True),
-    "p99_ms": Statistic("decode ITL p99", "ms", True, lambda m: m.itl.p99_ms, True),
-    "ttft_ms": Statistic("TTFT median", "ms", True, lambda m: m.ttft_ms, False),
-    "ttft_p95_ms": Statistic("TTFT p95", "ms", True, lambda m: m.ttft_p95_ms, False),
-    "tpot_ms": Statistic("decode TPOT median", "ms", True, lambda m: m.tpot_ms, False),
-    "e2e_ms": Statistic("E2E median", "ms", True, lambda m: m.e2e_ms, False),
-    "min_tps": Statistic("decode TPS median", "t/s", False, lambda m: m.decode_tps, False),
-    "min_prefill_tps": Statistic("prefill TPS median", "t/s", False, lambda m: m.prefill_tps, False),
-    "min_mbu": Statistic(
-        "decode MBU", "of peak bandwidth", False, lambda m: m.roofline.decode.mbu if m.roofline else None, False
-    ),
-    "min_goodput": Statistic(
-        "goodput", "share", False, lambda m: m.load.goodput if m.load is not None else None, False
-    ),
+    b.key: Statistic(b.label, metric_of(b.key).unit, is_ceiling(b.key), b.read, b.pooled_tokens)
+    for b in BUDGETS.values()
 }
 
 

@@ -58,6 +58,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 from scipy.special import ndtri, stdtr, stdtrit
 
+from . import catalog
+
 #: Confidence of the reported CI of the ratio.
 CI_LEVEL = 0.95
 #: UNCHANGED needs the change bounded inside the threshold at this one-sided confidence, on
@@ -112,14 +114,20 @@ class MetricSpec:
     mirror_of: str | None = None
 
 
+def _spec(name: str, *, tail: bool = False, mirror_of: str | None = None) -> MetricSpec:
+    """A compared metric: name, label, unit, phase and direction from the metric catalog."""
+    m = catalog.METRICS[name]
+    return MetricSpec(m.name, m.label, m.unit, m.phase, m.higher_is_better, tail=tail, mirror_of=mirror_of)
+
+
 METRICS: dict[str, MetricSpec] = {
     s.name: s
     for s in (
-        MetricSpec("ttft_ms", "TTFT", "ms", "prefill", higher_is_better=False),
-        MetricSpec("prefill_tps", "TPS", "t/s", "prefill", higher_is_better=True, mirror_of="ttft_ms"),
-        MetricSpec("tpot_ms", "TPOT", "ms", "decode", higher_is_better=False),
-        MetricSpec("decode_tps", "TPS", "t/s", "decode", higher_is_better=True, mirror_of="tpot_ms"),
-        MetricSpec("itl_p95_ms", "ITL p95", "ms", "decode", higher_is_better=False, tail=True),
+        _spec("ttft_ms"),
+        _spec("prefill_tps", mirror_of="ttft_ms"),
+        _spec("tpot_ms"),
+        _spec("decode_tps", mirror_of="tpot_ms"),
+        _spec("itl_p95_ms", tail=True),
     )
 }
 #: The metrics that are tested (one per phase and tail); each counts once in Holm's family.

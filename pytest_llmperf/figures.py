@@ -16,6 +16,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from .catalog import BUDGETS
 from .errors import LLMPerfError
 
 NOW = "#1f5fbf"
@@ -45,7 +46,8 @@ RC = {
     "axes.titley": 1.0,  # a fixed title position: placing it measures every tick label
 }
 
-ITL_BUDGETS = {"p50_ms": "p50", "p90_ms": "p90", "p95_ms": "p95", "p99_ms": "p99"}
+#: Budget keys on pooled decode ITL (drawn on the ECDF and the timeline) -> their statistic.
+ITL_BUDGETS = {b.key: b.statistic for b in BUDGETS.values() if b.metric == "itl_ms"}
 
 
 class ReportError(LLMPerfError):

@@ -19,10 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-import numpy as np
-
 from . import figures
 from .budgets import fmt
+from .catalog import BUDGETS, is_ceiling
 from .session import COMPARISON_HEADERS, metric_label
 
 #: verdict word -> (css class, symbol); the word is always printed next to the colour.
@@ -101,30 +100,17 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], raw: bool = Fa
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _median(values: Sequence[float] | None) -> float | None:
-    return float(np.median(values)) if values else None
-
-
 def budget_value(record: Mapping[str, Any], key: str) -> float | None:
     """The statistic a budget key bounds, recomputed from the record (None: not in records)."""
-    runs = record.get("runs", {})
-    pooled = figures._pooled(record)
-    quantile = {"p50_ms": 50, "p90_ms": 90, "p95_ms": 95, "p99_ms": 99}.get(key)
-    if quantile is not None:
-        return float(np.percentile(pooled, quantile)) if pooled.size else None
-    if key == "ttft_p95_ms":
-        return float(np.percentile(runs["ttft_ms"], 95)) if runs.get("ttft_ms") else None
-    if key == "min_mbu":
-        return ((record.get("roofline") or {}).get("decode") or {}).get("mbu")
-    field = {"ttft_ms": "ttft_ms", "tpot_ms": "tpot_ms", "min_tps": "decode_tps", "min_prefill_tps": "prefill_tps"}
-    return _median(runs.get(field[key])) if key in field else None
+    budget = BUDGETS.get(key)
+    return None if budget is None else budget.from_record(record)
 
 
 def _budget_rows(result: Mapping[str, Any]) -> list[list[str]]:
     rows = []
     for key, limit in sorted((result.get("budgets") or {}).items()):
         value = budget_value(result["record"], key)
-        floor = key.startswith("min_")
+        floor = key in BUDGETS and not is_ceiling(key)
         ok = value is not None and (value >= limit if floor else value <= limit)
         rows.append([_e(key), ("&ge; " if floor else "&le; ") + _e(fmt(limit)),
                      "n/a" if value is None else _e(fmt(value)),

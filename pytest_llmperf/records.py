@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from . import catalog
 from .fingerprint import Fingerprint
 from .metrics import Measurement
 
-#: Per-run metric families stored and compared.
-RUN_FIELDS = ("ttft_ms", "prefill_tps", "tpot_ms", "decode_tps", "itl_p50_ms", "itl_p95_ms")
+#: Per-run metric families stored and compared (from the metric catalog).
+RUN_FIELDS = catalog.RUN_FIELDS
 
 
 def _round(value: float | None) -> float | None:
@@ -59,9 +60,11 @@ def record(m: Measurement, fingerprint: Fingerprint, *, commit: str | None, reco
             "n_runs": m.n_runs,
             "itl_count": m.itl.count,
             "ttft_ms": _round(m.ttft_ms),
+            "prefill_ms": _round(m.prefill_ms),
             "prefill_tps": _round(m.prefill_tps),
             "tpot_ms": _round(m.tpot_ms),
             "decode_tps": _round(m.decode_tps),
+            "e2e_ms": _round(m.e2e_ms),
             "itl_p50_ms": _round(m.itl.p50_ms),
             "itl_p95_ms": _round(m.itl.p95_ms),
             "itl_p99_ms": _round(m.itl.p99_ms),

@@ -10,6 +10,7 @@ import re
 from typing import Any, Iterable, Sequence
 
 from .budgets import BudgetFailure, fmt
+from .catalog import BUDGETS
 from .metrics import Measurement
 from .settings import DEFAULT_SUMMARY_COLUMNS
 
@@ -46,16 +47,16 @@ def metrics_table(m: Measurement) -> str:
         ("tokenize median", "ms", fmt(m.tokenize_ms), f"{m.n_runs} runs"),
         ("prefill median", "ms", _opt(m.prefill_ms), f"{m.n_runs} runs"),
         ("prefill (llama.cpp) median", "ms", _opt(m.native_prefill_ms), f"{m.n_runs} runs"),
-        ("prefill TPS median", "t/s", _opt(m.prefill_tps), f"{m.n_runs} runs"),
-        ("decode TPOT median", "ms", fmt(m.tpot_ms), f"{m.n_runs} runs"),
+        (BUDGETS["min_prefill_tps"].label, "t/s", _opt(m.prefill_tps), f"{m.n_runs} runs"),
+        (BUDGETS["tpot_ms"].label, "ms", fmt(m.tpot_ms), f"{m.n_runs} runs"),
         ("decode (llama.cpp) median", "ms/token", _opt(m.native_decode_ms_per_token), f"{m.n_runs} runs"),
         ("engine overhead median", "ms/token", _opt(m.overhead_ms_per_token), f"{m.n_runs} runs"),
-        ("decode TPS median", "t/s", fmt(m.decode_tps), f"{m.n_runs} runs"),
+        (BUDGETS["min_tps"].label, "t/s", fmt(m.decode_tps), f"{m.n_runs} runs"),
         (
             "sampling (llama.cpp sampler)" + ("" if m.engine.sample else ", timed apart"),
             "ms/token", _opt(m.sampling_ms_per_token), f"{m.n_runs} runs",
         ),
-        ("E2E median", "ms", fmt(m.e2e_ms), f"{m.n_runs} runs"),
+        (BUDGETS["e2e_ms"].label, "ms", fmt(m.e2e_ms), f"{m.n_runs} runs"),
         ("ITL p50 / p90", "ms", f"{fmt(itl.p50_ms)} / {fmt(itl.p90_ms)}", f"{itl.count} tokens"),
         ("ITL p95 / p99", "ms", f"{fmt(itl.p95_ms)} / {fmt(itl.p99_ms)}", f"{itl.count} tokens"),
         ("ITL mean +- stdev", "ms", f"{fmt(itl.mean_ms)} +- {fmt(itl.stdev_ms)}", f"{itl.count} tokens"),

@@ -1,6 +1,6 @@
 """The one description of the ``llmperf`` marker's keys: validation, help text and docs.
 
-Budget keys map to a statistic of a Measurement (see ``budgets.STATISTICS``); workload keys
+Budget keys map to a statistic of a Measurement (see ``catalog.BUDGETS``); workload keys
 become fields of a ``Workload``.
 """
 
@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from .catalog import BUDGETS
 from .errors import ConfigError
 
 
@@ -106,18 +107,8 @@ def _relative(name: str, value: Any) -> Any:
 KEYS: dict[str, Key] = {
     k.name: k
     for k in [
-        Key("p50_ms", "budget", "max pooled decode ITL p50 (ms)", _number),
-        Key("p90_ms", "budget", "max pooled decode ITL p90 (ms)", _number),
-        Key("p95_ms", "budget", "max pooled decode ITL p95 (ms)", _number),
-        Key("p99_ms", "budget", "max pooled decode ITL p99 (ms)", _number),
-        Key("ttft_ms", "budget", "max median time to first token (ms)", _number),
-        Key("ttft_p95_ms", "budget", "max p95 over runs of time to first token (ms)", _number),
-        Key("tpot_ms", "budget", "max median time per output token (ms)", _number),
-        Key("e2e_ms", "budget", "max median end-to-end request time (ms)", _number),
-        Key("min_tps", "budget", "min median decode tokens/s", _number),
-        Key("min_prefill_tps", "budget", "min median prefill (prompt) tokens/s", _number),
-        Key("min_goodput", "budget", "load: min share of requests meeting ttft_ms and tpot_ms", _share),
-        Key("min_mbu", "budget", "min decode memory-bandwidth utilization, e.g. 0.5 (roofline)", _share),
+        # Budget keys and their help come from the metric catalog.
+        *(Key(b.key, "budget", b.help, _share if b.share else _number) for b in BUDGETS.values()),
         Key("prompt", "workload", "literal prompt text", _text),
         Key("prompt_tokens", "workload", "synthetic prompt of exactly N tokens", _int_at_least(1)),
         Key("max_tokens", "workload", "tokens generated per run (>= 2, EOS cannot end a run)", _int_at_least(2)),

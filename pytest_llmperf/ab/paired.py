@@ -18,15 +18,13 @@ from typing import Sequence
 
 import numpy as np
 
+from .. import catalog
 from ..compare import CI_LEVEL, level
 
 #: metric -> (label, phase, unit, higher is better). Times are compared as b/a time ratios.
 PAIRED_METRICS: dict[str, tuple[str, str, str, bool]] = {
-    "ttft_ms": ("TTFT", "prefill", "ms", False),
-    "tpot_ms": ("TPOT", "decode", "ms", False),
-    "e2e_ms": ("E2E", "request", "ms", False),
-    "itl_p95_ms": ("ITL p95", "decode", "ms", False),
-    "prefill_ms": ("prefill", "prefill", "ms", False),
+    name: (m.label, m.phase, m.unit, m.higher_is_better)
+    for name, m in ((n, catalog.METRICS[n]) for n in ("ttft_ms", "tpot_ms", "e2e_ms", "itl_p95_ms", "prefill_ms"))
 }
 #: What a phase budget (``max_slowdown={"decode": 0.05}``) reads: the phase's time metric.
 PHASE_METRIC = {"prefill": "ttft_ms", "decode": "tpot_ms"}

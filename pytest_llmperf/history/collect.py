@@ -11,7 +11,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from ..compare import METRICS, level
+from ..catalog import METRICS
+from ..compare import level
 from ..records import RUN_FIELDS
 from .vcs import revision
 

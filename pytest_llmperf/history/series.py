@@ -8,7 +8,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from ..compare import METRICS, Level
+from ..catalog import METRICS
+from ..compare import Level
 from ..fingerprint import subject_changes
 from ..records import RUN_FIELDS, same_workload
 from . import store

@@ -1,0 +1,188 @@
+"""The metric catalog: every metric once, with the budget keys that bound it.
+
+The schema (budget keys and their help), budgets, the HTML budget table, the figures' budget
+lines, the baseline comparison and the stored record's per-run fields all read it, so a
+metric cannot mean one thing in a budget and another in a report. It imports nothing from the
+rest of the package and no numpy at import (the plugin stays cheap to load).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+#: Phases a metric belongs to.
+PHASES = ("prefill", "decode", "request", "load", "roofline")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A marker key that bounds one statistic of a metric (a ceiling or a floor)."""
+
+    key: str
+    metric: str  # Metric.name
+    label: str  # as a budget breach prints it: "TTFT median"
+    help: str  # the marker key's help text (``pytest --markers``, error messages)
+    #: The statistic, read from a Measurement / recomputed from a stored record.
+    read: Callable[[Any], Optional[float]]
+    from_record: Callable[[Mapping[str, Any]], Optional[float]]
+    pooled_tokens: bool = False  # the sample is pooled tokens (ITL), not runs
+    share: bool = False  # the value is a share in (0, 1]
+    statistic: str = "median"  # which statistic of the metric: "median", "p95", ...
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One measured quantity: how it is named, which way is better, where it is stored."""
+
+    name: str
+    label: str  # short, as comparisons print it: "TTFT"
+    unit: str
+    phase: str
+    higher_is_better: bool
+    #: The Measurement's summary of this metric (median over runs unless said otherwise).
+    read: Callable[[Any], Optional[float]]
+    #: Per-run field of ``RunMetrics`` stored in a record's ``runs`` (None: not stored per run).
+    run_field: Optional[str] = None
+    #: Key of the record's ``summary`` (None: not in the summary).
+    summary_key: Optional[str] = None
+    #: Elsewhere in a record (a load level's or the roofline's figures), as a key path.
+    record_path: tuple[str, ...] = ()
+
+    @property
+    def budget_keys(self) -> tuple[str, ...]:
+        return tuple(b.key for b in BUDGETS.values() if b.metric == self.name)
+
+    def from_record(self, record: Mapping[str, Any]) -> Optional[float]:
+        """The value ``read`` gives, from a stored record (None: the record lacks it)."""
+        if self.summary_key is not None:
+            return _summary(self.summary_key)(record)
+        if self.run_field is not None:
+            return _median_of(self.run_field)(record)
+        return _at(*self.record_path)(record) if self.record_path else None
+
+
+# --- readers from a stored record (numpy imported only when a percentile is needed) ---------
+
+
+def _runs(record: Mapping[str, Any], field: str) -> Sequence[float]:
+    return (record.get("runs") or {}).get(field) or []
+
+
+def _median_of(field: str) -> Callable[[Mapping[str, Any]], Optional[float]]:
+    def read(record: Mapping[str, Any]) -> Optional[float]:
+        values = _runs(record, field)
+        return float(statistics.median(values)) if values else None
+
+    return read
+
+
+def _percentile(values: Sequence[float], q: float) -> Optional[float]:
+    if not len(values):
+        return None
+    import numpy as np
+
+    return float(np.percentile(np.asarray(values, dtype=float), q))
+
+
+def pooled_itl(record: Mapping[str, Any] | None) -> list[float]:
+    """Every run's inter-token latencies of a record, pooled."""
+    if not record:
+        return []
+    return [float(v) for run in record.get("itl_ms") or [] for v in run or []]
+
+
+def _pooled_percentile(q: float) -> Callable[[Mapping[str, Any]], Optional[float]]:
+    return lambda record: _percentile(pooled_itl(record), q)
+
+
+def _summary(key: str) -> Callable[[Mapping[str, Any]], Optional[float]]:
+    return lambda record: (record.get("summary") or {}).get(key)
+
+
+def _at(*path: str) -> Callable[[Mapping[str, Any]], Optional[float]]:
+    def read(record: Mapping[str, Any]) -> Optional[float]:
+        value: Any = record
+        for part in path:
+            value = (value or {}).get(part)
+        return value
+
+    return read
+
+
+# --- readers from a Measurement ---------------------------------------------------------------
+
+
+def _mbu(m: Any) -> Optional[float]:
+    return m.roofline.decode.mbu if m.roofline is not None else None
+
+
+def _goodput(m: Any) -> Optional[float]:
+    return m.load.goodput if m.load is not None else None
+
+
+METRICS: dict[str, Metric] = {
+    m.name: m
+    for m in (
+        # Order: prefill first, then decode (the order of a record's per-run fields).
+        Metric("ttft_ms", "TTFT", "ms", "prefill", False, lambda m: m.ttft_ms, "ttft_ms", "ttft_ms"),
+        Metric("prefill_tps", "TPS", "t/s", "prefill", True, lambda m: m.prefill_tps, "prefill_tps", "prefill_tps"),
+        Metric("tpot_ms", "TPOT", "ms", "decode", False, lambda m: m.tpot_ms, "tpot_ms", "tpot_ms"),
+        Metric("decode_tps", "TPS", "t/s", "decode", True, lambda m: m.decode_tps, "decode_tps", "decode_tps"),
+        # Each run's own ITL percentiles (the sampling unit for comparisons is the run).
+        Metric("itl_p50_ms", "ITL p50", "ms", "decode", False,
+               lambda m: statistics.median(r.itl_p50_ms for r in m.runs), "itl_p50_ms"),
+        Metric("itl_p95_ms", "ITL p95", "ms", "decode", False,
+               lambda m: statistics.median(r.itl_p95_ms for r in m.runs), "itl_p95_ms"),
+        # Every run's inter-token latencies pooled (budgets and display).
+        Metric("itl_ms", "ITL", "ms", "decode", False, lambda m: m.itl.p50_ms, None, "itl_p50_ms"),
+        Metric("prefill_ms", "prefill", "ms", "prefill", False, lambda m: m.prefill_ms, None, "prefill_ms"),
+        Metric("e2e_ms", "E2E", "ms", "request", False, lambda m: m.e2e_ms, None, "e2e_ms"),
+        Metric("goodput", "goodput", "share", "load", True, _goodput, record_path=("load", "goodput")),
+        Metric("decode_mbu", "decode MBU", "of peak bandwidth", "roofline", True, _mbu,
+               record_path=("roofline", "decode", "mbu")),
+    )
+}
+
+#: Every budget key, in the order the marker's help lists them.
+BUDGETS: dict[str, Budget] = {
+    b.key: b
+    for b in (
+        *(
+            Budget(f"p{q}_ms", "itl_ms", f"decode ITL p{q}", f"max pooled decode ITL p{q} (ms)",
+                   (lambda q: lambda m: getattr(m.itl, f"p{q}_ms"))(q), _pooled_percentile(q),
+                   pooled_tokens=True, statistic=f"p{q}")
+            for q in (50, 90, 95, 99)
+        ),
+        Budget("ttft_ms", "ttft_ms", "TTFT median", "max median time to first token (ms)",
+               lambda m: m.ttft_ms, _median_of("ttft_ms")),
+        Budget("ttft_p95_ms", "ttft_ms", "TTFT p95", "max p95 over runs of time to first token (ms)",
+               lambda m: m.ttft_p95_ms, lambda r: _percentile(_runs(r, "ttft_ms"), 95), statistic="p95"),
+        Budget("tpot_ms", "tpot_ms", "decode TPOT median", "max median time per output token (ms)",
+               lambda m: m.tpot_ms, _median_of("tpot_ms")),
+        Budget("e2e_ms", "e2e_ms", "E2E median", "max median end-to-end request time (ms)",
+               lambda m: m.e2e_ms, _summary("e2e_ms")),
+        Budget("min_tps", "decode_tps", "decode TPS median", "min median decode tokens/s",
+               lambda m: m.decode_tps, _median_of("decode_tps")),
+        Budget("min_prefill_tps", "prefill_tps", "prefill TPS median", "min median prefill (prompt) tokens/s",
+               lambda m: m.prefill_tps, _median_of("prefill_tps")),
+        Budget("min_goodput", "goodput", "goodput", "load: min share of requests meeting ttft_ms and tpot_ms",
+               _goodput, _at("load", "goodput"), share=True, statistic="share"),
+        Budget("min_mbu", "decode_mbu", "decode MBU", "min decode memory-bandwidth utilization, e.g. 0.5 (roofline)",
+               _mbu, _at("roofline", "decode", "mbu"), share=True, statistic="share"),
+    )
+}
+
+
+def metric_of(budget_key: str) -> Metric:
+    return METRICS[BUDGETS[budget_key].metric]
+
+
+def is_ceiling(budget_key: str) -> bool:
+    """True: the measured value must stay at or under the budget (lower is better)."""
+    return not metric_of(budget_key).higher_is_better
+
+
+#: Per-run fields a record stores (and comparisons resample), prefill first, then decode.
+RUN_FIELDS: tuple[str, ...] = tuple(m.run_field for m in METRICS.values() if m.run_field)
