@@ -148,16 +148,20 @@ Step = tuple[int, list[tuple[bytes, int]], int]
 
 
 class LayerTimer:
-    """A second llama.cpp context on the engine's model, with the eval callback installed.
+    """A second llama.cpp context on the engine's model, with the eval callback installed,
+    through the engine's layer-timing API (``supports_layer_timing``).
 
-    ``run(workload)`` returns, per step, the clock reads taken at each layer output; the plain
-    engine stays untouched (its context has no callback).
+    ``run()`` returns, per step, the clock reads taken at each layer output; the plain engine
+    stays untouched (its context has no callback). Decode is driven as the engine's ``run``
+    drives it: the same seeded tokens fed without sampling, or greedy sampling inside the loop
+    when the engine samples, so the overhead ratio compares like with like.
     """
 
-    def __init__(self, engine: Any) -> None:
-        lib = engine._lib
+    def __init__(self, engine: Any, workload: Workload) -> None:
+        lib = engine.lib
         self._lib = lib
         self._engine = engine
+        self._workload = workload
         get_name = _ggml_get_name(lib)
         self._events: list[tuple[bytes, int]] = []
         events_append = self._events.append
@@ -171,16 +175,10 @@ class LayerTimer:
             return True
 
         self._callback = lib.ggml_backend_sched_eval_callback(callback)  # kept referenced
-        # The plain context's own parameters (threads, batch, cache types, attention kernel...),
-        # so the overhead ratio compares like with like; only the callback differs.
-        plain = getattr(engine, "context_params", engine.llm.context_params)
-        params = type(plain).from_buffer_copy(plain)
-        params.cb_eval = self._callback
-        params.cb_eval_user_data = None
-        self._ctx = lib.llama_init_from_model(engine._model, params)
-        if not self._ctx:
-            raise EngineError("llama.cpp could not create the instrumented context for per-layer timing")
-        self._sampler = engine._make_sampler()
+        self._prompt_ids = engine.prompt_ids(workload)
+        self._feed = engine.decode_feed(workload)
+        self._ctx = engine.instrumented_context(self._callback, len(self._prompt_ids) + workload.max_tokens)
+        self._sampler = engine.make_sampler() if self._feed is None else None
 
     def close(self) -> None:
         if self._sampler is not None:
@@ -190,26 +188,21 @@ class LayerTimer:
             self._lib.llama_free(self._ctx)
             self._ctx = None
 
-    def run(self, workload: Workload) -> tuple[list[Step], list[Step], float]:
+    def run(self) -> tuple[list[Step], list[Step], float]:
         """One run: prefill [(start, events, end)], decode steps [(start, events, end)...] and
         the run's TPOT (ms, token to token as the plain engine measures it)."""
         from .engines.llama_cpp import split_prompt
 
-        lib, engine = self._lib, self._engine
-        if workload.prompt is not None:
-            prompt_ids = engine.llm.tokenize(workload.prompt.encode("utf-8"), add_bos=True, special=False)
-        else:
-            prompt_ids = engine.synthetic_prompt(workload.synthetic_prompt_tokens or 0, workload.seed)
-        engine._check_fits(len(prompt_ids), workload.max_tokens)
-        if len(prompt_ids) + workload.max_tokens > self._lib.llama_n_ctx(self._ctx):
-            raise EngineError("per-layer timing: the instrumented context is smaller than this workload")
+        lib, engine, workload, prompt_ids = self._lib, self._engine, self._workload, self._prompt_ids
         arrays = [(lib.llama_token * n)(*prompt_ids[s : s + n]) for s, n in split_prompt(len(prompt_ids), engine.n_batch)]
         batches = [lib.llama_batch_get_one(a, len(a)) for a in arrays]
         one = (lib.llama_token * 1)()
         batch_one = lib.llama_batch_get_one(one, 1)
+        feed = self._feed
         lib.llama_memory_clear(lib.llama_get_memory(self._ctx), True)
-        lib.llama_sampler_reset(self._sampler)
-        clock, events, ctx = time.perf_counter_ns, self._events, self._ctx
+        if self._sampler is not None:
+            lib.llama_sampler_reset(self._sampler)
+        clock, events, ctx, sampler = time.perf_counter_ns, self._events, self._ctx, self._sampler
         events.clear()
 
         start = clock()
@@ -220,10 +213,13 @@ class LayerTimer:
         end = clock()
         prefill = [(start, list(events), end)]
         decode_steps = []
-        token = lib.llama_sampler_sample(self._sampler, ctx, -1)
-        token_ns = [clock()]
-        for _ in range(1, workload.max_tokens):
-            one[0] = token
+        if sampler is not None:
+            token = lib.llama_sampler_sample(sampler, ctx, -1)
+            token_ns = [clock()]
+        else:
+            token_ns = [end]  # the first token's logits are ready
+        for i in range(1, workload.max_tokens):
+            one[0] = token if feed is None else feed[i - 1]
             events.clear()
             start = clock()
             if lib.llama_decode(ctx, batch_one) != 0:
@@ -231,8 +227,11 @@ class LayerTimer:
             lib.llama_synchronize(ctx)
             end = clock()
             decode_steps.append((start, list(events), end))
-            token = lib.llama_sampler_sample(self._sampler, ctx, -1)
-            token_ns.append(clock())
+            if sampler is not None:
+                token = lib.llama_sampler_sample(sampler, ctx, -1)
+                token_ns.append(clock())
+            else:
+                token_ns.append(end)
         tpot_ms = (token_ns[-1] - token_ns[0]) / 1e6 / (len(token_ns) - 1)
         return prefill, decode_steps, tpot_ms
 
@@ -288,14 +287,14 @@ def profile_layers(engine: Any, workload: Workload) -> LayerProfile:
     from .metrics import RunMetrics
 
     n_layer = engine.info().n_layer
-    timer = LayerTimer(engine)
+    timer = LayerTimer(engine, workload)
     try:
         for i in range(max(workload.warmup, 1)):
-            timer.run(workload)
+            timer.run()
             engine.run(workload, -1 - i)
         prefill_runs, decode_runs, tpots, plain = [], [], [], []
         for i in range(workload.runs):
-            prefill, decode, tpot_ms = timer.run(workload)
+            prefill, decode, tpot_ms = timer.run()
             tpots.append(tpot_ms)
             for steps in (prefill, decode):
                 for _, ev, _ in steps:

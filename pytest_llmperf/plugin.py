@@ -300,7 +300,7 @@ class LLMPerfPlugin:
         """What to measure besides the runs: per-layer timing and the roofline (in-process only;
         a marker's ``layers=True`` on another engine is an error the runner reports)."""
         option = self.config.getoption
-        in_process = hasattr(engine, "_model")
+        in_process = getattr(engine, "supports_layer_timing", False)  # the engine's declared capability
         layers = marker.options.get("layers", bool(option("llmperf_layers")) and in_process)
         wants_roofline = layers or "min_mbu" in marker.budgets or option("llmperf_roofline")
         wants_roofline = wants_roofline or option("llmperf_peak_bw") or option("llmperf_peak_tflops")

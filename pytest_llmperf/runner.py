@@ -56,7 +56,7 @@ def measure(
     if layers:
         from .layers import profile_layers
 
-        if not hasattr(engine, "_model"):
+        if not getattr(engine, "supports_layer_timing", False):
             raise ConfigError("per-layer timing (layers=True) needs the in-process llama.cpp engine")
         m = dataclasses.replace(m, layers=profile_layers(engine, workload))
     if peaks is not None:

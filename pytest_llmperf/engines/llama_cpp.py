@@ -91,6 +91,10 @@ class LlamaCppEngine:
     cache and resets it before every run, so no prompt prefix is reused between runs.
     """
 
+    #: Capability: per-layer timing (``layers.py``) through :meth:`instrumented_context`,
+    #: :meth:`prompt_ids` and :meth:`decode_feed`; other engines do not declare it.
+    supports_layer_timing = True
+
     def __init__(
         self,
         model_path: str | os.PathLike[str],
@@ -160,7 +164,7 @@ class LlamaCppEngine:
             ],
             dtype=np.int64,
         )
-        self._sampler = self._make_sampler()
+        self._sampler = self.make_sampler()
         # One throw-away evaluation: the first decode after load is several times slower, and
         # it makes llama.cpp record its own load time.
         self._evaluate_once()
@@ -199,8 +203,14 @@ class LlamaCppEngine:
 
     # -- setup -------------------------------------------------------------------------------
 
-    def _make_sampler(self) -> Any:
-        """Greedy sampling with every end-of-generation token banned: runs have equal length."""
+    @property
+    def lib(self) -> Any:
+        """llama-cpp-python's low-level bindings (``llama_cpp``), for callers driving a context."""
+        return self._lib
+
+    def make_sampler(self) -> Any:
+        """Greedy sampling with every end-of-generation token banned: runs have equal length.
+        The caller owns it (``lib.llama_sampler_free``)."""
         lib = self._lib
         params = lib.llama_sampler_chain_default_params()
         params.no_perf = False  # keep llama.cpp's sampler counters (sampling ms/token)
@@ -259,10 +269,10 @@ class LlamaCppEngine:
             tokenize_ns = clock() - before
         else:
             n_prompt = workload.synthetic_prompt_tokens or 0
-            self._check_fits(n_prompt, max_tokens)  # before building the prompt: it may be huge
+            self.check_fits(n_prompt, max_tokens)  # before building the prompt: it may be huge
             prompt_ids = self.synthetic_prompt(n_prompt, workload.seed)
         self.fit_context(len(prompt_ids) + max_tokens)
-        self._check_fits(len(prompt_ids), max_tokens)
+        self.check_fits(len(prompt_ids), max_tokens)
         # The arrays must outlive the batches that point into them (kept in ``arrays``).
         arrays = [
             (lib.llama_token * n)(*prompt_ids[s : s + n])
@@ -282,7 +292,7 @@ class LlamaCppEngine:
         if not self.sample:
             # As llama-bench's tg: each step feeds a seeded token, no sampler runs between the
             # clock reads (sampling is timed apart, after the run: ``_time_sampling``).
-            token_ids = self.synthetic_prompt(max_tokens + 1, workload.seed + 1)[1:]
+            token_ids = self.decode_feed(workload)
             feed = (lib.llama_token * max_tokens)(*token_ids)
 
         start = clock()
@@ -340,6 +350,37 @@ class LlamaCppEngine:
         for _ in range(min(max_tokens, SAMPLING_PROBES)):
             lib.llama_sampler_sample(self._sampler, self._ctx, -1)
 
+    def instrumented_context(self, cb_eval: Any, tokens: int) -> Any:
+        """A second context on this engine's model with the plain one's parameters (threads,
+        batch, cache types, attention kernel), ``cb_eval`` installed, and room for ``tokens``:
+        only the callback differs from what ``run`` measures. The caller frees it
+        (``lib.llama_free``)."""
+        self.fit_context(tokens)
+        params = type(self.context_params).from_buffer_copy(self.context_params)
+        params.cb_eval = cb_eval
+        params.cb_eval_user_data = None
+        ctx = self._lib.llama_init_from_model(self._model, params)
+        if not ctx:
+            raise EngineError("llama.cpp could not create the instrumented context for per-layer timing")
+        return ctx
+
+    def prompt_ids(self, workload: Workload) -> list[int]:
+        """The prompt's token ids as ``run`` builds them (checked against the context first)."""
+        if workload.prompt is not None:
+            ids = self.llm.tokenize(workload.prompt.encode("utf-8"), add_bos=True, special=False)
+        else:
+            self.check_fits(workload.synthetic_prompt_tokens or 0, workload.max_tokens)
+            ids = self.synthetic_prompt(workload.synthetic_prompt_tokens or 0, workload.seed)
+        self.check_fits(len(ids), workload.max_tokens)
+        return ids
+
+    def decode_feed(self, workload: Workload) -> list[int] | None:
+        """The seeded tokens ``run`` feeds to decode when it does not sample (``sample=False``,
+        as llama-bench's tg), or None when it samples inside the timed loop."""
+        if self.sample:
+            return None
+        return self.synthetic_prompt(workload.max_tokens + 1, workload.seed + 1)[1:]
+
     def fit_context(self, tokens: int) -> None:
         """Auto n_ctx: make the context exactly as large as the workload needs (rounded up to
         ``AUTO_CTX_STEP``), as llama-bench does: a context many times larger than the run
@@ -349,7 +390,7 @@ class LlamaCppEngine:
             return
         want = -(-max(tokens, 1) // AUTO_CTX_STEP) * AUTO_CTX_STEP
         if want == self.n_ctx or tokens > self._n_ctx_train():
-            return  # beyond the model's training context: _check_fits says so
+            return  # beyond the model's training context: check_fits says so
         lib = self._lib
         params = type(self.llm.context_params).from_buffer_copy(self.llm.context_params)
         params.n_ctx = want
@@ -369,7 +410,8 @@ class LlamaCppEngine:
     def _n_ctx_train(self) -> int:
         return int(self._lib.llama_model_n_ctx_train(self._model))
 
-    def _check_fits(self, prompt_tokens: int, max_tokens: int) -> None:
+    def check_fits(self, prompt_tokens: int, max_tokens: int) -> None:
+        """A one-line EngineError when the workload cannot fit the context."""
         if self._auto_ctx and prompt_tokens + max_tokens > self._n_ctx_train():
             raise EngineError(
                 f"context too small: {prompt_tokens} prompt + {max_tokens} generated tokens > n_ctx "
