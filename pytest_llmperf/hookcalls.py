@@ -64,3 +64,13 @@ def make_engine(config: Any, settings: Any, engine_config: Any) -> Any:
         f"pytest_llmperf_make_engine ({_who(config, 'pytest_llmperf_make_engine')}) returned {type(engine).__name__}; "
         "return an engine (info() and run(workload, run_index)), a callable fn(prompt, max_tokens) or None"
     )
+
+
+def engine_note(config: Any) -> str | None:
+    """The header's word that a hook may measure another engine than the one it names."""
+    if not config.hook.pytest_llmperf_make_engine.get_hookimpls():
+        return None
+    return (
+        f"llmperf: pytest_llmperf_make_engine ({_who(config, 'pytest_llmperf_make_engine')}) may provide the engine "
+        "measured; the reports name the engine each measurement used"
+    )

@@ -400,7 +400,8 @@ class LLMPerfPlugin:
         if self.disabled:
             lines.append("llmperf: --llmperf-disable: each measurement runs once; no budgets, statistics or baselines")
         warning = None if s.endpoint else threads_warning(s.threads, self._threads_source())
-        return lines + ([warning] if warning else [])
+        note = hookcalls.engine_note(self.config)  # a conftest's engine may replace the one named above
+        return lines + ([note] if note else []) + ([warning] if warning else [])
 
     def _threads_source(self) -> str:
         if self.config.getoption("llmperf_threads") is not None:
