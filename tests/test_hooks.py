@@ -210,3 +210,17 @@ def test_a_wrong_engine_is_one_line(pytester: pytest.Pytester) -> None:
     result = run(pytester)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*pytest_llmperf_make_engine (*conftest.py) returned int; return an engine*"])
+
+
+def test_hook_keys_in_the_fingerprint_comparisons() -> None:
+    from pytest_llmperf.fingerprint import hardware_differences, subject_changes
+
+    base = {"engine": "llama.cpp", "python": "3.11.7"}
+    # A hook's subject key: named as given when it changed or was dropped; new keys are not changes.
+    assert subject_changes({**base, "server_build": "41"}, {**base, "server_build": "42"}) == ["server_build 41 -> 42"]
+    assert subject_changes({**base, "server_build": "41"}, base) == ["server_build 41 -> None"]
+    assert subject_changes(base, {**base, "server_build": "42"}) == []
+    # Each differing hardware field once, the known ones by label, a hook's by its key.
+    assert hardware_differences({"cpu": "A", "instance_type": "x"}, {"cpu": "B", "instance_type": "y"}) == [
+        "CPU 'A' -> 'B'", "instance_type 'x' -> 'y'"
+    ]
