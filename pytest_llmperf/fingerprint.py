@@ -154,6 +154,11 @@ def subject_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list
             continue  # recorded before the setting was: not a change
         if before.get(key) != after.get(key):
             changes.append(f"{label} {before.get(key)} -> {after.get(key)}")
+    # Keys a pytest_llmperf_fingerprint hook added (hookspecs.py), named as given; one the
+    # baseline does not have yet is not a change (as NEWER_KEYS).
+    for key in sorted(set(before) - SUBJECT_LABELS.keys()):
+        if before.get(key) != after.get(key):
+            changes.append(f"{key} {before.get(key)} -> {after.get(key)}")
     return changes
 
 
@@ -180,7 +185,7 @@ HARDWARE_LABELS = {
 def hardware_differences(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
     """``["CPU 'Xeon A' -> 'EPYC B'", "usable CPUs 8 -> 2"]``: why two machines' timings are
     not comparable, field by field (keys absent from both are ignored)."""
-    keys = list(HARDWARE_LABELS) + sorted(set(before) | set(after) - set(HARDWARE_LABELS))
+    keys = list(HARDWARE_LABELS) + sorted((set(before) | set(after)) - set(HARDWARE_LABELS))
     return [
         f"{HARDWARE_LABELS.get(k, k)} {before.get(k)!r} -> {after.get(k)!r}"
         for k in keys

@@ -30,6 +30,8 @@ class Result:
     n_budgets: int
     baseline: Any = None  # what the plugin's ``assess`` returned (baseline comparison)
     budgets: Mapping[str, float] = field(default_factory=dict)  # the marker's, drawn as lines in the HTML report
+    #: What a ``pytest_llmperf_result`` hook attached (JSON values): the JSON report's ``extra_info``.
+    extra_info: Mapping[str, Any] = field(default_factory=dict)
 
 
 #: Default cap of a sequential measurement: this many times the marker's ``runs``.

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Generator
 
 import pytest
 
+from . import hookcalls
 from .errors import ConfigError, EngineError, LLMPerfError
 from .options import add_options
 from .schema import PROMPT_KEYS, MarkerConfig, marker_help, validate
@@ -42,6 +43,12 @@ PLUGIN_NAME = "llmperf-manager"
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(parser)
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    from . import hookspecs  # pluggy only: fingerprint, result and engine hooks (docs/hooks.md)
+
+    pluginmanager.add_hookspecs(hookspecs)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -234,7 +241,12 @@ class LLMPerfPlugin:
         if key not in self._fingerprints:
             if self._hardware is None:
                 self._hardware = hardware()
-            self._fingerprints[key] = Fingerprint(self._hardware, subject(m.engine))
+            hw, subj = dict(self._hardware), subject(m.engine)
+            try:  # conftest/plugins add their keys (hookspecs.pytest_llmperf_fingerprint)
+                hookcalls.fingerprint(self.config, hw, subj, m.engine)
+            except LLMPerfError as exc:
+                raise pytest.fail.Exception(str(exc), pytrace=False) from None
+            self._fingerprints[key] = Fingerprint(hw, subj)
         return self._fingerprints[key]
 
     def baselines(self, path: Path) -> dict[str, Any]:
@@ -338,7 +350,7 @@ class LLMPerfPlugin:
         if self.settings.endpoint:
             if self._engine is None and self._engine_error is None:
                 try:
-                    self._engine = load_engine(self.settings)
+                    self._engine = hookcalls.make_engine(self.config, self.settings, None) or load_engine(self.settings)
                 except LLMPerfError as exc:
                     self._engine_error = str(exc)
             if self._engine_error is not None:
@@ -353,7 +365,10 @@ class LLMPerfPlugin:
         if getattr(self, "_pool", None) is None:
             from .engines.pool import EnginePool, load_config
 
-            self._pool = EnginePool(load_config, self.settings.max_engines)
+            def load(engine_config: Any) -> Any:  # a conftest's engine first (pytest_llmperf_make_engine)
+                return hookcalls.make_engine(self.config, self.settings, engine_config) or load_config(engine_config)
+
+            self._pool = EnginePool(load, self.settings.max_engines)
             self._pool.plan(getattr(self, "_planned_configs", []))
         return self._pool
 
@@ -385,7 +400,8 @@ class LLMPerfPlugin:
         if self.disabled:
             lines.append("llmperf: --llmperf-disable: each measurement runs once; no budgets, statistics or baselines")
         warning = None if s.endpoint else threads_warning(s.threads, self._threads_source())
-        return lines + ([warning] if warning else [])
+        note = hookcalls.engine_note(self.config)  # a conftest's engine may replace the one named above
+        return lines + ([note] if note else []) + ([warning] if warning else [])
 
     def _threads_source(self) -> str:
         if self.config.getoption("llmperf_threads") is not None:
@@ -562,6 +578,11 @@ class LLMPerfPlugin:
             return attach(report, ab) if ab else report
         from .report import metrics_table, properties
 
+        try:  # each result through pytest_llmperf_result, before anything reports it
+            results, hook_error = [hookcalls.result(self.config, item, r) for r in results], None
+        except LLMPerfError as exc:
+            hook_error = str(exc)
+
         for r in results:
             # On the item, so they reach every later report (JUnit reads the teardown one).
             item.user_properties.extend(properties(r.measurement, r.failure, r.n_budgets))
@@ -571,7 +592,7 @@ class LLMPerfPlugin:
                 for c in r.baseline.verdict.comparisons:
                     item.user_properties.append((f"{prefix}verdict.{c.metric}", c.verdict.value))
         report = yield
-        lines: list[str] = []
+        lines: list[str] = [hook_error] if hook_error else []
         shipped = []
         for r in results:
             m, a = r.measurement, r.baseline
@@ -618,6 +639,7 @@ class LLMPerfPlugin:
                         "verdict": session_mod.verdict_dict(a.verdict),
                         "baseline_record": a.baseline_record,
                         "budgets": dict(r.budgets),
+                        "extra_info": dict(r.extra_info),
                     }
                 )
         if shipped:
@@ -791,7 +813,7 @@ class LLMPerfPlugin:
 
             shutil.rmtree(self._groups_dir, ignore_errors=True)
         if self._engine is not None:
-            self._engine.close()
+            getattr(self._engine, "close", lambda: None)()  # a hook's engine may have none
             self._engine = None
         if getattr(self, "_pool", None) is not None:
             self._pool.close()
