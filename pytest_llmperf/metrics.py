@@ -1,4 +1,4 @@
-"""Traces -> metrics, exactly as the README's definitions state.
+"""Traces -> metrics, exactly as docs/measurement.md defines them.
 
 Per run: TTFT, prefill time and TPS, TPOT, decode TPS, E2E, the run's ITL p50/p95, and the
 engine overhead per token against llama.cpp's own counters. Pooled over runs: ITL
