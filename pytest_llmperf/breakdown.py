@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from .budgets import fmt
-from .report import render_table
+from .tables import render_table
 
 BAR_WIDTH = 24
 

@@ -17,6 +17,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .numbers import sig6
+
 #: A measurement is called unstable at a run-to-run CV above this.
 UNSTABLE_CV = 0.10
 #: A run is "far off" beyond the median + this many MADs of its peers (and 25% off the median).
@@ -133,17 +135,15 @@ class Stability:
         return bool(self.warnings)
 
     def as_dict(self) -> dict[str, Any]:
-        from .layers import _r
-
         return {
             "n_runs": self.n_runs,
-            "tpot_cv": _r(self.tpot_cv),
-            "tpot_spread_pct": _r(self.tpot_spread_pct),
-            "ttft_cv": _r(self.ttft_cv),
-            "first_run_slowdown": _r(self.first_run_slowdown),
-            "first_run_ttft_slowdown": _r(self.first_run_ttft_slowdown),
-            "first_token_slowdown": _r(self.first_token_slowdown),
-            "context_slope_us_per_token": _r(self.context_slope_us_per_token),
+            "tpot_cv": sig6(self.tpot_cv),
+            "tpot_spread_pct": sig6(self.tpot_spread_pct),
+            "ttft_cv": sig6(self.ttft_cv),
+            "first_run_slowdown": sig6(self.first_run_slowdown),
+            "first_run_ttft_slowdown": sig6(self.first_run_ttft_slowdown),
+            "first_token_slowdown": sig6(self.first_token_slowdown),
+            "context_slope_us_per_token": sig6(self.context_slope_us_per_token),
             "context_span": list(self.context_span) if self.context_span else None,
             "far_runs": list(self.far_runs),
             "warnings": list(self.warnings),

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .errors import EngineError
+from .numbers import sig6
 from .workload import Workload
 
 #: Outlier rule: a layer slower than median + OUTLIER_MAD_FACTOR x MAD of the layers (and
@@ -93,26 +94,22 @@ class LayerProfile:
         def phase(p: PhaseLayers) -> dict[str, Any]:
             return {
                 "names": list(p.names),
-                "median_ms": [_r(v) for v in p.median_ms],
-                "share": [_r(v) for v in p.share],
-                "step_ms": _r(p.step_ms),
+                "median_ms": [sig6(v) for v in p.median_ms],
+                "share": [sig6(v) for v in p.share],
+                "step_ms": sig6(p.step_ms),
                 "n_runs": p.n_runs,
                 "n_steps": p.n_steps,
-                "per_run_ms": [[_r(v) for v in run] for run in p.per_run_ms],
+                "per_run_ms": [[sig6(v) for v in run] for run in p.per_run_ms],
                 "outliers": list(p.outliers),
-                "coverage": _r(p.coverage),
+                "coverage": sig6(p.coverage),
             }
 
         return {
             "phases": {"prefill": phase(self.prefill), "decode": phase(self.decode)},
             "outlier_rule": OUTLIER_RULE,
-            "overhead_ratio": _r(self.decode_overhead_ratio),
-            "prefill_overhead_ratio": _r(self.prefill_overhead_ratio),
+            "overhead_ratio": sig6(self.decode_overhead_ratio),
+            "prefill_overhead_ratio": sig6(self.prefill_overhead_ratio),
         }
-
-
-def _r(value: float | None) -> float | None:
-    return None if value is None else float(f"{value:.6g}")
 
 
 def outlier_layers(names: Sequence[str], median_ms: Sequence[float]) -> tuple[str, ...]:

@@ -250,7 +250,7 @@ def sweep(
 def curve_table(measurements: Sequence[Measurement]) -> str:
     """One row per load level: throughput against per-request latency percentiles."""
     from .budgets import fmt
-    from .report import render_table
+    from .tables import render_table
 
     rows = []
     for m in measurements:

@@ -346,7 +346,7 @@ class LLMPerfPlugin:
                     f"llama.cpp settings ({', '.join(overrides)}) need the in-process engine; this session "
                     f"measures the endpoint {self.settings.endpoint}"
                 )
-            return self.engine_pool().get(self.settings.engine_config(overrides))
+            return self.engine_pool().get(_engine_config(self.settings, overrides))
         if self.settings.endpoint:
             if self._engine is None and self._engine_error is None:
                 try:
@@ -356,7 +356,7 @@ class LLMPerfPlugin:
             if self._engine_error is not None:
                 raise EngineError(self._engine_error)
             return self._engine
-        base = self.settings.engine_config()
+        base = _engine_config(self.settings)
         pool = self.engine_pool()
         pool.pin(base)  # the llmperf_engine fixture may hold it for the whole session
         return pool.get(base)
@@ -509,7 +509,7 @@ class LLMPerfPlugin:
             config = item.stash.get(MARKER_CONFIG, None)
             if config is not None and config.engine and not item.get_closest_marker("skip"):
                 try:
-                    self._planned_by_id[item.nodeid] = self.settings.engine_config(config.engine)
+                    self._planned_by_id[item.nodeid] = _engine_config(self.settings, config.engine)
                 except LLMPerfError:
                     continue  # the test fails with that line when it runs
         self._planned_configs = list(self._planned_by_id.values())
@@ -867,3 +867,11 @@ def _commit(root: Path) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None
+
+
+def _engine_config(settings: EngineSettings, overrides: Any = None) -> Any:
+    """``engines.config.EngineConfig`` of the session's settings with a test's own over them
+    (imported here: the engine layer loads once an llmperf test runs)."""
+    from .engines.config import EngineConfig
+
+    return EngineConfig.from_settings(settings, overrides)

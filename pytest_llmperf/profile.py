@@ -57,7 +57,8 @@ def profile(
 ) -> dict[str, Any]:
     from .engines.llama_cpp import LlamaCppEngine
     from .machine_peak import machine_peaks
-    from .records import _round, diagnosis
+    from .numbers import sig6
+    from .records import diagnosis
     from .runner import measure
     from .workload import Workload
 
@@ -88,8 +89,8 @@ def profile(
             "n_embd": info.n_embd,
             "n_head": info.n_head,
             "n_head_kv": info.n_head_kv,
-            "load_ms": _round(info.load_ms),
-            "native_load_ms": _round(info.native_load_ms),
+            "load_ms": sig6(info.load_ms),
+            "native_load_ms": sig6(info.native_load_ms),
         },
         "settings": {
             "threads": info.n_threads,
@@ -100,25 +101,25 @@ def profile(
         },
         "workload": {"prompt_tokens": m.prompt_tokens, "max_tokens": max_tokens, "runs": m.n_runs, "warmup": warmup},
         "prefill": {
-            "ms": _round(m.prefill_ms),
-            "ms_per_token": _round(m.prefill_ms / m.prompt_tokens) if m.prefill_ms and m.prompt_tokens else None,
-            "tps": _round(m.prefill_tps),
-            "native_ms": _round(m.native_prefill_ms),
+            "ms": sig6(m.prefill_ms),
+            "ms_per_token": sig6(m.prefill_ms / m.prompt_tokens) if m.prefill_ms and m.prompt_tokens else None,
+            "tps": sig6(m.prefill_tps),
+            "native_ms": sig6(m.native_prefill_ms),
         },
         "decode": {
-            "ms_per_token": _round(m.tpot_ms),
-            "tps": _round(m.decode_tps),
-            "native_ms_per_token": _round(m.native_decode_ms_per_token),
+            "ms_per_token": sig6(m.tpot_ms),
+            "tps": sig6(m.decode_tps),
+            "native_ms_per_token": sig6(m.native_decode_ms_per_token),
         },
-        "ttft_ms": {"p50": _round(m.ttft_ms), "p95": _round(m.ttft_p95_ms)},
+        "ttft_ms": {"p50": sig6(m.ttft_ms), "p95": sig6(m.ttft_p95_ms)},
         "itl_ms": {
             "count": itl.count,
-            "p50": _round(itl.p50_ms),
-            "p90": _round(itl.p90_ms),
-            "p95": _round(itl.p95_ms),
-            "p99": _round(itl.p99_ms),
-            "mean": _round(itl.mean_ms),
-            "stdev": _round(itl.stdev_ms),
+            "p50": sig6(itl.p50_ms),
+            "p90": sig6(itl.p90_ms),
+            "p95": sig6(itl.p95_ms),
+            "p99": sig6(itl.p99_ms),
+            "mean": sig6(itl.mean_ms),
+            "stdev": sig6(itl.stdev_ms),
         },
         **found,
     }

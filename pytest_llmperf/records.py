@@ -10,14 +10,11 @@ from typing import Any, Mapping
 
 from . import catalog
 from .fingerprint import Fingerprint
+from .numbers import sig6
 from .metrics import Measurement
 
 #: Per-run metric families stored and compared (from the metric catalog).
 RUN_FIELDS = catalog.RUN_FIELDS
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else float(f"{value:.6g}")
 
 
 def run_values(m: Measurement) -> dict[str, list[float]]:
@@ -26,7 +23,7 @@ def run_values(m: Measurement) -> dict[str, list[float]]:
     for name in RUN_FIELDS:
         values = [getattr(r, name) for r in m.runs]
         if all(v is not None for v in values):
-            out[name] = [_round(v) for v in values]
+            out[name] = [sig6(v) for v in values]
     return out
 
 
@@ -55,19 +52,19 @@ def record(m: Measurement, fingerprint: Fingerprint, *, commit: str | None, reco
         "subject": dict(fingerprint.subject),
         "workload": {**workload_identity(m), "runs": m.workload.runs, "warmup": m.workload.warmup},
         "runs": run_values(m),
-        "itl_ms": [[_round(v) for v in r.itl_ms] for r in m.runs],
+        "itl_ms": [[sig6(v) for v in r.itl_ms] for r in m.runs],
         "summary": {
             "n_runs": m.n_runs,
             "itl_count": m.itl.count,
-            "ttft_ms": _round(m.ttft_ms),
-            "prefill_ms": _round(m.prefill_ms),
-            "prefill_tps": _round(m.prefill_tps),
-            "tpot_ms": _round(m.tpot_ms),
-            "decode_tps": _round(m.decode_tps),
-            "e2e_ms": _round(m.e2e_ms),
-            "itl_p50_ms": _round(m.itl.p50_ms),
-            "itl_p95_ms": _round(m.itl.p95_ms),
-            "itl_p99_ms": _round(m.itl.p99_ms),
+            "ttft_ms": sig6(m.ttft_ms),
+            "prefill_ms": sig6(m.prefill_ms),
+            "prefill_tps": sig6(m.prefill_tps),
+            "tpot_ms": sig6(m.tpot_ms),
+            "decode_tps": sig6(m.decode_tps),
+            "e2e_ms": sig6(m.e2e_ms),
+            "itl_p50_ms": sig6(m.itl.p50_ms),
+            "itl_p95_ms": sig6(m.itl.p95_ms),
+            "itl_p99_ms": sig6(m.itl.p99_ms),
         },
         **diagnosis(m),
     }
@@ -98,13 +95,13 @@ def load_record(s: Any) -> dict[str, Any]:
     """A load level's figures (the HTML report's throughput-latency curve)."""
     out = {
         "concurrency": s.concurrency, "rate_per_s": s.rate_per_s, "n_requests": s.n_requests, "n_ok": s.n_ok,
-        "output_tps": _round(s.output_tps), "requests_per_s": _round(s.requests_per_s), "goodput": _round(s.goodput),
-        "ttft_p50_ms": _round(s.ttft.p50_ms), "ttft_p99_ms": _round(s.ttft.p99_ms),
-        "tpot_p50_ms": _round(s.tpot.p50_ms), "tpot_p99_ms": _round(s.tpot.p99_ms),
+        "output_tps": sig6(s.output_tps), "requests_per_s": sig6(s.requests_per_s), "goodput": sig6(s.goodput),
+        "ttft_p50_ms": sig6(s.ttft.p50_ms), "ttft_p99_ms": sig6(s.ttft.p99_ms),
+        "tpot_p50_ms": sig6(s.tpot.p50_ms), "tpot_p99_ms": sig6(s.tpot.p99_ms),
         "prompt_cache": s.prompt_cache,
     }
     if s.server is not None:
-        out["server"] = {k: _round(v) if isinstance(v, float) else v
+        out["server"] = {k: sig6(v) if isinstance(v, float) else v
                          for k, v in vars(s.server).items() if k != "metrics"}
         out["server"]["metrics"] = dict(s.server.metrics or {})
     return out

@@ -13,19 +13,9 @@ from .budgets import BudgetFailure, fmt
 from .catalog import BUDGETS
 from .metrics import Measurement
 from .settings import DEFAULT_SUMMARY_COLUMNS
+from .tables import render_table
 
 PROPERTY_RE = re.compile(r"^llmperf(?:\[(?P<label>[^\]]*)\])?\.(?P<field>\w+)$")
-
-
-def render_table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
-    rows = [list(r) for r in rows]
-    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows)]
-
-    def line(cells: Sequence[str]) -> str:
-        first, *rest = cells
-        return "  ".join([str(first).ljust(widths[0])] + [str(c).rjust(w) for c, w in zip(rest, widths[1:])])
-
-    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 
 def _opt(value: float | None) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 
 from .engine_info import EngineInfo
 from .machine_peak import Peak
+from .numbers import sig6
 
 
 @dataclass(frozen=True)
@@ -81,22 +82,20 @@ class Roofline:
         return self.peak_tflops.value * 1e12 / (self.peak_bw.value * 1e9)
 
     def as_dict(self) -> dict[str, Any]:
-        from .layers import _r
-
         def phase(p: PhaseRoofline | None) -> dict[str, Any] | None:
             if p is None:
                 return None
-            return {k: (v if isinstance(v, str) else _r(v)) for k, v in p.__dict__.items() if k != "phase"}
+            return {k: (v if isinstance(v, str) else sig6(v)) for k, v in p.__dict__.items() if k != "phase"}
 
         return {
-            "peak_bw_gbs": _r(self.peak_bw.value),
+            "peak_bw_gbs": sig6(self.peak_bw.value),
             "peak_bw_source": self.peak_bw.source,
             "peak_bw_detail": self.peak_bw.detail,
-            "peak_tflops": _r(self.peak_tflops.value),
+            "peak_tflops": sig6(self.peak_tflops.value),
             "peak_tflops_source": self.peak_tflops.source,
             "peak_tflops_detail": self.peak_tflops.detail,
-            "machine_balance_flop_per_byte": _r(self.machine_balance_flop_per_byte),
-            "context_tokens": _r(self.context_tokens),
+            "machine_balance_flop_per_byte": sig6(self.machine_balance_flop_per_byte),
+            "context_tokens": sig6(self.context_tokens),
             "weights_bytes": self.weights_bytes,
             "decode": phase(self.decode),
             "prefill": phase(self.prefill),

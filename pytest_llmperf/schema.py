@@ -92,9 +92,29 @@ def _gpu_layers(name: str, value: Any) -> int:
 
 
 def _side(name: str, value: Any) -> Any:
-    from .ab.sides import check_side
-
     return check_side(name, value)
+
+
+def check_side(name: str, spec: Any) -> Any:
+    """An A/B side as the marker or ``llmperf.compare`` gives it: llama.cpp settings (checked
+    key by key, as the marker's own engine keys), a model or endpoint, a callable or an engine."""
+    if isinstance(spec, Mapping):
+        out = {}
+        for key, value in spec.items():
+            k = KEYS.get(key)
+            if k is None or k.kind != "engine":
+                allowed = ", ".join(n for n, v in KEYS.items() if v.kind == "engine")
+                raise ConfigError(f"A/B side {name!r}: unknown llama.cpp setting {key!r}; allowed: {allowed}")
+            out[key] = k.check(key, value)
+        return out
+    if isinstance(spec, str) and spec:
+        return spec
+    if callable(spec) or hasattr(spec, "run"):
+        return spec
+    raise ConfigError(
+        f"A/B side {name!r} must be llama.cpp settings (a dict such as {{'threads': 1}}), a model "
+        f"(GGUF path or preset), an endpoint URL, a callable fn(prompt, max_tokens) or an engine; got {spec!r}"
+    )
 
 
 def _relative(name: str, value: Any) -> Any:

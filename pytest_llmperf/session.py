@@ -14,7 +14,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from . import baseline_store
 from .budgets import fmt
-from .report import fit_table, render_table, short_ids
+from .report import fit_table, short_ids
+from .tables import render_table
 from .settings import DEFAULT_COMPARISON_COLUMNS
 
 SESSION_SCHEMA = "pytest-llmperf/session"

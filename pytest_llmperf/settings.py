@@ -116,15 +116,6 @@ class EngineSettings:
     def model_label(self) -> str:
         return f"synthetic-{self.preset}" if self.preset else Path(self.model).stem
 
-    def engine_config(self, overrides: Any = None) -> Any:
-        """The session's llama.cpp settings with a test's own (marker keys) over them."""
-        from .engines.config import EngineConfig
-
-        base = EngineConfig(
-            model=self.model, threads=self.threads, n_ctx=self.n_ctx, n_batch=self.n_batch,
-            n_gpu_layers=self.gpu_layers,
-        )
-        return base.replace(overrides) if overrides else base
 
 
 def resolve(getoption: Callable[[str], Any], getini: Callable[[str], Any]) -> EngineSettings:

@@ -75,10 +75,11 @@ def run(args: argparse.Namespace) -> int:
         from ..baseline_store import atomic_write
         from ..errors import ConfigError
         from ..figures import require_matplotlib
+        from ..html_report import history_page
 
         require_matplotlib()
         try:
-            atomic_write(Path(args.html), trends.html_page(series))
+            atomic_write(Path(args.html), history_page(series))
         except OSError as exc:
             raise ConfigError(f"cannot write {args.html}: {exc.strerror or exc}") from None
         print(f"{args.html}: trend plots of {len(series)} series")

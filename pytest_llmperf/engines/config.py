@@ -48,6 +48,16 @@ class EngineConfig:
     def ubatch(self) -> int:
         return self.n_ubatch or self.n_batch
 
+    @classmethod
+    def from_settings(cls, settings: Any, overrides: Mapping[str, Any] | None = None) -> "EngineConfig":
+        """The session's llama.cpp settings (``settings.EngineSettings``) with a test's own
+        (marker keys) over them."""
+        base = cls(
+            model=settings.model, threads=settings.threads, n_ctx=settings.n_ctx, n_batch=settings.n_batch,
+            n_gpu_layers=settings.gpu_layers,
+        )
+        return base.replace(overrides) if overrides else base
+
     def replace(self, overrides: Mapping[str, Any]) -> "EngineConfig":
         return dataclasses.replace(self, **dict(overrides))
 

@@ -5,13 +5,11 @@ test, and a CSV export that Apache Otava reads."""
 from __future__ import annotations
 
 import csv
-import html
-import math
 import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..report import render_table
+from ..tables import render_table
 from .detect import Step, steps
 from .series import Series
 
@@ -104,37 +102,7 @@ def attach(results: Sequence[Mapping[str, Any]], loc: Any, last: int = RECENT_SE
     return out
 
 
-def html_page(series: Sequence[Series]) -> str:
-    """``llmperf history --html``: per test and hardware, the trend plots and the tables."""
-    from ..figures import render
-    from ..html_report import CSS, _scope_ids
-
-    groups: dict[tuple[str, str], list[Series]] = {}
-    for s in sorted(series, key=_metric_order):
-        groups.setdefault((s.name, s.hardware_key), []).append(s)
-    body = []
-    for n, ((name, hw), members) in enumerate(groups.items()):
-        found = {id(s): steps(s) for s in members}
-        svg = render(trend_figure, [trend_data(s, found[id(s)]) for s in members])
-        lines = [step.line() for s in members for step in found[id(s)]]
-        body.append(
-            f'<section class="test" data-test="{html.escape(name)}"><h2>{html.escape(name)}</h2>'
-            f'<p class="notes">{html.escape(hw)}; {len(members[0].points)} session(s)</p>'
-            f'<figure class="plot" data-figure="trend">{_scope_ids(svg, f"h{n}-")}<figcaption>'
-            "Level per session with its 95% CI; dashed: change points (E-divisive, permutation test), "
-            "labelled with the step and the subject change that coincides</figcaption></figure>"
-            + ("<ul class='notes'>" + "".join(f"<li>{html.escape(x)}</li>" for x in lines) + "</ul>" if lines else "")
-            + "".join(f"<pre>{html.escape(title(s))}\n{html.escape(table(s, found[id(s)]))}</pre>" for s in members)
-            + "</section>"
-        )
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>pytest-llmperf history</title>'
-        f"<style>{CSS}</style></head><body><main><h1>pytest-llmperf history</h1>\n" + "\n".join(body)
-        + "\n</main></body></html>\n"
-    )
-
-
-def _metric_order(s: Series) -> int:
+def metric_order(s: Series) -> int:
     """Prefill first, then decode: the order of ``records.RUN_FIELDS``."""
     from ..records import RUN_FIELDS
 
