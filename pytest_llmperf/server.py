@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .errors import ConfigError, EngineError
+from .settings import ENGINE_DEFAULTS, SERVER_N_CTX
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 60.0
@@ -69,8 +70,8 @@ def server_command(
     port: int,
     *,
     n_threads: int,
-    n_ctx: int = 2048,
-    n_batch: int = 512,
+    n_ctx: int = SERVER_N_CTX,
+    n_batch: int = ENGINE_DEFAULTS["n_batch"],
     alias: str | None = None,
 ) -> list[str]:
     # interrupt_requests off: by default a new request cuts the running stream short, which
@@ -159,8 +160,8 @@ def serve(
     model_path: str | os.PathLike[str],
     *,
     n_threads: int | None = None,
-    n_ctx: int = 2048,
-    n_batch: int = 512,
+    n_ctx: int = SERVER_N_CTX,
+    n_batch: int = ENGINE_DEFAULTS["n_batch"],
     alias: str | None = None,
     start_timeout_s: float = START_TIMEOUT_S,
 ) -> Iterator[Server]:
@@ -183,8 +184,8 @@ def llama_server_command(
     *,
     n_threads: int,
     parallel: int,
-    n_ctx: int = 2048,
-    n_batch: int = 512,
+    n_ctx: int = SERVER_N_CTX,
+    n_batch: int = ENGINE_DEFAULTS["n_batch"],
     alias: str | None = None,
 ) -> list[str]:
     """llama.cpp's server with ``parallel`` slots of ``n_ctx`` tokens each (continuous
@@ -211,8 +212,8 @@ def serve_llama_server(
     *,
     parallel: int = 4,
     n_threads: int | None = None,
-    n_ctx: int = 2048,
-    n_batch: int = 512,
+    n_ctx: int = SERVER_N_CTX,
+    n_batch: int = ENGINE_DEFAULTS["n_batch"],
     alias: str | None = None,
     start_timeout_s: float = START_TIMEOUT_S,
     build: bool = True,

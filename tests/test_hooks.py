@@ -162,12 +162,22 @@ def test_result_hook_sees_each_result_and_its_change_reaches_the_json(pytester: 
     assert over["budget"] == "FAIL" and "waived" not in over["extra_info"]
 
 
-def test_a_wrong_result_return_fails_the_test_with_one_line(pytester: pytest.Pytester) -> None:
-    pytester.makeconftest("def pytest_llmperf_result(result):\n    return {'decode_tps': 1}\n")
+WRONG_RETURNS = {
+    "result": ("def pytest_llmperf_result(result):\n    return {'decode_tps': 1}\n",
+               "*pytest_llmperf_result (*conftest.py) returned dict; return None or a Result*"),
+    "engine": ("def pytest_llmperf_make_engine():\n    return 42\n",
+               "*pytest_llmperf_make_engine (*conftest.py) returned int; return an engine*"),
+}
+
+
+@pytest.mark.parametrize("hook", sorted(WRONG_RETURNS))
+def test_a_wrong_hook_return_fails_the_test_with_one_line(pytester: pytest.Pytester, hook: str) -> None:
+    conftest, line = WRONG_RETURNS[hook]
+    pytester.makeconftest(conftest)
     pytester.makepyfile(test_perf=f"import pytest\n\n@pytest.mark.llmperf({FAST})\ndef test_a(): pass\n")
     result = run(pytester)
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*pytest_llmperf_result (*conftest.py) returned dict; return None or a Result*"])
+    result.stdout.fnmatch_lines([line])
 
 
 def test_engine_hook_engine_is_measured_and_reported(pytester: pytest.Pytester) -> None:
@@ -202,14 +212,6 @@ def test_fixture(llmperf_engine):
         ["llmperf: pytest_llmperf_make_engine (*conftest.py) may provide the engine measured*",
          "*llmperf summary*", "*test_session_engine*word_stream*"]
     )
-
-
-def test_a_wrong_engine_is_one_line(pytester: pytest.Pytester) -> None:
-    pytester.makeconftest("def pytest_llmperf_make_engine():\n    return 42\n")
-    pytester.makepyfile(test_perf=f"import pytest\n\n@pytest.mark.llmperf({FAST})\ndef test_a(): pass\n")
-    result = run(pytester)
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*pytest_llmperf_make_engine (*conftest.py) returned int; return an engine*"])
 
 
 def test_hook_keys_in_the_fingerprint_comparisons() -> None:
