@@ -28,9 +28,9 @@ import sys
 import time
 
 from pytest_llmperf import Workload, ensure_model
-from pytest_llmperf.ab import Side, compare_ab
+from pytest_llmperf.judge.ab import Side, compare_ab
 from pytest_llmperf.engines.llama_cpp import LlamaCppEngine
-from pytest_llmperf.synthetic import PRESETS
+from pytest_llmperf.models.synthetic import PRESETS
 
 
 def load_state() -> str:

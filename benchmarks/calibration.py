@@ -37,9 +37,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_llmperf.compare import JUDGED, Verdict, lognormal_sigma  # noqa: E402
-from pytest_llmperf.compare import suite_relative  # noqa: E402
-from pytest_llmperf.regression import CompareSettings, carry_history, judge  # noqa: E402
+from pytest_llmperf.judge.compare import JUDGED, Verdict, lognormal_sigma  # noqa: E402
+from pytest_llmperf.judge.compare import suite_relative  # noqa: E402
+from pytest_llmperf.judge.regression import CompareSettings, carry_history, judge  # noqa: E402
 
 SHARED_SD, TEST_SD, RAMP = 0.015, 0.005, 0.02
 OUTLIER_P, OUTLIER_LO, OUTLIER_HI = 0.05, 1.2, 2.0

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pytest_llmperf import compare
-from pytest_llmperf.regression import CompareSettings, judge
-from pytest_llmperf.session import verdict_dict
+from pytest_llmperf.judge import compare
+from pytest_llmperf.judge.regression import CompareSettings, judge
+from pytest_llmperf.reports.session_file import verdict_dict
 
 SUITE = """
 import pytest
@@ -80,7 +80,7 @@ def main() -> int:
     parser.add_argument("--tests", type=int, default=200)
     parser.add_argument("--out", default=None, help="keep the report here")
     args = parser.parse_args()
-    from pytest_llmperf.html_report import render_html
+    from pytest_llmperf.reports.html import render_html
 
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("LLMPERF_CACHE_DIR", str(Path(__file__).resolve().parent.parent / ".llmperf-cache"))

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from pytest_llmperf import Workload, ensure_model, measure
 from pytest_llmperf.engines.llama_cpp import LlamaCppEngine
-from pytest_llmperf.settings import ENGINE_DEFAULTS
+from pytest_llmperf.core.settings import ENGINE_DEFAULTS
 
 VARIANTS = {
     "old": {"sample": True, "n_ctx": 2048, "flash_attn": False},

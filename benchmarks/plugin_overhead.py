@@ -6,7 +6,7 @@ plain tests with the plugin against ``-p no:llmperf``, side by side.
 Each repeat runs both variants back to back (alternating which goes first), so a busy machine
 slows both alike; the figure is the difference of the medians. The budget (issue 10) is
 0.15 s per run. The checkout's code is measured (its root goes first on PYTHONPATH); when the
-package is not installed as a pytest plugin, ``-p pytest_llmperf.plugin`` loads it.
+package is not installed as a pytest plugin, ``-p pytest_llmperf.pytest_plugin.plugin`` loads it.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def main() -> int:
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     env.pop("PYTEST_ADDOPTS", None)
-    with_plugin = [] if installed_as_plugin() else ["-p", "pytest_llmperf.plugin"]
+    with_plugin = [] if installed_as_plugin() else ["-p", "pytest_llmperf.pytest_plugin.plugin"]
     without = ["-p", "no:llmperf"] if installed_as_plugin() else []
     # An installed package has its bytecode compiled (pip does it); this machine sets
     # PYTHONDONTWRITEBYTECODE, which would otherwise charge a source compile to every run.

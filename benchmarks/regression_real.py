@@ -40,7 +40,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pytest_llmperf.regression import (  # noqa: E402
+from pytest_llmperf.judge.regression import (  # noqa: E402
     STEAL_MACHINE_SHARE,
     CompareSettings,
     carry_history,
@@ -51,9 +51,9 @@ from pytest_llmperf.regression import (  # noqa: E402
 SESSION = r"""
 import json, sys
 from pytest_llmperf import LlamaCppEngine, Workload, measure
-from pytest_llmperf.synthetic import PRESETS, ensure_model
-from pytest_llmperf.fingerprint import Fingerprint, hardware, subject
-from pytest_llmperf.records import record
+from pytest_llmperf.models.synthetic import PRESETS, ensure_model
+from pytest_llmperf.core.fingerprint import Fingerprint, hardware, subject
+from pytest_llmperf.baselines.records import record
 from pytest_llmperf import reference
 import dataclasses
 preset, dtype, threads, runs, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]

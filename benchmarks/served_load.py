@@ -41,10 +41,10 @@ def main() -> None:
     import os
 
     from pytest_llmperf import Workload, ensure_model
-    from pytest_llmperf.load import curve_table, measure_load
-    from pytest_llmperf.served_fidelity import curve_lines
-    from pytest_llmperf.server import serve_llama_server
-    from pytest_llmperf.synthetic import PRESETS
+    from pytest_llmperf.measure.load import curve_table, measure_load
+    from pytest_llmperf.measure.served_fidelity import curve_lines
+    from pytest_llmperf.engines.servers import serve_llama_server
+    from pytest_llmperf.models.synthetic import PRESETS
 
     levels = [int(v) for v in args.levels.split(",")]
     if args.model in PRESETS and not os.path.exists(args.model):

@@ -18,7 +18,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_llmperf.regression import CompareSettings, judge, suite_check  # noqa: E402
+from pytest_llmperf.judge.regression import CompareSettings, judge, suite_check  # noqa: E402
 
 
 def record(rng: np.random.Generator, runs: int) -> dict:

@@ -19,49 +19,49 @@ __version__ = "0.1.0"
 # package for every run of every project where the plugin is installed, and numpy, scipy and
 # llama_cpp must cost nothing in a run that collects no llmperf test.
 _EXPORTS = {
-    "BudgetFailure": "budgets",
-    "check_budgets": "budgets",
-    "EngineInfo": "engine_info",
+    "BudgetFailure": "judge.budgets",
+    "check_budgets": "judge.budgets",
+    "EngineInfo": "core.engine_info",
     "CallableEngine": "engines",
     "Engine": "engines",
-    "ConfigError": "errors",
-    "EngineError": "errors",
-    "LLMPerfError": "errors",
-    "LatencyStats": "metrics",
-    "Measurement": "metrics",
-    "RunMetrics": "metrics",
-    "summarize": "metrics",
-    "InferenceProfiler": "profiler",
-    "ProfilerStats": "profiler",
-    "measure": "runner",
-    "PRESETS": "synthetic",
-    "ModelSpec": "synthetic",
-    "ensure_model": "synthetic",
-    "write_gguf": "synthetic",
-    "NativeCounters": "trace",
-    "RunTrace": "trace",
-    "Workload": "workload",
+    "ConfigError": "core.errors",
+    "EngineError": "core.errors",
+    "LLMPerfError": "core.errors",
+    "LatencyStats": "measure.metrics",
+    "Measurement": "measure.metrics",
+    "RunMetrics": "measure.metrics",
+    "summarize": "measure.metrics",
+    "InferenceProfiler": "measure.profiler",
+    "ProfilerStats": "measure.profiler",
+    "measure": "measure.runner",
+    "PRESETS": "models.synthetic",
+    "ModelSpec": "models.synthetic",
+    "ensure_model": "models.synthetic",
+    "write_gguf": "models.synthetic",
+    "NativeCounters": "core.trace",
+    "RunTrace": "core.trace",
+    "Workload": "core.workload",
     "LlamaCppEngine": "engines.llama_cpp",
     "EngineConfig": "engines.config",
-    "ABResult": "ab",
-    "Side": "ab",
-    "compare_ab": "ab",
+    "ABResult": "judge.ab",
+    "Side": "judge.ab",
+    "compare_ab": "judge.ab",
 }
 
 if TYPE_CHECKING:
-    from .budgets import BudgetFailure, check_budgets
-    from .engine_info import EngineInfo
+    from .judge.budgets import BudgetFailure, check_budgets
+    from .core.engine_info import EngineInfo
     from .engines import CallableEngine, Engine
     from .engines.llama_cpp import LlamaCppEngine
     from .engines.config import EngineConfig
-    from .ab import ABResult, Side, compare_ab
-    from .errors import ConfigError, EngineError, LLMPerfError
-    from .metrics import LatencyStats, Measurement, RunMetrics, summarize
-    from .profiler import InferenceProfiler, ProfilerStats
-    from .runner import measure
-    from .synthetic import PRESETS, ModelSpec, ensure_model, write_gguf
-    from .trace import NativeCounters, RunTrace
-    from .workload import Workload
+    from .judge.ab import ABResult, Side, compare_ab
+    from .core.errors import ConfigError, EngineError, LLMPerfError
+    from .measure.metrics import LatencyStats, Measurement, RunMetrics, summarize
+    from .measure.profiler import InferenceProfiler, ProfilerStats
+    from .measure.runner import measure
+    from .models.synthetic import PRESETS, ModelSpec, ensure_model, write_gguf
+    from .core.trace import NativeCounters, RunTrace
+    from .core.workload import Workload
 
 
 def __getattr__(name: str) -> Any:

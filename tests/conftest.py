@@ -77,9 +77,9 @@ def pytest_terminal_summary(terminalreporter) -> None:
 # The plugin imports numpy, scipy and llama_cpp only once an llmperf test runs. In-process
 # inner sessions (pytester) drop the modules first imported during them, and numpy's C
 # extensions cannot be loaded twice in a process: import them here, once, for all sessions.
-import pytest_llmperf.compare  # noqa: E402,F401  (numpy, scipy.stats)
+import pytest_llmperf.judge.compare  # noqa: E402,F401  (numpy, scipy.stats)
 import pytest_llmperf.engines.llama_cpp  # noqa: E402,F401
-import pytest_llmperf.session  # noqa: E402,F401
+import pytest_llmperf.reports.session_file  # noqa: E402,F401
 
 
 @pytest.fixture(scope="session")
@@ -112,7 +112,7 @@ def llama_server_binary() -> Path:
     """llama.cpp's llama-server of the installed llama-cpp-python, built once per version
     (several minutes the first time; `.ci/run` builds it before the tests)."""
     from pytest_llmperf.engines.native_tools import tool_path
-    from pytest_llmperf.errors import ToolBuildError
+    from pytest_llmperf.core.errors import ToolBuildError
 
     try:
         return tool_path("llama-server")

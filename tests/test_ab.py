@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from inner import run
 
-from pytest_llmperf.ab import Side, block_orders, compare_ab, paired, parse_budgets
-from pytest_llmperf.engine_info import EngineInfo
-from pytest_llmperf.errors import ConfigError
-from pytest_llmperf.trace import RunTrace
-from pytest_llmperf.workload import Workload
+from pytest_llmperf.judge.ab import Side, block_orders, compare_ab, paired, parse_budgets
+from pytest_llmperf.core.engine_info import EngineInfo
+from pytest_llmperf.core.errors import ConfigError
+from pytest_llmperf.core.trace import RunTrace
+from pytest_llmperf.core.workload import Workload
 
 
 class Machine:
@@ -224,7 +224,7 @@ def test_bad_side_fails_collection_with_one_line(pytester: pytest.Pytester) -> N
 def test_signed_rank_p_agrees_with_scipy_exact_and_approximate() -> None:
     from scipy.stats import wilcoxon
 
-    from pytest_llmperf.ab.paired import _signed_rank_p
+    from pytest_llmperf.judge.ab.paired import _signed_rank_p
 
     rng = np.random.default_rng(0)
     for n in (8, 20, 200):
@@ -236,7 +236,7 @@ def test_in_process_against_served_endpoint(llmperf_server, tiny_engine) -> None
     """A side given as an endpoint URL is measured through the OpenAI-compatible API; the
     server's overhead per token is the decode ratio's distance from 1 (any value is allowed:
     the machine decides; the pairs and the sides are what must be right)."""
-    from pytest_llmperf.ab import resolve_side
+    from pytest_llmperf.judge.ab import resolve_side
 
     served = resolve_side("b", llmperf_server.url, lambda settings: pytest.fail("no llama.cpp settings here"))
     r = compare_ab(Side("in-process", tiny_engine), served, Workload(prompt_tokens=8, max_tokens=6, runs=4, warmup=1))

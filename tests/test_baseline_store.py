@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmperf import baseline_store as store
-from pytest_llmperf.baseline_store import BaselineError
-from pytest_llmperf.fingerprint import hardware, hardware_key, model_digest, subject_changes
+from pytest_llmperf.baselines import store as store
+from pytest_llmperf.baselines.store import BaselineError
+from pytest_llmperf.core.fingerprint import hardware, hardware_key, model_digest, subject_changes
 
 
 def entry(tpot: float = 6.5) -> dict:
@@ -175,7 +175,7 @@ def test_sigkill_during_writes_never_corrupts(tmp_path: Path) -> None:
 def test_atomic_write_gives_files_the_usual_mode(tmp_path: Path) -> None:
     import stat
 
-    from pytest_llmperf.baseline_store import atomic_write
+    from pytest_llmperf.baselines.store import atomic_write
 
     target = tmp_path / "report.json"
     old = os.umask(0o022)

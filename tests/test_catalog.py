@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmperf import Workload, catalog, measure
-from pytest_llmperf.budgets import STATISTICS
-from pytest_llmperf.fingerprint import Fingerprint, subject
-from pytest_llmperf.html_report import _budget_rows, budget_value
-from pytest_llmperf.machine_peak import Peak
-from pytest_llmperf.records import record
-from pytest_llmperf.schema import BUDGET_KEYS, KEYS
+from pytest_llmperf import Workload, measure
+from pytest_llmperf.core import catalog
+from pytest_llmperf.judge.budgets import STATISTICS
+from pytest_llmperf.core.fingerprint import Fingerprint, subject
+from pytest_llmperf.reports.html import _budget_rows, budget_value
+from pytest_llmperf.measure.machine_peak import Peak
+from pytest_llmperf.baselines.records import record
+from pytest_llmperf.judge.marker import BUDGET_KEYS, KEYS
 
 ROOT = Path(__file__).resolve().parent.parent
 

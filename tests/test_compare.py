@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from pytest_llmperf.compare import (
+from pytest_llmperf.judge.compare import (
     JUDGED,
     METRICS,
     MIN_PEERS,
@@ -25,7 +25,7 @@ from pytest_llmperf.compare import (
     min_detectable_effect,
     suite_relative,
 )
-from pytest_llmperf.regression import CompareSettings, carry_history, judge, session_holm, suite_check
+from pytest_llmperf.judge.regression import CompareSettings, carry_history, judge, session_holm, suite_check
 
 TPOT, DECODE_TPS, TTFT = (METRICS[k] for k in ("tpot_ms", "decode_tps", "ttft_ms"))
 ALPHA = 0.01
@@ -182,7 +182,7 @@ def test_family_counts_judged_metrics_only() -> None:
 
 
 def test_session_holm_equals_holm_over_all_p_values() -> None:
-    from pytest_llmperf.session import verdict_dict
+    from pytest_llmperf.reports.session_file import verdict_dict
 
     rng = np.random.default_rng(9)
     results = []

@@ -7,9 +7,9 @@ from inner import run
 
 from pytest_llmperf.engines.config import EngineConfig
 from pytest_llmperf.engines.pool import EnginePool, load_config as load_engine_config
-from pytest_llmperf.errors import ConfigError, EngineError
-from pytest_llmperf.fingerprint import subject, subject_changes
-from pytest_llmperf.schema import validate
+from pytest_llmperf.core.errors import ConfigError, EngineError
+from pytest_llmperf.core.fingerprint import subject, subject_changes
+from pytest_llmperf.judge.marker import validate
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ import pytest
 
 from pgserver import PgServer, bindir, unavailable
 from pytest_llmperf.cli import main as cli_main
-from pytest_llmperf.compare import level
+from pytest_llmperf.judge.compare import level
 from pytest_llmperf.history import append_session, detect, store
 from pytest_llmperf.history.location import parse
 from pytest_llmperf.history.series import levels, read_series
@@ -199,7 +199,7 @@ def test_both_backends_give_the_same_answers(pg_server, tmp_path: Path) -> None:
 
 
 def test_bad_locations_say_what_to_do(tmp_path: Path) -> None:
-    from pytest_llmperf.errors import ConfigError
+    from pytest_llmperf.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="not a supported history location"):
         parse("mysql://u:secret@h/db", "--llmperf-history", tmp_path)

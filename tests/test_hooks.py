@@ -215,7 +215,7 @@ def test_fixture(llmperf_engine):
 
 
 def test_hook_keys_in_the_fingerprint_comparisons() -> None:
-    from pytest_llmperf.fingerprint import hardware_differences, subject_changes
+    from pytest_llmperf.core.fingerprint import hardware_differences, subject_changes
 
     base = {"engine": "llama.cpp", "python": "3.11.7"}
     # A hook's subject key: named as given when it changed or was dropped; new keys are not changes.

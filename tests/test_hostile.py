@@ -25,7 +25,7 @@ from typing import Callable
 import pytest
 
 from inner import run
-from pytest_llmperf import baseline_store
+from pytest_llmperf.baselines import store as baseline_store
 from pytest_llmperf.cli import main as cli_main
 
 API_KEY = "sk-hostile-7f3a9c2e51"
@@ -387,7 +387,7 @@ def test_hostile_session(pytester: pytest.Pytester, server: str, monkeypatch: py
 
 
 def session_file(path: Path, tests: list[str], edit: Callable[[dict], None] | None = None) -> str:
-    from pytest_llmperf.session import session_json
+    from pytest_llmperf.reports.session_file import session_json
 
     results = [
         {"test": t, "key": t, "baseline_file": "x.json", "hardware_key": "hw", "record": entry(),

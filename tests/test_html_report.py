@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from inner import chromium, outpace
-from pytest_llmperf import figures, html_report
+from pytest_llmperf.reports import figures, html as html_report
 from pytest_llmperf.cli import main as cli_main
 
 SUITE = """

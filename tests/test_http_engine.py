@@ -40,7 +40,7 @@ def test_in_process_and_served_side_by_side(tiny_model_path, capsys):
     One thread each: llama.cpp's threads wait for each other at every operation, and on a
     small shared machine any other load turns that into long stalls."""
     from pytest_llmperf import LlamaCppEngine
-    from pytest_llmperf.server import serve
+    from pytest_llmperf.engines.servers import serve
 
     w = Workload(prompt=PROMPT, max_tokens=32, runs=5, warmup=1)
     engine = LlamaCppEngine(tiny_model_path, n_threads=1)

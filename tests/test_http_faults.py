@@ -16,7 +16,7 @@ import pytest
 
 from pytest_llmperf import EngineError, Workload, measure
 from pytest_llmperf.engines.http import EarlyEndError, HttpEngine
-from pytest_llmperf.server import free_port
+from pytest_llmperf.engines.servers import free_port
 
 STOP = threading.Event()
 
@@ -230,8 +230,8 @@ def test_fewer_tokens_than_asked(faulty):
 
 
 def test_api_key_sent_but_never_recorded(faulty, monkeypatch):
-    from pytest_llmperf.fingerprint import Fingerprint, subject
-    from pytest_llmperf.records import record
+    from pytest_llmperf.core.fingerprint import Fingerprint, subject
+    from pytest_llmperf.baselines.records import record
 
     monkeypatch.setenv("LLMPERF_TEST_KEY", "sk-secret-123")
     engine = HttpEngine(f"{faulty}/ok/v1", api_key_env="LLMPERF_TEST_KEY")
@@ -306,7 +306,7 @@ def test_endpoint_from_ini_and_environment(pytester, faulty, monkeypatch):
 
 
 def test_server_that_cannot_start_says_why_in_one_line(tmp_path):
-    from pytest_llmperf.server import serve
+    from pytest_llmperf.engines.servers import serve
 
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF" + b"\0" * 64)
@@ -324,7 +324,7 @@ def test_server_that_cannot_start_says_why_in_one_line(tmp_path):
 
 def load_fails_within(engine, seconds, workload):
     """Every request of a load run fails, the run ends within ``seconds``; the first error."""
-    from pytest_llmperf.load import measure_load
+    from pytest_llmperf.measure.load import measure_load
 
     begin = time.monotonic()
     with pytest.raises(EngineError) as exc:
@@ -353,7 +353,7 @@ def test_async_load_client_stall_and_http_errors(faulty):
 
 def test_async_load_client_counts_like_the_sync_one(faulty):
     """Healthy and merged streams through the load path: exact counts, the same sources."""
-    from pytest_llmperf.load import measure_load
+    from pytest_llmperf.measure.load import measure_load
 
     for fault, source in (("ok", "events"), ("merged", "finish_reason"), ("usage", "usage")):
         engine = HttpEngine(f"{faulty}/{fault}/v1")

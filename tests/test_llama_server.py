@@ -20,7 +20,7 @@ import pytest
 
 from pytest_llmperf import Workload, measure
 from pytest_llmperf.cli import main
-from pytest_llmperf.load import load_rows, measure_load
+from pytest_llmperf.measure.load import load_rows, measure_load
 
 pytestmark = pytest.mark.usefixtures("llama_server_binary")
 
@@ -31,7 +31,7 @@ def small_server():
     tokens, and llama-server holds back incomplete UTF-8, so a tiny-model stream can arrive
     as one event (a run with no measurable token gaps)."""
     from pytest_llmperf import ensure_model
-    from pytest_llmperf.server import serve_llama_server
+    from pytest_llmperf.engines.servers import serve_llama_server
 
     with serve_llama_server(ensure_model("small"), parallel=4, n_threads=1) as server:
         yield server
@@ -66,7 +66,7 @@ def test_load_with_server_timings_and_metrics(small_server, capsys):
     assert side.metrics["prompt_tokens_total"] == sum(r.prompt_tokens for r in m.runs)
     assert side.metrics["prompt_tokens_cached_total"] == 0
     assert side.tokens_per_decode >= 1.0
-    from pytest_llmperf.report import metrics_table
+    from pytest_llmperf.reports.text import metrics_table
 
     assert re.search(r"^prompt cache +unique prompts, prompt cache off \(cache_prompt=false\)", metrics_table(m), re.M)
     labels = [row[0] for row in load_rows(m)]
@@ -102,7 +102,7 @@ def test_shared_prefix_is_measured_only_when_asked(small_server, capsys):
 
 
 def test_sweep_levels_never_repeat_a_prompt(small_server):
-    from pytest_llmperf.load import sweep
+    from pytest_llmperf.measure.load import sweep
 
     engine = small_server.engine()
     levels = sweep(engine, Workload(prompt_tokens=16, max_tokens=4, requests=4, warmup=1), (1, 2))
@@ -125,7 +125,7 @@ def test_cli_serve_starts_llama_server(capsys):
 
 STARTER = """
 import sys, time
-from pytest_llmperf.server import serve_llama_server
+from pytest_llmperf.engines.servers import serve_llama_server
 with serve_llama_server(sys.argv[1], parallel=1, n_threads=1, build=False) as server:
     print(server.pid, flush=True)
     time.sleep(120)

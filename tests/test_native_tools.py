@@ -13,7 +13,7 @@ import pytest
 
 from pytest_llmperf.cli import main
 from pytest_llmperf.engines import native_tools
-from pytest_llmperf.errors import ToolBuildError
+from pytest_llmperf.core.errors import ToolBuildError
 
 
 @pytest.fixture

@@ -248,7 +248,7 @@ def test_sigkill_during_update_baselines(pytester: pytest.Pytester) -> None:
     import signal
     import time
 
-    from pytest_llmperf import baseline_store
+    from pytest_llmperf.baselines import store as baseline_store
 
     pytester.makepyfile(test_suite=SUITE.replace("runs=8", "runs=2"))
     run(pytester, "--llmperf-update-baselines")

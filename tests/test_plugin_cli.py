@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from inner import run
 
-from pytest_llmperf import cli, settings
-from pytest_llmperf.schema import KEYS, validate
+from pytest_llmperf import cli
+from pytest_llmperf.core import settings
+from pytest_llmperf.judge.marker import KEYS, validate
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = "max_tokens=8, runs=2, warmup=0, prompt_tokens=16"
@@ -50,7 +51,8 @@ def test_every_llmperf_help_exits_0(argv: list[str], capsys: pytest.CaptureFixtu
 
 
 def test_light_copies_agree_with_the_modules_they_mirror() -> None:
-    from pytest_llmperf import regression, synthetic
+    from pytest_llmperf.judge import regression
+    from pytest_llmperf.models import synthetic
 
     assert settings.PRESET_NAMES == tuple(synthetic.PRESETS)
     assert (settings.DEFAULT_ALPHA, settings.DEFAULT_THRESHOLD, settings.DEFAULT_TAIL_THRESHOLD) == (
@@ -81,14 +83,14 @@ def test_plain_project_imports_no_heavy_module_and_prints_no_model(
     pytester.makeconftest(PROBE)
     pytester.makepyfile(**{f"test_plain_{i}": f"def test_{i}():\n    assert True\n" for i in range(3)})
     installed = any(ep.name == "llmperf" for ep in metadata.entry_points(group="pytest11"))
-    load = [] if installed or "pytest_llmperf.plugin" in os.environ.get("PYTEST_PLUGINS", "") else [
-        "-p", "pytest_llmperf.plugin"
+    load = [] if installed or "pytest_llmperf.pytest_plugin.plugin" in os.environ.get("PYTEST_PLUGINS", "") else [
+        "-p", "pytest_llmperf.pytest_plugin.plugin"
     ]
     result = pytester.runpytest_subprocess(*load, "-p", "no:cacheprovider")
     result.assert_outcomes(passed=3)
     loaded = json.loads((pytester.path / "modules.json").read_text())
     assert loaded["heavy"] == [], "a plain test run imported " + ", ".join(loaded["heavy"])
-    assert "pytest_llmperf.plugin" in loaded["ours"]  # the plugin was loaded, just cheaply
+    assert "pytest_llmperf.pytest_plugin.plugin" in loaded["ours"]  # the plugin was loaded, just cheaply
     assert not [l for l in result.stdout.lines if l.startswith("llmperf")], result.stdout.str()
 
 
@@ -334,7 +336,7 @@ def test_parse_fraction_rejects(text) -> None:
 def test_marker_takes_percent_thresholds() -> None:
     config = validate({"threshold": "5%", "tail_threshold": "10%", "alpha": "1%"})
     assert config.settings == pytest.approx({"threshold": 0.05, "tail_threshold": 0.10, "alpha": 0.01})
-    from pytest_llmperf.errors import ConfigError
+    from pytest_llmperf.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"^llmperf marker key 'threshold': expected a share like 5% or 0.05"):
         validate({"threshold": "fast"})
@@ -379,7 +381,7 @@ def test_profile_rejects_zero_threads(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_short_ids_keep_what_tells_tests_apart() -> None:
-    from pytest_llmperf.report import _clip, short_ids
+    from pytest_llmperf.reports.text import _clip, short_ids
 
     assert short_ids(["tests/a/test_x.py::test_f[1]", "tests/b/test_y.py::test_f[1]"]) == {
         "tests/a/test_x.py::test_f[1]": "test_x.py::test_f[1]",

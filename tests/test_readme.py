@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from inner import run
-from pytest_llmperf.schema import KEYS
+from pytest_llmperf.judge.marker import KEYS
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_llmperf.errors import ConfigError
-from pytest_llmperf.schema import KEYS, validate
+from pytest_llmperf.core.errors import ConfigError
+from pytest_llmperf.judge.marker import KEYS, validate
 from pytest_llmperf import Workload
 
 

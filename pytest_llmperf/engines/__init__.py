@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from ..engine_info import EngineInfo
-from ..trace import RunTrace
-from ..workload import Workload
+from ..core.engine_info import EngineInfo
+from ..core.trace import RunTrace
+from ..core.workload import Workload
 from .callable import CallableEngine
 
 

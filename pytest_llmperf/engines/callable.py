@@ -11,10 +11,10 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from ..engine_info import EngineInfo
-from ..errors import EngineError
-from ..trace import RunTrace
-from ..workload import Workload
+from ..core.engine_info import EngineInfo
+from ..core.errors import EngineError
+from ..core.trace import RunTrace
+from ..core.workload import Workload
 
 TokenStream = Callable[[str, int], Iterable[Any]]
 

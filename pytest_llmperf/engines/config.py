@@ -11,9 +11,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 
-from ..settings import CACHE_TYPES, ENGINE_DEFAULTS as DEFAULTS, UNQUANTIZED
+from ..core.settings import CACHE_TYPES, ENGINE_DEFAULTS as DEFAULTS, UNQUANTIZED
 
 
 @dataclass(frozen=True)

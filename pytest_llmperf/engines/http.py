@@ -35,24 +35,12 @@ import threading
 import time
 from typing import Any
 
-from ..engine_info import EngineInfo
-from ..errors import ConfigError, EngineError
-from ..trace import RunTrace
-from ..workload import Workload
+from ..core.engine_info import EngineInfo
+from ..core.errors import ConfigError, EngineError
+from ..core.trace import RunTrace
+from ..core.workload import Workload
 from .callable import synthetic_text
-from .sse import (  # noqa: F401  (EarlyEndError, fit_stamps: part of this module's API)
-    MAX_ERROR_BODY_BYTES,
-    MAX_LINE_BYTES,
-    EarlyEndError,
-    EventSplitter,
-    LineSplitter,
-    StreamState,
-    fit_stamps,
-    head,
-    lines,
-    sse_data,
-    short,
-)
+from .sse import MAX_ERROR_BODY_BYTES, MAX_LINE_BYTES, EarlyEndError, EventSplitter, LineSplitter, StreamState, fit_stamps, head, lines, sse_data, short
 
 APIS = ("completions", "chat")
 DEFAULT_API_KEY_ENV = "LLMPERF_API_KEY"

@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from ..engine_info import EngineInfo
+from ..core.engine_info import EngineInfo
 from .config import DEFAULTS, EngineConfig, ggml_type
-from ..errors import ConfigError, EngineError
-from ..model_facts import embedding_lookup
-from ..trace import NativeCounters, RunTrace
-from ..workload import Workload
+from ..core.errors import ConfigError, EngineError
+from ..models.facts import embedding_lookup
+from ..core.trace import NativeCounters, RunTrace
+from ..core.workload import Workload
 
 GGUF_MAGIC = b"GGUF"
 #: n_ctx None (auto): the context is sized to each workload, prompt + generated tokens rounded
@@ -66,7 +66,7 @@ def check_gguf(path: str | os.PathLike[str]) -> Path:
 
 def default_threads() -> int:
     """All CPUs this process may use (llama-cpp-python's own default is half of them)."""
-    from ..settings import usable_cpus
+    from ..core.settings import usable_cpus
 
     return usable_cpus()
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ..errors import ToolBuildError
+from ..core.errors import ToolBuildError
 
 TOOLS = ("llama-server", "llama-bench")
 #: Environment variable naming a local llama-cpp-python sdist (offline machines).
@@ -69,7 +69,7 @@ def installed_version() -> str:
 
 
 def tools_root(version: str | None = None) -> Path:
-    from ..synthetic import default_cache_dir
+    from ..models.synthetic import default_cache_dir
 
     return default_cache_dir() / "native" / f"llama-cpp-python-{version or installed_version()}"
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from typing import Any, Callable, Iterable
 
-from ..errors import EngineError
+from ..core.errors import EngineError
 from .config import EngineConfig
 
 #: Engines alive at once, unless the session says otherwise (``--llmperf-max-engines``).
@@ -105,7 +105,7 @@ def load_config(config: EngineConfig) -> Any:
     """A LlamaCppEngine for ``config`` (a preset name is written once, then cached)."""
     from pathlib import Path
 
-    from ..synthetic import PRESETS, ensure_model
+    from ..models.synthetic import PRESETS, ensure_model
     from .llama_cpp import LlamaCppEngine
 
     preset = config.model in PRESETS and not Path(config.model).exists()

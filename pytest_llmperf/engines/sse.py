@@ -17,8 +17,8 @@ import json
 import re
 from typing import Any, Iterable, Iterator
 
-from ..errors import EngineError
-from ..trace import NativeCounters, RunTrace
+from ..core.errors import EngineError
+from ..core.trace import NativeCounters, RunTrace
 
 #: Longest SSE line accepted: a server streaming bytes without a newline is an error, not a
 #: buffer that grows until the deadline.

@@ -11,9 +11,9 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from ..catalog import METRICS
-from ..compare import level
-from ..records import RUN_FIELDS
+from ..core.catalog import METRICS
+from ..judge.compare import level
+from ..baselines.records import RUN_FIELDS
 from .vcs import revision
 
 

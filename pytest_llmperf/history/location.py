@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 
 ENV = "LLMPERF_HISTORY"
 INI = "llmperf_history"

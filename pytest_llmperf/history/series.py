@@ -8,10 +8,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from ..catalog import METRICS
-from ..compare import Level
-from ..fingerprint import subject_changes
-from ..records import RUN_FIELDS, same_workload
+from ..core.catalog import METRICS
+from ..judge.compare import Level
+from ..core.fingerprint import subject_changes
+from ..baselines.records import RUN_FIELDS, same_workload
 from . import store
 from .location import Location
 

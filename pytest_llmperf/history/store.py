@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from ..errors import LLMPerfError
+from ..core.errors import LLMPerfError
 from .location import INSTALL_POSTGRES, Location
 
 SCHEMA_VERSION = 1

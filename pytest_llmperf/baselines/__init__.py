@@ -1,0 +1,1 @@
+"""Baseline records, files and reference figures."""

@@ -1,0 +1,281 @@
+"""Baselines as reviewable JSON files under ``baselines/``: one file per test module.
+
+Why one file per module: a perf suite's tests change together (a llama.cpp upgrade moves them
+all), so one file gives one reviewable diff per module without a file per test; the path
+mirrors the test module's (``tests/perf/test_decode.py`` -> ``baselines/tests/perf/test_decode.json``).
+
+Inside: ``tests`` -> test key (``test_name[param]``, plus ``#label`` for extra
+measurements) -> hardware key -> entry. Several machines' baselines sit side by side.
+
+Safety: files are parsed as data only (``json``), checked against the schema, and a problem
+is a ``BaselineError`` naming the file and what is wrong. Writes go to a temporary file in the
+same folder, are fsynced and renamed over the old file, so a crash at any moment leaves either
+the old or the new file. Writers serialize on a lock of the folder. An update over a file it
+cannot read keeps that file as ``<name>.corrupt`` (then ``.corrupt.1``, ``.corrupt.2``...: a
+copy is never overwritten) and carries its valid entries over; a file of a newer schema is
+never touched (the update fails with a ``NewerSchemaError``). A write that fails (read-only
+folder, disk full) is a ``BaselineError`` and leaves the old file as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable, Any, Iterator, Mapping
+
+from ..core.errors import LLMPerfError
+
+SCHEMA = "pytest-llmperf/baselines"
+SCHEMA_VERSION = 1
+
+
+class BaselineError(LLMPerfError):
+    """A baseline file that cannot be used (corrupt, truncated, wrong schema...)."""
+
+
+class NewerSchemaError(BaselineError):
+    """A valid file of a newer pytest-llmperf: never overwritten by this one."""
+
+    def __init__(self, message: str, version: int) -> None:
+        super().__init__(message)
+        self.version = version
+
+
+def module_file(baseline_dir: Path, module_path: str) -> Path:
+    """``baselines/<module path without .py>.json`` for a test module path relative to rootdir."""
+    rel = Path(module_path)
+    if rel.is_absolute() or ".." in rel.parts:
+        rel = Path(*[p for p in rel.parts if p not in ("/", "..")])
+    return baseline_dir / rel.with_suffix(".json")
+
+
+def entry_key(nodeid: str, label: str = "") -> str:
+    """The part of a node id after the module, plus ``#label`` for labelled measurements."""
+    name = nodeid.split("::", 1)[1] if "::" in nodeid else nodeid
+    return f"{name}#{label}" if label else name
+
+
+def _finite_numbers(values: Any) -> bool:
+    return isinstance(values, list) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values
+    )
+
+
+def check_record(where: str, entry: Any, redo: str = "re-record it with --llmperf-update-baselines") -> None:
+    """A record (baseline entry or session result) that the statistics can use, or a
+    ``BaselineError`` beginning with ``where`` and ending with ``redo``: what the comparison
+    reads is checked here, so a hand-edited value is one line, never a traceback from the
+    statistics."""
+    unusable = f"unusable entry; {redo}"
+    if not isinstance(entry, dict):
+        raise BaselineError(f"{where} is not an object: {unusable}")
+    for key in ("runs", "workload", "subject", "hardware"):
+        if not isinstance(entry.get(key), dict):
+            raise BaselineError(f"{where} has no {key!r} object: {unusable}")
+    for metric, values in entry["runs"].items():
+        if not _finite_numbers(values):
+            raise BaselineError(f"{where}.runs[{metric!r}] is not a list of finite numbers: {unusable}")
+        if not values:
+            raise BaselineError(f"{where}.runs[{metric!r}] has no runs: {unusable}")
+    itl = entry.get("itl_ms", [])
+    if not isinstance(itl, list) or not all(_finite_numbers(run) and run for run in itl):
+        raise BaselineError(f"{where}.itl_ms is not a list of per-run lists of finite numbers: {unusable}")
+
+
+def _check_entry(path: Path, test: str, hw: str, entry: Any) -> None:
+    check_record(f"{path}: tests[{test!r}][{hw!r}]", entry)
+
+
+def load(path: Path) -> dict[str, Any]:
+    """The file's ``tests`` mapping; empty when the file does not exist."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BaselineError(f"cannot read baseline file {path}: {exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BaselineError(
+            f"baseline file {path} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
+            "restore it from version control or re-record with --llmperf-update-baselines"
+        ) from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise BaselineError(f"{path} is not a pytest-llmperf baseline file (no \"schema\": \"{SCHEMA}\")")
+    version = data.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise BaselineError(f"{path}: schema_version missing or not an integer")
+    if version > SCHEMA_VERSION:
+        raise NewerSchemaError(
+            f"{path} has schema_version {version}, newer than this pytest-llmperf understands "
+            f"({SCHEMA_VERSION}); upgrade pytest-llmperf",
+            version,
+        )
+    tests = data.get("tests")
+    if not isinstance(tests, dict):
+        raise BaselineError(f"{path}: \"tests\" is missing or not an object")
+    for test, per_hw in tests.items():
+        if not isinstance(per_hw, dict):
+            raise BaselineError(f"{path}: tests[{test!r}] is not an object")
+        for hw, entry in per_hw.items():
+            _check_entry(path, test, hw, entry)
+    return tests
+
+
+def dumps(data: Any) -> str:
+    """Stable, reviewable JSON: sorted keys, two-space indent, lists of numbers on one line."""
+
+    def render(value: Any, indent: int) -> str:
+        pad = "  " * (indent + 1)
+        if isinstance(value, dict):
+            if not value:
+                return "{}"
+            items = [f"{pad}{json.dumps(str(k))}: {render(value[k], indent + 1)}" for k in sorted(value)]
+            return "{\n" + ",\n".join(items) + "\n" + "  " * indent + "}"
+        if isinstance(value, (list, tuple)):
+            if all(not isinstance(v, (dict, list, tuple)) for v in value):
+                return "[" + ", ".join(json.dumps(v, allow_nan=False) for v in value) + "]"
+            return "[\n" + ",\n".join(pad + render(v, indent + 1) for v in value) + "\n" + "  " * indent + "]"
+        return json.dumps(value, allow_nan=False)
+
+    return render(data, 0) + "\n"
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Serialize writers of one folder's baseline files: a POSIX advisory lock on the folder
+    itself, so no lock file is left beside the baselines (no-op where flock is missing)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _file_mode(path: Path) -> int:
+    """The existing file's mode, else 0o666 less the process umask."""
+    try:
+        return os.stat(path).st_mode & 0o777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            # mkstemp makes the file owner-only; give it the mode a plain write would have.
+            os.fchmod(fh.fileno(), _file_mode(path))
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):  # make the rename itself durable
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def _keep_aside(path: Path) -> Path:
+    """A copy of ``path`` as ``<name>.corrupt``, or the first free ``.corrupt.N``: never
+    over an older copy (a hard link, created exclusively; a plain copy where links fail)."""
+    for n in range(10_000):
+        moved = path.with_name(path.name + ".corrupt" + (f".{n}" if n else ""))
+        try:
+            os.link(path, moved)
+            return moved
+        except FileExistsError:
+            continue
+        except OSError:
+            pass
+        try:
+            with open(moved, "xb") as fh:
+                fh.write(path.read_bytes())
+                fh.flush()
+                os.fsync(fh.fileno())
+            return moved
+        except FileExistsError:
+            continue
+    raise BaselineError(f"{path}: 10000 .corrupt copies beside it already; clean them up")
+
+
+def _salvage(path: Path) -> dict[str, Any]:
+    """The valid entries of a file that does not load as a whole (e.g. one entry with no runs)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("tests"), dict):
+        return {}
+    kept: dict[str, Any] = {}
+    for test, per_hw in data["tests"].items():
+        for hw, entry in per_hw.items() if isinstance(per_hw, dict) else ():
+            try:
+                _check_entry(path, test, hw, entry)
+            except BaselineError:
+                continue
+            kept.setdefault(test, {})[hw] = entry
+    return kept
+
+
+def update(
+    path: Path,
+    entries: Mapping[str, Mapping[str, Any]],
+    merge: Callable[[Mapping[str, Any] | None, dict[str, Any]], dict[str, Any]] | None = None,
+) -> Path | None:
+    """Merge ``{test key: {hardware key: entry}}`` into ``path``; other entries stay as they are.
+
+    A file that cannot be read as a baseline is kept aside (``<name>.corrupt[.N]``, returned)
+    and its valid entries carried over: asked-for updates never destroy data silently. A file
+    of a newer schema raises ``NewerSchemaError`` and stays as it is; a failed write raises a
+    ``BaselineError`` with the old file intact.
+    """
+    try:
+        with _locked(path):
+            for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a writer killed mid-write
+                with contextlib.suppress(OSError):
+                    stale.unlink()
+            moved = None
+            try:
+                tests = load(path)
+            except NewerSchemaError as exc:
+                raise NewerSchemaError(
+                    f"baselines not written to {path}: it has schema_version {exc.version}, newer than this "
+                    f"pytest-llmperf understands ({SCHEMA_VERSION}); upgrade pytest-llmperf to update it",
+                    exc.version,
+                ) from None
+            except BaselineError:
+                moved = _keep_aside(path)
+                tests = _salvage(path)
+            for test, per_hw in entries.items():
+                stored = tests.setdefault(test, {})
+                for hw, entry in per_hw.items():
+                    # ``merge`` sees the entry it replaces (read under the lock): baseline history.
+                    stored[hw] = merge(stored.get(hw), dict(entry)) if merge else entry
+            atomic_write(path, dumps({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "tests": tests}))
+            return moved
+    except OSError as exc:
+        raise BaselineError(
+            f"cannot write baseline file {path}: {exc.strerror or exc}; the file is unchanged"
+        ) from None

@@ -1,0 +1,53 @@
+"""``llmperf`` command line: one subcommand per module of this package (shared helpers in ``common``).
+
+Every command exits 0 on success, 1 when what it checked failed (e.g. a regression) and 2 on
+unusable input, printed as one ``llmperf: error:`` line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+import typing
+from typing import Sequence
+
+from . import common as commands
+from ..core.errors import LLMPerfError
+
+
+def _commands() -> dict[str, object]:
+    found = {}
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda i: i.name):
+        if not info.name.startswith("_"):
+            found[info.name] = importlib.import_module(f"{commands.__name__}.{info.name}")
+    return found
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with a bad argument reported as one line (not the usage block) and exit 2."""
+
+    def error(self, message: str) -> "typing.NoReturn":
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line: one subparser per command module."""
+    parser = Parser(prog="llmperf", description="LLM inference performance tools")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    for name, module in _commands().items():
+        module.add_arguments(sub.add_parser(name, help=module.HELP, description=module.HELP))  # type: ignore[attr-defined]
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    found = _commands()
+    args = build_parser().parse_args(argv)
+    try:
+        return int(found[args.command].run(args))  # type: ignore[attr-defined]
+    except LLMPerfError as exc:
+        print(f"llmperf: error: {exc}", file=sys.stderr)
+        return 2
+
+

@@ -1,0 +1,107 @@
+"""``llmperf compare BASE.json NEW.json``: the plugin's statistics between two saved session
+reports (``pytest --llmperf-json``); exit 1 on any regression, 2 on unusable input or when no
+test is in both reports (a CI gate must not pass on nothing compared)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shutil
+
+from .common import alpha, share
+
+HELP = "compare two saved session reports (pytest --llmperf-json)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("base", help="the baseline session report")
+    parser.add_argument("new", help="the candidate session report")
+    parser.add_argument("--alpha", type=alpha, default=0.01, help="family-wise significance level, e.g. 1%% or 0.01")
+    parser.add_argument(
+        "--threshold", type=share, default=0.05, help="smallest median change that counts, e.g. 5%% or 0.05 (default 5%%)"
+    )
+    parser.add_argument(
+        "--tail-threshold", type=share, default=0.10, help="smallest ITL p95 change that counts (default 10%%)"
+    )
+    parser.add_argument(
+        "--columns", type=_columns, default=None, metavar="COLS",
+        help="table columns after test and metric, from baseline, now, change, ci, p, verdict, or 'all' "
+        "(default change,ci,verdict: fits the terminal)",
+    )
+    parser.add_argument(
+        "--any-hardware", action="store_true", help="compare even when the reports come from different hardware"
+    )
+
+
+def _columns(text: str) -> list[str]:
+    from ..core.settings import COMPARISON_COLUMN_NAMES
+
+    names = [c.strip() for c in text.split(",") if c.strip()]
+    unknown = [c for c in names if c not in COMPARISON_COLUMN_NAMES + ("all",)]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown column(s) {', '.join(unknown) or '(none given)'}; choose from "
+            f"{', '.join(COMPARISON_COLUMN_NAMES)} or all"
+        )
+    return names
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..core.errors import ConfigError
+    from ..reports.session_file import load_session
+
+    base = {r["test"]: r for r in load_session(args.base)}
+    new = load_session(args.new)
+    matched = [r for r in new if r["test"] in base]
+    if not matched:
+        raise ConfigError(f"no test in both {args.base} and {args.new}: nothing to compare")
+    try:
+        return _compare(args, base, new, matched)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise ConfigError(
+            f"{args.base} or {args.new} is not a usable session report ({type(exc).__name__}: {exc}); "
+            "write the report again with pytest --llmperf-json"
+        ) from None
+
+
+def _compare(args: argparse.Namespace, base: dict, new: list, matched: list) -> int:
+    from ..judge.compare import JUDGED
+    from ..core.fingerprint import other_hardware_note
+    from ..judge.regression import CompareSettings, judge
+    from ..reports.session_file import comparison_table, undecided_lines, verdict_dict
+
+    settings = CompareSettings(
+        alpha=args.alpha,
+        threshold=args.threshold,
+        tail_threshold=args.tail_threshold,
+        family_size=max(len(matched), 1) * len(JUDGED),
+    )
+    results, notes, failures = [], [], []
+    regressed = 0
+    for r in new:
+        old = base.get(r["test"])
+        if old is None:
+            notes.append(f"{r['test']}: not in {args.base}")
+            continue
+        hw_key = r["hardware_key"] if args.any_hardware else old["hardware_key"]
+        verdict = judge({hw_key: old["record"]}, r["hardware_key"], r["record"], settings)
+        if verdict.status == "other-hardware":  # name the fields that differ
+            note = other_hardware_note(
+                {hw_key: old["record"]}, r["hardware_key"], r["record"], hint="compare anyway with --any-hardware"
+            )
+            verdict = dataclasses.replace(verdict, note=note)
+        if verdict.note:
+            notes.append(f"{r['test']}: {verdict.note}")
+        results.append({"test": r["test"], "verdict": verdict_dict(verdict)})
+        lines = verdict.failure_lines()
+        regressed += bool(lines)
+        failures += [f"{r['test']}: {line}" for line in lines]
+    for test in sorted(set(base) - {r["test"] for r in new}):
+        notes.append(f"{test}: not in {args.new}")
+    width = None if args.columns == ["all"] else shutil.get_terminal_size().columns
+    table = comparison_table(results, args.columns, width)
+    print(table if table else "nothing to compare")
+    for line in notes + undecided_lines(results, short=width is not None) + failures:
+        print(line)
+    print(f"{regressed} regression(s) in {len(results)} compared measurement(s)")
+    return 1 if failures else 0

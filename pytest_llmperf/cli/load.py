@@ -1,0 +1,129 @@
+"""``llmperf load``: the latency-throughput curve of a served model, one row per concurrency.
+
+Measures ``--endpoint`` (an OpenAI-compatible API base URL), or with ``--serve MODEL`` starts
+a server on loopback for the run (a preset name or a GGUF path): llama.cpp's ``llama-server``
+with ``--parallel`` slots (built once per llama-cpp-python version), or with ``--server
+llama-cpp-python`` the lighter one-request-at-a-time server. Exit 1 when ``--min-goodput`` is
+given and a level misses it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+
+from .common import positive_int
+
+HELP = "latency-throughput curve of an OpenAI-compatible server at rising concurrency"
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        levels = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers like 1,2,4,8, got {text!r}") from None
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError(f"concurrency levels must be >= 1, got {text!r}")
+    return levels
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--endpoint", default=os.environ.get("LLMPERF_ENDPOINT"), help="API base URL (env LLMPERF_ENDPOINT)")
+    where.add_argument("--serve", metavar="MODEL", help="start a server with this preset or GGUF for the run")
+    parser.add_argument(
+        "--server", choices=("llama-server", "llama-cpp-python"), default="llama-server",
+        help="which server --serve starts (llama-server: continuous batching, built on first use)",
+    )
+    parser.add_argument("--parallel", type=positive_int, default=None,
+                        help="llama-server slots with --serve (default: the highest concurrency level, at least 4)")
+    parser.add_argument("--threads", type=positive_int, default=None, help="server threads with --serve (default: all CPUs)")
+    parser.add_argument("--shared-prefix-tokens", type=positive_int, default=None,
+                        help="the first N prompt words the same in every request (measures prefix caching)")
+    parser.add_argument("--api", choices=("completions", "chat"), default="completions")
+    parser.add_argument("--model", default=None, help="model name sent to the endpoint")
+    parser.add_argument("--api-key-env", default="LLMPERF_API_KEY", help="env var holding the API key")
+    parser.add_argument("--concurrency", type=_levels, default=[1, 2, 4, 8], help="levels, e.g. 1,2,4,8")
+    parser.add_argument("--requests", type=int, default=16, help="requests per level")
+    parser.add_argument("--rate", type=float, default=None, help="Poisson arrivals, requests/s (seeded)")
+    parser.add_argument("--prompt-tokens", type=int, default=64, help="synthetic prompt length (words)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request")
+    parser.add_argument("--warmup", type=int, default=1, help="discarded requests before each level")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ttft-ms", type=float, default=None, help="TTFT SLO per request (for goodput)")
+    parser.add_argument("--tpot-ms", type=float, default=None, help="TPOT SLO per request (for goodput)")
+    parser.add_argument("--min-goodput", type=float, default=None, help="exit 1 if a level's goodput is below")
+    parser.add_argument("--request-timeout", type=float, default=300.0, help="seconds per request in all")
+    parser.add_argument("--token-timeout", type=float, default=30.0, help="seconds without data = stalled")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..engines.http import HttpEngine
+    from ..core.errors import ConfigError
+    from ..measure.load import curve_table, sweep
+    from ..core.workload import Workload
+
+    if not args.endpoint and not args.serve:
+        raise ConfigError("give --endpoint URL (or set LLMPERF_ENDPOINT), or --serve MODEL to start a local server")
+    workload = Workload(
+        prompt_tokens=args.prompt_tokens,
+        max_tokens=args.max_tokens,
+        requests=args.requests,
+        rate=args.rate,
+        warmup=args.warmup,
+        seed=args.seed,
+        shared_prefix_tokens=args.shared_prefix_tokens,
+    )
+    slo = {k: v for k, v in (("ttft_ms", args.ttft_ms), ("tpot_ms", args.tpot_ms)) if v is not None}
+    with contextlib.ExitStack() as stack:
+        endpoint, model = args.endpoint, args.model
+        if args.serve:
+            from ..engines.servers import LLAMA_SERVER_PARALLEL, serve, serve_llama_server
+            from ..models.synthetic import PRESETS, ensure_model
+
+            preset = args.serve in PRESETS and not os.path.exists(args.serve)
+            path = ensure_model(args.serve) if preset else args.serve
+            alias = f"synthetic-{args.serve}" if preset else None
+            if args.server == "llama-server":
+                parallel = args.parallel or max(LLAMA_SERVER_PARALLEL, *args.concurrency)
+                server = stack.enter_context(
+                    serve_llama_server(path, parallel=parallel, n_threads=args.threads, alias=alias)
+                )
+            else:
+                server = stack.enter_context(serve(path, n_threads=args.threads, alias=alias))
+            endpoint, model = server.url, model or server.model
+            print(
+                f"llmperf: serving {path} with {server.kind} at {endpoint}, threads {server.n_threads}, "
+                f"{server.parallel} slot(s)"
+            )
+        engine = HttpEngine(
+            endpoint,
+            model=model,
+            api=args.api,
+            api_key_env=args.api_key_env,
+            request_timeout_s=args.request_timeout,
+            token_timeout_s=args.token_timeout,
+        )
+        stack.callback(engine.close)
+        pace = f"Poisson arrivals at {args.rate:g}/s" if args.rate else "closed loop"
+        print(
+            f"llmperf load: {args.requests} requests per level ({pace}, +{args.warmup} warm-up), "
+            f"{args.prompt_tokens}-word prompts, {args.max_tokens} tokens each; {args.api} at {engine.endpoint}"
+        )
+        print(f"llmperf load: {workload.prompt_cache}")
+        results = sweep(engine, workload, args.concurrency, slo=slo)
+    print(curve_table(results))
+    from ..measure.served_fidelity import curve_lines
+
+    for line in curve_lines(results):
+        print(line)
+    failed = [e for m in results for e in m.load.errors]
+    for line in failed[:5]:
+        print(line)
+    if args.min_goodput is not None:
+        low = [m for m in results if m.load.goodput < args.min_goodput]
+        for m in low:
+            print(f"goodput {m.load.goodput:.1%} < {args.min_goodput:.1%} at concurrency {m.load.concurrency}")
+        return 1 if low else 0
+    return 0

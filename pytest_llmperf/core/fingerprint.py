@@ -1,0 +1,220 @@
+"""Environment fingerprint, in two halves.
+
+*Hardware* (CPU, cores, memory, GPU, OS, architecture) must match for two measurements to be
+comparable: a baseline from a laptop says nothing about a CI runner. *Subject* (llama.cpp
+build, model file, quantization, threads, offload, context, our version, Python) is what a
+regression test exists to change: it is recorded and its changes are printed next to the
+verdict, but the comparison runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from .engine_info import EngineInfo
+from .settings import usable_cpus
+
+#: Bytes of a model file hashed for its identity: the GGUF header, metadata and tensor table
+#: sit at the start, so this changes with any change of shape, type, tokenizer or metadata,
+#: and stays cheap for multi-GB files. Size and the hash of the last block cover the weights'
+#: tail.
+MODEL_HEAD_BYTES = 4 * 1024 * 1024
+MODEL_TAIL_BYTES = 64 * 1024
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "Model", "cpu model")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _memory_gib() -> int | None:
+    try:
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30)
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _gpu_model() -> str | None:
+    """NVIDIA GPU names when nvidia-smi is present; None otherwise (CPU-only machines)."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    names = [n.strip() for n in out.stdout.splitlines() if n.strip()]
+    return ", ".join(names) or None
+
+
+def hardware() -> dict[str, Any]:
+    return {
+        "cpu": _cpu_model(),
+        "logical_cpus": usable_cpus(),
+        "memory_gib": _memory_gib(),
+        "gpu": _gpu_model(),
+        "os": platform.system(),
+        "arch": platform.machine(),
+    }
+
+
+def hardware_key(hw: Mapping[str, Any]) -> str:
+    """A short, readable key: several machines' baselines live side by side under these."""
+    digest = hashlib.sha256(repr(sorted(hw.items())).encode()).hexdigest()[:8]
+    return f"{hw.get('os', '?').lower()}-{hw.get('arch', '?')}-{hw.get('logical_cpus', '?')}cpu-{digest}"
+
+
+def model_digest(path: str | os.PathLike[str]) -> str:
+    """sha256 of the file's first 4 MiB, last 64 KiB and size: milliseconds even for GBs."""
+    p = Path(path)
+    size = p.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with p.open("rb") as fh:
+        h.update(fh.read(MODEL_HEAD_BYTES))
+        if size > MODEL_HEAD_BYTES:
+            fh.seek(max(size - MODEL_TAIL_BYTES, MODEL_HEAD_BYTES))
+            h.update(fh.read())
+    return h.hexdigest()[:16]
+
+
+def subject(info: EngineInfo) -> dict[str, Any]:
+    from .. import __version__
+
+    return {
+        "engine": info.engine,
+        "backend_version": info.backend_version,
+        "model": info.model,
+        "model_digest": model_digest(info.model_path) if info.model_path else None,
+        "model_size_bytes": info.model_size_bytes,
+        "quantization": info.quantization,
+        "n_threads": info.n_threads,
+        "n_gpu_layers": info.n_gpu_layers,
+        "n_ctx": info.n_ctx,
+        "n_batch": info.n_batch,
+        "n_ubatch": info.n_ubatch,
+        "flash_attn": info.flash_attn,
+        "type_k": info.type_k,
+        "type_v": info.type_v,
+        "mmap": info.mmap,
+        "mlock": info.mlock,
+        "sample": info.sample,
+        "llmperf_version": __version__,
+        "python": platform.python_version(),
+    }
+
+
+SUBJECT_LABELS = {
+    "backend_version": "llama-cpp-python",
+    "model_digest": "model file",
+    "model_size_bytes": "model size",
+    "quantization": "model",
+    "n_threads": "threads",
+    "n_gpu_layers": "GPU layers",
+    "n_ctx": "n_ctx",
+    "n_batch": "n_batch",
+    "n_ubatch": "n_ubatch",
+    "flash_attn": "flash attention",
+    "type_k": "K cache type",
+    "type_v": "V cache type",
+    "mmap": "mmap",
+    "mlock": "mlock",
+    "sample": "sampling in decode",
+    "llmperf_version": "pytest-llmperf",
+    "python": "Python",
+    "engine": "engine",
+    "model": "model name",
+}
+
+
+#: Subject keys added after baselines were first recorded: a record without one is not changed.
+NEWER_KEYS = frozenset({"n_ubatch", "flash_attn", "type_k", "type_v", "mmap", "mlock", "sample"})
+
+
+def subject_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """``["llama-cpp-python 0.3.35 -> 0.3.36", "threads 2 -> 1"]``: what changed since."""
+    changes = []
+    for key, label in SUBJECT_LABELS.items():
+        if key == "model_size_bytes" and before.get("quantization") != after.get("quantization"):
+            continue  # the quantization line says it
+        if key in NEWER_KEYS and key not in before:
+            continue  # recorded before the setting was: not a change
+        if before.get(key) != after.get(key):
+            changes.append(f"{label} {before.get(key)} -> {after.get(key)}")
+    # Keys a pytest_llmperf_fingerprint hook added (hookspecs.py), named as given; one the
+    # baseline does not have yet is not a change (as NEWER_KEYS).
+    for key in sorted(set(before) - SUBJECT_LABELS.keys()):
+        if before.get(key) != after.get(key):
+            changes.append(f"{key} {before.get(key)} -> {after.get(key)}")
+    return changes
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    hardware: dict[str, Any]
+    subject: dict[str, Any]
+
+    @property
+    def hardware_key(self) -> str:
+        return hardware_key(self.hardware)
+
+
+HARDWARE_LABELS = {
+    "cpu": "CPU",
+    "logical_cpus": "usable CPUs",
+    "memory_gib": "memory GiB",
+    "gpu": "GPU",
+    "os": "OS",
+    "arch": "arch",
+}
+
+
+def hardware_differences(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """``["CPU 'Xeon A' -> 'EPYC B'", "usable CPUs 8 -> 2"]``: why two machines' timings are
+    not comparable, field by field (keys absent from both are ignored)."""
+    keys = list(HARDWARE_LABELS) + sorted((set(before) | set(after)) - set(HARDWARE_LABELS))
+    return [
+        f"{HARDWARE_LABELS.get(k, k)} {before.get(k)!r} -> {after.get(k)!r}"
+        for k in keys
+        if before.get(k) != after.get(k)
+    ]
+
+
+def other_hardware_note(
+    entries: Mapping[str, Mapping[str, Any]],
+    hardware_key: str,
+    candidate: Mapping[str, Any],
+    hint: str = "record one with --llmperf-update-baselines",
+) -> str:
+    """The "not comparable here" note, naming the fingerprint fields that differ between this
+    machine and the recorded one closest to it (fewest differing fields)."""
+    here = candidate.get("hardware") or {}
+    diffs = {
+        key: hardware_differences((entry or {}).get("hardware") or {}, here)
+        for key, entry in entries.items()
+        if isinstance(entry, Mapping)
+    }
+    closest = min(diffs, key=lambda k: (len(diffs[k]), k)) if diffs else None
+    if closest is None or not here:
+        differs = ""
+    else:
+        fields = "; ".join(diffs[closest]) or "no recorded field (hardware keys differ)"
+        others = f" (closest of {len(diffs)} recorded)" if len(diffs) > 1 else ""
+        differs = f"; differs from {closest}{others}: {fields}"
+    return (
+        f"not comparable here: baselines exist only for other hardware ({', '.join(sorted(entries))}); "
+        f"this machine is {hardware_key}{differs}; {hint}"
+    )

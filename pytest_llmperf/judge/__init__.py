@@ -1,0 +1,1 @@
+"""Budgets, statistics and baseline verdicts."""

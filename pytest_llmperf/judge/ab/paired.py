@@ -1,0 +1,150 @@
+"""Paired statistics of an interleaved A/B: per pair, the log ratio b/a of one metric.
+
+A and B run side by side, one pair at a time (AB or BA, seeded), so whatever the machine does
+during a pair (a neighbour's build, a frequency change, a slow drift over the session) moves
+both runs of it alike and cancels in the pair's ratio. The ratios are summarised with the
+verdicts' own location estimator (the Hodges-Lehmann estimate: the median of the Walsh averages
+of the log ratios), and its exact Wilcoxon signed-rank CI and test: order statistics of the
+same Walsh averages, so a few wild pairs (a neighbour's burst that began between A and B) widen
+the CI instead of narrowing it as a trimmed spread would (docs/ab.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ...core import catalog
+from ..compare import CI_LEVEL, level
+
+#: metric -> (label, phase, unit, higher is better). Times are compared as b/a time ratios.
+PAIRED_METRICS: dict[str, tuple[str, str, str, bool]] = {
+    name: (m.label, m.phase, m.unit, m.higher_is_better)
+    for name, m in ((n, catalog.METRICS[n]) for n in ("ttft_ms", "tpot_ms", "e2e_ms", "itl_p95_ms", "prefill_ms"))
+}
+#: What a phase budget (``max_slowdown={"decode": 0.05}``) reads: the phase's time metric.
+PHASE_METRIC = {"prefill": "ttft_ms", "decode": "tpot_ms"}
+
+
+@dataclass(frozen=True)
+class PairedComparison:
+    """One metric of B against A over n pairs. ``ratio``: B's time / A's (1.25 = B 25% slower);
+    ``speedup`` = 1 / ratio (B's rate / A's)."""
+
+    metric: str
+    label: str
+    phase: str
+    unit: str
+    a_median: float
+    b_median: float
+    ratio: float
+    ci_low: float
+    ci_high: float
+    p_value: float  # two-sided paired test of ratio == 1
+    n_pairs: int
+    spread: float  # robust sd of the pairs' log ratios
+
+    @property
+    def speedup(self) -> float:
+        return 1.0 / self.ratio
+
+    @property
+    def excludes_one(self) -> bool:
+        return self.ci_low > 1.0 or self.ci_high < 1.0
+
+    def line(self) -> str:
+        """``decode TPOT: B/A 1.93 (95% CI 1.88..1.99, p=1.2e-09, 20 pairs; A 5.10 ms, B 9.84 ms)``."""
+        from ..compare import _fmt_p, _fmt_value
+
+        return (
+            f"{self.phase} {self.label}: B/A {self.ratio:.3f} ({CI_LEVEL:.0%} CI {self.ci_low:.3f}..{self.ci_high:.3f}, "
+            f"p={_fmt_p(self.p_value)}, {self.n_pairs} pairs; A {_fmt_value(self.a_median)} {self.unit}, "
+            f"B {_fmt_value(self.b_median)} {self.unit})"
+        )
+
+
+def paired(metric: str, a: Sequence[float], b: Sequence[float]) -> PairedComparison:
+    """B against A from per-pair values (same length, pair i = A's run i and B's run i)."""
+    if len(a) != len(b):
+        raise ValueError(f"{metric}: {len(a)} A runs but {len(b)} B runs; pairs need both")
+    label, phase, unit, _ = PAIRED_METRICS[metric]
+    ratios = [bi / ai for ai, bi in zip(a, b)]
+    spread = level(ratios, f"{metric} B/A").spread  # also checks: finite and positive
+    d = np.log(np.asarray(ratios, dtype=float))
+    n = d.size
+    i, j = np.triu_indices(n)
+    walsh = np.sort((d[i] + d[j]) / 2.0)
+    c = _lower_index(n, 1.0 - CI_LEVEL)
+    return PairedComparison(
+        metric=metric,
+        label=label,
+        phase=phase,
+        unit=unit,
+        a_median=_median(a),
+        b_median=_median(b),
+        ratio=math.exp(float(np.median(walsh))),
+        ci_low=math.exp(float(walsh[c])),
+        ci_high=math.exp(float(walsh[walsh.size - 1 - c])),
+        p_value=_signed_rank_p(d),
+        n_pairs=n,
+        spread=spread,
+    )
+
+
+@functools.lru_cache(maxsize=128)
+def _null_cdf(n: int) -> np.ndarray:
+    """P(T+ <= t), t = 0..n(n+1)/2, of the signed-rank statistic under "no difference"."""
+    counts = np.zeros(n * (n + 1) // 2 + 1)
+    counts[0] = 1.0
+    for r in range(1, n + 1):
+        counts[r:] = counts[r:] + counts[:-r].copy()
+    return np.cumsum(counts) / 2.0**n
+
+
+#: Beyond this many pairs the signed-rank statistic is read from its normal approximation
+#: (exact counts would overflow a float; the approximation is then accurate to 1e-4).
+EXACT_MAX_PAIRS = 60
+
+
+def _lower_index(n: int, alpha: float) -> int:
+    """Index (0-based) of the lower CI end among the sorted Walsh averages: the largest c with
+    P(T+ <= c) <= alpha / 2 (Hollander & Wolfe). Fewer than 6 pairs reach no 95%: then 0, the
+    smallest average (the CI is the widest the pairs give)."""
+    if n > EXACT_MAX_PAIRS:
+        from scipy.special import ndtri
+
+        mean, sd = n * (n + 1) / 4.0, math.sqrt(n * (n + 1) * (2 * n + 1) / 24.0)
+        return max(int(math.floor(mean + ndtri(alpha / 2.0) * sd - 0.5)), 0)
+    cdf = _null_cdf(n)
+    return max(int(np.searchsorted(cdf, alpha / 2.0, side="right")) - 1, 0)
+
+
+def _signed_rank_p(d: np.ndarray) -> float:
+    """Two-sided exact Wilcoxon signed-rank p-value (zero differences dropped)."""
+    d = d[d != 0]
+    n = d.size
+    if n == 0:
+        return 1.0
+    from scipy.stats import rankdata
+
+    ranks = rankdata(np.abs(d))
+    t = float(ranks[d > 0].sum())
+    if n > EXACT_MAX_PAIRS:
+        from scipy.special import ndtr
+
+        mean, sd = n * (n + 1) / 4.0, math.sqrt(n * (n + 1) * (2 * n + 1) / 24.0)
+        return float(min(1.0, 2.0 * ndtr(-(abs(t - mean) - 0.5) / sd)))
+    cdf = _null_cdf(n)
+    lo = cdf[min(int(math.floor(t)), cdf.size - 1)]
+    hi = 1.0 - (cdf[int(math.ceil(t)) - 1] if math.ceil(t) >= 1 else 0.0)
+    return float(min(1.0, 2.0 * min(lo, hi)))
+
+
+def _median(values: Sequence[float]) -> float:
+    s = sorted(values)
+    k = len(s)
+    return s[k // 2] if k % 2 else (s[k // 2 - 1] + s[k // 2]) / 2

@@ -1,0 +1,138 @@
+"""Run two engines interleaved, run by run, and compare them with paired statistics.
+
+Each pair is one run of A and one of B, in an order drawn per pair (AB or BA, seeded), so
+neither side always runs first (a warm cache or a thermal ramp would otherwise favour one).
+Both sides get their warm-up runs, interleaved the same way, before the first pair.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ...core.errors import ConfigError
+from ...measure.metrics import Measurement, RunMetrics, summarize
+from ...measure.runner import as_engine
+from ...core.workload import Workload
+from .budgets import BudgetOutcome, judge, parse_budgets
+from .paired import PAIRED_METRICS, PHASE_METRIC, PairedComparison, paired
+
+
+@dataclass(frozen=True)
+class Side:
+    name: str
+    engine: Any
+
+
+@dataclass(frozen=True)
+class ABResult:
+    """B against A: both sides' measurements, the pair orders, a paired comparison per metric
+    and the relative budgets' outcomes."""
+
+    label: str
+    a_name: str
+    b_name: str
+    orders: tuple[str, ...]
+    a: Measurement
+    b: Measurement
+    comparisons: tuple[PairedComparison, ...]
+    budgets: tuple[BudgetOutcome, ...] = ()
+
+    def get(self, name: str) -> PairedComparison:
+        """The comparison of a phase (``"decode"``) or a metric (``"tpot_ms"``)."""
+        metric = PHASE_METRIC.get(name, name)
+        for c in self.comparisons:
+            if c.metric == metric:
+                return c
+        raise KeyError(f"no paired comparison of {name!r}; have {', '.join(c.metric for c in self.comparisons)}")
+
+    @property
+    def prefill(self) -> PairedComparison:
+        return self.get("prefill")
+
+    @property
+    def decode(self) -> PairedComparison:
+        return self.get("decode")
+
+    @property
+    def failed(self) -> tuple[BudgetOutcome, ...]:
+        return tuple(o for o in self.budgets if o.status == "breached")
+
+    def failure_lines(self) -> list[str]:
+        prefix = f"[{self.label}] " if self.label else ""
+        return [prefix + o.line(self.a_name, self.b_name) for o in self.failed]
+
+    def lines(self) -> list[str]:
+        """The report section: the sides, every comparison, every budget."""
+        n_ab = sum(1 for o in self.orders if o == "AB")
+        out = [f"A: {self.a_name}", f"B: {self.b_name}",
+               f"{len(self.orders)} pairs interleaved ({n_ab} AB, {len(self.orders) - n_ab} BA, seeded) "
+               f"after {self.a.workload.warmup} warm-up run(s) each; {self.a.workload.describe()}"]
+        out += [c.line() for c in self.comparisons]
+        out += [o.line(self.a_name, self.b_name) for o in self.budgets]
+        return out
+
+
+def block_orders(n_pairs: int, seed: int) -> tuple[str, ...]:
+    """AB or BA for each pair, drawn from a seeded generator."""
+    rng = np.random.default_rng([seed, 0xAB])
+    return tuple("AB" if bit else "BA" for bit in rng.integers(0, 2, size=n_pairs))
+
+
+def interleave(a: Any, b: Any, workload: Workload, seed: int) -> tuple[list[Any], list[Any], list[Any], list[Any], tuple[str, ...]]:
+    """(A traces, B traces, A warm-up traces, B warm-up traces, orders)."""
+    runs: dict[str, tuple[Any, list[Any], list[Any]]] = {"A": (a, [], []), "B": (b, [], [])}
+    for i, order in enumerate(block_orders(workload.warmup, seed + 1)):
+        for side in order:
+            engine, warm, _ = runs[side]
+            warm.append(engine.run(workload, -1 - i))
+    orders = block_orders(workload.runs, seed)
+    for i, order in enumerate(orders):
+        for side in order:
+            engine, _, traces = runs[side]
+            traces.append(engine.run(workload, i))
+    return runs["A"][2], runs["B"][2], runs["A"][1], runs["B"][1], orders
+
+
+def compare_ab(
+    a: Side,
+    b: Side,
+    workload: Workload,
+    *,
+    max_slowdown: Any = None,
+    min_speedup: Any = None,
+    label: str = "",
+) -> ABResult:
+    """Measure A and B interleaved (``workload.runs`` pairs, seeded by ``workload.seed``) and
+    compare them per metric; judge the relative budgets."""
+    if workload.is_load:
+        raise ConfigError("an A/B comparison runs one request at a time; drop concurrency/requests/rate")
+    if workload.runs < 3:
+        raise ConfigError(f"an A/B comparison needs runs >= 3 pairs for a CI, got {workload.runs}")
+    budgets = parse_budgets(max_slowdown, min_speedup)  # bad budgets fail before any run
+    ea, eb = as_engine(a.engine), as_engine(b.engine)
+    ta, tb, wa, wb, orders = interleave(ea, eb, workload, workload.seed)
+    ma = _measurement(ta, wa, workload, ea, "A")
+    mb = _measurement(tb, wb, workload, eb, "B")
+    comparisons = []
+    for metric in PAIRED_METRICS:
+        va = [getattr(r, metric) for r in ma.runs]
+        vb = [getattr(r, metric) for r in mb.runs]
+        if any(v is None or not v > 0 for v in va + vb):
+            continue  # e.g. prefill time of a callable: not observed
+        comparisons.append(paired(metric, va, vb))
+    by_metric = {c.metric: c for c in comparisons}
+    outcomes = []
+    for budget in budgets:
+        if budget.metric not in by_metric:
+            raise ConfigError(f"{budget.kind}: {budget.target} is not observed for these sides")
+        outcomes.append(judge(budget, by_metric[budget.metric]))
+    return ABResult(label, a.name, b.name, orders, ma, mb, tuple(comparisons), tuple(outcomes))
+
+
+def _measurement(traces: list[Any], warm: list[Any], workload: Workload, engine: Any, label: str) -> Measurement:
+    m = summarize(traces, workload, engine.info(), label=label)
+    return dataclasses.replace(m, warmup_runs=tuple(RunMetrics.of(t) for t in warm))

@@ -1,0 +1,314 @@
+"""A candidate record against its baseline record: statistics per metric family, per phase.
+
+Core, no pytest: the plugin and ``llmperf compare`` both call ``compare_records``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from ..baselines import reference
+from .compare import JUDGED, METRICS, MIN_PEERS, SUITE_ALPHA_SHARE, Comparison, Level, NoiseModel, Verdict, compare_levels, decide, holm, level, mirrored, suite_relative
+from ..core.fingerprint import other_hardware_note, subject_changes
+from .layer_diff import LayerChange, compare_layers
+from ..baselines.records import same_workload
+
+DEFAULT_ALPHA = 0.01
+DEFAULT_THRESHOLD = 0.05
+DEFAULT_TAIL_THRESHOLD = 0.10
+#: Recorded sessions a baseline keeps per test and hardware (the newest K, rolling).
+HISTORY_SESSIONS = 10
+
+
+@dataclass(frozen=True)
+class CompareSettings:
+    alpha: float = DEFAULT_ALPHA
+    threshold: float = DEFAULT_THRESHOLD
+    tail_threshold: float = DEFAULT_TAIL_THRESHOLD
+    #: Judged comparisons in the whole session (Holm's m); unseen ones count as p = 1, which
+    #: bounds the session-wide Holm adjustment from above, so a test can fail before the
+    #: session ends.
+    family_size: int | None = None
+    noise: NoiseModel = NoiseModel()
+    #: Looks of a sequential (adaptive run count) measurement: each look tests at alpha / looks
+    #: (Bonferroni over looks), so stopping at the first decided look keeps the error rate.
+    looks: int = 1
+    #: Measurements the session will compare: with ``compare.MIN_PEERS`` or more, a share of
+    #: alpha goes to the suite-relative check at the end of the session.
+    peers: int = 0
+
+    @property
+    def suite_check(self) -> bool:
+        return self.peers >= MIN_PEERS
+
+    @property
+    def alpha_suite(self) -> float:
+        """Family-wise level of the session-end suite-relative check."""
+        return self.alpha * SUITE_ALPHA_SHARE if self.suite_check else 0.0
+
+    @property
+    def alpha_per_look(self) -> float:
+        """Level of each look of the per-test comparisons against the baseline."""
+        return (self.alpha - self.alpha_suite) / max(self.looks, 1)
+
+
+@dataclass(frozen=True)
+class BaselineVerdict:
+    """What the baseline says about one measurement."""
+
+    status: str  # compared | no-baseline | other-hardware | workload-changed | error
+    note: str = ""
+    comparisons: tuple[Comparison, ...] = ()
+    changes: tuple[str, ...] = ()
+    #: Per-layer diff when both records carry layer timing (a diagnosis, not a gate).
+    layer_changes: tuple[LayerChange, ...] = ()
+    #: Machine reference, candidate/baseline (None: not measured on both sides); shown only.
+    machine_ratio: float | None = None
+    #: Why the machine, not the subject, explains a slowdown (``machine_blame``), else "".
+    machine: str = ""
+
+    @property
+    def slower_layers(self) -> tuple[LayerChange, ...]:
+        return tuple(c for c in self.layer_changes if c.slower)
+
+    @property
+    def regressions(self) -> tuple[Comparison, ...]:
+        return tuple(c for c in self.comparisons if c.verdict is Verdict.REGRESSION)
+
+    def failure_lines(self) -> list[str]:
+        suffix = f"; {', '.join(self.changes)}" if self.changes else ""
+        lines = [c.line() + suffix for c in self.regressions]
+        if lines and self.slower_layers:
+            lines.append("slower layers: " + "; ".join(c.line() for c in self.slower_layers))
+        return lines
+
+    def short(self) -> str:
+        """One cell for the summary table."""
+        if self.status != "compared":
+            return self.status
+        if self.regressions:
+            return "REGRESSION " + "+".join(sorted({c.phase for c in self.regressions}))
+        verdicts = {c.verdict for c in self.comparisons}
+        for v in (Verdict.MACHINE_SLOWER, Verdict.INCONCLUSIVE, Verdict.IMPROVED):
+            if v in verdicts:
+                return v.value
+        return Verdict.UNCHANGED.value
+
+
+def session_levels(rec: Mapping[str, Any]) -> dict[str, Level]:
+    """The record's own session level of each judged metric it carries."""
+    out = {}
+    for spec in JUDGED:
+        values = rec.get("runs", {}).get(spec.name)
+        if values:
+            out[spec.name] = level(values, f"{spec.name} of a record")
+    return out
+
+
+def history(rec: Mapping[str, Any]) -> dict[str, list[Level]]:
+    """Older recorded sessions' levels (oldest first), without the record's own session."""
+    stored = rec.get("sessions") or {}
+    return {name: [Level.from_json(d) for d in stored.get(name, [])] for name in (s.name for s in JUDGED)}
+
+
+def carry_history(old: Mapping[str, Any] | None, new: dict[str, Any], keep: int = HISTORY_SESSIONS) -> dict[str, Any]:
+    """The record to store when ``new`` replaces ``old``: ``new`` with the levels of the last
+    ``keep - 1`` sessions before it, when ``old`` measured the same subject and workload (a
+    baseline re-recorded after a change starts its history anew)."""
+    if not old or same_workload(old, new) or subject_changes(old.get("subject", {}), new.get("subject", {})):
+        return new
+    try:
+        older = history(old)
+        own = session_levels(old)
+    except (KeyError, TypeError, ValueError):
+        return new  # an unreadable history is dropped, never guessed
+    sessions = {}
+    for name, levels in older.items():
+        chain = levels + ([own[name]] if name in own else [])
+        if chain and keep > 1:
+            sessions[name] = [lv.to_json() for lv in chain[-(keep - 1):]]
+    return {**new, "sessions": sessions} if sessions else new
+
+
+def compare_records(
+    baseline: Mapping[str, Any], candidate: Mapping[str, Any], settings: CompareSettings
+) -> list[Comparison]:
+    """Every judged metric both records carry (plus the rate mirrors), decided with Holm over
+    ``family_size``."""
+    base_levels, cand_levels, older = session_levels(baseline), session_levels(candidate), history(baseline)
+    judged: dict[str, Comparison] = {}
+    for spec in JUDGED:
+        if spec.name in base_levels and spec.name in cand_levels:
+            judged[spec.name] = compare_levels(
+                spec,
+                [*older.get(spec.name, []), base_levels[spec.name]],
+                cand_levels[spec.name],
+                threshold=settings.tail_threshold if spec.tail else settings.threshold,
+                alpha=settings.alpha_per_look,
+                noise=settings.noise,
+                provisional=False,
+            )
+    comparisons = []
+    for spec in METRICS.values():
+        if spec.mirror_of is None and spec.name in judged:
+            comparisons.append(judged[spec.name])
+        elif spec.mirror_of in judged and spec.name in baseline.get("runs", {}) and spec.name in candidate.get("runs", {}):
+            shown = (statistics.median(baseline["runs"][spec.name]), statistics.median(candidate["runs"][spec.name]))
+            comparisons.append(mirrored(judged[spec.mirror_of], spec, shown))
+    family = max(settings.family_size or 0, len(judged)) or None
+    return decide(comparisons, alpha=settings.alpha_per_look, m=family)
+
+
+#: The hypervisor took this much more of the CPU time (steal) during the candidate's runs than
+#: during the baseline's: the machine was not this VM's, so a slowdown is not the subject's.
+#: llama.cpp's threads meet at a barrier every graph node, so one descheduled vCPU stalls all
+#: of them (seen here: 15% steal, TPOT 3.8x the quiet value).
+STEAL_MACHINE_SHARE = 0.05
+
+
+#: Other processes preempted the engine's threads this many times as often per run as during
+#: the baseline's runs: the cores were shared (seen here: 400-1600 per run in such sessions,
+#: with run CVs of 1-2.5, against 40-270 in clean ones).
+CONTENTION_FACTOR = 4.0
+
+
+def _machine_figure(rec: Mapping[str, Any], key: str, upper: float = math.inf) -> float | None:
+    machine = rec.get("machine")
+    value = machine.get(key) if isinstance(machine, Mapping) else None
+    return float(value) if isinstance(value, (int, float)) and 0 <= value <= upper else None
+
+
+def steal_share(rec: Mapping[str, Any]) -> float | None:
+    return _machine_figure(rec, "steal_share", 1.0)
+
+
+def machine_blame(
+    steal: tuple[float | None, float | None], switches: tuple[float | None, float | None] = (None, None)
+) -> str | None:
+    """Why a slowdown is the machine's, not the subject's (None: nothing says so): the
+    hypervisor's steal time, or other processes on the engine's cores (involuntary context
+    switches per run). The reference probe is recorded beside them but decides nothing: on
+    this project's VM its drift did not follow llama.cpp's (correlation about 0 over 20 A/A
+    sessions, benchmarks/regression_real.py), and when another process held a core its
+    sleeping BLAS threads read 10-15x slower while llama.cpp's spinning threads lost 10-20%."""
+    base_sw, cand_sw = switches
+    if cand_sw is not None and base_sw is not None and cand_sw >= CONTENTION_FACTOR * max(base_sw, 1.0):
+        return (
+            f"other processes preempted the engine's threads {cand_sw / max(base_sw, 1.0):.0f}x as often as at "
+            f"baseline ({cand_sw:.0f} involuntary context switches per run): not blamed on the subject; "
+            "re-run on an idle machine"
+        )
+    base, cand = steal
+    if cand is not None and cand - (base or 0.0) >= STEAL_MACHINE_SHARE:
+        return (
+            f"the hypervisor gave {cand:.0%} of this VM's CPU time to other guests during the runs "
+            f"(steal; {(base or 0.0):.0%} at baseline): not blamed on the subject; re-run"
+        )
+    return None
+
+
+def blame_machine(comparisons: list[Comparison], why: str | None) -> list[Comparison]:
+    """A slowdown the machine explains (``machine_blame``) says nothing about the subject:
+    REGRESSION becomes MACHINE_SLOWER."""
+    if why is None:
+        return comparisons
+    return [
+        dataclasses.replace(c, verdict=Verdict.MACHINE_SLOWER, reason=why) if c.verdict is Verdict.REGRESSION else c
+        for c in comparisons
+    ]
+
+
+def judge(
+    entries: Mapping[str, Mapping[str, Any]] | None,
+    hardware_key: str,
+    candidate: Mapping[str, Any],
+    settings: CompareSettings,
+) -> BaselineVerdict:
+    """Find this hardware's entry among a test's baselines and compare, or say why not."""
+    if not entries:
+        return BaselineVerdict("no-baseline", "no baseline: run with --llmperf-update-baselines")
+    baseline = entries.get(hardware_key)
+    if baseline is None:
+        return BaselineVerdict("other-hardware", other_hardware_note(entries, hardware_key, candidate))
+    changed = same_workload(baseline, candidate)
+    if changed:
+        return BaselineVerdict(
+            "workload-changed",
+            f"not comparable: the workload changed since the baseline ({', '.join(changed)}); "
+            "re-record with --llmperf-update-baselines",
+        )
+    changes = tuple(subject_changes(baseline.get("subject", {}), candidate.get("subject", {})))
+    machine = reference.slowdown(baseline.get("reference"), candidate.get("reference"))
+    steal = (steal_share(baseline), steal_share(candidate))
+    switches = tuple(_machine_figure(r, "involuntary_switches_per_run") for r in (baseline, candidate))
+    note = ""
+    if steal[0] is not None and steal[0] >= STEAL_MACHINE_SHARE:
+        note = (
+            f"the baseline was recorded while the hypervisor took {steal[0]:.0%} of the CPU time (steal): "
+            "it may be too slow to catch a regression; re-record it with --llmperf-update-baselines"
+        )
+    why = machine_blame(steal, switches)
+    return BaselineVerdict(
+        "compared",
+        note=note,
+        machine=why or "",
+        comparisons=tuple(blame_machine(compare_records(baseline, candidate, settings), why)),
+        changes=changes,
+        layer_changes=compare_layers(baseline, candidate, alpha=settings.alpha, threshold=settings.threshold),
+        machine_ratio=machine,
+    )
+
+
+def session_holm(results: list[dict[str, Any]]) -> None:
+    """Holm over every judged comparison of a finished session (the results' verdict dicts,
+    adjusted in place), so the "p (Holm)" reported equals Holm over all the session's
+    p-values. Verdicts stay as decided during the session: each was decided against an upper
+    bound of this adjustment (unseen comparisons counted as p = 1)."""
+    judged = [
+        c
+        for r in results
+        for c in ((r.get("verdict") or {}).get("comparisons") or [])
+        if c.get("mirror_of") is None and c.get("p_value") is not None
+    ]
+    if not judged:
+        return
+    worse = holm([c["p_value"] for c in judged])
+    better = holm([c["p_value_better"] if c.get("p_value_better") is not None else 1.0 for c in judged])
+    for c, pw, pb in zip(judged, worse, better):
+        c["p_adjusted"], c["p_adjusted_better"] = pw, pb
+    for r in results:
+        comps = (r.get("verdict") or {}).get("comparisons") or []
+        by_metric = {c["metric"]: c for c in comps if c.get("mirror_of") is None}
+        for c in comps:
+            source = by_metric.get(c.get("mirror_of"))
+            if source is not None:
+                c["p_adjusted"], c["p_adjusted_better"] = source.get("p_adjusted"), source.get("p_adjusted_better")
+
+
+def suite_check(results: list[dict[str, Any]], settings: CompareSettings) -> list[str]:
+    """The session-end suite-relative check (``compare.suite_relative``) over the results'
+    verdict dicts, updated in place; returns the failure line of each new REGRESSION."""
+    if not settings.suite_check:
+        return []
+    compared = [r for r in results if (r.get("verdict") or {}).get("status") == "compared"]
+    before = [[Comparison.from_dict(c) for c in r["verdict"]["comparisons"]] for r in compared]
+    after = suite_relative(before, alpha=settings.alpha_suite)
+    lines = []
+    for r, old, new in zip(compared, before, after):
+        if old == new:
+            continue
+        new = blame_machine(new, r["verdict"].get("machine") or None)  # a busy machine during this test's runs
+        v = r["verdict"]
+        v["comparisons"] = [c.as_dict() for c in new]
+        fresh = [c.line() + (f"; {', '.join(v.get('changes') or [])}" if v.get("changes") else "")
+                 for o, c in zip(old, new) if c.verdict is Verdict.REGRESSION and o.verdict is not Verdict.REGRESSION
+                 and c.mirror_of is None]
+        v["failures"] = list(v.get("failures") or []) + fresh
+        phases = sorted({c.phase for c in new if c.verdict is Verdict.REGRESSION})
+        v["short"] = "REGRESSION " + "+".join(phases) if phases else Verdict.MACHINE_SLOWER.value
+        lines += [f"{r.get('test', '?')}: {line}" for line in fresh]
+    return lines

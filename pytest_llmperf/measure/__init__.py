@@ -1,0 +1,1 @@
+"""Traces -> metrics: runs, per-layer timing, roofline, stability, served load."""

@@ -1,0 +1,314 @@
+"""Per-layer timing through llama.cpp's eval callback (``cb_eval``).
+
+llama.cpp's scheduler asks the callback about every graph node; answering yes only for each
+layer's output (``l_out-N``) and the output head (``result_output``) makes it compute the graph
+up to that node, synchronize and call back, so one clock read per layer splits each step into
+per-layer segments. The first segment runs from the ``llama_decode`` call to ``l_out-0`` (token
+embedding + layer 0), the last from the last layer's output to ``result_output`` (final norm +
+output projection). Splitting the graph costs time of its own, so this runs on a second context
+made for it, never inside a plain measurement, and says what it cost (``overhead_ratio``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..core.errors import EngineError
+from ..core.numbers import sig6
+from ..core.workload import Workload
+
+#: Outlier rule: a layer slower than median + OUTLIER_MAD_FACTOR x MAD of the layers (and
+#: at least OUTLIER_MIN_EXCESS above the median, so a model of identical layers with a tiny MAD
+#: does not flag noise).
+OUTLIER_MAD_FACTOR = 5.0
+OUTLIER_MIN_EXCESS = 0.25
+OUTLIER_RULE = (
+    f"median + {OUTLIER_MAD_FACTOR:g} x MAD of layers 1..N-1 (and > {1 + OUTLIER_MIN_EXCESS:g} x median); "
+    "the first segment (embedding, step setup) and the output head are reported apart"
+)
+
+HEAD_NAME = "output"
+
+
+@dataclass(frozen=True)
+class PhaseLayers:
+    """Per-segment medians of one phase (prefill or decode) over the instrumented runs.
+
+    ``names``: "embd+layer 0", "layer 1", ..., "output"; ``median_ms`` per segment (per step
+    for decode); ``step_ms``: median instrumented step (``llama_decode`` call to return);
+    ``per_run_ms``: per run, each segment's median (the sampling unit for comparisons).
+    """
+
+    phase: str
+    names: tuple[str, ...]
+    median_ms: tuple[float, ...]
+    step_ms: float
+    n_runs: int
+    n_steps: int
+    per_run_ms: tuple[tuple[float, ...], ...]
+    outliers: tuple[str, ...]
+    coverage: float  # median over steps of (sum of the step's segments / its step time)
+
+    @property
+    def share(self) -> tuple[float, ...]:
+        total = sum(self.median_ms)
+        return tuple(v / total if total else 0.0 for v in self.median_ms)
+
+    @property
+    def sum_ms(self) -> float:
+        return float(sum(self.median_ms))
+
+    @property
+    def n_layers(self) -> int:
+        """Transformer blocks reported (the head is not one)."""
+        return sum(1 for n in self.names if n != HEAD_NAME)
+
+
+@dataclass(frozen=True)
+class LayerProfile:
+    """Both phases, plus what the instrumentation cost against the plain engine."""
+
+    prefill: PhaseLayers
+    decode: PhaseLayers
+    tpot_ms: float  # instrumented runs, median
+    plain_prefill_ms: float | None  # interleaved plain runs, medians
+    plain_tpot_ms: float | None
+
+    @property
+    def prefill_overhead_ratio(self) -> float | None:
+        return self.prefill.step_ms / self.plain_prefill_ms if self.plain_prefill_ms else None
+
+    @property
+    def decode_overhead_ratio(self) -> float | None:
+        return self.tpot_ms / self.plain_tpot_ms if self.plain_tpot_ms else None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The record's ``layers`` entry (baselines, session reports)."""
+
+        def phase(p: PhaseLayers) -> dict[str, Any]:
+            return {
+                "names": list(p.names),
+                "median_ms": [sig6(v) for v in p.median_ms],
+                "share": [sig6(v) for v in p.share],
+                "step_ms": sig6(p.step_ms),
+                "n_runs": p.n_runs,
+                "n_steps": p.n_steps,
+                "per_run_ms": [[sig6(v) for v in run] for run in p.per_run_ms],
+                "outliers": list(p.outliers),
+                "coverage": sig6(p.coverage),
+            }
+
+        return {
+            "phases": {"prefill": phase(self.prefill), "decode": phase(self.decode)},
+            "outlier_rule": OUTLIER_RULE,
+            "overhead_ratio": sig6(self.decode_overhead_ratio),
+            "prefill_overhead_ratio": sig6(self.prefill_overhead_ratio),
+        }
+
+
+def outlier_layers(names: Sequence[str], median_ms: Sequence[float]) -> tuple[str, ...]:
+    """Blocks beyond the robust rule. The first segment also carries the token embedding and
+    the step's setup, and the head is no block: both would skew or trip the rule, so they are
+    left out of it (and shown apart in every report)."""
+    values = np.asarray(median_ms, dtype=float)
+    blocks = [i for i, n in enumerate(names) if n.startswith("layer ")]
+    if len(blocks) < 3:
+        return ()
+    v = values[blocks]
+    med = float(np.median(v))
+    mad = float(np.median(np.abs(v - med)))
+    limit = max(med + OUTLIER_MAD_FACTOR * mad, med * (1 + OUTLIER_MIN_EXCESS))
+    return tuple(names[i] for i in blocks if values[i] > limit)
+
+
+def _ggml_get_name(lib_module: Any) -> Any:
+    """``ggml_get_name`` from the libggml-base shipped inside llama_cpp/lib."""
+    lib_dir = os.path.join(os.path.dirname(lib_module.__file__), "lib")
+    for name in ("libggml-base.so", "libggml-base.dylib", "ggml-base.dll"):
+        path = os.path.join(lib_dir, name)
+        if os.path.exists(path):
+            fn = ctypes.CDLL(path).ggml_get_name
+            fn.restype = ctypes.c_char_p
+            fn.argtypes = [ctypes.c_void_p]
+            return fn
+    raise EngineError(f"per-layer timing needs libggml-base from llama-cpp-python; not found in {lib_dir}")
+
+
+#: One llama_decode call: (start ns, [(node name, ns)...], end ns after synchronize).
+Step = tuple[int, list[tuple[bytes, int]], int]
+
+
+class LayerTimer:
+    """A second llama.cpp context on the engine's model, with the eval callback installed,
+    through the engine's layer-timing API (``supports_layer_timing``).
+
+    ``run()`` returns, per step, the clock reads taken at each layer output; the plain engine
+    stays untouched (its context has no callback). Decode is driven as the engine's ``run``
+    drives it: the same seeded tokens fed without sampling, or greedy sampling inside the loop
+    when the engine samples, so the overhead ratio compares like with like.
+    """
+
+    def __init__(self, engine: Any, workload: Workload) -> None:
+        lib = engine.lib
+        self._lib = lib
+        self._engine = engine
+        self._workload = workload
+        get_name = _ggml_get_name(lib)
+        self._events: list[tuple[bytes, int]] = []
+        events_append = self._events.append
+        clock = time.perf_counter_ns
+
+        def callback(tensor: int, ask: bool, _user: int) -> bool:
+            name = get_name(tensor)
+            if ask:
+                return name.startswith(b"l_out-") or name == b"result_output"
+            events_append((name, clock()))
+            return True
+
+        self._callback = lib.ggml_backend_sched_eval_callback(callback)  # kept referenced
+        self._prompt_ids = engine.prompt_ids(workload)
+        self._feed = engine.decode_feed(workload)
+        self._ctx = engine.instrumented_context(self._callback, len(self._prompt_ids) + workload.max_tokens)
+        self._sampler = engine.make_sampler() if self._feed is None else None
+
+    def close(self) -> None:
+        if self._sampler is not None:
+            self._lib.llama_sampler_free(self._sampler)
+            self._sampler = None
+        if self._ctx:
+            self._lib.llama_free(self._ctx)
+            self._ctx = None
+
+    def run(self) -> tuple[list[Step], list[Step], float]:
+        """One run: prefill [(start, events, end)], decode steps [(start, events, end)...] and
+        the run's TPOT (ms, token to token as the plain engine measures it)."""
+        from ..engines.llama_cpp import split_prompt
+
+        lib, engine, workload, prompt_ids = self._lib, self._engine, self._workload, self._prompt_ids
+        arrays = [(lib.llama_token * n)(*prompt_ids[s : s + n]) for s, n in split_prompt(len(prompt_ids), engine.n_batch)]
+        batches = [lib.llama_batch_get_one(a, len(a)) for a in arrays]
+        one = (lib.llama_token * 1)()
+        batch_one = lib.llama_batch_get_one(one, 1)
+        feed = self._feed
+        lib.llama_memory_clear(lib.llama_get_memory(self._ctx), True)
+        if self._sampler is not None:
+            lib.llama_sampler_reset(self._sampler)
+        clock, events, ctx, sampler = time.perf_counter_ns, self._events, self._ctx, self._sampler
+        events.clear()
+
+        start = clock()
+        for batch in batches:
+            if lib.llama_decode(ctx, batch) != 0:
+                raise EngineError("llama_decode failed on the prompt in the instrumented context")
+        lib.llama_synchronize(ctx)
+        end = clock()
+        prefill = [(start, list(events), end)]
+        decode_steps = []
+        if sampler is not None:
+            token = lib.llama_sampler_sample(sampler, ctx, -1)
+            token_ns = [clock()]
+        else:
+            token_ns = [end]  # the first token's logits are ready
+        for i in range(1, workload.max_tokens):
+            one[0] = token if feed is None else feed[i - 1]
+            events.clear()
+            start = clock()
+            if lib.llama_decode(ctx, batch_one) != 0:
+                raise EngineError("llama_decode failed in the instrumented context")
+            lib.llama_synchronize(ctx)
+            end = clock()
+            decode_steps.append((start, list(events), end))
+            if sampler is not None:
+                token = lib.llama_sampler_sample(sampler, ctx, -1)
+                token_ns.append(clock())
+            else:
+                token_ns.append(end)
+        tpot_ms = (token_ns[-1] - token_ns[0]) / 1e6 / (len(token_ns) - 1)
+        return prefill, decode_steps, tpot_ms
+
+
+def segments(start_ns: int, events: Sequence[tuple[bytes, int]], n_layer: int) -> tuple[list[float], float]:
+    """Per-segment ms of one step (repeated ubatches summed) and the step's last event time.
+
+    Segment 0 runs from the step start to ``l_out-0``; segment i from ``l_out-(i-1)`` to
+    ``l_out-i``; the head from the last layer output to ``result_output``.
+    """
+    seg = [0.0] * (n_layer + 1)
+    prev = start_ns
+    for name, t in events:
+        if name == b"result_output":
+            seg[n_layer] += (t - prev) / 1e6
+        else:
+            seg[int(name[6:])] += (t - prev) / 1e6
+        prev = t
+    return seg, prev
+
+
+def _phase(phase: str, runs: list[list[tuple[int, list[tuple[bytes, int]], int]]], n_layer: int) -> PhaseLayers:
+    names = tuple(["embd+layer 0"] + [f"layer {i}" for i in range(1, n_layer)] + [HEAD_NAME])
+    per_run, steps_ms, all_steps = [], [], []
+    for steps in runs:
+        segs = np.array([segments(s, ev, n_layer)[0] for s, ev, _ in steps])
+        per_run.append(tuple(float(v) for v in np.median(segs, axis=0)))
+        all_steps.append(segs)
+        steps_ms.extend((end - s) / 1e6 for s, _, end in steps)
+    coverage = float(np.median(np.concatenate(all_steps).sum(axis=1) / np.asarray(steps_ms)))
+    stacked = np.concatenate(all_steps)
+    median_ms = tuple(float(v) for v in np.median(stacked, axis=0))
+    return PhaseLayers(
+        phase=phase,
+        names=names,
+        median_ms=median_ms,
+        step_ms=float(np.median(steps_ms)),
+        n_runs=len(runs),
+        n_steps=len(stacked),
+        per_run_ms=tuple(per_run),
+        outliers=outlier_layers(names, median_ms),
+        coverage=coverage,
+    )
+
+
+def profile_layers(engine: Any, workload: Workload) -> LayerProfile:
+    """Time every layer over ``workload.runs`` runs after ``workload.warmup`` warm-up runs.
+
+    Each instrumented run is paired with a plain run of the same workload on the engine's own
+    context, interleaved, so the overhead ratio (instrumented / plain step time, medians) is
+    not skewed by drift between two blocks of runs.
+    """
+    from .metrics import RunMetrics
+
+    n_layer = engine.info().n_layer
+    timer = LayerTimer(engine, workload)
+    try:
+        for i in range(max(workload.warmup, 1)):
+            timer.run()
+            engine.run(workload, -1 - i)
+        prefill_runs, decode_runs, tpots, plain = [], [], [], []
+        for i in range(workload.runs):
+            prefill, decode, tpot_ms = timer.run()
+            tpots.append(tpot_ms)
+            for steps in (prefill, decode):
+                for _, ev, _ in steps:
+                    if not ev or ev[-1][0] != b"result_output":
+                        raise EngineError(
+                            "per-layer timing saw no output-head event; this llama.cpp build names its graph nodes differently"
+                        )
+            prefill_runs.append(prefill)
+            decode_runs.append(decode)
+            plain.append(RunMetrics.of(engine.run(workload, i)))
+    finally:
+        timer.close()
+    prefills = [r.prefill_ms for r in plain if r.prefill_ms is not None]
+    return LayerProfile(
+        prefill=_phase("prefill", prefill_runs, n_layer),
+        decode=_phase("decode", decode_runs, n_layer),
+        tpot_ms=float(np.median(tpots)),
+        plain_prefill_ms=float(np.median(prefills)) if prefills else None,
+        plain_tpot_ms=float(np.median([r.tpot_ms for r in plain])),
+    )

@@ -1,0 +1,1 @@
+"""The embedded synthetic model and facts read from GGUF files."""

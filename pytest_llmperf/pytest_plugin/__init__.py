@@ -1,0 +1,1 @@
+"""The pytest wiring: hooks, the llmperf fixture and marker, options."""

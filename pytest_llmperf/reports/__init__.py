@@ -1,0 +1,1 @@
+"""Text, Markdown, JSON and HTML renderings of results."""

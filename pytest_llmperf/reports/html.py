@@ -1,0 +1,371 @@
+"""One self-contained HTML file from a session's results: summary, tables, inline SVG figures.
+
+Nothing is fetched at view time: styles sit in one ``<style>`` element and every figure is
+inline SVG whose ids are prefixed per figure (many SVGs share one document). Verdicts carry
+a word and a symbol besides their colour. Input is the session report's plain dicts, so the
+plugin (``--llmperf-html``) and ``llmperf report`` produce the same page.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import subprocess
+import sys
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from . import figures
+from ..core.numbers import fmt
+from ..core.catalog import BUDGETS, is_ceiling
+from .session_file import COMPARISON_HEADERS, metric_label
+
+#: verdict word -> (css class, symbol); the word is always printed next to the colour.
+STATES = {
+    "REGRESSION": ("bad", "\u25b2"),
+    "OVER BUDGET": ("bad", "\u25b2"),
+    "error": ("bad", "\u2716"),
+    "MACHINE_SLOWER": ("warn", "\u223c"),
+    "INCONCLUSIVE": ("warn", "?"),
+    "IMPROVED": ("good", "\u25bc"),
+    "UNCHANGED": ("same", "="),
+    "ok": ("good", "\u2713"),
+}
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;margin:0;color:#1d1d1f;background:#fafafa}
+main{max-width:1180px;margin:0 auto;padding:16px 24px 48px}
+h1{font-size:22px;margin:8px 0 4px}h2{font-size:17px;margin:0 0 6px;word-break:break-all}h3{font-size:14px;margin:14px 0 6px}
+section{background:#fff;border:1px solid #ddd;border-radius:6px;padding:14px 16px;margin:14px 0}
+table{border-collapse:collapse;font-size:12.5px;margin:4px 0 8px}
+th,td{padding:3px 8px;border-bottom:1px solid #eee;text-align:right;white-space:nowrap}
+th{background:#f3f3f3}td:first-child,th:first-child{text-align:left;white-space:normal}
+.badge{display:inline-block;padding:1px 7px;border-radius:10px;font-weight:600;font-size:12px;border:1px solid}
+.bad{background:#fde2e0;color:#8e1b10;border-color:#e9a39b}.warn{background:#fff1d6;color:#7a4b00;border-color:#e8c27a}
+.good{background:#e0f3e4;color:#155d27;border-color:#9fd1ab}.same{background:#eceff3;color:#3b4350;border-color:#c6ccd5}
+.plots{display:grid;grid-template-columns:repeat(auto-fit,minmax(480px,1fr));gap:10px}
+figure[data-figure="layer-bars"]{grid-column:1/-1}
+figure{margin:0;border:1px solid #eee;border-radius:4px;padding:4px;background:#fff}
+figure svg{width:100%;height:auto;display:block}figcaption{font-size:11.5px;color:#555;padding:2px 4px}
+.notes{font-size:12.5px;color:#444;margin:4px 0}.notes li{margin:2px 0}
+dl{display:grid;grid-template-columns:max-content 1fr;gap:2px 12px;font-size:12.5px;margin:4px 0}dt{color:#666}dd{margin:0}
+code{font-size:12px}a{color:#1f5fbf}
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def state_of(result: Mapping[str, Any]) -> str:
+    """One word for a test: REGRESSION, OVER BUDGET, then the baseline verdict's word."""
+    verdict = result.get("verdict") or {}
+    if verdict.get("failures"):
+        return "REGRESSION"
+    if result.get("budget") == "FAIL":
+        return "OVER BUDGET"
+    short = verdict.get("short") or "not compared"
+    return short.split()[0] if short.split()[0] in STATES else short
+
+
+def badge(word: str, text: str | None = None) -> str:
+    css, symbol = STATES.get(word, STATES.get(word.split()[0], ("same", "\u00b7")))
+    return f'<span class="badge {css}">{symbol} {_e(text or word)}</span>'
+
+
+def test_badge(result: Mapping[str, Any]) -> str:
+    """The test's word, with the verdict's detail when it has one (``REGRESSION decode``)."""
+    word = state_of(result)
+    short = (result.get("verdict") or {}).get("short") or ""
+    return badge(word, short if short.startswith(word) or word not in ("REGRESSION", "OVER BUDGET") else word)
+
+
+def _scope_ids(svg: str, prefix: str) -> str:
+    """Prefix every id (and reference to it) so inline SVGs cannot collide in one page."""
+    ids = set(re.findall(r'\bid="([^"]+)"', svg))
+    if not ids:
+        return svg
+    names = "|".join(re.escape(i) for i in sorted(ids, key=len, reverse=True))
+    pattern = re.compile(r'(\bid="|#)(' + names + r')(?=["\)])')
+    return pattern.sub(lambda m: f"{m.group(1)}{prefix}{m.group(2)}", svg)
+
+
+def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], raw: bool = False) -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{c if raw else _e(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def budget_value(record: Mapping[str, Any], key: str) -> float | None:
+    """The statistic a budget key bounds, recomputed from the record (None: not in records)."""
+    budget = BUDGETS.get(key)
+    return None if budget is None else budget.from_record(record)
+
+
+def _budget_rows(result: Mapping[str, Any]) -> list[list[str]]:
+    rows = []
+    for key, limit in sorted((result.get("budgets") or {}).items()):
+        value = budget_value(result["record"], key)
+        floor = key in BUDGETS and not is_ceiling(key)
+        ok = value is not None and (value >= limit if floor else value <= limit)
+        rows.append([_e(key), ("&ge; " if floor else "&le; ") + _e(fmt(limit)),
+                     "n/a" if value is None else _e(fmt(value)),
+                     badge("ok") if ok else (badge("OVER BUDGET", "FAIL") if value is not None else "not in record")])
+    return rows
+
+
+def _comparison_rows(verdict: Mapping[str, Any]) -> list[list[str]]:
+    rows = []
+    for c in verdict.get("comparisons", []):
+        ci = (f"{(c['ci_low'] - 1) * 100:+.1f}..{(c['ci_high'] - 1) * 100:+.1f}%"
+              if c.get("ci_low") is not None and c.get("ci_high") is not None else "n/a")
+        p = c.get("p_adjusted") if c.get("p_adjusted") is not None else c.get("p_value")
+        rows.append([
+            _e(metric_label(c)), _e(fmt(c["baseline_value"])), _e(fmt(c["candidate_value"])),
+            _e(f"{(c['ratio'] - 1) * 100:+.1f}%"), _e(ci), "n/a" if p is None else _e(f"{p:.3g}"),
+            f'<span title="{_e(c.get("reason", ""))}">{badge(c["verdict"])}</span>',
+        ])
+    return rows
+
+
+def _now_rows(record: Mapping[str, Any]) -> list[list[str]]:
+    s = record.get("summary", {})
+    names = (("TTFT median", "ttft_ms", "ms"), ("prefill TPS median", "prefill_tps", "t/s"),
+             ("decode TPOT median", "tpot_ms", "ms"), ("decode TPS median", "decode_tps", "t/s"),
+             ("ITL p50", "itl_p50_ms", "ms"), ("ITL p95", "itl_p95_ms", "ms"), ("ITL p99", "itl_p99_ms", "ms"))
+    return [[label, unit, "n/a" if s.get(k) is None else fmt(s[k])] for label, k, unit in names]
+
+
+def _env(record: Mapping[str, Any]) -> str:
+    hw, subj = record.get("hardware", {}), record.get("subject", {})
+    items = [("hardware", ", ".join(f"{k} {v}" for k, v in sorted(hw.items()) if v is not None)),
+             ("subject", ", ".join(f"{k} {v}" for k, v in sorted(subj.items()) if v is not None)),
+             ("commit", record.get("commit") or "unknown"), ("recorded at", record.get("recorded_at", "?"))]
+    return "<dl>" + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in items) + "</dl>"
+
+
+def _figure_html(fig_id: str, caption: str, svg: str, prefix: str) -> str:
+    return (f'<figure class="plot" data-figure="{fig_id}">{_scope_ids(svg, prefix)}'
+            f"<figcaption>{_e(caption)}</figcaption></figure>")
+
+
+def test_section(index: int, result: Mapping[str, Any]) -> str:
+    record = result["record"]
+    baseline = result.get("baseline_record")
+    verdict = result.get("verdict") or {}
+    budgets = result.get("budgets") or {}
+    word = state_of(result)
+    parts = [f'<section class="test" id="test-{index}" data-test="{_e(result["test"])}" data-state="{_e(word)}">',
+             f"<h2>{_e(result['test'])} {test_badge(result)}</h2>"]
+    w = record.get("workload", {})
+    parts.append(f'<p class="notes">{_e(w.get("prompt_tokens", "?"))} prompt tokens, {_e(w.get("max_tokens", "?"))} '
+                 f'generated per run, {_e(record.get("summary", {}).get("n_runs", "?"))} runs; '
+                 f'baseline: {"compared" if baseline else _e(verdict.get("status", "not compared"))}</p>')
+    notes = list(verdict.get("failures") or [])
+    if verdict.get("note"):
+        notes.append(verdict["note"])
+    if verdict.get("changes"):
+        notes.append("changed since the baseline: " + ", ".join(verdict["changes"]))
+    notes += list((record.get("stability") or {}).get("warnings") or [])
+    if notes:
+        parts.append('<ul class="notes">' + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
+    rows = _comparison_rows(verdict)
+    if rows:
+        parts.append(_table(COMPARISON_HEADERS[1:], rows, raw=True))
+    else:
+        parts.append(_table(("metric", "unit", "now"), _now_rows(record)))
+    budget_rows = _budget_rows(result)
+    if budget_rows:
+        parts.append(_table(("budget", "limit", "measured", "status"), budget_rows, raw=True))
+    plots = []
+    for n, (fig_id, caption, fn) in enumerate(figures.figures_for(record)):
+        svg = figures.render(fn, record, baseline, budgets)
+        if fig_id == "layer-bars" and record["layers"].get("outlier_rule"):
+            caption += f"; outlier layers in red: {record['layers']['outlier_rule']}"
+        plots.append(_figure_html(fig_id, caption, svg, f"t{index}f{n}-"))
+    if result.get("trend"):  # the history's recent sessions (history/trends.attach)
+        from .trend_figure import trend_figure
+
+        plots.append(_figure_html("trend", "Recent trend: level per session with its 95% CI (the last is this "
+                                  "session); dashed: change points", figures.render(trend_figure, result["trend"]),
+                                  f"t{index}tr-"))
+    parts.append('<div class="plots">' + "".join(plots) + "</div></section>")
+    return "\n".join(parts)
+
+
+def summary_section(results: Sequence[Mapping[str, Any]], created_at: str | None) -> str:
+    states = Counter(state_of(r) for r in results)
+    order = list(STATES)  # the worst first
+    ranked = sorted(states.items(), key=lambda item: (order.index(item[0]) if item[0] in order else len(order), item[0]))
+    counts = " ".join(badge(word, f"{n} {word}") for word, n in ranked)
+    rows = []
+    for i, r in enumerate(results):
+        s = r["record"].get("summary", {})
+        verdict = r.get("verdict") or {}
+        cells = ["n/a" if s.get(k) is None else _e(fmt(s[k])) for k in ("ttft_ms", "decode_tps", "itl_p95_ms")]
+        rows.append([f'<a href="#test-{i}">{_e(r["test"])}</a>', test_badge(r), _e(r.get("budget", "-")), *cells,
+                     _e(", ".join(verdict.get("changes") or [])) or "-"])
+    changes = Counter(c for r in results for c in ((r.get("verdict") or {}).get("changes") or []))
+    changed = (
+        "<ul class='notes'>" + "".join(f"<li>{_e(c)} ({n} test(s))</li>" for c, n in changes.most_common()) + "</ul>"
+        if changes else "<p class='notes'>nothing, or no test was compared with a baseline</p>"
+    )
+    parts = ['<section id="summary">', "<h2>Summary</h2>",
+             f"<p>{len(results)} measurement(s){' at ' + _e(created_at) if created_at else ''}: {counts}</p>",
+             _table(("test", "verdict", "budget", "TTFT ms", "decode t/s", "ITL p95 ms", "changed since the baseline"),
+                    rows, raw=True),
+             "<h3>Changed in the subject since the baseline</h3>", changed,
+             "<h3>Environment (first measurement)</h3>", _env(results[0]["record"]) if results else ""]
+    from .load_figure import section as load_curve
+
+    curve = load_curve(results)
+    if curve:
+        parts.append(_figure_html("load-curve", "Served load: throughput against per-request latency, one point per "
+                                  "load level (label: concurrency)", curve, "load-"))
+    overview = key_figure(results)
+    if overview:
+        parts.append(_figure_html("change-overview", "Largest changes with 95% CI (colour and label: verdict)",
+                                  overview, "summary-"))
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def key_figure(results: Sequence[Mapping[str, Any]]) -> str | None:
+    """The session at a glance (the Markdown summary's figure); None without comparisons."""
+    if not any((r.get("verdict") or {}).get("comparisons") for r in results):
+        return None
+    return figures.render(figures.change_overview, results)
+
+
+#: From this many tests on, sections are drawn in worker processes (matplotlib is single-threaded).
+PARALLEL_FROM = 16
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def test_sections(results: Sequence[Mapping[str, Any]], workers: int | None = None) -> list[str]:
+    """Every test's section, in order. Big reports are split among fresh ``python -m
+    pytest_llmperf.reports.html`` processes (JSON in, sections out): nothing of the session's
+    process (llama.cpp threads) is forked, and no caller needs a ``__main__`` guard as
+    multiprocessing's spawn would. A chunk whose worker fails is drawn here instead."""
+    workers = min(usable_cpus(), 8, len(results)) if workers is None else min(workers, len(results))
+    if workers <= 1 or len(results) < PARALLEL_FROM:
+        return [test_section(i, r) for i, r in enumerate(results)]
+    bounds = [round(len(results) * k / workers) for k in range(workers + 1)]
+    chunks = [(lo, list(results[lo:hi])) for lo, hi in zip(bounds, bounds[1:])]
+    # This process draws the first chunk itself (matplotlib is loaded here already).
+
+    def draw(chunk: tuple[int, list[Mapping[str, Any]]]) -> list[str]:
+        start, part = chunk
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", __name__, "--worker"], input=json.dumps({"start": start, "results": part}),
+                capture_output=True, text=True, check=True,
+            )
+            sections = json.loads(proc.stdout)
+            if isinstance(sections, list) and len(sections) == len(part):
+                return sections
+        except (OSError, subprocess.CalledProcessError, ValueError):
+            pass
+        return [test_section(start + i, r) for i, r in enumerate(part)]
+
+    with ThreadPoolExecutor(workers - 1) as pool:
+        others = pool.map(draw, chunks[1:])
+        first = [test_section(chunks[0][0] + i, r) for i, r in enumerate(chunks[0][1])]
+        return first + [section for sections in others for section in sections]
+
+
+def render_html(
+    results: Sequence[Mapping[str, Any]], created_at: str | None = None, workers: int | None = None
+) -> str:
+    """The whole page; ``workers``: processes drawing figures (default: usable CPUs, max 8)."""
+    figures.require_matplotlib()
+    body = [summary_section(results, created_at)] + test_sections(results, workers)
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        "<title>pytest-llmperf report</title>"
+        f"<style>{CSS}</style></head><body><main><h1>pytest-llmperf report</h1>\n"
+        + "\n".join(body)
+        + "\n</main></body></html>\n"
+    )
+
+
+def write_html(path: Path, results: Sequence[Mapping[str, Any]], created_at: str | None = None) -> Path:
+    """Render and write atomically (a reader never sees half a page)."""
+    from ..baselines.store import atomic_write
+
+    atomic_write(Path(path), render_html(results, created_at))
+    return Path(path)
+
+
+def markdown_lines(html_path: Path | None, md_path: Path | None, results: Sequence[Mapping[str, Any]]) -> list[str]:
+    """What the Markdown summary says about the HTML report: a link relative to the Markdown
+    file and the key figure embedded as an SVG file next to it (Markdown cannot inline SVG).
+    Without a Markdown file (e.g. $GITHUB_STEP_SUMMARY, which shows no local files) only the
+    path is named."""
+    if html_path is None:
+        return []
+    if md_path is None:
+        return [f"Plots: HTML report `{html_path}` (keep it as a CI artifact)."]
+    base = Path(md_path).resolve().parent
+    lines = [f"Plots: [HTML report]({Path(os.path.relpath(Path(html_path).resolve(), base)).as_posix()})"]
+    svg = key_figure(results)
+    if svg:
+        from ..baselines.store import atomic_write
+
+        figure = Path(md_path).with_suffix(".svg")
+        atomic_write(figure, '<?xml version="1.0" encoding="utf-8"?>\n' + svg)
+        lines.append(f"![Compared metrics, most notable first]({figure.name})")
+    return lines
+
+
+def _worker() -> None:
+    """``python -m pytest_llmperf.reports.html --worker``: {"start", "results"} on stdin, the
+    sections as a JSON list on stdout."""
+    job = json.load(sys.stdin)
+    json.dump([test_section(job["start"] + i, r) for i, r in enumerate(job["results"])], sys.stdout)
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--worker"]:
+    _worker()
+
+
+def history_page(series: Sequence[Any]) -> str:
+    """``llmperf history --html``: per test and hardware, the trend plots and the tables."""
+    from ..history.detect import steps
+    from ..history.trends import metric_order, table, title, trend_data
+    from .trend_figure import trend_figure
+
+    groups: dict[tuple[str, str], list[Any]] = {}
+    for s in sorted(series, key=metric_order):
+        groups.setdefault((s.name, s.hardware_key), []).append(s)
+    body = []
+    for n, ((name, hw), members) in enumerate(groups.items()):
+        found = {id(s): steps(s) for s in members}
+        svg = figures.render(trend_figure, [trend_data(s, found[id(s)]) for s in members])
+        lines = [step.line() for s in members for step in found[id(s)]]
+        body.append(
+            f'<section class="test" data-test="{html.escape(name)}"><h2>{html.escape(name)}</h2>'
+            f'<p class="notes">{html.escape(hw)}; {len(members[0].points)} session(s)</p>'
+            f'<figure class="plot" data-figure="trend">{_scope_ids(svg, f"h{n}-")}<figcaption>'
+            "Level per session with its 95% CI; dashed: change points (E-divisive, permutation test), "
+            "labelled with the step and the subject change that coincides</figcaption></figure>"
+            + ("<ul class='notes'>" + "".join(f"<li>{html.escape(x)}</li>" for x in lines) + "</ul>" if lines else "")
+            + "".join(f"<pre>{html.escape(title(s))}\n{html.escape(table(s, found[id(s)]))}</pre>" for s in members)
+            + "</section>"
+        )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>pytest-llmperf history</title>'
+        f"<style>{CSS}</style></head><body><main><h1>pytest-llmperf history</h1>\n" + "\n".join(body)
+        + "\n</main></body></html>\n"
+    )

@@ -1,0 +1,170 @@
+"""The whole breakdown of one model in one report: ``llmperf profile`` without the CLI.
+
+Plain runs first (the figures), then the instrumented per-layer runs (they perturb timing, so
+never mixed with the plain ones), the roofline against the machine's peaks, stability notes
+and memory. The report is a JSON-ready dict whose fields are fixed by
+``schemas/profile.schema.json``; the text and Markdown renderings are made from it.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable
+
+from . import breakdown
+from ..core.numbers import fmt
+
+PROFILE_SCHEMA = "pytest-llmperf/profile"
+PROFILE_SCHEMA_VERSION = 1
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of the report (documented fields)."""
+    text = resources.files("pytest_llmperf").joinpath("schemas/profile.schema.json").read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+def resolve_model(model: str | None) -> tuple[Path, str]:
+    """(GGUF path, display name): a preset name (or nothing: the embedded default) is written once."""
+    from ..engines.llama_cpp import check_gguf
+    from ..core.settings import DEFAULT_MODEL
+    from ..models.synthetic import PRESETS, ensure_model
+
+    name = model or DEFAULT_MODEL
+    if name in PRESETS and not Path(name).exists():
+        return ensure_model(name), f"synthetic-{name}"
+    path = check_gguf(name)
+    return path, path.stem
+
+
+def profile(
+    model: str | None = None,
+    *,
+    prompt_tokens: int = 128,
+    max_tokens: int = 64,
+    runs: int = 10,
+    warmup: int = 1,
+    threads: int | None = None,
+    n_gpu_layers: int = 0,
+    n_ctx: int | None = None,
+    n_batch: int = 512,
+    peak_bw_gbs: float | None = None,
+    peak_tflops: float | None = None,
+    reprobe_peaks: bool = False,
+    progress: Callable[[str], None] = lambda step: None,
+) -> dict[str, Any]:
+    from ..engines.llama_cpp import LlamaCppEngine
+    from ..measure.machine_peak import machine_peaks
+    from ..core.numbers import sig6
+    from ..baselines.records import diagnosis
+    from ..measure.runner import measure
+    from ..core.workload import Workload
+
+    workload = Workload(prompt_tokens=prompt_tokens, max_tokens=max_tokens, runs=runs, warmup=warmup)
+    progress("model")
+    path, name = resolve_model(model)
+    progress("load")
+    engine = LlamaCppEngine(path, n_ctx=n_ctx, n_threads=threads, n_batch=n_batch, n_gpu_layers=n_gpu_layers, name=name)
+    try:
+        progress("peaks")
+        peaks = machine_peaks(given_bw_gbs=peak_bw_gbs, given_tflops=peak_tflops, refresh=reprobe_peaks)
+        progress("runs")  # plain runs, then the instrumented per-layer runs
+        m = measure(engine, workload, layers=True, peaks=peaks)
+    finally:
+        engine.close()
+    info, itl = m.engine, m.itl
+    found = diagnosis(m)
+    return {
+        "schema": PROFILE_SCHEMA,
+        "schema_version": PROFILE_SCHEMA_VERSION,
+        "model": {
+            "name": info.model,
+            "path": info.model_path,
+            "size_bytes": info.model_size_bytes,
+            "n_params": info.n_params,
+            "quantization": info.quantization,
+            "n_layer": info.n_layer,
+            "n_embd": info.n_embd,
+            "n_head": info.n_head,
+            "n_head_kv": info.n_head_kv,
+            "load_ms": sig6(info.load_ms),
+            "native_load_ms": sig6(info.native_load_ms),
+        },
+        "settings": {
+            "threads": info.n_threads,
+            "n_ctx": info.n_ctx,
+            "n_batch": info.n_batch,
+            "n_gpu_layers": info.n_gpu_layers,
+            "llama_cpp_python": info.backend_version,
+        },
+        "workload": {"prompt_tokens": m.prompt_tokens, "max_tokens": max_tokens, "runs": m.n_runs, "warmup": warmup},
+        "prefill": {
+            "ms": sig6(m.prefill_ms),
+            "ms_per_token": sig6(m.prefill_ms / m.prompt_tokens) if m.prefill_ms and m.prompt_tokens else None,
+            "tps": sig6(m.prefill_tps),
+            "native_ms": sig6(m.native_prefill_ms),
+        },
+        "decode": {
+            "ms_per_token": sig6(m.tpot_ms),
+            "tps": sig6(m.decode_tps),
+            "native_ms_per_token": sig6(m.native_decode_ms_per_token),
+        },
+        "ttft_ms": {"p50": sig6(m.ttft_ms), "p95": sig6(m.ttft_p95_ms)},
+        "itl_ms": {
+            "count": itl.count,
+            "p50": sig6(itl.p50_ms),
+            "p90": sig6(itl.p90_ms),
+            "p95": sig6(itl.p95_ms),
+            "p99": sig6(itl.p99_ms),
+            "mean": sig6(itl.mean_ms),
+            "stdev": sig6(itl.stdev_ms),
+        },
+        **found,
+    }
+
+
+def _summary_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    n = f"{r['workload']['runs']} runs"
+    itl, mdl = r["itl_ms"], r["model"]
+    return [
+        ("model load (wall / llama.cpp)", "ms", f"{fmt(mdl['load_ms'])} / {fmt(mdl['native_load_ms'])}", "1 load"),
+        ("prefill", "ms", fmt(r["prefill"]["ms"]), n),
+        ("prefill per token", "ms", fmt(r["prefill"]["ms_per_token"]), n),
+        ("prefill", "t/s", fmt(r["prefill"]["tps"]), n),
+        ("decode per token (TPOT)", "ms", fmt(r["decode"]["ms_per_token"]), n),
+        ("decode", "t/s", fmt(r["decode"]["tps"]), n),
+        ("TTFT p50 / p95", "ms", f"{fmt(r['ttft_ms']['p50'])} / {fmt(r['ttft_ms']['p95'])}", n),
+        ("ITL p50 / p90", "ms", f"{fmt(itl['p50'])} / {fmt(itl['p90'])}", f"{itl['count']} tokens"),
+        ("ITL p95 / p99", "ms", f"{fmt(itl['p95'])} / {fmt(itl['p99'])}", f"{itl['count']} tokens"),
+    ]
+
+
+def render(r: dict[str, Any], form: str = "table") -> str:
+    """``table`` (terminal), ``markdown`` or ``json``."""
+    if form == "json":
+        return json.dumps(r, indent=1, sort_keys=True, allow_nan=False)
+    md = form == "markdown"
+    mdl, s = r["model"], r["settings"]
+    facts = (
+        f"{mdl['name']}: {fmt(mdl['size_bytes'] / 2**20)} MiB, {mdl['quantization']}, "
+        f"{mdl['n_params'] / 1e6:.1f} M params, {mdl['n_layer']} layers, width {mdl['n_embd']}, "
+        f"{mdl['n_head']} heads ({mdl['n_head_kv']} KV); threads {s['threads']}, n_ctx {s['n_ctx']}, "
+        f"n_batch {s['n_batch']}, GPU layers {s['n_gpu_layers']}, llama-cpp-python {s['llama_cpp_python']}"
+    )
+    w = r["workload"]
+    work = f"{w['prompt_tokens']} prompt tokens, {w['max_tokens']} generated, {w['runs']} runs (+{w['warmup']} warm-up)"
+    rows = _summary_rows(r) + breakdown.stability_rows(r["stability"]) + breakdown.memory_rows(r["memory"])
+    headers = ("metric", "unit", "value", "sample")
+    parts: list[tuple[str, str]] = [
+        ("speed", breakdown.table(headers, rows, md)),
+        ("per-layer time", breakdown.layers_text(r["layers"], md)),
+    ]
+    if r.get("roofline"):
+        parts.append(("roofline", breakdown.roofline_text(r["roofline"], md)))
+    warnings = r["stability"]["warnings"] or ["stable: no run far off, CV within 10%"]
+    parts.append(("stability", "\n".join(("- " if md else "") + w for w in warnings)))
+    if md:
+        return "\n\n".join([f"# llmperf profile: {mdl['name']}", facts, work] + [f"## {t}\n\n{b}" for t, b in parts]) + "\n"
+    return "\n\n".join([f"llmperf profile: {facts}", f"workload: {work}"] + [f"{t}:\n{b}" for t, b in parts]) + "\n"

@@ -1,0 +1,239 @@
+"""One session's results: baselines to write, the JSON report, the Markdown summary.
+
+Results arrive as plain dicts (they cross pytest-xdist's wire on the test reports), and only
+the process that owns the session (the xdist controller, or the single process) writes files,
+so workers never race on a baseline file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from ..baselines import store as baseline_store
+from ..core.numbers import fmt
+from .text import fit_table, short_ids
+from ..core.tables import render_table
+from ..core.settings import DEFAULT_COMPARISON_COLUMNS
+
+SESSION_SCHEMA = "pytest-llmperf/session"
+SESSION_SCHEMA_VERSION = 1
+
+
+def comparison_dict(c: Any) -> dict[str, Any]:
+    return c.as_dict()
+
+
+def verdict_dict(v: Any) -> dict[str, Any] | None:
+    if v is None:
+        return None
+    return {
+        "status": v.status,
+        "note": v.note,
+        "changes": list(v.changes),
+        "machine": getattr(v, "machine", ""),
+        "short": v.short(),
+        "failures": v.failure_lines(),
+        "comparisons": [comparison_dict(c) for c in v.comparisons],
+        "layer_changes": [c.as_dict() for c in getattr(v, "layer_changes", ())],
+    }
+
+
+def write_baselines(
+    baseline_dir: Path, results: Iterable[Mapping[str, Any]], errors: list[str] | None = None
+) -> list[tuple[Path, Path | None]]:
+    """Merge each result's record into its module's file; returns (file, moved-aside corrupt file).
+
+    ``errors``: a file that cannot be written adds its one-line reason there and the others
+    are still written (without it, the ``BaselineError`` is raised)."""
+    from ..judge.regression import carry_history  # keeps the last sessions' levels (verdict history)
+
+    by_file: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for r in results:
+        by_file[r["baseline_file"]].setdefault(r["key"], {})[r["hardware_key"]] = r["record"]
+    written = []
+    for rel, entries in sorted(by_file.items()):
+        path = baseline_dir / rel
+        try:
+            written.append((path, baseline_store.update(path, entries, merge=carry_history)))
+        except baseline_store.BaselineError as exc:
+            if errors is None:
+                raise
+            errors.append(f"llmperf: {exc}")
+    return written
+
+
+def session_json(results: list[Mapping[str, Any]], created_at: str) -> str:
+    return json.dumps(
+        {
+            "schema": SESSION_SCHEMA,
+            "schema_version": SESSION_SCHEMA_VERSION,
+            "created_at": created_at,
+            "results": results,
+        },
+        indent=1,
+        sort_keys=True,
+        allow_nan=False,
+    )
+
+
+def load_session(path: Path) -> list[dict[str, Any]]:
+    """Results of a saved ``--llmperf-json`` report; a one-line error if it is not one."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise baseline_store.BaselineError(f"session report not found: {path}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise baseline_store.BaselineError(f"{path} is not a readable JSON session report: {exc}") from None
+    if not isinstance(data, dict) or data.get("schema") != SESSION_SCHEMA:
+        raise baseline_store.BaselineError(
+            f"{path} is not a pytest-llmperf session report (write one with --llmperf-json)"
+        )
+    version = data.get("schema_version", 0)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise baseline_store.BaselineError(f"{path}: schema_version is not an integer")
+    if version > SESSION_SCHEMA_VERSION:
+        raise baseline_store.BaselineError(f"{path} is from a newer pytest-llmperf; upgrade to read it")
+    results = data.get("results")
+    if not isinstance(results, list) or not all(isinstance(r, dict) and "record" in r for r in results):
+        raise baseline_store.BaselineError(f"{path}: \"results\" is not a list of measurement records")
+    for i, r in enumerate(results):  # a hand-edited file: one line naming the field, not a traceback
+        for key in ("test", "hardware_key"):
+            if not isinstance(r.get(key), str):
+                raise baseline_store.BaselineError(f"{path}: results[{i}].{key} is missing or not a string")
+        baseline_store.check_record(
+            f"{path}: results[{i}].record", r["record"], "write the report again with pytest --llmperf-json"
+        )
+    return results
+
+
+COMPARISON_HEADERS = ("test", "metric", "baseline", "now", "change", "95% CI", "p (Holm)", "verdict")
+#: ``--llmperf-columns`` names of the comparison columns after test and metric.
+COMPARISON_COLUMNS = {"baseline": 2, "now": 3, "change": 4, "ci": 5, "p": 6, "verdict": 7}
+#: Verdicts that decide; any other one (the cannot-decide verdict) has its reason printed.
+DECIDED = ("REGRESSION", "IMPROVED", "UNCHANGED")
+
+
+def metric_label(c: Mapping[str, Any]) -> str:
+    """``decode TPS (t/s)``, ``prefill TTFT (ms)``: the phase once, even when the label has it."""
+    label = c["label"]
+    name = label if label.split(" ", 1)[0] == c["phase"] else f"{c['phase']} {label}"
+    return f"{name} ({c['unit']})"
+
+
+def comparison_rows(results: Iterable[Mapping[str, Any]]) -> list[list[str]]:
+    rows = []
+    for r in results:
+        verdict = r.get("verdict") or {}
+        for c in verdict.get("comparisons", []):
+            ci = (
+                f"{(c['ci_low'] - 1) * 100:+.1f}..{(c['ci_high'] - 1) * 100:+.1f}%"
+                if c.get("ci_low") is not None and c.get("ci_high") is not None
+                else "n/a"
+            )
+            p = c.get("p_adjusted") if c.get("p_adjusted") is not None else c.get("p_value")
+            rows.append(
+                [
+                    r["test"],
+                    metric_label(c),
+                    fmt(c["baseline_value"]),
+                    fmt(c["candidate_value"]),
+                    f"{(c['ratio'] - 1) * 100:+.1f}%",
+                    ci,
+                    "n/a" if p is None else f"{p:.3g}",
+                    c["verdict"],
+                ]
+            )
+    return rows
+
+
+def comparison_table(
+    results: Iterable[Mapping[str, Any]], columns: Sequence[str] | None = None, width: int | None = None
+) -> str:
+    """The comparison table; with ``width`` (a terminal's), only ``columns`` (default
+    ``DEFAULT_COMPARISON_COLUMNS``) and test ids shortened to fit."""
+    rows = comparison_rows(results)
+    if not rows:
+        return ""
+    if width is None:
+        return render_table(COMPARISON_HEADERS, rows)
+    chosen = list(dict.fromkeys(c for c in (columns or ()) if c in COMPARISON_COLUMNS)) or list(DEFAULT_COMPARISON_COLUMNS)
+    keep = [0, 1] + [COMPARISON_COLUMNS[c] for c in chosen]
+    headers = [COMPARISON_HEADERS[i] for i in keep]
+    return fit_table(headers, [[row[i] for i in keep] for row in rows], width)
+
+
+def undecided_lines(results: Iterable[Mapping[str, Any]], *, short: bool = False) -> list[str]:
+    """Why a comparison could not decide (e.g. the runs needed), one line per test and reason;
+    ``short``: test ids as the terminal tables show them."""
+    results = list(results)
+    names = short_ids([r["test"] for r in results]) if short else {}
+    lines = []
+    for r in results:
+        # Metrics that share a reason share a line (side remarks after "; also " aside).
+        by_reason: dict[tuple[str, str], list[str]] = {}
+        for c in (r.get("verdict") or {}).get("comparisons", []):
+            if c.get("verdict") not in DECIDED and c.get("reason"):
+                by_reason.setdefault((c["verdict"], c["reason"].split("; also ")[0]), []).append(c["label"])
+        for (verdict, reason), labels in by_reason.items():
+            lines.append(f"{names.get(r['test'], r['test'])}: {verdict} ({', '.join(labels)}): {reason}")
+    return lines
+
+
+def budget_failures(results: Iterable[Mapping[str, Any]]) -> list[str]:
+    """``test: breach; breach`` for every measurement over one of its budgets."""
+    out = []
+    for r in results:
+        if str(r.get("budget", "")).startswith("FAIL"):
+            detail = "; ".join(r.get("budget_failures") or []) or "over budget"
+            out.append(f"{r['test']}: {detail}")
+    return out
+
+
+def markdown(results: list[Mapping[str, Any]], extra: Iterable[str] = (), *, budgets_gate: bool = True) -> str:
+    """A GitHub-flavoured summary: one line per test, then the comparison table.
+
+    ``extra``: Markdown lines after the headline (the HTML report's link and key figure).
+    The headline counts what fails the run: regressions and, unless ``--llmperf-baselines-only``,
+    budget failures."""
+    lines = ["## pytest-llmperf", ""]
+    regressions = [f for r in results for f in ((r.get("verdict") or {}).get("failures") or [])]
+    over = budget_failures(results) if budgets_gate else []
+    failing = [
+        r for r in results
+        if (r.get("verdict") or {}).get("failures")
+        or (budgets_gate and str(r.get("budget", "")).startswith("FAIL"))
+    ]
+    if failing:
+        parts = [f"{len(over)} over budget"] if over else []
+        parts += [f"{len(regressions)} regression(s)"] if regressions else []
+        lines.append(
+            f"**{len(failing)} of {len(results)} measurement(s) failed**: {', '.join(parts)}."
+        )
+    else:
+        lines.append(f"No regression and no budget failure in {len(results)} measurement(s).")
+    for line in extra:
+        lines += ["", line]
+    lines += ["", "| test | TTFT ms | decode t/s | ITL p95 ms | budget | baseline |", "| --- | --- | --- | --- | --- | --- |"]
+    for r in results:
+        s = r["record"]["summary"]
+        verdict = r.get("verdict") or {}
+        lines.append(
+            f"| `{r['test']}` | {fmt(s['ttft_ms'])} | {fmt(s['decode_tps'])} | {fmt(s['itl_p95_ms'])} "
+            f"| {r.get('budget', '-')} | {verdict.get('short', 'not compared')} |"
+        )
+    if over:
+        lines += ["", "### Over budget", ""] + [f"- {line}" for line in over]
+    if regressions:
+        lines += ["", "### Regressions", ""] + [f"- {line}" for line in regressions]
+    undecided = undecided_lines(results)
+    if undecided:
+        lines += ["", "### Undecided", ""] + [f"- {line}" for line in undecided]
+    rows = comparison_rows(results)
+    if rows:
+        lines += ["", "### Comparisons", "", "| " + " | ".join(COMPARISON_HEADERS) + " |",
+                  "|" + " --- |" * len(COMPARISON_HEADERS)]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,216 @@
+"""Plain-text reports: the per-test metrics table and the session summary table.
+
+Summary rows travel as flat ``user_properties`` on test reports (scalars only), so they reach
+the controller under pytest-xdist and land in JUnit XML as properties.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable, Sequence
+
+from ..core.numbers import fmt
+from ..judge.budgets import BudgetFailure
+from ..core.catalog import BUDGETS
+from ..measure.metrics import Measurement
+from ..core.settings import DEFAULT_SUMMARY_COLUMNS
+from ..core.tables import render_table
+
+PROPERTY_RE = re.compile(r"^llmperf(?:\[(?P<label>[^\]]*)\])?\.(?P<field>\w+)$")
+
+
+def _opt(value: float | None) -> str:
+    return "n/a" if value is None else fmt(value)
+
+
+def metrics_table(m: Measurement) -> str:
+    """The detail section of one measurement: every figure with its sample count."""
+    itl = m.itl
+    head = (
+        f"{m.engine.engine}: {m.engine.describe()}"
+        + (f"; threads {m.engine.n_threads}" if m.engine.n_threads is not None else "")
+        + "\n"
+        f"workload: {m.prompt_tokens if m.prompt_tokens is not None else '?'} prompt tokens, "
+        f"{m.output_tokens} generated per run, {m.n_runs} runs (+{m.workload.warmup} warm-up discarded)\n"
+    )
+    rows = [
+        ("TTFT median / p95", "ms", f"{fmt(m.ttft_ms)} / {fmt(m.ttft_p95_ms)}", f"{m.n_runs} runs"),
+        ("tokenize median", "ms", fmt(m.tokenize_ms), f"{m.n_runs} runs"),
+        ("prefill median", "ms", _opt(m.prefill_ms), f"{m.n_runs} runs"),
+        ("prefill (llama.cpp) median", "ms", _opt(m.native_prefill_ms), f"{m.n_runs} runs"),
+        (BUDGETS["min_prefill_tps"].label, "t/s", _opt(m.prefill_tps), f"{m.n_runs} runs"),
+        (BUDGETS["tpot_ms"].label, "ms", fmt(m.tpot_ms), f"{m.n_runs} runs"),
+        ("decode (llama.cpp) median", "ms/token", _opt(m.native_decode_ms_per_token), f"{m.n_runs} runs"),
+        ("engine overhead median", "ms/token", _opt(m.overhead_ms_per_token), f"{m.n_runs} runs"),
+        (BUDGETS["min_tps"].label, "t/s", fmt(m.decode_tps), f"{m.n_runs} runs"),
+        (
+            "sampling (llama.cpp sampler)" + ("" if m.engine.sample else ", timed apart"),
+            "ms/token", _opt(m.sampling_ms_per_token), f"{m.n_runs} runs",
+        ),
+        (BUDGETS["e2e_ms"].label, "ms", fmt(m.e2e_ms), f"{m.n_runs} runs"),
+        ("ITL p50 / p90", "ms", f"{fmt(itl.p50_ms)} / {fmt(itl.p90_ms)}", f"{itl.count} tokens"),
+        ("ITL p95 / p99", "ms", f"{fmt(itl.p95_ms)} / {fmt(itl.p99_ms)}", f"{itl.count} tokens"),
+        ("ITL mean +- stdev", "ms", f"{fmt(itl.mean_ms)} +- {fmt(itl.stdev_ms)}", f"{itl.count} tokens"),
+        ("ITL CV", "", f"{itl.cv:.1%}", f"{itl.count} tokens"),
+        ("ITL min / max", "ms", f"{fmt(itl.min_ms)} / {fmt(itl.max_ms)}", f"{itl.count} tokens"),
+    ]
+    if m.load is not None:
+        from ..measure.load import load_rows
+
+        rows += load_rows(m)
+    if m.engine.endpoint:  # served: what the server's prompt cache was allowed to do
+        rows.append(("prompt cache", "", m.workload.prompt_cache, ""))
+    if m.engine.load_ms is not None:
+        rows.append(("model load (wall)", "ms", fmt(m.engine.load_ms), "1 load"))
+    if m.engine.native_load_ms is not None:
+        rows.append(("model load (llama.cpp)", "ms", fmt(m.engine.native_load_ms), "1 load"))
+    from . import breakdown
+    from ..baselines.records import diagnosis
+
+    found = diagnosis(m)
+    rows += breakdown.stability_rows(found["stability"]) + breakdown.memory_rows(found["memory"])
+    text = head + render_table(("metric", "unit", "value", "sample"), rows)
+    if "layers" in found:
+        text += "\n\nper-layer time:\n" + breakdown.layers_text(found["layers"])
+    if "roofline" in found:
+        text += "\n\nroofline:\n" + breakdown.roofline_text(found["roofline"])
+    warnings = found["stability"]["warnings"]
+    return text + ("\n\n" + "\n".join(warnings) if warnings else "")
+
+
+def properties(m: Measurement, failure: BudgetFailure | None, n_budgets: int) -> list[tuple[str, Any]]:
+    """Flat, JSON-safe key/value pairs for ``report.user_properties`` and JUnit XML."""
+    prefix = f"llmperf[{m.label}]." if m.label else "llmperf."
+    budget = "-" if not n_budgets else ("FAIL " + ",".join(b.key for b in failure.breaches) if failure else "ok")
+    values: dict[str, Any] = {
+        "model": m.engine.model,
+        "engine": m.engine.engine,
+        "prompt_tokens": m.prompt_tokens,
+        "output_tokens": m.output_tokens,
+        "runs": m.n_runs,
+        "ttft_ms": m.ttft_ms,
+        "ttft_p95_ms": m.ttft_p95_ms,
+        "prefill_ms": m.prefill_ms,
+        "prefill_tps": m.prefill_tps,
+        "tpot_ms": m.tpot_ms,
+        "decode_tps": m.decode_tps,
+        "e2e_ms": m.e2e_ms,
+        "itl_count": m.itl.count,
+        "itl_p50_ms": m.itl.p50_ms,
+        "itl_p90_ms": m.itl.p90_ms,
+        "itl_p95_ms": m.itl.p95_ms,
+        "itl_p99_ms": m.itl.p99_ms,
+        "itl_cv": m.itl.cv,
+        "native_prefill_ms": m.native_prefill_ms,
+        "native_decode_ms_per_token": m.native_decode_ms_per_token,
+        "overhead_ms_per_token": m.overhead_ms_per_token,
+        "budget": budget,
+    }
+    if m.load is not None:
+        values.update(
+            concurrency=m.load.concurrency,
+            requests=m.load.n_requests,
+            failed_requests=m.load.n_failed,
+            requests_per_s=m.load.requests_per_s,
+            output_tps=m.load.output_tps,
+            goodput=m.load.goodput,
+        )
+    return [(prefix + k, v) for k, v in values.items()]
+
+
+def rows_from_properties(nodeid: str, props: Iterable[tuple[str, Any]]) -> list[dict[str, Any]]:
+    """Inverse of ``properties``: one dict per measurement of a test."""
+    rows: dict[str, dict[str, Any]] = {}
+    for key, value in props:
+        match = PROPERTY_RE.match(str(key))
+        if match:
+            label = match.group("label") or ""
+            row = rows.setdefault(label, {"test": nodeid + (f"[{label}]" if label else "")})
+            row[match.group("field")] = value
+    return list(rows.values())
+
+
+#: (``--llmperf-columns`` name, header, row field); ``test`` always comes first.
+SUMMARY_COLUMNS = (
+    ("test", "test", "test"),
+    ("model", "model", "model"),
+    ("prompt", "prompt", "prompt_tokens"),
+    ("gen", "gen", "output_tokens"),
+    ("runs", "runs", "runs"),
+    ("ttft", "TTFT ms", "ttft_ms"),
+    ("prefill", "prefill t/s", "prefill_tps"),
+    ("decode", "decode t/s", "decode_tps"),
+    ("p50", "ITL p50 ms", "itl_p50_ms"),
+    ("p95", "ITL p95 ms", "itl_p95_ms"),
+    ("p99", "ITL p99 ms", "itl_p99_ms"),
+    ("budget", "budget", "budget"),
+)
+#: A test id is never cut shorter than this, whatever the width.
+MIN_TEST_WIDTH = 16
+
+
+def summary_table(
+    rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None, width: int | None = None
+) -> str:
+    """The session summary. ``width`` (a terminal's): only ``columns`` (default
+    ``DEFAULT_SUMMARY_COLUMNS``), test ids shortened to fit; None: every column, full ids."""
+
+    def cell(value: Any) -> str:
+        if value is None:
+            return "n/a"
+        if isinstance(value, float):
+            return fmt(value)
+        return str(value)
+
+    names = {name for name, _, _ in SUMMARY_COLUMNS}
+    if width is None:
+        chosen = list(SUMMARY_COLUMNS)
+    else:
+        wanted = [c for c in (columns or ()) if c in names and c != "test"] or list(DEFAULT_SUMMARY_COLUMNS)
+        by_name = {col[0]: col for col in SUMMARY_COLUMNS}
+        chosen = [SUMMARY_COLUMNS[0]] + [by_name[name] for name in dict.fromkeys(wanted)]  # in the order given
+    headers = [h for _, h, _ in chosen]
+    body = [[cell(r.get(f)) for _, _, f in chosen] for r in rows]
+    return render_table(headers, body) if width is None else fit_table(headers, body, width)
+
+
+def short_ids(ids: Sequence[str]) -> dict[str, str]:
+    """Each test id without what all of them share: the path, then the module when the rest
+    is unique (``tests/perf/test_a.py::test_decode[#2]`` -> ``test_decode[#2]``)."""
+    def tail(nodeid: str, parts: int) -> str:
+        head, sep, rest = nodeid.partition("::")
+        if not sep:
+            return nodeid
+        pieces = rest.split("::")
+        if parts > len(pieces):
+            return head.rsplit("/", 1)[-1] + "::" + rest
+        return "::".join(pieces[-parts:])
+
+    unique = list(dict.fromkeys(ids))
+    for parts in range(1, 10):
+        short = {i: tail(i, parts) for i in unique}
+        if len(set(short.values())) == len(unique):
+            return short
+    return {i: i for i in unique}
+
+
+def _clip(text: str, width: int) -> str:
+    """``text`` cut in the middle to ``width`` characters (the ends say the most); a
+    parameter id (``[...]``) is kept whole when it leaves room for 6 characters of the name."""
+    if len(text) <= width:
+        return text
+    name, bracket, param = text.partition("[")
+    if bracket and len(param) + 1 <= width - 6:
+        return _clip(name, width - len(param) - 1) + bracket + param
+    keep = width - 2
+    return text[: keep - keep // 2] + ".." + text[len(text) - keep // 2 :]
+
+
+def fit_table(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int) -> str:
+    """``render_table`` with the first column (test ids) shortened so lines fit ``width``."""
+    rows = [list(r) for r in rows]
+    short = short_ids([r[0] for r in rows])
+    rows = [[short[r[0]]] + r[1:] for r in rows]
+    others = sum(max(len(str(c)) for c in col) + 2 for col in list(zip(headers, *rows))[1:])
+    room = max(width - others, MIN_TEST_WIDTH, len(headers[0]))
+    return render_table(headers, [[_clip(r[0], room)] + r[1:] for r in rows])

@@ -1,0 +1,114 @@
+"""The package's shape, as docs/architecture.md draws it: packages named after the layers,
+each importing only from its own layer or the layers below (lazy imports inside functions
+count too), no import circle, pytest imported only by the pytest layer."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "pytest_llmperf"
+
+#: Bottom to top. The pytest plugin and the CLI are both on top and never import each other.
+LAYERS = ["core", "models", "engines", "measure", "baselines", "judge", "history", "reports", "session",
+          "pytest_plugin|cli"]
+RANK = {name: i for i, names in enumerate(LAYERS) for name in names.split("|")}
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        mods[name] = path
+    return mods
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """Every pytest_llmperf module (and 'pytest') this module imports, at any depth of the
+    code; imports only for type checkers are skipped."""
+    tree = ast.parse(path.read_text())
+    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for b in node.body for n in ast.walk(b)}
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            subs = {f"{module}.{a.name}" for a in node.names} & set(MODULES)
+            found |= subs if len(subs) == len(node.names) else subs | {module}
+    return found
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def _layer(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None  # the package root (its lazy exports) is no layer
+
+
+def test_every_module_is_in_a_layer():
+    assert {_layer(m) for m in MODULES} - {None} - {"schemas"} <= set(RANK)
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_imports_only_from_its_layer_or_below(name):
+    own = _layer(name)
+    if own is None:
+        return
+    upward = sorted(
+        t for t in GRAPH[name]
+        if t.startswith("pytest_llmperf.") and _layer(t) in RANK and _layer(t) != own
+        and RANK[_layer(t)] >= RANK[own]
+    )
+    assert not upward, f"{name} ({own}) imports from a layer above or beside it: {upward}"
+
+
+def test_no_import_circles():
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in GRAPH[v] & set(MODULES):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for v in sorted(GRAPH):
+        if v not in index:
+            visit(v)
+    assert circles == []
+
+
+def test_pytest_only_in_the_pytest_layer():
+    users = sorted(m for m, found in GRAPH.items() if {"pytest", "_pytest"} & {f.split(".")[0] for f in found})
+    assert users and all(_layer(m) == "pytest_plugin" for m in users), users
