@@ -27,13 +27,13 @@ _EXPORTS = {
     "ConfigError": "core.errors",
     "EngineError": "core.errors",
     "LLMPerfError": "core.errors",
-    "LatencyStats": "measure.metrics",
-    "Measurement": "measure.metrics",
-    "RunMetrics": "measure.metrics",
-    "summarize": "measure.metrics",
-    "InferenceProfiler": "measure.profiler",
-    "ProfilerStats": "measure.profiler",
-    "measure": "measure.runner",
+    "LatencyStats": "measuring.metrics",
+    "Measurement": "measuring.metrics",
+    "RunMetrics": "measuring.metrics",
+    "summarize": "measuring.metrics",
+    "InferenceProfiler": "measuring.profiler",
+    "ProfilerStats": "measuring.profiler",
+    "measure": "measuring.runner",
     "PRESETS": "models.synthetic",
     "ModelSpec": "models.synthetic",
     "ensure_model": "models.synthetic",
@@ -56,9 +56,9 @@ if TYPE_CHECKING:
     from .engines.config import EngineConfig
     from .judge.ab import ABResult, Side, compare_ab
     from .core.errors import ConfigError, EngineError, LLMPerfError
-    from .measure.metrics import LatencyStats, Measurement, RunMetrics, summarize
-    from .measure.profiler import InferenceProfiler, ProfilerStats
-    from .measure.runner import measure
+    from .measuring.metrics import LatencyStats, Measurement, RunMetrics, summarize
+    from .measuring.profiler import InferenceProfiler, ProfilerStats
+    from .measuring.runner import measure
     from .models.synthetic import PRESETS, ModelSpec, ensure_model, write_gguf
     from .core.trace import NativeCounters, RunTrace
     from .core.workload import Workload

@@ -12,7 +12,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "pytest_llmperf"
 
 #: Bottom to top. The pytest plugin and the CLI are both on top and never import each other.
-LAYERS = ["core", "models", "engines", "measure", "baselines", "judge", "history", "reports", "session",
+LAYERS = ["core", "models", "engines", "measuring", "baselines", "judge", "history", "reports", "session",
           "pytest_plugin|cli"]
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names.split("|")}
 
@@ -112,3 +112,12 @@ def test_no_import_circles():
 def test_pytest_only_in_the_pytest_layer():
     users = sorted(m for m, found in GRAPH.items() if {"pytest", "_pytest"} & {f.split(".")[0] for f in found})
     assert users and all(_layer(m) == "pytest_plugin" for m in users), users
+
+
+def test_no_public_name_is_shadowed_by_a_subpackage():
+    """``from pytest_llmperf import measure`` must stay the function: a subpackage of the same
+    name would replace it on the package once anything imported the subpackage."""
+    import pytest_llmperf
+
+    packages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    assert not packages & set(pytest_llmperf.__all__)

@@ -139,7 +139,7 @@ def test_model_digest_is_cheap_and_sensitive(tmp_path: Path) -> None:
 WRITER = r"""
 import sys
 from pathlib import Path
-from pytest_llmperf import baseline_store as store
+from pytest_llmperf.baselines import store
 
 path = Path(sys.argv[1])
 print("ready", flush=True)

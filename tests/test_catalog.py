@@ -15,7 +15,7 @@ from pytest_llmperf.core import catalog
 from pytest_llmperf.judge.budgets import STATISTICS
 from pytest_llmperf.core.fingerprint import Fingerprint, subject
 from pytest_llmperf.reports.html import _budget_rows, budget_value
-from pytest_llmperf.measure.machine_peak import Peak
+from pytest_llmperf.measuring.machine_peak import Peak
 from pytest_llmperf.baselines.records import record
 from pytest_llmperf.judge.marker import BUDGET_KEYS, KEYS
 
@@ -103,7 +103,7 @@ def test_catalog_is_a_bottom_layer() -> None:
     """It imports nothing from the package and no numpy at import (the plugin loads it)."""
     import ast
 
-    tree = ast.parse((ROOT / "pytest_llmperf" / "catalog.py").read_text(encoding="utf-8"))
+    tree = ast.parse((ROOT / "pytest_llmperf" / "core" / "catalog.py").read_text(encoding="utf-8"))
     top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
     assert not [n for n in top if isinstance(n, ast.ImportFrom) and n.level], "catalog imports from the package"
     names = {a.name.split(".")[0] for n in top for a in n.names} | {

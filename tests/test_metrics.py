@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pytest_llmperf import EngineInfo, NativeCounters, RunTrace, Workload, check_budgets, summarize
-from pytest_llmperf.measure.metrics import LatencyStats, RunMetrics
+from pytest_llmperf.measuring.metrics import LatencyStats, RunMetrics
 
 MS = 1_000_000  # ns
 

@@ -15,11 +15,11 @@ import pytest
 from inner import run as run_inner
 from pytest_llmperf import InferenceProfiler, Workload, measure
 from pytest_llmperf.cli import main as cli_main
-from pytest_llmperf.measure.diagnostics import SystemDelta, SystemSample, context_slope, far_off, likely_causes
+from pytest_llmperf.measuring.diagnostics import SystemDelta, SystemSample, context_slope, far_off, likely_causes
 from pytest_llmperf.judge.layer_diff import compare_layers
-from pytest_llmperf.measure.layers import outlier_layers
-from pytest_llmperf.measure.machine_peak import machine_peaks
-from pytest_llmperf.measure.roofline import kv_cache_bytes
+from pytest_llmperf.measuring.layers import outlier_layers
+from pytest_llmperf.measuring.machine_peak import machine_peaks
+from pytest_llmperf.measuring.roofline import kv_cache_bytes
 from pytest_llmperf.models.synthetic import ModelSpec, ensure_model
 
 #: A model with one block much wider than the others: block 3's FFN is 16x as wide.
@@ -379,11 +379,11 @@ def test_roofline_says_what_is_true_instead_of_a_utilisation_above_100_percent(m
     import dataclasses
     from types import SimpleNamespace
 
-    import pytest_llmperf.measure.machine_peak as machine_peak
+    import pytest_llmperf.measuring.machine_peak as machine_peak
     from pytest_llmperf.reports.breakdown import roofline_text
     from pytest_llmperf.core.engine_info import EngineInfo
-    from pytest_llmperf.measure.machine_peak import Peak
-    from pytest_llmperf.measure.roofline import roofline
+    from pytest_llmperf.measuring.machine_peak import Peak
+    from pytest_llmperf.measuring.roofline import roofline
 
     monkeypatch.setattr(machine_peak, "last_level_cache_bytes", lambda: 32 * 2**20)
     info = EngineInfo(engine="llama.cpp", model="m", model_size_bytes=13 * 2**20, n_params=3_400_000, n_layer=4,

@@ -11,7 +11,7 @@ from typing import Any, Mapping
 from ..core import catalog
 from ..core.fingerprint import Fingerprint
 from ..core.numbers import sig6
-from ..measure.metrics import Measurement
+from ..measuring.metrics import Measurement
 
 #: Per-run metric families stored and compared (from the metric catalog).
 RUN_FIELDS = catalog.RUN_FIELDS
@@ -72,7 +72,7 @@ def record(m: Measurement, fingerprint: Fingerprint, *, commit: str | None, reco
 
 def diagnosis(m: Measurement) -> dict[str, Any]:
     """Where the time went, when known: layers, roofline, stability, memory (optional keys)."""
-    from ..measure.roofline import kv_cache_bytes
+    from ..measuring.roofline import kv_cache_bytes
 
     out: dict[str, Any] = {"stability": m.stability.as_dict()}
     if m.layers is not None:

@@ -13,15 +13,15 @@ import sys
 import typing
 from typing import Sequence
 
-from . import common as commands
 from ..core.errors import LLMPerfError
 
 
 def _commands() -> dict[str, object]:
+    """Every module of this package but ``common`` (shared argparse types) is a command."""
     found = {}
-    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda i: i.name):
-        if not info.name.startswith("_"):
-            found[info.name] = importlib.import_module(f"{commands.__name__}.{info.name}")
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        if not info.name.startswith("_") and info.name != "common":
+            found[info.name] = importlib.import_module(f"{__name__}.{info.name}")
     return found
 
 

@@ -1,7 +1,7 @@
-"""Subcommands of the ``llmperf`` console script, one module each.
+"""What the ``llmperf`` subcommands share (argparse types).
 
-A module here defines ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``
-(exit status); ``cli.main`` finds them by listing this package, so a new command is one new
+Every other module of ``pytest_llmperf.cli`` is one subcommand: it defines ``HELP`` (one
+line), ``add_arguments(parser)`` and ``run(args) -> int`` (exit status); ``cli.main`` finds them by listing the package, so a new command is one new
 file. Keep imports of heavy modules inside ``run`` so ``llmperf --help`` stays fast.
 """
 

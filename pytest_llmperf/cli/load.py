@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..engines.http import HttpEngine
     from ..core.errors import ConfigError
-    from ..measure.load import curve_table, sweep
+    from ..measuring.load import curve_table, sweep
     from ..core.workload import Workload
 
     if not args.endpoint and not args.serve:
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"llmperf load: {workload.prompt_cache}")
         results = sweep(engine, workload, args.concurrency, slo=slo)
     print(curve_table(results))
-    from ..measure.served_fidelity import curve_lines
+    from ..measuring.served_fidelity import curve_lines
 
     for line in curve_lines(results):
         print(line)

@@ -11,7 +11,7 @@ from typing import Callable, Mapping
 
 from ..core.catalog import BUDGETS, is_ceiling, metric_of
 from ..core.numbers import fmt
-from ..measure.metrics import Measurement
+from ..measuring.metrics import Measurement
 
 
 

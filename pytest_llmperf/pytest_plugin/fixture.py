@@ -11,8 +11,8 @@ import pytest
 
 from ..judge.budgets import BudgetFailure, check_budgets
 from ..core.errors import LLMPerfError
-from ..measure.metrics import Measurement
-from ..measure.runner import extend, measure
+from ..measuring.metrics import Measurement
+from ..measuring.runner import extend, measure
 from ..judge.marker import MarkerConfig
 from ..core.workload import Workload
 

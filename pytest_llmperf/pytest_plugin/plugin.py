@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ..baselines.store import BaselineError
     from ..core.fingerprint import Fingerprint
     from .fixture import LLMPerf
-    from ..measure.metrics import Measurement
+    from ..measuring.metrics import Measurement
     from ..judge.regression import BaselineVerdict
 
 MARKER = "llmperf"
@@ -318,7 +318,7 @@ class LLMPerfPlugin:
         wants_roofline = wants_roofline or option("llmperf_peak_bw") or option("llmperf_peak_tflops")
         peaks = None
         if wants_roofline and in_process:
-            from ..measure.machine_peak import machine_peaks
+            from ..measuring.machine_peak import machine_peaks
 
             if self._peaks is None:
                 self._peaks = machine_peaks(given_bw_gbs=option("llmperf_peak_bw"), given_tflops=option("llmperf_peak_tflops"))
@@ -770,7 +770,7 @@ class LLMPerfPlugin:
         width = self.width(terminalreporter)
         terminalreporter.write_sep("-", "llmperf summary")
         terminalreporter.write_line(summary_table(self.rows, self.columns, width))
-        from ..measure.served import overhead_lines
+        from ..measuring.served import overhead_lines
 
         for line in overhead_lines(self.rows):
             terminalreporter.write_line(line)

@@ -56,10 +56,10 @@ def profile(
     progress: Callable[[str], None] = lambda step: None,
 ) -> dict[str, Any]:
     from ..engines.llama_cpp import LlamaCppEngine
-    from ..measure.machine_peak import machine_peaks
+    from ..measuring.machine_peak import machine_peaks
     from ..core.numbers import sig6
     from ..baselines.records import diagnosis
-    from ..measure.runner import measure
+    from ..measuring.runner import measure
     from ..core.workload import Workload
 
     workload = Workload(prompt_tokens=prompt_tokens, max_tokens=max_tokens, runs=runs, warmup=warmup)

@@ -12,7 +12,7 @@ from typing import Any, Iterable, Sequence
 from ..core.numbers import fmt
 from ..judge.budgets import BudgetFailure
 from ..core.catalog import BUDGETS
-from ..measure.metrics import Measurement
+from ..measuring.metrics import Measurement
 from ..core.settings import DEFAULT_SUMMARY_COLUMNS
 from ..core.tables import render_table
 
@@ -55,7 +55,7 @@ def metrics_table(m: Measurement) -> str:
         ("ITL min / max", "ms", f"{fmt(itl.min_ms)} / {fmt(itl.max_ms)}", f"{itl.count} tokens"),
     ]
     if m.load is not None:
-        from ..measure.load import load_rows
+        from ..measuring.load import load_rows
 
         rows += load_rows(m)
     if m.engine.endpoint:  # served: what the server's prompt cache was allowed to do

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from ...core.errors import ConfigError
-from ...measure.metrics import Measurement, RunMetrics, summarize
-from ...measure.runner import as_engine
+from ...measuring.metrics import Measurement, RunMetrics, summarize
+from ...measuring.runner import as_engine
 from ...core.workload import Workload
 from .budgets import BudgetOutcome, judge, parse_budgets
 from .paired import PAIRED_METRICS, PHASE_METRIC, PairedComparison, paired
