@@ -8,7 +8,7 @@ import argparse
 import dataclasses
 import shutil
 
-from .common import alpha, share
+from .common import add_setting
 
 HELP = "compare two saved session reports (pytest --llmperf-json)"
 
@@ -16,13 +16,8 @@ HELP = "compare two saved session reports (pytest --llmperf-json)"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("base", help="the baseline session report")
     parser.add_argument("new", help="the candidate session report")
-    parser.add_argument("--alpha", type=alpha, default=0.01, help="family-wise significance level, e.g. 1%% or 0.01")
-    parser.add_argument(
-        "--threshold", type=share, default=0.05, help="smallest median change that counts, e.g. 5%% or 0.05 (default 5%%)"
-    )
-    parser.add_argument(
-        "--tail-threshold", type=share, default=0.10, help="smallest ITL p95 change that counts (default 10%%)"
-    )
+    for name in ("alpha", "threshold", "tail_threshold"):  # as the pytest options (settings_table)
+        add_setting(parser, name)
     parser.add_argument(
         "--columns", type=_columns, default=None, metavar="COLS",
         help="table columns after test and metric, from baseline, now, change, ci, p, verdict, or 'all' "

@@ -13,7 +13,7 @@ import argparse
 import contextlib
 import os
 
-from .common import positive_int
+from .common import add_setting, positive_int
 
 HELP = "latency-throughput curve of an OpenAI-compatible server at rising concurrency"
 
@@ -30,7 +30,7 @@ def _levels(text: str) -> list[int]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--endpoint", default=os.environ.get("LLMPERF_ENDPOINT"), help="API base URL (env LLMPERF_ENDPOINT)")
+    add_setting(where, "endpoint")
     where.add_argument("--serve", metavar="MODEL", help="start a server with this preset or GGUF for the run")
     parser.add_argument(
         "--server", choices=("llama-server", "llama-cpp-python"), default="llama-server",
@@ -38,12 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--parallel", type=positive_int, default=None,
                         help="llama-server slots with --serve (default: the highest concurrency level, at least 4)")
-    parser.add_argument("--threads", type=positive_int, default=None, help="server threads with --serve (default: all CPUs)")
+    add_setting(parser, "threads")  # of the server --serve starts
     parser.add_argument("--shared-prefix-tokens", type=positive_int, default=None,
                         help="the first N prompt words the same in every request (measures prefix caching)")
-    parser.add_argument("--api", choices=("completions", "chat"), default="completions")
-    parser.add_argument("--model", default=None, help="model name sent to the endpoint")
-    parser.add_argument("--api-key-env", default="LLMPERF_API_KEY", help="env var holding the API key")
+    for name in ("api", "api_model", "api_key_env"):
+        add_setting(parser, name)
     parser.add_argument("--concurrency", type=_levels, default=[1, 2, 4, 8], help="levels, e.g. 1,2,4,8")
     parser.add_argument("--requests", type=int, default=16, help="requests per level")
     parser.add_argument("--rate", type=float, default=None, help="Poisson arrivals, requests/s (seeded)")
@@ -54,8 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ttft-ms", type=float, default=None, help="TTFT SLO per request (for goodput)")
     parser.add_argument("--tpot-ms", type=float, default=None, help="TPOT SLO per request (for goodput)")
     parser.add_argument("--min-goodput", type=float, default=None, help="exit 1 if a level's goodput is below")
-    parser.add_argument("--request-timeout", type=float, default=300.0, help="seconds per request in all")
-    parser.add_argument("--token-timeout", type=float, default=30.0, help="seconds without data = stalled")
+    for name in ("request_timeout", "token_timeout"):
+        add_setting(parser, name)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from .common import positive_int
+from .common import add_setting
 
 HELP = "profile a model: prefill/decode speed, per-layer time, roofline, stability, memory"
 
@@ -25,12 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens generated per run (default 64)")
     parser.add_argument("--runs", type=int, default=10, help="measured runs (default 10)")
     parser.add_argument("--warmup", type=int, default=1, help="discarded warm-up runs (default 1)")
-    parser.add_argument("--threads", type=positive_int, default=None, help="llama.cpp threads (default: all usable CPUs)")
-    parser.add_argument("--n-gpu-layers", type=int, default=0, help="layers offloaded to a GPU (default 0)")
-    parser.add_argument("--n-ctx", type=int, default=None, help="llama.cpp context (default: prompt + generated)")
-    parser.add_argument("--n-batch", type=int, default=512)
-    parser.add_argument("--peak-bw", type=float, default=None, metavar="GB/s", help="peak memory bandwidth (default: probe)")
-    parser.add_argument("--peak-tflops", type=float, default=None, metavar="TFLOP/s", help="peak FLOP rate (default: CPU spec / GEMM)")
+    for name in ("threads", "gpu_layers", "n_ctx", "n_batch", "peak_bw", "peak_tflops"):  # as the pytest options
+        add_setting(parser, name)
     parser.add_argument("--reprobe-peaks", action="store_true", help="measure the machine's peaks again (else cached)")
     parser.add_argument("-o", "--output", default=None, help="write the report here instead of stdout")
 

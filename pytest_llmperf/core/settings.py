@@ -1,13 +1,12 @@
-"""Session settings: command line > environment > ini > default, and the model they name."""
+"""Settings facts light enough for every pytest start: defaults, names, the engine settings and
+the model they name (each setting's declaration: ``settings_table.SETTINGS``)."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
-
-from .errors import ConfigError
+from typing import Any
 
 DEFAULT_MODEL = "tiny"
 #: Names of the synthetic presets (``synthetic.PRESETS``), here so that reading the settings
@@ -44,8 +43,8 @@ ENGINE_DEFAULTS: dict[str, Any] = {
 }
 
 
-# Comparison defaults, as in ``regression`` (which imports scipy): the options' help text
-# needs them at plugin load (tests/test_plugin_cli.py checks the two agree).
+#: Comparison defaults (``judge.regression.CompareSettings``, ``llmperf compare``), here so the
+#: options' help text has them without importing scipy.
 DEFAULT_ALPHA = 0.01
 DEFAULT_THRESHOLD = 0.05
 DEFAULT_TAIL_THRESHOLD = 0.10
@@ -57,53 +56,24 @@ COMPARISON_COLUMN_NAMES = ("baseline", "now", "change", "ci", "p", "verdict")
 DEFAULT_SUMMARY_COLUMNS = ("ttft", "decode", "p95", "budget")
 DEFAULT_COMPARISON_COLUMNS = ("change", "ci", "verdict")
 
-# (option dest, environment variable, ini name, parser, default)
-_SOURCES: dict[str, tuple[str, str, Callable[[str], Any], Any]] = {
-    "model": ("LLMPERF_MODEL", "llmperf_model", str, DEFAULT_MODEL),
-    "threads": ("LLMPERF_THREADS", "llmperf_threads", int, None),
-    "n_ctx": ("LLMPERF_N_CTX", "llmperf_n_ctx", int, ENGINE_DEFAULTS["n_ctx"]),
-    "n_batch": ("LLMPERF_N_BATCH", "llmperf_n_batch", int, ENGINE_DEFAULTS["n_batch"]),
-    "gpu_layers": ("LLMPERF_GPU_LAYERS", "llmperf_gpu_layers", int, ENGINE_DEFAULTS["n_gpu_layers"]),
-    "max_engines": ("LLMPERF_MAX_ENGINES", "llmperf_max_engines", int, 2),
-    # Served models (engines/http.py): set an endpoint and the session measures it instead.
-    "endpoint": ("LLMPERF_ENDPOINT", "llmperf_endpoint", str, None),
-    "api": ("LLMPERF_API", "llmperf_api", str, "completions"),
-    "api_model": ("LLMPERF_API_MODEL", "llmperf_api_model", str, None),
-    "api_key_env": ("LLMPERF_API_KEY_ENV", "llmperf_api_key_env", str, "LLMPERF_API_KEY"),
-    "request_timeout": ("LLMPERF_REQUEST_TIMEOUT", "llmperf_request_timeout", float, 300.0),
-    "token_timeout": ("LLMPERF_TOKEN_TIMEOUT", "llmperf_token_timeout", float, 30.0),
-}
-
-INI_HELP = {
-    "llmperf_model": "model for llmperf tests: a GGUF path or a synthetic preset (tiny, small)",
-    "llmperf_threads": "llama.cpp threads (default: all usable CPUs)",
-    "llmperf_n_ctx": "llama.cpp context size (default: each workload's prompt + generated tokens)",
-    "llmperf_n_batch": "llama.cpp batch size for prompt evaluation (default 512)",
-    "llmperf_gpu_layers": "layers offloaded to the GPU (default 0)",
-    "llmperf_max_engines": "llama.cpp engines (per-test settings) alive at once (default 2)",
-    "llmperf_endpoint": "OpenAI-compatible API base URL to measure instead of llama.cpp in process",
-    "llmperf_api": "API of the endpoint: completions (default) or chat",
-    "llmperf_api_model": "model name sent to the endpoint (default: the server's default)",
-    "llmperf_api_key_env": "environment variable holding the endpoint's API key (default LLMPERF_API_KEY)",
-    "llmperf_request_timeout": "seconds one request may take in all (default 300)",
-    "llmperf_token_timeout": "seconds without data before a stream counts as stalled (default 30)",
-}
-
 
 @dataclass(frozen=True)
 class EngineSettings:
+    """What the session measures (the engine half of the settings; defaults, sources and
+    parsing in ``settings_table.SETTINGS``, whose names these fields carry)."""
+
     model: str
     threads: int | None
     n_ctx: int | None
     n_batch: int
     gpu_layers: int
-    max_engines: int = 2
-    endpoint: str | None = None
-    api: str = "completions"
-    api_model: str | None = None
-    api_key_env: str = "LLMPERF_API_KEY"
-    request_timeout: float = 300.0
-    token_timeout: float = 30.0
+    max_engines: int
+    endpoint: str | None
+    api: str
+    api_model: str | None
+    api_key_env: str
+    request_timeout: float
+    token_timeout: float
 
     @property
     def preset(self) -> str | None:
@@ -115,35 +85,6 @@ class EngineSettings:
     @property
     def model_label(self) -> str:
         return f"synthetic-{self.preset}" if self.preset else Path(self.model).stem
-
-
-
-def resolve(getoption: Callable[[str], Any], getini: Callable[[str], Any]) -> EngineSettings:
-    values: dict[str, Any] = {}
-    for name, (env, ini, parse, default) in _SOURCES.items():
-        cli = getoption(f"llmperf_{name}")
-        if cli is not None:
-            raw, source = cli, f"--llmperf-{name.replace('_', '-')}"
-        elif os.environ.get(env):
-            raw, source = os.environ[env], f"${env}"
-        elif getini(ini):
-            raw, source = getini(ini), f"ini {ini}"
-        else:
-            values[name] = default
-            continue
-        try:
-            values[name] = parse(raw)
-        except ValueError:
-            raise ConfigError(f"{source}: expected {parse.__name__}, got {raw!r}") from None
-    for name in ("threads", "n_ctx", "n_batch", "max_engines"):
-        if values[name] is not None and values[name] < 1:
-            raise ConfigError(f"llmperf setting {name} must be >= 1, got {values[name]}")
-    for name in ("request_timeout", "token_timeout"):
-        if not values[name] > 0:
-            raise ConfigError(f"llmperf setting {name} must be > 0 seconds, got {values[name]}")
-    if values["api"] not in ("completions", "chat"):
-        raise ConfigError(f"llmperf setting api must be completions or chat, got {values['api']!r}")
-    return EngineSettings(**values)
 
 
 def parse_fraction(text: str | float, *, high: float = 10.0) -> float:

@@ -41,9 +41,9 @@ from ..core.trace import RunTrace
 from ..core.workload import Workload
 from .callable import synthetic_text
 from .sse import MAX_ERROR_BODY_BYTES, MAX_LINE_BYTES, EarlyEndError, EventSplitter, LineSplitter, StreamState, fit_stamps, head, lines, sse_data, short
+from ..core.settings_table import APIS, SETTINGS  # the defaults: one definition each
 
-APIS = ("completions", "chat")
-DEFAULT_API_KEY_ENV = "LLMPERF_API_KEY"
+DEFAULT_API_KEY_ENV: str = SETTINGS["api_key_env"].default
 REDACTED = "***"
 
 
@@ -63,11 +63,11 @@ class HttpEngine:
         endpoint: str,
         *,
         model: str | None = None,
-        api: str = "completions",
+        api: str = APIS[0],
         api_key_env: str = DEFAULT_API_KEY_ENV,
         connect_timeout_s: float = 5.0,
-        token_timeout_s: float = 30.0,
-        request_timeout_s: float = 300.0,
+        token_timeout_s: float = SETTINGS["token_timeout"].default,
+        request_timeout_s: float = SETTINGS["request_timeout"].default,
         ignore_eos: bool = True,
         extra_body: dict[str, Any] | None = None,
         prompt_salt: int | None = None,

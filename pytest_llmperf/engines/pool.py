@@ -21,10 +21,11 @@ from collections import Counter, OrderedDict
 from typing import Any, Callable, Iterable
 
 from ..core.errors import EngineError
+from ..core.settings_table import SETTINGS
 from .config import EngineConfig
 
 #: Engines alive at once, unless the session says otherwise (``--llmperf-max-engines``).
-DEFAULT_MAX_ALIVE = 2
+DEFAULT_MAX_ALIVE: int = SETTINGS["max_engines"].default
 
 
 class EnginePool:

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 from scipy.stats import mannwhitneyu
 
+from ..core.settings import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from .compare import holm
 
 
@@ -57,7 +58,7 @@ class LayerChange:
 
 
 def compare_layers(
-    baseline: Mapping[str, Any], candidate: Mapping[str, Any], *, alpha: float = 0.01, threshold: float = 0.05
+    baseline: Mapping[str, Any], candidate: Mapping[str, Any], *, alpha: float = DEFAULT_ALPHA, threshold: float = DEFAULT_THRESHOLD
 ) -> tuple[LayerChange, ...]:
     """Every layer of both phases, baseline vs now; () when either record has no layer data or
     the models' layers differ."""

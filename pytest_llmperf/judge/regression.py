@@ -16,10 +16,8 @@ from .compare import JUDGED, METRICS, MIN_PEERS, SUITE_ALPHA_SHARE, Comparison, 
 from ..core.fingerprint import other_hardware_note, subject_changes
 from .layer_diff import LayerChange, compare_layers
 from ..baselines.records import same_workload
+from ..core.settings import DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRESHOLD
 
-DEFAULT_ALPHA = 0.01
-DEFAULT_THRESHOLD = 0.05
-DEFAULT_TAIL_THRESHOLD = 0.10
 #: Recorded sessions a baseline keeps per test and hardware (the newest K, rolling).
 HISTORY_SESSIONS = 10
 

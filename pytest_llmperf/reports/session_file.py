@@ -65,18 +65,18 @@ def write_baselines(
     return written
 
 
-def session_json(results: list[Mapping[str, Any]], created_at: str) -> str:
-    return json.dumps(
-        {
-            "schema": SESSION_SCHEMA,
-            "schema_version": SESSION_SCHEMA_VERSION,
-            "created_at": created_at,
-            "results": results,
-        },
-        indent=1,
-        sort_keys=True,
-        allow_nan=False,
-    )
+def session_json(results: list[Mapping[str, Any]], created_at: str, ab: list[Mapping[str, Any]] | None = None) -> str:
+    """The ``--llmperf-json`` file; ``ab``: the A/B comparisons (``llmperf.compare()``), under
+    their own key (written only when the session ran one)."""
+    data: dict[str, Any] = {
+        "schema": SESSION_SCHEMA,
+        "schema_version": SESSION_SCHEMA_VERSION,
+        "created_at": created_at,
+        "results": results,
+    }
+    if ab:
+        data["ab"] = ab
+    return json.dumps(data, indent=1, sort_keys=True, allow_nan=False)
 
 
 def load_session(path: Path) -> list[dict[str, Any]]:

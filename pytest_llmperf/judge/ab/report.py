@@ -31,3 +31,34 @@ def attach(report: Any, results: Sequence[ABResult]) -> Any:
     elif lines and report.failed and isinstance(report.longrepr, str):
         report.longrepr += "\n" + "\n".join(lines)
     return report
+
+
+def as_dict(r: ABResult) -> dict[str, Any]:
+    """One A/B comparison as JSON values (the session JSON's ``ab`` entries): both sides'
+    medians, every paired comparison and every relative budget's outcome."""
+    import dataclasses
+
+    def side(name: str, m: Any) -> dict[str, Any]:
+        figures = {k: _finite(getattr(m, k)) for k in ("ttft_ms", "tpot_ms", "decode_tps", "e2e_ms")}
+        return {"name": name, "engine": m.engine.describe(), "runs": m.n_runs, **figures}
+
+    return {
+        "label": r.label,
+        "a": side(r.a_name, r.a),
+        "b": side(r.b_name, r.b),
+        "orders": list(r.orders),
+        "comparisons": [{k: _finite(v) for k, v in dataclasses.asdict(c).items()} for c in r.comparisons],
+        "budgets": [
+            {"kind": o.budget.kind, "target": o.budget.target, "metric": o.budget.metric, "value": o.budget.value,
+             "status": o.status, "line": o.line(r.a_name, r.b_name)}
+            for o in r.budgets
+        ],
+        "failures": r.failure_lines(),
+    }
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN or infinity: such a figure is written as null."""
+    import math
+
+    return None if isinstance(value, float) and not math.isfinite(value) else value

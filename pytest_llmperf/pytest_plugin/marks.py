@@ -1,0 +1,153 @@
+"""The ``llmperf`` marker on pytest items, as plain functions the hooks call (as pytest-memray
+keeps its marks): the merged marker config, which items measure, what collection does to them."""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from ..core.errors import ConfigError
+from ..judge.marker import PROMPT_KEYS, MarkerConfig, validate
+
+if TYPE_CHECKING:
+    from ..session import Session
+    from .fixture import LLMPerf
+
+MARKER = "llmperf"
+XDIST_GROUP = "llmperf"
+PLUGIN_NAME = "llmperf-manager"
+MARKER_CONFIG = pytest.StashKey[MarkerConfig]()
+FIXTURE = pytest.StashKey["LLMPerf"]()
+SESSION = pytest.StashKey["Session"]()
+
+
+def session_of(config: pytest.Config) -> "Session":
+    return config.stash[SESSION]
+
+
+def marker_config(item: pytest.Item) -> MarkerConfig | None:
+    """Module, class and function markers merged; the closest one wins per key."""
+    marks = list(item.iter_markers(MARKER))
+    if not marks:
+        return None
+    kwargs: dict[str, Any] = {}
+    args: tuple[Any, ...] = ()
+    for mark in reversed(marks):
+        if PROMPT_KEYS & mark.kwargs.keys():  # prompt and prompt_tokens are one choice
+            for key in PROMPT_KEYS:
+                kwargs.pop(key, None)
+        kwargs.update(mark.kwargs)
+        args += mark.args
+    return validate(kwargs, args)
+
+
+def uses_llmperf(item: pytest.Item) -> bool:
+    return any(name.startswith("llmperf") for name in getattr(item, "fixturenames", ()))
+
+
+def is_perf(item: pytest.Item) -> bool:
+    """Measures or loads a model: the marker, or an ``llmperf*`` fixture."""
+    return MARKER_CONFIG in item.stash or uses_llmperf(item)
+
+
+def stash_markers(report: pytest.CollectReport) -> None:
+    """Each collected item's merged marker (a bad one fails its module's collection, one line
+    per item); a fixture user gets the mark, so ``-m "not llmperf"`` deselects it."""
+    errors = []
+    for node in report.result:
+        if isinstance(node, pytest.Item):
+            try:
+                config = marker_config(node)
+            except ConfigError as exc:
+                errors.append(f"{node.nodeid}: {exc}")
+                continue
+            if config is not None:
+                node.stash[MARKER_CONFIG] = config
+            elif uses_llmperf(node):
+                node.add_marker(MARKER)
+    if errors:
+        report.outcome = "failed"
+        report.longrepr = "\n".join(errors)
+        report.result = []
+
+
+def select(config: pytest.Config, items: list[pytest.Item], skip: bool, only: bool) -> list[pytest.Item]:
+    """The perf items to run: a marker-only test gets the ``llmperf`` fixture (requested here,
+    not by an autouse fixture every plain test pays for); ``--llmperf-skip``/``-only`` skip."""
+    perf = [i for i in items if is_perf(i)]
+    for item in perf:
+        names = getattr(item, "fixturenames", None)
+        if MARKER_CONFIG in item.stash and names is not None and "llmperf" not in names:
+            names.append("llmperf")
+    if skip:
+        for item in perf:
+            item.add_marker(pytest.mark.skip(reason="llmperf test (--llmperf-skip)"))
+        return []
+    if only:
+        perf_ids = {id(i) for i in perf}
+        for item in items:
+            if id(item) not in perf_ids:
+                item.add_marker(pytest.mark.skip(reason="not an llmperf test (--llmperf-only)"))
+    return perf
+
+
+def group_on_worker(config: pytest.Config, items: list[pytest.Item], perf: list[pytest.Item]) -> None:
+    """An xdist worker: llmperf tests in one group (``xdist_groups``) under ``--dist
+    loadgroup``, else a warning that they may run side by side."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None:
+        return
+    dist = workerinput.get("llmperf_dist")
+    if dist == "loadgroup":
+        from .xdist_groups import item_group, write_groups
+
+        perf_ids = {id(i) for i in perf}
+        for item in perf:
+            item.add_marker(pytest.mark.xdist_group(XDIST_GROUP))
+        groups = [(i.nodeid, item_group(i, id(i) in perf_ids)) for i in items]
+        folder = workerinput.get("llmperf_groups_dir")
+        if folder:
+            write_groups(folder, workerinput["workerid"], [(n, g) for n, g in groups if g])
+    elif perf:
+        warnings.warn(
+            pytest.PytestWarning(
+                f"llmperf: {len(perf)} perf test(s) under pytest-xdist --dist {dist} may run side by side "
+                "and measure each other; use --dist loadgroup (or -p no:xdist)"
+            )
+        )
+
+
+def planned(items: list[pytest.Item]) -> tuple[int, dict[str, Any]]:
+    """(tests that will measure, ``{nodeid: llama.cpp keys}`` their markers name)."""
+    running = [i for i in items if is_perf(i) and not i.get_closest_marker("skip")]
+    engines = {}
+    for item in running:
+        config = item.stash.get(MARKER_CONFIG, None)
+        if config is not None and config.engine:
+            engines[item.nodeid] = config.engine
+    return len(running), engines
+
+
+def header(config: pytest.Config, session: "Session", engine_note: str | None) -> list[str]:
+    """``pytest_report_header``: under xdist the controller collects nothing itself, so it says
+    here what its workers will measure, and how they are spread."""
+    dist = getattr(config.option, "dist", "no")
+    lines = session.describe(engine_note) if dist not in ("no", None) else []
+    if dist == "loadgroup":
+        lines.append("llmperf: pytest-xdist --dist loadgroup: llmperf tests run on one worker, others spread")
+    elif dist not in ("no", None):
+        lines.append(f"llmperf: pytest-xdist --dist {dist} may run llmperf tests side by side; use loadgroup")
+    return lines
+
+
+def terminal_width(config: pytest.Config) -> int:
+    """The terminal's width (``$COLUMNS``, else the tty's, else 80): tables fit it."""
+    tr = config.pluginmanager.get_plugin("terminalreporter")
+    try:
+        return int(tr._tw.fullwidth)
+    except (AttributeError, TypeError, ValueError):
+        import shutil
+
+        return shutil.get_terminal_size().columns

@@ -1,0 +1,161 @@
+"""One llmperf session without pytest: settings read once, engines, baseline assessments, the
+results collected, the files written at the end and the summary lines.
+
+The pytest layer (``pytest_plugin``) creates one ``Session`` per pytest run and hands it plain
+values (test ids, module paths, the terminal's width); a script can do the same::
+
+    session = Session(SessionSettings.of(".", threads=1))
+    engine = session.engine()
+
+Light: imported at every pytest start, so numpy, scipy, llama_cpp and the reports are
+imported inside the methods that need them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from .assess import Assessment, Assessor, FingerprintHook
+from .config import SessionSettings
+from .engines import Engines, MakeEngineHook, describe
+from .finish import Outputs, finish
+from .results import CallReport, call_report
+from .summary import Line, summary
+
+__all__ = ["Assessment", "CallReport", "Session", "SessionSettings"]
+
+
+def _no_fingerprint_hook(hardware: dict, subject: dict, info: Any) -> None:
+    return None
+
+
+def _no_engine_hook(settings: Any, engine_config: Any) -> Any:
+    return None
+
+
+class Session:
+    """State of one session. ``is_worker``: a pytest-xdist worker, which measures and ships its
+    results to the controller but writes no file."""
+
+    def __init__(
+        self,
+        settings: SessionSettings,
+        *,
+        fingerprint_hook: FingerprintHook = _no_fingerprint_hook,
+        make_engine_hook: MakeEngineHook = _no_engine_hook,
+        is_worker: bool = False,
+        started_at: str | None = None,
+    ) -> None:
+        self.settings = settings
+        self.is_worker = is_worker
+        self.started_at = started_at or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        self.engines = Engines(settings.engine, make_engine_hook)
+        self.assessor = Assessor(settings, self.started_at, fingerprint_hook)
+        #: Summary rows (one per measurement) and result dicts (``results.result_of``), of
+        #: this process's tests or, on the xdist controller, of every worker's.
+        self.rows: list[dict[str, Any]] = []
+        self.results: list[dict[str, Any]] = []
+        self.ab_results: list[dict[str, Any]] = []
+        #: Tests that will measure (after deselection) and labelled measurements beyond a
+        #: test's first seen so far: the size of Holm's family.
+        self.measuring_tests = 0
+        self.extra_measurements = 0
+        self.labels_seen: dict[str, set[str]] = {}
+        self.suite_failures: list[str] = []
+        self.outputs: Outputs | None = None
+
+    # -- measuring ---------------------------------------------------------------------------
+
+    def engine(self, overrides: Any = None) -> Any:
+        """The engine a test measures (raises EngineError: one line)."""
+        return self.engines.get(overrides)
+
+    def measure_options(self, engine: Any, marker: Any) -> dict[str, Any]:
+        return self.assessor.measure_options(engine, marker)
+
+    @property
+    def planned_measurements(self) -> int:
+        """Measurements this process will judge (tests after deselection, plus labels seen)."""
+        return self.measuring_tests + self.extra_measurements
+
+    @property
+    def family_size(self) -> int:
+        from ..judge.compare import JUDGED
+
+        return self.planned_measurements * len(JUDGED)
+
+    def assess(self, nodeid: str, module: Path | str, m: Any, marker: Any) -> Assessment:
+        """Record ``m`` and judge it against its baseline. Raises LLMPerfError (one line) when a
+        fingerprint hook answers wrongly."""
+        labels = self.labels_seen.setdefault(nodeid, set())
+        if m.label not in labels:  # a sequential measurement's later looks are not new members
+            labels.add(m.label)
+            if len(labels) > 1:
+                self.extra_measurements += 1
+        return self.assessor.assess(
+            nodeid, Path(module), m, marker, family_size=self.family_size, peers=self.planned_measurements
+        )
+
+    def plan(self, measuring_tests: int, engines: Mapping[str, Any]) -> None:
+        """After collection: how many tests will measure, and the llama.cpp settings their
+        markers name (``{nodeid: engine keys}``)."""
+        self.measuring_tests = measuring_tests
+        self.extra_measurements = 0
+        self.engines.plan(dict(engines))
+
+    def describe(self, engine_note: str | None = None) -> list[str]:
+        """The header lines: what the tests measure; ``engine_note``: a hook may replace it."""
+        s = self.settings
+        return describe(s.engine, s.threads_source, s.disable, engine_note)
+
+    # -- reporting ---------------------------------------------------------------------------
+
+    def call_report(
+        self, nodeid: str, results: Sequence[Any], ab_results: Sequence[Any], width: int, hook_error: str | None = None
+    ) -> CallReport:
+        """What one test's call report gets (``results.call_report``)."""
+        s = self.settings
+        return call_report(
+            nodeid, results, ab_results, columns=s.columns, width=width, budgets_gate=s.budgets_gate,
+            failure_lines=self.assessor.failure_lines, hook_error=hook_error,
+        )
+
+    def collect(self, rows: Sequence[Mapping[str, Any]], results: Sequence[Mapping[str, Any]],
+                ab_results: Sequence[Mapping[str, Any]] = ()) -> None:
+        """One test's rows and results, in this process or arrived from an xdist worker."""
+        self.rows.extend(dict(r) for r in rows)
+        self.results.extend(dict(r) for r in results)
+        self.ab_results.extend(dict(r) for r in ab_results)
+
+    def suite_check(self) -> list[str]:
+        """Once every result is in: measurements slower than the rest of the suite (fails the
+        session, like a coverage threshold; none while recording or in smoke mode)."""
+        s = self.settings
+        self.suite_failures = []
+        if s.compare and not s.update_baselines and not self.is_worker and self.results:
+            from ..judge.regression import CompareSettings, suite_check
+
+            peers = len({(r.get("test"), r.get("label")) for r in self.results})
+            settings = CompareSettings(**s.compare_values, peers=max(peers, self.planned_measurements))
+            self.suite_failures = suite_check(self.results, settings)
+        return self.suite_failures
+
+    def finish(self, environ: Mapping[str, str] | None = None) -> Outputs | None:
+        """Write baselines, history and reports (not on a worker; nothing when no llmperf test
+        ran and no report was asked for). ``outputs.failed``: the session must fail."""
+        s = self.settings
+        if self.is_worker or not (self.results or self.rows or s.json or s.html or s.markdown):
+            return None
+        env = os.environ if environ is None else environ
+        self.outputs = finish(s, self.results, self.ab_results, self.started_at, env.get("GITHUB_STEP_SUMMARY"))
+        return self.outputs
+
+    def summary(self, verbosity: int, width: int) -> list[Line]:
+        return summary(self.settings, self.rows, self.results, self.outputs, self.suite_failures,
+                       verbosity=verbosity, width=width)
+
+    def close(self) -> None:
+        self.engines.close()

@@ -1,0 +1,158 @@
+"""A measurement against its baseline: the fingerprint of its engine, the record it makes,
+the stored baselines (read once per file) and the verdict, and the lines that fail a test."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from .config import SessionSettings
+
+if TYPE_CHECKING:
+    from ..baselines.store import BaselineError
+    from ..core.fingerprint import Fingerprint
+    from ..judge.marker import MarkerConfig
+    from ..judge.regression import BaselineVerdict
+    from ..measure.metrics import Measurement
+
+#: ``fn(hardware, subject, engine_info)``: edits the fingerprint in place (the pytest layer's
+#: ``pytest_llmperf_fingerprint``); raises LLMPerfError for a wrong edit.
+FingerprintHook = Callable[[dict, dict, Any], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Assessment:
+    """A measurement's record and what its baseline says, ready to travel on the report."""
+
+    key: str
+    baseline_file: str
+    hardware_key: str
+    record: dict[str, Any]
+    verdict: "BaselineVerdict | None"
+    baseline_record: dict[str, Any] | None = None  # the entry the verdict compared against (HTML plots)
+
+
+class Assessor:
+    """Per session: fingerprints per engine, baseline files read once, machine peaks probed once."""
+
+    def __init__(self, settings: SessionSettings, started_at: str, fingerprint_hook: FingerprintHook) -> None:
+        self.settings = settings
+        self.started_at = started_at
+        self.fingerprint_hook = fingerprint_hook
+        self.baselines_read: dict[Path, dict[str, Any] | BaselineError] = {}
+        self.fingerprints: dict[Any, Fingerprint] = {}
+        self.hardware: dict[str, Any] | None = None
+        self.peaks: Any = None
+
+    def fingerprint(self, m: "Measurement") -> "Fingerprint":
+        from ..core.fingerprint import Fingerprint, hardware, subject
+
+        key = m.engine
+        if key not in self.fingerprints:
+            if self.hardware is None:
+                self.hardware = hardware()
+            hw, subj = dict(self.hardware), subject(m.engine)
+            self.fingerprint_hook(hw, subj, m.engine)  # conftest/plugins add their keys
+            self.fingerprints[key] = Fingerprint(hw, subj)
+        return self.fingerprints[key]
+
+    def baselines(self, path: Path) -> dict[str, Any]:
+        from ..baselines import store
+        from ..baselines.store import BaselineError
+
+        if path not in self.baselines_read:
+            try:
+                self.baselines_read[path] = store.load(path)
+            except BaselineError as exc:
+                self.baselines_read[path] = exc
+        loaded = self.baselines_read[path]
+        if isinstance(loaded, BaselineError):
+            raise loaded
+        return loaded
+
+    def assess(
+        self, nodeid: str, module: Path, m: "Measurement", marker: "MarkerConfig", *, family_size: int, peers: int
+    ) -> Assessment:
+        """The record of ``m`` (test ``nodeid`` in file ``module``) and, unless only budgets
+        gate, its verdict against the stored baseline."""
+        from ..baselines import store
+        from ..baselines.records import record
+        from ..baselines.store import BaselineError
+        from ..judge.regression import BaselineVerdict, CompareSettings, judge
+
+        s = self.settings
+        fp = self.fingerprint(m)
+        rec = record(m, fp, commit=commit(s.rootdir), recorded_at=self.started_at)
+        if s.compare or s.update_baselines:
+            from ..baselines import reference
+
+            rec["reference"] = reference.measure()  # after the runs: never inside a timed region
+        module = Path(module).resolve()
+        try:
+            rel = module.relative_to(Path(s.rootdir).resolve())
+        except ValueError:
+            rel = Path(module.name)
+        path = store.module_file(s.baseline_dir, rel.as_posix())
+        key = store.entry_key(nodeid, m.label)
+        verdict = None
+        baseline_record = None
+        if s.compare:
+            settings = CompareSettings(
+                **{**s.compare_values, **marker.settings}, family_size=family_size or None, peers=peers
+            )
+            try:
+                entries = self.baselines(path).get(key)
+                verdict = judge(entries, fp.hardware_key, rec, settings)
+                if verdict.status == "compared":
+                    baseline_record = entries[fp.hardware_key]
+            except BaselineError as exc:
+                verdict = BaselineVerdict("error", str(exc))
+        return Assessment(key, path.relative_to(s.baseline_dir).as_posix(), fp.hardware_key, rec, verdict, baseline_record)
+
+    def measure_options(self, engine: Any, marker: "MarkerConfig") -> dict[str, Any]:
+        """What to measure besides the runs: per-layer timing and the roofline (in-process only;
+        a marker's ``layers=True`` on another engine is an error the runner reports)."""
+        s = self.settings
+        in_process = getattr(engine, "supports_layer_timing", False)  # the engine's declared capability
+        layers = marker.options.get("layers", s.layers and in_process)
+        wants_roofline = layers or "min_mbu" in marker.budgets or s.roofline or s.peak_bw or s.peak_tflops
+        peaks = None
+        if wants_roofline and in_process:
+            from ..measure.machine_peak import machine_peaks
+
+            if self.peaks is None:
+                self.peaks = machine_peaks(given_bw_gbs=s.peak_bw, given_tflops=s.peak_tflops)
+            peaks = self.peaks
+        return {"layers": layers, "peaks": peaks}
+
+    def failure_lines(self, assessment: Assessment) -> list[str]:
+        """What fails the test on its baseline's account (none while updating baselines)."""
+        v, s = assessment.verdict, self.settings
+        if v is None or s.update_baselines:
+            return []  # updating: the run is recorded as the new baseline (an unreadable file is moved aside)
+        if v.status == "error":
+            return [v.note]
+        if v.status == "no-baseline" and s.require_baseline:
+            return [f"{assessment.key}: {v.note} (--llmperf-require-baseline)"]
+        if v.status == "other-hardware" and s.strict_env:
+            return [f"{v.note} (--llmperf-strict-env)"]
+        return v.failure_lines()
+
+
+@functools.lru_cache(maxsize=None)
+def commit(root: Path) -> str | None:
+    """The commit under test: $GITHUB_SHA / $CI_COMMIT_SHA, else git's HEAD, else None."""
+    for env in ("GITHUB_SHA", "CI_COMMIT_SHA"):
+        if os.environ.get(env):
+            return os.environ[env][:12]
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None

@@ -1,0 +1,86 @@
+"""The end of a session, in the process that owns it (never an xdist worker): baselines
+written when asked, the history appended, the JSON/HTML/Markdown reports and the CI step
+summary. A file that cannot be written costs one line; a baseline that cannot be written
+also fails the session (``Outputs.failed``), its old file left as it was."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from ..core.errors import LLMPerfError
+from .config import SessionSettings
+
+
+@dataclass
+class Outputs:
+    """What the end of the session wrote, and the one line of each thing it could not write."""
+
+    written: list[tuple[Path, Path | None]] = field(default_factory=list)  # baseline file, moved-aside copy
+    write_errors: list[str] = field(default_factory=list)
+    baseline_errors: list[str] = field(default_factory=list)
+    history_line: str | None = None
+    html_written: Path | None = None
+    html_error: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        """A baseline asked for (``--llmperf-update-baselines``) was not written: the session fails."""
+        return bool(self.baseline_errors)
+
+
+def write_file(path: Path, text: str, errors: list[str]) -> None:
+    from ..baselines.store import atomic_write
+
+    try:
+        atomic_write(path, text)
+    except OSError as exc:
+        errors.append(f"llmperf: cannot write {path}: {exc.strerror or exc}")
+
+
+def finish(
+    s: SessionSettings,
+    results: Sequence[Mapping[str, Any]],
+    ab_results: Sequence[Mapping[str, Any]],
+    started_at: str,
+    step_summary: str | None,
+) -> Outputs:
+    """Write what the session asked for; ``step_summary``: ``$GITHUB_STEP_SUMMARY``'s file."""
+    from ..judge.regression import session_holm
+    from ..reports import session_file
+
+    out = Outputs()
+    session_holm(results)  # the "p (Holm)" shown: over every comparison of the session
+    if s.update_baselines and results:
+        out.written = session_file.write_baselines(s.baseline_dir, results, out.baseline_errors)
+    html_results: Any = results
+    if s.history is not None and results and not s.disable:
+        from ..history import keep
+
+        out.history_line, html_results = keep(
+            s.history, results, started_at, s.rootdir, s.compare, trends=bool(s.html)
+        )
+    if s.json:
+        write_file(Path(s.json), session_file.session_json(list(results), started_at, ab=list(ab_results)),
+                   out.write_errors)
+    md_extra: list[str] = []
+    if s.html:
+        from ..reports import html
+
+        try:
+            out.html_written = html.write_html(Path(s.html), html_results, started_at)
+            md_extra = html.markdown_lines(Path(s.html), Path(s.markdown) if s.markdown else None, results)
+        except (OSError, LLMPerfError) as exc:
+            out.html_error = f"llmperf: HTML report not written: {exc}"
+    md = session_file.markdown(list(results), md_extra, budgets_gate=s.budgets_gate) if results else ""
+    if s.markdown and md:
+        write_file(Path(s.markdown), md, out.write_errors)
+    if step_summary and md:
+        step_extra = [f"Plots: HTML report `{s.html}` (keep it as a CI artifact)."] if out.html_written else []
+        try:
+            with open(step_summary, "a", encoding="utf-8") as fh:
+                fh.write(session_file.markdown(list(results), step_extra, budgets_gate=s.budgets_gate))
+        except OSError as exc:
+            out.write_errors.append(f"llmperf: cannot write {step_summary}: {exc.strerror or exc}")
+    return out
