@@ -295,4 +295,14 @@ def test_bad_option_value_is_a_usage_error(pytester: pytest.Pytester) -> None:
     pytester.makepyfile("def test_nothing(): pass")
     result = run(pytester, "--llmperf-threads", "many")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--llmperf-threads: expected int, got 'many'*"])
+    result.stderr.fnmatch_lines(["*--llmperf-threads: expected an integer >= 1, got 'many'*"])
+
+
+def test_bad_environment_value_is_a_usage_error_naming_it(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytester.makepyfile("def test_nothing(): pass")
+    monkeypatch.setenv("LLMPERF_THREADS", "0")
+    result = run(pytester)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*$LLMPERF_THREADS: must be >= 1, got 0*"])

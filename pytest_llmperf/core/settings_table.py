@@ -260,9 +260,10 @@ def resolve(
         if s.switch:
             out[s.name] = Resolved(bool(given), s.option if given else "default")
             continue
-        if given is not None:
-            raw, source = given, s.option
-        elif s.env and environ.get(s.env):
+        if given is not None:  # parsed already (the option's argparse type)
+            out[s.name] = Resolved(given, s.option)
+            continue
+        if s.env and environ.get(s.env):
             raw, source = environ[s.env], f"${s.env}"
         elif s.ini and getini(s.ini_key):
             raw, source = getini(s.ini_key), f"ini {s.ini_key}"
