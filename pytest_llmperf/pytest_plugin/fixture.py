@@ -4,34 +4,23 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import pytest
 
-from ..judge.budgets import BudgetFailure, check_budgets
+from ..judge.budgets import check_budgets
 from ..core.errors import LLMPerfError
 from ..measuring.metrics import Measurement
 from ..measuring.runner import extend, measure
 from ..judge.marker import MarkerConfig
 from ..core.workload import Workload
+from ..session.results import Result  # noqa: F401  (here too: hooks and tests name it fixture.Result)
 
 if TYPE_CHECKING:
     from ..engines.llama_cpp import LlamaCppEngine
 
 #: Workload keys ``--llmperf-disable`` overrides: one run, no warm-up (a smoke test).
 SMOKE = {"runs": 1, "warmup": 0}
-
-
-@dataclass(frozen=True)
-class Result:
-    measurement: Measurement
-    failure: BudgetFailure | None
-    n_budgets: int
-    baseline: Any = None  # what the plugin's ``assess`` returned (baseline comparison)
-    budgets: Mapping[str, float] = field(default_factory=dict)  # the marker's, drawn as lines in the HTML report
-    #: What a ``pytest_llmperf_result`` hook attached (JSON values): the JSON report's ``extra_info``.
-    extra_info: Mapping[str, Any] = field(default_factory=dict)
 
 
 #: Default cap of a sequential measurement: this many times the marker's ``runs``.

@@ -5,7 +5,24 @@ wire and become the session JSON (``result_of``: their one construction)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from ..judge.budgets import BudgetFailure
+    from ..measure.metrics import Measurement
+
+
+@dataclass(frozen=True)
+class Result:
+    """One measurement of a test, as ``pytest_llmperf_result`` sees it."""
+
+    measurement: "Measurement"
+    failure: "BudgetFailure | None"
+    n_budgets: int
+    baseline: Any = None  # the session's ``assess.Assessment`` (baseline comparison)
+    budgets: Mapping[str, float] = field(default_factory=dict)  # the marker's, drawn as lines in the HTML report
+    #: What a ``pytest_llmperf_result`` hook attached (JSON values): the JSON report's ``extra_info``.
+    extra_info: Mapping[str, Any] = field(default_factory=dict)
 
 
 def result_of(nodeid: str, r: Any) -> dict[str, Any]:
