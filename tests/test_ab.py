@@ -3,6 +3,7 @@ fixture and marker forms on real engines (callables and llama.cpp)."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import time
@@ -195,7 +196,7 @@ def test_marker_and_fixture_forms_in_a_session(pytester: pytest.Pytester) -> Non
             pass
         """
     )
-    result = run(pytester, "-rA")
+    result = run(pytester, "-rA", "--llmperf-json", "session.json")
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.re_match_lines([
         r"^decode: B \[slow\] vs A \[fast\]: TPOT B/A \d\.\d{3} \(95% CI \d\.\d{3}\.\.\d\.\d{3}, 6 pairs\) "
@@ -205,6 +206,16 @@ def test_marker_and_fixture_forms_in_a_session(pytester: pytest.Pytester) -> Non
     assert "A: flash_attn=False" in out and "B: flash_attn=True" in out
     assert re.search(r"3 pairs interleaved \(\d AB, \d BA, seeded\)", out)
     assert "Traceback" not in out
+    # A/B comparisons reach the session JSON, under "ab" (not through pytest_llmperf_result).
+    ab = {e["test"].split("::")[1]: e for e in json.loads((pytester.path / "session.json").read_text())["ab"]}
+    assert set(ab) == {"test_marker_form", "test_fixture_form[same]", "test_llama_settings_sides"}
+    marker = ab["test_marker_form"]
+    assert (marker["a"]["name"], marker["b"]["name"], len(marker["orders"])) == ("fast", "slow", 6)
+    assert [(b["target"], b["status"]) for b in marker["budgets"]] == [("decode", "breached")]
+    assert marker["failures"] == [marker["budgets"][0]["line"]]
+    decode = next(c for c in marker["comparisons"] if c["metric"] == "tpot_ms")
+    assert decode["n_pairs"] == 6 and decode["ratio"] > 1
+    assert ab["test_fixture_form[same]"]["label"] == "same" and ab["test_fixture_form[same]"]["failures"] == []
 
 
 def test_bad_side_fails_collection_with_one_line(pytester: pytest.Pytester) -> None:

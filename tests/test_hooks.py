@@ -180,6 +180,18 @@ def test_a_wrong_hook_return_fails_the_test_with_one_line(pytester: pytest.Pytes
     result.stdout.fnmatch_lines([line])
 
 
+def test_llmperf_llm_of_a_hook_engine_says_what_to_use(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(example("engine"))
+    pytester.makepyfile(test_llm="def test_llm(llmperf_llm):\n    pass\n")
+    result = run(pytester)
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines([
+        "*llmperf_llm: the session's engine (CallableEngine, from an --llmperf-endpoint or a pytest_llmperf_make_engine "
+        "hook) has no llama_cpp.Llama object; use the llmperf_engine fixture"
+    ])
+    assert "AttributeError" not in result.stdout.str() and "Traceback" not in result.stdout.str()
+
+
 def test_engine_hook_engine_is_measured_and_reported(pytester: pytest.Pytester) -> None:
     pytester.makeconftest(example("engine"))
     pytester.makepyfile(
