@@ -1,5 +1,6 @@
 """Where the session history lives: ``--llmperf-history PATH|URL|off`` > ``$LLMPERF_HISTORY`` >
-ini ``llmperf_history`` > ``<rootdir>/.llmperf/history.sqlite``.
+ini ``llmperf_history`` > ``<rootdir>/.llmperf/history.sqlite`` (the setting is read with the
+others, ``core.settings_table``; ``parse`` turns its value into a ``Location``).
 
 A plain path is a SQLite file (stdlib, nothing to install); ``postgresql://...`` is a shared
 PostgreSQL database for a fleet of CI runners (``pip install "pytest-llmperf[postgres]"``).
@@ -13,12 +14,11 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
 
 from ..core.errors import ConfigError
+from ..core.settings_table import SETTINGS
 
-ENV = "LLMPERF_HISTORY"
-INI = "llmperf_history"
+ENV: str = SETTINGS["history"].env  # also what ``llmperf history``/``detect`` read
 DEFAULT_DIR = ".llmperf"
 DEFAULT_FILE = "history.sqlite"
 OFF = ("off", "none", "no", "false", "0")
@@ -74,19 +74,6 @@ def parse(value: str, source: str, rootdir: Path | str | None = None) -> Locatio
 
 def default(rootdir: Path | str) -> Location:
     return Location("sqlite", str(Path(rootdir) / DEFAULT_DIR / DEFAULT_FILE), "default")
-
-
-def resolve(getoption: Callable[[str], Any], getini: Callable[[str], Any], rootdir: Path | str) -> Location | None:
-    """The session's history, by precedence (None: ``off``). Raises ConfigError (one line)."""
-    cli = getoption("llmperf_history")
-    if cli is not None:
-        return parse(cli, "--llmperf-history", rootdir)
-    if os.environ.get(ENV, "").strip():
-        return parse(os.environ[ENV], f"${ENV}", rootdir)
-    ini = getini(INI)
-    if ini:
-        return parse(ini, f"ini {INI}", rootdir)
-    return default(rootdir)
 
 
 def for_cli(given: str | None, start: Path | None = None) -> Location:

@@ -24,8 +24,6 @@ from .fixtures import llmperf, llmperf_engine, llmperf_llama_server, llmperf_llm
 from .marks import FIXTURE, MARKER_CONFIG, PLUGIN_NAME, SESSION
 from .options import add_options
 
-XDIST_GROUP = marks.XDIST_GROUP
-
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(parser)
