@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from ..core.fingerprint import Fingerprint
     from ..judge.marker import MarkerConfig
     from ..judge.regression import BaselineVerdict
-    from ..measure.metrics import Measurement
+    from ..measuring.metrics import Measurement
 
 #: ``fn(hardware, subject, engine_info)``: edits the fingerprint in place (the pytest layer's
 #: ``pytest_llmperf_fingerprint``); raises LLMPerfError for a wrong edit.
@@ -122,7 +122,7 @@ class Assessor:
         wants_roofline = layers or "min_mbu" in marker.budgets or s.roofline or s.peak_bw or s.peak_tflops
         peaks = None
         if wants_roofline and in_process:
-            from ..measure.machine_peak import machine_peaks
+            from ..measuring.machine_peak import machine_peaks
 
             if self.peaks is None:
                 self.peaks = machine_peaks(given_bw_gbs=s.peak_bw, given_tflops=s.peak_tflops)

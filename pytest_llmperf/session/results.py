@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 if TYPE_CHECKING:
     from ..judge.budgets import BudgetFailure
-    from ..measure.metrics import Measurement
+    from ..measuring.metrics import Measurement
 
 
 @dataclass(frozen=True)

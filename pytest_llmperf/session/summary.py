@@ -49,7 +49,7 @@ def summary(
         over = sum(1 for r in rows if str(r.get("budget", "")).startswith("FAIL"))
         lines.append(("line", f"llmperf: {len(rows)} measurement(s), {over} over budget (drop -q for the table)"))
         return lines + [("line", line) for line in undecided_lines(results, short=True)]
-    from ..measure.served import overhead_lines
+    from ..measuring.served import overhead_lines
     from ..reports.text import short_ids, summary_table
 
     lines += [("sep", "llmperf summary"), ("line", summary_table(rows, s.columns, width))]
