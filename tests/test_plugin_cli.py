@@ -51,14 +51,15 @@ def test_every_llmperf_help_exits_0(argv: list[str], capsys: pytest.CaptureFixtu
 
 
 def test_light_copies_agree_with_the_modules_they_mirror() -> None:
-    from pytest_llmperf.judge import regression
+    from pytest_llmperf.judge.regression import CompareSettings
     from pytest_llmperf.models import synthetic
 
     assert settings.PRESET_NAMES == tuple(synthetic.PRESETS)
-    assert (settings.DEFAULT_ALPHA, settings.DEFAULT_THRESHOLD, settings.DEFAULT_TAIL_THRESHOLD) == (
-        regression.DEFAULT_ALPHA,
-        regression.DEFAULT_THRESHOLD,
-        regression.DEFAULT_TAIL_THRESHOLD,
+    defaults = CompareSettings()  # the comparison's defaults are the settings table's
+    assert (defaults.alpha, defaults.threshold, defaults.tail_threshold) == (
+        settings.DEFAULT_ALPHA,
+        settings.DEFAULT_THRESHOLD,
+        settings.DEFAULT_TAIL_THRESHOLD,
     )
 
 

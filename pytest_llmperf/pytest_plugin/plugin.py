@@ -1,13 +1,8 @@
-"""pytest hooks: the options, the marker, and the calls into the pytest-free ``session.Session``.
-
-Hooks only: what a session does (engines, assessments, reports, files) is in ``session/``;
-the marker's handling in ``marks``, the fixtures in ``fixtures``. A budget breach fails *that*
-test (as pytest-memray does), through ``pytest_runtest_makereport``.
-
-Loaded by every pytest run where the package is installed, so this module imports only what
-the options and the marker need: numpy, scipy, llama_cpp and the reports are imported once an
-llmperf test is collected (tests/test_plugin_cli.py checks).
-"""
+"""pytest hooks, calling the pytest-free ``session.Session`` (engines, assessments, reports,
+files); the marker's handling in ``marks``, the fixtures in ``fixtures``. A budget breach fails
+*that* test (as pytest-memray does), through ``pytest_runtest_makereport``. Loaded by every
+pytest run: numpy, scipy, llama_cpp and the reports are imported only once an llmperf test
+is collected (tests/test_plugin_cli.py checks)."""
 
 from __future__ import annotations
 
