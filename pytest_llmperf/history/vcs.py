@@ -32,10 +32,15 @@ def _git(root: Path, *args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+def commit_sha(root: Path | str) -> str | None:
+    """The commit under test: ``$GITHUB_SHA`` / ``$CI_COMMIT_SHA``, else git's HEAD, else None."""
+    commit = next((os.environ[v] for v in ("GITHUB_SHA", "CI_COMMIT_SHA") if os.environ.get(v)), None)
+    return commit or _git(Path(root), "rev-parse", "HEAD")
+
+
 def revision(root: Path | str) -> Revision:
     root = Path(root)
-    commit = next((os.environ[v] for v in ("GITHUB_SHA", "CI_COMMIT_SHA") if os.environ.get(v)), None)
-    commit = commit or _git(root, "rev-parse", "HEAD")
+    commit = commit_sha(root)
     status = _git(root, "status", "--porcelain", "--untracked-files=no") if commit else None
     branch = next(
         (os.environ[v] for v in ("GITHUB_HEAD_REF", "GITHUB_REF_NAME", "CI_COMMIT_REF_NAME") if os.environ.get(v)),

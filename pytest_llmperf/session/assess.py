@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
-import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -145,14 +143,8 @@ class Assessor:
 
 @functools.lru_cache(maxsize=None)
 def commit(root: Path) -> str | None:
-    """The commit under test: $GITHUB_SHA / $CI_COMMIT_SHA, else git's HEAD, else None."""
-    for env in ("GITHUB_SHA", "CI_COMMIT_SHA"):
-        if os.environ.get(env):
-            return os.environ[env][:12]
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
+    """The commit a record names (12 hex digits; ``history.vcs.commit_sha``), looked up once."""
+    from ..history.vcs import commit_sha
+
+    sha = commit_sha(root)
+    return sha[:12] if sha else None
