@@ -30,44 +30,26 @@ from .settings import (
 APIS = ("completions", "chat")
 
 
-def positive_int(text: Any) -> int:
-    try:
-        value = int(text)
-    except (TypeError, ValueError):
-        raise ValueError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise ValueError(f"must be >= 1, got {value}")
-    return value
+def _bounded(name: str, cast: Callable[[Any], Any], expected: str, low: float, strict: bool, unit: str = "") -> Any:
+    """A parser of numbers above ``low`` (``strict``: > low, else >= low); a one-line ValueError."""
+
+    def parse(text: Any) -> Any:
+        try:
+            value = cast(text)
+        except (TypeError, ValueError):
+            raise ValueError(f"expected {expected}, got {text!r}") from None
+        if not (value > low if strict else value >= low):  # also rejects nan
+            raise ValueError(f"must be {'>' if strict else '>='} {low}{unit}, got {value}")
+        return value
+
+    parse.__name__ = name
+    return parse
 
 
-def count(text: Any) -> int:
-    try:
-        value = int(text)
-    except (TypeError, ValueError):
-        raise ValueError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise ValueError(f"must be >= 0, got {value}")
-    return value
-
-
-def seconds(text: Any) -> float:
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        raise ValueError(f"expected float, got {text!r}") from None
-    if not value > 0:  # also rejects nan
-        raise ValueError(f"must be > 0 seconds, got {value}")
-    return value
-
-
-def positive_float(text: Any) -> float:
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        raise ValueError(f"expected float, got {text!r}") from None
-    if not value > 0:
-        raise ValueError(f"must be > 0, got {value}")
-    return value
+positive_int = _bounded("positive_int", int, "an integer >= 1", 1, strict=False)
+count = _bounded("count", int, "an integer >= 0", 0, strict=False)
+seconds = _bounded("seconds", float, "float", 0, strict=True, unit=" seconds")
+positive_float = _bounded("positive_float", float, "float", 0, strict=True)
 
 
 def api(text: Any) -> str:
