@@ -13,7 +13,7 @@ from ..judge.marker import PROMPT_KEYS, MarkerConfig, validate
 
 if TYPE_CHECKING:
     from ..session import Session
-    from .fixture import LLMPerf
+    from .fixture import LLMPerf  # noqa: F401  (the FIXTURE key's type, below)
 
 MARKER = "llmperf"
 XDIST_GROUP = "llmperf"
