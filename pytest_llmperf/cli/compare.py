@@ -18,10 +18,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("new", help="the candidate session report")
     for name in ("alpha", "threshold", "tail_threshold"):  # as the pytest options (settings_table)
         add_setting(parser, name)
-    parser.add_argument(
+    from ..core.settings import COMPARISON_COLUMN_NAMES, DEFAULT_COMPARISON_COLUMNS
+
+    parser.add_argument(  # --llmperf-columns' comparison half, plus 'all'
         "--columns", type=_columns, default=None, metavar="COLS",
-        help="table columns after test and metric, from baseline, now, change, ci, p, verdict, or 'all' "
-        "(default change,ci,verdict: fits the terminal)",
+        help=f"table columns after test and metric, from {', '.join(COMPARISON_COLUMN_NAMES)}, or 'all' "
+        f"(default {','.join(DEFAULT_COMPARISON_COLUMNS)}: fits the terminal)",
     )
     parser.add_argument(
         "--any-hardware", action="store_true", help="compare even when the reports come from different hardware"

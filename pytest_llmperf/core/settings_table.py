@@ -186,9 +186,9 @@ SETTINGS: dict[str, Setting] = {
                 cli="--threshold", metavar="SHARE"),
         Setting("tail_threshold", "smallest change of the ITL p95 that counts", DEFAULT_TAIL_THRESHOLD, share,
                 cli="--tail-threshold", metavar="SHARE"),
-        Setting("endpoint", "measure this OpenAI-compatible server (API base URL, e.g. http://host:8000/v1) "
-                "instead of llama.cpp in process", None, env="LLMPERF_ENDPOINT", ini=True, cli="--endpoint",
-                cli_env=True, shown="none: llama.cpp in process", metavar="URL"),
+        Setting("endpoint", "the OpenAI-compatible server to measure instead of llama.cpp in process (API base "
+                "URL, e.g. http://host:8000/v1)", None, env="LLMPERF_ENDPOINT", ini=True, cli="--endpoint",
+                cli_env=True, shown="none", metavar="URL"),
         Setting("api", "endpoint API: completions or chat", APIS[0], api, env="LLMPERF_API", ini=True, cli="--api", metavar="completions|chat"),
         Setting("api_model", "model name sent to the endpoint", None, env="LLMPERF_API_MODEL", ini=True,
                 cli="--model", shown="the server's default", metavar="NAME"),
