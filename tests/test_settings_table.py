@@ -5,6 +5,7 @@ the same default, and every help text shows that default the same way."""
 from __future__ import annotations
 
 import argparse
+import re
 import dataclasses
 from pathlib import Path
 
@@ -120,3 +121,15 @@ def test_pytest_help_and_llmperf_help_show_the_same_defaults(
 def test_docs_settings_table_is_the_table() -> None:
     doc = (ROOT / "docs" / "settings.md").read_text()
     assert markdown_table() in doc, "docs/settings.md: paste core.settings_table.markdown_table()'s output"
+
+
+def test_every_option_the_docs_name_exists_and_their_tables_show_its_default() -> None:
+    by_option = {s.option: s for s in SETTINGS.values()}
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            for option in re.findall(r"--llmperf-[a-z0-9-]*[a-z0-9]", line):
+                assert option in by_option, f"{path.name}:{n}: {option} is no option"
+            row = re.match(r"^\| `(--llmperf-[a-z0-9-]+)", line)
+            if row and not by_option[row.group(1)].switch:  # a table row: its default as the table's
+                s = by_option[row.group(1)]
+                assert s.default_text() in line, f"{path.name}:{n}: {s.option}'s default is {s.default_text()}"
