@@ -16,16 +16,18 @@ from __future__ import annotations
 import datetime
 import os
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from .assess import Assessment, Assessor, FingerprintHook
 from .config import SessionSettings
-from .engines import Engines, MakeEngineHook, describe
-from .finish import Outputs, finish
-from .results import CallReport, call_report
-from .summary import Line, summary
+from .engines import Engines, MakeEngineHook
 
-__all__ = ["Assessment", "CallReport", "Session", "SessionSettings"]
+if TYPE_CHECKING:  # imported where used: every pytest start imports this package
+    from .finish import Outputs
+    from .results import CallReport
+    from .summary import Line
+
+__all__ = ["Assessment", "Session", "SessionSettings"]
 
 
 def _no_fingerprint_hook(hardware: dict, subject: dict, info: Any) -> None:
@@ -65,7 +67,7 @@ class Session:
         self.extra_measurements = 0
         self.labels_seen: dict[str, set[str]] = {}
         self.suite_failures: list[str] = []
-        self.outputs: Outputs | None = None
+        self.outputs: "Outputs | None" = None
 
     # -- measuring ---------------------------------------------------------------------------
 
@@ -108,6 +110,8 @@ class Session:
 
     def describe(self, engine_note: str | None = None) -> list[str]:
         """The header lines: what the tests measure; ``engine_note``: a hook may replace it."""
+        from .engines import describe
+
         s = self.settings
         return describe(s.engine, s.threads_source, s.disable, engine_note)
 
@@ -115,8 +119,10 @@ class Session:
 
     def call_report(
         self, nodeid: str, results: Sequence[Any], ab_results: Sequence[Any], width: int, hook_error: str | None = None
-    ) -> CallReport:
+    ) -> "CallReport":
         """What one test's call report gets (``results.call_report``)."""
+        from .results import call_report
+
         s = self.settings
         return call_report(
             nodeid, results, ab_results, columns=s.columns, width=width, budgets_gate=s.budgets_gate,
@@ -143,17 +149,21 @@ class Session:
             self.suite_failures = suite_check(self.results, settings)
         return self.suite_failures
 
-    def finish(self, environ: Mapping[str, str] | None = None) -> Outputs | None:
+    def finish(self, environ: Mapping[str, str] | None = None) -> "Outputs | None":
         """Write baselines, history and reports (not on a worker; nothing when no llmperf test
         ran and no report was asked for). ``outputs.failed``: the session must fail."""
         s = self.settings
         if self.is_worker or not (self.results or self.rows or s.json or s.html or s.markdown):
             return None
+        from .finish import finish
+
         env = os.environ if environ is None else environ
         self.outputs = finish(s, self.results, self.ab_results, self.started_at, env.get("GITHUB_STEP_SUMMARY"))
         return self.outputs
 
-    def summary(self, verbosity: int, width: int) -> list[Line]:
+    def summary(self, verbosity: int, width: int) -> list["Line"]:
+        from .summary import summary
+
         return summary(self.settings, self.rows, self.results, self.outputs, self.suite_failures,
                        verbosity=verbosity, width=width)
 
