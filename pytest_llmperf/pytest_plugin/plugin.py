@@ -206,7 +206,7 @@ class LLMPerfPlugin:
         self._engine: Any = None
         self._engine_error: str | None = None
         self.rows: list[dict[str, Any]] = []
-        self.results: list[dict[str, Any]] = []
+        self.results: list[Any] = []  # judge.result.MeasurementResult of each assessed measurement
         self._baselines: dict[Path, dict[str, Any] | BaselineError] = {}
         self._fingerprints: dict[Any, Fingerprint] = {}
         self._hardware: dict[str, Any] | None = None
@@ -576,36 +576,30 @@ class LLMPerfPlugin:
         if not results:
             report = yield
             return attach(report, ab) if ab else report
-        from ..reports.text import metrics_table, properties
+        from ..judge.result import result_of
+        from ..reports.text import metrics_table
 
         try:  # each result through pytest_llmperf_result, before anything reports it
             results, hook_error = [hookcalls.result(self.config, item, r) for r in results], None
         except LLMPerfError as exc:
             hook_error = str(exc)
-
-        for r in results:
+        typed = [result_of(item.nodeid, r) for r in results]  # judge.result: what every report reads
+        for t in typed:
             # On the item, so they reach every later report (JUnit reads the teardown one).
-            item.user_properties.extend(properties(r.measurement, r.failure, r.n_budgets))
-            if r.baseline is not None and r.baseline.verdict is not None:
-                prefix = f"llmperf[{r.measurement.label}]." if r.measurement.label else "llmperf."
-                item.user_properties.append((prefix + "baseline", r.baseline.verdict.short()))
-                for c in r.baseline.verdict.comparisons:
-                    item.user_properties.append((f"{prefix}verdict.{c.metric}", c.verdict.value))
+            item.user_properties.extend(t.properties())
         report = yield
         lines: list[str] = [hook_error] if hook_error else []
         shipped = []
-        for r in results:
+        for r, t in zip(results, typed):
             m, a = r.measurement, r.baseline
             title = "llmperf" + (f" [{m.label}]" if m.label else "")
             detail = metrics_table(m)
             if a is not None and a.verdict is not None:
                 from ..reports import session_file as session_mod
 
-                verdict = session_mod.verdict_dict(a.verdict)
-                table = session_mod.comparison_table(
-                    [{"test": a.key, "verdict": verdict}], self.columns, self.width()
-                )
-                undecided = session_mod.undecided_lines([{"test": a.key, "verdict": verdict}])
+                shown = [dataclasses.replace(t, test=a.key)]
+                table = session_mod.comparison_table(shown, self.columns, self.width())
+                undecided = session_mod.undecided_lines(shown)
                 # An error note is the test's failure line already: not a second copy here.
                 extra = [a.verdict.note] if a.verdict.note and a.verdict.status != "error" else []
                 if a.verdict.changes:
@@ -622,40 +616,25 @@ class LLMPerfPlugin:
             if r.failure is not None and self.budgets_gate:
                 lines.append(r.failure.as_longrepr())
             if a is not None:
-                from ..reports import session_file as session_mod
-
                 lines += self.failure_lines(a)
-                shipped.append(
-                    {
-                        "test": item.nodeid + (f"[{m.label}]" if m.label else ""),
-                        "nodeid": item.nodeid,
-                        "label": m.label or "",
-                        "key": a.key,
-                        "baseline_file": a.baseline_file,
-                        "hardware_key": a.hardware_key,
-                        "record": a.record,
-                        "budget": "-" if not r.n_budgets else ("FAIL" if r.failure else "ok"),
-                        "budget_failures": [b.line() for b in r.failure.breaches] if r.failure else [],
-                        "verdict": session_mod.verdict_dict(a.verdict),
-                        "baseline_record": a.baseline_record,
-                        "budgets": dict(r.budgets),
-                        "extra_info": dict(r.extra_info),
-                    }
-                )
+            shipped.append(t.to_json())
         if shipped:
-            report.llmperf = shipped  # plain data: crosses xdist's wire to the controller
+            report.llmperf = shipped  # judge.result's JSON: crosses xdist's wire to the controller
         if lines and report.passed:
             report.outcome = "failed"
             report.longrepr = "\n".join(lines)
         return attach(report, ab) if ab else report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        # Runs on the xdist controller too: rows come from the serialized report.
-        if report.when == "call" and report.user_properties:
-            from ..reports.text import rows_from_properties
+        # Runs on the xdist controller too: the results come from the serialized report.
+        shipped = getattr(report, "llmperf", None) if report.when == "call" else None
+        if shipped:
+            from ..judge.result import MeasurementResult
 
-            self.rows.extend(rows_from_properties(report.nodeid, report.user_properties))
-            self.results.extend(getattr(report, "llmperf", None) or [])
+            for r in map(MeasurementResult.from_json, shipped):
+                self.rows.append(r.summary_row())
+                if r.assessed:  # recorded for the baselines: the session's files and verdicts
+                    self.results.append(r)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, Any, Any]:
@@ -664,11 +643,12 @@ class LLMPerfPlugin:
         # Like a coverage threshold, a failure found here fails the session, not one test.
         self.suite_failures: list[str] = []
         if self.compare and not self.update and not self.disabled and not self.is_worker and self.results:
-            from ..judge.regression import CompareSettings, suite_check
+            from ..judge.regression import CompareSettings
+            from ..judge.session_verdicts import suite_check
 
-            peers = len({(r.get("test"), r.get("label")) for r in self.results})
+            peers = len({(r.test, r.label) for r in self.results})
             settings = CompareSettings(**self.compare_values, peers=max(peers, self.planned_measurements))
-            self.suite_failures = suite_check(self.results, settings)
+            self.results, self.suite_failures = suite_check(self.results, settings)
             if self.suite_failures:
                 session.testsfailed += 1
         return result
@@ -681,19 +661,19 @@ class LLMPerfPlugin:
             return  # no llmperf test ran and no report asked for: nothing to write or import
         from ..reports import session_file as session_mod
 
-        from ..judge.regression import session_holm
+        from ..judge.session_verdicts import session_holm
 
         self.written = []
-        session_holm(self.results)  # the "p (Holm)" shown: over every comparison of the session
+        self.results = session_holm(self.results)  # the "p (Holm)" shown: over every comparison of the session
         self.write_errors: list[str] = []  # one line each; the tests keep their outcomes
         if self.update and self.results:
             self.written = session_mod.write_baselines(self.baseline_dir, self.results, self.write_errors)
-        html_results: Any = self.results
+        html_results: Any = [r.to_json() for r in self.results]  # the HTML report and history read the JSON
         if getattr(self, "history", None) is not None and self.results and not self.disabled:
             from ..history import keep
 
             self.history_line, html_results = keep(
-                self.history, self.results, self.started_at, self.config.rootpath, self.compare,
+                self.history, html_results, self.started_at, self.config.rootpath, self.compare,
                 trends=bool(self.config.getoption("llmperf_html")),
             )
         json_path = self.config.getoption("llmperf_json")
@@ -708,7 +688,7 @@ class LLMPerfPlugin:
 
             try:
                 self.html_written = html_report.write_html(Path(html_path), html_results, self.started_at)
-                md_extra = html_report.markdown_lines(Path(html_path), Path(md_path) if md_path else None, self.results)
+                md_extra = html_report.markdown_lines(Path(html_path), Path(md_path) if md_path else None, html_results)
             except (OSError, LLMPerfError) as exc:
                 self.html_error = f"llmperf: HTML report not written: {exc}"
         md = session_mod.markdown(self.results, md_extra, budgets_gate=self.budgets_gate) if self.results else ""
@@ -782,12 +762,12 @@ class LLMPerfPlugin:
                 terminalreporter.write_line(line)
         from ..reports.text import short_ids
 
-        short = short_ids([r["test"] for r in self.results])
+        short = short_ids([r.test for r in self.results])
         notes = sorted(
             {
-                f"{short[r['test']]}: {r['verdict']['note']}"
+                f"{short[r.test]}: {r.verdict.note}"
                 for r in self.results
-                if r.get("verdict") and r["verdict"]["note"] and not self.update and r["verdict"]["status"] != "error"
+                if r.verdict is not None and r.verdict.note and not self.update and r.verdict.status != "error"
             }
         )
         for note in notes:

@@ -125,7 +125,7 @@ def _comparison_rows(verdict: Mapping[str, Any]) -> list[list[str]]:
               if c.get("ci_low") is not None and c.get("ci_high") is not None else "n/a")
         p = c.get("p_adjusted") if c.get("p_adjusted") is not None else c.get("p_value")
         rows.append([
-            _e(metric_label(c)), _e(fmt(c["baseline_value"])), _e(fmt(c["candidate_value"])),
+            _e(metric_label(c["label"], c["phase"], c["unit"])), _e(fmt(c["baseline_value"])), _e(fmt(c["candidate_value"])),
             _e(f"{(c['ratio'] - 1) * 100:+.1f}%"), _e(ci), "n/a" if p is None else _e(f"{p:.3g}"),
             f'<span title="{_e(c.get("reason", ""))}">{badge(c["verdict"])}</span>',
         ])
