@@ -80,7 +80,7 @@ def test_module_file_mirrors_the_test_module(tmp_path: Path) -> None:
         (
             '{"schema": "pytest-llmperf/baselines", "schema_version": 1, "tests": {"t": {"hw": '
             '{"runs": {"tpot_ms": [NaN]}, "workload": {}, "subject": {}, "hardware": {}}}}}',
-            "tests['t']['hw'].runs['tpot_ms'][0] is nan (JSON has no such number)",
+            "tests['t']['hw'].runs['tpot_ms'][0] is nan, not a finite number (JSON has none)",
         ),
         (
             '{"schema": "pytest-llmperf/baselines", "schema_version": 1, "tests": {"t": {"hw": {"runs": {}}}}}',

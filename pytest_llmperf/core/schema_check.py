@@ -63,7 +63,7 @@ def _kind(value: Any) -> str:
     if isinstance(value, int):
         return "an integer"
     if isinstance(value, float):
-        return "a number" if math.isfinite(value) else f"{value!r} (JSON has no such number)"
+        return "a number"
     return _KINDS.get(type(value), type(value).__name__)
 
 
@@ -111,6 +111,8 @@ def check(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any] | None 
             raise max(errors, key=lambda e: len(e.path))
     if "type" in schema:
         kinds = [schema["type"]] if isinstance(schema["type"], str) else list(schema["type"])
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SchemaViolation(path, f"is {value!r}, not a finite number (JSON has none)")
         if not any(_is(value, k) for k in kinds):
             raise SchemaViolation(path, f"is {_kind(value)}, not {' or '.join(_article(k) for k in kinds)}")
     if "const" in schema and not _same(value, schema["const"]):
