@@ -1,6 +1,6 @@
-"""The rows one session appends: built from the plugin's results (the plain dicts that also
-make the JSON report and cross pytest-xdist's wire), so the history holds exactly what the
-session measured and judged."""
+"""The rows one session appends: built from the plugin's results (``MeasurementResult.to_json()``
+of judge/result.py: the entries of the JSON report, also what crosses pytest-xdist's wire), so
+the history holds exactly what the session measured and judged."""
 
 from __future__ import annotations
 

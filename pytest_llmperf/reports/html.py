@@ -2,8 +2,9 @@
 
 Nothing is fetched at view time: styles sit in one ``<style>`` element and every figure is
 inline SVG whose ids are prefixed per figure (many SVGs share one document). Verdicts carry
-a word and a symbol besides their colour. Input is the session report's plain dicts, so the
-plugin (``--llmperf-html``) and ``llmperf report`` produce the same page.
+a word and a symbol besides their colour. Input is the results' JSON (``MeasurementResult.to_json()``,
+the session report's entries; ``schemas/session.schema.json``), so the plugin (``--llmperf-html``)
+and ``llmperf report`` produce the same page, and the figure workers get it as it is.
 """
 
 from __future__ import annotations
