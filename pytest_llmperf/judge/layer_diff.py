@@ -42,19 +42,6 @@ class LayerChange:
             f"(p={self.p_value:.2g} Holm)"
         )
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "phase": self.phase,
-            "name": self.name,
-            "baseline_ms": self.baseline_ms,
-            "now_ms": self.now_ms,
-            "change_pct": self.change_pct,
-            "baseline_share": self.baseline_share,
-            "now_share": self.now_share,
-            "p_value": self.p_value,
-            "slower": self.slower,
-        }
-
 
 def compare_layers(
     baseline: Mapping[str, Any], candidate: Mapping[str, Any], *, alpha: float = 0.01, threshold: float = 0.05
