@@ -88,7 +88,7 @@ class VerdictRecord:
 
 @dataclass(frozen=True)
 class LoadFigures:
-    """A load test's headline figures (``measure.load.LoadStats``)."""
+    """A load test's headline figures (``measuring.load.LoadStats``)."""
 
     concurrency: int
     requests: int
@@ -128,7 +128,7 @@ class Figures:
 
     @classmethod
     def of(cls, m: Any) -> "Figures":
-        """From a ``measure.metrics.Measurement``."""
+        """From a ``measuring.metrics.Measurement``."""
         load = m.load
         return cls(
             m.engine.model, m.engine.engine, m.prompt_tokens, m.output_tokens, m.n_runs, m.ttft_ms, m.ttft_p95_ms,
@@ -141,9 +141,8 @@ class Figures:
         )
 
     def values(self) -> dict[str, Any]:
-        """Flat name -> value, load figures last (``load`` itself left out)."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "load"}
-        return out
+        """Flat name -> value of every figure but ``load``."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "load"}
 
     def to_json(self) -> dict[str, Any]:
         return {**self.values(), "load": None if self.load is None else dataclasses.asdict(self.load)}
@@ -152,7 +151,9 @@ class Figures:
     def from_json(cls, d: Mapping[str, Any]) -> "Figures":
         names = [f.name for f in dataclasses.fields(cls) if f.name != "load"]
         load = d.get("load")
-        return cls(**{k: d[k] for k in names}, load=None if load is None else LoadFigures(**load))
+        if load is not None:
+            load = LoadFigures(**{f.name: load[f.name] for f in dataclasses.fields(LoadFigures)})
+        return cls(**{k: d[k] for k in names}, load=load)
 
 
 @dataclass(frozen=True)
@@ -205,7 +206,7 @@ class MeasurementResult:
         return out
 
     def summary_row(self) -> dict[str, Any]:
-        """The terminal summary's row (``reports.text.summary_table``, ``measure.served``)."""
+        """The terminal summary's row (``reports.text.summary_table``, ``measuring.served``)."""
         return {"test": self.test, **self.values()}
 
     def to_json(self) -> dict[str, Any]:
