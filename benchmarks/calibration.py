@@ -37,8 +37,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_llmperf.judge.compare import JUDGED, Verdict, lognormal_sigma  # noqa: E402
-from pytest_llmperf.judge.compare import suite_relative  # noqa: E402
+from pytest_llmperf.judge.compare import JUDGED  # noqa: E402
+from pytest_llmperf.judge.noise import lognormal_sigma  # noqa: E402
+from pytest_llmperf.judge.suite import suite_relative  # noqa: E402
+from pytest_llmperf.judge.verdict import Verdict  # noqa: E402
 from pytest_llmperf.judge.regression import CompareSettings, carry_history, judge  # noqa: E402
 
 SHARED_SD, TEST_SD, RAMP = 0.015, 0.005, 0.02

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pytest_llmperf import EngineError, LlamaCppEngine, Workload, measure
-from pytest_llmperf.engines.llama_cpp import split_prompt
+from pytest_llmperf.engines.llama_cpp_loop import split_prompt
 
 
 def test_every_run_generates_exactly_max_tokens(tiny_engine) -> None:

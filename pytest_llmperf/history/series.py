@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from ..core.catalog import METRICS
-from ..judge.compare import Level
+from ..judge.levels import Level
 from ..core.fingerprint import subject_changes
 from ..baselines.records import RUN_FIELDS, same_workload
 from . import store

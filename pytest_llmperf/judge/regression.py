@@ -12,7 +12,11 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..baselines import reference
-from .compare import JUDGED, METRICS, MIN_PEERS, SUITE_ALPHA_SHARE, Comparison, Level, NoiseModel, Verdict, compare_levels, decide, holm, level, mirrored, suite_relative
+from .compare import JUDGED, METRICS, compare_levels, decide, mirrored
+from .levels import Level, level
+from .noise import NoiseModel
+from .suite import MIN_PEERS, SUITE_ALPHA_SHARE, suite_relative
+from .verdict import Comparison, Verdict, holm
 from ..core.fingerprint import other_hardware_note, subject_changes
 from .layer_diff import LayerChange, compare_layers
 from ..baselines.records import same_workload

@@ -28,7 +28,7 @@ def json_schema() -> dict[str, Any]:
 
 def resolve_model(model: str | None) -> tuple[Path, str]:
     """(GGUF path, display name): a preset name (or nothing: the embedded default) is written once."""
-    from ..engines.llama_cpp import check_gguf
+    from ..engines.llama_cpp_native import check_gguf
     from ..core.settings import DEFAULT_MODEL
     from ..models.synthetic import PRESETS, ensure_model
 
