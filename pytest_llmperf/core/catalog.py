@@ -230,7 +230,7 @@ BUDGETS: dict[str, Budget] = {
                    pooled_tokens=True, statistic=f"p{q}")
             for q in (50, 90, 95, 99)
         ),
-        Budget("ttft_ms", "ttft_ms", "TTFT median", "max median time to first token (ms)",
+        Budget("ttft_ms", "ttft_ms", "TTFT median", "max median time to first token over runs (ms)",
                lambda m: m.ttft_ms, _median_of("ttft_ms")),
         Budget("ttft_p95_ms", "ttft_ms", "TTFT p95", "max p95 over runs of time to first token (ms)",
                lambda m: m.ttft_p95_ms, lambda r: _percentile(_runs(r, "ttft_ms"), 95), statistic="p95"),
@@ -242,7 +242,7 @@ BUDGETS: dict[str, Budget] = {
                lambda m: m.decode_tps, _median_of("decode_tps")),
         Budget("min_prefill_tps", "prefill_tps", "prefill TPS median", "min median prefill (prompt) tokens/s",
                lambda m: m.prefill_tps, _median_of("prefill_tps")),
-        Budget("min_goodput", "goodput", "goodput", "load: min share of requests meeting ttft_ms and tpot_ms",
+        Budget("min_goodput", "goodput", "goodput", "load: min share of requests meeting the ttft_ms and tpot_ms SLOs",
                _goodput, _at("load", "goodput"), share=True, statistic="share"),
         Budget("min_mbu", "decode_mbu", "decode MBU", "min decode memory-bandwidth utilization, e.g. 0.5 (roofline)",
                _mbu, _at("roofline", "decode", "mbu"), share=True, statistic="share"),
@@ -250,13 +250,9 @@ BUDGETS: dict[str, Budget] = {
 }
 
 
-def metric_of(budget_key: str) -> Metric:
-    return METRICS[BUDGETS[budget_key].metric]
-
-
 def is_ceiling(budget_key: str) -> bool:
     """True: the measured value must stay at or under the budget (lower is better)."""
-    return not metric_of(budget_key).higher_is_better
+    return BUDGETS[budget_key].ceiling
 
 
 #: Per-run fields a record stores (and comparisons resample), prefill first, then decode.

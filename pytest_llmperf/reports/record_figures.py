@@ -15,7 +15,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..core.catalog import BUDGETS, pooled_itl
+from ..core.catalog import BUDGETS, METRICS, pooled_itl
 from .breakdown_figures import layer_bars, roofline
 from .figures import BASELINE, BUDGET, FIRST_RUN, NOW, budget_label, new_figure, plain_log
 
@@ -99,22 +99,22 @@ def run_strips(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, bu
     now = record.get("runs", {})
     names = ["baseline", "now"] if baseline else ["now"]
     colours = [BASELINE, NOW] if baseline else [NOW]
-    for ax, metric, title in ((left, "ttft_ms", "TTFT per run"), (right, "tpot_ms", "TPOT per run")):
-        sides = [base.get(metric), now.get(metric)] if baseline else [now.get(metric)]
+    # Each panel: a metric's runs and every budget bounding it; a decode TPS floor is a TPOT
+    # ceiling (1000 / TPS), drawn on the TPOT panel.
+    panels = ((left, METRICS["ttft_ms"], ()), (right, METRICS["tpot_ms"], METRICS["decode_tps"].budget_keys))
+    for ax, metric, _ in panels:
+        sides = [base.get(metric.name), now.get(metric.name)] if baseline else [now.get(metric.name)]
         _strip(ax, sides, colours, names)
-        ax.set_title(title)
-        ax.set_ylabel(f"{metric.split('_')[0].upper()} (ms)")
-    lines = [(left, "ttft_ms", budgets.get("ttft_ms"), "ms"), (left, "ttft_p95_ms", budgets.get("ttft_p95_ms"), "ms"),
-             (right, "tpot_ms", budgets.get("tpot_ms"), "ms")]
-    if "min_tps" in budgets:  # a decode TPS floor is a TPOT ceiling
-        lines.append((right, "min_tps", budgets["min_tps"], "t/s"))
-    for ax, key, value, unit in lines:
-        if value is not None:  # labelled on the line: a legend per axes costs more than the plot
-            y = 1000 / value if key == "min_tps" else value
+        ax.set_title(f"{metric.label} per run")
+        ax.set_ylabel(f"{metric.label} ({metric.unit})")
+    for ax, metric, rates in panels:
+        for key in (k for k in (*metric.budget_keys, *rates) if k in budgets):
+            value = budgets[key]  # labelled on the line: a legend per axes costs more than the plot
+            y = 1000 / value if key in rates else value
             ax.axhline(y, color=BUDGET, ls="-.", lw=1.2)
-            ax.annotate(budget_label(key, value, unit), (0, y), xycoords=ax.get_yaxis_transform(), xytext=(2, 2),
-                        textcoords="offset points", ha="left", va="bottom", fontsize=6.5, color=BUDGET,
-                        bbox={"fc": "white", "ec": "none", "alpha": 0.75, "pad": 0.5})
+            ax.annotate(budget_label(key, value, BUDGETS[key].unit), (0, y), xycoords=ax.get_yaxis_transform(),
+                        xytext=(2, 2), textcoords="offset points", ha="left", va="bottom", fontsize=6.5,
+                        color=BUDGET, bbox={"fc": "white", "ec": "none", "alpha": 0.75, "pad": 0.5})
     for ax in (left, right):
         ax.grid(axis="x", visible=False)
         ax.set_ylim(bottom=0)  # after the budget lines, so the axis reaches them
