@@ -127,7 +127,7 @@ def levels(
 ) -> list[Level]:
     """The last ``last`` sessions' levels of one series since its subject or workload last
     changed (oldest first): the between-session spread that a stored baseline's own recorded
-    sessions give ``compare.NoiseModel.between`` today, from every session of the history."""
+    sessions give ``noise.NoiseModel.between`` today, from every session of the history."""
     found = [
         s for s in read_series(loc, test=test, metrics=[metric], hardware_key=hardware_key)
         if s.test == test and s.label == label

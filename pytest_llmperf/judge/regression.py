@@ -41,7 +41,7 @@ class CompareSettings:
     #: Looks of a sequential (adaptive run count) measurement: each look tests at alpha / looks
     #: (Bonferroni over looks), so stopping at the first decided look keeps the error rate.
     looks: int = 1
-    #: Measurements the session will compare: with ``compare.MIN_PEERS`` or more, a share of
+    #: Measurements the session will compare: with ``suite.MIN_PEERS`` or more, a share of
     #: alpha goes to the suite-relative check at the end of the session.
     peers: int = 0
 
@@ -294,7 +294,7 @@ def session_holm(results: list[dict[str, Any]]) -> None:
 
 
 def suite_check(results: list[dict[str, Any]], settings: CompareSettings) -> list[str]:
-    """The session-end suite-relative check (``compare.suite_relative``) over the results'
+    """The session-end suite-relative check (``suite.suite_relative``) over the results'
     verdict dicts, updated in place; returns the failure line of each new REGRESSION."""
     if not settings.suite_check:
         return []
