@@ -38,4 +38,6 @@ def test_prompt_length_scaling(llmperf):
 def test_where_the_time_goes(llmperf):
     m = llmperf.measure()
     assert m.layers.decode.n_layers == m.engine.n_layer
-    assert m.roofline.decode.verdict == "memory-bound"  # about 1 FLOP per byte of weights
+    # About 1 FLOP per byte of weights: never compute-bound. "memory-bound", or
+    # "cache-resident" where the weights fit in the CPU's caches (the tiny model on many CPUs).
+    assert m.roofline.decode.verdict in ("memory-bound", "cache-resident")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .numbers import human_bytes
+
 
 @dataclass(frozen=True)
 class EngineInfo:
@@ -45,7 +47,7 @@ class EngineInfo:
     def describe(self) -> str:
         parts = [self.model]
         if self.model_size_bytes is not None:
-            parts.append(_human_bytes(self.model_size_bytes))
+            parts.append(human_bytes(self.model_size_bytes))
         if self.quantization:
             parts.append(self.quantization)
         if self.n_params is not None:
@@ -57,11 +59,3 @@ class EngineInfo:
         if self.token_count:
             parts.append(f"tokens counted from {self.token_count}")
         return ", ".join(parts)
-
-
-def _human_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")

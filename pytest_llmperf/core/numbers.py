@@ -17,3 +17,10 @@ def fmt(value: float) -> str:
     if value >= 1:
         return f"{value:.2f}"
     return f"{value:.3g}"
+
+def human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")

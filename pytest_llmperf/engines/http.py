@@ -40,7 +40,7 @@ from ..core.errors import ConfigError, EngineError
 from ..core.trace import RunTrace
 from ..core.workload import Workload
 from .callable import synthetic_text
-from .sse import MAX_ERROR_BODY_BYTES, MAX_LINE_BYTES, EarlyEndError, EventSplitter, LineSplitter, StreamState, fit_stamps, head, lines, sse_data, short
+from .sse import MAX_ERROR_BODY_BYTES, EarlyEndError, EventReader, Head, StreamState, fit_stamps, short
 
 APIS = ("completions", "chat")
 DEFAULT_API_KEY_ENV = "LLMPERF_API_KEY"
@@ -197,13 +197,21 @@ class HttpEngine:
         try:
             with self._client.stream("POST", self.url, json=body) as response:
                 if response.status_code >= 400:
-                    raise self._http_error(response.status_code, head(response.iter_bytes(), MAX_ERROR_BODY_BYTES))
-                for data in sse_data(lines(response.iter_bytes(), self.url)):
-                    now = clock()
+                    head = Head(MAX_ERROR_BODY_BYTES)
+                    for chunk in response.iter_bytes():
+                        if head.add(chunk):
+                            break
+                    raise self._http_error(response.status_code, head.text())
+                reader = EventReader(self.url)
+                for chunk in response.iter_bytes():
+                    now = clock()  # first: parsing below is not part of this chunk's arrival
                     if time.monotonic() > deadline:
                         raise self._too_long(len(state.stamps))
-                    if state.feed(data, now):
+                    if any(state.feed(data, now) for data in reader.feed(chunk)):
                         break
+                else:
+                    for data in reader.end():
+                        state.feed(data, clock())
         except httpx.HTTPError as exc:
             raise self._transport_error(exc, state, _DEADLINE.hit) from None
         return self._finish(state, start)
@@ -238,27 +246,21 @@ class HttpEngine:
 
         body = self.body(workload, run_index)
         clock = time.perf_counter_ns
-        line_splitter, events = LineSplitter(self.url), EventSplitter()
+        reader = EventReader(self.url)
         start = clock()
         try:
             async with client.stream("POST", self.url, json=body) as response:
                 if response.status_code >= 400:
-                    data = b""
+                    head = Head(MAX_ERROR_BODY_BYTES)
                     async for chunk in response.aiter_bytes():
-                        data += chunk
-                        if len(data) >= MAX_ERROR_BODY_BYTES:
+                        if head.add(chunk):
                             break
-                    raise self._http_error(response.status_code, data[:MAX_ERROR_BODY_BYTES])
+                    raise self._http_error(response.status_code, head.text())
                 async for chunk in response.aiter_bytes():
                     now = clock()  # first: parsing below is not part of this chunk's arrival
-                    for line in line_splitter.feed(chunk):
-                        for data in events.feed(line):
-                            if state.feed(data, now):
-                                return self._finish(state, start)
-                for line in line_splitter.end():
-                    for data in events.feed(line):
-                        state.feed(data, clock())
-                for data in events.end():
+                    if any(state.feed(data, now) for data in reader.feed(chunk)):
+                        return self._finish(state, start)
+                for data in reader.end():
                     state.feed(data, clock())
         except httpx.HTTPError as exc:
             raise self._transport_error(exc, state, False) from None

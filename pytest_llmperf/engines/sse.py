@@ -139,14 +139,21 @@ class StreamState:
         return trace, source
 
 
-def head(chunks: Iterable[bytes], limit: int) -> bytes:
-    """The first ``limit`` bytes of a body (an error page can be of any size)."""
-    data = b""
-    for chunk in chunks:
-        data += chunk
-        if len(data) >= limit:
-            break
-    return data[:limit]
+class Head:
+    """The first ``limit`` bytes of a body (an error page can be of any size), chunk by chunk:
+    the same for the synchronous and the asynchronous client."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.data = b""
+
+    def add(self, chunk: bytes) -> bool:
+        """Keep ``chunk``; True once ``limit`` bytes are in (read no further)."""
+        self.data += chunk
+        return len(self.data) >= self.limit
+
+    def text(self) -> bytes:
+        return self.data[: self.limit]
 
 
 _EOL = re.compile(rb"\r\n|\r|\n")
@@ -177,14 +184,6 @@ class LineSplitter:
         return [rest.decode("utf-8", "replace")] if rest else []
 
 
-def lines(chunks: Iterable[bytes], url: str) -> Iterator[str]:
-    """The lines of a byte stream, each yielded as soon as its end arrives."""
-    splitter = LineSplitter(url)
-    for chunk in chunks:
-        yield from splitter.feed(chunk)
-    yield from splitter.end()
-
-
 class EventSplitter:
     """Lines in, the ``data`` of each server-sent event out (multi-line data joined); None for
     a comment."""
@@ -212,11 +211,20 @@ class EventSplitter:
         return []
 
 
-def sse_data(line_iter: Iterator[str]) -> Iterator[str | None]:
-    splitter = EventSplitter()
-    for line in line_iter:
-        yield from splitter.feed(line)
-    yield from splitter.end()
+class EventReader:
+    """Bytes in, the ``data`` of each server-sent event out, one chunk at a time: a client reads
+    its clock when a chunk arrives and only then parses it, so parsing is never part of an
+    arrival time (both clients)."""
+
+    def __init__(self, url: str) -> None:
+        self.lines = LineSplitter(url)
+        self.events = EventSplitter()
+
+    def feed(self, chunk: bytes) -> list[str | None]:
+        return [data for line in self.lines.feed(chunk) for data in self.events.feed(line)]
+
+    def end(self) -> list[str | None]:
+        return [data for line in self.lines.end() for data in self.events.feed(line)] + self.events.end()
 
 
 def parse_event(data: str, url: str) -> dict[str, Any]:

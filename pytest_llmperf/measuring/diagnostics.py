@@ -235,7 +235,9 @@ def likely_causes(system: SystemDelta | None) -> list[str]:
     if system is None:
         return []
     causes = []
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    from ..core.settings import usable_cpus
+
+    cpus = usable_cpus()
     loads = [x for x in (system.before.load_1m, system.after.load_1m) if x is not None]
     if loads and max(loads) > cpus:
         causes.append(f"other load: load average {max(loads):.1f} on {cpus} CPU(s) (llama.cpp's threads compete)")

@@ -13,13 +13,20 @@ import dataclasses
 import functools
 import statistics
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from ..core.engine_info import EngineInfo
 from ..core.trace import RunTrace
 from ..core.workload import Workload
+
+if TYPE_CHECKING:  # these modules build on this one: types only, no import at run time
+    from .diagnostics import Stability, SystemDelta
+    from .layers import LayerProfile
+    from .load import LoadStats
+    from .memory import PeakRss
+    from .roofline import Roofline
 
 NS_PER_MS = 1e6
 
@@ -155,21 +162,21 @@ class Measurement:
     prompt_tokens: int | None
     output_tokens: int
     sampling_ms_per_token: float | None = None
-    load: Any = None  # load.LoadStats for a load test (concurrency/requests/rate), else None
+    load: LoadStats | None = None  # a load test's (concurrency/requests/rate), else None
     # Filled by runner.measure (None / empty when a Measurement is built from traces alone):
     warmup_runs: tuple[RunMetrics, ...] = ()
-    system: Any = None  # diagnostics.SystemDelta around the runs
-    peak_rss: Any = None  # memory.PeakRss over the runs
-    layers: Any = None  # layers.LayerProfile, when per-layer timing was asked for
-    roofline: Any = None  # roofline.Roofline, when peaks were known or asked for
+    system: SystemDelta | None = None  # around the runs
+    peak_rss: PeakRss | None = None  # over the runs
+    layers: LayerProfile | None = None  # when per-layer timing was asked for
+    roofline: Roofline | None = None  # when peaks were known or asked for
 
     @property
     def n_runs(self) -> int:
         return len(self.runs)
 
     @functools.cached_property
-    def stability(self) -> Any:
-        """diagnostics.Stability: CV, spread, first-run/first-token effects, context slope."""
+    def stability(self) -> Stability:
+        """CV, spread, first-run/first-token effects, context slope."""
         from .diagnostics import diagnose
 
         return diagnose(self, self.system, self.warmup_runs)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..core.engine_info import _human_bytes
+from ..core.numbers import human_bytes
 from ..core.settings import EngineSettings
 from .synthetic import PRESETS
 
@@ -19,7 +19,7 @@ def describe_model(settings: EngineSettings) -> str:
     path = Path(settings.model)
     if not path.is_file():
         return f"{path} (NOT FOUND)"
-    return f"{path.name} ({_human_bytes(path.stat().st_size)}, {gguf_file_type(path) or 'unknown type'})"
+    return f"{path.name} ({human_bytes(path.stat().st_size)}, {gguf_file_type(path) or 'unknown type'})"
 
 
 def gguf_file_type(path: Path) -> str | None:

@@ -22,6 +22,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from . import figures, overview_figure, record_figures
 from ..core.numbers import fmt
 from ..core.catalog import BUDGETS, is_ceiling
+from ..core.settings import usable_cpus
 from .session_file import COMPARISON_HEADERS, metric_label
 
 #: verdict word -> (css class, symbol); the word is always printed next to the colour.
@@ -243,13 +244,6 @@ def key_figure(results: Sequence[Mapping[str, Any]]) -> str | None:
 
 #: From this many tests on, sections are drawn in worker processes (matplotlib is single-threaded).
 PARALLEL_FROM = 16
-
-
-def usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def test_sections(results: Sequence[Mapping[str, Any]], workers: int | None = None) -> list[str]:

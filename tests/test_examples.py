@@ -1,0 +1,28 @@
+"""The README's third command, ``python -m pytest examples``, on the real engine: every test
+body's assertions hold. A budget may break on a busy machine (that is what budgets do); any
+other failure or error is a broken example."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from inner import run
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "test_inference_perf.py"
+
+
+def test_example_suite_runs(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_inference_perf=EXAMPLE.read_text(encoding="utf-8"))
+    result = run(pytester)
+    reports = [r for r in result.reprec.getreports("pytest_runtest_logreport") if r.when == "call"]
+    assert {r.nodeid.split("::")[1].split("[")[0] for r in reports} == {
+        "test_decode_latency", "test_chat_turn", "test_long_prompt_prefill",
+        "test_prompt_length_scaling", "test_where_the_time_goes",
+    }
+    for r in reports:
+        # The plugin fails a test on a budget with one plain line; a test body's failure
+        # is a traceback (not a str).
+        assert r.passed or (isinstance(r.longrepr, str) and "budget" in r.longrepr), (r.nodeid, str(r.longrepr))
+    errors = [r for r in result.reprec.getreports("pytest_runtest_logreport") if r.when != "call" and r.failed]
+    assert not errors, [str(e.longrepr) for e in errors]
