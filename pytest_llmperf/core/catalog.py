@@ -69,11 +69,6 @@ class Metric:
     mirror_of: Optional[str] = None
 
     @property
-    def title(self) -> str:
-        """The label with its phase: "prefill TTFT", "decode TPS"."""
-        return f"{self.phase} {self.label}"
-
-    @property
     def budget_keys(self) -> tuple[str, ...]:
         return tuple(b.key for b in BUDGETS.values() if b.metric == self.name)
 
