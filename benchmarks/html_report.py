@@ -23,7 +23,6 @@ from pathlib import Path
 
 import numpy as np
 
-from pytest_llmperf.judge import compare
 from pytest_llmperf.judge.regression import CompareSettings, judge
 from pytest_llmperf.judge.result import VerdictRecord
 
@@ -86,7 +85,6 @@ def main() -> int:
         os.environ.setdefault("LLMPERF_CACHE_DIR", str(Path(__file__).resolve().parent.parent / ".llmperf-cache"))
         base = real_result(Path(tmp))
         rng = np.random.default_rng(0)
-        compare.BOOTSTRAP_RESAMPLES = 200  # setup only (verdicts to show), not what is timed
         results = [resampled(base, i, rng) for i in range(args.tests)]
         started, cpu = time.perf_counter(), _cpu_seconds()
         page = render_html(results, created_at="benchmark")

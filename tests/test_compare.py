@@ -9,22 +9,11 @@ import math
 import numpy as np
 import pytest
 
-from pytest_llmperf.judge.compare import (
-    JUDGED,
-    METRICS,
-    MIN_PEERS,
-    Comparison,
-    Level,
-    NoiseModel,
-    Verdict,
-    compare_runs,
-    decide,
-    holm,
-    level,
-    lognormal_sigma,
-    min_detectable_effect,
-    suite_relative,
-)
+from pytest_llmperf.judge.compare import JUDGED, METRICS, compare_runs, decide
+from pytest_llmperf.judge.levels import Level, level
+from pytest_llmperf.judge.noise import NoiseModel, lognormal_sigma, min_detectable_effect
+from pytest_llmperf.judge.suite import MIN_PEERS, suite_relative
+from pytest_llmperf.judge.verdict import Comparison, Verdict, holm
 from pytest_llmperf.judge.regression import CompareSettings, carry_history, judge
 from pytest_llmperf.judge.result import MeasurementResult, VerdictRecord
 from pytest_llmperf.judge.session_verdicts import session_holm, suite_check

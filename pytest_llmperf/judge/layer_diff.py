@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 from scipy.stats import mannwhitneyu
 
-from .compare import holm
+from .verdict import holm
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,11 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..baselines import reference
-from .compare import JUDGED, METRICS, MIN_PEERS, SUITE_ALPHA_SHARE, Comparison, Level, NoiseModel, Verdict, compare_levels, decide, level, mirrored
+from .compare import JUDGED, METRICS, compare_levels, decide, mirrored
+from .levels import Level, level
+from .noise import NoiseModel
+from .suite import MIN_PEERS, SUITE_ALPHA_SHARE
+from .verdict import Comparison, Verdict
 from ..core.fingerprint import other_hardware_note, subject_changes
 from .layer_diff import LayerChange, compare_layers
 from ..baselines.records import same_workload
@@ -37,7 +41,7 @@ class CompareSettings:
     #: Looks of a sequential (adaptive run count) measurement: each look tests at alpha / looks
     #: (Bonferroni over looks), so stopping at the first decided look keeps the error rate.
     looks: int = 1
-    #: Measurements the session will compare: with ``compare.MIN_PEERS`` or more, a share of
+    #: Measurements the session will compare: with ``suite.MIN_PEERS`` or more, a share of
     #: alpha goes to the suite-relative check at the end of the session.
     peers: int = 0
 

@@ -7,7 +7,7 @@ worker's report carries it, the controller rebuilds it with ``from_json``), each
 are derived from it (``properties()``, ``summary_row()``), never parsed back.
 
 The verdict is kept as reported (``VerdictRecord``: its short word and failure lines as they
-were at the time), with its comparisons as ``compare.Comparison`` objects.
+were at the time), with its comparisons as ``verdict.Comparison`` objects.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from ..core.errors import LLMPerfError
 from ..core.schema_check import SchemaViolation, validate
-from .compare import Comparison, Verdict
+from .verdict import Comparison, Verdict
 from .layer_diff import LayerChange
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from .compare import Comparison, Verdict, holm, suite_relative
+from .suite import suite_relative
+from .verdict import Comparison, Verdict, holm
 from .regression import CompareSettings, blame_machine
 from .result import MeasurementResult
 
@@ -57,7 +58,7 @@ def session_holm(results: Sequence[MeasurementResult]) -> list[MeasurementResult
 def suite_check(
     results: Sequence[MeasurementResult], settings: CompareSettings
 ) -> tuple[list[MeasurementResult], list[str]]:
-    """The session-end suite-relative check (``compare.suite_relative``): the results with
+    """The session-end suite-relative check (``suite.suite_relative``): the results with
     their new verdicts, and the failure line of each new REGRESSION."""
     results = list(results)
     if not settings.suite_check:

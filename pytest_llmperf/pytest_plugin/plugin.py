@@ -382,7 +382,7 @@ class LLMPerfPlugin:
     def describe(self) -> list[str]:
         """What the llmperf tests measure (model or endpoint, threads), and a warning when the
         threads asked for exceed the CPUs usable. Loads nothing but file metadata."""
-        from ..engines.llama_cpp import llama_cpp_version
+        from ..engines.llama_cpp_native import llama_cpp_version
         from ..models.facts import describe_model
         from ..core.settings import usable_cpus
 

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from . import figures
+from . import figures, overview_figure, record_figures
 from ..core.numbers import fmt
 from ..core.catalog import BUDGETS, is_ceiling
 from ..core.settings import usable_cpus
@@ -184,7 +184,7 @@ def test_section(index: int, result: Mapping[str, Any]) -> str:
     if budget_rows:
         parts.append(_table(("budget", "limit", "measured", "status"), budget_rows, raw=True))
     plots = []
-    for n, (fig_id, caption, fn) in enumerate(figures.figures_for(record)):
+    for n, (fig_id, caption, fn) in enumerate(record_figures.figures_for(record)):
         svg = figures.render(fn, record, baseline, budgets)
         if fig_id == "layer-bars" and record["layers"].get("outlier_rule"):
             caption += f"; outlier layers in red: {record['layers']['outlier_rule']}"
@@ -240,7 +240,7 @@ def key_figure(results: Sequence[Mapping[str, Any]]) -> str | None:
     """The session at a glance (the Markdown summary's figure); None without comparisons."""
     if not any((r.get("verdict") or {}).get("comparisons") for r in results):
         return None
-    return figures.render(figures.change_overview, results)
+    return figures.render(overview_figure.change_overview, results)
 
 
 #: From this many tests on, sections are drawn in worker processes (matplotlib is single-threaded).

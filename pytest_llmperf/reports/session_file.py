@@ -15,7 +15,7 @@ from typing import Any, Iterable, Sequence
 
 from ..baselines import store as baseline_store
 from ..core.schema_check import SchemaViolation, validate
-from ..judge.compare import Comparison
+from ..judge.verdict import Comparison
 from ..judge.result import MeasurementResult
 from ..core.numbers import fmt
 from .text import fit_table, short_ids

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..core.numbers import fmt
-from ..core.catalog import BUDGETS
+from ..core.catalog import BUDGETS, SUMMARY
 from ..measuring.metrics import Measurement
 from ..core.settings import DEFAULT_SUMMARY_COLUMNS
 from ..core.tables import render_table
@@ -74,19 +74,15 @@ def metrics_table(m: Measurement) -> str:
     return text + ("\n\n" + "\n".join(warnings) if warnings else "")
 
 
-#: (``--llmperf-columns`` name, header, row field); ``test`` always comes first.
+#: (``--llmperf-columns`` name, header, row field); ``test`` always comes first. The metric
+#: columns are the catalog's summary fields that name a column.
 SUMMARY_COLUMNS = (
     ("test", "test", "test"),
     ("model", "model", "model"),
     ("prompt", "prompt", "prompt_tokens"),
     ("gen", "gen", "output_tokens"),
     ("runs", "runs", "runs"),
-    ("ttft", "TTFT ms", "ttft_ms"),
-    ("prefill", "prefill t/s", "prefill_tps"),
-    ("decode", "decode t/s", "decode_tps"),
-    ("p50", "ITL p50 ms", "itl_p50_ms"),
-    ("p95", "ITL p95 ms", "itl_p95_ms"),
-    ("p99", "ITL p99 ms", "itl_p99_ms"),
+    *((f.column, f.header, f.key) for f in SUMMARY.values() if f.column),
     ("budget", "budget", "budget"),
 )
 #: A test id is never cut shorter than this, whatever the width.
