@@ -6,7 +6,7 @@ Every simulated measurement becomes a record like the plugin's (per-run TTFT, TP
 and the TPS mirrors); baselines are built by ``regression.carry_history`` exactly as
 ``--llmperf-update-baselines`` builds them, each candidate test is judged by
 ``regression.judge`` with Holm's family of the whole session (20 tests x 3 judged metrics) as
-it ends, and the session by ``compare.suite_relative`` at its end, as the plugin does.
+it ends, and the session by ``suite.suite_relative`` at its end, as the plugin does.
 
 Drift model (docs/verdicts.md), on the log scale, for session s, test t, run i of n:
   shared session offset  S_s   ~ N(0, 1.5%)   (the machine's speed that session, all tests)
@@ -37,8 +37,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_llmperf.judge.compare import JUDGED, Verdict, lognormal_sigma  # noqa: E402
-from pytest_llmperf.judge.compare import suite_relative  # noqa: E402
+from pytest_llmperf.judge.compare import JUDGED  # noqa: E402
+from pytest_llmperf.judge.noise import lognormal_sigma  # noqa: E402
+from pytest_llmperf.judge.suite import suite_relative  # noqa: E402
+from pytest_llmperf.judge.verdict import Verdict  # noqa: E402
 from pytest_llmperf.judge.regression import CompareSettings, carry_history, judge  # noqa: E402
 
 SHARED_SD, TEST_SD, RAMP = 0.015, 0.005, 0.02

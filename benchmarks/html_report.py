@@ -23,9 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pytest_llmperf.judge import compare
 from pytest_llmperf.judge.regression import CompareSettings, judge
-from pytest_llmperf.reports.session_file import verdict_dict
+from pytest_llmperf.judge.result import VerdictRecord
 
 SUITE = """
 import pytest
@@ -64,7 +63,7 @@ def resampled(result: dict, index: int, rng: np.random.Generator) -> dict:
         rec["summary"][f"itl_p{q}_ms"] = float(np.percentile(pooled, q))
     if r.get("baseline_record"):  # judged again, so the verdicts vary as a real session's do
         verdict = judge({"hw": r["baseline_record"]}, "hw", rec, CompareSettings(family_size=5 * 200))
-        r["verdict"] = verdict_dict(verdict)
+        r["verdict"] = VerdictRecord.of(verdict).to_json()
     r["test"] = f"tests/test_perf_{index // 10:02d}.py::test_case_{index}"
     return r
 
@@ -86,7 +85,6 @@ def main() -> int:
         os.environ.setdefault("LLMPERF_CACHE_DIR", str(Path(__file__).resolve().parent.parent / ".llmperf-cache"))
         base = real_result(Path(tmp))
         rng = np.random.default_rng(0)
-        compare.BOOTSTRAP_RESAMPLES = 200  # setup only (verdicts to show), not what is timed
         results = [resampled(base, i, rng) for i in range(args.tests)]
         started, cpu = time.perf_counter(), _cpu_seconds()
         page = render_html(results, created_at="benchmark")

@@ -18,7 +18,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_llmperf.judge.regression import CompareSettings, judge, suite_check  # noqa: E402
+from pytest_llmperf.judge.regression import CompareSettings, judge  # noqa: E402
+from pytest_llmperf.judge.result import MeasurementResult, VerdictRecord  # noqa: E402
+from pytest_llmperf.judge.session_verdicts import suite_check  # noqa: E402
 
 
 def record(rng: np.random.Generator, runs: int) -> dict:
@@ -48,10 +50,8 @@ def main() -> None:
         best = min(best, time.perf_counter() - started)
     print(f"{args.tests} comparisons ({args.runs} runs a side): {best:.2f} s, best of 3 "
           f"({best / args.tests * 1000:.2f} ms per test)")
-    # The session-end step, on the results as the plugin holds them (plain dicts).
-    results = [{"test": f"t{i}", "verdict": {"status": "compared", "changes": [], "failures": [], "short": "",
-                                            "comparisons": [c.as_dict() for c in v.comparisons]}}
-               for i, v in enumerate(verdicts)]
+    # The session-end step, on the results as the plugin holds them (judge.result).
+    results = [MeasurementResult(test=f"t{i}", verdict=VerdictRecord.of(v)) for i, v in enumerate(verdicts)]
     started = time.perf_counter()
     suite_check(results, settings)
     print(f"session-end suite-relative check over the {args.tests}: {time.perf_counter() - started:.2f} s")

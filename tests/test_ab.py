@@ -17,6 +17,7 @@ from pytest_llmperf.core.engine_info import EngineInfo
 from pytest_llmperf.core.errors import ConfigError
 from pytest_llmperf.core.trace import RunTrace
 from pytest_llmperf.core.workload import Workload
+from pytest_llmperf.reports.session_file import load_session
 
 
 class Machine:
@@ -207,6 +208,7 @@ def test_marker_and_fixture_forms_in_a_session(pytester: pytest.Pytester) -> Non
     assert re.search(r"3 pairs interleaved \(\d AB, \d BA, seeded\)", out)
     assert "Traceback" not in out
     # A/B comparisons reach the session JSON, under "ab" (not through pytest_llmperf_result).
+    assert load_session(pytester.path / "session.json") == []  # the schema allows "ab"; no measure() ran
     ab = {e["test"].split("::")[1]: e for e in json.loads((pytester.path / "session.json").read_text())["ab"]}
     assert set(ab) == {"test_marker_form", "test_fixture_form[same]", "test_llama_settings_sides"}
     marker = ab["test_marker_form"]

@@ -1,6 +1,7 @@
-"""The metric catalog is the one definition: the schema's budget keys, budgets, the HTML
-budget table, the stored record and the documented marker-key table all agree with it,
-on real measurements of the tiny model."""
+"""The metric catalog is the one definition: the schema's budget keys, budgets, the
+comparison's metrics, the HTML budget table, the stored record and its summary, the session
+table's columns and the documented marker-key table all agree with it, on real measurements
+of the tiny model."""
 
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ import pytest
 
 from pytest_llmperf import Workload, measure
 from pytest_llmperf.core import catalog
-from pytest_llmperf.judge.budgets import STATISTICS
 from pytest_llmperf.core.fingerprint import Fingerprint, subject
 from pytest_llmperf.reports.html import _budget_rows, budget_value
 from pytest_llmperf.measuring.machine_peak import Peak
 from pytest_llmperf.baselines.records import record
+from pytest_llmperf.core.settings import SUMMARY_COLUMN_NAMES
+from pytest_llmperf.judge import compare
 from pytest_llmperf.judge.marker import BUDGET_KEYS, KEYS
+from pytest_llmperf.reports.text import SUMMARY_COLUMNS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,10 +47,28 @@ def test_schema_budget_keys_are_the_catalogs() -> None:
         assert KEYS[key].help == budget.help
         assert budget.metric in catalog.METRICS
         assert key in catalog.METRICS[budget.metric].budget_keys
-        stat = STATISTICS[key]
-        assert (stat.label, stat.unit, stat.ceiling) == (
-            budget.label, catalog.metric_of(key).unit, not catalog.metric_of(key).higher_is_better)
+        metric = catalog.METRICS[budget.metric]
+        assert (budget.unit, budget.ceiling) == (metric.unit, not metric.higher_is_better)
+        # The help says which way the budget bounds (and the marker-key table repeats it).
+        assert re.search(rf"\b{'max' if budget.ceiling else 'min'}\b", budget.help), (key, budget.help)
     assert all(m.phase in catalog.PHASES for m in catalog.METRICS.values())
+
+
+def test_compared_metrics_and_summary_columns_are_the_catalogs() -> None:
+    assert compare.METRICS == {n: m for n, m in catalog.METRICS.items() if m.judged or m.mirror_of}
+    assert [m.name for m in compare.JUDGED] == ["ttft_ms", "tpot_ms", "itl_p95_ms"]
+    for m in compare.METRICS.values():  # a mirror is a rate of a judged metric's runs, the other way round
+        if m.mirror_of:
+            source = catalog.METRICS[m.mirror_of]
+            assert source.judged and (source.phase, source.higher_is_better) == (m.phase, not m.higher_is_better)
+    columns = [name for name, _, _ in SUMMARY_COLUMNS]
+    assert columns[0] == "test" and tuple(columns[1:]) == SUMMARY_COLUMN_NAMES
+    assert [(c, h, k) for c, h, k in SUMMARY_COLUMNS if k in catalog.SUMMARY] == [
+        (f.column, f.header, f.key) for f in catalog.SUMMARY.values() if f.column]
+    for key, field in catalog.SUMMARY.items():
+        assert field.metric in catalog.METRICS
+        if field.reader is None:  # the metric's own value: what its from_record reads
+            assert catalog.METRICS[field.metric].summary_key == key, key
 
 
 def _agree(measured, name: str, read, from_record) -> None:
@@ -69,9 +90,16 @@ def test_every_metric_reads_from_a_measurement_and_its_record(measured) -> None:
         _agree(measured, metric.name, metric.read, metric.from_record)
 
 
+def test_every_summary_field_is_stored_in_the_record(measured) -> None:
+    for key, field in catalog.SUMMARY.items():
+        _agree(measured, key, field.read, lambda rec: rec["summary"].get(key))
+    for _, rec in measured:
+        assert list(rec["summary"]) == ["n_runs", "itl_count", *catalog.SUMMARY]
+
+
 def test_html_budget_value_is_the_measured_value_for_every_budget_key(measured) -> None:
-    for key, stat in STATISTICS.items():
-        _agree(measured, key, stat.value, lambda rec: budget_value(rec, key))
+    for key, budget in catalog.BUDGETS.items():
+        _agree(measured, key, budget.read, lambda rec: budget_value(rec, key))
     # The table itself: e2e_ms and min_goodput used to show "not in record".
     m, rec = measured[1]
     rows = _budget_rows({"budgets": {"e2e_ms": 1e9, "min_goodput": 0.5, "ttft_ms": 1e9}, "record": rec})
@@ -79,24 +107,39 @@ def test_html_budget_value_is_the_measured_value_for_every_budget_key(measured) 
     assert all("ok" in row[-1] for row in rows), rows
 
 
-def _documented_budget_rows() -> dict[str, str]:
-    """Budget rows of the marker-key table (``| `key` | kind | meaning |``) in README or docs."""
-    rows: dict[str, str] = {}
+def _marker_key_rows() -> list[tuple[str, tuple[str, ...], str, str]]:
+    """Every row of the marker-key table (``| `key`, `key` | kind | meaning |``) in the README
+    or docs/: (where, keys, kind, meaning)."""
+    kinds = {k.kind for k in KEYS.values()}
+    rows = []
     for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
-        for line in path.read_text(encoding="utf-8").splitlines():
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            if len(cells) == 3 and cells[1] == "budget":
-                for key in re.findall(r"`(\w+)`", cells[0]):
-                    rows[key] = cells[2]
+            if line.startswith("|") and len(cells) == 3 and cells[1] in kinds:
+                keys = tuple(re.findall(r"`(\w+)`", cells[0]))
+                meaning = re.sub(r"; see [^)]*\)", ")", cells[2].replace("`", ""))  # a section link may follow
+                rows.append((f"{path.name}:{n}", keys, cells[1], meaning))
     return rows
 
 
-def test_documented_marker_key_table_matches_the_catalog() -> None:
-    rows = _documented_budget_rows()
-    assert set(rows) == set(catalog.BUDGETS), "README/docs marker-key table: budget rows differ from catalog.BUDGETS"
-    for key, meaning in rows.items():
-        word = "max" if catalog.is_ceiling(key) else "min"
-        assert re.search(rf"\b{word}\b", meaning), f"{key}: the table should say {word!r}: {meaning}"
+def test_documented_marker_key_table_matches_the_schema_and_catalog() -> None:
+    """Every row: its keys exist, with the kind it says; every key in exactly one row; a
+    budget's meaning is the catalog's help text (one row per budget key), so a renamed key, a
+    new key, a changed kind or direction or unit fails here."""
+    rows = _marker_key_rows()
+    assert rows, "no marker-key table found in README.md or docs/"
+    seen: dict[str, str] = {}
+    for where, keys, kind, meaning in rows:
+        assert keys, f"{where}: a row names no key"
+        for key in keys:
+            assert key in KEYS, f"{where}: {key!r} is not a marker key"
+            assert key not in seen, f"{where}: {key!r} is also in the row at {seen[key]}"
+            seen[key] = where
+            assert KEYS[key].kind == kind, f"{where}: {key!r} is a {KEYS[key].kind} key, the table says {kind}"
+        if kind == "budget":
+            assert len(keys) == 1, f"{where}: one budget key per row: {keys}"
+            assert meaning == catalog.BUDGETS[keys[0]].help, (where, meaning, catalog.BUDGETS[keys[0]].help)
+    assert set(seen) == set(KEYS), f"marker keys missing from the table: {sorted(set(KEYS) - set(seen))}"
 
 
 def test_catalog_is_a_bottom_layer() -> None:

@@ -9,23 +9,14 @@ import math
 import numpy as np
 import pytest
 
-from pytest_llmperf.judge.compare import (
-    JUDGED,
-    METRICS,
-    MIN_PEERS,
-    Comparison,
-    Level,
-    NoiseModel,
-    Verdict,
-    compare_runs,
-    decide,
-    holm,
-    level,
-    lognormal_sigma,
-    min_detectable_effect,
-    suite_relative,
-)
-from pytest_llmperf.judge.regression import CompareSettings, carry_history, judge, session_holm, suite_check
+from pytest_llmperf.judge.compare import JUDGED, METRICS, compare_runs, decide
+from pytest_llmperf.judge.levels import Level, level
+from pytest_llmperf.judge.noise import NoiseModel, lognormal_sigma, min_detectable_effect
+from pytest_llmperf.judge.suite import MIN_PEERS, suite_relative
+from pytest_llmperf.judge.verdict import Comparison, Verdict, holm
+from pytest_llmperf.judge.regression import CompareSettings, carry_history, judge
+from pytest_llmperf.judge.result import MeasurementResult, VerdictRecord
+from pytest_llmperf.judge.session_verdicts import session_holm, suite_check
 
 TPOT, DECODE_TPS, TTFT = (METRICS[k] for k in ("tpot_ms", "decode_tps", "ttft_ms"))
 ALPHA = 0.01
@@ -182,22 +173,21 @@ def test_family_counts_judged_metrics_only() -> None:
 
 
 def test_session_holm_equals_holm_over_all_p_values() -> None:
-    from pytest_llmperf.reports.session_file import verdict_dict
-
     rng = np.random.default_rng(9)
     results = []
     for i in range(5):
         v = judge({"hw": record(lognormal(rng, 10, 0.02, 20), lognormal(rng, 150, 0.02, 20))}, "hw",
                   record(lognormal(rng, 10.3, 0.02, 20), lognormal(rng, 150, 0.02, 20)),
                   CompareSettings(family_size=100))
-        results.append({"test": f"t{i}", "verdict": verdict_dict(v)})
-    session_holm(results)
-    judged = [c for r in results for c in r["verdict"]["comparisons"] if c["mirror_of"] is None]
-    expected = holm([c["p_value"] for c in judged])
-    assert [c["p_adjusted"] for c in judged] == pytest.approx(expected)
-    mirrors = [c for r in results for c in r["verdict"]["comparisons"] if c["mirror_of"] == "tpot_ms"]
-    tpots = [c for r in results for c in r["verdict"]["comparisons"] if c["metric"] == "tpot_ms"]
-    assert [c["p_adjusted"] for c in mirrors] == [c["p_adjusted"] for c in tpots]
+        results.append(MeasurementResult(test=f"t{i}", verdict=VerdictRecord.of(v)))
+    adjusted = session_holm(results)
+    assert [r.verdict.short for r in adjusted] == [r.verdict.short for r in results]  # decided as they were
+    judged = [c for r in adjusted for c in r.verdict.comparisons if c.mirror_of is None]
+    expected = holm([c.p_value for c in judged])
+    assert [c.p_adjusted for c in judged] == pytest.approx(expected)
+    mirrors = [c for r in adjusted for c in r.verdict.comparisons if c.mirror_of == "tpot_ms"]
+    tpots = [c for r in adjusted for c in r.verdict.comparisons if c.metric == "tpot_ms"]
+    assert [c.p_adjusted for c in mirrors] == [c.p_adjusted for c in tpots]
 
 
 def test_history_keeps_the_last_sessions_and_restarts_on_a_subject_change() -> None:
@@ -336,18 +326,18 @@ def test_suite_relative_needs_enough_peers() -> None:
 
 
 def test_suite_check_updates_the_session_results() -> None:
-    """The plugin's session-end step: the verdict dicts gain the new REGRESSION, its failure
-    line and the short cell."""
+    """The plugin's session-end step: the results come back with the new REGRESSION, its
+    failure line and the short cell."""
     rng = np.random.default_rng(25)
     per_test = _session(rng, 12, -0.03, {3: 1.15}, cv=0.02)
-    results = [{"test": f"t{i}", "verdict": {"status": "compared", "changes": [], "failures": [],
-                                           "short": "UNCHANGED", "comparisons": [c.as_dict() for c in cs]}}
+    results = [MeasurementResult(test=f"t{i}", verdict=VerdictRecord("compared", short="UNCHANGED", comparisons=tuple(cs)))
                for i, cs in enumerate(per_test)]
-    lines = suite_check(results, CompareSettings(peers=12))
+    checked, lines = suite_check(results, CompareSettings(peers=12))
     assert lines and all(line.startswith("t3: decode regression: TPOT") for line in lines)
-    assert results[3]["verdict"]["short"].startswith("REGRESSION") and results[3]["verdict"]["failures"]
-    assert Comparison.from_dict(results[3]["verdict"]["comparisons"][0]).metric == "ttft_ms"
-    assert suite_check(results, CompareSettings(peers=MIN_PEERS - 1)) == []
+    assert checked[3].verdict.short.startswith("REGRESSION") and checked[3].verdict.failures
+    assert checked[3].verdict.comparisons[0].metric == "ttft_ms"
+    assert results[3].verdict.short == "UNCHANGED"  # the results given are left as they were
+    assert suite_check(results, CompareSettings(peers=MIN_PEERS - 1)) == (results, [])
 
 
 def test_steal_time_is_blamed_on_the_machine() -> None:

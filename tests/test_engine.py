@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pytest_llmperf import EngineError, LlamaCppEngine, Workload, measure
-from pytest_llmperf.engines.llama_cpp import split_prompt
+from pytest_llmperf.engines.llama_cpp_loop import split_prompt
 
 
 def test_every_run_generates_exactly_max_tokens(tiny_engine) -> None:
@@ -111,3 +111,40 @@ def test_callable_engine_timestamps_each_item() -> None:
 def test_callable_engine_too_few_tokens() -> None:
     with pytest.raises(EngineError, match="yielded 1 token"):
         measure(lambda prompt, n: iter(["only"]), Workload(runs=1, warmup=0))
+
+
+# -- one timed loop: plain runs and per-layer timing -------------------------------------------
+
+
+def test_layer_timing_drives_the_engines_timed_loop(tiny_engine) -> None:
+    """Per-layer timing runs the engine's own timed loop (``timed_decode``) on its instrumented
+    context: every step's events lie inside the loop's clock reads, each step holds one event per
+    layer plus the head, and no module but the loop's calls ``llama_decode`` in a timed region
+    or reaches into the engine's private attributes."""
+    import ast
+
+    from pytest_llmperf.measuring.layers import LayerTimer
+
+    workload = Workload(prompt_tokens=16, max_tokens=6, runs=1, warmup=0)
+    timer = LayerTimer(tiny_engine, workload)
+    try:
+        prefill, decode, tpot_ms = timer.run()
+    finally:
+        timer.close()
+    n_layer = tiny_engine.info().n_layer
+    assert len(prefill) == 1 and len(decode) == workload.max_tokens - 1 and tpot_ms > 0
+    for start, events, end in prefill + decode:
+        assert [name for name, _ in events][-1] == b"result_output" and len(events) == n_layer + 1
+        assert start < events[0][1] and events[-1][1] <= end
+    assert [s for s, _, _ in decode[1:]] == [e for _, _, e in decode[:-1]]  # steps tile the loop's clock reads
+
+    package = Path(__file__).resolve().parent.parent / "pytest_llmperf"
+    for path in package.rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        attrs = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        if path.name != "llama_cpp_loop.py":
+            assert "llama_synchronize" not in attrs or path.name == "llama_cpp.py", path
+        if path.name not in ("llama_cpp.py", "llama_cpp_loop.py", "llama_cpp_native.py"):
+            private = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+                       and isinstance(n.value, ast.Name) and n.value.id == "engine" and n.attr.startswith("_")}
+            assert not private, (path, private)

@@ -19,7 +19,7 @@ import pytest
 
 from pgserver import PgServer, bindir, unavailable
 from pytest_llmperf.cli import main as cli_main
-from pytest_llmperf.judge.compare import level
+from pytest_llmperf.judge.levels import level
 from pytest_llmperf.history import append_session, detect, store
 from pytest_llmperf.history.location import parse
 from pytest_llmperf.history.series import levels, read_series
@@ -102,7 +102,7 @@ def test_roundtrip_keeps_runs_summary_fingerprints_and_commit(location: str, tmp
     assert tpot.points[1].commit is None and tpot.points[1].dirty is None
     assert tpot.points[1].baseline == "UNCHANGED" and tpot.points[0].baseline is None
     assert series[("long", "tpot_ms")].name == "t.py::test_a[long]"
-    # The one reader also gives the verdicts' between-session levels (compare.Level).
+    # The one reader also gives the verdicts' between-session levels (levels.Level).
     assert [lv.n for lv in levels(loc, "t.py::test_a", "", "tpot_ms", tpot.hardware_key)] == [8, 8]
 
 

@@ -15,7 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from pytest_llmperf import EngineError, Workload, measure
-from pytest_llmperf.engines.http import EarlyEndError, HttpEngine
+from pytest_llmperf.engines.http import HttpEngine
+from pytest_llmperf.engines.sse import EarlyEndError
 from pytest_llmperf.engines.servers import free_port
 
 STOP = threading.Event()
@@ -172,7 +173,7 @@ def test_events_merged_into_fewer_than_tokens(faulty):
 
 
 def test_fit_stamps():
-    from pytest_llmperf.engines.http import fit_stamps
+    from pytest_llmperf.engines.sse import fit_stamps
 
     assert fit_stamps([1, 2, 3, 4, 5], 3) == [1, 2, 5]
     assert fit_stamps([1, 2], 4) == [1, 2, 2, 2]

@@ -24,7 +24,6 @@ from pytest_llmperf.core.workload import Workload
 from pytest_llmperf.judge.budgets import check_budgets
 from pytest_llmperf.judge.marker import validate
 from pytest_llmperf.measuring.runner import measure
-from pytest_llmperf.reports.text import rows_from_properties
 from pytest_llmperf.session import Session, SessionSettings
 from pytest_llmperf.session.results import Result
 
@@ -41,20 +40,20 @@ def one_session(**values):
     assessment = session.assess(nodeid, root / "perf" / "test_x.py", m, marker)
     result = Result(m, check_budgets(m, marker.budgets), len(marker.budgets), assessment, dict(marker.budgets))
     parts = session.call_report(nodeid, [result], [], width=100)
-    session.collect(rows_from_properties(nodeid, parts.properties), parts.shipped)
+    session.collect(parts.shipped)
     session.suite_check()
     outputs = session.finish(environ={})
     lines = session.summary(verbosity=0, width=100)
     session.close()
     assert set(vars(session)) == attributes, set(vars(session)) ^ attributes  # all made in __init__
-    return parts, outputs, lines
+    return parts, outputs, lines, session
 
 
-parts, outputs, lines = one_session(update_baselines=True)
+parts, outputs, lines, session = one_session(update_baselines=True)
 assert not outputs.failed and outputs.written, outputs
-parts, outputs, lines = one_session(json=str(root / "session.json"))
+parts, outputs, lines, session = one_session(json=str(root / "session.json"))
 heavy = sorted(m for m in sys.modules if m == "pytest" or m.startswith(("_pytest", "pluggy")))
-print(json.dumps({"pytest_modules": heavy, "lines": lines, "verdict": parts.shipped[0]["verdict"]["status"],
+print(json.dumps({"pytest_modules": heavy, "lines": lines, "verdict": session.results[0].verdict.status,
                   "sections": [t for t, _ in parts.sections]}))
 '''
 

@@ -56,15 +56,7 @@ def record(m: Measurement, fingerprint: Fingerprint, *, commit: str | None, reco
         "summary": {
             "n_runs": m.n_runs,
             "itl_count": m.itl.count,
-            "ttft_ms": sig6(m.ttft_ms),
-            "prefill_ms": sig6(m.prefill_ms),
-            "prefill_tps": sig6(m.prefill_tps),
-            "tpot_ms": sig6(m.tpot_ms),
-            "decode_tps": sig6(m.decode_tps),
-            "e2e_ms": sig6(m.e2e_ms),
-            "itl_p50_ms": sig6(m.itl.p50_ms),
-            "itl_p95_ms": sig6(m.itl.p95_ms),
-            "itl_p99_ms": sig6(m.itl.p99_ms),
+            **{key: sig6(field.read(m)) for key, field in catalog.SUMMARY.items()},
         },
         **diagnosis(m),
     }

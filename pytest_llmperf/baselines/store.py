@@ -7,8 +7,9 @@ mirrors the test module's (``tests/perf/test_decode.py`` -> ``baselines/tests/pe
 Inside: ``tests`` -> test key (``test_name[param]``, plus ``#label`` for extra
 measurements) -> hardware key -> entry. Several machines' baselines sit side by side.
 
-Safety: files are parsed as data only (``json``), checked against the schema, and a problem
-is a ``BaselineError`` naming the file and what is wrong. Writes go to a temporary file in the
+Safety: files are parsed as data only (``json``), checked against the published JSON Schema
+(``pytest_llmperf/schemas/baselines.schema.json``), and a problem is a ``BaselineError``: one
+line naming the file, the place in it and what to do. Writes go to a temporary file in the
 same folder, are fsynced and renamed over the old file, so a crash at any moment leaves either
 the old or the new file. Writers serialize on a lock of the folder. An update over a file it
 cannot read keeps that file as ``<name>.corrupt`` (then ``.corrupt.1``, ``.corrupt.2``...: a
@@ -21,13 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import tempfile
 from pathlib import Path
 from typing import Callable, Any, Iterator, Mapping
 
 from ..core.errors import LLMPerfError
+from ..core.schema_check import SchemaViolation, validate
 
 SCHEMA = "pytest-llmperf/baselines"
 SCHEMA_VERSION = 1
@@ -59,35 +60,20 @@ def entry_key(nodeid: str, label: str = "") -> str:
     return f"{name}#{label}" if label else name
 
 
-def _finite_numbers(values: Any) -> bool:
-    return isinstance(values, list) and all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values
-    )
+#: What to do about a baseline file that does not match its schema.
+REDO = "re-record it with --llmperf-update-baselines (or restore the file from version control)"
 
 
-def check_record(where: str, entry: Any, redo: str = "re-record it with --llmperf-update-baselines") -> None:
-    """A record (baseline entry or session result) that the statistics can use, or a
-    ``BaselineError`` beginning with ``where`` and ending with ``redo``: what the comparison
-    reads is checked here, so a hand-edited value is one line, never a traceback from the
-    statistics."""
-    unusable = f"unusable entry; {redo}"
-    if not isinstance(entry, dict):
-        raise BaselineError(f"{where} is not an object: {unusable}")
-    for key in ("runs", "workload", "subject", "hardware"):
-        if not isinstance(entry.get(key), dict):
-            raise BaselineError(f"{where} has no {key!r} object: {unusable}")
-    for metric, values in entry["runs"].items():
-        if not _finite_numbers(values):
-            raise BaselineError(f"{where}.runs[{metric!r}] is not a list of finite numbers: {unusable}")
-        if not values:
-            raise BaselineError(f"{where}.runs[{metric!r}] has no runs: {unusable}")
-    itl = entry.get("itl_ms", [])
-    if not isinstance(itl, list) or not all(_finite_numbers(run) and run for run in itl):
-        raise BaselineError(f"{where}.itl_ms is not a list of per-run lists of finite numbers: {unusable}")
+def _violation(path: Path, exc: SchemaViolation) -> BaselineError:
+    return BaselineError(f"{path}: {exc}; {REDO}")
 
 
 def _check_entry(path: Path, test: str, hw: str, entry: Any) -> None:
-    check_record(f"{path}: tests[{test!r}][{hw!r}]", entry)
+    """One record against ``schemas/baselines.schema.json#/$defs/record`` (what the statistics read)."""
+    try:
+        validate(entry, "baselines", "record", f"tests[{test!r}][{hw!r}]")
+    except SchemaViolation as exc:
+        raise _violation(path, exc) from None
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -116,14 +102,11 @@ def load(path: Path) -> dict[str, Any]:
             f"({SCHEMA_VERSION}); upgrade pytest-llmperf",
             version,
         )
-    tests = data.get("tests")
-    if not isinstance(tests, dict):
-        raise BaselineError(f"{path}: \"tests\" is missing or not an object")
-    for test, per_hw in tests.items():
-        if not isinstance(per_hw, dict):
-            raise BaselineError(f"{path}: tests[{test!r}] is not an object")
-        for hw, entry in per_hw.items():
-            _check_entry(path, test, hw, entry)
+    try:  # the whole file against schemas/baselines.schema.json: one line at the first problem
+        validate(data, "baselines")
+    except SchemaViolation as exc:
+        raise _violation(path, exc) from None
+    tests = data["tests"]
     return tests
 
 

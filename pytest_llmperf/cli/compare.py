@@ -47,9 +47,9 @@ def run(args: argparse.Namespace) -> int:
     from ..core.errors import ConfigError
     from ..reports.session_file import load_session
 
-    base = {r["test"]: r for r in load_session(args.base)}
+    base = {r.test: r for r in load_session(args.base)}
     new = load_session(args.new)
-    matched = [r for r in new if r["test"] in base]
+    matched = [r for r in new if r.test in base]
     if not matched:
         raise ConfigError(f"no test in both {args.base} and {args.new}: nothing to compare")
     try:
@@ -65,7 +65,8 @@ def _compare(args: argparse.Namespace, base: dict, new: list, matched: list) -> 
     from ..judge.compare import JUDGED
     from ..core.fingerprint import other_hardware_note
     from ..judge.regression import CompareSettings, judge
-    from ..reports.session_file import comparison_table, undecided_lines, verdict_dict
+    from ..judge.result import VerdictRecord
+    from ..reports.session_file import comparison_table, undecided_lines
 
     settings = CompareSettings(
         alpha=args.alpha,
@@ -76,24 +77,24 @@ def _compare(args: argparse.Namespace, base: dict, new: list, matched: list) -> 
     results, notes, failures = [], [], []
     regressed = 0
     for r in new:
-        old = base.get(r["test"])
+        old = base.get(r.test)
         if old is None:
-            notes.append(f"{r['test']}: not in {args.base}")
+            notes.append(f"{r.test}: not in {args.base}")
             continue
-        hw_key = r["hardware_key"] if args.any_hardware else old["hardware_key"]
-        verdict = judge({hw_key: old["record"]}, r["hardware_key"], r["record"], settings)
+        hw_key = r.hardware_key if args.any_hardware else old.hardware_key
+        verdict = judge({hw_key: old.record}, r.hardware_key, r.record, settings)
         if verdict.status == "other-hardware":  # name the fields that differ
             note = other_hardware_note(
-                {hw_key: old["record"]}, r["hardware_key"], r["record"], hint="compare anyway with --any-hardware"
+                {hw_key: old.record}, r.hardware_key, r.record, hint="compare anyway with --any-hardware"
             )
             verdict = dataclasses.replace(verdict, note=note)
         if verdict.note:
-            notes.append(f"{r['test']}: {verdict.note}")
-        results.append({"test": r["test"], "verdict": verdict_dict(verdict)})
+            notes.append(f"{r.test}: {verdict.note}")
+        results.append(dataclasses.replace(r, verdict=VerdictRecord.of(verdict)))
         lines = verdict.failure_lines()
         regressed += bool(lines)
-        failures += [f"{r['test']}: {line}" for line in lines]
-    for test in sorted(set(base) - {r["test"] for r in new}):
+        failures += [f"{r.test}: {line}" for line in lines]
+    for test in sorted(set(base) - {r.test for r in new}):
         notes.append(f"{test}: not in {args.new}")
     width = None if args.columns == ["all"] else shutil.get_terminal_size().columns
     table = comparison_table(results, args.columns, width)

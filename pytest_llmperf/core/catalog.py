@@ -1,9 +1,14 @@
 """The metric catalog: every metric once, with the budget keys that bound it.
 
-The schema (budget keys and their help), budgets, the HTML budget table, the figures' budget
-lines, the baseline comparison and the stored record's per-run fields all read it, so a
-metric cannot mean one thing in a budget and another in a report. It imports nothing from the
-rest of the package and no numpy at import (the plugin stays cheap to load).
+Each metric: its name, label, unit, phase, direction (``higher_is_better``), the budget keys
+that bound it (``BUDGETS``), how it is read from a measurement and from a stored record, and
+whether the baseline comparison judges it (``judged``, ``tail``, ``mirror_of``). ``SUMMARY``:
+the figures of a measurement's summary (a record's ``summary``, the session table's columns).
+The schema (budget keys and their help), budgets, the comparison, the HTML budget table, the
+figures' budget lines, the stored record, the session table, ``llmperf profile``'s speed rows
+and the history's labels all read it, so a metric cannot mean one thing in a budget and another
+in a report; a test checks the README's marker-key table against it. It imports nothing from
+the rest of the package and no numpy at import (the plugin stays cheap to load).
 """
 
 from __future__ import annotations
@@ -31,13 +36,22 @@ class Budget:
     share: bool = False  # the value is a share in (0, 1]
     statistic: str = "median"  # which statistic of the metric: "median", "p95", ...
 
+    @property
+    def unit(self) -> str:
+        return METRICS[self.metric].unit
+
+    @property
+    def ceiling(self) -> bool:
+        """True: the measured value must stay at or under the budget (lower is better)."""
+        return not METRICS[self.metric].higher_is_better
+
 
 @dataclass(frozen=True)
 class Metric:
     """One measured quantity: how it is named, which way is better, where it is stored."""
 
     name: str
-    label: str  # short, as comparisons print it: "TTFT"
+    label: str  # short, without the phase, as comparisons print it: "TTFT", "TPS"
     unit: str
     phase: str
     higher_is_better: bool
@@ -45,14 +59,23 @@ class Metric:
     read: Callable[[Any], Optional[float]]
     #: Per-run field of ``RunMetrics`` stored in a record's ``runs`` (None: not stored per run).
     run_field: Optional[str] = None
-    #: Key of the record's ``summary`` (None: not in the summary).
-    summary_key: Optional[str] = None
     #: Elsewhere in a record (a load level's or the roofline's figures), as a key path.
     record_path: tuple[str, ...] = ()
+    #: Judged against the baseline: one comparison per phase (and the decode tail), each
+    #: counting once in Holm's family; ``tail``: against the tail threshold.
+    judged: bool = False
+    tail: bool = False
+    #: A rate of the same runs as this judged metric, reported with its verdict.
+    mirror_of: Optional[str] = None
 
     @property
     def budget_keys(self) -> tuple[str, ...]:
         return tuple(b.key for b in BUDGETS.values() if b.metric == self.name)
+
+    @property
+    def summary_key(self) -> Optional[str]:
+        """Key of a record's ``summary`` that holds ``read``'s value (None: not in the summary)."""
+        return next((f.key for f in SUMMARY.values() if f.metric == self.name and f.reader is None), None)
 
     def from_record(self, record: Mapping[str, Any]) -> Optional[float]:
         """The value ``read`` gives, from a stored record (None: the record lacks it)."""
@@ -61,6 +84,30 @@ class Metric:
         if self.run_field is not None:
             return _median_of(self.run_field)(record)
         return _at(*self.record_path)(record) if self.record_path else None
+
+
+@dataclass(frozen=True)
+class SummaryField:
+    """One figure of a measurement's summary: a key of a record's ``summary`` and of a session
+    row, and with ``column``, a column of the session summary table (``--llmperf-columns``)."""
+
+    key: str
+    metric: str  # Metric.name
+    label: str  # before the unit in the session table's header: "TTFT" -> "TTFT ms"
+    column: Optional[str] = None
+    #: None: the metric's own ``read``; else another statistic of it (a pooled ITL percentile).
+    reader: Optional[Callable[[Any], Optional[float]]] = None
+
+    @property
+    def unit(self) -> str:
+        return METRICS[self.metric].unit
+
+    @property
+    def header(self) -> str:
+        return f"{self.label} {self.unit}"
+
+    def read(self, m: Any) -> Optional[float]:
+        return (self.reader or METRICS[self.metric].read)(m)
 
 
 # --- readers from a stored record (numpy imported only when a percentile is needed) ---------
@@ -122,26 +169,49 @@ def _goodput(m: Any) -> Optional[float]:
     return m.load.goodput if m.load is not None else None
 
 
+def _itl(q: int) -> Callable[[Any], Optional[float]]:
+    """A pooled decode ITL percentile of a Measurement."""
+    return lambda m: getattr(m.itl, f"p{q}_ms")
+
+
 METRICS: dict[str, Metric] = {
     m.name: m
     for m in (
         # Order: prefill first, then decode (the order of a record's per-run fields).
-        Metric("ttft_ms", "TTFT", "ms", "prefill", False, lambda m: m.ttft_ms, "ttft_ms", "ttft_ms"),
-        Metric("prefill_tps", "TPS", "t/s", "prefill", True, lambda m: m.prefill_tps, "prefill_tps", "prefill_tps"),
-        Metric("tpot_ms", "TPOT", "ms", "decode", False, lambda m: m.tpot_ms, "tpot_ms", "tpot_ms"),
-        Metric("decode_tps", "TPS", "t/s", "decode", True, lambda m: m.decode_tps, "decode_tps", "decode_tps"),
+        Metric("ttft_ms", "TTFT", "ms", "prefill", False, lambda m: m.ttft_ms, "ttft_ms", judged=True),
+        Metric("prefill_tps", "TPS", "t/s", "prefill", True, lambda m: m.prefill_tps, "prefill_tps",
+               mirror_of="ttft_ms"),
+        Metric("tpot_ms", "TPOT", "ms", "decode", False, lambda m: m.tpot_ms, "tpot_ms", judged=True),
+        Metric("decode_tps", "TPS", "t/s", "decode", True, lambda m: m.decode_tps, "decode_tps",
+               mirror_of="tpot_ms"),
         # Each run's own ITL percentiles (the sampling unit for comparisons is the run).
         Metric("itl_p50_ms", "ITL p50", "ms", "decode", False,
                lambda m: statistics.median(r.itl_p50_ms for r in m.runs), "itl_p50_ms"),
         Metric("itl_p95_ms", "ITL p95", "ms", "decode", False,
-               lambda m: statistics.median(r.itl_p95_ms for r in m.runs), "itl_p95_ms"),
+               lambda m: statistics.median(r.itl_p95_ms for r in m.runs), "itl_p95_ms", judged=True, tail=True),
         # Every run's inter-token latencies pooled (budgets and display).
-        Metric("itl_ms", "ITL", "ms", "decode", False, lambda m: m.itl.p50_ms, None, "itl_p50_ms"),
-        Metric("prefill_ms", "prefill", "ms", "prefill", False, lambda m: m.prefill_ms, None, "prefill_ms"),
-        Metric("e2e_ms", "E2E", "ms", "request", False, lambda m: m.e2e_ms, None, "e2e_ms"),
+        Metric("itl_ms", "ITL", "ms", "decode", False, _itl(50)),
+        Metric("prefill_ms", "prefill", "ms", "prefill", False, lambda m: m.prefill_ms),
+        Metric("e2e_ms", "E2E", "ms", "request", False, lambda m: m.e2e_ms),
         Metric("goodput", "goodput", "share", "load", True, _goodput, record_path=("load", "goodput")),
         Metric("decode_mbu", "decode MBU", "of peak bandwidth", "roofline", True, _mbu,
                record_path=("roofline", "decode", "mbu")),
+    )
+}
+
+#: A record's ``summary`` and the session table's metric columns, in this order.
+SUMMARY: dict[str, SummaryField] = {
+    f.key: f
+    for f in (
+        SummaryField("ttft_ms", "ttft_ms", "TTFT", "ttft"),
+        SummaryField("prefill_ms", "prefill_ms", "prefill"),
+        SummaryField("prefill_tps", "prefill_tps", "prefill", "prefill"),
+        SummaryField("tpot_ms", "tpot_ms", "decode per token (TPOT)"),
+        SummaryField("decode_tps", "decode_tps", "decode", "decode"),
+        SummaryField("e2e_ms", "e2e_ms", "E2E"),
+        SummaryField("itl_p50_ms", "itl_ms", "ITL p50", "p50"),
+        SummaryField("itl_p95_ms", "itl_ms", "ITL p95", "p95", _itl(95)),
+        SummaryField("itl_p99_ms", "itl_ms", "ITL p99", "p99", _itl(99)),
     )
 }
 
@@ -151,11 +221,11 @@ BUDGETS: dict[str, Budget] = {
     for b in (
         *(
             Budget(f"p{q}_ms", "itl_ms", f"decode ITL p{q}", f"max pooled decode ITL p{q} (ms)",
-                   (lambda q: lambda m: getattr(m.itl, f"p{q}_ms"))(q), _pooled_percentile(q),
+                   _itl(q), _pooled_percentile(q),
                    pooled_tokens=True, statistic=f"p{q}")
             for q in (50, 90, 95, 99)
         ),
-        Budget("ttft_ms", "ttft_ms", "TTFT median", "max median time to first token (ms)",
+        Budget("ttft_ms", "ttft_ms", "TTFT median", "max median time to first token over runs (ms)",
                lambda m: m.ttft_ms, _median_of("ttft_ms")),
         Budget("ttft_p95_ms", "ttft_ms", "TTFT p95", "max p95 over runs of time to first token (ms)",
                lambda m: m.ttft_p95_ms, lambda r: _percentile(_runs(r, "ttft_ms"), 95), statistic="p95"),
@@ -167,7 +237,7 @@ BUDGETS: dict[str, Budget] = {
                lambda m: m.decode_tps, _median_of("decode_tps")),
         Budget("min_prefill_tps", "prefill_tps", "prefill TPS median", "min median prefill (prompt) tokens/s",
                lambda m: m.prefill_tps, _median_of("prefill_tps")),
-        Budget("min_goodput", "goodput", "goodput", "load: min share of requests meeting ttft_ms and tpot_ms",
+        Budget("min_goodput", "goodput", "goodput", "load: min share of requests meeting the ttft_ms and tpot_ms SLOs",
                _goodput, _at("load", "goodput"), share=True, statistic="share"),
         Budget("min_mbu", "decode_mbu", "decode MBU", "min decode memory-bandwidth utilization, e.g. 0.5 (roofline)",
                _mbu, _at("roofline", "decode", "mbu"), share=True, statistic="share"),
@@ -175,13 +245,9 @@ BUDGETS: dict[str, Budget] = {
 }
 
 
-def metric_of(budget_key: str) -> Metric:
-    return METRICS[BUDGETS[budget_key].metric]
-
-
 def is_ceiling(budget_key: str) -> bool:
     """True: the measured value must stay at or under the budget (lower is better)."""
-    return not metric_of(budget_key).higher_is_better
+    return BUDGETS[budget_key].ceiling
 
 
 #: Per-run fields a record stores (and comparisons resample), prefill first, then decode.

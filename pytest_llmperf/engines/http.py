@@ -40,7 +40,7 @@ from ..core.errors import ConfigError, EngineError
 from ..core.trace import RunTrace
 from ..core.workload import Workload
 from .callable import synthetic_text
-from .sse import MAX_ERROR_BODY_BYTES, EarlyEndError, EventReader, Head, StreamState, fit_stamps, short
+from .sse import MAX_ERROR_BODY_BYTES, EventReader, Head, StreamState, short
 from ..core.settings_table import APIS, SETTINGS  # the defaults: one definition each
 
 DEFAULT_API_KEY_ENV: str = SETTINGS["api_key_env"].default

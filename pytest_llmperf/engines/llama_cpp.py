@@ -2,9 +2,9 @@
 
 Why not ``create_completion(stream=True)``: its chunks are held back for UTF-8 and stop
 sequences, so chunk times are not token times. This engine drives ``llama_decode`` and the
-native sampler itself and reads the clock right after each token id is available. Everything
-the run needs (token arrays, batches' inputs, output slots) is prepared before the first clock
-read, so the timed region holds only llama.cpp's work and the loop that calls it.
+native sampler itself (the timed loop: ``llama_cpp_loop``) and reads the clock right after each
+token id is available. The library's own helpers (import, model file check, sampler, model
+facts) are in ``llama_cpp_native``.
 """
 
 from __future__ import annotations
@@ -12,77 +12,32 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from importlib import metadata
-from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
 from ..core.engine_info import EngineInfo
-from .config import DEFAULTS, EngineConfig, ggml_type
 from ..core.errors import ConfigError, EngineError
-from ..models.facts import embedding_lookup
 from ..core.trace import NativeCounters, RunTrace
 from ..core.workload import Workload
+from ..models.facts import embedding_lookup
+from .config import DEFAULTS, EngineConfig, ggml_type
+from .llama_cpp_loop import TimedDecode, timed_decode
+from .llama_cpp_native import (
+    check_gguf,
+    default_threads,
+    greedy_sampler,
+    import_llama_cpp,
+    kv_bytes_per_element,
+    llama_cpp_version,
+    quantization,
+)
 
-GGUF_MAGIC = b"GGUF"
 #: n_ctx None (auto): the context is sized to each workload, prompt + generated tokens rounded
 #: up to this step, as llama-bench sizes its context (llama.cpp pads the cache to 256 anyway).
 AUTO_CTX_STEP = 256
 #: Sampler calls per run that time sampling apart when the decode loop does not sample.
 SAMPLING_PROBES = 8
-
-
-def import_llama_cpp() -> Any:
-    try:
-        import llama_cpp
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise EngineError(
-            f"llama-cpp-python is not importable ({exc}); install it: pip install llama-cpp-python"
-        ) from None
-    return llama_cpp
-
-
-def llama_cpp_version() -> str | None:
-    try:
-        return metadata.version("llama-cpp-python")
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def check_gguf(path: str | os.PathLike[str]) -> Path:
-    """Fail with a one-line message unless ``path`` is a readable GGUF file."""
-    p = Path(path)
-    if not p.exists():
-        raise EngineError(f"model file not found: {p}; give a GGUF path or a preset name (tiny, small)")
-    if not p.is_file():
-        raise EngineError(f"model path is not a file: {p}")
-    with p.open("rb") as fh:
-        magic = fh.read(4)
-    if magic != GGUF_MAGIC:
-        raise EngineError(f"not a GGUF model file (starts with {magic!r}, expected b'GGUF'): {p}")
-    return p
-
-
-def default_threads() -> int:
-    """All CPUs this process may use (llama-cpp-python's own default is half of them)."""
-    from ..core.settings import usable_cpus
-
-    return usable_cpus()
-
-
-def split_prompt(n_tokens: int, n_batch: int) -> list[tuple[int, int]]:
-    """(start, length) chunks of at most ``n_batch`` tokens, never a trailing 1-token chunk.
-
-    llama.cpp books a synchronize after a single queued token as decode, not prefill; a
-    one-token tail would move prompt time into the decode counters.
-    """
-    chunks = [(s, min(n_batch, n_tokens - s)) for s in range(0, n_tokens, n_batch)]
-    if len(chunks) > 1 and chunks[-1][1] == 1:
-        (s1, n1), (s2, _) = chunks[-2], chunks[-1]
-        chunks[-2:] = [(s1, n1 - 1), (s2 - 1, 2)]
-    return chunks
-
 
 class LlamaCppEngine:
     """One loaded model and context; each ``run`` is an independent request.
@@ -91,8 +46,9 @@ class LlamaCppEngine:
     cache and resets it before every run, so no prompt prefix is reused between runs.
     """
 
-    #: Capability: per-layer timing (``layers.py``) through :meth:`instrumented_context`,
-    #: :meth:`prompt_ids` and :meth:`decode_feed`; other engines do not declare it.
+    #: Capability: per-layer timing (``measuring.layers``) through :meth:`instrumented_context`,
+    #: :meth:`prompt_ids`, :meth:`decode_feed` and :meth:`timed_decode`; other engines do not
+    #: declare it.
     supports_layer_timing = True
 
     def __init__(
@@ -177,12 +133,12 @@ class LlamaCppEngine:
             model_path=str(path),
             model_size_bytes=int(llama_cpp.llama_model_size(self._model)),
             n_params=int(llama_cpp.llama_model_n_params(self._model)),
-            quantization=_quantization(self.llm.metadata),
+            quantization=quantization(self.llm.metadata),
             n_layer=int(llama_cpp.llama_model_n_layer(self._model)),
             n_embd=int(llama_cpp.llama_model_n_embd(self._model)),
             n_head=int(llama_cpp.llama_model_n_head(self._model)),
             n_head_kv=int(llama_cpp.llama_model_n_head_kv(self._model)),
-            kv_bytes_per_element=_kv_bytes_per_element(self.llm.context_params),
+            kv_bytes_per_element=kv_bytes_per_element(self.llm.context_params),
             embedding_lookup_params=lookup[0],
             embedding_lookup_bytes=lookup[1],
             n_threads=threads,
@@ -211,20 +167,7 @@ class LlamaCppEngine:
     def make_sampler(self) -> Any:
         """Greedy sampling with every end-of-generation token banned: runs have equal length.
         The caller owns it (``lib.llama_sampler_free``)."""
-        lib = self._lib
-        params = lib.llama_sampler_chain_default_params()
-        params.no_perf = False  # keep llama.cpp's sampler counters (sampling ms/token)
-        chain = lib.llama_sampler_chain_init(params)
-        if self._eog_ids:
-            biases = (lib.llama_logit_bias * len(self._eog_ids))()
-            for slot, token in zip(biases, self._eog_ids):
-                slot.token = token
-                slot.bias = float("-inf")
-            lib.llama_sampler_chain_add(
-                chain, lib.llama_sampler_init_logit_bias(self.n_vocab, len(self._eog_ids), biases)
-            )
-        lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_greedy())
-        return chain
+        return greedy_sampler(self._lib, self.n_vocab, self._eog_ids)
 
     def _clear(self) -> None:
         lib = self._lib
@@ -259,76 +202,23 @@ class LlamaCppEngine:
         if workload.shared_prefix_tokens:  # this engine clears its KV cache before every run
             raise ConfigError("shared_prefix_tokens measures a server's prompt cache: use a served model (an endpoint)")
         lib = self._lib
-        clock = time.perf_counter_ns
         max_tokens = workload.max_tokens
-        tokenize_ns = 0
-        if workload.prompt is not None:
-            text = workload.prompt.encode("utf-8")
-            before = clock()
-            prompt_ids = self.llm.tokenize(text, add_bos=True, special=False)
-            tokenize_ns = clock() - before
-        else:
-            n_prompt = workload.synthetic_prompt_tokens or 0
-            self.check_fits(n_prompt, max_tokens)  # before building the prompt: it may be huge
-            prompt_ids = self.synthetic_prompt(n_prompt, workload.seed)
+        prompt_ids, tokenize_ns = self._prompt(workload)
         self.fit_context(len(prompt_ids) + max_tokens)
         self.check_fits(len(prompt_ids), max_tokens)
-        # The arrays must outlive the batches that point into them (kept in ``arrays``).
-        arrays = [
-            (lib.llama_token * n)(*prompt_ids[s : s + n])
-            for s, n in split_prompt(len(prompt_ids), self.n_batch)
-        ]
-        prompt_batches = [lib.llama_batch_get_one(a, len(a)) for a in arrays]
-        one = (lib.llama_token * 1)()
-        batch_one = lib.llama_batch_get_one(one, 1)
+        # As llama-bench's tg unless the engine samples: each step feeds a seeded token, no
+        # sampler runs between the clock reads (sampling is timed apart: ``_time_sampling``).
+        feed = self.decode_feed(workload)
         self._clear()
-
-        decode = lib.llama_decode
-        sample = lib.llama_sampler_sample
-        sync = lib.llama_synchronize
-        ctx, sampler = self._ctx, self._sampler
-        token_ns = [0] * max_tokens
-        token_ids = [0] * max_tokens
-        if not self.sample:
-            # As llama-bench's tg: each step feeds a seeded token, no sampler runs between the
-            # clock reads (sampling is timed apart, after the run: ``_time_sampling``).
-            token_ids = self.decode_feed(workload)
-            feed = (lib.llama_token * max_tokens)(*token_ids)
-
-        start = clock()
-        for batch in prompt_batches:
-            if decode(ctx, batch) != 0:
-                raise EngineError(f"llama_decode failed on the prompt ({len(prompt_ids)} tokens)")
-        sync(ctx)
-        prefill_done = clock()
-        if self.sample:
-            token = sample(sampler, ctx, -1)
-            token_ns[0] = clock()
-            token_ids[0] = token
-            for i in range(1, max_tokens):
-                one[0] = token
-                if decode(ctx, batch_one) != 0:
-                    raise EngineError(f"llama_decode failed at generated token {i + 1}")
-                token = sample(sampler, ctx, -1)
-                token_ns[i] = clock()
-                token_ids[i] = token
-        else:
-            token_ns[0] = prefill_done  # the first token's logits are ready
-            for i in range(1, max_tokens):
-                one[0] = feed[i - 1]
-                if decode(ctx, batch_one) != 0:
-                    raise EngineError(f"llama_decode failed at generated token {i + 1}")
-                sync(ctx)
-                token_ns[i] = clock()
-
-        perf = lib.llama_perf_context(ctx)
-        if not self.sample:
+        timed = self.timed_decode(self._ctx, prompt_ids, max_tokens, feed=feed, sampler=self._sampler)
+        perf = lib.llama_perf_context(self._ctx)
+        if feed is not None:
             self._time_sampling(max_tokens)
-        sampled = lib.llama_perf_sampler(sampler)
+        sampled = lib.llama_perf_sampler(self._sampler)
         return RunTrace(
-            start_ns=start,
-            prefill_done_ns=prefill_done,
-            token_ns=tuple(token_ns),
+            start_ns=timed.start_ns,
+            prefill_done_ns=timed.prefill_done_ns,
+            token_ns=timed.token_ns,
             prompt_tokens=len(prompt_ids),
             tokenize_ns=tokenize_ns,
             native=NativeCounters(
@@ -339,8 +229,16 @@ class LlamaCppEngine:
                 sample_ms=float(sampled.t_sample_ms),
                 sample_count=int(sampled.n_sample),
             ),
-            token_ids=tuple(token_ids),
+            token_ids=timed.token_ids,
         )
+
+    def timed_decode(
+        self, ctx: Any, prompt_ids: Sequence[int], max_tokens: int, *, feed: Sequence[int] | None, sampler: Any
+    ) -> TimedDecode:
+        """One timed run on ``ctx``, cleared by the caller: this engine's context (``run``) or
+        one from :meth:`instrumented_context` (per-layer timing): the same loop either way.
+        ``feed``: :meth:`decode_feed`'s tokens (None: sample with ``sampler`` in the loop)."""
+        return timed_decode(self._lib, ctx, prompt_ids, max_tokens, self.n_batch, feed=feed, sampler=sampler)
 
     def _time_sampling(self, max_tokens: int) -> None:
         """Run the sampler (greedy over the vocabulary, end-of-generation banned) on the last
@@ -364,13 +262,20 @@ class LlamaCppEngine:
             raise EngineError("llama.cpp could not create the instrumented context for per-layer timing")
         return ctx
 
+    def _prompt(self, workload: Workload) -> tuple[list[int], int]:
+        """The prompt's token ids and the ns spent tokenizing a literal prompt (timed apart)."""
+        if workload.prompt is not None:
+            text = workload.prompt.encode("utf-8")
+            before = time.perf_counter_ns()
+            ids = self.llm.tokenize(text, add_bos=True, special=False)
+            return ids, time.perf_counter_ns() - before
+        n_prompt = workload.synthetic_prompt_tokens or 0
+        self.check_fits(n_prompt, workload.max_tokens)  # before building the prompt: it may be huge
+        return self.synthetic_prompt(n_prompt, workload.seed), 0
+
     def prompt_ids(self, workload: Workload) -> list[int]:
         """The prompt's token ids as ``run`` builds them (checked against the context first)."""
-        if workload.prompt is not None:
-            ids = self.llm.tokenize(workload.prompt.encode("utf-8"), add_bos=True, special=False)
-        else:
-            self.check_fits(workload.synthetic_prompt_tokens or 0, workload.max_tokens)
-            ids = self.synthetic_prompt(workload.synthetic_prompt_tokens or 0, workload.seed)
+        ids = self._prompt(workload)[0]
         self.check_fits(len(ids), workload.max_tokens)
         return ids
 
@@ -432,28 +337,3 @@ class LlamaCppEngine:
             self._sampler = None
         if getattr(self, "llm", None) is not None:
             self.llm.close()
-
-
-def _kv_bytes_per_element(params: Any) -> float | None:
-    """Mean bytes per K/V cache element, from the context's cache types (F16 by default)."""
-    try:
-        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-        sizes = [GGML_QUANT_SIZES[GGMLQuantizationType(int(t))] for t in (params.type_k, params.type_v)]
-    except (ImportError, ValueError, KeyError):
-        return None
-    return sum(type_size / block for block, type_size in sizes) / 2
-
-
-def _quantization(meta: dict[str, str]) -> str | None:
-    """general.file_type as llama.cpp names it (F16, Q8_0, Q4_K_M...)."""
-    raw = meta.get("general.file_type")
-    if raw is None:
-        return None
-    try:
-        from gguf import LlamaFileType
-
-        name = LlamaFileType(int(raw)).name
-    except (ImportError, ValueError):
-        return f"file_type {raw}"
-    return name.removeprefix("MOSTLY_").removeprefix("ALL_")

@@ -166,7 +166,7 @@ def serve(
     start_timeout_s: float = START_TIMEOUT_S,
 ) -> Iterator[Server]:
     """Run llama-cpp-python's server on a free loopback port for the ``with`` block."""
-    from .llama_cpp import check_gguf, default_threads
+    from .llama_cpp_native import check_gguf, default_threads
 
     path = check_gguf(model_path)
     threads = n_threads or default_threads()
@@ -220,7 +220,7 @@ def serve_llama_server(
 ) -> Iterator[Server]:
     """Run llama.cpp's ``llama-server`` (of the installed llama-cpp-python's version, built
     once: ``llmperf server build``) on a free loopback port for the ``with`` block."""
-    from .llama_cpp import check_gguf, default_threads
+    from .llama_cpp_native import check_gguf, default_threads
     from .native_tools import tool_path
 
     if parallel < 1:

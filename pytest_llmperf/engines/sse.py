@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from ..core.errors import EngineError
 from ..core.trace import NativeCounters, RunTrace

@@ -1,6 +1,6 @@
-"""The rows one session appends: built from the plugin's results (the plain dicts that also
-make the JSON report and cross pytest-xdist's wire), so the history holds exactly what the
-session measured and judged."""
+"""The rows one session appends: built from the plugin's results (``MeasurementResult.to_json()``
+of judge/result.py: the entries of the JSON report, also what crosses pytest-xdist's wire), so
+the history holds exactly what the session measured and judged."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from ..core.catalog import METRICS
-from ..judge.compare import level
+from ..judge.levels import level
 from ..baselines.records import RUN_FIELDS
 from .vcs import revision
 
@@ -28,7 +28,7 @@ def unit_of(metric: str) -> str:
 
 
 def value_rows(runs: Mapping[str, list[float]]) -> list[dict[str, Any]]:
-    """Per metric: the per-run values, their median and the session's level (``compare.level``:
+    """Per metric: the per-run values, their median and the session's level (``levels.level``:
     the robust location on the log scale and its standard error)."""
     out = []
     for metric in RUN_FIELDS:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from ..core.catalog import METRICS
-from ..judge.compare import Level
+from ..judge.levels import Level
 from ..core.fingerprint import subject_changes
 from ..baselines.records import RUN_FIELDS, same_workload
 from . import store
@@ -127,7 +127,7 @@ def levels(
 ) -> list[Level]:
     """The last ``last`` sessions' levels of one series since its subject or workload last
     changed (oldest first): the between-session spread that a stored baseline's own recorded
-    sessions give ``compare.NoiseModel.between`` today, from every session of the history."""
+    sessions give ``noise.NoiseModel.between`` today, from every session of the history."""
     found = [
         s for s in read_series(loc, test=test, metrics=[metric], hardware_key=hardware_key)
         if s.test == test and s.label == label

@@ -9,18 +9,23 @@ import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ..core.catalog import METRICS
 from ..core.tables import render_table
 from .detect import Step, steps
 from .series import Series
 
 #: Sessions drawn in the pytest HTML report's per-test trend.
 RECENT_SESSIONS = 20
-LABELS = {"ttft_ms": "TTFT", "prefill_tps": "prefill TPS", "tpot_ms": "TPOT", "decode_tps": "decode TPS",
-          "itl_p50_ms": "ITL p50", "itl_p95_ms": "ITL p95"}
+
+
+def label_of(metric: str) -> str:
+    """The metric's label in the catalog (a metric the catalog no longer has: its name)."""
+    spec = METRICS.get(metric)
+    return spec.label if spec else metric
 
 
 def title(s: Series) -> str:
-    return f"{s.name}  {LABELS.get(s.metric, s.metric)} ({s.phase}, {s.unit})  on {s.hardware_key}: {len(s.points)} session(s)"
+    return f"{s.name}  {label_of(s.metric)} ({s.phase}, {s.unit})  on {s.hardware_key}: {len(s.points)} session(s)"
 
 
 def table(s: Series, found: Sequence[Step] = ()) -> str:
@@ -43,7 +48,7 @@ def table(s: Series, found: Sequence[Step] = ()) -> str:
 def trend_data(s: Series, found: Sequence[Step] = ()) -> dict[str, Any]:
     """One series as plain data (crosses to the HTML report's drawing processes as JSON)."""
     return {
-        "test": s.name, "metric": s.metric, "label": f"{s.phase} {LABELS.get(s.metric, s.metric)}", "unit": s.unit,
+        "test": s.name, "metric": s.metric, "label": f"{s.phase} {label_of(s.metric)}", "unit": s.unit,
         "points": [[p.value, *p.ci, p.short_commit] for p in s.points],
         "steps": [{"index": st.index, "text": _step_text(st), "regression": st.regression} for st in found],
     }

@@ -7,35 +7,18 @@ small result object with ``as_longrepr()`` (the one-line reason) when one does n
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Mapping
 
-from ..core.catalog import BUDGETS, is_ceiling, metric_of
+from ..core.catalog import BUDGETS, Budget
 from ..core.numbers import fmt
 from ..measuring.metrics import Measurement
 
 
-
-@dataclass(frozen=True)
-class Statistic:
-    """A measured quantity a budget can bound."""
-
-    label: str
-    unit: str
-    ceiling: bool  # True: measured must be <= budget; False: >= budget
-    value: Callable[[Measurement], float | None]
-    pooled_tokens: bool  # sample is pooled tokens (ITL) rather than runs
-
-    def sample(self, m: Measurement) -> str:
-        if self.pooled_tokens:
-            return f"{m.itl.count} tokens, {m.n_runs} runs"
-        return f"{m.n_runs} runs"
-
-
-#: Budget key -> the statistic it bounds, from the metric catalog.
-STATISTICS: dict[str, Statistic] = {
-    b.key: Statistic(b.label, metric_of(b.key).unit, is_ceiling(b.key), b.read, b.pooled_tokens)
-    for b in BUDGETS.values()
-}
+def sample(budget: Budget, m: Measurement) -> str:
+    """The sample behind a budget's statistic: pooled tokens (ITL) or runs."""
+    if budget.pooled_tokens:
+        return f"{m.itl.count} tokens, {m.n_runs} runs"
+    return f"{m.n_runs} runs"
 
 
 @dataclass(frozen=True)
@@ -73,11 +56,9 @@ class BudgetFailure:
 def check_budgets(m: Measurement, budgets: Mapping[str, float]) -> BudgetFailure | None:
     breaches = []
     for key, budget in budgets.items():
-        stat = STATISTICS[key]
-        measured = stat.value(m)
-        ok = measured is not None and (measured <= budget if stat.ceiling else measured >= budget)
+        b = BUDGETS[key]
+        measured = b.read(m)
+        ok = measured is not None and (measured <= budget if b.ceiling else measured >= budget)
         if not ok:
-            breaches.append(
-                BudgetBreach(key, stat.label, stat.unit, stat.ceiling, measured, budget, stat.sample(m))
-            )
+            breaches.append(BudgetBreach(key, b.label, b.unit, b.ceiling, measured, budget, sample(b, m)))
     return BudgetFailure(m.label, tuple(breaches)) if breaches else None

@@ -18,7 +18,7 @@ import numpy as np
 from scipy.stats import mannwhitneyu
 
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_THRESHOLD
-from .compare import holm
+from .verdict import holm
 
 
 @dataclass(frozen=True)
@@ -42,19 +42,6 @@ class LayerChange:
             f"({self.change_pct:+.1f}%), {self.now_share:.1%} of the step vs {self.baseline_share:.1%} "
             f"(p={self.p_value:.2g} Holm)"
         )
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "phase": self.phase,
-            "name": self.name,
-            "baseline_ms": self.baseline_ms,
-            "now_ms": self.now_ms,
-            "change_pct": self.change_pct,
-            "baseline_share": self.baseline_share,
-            "now_share": self.now_share,
-            "p_value": self.p_value,
-            "slower": self.slower,
-        }
 
 
 def compare_layers(

@@ -12,7 +12,11 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..baselines import reference
-from .compare import JUDGED, METRICS, MIN_PEERS, SUITE_ALPHA_SHARE, Comparison, Level, NoiseModel, Verdict, compare_levels, decide, holm, level, mirrored, suite_relative
+from .compare import JUDGED, METRICS, compare_levels, decide, mirrored
+from .levels import Level, level
+from .noise import NoiseModel
+from .suite import MIN_PEERS, SUITE_ALPHA_SHARE
+from .verdict import Comparison, Verdict
 from ..core.fingerprint import other_hardware_note, subject_changes
 from .layer_diff import LayerChange, compare_layers
 from ..baselines.records import same_workload
@@ -35,7 +39,7 @@ class CompareSettings:
     #: Looks of a sequential (adaptive run count) measurement: each look tests at alpha / looks
     #: (Bonferroni over looks), so stopping at the first decided look keeps the error rate.
     looks: int = 1
-    #: Measurements the session will compare: with ``compare.MIN_PEERS`` or more, a share of
+    #: Measurements the session will compare: with ``suite.MIN_PEERS`` or more, a share of
     #: alpha goes to the suite-relative check at the end of the session.
     peers: int = 0
 
@@ -259,54 +263,3 @@ def judge(
         layer_changes=compare_layers(baseline, candidate, alpha=settings.alpha, threshold=settings.threshold),
         machine_ratio=machine,
     )
-
-
-def session_holm(results: list[dict[str, Any]]) -> None:
-    """Holm over every judged comparison of a finished session (the results' verdict dicts,
-    adjusted in place), so the "p (Holm)" reported equals Holm over all the session's
-    p-values. Verdicts stay as decided during the session: each was decided against an upper
-    bound of this adjustment (unseen comparisons counted as p = 1)."""
-    judged = [
-        c
-        for r in results
-        for c in ((r.get("verdict") or {}).get("comparisons") or [])
-        if c.get("mirror_of") is None and c.get("p_value") is not None
-    ]
-    if not judged:
-        return
-    worse = holm([c["p_value"] for c in judged])
-    better = holm([c["p_value_better"] if c.get("p_value_better") is not None else 1.0 for c in judged])
-    for c, pw, pb in zip(judged, worse, better):
-        c["p_adjusted"], c["p_adjusted_better"] = pw, pb
-    for r in results:
-        comps = (r.get("verdict") or {}).get("comparisons") or []
-        by_metric = {c["metric"]: c for c in comps if c.get("mirror_of") is None}
-        for c in comps:
-            source = by_metric.get(c.get("mirror_of"))
-            if source is not None:
-                c["p_adjusted"], c["p_adjusted_better"] = source.get("p_adjusted"), source.get("p_adjusted_better")
-
-
-def suite_check(results: list[dict[str, Any]], settings: CompareSettings) -> list[str]:
-    """The session-end suite-relative check (``compare.suite_relative``) over the results'
-    verdict dicts, updated in place; returns the failure line of each new REGRESSION."""
-    if not settings.suite_check:
-        return []
-    compared = [r for r in results if (r.get("verdict") or {}).get("status") == "compared"]
-    before = [[Comparison.from_dict(c) for c in r["verdict"]["comparisons"]] for r in compared]
-    after = suite_relative(before, alpha=settings.alpha_suite)
-    lines = []
-    for r, old, new in zip(compared, before, after):
-        if old == new:
-            continue
-        new = blame_machine(new, r["verdict"].get("machine") or None)  # a busy machine during this test's runs
-        v = r["verdict"]
-        v["comparisons"] = [c.as_dict() for c in new]
-        fresh = [c.line() + (f"; {', '.join(v.get('changes') or [])}" if v.get("changes") else "")
-                 for o, c in zip(old, new) if c.verdict is Verdict.REGRESSION and o.verdict is not Verdict.REGRESSION
-                 and c.mirror_of is None]
-        v["failures"] = list(v.get("failures") or []) + fresh
-        phases = sorted({c.phase for c in new if c.verdict is Verdict.REGRESSION})
-        v["short"] = "REGRESSION " + "+".join(phases) if phases else Verdict.MACHINE_SLOWER.value
-        lines += [f"{r.get('test', '?')}: {line}" for line in fresh]
-    return lines

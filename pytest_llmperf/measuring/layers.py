@@ -11,6 +11,7 @@ made for it, never inside a plain measurement, and says what it cost (``overhead
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import os
 import time
@@ -41,7 +42,9 @@ class PhaseLayers:
     """Per-segment medians of one phase (prefill or decode) over the instrumented runs.
 
     ``names``: "embd+layer 0", "layer 1", ..., "output"; ``median_ms`` per segment (per step
-    for decode); ``step_ms``: median instrumented step (``llama_decode`` call to return);
+    for decode); ``step_ms``: median instrumented step, between the engine's timed loop's
+    clock reads (prefill: start to logits ready; decode: token to token, so with sampling
+    inside the loop the sampling is in the step and in no segment);
     ``per_run_ms``: per run, each segment's median (the sampling unit for comparisons).
     """
 
@@ -140,7 +143,7 @@ def _ggml_get_name(lib_module: Any) -> Any:
     raise EngineError(f"per-layer timing needs libggml-base from llama-cpp-python; not found in {lib_dir}")
 
 
-#: One llama_decode call: (start ns, [(node name, ns)...], end ns after synchronize).
+#: One step: (start ns, [(node name, ns)...], end ns), as the engine's timed loop reads them.
 Step = tuple[int, list[tuple[bytes, int]], int]
 
 
@@ -148,10 +151,11 @@ class LayerTimer:
     """A second llama.cpp context on the engine's model, with the eval callback installed,
     through the engine's layer-timing API (``supports_layer_timing``).
 
-    ``run()`` returns, per step, the clock reads taken at each layer output; the plain engine
-    stays untouched (its context has no callback). Decode is driven as the engine's ``run``
-    drives it: the same seeded tokens fed without sampling, or greedy sampling inside the loop
-    when the engine samples, so the overhead ratio compares like with like.
+    ``run()`` drives the engine's own timed loop (``timed_decode``) on that context: the same
+    seeded tokens fed without sampling, or greedy sampling inside the loop when the engine
+    samples, so the overhead ratio compares like with like. The callback only records
+    (node name, clock) pairs; they are split into steps after the run, by the loop's own clock
+    reads. The plain engine stays untouched (its context has no callback).
     """
 
     def __init__(self, engine: Any, workload: Workload) -> None:
@@ -188,49 +192,30 @@ class LayerTimer:
     def run(self) -> tuple[list[Step], list[Step], float]:
         """One run: prefill [(start, events, end)], decode steps [(start, events, end)...] and
         the run's TPOT (ms, token to token as the plain engine measures it)."""
-        from ..engines.llama_cpp import split_prompt
-
-        lib, engine, workload, prompt_ids = self._lib, self._engine, self._workload, self._prompt_ids
-        arrays = [(lib.llama_token * n)(*prompt_ids[s : s + n]) for s, n in split_prompt(len(prompt_ids), engine.n_batch)]
-        batches = [lib.llama_batch_get_one(a, len(a)) for a in arrays]
-        one = (lib.llama_token * 1)()
-        batch_one = lib.llama_batch_get_one(one, 1)
-        feed = self._feed
+        lib, events = self._lib, self._events
         lib.llama_memory_clear(lib.llama_get_memory(self._ctx), True)
         if self._sampler is not None:
             lib.llama_sampler_reset(self._sampler)
-        clock, events, ctx, sampler = time.perf_counter_ns, self._events, self._ctx, self._sampler
         events.clear()
+        timed = self._engine.timed_decode(
+            self._ctx, self._prompt_ids, self._workload.max_tokens, feed=self._feed, sampler=self._sampler
+        )
+        return (*steps_of(timed.start_ns, timed.prefill_done_ns, timed.token_ns, events),
+                (timed.token_ns[-1] - timed.token_ns[0]) / 1e6 / (len(timed.token_ns) - 1))
 
-        start = clock()
-        for batch in batches:
-            if lib.llama_decode(ctx, batch) != 0:
-                raise EngineError("llama_decode failed on the prompt in the instrumented context")
-        lib.llama_synchronize(ctx)
-        end = clock()
-        prefill = [(start, list(events), end)]
-        decode_steps = []
-        if sampler is not None:
-            token = lib.llama_sampler_sample(sampler, ctx, -1)
-            token_ns = [clock()]
-        else:
-            token_ns = [end]  # the first token's logits are ready
-        for i in range(1, workload.max_tokens):
-            one[0] = token if feed is None else feed[i - 1]
-            events.clear()
-            start = clock()
-            if lib.llama_decode(ctx, batch_one) != 0:
-                raise EngineError("llama_decode failed in the instrumented context")
-            lib.llama_synchronize(ctx)
-            end = clock()
-            decode_steps.append((start, list(events), end))
-            if sampler is not None:
-                token = lib.llama_sampler_sample(sampler, ctx, -1)
-                token_ns.append(clock())
-            else:
-                token_ns.append(end)
-        tpot_ms = (token_ns[-1] - token_ns[0]) / 1e6 / (len(token_ns) - 1)
-        return prefill, decode_steps, tpot_ms
+
+def steps_of(
+    start_ns: int, prefill_done_ns: int, token_ns: Sequence[int], events: Sequence[tuple[bytes, int]]
+) -> tuple[list[Step], list[Step]]:
+    """The run's events split by its clock reads: prefill from the start to its end, decode step
+    i from token i - 1 to token i (each event belongs to the step whose window holds its time)."""
+    times = [t for _, t in events]
+
+    def window(lo: int, hi: int) -> Step:
+        return (lo, list(events[bisect.bisect_right(times, lo) : bisect.bisect_right(times, hi)]), hi)
+
+    prefill = [(start_ns, list(events[: bisect.bisect_right(times, prefill_done_ns)]), prefill_done_ns)]
+    return prefill, [window(token_ns[i - 1], token_ns[i]) for i in range(1, len(token_ns))]
 
 
 def segments(start_ns: int, events: Sequence[tuple[bytes, int]], n_layer: int) -> tuple[list[float], float]:

@@ -35,7 +35,7 @@ class Peak:
 
 def probe_bandwidth_gbs(buffer_mib: int = 512, repeats: int = 5, threads: int | None = None) -> Peak:
     """Median copy bandwidth (read + write bytes / s) over ``repeats`` parallel buffer copies."""
-    from ..engines.llama_cpp import default_threads
+    from ..engines.llama_cpp_native import default_threads
 
     threads = threads or default_threads()
     n = buffer_mib * 2**20 // 8
@@ -77,7 +77,7 @@ FLOPS_PER_CYCLE = (("avx512f", 64), ("avx2", 32), ("avx", 16), ("asimd", 16), ("
 
 def _spec_tflops() -> tuple[float, str] | None:
     """cores x clock x FLOPs/cycle from /proc/cpuinfo: the dense peak a vendor would quote."""
-    from ..engines.llama_cpp import default_threads
+    from ..engines.llama_cpp_native import default_threads
 
     try:
         text = open("/proc/cpuinfo").read()

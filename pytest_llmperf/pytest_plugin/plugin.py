@@ -143,7 +143,7 @@ class LLMPerfHooks:
         report = yield
         report.sections.extend(parts.sections)
         if parts.shipped:
-            report.llmperf = parts.shipped  # plain data: crosses xdist's wire to the controller
+            report.llmperf = parts.shipped  # judge.result's JSON: crosses xdist's wire to the controller
         if parts.ab:
             report.llmperf_ab = parts.ab
         if parts.lines and report.passed:
@@ -156,15 +156,11 @@ class LLMPerfHooks:
         return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        # Runs on the xdist controller too: rows come from the serialized report.
-        if report.when == "call" and (report.user_properties or getattr(report, "llmperf_ab", None)):
-            from ..reports.text import rows_from_properties
-
-            self.session.collect(
-                rows_from_properties(report.nodeid, report.user_properties),
-                getattr(report, "llmperf", None) or [],
-                getattr(report, "llmperf_ab", None) or [],
-            )
+        # Runs on the xdist controller too: the results come from the serialized report.
+        shipped = getattr(report, "llmperf", None) if report.when == "call" else None
+        ab = getattr(report, "llmperf_ab", None) if report.when == "call" else None
+        if shipped or ab:
+            self.session.collect(shipped or [], ab or [])
 
     def pytest_runtest_logfinish(self, nodeid: str) -> None:
         self.session.engines.finished(nodeid)

@@ -2,8 +2,9 @@
 
 Nothing is fetched at view time: styles sit in one ``<style>`` element and every figure is
 inline SVG whose ids are prefixed per figure (many SVGs share one document). Verdicts carry
-a word and a symbol besides their colour. Input is the session report's plain dicts, so the
-plugin (``--llmperf-html``) and ``llmperf report`` produce the same page.
+a word and a symbol besides their colour. Input is the results' JSON (``MeasurementResult.to_json()``,
+the session report's entries; ``schemas/session.schema.json``), so the plugin (``--llmperf-html``)
+and ``llmperf report`` produce the same page, and the figure workers get it as it is.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from . import figures
+from . import figures, overview_figure, record_figures
 from ..core.numbers import fmt
 from ..core.catalog import BUDGETS, is_ceiling
 from ..core.settings import usable_cpus
@@ -126,7 +127,7 @@ def _comparison_rows(verdict: Mapping[str, Any]) -> list[list[str]]:
               if c.get("ci_low") is not None and c.get("ci_high") is not None else "n/a")
         p = c.get("p_adjusted") if c.get("p_adjusted") is not None else c.get("p_value")
         rows.append([
-            _e(metric_label(c)), _e(fmt(c["baseline_value"])), _e(fmt(c["candidate_value"])),
+            _e(metric_label(c["label"], c["phase"], c["unit"])), _e(fmt(c["baseline_value"])), _e(fmt(c["candidate_value"])),
             _e(f"{(c['ratio'] - 1) * 100:+.1f}%"), _e(ci), "n/a" if p is None else _e(f"{p:.3g}"),
             f'<span title="{_e(c.get("reason", ""))}">{badge(c["verdict"])}</span>',
         ])
@@ -183,7 +184,7 @@ def test_section(index: int, result: Mapping[str, Any]) -> str:
     if budget_rows:
         parts.append(_table(("budget", "limit", "measured", "status"), budget_rows, raw=True))
     plots = []
-    for n, (fig_id, caption, fn) in enumerate(figures.figures_for(record)):
+    for n, (fig_id, caption, fn) in enumerate(record_figures.figures_for(record)):
         svg = figures.render(fn, record, baseline, budgets)
         if fig_id == "layer-bars" and record["layers"].get("outlier_rule"):
             caption += f"; outlier layers in red: {record['layers']['outlier_rule']}"
@@ -239,7 +240,7 @@ def key_figure(results: Sequence[Mapping[str, Any]]) -> str | None:
     """The session at a glance (the Markdown summary's figure); None without comparisons."""
     if not any((r.get("verdict") or {}).get("comparisons") for r in results):
         return None
-    return figures.render(figures.change_overview, results)
+    return figures.render(overview_figure.change_overview, results)
 
 
 #: From this many tests on, sections are drawn in worker processes (matplotlib is single-threaded).

@@ -28,7 +28,7 @@ def curves(results: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, 
 
 def throughput_latency(results: Sequence[Mapping[str, Any]]) -> Any:
     """Two panels sharing the x axis (output tok/s): TTFT and TPOT, p50 with p99 whiskers."""
-    fig, (left, right) = figures._figure(3.4, ncols=2, margins_in=(0.62, 0.95, 0.15, 0.3), wspace=0.45)
+    fig, (left, right) = figures.new_figure(3.4, ncols=2, margins_in=(0.62, 0.95, 0.15, 0.3), wspace=0.45)
     colours = ("#1f5fbf", "#c0392b", "#1e8449", "#7d3c98", "#b9770e", "#2e4053")
     for n, (test, points) in enumerate(sorted(curves(results).items())):
         colour = colours[n % len(colours)]

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import breakdown
+from ..core.catalog import METRICS, SUMMARY
 from ..core.numbers import fmt
 
 PROFILE_SCHEMA = "pytest-llmperf/profile"
@@ -28,7 +29,7 @@ def json_schema() -> dict[str, Any]:
 
 def resolve_model(model: str | None) -> tuple[Path, str]:
     """(GGUF path, display name): a preset name (or nothing: the embedded default) is written once."""
-    from ..engines.llama_cpp import check_gguf
+    from ..engines.llama_cpp_native import check_gguf
     from ..core.settings import DEFAULT_MODEL
     from ..models.synthetic import PRESETS, ensure_model
 
@@ -126,18 +127,24 @@ def profile(
 
 
 def _summary_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """The speed rows; labels and units from the metric catalog."""
     n = f"{r['workload']['runs']} runs"
     itl, mdl = r["itl_ms"], r["model"]
+    ttft, pooled = METRICS["ttft_ms"], METRICS["itl_ms"]
+
+    def row(key: str, value: float | None) -> tuple[str, str, str, str]:
+        return (SUMMARY[key].label, SUMMARY[key].unit, fmt(value), n)
+
     return [
         ("model load (wall / llama.cpp)", "ms", f"{fmt(mdl['load_ms'])} / {fmt(mdl['native_load_ms'])}", "1 load"),
-        ("prefill", "ms", fmt(r["prefill"]["ms"]), n),
-        ("prefill per token", "ms", fmt(r["prefill"]["ms_per_token"]), n),
-        ("prefill", "t/s", fmt(r["prefill"]["tps"]), n),
-        ("decode per token (TPOT)", "ms", fmt(r["decode"]["ms_per_token"]), n),
-        ("decode", "t/s", fmt(r["decode"]["tps"]), n),
-        ("TTFT p50 / p95", "ms", f"{fmt(r['ttft_ms']['p50'])} / {fmt(r['ttft_ms']['p95'])}", n),
-        ("ITL p50 / p90", "ms", f"{fmt(itl['p50'])} / {fmt(itl['p90'])}", f"{itl['count']} tokens"),
-        ("ITL p95 / p99", "ms", f"{fmt(itl['p95'])} / {fmt(itl['p99'])}", f"{itl['count']} tokens"),
+        row("prefill_ms", r["prefill"]["ms"]),
+        ("prefill per token", SUMMARY["prefill_ms"].unit, fmt(r["prefill"]["ms_per_token"]), n),
+        row("prefill_tps", r["prefill"]["tps"]),
+        row("tpot_ms", r["decode"]["ms_per_token"]),
+        row("decode_tps", r["decode"]["tps"]),
+        (f"{ttft.label} p50 / p95", ttft.unit, f"{fmt(r['ttft_ms']['p50'])} / {fmt(r['ttft_ms']['p95'])}", n),
+        (f"{pooled.label} p50 / p90", pooled.unit, f"{fmt(itl['p50'])} / {fmt(itl['p90'])}", f"{itl['count']} tokens"),
+        (f"{pooled.label} p95 / p99", pooled.unit, f"{fmt(itl['p95'])} / {fmt(itl['p99'])}", f"{itl['count']} tokens"),
     ]
 
 

@@ -1,8 +1,9 @@
 """One session's results: baselines to write, the JSON report, the Markdown summary.
 
-Results arrive as plain dicts (they cross pytest-xdist's wire on the test reports), and only
-the process that owns the session (the xdist controller, or the single process) writes files,
-so workers never race on a baseline file.
+Results are ``judge.result.MeasurementResult`` objects (they cross pytest-xdist's wire as their
+``to_json()``), and only the process that owns the session (the xdist controller, or the single
+process) writes files, so workers never race on a baseline file. The session file's format is
+``pytest_llmperf/schemas/session.schema.json``; ``load_session`` checks a file against it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..baselines import store as baseline_store
+from ..core.schema_check import SchemaViolation, validate
+from ..judge.verdict import Comparison
+from ..judge.result import MeasurementResult
 from ..core.numbers import fmt
 from .text import fit_table, short_ids
 from ..core.tables import render_table
@@ -22,27 +26,8 @@ SESSION_SCHEMA = "pytest-llmperf/session"
 SESSION_SCHEMA_VERSION = 1
 
 
-def comparison_dict(c: Any) -> dict[str, Any]:
-    return c.as_dict()
-
-
-def verdict_dict(v: Any) -> dict[str, Any] | None:
-    if v is None:
-        return None
-    return {
-        "status": v.status,
-        "note": v.note,
-        "changes": list(v.changes),
-        "machine": getattr(v, "machine", ""),
-        "short": v.short(),
-        "failures": v.failure_lines(),
-        "comparisons": [comparison_dict(c) for c in v.comparisons],
-        "layer_changes": [c.as_dict() for c in getattr(v, "layer_changes", ())],
-    }
-
-
 def write_baselines(
-    baseline_dir: Path, results: Iterable[Mapping[str, Any]], errors: list[str] | None = None
+    baseline_dir: Path, results: Iterable[MeasurementResult], errors: list[str] | None = None
 ) -> list[tuple[Path, Path | None]]:
     """Merge each result's record into its module's file; returns (file, moved-aside corrupt file).
 
@@ -52,7 +37,8 @@ def write_baselines(
 
     by_file: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
     for r in results:
-        by_file[r["baseline_file"]].setdefault(r["key"], {})[r["hardware_key"]] = r["record"]
+        if r.record is not None:
+            by_file[r.baseline_file].setdefault(r.key, {})[r.hardware_key] = dict(r.record)
     written = []
     for rel, entries in sorted(by_file.items()):
         path = baseline_dir / rel
@@ -65,22 +51,28 @@ def write_baselines(
     return written
 
 
-def session_json(results: list[Mapping[str, Any]], created_at: str, ab: list[Mapping[str, Any]] | None = None) -> str:
+def session_json(results: Iterable[MeasurementResult], created_at: str, ab: list[Mapping[str, Any]] | None = None) -> str:
     """The ``--llmperf-json`` file; ``ab``: the A/B comparisons (``llmperf.compare()``), under
     their own key (written only when the session ran one)."""
     data: dict[str, Any] = {
         "schema": SESSION_SCHEMA,
         "schema_version": SESSION_SCHEMA_VERSION,
         "created_at": created_at,
-        "results": results,
+        "results": [r.to_json() for r in results],
     }
     if ab:
         data["ab"] = ab
     return json.dumps(data, indent=1, sort_keys=True, allow_nan=False)
 
 
-def load_session(path: Path) -> list[dict[str, Any]]:
-    """Results of a saved ``--llmperf-json`` report; a one-line error if it is not one."""
+#: What to do about a session file that cannot be read.
+REDO = "write the report again with pytest --llmperf-json"
+
+
+def load_session(path: Path | str) -> list[MeasurementResult]:
+    """Results of a saved ``--llmperf-json`` report, checked against
+    ``schemas/session.schema.json``; one line naming the file, the place in it and what to do
+    if it is not one (the file is only read)."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -92,21 +84,13 @@ def load_session(path: Path) -> list[dict[str, Any]]:
             f"{path} is not a pytest-llmperf session report (write one with --llmperf-json)"
         )
     version = data.get("schema_version", 0)
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise baseline_store.BaselineError(f"{path}: schema_version is not an integer")
-    if version > SESSION_SCHEMA_VERSION:
+    if isinstance(version, int) and not isinstance(version, bool) and version > SESSION_SCHEMA_VERSION:
         raise baseline_store.BaselineError(f"{path} is from a newer pytest-llmperf; upgrade to read it")
-    results = data.get("results")
-    if not isinstance(results, list) or not all(isinstance(r, dict) and "record" in r for r in results):
-        raise baseline_store.BaselineError(f"{path}: \"results\" is not a list of measurement records")
-    for i, r in enumerate(results):  # a hand-edited file: one line naming the field, not a traceback
-        for key in ("test", "hardware_key"):
-            if not isinstance(r.get(key), str):
-                raise baseline_store.BaselineError(f"{path}: results[{i}].{key} is missing or not a string")
-        baseline_store.check_record(
-            f"{path}: results[{i}].record", r["record"], "write the report again with pytest --llmperf-json"
-        )
-    return results
+    try:
+        validate(data, "session")
+    except SchemaViolation as exc:
+        raise baseline_store.BaselineError(f"{path}: {exc}; {REDO}") from None
+    return [MeasurementResult.from_json(r, f"results[{i}]", check=False) for i, r in enumerate(data["results"])]
 
 
 COMPARISON_HEADERS = ("test", "metric", "baseline", "now", "change", "95% CI", "p (Holm)", "verdict")
@@ -116,41 +100,43 @@ COMPARISON_COLUMNS = {"baseline": 2, "now": 3, "change": 4, "ci": 5, "p": 6, "ve
 DECIDED = ("REGRESSION", "IMPROVED", "UNCHANGED")
 
 
-def metric_label(c: Mapping[str, Any]) -> str:
+def metric_label(label: str, phase: str, unit: str) -> str:
     """``decode TPS (t/s)``, ``prefill TTFT (ms)``: the phase once, even when the label has it."""
-    label = c["label"]
-    name = label if label.split(" ", 1)[0] == c["phase"] else f"{c['phase']} {label}"
-    return f"{name} ({c['unit']})"
+    name = label if label.split(" ", 1)[0] == phase else f"{phase} {label}"
+    return f"{name} ({unit})"
 
 
-def comparison_rows(results: Iterable[Mapping[str, Any]]) -> list[list[str]]:
+def _comparisons(r: MeasurementResult) -> tuple[Comparison, ...]:
+    return r.verdict.comparisons if r.verdict is not None else ()
+
+
+def comparison_rows(results: Iterable[MeasurementResult]) -> list[list[str]]:
     rows = []
     for r in results:
-        verdict = r.get("verdict") or {}
-        for c in verdict.get("comparisons", []):
+        for c in _comparisons(r):
             ci = (
-                f"{(c['ci_low'] - 1) * 100:+.1f}..{(c['ci_high'] - 1) * 100:+.1f}%"
-                if c.get("ci_low") is not None and c.get("ci_high") is not None
+                f"{(c.ci_low - 1) * 100:+.1f}..{(c.ci_high - 1) * 100:+.1f}%"
+                if c.ci_low is not None and c.ci_high is not None
                 else "n/a"
             )
-            p = c.get("p_adjusted") if c.get("p_adjusted") is not None else c.get("p_value")
+            p = c.p_adjusted if c.p_adjusted is not None else c.p_value
             rows.append(
                 [
-                    r["test"],
-                    metric_label(c),
-                    fmt(c["baseline_value"]),
-                    fmt(c["candidate_value"]),
-                    f"{(c['ratio'] - 1) * 100:+.1f}%",
+                    r.test,
+                    metric_label(c.label, c.phase, c.unit),
+                    fmt(c.baseline_value),
+                    fmt(c.candidate_value),
+                    f"{(c.ratio - 1) * 100:+.1f}%",
                     ci,
                     "n/a" if p is None else f"{p:.3g}",
-                    c["verdict"],
+                    c.verdict.value,
                 ]
             )
     return rows
 
 
 def comparison_table(
-    results: Iterable[Mapping[str, Any]], columns: Sequence[str] | None = None, width: int | None = None
+    results: Iterable[MeasurementResult], columns: Sequence[str] | None = None, width: int | None = None
 ) -> str:
     """The comparison table; with ``width`` (a terminal's), only ``columns`` (default
     ``DEFAULT_COMPARISON_COLUMNS``) and test ids shortened to fit."""
@@ -165,46 +151,45 @@ def comparison_table(
     return fit_table(headers, [[row[i] for i in keep] for row in rows], width)
 
 
-def undecided_lines(results: Iterable[Mapping[str, Any]], *, short: bool = False) -> list[str]:
+def undecided_lines(results: Iterable[MeasurementResult], *, short: bool = False) -> list[str]:
     """Why a comparison could not decide (e.g. the runs needed), one line per test and reason;
     ``short``: test ids as the terminal tables show them."""
     results = list(results)
-    names = short_ids([r["test"] for r in results]) if short else {}
+    names = short_ids([r.test for r in results]) if short else {}
     lines = []
     for r in results:
         # Metrics that share a reason share a line (side remarks after "; also " aside).
         by_reason: dict[tuple[str, str], list[str]] = {}
-        for c in (r.get("verdict") or {}).get("comparisons", []):
-            if c.get("verdict") not in DECIDED and c.get("reason"):
-                by_reason.setdefault((c["verdict"], c["reason"].split("; also ")[0]), []).append(c["label"])
+        for c in _comparisons(r):
+            if c.verdict.value not in DECIDED and c.reason:
+                by_reason.setdefault((c.verdict.value, c.reason.split("; also ")[0]), []).append(c.label)
         for (verdict, reason), labels in by_reason.items():
-            lines.append(f"{names.get(r['test'], r['test'])}: {verdict} ({', '.join(labels)}): {reason}")
+            lines.append(f"{names.get(r.test, r.test)}: {verdict} ({', '.join(labels)}): {reason}")
     return lines
 
 
-def budget_failures(results: Iterable[Mapping[str, Any]]) -> list[str]:
+def budget_failures(results: Iterable[MeasurementResult]) -> list[str]:
     """``test: breach; breach`` for every measurement over one of its budgets."""
     out = []
     for r in results:
-        if str(r.get("budget", "")).startswith("FAIL"):
-            detail = "; ".join(r.get("budget_failures") or []) or "over budget"
-            out.append(f"{r['test']}: {detail}")
+        if r.budget.startswith("FAIL"):
+            detail = "; ".join(r.budget_failures) or "over budget"
+            out.append(f"{r.test}: {detail}")
     return out
 
 
-def markdown(results: list[Mapping[str, Any]], extra: Iterable[str] = (), *, budgets_gate: bool = True) -> str:
+def markdown(results: Sequence[MeasurementResult], extra: Iterable[str] = (), *, budgets_gate: bool = True) -> str:
     """A GitHub-flavoured summary: one line per test, then the comparison table.
 
     ``extra``: Markdown lines after the headline (the HTML report's link and key figure).
     The headline counts what fails the run: regressions and, unless ``--llmperf-baselines-only``,
     budget failures."""
     lines = ["## pytest-llmperf", ""]
-    regressions = [f for r in results for f in ((r.get("verdict") or {}).get("failures") or [])]
+    regressions = [f for r in results if r.verdict is not None for f in r.verdict.failures]
     over = budget_failures(results) if budgets_gate else []
     failing = [
         r for r in results
-        if (r.get("verdict") or {}).get("failures")
-        or (budgets_gate and str(r.get("budget", "")).startswith("FAIL"))
+        if (r.verdict is not None and r.verdict.failures) or (budgets_gate and r.budget.startswith("FAIL"))
     ]
     if failing:
         parts = [f"{len(over)} over budget"] if over else []
@@ -218,11 +203,11 @@ def markdown(results: list[Mapping[str, Any]], extra: Iterable[str] = (), *, bud
         lines += ["", line]
     lines += ["", "| test | TTFT ms | decode t/s | ITL p95 ms | budget | baseline |", "| --- | --- | --- | --- | --- | --- |"]
     for r in results:
-        s = r["record"]["summary"]
-        verdict = r.get("verdict") or {}
+        s = (r.record or {}).get("summary", {})
+        short = r.verdict.short if r.verdict is not None else "not compared"
         lines.append(
-            f"| `{r['test']}` | {fmt(s['ttft_ms'])} | {fmt(s['decode_tps'])} | {fmt(s['itl_p95_ms'])} "
-            f"| {r.get('budget', '-')} | {verdict.get('short', 'not compared')} |"
+            f"| `{r.test}` | {fmt(s['ttft_ms'])} | {fmt(s['decode_tps'])} | {fmt(s['itl_p95_ms'])} "
+            f"| {r.budget} | {short} |"
         )
     if over:
         lines += ["", "### Over budget", ""] + [f"- {line}" for line in over]

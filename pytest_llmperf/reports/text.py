@@ -1,22 +1,18 @@
 """Plain-text reports: the per-test metrics table and the session summary table.
 
-Summary rows travel as flat ``user_properties`` on test reports (scalars only), so they reach
-the controller under pytest-xdist and land in JUnit XML as properties.
+Summary rows are ``judge.result.MeasurementResult.summary_row()``: built from the typed
+results that cross pytest-xdist's wire (the JUnit properties come from the same result).
 """
 
 from __future__ import annotations
 
-import re
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from ..core.numbers import fmt
-from ..judge.budgets import BudgetFailure
-from ..core.catalog import BUDGETS
+from ..core.catalog import BUDGETS, SUMMARY
 from ..measuring.metrics import Measurement
 from ..core.settings import DEFAULT_SUMMARY_COLUMNS
 from ..core.tables import render_table
-
-PROPERTY_RE = re.compile(r"^llmperf(?:\[(?P<label>[^\]]*)\])?\.(?P<field>\w+)$")
 
 
 def _opt(value: float | None) -> str:
@@ -78,71 +74,15 @@ def metrics_table(m: Measurement) -> str:
     return text + ("\n\n" + "\n".join(warnings) if warnings else "")
 
 
-def properties(m: Measurement, failure: BudgetFailure | None, n_budgets: int) -> list[tuple[str, Any]]:
-    """Flat, JSON-safe key/value pairs for ``report.user_properties`` and JUnit XML."""
-    prefix = f"llmperf[{m.label}]." if m.label else "llmperf."
-    budget = "-" if not n_budgets else ("FAIL " + ",".join(b.key for b in failure.breaches) if failure else "ok")
-    values: dict[str, Any] = {
-        "model": m.engine.model,
-        "engine": m.engine.engine,
-        "prompt_tokens": m.prompt_tokens,
-        "output_tokens": m.output_tokens,
-        "runs": m.n_runs,
-        "ttft_ms": m.ttft_ms,
-        "ttft_p95_ms": m.ttft_p95_ms,
-        "prefill_ms": m.prefill_ms,
-        "prefill_tps": m.prefill_tps,
-        "tpot_ms": m.tpot_ms,
-        "decode_tps": m.decode_tps,
-        "e2e_ms": m.e2e_ms,
-        "itl_count": m.itl.count,
-        "itl_p50_ms": m.itl.p50_ms,
-        "itl_p90_ms": m.itl.p90_ms,
-        "itl_p95_ms": m.itl.p95_ms,
-        "itl_p99_ms": m.itl.p99_ms,
-        "itl_cv": m.itl.cv,
-        "native_prefill_ms": m.native_prefill_ms,
-        "native_decode_ms_per_token": m.native_decode_ms_per_token,
-        "overhead_ms_per_token": m.overhead_ms_per_token,
-        "budget": budget,
-    }
-    if m.load is not None:
-        values.update(
-            concurrency=m.load.concurrency,
-            requests=m.load.n_requests,
-            failed_requests=m.load.n_failed,
-            requests_per_s=m.load.requests_per_s,
-            output_tps=m.load.output_tps,
-            goodput=m.load.goodput,
-        )
-    return [(prefix + k, v) for k, v in values.items()]
-
-
-def rows_from_properties(nodeid: str, props: Iterable[tuple[str, Any]]) -> list[dict[str, Any]]:
-    """Inverse of ``properties``: one dict per measurement of a test."""
-    rows: dict[str, dict[str, Any]] = {}
-    for key, value in props:
-        match = PROPERTY_RE.match(str(key))
-        if match:
-            label = match.group("label") or ""
-            row = rows.setdefault(label, {"test": nodeid + (f"[{label}]" if label else "")})
-            row[match.group("field")] = value
-    return list(rows.values())
-
-
-#: (``--llmperf-columns`` name, header, row field); ``test`` always comes first.
+#: (``--llmperf-columns`` name, header, row field); ``test`` always comes first. The metric
+#: columns are the catalog's summary fields that name a column.
 SUMMARY_COLUMNS = (
     ("test", "test", "test"),
     ("model", "model", "model"),
     ("prompt", "prompt", "prompt_tokens"),
     ("gen", "gen", "output_tokens"),
     ("runs", "runs", "runs"),
-    ("ttft", "TTFT ms", "ttft_ms"),
-    ("prefill", "prefill t/s", "prefill_tps"),
-    ("decode", "decode t/s", "decode_tps"),
-    ("p50", "ITL p50 ms", "itl_p50_ms"),
-    ("p95", "ITL p95 ms", "itl_p95_ms"),
-    ("p99", "ITL p99 ms", "itl_p99_ms"),
+    *((f.column, f.header, f.key) for f in SUMMARY.values() if f.column),
     ("budget", "budget", "budget"),
 )
 #: A test id is never cut shorter than this, whatever the width.

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from .figures import BUDGET, NOW, _figure
+from .figures import BUDGET, NOW, new_figure
 
 def trend_figure(trends: Sequence[Mapping[str, Any]]) -> Any:
     """Value per session with its 95% CI, one axes per series; change points dashed, labelled
     with the step and the coinciding subject change; the latest session filled."""
-    fig, axes = _figure(2.3, ncols=len(trends), width_in=max(5.4, 3.2 * len(trends)), squeeze=False,
+    fig, axes = new_figure(2.3, ncols=len(trends), width_in=max(5.4, 3.2 * len(trends)), squeeze=False,
                         margins_in=(0.62, 0.45, 0.15, 0.3))
     for ax, t in zip(axes[0], trends):
         pts = t["points"]

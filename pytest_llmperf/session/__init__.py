@@ -56,10 +56,11 @@ class Session:
         self.started_at = started_at or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         self.engines = Engines(settings.engine, make_engine_hook)
         self.assessor = Assessor(settings, self.started_at, fingerprint_hook)
-        #: Summary rows (one per measurement) and result dicts (``results.result_of``), of
-        #: this process's tests or, on the xdist controller, of every worker's.
+        #: Summary rows (one per measurement) and the assessed results
+        #: (``judge.result.MeasurementResult``), of this process's tests or, on the xdist
+        #: controller, of every worker's; A/B comparisons as JSON.
         self.rows: list[dict[str, Any]] = []
-        self.results: list[dict[str, Any]] = []
+        self.results: list[Any] = []
         self.ab_results: list[dict[str, Any]] = []
         #: Tests that will measure (after deselection) and labelled measurements beyond a
         #: test's first seen so far: the size of Holm's family.
@@ -129,11 +130,17 @@ class Session:
             failure_lines=self.assessor.failure_lines, hook_error=hook_error,
         )
 
-    def collect(self, rows: Sequence[Mapping[str, Any]], results: Sequence[Mapping[str, Any]],
-                ab_results: Sequence[Mapping[str, Any]] = ()) -> None:
-        """One test's rows and results, in this process or arrived from an xdist worker."""
-        self.rows.extend(dict(r) for r in rows)
-        self.results.extend(dict(r) for r in results)
+    def collect(self, shipped: Sequence[Mapping[str, Any]], ab_results: Sequence[Mapping[str, Any]] = ()) -> None:
+        """One test's results (``MeasurementResult.to_json()`` of each) and A/B comparisons, in
+        this process or arrived from an xdist worker."""
+        from ..judge.result import MeasurementResult
+
+        # Written by to_json in this same package: not re-validated, so the controller's
+        # work stays small while a worker may be measuring on the next core.
+        for r in (MeasurementResult.from_json(doc, check=False) for doc in shipped):
+            self.rows.append(r.summary_row())
+            if r.assessed:  # recorded for the baselines: the session's files and verdicts
+                self.results.append(r)
         self.ab_results.extend(dict(r) for r in ab_results)
 
     def suite_check(self) -> list[str]:
@@ -142,11 +149,12 @@ class Session:
         s = self.settings
         self.suite_failures = []
         if s.compare and not s.update_baselines and not self.is_worker and self.results:
-            from ..judge.regression import CompareSettings, suite_check
+            from ..judge.regression import CompareSettings
+            from ..judge.session_verdicts import suite_check
 
-            peers = len({(r.get("test"), r.get("label")) for r in self.results})
+            peers = len({(r.test, r.label) for r in self.results})
             settings = CompareSettings(**s.compare_values, peers=max(peers, self.planned_measurements))
-            self.suite_failures = suite_check(self.results, settings)
+            self.results, self.suite_failures = suite_check(self.results, settings)
         return self.suite_failures
 
     def finish(self, environ: Mapping[str, str] | None = None) -> "Outputs | None":
@@ -158,7 +166,9 @@ class Session:
         from .finish import finish
 
         env = os.environ if environ is None else environ
-        self.outputs = finish(s, self.results, self.ab_results, self.started_at, env.get("GITHUB_STEP_SUMMARY"))
+        self.results, self.outputs = finish(
+            s, self.results, self.ab_results, self.started_at, env.get("GITHUB_STEP_SUMMARY")
+        )
         return self.outputs
 
     def summary(self, verbosity: int, width: int) -> list["Line"]:

@@ -130,7 +130,7 @@ def describe(settings: EngineSettings, threads_source: str, disabled: bool, engi
     """What the llmperf tests measure (model or endpoint, threads), and a warning when the
     threads asked for exceed the CPUs usable. Loads nothing but file metadata."""
     from ..core.settings import usable_cpus
-    from ..engines.llama_cpp import llama_cpp_version
+    from ..engines.llama_cpp_native import llama_cpp_version
     from ..models.facts import describe_model
 
     s = settings

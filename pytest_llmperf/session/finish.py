@@ -7,10 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..core.errors import LLMPerfError
 from .config import SessionSettings
+
+if TYPE_CHECKING:
+    from ..judge.result import MeasurementResult
 
 
 @dataclass
@@ -41,46 +44,46 @@ def write_file(path: Path, text: str, errors: list[str]) -> None:
 
 def finish(
     s: SessionSettings,
-    results: Sequence[Mapping[str, Any]],
+    results: Sequence["MeasurementResult"],
     ab_results: Sequence[Mapping[str, Any]],
     started_at: str,
     step_summary: str | None,
-) -> Outputs:
-    """Write what the session asked for; ``step_summary``: ``$GITHUB_STEP_SUMMARY``'s file."""
-    from ..judge.regression import session_holm
+) -> tuple[list["MeasurementResult"], Outputs]:
+    """Write what the session asked for; ``step_summary``: ``$GITHUB_STEP_SUMMARY``'s file.
+    Returns the results with the session-wide Holm p-values, and what was written."""
+    from ..judge.session_verdicts import session_holm
     from ..reports import session_file
 
     out = Outputs()
-    session_holm(results)  # the "p (Holm)" shown: over every comparison of the session
+    results = session_holm(results)  # the "p (Holm)" shown: over every comparison of the session
     if s.update_baselines and results:
         out.written = session_file.write_baselines(s.baseline_dir, results, out.baseline_errors)
-    html_results: Any = results
+    html_results: Any = [r.to_json() for r in results]  # the HTML report and history read the JSON
     if s.history is not None and results and not s.disable:
         from ..history import keep
 
         out.history_line, html_results = keep(
-            s.history, results, started_at, s.rootdir, s.compare, trends=bool(s.html)
+            s.history, html_results, started_at, s.rootdir, s.compare, trends=bool(s.html)
         )
     if s.json:
-        write_file(Path(s.json), session_file.session_json(list(results), started_at, ab=list(ab_results)),
-                   out.write_errors)
+        write_file(Path(s.json), session_file.session_json(results, started_at, ab=list(ab_results)), out.write_errors)
     md_extra: list[str] = []
     if s.html:
         from ..reports import html
 
         try:
             out.html_written = html.write_html(Path(s.html), html_results, started_at)
-            md_extra = html.markdown_lines(Path(s.html), Path(s.markdown) if s.markdown else None, results)
+            md_extra = html.markdown_lines(Path(s.html), Path(s.markdown) if s.markdown else None, html_results)
         except (OSError, LLMPerfError) as exc:
             out.html_error = f"llmperf: HTML report not written: {exc}"
-    md = session_file.markdown(list(results), md_extra, budgets_gate=s.budgets_gate) if results else ""
+    md = session_file.markdown(results, md_extra, budgets_gate=s.budgets_gate) if results else ""
     if s.markdown and md:
         write_file(Path(s.markdown), md, out.write_errors)
     if step_summary and md:
         step_extra = [f"Plots: HTML report `{s.html}` (keep it as a CI artifact)."] if out.html_written else []
         try:
             with open(step_summary, "a", encoding="utf-8") as fh:
-                fh.write(session_file.markdown(list(results), step_extra, budgets_gate=s.budgets_gate))
+                fh.write(session_file.markdown(results, step_extra, budgets_gate=s.budgets_gate))
         except OSError as exc:
             out.write_errors.append(f"llmperf: cannot write {step_summary}: {exc.strerror or exc}")
-    return out
+    return results, out

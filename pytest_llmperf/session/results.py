@@ -1,14 +1,16 @@
 """What one test's measurements put on its report: JUnit properties, a text section per
-measurement, the lines that fail it, and the plain result dicts that cross pytest-xdist's
-wire and become the session JSON (``result_of``: their one construction)."""
+measurement, the lines that fail it, and the results (``judge.result.MeasurementResult``, as
+JSON) that cross pytest-xdist's wire and become the session JSON."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 if TYPE_CHECKING:
     from ..judge.budgets import BudgetFailure
+    from ..judge.result import MeasurementResult
     from ..measuring.metrics import Measurement
 
 
@@ -25,29 +27,6 @@ class Result:
     extra_info: Mapping[str, Any] = field(default_factory=dict)
 
 
-def result_of(nodeid: str, r: Any) -> dict[str, Any]:
-    """The session JSON's entry of one assessed measurement (``r``: a ``fixture.Result`` whose
-    ``baseline`` is an ``assess.Assessment``); plain data, so it crosses xdist's wire."""
-    from ..reports.session_file import verdict_dict
-
-    m, a = r.measurement, r.baseline
-    return {
-        "test": nodeid + (f"[{m.label}]" if m.label else ""),
-        "nodeid": nodeid,
-        "label": m.label or "",
-        "key": a.key,
-        "baseline_file": a.baseline_file,
-        "hardware_key": a.hardware_key,
-        "record": a.record,
-        "budget": "-" if not r.n_budgets else ("FAIL" if r.failure else "ok"),
-        "budget_failures": [b.line() for b in r.failure.breaches] if r.failure else [],
-        "verdict": verdict_dict(a.verdict),
-        "baseline_record": a.baseline_record,
-        "budgets": dict(r.budgets),
-        "extra_info": dict(r.extra_info),
-    }
-
-
 def ab_result_of(nodeid: str, ab: Any) -> dict[str, Any]:
     """The session JSON's entry of one A/B comparison (``judge.ab.ABResult``)."""
     from ..judge.ab.report import as_dict
@@ -55,32 +34,20 @@ def ab_result_of(nodeid: str, ab: Any) -> dict[str, Any]:
     return {"test": nodeid + (f"[{ab.label}]" if ab.label else ""), "nodeid": nodeid, **as_dict(ab)}
 
 
-def properties_of(r: Any) -> list[tuple[str, Any]]:
-    """JUnit properties of one measurement: its figures, then its baseline verdict."""
-    from ..reports.text import properties
-
-    m = r.measurement
-    props = properties(m, r.failure, r.n_budgets)
-    if r.baseline is not None and r.baseline.verdict is not None:
-        prefix = f"llmperf[{m.label}]." if m.label else "llmperf."
-        props.append((prefix + "baseline", r.baseline.verdict.short()))
-        props += [(f"{prefix}verdict.{c.metric}", c.verdict.value) for c in r.baseline.verdict.comparisons]
-    return props
-
-
-def section_of(r: Any, columns: Sequence[str], width: int) -> tuple[str, str]:
-    """The report section of one measurement: its figures, then its baseline comparison."""
+def section_of(r: Any, t: "MeasurementResult", columns: Sequence[str], width: int) -> tuple[str, str]:
+    """The report section of one measurement (``r``, its typed result ``t``): its figures,
+    then its baseline comparison."""
     from ..reports.text import metrics_table
 
     m, a = r.measurement, r.baseline
     title = "llmperf" + (f" [{m.label}]" if m.label else "")
     detail = metrics_table(m)
     if a is not None and a.verdict is not None:
-        from ..reports.session_file import comparison_table, undecided_lines, verdict_dict
+        from ..reports.session_file import comparison_table, undecided_lines
 
-        one = [{"test": a.key, "verdict": verdict_dict(a.verdict)}]
-        table = comparison_table(one, columns, width)
-        undecided = undecided_lines(one)
+        shown = [dataclasses.replace(t, test=a.key)]
+        table = comparison_table(shown, columns, width)
+        undecided = undecided_lines(shown)
         # An error note is the test's failure line already: not a second copy here.
         extra = [a.verdict.note] if a.verdict.note and a.verdict.status != "error" else []
         if a.verdict.changes:
@@ -104,7 +71,7 @@ class CallReport:
     properties: list[tuple[str, Any]] = field(default_factory=list)
     sections: list[tuple[str, str]] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)  # non-empty: the test fails with them
-    shipped: list[dict[str, Any]] = field(default_factory=list)
+    shipped: list[dict[str, Any]] = field(default_factory=list)  # MeasurementResult.to_json() of each
     ab: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -121,19 +88,22 @@ def call_report(
 ) -> CallReport:
     """One test's measurements (after ``pytest_llmperf_result``) and A/B comparisons as report
     parts; ``failure_lines(assessment)``: the baseline's failure lines of one measurement."""
+    from ..judge.result import result_of
+
     out = CallReport(lines=[hook_error] if hook_error else [])
     if ab_results:
         from ..judge.ab.report import properties as ab_properties
 
         out.properties += ab_properties(ab_results)
         out.ab = [ab_result_of(nodeid, ab) for ab in ab_results]
-    for r in results:
-        out.properties += properties_of(r)
-    for r in results:
-        out.sections.append(section_of(r, columns, width))
+    typed = [result_of(nodeid, r) for r in results]  # judge.result: what every report reads
+    for t in typed:
+        out.properties += t.properties()
+    for r, t in zip(results, typed):
+        out.sections.append(section_of(r, t, columns, width))
         if r.failure is not None and budgets_gate:
             out.lines.append(r.failure.as_longrepr())
         if r.baseline is not None:
             out.lines += failure_lines(r.baseline)
-            out.shipped.append(result_of(nodeid, r))
+        out.shipped.append(t.to_json())
     return out

@@ -14,7 +14,7 @@ Line = tuple[str, str]
 def summary(
     s: SessionSettings,
     rows: Sequence[Mapping[str, Any]],
-    results: Sequence[Mapping[str, Any]],
+    results: Sequence[Any],  # judge.result.MeasurementResult
     out: Outputs | None,
     suite_failures: Sequence[str],
     *,
@@ -58,12 +58,12 @@ def summary(
     if table:
         lines += [("sep", "llmperf baseline comparison"), ("line", table)]
         lines += [("line", line) for line in undecided_lines(results, short=True)]
-    short = short_ids([r["test"] for r in results])
+    short = short_ids([r.test for r in results])
     notes = sorted(
         {
-            f"{short[r['test']]}: {r['verdict']['note']}"
+            f"{short[r.test]}: {r.verdict.note}"
             for r in results
-            if r.get("verdict") and r["verdict"]["note"] and not s.update_baselines and r["verdict"]["status"] != "error"
+            if r.verdict is not None and r.verdict.note and not s.update_baselines and r.verdict.status != "error"
         }
     )
     lines += [("line", note) for note in notes]

@@ -1,6 +1,6 @@
 """Interleaved A/B comparisons with paired statistics and relative budgets (docs/ab.md).
 
-Layers: ``paired`` (statistics, on compare.py's estimator), ``budgets`` (max_slowdown,
+Layers: ``paired`` (statistics, on levels.py's estimator), ``budgets`` (max_slowdown,
 min_speedup), ``run`` (interleaving, the result), ``sides`` (what a side may be). No pytest.
 """
 

@@ -19,7 +19,8 @@ from typing import Sequence
 import numpy as np
 
 from ...core import catalog
-from ..compare import CI_LEVEL, level
+from ..levels import level
+from ..verdict import CI_LEVEL, fmt_p, fmt_value
 
 #: metric -> (label, phase, unit, higher is better). Times are compared as b/a time ratios.
 PAIRED_METRICS: dict[str, tuple[str, str, str, bool]] = {
@@ -58,12 +59,10 @@ class PairedComparison:
 
     def line(self) -> str:
         """``decode TPOT: B/A 1.93 (95% CI 1.88..1.99, p=1.2e-09, 20 pairs; A 5.10 ms, B 9.84 ms)``."""
-        from ..compare import _fmt_p, _fmt_value
-
         return (
             f"{self.phase} {self.label}: B/A {self.ratio:.3f} ({CI_LEVEL:.0%} CI {self.ci_low:.3f}..{self.ci_high:.3f}, "
-            f"p={_fmt_p(self.p_value)}, {self.n_pairs} pairs; A {_fmt_value(self.a_median)} {self.unit}, "
-            f"B {_fmt_value(self.b_median)} {self.unit})"
+            f"p={fmt_p(self.p_value)}, {self.n_pairs} pairs; A {fmt_value(self.a_median)} {self.unit}, "
+            f"B {fmt_value(self.b_median)} {self.unit})"
         )
 
 

@@ -1,0 +1,83 @@
+"""Between sessions: what a session's level may do from one session to the next on the same
+hardware, and what that leaves a test able to detect.
+
+Apart from the verdict rule because it is the noise model's one free figure (the prior, with
+the measurements behind it) and its estimate from a baseline's recorded sessions: planning
+(``min_detectable_effect``) and the history read it without judging anything.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from scipy.special import ndtri
+
+from .levels import HL_SE_FACTOR, Level
+
+
+@dataclass(frozen=True)
+class NoiseModel:
+    """What a session's level may do between sessions on the same hardware.
+
+    ``between_sd``: the prior standard deviation of a session's level (log scale, 0.08 = 8%)
+    for one metric of one test, for as long as the baseline's own history cannot say. Measured
+    on this project's shared 2-vCPU VM with other work running: separate A/A sessions against
+    one recorded baseline moved +1% to +27% (TTFT), sd about 5% around a mean of +13%, the
+    recorded session itself being one draw (docs/verdicts.md). A smaller prior turns such a
+    baseline into false alarms; a quiet machine earns a smaller figure from its history.
+    ``prior_sessions``: how many sessions' worth of evidence the prior counts as, so that a
+    baseline with a few recorded sessions is soon judged by its own spread.
+    """
+
+    between_sd: float = 0.08
+    prior_sessions: float = 1.0
+
+    def between_df(self, sessions: int) -> float:
+        """Degrees of freedom of the between-session estimate: the prior alone is a stated
+        figure (infinite); with history, the stored sessions plus the prior's weight."""
+        return math.inf if sessions < 2 else self.prior_sessions + sessions - 1
+
+    def between(self, sessions: Sequence[Level]) -> float:
+        """Estimated between-session sd: the prior, pooled with the stored levels' spread beyond
+        what their own runs explain."""
+        k = len(sessions)
+        prior = self.prior_sessions * self.between_sd**2
+        if k < 2:
+            return self.between_sd
+        levels = [s.log_level for s in sessions]
+        mean = sum(levels) / k
+        within = sum(s.se**2 for s in sessions) / k
+        excess = max(0.0, sum((v - mean) ** 2 for v in levels) / (k - 1) - within)
+        return math.sqrt((prior + (k - 1) * excess) / (self.prior_sessions + k - 1))
+
+
+def z_one_sided(alpha: float) -> float:
+    """The standard normal quantile that leaves ``alpha`` above it."""
+    return float(ndtri(1.0 - alpha))
+
+
+def lognormal_sigma(cv: float) -> float:
+    """sigma of a lognormal with this coefficient of variation."""
+    return math.sqrt(math.log1p(cv * cv))
+
+
+def min_detectable_effect(
+    n_runs: int,
+    cv: float,
+    *,
+    alpha: float,
+    m: int,
+    power: float = 0.8,
+    between_sd: float = NoiseModel().between_sd,
+    baseline_sessions: int = 1,
+) -> float:
+    """Smallest true slowdown (0.05 = 5%) flagged with ``power`` by ``n_runs`` candidate runs
+    against a baseline of ``baseline_sessions`` sessions of as many runs, as the only
+    regression in a family of ``m`` (Holm's first step, alpha / m), under the noise model.
+    Analytic (normal approximation of the log-level estimate)."""
+    k = baseline_sessions
+    within = HL_SE_FACTOR * lognormal_sigma(cv) / math.sqrt(n_runs)
+    se = math.sqrt(within**2 * (1 + 1 / k) + between_sd**2 * (1 + 1 / k))
+    return math.expm1(se * (z_one_sided(alpha / m) + z_one_sided(1.0 - power)))

@@ -1,0 +1,263 @@
+"""One measurement's result, typed: what a test measured, its budgets and what its baseline said.
+
+The one definition of the result that travels: ``to_json()`` is pytest-xdist's wire format (a
+worker's report carries it, the controller rebuilds it with ``from_json``), each entry of the
+``--llmperf-json`` session file (``schemas/session.schema.json``), the HTML report's input and
+``llmperf compare`` / ``llmperf report``'s. The JUnit properties and the terminal summary rows
+are derived from it (``properties()``, ``summary_row()``), never parsed back.
+
+The verdict is kept as reported (``VerdictRecord``: its short word and failure lines as they
+were at the time), with its comparisons as ``verdict.Comparison`` objects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from ..core.errors import LLMPerfError
+from ..core.schema_check import SchemaViolation, validate
+from .verdict import Comparison, Verdict
+from .layer_diff import LayerChange
+
+
+class ResultError(LLMPerfError):
+    """A result document that does not match ``schemas/session.schema.json``."""
+
+
+def comparison_json(c: Comparison) -> dict[str, Any]:
+    """A comparison's fields, with the verdict's name and its line (for people reading the file)."""
+    out = {f.name: getattr(c, f.name) for f in dataclasses.fields(c)}
+    return {**out, "verdict": c.verdict.value, "line": c.line()}
+
+
+def comparison_from_json(d: Mapping[str, Any]) -> Comparison:
+    names = {f.name for f in dataclasses.fields(Comparison)}
+    return Comparison(**{k: v for k, v in d.items() if k in names and k != "verdict"}, verdict=Verdict(d["verdict"]))
+
+
+def layer_change_json(c: LayerChange) -> dict[str, Any]:
+    return {**{f.name: getattr(c, f.name) for f in dataclasses.fields(c)}, "change_pct": c.change_pct}
+
+
+def layer_change_from_json(d: Mapping[str, Any]) -> LayerChange:
+    return LayerChange(**{f.name: d[f.name] for f in dataclasses.fields(LayerChange)})
+
+
+@dataclass(frozen=True)
+class VerdictRecord:
+    """What the baseline said about one measurement, as reported: ``short`` (one cell) and
+    ``failures`` (the regression lines) are kept as they were decided, so a later reader shows
+    what the run showed (``regression.BaselineVerdict`` computes them; see ``of``)."""
+
+    status: str  # compared | no-baseline | other-hardware | workload-changed | error
+    note: str = ""
+    changes: tuple[str, ...] = ()
+    machine: str = ""
+    short: str = ""
+    failures: tuple[str, ...] = ()
+    comparisons: tuple[Comparison, ...] = ()
+    layer_changes: tuple[LayerChange, ...] = ()
+
+    @classmethod
+    def of(cls, v: Any) -> "VerdictRecord":
+        """From a ``regression.BaselineVerdict`` (its public attributes and methods)."""
+        return cls(
+            v.status, v.note, tuple(v.changes), getattr(v, "machine", ""), v.short(), tuple(v.failure_lines()),
+            tuple(v.comparisons), tuple(getattr(v, "layer_changes", ())),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status, "note": self.note, "changes": list(self.changes), "machine": self.machine,
+            "short": self.short, "failures": list(self.failures),
+            "comparisons": [comparison_json(c) for c in self.comparisons],
+            "layer_changes": [layer_change_json(c) for c in self.layer_changes],
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "VerdictRecord":
+        return cls(
+            d["status"], d.get("note", ""), tuple(d.get("changes", ())), d.get("machine", ""),
+            d.get("short", d["status"]), tuple(d.get("failures", ())),
+            tuple(comparison_from_json(c) for c in d.get("comparisons", ())),
+            tuple(layer_change_from_json(c) for c in d.get("layer_changes", ())),
+        )
+
+
+@dataclass(frozen=True)
+class LoadFigures:
+    """A load test's headline figures (``measuring.load.LoadStats``)."""
+
+    concurrency: int
+    requests: int
+    failed_requests: int
+    requests_per_s: float
+    output_tps: float
+    goodput: float | None
+
+
+@dataclass(frozen=True)
+class Figures:
+    """A measurement's headline figures, unrounded, in the order the JUnit properties and the
+    terminal summary show them (the record's ``summary`` is the rounded subset kept in files)."""
+
+    model: str
+    engine: str
+    prompt_tokens: int | None
+    output_tokens: int
+    runs: int
+    ttft_ms: float
+    ttft_p95_ms: float
+    prefill_ms: float | None
+    prefill_tps: float | None
+    tpot_ms: float
+    decode_tps: float
+    e2e_ms: float
+    itl_count: int
+    itl_p50_ms: float
+    itl_p90_ms: float
+    itl_p95_ms: float
+    itl_p99_ms: float
+    itl_cv: float
+    native_prefill_ms: float | None
+    native_decode_ms_per_token: float | None
+    overhead_ms_per_token: float | None
+    load: LoadFigures | None = None
+
+    @classmethod
+    def of(cls, m: Any) -> "Figures":
+        """From a ``measuring.metrics.Measurement``."""
+        load = m.load
+        return cls(
+            m.engine.model, m.engine.engine, m.prompt_tokens, m.output_tokens, m.n_runs, m.ttft_ms, m.ttft_p95_ms,
+            m.prefill_ms, m.prefill_tps, m.tpot_ms, m.decode_tps, m.e2e_ms, m.itl.count, m.itl.p50_ms,
+            m.itl.p90_ms, m.itl.p95_ms, m.itl.p99_ms, m.itl.cv, m.native_prefill_ms,
+            m.native_decode_ms_per_token, m.overhead_ms_per_token,
+            None if load is None else LoadFigures(
+                load.concurrency, load.n_requests, load.n_failed, load.requests_per_s, load.output_tps, load.goodput
+            ),
+        )
+
+    def values(self) -> dict[str, Any]:
+        """Flat name -> value of every figure but ``load``."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "load"}
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.values(), "load": None if self.load is None else dataclasses.asdict(self.load)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Figures":
+        names = [f.name for f in dataclasses.fields(cls) if f.name != "load"]
+        load = d.get("load")
+        if load is not None:
+            load = LoadFigures(**{f.name: load[f.name] for f in dataclasses.fields(LoadFigures)})
+        return cls(**{k: d[k] for k in names}, load=load)
+
+
+@dataclass(frozen=True)
+class MeasurementResult:
+    """One measurement of one test: its figures and budgets, and (``assessed``) its record, the
+    baseline file and entry it belongs to, and the verdict against that entry."""
+
+    test: str  # node id, plus ``[label]`` for a labelled measurement
+    nodeid: str = ""
+    label: str = ""
+    budget: str = "-"  # - (no budget) | ok | FAIL
+    budget_failures: tuple[str, ...] = ()  # one line per breached budget
+    breached_budgets: tuple[str, ...] = ()  # their marker keys (min_tps...)
+    budgets: Mapping[str, float] = field(default_factory=dict)  # the marker's
+    #: What a ``pytest_llmperf_result`` hook attached (JSON values).
+    extra_info: Mapping[str, Any] = field(default_factory=dict)
+    figures: Figures | None = None  # None: read from a session file that predates them
+    key: str = ""  # the baseline entry's key, e.g. ``test_decode[q4]#warm``
+    baseline_file: str = ""  # relative to the baseline folder
+    hardware_key: str = ""
+    record: Mapping[str, Any] | None = None  # the baseline record format (schemas/baselines.schema.json)
+    verdict: VerdictRecord | None = None
+    baseline_record: Mapping[str, Any] | None = None  # the entry the verdict compared against
+
+    @property
+    def assessed(self) -> bool:
+        """Recorded for the baselines (a smoke run or a failed load test is not)."""
+        return self.record is not None
+
+    def values(self) -> dict[str, Any]:
+        """Name -> value of the flat figures: the measurement's, ``budget`` (``-``, ``ok`` or
+        ``FAIL key,key``), a load test's, then ``baseline`` (the verdict's short word)."""
+        out: dict[str, Any] = {}
+        if self.figures is not None:
+            out.update(self.figures.values())
+            out["budget"] = "FAIL " + ",".join(self.breached_budgets) if self.budget == "FAIL" else self.budget
+            if self.figures.load is not None:
+                out.update(dataclasses.asdict(self.figures.load))
+        if self.verdict is not None:
+            out["baseline"] = self.verdict.short
+        return out
+
+    def properties(self) -> list[tuple[str, Any]]:
+        """``report.user_properties`` (JUnit XML): ``llmperf[label].<name>`` of ``values()``,
+        then ``verdict.<metric>`` of each comparison."""
+        prefix = f"llmperf[{self.label}]." if self.label else "llmperf."
+        out = [(prefix + k, v) for k, v in self.values().items()]
+        if self.verdict is not None:
+            out += [(f"{prefix}verdict.{c.metric}", c.verdict.value) for c in self.verdict.comparisons]
+        return out
+
+    def summary_row(self) -> dict[str, Any]:
+        """The terminal summary's row (``reports.text.summary_table``, ``measuring.served``)."""
+        return {"test": self.test, **self.values()}
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON data (``schemas/session.schema.json#/$defs/result``); ``from_json`` inverts it."""
+        return {
+            "test": self.test, "nodeid": self.nodeid, "label": self.label, "key": self.key,
+            "baseline_file": self.baseline_file, "hardware_key": self.hardware_key,
+            "record": None if self.record is None else dict(self.record),
+            "budget": self.budget, "budget_failures": list(self.budget_failures),
+            "breached_budgets": list(self.breached_budgets),
+            "verdict": None if self.verdict is None else self.verdict.to_json(),
+            "baseline_record": None if self.baseline_record is None else dict(self.baseline_record),
+            "budgets": dict(self.budgets), "extra_info": dict(self.extra_info),
+            "figures": None if self.figures is None else self.figures.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, d: Any, where: str = "result", *, check: bool = True) -> "MeasurementResult":
+        """A result from its JSON data; a ``ResultError`` naming the JSON path (``where`` is
+        its root) and the problem when ``d`` does not match the schema (``check=False``: the
+        caller validated it already). Keys a session file of an older pytest-llmperf lacks
+        take their defaults."""
+        if check:
+            try:
+                validate(d, "session", "result", where)
+            except SchemaViolation as exc:
+                raise ResultError(str(exc)) from None
+        verdict, figures = d.get("verdict"), d.get("figures")
+        return cls(
+            d["test"], d.get("nodeid", ""), d.get("label", ""), d.get("budget", "-"),
+            tuple(d.get("budget_failures", ())), tuple(d.get("breached_budgets", ())), dict(d.get("budgets") or {}),
+            dict(d.get("extra_info") or {}), None if figures is None else Figures.from_json(figures),
+            d.get("key", ""), d.get("baseline_file", ""), d.get("hardware_key", ""), d.get("record"),
+            None if verdict is None else VerdictRecord.from_json(verdict), d.get("baseline_record"),
+        )
+
+
+def result_of(nodeid: str, r: Any) -> MeasurementResult:
+    """A test's measurement (``pytest_plugin.fixture.Result``: measurement, budget failure,
+    budget count, the plugin's baseline assessment, budgets, hook-attached extra info)."""
+    m, a, failure = r.measurement, r.baseline, r.failure
+    breaches = tuple(failure.breaches) if failure is not None else ()
+    common = dict(
+        test=nodeid + (f"[{m.label}]" if m.label else ""), nodeid=nodeid, label=m.label or "",
+        budget="-" if not r.n_budgets else ("FAIL" if failure else "ok"),
+        budget_failures=tuple(b.line() for b in breaches), breached_budgets=tuple(b.key for b in breaches),
+        budgets=dict(r.budgets), extra_info=dict(r.extra_info), figures=Figures.of(m),
+    )
+    if a is None:
+        return MeasurementResult(**common)
+    return MeasurementResult(
+        **common, key=a.key, baseline_file=a.baseline_file, hardware_key=a.hardware_key, record=a.record,
+        verdict=None if a.verdict is None else VerdictRecord.of(a.verdict), baseline_record=a.baseline_record,
+    )

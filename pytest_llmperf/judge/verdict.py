@@ -1,0 +1,269 @@
+"""The decision rule: one comparison's verdict from its estimate, its standard error and its
+Holm-adjusted p-values (the rule itself is described in ``compare``'s docstring and in
+docs/verdicts.md).
+
+Apart from the estimate (``compare``) because everything downstream reads only this: the
+``Comparison`` result and its one-line text, the ``Verdict`` names, Holm's adjustment (also
+used by the per-layer diff) and the rule that turns numbers into REGRESSION, IMPROVED,
+UNCHANGED or INCONCLUSIVE with the reason a person reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .levels import HL_SE_FACTOR, UPPER_QUANTILE
+from .noise import z_one_sided
+
+#: Confidence of the reported CI of the ratio.
+CI_LEVEL = 0.95
+#: UNCHANGED needs the change bounded inside the threshold at this one-sided confidence, on
+#: both sides. Between sessions of a shared machine the level itself moves by ~1.5%, so a 5%
+#: threshold can be shown with about this confidence from one session (docs/verdicts.md).
+EQUIVALENCE_CONFIDENCE = 0.80
+#: UNCHANGED also needs the slowest runs' distance above the level (``levels.UPPER_QUANTILE``;
+#: shape, not position: session drift moves both) to grow by less than this x the threshold
+#: over the latest baseline session's.
+UPPER_FACTOR = 2.0
+
+
+class Verdict(str, enum.Enum):
+    """Outcome of one comparison; only REGRESSION fails a test by default."""
+
+    REGRESSION = "REGRESSION"
+    IMPROVED = "IMPROVED"
+    UNCHANGED = "UNCHANGED"
+    INCONCLUSIVE = "INCONCLUSIVE"
+    MACHINE_SLOWER = "MACHINE_SLOWER"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One metric, candidate against baseline. ``ratio`` and the CI are candidate/baseline of
+    the value itself; which side is worse follows the metric."""
+
+    metric: str
+    label: str
+    phase: str
+    unit: str
+    higher_is_better: bool
+    #: Smallest relative change of the value that counts (0.05 = 5%).
+    threshold: float
+    #: Typical values (Hodges-Lehmann location; the baseline's over its stored sessions).
+    baseline_value: float
+    candidate_value: float
+    ratio: float
+    ci_low: float | None
+    ci_high: float | None
+    #: Raw one-sided p-value in the worse direction.
+    p_value: float | None
+    #: Raw one-sided p-value in the improvement direction.
+    p_value_better: float | None
+    n_baseline: int
+    n_candidate: int
+    #: Robust run-to-run spread (about the CV) of each side's latest session.
+    cv_baseline: float | None
+    cv_candidate: float | None
+    verdict: Verdict
+    reason: str
+    #: Standard error of log(ratio), with the between-session part.
+    se_log: float = 0.0
+    #: The between-session sd used, and how many recorded sessions the baseline holds.
+    between_sd: float = 0.0
+    baseline_sessions: int = 1
+    #: Holm-adjusted p-values; None until :func:`decide`.
+    p_adjusted: float | None = None
+    p_adjusted_better: float | None = None
+    #: INCONCLUSIVE: candidate runs that would decide at this effect (None: runs cannot).
+    runs_needed: int | None = None
+    #: The judged metric this one mirrors (a rate of the same runs), else None.
+    mirror_of: str | None = None
+    #: How much further above its level the candidate's slowest runs (p90) lie than the latest
+    #: baseline session's, as a ratio (1.0: the same shape).
+    upper_ratio: float | None = None
+    #: Standard error of log(ratio) from the runs alone (without the between-session part).
+    se_within_log: float = 0.0
+    #: Suite-relative REGRESSION: the other measurements' median ratio this one was judged
+    #: against (:func:`suite_relative`), else None.
+    suite_ratio: float | None = None
+
+    @property
+    def change_pct(self) -> float:
+        return (self.ratio - 1.0) * 100.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data (the session JSON, pytest-xdist's wire), with the verdict's name and line."""
+        return {**dataclasses.asdict(self), "verdict": self.verdict.value, "line": self.line()}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Comparison":
+        """The inverse of ``dataclasses.asdict`` (results cross pytest-xdist's wire as dicts)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names and k != "verdict"}, verdict=Verdict(d["verdict"]))
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict is Verdict.REGRESSION
+
+    @property
+    def worth_more_runs(self) -> bool:
+        """INCONCLUSIVE and more runs may decide it: the runs alone would (``runs_needed``), or
+        it leans slower by half the threshold or more (more runs sharpen the shape check and
+        the session-end suite-relative check). Leaning faster or level with runs that cannot
+        decide: stop, a slowdown is not in sight."""
+        if self.verdict is not Verdict.INCONCLUSIVE:
+            return False
+        worse = -math.log(self.ratio) if self.higher_is_better else math.log(self.ratio)
+        return self.runs_needed is not None or worse >= math.log1p(self.threshold / 2)
+
+    def line(self) -> str:
+        """One line for a failure message or a log, e.g. ``decode regression: TPOT 7.41 ms vs
+        6.52 ms baseline (+13.6%, 95% CI +9.8..+17.2%, p=0.0004 Holm, 20 vs 20 runs)``."""
+        word = {
+            Verdict.REGRESSION: "regression",
+            Verdict.IMPROVED: "improvement",
+            Verdict.UNCHANGED: "unchanged",
+            Verdict.INCONCLUSIVE: "inconclusive",
+            Verdict.MACHINE_SLOWER: "slower machine",
+        }[self.verdict]
+        parts = [f"{self.change_pct:+.1f}%"]
+        if self.ci_low is not None and self.ci_high is not None:
+            parts.append(f"95% CI {(self.ci_low - 1) * 100:+.1f}..{(self.ci_high - 1) * 100:+.1f}%")
+        p, adjusted = self._shown_p()
+        if p is not None:
+            parts.append(f"p={fmt_p(p)}{' Holm' if adjusted else ''}")
+        parts.append(f"{self.n_candidate} vs {self.n_baseline} runs")
+        if self.baseline_sessions > 1:
+            parts.append(f"{self.baseline_sessions} baseline sessions")
+        text = (
+            f"{self.phase} {word}: {self.label} {fmt_value(self.candidate_value)} {self.unit} "
+            f"vs {fmt_value(self.baseline_value)} {self.unit} baseline ({', '.join(parts)})"
+        )
+        if (self.verdict in (Verdict.INCONCLUSIVE, Verdict.MACHINE_SLOWER) or self.suite_ratio is not None) and self.reason:
+            text += f": {self.reason}"
+        return text
+
+    def _shown_p(self) -> tuple[float | None, bool]:
+        """The p-value of the direction the data moved."""
+        better = self.verdict is Verdict.IMPROVED or (self.verdict is not Verdict.REGRESSION and self._improving)
+        raw, adj = (self.p_value_better, self.p_adjusted_better) if better else (self.p_value, self.p_adjusted)
+        return (adj, True) if adj is not None else (raw, False)
+
+    @property
+    def _improving(self) -> bool:
+        return self.ratio > 1.0 if self.higher_is_better else self.ratio < 1.0
+
+
+def fmt_p(p: float) -> str:
+    return f"{p:.4f}" if p >= 1e-4 else f"{p:.1e}"
+
+
+def fmt_value(v: float) -> str:
+    a = abs(v)
+    return f"{v:.0f}" if a >= 1000 else f"{v:.1f}" if a >= 100 else f"{v:.2f}" if a >= 1 else f"{v:.3g}"
+
+
+def holm(p_values: Sequence[float], m: int | None = None) -> list[float]:
+    """Holm step-down adjusted p-values (monotone, capped at 1), in input order.
+
+    ``m`` > ``len(p_values)`` counts the missing comparisons as not yet seen, with p = 1:
+    Holm's adjusted p-values never decrease when an input grows, so the result bounds each
+    one's final session-wide adjustment from above, and a comparison rejected now stays
+    rejected once the session is complete.
+    """
+    p = np.asarray(p_values, dtype=float)
+    k = p.size
+    m = k if m is None else int(m)
+    if m < k:
+        raise ValueError(f"m ({m}) is smaller than the number of p-values ({k})")
+    if np.any((p < 0) | (p > 1) | np.isnan(p)):
+        raise ValueError("p-values must lie in [0, 1]")
+    order = np.argsort(p, kind="stable")
+    steps = np.minimum(1.0, (m - np.arange(k)) * p[order])
+    adjusted = np.empty(k)
+    adjusted[order] = np.maximum.accumulate(steps) if k else steps
+    return [float(v) for v in adjusted]
+
+
+def _runs_needed(c: Comparison, alpha_step: float) -> int | None:
+    """Candidate runs at which this estimate would be decided (REGRESSION/IMPROVED at the
+    current Holm step, or UNCHANGED), keeping the run spread and the baseline as they are.
+    None when the between-session part alone leaves it undecided."""
+    d = abs(math.log(c.ratio))
+    t = math.log1p(c.threshold)
+    rest = c.se_log**2 - (HL_SE_FACTOR * (c.cv_candidate or 0.0)) ** 2 / max(c.n_candidate, 1)
+    rest = max(rest, 0.0)
+    if d > t:
+        target = d / z_one_sided(alpha_step)
+    else:
+        target = (t - d) / z_one_sided(1.0 - EQUIVALENCE_CONFIDENCE)
+    room = target**2 - rest
+    if room <= 0:
+        return None
+    spread = c.cv_candidate or 0.0
+    return max(c.n_candidate + 1, math.ceil((HL_SE_FACTOR * spread) ** 2 / room))
+
+
+def _part_slower(c: Comparison) -> str:
+    """Why the robust level cannot be trusted to call this unchanged or better: the slowest
+    runs moved (a minority of runs slowed down), else ''."""
+    if c.upper_ratio is None or c.higher_is_better:
+        return ""
+    if math.log(c.upper_ratio) <= math.log1p(UPPER_FACTOR * c.threshold):
+        return ""
+    return (
+        f"cannot decide: the typical run moved {c.change_pct:+.1f}% but the slowest runs "
+        f"(p{UPPER_QUANTILE * 100:.0f}) {(c.upper_ratio - 1) * 100:+.1f}% more than that: part of the runs "
+        f"slowed down; re-run, and look at the per-run values"
+    )
+
+
+def decided(
+    c: Comparison, p_adj: float | None, p_adj_better: float | None, *, alpha: float, m: int = 1, **fields: Any
+) -> Comparison:
+    """The verdict of one comparison given its adjusted p-values (the rule: ``compare``'s docstring);
+    ``fields``: more fields to set in the same copy."""
+    if c.p_value is None or p_adj is None:
+        return dataclasses.replace(c, **fields, verdict=Verdict.INCONCLUSIVE, reason=c.reason or "no p-value")
+    t = math.log1p(c.threshold)
+    log_ratio = math.log(c.ratio)
+    worse = -log_ratio if c.higher_is_better else log_ratio
+    q_eq = z_one_sided(1.0 - EQUIVALENCE_CONFIDENCE)
+    pct = f"{c.threshold:.0%}"
+    if p_adj < alpha and worse > t:
+        return dataclasses.replace(c, **fields, verdict=Verdict.REGRESSION, reason=f"significant and beyond {pct}")
+    if p_adj_better is not None and p_adj_better < alpha and -worse > t:
+        return dataclasses.replace(c, **fields, verdict=Verdict.IMPROVED, reason=f"significant and beyond {pct}")
+    part = _part_slower(c)
+    if part:
+        return dataclasses.replace(c, **fields, verdict=Verdict.INCONCLUSIVE, reason=part)
+    if abs(log_ratio) + q_eq * c.se_log < t:
+        note = "significant but " if min(p_adj, p_adj_better or 1.0) < alpha else ""
+        return dataclasses.replace(
+            c, **fields, verdict=Verdict.UNCHANGED, reason=f"{note}within {pct} ({EQUIVALENCE_CONFIDENCE:.0%} confidence)"
+        )
+    lean = "slower" if worse > 0 else "faster"
+    need = _runs_needed(c, alpha / max(m, 1))
+    if need is None:
+        how = (
+            f"more runs cannot decide it: the baseline and the between-session noise (about "
+            f"{c.between_sd:.1%} here) leave too much; record more baseline sessions "
+            f"(--llmperf-update-baselines) or compare both sides in one session"
+        )
+    else:
+        how = f"about {need} runs would decide it"
+    return dataclasses.replace(
+        c,
+        **fields,
+        verdict=Verdict.INCONCLUSIVE,
+        reason=f"cannot decide: {abs(c.change_pct):.1f}% {lean}, not shown beyond or within {pct}; {how}",
+        runs_needed=need,
+    )
+
+

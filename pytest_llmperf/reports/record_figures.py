@@ -1,0 +1,182 @@
+"""The HTML report's figures of one test: its decode ITL distribution, its runs and its
+per-token timeline, and the list of every per-test figure in page order.
+
+Each function takes the session report's plain dicts (a record, its baseline record, the
+marker's budgets) and returns a Figure, so ``llmperf report`` draws from a saved
+``--llmperf-json`` file exactly what the plugin draws at the end of a session. Now and
+baseline share one axis and keep one colour each; budgets are red dash-dot lines. Apart from
+the primitives (``figures``) and from the breakdown plots (``breakdown_figures``: layers,
+roofline), which only a profiled test has.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from ..core.catalog import BUDGETS, METRICS, pooled_itl
+from .breakdown_figures import layer_bars, roofline
+from .figures import BASELINE, BUDGET, FIRST_RUN, NOW, budget_label, new_figure, plain_log
+
+#: ECDFs are drawn through at most this many quantiles per side (size, not shape, changes).
+ECDF_POINTS = 160
+
+#: Budget keys on pooled decode ITL (drawn on the ECDF and the timeline) -> their statistic.
+ITL_BUDGETS = {b.key: b.statistic for b in BUDGETS.values() if b.metric == "itl_ms"}
+
+
+def _pooled(record: Mapping[str, Any] | None) -> np.ndarray:
+    return np.asarray(pooled_itl(record), dtype=float)
+
+
+def _ecdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    ordered = np.sort(values)
+    fraction = np.arange(1, ordered.size + 1) / ordered.size
+    if ordered.size > ECDF_POINTS:
+        q = np.linspace(0, 1, ECDF_POINTS)
+        return np.quantile(ordered, q), q
+    return ordered, fraction
+
+
+
+def itl_ecdf(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, budgets: Mapping[str, float]) -> Any:
+    """Pooled decode ITL, ECDF now vs baseline, p50/p95/p99 marked on each curve."""
+    fig, ax = new_figure(2.7, reuse=True)
+    sides = [("baseline", baseline, BASELINE, "s"), ("now", record, NOW, "o")]
+    top = 0.0
+    for name, rec, colour, marker in sides:
+        values = _pooled(rec)
+        if not values.size:
+            continue
+        x, y = _ecdf(values)
+        steps = "steps-post" if x.size < ECDF_POINTS else "default"  # quantiles of a big sample: a line
+        ax.plot(x, y, color=colour, lw=1.6, label=f"{name} ({values.size} tokens)", drawstyle=steps)
+        qs = np.percentile(values, [50, 95, 99])
+        ax.plot(qs, [0.50, 0.95, 0.99], marker, color=colour, ms=4.5, mfc="white", mew=1.3, ls="none")
+        if name == "now":  # values for now; the baseline's are in the table, its markers show where
+            for q, p, y in zip(qs, ("p50", "p95", "p99"), (0.5, 0.95, 0.99)):
+                left = p == "p95"  # p95 left of its marker, p99 right: they sit close
+                ax.annotate(f"{p} {q:.3g}", (q, y), xytext=(-5 if left else 5, -10 if left else 2),
+                            textcoords="offset points", ha="right" if left else "left", fontsize=6.5, color=colour)
+        top = max(top, float(np.percentile(values, 99.9)))
+    for key, label in ITL_BUDGETS.items():
+        if key in budgets:
+            ax.axvline(budgets[key], color=BUDGET, ls="-.", lw=1.2, label=budget_label(key, budgets[key], "ms"))
+            top = max(top, budgets[key])
+    low = min((float(np.percentile(_pooled(r), 0.1)) for _, r, _, _ in sides if _pooled(r).size), default=0.0)
+    log = low > 0 and top / low > 8
+    if log:
+        ax.set_xscale("log")
+        ax.set_xlim(low * 0.9, top * 1.1)
+        plain_log(ax.xaxis)
+    elif top > 0:
+        ax.set_xlim(0, top * 1.08)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel(f"inter-token latency (ms{', log' if log else ''}); axis ends at p99.9 or the budget")
+    ax.set_ylabel("fraction of tokens <= x")
+    ax.set_title("Decode ITL distribution (ECDF), now vs baseline")
+    ax.legend(loc="lower right")
+    return fig
+
+
+def _strip(ax: Any, runs: Sequence[Sequence[float] | None], colours: Sequence[str], names: Sequence[str]) -> None:
+    rng = np.random.default_rng(0)
+    for i, (values, colour) in enumerate(zip(runs, colours)):
+        if not values:
+            continue
+        v = np.asarray(values, dtype=float)
+        ax.plot(i + rng.uniform(-0.15, 0.15, v.size), v, "o", ms=3.8, color=colour, alpha=0.8, mew=0, zorder=3)
+        ax.plot([i - 0.28, i + 0.28], [np.median(v)] * 2, color=colour, lw=2.2, zorder=4)
+    ax.set_xticks(range(len(names)), [f"{n}\n({len(r or [])} runs)" for n, r in zip(names, runs)])
+    ax.set_xlim(-0.6, len(names) - 0.4)
+
+
+def run_strips(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, budgets: Mapping[str, float]) -> Any:
+    """Per-run TTFT and TPOT, baseline vs now (dots = runs, bar = median)."""
+    fig, (left, right) = new_figure(2.6, 2, margins_in=(0.62, 0.45, 0.1, 0.3), wspace=0.45, reuse=True)
+    base = (baseline or {}).get("runs", {})
+    now = record.get("runs", {})
+    names = ["baseline", "now"] if baseline else ["now"]
+    colours = [BASELINE, NOW] if baseline else [NOW]
+    # Each panel: a metric's runs and every budget bounding it; a decode TPS floor is a TPOT
+    # ceiling (1000 / TPS), drawn on the TPOT panel.
+    panels = ((left, METRICS["ttft_ms"], ()), (right, METRICS["tpot_ms"], METRICS["decode_tps"].budget_keys))
+    for ax, metric, _ in panels:
+        sides = [base.get(metric.name), now.get(metric.name)] if baseline else [now.get(metric.name)]
+        _strip(ax, sides, colours, names)
+        ax.set_title(f"{metric.label} per run")
+        ax.set_ylabel(f"{metric.label} ({metric.unit})")
+    for ax, metric, rates in panels:
+        for key in (k for k in (*metric.budget_keys, *rates) if k in budgets):
+            value = budgets[key]  # labelled on the line: a legend per axes costs more than the plot
+            y = 1000 / value if key in rates else value
+            ax.axhline(y, color=BUDGET, ls="-.", lw=1.2)
+            ax.annotate(budget_label(key, value, BUDGETS[key].unit), (0, y), xycoords=ax.get_yaxis_transform(),
+                        xytext=(2, 2), textcoords="offset points", ha="left", va="bottom", fontsize=6.5,
+                        color=BUDGET, bbox={"fc": "white", "ec": "none", "alpha": 0.75, "pad": 0.5})
+    for ax in (left, right):
+        ax.grid(axis="x", visible=False)
+        ax.set_ylim(bottom=0)  # after the budget lines, so the axis reaches them
+    return fig
+
+
+def token_timeline(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, budgets: Mapping[str, float]) -> Any:
+    """Latency of every output token by position: token 1 is the TTFT, then the ITLs.
+
+    The first token (prefill) and the first measured run (warm-up effects) stand out; the
+    fitted slope of the ITL over position shows the cost of a growing context.
+    """
+    fig, ax = new_figure(3.2, margins_in=(0.62, 0.9, 0.15, 0.3), reuse=True)
+    for name, rec, colour in (("baseline", baseline, BASELINE), ("now", record, NOW)):
+        if not rec or not rec.get("itl_ms"):
+            continue
+        runs = [np.asarray(r, dtype=float) for r in rec["itl_ms"]]
+        n = min(len(r) for r in runs)
+        ttft = rec.get("runs", {}).get("ttft_ms")
+        matrix = np.stack([r[:n] for r in runs])
+        position = np.arange(2, n + 2)
+        median = np.median(matrix, axis=0)
+        if name == "now":
+            if len(runs) >= 3:  # a band, not one line per run: the file stays small at 200 tests
+                low, high = np.percentile(matrix, [10, 90], axis=0)
+                ax.fill_between(position, low, high, color=colour, alpha=0.15, lw=0)  # named in the caption
+            ax.plot(position, matrix[0], color=FIRST_RUN, lw=0.9, label="now: first measured run")
+        slope = f", slope {np.polyfit(position, median, 1)[0] * 1000:+.2f} us/token" if n >= 3 else ""
+        ax.plot(position, median, color=colour, lw=1.8, label=f"{name}: median over {len(runs)} runs{slope}")
+        if ttft:  # labelled on the plot: each legend entry costs more to draw than the data
+            first = float(np.median(ttft))
+            ax.plot([1], [first], "D" if name == "now" else "s", color=colour, ms=6)
+            ax.annotate(f"TTFT {first:.3g}", (1, first), xytext=(6, 4 if name == "now" else -8),
+                        textcoords="offset points", fontsize=6.5, color=colour)
+    for key, label in ITL_BUDGETS.items():
+        if key in budgets:
+            ax.axhline(budgets[key], color=BUDGET, ls="-.", lw=1.2, label=budget_label(key, budgets[key], "ms"))
+    ax.set_yscale("log")
+    bottom, top = ax.get_ylim()
+    ax.set_ylim(bottom, top * 1.4)  # room for the first-token marker
+    plain_log(ax.yaxis)
+    ax.set_xlabel("output token position (1 = first token, after prefill)")
+    ax.set_ylabel("latency of the token (ms, log)")
+    ax.set_title("Per-token latency timeline")
+    fig.legend(loc="lower center", ncols=2, fontsize=6.5)
+    return fig
+
+
+
+#: (id, caption, function, needs): the figures of one test, in page order.
+FIGURES = (
+    ("itl-ecdf", "Decode ITL distribution now vs baseline, p50/p95/p99 marked", itl_ecdf, "itl_ms"),
+    ("run-strips", "Per-run TTFT and TPOT now vs baseline (bar: median)", run_strips, "runs"),
+    ("token-timeline", "Per-token latency by output position: token 1 is the first token (TTFT median, diamond "
+     "now, square baseline), then each inter-token latency; shaded: p10-p90 of now's runs", token_timeline, "itl_ms"),
+    ("layer-bars", "Time per layer now vs baseline", layer_bars, "layers"),
+    ("roofline", "Roofline: achieved vs bound", roofline, "roofline"),
+)
+
+
+def figures_for(record: Mapping[str, Any]) -> Iterator[tuple[str, str, Any]]:
+    """The figures a record has data for: (id, caption, function)."""
+    for fig_id, caption, fn, needs in FIGURES:
+        if record.get(needs):
+            yield fig_id, caption, fn

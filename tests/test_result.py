@@ -1,0 +1,314 @@
+"""The typed result (judge/result.py): the JSON it writes reads back exactly, the JUnit
+properties and the terminal summary come from it (also across pytest-xdist), and the session
+and baseline files are checked against the published JSON Schemas."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from pytest_llmperf.baselines import store
+from pytest_llmperf.core.schema_check import ANNOTATIONS, KEYWORDS, SchemaViolation, load_schema, validate
+from pytest_llmperf.judge.verdict import Comparison
+from pytest_llmperf.judge.layer_diff import LayerChange
+from pytest_llmperf.judge.result import Figures, MeasurementResult, ResultError
+from pytest_llmperf.reports.session_file import load_session
+
+#: Two measurements (one labelled, one a load test) on a callable engine: fast and real.
+SUITE = """
+import json, pathlib, time
+import pytest
+
+def tokens(prompt, max_tokens):
+    for _ in range(max_tokens):
+        time.sleep(0.002)
+        yield "t"
+
+def keep(name, m):
+    seen = pathlib.Path(__file__).parent / "measured.json"
+    data = json.loads(seen.read_text()) if seen.exists() else {}
+    load = m.load
+    data[name] = dict(
+        label=m.label, model=m.engine.model, engine=m.engine.engine, prompt_tokens=m.prompt_tokens,
+        output_tokens=m.output_tokens, runs=m.n_runs, ttft_ms=m.ttft_ms, ttft_p95_ms=m.ttft_p95_ms,
+        prefill_ms=m.prefill_ms, prefill_tps=m.prefill_tps, tpot_ms=m.tpot_ms, decode_tps=m.decode_tps,
+        e2e_ms=m.e2e_ms, itl_count=m.itl.count, itl_p50_ms=m.itl.p50_ms, itl_p90_ms=m.itl.p90_ms,
+        itl_p95_ms=m.itl.p95_ms, itl_p99_ms=m.itl.p99_ms, itl_cv=m.itl.cv, native_prefill_ms=m.native_prefill_ms,
+        native_decode_ms_per_token=m.native_decode_ms_per_token, overhead_ms_per_token=m.overhead_ms_per_token,
+        load=None if load is None else dict(concurrency=load.concurrency, requests=load.n_requests,
+            failed_requests=load.n_failed, requests_per_s=load.requests_per_s, output_tps=load.output_tps,
+            goodput=load.goodput),
+    )
+    seen.write_text(json.dumps(data))
+
+@pytest.mark.llmperf(max_tokens=4, runs=3, warmup=0, min_tps=1e9, tpot_ms=1e6)
+def test_two(llmperf):
+    keep("test_two", llmperf.measure(engine=tokens))
+    keep("test_two[warm]", llmperf.measure(engine=tokens, label="warm"))
+"""
+
+#: A load test on a real server (the session's ``--llmperf-endpoint``): its figures come last.
+LOAD_SUITE = SUITE.split("@pytest.mark")[0] + """
+@pytest.mark.llmperf(prompt_tokens=8, max_tokens=4, requests=4, concurrency=2, warmup=0, ttft_ms=60000)
+def test_load(llmperf):
+    keep("test_load", llmperf.measure())
+"""
+
+NAMES = ["model", "engine", "prompt_tokens", "output_tokens", "runs", "ttft_ms", "ttft_p95_ms", "prefill_ms",
+         "prefill_tps", "tpot_ms", "decode_tps", "e2e_ms", "itl_count", "itl_p50_ms", "itl_p90_ms", "itl_p95_ms",
+         "itl_p99_ms", "itl_cv", "native_prefill_ms", "native_decode_ms_per_token", "overhead_ms_per_token", "budget"]
+LOAD_NAMES = ["concurrency", "requests", "failed_requests", "requests_per_s", "output_tps", "goodput"]
+
+
+def expected_properties(measured: dict, budgets: dict[str, str], verdicts: dict[str, list]) -> list[tuple[str, str]]:
+    """The JUnit properties as the plugin wrote them before the typed result: the figures in
+    this order (``budget``, then a load test's), ``baseline``, then ``verdict.<metric>``."""
+    out = []
+    for name, m in measured.items():
+        prefix = f"llmperf[{m['label']}]." if m["label"] else "llmperf."
+        values = {k: m[k] for k in NAMES[:-1]}
+        values["budget"] = budgets[name]
+        if m["load"] is not None:
+            values.update(m["load"])
+        out += [(prefix + k, str(v)) for k, v in values.items()]
+        if name in verdicts:
+            short, comparisons = verdicts[name]
+            out.append((prefix + "baseline", short))
+            out += [(f"{prefix}verdict.{metric}", verdict) for metric, verdict in comparisons]
+    return out
+
+
+def xml_properties(path: Path) -> list[tuple[str, str]]:
+    out = []
+    for case in ET.parse(path).getroot().iter("testcase"):
+        out += [(p.get("name"), p.get("value")) for p in case.iter("property")]
+    return out
+
+
+def run_inner(pytester: pytest.Pytester, *args: str, suite: str = SUITE) -> tuple[pytest.RunResult, Path]:
+    pytester.makepyfile(test_suite=suite)
+    seen = pytester.path / "measured.json"
+    seen.unlink(missing_ok=True)
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "-p", "no:cacheprovider", *args)
+    return result, seen
+
+
+@pytest.mark.parametrize("xdist", [False, True], ids=["one-process", "xdist"])
+def test_junit_properties_and_summary_come_from_the_result(pytester: pytest.Pytester, xdist: bool) -> None:
+    dist = ["-n", "2"] if xdist else []
+    result, _ = run_inner(pytester, "--llmperf-update-baselines", *dist)
+    assert result.ret == 1  # min_tps=1e9: over budget
+    result, seen = run_inner(pytester, "--junitxml=junit.xml", "--llmperf-json=session.json", *dist)
+    measured = json.loads(seen.read_text())
+    results = load_session(pytester.path / "session.json")
+    assert [r.test for r in results] == [f"test_suite.py::{n}" for n in measured]  # the order measured
+    by_name = {r.test.split("::")[1]: r for r in results}
+    verdicts = {n: (r.verdict.short, [(c.metric, c.verdict.value) for c in r.verdict.comparisons])
+                for n, r in by_name.items() if r.verdict is not None}
+    budgets = {"test_two": "FAIL min_tps", "test_two[warm]": "FAIL min_tps"}
+    assert xml_properties(pytester.path / "junit.xml") == expected_properties(measured, budgets, verdicts)
+    assert any(v[1] for v in verdicts.values())  # compared: the verdict properties are there
+    # The terminal summary's rows: from the same results (the controller's, under xdist).
+    out = result.stdout.str()
+    summary = out.split("llmperf summary")[1].split("llmperf baseline comparison")[0].splitlines()
+    for name in measured:
+        row = [line.split() for line in summary if line.startswith(name + " ")]
+        assert len(row) == 1 and row[0][-2:] == ["FAIL", "min_tps"], summary
+
+
+def test_junit_properties_of_a_load_test(pytester: pytest.Pytester, llmperf_server) -> None:
+    result, seen = run_inner(pytester, f"--llmperf-endpoint={llmperf_server.url}", "--junitxml=junit.xml",
+                             "--llmperf-budgets-only", suite=LOAD_SUITE)
+    result.assert_outcomes(passed=1)
+    measured = json.loads(seen.read_text())
+    assert measured["test_load"]["load"]["requests"] == 4
+    assert xml_properties(pytester.path / "junit.xml") == expected_properties(measured, {"test_load": "ok"}, {})
+    row = [line.split() for line in result.stdout.str().splitlines() if line.startswith("test_load ")]
+    assert len(row) == 1 and row[0][-1] == "ok"
+
+
+def test_session_file_round_trips_exactly_and_validates(pytester: pytest.Pytester) -> None:
+    import jsonschema
+    import referencing
+
+    run_inner(pytester, "--llmperf-update-baselines")
+    run_inner(pytester, "--llmperf-json=session.json")
+    doc = json.loads((pytester.path / "session.json").read_text())
+    for r in doc["results"]:
+        typed = MeasurementResult.from_json(r)
+        assert typed.to_json() == r
+        assert MeasurementResult.from_json(typed.to_json()) == typed
+        assert typed.verdict is not None and all(isinstance(c, Comparison) for c in typed.verdict.comparisons)
+    # The reference implementation agrees: the session file and the baseline files it compared with.
+    schemas = {n: load_schema(n) for n in ("session", "baselines")}
+    registry = referencing.Registry().with_resources(
+        (s["$id"], referencing.Resource.from_contents(s)) for s in schemas.values()
+    )
+    for name, schema in schemas.items():
+        jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.Draft202012Validator(schemas["session"], registry=registry).validate(doc)
+    baselines = list((pytester.path / "baselines").rglob("*.json"))
+    assert baselines
+    for path in baselines:
+        data = json.loads(path.read_text())
+        validate(data, "baselines")
+        jsonschema.Draft202012Validator(schemas["baselines"], registry=registry).validate(data)
+    # A session file of an older version (no figures, no breached budgets) still loads and compares.
+    for r in doc["results"]:
+        del r["figures"], r["breached_budgets"]
+    old = pytester.path / "old.json"
+    old.write_text(json.dumps(doc))
+    assert [r.test for r in load_session(old)] == [r["test"] for r in doc["results"]]
+    from pytest_llmperf.cli import main as cli_main
+
+    assert cli_main(["compare", str(old), str(pytester.path / "session.json"), "--columns", "all"]) in (0, 1)
+
+
+def test_the_validator_uses_only_keywords_it_knows_and_covers_the_dataclasses() -> None:
+    def walk(node):
+        if isinstance(node, dict):
+            yield node
+            for key, value in node.items():
+                if key not in ("properties", "$defs"):
+                    yield from walk(value)
+                else:
+                    for sub in value.values():
+                        yield from walk(sub)
+        elif isinstance(node, list):
+            for item in node:
+                yield from walk(item)
+
+    for name in ("session", "baselines"):
+        for node in walk(load_schema(name)):
+            assert set(node) <= KEYWORDS | ANNOTATIONS, (name, set(node) - KEYWORDS - ANNOTATIONS)
+    defs = load_schema("session")["$defs"]
+    for cls, definition in ((Comparison, "comparison"), (LayerChange, "layer_change"), (Figures, "figures")):
+        assert {f.name for f in dataclasses.fields(cls)} <= set(defs[definition]["properties"]), cls
+    assert {f.name for f in dataclasses.fields(MeasurementResult)} == set(defs["result"]["properties"])
+
+
+def entry() -> dict:
+    return {"runs": {"ttft_ms": [1.0, 2.0]}, "workload": {}, "subject": {}, "hardware": {}, "itl_ms": [[1.0]]}
+
+
+HOSTILE = [
+    # (what, edit of a valid session document, the line expected after "<file>: ")
+    ("wrong type", lambda d: d["results"][0]["record"]["runs"].update(ttft_ms=[1.0, "2"]),
+     "results[0].record.runs['ttft_ms'][1] is a string, not a number"),
+    ("missing key", lambda d: d["results"][0]["record"].pop("workload"), "results[0].record has no 'workload'"),
+    ("not finite", lambda d: d["results"][0]["record"]["runs"].update(ttft_ms=[float("nan")]),
+     "results[0].record.runs['ttft_ms'][0] is nan, not a finite number (JSON has none)"),
+    ("bad verdict", lambda d: d["results"][0].update(verdict={"status": 3}), "results[0].verdict.status is an integer, not a string"),
+    ("results not a list", lambda d: d.update(results={}), "results is an object, not an array"),
+]
+
+
+@pytest.mark.parametrize("what,edit,line", HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_a_hostile_session_file_is_one_line_and_stays_as_it_was(tmp_path: Path, what, edit, line) -> None:
+    from pytest_llmperf.baselines.store import BaselineError
+
+    doc = {"schema": "pytest-llmperf/session", "schema_version": 1, "created_at": None,
+           "results": [{"test": "t", "hardware_key": "hw", "record": entry()}]}
+    edit(doc)
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(doc))
+    before = path.read_bytes()
+    with pytest.raises(BaselineError) as caught:
+        load_session(path)
+    message = str(caught.value)
+    assert message == f"{path}: {line}; write the report again with pytest --llmperf-json"
+    assert path.read_bytes() == before
+
+
+def test_a_newer_session_file_says_upgrade(tmp_path: Path) -> None:
+    from pytest_llmperf.baselines.store import BaselineError
+
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"schema": "pytest-llmperf/session", "schema_version": 2, "results": []}))
+    with pytest.raises(BaselineError, match="newer pytest-llmperf; upgrade") as caught:
+        load_session(path)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "tests,line",
+    [
+        ({"t": {"hw": {**entry(), "runs": {"ttft_ms": "fast"}}}}, "tests['t']['hw'].runs['ttft_ms'] is a string, not an array"),
+        ({"t": {"hw": {"runs": {}}}}, "tests['t']['hw'] has no 'workload'"),
+        ({"t": []}, "tests['t'] is an array, not an object"),
+    ],
+)
+def test_a_hostile_baseline_file_is_one_line_and_stays_as_it_was(tmp_path: Path, tests, line) -> None:
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps({"schema": store.SCHEMA, "schema_version": 1, "tests": tests}))
+    before = path.read_bytes()
+    with pytest.raises(store.BaselineError) as caught:
+        store.load(path)
+    assert str(caught.value).startswith(f"{path}: {line}") and "\n" not in str(caught.value)
+    assert "re-record" in str(caught.value)
+    assert path.read_bytes() == before
+
+
+def test_from_json_gives_one_line_for_a_bad_document() -> None:
+    good = MeasurementResult(test="t::a", record=entry(), hardware_key="hw")
+    assert MeasurementResult.from_json(good.to_json()) == good
+    bad = good.to_json()
+    bad["figures"] = {"model": "m"}
+    with pytest.raises(ResultError, match=r"^result.figures has no 'engine'$"):
+        MeasurementResult.from_json(bad)
+    with pytest.raises(ResultError, match=r"^result is an array, not an object$"):
+        MeasurementResult.from_json([])
+
+
+def test_validator_agrees_with_jsonschema_on_hostile_documents() -> None:
+    import jsonschema
+    import referencing
+
+    schemas = {n: load_schema(n) for n in ("session", "baselines")}
+    registry = referencing.Registry().with_resources(
+        (s["$id"], referencing.Resource.from_contents(s)) for s in schemas.values()
+    )
+    checker = jsonschema.Draft202012Validator(schemas["session"], registry=registry)
+    base = {"schema": "pytest-llmperf/session", "schema_version": 1,
+            "results": [{"test": "t", "hardware_key": "hw", "record": entry()}]}
+    for what, edit, _ in HOSTILE:
+        if what == "not finite":
+            continue  # JSON has no NaN: jsonschema (on Python floats) does not judge it
+        doc = copy.deepcopy(base)
+        edit(doc)
+        with pytest.raises(SchemaViolation):
+            validate(doc, "session")
+        assert not checker.is_valid(doc)
+    validate(base, "session")
+    assert checker.is_valid(base)
+
+
+def test_a_session_file_written_before_the_typed_result_still_loads(tmp_path: Path, capsys) -> None:
+    """tests/data/session-before-typed-result.json: written by pytest-llmperf before this
+    change (a real session with per-layer timing), kept as it was."""
+    from pytest_llmperf.cli import main as cli_main
+
+    path = Path(__file__).parent / "data" / "session-before-typed-result.json"
+    doc = json.loads(path.read_text())
+    results = load_session(path)
+    assert [r.test for r in results] == [r["test"] for r in doc["results"]]
+    assert all(r.figures is None and r.verdict is not None and len(r.verdict.comparisons) == 5 for r in results)
+    assert len(results[0].verdict.layer_changes) == 10 and isinstance(results[0].verdict.layer_changes[0], LayerChange)
+
+    def without_lines(d: dict) -> dict:
+        d = copy.deepcopy(d)
+        for c in d["verdict"]["comparisons"]:
+            del c["line"]  # written before the session's Holm step: recomputed now
+        return d
+
+    for typed, old in zip(results, doc["results"]):
+        new = typed.to_json()
+        assert new.pop("figures") is None and new.pop("breached_budgets") == []
+        assert without_lines(new) == without_lines(old)
+    assert cli_main(["compare", str(path), str(path)]) == 0
+    assert "0 regression(s) in 2 compared measurement(s)" in capsys.readouterr().out
