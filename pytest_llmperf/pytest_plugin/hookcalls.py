@@ -29,7 +29,7 @@ def fingerprint(config: Any, hardware: dict[str, Any], subject: dict[str, Any], 
 
 def result(config: Any, item: Any, r: Any) -> Any:
     """The result to report: ``pytest_llmperf_result``'s replacement, else ``r``."""
-    from .fixture import Result
+    from ..session.results import Result
 
     new = config.hook.pytest_llmperf_result(config=config, item=item, result=r)
     if new is None:

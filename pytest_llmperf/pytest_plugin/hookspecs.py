@@ -38,7 +38,7 @@ def pytest_llmperf_result(config: Any, item: Any, result: Any) -> Any:
     Called once per measurement (each ``llmperf.measure()``, the automatic one included) when
     the test's call report is made: after its budgets and baseline verdict are known, before
     the terminal section, JUnit properties, ``--llmperf-json``/HTML/Markdown reports and
-    ``--llmperf-update-baselines`` see it. ``result`` is a frozen ``fixture.Result``
+    ``--llmperf-update-baselines`` see it. ``result`` is a frozen ``session.results.Result``
     (``measurement``, ``failure``, ``baseline``, ``budgets``, ``extra_info``).
 
     Return None to keep it, or a replacement (``dataclasses.replace(result, ...)``): e.g.
