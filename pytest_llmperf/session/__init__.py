@@ -172,6 +172,9 @@ class Session:
         return self.outputs
 
     def summary(self, verbosity: int, width: int) -> list["Line"]:
+        """The terminal summary's llmperf lines (none, and nothing imported, when nothing ran)."""
+        if self.outputs is None and not self.rows and not self.suite_failures:
+            return []
         from .summary import summary
 
         return summary(self.settings, self.rows, self.results, self.outputs, self.suite_failures,
