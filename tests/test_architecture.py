@@ -121,3 +121,14 @@ def test_no_public_name_is_shadowed_by_a_subpackage():
 
     packages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
     assert not packages & set(pytest_llmperf.__all__)
+
+
+def test_no_private_name_is_imported_from_another_module():
+    """A leading underscore means "this module's own": another module that needs it needs a
+    public name (tests/test_engine.py checks that no module reads an engine's private attributes)."""
+    reached = []
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("pytest_llmperf")):
+                reached += [f"{name}: {a.name}" for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    assert reached == []

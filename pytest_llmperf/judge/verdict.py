@@ -14,7 +14,7 @@ import dataclasses
 import enum
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -96,16 +96,6 @@ class Comparison:
     @property
     def change_pct(self) -> float:
         return (self.ratio - 1.0) * 100.0
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain data (the session JSON, pytest-xdist's wire), with the verdict's name and line."""
-        return {**dataclasses.asdict(self), "verdict": self.verdict.value, "line": self.line()}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "Comparison":
-        """The inverse of ``dataclasses.asdict`` (results cross pytest-xdist's wire as dicts)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names and k != "verdict"}, verdict=Verdict(d["verdict"]))
 
     @property
     def failed(self) -> bool:
