@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 
 from .common import add_setting, positive_int
 
@@ -79,11 +78,9 @@ def run(args: argparse.Namespace) -> int:
         endpoint, model = args.endpoint, args.model
         if args.serve:
             from ..engines.servers import LLAMA_SERVER_PARALLEL, serve, serve_llama_server
-            from ..models.synthetic import PRESETS, ensure_model
+            from ..models.synthetic import model_path
 
-            preset = args.serve in PRESETS and not os.path.exists(args.serve)
-            path = ensure_model(args.serve) if preset else args.serve
-            alias = f"synthetic-{args.serve}" if preset else None
+            path, alias = model_path(args.serve)
             if args.server == "llama-server":
                 parallel = args.parallel or max(LLAMA_SERVER_PARALLEL, *args.concurrency)
                 server = stack.enter_context(
@@ -96,14 +93,7 @@ def run(args: argparse.Namespace) -> int:
                 f"llmperf: serving {path} with {server.kind} at {endpoint}, threads {server.n_threads}, "
                 f"{server.parallel} slot(s)"
             )
-        engine = HttpEngine(
-            endpoint,
-            model=model,
-            api=args.api,
-            api_key_env=args.api_key_env,
-            request_timeout_s=args.request_timeout,
-            token_timeout_s=args.token_timeout,
-        )
+        engine = HttpEngine.from_settings(endpoint, args, model)
         stack.callback(engine.close)
         pace = f"Poisson arrivals at {args.rate:g}/s" if args.rate else "closed loop"
         print(

@@ -110,6 +110,20 @@ class HttpEngine:
         self._token_count: set[str] = set()
         self._metrics_missing = False
 
+    @classmethod
+    def from_settings(cls, endpoint: str, settings: Any, model: str | None) -> "HttpEngine":
+        """The engine the endpoint settings describe (``api``, ``api_key_env``,
+        ``request_timeout``, ``token_timeout``: the settings table's names), read from the
+        pytest session's settings or the ``llmperf load`` arguments alike."""
+        return cls(
+            endpoint,
+            model=model,
+            api=settings.api,
+            api_key_env=settings.api_key_env,
+            request_timeout_s=settings.request_timeout,
+            token_timeout_s=settings.token_timeout,
+        )
+
     def __repr__(self) -> str:
         return f"HttpEngine({self.url!r}, model={self.model!r})"
 

@@ -104,16 +104,13 @@ class EnginePool:
 
 def load_config(config: EngineConfig) -> Any:
     """A LlamaCppEngine for ``config`` (a preset name is written once, then cached)."""
-    from pathlib import Path
-
-    from ..models.synthetic import PRESETS, ensure_model
+    from ..models.synthetic import model_path
     from .llama_cpp import LlamaCppEngine
 
-    preset = config.model in PRESETS and not Path(config.model).exists()
-    path: str | Path = ensure_model(config.model) if preset else config.model
+    path, name = model_path(config.model)
     return LlamaCppEngine(
         path, n_ctx=config.n_ctx, n_threads=config.threads, n_batch=config.n_batch,
-        n_gpu_layers=config.n_gpu_layers, name=f"synthetic-{config.model}" if preset else Path(config.model).stem,
+        n_gpu_layers=config.n_gpu_layers, name=name or path.stem,
         n_ubatch=config.n_ubatch, flash_attn=config.flash_attn, type_k=config.type_k, type_v=config.type_v,
         use_mmap=config.mmap, use_mlock=config.mlock, sample=config.sample,
     )

@@ -222,6 +222,18 @@ def default_cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("pytest-llmperf"))
 
 
+def preset_of(model: str) -> str | None:
+    """The preset ``model`` names, unless a file of that name exists (a file wins)."""
+    return model if model in PRESETS and not Path(model).exists() else None
+
+
+def model_path(model: str) -> tuple[Path, str | None]:
+    """The GGUF a model setting names, and its display name when it is a preset
+    ("synthetic-tiny"; None for a file): a preset's model is written once, then cached."""
+    preset = preset_of(model)
+    return (ensure_model(preset), f"synthetic-{preset}") if preset else (Path(model), None)
+
+
 def ensure_model(spec: ModelSpec | str, cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """Path of the cached GGUF for ``spec`` (a ModelSpec or a preset name), writing it once."""
     if isinstance(spec, str):

@@ -16,6 +16,7 @@ from typing import Any, Callable
 from . import breakdown
 from ..core.catalog import METRICS, SUMMARY
 from ..core.numbers import fmt
+from ..core.settings import ENGINE_DEFAULTS
 
 PROFILE_SCHEMA = "pytest-llmperf/profile"
 PROFILE_SCHEMA_VERSION = 1
@@ -31,13 +32,12 @@ def resolve_model(model: str | None) -> tuple[Path, str]:
     """(GGUF path, display name): a preset name (or nothing: the embedded default) is written once."""
     from ..engines.llama_cpp_native import check_gguf
     from ..core.settings import DEFAULT_MODEL
-    from ..models.synthetic import PRESETS, ensure_model
+    from ..models.synthetic import model_path
 
-    name = model or DEFAULT_MODEL
-    if name in PRESETS and not Path(name).exists():
-        return ensure_model(name), f"synthetic-{name}"
-    path = check_gguf(name)
-    return path, path.stem
+    path, name = model_path(model or DEFAULT_MODEL)
+    if name is None:
+        path = check_gguf(str(path))
+    return path, name or path.stem
 
 
 def profile(
@@ -50,7 +50,7 @@ def profile(
     threads: int | None = None,
     n_gpu_layers: int = 0,
     n_ctx: int | None = None,
-    n_batch: int = 512,
+    n_batch: int = ENGINE_DEFAULTS["n_batch"],
     peak_bw_gbs: float | None = None,
     peak_tflops: float | None = None,
     reprobe_peaks: bool = False,

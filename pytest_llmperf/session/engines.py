@@ -20,14 +20,7 @@ def load_engine(settings: EngineSettings) -> Any:
     if settings.endpoint:
         from ..engines.http import HttpEngine
 
-        return HttpEngine(
-            settings.endpoint,
-            model=settings.api_model,
-            api=settings.api,
-            api_key_env=settings.api_key_env,
-            request_timeout_s=settings.request_timeout,
-            token_timeout_s=settings.token_timeout,
-        )
+        return HttpEngine.from_settings(settings.endpoint, settings, settings.api_model)
     from ..engines.llama_cpp import LlamaCppEngine
     from ..models.synthetic import ensure_model
 
