@@ -176,7 +176,7 @@ class LLMPerfHooks:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         outputs = self.session.finish(os.environ)
         if outputs is not None and outputs.failed and session.exitstatus == pytest.ExitCode.OK:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a baseline asked for was not written
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a file asked for was not written
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         width = marks.terminal_width(self.config)

@@ -1,7 +1,9 @@
 """The end of a session, in the process that owns it (never an xdist worker): baselines
 written when asked, the history appended, the JSON/HTML/Markdown reports and the CI step
-summary. A file that cannot be written costs one line; a baseline that cannot be written
-also fails the session (``Outputs.failed``), its old file left as it was."""
+summary. A file that cannot be written costs one line. A file the session was asked for (a
+baseline under ``--llmperf-update-baselines``, the JSON, HTML or Markdown report) also fails
+the session (``Outputs.failed``): CI must not pass with its evidence missing. A baseline's old
+file is left as it was. The history and GitHub's step summary cost their line only."""
 
 from __future__ import annotations
 
@@ -23,14 +25,15 @@ class Outputs:
     written: list[tuple[Path, Path | None]] = field(default_factory=list)  # baseline file, moved-aside copy
     write_errors: list[str] = field(default_factory=list)
     baseline_errors: list[str] = field(default_factory=list)
+    report_errors: list[str] = field(default_factory=list)  # --llmperf-json / -markdown
     history_line: str | None = None
     html_written: Path | None = None
     html_error: str | None = None
 
     @property
     def failed(self) -> bool:
-        """A baseline asked for (``--llmperf-update-baselines``) was not written: the session fails."""
-        return bool(self.baseline_errors)
+        """A file asked for was not written: the session fails."""
+        return bool(self.baseline_errors or self.report_errors or self.html_error)
 
 
 def write_file(path: Path, text: str, errors: list[str]) -> None:
@@ -66,7 +69,7 @@ def finish(
             s.history, html_results, started_at, s.rootdir, s.compare, trends=bool(s.html)
         )
     if s.json:
-        write_file(Path(s.json), session_file.session_json(results, started_at, ab=list(ab_results)), out.write_errors)
+        write_file(Path(s.json), session_file.session_json(results, started_at, ab=list(ab_results)), out.report_errors)
     md_extra: list[str] = []
     if s.html:
         from ..reports import html
@@ -78,7 +81,7 @@ def finish(
             out.html_error = f"llmperf: HTML report not written: {exc}"
     md = session_file.markdown(results, md_extra, budgets_gate=s.budgets_gate) if results else ""
     if s.markdown and md:
-        write_file(Path(s.markdown), md, out.write_errors)
+        write_file(Path(s.markdown), md, out.report_errors)
     if step_summary and md:
         step_extra = [f"Plots: HTML report `{s.html}` (keep it as a CI artifact)."] if out.html_written else []
         try:

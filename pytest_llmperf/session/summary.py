@@ -28,13 +28,17 @@ def summary(
         lines += [("line", line) for line in out.baseline_errors]
         if out.baseline_errors:
             lines.append(("line", f"llmperf: {len(out.baseline_errors)} baseline file(s) not written: the session fails"))
-        lines += [("line", line) for line in out.write_errors]
-        if out.history_line and (verbosity >= 0 or "not written" in out.history_line):
-            lines.append(("line", out.history_line))
+        lines += [("line", line) for line in out.report_errors]
         if out.html_error:
             lines.append(("line", out.html_error))
         elif out.html_written:
             lines.append(("line", f"llmperf: HTML report written to {out.html_written}"))
+        if out.report_errors or out.html_error:
+            n = len(out.report_errors) + bool(out.html_error)
+            lines.append(("line", f"llmperf: {n} report file(s) not written: the session fails"))
+        lines += [("line", line) for line in out.write_errors]
+        if out.history_line and (verbosity >= 0 or "not written" in out.history_line):
+            lines.append(("line", out.history_line))
     if suite_failures:
         lines.append(("alarm", "llmperf: slower than the rest of the suite (fails the session)"))
         lines += [("line", line) for line in suite_failures]
