@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from pytest_llmperf.judge.regression import CompareSettings, judge
-from pytest_llmperf.judge.result import VerdictRecord
+from pytest_llmperf.judge.result import MeasurementResult, VerdictRecord
 
 SUITE = """
 import pytest
@@ -85,7 +85,7 @@ def main() -> int:
         os.environ.setdefault("LLMPERF_CACHE_DIR", str(Path(__file__).resolve().parent.parent / ".llmperf-cache"))
         base = real_result(Path(tmp))
         rng = np.random.default_rng(0)
-        results = [resampled(base, i, rng) for i in range(args.tests)]
+        results = [MeasurementResult.from_json(resampled(base, i, rng)) for i in range(args.tests)]
         started, cpu = time.perf_counter(), _cpu_seconds()
         page = render_html(results, created_at="benchmark")
         seconds, cpu = time.perf_counter() - started, _cpu_seconds() - cpu

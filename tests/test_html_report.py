@@ -12,7 +12,7 @@ import re
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -23,6 +23,7 @@ import pytest
 from inner import chromium, outpace
 from pytest_llmperf.reports import figures, html as html_report
 from pytest_llmperf.cli import main as cli_main
+from pytest_llmperf.judge.result import MeasurementResult
 
 SUITE = """
 import pytest
@@ -238,26 +239,30 @@ def _record(scale: float = 1.0) -> dict:
 
 
 def test_layer_and_roofline_figures_when_the_record_has_them() -> None:
-    result = {"test": "t.py::test_layers", "record": _record(1.3), "baseline_record": _record(), "budget": "ok",
-              "budgets": {"p99_ms": 2.0, "tpot_ms": 1.0, "min_mbu": 0.5}, "verdict": None}
+    result = MeasurementResult("t.py::test_layers", record=_record(1.3), baseline_record=_record(), budget="ok",
+                               budgets={"p99_ms": 2.0, "tpot_ms": 1.0, "min_mbu": 0.5})
     section = html_report.test_section(0, result)
     found = outline(section).sections["t.py::test_layers"]
     assert found == PER_TEST_FIGURES | {"layer-bars", "roofline"}
     assert "median + 5 x MAD" in section and f"fill: {figures.BUDGET}" in section  # outlier layer in red
     assert "MBU 80%" in section and "memory-bound" in section and "budget p99_ms=2 ms" in section
     assert "budget min_mbu=0.5 of peak bandwidth" in section  # the MBU floor on the roofline
-    without = html_report.test_section(0, {**result, "record": {k: v for k, v in _record().items()
-                                                                    if k not in ("layers", "roofline")}})
+    without = html_report.test_section(0, replace(result, record={k: v for k, v in _record().items()
+                                                                  if k not in ("layers", "roofline")}))
     assert outline(without).sections["t.py::test_layers"] == PER_TEST_FIGURES
 
 
 def test_parallel_sections_match_sequential(monkeypatch: pytest.MonkeyPatch) -> None:
     """Big reports draw in worker processes; the page must not depend on it."""
-    results = [{"test": f"t.py::test_{i}", "record": _record(1 + i / 10), "baseline_record": _record(), "budgets": {},
-                "budget": "-", "verdict": None} for i in range(3)]
-    sequential = html_report.test_sections(results, workers=1)
+    results = [MeasurementResult(f"t.py::test_{i}", record=_record(1 + i / 10), baseline_record=_record())
+               for i in range(3)]
+    trend = {"test": "t.py::test_2", "metric": "tpot_ms", "label": "decode TPOT", "unit": "ms",
+             "points": [[0.6, 0.55, 0.65, "abc1234"], [0.7, 0.66, 0.74, "def5678"]], "steps": []}
+    trends = {"t.py::test_2": [trend]}  # beside the results, as the history gives it
+    sequential = html_report.test_sections(results, workers=1, trends=trends)
+    assert ['data-figure="trend"' in s for s in sequential] == [False, False, True]
     monkeypatch.setattr(html_report, "PARALLEL_FROM", 1)
-    assert html_report.test_sections(results, workers=2) == sequential
+    assert html_report.test_sections(results, workers=2, trends=trends) == sequential
 
 
 def test_without_matplotlib_a_one_line_message(

@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     results = load_session(args.session)
     created = json.loads(Path(args.session).read_text(encoding="utf-8")).get("created_at")
     try:
-        page = render_html([r.to_json() for r in results], created if isinstance(created, str) else None, workers=args.jobs)
+        page = render_html(results, created if isinstance(created, str) else None, workers=args.jobs)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
         raise ConfigError(
             f"{args.session} is not a usable session report ({type(exc).__name__}: {exc}); "

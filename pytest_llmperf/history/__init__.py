@@ -10,9 +10,12 @@ the between-session levels the verdicts can use), ``changepoints`` (E-divisive m
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from .location import Location
+
+if TYPE_CHECKING:
+    from ..judge.result import MeasurementResult
 
 
 def append_session(
@@ -27,30 +30,31 @@ def append_session(
 
 def keep(
     loc: Location,
-    results: Sequence[Mapping[str, Any]],
+    results: Sequence["MeasurementResult"],
     started_at: str,
     rootdir: Path | str,
     compared: bool,
     *,
     trends: bool = False,
-) -> tuple[str, Sequence[Mapping[str, Any]]]:
+) -> tuple[str, dict[str, list[dict[str, Any]]]]:
     """The plugin's end-of-session step: append, then (``trends``) read each test's recent
-    trend back for the HTML report. Returns the line to print and the results for the report;
-    a history that cannot be written costs that line, never the session's outcome."""
+    trend back for the HTML report. Returns the line to print and the trends (``{result.test:
+    [trends.trend_data]}``, empty when not read); a history that cannot be written costs that
+    line, never the session's outcome."""
     from .store import HistoryError
 
     try:
-        session_id = append_session(loc, results, started_at, rootdir, compared)
+        session_id = append_session(loc, [r.to_json() for r in results], started_at, rootdir, compared)
     except HistoryError as exc:
-        return f"llmperf: history not written: {exc}", results
+        return f"llmperf: history not written: {exc}", {}
     except (KeyError, TypeError, ValueError) as exc:  # a result the history cannot hold: say so, end the session
-        return f"llmperf: history not written: unusable result ({type(exc).__name__}: {exc}); nothing was appended", results
+        return f"llmperf: history not written: unusable result ({type(exc).__name__}: {exc}); nothing was appended", {}
     line = f"llmperf: history: session #{session_id} ({len(results)} measurement(s)) appended to {loc.display}"
     if not trends:
-        return line, results
+        return line, {}
     from .trends import attach
 
     try:
         return line, attach(results, loc)
     except HistoryError as exc:
-        return f"{line}; trends not read: {exc}", results
+        return f"{line}; trends not read: {exc}", {}

@@ -7,12 +7,15 @@ from __future__ import annotations
 import csv
 import re
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..core.catalog import METRICS
 from ..core.tables import render_table
 from .detect import Step, steps
 from .series import Series
+
+if TYPE_CHECKING:
+    from ..judge.result import MeasurementResult
 
 #: Sessions drawn in the pytest HTML report's per-test trend.
 RECENT_SESSIONS = 20
@@ -60,22 +63,28 @@ def _step_text(st: Step) -> str:
 
 
 
-def attach(results: Sequence[Mapping[str, Any]], loc: Any, last: int = RECENT_SESSIONS) -> list[dict[str, Any]]:
-    """Copies of the session's results with each test's recent trend (``"trend"``: TTFT and
-    TPOT over its last ``last`` sessions on this hardware), for the HTML report."""
+def attach(
+    results: Sequence["MeasurementResult"], loc: Any, last: int = RECENT_SESSIONS
+) -> dict[str, list[dict[str, Any]]]:
+    """Each test's recent trend, for the HTML report beside the results: ``{result.test:
+    [trend_data of TTFT, of TPOT]}`` over its last ``last`` sessions on this hardware (a test
+    with fewer than two sessions has none)."""
     from .series import read_series
 
-    wanted = {(r.get("nodeid") or r["test"], r.get("label") or "", r["hardware_key"]) for r in results}
+    def key_of(r: "MeasurementResult") -> tuple[str, str, str]:
+        return (r.nodeid or r.test, r.label, r.hardware_key)
+
+    wanted = {key_of(r) for r in results}
     found: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for s in read_series(loc, metrics=("ttft_ms", "tpot_ms"), last=last):
         key = (s.test, s.label, s.hardware_key)
         if key in wanted and len(s.points) >= 2:
             found.setdefault(key, []).append(trend_data(s, steps(s)))
-    out = []
+    out = {}
     for r in results:
-        key = (r.get("nodeid") or r["test"], r.get("label") or "", r["hardware_key"])
-        trend = sorted(found.get(key, []), key=lambda t: t["metric"], reverse=True)  # ttft_ms, then tpot_ms
-        out.append({**r, "trend": trend} if trend else dict(r))
+        trend = sorted(found.get(key_of(r), []), key=lambda t: t["metric"], reverse=True)  # ttft_ms, then tpot_ms
+        if trend:
+            out[r.test] = trend
     return out
 
 

@@ -2,9 +2,10 @@
 
 Nothing is fetched at view time: styles sit in one ``<style>`` element and every figure is
 inline SVG whose ids are prefixed per figure (many SVGs share one document). Verdicts carry
-a word and a symbol besides their colour. Input is the results' JSON (``MeasurementResult.to_json()``,
-the session report's entries; ``schemas/session.schema.json``), so the plugin (``--llmperf-html``)
-and ``llmperf report`` produce the same page, and the figure workers get it as it is.
+a word and a symbol besides their colour. Input: typed results (``judge.result.MeasurementResult``)
+and, beside them, the history's recent trend per test, so the plugin (``--llmperf-html``) and
+``llmperf report`` (results rebuilt from the session file) draw the same page; figure workers
+get the results' JSON and rebuild them. Metric rows and cells are the catalog's.
 """
 
 from __future__ import annotations
@@ -18,13 +19,23 @@ import sys
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from . import figures, overview_figure, record_figures
 from ..core.numbers import fmt
-from ..core.catalog import BUDGETS, is_ceiling
+from ..core.catalog import BUDGETS, SUMMARY, SummaryField, is_ceiling
 from ..core.settings import usable_cpus
+from ..judge.result import MeasurementResult, VerdictRecord
 from .session_file import COMPARISON_HEADERS, metric_label
+
+if TYPE_CHECKING:
+    from ..judge.verdict import Comparison
+
+#: The verdict of a result that has none (not compared).
+NOT_COMPARED = VerdictRecord("not compared")
+
+#: The history's recent trend of a test (``history.trends.attach``): ``{result.test: [trend_data]}``.
+Trends = Mapping[str, Sequence[Mapping[str, Any]]]
 
 #: verdict word -> (css class, symbol); the word is always printed next to the colour.
 STATES = {
@@ -63,14 +74,14 @@ def _e(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
-def state_of(result: Mapping[str, Any]) -> str:
+def state_of(result: MeasurementResult) -> str:
     """One word for a test: REGRESSION, OVER BUDGET, then the baseline verdict's word."""
-    verdict = result.get("verdict") or {}
-    if verdict.get("failures"):
+    verdict = result.verdict or NOT_COMPARED
+    if verdict.failures:
         return "REGRESSION"
-    if result.get("budget") == "FAIL":
+    if result.budget == "FAIL":
         return "OVER BUDGET"
-    short = verdict.get("short") or "not compared"
+    short = verdict.short or "not compared"
     return short.split()[0] if short.split()[0] in STATES else short
 
 
@@ -79,10 +90,10 @@ def badge(word: str, text: str | None = None) -> str:
     return f'<span class="badge {css}">{symbol} {_e(text or word)}</span>'
 
 
-def test_badge(result: Mapping[str, Any]) -> str:
+def test_badge(result: MeasurementResult) -> str:
     """The test's word, with the verdict's detail when it has one (``REGRESSION decode``)."""
     word = state_of(result)
-    short = (result.get("verdict") or {}).get("short") or ""
+    short = (result.verdict or NOT_COMPARED).short
     return badge(word, short if short.startswith(word) or word not in ("REGRESSION", "OVER BUDGET") else word)
 
 
@@ -108,10 +119,10 @@ def budget_value(record: Mapping[str, Any], key: str) -> float | None:
     return None if budget is None else budget.from_record(record)
 
 
-def _budget_rows(result: Mapping[str, Any]) -> list[list[str]]:
+def _budget_rows(budgets: Mapping[str, float], record: Mapping[str, Any]) -> list[list[str]]:
     rows = []
-    for key, limit in sorted((result.get("budgets") or {}).items()):
-        value = budget_value(result["record"], key)
+    for key, limit in sorted(budgets.items()):
+        value = budget_value(record, key)
         floor = key in BUDGETS and not is_ceiling(key)
         ok = value is not None and (value >= limit if floor else value <= limit)
         rows.append([_e(key), ("&ge; " if floor else "&le; ") + _e(fmt(limit)),
@@ -120,26 +131,37 @@ def _budget_rows(result: Mapping[str, Any]) -> list[list[str]]:
     return rows
 
 
-def _comparison_rows(verdict: Mapping[str, Any]) -> list[list[str]]:
+def _comparison_rows(comparisons: Sequence["Comparison"]) -> list[list[str]]:
     rows = []
-    for c in verdict.get("comparisons", []):
-        ci = (f"{(c['ci_low'] - 1) * 100:+.1f}..{(c['ci_high'] - 1) * 100:+.1f}%"
-              if c.get("ci_low") is not None and c.get("ci_high") is not None else "n/a")
-        p = c.get("p_adjusted") if c.get("p_adjusted") is not None else c.get("p_value")
+    for c in comparisons:
+        ci = (f"{(c.ci_low - 1) * 100:+.1f}..{(c.ci_high - 1) * 100:+.1f}%"
+              if c.ci_low is not None and c.ci_high is not None else "n/a")
+        p = c.p_adjusted if c.p_adjusted is not None else c.p_value
         rows.append([
-            _e(metric_label(c["label"], c["phase"], c["unit"])), _e(fmt(c["baseline_value"])), _e(fmt(c["candidate_value"])),
-            _e(f"{(c['ratio'] - 1) * 100:+.1f}%"), _e(ci), "n/a" if p is None else _e(f"{p:.3g}"),
-            f'<span title="{_e(c.get("reason", ""))}">{badge(c["verdict"])}</span>',
+            _e(metric_label(c.label, c.phase, c.unit)), _e(fmt(c.baseline_value)), _e(fmt(c.candidate_value)),
+            _e(f"{(c.ratio - 1) * 100:+.1f}%"), _e(ci), "n/a" if p is None else _e(f"{p:.3g}"),
+            f'<span title="{_e(c.reason)}">{badge(c.verdict.value)}</span>',
         ])
     return rows
 
 
+#: The summary figures (``catalog.SUMMARY`` keys) of an uncompared test's "now" table, and
+#: those of the session summary's row (headed ``SummaryField.header``).
+NOW_FIGURES = ("ttft_ms", "prefill_tps", "tpot_ms", "decode_tps", "itl_p50_ms", "itl_p95_ms", "itl_p99_ms")
+SUMMARY_FIGURES = ("ttft_ms", "decode_tps", "itl_p95_ms")
+
+
+def now_label(f: SummaryField) -> str:
+    """``TTFT median`` (the median's budget label, which names the phase), else the field's own
+    label (``ITL p95``)."""
+    median = next((b for b in BUDGETS.values() if b.metric == f.metric and b.statistic == "median"), None)
+    return median.label if median is not None and f.reader is None and f.key == f.metric else f.label
+
+
 def _now_rows(record: Mapping[str, Any]) -> list[list[str]]:
     s = record.get("summary", {})
-    names = (("TTFT median", "ttft_ms", "ms"), ("prefill TPS median", "prefill_tps", "t/s"),
-             ("decode TPOT median", "tpot_ms", "ms"), ("decode TPS median", "decode_tps", "t/s"),
-             ("ITL p50", "itl_p50_ms", "ms"), ("ITL p95", "itl_p95_ms", "ms"), ("ITL p99", "itl_p99_ms", "ms"))
-    return [[label, unit, "n/a" if s.get(k) is None else fmt(s[k])] for label, k, unit in names]
+    fields = [SUMMARY[k] for k in NOW_FIGURES]
+    return [[now_label(f), f.unit, "n/a" if s.get(f.key) is None else fmt(s[f.key])] for f in fields]
 
 
 def _env(record: Mapping[str, Any]) -> str:
@@ -155,32 +177,33 @@ def _figure_html(fig_id: str, caption: str, svg: str, prefix: str) -> str:
             f"<figcaption>{_e(caption)}</figcaption></figure>")
 
 
-def test_section(index: int, result: Mapping[str, Any]) -> str:
-    record = result["record"]
-    baseline = result.get("baseline_record")
-    verdict = result.get("verdict") or {}
-    budgets = result.get("budgets") or {}
+def test_section(index: int, result: MeasurementResult, trend: Sequence[Mapping[str, Any]] = ()) -> str:
+    """One test's section; ``trend``: its recent sessions from the history (``Trends``)."""
+    record = result.record or {}
+    baseline = result.baseline_record
+    verdict = result.verdict or NOT_COMPARED
+    budgets = result.budgets
     word = state_of(result)
-    parts = [f'<section class="test" id="test-{index}" data-test="{_e(result["test"])}" data-state="{_e(word)}">',
-             f"<h2>{_e(result['test'])} {test_badge(result)}</h2>"]
+    parts = [f'<section class="test" id="test-{index}" data-test="{_e(result.test)}" data-state="{_e(word)}">',
+             f"<h2>{_e(result.test)} {test_badge(result)}</h2>"]
     w = record.get("workload", {})
     parts.append(f'<p class="notes">{_e(w.get("prompt_tokens", "?"))} prompt tokens, {_e(w.get("max_tokens", "?"))} '
                  f'generated per run, {_e(record.get("summary", {}).get("n_runs", "?"))} runs; '
-                 f'baseline: {"compared" if baseline else _e(verdict.get("status", "not compared"))}</p>')
-    notes = list(verdict.get("failures") or [])
-    if verdict.get("note"):
-        notes.append(verdict["note"])
-    if verdict.get("changes"):
-        notes.append("changed since the baseline: " + ", ".join(verdict["changes"]))
+                 f'baseline: {"compared" if baseline else _e(verdict.status)}</p>')
+    notes = list(verdict.failures)
+    if verdict.note:
+        notes.append(verdict.note)
+    if verdict.changes:
+        notes.append("changed since the baseline: " + ", ".join(verdict.changes))
     notes += list((record.get("stability") or {}).get("warnings") or [])
     if notes:
         parts.append('<ul class="notes">' + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
-    rows = _comparison_rows(verdict)
+    rows = _comparison_rows(verdict.comparisons)
     if rows:
         parts.append(_table(COMPARISON_HEADERS[1:], rows, raw=True))
     else:
         parts.append(_table(("metric", "unit", "now"), _now_rows(record)))
-    budget_rows = _budget_rows(result)
+    budget_rows = _budget_rows(budgets, record)
     if budget_rows:
         parts.append(_table(("budget", "limit", "measured", "status"), budget_rows, raw=True))
     plots = []
@@ -189,39 +212,38 @@ def test_section(index: int, result: Mapping[str, Any]) -> str:
         if fig_id == "layer-bars" and record["layers"].get("outlier_rule"):
             caption += f"; outlier layers in red: {record['layers']['outlier_rule']}"
         plots.append(_figure_html(fig_id, caption, svg, f"t{index}f{n}-"))
-    if result.get("trend"):  # the history's recent sessions (history/trends.attach)
+    if trend:  # the history's recent sessions (history/trends.attach)
         from .trend_figure import trend_figure
 
         plots.append(_figure_html("trend", "Recent trend: level per session with its 95% CI (the last is this "
-                                  "session); dashed: change points", figures.render(trend_figure, result["trend"]),
+                                  "session); dashed: change points", figures.render(trend_figure, trend),
                                   f"t{index}tr-"))
     parts.append('<div class="plots">' + "".join(plots) + "</div></section>")
     return "\n".join(parts)
 
 
-def summary_section(results: Sequence[Mapping[str, Any]], created_at: str | None) -> str:
+def summary_section(results: Sequence[MeasurementResult], created_at: str | None) -> str:
     states = Counter(state_of(r) for r in results)
     order = list(STATES)  # the worst first
     ranked = sorted(states.items(), key=lambda item: (order.index(item[0]) if item[0] in order else len(order), item[0]))
     counts = " ".join(badge(word, f"{n} {word}") for word, n in ranked)
     rows = []
     for i, r in enumerate(results):
-        s = r["record"].get("summary", {})
-        verdict = r.get("verdict") or {}
-        cells = ["n/a" if s.get(k) is None else _e(fmt(s[k])) for k in ("ttft_ms", "decode_tps", "itl_p95_ms")]
-        rows.append([f'<a href="#test-{i}">{_e(r["test"])}</a>', test_badge(r), _e(r.get("budget", "-")), *cells,
-                     _e(", ".join(verdict.get("changes") or [])) or "-"])
-    changes = Counter(c for r in results for c in ((r.get("verdict") or {}).get("changes") or []))
+        s = (r.record or {}).get("summary", {})
+        cells = ["n/a" if s.get(k) is None else _e(fmt(s[k])) for k in SUMMARY_FIGURES]
+        rows.append([f'<a href="#test-{i}">{_e(r.test)}</a>', test_badge(r), _e(r.budget), *cells,
+                     _e(", ".join((r.verdict or NOT_COMPARED).changes)) or "-"])
+    changes = Counter(c for r in results for c in (r.verdict or NOT_COMPARED).changes)
     changed = (
         "<ul class='notes'>" + "".join(f"<li>{_e(c)} ({n} test(s))</li>" for c, n in changes.most_common()) + "</ul>"
         if changes else "<p class='notes'>nothing, or no test was compared with a baseline</p>"
     )
     parts = ['<section id="summary">', "<h2>Summary</h2>",
              f"<p>{len(results)} measurement(s){' at ' + _e(created_at) if created_at else ''}: {counts}</p>",
-             _table(("test", "verdict", "budget", "TTFT ms", "decode t/s", "ITL p95 ms", "changed since the baseline"),
-                    rows, raw=True),
+             _table(("test", "verdict", "budget", *(SUMMARY[k].header for k in SUMMARY_FIGURES),
+                     "changed since the baseline"), rows, raw=True),
              "<h3>Changed in the subject since the baseline</h3>", changed,
-             "<h3>Environment (first measurement)</h3>", _env(results[0]["record"]) if results else ""]
+             "<h3>Environment (first measurement)</h3>", _env(results[0].record or {}) if results else ""]
     from .load_figure import section as load_curve
 
     curve = load_curve(results)
@@ -236,9 +258,9 @@ def summary_section(results: Sequence[Mapping[str, Any]], created_at: str | None
     return "\n".join(parts)
 
 
-def key_figure(results: Sequence[Mapping[str, Any]]) -> str | None:
+def key_figure(results: Sequence[MeasurementResult]) -> str | None:
     """The session at a glance (the Markdown summary's figure); None without comparisons."""
-    if not any((r.get("verdict") or {}).get("comparisons") for r in results):
+    if not any((r.verdict or NOT_COMPARED).comparisons for r in results):
         return None
     return figures.render(overview_figure.change_overview, results)
 
@@ -247,23 +269,29 @@ def key_figure(results: Sequence[Mapping[str, Any]]) -> str | None:
 PARALLEL_FROM = 16
 
 
-def test_sections(results: Sequence[Mapping[str, Any]], workers: int | None = None) -> list[str]:
+def test_sections(
+    results: Sequence[MeasurementResult], workers: int | None = None, trends: Trends | None = None
+) -> list[str]:
     """Every test's section, in order. Big reports are split among fresh ``python -m
-    pytest_llmperf.reports.html`` processes (JSON in, sections out): nothing of the session's
-    process (llama.cpp threads) is forked, and no caller needs a ``__main__`` guard as
-    multiprocessing's spawn would. A chunk whose worker fails is drawn here instead."""
+    pytest_llmperf.reports.html`` processes (the results' and trends' JSON in, sections out):
+    nothing of the session's process (llama.cpp threads) is forked, and no caller needs a
+    ``__main__`` guard as multiprocessing's spawn would. A chunk whose worker fails is drawn
+    here instead."""
+    trends = trends or {}
     workers = min(usable_cpus(), 8, len(results)) if workers is None else min(workers, len(results))
     if workers <= 1 or len(results) < PARALLEL_FROM:
-        return [test_section(i, r) for i, r in enumerate(results)]
+        return [test_section(i, r, trends.get(r.test, ())) for i, r in enumerate(results)]
     bounds = [round(len(results) * k / workers) for k in range(workers + 1)]
     chunks = [(lo, list(results[lo:hi])) for lo, hi in zip(bounds, bounds[1:])]
     # This process draws the first chunk itself (matplotlib is loaded here already).
 
-    def draw(chunk: tuple[int, list[Mapping[str, Any]]]) -> list[str]:
+    def draw(chunk: tuple[int, list[MeasurementResult]]) -> list[str]:
         start, part = chunk
+        job = {"start": start, "results": [r.to_json() for r in part],
+               "trends": {r.test: trends[r.test] for r in part if r.test in trends}}
         try:
             proc = subprocess.run(
-                [sys.executable, "-m", __name__, "--worker"], input=json.dumps({"start": start, "results": part}),
+                [sys.executable, "-m", __name__, "--worker"], input=json.dumps(job),
                 capture_output=True, text=True, check=True,
             )
             sections = json.loads(proc.stdout)
@@ -271,20 +299,22 @@ def test_sections(results: Sequence[Mapping[str, Any]], workers: int | None = No
                 return sections
         except (OSError, subprocess.CalledProcessError, ValueError):
             pass
-        return [test_section(start + i, r) for i, r in enumerate(part)]
+        return [test_section(start + i, r, trends.get(r.test, ())) for i, r in enumerate(part)]
 
     with ThreadPoolExecutor(workers - 1) as pool:
         others = pool.map(draw, chunks[1:])
-        first = [test_section(chunks[0][0] + i, r) for i, r in enumerate(chunks[0][1])]
+        first = [test_section(chunks[0][0] + i, r, trends.get(r.test, ())) for i, r in enumerate(chunks[0][1])]
         return first + [section for sections in others for section in sections]
 
 
 def render_html(
-    results: Sequence[Mapping[str, Any]], created_at: str | None = None, workers: int | None = None
+    results: Sequence[MeasurementResult], created_at: str | None = None, workers: int | None = None,
+    trends: Trends | None = None,
 ) -> str:
-    """The whole page; ``workers``: processes drawing figures (default: usable CPUs, max 8)."""
+    """The whole page; ``workers``: processes drawing figures (default: usable CPUs, max 8);
+    ``trends``: each test's recent sessions from the history (``history.trends.attach``)."""
     figures.require_matplotlib()
-    body = [summary_section(results, created_at)] + test_sections(results, workers)
+    body = [summary_section(results, created_at)] + test_sections(results, workers, trends)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
@@ -295,15 +325,17 @@ def render_html(
     )
 
 
-def write_html(path: Path, results: Sequence[Mapping[str, Any]], created_at: str | None = None) -> Path:
+def write_html(
+    path: Path, results: Sequence[MeasurementResult], created_at: str | None = None, trends: Trends | None = None
+) -> Path:
     """Render and write atomically (a reader never sees half a page)."""
     from ..baselines.store import atomic_write
 
-    atomic_write(Path(path), render_html(results, created_at))
+    atomic_write(Path(path), render_html(results, created_at, trends=trends))
     return Path(path)
 
 
-def markdown_lines(html_path: Path | None, md_path: Path | None, results: Sequence[Mapping[str, Any]]) -> list[str]:
+def markdown_lines(html_path: Path | None, md_path: Path | None, results: Sequence[MeasurementResult]) -> list[str]:
     """What the Markdown summary says about the HTML report: a link relative to the Markdown
     file and the key figure embedded as an SVG file next to it (Markdown cannot inline SVG).
     Without a Markdown file (e.g. $GITHUB_STEP_SUMMARY, which shows no local files) only the
@@ -325,10 +357,12 @@ def markdown_lines(html_path: Path | None, md_path: Path | None, results: Sequen
 
 
 def _worker() -> None:
-    """``python -m pytest_llmperf.reports.html --worker``: {"start", "results"} on stdin, the
-    sections as a JSON list on stdout."""
+    """``python -m pytest_llmperf.reports.html --worker``: {"start", "results", "trends"} on
+    stdin (``MeasurementResult.to_json()`` each, rebuilt here), the sections as a JSON list on stdout."""
     job = json.load(sys.stdin)
-    json.dump([test_section(job["start"] + i, r) for i, r in enumerate(job["results"])], sys.stdout)
+    results = [MeasurementResult.from_json(r, check=False) for r in job["results"]]
+    trends = job.get("trends") or {}
+    json.dump([test_section(job["start"] + i, r, trends.get(r.test, ())) for i, r in enumerate(results)], sys.stdout)
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--worker"]:

@@ -9,24 +9,27 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from . import figures
+
+if TYPE_CHECKING:
+    from ..judge.result import MeasurementResult
 
 _PARAMS = re.compile(r"\[.*\]$")
 
 
-def curves(results: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+def curves(results: Sequence["MeasurementResult"]) -> dict[str, list[Mapping[str, Any]]]:
     """``{test function: load records sorted by throughput}`` of the results that have one."""
     groups: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for r in results:
-        load = (r.get("record") or {}).get("load")
+        load = (r.record or {}).get("load")
         if load and load.get("output_tps") is not None:
-            groups[_PARAMS.sub("", str(r.get("test", "")))].append(load)
+            groups[_PARAMS.sub("", r.test)].append(load)
     return {k: sorted(v, key=lambda d: (d["concurrency"], d["output_tps"])) for k, v in groups.items()}
 
 
-def throughput_latency(results: Sequence[Mapping[str, Any]]) -> Any:
+def throughput_latency(results: Sequence["MeasurementResult"]) -> Any:
     """Two panels sharing the x axis (output tok/s): TTFT and TPOT, p50 with p99 whiskers."""
     fig, (left, right) = figures.new_figure(3.4, ncols=2, margins_in=(0.62, 0.95, 0.15, 0.3), wspace=0.45)
     colours = ("#1f5fbf", "#c0392b", "#1e8449", "#7d3c98", "#b9770e", "#2e4053")
@@ -52,7 +55,7 @@ def throughput_latency(results: Sequence[Mapping[str, Any]]) -> Any:
     return fig
 
 
-def section(results: Sequence[Mapping[str, Any]]) -> str | None:
+def section(results: Sequence["MeasurementResult"]) -> str | None:
     """The curve's SVG, or None when no result is a load test."""
     if not curves(results):
         return None

@@ -61,13 +61,11 @@ def finish(
     results = session_holm(results)  # the "p (Holm)" shown: over every comparison of the session
     if s.update_baselines and results:
         out.written = session_file.write_baselines(s.baseline_dir, results, out.baseline_errors)
-    html_results: Any = [r.to_json() for r in results]  # the HTML report and history read the JSON
+    trends: Mapping[str, Any] = {}  # each test's recent trend from the history, for the HTML report
     if s.history is not None and results and not s.disable:
         from ..history import keep
 
-        out.history_line, html_results = keep(
-            s.history, html_results, started_at, s.rootdir, s.compare, trends=bool(s.html)
-        )
+        out.history_line, trends = keep(s.history, results, started_at, s.rootdir, s.compare, trends=bool(s.html))
     if s.json:
         write_file(Path(s.json), session_file.session_json(results, started_at, ab=list(ab_results)), out.report_errors)
     md_extra: list[str] = []
@@ -75,8 +73,8 @@ def finish(
         from ..reports import html
 
         try:
-            out.html_written = html.write_html(Path(s.html), html_results, started_at)
-            md_extra = html.markdown_lines(Path(s.html), Path(s.markdown) if s.markdown else None, html_results)
+            out.html_written = html.write_html(Path(s.html), results, started_at, trends)
+            md_extra = html.markdown_lines(Path(s.html), Path(s.markdown) if s.markdown else None, results)
         except (OSError, LLMPerfError) as exc:
             out.html_error = f"llmperf: HTML report not written: {exc}"
     md = session_file.markdown(results, md_extra, budgets_gate=s.budgets_gate) if results else ""
