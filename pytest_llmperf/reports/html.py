@@ -152,8 +152,7 @@ SUMMARY_FIGURES = ("ttft_ms", "decode_tps", "itl_p95_ms")
 
 
 def now_label(f: SummaryField) -> str:
-    """``TTFT median`` (the median's budget label, which names the phase), else the field's own
-    label (``ITL p95``)."""
+    """``TTFT median`` (its median's budget label, with the phase), else the field's (``ITL p95``)."""
     median = next((b for b in BUDGETS.values() if b.metric == f.metric and b.statistic == "median"), None)
     return median.label if median is not None and f.reader is None and f.key == f.metric else f.label
 
@@ -277,7 +276,7 @@ def test_sections(
     nothing of the session's process (llama.cpp threads) is forked, and no caller needs a
     ``__main__`` guard as multiprocessing's spawn would. A chunk whose worker fails is drawn
     here instead."""
-    trends = trends or {}
+    trends = trends or {}  # a test without a trend: no trend figure
     workers = min(usable_cpus(), 8, len(results)) if workers is None else min(workers, len(results))
     if workers <= 1 or len(results) < PARALLEL_FROM:
         return [test_section(i, r, trends.get(r.test, ())) for i, r in enumerate(results)]
