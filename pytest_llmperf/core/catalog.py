@@ -4,10 +4,13 @@ Each metric: its name, label, unit, phase, direction (``higher_is_better``), the
 that bound it (``BUDGETS``), how it is read from a measurement and from a stored record, and
 whether the baseline comparison judges it (``judged``, ``tail``, ``mirror_of``). ``SUMMARY``:
 the figures of a measurement's summary (a record's ``summary``, the session table's columns).
-The schema (budget keys and their help), budgets, the comparison, the HTML budget table, the
-figures' budget lines, the stored record, the session table, ``llmperf profile``'s speed rows
-and the history's labels all read it, so a metric cannot mean one thing in a budget and another
-in a report; a test checks the README's marker-key table against it. It imports nothing from
+``FIGURES``: a measurement's headline figures (the JUnit properties, in order, and the typed
+result's ``Figures``). The schema (budget keys and their help), budgets, the comparison, the
+HTML budget table, the figures' budget lines, the stored record, the session table and the
+Markdown summary (``SUMMARY_COLUMNS``, ``HEADLINE``), the per-test metrics table, load rows,
+A/B's paired metrics, ``llmperf profile``'s speed rows and the history's labels and default
+metrics all read it, so a metric cannot mean one thing in a budget and another in a report; a
+test checks the README's marker-key table against it. It imports nothing from
 the rest of the package and no numpy at import (the plugin stays cheap to load).
 """
 
