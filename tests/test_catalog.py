@@ -5,6 +5,7 @@ of the tiny model."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from pathlib import Path
@@ -17,10 +18,9 @@ from pytest_llmperf.core.fingerprint import Fingerprint, subject
 from pytest_llmperf.reports.html import _budget_rows, budget_value
 from pytest_llmperf.measuring.machine_peak import Peak
 from pytest_llmperf.baselines.records import record
-from pytest_llmperf.core.settings import SUMMARY_COLUMN_NAMES
 from pytest_llmperf.judge import compare
 from pytest_llmperf.judge.marker import BUDGET_KEYS, KEYS
-from pytest_llmperf.reports.text import SUMMARY_COLUMNS
+from pytest_llmperf.judge.result import Figures
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,14 +61,28 @@ def test_compared_metrics_and_summary_columns_are_the_catalogs() -> None:
         if m.mirror_of:
             source = catalog.METRICS[m.mirror_of]
             assert source.judged and (source.phase, source.higher_is_better) == (m.phase, not m.higher_is_better)
-    columns = [name for name, _, _ in SUMMARY_COLUMNS]
-    assert columns[0] == "test" and tuple(columns[1:]) == SUMMARY_COLUMN_NAMES
-    assert [(c, h, k) for c, h, k in SUMMARY_COLUMNS if k in catalog.SUMMARY] == [
+    assert [(c, h, k) for c, h, k in catalog.SUMMARY_COLUMNS if k in catalog.SUMMARY] == [
         (f.column, f.header, f.key) for f in catalog.SUMMARY.values() if f.column]
     for key, field in catalog.SUMMARY.items():
         assert field.metric in catalog.METRICS
         if field.reader is None:  # the metric's own value: what its from_record reads
             assert catalog.METRICS[field.metric].summary_key == key, key
+
+
+def test_figures_are_the_catalogs(measured) -> None:
+    """The typed result stores the catalog's figures (the JUnit properties, in its order); a
+    figure of a metric reads what that metric's summary field or budget reads."""
+    assert [f.name for f in dataclasses.fields(Figures)] == [*catalog.FIGURES, "load"]
+    for m, _ in measured:
+        assert list(Figures.of(m).values()) == list(catalog.FIGURES)
+    for f in catalog.FIGURES.values():
+        if f.metric is not None:
+            assert f.metric in catalog.METRICS and f.label and f.statistic, f.name
+            if f.name in catalog.SUMMARY:
+                for m, _ in measured:
+                    assert f.read(m) == catalog.SUMMARY[f.name].read(m), f.name
+    # Every figure of a row of the terminal's summary table is a figure or the budget.
+    assert {k for _, _, k in catalog.SUMMARY_COLUMNS} <= {"test", "budget", *catalog.FIGURES}
 
 
 def _agree(measured, name: str, read, from_record) -> None:

@@ -113,13 +113,21 @@ def test_sweep_levels_never_repeat_a_prompt(small_server):
 
 
 def test_cli_serve_starts_llama_server(capsys):
+    """Every request succeeds, but one: the synthetic model emits byte tokens, and llama-server
+    holds back text that is not yet whole UTF-8, so now and then (the prompts are unique per
+    run) a request's tokens all arrive in one event. That request has no token gaps to measure
+    and counts as failed, with its reason: the only failure allowed here."""
     status = main(["load", "--serve", "small", "--threads", "1", "--concurrency", "1,2", "--requests", "4",
-                   "--max-tokens", "16", "--prompt-tokens", "8", "--tpot-ms", "60000", "--min-goodput", "0.9"])
+                   "--max-tokens", "16", "--prompt-tokens", "8", "--tpot-ms", "60000"])
     out = capsys.readouterr().out
     assert status == 0, out
     assert "with llama-server at http://127.0.0.1:" in out and "4 slot(s)" in out
     assert "llmperf load: unique prompts, prompt cache off (cache_prompt=false)" in out
-    assert "4/4" in out
+    levels = re.findall(r"^([12]) +(\d)/4 ", out, re.M)
+    assert [level for level, _ in levels] == ["1", "2"], out
+    failed = re.findall(r"^request \d+: (.*)$", out, re.M)
+    assert sum(4 - int(ok) for _, ok in levels) == len(failed) <= 2, out
+    assert all("no token gaps to measure" in reason for reason in failed), out
     assert "server side, concurrency 2: server evaluated" in out
 
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import argparse
 
+from ..core.catalog import JUDGED
 from .common import positive_int
 
 HELP = "show the session history of each test and metric (tables, --html plots, --csv for Otava)"
 #: Shown unless --metric says otherwise: the judged metric of each phase and the decode tail.
-DEFAULT_METRICS = ("ttft_ms", "tpot_ms", "itl_p95_ms")
+DEFAULT_METRICS = JUDGED
 
 
 def add_history_arguments(parser: argparse.ArgumentParser) -> None:

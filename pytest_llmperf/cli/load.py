@@ -59,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..engines.http import HttpEngine
     from ..core.errors import ConfigError
-    from ..measuring.load import curve_table, sweep
+    from ..measuring.load import SLO_KEYS, curve_table, sweep
     from ..core.workload import Workload
 
     if not args.endpoint and not args.serve:
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         shared_prefix_tokens=args.shared_prefix_tokens,
     )
-    slo = {k: v for k, v in (("ttft_ms", args.ttft_ms), ("tpot_ms", args.tpot_ms)) if v is not None}
+    slo = {k: getattr(args, k) for k in SLO_KEYS if getattr(args, k) is not None}
     with contextlib.ExitStack() as stack:
         endpoint, model = args.endpoint, args.model
         if args.serve:

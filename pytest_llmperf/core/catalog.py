@@ -4,10 +4,13 @@ Each metric: its name, label, unit, phase, direction (``higher_is_better``), the
 that bound it (``BUDGETS``), how it is read from a measurement and from a stored record, and
 whether the baseline comparison judges it (``judged``, ``tail``, ``mirror_of``). ``SUMMARY``:
 the figures of a measurement's summary (a record's ``summary``, the session table's columns).
-The schema (budget keys and their help), budgets, the comparison, the HTML budget table, the
-figures' budget lines, the stored record, the session table, ``llmperf profile``'s speed rows
-and the history's labels all read it, so a metric cannot mean one thing in a budget and another
-in a report; a test checks the README's marker-key table against it. It imports nothing from
+``FIGURES``: a measurement's headline figures (the JUnit properties, in order, and the typed
+result's ``Figures``). The schema (budget keys and their help), budgets, the comparison, the
+HTML budget table, the figures' budget lines, the stored record, the session table and the
+Markdown summary (``SUMMARY_COLUMNS``, ``HEADLINE``), the per-test metrics table, load rows,
+A/B's paired metrics, ``llmperf profile``'s speed rows and the history's labels and default
+metrics all read it, so a metric cannot mean one thing in a budget and another in a report; a
+test checks the README's marker-key table against it. It imports nothing from
 the rest of the package and no numpy at import (the plugin stays cheap to load).
 """
 
@@ -67,6 +70,8 @@ class Metric:
     tail: bool = False
     #: A rate of the same runs as this judged metric, reported with its verdict.
     mirror_of: Optional[str] = None
+    #: Attribute of a load test's ``LoadStats`` that holds this metric's per-request percentiles.
+    load_stat: Optional[str] = None
 
     @property
     def budget_keys(self) -> tuple[str, ...]:
@@ -97,6 +102,8 @@ class SummaryField:
     column: Optional[str] = None
     #: None: the metric's own ``read``; else another statistic of it (a pooled ITL percentile).
     reader: Optional[Callable[[Any], Optional[float]]] = None
+    #: Shown by the short tables: the terminal's default columns, the Markdown summary.
+    headline: bool = False
 
     @property
     def unit(self) -> str:
@@ -178,10 +185,12 @@ METRICS: dict[str, Metric] = {
     m.name: m
     for m in (
         # Order: prefill first, then decode (the order of a record's per-run fields).
-        Metric("ttft_ms", "TTFT", "ms", "prefill", False, lambda m: m.ttft_ms, "ttft_ms", judged=True),
+        Metric("ttft_ms", "TTFT", "ms", "prefill", False, lambda m: m.ttft_ms, "ttft_ms", judged=True,
+               load_stat="ttft"),
         Metric("prefill_tps", "TPS", "t/s", "prefill", True, lambda m: m.prefill_tps, "prefill_tps",
                mirror_of="ttft_ms"),
-        Metric("tpot_ms", "TPOT", "ms", "decode", False, lambda m: m.tpot_ms, "tpot_ms", judged=True),
+        Metric("tpot_ms", "TPOT", "ms", "decode", False, lambda m: m.tpot_ms, "tpot_ms", judged=True,
+               load_stat="tpot"),
         Metric("decode_tps", "TPS", "t/s", "decode", True, lambda m: m.decode_tps, "decode_tps",
                mirror_of="tpot_ms"),
         # Each run's own ITL percentiles (the sampling unit for comparisons is the run).
@@ -192,7 +201,7 @@ METRICS: dict[str, Metric] = {
         # Every run's inter-token latencies pooled (budgets and display).
         Metric("itl_ms", "ITL", "ms", "decode", False, _itl(50)),
         Metric("prefill_ms", "prefill", "ms", "prefill", False, lambda m: m.prefill_ms),
-        Metric("e2e_ms", "E2E", "ms", "request", False, lambda m: m.e2e_ms),
+        Metric("e2e_ms", "E2E", "ms", "request", False, lambda m: m.e2e_ms, load_stat="e2e"),
         Metric("goodput", "goodput", "share", "load", True, _goodput, record_path=("load", "goodput")),
         Metric("decode_mbu", "decode MBU", "of peak bandwidth", "roofline", True, _mbu,
                record_path=("roofline", "decode", "mbu")),
@@ -203,14 +212,14 @@ METRICS: dict[str, Metric] = {
 SUMMARY: dict[str, SummaryField] = {
     f.key: f
     for f in (
-        SummaryField("ttft_ms", "ttft_ms", "TTFT", "ttft"),
+        SummaryField("ttft_ms", "ttft_ms", "TTFT", "ttft", headline=True),
         SummaryField("prefill_ms", "prefill_ms", "prefill"),
         SummaryField("prefill_tps", "prefill_tps", "prefill", "prefill"),
         SummaryField("tpot_ms", "tpot_ms", "decode per token (TPOT)"),
-        SummaryField("decode_tps", "decode_tps", "decode", "decode"),
+        SummaryField("decode_tps", "decode_tps", "decode", "decode", headline=True),
         SummaryField("e2e_ms", "e2e_ms", "E2E"),
         SummaryField("itl_p50_ms", "itl_ms", "ITL p50", "p50"),
-        SummaryField("itl_p95_ms", "itl_ms", "ITL p95", "p95", _itl(95)),
+        SummaryField("itl_p95_ms", "itl_ms", "ITL p95", "p95", _itl(95), headline=True),
         SummaryField("itl_p99_ms", "itl_ms", "ITL p99", "p99", _itl(99)),
     )
 }
@@ -252,3 +261,77 @@ def is_ceiling(budget_key: str) -> bool:
 
 #: Per-run fields a record stores (and comparisons resample), prefill first, then decode.
 RUN_FIELDS: tuple[str, ...] = tuple(m.run_field for m in METRICS.values() if m.run_field)
+
+#: Judged against the baseline, in this order (``llmperf history``'s default metrics).
+JUDGED: tuple[str, ...] = tuple(n for n, m in METRICS.items() if m.judged)
+#: Each phase's judged time metric (an A/B phase budget, ``max_slowdown={"decode": 0.05}``).
+PHASE_METRIC: dict[str, str] = {m.phase: n for n, m in METRICS.items() if m.judged and not m.tail}
+#: What an interleaved A/B compares pair by pair, in its report's order (times: b/a ratios).
+PAIRED: tuple[str, ...] = ("ttft_ms", "tpot_ms", "e2e_ms", "itl_p95_ms", "prefill_ms")
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A measurement's headline figure: a JUnit property (``llmperf.<name>``), a key of a
+    session result's ``figures`` and of its terminal summary row. With ``metric``: a statistic
+    of that catalog metric, a row of the per-test metrics table under ``label``."""
+
+    name: str
+    read: Callable[[Any], Any]
+    metric: Optional[str] = None
+    label: str = ""  # "TTFT median"
+    statistic: str = ""  # "median", "p95"
+    pooled_tokens: bool = False  # the sample is pooled tokens (ITL), not runs
+
+    @property
+    def unit(self) -> str:
+        return METRICS[self.metric].unit if self.metric else ""
+
+
+def _budget_figure(name: str, key: str) -> Figure:
+    b = BUDGETS[key]
+    return Figure(name, b.read, b.metric, b.label, b.statistic, b.pooled_tokens)
+
+
+def _itl_figure(q: int) -> Figure:
+    return Figure(f"itl_p{q}_ms", _itl(q), "itl_ms", f"{METRICS['itl_ms'].label} p{q}", f"p{q}", pooled_tokens=True)
+
+
+#: The headline figures, in the order of the JUnit properties.
+FIGURES: dict[str, Figure] = {
+    f.name: f
+    for f in (
+        Figure("model", lambda m: m.engine.model),
+        Figure("engine", lambda m: m.engine.engine),
+        Figure("prompt_tokens", lambda m: m.prompt_tokens),
+        Figure("output_tokens", lambda m: m.output_tokens),
+        Figure("runs", lambda m: m.n_runs),
+        _budget_figure("ttft_ms", "ttft_ms"),
+        _budget_figure("ttft_p95_ms", "ttft_p95_ms"),
+        Figure("prefill_ms", METRICS["prefill_ms"].read, "prefill_ms", f"{METRICS['prefill_ms'].label} median", "median"),
+        _budget_figure("prefill_tps", "min_prefill_tps"),
+        _budget_figure("tpot_ms", "tpot_ms"),
+        _budget_figure("decode_tps", "min_tps"),
+        _budget_figure("e2e_ms", "e2e_ms"),
+        Figure("itl_count", lambda m: m.itl.count),
+        *(_itl_figure(q) for q in (50, 90, 95, 99)),
+        Figure("itl_cv", lambda m: m.itl.cv),
+        Figure("native_prefill_ms", lambda m: m.native_prefill_ms),
+        Figure("native_decode_ms_per_token", lambda m: m.native_decode_ms_per_token),
+        Figure("overhead_ms_per_token", lambda m: m.overhead_ms_per_token),
+    )
+}
+
+#: The session summary table: (``--llmperf-columns`` name, header, row field); ``test`` always
+#: comes first; the metric columns are the summary fields that name a column.
+SUMMARY_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("test", "test", "test"),
+    ("model", "model", "model"),
+    ("prompt", "prompt", "prompt_tokens"),
+    ("gen", "gen", "output_tokens"),
+    ("runs", "runs", "runs"),
+    *((f.column, f.header, f.key) for f in SUMMARY.values() if f.column),
+    ("budget", "budget", "budget"),
+)
+#: The short tables' metrics: the terminal's default columns, the Markdown summary.
+HEADLINE: tuple[SummaryField, ...] = tuple(f for f in SUMMARY.values() if f.headline)

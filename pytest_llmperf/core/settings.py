@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .catalog import HEADLINE, SUMMARY_COLUMNS
+
 DEFAULT_MODEL = "tiny"
 #: Names of the synthetic presets (``synthetic.PRESETS``), here so that reading the settings
 #: does not import numpy (tests/test_plugin_cli.py checks the two agree).
@@ -49,11 +51,11 @@ DEFAULT_ALPHA = 0.01
 DEFAULT_THRESHOLD = 0.05
 DEFAULT_TAIL_THRESHOLD = 0.10
 
-#: ``--llmperf-columns`` names: summary table, then comparison table (``test`` and ``metric``
-#: always shown). The defaults fit 80 columns; JSON, HTML and Markdown keep every column.
-SUMMARY_COLUMN_NAMES = ("model", "prompt", "gen", "runs", "ttft", "prefill", "decode", "p50", "p95", "p99", "budget")
+#: ``--llmperf-columns`` names: summary table (the catalog's), then comparison table (``test``
+#: and ``metric`` always shown). The defaults fit 80 columns; JSON, HTML and Markdown keep every column.
+SUMMARY_COLUMN_NAMES = tuple(name for name, _, _ in SUMMARY_COLUMNS[1:])
 COMPARISON_COLUMN_NAMES = ("baseline", "now", "change", "ci", "p", "verdict")
-DEFAULT_SUMMARY_COLUMNS = ("ttft", "decode", "p95", "budget")
+DEFAULT_SUMMARY_COLUMNS = (*(f.column for f in HEADLINE), "budget")
 DEFAULT_COMPARISON_COLUMNS = ("change", "ci", "verdict")
 
 

@@ -16,6 +16,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from ..core.catalog import FIGURES
 from ..core.errors import LLMPerfError
 from ..core.schema_check import SchemaViolation, validate
 from .verdict import Comparison, Verdict
@@ -100,8 +101,9 @@ class LoadFigures:
 
 @dataclass(frozen=True)
 class Figures:
-    """A measurement's headline figures, unrounded, in the order the JUnit properties and the
-    terminal summary show them (the record's ``summary`` is the rounded subset kept in files)."""
+    """A measurement's headline figures (``core.catalog.FIGURES``: their names, order and how
+    each is read), unrounded, as the JUnit properties and the terminal summary show them (the
+    record's ``summary`` is the rounded subset kept in files)."""
 
     model: str
     engine: str
@@ -128,32 +130,28 @@ class Figures:
 
     @classmethod
     def of(cls, m: Any) -> "Figures":
-        """From a ``measuring.metrics.Measurement``."""
+        """From a ``measuring.metrics.Measurement``, each figure read as the catalog says."""
         load = m.load
         return cls(
-            m.engine.model, m.engine.engine, m.prompt_tokens, m.output_tokens, m.n_runs, m.ttft_ms, m.ttft_p95_ms,
-            m.prefill_ms, m.prefill_tps, m.tpot_ms, m.decode_tps, m.e2e_ms, m.itl.count, m.itl.p50_ms,
-            m.itl.p90_ms, m.itl.p95_ms, m.itl.p99_ms, m.itl.cv, m.native_prefill_ms,
-            m.native_decode_ms_per_token, m.overhead_ms_per_token,
-            None if load is None else LoadFigures(
+            **{name: f.read(m) for name, f in FIGURES.items()},
+            load=None if load is None else LoadFigures(
                 load.concurrency, load.n_requests, load.n_failed, load.requests_per_s, load.output_tps, load.goodput
             ),
         )
 
     def values(self) -> dict[str, Any]:
-        """Flat name -> value of every figure but ``load``."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "load"}
+        """Flat name -> value of every figure but ``load``, in the catalog's order."""
+        return {name: getattr(self, name) for name in FIGURES}
 
     def to_json(self) -> dict[str, Any]:
         return {**self.values(), "load": None if self.load is None else dataclasses.asdict(self.load)}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "Figures":
-        names = [f.name for f in dataclasses.fields(cls) if f.name != "load"]
         load = d.get("load")
         if load is not None:
             load = LoadFigures(**{f.name: load[f.name] for f in dataclasses.fields(LoadFigures)})
-        return cls(**{k: d[k] for k in names}, load=load)
+        return cls(**{k: d[k] for k in FIGURES}, load=load)
 
 
 @dataclass(frozen=True)

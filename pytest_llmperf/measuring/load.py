@@ -30,14 +30,17 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ..core import catalog
 from ..core.errors import ConfigError, EngineError, LLMPerfError
 from .metrics import LatencyStats, Measurement, RunMetrics, summarize
 from .served_fidelity import ServerSide, server_side
 from ..core.trace import RunTrace
 from ..core.workload import Workload
 
-#: Budget keys that double as per-request SLOs for goodput.
-SLO_KEYS = ("ttft_ms", "tpot_ms")
+#: Budget keys that double as per-request SLOs for goodput: each phase's judged time metric.
+SLO_KEYS = tuple(catalog.PHASE_METRIC.values())
+#: The metrics a load test gives per-request percentiles of, with their ``LoadStats`` attribute.
+LOAD_METRICS = tuple(m for m in catalog.METRICS.values() if m.load_stat)
 
 
 @dataclass(frozen=True)
@@ -262,16 +265,14 @@ def curve_table(measurements: Sequence[Measurement]) -> str:
                 fmt(s.requests_per_s),
                 fmt(s.output_tps),
                 fmt(s.output_tps_per_request),
-                f"{fmt(s.ttft.p50_ms)} / {fmt(s.ttft.p99_ms)}",
-                f"{fmt(s.tpot.p50_ms)} / {fmt(s.tpot.p99_ms)}",
-                f"{fmt(s.e2e.p50_ms)} / {fmt(s.e2e.p99_ms)}",
+                *(f"{fmt(st.p50_ms)} / {fmt(st.p99_ms)}" for st in (getattr(s, x.load_stat) for x in LOAD_METRICS)),
                 f"{s.goodput:.0%}" if s.slo else "-",
             ]
         )
     return render_table(
         (
             "concurrency", "ok", "req/s", "out tok/s", "tok/s per req",
-            "TTFT p50/p99 ms", "TPOT p50/p99 ms", "E2E p50/p99 ms", "goodput",
+            *(f"{x.label} p50/p99 {x.unit}" for x in LOAD_METRICS), catalog.METRICS["goodput"].label,
         ),
         rows,
     )
@@ -287,18 +288,17 @@ def load_rows(m: Measurement) -> list[tuple[str, str, str, str]]:
     rows = [
         ("load", "", f"concurrency {s.concurrency}" + (f", Poisson {s.rate_per_s:g}/s" if s.rate_per_s else ""), ""),
         ("requests ok / failed", "", f"{s.n_ok} / {s.n_failed}", f"{s.n_requests} requests"),
-        ("TTFT p50/p90/p95/p99", "ms", pct(s.ttft), reqs),
-        ("TPOT p50/p90/p95/p99", "ms", pct(s.tpot), reqs),
-        ("E2E p50/p90/p95/p99", "ms", pct(s.e2e), reqs),
+        *((f"{x.label} p50/p90/p95/p99", x.unit, pct(getattr(s, x.load_stat)), reqs) for x in LOAD_METRICS),
         ("output tokens/s overall", "t/s", fmt(s.output_tps), f"{fmt(s.duration_s)} s"),
         ("output tokens/s per request", "t/s", fmt(s.output_tps_per_request), reqs),
         ("requests/s", "req/s", fmt(s.requests_per_s), f"{fmt(s.duration_s)} s"),
     ]
+    goodput = catalog.METRICS["goodput"].label
     if s.slo:
         slo = ", ".join(f"{k} <= {fmt(v)}" for k, v in s.slo.items())
-        rows.append(("goodput", "", f"{s.goodput:.1%} ({slo})", f"{s.n_requests} requests"))
+        rows.append((goodput, "", f"{s.goodput:.1%} ({slo})", f"{s.n_requests} requests"))
     else:
-        rows.append(("goodput (no SLO: requests that succeeded)", "", f"{s.goodput:.1%}", f"{s.n_requests} requests"))
+        rows.append((f"{goodput} (no SLO: requests that succeeded)", "", f"{s.goodput:.1%}", f"{s.n_requests} requests"))
     from .served_fidelity import rows as server_rows
 
     return rows + server_rows(s.server)

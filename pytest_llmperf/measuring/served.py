@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Iterable
 
+from ..core.catalog import METRICS
 from ..core.numbers import fmt
 
 
@@ -18,16 +19,20 @@ def overhead_lines(rows: Iterable[dict[str, Any]]) -> list[str]:
     by_test: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         by_test[str(row.get("test", "")).split("[", 1)[0]].append(row)
+    ttft, tpot = METRICS["ttft_ms"], METRICS["tpot_ms"]
+
+    def both(r: dict[str, Any]) -> str:
+        return ", ".join(f"{x.label} {fmt(r[x.name])} {x.unit}" for x in (ttft, tpot))
+
     lines = []
     for test, group in by_test.items():
-        local = [r for r in group if r.get("engine") == "llama.cpp" and r.get("tpot_ms") is not None]
-        served = [r for r in group if str(r.get("engine", "")).startswith("http") and r.get("tpot_ms") is not None]
+        local = [r for r in group if r.get("engine") == "llama.cpp" and r.get(tpot.name) is not None]
+        served = [r for r in group if str(r.get("engine", "")).startswith("http") and r.get(tpot.name) is not None]
         if not local or not served:
             continue
         a, b = local[0], served[0]
         lines.append(
-            f"{test}: in process TTFT {fmt(a['ttft_ms'])} ms, TPOT {fmt(a['tpot_ms'])} ms; served TTFT "
-            f"{fmt(b['ttft_ms'])} ms, TPOT {fmt(b['tpot_ms'])} ms; server overhead "
-            f"{b['tpot_ms'] - a['tpot_ms']:+.3g} ms/token, {b['ttft_ms'] - a['ttft_ms']:+.3g} ms TTFT"
+            f"{test}: in process {both(a)}; served {both(b)}; server overhead "
+            f"{b[tpot.name] - a[tpot.name]:+.3g} {tpot.unit}/token, {b[ttft.name] - a[ttft.name]:+.3g} {ttft.unit} {ttft.label}"
         )
     return lines

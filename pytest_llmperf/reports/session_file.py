@@ -17,6 +17,7 @@ from ..baselines import store as baseline_store
 from ..core.schema_check import SchemaViolation, validate
 from ..judge.verdict import Comparison
 from ..judge.result import MeasurementResult
+from ..core.catalog import HEADLINE
 from ..core.numbers import fmt
 from .text import fit_table, short_ids
 from ..core.tables import render_table
@@ -201,14 +202,13 @@ def markdown(results: Sequence[MeasurementResult], extra: Iterable[str] = (), *,
         lines.append(f"No regression and no budget failure in {len(results)} measurement(s).")
     for line in extra:
         lines += ["", line]
-    lines += ["", "| test | TTFT ms | decode t/s | ITL p95 ms | budget | baseline |", "| --- | --- | --- | --- | --- | --- |"]
+    headers = ["test", *(f.header for f in HEADLINE), "budget", "baseline"]
+    lines += ["", "| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
     for r in results:
         s = (r.record or {}).get("summary", {})
         short = r.verdict.short if r.verdict is not None else "not compared"
-        lines.append(
-            f"| `{r.test}` | {fmt(s['ttft_ms'])} | {fmt(s['decode_tps'])} | {fmt(s['itl_p95_ms'])} "
-            f"| {r.budget} | {short} |"
-        )
+        cells = [f"`{r.test}`", *(fmt(s[f.key]) for f in HEADLINE), r.budget, short]
+        lines.append("| " + " | ".join(cells) + " |")
     if over:
         lines += ["", "### Over budget", ""] + [f"- {line}" for line in over]
     if regressions:

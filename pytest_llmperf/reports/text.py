@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..core.numbers import fmt
-from ..core.catalog import BUDGETS, SUMMARY
+from ..core.catalog import FIGURES, SUMMARY_COLUMNS
 from ..measuring.metrics import Measurement
 from ..core.settings import DEFAULT_SUMMARY_COLUMNS
 from ..core.tables import render_table
@@ -17,6 +17,14 @@ from ..core.tables import render_table
 
 def _opt(value: float | None) -> str:
     return "n/a" if value is None else fmt(value)
+
+
+def _figure_row(m: Measurement, first: str, *more: str) -> tuple[str, str, str, str]:
+    """A metrics-table row of catalog figures of one metric: ``TTFT median / p95``."""
+    figures = [FIGURES[first], *(FIGURES[name] for name in more)]
+    label = " / ".join([figures[0].label, *(f.statistic for f in figures[1:])])
+    sample = f"{m.itl.count} tokens" if figures[0].pooled_tokens else f"{m.n_runs} runs"
+    return label, figures[0].unit, " / ".join(_opt(f.read(m)) for f in figures), sample
 
 
 def metrics_table(m: Measurement) -> str:
@@ -29,23 +37,24 @@ def metrics_table(m: Measurement) -> str:
         f"workload: {m.prompt_tokens if m.prompt_tokens is not None else '?'} prompt tokens, "
         f"{m.output_tokens} generated per run, {m.n_runs} runs (+{m.workload.warmup} warm-up discarded)\n"
     )
+    runs = f"{m.n_runs} runs"
     rows = [
-        ("TTFT median / p95", "ms", f"{fmt(m.ttft_ms)} / {fmt(m.ttft_p95_ms)}", f"{m.n_runs} runs"),
-        ("tokenize median", "ms", fmt(m.tokenize_ms), f"{m.n_runs} runs"),
-        ("prefill median", "ms", _opt(m.prefill_ms), f"{m.n_runs} runs"),
-        ("prefill (llama.cpp) median", "ms", _opt(m.native_prefill_ms), f"{m.n_runs} runs"),
-        (BUDGETS["min_prefill_tps"].label, "t/s", _opt(m.prefill_tps), f"{m.n_runs} runs"),
-        (BUDGETS["tpot_ms"].label, "ms", fmt(m.tpot_ms), f"{m.n_runs} runs"),
-        ("decode (llama.cpp) median", "ms/token", _opt(m.native_decode_ms_per_token), f"{m.n_runs} runs"),
-        ("engine overhead median", "ms/token", _opt(m.overhead_ms_per_token), f"{m.n_runs} runs"),
-        (BUDGETS["min_tps"].label, "t/s", fmt(m.decode_tps), f"{m.n_runs} runs"),
+        _figure_row(m, "ttft_ms", "ttft_p95_ms"),
+        ("tokenize median", "ms", fmt(m.tokenize_ms), runs),
+        _figure_row(m, "prefill_ms"),
+        ("prefill (llama.cpp) median", "ms", _opt(m.native_prefill_ms), runs),
+        _figure_row(m, "prefill_tps"),
+        _figure_row(m, "tpot_ms"),
+        ("decode (llama.cpp) median", "ms/token", _opt(m.native_decode_ms_per_token), runs),
+        ("engine overhead median", "ms/token", _opt(m.overhead_ms_per_token), runs),
+        _figure_row(m, "decode_tps"),
         (
             "sampling (llama.cpp sampler)" + ("" if m.engine.sample else ", timed apart"),
-            "ms/token", _opt(m.sampling_ms_per_token), f"{m.n_runs} runs",
+            "ms/token", _opt(m.sampling_ms_per_token), runs,
         ),
-        (BUDGETS["e2e_ms"].label, "ms", fmt(m.e2e_ms), f"{m.n_runs} runs"),
-        ("ITL p50 / p90", "ms", f"{fmt(itl.p50_ms)} / {fmt(itl.p90_ms)}", f"{itl.count} tokens"),
-        ("ITL p95 / p99", "ms", f"{fmt(itl.p95_ms)} / {fmt(itl.p99_ms)}", f"{itl.count} tokens"),
+        _figure_row(m, "e2e_ms"),
+        _figure_row(m, "itl_p50_ms", "itl_p90_ms"),
+        _figure_row(m, "itl_p95_ms", "itl_p99_ms"),
         ("ITL mean +- stdev", "ms", f"{fmt(itl.mean_ms)} +- {fmt(itl.stdev_ms)}", f"{itl.count} tokens"),
         ("ITL CV", "", f"{itl.cv:.1%}", f"{itl.count} tokens"),
         ("ITL min / max", "ms", f"{fmt(itl.min_ms)} / {fmt(itl.max_ms)}", f"{itl.count} tokens"),
@@ -74,17 +83,6 @@ def metrics_table(m: Measurement) -> str:
     return text + ("\n\n" + "\n".join(warnings) if warnings else "")
 
 
-#: (``--llmperf-columns`` name, header, row field); ``test`` always comes first. The metric
-#: columns are the catalog's summary fields that name a column.
-SUMMARY_COLUMNS = (
-    ("test", "test", "test"),
-    ("model", "model", "model"),
-    ("prompt", "prompt", "prompt_tokens"),
-    ("gen", "gen", "output_tokens"),
-    ("runs", "runs", "runs"),
-    *((f.column, f.header, f.key) for f in SUMMARY.values() if f.column),
-    ("budget", "budget", "budget"),
-)
 #: A test id is never cut shorter than this, whatever the width.
 MIN_TEST_WIDTH = 16
 

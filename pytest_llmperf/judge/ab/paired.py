@@ -25,10 +25,10 @@ from ..verdict import CI_LEVEL, fmt_p, fmt_value
 #: metric -> (label, phase, unit, higher is better). Times are compared as b/a time ratios.
 PAIRED_METRICS: dict[str, tuple[str, str, str, bool]] = {
     name: (m.label, m.phase, m.unit, m.higher_is_better)
-    for name, m in ((n, catalog.METRICS[n]) for n in ("ttft_ms", "tpot_ms", "e2e_ms", "itl_p95_ms", "prefill_ms"))
+    for name, m in ((n, catalog.METRICS[n]) for n in catalog.PAIRED)
 }
 #: What a phase budget (``max_slowdown={"decode": 0.05}``) reads: the phase's time metric.
-PHASE_METRIC = {"prefill": "ttft_ms", "decode": "tpot_ms"}
+PHASE_METRIC = catalog.PHASE_METRIC
 
 
 @dataclass(frozen=True)
