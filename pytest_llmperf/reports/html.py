@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from . import figures, overview_figure, record_figures
 from ..core.numbers import fmt
-from ..core.catalog import BUDGETS, SUMMARY, SummaryField, is_ceiling
+from ..core.catalog import BUDGETS, FIGURES, HEADLINE, is_ceiling
 from ..core.settings import usable_cpus
 from ..judge.result import MeasurementResult, VerdictRecord
 from .session_file import COMPARISON_HEADERS, metric_label
@@ -145,22 +145,14 @@ def _comparison_rows(comparisons: Sequence["Comparison"]) -> list[list[str]]:
     return rows
 
 
-#: The summary figures (``catalog.SUMMARY`` keys) of an uncompared test's "now" table, and
-#: those of the session summary's row (headed ``SummaryField.header``).
+#: The figures (``catalog.FIGURES``: label, unit; values from the record's ``summary``) of an
+#: uncompared test's "now" table; the session summary's row shows ``catalog.HEADLINE``.
 NOW_FIGURES = ("ttft_ms", "prefill_tps", "tpot_ms", "decode_tps", "itl_p50_ms", "itl_p95_ms", "itl_p99_ms")
-SUMMARY_FIGURES = ("ttft_ms", "decode_tps", "itl_p95_ms")
-
-
-def now_label(f: SummaryField) -> str:
-    """``TTFT median`` (its median's budget label, with the phase), else the field's (``ITL p95``)."""
-    median = next((b for b in BUDGETS.values() if b.metric == f.metric and b.statistic == "median"), None)
-    return median.label if median is not None and f.reader is None and f.key == f.metric else f.label
 
 
 def _now_rows(record: Mapping[str, Any]) -> list[list[str]]:
     s = record.get("summary", {})
-    fields = [SUMMARY[k] for k in NOW_FIGURES]
-    return [[now_label(f), f.unit, "n/a" if s.get(f.key) is None else fmt(s[f.key])] for f in fields]
+    return [[FIGURES[k].label, FIGURES[k].unit, "n/a" if s.get(k) is None else fmt(s[k])] for k in NOW_FIGURES]
 
 
 def _env(record: Mapping[str, Any]) -> str:
@@ -229,7 +221,7 @@ def summary_section(results: Sequence[MeasurementResult], created_at: str | None
     rows = []
     for i, r in enumerate(results):
         s = (r.record or {}).get("summary", {})
-        cells = ["n/a" if s.get(k) is None else _e(fmt(s[k])) for k in SUMMARY_FIGURES]
+        cells = ["n/a" if s.get(f.key) is None else _e(fmt(s[f.key])) for f in HEADLINE]
         rows.append([f'<a href="#test-{i}">{_e(r.test)}</a>', test_badge(r), _e(r.budget), *cells,
                      _e(", ".join((r.verdict or NOT_COMPARED).changes)) or "-"])
     changes = Counter(c for r in results for c in (r.verdict or NOT_COMPARED).changes)
@@ -239,7 +231,7 @@ def summary_section(results: Sequence[MeasurementResult], created_at: str | None
     )
     parts = ['<section id="summary">', "<h2>Summary</h2>",
              f"<p>{len(results)} measurement(s){' at ' + _e(created_at) if created_at else ''}: {counts}</p>",
-             _table(("test", "verdict", "budget", *(SUMMARY[k].header for k in SUMMARY_FIGURES),
+             _table(("test", "verdict", "budget", *(f.header for f in HEADLINE),
                      "changed since the baseline"), rows, raw=True),
              "<h3>Changed in the subject since the baseline</h3>", changed,
              "<h3>Environment (first measurement)</h3>", _env(results[0].record or {}) if results else ""]
