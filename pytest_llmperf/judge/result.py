@@ -243,7 +243,7 @@ class MeasurementResult:
 
 
 def result_of(nodeid: str, r: Any) -> MeasurementResult:
-    """A test's measurement (``pytest_plugin.fixture.Result``: measurement, budget failure,
+    """A test's measurement (``session.results.Result``: measurement, budget failure,
     budget count, the plugin's baseline assessment, budgets, hook-attached extra info)."""
     m, a, failure = r.measurement, r.baseline, r.failure
     breaches = tuple(failure.breaches) if failure is not None else ()

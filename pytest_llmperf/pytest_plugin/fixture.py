@@ -14,7 +14,7 @@ from ..measuring.metrics import Measurement
 from ..measuring.runner import extend, measure
 from ..judge.marker import MarkerConfig
 from ..core.workload import Workload
-from ..session.results import Result  # noqa: F401  (here too: hooks and tests name it fixture.Result)
+from ..session.results import Result
 
 if TYPE_CHECKING:
     from ..engines.llama_cpp import LlamaCppEngine
