@@ -7,6 +7,7 @@ pytester session starts, so they inherit it) and written once per machine.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 from pathlib import Path
@@ -108,13 +109,23 @@ def small_engine():
 
 
 @pytest.fixture(scope="session")
-def llama_server_binary() -> Path:
+def llama_server_binary(pytestconfig: pytest.Config) -> Path:
     """llama.cpp's llama-server of the installed llama-cpp-python, built once per version
-    (several minutes the first time; `.ci/run` builds it before the tests)."""
+    (several minutes the first time; `.ci/run` builds it before the tests). A build here
+    prints its steps and a line a minute on the terminal, past pytest's capture."""
     from pytest_llmperf.engines.native_tools import tool_path
     from pytest_llmperf.core.errors import ToolBuildError
 
+    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+    terminal = pytestconfig.pluginmanager.getplugin("terminalreporter")
+
+    def progress(line: str) -> None:
+        if terminal is None:
+            return
+        with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+            terminal.write_line(line)
+
     try:
-        return tool_path("llama-server")
+        return tool_path("llama-server", progress=progress)
     except ToolBuildError as exc:
         pytest.fail(str(exc), pytrace=False)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from inner import run
 
@@ -119,3 +121,19 @@ def test_parametrized_sweep_one_row_per_case(pytester: pytest.Pytester) -> None:
     out = result.stdout.str()
     for case in ("False-1", "False-2", "True-1", "True-2"):
         assert f"test_sweep[{case}]" in out
+
+
+def test_gpu_layers_are_recorded_as_llama_cpp_offloads_them(tiny_model_path: Path) -> None:
+    """Hostile (issue 21): ``n_gpu_layers=99`` on a CPU-only build was recorded as 99 offloaded
+    layers. The record says what llama.cpp does: none without a GPU backend, else at most the
+    model's layers plus the output layer."""
+    import llama_cpp
+
+    from pytest_llmperf import LlamaCppEngine
+
+    engine = LlamaCppEngine(tiny_model_path, n_threads=1, n_gpu_layers=99)
+    try:
+        info = engine.info()
+    finally:
+        engine.close()
+    assert info.n_gpu_layers == (info.n_layer + 1 if llama_cpp.llama_supports_gpu_offload() else 0)

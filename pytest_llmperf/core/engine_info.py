@@ -38,6 +38,8 @@ class EngineInfo:
     mmap: bool | None = None
     mlock: bool | None = None
     sample: bool | None = None  # greedy sampling inside the timed decode loop
+    repack: bool | None = None  # llama.cpp use_extra_bufts (weight repacking, AMX kernels)
+    repack_note: str | None = None  # why repack is not llama.cpp's default (the AMX workaround)
     load_ms: float | None = None
     native_load_ms: float | None = None
     backend_version: str | None = None

@@ -112,6 +112,7 @@ def subject(info: EngineInfo) -> dict[str, Any]:
         "mmap": info.mmap,
         "mlock": info.mlock,
         "sample": info.sample,
+        "repack": info.repack,
         "llmperf_version": __version__,
         "python": platform.python_version(),
     }
@@ -133,6 +134,7 @@ SUBJECT_LABELS = {
     "mmap": "mmap",
     "mlock": "mlock",
     "sample": "sampling in decode",
+    "repack": "weight repacking",
     "llmperf_version": "pytest-llmperf",
     "python": "Python",
     "engine": "engine",
@@ -141,7 +143,7 @@ SUBJECT_LABELS = {
 
 
 #: Subject keys added after baselines were first recorded: a record without one is not changed.
-NEWER_KEYS = frozenset({"n_ubatch", "flash_attn", "type_k", "type_v", "mmap", "mlock", "sample"})
+NEWER_KEYS = frozenset({"n_ubatch", "flash_attn", "type_k", "type_v", "mmap", "mlock", "sample", "repack"})
 
 
 def subject_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:

@@ -42,6 +42,9 @@ ENGINE_DEFAULTS: dict[str, Any] = {
     # Greedy sampling inside the timed decode loop (False: llama-bench's tg, which feeds seeded
     # tokens; sampling is then timed apart and reported as its own figure).
     "sample": False,
+    # llama.cpp's use_extra_bufts (llama-bench --repack): None (auto) is on, except for quantized
+    # weights on a CPU with AMX, whose kernel dies with SIGILL (engines/llama_cpp_native.py).
+    "repack": None,
 }
 
 
@@ -69,6 +72,8 @@ class EngineSettings:
     n_ctx: int | None
     n_batch: int
     gpu_layers: int
+    in_process: bool
+    engine_timeout: float
     max_engines: int
     endpoint: str | None
     api: str

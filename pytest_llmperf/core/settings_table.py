@@ -163,6 +163,11 @@ SETTINGS: dict[str, Setting] = {
                 env="LLMPERF_N_BATCH", ini=True, cli="--n-batch", metavar="N"),
         Setting("gpu_layers", "layers offloaded to a GPU", _E["n_gpu_layers"], count, env="LLMPERF_GPU_LAYERS",
                 ini=True, cli="--n-gpu-layers", metavar="N"),
+        Setting("in_process", "run llama.cpp in the pytest process instead of one engine worker process per "
+                "setting (a native crash then ends the session)", False, switch=True),
+        Setting("engine_timeout", "seconds one model load or one run in an engine worker may take before the worker "
+                "counts as hung and is killed", 600.0, seconds, env="LLMPERF_ENGINE_TIMEOUT", ini=True,
+                metavar="SECONDS"),
         Setting("max_engines", "llama.cpp engines (per-test settings) alive at once", 2, positive_int,
                 env="LLMPERF_MAX_ENGINES", ini=True, metavar="N"),
         Setting("baseline_dir", "folder of baseline JSON files, under the rootdir", "baselines", ini=True, metavar="DIR"),

@@ -32,6 +32,7 @@ class EngineConfig:
     mmap: bool = DEFAULTS["mmap"]
     mlock: bool = DEFAULTS["mlock"]
     sample: bool = DEFAULTS["sample"]
+    repack: bool | None = DEFAULTS["repack"]
 
     def __post_init__(self) -> None:
         for name in ("type_k", "type_v"):

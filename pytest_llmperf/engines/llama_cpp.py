@@ -9,10 +9,11 @@ facts) are in ``llama_cpp_native``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -20,7 +21,7 @@ from ..core.engine_info import EngineInfo
 from ..core.errors import ConfigError, EngineError
 from ..core.trace import NativeCounters, RunTrace
 from ..core.workload import Workload
-from ..models.facts import embedding_lookup
+from ..models.facts import embedding_lookup, gguf_file_type
 from .config import DEFAULTS, EngineConfig, ggml_type
 from .llama_cpp_loop import TimedDecode, timed_decode
 from .llama_cpp_native import (
@@ -31,6 +32,7 @@ from .llama_cpp_native import (
     kv_bytes_per_element,
     llama_cpp_version,
     quantization,
+    resolve_repack,
 )
 
 #: n_ctx None (auto): the context is sized to each workload, prompt + generated tokens rounded
@@ -38,6 +40,27 @@ from .llama_cpp_native import (
 AUTO_CTX_STEP = 256
 #: Sampler calls per run that time sampling apart when the decode loop does not sample.
 SAMPLING_PROBES = 8
+
+@contextlib.contextmanager
+def _model_params(llama_cpp: Any, **fields: Any) -> Iterator[None]:
+    """``llama_cpp.Llama`` builds its model parameters from ``llama_model_default_params()``
+    and takes no keyword for some of them (``use_extra_bufts``): set them on the defaults
+    while one ``Llama`` is constructed."""
+    module = llama_cpp.llama_cpp
+    default = module.llama_model_default_params
+
+    def with_fields() -> Any:
+        params = default()
+        for name, value in fields.items():
+            setattr(params, name, value)
+        return params
+
+    module.llama_model_default_params = with_fields
+    try:
+        yield
+    finally:
+        module.llama_model_default_params = default
+
 
 class LlamaCppEngine:
     """One loaded model and context; each ``run`` is an independent request.
@@ -68,6 +91,7 @@ class LlamaCppEngine:
         use_mmap: bool = DEFAULTS["mmap"],
         use_mlock: bool = DEFAULTS["mlock"],
         sample: bool = DEFAULTS["sample"],
+        repack: bool | None = DEFAULTS["repack"],
     ) -> None:
         path = check_gguf(model_path)
         llama_cpp = import_llama_cpp()
@@ -77,27 +101,29 @@ class LlamaCppEngine:
         self.config = EngineConfig(
             model=str(path), threads=threads, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
             flash_attn=flash_attn, type_k=type_k, type_v=type_v, n_gpu_layers=n_gpu_layers,
-            mmap=use_mmap, mlock=use_mlock, sample=sample,
+            mmap=use_mmap, mlock=use_mlock, sample=sample, repack=repack,
         )
         self.sample = sample
+        use_repack, repack_note = resolve_repack(repack, gguf_file_type(path))
         started = time.perf_counter_ns()
         try:
-            self.llm = llama_cpp.Llama(
-                model_path=str(path),
-                n_ctx=n_ctx or AUTO_CTX_STEP,
-                n_threads=threads,
-                n_threads_batch=threads,
-                n_batch=n_batch,
-                n_ubatch=self.config.ubatch,
-                n_gpu_layers=n_gpu_layers,
-                flash_attn=flash_attn,
-                type_k=ggml_type(type_k),
-                type_v=ggml_type(type_v),
-                use_mmap=use_mmap,
-                use_mlock=use_mlock,
-                no_perf=False,
-                verbose=verbose,
-            )
+            with _model_params(llama_cpp, use_extra_bufts=use_repack):
+                self.llm = llama_cpp.Llama(
+                    model_path=str(path),
+                    n_ctx=n_ctx or AUTO_CTX_STEP,
+                    n_threads=threads,
+                    n_threads_batch=threads,
+                    n_batch=n_batch,
+                    n_ubatch=self.config.ubatch,
+                    n_gpu_layers=n_gpu_layers,
+                    flash_attn=flash_attn,
+                    type_k=ggml_type(type_k),
+                    type_v=ggml_type(type_v),
+                    use_mmap=use_mmap,
+                    use_mlock=use_mlock,
+                    no_perf=False,
+                    verbose=verbose,
+                )
         except (ValueError, RuntimeError, OSError) as exc:
             raise EngineError(f"llama.cpp could not load {path}: {exc}") from None
         load_ms = (time.perf_counter_ns() - started) / 1e6
@@ -144,7 +170,7 @@ class LlamaCppEngine:
             n_threads=threads,
             n_ctx=self.n_ctx,
             n_batch=self.n_batch,
-            n_gpu_layers=n_gpu_layers,
+            n_gpu_layers=self._offloaded(n_gpu_layers),
             n_ubatch=self.config.ubatch,
             flash_attn=flash_attn,
             type_k=type_k,
@@ -152,12 +178,22 @@ class LlamaCppEngine:
             mmap=use_mmap,
             mlock=use_mlock,
             sample=sample,
+            repack=use_repack,
+            repack_note=repack_note,
             load_ms=load_ms,
             native_load_ms=float(native_load_ms),
             backend_version=llama_cpp_version(),
         )
 
     # -- setup -------------------------------------------------------------------------------
+
+    def _offloaded(self, asked: int) -> int:
+        """Layers llama.cpp offloads for ``asked`` (-1: all): none on a build without a GPU
+        backend, at most the model's layers plus the output layer otherwise."""
+        if not self._lib.llama_supports_gpu_offload():
+            return 0
+        total = int(self._lib.llama_model_n_layer(self._model)) + 1
+        return total if asked < 0 else min(asked, total)
 
     @property
     def lib(self) -> Any:

@@ -1,5 +1,7 @@
 """llama-cpp-python's native side, below the engine: importing it, checking a model file,
-building the sampler, and reading the model's facts (quantization, cache element size).
+building the sampler, reading the model's facts (quantization, cache element size), the CPU
+facts that choose weight repacking (AMX), and what a crash of llama.cpp means (the engine
+worker's one line: the signal, llama.cpp's last words, a known cause).
 
 Apart from the engine class because these are facts about the library and the file, not about
 one loaded model's runs: the profile command checks a model path with ``check_gguf`` before
@@ -9,11 +11,16 @@ any engine exists, and the engine's module stays the engine.
 from __future__ import annotations
 
 import os
+import re
+import signal
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..core.errors import EngineError
+
+if TYPE_CHECKING:
+    from .config import EngineConfig
 
 GGUF_MAGIC = b"GGUF"
 
@@ -47,6 +54,43 @@ def check_gguf(path: str | os.PathLike[str]) -> Path:
     if magic != GGUF_MAGIC:
         raise EngineError(f"not a GGUF model file (starts with {magic!r}, expected b'GGUF'): {p}")
     return p
+
+
+#: Where the AMX crash is tracked upstream (docs/engine-settings.md, "repack").
+AMX_ISSUE = "llama.cpp PR #26954"
+#: Weight types llama.cpp's CPU backend never repacks (so never hands to the AMX kernels).
+UNPACKED_TYPES = frozenset({"F32", "F16", "BF16"})
+
+
+def cpu_has_amx() -> bool:
+    """The CPU advertises Intel AMX (``amx_int8`` in /proc/cpuinfo's flags): llama.cpp built
+    for it runs quantized weights through its AMX kernels when repacking is on."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return "amx_int8" in line.split()
+    except OSError:
+        return False
+    return False
+
+
+def resolve_repack(repack: bool | None, quantization: str | None) -> tuple[bool, str | None]:
+    """llama.cpp's ``use_extra_bufts`` (llama-bench ``--repack``) for a model, and why when
+    it is not llama.cpp's default (on).
+
+    ``None`` (auto): on, except for a quantized model on a CPU with AMX, where llama.cpp
+    0.3.x's AMX kernel dies with SIGILL in its worker threads (AMX_ISSUE): off there, so the
+    model is measured on the plain CPU kernels, and the record says so.
+    """
+    if repack is not None:
+        return repack, None
+    if quantization is not None and quantization.upper() not in UNPACKED_TYPES and cpu_has_amx():
+        return False, (
+            f"repack off: a {quantization} model on this AMX CPU (llama.cpp's AMX kernel dies with SIGILL, "
+            f"{AMX_ISSUE}); repack=True measures it with AMX"
+        )
+    return True, None
 
 
 def default_threads() -> int:
@@ -96,3 +140,56 @@ def quantization(meta: dict[str, str]) -> str | None:
     except (ImportError, ValueError):
         return f"file_type {raw}"
     return name.removeprefix("MOSTLY_").removeprefix("ALL_")
+
+
+# -- what a crash of llama.cpp means (the engine worker's crash line) ------------------------------
+
+#: llama.cpp log lines quoted in a crash message.
+LOG_LINES = 3
+
+
+def signal_name(returncode: int) -> str:
+    """``SIGILL (illegal instruction)`` for a child killed by a signal, else ``exit status N``."""
+    if returncode < 0:
+        sig = signal.Signals(-returncode)
+        return f"{sig.name} ({signal.strsignal(sig) or 'signal'})".replace("(Illegal instruction)", "(illegal instruction)")
+    if returncode in (132, 134, 135, 136, 137, 139):  # a shell's 128 + signal
+        return signal_name(128 - returncode)
+    return f"exit status {returncode}"
+
+
+def known_cause(returncode: int | None, log: Sequence[str], config: EngineConfig, quantization: str | None) -> str | None:
+    """What a crash is known to mean, and what to do; None when it is not known."""
+    sig = -returncode if returncode is not None and returncode < 0 else None
+    text = "\n".join(log)
+    repack_on = config.repack is not False
+    if sig == signal.SIGILL and cpu_has_amx() and repack_on and (quantization or "").upper() not in UNPACKED_TYPES:
+        return (
+            f"known cause: llama.cpp's AMX kernel for quantized weights on this Intel CPU with AMX ({AMX_ISSUE}); "
+            "set repack=False (marker key, or leave repack unset: auto turns it off here) to run it without AMX"
+        )
+    if "LLAMA_MAX_LAYERS" in text:
+        return "known cause: the GGUF declares more layers than llama.cpp supports (512): the file is corrupt or not a model"
+    if sig == signal.SIGKILL:
+        return "killed by SIGKILL: out of memory? (the kernel's OOM killer sends it; see dmesg) or killed by another process"
+    if "GGML_ASSERT" in text or sig == signal.SIGABRT:
+        return "llama.cpp aborted on a failed check: the model file or a setting is not one this llama.cpp supports"
+    return None
+
+
+#: What a debugger's backtrace adds after an abort (ggml runs gdb on itself): not llama.cpp's words.
+_NOISE = re.compile(r"^(\d+\s|#\d+\s|\[New |\[Thread |\[Inferior |warning: |0x[0-9a-f]+ in |Using host libthread|"
+                    r"Download failed|\(gdb\)|No symbol|Missing separate debuginfo|Reading symbols|Model metadata: )")
+#: A line that says what went wrong, quoted first when the log's tail is something else.
+_ERROR = re.compile(r"GGML_ASSERT|error|failed|abort", re.IGNORECASE)
+
+
+def quoted_log(text: str) -> list[str]:
+    """The log lines a crash message quotes: the last line that names an error (a failed
+    assert), then the last ``LOG_LINES`` lines, without debugger output, each cut at 300 chars."""
+    lines = [line.strip()[:300] for line in text.splitlines() if line.strip() and not _NOISE.match(line.strip())]
+    tail = lines[-LOG_LINES:]
+    errors = [line for line in lines if _ERROR.search(line)]
+    if errors and errors[-1] not in tail:
+        tail = [errors[-1], *tail[1:]]
+    return tail

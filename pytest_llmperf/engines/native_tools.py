@@ -82,9 +82,10 @@ def _built(root: Path) -> bool:
     return (root / "build" / STAMP).is_file() and all(os.access(_binary(root, t), os.X_OK) for t in TOOLS)
 
 
-def tool_path(name: str, *, build: bool = True) -> Path:
+def tool_path(name: str, *, build: bool = True, progress: Callable[[str], None] | None = None) -> Path:
     """Path of llama.cpp's ``name`` (``llama-server`` or ``llama-bench``) for the installed
-    llama-cpp-python, building both tools first when they are not cached (``build=True``)."""
+    llama-cpp-python, building both tools first when they are not cached (``build=True``;
+    ``progress`` hears what the build does, and a line a minute while it compiles)."""
     if name not in TOOLS:
         raise ToolBuildError(f"unknown llama.cpp tool {name!r}; one of: {', '.join(TOOLS)}")
     root = tools_root()
@@ -94,7 +95,9 @@ def tool_path(name: str, *, build: bool = True) -> Path:
                 f"{name} is not built for llama-cpp-python {root.name.rsplit('-', 1)[-1]}; "
                 "run `llmperf server build` (a few minutes, once per version)"
             )
-        build_tools()
+        built = build_tools(progress)
+        if progress is not None and built.build_s is not None:
+            progress(f"llmperf: built {', '.join(TOOLS)} in {built.build_s:.0f} s (cached for later runs)")
     return _binary(root, name)
 
 
@@ -116,11 +119,11 @@ def build_tools(progress: Callable[[str], None] | None = None) -> NativeTools:
         with log.open("w") as out:
             source = _sources(root, version, out, say)
             say(f"llmperf: configuring llama.cpp {version} (log: {log})")
-            _step([cmake, "-S", str(source), "-B", str(root / "build"), *CMAKE_FLAGS], out, log, "configuring", CONFIGURE_TIMEOUT_S)
+            _step([cmake, "-S", str(source), "-B", str(root / "build"), *CMAKE_FLAGS], out, log, "configuring", CONFIGURE_TIMEOUT_S, say)
             say(f"llmperf: building {' and '.join(TOOLS)} with {jobs} jobs (several minutes)")
             _step(
                 [cmake, "--build", str(root / "build"), "--config", "Release", "--target", *TOOLS, "-j", str(jobs)],
-                out, log, "building", BUILD_TIMEOUT_S,
+                out, log, "building", BUILD_TIMEOUT_S, say,
             )
         missing = [t for t, p in paths.items() if not p.is_file()]
         if missing:
@@ -191,17 +194,32 @@ def _extract_vendor(sdist: Path, target: Path) -> None:
         raise ToolBuildError(f"cannot unpack {sdist}: {exc}") from None
 
 
-def _step(command: list[str], out, log: Path, what: str, timeout_s: float) -> None:
+#: Seconds between "still building" lines while a build step runs.
+HEARTBEAT_S = 60.0
+
+
+def _step(command: list[str], out, log: Path, what: str, timeout_s: float,
+          say: Callable[[str], None] = lambda line: None) -> None:
     """Run one build step into the log, in its own process group: killed with all its
-    children on timeout, Ctrl-C or SIGTERM (a stopped build leaves no compiler running)."""
+    children on timeout, Ctrl-C or SIGTERM (a stopped build leaves no compiler running).
+    ``say`` hears a line every ``HEARTBEAT_S`` seconds: a long build never looks hung."""
     out.write(f"\n$ {' '.join(command)}\n")
     out.flush()
     proc = subprocess.Popen(
         command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
     )
+    began = time.monotonic()
     try:
         with _sigterm_raises():
-            rc = proc.wait(timeout_s)
+            while True:
+                left = timeout_s - (time.monotonic() - began)
+                try:
+                    rc = proc.wait(max(0.0, min(HEARTBEAT_S, left)))
+                    break
+                except subprocess.TimeoutExpired:
+                    if left <= HEARTBEAT_S:
+                        raise
+                    say(f"llmperf: still {what} llama.cpp ({time.monotonic() - began:.0f} s so far; log: {log})")
     except subprocess.TimeoutExpired:
         _kill_group(proc)
         raise ToolBuildError(f"{what} llama.cpp took longer than {timeout_s:.0f} s and was stopped; see {log}") from None

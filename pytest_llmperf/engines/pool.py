@@ -54,6 +54,8 @@ class EnginePool:
         """The engine for ``config``: the live one, else loaded now (freeing the least recently
         used unpinned engines beyond the bound first). A failed load is remembered: later
         tests asking for the same setting fail with the same line, without retrying."""
+        if config in self._alive and not getattr(self._alive[config], "alive", True):
+            self._free(config)  # its worker crashed in an earlier test: this test gets a fresh one
         if config in self._alive:
             self._used_by_current.add(config)
             self._alive.move_to_end(config)
@@ -113,4 +115,5 @@ def load_config(config: EngineConfig) -> Any:
         n_gpu_layers=config.n_gpu_layers, name=name or path.stem,
         n_ubatch=config.n_ubatch, flash_attn=config.flash_attn, type_k=config.type_k, type_v=config.type_v,
         use_mmap=config.mmap, use_mlock=config.mlock, sample=config.sample,
+        repack=config.repack,
     )

@@ -154,6 +154,8 @@ KEYS: dict[str, Key] = {
         Key("b", "ab", "A/B: side B, compared with A by paired statistics", _side),
         Key("max_slowdown", "ab", "A/B: max B/A time ratio - 1 per phase, e.g. 0.05, '5%' or {'prefill': 0.03}", _relative),
         Key("min_speedup", "ab", "A/B: min B/A speed ratio per phase, e.g. 1.5 or {'decode': 1.2}", _relative),
+        Key("repack", "engine", "llama.cpp weight repacking (use_extra_bufts, llama-bench --repack; default: on, off "
+            "for quantized models on AMX CPUs)", _flag),
         Key("sample", "engine", "greedy sampling inside the timed decode loop (False: as llama-bench's tg)", _flag),
         Key("max_runs", "option", "baseline comparisons: measure more runs, `runs` at a time, while a verdict "
             "is INCONCLUSIVE, up to this many (default 3 x runs; = runs turns it off)", _int_at_least(1)),

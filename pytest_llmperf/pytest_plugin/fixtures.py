@@ -49,7 +49,7 @@ def llmperf(request: pytest.FixtureRequest) -> Any:
 @pytest.fixture(scope="session")
 def llmperf_engine(pytestconfig: pytest.Config) -> Any:
     """The session's engine (in-process llama.cpp unless an endpoint or a hook says otherwise; loaded once)."""
-    return _fail(session_of(pytestconfig).engine)()
+    return _fail(session_of(pytestconfig).local_engine)()
 
 
 def _serve(pytestconfig: pytest.Config, start: Callable[..., Any], **kwargs: Any) -> Any:

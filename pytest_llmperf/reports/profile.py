@@ -56,7 +56,7 @@ def profile(
     reprobe_peaks: bool = False,
     progress: Callable[[str], None] = lambda step: None,
 ) -> dict[str, Any]:
-    from ..engines.llama_cpp import LlamaCppEngine
+    from ..engines.config import EngineConfig
     from ..measuring.machine_peak import machine_peaks
     from ..core.numbers import sig6
     from ..baselines.records import diagnosis
@@ -67,7 +67,11 @@ def profile(
     progress("model")
     path, name = resolve_model(model)
     progress("load")
-    engine = LlamaCppEngine(path, n_ctx=n_ctx, n_threads=threads, n_batch=n_batch, n_gpu_layers=n_gpu_layers, name=name)
+    from ..measuring.worker import WorkerEngine
+
+    # In an engine worker: a model that crashes llama.cpp ends with the worker's one line.
+    config = EngineConfig(model=str(path), threads=threads, n_ctx=n_ctx, n_batch=n_batch, n_gpu_layers=n_gpu_layers)
+    engine = WorkerEngine(config, name=name)
     try:
         progress("peaks")
         peaks = machine_peaks(given_bw_gbs=peak_bw_gbs, given_tflops=peak_tflops, refresh=reprobe_peaks)

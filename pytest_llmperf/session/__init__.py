@@ -76,6 +76,10 @@ class Session:
         """The engine a test measures (raises EngineError: one line)."""
         return self.engines.get(overrides)
 
+    def local_engine(self) -> Any:
+        """The session's engine in this process, for tests that hold it (``Engines.local``)."""
+        return self.engines.local()
+
     def measure_options(self, engine: Any, marker: Any) -> dict[str, Any]:
         return self.assessor.measure_options(engine, marker)
 

@@ -53,6 +53,8 @@ class Engines:
         self.endpoint_error: str | None = None
         self.pool: Any = None
         self.planned_by_id: dict[str, Any] = {}
+        self.local_engine: Any = None  # the session's engine in this process (local()), loaded once
+        self.local_error: str | None = None
 
     def get(self, overrides: Any = None) -> Any:
         """The engine a test measures: the session's, or with a test's own llama.cpp settings
@@ -80,12 +82,44 @@ class Engines:
         pool.pin(base)  # the llmperf_engine fixture may hold it for the whole session
         return pool.get(base)
 
+    def local(self) -> Any:
+        """The session's engine in this process, for tests that hold the engine or its
+        ``llama_cpp.Llama`` object (``llmperf_engine``, ``llmperf_llm``). Unless the session
+        measures in process anyway, a throw-away engine worker first loads the same setting and
+        runs two tokens: a setting that crashes llama.cpp fails here, with the worker's line,
+        instead of ending the session. Raises EngineError (one line)."""
+        s = self.settings
+        if s.endpoint or s.in_process:
+            return self.get()
+        if self.local_engine is None and self.local_error is None:
+            base = engine_config(s)
+            try:
+                self.local_engine = self.make_engine(s, base)
+                if self.local_engine is None:
+                    from ..engines.pool import load_config
+                    from ..measuring.worker import preflight
+
+                    preflight(base, timeout_s=s.engine_timeout)
+                    self.local_engine = load_config(base)
+            except LLMPerfError as exc:
+                self.local_error = str(exc)
+        if self.local_error is not None:
+            raise EngineError(self.local_error)
+        return self.local_engine
+
     def engine_pool(self) -> Any:
         if self.pool is None:
             from ..engines.pool import EnginePool, load_config
 
             def load(config: Any) -> Any:  # a conftest's engine first (pytest_llmperf_make_engine)
-                return self.make_engine(self.settings, config) or load_config(config)
+                engine = self.make_engine(self.settings, config)
+                if engine is not None:
+                    return engine
+                if self.settings.in_process:
+                    return load_config(config)
+                from ..measuring.worker import load_worker
+
+                return load_worker(config, timeout_s=self.settings.engine_timeout)
 
             self.pool = EnginePool(load, self.settings.max_engines)
             self.pool.plan(list(self.planned_by_id.values()))
@@ -111,6 +145,9 @@ class Engines:
             self.pool.finished(self.planned_by_id.get(nodeid))
 
     def close(self) -> None:
+        if self.local_engine is not None:
+            getattr(self.local_engine, "close", lambda: None)()
+            self.local_engine = None
         if self.endpoint_engine is not None:
             getattr(self.endpoint_engine, "close", lambda: None)()  # a hook's engine may have none
             self.endpoint_engine = None
