@@ -229,7 +229,7 @@ LOAD = ("--concurrency", "1", "--requests", "2", "--warmup", "0", "--prompt-toke
     ("refused", "wrong", 2,
      'llmperf: error: all 2 requests failed; first: HTTP 401 from http://bench:***@{host}/ok/v1/completions'
      '?api_key=***: {{"error": {{"message": "refused /ok/v1/completions?api_key=*** with Basic ***"}}}}'),
-])
+], ids=["served", "refused"])  # ids of our own: a parameter's base64 would put the secret in the id
 def test_load_command(host: str, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch,
                       name: str, auth: str, code: int, line: str) -> None:
     monkeypatch.setenv("LLMPERF_API_KEY", KEY)

@@ -57,7 +57,12 @@ _HOST = re.compile(r"[A-Za-z0-9._~%\-\[\]:,]*")  # host[:port], IPv6 in brackets
 _URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>`]+")
 _DSN_KEY = re.compile(r"(?:^|(?<=\s))([A-Za-z_]+)\s*=\s*")
 _DSN_QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'?")
-_DSN_SECRET_IN_TEXT = re.compile(r"(?i)\b(\w*(?:password|passwd|token|secret|api_?key))(\s*=\s*)('(?:[^'\\]|\\.)*'?|\"(?:[^\"\\]|\\.)*\"?|[^\s&;,'\"]+)")
+#: ``password=...`` (``sslpassword``, ``api_key``, ``access_token``...) in any text: the value
+#: quoted or up to a space or ``&``.
+_SECRET_PAIR_IN_TEXT = re.compile(
+    r"(?i)\b(\w*(?:password|passwd|token|secret|api_?key))(\s*=\s*)"
+    r"('(?:[^'\\]|\\.)*'?|\"(?:[^\"\\]|\\.)*\"?|[^\s&;,'\"]+)"
+)
 
 
 def is_secret_name(name: str) -> bool:
@@ -134,6 +139,14 @@ class Url:
         if password:
             return f"{user}:{REDACTED}"
         return REDACTED + colon if user and self._secret_user() else self.userinfo
+
+    def at(self, path: str) -> "Url":
+        """The same URL with ``path`` (the query kept after it) and no fragment (never sent)."""
+        return replace(self, path=path, fragment=None)
+
+    def sent(self) -> str:
+        """What a client is given: the userinfo percent-encoded (``normalized``)."""
+        return str(self.normalized())
 
     def normalized(self) -> "Url":
         """The URL with its userinfo percent-encoded, as the user meant it (an unencoded
@@ -263,7 +276,7 @@ class Redactor:
     def text(self, text: str) -> str:
         """URLs shown (``user:***@``), ``password=`` pairs hidden, then every known secret."""
         text = _URL_IN_TEXT.sub(_display_in_text, text)
-        text = _DSN_SECRET_IN_TEXT.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}"
+        text = _SECRET_PAIR_IN_TEXT.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}"
                                        if not m.group(3).strip("'\"").startswith(REDACTED) else m.group(0), text)
         for secret in self.secrets:
             text = text.replace(secret, REDACTED)

@@ -22,25 +22,22 @@ synchronous client every socket operation is given at most the time left to its 
 wrapped network backend); the asynchronous one cancels the request at its deadline.
 
 What a server sends is untrusted: events are size-capped and checked, and any text of the
-server's or httpx's that ends up in a message is cleaned of the API key and of the endpoint
-URL's secrets (``core.redact``); ``url`` and ``endpoint`` are the URL as shown (``***`` for a
-password or an ``api_key=`` parameter), only the request itself uses the real one.
+server's or httpx's that ends up in a message is cleaned of the API key and the URL's secrets
+(``core.redact``); ``url``/``endpoint`` are as shown (``user:***@``, ``api_key=***``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import secrets
 import threading
 import time
-from dataclasses import replace
 from typing import Any
 
 from ..core.engine_info import EngineInfo
 from ..core.errors import ConfigError, EngineError
-from ..core.redact import REDACTED, Redactor, Url, display, redact
+from ..core.redact import Redactor, Url, display, redact
 from ..core.trace import RunTrace
 from ..core.workload import Workload
 from .callable import synthetic_text
@@ -48,7 +45,6 @@ from .sse import MAX_ERROR_BODY_BYTES, EventReader, Head, StreamState, short
 from ..core.settings_table import APIS, SETTINGS  # the defaults: one definition each
 
 DEFAULT_API_KEY_ENV: str = SETTINGS["api_key_env"].default
-__all__ = ["DEFAULT_API_KEY_ENV", "REDACTED", "HttpEngine"]
 
 
 class HttpEngine:
@@ -82,19 +78,15 @@ class HttpEngine:
             raise ConfigError(f"unknown API {api!r}; use one of: {', '.join(APIS)}")
         if not endpoint.startswith(("http://", "https://")):
             raise ConfigError(f"endpoint must be an http(s) URL like http://127.0.0.1:8000/v1, got {display(endpoint)!r}")
-        parts = replace(Url.split(endpoint.strip()), fragment=None)  # type: ignore[type-var]
+        parts = Url.split(endpoint.strip())
         path = parts.path.rstrip("/") or "/v1"  # the query (an API key in it) stays after the path
-        route = "/completions" if api == "completions" else "/chat/completions"
-        sent = parts.normalized()  # the userinfo percent-encoded: an '@' in a password moves no host
-        self._request_url = str(replace(sent, path=path + route))
-        self._metrics_url = str(replace(sent, path=path.rsplit("/v1", 1)[0] + "/metrics"))
-        #: As shown: a password, an api_key=... parameter as ***.
-        self.endpoint = replace(parts, path=path).shown()
-        self.url = replace(parts, path=path + route).shown()
+        route = path + ("/completions" if api == "completions" else "/chat/completions")
+        self._request_url, self.url = parts.at(route).sent(), parts.at(route).shown()  # sent vs shown
+        self._metrics_url, self.endpoint = parts.at(path.rsplit("/v1", 1)[0] + "/metrics").sent(), parts.at(path).shown()
         try:
             httpx.URL(self._request_url)
         except (httpx.InvalidURL, ValueError, TypeError) as exc:
-            raise ConfigError(f"endpoint {self.endpoint!r} is not a valid URL ({redact(str(exc))}); fix --llmperf-endpoint") from None
+            raise ConfigError(f"endpoint {self.endpoint!r} is not a valid URL ({redact(str(exc))}); fix it") from None
         self.api = api
         self.model = model
         self.ignore_eos = ignore_eos
@@ -110,12 +102,9 @@ class HttpEngine:
         if key:
             bad = next((i for i, c in enumerate(key) if not (c.isascii() and c.isprintable())), None)
             if bad is not None:  # httpx would raise with the key in the traceback's locals
-                raise ConfigError(
-                    f"${api_key_env} holds a character at position {bad + 1} that an HTTP header cannot carry "
-                    "(ASCII letters, digits and punctuation only); set it to the key exactly as issued"
-                )
+                raise ConfigError(f"${api_key_env} holds a character at position {bad + 1} that an HTTP header cannot "
+                                  "carry (ASCII letters, digits and punctuation only); set it to the key exactly as issued")
             headers["Authorization"] = f"Bearer {key}"
-        #: Server and library text is cleaned of the key and the URL's secrets before it is shown.
         self._redactor = Redactor.of([endpoint], [key])
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
         self._headers = headers
