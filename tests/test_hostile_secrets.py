@@ -217,6 +217,42 @@ def test_endpoint_secret(pytester: pytest.Pytester, host: str, monkeypatch: pyte
     assert_no_secret(pytester.path, output, MEASURED if case.exit == 0 else FAILED)
 
 
+# -- an A/B side given as a URL ------------------------------------------------------------------
+
+AB_SOURCE = """
+def test_ab(llmperf):
+    llmperf.compare(a={url!r}, b={url!r}, runs=3, warmup=0, prompt_tokens=4, max_tokens=8)
+"""
+
+
+@pytest.mark.parametrize(("auth", "code", "line"), [
+    (basic(f"bench:{PW}"), 0, None),
+    ("wrong", 1, 'HTTP 401 from http://bench:***@{host}/ok/v1/completions?api_key=***: '
+                 '{{"error": {{"message": "refused /ok/v1/completions?api_key=*** with Basic ***"}}}}'),
+], ids=["served", "refused"])
+def test_ab_side_url(pytester: pytest.Pytester, host: str, monkeypatch: pytest.MonkeyPatch,
+                     auth: str, code: int, line: str | None) -> None:
+    """A side's name is the URL as shown, in the session file as in every line."""
+    monkeypatch.setenv("LLMPERF_API_KEY", KEY)
+    EXPECTED.clear()
+    EXPECTED.update(auth=auth, query=f"api_key={KEY}")
+    url = f"http://bench:{PW}@{host}/ok/v1?api_key={KEY}"
+    pytester.makepyfile(test_inner=AB_SOURCE.format(url=url))
+    started = time.monotonic()
+    result = run(pytester, "-rN", *REPORTS)
+    output = result.stdout.str() + result.stderr.str()
+    assert time.monotonic() - started < 30
+    assert result.ret == code, output
+    if line is None:
+        (ab,) = json.loads((pytester.path / "session.json").read_text())["ab"]
+        assert ab["a"]["name"] == ab["b"]["name"] == f"http://bench:***@{host}/ok/v1?api_key=***"
+        assert "Traceback" not in output
+    else:
+        assert_one_line(output, line.format(host=host))
+    (pytester.path / "test_inner.py").unlink()  # the one file that holds the secret: the test we wrote
+    assert_no_secret(pytester.path, output, FAILED)
+
+
 # -- the llmperf load command ---------------------------------------------------------------------
 
 LOAD = ("--concurrency", "1", "--requests", "2", "--warmup", "0", "--prompt-tokens", "4", "--max-tokens", "4")

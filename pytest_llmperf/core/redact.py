@@ -7,7 +7,9 @@ What counts as a secret:
 - a URL's userinfo (``scheme://user:PASSWORD@host``): the password, or all of it when it has
   no ``user:`` part (``https://TOKEN@host``, ``postgresql://:PASSWORD@host``). The userinfo
   ends at the *last* ``@`` that is followed by a host, so an unencoded ``@``, ``:`` or ``/``
-  in a password stays inside it;
+  in a password stays inside it (and is percent-encoded before the URL is used: ``sent``).
+  The price: an ``@`` in a path or query must be written ``%40``, or what precedes it is
+  taken for userinfo (and hidden: never a leak);
 - a query or fragment parameter whose name says so (``api_key``, ``key``, ``token``,
   ``password``, ``access_token``, ``sslpassword``... any case, see ``is_secret_name``);
 - in a libpq keyword/value connection string (``host=h password=PASSWORD dbname=d``) the
