@@ -14,6 +14,7 @@ import typing
 from typing import Sequence
 
 from ..core.errors import LLMPerfError
+from ..core.redact import redact
 
 
 def _commands() -> dict[str, object]:
@@ -47,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(found[args.command].run(args))  # type: ignore[attr-defined]
     except LLMPerfError as exc:
-        print(f"llmperf: error: {exc}", file=sys.stderr)
+        print(f"llmperf: error: {redact(str(exc))}", file=sys.stderr)  # no URL's password, whoever built the line
         return 2
 
 

@@ -22,13 +22,13 @@ synchronous client every socket operation is given at most the time left to its 
 wrapped network backend); the asynchronous one cancels the request at its deadline.
 
 What a server sends is untrusted: events are size-capped and checked, and any text of the
-server's that ends up in a message has the configured API key redacted.
+server's or httpx's that ends up in a message is cleaned of the API key and the URL's secrets
+(``core.redact``); ``url``/``endpoint`` are as shown (``user:***@``, ``api_key=***``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import secrets
 import threading
@@ -37,6 +37,7 @@ from typing import Any
 
 from ..core.engine_info import EngineInfo
 from ..core.errors import ConfigError, EngineError
+from ..core.redact import Redactor, Url, display, redact
 from ..core.trace import RunTrace
 from ..core.workload import Workload
 from .callable import synthetic_text
@@ -44,7 +45,6 @@ from .sse import MAX_ERROR_BODY_BYTES, EventReader, Head, StreamState, short
 from ..core.settings_table import APIS, SETTINGS  # the defaults: one definition each
 
 DEFAULT_API_KEY_ENV: str = SETTINGS["api_key_env"].default
-REDACTED = "***"
 
 
 class HttpEngine:
@@ -77,13 +77,17 @@ class HttpEngine:
         if api not in APIS:
             raise ConfigError(f"unknown API {api!r}; use one of: {', '.join(APIS)}")
         if not endpoint.startswith(("http://", "https://")):
-            raise ConfigError(f"endpoint must be an http(s) URL like http://127.0.0.1:8000/v1, got {endpoint!r}")
-        base = endpoint.rstrip("/")
-        if httpx.URL(base).path in ("", "/"):
-            base += "/v1"
-        self.endpoint = base
+            raise ConfigError(f"endpoint must be an http(s) URL like http://127.0.0.1:8000/v1, got {display(endpoint)!r}")
+        parts = Url.split(endpoint.strip())
+        path = parts.path.rstrip("/") or "/v1"  # the query (an API key in it) stays after the path
+        route = path + ("/completions" if api == "completions" else "/chat/completions")
+        self._request_url, self.url = parts.at(route).sent(), parts.at(route).shown()  # sent vs shown
+        self._metrics_url, self.endpoint = parts.at(path.rsplit("/v1", 1)[0] + "/metrics").sent(), parts.at(path).shown()
+        try:
+            httpx.URL(self._request_url)
+        except (httpx.InvalidURL, ValueError, TypeError) as exc:
+            raise ConfigError(f"endpoint {self.endpoint!r} is not a valid URL ({redact(str(exc))}); fix it") from None
         self.api = api
-        self.url = f"{base}/completions" if api == "completions" else f"{base}/chat/completions"
         self.model = model
         self.ignore_eos = ignore_eos
         self.extra_body = dict(extra_body or {})
@@ -96,9 +100,12 @@ class HttpEngine:
         headers = {"Accept": "text/event-stream"}
         key = os.environ.get(api_key_env)
         if key:
+            bad = next((i for i, c in enumerate(key) if not (c.isascii() and c.isprintable())), None)
+            if bad is not None:  # httpx would raise with the key in the traceback's locals
+                raise ConfigError(f"${api_key_env} holds a character at position {bad + 1} that an HTTP header cannot "
+                                  "carry (ASCII letters, digits and punctuation only); set it to the key exactly as issued")
             headers["Authorization"] = f"Bearer {key}"
-        # Server text is redacted of the key (and its JSON-escaped form) before it is shown.
-        self._secrets = tuple(sorted({key, json.dumps(key)[1:-1]}, key=len, reverse=True)) if key else ()
+        self._redactor = Redactor.of([endpoint], [key])
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
         self._headers = headers
         self._client = httpx.Client(
@@ -183,10 +190,8 @@ class HttpEngine:
             _DEADLINE.at = None
 
     def redact(self, text: str) -> str:
-        """``text`` with the configured API key replaced by ``***``."""
-        for secret in self._secrets:
-            text = text.replace(secret, REDACTED)
-        return text
+        """``text`` with the API key and the endpoint URL's secrets replaced by ``***``."""
+        return self._redactor.text(text)
 
     def _too_long(self, n_tokens: int) -> EngineError:
         return EngineError(
@@ -209,7 +214,7 @@ class HttpEngine:
         deadline = _DEADLINE.at
         start = clock()
         try:
-            with self._client.stream("POST", self.url, json=body) as response:
+            with self._client.stream("POST", self._request_url, json=body) as response:
                 if response.status_code >= 400:
                     head = Head(MAX_ERROR_BODY_BYTES)
                     for chunk in response.iter_bytes():
@@ -263,7 +268,7 @@ class HttpEngine:
         reader = EventReader(self.url)
         start = clock()
         try:
-            async with client.stream("POST", self.url, json=body) as response:
+            async with client.stream("POST", self._request_url, json=body) as response:
                 if response.status_code >= 400:
                     head = Head(MAX_ERROR_BODY_BYTES)
                     async for chunk in response.aiter_bytes():
@@ -313,7 +318,7 @@ class HttpEngine:
 
         _DEADLINE.at, _DEADLINE.hit = time.monotonic() + 5.0, False
         try:
-            values = read(self._client, self.endpoint.rsplit("/v1", 1)[0] + "/metrics")
+            values = read(self._client, self._metrics_url)
         finally:
             _DEADLINE.at = None
         self._metrics_missing = values is None

@@ -2,8 +2,9 @@
 ini ``llmperf_history`` > ``<rootdir>/.llmperf/history.sqlite`` (the setting is read with the
 others, ``core.settings_table``; ``parse`` turns its value into a ``Location``).
 
-A plain path is a SQLite file (stdlib, nothing to install); ``postgresql://...`` is a shared
-PostgreSQL database for a fleet of CI runners (``pip install "pytest-llmperf[postgres]"``).
+A plain path is a SQLite file (stdlib, nothing to install); ``postgresql://...`` (or libpq's
+``host=... dbname=...`` form) is a shared PostgreSQL database for a fleet of CI runners (``pip
+install "pytest-llmperf[postgres]"``). Shown only through ``core.redact``: never a password.
 Light: imported by the plugin at configure time to reject a bad value in one line.
 """
 
@@ -11,11 +12,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import ConfigError
+from ..core.redact import Redactor, Url, display, is_dsn
 from ..core.settings_table import SETTINGS
 
 ENV: str = SETTINGS["history"].env  # also what ``llmperf history``/``detect`` read
@@ -29,7 +30,8 @@ INSTALL_POSTGRES = 'pip install "pytest-llmperf[postgres]"'
 @dataclass(frozen=True)
 class Location:
     """A history store: ``kind`` is ``sqlite`` (``target`` a file path) or ``postgresql``
-    (``target`` a libpq URL, which may hold a password: show ``display``, never ``target``)."""
+    (``target`` a libpq URL or keyword/value connection string, which may hold a password:
+    show ``display``, never ``target``; ``redact`` cleans a driver's message of it)."""
 
     kind: str
     target: str
@@ -37,31 +39,35 @@ class Location:
 
     @property
     def display(self) -> str:
-        return redact(self.target) if self.kind == "postgresql" else self.target
+        return display(self.target) if self.kind == "postgresql" else self.target
 
+    @property
+    def conninfo(self) -> str:
+        """What libpq is given: a URL with its userinfo percent-encoded (an unencoded ``@`` in
+        a password would otherwise move the host), a keyword/value string as it is."""
+        url = Url.split(self.target)
+        return str(url.normalized()) if url is not None else self.target
 
-def redact(url: str) -> str:
-    """``postgresql://user:secret@host/db`` -> ``postgresql://user:***@host/db`` (also a
-    ``password=`` query parameter)."""
-    url = re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url)
-    return re.sub(r"(password=)[^&]*", r"\1***", url)
+    def redact(self, text: str) -> str:
+        return Redactor.of([self.target]).text(text) if self.kind == "postgresql" else text
 
 
 def parse(value: str, source: str, rootdir: Path | str | None = None) -> Location | None:
-    """One configured value: ``off`` -> None; a URL -> PostgreSQL; else a SQLite file path
-    (relative to ``rootdir``)."""
+    """One configured value: ``off`` -> None; a ``postgresql://`` URL or a libpq keyword/value
+    string (``host=h dbname=d password=p``) -> PostgreSQL; else a SQLite file path (relative
+    to ``rootdir``)."""
     text = str(value).strip()
     if not text:
         raise ConfigError(f"{source}: empty history location; give a file path, a postgresql:// URL or off")
     if text.lower() in OFF:
         return None
-    if text.startswith(POSTGRES_SCHEMES):
+    if text.lower().startswith(POSTGRES_SCHEMES) or is_dsn(text):
         if importlib.util.find_spec("psycopg") is None:
             raise ConfigError(f"{source}: a PostgreSQL history needs psycopg 3: {INSTALL_POSTGRES}")
         return Location("postgresql", text, source)
     if "://" in text:
         raise ConfigError(
-            f"{source}: {redact(text)!r} is not a supported history location; "
+            f"{source}: {display(text)!r} is not a supported history location; "
             "give a SQLite file path, a postgresql:// URL or off"
         )
     path = Path(text).expanduser()

@@ -133,9 +133,9 @@ def _connect(loc: Location, *, create: bool) -> _Conn:
     except ImportError:
         raise HistoryError(f"a PostgreSQL history needs psycopg 3: {INSTALL_POSTGRES}") from None
     try:
-        raw = psycopg.connect(loc.target, connect_timeout=CONNECT_TIMEOUT_S, autocommit=True)
+        raw = psycopg.connect(loc.conninfo, connect_timeout=CONNECT_TIMEOUT_S, autocommit=True)
     except psycopg.Error as exc:
-        raise HistoryError(f"cannot connect to the history {loc.display}: {_first_line(exc)}") from None
+        raise HistoryError(f"cannot connect to the history {loc.display}: {_first_line(exc, loc)}") from None
     return _Conn("postgresql", raw)
 
 
@@ -151,8 +151,10 @@ def _make_folder(folder: Path) -> None:
         raise HistoryError(f"cannot create the history folder {folder}: {exc.strerror or exc}") from None
 
 
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+def _first_line(exc: BaseException, loc: Location) -> str:
+    """The driver's message, first line, cleaned of the location's secrets (libpq may quote
+    a piece of a connection string it cannot parse)."""
+    return loc.redact((str(exc).strip().splitlines() or [type(exc).__name__])[0])
 
 
 def _errors(kind: str) -> tuple[type[BaseException], ...]:
@@ -174,7 +176,7 @@ def _transaction(conn: _Conn, loc: Location) -> Iterator[_Conn]:
             conn.execute(f"SET LOCAL lock_timeout = '{LOCK_WAIT_S}s'")
             conn.execute("SELECT pg_advisory_xact_lock(?)", (ADVISORY_LOCK,))
     except _errors(conn.kind) as exc:
-        raise HistoryError(f"cannot lock the history {loc.display}: {_first_line(exc)}") from None
+        raise HistoryError(f"cannot lock the history {loc.display}: {_first_line(exc, loc)}") from None
     try:
         yield conn
     except BaseException:
@@ -279,7 +281,7 @@ def append(loc: Location, session: Mapping[str, Any], measurements: Sequence[Map
                     )
             return int(session_id)
     except _errors(conn.kind) as exc:
-        raise HistoryError(f"cannot write the history {loc.display}: {_first_line(exc)}") from None
+        raise HistoryError(f"cannot write the history {loc.display}: {_first_line(exc, loc)}") from None
     finally:
         conn.raw.close()
 
@@ -333,7 +335,7 @@ def read(
         )
         rows = conn.execute(sql, params).fetchall()
     except _errors(conn.kind) as exc:
-        raise HistoryError(f"cannot read the history {loc.display}: {_first_line(exc)}") from None
+        raise HistoryError(f"cannot read the history {loc.display}: {_first_line(exc, loc)}") from None
     finally:
         conn.raw.close()
     out = []
@@ -362,6 +364,6 @@ def counts(loc: Location) -> dict[str, int]:
             for name in ("sessions", "measurements", "values")
         }
     except _errors(conn.kind) as exc:
-        raise HistoryError(f"cannot read the history {loc.display}: {_first_line(exc)}") from None
+        raise HistoryError(f"cannot read the history {loc.display}: {_first_line(exc, loc)}") from None
     finally:
         conn.raw.close()

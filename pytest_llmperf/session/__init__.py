@@ -73,8 +73,25 @@ class Session:
     # -- measuring ---------------------------------------------------------------------------
 
     def engine(self, overrides: Any = None) -> Any:
-        """The engine a test measures (raises EngineError: one line)."""
-        return self.engines.get(overrides)
+        """The engine a test measures (raises EngineError: one line, no secret in it)."""
+        from ..core.errors import LLMPerfError
+
+        try:
+            return self.engines.get(overrides)
+        except LLMPerfError as exc:
+            message = self.redact(str(exc))
+            if message != str(exc):
+                raise type(exc)(message) from None
+            raise
+
+    def redact(self, text: str) -> str:
+        """``text`` cleaned of the endpoint URL's and the history location's secrets and of the
+        API key (``core.redact``): for lines this layer builds from the settings."""
+        from ..core.redact import Redactor
+
+        s = self.settings
+        history = s.history.target if s.history is not None and s.history.kind == "postgresql" else None
+        return Redactor.of([s.engine.endpoint, history], [os.environ.get(s.engine.api_key_env)]).text(text)
 
     def local_engine(self) -> Any:
         """The session's engine in this process, for tests that hold it (``Engines.local``)."""
@@ -118,7 +135,7 @@ class Session:
         from .engines import describe
 
         s = self.settings
-        return describe(s.engine, s.threads_source, s.disable, engine_note)
+        return [self.redact(line) for line in describe(s.engine, s.threads_source, s.disable, engine_note)]
 
     # -- reporting ---------------------------------------------------------------------------
 

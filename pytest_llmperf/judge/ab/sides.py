@@ -17,9 +17,10 @@ def resolve_side(name: str, spec: Any, engine_for: Callable[[Mapping[str, Any]],
         return Side(label, engine_for(spec))
     if isinstance(spec, str):
         if spec.startswith(("http://", "https://")):
+            from ...core.redact import display
             from ...engines.http import HttpEngine
 
-            return Side(spec, HttpEngine(spec))
+            return Side(display(spec), HttpEngine(spec))  # named as shown: no password, no api_key=
         return Side(spec, engine_for({"model": spec}))
     if hasattr(spec, "run") and hasattr(spec, "info"):
         return Side(spec.info().model, spec)
