@@ -1,7 +1,8 @@
 """``llmperf`` command line: one subcommand per module of this package (shared helpers in ``common``).
 
 Every command exits 0 on success, 1 when what it checked failed (e.g. a regression) and 2 on
-unusable input, printed as one ``llmperf: error:`` line.
+unusable input, printed as one ``llmperf: error:`` line; Ctrl-C is one ``llmperf:`` line and
+exit 130.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ import typing
 from typing import Sequence
 
 from ..core.errors import LLMPerfError
+
+#: The exit status after Ctrl-C (128 + SIGINT, as a shell reports it).
+INTERRUPTED = 130
 
 
 def _commands() -> dict[str, object]:
@@ -49,5 +53,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LLMPerfError as exc:
         print(f"llmperf: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:  # Ctrl-C: one line (its wait's, when it has one), no traceback
+        print(f"llmperf: {exc or 'interrupted'}", file=sys.stderr)
+        return INTERRUPTED
 
 
