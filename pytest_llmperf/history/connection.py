@@ -143,7 +143,7 @@ class Conn:
                 if time.monotonic() - started >= LOCK_WAIT_S:
                     raise HistoryError(
                         f"the history {self.loc.display} stayed locked for {LOCK_WAIT_S} s by "
-                        f"{sqlite_holder(self.loc.target)}; let it finish (or stop it) and run again"
+                        f"{sqlite_holder(self.loc.target)}; let that process finish (or stop it), then run again"
                     )
         except KeyboardInterrupt:
             raise HistoryInterrupted(
