@@ -3,10 +3,11 @@ path that is not a regular file (a FIFO, ``/dev/zero``, a directory) is refused 
 read, and so is a file over its size limit, each in one line, so no read waits on a writer
 that never comes or reads without end.
 
-Why ``MAX_DOCUMENT_MIB``: loading a file is JSON parsing plus the schema check, about 0.4 s
-per MiB on a 2-core x86-64 VM, so the limit bounds a load at about 13 s (docs/baselines.md).
-A baseline entry of 20 runs of 64 tokens is about 15 KiB: the limit holds some 2000 entries,
-e.g. 100 tests on 20 machines, in one test module's file.
+Why ``MAX_DOCUMENT_MIB``: loading a baseline file is JSON parsing plus the schema check,
+about 0.2 s per MiB on a 2-core x86-64 VM (a 31 MiB file of 2200 entries: 6.7 s), so the limit
+bounds a load at about 7 s (docs/baselines.md). A baseline entry of 20 runs of 64 tokens is
+about 15 KiB: the limit holds some 2000 entries, e.g. 100 tests on 20 machines, in one test
+module's file.
 """
 
 from __future__ import annotations
