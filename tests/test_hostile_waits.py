@@ -569,3 +569,30 @@ def test_session_with_a_postgres_history_that_stalls(pytester: pytest.Pytester, 
     from pytest_llmperf.history.location import Location
 
     assert store.counts(Location("postgresql", url)) == {"sessions": 0, "measurements": 0, "values": 0}
+
+
+def test_postgres_history_locked_past_the_deadline_names_the_writer(pg_server, tmp_path: Path,  # noqa: F811
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another writer holds the advisory lock: the server's lock_timeout (1 s here) ends the
+    wait, and the line names that writer's backend; nothing is written."""
+    import psycopg
+    from test_history import result, stamp
+
+    from pytest_llmperf.history import append_session, store
+    from pytest_llmperf.history.location import Location
+
+    url = pg_server.new_database()
+    loc = Location("postgresql", url)
+    monkeypatch.setattr(connection, "LOCK_WAIT_S", 1)
+    with psycopg.connect(url, autocommit=True) as other:
+        other.execute("BEGIN")
+        other.execute("SELECT pg_advisory_xact_lock(%s)", (connection.ADVISORY_LOCK,))
+        pid = other.info.backend_pid
+        started = time.monotonic()
+        with pytest.raises(store.HistoryError) as err:
+            append_session(loc, [result("t.py::test_a", 10.0)], stamp(0), tmp_path, compared=False)
+        elapsed = time.monotonic() - started
+        other.execute("ROLLBACK")
+    assert str(err.value) == (f"the history {loc.display} stayed locked for 1 s by PostgreSQL backend {pid} (client "
+                              "127.0.0.1); let that writer finish (or stop it), then run again")
+    assert elapsed < 10 and store.counts(loc) == {"sessions": 0, "measurements": 0, "values": 0}

@@ -39,6 +39,8 @@ ANSWER_WAIT_S = LOCK_WAIT_S + 30
 SQLITE_TRY_S = 0.05
 #: PostgreSQL advisory lock key of history writers (any constant shared by all writers).
 ADVISORY_LOCK = 0x6C6C6D70  # "llmp"
+#: PostgreSQL's SQLSTATE of a lock wait ended by lock_timeout.
+LOCK_NOT_AVAILABLE = "55P03"
 #: SQLite's lock bytes (its os_unix.c): PENDING_BYTE, then RESERVED_BYTE and the 510 shared ones.
 SQLITE_LOCK_BYTES = range(0x40000000, 0x40000000 + 512)
 
@@ -203,6 +205,23 @@ def sqlite_holder(path: str) -> str:
         return f"process {pid}"
 
 
+def postgres_holder(conn: Conn) -> str:
+    """``PostgreSQL backend 1234 (client 10.0.0.5)``: who holds the writers' advisory lock,
+    read after the failed transaction is rolled back; ``another writer`` when that fails."""
+    try:
+        conn.execute("ROLLBACK")
+        row = conn.execute(
+            "SELECT a.pid, host(a.client_addr) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+            "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = 0 AND l.objid::bigint = ? AND l.objsubid = 1",
+            (ADVISORY_LOCK,),
+        ).fetchone()
+    except errors_of(conn.kind):
+        return "another writer"
+    if not row:
+        return "another writer"
+    return f"PostgreSQL backend {row[0]}" + (f" (client {row[1]})" if row[1] else " (a local client)")
+
+
 def connect(loc: Location, *, create: bool) -> Conn:
     if loc.kind == "sqlite":
         path = Path(loc.target)
@@ -255,6 +274,11 @@ def transaction(conn: Conn) -> Iterator[Conn]:
             conn.execute(f"SET LOCAL lock_timeout = '{LOCK_WAIT_S}s'")
             conn.execute("SELECT pg_advisory_xact_lock(?)", (ADVISORY_LOCK,))
     except errors_of(conn.kind) as exc:
+        if getattr(exc, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+            raise HistoryError(
+                f"the history {conn.loc.display} stayed locked for {LOCK_WAIT_S} s by {postgres_holder(conn)}; "
+                "let that writer finish (or stop it), then run again"
+            ) from None
         raise conn.failure("lock", exc) from None
     try:
         yield conn
