@@ -109,7 +109,7 @@ def test_roundtrip_keeps_runs_summary_fingerprints_and_commit(location: str, tmp
 def test_schema_version_table_and_newer_schema_refused_untouched(location: str, tmp_path: Path) -> None:
     loc = parse(location, "test", tmp_path)
     append_session(loc, [result("t.py::test_a", 10.0)], stamp(0), tmp_path, compared=True)
-    conn = store._connect(loc, create=False)
+    conn = store.connect(loc, create=False)
     assert conn.execute("SELECT version FROM llmperf_schema").fetchall() == [(store.SCHEMA_VERSION,)]
     conn.execute("UPDATE llmperf_schema SET version = 99")
     conn.raw.close()
@@ -125,7 +125,7 @@ def test_schema_version_table_and_newer_schema_refused_untouched(location: str, 
 def snapshot(loc) -> str:
     if loc.kind == "sqlite":
         return hashlib.sha256(Path(loc.target).read_bytes()).hexdigest()
-    conn = store._connect(loc, create=False)
+    conn = store.connect(loc, create=False)
     try:
         rows = [conn.execute(f"SELECT * FROM {t} ORDER BY 1").fetchall()
                 for t in ("llmperf_schema", "llmperf_sessions", "llmperf_measurements", "llmperf_values")]
@@ -237,7 +237,7 @@ def test_otava_export_reads_the_same_levels_from_csv_and_sql(location: str, tmp_
         return
     pg_test = yaml.safe_load((out / "otava-postgres.yaml").read_text())["tests"][name]
     assert pg_test["type"] == "postgres" and pg_test["metrics"] == test["metrics"]
-    conn = store._connect(loc, create=False)
+    conn = store.connect(loc, create=False)
     try:
         # As Otava runs it: the %{BRANCH} placeholder becomes a parameter (sessions here have none).
         got = conn.raw.execute(pg_test["query"].replace("s.branch = %{BRANCH}", "s.branch IS NOT DISTINCT FROM %s"),

@@ -14,7 +14,9 @@ same folder, are fsynced and renamed over the old file, so a crash at any moment
 the old or the new file. Writers serialize on a lock of the folder. An update over a file it
 cannot read keeps that file as ``<name>.corrupt`` (then ``.corrupt.1``, ``.corrupt.2``...: a
 copy is never overwritten) and carries its valid entries over; a file of a newer schema is
-never touched (the update fails with a ``NewerSchemaError``). A write that fails (read-only
+never touched (the update fails with a ``NewerSchemaError``), nor is a path that is not a
+regular file or a file over ``core.files.MAX_DOCUMENT_MIB`` (``RefusedBaselineError``: it is
+never read, so never truncated). A write that fails (read-only
 folder, disk full) is a ``BaselineError`` and leaves the old file as it was.
 """
 
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Callable, Any, Iterator, Mapping
 
 from ..core.errors import LLMPerfError
+from ..core.files import RefusedFile, read_bytes
 from ..core.schema_check import SchemaViolation, validate
 
 SCHEMA = "pytest-llmperf/baselines"
@@ -36,6 +39,10 @@ SCHEMA_VERSION = 1
 
 class BaselineError(LLMPerfError):
     """A baseline file that cannot be used (corrupt, truncated, wrong schema...)."""
+
+
+class RefusedBaselineError(BaselineError):
+    """Not a regular file, or over ``core.files.MAX_DOCUMENT_MIB``: never read, never replaced."""
 
 
 class NewerSchemaError(BaselineError):
@@ -62,6 +69,15 @@ def entry_key(nodeid: str, label: str = "") -> str:
 
 #: What to do about a baseline file that does not match its schema.
 REDO = "re-record it with --llmperf-update-baselines (or restore the file from version control)"
+#: What to do about a baseline file over the size limit.
+SHRINK = "remove the entries of machines no longer tested from it, or split the test module"
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return read_bytes(path, "baseline file", SHRINK)
+    except RefusedFile as exc:
+        raise RefusedBaselineError(str(exc)) from None
 
 
 def _violation(path: Path, exc: SchemaViolation) -> BaselineError:
@@ -79,7 +95,7 @@ def _check_entry(path: Path, test: str, hw: str, entry: Any) -> None:
 def load(path: Path) -> dict[str, Any]:
     """The file's ``tests`` mapping; empty when the file does not exist."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = _read(path).decode("utf-8")
     except FileNotFoundError:
         return {}
     except (OSError, UnicodeDecodeError) as exc:
@@ -192,9 +208,10 @@ def _keep_aside(path: Path) -> Path:
             continue
         except OSError:
             pass
+        data = _read(path)
         try:
             with open(moved, "xb") as fh:
-                fh.write(path.read_bytes())
+                fh.write(data)
                 fh.flush()
                 os.fsync(fh.fileno())
             return moved
@@ -206,8 +223,8 @@ def _keep_aside(path: Path) -> Path:
 def _salvage(path: Path) -> dict[str, Any]:
     """The valid entries of a file that does not load as a whole (e.g. one entry with no runs)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+        data = json.loads(_read(path).decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, BaselineError):
         return {}
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("tests"), dict):
         return {}
@@ -248,6 +265,8 @@ def update(
                     f"pytest-llmperf understands ({SCHEMA_VERSION}); upgrade pytest-llmperf to update it",
                     exc.version,
                 ) from None
+            except RefusedBaselineError as exc:
+                raise RefusedBaselineError(f"baselines not written: {exc}; the file is unchanged") from None
             except BaselineError:
                 moved = _keep_aside(path)
                 tests = _salvage(path)

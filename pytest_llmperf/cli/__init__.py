@@ -1,7 +1,8 @@
 """``llmperf`` command line: one subcommand per module of this package (shared helpers in ``common``).
 
 Every command exits 0 on success, 1 when what it checked failed (e.g. a regression) and 2 on
-unusable input, printed as one ``llmperf: error:`` line.
+unusable input, printed as one ``llmperf: error:`` line; Ctrl-C is one ``llmperf:`` line and
+exit 130.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from typing import Sequence
 
 from ..core.errors import LLMPerfError
 from ..core.redact import redact
+
+#: The exit status after Ctrl-C (128 + SIGINT, as a shell reports it).
+INTERRUPTED = 130
 
 
 def _commands() -> dict[str, object]:
@@ -50,5 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LLMPerfError as exc:
         print(f"llmperf: error: {redact(str(exc))}", file=sys.stderr)  # no URL's password, whoever built the line
         return 2
+    except KeyboardInterrupt as exc:  # Ctrl-C: one line (its wait's, when it has one), no traceback
+        print(f"llmperf: {exc or 'interrupted'}", file=sys.stderr)
+        return INTERRUPTED
 
 

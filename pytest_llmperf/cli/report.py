@@ -17,19 +17,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
     from pathlib import Path
 
     from ..baselines.store import atomic_write
     from ..reports.figures import require_matplotlib
     from ..reports.html import render_html
-    from ..reports.session_file import load_session
+    from ..reports.session_file import read_session
 
     from ..core.errors import ConfigError
 
     require_matplotlib()
-    results = load_session(args.session)
-    created = json.loads(Path(args.session).read_text(encoding="utf-8")).get("created_at")
+    data, results = read_session(args.session)  # read once
+    created = data.get("created_at")
     try:
         page = render_html(results, created if isinstance(created, str) else None, workers=args.jobs)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:

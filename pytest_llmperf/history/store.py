@@ -9,7 +9,7 @@ per-run values, their median, and the session's level: ``level`` in the metric's
 plain SQL and Otava's PostgreSQL source, ``log_level`` with its standard error ``se``).
 
 Every write is one transaction, taken under a lock that serialises writers (SQLite ``BEGIN
-IMMEDIATE`` with a busy timeout; PostgreSQL an advisory transaction lock), so concurrent pytest
+IMMEDIATE``; PostgreSQL an advisory transaction lock; every wait ends: ``connection``), so concurrent pytest
 processes and the schema's creation never interleave: a session's rows land whole or not at
 all. A history written by a newer pytest-llmperf (a higher schema version) is refused with one
 line and never altered.
@@ -20,21 +20,12 @@ from __future__ import annotations
 import datetime
 import json
 import math
-import sqlite3
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from ..core.errors import LLMPerfError
-from .location import INSTALL_POSTGRES, Location
+from .connection import Conn, HistoryError, connect, errors_of, transaction
+from .location import Location
 
 SCHEMA_VERSION = 1
-#: Seconds a writer waits for another one (SQLite busy timeout, PostgreSQL lock_timeout).
-LOCK_WAIT_S = 60
-#: Seconds to reach a PostgreSQL server before giving up (every network wait has a deadline).
-CONNECT_TIMEOUT_S = 10
-#: PostgreSQL advisory lock key of history writers (any constant shared by all writers).
-ADVISORY_LOCK = 0x6C6C6D70  # "llmp"
 #: Upgrades from an older schema version: version -> statements that bring it to version + 1.
 MIGRATIONS: dict[int, tuple[str, ...]] = {}
 
@@ -89,106 +80,11 @@ DDL = (
 )
 
 
-class HistoryError(LLMPerfError):
-    """The history cannot be read or written; one line that says what to do."""
-
-
 class NewerSchemaError(HistoryError):
     pass
 
 
-# ---------------------------------------------------------------------------------------------
-# Connections
-
-
-class _Conn:
-    """A DB-API connection with ``?`` placeholders on both backends and the backend's name."""
-
-    def __init__(self, kind: str, raw: Any) -> None:
-        self.kind = kind
-        self.raw = raw
-
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        if self.kind == "postgresql":
-            sql = sql.replace("?", "%s")
-        cur = self.raw.cursor()
-        cur.execute(sql, tuple(params))
-        return cur
-
-
-def _connect(loc: Location, *, create: bool) -> _Conn:
-    if loc.kind == "sqlite":
-        path = Path(loc.target)
-        if create:
-            _make_folder(path.parent)
-        elif not path.is_file():
-            raise HistoryError(f"no history at {path}")
-        try:
-            raw = sqlite3.connect(str(path), timeout=LOCK_WAIT_S, isolation_level=None)
-        except sqlite3.Error as exc:
-            raise HistoryError(f"cannot open the history {path}: {exc}") from None
-        return _Conn("sqlite", raw)
-    try:
-        import psycopg
-    except ImportError:
-        raise HistoryError(f"a PostgreSQL history needs psycopg 3: {INSTALL_POSTGRES}") from None
-    try:
-        raw = psycopg.connect(loc.conninfo, connect_timeout=CONNECT_TIMEOUT_S, autocommit=True)
-    except psycopg.Error as exc:
-        raise HistoryError(f"cannot connect to the history {loc.display}: {_first_line(exc, loc)}") from None
-    return _Conn("postgresql", raw)
-
-
-def _make_folder(folder: Path) -> None:
-    """The history's folder; a new ``.llmperf`` one gets a ``.gitignore`` of ``*`` (as pytest's
-    cache does), so the history stays out of git unless the user removes it to keep it."""
-    existed = folder.is_dir()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        if not existed and folder.name == ".llmperf":
-            (folder / ".gitignore").write_text("# created by pytest-llmperf: the session history stays out of git\n*\n")
-    except OSError as exc:
-        raise HistoryError(f"cannot create the history folder {folder}: {exc.strerror or exc}") from None
-
-
-def _first_line(exc: BaseException, loc: Location) -> str:
-    """The driver's message, first line, cleaned of the location's secrets (libpq may quote
-    a piece of a connection string it cannot parse)."""
-    return loc.redact((str(exc).strip().splitlines() or [type(exc).__name__])[0])
-
-
-def _errors(kind: str) -> tuple[type[BaseException], ...]:
-    if kind == "sqlite":
-        return (sqlite3.Error,)
-    import psycopg
-
-    return (psycopg.Error,)
-
-
-@contextmanager
-def _transaction(conn: _Conn, loc: Location) -> Iterator[_Conn]:
-    """One writer at a time, all or nothing."""
-    try:
-        if conn.kind == "sqlite":
-            conn.execute("BEGIN IMMEDIATE")
-        else:
-            conn.execute("BEGIN")
-            conn.execute(f"SET LOCAL lock_timeout = '{LOCK_WAIT_S}s'")
-            conn.execute("SELECT pg_advisory_xact_lock(?)", (ADVISORY_LOCK,))
-    except _errors(conn.kind) as exc:
-        raise HistoryError(f"cannot lock the history {loc.display}: {_first_line(exc, loc)}") from None
-    try:
-        yield conn
-    except BaseException:
-        try:
-            conn.execute("ROLLBACK")
-        except _errors(conn.kind):
-            pass  # a broken connection: the server drops the transaction itself
-        raise
-    conn.execute("COMMIT")
-
-
-def _table_exists(conn: _Conn, name: str) -> bool:
+def _table_exists(conn: Conn, name: str) -> bool:
     if conn.kind == "sqlite":
         row = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone()
     else:
@@ -197,7 +93,7 @@ def _table_exists(conn: _Conn, name: str) -> bool:
     return row is not None
 
 
-def _version(conn: _Conn, loc: Location) -> int | None:
+def _version(conn: Conn, loc: Location) -> int | None:
     if not _table_exists(conn, "llmperf_schema"):
         return None
     row = conn.execute("SELECT MAX(version) FROM llmperf_schema").fetchone()
@@ -214,7 +110,7 @@ def _check_newer(version: int, loc: Location) -> None:
         )
 
 
-def ensure_schema(conn: _Conn, loc: Location) -> None:
+def ensure_schema(conn: Conn, loc: Location) -> None:
     """Create or migrate the schema; inside a writer's transaction."""
     version = _version(conn, loc)
     if version is None:
@@ -234,7 +130,7 @@ def ensure_schema(conn: _Conn, loc: Location) -> None:
 # Writing
 
 
-def _time(conn: _Conn, iso: str) -> Any:
+def _time(conn: Conn, iso: str) -> Any:
     if conn.kind == "sqlite":
         return iso
     return datetime.datetime.fromisoformat(iso)
@@ -244,9 +140,9 @@ def append(loc: Location, session: Mapping[str, Any], measurements: Sequence[Map
     """Append one session and its measurements (see ``collect.session_rows``) in one
     transaction; returns the session's id. A session whose ``uid`` is stored already is not
     written twice."""
-    conn = _connect(loc, create=True)
+    conn = connect(loc, create=True)
     try:
-        with _transaction(conn, loc):
+        with transaction(conn):
             ensure_schema(conn, loc)
             found = conn.execute("SELECT id FROM llmperf_sessions WHERE uid = ?", (session["uid"],)).fetchone()
             if found:
@@ -280,10 +176,10 @@ def append(loc: Location, session: Mapping[str, Any], measurements: Sequence[Map
                         ),
                     )
             return int(session_id)
-    except _errors(conn.kind) as exc:
-        raise HistoryError(f"cannot write the history {loc.display}: {_first_line(exc, loc)}") from None
+    except errors_of(conn.kind) as exc:
+        raise conn.failure("write", exc) from None
     finally:
-        conn.raw.close()
+        conn.close()
 
 
 def _json(value: Any) -> str:
@@ -308,7 +204,7 @@ def read(
 
     ``test``: a substring of the test id; ``metrics``: metric names. Never creates anything: a
     missing schema reads as an empty history, a newer one is refused."""
-    conn = _connect(loc, create=False)
+    conn = connect(loc, create=False)
     try:
         version = _version(conn, loc)
         if version is None:
@@ -334,10 +230,10 @@ def read(
             + " ORDER BY s.started_at, s.id, m.id, v.metric"
         )
         rows = conn.execute(sql, params).fetchall()
-    except _errors(conn.kind) as exc:
-        raise HistoryError(f"cannot read the history {loc.display}: {_first_line(exc, loc)}") from None
+    except errors_of(conn.kind) as exc:
+        raise conn.failure("read", exc) from None
     finally:
-        conn.raw.close()
+        conn.close()
     out = []
     for row in rows:
         d = dict(zip(COLUMNS, row))
@@ -353,7 +249,7 @@ def read(
 
 def counts(loc: Location) -> dict[str, int]:
     """Rows per table (tests and the CLI's summary line)."""
-    conn = _connect(loc, create=False)
+    conn = connect(loc, create=False)
     try:
         version = _version(conn, loc)
         if version is None:
@@ -363,7 +259,7 @@ def counts(loc: Location) -> dict[str, int]:
             name: int(conn.execute(f"SELECT COUNT(*) FROM llmperf_{name}").fetchone()[0])
             for name in ("sessions", "measurements", "values")
         }
-    except _errors(conn.kind) as exc:
-        raise HistoryError(f"cannot read the history {loc.display}: {_first_line(exc, loc)}") from None
+    except errors_of(conn.kind) as exc:
+        raise conn.failure("read", exc) from None
     finally:
-        conn.raw.close()
+        conn.close()

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core.errors import ConfigError
+from ..core.files import RefusedFile, read_text
 
 PROBE_VERSION = 2
 
@@ -153,9 +154,9 @@ def machine_peaks(
     key = f"{hardware_key(hardware())}-v{PROBE_VERSION}"
     path = _cache_file()
     cached: dict = {}
-    try:
-        cached = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    try:  # our own cache: anything but a small regular JSON file is probed again, and replaced
+        cached = json.loads(read_text(path, "peak cache file", "delete it", limit_mib=1))
+    except (OSError, ValueError, RefusedFile):
         cached = {}
     entry = cached.get(key) if isinstance(cached, dict) and not refresh else None
     try:

@@ -7,6 +7,7 @@ is collected (tests/test_plugin_cli.py checks)."""
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, Generator
 
 import pytest
@@ -174,7 +175,18 @@ class LLMPerfHooks:
         return result
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        outputs = self.session.finish(os.environ)
+        try:
+            outputs = self.session.finish(os.environ)
+        except KeyboardInterrupt as exc:  # Ctrl-C while writing (pytest would print a traceback)
+            line = str(exc) or "interrupted at the end of the session"
+            reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+            text = f"llmperf: {line}; the session's files not written yet were left out"
+            if reporter is not None:
+                reporter.write_line(text)
+            else:
+                print(text, file=sys.stderr)
+            session.exitstatus = pytest.ExitCode.INTERRUPTED
+            return
         if outputs is not None and outputs.failed and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a file asked for was not written
 

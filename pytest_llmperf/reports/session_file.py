@@ -3,7 +3,7 @@
 Results are ``judge.result.MeasurementResult`` objects (they cross pytest-xdist's wire as their
 ``to_json()``), and only the process that owns the session (the xdist controller, or the single
 process) writes files, so workers never race on a baseline file. The session file's format is
-``pytest_llmperf/schemas/session.schema.json``; ``load_session`` checks a file against it.
+``pytest_llmperf/schemas/session.schema.json``; ``read_session`` checks a file against it.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..baselines import store as baseline_store
+from ..core.files import RefusedFile, read_text
 from ..core.schema_check import SchemaViolation, validate
 from ..judge.verdict import Comparison
 from ..judge.result import MeasurementResult
@@ -71,13 +72,25 @@ REDO = "write the report again with pytest --llmperf-json"
 
 
 def load_session(path: Path | str) -> list[MeasurementResult]:
-    """Results of a saved ``--llmperf-json`` report, checked against
+    """Results of a saved ``--llmperf-json`` report (``read_session``)."""
+    return read_session(path)[1]
+
+
+#: What to do about a session report over the size limit.
+SMALLER = "write smaller reports (fewer tests or runs per session)"
+
+
+def read_session(path: Path | str) -> tuple[dict[str, Any], list[MeasurementResult]]:
+    """A saved ``--llmperf-json`` report and its results, checked against
     ``schemas/session.schema.json``; one line naming the file, the place in it and what to do
-    if it is not one (the file is only read)."""
+    if it is not one (the file is only read, and only a regular file within
+    ``core.files.MAX_DOCUMENT_MIB``)."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = json.loads(read_text(path, "session report", SMALLER))
     except FileNotFoundError:
         raise baseline_store.BaselineError(f"session report not found: {path}") from None
+    except RefusedFile as exc:
+        raise baseline_store.BaselineError(str(exc)) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise baseline_store.BaselineError(f"{path} is not a readable JSON session report: {exc}") from None
     if not isinstance(data, dict) or data.get("schema") != SESSION_SCHEMA:
@@ -91,7 +104,7 @@ def load_session(path: Path | str) -> list[MeasurementResult]:
         validate(data, "session")
     except SchemaViolation as exc:
         raise baseline_store.BaselineError(f"{path}: {exc}; {REDO}") from None
-    return [MeasurementResult.from_json(r, f"results[{i}]", check=False) for i, r in enumerate(data["results"])]
+    return data, [MeasurementResult.from_json(r, f"results[{i}]", check=False) for i, r in enumerate(data["results"])]
 
 
 COMPARISON_HEADERS = ("test", "metric", "baseline", "now", "change", "95% CI", "p (Holm)", "verdict")

@@ -7,6 +7,7 @@ file is left as it was. The history and GitHub's step summary cost their line on
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
@@ -83,7 +84,10 @@ def finish(
     if step_summary and md:
         step_extra = [f"Plots: HTML report `{s.html}` (keep it as a CI artifact)."] if out.html_written else []
         try:
-            with open(step_summary, "a", encoding="utf-8") as fh:
+            # O_NONBLOCK: a FIFO nobody reads fails at once (ENXIO) instead of waiting for a reader.
+            fd = os.open(step_summary, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666)
+            os.set_blocking(fd, True)
+            with open(fd, "a", encoding="utf-8") as fh:
                 fh.write(session_file.markdown(results, step_extra, budgets_gate=s.budgets_gate))
         except OSError as exc:
             out.write_errors.append(f"llmperf: cannot write {step_summary}: {exc.strerror or exc}")

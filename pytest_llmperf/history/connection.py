@@ -1,0 +1,294 @@
+"""Connections to the history, and every wait on one ending.
+
+SQLite: a writer waits for another one (or a reader for a writer's commit) in short busy
+timeouts with a pause in Python between them, so Ctrl-C ends the wait at once and is still a
+``KeyboardInterrupt`` (``HistoryInterrupted``, whose one line names the lock's holder); after
+``LOCK_WAIT_S`` the wait ends in a ``HistoryError`` naming the process that holds the lock.
+
+PostgreSQL: ``connect_timeout`` bounds reaching the server and its startup answer, the
+server's ``lock_timeout`` the wait for another writer, and a watchdog thread (``Deadline``)
+ends a statement the server leaves unanswered (a stalled server, a lost network) after
+``ANSWER_WAIT_S``: it shuts the connection's socket down, so the blocked read fails at once.
+A server-side ``statement_timeout`` would not: a stalled server enforces nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+import stat
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from ..core.errors import LLMPerfError
+from ..core.files import file_kind
+from .location import INSTALL_POSTGRES, Location
+
+#: Seconds a writer waits for another one (SQLite, in Python; PostgreSQL's lock_timeout).
+LOCK_WAIT_S = 60
+#: Seconds to reach a PostgreSQL server and have its startup answer, before giving up.
+CONNECT_TIMEOUT_S = 10
+#: Seconds a PostgreSQL statement may go unanswered before the connection is cut (more than
+#: the lock wait, which the server ends itself when it answers at all).
+ANSWER_WAIT_S = LOCK_WAIT_S + 30
+#: SQLite: the busy timeout of one try, and the pause (in Python: Ctrl-C is seen) between tries.
+SQLITE_TRY_S = 0.05
+#: PostgreSQL advisory lock key of history writers (any constant shared by all writers).
+ADVISORY_LOCK = 0x6C6C6D70  # "llmp"
+#: PostgreSQL's SQLSTATE of a lock wait ended by lock_timeout.
+LOCK_NOT_AVAILABLE = "55P03"
+#: SQLite's lock bytes (its os_unix.c): PENDING_BYTE, then RESERVED_BYTE and the 510 shared ones.
+SQLITE_LOCK_BYTES = range(0x40000000, 0x40000000 + 512)
+
+
+class HistoryError(LLMPerfError):
+    """The history cannot be read or written; one line that says what to do."""
+
+
+class HistoryInterrupted(KeyboardInterrupt):
+    """Ctrl-C while waiting for the history: still an interrupt; ``str()`` is its one line."""
+
+
+def first_line(exc: BaseException, loc: Any = None) -> str:
+    """The driver's message, first line, cleaned of the location's secrets (libpq may quote
+    a piece of a connection string it cannot parse)."""
+    line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return loc.redact(line) if loc is not None else line
+
+
+def errors_of(kind: str) -> tuple[type[BaseException], ...]:
+    if kind == "sqlite":
+        return (sqlite3.Error,)
+    import psycopg
+
+    return (psycopg.Error,)
+
+
+class Deadline:
+    """Cuts a PostgreSQL connection whose statement went ``limit_s`` unanswered (one thread
+    per connection; ``statement()`` around each statement, ``stop()`` when done)."""
+
+    def __init__(self, raw: Any, limit_s: float) -> None:
+        self.raw, self.limit_s, self.fd = raw, limit_s, raw.fileno()
+        self.fired = False
+        self._since: float | None = None
+        self._done = False
+        self._cond = threading.Condition()
+        threading.Thread(target=self._watch, name="llmperf-history-deadline", daemon=True).start()
+
+    @contextmanager
+    def statement(self) -> Iterator[None]:
+        with self._cond:
+            self._since = time.monotonic()
+            self._cond.notify()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._since = None
+
+    def stop(self) -> None:
+        with self._cond:
+            self._done = True
+            self._cond.notify()
+
+    def _watch(self) -> None:
+        with self._cond:
+            while not self._done and not self.raw.closed:
+                if self._since is None:
+                    self._cond.wait(1.0)
+                    continue
+                left = self._since + self.limit_s - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                self.fired = True
+                try:  # the fd stays the connection's until the statement returns: it cannot return now
+                    with socket.socket(fileno=os.dup(self.fd)) as sock:
+                        sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                return
+
+
+class Conn:
+    """A DB-API connection with ``?`` placeholders on both backends, whose waits all end."""
+
+    def __init__(self, kind: str, raw: Any, loc: Location) -> None:
+        self.kind, self.raw, self.loc = kind, raw, loc
+        self.deadline = Deadline(raw, ANSWER_WAIT_S) if kind == "postgresql" else None
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        if self.deadline is not None:
+            with self.deadline.statement():
+                cur = self.raw.cursor()
+                cur.execute(sql.replace("?", "%s"), tuple(params))
+                return cur
+        try:
+            return self.raw.execute(sql, tuple(params))
+        except sqlite3.OperationalError as exc:
+            if not _busy(exc):
+                raise
+        return self._wait_for_lock(sql, params)
+
+    def _wait_for_lock(self, sql: str, params: Sequence[Any]) -> Any:
+        started = time.monotonic()
+        try:
+            while True:
+                time.sleep(SQLITE_TRY_S)
+                try:
+                    return self.raw.execute(sql, tuple(params))
+                except sqlite3.OperationalError as exc:
+                    if not _busy(exc):
+                        raise
+                if time.monotonic() - started >= LOCK_WAIT_S:
+                    raise HistoryError(
+                        f"the history {self.loc.display} stayed locked for {LOCK_WAIT_S} s by "
+                        f"{sqlite_holder(self.loc.target)}; let that process finish (or stop it), then run again"
+                    )
+        except KeyboardInterrupt:
+            raise HistoryInterrupted(
+                f"interrupted after waiting {time.monotonic() - started:.0f} s for the history "
+                f"{self.loc.display}, locked by {sqlite_holder(self.loc.target)}; nothing was written to it"
+            ) from None
+
+    def failure(self, doing: str, exc: BaseException) -> HistoryError:
+        """The one line of a failed statement (``doing``: "read", "write", "lock")."""
+        if self.deadline is not None and self.deadline.fired:
+            return HistoryError(
+                f"the history {self.loc.display} did not answer within {ANSWER_WAIT_S} s, so it was not "
+                f"{'read' if doing == 'read' else 'written'}; check the server and the network to it"
+            )
+        return HistoryError(f"cannot {doing} the history {self.loc.display}: {first_line(exc, self.loc)}")
+
+    def close(self) -> None:
+        if self.deadline is not None:
+            self.deadline.stop()
+        self.raw.close()
+
+
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    return (getattr(exc, "sqlite_errorcode", 0) & 0xFF) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+def sqlite_holder(path: str) -> str:
+    """``process 1234 (python3)``: another process holding one of SQLite's locks on ``path``,
+    from ``/proc/locks`` (Linux; opening the file here to ask would drop this process's own
+    locks on it); ``another connection`` when none is found."""
+    try:
+        st = os.stat(path)
+        with open("/proc/locks", encoding="ascii", errors="replace") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return "another connection"
+    found = []
+    for line in lines:
+        f = line.split()
+        if "->" in f or len(f) < 8:
+            continue  # a waiter, not a holder
+        try:
+            major, minor, inode = f[5].split(":")
+            pid, start, end = int(f[4]), int(f[6]), SQLITE_LOCK_BYTES.stop if f[7] == "EOF" else int(f[7])
+            same = (int(major, 16), int(minor, 16), int(inode)) == (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+        except ValueError:
+            continue
+        if same and pid > 0 and pid != os.getpid() and start < SQLITE_LOCK_BYTES.stop and end >= SQLITE_LOCK_BYTES.start:
+            found.append((f[3] != "WRITE", pid))  # a writer first
+    if not found:
+        return "another connection"
+    pid = min(found)[1]
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as fh:
+            return f"process {pid} ({fh.read().strip()})"
+    except OSError:
+        return f"process {pid}"
+
+
+def postgres_holder(conn: Conn) -> str:
+    """``PostgreSQL backend 1234 (client 10.0.0.5)``: who holds the writers' advisory lock,
+    read after the failed transaction is rolled back; ``another writer`` when that fails."""
+    try:
+        conn.execute("ROLLBACK")
+        row = conn.execute(
+            "SELECT a.pid, host(a.client_addr) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+            "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = 0 AND l.objid::bigint = ? AND l.objsubid = 1",
+            (ADVISORY_LOCK,),
+        ).fetchone()
+    except errors_of(conn.kind):
+        return "another writer"
+    if not row:
+        return "another writer"
+    return f"PostgreSQL backend {row[0]}" + (f" (client {row[1]})" if row[1] else " (a local client)")
+
+
+def connect(loc: Location, *, create: bool) -> Conn:
+    if loc.kind == "sqlite":
+        path = Path(loc.target)
+        if create:
+            _make_folder(path.parent)
+        elif not path.is_file():
+            raise HistoryError(f"no history at {path}")
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            mode = stat.S_IFREG  # none yet: SQLite creates it
+        if not stat.S_ISREG(mode):
+            raise HistoryError(f"{path} is {file_kind(mode)}, not a regular file; give the history file's path")
+        try:
+            raw = sqlite3.connect(str(path), timeout=SQLITE_TRY_S, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise HistoryError(f"cannot open the history {path}: {exc}") from None
+        return Conn("sqlite", raw, loc)
+    try:
+        import psycopg
+    except ImportError:
+        raise HistoryError(f"a PostgreSQL history needs psycopg 3: {INSTALL_POSTGRES}") from None
+    try:
+        raw = psycopg.connect(loc.conninfo, connect_timeout=CONNECT_TIMEOUT_S, autocommit=True)
+    except psycopg.Error as exc:
+        raise HistoryError(f"cannot connect to the history {loc.display}: {first_line(exc, loc)}") from None
+    return Conn("postgresql", raw, loc)
+
+
+def _make_folder(folder: Path) -> None:
+    """The history's folder; a new ``.llmperf`` one gets a ``.gitignore`` of ``*`` (as pytest's
+    cache does), so the history stays out of git unless the user removes it to keep it."""
+    existed = folder.is_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not existed and folder.name == ".llmperf":
+            (folder / ".gitignore").write_text("# created by pytest-llmperf: the session history stays out of git\n*\n")
+    except OSError as exc:
+        raise HistoryError(f"cannot create the history folder {folder}: {exc.strerror or exc}") from None
+
+
+@contextmanager
+def transaction(conn: Conn) -> Iterator[Conn]:
+    """One writer at a time, all or nothing."""
+    try:
+        if conn.kind == "sqlite":
+            conn.execute("BEGIN IMMEDIATE")
+        else:
+            conn.execute("BEGIN")
+            conn.execute(f"SET LOCAL lock_timeout = '{LOCK_WAIT_S}s'")
+            conn.execute("SELECT pg_advisory_xact_lock(?)", (ADVISORY_LOCK,))
+    except errors_of(conn.kind) as exc:
+        if getattr(exc, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+            raise HistoryError(
+                f"the history {conn.loc.display} stayed locked for {LOCK_WAIT_S} s by {postgres_holder(conn)}; "
+                "let that writer finish (or stop it), then run again"
+            ) from None
+        raise conn.failure("lock", exc) from None
+    try:
+        yield conn
+    except BaseException:
+        try:
+            conn.execute("ROLLBACK")
+        except errors_of(conn.kind):
+            pass  # a broken connection: the server drops the transaction itself
+        raise
+    conn.execute("COMMIT")
