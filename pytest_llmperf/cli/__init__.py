@@ -1,7 +1,8 @@
 """``llmperf`` command line: one subcommand per module of this package (shared helpers in ``common``).
 
-Every command exits 0 on success, 1 when what it checked failed (e.g. a regression) and 2 on
-unusable input, printed as one ``llmperf: error:`` line.
+Every command exits 0 on success, 1 when what it checked failed (e.g. a regression), 2 on
+unusable input, printed as one ``llmperf: error:`` line, and 130 when stopped by Ctrl-C (one
+line, no traceback).
 """
 
 from __future__ import annotations
@@ -41,13 +42,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: The exit status of a command stopped by Ctrl-C (128 + SIGINT, as a shell reports it).
+INTERRUPTED = 130
+INTERRUPTED_LINE = "llmperf: interrupted (Ctrl-C) before the command finished; run it again to get its results"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    found = _commands()
-    args = build_parser().parse_args(argv)
     try:
+        found = _commands()
+        args = build_parser().parse_args(argv)
         return int(found[args.command].run(args))  # type: ignore[attr-defined]
     except LLMPerfError as exc:
         print(f"llmperf: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the command's own cleanup (servers, engines) ran on the way out
+        print(INTERRUPTED_LINE, file=sys.stderr)
+        return INTERRUPTED
 
 
