@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+import pytest_llmperf
 from inner import run
 from pgserver import PgServer, bindir, unavailable
 from test_hostile import API_KEY, STOP, WORKLOAD, Hostile, Server, snapshot, source
@@ -218,7 +219,8 @@ def test_history_command_on_a_file_that_is_not_a_database(tmp_path: Path, capsys
 
 def child_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH", "")])
+    package_root = Path(pytest_llmperf.__file__).resolve().parent.parent  # the code under test, in the child too
+    env["PYTHONPATH"] = os.pathsep.join([str(package_root), env.get("PYTHONPATH", "")])
     return {**env, "LLMPERF_API_KEY": API_KEY, **extra}
 
 
@@ -364,6 +366,7 @@ def test_dropped_postgresql_tables(pytester: pytest.Pytester, server: str, pg_se
 
     def session(line: str) -> None:
         result = run(pytester, f"--llmperf-endpoint={server}/ok/v1", f"--llmperf-history={url}", "-rN")
+        capsys.readouterr()  # the inner session's copy: the command's output is read apart
         output = result.stdout.str() + result.stderr.str()
         assert result.ret == 0, output
         once(output, line)

@@ -56,7 +56,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"llmperf: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # the command's own cleanup (servers, engines) ran on the way out
+        _quiet_teardown()
         print(INTERRUPTED_LINE, file=sys.stderr)
         return INTERRUPTED
+
+
+def _quiet_teardown() -> None:
+    """After Ctrl-C the process exits: what the interrupt cut short (an event loop half built,
+    a coroutine never awaited) is collected without "Exception ignored" tracebacks or warnings
+    after the one line."""
+    import warnings
+
+    sys.unraisablehook = lambda unraisable: None
+    warnings.simplefilter("ignore")
 
 
