@@ -1,8 +1,8 @@
 """``llmperf`` command line: one subcommand per module of this package (shared helpers in ``common``).
 
-Every command exits 0 on success, 1 when what it checked failed (e.g. a regression) and 2 on
-unusable input, printed as one ``llmperf: error:`` line; Ctrl-C is one ``llmperf:`` line and
-exit 130.
+Every command exits 0 on success, 1 when what it checked failed (e.g. a regression), 2 on
+unusable input, printed as one ``llmperf: error:`` line, and 130 when stopped by Ctrl-C (one
+line, no traceback).
 """
 
 from __future__ import annotations
@@ -46,16 +46,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+INTERRUPTED_LINE = "llmperf: interrupted (Ctrl-C) before the command finished; run it again to get its results"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    found = _commands()
-    args = build_parser().parse_args(argv)
     try:
+        found = _commands()
+        args = build_parser().parse_args(argv)
         return int(found[args.command].run(args))  # type: ignore[attr-defined]
     except LLMPerfError as exc:
         print(f"llmperf: error: {redact(str(exc))}", file=sys.stderr)  # no URL's password, whoever built the line
         return 2
-    except KeyboardInterrupt as exc:  # Ctrl-C: one line (its wait's, when it has one), no traceback
-        print(f"llmperf: {exc or 'interrupted'}", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # the command's own cleanup (servers, engines) ran on the way out
+        _quiet_teardown()
+        print(f"llmperf: {exc}" if str(exc) else INTERRUPTED_LINE, file=sys.stderr)  # a wait's own line, if any
         return INTERRUPTED
+
+
+def _quiet_teardown() -> None:
+    """After Ctrl-C the process exits: what the interrupt cut short (an event loop half built,
+    a coroutine never awaited) is collected without "Exception ignored" tracebacks or warnings
+    after the one line."""
+    import warnings
+
+    sys.unraisablehook = lambda unraisable: None
+    warnings.simplefilter("ignore")
 
 

@@ -9,6 +9,46 @@ from typing import Any
 
 from ..core.settings import alpha_arg as alpha  # noqa: F401  (the argparse types of every command; light)
 from ..core.settings import share_arg as share  # noqa: F401
+from ..core.settings import share_of_one_arg as share_of_one  # noqa: F401
+
+
+def check_writable(path: str, flag: str) -> None:
+    """Fail now, in one line, when ``path`` cannot be written (a command checks its output
+    before the work that fills it: a report lost after minutes of profiling helps no one).
+    Creates nothing: the folders to make are made when the file is written."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from ..core.errors import ConfigError
+
+    target = Path(path).absolute()
+    if target.is_dir():
+        raise ConfigError(f"cannot write {path}: it is a folder; give {flag} a file path")
+    folder = target.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        if not folder.is_dir():
+            raise NotADirectoryError(20, os.strerror(20))
+        fd, tmp = tempfile.mkstemp(prefix=".llmperf-check-", dir=folder)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}; give {flag} a writable path") from None
+
+
+def write_output(path: str, text: str) -> None:
+    """``text`` to ``path`` atomically; a failed write is one line (ConfigError)."""
+    from pathlib import Path
+
+    from ..baselines.store import atomic_write
+    from ..core.errors import ConfigError
+
+    try:
+        atomic_write(Path(path), text)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def positive_int(text: str) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 
-from .common import add_setting, positive_int
+from .common import add_setting, positive_int, share_of_one
 
 HELP = "latency-throughput curve of an OpenAI-compatible server at rising concurrency"
 
@@ -51,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ttft-ms", type=float, default=None, help="TTFT SLO per request (for goodput)")
     parser.add_argument("--tpot-ms", type=float, default=None, help="TPOT SLO per request (for goodput)")
-    parser.add_argument("--min-goodput", type=float, default=None, help="exit 1 if a level's goodput is below")
+    parser.add_argument("--min-goodput", type=share_of_one, default=None, metavar="SHARE",
+                        help="exit 1 if a level's goodput is below this share in (0, 1], e.g. 0.95 or 95%%")
     for name in ("request_timeout", "token_timeout"):
         add_setting(parser, name)
 

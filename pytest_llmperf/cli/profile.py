@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from .common import add_setting
+from .common import add_setting, check_writable, write_output
 
 HELP = "profile a model: prefill/decode speed, per-layer time, roofline, stability, memory"
 
@@ -51,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
     from ..core.settings import threads_warning
 
     Workload(prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, runs=args.runs, warmup=args.warmup)
+    if args.output:
+        check_writable(args.output, "-o")  # before minutes of profiling, not after
     warning = threads_warning(args.threads, "--threads")
     if warning:
         print(warning, file=sys.stderr)
@@ -76,10 +78,7 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.write("\r\x1b[K")
     text = render(report, args.format)
     if args.output:
-        from ..baselines.store import atomic_write
-        from pathlib import Path
-
-        atomic_write(Path(args.output), text)
+        write_output(args.output, text)
     else:
         sys.stdout.write(text)
     return 0

@@ -114,12 +114,39 @@ def parse_fraction(text: str | float, *, high: float = 10.0) -> float:
     return value
 
 
+def parse_share(value: str | float) -> float:
+    """A share of a whole in (0, 1] (``min_goodput``, ``min_mbu``): ``0.95`` or ``95%``, the
+    marker's and ``llmperf load --min-goodput``'s alike. Raises ValueError (one line)."""
+    number: float | None = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    elif isinstance(value, str):
+        raw = value.strip()
+        try:
+            number = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+        except ValueError:
+            number = None
+    if number is None or not 0 < number <= 1:  # also rejects nan
+        raise ValueError(f"must be a share in (0, 1], e.g. 0.95, got {value!r}")
+    return number
+
+
 def share_arg(text: str) -> float:
     """An argparse type (pytest options, the CLI) for thresholds: ``5%`` or ``0.05``."""
     import argparse
 
     try:
         return parse_fraction(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def share_of_one_arg(text: str) -> float:
+    """An argparse type for a share of a whole in (0, 1] (``parse_share``)."""
+    import argparse
+
+    try:
+        return parse_share(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from .errors import ConfigError
+from .workload import MAX_TOKENS, too_many
 from .settings import (
     COMPARISON_COLUMN_NAMES,
     DEFAULT_ALPHA,
@@ -30,8 +31,12 @@ from .settings import (
 APIS = ("completions", "chat")
 
 
-def _bounded(name: str, cast: Callable[[Any], Any], expected: str, low: float, strict: bool, unit: str = "") -> Any:
-    """A parser of numbers above ``low`` (``strict``: > low, else >= low); a one-line ValueError."""
+def _bounded(
+    name: str, cast: Callable[[Any], Any], expected: str, low: float, strict: bool, unit: str = "",
+    high: int | None = None,
+) -> Any:
+    """A parser of numbers above ``low`` (``strict``: > low, else >= low) and, with ``high``,
+    at most ``high``; a one-line ValueError."""
 
     def parse(text: Any) -> Any:
         try:
@@ -40,6 +45,8 @@ def _bounded(name: str, cast: Callable[[Any], Any], expected: str, low: float, s
             raise ValueError(f"expected {expected}, got {text!r}") from None
         if not (value > low if strict else value >= low):  # also rejects nan
             raise ValueError(f"must be {'>' if strict else '>='} {low}{unit}, got {value}")
+        if high is not None and value > high:
+            raise ValueError(too_many(value))
         return value
 
     parse.__name__ = name
@@ -48,6 +55,12 @@ def _bounded(name: str, cast: Callable[[Any], Any], expected: str, low: float, s
 
 positive_int = _bounded("positive_int", int, "an integer >= 1", 1, strict=False)
 count = _bounded("count", int, "an integer >= 0", 0, strict=False)
+#: llama.cpp token counts (context, batch): llama.cpp keeps them in 32 bits, so a larger value
+#: would wrap around (2**32 + 512 measures at 512); bounded as a workload's token counts are.
+token_count = _bounded("token_count", int, "an integer >= 1", 1, strict=False, high=MAX_TOKENS)
+#: Offloaded layers: -1 offloads all of them, as the marker's ``n_gpu_layers=-1`` does.
+gpu_layers = _bounded("gpu_layers", int, "an integer >= -1 (-1: all layers)", -1, strict=False,
+                      unit=" (-1: all layers)")
 seconds = _bounded("seconds", float, "float", 0, strict=True, unit=" seconds")
 positive_float = _bounded("positive_float", float, "float", 0, strict=True)
 
@@ -157,11 +170,11 @@ SETTINGS: dict[str, Setting] = {
                 ini=True, metavar="PATH|PRESET"),
         Setting("threads", "llama.cpp threads", _E["threads"], positive_int, env="LLMPERF_THREADS", ini=True,
                 cli="--threads", shown="all usable CPUs", metavar="N"),
-        Setting("n_ctx", "llama.cpp context size", _E["n_ctx"], positive_int, env="LLMPERF_N_CTX", ini=True,
+        Setting("n_ctx", "llama.cpp context size", _E["n_ctx"], token_count, env="LLMPERF_N_CTX", ini=True,
                 cli="--n-ctx", shown="each workload's prompt + generated tokens, rounded up to 256", metavar="N"),
-        Setting("n_batch", "llama.cpp batch size for prompt evaluation", _E["n_batch"], positive_int,
+        Setting("n_batch", "llama.cpp batch size for prompt evaluation", _E["n_batch"], token_count,
                 env="LLMPERF_N_BATCH", ini=True, cli="--n-batch", metavar="N"),
-        Setting("gpu_layers", "layers offloaded to a GPU", _E["n_gpu_layers"], count, env="LLMPERF_GPU_LAYERS",
+        Setting("gpu_layers", "layers offloaded to a GPU", _E["n_gpu_layers"], gpu_layers, env="LLMPERF_GPU_LAYERS",
                 ini=True, cli="--n-gpu-layers", metavar="N"),
         Setting("in_process", "run llama.cpp in the pytest process instead of one engine worker process per "
                 "setting (a native crash then ends the session)", False, switch=True),

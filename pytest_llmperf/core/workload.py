@@ -44,9 +44,7 @@ class Workload:
         for name in ("prompt_tokens", "max_tokens"):
             value = getattr(self, name)
             if value is not None and value > MAX_TOKENS:
-                raise ConfigError(
-                    f"{name} must be <= {MAX_TOKENS} (more than any model's context), got {value}"
-                )
+                raise ConfigError(f"{name} {too_many(value)}")
         if self.max_tokens < 2:
             raise ConfigError(
                 f"max_tokens must be >= 2 (decode latency needs two tokens), got {self.max_tokens}"
@@ -125,6 +123,12 @@ PROMPT_CACHE_NOTE = (
 #: Bound on ``prompt_tokens`` and ``max_tokens``: 2**24 is beyond every model's context, and
 #: an engine may build arrays of this size before the server or llama.cpp can say no.
 MAX_TOKENS = 2**24
+
+
+def too_many(value: int) -> str:
+    """The bound of every token count (prompt, generated, llama.cpp's context and batch), as
+    the message's tail: "must be <= 16777216 (...), got N"."""
+    return f"must be <= {MAX_TOKENS} (more than any model's context), got {value}"
 
 
 def _check_encodable(prompt: str) -> None:

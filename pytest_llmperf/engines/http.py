@@ -41,7 +41,7 @@ from ..core.redact import Redactor, Url, display, redact
 from ..core.trace import RunTrace
 from ..core.workload import Workload
 from .callable import synthetic_text
-from .sse import MAX_ERROR_BODY_BYTES, EventReader, Head, StreamState, short
+from .sse import MAX_ERROR_BODY_BYTES, EventReader, Head, StreamState, status_error
 from ..core.settings_table import APIS, SETTINGS  # the defaults: one definition each
 
 DEFAULT_API_KEY_ENV: str = SETTINGS["api_key_env"].default
@@ -215,12 +215,12 @@ class HttpEngine:
         start = clock()
         try:
             with self._client.stream("POST", self._request_url, json=body) as response:
-                if response.status_code >= 400:
+                if response.status_code >= 300:  # an error, or a redirect (not followed)
                     head = Head(MAX_ERROR_BODY_BYTES)
                     for chunk in response.iter_bytes():
                         if head.add(chunk):
                             break
-                    raise self._http_error(response.status_code, head.text())
+                    raise status_error(self.url, response.status_code, head.text(), response.headers.get("location"))
                 reader = EventReader(self.url)
                 for chunk in response.iter_bytes():
                     now = clock()  # first: parsing below is not part of this chunk's arrival
@@ -269,12 +269,12 @@ class HttpEngine:
         start = clock()
         try:
             async with client.stream("POST", self._request_url, json=body) as response:
-                if response.status_code >= 400:
+                if response.status_code >= 300:
                     head = Head(MAX_ERROR_BODY_BYTES)
                     async for chunk in response.aiter_bytes():
                         if head.add(chunk):
                             break
-                    raise self._http_error(response.status_code, head.text())
+                    raise status_error(self.url, response.status_code, head.text(), response.headers.get("location"))
                 async for chunk in response.aiter_bytes():
                     now = clock()  # first: parsing below is not part of this chunk's arrival
                     if any(state.feed(data, now) for data in reader.feed(chunk)):
@@ -287,14 +287,13 @@ class HttpEngine:
 
     # -- errors ----------------------------------------------------------------------------------
 
-    def _http_error(self, status: int, data: bytes) -> EngineError:
-        text = data.decode("utf-8", "replace")
-        return EngineError(f"HTTP {status} from {self.url}: {short(text) or '(empty body)'}")
-
     def _transport_error(self, exc: Exception, state: StreamState, deadline_hit: bool) -> EngineError:
         import httpx
 
         n = len(state.stamps)
+        if isinstance(exc, httpx.ConnectError) and "[SSL" in str(exc) and "CERTIFICATE" not in str(exc):
+            return EngineError(f"TLS handshake with {self.url} failed ({exc}); is the server plain http? "
+                               "then give the endpoint as http://")
         if isinstance(exc, httpx.ConnectError):
             return EngineError(f"cannot connect to {self.url} ({exc}); is the server running?")
         if isinstance(exc, httpx.TimeoutException):

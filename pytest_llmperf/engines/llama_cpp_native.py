@@ -49,8 +49,11 @@ def check_gguf(path: str | os.PathLike[str]) -> Path:
         raise EngineError(f"model file not found: {p}; give a GGUF path or a preset name (tiny, small)")
     if not p.is_file():
         raise EngineError(f"model path is not a file: {p}")
-    with p.open("rb") as fh:
-        magic = fh.read(4)
+    try:
+        with p.open("rb") as fh:
+            magic = fh.read(4)
+    except OSError as exc:
+        raise EngineError(f"cannot read the model file {p}: {exc.strerror or exc}; fix its permissions") from None
     if magic != GGUF_MAGIC:
         raise EngineError(f"not a GGUF model file (starts with {magic!r}, expected b'GGUF'): {p}")
     return p

@@ -36,6 +36,16 @@ def short(text: str, n: int = 160) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
+def status_error(url: str, status: int, body: bytes, location: str | None) -> EngineError:
+    """The one line for an HTTP status >= 300: a redirect (never followed: a redirected POST
+    may lose its body, and the API key must not follow it elsewhere) or the server's error."""
+    if status < 400:
+        where = f"Location: {short(location)}" if location else "no Location given"
+        return EngineError(f"HTTP {status} from {url}: redirects are not followed; use the final URL as the endpoint "
+                           f"({where})")
+    return EngineError(f"HTTP {status} from {url}: {short(body.decode('utf-8', 'replace')) or '(empty body)'}")
+
+
 def is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 

@@ -238,9 +238,22 @@ def connect(loc: Location, *, create: bool) -> Conn:
             mode = stat.S_IFREG  # none yet: SQLite creates it
         if not stat.S_ISREG(mode):
             raise HistoryError(f"{path} is {file_kind(mode)}, not a regular file; give the history file's path")
+        raw = None
         try:
             raw = sqlite3.connect(str(path), timeout=SQLITE_TRY_S, isolation_level=None)
+            try:
+                raw.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()  # reads the header: a database?
+            except sqlite3.OperationalError as exc:
+                if getattr(exc, "sqlite_errorname", "") not in ("SQLITE_BUSY", "SQLITE_LOCKED"):
+                    raise  # busy: a writer holds it; the wait for it comes later, in tries
         except sqlite3.Error as exc:
+            if raw is not None:
+                raw.close()
+            if getattr(exc, "sqlite_errorname", "") in ("SQLITE_NOTADB", "SQLITE_CORRUPT"):
+                raise HistoryError(
+                    f"the history {path} is not a usable SQLite database ({exc}); move it aside "
+                    f"(mv {path} {path}.corrupt) and the next session starts a new history there"
+                ) from None
             raise HistoryError(f"cannot open the history {path}: {exc}") from None
         return Conn("sqlite", raw, loc)
     try:

@@ -110,20 +110,48 @@ def _check_newer(version: int, loc: Location) -> None:
         )
 
 
-def ensure_schema(conn: Conn, loc: Location) -> None:
-    """Create or migrate the schema; inside a writer's transaction."""
+#: The tables of rows, each referring to the one before it.
+DATA_TABLES = ("llmperf_sessions", "llmperf_measurements", "llmperf_values")
+
+
+def _tables(conn: Conn, loc: Location, *, reading: bool) -> bool:
+    """Whether there are data tables (False: a new history). A table dropped by hand while
+    others are left: a writer recreates it unless rows left refer to it (they would mismatch),
+    a reader says so; either way one HistoryError line, never "no sessions"."""
     version = _version(conn, loc)
-    if version is None:
-        for statement in DDL:
-            conn.execute(statement.format(**TYPES[conn.kind]))
-        conn.execute("INSERT INTO llmperf_schema (version) VALUES (?)", (SCHEMA_VERSION,))
-        return
-    _check_newer(version, loc)
-    while version < SCHEMA_VERSION:
+    if version is not None:
+        _check_newer(version, loc)
+    missing = [t for t in DATA_TABLES if not _table_exists(conn, t)]
+    present = [t for t in DATA_TABLES if t not in missing]
+    if not missing or not present:
+        return bool(present)
+    later = DATA_TABLES[DATA_TABLES.index(missing[0]) + 1:]
+    if any(conn.execute(f"SELECT 1 FROM {t} LIMIT 1").fetchone() for t in present if t in later):
+        raise HistoryError(
+            f"the history {loc.display} lacks table(s) {', '.join(missing)} that its other rows refer to (dropped?); "
+            f"restore them from a backup, or DROP TABLE {', '.join(reversed(present))}, llmperf_schema to start anew"
+        )
+    if reading:
+        raise HistoryError(f"the history {loc.display} lacks table(s) {', '.join(missing)} (dropped?); the next "
+                           "pytest session that writes to it recreates them")
+    return True
+
+
+def ensure_schema(conn: Conn, loc: Location) -> None:
+    """Create or migrate the schema, and recreate a table or index dropped by hand (``_tables``);
+    inside a writer's transaction."""
+    version = _version(conn, loc)
+    _tables(conn, loc, reading=False)  # a newer schema, or a table that cannot be recreated: refused
+    while version is not None and version < SCHEMA_VERSION:
         for statement in MIGRATIONS[version]:
             conn.execute(statement.format(**TYPES[conn.kind]))
         version += 1
         conn.execute("UPDATE llmperf_schema SET version = ?", (version,))
+    for statement in DDL:
+        statement = statement.replace("CREATE TABLE ", "CREATE TABLE IF NOT EXISTS ", 1)
+        conn.execute(statement.replace("CREATE INDEX ", "CREATE INDEX IF NOT EXISTS ", 1).format(**TYPES[conn.kind]))
+    if version is None:  # new, or its version table dropped: the tables are this version's
+        conn.execute("INSERT INTO llmperf_schema (version) VALUES (?)", (SCHEMA_VERSION,))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,10 +234,8 @@ def read(
     missing schema reads as an empty history, a newer one is refused."""
     conn = connect(loc, create=False)
     try:
-        version = _version(conn, loc)
-        if version is None:
+        if not _tables(conn, loc, reading=True):
             return []
-        _check_newer(version, loc)
         where, params = [], []
         if test:
             where.append("m.test LIKE ?")
@@ -251,10 +277,8 @@ def counts(loc: Location) -> dict[str, int]:
     """Rows per table (tests and the CLI's summary line)."""
     conn = connect(loc, create=False)
     try:
-        version = _version(conn, loc)
-        if version is None:
+        if not _tables(conn, loc, reading=True):
             return {"sessions": 0, "measurements": 0, "values": 0}
-        _check_newer(version, loc)
         return {
             name: int(conn.execute(f"SELECT COUNT(*) FROM llmperf_{name}").fetchone()[0])
             for name in ("sessions", "measurements", "values")

@@ -12,6 +12,7 @@ from typing import Any, Callable, Mapping
 
 from ..core.catalog import BUDGETS
 from ..core.errors import ConfigError
+from ..core.workload import MAX_TOKENS, too_many
 
 
 @dataclass(frozen=True)
@@ -30,12 +31,17 @@ def _number(name: str, value: Any) -> float:
     return float(value)
 
 
-def _int_at_least(minimum: int) -> Callable[[str, Any], int]:
+def _int_at_least(minimum: int, *, tokens: bool = False) -> Callable[[str, Any], int]:
+    """An integer >= ``minimum``; ``tokens``: a llama.cpp token count (context, batch), bounded
+    as a workload's (``workload.MAX_TOKENS``: llama.cpp keeps them in 32 bits)."""
+
     def check(name: str, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"llmperf marker key {name!r} must be an integer, got {value!r}")
         if value < minimum:
             raise ConfigError(f"llmperf marker key {name!r} must be >= {minimum}, got {value}")
+        if tokens and value > MAX_TOKENS:
+            raise ConfigError(f"llmperf marker key {name!r} {too_many(value)}")
         return value
 
     return check
@@ -60,9 +66,12 @@ def _fraction(low: float, high: float) -> Callable[[str, Any], float]:
 
 
 def _share(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise ConfigError(f"llmperf marker key {name!r} must be a share in (0, 1], e.g. 0.95, got {value!r}")
-    return float(value)
+    from ..core.settings import parse_share
+
+    try:
+        return parse_share(value)
+    except ValueError as exc:
+        raise ConfigError(f"llmperf marker key {name!r} {exc}") from None
 
 
 def _flag(name: str, value: Any) -> bool:
@@ -141,9 +150,11 @@ KEYS: dict[str, Key] = {
             "(measures prefix caching; default: unique prompts, server prompt cache off)", _int_at_least(1)),
         Key("model", "engine", "GGUF path or preset (tiny, small) for this test; one engine per distinct setting", _text),
         Key("threads", "engine", "llama.cpp threads for this test (prompt and generation)", _int_at_least(1)),
-        Key("n_ctx", "engine", "llama.cpp context size for this test", _int_at_least(1)),
-        Key("n_batch", "engine", "llama.cpp logical batch (prompt tokens per llama_decode call)", _int_at_least(1)),
-        Key("n_ubatch", "engine", "llama.cpp physical micro-batch (<= n_batch; default n_batch)", _int_at_least(1)),
+        Key("n_ctx", "engine", "llama.cpp context size for this test", _int_at_least(1, tokens=True)),
+        Key("n_batch", "engine", "llama.cpp logical batch (prompt tokens per llama_decode call)",
+            _int_at_least(1, tokens=True)),
+        Key("n_ubatch", "engine", "llama.cpp physical micro-batch (<= n_batch; default n_batch)",
+            _int_at_least(1, tokens=True)),
         Key("flash_attn", "engine", "llama.cpp flash attention on/off", _flag),
         Key("type_k", "engine", "K cache type: f16, q8_0, q4_0...", _cache_type),
         Key("type_v", "engine", "V cache type (quantized needs flash_attn=True)", _cache_type),

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core.errors import EngineError
+
 #: Bump when the generator's output changes for an unchanged spec (invalidates cached files).
 GENERATOR_VERSION = 2
 
@@ -231,7 +233,18 @@ def model_path(model: str) -> tuple[Path, str | None]:
     """The GGUF a model setting names, and its display name when it is a preset
     ("synthetic-tiny"; None for a file): a preset's model is written once, then cached."""
     preset = preset_of(model)
-    return (ensure_model(preset), f"synthetic-{preset}") if preset else (Path(model), None)
+    if preset:
+        return ensure_model(preset), f"synthetic-{preset}"
+    path = Path(model)
+    if path.is_file():  # a missing file is the engine's line (check_gguf); an unreadable one, here
+        try:
+            os.close(os.open(path, os.O_RDONLY))
+        except OSError as exc:
+            raise EngineError(
+                f"cannot read the model file {path}: {exc.strerror}; make it readable (chmod a+r {path}) "
+                "or give another GGUF path or a preset name (tiny, small)"
+            ) from None
+    return path, None
 
 
 def ensure_model(spec: ModelSpec | str, cache_dir: str | os.PathLike[str] | None = None) -> Path:
@@ -244,14 +257,21 @@ def ensure_model(spec: ModelSpec | str, cache_dir: str | os.PathLike[str] | None
     target = folder / spec.filename()
     if target.is_file():
         return target
-    folder.mkdir(parents=True, exist_ok=True)
-    # Write beside the target and rename: readers never see a half-written model.
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".gguf", dir=folder)
-    os.close(fd)
+    tmp = None
     try:
+        folder.mkdir(parents=True, exist_ok=True)
+        # Write beside the target and rename: readers never see a half-written model.
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".gguf", dir=folder)
+        os.close(fd)
         write_gguf(spec, tmp)
         os.replace(tmp, target)
+    except OSError as exc:
+        where = " ($LLMPERF_CACHE_DIR)" if cache_dir is None and os.environ.get("LLMPERF_CACHE_DIR") else ""
+        raise EngineError(
+            f"cannot write the embedded model to {folder}{where}: {exc.strerror or exc}; "
+            "set LLMPERF_CACHE_DIR to a writable folder"
+        ) from None
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
     return target

@@ -111,6 +111,7 @@ class LLMPerfHooks:
         s = self.session.settings
         marks.group_on_worker(self.config, items, marks.select(self.config, items, s.skip, s.only))
 
+    @pytest.hookimpl(tryfirst=True)  # before the terminal's, which asks for the header lines
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         # After deselection (-k, -m): Holm's family is what will be measured.
         self.session.plan(*marks.planned(session.items))

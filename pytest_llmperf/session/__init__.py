@@ -69,6 +69,8 @@ class Session:
         self.labels_seen: dict[str, set[str]] = {}
         self.suite_failures: list[str] = []
         self.outputs: "Outputs | None" = None
+        #: ``{nodeid: marker engine keys}`` of the tests to run (``plan``), for the header's warnings.
+        self.planned_engines: dict[str, Any] = {}
 
     # -- measuring ---------------------------------------------------------------------------
 
@@ -128,14 +130,26 @@ class Session:
         markers name (``{nodeid: engine keys}``)."""
         self.measuring_tests = measuring_tests
         self.extra_measurements = 0
+        self.planned_engines = dict(engines)
         self.engines.plan(dict(engines))
 
     def describe(self, engine_note: str | None = None) -> list[str]:
-        """The header lines: what the tests measure; ``engine_note``: a hook may replace it."""
+        """The header lines: what the tests measure (``engine_note``: a hook may replace it), and
+        a warning for each ``threads`` asked for, by the session or a marker, beyond the CPUs."""
+        from ..core.settings import threads_warning
         from .engines import describe
 
         s = self.settings
-        return [self.redact(line) for line in describe(s.engine, s.threads_source, s.disable, engine_note)]
+        lines = describe(s.engine, s.threads_source, s.disable, engine_note)
+        by_threads: dict[int, list[str]] = {}
+        for nodeid, keys in self.planned_engines.items():
+            if keys.get("threads") is not None and not s.engine.endpoint:
+                by_threads.setdefault(keys["threads"], []).append(nodeid)
+        for threads, ids in sorted(by_threads.items()):
+            more = f" and {len(ids) - 1} more" if len(ids) > 1 else ""
+            warning = threads_warning(threads, f"{ids[0]}{more}: marker threads")
+            lines += [warning] if warning else []
+        return [self.redact(line) for line in lines]
 
     # -- reporting ---------------------------------------------------------------------------
 
