@@ -81,6 +81,10 @@ def pytest_terminal_summary(terminalreporter) -> None:
 import pytest_llmperf.judge.compare  # noqa: E402,F401  (numpy, scipy.stats)
 import pytest_llmperf.engines.llama_cpp  # noqa: E402,F401
 import pytest_llmperf.reports.session_file  # noqa: E402,F401
+# matplotlib likewise: an in-process HTML session that imported it first left a later one with
+# half a module ("type object 'Text' has no attribute 'items'").
+import matplotlib.pyplot  # noqa: E402,F401
+import psycopg  # noqa: E402,F401  (its C extension, for the in-process PostgreSQL history sessions)
 
 
 @pytest.fixture(scope="session")

@@ -58,7 +58,9 @@ def test_file_is_stable_and_reviewable(tmp_path: Path) -> None:
 
 def test_module_file_mirrors_the_test_module(tmp_path: Path) -> None:
     assert store.module_file(tmp_path, "tests/perf/test_decode.py") == tmp_path / "tests/perf/test_decode.json"
-    assert store.module_file(tmp_path, "../outside/test_x.py") == tmp_path / "outside/test_x.json"
+    # Outside the rootdir: one file per module path, never another module's (``outside/test_x.py``).
+    assert store.module_file(tmp_path, "../outside/test_x.py") == tmp_path / "__parent__/outside/test_x.json"
+    assert store.module_file(tmp_path, "outside/test_x.py") == tmp_path / "outside/test_x.json"
     assert store.entry_key("tests/test_a.py::TestX::test_y[2]") == "TestX::test_y[2]"
     assert store.entry_key("tests/test_a.py::test_y", "long") == "test_y#long"
 

@@ -11,13 +11,15 @@ Safety: files are parsed as data only (``json``), checked against the published 
 (``pytest_llmperf/schemas/baselines.schema.json``), and a problem is a ``BaselineError``: one
 line naming the file, the place in it and what to do. Writes go to a temporary file in the
 same folder, are fsynced and renamed over the old file, so a crash at any moment leaves either
-the old or the new file. Writers serialize on a lock of the folder. An update over a file it
-cannot read keeps that file as ``<name>.corrupt`` (then ``.corrupt.1``, ``.corrupt.2``...: a
-copy is never overwritten) and carries its valid entries over; a file of a newer schema is
-never touched (the update fails with a ``NewerSchemaError``), nor is a path that is not a
-regular file or a file over ``core.files.MAX_DOCUMENT_MIB`` (``RefusedBaselineError``: it is
-never read, so never truncated). A write that fails (read-only
-folder, disk full) is a ``BaselineError`` and leaves the old file as it was.
+the old or the new file; a baseline file that is a symlink is written through (its target is
+replaced that way, in the target's folder, and the link stays a link). Writers serialize on a
+lock of the folder. An update over a file it cannot read keeps that file as ``<name>.corrupt``
+(then ``.corrupt.1``, ``.corrupt.2``...: a copy is never overwritten) and carries its valid
+entries over; a file of a newer schema is never touched (the update fails with a
+``NewerSchemaError``), nor is a path that is not a regular file or a file over
+``core.files.MAX_DOCUMENT_MIB`` (``RefusedBaselineError``: it is never read, so never
+truncated). A write that fails (read-only folder, disk full) is a ``BaselineError`` and leaves
+the old file as it was.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Any, Iterator, Mapping
 
+from ..core import nodeids
 from ..core.errors import LLMPerfError
 from ..core.files import RefusedFile, read_bytes
 from ..core.schema_check import SchemaViolation, validate
@@ -53,17 +56,27 @@ class NewerSchemaError(BaselineError):
         self.version = version
 
 
+#: A module outside the rootdir (``--rootdir`` elsewhere): each ``..`` of its path relative to
+#: the rootdir is this folder, so the file stays unique per module and inside the baseline folder.
+PARENT = "__parent__"
+#: A module path with no relative form (another drive): its parts under this folder.
+ABSOLUTE = "__absolute__"
+
+
 def module_file(baseline_dir: Path, module_path: str) -> Path:
-    """``baselines/<module path without .py>.json`` for a test module path relative to rootdir."""
+    """``baselines/<module path without .py>.json`` for a test module path relative to the
+    rootdir; one file per module path: ``../other/test_x.py`` ->
+    ``baselines/__parent__/other/test_x.json``, never ``baselines/test_x.json``."""
     rel = Path(module_path)
-    if rel.is_absolute() or ".." in rel.parts:
-        rel = Path(*[p for p in rel.parts if p not in ("/", "..")])
+    if rel.is_absolute():
+        rel = Path(ABSOLUTE, *[p.strip("/\\:") for p in rel.parts if p.strip("/\\:")])
+    rel = Path(*[PARENT if p == ".." else p for p in rel.parts])
     return baseline_dir / rel.with_suffix(".json")
 
 
 def entry_key(nodeid: str, label: str = "") -> str:
     """The part of a node id after the module, plus ``#label`` for labelled measurements."""
-    name = nodeid.split("::", 1)[1] if "::" in nodeid else nodeid
+    name = nodeids.in_module(nodeid)
     return f"{name}#{label}" if label else name
 
 
@@ -173,7 +186,16 @@ def _file_mode(path: Path) -> int:
         return 0o666 & ~umask
 
 
+def real_path(path: Path) -> Path:
+    """Where a write of ``path`` lands: a symlink's target (resolved all the way), so the
+    link stays a link and its target gets the new text."""
+    return Path(os.path.realpath(path))
+
+
 def atomic_write(path: Path, text: str) -> None:
+    """``text`` into ``path`` (through a symlink, into its target): a temporary file in the
+    target's folder, fsynced, renamed over the target."""
+    path = real_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -251,9 +273,10 @@ def update(
     of a newer schema raises ``NewerSchemaError`` and stays as it is; a failed write raises a
     ``BaselineError`` with the old file intact.
     """
+    target = real_path(path)  # a symlinked file: its target's folder is where the writes go
     try:
-        with _locked(path):
-            for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a writer killed mid-write
+        with _locked(target):
+            for stale in target.parent.glob(f".{target.name}.*.tmp"):  # left by a writer killed mid-write
                 with contextlib.suppress(OSError):
                     stale.unlink()
             moved = None
@@ -275,7 +298,7 @@ def update(
                 for hw, entry in per_hw.items():
                     # ``merge`` sees the entry it replaces (read under the lock): baseline history.
                     stored[hw] = merge(stored.get(hw), dict(entry)) if merge else entry
-            atomic_write(path, dumps({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "tests": tests}))
+            atomic_write(target, dumps({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "tests": tests}))
             return moved
     except OSError as exc:
         raise BaselineError(

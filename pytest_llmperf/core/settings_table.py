@@ -92,6 +92,13 @@ def text(value: Any) -> str:
     return str(value)
 
 
+def folder(value: Any) -> str:
+    """A folder under the rootdir; an empty value would be the rootdir itself."""
+    if not str(value).strip():
+        raise ValueError("is empty (that would be the rootdir itself); give a folder, e.g. baselines")
+    return str(value)
+
+
 @dataclass(frozen=True)
 class Setting:
     """One setting. ``name`` gives the pytest option ``--llmperf-<name>`` (dest
@@ -183,7 +190,8 @@ SETTINGS: dict[str, Setting] = {
                 metavar="SECONDS"),
         Setting("max_engines", "llama.cpp engines (per-test settings) alive at once", 2, positive_int,
                 env="LLMPERF_MAX_ENGINES", ini=True, metavar="N"),
-        Setting("baseline_dir", "folder of baseline JSON files, under the rootdir", "baselines", ini=True, metavar="DIR"),
+        Setting("baseline_dir", "folder of baseline JSON files, under the rootdir", "baselines", folder, ini=True,
+                metavar="DIR"),
         Setting("update_baselines", "write or refresh the baselines of the tests that ran (others stay as they are)",
                 False, switch=True),
         Setting("require_baseline", "fail a measured test that has no baseline", False, switch=True),

@@ -90,8 +90,14 @@ class LLMPerf:
         return [r.measurement for r in self.results]
 
     def measure(self, engine: Any = None, *, label: str = "", **overrides: Any) -> Measurement:
+        call = f"llmperf.measure(label={label!r}): label" if label else "llmperf.measure(): its automatic label"
         if not label and self.results:
-            label = f"#{len(self.results) + 1}"
+            label = f"#{len(self.results) + 1}"  # the measurement's number in the test
+        if label in {r.measurement.label for r in self.results}:  # one baseline key each: never overwrite
+            raise pytest.fail.Exception(
+                f"{call} {label!r} is taken by an earlier measurement of this test; "
+                "give each measurement of a test a distinct label", pytrace=False,
+            )
         try:
             config = self._marker.merged(overrides)
             if self._smoke:

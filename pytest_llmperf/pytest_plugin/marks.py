@@ -21,6 +21,8 @@ PLUGIN_NAME = "llmperf-manager"
 MARKER_CONFIG = pytest.StashKey[MarkerConfig]()
 FIXTURE = pytest.StashKey["LLMPerf"]()
 SESSION = pytest.StashKey["Session"]()
+#: The JUnit properties the plugin put on an item (replaced when pytest-rerunfailures runs it again).
+PROPERTIES = pytest.StashKey[list]()
 
 
 def session_of(config: pytest.Config) -> "Session":

@@ -17,7 +17,7 @@ from ..judge.marker import marker_help
 from ..session import Session, SessionSettings
 from . import hookcalls, marks
 from .fixtures import llmperf, llmperf_engine, llmperf_llama_server, llmperf_llm, llmperf_server  # noqa: F401
-from .marks import FIXTURE, MARKER_CONFIG, PLUGIN_NAME, SESSION
+from .marks import FIXTURE, MARKER_CONFIG, PLUGIN_NAME, PROPERTIES, SESSION
 from .options import add_options
 
 
@@ -65,6 +65,9 @@ class LLMPerfHooks:
         self.config = config
         self.session = session
         self.groups_dir: str | None = None  # xdist controller: workers' group files
+        #: A test's results from its call report, kept until its teardown report says this
+        #: attempt is the last (pytest-rerunfailures logs an attempt to be run again as "rerun").
+        self.pending: dict[str, tuple[list[Any], list[Any]]] = {}
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         return marks.header(config, self.session, hookcalls.engine_note(config))
@@ -140,8 +143,13 @@ class LLMPerfHooks:
         parts = self.session.call_report(
             item.nodeid, results, fixture.ab_results, marks.terminal_width(self.config), hook_error
         )
-        # On the item, so they reach every later report (JUnit reads the teardown one).
+        # On the item, so they reach every later report (JUnit reads the teardown one); an
+        # earlier attempt's (pytest-rerunfailures) are replaced, not added to.
+        for prop in item.stash.get(PROPERTIES, []):
+            if prop in item.user_properties:
+                item.user_properties.remove(prop)
         item.user_properties.extend(parts.properties)
+        item.stash[PROPERTIES] = list(parts.properties)
         report = yield
         report.sections.extend(parts.sections)
         if parts.shipped:
@@ -158,11 +166,23 @@ class LLMPerfHooks:
         return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        # Runs on the xdist controller too: the results come from the serialized report.
-        shipped = getattr(report, "llmperf", None) if report.when == "call" else None
-        ab = getattr(report, "llmperf_ab", None) if report.when == "call" else None
-        if shipped or ab:
-            self.session.collect(shipped or [], ab or [])
+        """Only a test's last attempt is recorded: its call report's results wait for its
+        teardown report; a "rerun" report (pytest-rerunfailures) drops them. Runs on the xdist
+        controller too: the results come from the serialized report."""
+        if report.outcome == "rerun":
+            self.pending.pop(report.nodeid, None)
+        elif report.when == "call":
+            shipped, ab = getattr(report, "llmperf", None), getattr(report, "llmperf_ab", None)
+            if shipped or ab:
+                self.pending[report.nodeid] = (list(shipped or []), list(ab or []))
+        elif report.when == "teardown":
+            self._collect(report.nodeid)
+
+    def _collect(self, *nodeids: str) -> None:
+        for nodeid in nodeids:
+            shipped, ab = self.pending.pop(nodeid, ([], []))
+            if shipped or ab:
+                self.session.collect(shipped, ab)
 
     def pytest_runtest_logfinish(self, nodeid: str) -> None:
         self.session.engines.finished(nodeid)
@@ -170,12 +190,14 @@ class LLMPerfHooks:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, Any, Any]:
         result = yield
+        self._collect(*list(self.pending))  # a teardown never reported (interrupted): its call's results
         # Every result is in (with pytest-xdist, from every worker): the suite-relative check.
         if self.session.suite_check():
             session.testsfailed += 1
         return result
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        self._collect(*list(self.pending))
         try:
             outputs = self.session.finish(os.environ)
         except KeyboardInterrupt as exc:  # Ctrl-C while writing (pytest would print a traceback)

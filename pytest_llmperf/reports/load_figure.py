@@ -11,6 +11,7 @@ import re
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from ..core import nodeids
 from . import figures
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ def throughput_latency(results: Sequence["MeasurementResult"]) -> Any:
         for ax, key in ((left, "ttft"), (right, "tpot")):
             p50 = [p[f"{key}_p50_ms"] for p in points]
             p99 = [p[f"{key}_p99_ms"] for p in points]
-            ax.plot(x, p50, "o-", color=colour, ms=5, lw=1.2, label=test.rsplit("::", 1)[-1] if key == "ttft" else None)
+            ax.plot(x, p50, "o-", color=colour, ms=5, lw=1.2, label=nodeids.last(test) if key == "ttft" else None)
             ax.vlines(x, p50, p99, color=colour, lw=0.8, alpha=0.6)
             for xi, yi, p in zip(x, p50, points):
                 label = f"c{p['concurrency']}" + (f"@{p['rate_per_s']:g}/s" if p.get("rate_per_s") else "")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Sequence
 
+from ..core import nodeids
 from .figures import BASELINE, BUDGET, FIRST_RUN, new_figure
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ def change_overview(results: Sequence["MeasurementResult"]) -> Any:
         ax.plot(change, y, "o", color=colour, ms=5)
         ax.annotate(c.verdict.value, (1.0, y), xycoords=("axes fraction", "data"), xytext=(4, 0),
                     textcoords="offset points", va="center", fontsize=7, color=colour, fontweight="bold")
-    labels = [f"{test.split('::')[-1][:38]} \u00b7 {c.phase} {c.label}" for _, _, test, c in shown]
+    labels = [f"{nodeids.last(test)[:38]} \u00b7 {c.phase} {c.label}" for _, _, test, c in shown]
     ax.set_yticks(range(len(shown)), labels)
     ax.invert_yaxis()
     thresholds = Counter(c.threshold for _, _, _, c in shown if c.threshold)

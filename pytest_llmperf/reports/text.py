@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from ..core import nodeids
 from ..core.numbers import fmt
 from ..core.catalog import FIGURES, SUMMARY_COLUMNS
 from ..measuring.metrics import Measurement
@@ -115,14 +116,13 @@ def summary_table(
 def short_ids(ids: Sequence[str]) -> dict[str, str]:
     """Each test id without what all of them share: the path, then the module when the rest
     is unique (``tests/perf/test_a.py::test_decode[#2]`` -> ``test_decode[#2]``)."""
-    def tail(nodeid: str, parts: int) -> str:
-        head, sep, rest = nodeid.partition("::")
-        if not sep:
+    def tail(nodeid: str, n: int) -> str:
+        head, *pieces = nodeids.parts(nodeid)  # a parameter id's own "::" is no separator
+        if not pieces:
             return nodeid
-        pieces = rest.split("::")
-        if parts > len(pieces):
-            return head.rsplit("/", 1)[-1] + "::" + rest
-        return "::".join(pieces[-parts:])
+        if n > len(pieces):
+            return head.rsplit("/", 1)[-1] + "::" + "::".join(pieces)
+        return "::".join(pieces[-n:])
 
     unique = list(dict.fromkeys(ids))
     for parts in range(1, 10):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -89,12 +90,8 @@ class Assessor:
             from ..baselines import reference
 
             rec["reference"] = reference.measure()  # after the runs: never inside a timed region
-        module = Path(module).resolve()
-        try:
-            rel = module.relative_to(Path(s.rootdir).resolve())
-        except ValueError:
-            rel = Path(module.name)
-        path = store.module_file(s.baseline_dir, rel.as_posix())
+        rel = module_path(module, s.rootdir)
+        path = store.module_file(s.baseline_dir, rel)
         key = store.entry_key(nodeid, m.label)
         verdict = None
         baseline_record = None
@@ -107,6 +104,8 @@ class Assessor:
                 verdict = judge(entries, fp.hardware_key, rec, settings)
                 if verdict.status == "compared":
                     baseline_record = entries[fp.hardware_key]
+                elif verdict.status == "no-baseline" and rel.startswith("../"):
+                    verdict = dataclasses.replace(verdict, note=legacy_note(s.baseline_dir, path, rel, verdict.note))
             except BaselineError as exc:
                 verdict = BaselineVerdict("error", str(exc))
         return Assessment(key, path.relative_to(s.baseline_dir).as_posix(), fp.hardware_key, rec, verdict, baseline_record)
@@ -139,6 +138,34 @@ class Assessor:
         if v.status == "other-hardware" and s.strict_env:
             return [f"{v.note} (--llmperf-strict-env)"]
         return v.failure_lines()
+
+
+def module_path(module: Path | str, rootdir: Path | str) -> str:
+    """The test module's path relative to the rootdir (POSIX form), ``../`` where the module is
+    outside it (``--rootdir`` elsewhere), absolute where no relative path exists (another drive)."""
+    module, root = Path(module).resolve(), Path(rootdir).resolve()
+    try:
+        return module.relative_to(root).as_posix()
+    except ValueError:
+        pass
+    try:
+        return Path(os.path.relpath(module, root)).as_posix()
+    except ValueError:  # pragma: no cover - Windows, another drive
+        return module.as_posix()
+
+
+def legacy_note(baseline_dir: Path, path: Path, rel: str, note: str) -> str:
+    """A module outside the rootdir: older versions wrote ``baselines/<file name>.json``
+    (shared by same-named modules, so never read now); say where it is when one is there."""
+    from ..baselines import store
+
+    old = store.module_file(baseline_dir, Path(rel).name)
+    if not old.is_file():
+        return note
+    new = path.relative_to(baseline_dir).as_posix()
+    return (f"{note} (into {new}; {old.relative_to(baseline_dir).as_posix()} is where older versions kept the "
+            f"baselines of every module named {Path(rel).name} outside the rootdir: git mv it to {new} if it is "
+            "this module's)")
 
 
 @functools.lru_cache(maxsize=None)
