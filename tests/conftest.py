@@ -84,7 +84,10 @@ import pytest_llmperf.reports.session_file  # noqa: E402,F401
 # matplotlib likewise: an in-process HTML session that imported it first left a later one with
 # half a module ("type object 'Text' has no attribute 'items'").
 import matplotlib.pyplot  # noqa: E402,F401
-import psycopg  # noqa: E402,F401  (its C extension, for the in-process PostgreSQL history sessions)
+try:  # its C extension, for the in-process PostgreSQL history sessions (the postgres extra)
+    import psycopg  # noqa: F401
+except ImportError:
+    pass
 
 
 @pytest.fixture(scope="session")
