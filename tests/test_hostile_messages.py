@@ -105,6 +105,9 @@ HISTORY_LINE = (
     "history there"
 )
 
+#: What ``n_gpu_layers=-1`` offloads of the tiny preset (4 layers and the output layer).
+ALL_LAYERS_OFFLOADED = 5 if __import__("llama_cpp").llama_supports_gpu_offload() else 0
+
 CASES = [
     Case("cache-dir-cannot-be-created",
          "cannot write the embedded model to {root}/afile/cache ($LLMPERF_CACHE_DIR): Not a directory; "
@@ -119,7 +122,9 @@ CASES = [
          f"threads will time-slice and the timings measure the scheduler; use at most {CPUS}", 0, fault=None,
          source=source(f"threads=10000, {WORKLOAD}"), args=("--collect-only",)),
     Case("gpu-layers-minus-1-as-the-marker", None, 0, fault=None,
-         args=("--llmperf-gpu-layers=-1", "--llmperf-json=session.json"), json_subject={"n_gpu_layers": -1}),
+         args=("--llmperf-gpu-layers=-1", "--llmperf-json=session.json"),
+         # -1 is "all": the record says what llama.cpp offloaded (none on a CPU-only build).
+         json_subject={"n_gpu_layers": ALL_LAYERS_OFFLOADED}),
     Case("gpu-layers-minus-2-refused", "argument --llmperf-gpu-layers: must be >= -1 (-1: all layers), got -2", 4,
          fault=None, args=("--llmperf-gpu-layers=-2",)),
     Case("http-301-not-a-truncated-stream",

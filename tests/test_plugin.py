@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import os
 import sys
 import xml.etree.ElementTree as ET
 
@@ -283,10 +284,19 @@ def test_context_too_small(pytester: pytest.Pytester) -> None:
     )
 
 
-def test_llama_cpp_missing(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp now raises ImportError
+@pytest.mark.parametrize("where", ["worker", "in-process"])
+def test_llama_cpp_missing(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    if where == "worker":  # the engine worker's interpreter finds a llama_cpp that cannot be imported
+        shadow = pytester.mkdir("shadow") / "llama_cpp"
+        shadow.mkdir()
+        (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'llama_cpp'\")\n")
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(shadow.parent), os.environ.get("PYTHONPATH")])))
+        args: tuple[str, ...] = ()
+    else:
+        monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp now raises ImportError
+        args = ("--llmperf-in-process",)
     pytester.makepyfile(MARKED)
-    result = run(pytester)
+    result = run(pytester, *args)
     result.assert_outcomes(failed=2)
     result.stdout.fnmatch_lines(["*llama-cpp-python is not importable*; install it: pip install llama-cpp-python*"])
 

@@ -279,7 +279,9 @@ def test_changed_thread_count_is_named_in_the_regression(pytester: pytest.Pytest
     def two_threads_and_faster(entry: dict) -> None:
         assert entry["subject"]["n_threads"] == 1
         entry["subject"]["n_threads"] = 2
-        outpace(entry, 2.0)
+        # 4x: a recording session slowed 2x by another process (seen on this shared VM) still
+        # leaves the injected change far beyond any noise.
+        outpace(entry, 4.0)
 
     edit_baseline(pytester, two_threads_and_faster)
     result = run(pytester, "--llmperf-threads", "1")

@@ -37,6 +37,8 @@ CMAKE_FLAGS = (
     "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DLLAMA_BUILD_TOOLS=ON",
     "-DLLAMA_BUILD_SERVER=ON",
+    # $ORIGIN-relative library paths: the built folder works wherever the cache is moved.
+    "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON",
     "-DBUILD_SHARED_LIBS=ON",
 )
 DOWNLOAD_TIMEOUT_S = 900.0

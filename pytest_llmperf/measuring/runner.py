@@ -58,7 +58,7 @@ def measure(
 
         remote = getattr(engine, "profile_layers", None)  # an engine worker times them in its process
         if remote is None and not getattr(engine, "supports_layer_timing", False):
-            raise ConfigError("per-layer timing (layers=True) needs llama.cpp (in process or in an engine worker)")
+            raise ConfigError("per-layer timing (layers=True) needs the in-process llama.cpp engine (or its worker)")
         m = dataclasses.replace(m, layers=remote(workload) if remote else profile_layers(engine, workload))
     if peaks is not None:
         from .roofline import roofline

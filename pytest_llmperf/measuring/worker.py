@@ -98,8 +98,8 @@ def layers_of(data: Mapping[str, Any]) -> Any:
 class WorkerEngine:
     """An engine whose llama.cpp runs in a worker process (module docstring)."""
 
-    #: Per-layer timing runs inside the worker (``profile_layers`` below).
-    supports_layer_timing = False
+    #: Per-layer timing, run inside the worker (``profile_layers`` below), and the roofline.
+    supports_layer_timing = True
 
     def __init__(
         self,
