@@ -105,3 +105,25 @@ def test_the_in_process_fixture_engine_is_checked_in_a_worker_first(
     assert result.ret == 1, output
     result.assert_outcomes(passed=1, errors=1)
     assert output.count("llama.cpp worker died with SIGABRT (Aborted) while running model crashy.gguf") == 1, output
+
+
+def test_llmperf_profile_of_a_gguf_that_aborts_llama_cpp_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """``llmperf profile`` measures in a worker: llama.cpp's abort (a GGUF with more layers than
+    it allows) is one error line with its assert and exit 2, not a silent exit 134."""
+    import gguf
+
+    from pytest_llmperf import write_gguf
+    from pytest_llmperf.cli import main as cli_main
+
+    real = gguf.GGUFWriter.add_block_count
+    monkeypatch.setattr(gguf.GGUFWriter, "add_block_count", lambda self, n: real(self, 600))
+    path = write_gguf(ModelSpec(name="deep", n_layer=2, n_embd=64, n_ff=128, n_head=2, n_head_kv=2), tmp_path / "d.gguf")
+    monkeypatch.undo()
+    assert cli_main(["profile", str(path), "--runs", "2", "--threads", "1"]) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("llmperf: error: llama.cpp worker died with SIGABRT (Aborted)"), err
+    assert "LLAMA_MAX_LAYERS) failed" in lines[0] and "known cause: the GGUF declares more layers" in lines[0]
+    assert "Traceback" not in out + err
