@@ -62,7 +62,7 @@ from scipy.special import ndtri, stdtr, stdtrit
 from ..core import catalog
 from ..core.catalog import Metric
 from .levels import Level, level
-from .noise import NoiseModel
+from .noise import WINDOW_MIN_SESSIONS, NoiseModel
 from .verdict import CI_LEVEL, Comparison, Verdict, decided, holm
 
 #: The compared metrics (from the catalog: those judged, and the rates that mirror them).
@@ -80,21 +80,36 @@ def compare_levels(
     alpha: float,
     noise: NoiseModel = NoiseModel(),
     provisional: bool = True,
+    window: Sequence[Level] = (),
 ) -> Comparison:
     """Candidate session level against the baseline's recorded session levels (newest last).
+
+    ``window``: the history's last sessions of this test since the baseline was recorded
+    (oldest first). From ``noise.WINDOW_MIN_SESSIONS`` sessions on they are the reference and
+    their spread the between-session noise; with fewer, the baseline's sessions are the
+    reference and the longer of the two estimates the noise, pooled with the prior.
 
     The verdict is provisional (this comparison alone, m = 1; left INCONCLUSIVE without
     ``provisional``); :func:`decide` sets the final one.
     """
-    if not baseline:
+    if not baseline and len(window) < WINDOW_MIN_SESSIONS:
         raise ValueError(f"{spec.name}: the baseline holds no session")
-    k = len(baseline)
-    base_log = sum(s.log_level for s in baseline) / k
-    between = noise.between(baseline)
+    if len(window) >= WINDOW_MIN_SESSIONS:
+        ref, spread_from, source = list(window), list(window), "history"
+    else:
+        ref = list(baseline)
+        spread_from = list(window) if len(window) > len(baseline) else ref
+        source = "prior" if len(spread_from) < 2 else "history" if spread_from is not ref else "baseline"
+    k = len(ref)
+    base_log = sum(s.log_level for s in ref) / k
+    if source == "history":
+        between, between_df = noise.window(spread_from)
+    else:  # the baseline file's own sessions: pooled with the prior, as recorded
+        between, between_df = noise.between(spread_from), noise.between_df(len(spread_from))
     parts = (  # (variance, degrees of freedom) of each term of the standard error
         (candidate.se**2, candidate.n - 1),
-        (sum(s.se**2 for s in baseline) / k**2, sum(s.n - 1 for s in baseline)),
-        (between**2 * (1.0 + 1.0 / k), noise.between_df(k)),
+        (sum(s.se**2 for s in ref) / k**2, sum(s.n - 1 for s in ref)),
+        (between**2 * (1.0 + 1.0 / k), between_df),
     )
     se = math.sqrt(sum(v for v, _ in parts))
     # Welch-Satterthwaite: run spreads are estimated from a few runs, so the statistic is
@@ -107,7 +122,7 @@ def compare_levels(
     else:  # constant values on both sides: only an exact difference is evidence
         p_worse, p_better = (0.0 if worse > 0 else 1.0), (0.0 if worse < 0 else 1.0)
     z = float(stdtrit(df, 0.5 + CI_LEVEL / 2)) if math.isfinite(df) else float(ndtri(0.5 + CI_LEVEL / 2))
-    latest = baseline[-1]
+    latest = ref[-1]
     c = Comparison(
         metric=spec.name,
         label=spec.label,
@@ -136,6 +151,9 @@ def compare_levels(
             math.exp((candidate.upper - candidate.log_level) - (latest.upper - latest.log_level))
             if candidate.upper is not None and latest.upper is not None else None
         ),
+        df=df if math.isfinite(df) else None,
+        noise_source=source,
+        noise_sessions=len(spread_from) if source != "prior" else 0,
     )
     return decided(c, p_worse, p_better, alpha=alpha) if provisional else c
 

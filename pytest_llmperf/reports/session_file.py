@@ -94,9 +94,9 @@ def load_session(path: Path | str) -> list[MeasurementResult]:
     return [MeasurementResult.from_json(r, f"results[{i}]", check=False) for i, r in enumerate(data["results"])]
 
 
-COMPARISON_HEADERS = ("test", "metric", "baseline", "now", "change", "95% CI", "p (Holm)", "verdict")
+COMPARISON_HEADERS = ("test", "metric", "baseline", "now", "change", "95% CI", "p (Holm)", "verdict", "detects")
 #: ``--llmperf-columns`` names of the comparison columns after test and metric.
-COMPARISON_COLUMNS = {"baseline": 2, "now": 3, "change": 4, "ci": 5, "p": 6, "verdict": 7}
+COMPARISON_COLUMNS = {"baseline": 2, "now": 3, "change": 4, "ci": 5, "p": 6, "verdict": 7, "detects": 8}
 #: Verdicts that decide; any other one (the cannot-decide verdict) has its reason printed.
 DECIDED = ("REGRESSION", "IMPROVED", "UNCHANGED")
 
@@ -105,6 +105,25 @@ def metric_label(label: str, phase: str, unit: str) -> str:
     """``decode TPS (t/s)``, ``prefill TTFT (ms)``: the phase once, even when the label has it."""
     name = label if label.split(" ", 1)[0] == phase else f"{phase} {label}"
     return f"{name} ({unit})"
+
+
+def detects_cell(c: Comparison) -> str:
+    """The comparison's reach (``Comparison.detectable``): ``>=14%``, or ``n/a``."""
+    return "n/a" if c.detectable is None else f">={c.detectable:.0%}"
+
+
+def reach_lines(results: Iterable[MeasurementResult], *, short: bool = False) -> list[str]:
+    """Per compared test, what the gate can detect per phase and where its noise estimate came
+    from, e.g. ``test_a: prefill detects >= 14% here; between-session sd 6.1% from 10
+    session(s) of the history; decode ...``."""
+    results = list(results)
+    names = short_ids([r.test for r in results]) if short else {}
+    lines = []
+    for r in results:
+        parts = [f"{c.phase} {c.label}: {c.reach()}" for c in _comparisons(r) if c.mirror_of is None and c.reach()]
+        if parts:
+            lines.append(f"{names.get(r.test, r.test)}: " + "; ".join(parts))
+    return lines
 
 
 def _comparisons(r: MeasurementResult) -> tuple[Comparison, ...]:
@@ -131,6 +150,7 @@ def comparison_rows(results: Iterable[MeasurementResult]) -> list[list[str]]:
                     ci,
                     "n/a" if p is None else f"{p:.3g}",
                     c.verdict.value,
+                    detects_cell(c),
                 ]
             )
     return rows
@@ -216,6 +236,9 @@ def markdown(results: Sequence[MeasurementResult], extra: Iterable[str] = (), *,
     undecided = undecided_lines(results)
     if undecided:
         lines += ["", "### Undecided", ""] + [f"- {line}" for line in undecided]
+    reach = reach_lines(results)
+    if reach:
+        lines += ["", "### What this gate detects here (80% power)", ""] + [f"- {line}" for line in reach]
     rows = comparison_rows(results)
     if rows:
         lines += ["", "### Comparisons", "", "| " + " | ".join(COMPARISON_HEADERS) + " |",
