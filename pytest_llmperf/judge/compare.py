@@ -86,26 +86,20 @@ def compare_levels(
 
     ``window``: the history's last sessions of this test since the baseline was recorded
     (oldest first). From ``noise.WINDOW_MIN_SESSIONS`` sessions on they are the reference and
-    their spread the between-session noise; with fewer, the baseline's sessions are the
-    reference and the longer of the two estimates the noise, pooled with the prior.
+    their spread the between-session noise (``NoiseModel.window``); with fewer, the baseline's
+    recorded sessions are, pooled with the prior (``NoiseModel.between``).
 
     The verdict is provisional (this comparison alone, m = 1; left INCONCLUSIVE without
     ``provisional``); :func:`decide` sets the final one.
     """
-    if not baseline and len(window) < WINDOW_MIN_SESSIONS:
+    history = len(window) >= WINDOW_MIN_SESSIONS
+    ref = list(window) if history else list(baseline)
+    if not ref:
         raise ValueError(f"{spec.name}: the baseline holds no session")
-    if len(window) >= WINDOW_MIN_SESSIONS:
-        ref, spread_from, source = list(window), list(window), "history"
-    else:
-        ref = list(baseline)
-        spread_from = list(window) if len(window) > len(baseline) else ref
-        source = "prior" if len(spread_from) < 2 else "history" if spread_from is not ref else "baseline"
+    source = "history" if history else "baseline" if len(ref) >= 2 else "prior"
     k = len(ref)
     base_log = sum(s.log_level for s in ref) / k
-    if source == "history":
-        between, between_df = noise.window(spread_from)
-    else:  # the baseline file's own sessions: pooled with the prior, as recorded
-        between, between_df = noise.between(spread_from), noise.between_df(len(spread_from))
+    between, between_df = noise.window(ref) if history else (noise.between(ref), noise.between_df(k))
     parts = (  # (variance, degrees of freedom) of each term of the standard error
         (candidate.se**2, candidate.n - 1),
         (sum(s.se**2 for s in ref) / k**2, sum(s.n - 1 for s in ref)),
@@ -123,6 +117,10 @@ def compare_levels(
         p_worse, p_better = (0.0 if worse > 0 else 1.0), (0.0 if worse < 0 else 1.0)
     z = float(stdtrit(df, 0.5 + CI_LEVEL / 2)) if math.isfinite(df) else float(ndtri(0.5 + CI_LEVEL / 2))
     latest = ref[-1]
+    # The shape the slowest runs (p90) had above the level: the latest recorded session's, or
+    # the mean over a history window (a steadier reference for the shape check).
+    uppers = [s.upper - s.log_level for s in (ref if history else [latest]) if s.upper is not None]
+    shape = sum(uppers) / len(uppers) if uppers else None
     c = Comparison(
         metric=spec.name,
         label=spec.label,
@@ -148,12 +146,12 @@ def compare_levels(
         between_sd=between,
         baseline_sessions=k,
         upper_ratio=(
-            math.exp((candidate.upper - candidate.log_level) - (latest.upper - latest.log_level))
-            if candidate.upper is not None and latest.upper is not None else None
+            math.exp((candidate.upper - candidate.log_level) - shape)
+            if candidate.upper is not None and shape is not None else None
         ),
         df=df if math.isfinite(df) else None,
         noise_source=source,
-        noise_sessions=len(spread_from) if source != "prior" else 0,
+        noise_sessions=k if source != "prior" else 0,
     )
     return decided(c, p_worse, p_better, alpha=alpha) if provisional else c
 

@@ -265,11 +265,17 @@ def decided(
     lean = "slower" if worse > 0 else "faster"
     need = _runs_needed(c, alpha / max(m, 1))
     if need is None:
-        how = (
-            f"more runs cannot decide it: the baseline and the between-session noise (about "
-            f"{c.between_sd:.1%} here) leave too much; record more baseline sessions "
-            f"(--llmperf-update-baselines) or compare both sides in one session"
-        )
+        if c.noise_source == "history":
+            how = (
+                f"more runs cannot decide it: the between-session noise of the last {c.noise_sessions} sessions "
+                f"in the history (about {c.between_sd:.1%} here) leaves too much; compare both sides in one session"
+            )
+        else:
+            how = (
+                f"more runs cannot decide it: the baseline and the between-session noise (about "
+                f"{c.between_sd:.1%} here) leave too much; record more baseline sessions "
+                f"(--llmperf-update-baselines) or compare both sides in one session"
+            )
     else:
         how = f"about {need} runs would decide it"
     return dataclasses.replace(
