@@ -99,12 +99,27 @@ def compare_levels(
     source = "history" if history else "baseline" if len(ref) >= 2 else "prior"
     k = len(ref)
     base_log = sum(s.log_level for s in ref) / k
-    between, between_df = noise.window(ref) if history else (noise.between(ref), noise.between_df(k))
-    parts = (  # (variance, degrees of freedom) of each term of the standard error
-        (candidate.se**2, candidate.n - 1),
-        (sum(s.se**2 for s in ref) / k**2, sum(s.n - 1 for s in ref)),
-        (between**2 * (1.0 + 1.0 / k), between_df),
-    )
+    within_ref = sum(s.se**2 for s in ref) / k**2
+    if history:
+        # The window's levels vary by between + their own within-session error: that whole
+        # variance, estimated with k - 1 degrees of freedom, stands for the reference's and
+        # the candidate's session terms together; only the candidate's within-session error
+        # beyond the window's typical one is added. (Subtracting the within part first, and
+        # giving the small remainder k - 1 degrees of freedom, made the total look precise
+        # whenever the window came out quiet by chance: false alarms.)
+        total = sum((s.log_level - sum(r.log_level for r in ref) / k) ** 2 for s in ref) / (k - 1)
+        between = noise.window(ref)[0]
+        parts = (
+            (max(0.0, candidate.se**2 - within_ref * k), candidate.n - 1),
+            (total * (1.0 + 1.0 / k), k - 1.0),
+        )
+    else:
+        between = noise.between(ref)
+        parts = (  # (variance, degrees of freedom) of each term of the standard error
+            (candidate.se**2, candidate.n - 1),
+            (within_ref, sum(s.n - 1 for s in ref)),
+            (between**2 * (1.0 + 1.0 / k), noise.between_df(k)),
+        )
     se = math.sqrt(sum(v for v, _ in parts))
     # Welch-Satterthwaite: run spreads are estimated from a few runs, so the statistic is
     # Student's t, not normal (a spread that came out small must not make a false alarm).
@@ -142,7 +157,7 @@ def compare_levels(
         verdict=Verdict.INCONCLUSIVE,
         reason="",
         se_log=se,
-        se_within_log=math.sqrt(parts[0][0] + parts[1][0]),
+        se_within_log=math.sqrt(candidate.se**2 + within_ref),
         between_sd=between,
         baseline_sessions=k,
         upper_ratio=(
