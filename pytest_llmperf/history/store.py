@@ -364,7 +364,7 @@ def read(
             if text not in parsed:
                 parsed[text] = json.loads(text)
             d[key] = parsed[text]
-        d["runs"] = json.loads(d["runs"])
+        d["runs"] = json.loads(d["runs"]) if runs else []
         out.append(d)
     return out
 
