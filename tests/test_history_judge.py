@@ -241,3 +241,31 @@ def test_an_unreachable_history_costs_one_line_and_the_file_still_judges(pyteste
     lines = [line for line in text.splitlines() if "the verdicts used the baseline files alone" in line]
     assert len(lines) == 1 and lines[0].startswith("llmperf: cannot connect to the history postgresql://ci:***@127.0.0.1:1/perf")
     assert "s3cret" not in text and "Traceback" not in text
+
+
+# --- llmperf calibrate ----------------------------------------------------------------------
+
+
+def test_calibrate_prints_spreads_replayed_alarms_and_reach_per_test(tmp_path: Path, capsys) -> None:
+    from pytest_llmperf.cli import main as cli_main
+
+    loc = parse(str(tmp_path / "h.sqlite"), "test", tmp_path)
+    rng = np.random.default_rng(1)
+    for i in range(15):
+        off = rng.normal(0, 0.02)
+        append_session(loc, [result("t.py::test_a", 10 * math.exp(off), seed=2 * i + 1, runs=20),
+                             result("t.py::test_b", 20 * math.exp(off), seed=2 * i + 3, runs=20)], stamp(i), tmp_path, True)
+    assert cli_main(["calibrate", "--history", str(tmp_path / "h.sqlite")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["test", "metric", "sessions", "runs", "within", "CV", "between", "sd", "false", "alarms",
+                              "(replayed)", "detects:", "file", "once", "history", "window", "one", "session", "(A/B)"]
+    rows = [line for line in out if line.startswith("t.py::")]
+    assert len(rows) == 6
+    for row in rows:
+        cells = re.split(r"\s{2,}", row.strip())
+        assert cells[2] == "15" and cells[3] == "20" and cells[6] == "0 of 10"
+        file_once, window, ab = (float(c.rstrip("%")) for c in cells[7:10])
+        assert ab < window < file_once
+    assert out[-1].startswith("Holm's family: 2 test(s) x 3 = 6, alpha 0.01; the rule flagged 0 of 60 replayed")
+    assert cli_main(["calibrate", "nothing-like-this", "--history", str(tmp_path / "h.sqlite")]) == 2
+    assert "no stored sessions for tests matching 'nothing-like-this'" in capsys.readouterr().err
