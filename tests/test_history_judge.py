@@ -184,10 +184,14 @@ def test_sessions_judge_against_the_history_and_say_what_they_detect(pytester: p
     run(pytester, "--llmperf-history", history, "--llmperf-json", str(first), "-q").assert_outcomes(passed=1)
     before = json.loads(first.read_text())["results"][0]["verdict"]["comparisons"]
     assert {c["noise_source"] for c in before} == {"prior"}, "one recorded session: the prior"
-    for _ in range(WINDOW_MIN_SESSIONS - 2):
+    for _ in range(WINDOW_MIN_SESSIONS - 3):
         run(pytester, "--llmperf-history", history, "-q")
+    plain = run(pytester, "--llmperf-history", history).stdout.str()
+    assert len(re.findall(r"^llmperf: this gate detects here \(median of 1 test\(s\), 80% power\): prefill >= \d+%, "
+                          r"decode >= \d+%; -v: per test", plain, re.M)) == 1, plain
     report, md = pytester.path / "s.json", pytester.path / "s.md"
-    out = run(pytester, "--llmperf-history", history, "--llmperf-json", str(report), "--llmperf-markdown", str(md), "-v")
+    out = run(pytester, "--llmperf-history", history, "--llmperf-json", str(report), "--llmperf-markdown", str(md), "-v",
+              "--llmperf-columns", "change,ci,verdict,detects")
     comps = json.loads(report.read_text())["results"][0]["verdict"]["comparisons"]
     judged_ = [c for c in comps if c["mirror_of"] is None]
     assert {c["noise_source"] for c in comps} == {"history"}

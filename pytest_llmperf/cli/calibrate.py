@@ -15,14 +15,12 @@ import math
 import statistics
 from typing import Sequence
 
-from .common import alpha, positive_int, share
+from .common import add_setting, positive_int
 
 HELP = "per test: within- and between-session spread, replayed false alarms and detectable effects"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..core.settings import DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRESHOLD
-
     parser.add_argument("test", nargs="?", default=None, help="only tests whose id contains this")
     parser.add_argument(
         "--history", default=None, metavar="PATH|URL",
@@ -32,11 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hardware", default=None, metavar="KEY", help="only this hardware key")
     parser.add_argument("--sessions", type=positive_int, default=20, metavar="N",
                         help="the last N sessions of each series since its subject last changed (default 20)")
-    parser.add_argument("--alpha", type=alpha, default=DEFAULT_ALPHA, help=f"family-wise level (default {DEFAULT_ALPHA})")
-    parser.add_argument("--threshold", type=share, default=DEFAULT_THRESHOLD, metavar="SHARE",
-                        help=f"smallest change of a median that counts (default {DEFAULT_THRESHOLD:.0%})")
-    parser.add_argument("--tail-threshold", type=share, default=DEFAULT_TAIL_THRESHOLD, metavar="SHARE",
-                        help=f"smallest change of the ITL p95 that counts (default {DEFAULT_TAIL_THRESHOLD:.0%})")
+    for name in ("alpha", "threshold", "tail_threshold"):  # as the pytest options (settings_table)
+        add_setting(parser, name)
     parser.add_argument("--tests", type=positive_int, default=None, metavar="N",
                         help="tests in the suite's session, for Holm's family (default: the tests found)")
 

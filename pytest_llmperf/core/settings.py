@@ -56,7 +56,7 @@ DEFAULT_TAIL_THRESHOLD = 0.10
 SUMMARY_COLUMN_NAMES = tuple(name for name, _, _ in SUMMARY_COLUMNS[1:])
 COMPARISON_COLUMN_NAMES = ("baseline", "now", "change", "ci", "p", "verdict", "detects")
 DEFAULT_SUMMARY_COLUMNS = (*(f.column for f in HEADLINE), "budget")
-DEFAULT_COMPARISON_COLUMNS = ("change", "ci", "verdict", "detects")
+DEFAULT_COMPARISON_COLUMNS = ("change", "ci", "verdict")
 
 
 @dataclass(frozen=True)

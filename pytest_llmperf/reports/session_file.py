@@ -9,6 +9,7 @@ process) writes files, so workers never race on a baseline file. The session fil
 from __future__ import annotations
 
 import json
+import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -109,7 +110,9 @@ def metric_label(label: str, phase: str, unit: str) -> str:
 
 def detects_cell(c: Comparison) -> str:
     """The comparison's reach (``Comparison.detectable``): ``>=14%``, or ``n/a``."""
-    return "n/a" if c.detectable is None else f">={c.detectable:.0%}"
+    if c.detectable is None:
+        return "n/a"
+    return ">=999%" if c.detectable >= 9.99 else f">={c.detectable:.0%}"
 
 
 def reach_lines(results: Iterable[MeasurementResult], *, short: bool = False) -> list[str]:
@@ -124,6 +127,21 @@ def reach_lines(results: Iterable[MeasurementResult], *, short: bool = False) ->
         if parts:
             lines.append(f"{names.get(r.test, r.test)}: " + "; ".join(parts))
     return lines
+
+
+def reach_summary(results: Iterable[MeasurementResult]) -> str | None:
+    """One line: the median reach per phase over the compared tests (the terminal's default)."""
+    by_phase: dict[str, list[float]] = {}
+    for r in results:
+        for c in _comparisons(r):
+            if c.mirror_of is None and c.detectable is not None and c.metric in ("ttft_ms", "tpot_ms"):
+                by_phase.setdefault(c.phase, []).append(c.detectable)
+    if not by_phase:
+        return None
+    parts = [f"{phase} >= {statistics.median(v):.0%}" for phase, v in sorted(by_phase.items(), key=lambda kv: kv[0] != "prefill")]
+    n = max(len(v) for v in by_phase.values())
+    return (f"llmperf: this gate detects here (median of {n} test(s), 80% power): {', '.join(parts)}; "
+            "-v: per test, with the noise estimate; --llmperf-columns ...,detects: per comparison")
 
 
 def _comparisons(r: MeasurementResult) -> tuple[Comparison, ...]:

@@ -50,7 +50,7 @@ def summary(
     if s.disable:
         return lines + [("line", f"llmperf: {len(rows)} measurement(s) run once (--llmperf-disable): "
                                  "no budgets, statistics or baselines")]
-    from ..reports.session_file import comparison_table, reach_lines, undecided_lines
+    from ..reports.session_file import comparison_table, reach_lines, reach_summary, undecided_lines
 
     if verbosity == -1:
         over = sum(1 for r in rows if str(r.get("budget", "")).startswith("FAIL"))
@@ -65,8 +65,11 @@ def summary(
     if table:
         lines += [("sep", "llmperf baseline comparison"), ("line", table)]
         lines += [("line", line) for line in undecided_lines(results, short=True)]
-        if verbosity >= 1:  # the table's "detects" column, with where the noise estimate came from
+        if verbosity >= 1:  # the "detects" column's figures, with where the noise estimate came from
             lines += [("line", line) for line in reach_lines(results, short=True)]
+        else:
+            reach = reach_summary(results)
+            lines += [("line", reach)] if reach else []
     short = short_ids([r.test for r in results])
     notes = sorted(
         {
