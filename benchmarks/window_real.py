@@ -95,12 +95,16 @@ def main() -> None:
     ap.add_argument("--slow", type=int, default=10)
     ap.add_argument("--max-runs", type=int, default=40)
     ap.add_argument("--keep", type=Path, default=None)
+    ap.add_argument("--work-factor", type=float, default=1.5, help="per-token work as this x the decode reach")
+    ap.add_argument("--reach-from", type=Path, default=None,
+                    help="a session JSON (s<i>.json of a kept run) whose decode reach and TPOT set the work; with "
+                    "--fill 0 --aa 0 --keep DIR: only the slowed sessions, against that history")
     args = ap.parse_args()
     folder = Path(args.keep or tempfile.mkdtemp(prefix="llmperf-window-real-"))
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "test_real.py").write_text(SUITE.format(max_runs=args.max_runs))
     history = folder / "history.sqlite"
-    i = 0
+    i = len(list(folder.glob("s*.json")))
     for j in range(args.fill):
         i += 1
         r = session(folder, history, i, *(["--llmperf-update-baselines"] if j == 0 else []))
@@ -111,13 +115,21 @@ def main() -> None:
         r = session(folder, history, i)
         aa.append(r)
         print(line(i, "A/A", r), flush=True)
-    first = aa[0]["comps"]
-    reach = {m: first[m]["detectable"] for m in ("ttft_ms", "tpot_ms")}
-    tpot_ms = statistics.median(aa[0]["runs"]["tpot_ms"])
-    work_s = 1.5 * reach["tpot_ms"] * tpot_ms / 1000.0
-    print(f"reported after {args.fill} sessions: prefill detects >= {reach['ttft_ms']:.1%}, decode >= "
-          f"{reach['tpot_ms']:.1%}; injecting {work_s * 1000:.2f} ms per token (1.5x decode reach x TPOT "
-          f"{tpot_ms:.2f} ms)", flush=True)
+    if args.reach_from:
+        doc = json.loads(args.reach_from.read_text())["results"][0]
+        source = {"comps": {c["metric"]: c for c in doc["verdict"]["comparisons"]}}
+        # the window's reference level: what the injected share is a share of
+        tpot_ms = source["comps"]["tpot_ms"]["baseline_value"]
+        where = f"by {args.reach_from.name}"
+    else:
+        source = aa[0]
+        tpot_ms = statistics.median(aa[0]["runs"]["tpot_ms"])
+        where = f"after {args.fill} sessions"
+    reach = {m: source["comps"][m]["detectable"] for m in ("ttft_ms", "tpot_ms")}
+    work_s = args.work_factor * reach["tpot_ms"] * tpot_ms / 1000.0
+    print(f"reported {where}: prefill detects >= {reach['ttft_ms']:.1%}, decode >= "
+          f"{reach['tpot_ms']:.1%}; injecting {work_s * 1000:.2f} ms per token ({args.work_factor}x decode reach x "
+          f"TPOT {tpot_ms:.2f} ms)", flush=True)
     slow = []
     for _ in range(args.slow):
         i += 1
@@ -127,10 +139,11 @@ def main() -> None:
         slow.append(r)
         print(line(i, "slow", r), flush=True)
     reg = lambda rs, m: sum(r["comps"][m]["verdict"] == "REGRESSION" for r in rs)  # noqa: E731
-    print(f"A/A: {sum(any(c['verdict'] == 'REGRESSION' for c in r['comps'].values()) for r in aa)} of {len(aa)} "
-          f"sessions with a REGRESSION (prefill {reg(aa, 'ttft_ms')}, decode {reg(aa, 'tpot_ms')}); decode reach "
-          f"reported: median {statistics.median(r['comps']['tpot_ms']['detectable'] for r in aa):.1%}, prefill "
-          f"{statistics.median(r['comps']['ttft_ms']['detectable'] for r in aa):.1%}")
+    if aa:
+        print(f"A/A: {sum(any(c['verdict'] == 'REGRESSION' for c in r['comps'].values()) for r in aa)} of {len(aa)} "
+              f"sessions with a REGRESSION (prefill {reg(aa, 'ttft_ms')}, decode {reg(aa, 'tpot_ms')}); decode reach "
+              f"reported: median {statistics.median(r['comps']['tpot_ms']['detectable'] for r in aa):.1%}, prefill "
+              f"{statistics.median(r['comps']['ttft_ms']['detectable'] for r in aa):.1%}")
     print(f"+{work_s * 1000:.2f} ms/token: decode REGRESSION in {reg(slow, 'tpot_ms')} of {len(slow)} sessions; "
           f"measured decode change median "
           f"{statistics.median(r['comps']['tpot_ms']['ratio'] for r in slow) - 1:+.1%}")
