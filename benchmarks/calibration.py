@@ -15,6 +15,10 @@ Drift model (docs/verdicts.md), on the log scale, for session s, test t, run i o
   run noise              e_i   ~ lognormal with the given CV (ITL p95: 1.5x that CV)
   outlier variant: each run, with probability 5%, x U(1.2, 2.0)
 A baseline holds K recorded sessions (K = 10: the window full; K = 1: recorded once).
+``--window W``: the baseline file is recorded once and the history holds W sessions of each
+test since (the recording one first), drawn from the same drift model; each test is judged
+against that window (``regression.judge``'s ``window``, as the plugin reads it from the
+history: its sessions are the reference and their spread the between-session noise).
 
 Scenarios per CV (2, 5, 8%), fixed 20 runs and adaptive (20 -> 40 -> 60 runs, stop when the
 test's judged verdicts are all decided; alpha split over the 3 looks):
@@ -38,6 +42,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_llmperf.judge.compare import JUDGED  # noqa: E402
+from pytest_llmperf.judge.levels import level  # noqa: E402
 from pytest_llmperf.judge.noise import lognormal_sigma  # noqa: E402
 from pytest_llmperf.judge.suite import suite_relative  # noqa: E402
 from pytest_llmperf.judge.verdict import Verdict  # noqa: E402
@@ -108,12 +113,28 @@ def baseline(machine: Machine, tests: int, k: int) -> list[dict]:
     return stored  # type: ignore[return-value]
 
 
-def judge_test(base: dict, cand_values: dict, settings: CompareSettings):
-    return judge({"hw": base}, "hw", as_record(cand_values), settings)
+def history_window(machine: Machine, tests: int, sessions: int) -> tuple[list[dict], list[dict]]:
+    """A baseline recorded once and, per test, the levels of ``sessions`` sessions of the
+    history since (the recording session first), as ``history.series.Windows.levels`` gives."""
+    stored: list[dict] = [None] * tests  # type: ignore[list-item]
+    windows: list[dict] = [{spec.name: [] for spec in JUDGED} for _ in range(tests)]
+    for s in range(sessions):
+        offsets = machine.session(tests)
+        for t in range(tests):
+            values = machine.runs(offsets[t], LOOK_RUNS[0])
+            if s == 0:
+                stored[t] = carry_history(None, as_record(values))
+            for spec in JUDGED:
+                windows[t][spec.name].append(level(values[spec.name]))
+    return stored, windows
+
+
+def judge_test(base: dict, cand_values: dict, settings: CompareSettings, window: dict | None = None):
+    return judge({"hw": base}, "hw", as_record(cand_values), settings, (lambda entry: window) if window else None)
 
 
 def run_test(machine: Machine, base: dict, offset: float, settings: CompareSettings, adaptive: bool,
-             **effect) -> tuple[list, int]:
+             window: dict | None = None, **effect) -> tuple[list, int]:
     """Judge one candidate test, measuring more runs while undecided when ``adaptive``."""
     looks = LOOK_RUNS if adaptive else LOOK_RUNS[:1]
     s = CompareSettings(**{**settings.__dict__, "looks": len(looks)})
@@ -122,21 +143,26 @@ def run_test(machine: Machine, base: dict, offset: float, settings: CompareSetti
         if i:
             values = concat(values, machine.runs(offset, n - looks[i - 1], start=looks[i - 1],
                                                   ramp=values["_ramp"], **effect))
-        verdict = judge_test(base, values, s)
+        verdict = judge_test(base, values, s, window)
         if not any(c.worth_more_runs for c in verdict.comparisons):  # the plugin's own stopping rule
             break
     return list(verdict.comparisons), n
 
 
-def simulate(cv: float, outliers: bool, k: int, sessions: int, tests: int, seed: int) -> dict[str, dict]:
-    """Both run policies (fixed 20, adaptive 20-60) on the same baselines and sessions."""
-    rng = np.random.default_rng([seed, int(cv * 1000), outliers, k])
+def simulate(cv: float, outliers: bool, k: int, sessions: int, tests: int, seed: int,
+             window: int = 0) -> dict[str, dict]:
+    """Both run policies (fixed 20, adaptive 20-60) on the same baselines and sessions;
+    ``window``: judged against a history window of that many sessions (the file recorded once)."""
+    rng = np.random.default_rng([seed, int(cv * 1000), outliers, k, window])
     machine = Machine(rng, cv, outliers)
     settings = CompareSettings(family_size=tests * len(JUDGED), peers=tests)
     tally = {policy: {"alarm": 0, "inconclusive": 0, "verdicts": 0, "aa_runs": [], "flagged": 0, "silent": 0, "others_alarm": 0,
-                      "slow_runs": []} for policy in ("20", "20-60")}
+                      "slow_runs": [], "decode_unchanged": 0, "decode": 0, "mde_decode": []} for policy in ("20", "20-60")}
     for _ in range(sessions):
-        stored = baseline(machine, tests, k)
+        if window:
+            stored, windows = history_window(machine, tests, window)
+        else:
+            stored, windows = baseline(machine, tests, k), [None] * tests
         offsets = machine.session(tests)
         state = rng.bit_generator.state
         for policy, adaptive in (("20", False), ("20-60", True)):
@@ -147,12 +173,12 @@ def simulate(cv: float, outliers: bool, k: int, sessions: int, tests: int, seed:
             # as it ends and then by the session-end suite-relative check, as the plugin does.
             others = []
             for t in range(1, tests):
-                comps, n = run_test(machine, stored[t], offsets[t], settings, adaptive)
+                comps, n = run_test(machine, stored[t], offsets[t], settings, adaptive, windows[t])
                 t_["aa_runs"].append(n)
                 others.append(comps)
             sessions_of = {}
             for case, effect in (("aa", {}), ("slow", {"slow": 1.10}), ("mix", {"mixture": 0.30})):
-                comps, n = run_test(machine, stored[0], offsets[0], settings, adaptive, **effect)
+                comps, n = run_test(machine, stored[0], offsets[0], settings, adaptive, windows[0], **effect)
                 if case == "slow":
                     t_["slow_runs"].append(n)
                 sessions_of[case] = suite_relative([comps, *others], alpha=settings.alpha_suite)
@@ -161,6 +187,10 @@ def simulate(cv: float, outliers: bool, k: int, sessions: int, tests: int, seed:
             t_["alarm"] += any(c.verdict is Verdict.REGRESSION for c in judged)
             t_["inconclusive"] += sum(c.verdict is Verdict.INCONCLUSIVE for c in judged)
             t_["verdicts"] += len(judged)
+            decode = [c for c in judged if c.metric == "tpot_ms"]
+            t_["decode"] += len(decode)
+            t_["decode_unchanged"] += sum(c.verdict is Verdict.UNCHANGED for c in decode)
+            t_["mde_decode"] += [c.detectable for c in decode if c.detectable is not None]
             t_["flagged"] += any(c.verdict is Verdict.REGRESSION and c.metric == "tpot_ms" for c in sessions_of["slow"][0])
             tpot = next(c for c in sessions_of["mix"][0] if c.metric == "tpot_ms")
             t_["silent"] += tpot.verdict in (Verdict.UNCHANGED, Verdict.IMPROVED)
@@ -169,6 +199,8 @@ def simulate(cv: float, outliers: bool, k: int, sessions: int, tests: int, seed:
         policy: {
             "aa_any": t_["alarm"] / sessions,
             "aa_inconclusive": t_["inconclusive"] / max(t_["verdicts"], 1),
+            "aa_decode_unchanged": t_["decode_unchanged"] / max(t_["decode"], 1),
+            "mde_decode": float(np.median(t_["mde_decode"])) if t_["mde_decode"] else float("nan"),
             "flag10": t_["flagged"] / sessions,
             "silent_mix": t_["silent"],
             "others_alarm": t_["others_alarm"] / sessions,
@@ -187,23 +219,29 @@ def main() -> None:
     parser.add_argument("--cvs", default="0.02,0.05,0.08")
     parser.add_argument("--baseline-sessions", default="10,1")
     parser.add_argument("--outliers", choices=("both", "no", "yes"), default="both")
+    parser.add_argument("--window", type=int, default=0,
+                        help="judge against a history window of this many sessions (the file recorded once)")
     args = parser.parse_args()
     cvs = [float(c) for c in args.cvs.split(",")]
     print(f"{args.sessions} sessions of {args.tests} tests, Holm m = {args.tests * len(JUDGED)}, alpha 0.01, "
           f"threshold 5% (tail 10%); drift: shared {SHARED_SD:.1%}, per test {TEST_SD:.1%}, ramp +-{RAMP:.0%}")
     print(f"targets: {TARGETS}")
     header = (f"{'K':>3} {'outliers':>8} {'CV':>4} {'runs':>8} | {'A/A any REG':>11} {'A/A inconcl.':>12} "
-              f"{'+10% flagged':>12} {'30%x1.5 silent':>14} {'others REG':>10} | {'mean runs A/A':>13} {'+10%':>6}  {'s':>4}")
+              f"{'A/A dec UNCH':>12} {'+10% flagged':>12} {'30%x1.5 silent':>14} {'others REG':>10} | "
+              f"{'mean runs A/A':>13} {'+10%':>6} {'MDE dec':>7}  {'s':>4}")
     print(header)
     print("-" * len(header))
-    for k in (int(v) for v in args.baseline_sessions.split(",")):
+    ks = [args.window] if args.window else [int(v) for v in args.baseline_sessions.split(",")]
+    for k in ks:
         for outliers in {"both": (False, True), "no": (False,), "yes": (True,)}[args.outliers]:
             for cv in cvs:
                 started = time.perf_counter()
-                for policy, r in simulate(cv, outliers, k, args.sessions, args.tests, args.seed).items():
-                    print(f"{k:>3} {'5%' if outliers else '-':>8} {cv:>4.0%} {policy:>8} | "
-                          f"{r['aa_any']:>11.2%} {r['aa_inconclusive']:>12.1%} {r['flag10']:>12.1%} "
-                          f"{r['silent_mix']:>14d} {r['others_alarm']:>10.2%} | {r['runs_aa']:>13.1f} {r['runs_slow']:>6.1f}  "
+                result = simulate(cv, outliers, k, args.sessions, args.tests, args.seed, window=args.window)
+                for policy, r in result.items():
+                    print(f"{(f'w{k}' if args.window else k):>3} {'5%' if outliers else '-':>8} {cv:>4.0%} {policy:>8} | "
+                          f"{r['aa_any']:>11.2%} {r['aa_inconclusive']:>12.1%} {r['aa_decode_unchanged']:>12.1%} "
+                          f"{r['flag10']:>12.1%} {r['silent_mix']:>14d} {r['others_alarm']:>10.2%} | "
+                          f"{r['runs_aa']:>13.1f} {r['runs_slow']:>6.1f} {r['mde_decode']:>7.1%}  "
                           f"{time.perf_counter() - started:>4.0f}", flush=True)
 
 

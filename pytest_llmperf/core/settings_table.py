@@ -196,6 +196,8 @@ SETTINGS: dict[str, Setting] = {
                 False, switch=True),
         Setting("require_baseline", "fail a measured test that has no baseline", False, switch=True),
         Setting("strict_env", "fail a test whose baselines were all recorded on other hardware", False, switch=True),
+        Setting("fail_other_hardware", "fail the session (exit 1) when any test was not compared because its "
+                "baselines were all recorded on other hardware", False, switch=True),
         Setting("budgets_only", "only budgets gate: do not compare with baselines", False, switch=True),
         Setting("baselines_only", "only baseline comparisons gate: budgets are measured and shown, never fail a test",
                 False, switch=True),

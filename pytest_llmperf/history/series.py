@@ -4,8 +4,10 @@ trends and the verdicts' between-session spread (``levels``) all read through he
 
 from __future__ import annotations
 
+import datetime
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..core.catalog import METRICS
@@ -137,3 +139,69 @@ def levels(
     s = found[0]
     start = max((i for i in range(1, len(s.points)) if s.changes_at(i)), default=0)
     return [p.level() for p in s.points[start:]][-last:]
+
+
+#: Sessions read for the verdicts' windows: the last ones stored with a measurement on this
+#: hardware (a window holds a test's last ``noise.WINDOW_SESSIONS``; tests that run in
+#: subsets of the sessions reach further back).
+WINDOW_READ_SESSIONS = 50
+#: A measurement whose stored verdict starts with one of these is not noise: it stays out of
+#: the window (a regression the gate caught must not widen the next sessions' noise estimate).
+NOT_NOISE = ("REGRESSION", "MACHINE_SLOWER")
+
+
+def _instant(iso: str) -> datetime.datetime | None:
+    try:
+        t = datetime.datetime.fromisoformat(str(iso))
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=datetime.timezone.utc)
+
+
+@dataclass(frozen=True)
+class Windows:
+    """The history's recent sessions of every test on one hardware, read once per session
+    (``read_windows``); ``levels`` picks one test's window for the verdict."""
+
+    #: (test, label) -> rows of that measurement (``store.read``, without runs), oldest first.
+    rows: Mapping[tuple[str, str], Sequence[Mapping[str, Any]]]
+
+    def levels(self, test: str, label: str, entry: Mapping[str, Any]) -> dict[str, list[Level]]:
+        """Per metric, the last ``noise.WINDOW_SESSIONS`` sessions of this test since the
+        baseline ``entry`` was recorded (its ``recorded_at``), with its subject and workload,
+        leaving out measurements judged REGRESSION or MACHINE_SLOWER: the window the verdict
+        judges against (docs/verdicts.md)."""
+        from ..judge.noise import WINDOW_SESSIONS
+
+        since = _instant(entry.get("recorded_at") or "")
+        subject, workload = entry.get("subject") or {}, {"workload": entry.get("workload") or {}}
+        out: dict[str, list[Level]] = {}
+        same: dict[tuple[int, int], bool] = {}  # rows share their parsed subject and workload
+        for r in self.rows.get((test, label), ()):
+            key = id(r["subject"]), id(r["workload"])
+            ok = same.get(key)
+            if ok is None:
+                ok = same[key] = not subject_changes(subject, r["subject"]) and not same_workload(
+                    workload, {"workload": r["workload"]})
+            if not ok or str(r.get("baseline") or "").startswith(NOT_NOISE):
+                continue
+            started = _instant(r["started_at"])
+            if since is not None and (started is None or started < since):
+                continue
+            out.setdefault(r["metric"], []).append(
+                Level(float(r["log_level"]), float(r["se"]), int(r["n"]), float(r["spread"]),
+                      None if r["upper"] is None else float(r["upper"]))
+            )
+        return {metric: lv[-WINDOW_SESSIONS:] for metric, lv in out.items()}
+
+
+def read_windows(loc: Location, hardware_key: str, metrics: Sequence[str]) -> Windows:
+    """One read of the history for a whole session: the last ``WINDOW_READ_SESSIONS``
+    sessions' levels of ``metrics`` on ``hardware_key`` (no per-run values). Raises
+    ``store.HistoryError`` (one line) when the history cannot be read."""
+    rows: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    if loc.kind == "sqlite" and not Path(loc.target).is_file():
+        return Windows(rows)
+    for r in store.read(loc, metrics=metrics, hardware_key=hardware_key, last_sessions=WINDOW_READ_SESSIONS, runs=False):
+        rows.setdefault((r["test"], r["label"]), []).append(r)
+    return Windows(rows)

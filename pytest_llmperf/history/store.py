@@ -226,12 +226,20 @@ COLUMNS = (
 
 
 def read(
-    loc: Location, *, test: str | None = None, metrics: Sequence[str] | None = None, hardware_key: str | None = None
+    loc: Location,
+    *,
+    test: str | None = None,
+    metrics: Sequence[str] | None = None,
+    hardware_key: str | None = None,
+    last_sessions: int | None = None,
+    runs: bool = True,
 ) -> list[dict[str, Any]]:
     """Every stored value (one dict per session, measurement and metric), oldest session first.
 
-    ``test``: a substring of the test id; ``metrics``: metric names. Never creates anything: a
-    missing schema reads as an empty history, a newer one is refused."""
+    ``test``: a substring of the test id; ``metrics``: metric names; ``last_sessions``: only
+    the last N sessions stored (with a measurement on ``hardware_key`` when given);
+    ``runs=False``: without the per-run values (``runs`` reads as []). Never creates anything:
+    a missing schema reads as an empty history, a newer one is refused."""
     conn = connect(loc, create=False)
     try:
         if not _tables(conn, loc, reading=True):
@@ -246,11 +254,18 @@ def read(
         if hardware_key:
             where.append("m.hardware_key = ?")
             params.append(hardware_key)
+        if last_sessions:
+            where.append(
+                "s.id IN (SELECT id FROM (SELECT DISTINCT m2.session_id AS id FROM llmperf_measurements m2"
+                + (" WHERE m2.hardware_key = ?" if hardware_key else "") + " ORDER BY m2.session_id DESC LIMIT ?) AS recent)"
+            )
+            params += ([hardware_key] if hardware_key else []) + [int(last_sessions)]
         sql = (
             "SELECT s.id, s.uid, s.started_at, s.commit_sha, s.dirty, s.branch, s.host, s.compared, "
             "m.test, m.label, m.hardware_key, m.subject, m.workload, m.baseline, "
-            "v.metric, v.phase, v.unit, v.n, v.median, v.log_level, v.se, v.spread, v.upper, v.runs "
-            "FROM llmperf_values v JOIN llmperf_measurements m ON v.measurement_id = m.id "
+            "v.metric, v.phase, v.unit, v.n, v.median, v.log_level, v.se, v.spread, v.upper, "
+            + ("v.runs " if runs else "'[]' ")
+            + "FROM llmperf_values v JOIN llmperf_measurements m ON v.measurement_id = m.id "
             "JOIN llmperf_sessions s ON m.session_id = s.id"
             + (" WHERE " + " AND ".join(where) if where else "")
             + " ORDER BY s.started_at, s.id, m.id, v.metric"
@@ -261,14 +276,19 @@ def read(
     finally:
         conn.close()
     out = []
+    parsed: dict[str, Any] = {}  # most rows share their subject and workload: parse each text once
     for row in rows:
         d = dict(zip(COLUMNS, row))
         if isinstance(d["started_at"], datetime.datetime):
             d["started_at"] = d["started_at"].astimezone(datetime.timezone.utc).isoformat(timespec="seconds")
         d["dirty"] = None if d["dirty"] is None else bool(d["dirty"])
         d["compared"] = bool(d["compared"])
-        for key in ("subject", "workload", "runs"):
-            d[key] = json.loads(d[key])
+        for key in ("subject", "workload"):
+            text = d[key]
+            if text not in parsed:
+                parsed[text] = json.loads(text)
+            d[key] = parsed[text]
+        d["runs"] = json.loads(d["runs"]) if runs else []
         out.append(d)
     return out
 

@@ -62,7 +62,7 @@ from scipy.special import ndtri, stdtr, stdtrit
 from ..core import catalog
 from ..core.catalog import Metric
 from .levels import Level, level
-from .noise import NoiseModel
+from .noise import WINDOW_MIN_SESSIONS, NoiseModel
 from .verdict import CI_LEVEL, Comparison, Verdict, decided, holm
 
 #: The compared metrics (from the catalog: those judged, and the rates that mirror them).
@@ -80,22 +80,46 @@ def compare_levels(
     alpha: float,
     noise: NoiseModel = NoiseModel(),
     provisional: bool = True,
+    window: Sequence[Level] = (),
 ) -> Comparison:
     """Candidate session level against the baseline's recorded session levels (newest last).
+
+    ``window``: the history's last sessions of this test since the baseline was recorded
+    (oldest first). From ``noise.WINDOW_MIN_SESSIONS`` sessions on they are the reference and
+    their spread the between-session noise (``NoiseModel.window``); with fewer, the baseline's
+    recorded sessions are, pooled with the prior (``NoiseModel.between``).
 
     The verdict is provisional (this comparison alone, m = 1; left INCONCLUSIVE without
     ``provisional``); :func:`decide` sets the final one.
     """
-    if not baseline:
+    history = len(window) >= WINDOW_MIN_SESSIONS
+    ref = list(window) if history else list(baseline)
+    if not ref:
         raise ValueError(f"{spec.name}: the baseline holds no session")
-    k = len(baseline)
-    base_log = sum(s.log_level for s in baseline) / k
-    between = noise.between(baseline)
-    parts = (  # (variance, degrees of freedom) of each term of the standard error
-        (candidate.se**2, candidate.n - 1),
-        (sum(s.se**2 for s in baseline) / k**2, sum(s.n - 1 for s in baseline)),
-        (between**2 * (1.0 + 1.0 / k), noise.between_df(k)),
-    )
+    source = "history" if history else "baseline" if len(ref) >= 2 else "prior"
+    k = len(ref)
+    base_log = sum(s.log_level for s in ref) / k
+    within_ref = sum(s.se**2 for s in ref) / k**2
+    if history:
+        # The window's levels vary by between + their own within-session error: that whole
+        # variance, estimated with k - 1 degrees of freedom, stands for the reference's and
+        # the candidate's session terms together; only the candidate's within-session error
+        # beyond the window's typical one is added. (Subtracting the within part first, and
+        # giving the small remainder k - 1 degrees of freedom, made the total look precise
+        # whenever the window came out quiet by chance: false alarms.)
+        total = sum((s.log_level - sum(r.log_level for r in ref) / k) ** 2 for s in ref) / (k - 1)
+        between = noise.window(ref)[0]
+        parts = (
+            (max(0.0, candidate.se**2 - within_ref * k), candidate.n - 1),
+            (total * (1.0 + 1.0 / k), k - 1.0),
+        )
+    else:
+        between = noise.between(ref)
+        parts = (  # (variance, degrees of freedom) of each term of the standard error
+            (candidate.se**2, candidate.n - 1),
+            (within_ref, sum(s.n - 1 for s in ref)),
+            (between**2 * (1.0 + 1.0 / k), noise.between_df(k)),
+        )
     se = math.sqrt(sum(v for v, _ in parts))
     # Welch-Satterthwaite: run spreads are estimated from a few runs, so the statistic is
     # Student's t, not normal (a spread that came out small must not make a false alarm).
@@ -107,7 +131,11 @@ def compare_levels(
     else:  # constant values on both sides: only an exact difference is evidence
         p_worse, p_better = (0.0 if worse > 0 else 1.0), (0.0 if worse < 0 else 1.0)
     z = float(stdtrit(df, 0.5 + CI_LEVEL / 2)) if math.isfinite(df) else float(ndtri(0.5 + CI_LEVEL / 2))
-    latest = baseline[-1]
+    latest = ref[-1]
+    # The shape the slowest runs (p90) had above the level: the latest recorded session's, or
+    # the mean over a history window (a steadier reference for the shape check).
+    uppers = [s.upper - s.log_level for s in (ref if history else [latest]) if s.upper is not None]
+    shape = sum(uppers) / len(uppers) if uppers else None
     c = Comparison(
         metric=spec.name,
         label=spec.label,
@@ -129,13 +157,16 @@ def compare_levels(
         verdict=Verdict.INCONCLUSIVE,
         reason="",
         se_log=se,
-        se_within_log=math.sqrt(parts[0][0] + parts[1][0]),
+        se_within_log=math.sqrt(candidate.se**2 + within_ref),
         between_sd=between,
         baseline_sessions=k,
         upper_ratio=(
-            math.exp((candidate.upper - candidate.log_level) - (latest.upper - latest.log_level))
-            if candidate.upper is not None and latest.upper is not None else None
+            math.exp((candidate.upper - candidate.log_level) - shape)
+            if candidate.upper is not None and shape is not None else None
         ),
+        df=df if math.isfinite(df) else None,
+        noise_source=source,
+        noise_sessions=k if source != "prior" else 0,
     )
     return decided(c, p_worse, p_better, alpha=alpha) if provisional else c
 

@@ -12,9 +12,19 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from scipy.special import ndtri
+from scipy.special import ndtri, stdtrit
 
 from .levels import HL_SE_FACTOR, Level
+
+#: Sessions of a test kept in the history window (the last ones since its baseline was
+#: recorded, same hardware, subject and workload; docs/verdicts.md).
+WINDOW_SESSIONS = 10
+#: From this many sessions on, the history window is the reference level and its own spread
+#: the between-session noise (Student's t with ``k - 1`` degrees of freedom, no prior); below
+#: it, the baseline file's recorded sessions are the reference and the prior is pooled in.
+WINDOW_MIN_SESSIONS = 5
+#: Power at which the minimum detectable effect is stated (``detectable``).
+POWER = 0.8
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,29 @@ class NoiseModel:
         within = sum(s.se**2 for s in sessions) / k
         excess = max(0.0, sum((v - mean) ** 2 for v in levels) / (k - 1) - within)
         return math.sqrt((prior + (k - 1) * excess) / (self.prior_sessions + k - 1))
+
+
+    def window(self, sessions: Sequence[Level]) -> tuple[float, float]:
+        """Between-session sd and its degrees of freedom from a history window of
+        ``WINDOW_MIN_SESSIONS`` or more sessions: the levels' own spread beyond what their runs
+        explain, with ``k - 1`` degrees of freedom (no prior: the t statistic carries the
+        uncertainty of a spread estimated from few sessions). Fewer: ``between`` (the prior)."""
+        k = len(sessions)
+        if k < WINDOW_MIN_SESSIONS:
+            return self.between(sessions), self.between_df(k)
+        levels = [s.log_level for s in sessions]
+        mean = sum(levels) / k
+        within = sum(s.se**2 for s in sessions) / k
+        return math.sqrt(max(0.0, sum((v - mean) ** 2 for v in levels) / (k - 1) - within)), float(k - 1)
+
+
+def detectable(se: float, df: float, *, alpha: float, threshold: float, power: float = POWER) -> float:
+    """The smallest true change (0.14 = 14% slower) that a comparison with this standard error
+    of log(ratio) and degrees of freedom flags with ``power`` at one-sided level ``alpha`` (its
+    Holm step as the only change of the session). The estimate must pass both the critical
+    value and the threshold, so the reach is the larger of the two plus ``power``'s margin."""
+    q = (lambda p: float(stdtrit(df, p))) if math.isfinite(df) else (lambda p: float(ndtri(p)))
+    return math.expm1(max(math.log1p(threshold), se * q(1.0 - alpha)) + se * q(power))
 
 
 def z_one_sided(alpha: float) -> float:

@@ -9,7 +9,7 @@ import dataclasses
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from ..baselines import reference
 from .compare import JUDGED, METRICS, compare_levels, decide, mirrored
@@ -17,7 +17,7 @@ from .levels import Level, level
 from .noise import NoiseModel
 from .suite import MIN_PEERS, SUITE_ALPHA_SHARE
 from .verdict import Comparison, Verdict
-from ..core.fingerprint import other_hardware_note, subject_changes
+from ..core.fingerprint import hardware_differences, other_hardware_note, subject_changes
 from .layer_diff import LayerChange, compare_layers
 from ..baselines.records import same_workload
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRESHOLD
@@ -65,6 +65,8 @@ class BaselineVerdict:
     status: str  # compared | no-baseline | other-hardware | workload-changed | error
     note: str = ""
     comparisons: tuple[Comparison, ...] = ()
+    #: What changed in the subject since the baseline (other-hardware: the hardware fields
+    #: that differ from the closest recorded machine).
     changes: tuple[str, ...] = ()
     #: Per-layer diff when both records carry layer timing (a diagnosis, not a gate).
     layer_changes: tuple[LayerChange, ...] = ()
@@ -137,10 +139,14 @@ def carry_history(old: Mapping[str, Any] | None, new: dict[str, Any], keep: int 
 
 
 def compare_records(
-    baseline: Mapping[str, Any], candidate: Mapping[str, Any], settings: CompareSettings
+    baseline: Mapping[str, Any],
+    candidate: Mapping[str, Any],
+    settings: CompareSettings,
+    window: Mapping[str, Sequence[Level]] | None = None,
 ) -> list[Comparison]:
     """Every judged metric both records carry (plus the rate mirrors), decided with Holm over
-    ``family_size``."""
+    ``family_size``. ``window``: per judged metric, the history's sessions of this test since
+    the baseline was recorded (``history.series.Windows``; ``compare.compare_levels``)."""
     base_levels, cand_levels, older = session_levels(baseline), session_levels(candidate), history(baseline)
     judged: dict[str, Comparison] = {}
     for spec in JUDGED:
@@ -153,6 +159,7 @@ def compare_records(
                 alpha=settings.alpha_per_look,
                 noise=settings.noise,
                 provisional=False,
+                window=(window or {}).get(spec.name, ()),
             )
     comparisons = []
     for spec in METRICS.values():
@@ -224,18 +231,31 @@ def blame_machine(comparisons: list[Comparison], why: str | None) -> list[Compar
     ]
 
 
+def closest_hardware_differences(entries: Mapping[str, Any], candidate: Mapping[str, Any]) -> list[str]:
+    """The fingerprint fields in which this machine differs from the closest recorded one (the
+    fewest differing fields), as ``other_hardware_note`` names them."""
+    here = candidate.get("hardware") or {}
+    diffs = [hardware_differences((e or {}).get("hardware") or {}, here)
+             for _, e in sorted(entries.items()) if isinstance(e, Mapping)]
+    return min(diffs, key=len) if diffs and here else []
+
+
 def judge(
     entries: Mapping[str, Mapping[str, Any]] | None,
     hardware_key: str,
     candidate: Mapping[str, Any],
     settings: CompareSettings,
+    window: Callable[[Mapping[str, Any]], Mapping[str, Sequence[Level]]] | None = None,
 ) -> BaselineVerdict:
-    """Find this hardware's entry among a test's baselines and compare, or say why not."""
+    """Find this hardware's entry among a test's baselines and compare, or say why not.
+    ``window(entry)``: the history's sessions of this test since ``entry`` was recorded, per
+    judged metric (``compare_records``)."""
     if not entries:
         return BaselineVerdict("no-baseline", "no baseline: run with --llmperf-update-baselines")
     baseline = entries.get(hardware_key)
     if baseline is None:
-        return BaselineVerdict("other-hardware", other_hardware_note(entries, hardware_key, candidate))
+        return BaselineVerdict("other-hardware", other_hardware_note(entries, hardware_key, candidate),
+                               changes=tuple(closest_hardware_differences(entries, candidate)))
     changed = same_workload(baseline, candidate)
     if changed:
         return BaselineVerdict(
@@ -258,7 +278,8 @@ def judge(
         "compared",
         note=note,
         machine=why or "",
-        comparisons=tuple(blame_machine(compare_records(baseline, candidate, settings), why)),
+        comparisons=tuple(blame_machine(
+            compare_records(baseline, candidate, settings, window(baseline) if window else None), why)),
         changes=changes,
         layer_changes=compare_layers(baseline, candidate, alpha=settings.alpha, threshold=settings.threshold),
         machine_ratio=machine,

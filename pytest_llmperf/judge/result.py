@@ -27,9 +27,16 @@ class ResultError(LLMPerfError):
     """A result document that does not match ``schemas/session.schema.json``."""
 
 
+#: Comparison fields added after session files were first published, written with the reach
+#: they come with (``detectable``): a file an older pytest-llmperf wrote reads back and writes
+#: the same.
+LATER_FIELDS = ("df", "noise_source", "noise_sessions", "detectable")
+
+
 def comparison_json(c: Comparison) -> dict[str, Any]:
     """A comparison's fields, with the verdict's name and its line (for people reading the file)."""
-    out = {f.name: getattr(c, f.name) for f in dataclasses.fields(c)}
+    out = {f.name: getattr(c, f.name) for f in dataclasses.fields(c)
+           if c.detectable is not None or f.name not in LATER_FIELDS}
     return {**out, "verdict": c.verdict.value, "line": c.line()}
 
 

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .levels import HL_SE_FACTOR, UPPER_QUANTILE
-from .noise import z_one_sided
+from .noise import detectable, z_one_sided
 
 #: Confidence of the reported CI of the ratio.
 CI_LEVEL = 0.95
@@ -92,6 +92,16 @@ class Comparison:
     #: Suite-relative REGRESSION: the other measurements' median ratio this one was judged
     #: against (:func:`suite_relative`), else None.
     suite_ratio: float | None = None
+    #: Degrees of freedom of the t statistic (Welch-Satterthwaite); None: normal.
+    df: float | None = None
+    #: Where the between-session sd came from: "prior" (the stated figure alone), "baseline"
+    #: (the baseline file's recorded sessions, pooled with the prior) or "history" (the
+    #: history window), and from how many sessions.
+    noise_source: str = "prior"
+    noise_sessions: int = 0
+    #: The smallest slowdown (0.14 = 14%) this comparison flags with 80% power, given its
+    #: noise estimate, runs and Holm step (``noise.detectable``); None before it is decided.
+    detectable: float | None = None
 
     @property
     def change_pct(self) -> float:
@@ -138,6 +148,17 @@ class Comparison:
         if (self.verdict in (Verdict.INCONCLUSIVE, Verdict.MACHINE_SLOWER) or self.suite_ratio is not None) and self.reason:
             text += f": {self.reason}"
         return text
+
+    def reach(self) -> str:
+        """What this gate can detect here, e.g. ``detects >= 14% here; between-session sd 6.1%
+        from 10 sessions of the history``."""
+        if self.detectable is None:
+            return ""
+        source = {
+            "history": f"from {self.noise_sessions} session(s) of the history",
+            "baseline": f"from {self.noise_sessions} recorded baseline session(s) and the prior",
+        }.get(self.noise_source, "the prior (too few sessions to estimate it)")
+        return f"detects >= {self.detectable:.0%} here; between-session sd {self.between_sd:.1%} {source}"
 
     def _shown_p(self) -> tuple[float | None, bool]:
         """The p-value of the direction the data moved."""
@@ -221,6 +242,9 @@ def decided(
     ``fields``: more fields to set in the same copy."""
     if c.p_value is None or p_adj is None:
         return dataclasses.replace(c, **fields, verdict=Verdict.INCONCLUSIVE, reason=c.reason or "no p-value")
+    if c.se_log > 0:
+        fields.setdefault("detectable", detectable(
+            c.se_log, math.inf if c.df is None else c.df, alpha=alpha / max(m, 1), threshold=c.threshold))
     t = math.log1p(c.threshold)
     log_ratio = math.log(c.ratio)
     worse = -log_ratio if c.higher_is_better else log_ratio
@@ -241,11 +265,17 @@ def decided(
     lean = "slower" if worse > 0 else "faster"
     need = _runs_needed(c, alpha / max(m, 1))
     if need is None:
-        how = (
-            f"more runs cannot decide it: the baseline and the between-session noise (about "
-            f"{c.between_sd:.1%} here) leave too much; record more baseline sessions "
-            f"(--llmperf-update-baselines) or compare both sides in one session"
-        )
+        if c.noise_source == "history":
+            how = (
+                f"more runs cannot decide it: the between-session noise of the last {c.noise_sessions} sessions "
+                f"in the history (about {c.between_sd:.1%} here) leaves too much; compare both sides in one session"
+            )
+        else:
+            how = (
+                f"more runs cannot decide it: the baseline and the between-session noise (about "
+                f"{c.between_sd:.1%} here) leave too much; record more baseline sessions "
+                f"(--llmperf-update-baselines) or compare both sides in one session"
+            )
     else:
         how = f"about {need} runs would decide it"
     return dataclasses.replace(

@@ -26,7 +26,7 @@ from ..core.numbers import fmt
 from ..core.catalog import BUDGETS, FIGURES, HEADLINE, is_ceiling
 from ..core.settings import usable_cpus
 from ..judge.result import MeasurementResult, VerdictRecord
-from .session_file import COMPARISON_HEADERS, metric_label
+from .session_file import COMPARISON_HEADERS, detects_cell, metric_label
 
 if TYPE_CHECKING:
     from ..judge.verdict import Comparison
@@ -141,6 +141,7 @@ def _comparison_rows(comparisons: Sequence["Comparison"]) -> list[list[str]]:
             _e(metric_label(c.label, c.phase, c.unit)), _e(fmt(c.baseline_value)), _e(fmt(c.candidate_value)),
             _e(f"{(c.ratio - 1) * 100:+.1f}%"), _e(ci), "n/a" if p is None else _e(f"{p:.3g}"),
             f'<span title="{_e(c.reason)}">{badge(c.verdict.value)}</span>',
+            f'<span title="{_e(c.reach())}">{_e(detects_cell(c))}</span>',
         ])
     return rows
 
@@ -184,8 +185,9 @@ def test_section(index: int, result: MeasurementResult, trend: Sequence[Mapping[
     notes = list(verdict.failures)
     if verdict.note:
         notes.append(verdict.note)
-    if verdict.changes:
+    if verdict.changes and verdict.status != "other-hardware":  # other hardware: the note names them
         notes.append("changed since the baseline: " + ", ".join(verdict.changes))
+    notes += [f"{c.phase} {c.label}: {c.reach()}" for c in verdict.comparisons if c.mirror_of is None and c.reach()]
     notes += list((record.get("stability") or {}).get("warnings") or [])
     if notes:
         parts.append('<ul class="notes">' + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")

@@ -9,6 +9,7 @@ process) writes files, so workers never race on a baseline file. The session fil
 from __future__ import annotations
 
 import json
+import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -107,9 +108,9 @@ def read_session(path: Path | str) -> tuple[dict[str, Any], list[MeasurementResu
     return data, [MeasurementResult.from_json(r, f"results[{i}]", check=False) for i, r in enumerate(data["results"])]
 
 
-COMPARISON_HEADERS = ("test", "metric", "baseline", "now", "change", "95% CI", "p (Holm)", "verdict")
+COMPARISON_HEADERS = ("test", "metric", "baseline", "now", "change", "95% CI", "p (Holm)", "verdict", "detects")
 #: ``--llmperf-columns`` names of the comparison columns after test and metric.
-COMPARISON_COLUMNS = {"baseline": 2, "now": 3, "change": 4, "ci": 5, "p": 6, "verdict": 7}
+COMPARISON_COLUMNS = {"baseline": 2, "now": 3, "change": 4, "ci": 5, "p": 6, "verdict": 7, "detects": 8}
 #: Verdicts that decide; any other one (the cannot-decide verdict) has its reason printed.
 DECIDED = ("REGRESSION", "IMPROVED", "UNCHANGED")
 
@@ -118,6 +119,42 @@ def metric_label(label: str, phase: str, unit: str) -> str:
     """``decode TPS (t/s)``, ``prefill TTFT (ms)``: the phase once, even when the label has it."""
     name = label if label.split(" ", 1)[0] == phase else f"{phase} {label}"
     return f"{name} ({unit})"
+
+
+def detects_cell(c: Comparison) -> str:
+    """The comparison's reach (``Comparison.detectable``): ``>=14%``, or ``n/a``."""
+    if c.detectable is None:
+        return "n/a"
+    return ">=999%" if c.detectable >= 9.99 else f">={c.detectable:.0%}"
+
+
+def reach_lines(results: Iterable[MeasurementResult], *, short: bool = False) -> list[str]:
+    """Per compared test, what the gate can detect per phase and where its noise estimate came
+    from, e.g. ``test_a: prefill detects >= 14% here; between-session sd 6.1% from 10
+    session(s) of the history; decode ...``."""
+    results = list(results)
+    names = short_ids([r.test for r in results]) if short else {}
+    lines = []
+    for r in results:
+        parts = [f"{c.phase} {c.label}: {c.reach()}" for c in _comparisons(r) if c.mirror_of is None and c.reach()]
+        if parts:
+            lines.append(f"{names.get(r.test, r.test)}: " + "; ".join(parts))
+    return lines
+
+
+def reach_summary(results: Iterable[MeasurementResult]) -> str | None:
+    """One line: the median reach per phase over the compared tests (the terminal's default)."""
+    by_phase: dict[str, list[float]] = {}
+    for r in results:
+        for c in _comparisons(r):
+            if c.mirror_of is None and c.detectable is not None and c.metric in ("ttft_ms", "tpot_ms"):
+                by_phase.setdefault(c.phase, []).append(c.detectable)
+    if not by_phase:
+        return None
+    parts = [f"{phase} >= {statistics.median(v):.0%}" for phase, v in sorted(by_phase.items(), key=lambda kv: kv[0] != "prefill")]
+    n = max(len(v) for v in by_phase.values())
+    return (f"llmperf: this gate detects here (median of {n} test(s), 80% power): {', '.join(parts)}; "
+            "-v: per test, with the noise estimate; --llmperf-columns ...,detects: per comparison")
 
 
 def _comparisons(r: MeasurementResult) -> tuple[Comparison, ...]:
@@ -144,6 +181,7 @@ def comparison_rows(results: Iterable[MeasurementResult]) -> list[list[str]]:
                     ci,
                     "n/a" if p is None else f"{p:.3g}",
                     c.verdict.value,
+                    detects_cell(c),
                 ]
             )
     return rows
@@ -229,6 +267,9 @@ def markdown(results: Sequence[MeasurementResult], extra: Iterable[str] = (), *,
     undecided = undecided_lines(results)
     if undecided:
         lines += ["", "### Undecided", ""] + [f"- {line}" for line in undecided]
+    reach = reach_lines(results)
+    if reach:
+        lines += ["", "### What this gate detects here (80% power)", ""] + [f"- {line}" for line in reach]
     rows = comparison_rows(results)
     if rows:
         lines += ["", "### Comparisons", "", "| " + " | ".join(COMPARISON_HEADERS) + " |",

@@ -212,8 +212,9 @@ class Session:
             return []
         from .summary import summary
 
+        notes = [self.assessor.history_error] if self.assessor.history_error else []
         return summary(self.settings, self.rows, self.results, self.outputs, self.suite_failures,
-                       verbosity=verbosity, width=width)
+                       verbosity=verbosity, width=width, notes=notes)
 
     def close(self) -> None:
         self.engines.close()

@@ -46,6 +46,29 @@ class Assessor:
         self.fingerprints: dict[Any, Fingerprint] = {}
         self.hardware: dict[str, Any] | None = None
         self.peaks: Any = None
+        #: The history's recent sessions per hardware key, read once (``history.series.Windows``).
+        self.windows: dict[str, Any] = {}
+        #: Why the history could not be read for the verdicts (one line), else None.
+        self.history_error: str | None = None
+
+    def window(self, hardware_key: str) -> Any:
+        """The history's windows for this hardware (read on first use, once per session), or
+        None when there is no history or it cannot be read (the verdicts then use the
+        baseline files alone; ``history_error`` says why)."""
+        s = self.settings
+        if s.history is None or s.disable:
+            return None
+        if hardware_key not in self.windows:
+            from ..history.series import read_windows
+            from ..history.store import HistoryError
+            from ..judge.compare import JUDGED
+
+            try:
+                self.windows[hardware_key] = read_windows(s.history, hardware_key, [m.name for m in JUDGED])
+            except HistoryError as exc:
+                self.windows[hardware_key] = None
+                self.history_error = f"llmperf: {exc}; the verdicts used the baseline files alone"
+        return self.windows[hardware_key]
 
     def fingerprint(self, m: "Measurement") -> "Fingerprint":
         from ..core.fingerprint import Fingerprint, hardware, subject
@@ -99,9 +122,11 @@ class Assessor:
             settings = CompareSettings(
                 **{**s.compare_values, **marker.settings}, family_size=family_size or None, peers=peers
             )
+            windows = self.window(fp.hardware_key)
+            window = None if windows is None else (lambda entry: windows.levels(nodeid, m.label or "", entry))
             try:
                 entries = self.baselines(path).get(key)
-                verdict = judge(entries, fp.hardware_key, rec, settings)
+                verdict = judge(entries, fp.hardware_key, rec, settings, window)
                 if verdict.status == "compared":
                     baseline_record = entries[fp.hardware_key]
                 elif verdict.status == "no-baseline" and rel.startswith("../"):

@@ -36,6 +36,7 @@ class SessionSettings:
     update_baselines: bool
     require_baseline: bool
     strict_env: bool
+    fail_other_hardware: bool
     budgets_only: bool
     baselines_only: bool
     skip: bool

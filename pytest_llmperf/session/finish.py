@@ -30,11 +30,41 @@ class Outputs:
     history_line: str | None = None
     html_written: Path | None = None
     html_error: str | None = None
+    #: Measurements not compared because their baselines are all from other hardware: the
+    #: summary line, and whether it fails the session (``--llmperf-fail-other-hardware``).
+    other_hardware_line: str | None = None
+    other_hardware_fails: bool = False
 
     @property
     def failed(self) -> bool:
-        """A file asked for was not written: the session fails."""
-        return bool(self.baseline_errors or self.report_errors or self.html_error)
+        """A file asked for was not written, or (when asked) a test was not compared: the
+        session fails."""
+        return bool(self.baseline_errors or self.report_errors or self.html_error or self.other_hardware_fails)
+
+
+#: How many differing fingerprint fields the other-hardware line names before "...".
+SHOWN_DIFFERENCES = 4
+
+
+def other_hardware_line(s: SessionSettings, results: Sequence["MeasurementResult"]) -> tuple[str | None, bool]:
+    """The one summary line for the measurements whose baselines were all recorded on other
+    hardware (how many, and the fingerprint fields that differ), and whether it fails the
+    session; (None, False) when there are none or the session records baselines."""
+    if s.update_baselines or not s.compare:
+        return None, False
+    other = [r for r in results if r.verdict is not None and r.verdict.status == "other-hardware"]
+    if not other:
+        return None, False
+    fields = list(dict.fromkeys(d for r in other for d in r.verdict.changes))  # type: ignore[union-attr]
+    why = "; ".join(fields[:SHOWN_DIFFERENCES]) + ("; ..." if len(fields) > SHOWN_DIFFERENCES else "")
+    fails = s.fail_other_hardware
+    line = (
+        f"llmperf: {len(other)} of {len(results)} measurement(s) not compared: their baselines were recorded on "
+        f"other hardware ({why or 'hardware keys differ'}); record them here with --llmperf-update-baselines, "
+        "or run both sides in one session on a runner that changes CPU (docs/ab.md)"
+        + ("; the session fails (--llmperf-fail-other-hardware)" if fails else "")
+    )
+    return line, fails
 
 
 def write_file(path: Path, text: str, errors: list[str]) -> None:
@@ -59,6 +89,7 @@ def finish(
     from ..reports import session_file
 
     out = Outputs()
+    out.other_hardware_line, out.other_hardware_fails = other_hardware_line(s, results)
     results = session_holm(results)  # the "p (Holm)" shown: over every comparison of the session
     if s.update_baselines and results:
         out.written = session_file.write_baselines(s.baseline_dir, results, out.baseline_errors)

@@ -20,10 +20,11 @@ def summary(
     *,
     verbosity: int,
     width: int,
+    notes: Sequence[str] = (),
 ) -> list[Line]:
     """Every line of the llmperf part of the terminal summary, for pytest's ``verbosity``
     (-q: a count, -qq: nothing but errors) and the terminal's ``width``."""
-    lines: list[Line] = []
+    lines: list[Line] = [("line", note) for note in notes]
     if out is not None:
         lines += [("line", line) for line in out.baseline_errors]
         if out.baseline_errors:
@@ -39,6 +40,8 @@ def summary(
         lines += [("line", line) for line in out.write_errors]
         if out.history_line and (verbosity >= 0 or "not written" in out.history_line):
             lines.append(("line", out.history_line))
+        if out.other_hardware_line:
+            lines.append(("line", out.other_hardware_line))
     if suite_failures:
         lines.append(("alarm", "llmperf: slower than the rest of the suite (fails the session)"))
         lines += [("line", line) for line in suite_failures]
@@ -47,7 +50,7 @@ def summary(
     if s.disable:
         return lines + [("line", f"llmperf: {len(rows)} measurement(s) run once (--llmperf-disable): "
                                  "no budgets, statistics or baselines")]
-    from ..reports.session_file import comparison_table, undecided_lines
+    from ..reports.session_file import comparison_table, reach_lines, reach_summary, undecided_lines
 
     if verbosity == -1:
         over = sum(1 for r in rows if str(r.get("budget", "")).startswith("FAIL"))
@@ -62,6 +65,11 @@ def summary(
     if table:
         lines += [("sep", "llmperf baseline comparison"), ("line", table)]
         lines += [("line", line) for line in undecided_lines(results, short=True)]
+        if verbosity >= 1:  # the "detects" column's figures, with where the noise estimate came from
+            lines += [("line", line) for line in reach_lines(results, short=True)]
+        else:
+            reach = reach_summary(results)
+            lines += [("line", reach)] if reach else []
     short = short_ids([r.test for r in results])
     notes = sorted(
         {
