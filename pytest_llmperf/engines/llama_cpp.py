@@ -185,6 +185,17 @@ class LlamaCppEngine:
             backend_version=llama_cpp_version(),
         )
 
+    @classmethod
+    def from_config(cls, config: EngineConfig, *, name: str | None = None, verbose: bool = False) -> "LlamaCppEngine":
+        """The engine of an ``EngineConfig`` whose ``model`` is a file path (the one mapping of
+        the settings' names onto this class's keywords: the pool and the engine worker use it)."""
+        return cls(
+            config.model, n_ctx=config.n_ctx, n_threads=config.threads, n_batch=config.n_batch,
+            n_gpu_layers=config.n_gpu_layers, name=name, verbose=verbose, n_ubatch=config.n_ubatch,
+            flash_attn=config.flash_attn, type_k=config.type_k, type_v=config.type_v, use_mmap=config.mmap,
+            use_mlock=config.mlock, sample=config.sample, repack=config.repack,
+        )
+
     # -- setup -------------------------------------------------------------------------------
 
     def _offloaded(self, asked: int) -> int:

@@ -110,10 +110,4 @@ def load_config(config: EngineConfig) -> Any:
     from .llama_cpp import LlamaCppEngine
 
     path, name = model_path(config.model)
-    return LlamaCppEngine(
-        path, n_ctx=config.n_ctx, n_threads=config.threads, n_batch=config.n_batch,
-        n_gpu_layers=config.n_gpu_layers, name=name or path.stem,
-        n_ubatch=config.n_ubatch, flash_attn=config.flash_attn, type_k=config.type_k, type_v=config.type_v,
-        use_mmap=config.mmap, use_mlock=config.mlock, sample=config.sample,
-        repack=config.repack,
-    )
+    return LlamaCppEngine.from_config(config.replace({"model": str(path)}), name=name or path.stem)

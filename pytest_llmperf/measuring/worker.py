@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import IO, Any
 
 from ..core.engine_info import EngineInfo
@@ -48,6 +49,7 @@ from ..core.settings_table import SETTINGS
 from ..core.trace import NativeCounters, RunTrace
 from ..core.workload import Workload
 from ..engines.config import EngineConfig
+from ..models.facts import gguf_file_type
 from ..engines.llama_cpp_native import known_cause, quoted_log, signal_name
 
 #: Seconds a load or one run may take before the worker counts as hung (``--llmperf-engine-timeout``).
@@ -60,16 +62,6 @@ FAULT_ENV = "LLMPERF_WORKER_FAULT"
 
 class EngineCrash(EngineError):
     """The worker died or stopped answering: the engine is gone (``WorkerEngine.alive``)."""
-
-
-def _config_kwargs(config: EngineConfig, name: str | None) -> dict[str, Any]:
-    """``LlamaCppEngine`` keywords of an ``EngineConfig`` (its field names are the settings')."""
-    return {
-        "model_path": config.model, "n_ctx": config.n_ctx, "n_threads": config.threads, "n_batch": config.n_batch,
-        "n_gpu_layers": config.n_gpu_layers, "name": name, "n_ubatch": config.n_ubatch,
-        "flash_attn": config.flash_attn, "type_k": config.type_k, "type_v": config.type_v,
-        "use_mmap": config.mmap, "use_mlock": config.mlock, "sample": config.sample, "repack": config.repack,
-    }
 
 
 def _tuples(value: Any) -> Any:
@@ -132,21 +124,15 @@ class WorkerEngine:
                 env=child_env, start_new_session=True,  # Ctrl-C reaches the controller, which ends the worker
             )
         except OSError as exc:
-            for fd in (req_r, resp_w, self._req_w, self._resp_r):
+            for fd in (self._req_w, self._resp_r):
                 os.close(fd)
             self._log.close()
             raise EngineError(f"{self._who()}cannot start the engine worker ({python or sys.executable}): {exc.strerror}") from None
         finally:
-            with contextlib.suppress(OSError):
-                os.close(req_r)
-                os.close(resp_w)
+            os.close(req_r)  # the child's ends: the child holds its own copies
+            os.close(resp_w)
         self._buffer = b""
-        from ..models.facts import gguf_file_type
-
-        with contextlib.suppress(Exception):
-            from pathlib import Path
-
-            self._quantization = gguf_file_type(Path(config.model))
+        self._quantization = gguf_file_type(Path(config.model))  # for the crash line; None if unreadable
         try:
             reply = self._call({"op": "load", "config": dataclasses.asdict(config), "name": name}, "loading")
         except BaseException:
@@ -338,7 +324,7 @@ def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
         try:
             if op == "load":
                 config = EngineConfig(**message["config"])
-                engine = LlamaCppEngine(**_config_kwargs(config, message.get("name")), verbose=True)
+                engine = LlamaCppEngine.from_config(config, name=message.get("name"), verbose=True)
                 answer({"ok": True, "info": dataclasses.asdict(engine.info())})
             elif engine is None:
                 raise EngineError("the engine worker has no model loaded")
