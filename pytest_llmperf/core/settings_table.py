@@ -234,6 +234,10 @@ SETTINGS: dict[str, Setting] = {
                 cli="--peak-bw", metavar="GB/s", shown="measured by a probe, cached"),
         Setting("peak_tflops", "the machine's peak dense FLOP rate for the roofline", None, positive_float,
                 cli="--peak-tflops", metavar="TFLOP/s", shown="CPU spec or measured GEMM"),
+        Setting("against", "measure every llmperf test on two sides, interleaved pair by pair, and judge this tree "
+                "against REF: git:REV (the code under test at another revision), python:PATH (another Python "
+                "environment), or both as git:REV,python:PATH (docs/against.md)", None, env="LLMPERF_AGAINST",
+                shown="off", metavar="REF"),
         Setting("json", "write the session's results as JSON to this file", None, shown="not written", metavar="FILE"),
         Setting("markdown", "write a Markdown summary (also appended to $GITHUB_STEP_SUMMARY when set)", None,
                 shown="not written", metavar="FILE"),

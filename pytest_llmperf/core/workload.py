@@ -7,6 +7,13 @@ from dataclasses import dataclass
 from .errors import ConfigError
 
 
+#: A sequential measurement (runs added while its verdict is undecided, against a baseline or
+#: --llmperf-against's REF) stops at this many times its ``runs`` (``max_runs`` overrides) or
+#: after this long.
+SEQUENTIAL_FACTOR = 3
+SEQUENTIAL_TIME_CAP_S = 120.0
+
+
 @dataclass(frozen=True)
 class Workload:
     """One measurement's request shape and repetition.

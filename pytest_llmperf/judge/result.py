@@ -34,9 +34,10 @@ LATER_FIELDS = ("df", "noise_source", "noise_sessions", "detectable")
 
 
 def comparison_json(c: Comparison) -> dict[str, Any]:
-    """A comparison's fields, with the verdict's name and its line (for people reading the file)."""
+    """A comparison's fields, with the verdict's name and its line (for people reading the file);
+    ``reference`` only for a comparison against ``--llmperf-against``'s REF."""
     out = {f.name: getattr(c, f.name) for f in dataclasses.fields(c)
-           if c.detectable is not None or f.name not in LATER_FIELDS}
+           if (c.detectable is not None or f.name not in LATER_FIELDS) and (f.name != "reference" or c.reference)}
     return {**out, "verdict": c.verdict.value, "line": c.line()}
 
 

@@ -102,6 +102,10 @@ class Comparison:
     #: The smallest slowdown (0.14 = 14%) this comparison flags with 80% power, given its
     #: noise estimate, runs and Holm step (``noise.detectable``); None before it is decided.
     detectable: float | None = None
+    #: What the candidate was measured against, when not a stored baseline: ``--llmperf-against``'s
+    #: REF (``git:main (3f2a1b9c0d1e)``), measured pair by pair in the same session (``noise_source``
+    #: "paired"); "" for a baseline.
+    reference: str = ""
 
     @property
     def change_pct(self) -> float:
@@ -138,22 +142,32 @@ class Comparison:
         p, adjusted = self._shown_p()
         if p is not None:
             parts.append(f"p={fmt_p(p)}{' Holm' if adjusted else ''}")
-        parts.append(f"{self.n_candidate} vs {self.n_baseline} runs")
+        if self.reference:
+            parts.append(f"{self.n_candidate} pairs")
+        else:
+            parts.append(f"{self.n_candidate} vs {self.n_baseline} runs")
         if self.baseline_sessions > 1:
             parts.append(f"{self.baseline_sessions} baseline sessions")
         text = (
             f"{self.phase} {word}: {self.label} {fmt_value(self.candidate_value)} {self.unit} "
-            f"vs {fmt_value(self.baseline_value)} {self.unit} baseline ({', '.join(parts)})"
+            f"vs {fmt_value(self.baseline_value)} {self.unit} {self.reference_name} ({', '.join(parts)})"
         )
         if (self.verdict in (Verdict.INCONCLUSIVE, Verdict.MACHINE_SLOWER) or self.suite_ratio is not None) and self.reason:
             text += f": {self.reason}"
         return text
+
+    @property
+    def reference_name(self) -> str:
+        """``baseline``, or ``at REF`` for a comparison against ``--llmperf-against``'s REF."""
+        return f"at {self.reference}" if self.reference else "baseline"
 
     def reach(self) -> str:
         """What this gate can detect here, e.g. ``detects >= 14% here; between-session sd 6.1%
         from 10 sessions of the history``."""
         if self.detectable is None:
             return ""
+        if self.noise_source == "paired":
+            return f"detects >= {self.detectable:.0%} here; from {self.n_candidate} interleaved pairs against {self.reference}"
         source = {
             "history": f"from {self.noise_sessions} session(s) of the history",
             "baseline": f"from {self.noise_sessions} recorded baseline session(s) and the prior",

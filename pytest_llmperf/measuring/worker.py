@@ -23,8 +23,8 @@ raises ``EngineCrash``: the signal, the model, the settings, llama.cpp's last lo
 for a known cause, what to do. The child exits when the controller goes away (its request pipe
 closes, and Linux's parent-death signal covers a controller killed mid-run).
 
-``python`` and ``path`` (the interpreter and the import path of the child) let a side of an
-A/B comparison run another environment or another revision of the code under test.
+``Channel`` is the mechanism (a child answering JSON lines, its log, deadlines, kill): the
+sides of ``--llmperf-against`` (``pytest_plugin/side.py``) are channels too.
 """
 
 from __future__ import annotations
@@ -33,11 +33,8 @@ import contextlib
 import dataclasses
 import json
 import os
-import select
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -50,7 +47,8 @@ from ..core.trace import NativeCounters, RunTrace
 from ..core.workload import Workload
 from ..engines.config import EngineConfig
 from ..models.facts import gguf_file_type
-from ..engines.llama_cpp_native import known_cause, quoted_log, signal_name
+from ..engines.llama_cpp_native import known_cause, signal_name
+from .channel import Channel, ChannelClosed, die_with_parent
 
 #: Seconds a load or one run may take before the worker counts as hung (``--llmperf-engine-timeout``).
 DEFAULT_TIMEOUT_S: float = SETTINGS["engine_timeout"].default
@@ -99,40 +97,18 @@ class WorkerEngine:
         *,
         name: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
-        python: str | None = None,
-        path: Sequence[str] = (),
-        env: Mapping[str, str] | None = None,
         label: str = "",
     ) -> None:
         self.config = config
         self.timeout_s = timeout_s
         self.label = label  # which side, for an A/B (part of every error line)
         self._info: EngineInfo | None = None
-        self._quantization: str | None = None
-        self._log = tempfile.NamedTemporaryFile(prefix="llmperf-worker-", suffix=".log")  # noqa: SIM115 - owned
-        child_env = dict(os.environ if env is None else env)
-        # ggml answers an abort by running gdb on itself: seconds of debugger output, not llama.cpp's words.
-        child_env.setdefault("GGML_NO_BACKTRACE", "1")
-        if path:
-            child_env["PYTHONPATH"] = os.pathsep.join([*path, *filter(None, [child_env.get("PYTHONPATH")])])
-        req_r, self._req_w = os.pipe()
-        self._resp_r, resp_w = os.pipe()
-        try:
-            self.process = subprocess.Popen(
-                [python or sys.executable, "-m", "pytest_llmperf.measuring.worker", str(req_r), str(resp_w)],
-                stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log, pass_fds=(req_r, resp_w),
-                env=child_env, start_new_session=True,  # Ctrl-C reaches the controller, which ends the worker
-            )
-        except OSError as exc:
-            for fd in (self._req_w, self._resp_r):
-                os.close(fd)
-            self._log.close()
-            raise EngineError(f"{self._who()}cannot start the engine worker ({python or sys.executable}): {exc.strerror}") from None
-        finally:
-            os.close(req_r)  # the child's ends: the child holds its own copies
-            os.close(resp_w)
-        self._buffer = b""
         self._quantization = gguf_file_type(Path(config.model))  # for the crash line; None if unreadable
+        self.channel: Channel | None = None
+        try:
+            self.channel = Channel("pytest_llmperf.measuring.worker")
+        except OSError as exc:
+            raise EngineError(f"{self._who()}cannot start the engine worker ({sys.executable}): {exc.strerror}") from None
         try:
             reply = self._call({"op": "load", "config": dataclasses.asdict(config), "name": name}, "loading")
         except BaseException:
@@ -157,28 +133,18 @@ class WorkerEngine:
 
     @property
     def alive(self) -> bool:
-        return self.process.poll() is None
+        return self.channel is not None and self.channel.alive
 
     @property
     def pid(self) -> int:
-        return self.process.pid
+        assert self.channel is not None
+        return self.channel.pid
 
     def close(self) -> None:
         """Ask the worker to exit; kill it if it does not within a few seconds."""
-        if getattr(self, "process", None) is None:
-            return
-        if self.process.poll() is None:
-            with contextlib.suppress(OSError):
-                os.write(self._req_w, b'{"op": "close"}\n')
-            try:
-                self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._kill()
-        for fd in (self._req_w, self._resp_r):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._log.close()
-        self.process = None  # type: ignore[assignment]
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
 
     # -- the boundary ----------------------------------------------------------------------------
 
@@ -186,49 +152,31 @@ class WorkerEngine:
         return f"[{self.label}] " if self.label else ""
 
     def _call(self, message: Mapping[str, Any], doing: str) -> dict[str, Any]:
-        if self.process is None or self.process.poll() is not None:
+        channel = self.channel
+        if channel is None or not channel.alive:
             raise EngineCrash(f"{self._who()}the engine worker for {self._model()} is gone (it crashed earlier)")
+        if not channel.send(message):
+            raise self._crash(doing)
         try:
-            os.write(self._req_w, (json.dumps(message) + "\n").encode())
-        except OSError:
+            reply = channel.receive(self.timeout_s)
+        except ChannelClosed:
             raise self._crash(doing) from None
-        deadline = time.monotonic() + self.timeout_s
-        while b"\n" not in self._buffer:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self._kill()
-                raise EngineCrash(
-                    f"{self._who()}llama.cpp worker did not answer within {self.timeout_s:g} s while {doing} "
-                    f"{self._model()} ({self._settings()}); it was killed. {self._log_text()}"
-                    "Raise --llmperf-engine-timeout or shorten the workload"
-                )
-            ready, _, _ = select.select([self._resp_r], [], [], min(left, 1.0))
-            if not ready:
-                continue
-            chunk = os.read(self._resp_r, 1 << 20)
-            if not chunk:
-                raise self._crash(doing)
-            self._buffer += chunk
-        line, _, self._buffer = self._buffer.partition(b"\n")
-        reply: dict[str, Any] = json.loads(line)
+        if reply is None:
+            channel.kill()
+            raise EngineCrash(
+                f"{self._who()}llama.cpp worker did not answer within {self.timeout_s:g} s while {doing} "
+                f"{self._model()} ({self._settings()}); it was killed. {self._log_text(channel.log_lines())}"
+                "Raise --llmperf-engine-timeout or shorten the workload"
+            )
         if not reply.get("ok"):
             kind = ConfigError if reply.get("kind") == "ConfigError" else EngineError
             raise kind(f"{self._who()}{reply['error']}")
         return reply
 
-    def _kill(self) -> None:
-        with contextlib.suppress(OSError):
-            os.killpg(self.process.pid, signal.SIGKILL)  # its own session: llama.cpp's threads too
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=10)
-
     def _crash(self, doing: str) -> EngineCrash:
-        try:
-            code = self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._kill()
-            code = self.process.returncode
-        log = self._log_lines()
+        assert self.channel is not None
+        code = self.channel.wait()
+        log = self.channel.log_lines()
         cause = known_cause(code, log, self.config, self._quantization)
         return EngineCrash(
             f"{self._who()}llama.cpp worker died with {signal_name(code)} while {doing} {self._model()} "
@@ -242,18 +190,8 @@ class WorkerEngine:
         quant = f", {self._quantization}" if self._quantization else ""
         return f"model {os.path.basename(self.config.model)}{quant}"
 
-    def _log_lines(self) -> list[str]:
-        try:
-            with open(self._log.name, "rb") as fh:
-                fh.seek(0, os.SEEK_END)
-                fh.seek(max(0, fh.tell() - 16384))
-                text = fh.read().decode("utf-8", "replace")
-        except OSError:
-            return []
-        return quoted_log(text)
-
-    def _log_text(self, log: Sequence[str] | None = None) -> str:
-        log = self._log_lines() if log is None else log
+    @staticmethod
+    def _log_text(log: Sequence[str]) -> str:
         return f"llama.cpp's last log lines: {' | '.join(log)}; " if log else "llama.cpp logged nothing; "
 
     def __del__(self) -> None:  # a forgotten engine must not leave a process behind
@@ -292,14 +230,6 @@ def _fault(op: str, model: str) -> None:
         while True:
             time.sleep(3600)
     os.kill(os.getpid(), getattr(signal, what))
-
-
-def _die_with_parent() -> None:
-    """Linux: SIGKILL this process when the controller dies (prctl PR_SET_PDEATHSIG)."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
 
 
 def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
@@ -345,7 +275,7 @@ def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
 
 
 def main(argv: Sequence[str]) -> None:
-    _die_with_parent()
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controller decides when this ends
     with os.fdopen(int(argv[0]), "rb") as requests, os.fdopen(int(argv[1]), "wb") as replies:
         serve(requests, replies)

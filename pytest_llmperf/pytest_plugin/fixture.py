@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from typing import TYPE_CHECKING, Any, Callable, Mapping
@@ -13,7 +14,7 @@ from ..core.errors import LLMPerfError
 from ..measuring.metrics import Measurement
 from ..measuring.runner import extend, measure
 from ..judge.marker import MarkerConfig
-from ..core.workload import Workload
+from ..core.workload import SEQUENTIAL_FACTOR, SEQUENTIAL_TIME_CAP_S, Workload
 from ..session.results import Result
 
 if TYPE_CHECKING:
@@ -23,10 +24,6 @@ if TYPE_CHECKING:
 SMOKE = {"runs": 1, "warmup": 0}
 
 
-#: Default cap of a sequential measurement: this many times the marker's ``runs``.
-SEQUENTIAL_FACTOR = 3
-#: Time a test may spend adding runs to decide its verdict.
-SEQUENTIAL_TIME_CAP_S = 120.0
 
 
 def _undecided(assessment: Any) -> bool:
@@ -54,8 +51,13 @@ class LLMPerf:
         measure_options: Callable[[Any, MarkerConfig], Mapping[str, Any]] = lambda engine, c: {},
         *,
         smoke: bool = False,
+        side: Any = None,
+        nodeid: str = "",
     ) -> None:
         self._marker = marker
+        #: A side of ``--llmperf-against`` (``side.Link``): the controller drives the runs.
+        self._side = side
+        self._nodeid = nodeid
         self._smoke = smoke
         self._measure_options = measure_options
         self._engine_factory = engine_factory
@@ -104,6 +106,8 @@ class LLMPerf:
                 return self._smoke_measure(engine, config, label)
             workload = Workload(**config.workload)
             subject = self._subject(engine, config)
+            if self._side is not None:
+                return self._driven(subject, config, label)
             measurement = measure(
                 subject, workload, label=label, slo=config.budgets, **self._measure_options(subject, config)
             )
@@ -154,16 +158,25 @@ class LLMPerf:
                 return self._engine_factory(merged) if merged else self._engine_factory()
 
             sides = [resolve_side(name, config.ab[name], engine_for) for name in ("a", "b")]
-            result = compare_ab(
-                *sides, Workload(**workload),
-                max_slowdown=None if self._smoke else config.ab.get("max_slowdown"),
-                min_speedup=None if self._smoke else config.ab.get("min_speedup"),
-                label=label,
-            )
+            turn = self._side.turn() if self._side is not None else contextlib.nullcontext()
+            with turn:  # a side of --llmperf-against: while the other side waits
+                result = compare_ab(
+                    *sides, Workload(**workload),
+                    max_slowdown=None if self._smoke else config.ab.get("max_slowdown"),
+                    min_speedup=None if self._smoke else config.ab.get("min_speedup"),
+                    label=label,
+                )
         except LLMPerfError as exc:
             raise pytest.fail.Exception(str(exc), pytrace=False) from None
         self.ab_results.append(result)
         return result
+
+    def _driven(self, subject: Any, config: MarkerConfig, label: str) -> Measurement:
+        """On a side of ``--llmperf-against``: the runs the controller asks for, its verdict."""
+        measurement, assessment = self._side.measure(subject, config, label, self._nodeid)
+        self.results.append(Result(measurement, check_budgets(measurement, config.budgets), len(config.budgets),
+                                   assessment, dict(config.budgets)))
+        return measurement
 
     def _sequential(self, subject: Any, m: Measurement, config: MarkerConfig) -> tuple[Measurement, Any]:
         """Assess; while the baseline comparison is INCONCLUSIVE, measure ``runs`` more, up to

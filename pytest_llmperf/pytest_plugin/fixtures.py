@@ -41,6 +41,8 @@ def llmperf(request: pytest.FixtureRequest) -> Any:
         _fail(lambda m, c: session.assess(item.nodeid, item.path, m, c)),
         session.measure_options,
         smoke=session.settings.disable,
+        side=session.side,
+        nodeid=item.nodeid,
     )
     item.stash[FIXTURE] = fixture
     return fixture

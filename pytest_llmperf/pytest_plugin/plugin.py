@@ -41,8 +41,13 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.dist = "loadgroup"
     if getattr(config, "workerinput", {}).get("llmperf_dist") == "loadgroup":
         config.option.loadgroup = True  # a worker re-parses the command line: it cannot tell
+    side = _side_plugin(config)
     try:
         settings = SessionSettings.from_options(config.getoption, config.getini, config.rootpath)
+        if side is not None:
+            from .side import side_settings
+
+            settings = side_settings(settings)
         if settings.html and not is_worker:
             from ..reports.figures import require_matplotlib
 
@@ -55,7 +60,23 @@ def pytest_configure(config: pytest.Config) -> None:
         make_engine_hook=lambda s, engine_config: hookcalls.make_engine(config, s, engine_config),
         is_worker=is_worker,
     )
-    config.pluginmanager.register(LLMPerfHooks(config, config.stash[SESSION]), PLUGIN_NAME)
+    config.stash[SESSION].side = None if side is None else side.link
+    hooks = LLMPerfHooks(config, config.stash[SESSION])
+    config.pluginmanager.register(hooks, PLUGIN_NAME)
+    if settings.against:
+        from .against import AgainstHooks
+
+        hooks.against = AgainstHooks(config, config.stash[SESSION])
+        config.pluginmanager.register(hooks.against, PLUGIN_NAME + "-against")
+
+
+def _side_plugin(config: pytest.Config) -> Any:
+    """This process's ``side.SidePlugin`` when it is a side of ``--llmperf-against``, else None."""
+    if "LLMPERF_SIDE" not in os.environ:
+        return None
+    from .side import SidePlugin
+
+    return next((p for p in config.pluginmanager.get_plugins() if isinstance(p, SidePlugin)), None)
 
 
 class LLMPerfHooks:
@@ -68,6 +89,7 @@ class LLMPerfHooks:
         #: A test's results from its call report, kept until its teardown report says this
         #: attempt is the last (pytest-rerunfailures logs an attempt to be run again as "rerun").
         self.pending: dict[str, tuple[list[Any], list[Any]]] = {}
+        self.against: Any = None  # against.AgainstHooks under --llmperf-against
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         return marks.header(config, self.session, hookcalls.engine_note(config))
@@ -222,6 +244,8 @@ class LLMPerfHooks:
                 terminalreporter.write_sep("-", text, red=kind == "alarm")
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self.against is not None:
+            self.against.close()
         if self.groups_dir is not None:
             import shutil
 

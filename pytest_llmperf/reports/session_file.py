@@ -256,9 +256,10 @@ def markdown(results: Sequence[MeasurementResult], extra: Iterable[str] = (), *,
     headers = ["test", *(f.header for f in HEADLINE), "budget", "baseline"]
     lines += ["", "| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
     for r in results:
-        s = (r.record or {}).get("summary", {})
+        # A result judged against --llmperf-against's REF has no record: its figures, as measured.
+        s = (r.record or {}).get("summary") or (r.figures.values() if r.figures is not None else {})
         short = r.verdict.short if r.verdict is not None else "not compared"
-        cells = [f"`{r.test}`", *(fmt(s[f.key]) for f in HEADLINE), r.budget, short]
+        cells = [f"`{r.test}`", *(fmt(s.get(f.key)) for f in HEADLINE), r.budget, short]
         lines.append("| " + " | ".join(cells) + " |")
     if over:
         lines += ["", "### Over budget", ""] + [f"- {line}" for line in over]

@@ -71,6 +71,8 @@ class Session:
         self.outputs: "Outputs | None" = None
         #: ``{nodeid: marker engine keys}`` of the tests to run (``plan``), for the header's warnings.
         self.planned_engines: dict[str, Any] = {}
+        #: On a side of ``--llmperf-against``: the link to the controller, which drives the runs.
+        self.side: Any = None
 
     # -- measuring ---------------------------------------------------------------------------
 
@@ -174,7 +176,7 @@ class Session:
         # work stays small while a worker may be measuring on the next core.
         for r in (MeasurementResult.from_json(doc, check=False) for doc in shipped):
             self.rows.append(r.summary_row())
-            if r.assessed:  # recorded for the baselines: the session's files and verdicts
+            if r.assessed or r.verdict is not None:  # the session's files and verdicts (against REF: no record)
                 self.results.append(r)
         self.ab_results.extend(dict(r) for r in ab_results)
 
@@ -183,7 +185,7 @@ class Session:
         session, like a coverage threshold; none while recording or in smoke mode)."""
         s = self.settings
         self.suite_failures = []
-        if s.compare and not s.update_baselines and not self.is_worker and self.results:
+        if s.compare and not s.update_baselines and not s.against and not self.is_worker and self.results:
             from ..judge.regression import CompareSettings
             from ..judge.session_verdicts import suite_check
 

@@ -18,6 +18,11 @@ EXCLUSIVE = (
     ("skip", "only", "--llmperf-skip and --llmperf-only exclude each other"),
     ("budgets_only", "baselines_only",
      "--llmperf-budgets-only and --llmperf-baselines-only exclude each other; give neither to gate on both"),
+    ("against", "update_baselines",
+     "--llmperf-against judges this tree against REF and neither reads nor writes baselines: record baselines "
+     "in a session of their own (drop one of --llmperf-against, --llmperf-update-baselines)"),
+    ("against", "disable",
+     "--llmperf-disable measures once without statistics: it cannot judge against REF (drop one of them)"),
     ("disable", "update_baselines",
      "--llmperf-disable measures once without statistics: it cannot record baselines "
      "(drop one of --llmperf-disable, --llmperf-update-baselines)"),
@@ -54,6 +59,8 @@ class SessionSettings:
     markdown: str | None
     html: str | None
     history: Location | None
+    #: ``--llmperf-against``'s REF as given (``session.refs.parse_reference`` reads it), or None.
+    against: str | None = None
 
     @property
     def compare(self) -> bool:
@@ -109,6 +116,8 @@ class SessionSettings:
             engine=EngineSettings(**{name: r[name].value for name in engine_fields}),
             threads_source=r["threads"].source,
             baseline_dir=root / r["baseline_dir"].value,
-            history=default_history(root) if history.value is None else parse_history(history.value, history.source, root),
+            # --llmperf-against: the verdicts are against REF, not the history's; nothing is appended.
+            history=None if r["against"].value else
+            default_history(root) if history.value is None else parse_history(history.value, history.source, root),
             **own,
         )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -147,3 +147,68 @@ def _median(values: Sequence[float]) -> float:
     s = sorted(values)
     k = len(s)
     return s[k // 2] if k % 2 else (s[k // 2 - 1] + s[k // 2]) / 2
+
+
+def _signed_rank_greater(d: np.ndarray) -> float:
+    """One-sided exact Wilcoxon signed-rank p-value of "the differences lean positive"."""
+    d = d[d != 0]
+    n = d.size
+    if n == 0:
+        return 1.0
+    from scipy.stats import rankdata
+
+    t = float(rankdata(np.abs(d))[d > 0].sum())
+    if n > EXACT_MAX_PAIRS:
+        from scipy.special import ndtr
+
+        mean, sd = n * (n + 1) / 4.0, math.sqrt(n * (n + 1) * (2 * n + 1) / 24.0)
+        return float(ndtr(-(t - mean - 0.5) / sd))
+    cdf = _null_cdf(n)
+    below = cdf[int(math.ceil(t)) - 1] if math.ceil(t) >= 1 else 0.0
+    return float(min(1.0, 1.0 - below))
+
+
+def judged_pairs(
+    a_runs: Sequence[Any], b_runs: Sequence[Any], *, alpha: float, threshold: float, tail_threshold: float,
+    family: int, looks: int = 1, reference: str = "",
+) -> list[Any]:
+    """B (the current side) judged against A (``--llmperf-against``'s REF) from interleaved pairs
+    of runs (``measuring.metrics.RunMetrics``; pair i = A's run i and B's run i), with the
+    baseline rule's words, threshold and alpha (``verdict.decided``): per phase (TTFT, TPOT) and
+    the decode tail (ITL p95), the rates mirroring them. The estimate and CI are the paired
+    Hodges-Lehmann ratio and its Wilcoxon CI (``paired``); the p-values the one-sided signed-rank
+    tests; the standard error the pairs' robust spread. Holm over ``family`` (the session's
+    judged comparisons, unseen ones counted as p = 1), each look at alpha / ``looks``."""
+    from ..compare import JUDGED, METRICS, decide, mirrored
+    from ..verdict import Comparison, Verdict
+
+    judged: list[Comparison] = []
+    for spec in JUDGED:
+        va = [getattr(r, spec.name) for r in a_runs]
+        vb = [getattr(r, spec.name) for r in b_runs]
+        if any(v is None or not v > 0 for v in va + vb):
+            continue  # not observed for this subject (a callable's prefill)
+        pc = paired(spec.name, va, vb)
+        ratios = level([y / x for x, y in zip(va, vb)], f"{spec.name} pairs")
+        d = np.log(np.asarray(vb, dtype=float) / np.asarray(va, dtype=float))
+        greater, less = _signed_rank_greater(d), _signed_rank_greater(-d)
+        worse, better = (less, greater) if spec.higher_is_better else (greater, less)
+        judged.append(Comparison(
+            metric=spec.name, label=spec.label, phase=spec.phase, unit=spec.unit,
+            higher_is_better=spec.higher_is_better, threshold=tail_threshold if spec.tail else threshold,
+            baseline_value=pc.a_median, candidate_value=pc.b_median, ratio=pc.ratio,
+            ci_low=pc.ci_low, ci_high=pc.ci_high, p_value=worse, p_value_better=better,
+            n_baseline=pc.n_pairs, n_candidate=pc.n_pairs,
+            cv_baseline=level(va, spec.name).spread, cv_candidate=ratios.spread,
+            verdict=Verdict.INCONCLUSIVE, reason="", se_log=ratios.se, se_within_log=ratios.se,
+            df=float(pc.n_pairs - 1), noise_source="paired", noise_sessions=0, reference=reference,
+        ))
+    by_metric = {c.metric: c for c in judged}
+    rates = [mirrored(by_metric[m.mirror_of], m, (_median(_values(a_runs, m.name)), _median(_values(b_runs, m.name))))
+             for m in METRICS.values()
+             if m.mirror_of in by_metric and all(getattr(r, m.name) for r in [*a_runs, *b_runs])]
+    return decide([*judged, *rates], alpha=alpha / max(looks, 1), m=max(family, len(judged)))
+
+
+def _values(runs: Sequence[Any], metric: str) -> list[float]:
+    return [float(getattr(r, metric)) for r in runs]

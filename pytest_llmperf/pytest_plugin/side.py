@@ -1,0 +1,220 @@
+"""One side of ``--llmperf-against``: a pytest session of the current tests in a process of its
+own, which runs the tests the controller names and measures only when the controller says so.
+
+The controller (``session/against.py``) starts one per side as a ``measuring.channel.Channel``:
+``python -m pytest_llmperf.pytest_plugin.side FD_IN FD_OUT`` with ``LLMPERF_SIDE`` (JSON: the
+side's name, the pytest arguments, where the code under test comes from). Before pytest starts,
+the code under test is redirected to the side's tree (``session.refs.install_redirect``); the
+plugin and the tests are the current ones. The side's llama.cpp runs in this process: a native
+crash ends the side (the controller fails that test and starts the side again).
+
+Messages (one JSON object per line)::
+
+    side -> controller                                  controller -> side
+    {"ev": "ready", "collected": [...], "errors": {}}   {"op": "test", "nodeid": ..., "next": ...}
+    {"ev": "measure", "label", "workload", ...}         {"op": "run", "index": i}  (i < 0: warm-up)
+    {"ev": "trace", "trace": RunTrace fields}           {"op": "done", "verdict": ..., "fail": ...}
+    {"ev": "error", "line": ...}  (a run failed)        {"op": "go"}  (an exclusive turn)
+    {"ev": "turn"} / {"ev": "released"}                 {"op": "close"}
+    {"ev": "report", "reports": [serialized], "outcome": ...}
+
+Between ``measure`` and ``done`` the side does nothing but the runs it is asked for; its clock
+is read here, so the pipe and the controller's work lie outside every timed region. Work that
+cannot be paired (an A/B ``compare()``, a load test) waits for an exclusive turn, so it never
+runs while the other side works.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import IO, Any, Iterator, Mapping
+
+import pytest
+
+from ..core.errors import LLMPerfError
+
+#: The environment variable that makes a pytest process a side (JSON, see the module docstring).
+SIDE_ENV = "LLMPERF_SIDE"
+
+
+class Link:
+    """The side's end of the channel."""
+
+    def __init__(self, requests: IO[bytes], replies: IO[bytes]) -> None:
+        self.requests, self.replies = requests, replies
+
+    def send(self, message: Mapping[str, Any]) -> None:
+        self.replies.write((json.dumps(message) + "\n").encode())
+        self.replies.flush()
+
+    def receive(self) -> dict[str, Any]:
+        line = self.requests.readline()
+        if not line:  # the controller is gone: nothing more to do
+            os._exit(3)
+        message: dict[str, Any] = json.loads(line)
+        if message.get("op") == "close":
+            os._exit(0)
+        return message
+
+    @contextlib.contextmanager
+    def turn(self) -> Iterator[None]:
+        """Work no other side may overlap (an A/B ``compare()``, a load test)."""
+        self.send({"ev": "turn"})
+        self.receive()  # {"op": "go"}
+        try:
+            yield
+        finally:
+            self.send({"ev": "released"})
+
+    def measure(self, subject: Any, config: Any, label: str, nodeid: str) -> tuple[Any, Any]:
+        """The measurement the controller drives: the runs it asks for, then its verdict.
+        Returns (Measurement, session ``Assessment`` or None)."""
+        from ..core.workload import Workload
+        from ..measuring.metrics import RunMetrics, summarize
+        from ..measuring.runner import as_engine, measure
+
+        workload = Workload(**config.workload)
+        engine = as_engine(subject)
+        if workload.is_load:
+            with self.turn():
+                return measure(engine, workload, label=label, slo=config.budgets), None
+        info = engine.info()
+        self.send({"ev": "measure", "label": label, "workload": dataclasses.asdict(workload),
+                   "settings": dict(config.settings), "max_runs": config.options.get("max_runs"),
+                   "engine": info.describe()})
+        warm: list[Any] = []
+        traces: list[Any] = []
+        while True:
+            op = self.receive()
+            if op["op"] != "run":
+                break
+            try:
+                trace = engine.run(workload, int(op["index"]))
+            except Exception as exc:  # the user's callable too: one line to the controller
+                self.send({"ev": "error", "line": str(exc) if isinstance(exc, LLMPerfError)
+                           else f"{type(exc).__name__}: {exc}"})
+                continue
+            (warm if op["index"] < 0 else traces).append(trace)
+            self.send({"ev": "trace", "trace": dataclasses.asdict(trace)})
+        if op.get("fail"):
+            raise LLMPerfError(op["fail"])
+        m = summarize(traces, dataclasses.replace(workload, runs=len(traces)), info, label=label)
+        m = dataclasses.replace(m, warmup_runs=tuple(RunMetrics.of(t) for t in warm))
+        return m, _assessment(nodeid, label, op.get("verdict"))
+
+
+def _assessment(nodeid: str, label: str, verdict: Mapping[str, Any] | None) -> Any:
+    """The controller's verdict as the session's ``Assessment`` (nothing recorded: no baseline)."""
+    if verdict is None:
+        return None
+    from ..judge.regression import BaselineVerdict
+    from ..judge.result import comparison_from_json
+    from ..session.assess import Assessment
+
+    v = BaselineVerdict(verdict["status"], verdict.get("note", ""),
+                        tuple(comparison_from_json(c) for c in verdict.get("comparisons", ())))
+    return Assessment(nodeid + (f"[{label}]" if label else ""), "", "", None, v)  # type: ignore[arg-type]
+
+
+class SidePlugin:
+    """The side's pytest hooks: no xdist, no report files, the controller's run loop."""
+
+    def __init__(self, link: Link, spec: Mapping[str, Any]) -> None:
+        self.link = link
+        self.spec = spec
+        self.errors: dict[str, str] = {}
+        self.reports: list[dict[str, Any]] = []
+        self.config: pytest.Config | None = None
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_cmdline_main(self, config: pytest.Config) -> None:
+        for name, value in (("numprocesses", None), ("dist", "no"), ("looponfail", False)):
+            if hasattr(config.option, name):
+                setattr(config.option, name, value)  # the controller runs the sides one test at a time
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_configure(self, config: pytest.Config) -> None:
+        self.config = config
+        for name in ("xmlpath", "htmlpath", "resultlog", "reportlog"):
+            if getattr(config.option, name, None):
+                setattr(config.option, name, None)  # the controller writes the session's files
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:
+            text = str(report.longrepr).strip().splitlines()
+            self.errors[report.nodeid] = next((ln for ln in reversed(text) if ln.startswith("E ")), text[-1] if text else "failed")[:400]
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        assert self.config is not None
+        self.reports.append(self.config.hook.pytest_report_to_serializable(config=self.config, report=report))
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> bool:
+        from ..engines.llama_cpp_native import llama_cpp_version
+        from ..session.refs import redirect_problems
+
+        by_id = {item.nodeid: item for item in session.items}
+        problems = redirect_problems(Path(self.spec["code_root"]), self.spec["packages"])
+        code = {name: getattr(sys.modules.get(name), "__file__", None) for name in self.spec["packages"]}
+        self.link.send({"ev": "ready", "collected": list(by_id), "errors": self.errors, "problems": problems,
+                        "python": sys.version.split()[0], "llama_cpp": llama_cpp_version(), "code": code})
+        while True:
+            op = self.link.receive()
+            item = by_id[op["nodeid"]]
+            self.reports = []
+            nextitem = by_id.get(op.get("next") or "")
+            item.ihook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+            outcome = next((r["outcome"] for r in self.reports if r.get("outcome") == "failed"), "passed")
+            self.link.send({"ev": "report", "reports": self.reports, "outcome": outcome,
+                            "line": _failure_line(self.reports)})
+
+
+def _failure_line(reports: list[dict[str, Any]]) -> str:
+    """The first failure's message in one line (a serialized report's ``longrepr``)."""
+    for r in reports:
+        if r.get("outcome") != "failed":
+            continue
+        longrepr = r.get("longrepr")
+        if isinstance(longrepr, dict):
+            crash = longrepr.get("reprcrash") or {}
+            text = str(crash.get("message") or longrepr)
+        else:
+            text = str(longrepr)
+        return " ".join(text.split())[:400]
+    return ""
+
+
+def side_settings(settings: Any) -> Any:
+    """A side's session settings: it measures in process and writes no file (the controller does)."""
+    engine = dataclasses.replace(settings.engine, in_process=True)
+    return dataclasses.replace(settings, engine=engine, json=None, html=None, markdown=None, history=None,
+                               update_baselines=False, against=None)
+
+
+def main(argv: list[str]) -> int:
+    from ..measuring.channel import die_with_parent
+    from ..session.refs import install_redirect
+
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controller decides when this ends
+    spec = json.loads(os.environ[SIDE_ENV])
+    install_redirect(Path(spec["code_root"]), spec["packages"])
+    link = Link(os.fdopen(int(argv[0]), "rb"), os.fdopen(int(argv[1]), "wb"))
+    plugin = SidePlugin(link, spec)
+    args = [*spec["args"], "-p", "no:cacheprovider", "-p", "no:llmperf", "-p", "pytest_llmperf.pytest_plugin.plugin"]
+    code = pytest.main(args, plugins=[plugin])
+    with contextlib.suppress(OSError):
+        link.send({"ev": "exit", "code": int(code), "errors": plugin.errors})
+    return int(code)
+
+
+if __name__ == "__main__":
+    from pytest_llmperf.pytest_plugin.side import main as side_main  # this module under its own name
+
+    sys.exit(side_main(sys.argv[1:]))
