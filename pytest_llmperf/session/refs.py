@@ -1,0 +1,299 @@
+"""What ``--llmperf-against REF`` names (``git:REV``, ``python:PATH`` or both), made ready for a
+side process: the revision checked out in a cached worktree (``Worktrees``), the interpreter
+checked. Harness and test files always come from the current tree; only the code under test
+(``code_packages``) is redirected to the reference's tree (``install_redirect``). Pytest-free;
+every git or interpreter call has a deadline and reads no stdin.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.abc
+import importlib.machinery
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Iterator, Sequence
+
+from ..core.errors import ConfigError
+from ..core.redact import redact
+
+if TYPE_CHECKING:
+    from importlib.machinery import ModuleSpec
+
+REF_HELP = ("measure each llmperf test against a reference too, interleaved pair by pair: git:REV (a commit, "
+            "branch or tag of this repository), python:PATH (another interpreter), or both as git:REV,python:PATH")
+FORMS = "git:REV, python:PATH or git:REV,python:PATH"
+GIT_TIMEOUT_S = 60.0
+CHECKOUT_TIMEOUT_S = 300.0
+PYTHON_CHECK_TIMEOUT_S = 30.0
+LOCK_TIMEOUT_S = 600.0
+EXCLUDED = {"conftest", "setup", "noxfile", "tests", "test", "testing", "docs", "examples", "benchmarks",
+            "pytest_llmperf"}
+_GIT_LOCAL_ENV = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_COMMON_DIR")  # set by git hooks
+_SHA = re.compile(r"[0-9a-f]{40}([0-9a-f]{24})?")
+
+
+@dataclass(frozen=True)
+class Reference:
+    text: str
+    rev: str | None
+    commit: str | None
+    python: str | None
+    python_version: str | None = None  # what ``python`` reported, e.g. "3.11.7"
+
+    def describe(self) -> str:
+        parts = [f"git:{self.rev} ({(self.commit or '')[:12]})"] if self.rev is not None else []
+        return ", ".join(parts + ([f"python:{self.python}"] if self.python is not None else []))
+
+
+def _bad(text: str, why: str) -> ConfigError:
+    return ConfigError(f"llmperf: --llmperf-against {text!r}: {why}; give {FORMS}")
+
+
+def parse_reference(text: str) -> tuple[str | None, str | None]:
+    """``(rev, path)`` as given; a comma splits parts only where a ``word:`` follows (or at the end)."""
+    rev = path = None
+    for part in re.split(r",(?=\s*[A-Za-z][\w-]*:)|,\s*$", text.strip()):
+        kind, sep, value = part.strip().partition(":")
+        value = value.strip()
+        if not sep or kind not in ("git", "python"):
+            raise _bad(text, f"{part.strip()!r} is neither git:REV nor python:PATH")
+        if not value or (kind == "git" and value.startswith("-")):
+            what = f"{kind}: needs a {'REV' if kind == 'git' else 'PATH'}"
+            raise _bad(text, what + (" not starting with '-'" if value else ""))
+        if (rev if kind == "git" else path) is not None:
+            raise _bad(text, f"{kind}: given twice")
+        rev, path = (value, path) if kind == "git" else (rev, value)
+    return rev, path
+
+
+def _run(cmd: Sequence[str], cwd: Path | None, timeout_s: float) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in _GIT_LOCAL_ENV}  # a git hook's GIT_DIR...
+    return subprocess.run(list(cmd), cwd=cwd, capture_output=True, text=True, timeout=timeout_s,
+                          stdin=subprocess.DEVNULL, env=env, errors="replace")
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return redact(lines[-1]) if lines else "no message"
+
+
+def _git(cwd: Path, *args: str, timeout_s: float = GIT_TIMEOUT_S, check: bool = True) -> str | None:
+    """git's stdout; a failure is a ConfigError with git's last stderr line (None if not ``check``)."""
+    what = f"llmperf: `git {' '.join(args)}` in {cwd}"
+    try:
+        out = _run(["git", *args], cwd, timeout_s)
+    except OSError as e:  # git missing, or cwd
+        raise ConfigError("llmperf: git is not installed (needed for --llmperf-against git:REV)"
+                          if shutil.which("git") is None else f"{what} could not start: {e}") from None
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"{what} took over {timeout_s:.0f} s") from None
+    if out.returncode and check:
+        raise ConfigError(f"{what} failed: {_last_line(out.stderr)}")
+    return None if out.returncode else out.stdout.strip()
+
+
+def _commit_of(rootdir: Path, rev: str) -> str:
+    if _git(rootdir, "rev-parse", "--git-dir", check=False) is None:
+        raise ConfigError(f"llmperf: --llmperf-against git:{rev}: {rootdir} is not in a git repository")
+    if commit := _git(rootdir, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", check=False):
+        return commit
+    top = _git(rootdir, "rev-parse", "--show-toplevel", check=False) or str(rootdir)
+    shallow = _git(rootdir, "rev-parse", "--is-shallow-repository", check=False) == "true"
+    raise ConfigError(
+        f"llmperf: --llmperf-against git:{rev}: no commit {rev!r} in the repository at {top}"
+        f"{' (a shallow clone)' if shallow else ''}; fetch it first (e.g. `git fetch origin {rev}`; in GitHub "
+        "Actions: actions/checkout with fetch-depth: 0)")
+
+
+def _python_version(path: str) -> tuple[str, str]:
+    """The interpreter's absolute path (symlinks kept) and its version; a bare name is looked up on PATH."""
+    bare = not any(s in path for s in (os.sep, os.altsep) if s)
+    absolute = os.path.abspath((shutil.which(path) if bare else None) or path)
+    say = f"llmperf: --llmperf-against python:{path}"
+    if not os.path.exists(absolute):
+        raise ConfigError(f"{say}: {f'no {path} on PATH' if bare else f'{absolute} does not exist'}")
+    if not os.path.isfile(absolute) or not os.access(absolute, os.X_OK):
+        raise ConfigError(f"{say}: {absolute} is not an executable file")
+    code = "import sys; print(sys.version.split()[0])"
+    try:
+        out = _run([absolute, "-c", code], None, PYTHON_CHECK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"{say}: `{absolute} -c ...` took over {PYTHON_CHECK_TIMEOUT_S:.0f} s") from None
+    except OSError as e:
+        raise ConfigError(f"{say}: could not run {absolute}: {e.strerror or e}") from None
+    version = out.stdout.strip().splitlines()[-1:] if out.returncode == 0 else []
+    if not version or not re.fullmatch(r"\d+\.\d+\S*", version[0]):
+        raise ConfigError(f"{say}: `{absolute} -c {code!r}` failed (exit {out.returncode}): "
+                          f"{_last_line(out.stderr or out.stdout)}")
+    return absolute, version[0]
+
+
+def resolve_reference(text: str, rootdir: Path) -> Reference:
+    rev, path = parse_reference(text)
+    commit = _commit_of(Path(rootdir), rev) if rev is not None else None
+    python, version = _python_version(path) if path is not None else (None, None)
+    return Reference(text, rev, commit, python, version)
+
+
+def _importable(entry: Path) -> str | None:
+    """A package (a folder with __init__.py) or a module's name, unless it is a test's, a tool's or hidden."""
+    is_module = entry.suffix == ".py" and entry.is_file()
+    name = entry.name if (entry / "__init__.py").is_file() else entry.stem if is_module else ""
+    excluded = name in EXCLUDED or name.startswith(("test", ".")) or name.endswith("_test")
+    return name if name.isidentifier() and not excluded else None
+
+
+def code_packages(rootdir: Path) -> tuple[str, tuple[str, ...]]:
+    """The current tree's importable top-level names and the folder they sit in ("src" or ".")."""
+    for base in ("src", "."):
+        folder = Path(rootdir) / base
+        if base == "src" and (not folder.is_dir() or (folder / "__init__.py").exists()):
+            continue  # no src layout (or "src" is itself a package)
+        names = sorted({n for e in folder.iterdir() if (n := _importable(e))})
+        if names:
+            return base, tuple(names)
+    return ".", ()
+
+
+class _Redirect(importlib.abc.MetaPathFinder):
+    """Finds the code under test's top-level names in one folder only (submodules follow __path__)."""
+
+    def __init__(self, code_root: Path, packages: Sequence[str]) -> None:
+        self.code_root, self.packages = str(code_root), frozenset(packages)
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> ModuleSpec | None:
+        found = fullname in self.packages  # else (and when code_root lacks it) the usual finders look
+        return importlib.machinery.PathFinder.find_spec(fullname, [self.code_root]) if found else None
+
+
+def install_redirect(code_root: Path, packages: Sequence[str]) -> None:
+    """Put the redirect first on sys.meta_path (replacing one installed before)."""
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _Redirect)]
+    sys.meta_path.insert(0, _Redirect(Path(code_root).absolute(), packages))
+    importlib.invalidate_caches()
+
+
+def redirect_problems(code_root: Path, packages: Sequence[str]) -> list[str]:
+    """A line for each of ``packages`` already imported from outside ``code_root``."""
+    root, problems = Path(os.path.realpath(code_root)), []
+    for name in packages:
+        module = sys.modules.get(name)
+        places = [module.__file__] if getattr(module, "__file__", None) else list(getattr(module, "__path__", []))
+        outside = [p for p in places if not Path(os.path.realpath(p)).is_relative_to(root)]
+        if module is None or (places and not outside):
+            continue
+        why = (f": the reference's tree {code_root} has no {name}"
+               if importlib.machinery.PathFinder.find_spec(name, [str(code_root)]) is None else
+               f", not from {code_root}: it was imported before llmperf could redirect it (a .pth file or a plugin?)")
+        problems.append(f"{name} was imported from {outside[0] if outside else 'nowhere on disk'}{why}")
+    return problems
+
+
+def _flock(path: Path, shared: bool, wait_s: float) -> IO[str] | None:
+    """An flock on ``path``: the open file that holds it (closing it, or the holder's death, releases
+    it), None if not taken within ``wait_s``. Where there is no flock (Windows), a file that holds nothing."""
+    try:
+        import fcntl
+    except ImportError:
+        return open(os.devnull)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = path.open("a")
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(handle, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+            return handle
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                handle.close()
+                return None
+            time.sleep(0.2)
+
+
+class Worktrees:
+    """Checked-out revisions, cached across sessions under <cache_dir>/worktrees/<repo key>/<commit>.
+    Each checkout is leased (a shared flock on ``<commit>.inuse``) until ``close()`` or until this
+    object is collected, so another session never evicts a worktree still in use."""
+
+    def __init__(self, rootdir: Path, cache_dir: Path, keep: int = 3) -> None:
+        self.rootdir, self.keep = Path(rootdir), max(1, keep)
+        common = _git(self.rootdir, "rev-parse", "--git-common-dir", check=False)
+        if common is None:
+            raise ConfigError(f"llmperf: --llmperf-against git:REV: {self.rootdir} is not in a git repository")
+        key = hashlib.sha256(str((self.rootdir / common).resolve()).encode()).hexdigest()[:12]
+        self.base = Path(cache_dir) / "worktrees" / key
+        self.lock_path = self.base.with_name(f"{key}.lock")
+        self._leases: dict[str, IO[str] | None] = {}
+
+    def checkout(self, commit: str) -> Path:
+        sha = _git(self.rootdir, "rev-parse", "--verify", f"{commit}^{{commit}}") or commit
+        path = self.base / sha
+        with self._repo_lock():
+            if not self._valid(path, sha):
+                self._remove(path)
+                _git(self.rootdir, "worktree", "prune")
+                self.base.mkdir(parents=True, exist_ok=True)
+                _git(self.rootdir, "worktree", "add", "--force", "--force", "--detach", str(path), sha,
+                     timeout_s=CHECKOUT_TIMEOUT_S)
+            os.utime(path)
+            if sha not in self._leases:
+                self._leases[sha] = _flock(self.base / f"{sha}.inuse", shared=True, wait_s=0)
+            self._evict()
+        return path
+
+    def clear(self) -> None:
+        """Remove every cached worktree of this repository (leased ones too)."""
+        self.close()
+        with self._repo_lock():
+            for path in self._cached():
+                self._remove(path)
+            for lease in self.base.glob("*.inuse"):
+                lease.unlink(missing_ok=True)
+            _git(self.rootdir, "worktree", "prune", check=False)
+
+    def close(self) -> None:
+        for held in filter(None, self._leases.values()):
+            held.close()
+        self._leases.clear()
+
+    @contextlib.contextmanager
+    def _repo_lock(self) -> Iterator[None]:
+        held = _flock(self.lock_path, shared=False, wait_s=LOCK_TIMEOUT_S)
+        if held is None:
+            raise ConfigError(f"llmperf: waited {LOCK_TIMEOUT_S:.0f} s for another checkout ({self.lock_path})")
+        with held:
+            yield
+
+    def _cached(self) -> list[Path]:
+        entries = [p for p in self.base.glob("*") if p.is_dir() and _SHA.fullmatch(p.name)]
+        return sorted(entries, key=lambda p: p.stat().st_mtime_ns, reverse=True)
+
+    def _valid(self, path: Path, sha: str) -> bool:
+        """A whole checkout of ``sha``: a half-made one (a session killed mid-checkout) is not."""
+        head = _git(path, "rev-parse", "HEAD", check=False) if (path / ".git").is_file() else None
+        return head == sha and _git(path, "status", "--porcelain", "--untracked-files=no", check=False) == ""
+
+    def _remove(self, path: Path) -> None:
+        if path.exists():
+            _git(self.rootdir, "worktree", "remove", "--force", "--force", str(path), check=False)
+            shutil.rmtree(path, ignore_errors=True)
+
+    def _evict(self) -> None:
+        """Remove this repository's worktrees beyond the ``keep`` most recently used, skipping leased ones."""
+        for path in self._cached()[self.keep:]:
+            lease = self.base / f"{path.name}.inuse"
+            free = _flock(lease, shared=False, wait_s=0)
+            if free is None:
+                continue  # another session (or this one) uses it
+            with free:
+                self._remove(path)
+            lease.unlink(missing_ok=True)  # under the repository's lock: nobody takes a lease now
+        _git(self.rootdir, "worktree", "prune", check=False)
