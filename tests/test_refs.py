@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -389,16 +390,19 @@ def test_clear_removes_every_cached_worktree_of_the_repository(repo, tmp_path):
     assert listed(root) == [root.resolve()]
 
 
-def test_two_sessions_checking_out_at_once_share_one_worktree(repo, tmp_path):
+def test_sessions_checking_out_at_once_share_one_worktree(repo, tmp_path):
     root, shas = repo
-    code = ("import sys; from pytest_llmperf.session.refs import Worktrees; "
+    code = ("import sys, time; from pytest_llmperf.session.refs import Worktrees; "
+            "time.sleep(max(0.0, float(sys.argv[4]) - time.time())); "  # all start together
             "print(Worktrees(sys.argv[1], sys.argv[2]).checkout(sys.argv[3]))")
     env = {**os.environ, "PYTHONPATH": str(CHECKOUT)}
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(root), str(tmp_path / "cache"), shas[1]], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-             for _ in range(2)]
+    start = str(time.time() + 3.0)
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(root), str(tmp_path / "cache"), shas[1], start],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              stdin=subprocess.DEVNULL)
+             for _ in range(4)]
     outs = [p.communicate(timeout=300) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], [err for _, err in outs]
+    assert [p.returncode for p in procs] == [0] * 4, [err for _, err in outs]
     paths = {Path(out.strip()) for out, _ in outs}
     assert len(paths) == 1 and listed(root).count(paths.pop().resolve()) == 1
 
