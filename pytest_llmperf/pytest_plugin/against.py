@@ -4,6 +4,7 @@ verdict against REF on them, are logged as this test's. Other tests run here as 
 
 from __future__ import annotations
 
+import contextlib
 import signal
 from typing import Any
 
@@ -40,18 +41,20 @@ class AgainstHooks:
             from ..session.against import open_against
 
             s = self.session.settings
+            # SIGTERM (a CI job cancelled) ends the session as Ctrl-C does: the sides are closed
+            # (and a checkout under way is not cut off, leaving git's worktree locked).
+            with contextlib.suppress(ValueError):  # not the main thread: the default stays
+                self.old_sigterm = signal.signal(signal.SIGTERM, _interrupt)
             try:
                 self.against = open_against(
-                    self.text, s.rootdir, default_cache_dir(), list(self.config.invocation_params.args),
+                    self.text, s.rootdir, default_cache_dir(),
+                    [*self.config.invocation_params.args, f"--rootdir={self.config.rootpath}"],
                     str(self.config.invocation_params.dir), alpha=s.alpha, threshold=s.threshold,
                     tail_threshold=s.tail_threshold, family=max(self.session.family_size, 1),
                     timeout_s=s.engine.engine_timeout,
                 )
             except LLMPerfError as exc:
                 self.error = str(exc)
-            else:
-                # SIGTERM (a CI job cancelled) ends the session as Ctrl-C does: the sides are closed.
-                self.old_sigterm = signal.signal(signal.SIGTERM, _interrupt)
         return self.against
 
     @pytest.hookimpl(tryfirst=True)

@@ -11,12 +11,17 @@ crash ends the side (the controller fails that test and starts the side again).
 Messages (one JSON object per line)::
 
     side -> controller                                  controller -> side
-    {"ev": "ready", "collected": [...], "errors": {}}   {"op": "test", "nodeid": ..., "next": ...}
+    {"ev": "ready", "collected", "errors", "broken"}    {"op": "test", "nodeid": ..., "next": ...}
     {"ev": "measure", "label", "workload", ...}         {"op": "run", "index": i}  (i < 0: warm-up)
     {"ev": "trace", "trace": RunTrace fields}           {"op": "done", "verdict": ..., "fail": ...}
     {"ev": "error", "line": ...}  (a run failed)        {"op": "go"}  (an exclusive turn)
     {"ev": "turn"} / {"ev": "released"}                 {"op": "close"}
     {"ev": "report", "reports": [serialized], "outcome": ...}
+    {"ev": "exit", "code": ...}  (its pytest session ended: a side never ends it by itself)
+
+``errors`` are the collection errors (node id -> line): such a test is measured on the other
+side alone; ``broken`` those raised in the side's code under test (``session.refs.import_failure``,
+node id -> where and what): such a test fails.
 
 Between ``measure`` and ``done`` the side does nothing but the runs it is asked for; its clock
 is read here, so the pipe and the controller's work lie outside every timed region. Work that
@@ -129,6 +134,7 @@ class SidePlugin:
         self.link = link
         self.spec = spec
         self.errors: dict[str, str] = {}
+        self.broken: dict[str, str] = {}  # collection errors in the code under test: where it failed
         self.reports: list[dict[str, Any]] = []
         self.config: pytest.Config | None = None
 
@@ -145,10 +151,20 @@ class SidePlugin:
             if getattr(config.option, name, None):
                 setattr(config.option, name, None)  # the controller writes the session's files
 
+    def pytest_exception_interact(self, node: Any, call: pytest.CallInfo[Any], report: Any) -> None:
+        """A collection error raised in the side's code under test (not a name the tests lack)."""
+        from ..session.refs import import_failure
+
+        if isinstance(report, pytest.CollectReport) and call.excinfo is not None:
+            where = import_failure(call.excinfo.value, Path(self.spec["code_root"]), self.spec["packages"])
+            if where:
+                self.broken[report.nodeid] = where
+
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
             text = str(report.longrepr).strip().splitlines()
-            self.errors[report.nodeid] = next((ln for ln in reversed(text) if ln.startswith("E ")), text[-1] if text else "failed")[:400]
+            line = next((ln[1:] for ln in reversed(text) if ln.startswith("E ")), text[-1] if text else "failed")
+            self.errors[report.nodeid] = " ".join(line.split())[:400]
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         assert self.config is not None
@@ -162,8 +178,9 @@ class SidePlugin:
         by_id = {item.nodeid: item for item in session.items}
         problems = redirect_problems(Path(self.spec["code_root"]), self.spec["packages"])
         code = {name: getattr(sys.modules.get(name), "__file__", None) for name in self.spec["packages"]}
-        self.link.send({"ev": "ready", "collected": list(by_id), "errors": self.errors, "problems": problems,
-                        "python": sys.version.split()[0], "llama_cpp": llama_cpp_version(), "code": code})
+        self.link.send({"ev": "ready", "collected": list(by_id), "errors": self.errors, "broken": self.broken,
+                        "problems": problems, "python": sys.version.split()[0], "llama_cpp": llama_cpp_version(),
+                        "code": code})
         while True:
             op = self.link.receive()
             item = by_id[op["nodeid"]]

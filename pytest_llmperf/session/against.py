@@ -13,11 +13,8 @@ each side its measurement's end. The current side's reports become the test's.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,19 +22,8 @@ from typing import Any, Mapping, Sequence
 
 from ..core.errors import LLMPerfError
 from ..core.workload import SEQUENTIAL_FACTOR, SEQUENTIAL_TIME_CAP_S
-from ..measuring.channel import Channel
 from .refs import Reference, Worktrees, code_packages, resolve_reference
-
-CURRENT, REF = "current", "REF"
-
-
-@dataclass(frozen=True)
-class SideSpec:
-    name: str  # CURRENT or REF
-    shown: str  # "this tree", "git:main (3f2a1b9c0d1e)"
-    python: str
-    code_root: str
-    packages: tuple[str, ...]
+from .sides import CURRENT, REF, Side, SideGone, SideSpec, harness_link, start_all, wait_any
 
 
 @dataclass
@@ -48,97 +34,6 @@ class TestOutcome:
     reports: list[dict[str, Any]] = field(default_factory=list)
     failure: str | None = None
     notes: list[str] = field(default_factory=list)
-
-
-class SideGone(LLMPerfError):
-    """A side died or stopped answering."""
-
-
-class Side:
-    """One side's process (a ``measuring.channel.Channel``), started on first use."""
-
-    def __init__(self, spec: SideSpec, args: Sequence[str], cwd: str, harness: str, timeout_s: float) -> None:
-        self.spec, self.args, self.cwd, self.harness, self.timeout_s = spec, list(args), cwd, harness, timeout_s
-        self.channel: Any = None
-        self.ready: dict[str, Any] = {}
-        self.start_error: str | None = None
-
-    @property
-    def who(self) -> str:
-        return f"side {self.spec.name} ({self.spec.shown})"
-
-    def start(self) -> None:
-        if self.channel is not None and self.channel.alive:
-            return
-        self.close()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([self.harness, *filter(None, [env.get("PYTHONPATH")])])
-        env["LLMPERF_SIDE"] = json.dumps({"name": self.spec.name, "args": self.args, "code_root": self.spec.code_root,
-                                          "packages": list(self.spec.packages)})
-        env.pop("PYTEST_ADDOPTS", None)  # the controller's arguments, already in args
-        env.pop("PYTEST_XDIST_WORKER", None)
-        try:
-            self.channel = Channel("pytest_llmperf.pytest_plugin.side", python=self.spec.python, env=env, cwd=self.cwd)
-        except OSError as exc:
-            self.start_error = f"{self.who} cannot start: {exc.strerror or exc}"
-            return
-        try:
-            message = self.receive(self.timeout_s, "starting")
-        except SideGone as exc:
-            self.start_error = str(exc)
-            self.close()
-            return
-        if message.get("ev") != "ready":
-            self.start_error = f"{self.who} did not start: {self._log()}"
-            self.close()
-            return
-        self.ready = message
-        problems = message.get("problems") or []
-        self.start_error = f"{self.who}: {problems[0]}" if problems else None
-
-    def send(self, message: Mapping[str, Any]) -> None:
-        if self.channel is None or not self.channel.send(message):
-            raise SideGone(self._died("at work"))
-
-    def receive(self, timeout_s: float, doing: str) -> dict[str, Any]:
-        from ..measuring.channel import ChannelClosed
-
-        try:
-            message = self.channel.receive(timeout_s)
-        except ChannelClosed:
-            raise SideGone(self._died(doing)) from None
-        if message is None:
-            self.channel.kill()
-            raise SideGone(f"{self.who} did not answer within {timeout_s:g} s while {doing}; it was killed "
-                           f"(raise --llmperf-engine-timeout or shorten the workload). {self._log()}")
-        return message
-
-    def _died(self, doing: str) -> str:
-        from ..engines.llama_cpp_native import signal_name
-
-        code = self.channel.wait() if self.channel is not None else None
-        return f"{self.who} died with {signal_name(code)} while {doing}. {self._log()}"
-
-    def _log(self) -> str:
-        lines = self.channel.log_lines() if self.channel is not None else []
-        return f"Its last log lines: {' | '.join(lines[-6:])}" if lines else "It logged nothing"
-
-    def missing(self, nodeid: str) -> str | None:
-        """Why this side cannot run ``nodeid`` (not collected there), else None."""
-        if self.start_error:
-            return self.start_error
-        if nodeid in self.ready.get("collected", ()):
-            return None
-        errors: Mapping[str, str] = self.ready.get("errors") or {}
-        for where, line in errors.items():
-            if nodeid.startswith(where.split("::")[0]):
-                return f"{self.who} cannot collect {where or nodeid}: {line}"
-        return f"{self.who} has no test {nodeid}"
-
-    def close(self) -> None:
-        if self.channel is not None:
-            self.channel.close()
-            self.channel = None
 
 
 @dataclass
@@ -166,8 +61,7 @@ class Against:
         return out
 
     def start(self) -> None:
-        for side in self.sides.values():
-            side.start()
+        start_all(list(self.sides.values()))
 
     def run_test(self, nodeid: str, next_nodeid: str | None) -> TestOutcome:
         """Both sides run the test; its measurements are interleaved and judged."""
@@ -183,15 +77,6 @@ class Against:
         if self.worktrees is not None:
             self.worktrees.close()
             self.worktrees = None
-
-
-def harness_link() -> Any:
-    """A folder holding only ``pytest_llmperf`` (a link to this one): the sides import the plugin
-    from the current tree, never another environment's copy, and nothing else of this one."""
-    tmp = tempfile.TemporaryDirectory(prefix="llmperf-harness-")
-    here = Path(__file__).resolve().parent.parent
-    os.symlink(here, Path(tmp.name) / "pytest_llmperf")
-    return tmp
 
 
 def open_against(
@@ -216,12 +101,6 @@ def open_against(
     return Against(reference, sides, alpha, threshold, tail_threshold, family, timeout_s, harness, worktrees)
 
 
-def wait_any(sides: Sequence[Side], timeout_s: float) -> list[Side]:
-    """The sides with a message waiting (at most ``timeout_s``)."""
-    ready = set(map(id, Channel.wait_any([s.channel for s in sides if s.channel is not None], timeout_s)))
-    return [s for s in sides if id(s.channel) in ready]
-
-
 def looks_for(runs: int, max_runs: Any) -> tuple[int, int]:
     """(the most pairs, the looks at them) for a measurement of ``runs`` runs."""
     cap = int(max_runs) if max_runs else SEQUENTIAL_FACTOR * runs
@@ -241,7 +120,7 @@ def _run(side: Side, index: int, timeout_s: float) -> Any:
     if reply.get("ev") == "error":
         raise RunFailed(f"{side.who}: {reply.get('line')}")
     if reply.get("ev") != "trace":
-        raise SideGone(f"{side.who} answered {reply.get('ev')!r} to a run: it left its measurement")
+        raise side.kill(f"{side.who} answered {reply.get('ev')!r} to a run: it left its measurement; it was killed")
     return trace_of(reply["trace"])
 
 
@@ -297,28 +176,32 @@ def solo(ag: Against, side: Side, event: Mapping[str, Any]) -> None:
 
 
 def drive(ag: Against, nodeid: str, next_nodeid: str | None) -> TestOutcome:
-    """Run one test on both sides (module docstring); a side that dies or hangs fails the test
-    when it was measuring, and is started again for the next test."""
+    """Run one test on both sides (module docstring). A side that dies or hangs while the test
+    runs fails it (named, with its signal or deadline) and is started again for the next test;
+    REF without the test (it lacks a name the tests import) leaves it measured here alone."""
     from ..judge.result import comparison_json
 
     out = TestOutcome()
     cur, ref = ag.sides[CURRENT], ag.sides[REF]
-    why = cur.missing(nodeid)
-    if why:
-        out.failure = why
-        return out
     ref_missing = ref.missing(nodeid)
+    for why in (cur.missing(nodeid), ref_missing):
+        if why is not None and (why.fails or why is not ref_missing):
+            out.failure = why.line
+            return out
     active = [cur] if ref_missing else [cur, ref]
     state = {CURRENT: "busy", REF: "absent" if ref_missing else "busy"}
     events: dict[str, dict[str, Any]] = {}
     lost: dict[str, str] = {}
-    if ref_missing:
-        out.notes.append(f"not compared: {ref_missing}")
+    told: set[str] = set()  # lines the test's report carries already (its failure, the verdict's note)
 
     def gone(side: Side, line: str) -> None:
         state[side.spec.name] = "dead"
         lost[side.spec.name] = line
         side.close()
+
+    def finish(side: Side, **done: Any) -> None:
+        state[side.spec.name] = "busy"
+        side.send({"op": "done", **done})
 
     for side in active:
         try:
@@ -331,9 +214,8 @@ def drive(ag: Against, nodeid: str, next_nodeid: str | None) -> TestOutcome:
             ready = wait_any(busy, ag.timeout_s)
             if not ready:
                 for side in busy:
-                    side.channel.kill()
-                    gone(side, f"{side.who} did not reach its next measurement or the test's end within "
-                               f"{ag.timeout_s:g} s; it was killed (--llmperf-engine-timeout)")
+                    gone(side, str(side.kill(f"{side.who} did not reach its next measurement or the test's end "
+                                             f"within {ag.timeout_s:g} s; it was killed (--llmperf-engine-timeout)")))
                 continue
             for side in ready:
                 try:
@@ -346,7 +228,8 @@ def drive(ag: Against, nodeid: str, next_nodeid: str | None) -> TestOutcome:
                     state[side.spec.name] = {"measure": "measure", "turn": "turn", "report": "done"}[kind]
                     events[side.spec.name] = event
                 elif kind == "exit":
-                    gone(side, f"{side.who} ended its session while running {nodeid}")
+                    gone(side, str(side.kill(f"{side.who} ended its pytest session (exit status "
+                                             f"{event.get('code', '?')}) while running {nodeid}")))
             continue
         turn = next((s for s in active if state[s.spec.name] == "turn"), None)
         waiting = {name for name, st in state.items() if st == "measure"}
@@ -358,40 +241,40 @@ def drive(ag: Against, nodeid: str, next_nodeid: str | None) -> TestOutcome:
                 try:
                     comparisons, note = pairs(ag, events)
                 except RunFailed as exc:
-                    for side in (cur, ref):
-                        state[side.spec.name] = "busy"
-                        side.send({"op": "done", "fail": f"not measured: {exc}"})
+                    told.add(f"not measured: {exc}")
+                    finish(cur, fail=f"not measured: {exc}")
+                    finish(ref, fail=f"not measured: {exc}")
                     continue
-                state[CURRENT] = state[REF] = "busy"
-                cur.send({"op": "done", "verdict": {"status": "compared", "note": note,
-                                                    "comparisons": [comparison_json(c) for c in comparisons]}})
-                ref.send({"op": "done"})
+                finish(cur, verdict={"status": "compared", "note": note,
+                                     "comparisons": [comparison_json(c) for c in comparisons]})
+                finish(ref)
+            elif CURRENT in waiting and REF in lost:  # REF died or hung in this test: it fails
+                told.add(lost[REF])
+                finish(cur, fail=lost[REF])
             elif CURRENT in waiting:
-                reason = lost.get(REF) or ref_missing or f"{ref.who} ended the test before this measurement"
-                if REF in lost and state[REF] == "dead" and events.get(REF, {}).get("ev") == "measure":
-                    state[CURRENT] = "busy"
-                    cur.send({"op": "done", "fail": f"not compared: {reason}"})
+                said = events.get(REF, {}).get("line")
+                reason = ref_missing.line if ref_missing else (
+                    f"{ref.who} ended the test before this measurement{f': {said}' if said else ''}")
+                try:
+                    solo(ag, cur, events[CURRENT])
+                except RunFailed as exc:
+                    finish(cur, fail=f"not measured: {exc}")
                     continue
-                solo(ag, cur, events[CURRENT])
-                state[CURRENT] = "busy"
-                cur.send({"op": "done", "verdict": {"status": "no-baseline", "note": f"not compared: {reason}"}})
+                told.add(reason)
+                finish(cur, verdict={"status": "no-baseline", "note": f"not compared: {reason}"})
             elif REF in waiting:
-                state[REF] = "busy"
-                ref.send({"op": "done", "fail": "the current side ended the test before this measurement"})
+                finish(ref, fail="the current side ended the test before this measurement")
             else:
                 break
         except SideGone as exc:
-            for side in (cur, ref):
-                if str(exc).startswith(side.who):
-                    gone(side, str(exc))
-            if CURRENT in lost and state[REF] in ("measure", "busy"):
-                ref.close()  # nothing to pair with: this side starts again at the next test
-                state[REF] = "dead"
+            gone(ag.sides[exc.side], str(exc))
     if state[CURRENT] == "done":
         out.reports = events[CURRENT]["reports"]
     else:
         out.failure = lost.get(CURRENT, f"{cur.who} did not finish {nodeid}")
-    if REF in lost:
+    if ref_missing is not None and ref_missing.line not in told:
+        out.notes.append(f"not compared: {ref_missing.line}")
+    elif REF in lost and lost[REF] not in told:
         out.notes.append(lost[REF])
     elif state[REF] == "done" and events[REF].get("outcome") == "failed":
         out.notes.append(f"{ref.who}: the test failed there: {events[REF].get('line')}")

@@ -197,6 +197,34 @@ def redirect_problems(code_root: Path, packages: Sequence[str]) -> list[str]:
     return problems
 
 
+def import_failure(exc: BaseException, code_root: Path, packages: Sequence[str]) -> str | None:
+    """Where the code under test (``packages`` in ``code_root``) failed while a test module was imported, e.g.
+    ``helper/__init__.py:1: ImportError: helper needs libfoo`` (an exception raised in one of its
+    files, a syntax error in one); None when nothing of it failed (the test module asked it for a
+    name it lacks: that is the test's, not the code's)."""
+    root = Path(os.path.realpath(code_root))
+
+    def under(filename: str | None) -> Path | None:
+        path = Path(os.path.realpath(filename)) if filename and not filename.startswith("<") else None
+        rel = path.relative_to(root) if path is not None and path.is_relative_to(root) else None
+        return rel if rel is not None and rel.parts and Path(rel.parts[0]).stem in packages else None
+
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:  # the exception, then what it was raised from
+        seen.add(id(exc))
+        if isinstance(exc, SyntaxError) and (where := under(exc.filename)):
+            return redact(f"{where.as_posix()}:{exc.lineno}: SyntaxError: {exc.msg}")
+        tb, found = exc.__traceback__, None
+        while tb is not None:
+            if rel := under(tb.tb_frame.f_code.co_filename):
+                found = f"{rel.as_posix()}:{tb.tb_lineno}"
+            tb = tb.tb_next
+        if found:
+            return redact(" ".join(f"{found}: {type(exc).__name__}: {exc}".split())[:400])
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return None
+
+
 def _flock(path: Path, shared: bool, wait_s: float) -> IO[str] | None:
     """An flock on ``path``: the open file that holds it (closing it, or the holder's death, releases
     it), None if not taken within ``wait_s``. Where there is no flock (Windows), a file that holds nothing."""

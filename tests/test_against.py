@@ -1,0 +1,516 @@
+"""``--llmperf-against REF`` end to end: real git repositories of a few commits, real processes
+(an inner ``python -m pytest`` run in the repository as a user runs it, and its two sides), real
+llama.cpp (the tiny preset). What it measures, what it catches, and its faults: each one line,
+nothing left behind (the sides' processes, the worktree's locks, the controller's temporary
+files).
+
+The inner sessions keep REF's worktrees under their own ``LLMPERF_CACHE_DIR`` (tmp_path), which
+holds a link to the tiny model of the suite's cache; every side records its pid (the repository's
+conftest.py), so the checks look at exactly these processes.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+CHECKOUT = Path(__file__).resolve().parent.parent
+SESSION_TIMEOUT_S = 240
+W = "prompt_tokens=8, max_tokens=8"
+
+#: The repository's conftest.py (the current tree's: both sides run it): each side writes its pid.
+CONFTEST = """
+import os
+
+def pytest_configure(config):
+    if "LLMPERF_SIDE" in os.environ and os.environ.get("AG_PIDS"):
+        with open(os.environ["AG_PIDS"], "a") as fh:
+            fh.write(f"{os.getpid()}\\n")
+"""
+
+#: The user's wrapper around llama.cpp: ``EXTRA_MS`` of work per token; ``faulty_stream`` fails
+#: in the ways listed in ``FAULTS`` at the commit that lists them, after two tokens.
+WRAPPER = """
+import os, signal, time
+
+EXTRA_MS = {extra_ms}
+FAULTS = {faults!r}
+calls = 0
+
+
+def spin(ms):
+    end = time.perf_counter() + ms / 1000.0
+    while time.perf_counter() < end:
+        pass
+
+
+def make_stream(llm):
+    def stream(prompt, max_tokens):
+        for chunk in llm(prompt, max_tokens=max_tokens, stream=True, temperature=0.0):
+            spin(EXTRA_MS)
+            yield chunk
+    return stream
+
+
+def faulty_stream(llm, fault):
+    def stream(prompt, max_tokens):
+        global calls
+        calls += 1
+        for i, chunk in enumerate(llm(prompt, max_tokens=max_tokens, stream=True, temperature=0.0)):
+            if i == 2 and fault in FAULTS:
+                if fault == "segv":
+                    os.kill(os.getpid(), signal.SIGSEGV)
+                if fault == "hang":
+                    time.sleep(3600)
+                if fault == "raise" and calls == 2:
+                    raise RuntimeError("the wrapper broke in its second run")
+            yield chunk
+    return stream
+"""
+
+VERDICT_TESTS = f"""
+import pytest
+from wrapper import make_stream
+
+
+@pytest.mark.llmperf({W}, runs=6, warmup=1)
+def test_wrapper(llmperf, llmperf_llm):
+    llmperf.measure(make_stream(llmperf_llm))
+
+
+@pytest.mark.llmperf({W}, runs=6, warmup=0)
+def test_marker_only():
+    pass
+
+
+def test_keys(llmperf):
+    llmperf.measure({W}, runs=4, warmup=0, max_runs=8)
+
+
+def test_plain():
+    assert 1 + 1 == 2
+"""
+
+
+def git(cwd: Path, *args: str) -> str:
+    out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=120,
+                         stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+@pytest.fixture(autouse=True)
+def _git_identity(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for key in ("AUTHOR", "COMMITTER"):
+        monkeypatch.setenv(f"GIT_{key}_NAME", "llmperf tests")
+        monkeypatch.setenv(f"GIT_{key}_EMAIL", "tests@example.invalid")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", os.devnull)
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+    for name in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def make_repo(root: Path, commits: list[tuple[str, dict[str, str | None]]]) -> list[str]:
+    """One commit per (tag, files): each file's text (None removes it), tagged; returns the shas."""
+    root.mkdir(parents=True)
+    git(root, "init", "-q", "-b", "main")
+    shas = []
+    for tag, files in commits:
+        for name, text in files.items():
+            path = root / name
+            if text is None:
+                path.unlink()
+                continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(textwrap.dedent(text))
+        git(root, "add", "-A")
+        git(root, "commit", "-q", "-m", tag)
+        git(root, "tag", tag)
+        shas.append(git(root, "rev-parse", "HEAD"))
+    return shas
+
+
+def wrapper(extra_ms: float = 0.0, faults: tuple[str, ...] = ()) -> str:
+    return WRAPPER.format(extra_ms=extra_ms, faults=faults)
+
+
+@pytest.fixture
+def verdict_repo(tmp_path: Path) -> Path:
+    """``base``: the wrapper adds nothing per token; ``slow`` (HEAD): 5 ms of work per token."""
+    root = tmp_path / "repo"
+    make_repo(root, [
+        ("base", {"conftest.py": CONFTEST, "wrapper/__init__.py": wrapper(0.0), "tests/test_perf.py": VERDICT_TESTS}),
+        ("slow", {"wrapper/__init__.py": wrapper(5.0)}),
+    ])
+    return root
+
+
+@dataclass
+class Inner:
+    ret: int
+    out: str
+    pids: list[int]
+
+    def lines(self, text: str) -> list[str]:
+        return [line for line in self.out.splitlines() if text in line]
+
+
+class Runner:
+    """Inner sessions of one test: ``python -m pytest`` in the repository, its own cache (a link
+    to the suite's tiny model), history off, its own temporary folder, the sides' pids."""
+
+    def __init__(self, tmp_path: Path, model: Path) -> None:
+        self.cache = tmp_path / "cache"
+        self.cache.mkdir()
+        (self.cache / model.name).symlink_to(model)
+        self.tmp = tmp_path / "tmp"
+        self.tmp.mkdir()
+        self.pid_file = tmp_path / "pids"
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("PYTEST_", "LLMPERF_SIDE")) or k == "PYTEST_DISABLE_PLUGIN_AUTOLOAD"}
+        env.update(LLMPERF_CACHE_DIR=str(self.cache), LLMPERF_HISTORY="off", LLMPERF_THREADS="1",
+                   COLUMNS="400", TMPDIR=str(self.tmp), AG_PIDS=str(self.pid_file),
+                   PYTHONPATH=os.pathsep.join([str(CHECKOUT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+        self.env = env
+
+    def command(self, args: tuple[str, ...]) -> list[str]:
+        return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--llmperf-model", "tiny", *args]
+
+    def pids(self) -> list[int]:
+        return [int(x) for x in self.pid_file.read_text().split()] if self.pid_file.exists() else []
+
+    def run(self, repo: Path, *args: str, timeout_s: float = SESSION_TIMEOUT_S) -> Inner:
+        out = subprocess.run(self.command(args), cwd=repo, env=self.env, capture_output=True, text=True,
+                             timeout=timeout_s, stdin=subprocess.DEVNULL)
+        return Inner(out.returncode, out.stdout + out.stderr, self.pids())
+
+    def popen(self, repo: Path, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(self.command(args), cwd=repo, env=self.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+
+    def check_clean(self, repo: Path, pids: list[int], within_s: float = 15.0) -> None:
+        """No side left, no worktree locked, no flock held, nothing left in the temporary folder."""
+        deadline = time.monotonic() + within_s
+        while (left := [p for p in pids if alive(p)]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not left, f"side processes left behind: {left}"
+        assert "locked" not in git(repo, "worktree", "list", "--porcelain")
+        for lock in [*self.cache.glob("worktrees/*.lock"), *self.cache.glob("worktrees/*/*.inuse")]:
+            with lock.open("a") as fh:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: still held
+        assert not list(self.tmp.glob("llmperf-*")), list(self.tmp.iterdir())
+
+
+@pytest.fixture
+def runner(tmp_path: Path, tiny_model_path: Path) -> Runner:
+    return Runner(tmp_path, tiny_model_path)
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie, whoever's child it is, counts as gone)."""
+    try:
+        os.kill(pid, 0)
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+    return state != "Z"
+
+
+def failures(inner: Inner) -> dict[str, str]:
+    """Each failed test's line in the short summary (``-rA``; pytest.fail's "Failed: " dropped)."""
+    found = re.finditer(r"^FAILED \S*::(\w+) - (?:Failed: )?(.*)$", inner.out, re.MULTILINE)
+    return {m.group(1): m.group(2) for m in found}
+
+
+def outcome(inner: Inner, test: str) -> str:
+    found = re.findall(rf"^(PASSED|FAILED|ERROR) \S*::{test}\b", inner.out, re.MULTILINE)
+    return found[0] if found else "?"
+
+
+def pairs_note(inner: Inner, test: str, ref: str) -> int:
+    """The number of pairs the report names for ``test`` against ``ref``."""
+    found = re.findall(rf"^{test}: against {re.escape(ref)}: (\d+) pairs interleaved", inner.out, re.MULTILINE)
+    assert found, f"no pairs against {ref} for {test}:\n{inner.out}"
+    return int(found[0])
+
+
+# -- verdicts -------------------------------------------------------------------------------
+
+def test_a_slower_wrapper_is_a_decode_regression_against_the_commit_before(
+    runner: Runner, verdict_repo: Path
+) -> None:
+    sha = git(verdict_repo, "rev-parse", "base")
+    inner = runner.run(verdict_repo, "tests", "-rA", "--llmperf-against", "git:HEAD~1")
+    out = inner.out
+    assert inner.ret == 1, out
+    ref = f"git:HEAD~1 ({sha[:12]})"
+    for test in ("test_wrapper", "test_marker_only", "test_keys"):
+        assert pairs_note(inner, test, ref) >= 4
+    assert outcome(inner, "test_wrapper") == "FAILED", out
+    assert [outcome(inner, t) for t in ("test_marker_only", "test_keys", "test_plain")] == ["PASSED"] * 3, out
+    assert re.search(r"^test_wrapper +decode TPOT \(ms\) .* REGRESSION$", out, re.MULTILINE), out
+    assert re.search(r"FAILED tests/test_perf.py::test_wrapper - (prefill|decode) regression", out), out
+    assert f"REF = {ref}: Python" in out and "wrapper from " + str(runner.cache / "worktrees") in out
+    assert len(inner.pids) == 2
+    runner.check_clean(verdict_repo, inner.pids)
+
+
+def test_the_same_commit_on_both_sides_is_no_regression(runner: Runner, verdict_repo: Path) -> None:
+    """``git:HEAD`` and this interpreter as ``python:PATH``, together: A/A, no REGRESSION."""
+    sha = git(verdict_repo, "rev-parse", "HEAD")
+    ref = f"git:HEAD ({sha[:12]}), python:{sys.executable}"
+    inner = runner.run(verdict_repo, "tests", "-rA", "-k", "wrapper or marker",
+                       "--llmperf-against", f"git:HEAD,python:{sys.executable}")
+    assert inner.ret == 0, inner.out
+    assert pairs_note(inner, "test_wrapper", ref) >= 6 and pairs_note(inner, "test_marker_only", ref) >= 6
+    assert "REGRESSION" not in inner.out
+    runner.check_clean(verdict_repo, inner.pids)
+
+
+def test_another_interpreter_alone(runner: Runner, verdict_repo: Path) -> None:
+    inner = runner.run(verdict_repo, "tests", "-k", "marker", "--llmperf-against", f"python:{sys.executable}")
+    assert inner.ret == 0, inner.out
+    assert pairs_note(inner, "test_marker_only", f"python:{sys.executable}") >= 6
+    assert f"REF = python:{sys.executable}: Python {sys.version.split()[0]}" in inner.out
+    runner.check_clean(verdict_repo, inner.pids)
+
+
+def test_under_xdist_the_llmperf_tests_stay_on_one_worker(runner: Runner, verdict_repo: Path) -> None:
+    inner = runner.run(verdict_repo, "tests", "-n", "2", "-v", "--llmperf-against", "git:HEAD~1")
+    out = inner.out
+    assert inner.ret == 1, out
+    workers = {m.group(2): m.group(1) for m in re.finditer(r"\[(gw\d)\] .*?(?:PASSED|FAILED) \S*::(\w+)", out)}
+    assert {workers["test_wrapper"], workers["test_marker_only"], workers["test_keys"]} == {workers["test_wrapper"]}, out
+    assert "test_plain" in workers
+    assert re.search(r"FAILED tests/test_perf.py::test_wrapper - (prefill|decode) regression", out), out
+    assert len(inner.pids) == 2  # one worker ran the llmperf tests: one pair of sides
+    runner.check_clean(verdict_repo, inner.pids)
+
+
+# -- faults ---------------------------------------------------------------------------------
+
+def test_a_rev_that_does_not_exist_is_a_usage_error(runner: Runner, verdict_repo: Path) -> None:
+    inner = runner.run(verdict_repo, "tests", "--llmperf-against", "git:no-such-rev")
+    assert inner.ret == 4, inner.out
+    lines = [ln for ln in inner.out.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "git:no-such-rev" in lines[0] and "no commit 'no-such-rev'" in lines[0], inner.out
+    assert inner.pids == []
+    runner.check_clean(verdict_repo, [])
+
+
+FAULT_TESTS = f"""
+import pytest
+from wrapper import faulty_stream
+
+
+@pytest.mark.llmperf({W}, runs=3, warmup=0, max_runs=3)
+def test_1_segv(llmperf, llmperf_llm):
+    llmperf.measure(faulty_stream(llmperf_llm, "segv"))
+
+
+@pytest.mark.llmperf({W}, runs=6, warmup=0, max_runs=6)
+def test_2_after_segv():
+    pass
+
+
+@pytest.mark.llmperf({W}, runs=3, warmup=0, max_runs=3)
+def test_3_hang(llmperf, llmperf_llm):
+    llmperf.measure(faulty_stream(llmperf_llm, "hang"))
+
+
+@pytest.mark.llmperf({W}, runs=6, warmup=0, max_runs=6)
+def test_4_after_hang():
+    pass
+
+
+@pytest.mark.llmperf({W}, runs=3, warmup=0, max_runs=3)
+def test_5_raise(llmperf, llmperf_llm):
+    llmperf.measure(faulty_stream(llmperf_llm, "raise"))
+
+
+@pytest.mark.llmperf({W}, runs=6, warmup=0, max_runs=6)
+def test_6_after_raise():
+    pass
+"""
+
+MARKER_ONLY = f"""
+import pytest
+{{imports}}
+
+
+@pytest.mark.llmperf({W}, runs=3, warmup=0, max_runs=3)
+def test_{{name}}():
+    pass
+"""
+
+
+def test_faults_fail_their_test_and_the_others_go_on(runner: Runner, tmp_path: Path) -> None:
+    """At REF the wrapper dies with SIGSEGV in one test and hangs in another, a package fails to
+    import (ImportError in it, a syntax error in another), and a name the current tests import is
+    missing; at HEAD the wrapper raises in one run of a test. Each fails its test with one line
+    naming the side (the missing name: not compared, measured here alone), the side is started
+    again, and the tests after each are compared."""
+    root = tmp_path / "repo"
+    shas = make_repo(root, [
+        ("faulty", {
+            "conftest.py": CONFTEST, "wrapper/__init__.py": wrapper(0.0, ("segv", "hang")),
+            "helper/__init__.py": "raise ImportError('helper needs libfoo')\n",
+            "syntaxy/__init__.py": "def broken(:\n    pass\n",
+            "tests/test_faults.py": FAULT_TESTS,
+            "tests/test_helper.py": MARKER_ONLY.format(imports="import helper", name="helper"),
+            "tests/test_syntaxy.py": MARKER_ONLY.format(imports="import syntaxy", name="syntaxy"),
+        }),
+        ("head", {
+            "wrapper/__init__.py": wrapper(0.0, ("raise",)) + "\n\ndef new_api():\n    return 1\n",
+            "helper/__init__.py": "VALUE = 1\n", "syntaxy/__init__.py": "def broken():\n    pass\n",
+            "tests/test_new_api.py": MARKER_ONLY.format(imports="from wrapper import new_api", name="new_api"),
+        }),
+    ])
+    started = time.monotonic()
+    inner = runner.run(root, "tests", "-rA", "--llmperf-engine-timeout=5", "--durations=0",
+                       "--llmperf-against", "git:faulty")
+    out = inner.out
+    assert inner.ret == 1, out
+    ref = f"side REF (git:faulty ({shas[0][:12]}))"
+    failed = failures(inner)
+    assert sorted(failed) == ["test_1_segv", "test_3_hang", "test_5_raise", "test_helper", "test_syntaxy"], out
+    assert failed["test_1_segv"].startswith(f"{ref} died with SIGSEGV"), failed
+    assert failed["test_3_hang"].startswith(f"{ref} did not answer within 5 s"), failed
+    assert failed["test_5_raise"].startswith("not measured: side current (this tree): RuntimeError: the wrapper "
+                                             "broke in its second run"), failed
+    assert failed["test_helper"].startswith(f"{ref} cannot import tests/test_helper.py"), failed
+    assert "ImportError: helper needs libfoo" in out
+    assert failed["test_syntaxy"].startswith(f"{ref} cannot import tests/test_syntaxy.py"), failed
+    assert "SyntaxError" in out
+    for test in ("test_2_after_segv", "test_4_after_hang", "test_6_after_raise"):
+        assert outcome(inner, test) == "PASSED", out
+        assert pairs_note(inner, test, f"git:faulty ({shas[0][:12]})") == 6
+    # The current tests import a name REF lacks: measured here alone, passed, one line.
+    assert outcome(inner, "test_new_api") == "PASSED", out
+    notes = inner.lines("not compared: ")
+    assert any(f"{ref} cannot collect tests/test_new_api.py" in n and "new_api" in n for n in notes), out
+    hang_s = float(re.search(r"^([\d.]+)s call +\S*::test_3_hang$", out, re.MULTILINE).group(1))
+    assert hang_s < 5 + 10, out
+    # REF's side three times (the first, after the crash, after the hang), this tree's once.
+    assert len(inner.pids) == 4, inner.pids
+    assert time.monotonic() - started < SESSION_TIMEOUT_S
+    runner.check_clean(root, inner.pids)
+
+
+def test_a_ref_whose_conftest_cannot_import_fails_each_llmperf_test(runner: Runner, tmp_path: Path) -> None:
+    """REF's pytest stops before its first test (the current conftest.py imports a package that
+    fails at REF): each llmperf test fails with that one line, REF is not started again per test,
+    and the plain test passes."""
+    root = tmp_path / "repo"
+    conftest = CONFTEST + "\nimport helper  # noqa\n"
+    shas = make_repo(root, [
+        ("broken", {"conftest.py": conftest, "helper/__init__.py": "raise ImportError('helper needs libfoo')\n",
+                    "tests/test_a.py": MARKER_ONLY.format(imports="", name="a"),
+                    "tests/test_b.py": MARKER_ONLY.format(imports="", name="b") + "\n\ndef test_plain():\n    pass\n"}),
+        ("fixed", {"helper/__init__.py": "VALUE = 1\n"}),
+    ])
+    inner = runner.run(root, "tests", "-rA", "--llmperf-against", "git:broken")
+    out = inner.out
+    assert inner.ret == 1, out
+    ref = f"side REF (git:broken ({shas[0][:12]}))"
+    failed = failures(inner)
+    assert sorted(failed) == ["test_a", "test_b"], out
+    for line in failed.values():
+        assert line.startswith(f"{ref} did not start"), line
+    assert "ImportError: helper needs libfoo" in out
+    assert outcome(inner, "test_plain") == "PASSED"
+    assert len(inner.pids) == 1, inner.pids  # this tree's side; REF's never reached its conftest's hook
+    runner.check_clean(root, inner.pids)
+
+
+SLOW_TESTS = f"""
+import os, time
+import pytest
+
+
+def slow_stream(prompt, max_tokens):
+    folder = os.environ["AG_STARTED"]
+    open(os.path.join(folder, str(os.getpid())), "w").close()
+    if os.path.exists(os.path.join(folder, "stall")):  # a run that stays in the side's clock reads
+        open(os.path.join(folder, f"stalled-{os.getpid()}"), "w").close()
+        time.sleep(120)
+    for i in range(max_tokens):
+        time.sleep(0.02)
+        yield i
+
+
+@pytest.mark.llmperf({W}, runs=60, warmup=0, max_runs=60)
+def test_long(llmperf):
+    llmperf.measure(slow_stream)
+"""
+
+
+@pytest.fixture
+def slow_repo(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    make_repo(root, [("one", {"conftest.py": CONFTEST, "wrapper/__init__.py": wrapper(),
+                              "tests/test_slow.py": SLOW_TESTS}),
+                     ("two", {"wrapper/__init__.py": wrapper(1.0)})])
+    return root
+
+
+def _mid_measurement(runner: Runner, repo: Path, tmp_path: Path) -> tuple[subprocess.Popen[str], list[int], Path]:
+    """A session both of whose sides are measuring (each has begun a run)."""
+    started = tmp_path / "started"
+    started.mkdir()
+    runner.env["AG_STARTED"] = str(started)
+    proc = runner.popen(repo, "tests", "--llmperf-against", "git:one")
+    deadline = time.monotonic() + 120
+    while len(list(started.glob("[0-9]*"))) < 2:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"the sides did not both start measuring:\n{proc.communicate()[0]}")
+        time.sleep(0.05)
+    pids = runner.pids()
+    assert len(pids) == 2 and sorted(pids) == sorted(int(p.name) for p in started.glob("[0-9]*"))
+    assert all(alive(p) for p in pids)
+    return proc, pids, started
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_mid_measurement_ends_the_session_and_its_sides(
+    runner: Runner, slow_repo: Path, tmp_path: Path, signum: int
+) -> None:
+    proc, pids, _ = _mid_measurement(runner, slow_repo, tmp_path)
+    proc.send_signal(signum)
+    try:
+        out, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"the controller did not end within 30 s of {signal.Signals(signum).name}")
+    assert proc.returncode == 2, out  # pytest's "interrupted"
+    assert "KeyboardInterrupt" in out and "Traceback" not in out.split("KeyboardInterrupt")[0], out
+    runner.check_clean(slow_repo, pids, within_s=5)
+
+
+def test_sigkill_of_the_controller_takes_its_sides_with_it(runner: Runner, slow_repo: Path, tmp_path: Path) -> None:
+    """One side is inside a run that lasts two minutes, the other waits for its next one."""
+    proc, pids, started = _mid_measurement(runner, slow_repo, tmp_path)
+    (started / "stall").touch()
+    deadline = time.monotonic() + 60
+    while not list(started.glob("stalled-*")):
+        assert time.monotonic() < deadline and proc.poll() is None, "no side began the stalled run"
+        time.sleep(0.05)
+    proc.kill()
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 5
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in pids if alive(p)], "PR_SET_PDEATHSIG did not end the sides"
+    assert "locked" not in git(slow_repo, "worktree", "list", "--porcelain")
