@@ -28,14 +28,13 @@ CHECKOUT = Path(__file__).resolve().parent.parent
 SESSION_TIMEOUT_S = 240
 W = "prompt_tokens=8, max_tokens=8"
 
-#: The repository's conftest.py (the current tree's: both sides run it): each side writes its pid.
+#: The repository's conftest.py (the current tree's: both sides import it): each side writes its pid.
 CONFTEST = """
 import os
 
-def pytest_configure(config):
-    if "LLMPERF_SIDE" in os.environ and os.environ.get("AG_PIDS"):
-        with open(os.environ["AG_PIDS"], "a") as fh:
-            fh.write(f"{os.getpid()}\\n")
+if "LLMPERF_SIDE" in os.environ and os.environ.get("AG_PIDS"):
+    with open(os.environ["AG_PIDS"], "a") as fh:
+        fh.write(f"{os.getpid()}\\n")
 """
 
 #: The user's wrapper around llama.cpp: ``EXTRA_MS`` of work per token; ``faulty_stream`` fails
@@ -76,6 +75,12 @@ def faulty_stream(llm, fault):
                     raise RuntimeError("the wrapper broke in its second run")
             yield chunk
     return stream
+
+
+def check_setup():
+    if "exit" in FAULTS:  # the test's own code ends the pytest session
+        import pytest
+        pytest.exit("the wrapper ended the session")
 """
 
 VERDICT_TESTS = f"""
@@ -177,8 +182,7 @@ class Runner:
         self.tmp = tmp_path / "tmp"
         self.tmp.mkdir()
         self.pid_file = tmp_path / "pids"
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("PYTEST_", "LLMPERF_SIDE")) or k == "PYTEST_DISABLE_PLUGIN_AUTOLOAD"}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "LLMPERF_SIDE"))}
         env.update(LLMPERF_CACHE_DIR=str(self.cache), LLMPERF_HISTORY="off", LLMPERF_THREADS="1",
                    COLUMNS="400", TMPDIR=str(self.tmp), AG_PIDS=str(self.pid_file),
                    PYTHONPATH=os.pathsep.join([str(CHECKOUT), *filter(None, [os.environ.get("PYTHONPATH")])]))
@@ -311,7 +315,7 @@ def test_a_rev_that_does_not_exist_is_a_usage_error(runner: Runner, verdict_repo
 
 FAULT_TESTS = f"""
 import pytest
-from wrapper import faulty_stream
+from wrapper import check_setup, faulty_stream
 
 
 @pytest.mark.llmperf({W}, runs=3, warmup=0, max_runs=3)
@@ -342,6 +346,17 @@ def test_5_raise(llmperf, llmperf_llm):
 @pytest.mark.llmperf({W}, runs=6, warmup=0, max_runs=6)
 def test_6_after_raise():
     pass
+
+
+@pytest.mark.llmperf({W}, runs=3, warmup=0, max_runs=3)
+def test_7_exit(llmperf):
+    check_setup()
+    llmperf.measure()
+
+
+@pytest.mark.llmperf({W}, runs=6, warmup=0, max_runs=6)
+def test_8_after_exit():
+    pass
 """
 
 MARKER_ONLY = f"""
@@ -356,7 +371,8 @@ def test_{{name}}():
 
 
 def test_faults_fail_their_test_and_the_others_go_on(runner: Runner, tmp_path: Path) -> None:
-    """At REF the wrapper dies with SIGSEGV in one test and hangs in another, a package fails to
+    """At REF the wrapper dies with SIGSEGV in one test, hangs in another and ends the pytest session
+    in a third (before its measurement, while this tree's side waits at its own), a package fails to
     import (ImportError in it, a syntax error in another), and a name the current tests import is
     missing; at HEAD the wrapper raises in one run of a test. Each fails its test with one line
     naming the side (the missing name: not compared, measured here alone), the side is started
@@ -364,7 +380,7 @@ def test_faults_fail_their_test_and_the_others_go_on(runner: Runner, tmp_path: P
     root = tmp_path / "repo"
     shas = make_repo(root, [
         ("faulty", {
-            "conftest.py": CONFTEST, "wrapper/__init__.py": wrapper(0.0, ("segv", "hang")),
+            "conftest.py": CONFTEST, "wrapper/__init__.py": wrapper(0.0, ("segv", "hang", "exit")),
             "helper/__init__.py": "raise ImportError('helper needs libfoo')\n",
             "syntaxy/__init__.py": "def broken(:\n    pass\n",
             "tests/test_faults.py": FAULT_TESTS,
@@ -384,16 +400,19 @@ def test_faults_fail_their_test_and_the_others_go_on(runner: Runner, tmp_path: P
     assert inner.ret == 1, out
     ref = f"side REF (git:faulty ({shas[0][:12]}))"
     failed = failures(inner)
-    assert sorted(failed) == ["test_1_segv", "test_3_hang", "test_5_raise", "test_helper", "test_syntaxy"], out
+    assert sorted(failed) == ["test_1_segv", "test_3_hang", "test_5_raise", "test_7_exit", "test_helper",
+                              "test_syntaxy"], out
     assert failed["test_1_segv"].startswith(f"{ref} died with SIGSEGV"), failed
     assert failed["test_3_hang"].startswith(f"{ref} did not answer within 5 s"), failed
     assert failed["test_5_raise"].startswith("not measured: side current (this tree): RuntimeError: the wrapper "
                                              "broke in its second run"), failed
+    assert failed["test_7_exit"].startswith(f"{ref} ended its pytest session (exit status 2) while running "
+                                            "tests/test_faults.py::test_7_exit"), failed
     assert failed["test_helper"].startswith(f"{ref} cannot import tests/test_helper.py"), failed
     assert "ImportError: helper needs libfoo" in out
     assert failed["test_syntaxy"].startswith(f"{ref} cannot import tests/test_syntaxy.py"), failed
     assert "SyntaxError" in out
-    for test in ("test_2_after_segv", "test_4_after_hang", "test_6_after_raise"):
+    for test in ("test_2_after_segv", "test_4_after_hang", "test_6_after_raise", "test_8_after_exit"):
         assert outcome(inner, test) == "PASSED", out
         assert pairs_note(inner, test, f"git:faulty ({shas[0][:12]})") == 6
     # The current tests import a name REF lacks: measured here alone, passed, one line.
@@ -402,8 +421,8 @@ def test_faults_fail_their_test_and_the_others_go_on(runner: Runner, tmp_path: P
     assert any(f"{ref} cannot collect tests/test_new_api.py" in n and "new_api" in n for n in notes), out
     hang_s = float(re.search(r"^([\d.]+)s call +\S*::test_3_hang$", out, re.MULTILINE).group(1))
     assert hang_s < 5 + 10, out
-    # REF's side three times (the first, after the crash, after the hang), this tree's once.
-    assert len(inner.pids) == 4, inner.pids
+    # REF's side four times (the first, after the crash, the hang and the exit), this tree's once.
+    assert len(inner.pids) == 5, inner.pids
     assert time.monotonic() - started < SESSION_TIMEOUT_S
     runner.check_clean(root, inner.pids)
 
@@ -430,7 +449,7 @@ def test_a_ref_whose_conftest_cannot_import_fails_each_llmperf_test(runner: Runn
         assert line.startswith(f"{ref} did not start"), line
     assert "ImportError: helper needs libfoo" in out
     assert outcome(inner, "test_plain") == "PASSED"
-    assert len(inner.pids) == 1, inner.pids  # this tree's side; REF's never reached its conftest's hook
+    assert len(inner.pids) == 2, inner.pids  # REF's side was started once, not again for each test
     runner.check_clean(root, inner.pids)
 
 

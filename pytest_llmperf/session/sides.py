@@ -24,6 +24,7 @@ CURRENT, REF = "current", "REF"
 START_TIMEOUT_S = 120.0
 #: The lines of Python's fault handler dump (``python_fault`` says where it was instead).
 _DUMP = re.compile(r'(File "|Thread 0x|Current thread 0x|Extension modules: |\.\.\.$)')
+_SEPARATOR = re.compile(r"([=!_-])\1{5,}(?: (.*?) \1{5,})?")
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,14 @@ class Side:
     def _log(self) -> str:
         from ..engines.llama_cpp_native import quoted_log
 
-        lines = quoted_log("\n".join(ln for ln in self._text().splitlines() if not _DUMP.match(ln.strip())))
+        kept = []
+        for line in self._text().splitlines():
+            line = line.strip()
+            sep = _SEPARATOR.fullmatch(line)  # pytest's ===== title =====: its title only
+            line = (sep.group(2) or "") if sep else line
+            if line and not _DUMP.match(line):
+                kept.append(line)
+        lines = quoted_log("\n".join(kept))
         return f"Its last log lines: {' | '.join(lines[-6:])}" if lines else "It logged nothing"
 
     def missing(self, nodeid: str) -> Missing | None:
