@@ -403,6 +403,7 @@ def test_faults_fail_their_test_and_the_others_go_on(runner: Runner, tmp_path: P
     assert sorted(failed) == ["test_1_segv", "test_3_hang", "test_5_raise", "test_7_exit", "test_helper",
                               "test_syntaxy"], out
     assert failed["test_1_segv"].startswith(f"{ref} died with SIGSEGV"), failed
+    assert "while run 0 (in stream at wrapper/__init__.py:" in failed["test_1_segv"], failed  # the fault handler's frame
     assert failed["test_3_hang"].startswith(f"{ref} did not answer within 5 s"), failed
     assert failed["test_5_raise"].startswith("not measured: side current (this tree): RuntimeError: the wrapper "
                                              "broke in its second run"), failed

@@ -99,7 +99,7 @@ class Link:
             op = self.receive()
             if op["op"] != "run":
                 break
-            try:
+            try:  # the run's clock reads are all inside engine.run: no pipe, no controller work between them
                 trace = engine.run(workload, int(op["index"]))
             except Exception as exc:  # the user's callable too: one line to the controller
                 self.send({"ev": "error", "line": str(exc) if isinstance(exc, LLMPerfError)
