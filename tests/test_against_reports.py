@@ -31,6 +31,7 @@ from pytest_llmperf.session import Session, SessionSettings
 from pytest_llmperf.session.summary import summary
 
 REF = "git:main (3f2a1b9c0d1e)"
+WRAPPER = "tests/test_perf.py::test_wrapper_streams_tokens_from_llama_cpp"  # too long for both figures in 80 columns
 PAIRS = 20
 NOT_COMPARED = ("not compared: side REF (git:main (3f2a1b9c0d1e)) cannot collect tests/test_new.py: ImportError: "
                 "cannot import name 'new_api' from 'wrapper'")
@@ -85,7 +86,7 @@ def solo_result(test: str) -> MeasurementResult:
 
 @pytest.fixture(scope="module")
 def results() -> list[MeasurementResult]:
-    return [paired_result("tests/test_perf.py::test_wrapper_streams_tokens_from_llama_cpp"), solo_result("tests/test_new.py::test_new_api")]
+    return [paired_result(WRAPPER), solo_result("tests/test_new.py::test_new_api")]
 
 
 def _decode(r: MeasurementResult):
@@ -95,6 +96,11 @@ def _decode(r: MeasurementResult):
 def _cells(c) -> tuple[str, str, str, str]:
     """REF's figure, this tree's, the ratio and its CI as every report writes them."""
     return fmt(c.baseline_value), fmt(c.candidate_value), f"{c.ratio:.3f}", f"{c.ci_low:.3f}..{c.ci_high:.3f}"
+
+
+def test_a_ratio_far_from_one_keeps_its_digits() -> None:
+    shown = [session_file.ratio_text(x) for x in (1.0724, 0.9, 340.069, 0.0029412)]
+    assert shown == ["1.072", "0.900", "340", "0.00294"]
 
 
 def test_the_paired_results_are_what_the_reports_show(results: list[MeasurementResult]) -> None:
@@ -138,8 +144,8 @@ def test_a_baseline_comparison_keeps_its_words(results: list[MeasurementResult])
     """Without a reference the table is the baseline one (the same comparisons, no REF)."""
     import dataclasses
 
-    plain = [dataclasses.replace(results[0], verdict=dataclasses.replace(
-        results[0].verdict, comparisons=tuple(dataclasses.replace(c, reference="") for c in results[0].verdict.comparisons)))]
+    baseline = tuple(dataclasses.replace(c, reference="") for c in results[0].verdict.comparisons)
+    plain = [dataclasses.replace(results[0], verdict=dataclasses.replace(results[0].verdict, comparisons=baseline))]
     lines = summary(SessionSettings.of("."), [r.summary_row() for r in plain], plain, None, [], verbosity=0, width=160)
     assert ("sep", "llmperf baseline comparison") in lines
     table = session_file.comparison_table(plain, None, 160)
@@ -186,9 +192,10 @@ def test_markdown_names_ref_and_shows_both_sides(results: list[MeasurementResult
     assert f"({PAIRS} pairs each; ratio = this tree / REF)" in line
     assert "REF: Python 3.11.7, llama-cpp-python 0.3.16; this tree: Python 3.11.7, llama-cpp-python 0.3.36" in line
     assert "| test | TTFT ms | decode t/s | ITL p95 ms | budget | vs REF |" in md
-    assert "| `tests/test_perf.py::test_wrapper_streams_tokens_from_llama_cpp` |" in md and "| REGRESSION decode |" in md
+    assert f"| `{WRAPPER}` |" in md and "| REGRESSION decode |" in md
     assert "| test | metric | REF | now | now/REF | 95% CI | p (Holm) | verdict | detects |" in md
-    assert "| " + " | ".join(["tests/test_perf.py::test_wrapper_streams_tokens_from_llama_cpp", "decode TPOT (ms)", *_cells(_decode(results[0]))]) in md
+    assert "| " + " | ".join([WRAPPER, "decode TPOT (ms)", *_cells(_decode(results[0]))]) in md
+    assert "| `tests/test_new.py::test_new_api` |" in md and "| ok | not compared |" in md
     assert f"### Not compared against REF\n\n- tests/test_new.py::test_new_api: {NOT_COMPARED}" in md
     assert "### Regressions\n\n- decode regression: TPOT" in md and f"at {REF}" in md
     # Without the controller's object (e.g. from the results alone) REF is still named.
@@ -206,7 +213,7 @@ def test_html_names_ref_in_the_header_and_per_test(results: list[MeasurementResu
     assert "llama-cpp-python 0.3.16" in section and "llama-cpp-python 0.3.36" in section
     assert "wrapper from /cache/worktrees/3f2a1b9c0d1e/wrapper/__init__.py" in section
     tests = dict(re.findall(r'<section class="test"[^>]*data-test="([^"]+)"[^>]*>(.*?)</section>', page, re.S))
-    paired = tests["tests/test_perf.py::test_wrapper_streams_tokens_from_llama_cpp"]
+    paired = tests[WRAPPER]
     assert f"against REF {REF}: {PAIRS} interleaved pairs" in paired and "baseline:" not in paired
     assert "<th>REF</th><th>now</th><th>now/REF</th><th>95% CI</th>" in paired
     assert "<td>decode TPOT (ms)</td>" + "".join(f"<td>{v}</td>" for v in _cells(_decode(results[0]))) in paired
@@ -216,7 +223,7 @@ def test_html_names_ref_in_the_header_and_per_test(results: list[MeasurementResu
     assert f"<td>decode TPOT median</td><td>ms</td><td>{fmt(results[1].figures.tpot_ms)}</td>" in alone
     budget = f"<tr><td>tpot_ms</td><td>&le; 1000</td><td>{fmt(results[1].figures.tpot_ms)}</td><td>"
     assert budget + '<span class="badge good">' in alone
-    summary_row = re.search(r'<a href="#test-0">tests/test_perf.py::test_wrapper_streams_tokens_from_llama_cpp</a>.*?</tr>', page).group(0)
+    summary_row = re.search(f'<a href="#test-0">{re.escape(WRAPPER)}</a>.*?</tr>', page).group(0)
     assert f"<td>{fmt(results[0].figures.decode_tps)}</td>" in summary_row
 
 
@@ -271,3 +278,22 @@ def test_the_controller_fills_the_session_files_against_object(tmp_path: Path) -
     assert outputs is not None and not outputs.failed, outputs
     data, _ = session_file.read_session(tmp_path / "s.json")
     assert data["against"] == json.loads(json.dumps(info))
+
+
+def test_llmperf_compare_and_report_read_a_session_run_against_ref(
+    results: list[MeasurementResult], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Results judged against REF have no record: ``llmperf compare`` says so per test (exit 0:
+    nothing regressed between the files) and ``llmperf report`` draws the page with REF named."""
+    from pytest_llmperf.cli import main as cli_main
+
+    path = tmp_path / "against.json"
+    path.write_text(session_file.session_json(results, "2026-12-01T00:00:00+00:00", against=AGAINST))
+    assert cli_main(["compare", str(path), str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"{WRAPPER}: no record in {path} (a session run with --llmperf-against): not compared" in out
+    assert "0 regression(s) in 0 compared measurement(s)" in out
+    page = tmp_path / "report.html"
+    assert cli_main(["report", str(path), "-o", str(page), "--jobs", "1"]) == 0
+    text = page.read_text()
+    assert f"<h1>pytest-llmperf report against {REF}</h1>" in text and "llama-cpp-python 0.3.16" in text

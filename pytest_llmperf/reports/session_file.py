@@ -184,12 +184,18 @@ def comparison_headers(results: Iterable[MeasurementResult]) -> tuple[str, ...]:
     return AGAINST_HEADERS if against_of(results) else COMPARISON_HEADERS
 
 
+def ratio_text(x: float) -> str:
+    """A ratio near 1 to 3 decimals (``1.072``), one far from it to 3 significant digits (``340``, ``0.00294``)."""
+    return f"{x:.3f}" if 0.1 <= x < 10 else f"{x:.3g}"
+
+
 def change_cells(c: Comparison, paired: bool) -> tuple[str, str]:
     """The change and its 95% CI: ``+7.2%``, ``+3.1..+11.4%``; ``paired`` (against REF): the ratio
     this tree / REF and its CI, ``1.072``, ``1.031..1.114``."""
     if paired:
-        ci = f"{c.ci_low:.3f}..{c.ci_high:.3f}" if c.ci_low is not None and c.ci_high is not None else "n/a"
-        return f"{c.ratio:.3f}", ci
+        if c.ci_low is None or c.ci_high is None:
+            return ratio_text(c.ratio), "n/a"
+        return ratio_text(c.ratio), f"{ratio_text(c.ci_low)}..{ratio_text(c.ci_high)}"
     ci = (f"{(c.ci_low - 1) * 100:+.1f}..{(c.ci_high - 1) * 100:+.1f}%"
           if c.ci_low is not None and c.ci_high is not None else "n/a")
     return f"{(c.ratio - 1) * 100:+.1f}%", ci
@@ -324,7 +330,7 @@ def markdown(
     lines += ["", "| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
     for r in results:
         s = summary_values(r)
-        short = r.verdict.short if r.verdict is not None else "not compared"
+        short = "not compared" if r.verdict is None or (judged and not r.reference) else r.verdict.short
         cells = [f"`{r.test}`", *(fmt(s.get(f.key)) for f in HEADLINE), r.budget, short]
         lines.append("| " + " | ".join(cells) + " |")
     if over:
