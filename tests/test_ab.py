@@ -257,3 +257,62 @@ def test_in_process_against_served_endpoint(llmperf_server, tiny_engine) -> None
     assert r.a.engine.engine == "llama.cpp" and r.decode.n_pairs == 4
     assert r.decode.ci_low <= r.decode.ratio <= r.decode.ci_high
     served.engine.close()
+
+
+def _pair_runs(rng, n, decode_ratio, prefill_ratio=1.0, drift=0.25, noise=0.03):
+    """Per-run metrics of n interleaved pairs: both runs of a pair share a drifting machine level
+    (a factor up to e**drift), each has its own small noise; B is slower by the given ratios."""
+    from types import SimpleNamespace
+
+    a, b = [], []
+    for _ in range(n):
+        level = math.exp(rng.normal(0.0, drift))
+        for out, dr, pr in ((a, 1.0, 1.0), (b, decode_ratio, prefill_ratio)):
+            tpot = 5.0 * level * dr * math.exp(rng.normal(0.0, noise))
+            ttft = 40.0 * level * pr * math.exp(rng.normal(0.0, noise))
+            out.append(SimpleNamespace(ttft_ms=ttft, tpot_ms=tpot, itl_p95_ms=tpot * 1.2, prefill_tps=64 / ttft * 1e3,
+                                       decode_tps=1e3 / tpot))
+    return a, b
+
+
+def test_judged_pairs_catch_decode_only_and_keep_the_baseline_words() -> None:
+    from pytest_llmperf.judge.ab.paired import judged_pairs
+    from pytest_llmperf.judge.verdict import Verdict
+
+    rng = np.random.default_rng(7)
+    a, b = _pair_runs(rng, 20, decode_ratio=1.08)
+    out = {c.metric: c for c in judged_pairs(a, b, alpha=0.05, threshold=0.05, tail_threshold=0.10, family=30,
+                                             looks=3, reference="git:main (abc)")}
+    assert out["tpot_ms"].verdict is Verdict.REGRESSION and out["decode_tps"].verdict is Verdict.REGRESSION
+    assert out["ttft_ms"].verdict is Verdict.UNCHANGED  # the drift (sd 25%) cancels in each pair
+    assert out["tpot_ms"].ci_low > 1.0 and 1.06 < out["tpot_ms"].ratio < 1.10
+    line = out["tpot_ms"].line()
+    assert "at git:main (abc)" in line and "20 pairs" in line and "baseline" not in line
+    assert "interleaved pairs against git:main (abc)" in out["tpot_ms"].reach()
+
+
+def test_judged_pairs_a_a_under_drift_false_alarms_stay_below_alpha() -> None:
+    from pytest_llmperf.judge.ab.paired import judged_pairs
+    from pytest_llmperf.judge.verdict import Verdict
+
+    rng = np.random.default_rng(11)
+    alarms = 0
+    for _ in range(300):
+        a, b = _pair_runs(rng, 20, decode_ratio=1.0, drift=0.3, noise=0.06)
+        comps = judged_pairs(a, b, alpha=0.05, threshold=0.05, tail_threshold=0.10, family=3, looks=1)
+        alarms += any(c.verdict is Verdict.REGRESSION for c in comps)
+    assert alarms <= 6  # 2% of 300; expected well under alpha (the threshold on top of the test)
+
+
+def test_one_sided_signed_rank_p_agrees_with_scipy() -> None:
+    from scipy.stats import wilcoxon
+
+    from pytest_llmperf.judge.ab.paired import _signed_rank_greater
+
+    rng = np.random.default_rng(5)
+    for n in (6, 15, 40):
+        d = rng.normal(0.2, 1.0, size=n)
+        assert math.isclose(_signed_rank_greater(d), wilcoxon(d, alternative="greater", method="exact").pvalue,
+                            rel_tol=1e-9)
+        assert math.isclose(_signed_rank_greater(-d), wilcoxon(-d, alternative="greater", method="exact").pvalue,
+                            rel_tol=1e-9)

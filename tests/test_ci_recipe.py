@@ -1,28 +1,43 @@
-"""The GitHub Actions recipe in examples/ is valid YAML and every command it runs exists:
-each pytest and llmperf command line it names parses with the options as they are today."""
+"""The GitHub Actions recipes in examples/ are valid YAML and every command they run exists:
+each pytest and llmperf command line they name parses with the options as they are today. The
+pull-request recipe gates on ``--llmperf-against git:origin/<base branch>``, and the checkout it
+asks for (the whole history) is what makes that REF resolve in a real clone."""
 
 from __future__ import annotations
 
+import re
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
 from pytest_llmperf import cli
+from pytest_llmperf.core.errors import ConfigError
 
-WORKFLOW = Path(__file__).resolve().parent.parent / "examples" / "github-actions-llmperf.yml"
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+WORKFLOW = EXAMPLES / "github-actions-llmperf.yml"
+PR_WORKFLOW = EXAMPLES / "github-actions-llmperf-pr.yml"
+WORKFLOWS = (WORKFLOW, PR_WORKFLOW)
 SHELL_ENDS = {">", ">>", "|", "&&", "||", ";", "2>&1"}
+#: What GitHub puts in for the expressions the commands use (a pull request into main).
+CONTEXT = {"github.base_ref": "main"}
 
 
-def commands() -> list[list[str]]:
+def _expand(line: str) -> str:
+    """``${{ github.base_ref }}`` as GitHub expands it; an unknown expression fails the test."""
+    return re.sub(r"\$\{\{\s*([^}]+?)\s*\}\}", lambda m: CONTEXT[m.group(1)], line)
+
+
+def commands(workflow: Path = WORKFLOW) -> list[list[str]]:
     """Every ``run:`` of the workflow, split into words, cut at redirections and pipes."""
-    jobs = yaml.safe_load(WORKFLOW.read_text())["jobs"]
+    jobs = yaml.safe_load(workflow.read_text())["jobs"]
     found = []
     for job in jobs.values():
         for step in job["steps"]:
             for line in step.get("run", "").replace("\\\n", " ").splitlines():
-                words = shlex.split(line)
+                words = shlex.split(_expand(line))
                 for i, word in enumerate(words):
                     if word in SHELL_ENDS:
                         words = words[:i]
@@ -41,6 +56,14 @@ def tool_args(words: list[str], tool: str) -> list[str] | None:
     return None
 
 
+def pytest_runs(workflow: Path) -> list[list[str]]:
+    return [args for w in commands(workflow) if (args := tool_args(w, "pytest")) is not None]
+
+
+def test_every_workflow_in_examples_is_checked_here() -> None:
+    assert set(EXAMPLES.glob("*.yml")) | set(EXAMPLES.glob("*.yaml")) == set(WORKFLOWS)
+
+
 def test_workflow_has_the_parts_a_ci_needs() -> None:
     data = yaml.safe_load(WORKFLOW.read_text())
     steps = data["jobs"]["perf"]["steps"]
@@ -49,15 +72,38 @@ def test_workflow_has_the_parts_a_ci_needs() -> None:
     upload = next(s for s in steps if s.get("uses", "").startswith("actions/upload-artifact@"))
     assert {"llmperf.html", "llmperf.json"} <= set(upload["with"]["path"].split())
     assert upload.get("if") == "always()"  # the reports of a failing run are the ones wanted
-    pytest_runs = [tool_args(w, "pytest") for w in commands() if tool_args(w, "pytest") is not None]
-    assert pytest_runs, "the workflow runs no pytest"
-    words = " ".join(pytest_runs[0])
+    runs = pytest_runs(WORKFLOW)
+    assert runs, "the workflow runs no pytest"
+    words = " ".join(runs[0])
     for option in ("--llmperf-json", "--llmperf-html", "--llmperf-markdown"):
         assert option in words
 
 
-def test_every_pytest_command_parses(pytester: pytest.Pytester) -> None:
-    runs = [args for w in commands() if (args := tool_args(w, "pytest")) is not None]
+def test_pull_request_workflow_gates_against_the_base_branch() -> None:
+    data = yaml.safe_load(PR_WORKFLOW.read_text())
+    assert list(data[True]) == ["pull_request"]  # YAML 1.1 reads the key `on` as True
+    (job,) = data["jobs"].values()
+    steps = job["steps"]
+    checkout = next(s for s in steps if s.get("uses", "").startswith("actions/checkout@"))
+    assert checkout["with"]["fetch-depth"] == 0  # the base branch's commits, not just the merge commit
+    assert steps.index(checkout) == 0
+    uses = [s.get("uses", "") for s in steps]
+    assert any(u.startswith("actions/cache@") and "~/.cache/pip" in s["with"]["path"] for u, s in zip(uses, steps))
+    upload = next(s for s in steps if s.get("uses", "").startswith("actions/upload-artifact@"))
+    assert {"llmperf.json", "llmperf.md"} <= set(upload["with"]["path"].split())
+    assert upload.get("if") == "always()"
+    (run,) = pytest_runs(PR_WORKFLOW)
+    raw = next(s["run"] for s in steps if "--llmperf-against" in s.get("run", ""))
+    assert "--llmperf-against git:origin/${{ github.base_ref }}" in " ".join(raw.split())
+    assert run[run.index("--llmperf-against") + 1] == "git:origin/main"
+    for option in ("--llmperf-json", "--llmperf-markdown"):
+        assert option in run
+    assert "--llmperf-update-baselines" not in run  # refused together with --llmperf-against
+
+
+@pytest.mark.parametrize("workflow", WORKFLOWS, ids=lambda p: p.name)
+def test_every_pytest_command_parses(pytester: pytest.Pytester, workflow: Path) -> None:
+    runs = pytest_runs(workflow)
     assert runs
     for args in runs:
         config = pytester.parseconfig(*args)  # an unknown option or a bad value raises UsageError
@@ -77,3 +123,41 @@ def test_every_llmperf_command_parses() -> None:
     for args in runs:
         parsed = parser.parse_args(args)  # exits 2 on an unknown command or option
         assert parsed.command in cli._commands()
+
+
+def _git(cwd: Path, *args: str) -> str:
+    done = subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "protocol.file.allow=always",
+                           *args], cwd=cwd, check=True, capture_output=True, text=True, timeout=60)
+    return done.stdout.strip()
+
+
+def test_the_recipes_checkout_makes_the_base_branch_a_ref(tmp_path: Path) -> None:
+    """As actions/checkout does for a pull request: with the whole history (fetch-depth: 0) the
+    workflow's REF resolves to the base branch's head; a shallow clone of the pull request's
+    branch alone stops in one line that says to fetch it, naming fetch-depth: 0."""
+    from pytest_llmperf.session.refs import resolve_reference
+
+    origin = tmp_path / "origin"
+    origin.mkdir()
+    _git(origin, "init", "-q", "-b", "main")
+    for n in (1, 2):
+        (origin / "wrapper.py").write_text(f"VERSION = {n}\n")
+        _git(origin, "add", ".")
+        _git(origin, "commit", "-qm", f"main {n}")
+    base = _git(origin, "rev-parse", "HEAD")
+    _git(origin, "checkout", "-qb", "feature")
+    (origin / "wrapper.py").write_text("VERSION = 3\n")
+    _git(origin, "commit", "-qam", "the pull request")
+    (run,) = pytest_runs(PR_WORKFLOW)
+    text = run[run.index("--llmperf-against") + 1]
+    full = tmp_path / "full"
+    _git(tmp_path, "clone", "-q", "--no-local", "--branch", "feature", str(origin), str(full))
+    assert resolve_reference(text, full).commit == base
+    shallow = tmp_path / "shallow"
+    _git(tmp_path, "clone", "-q", "--depth", "1", "--single-branch", "--branch", "feature", f"file://{origin}",
+         str(shallow))
+    with pytest.raises(ConfigError) as error:
+        resolve_reference(text, shallow)
+    line = str(error.value)
+    assert "\n" not in line and "no commit 'origin/main'" in line and "(a shallow clone)" in line
+    assert "fetch-depth: 0" in line

@@ -81,6 +81,10 @@ def _compare(args: argparse.Namespace, base: dict, new: list, matched: list) -> 
         if old is None:
             notes.append(f"{r.test}: not in {args.base}")
             continue
+        if r.record is None or old.record is None:  # judged against --llmperf-against's REF: nothing recorded
+            where = args.new if r.record is None else args.base
+            notes.append(f"{r.test}: no record in {where} (a session run with --llmperf-against): not compared")
+            continue
         hw_key = r.hardware_key if args.any_hardware else old.hardware_key
         verdict = judge({hw_key: old.record}, r.hardware_key, r.record, settings)
         if verdict.status == "other-hardware":  # name the fields that differ

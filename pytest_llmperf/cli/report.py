@@ -30,7 +30,8 @@ def run(args: argparse.Namespace) -> int:
     data, results = read_session(args.session)  # read once
     created = data.get("created_at")
     try:
-        page = render_html(results, created if isinstance(created, str) else None, workers=args.jobs)
+        against = data.get("against") if isinstance(data.get("against"), dict) else None
+        page = render_html(results, created if isinstance(created, str) else None, workers=args.jobs, against=against)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
         raise ConfigError(
             f"{args.session} is not a usable session report ({type(exc).__name__}: {exc}); "

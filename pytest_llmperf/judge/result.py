@@ -85,6 +85,17 @@ class VerdictRecord:
             "layer_changes": [layer_change_json(c) for c in self.layer_changes],
         }
 
+    @property
+    def reference(self) -> str:
+        """``--llmperf-against``'s REF the comparisons were judged against (``Comparison.reference``,
+        e.g. ``git:main (3f2a1b9c0d1e)``); "" for a stored baseline."""
+        return next((c.reference for c in self.comparisons if c.reference), "")
+
+    @property
+    def pairs(self) -> int:
+        """How many interleaved pairs the comparisons against REF used (0 for a stored baseline)."""
+        return max((c.n_candidate for c in self.comparisons if c.reference), default=0)
+
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "VerdictRecord":
         return cls(
@@ -185,6 +196,11 @@ class MeasurementResult:
     baseline_record: Mapping[str, Any] | None = None  # the entry the verdict compared against
 
     @property
+    def reference(self) -> str:
+        """``--llmperf-against``'s REF this result was judged against, else "" (``VerdictRecord.reference``)."""
+        return self.verdict.reference if self.verdict is not None else ""
+
+    @property
     def assessed(self) -> bool:
         """Recorded for the baselines (a smoke run or a failed load test is not)."""
         return self.record is not None
@@ -204,11 +220,14 @@ class MeasurementResult:
 
     def properties(self) -> list[tuple[str, Any]]:
         """``report.user_properties`` (JUnit XML): ``llmperf[label].<name>`` of ``values()``,
-        then ``verdict.<metric>`` of each comparison."""
+        then ``verdict.<metric>`` of each comparison, and ``against`` (REF, when judged against
+        ``--llmperf-against``'s)."""
         prefix = f"llmperf[{self.label}]." if self.label else "llmperf."
         out = [(prefix + k, v) for k, v in self.values().items()]
         if self.verdict is not None:
             out += [(f"{prefix}verdict.{c.metric}", c.verdict.value) for c in self.verdict.comparisons]
+        if self.reference:
+            out.append((prefix + "against", self.reference))
         return out
 
     def summary_row(self) -> dict[str, Any]:

@@ -26,7 +26,8 @@ from ..core.numbers import fmt
 from ..core.catalog import BUDGETS, FIGURES, HEADLINE, is_ceiling
 from ..core.settings import usable_cpus
 from ..judge.result import MeasurementResult, VerdictRecord
-from .session_file import COMPARISON_HEADERS, detects_cell, metric_label
+from .against_html import against_section
+from .session_file import against_of, change_cells, comparison_headers, detects_cell, metric_label, summary_values
 
 if TYPE_CHECKING:
     from ..judge.verdict import Comparison
@@ -97,7 +98,7 @@ def test_badge(result: MeasurementResult) -> str:
     return badge(word, short if short.startswith(word) or word not in ("REGRESSION", "OVER BUDGET") else word)
 
 
-def _scope_ids(svg: str, prefix: str) -> str:
+def scope_ids(svg: str, prefix: str) -> str:
     """Prefix every id (and reference to it) so inline SVGs cannot collide in one page."""
     ids = set(re.findall(r'\bid="([^"]+)"', svg))
     if not ids:
@@ -119,27 +120,37 @@ def budget_value(record: Mapping[str, Any], key: str) -> float | None:
     return None if budget is None else budget.from_record(record)
 
 
-def _budget_rows(budgets: Mapping[str, float], record: Mapping[str, Any]) -> list[list[str]]:
-    rows = []
-    for key, limit in sorted(budgets.items()):
-        value = budget_value(record, key)
+#: Budget key -> the figure (``Figures``) holding its statistic: a result without a record
+#: (judged against ``--llmperf-against``'s REF) shows its budgets from them.
+BUDGET_FIGURES = {**{f"p{q}_ms": f"itl_p{q}_ms" for q in (50, 90, 95, 99)}, "ttft_ms": "ttft_ms",
+                  "ttft_p95_ms": "ttft_p95_ms", "tpot_ms": "tpot_ms", "e2e_ms": "e2e_ms", "min_tps": "decode_tps",
+                  "min_prefill_tps": "prefill_tps"}
+
+
+def _budget_rows(result: MeasurementResult) -> list[list[str]]:
+    rows, record, figures = [], result.record, (result.figures.values() if result.figures else {})
+    for key, limit in sorted(result.budgets.items()):
+        value = budget_value(record, key) if record else figures.get(BUDGET_FIGURES.get(key, ""))
         floor = key in BUDGETS and not is_ceiling(key)
-        ok = value is not None and (value >= limit if floor else value <= limit)
+        if value is None or not record:  # no record: the result's own judgement of its budgets
+            ok = value is not None and key not in result.breached_budgets
+        else:
+            ok = value >= limit if floor else value <= limit
         rows.append([_e(key), ("&ge; " if floor else "&le; ") + _e(fmt(limit)),
                      "n/a" if value is None else _e(fmt(value)),
                      badge("ok") if ok else (badge("OVER BUDGET", "FAIL") if value is not None else "not in record")])
     return rows
 
 
-def _comparison_rows(comparisons: Sequence["Comparison"]) -> list[list[str]]:
+def _comparison_rows(comparisons: Sequence["Comparison"], paired: bool = False) -> list[list[str]]:
+    """``paired`` (against ``--llmperf-against``'s REF): the ratio this tree / REF and its CI."""
     rows = []
     for c in comparisons:
-        ci = (f"{(c.ci_low - 1) * 100:+.1f}..{(c.ci_high - 1) * 100:+.1f}%"
-              if c.ci_low is not None and c.ci_high is not None else "n/a")
+        change, ci = change_cells(c, paired)
         p = c.p_adjusted if c.p_adjusted is not None else c.p_value
         rows.append([
             _e(metric_label(c.label, c.phase, c.unit)), _e(fmt(c.baseline_value)), _e(fmt(c.candidate_value)),
-            _e(f"{(c.ratio - 1) * 100:+.1f}%"), _e(ci), "n/a" if p is None else _e(f"{p:.3g}"),
+            _e(change), _e(ci), "n/a" if p is None else _e(f"{p:.3g}"),
             f'<span title="{_e(c.reason)}">{badge(c.verdict.value)}</span>',
             f'<span title="{_e(c.reach())}">{_e(detects_cell(c))}</span>',
         ])
@@ -151,8 +162,7 @@ def _comparison_rows(comparisons: Sequence["Comparison"]) -> list[list[str]]:
 NOW_FIGURES = ("ttft_ms", "prefill_tps", "tpot_ms", "decode_tps", "itl_p50_ms", "itl_p95_ms", "itl_p99_ms")
 
 
-def _now_rows(record: Mapping[str, Any]) -> list[list[str]]:
-    s = record.get("summary", {})
+def _now_rows(s: Mapping[str, Any]) -> list[list[str]]:
     return [[FIGURES[k].label, FIGURES[k].unit, "n/a" if s.get(k) is None else fmt(s[k])] for k in NOW_FIGURES]
 
 
@@ -165,12 +175,15 @@ def _env(record: Mapping[str, Any]) -> str:
 
 
 def _figure_html(fig_id: str, caption: str, svg: str, prefix: str) -> str:
-    return (f'<figure class="plot" data-figure="{fig_id}">{_scope_ids(svg, prefix)}'
+    return (f'<figure class="plot" data-figure="{fig_id}">{scope_ids(svg, prefix)}'
             f"<figcaption>{_e(caption)}</figcaption></figure>")
 
 
-def test_section(index: int, result: MeasurementResult, trend: Sequence[Mapping[str, Any]] = ()) -> str:
-    """One test's section; ``trend``: its recent sessions from the history (``Trends``)."""
+def test_section(
+    index: int, result: MeasurementResult, trend: Sequence[Mapping[str, Any]] = (), against: str = ""
+) -> str:
+    """One test's section; ``trend``: its recent sessions from the history (``Trends``);
+    ``against``: the session's ``--llmperf-against`` REF (a test it could not pair is "not compared")."""
     record = result.record or {}
     baseline = result.baseline_record
     verdict = result.verdict or NOT_COMPARED
@@ -178,10 +191,13 @@ def test_section(index: int, result: MeasurementResult, trend: Sequence[Mapping[
     word = state_of(result)
     parts = [f'<section class="test" id="test-{index}" data-test="{_e(result.test)}" data-state="{_e(word)}">',
              f"<h2>{_e(result.test)} {test_badge(result)}</h2>"]
-    w = record.get("workload", {})
+    f, ref = result.figures, result.reference
+    w = record.get("workload") or ({"prompt_tokens": f.prompt_tokens, "max_tokens": f.output_tokens} if f else {})
+    judged = (f"against REF {ref}: {verdict.pairs} interleaved pairs" if ref else f"against REF {against}: not compared"
+              if against else f"baseline: {'compared' if baseline else verdict.status}")
     parts.append(f'<p class="notes">{_e(w.get("prompt_tokens", "?"))} prompt tokens, {_e(w.get("max_tokens", "?"))} '
-                 f'generated per run, {_e(record.get("summary", {}).get("n_runs", "?"))} runs; '
-                 f'baseline: {"compared" if baseline else _e(verdict.status)}</p>')
+                 f'generated per run, {_e(summary_values(result).get("n_runs", f.runs if f else "?"))} runs; '
+                 f'{_e(judged)}</p>')
     notes = list(verdict.failures)
     if verdict.note:
         notes.append(verdict.note)
@@ -191,12 +207,12 @@ def test_section(index: int, result: MeasurementResult, trend: Sequence[Mapping[
     notes += list((record.get("stability") or {}).get("warnings") or [])
     if notes:
         parts.append('<ul class="notes">' + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
-    rows = _comparison_rows(verdict.comparisons)
+    rows = _comparison_rows(verdict.comparisons, paired=bool(ref))
     if rows:
-        parts.append(_table(COMPARISON_HEADERS[1:], rows, raw=True))
+        parts.append(_table(comparison_headers([result])[1:], rows, raw=True))
     else:
-        parts.append(_table(("metric", "unit", "now"), _now_rows(record)))
-    budget_rows = _budget_rows(budgets, record)
+        parts.append(_table(("metric", "unit", "now"), _now_rows(summary_values(result))))
+    budget_rows = _budget_rows(result)
     if budget_rows:
         parts.append(_table(("budget", "limit", "measured", "status"), budget_rows, raw=True))
     plots = []
@@ -222,7 +238,7 @@ def summary_section(results: Sequence[MeasurementResult], created_at: str | None
     counts = " ".join(badge(word, f"{n} {word}") for word, n in ranked)
     rows = []
     for i, r in enumerate(results):
-        s = (r.record or {}).get("summary", {})
+        s = summary_values(r)
         cells = ["n/a" if s.get(f.key) is None else _e(fmt(s[f.key])) for f in HEADLINE]
         rows.append([f'<a href="#test-{i}">{_e(r.test)}</a>', test_badge(r), _e(r.budget), *cells,
                      _e(", ".join((r.verdict or NOT_COMPARED).changes)) or "-"])
@@ -235,8 +251,9 @@ def summary_section(results: Sequence[MeasurementResult], created_at: str | None
              f"<p>{len(results)} measurement(s){' at ' + _e(created_at) if created_at else ''}: {counts}</p>",
              _table(("test", "verdict", "budget", *(f.header for f in HEADLINE),
                      "changed since the baseline"), rows, raw=True),
-             "<h3>Changed in the subject since the baseline</h3>", changed,
-             "<h3>Environment (first measurement)</h3>", _env(results[0].record or {}) if results else ""]
+             "<h3>Changed in the subject since the baseline</h3>", changed]
+    recorded = [r.record for r in results if r.record]  # none against --llmperf-against's REF (section above)
+    parts += ["<h3>Environment (first measurement)</h3>", _env(recorded[0])] if recorded else []
     from .load_figure import section as load_curve
 
     curve = load_curve(results)
@@ -263,24 +280,24 @@ PARALLEL_FROM = 16
 
 
 def test_sections(
-    results: Sequence[MeasurementResult], workers: int | None = None, trends: Trends | None = None
+    results: Sequence[MeasurementResult], workers: int | None = None, trends: Trends | None = None, against: str = ""
 ) -> list[str]:
     """Every test's section, in order. Big reports are split among fresh ``python -m
     pytest_llmperf.reports.html`` processes (the results' and trends' JSON in, sections out):
     nothing of the session's process (llama.cpp threads) is forked, and no caller needs a
     ``__main__`` guard as multiprocessing's spawn would. A chunk whose worker fails is drawn
-    here instead."""
+    here instead. ``against``: the session's ``--llmperf-against`` REF, described."""
     trends = trends or {}  # a test without a trend: no trend figure
     workers = min(usable_cpus(), 8, len(results)) if workers is None else min(workers, len(results))
     if workers <= 1 or len(results) < PARALLEL_FROM:
-        return [test_section(i, r, trends.get(r.test, ())) for i, r in enumerate(results)]
+        return [test_section(i, r, trends.get(r.test, ()), against) for i, r in enumerate(results)]
     bounds = [round(len(results) * k / workers) for k in range(workers + 1)]
     chunks = [(lo, list(results[lo:hi])) for lo, hi in zip(bounds, bounds[1:])]
     # This process draws the first chunk itself (matplotlib is loaded here already).
 
     def draw(chunk: tuple[int, list[MeasurementResult]]) -> list[str]:
         start, part = chunk
-        job = {"start": start, "results": [r.to_json() for r in part],
+        job = {"start": start, "results": [r.to_json() for r in part], "against": against,
                "trends": {r.test: trends[r.test] for r in part if r.test in trends}}
         try:
             proc = subprocess.run(
@@ -292,39 +309,45 @@ def test_sections(
                 return sections
         except (OSError, subprocess.CalledProcessError, ValueError):
             pass
-        return [test_section(start + i, r, trends.get(r.test, ())) for i, r in enumerate(part)]
+        return [test_section(start + i, r, trends.get(r.test, ()), against) for i, r in enumerate(part)]
 
     with ThreadPoolExecutor(workers - 1) as pool:
         others = pool.map(draw, chunks[1:])
-        first = [test_section(chunks[0][0] + i, r, trends.get(r.test, ())) for i, r in enumerate(chunks[0][1])]
+        first = [test_section(chunks[0][0] + i, r, trends.get(r.test, ()), against)
+                 for i, r in enumerate(chunks[0][1])]
         return first + [section for sections in others for section in sections]
 
 
 def render_html(
     results: Sequence[MeasurementResult], created_at: str | None = None, workers: int | None = None,
-    trends: Trends | None = None,
+    trends: Trends | None = None, against: Mapping[str, Any] | None = None,
 ) -> str:
     """The whole page; ``workers``: processes drawing figures (default: usable CPUs, max 8);
-    ``trends``: each test's recent sessions from the history (``history.trends.attach``)."""
+    ``trends``: each test's recent sessions from the history (``history.trends.attach``);
+    ``against``: what ``--llmperf-against`` compared (``against_section``)."""
     figures.require_matplotlib()
-    body = [summary_section(results, created_at)] + test_sections(results, workers, trends)
+    ref = (against or {}).get("described") or against_of(results)
+    title = f"pytest-llmperf report against {ref}" if ref else "pytest-llmperf report"
+    body = [against_section(results, against), summary_section(results, created_at)]
+    body += test_sections(results, workers, trends, ref)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        "<title>pytest-llmperf report</title>"
-        f"<style>{CSS}</style></head><body><main><h1>pytest-llmperf report</h1>\n"
-        + "\n".join(body)
+        f"<title>{_e(title)}</title>"
+        f"<style>{CSS}</style></head><body><main><h1>{_e(title)}</h1>\n"
+        + "\n".join(filter(None, body))
         + "\n</main></body></html>\n"
     )
 
 
 def write_html(
-    path: Path, results: Sequence[MeasurementResult], created_at: str | None = None, trends: Trends | None = None
+    path: Path, results: Sequence[MeasurementResult], created_at: str | None = None, trends: Trends | None = None,
+    against: Mapping[str, Any] | None = None,
 ) -> Path:
     """Render and write atomically (a reader never sees half a page)."""
     from ..baselines.store import atomic_write
 
-    atomic_write(Path(path), render_html(results, created_at, trends=trends))
+    atomic_write(Path(path), render_html(results, created_at, trends=trends, against=against))
     return Path(path)
 
 
@@ -355,39 +378,10 @@ def _worker() -> None:
     job = json.load(sys.stdin)
     results = [MeasurementResult.from_json(r, check=False) for r in job["results"]]
     trends = job.get("trends") or {}
-    json.dump([test_section(job["start"] + i, r, trends.get(r.test, ())) for i, r in enumerate(results)], sys.stdout)
+    against = job.get("against") or ""
+    json.dump([test_section(job["start"] + i, r, trends.get(r.test, ()), against) for i, r in enumerate(results)],
+              sys.stdout)
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--worker"]:
     _worker()
-
-
-def history_page(series: Sequence[Any]) -> str:
-    """``llmperf history --html``: per test and hardware, the trend plots and the tables."""
-    from ..history.detect import steps
-    from ..history.trends import metric_order, table, title, trend_data
-    from .trend_figure import trend_figure
-
-    groups: dict[tuple[str, str], list[Any]] = {}
-    for s in sorted(series, key=metric_order):
-        groups.setdefault((s.name, s.hardware_key), []).append(s)
-    body = []
-    for n, ((name, hw), members) in enumerate(groups.items()):
-        found = {id(s): steps(s) for s in members}
-        svg = figures.render(trend_figure, [trend_data(s, found[id(s)]) for s in members])
-        lines = [step.line() for s in members for step in found[id(s)]]
-        body.append(
-            f'<section class="test" data-test="{html.escape(name)}"><h2>{html.escape(name)}</h2>'
-            f'<p class="notes">{html.escape(hw)}; {len(members[0].points)} session(s)</p>'
-            f'<figure class="plot" data-figure="trend">{_scope_ids(svg, f"h{n}-")}<figcaption>'
-            "Level per session with its 95% CI; dashed: change points (E-divisive, permutation test), "
-            "labelled with the step and the subject change that coincides</figcaption></figure>"
-            + ("<ul class='notes'>" + "".join(f"<li>{html.escape(x)}</li>" for x in lines) + "</ul>" if lines else "")
-            + "".join(f"<pre>{html.escape(title(s))}\n{html.escape(table(s, found[id(s)]))}</pre>" for s in members)
-            + "</section>"
-        )
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>pytest-llmperf history</title>'
-        f"<style>{CSS}</style></head><body><main><h1>pytest-llmperf history</h1>\n" + "\n".join(body)
-        + "\n</main></body></html>\n"
-    )

@@ -54,9 +54,13 @@ def write_baselines(
     return written
 
 
-def session_json(results: Iterable[MeasurementResult], created_at: str, ab: list[Mapping[str, Any]] | None = None) -> str:
+def session_json(
+    results: Iterable[MeasurementResult], created_at: str, ab: list[Mapping[str, Any]] | None = None,
+    against: Mapping[str, Any] | None = None,
+) -> str:
     """The ``--llmperf-json`` file; ``ab``: the A/B comparisons (``llmperf.compare()``), under
-    their own key (written only when the session ran one)."""
+    their own key (written only when the session ran one); ``against``: what ``--llmperf-against``'s
+    REF and both sides were (``Session.against_sides``; written only under that option)."""
     data: dict[str, Any] = {
         "schema": SESSION_SCHEMA,
         "schema_version": SESSION_SCHEMA_VERSION,
@@ -65,6 +69,8 @@ def session_json(results: Iterable[MeasurementResult], created_at: str, ab: list
     }
     if ab:
         data["ab"] = ab
+    if against:
+        data["against"] = dict(against)
     return json.dumps(data, indent=1, sort_keys=True, allow_nan=False)
 
 
@@ -109,8 +115,14 @@ def read_session(path: Path | str) -> tuple[dict[str, Any], list[MeasurementResu
 
 
 COMPARISON_HEADERS = ("test", "metric", "baseline", "now", "change", "95% CI", "p (Holm)", "verdict", "detects")
+#: The same columns when every comparison is against ``--llmperf-against``'s REF: REF's figure,
+#: this tree's, and the paired ratio (this tree / REF) with its 95% CI.
+AGAINST_HEADERS = ("test", "metric", "REF", "now", "now/REF", "95% CI", "p (Holm)", "verdict", "detects")
 #: ``--llmperf-columns`` names of the comparison columns after test and metric.
 COMPARISON_COLUMNS = {"baseline": 2, "now": 3, "change": 4, "ci": 5, "p": 6, "verdict": 7, "detects": 8}
+#: The terminal's default comparison columns against REF where they fit: both sides' figures too
+#: (else the usual default: the ratio now/REF, its CI and the verdict).
+AGAINST_COLUMNS = ("baseline", "now", "change", "ci", "verdict")
 #: Verdicts that decide; any other one (the cannot-decide verdict) has its reason printed.
 DECIDED = ("REGRESSION", "IMPROVED", "UNCHANGED")
 
@@ -161,15 +173,46 @@ def _comparisons(r: MeasurementResult) -> tuple[Comparison, ...]:
     return r.verdict.comparisons if r.verdict is not None else ()
 
 
+def against_of(results: Iterable[MeasurementResult]) -> str:
+    """REF (``git:main (3f2a1b9c0d1e)``) when every compared result was judged against
+    ``--llmperf-against``'s REF, else "" (stored baselines, or nothing compared)."""
+    refs = {r.reference for r in results if _comparisons(r)}
+    return next(iter(refs)) if len(refs) == 1 else ""
+
+
+def comparison_headers(results: Iterable[MeasurementResult]) -> tuple[str, ...]:
+    return AGAINST_HEADERS if against_of(results) else COMPARISON_HEADERS
+
+
+def ratio_text(x: float) -> str:
+    """A ratio near 1 to 3 decimals (``1.072``), one far from it to 3 significant digits (``340``, ``0.00294``)."""
+    return f"{x:.3f}" if 0.1 <= x < 10 else f"{x:.3g}"
+
+
+def change_cells(c: Comparison, paired: bool) -> tuple[str, str]:
+    """The change and its 95% CI: ``+7.2%``, ``+3.1..+11.4%``; ``paired`` (against REF): the ratio
+    this tree / REF and its CI, ``1.072``, ``1.031..1.114``."""
+    if paired:
+        if c.ci_low is None or c.ci_high is None:
+            return ratio_text(c.ratio), "n/a"
+        return ratio_text(c.ratio), f"{ratio_text(c.ci_low)}..{ratio_text(c.ci_high)}"
+    ci = (f"{(c.ci_low - 1) * 100:+.1f}..{(c.ci_high - 1) * 100:+.1f}%"
+          if c.ci_low is not None and c.ci_high is not None else "n/a")
+    return f"{(c.ratio - 1) * 100:+.1f}%", ci
+
+
+def summary_values(r: MeasurementResult) -> Mapping[str, Any]:
+    """The headline figures: the record's ``summary``, or (judged against REF: no record) the
+    figures as measured."""
+    return (r.record or {}).get("summary") or (r.figures.values() if r.figures is not None else {})
+
+
 def comparison_rows(results: Iterable[MeasurementResult]) -> list[list[str]]:
+    results = list(results)
+    paired = bool(against_of(results))
     rows = []
     for r in results:
         for c in _comparisons(r):
-            ci = (
-                f"{(c.ci_low - 1) * 100:+.1f}..{(c.ci_high - 1) * 100:+.1f}%"
-                if c.ci_low is not None and c.ci_high is not None
-                else "n/a"
-            )
             p = c.p_adjusted if c.p_adjusted is not None else c.p_value
             rows.append(
                 [
@@ -177,8 +220,7 @@ def comparison_rows(results: Iterable[MeasurementResult]) -> list[list[str]]:
                     metric_label(c.label, c.phase, c.unit),
                     fmt(c.baseline_value),
                     fmt(c.candidate_value),
-                    f"{(c.ratio - 1) * 100:+.1f}%",
-                    ci,
+                    *change_cells(c, paired),
                     "n/a" if p is None else f"{p:.3g}",
                     c.verdict.value,
                     detects_cell(c),
@@ -191,16 +233,26 @@ def comparison_table(
     results: Iterable[MeasurementResult], columns: Sequence[str] | None = None, width: int | None = None
 ) -> str:
     """The comparison table; with ``width`` (a terminal's), only ``columns`` (default
-    ``DEFAULT_COMPARISON_COLUMNS``) and test ids shortened to fit."""
+    ``DEFAULT_COMPARISON_COLUMNS``; against REF, ``AGAINST_COLUMNS`` where they fit) and test ids
+    shortened to fit."""
+    results = list(results)
     rows = comparison_rows(results)
     if not rows:
         return ""
+    headers = comparison_headers(results)
     if width is None:
-        return render_table(COMPARISON_HEADERS, rows)
-    chosen = list(dict.fromkeys(c for c in (columns or ()) if c in COMPARISON_COLUMNS)) or list(DEFAULT_COMPARISON_COLUMNS)
-    keep = [0, 1] + [COMPARISON_COLUMNS[c] for c in chosen]
-    headers = [COMPARISON_HEADERS[i] for i in keep]
-    return fit_table(headers, [[row[i] for i in keep] for row in rows], width)
+        return render_table(headers, rows)
+
+    def table(chosen: Sequence[str]) -> str:
+        keep = [0, 1] + [COMPARISON_COLUMNS[c] for c in chosen]
+        return fit_table([headers[i] for i in keep], [[row[i] for i in keep] for row in rows], width)
+
+    chosen = tuple(dict.fromkeys(c for c in (columns or ()) if c in COMPARISON_COLUMNS)) or DEFAULT_COMPARISON_COLUMNS
+    if against_of(results) and chosen == DEFAULT_COMPARISON_COLUMNS:
+        wide = table(AGAINST_COLUMNS)
+        if max(map(len, wide.splitlines())) <= width:
+            return wide
+    return table(chosen)
 
 
 def undecided_lines(results: Iterable[MeasurementResult], *, short: bool = False) -> list[str]:
@@ -230,12 +282,31 @@ def budget_failures(results: Iterable[MeasurementResult]) -> list[str]:
     return out
 
 
-def markdown(results: Sequence[MeasurementResult], extra: Iterable[str] = (), *, budgets_gate: bool = True) -> str:
+def against_line(results: Sequence[MeasurementResult], against: Mapping[str, Any] | None = None) -> str | None:
+    """``Judged against REF `git:main (3f2a1b9c0d1e)`: ...`` (the Markdown summary's line), None
+    when nothing was judged against ``--llmperf-against``'s REF; ``against``: ``Session.against_sides``."""
+    described = (against or {}).get("described") or against_of(results)
+    if not described:
+        return None
+    pairs = sorted(r.verdict.pairs for r in results if r.reference and r.verdict is not None)
+    span = "no" if not pairs else str(pairs[0]) if pairs[0] == pairs[-1] else f"{pairs[0]}-{pairs[-1]}"
+    sides = sorted(((against or {}).get("sides") or {}).items(), key=lambda kv: kv[0] != "REF")
+    who = "; ".join(f"{'REF' if name == 'REF' else 'this tree'}: Python {v.get('python') or '?'}, "
+                    f"llama-cpp-python {v.get('llama_cpp') or '?'}" for name, v in sides)
+    return (f"Judged against REF `{described}`: {len(pairs)} of {len(results)} measurement(s) compared with REF's "
+            f"runs interleaved pair by pair in this session ({span} pairs each; ratio = this tree / REF)"
+            + (f"; {who}" if who else "") + ". Baselines were neither read nor written.")
+
+
+def markdown(
+    results: Sequence[MeasurementResult], extra: Iterable[str] = (), *, budgets_gate: bool = True,
+    against: Mapping[str, Any] | None = None,
+) -> str:
     """A GitHub-flavoured summary: one line per test, then the comparison table.
 
     ``extra``: Markdown lines after the headline (the HTML report's link and key figure).
     The headline counts what fails the run: regressions and, unless ``--llmperf-baselines-only``,
-    budget failures."""
+    budget failures. ``against``: ``Session.against_sides`` under ``--llmperf-against``."""
     lines = ["## pytest-llmperf", ""]
     regressions = [f for r in results if r.verdict is not None for f in r.verdict.failures]
     over = budget_failures(results) if budgets_gate else []
@@ -251,20 +322,25 @@ def markdown(results: Sequence[MeasurementResult], extra: Iterable[str] = (), *,
         )
     else:
         lines.append(f"No regression and no budget failure in {len(results)} measurement(s).")
+    judged = against_line(results, against)
+    lines += ["", judged] if judged else []
     for line in extra:
         lines += ["", line]
-    headers = ["test", *(f.header for f in HEADLINE), "budget", "baseline"]
+    headers = ["test", *(f.header for f in HEADLINE), "budget", "vs REF" if judged else "baseline"]
     lines += ["", "| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
     for r in results:
-        # A result judged against --llmperf-against's REF has no record: its figures, as measured.
-        s = (r.record or {}).get("summary") or (r.figures.values() if r.figures is not None else {})
-        short = r.verdict.short if r.verdict is not None else "not compared"
+        s = summary_values(r)
+        short = "not compared" if r.verdict is None or (judged and not r.reference) else r.verdict.short
         cells = [f"`{r.test}`", *(fmt(s.get(f.key)) for f in HEADLINE), r.budget, short]
         lines.append("| " + " | ".join(cells) + " |")
     if over:
         lines += ["", "### Over budget", ""] + [f"- {line}" for line in over]
     if regressions:
         lines += ["", "### Regressions", ""] + [f"- {line}" for line in regressions]
+    alone = [f"{r.test}: {r.verdict.note if r.verdict is not None else 'not compared'}"
+             for r in results if judged and not r.reference]
+    if alone:
+        lines += ["", "### Not compared against REF", ""] + [f"- {line}" for line in alone]
     undecided = undecided_lines(results)
     if undecided:
         lines += ["", "### Undecided", ""] + [f"- {line}" for line in undecided]
@@ -273,7 +349,7 @@ def markdown(results: Sequence[MeasurementResult], extra: Iterable[str] = (), *,
         lines += ["", "### What this gate detects here (80% power)", ""] + [f"- {line}" for line in reach]
     rows = comparison_rows(results)
     if rows:
-        lines += ["", "### Comparisons", "", "| " + " | ".join(COMPARISON_HEADERS) + " |",
-                  "|" + " --- |" * len(COMPARISON_HEADERS)]
+        headers = list(comparison_headers(results))
+        lines += ["", "### Comparisons", "", "| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
         lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines) + "\n"

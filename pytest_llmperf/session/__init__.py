@@ -73,6 +73,9 @@ class Session:
         self.planned_engines: dict[str, Any] = {}
         #: On a side of ``--llmperf-against``: the link to the controller, which drives the runs.
         self.side: Any = None
+        #: Under ``--llmperf-against``, on the controller: what REF and each side are (the session
+        #: file's ``against`` object, ``note_against``); None otherwise.
+        self.against_sides: dict[str, Any] | None = None
 
     # -- measuring ---------------------------------------------------------------------------
 
@@ -153,6 +156,20 @@ class Session:
             lines += [warning] if warning else []
         return [self.redact(line) for line in lines]
 
+    def note_against(self, against: Any) -> None:
+        """What ``--llmperf-against``'s REF and both sides are, from the controller
+        (``session.against.Against``, after a test: a side started again reports again), for the
+        session file, the Markdown summary and the HTML report."""
+        ref = against.reference
+        before = (self.against_sides or {}).get("sides", {})
+        sides = {}
+        for name, side in against.sides.items():
+            ready = side.ready or {}
+            sides[name] = {"shown": side.spec.shown, "interpreter": side.spec.python, "code_root": side.spec.code_root,
+                           "python": ready.get("python"), "llama_cpp": ready.get("llama_cpp"),
+                           "code": dict(ready.get("code") or {})} if ready or name not in before else before[name]
+        self.against_sides = {"ref": ref.text, "described": ref.describe(), "sides": sides}
+
     # -- reporting ---------------------------------------------------------------------------
 
     def call_report(
@@ -204,7 +221,7 @@ class Session:
 
         env = os.environ if environ is None else environ
         self.results, self.outputs = finish(
-            s, self.results, self.ab_results, self.started_at, env.get("GITHUB_STEP_SUMMARY")
+            s, self.results, self.ab_results, self.started_at, env.get("GITHUB_STEP_SUMMARY"), self.against_sides
         )
         return self.outputs
 

@@ -82,8 +82,10 @@ def finish(
     ab_results: Sequence[Mapping[str, Any]],
     started_at: str,
     step_summary: str | None,
+    against: Mapping[str, Any] | None = None,
 ) -> tuple[list["MeasurementResult"], Outputs]:
-    """Write what the session asked for; ``step_summary``: ``$GITHUB_STEP_SUMMARY``'s file.
+    """Write what the session asked for; ``step_summary``: ``$GITHUB_STEP_SUMMARY``'s file;
+    ``against``: what ``--llmperf-against``'s REF and both sides were (``Session.against_sides``).
     Returns the results with the session-wide Holm p-values, and what was written."""
     from ..judge.session_verdicts import session_holm
     from ..reports import session_file
@@ -99,17 +101,18 @@ def finish(
 
         out.history_line, trends = keep(s.history, results, started_at, s.rootdir, s.compare, trends=bool(s.html))
     if s.json:
-        write_file(Path(s.json), session_file.session_json(results, started_at, ab=list(ab_results)), out.report_errors)
+        text = session_file.session_json(results, started_at, ab=list(ab_results), against=against)
+        write_file(Path(s.json), text, out.report_errors)
     md_extra: list[str] = []
     if s.html:
         from ..reports import html
 
         try:
-            out.html_written = html.write_html(Path(s.html), results, started_at, trends)
+            out.html_written = html.write_html(Path(s.html), results, started_at, trends, against)
             md_extra = html.markdown_lines(Path(s.html), Path(s.markdown) if s.markdown else None, results)
         except (OSError, LLMPerfError) as exc:
             out.html_error = f"llmperf: HTML report not written: {exc}"
-    md = session_file.markdown(results, md_extra, budgets_gate=s.budgets_gate) if results else ""
+    md = session_file.markdown(results, md_extra, budgets_gate=s.budgets_gate, against=against) if results else ""
     if s.markdown and md:
         write_file(Path(s.markdown), md, out.report_errors)
     if step_summary and md:
@@ -119,7 +122,7 @@ def finish(
             fd = os.open(step_summary, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666)
             os.set_blocking(fd, True)
             with open(fd, "a", encoding="utf-8") as fh:
-                fh.write(session_file.markdown(results, step_extra, budgets_gate=s.budgets_gate))
+                fh.write(session_file.markdown(results, step_extra, budgets_gate=s.budgets_gate, against=against))
         except OSError as exc:
             out.write_errors.append(f"llmperf: cannot write {step_summary}: {exc.strerror or exc}")
     return results, out

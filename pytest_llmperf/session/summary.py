@@ -50,11 +50,12 @@ def summary(
     if s.disable:
         return lines + [("line", f"llmperf: {len(rows)} measurement(s) run once (--llmperf-disable): "
                                  "no budgets, statistics or baselines")]
-    from ..reports.session_file import comparison_table, reach_lines, reach_summary, undecided_lines
+    from ..reports.session_file import against_of, comparison_table, reach_lines, reach_summary, undecided_lines
 
     if verbosity == -1:
         over = sum(1 for r in rows if str(r.get("budget", "")).startswith("FAIL"))
-        lines.append(("line", f"llmperf: {len(rows)} measurement(s), {over} over budget (drop -q for the table)"))
+        ref = f", judged against {against_of(results)}" if against_of(results) else ""
+        lines.append(("line", f"llmperf: {len(rows)} measurement(s){ref}, {over} over budget (drop -q for the table)"))
         return lines + [("line", line) for line in undecided_lines(results, short=True)]
     from ..measuring.served import overhead_lines
     from ..reports.text import short_ids, summary_table
@@ -63,7 +64,12 @@ def summary(
     lines += [("line", line) for line in overhead_lines(rows)]
     table = comparison_table(results, s.columns, width)
     if table:
-        lines += [("sep", "llmperf baseline comparison"), ("line", table)]
+        against = against_of(results)
+        lines += [("sep", f"llmperf comparison against {against}" if against else "llmperf baseline comparison"),
+                  ("line", table)]
+        if against and " REF " not in table.splitlines()[0] + " ":
+            lines.append(("line", "llmperf: both sides' figures: a wider terminal or --llmperf-columns "
+                                  "baseline,now,change,ci,verdict (the JSON, Markdown and HTML reports have them)"))
         lines += [("line", line) for line in undecided_lines(results, short=True)]
         if verbosity >= 1:  # the "detects" column's figures, with where the noise estimate came from
             lines += [("line", line) for line in reach_lines(results, short=True)]

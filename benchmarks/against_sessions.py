@@ -1,0 +1,206 @@
+"""``--llmperf-against`` on real llama.cpp, many separate pytest sessions: what it catches, and
+what it does not flag (issue 22, docs/against.md "Measured").
+
+A small test repository is made in a temporary folder (two commits that differ only in the
+user's wrapper code, ``wrapper.make_stream(llm)``: it streams tokens from llama.cpp's
+``Llama.generate`` and, from the second commit on, spends ``--change`` (0.08 = +8%) of the time
+llama.cpp took for each token after the first on extra work per token, a spin on the clock). Each session is
+one ``pytest --llmperf-against REF`` process on the small preset, default runs (20 pairs, up to
+60 while undecided), read back from its ``--llmperf-json`` file.
+
+Cases:
+- ``change``: commit 2 has the extra work; ``--llmperf-against git:HEAD~1``: decode REGRESSION
+  (beyond the 5% threshold) and "found" (the decode CI above 1) per session.
+- ``aa``: commit 2 is identical to commit 1 (an empty commit); the same count must be 0.
+- ``head``: ``--llmperf-against git:HEAD`` on the unchanged tree, a marker-only test (the
+  plugin's own llama.cpp loop): the median paired ratios of TTFT and TPOT, and REGRESSIONs.
+- ``python``: ``--llmperf-against python:PATH``: a second virtualenv with an older
+  llama-cpp-python (built once into ``$LLMPERF_CACHE_DIR/venvs``), marker-only test: both
+  sides' llama-cpp-python versions, the paired ratios and their CIs.
+
+``--busy`` keeps one core busy with another process for the whole run.
+
+    .venv/bin/python benchmarks/against_sessions.py --case change --change 0.08 --sessions 10
+    .venv/bin/python benchmarks/against_sessions.py --case aa --sessions 20
+    .venv/bin/python benchmarks/against_sessions.py --case python --old 0.3.30 --sessions 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+WRAPPER = '''import time
+
+#: Extra work per token, as a share of the time llama.cpp took for that token.
+EXTRA = {extra!r}
+
+
+def make_stream(llm):
+    def stream(prompt, max_tokens):
+        tokens = llm.tokenize(prompt.encode())
+        llm.reset()
+        last = time.perf_counter()
+        for n, token in enumerate(llm.generate(tokens, temp=0.0), 1):
+            now = time.perf_counter()
+            if EXTRA and n > 1:  # per generated token after the first: decode work, not prefill
+                end = now + EXTRA * (now - last)
+                while time.perf_counter() < end:
+                    pass
+            yield token
+            if n >= max_tokens:
+                break
+            last = time.perf_counter()
+    return stream
+'''
+TEST_WRAPPER = '''import pytest
+from wrapper import make_stream
+
+
+@pytest.mark.llmperf(prompt_tokens={prompt_tokens}, max_tokens={max_tokens})
+def test_wrapper(llmperf, llmperf_llm):
+    llmperf.measure(make_stream(llmperf_llm))
+'''
+TEST_MODEL = '''import pytest
+
+
+@pytest.mark.llmperf(prompt_tokens={prompt_tokens}, max_tokens={max_tokens})
+def test_model():
+    pass
+'''
+
+
+def git(root: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=bench", "-c", "user.email=bench@example.com", *args], cwd=root,
+                   check=True, capture_output=True)
+
+
+def make_repo(root: Path, case: str, change: float, prompt_tokens: int, max_tokens: int) -> str:
+    """The test repository; returns the REF to judge against."""
+    (root / "wrapper").mkdir(parents=True)
+    (root / "tests").mkdir()
+    keys = {"prompt_tokens": prompt_tokens, "max_tokens": max_tokens}
+    (root / "wrapper" / "__init__.py").write_text(WRAPPER.format(extra=0.0))
+    if case in ("change", "aa"):
+        (root / "tests" / "test_wrapper.py").write_text(TEST_WRAPPER.format(**keys))
+    else:  # the unchanged tree and another llama-cpp-python: the plugin's own llama.cpp loop
+        (root / "tests" / "test_model.py").write_text(TEST_MODEL.format(**keys))
+    if case == "python":
+        return ""
+    git(root, "init", "-q")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "base")
+    if case == "change":
+        (root / "wrapper" / "__init__.py").write_text(WRAPPER.format(extra=change))
+        git(root, "commit", "-qam", f"+{change:.0%} work per token")
+    elif case == "aa":
+        git(root, "commit", "-q", "--allow-empty", "-m", "nothing changed")
+    return "git:HEAD" if case == "head" else "git:HEAD~1"
+
+
+def old_venv(version: str) -> Path:
+    """A virtualenv with llama-cpp-python ``version`` and what the plugin needs (built once)."""
+    cache = Path(os.environ.get("LLMPERF_CACHE_DIR") or Path.home() / ".cache" / "llmperf")
+    venv = cache / "venvs" / f"llama-cpp-python-{version}"
+    python = venv / "bin" / "python"
+    done = venv / ".llmperf-complete"
+    if not done.exists():
+        print(f"building {venv} (llama-cpp-python {version} compiles llama.cpp: minutes)", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", f"llama-cpp-python=={version}", "pytest", "numpy",
+                        "scipy", "gguf", "platformdirs", "httpx"], check=True)
+        done.write_text(version)
+    return python
+
+
+def session(root: Path, ref: str, args: argparse.Namespace, out: Path) -> dict:
+    cmd = [sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", "--llmperf-model", args.preset,
+           "--llmperf-threads", str(args.threads), "--llmperf-against", ref, f"--llmperf-json={out}"]
+    started = time.monotonic()
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=3600)
+    if not out.exists():
+        print(proc.stdout[-3000:], proc.stderr[-3000:])
+        raise SystemExit(f"session wrote no JSON (exit {proc.returncode})")
+    doc = json.loads(out.read_text())
+    doc["_exit"], doc["_wall_s"] = proc.returncode, time.monotonic() - started
+    return doc
+
+
+def load() -> str:
+    with open("/proc/loadavg") as fh:
+        return " ".join(fh.read().split()[:3])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--case", choices=("change", "aa", "head", "python"), required=True)
+    p.add_argument("--change", type=float, default=0.08)
+    p.add_argument("--sessions", type=int, default=10)
+    p.add_argument("--busy", action="store_true")
+    p.add_argument("--preset", default="small")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--prompt-tokens", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--old", default="0.3.30", help="llama-cpp-python of the python case's REF")
+    args = p.parse_args()
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
+    rows: list[dict] = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="llmperf-against-bench-") as tmp:
+            root = Path(tmp) / "repo"
+            ref = make_repo(root, args.case, args.change, args.prompt_tokens, args.max_tokens)
+            if args.case == "python":
+                ref = f"python:{old_venv(args.old)}"
+            print(f"case {args.case} (change {args.change:+.0%}), REF {ref}, {args.preset} preset, threads "
+                  f"{args.threads}, pp{args.prompt_tokens} tg{args.max_tokens}, {'one core busy' if args.busy else 'no extra load'}; "
+                  f"load {load()}", flush=True)
+            for s in range(args.sessions):
+                doc = session(root, ref, args, Path(tmp) / f"s{s}.json")
+                for r in doc["results"]:
+                    comps = {c["metric"]: c for c in (r.get("verdict") or {}).get("comparisons", [])}
+                    if not comps:
+                        print(f"  session {s + 1} {r['test']}: not compared: {(r.get('verdict') or {}).get('note')}")
+                        continue
+                    row = {"test": r["test"].split("::")[-1], "session": s + 1, **comps}
+                    rows.append(row)
+                    t, d = comps["ttft_ms"], comps["tpot_ms"]
+                    print(f"  session {s + 1} {row['test']}: TTFT {t['ratio']:.3f} ({t['ci_low']:.3f}..{t['ci_high']:.3f}) "
+                          f"{t['verdict']}, TPOT {d['ratio']:.3f} ({d['ci_low']:.3f}..{d['ci_high']:.3f}) {d['verdict']}, "
+                          f"{d['n_candidate']} pairs; exit {doc['_exit']}, {doc['_wall_s']:.0f} s; load {load()}", flush=True)
+                against = doc.get("against") or {}
+                if s == 0 and against:
+                    print(f"  sides: {json.dumps(against.get('sides'))}", flush=True)
+    finally:
+        if hog is not None:
+            hog.terminate()
+            hog.wait()
+    summary(args, rows)
+    return 0
+
+
+def summary(args: argparse.Namespace, rows: list[dict]) -> None:
+    for test in sorted({r["test"] for r in rows}):
+        mine = [r for r in rows if r["test"] == test]
+        n = len(mine)
+        reg = {m: sum(r[m]["verdict"] == "REGRESSION" for r in mine) for m in ("ttft_ms", "tpot_ms")}
+        found = sum(r["tpot_ms"]["ci_low"] > 1 for r in mine)
+        below = sum(r["tpot_ms"]["ci_high"] < 1 for r in mine)
+        med = {m: statistics.median(r[m]["ratio"] for r in mine) for m in ("ttft_ms", "tpot_ms")}
+        sd = statistics.stdev(math.log(r["tpot_ms"]["ratio"]) for r in mine) if n > 1 else float("nan")
+        pairs = statistics.median(r["tpot_ms"]["n_candidate"] for r in mine)
+        print(f"{args.case} {test} [{'one core busy' if args.busy else 'no extra load'}], {n} sessions: "
+              f"decode REGRESSION {reg['tpot_ms']}/{n}, prefill REGRESSION {reg['ttft_ms']}/{n}, decode CI above 1 "
+              f"{found}/{n}, below 1 {below}/{n}; median ratio TTFT {med['ttft_ms']:.3f}, TPOT {med['tpot_ms']:.3f} "
+              f"(sd of log TPOT {sd:.3f}); median pairs {pairs:g}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
