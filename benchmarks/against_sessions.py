@@ -172,12 +172,18 @@ def main() -> int:
                     row = {"test": r["test"].split("::")[-1], "session": s + 1, **comps}
                     rows.append(row)
                     t, d = comps["ttft_ms"], comps["tpot_ms"]
+                    tail = comps.get("itl_p95_ms")
+                    shown = f", ITL p95 {tail['ratio']:.3f} {tail['verdict']}" if tail else ""
                     print(f"  session {s + 1} {row['test']}: TTFT {t['ratio']:.3f} ({t['ci_low']:.3f}..{t['ci_high']:.3f}) "
-                          f"{t['verdict']}, TPOT {d['ratio']:.3f} ({d['ci_low']:.3f}..{d['ci_high']:.3f}) {d['verdict']}, "
+                          f"{t['verdict']}, TPOT {d['ratio']:.3f} ({d['ci_low']:.3f}..{d['ci_high']:.3f}) {d['verdict']}{shown}, "
                           f"{d['n_candidate']} pairs; exit {doc['_exit']}, {doc['_wall_s']:.0f} s; load {load()}", flush=True)
                 against = doc.get("against") or {}
-                if s == 0 and against:
-                    print(f"  sides: {json.dumps(against.get('sides'))}", flush=True)
+                if s == 0:
+                    notes = {(r.get("verdict") or {}).get("note") for r in doc["results"]} - {None, ""}
+                    print("\n".join(f"  {note}" for note in sorted(notes)), flush=True)
+                    for name, side in (against.get("sides") or {}).items():
+                        print(f"  side {name}: Python {side.get('python')}, llama-cpp-python {side.get('llama_cpp')}, "
+                              f"interpreter {side.get('interpreter') or side.get('executable') or '?'}", flush=True)
     finally:
         if hog is not None:
             hog.terminate()

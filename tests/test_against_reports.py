@@ -81,7 +81,7 @@ def solo_result(test: str) -> MeasurementResult:
     cur = _traces(np.random.default_rng(3), np.ones(6), 30.0, 5.0)
     m = summarize(cur, Workload(prompt_tokens=16, max_tokens=12, runs=6), EngineInfo("llama.cpp", "synthetic-tiny"))
     return MeasurementResult(test, test, budget="ok", budgets={"tpot_ms": 1000.0}, figures=Figures.of(m), key=test,
-                             verdict=VerdictRecord.of(BaselineVerdict("no-baseline", NOT_COMPARED)))
+                             verdict=VerdictRecord.of(BaselineVerdict("not-compared", NOT_COMPARED)))
 
 
 @pytest.fixture(scope="module")

@@ -68,6 +68,7 @@ class AgainstHooks:
             self._log_failure(item, str(self.error))
         else:
             outcome = against.run_test(item.nodeid, self.next_perf.get(item.nodeid))
+            self.session.note_against(against)  # the sides, for the session file and reports
             if outcome.failure is not None:
                 self._log_failure(item, outcome.failure)
             else:

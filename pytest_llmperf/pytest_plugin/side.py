@@ -163,7 +163,7 @@ class SidePlugin:
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
             text = str(report.longrepr).strip().splitlines()
-            line = next((ln[1:] for ln in reversed(text) if ln.startswith("E ")), text[-1] if text else "failed")
+            line = next((ln[1:].strip() for ln in reversed(text) if ln.startswith("E ")), text[-1] if text else "failed")
             self.errors[report.nodeid] = " ".join(line.split())[:400]
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:

@@ -153,7 +153,8 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]]) -> tuple[list[An
         comparisons = judged_pairs(runs["A"], runs["B"], family=ag.family, looks=looks,
                                    reference=ag.reference.describe(), **settings)
         undecided = any(c.worth_more_runs for c in comparisons if c.mirror_of is None)
-        if not undecided or n >= cap or time.monotonic() - started > SEQUENTIAL_TIME_CAP_S:
+        # Each side gets the time a sequential measurement against a baseline gets: a pair is two runs.
+        if not undecided or n >= cap or time.monotonic() - started > 2 * SEQUENTIAL_TIME_CAP_S:
             break
     n_ab = sum(1 for o in orders[:n] if o == "AB")
     ref, cur = ag.sides[REF].ready, ag.sides[CURRENT].ready
@@ -261,7 +262,7 @@ def drive(ag: Against, nodeid: str, next_nodeid: str | None) -> TestOutcome:
                     finish(cur, fail=f"not measured: {exc}")
                     continue
                 told.add(reason)
-                finish(cur, verdict={"status": "no-baseline", "note": f"not compared: {reason}"})
+                finish(cur, verdict={"status": "not-compared", "note": f"not compared: {reason}"})
             elif REF in waiting:
                 finish(ref, fail="the current side ended the test before this measurement")
             else:
