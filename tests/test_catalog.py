@@ -116,7 +116,9 @@ def test_html_budget_value_is_the_measured_value_for_every_budget_key(measured) 
         _agree(measured, key, budget.read, lambda rec: budget_value(rec, key))
     # The table itself: e2e_ms and min_goodput used to show "not in record".
     m, rec = measured[1]
-    rows = _budget_rows({"e2e_ms": 1e9, "min_goodput": 0.5, "ttft_ms": 1e9}, rec)
+    from pytest_llmperf.judge.result import MeasurementResult
+
+    rows = _budget_rows(MeasurementResult("t", budgets={"e2e_ms": 1e9, "min_goodput": 0.5, "ttft_ms": 1e9}, record=rec))
     assert all("not in record" not in cell for row in rows for cell in row), rows
     assert all("ok" in row[-1] for row in rows), rows
 
