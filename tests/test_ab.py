@@ -316,3 +316,21 @@ def test_one_sided_signed_rank_p_agrees_with_scipy() -> None:
                             rel_tol=1e-9)
         assert math.isclose(_signed_rank_greater(-d), wilcoxon(-d, alternative="greater", method="exact").pvalue,
                             rel_tol=1e-9)
+
+
+def test_against_keeps_pairing_while_an_unchanged_ci_still_reaches_beyond_the_threshold() -> None:
+    from pytest_llmperf.judge.ab.paired import judged_pairs
+    from pytest_llmperf.judge.verdict import Verdict
+    from pytest_llmperf.session.against import _loose
+
+    rng = np.random.default_rng(2)
+    wide, narrow = None, None
+    for _ in range(200):  # a noisy A/A: some come out UNCHANGED with a CI past +5%, a quiet one inside it
+        a, b = _pair_runs(rng, 20, decode_ratio=1.0, drift=0.2, noise=0.09)
+        c = {x.metric: x for x in judged_pairs(a, b, alpha=0.05, threshold=0.05, tail_threshold=0.1, family=3)}["tpot_ms"]
+        if c.verdict is Verdict.UNCHANGED and c.ci_high > 1.05:
+            wide = c
+    a, b = _pair_runs(rng, 20, decode_ratio=1.0, drift=0.2, noise=0.01)
+    narrow = {x.metric: x for x in judged_pairs(a, b, alpha=0.05, threshold=0.05, tail_threshold=0.1, family=3)}["tpot_ms"]
+    assert wide is not None and _loose(wide)
+    assert narrow.verdict is Verdict.UNCHANGED and not _loose(narrow)

@@ -152,7 +152,7 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]]) -> tuple[list[An
         n = len(runs["A"])
         comparisons = judged_pairs(runs["A"], runs["B"], family=ag.family, looks=looks,
                                    reference=ag.reference.describe(), **settings)
-        undecided = any(c.worth_more_runs for c in comparisons if c.mirror_of is None)
+        undecided = any(c.worth_more_runs or _loose(c) for c in comparisons if c.mirror_of is None)
         # Each side gets the time a sequential measurement against a baseline gets: a pair is two runs.
         if not undecided or n >= cap or time.monotonic() - started > 2 * SEQUENTIAL_TIME_CAP_S:
             break
@@ -163,6 +163,18 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]]) -> tuple[list[An
             f"up to {cap} in {looks} look(s)) after {workload.warmup} warm-up run(s) each; llama-cpp-python "
             f"{ref.get('llama_cpp') or '?'} (REF) vs {cur.get('llama_cpp') or '?'} (this tree){same}")
     return comparisons, note
+
+
+def _loose(c: Any) -> bool:
+    """UNCHANGED (within the threshold at the rule's 80%) while the 95% CI still reaches a slowdown
+    beyond the threshold: more pairs are cheap here, so they are taken (up to the cap) before an
+    "unchanged" is let stand that could hide a change the size the gate is for."""
+    from ..judge.verdict import Verdict
+
+    if c.verdict is not Verdict.UNCHANGED or c.ci_low is None or c.ci_high is None:
+        return False
+    limit = 1.0 + c.threshold
+    return c.ci_low < 1.0 / limit if c.higher_is_better else c.ci_high > limit
 
 
 def solo(ag: Against, side: Side, event: Mapping[str, Any]) -> None:
