@@ -181,7 +181,10 @@ def test_sessions_judge_against_the_history_and_say_what_they_detect(pytester: p
     history = str(pytester.path / "h.sqlite")
     run(pytester, "--llmperf-history", history, "--llmperf-update-baselines", "-q").assert_outcomes(passed=1)
     first = pytester.path / "first.json"
-    run(pytester, "--llmperf-history", history, "--llmperf-json", str(first), "-q").assert_outcomes(passed=1)
+    # What this test checks is where the noise comes from, not the verdict: on a shared machine a
+    # load change between two sessions can be a real 2x slowdown, which fails the test as it should.
+    outcomes = run(pytester, "--llmperf-history", history, "--llmperf-json", str(first), "-q").parseoutcomes()
+    assert outcomes.get("passed", 0) + outcomes.get("failed", 0) == 1, outcomes
     before = json.loads(first.read_text())["results"][0]["verdict"]["comparisons"]
     assert {c["noise_source"] for c in before} == {"prior"}, "one recorded session: the prior"
     for _ in range(WINDOW_MIN_SESSIONS - 3):
