@@ -177,7 +177,9 @@ def test_one(): pass
 
 
 def test_sessions_judge_against_the_history_and_say_what_they_detect(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_suite=SUITE)
+    # alpha 1e-9: no session of this unchanged test is a REGRESSION however the machine drifts (a
+    # session flagged so is not noise, and stays out of the window this test is about).
+    pytester.makepyfile(test_suite=SUITE.replace("warmup=0)", "warmup=0, alpha=1e-9)"))
     history = str(pytester.path / "h.sqlite")
     run(pytester, "--llmperf-history", history, "--llmperf-update-baselines", "-q").assert_outcomes(passed=1)
     first = pytester.path / "first.json"
@@ -207,7 +209,8 @@ def test_sessions_judge_against_the_history_and_say_what_they_detect(pytester: p
     assert "prefill TTFT: detects >= " in reach[0] and "decode TPOT: detects >= " in reach[0]
     page = md.read_text()
     assert "| verdict | detects |" in page and "### What this gate detects here (80% power)" in page
-    assert f">={judged_[0]['detectable']:.0%}" in page
+    reach = judged_[0]["detectable"]
+    assert (f">={reach:.0%}" if reach < 9.99 else ">=999%") in page  # the page caps what it shows
 
 
 def test_other_hardware_is_counted_and_can_fail_the_session(pytester: pytest.Pytester) -> None:
