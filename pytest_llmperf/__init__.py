@@ -21,7 +21,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "BudgetFailure": "judge.budgets",
     "check_budgets": "judge.budgets",
-    "EngineInfo": "core.engine_info",
+    "EngineInfo": "core.workload",
     "CallableEngine": "engines",
     "Engine": "engines",
     "ConfigError": "core.errors",
@@ -38,8 +38,8 @@ _EXPORTS = {
     "ModelSpec": "models.synthetic",
     "ensure_model": "models.synthetic",
     "write_gguf": "models.synthetic",
-    "NativeCounters": "core.trace",
-    "RunTrace": "core.trace",
+    "NativeCounters": "core.workload",
+    "RunTrace": "core.workload",
     "Workload": "core.workload",
     "LlamaCppEngine": "engines.llama_cpp",
     "EngineConfig": "engines.config",
@@ -50,7 +50,7 @@ _EXPORTS = {
 
 if TYPE_CHECKING:
     from .judge.budgets import BudgetFailure, check_budgets
-    from .core.engine_info import EngineInfo
+    from .core.workload import EngineInfo
     from .engines import CallableEngine, Engine
     from .engines.llama_cpp import LlamaCppEngine
     from .engines.config import EngineConfig
@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from .measuring.profiler import InferenceProfiler, ProfilerStats
     from .measuring.runner import measure
     from .models.synthetic import PRESETS, ModelSpec, ensure_model, write_gguf
-    from .core.trace import NativeCounters, RunTrace
+    from .core.workload import NativeCounters, RunTrace
     from .core.workload import Workload
 
 

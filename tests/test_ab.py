@@ -13,9 +13,9 @@ import pytest
 from inner import run
 
 from pytest_llmperf.judge.ab import Side, block_orders, compare_ab, paired, parse_budgets
-from pytest_llmperf.core.engine_info import EngineInfo
+from pytest_llmperf.core.workload import EngineInfo
 from pytest_llmperf.core.errors import ConfigError
-from pytest_llmperf.core.trace import RunTrace
+from pytest_llmperf.core.workload import RunTrace
 from pytest_llmperf.core.workload import Workload
 from pytest_llmperf.reports.session_file import load_session
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pytest_llmperf.core.engine_info import EngineInfo
-from pytest_llmperf.core.numbers import fmt
-from pytest_llmperf.core.schema_check import SchemaViolation, load_schema, validate
-from pytest_llmperf.core.trace import RunTrace
+from pytest_llmperf.core.workload import EngineInfo
+from pytest_llmperf.core.formats import fmt
+from pytest_llmperf.core.documents import SchemaViolation, load_schema, validate
+from pytest_llmperf.core.workload import RunTrace
 from pytest_llmperf.core.workload import Workload
 from pytest_llmperf.judge.ab.paired import judged_pairs
 from pytest_llmperf.judge.regression import BaselineVerdict

@@ -1,7 +1,7 @@
 """The package's shape, as docs/architecture.md draws it: packages named after the layers,
 each importing only from its own layer or the layers below (lazy imports inside functions
 count too), no import circle, pytest imported only by the pytest layer, no private name
-imported from another module, no module over 400 lines."""
+imported from another module, no module over 600 lines."""
 
 from __future__ import annotations
 
@@ -135,10 +135,10 @@ def test_no_private_name_is_imported_from_another_module():
     assert reached == []
 
 
-MAX_LINES = 400
+MAX_LINES = 600
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
-def test_no_module_over_400_lines(name):
+def test_no_module_over_600_lines(name):
     """A module past this holds more than one idea: split it where the ideas part."""
     assert len(MODULES[name].read_text().splitlines()) <= MAX_LINES

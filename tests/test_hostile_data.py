@@ -310,7 +310,7 @@ def test_parameter_ids_with_double_colons_are_shown_whole(pytester: pytest.Pytes
 
 
 def test_short_ids_keep_a_parameter_id_whole() -> None:
-    from pytest_llmperf.core import nodeids
+    from pytest_llmperf.core import formats as nodeids
 
     assert short_ids(IDS) == {IDS[0]: "test_a[x::y]", IDS[1]: "test_a[x::z]"}
     assert short_ids(["t.py::K::test_a[x::y]", "t.py::L::test_a[x::y]"]) == {

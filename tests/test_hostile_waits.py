@@ -38,7 +38,7 @@ from inner import run
 from test_hostile import API_KEY, BASELINE, NOT_WRITTEN, UPDATE, VALID, server, session_file  # noqa: F401
 from test_history import pg_server  # noqa: F401  (a real PostgreSQL, tests/pgserver.py)
 from pytest_llmperf.cli import INTERRUPTED, main as cli_main
-from pytest_llmperf.core.files import MAX_DOCUMENT_MIB
+from pytest_llmperf.core.documents import MAX_DOCUMENT_MIB
 from pytest_llmperf.history import connection
 
 CHECKOUT = Path(__file__).resolve().parent.parent

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pytest_llmperf.baselines import store
-from pytest_llmperf.core.schema_check import ANNOTATIONS, KEYWORDS, SchemaViolation, load_schema, validate
+from pytest_llmperf.core.documents import ANNOTATIONS, KEYWORDS, SchemaViolation, load_schema, validate
 from pytest_llmperf.judge.verdict import Comparison
 from pytest_llmperf.judge.layer_diff import LayerChange
 from pytest_llmperf.judge.result import Figures, MeasurementResult, ResultError

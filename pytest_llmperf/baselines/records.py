@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 from ..core import catalog
 from ..core.fingerprint import Fingerprint
-from ..core.numbers import sig6
+from ..core.formats import sig6
 from ..measuring.metrics import Measurement
 
 #: Per-run metric families stored and compared (from the metric catalog).

@@ -31,10 +31,10 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Any, Iterator, Mapping
 
-from ..core import nodeids
+from ..core import formats as nodeids
 from ..core.errors import LLMPerfError
-from ..core.files import RefusedFile, read_bytes
-from ..core.schema_check import SchemaViolation, validate
+from ..core.documents import RefusedFile, read_bytes
+from ..core.documents import SchemaViolation, validate
 
 SCHEMA = "pytest-llmperf/baselines"
 SCHEMA_VERSION = 1

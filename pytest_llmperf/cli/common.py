@@ -55,7 +55,7 @@ def positive_int(text: str) -> int:
     """An argparse type for counts that must be >= 1 (threads, runs)."""
     import argparse
 
-    from ..core.settings_table import positive_int as parse
+    from ..core.settings import positive_int as parse
 
     try:
         return parse(text)
@@ -68,7 +68,7 @@ def add_setting(parser: Any, name: str) -> None:
     ``core.settings_table.SETTINGS``: its flag, parser, default and help, as pytest shows them."""
     import os
 
-    from ..core.settings_table import SETTINGS
+    from ..core.settings import SETTINGS
 
     s = SETTINGS[name]
     default = (os.environ.get(s.env) or s.default) if s.cli_env and s.env else s.default

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from .engine_info import EngineInfo
+from .workload import EngineInfo
 from .settings import usable_cpus
 
 #: Bytes of a model file hashed for its identity: the GGUF header, metadata and tensor table

@@ -1,14 +1,24 @@
 """Settings facts light enough for every pytest start: defaults, names, the engine settings and
-the model they name (each setting's declaration: ``settings_table.SETTINGS``)."""
+the model they name (each setting's declaration: ``SETTINGS`` below).
+
+Every session setting, declared once: its parser, default, help, pytest option, ini key,
+environment variable and ``llmperf`` command-line flag.
+
+The pytest options and ini keys (``pytest_plugin/options.py``), the environment lookup, the
+CLI arguments the commands share (``cli/common.add_setting``) and docs/settings.md's table all
+come from ``SETTINGS``. Precedence: command line > environment > ini > default. Light: read
+at every pytest start (no heavy import)."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from .catalog import HEADLINE, SUMMARY_COLUMNS
+from .errors import ConfigError
+from .workload import MAX_TOKENS, too_many
 
 DEFAULT_MODEL = "tiny"
 #: Names of the synthetic presets (``synthetic.PRESETS``), here so that reading the settings
@@ -179,3 +189,278 @@ def threads_warning(threads: int | None, source: str = "--llmperf-threads") -> s
             f"time-slice and the timings measure the scheduler; use at most {cpus}"
         )
     return None
+
+
+APIS = ("completions", "chat")
+
+
+def _bounded(
+    name: str, cast: Callable[[Any], Any], expected: str, low: float, strict: bool, unit: str = "",
+    high: int | None = None,
+) -> Any:
+    """A parser of numbers above ``low`` (``strict``: > low, else >= low) and, with ``high``,
+    at most ``high``; a one-line ValueError."""
+
+    def parse(text: Any) -> Any:
+        try:
+            value = cast(text)
+        except (TypeError, ValueError):
+            raise ValueError(f"expected {expected}, got {text!r}") from None
+        if not (value > low if strict else value >= low):  # also rejects nan
+            raise ValueError(f"must be {'>' if strict else '>='} {low}{unit}, got {value}")
+        if high is not None and value > high:
+            raise ValueError(too_many(value))
+        return value
+
+    parse.__name__ = name
+    return parse
+
+
+positive_int = _bounded("positive_int", int, "an integer >= 1", 1, strict=False)
+count = _bounded("count", int, "an integer >= 0", 0, strict=False)
+#: llama.cpp token counts (context, batch): llama.cpp keeps them in 32 bits, so a larger value
+#: would wrap around (2**32 + 512 measures at 512); bounded as a workload's token counts are.
+token_count = _bounded("token_count", int, "an integer >= 1", 1, strict=False, high=MAX_TOKENS)
+#: Offloaded layers: -1 offloads all of them, as the marker's ``n_gpu_layers=-1`` does.
+gpu_layers = _bounded("gpu_layers", int, "an integer >= -1 (-1: all layers)", -1, strict=False,
+                      unit=" (-1: all layers)")
+seconds = _bounded("seconds", float, "float", 0, strict=True, unit=" seconds")
+positive_float = _bounded("positive_float", float, "float", 0, strict=True)
+
+
+def api(text: Any) -> str:
+    if text not in APIS:
+        raise ValueError(f"must be {' or '.join(APIS)}, got {text!r}")
+    return str(text)
+
+
+def share(text: Any) -> float:
+    return parse_fraction(text)
+
+
+def alpha(text: Any) -> float:
+    return parse_fraction(text, high=1.0)
+
+
+def columns(text: Any) -> tuple[str, ...]:
+    names = tuple(c.strip().lower() for c in str(text).split(",") if c.strip())
+    allowed = SUMMARY_COLUMN_NAMES + COMPARISON_COLUMN_NAMES
+    unknown = [c for c in names if c not in allowed]
+    if unknown or not names:
+        raise ValueError(f"unknown column(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(allowed)}")
+    return names
+
+
+def text(value: Any) -> str:
+    return str(value)
+
+
+def folder(value: Any) -> str:
+    """A folder under the rootdir; an empty value would be the rootdir itself."""
+    if not str(value).strip():
+        raise ValueError("is empty (that would be the rootdir itself); give a folder, e.g. baselines")
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting. ``name`` gives the pytest option ``--llmperf-<name>`` (dest
+    ``llmperf_<name>``) and, with ``ini``, the ini key ``llmperf_<name>``. ``shown``: how
+    help texts write the default when the value alone says too little (None: "auto")."""
+
+    name: str
+    help: str
+    default: Any = None
+    parse: Callable[[Any], Any] = text
+    env: str | None = None
+    ini: bool = False
+    switch: bool = False  # a flag (store_true): no value, no env, no ini
+    cli: str | None = None  # the ``llmperf`` commands' flag for it; None: pytest only
+    cli_env: bool = False  # the CLI's default is the environment variable's value
+    metavar: str | None = None
+    shown: str | None = None
+
+    @property
+    def option(self) -> str:
+        return "--llmperf-" + self.name.replace("_", "-")
+
+    @property
+    def dest(self) -> str:
+        return "llmperf_" + self.name
+
+    @property
+    def ini_key(self) -> str | None:
+        return "llmperf_" + self.name if self.ini else None
+
+    def default_text(self) -> str:
+        """The default as every help text writes it."""
+        if self.shown is not None:
+            return self.shown
+        if isinstance(self.default, float) and self.parse in (share, alpha):
+            return f"{self.default:.0%}" if self.parse is share else f"{self.default:g}"
+        if isinstance(self.default, float):
+            return f"{self.default:g}"
+        if isinstance(self.default, tuple):
+            return ",".join(self.default)
+        return str(self.default)
+
+    def help_text(self, *, sources: bool = True) -> str:
+        """``help (default X; env Y)``: pytest options (``sources``: env and ini named) and the CLI."""
+        if self.switch:
+            return self.help
+        where = [f"default {self.default_text()}"]
+        if sources and self.env:
+            where.append(f"env {self.env}")
+        elif self.cli_env and self.env:
+            where.append(f"env {self.env}")
+        if sources and self.ini:
+            where.append(f"ini {self.ini_key}")
+        return f"{self.help} ({'; '.join(where)})"
+
+    def arg_type(self) -> Callable[[str], Any]:
+        """``parse`` as an argparse type: a bad value is argparse's one-line error."""
+        import argparse
+
+        def convert(raw: str) -> Any:
+            try:
+                return self.parse(raw)
+            except ValueError as exc:
+                raise argparse.ArgumentTypeError(str(exc)) from None
+
+        convert.__name__ = self.parse.__name__
+        return convert
+
+
+_E = ENGINE_DEFAULTS
+#: In the order ``pytest --help`` lists them.
+SETTINGS: dict[str, Setting] = {
+    s.name: s
+    for s in (
+        Setting("model", "GGUF model path, or a synthetic preset: tiny, small", DEFAULT_MODEL, env="LLMPERF_MODEL",
+                ini=True, metavar="PATH|PRESET"),
+        Setting("threads", "llama.cpp threads", _E["threads"], positive_int, env="LLMPERF_THREADS", ini=True,
+                cli="--threads", shown="all usable CPUs", metavar="N"),
+        Setting("n_ctx", "llama.cpp context size", _E["n_ctx"], token_count, env="LLMPERF_N_CTX", ini=True,
+                cli="--n-ctx", shown="each workload's prompt + generated tokens, rounded up to 256", metavar="N"),
+        Setting("n_batch", "llama.cpp batch size for prompt evaluation", _E["n_batch"], token_count,
+                env="LLMPERF_N_BATCH", ini=True, cli="--n-batch", metavar="N"),
+        Setting("gpu_layers", "layers offloaded to a GPU", _E["n_gpu_layers"], gpu_layers, env="LLMPERF_GPU_LAYERS",
+                ini=True, cli="--n-gpu-layers", metavar="N"),
+        Setting("in_process", "run llama.cpp in the pytest process instead of one engine worker process per "
+                "setting (a native crash then ends the session)", False, switch=True),
+        Setting("engine_timeout", "seconds one model load or one run in an engine worker may take before the worker "
+                "counts as hung and is killed", 600.0, seconds, env="LLMPERF_ENGINE_TIMEOUT", ini=True,
+                metavar="SECONDS"),
+        Setting("max_engines", "llama.cpp engines (per-test settings) alive at once", 2, positive_int,
+                env="LLMPERF_MAX_ENGINES", ini=True, metavar="N"),
+        Setting("baseline_dir", "folder of baseline JSON files, under the rootdir", "baselines", folder, ini=True,
+                metavar="DIR"),
+        Setting("update_baselines", "write or refresh the baselines of the tests that ran (others stay as they are)",
+                False, switch=True),
+        Setting("require_baseline", "fail a measured test that has no baseline", False, switch=True),
+        Setting("strict_env", "fail a test whose baselines were all recorded on other hardware", False, switch=True),
+        Setting("fail_other_hardware", "fail the session (exit 1) when any test was not compared because its "
+                "baselines were all recorded on other hardware", False, switch=True),
+        Setting("budgets_only", "only budgets gate: do not compare with baselines", False, switch=True),
+        Setting("baselines_only", "only baseline comparisons gate: budgets are measured and shown, never fail a test",
+                False, switch=True),
+        Setting("skip", "skip the tests that measure with llmperf (marker or llmperf* fixtures)", False, switch=True),
+        Setting("only", "run only the tests that measure with llmperf; skip the others", False, switch=True),
+        Setting("disable", "smoke mode: run each measurement once, no warm-up, budgets, statistics or baselines",
+                False, switch=True),
+        Setting("columns", "columns of the terminal tables, comma-separated, from: "
+                + ", ".join(SUMMARY_COLUMN_NAMES + COMPARISON_COLUMN_NAMES) + "; JSON/HTML/Markdown keep all",
+                DEFAULT_SUMMARY_COLUMNS + DEFAULT_COMPARISON_COLUMNS, columns, metavar="COLS"),
+        Setting("alpha", "family-wise significance level over the session's comparisons, e.g. 1% or 0.01",
+                DEFAULT_ALPHA, alpha, cli="--alpha", metavar="LEVEL"),
+        Setting("threshold", "smallest change of a median that counts, e.g. 5% or 0.05", DEFAULT_THRESHOLD, share,
+                cli="--threshold", metavar="SHARE"),
+        Setting("tail_threshold", "smallest change of the ITL p95 that counts", DEFAULT_TAIL_THRESHOLD, share,
+                cli="--tail-threshold", metavar="SHARE"),
+        Setting("endpoint", "the OpenAI-compatible server to measure instead of llama.cpp in process (API base "
+                "URL, e.g. http://host:8000/v1)", None, env="LLMPERF_ENDPOINT", ini=True, cli="--endpoint",
+                cli_env=True, shown="none", metavar="URL"),
+        Setting("api", "endpoint API: completions or chat", APIS[0], api, env="LLMPERF_API", ini=True, cli="--api", metavar="completions|chat"),
+        Setting("api_model", "model name sent to the endpoint", None, env="LLMPERF_API_MODEL", ini=True,
+                cli="--model", shown="the server's default", metavar="NAME"),
+        Setting("api_key_env", "environment variable holding the endpoint's API key, never written anywhere",
+                "LLMPERF_API_KEY", env="LLMPERF_API_KEY_ENV", ini=True, cli="--api-key-env", metavar="VAR"),
+        Setting("request_timeout", "seconds one request to the endpoint may take in all", 300.0, seconds,
+                env="LLMPERF_REQUEST_TIMEOUT", ini=True, cli="--request-timeout", metavar="SECONDS"),
+        Setting("token_timeout", "seconds without data from the endpoint before the stream counts as stalled", 30.0,
+                seconds, env="LLMPERF_TOKEN_TIMEOUT", ini=True, cli="--token-timeout", metavar="SECONDS"),
+        Setting("layers", "also time each layer of the in-process model (llama.cpp eval callback, after the plain "
+                "runs)", False, switch=True),
+        Setting("roofline", "attach the roofline (MBU, MFU, bound) to every in-process measurement (probes the "
+                "machine once)", False, switch=True),
+        Setting("peak_bw", "the machine's peak memory bandwidth for the roofline", None, positive_float,
+                cli="--peak-bw", metavar="GB/s", shown="measured by a probe, cached"),
+        Setting("peak_tflops", "the machine's peak dense FLOP rate for the roofline", None, positive_float,
+                cli="--peak-tflops", metavar="TFLOP/s", shown="CPU spec or measured GEMM"),
+        Setting("against", "measure every llmperf test on two sides, interleaved pair by pair, and judge this tree "
+                "against REF: git:REV (the code under test at another revision), python:PATH (another Python "
+                "environment), or both as git:REV,python:PATH (docs/against.md)", None, env="LLMPERF_AGAINST",
+                shown="off", metavar="REF"),
+        Setting("json", "write the session's results as JSON to this file", None, shown="not written", metavar="FILE"),
+        Setting("markdown", "write a Markdown summary (also appended to $GITHUB_STEP_SUMMARY when set)", None,
+                shown="not written", metavar="FILE"),
+        Setting("html", 'write a self-contained HTML report with plots (needs pip install "pytest-llmperf[report]")',
+                None, shown="not written", metavar="FILE"),
+        Setting("history", "where every session's results are appended: a SQLite file, a postgresql:// URL or off",
+                None, env="LLMPERF_HISTORY", ini=True, metavar="PATH|URL|off",
+                shown=".llmperf/history.sqlite under the rootdir"),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A setting's value and where it came from (``--llmperf-threads``, ``$LLMPERF_THREADS``,
+    ``ini llmperf_threads`` or ``default``), for the one line an error or warning names."""
+
+    value: Any
+    source: str
+
+
+def resolve(
+    getoption: Callable[[str], Any],
+    getini: Callable[[str], Any],
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, Resolved]:
+    """Every setting, read once each: command line > environment > ini > default. A value
+    from the command line is already parsed (argparse type); the others are parsed here.
+    Raises ConfigError (one line naming the source) for a bad value."""
+    environ = os.environ if environ is None else environ
+    out: dict[str, Resolved] = {}
+    for s in SETTINGS.values():
+        given = getoption(s.dest)
+        if s.switch:
+            out[s.name] = Resolved(bool(given), s.option if given else "default")
+            continue
+        if given is not None:  # parsed already (the option's argparse type)
+            out[s.name] = Resolved(given, s.option)
+            continue
+        if s.env and environ.get(s.env):
+            raw, source = environ[s.env], f"${s.env}"
+        elif s.ini and getini(s.ini_key):
+            raw, source = getini(s.ini_key), f"ini {s.ini_key}"
+        else:
+            out[s.name] = Resolved(s.default, "default")
+            continue
+        try:
+            out[s.name] = Resolved(s.parse(raw), source)
+        except ValueError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+    return out
+
+
+def markdown_table() -> str:
+    """docs/settings.md's table of every setting (tests/test_settings_table.py keeps it in step)."""
+    lines = ["| option | environment | ini | `llmperf` flag | default |", "| --- | --- | --- | --- | --- |"]
+    for s in SETTINGS.values():
+        option = f"`{s.option}`" + (f" {s.metavar}" if s.metavar else "")
+        default = "off" if s.switch else s.default_text()
+        cells = [option.replace("|", "\\|"), f"`{s.env}`" if s.env else "", f"`{s.ini_key}`" if s.ini else "",
+                 f"`{s.cli}`" if s.cli else "", default.replace("|", "\\|")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

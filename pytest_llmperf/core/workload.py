@@ -1,10 +1,21 @@
-"""What to measure: the prompt, how many tokens to generate, how many runs."""
+"""What to measure (the workload), what one run returns (the trace), and what an engine reports
+about itself.
+
+What to measure: the prompt, how many tokens to generate, how many runs.
+
+What an engine hands back for one run: raw clock readings and the engine's own counters.
+
+Nothing here is derived: metrics are computed later from these readings, so the timed loop
+does no arithmetic and the raw data can be re-analysed.
+
+Describes the engine and model a measurement ran on (report header, baselines)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from .errors import ConfigError
+from .formats import human_bytes
 
 
 #: A sequential measurement (runs added while its verdict is undecided, against a baseline or
@@ -147,3 +158,100 @@ def _check_encodable(prompt: str) -> None:
             f"prompt is not valid text: {exc.object[exc.start:exc.end]!r} at index {exc.start} "
             "cannot be encoded as UTF-8 (a lone surrogate); fix the prompt string"
         ) from None
+
+
+@dataclass(frozen=True)
+class NativeCounters:
+    """llama.cpp's own timings for one run (``llama_perf_context`` after a reset)."""
+
+    prefill_ms: float
+    prefill_tokens: int
+    decode_ms: float
+    decode_tokens: int
+    #: llama.cpp's sampler counters (``llama_perf_sampler``): time in the sampler chain and calls.
+    sample_ms: float | None = None
+    sample_count: int = 0
+
+    @property
+    def sample_ms_per_token(self) -> float | None:
+        return self.sample_ms / self.sample_count if self.sample_count and self.sample_ms is not None else None
+
+    @property
+    def decode_ms_per_token(self) -> float | None:
+        return self.decode_ms / self.decode_tokens if self.decode_tokens else None
+
+
+@dataclass(frozen=True)
+class RunTrace:
+    """Clock readings (``time.perf_counter_ns``) of one run, all in the driving process.
+
+    ``start_ns``: the first engine call (prefill starts, or the request is sent);
+    ``prefill_done_ns``: the engine finished evaluating the prompt (None if it cannot tell);
+    ``token_ns``: when each generated token became available to the caller;
+    ``tokenize_ns``: how long tokenizing a literal prompt took, just before ``start_ns``
+    (it counts towards TTFT and E2E, as the caller waits for it).
+    """
+
+    start_ns: int
+    prefill_done_ns: int | None
+    token_ns: tuple[int, ...]
+    prompt_tokens: int | None
+    tokenize_ns: int = 0
+    native: NativeCounters | None = None
+    token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """Static facts about an engine: which backend, which model, which settings."""
+
+    engine: str
+    model: str
+    model_path: str | None = None
+    model_size_bytes: int | None = None
+    n_params: int | None = None
+    quantization: str | None = None
+    n_layer: int | None = None
+    n_embd: int | None = None
+    n_head: int | None = None
+    n_head_kv: int | None = None
+    kv_bytes_per_element: float | None = None  # K and V cache type (F16: 2)
+    # The token-embedding table when it is only looked up (output has its own weights): a token
+    # reads one row of it and does no FLOPs with it. (0, 0) when tied; None when unknown.
+    embedding_lookup_params: int | None = None
+    embedding_lookup_bytes: int | None = None
+    n_threads: int | None = None
+    n_ctx: int | None = None
+    n_batch: int | None = None
+    n_gpu_layers: int | None = None
+    # llama.cpp context settings beyond threads/n_ctx/n_batch (engines/config.py); None: not llama.cpp
+    n_ubatch: int | None = None
+    flash_attn: bool | None = None
+    type_k: str | None = None
+    type_v: str | None = None
+    mmap: bool | None = None
+    mlock: bool | None = None
+    sample: bool | None = None  # greedy sampling inside the timed decode loop
+    repack: bool | None = None  # llama.cpp use_extra_bufts (weight repacking, AMX kernels)
+    repack_note: str | None = None  # why repack is not llama.cpp's default (the AMX workaround)
+    load_ms: float | None = None
+    native_load_ms: float | None = None
+    backend_version: str | None = None
+    endpoint: str | None = None  # served models: the API base URL (never the API key)
+    token_count: str | None = None  # served models: token counts from "usage" or "events"
+
+    def describe(self) -> str:
+        parts = [self.model]
+        if self.model_size_bytes is not None:
+            parts.append(human_bytes(self.model_size_bytes))
+        if self.quantization:
+            parts.append(self.quantization)
+        if self.n_params is not None:
+            parts.append(f"{self.n_params / 1e6:.1f} M params")
+        if self.n_layer is not None:
+            parts.append(f"{self.n_layer} layers")
+        if self.endpoint:
+            parts.append(f"at {self.endpoint}")
+        if self.token_count:
+            parts.append(f"tokens counted from {self.token_count}")
+        return ", ".join(parts)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from ..core.engine_info import EngineInfo
-from ..core.trace import RunTrace
+from ..core.workload import EngineInfo
+from ..core.workload import RunTrace
 from ..core.workload import Workload
 from .callable import CallableEngine
 

@@ -11,9 +11,9 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from ..core.engine_info import EngineInfo
+from ..core.workload import EngineInfo
 from ..core.errors import EngineError
-from ..core.trace import RunTrace
+from ..core.workload import RunTrace
 from ..core.workload import Workload
 
 TokenStream = Callable[[str, int], Iterable[Any]]

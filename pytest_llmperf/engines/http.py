@@ -35,14 +35,14 @@ import threading
 import time
 from typing import Any
 
-from ..core.engine_info import EngineInfo
+from ..core.workload import EngineInfo
 from ..core.errors import ConfigError, EngineError
 from ..core.redact import Redactor, Url, display, redact
-from ..core.trace import RunTrace
+from ..core.workload import RunTrace
 from ..core.workload import Workload
 from .callable import synthetic_text
 from .sse import MAX_ERROR_BODY_BYTES, EventReader, Head, StreamState, status_error
-from ..core.settings_table import APIS, SETTINGS  # the defaults: one definition each
+from ..core.settings import APIS, SETTINGS  # the defaults: one definition each
 
 DEFAULT_API_KEY_ENV: str = SETTINGS["api_key_env"].default
 

@@ -17,9 +17,9 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ..core.engine_info import EngineInfo
+from ..core.workload import EngineInfo
 from ..core.errors import ConfigError, EngineError
-from ..core.trace import NativeCounters, RunTrace
+from ..core.workload import NativeCounters, RunTrace
 from ..core.workload import Workload
 from ..models.facts import embedding_lookup, gguf_file_type
 from .config import DEFAULTS, EngineConfig, ggml_type

@@ -21,7 +21,7 @@ from collections import Counter, OrderedDict
 from typing import Any, Callable, Iterable
 
 from ..core.errors import EngineError
-from ..core.settings_table import SETTINGS
+from ..core.settings import SETTINGS
 from .config import EngineConfig
 
 #: Engines alive at once, unless the session says otherwise (``--llmperf-max-engines``).

@@ -18,7 +18,7 @@ import re
 from typing import Any
 
 from ..core.errors import EngineError
-from ..core.trace import NativeCounters, RunTrace
+from ..core.workload import NativeCounters, RunTrace
 
 #: Longest SSE line accepted: a server streaming bytes without a newline is an error, not a
 #: buffer that grows until the deadline.

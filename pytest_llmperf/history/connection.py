@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from ..core.errors import LLMPerfError
-from ..core.files import file_kind
+from ..core.documents import file_kind
 from .location import INSTALL_POSTGRES, Location
 
 #: Seconds a writer waits for another one (SQLite, in Python; PostgreSQL's lock_timeout).

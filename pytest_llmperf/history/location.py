@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..core.errors import ConfigError
 from ..core.redact import Redactor, Url, display, is_dsn
-from ..core.settings_table import SETTINGS
+from ..core.settings import SETTINGS
 
 ENV: str = SETTINGS["history"].env  # also what ``llmperf history``/``detect`` read
 DEFAULT_DIR = ".llmperf"

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..core.catalog import METRICS
-from ..core.tables import render_table
+from ..core.formats import render_table
 from .detect import Step, steps
 from .series import Series
 

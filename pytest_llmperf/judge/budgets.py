@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from ..core.catalog import BUDGETS, Budget
-from ..core.numbers import fmt
+from ..core.formats import fmt
 from ..measuring.metrics import Measurement
 
 

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from ..core.catalog import FIGURES
 from ..core.errors import LLMPerfError
-from ..core.schema_check import SchemaViolation, validate
+from ..core.documents import SchemaViolation, validate
 from .verdict import Comparison, Verdict
 from .layer_diff import LayerChange
 

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..core.numbers import sig6
+from ..core.formats import sig6
 
 #: A measurement is called unstable at a run-to-run CV above this.
 UNSTABLE_CV = 0.10

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..core.errors import EngineError
-from ..core.numbers import sig6
+from ..core.formats import sig6
 from ..core.workload import Workload
 
 #: Outlier rule: a layer slower than median + OUTLIER_MAD_FACTOR x MAD of the layers (and

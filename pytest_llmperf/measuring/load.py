@@ -34,7 +34,7 @@ from ..core import catalog
 from ..core.errors import ConfigError, EngineError, LLMPerfError
 from .metrics import LatencyStats, Measurement, RunMetrics, summarize
 from .served_fidelity import ServerSide, server_side
-from ..core.trace import RunTrace
+from ..core.workload import RunTrace
 from ..core.workload import Workload
 
 #: Budget keys that double as per-request SLOs for goodput: each phase's judged time metric.
@@ -252,8 +252,8 @@ def sweep(
 
 def curve_table(measurements: Sequence[Measurement]) -> str:
     """One row per load level: throughput against per-request latency percentiles."""
-    from ..core.numbers import fmt
-    from ..core.tables import render_table
+    from ..core.formats import fmt
+    from ..core.formats import render_table
 
     rows = []
     for m in measurements:
@@ -280,7 +280,7 @@ def curve_table(measurements: Sequence[Measurement]) -> str:
 
 def load_rows(m: Measurement) -> list[tuple[str, str, str, str]]:
     """Rows for the per-test metrics table (same columns as ``report.metrics_table``)."""
-    from ..core.numbers import fmt
+    from ..core.formats import fmt
 
     s = m.load
     reqs = f"{s.n_ok} requests"

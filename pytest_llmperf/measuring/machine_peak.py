@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core.errors import ConfigError
-from ..core.files import RefusedFile, read_text
+from ..core.documents import RefusedFile, read_text
 
 PROBE_VERSION = 2
 

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from ..core.engine_info import EngineInfo
-from ..core.trace import RunTrace
+from ..core.workload import EngineInfo
+from ..core.workload import RunTrace
 from ..core.workload import Workload
 
 if TYPE_CHECKING:  # these modules build on this one: types only, no import at run time

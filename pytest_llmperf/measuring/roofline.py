@@ -18,9 +18,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.engine_info import EngineInfo
+from ..core.workload import EngineInfo
 from .machine_peak import Peak
-from ..core.numbers import sig6
+from ..core.formats import sig6
 
 
 @dataclass(frozen=True)

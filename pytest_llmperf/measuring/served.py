@@ -11,7 +11,7 @@ from collections import defaultdict
 from typing import Any, Iterable
 
 from ..core.catalog import METRICS
-from ..core.numbers import fmt
+from ..core.formats import fmt
 
 
 def overhead_lines(rows: Iterable[dict[str, Any]]) -> list[str]:

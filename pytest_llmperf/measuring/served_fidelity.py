@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 
 from ..engines.server_metrics import delta
 from .metrics import RunMetrics
-from ..core.trace import RunTrace
+from ..core.workload import RunTrace
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def rows(server: ServerSide | None) -> list[tuple[str, str, str, str]]:
     """Rows for the per-test table (same columns as ``report.metrics_table``)."""
     if server is None:
         return []
-    from ..core.numbers import fmt
+    from ..core.formats import fmt
 
     def opt(v: Any) -> str:
         return "-" if v is None else fmt(v)
@@ -113,7 +113,7 @@ def rows(server: ServerSide | None) -> list[tuple[str, str, str, str]]:
 
 def curve_lines(measurements: Sequence[Any]) -> list[str]:
     """One line per load level with the server's own figures beside the client's."""
-    from ..core.numbers import fmt
+    from ..core.formats import fmt
 
     def opt(v: Any) -> str:
         return "-" if v is None else fmt(v)

@@ -40,10 +40,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from ..core.engine_info import EngineInfo
+from ..core.workload import EngineInfo
 from ..core.errors import ConfigError, EngineError, LLMPerfError
-from ..core.settings_table import SETTINGS
-from ..core.trace import NativeCounters, RunTrace
+from ..core.settings import SETTINGS
+from ..core.workload import NativeCounters, RunTrace
 from ..core.workload import Workload
 from ..engines.config import EngineConfig
 from ..models.facts import gguf_file_type

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..core.numbers import human_bytes
+from ..core.formats import human_bytes
 from ..core.settings import EngineSettings
 from .synthetic import PRESETS
 

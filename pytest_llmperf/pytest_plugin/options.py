@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ..core.settings_table import SETTINGS
+from ..core.settings import SETTINGS
 
 
 def add_options(parser: pytest.Parser) -> None:

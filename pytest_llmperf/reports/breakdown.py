@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from ..core.numbers import fmt
-from ..core.tables import render_table
+from ..core.formats import fmt
+from ..core.formats import render_table
 
 BAR_WIDTH = 24
 

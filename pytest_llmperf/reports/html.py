@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from . import figures, overview_figure, record_figures
-from ..core.numbers import fmt
+from ..core.formats import fmt
 from ..core.catalog import BUDGETS, FIGURES, HEADLINE, is_ceiling
 from ..core.settings import usable_cpus
 from ..judge.result import MeasurementResult, VerdictRecord

@@ -11,7 +11,7 @@ import re
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from ..core import nodeids
+from ..core import formats as nodeids
 from . import figures
 
 if TYPE_CHECKING:

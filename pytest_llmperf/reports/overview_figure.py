@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..core import nodeids
+from ..core import formats as nodeids
 from .figures import BASELINE, BUDGET, FIRST_RUN, new_figure
 
 if TYPE_CHECKING:

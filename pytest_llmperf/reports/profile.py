@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from . import breakdown
 from ..core.catalog import METRICS, SUMMARY
-from ..core.numbers import fmt
+from ..core.formats import fmt
 from ..core.settings import ENGINE_DEFAULTS
 
 PROFILE_SCHEMA = "pytest-llmperf/profile"
@@ -58,7 +58,7 @@ def profile(
 ) -> dict[str, Any]:
     from ..engines.config import EngineConfig
     from ..measuring.machine_peak import machine_peaks
-    from ..core.numbers import sig6
+    from ..core.formats import sig6
     from ..baselines.records import diagnosis
     from ..measuring.runner import measure
     from ..core.workload import Workload

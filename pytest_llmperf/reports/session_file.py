@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..baselines import store as baseline_store
-from ..core.files import RefusedFile, read_text
-from ..core.schema_check import SchemaViolation, validate
+from ..core.documents import RefusedFile, read_text
+from ..core.documents import SchemaViolation, validate
 from ..judge.verdict import Comparison
 from ..judge.result import MeasurementResult
 from ..core.catalog import HEADLINE
-from ..core.numbers import fmt
+from ..core.formats import fmt
 from .text import fit_table, short_ids
-from ..core.tables import render_table
+from ..core.formats import render_table
 from ..core.settings import DEFAULT_COMPARISON_COLUMNS
 
 SESSION_SCHEMA = "pytest-llmperf/session"

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..core import nodeids
-from ..core.numbers import fmt
+from ..core import formats as nodeids
+from ..core.formats import fmt
 from ..core.catalog import FIGURES, SUMMARY_COLUMNS
 from ..measuring.metrics import Measurement
 from ..core.settings import DEFAULT_SUMMARY_COLUMNS
-from ..core.tables import render_table
+from ..core.formats import render_table
 
 
 def _opt(value: float | None) -> str:

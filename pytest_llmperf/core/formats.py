@@ -1,0 +1,75 @@
+"""How things are written: stored and displayed numbers, text tables, pytest node ids.
+
+How figures are stored: six significant figures, one definition for every JSON writer
+(records, per-layer profiles, diagnostics), so a value read back compares equal.
+
+Plain-text tables: one renderer for every table the plugin prints (summary, comparison,
+load curves, breakdowns, history), so columns line up the same way everywhere.
+
+pytest node ids taken apart: the one place that knows where a ``::`` separates parts.
+
+A node id is ``path::Class::name[params]``. The parameter id is free text and may hold
+``::`` itself (``test_a[x::y]``), so only the ``::`` before the first ``[`` after the path
+separate parts (a name never holds ``[``). A label (``[#2]``, ``llmperf.measure(label=...)``)
+is appended like a parameter id and stays with the last part too."""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+
+def sig6(value: float | None) -> float | None:
+    """``value`` to six significant figures (None stays None)."""
+    return None if value is None else float(f"{value:.6g}")
+
+def fmt(value: float) -> str:
+    """Three significant figures for small values, no false precision for large ones."""
+    if value >= 100:
+        return f"{value:.0f}"
+    if value >= 10:
+        return f"{value:.1f}"
+    if value >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3g}"
+
+def human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def render_table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """First column left-aligned, the others right-aligned, two spaces apart, a rule under the headers."""
+    rows = [list(r) for r in rows]
+    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows)]
+
+    def line(cells: Sequence[str]) -> str:
+        first, *rest = cells
+        return "  ".join([str(first).ljust(widths[0])] + [str(c).rjust(w) for c, w in zip(rest, widths[1:])])
+
+    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def parts(nodeid: str) -> list[str]:
+    """``["tests/a.py", "TestX", "test_y[x::y]"]`` of ``tests/a.py::TestX::test_y[x::y]``; an
+    id with no ``::`` is one part."""
+    head, sep, rest = nodeid.partition("::")
+    if not sep:
+        return [nodeid]
+    names, bracket, params = rest.partition("[")
+    pieces = names.split("::")
+    pieces[-1] += bracket + params
+    return [head, *pieces]
+
+
+def in_module(nodeid: str) -> str:
+    """The id without its module path: ``TestX::test_y[x::y]`` (an id with no ``::``: itself)."""
+    found = parts(nodeid)
+    return "::".join(found[1:]) if len(found) > 1 else nodeid
+
+
+def last(nodeid: str) -> str:
+    """The innermost part with its parameters: ``test_y[x::y]``."""
+    return parts(nodeid)[-1]
