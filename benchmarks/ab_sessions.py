@@ -30,7 +30,7 @@ import time
 from pytest_llmperf import Workload, ensure_model
 from pytest_llmperf.judge.ab import Side, compare_ab
 from pytest_llmperf.engines.llama_cpp import LlamaCppEngine
-from pytest_llmperf.models.synthetic import PRESETS
+from pytest_llmperf.models.gguf import PRESETS
 
 
 def load_state() -> str:

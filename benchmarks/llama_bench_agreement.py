@@ -80,7 +80,7 @@ def main() -> int:
     if args.llama_bench:
         binary = Path(args.llama_bench)
     else:
-        from pytest_llmperf.engines.native_tools import tool_path
+        from pytest_llmperf.engines.servers import tool_path
 
         binary = tool_path("llama-bench")
     model = Path(args.model) if args.model else ensure_model(args.preset)

@@ -51,7 +51,7 @@ from pytest_llmperf.judge.regression import (  # noqa: E402
 SESSION = r"""
 import json, sys
 from pytest_llmperf import LlamaCppEngine, Workload, measure
-from pytest_llmperf.models.synthetic import PRESETS, ensure_model
+from pytest_llmperf.models.gguf import PRESETS, ensure_model
 from pytest_llmperf.core.fingerprint import Fingerprint, hardware, subject
 from pytest_llmperf.baselines.records import record
 from pytest_llmperf.baselines import reference

@@ -44,7 +44,7 @@ def main() -> None:
     from pytest_llmperf.measuring.load import curve_table, measure_load
     from pytest_llmperf.measuring.served_fidelity import curve_lines
     from pytest_llmperf.engines.servers import serve_llama_server
-    from pytest_llmperf.models.synthetic import PRESETS
+    from pytest_llmperf.models.gguf import PRESETS
 
     levels = [int(v) for v in args.levels.split(",")]
     if args.model in PRESETS and not os.path.exists(args.model):

@@ -21,11 +21,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pytest_llmperf import LlamaCppEngine, Workload  # noqa: E402
-from pytest_llmperf.engines.config import EngineConfig  # noqa: E402
+from pytest_llmperf.engines.llama_cpp_native import EngineConfig  # noqa: E402
 from pytest_llmperf.judge.ab.paired import paired  # noqa: E402
 from pytest_llmperf.measuring.metrics import RunMetrics  # noqa: E402
 from pytest_llmperf.measuring.worker import load_worker  # noqa: E402
-from pytest_llmperf.models.synthetic import model_path  # noqa: E402
+from pytest_llmperf.models.gguf import model_path  # noqa: E402
 
 
 def main() -> int:

@@ -34,15 +34,15 @@ _EXPORTS = {
     "InferenceProfiler": "measuring.profiler",
     "ProfilerStats": "measuring.profiler",
     "measure": "measuring.runner",
-    "PRESETS": "models.synthetic",
-    "ModelSpec": "models.synthetic",
-    "ensure_model": "models.synthetic",
-    "write_gguf": "models.synthetic",
+    "PRESETS": "models.gguf",
+    "ModelSpec": "models.gguf",
+    "ensure_model": "models.gguf",
+    "write_gguf": "models.gguf",
     "NativeCounters": "core.workload",
     "RunTrace": "core.workload",
     "Workload": "core.workload",
     "LlamaCppEngine": "engines.llama_cpp",
-    "EngineConfig": "engines.config",
+    "EngineConfig": "engines.llama_cpp_native",
     "ABResult": "judge.ab",
     "Side": "judge.ab",
     "compare_ab": "judge.ab",
@@ -53,13 +53,13 @@ if TYPE_CHECKING:
     from .core.workload import EngineInfo
     from .engines import CallableEngine, Engine
     from .engines.llama_cpp import LlamaCppEngine
-    from .engines.config import EngineConfig
+    from .engines.llama_cpp_native import EngineConfig
     from .judge.ab import ABResult, Side, compare_ab
     from .core.errors import ConfigError, EngineError, LLMPerfError
     from .measuring.metrics import LatencyStats, Measurement, RunMetrics, summarize
     from .measuring.profiler import InferenceProfiler, ProfilerStats
     from .measuring.runner import measure
-    from .models.synthetic import PRESETS, ModelSpec, ensure_model, write_gguf
+    from .models.gguf import PRESETS, ModelSpec, ensure_model, write_gguf
     from .core.workload import NativeCounters, RunTrace
     from .core.workload import Workload
 

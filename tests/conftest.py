@@ -120,7 +120,7 @@ def llama_server_binary(pytestconfig: pytest.Config) -> Path:
     """llama.cpp's llama-server of the installed llama-cpp-python, built once per version
     (several minutes the first time; `.ci/run` builds it before the tests). A build here
     prints its steps and a line a minute on the terminal, past pytest's capture."""
-    from pytest_llmperf.engines.native_tools import tool_path
+    from pytest_llmperf.engines.servers import tool_path
     from pytest_llmperf.core.errors import ToolBuildError
 
     capture = pytestconfig.pluginmanager.getplugin("capturemanager")

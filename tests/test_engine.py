@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pytest_llmperf import EngineError, LlamaCppEngine, Workload, measure
-from pytest_llmperf.engines.llama_cpp_loop import split_prompt
+from pytest_llmperf.engines.llama_cpp import split_prompt
 
 
 def test_every_run_generates_exactly_max_tokens(tiny_engine) -> None:
@@ -142,9 +142,8 @@ def test_layer_timing_drives_the_engines_timed_loop(tiny_engine) -> None:
     for path in package.rglob("*.py"):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         attrs = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
-        if path.name != "llama_cpp_loop.py":
-            assert "llama_synchronize" not in attrs or path.name == "llama_cpp.py", path
-        if path.name not in ("llama_cpp.py", "llama_cpp_loop.py", "llama_cpp_native.py"):
+        assert "llama_synchronize" not in attrs or path.name == "llama_cpp.py", path
+        if path.name not in ("llama_cpp.py", "llama_cpp_native.py"):
             private = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
                        and isinstance(n.value, ast.Name) and n.value.id == "engine" and n.attr.startswith("_")}
             assert not private, (path, private)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from inner import run
 
-from pytest_llmperf.engines.config import EngineConfig
+from pytest_llmperf.engines.llama_cpp_native import EngineConfig
 from pytest_llmperf.engines.pool import EnginePool, load_config as load_engine_config
 from pytest_llmperf.core.errors import ConfigError, EngineError
 from pytest_llmperf.core.fingerprint import subject, subject_changes

@@ -294,7 +294,7 @@ def _without_root_reads() -> None:
 
 @pytest.fixture
 def unreadable_model(tmp_path: Path) -> Path:
-    from pytest_llmperf.models.synthetic import ensure_model
+    from pytest_llmperf.models.gguf import ensure_model
 
     model = tmp_path / "model.gguf"
     shutil.copyfile(ensure_model("tiny"), model)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pytest_llmperf.cli import main
-from pytest_llmperf.engines import native_tools
+from pytest_llmperf.engines import servers as native_tools
 from pytest_llmperf.core.errors import ToolBuildError
 
 
@@ -88,7 +88,7 @@ project(slow NONE)
 execute_process(COMMAND sh -c "echo $$ > ${CMAKE_BINARY_DIR}/../sleeper.pid; exec sleep 120")
 """
 
-BUILDER = "from pytest_llmperf.engines.native_tools import build_tools; build_tools()"
+BUILDER = "from pytest_llmperf.engines.servers import build_tools; build_tools()"
 
 
 def test_a_stopped_build_leaves_no_process(empty_cache, tmp_path, monkeypatch):

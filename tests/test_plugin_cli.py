@@ -52,7 +52,7 @@ def test_every_llmperf_help_exits_0(argv: list[str], capsys: pytest.CaptureFixtu
 
 def test_light_copies_agree_with_the_modules_they_mirror() -> None:
     from pytest_llmperf.judge.regression import CompareSettings
-    from pytest_llmperf.models import synthetic
+    from pytest_llmperf.models import gguf as synthetic
 
     assert settings.PRESET_NAMES == tuple(synthetic.PRESETS)
     defaults = CompareSettings()  # the comparison's defaults are the settings table's

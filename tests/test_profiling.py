@@ -20,7 +20,7 @@ from pytest_llmperf.judge.layer_diff import compare_layers
 from pytest_llmperf.measuring.layers import outlier_layers
 from pytest_llmperf.measuring.machine_peak import machine_peaks
 from pytest_llmperf.measuring.roofline import kv_cache_bytes
-from pytest_llmperf.models.synthetic import ModelSpec, ensure_model
+from pytest_llmperf.models.gguf import ModelSpec, ensure_model
 
 #: A model with one block much wider than the others: block 3's FFN is 16x as wide.
 SLOW_LAYER = ModelSpec(name="slow-layer", n_layer=6, n_embd=256, n_ff=512, layer_ff=(512, 512, 512, 8192, 512, 512))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pytest_llmperf import LlamaCppEngine, ModelSpec, Workload, ensure_model, measure, write_gguf
-from pytest_llmperf.models.synthetic import PRESETS
+from pytest_llmperf.models.gguf import PRESETS
 
 
 def sha256(path: Path) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from pytest_llmperf import LlamaCppEngine, ModelSpec, Workload, ensure_model, measure
-from pytest_llmperf.engines.config import EngineConfig
+from pytest_llmperf.engines.llama_cpp_native import EngineConfig
 from pytest_llmperf.engines.llama_cpp_native import AMX_ISSUE, cpu_has_amx
 from pytest_llmperf.measuring.worker import FAULT_ENV, EngineCrash, WorkerEngine
 
@@ -170,7 +170,7 @@ def test_the_worker_ends_with_its_controller(tiny_model_path: Path, tmp_path: Pa
     pid_file = tmp_path / "pid"
     script = textwrap.dedent(f"""
         import time
-        from pytest_llmperf.engines.config import EngineConfig
+        from pytest_llmperf.engines.llama_cpp_native import EngineConfig
         from pytest_llmperf.measuring.worker import WorkerEngine
         w = WorkerEngine(EngineConfig(model={str(tiny_model_path)!r}, threads=1))
         open({str(pid_file)!r}, "w").write(str(w.pid))

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         endpoint, model = args.endpoint, args.model
         if args.serve:
             from ..engines.servers import LLAMA_SERVER_PARALLEL, serve, serve_llama_server
-            from ..models.synthetic import model_path
+            from ..models.gguf import model_path
 
             path, alias = model_path(args.serve)
             if args.server == "llama-server":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..models.synthetic import PRESETS, ensure_model
+from ..models.gguf import PRESETS, ensure_model
 
 HELP = "write (once) and print the path of a synthetic model"
 

@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..engines.native_tools import build_tools
+    from ..engines.servers import build_tools
 
     tools = build_tools(progress=print)
     for name, path in tools.paths.items():

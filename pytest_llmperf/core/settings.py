@@ -34,7 +34,7 @@ UNQUANTIZED = ("f32", "f16", "bf16")
 #: is started before any workload is known).
 SERVER_N_CTX = 2048
 
-#: llama.cpp engine defaults (``engines/config.EngineConfig``), one definition each (here, so
+#: llama.cpp engine defaults (``engines/llama_cpp_native.EngineConfig``), one definition each (here, so
 #: reading the settings imports nothing heavy). ``n_ubatch`` None: ``n_batch``.
 ENGINE_DEFAULTS: dict[str, Any] = {
     "threads": None,

@@ -224,7 +224,7 @@ class EngineInfo:
     n_ctx: int | None = None
     n_batch: int | None = None
     n_gpu_layers: int | None = None
-    # llama.cpp context settings beyond threads/n_ctx/n_batch (engines/config.py); None: not llama.cpp
+    # llama.cpp context settings beyond threads/n_ctx/n_batch (engines/llama_cpp_native.py); None: not llama.cpp
     n_ubatch: int | None = None
     flash_attn: bool | None = None
     type_k: str | None = None

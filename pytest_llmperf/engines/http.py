@@ -24,25 +24,31 @@ wrapped network backend); the asynchronous one cancels the request at its deadli
 What a server sends is untrusted: events are size-capped and checked, and any text of the
 server's or httpx's that ends up in a message is cleaned of the API key and the URL's secrets
 (``core.redact``); ``url``/``endpoint`` are as shown (``user:***@``, ``api_key=***``).
-"""
+
+llama-server's Prometheus ``/metrics`` (started with ``--metrics``), read and parsed.
+
+Only llama.cpp's own series (``llamacpp:*``) are kept, without labels: counters such as
+``prompt_tokens_total`` and ``n_decode_total`` are compared before and after a load level, so
+the server's count of what it did sits beside the client's (served_fidelity.py). Reading is
+best-effort with a short deadline, and done outside every timed region."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import secrets
 import threading
 import time
 from typing import Any
 
-from ..core.workload import EngineInfo
+from . import synthetic_text
 from ..core.errors import ConfigError, EngineError
-from ..core.redact import Redactor, Url, display, redact
-from ..core.workload import RunTrace
-from ..core.workload import Workload
-from .callable import synthetic_text
-from .sse import MAX_ERROR_BODY_BYTES, EventReader, Head, StreamState, status_error
-from ..core.settings import APIS, SETTINGS  # the defaults: one definition each
+from ..core.redact import display, redact, Redactor, Url
+from ..core.settings import APIS, SETTINGS
+from ..core.workload import EngineInfo, RunTrace, Workload
+from .sse import EventReader, Head, MAX_ERROR_BODY_BYTES, status_error, StreamState
+
 
 DEFAULT_API_KEY_ENV: str = SETTINGS["api_key_env"].default
 
@@ -313,7 +319,6 @@ class HttpEngine:
         The first miss is remembered: other servers are not asked again."""
         if self._metrics_missing:
             return None
-        from .server_metrics import read
 
         _DEADLINE.at, _DEADLINE.hit = time.monotonic() + 5.0, False
         try:
@@ -397,3 +402,58 @@ def _deadline_transport(transport: Any) -> Any:
         raise EngineError("this httpx/httpcore version is not supported (no network backend to bound); pin httpx<1")
     pool._network_backend = _DeadlineBackend(backend)
     return transport
+
+
+PREFIX = "llamacpp:"
+READ_TIMEOUT_S = 2.0
+#: Most series kept (a hostile endpoint cannot grow a report without bound).
+MAX_SERIES = 256
+
+
+def parse(text: str) -> dict[str, float]:
+    """``{name without prefix: value}`` of the ``llamacpp:`` samples in Prometheus text."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith(PREFIX):
+            continue
+        name, _, rest = line.partition(" ")
+        name = name.split("{", 1)[0][len(PREFIX):]
+        try:
+            value = float(rest.split()[0])
+        except (IndexError, ValueError):
+            continue
+        if math.isfinite(value) and name:
+            values[name] = value
+        if len(values) >= MAX_SERIES:
+            break
+    return values
+
+
+def read(client: Any, metrics_url: str) -> dict[str, float] | None:
+    """The server's ``llamacpp:`` metrics, or None when it has none (another server, no
+    ``--metrics``, unreachable)."""
+    import httpx
+
+    try:
+        response = client.get(metrics_url, timeout=READ_TIMEOUT_S, headers={"Accept": "text/plain"})
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    values = parse(response.text[: 1 << 20])
+    return values or None
+
+
+def delta(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float] | None:
+    """Counters (``*_total``) as after minus before; gauges as read after."""
+    if not before or not after:
+        return None
+    out = {}
+    for name, value in after.items():
+        if name.endswith("_total"):
+            if name in before:
+                out[name] = value - before[name]
+        else:
+            out[name] = value
+    return out

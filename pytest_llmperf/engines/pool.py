@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable
 
 from ..core.errors import EngineError
 from ..core.settings import SETTINGS
-from .config import EngineConfig
+from .llama_cpp_native import EngineConfig
 
 #: Engines alive at once, unless the session says otherwise (``--llmperf-max-engines``).
 DEFAULT_MAX_ALIVE: int = SETTINGS["max_engines"].default

@@ -7,24 +7,37 @@ until ``/health`` answers; ``with serve(model_path) as server:`` does the same w
 ``python -m llama_cpp.server`` (one request at a time), waiting for ``/v1/models``. Both are
 stopped on exit (terminate, then kill; on Linux also when the starting process dies). A server
 that does not come up within its deadline fails with one line that carries its stderr's tail.
-"""
+
+llama.cpp's own tools (``llama-server``, ``llama-bench``), built from the llama.cpp sources
+vendored in the installed llama-cpp-python's sdist: the same llama.cpp as the in-process engine,
+so a served or llama-bench figure differs from ours by the serving or the timing, not the code.
+
+One build folder per llama-cpp-python version under the cache dir (``$LLMPERF_CACHE_DIR`` or
+the user cache): ``native/llama-cpp-python-<version>/{build,build.log}``. The sdist is fetched
+with ``pip download`` (pip's HTTP cache and index settings apply), or taken from
+``$LLMPERF_LLAMA_CPP_SDIST``. A lock file keeps two processes from building at once; the second
+waits, then finds the tools built. Anything missing (cmake, a C++ compiler) or failing is one
+line that says what to do, with the build log's path."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
-from ..core.errors import ConfigError, EngineError
+from ..core.errors import ConfigError, EngineError, ToolBuildError
 from ..core.settings import ENGINE_DEFAULTS, SERVER_N_CTX
+
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 60.0
@@ -221,7 +234,6 @@ def serve_llama_server(
     """Run llama.cpp's ``llama-server`` (of the installed llama-cpp-python's version, built
     once: ``llmperf server build``) on a free loopback port for the ``with`` block."""
     from .llama_cpp_native import check_gguf, default_threads
-    from .native_tools import tool_path
 
     if parallel < 1:
         raise ConfigError(f"llama-server needs parallel >= 1 slots, got {parallel}")
@@ -250,3 +262,266 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(STOP_TIMEOUT_S)
+
+
+TOOLS = ("llama-server", "llama-bench")
+#: Environment variable naming a local llama-cpp-python sdist (offline machines).
+SDIST_ENV = "LLMPERF_LLAMA_CPP_SDIST"
+CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_TOOLS=ON",
+    "-DLLAMA_BUILD_SERVER=ON",
+    # $ORIGIN-relative library paths: the built folder works wherever the cache is moved.
+    "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON",
+    "-DBUILD_SHARED_LIBS=ON",
+)
+DOWNLOAD_TIMEOUT_S = 900.0
+CONFIGURE_TIMEOUT_S = 600.0
+BUILD_TIMEOUT_S = 3600.0
+#: How long a process waits for another one's build before giving up.
+LOCK_TIMEOUT_S = BUILD_TIMEOUT_S + DOWNLOAD_TIMEOUT_S
+STAMP = "complete"
+
+
+@dataclass(frozen=True)
+class NativeTools:
+    """The built tools of one llama-cpp-python version."""
+
+    version: str
+    build_dir: Path
+    paths: dict[str, Path]
+    build_s: float | None  # seconds this call spent building; None when they were cached
+    log: Path
+
+
+def installed_version() -> str:
+    """The installed llama-cpp-python's version (without importing it: no library load)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("llama-cpp-python")
+    except PackageNotFoundError:
+        raise ToolBuildError("llama-cpp-python is not installed; pip install llama-cpp-python") from None
+
+
+def tools_root(version: str | None = None) -> Path:
+    from ..models.gguf import default_cache_dir
+
+    return default_cache_dir() / "native" / f"llama-cpp-python-{version or installed_version()}"
+
+
+def _binary(root: Path, name: str) -> Path:
+    return root / "build" / "bin" / (name + (".exe" if sys.platform == "win32" else ""))
+
+
+def _built(root: Path) -> bool:
+    return (root / "build" / STAMP).is_file() and all(os.access(_binary(root, t), os.X_OK) for t in TOOLS)
+
+
+def tool_path(name: str, *, build: bool = True, progress: Callable[[str], None] | None = None) -> Path:
+    """Path of llama.cpp's ``name`` (``llama-server`` or ``llama-bench``) for the installed
+    llama-cpp-python, building both tools first when they are not cached (``build=True``;
+    ``progress`` hears what the build does, and a line a minute while it compiles)."""
+    if name not in TOOLS:
+        raise ToolBuildError(f"unknown llama.cpp tool {name!r}; one of: {', '.join(TOOLS)}")
+    root = tools_root()
+    if not _built(root):
+        if not build:
+            raise ToolBuildError(
+                f"{name} is not built for llama-cpp-python {root.name.rsplit('-', 1)[-1]}; "
+                "run `llmperf server build` (a few minutes, once per version)"
+            )
+        built = build_tools(progress)
+        if progress is not None and built.build_s is not None:
+            progress(f"llmperf: built {', '.join(TOOLS)} in {built.build_s:.0f} s (cached for later runs)")
+    return _binary(root, name)
+
+
+def build_tools(progress: Callable[[str], None] | None = None) -> NativeTools:
+    """Build llama-server and llama-bench for the installed llama-cpp-python (no-op if cached)."""
+    say = progress or (lambda line: None)
+    version = installed_version()
+    root = tools_root(version)
+    log = root / "build.log"
+    paths = {t: _binary(root, t) for t in TOOLS}
+    if _built(root):
+        return NativeTools(version, root / "build", paths, None, log)
+    root.mkdir(parents=True, exist_ok=True)
+    with _lock(root / ".lock", say):
+        if _built(root):  # another process built them while we waited
+            return NativeTools(version, root / "build", paths, None, log)
+        cmake, jobs = _check_toolchain()
+        begin = time.monotonic()
+        with log.open("w") as out:
+            source = _sources(root, version, out, say)
+            say(f"llmperf: configuring llama.cpp {version} (log: {log})")
+            _step([cmake, "-S", str(source), "-B", str(root / "build"), *CMAKE_FLAGS], out, log, "configuring", CONFIGURE_TIMEOUT_S, say)
+            say(f"llmperf: building {' and '.join(TOOLS)} with {jobs} jobs (several minutes)")
+            _step(
+                [cmake, "--build", str(root / "build"), "--config", "Release", "--target", *TOOLS, "-j", str(jobs)],
+                out, log, "building", BUILD_TIMEOUT_S, say,
+            )
+        missing = [t for t, p in paths.items() if not p.is_file()]
+        if missing:
+            raise ToolBuildError(f"the build finished but {', '.join(missing)} is missing; see {log}")
+        seconds = time.monotonic() - begin
+        (root / "build" / STAMP).write_text(f"llama-cpp-python {version}, built in {seconds:.0f} s\n")
+        return NativeTools(version, root / "build", paths, seconds, log)
+
+
+def _check_toolchain() -> tuple[str, int]:
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        raise ToolBuildError(
+            "cmake not found: building llama-server needs cmake and a C++ compiler "
+            "(apt-get install cmake g++, or pip install cmake)"
+        )
+    compilers = [os.environ.get("CXX", ""), "c++", "g++", "clang++", "cl"]
+    if not any(c and shutil.which(c.split()[0]) for c in compilers):
+        raise ToolBuildError(
+            "no C++ compiler found (c++, g++, clang++ or $CXX): building llama-server needs one "
+            "(apt-get install g++ / xcode-select --install)"
+        )
+    return cmake, max(1, os.cpu_count() or 1)
+
+
+def _sources(root: Path, version: str, out, say: Callable[[str], None]) -> Path:
+    """``vendor/llama.cpp`` of the sdist, extracted once under ``root/src``."""
+    source_root = root / "src"
+    found = sorted(source_root.glob("*/vendor/llama.cpp/CMakeLists.txt"))
+    if found:
+        return found[0].parent
+    sdist_env = os.environ.get(SDIST_ENV)
+    with tempfile.TemporaryDirectory(prefix=".download-", dir=root) as tmp:
+        if sdist_env:
+            sdist = Path(sdist_env)
+            if not sdist.is_file():
+                raise ToolBuildError(f"${SDIST_ENV} is {sdist_env!r}, which is not a file; unset it or fix the path")
+        else:
+            say(f"llmperf: fetching the llama-cpp-python {version} sdist with pip download")
+            command = [
+                sys.executable, "-m", "pip", "download", f"llama-cpp-python=={version}",
+                "--no-deps", "--no-binary", ":all:", "-d", tmp,
+            ]
+            _step(command, out, Path(out.name), "downloading the sdist", DOWNLOAD_TIMEOUT_S)
+            sdists = sorted(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
+            if not sdists:
+                raise ToolBuildError(f"pip download gave no llama-cpp-python sdist; see {out.name}")
+            sdist = sdists[0]
+        staging = Path(tmp) / "src"
+        _extract_vendor(sdist, staging)
+        if source_root.exists():
+            shutil.rmtree(source_root)
+        staging.rename(source_root)
+    found = sorted(source_root.glob("*/vendor/llama.cpp/CMakeLists.txt"))
+    if not found:
+        raise ToolBuildError(f"the sdist has no vendor/llama.cpp: not a llama-cpp-python sdist? (see {out.name})")
+    return found[0].parent
+
+
+def _extract_vendor(sdist: Path, target: Path) -> None:
+    """Only ``*/vendor/llama.cpp/...`` members, with tarfile's safe ``data`` filter if present."""
+    try:
+        with tarfile.open(sdist) as tar:
+            members = [m for m in tar.getmembers() if "/vendor/llama.cpp/" in m.name + "/"]
+            kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            tar.extractall(target, members=members, **kwargs)
+    except (tarfile.TarError, OSError) as exc:
+        raise ToolBuildError(f"cannot unpack {sdist}: {exc}") from None
+
+
+#: Seconds between "still building" lines while a build step runs.
+HEARTBEAT_S = 60.0
+
+
+def _step(command: list[str], out, log: Path, what: str, timeout_s: float,
+          say: Callable[[str], None] = lambda line: None) -> None:
+    """Run one build step into the log, in its own process group: killed with all its
+    children on timeout, Ctrl-C or SIGTERM (a stopped build leaves no compiler running).
+    ``say`` hears a line every ``HEARTBEAT_S`` seconds: a long build never looks hung."""
+    out.write(f"\n$ {' '.join(command)}\n")
+    out.flush()
+    proc = subprocess.Popen(
+        command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+    )
+    began = time.monotonic()
+    try:
+        with _sigterm_raises():
+            while True:
+                left = timeout_s - (time.monotonic() - began)
+                try:
+                    rc = proc.wait(max(0.0, min(HEARTBEAT_S, left)))
+                    break
+                except subprocess.TimeoutExpired:
+                    if left <= HEARTBEAT_S:
+                        raise
+                    say(f"llmperf: still {what} llama.cpp ({time.monotonic() - began:.0f} s so far; log: {log})")
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        raise ToolBuildError(f"{what} llama.cpp took longer than {timeout_s:.0f} s and was stopped; see {log}") from None
+    except BaseException:
+        _kill_group(proc)
+        raise
+    if rc != 0:
+        raise ToolBuildError(f"{what} llama.cpp failed (exit status {rc}); see {log}")
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """SIGTERM (``timeout``, a CI runner cancelling) as SystemExit while we wait, so the
+    build's process group is killed on the way out (main thread only: signals go there)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGTERM"):
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, signal.SIGKILL) if hasattr(os, "killpg") else proc.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)
+
+
+@contextlib.contextmanager
+def _lock(path: Path, say: Callable[[str], None]) -> Iterator[None]:
+    """An exclusive lock file (``flock``: released by the OS if the holder dies)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no lock; concurrent builds there are the user's choice
+        yield
+        return
+    with path.open("a") as handle:
+        deadline = time.monotonic() + LOCK_TIMEOUT_S
+        told = False
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not told:
+                    say(f"llmperf: another process is building llama.cpp's tools; waiting (lock {path})")
+                    told = True
+                if time.monotonic() > deadline:
+                    raise ToolBuildError(
+                        f"waited {LOCK_TIMEOUT_S:.0f} s for another process's llama.cpp build; remove {path} "
+                        "if no build is running"
+                    ) from None
+                time.sleep(1.0)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

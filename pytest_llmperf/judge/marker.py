@@ -191,7 +191,7 @@ class MarkerConfig:
     workload: Mapping[str, Any]
     settings: Mapping[str, float] = dataclasses.field(default_factory=dict)
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    #: llama.cpp settings for this test (``engines.config.EngineConfig`` fields), over the session's.
+    #: llama.cpp settings for this test (``engines.llama_cpp_native.EngineConfig`` fields), over the session's.
     engine: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     #: A/B keys (a, b, max_slowdown, min_speedup): the test compares two sides interleaved.
     ab: Mapping[str, Any] = dataclasses.field(default_factory=dict)

@@ -132,7 +132,7 @@ def last_level_cache_bytes() -> int | None:
 
 
 def _cache_file() -> Path:
-    from ..models.synthetic import default_cache_dir
+    from ..models.gguf import default_cache_dir
 
     return default_cache_dir() / "machine-peaks.json"
 

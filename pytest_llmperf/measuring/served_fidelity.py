@@ -14,7 +14,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from ..engines.server_metrics import delta
+from ..engines.http import delta
 from .metrics import RunMetrics
 from ..core.workload import RunTrace
 

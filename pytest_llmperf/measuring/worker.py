@@ -45,8 +45,8 @@ from ..core.errors import ConfigError, EngineError, LLMPerfError
 from ..core.settings import SETTINGS
 from ..core.workload import NativeCounters, RunTrace
 from ..core.workload import Workload
-from ..engines.config import EngineConfig
-from ..models.facts import gguf_file_type
+from ..engines.llama_cpp_native import EngineConfig
+from ..models.gguf import gguf_file_type
 from ..engines.llama_cpp_native import known_cause, signal_name
 from .channel import Channel, ChannelClosed, die_with_parent
 
@@ -201,7 +201,7 @@ class WorkerEngine:
 
 def load_worker(config: EngineConfig, *, timeout_s: float = DEFAULT_TIMEOUT_S, label: str = "") -> WorkerEngine:
     """A WorkerEngine for ``config`` (a preset name is written once, here, then cached)."""
-    from ..models.synthetic import model_path
+    from ..models.gguf import model_path
 
     path, name = model_path(config.model)
     return WorkerEngine(dataclasses.replace(config, model=str(path)), name=name or path.stem, timeout_s=timeout_s,

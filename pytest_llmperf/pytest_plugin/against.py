@@ -37,7 +37,7 @@ class AgainstHooks:
 
     def _open(self) -> Any:
         if self.against is None and self.error is None:
-            from ..models.synthetic import default_cache_dir
+            from ..models.gguf import default_cache_dir
             from ..session.against import open_against
 
             s = self.session.settings

@@ -55,7 +55,7 @@ def llmperf_engine(pytestconfig: pytest.Config) -> Any:
 
 
 def _serve(pytestconfig: pytest.Config, start: Callable[..., Any], **kwargs: Any) -> Any:
-    from ..models.synthetic import ensure_model
+    from ..models.gguf import ensure_model
 
     s = session_of(pytestconfig).settings.engine
     try:

@@ -57,7 +57,7 @@ def make_engine(config: Any, settings: Any, engine_config: Any) -> Any:
     if hasattr(engine, "run") and hasattr(engine, "info"):
         return engine
     if callable(engine):
-        from ..engines.callable import CallableEngine
+        from ..engines import CallableEngine
 
         return CallableEngine(engine)
     raise EngineError(

@@ -32,7 +32,7 @@ def resolve_model(model: str | None) -> tuple[Path, str]:
     """(GGUF path, display name): a preset name (or nothing: the embedded default) is written once."""
     from ..engines.llama_cpp_native import check_gguf
     from ..core.settings import DEFAULT_MODEL
-    from ..models.synthetic import model_path
+    from ..models.gguf import model_path
 
     path, name = model_path(model or DEFAULT_MODEL)
     if name is None:
@@ -56,7 +56,7 @@ def profile(
     reprobe_peaks: bool = False,
     progress: Callable[[str], None] = lambda step: None,
 ) -> dict[str, Any]:
-    from ..engines.config import EngineConfig
+    from ..engines.llama_cpp_native import EngineConfig
     from ..measuring.machine_peak import machine_peaks
     from ..core.formats import sig6
     from ..baselines.records import diagnosis

@@ -1,5 +1,5 @@
 """The engines a session measures: the session's own (loaded once), one per llama.cpp setting
-a test names (``engines.pool``), or what a hook provides; and the header lines that say what
+a test names (``engines.llama_cpp_native``), or what a hook provides; and the header lines that say what
 they are without loading anything."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def load_engine(settings: EngineSettings) -> Any:
 
         return HttpEngine.from_settings(settings.endpoint, settings, settings.api_model)
     from ..engines.llama_cpp import LlamaCppEngine
-    from ..models.synthetic import ensure_model
+    from ..models.gguf import ensure_model
 
     path: str | Path = ensure_model(settings.preset) if settings.preset else settings.model
     return LlamaCppEngine(
@@ -36,9 +36,9 @@ def load_engine(settings: EngineSettings) -> Any:
 
 
 def engine_config(settings: EngineSettings, overrides: Any = None) -> Any:
-    """``engines.config.EngineConfig`` of the session's settings with a test's own over them
+    """``engines.llama_cpp_native.EngineConfig`` of the session's settings with a test's own over them
     (imported here: the engine layer loads once an llmperf test runs)."""
-    from ..engines.config import EngineConfig
+    from ..engines.llama_cpp_native import EngineConfig
 
     return EngineConfig.from_settings(settings, overrides)
 
@@ -161,7 +161,7 @@ def describe(settings: EngineSettings, threads_source: str, disabled: bool, engi
     threads asked for exceed the CPUs usable. Loads nothing but file metadata."""
     from ..core.settings import usable_cpus
     from ..engines.llama_cpp_native import llama_cpp_version
-    from ..models.facts import describe_model
+    from ..models.gguf import describe_model
 
     s = settings
     if s.endpoint:
