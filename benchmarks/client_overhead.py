@@ -122,7 +122,7 @@ def measure(levels: list[int], interval_ms: float, tokens: int, requests: int) -
 
     from pytest_llmperf import Workload
     from pytest_llmperf.engines.http import HttpEngine
-    from pytest_llmperf.measuring.load import measure_load
+    from pytest_llmperf.measuring.served import measure_load
     from pytest_llmperf.engines.servers import free_port, stop
 
     port = free_port()

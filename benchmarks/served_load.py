@@ -41,8 +41,8 @@ def main() -> None:
     import os
 
     from pytest_llmperf import Workload, ensure_model
-    from pytest_llmperf.measuring.load import curve_table, measure_load
-    from pytest_llmperf.measuring.served_fidelity import curve_lines
+    from pytest_llmperf.measuring.served import measure_load
+    from pytest_llmperf.reports.text import curve_lines, curve_table
     from pytest_llmperf.engines.servers import serve_llama_server
     from pytest_llmperf.models.gguf import PRESETS
 

@@ -31,8 +31,8 @@ _EXPORTS = {
     "Measurement": "measuring.metrics",
     "RunMetrics": "measuring.metrics",
     "summarize": "measuring.metrics",
-    "InferenceProfiler": "measuring.profiler",
-    "ProfilerStats": "measuring.profiler",
+    "InferenceProfiler": "measuring.runner",
+    "ProfilerStats": "measuring.runner",
     "measure": "measuring.runner",
     "PRESETS": "models.gguf",
     "ModelSpec": "models.gguf",
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from .judge.ab import ABResult, Side, compare_ab
     from .core.errors import ConfigError, EngineError, LLMPerfError
     from .measuring.metrics import LatencyStats, Measurement, RunMetrics, summarize
-    from .measuring.profiler import InferenceProfiler, ProfilerStats
+    from .measuring.runner import InferenceProfiler, ProfilerStats
     from .measuring.runner import measure
     from .models.gguf import PRESETS, ModelSpec, ensure_model, write_gguf
     from .core.workload import NativeCounters, RunTrace

@@ -16,7 +16,7 @@ from pytest_llmperf import Workload, measure
 from pytest_llmperf.core import catalog
 from pytest_llmperf.core.fingerprint import Fingerprint, subject
 from pytest_llmperf.reports.html import _budget_rows, budget_value
-from pytest_llmperf.measuring.machine_peak import Peak
+from pytest_llmperf.measuring.roofline import Peak
 from pytest_llmperf.baselines.records import record
 from pytest_llmperf.judge import compare
 from pytest_llmperf.judge.marker import BUDGET_KEYS, KEYS

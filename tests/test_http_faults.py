@@ -325,7 +325,7 @@ def test_server_that_cannot_start_says_why_in_one_line(tmp_path):
 
 def load_fails_within(engine, seconds, workload):
     """Every request of a load run fails, the run ends within ``seconds``; the first error."""
-    from pytest_llmperf.measuring.load import measure_load
+    from pytest_llmperf.measuring.served import measure_load
 
     begin = time.monotonic()
     with pytest.raises(EngineError) as exc:
@@ -354,7 +354,7 @@ def test_async_load_client_stall_and_http_errors(faulty):
 
 def test_async_load_client_counts_like_the_sync_one(faulty):
     """Healthy and merged streams through the load path: exact counts, the same sources."""
-    from pytest_llmperf.measuring.load import measure_load
+    from pytest_llmperf.measuring.served import measure_load
 
     for fault, source in (("ok", "events"), ("merged", "finish_reason"), ("usage", "usage")):
         engine = HttpEngine(f"{faulty}/{fault}/v1")

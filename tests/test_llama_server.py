@@ -20,7 +20,8 @@ import pytest
 
 from pytest_llmperf import Workload, measure
 from pytest_llmperf.cli import main
-from pytest_llmperf.measuring.load import load_rows, measure_load
+from pytest_llmperf.measuring.served import measure_load
+from pytest_llmperf.reports.text import load_rows
 
 pytestmark = pytest.mark.usefixtures("llama_server_binary")
 
@@ -102,7 +103,7 @@ def test_shared_prefix_is_measured_only_when_asked(small_server, capsys):
 
 
 def test_sweep_levels_never_repeat_a_prompt(small_server):
-    from pytest_llmperf.measuring.load import sweep
+    from pytest_llmperf.measuring.served import sweep
 
     engine = small_server.engine()
     levels = sweep(engine, Workload(prompt_tokens=16, max_tokens=4, requests=4, warmup=1), (1, 2))

@@ -7,7 +7,7 @@ import pytest
 
 from pytest_llmperf import ConfigError, Workload, measure
 from pytest_llmperf.cli import main
-from pytest_llmperf.measuring.load import arrival_offsets_s, measure_load
+from pytest_llmperf.measuring.served import arrival_offsets_s, measure_load
 
 
 def test_poisson_arrivals_are_seeded_with_the_asked_rate():

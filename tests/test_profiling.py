@@ -15,10 +15,10 @@ import pytest
 from inner import run as run_inner
 from pytest_llmperf import InferenceProfiler, Workload, measure
 from pytest_llmperf.cli import main as cli_main
-from pytest_llmperf.measuring.diagnostics import SystemDelta, SystemSample, context_slope, far_off, likely_causes
+from pytest_llmperf.measuring.metrics import SystemDelta, SystemSample, context_slope, far_off, likely_causes
 from pytest_llmperf.judge.layer_diff import compare_layers
 from pytest_llmperf.measuring.layers import outlier_layers
-from pytest_llmperf.measuring.machine_peak import machine_peaks
+from pytest_llmperf.measuring.roofline import machine_peaks
 from pytest_llmperf.measuring.roofline import kv_cache_bytes
 from pytest_llmperf.models.gguf import ModelSpec, ensure_model
 
@@ -405,10 +405,10 @@ def test_roofline_says_what_is_true_instead_of_a_utilisation_above_100_percent(m
     import dataclasses
     from types import SimpleNamespace
 
-    import pytest_llmperf.measuring.machine_peak as machine_peak
+    import pytest_llmperf.measuring.roofline as machine_peak
     from pytest_llmperf.reports.breakdown import roofline_text
     from pytest_llmperf.core.workload import EngineInfo
-    from pytest_llmperf.measuring.machine_peak import Peak
+    from pytest_llmperf.measuring.roofline import Peak
     from pytest_llmperf.measuring.roofline import roofline
 
     monkeypatch.setattr(machine_peak, "last_level_cache_bytes", lambda: 32 * 2**20)

@@ -60,7 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..engines.http import HttpEngine
     from ..core.errors import ConfigError
-    from ..measuring.load import SLO_KEYS, curve_table, sweep
+    from ..measuring.served import SLO_KEYS, sweep
+    from ..reports.text import curve_table
     from ..core.workload import Workload
 
     if not args.endpoint and not args.serve:
@@ -104,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"llmperf load: {workload.prompt_cache}")
         results = sweep(engine, workload, args.concurrency, slo=slo)
     print(curve_table(results))
-    from ..measuring.served_fidelity import curve_lines
+    from ..reports.text import curve_lines
 
     for line in curve_lines(results):
         print(line)

@@ -22,7 +22,7 @@ import signal
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Mapping, Sequence, TYPE_CHECKING
+from typing import Any, Mapping, Sequence
 
 from ..core.errors import ConfigError, EngineError
 from ..core.settings import CACHE_TYPES, ENGINE_DEFAULTS as DEFAULTS, UNQUANTIZED

@@ -64,10 +64,6 @@ class PhaseLayers:
         return tuple(v / total if total else 0.0 for v in self.median_ms)
 
     @property
-    def sum_ms(self) -> float:
-        return float(sum(self.median_ms))
-
-    @property
     def n_layers(self) -> int:
         """Transformer blocks reported (the head is not one)."""
         return sum(1 for n in self.names if n != HEAD_NAME)

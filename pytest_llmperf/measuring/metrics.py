@@ -5,28 +5,36 @@ engine overhead per token against llama.cpp's own counters. Pooled over runs: IT
 percentiles. Percentiles interpolate linearly between order statistics (numpy's default).
 The run, not the token, is the sampling unit for statistics; pooled ITL is for display and
 budgets.
-"""
+
+Jitter and stability: is a measurement steady, and if not, what the machine says about why.
+
+System counters are sampled just before the first and after the last run (never inside a
+timed region): load average, CPU clock, page faults and involuntary context switches of this
+process, and the CPU time the hypervisor gave to other guests (steal: on a shared VM the
+largest cause of slow sessions seen on this project's machines). A cause is named only when its signal is there; an unstable measurement with no signal
+says so."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import glob
+import numpy as np
+import os
+import resource
 import statistics
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence, TYPE_CHECKING
 
-import numpy as np
+from ..core.formats import sig6
+from ..core.workload import EngineInfo, RunTrace, Workload
 
-from ..core.workload import EngineInfo
-from ..core.workload import RunTrace
-from ..core.workload import Workload
-
-if TYPE_CHECKING:  # these modules build on this one: types only, no import at run time
-    from .diagnostics import Stability, SystemDelta
+if TYPE_CHECKING:
     from .layers import LayerProfile
-    from .load import LoadStats
-    from .memory import PeakRss
+    from .served import LoadStats
+    from .runner import PeakRss
     from .roofline import Roofline
+
 
 NS_PER_MS = 1e6
 
@@ -177,7 +185,6 @@ class Measurement:
     @functools.cached_property
     def stability(self) -> Stability:
         """CV, spread, first-run/first-token effects, context slope."""
-        from .diagnostics import diagnose
 
         return diagnose(self, self.system, self.warmup_runs)
 
@@ -224,3 +231,238 @@ def summarize_runs(
         output_tokens=min(r.output_tokens for r in runs),
         sampling_ms_per_token=med("sampling_ms_per_token"),
     )
+
+
+#: A measurement is called unstable at a run-to-run CV above this.
+UNSTABLE_CV = 0.10
+#: A run is "far off" beyond the median + this many MADs of its peers (and 25% off the median).
+FAR_RUN_MAD_FACTOR = 5.0
+
+
+@dataclass(frozen=True)
+class SystemSample:
+    load_1m: float | None
+    cpu_mhz: float | None
+    minor_faults: int
+    major_faults: int
+    involuntary_switches: int
+    #: (steal, total) CPU ticks of the whole machine so far (/proc/stat), None where unknown.
+    cpu_ticks: tuple[int, int] | None = None
+
+
+#: Steal above this share of the CPU time during the runs is named as a cause (and, beyond the
+#: baseline's by ``regression.STEAL_MACHINE_SHARE``, blamed instead of the subject).
+STEAL_NOTE_SHARE = 0.02
+
+
+def _cpu_ticks() -> tuple[int, int] | None:
+    """(steal, total) ticks of /proc/stat's ``cpu`` line (user nice system idle iowait irq
+    softirq steal ...; guest time is already inside user)."""
+    try:
+        with open("/proc/stat") as fh:
+            fields = fh.readline().split()
+        ticks = [int(v) for v in fields[1:9]]
+    except (OSError, ValueError, IndexError):
+        return None
+    return (ticks[7], sum(ticks)) if len(ticks) == 8 and fields[0] == "cpu" else None
+
+
+def _cpu_mhz() -> float | None:
+    """Mean current clock over CPUs: cpufreq where the OS exposes it, else /proc/cpuinfo."""
+    values = []
+    for path in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/cpufreq/scaling_cur_freq"):
+        try:
+            values.append(int(open(path).read()) / 1000)
+        except (OSError, ValueError):
+            pass
+    if not values:
+        try:
+            with open("/proc/cpuinfo") as fh:
+                values = [float(line.split(":")[1]) for line in fh if line.startswith("cpu MHz")]
+        except (OSError, ValueError, IndexError):
+            values = []
+    return float(np.mean(values)) if values else None
+
+
+def sample_system() -> SystemSample:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = None
+    return SystemSample(load, _cpu_mhz(), usage.ru_minflt, usage.ru_majflt, usage.ru_nivcsw, _cpu_ticks())
+
+
+@dataclass(frozen=True)
+class SystemDelta:
+    before: SystemSample
+    after: SystemSample
+
+    @property
+    def major_faults(self) -> int:
+        return self.after.major_faults - self.before.major_faults
+
+    @property
+    def minor_faults(self) -> int:
+        return self.after.minor_faults - self.before.minor_faults
+
+    @property
+    def involuntary_switches(self) -> int:
+        return self.after.involuntary_switches - self.before.involuntary_switches
+
+    @property
+    def steal_share(self) -> float | None:
+        """Share of all CPUs' time between the samples that the hypervisor gave to others."""
+        if self.before.cpu_ticks is None or self.after.cpu_ticks is None:
+            return None
+        steal = self.after.cpu_ticks[0] - self.before.cpu_ticks[0]
+        total = self.after.cpu_ticks[1] - self.before.cpu_ticks[1]
+        return steal / total if total > 0 and steal >= 0 else None
+
+    def as_dict(self) -> dict[str, Any]:
+        share = self.steal_share
+        return {
+            "steal_share": None if share is None else round(share, 5),
+            "load_1m": self.after.load_1m,
+            "involuntary_switches": self.involuntary_switches,
+        }
+
+
+@dataclass(frozen=True)
+class Stability:
+    """What the runs say about their own steadiness; ``warnings`` are plain-words sentences."""
+
+    n_runs: int
+    tpot_cv: float
+    tpot_spread_pct: float  # (max - min) / median of per-run TPOT
+    ttft_cv: float
+    first_run_slowdown: float | None  # warm-up run TPOT / median TPOT of the measured runs
+    first_run_ttft_slowdown: float | None
+    first_token_slowdown: float  # median over runs of (first ITL / that run's median ITL)
+    context_slope_us_per_token: float | None  # ITL growth per token of context (decode)
+    context_span: tuple[int, int] | None  # context positions the slope was fitted over
+    far_runs: tuple[int, ...]  # indices of runs far off the others
+    warnings: tuple[str, ...]
+
+    @property
+    def unstable(self) -> bool:
+        return bool(self.warnings)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "n_runs": self.n_runs,
+            "tpot_cv": sig6(self.tpot_cv),
+            "tpot_spread_pct": sig6(self.tpot_spread_pct),
+            "ttft_cv": sig6(self.ttft_cv),
+            "first_run_slowdown": sig6(self.first_run_slowdown),
+            "first_run_ttft_slowdown": sig6(self.first_run_ttft_slowdown),
+            "first_token_slowdown": sig6(self.first_token_slowdown),
+            "context_slope_us_per_token": sig6(self.context_slope_us_per_token),
+            "context_span": list(self.context_span) if self.context_span else None,
+            "far_runs": list(self.far_runs),
+            "warnings": list(self.warnings),
+        }
+
+
+def _cv(values: Sequence[float]) -> float:
+    v = np.asarray(values, dtype=float)
+    return float(np.std(v, ddof=1) / np.mean(v)) if len(v) > 1 and np.mean(v) else 0.0
+
+
+def far_off(values: Sequence[float]) -> tuple[int, ...]:
+    v = np.asarray(values, dtype=float)
+    if len(v) < 3:
+        return ()
+    med = float(np.median(v))
+    mad = float(np.median(np.abs(v - med)))
+    return tuple(
+        i for i, x in enumerate(v) if abs(x - med) > FAR_RUN_MAD_FACTOR * mad and abs(x - med) > 0.25 * med
+    )
+
+
+def context_slope(itl_runs: Sequence[Sequence[float]], prompt_tokens: int | None) -> tuple[float | None, tuple[int, int] | None]:
+    """Least-squares slope of ITL (ms) against context position, in us per token of context.
+
+    The first gap of each run is left out (it carries first-token effects, reported apart).
+    """
+    base = (prompt_tokens or 0) + 1
+    xs, ys = [], []
+    for itl in itl_runs:
+        for i, value in enumerate(itl[1:], start=1):
+            xs.append(base + i)
+            ys.append(value)
+    if len(set(xs)) < 3:
+        return None, None
+    slope_ms = float(np.polyfit(np.asarray(xs, float), np.asarray(ys, float), 1)[0])
+    return slope_ms * 1e3, (min(xs), max(xs))
+
+
+def diagnose(m: Any, system: SystemDelta | None = None, warmup_runs: Sequence[Any] = ()) -> Stability:
+    """Stability of a Measurement; ``warmup_runs`` (RunMetrics of discarded runs) give the
+    first-run slowdown."""
+    tpots = [r.tpot_ms for r in m.runs]
+    ttfts = [r.ttft_ms for r in m.runs]
+    med_tpot, med_ttft = float(np.median(tpots)), float(np.median(ttfts))
+    first_run = warmup_runs[0].tpot_ms / med_tpot if warmup_runs and med_tpot else None
+    first_ttft = warmup_runs[0].ttft_ms / med_ttft if warmup_runs and med_ttft else None
+    first_token = [r.itl_ms[0] / float(np.median(r.itl_ms)) for r in m.runs if len(r.itl_ms) > 1 and np.median(r.itl_ms)]
+    slope, span = context_slope([r.itl_ms for r in m.runs], m.prompt_tokens)
+    tpot_cv, ttft_cv = _cv(tpots), _cv(ttfts)
+    far = tuple(sorted(set(far_off(tpots)) | set(far_off(ttfts))))
+
+    problems = []
+    if tpot_cv > UNSTABLE_CV:
+        problems.append(f"TPOT varies {tpot_cv:.0%} (CV) across {len(tpots)} runs")
+    if ttft_cv > UNSTABLE_CV:
+        problems.append(f"TTFT varies {ttft_cv:.0%} (CV) across {len(ttfts)} runs")
+    if far:
+        problems.append(f"run(s) {', '.join(str(i + 1) for i in far)} far off the others")
+    warnings = []
+    if problems:
+        causes = likely_causes(system)
+        warnings.append(
+            "unstable measurement: " + "; ".join(problems) + ". "
+            + (("Likely causes: " + "; ".join(causes) + ".") if causes else
+               "No load, clock or page-fault signal was seen; more runs narrow the estimate.")
+        )
+    if first_run is not None and first_run > 1.5:
+        warnings.append(
+            f"the first (warm-up) run was {first_run:.1f}x slower per token than the rest: keep warmup >= 1"
+        )
+    return Stability(
+        n_runs=len(m.runs),
+        tpot_cv=tpot_cv,
+        tpot_spread_pct=(max(tpots) - min(tpots)) / med_tpot * 100 if med_tpot else 0.0,
+        ttft_cv=ttft_cv,
+        first_run_slowdown=first_run,
+        first_run_ttft_slowdown=first_ttft,
+        first_token_slowdown=float(np.median(first_token)) if first_token else 1.0,
+        context_slope_us_per_token=slope,
+        context_span=span,
+        far_runs=far,
+        warnings=tuple(warnings),
+    )
+
+
+def likely_causes(system: SystemDelta | None) -> list[str]:
+    """The seed's usual suspects, each only with its signal."""
+    if system is None:
+        return []
+    causes = []
+    from ..core.settings import usable_cpus
+
+    cpus = usable_cpus()
+    loads = [x for x in (system.before.load_1m, system.after.load_1m) if x is not None]
+    if loads and max(loads) > cpus:
+        causes.append(f"other load: load average {max(loads):.1f} on {cpus} CPU(s) (llama.cpp's threads compete)")
+    steal = system.steal_share
+    if steal is not None and steal >= STEAL_NOTE_SHARE:
+        causes.append(f"the hypervisor gave {steal:.0%} of this VM's CPU time to other guests (steal)")
+    if system.involuntary_switches > 0:
+        causes.append(f"{system.involuntary_switches} involuntary context switches (other processes took these cores)")
+    if system.major_faults > 0:
+        causes.append(f"{system.major_faults} major page faults (weights paged in from disk: mlock or more RAM)")
+    mhz = (system.before.cpu_mhz, system.after.cpu_mhz)
+    if None not in mhz and abs(mhz[1] - mhz[0]) / mhz[0] > 0.05:  # type: ignore[operator]
+        causes.append(f"frequency scaling: CPU clock {mhz[0]:.0f} -> {mhz[1]:.0f} MHz")
+    return causes

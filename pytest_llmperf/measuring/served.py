@@ -1,38 +1,319 @@
-"""What serving adds: the same test measured in process and through a server, side by side.
+"""Served load: concurrency and Poisson arrivals against an HTTP engine, per-request distributions,
+goodput, sweeps, and the server's own clock and counts beside the client's.
 
-A test that measures the same workload on the in-process engine and on an HTTP endpoint gets
-one line in the session summary: both TTFT and TPOT medians and the server's added latency per
-token (TPOT served minus TPOT in process), the figure users ask for.
-"""
+Latency under load: many requests, ``concurrency`` in flight, or Poisson arrivals at ``rate``.
+
+Each request is one engine run, so per-request TTFT, TPOT and E2E come from the same
+definitions as a single-stream measurement. On top: the distributions over requests
+(p50/p90/p95/p99), output tokens/s overall and per request, requests/s, and goodput: the share
+of *all* requests (failed ones count as misses) that met the SLOs, given as the ``ttft_ms``
+and ``tpot_ms`` budgets. A failed request is kept with its one-line reason, never dropped.
+
+Closed loop (no rate): ``concurrency`` requests in flight, the next sent as soon as one
+finishes. Rate mode: requests are sent at seeded exponential gaps (a Poisson process), at most
+``concurrency`` at once (unbounded when not given); TTFT counts from the send. An engine with
+``arun`` (the HTTP engine) runs every request as a task on one asyncio event loop (httpx's
+AsyncClient): at 64 in flight no thread switch sits between a line's arrival and its stamp
+(benchmarks/client_overhead.py); other engines run in a thread pool.
+
+Every request of a load run gets its own request index (levels of a sweep do not repeat
+indices), so synthetic prompts never repeat: no level is answered from a prompt cache that an
+earlier level filled.
+
+The server's own clock and counts beside the client's, for a served load level.
+
+llama-server returns per-request ``timings`` (prompt_n, prompt_ms, predicted_n, predicted_ms;
+kept as the run's ``NativeCounters``) and counts what it did in ``/metrics``. The gaps say what
+the client-side figures hold beyond the model's work: TTFT minus the server's prompt time is
+queueing, HTTP and streaming; TPOT minus the server's time per predicted token is what the
+stream adds per token. ``prompt_n`` (tokens the server evaluated) against the prompt's length
+shows whether a prompt cache answered part of a prompt."""
 
 from __future__ import annotations
 
-from collections import defaultdict
-from typing import Any, Iterable
+import asyncio
+import dataclasses
+import numpy as np
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
-from ..core.catalog import METRICS
-from ..core.formats import fmt
+from ..core import catalog
+from ..core.errors import ConfigError, EngineError, LLMPerfError
+from ..core.workload import RunTrace, Workload
+from ..engines.http import delta
+from .metrics import LatencyStats, Measurement, RunMetrics, summarize
 
 
-def overhead_lines(rows: Iterable[dict[str, Any]]) -> list[str]:
-    """One line per test with both an in-process and an ``http`` measurement (report rows)."""
-    by_test: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for row in rows:
-        by_test[str(row.get("test", "")).split("[", 1)[0]].append(row)
-    ttft, tpot = METRICS["ttft_ms"], METRICS["tpot_ms"]
+#: Budget keys that double as per-request SLOs for goodput: each phase's judged time metric.
+SLO_KEYS = tuple(catalog.PHASE_METRIC.values())
+#: The metrics a load test gives per-request percentiles of, with their ``LoadStats`` attribute.
 
-    def both(r: dict[str, Any]) -> str:
-        return ", ".join(f"{x.label} {fmt(r[x.name])} {x.unit}" for x in (ttft, tpot))
 
-    lines = []
-    for test, group in by_test.items():
-        local = [r for r in group if r.get("engine") == "llama.cpp" and r.get(tpot.name) is not None]
-        served = [r for r in group if str(r.get("engine", "")).startswith("http") and r.get(tpot.name) is not None]
-        if not local or not served:
-            continue
-        a, b = local[0], served[0]
-        lines.append(
-            f"{test}: in process {both(a)}; served {both(b)}; server overhead "
-            f"{b[tpot.name] - a[tpot.name]:+.3g} {tpot.unit}/token, {b[ttft.name] - a[ttft.name]:+.3g} {ttft.unit} {ttft.label}"
+@dataclass(frozen=True)
+class LoadStats:
+    """What only a load test shows; ``Measurement.runs`` holds the successful requests."""
+
+    concurrency: int
+    rate_per_s: float | None
+    n_requests: int
+    n_ok: int
+    n_failed: int
+    errors: tuple[str, ...]  # "request 3: <reason>", one per failed request
+    duration_s: float  # first send to last token
+    ttft: LatencyStats
+    tpot: LatencyStats
+    e2e: LatencyStats
+    output_tps: float  # all output tokens / duration
+    output_tps_per_request: float  # median over requests of output tokens / E2E
+    requests_per_s: float  # successful requests / duration
+    goodput: float  # share of all requests meeting the SLOs (and not failed)
+    slo: Mapping[str, float]
+    server: ServerSide | None = None  # llama-server's own timings and /metrics, when it gave them
+    prompt_cache: str | None = None  # served: what the server's prompt cache was allowed to do
+
+
+def arrival_offsets_s(n: int, rate_per_s: float, seed: int) -> np.ndarray:
+    """Send times of a Poisson process: the first at 0, then exponential gaps of mean 1/rate."""
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate_per_s, size=n)
+    gaps[0] = 0.0
+    return np.cumsum(gaps)
+
+
+def meets_slo(run: RunMetrics, slo: Mapping[str, float]) -> bool:
+    return all(getattr(run, key) <= limit for key, limit in slo.items() if key in SLO_KEYS)
+
+
+def _check_engine(engine: Any, workers: int, rate: float | None) -> None:
+    if workers > 1 and not getattr(engine, "concurrent_safe", False):
+        what = f"concurrency {workers}" if not rate else f"rate {rate:g}/s with up to {workers} requests in flight"
+        raise ConfigError(
+            f"{what} needs an engine that takes concurrent requests (an HTTP endpoint: "
+            "--llmperf-endpoint); this engine runs one request at a time (concurrency=1 works)"
         )
-    return lines
+
+
+def measure_load(
+    engine: Any,
+    workload: Workload,
+    label: str = "",
+    slo: Mapping[str, float] | None = None,
+    first_index: int = 0,
+) -> Measurement:
+    """Warm up (sequentially, discarded), then send ``workload.n_requests`` requests, with
+    request indices ``first_index``, ``first_index + 1``... (warm-ups: negative ones)."""
+    slo = {k: float(v) for k, v in (slo or {}).items() if k in SLO_KEYS}
+    n = workload.n_requests
+    workers = workload.concurrency or (n if workload.rate else 1)
+    _check_engine(engine, workers, workload.rate if not workload.concurrency else None)
+    outcomes: list[RunTrace | str | None] = [None] * n
+    if hasattr(engine, "arun"):
+        server_before = _run_loop(_send_async(engine, workload, n, workers, first_index, outcomes))
+    else:
+        for i in range(workload.warmup):
+            engine.run(workload, -1 - first_index - i)
+        server_before = _server_metrics(engine)
+        _send_threads(engine, workload, n, workers, first_index, outcomes)
+    server_after = _server_metrics(engine)
+    traces = [o for o in outcomes if isinstance(o, RunTrace)]
+    errors = tuple(f"request {i}: {o}" for i, o in enumerate(outcomes) if not isinstance(o, RunTrace))
+    if not traces:
+        raise EngineError(f"all {n} requests failed; first: {errors[0].split(': ', 1)[1]}")
+    m = summarize(traces, workload, engine.info(), label=label)
+    end = max(t.token_ns[-1] for t in traces)
+    duration_s = max((end - min(t.start_ns for t in traces)) / 1e9, 1e-9)
+    runs = m.runs
+    stats = LoadStats(
+        concurrency=workers,
+        rate_per_s=workload.rate,
+        n_requests=n,
+        n_ok=len(traces),
+        n_failed=len(errors),
+        errors=errors,
+        duration_s=duration_s,
+        ttft=LatencyStats.of([r.ttft_ms for r in runs]),
+        tpot=LatencyStats.of([r.tpot_ms for r in runs]),
+        e2e=LatencyStats.of([r.e2e_ms for r in runs]),
+        output_tps=sum(r.output_tokens for r in runs) / duration_s,
+        output_tps_per_request=float(statistics.median(r.output_tokens / r.e2e_ms * 1000 for r in runs)),
+        requests_per_s=len(traces) / duration_s,
+        goodput=sum(1 for r in runs if meets_slo(r, slo)) / n,
+        slo=slo,
+        server=server_side(traces, runs, server_before, server_after),
+        prompt_cache=workload.prompt_cache if m.engine.endpoint else None,
+    )
+    return dataclasses.replace(m, load=stats)
+
+
+def _send_threads(
+    engine: Any, workload: Workload, n: int, workers: int, first: int, outcomes: list[Any]
+) -> None:
+    def one(i: int) -> None:
+        try:
+            outcomes[i] = engine.run(workload, first + i)
+        except LLMPerfError as exc:
+            outcomes[i] = str(exc)
+        except Exception as exc:  # a bug must not vanish in a worker thread
+            outcomes[i] = f"{type(exc).__name__}: {exc}"
+
+    clock = time.perf_counter_ns
+    begin = clock()
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="llmperf-load") as pool:
+        if workload.rate:
+            for i, offset in enumerate(arrival_offsets_s(n, workload.rate, workload.seed)):
+                delay = begin / 1e9 + offset - clock() / 1e9
+                if delay > 0:
+                    time.sleep(delay)
+                pool.submit(one, i)
+        else:
+            for i in range(n):
+                pool.submit(one, i)
+
+
+async def _send_async(
+    engine: Any, workload: Workload, n: int, workers: int, first: int, outcomes: list[Any]
+) -> dict[str, float] | None:
+    """Warm-ups one by one, then all requests as tasks of this loop, at most ``workers`` in
+    flight (a semaphore). The warm-ups run on the same client: the lazy imports of its first
+    request and its first connection fall outside the measured requests. Returns the
+    server's metrics read between the two."""
+    _import_async_stack()
+    slots = asyncio.Semaphore(workers)
+    client = engine.async_client()
+    try:
+        for i in range(workload.warmup):
+            await engine.arun(workload, -1 - first - i, client)
+        server_before = _server_metrics(engine)  # blocking, but nothing else runs on the loop yet
+        await _send_measured(engine, workload, n, first, outcomes, slots, client)
+    finally:
+        await client.aclose()
+    return server_before
+
+
+async def _send_measured(
+    engine: Any, workload: Workload, n: int, first: int, outcomes: list[Any], slots: Any, client: Any
+) -> None:
+    async def one(i: int) -> None:
+        async with slots:
+            try:
+                outcomes[i] = await engine.arun(workload, first + i, client)
+            except LLMPerfError as exc:
+                outcomes[i] = str(exc)
+            except Exception as exc:  # a bug must not vanish in a task
+                outcomes[i] = f"{type(exc).__name__}: {exc}"
+
+    clock = time.perf_counter_ns
+    begin = clock()
+    tasks = []
+    if workload.rate:
+        for i, offset in enumerate(arrival_offsets_s(n, workload.rate, workload.seed)):
+            delay = begin / 1e9 + offset - clock() / 1e9
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.ensure_future(one(i)))
+    else:
+        tasks = [asyncio.ensure_future(one(i)) for i in range(n)]
+    await asyncio.gather(*tasks)
+
+
+def _import_async_stack() -> None:
+    """What httpx imports on an async client's first request (anyio's asyncio backend), here
+    and not inside the first measured request (with warmup=0 there is no warm-up to pay it)."""
+    import contextlib
+
+    with contextlib.suppress(ImportError):
+        import anyio._backends._asyncio  # noqa: F401
+        import httpcore._backends.anyio  # noqa: F401
+
+
+def _run_loop(coro: Any) -> Any:
+    """``asyncio.run``; in a helper thread when this thread already runs a loop (Jupyter)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmperf-loop") as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def _server_metrics(engine: Any) -> dict[str, float] | None:
+    read = getattr(engine, "server_metrics", None)
+    return read() if read is not None else None
+
+
+def sweep(
+    engine: Any,
+    workload: Workload,
+    concurrencies: Sequence[int] = (1, 2, 4, 8),
+    slo: Mapping[str, float] | None = None,
+) -> list[Measurement]:
+    """The latency-throughput curve: one load measurement per concurrency, in order; each
+    level's requests have their own indices (no prompt repeats across levels)."""
+    results, first = [], 0
+    for c in concurrencies:
+        level = dataclasses.replace(workload, concurrency=c)
+        results.append(measure_load(engine, level, label=f"concurrency {c}", slo=slo, first_index=first))
+        first += level.n_requests + level.warmup
+    return results
+
+
+@dataclass(frozen=True)
+class ServerSide:
+    """Medians over the requests that carried timings; ``metrics``: /metrics over the level."""
+
+    n_timed: int
+    prompt_tokens_median: float | None  # the prompt's length (usage.prompt_tokens)
+    prompt_n_min: int | None  # prompt tokens the server evaluated (the rest came from its cache)
+    prompt_n_median: float | None
+    prompt_n_max: int | None
+    server_prompt_ms_p50: float | None
+    ttft_gap_ms_p50: float | None  # client TTFT - server prompt_ms
+    server_ms_per_token_p50: float | None  # predicted_ms / predicted_n
+    tpot_gap_ms_p50: float | None  # client TPOT - server ms per predicted token
+    metrics: Mapping[str, float] | None = None  # llamacpp:* counters' change over the level
+    # Sum over requests of prompt length - prompt_n: prompt tokens the server took from its cache.
+    prompt_tokens_from_cache: int | None = None
+
+    @property
+    def tokens_per_decode(self) -> float | None:
+        """Generated tokens per llama_decode call (> 1: requests were batched together)."""
+        m = self.metrics or {}
+        n = m.get("n_decode_total")
+        return m["tokens_predicted_total"] / n if n and "tokens_predicted_total" in m else None
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return float(statistics.median(values)) if values else None
+
+
+def server_side(
+    traces: Sequence[RunTrace],
+    runs: Sequence[RunMetrics],
+    before: dict[str, float] | None,
+    after: dict[str, float] | None,
+) -> ServerSide | None:
+    """None when the server gave neither timings nor metrics (not llama-server)."""
+    pairs = [(t, r) for t, r in zip(traces, runs) if t.native is not None]
+    metrics = delta(before, after)
+    if not pairs and not metrics:
+        return None
+    prompt_n = [t.native.prefill_tokens for t, _ in pairs]
+    per_token = [t.native.decode_ms / t.native.decode_tokens for t, _ in pairs if t.native.decode_tokens]
+    return ServerSide(
+        n_timed=len(pairs),
+        prompt_tokens_median=_median([t.prompt_tokens for t, _ in pairs if t.prompt_tokens is not None]),
+        prompt_n_min=min(prompt_n) if prompt_n else None,
+        prompt_n_median=_median(prompt_n),
+        prompt_n_max=max(prompt_n) if prompt_n else None,
+        server_prompt_ms_p50=_median([t.native.prefill_ms for t, _ in pairs]),
+        ttft_gap_ms_p50=_median([r.ttft_ms - t.native.prefill_ms for t, r in pairs]),
+        server_ms_per_token_p50=_median(per_token),
+        tpot_gap_ms_p50=_median(
+            [r.tpot_ms - t.native.decode_ms / t.native.decode_tokens for t, r in pairs if t.native.decode_tokens]
+        ),
+        metrics=metrics,
+        prompt_tokens_from_cache=sum(t.prompt_tokens - t.native.prefill_tokens for t, _ in pairs)
+        if pairs and all(t.prompt_tokens is not None for t, _ in pairs) else None,
+    )

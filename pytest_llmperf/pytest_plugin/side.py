@@ -215,7 +215,7 @@ def side_settings(settings: Any) -> Any:
 
 
 def main(argv: list[str]) -> int:
-    from ..measuring.channel import die_with_parent
+    from ..measuring.worker import die_with_parent
     from ..session.refs import install_redirect
 
     die_with_parent()

@@ -57,7 +57,7 @@ def profile(
     progress: Callable[[str], None] = lambda step: None,
 ) -> dict[str, Any]:
     from ..engines.llama_cpp_native import EngineConfig
-    from ..measuring.machine_peak import machine_peaks
+    from ..measuring.roofline import machine_peaks
     from ..core.formats import sig6
     from ..baselines.records import diagnosis
     from ..measuring.runner import measure

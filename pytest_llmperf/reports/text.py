@@ -1,4 +1,5 @@
-"""Plain-text reports: the per-test metrics table and the session summary table.
+"""Plain-text reports: the per-test metrics table and the session summary table, and the rows
+of a served load level (load curve, the server's own figures, what serving adds).
 
 Summary rows are ``judge.result.MeasurementResult.summary_row()``: built from the typed
 results that cross pytest-xdist's wire (the JUnit properties come from the same result).
@@ -6,14 +7,21 @@ results that cross pytest-xdist's wire (the JUnit properties come from the same 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
+from ..core import catalog
 from ..core import formats as nodeids
-from ..core.formats import fmt
-from ..core.catalog import FIGURES, SUMMARY_COLUMNS
-from ..measuring.metrics import Measurement
+from ..core.catalog import FIGURES, METRICS, SUMMARY_COLUMNS
+from ..core.formats import fmt, render_table
 from ..core.settings import DEFAULT_SUMMARY_COLUMNS
-from ..core.formats import render_table
+from ..measuring.metrics import Measurement
+
+if TYPE_CHECKING:
+    from ..measuring.served import ServerSide
+
+#: The latency metrics of a served load level (per-request percentiles in the load tables).
+LOAD_METRICS = tuple(m for m in catalog.METRICS.values() if m.load_stat)
 
 
 def _opt(value: float | None) -> str:
@@ -61,7 +69,6 @@ def metrics_table(m: Measurement) -> str:
         ("ITL min / max", "ms", f"{fmt(itl.min_ms)} / {fmt(itl.max_ms)}", f"{itl.count} tokens"),
     ]
     if m.load is not None:
-        from ..measuring.load import load_rows
 
         rows += load_rows(m)
     if m.engine.endpoint:  # served: what the server's prompt cache was allowed to do
@@ -152,3 +159,134 @@ def fit_table(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int)
     others = sum(max(len(str(c)) for c in col) + 2 for col in list(zip(headers, *rows))[1:])
     room = max(width - others, MIN_TEST_WIDTH, len(headers[0]))
     return render_table(headers, [[_clip(r[0], room)] + r[1:] for r in rows])
+
+
+def curve_table(measurements: Sequence[Measurement]) -> str:
+    """One row per load level: throughput against per-request latency percentiles."""
+
+    rows = []
+    for m in measurements:
+        s = m.load
+        rows.append(
+            [
+                str(s.concurrency) + (f" @{s.rate_per_s:g}/s" if s.rate_per_s else ""),
+                f"{s.n_ok}/{s.n_requests}",
+                fmt(s.requests_per_s),
+                fmt(s.output_tps),
+                fmt(s.output_tps_per_request),
+                *(f"{fmt(st.p50_ms)} / {fmt(st.p99_ms)}" for st in (getattr(s, x.load_stat) for x in LOAD_METRICS)),
+                f"{s.goodput:.0%}" if s.slo else "-",
+            ]
+        )
+    return render_table(
+        (
+            "concurrency", "ok", "req/s", "out tok/s", "tok/s per req",
+            *(f"{x.label} p50/p99 {x.unit}" for x in LOAD_METRICS), catalog.METRICS["goodput"].label,
+        ),
+        rows,
+    )
+
+
+def load_rows(m: Measurement) -> list[tuple[str, str, str, str]]:
+    """Rows for the per-test metrics table (same columns as ``metrics_table``)."""
+    s = m.load
+    reqs = f"{s.n_ok} requests"
+    pct = lambda st: f"{fmt(st.p50_ms)} / {fmt(st.p90_ms)} / {fmt(st.p95_ms)} / {fmt(st.p99_ms)}"  # noqa: E731
+    rows = [
+        ("load", "", f"concurrency {s.concurrency}" + (f", Poisson {s.rate_per_s:g}/s" if s.rate_per_s else ""), ""),
+        ("requests ok / failed", "", f"{s.n_ok} / {s.n_failed}", f"{s.n_requests} requests"),
+        *((f"{x.label} p50/p90/p95/p99", x.unit, pct(getattr(s, x.load_stat)), reqs) for x in LOAD_METRICS),
+        ("output tokens/s overall", "t/s", fmt(s.output_tps), f"{fmt(s.duration_s)} s"),
+        ("output tokens/s per request", "t/s", fmt(s.output_tps_per_request), reqs),
+        ("requests/s", "req/s", fmt(s.requests_per_s), f"{fmt(s.duration_s)} s"),
+    ]
+    goodput = catalog.METRICS["goodput"].label
+    if s.slo:
+        slo = ", ".join(f"{k} <= {fmt(v)}" for k, v in s.slo.items())
+        rows.append((goodput, "", f"{s.goodput:.1%} ({slo})", f"{s.n_requests} requests"))
+    else:
+        rows.append((f"{goodput} (no SLO: requests that succeeded)", "", f"{s.goodput:.1%}", f"{s.n_requests} requests"))
+    return rows + server_rows(s.server)
+
+
+def server_rows(server: ServerSide | None) -> list[tuple[str, str, str, str]]:
+    """The server's own figures beside the client's: rows for the per-test table (same columns
+    as ``metrics_table``)."""
+    if server is None:
+        return []
+
+    def opt(v: Any) -> str:
+        return "-" if v is None else fmt(v)
+
+    reqs = f"{server.n_timed} requests"
+    out = []
+    if server.n_timed:
+        out += [
+            ("server prompt tokens evaluated min/p50/max", "tokens",
+             f"{server.prompt_n_min} / {opt(server.prompt_n_median)} / {server.prompt_n_max}",
+             f"prompt {opt(server.prompt_tokens_median)} tokens"),
+            ("prompt tokens the server took from its cache", "tokens", opt(server.prompt_tokens_from_cache), reqs),
+            ("server prompt time p50 (timings)", "ms", opt(server.server_prompt_ms_p50), reqs),
+            ("client TTFT - server prompt time p50", "ms", opt(server.ttft_gap_ms_p50), reqs),
+            ("server time per token p50 (timings)", "ms", opt(server.server_ms_per_token_p50), reqs),
+            ("client TPOT - server time per token p50", "ms", opt(server.tpot_gap_ms_p50), reqs),
+        ]
+    m = server.metrics or {}
+    if "prompt_tokens_total" in m and "tokens_predicted_total" in m:
+        out.append(("server /metrics: prompt / generated tokens", "tokens",
+                    f"{m['prompt_tokens_total']:.0f} / {m['tokens_predicted_total']:.0f}", "this level"))
+    if server.tokens_per_decode is not None:
+        out.append(("server /metrics: tokens per decode call", "", fmt(server.tokens_per_decode),
+                    f"{m['n_decode_total']:.0f} decode calls"))
+    return out
+
+
+def curve_lines(measurements: Sequence[Any]) -> list[str]:
+    """One line per load level with the server's own figures beside the client's."""
+
+    def opt(v: Any) -> str:
+        return "-" if v is None else fmt(v)
+
+    out = []
+    for m in measurements:
+        s = m.load.server if m.load is not None else None
+        if s is None:
+            continue
+        parts = []
+        if s.n_timed:
+            parts += [
+                f"server evaluated {opt(s.prompt_n_median)} of {opt(s.prompt_tokens_median)} prompt tokens (p50), "
+                f"{opt(s.prompt_tokens_from_cache)} from its cache in all",
+                f"TTFT - server prompt {opt(s.ttft_gap_ms_p50)} ms",
+                f"TPOT {opt(m.load.tpot.p50_ms)} vs server {opt(s.server_ms_per_token_p50)} ms/token",
+            ]
+        if s.tokens_per_decode is not None:
+            parts.append(f"{fmt(s.tokens_per_decode)} tokens per decode call")
+        out.append(f"server side, concurrency {m.load.concurrency}: " + "; ".join(parts))
+    return out
+
+
+def overhead_lines(rows: Iterable[dict[str, Any]]) -> list[str]:
+    """What serving adds: one line per test with both an in-process and an ``http`` measurement
+    (report rows) in the session summary: both TTFT and TPOT medians and the server's added
+    latency per token (TPOT served minus TPOT in process), the figure users ask for."""
+    by_test: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        by_test[str(row.get("test", "")).split("[", 1)[0]].append(row)
+    ttft, tpot = METRICS["ttft_ms"], METRICS["tpot_ms"]
+
+    def both(r: dict[str, Any]) -> str:
+        return ", ".join(f"{x.label} {fmt(r[x.name])} {x.unit}" for x in (ttft, tpot))
+
+    lines = []
+    for test, group in by_test.items():
+        local = [r for r in group if r.get("engine") == "llama.cpp" and r.get(tpot.name) is not None]
+        served = [r for r in group if str(r.get("engine", "")).startswith("http") and r.get(tpot.name) is not None]
+        if not local or not served:
+            continue
+        a, b = local[0], served[0]
+        lines.append(
+            f"{test}: in process {both(a)}; served {both(b)}; server overhead "
+            f"{b[tpot.name] - a[tpot.name]:+.3g} {tpot.unit}/token, {b[ttft.name] - a[ttft.name]:+.3g} {ttft.unit} {ttft.label}"
+        )
+    return lines

@@ -144,7 +144,7 @@ class Assessor:
         wants_roofline = layers or "min_mbu" in marker.budgets or s.roofline or s.peak_bw or s.peak_tflops
         peaks = None
         if wants_roofline and in_process:
-            from ..measuring.machine_peak import machine_peaks
+            from ..measuring.roofline import machine_peaks
 
             if self.peaks is None:
                 self.peaks = machine_peaks(given_bw_gbs=s.peak_bw, given_tflops=s.peak_tflops)

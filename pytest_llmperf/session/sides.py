@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..core.errors import LLMPerfError
-from ..measuring.channel import Channel
+from ..measuring.worker import Channel
 
 CURRENT, REF = "current", "REF"
 #: The least time a side has to reach ``ready`` (a Python start, pytest's collection, imports):
@@ -116,7 +116,7 @@ class Side:
             raise SideGone(self._died("at work"), self.spec.name)
 
     def receive(self, timeout_s: float, doing: str) -> dict[str, Any]:
-        from ..measuring.channel import ChannelClosed
+        from ..measuring.worker import ChannelClosed
 
         if self.channel is None:
             raise SideGone(f"{self.who} is gone (while {doing})", self.spec.name)

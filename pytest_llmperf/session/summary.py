@@ -57,7 +57,7 @@ def summary(
         ref = f", judged against {against_of(results)}" if against_of(results) else ""
         lines.append(("line", f"llmperf: {len(rows)} measurement(s){ref}, {over} over budget (drop -q for the table)"))
         return lines + [("line", line) for line in undecided_lines(results, short=True)]
-    from ..measuring.served import overhead_lines
+    from ..reports.text import overhead_lines
     from ..reports.text import short_ids, summary_table
 
     lines += [("sep", "llmperf summary"), ("line", summary_table(rows, s.columns, width))]
