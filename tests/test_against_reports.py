@@ -297,3 +297,19 @@ def test_llmperf_compare_and_report_read_a_session_run_against_ref(
     assert cli_main(["report", str(path), "-o", str(page), "--jobs", "1"]) == 0
     text = page.read_text()
     assert f"<h1>pytest-llmperf report against {REF}</h1>" in text and "llama-cpp-python 0.3.16" in text
+
+
+def test_holm_family_counts_each_labelled_measurement_once() -> None:
+    """The controller never runs ``Session.assess``: its family grows by one member per phase
+    for a test's second and later labels, as the session's does; a later look at a label seen
+    already, or another test's first label, adds none."""
+    from pytest_llmperf.judge.compare import JUDGED
+    from pytest_llmperf.session.against import Against
+
+    ag = Against(reference=None, sides={}, alpha=0.05, threshold=0.05, tail_threshold=0.1,  # type: ignore[arg-type]
+                 family=4 * len(JUDGED), timeout_s=1.0)
+    assert ag.family_for("t.py::a", "") == 4 * len(JUDGED)
+    assert ag.family_for("t.py::a", "") == 4 * len(JUDGED)
+    assert ag.family_for("t.py::a", "long") == 5 * len(JUDGED)
+    assert ag.family_for("t.py::b", "") == 5 * len(JUDGED)
+    assert ag.family_for("t.py::b", "short") == 6 * len(JUDGED)

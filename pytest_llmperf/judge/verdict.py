@@ -291,7 +291,7 @@ def decided(
                 f"(--llmperf-update-baselines) or compare both sides in one session"
             )
     else:
-        how = f"about {need} runs would decide it"
+        how = f"about {need} {'pairs' if c.noise_source == 'paired' else 'runs'} would decide it"
     return dataclasses.replace(
         c,
         **fields,

@@ -15,6 +15,7 @@ import pytest
 from ..core.errors import LLMPerfError
 from ..judge.marker import marker_help
 from ..session import Session, SessionSettings
+from ..session.sides import SIDE_ENV
 from . import hookcalls, marks
 from .fixtures import llmperf, llmperf_engine, llmperf_llama_server, llmperf_llm, llmperf_server  # noqa: F401
 from .marks import FIXTURE, MARKER_CONFIG, PLUGIN_NAME, PROPERTIES, SESSION
@@ -72,7 +73,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _side_plugin(config: pytest.Config) -> Any:
     """This process's ``side.SidePlugin`` when it is a side of ``--llmperf-against``, else None."""
-    if "LLMPERF_SIDE" not in os.environ:
+    if SIDE_ENV not in os.environ:
         return None
     from .side import SidePlugin
 

@@ -43,11 +43,9 @@ from typing import IO, Any, Iterator, Mapping
 import pytest
 
 from ..core.errors import LLMPerfError
+from ..session.sides import SIDE_ENV, SideEnv
 
 #: The environment variable that makes a pytest process a side (JSON, see the module docstring).
-SIDE_ENV = "LLMPERF_SIDE"
-
-
 class Link:
     """The side's end of the channel."""
 
@@ -130,7 +128,7 @@ def _assessment(nodeid: str, label: str, verdict: Mapping[str, Any] | None) -> A
 class SidePlugin:
     """The side's pytest hooks: no xdist, no report files, the controller's run loop."""
 
-    def __init__(self, link: Link, spec: Mapping[str, Any]) -> None:
+    def __init__(self, link: Link, spec: SideEnv) -> None:
         self.link = link
         self.spec = spec
         self.errors: dict[str, str] = {}
@@ -156,7 +154,7 @@ class SidePlugin:
         from ..session.refs import import_failure
 
         if isinstance(report, pytest.CollectReport) and call.excinfo is not None:
-            where = import_failure(call.excinfo.value, Path(self.spec["code_root"]), self.spec["packages"])
+            where = import_failure(call.excinfo.value, Path(self.spec.code_root), self.spec.packages)
             if where:
                 self.broken[report.nodeid] = where
 
@@ -176,8 +174,8 @@ class SidePlugin:
         from ..session.refs import redirect_problems
 
         by_id = {item.nodeid: item for item in session.items}
-        problems = redirect_problems(Path(self.spec["code_root"]), self.spec["packages"])
-        code = {name: getattr(sys.modules.get(name), "__file__", None) for name in self.spec["packages"]}
+        problems = redirect_problems(Path(self.spec.code_root), self.spec.packages)
+        code = {name: getattr(sys.modules.get(name), "__file__", None) for name in self.spec.packages}
         self.link.send({"ev": "ready", "collected": list(by_id), "errors": self.errors, "broken": self.broken,
                         "problems": problems, "python": sys.version.split()[0], "llama_cpp": llama_cpp_version(),
                         "code": code})
@@ -220,11 +218,13 @@ def main(argv: list[str]) -> int:
 
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controller decides when this ends
-    spec = json.loads(os.environ[SIDE_ENV])
-    install_redirect(Path(spec["code_root"]), spec["packages"])
+    spec = SideEnv.read(os.environ)
+    if spec is None:
+        raise SystemExit(f"{SIDE_ENV} is not set: a side is started by --llmperf-against's controller")
+    install_redirect(Path(spec.code_root), spec.packages)
     link = Link(os.fdopen(int(argv[0]), "rb"), os.fdopen(int(argv[1]), "wb"))
     plugin = SidePlugin(link, spec)
-    args = [*spec["args"], "-p", "no:cacheprovider", "-p", "no:llmperf", "-p", "pytest_llmperf.pytest_plugin.plugin"]
+    args = [*spec.args, "-p", "no:cacheprovider", "-p", "no:llmperf", "-p", "pytest_llmperf.pytest_plugin.plugin"]
     code = pytest.main(args, plugins=[plugin])
     with contextlib.suppress(OSError):
         link.send({"ev": "exit", "code": int(code), "errors": plugin.errors})

@@ -49,6 +49,21 @@ class Against:
     timeout_s: float
     harness_dir: Any = None  # the TemporaryDirectory of the harness link
     worktrees: Any = None  # refs.Worktrees: holds REF's worktree (a lease) until closed
+    #: The labels of each test's measurements met so far: a test's second and later labelled
+    #: measurement is one more member of Holm's family (``family`` counts each test once).
+    labels_seen: dict[str, set[str]] = field(default_factory=dict)
+    extra_measurements: int = 0
+
+    def family_for(self, nodeid: str, label: str) -> int:
+        """Holm's family size once this measurement is counted (the session's ``family_size``)."""
+        from ..judge.compare import JUDGED
+
+        labels = self.labels_seen.setdefault(nodeid, set())
+        if label not in labels:
+            labels.add(label)
+            if len(labels) > 1:
+                self.extra_measurements += 1
+        return self.family + self.extra_measurements * len(JUDGED)
 
     def describe(self) -> list[str]:
         """The header lines: what each side is (after they started)."""
@@ -124,7 +139,7 @@ def _run(side: Side, index: int, timeout_s: float) -> Any:
     return trace_of(reply["trace"])
 
 
-def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]]) -> tuple[list[Any], str]:
+def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str = "") -> tuple[list[Any], str]:
     """The measurement both sides wait at: warm-ups, then pairs in seeded AB/BA order (A: REF, B:
     the current side), looks until decided or the cap. Returns (comparisons, the note)."""
     from ..core.workload import Workload
@@ -137,6 +152,7 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]]) -> tuple[list[An
     settings = {"alpha": ag.alpha, "threshold": ag.threshold, "tail_threshold": ag.tail_threshold,
                 **{k: v for k, v in (ev.get("settings") or {}).items() if k in ("alpha", "threshold", "tail_threshold")}}
     cap, looks = looks_for(workload.runs, ev.get("max_runs"))
+    family = ag.family_for(nodeid, str(ev.get("label") or ""))
     by_letter = {"A": ag.sides[REF], "B": ag.sides[CURRENT]}
     for i, order in enumerate(block_orders(workload.warmup, workload.seed + 1)):
         for letter in order:
@@ -150,7 +166,7 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]]) -> tuple[list[An
             for letter in orders[i]:
                 runs[letter].append(RunMetrics.of(_run(by_letter[letter], i, ag.timeout_s)))
         n = len(runs["A"])
-        comparisons = judged_pairs(runs["A"], runs["B"], family=ag.family, looks=looks,
+        comparisons = judged_pairs(runs["A"], runs["B"], family=family, looks=looks,
                                    reference=ag.reference.describe(), **settings)
         undecided = any(c.worth_more_runs or _loose(c) for c in comparisons if c.mirror_of is None)
         # Each side gets the time a sequential measurement against a baseline gets: a pair is two runs.
@@ -252,7 +268,7 @@ def drive(ag: Against, nodeid: str, next_nodeid: str | None) -> TestOutcome:
                 turn.send({"op": "go"})
             elif waiting == {CURRENT, REF}:
                 try:
-                    comparisons, note = pairs(ag, events)
+                    comparisons, note = pairs(ag, events, nodeid)
                 except RunFailed as exc:
                     told.add(f"not measured: {exc}")
                     finish(cur, fail=f"not measured: {exc}")

@@ -19,6 +19,9 @@ from ..core.errors import LLMPerfError
 from ..measuring.worker import Channel
 
 CURRENT, REF = "current", "REF"
+#: The environment variable that makes a process a side (``pytest_plugin/side.py``): the JSON of
+#: a ``SideEnv``, written by ``Side.spawn`` and read by the side (``SideEnv.read``).
+SIDE_ENV = "LLMPERF_SIDE"
 #: The least time a side has to reach ``ready`` (a Python start, pytest's collection, imports):
 #: --llmperf-engine-timeout bounds a run, not a start.
 START_TIMEOUT_S = 120.0
@@ -34,6 +37,30 @@ class SideSpec:
     python: str
     code_root: str
     packages: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SideEnv:
+    """What a side process is told at its start: its name, the pytest arguments of the
+    controller's session, and where its code under test comes from."""
+
+    name: str
+    args: tuple[str, ...]
+    code_root: str
+    packages: tuple[str, ...]
+
+    def dumps(self) -> str:
+        return json.dumps({"name": self.name, "args": list(self.args), "code_root": self.code_root,
+                           "packages": list(self.packages)})
+
+    @classmethod
+    def read(cls, environ: Mapping[str, str]) -> "SideEnv | None":
+        """This process's side, or None when it is no side."""
+        text = environ.get(SIDE_ENV)
+        if text is None:
+            return None
+        d = json.loads(text)
+        return cls(d["name"], tuple(d["args"]), d["code_root"], tuple(d["packages"]))
 
 
 @dataclass(frozen=True)
@@ -77,8 +104,7 @@ class Side:
         self.close()
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([self.harness, *filter(None, [env.get("PYTHONPATH")])])
-        env["LLMPERF_SIDE"] = json.dumps({"name": self.spec.name, "args": self.args, "code_root": self.spec.code_root,
-                                          "packages": list(self.spec.packages)})
+        env[SIDE_ENV] = SideEnv(self.spec.name, tuple(self.args), self.spec.code_root, self.spec.packages).dumps()
         for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
             env.pop(name, None)  # PYTEST_ADDOPTS stays: the same options on both sides as here
         try:
