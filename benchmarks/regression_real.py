@@ -54,7 +54,7 @@ from pytest_llmperf import LlamaCppEngine, Workload, measure
 from pytest_llmperf.models.gguf import PRESETS, ensure_model
 from pytest_llmperf.core.fingerprint import Fingerprint, hardware, subject
 from pytest_llmperf.baselines.records import record
-from pytest_llmperf.baselines import reference
+from pytest_llmperf.baselines import records as reference
 import dataclasses
 preset, dtype, threads, runs, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 spec = PRESETS[preset]

@@ -11,7 +11,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from ..baselines import reference
+from ..baselines import records as reference
 from .compare import JUDGED, METRICS, compare_levels, decide, mirrored
 from .levels import Level, level
 from .noise import NoiseModel

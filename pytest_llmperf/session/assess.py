@@ -110,7 +110,7 @@ class Assessor:
         fp = self.fingerprint(m)
         rec = record(m, fp, commit=commit(s.rootdir), recorded_at=self.started_at)
         if s.compare or s.update_baselines:
-            from ..baselines import reference
+            from ..baselines import records as reference
 
             rec["reference"] = reference.measure()  # after the runs: never inside a timed region
         rel = module_path(module, s.rootdir)
