@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from pytest_llmperf import LlamaCppEngine, Workload  # noqa: E402
 from pytest_llmperf.engines.llama_cpp_native import EngineConfig  # noqa: E402
-from pytest_llmperf.judge.ab.paired import paired  # noqa: E402
+from pytest_llmperf.judge.paired import paired  # noqa: E402
 from pytest_llmperf.measuring.metrics import RunMetrics  # noqa: E402
 from pytest_llmperf.measuring.worker import load_worker  # noqa: E402
 from pytest_llmperf.models.gguf import model_path  # noqa: E402

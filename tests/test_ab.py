@@ -237,7 +237,7 @@ def test_bad_side_fails_collection_with_one_line(pytester: pytest.Pytester) -> N
 def test_signed_rank_p_agrees_with_scipy_exact_and_approximate() -> None:
     from scipy.stats import wilcoxon
 
-    from pytest_llmperf.judge.ab.paired import _signed_rank_p
+    from pytest_llmperf.judge.paired import _signed_rank_p
 
     rng = np.random.default_rng(0)
     for n in (8, 20, 200):
@@ -249,7 +249,7 @@ def test_in_process_against_served_endpoint(llmperf_server, tiny_engine) -> None
     """A side given as an endpoint URL is measured through the OpenAI-compatible API; the
     server's overhead per token is the decode ratio's distance from 1 (any value is allowed:
     the machine decides; the pairs and the sides are what must be right)."""
-    from pytest_llmperf.judge.ab import resolve_side
+    from pytest_llmperf.pytest_plugin.marks import resolve_side
 
     served = resolve_side("b", llmperf_server.url, lambda settings: pytest.fail("no llama.cpp settings here"))
     r = compare_ab(Side("in-process", tiny_engine), served, Workload(prompt_tokens=8, max_tokens=6, runs=4, warmup=1))
@@ -276,7 +276,7 @@ def _pair_runs(rng, n, decode_ratio, prefill_ratio=1.0, drift=0.25, noise=0.03):
 
 
 def test_judged_pairs_catch_decode_only_and_keep_the_baseline_words() -> None:
-    from pytest_llmperf.judge.ab.paired import judged_pairs
+    from pytest_llmperf.judge.paired import judged_pairs
     from pytest_llmperf.judge.verdict import Verdict
 
     rng = np.random.default_rng(7)
@@ -292,7 +292,7 @@ def test_judged_pairs_catch_decode_only_and_keep_the_baseline_words() -> None:
 
 
 def test_judged_pairs_a_a_under_drift_false_alarms_stay_below_alpha() -> None:
-    from pytest_llmperf.judge.ab.paired import judged_pairs
+    from pytest_llmperf.judge.paired import judged_pairs
     from pytest_llmperf.judge.verdict import Verdict
 
     rng = np.random.default_rng(11)
@@ -307,7 +307,7 @@ def test_judged_pairs_a_a_under_drift_false_alarms_stay_below_alpha() -> None:
 def test_one_sided_signed_rank_p_agrees_with_scipy() -> None:
     from scipy.stats import wilcoxon
 
-    from pytest_llmperf.judge.ab.paired import _signed_rank_greater
+    from pytest_llmperf.judge.paired import _signed_rank_greater
 
     rng = np.random.default_rng(5)
     for n in (6, 15, 40):
@@ -319,7 +319,7 @@ def test_one_sided_signed_rank_p_agrees_with_scipy() -> None:
 
 
 def test_against_keeps_pairing_while_an_unchanged_ci_still_reaches_beyond_the_threshold() -> None:
-    from pytest_llmperf.judge.ab.paired import judged_pairs
+    from pytest_llmperf.judge.paired import judged_pairs
     from pytest_llmperf.judge.verdict import Verdict
     from pytest_llmperf.session.against import _loose
 

@@ -21,7 +21,7 @@ from pytest_llmperf.core.formats import fmt
 from pytest_llmperf.core.documents import SchemaViolation, load_schema, validate
 from pytest_llmperf.core.workload import RunTrace
 from pytest_llmperf.core.workload import Workload
-from pytest_llmperf.judge.ab.paired import judged_pairs
+from pytest_llmperf.judge.paired import judged_pairs
 from pytest_llmperf.judge.regression import BaselineVerdict
 from pytest_llmperf.judge.result import Figures, MeasurementResult, VerdictRecord
 from pytest_llmperf.judge.verdict import Verdict

@@ -1,17 +1,31 @@
-"""Budgets: the marker's ceilings and floors checked against a Measurement.
+"""Budgets: absolute ones on a Measurement (the marker's min_tps, p95_ms...) and relative ones on
+an interleaved A/B's paired comparison (max_slowdown, min_speedup).
+
+Budgets: the marker's ceilings and floors checked against a Measurement.
 
 Like pytest-memray's markers: ``check_budgets`` returns None when every budget holds, and a
 small result object with ``as_longrepr()`` (the one-line reason) when one does not.
-"""
+
+Relative budgets: B against A, measured side by side ("Q8_0 decode at least 1.2x F16's",
+"flash attention must not slow prefill by more than 3%").
+
+``max_slowdown=0.03`` (or ``"3%"``) bounds B's time / A's time by 1.03; ``min_speedup=1.5``
+asks B's rate to be at least 1.5x A's (B's time / A's <= 1 / 1.5). A number applies to both
+phases (prefill: TTFT, decode: TPOT); a mapping names phases or metrics
+(``{"decode": 0.05, "e2e_ms": 0.1}``). The verdict follows the paired CI, as a baseline
+REGRESSION follows its CI: breached when the whole 95% CI lies beyond the limit (fails the
+test), met when the whole CI lies within it, undecided otherwise (shown, does not fail)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
-from ..core.catalog import BUDGETS, Budget
+from ..core.catalog import Budget, BUDGETS
+from ..core.errors import ConfigError
 from ..core.formats import fmt
 from ..measuring.metrics import Measurement
+from .paired import PAIRED_METRICS, PairedComparison, PHASE_METRIC
 
 
 def sample(budget: Budget, m: Measurement) -> str:
@@ -62,3 +76,80 @@ def check_budgets(m: Measurement, budgets: Mapping[str, float]) -> BudgetFailure
         if not ok:
             breaches.append(BudgetBreach(key, b.label, b.unit, b.ceiling, measured, budget, sample(b, m)))
     return BudgetFailure(m.label, tuple(breaches)) if breaches else None
+
+
+@dataclass(frozen=True)
+class RelativeBudget:
+    kind: str  # "max_slowdown" | "min_speedup"
+    target: str  # the phase or metric the user named
+    metric: str
+    value: float  # 0.05 (a share) for max_slowdown, 1.5 (a factor) for min_speedup
+
+    @property
+    def max_ratio(self) -> float:
+        """The largest B/A time ratio the budget allows."""
+        return 1.0 + self.value if self.kind == "max_slowdown" else 1.0 / self.value
+
+    def describe(self) -> str:
+        if self.kind == "max_slowdown":
+            return f"max_slowdown {self.value:.0%}" if self.value * 100 == round(self.value * 100) else f"max_slowdown {self.value:.1%}"
+        return f"min_speedup {self.value:g}x"
+
+
+@dataclass(frozen=True)
+class BudgetOutcome:
+    budget: RelativeBudget
+    comparison: PairedComparison
+    status: str  # "met" | "breached" | "undecided"
+
+    def line(self, a_name: str, b_name: str) -> str:
+        """One line naming both sides and the ratio with its CI."""
+        c, b = self.comparison, self.budget
+        if b.kind == "max_slowdown":
+            shown = (
+                f"{c.label} B/A {c.ratio:.3f} (95% CI {c.ci_low:.3f}..{c.ci_high:.3f}, {c.n_pairs} pairs) "
+                f"vs limit {b.max_ratio:.3f}"
+            )
+        else:
+            shown = (
+                f"speedup of B over A {c.speedup:.3f}x (95% CI {1 / c.ci_high:.3f}..{1 / c.ci_low:.3f}, "
+                f"{c.n_pairs} pairs, from {c.label}) vs at least {b.value:g}x"
+            )
+        word = {"breached": "breaks", "met": "meets", "undecided": "cannot show it meets"}[self.status]
+        return f"{b.target}: B [{b_name}] vs A [{a_name}]: {shown}: {word} {b.describe()}"
+
+
+def parse_budgets(max_slowdown: Any = None, min_speedup: Any = None) -> tuple[RelativeBudget, ...]:
+    """The budgets as given to ``compare()`` or the marker; a ConfigError names what is wrong."""
+    out: list[RelativeBudget] = []
+    for kind, given in (("max_slowdown", max_slowdown), ("min_speedup", min_speedup)):
+        if given is None:
+            continue
+        items = given.items() if isinstance(given, Mapping) else [(p, given) for p in PHASE_METRIC]
+        for target, value in items:
+            metric = PHASE_METRIC.get(target, target)
+            if metric not in PAIRED_METRICS:
+                raise ConfigError(
+                    f"{kind}: unknown phase or metric {target!r}; use prefill, decode or one of {', '.join(PAIRED_METRICS)}"
+                )
+            out.append(RelativeBudget(kind, target, metric, _value(kind, value)))
+    return tuple(out)
+
+
+def _value(kind: str, value: Any) -> float:
+    if kind == "max_slowdown":
+        from ..core.settings import parse_fraction
+
+        try:
+            return parse_fraction(value)
+        except ValueError as exc:
+            raise ConfigError(f"max_slowdown: {exc}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(f"min_speedup must be a factor > 0 such as 1.5, got {value!r}")
+    return float(value)
+
+
+def judge(budget: RelativeBudget, c: PairedComparison) -> BudgetOutcome:
+    limit = budget.max_ratio
+    status = "breached" if c.ci_low > limit else "met" if c.ci_high <= limit else "undecided"
+    return BudgetOutcome(budget, c, status)

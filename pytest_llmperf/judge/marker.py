@@ -127,7 +127,7 @@ def check_side(name: str, spec: Any) -> Any:
 
 
 def _relative(name: str, value: Any) -> Any:
-    from .ab.budgets import parse_budgets
+    from .budgets import parse_budgets
 
     parse_budgets(**{name: value})  # raises a ConfigError naming what is wrong
     return value

@@ -139,7 +139,8 @@ class LLMPerf:
         ``fn(prompt, max_tokens)``, an endpoint URL or an engine. ``max_slowdown`` /
         ``min_speedup`` (a number for both phases, or per phase/metric) fail the test when
         the whole CI lies beyond them. Other keywords are marker keys (workload)."""
-        from ..judge.ab import compare_ab, resolve_side
+        from ..judge.ab import compare_ab
+        from .marks import resolve_side
 
         if a is not None:
             keys["a"] = a

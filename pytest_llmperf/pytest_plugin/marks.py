@@ -1,19 +1,22 @@
 """The ``llmperf`` marker on pytest items, as plain functions the hooks call (as pytest-memray
-keeps its marks): the merged marker config, which items measure, what collection does to them."""
+keeps its marks): the merged marker config, which items measure, what collection does to them.
+
+What a side of an A/B may be: llama.cpp settings, a model, a callable, an endpoint, an engine."""
 
 from __future__ import annotations
 
-import warnings
-from typing import TYPE_CHECKING, Any
-
 import pytest
+import warnings
+from typing import Any, Callable, Mapping, TYPE_CHECKING
 
 from ..core.errors import ConfigError
-from ..judge.marker import PROMPT_KEYS, MarkerConfig, validate
+from ..judge.ab import Side
+from ..judge.marker import check_side, MarkerConfig, PROMPT_KEYS, validate
 
 if TYPE_CHECKING:
     from ..session import Session
-    from .fixture import LLMPerf  # noqa: F401  (the FIXTURE key's type, below)
+    from .fixture import LLMPerf
+
 
 MARKER = "llmperf"
 XDIST_GROUP = "llmperf"
@@ -153,3 +156,22 @@ def terminal_width(config: pytest.Config) -> int:
         import shutil
 
         return shutil.get_terminal_size().columns
+
+
+def resolve_side(name: str, spec: Any, engine_for: Callable[[Mapping[str, Any]], Any]) -> Side:
+    """A ``Side`` ready to run; ``engine_for(settings)``: the plugin's (or the caller's) engine
+    for llama.cpp settings over the session's."""
+    spec = check_side(name, spec)
+    if isinstance(spec, Mapping):
+        label = " ".join(f"{k}={v}" for k, v in spec.items()) or "session engine"
+        return Side(label, engine_for(spec))
+    if isinstance(spec, str):
+        if spec.startswith(("http://", "https://")):
+            from ..core.redact import display
+            from ..engines.http import HttpEngine
+
+            return Side(display(spec), HttpEngine(spec))  # named as shown: no password, no api_key=
+        return Side(spec, engine_for({"model": spec}))
+    if hasattr(spec, "run") and hasattr(spec, "info"):
+        return Side(spec.info().model, spec)
+    return Side(getattr(spec, "__name__", repr(spec)), spec)

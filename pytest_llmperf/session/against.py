@@ -143,8 +143,8 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str = ""
     """The measurement both sides wait at: warm-ups, then pairs in seeded AB/BA order (A: REF, B:
     the current side), looks until decided or the cap. Returns (comparisons, the note)."""
     from ..core.workload import Workload
-    from ..judge.ab.paired import judged_pairs
-    from ..judge.ab.run import block_orders
+    from ..judge.paired import judged_pairs
+    from ..judge.ab import block_orders
     from ..measuring.metrics import RunMetrics
 
     ev = events[CURRENT]

@@ -29,7 +29,7 @@ class Result:
 
 def ab_result_of(nodeid: str, ab: Any) -> dict[str, Any]:
     """The session JSON's entry of one A/B comparison (``judge.ab.ABResult``)."""
-    from ..judge.ab.report import as_dict
+    from ..judge.ab import as_dict
 
     return {"test": nodeid + (f"[{ab.label}]" if ab.label else ""), "nodeid": nodeid, **as_dict(ab)}
 
@@ -92,7 +92,7 @@ def call_report(
 
     out = CallReport(lines=[hook_error] if hook_error else [])
     if ab_results:
-        from ..judge.ab.report import properties as ab_properties
+        from ..judge.ab import properties as ab_properties
 
         out.properties += ab_properties(ab_results)
         out.ab = [ab_result_of(nodeid, ab) for ab in ab_results]

@@ -6,21 +6,20 @@ both runs of it alike and cancels in the pair's ratio. The ratios are summarised
 verdicts' own location estimator (the Hodges-Lehmann estimate: the median of the Walsh averages
 of the log ratios), and its exact Wilcoxon signed-rank CI and test: order statistics of the
 same Walsh averages, so a few wild pairs (a neighbour's burst that began between A and B) widen
-the CI instead of narrowing it as a trimmed spread would (docs/ab.md).
-"""
+the CI instead of narrowing it as a trimmed spread would (docs/ab.md)."""
 
 from __future__ import annotations
 
 import functools
 import math
+import numpy as np
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import numpy as np
+from ..core import catalog
+from .levels import level
+from .verdict import CI_LEVEL, fmt_p, fmt_value
 
-from ...core import catalog
-from ..levels import level
-from ..verdict import CI_LEVEL, fmt_p, fmt_value
 
 #: metric -> (label, phase, unit, higher is better). Times are compared as b/a time ratios.
 PAIRED_METRICS: dict[str, tuple[str, str, str, bool]] = {
@@ -179,8 +178,8 @@ def judged_pairs(
     Hodges-Lehmann ratio and its Wilcoxon CI (``paired``); the p-values the one-sided signed-rank
     tests; the standard error the pairs' robust spread. Holm over ``family`` (the session's
     judged comparisons, unseen ones counted as p = 1), each look at alpha / ``looks``."""
-    from ..compare import JUDGED, METRICS, decide, mirrored
-    from ..verdict import Comparison, Verdict
+    from .compare import JUDGED, METRICS, decide, mirrored
+    from .verdict import Comparison, Verdict
 
     judged: list[Comparison] = []
     for spec in JUDGED:
