@@ -41,10 +41,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_llmperf.judge.compare import JUDGED  # noqa: E402
-from pytest_llmperf.judge.levels import level  # noqa: E402
-from pytest_llmperf.judge.noise import lognormal_sigma  # noqa: E402
-from pytest_llmperf.judge.suite import suite_relative  # noqa: E402
+from pytest_llmperf.judge.rule import JUDGED  # noqa: E402
+from pytest_llmperf.judge.verdict import level  # noqa: E402
+from pytest_llmperf.judge.verdict import lognormal_sigma  # noqa: E402
+from pytest_llmperf.judge.rule import suite_relative  # noqa: E402
 from pytest_llmperf.judge.verdict import Verdict  # noqa: E402
 from pytest_llmperf.judge.regression import CompareSettings, carry_history, judge  # noqa: E402
 

@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pytest_llmperf.judge.levels import level  # noqa: E402
+from pytest_llmperf.judge.verdict import level  # noqa: E402
 from pytest_llmperf.history import changepoints  # noqa: E402
 
 SESSIONS = 60

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_llmperf.judge.regression import CompareSettings, judge  # noqa: E402
 from pytest_llmperf.judge.result import MeasurementResult, VerdictRecord  # noqa: E402
-from pytest_llmperf.judge.session_verdicts import suite_check  # noqa: E402
+from pytest_llmperf.judge.regression import suite_check  # noqa: E402
 
 
 def record(rng: np.random.Generator, runs: int) -> dict:

@@ -78,7 +78,7 @@ def pytest_terminal_summary(terminalreporter) -> None:
 # The plugin imports numpy, scipy and llama_cpp only once an llmperf test runs. In-process
 # inner sessions (pytester) drop the modules first imported during them, and numpy's C
 # extensions cannot be loaded twice in a process: import them here, once, for all sessions.
-import pytest_llmperf.judge.compare  # noqa: E402,F401  (numpy, scipy.stats)
+import pytest_llmperf.judge.rule  # noqa: E402,F401  (numpy, scipy.stats)
 import pytest_llmperf.engines.llama_cpp  # noqa: E402,F401
 import pytest_llmperf.reports.session_file  # noqa: E402,F401
 # matplotlib likewise: an in-process HTML session that imported it first left a later one with

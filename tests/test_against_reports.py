@@ -303,7 +303,7 @@ def test_holm_family_counts_each_labelled_measurement_once() -> None:
     """The controller never runs ``Session.assess``: its family grows by one member per phase
     for a test's second and later labels, as the session's does; a later look at a label seen
     already, or another test's first label, adds none."""
-    from pytest_llmperf.judge.compare import JUDGED
+    from pytest_llmperf.judge.rule import JUDGED
     from pytest_llmperf.session.against import Against
 
     ag = Against(reference=None, sides={}, alpha=0.05, threshold=0.05, tail_threshold=0.1,  # type: ignore[arg-type]

@@ -9,14 +9,14 @@ import math
 import numpy as np
 import pytest
 
-from pytest_llmperf.judge.compare import JUDGED, METRICS, compare_runs, decide
-from pytest_llmperf.judge.levels import Level, level
-from pytest_llmperf.judge.noise import NoiseModel, lognormal_sigma, min_detectable_effect
-from pytest_llmperf.judge.suite import MIN_PEERS, suite_relative
+from pytest_llmperf.judge.rule import JUDGED, METRICS, compare_runs, decide
+from pytest_llmperf.judge.verdict import Level, level
+from pytest_llmperf.judge.verdict import NoiseModel, lognormal_sigma, min_detectable_effect
+from pytest_llmperf.judge.rule import MIN_PEERS, suite_relative
 from pytest_llmperf.judge.verdict import Comparison, Verdict, holm
 from pytest_llmperf.judge.regression import CompareSettings, carry_history, judge
 from pytest_llmperf.judge.result import MeasurementResult, VerdictRecord
-from pytest_llmperf.judge.session_verdicts import session_holm, suite_check
+from pytest_llmperf.judge.regression import session_holm, suite_check
 
 TPOT, DECODE_TPS, TTFT = (METRICS[k] for k in ("tpot_ms", "decode_tps", "ttft_ms"))
 ALPHA = 0.01

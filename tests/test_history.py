@@ -19,7 +19,7 @@ import pytest
 
 from pgserver import PgServer, bindir, unavailable
 from pytest_llmperf.cli import main as cli_main
-from pytest_llmperf.judge.levels import level
+from pytest_llmperf.judge.verdict import level
 from pytest_llmperf.history import append_session, detect, store
 from pytest_llmperf.history.location import parse
 from pytest_llmperf.history.series import levels, read_series

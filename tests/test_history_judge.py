@@ -20,9 +20,9 @@ from pytest_llmperf.core.catalog import METRICS
 from pytest_llmperf.history import append_session
 from pytest_llmperf.history.location import parse
 from pytest_llmperf.history.series import WINDOW_READ_SESSIONS, read_windows
-from pytest_llmperf.judge.compare import compare_levels, decide
-from pytest_llmperf.judge.levels import Level, level
-from pytest_llmperf.judge.noise import WINDOW_MIN_SESSIONS, WINDOW_SESSIONS, NoiseModel, detectable
+from pytest_llmperf.judge.rule import compare_levels, decide
+from pytest_llmperf.judge.verdict import Level, level
+from pytest_llmperf.judge.verdict import WINDOW_MIN_SESSIONS, WINDOW_SESSIONS, NoiseModel, detectable
 from pytest_llmperf.judge.verdict import Verdict
 from pytest_llmperf.session.assess import Assessor
 from pytest_llmperf.session.config import SessionSettings

@@ -16,7 +16,7 @@ from inner import run as run_inner
 from pytest_llmperf import InferenceProfiler, Workload, measure
 from pytest_llmperf.cli import main as cli_main
 from pytest_llmperf.measuring.metrics import SystemDelta, SystemSample, context_slope, far_off, likely_causes
-from pytest_llmperf.judge.layer_diff import compare_layers
+from pytest_llmperf.judge.result import compare_layers
 from pytest_llmperf.measuring.layers import outlier_layers
 from pytest_llmperf.measuring.roofline import machine_peaks
 from pytest_llmperf.measuring.roofline import kv_cache_bytes

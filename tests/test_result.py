@@ -15,7 +15,7 @@ import pytest
 from pytest_llmperf.baselines import store
 from pytest_llmperf.core.documents import ANNOTATIONS, KEYWORDS, SchemaViolation, load_schema, validate
 from pytest_llmperf.judge.verdict import Comparison
-from pytest_llmperf.judge.layer_diff import LayerChange
+from pytest_llmperf.judge.result import LayerChange
 from pytest_llmperf.judge.result import Figures, MeasurementResult, ResultError
 from pytest_llmperf.reports.session_file import load_session
 

@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _reach(spec, window, candidate, threshold: float, alpha_: float, m: int) -> float | None:
-    from ..judge.compare import compare_levels, decide
+    from ..judge.rule import compare_levels, decide
 
     c = compare_levels(spec, window[:1], candidate, threshold=threshold, alpha=alpha_, provisional=False, window=window)
     return decide([c], alpha=alpha_, m=m)[0].detectable
@@ -45,9 +45,9 @@ def _reach(spec, window, candidate, threshold: float, alpha_: float, m: int) -> 
 
 def calibrate(spec, levels: Sequence, *, threshold: float, alpha_: float, m: int) -> dict[str, object]:
     """One series' figures (``levels``: oldest first, one subject)."""
-    from ..judge.compare import compare_levels, decide
-    from ..judge.levels import Level
-    from ..judge.noise import WINDOW_MIN_SESSIONS, WINDOW_SESSIONS, NoiseModel, detectable
+    from ..judge.rule import compare_levels, decide
+    from ..judge.verdict import Level
+    from ..judge.verdict import WINDOW_MIN_SESSIONS, WINDOW_SESSIONS, NoiseModel, detectable
 
     k = len(levels)
     n = int(statistics.median(lv.n for lv in levels))
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     from ..core.formats import render_table
     from ..history.location import for_cli
     from ..history.series import read_series
-    from ..judge.compare import JUDGED
+    from ..judge.rule import JUDGED
 
     loc = for_cli(args.history)
     series = read_series(loc, test=args.test, metrics=[s.name for s in JUDGED], hardware_key=args.hardware)

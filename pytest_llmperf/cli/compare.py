@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace, base: dict, new: list, matched: list) -> int:
-    from ..judge.compare import JUDGED
+    from ..judge.rule import JUDGED
     from ..core.fingerprint import other_hardware_note
     from ..judge.regression import CompareSettings, judge
     from ..judge.result import VerdictRecord

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from ..core.catalog import METRICS
-from ..judge.levels import level
+from ..judge.verdict import level
 from ..baselines.records import RUN_FIELDS
 from .vcs import revision
 

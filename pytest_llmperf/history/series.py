@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..core.catalog import METRICS
-from ..judge.levels import Level
+from ..judge.verdict import Level
 from ..core.fingerprint import subject_changes
 from ..baselines.records import RUN_FIELDS, same_workload
 from . import store
@@ -171,7 +171,7 @@ class Windows:
         baseline ``entry`` was recorded (its ``recorded_at``), with its subject and workload,
         leaving out measurements judged REGRESSION or MACHINE_SLOWER: the window the verdict
         judges against (docs/verdicts.md)."""
-        from ..judge.noise import WINDOW_SESSIONS
+        from ..judge.verdict import WINDOW_SESSIONS
 
         since = _instant(entry.get("recorded_at") or "")
         subject, workload = entry.get("subject") or {}, {"workload": entry.get("workload") or {}}

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..core import catalog
-from .levels import level
+from .verdict import level
 from .verdict import CI_LEVEL, fmt_p, fmt_value
 
 
@@ -178,7 +178,7 @@ def judged_pairs(
     Hodges-Lehmann ratio and its Wilcoxon CI (``paired``); the p-values the one-sided signed-rank
     tests; the standard error the pairs' robust spread. Holm over ``family`` (the session's
     judged comparisons, unseen ones counted as p = 1), each look at alpha / ``looks``."""
-    from .compare import JUDGED, METRICS, decide, mirrored
+    from .rule import JUDGED, METRICS, decide, mirrored
     from .verdict import Comparison, Verdict
 
     judged: list[Comparison] = []

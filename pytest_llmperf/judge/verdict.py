@@ -1,25 +1,228 @@
-"""The decision rule: one comparison's verdict from its estimate, its standard error and its
+"""Verdicts: one session's level and its standard error, the between-session noise model, and the
+verdict with its decision thresholds and Holm's correction.
+
+One session's level of one metric: the robust location of its runs and its standard error.
+
+Apart from the comparison because everything that stores or reads a session's level needs it
+alone: the baseline's recorded sessions, the history (``history.collect``, ``history.series``)
+and the paired A/B statistics, none of which compares or judges.
+
+Between sessions: what a session's level may do from one session to the next on the same
+hardware, and what that leaves a test able to detect.
+
+Apart from the verdict rule because it is the noise model's one free figure (the prior, with
+the measurements behind it) and its estimate from a baseline's recorded sessions: planning
+(``min_detectable_effect``) and the history read it without judging anything.
+
+The decision rule: one comparison's verdict from its estimate, its standard error and its
 Holm-adjusted p-values (the rule itself is described in ``compare``'s docstring and in
 docs/verdicts.md).
 
 Apart from the estimate (``compare``) because everything downstream reads only this: the
 ``Comparison`` result and its one-line text, the ``Verdict`` names, Holm's adjustment (also
 used by the per-layer diff) and the rule that turns numbers into REGRESSION, IMPROVED,
-UNCHANGED or INCONCLUSIVE with the reason a person reads.
-"""
+UNCHANGED or INCONCLUSIVE with the reason a person reads."""
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import math
-from dataclasses import dataclass
-from typing import Any, Sequence
-
 import numpy as np
+from dataclasses import dataclass
+from scipy.special import ndtri, stdtrit
+from typing import Any, Mapping, Sequence
 
-from .levels import HL_SE_FACTOR, UPPER_QUANTILE
-from .noise import detectable, z_one_sided
+
+#: Relative efficiency factor of the Hodges-Lehmann location: se = this * sigma / sqrt(n).
+HL_SE_FACTOR = math.sqrt(math.pi / 3.0)
+#: MAD -> standard deviation for normal noise.
+MAD_SCALE = 1.4826
+#: A robust level hides a slowdown of a minority of runs (30% of runs 1.5x slower barely moves
+#: it). This quantile of the runs moves with such a minority, so a level keeps it too
+#: (``Level.upper``; the verdict's shape check, ``verdict.UPPER_FACTOR``, reads it).
+UPPER_QUANTILE = 0.90
+#: Runs further than this many MADs from the median do not count in the spread.
+OUTLIER_MADS = 3.5
+
+
+@dataclass(frozen=True)
+class Level:
+    """A session's typical value of one metric on the log scale, and how precisely it is known."""
+
+    log_level: float
+    se: float
+    n: int
+    #: Robust standard deviation of the runs' log values (about the CV of the values).
+    spread: float
+    #: Log of the runs' 90th percentile: a slowdown of part of the runs shows here first.
+    upper: float | None = None
+
+    @property
+    def value(self) -> float:
+        return math.exp(self.log_level)
+
+    def to_json(self) -> dict[str, float | int]:
+        return {"log_level": round(self.log_level, 9), "se": round(self.se, 9), "n": self.n,
+                "spread": round(self.spread, 9), "upper": None if self.upper is None else round(self.upper, 9)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Level":
+        upper = d.get("upper")
+        level = cls(float(d["log_level"]), float(d["se"]), int(d["n"]), float(d["spread"]),
+                    None if upper is None else float(upper))
+        if not (math.isfinite(level.log_level) and math.isfinite(level.se) and level.se >= 0 and level.n >= 1):
+            raise ValueError(f"not a session level: {dict(d)!r}")
+        return level
+
+
+def _positive(name: str, values: Sequence[float] | np.ndarray) -> np.ndarray:
+    a = np.asarray(values, dtype=float).ravel()
+    if a.size == 0:
+        raise ValueError(f"{name}: no runs")
+    if not (np.isfinite(a).all() and (a > 0).all()):
+        raise ValueError(f"{name}: values must be finite and positive")
+    return a
+
+
+@functools.lru_cache(maxsize=64)
+def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.triu_indices(n)
+
+
+def _median(a: np.ndarray) -> float:
+    """Median of a 1-d array (numpy's median, without its per-call overhead)."""
+    return _sorted_quantile(np.sort(a), 0.5)
+
+
+def _sorted_quantile(s: np.ndarray, q: float) -> float:
+    """numpy's default (linear) quantile of an already sorted 1-d array."""
+    h = (s.size - 1) * q
+    lo = int(h)
+    hi = min(lo + 1, s.size - 1)
+    return float(s[lo] + (h - lo) * (s[hi] - s[lo]))
+
+
+def _hodges_lehmann(x: np.ndarray) -> float:
+    """Median of the Walsh averages (x_i + x_j) / 2, i <= j."""
+    i, j = _pairs(x.size)
+    return _median((x[i] + x[j]) * 0.5)
+
+
+def level(values: Sequence[float], name: str = "values") -> Level:
+    """The session level of positive per-run values (robust location and its standard error)."""
+    x = np.sort(np.log(_positive(name, values)))
+    med = _sorted_quantile(x, 0.5)
+    mad = MAD_SCALE * _median(np.abs(x - med))
+    # The plain deviation of the runs within 3.5 MADs of the median: as stable as the
+    # standard deviation on clean runs (the MAD alone is 37% efficient, and an unstable
+    # standard error makes false alarms), yet one wild run does not inflate it.
+    kept = x[np.abs(x - med) <= OUTLIER_MADS * mad] if mad > 0 else x
+    spread = float(kept.std(ddof=1)) if kept.size > 2 else mad
+    upper = _sorted_quantile(x, UPPER_QUANTILE)
+    return Level(_hodges_lehmann(x), HL_SE_FACTOR * spread / math.sqrt(x.size), int(x.size), spread, upper)
+
+
+#: Sessions of a test kept in the history window (the last ones since its baseline was
+#: recorded, same hardware, subject and workload; docs/verdicts.md).
+WINDOW_SESSIONS = 10
+#: From this many sessions on, the history window is the reference level and its own spread
+#: the between-session noise (Student's t with ``k - 1`` degrees of freedom, no prior); below
+#: it, the baseline file's recorded sessions are the reference and the prior is pooled in.
+WINDOW_MIN_SESSIONS = 5
+#: Power at which the minimum detectable effect is stated (``detectable``).
+POWER = 0.8
+
+
+@dataclass(frozen=True)
+class NoiseModel:
+    """What a session's level may do between sessions on the same hardware.
+
+    ``between_sd``: the prior standard deviation of a session's level (log scale, 0.08 = 8%)
+    for one metric of one test, for as long as the baseline's own history cannot say. Measured
+    on this project's shared 2-vCPU VM with other work running: separate A/A sessions against
+    one recorded baseline moved +1% to +27% (TTFT), sd about 5% around a mean of +13%, the
+    recorded session itself being one draw (docs/verdicts.md). A smaller prior turns such a
+    baseline into false alarms; a quiet machine earns a smaller figure from its history.
+    ``prior_sessions``: how many sessions' worth of evidence the prior counts as, so that a
+    baseline with a few recorded sessions is soon judged by its own spread.
+    """
+
+    between_sd: float = 0.08
+    prior_sessions: float = 1.0
+
+    def between_df(self, sessions: int) -> float:
+        """Degrees of freedom of the between-session estimate: the prior alone is a stated
+        figure (infinite); with history, the stored sessions plus the prior's weight."""
+        return math.inf if sessions < 2 else self.prior_sessions + sessions - 1
+
+    def between(self, sessions: Sequence[Level]) -> float:
+        """Estimated between-session sd: the prior, pooled with the stored levels' spread beyond
+        what their own runs explain."""
+        k = len(sessions)
+        prior = self.prior_sessions * self.between_sd**2
+        if k < 2:
+            return self.between_sd
+        levels = [s.log_level for s in sessions]
+        mean = sum(levels) / k
+        within = sum(s.se**2 for s in sessions) / k
+        excess = max(0.0, sum((v - mean) ** 2 for v in levels) / (k - 1) - within)
+        return math.sqrt((prior + (k - 1) * excess) / (self.prior_sessions + k - 1))
+
+
+    def window(self, sessions: Sequence[Level]) -> tuple[float, float]:
+        """Between-session sd and its degrees of freedom from a history window of
+        ``WINDOW_MIN_SESSIONS`` or more sessions: the levels' own spread beyond what their runs
+        explain, with ``k - 1`` degrees of freedom (no prior: the t statistic carries the
+        uncertainty of a spread estimated from few sessions). Fewer: ``between`` (the prior)."""
+        k = len(sessions)
+        if k < WINDOW_MIN_SESSIONS:
+            return self.between(sessions), self.between_df(k)
+        levels = [s.log_level for s in sessions]
+        mean = sum(levels) / k
+        within = sum(s.se**2 for s in sessions) / k
+        return math.sqrt(max(0.0, sum((v - mean) ** 2 for v in levels) / (k - 1) - within)), float(k - 1)
+
+
+def detectable(se: float, df: float, *, alpha: float, threshold: float, power: float = POWER) -> float:
+    """The smallest true change (0.14 = 14% slower) that a comparison with this standard error
+    of log(ratio) and degrees of freedom flags with ``power`` at one-sided level ``alpha`` (its
+    Holm step as the only change of the session). The estimate must pass both the critical
+    value and the threshold, so the reach is the larger of the two plus ``power``'s margin."""
+    q = (lambda p: float(stdtrit(df, p))) if math.isfinite(df) else (lambda p: float(ndtri(p)))
+    return math.expm1(max(math.log1p(threshold), se * q(1.0 - alpha)) + se * q(power))
+
+
+def z_one_sided(alpha: float) -> float:
+    """The standard normal quantile that leaves ``alpha`` above it."""
+    return float(ndtri(1.0 - alpha))
+
+
+def lognormal_sigma(cv: float) -> float:
+    """sigma of a lognormal with this coefficient of variation."""
+    return math.sqrt(math.log1p(cv * cv))
+
+
+def min_detectable_effect(
+    n_runs: int,
+    cv: float,
+    *,
+    alpha: float,
+    m: int,
+    power: float = 0.8,
+    between_sd: float = NoiseModel().between_sd,
+    baseline_sessions: int = 1,
+) -> float:
+    """Smallest true slowdown (0.05 = 5%) flagged with ``power`` by ``n_runs`` candidate runs
+    against a baseline of ``baseline_sessions`` sessions of as many runs, as the only
+    regression in a family of ``m`` (Holm's first step, alpha / m), under the noise model.
+    Analytic (normal approximation of the log-level estimate)."""
+    k = baseline_sessions
+    within = HL_SE_FACTOR * lognormal_sigma(cv) / math.sqrt(n_runs)
+    se = math.sqrt(within**2 * (1 + 1 / k) + between_sd**2 * (1 + 1 / k))
+    return math.expm1(se * (z_one_sided(alpha / m) + z_one_sided(1.0 - power)))
+
 
 #: Confidence of the reported CI of the ratio.
 CI_LEVEL = 0.95
@@ -299,5 +502,3 @@ def decided(
         reason=f"cannot decide: {abs(c.change_pct):.1f}% {lean}, not shown beyond or within {pct}; {how}",
         runs_needed=need,
     )
-
-

@@ -114,7 +114,7 @@ class Session:
 
     @property
     def family_size(self) -> int:
-        from ..judge.compare import JUDGED
+        from ..judge.rule import JUDGED
 
         return self.planned_measurements * len(JUDGED)
 
@@ -204,7 +204,7 @@ class Session:
         self.suite_failures = []
         if s.compare and not s.update_baselines and not s.against and not self.is_worker and self.results:
             from ..judge.regression import CompareSettings
-            from ..judge.session_verdicts import suite_check
+            from ..judge.regression import suite_check
 
             peers = len({(r.test, r.label) for r in self.results})
             settings = CompareSettings(**s.compare_values, peers=max(peers, self.planned_measurements))

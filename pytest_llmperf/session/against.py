@@ -56,7 +56,7 @@ class Against:
 
     def family_for(self, nodeid: str, label: str) -> int:
         """Holm's family size once this measurement is counted (the session's ``family_size``)."""
-        from ..judge.compare import JUDGED
+        from ..judge.rule import JUDGED
 
         labels = self.labels_seen.setdefault(nodeid, set())
         if label not in labels:

@@ -61,7 +61,7 @@ class Assessor:
         if hardware_key not in self.windows:
             from ..history.series import read_windows
             from ..history.store import HistoryError
-            from ..judge.compare import JUDGED
+            from ..judge.rule import JUDGED
 
             try:
                 self.windows[hardware_key] = read_windows(s.history, hardware_key, [m.name for m in JUDGED])

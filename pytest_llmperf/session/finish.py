@@ -87,7 +87,7 @@ def finish(
     """Write what the session asked for; ``step_summary``: ``$GITHUB_STEP_SUMMARY``'s file;
     ``against``: what ``--llmperf-against``'s REF and both sides were (``Session.against_sides``).
     Returns the results with the session-wide Holm p-values, and what was written."""
-    from ..judge.session_verdicts import session_holm
+    from ..judge.regression import session_holm
     from ..reports import session_file
 
     out = Outputs()
