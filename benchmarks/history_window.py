@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from pytest_llmperf.history import append_session  # noqa: E402
-from pytest_llmperf.history.location import parse  # noqa: E402
+from pytest_llmperf.history.connection import parse  # noqa: E402
 from pytest_llmperf.history.series import WINDOW_READ_SESSIONS, read_windows  # noqa: E402
 
 HW = "linux-x86_64-2cpu-bench"

@@ -34,10 +34,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from changepoints import CREEP, SESSIONS, STEP, session_runs  # noqa: E402
 
-from pytest_llmperf.history import append_session, detect  # noqa: E402
-from pytest_llmperf.history.location import parse  # noqa: E402
+from pytest_llmperf.history import append_session, series as detect  # noqa: E402
+from pytest_llmperf.history.connection import parse  # noqa: E402
 from pytest_llmperf.history.series import read_series  # noqa: E402
-from pytest_llmperf.history.trends import export_csv  # noqa: E402
+from pytest_llmperf.history.series import export_csv  # noqa: E402
 
 OTAVA = "apache-otava==0.8.0"
 #: The sessions' branch (as CI sets it): Otava's PostgreSQL source selects one branch.

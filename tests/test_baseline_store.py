@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmperf.baselines import store as store
+from pytest_llmperf.baselines import store
 from pytest_llmperf.baselines.store import BaselineError
 from pytest_llmperf.core.fingerprint import hardware, hardware_key, model_digest, subject_changes
 

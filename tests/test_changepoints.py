@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pytest_llmperf.history.changepoints import e_divisive, split_statistics
-from pytest_llmperf.history.detect import shift_ci
+from pytest_llmperf.history.series import shift_ci
 
 
 def drifting(seed: int, n: int = 60, step_at: int | None = None, step: float = 0.05, sd: float = 0.016) -> np.ndarray:

@@ -20,8 +20,8 @@ import pytest
 from pgserver import PgServer, bindir, unavailable
 from pytest_llmperf.cli import main as cli_main
 from pytest_llmperf.judge.verdict import level
-from pytest_llmperf.history import append_session, detect, store
-from pytest_llmperf.history.location import parse
+from pytest_llmperf.history import append_session, series as detect, database as store
+from pytest_llmperf.history.connection import parse
 from pytest_llmperf.history.series import levels, read_series
 
 CHECKOUT = Path(__file__).resolve().parent.parent
@@ -149,7 +149,7 @@ WRITER = textwrap.dedent("""
     sys.path[:0] = {paths!r}
     from test_history import result, stamp
     from pytest_llmperf.history import append_session
-    from pytest_llmperf.history.location import parse
+    from pytest_llmperf.history.connection import parse
     loc = parse(sys.argv[1], "test", sys.argv[3])
     for i in range(int(sys.argv[2])):
         append_session(loc, [result("t.py::test_a", 10.0, seed=i), result("t.py::test_b", 12.0, seed=i)],

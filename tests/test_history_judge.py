@@ -18,7 +18,7 @@ import pytest
 from inner import run
 from pytest_llmperf.core.catalog import METRICS
 from pytest_llmperf.history import append_session
-from pytest_llmperf.history.location import parse
+from pytest_llmperf.history.connection import parse
 from pytest_llmperf.history.series import WINDOW_READ_SESSIONS, read_windows
 from pytest_llmperf.judge.rule import compare_levels, decide
 from pytest_llmperf.judge.verdict import Level, level

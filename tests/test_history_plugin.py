@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from inner import run
-from pytest_llmperf.history import store
-from pytest_llmperf.history.location import parse
+from pytest_llmperf.history import database as store
+from pytest_llmperf.history.connection import parse
 from pytest_llmperf.history.series import read_series
 from test_history import location, pg_server  # noqa: F401  (fixtures: both backends)
 

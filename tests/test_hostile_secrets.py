@@ -410,7 +410,7 @@ def test_every_form_is_shown_without_its_secret(value: str, shown: str, secrets:
 
 
 def test_a_keyword_string_is_never_a_sqlite_path(tmp_path: Path) -> None:
-    from pytest_llmperf.history.location import parse
+    from pytest_llmperf.history.connection import parse
 
     needs_psycopg()
     loc = parse(f"host=127.0.0.1 dbname=d password={PW}", "--llmperf-history", tmp_path)

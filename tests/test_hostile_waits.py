@@ -275,7 +275,7 @@ def seeded_history(path: Path) -> Path:
     from test_history import result, stamp
 
     from pytest_llmperf.history import append_session
-    from pytest_llmperf.history.location import Location
+    from pytest_llmperf.history.connection import Location
 
     append_session(Location("sqlite", str(path)), [result("t.py::test_old", 10.0)], stamp(0), path.parent,
                    compared=False)
@@ -565,8 +565,8 @@ def test_session_with_a_postgres_history_that_stalls(pytester: pytest.Pytester, 
     line = "llmperf: history not written: " + NO_ANSWER.format(url=redacted(proxy.url(database)), done="written")
     assert result.ret == 0 and output.count(line) == 1, output
     assert "Traceback" not in output and PASSWORD not in output and elapsed < 30
-    from pytest_llmperf.history import store
-    from pytest_llmperf.history.location import Location
+    from pytest_llmperf.history import database as store
+    from pytest_llmperf.history.connection import Location
 
     assert store.counts(Location("postgresql", url)) == {"sessions": 0, "measurements": 0, "values": 0}
 
@@ -578,8 +578,8 @@ def test_postgres_history_locked_past_the_deadline_names_the_writer(pg_server, t
     import psycopg
     from test_history import result, stamp
 
-    from pytest_llmperf.history import append_session, store
-    from pytest_llmperf.history.location import Location
+    from pytest_llmperf.history import append_session, database as store
+    from pytest_llmperf.history.connection import Location
 
     url = pg_server.new_database()
     loc = Location("postgresql", url)

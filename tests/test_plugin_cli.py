@@ -13,7 +13,7 @@ import pytest
 from inner import run
 
 from pytest_llmperf import cli
-from pytest_llmperf.core import settings as settings
+from pytest_llmperf.core import settings
 from pytest_llmperf.judge.marker import KEYS, validate
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -76,7 +76,7 @@ def calibrate(spec, levels: Sequence, *, threshold: float, alpha_: float, m: int
 def run(args: argparse.Namespace) -> int:
     from ..core.errors import ConfigError
     from ..core.formats import render_table
-    from ..history.location import for_cli
+    from ..history.connection import for_cli
     from ..history.series import read_series
     from ..judge.rule import JUDGED
 

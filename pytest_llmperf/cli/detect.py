@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..core.errors import ConfigError
-    from ..history.detect import detect, recent_regressions
+    from ..history.series import detect, recent_regressions
     from .history import read
 
     if args.min_size < 2:

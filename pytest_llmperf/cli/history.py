@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def read(args: argparse.Namespace, last: int | None = None) -> list:
     from ..core.errors import ConfigError
-    from ..history.location import for_cli
+    from ..history.connection import for_cli
     from ..history.series import read_series
 
     loc = for_cli(args.history)
@@ -54,21 +54,21 @@ def read(args: argparse.Namespace, last: int | None = None) -> list:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ..history import detect, trends
+    from ..history import series as history
 
     series = read(args, args.sessions)
     for s in series:
-        steps = detect.steps(s)
-        print(trends.title(s))
-        print(trends.table(s, steps))
+        steps = history.steps(s)
+        print(history.title(s))
+        print(history.table(s, steps))
         for step in steps:
             print("  change point: " + step.line())
         print()
     if args.csv:
-        from ..history.location import for_cli
+        from ..history.connection import for_cli
 
         postgres = for_cli(args.history).kind == "postgresql"
-        written = trends.export_csv(series, Path(args.csv), postgres=postgres)
+        written = history.export_csv(series, Path(args.csv), postgres=postgres)
         extra = " and otava-postgres.yaml" if postgres else ""
         print(f"{args.csv}: {len(written)} CSV file(s), otava.yaml{extra} "
               f"(OTAVA_CONFIG={Path(args.csv) / 'otava.yaml'} otava analyze TEST)")

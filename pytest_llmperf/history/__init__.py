@@ -1,10 +1,11 @@
 """Every session's results kept, per test, label, phase and metric; change points found in
 the series (``llmperf history``, ``llmperf detect``, the HTML report's trends).
 
-Layers: ``location`` (where), ``store`` (SQLite / PostgreSQL, one schema), ``collect`` (the
-rows a session appends), ``series`` (the one reader: stored rows -> per-series points, also
-the between-session levels the verdicts can use), ``changepoints`` (E-divisive means),
-``detect`` (change points named: session, commit, subject change, step size).
+Modules: ``connection`` (where the history lives, and a connection on which every wait ends),
+``database`` (SQLite / PostgreSQL, one schema; the rows a session appends; git facts),
+``series`` (the one reader: stored rows -> per-series points, also the between-session levels
+the verdicts can use; change points named: session, commit, subject change, step size; trend
+tables and CSV for Otava), ``changepoints`` (E-divisive means).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from .location import Location
+from .connection import Location
 
 if TYPE_CHECKING:
     from ..judge.result import MeasurementResult
@@ -22,10 +23,10 @@ def append_session(
     loc: Location, results: Sequence[Mapping[str, Any]], started_at: str, rootdir: Path | str, compared: bool
 ) -> int:
     """Append the session's measured results to the history (one transaction); returns the
-    session's id. Raises ``store.HistoryError`` (one line)."""
-    from . import collect, store
+    session's id. Raises ``database.HistoryError`` (one line)."""
+    from . import database
 
-    return store.append(loc, collect.session_row(started_at, rootdir, compared), collect.measurement_rows(results))
+    return database.append(loc, database.session_row(started_at, rootdir, compared), database.measurement_rows(results))
 
 
 def keep(
@@ -41,7 +42,7 @@ def keep(
     trend back for the HTML report. Returns the line to print and the trends (``{result.test:
     [trends.trend_data]}``, empty when not read); a history that cannot be written costs that
     line, never the session's outcome."""
-    from .store import HistoryError
+    from .database import HistoryError
 
     try:
         session_id = append_session(loc, [r.to_json() for r in results], started_at, rootdir, compared)
@@ -52,7 +53,7 @@ def keep(
     line = f"llmperf: history: session #{session_id} ({len(results)} measurement(s)) appended to {loc.display}"
     if not trends:
         return line, {}
-    from .trends import attach
+    from .series import attach
 
     try:
         return line, attach(results, loc)

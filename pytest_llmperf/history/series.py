@@ -1,21 +1,37 @@
 """The one reader of the history: stored rows -> one series per test, label, metric and
 hardware, oldest session first. ``llmperf history``, ``llmperf detect``, the HTML report's
-trends and the verdicts' between-session spread (``levels``) all read through here."""
+trends and the verdicts' between-session spread (``levels``) all read through here.
+
+Change points of stored series, named: the session, its commit and branch, the subject or
+workload change that coincides (``threads 2 -> 1``), the step's size (median before vs after
+and the Hodges-Lehmann shift with its distribution-free 95% CI) and its significance.
+
+The history shown: terminal tables, trend plots (value per session with its 95% CI, change
+points marked with the subject change that coincides), the HTML report's recent trend per
+test, and a CSV export that Apache Otava reads."""
 
 from __future__ import annotations
 
+import csv
 import datetime
 import math
+import numpy as np
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, TYPE_CHECKING
 
-from ..core.catalog import METRICS
-from ..judge.verdict import Level
-from ..core.fingerprint import subject_changes
+from . import changepoints, database as store
 from ..baselines.records import RUN_FIELDS, same_workload
-from . import store
-from .location import Location
+from ..core.catalog import METRICS
+from ..core.fingerprint import subject_changes
+from ..core.formats import render_table
+from ..judge.verdict import Level
+from .connection import Location
+
+if TYPE_CHECKING:
+    from ..judge.result import MeasurementResult
+
 
 #: Two-sided 95% normal quantile: the CI drawn and printed around a session's level.
 Z95 = 1.959964
@@ -205,3 +221,250 @@ def read_windows(loc: Location, hardware_key: str, metrics: Sequence[str]) -> Wi
     for r in store.read(loc, metrics=metrics, hardware_key=hardware_key, last_sessions=WINDOW_READ_SESSIONS, runs=False):
         rows.setdefault((r["test"], r["label"]), []).append(r)
     return Windows(rows)
+
+
+@dataclass(frozen=True)
+class Step:
+    series: Series
+    index: int  # the first point of the new segment
+    p_value: float
+    median_before: float
+    median_after: float
+    change: float  # after / before - 1 (Hodges-Lehmann shift of the log levels)
+    ci_low: float
+    ci_high: float
+    coinciding: tuple[str, ...]  # subject/workload changes at the change point (+-1 session)
+
+    @property
+    def regression(self) -> bool:
+        worse = self.change < 0 if self.series.higher_is_better else self.change > 0
+        return worse
+
+    @property
+    def point(self):  # noqa: ANN201 (series.Point)
+        return self.series.points[self.index]
+
+    def line(self) -> str:
+        s, p = self.series, self.point
+        where = f"session {self.index + 1} of {len(s.points)} (#{p.session_id}, {p.started_at}, commit {p.short_commit}"
+        where += f", {p.branch})" if p.branch else ")"
+        kind = "REGRESSION" if self.regression else "improvement"
+        named = "; ".join(self.coinciding) if self.coinciding else "no subject change recorded"
+        return (
+            f"{s.name} {s.metric} ({s.phase}, {s.hardware_key}): {kind} at {where}: "
+            f"median {self.median_before:.4g} -> {self.median_after:.4g} {s.unit} "
+            f"({self.change:+.1%}, 95% CI {self.ci_low:+.1%}..{self.ci_high:+.1%}), p = {self.p_value:.3g}; {named}"
+        )
+
+
+def shift_ci(before: np.ndarray, after: np.ndarray) -> tuple[float, float, float]:
+    """Hodges-Lehmann shift (after - before) with Moses' distribution-free 95% CI."""
+    d = np.sort((after[:, None] - before[None, :]).ravel())
+    m, k = before.size, after.size
+    reach = Z95 * math.sqrt(m * k * (m + k + 1) / 12.0)
+    lo = max(0, int(math.floor(m * k / 2.0 - reach)))
+    return float(np.median(d)), float(d[lo]), float(d[d.size - 1 - lo])
+
+
+def coinciding(series: Series, index: int) -> tuple[str, ...]:
+    """Subject/workload changes at ``index``, else one session either side (the change point's
+    own uncertainty)."""
+    for i in (index, index + 1, index - 1):
+        found = series.changes_at(i)
+        if found:
+            return tuple(found) if i == index else tuple(f"{c} (session {i + 1})" for c in found)
+    return ()
+
+
+def steps(
+    series: Series,
+    *,
+    alpha: float = changepoints.ALPHA,
+    permutations: int = changepoints.PERMUTATIONS,
+    min_size: int = changepoints.MIN_SIZE,
+    seed: int = changepoints.SEED,
+) -> list[Step]:
+    logs = np.array([p.log_level for p in series.points])
+    found = changepoints.e_divisive(logs, alpha=alpha, permutations=permutations, min_size=min_size, seed=seed)
+    bounds = [0] + [c.index for c in found] + [logs.size]
+    out = []
+    for j, c in enumerate(found):
+        before, after = logs[bounds[j]:c.index], logs[c.index:bounds[j + 2]]
+        shift, lo, hi = shift_ci(before, after)
+        out.append(
+            Step(
+                series, c.index, c.p_value,
+                float(np.exp(np.median(before))), float(np.exp(np.median(after))),
+                math.expm1(shift), math.expm1(lo), math.expm1(hi), coinciding(series, c.index),
+            )
+        )
+    return out
+
+
+def detect(series_list: Sequence[Series], **kw: float) -> list[Step]:
+    return [step for s in series_list for step in steps(s, **kw)]  # type: ignore[arg-type]
+
+
+def recent_regressions(found: Sequence[Step], last: int, threshold: float = 0.0) -> list[Step]:
+    """Regression change points within the last ``last`` sessions of their series, at least
+    ``threshold`` (a share) in size."""
+    return [
+        s for s in found
+        if s.regression and s.index >= len(s.series.points) - last and abs(s.change) >= threshold
+    ]
+
+
+#: Sessions drawn in the pytest HTML report's per-test trend.
+RECENT_SESSIONS = 20
+
+
+def label_of(metric: str) -> str:
+    """The metric's label in the catalog (a metric the catalog no longer has: its name)."""
+    spec = METRICS.get(metric)
+    return spec.label if spec else metric
+
+
+def title(s: Series) -> str:
+    return f"{s.name}  {label_of(s.metric)} ({s.phase}, {s.unit})  on {s.hardware_key}: {len(s.points)} session(s)"
+
+
+def table(s: Series, found: Sequence[Step] = ()) -> str:
+    at = {step.index: step for step in found}
+    rows = []
+    for i, p in enumerate(s.points):
+        lo, hi = p.ci
+        step = at.get(i)
+        mark = ""
+        if step is not None:
+            mark = f"<- {'REGRESSION' if step.regression else 'change'} {step.change:+.1%}"
+        changes = s.changes_at(i)
+        if changes:
+            mark = (mark + "; " if mark else "") + ", ".join(changes)
+        rows.append([str(i + 1), p.started_at.replace("+00:00", "Z"), p.short_commit, p.branch or "-",
+                     f"{p.value:.4g}", f"{lo:.4g}..{hi:.4g}", str(p.n), p.baseline or "-", mark])
+    return render_table(("#", "started", "commit", "branch", "level", "95% CI", "runs", "baseline", "change"), rows)
+
+
+def trend_data(s: Series, found: Sequence[Step] = ()) -> dict[str, Any]:
+    """One series as plain data (crosses to the HTML report's drawing processes as JSON)."""
+    return {
+        "test": s.name, "metric": s.metric, "label": f"{s.phase} {label_of(s.metric)}", "unit": s.unit,
+        "points": [[p.value, *p.ci, p.short_commit] for p in s.points],
+        "steps": [{"index": st.index, "text": _step_text(st), "regression": st.regression} for st in found],
+    }
+
+
+def _step_text(st: Step) -> str:
+    named = "; ".join(c.split(" (session")[0] for c in st.coinciding)
+    return f"{st.change:+.1%}" + (f" {named}" if named else "")
+
+
+
+def attach(
+    results: Sequence["MeasurementResult"], loc: Any, last: int = RECENT_SESSIONS
+) -> dict[str, list[dict[str, Any]]]:
+    """Each test's recent trend, for the HTML report beside the results: ``{result.test:
+    [trend_data of TTFT, of TPOT]}`` over its last ``last`` sessions on this hardware (a test
+    with fewer than two sessions has none)."""
+
+    def key_of(r: "MeasurementResult") -> tuple[str, str, str]:
+        return (r.nodeid or r.test, r.label, r.hardware_key)
+
+    wanted = {key_of(r) for r in results}
+    found: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for s in read_series(loc, metrics=("ttft_ms", "tpot_ms"), last=last):
+        key = (s.test, s.label, s.hardware_key)
+        if key in wanted and len(s.points) >= 2:
+            found.setdefault(key, []).append(trend_data(s, steps(s)))
+    out = {}
+    for r in results:
+        trend = sorted(found.get(key_of(r), []), key=lambda t: t["metric"], reverse=True)  # ttft_ms, then tpot_ms
+        if trend:
+            out[r.test] = trend
+    return out
+
+
+def metric_order(s: Series) -> int:
+    """Prefill first, then decode: the order of ``records.RUN_FIELDS``."""
+    from ..baselines.records import RUN_FIELDS
+
+    return RUN_FIELDS.index(s.metric) if s.metric in RUN_FIELDS else len(RUN_FIELDS)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")[:120] or "test"
+
+
+#: Otava's PostgreSQL source: one row per session, one column per metric (the stored level), of
+#: the branch given to ``otava analyze --branch`` (Otava 0.8.0 with its pg8000 fails on a query
+#: without the ``%{BRANCH}`` parameter: "object of type 'NoneType' has no len()").
+OTAVA_PG_QUERY = """SELECT s.started_at AS time, s.commit_sha AS commit, s.branch AS branch,
+{columns}
+FROM llmperf_sessions s
+JOIN llmperf_measurements m ON m.session_id = s.id
+JOIN llmperf_values v ON v.measurement_id = m.id
+WHERE m.test = '{test}' AND m.label = '{label}' AND m.hardware_key = '{hardware_key}'
+  AND s.branch = %{{BRANCH}}
+GROUP BY s.id, s.started_at, s.commit_sha, s.branch
+ORDER BY s.started_at, s.id"""
+
+
+def _sql_text(text: str) -> str:
+    return text.replace("'", "''")
+
+
+def export_csv(series: Sequence[Series], folder: Path, postgres: bool = False) -> list[Path]:
+    """One CSV per test, label and hardware (a row per session: time, commit, branch, subject
+    and one column per metric, the session's level) and an ``otava.yaml`` that names them:
+    ``OTAVA_CONFIG=DIR/otava.yaml otava analyze TEST`` reads them as they are. ``postgres``:
+    also ``otava-postgres.yaml``, the same tests read straight from a PostgreSQL history."""
+    folder.mkdir(parents=True, exist_ok=True)
+    groups: dict[tuple[str, str], list[Series]] = {}
+    for s in series:
+        groups.setdefault((s.name, s.hardware_key), []).append(s)
+    written, tests, pg_tests = [], [], []
+    for (name, hw), members in groups.items():
+        slug = _slug(f"{name}-{hw}")
+        rows: dict[int, dict[str, Any]] = {}
+        for s in members:
+            for i, p in enumerate(s.points):
+                row = rows.setdefault(p.session_id, {
+                    "time": p.started_at, "commit": p.commit or "", "branch": p.branch or "",
+                    "subject": _subject_text(p.subject),
+                })
+                row[s.metric] = f"{p.value:.6g}"
+        metrics = [s.metric for s in members]
+        path = folder / f"{slug}.csv"
+        with path.open("w", newline="", encoding="utf-8") as fh:
+            w = csv.DictWriter(fh, ["time", "commit", "branch", "subject", *metrics])
+            w.writeheader()
+            for sid in sorted(rows, key=lambda k: (rows[k]["time"], k)):
+                w.writerow(rows[sid])
+        written.append(path)
+        # Otava's direction: 1 when higher is better, -1 when lower is.
+        metric_lines = "".join(
+            f"      {s.metric}:\n        direction: {1 if s.higher_is_better else -1}\n" for s in members
+        )
+        tests.append(
+            f"  {slug}:\n    type: csv\n    file: {path.resolve()}\n    time_column: time\n"
+            f"    attributes: [commit, branch, subject]\n    metrics:\n{metric_lines}"
+        )
+        s0 = members[0]
+        columns = ",\n".join(f"MAX(CASE WHEN v.metric = '{m}' THEN v.level END) AS {m}" for m in metrics)
+        query = OTAVA_PG_QUERY.format(columns=columns, test=_sql_text(s0.test), label=_sql_text(s0.label),
+                                      hardware_key=_sql_text(hw))
+        pg_tests.append(
+            f"  {slug}:\n    type: postgres\n    time_column: time\n    attributes: [commit, branch]\n"
+            f"    metrics:\n{metric_lines}    query: |\n" + "".join(f"      {q}\n" for q in query.splitlines())
+        )
+    (folder / "otava.yaml").write_text("# written by llmperf history --csv\ntests:\n" + "".join(tests), encoding="utf-8")
+    if postgres:
+        (folder / "otava-postgres.yaml").write_text(
+            "# written by llmperf history --csv; connection: otava --postgres-hostname ... (docs/history.md)\n"
+            "tests:\n" + "".join(pg_tests), encoding="utf-8")
+    return written
+
+
+def _subject_text(subject: Mapping[str, Any]) -> str:
+    keys = ("backend_version", "model", "quantization", "n_threads", "n_gpu_layers")
+    return " ".join(f"{k}={subject.get(k)}" for k in keys if subject.get(k) is not None)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from ..core.errors import LLMPerfError
-from . import marks as marks
+from . import marks
 
 
 class AgainstHooks:

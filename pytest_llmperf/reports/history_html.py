@@ -12,8 +12,8 @@ from .html import CSS, scope_ids
 
 def history_page(series: Sequence[Any]) -> str:
     """``llmperf history --html``: per test and hardware, the trend plots and the tables."""
-    from ..history.detect import steps
-    from ..history.trends import metric_order, table, title, trend_data
+    from ..history.series import steps
+    from ..history.series import metric_order, table, title, trend_data
     from .trend_figure import trend_figure
 
     groups: dict[tuple[str, str], list[Any]] = {}

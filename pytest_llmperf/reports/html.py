@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 #: The verdict of a result that has none (not compared).
 NOT_COMPARED = VerdictRecord("not compared")
 
-#: The history's recent trend of a test (``history.trends.attach``): ``{result.test: [trend_data]}``.
+#: The history's recent trend of a test (``history.series.attach``): ``{result.test: [trend_data]}``.
 Trends = Mapping[str, Sequence[Mapping[str, Any]]]
 
 #: verdict word -> (css class, symbol); the word is always printed next to the colour.
@@ -221,7 +221,7 @@ def test_section(
         if fig_id == "layer-bars" and record["layers"].get("outlier_rule"):
             caption += f"; outlier layers in red: {record['layers']['outlier_rule']}"
         plots.append(_figure_html(fig_id, caption, svg, f"t{index}f{n}-"))
-    if trend:  # the history's recent sessions (history/trends.attach)
+    if trend:  # the history's recent sessions (history/series.attach)
         from .trend_figure import trend_figure
 
         plots.append(_figure_html("trend", "Recent trend: level per session with its 95% CI (the last is this "
@@ -323,7 +323,7 @@ def render_html(
     trends: Trends | None = None, against: Mapping[str, Any] | None = None,
 ) -> str:
     """The whole page; ``workers``: processes drawing figures (default: usable CPUs, max 8);
-    ``trends``: each test's recent sessions from the history (``history.trends.attach``);
+    ``trends``: each test's recent sessions from the history (``history.series.attach``);
     ``against``: what ``--llmperf-against`` compared (``against_section``)."""
     figures.require_matplotlib()
     ref = (against or {}).get("described") or against_of(results)

@@ -1,5 +1,5 @@
 """The HTML report's and `llmperf history --html`'s trend plot: one series per axes from
-history/trends.trend_data (drawing only; the history layer reads, this layer draws)."""
+history/series.trend_data (drawing only; the history layer reads, this layer draws)."""
 
 from __future__ import annotations
 

@@ -60,7 +60,7 @@ class Assessor:
             return None
         if hardware_key not in self.windows:
             from ..history.series import read_windows
-            from ..history.store import HistoryError
+            from ..history.database import HistoryError
             from ..judge.rule import JUDGED
 
             try:
@@ -196,7 +196,7 @@ def legacy_note(baseline_dir: Path, path: Path, rel: str, note: str) -> str:
 @functools.lru_cache(maxsize=None)
 def commit(root: Path) -> str | None:
     """The commit a record names (12 hex digits; ``history.vcs.commit_sha``), looked up once."""
-    from ..history.vcs import commit_sha
+    from ..history.database import commit_sha
 
     sha = commit_sha(root)
     return sha[:12] if sha else None

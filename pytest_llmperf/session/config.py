@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping
 from ..core.errors import ConfigError
 from ..core.settings import EngineSettings
 from ..core.settings import SETTINGS, Resolved, resolve
-from ..history.location import Location, default as default_history, parse as parse_history
+from ..history.connection import Location, default as default_history, parse as parse_history
 
 #: Options that exclude each other: (one, other, the line that says so).
 EXCLUSIVE = (

@@ -1,4 +1,7 @@
-"""One schema, two backends: SQLite (stdlib ``sqlite3``, the embedded default) and PostgreSQL
+"""The history database: the store (SQLite / PostgreSQL), the rows a session is collected into, and
+the version-control facts recorded with it.
+
+One schema, two backends: SQLite (stdlib ``sqlite3``, the embedded default) and PostgreSQL
 (psycopg 3, for a fleet of CI runners writing to one place).
 
 Tables (the same names, columns and meaning on both; only the column types are spelled per
@@ -13,17 +16,35 @@ IMMEDIATE``; PostgreSQL an advisory transaction lock; every wait ends: ``connect
 processes and the schema's creation never interleave: a session's rows land whole or not at
 all. A history written by a newer pytest-llmperf (a higher schema version) is refused with one
 line and never altered.
-"""
+
+The rows one session appends: built from the plugin's results (``MeasurementResult.to_json()``
+of judge/result.py: the entries of the JSON report, also what crosses pytest-xdist's wire), so
+the history holds exactly what the session measured and judged.
+
+The commit under test, whether the work tree had uncommitted changes, and the branch.
+
+CI variables first (a CI checkout is often a detached HEAD), then ``git`` with a deadline; no
+git, no repository: None (a history row without a commit is still a row)."""
 
 from __future__ import annotations
 
 import datetime
 import json
 import math
-from typing import Any, Mapping, Sequence
+import os
+import socket
+import statistics
+import subprocess
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
 
-from .connection import Conn, HistoryError, connect, errors_of, transaction
-from .location import Location
+from ..baselines.records import RUN_FIELDS
+from ..core.catalog import METRICS
+from ..judge.verdict import level
+from .connection import Conn, connect, errors_of, HistoryError, Location, transaction
+
 
 SCHEMA_VERSION = 1
 #: Upgrades from an older schema version: version -> statements that bring it to version + 1.
@@ -307,3 +328,114 @@ def counts(loc: Location) -> dict[str, int]:
         raise conn.failure("read", exc) from None
     finally:
         conn.close()
+
+
+def phase_of(metric: str) -> str:
+    spec = METRICS.get(metric)
+    return spec.phase if spec else ("prefill" if metric.startswith(("ttft", "prefill")) else "decode")
+
+
+def unit_of(metric: str) -> str:
+    spec = METRICS.get(metric)
+    return spec.unit if spec else ("t/s" if metric.endswith("_tps") else "ms")
+
+
+def value_rows(runs: Mapping[str, list[float]]) -> list[dict[str, Any]]:
+    """Per metric: the per-run values, their median and the session's level (``levels.level``:
+    the robust location on the log scale and its standard error)."""
+    out = []
+    for metric in RUN_FIELDS:
+        values = runs.get(metric)
+        if not values:
+            continue
+        try:
+            lv = level(values, metric)
+        except ValueError:
+            continue  # a zero or missing value (e.g. a one-token answer): no level to keep
+        out.append(
+            {
+                "metric": metric, "phase": phase_of(metric), "unit": unit_of(metric), "n": lv.n,
+                "median": float(statistics.median(values)), "log_level": lv.log_level, "se": lv.se,
+                "spread": lv.spread, "upper": lv.upper, "runs": [float(v) for v in values],
+            }
+        )
+    return out
+
+
+def measurement_rows(results: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for r in results:
+        rec = r["record"]
+        verdict = r.get("verdict")
+        rows.append(
+            {
+                "test": r.get("nodeid") or r["test"],
+                "label": r.get("label") or "",
+                "hardware_key": r["hardware_key"],
+                "hardware": rec.get("hardware", {}),
+                "subject": rec.get("subject", {}),
+                "workload": rec.get("workload", {}),
+                "summary": rec.get("summary", {}),
+                "baseline": None if not verdict else verdict.get("short") or verdict.get("status"),
+                "values": value_rows(rec.get("runs", {})),
+            }
+        )
+    return rows
+
+
+def session_row(started_at: str, rootdir: Path | str, compared: bool) -> dict[str, Any]:
+    from .. import __version__
+
+    rev = revision(rootdir)
+    return {
+        "uid": uuid.uuid4().hex,
+        "started_at": started_at,
+        "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": rev.commit,
+        "dirty": rev.dirty,
+        "branch": rev.branch,
+        "host": socket.gethostname(),
+        "compared": compared,
+        "llmperf_version": __version__,
+    }
+
+
+GIT_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Revision:
+    commit: str | None
+    dirty: bool | None
+    branch: str | None
+
+
+def _git(root: Path, *args: str) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", *args], cwd=root, capture_output=True, text=True, timeout=GIT_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def commit_sha(root: Path | str) -> str | None:
+    """The commit under test: ``$GITHUB_SHA`` / ``$CI_COMMIT_SHA``, else git's HEAD, else None."""
+    commit = next((os.environ[v] for v in ("GITHUB_SHA", "CI_COMMIT_SHA") if os.environ.get(v)), None)
+    return commit or _git(Path(root), "rev-parse", "HEAD")
+
+
+def revision(root: Path | str) -> Revision:
+    root = Path(root)
+    commit = commit_sha(root)
+    status = _git(root, "status", "--porcelain", "--untracked-files=no") if commit else None
+    branch = next(
+        (os.environ[v] for v in ("GITHUB_HEAD_REF", "GITHUB_REF_NAME", "CI_COMMIT_REF_NAME") if os.environ.get(v)),
+        None,
+    )
+    if branch is None and commit:
+        branch = _git(root, "rev-parse", "--abbrev-ref", "HEAD")
+        branch = None if branch == "HEAD" else branch  # detached
+    return Revision(commit[:40] if commit else None, None if status is None else bool(status), branch)
