@@ -406,7 +406,7 @@ def test_roofline_says_what_is_true_instead_of_a_utilisation_above_100_percent(m
     from types import SimpleNamespace
 
     import pytest_llmperf.measuring.roofline as machine_peak
-    from pytest_llmperf.reports.breakdown import roofline_text
+    from pytest_llmperf.reports.text import roofline_text
     from pytest_llmperf.core.workload import EngineInfo
     from pytest_llmperf.measuring.roofline import Peak
     from pytest_llmperf.measuring.roofline import roofline

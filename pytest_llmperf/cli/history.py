@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         from ..baselines.store import atomic_write
         from ..core.errors import ConfigError
         from ..reports.figures import require_matplotlib
-        from ..reports.history_html import history_page
+        from ..reports.html import history_page
 
         require_matplotlib()
         try:

@@ -7,7 +7,6 @@ one generated token, stamped when the item arrives."""
 
 from __future__ import annotations
 
-import numpy as np
 import time
 from typing import Any, Callable, Iterable, Protocol, runtime_checkable
 
@@ -32,6 +31,8 @@ TokenStream = Callable[[str, int], Iterable[Any]]
 
 def synthetic_text(n_words: int, seed: int) -> str:
     """A seeded prompt of ``n_words`` short words (about one token each for most tokenizers)."""
+    import numpy as np  # not at import: the engines package is read at every pytest start
+
     rng = np.random.default_rng(seed)
     letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
     return " ".join("".join(rng.choice(letters, size=3)) for _ in range(n_words))

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import numpy as np
 import os
 import tempfile
 from dataclasses import dataclass
@@ -154,8 +153,10 @@ def _pieces(count: int) -> list[bytes]:
 def write_gguf(spec: ModelSpec, path: str | os.PathLike[str]) -> Path:
     """Write ``spec`` as a GGUF file at ``path`` (overwrites). Deterministic in ``spec``."""
     import gguf
+    import numpy as np  # numpy costs nothing until a model is written
 
     path = Path(path)
+
     rng = np.random.default_rng(spec.seed)
     qtype = gguf.GGMLQuantizationType[spec.dtype]
     file_type = {

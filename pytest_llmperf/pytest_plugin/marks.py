@@ -10,10 +10,10 @@ import warnings
 from typing import Any, Callable, Mapping, TYPE_CHECKING
 
 from ..core.errors import ConfigError
-from ..judge.ab import Side
 from ..judge.marker import check_side, MarkerConfig, PROMPT_KEYS, validate
 
 if TYPE_CHECKING:
+    from ..judge.ab import Side
     from ..session import Session
     from .fixture import LLMPerf
 
@@ -161,6 +161,8 @@ def terminal_width(config: pytest.Config) -> int:
 def resolve_side(name: str, spec: Any, engine_for: Callable[[Mapping[str, Any]], Any]) -> Side:
     """A ``Side`` ready to run; ``engine_for(settings)``: the plugin's (or the caller's) engine
     for llama.cpp settings over the session's."""
+    from ..judge.ab import Side  # numpy and scipy only once a test compares two sides
+
     spec = check_side(name, spec)
     if isinstance(spec, Mapping):
         label = " ".join(f"{k}={v}" for k, v in spec.items()) or "session engine"

@@ -1,21 +1,38 @@
-"""The HTML report's figure primitives: style, colours, blank figures and SVG output.
+"""The HTML report's figure primitives (style, colours, blank figures, SVG output) and the
+session-wide plots: the trend plot, the change overview, the served-load curve.
 
-Matplotlib Figure objects (no pyplot, no GUI backend) saved as SVG text. Apart from the plots
-themselves (``record_figures``, ``breakdown_figures``, ``overview_figure``, ``load_figure``,
-``trend_figure``) because every plot shares them: one style and one colour per side (now,
-baseline, budget) on every figure, fixed margins instead of a layout pass, blank figures kept
-for reuse, and the SVG made small. Each plot module draws; this one makes drawing cheap.
-"""
+Matplotlib Figure objects (no pyplot, no GUI backend) saved as SVG text. Every plot shares the
+primitives: one style and one colour per side (now, baseline, budget) on every figure, fixed
+margins instead of a layout pass, blank figures kept for reuse, and the SVG made small. The
+plots of one test's record are ``record_figures``.
+
+The trend plot (the HTML report's and ``llmperf history --html``'s): one series per axes from
+history/series.trend_data (drawing only; the history layer reads, this layer draws).
+
+The change overview (the HTML report's key figure): the change of every compared metric with
+its CI, most notable first; it draws the whole session (every test's verdicts) at the top of
+the page, from the session's typed results (``judge.result.MeasurementResult``) rather than
+one record.
+
+The throughput-latency curve of served load tests: each load measurement is one point (output
+tokens/s overall against per-request TTFT and TPOT p50, p99 as a whisker), labelled with its
+concurrency; points of one test function (parametrized over concurrency, or measured with
+several labels) are joined into a curve."""
 
 from __future__ import annotations
 
 import io
-import re
-from typing import Any
-
 import numpy as np
+import re
+from collections import Counter, defaultdict
+from typing import Any, Mapping, Sequence, TYPE_CHECKING
 
+from ..core import formats as nodeids
 from ..core.errors import LLMPerfError
+
+if TYPE_CHECKING:
+    from ..judge.result import MeasurementResult
+
 
 NOW = "#1f5fbf"
 BASELINE = "#8c8c8c"
@@ -191,3 +208,120 @@ def render(fn: Any, *args: Any) -> str:
 def budget_label(key: str, value: float, unit: str) -> str:
     """How a budget line is labelled on every figure."""
     return f"budget {key}={value:g} {unit}"
+
+
+def trend_figure(trends: Sequence[Mapping[str, Any]]) -> Any:
+    """Value per session with its 95% CI, one axes per series; change points dashed, labelled
+    with the step and the coinciding subject change; the latest session filled."""
+    fig, axes = new_figure(2.3, ncols=len(trends), width_in=max(5.4, 3.2 * len(trends)), squeeze=False,
+                        margins_in=(0.62, 0.45, 0.15, 0.3))
+    for ax, t in zip(axes[0], trends):
+        pts = t["points"]
+        x = list(range(1, len(pts) + 1))
+        y = [p[0] for p in pts]
+        err = [[p[0] - p[1] for p in pts], [p[2] - p[0] for p in pts]]
+        ax.errorbar(x, y, yerr=err, fmt="o-", color=NOW, ms=3, lw=0.8, elinewidth=0.8, capsize=1.5)
+        ax.plot([x[-1]], [y[-1]], "o", color=NOW, ms=6)
+        top = max(p[2] for p in pts)
+        for st in t["steps"]:
+            at = st["index"] + 0.5
+            colour = BUDGET if st["regression"] else "#1e8449"
+            ax.axvline(at, color=colour, ls="--", lw=1)
+            right = at < (len(pts) + 1) / 2  # the label on the side with more room
+            ax.text(at + (0.3 if right else -0.3), top, st["text"], fontsize=7, va="top",
+                    ha="left" if right else "right", color=colour,
+                    bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1.0})
+        ax.set_title(f"{t['label']} ({t['unit']})")
+        ax.set_xlabel("session")
+        ax.set_xlim(0.5, len(pts) + 0.5)
+    return fig
+
+
+VERDICT_COLOURS = {"REGRESSION": BUDGET, "IMPROVED": "#1e8449", "MACHINE_SLOWER": FIRST_RUN,
+                   "INCONCLUSIVE": "#7d3c98", "UNCHANGED": BASELINE}
+VERDICT_ORDER = ("REGRESSION", "MACHINE_SLOWER", "IMPROVED", "INCONCLUSIVE", "UNCHANGED")
+OVERVIEW_ROWS = 24
+
+
+def change_overview(results: Sequence["MeasurementResult"]) -> Any:
+    """Change of each compared metric with its 95% CI, the most notable first (capped)."""
+    rows = []
+    for r in results:
+        for c in r.verdict.comparisons if r.verdict is not None else ():
+            word = c.verdict.value
+            rank = VERDICT_ORDER.index(word) if word in VERDICT_ORDER else len(VERDICT_ORDER)
+            rows.append((rank, -abs(c.ratio - 1), r.test, c))
+    rows.sort(key=lambda row: row[:2])
+    shown = rows[:OVERVIEW_ROWS]
+    fig, ax = new_figure(0.9 + 0.17 * len(shown), width_in=9.0, margins_in=(3.4, 0.45, 0.9, 0.3))
+    for y, (_, _, test, c) in enumerate(shown):
+        colour = VERDICT_COLOURS.get(c.verdict.value, BASELINE)
+        change = (c.ratio - 1) * 100
+        if c.ci_low is not None and c.ci_high is not None:
+            ax.hlines(y, (c.ci_low - 1) * 100, (c.ci_high - 1) * 100, color=colour, lw=1.6)
+        ax.plot(change, y, "o", color=colour, ms=5)
+        ax.annotate(c.verdict.value, (1.0, y), xycoords=("axes fraction", "data"), xytext=(4, 0),
+                    textcoords="offset points", va="center", fontsize=7, color=colour, fontweight="bold")
+    labels = [f"{nodeids.last(test)[:38]} \u00b7 {c.phase} {c.label}" for _, _, test, c in shown]
+    ax.set_yticks(range(len(shown)), labels)
+    ax.invert_yaxis()
+    thresholds = Counter(c.threshold for _, _, _, c in shown if c.threshold)
+    if thresholds:
+        common = thresholds.most_common(1)[0][0]
+        others = sorted({f"{c.label} +-{c.threshold:.0%}" for _, _, _, c in shown
+                         if c.threshold and c.threshold != common})
+        label = f"threshold +-{common:.0%}" + (f" ({', '.join(others)})" if others else "")
+        ax.axvspan(-common * 100, common * 100, color="#eeeeee", zorder=0, label=label)
+        ax.legend(loc="lower right")
+    ax.axvline(0, color="black", lw=0.8)
+    ax.grid(axis="y", visible=False)
+    more = f" ({len(rows) - len(shown)} more in the tables)" if len(rows) > len(shown) else ""
+    ax.set_xlabel("change now vs baseline (%); + is slower for latencies, faster for throughputs")
+    ax.set_title(f"Compared metrics, most notable first{more}")
+    return fig
+
+
+_PARAMS = re.compile(r"\[.*\]$")
+
+
+def curves(results: Sequence["MeasurementResult"]) -> dict[str, list[Mapping[str, Any]]]:
+    """``{test function: load records sorted by throughput}`` of the results that have one."""
+    groups: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for r in results:
+        load = (r.record or {}).get("load")
+        if load and load.get("output_tps") is not None:
+            groups[_PARAMS.sub("", r.test)].append(load)
+    return {k: sorted(v, key=lambda d: (d["concurrency"], d["output_tps"])) for k, v in groups.items()}
+
+
+def throughput_latency(results: Sequence["MeasurementResult"]) -> Any:
+    """Two panels sharing the x axis (output tok/s): TTFT and TPOT, p50 with p99 whiskers."""
+    fig, (left, right) = new_figure(3.4, ncols=2, margins_in=(0.62, 0.95, 0.15, 0.3), wspace=0.45)
+    colours = ("#1f5fbf", "#c0392b", "#1e8449", "#7d3c98", "#b9770e", "#2e4053")
+    for n, (test, points) in enumerate(sorted(curves(results).items())):
+        colour = colours[n % len(colours)]
+        x = [p["output_tps"] for p in points]
+        for ax, key in ((left, "ttft"), (right, "tpot")):
+            p50 = [p[f"{key}_p50_ms"] for p in points]
+            p99 = [p[f"{key}_p99_ms"] for p in points]
+            ax.plot(x, p50, "o-", color=colour, ms=5, lw=1.2, label=nodeids.last(test) if key == "ttft" else None)
+            ax.vlines(x, p50, p99, color=colour, lw=0.8, alpha=0.6)
+            for xi, yi, p in zip(x, p50, points):
+                label = f"c{p['concurrency']}" + (f"@{p['rate_per_s']:g}/s" if p.get("rate_per_s") else "")
+                ax.annotate(label, (xi, yi), textcoords="offset points", xytext=(3, 4), fontsize=6.5, color=colour)
+    left.set_ylabel("TTFT p50 (ms), whisker to p99")
+    right.set_ylabel("TPOT p50 (ms), whisker to p99")
+    for ax in (left, right):
+        ax.set_xlabel("output tokens/s (all requests)")
+        ax.set_ylim(bottom=0)
+    left.set_title("Throughput vs time to first token")
+    right.set_title("Throughput vs time per output token")
+    fig.legend(loc="lower center", fontsize=6.5, ncol=2)
+    return fig
+
+
+def section(results: Sequence["MeasurementResult"]) -> str | None:
+    """The curve's SVG, or None when no result is a load test."""
+    if not curves(results):
+        return None
+    return render(throughput_latency, results)

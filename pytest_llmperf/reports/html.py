@@ -6,7 +6,12 @@ a word and a symbol besides their colour. Input: typed results (``judge.result.M
 and, beside them, the history's recent trend per test, so the plugin (``--llmperf-html``) and
 ``llmperf report`` (results rebuilt from the session file) draw the same page; figure workers
 get the results' JSON and rebuild them. Metric rows and cells are the catalog's.
-"""
+
+The HTML report's section on ``--llmperf-against``: REF, and what each side was (interpreter,
+llama-cpp-python, where the code under test came from).
+
+``llmperf history --html``: one self-contained page of the history's trends, per test and
+hardware (the session report's styles, inline SVG)."""
 
 from __future__ import annotations
 
@@ -18,19 +23,20 @@ import subprocess
 import sys
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from html import escape
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence, TYPE_CHECKING
 
-from . import figures, overview_figure, record_figures
-from ..core.formats import fmt
+from . import figures, record_figures
 from ..core.catalog import BUDGETS, FIGURES, HEADLINE, is_ceiling
+from ..core.formats import fmt
 from ..core.settings import usable_cpus
 from ..judge.result import MeasurementResult, VerdictRecord
-from .against_html import against_section
 from .session_file import against_of, change_cells, comparison_headers, detects_cell, metric_label, summary_values
 
 if TYPE_CHECKING:
     from ..judge.verdict import Comparison
+
 
 #: The verdict of a result that has none (not compared).
 NOT_COMPARED = VerdictRecord("not compared")
@@ -222,7 +228,7 @@ def test_section(
             caption += f"; outlier layers in red: {record['layers']['outlier_rule']}"
         plots.append(_figure_html(fig_id, caption, svg, f"t{index}f{n}-"))
     if trend:  # the history's recent sessions (history/series.attach)
-        from .trend_figure import trend_figure
+        from .figures import trend_figure
 
         plots.append(_figure_html("trend", "Recent trend: level per session with its 95% CI (the last is this "
                                   "session); dashed: change points", figures.render(trend_figure, trend),
@@ -254,7 +260,7 @@ def summary_section(results: Sequence[MeasurementResult], created_at: str | None
              "<h3>Changed in the subject since the baseline</h3>", changed]
     recorded = [r.record for r in results if r.record]  # none against --llmperf-against's REF (section above)
     parts += ["<h3>Environment (first measurement)</h3>", _env(recorded[0])] if recorded else []
-    from .load_figure import section as load_curve
+    from .figures import section as load_curve
 
     curve = load_curve(results)
     if curve:
@@ -272,7 +278,7 @@ def key_figure(results: Sequence[MeasurementResult]) -> str | None:
     """The session at a glance (the Markdown summary's figure); None without comparisons."""
     if not any((r.verdict or NOT_COMPARED).comparisons for r in results):
         return None
-    return figures.render(overview_figure.change_overview, results)
+    return figures.render(figures.change_overview, results)
 
 
 #: From this many tests on, sections are drawn in worker processes (matplotlib is single-threaded).
@@ -385,3 +391,53 @@ def _worker() -> None:
 
 if __name__ == "__main__" and sys.argv[1:] == ["--worker"]:
     _worker()
+
+
+def against_section(results: Sequence[MeasurementResult], against: Mapping[str, Any] | None = None) -> str:
+    """What ``--llmperf-against`` compared: REF and each side (``Session.against_sides``, or the
+    session file's ``against``); "" when nothing was judged against REF."""
+    described = (against or {}).get("described") or against_of(results)
+    if not described:
+        return ""
+    items = [("REF", described)]
+    for name, side in sorted(((against or {}).get("sides") or {}).items(), key=lambda kv: kv[0] != "REF"):
+        code = ", ".join(f"{k} from {v}" for k, v in (side.get("code") or {}).items() if v) or "no code of this tree"
+        items.append((f"side {name}", f"{side.get('shown', '?')}: Python {side.get('python') or '?'} "
+                      f"({side.get('interpreter', '?')}), llama-cpp-python {side.get('llama_cpp') or '?'}; {code}"))
+    pairs = sorted(r.verdict.pairs for r in results if r.reference and r.verdict is not None)
+    return ('<section id="against">' + f"<h2>Judged against REF {escape(described)}</h2>"
+            f'<p class="notes">{len(pairs)} of {len(results)} measurement(s) compared with REF\'s runs interleaved '
+            "pair by pair in this session (seeded AB/BA order, warm-ups on both sides); each ratio is this tree / "
+            "REF with its 95% CI (Wilcoxon); baselines were neither read nor written.</p><dl>"
+            + "".join(f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>" for k, v in items) + "</dl></section>")
+
+
+def history_page(series: Sequence[Any]) -> str:
+    """``llmperf history --html``: per test and hardware, the trend plots and the tables."""
+    from ..history.series import steps
+    from ..history.series import metric_order, table, title, trend_data
+    from .figures import trend_figure
+
+    groups: dict[tuple[str, str], list[Any]] = {}
+    for s in sorted(series, key=metric_order):
+        groups.setdefault((s.name, s.hardware_key), []).append(s)
+    body = []
+    for n, ((name, hw), members) in enumerate(groups.items()):
+        found = {id(s): steps(s) for s in members}
+        svg = figures.render(trend_figure, [trend_data(s, found[id(s)]) for s in members])
+        lines = [step.line() for s in members for step in found[id(s)]]
+        body.append(
+            f'<section class="test" data-test="{html.escape(name)}"><h2>{html.escape(name)}</h2>'
+            f'<p class="notes">{html.escape(hw)}; {len(members[0].points)} session(s)</p>'
+            f'<figure class="plot" data-figure="trend">{scope_ids(svg, f"h{n}-")}<figcaption>'
+            "Level per session with its 95% CI; dashed: change points (E-divisive, permutation test), "
+            "labelled with the step and the subject change that coincides</figcaption></figure>"
+            + ("<ul class='notes'>" + "".join(f"<li>{html.escape(x)}</li>" for x in lines) + "</ul>" if lines else "")
+            + "".join(f"<pre>{html.escape(title(s))}\n{html.escape(table(s, found[id(s)]))}</pre>" for s in members)
+            + "</section>"
+        )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>pytest-llmperf history</title>'
+        f"<style>{CSS}</style></head><body><main><h1>pytest-llmperf history</h1>\n" + "\n".join(body)
+        + "\n</main></body></html>\n"
+    )

@@ -13,7 +13,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
-from . import breakdown
+from . import text as breakdown
 from ..core.catalog import METRICS, SUMMARY
 from ..core.formats import fmt
 from ..core.settings import ENGINE_DEFAULTS
