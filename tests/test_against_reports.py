@@ -28,7 +28,7 @@ from pytest_llmperf.judge.verdict import Verdict
 from pytest_llmperf.measuring.metrics import RunMetrics, summarize
 from pytest_llmperf.reports import session_file
 from pytest_llmperf.session import Session, SessionSettings
-from pytest_llmperf.session.summary import summary
+from pytest_llmperf.session.finish import summary
 
 REF = "git:main (3f2a1b9c0d1e)"
 WRAPPER = "tests/test_perf.py::test_wrapper_streams_tokens_from_llama_cpp"  # too long for both figures in 80 columns

@@ -25,7 +25,7 @@ from pytest_llmperf.judge.verdict import Level, level
 from pytest_llmperf.judge.verdict import WINDOW_MIN_SESSIONS, WINDOW_SESSIONS, NoiseModel, detectable
 from pytest_llmperf.judge.verdict import Verdict
 from pytest_llmperf.session.assess import Assessor
-from pytest_llmperf.session.config import SessionSettings
+from pytest_llmperf.session.options import SessionSettings
 from test_history import location, pg_server, result, stamp  # noqa: F401  (fixtures: both backends)
 
 TPOT = METRICS["tpot_ms"]

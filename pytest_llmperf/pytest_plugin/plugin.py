@@ -15,7 +15,7 @@ import pytest
 from ..core.errors import LLMPerfError
 from ..judge.marker import marker_help
 from ..session import Session, SessionSettings
-from ..session.sides import SIDE_ENV
+from ..session.against import SIDE_ENV
 from . import hookcalls, marks
 from .fixtures import llmperf, llmperf_engine, llmperf_llama_server, llmperf_llm, llmperf_server  # noqa: F401
 from .marks import FIXTURE, MARKER_CONFIG, PLUGIN_NAME, PROPERTIES, SESSION

@@ -43,7 +43,7 @@ from typing import IO, Any, Iterator, Mapping
 import pytest
 
 from ..core.errors import LLMPerfError
-from ..session.sides import SIDE_ENV, SideEnv
+from ..session.against import SIDE_ENV, SideEnv
 
 #: The environment variable that makes a pytest process a side (JSON, see the module docstring).
 class Link:

@@ -9,12 +9,20 @@ its first measurement and waits; then the controller asks for the warm-ups and t
 side at a time, in seeded AB/BA order per pair, adds pairs while the verdict is undecided (up to
 the cap, every look at alpha / looks), judges them (``judge.ab.paired.judged_pairs``) and hands
 each side its measurement's end. The current side's reports become the test's.
-"""
+
+The two sides of ``--llmperf-against`` as the controller (``session/against.py``) sees them:
+each a process (``measuring.channel.Channel`` running ``pytest_plugin/side.py``) started on first
+use and again after it died, with every wait on a deadline and every way it can fail said in one
+line that names the side. No pytest."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import re
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +30,8 @@ from typing import Any, Mapping, Sequence
 
 from ..core.errors import LLMPerfError
 from ..core.workload import SEQUENTIAL_FACTOR, SEQUENTIAL_TIME_CAP_S
-from .refs import Reference, Worktrees, code_packages, resolve_reference
-from .sides import CURRENT, REF, Side, SideGone, SideSpec, harness_link, start_all, wait_any
+from ..measuring.worker import Channel
+from .refs import code_packages, Reference, resolve_reference, Worktrees
 
 
 @dataclass
@@ -308,3 +316,248 @@ def drive(ag: Against, nodeid: str, next_nodeid: str | None) -> TestOutcome:
     elif state[REF] == "done" and events[REF].get("outcome") == "failed":
         out.notes.append(f"{ref.who}: the test failed there: {events[REF].get('line')}")
     return out
+
+
+CURRENT, REF = "current", "REF"
+#: The environment variable that makes a process a side (``pytest_plugin/side.py``): the JSON of
+#: a ``SideEnv``, written by ``Side.spawn`` and read by the side (``SideEnv.read``).
+SIDE_ENV = "LLMPERF_SIDE"
+#: The least time a side has to reach ``ready`` (a Python start, pytest's collection, imports):
+#: --llmperf-engine-timeout bounds a run, not a start.
+START_TIMEOUT_S = 120.0
+#: The lines of Python's fault handler dump (``python_fault`` says where it was instead).
+_DUMP = re.compile(r'(File "|Thread 0x|Current thread 0x|Extension modules: |\.\.\.$)')
+_SEPARATOR = re.compile(r"([=!_-])\1{5,}(?: (.*?) \1{5,})?")
+
+
+@dataclass(frozen=True)
+class SideSpec:
+    name: str  # CURRENT or REF
+    shown: str  # "this tree", "git:main (3f2a1b9c0d1e)"
+    python: str
+    code_root: str
+    packages: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SideEnv:
+    """What a side process is told at its start: its name, the pytest arguments of the
+    controller's session, and where its code under test comes from."""
+
+    name: str
+    args: tuple[str, ...]
+    code_root: str
+    packages: tuple[str, ...]
+
+    def dumps(self) -> str:
+        return json.dumps({"name": self.name, "args": list(self.args), "code_root": self.code_root,
+                           "packages": list(self.packages)})
+
+    @classmethod
+    def read(cls, environ: Mapping[str, str]) -> "SideEnv | None":
+        """This process's side, or None when it is no side."""
+        text = environ.get(SIDE_ENV)
+        if text is None:
+            return None
+        d = json.loads(text)
+        return cls(d["name"], tuple(d["args"]), d["code_root"], tuple(d["packages"]))
+
+
+@dataclass(frozen=True)
+class Missing:
+    """Why a side cannot run a test: ``fails`` when that fails the test (the side did not start,
+    its code under test fails to import), else the test is measured on the current side alone."""
+
+    line: str
+    fails: bool
+
+
+class SideGone(LLMPerfError):
+    """A side died or stopped answering; ``side`` names it (CURRENT or REF)."""
+
+    def __init__(self, line: str, side: str) -> None:
+        super().__init__(line)
+        self.side = side
+
+
+class Side:
+    """One side's process, started on first use (``spawn``, then ``await_ready``) and again
+    after it died; a side that failed to start is not started again (``broken``)."""
+
+    def __init__(self, spec: SideSpec, args: Sequence[str], cwd: str, harness: str, timeout_s: float) -> None:
+        self.spec, self.args, self.cwd, self.harness, self.timeout_s = spec, list(args), cwd, harness, timeout_s
+        self.channel: Any = None
+        self.ready: dict[str, Any] = {}
+        self.start_error: str | None = None
+        self.broken = False  # did not start: every test it was to run fails with start_error
+        self.problems: str | None = None  # the redirect's first problem: the side runs, but measures what?
+        self.awaiting = False  # started, its ``ready`` not read yet
+
+    @property
+    def who(self) -> str:
+        return f"side {self.spec.name} ({self.spec.shown})"
+
+    def spawn(self) -> None:
+        """Start the process unless it runs (or cannot start); ``await_ready`` waits for it."""
+        if self.broken or (self.channel is not None and self.channel.alive):
+            return
+        self.close()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([self.harness, *filter(None, [env.get("PYTHONPATH")])])
+        env[SIDE_ENV] = SideEnv(self.spec.name, tuple(self.args), self.spec.code_root, self.spec.packages).dumps()
+        for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+            env.pop(name, None)  # PYTEST_ADDOPTS stays: the same options on both sides as here
+        try:
+            self.channel = Channel("pytest_llmperf.pytest_plugin.side", python=self.spec.python, env=env, cwd=self.cwd)
+        except OSError as exc:
+            self._broke(f"{self.who} cannot start: {exc.strerror or exc}")
+            return
+        self.awaiting = True
+
+    def await_ready(self, deadline: float) -> None:
+        if not self.awaiting:
+            return
+        self.awaiting = False
+        try:
+            message = self.receive(max(deadline - time.monotonic(), 0.0), "starting")
+        except SideGone as exc:
+            self._broke(str(exc))
+            return
+        if message.get("ev") != "ready":
+            self._broke(f"{self.who} did not start: its pytest session ended before its first test "
+                        f"(exit status {message.get('code', '?')}): {self._cause()}. {self._log()}")
+            return
+        self.ready = message
+        problems = message.get("problems") or []
+        self.problems = f"{self.who}: {problems[0]}" if problems else None
+
+    def _broke(self, line: str) -> None:
+        self.start_error, self.broken = line, True
+        if self.channel is not None:
+            self.channel.kill()
+        self.close()
+
+    def send(self, message: Mapping[str, Any]) -> None:
+        if self.channel is None or not self.channel.send(message):
+            raise SideGone(self._died("at work"), self.spec.name)
+
+    def receive(self, timeout_s: float, doing: str) -> dict[str, Any]:
+        from ..measuring.worker import ChannelClosed
+
+        if self.channel is None:
+            raise SideGone(f"{self.who} is gone (while {doing})", self.spec.name)
+        try:
+            message = self.channel.receive(timeout_s)
+        except ChannelClosed:
+            raise SideGone(self._died(doing), self.spec.name) from None
+        if message is None:
+            self.channel.kill()
+            raise SideGone(f"{self.who} did not answer within {timeout_s:g} s while {doing}; it was killed "
+                           f"(raise --llmperf-engine-timeout or shorten the workload). {self._log()}", self.spec.name)
+        return message
+
+    def kill(self, line: str) -> SideGone:
+        """Kill the process; the SideGone that says why."""
+        if self.channel is not None:
+            self.channel.kill()
+        return SideGone(f"{line}. {self._log()}", self.spec.name)
+
+    def _died(self, doing: str) -> str:
+        from ..engines.llama_cpp_native import signal_name
+
+        code = self.channel.wait() if self.channel is not None else None
+        where = python_fault(self._text())
+        return f"{self.who} died with {signal_name(code)} while {doing}{f' ({where})' if where else ''}. {self._log()}"
+
+    def _text(self) -> str:
+        if self.channel is None:
+            return ""
+        try:
+            with open(self.channel.log.name, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, fh.tell() - 65536))
+                return fh.read().decode("utf-8", "replace")
+        except (OSError, ValueError):
+            return ""
+
+    def _cause(self) -> str:
+        """pytest's words for what stopped it (``ImportError while loading conftest ...: E ...``)."""
+        text = self._text()
+        head = next((ln.strip() for ln in text.splitlines() if re.match(r"(ImportError|ERROR|INTERNALERROR)", ln)), "")
+        errors = [ln.strip()[1:].strip() for ln in text.splitlines() if ln.startswith("E ")]
+        return "; ".join(filter(None, [head.rstrip("."), errors[-1] if errors else ""]))[:600] or "it said nothing"
+
+    def _log(self) -> str:
+        from ..engines.llama_cpp_native import quoted_log
+
+        kept = []
+        for line in self._text().splitlines():
+            line = line.strip()
+            sep = _SEPARATOR.fullmatch(line)  # pytest's ===== title =====: its title only
+            line = (sep.group(2) or "") if sep else line
+            if line and not _DUMP.match(line):
+                kept.append(line)
+        lines = quoted_log("\n".join(kept))
+        return f"Its last log lines: {' | '.join(lines[-6:])}" if lines else "It logged nothing"
+
+    def missing(self, nodeid: str) -> Missing | None:
+        """Why this side cannot run ``nodeid``, else None."""
+        if self.start_error:
+            return Missing(self.start_error, fails=True)
+        if self.problems:  # the code under test is not the side's own: nothing to compare with
+            return Missing(self.problems, fails=False)
+        if nodeid in self.ready.get("collected", ()):
+            return None
+        broken: Mapping[str, str] = self.ready.get("broken") or {}
+        errors: Mapping[str, str] = self.ready.get("errors") or {}
+        for where, line in [*broken.items(), *errors.items()]:
+            if not where or nodeid == where or nodeid.startswith((where + "::", where + "/")):
+                if where in broken:
+                    return Missing(f"{self.who} cannot import {where or nodeid}: its code under test fails there: "
+                                   f"{line}", fails=True)
+                return Missing(f"{self.who} cannot collect {where or nodeid}: {line}", fails=False)
+        return Missing(f"{self.who} has no test {nodeid}", fails=False)
+
+    def close(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
+        self.awaiting = False
+
+
+def start_all(sides: Sequence[Side]) -> None:
+    """Start the sides that do not run, side by side, each with START_TIMEOUT_S at least."""
+    for side in sides:
+        side.spawn()
+    for side in sides:
+        side.await_ready(time.monotonic() + max(side.timeout_s, START_TIMEOUT_S))
+
+
+def python_fault(text: str) -> str | None:
+    """The innermost frame of Python's fault handler dump in a side's log, e.g.
+    ``in stream at wrapper/__init__.py:33``; None when there is no dump."""
+    at = text.rfind("Fatal Python error:")
+    if at < 0:
+        return None
+    current = text.find("Current thread ", at)  # pytest's fault handler dumps every thread
+    frame = re.search(r'^\s*File "([^"]+)", line (\d+) in (\S+)', text[current if current >= 0 else at:], re.MULTILINE)
+    if frame is None:
+        return None
+    path = Path(frame.group(1))
+    shown = "/".join(path.parts[-2:]) if len(path.parts) > 1 else str(path)
+    return f"in {frame.group(3)} at {shown}:{frame.group(2)}"
+
+
+def wait_any(sides: Sequence[Side], timeout_s: float) -> list[Side]:
+    """The sides with a message waiting (at most ``timeout_s``)."""
+    ready = set(map(id, Channel.wait_any([s.channel for s in sides if s.channel is not None], timeout_s)))
+    return [s for s in sides if id(s.channel) in ready]
+
+
+def harness_link() -> Any:
+    """A folder holding only ``pytest_llmperf`` (a link to this one): the sides import the plugin
+    from the current tree, never another environment's copy, and nothing else of this one."""
+    tmp = tempfile.TemporaryDirectory(prefix="llmperf-harness-")
+    here = Path(__file__).resolve().parent.parent
+    os.symlink(here, Path(tmp.name) / "pytest_llmperf")
+    return tmp

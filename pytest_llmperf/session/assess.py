@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from .config import SessionSettings
+from .options import SessionSettings
 
 if TYPE_CHECKING:
     from ..baselines.store import BaselineError

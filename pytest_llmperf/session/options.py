@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ..core.errors import ConfigError
-from ..core.settings import EngineSettings
-from ..core.settings import SETTINGS, Resolved, resolve
-from ..history.connection import Location, default as default_history, parse as parse_history
+from ..core.settings import EngineSettings, resolve, Resolved, SETTINGS
+from ..history.connection import default as default_history, Location, parse as parse_history
+
 
 #: Options that exclude each other: (one, other, the line that says so).
 EXCLUSIVE = (
