@@ -5,8 +5,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from pytest_llmperf.pytest_plugin import fixture as fixture_mod
-from pytest_llmperf.pytest_plugin.fixture import LLMPerf
-from pytest_llmperf.judge.marker import validate
+from pytest_llmperf.pytest_plugin.fixtures import LLMPerf
+from pytest_llmperf.pytest_plugin.marks import validate
 
 
 def tokens(prompt: str, max_tokens: int):

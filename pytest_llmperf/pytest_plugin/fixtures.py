@@ -1,17 +1,26 @@
 """The plugin's fixtures: the ``llmperf`` measuring object and the session's engine, model and
 servers. Each hands the pytest-free ``Session`` plain values and turns its one-line errors
-into a test failure without a traceback."""
+into a test failure without a traceback.
+
+The ``llmperf`` fixture object: measures the marker's workload for one test."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
+import contextlib
+import dataclasses
 import pytest
+import time
+from typing import Any, Callable, Mapping, TYPE_CHECKING
 
 from ..core.errors import LLMPerfError
 from ..core.settings import SERVER_N_CTX
-from ..judge.marker import MarkerConfig
-from .marks import FIXTURE, MARKER_CONFIG, session_of
+from ..core.workload import SEQUENTIAL_FACTOR, SEQUENTIAL_TIME_CAP_S, Workload
+from ..session.results import Result
+from .marks import FIXTURE, MARKER_CONFIG, MarkerConfig, session_of
+
+if TYPE_CHECKING:
+    from ..engines.llama_cpp import LlamaCppEngine
+    from ..measuring.metrics import Measurement
 
 
 def _fail(call: Callable[..., Any]) -> Callable[..., Any]:
@@ -30,7 +39,6 @@ def _fail(call: Callable[..., Any]) -> Callable[..., Any]:
 def llmperf(request: pytest.FixtureRequest) -> Any:
     """Measures the ``llmperf`` marker's workload; call ``llmperf.measure()`` (or let the
     plugin do it after the test body when the test did not)."""
-    from .fixture import LLMPerf
 
     session = session_of(request.config)
     item = request.node
@@ -97,3 +105,208 @@ def llmperf_llm(llmperf_engine: Any) -> Any:
             pytrace=False,
         )
     return llm
+
+
+#: Workload keys ``--llmperf-disable`` overrides: one run, no warm-up (a smoke test).
+SMOKE = {"runs": 1, "warmup": 0}
+
+
+
+
+def _undecided(assessment: Any) -> bool:
+    verdict = getattr(assessment, "verdict", None)
+    return (
+        verdict is not None
+        and verdict.status == "compared"
+        and any(c.worth_more_runs for c in verdict.comparisons)
+    )
+
+
+class LLMPerf:
+    """Bound to one test: ``measure()`` runs the workload and records it for the report.
+
+    Keyword arguments to ``measure`` are marker keys and override the marker for that call;
+    ``engine`` may be any Engine or a callable ``fn(prompt, max_tokens)`` yielding tokens.
+    ``smoke`` (``--llmperf-disable``): one run each, no budgets, no baseline assessment.
+    """
+
+    def __init__(
+        self,
+        marker: MarkerConfig,
+        engine_factory: Callable[..., "LlamaCppEngine"],
+        assess: Callable[[Measurement, MarkerConfig], Any] = lambda m, c: None,
+        measure_options: Callable[[Any, MarkerConfig], Mapping[str, Any]] = lambda engine, c: {},
+        *,
+        smoke: bool = False,
+        side: Any = None,
+        nodeid: str = "",
+    ) -> None:
+        self._marker = marker
+        #: A side of ``--llmperf-against`` (``side.Link``): the controller drives the runs.
+        self._side = side
+        self._nodeid = nodeid
+        self._smoke = smoke
+        self._measure_options = measure_options
+        self._engine_factory = engine_factory
+        self._assess = assess
+        self.results: list[Result] = []
+        self.ab_results: list[Any] = []  # ab.ABResult of each compare()
+
+    @property
+    def engine(self) -> "LlamaCppEngine":
+        """The llama.cpp engine this test's marker names (the session's unless the marker sets
+        llama.cpp keys such as ``threads`` or ``flash_attn``; loaded on first use)."""
+        return self._engine_for(self._marker)
+
+    def _engine_for(self, config: MarkerConfig) -> Any:
+        try:
+            return self._engine_factory(dict(config.engine)) if config.engine else self._engine_factory()
+        except LLMPerfError as exc:
+            raise pytest.fail.Exception(str(exc), pytrace=False) from None  # no chained second copy
+
+    def _subject(self, engine: Any, config: MarkerConfig) -> Any:
+        if engine is None:
+            return self._engine_for(config)
+        if config.engine:
+            raise pytest.fail.Exception(
+                f"llama.cpp settings ({', '.join(config.engine)}) apply to the plugin's engine, not to the "
+                "engine passed to measure(); drop one of them", pytrace=False,
+            )
+        return engine
+
+    @property
+    def measurements(self) -> list[Measurement]:
+        return [r.measurement for r in self.results]
+
+    def measure(self, engine: Any = None, *, label: str = "", **overrides: Any) -> Measurement:
+        from ..judge.budgets import check_budgets  # numpy and scipy: once a test measures
+        from ..measuring.runner import measure
+
+        call = f"llmperf.measure(label={label!r}): label" if label else "llmperf.measure(): its automatic label"
+        if not label and self.results:
+            label = f"#{len(self.results) + 1}"  # the measurement's number in the test
+        if label in {r.measurement.label for r in self.results}:  # one baseline key each: never overwrite
+            raise pytest.fail.Exception(
+                f"{call} {label!r} is taken by an earlier measurement of this test; "
+                "give each measurement of a test a distinct label", pytrace=False,
+            )
+        try:
+            config = self._marker.merged(overrides)
+            if self._smoke:
+                return self._smoke_measure(engine, config, label)
+            workload = Workload(**config.workload)
+            subject = self._subject(engine, config)
+            if self._side is not None:
+                return self._driven(subject, config, label)
+            measurement = measure(
+                subject, workload, label=label, slo=config.budgets, **self._measure_options(subject, config)
+            )
+        except LLMPerfError as exc:
+            raise pytest.fail.Exception(str(exc), pytrace=False) from None  # no chained second copy
+        load = measurement.load
+        if load is not None and load.n_failed:
+            # Shown in the report, but never assessed: no baseline from a broken measurement.
+            failure = check_budgets(measurement, config.budgets)
+            self.results.append(Result(measurement, failure, len(config.budgets)))
+            prefix = f"[{label}] " if label else ""
+            pytest.fail(f"{prefix}{load.n_failed} of {load.n_requests} requests failed; {load.errors[0]}", pytrace=False)
+        measurement, assessment = self._sequential(subject, measurement, config)
+        self.results.append(
+            Result(
+                measurement,
+                check_budgets(measurement, config.budgets),
+                len(config.budgets),
+                assessment,
+                dict(config.budgets),
+            )
+        )
+        return measurement
+
+    def compare(self, a: Any = None, b: Any = None, *, label: str = "", **keys: Any) -> Any:
+        """Run A and B interleaved (``runs`` pairs in seeded AB/BA order, warm-ups for both) and
+        compare them with paired statistics (``ab.ABResult``). A side: llama.cpp settings
+        (``{"threads": 1}``, over the session's), a model (path or preset), a callable
+        ``fn(prompt, max_tokens)``, an endpoint URL or an engine. ``max_slowdown`` /
+        ``min_speedup`` (a number for both phases, or per phase/metric) fail the test when
+        the whole CI lies beyond them. Other keywords are marker keys (workload)."""
+        from ..judge.ab import compare_ab
+        from .marks import resolve_side
+
+        if a is not None:
+            keys["a"] = a
+        if b is not None:
+            keys["b"] = b
+        try:
+            config = self._marker.merged(keys)
+            if not config.is_ab:
+                raise LLMPerfError("llmperf.compare() needs both sides: a=... and b=...")
+            workload = dict(config.workload)
+            if self._smoke:
+                workload.update(runs=3, warmup=0)  # the fewest pairs with a CI
+
+            def engine_for(settings: Mapping[str, Any]) -> Any:
+                merged = {**config.engine, **settings}  # the marker's settings under each side's
+                return self._engine_factory(merged) if merged else self._engine_factory()
+
+            sides = [resolve_side(name, config.ab[name], engine_for) for name in ("a", "b")]
+            turn = self._side.turn() if self._side is not None else contextlib.nullcontext()
+            with turn:  # a side of --llmperf-against: while the other side waits
+                result = compare_ab(
+                    *sides, Workload(**workload),
+                    max_slowdown=None if self._smoke else config.ab.get("max_slowdown"),
+                    min_speedup=None if self._smoke else config.ab.get("min_speedup"),
+                    label=label,
+                )
+        except LLMPerfError as exc:
+            raise pytest.fail.Exception(str(exc), pytrace=False) from None
+        self.ab_results.append(result)
+        return result
+
+    def _driven(self, subject: Any, config: MarkerConfig, label: str) -> Measurement:
+        """On a side of ``--llmperf-against``: the runs the controller asks for, its verdict."""
+        from ..judge.budgets import check_budgets
+
+        measurement, assessment = self._side.measure(subject, config, label, self._nodeid)
+        self.results.append(Result(measurement, check_budgets(measurement, config.budgets), len(config.budgets),
+                                   assessment, dict(config.budgets)))
+        return measurement
+
+    def _sequential(self, subject: Any, m: Measurement, config: MarkerConfig) -> tuple[Measurement, Any]:
+        """Assess; while the baseline comparison is INCONCLUSIVE, measure ``runs`` more, up to
+        ``max_runs`` or ``SEQUENTIAL_TIME_CAP_S``. Every look tests at alpha / looks
+        (``CompareSettings.looks``), so stopping early keeps the error rate."""
+        from ..measuring.runner import extend
+
+        step = m.workload.runs
+        max_runs = int(config.options.get("max_runs", SEQUENTIAL_FACTOR * step))
+        looks = max(1, -(-max(max_runs, step) // step)) if m.load is None else 1
+        config = dataclasses.replace(config, settings={**config.settings, "looks": looks})
+        assessment = self._assess(m, config)
+        started = time.monotonic()
+        try:
+            while (
+                looks > 1
+                and _undecided(assessment)
+                and m.n_runs < max_runs
+                and time.monotonic() - started < SEQUENTIAL_TIME_CAP_S
+            ):
+                m = extend(subject, m, min(step, max_runs - m.n_runs))
+                assessment = self._assess(m, config)
+        except LLMPerfError as exc:
+            error = str(exc)
+        else:
+            return m, assessment
+        pytest.fail(error, pytrace=False)
+
+    def _smoke_measure(self, engine: Any, config: MarkerConfig, label: str) -> Measurement:
+        """Once, with no warm-up; a load workload sends one request per slot. Recorded with no
+        budgets and no assessment: one run is no statistic."""
+        from ..measuring.runner import measure
+
+        workload = {**config.workload, **SMOKE}
+        if "requests" in workload or "concurrency" in workload or "rate" in workload:
+            workload["requests"] = workload.get("concurrency", 1)
+        subject = self._subject(engine, config)
+        measurement = measure(subject, Workload(**workload), label=label)
+        self.results.append(Result(measurement, None, 0))
+        return measurement

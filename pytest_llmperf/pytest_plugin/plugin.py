@@ -2,24 +2,26 @@
 files); the marker's handling in ``marks``, the fixtures in ``fixtures``. A budget breach fails
 *that* test (as pytest-memray does), through ``pytest_runtest_makereport``. Loaded by every
 pytest run: numpy, scipy, llama_cpp and the reports are imported only once an llmperf test
-is collected (tests/test_plugin_cli.py checks)."""
+is collected (tests/test_plugin_cli.py checks).
+
+The plugin's command-line options and ini keys, built from ``core.settings_table.SETTINGS``
+(the one declaration of every setting: parser, default, help, env, ini)."""
 
 from __future__ import annotations
 
 import os
+import pytest
 import sys
 from typing import Any, Generator
 
-import pytest
-
+from . import hooks as hookcalls, marks
 from ..core.errors import LLMPerfError
-from ..judge.marker import marker_help
+from ..core.settings import SETTINGS
+from .marks import marker_help
 from ..session import Session, SessionSettings
 from ..session.against import SIDE_ENV
-from . import hookcalls, marks
-from .fixtures import llmperf, llmperf_engine, llmperf_llama_server, llmperf_llm, llmperf_server  # noqa: F401
+from .fixtures import llmperf, llmperf_engine, llmperf_llama_server, llmperf_llm, llmperf_server
 from .marks import FIXTURE, MARKER_CONFIG, PLUGIN_NAME, PROPERTIES, SESSION
-from .options import add_options
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -27,7 +29,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
-    from . import hookspecs  # pluggy only: fingerprint, result and engine hooks (docs/hooks.md)
+    from . import hooks as hookspecs  # pluggy only: fingerprint, result and engine hooks (docs/hooks.md)
 
     pluginmanager.add_hookspecs(hookspecs)
 
@@ -65,7 +67,7 @@ def pytest_configure(config: pytest.Config) -> None:
     hooks = LLMPerfHooks(config, config.stash[SESSION])
     config.pluginmanager.register(hooks, PLUGIN_NAME)
     if settings.against:
-        from .against import AgainstHooks
+        from .side import AgainstHooks
 
         hooks.against = AgainstHooks(config, config.stash[SESSION])
         config.pluginmanager.register(hooks.against, PLUGIN_NAME + "-against")
@@ -120,7 +122,7 @@ class LLMPerfHooks:
     @pytest.hookimpl(optionalhook=True, tryfirst=True)
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
         if getattr(config.option, "dist", "no") == "loadgroup" and self.groups_dir is not None:
-            from .xdist_groups import make_scheduler
+            from .marks import make_scheduler
 
             return make_scheduler(config, log, self.groups_dir)
         return None
@@ -252,3 +254,24 @@ class LLMPerfHooks:
 
             shutil.rmtree(self.groups_dir, ignore_errors=True)
         self.session.close()
+
+
+def add_options(parser: pytest.Parser) -> None:
+    """Every ``--llmperf-*`` option and ``llmperf_*`` ini key. A value left out is None here:
+    ``settings_table.resolve`` then looks at the environment, the ini file and the default."""
+    group = parser.getgroup("llmperf", "LLM inference performance (pytest-llmperf)")
+    for s in SETTINGS.values():
+        if s.switch:
+            group.addoption(s.option, dest=s.dest, action="store_true", help=_escape(s.help_text()))
+        else:
+            group.addoption(
+                s.option, dest=s.dest, default=None, type=s.arg_type(), metavar=s.metavar,
+                help=_escape(s.help_text()),
+            )
+        if s.ini:
+            parser.addini(s.ini_key, f"{s.help} (default {s.default_text()})")
+
+
+def _escape(text: str) -> str:
+    """argparse %-formats help strings: a literal ``%`` must be written ``%%``."""
+    return text.replace("%", "%%")
