@@ -1,4 +1,5 @@
-"""``llmperf`` command line: one subcommand per module of this package (shared helpers in ``common``).
+"""``llmperf`` command line: the subcommands live in the ``*_commands`` modules of this package
+(shared helpers in ``common``).
 
 Every command exits 0 on success, 1 when what it checked failed (e.g. a regression), 2 on
 unusable input, printed as one ``llmperf: error:`` line, and 130 when stopped by Ctrl-C (one
@@ -12,7 +13,7 @@ import importlib
 import pkgutil
 import sys
 import typing
-from typing import Sequence
+from typing import Any, Sequence
 
 from ..core.errors import LLMPerfError
 from ..core.redact import redact
@@ -21,13 +22,14 @@ from ..core.redact import redact
 INTERRUPTED = 130
 
 
-def _commands() -> dict[str, object]:
-    """Every module of this package but ``common`` (shared argparse types) is a command."""
-    found = {}
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
-        if not info.name.startswith("_") and info.name != "common":
-            found[info.name] = importlib.import_module(f"{__name__}.{info.name}")
-    return found
+def _commands() -> dict[str, tuple[str, Any, Any]]:
+    """Name -> (help line, add its arguments, run it) of every command, by name: each
+    ``*_commands`` module of this package lists its own in ``COMMANDS``."""
+    found: dict[str, tuple[str, Any, Any]] = {}
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.endswith("_commands"):
+            found.update(importlib.import_module(f"{__name__}.{info.name}").COMMANDS)
+    return dict(sorted(found.items()))
 
 
 class Parser(argparse.ArgumentParser):
@@ -38,11 +40,11 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The whole command line: one subparser per command module."""
+    """The whole command line: one subparser per command."""
     parser = Parser(prog="llmperf", description="LLM inference performance tools")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for name, module in _commands().items():
-        module.add_arguments(sub.add_parser(name, help=module.HELP, description=module.HELP))  # type: ignore[attr-defined]
+    for name, (help_line, add_arguments, _) in _commands().items():
+        add_arguments(sub.add_parser(name, help=help_line, description=help_line))
     return parser
 
 
@@ -53,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         found = _commands()
         args = build_parser().parse_args(argv)
-        return int(found[args.command].run(args))  # type: ignore[attr-defined]
+        return int(found[args.command][2](args))
     except LLMPerfError as exc:
         print(f"llmperf: error: {redact(str(exc))}", file=sys.stderr)  # no URL's password, whoever built the line
         return 2

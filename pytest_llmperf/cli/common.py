@@ -1,8 +1,10 @@
 """What the ``llmperf`` subcommands share (argparse types).
 
-Every other module of ``pytest_llmperf.cli`` is one subcommand: it defines ``HELP`` (one
-line), ``add_arguments(parser)`` and ``run(args) -> int`` (exit status); ``cli.main`` finds them by listing the package, so a new command is one new
-file. Keep imports of heavy modules inside ``run`` so ``llmperf --help`` stays fast.
+Each ``*_commands`` module of ``pytest_llmperf.cli`` holds subcommands: for each one a help
+line, ``add_<name>_arguments(parser)`` and ``run_<name>(args) -> int`` (exit status), listed
+in its ``COMMANDS``; ``cli.main`` finds those modules by listing the package, so a new command
+is three definitions and one entry. Keep imports of heavy modules inside ``run_<name>`` so
+``llmperf --help`` stays fast.
 """
 
 from typing import Any

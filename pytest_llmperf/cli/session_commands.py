@@ -1,6 +1,12 @@
-"""``llmperf compare BASE.json NEW.json``: the plugin's statistics between two saved session
+"""The commands on saved session reports (pytest --llmperf-json): compare two, write one's HTML
+report.
+
+``llmperf compare BASE.json NEW.json``: the plugin's statistics between two saved session
 reports (``pytest --llmperf-json``); exit 1 on any regression, 2 on unusable input or when no
-test is in both reports (a CI gate must not pass on nothing compared)."""
+test is in both reports (a CI gate must not pass on nothing compared).
+
+``llmperf report SESSION.json -o PATH``: the HTML report (plots, tables, verdicts) of a
+saved session report (``pytest --llmperf-json``), as ``--llmperf-html`` writes it."""
 
 from __future__ import annotations
 
@@ -10,10 +16,11 @@ import shutil
 
 from .common import add_setting
 
-HELP = "compare two saved session reports (pytest --llmperf-json)"
+
+COMPARE_HELP = "compare two saved session reports (pytest --llmperf-json)"
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("base", help="the baseline session report")
     parser.add_argument("new", help="the candidate session report")
     for name in ("alpha", "threshold", "tail_threshold"):  # as the pytest options (settings_table)
@@ -43,7 +50,7 @@ def _columns(text: str) -> list[str]:
     return names
 
 
-def run(args: argparse.Namespace) -> int:
+def run_compare(args: argparse.Namespace) -> int:
     from ..core.errors import ConfigError
     from ..reports.session_file import load_session
 
@@ -107,3 +114,50 @@ def _compare(args: argparse.Namespace, base: dict, new: list, matched: list) -> 
         print(line)
     print(f"{regressed} regression(s) in {len(results)} compared measurement(s)")
     return 1 if failures else 0
+
+
+REPORT_HELP = "write the HTML report of a saved session report (pytest --llmperf-json)"
+
+
+def add_report_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("session", help="the session report (JSON)")
+    parser.add_argument("-o", "--output", default="llmperf-report.html", help="HTML file to write")
+    parser.add_argument(
+        "--jobs", type=int, default=None, help="processes drawing figures (default: usable CPUs, at most 8)"
+    )
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..baselines.store import atomic_write
+    from ..reports.figures import require_matplotlib
+    from ..reports.html import render_html
+    from ..reports.session_file import read_session
+
+    from ..core.errors import ConfigError
+
+    require_matplotlib()
+    data, results = read_session(args.session)  # read once
+    created = data.get("created_at")
+    try:
+        against = data.get("against") if isinstance(data.get("against"), dict) else None
+        page = render_html(results, created if isinstance(created, str) else None, workers=args.jobs, against=against)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise ConfigError(
+            f"{args.session} is not a usable session report ({type(exc).__name__}: {exc}); "
+            "write the report again with pytest --llmperf-json"
+        ) from None
+    try:
+        atomic_write(Path(args.output), page)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {args.output}: {exc.strerror or exc}") from None
+    print(f"{args.output}: {len(results)} measurement(s)")
+    return 0
+
+
+#: name -> (help line, add its arguments, run it -> exit status): read by ``cli.main``.
+COMMANDS = {
+    "compare": (COMPARE_HELP, add_compare_arguments, run_compare),
+    "report": (REPORT_HELP, add_report_arguments, run_report),
+}

@@ -1,0 +1,256 @@
+"""The commands on models, engines and servers: write a synthetic model, build llama.cpp's tools, a
+served load curve, a model's profile.
+
+``llmperf model [PRESET]``: write (once) a synthetic model and print its path.
+
+``llmperf server build``: llama.cpp's llama-server (and llama-bench) of the installed
+llama-cpp-python's version, built once per version into the user cache.
+
+``llmperf load``: the latency-throughput curve of a served model, one row per concurrency.
+
+Measures ``--endpoint`` (an OpenAI-compatible API base URL), or with ``--serve MODEL`` starts
+a server on loopback for the run (a preset name or a GGUF path): llama.cpp's ``llama-server``
+with ``--parallel`` slots (built once per llama-cpp-python version), or with ``--server
+llama-cpp-python`` the lighter one-request-at-a-time server. Exit 1 when ``--min-goodput`` is
+given and a level misses it.
+
+``llmperf profile [MODEL]``: where one model's inference time goes, in one report."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+
+from ..models.gguf import ensure_model, PRESETS
+from .common import add_setting, check_writable, positive_int, share_of_one, write_output
+
+
+MODEL_HELP = "write (once) and print the path of a synthetic model"
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("preset", nargs="?", default="tiny", choices=sorted(PRESETS))
+
+
+def run_model(args: argparse.Namespace) -> int:
+    print(ensure_model(args.preset))
+    return 0
+
+
+SERVER_HELP = "build llama.cpp's llama-server and llama-bench for the installed llama-cpp-python"
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True)
+    sub.add_parser(
+        "build",
+        help="build (or find cached) llama-server and llama-bench; prints their paths",
+        description="Builds llama-server and llama-bench from the llama.cpp sources in the installed "
+        "llama-cpp-python's sdist (cmake and a C++ compiler needed; several minutes, once per version).",
+    )
+
+
+def run_server(args: argparse.Namespace) -> int:
+    from ..engines.servers import build_tools
+
+    tools = build_tools(progress=print)
+    for name, path in tools.paths.items():
+        print(f"{name}: {path}")
+    if tools.build_s is None:
+        print(f"llmperf: llama.cpp tools of llama-cpp-python {tools.version} were cached (log: {tools.log})")
+    else:
+        print(f"llmperf: built for llama-cpp-python {tools.version} in {tools.build_s:.0f} s (log: {tools.log})")
+    return 0
+
+
+LOAD_HELP = "latency-throughput curve of an OpenAI-compatible server at rising concurrency"
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        levels = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers like 1,2,4,8, got {text!r}") from None
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError(f"concurrency levels must be >= 1, got {text!r}")
+    return levels
+
+
+def add_load_arguments(parser: argparse.ArgumentParser) -> None:
+    where = parser.add_mutually_exclusive_group()
+    add_setting(where, "endpoint")
+    where.add_argument("--serve", metavar="MODEL", help="start a server with this preset or GGUF for the run")
+    parser.add_argument(
+        "--server", choices=("llama-server", "llama-cpp-python"), default="llama-server",
+        help="which server --serve starts (llama-server: continuous batching, built on first use)",
+    )
+    parser.add_argument("--parallel", type=positive_int, default=None,
+                        help="llama-server slots with --serve (default: the highest concurrency level, at least 4)")
+    add_setting(parser, "threads")  # of the server --serve starts
+    parser.add_argument("--shared-prefix-tokens", type=positive_int, default=None,
+                        help="the first N prompt words the same in every request (measures prefix caching)")
+    for name in ("api", "api_model", "api_key_env"):
+        add_setting(parser, name)
+    parser.add_argument("--concurrency", type=_levels, default=[1, 2, 4, 8], help="levels, e.g. 1,2,4,8")
+    parser.add_argument("--requests", type=int, default=16, help="requests per level")
+    parser.add_argument("--rate", type=float, default=None, help="Poisson arrivals, requests/s (seeded)")
+    parser.add_argument("--prompt-tokens", type=int, default=64, help="synthetic prompt length (words)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request")
+    parser.add_argument("--warmup", type=int, default=1, help="discarded requests before each level")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ttft-ms", type=float, default=None, help="TTFT SLO per request (for goodput)")
+    parser.add_argument("--tpot-ms", type=float, default=None, help="TPOT SLO per request (for goodput)")
+    parser.add_argument("--min-goodput", type=share_of_one, default=None, metavar="SHARE",
+                        help="exit 1 if a level's goodput is below this share in (0, 1], e.g. 0.95 or 95%%")
+    for name in ("request_timeout", "token_timeout"):
+        add_setting(parser, name)
+
+
+def run_load(args: argparse.Namespace) -> int:
+    from ..engines.http import HttpEngine
+    from ..core.errors import ConfigError
+    from ..measuring.served import SLO_KEYS, sweep
+    from ..reports.text import curve_table
+    from ..core.workload import Workload
+
+    if not args.endpoint and not args.serve:
+        raise ConfigError("give --endpoint URL (or set LLMPERF_ENDPOINT), or --serve MODEL to start a local server")
+    workload = Workload(
+        prompt_tokens=args.prompt_tokens,
+        max_tokens=args.max_tokens,
+        requests=args.requests,
+        rate=args.rate,
+        warmup=args.warmup,
+        seed=args.seed,
+        shared_prefix_tokens=args.shared_prefix_tokens,
+    )
+    slo = {k: getattr(args, k) for k in SLO_KEYS if getattr(args, k) is not None}
+    with contextlib.ExitStack() as stack:
+        endpoint, model = args.endpoint, args.model
+        if args.serve:
+            from ..engines.servers import LLAMA_SERVER_PARALLEL, serve, serve_llama_server
+            from ..models.gguf import model_path
+
+            path, alias = model_path(args.serve)
+            if args.server == "llama-server":
+                parallel = args.parallel or max(LLAMA_SERVER_PARALLEL, *args.concurrency)
+                server = stack.enter_context(
+                    serve_llama_server(path, parallel=parallel, n_threads=args.threads, alias=alias)
+                )
+            else:
+                server = stack.enter_context(serve(path, n_threads=args.threads, alias=alias))
+            endpoint, model = server.url, model or server.model
+            print(
+                f"llmperf: serving {path} with {server.kind} at {endpoint}, threads {server.n_threads}, "
+                f"{server.parallel} slot(s)"
+            )
+        engine = HttpEngine.from_settings(endpoint, args, model)
+        stack.callback(engine.close)
+        pace = f"Poisson arrivals at {args.rate:g}/s" if args.rate else "closed loop"
+        print(
+            f"llmperf load: {args.requests} requests per level ({pace}, +{args.warmup} warm-up), "
+            f"{args.prompt_tokens}-word prompts, {args.max_tokens} tokens each; {args.api} at {engine.endpoint}"
+        )
+        print(f"llmperf load: {workload.prompt_cache}")
+        results = sweep(engine, workload, args.concurrency, slo=slo)
+    print(curve_table(results))
+    from ..reports.text import curve_lines
+
+    for line in curve_lines(results):
+        print(line)
+    failed = [e for m in results for e in m.load.errors]
+    for line in failed[:5]:
+        print(line)
+    if args.min_goodput is not None:
+        low = [m for m in results if m.load.goodput < args.min_goodput]
+        for m in low:
+            print(f"goodput {m.load.goodput:.1%} < {args.min_goodput:.1%} at concurrency {m.load.concurrency}")
+        return 1 if low else 0
+    return 0
+
+
+PROFILE_HELP = "profile a model: prefill/decode speed, per-layer time, roofline, stability, memory"
+
+STEPS = {
+    "model": "preparing the model",
+    "load": "loading it into llama.cpp",
+    "peaks": "finding the machine's peak bandwidth and FLOP rate (probed once, then cached)",
+    "runs": "measuring: plain runs, then per-layer runs",
+}
+
+
+def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", nargs="?", default=None, help="GGUF path or preset (tiny, small); default: tiny")
+    parser.add_argument("--format", choices=("table", "json", "markdown"), default="table")
+    parser.add_argument("--prompt-tokens", type=int, default=128, help="synthetic prompt length (default 128)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens generated per run (default 64)")
+    parser.add_argument("--runs", type=int, default=10, help="measured runs (default 10)")
+    parser.add_argument("--warmup", type=int, default=1, help="discarded warm-up runs (default 1)")
+    for name in ("threads", "gpu_layers", "n_ctx", "n_batch", "peak_bw", "peak_tflops"):  # as the pytest options
+        add_setting(parser, name)
+    parser.add_argument("--reprobe-peaks", action="store_true", help="measure the machine's peaks again (else cached)")
+    parser.add_argument("-o", "--output", default=None, help="write the report here instead of stdout")
+
+
+def _progress() -> "callable":
+    """One updating line on a terminal's stderr; silent when stderr is not a TTY."""
+    if not sys.stderr.isatty():
+        return lambda step: None
+    started = time.monotonic()
+
+    def show(step: str) -> None:
+        sys.stderr.write(f"\r\x1b[Kllmperf profile [{time.monotonic() - started:5.1f}s] {STEPS.get(step, step)}...")
+        sys.stderr.flush()
+
+    return show
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    from ..reports.profile import profile, render
+    from ..core.workload import Workload
+
+    from ..core.settings import threads_warning
+
+    Workload(prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, runs=args.runs, warmup=args.warmup)
+    if args.output:
+        check_writable(args.output, "-o")  # before minutes of profiling, not after
+    warning = threads_warning(args.threads, "--threads")
+    if warning:
+        print(warning, file=sys.stderr)
+    progress = _progress()
+    try:
+        report = profile(
+            args.model,
+            prompt_tokens=args.prompt_tokens,
+            max_tokens=args.max_tokens,
+            runs=args.runs,
+            warmup=args.warmup,
+            threads=args.threads,
+            n_gpu_layers=args.n_gpu_layers,
+            n_ctx=args.n_ctx,
+            n_batch=args.n_batch,
+            peak_bw_gbs=args.peak_bw,
+            peak_tflops=args.peak_tflops,
+            reprobe_peaks=args.reprobe_peaks,
+            progress=progress,
+        )
+    finally:
+        if sys.stderr.isatty():
+            sys.stderr.write("\r\x1b[K")
+    text = render(report, args.format)
+    if args.output:
+        write_output(args.output, text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+#: name -> (help line, add its arguments, run it -> exit status): read by ``cli.main``.
+COMMANDS = {
+    "model": (MODEL_HELP, add_model_arguments, run_model),
+    "server": (SERVER_HELP, add_server_arguments, run_server),
+    "load": (LOAD_HELP, add_load_arguments, run_load),
+    "profile": (PROFILE_HELP, add_profile_arguments, run_profile),
+}
