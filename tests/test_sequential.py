@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from pytest_llmperf.pytest_plugin import fixture as fixture_mod
+from pytest_llmperf.pytest_plugin import fixtures as fixture_mod
 from pytest_llmperf.pytest_plugin.fixtures import LLMPerf
 from pytest_llmperf.pytest_plugin.marks import validate
 

@@ -106,7 +106,7 @@ class EnginePool:
 
 def load_config(config: EngineConfig) -> Any:
     """A LlamaCppEngine for ``config`` (a preset name is written once, then cached)."""
-    from ..models.synthetic import model_path
+    from ..models.gguf import model_path
     from .llama_cpp import LlamaCppEngine
 
     path, name = model_path(config.model)
