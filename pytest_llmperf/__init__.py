@@ -11,7 +11,7 @@ The core works without pytest::
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any, TYPE_CHECKING
 
 __version__ = "0.1.0"
 

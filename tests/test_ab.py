@@ -12,11 +12,9 @@ import numpy as np
 import pytest
 from inner import run
 
-from pytest_llmperf.judge.ab import Side, block_orders, compare_ab, paired, parse_budgets
-from pytest_llmperf.core.workload import EngineInfo
 from pytest_llmperf.core.errors import ConfigError
-from pytest_llmperf.core.workload import RunTrace
-from pytest_llmperf.core.workload import Workload
+from pytest_llmperf.core.workload import EngineInfo, RunTrace, Workload
+from pytest_llmperf.judge.ab import block_orders, compare_ab, paired, parse_budgets, Side
 from pytest_llmperf.reports.session_file import load_session
 
 

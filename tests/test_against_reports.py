@@ -16,11 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pytest_llmperf.core.workload import EngineInfo
+from pytest_llmperf.core.documents import load_schema, SchemaViolation, validate
 from pytest_llmperf.core.formats import fmt
-from pytest_llmperf.core.documents import SchemaViolation, load_schema, validate
-from pytest_llmperf.core.workload import RunTrace
-from pytest_llmperf.core.workload import Workload
+from pytest_llmperf.core.workload import EngineInfo, RunTrace, Workload
 from pytest_llmperf.judge.paired import judged_pairs
 from pytest_llmperf.judge.regression import BaselineVerdict
 from pytest_llmperf.judge.result import Figures, MeasurementResult, VerdictRecord

@@ -19,7 +19,7 @@ from pytest_llmperf.reports.html import _budget_rows, budget_value
 from pytest_llmperf.measuring.roofline import Peak
 from pytest_llmperf.baselines.records import record
 from pytest_llmperf.judge import rule as compare
-from pytest_llmperf.pytest_plugin.marks import BUDGET_KEYS, KEYS
+from pytest_llmperf.session.options import BUDGET_KEYS, KEYS
 from pytest_llmperf.judge.result import Figures
 
 ROOT = Path(__file__).resolve().parent.parent

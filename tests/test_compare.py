@@ -9,14 +9,19 @@ import math
 import numpy as np
 import pytest
 
-from pytest_llmperf.judge.rule import JUDGED, METRICS, compare_runs, decide
-from pytest_llmperf.judge.verdict import Level, level
-from pytest_llmperf.judge.verdict import NoiseModel, lognormal_sigma, min_detectable_effect
-from pytest_llmperf.judge.rule import MIN_PEERS, suite_relative
-from pytest_llmperf.judge.verdict import Comparison, Verdict, holm
-from pytest_llmperf.judge.regression import CompareSettings, carry_history, judge
+from pytest_llmperf.judge.regression import carry_history, CompareSettings, judge, session_holm, suite_check
 from pytest_llmperf.judge.result import MeasurementResult, VerdictRecord
-from pytest_llmperf.judge.regression import session_holm, suite_check
+from pytest_llmperf.judge.rule import compare_runs, decide, JUDGED, METRICS, MIN_PEERS, suite_relative
+from pytest_llmperf.judge.verdict import (
+    Comparison,
+    holm,
+    Level,
+    level,
+    lognormal_sigma,
+    min_detectable_effect,
+    NoiseModel,
+    Verdict,
+)
 
 TPOT, DECODE_TPS, TTFT = (METRICS[k] for k in ("tpot_ms", "decode_tps", "ttft_ms"))
 ALPHA = 0.01

@@ -11,7 +11,7 @@ from pytest_llmperf.engines.llama_cpp_native import EngineConfig
 from pytest_llmperf.engines.pool import EnginePool, load_config as load_engine_config
 from pytest_llmperf.core.errors import ConfigError, EngineError
 from pytest_llmperf.core.fingerprint import subject, subject_changes
-from pytest_llmperf.pytest_plugin.marks import validate
+from pytest_llmperf.session.options import validate
 
 
 @pytest.mark.parametrize(

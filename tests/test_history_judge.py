@@ -14,19 +14,25 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from inner import run
+from test_history import location, pg_server, result, stamp  # noqa: F401  (fixtures: both backends)
+
 from pytest_llmperf.core.catalog import METRICS
 from pytest_llmperf.history import append_session
 from pytest_llmperf.history.connection import parse
-from pytest_llmperf.history.series import WINDOW_READ_SESSIONS, read_windows
+from pytest_llmperf.history.series import read_windows, WINDOW_READ_SESSIONS
 from pytest_llmperf.judge.rule import compare_levels, decide
-from pytest_llmperf.judge.verdict import Level, level
-from pytest_llmperf.judge.verdict import WINDOW_MIN_SESSIONS, WINDOW_SESSIONS, NoiseModel, detectable
-from pytest_llmperf.judge.verdict import Verdict
+from pytest_llmperf.judge.verdict import (
+    detectable,
+    Level,
+    level,
+    NoiseModel,
+    Verdict,
+    WINDOW_MIN_SESSIONS,
+    WINDOW_SESSIONS,
+)
 from pytest_llmperf.session.assess import Assessor
 from pytest_llmperf.session.options import SessionSettings
-from test_history import location, pg_server, result, stamp  # noqa: F401  (fixtures: both backends)
 
 TPOT = METRICS["tpot_ms"]
 ALPHA, M, THRESHOLD = 0.01, 60, 0.05

@@ -27,13 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from inner import run
+from pgserver import bindir, PgServer, unavailable
+from test_hostile import API_KEY, Hostile, Server, snapshot, source, STOP, WORKLOAD
 
 import pytest_llmperf
-from inner import run
-from pgserver import PgServer, bindir, unavailable
-from test_hostile import API_KEY, STOP, WORKLOAD, Hostile, Server, snapshot, source
-from pytest_llmperf.cli import INTERRUPTED, INTERRUPTED_LINE
-from pytest_llmperf.cli import main as cli_main
+from pytest_llmperf.cli import INTERRUPTED, INTERRUPTED_LINE, main as cli_main
 from pytest_llmperf.core.settings import usable_cpus
 
 CPUS = usable_cpus()

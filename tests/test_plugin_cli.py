@@ -14,7 +14,7 @@ from inner import run
 
 from pytest_llmperf import cli
 from pytest_llmperf.core import settings
-from pytest_llmperf.pytest_plugin.marks import KEYS, validate
+from pytest_llmperf.session.options import KEYS, validate
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = "max_tokens=8, runs=2, warmup=0, prompt_tokens=16"

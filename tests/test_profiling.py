@@ -11,16 +11,15 @@ import threading
 
 import numpy as np
 import pytest
-
 from inner import run as run_inner
-from pytest_llmperf import InferenceProfiler, Workload, measure
+
+from pytest_llmperf import InferenceProfiler, measure, Workload
 from pytest_llmperf.cli import main as cli_main
-from pytest_llmperf.measuring.metrics import SystemDelta, SystemSample, context_slope, far_off, likely_causes
 from pytest_llmperf.judge.result import compare_layers
 from pytest_llmperf.measuring.layers import outlier_layers
-from pytest_llmperf.measuring.roofline import machine_peaks
-from pytest_llmperf.measuring.roofline import kv_cache_bytes
-from pytest_llmperf.models.gguf import ModelSpec, ensure_model
+from pytest_llmperf.measuring.metrics import context_slope, far_off, likely_causes, SystemDelta, SystemSample
+from pytest_llmperf.measuring.roofline import kv_cache_bytes, machine_peaks
+from pytest_llmperf.models.gguf import ensure_model, ModelSpec
 
 #: A model with one block much wider than the others: block 3's FFN is 16x as wide.
 SLOW_LAYER = ModelSpec(name="slow-layer", n_layer=6, n_embd=256, n_ff=512, layer_ff=(512, 512, 512, 8192, 512, 512))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from inner import run
-from pytest_llmperf.pytest_plugin.marks import KEYS
+from pytest_llmperf.session.options import KEYS
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

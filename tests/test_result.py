@@ -13,10 +13,9 @@ from pathlib import Path
 import pytest
 
 from pytest_llmperf.baselines import store
-from pytest_llmperf.core.documents import ANNOTATIONS, KEYWORDS, SchemaViolation, load_schema, validate
+from pytest_llmperf.core.documents import ANNOTATIONS, KEYWORDS, load_schema, SchemaViolation, validate
+from pytest_llmperf.judge.result import Figures, LayerChange, MeasurementResult, ResultError
 from pytest_llmperf.judge.verdict import Comparison
-from pytest_llmperf.judge.result import LayerChange
-from pytest_llmperf.judge.result import Figures, MeasurementResult, ResultError
 from pytest_llmperf.reports.session_file import load_session
 
 #: Two measurements (one labelled, one a load test) on a callable engine: fast and real.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_llmperf.core.errors import ConfigError
-from pytest_llmperf.pytest_plugin.marks import KEYS, validate
+from pytest_llmperf.session.options import KEYS, validate
 from pytest_llmperf import Workload
 
 

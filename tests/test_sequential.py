@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 from pytest_llmperf.pytest_plugin import fixtures as fixture_mod
 from pytest_llmperf.pytest_plugin.fixtures import LLMPerf
-from pytest_llmperf.pytest_plugin.marks import validate
+from pytest_llmperf.session.options import validate
 
 
 def tokens(prompt: str, max_tokens: int):

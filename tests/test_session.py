@@ -22,7 +22,7 @@ from pathlib import Path
 
 from pytest_llmperf.core.workload import Workload
 from pytest_llmperf.judge.budgets import check_budgets
-from pytest_llmperf.pytest_plugin.marks import validate
+from pytest_llmperf.session.options import validate
 from pytest_llmperf.measuring.runner import measure
 from pytest_llmperf.session import Session, SessionSettings
 from pytest_llmperf.session.results import Result

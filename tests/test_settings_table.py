@@ -5,8 +5,8 @@ the same default, and every help text shows that default the same way."""
 from __future__ import annotations
 
 import argparse
-import re
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -14,8 +14,7 @@ from inner import run
 
 from pytest_llmperf import cli
 from pytest_llmperf.core.errors import ConfigError
-from pytest_llmperf.core.settings import EngineSettings
-from pytest_llmperf.core.settings import SETTINGS, markdown_table, resolve
+from pytest_llmperf.core.settings import EngineSettings, markdown_table, resolve, SETTINGS
 from pytest_llmperf.session import SessionSettings
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -18,10 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmperf import LlamaCppEngine, ModelSpec, Workload, ensure_model, measure
-from pytest_llmperf.engines.llama_cpp_native import EngineConfig
-from pytest_llmperf.engines.llama_cpp_native import AMX_ISSUE, cpu_has_amx
-from pytest_llmperf.measuring.worker import FAULT_ENV, EngineCrash, WorkerEngine
+from pytest_llmperf import ensure_model, LlamaCppEngine, measure, ModelSpec, Workload
+from pytest_llmperf.engines.llama_cpp_native import AMX_ISSUE, cpu_has_amx, EngineConfig
+from pytest_llmperf.measuring.worker import EngineCrash, FAULT_ENV, WorkerEngine
 
 AMX = cpu_has_amx()
 WORKLOAD = Workload(prompt_tokens=8, max_tokens=4, runs=2, warmup=0)

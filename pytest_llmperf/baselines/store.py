@@ -29,12 +29,11 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Callable, Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from ..core import formats as nodeids
+from ..core.documents import read_bytes, RefusedFile, SchemaViolation, validate
 from ..core.errors import LLMPerfError
-from ..core.documents import RefusedFile, read_bytes
-from ..core.documents import SchemaViolation, validate
 
 SCHEMA = "pytest-llmperf/baselines"
 SCHEMA_VERSION = 1

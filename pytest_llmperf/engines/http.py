@@ -42,11 +42,11 @@ import threading
 import time
 from typing import Any
 
-from . import synthetic_text
 from ..core.errors import ConfigError, EngineError
 from ..core.redact import display, redact, Redactor, Url
 from ..core.settings import APIS, SETTINGS
 from ..core.workload import EngineInfo, RunTrace, Workload
+from . import synthetic_text
 from .sse import EventReader, Head, MAX_ERROR_BODY_BYTES, status_error, StreamState
 
 

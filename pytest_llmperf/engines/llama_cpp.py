@@ -19,17 +19,29 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import numpy as np
 import os
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
+import numpy as np
+
 from ..core.errors import ConfigError, EngineError
 from ..core.workload import EngineInfo, NativeCounters, RunTrace, Workload
 from ..models.gguf import embedding_lookup, gguf_file_type
-from .llama_cpp_native import DEFAULTS, EngineConfig, ggml_type
-from .llama_cpp_native import check_gguf, default_threads, greedy_sampler, import_llama_cpp, kv_bytes_per_element, llama_cpp_version, quantization, resolve_repack
+from .llama_cpp_native import (
+    check_gguf,
+    default_threads,
+    DEFAULTS,
+    EngineConfig,
+    ggml_type,
+    greedy_sampler,
+    import_llama_cpp,
+    kv_bytes_per_element,
+    llama_cpp_version,
+    quantization,
+    resolve_repack,
+)
 
 
 #: n_ctx None (auto): the context is sized to each workload, prompt + generated tokens rounded

@@ -11,7 +11,7 @@ tables and CSV for Otava), ``changepoints`` (E-divisive means).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, TYPE_CHECKING
 
 from .connection import Location
 

@@ -15,18 +15,19 @@ from __future__ import annotations
 import csv
 import datetime
 import math
-import numpy as np
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence, TYPE_CHECKING
 
-from . import changepoints, database as store
+import numpy as np
+
 from ..baselines.records import RUN_FIELDS, same_workload
 from ..core.catalog import METRICS
 from ..core.fingerprint import subject_changes
 from ..core.formats import render_table
 from ..judge.verdict import Level
+from . import changepoints, database as store
 from .connection import Location
 
 if TYPE_CHECKING:

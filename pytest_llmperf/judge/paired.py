@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import functools
 import math
-import numpy as np
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import numpy as np
+
 from ..core import catalog
-from .verdict import level
-from .verdict import CI_LEVEL, fmt_p, fmt_value
+from .verdict import CI_LEVEL, fmt_p, fmt_value, level
 
 
 #: metric -> (label, phase, unit, higher is better). Times are compared as b/a time ratios.

@@ -19,7 +19,16 @@ from ..baselines.records import same_workload
 from ..core.fingerprint import hardware_differences, other_hardware_note, subject_changes
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRESHOLD
 from .result import compare_layers, LayerChange, MeasurementResult
-from .rule import compare_levels, decide, JUDGED, METRICS, MIN_PEERS, mirrored, SUITE_ALPHA_SHARE, suite_relative
+from .rule import (
+    compare_levels,
+    decide,
+    JUDGED,
+    METRICS,
+    MIN_PEERS,
+    mirrored,
+    SUITE_ALPHA_SHARE,
+    suite_relative,
+)
 from .verdict import Comparison, holm, Level, level, NoiseModel, Verdict
 
 

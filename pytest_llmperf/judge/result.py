@@ -24,10 +24,11 @@ were at the time), with its comparisons as ``verdict.Comparison`` objects."""
 from __future__ import annotations
 
 import dataclasses
-import numpy as np
 from dataclasses import dataclass, field
-from scipy.stats import mannwhitneyu
 from typing import Any, Mapping
+
+import numpy as np
+from scipy.stats import mannwhitneyu
 
 from ..core.catalog import FIGURES
 from ..core.documents import SchemaViolation, validate

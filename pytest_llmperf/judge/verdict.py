@@ -29,10 +29,11 @@ import dataclasses
 import enum
 import functools
 import math
-import numpy as np
 from dataclasses import dataclass
-from scipy.special import ndtri, stdtrit
 from typing import Any, Mapping, Sequence
+
+import numpy as np
+from scipy.special import ndtri, stdtrit
 
 
 #: Relative efficiency factor of the Hodges-Lehmann location: se = this * sigma / sqrt(n).

@@ -19,12 +19,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import glob
-import numpy as np
 import os
 import resource
 import statistics
 from dataclasses import dataclass
 from typing import Any, Sequence, TYPE_CHECKING
+
+import numpy as np
 
 from ..core.formats import sig6
 from ..core.workload import EngineInfo, RunTrace, Workload

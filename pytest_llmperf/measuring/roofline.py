@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import json
 import math
-import numpy as np
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from ..core.documents import read_text, RefusedFile
 from ..core.errors import ConfigError

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import numpy as np
 import resource
 import sys
 import threading
@@ -31,11 +30,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
+import numpy as np
+
 from ..core.errors import ConfigError
 from ..core.workload import Workload
 from ..engines import CallableEngine, Engine
-from .metrics import sample_system, SystemDelta
-from .metrics import Measurement, RunMetrics, summarize, summarize_runs
+from .metrics import Measurement, RunMetrics, sample_system, summarize, summarize_runs, SystemDelta
 
 
 def as_engine(obj: Any) -> Engine:

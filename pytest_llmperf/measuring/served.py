@@ -33,12 +33,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import numpy as np
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
+
+import numpy as np
 
 from ..core import catalog
 from ..core.errors import ConfigError, EngineError, LLMPerfError

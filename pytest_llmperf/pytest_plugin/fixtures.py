@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import pytest
 import time
 from typing import Any, Callable, Mapping, TYPE_CHECKING
+
+import pytest
 
 from ..core.errors import LLMPerfError
 from ..core.settings import SERVER_N_CTX
 from ..core.workload import SEQUENTIAL_FACTOR, SEQUENTIAL_TIME_CAP_S, Workload
+from ..session.options import MarkerConfig
 from ..session.results import Result
-from .marks import FIXTURE, MARKER_CONFIG, MarkerConfig, session_of
+from .marks import FIXTURE, MARKER_CONFIG, session_of
 
 if TYPE_CHECKING:
     from ..engines.llama_cpp import LlamaCppEngine

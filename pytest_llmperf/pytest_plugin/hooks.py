@@ -12,8 +12,9 @@ wrong answer into one line that names the hook, not a traceback deep in a report
 from __future__ import annotations
 
 import json
-import pluggy
 from typing import Any
+
+import pluggy
 
 from ..core.errors import ConfigError, EngineError
 

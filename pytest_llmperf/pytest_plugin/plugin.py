@@ -10,16 +10,17 @@ The plugin's command-line options and ini keys, built from ``core.settings_table
 from __future__ import annotations
 
 import os
-import pytest
 import sys
 from typing import Any, Generator
 
-from . import hooks as hookcalls, marks
+import pytest
+
 from ..core.errors import LLMPerfError
 from ..core.settings import SETTINGS
-from .marks import marker_help
 from ..session import Session, SessionSettings
 from ..session.against import SIDE_ENV
+from ..session.options import marker_help
+from . import hooks as hookcalls, marks
 from .fixtures import llmperf, llmperf_engine, llmperf_llama_server, llmperf_llm, llmperf_server
 from .marks import FIXTURE, MARKER_CONFIG, PLUGIN_NAME, PROPERTIES, SESSION
 

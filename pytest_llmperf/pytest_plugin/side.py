@@ -42,15 +42,16 @@ import contextlib
 import dataclasses
 import json
 import os
-import pytest
 import signal
 import sys
 from pathlib import Path
 from typing import Any, IO, Iterator, Mapping
 
-from . import marks
+import pytest
+
 from ..core.errors import LLMPerfError
 from ..session.against import SIDE_ENV, SideEnv
+from . import marks
 
 
 class AgainstHooks:

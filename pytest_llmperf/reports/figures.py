@@ -22,10 +22,11 @@ several labels) are joined into a curve."""
 from __future__ import annotations
 
 import io
-import numpy as np
 import re
 from collections import Counter, defaultdict
 from typing import Any, Mapping, Sequence, TYPE_CHECKING
+
+import numpy as np
 
 from ..core import formats as nodeids
 from ..core.errors import LLMPerfError

@@ -27,12 +27,19 @@ from html import escape
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence, TYPE_CHECKING
 
-from . import figures, record_figures
 from ..core.catalog import BUDGETS, FIGURES, HEADLINE, is_ceiling
 from ..core.formats import fmt
 from ..core.settings import usable_cpus
 from ..judge.result import MeasurementResult, VerdictRecord
-from .session_file import against_of, change_cells, comparison_headers, detects_cell, metric_label, summary_values
+from . import figures, record_figures
+from .session_file import (
+    against_of,
+    change_cells,
+    comparison_headers,
+    detects_cell,
+    metric_label,
+    summary_values,
+)
 
 if TYPE_CHECKING:
     from ..judge.verdict import Comparison

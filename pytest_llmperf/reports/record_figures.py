@@ -18,8 +18,9 @@ roofline), which only a profiled test has."""
 
 from __future__ import annotations
 
-import numpy as np
 from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
 
 from ..core.catalog import BUDGETS, METRICS, pooled_itl
 from .figures import BASELINE, BUDGET, budget_label, FIRST_RUN, new_figure, NOW, plain_log, WIDTH_IN

@@ -15,15 +15,13 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..baselines import store as baseline_store
-from ..core.documents import RefusedFile, read_text
-from ..core.documents import SchemaViolation, validate
-from ..judge.verdict import Comparison
-from ..judge.result import MeasurementResult
 from ..core.catalog import HEADLINE
-from ..core.formats import fmt
-from .text import fit_table, short_ids
-from ..core.formats import render_table
+from ..core.documents import read_text, RefusedFile, SchemaViolation, validate
+from ..core.formats import fmt, render_table
 from ..core.settings import DEFAULT_COMPARISON_COLUMNS
+from ..judge.result import MeasurementResult
+from ..judge.verdict import Comparison
+from .text import fit_table, short_ids
 
 SESSION_SCHEMA = "pytest-llmperf/session"
 SESSION_SCHEMA_VERSION = 1

@@ -14,7 +14,7 @@ from .options import SessionSettings
 if TYPE_CHECKING:
     from ..baselines.store import BaselineError
     from ..core.fingerprint import Fingerprint
-    from ..pytest_plugin.marks import MarkerConfig
+    from .options import MarkerConfig
     from ..judge.regression import BaselineVerdict
     from ..measuring.metrics import Measurement
 

@@ -1,5 +1,10 @@
-"""The session's settings, read once from the options (``core.settings_table``) into one
-frozen value; every later decision reads this, never the options again."""
+"""What a user sets: the session's settings, read once from the options (``core.settings``'
+``SETTINGS``) into one frozen value, every later decision reading this, never the options
+again; and the one description of the ``llmperf`` marker's keys (validation, help text and
+docs), used by the pytest plugin and by a script that drives a session without pytest.
+
+Budget keys map to a statistic of a Measurement (see ``catalog.BUDGETS``); workload keys
+become fields of a ``Workload``."""
 
 from __future__ import annotations
 
@@ -8,8 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from ..core.catalog import BUDGETS
 from ..core.errors import ConfigError
 from ..core.settings import EngineSettings, resolve, Resolved, SETTINGS
+from ..core.workload import MAX_TOKENS, too_many
 from ..history.connection import default as default_history, Location, parse as parse_history
 
 
@@ -121,3 +128,237 @@ class SessionSettings:
             default_history(root) if history.value is None else parse_history(history.value, history.source, root),
             **own,
         )
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str
+    kind: str  # "budget", "workload", "engine" (llama.cpp settings), "setting" (comparison), "option", "ab"
+    help: str
+    check: Callable[[str, Any], Any]
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"llmperf marker key {name!r} must be a number, got {value!r}")
+    if not value > 0:
+        raise ConfigError(f"llmperf marker key {name!r} must be > 0, got {value!r}")
+    return float(value)
+
+
+def _int_at_least(minimum: int, *, tokens: bool = False) -> Callable[[str, Any], int]:
+    """An integer >= ``minimum``; ``tokens``: a llama.cpp token count (context, batch), bounded
+    as a workload's (``workload.MAX_TOKENS``: llama.cpp keeps them in 32 bits)."""
+
+    def check(name: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"llmperf marker key {name!r} must be an integer, got {value!r}")
+        if value < minimum:
+            raise ConfigError(f"llmperf marker key {name!r} must be >= {minimum}, got {value}")
+        if tokens and value > MAX_TOKENS:
+            raise ConfigError(f"llmperf marker key {name!r} {too_many(value)}")
+        return value
+
+    return check
+
+
+def _fraction(low: float, high: float) -> Callable[[str, Any], float]:
+    def check(name: str, value: Any) -> float:
+        if isinstance(value, str):  # "5%", as the options and `llmperf compare` take it
+            from ..core.settings import parse_fraction
+
+            try:
+                value = parse_fraction(value, high=high)
+            except ValueError as exc:
+                raise ConfigError(f"llmperf marker key {name!r}: {exc}") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"llmperf marker key {name!r} must be a number, got {value!r}")
+        if not low < value < high:
+            raise ConfigError(f"llmperf marker key {name!r} must be between {low} and {high}, got {value!r}")
+        return float(value)
+
+    return check
+
+
+def _share(name: str, value: Any) -> float:
+    from ..core.settings import parse_share
+
+    try:
+        return parse_share(value)
+    except ValueError as exc:
+        raise ConfigError(f"llmperf marker key {name!r} {exc}") from None
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"llmperf marker key {name!r} must be True or False, got {value!r}")
+    return value
+
+
+def _text(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"llmperf marker key {name!r} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _cache_type(name: str, value: Any) -> str:
+    from ..core.settings import CACHE_TYPES
+
+    if not isinstance(value, str) or value.lower() not in CACHE_TYPES:
+        raise ConfigError(f"llmperf marker key {name!r} must be one of {', '.join(CACHE_TYPES)}, got {value!r}")
+    return value.lower()
+
+
+def _gpu_layers(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+        raise ConfigError(f"llmperf marker key {name!r} must be an integer >= -1 (-1: all layers), got {value!r}")
+    return value
+
+
+def _side(name: str, value: Any) -> Any:
+    return check_side(name, value)
+
+
+def check_side(name: str, spec: Any) -> Any:
+    """An A/B side as the marker or ``llmperf.compare`` gives it: llama.cpp settings (checked
+    key by key, as the marker's own engine keys), a model or endpoint, a callable or an engine."""
+    if isinstance(spec, Mapping):
+        out = {}
+        for key, value in spec.items():
+            k = KEYS.get(key)
+            if k is None or k.kind != "engine":
+                allowed = ", ".join(n for n, v in KEYS.items() if v.kind == "engine")
+                raise ConfigError(f"A/B side {name!r}: unknown llama.cpp setting {key!r}; allowed: {allowed}")
+            out[key] = k.check(key, value)
+        return out
+    if isinstance(spec, str) and spec:
+        return spec
+    if callable(spec) or hasattr(spec, "run"):
+        return spec
+    raise ConfigError(
+        f"A/B side {name!r} must be llama.cpp settings (a dict such as {{'threads': 1}}), a model "
+        f"(GGUF path or preset), an endpoint URL, a callable fn(prompt, max_tokens) or an engine; got {spec!r}"
+    )
+
+
+def _relative(name: str, value: Any) -> Any:
+    from ..judge.budgets import parse_budgets
+
+    parse_budgets(**{name: value})  # raises a ConfigError naming what is wrong
+    return value
+
+
+KEYS: dict[str, Key] = {
+    k.name: k
+    for k in [
+        # Budget keys and their help come from the metric catalog.
+        *(Key(b.key, "budget", b.help, _share if b.share else _number) for b in BUDGETS.values()),
+        Key("prompt", "workload", "literal prompt text", _text),
+        Key("prompt_tokens", "workload", "synthetic prompt of exactly N tokens", _int_at_least(1)),
+        Key("max_tokens", "workload", "tokens generated per run (>= 2, EOS cannot end a run)", _int_at_least(2)),
+        Key("runs", "workload", "measured runs (>= 1)", _int_at_least(1)),
+        Key("warmup", "workload", "discarded warm-up runs before measuring (>= 0)", _int_at_least(0)),
+        Key("concurrency", "workload", "load: requests in flight at once (served models)", _int_at_least(1)),
+        Key("requests", "workload", "load: requests sent in all (default: runs)", _int_at_least(1)),
+        Key("rate", "workload", "load: Poisson arrivals, requests per second (seeded)", _number),
+        Key("shared_prefix_tokens", "workload", "served: the first N prompt tokens are the same in every request "
+            "(measures prefix caching; default: unique prompts, server prompt cache off)", _int_at_least(1)),
+        Key("model", "engine", "GGUF path or preset (tiny, small) for this test; one engine per distinct setting", _text),
+        Key("threads", "engine", "llama.cpp threads for this test (prompt and generation)", _int_at_least(1)),
+        Key("n_ctx", "engine", "llama.cpp context size for this test", _int_at_least(1, tokens=True)),
+        Key("n_batch", "engine", "llama.cpp logical batch (prompt tokens per llama_decode call)",
+            _int_at_least(1, tokens=True)),
+        Key("n_ubatch", "engine", "llama.cpp physical micro-batch (<= n_batch; default n_batch)",
+            _int_at_least(1, tokens=True)),
+        Key("flash_attn", "engine", "llama.cpp flash attention on/off", _flag),
+        Key("type_k", "engine", "K cache type: f16, q8_0, q4_0...", _cache_type),
+        Key("type_v", "engine", "V cache type (quantized needs flash_attn=True)", _cache_type),
+        Key("n_gpu_layers", "engine", "layers offloaded to a GPU (-1: all)", _gpu_layers),
+        Key("mmap", "engine", "map the model file (llama.cpp use_mmap)", _flag),
+        Key("mlock", "engine", "lock the model in RAM (llama.cpp use_mlock)", _flag),
+        Key("a", "ab", "A/B: side A (llama.cpp settings dict, model, callable or endpoint URL); runs interleave with b", _side),
+        Key("b", "ab", "A/B: side B, compared with A by paired statistics", _side),
+        Key("max_slowdown", "ab", "A/B: max B/A time ratio - 1 per phase, e.g. 0.05, '5%' or {'prefill': 0.03}", _relative),
+        Key("min_speedup", "ab", "A/B: min B/A speed ratio per phase, e.g. 1.5 or {'decode': 1.2}", _relative),
+        Key("repack", "engine", "llama.cpp weight repacking (use_extra_bufts, llama-bench --repack; default: on, off "
+            "for quantized models on AMX CPUs)", _flag),
+        Key("sample", "engine", "greedy sampling inside the timed decode loop (False: as llama-bench's tg)", _flag),
+        Key("max_runs", "option", "baseline comparisons: measure more runs, `runs` at a time, while a verdict "
+            "is INCONCLUSIVE, up to this many (default 3 x runs; = runs turns it off)", _int_at_least(1)),
+        Key("layers", "option", "also time each layer (llama.cpp eval callback; in-process only)", _flag),
+        Key("alpha", "setting", "family-wise significance level for baseline comparisons", _fraction(0, 1)),
+        Key("threshold", "setting", "smallest change of a median that counts: 0.05 or '5%'", _fraction(0, 10)),
+        Key("tail_threshold", "setting", "smallest change of the ITL p95 that counts: 0.10 or '10%'", _fraction(0, 10)),
+    ]
+}
+
+BUDGET_KEYS = tuple(k for k, v in KEYS.items() if v.kind == "budget")
+#: One choice, not two keys: a closer marker's (or ``measure()``'s) prompt of either kind
+#: replaces a farther one's.
+PROMPT_KEYS = frozenset({"prompt", "prompt_tokens"})
+
+
+@dataclass(frozen=True)
+class MarkerConfig:
+    """Validated marker arguments, split by kind."""
+
+    budgets: Mapping[str, float]
+    workload: Mapping[str, Any]
+    settings: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: llama.cpp settings for this test (``engines.llama_cpp_native.EngineConfig`` fields), over the session's.
+    engine: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: A/B keys (a, b, max_slowdown, min_speedup): the test compares two sides interleaved.
+    ab: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def is_ab(self) -> bool:
+        return "a" in self.ab and "b" in self.ab
+
+    def merged(self, overrides: Mapping[str, Any]) -> "MarkerConfig":
+        extra = validate(overrides)
+        workload = dict(self.workload)
+        # A prompt given here replaces the marker's prompt of either kind.
+        if PROMPT_KEYS & extra.workload.keys():
+            for key in PROMPT_KEYS:
+                workload.pop(key, None)
+        return MarkerConfig(
+            budgets={**self.budgets, **extra.budgets},
+            workload={**workload, **extra.workload},
+            settings={**self.settings, **extra.settings},
+            options={**self.options, **extra.options},
+            engine={**self.engine, **extra.engine},
+            ab={**self.ab, **extra.ab},
+        )
+
+
+def validate(kwargs: Mapping[str, Any], args: tuple[Any, ...] = ()) -> MarkerConfig:
+    """Check marker keys and values; a ConfigError names the key and the allowed keys."""
+    if args:
+        raise ConfigError(
+            f"llmperf marker takes keyword arguments only, got positional {args!r}; "
+            f"allowed keys: {', '.join(KEYS)}"
+        )
+    by_kind: dict[str, dict[str, Any]] = {"budget": {}, "workload": {}, "setting": {}, "option": {}, "engine": {}, "ab": {}}
+    for name, value in kwargs.items():
+        key = KEYS.get(name)
+        if key is None:
+            raise ConfigError(f"unknown llmperf marker key {name!r}; allowed keys: {', '.join(KEYS)}")
+        by_kind[key.kind][name] = key.check(name, value)
+    if "prompt" in by_kind["workload"] and "prompt_tokens" in by_kind["workload"]:
+        raise ConfigError("llmperf marker: give either 'prompt' or 'prompt_tokens', not both")
+    return MarkerConfig(
+        budgets=by_kind["budget"],
+        workload=by_kind["workload"],
+        settings=by_kind["setting"],
+        options=by_kind["option"],
+        engine=by_kind["engine"],
+        ab=by_kind["ab"],
+    )
+
+
+def marker_help() -> str:
+    """The text registered for ``pytest --markers``."""
+    return "llmperf(**keys): measure LLM inference for this test and enforce budgets. Keys: " + ", ".join(
+        f"{k.name} ({k.help})" for k in KEYS.values()
+    )
