@@ -1,0 +1,126 @@
+"""The package's shape as a newcomer meets it (issue 24): how many modules, how long, and how
+many of them one marker-only test runs through.
+
+    python benchmarks/house.py [--list]
+
+Prints the module count and median length (lines, ``__init__.py`` files included) of the
+``pytest_llmperf`` that is imported (the checkout's own when run from it, or whatever
+PYTHONPATH puts first), then traces one in-process ``pytest.main`` of a marker-only test
+(``@pytest.mark.llmperf(...)`` over an empty body, model ``tiny``, history off) in a temporary
+folder with ``sys.setprofile``: every call into a ``pytest_llmperf`` frame is one step, a step in
+another file than the step before is a file switch, in another layer (``core``, ``judge``...,
+the package root counted as its own) a layer switch. The engine worker's child process (where
+llama.cpp runs) is not traced; the pytest session around it is. One untraced run goes first, so
+the model is written and the caches are warm for the traced one. ``--list`` also prints the
+modules the test ran, with their step counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import threading
+from collections import Counter
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path and "PYTHONPATH" not in os.environ:
+    sys.path.insert(0, str(ROOT))
+
+import pytest  # noqa: E402
+
+import pytest_llmperf  # noqa: E402
+
+PACKAGE = Path(pytest_llmperf.__file__).resolve().parent
+
+TEST = """
+import pytest
+
+
+@pytest.mark.llmperf(prompt_tokens=16, max_tokens=8, runs=3, warmup=1)
+def test_marker_only():
+    pass
+"""
+
+
+def shape() -> tuple[int, float, int]:
+    """(modules, median lines, modules of 50 lines or fewer)."""
+    sizes = [len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")]
+    return len(sizes), statistics.median(sizes), sum(1 for n in sizes if n <= 50)
+
+
+def module_of(filename: str) -> str:
+    rel = Path(filename).resolve().relative_to(PACKAGE).with_suffix("")
+    parts = rel.parts[:-1] if rel.parts[-1] == "__init__" else rel.parts
+    return ".".join(("pytest_llmperf", *parts))
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "(package root)"
+
+
+def run_test(folder: Path, trace: bool) -> tuple[int, list[str]]:
+    installed = any(ep.name == "llmperf" for ep in metadata.entry_points(group="pytest11"))
+    args = [str(folder / "test_marker_only.py"), "-q", "-p", "no:cacheprovider", "-p", "no:warnings",
+            "--rootdir", str(folder), "--llmperf-history", "off", "--llmperf-threads", "1"]
+    if not installed:
+        args += ["-p", "pytest_llmperf.pytest_plugin.plugin"]
+    steps: list[str] = []
+    prefix = str(PACKAGE) + os.sep
+
+    def profile(frame, event, arg):  # noqa: ANN001 - sys.setprofile's signature
+        if event == "call":
+            name = frame.f_code.co_filename
+            if name.startswith(prefix):
+                steps.append(name)
+
+    cwd = os.getcwd()
+    os.chdir(folder)
+    try:
+        if trace:
+            threading.setprofile(profile)
+            sys.setprofile(profile)
+        try:
+            code = pytest.main(args)
+        finally:
+            sys.setprofile(None)
+            threading.setprofile(None)  # type: ignore[arg-type]
+    finally:
+        os.chdir(cwd)
+    return int(code), steps
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--list", action="store_true", help="also print the modules the test ran")
+    args = ap.parse_args()
+    count, median, small = shape()
+    print(f"package: {PACKAGE}")
+    print(f"modules: {count}, median {median:g} lines, {small} of 50 lines or fewer")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        (folder / "test_marker_only.py").write_text(TEST)
+        run_test(folder, trace=False)
+        code, steps = run_test(folder, trace=True)
+    if code != 0:
+        print(f"the marker-only test's session exited {code}", file=sys.stderr)
+        return 1
+    modules = [module_of(s) for s in steps]
+    files = sum(1 for a, b in zip(steps, steps[1:]) if a != b)
+    layers = sum(1 for a, b in zip(modules, modules[1:]) if layer_of(a) != layer_of(b))
+    ran = Counter(modules)
+    print(f"one marker-only test (in process): {len(ran)} modules, {len(steps)} calls, "
+          f"{files} file switches, {layers} layer switches")
+    if args.list:
+        for name, n in sorted(ran.items()):
+            print(f"  {n:6d}  {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
