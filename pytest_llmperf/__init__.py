@@ -6,66 +6,60 @@ The core works without pytest::
     engine = LlamaCppEngine(ensure_model("tiny"))
     m = measure(engine, Workload(prompt_tokens=64, max_tokens=32, runs=5))
     print(m.ttft_ms, m.decode_tps, m.itl.p95_ms)
+
+The public API is the names imported in the ``TYPE_CHECKING`` block below (docs/api.md), and
+nothing else: everything under the layer packages is internal. Each name is imported on first
+use: pytest loads this package for every run of every project where the plugin is installed,
+and numpy, scipy and llama_cpp must cost nothing in a run that collects no llmperf test.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+#: The one place the version is written (pyproject.toml reads it; the fingerprint and the
+#: history record it).
 __version__ = "0.1.0"
 
-# Public names and the module that defines each. Imported on first use: pytest loads this
-# package for every run of every project where the plugin is installed, and numpy, scipy and
-# llama_cpp must cost nothing in a run that collects no llmperf test.
-_EXPORTS = {
-    "BudgetFailure": "judge.budgets",
-    "check_budgets": "judge.budgets",
-    "EngineInfo": "core.workload",
-    "CallableEngine": "engines",
-    "Engine": "engines",
-    "ConfigError": "core.errors",
-    "EngineError": "core.errors",
-    "LLMPerfError": "core.errors",
-    "LatencyStats": "measuring.metrics",
-    "Measurement": "measuring.metrics",
-    "RunMetrics": "measuring.metrics",
-    "summarize": "measuring.metrics",
-    "InferenceProfiler": "measuring.runner",
-    "ProfilerStats": "measuring.runner",
-    "measure": "measuring.runner",
-    "PRESETS": "models.gguf",
-    "ModelSpec": "models.gguf",
-    "ensure_model": "models.gguf",
-    "write_gguf": "models.gguf",
-    "NativeCounters": "core.workload",
-    "RunTrace": "core.workload",
-    "Workload": "core.workload",
-    "LlamaCppEngine": "engines.llama_cpp",
-    "EngineConfig": "engines.llama_cpp_native",
-    "ABResult": "judge.ab",
-    "Side": "judge.ab",
-    "compare_ab": "judge.ab",
-}
-
-if TYPE_CHECKING:
-    from .judge.budgets import BudgetFailure, check_budgets
-    from .core.workload import EngineInfo
+if TYPE_CHECKING:  # the one list of public names: type checkers read it, and so does _exports()
+    from .core.errors import ConfigError, EngineError, LLMPerfError
+    from .core.workload import EngineInfo, NativeCounters, RunTrace, Workload
     from .engines import CallableEngine, Engine
+    from .engines.http import HttpEngine
     from .engines.llama_cpp import LlamaCppEngine
     from .engines.llama_cpp_native import EngineConfig
+    from .engines.servers import serve, tool_path
     from .judge.ab import ABResult, Side, compare_ab
-    from .core.errors import ConfigError, EngineError, LLMPerfError
+    from .judge.budgets import BudgetFailure, check_budgets
+    from .judge.result import MeasurementResult, ResultError
     from .measuring.metrics import LatencyStats, Measurement, RunMetrics, summarize
-    from .measuring.runner import InferenceProfiler, ProfilerStats
-    from .measuring.runner import measure
+    from .measuring.runner import InferenceProfiler, ProfilerStats, measure
     from .models.gguf import PRESETS, ModelSpec, ensure_model, write_gguf
-    from .core.workload import NativeCounters, RunTrace
-    from .core.workload import Workload
+    from .reports.session_file import load_session
+    from .session.results import Result
+
+_FOUND: dict[str, str] = {}
+
+
+def _exports() -> dict[str, str]:
+    """Public name -> the module that defines it (relative to this package), read once from
+    the ``TYPE_CHECKING`` block of this file."""
+    if not _FOUND:
+        import ast
+        from pathlib import Path
+
+        tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+        block = next(n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING")
+        _FOUND.update({a.name: node.module for node in block.body if isinstance(node, ast.ImportFrom)
+                       for a in node.names if node.module})
+    return _FOUND
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
+    if name == "__all__":
+        return sorted(_exports())
+    module = _exports().get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
@@ -74,7 +68,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
-
-
-__all__ = sorted(_EXPORTS)
+    return sorted(set(globals()) | set(_exports()))

@@ -135,6 +135,27 @@ def test_no_private_name_is_imported_from_another_module():
     assert reached == []
 
 
+def test_a_layer_takes_only_the_version_from_the_package_root():
+    """The package root is no layer: it names the public API (each name imported from its
+    layer on first use, none at import time) and writes ``__version__``, the one thing a layer
+    may import from it (the fingerprint and the history record it)."""
+    assert not {m for m in GRAPH["pytest_llmperf"] if m.startswith("pytest_llmperf")}
+    taken = []
+    for name, path in MODULES.items():
+        if _layer(name) is None:
+            continue
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+                module = ".".join(base + ([node.module] if node.module else [])) if node.level else node.module
+                if module == "pytest_llmperf":
+                    taken += [f"{name}: {a.name}" for a in node.names if a.name != "__version__"]
+            elif isinstance(node, ast.Import):
+                taken += [f"{name}: import {a.name}" for a in node.names if a.name == "pytest_llmperf"]
+    assert taken == []
+
+
 MAX_LINES = 600
 
 
