@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from test_refs import _git_identity, git  # noqa: F401  (_git_identity: an autouse fixture, here too)
 
 CHECKOUT = Path(__file__).resolve().parent.parent
 SESSION_TIMEOUT_S = 240
@@ -105,25 +106,6 @@ def test_keys(llmperf):
 def test_plain():
     assert 1 + 1 == 2
 """
-
-
-def git(cwd: Path, *args: str) -> str:
-    out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=120,
-                         stdin=subprocess.DEVNULL)
-    assert out.returncode == 0, out.stderr
-    return out.stdout.strip()
-
-
-@pytest.fixture(autouse=True)
-def _git_identity(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for key in ("AUTHOR", "COMMITTER"):
-        monkeypatch.setenv(f"GIT_{key}_NAME", "llmperf tests")
-        monkeypatch.setenv(f"GIT_{key}_EMAIL", "tests@example.invalid")
-    monkeypatch.setenv("GIT_CONFIG_GLOBAL", os.devnull)
-    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
-    for name in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
-        monkeypatch.delenv(name, raising=False)
 
 
 def make_repo(root: Path, commits: list[tuple[str, dict[str, str | None]]]) -> list[str]:

@@ -18,12 +18,12 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Callable
 
 import pytest
 
+from fakeserver import Streaming, event, serving
 from inner import run
 from pytest_llmperf.baselines import store as baseline_store
 from pytest_llmperf.cli import main as cli_main
@@ -33,36 +33,15 @@ STOP = threading.Event()
 BASELINE = "baselines/test_inner.json"
 
 
-def event(text: str, finish: str | None = None, **extra) -> bytes:
-    body = {"choices": [{"index": 0, "text": text, "finish_reason": finish}], **extra}
-    return f"data: {json.dumps(body)}\n\n".encode()
-
-
-class Hostile(BaseHTTPRequestHandler):
+class Hostile(Streaming):
     """``/<fault>/v1/completions``: the fault is the first path segment."""
-
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args) -> None:  # quiet
-        pass
-
-    def _chunk(self, data: bytes) -> None:
-        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-        self.wfile.flush()
-
-    def _start_stream(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
 
     def _finish(self, n: int, **extra) -> None:
         for i in range(n):
             self._chunk(event(f" t{i}"))
         self._chunk(event("", "length", **extra))
         self._chunk(b"data: [DONE]\n\n")
-        self.wfile.write(b"0\r\n\r\n")
-        self.wfile.flush()
+        self._end()
 
     def _trickle(self, byte: bytes = b"x") -> None:
         """One byte a second, never a line end, until the test server stops."""
@@ -117,22 +96,10 @@ class Hostile(BaseHTTPRequestHandler):
             self._trickle()
 
 
-class Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request, client_address) -> None:  # a client hanging up is the point
-        pass
-
-
 @pytest.fixture(scope="module")
 def server() -> str:
-    STOP.clear()
-    httpd = Server(("127.0.0.1", 0), Hostile)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    STOP.set()
-    httpd.shutdown()
-    httpd.server_close()
+    with serving(Hostile, STOP) as url:
+        yield url
 
 
 # -- the inner session's test module and baseline files ------------------------------------------

@@ -21,7 +21,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,8 @@ from pathlib import Path
 import pytest
 from inner import run
 from pgserver import bindir, PgServer, unavailable
-from test_hostile import API_KEY, Hostile, Server, snapshot, source, STOP, WORKLOAD
+from fakeserver import serving
+from test_hostile import API_KEY, Hostile, snapshot, source, STOP, WORKLOAD
 
 import pytest_llmperf
 from pytest_llmperf.cli import INTERRUPTED, INTERRUPTED_LINE, main as cli_main
@@ -55,13 +55,8 @@ class Messages(Hostile):
 
 @pytest.fixture(scope="module")
 def server() -> str:
-    STOP.clear()
-    httpd = Server(("127.0.0.1", 0), Messages)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    STOP.set()
-    httpd.shutdown()
-    httpd.server_close()
+    with serving(Messages, STOP) as url:
+        yield url
 
 
 def clean(output: str) -> None:

@@ -20,7 +20,6 @@ import base64
 import fnmatch
 import json
 import socket
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -33,7 +32,8 @@ from inner import run
 from pgserver import PgServer, bindir, unavailable
 from pytest_llmperf.cli import main as cli_main
 from pytest_llmperf.core.redact import Redactor, display, is_dsn, secrets_in
-from test_hostile import STOP, WORKLOAD, Hostile, Server, source
+from fakeserver import serving
+from test_hostile import STOP, WORKLOAD, Hostile, source
 
 try:  # imported here, before any pytester snapshot of sys.modules: a psycopg imported inside
     import psycopg  # an inner session and dropped after it leaves its C extension raising the
@@ -83,13 +83,8 @@ class Guarded(Hostile):
 @pytest.fixture(scope="module")
 def host() -> str:
     """``127.0.0.1:PORT`` of our guarded server."""
-    STOP.clear()
-    httpd = Server(("127.0.0.1", 0), Guarded)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"127.0.0.1:{httpd.server_address[1]}"
-    STOP.set()
-    httpd.shutdown()
-    httpd.server_close()
+    with serving(Guarded, STOP) as url:
+        yield url.removeprefix("http://")
 
 
 def closed_port() -> int:

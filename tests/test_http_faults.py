@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from fakeserver import Streaming, event, serving
 
 from pytest_llmperf import EngineError, Workload, measure
 from pytest_llmperf.engines.http import HttpEngine
@@ -22,34 +22,11 @@ from pytest_llmperf.engines.servers import free_port
 STOP = threading.Event()
 
 
-def event(text: str, finish: str | None = None, **extra) -> bytes:
-    body = {"choices": [{"index": 0, "text": text, "finish_reason": finish}], **extra}
-    return f"data: {json.dumps(body)}\n\n".encode()
-
-
-class Faulty(BaseHTTPRequestHandler):
+class Faulty(Streaming):
     """``/<fault>/v1/completions``: the fault is the first path segment."""
 
-    protocol_version = "HTTP/1.1"
     seen_auth: list[str] = []
     flaky_count = 0
-
-    def log_message(self, *args) -> None:  # quiet
-        pass
-
-    def _chunk(self, data: bytes) -> None:
-        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-        self.wfile.flush()
-
-    def _start_stream(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-
-    def _end(self) -> None:
-        self.wfile.write(b"0\r\n\r\n")
-        self.wfile.flush()
 
     def _stall(self) -> None:
         while not STOP.is_set():
@@ -131,15 +108,8 @@ class Faulty(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def faulty() -> str:
-    STOP.clear()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Faulty)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    STOP.set()
-    server.shutdown()
-    server.server_close()
+    with serving(Faulty, STOP) as url:
+        yield url
 
 
 WL = Workload(prompt_tokens=4, max_tokens=8, runs=1, warmup=0)

@@ -48,6 +48,10 @@ class Budget:
         """True: the measured value must stay at or under the budget (lower is better)."""
         return not METRICS[self.metric].higher_is_better
 
+    def holds(self, measured: float | None, limit: float) -> bool:
+        """The budget's pass rule: measured, and at or under a ceiling / at or over a floor."""
+        return measured is not None and (measured <= limit if self.ceiling else measured >= limit)
+
 
 @dataclass(frozen=True)
 class Metric:

@@ -72,8 +72,7 @@ def check_budgets(m: Measurement, budgets: Mapping[str, float]) -> BudgetFailure
     for key, budget in budgets.items():
         b = BUDGETS[key]
         measured = b.read(m)
-        ok = measured is not None and (measured <= budget if b.ceiling else measured >= budget)
-        if not ok:
+        if not b.holds(measured, budget):
             breaches.append(BudgetBreach(key, b.label, b.unit, b.ceiling, measured, budget, sample(b, m)))
     return BudgetFailure(m.label, tuple(breaches)) if breaches else None
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from typing import Any, Callable, Mapping, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import pytest
 
@@ -25,14 +25,21 @@ if TYPE_CHECKING:
     from ..measuring.metrics import Measurement
 
 
+@contextlib.contextmanager
+def _one_line() -> Iterator[None]:
+    """An LLMPerfError inside becomes the test's one failure line (no traceback)."""
+    try:
+        yield
+    except LLMPerfError as exc:
+        raise pytest.fail.Exception(str(exc), pytrace=False) from None  # no chained second copy
+
+
 def _fail(call: Callable[..., Any]) -> Callable[..., Any]:
     """``call`` with an LLMPerfError raised as the test's one failure line."""
 
     def run(*args: Any, **kwargs: Any) -> Any:
-        try:
+        with _one_line():
             return call(*args, **kwargs)
-        except LLMPerfError as exc:
-            raise pytest.fail.Exception(str(exc), pytrace=False) from None  # no chained second copy
 
     return run
 
@@ -68,13 +75,11 @@ def _serve(pytestconfig: pytest.Config, start: Callable[..., Any], **kwargs: Any
     from ..models.gguf import ensure_model
 
     s = session_of(pytestconfig).settings.engine
-    try:
+    with _one_line():
         path = ensure_model(s.preset) if s.preset else s.model
         with start(path, n_threads=s.threads, n_ctx=s.n_ctx or SERVER_N_CTX, n_batch=s.n_batch, alias=s.model_label,
                    **kwargs) as server:
             yield server
-    except LLMPerfError as exc:
-        raise pytest.fail.Exception(str(exc), pytrace=False) from None  # no chained second copy
 
 
 @pytest.fixture(scope="session")
@@ -161,10 +166,8 @@ class LLMPerf:
         return self._engine_for(self._marker)
 
     def _engine_for(self, config: MarkerConfig) -> Any:
-        try:
+        with _one_line():
             return self._engine_factory(dict(config.engine)) if config.engine else self._engine_factory()
-        except LLMPerfError as exc:
-            raise pytest.fail.Exception(str(exc), pytrace=False) from None  # no chained second copy
 
     def _subject(self, engine: Any, config: MarkerConfig) -> Any:
         if engine is None:
@@ -192,7 +195,7 @@ class LLMPerf:
                 f"{call} {label!r} is taken by an earlier measurement of this test; "
                 "give each measurement of a test a distinct label", pytrace=False,
             )
-        try:
+        with _one_line():
             config = self._marker.merged(overrides)
             if self._smoke:
                 return self._smoke_measure(engine, config, label)
@@ -203,8 +206,6 @@ class LLMPerf:
             measurement = measure(
                 subject, workload, label=label, slo=config.budgets, **self._measure_options(subject, config)
             )
-        except LLMPerfError as exc:
-            raise pytest.fail.Exception(str(exc), pytrace=False) from None  # no chained second copy
         load = measurement.load
         if load is not None and load.n_failed:
             # Shown in the report, but never assessed: no baseline from a broken measurement.
@@ -238,7 +239,7 @@ class LLMPerf:
             keys["a"] = a
         if b is not None:
             keys["b"] = b
-        try:
+        with _one_line():
             config = self._marker.merged(keys)
             if not config.is_ab:
                 raise LLMPerfError("llmperf.compare() needs both sides: a=... and b=...")
@@ -259,8 +260,6 @@ class LLMPerf:
                     min_speedup=None if self._smoke else config.ab.get("min_speedup"),
                     label=label,
                 )
-        except LLMPerfError as exc:
-            raise pytest.fail.Exception(str(exc), pytrace=False) from None
         self.ab_results.append(result)
         return result
 
@@ -285,7 +284,7 @@ class LLMPerf:
         config = dataclasses.replace(config, settings={**config.settings, "looks": looks})
         assessment = self._assess(m, config)
         started = time.monotonic()
-        try:
+        with _one_line():
             while (
                 looks > 1
                 and _undecided(assessment)
@@ -294,11 +293,7 @@ class LLMPerf:
             ):
                 m = extend(subject, m, min(step, max_runs - m.n_runs))
                 assessment = self._assess(m, config)
-        except LLMPerfError as exc:
-            error = str(exc)
-        else:
-            return m, assessment
-        pytest.fail(error, pytrace=False)
+        return m, assessment
 
     def _smoke_measure(self, engine: Any, config: MarkerConfig, label: str) -> Measurement:
         """Once, with no warm-up; a load workload sends one request per slot. Recorded with no

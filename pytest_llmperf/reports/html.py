@@ -148,7 +148,7 @@ def _budget_rows(result: MeasurementResult) -> list[list[str]]:
         if value is None or not record:  # no record: the result's own judgement of its budgets
             ok = value is not None and key not in result.breached_budgets
         else:
-            ok = value >= limit if floor else value <= limit
+            ok = BUDGETS[key].holds(value, limit)
         rows.append([_e(key), ("&ge; " if floor else "&le; ") + _e(fmt(limit)),
                      "n/a" if value is None else _e(fmt(value)),
                      badge("ok") if ok else (badge("OVER BUDGET", "FAIL") if value is not None else "not in record")])
