@@ -6,7 +6,7 @@ Every simulated measurement becomes a record like the plugin's (per-run TTFT, TP
 and the TPS mirrors); baselines are built by ``regression.carry_history`` exactly as
 ``--llmperf-update-baselines`` builds them, each candidate test is judged by
 ``regression.judge`` with Holm's family of the whole session (20 tests x 3 judged metrics) as
-it ends, and the session by ``suite.suite_relative`` at its end, as the plugin does.
+it ends, and the session by ``rule.suite_relative`` at its end, as the plugin does.
 
 Drift model (docs/verdicts.md), on the log scale, for session s, test t, run i of n:
   shared session offset  S_s   ~ N(0, 1.5%)   (the machine's speed that session, all tests)

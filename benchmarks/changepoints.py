@@ -4,7 +4,7 @@ find a real step, stay quiet on an unchanged series, and catch a slow creep?
 Each session is simulated like a real one: 20 per-run values with 2% run-to-run noise, the
 verdicts' drift model (docs/verdicts.md: a 1.5% per-session offset shared by the session's
 tests, 0.5% per test, a ramp of up to +-2% within the measurement), and the session's value is
-its level (``levels.level``, the robust location the history stores). Series of 60 sessions:
+its level (``verdict.level``, the robust location the history stores). Series of 60 sessions:
 
 * step: +5% from session 40 on (0-based) -> exactly one change point, at 40 +/- 1;
 * A/A: no change -> any change point is a false alarm;

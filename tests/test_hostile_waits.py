@@ -1,7 +1,7 @@
 """Hostile waits (issue 21): every wait ends, in one line, with the files left as they were.
 
 - Files that are not regular files (a FIFO, ``/dev/zero``, a directory) or over the size
-  limit (``core.files.MAX_DOCUMENT_MIB``), where a baseline file, a session report, the
+  limit (``core.documents.MAX_DOCUMENT_MIB``), where a baseline file, a session report, the
   history or GitHub's step summary should be: refused before any read (or write) can wait.
 - A SQLite history locked by another process: Ctrl-C ends the wait at once, the deadline
   ends it naming the process; a real SIGINT to a real subprocess, a real lock held by another.

@@ -1,4 +1,4 @@
-"""Every setting is declared once (``core.settings_table.SETTINGS``): the pytest option, the
+"""Every setting is declared once (``core.settings.SETTINGS``): the pytest option, the
 ini key, the environment variable and the ``llmperf`` commands' flag all come from it, with
 the same default, and every help text shows that default the same way."""
 

@@ -17,7 +17,7 @@ lock of the folder. An update over a file it cannot read keeps that file as ``<n
 (then ``.corrupt.1``, ``.corrupt.2``...: a copy is never overwritten) and carries its valid
 entries over; a file of a newer schema is never touched (the update fails with a
 ``NewerSchemaError``), nor is a path that is not a regular file or a file over
-``core.files.MAX_DOCUMENT_MIB`` (``RefusedBaselineError``: it is never read, so never
+``core.documents.MAX_DOCUMENT_MIB`` (``RefusedBaselineError``: it is never read, so never
 truncated). A write that fails (read-only folder, disk full) is a ``BaselineError`` and leaves
 the old file as it was.
 """
@@ -44,7 +44,7 @@ class BaselineError(LLMPerfError):
 
 
 class RefusedBaselineError(BaselineError):
-    """Not a regular file, or over ``core.files.MAX_DOCUMENT_MIB``: never read, never replaced."""
+    """Not a regular file, or over ``core.documents.MAX_DOCUMENT_MIB``: never read, never replaced."""
 
 
 class NewerSchemaError(BaselineError):

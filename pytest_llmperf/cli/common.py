@@ -67,7 +67,7 @@ def positive_int(text: str) -> int:
 
 def add_setting(parser: Any, name: str) -> None:
     """The argument of a setting the command shares with the pytest plugin, from
-    ``core.settings_table.SETTINGS``: its flag, parser, default and help, as pytest shows them."""
+    ``core.settings.SETTINGS``: its flag, parser, default and help, as pytest shows them."""
     import os
 
     from ..core.settings import SETTINGS

@@ -4,7 +4,7 @@ the model they name (each setting's declaration: ``SETTINGS`` below).
 Every session setting, declared once: its parser, default, help, pytest option, ini key,
 environment variable and ``llmperf`` command-line flag.
 
-The pytest options and ini keys (``pytest_plugin/options.py``), the environment lookup, the
+The pytest options and ini keys (``pytest_plugin/plugin.py``), the environment lookup, the
 CLI arguments the commands share (``cli/common.add_setting``) and docs/settings.md's table all
 come from ``SETTINGS``. Precedence: command line > environment > ini > default. Light: read
 at every pytest start (no heavy import)."""
@@ -21,7 +21,7 @@ from .errors import ConfigError
 from .workload import MAX_TOKENS, too_many
 
 DEFAULT_MODEL = "tiny"
-#: Names of the synthetic presets (``synthetic.PRESETS``), here so that reading the settings
+#: Names of the synthetic presets (``gguf.PRESETS``), here so that reading the settings
 #: does not import numpy (tests/test_plugin_cli.py checks the two agree).
 PRESET_NAMES = ("tiny", "small")
 
@@ -75,7 +75,7 @@ DEFAULT_COMPARISON_COLUMNS = ("change", "ci", "verdict")
 @dataclass(frozen=True)
 class EngineSettings:
     """What the session measures (the engine half of the settings; defaults, sources and
-    parsing in ``settings_table.SETTINGS``, whose names these fields carry)."""
+    parsing in ``settings.SETTINGS``, whose names these fields carry)."""
 
     model: str
     threads: int | None

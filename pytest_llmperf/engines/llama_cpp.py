@@ -2,7 +2,7 @@
 
 Why not ``create_completion(stream=True)``: its chunks are held back for UTF-8 and stop
 sequences, so chunk times are not token times. This engine drives ``llama_decode`` and the
-native sampler itself (the timed loop: ``llama_cpp_loop``) and reads the clock right after each
+native sampler itself (the timed loop: ``timed_decode`` below) and reads the clock right after each
 token id is available. The library's own helpers (import, model file check, sampler, model
 facts) are in ``llama_cpp_native``.
 

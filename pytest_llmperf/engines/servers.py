@@ -2,7 +2,7 @@
 
 ``with serve_llama_server(model_path, parallel=4) as server:`` starts llama.cpp's own
 ``llama-server`` (continuous batching over ``parallel`` slots; built from the installed
-llama-cpp-python's sources, see engines/native_tools.py) on a free port of 127.0.0.1 and waits
+llama-cpp-python's sources, see build_tools below) on a free port of 127.0.0.1 and waits
 until ``/health`` answers; ``with serve(model_path) as server:`` does the same with the lighter
 ``python -m llama_cpp.server`` (one request at a time), waiting for ``/v1/models``. Both are
 stopped on exit (terminate, then kill; on Linux also when the starting process dies). A server

@@ -186,7 +186,7 @@ def _time(conn: Conn, iso: str) -> Any:
 
 
 def append(loc: Location, session: Mapping[str, Any], measurements: Sequence[Mapping[str, Any]]) -> int:
-    """Append one session and its measurements (see ``collect.session_rows``) in one
+    """Append one session and its measurements (see ``database.session_rows``) in one
     transaction; returns the session's id. A session whose ``uid`` is stored already is not
     written twice."""
     conn = connect(loc, create=True)
@@ -341,7 +341,7 @@ def unit_of(metric: str) -> str:
 
 
 def value_rows(runs: Mapping[str, list[float]]) -> list[dict[str, Any]]:
-    """Per metric: the per-run values, their median and the session's level (``levels.level``:
+    """Per metric: the per-run values, their median and the session's level (``verdict.level``:
     the robust location on the log scale and its standard error)."""
     out = []
     for metric in RUN_FIELDS:

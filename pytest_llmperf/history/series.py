@@ -146,7 +146,7 @@ def levels(
 ) -> list[Level]:
     """The last ``last`` sessions' levels of one series since its subject or workload last
     changed (oldest first): the between-session spread that a stored baseline's own recorded
-    sessions give ``noise.NoiseModel.between`` today, from every session of the history."""
+    sessions give ``verdict.NoiseModel.between`` today, from every session of the history."""
     found = [
         s for s in read_series(loc, test=test, metrics=[metric], hardware_key=hardware_key)
         if s.test == test and s.label == label
@@ -159,7 +159,7 @@ def levels(
 
 
 #: Sessions read for the verdicts' windows: the last ones stored with a measurement on this
-#: hardware (a window holds a test's last ``noise.WINDOW_SESSIONS``; tests that run in
+#: hardware (a window holds a test's last ``verdict.WINDOW_SESSIONS``; tests that run in
 #: subsets of the sessions reach further back).
 WINDOW_READ_SESSIONS = 50
 #: A measurement whose stored verdict starts with one of these is not noise: it stays out of
@@ -184,7 +184,7 @@ class Windows:
     rows: Mapping[tuple[str, str], Sequence[Mapping[str, Any]]]
 
     def levels(self, test: str, label: str, entry: Mapping[str, Any]) -> dict[str, list[Level]]:
-        """Per metric, the last ``noise.WINDOW_SESSIONS`` sessions of this test since the
+        """Per metric, the last ``verdict.WINDOW_SESSIONS`` sessions of this test since the
         baseline ``entry`` was recorded (its ``recorded_at``), with its subject and workload,
         leaving out measurements judged REGRESSION or MACHINE_SLOWER: the window the verdict
         judges against (docs/verdicts.md)."""

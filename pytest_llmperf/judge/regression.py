@@ -49,7 +49,7 @@ class CompareSettings:
     #: Looks of a sequential (adaptive run count) measurement: each look tests at alpha / looks
     #: (Bonferroni over looks), so stopping at the first decided look keeps the error rate.
     looks: int = 1
-    #: Measurements the session will compare: with ``suite.MIN_PEERS`` or more, a share of
+    #: Measurements the session will compare: with ``rule.MIN_PEERS`` or more, a share of
     #: alpha goes to the suite-relative check at the end of the session.
     peers: int = 0
 
@@ -156,7 +156,7 @@ def compare_records(
 ) -> list[Comparison]:
     """Every judged metric both records carry (plus the rate mirrors), decided with Holm over
     ``family_size``. ``window``: per judged metric, the history's sessions of this test since
-    the baseline was recorded (``history.series.Windows``; ``compare.compare_levels``)."""
+    the baseline was recorded (``history.series.Windows``; ``rule.compare_levels``)."""
     base_levels, cand_levels, older = session_levels(baseline), session_levels(candidate), history(baseline)
     judged: dict[str, Comparison] = {}
     for spec in JUDGED:
@@ -341,7 +341,7 @@ def session_holm(results: Sequence[MeasurementResult]) -> list[MeasurementResult
 def suite_check(
     results: Sequence[MeasurementResult], settings: CompareSettings
 ) -> tuple[list[MeasurementResult], list[str]]:
-    """The session-end suite-relative check (``suite.suite_relative``): the results with
+    """The session-end suite-relative check (``rule.suite_relative``): the results with
     their new verdicts, and the failure line of each new REGRESSION."""
     results = list(results)
     if not settings.suite_check:

@@ -41,17 +41,17 @@ mirror those verdicts, so each phase counts once in the family):
 * MACHINE_SLOWER: set by ``regression.judge`` when steal time or context switches show the
   machine was not the engine's during the runs; a slowdown is then not blamed on the subject.
 
-At the end of a session, ``suite.suite_relative`` also judges each measurement against the
+At the end of a session, ``rule.suite_relative`` also judges each measurement against the
 median shift of the others (the shared part of the session's drift), and adds REGRESSION
 verdicts for those significantly slower than the rest of the suite.
 
 No dispersion flag overrides a verdict: noise widens the standard error, so noisy data end
 INCONCLUSIVE unless the effect is larger than the noise can explain.
 
-This module holds the estimate (one metric, candidate level against the baseline's) and the
-session's family (Holm over the judged metrics, mirrors following them); the parts it builds
-on are modules of their own: ``levels`` (one session's level), ``noise`` (between sessions),
-``verdict`` (the result and the rule) and ``suite`` (the session-end suite-relative check).
+This module holds the estimate (one metric, candidate level against the baseline's), the
+session's family (Holm over the judged metrics, mirrors following them) and the session-end
+suite-relative check; what it builds on is ``verdict`` (one session's level, the noise
+between sessions, the result and the rule).
 
 The session-end check: each measurement against the median shift of the rest of the suite.
 
@@ -92,7 +92,7 @@ def compare_levels(
     """Candidate session level against the baseline's recorded session levels (newest last).
 
     ``window``: the history's last sessions of this test since the baseline was recorded
-    (oldest first). From ``noise.WINDOW_MIN_SESSIONS`` sessions on they are the reference and
+    (oldest first). From ``verdict.WINDOW_MIN_SESSIONS`` sessions on they are the reference and
     their spread the between-session noise (``NoiseModel.window``); with fewer, the baseline's
     recorded sessions are, pooled with the prior (``NoiseModel.between``).
 
@@ -283,7 +283,7 @@ def suite_relative(tests: Sequence[Sequence[Comparison]], *, alpha: float) -> li
     suite"). A change that slows every test alike leaves the departures at zero and is
     judged by the per-test comparisons, never normalised away: this check only adds
     REGRESSION verdicts. Needs ``MIN_PEERS`` compared measurements; ``tests``: each
-    measurement's comparisons, as ``compare.decide`` left them; returned in the same shape.
+    measurement's comparisons, as ``rule.decide`` left them; returned in the same shape.
     """
     out = [list(cs) for cs in tests]
     #: (test, index, departure, p, peers' median shift, peers)

@@ -15,10 +15,10 @@ the measurements behind it) and its estimate from a baseline's recorded sessions
 (``min_detectable_effect``) and the history read it without judging anything.
 
 The decision rule: one comparison's verdict from its estimate, its standard error and its
-Holm-adjusted p-values (the rule itself is described in ``compare``'s docstring and in
+Holm-adjusted p-values (the rule itself is described in ``rule``'s docstring and in
 docs/verdicts.md).
 
-Apart from the estimate (``compare``) because everything downstream reads only this: the
+Apart from the estimate (``rule``) because everything downstream reads only this: the
 ``Comparison`` result and its one-line text, the ``Verdict`` names, Holm's adjustment (also
 used by the per-layer diff) and the rule that turns numbers into REGRESSION, IMPROVED,
 UNCHANGED or INCONCLUSIVE with the reason a person reads."""
@@ -231,7 +231,7 @@ CI_LEVEL = 0.95
 #: both sides. Between sessions of a shared machine the level itself moves by ~1.5%, so a 5%
 #: threshold can be shown with about this confidence from one session (docs/verdicts.md).
 EQUIVALENCE_CONFIDENCE = 0.80
-#: UNCHANGED also needs the slowest runs' distance above the level (``levels.UPPER_QUANTILE``;
+#: UNCHANGED also needs the slowest runs' distance above the level (``verdict.UPPER_QUANTILE``;
 #: shape, not position: session drift moves both) to grow by less than this x the threshold
 #: over the latest baseline session's.
 UPPER_FACTOR = 2.0
@@ -304,7 +304,7 @@ class Comparison:
     noise_source: str = "prior"
     noise_sessions: int = 0
     #: The smallest slowdown (0.14 = 14%) this comparison flags with 80% power, given its
-    #: noise estimate, runs and Holm step (``noise.detectable``); None before it is decided.
+    #: noise estimate, runs and Holm step (``verdict.detectable``); None before it is decided.
     detectable: float | None = None
     #: What the candidate was measured against, when not a stored baseline: ``--llmperf-against``'s
     #: REF (``git:main (3f2a1b9c0d1e)``), measured pair by pair in the same session (``noise_source``
@@ -456,7 +456,7 @@ def _part_slower(c: Comparison) -> str:
 def decided(
     c: Comparison, p_adj: float | None, p_adj_better: float | None, *, alpha: float, m: int = 1, **fields: Any
 ) -> Comparison:
-    """The verdict of one comparison given its adjusted p-values (the rule: ``compare``'s docstring);
+    """The verdict of one comparison given its adjusted p-values (the rule: ``rule``'s docstring);
     ``fields``: more fields to set in the same copy."""
     if c.p_value is None or p_adj is None:
         return dataclasses.replace(c, **fields, verdict=Verdict.INCONCLUSIVE, reason=c.reason or "no p-value")

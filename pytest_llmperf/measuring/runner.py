@@ -59,7 +59,7 @@ def measure(
 
     System counters and peak RSS are read around the runs, never between a run's clock reads.
     ``layers``: afterwards, time each layer on an instrumented context (in-process llama.cpp
-    only); ``peaks`` (bandwidth, TFLOP/s ``machine_peak.Peak``): attach the roofline."""
+    only); ``peaks`` (bandwidth, TFLOP/s ``roofline.Peak``): attach the roofline."""
     workload = workload or Workload()
     engine = as_engine(engine)
     if workload.is_load:

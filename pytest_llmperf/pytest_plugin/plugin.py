@@ -4,7 +4,7 @@ files); the marker's handling in ``marks``, the fixtures in ``fixtures``. A budg
 pytest run: numpy, scipy, llama_cpp and the reports are imported only once an llmperf test
 is collected (tests/test_plugin_cli.py checks).
 
-The plugin's command-line options and ini keys, built from ``core.settings_table.SETTINGS``
+The plugin's command-line options and ini keys, built from ``core.settings.SETTINGS``
 (the one declaration of every setting: parser, default, help, env, ini)."""
 
 from __future__ import annotations
@@ -259,7 +259,7 @@ class LLMPerfHooks:
 
 def add_options(parser: pytest.Parser) -> None:
     """Every ``--llmperf-*`` option and ``llmperf_*`` ini key. A value left out is None here:
-    ``settings_table.resolve`` then looks at the environment, the ini file and the default."""
+    ``settings.resolve`` then looks at the environment, the ini file and the default."""
     group = parser.getgroup("llmperf", "LLM inference performance (pytest-llmperf)")
     for s in SETTINGS.values():
         if s.switch:

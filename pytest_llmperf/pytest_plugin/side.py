@@ -9,7 +9,7 @@ verdict against REF on them, are logged as this test's. Other tests run here as 
 One side of ``--llmperf-against``: a pytest session of the current tests in a process of its
 own, which runs the tests the controller names and measures only when the controller says so.
 
-The controller (``session/against.py``) starts one per side as a ``measuring.channel.Channel``:
+The controller (``session/against.py``) starts one per side as a ``measuring.worker.Channel``:
 ``python -m pytest_llmperf.pytest_plugin.side FD_IN FD_OUT`` with ``LLMPERF_SIDE`` (JSON: the
 side's name, the pytest arguments, where the code under test comes from). Before pytest starts,
 the code under test is redirected to the side's tree (``session.refs.install_redirect``); the

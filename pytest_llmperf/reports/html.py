@@ -396,10 +396,6 @@ def _worker() -> None:
               sys.stdout)
 
 
-if __name__ == "__main__" and sys.argv[1:] == ["--worker"]:
-    _worker()
-
-
 def against_section(results: Sequence[MeasurementResult], against: Mapping[str, Any] | None = None) -> str:
     """What ``--llmperf-against`` compared: REF and each side (``Session.against_sides``, or the
     session file's ``against``); "" when nothing was judged against REF."""
@@ -448,3 +444,7 @@ def history_page(series: Sequence[Any]) -> str:
         f"<style>{CSS}</style></head><body><main><h1>pytest-llmperf history</h1>\n" + "\n".join(body)
         + "\n</main></body></html>\n"
     )
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--worker"]:
+    _worker()

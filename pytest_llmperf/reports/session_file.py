@@ -89,7 +89,7 @@ def read_session(path: Path | str) -> tuple[dict[str, Any], list[MeasurementResu
     """A saved ``--llmperf-json`` report and its results, checked against
     ``schemas/session.schema.json``; one line naming the file, the place in it and what to do
     if it is not one (the file is only read, and only a regular file within
-    ``core.files.MAX_DOCUMENT_MIB``)."""
+    ``core.documents.MAX_DOCUMENT_MIB``)."""
     try:
         data = json.loads(read_text(path, "session report", SMALLER))
     except FileNotFoundError:

@@ -11,7 +11,7 @@ the cap, every look at alpha / looks), judges them (``judge.ab.paired.judged_pai
 each side its measurement's end. The current side's reports become the test's.
 
 The two sides of ``--llmperf-against`` as the controller (``session/against.py``) sees them:
-each a process (``measuring.channel.Channel`` running ``pytest_plugin/side.py``) started on first
+each a process (``measuring.worker.Channel`` running ``pytest_plugin/side.py``) started on first
 use and again after it died, with every wait on a deadline and every way it can fail said in one
 line that names the side. No pytest."""
 

@@ -195,7 +195,7 @@ def legacy_note(baseline_dir: Path, path: Path, rel: str, note: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def commit(root: Path) -> str | None:
-    """The commit a record names (12 hex digits; ``history.vcs.commit_sha``), looked up once."""
+    """The commit a record names (12 hex digits; ``history.database.commit_sha``), looked up once."""
     from ..history.database import commit_sha
 
     sha = commit_sha(root)

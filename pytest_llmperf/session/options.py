@@ -92,7 +92,7 @@ class SessionSettings:
         rootdir: Path | str,
         environ: Mapping[str, str] | None = None,
     ) -> "SessionSettings":
-        """Read every option once (``settings_table.resolve``). Raises ConfigError: one line."""
+        """Read every option once (``settings.resolve``). Raises ConfigError: one line."""
         return cls.from_resolved(resolve(getoption, getini, environ), rootdir)
 
     @classmethod
