@@ -316,19 +316,27 @@ def test_one_sided_signed_rank_p_agrees_with_scipy() -> None:
                             rel_tol=1e-9)
 
 
-def test_against_keeps_pairing_while_an_unchanged_ci_still_reaches_beyond_the_threshold() -> None:
+def test_against_keeps_pairing_until_an_unchanged_ci_excludes_one_or_lies_within_half_the_threshold() -> None:
     from pytest_llmperf.judge.paired import judged_pairs
     from pytest_llmperf.judge.verdict import Verdict
-    from pytest_llmperf.session.against import _loose
+    from pytest_llmperf.session.against import UNCHANGED_MARGIN, _loose
+
+    def tpot(a, b):
+        return {x.metric: x for x in judged_pairs(a, b, alpha=0.05, threshold=0.05, tail_threshold=0.1,
+                                                  family=3)}["tpot_ms"]
 
     rng = np.random.default_rng(2)
-    wide, narrow = None, None
-    for _ in range(200):  # a noisy A/A: some come out UNCHANGED with a CI past +5%, a quiet one inside it
-        a, b = _pair_runs(rng, 20, decode_ratio=1.0, drift=0.2, noise=0.09)
-        c = {x.metric: x for x in judged_pairs(a, b, alpha=0.05, threshold=0.05, tail_threshold=0.1, family=3)}["tpot_ms"]
-        if c.verdict is Verdict.UNCHANGED and c.ci_high > 1.05:
+    margin = 1 + UNCHANGED_MARGIN * 0.05
+    wide = None
+    for _ in range(200):  # a noisy A/A: some come out with a CI inside +-5% that holds 1 and reaches past 2.5%
+        c = tpot(*_pair_runs(rng, 20, decode_ratio=1.0, drift=0.2, noise=0.04))
+        if c.verdict is Verdict.UNCHANGED and 1 / 1.05 < c.ci_low < 1 < c.ci_high < 1.05 and c.ci_high > margin:
             wide = c
-    a, b = _pair_runs(rng, 20, decode_ratio=1.0, drift=0.2, noise=0.01)
-    narrow = {x.metric: x for x in judged_pairs(a, b, alpha=0.05, threshold=0.05, tail_threshold=0.1, family=3)}["tpot_ms"]
     assert wide is not None and _loose(wide)
-    assert narrow.verdict is Verdict.UNCHANGED and not _loose(narrow)
+    narrow = tpot(*_pair_runs(rng, 20, decode_ratio=1.0, drift=0.2, noise=0.01))  # CI within +-2.5%: it stands
+    assert narrow.verdict is Verdict.UNCHANGED and 1 / margin < narrow.ci_low < 1 < narrow.ci_high < margin
+    assert not _loose(narrow)
+    found = tpot(*_pair_runs(rng, 40, decode_ratio=1.03, drift=0.2, noise=0.01))  # +3%: shown, within 5%
+    assert found.verdict is Verdict.UNCHANGED and found.ci_low > 1 and not _loose(found)
+    regression = tpot(*_pair_runs(rng, 40, decode_ratio=1.10, drift=0.2, noise=0.01))
+    assert regression.verdict is Verdict.REGRESSION and not _loose(regression)

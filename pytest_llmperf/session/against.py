@@ -189,16 +189,25 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str = ""
     return comparisons, note
 
 
+#: Under ``--llmperf-against`` an UNCHANGED stands once its 95% CI excludes 1 (a change within
+#: the threshold, found) or lies within +- this share of the threshold (a change half the
+#: threshold's size is ruled out); until then pairs are added, up to the cap.
+UNCHANGED_MARGIN = 0.5
+
+
 def _loose(c: Any) -> bool:
-    """UNCHANGED (within the threshold at the rule's 80%) while the 95% CI still reaches a slowdown
-    beyond the threshold: more pairs are cheap here, so they are taken (up to the cap) before an
-    "unchanged" is let stand that could hide a change the size the gate is for."""
+    """UNCHANGED by the rule (within the threshold at its 80%) while the 95% CI neither excludes
+    1 nor lies within +-``UNCHANGED_MARGIN`` x the threshold: pairs are cheap here, so more are
+    taken (up to the cap) before an "unchanged" stands that could hide a change of a few percent
+    (a +3% change is then found, and stays UNCHANGED: within 5%)."""
     from ..judge.verdict import Verdict
 
     if c.verdict is not Verdict.UNCHANGED or c.ci_low is None or c.ci_high is None:
         return False
-    limit = 1.0 + c.threshold
-    return c.ci_low < 1.0 / limit if c.higher_is_better else c.ci_high > limit
+    if c.ci_low > 1.0 or c.ci_high < 1.0:
+        return False
+    margin = 1.0 + UNCHANGED_MARGIN * c.threshold
+    return c.ci_high > margin or c.ci_low < 1.0 / margin
 
 
 def solo(ag: Against, side: Side, event: Mapping[str, Any]) -> None:
