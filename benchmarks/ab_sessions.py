@@ -28,8 +28,8 @@ import sys
 import time
 
 from pytest_llmperf import Workload, ensure_model
-from pytest_llmperf.judge.ab import Side, compare_ab
 from pytest_llmperf.engines.llama_cpp import LlamaCppEngine
+from pytest_llmperf.judge.ab import Side, compare_ab
 from pytest_llmperf.models.gguf import PRESETS
 
 
@@ -65,8 +65,10 @@ def main() -> int:
         "quant": ("F16 (A) vs Q8_0 (B), 1 thread", "t1", "q8", {}),
     }
     modes = {"no": [False], "yes": [True], "both": [False, True]}[args.busy]
-    print(f"{args.preset} preset, pp{args.prompt_tokens} tg{args.max_tokens}, {args.runs} pairs per session, "
-          f"{args.sessions} sessions per comparison and load; load average at start {load_state()}")
+    print(
+        f"{args.preset} preset, pp{args.prompt_tokens} tg{args.max_tokens}, {args.runs} pairs per session, "
+        f"{args.sessions} sessions per comparison and load; load average at start {load_state()}"
+    )
     for busy in modes:
         hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
         try:
@@ -75,14 +77,18 @@ def main() -> int:
                 title, a, b, budgets = comparisons[key]
                 rows = []
                 for s in range(args.sessions):
-                    w = Workload(prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, runs=args.runs,
-                                 warmup=1, seed=s)
+                    w = Workload(
+                        prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, runs=args.runs, warmup=1, seed=s
+                    )
                     r = compare_ab(Side(a, e[a]), Side(b, e[b]), w, **budgets)
                     rows.append(r)
-                    print(f"  [{'busy core' if busy else 'no extra load'}] {title} session {s + 1}: "
-                          f"prefill {r.prefill.ratio:.3f} ({r.prefill.ci_low:.3f}..{r.prefill.ci_high:.3f}), "
-                          f"decode {r.decode.ratio:.3f} ({r.decode.ci_low:.3f}..{r.decode.ci_high:.3f})"
-                          f"{', BUDGET FAILED' if r.failed else ''}; load {load_state()}", flush=True)
+                    print(
+                        f"  [{'busy core' if busy else 'no extra load'}] {title} session {s + 1}: "
+                        f"prefill {r.prefill.ratio:.3f} ({r.prefill.ci_low:.3f}..{r.prefill.ci_high:.3f}), "
+                        f"decode {r.decode.ratio:.3f} ({r.decode.ci_low:.3f}..{r.decode.ci_high:.3f})"
+                        f"{', BUDGET FAILED' if r.failed else ''}; load {load_state()}",
+                        flush=True,
+                    )
                 summarize(title, key, rows, busy)
         finally:
             if hog is not None:
@@ -112,7 +118,7 @@ def summarize(title: str, key: str, rows: list, busy: bool) -> None:
         # Through a stored baseline: B now against A recorded in the previous session.
         metric = "ttft_ms" if ph == "prefill" else "tpot_ms"
         stored = [math.log(getattr(rows[i].b, metric) / getattr(rows[i - 1].a, metric)) for i in range(1, n)]
-        spread = lambda v: statistics.stdev(v) if len(v) > 1 else float("nan")  # noqa: E731
+        spread = lambda v: statistics.stdev(v) if len(v) > 1 else float("nan")
         out.append(
             f"{ph} B/A across sessions: paired median {math.exp(statistics.median(paired)):.3f}, sd of log "
             f"{spread(paired):.3f} (range {math.exp(min(paired)):.3f}..{math.exp(max(paired)):.3f}); through "

@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-WRAPPER = '''import time
+WRAPPER = """import time
 
 #: Extra work per token, as a share of the time llama.cpp took for that token.
 EXTRA = {extra!r}
@@ -60,27 +60,31 @@ def make_stream(llm):
                 break
             last = time.perf_counter()
     return stream
-'''
-TEST_WRAPPER = '''import pytest
+"""
+TEST_WRAPPER = """import pytest
 from wrapper import make_stream
 
 
 @pytest.mark.llmperf(prompt_tokens={prompt_tokens}, max_tokens={max_tokens})
 def test_wrapper(llmperf, llmperf_llm):
     llmperf.measure(make_stream(llmperf_llm))
-'''
-TEST_MODEL = '''import pytest
+"""
+TEST_MODEL = """import pytest
 
 
 @pytest.mark.llmperf(prompt_tokens={prompt_tokens}, max_tokens={max_tokens})
 def test_model():
     pass
-'''
+"""
 
 
 def git(root: Path, *args: str) -> None:
-    subprocess.run(["git", "-c", "user.name=bench", "-c", "user.email=bench@example.com", *args], cwd=root,
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["git", "-c", "user.name=bench", "-c", "user.email=bench@example.com", *args],
+        cwd=root,
+        check=True,
+        capture_output=True,
+    )
 
 
 def make_repo(root: Path, case: str, change: float, prompt_tokens: int, max_tokens: int) -> str:
@@ -115,15 +119,44 @@ def old_venv(version: str) -> Path:
     if not done.exists():
         print(f"building {venv} (llama-cpp-python {version} compiles llama.cpp: minutes)", flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", f"llama-cpp-python=={version}", "pytest", "numpy",
-                        "scipy", "gguf", "platformdirs", "httpx"], check=True)
+        subprocess.run(
+            [
+                str(python),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                f"llama-cpp-python=={version}",
+                "pytest",
+                "numpy",
+                "scipy",
+                "gguf",
+                "platformdirs",
+                "httpx",
+            ],
+            check=True,
+        )
         done.write_text(version)
     return python
 
 
 def session(root: Path, ref: str, args: argparse.Namespace, out: Path) -> dict:
-    cmd = [sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", "--llmperf-model", args.preset,
-           "--llmperf-threads", str(args.threads), "--llmperf-against", ref, f"--llmperf-json={out}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "tests",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--llmperf-model",
+        args.preset,
+        "--llmperf-threads",
+        str(args.threads),
+        "--llmperf-against",
+        ref,
+        f"--llmperf-json={out}",
+    ]
     started = time.monotonic()
     proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=3600)
     if not out.exists():
@@ -159,9 +192,12 @@ def main() -> int:
             ref = make_repo(root, args.case, args.change, args.prompt_tokens, args.max_tokens)
             if args.case == "python":
                 ref = f"python:{old_venv(args.old)}"
-            print(f"case {args.case} (change {args.change:+.0%}), REF {ref}, {args.preset} preset, threads "
-                  f"{args.threads}, pp{args.prompt_tokens} tg{args.max_tokens}, {'one core busy' if args.busy else 'no extra load'}; "
-                  f"load {load()}", flush=True)
+            print(
+                f"case {args.case} (change {args.change:+.0%}), REF {ref}, {args.preset} preset, threads "
+                f"{args.threads}, pp{args.prompt_tokens} tg{args.max_tokens}, {'one core busy' if args.busy else 'no extra load'}; "
+                f"load {load()}",
+                flush=True,
+            )
             for s in range(args.sessions):
                 doc = session(root, ref, args, Path(tmp) / f"s{s}.json")
                 for r in doc["results"]:
@@ -174,16 +210,22 @@ def main() -> int:
                     t, d = comps["ttft_ms"], comps["tpot_ms"]
                     tail = comps.get("itl_p95_ms")
                     shown = f", ITL p95 {tail['ratio']:.3f} {tail['verdict']}" if tail else ""
-                    print(f"  session {s + 1} {row['test']}: TTFT {t['ratio']:.3f} ({t['ci_low']:.3f}..{t['ci_high']:.3f}) "
-                          f"{t['verdict']}, TPOT {d['ratio']:.3f} ({d['ci_low']:.3f}..{d['ci_high']:.3f}) {d['verdict']}{shown}, "
-                          f"{d['n_candidate']} pairs; exit {doc['_exit']}, {doc['_wall_s']:.0f} s; load {load()}", flush=True)
+                    print(
+                        f"  session {s + 1} {row['test']}: TTFT {t['ratio']:.3f} ({t['ci_low']:.3f}..{t['ci_high']:.3f}) "
+                        f"{t['verdict']}, TPOT {d['ratio']:.3f} ({d['ci_low']:.3f}..{d['ci_high']:.3f}) {d['verdict']}{shown}, "
+                        f"{d['n_candidate']} pairs; exit {doc['_exit']}, {doc['_wall_s']:.0f} s; load {load()}",
+                        flush=True,
+                    )
                 against = doc.get("against") or {}
                 if s == 0:
                     notes = {(r.get("verdict") or {}).get("note") for r in doc["results"]} - {None, ""}
                     print("\n".join(f"  {note}" for note in sorted(notes)), flush=True)
                     for name, side in (against.get("sides") or {}).items():
-                        print(f"  side {name}: Python {side.get('python')}, llama-cpp-python {side.get('llama_cpp')}, "
-                              f"interpreter {side.get('interpreter') or side.get('executable') or '?'}", flush=True)
+                        print(
+                            f"  side {name}: Python {side.get('python')}, llama-cpp-python {side.get('llama_cpp')}, "
+                            f"interpreter {side.get('interpreter') or side.get('executable') or '?'}",
+                            flush=True,
+                        )
     finally:
         if hog is not None:
             hog.terminate()
@@ -202,10 +244,13 @@ def summary(args: argparse.Namespace, rows: list[dict]) -> None:
         med = {m: statistics.median(r[m]["ratio"] for r in mine) for m in ("ttft_ms", "tpot_ms")}
         sd = statistics.stdev(math.log(r["tpot_ms"]["ratio"]) for r in mine) if n > 1 else float("nan")
         pairs = statistics.median(r["tpot_ms"]["n_candidate"] for r in mine)
-        print(f"{args.case} {test} [{'one core busy' if args.busy else 'no extra load'}], {n} sessions: "
-              f"decode REGRESSION {reg['tpot_ms']}/{n}, prefill REGRESSION {reg['ttft_ms']}/{n}, decode CI above 1 "
-              f"{found}/{n}, below 1 {below}/{n}; median ratio TTFT {med['ttft_ms']:.3f}, TPOT {med['tpot_ms']:.3f} "
-              f"(sd of log TPOT {sd:.3f}); median pairs {pairs:g}", flush=True)
+        print(
+            f"{args.case} {test} [{'one core busy' if args.busy else 'no extra load'}], {n} sessions: "
+            f"decode REGRESSION {reg['tpot_ms']}/{n}, prefill REGRESSION {reg['ttft_ms']}/{n}, decode CI above 1 "
+            f"{found}/{n}, below 1 {below}/{n}; median ratio TTFT {med['ttft_ms']:.3f}, TPOT {med['tpot_ms']:.3f} "
+            f"(sd of log TPOT {sd:.3f}); median pairs {pairs:g}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

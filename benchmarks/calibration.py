@@ -41,12 +41,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_llmperf.judge.rule import JUDGED  # noqa: E402
-from pytest_llmperf.judge.verdict import level  # noqa: E402
-from pytest_llmperf.judge.verdict import lognormal_sigma  # noqa: E402
-from pytest_llmperf.judge.rule import suite_relative  # noqa: E402
-from pytest_llmperf.judge.verdict import Verdict  # noqa: E402
-from pytest_llmperf.judge.regression import CompareSettings, carry_history, judge  # noqa: E402
+from pytest_llmperf.judge.regression import CompareSettings, carry_history, judge
+from pytest_llmperf.judge.rule import JUDGED, suite_relative
+from pytest_llmperf.judge.verdict import Verdict, level, lognormal_sigma
 
 SHARED_SD, TEST_SD, RAMP = 0.015, 0.005, 0.02
 OUTLIER_P, OUTLIER_LO, OUTLIER_HI = 0.05, 1.2, 2.0
@@ -54,8 +51,10 @@ BASE_MS = {"ttft_ms": 150.0, "tpot_ms": 10.0, "itl_p95_ms": 12.0}
 TAIL_NOISE = 1.5
 PROMPT_TOKENS = 128
 LOOK_RUNS = (20, 40, 60)
-TARGETS = "A/A any REGRESSION <= 1%; +10% flagged >= 95% at CV <= 5%; outliers CV 2%: +10% >= 95%, " \
-          "A/A inconclusive <= 5%; 30% x1.5 never silent"
+TARGETS = (
+    "A/A any REGRESSION <= 1%; +10% flagged >= 95% at CV <= 5%; outliers CV 2%: +10% >= 95%, "
+    "A/A inconclusive <= 5%; 30% x1.5 never silent"
+)
 WORKLOAD = {"prompt": None, "prompt_tokens": PROMPT_TOKENS, "max_tokens": 48, "seed": 0, "concurrency": 1, "rate": None}
 SUBJECT = {"backend_version": "sim"}
 
@@ -70,8 +69,9 @@ class Machine:
         """Per-test log offset of one session (shared + per-test)."""
         return self.rng.normal(0, SHARED_SD) + self.rng.normal(0, TEST_SD, tests)
 
-    def runs(self, offset: float, n: int, start: int = 0, ramp: float | None = None,
-             slow: float = 1.0, mixture: float = 0.0) -> dict[str, np.ndarray]:
+    def runs(
+        self, offset: float, n: int, start: int = 0, ramp: float | None = None, slow: float = 1.0, mixture: float = 0.0
+    ) -> dict[str, np.ndarray]:
         """Per-run values of each metric; ``start``/``ramp`` continue a measurement."""
         r = self.rng.uniform(-RAMP, RAMP) if ramp is None else ramp
         # The ramp reaches +-2% over the first 20 runs and stays (a machine settling).
@@ -133,31 +133,54 @@ def judge_test(base: dict, cand_values: dict, settings: CompareSettings, window:
     return judge({"hw": base}, "hw", as_record(cand_values), settings, (lambda entry: window) if window else None)
 
 
-def run_test(machine: Machine, base: dict, offset: float, settings: CompareSettings, adaptive: bool,
-             window: dict | None = None, **effect) -> tuple[list, int]:
+def run_test(
+    machine: Machine,
+    base: dict,
+    offset: float,
+    settings: CompareSettings,
+    adaptive: bool,
+    window: dict | None = None,
+    **effect,
+) -> tuple[list, int]:
     """Judge one candidate test, measuring more runs while undecided when ``adaptive``."""
     looks = LOOK_RUNS if adaptive else LOOK_RUNS[:1]
     s = CompareSettings(**{**settings.__dict__, "looks": len(looks)})
     values = machine.runs(offset, looks[0], **effect)
     for i, n in enumerate(looks):
         if i:
-            values = concat(values, machine.runs(offset, n - looks[i - 1], start=looks[i - 1],
-                                                  ramp=values["_ramp"], **effect))
+            values = concat(
+                values, machine.runs(offset, n - looks[i - 1], start=looks[i - 1], ramp=values["_ramp"], **effect)
+            )
         verdict = judge_test(base, values, s, window)
         if not any(c.worth_more_runs for c in verdict.comparisons):  # the plugin's own stopping rule
             break
     return list(verdict.comparisons), n
 
 
-def simulate(cv: float, outliers: bool, k: int, sessions: int, tests: int, seed: int,
-             window: int = 0) -> dict[str, dict]:
+def simulate(
+    cv: float, outliers: bool, k: int, sessions: int, tests: int, seed: int, window: int = 0
+) -> dict[str, dict]:
     """Both run policies (fixed 20, adaptive 20-60) on the same baselines and sessions;
     ``window``: judged against a history window of that many sessions (the file recorded once)."""
     rng = np.random.default_rng([seed, int(cv * 1000), outliers, k, window])
     machine = Machine(rng, cv, outliers)
     settings = CompareSettings(family_size=tests * len(JUDGED), peers=tests)
-    tally = {policy: {"alarm": 0, "inconclusive": 0, "verdicts": 0, "aa_runs": [], "flagged": 0, "silent": 0, "others_alarm": 0,
-                      "slow_runs": [], "decode_unchanged": 0, "decode": 0, "mde_decode": []} for policy in ("20", "20-60")}
+    tally = {
+        policy: {
+            "alarm": 0,
+            "inconclusive": 0,
+            "verdicts": 0,
+            "aa_runs": [],
+            "flagged": 0,
+            "silent": 0,
+            "others_alarm": 0,
+            "slow_runs": [],
+            "decode_unchanged": 0,
+            "decode": 0,
+            "mde_decode": [],
+        }
+        for policy in ("20", "20-60")
+    }
     for _ in range(sessions):
         if window:
             stored, windows = history_window(machine, tests, window)
@@ -191,10 +214,14 @@ def simulate(cv: float, outliers: bool, k: int, sessions: int, tests: int, seed:
             t_["decode"] += len(decode)
             t_["decode_unchanged"] += sum(c.verdict is Verdict.UNCHANGED for c in decode)
             t_["mde_decode"] += [c.detectable for c in decode if c.detectable is not None]
-            t_["flagged"] += any(c.verdict is Verdict.REGRESSION and c.metric == "tpot_ms" for c in sessions_of["slow"][0])
+            t_["flagged"] += any(
+                c.verdict is Verdict.REGRESSION and c.metric == "tpot_ms" for c in sessions_of["slow"][0]
+            )
             tpot = next(c for c in sessions_of["mix"][0] if c.metric == "tpot_ms")
             t_["silent"] += tpot.verdict in (Verdict.UNCHANGED, Verdict.IMPROVED)
-            t_["others_alarm"] += any(c.verdict is Verdict.REGRESSION for comps in sessions_of["slow"][1:] for c in comps)
+            t_["others_alarm"] += any(
+                c.verdict is Verdict.REGRESSION for comps in sessions_of["slow"][1:] for c in comps
+            )
     return {
         policy: {
             "aa_any": t_["alarm"] / sessions,
@@ -219,16 +246,24 @@ def main() -> None:
     parser.add_argument("--cvs", default="0.02,0.05,0.08")
     parser.add_argument("--baseline-sessions", default="10,1")
     parser.add_argument("--outliers", choices=("both", "no", "yes"), default="both")
-    parser.add_argument("--window", type=int, default=0,
-                        help="judge against a history window of this many sessions (the file recorded once)")
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=0,
+        help="judge against a history window of this many sessions (the file recorded once)",
+    )
     args = parser.parse_args()
     cvs = [float(c) for c in args.cvs.split(",")]
-    print(f"{args.sessions} sessions of {args.tests} tests, Holm m = {args.tests * len(JUDGED)}, alpha 0.01, "
-          f"threshold 5% (tail 10%); drift: shared {SHARED_SD:.1%}, per test {TEST_SD:.1%}, ramp +-{RAMP:.0%}")
+    print(
+        f"{args.sessions} sessions of {args.tests} tests, Holm m = {args.tests * len(JUDGED)}, alpha 0.01, "
+        f"threshold 5% (tail 10%); drift: shared {SHARED_SD:.1%}, per test {TEST_SD:.1%}, ramp +-{RAMP:.0%}"
+    )
     print(f"targets: {TARGETS}")
-    header = (f"{'K':>3} {'outliers':>8} {'CV':>4} {'runs':>8} | {'A/A any REG':>11} {'A/A inconcl.':>12} "
-              f"{'A/A dec UNCH':>12} {'+10% flagged':>12} {'30%x1.5 silent':>14} {'others REG':>10} | "
-              f"{'mean runs A/A':>13} {'+10%':>6} {'MDE dec':>7}  {'s':>4}")
+    header = (
+        f"{'K':>3} {'outliers':>8} {'CV':>4} {'runs':>8} | {'A/A any REG':>11} {'A/A inconcl.':>12} "
+        f"{'A/A dec UNCH':>12} {'+10% flagged':>12} {'30%x1.5 silent':>14} {'others REG':>10} | "
+        f"{'mean runs A/A':>13} {'+10%':>6} {'MDE dec':>7}  {'s':>4}"
+    )
     print(header)
     print("-" * len(header))
     ks = [args.window] if args.window else [int(v) for v in args.baseline_sessions.split(",")]
@@ -238,11 +273,14 @@ def main() -> None:
                 started = time.perf_counter()
                 result = simulate(cv, outliers, k, args.sessions, args.tests, args.seed, window=args.window)
                 for policy, r in result.items():
-                    print(f"{(f'w{k}' if args.window else k):>3} {'5%' if outliers else '-':>8} {cv:>4.0%} {policy:>8} | "
-                          f"{r['aa_any']:>11.2%} {r['aa_inconclusive']:>12.1%} {r['aa_decode_unchanged']:>12.1%} "
-                          f"{r['flag10']:>12.1%} {r['silent_mix']:>14d} {r['others_alarm']:>10.2%} | "
-                          f"{r['runs_aa']:>13.1f} {r['runs_slow']:>6.1f} {r['mde_decode']:>7.1%}  "
-                          f"{time.perf_counter() - started:>4.0f}", flush=True)
+                    print(
+                        f"{(f'w{k}' if args.window else k):>3} {'5%' if outliers else '-':>8} {cv:>4.0%} {policy:>8} | "
+                        f"{r['aa_any']:>11.2%} {r['aa_inconclusive']:>12.1%} {r['aa_decode_unchanged']:>12.1%} "
+                        f"{r['flag10']:>12.1%} {r['silent_mix']:>14d} {r['others_alarm']:>10.2%} | "
+                        f"{r['runs_aa']:>13.1f} {r['runs_slow']:>6.1f} {r['mde_decode']:>7.1%}  "
+                        f"{time.perf_counter() - started:>4.0f}",
+                        flush=True,
+                    )
 
 
 if __name__ == "__main__":

@@ -26,8 +26,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pytest_llmperf.judge.verdict import level  # noqa: E402
-from pytest_llmperf.history import changepoints  # noqa: E402
+from pytest_llmperf.history import changepoints
+from pytest_llmperf.judge.verdict import level
 
 SESSIONS = 60
 RUNS = 20
@@ -84,18 +84,24 @@ def main() -> None:
     where = sorted(f[0] for f in res if len(f) == 1 and abs(f[0] - 40) > 1)
     print(f"step +5% at session 40, drift 1.5%/session, {n} series of {SESSIONS}:")
     print(f"  exactly one change point at 40 +/- 1: {exact}/{n} = {exact / n:.1%} (target >= 95%)")
-    print(f"  a change point at 40 +/- 1 (any count): {near}/{n}; more than one: {extra}; none: {missed}; "
-          f"one, misplaced: {misplaced} (at {where})")
+    print(
+        f"  a change point at 40 +/- 1 (any count): {near}/{n}; more than one: {extra}; none: {missed}; "
+        f"one, misplaced: {misplaced} (at {where})"
+    )
     aa = scenario("aa", n, args.seed, np.zeros(SESSIONS), **kw)
     false = sum(1 for f in aa if f)
     print(f"A/A: a change point in {false}/{n} = {false / n:.1%} of series (target <= 2%)")
     cr = scenario("creep", n, args.seed, CREEP, **kw)
     hit = sum(1 for f in cr if f)
     counts = np.bincount([len(f) for f in cr])
-    print(f"creep +1%/10 sessions (6% in all): found in {hit}/{n} = {hit / n:.1%}; change points per series: "
-          + ", ".join(f"{k}: {c}" for k, c in enumerate(counts) if c))
-    print(f"(alpha {args.alpha}, {args.permutations} permutations, min size {args.min_size}, seed {args.seed}; "
-          f"{time.perf_counter() - t0:.0f} s)")
+    print(
+        f"creep +1%/10 sessions (6% in all): found in {hit}/{n} = {hit / n:.1%}; change points per series: "
+        + ", ".join(f"{k}: {c}" for k, c in enumerate(counts) if c)
+    )
+    print(
+        f"(alpha {args.alpha}, {args.permutations} permutations, min size {args.min_size}, seed {args.seed}; "
+        f"{time.perf_counter() - t0:.0f} s)"
+    )
 
 
 if __name__ == "__main__":

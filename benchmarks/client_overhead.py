@@ -44,18 +44,24 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, in
             body = await reader.readexactly(int(headers.get("content-length", "0") or 0))
             if first.startswith("GET /stats"):
                 late = sorted(LATE_MS) or [0.0]
-                payload = json.dumps({
-                    "events": len(late), "late_ms_p50": late[len(late) // 2],
-                    "late_ms_p99": late[int(len(late) * 0.99)], "late_ms_max": late[-1],
-                    "emitted_tpot_p50_ms": statistics.median(EMITTED_TPOT_MS) if EMITTED_TPOT_MS else None,
-                    "emitted_gap_p50_ms": statistics.median(EMITTED_GAPS_MS) if EMITTED_GAPS_MS else None,
-                }).encode()
+                payload = json.dumps(
+                    {
+                        "events": len(late),
+                        "late_ms_p50": late[len(late) // 2],
+                        "late_ms_p99": late[int(len(late) * 0.99)],
+                        "late_ms_max": late[-1],
+                        "emitted_tpot_p50_ms": statistics.median(EMITTED_TPOT_MS) if EMITTED_TPOT_MS else None,
+                        "emitted_gap_p50_ms": statistics.median(EMITTED_GAPS_MS) if EMITTED_GAPS_MS else None,
+                    }
+                ).encode()
                 if "reset" in first.split()[1]:
                     LATE_MS.clear()
                     EMITTED_TPOT_MS.clear()
                     EMITTED_GAPS_MS.clear()
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                             % (len(payload), payload))
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                    % (len(payload), payload)
+                )
                 await writer.drain()
                 continue
             if first.startswith("GET"):  # /health, /v1/models
@@ -122,8 +128,8 @@ def measure(levels: list[int], interval_ms: float, tokens: int, requests: int) -
 
     from pytest_llmperf import Workload
     from pytest_llmperf.engines.http import HttpEngine
-    from pytest_llmperf.measuring.served import measure_load
     from pytest_llmperf.engines.servers import free_port, stop
+    from pytest_llmperf.measuring.served import measure_load
 
     port = free_port()
     proc = subprocess.Popen(
@@ -153,17 +159,22 @@ def measure(levels: list[int], interval_ms: float, tokens: int, requests: int) -
                 tpots = [r.tpot_ms for r in m.runs]
                 itl = [g for r in m.runs for g in r.itl_ms]
                 emitted = server["emitted_tpot_p50_ms"]
-                results.append({
-                    "client": client, "concurrency": c, "requests": m.load.n_ok, "failed": m.load.n_failed,
-                    "tpot_p50_ms": statistics.median(tpots),
-                    "emitted_tpot_p50_ms": emitted,
-                    "inflation": statistics.median(tpots) / emitted - 1,
-                    "vs_schedule": statistics.median(tpots) / interval_ms - 1,
-                    "itl_p50_ms": statistics.median(itl),
-                    "gap_inflation": statistics.median(itl) / server["emitted_gap_p50_ms"] - 1,
-                    "itl_p99_ms": sorted(itl)[int(len(itl) * 0.99)],
-                    "server_late_p99_ms": server["late_ms_p99"],
-                })
+                results.append(
+                    {
+                        "client": client,
+                        "concurrency": c,
+                        "requests": m.load.n_ok,
+                        "failed": m.load.n_failed,
+                        "tpot_p50_ms": statistics.median(tpots),
+                        "emitted_tpot_p50_ms": emitted,
+                        "inflation": statistics.median(tpots) / emitted - 1,
+                        "vs_schedule": statistics.median(tpots) / interval_ms - 1,
+                        "itl_p50_ms": statistics.median(itl),
+                        "gap_inflation": statistics.median(itl) / server["emitted_gap_p50_ms"] - 1,
+                        "itl_p99_ms": sorted(itl)[int(len(itl) * 0.99)],
+                        "server_late_p99_ms": server["late_ms_p99"],
+                    }
+                )
         engine.close()
     finally:
         stop(proc)
@@ -186,12 +197,16 @@ def main() -> None:
     print(f"fake stream: one token every {args.interval_ms:g} ms, {args.tokens} tokens per request")
     print("TPOT infl.: median client TPOT / median TPOT the server wrote - 1; gap infl.: median client")
     print("token gap / median gap between the server's writes - 1 (same requests; ms)")
-    print(f"{'client':8} {'conc':>5} {'ok':>5} {'client TPOT':>12} {'server TPOT':>12} {'TPOT infl.':>11} "
-          f"{'gap infl.':>10} {'vs schedule':>12} {'ITL p99':>8} {'srv late p99':>13}")
+    print(
+        f"{'client':8} {'conc':>5} {'ok':>5} {'client TPOT':>12} {'server TPOT':>12} {'TPOT infl.':>11} "
+        f"{'gap infl.':>10} {'vs schedule':>12} {'ITL p99':>8} {'srv late p99':>13}"
+    )
     for r in results:
-        print(f"{r['client']:8} {r['concurrency']:>5} {r['requests']:>5} {r['tpot_p50_ms']:>12.3f} "
-              f"{r['emitted_tpot_p50_ms']:>12.3f} {r['inflation']:>+11.2%} {r['gap_inflation']:>+10.2%} "
-              f"{r['vs_schedule']:>+12.2%} {r['itl_p99_ms']:>8.2f} {r['server_late_p99_ms']:>13.2f}")
+        print(
+            f"{r['client']:8} {r['concurrency']:>5} {r['requests']:>5} {r['tpot_p50_ms']:>12.3f} "
+            f"{r['emitted_tpot_p50_ms']:>12.3f} {r['inflation']:>+11.2%} {r['gap_inflation']:>+10.2%} "
+            f"{r['vs_schedule']:>+12.2%} {r['itl_p99_ms']:>8.2f} {r['server_late_p99_ms']:>13.2f}"
+        )
     print("RESULT " + json.dumps(results))
 
 

@@ -29,10 +29,11 @@ def main() -> None:
     info = engine.info()
     print(f"model: {info.describe()}; threads {info.n_threads}; llama-cpp-python {info.backend_version}")
     m = measure(
-        engine,
-        Workload(prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, runs=args.runs, warmup=1),
+        engine, Workload(prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, runs=args.runs, warmup=1)
     )
-    print(f"{'run':>3}  {'prefill ms':>10}  {'native':>8}  {'ratio':>6}  {'TPOT ms':>8}  {'native':>8}  {'ratio':>6}  {'overhead us/tok':>15}")
+    print(
+        f"{'run':>3}  {'prefill ms':>10}  {'native':>8}  {'ratio':>6}  {'TPOT ms':>8}  {'native':>8}  {'ratio':>6}  {'overhead us/tok':>15}"
+    )
     for i, r in enumerate(m.runs):
         print(
             f"{i:>3}  {r.prefill_ms:>10.2f}  {r.native_prefill_ms:>8.2f}  {r.prefill_ms / r.native_prefill_ms:>6.4f}"

@@ -37,10 +37,28 @@ def session(folder: Path, history: Path, threads: int, index: int) -> float:
     env.pop("LLMPERF_HISTORY", None)
     t0 = time.perf_counter()
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--rootdir={folder}", "test_real.py",
-         "--llmperf-model", "small", "--llmperf-threads", str(threads), "--llmperf-history", str(history),
-         "--llmperf-budgets-only"],
-        cwd=folder, env=env, capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--rootdir={folder}",
+            "test_real.py",
+            "--llmperf-model",
+            "small",
+            "--llmperf-threads",
+            str(threads),
+            "--llmperf-history",
+            str(history),
+            "--llmperf-budgets-only",
+        ],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     if out.returncode != 0:
         raise SystemExit(f"session {index + 1} failed:\n{out.stdout[-3000:]}\n{out.stderr[-2000:]}")

@@ -31,9 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path and "PYTHONPATH" not in os.environ:
     sys.path.insert(0, str(ROOT))
 
-import pytest  # noqa: E402
+import pytest
 
-import pytest_llmperf  # noqa: E402
+import pytest_llmperf
 
 PACKAGE = Path(pytest_llmperf.__file__).resolve().parent
 
@@ -66,14 +66,26 @@ def layer_of(module: str) -> str:
 
 def run_test(folder: Path, trace: bool) -> tuple[int, list[str]]:
     installed = any(ep.name == "llmperf" for ep in metadata.entry_points(group="pytest11"))
-    args = [str(folder / "test_marker_only.py"), "-q", "-p", "no:cacheprovider", "-p", "no:warnings",
-            "--rootdir", str(folder), "--llmperf-history", "off", "--llmperf-threads", "1"]
+    args = [
+        str(folder / "test_marker_only.py"),
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:warnings",
+        "--rootdir",
+        str(folder),
+        "--llmperf-history",
+        "off",
+        "--llmperf-threads",
+        "1",
+    ]
     if not installed:
         args += ["-p", "pytest_llmperf.pytest_plugin.plugin"]
     steps: list[str] = []
     prefix = str(PACKAGE) + os.sep
 
-    def profile(frame, event, arg):  # noqa: ANN001 - sys.setprofile's signature
+    def profile(frame, event, arg):
         if event == "call":
             name = frame.f_code.co_filename
             if name.startswith(prefix):
@@ -114,8 +126,10 @@ def main() -> int:
     files = sum(1 for a, b in zip(steps, steps[1:]) if a != b)
     layers = sum(1 for a, b in zip(modules, modules[1:]) if layer_of(a) != layer_of(b))
     ran = Counter(modules)
-    print(f"one marker-only test (in process): {len(ran)} modules, {len(steps)} calls, "
-          f"{files} file switches, {layers} layer switches")
+    print(
+        f"one marker-only test (in process): {len(ran)} modules, {len(steps)} calls, "
+        f"{files} file switches, {layers} layer switches"
+    )
     if args.list:
         for name, n in sorted(ran.items()):
             print(f"  {n:6d}  {name}")

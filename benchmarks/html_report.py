@@ -37,8 +37,18 @@ def test_decode(): pass
 def real_result(workdir: Path) -> dict:
     """One measured result, with its baseline, from a real pytest session on the tiny model."""
     (workdir / "test_bench.py").write_text(SUITE)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--llmperf-model", "tiny",
-           "--llmperf-threads", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--llmperf-model",
+        "tiny",
+        "--llmperf-threads",
+        "1",
+    ]
     subprocess.run(cmd + ["--llmperf-update-baselines"], cwd=workdir, capture_output=True, timeout=300)
     subprocess.run(cmd + ["--llmperf-json", "session.json"], cwd=workdir, capture_output=True, timeout=300)
     (result,) = json.loads((workdir / "session.json").read_text())["results"]
@@ -93,8 +103,10 @@ def main() -> int:
         out.write_text(page, encoding="utf-8")
         mb = out.stat().st_size / 1e6
     load = os.getloadavg()[0]
-    print(f"HTML report of {args.tests} tests: rendered in {seconds:.1f} s ({cpu:.1f} CPU-seconds over all "
-          f"processes), {mb:.2f} MB (targets: < 30 s, < 10 MB; {os.cpu_count()} CPUs, load average {load:.1f})")
+    print(
+        f"HTML report of {args.tests} tests: rendered in {seconds:.1f} s ({cpu:.1f} CPU-seconds over all "
+        f"processes), {mb:.2f} MB (targets: < 30 s, < 10 MB; {os.cpu_count()} CPUs, load average {load:.1f})"
+    )
     return 0
 
 

@@ -29,8 +29,8 @@ import sys
 from pathlib import Path
 
 from pytest_llmperf import Workload, ensure_model, measure
-from pytest_llmperf.engines.llama_cpp import LlamaCppEngine
 from pytest_llmperf.core.settings import ENGINE_DEFAULTS
+from pytest_llmperf.engines.llama_cpp import LlamaCppEngine
 
 VARIANTS = {
     "old": {"sample": True, "n_ctx": 2048, "flash_attn": False},
@@ -41,19 +41,45 @@ VARIANTS = {
 }
 
 
-def llama_bench(binary: Path, model: Path, threads: int, prompt: int, gen: int, reps: int) -> tuple[float, float, float]:
+def llama_bench(
+    binary: Path, model: Path, threads: int, prompt: int, gen: int, reps: int
+) -> tuple[float, float, float]:
     """(pp t/s, tg t/s from an empty context, tg t/s after ``prompt`` tokens), llama-bench's
     averages over its repetitions. ``-d 0,P``: tg at depth P decodes at the positions our runs
     decode at (after the prompt); plain tg starts at position 0 (the issue's ``-p P -n N``)."""
     out = subprocess.run(
-        [str(binary), "-m", str(model), "-t", str(threads), "-p", str(prompt), "-n", str(gen), "-d", f"0,{prompt}",
-         "-r", str(reps), "-o", "json"],
-        capture_output=True, text=True, timeout=900, check=True,
+        [
+            str(binary),
+            "-m",
+            str(model),
+            "-t",
+            str(threads),
+            "-p",
+            str(prompt),
+            "-n",
+            str(gen),
+            "-d",
+            f"0,{prompt}",
+            "-r",
+            str(reps),
+            "-o",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=True,
     )
     rows = json.loads(out.stdout)
 
     def ts(n_prompt: int, n_gen: int, depth: int) -> float:
-        return float(next(r["avg_ts"] for r in rows if (r["n_prompt"], r["n_gen"], r.get("n_depth", 0)) == (n_prompt, n_gen, depth)))
+        return float(
+            next(
+                r["avg_ts"]
+                for r in rows
+                if (r["n_prompt"], r["n_gen"], r.get("n_depth", 0)) == (n_prompt, n_gen, depth)
+            )
+        )
 
     return ts(prompt, 0, 0), ts(0, gen, 0), ts(0, gen, prompt)
 
@@ -91,14 +117,18 @@ def main() -> int:
         v = dict(VARIANTS[name])
         n_ctx = v.pop("n_ctx") or args.prompt_tokens + args.max_tokens
         engines[name] = LlamaCppEngine(model, n_threads=args.threads, n_ctx=n_ctx, use_mmap=True, **v)
-    print(f"model {model.name}, threads {args.threads}, pp{args.prompt_tokens} tg{args.max_tokens}, "
-          f"{args.reps} reps per side per pair, {args.pairs} pairs; {load_state()} at start; llama-bench {binary}")
+    print(
+        f"model {model.name}, threads {args.threads}, pp{args.prompt_tokens} tg{args.max_tokens}, "
+        f"{args.reps} reps per side per pair, {args.pairs} pairs; {load_state()} at start; llama-bench {binary}"
+    )
     rng = random.Random(args.seed)
     ratios: dict[str, list[tuple[float, float, float]]] = {n: [] for n in names}
     sampling: dict[str, list[float]] = {n: [] for n in names}
     d = args.prompt_tokens
-    print(f"per pair: llama-bench pp{d}, tg{args.max_tokens}, tg{args.max_tokens}@d{d} t/s; per variant the "
-          f"plugin's prefill/pp, decode/tg, decode/tg@d{d} ratios")
+    print(
+        f"per pair: llama-bench pp{d}, tg{args.max_tokens}, tg{args.max_tokens}@d{d} t/s; per variant the "
+        f"plugin's prefill/pp, decode/tg, decode/tg@d{d} ratios"
+    )
     for i in range(args.pairs):
         order = list(names)
         rng.shuffle(order)
@@ -121,9 +151,15 @@ def main() -> int:
     print(f"{load_state()} at end")
     for name in names:
         pp_r, tg_r, tgd_r = (statistics.median(r[k] for r in ratios[name]) for k in range(3))
-        s = f", sampling {statistics.median(sampling[name]):.3f} ms/token (llama.cpp sampler counters)" if sampling[name] else ""
-        print(f"median plugin/llama-bench, {name} {VARIANTS[name]}: prefill/pp {pp_r:.3f}, decode/tg {tg_r:.3f}, "
-              f"decode/tg@d{d} {tgd_r:.3f} ({args.pairs} pairs){s}")
+        s = (
+            f", sampling {statistics.median(sampling[name]):.3f} ms/token (llama.cpp sampler counters)"
+            if sampling[name]
+            else ""
+        )
+        print(
+            f"median plugin/llama-bench, {name} {VARIANTS[name]}: prefill/pp {pp_r:.3f}, decode/tg {tg_r:.3f}, "
+            f"decode/tg@d{d} {tgd_r:.3f} ({args.pairs} pairs){s}"
+        )
     for e in engines.values():
         e.close()
     return 0

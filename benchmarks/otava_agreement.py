@@ -32,12 +32,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from changepoints import CREEP, SESSIONS, STEP, session_runs  # noqa: E402
+from changepoints import CREEP, SESSIONS, STEP, session_runs
 
-from pytest_llmperf.history import append_session, series as detect  # noqa: E402
-from pytest_llmperf.history.connection import parse  # noqa: E402
-from pytest_llmperf.history.series import read_series  # noqa: E402
-from pytest_llmperf.history.series import export_csv  # noqa: E402
+from pytest_llmperf.history import append_session
+from pytest_llmperf.history import series as detect
+from pytest_llmperf.history.connection import parse
+from pytest_llmperf.history.series import export_csv, read_series
 
 OTAVA = "apache-otava==0.8.0"
 #: The sessions' branch (as CI sets it): Otava's PostgreSQL source selects one branch.
@@ -70,16 +70,29 @@ def scenarios(series: int) -> dict[str, np.ndarray]:
 def write_history(target: str, folder: Path, shifts: dict[str, np.ndarray], seed: int) -> None:
     """One session per index, each measuring every series (a "test" each), at hourly times
     ending now (Otava reads the last year by default)."""
-    runs = {name: session_runs(np.random.default_rng([seed, zlib.crc32(name.encode())]), shift, base=20.0)
-            for name, shift in shifts.items()}
+    runs = {
+        name: session_runs(np.random.default_rng([seed, zlib.crc32(name.encode())]), shift, base=20.0)
+        for name, shift in shifts.items()
+    }
     loc = parse(target, "benchmark", folder)
     path = folder
     now = datetime.datetime.now(datetime.timezone.utc).replace(minute=0, second=0, microsecond=0)
     for s in range(SESSIONS):
         results = [
-            {"test": f"bench.py::{name}", "nodeid": f"bench.py::{name}", "label": "", "hardware_key": "bench",
-             "record": {"hardware": {}, "subject": {"n_threads": 1}, "workload": {}, "summary": {},
-                        "runs": {"tpot_ms": [float(v) for v in r[s]]}}, "verdict": None}
+            {
+                "test": f"bench.py::{name}",
+                "nodeid": f"bench.py::{name}",
+                "label": "",
+                "hardware_key": "bench",
+                "record": {
+                    "hardware": {},
+                    "subject": {"n_threads": 1},
+                    "workload": {},
+                    "summary": {},
+                    "runs": {"tpot_ms": [float(v) for v in r[s]]},
+                },
+                "verdict": None,
+            }
             for name, r in runs.items()
         ]
         started = (now - datetime.timedelta(hours=SESSIONS - s)).isoformat(timespec="seconds")
@@ -90,9 +103,23 @@ def otava_points(
     exe: Path, config: Path, tests: list[str], pvalue: float, window: int, env: dict[str, str] | None = None
 ) -> dict[str, list[int]]:
     out = subprocess.run(
-        [str(exe), "analyze", *tests, "--output", "json", "-P", str(pvalue), "--window", str(window),
-         "--branch", BRANCH],
-        env={**os.environ, **(env or {}), "OTAVA_CONFIG": str(config)}, capture_output=True, text=True, timeout=600,
+        [
+            str(exe),
+            "analyze",
+            *tests,
+            "--output",
+            "json",
+            "-P",
+            str(pvalue),
+            "--window",
+            str(window),
+            "--branch",
+            BRANCH,
+        ],
+        env={**os.environ, **(env or {}), "OTAVA_CONFIG": str(config)},
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     if out.returncode != 0:
         raise SystemExit(f"otava failed ({out.returncode}): {out.stderr.strip()[-2000:]}")
@@ -116,8 +143,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--pvalue", type=float, default=0.001, help="Otava's -P (its default 0.001)")
     ap.add_argument("--window", type=int, default=50, help="Otava's --window (its default 50)")
-    ap.add_argument("--venv", type=Path, default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-                    / "pytest-llmperf" / "otava-venv")
+    ap.add_argument(
+        "--venv",
+        type=Path,
+        default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pytest-llmperf" / "otava-venv",
+    )
     args = ap.parse_args()
     exe = otava_venv(args.venv)
     with tempfile.TemporaryDirectory() as tmp:
@@ -128,22 +158,28 @@ def main() -> None:
         export_csv(series, Path(tmp) / "csv")
         slugs = {s.name: f"bench.py_{s.name.split('::')[1]}-bench" for s in series}
         theirs = otava_points(exe, Path(tmp) / "csv" / "otava.yaml", list(slugs.values()), args.pvalue, args.window)
-        print(f"{len(series)} series of {SESSIONS} sessions; Otava -P {args.pvalue} --window {args.window}; "
-              "ours: E-divisive, permutation test at alpha 0.01")
+        print(
+            f"{len(series)} series of {SESSIONS} sessions; Otava -P {args.pvalue} --window {args.window}; "
+            "ours: E-divisive, permutation test at alpha 0.01"
+        )
         by_kind: dict[str, list[tuple[list[int], list[int]]]] = {}
         for s in series:
             ours = [st.index for st in detect.steps(s)]
             kind = s.name.split("::")[1].rsplit("_", 1)[0]
             by_kind.setdefault(kind, []).append((ours, theirs.get(slugs[s.name], [])))
-        print(f"{'scenario':<8} {'series':>6} {'same points (+-1)':>18} {'ours: mean found':>17} {'Otava: mean found':>18}  examples (ours | Otava)")
+        print(
+            f"{'scenario':<8} {'series':>6} {'same points (+-1)':>18} {'ours: mean found':>17} {'Otava: mean found':>18}  examples (ours | Otava)"
+        )
         total = same = 0
         for kind, pairs in by_kind.items():
             n_same = sum(agree(o, t) for o, t in pairs)
             total += len(pairs)
             same += n_same
             examples = "; ".join(f"{o} | {t}" for o, t in pairs[:3])
-            print(f"{kind:<8} {len(pairs):>6} {n_same:>18} {np.mean([len(o) for o, _ in pairs]):>17.2f} "
-                  f"{np.mean([len(t) for _, t in pairs]):>18.2f}  {examples}")
+            print(
+                f"{kind:<8} {len(pairs):>6} {n_same:>18} {np.mean([len(o) for o, _ in pairs]):>17.2f} "
+                f"{np.mean([len(t) for _, t in pairs]):>18.2f}  {examples}"
+            )
         print(f"agreement: {same}/{total} series give the same change points (+-1 session)")
         for name, slug in slugs.items():
             ours = [st.index for st in detect.steps(next(s for s in series if s.name == name))]
@@ -169,12 +205,19 @@ def postgres_source(exe: Path, args: argparse.Namespace, series: list, slugs: di
         url = pg.new_database()
         write_history(url, Path(tmp), scenarios(args.series), args.seed)
         export_csv(read_series(parse(url, "benchmark", tmp), metrics=["tpot_ms"]), Path(tmp), postgres=True)
-        conn = {"POSTGRES_HOSTNAME": "127.0.0.1", "POSTGRES_PORT": str(pg.port), "POSTGRES_USERNAME": pg.user,
-                "POSTGRES_PASSWORD": "unused (trust)", "POSTGRES_DATABASE": url.rsplit("/", 1)[1]}
+        conn = {
+            "POSTGRES_HOSTNAME": "127.0.0.1",
+            "POSTGRES_PORT": str(pg.port),
+            "POSTGRES_USERNAME": pg.user,
+            "POSTGRES_PASSWORD": "unused (trust)",
+            "POSTGRES_DATABASE": url.rsplit("/", 1)[1],
+        }
         got = otava_points(exe, Path(tmp) / "otava-postgres.yaml", list(slugs.values()), args.pvalue, args.window, conn)
         same = sum(got.get(slug) == from_csv.get(slug) for slug in slugs.values())
-        print(f"PostgreSQL source (otava-postgres.yaml on a throw-away server): {same}/{len(slugs)} series give "
-              "Otava the same change points as the CSV export")
+        print(
+            f"PostgreSQL source (otava-postgres.yaml on a throw-away server): {same}/{len(slugs)} series give "
+            "Otava the same change points as the CSV export"
+        )
 
 
 if __name__ == "__main__":

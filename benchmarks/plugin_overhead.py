@@ -75,12 +75,18 @@ def main() -> int:
         t_on, t_off = [t[i] for t in on], [t[i] for t in off]
         overhead = statistics.median(t_on) - statistics.median(t_off)
         verdicts.append(overhead <= BUDGET_S)
-        print(f"  {kind:4} with the plugin ({' '.join(with_plugin) or 'installed'}): {statistics.median(t_on):.3f} s "
-              f"[{', '.join(f'{t:.3f}' for t in t_on)}]")
-        print(f"  {kind:4} without it ({' '.join(without) or 'not loaded'}): {statistics.median(t_off):.3f} s "
-              f"[{', '.join(f'{t:.3f}' for t in t_off)}]")
-        print(f"  {kind:4} overhead: {overhead:+.3f} s per run (budget {BUDGET_S:.2f} s): "
-              f"{'ok' if overhead <= BUDGET_S else 'OVER'}")
+        print(
+            f"  {kind:4} with the plugin ({' '.join(with_plugin) or 'installed'}): {statistics.median(t_on):.3f} s "
+            f"[{', '.join(f'{t:.3f}' for t in t_on)}]"
+        )
+        print(
+            f"  {kind:4} without it ({' '.join(without) or 'not loaded'}): {statistics.median(t_off):.3f} s "
+            f"[{', '.join(f'{t:.3f}' for t in t_off)}]"
+        )
+        print(
+            f"  {kind:4} overhead: {overhead:+.3f} s per run (budget {BUDGET_S:.2f} s): "
+            f"{'ok' if overhead <= BUDGET_S else 'OVER'}"
+        )
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"  load average {load:.1f} on {os.cpu_count()} CPUs (wall time is only meaningful on a quiet machine)")
     return 0 if verdicts[0] else 1

@@ -40,13 +40,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pytest_llmperf.judge.regression import (  # noqa: E402
-    STEAL_MACHINE_SHARE,
-    CompareSettings,
-    carry_history,
-    judge,
-    steal_share,
-)
+from pytest_llmperf.judge.regression import STEAL_MACHINE_SHARE, CompareSettings, carry_history, judge, steal_share
 
 SESSION = r"""
 import json, sys
@@ -73,8 +67,12 @@ def session(args, dtype: str, threads: int, busy: bool = False) -> dict:
         out = Path(tmp) / "rec.json"
         hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
         try:
-            subprocess.run([sys.executable, "-c", SESSION, args.preset, dtype, str(threads), str(args.runs), str(out)],
-                           check=True, cwd=ROOT, timeout=600)
+            subprocess.run(
+                [sys.executable, "-c", SESSION, args.preset, dtype, str(threads), str(args.runs), str(out)],
+                check=True,
+                cwd=ROOT,
+                timeout=600,
+            )
         finally:
             if hog:
                 hog.kill()
@@ -100,11 +98,19 @@ def main() -> None:
     parser.add_argument("--busy", type=int, default=10)
     parser.add_argument("--save", type=Path, help="append every record to this JSON-lines file")
     parser.add_argument("--rejudge", type=Path, help="judge the records saved by --save again (no measuring)")
-    parser.add_argument("--baseline", type=Path, help="a baseline record saved by --save (its first line): "
-                        "judge new sessions against it instead of recording one")
-    parser.add_argument("--baseline-sessions", type=int, default=1,
-                        help="record the baseline in this many separate sessions (with --rejudge: the first "
-                             "A/A sessions become the baseline's older sessions)")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="a baseline record saved by --save (its first line): "
+        "judge new sessions against it instead of recording one",
+    )
+    parser.add_argument(
+        "--baseline-sessions",
+        type=int,
+        default=1,
+        help="record the baseline in this many separate sessions (with --rejudge: the first "
+        "A/A sessions become the baseline's older sessions)",
+    )
     args = parser.parse_args()
     # Terminated: unwind, so subprocess.run kills the session it waits for (an orphaned
     # session would measure side by side with the next run of this script).
@@ -118,7 +124,8 @@ def main() -> None:
             if "involuntary_switches" in machine and "involuntary_switches_per_run" not in machine:
                 # Saved before the per-run figure was recorded: 1 warm-up + the runs.
                 machine["involuntary_switches_per_run"] = machine["involuntary_switches"] / (
-                    len(rec["runs"]["ttft_ms"]) + 1)
+                    len(rec["runs"]["ttft_ms"]) + 1
+                )
             return rec
         rec = session(args, dtype, threads, busy)
         if args.save:
@@ -141,12 +148,18 @@ def main() -> None:
         if k == 0 and saved is not None and args.baseline_sessions > 1:
             args.aa -= args.baseline_sessions - 1  # the saved A/A sessions that became baseline sessions
     settings = CompareSettings(family_size=3)
-    print(f"baseline: {args.baseline_sessions} session(s), {args.preset} F16, threads {base['subject'].get('n_threads')}, "
-          f"{len(base['runs']['ttft_ms'])} runs; "
-          f"TTFT {np.median(base['runs']['ttft_ms']):.1f} ms, TPOT {np.median(base['runs']['tpot_ms']):.2f} ms, "
-          f"reference {probe_ms(base):.2f} ms, steal {steal_share(base) or 0:.1%}")
-    scenarios = [("A/A", "F16", 0, False, args.aa), ("threads 1", "F16", 1, False, args.threads),
-                 ("Q8_0", "Q8_0", 0, False, args.quant), ("busy core", "F16", 0, True, args.busy)]
+    print(
+        f"baseline: {args.baseline_sessions} session(s), {args.preset} F16, threads {base['subject'].get('n_threads')}, "
+        f"{len(base['runs']['ttft_ms'])} runs; "
+        f"TTFT {np.median(base['runs']['ttft_ms']):.1f} ms, TPOT {np.median(base['runs']['tpot_ms']):.2f} ms, "
+        f"reference {probe_ms(base):.2f} ms, steal {steal_share(base) or 0:.1%}"
+    )
+    scenarios = [
+        ("A/A", "F16", 0, False, args.aa),
+        ("threads 1", "F16", 1, False, args.threads),
+        ("Q8_0", "Q8_0", 0, False, args.quant),
+        ("busy core", "F16", 0, True, args.busy),
+    ]
     probe: list[tuple[float, float, float]] = []
     for name, dtype, threads, busy, count in scenarios:
         tally: collections.Counter[str] = collections.Counter()
@@ -154,22 +167,29 @@ def main() -> None:
             cand = measured(dtype, threads, busy)
             v = judge({"hw": base}, "hw", cand, settings)
             by = {c.metric: c for c in v.comparisons}
-            cells = [f"{m} {by[m].verdict.value} {by[m].change_pct:+.1f}%" for m in ("ttft_ms", "tpot_ms", "itl_p95_ms")
-                     if m in by]
+            cells = [
+                f"{m} {by[m].verdict.value} {by[m].change_pct:+.1f}%"
+                for m in ("ttft_ms", "tpot_ms", "itl_p95_ms")
+                if m in by
+            ]
             for m in ("ttft_ms", "tpot_ms"):
                 tally[f"{by[m].phase} {by[m].verdict.value}"] += 1
             if name in ("A/A", "busy core") and v.machine_ratio:
                 probe.append((v.machine_ratio, ratio(base, cand, "ttft_ms"), ratio(base, cand, "tpot_ms")))
-            print(f"  {name:<9} {i + 1:>2}: {v.short():<24} reference {probe_ms(cand):.2f} ms "
-                  f"x{v.machine_ratio or float('nan'):.2f}, steal {steal_share(cand) or 0:.1%}, "
-                  f"{(cand.get('machine') or {}).get('involuntary_switches_per_run', float('nan')):.0f} invol. "
-                  "switches/run; "
-                  + "; ".join(cells), flush=True)
+            print(
+                f"  {name:<9} {i + 1:>2}: {v.short():<24} reference {probe_ms(cand):.2f} ms "
+                f"x{v.machine_ratio or float('nan'):.2f}, steal {steal_share(cand) or 0:.1%}, "
+                f"{(cand.get('machine') or {}).get('involuntary_switches_per_run', float('nan')):.0f} invol. "
+                "switches/run; " + "; ".join(cells),
+                flush=True,
+            )
         print(f"{name}: " + ", ".join(f"{k} {n}/{count}" for k, n in sorted(tally.items())), flush=True)
     if len(probe) > 2:
         p = np.array(probe)
-        print(f"reference probe vs engine over {len(p)} A/A and busy sessions: correlation with prefill "
-              f"{np.corrcoef(p[:, 0], p[:, 1])[0, 1]:.2f}, with decode {np.corrcoef(p[:, 0], p[:, 2])[0, 1]:.2f}")
+        print(
+            f"reference probe vs engine over {len(p)} A/A and busy sessions: correlation with prefill "
+            f"{np.corrcoef(p[:, 0], p[:, 1])[0, 1]:.2f}, with decode {np.corrcoef(p[:, 0], p[:, 2])[0, 1]:.2f}"
+        )
     print(f"total {time.perf_counter() - started:.0f} s")
 
 

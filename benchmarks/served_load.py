@@ -41,10 +41,10 @@ def main() -> None:
     import os
 
     from pytest_llmperf import Workload, ensure_model
-    from pytest_llmperf.measuring.served import measure_load
-    from pytest_llmperf.reports.text import curve_lines, curve_table
     from pytest_llmperf.engines.servers import serve_llama_server
+    from pytest_llmperf.measuring.served import measure_load
     from pytest_llmperf.models.gguf import PRESETS
+    from pytest_llmperf.reports.text import curve_lines, curve_table
 
     levels = [int(v) for v in args.levels.split(",")]
     if args.model in PRESETS and not os.path.exists(args.model):
@@ -54,8 +54,10 @@ def main() -> None:
         path = args.model
     slo = {"ttft_ms": args.ttft_ms, "tpot_ms": args.tpot_ms}
     base = Workload(prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, requests=args.requests, warmup=1)
-    print(f"llama-server: {path}, {args.parallel} slots, {args.threads} threads; {args.requests} requests per level, "
-          f"{args.prompt_tokens}-word prompts, {args.max_tokens} tokens each; {base.prompt_cache}")
+    print(
+        f"llama-server: {path}, {args.parallel} slots, {args.threads} threads; {args.requests} requests per level, "
+        f"{args.prompt_tokens}-word prompts, {args.max_tokens} tokens each; {base.prompt_cache}"
+    )
     print(f"machine load average before: {os.getloadavg()[0]:.2f} (2 shared cores: other work runs beside this)")
     rounds: list[dict[int, object]] = []
     first = 0
@@ -72,8 +74,13 @@ def main() -> None:
             print(curve_table(list(row.values())))
             for line in curve_lines(list(row.values())):
                 print(line)
-        poisson = measure_load(engine, dataclasses.replace(base, rate=args.rate, concurrency=args.parallel),
-                               label="poisson", slo=slo, first_index=first)
+        poisson = measure_load(
+            engine,
+            dataclasses.replace(base, rate=args.rate, concurrency=args.parallel),
+            label="poisson",
+            slo=slo,
+            first_index=first,
+        )
         print(f"\nPoisson arrivals at {args.rate:g}/s (at most {args.parallel} in flight)")
         print(curve_table([poisson]))
         for line in curve_lines([poisson]):
@@ -83,8 +90,11 @@ def main() -> None:
     ratios = [row[hi].load.output_tps / row[lo].load.output_tps for row in rounds]
     tps = {c: statistics.median(row[c].load.output_tps for row in rounds) for c in levels}
     print(f"\noutput tok/s median over {len(rounds)} rounds: " + ", ".join(f"c{c} {v:.1f}" for c, v in tps.items()))
-    print(f"throughput ratio c{hi}/c{lo} per round: " + ", ".join(f"{r:.2f}" for r in ratios)
-          + f"; median {statistics.median(ratios):.2f}")
+    print(
+        f"throughput ratio c{hi}/c{lo} per round: "
+        + ", ".join(f"{r:.2f}" for r in ratios)
+        + f"; median {statistics.median(ratios):.2f}"
+    )
     print(f"machine load average after: {os.getloadavg()[0]:.2f}")
 
 

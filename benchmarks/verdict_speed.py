@@ -18,9 +18,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_llmperf.judge.regression import CompareSettings, judge  # noqa: E402
-from pytest_llmperf.judge.result import MeasurementResult, VerdictRecord  # noqa: E402
-from pytest_llmperf.judge.regression import suite_check  # noqa: E402
+from pytest_llmperf.judge.regression import CompareSettings, judge, suite_check
+from pytest_llmperf.judge.result import MeasurementResult, VerdictRecord
 
 
 def record(rng: np.random.Generator, runs: int) -> dict:
@@ -29,8 +28,13 @@ def record(rng: np.random.Generator, runs: int) -> dict:
     return {
         "workload": {"prompt_tokens": 128, "max_tokens": 48},
         "subject": {},
-        "runs": {"tpot_ms": list(tpot), "decode_tps": list(1000 / tpot), "ttft_ms": list(ttft),
-                 "prefill_tps": list(128000 / ttft), "itl_p95_ms": list(tpot * 1.2)},
+        "runs": {
+            "tpot_ms": list(tpot),
+            "decode_tps": list(1000 / tpot),
+            "ttft_ms": list(ttft),
+            "prefill_tps": list(128000 / ttft),
+            "itl_p95_ms": list(tpot * 1.2),
+        },
         "reference": {"kind": "numpy-sgemm-384", "runs_ms": list(rng.uniform(0.7, 0.8, 15))},
     }
 
@@ -48,8 +52,10 @@ def main() -> None:
         started = time.perf_counter()
         verdicts = [judge({"hw": base}, "hw", cand, settings) for base, cand in pairs]
         best = min(best, time.perf_counter() - started)
-    print(f"{args.tests} comparisons ({args.runs} runs a side): {best:.2f} s, best of 3 "
-          f"({best / args.tests * 1000:.2f} ms per test)")
+    print(
+        f"{args.tests} comparisons ({args.runs} runs a side): {best:.2f} s, best of 3 "
+        f"({best / args.tests * 1000:.2f} ms per test)"
+    )
     # The session-end step, on the results as the plugin holds them (judge.result).
     results = [MeasurementResult(test=f"t{i}", verdict=VerdictRecord.of(v)) for i, v in enumerate(verdicts)]
     started = time.perf_counter()

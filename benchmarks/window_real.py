@@ -63,10 +63,30 @@ def session(folder: Path, history: Path, index: int, *args: str, work_s: float =
     env.pop("LLMPERF_HISTORY", None)
     t0 = time.perf_counter()
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--rootdir={folder}", "test_real.py",
-         "--llmperf-model", "small", "--llmperf-threads", "1", "--llmperf-history", str(history),
-         "--llmperf-json", str(report), *args],
-        cwd=folder, env=env, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--rootdir={folder}",
+            "test_real.py",
+            "--llmperf-model",
+            "small",
+            "--llmperf-threads",
+            "1",
+            "--llmperf-history",
+            str(history),
+            "--llmperf-json",
+            str(report),
+            *args,
+        ],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     if out.returncode not in (0, 1):
         raise SystemExit(f"session {index} failed:\n{out.stdout[-3000:]}\n{out.stderr[-2000:]}")
@@ -83,8 +103,10 @@ def line(i: int, kind: str, r: dict) -> str:
         if c is None:
             parts.append(f"{m} {tpot:.2f}")
             continue
-        parts.append(f"{m} {tpot:.2f} {c['verdict']:<12} {c['ratio'] - 1:+.1%} detects {c.get('detectable') or 0:.1%} "
-                     f"({c.get('noise_source', '?')}, {c.get('noise_sessions', 0)})")
+        parts.append(
+            f"{m} {tpot:.2f} {c['verdict']:<12} {c['ratio'] - 1:+.1%} detects {c.get('detectable') or 0:.1%} "
+            f"({c.get('noise_source', '?')}, {c.get('noise_sessions', 0)})"
+        )
     return "; ".join(parts)
 
 
@@ -96,9 +118,13 @@ def main() -> None:
     ap.add_argument("--max-runs", type=int, default=40)
     ap.add_argument("--keep", type=Path, default=None)
     ap.add_argument("--work-factor", type=float, default=1.5, help="per-token work as this x the decode reach")
-    ap.add_argument("--reach-from", type=Path, default=None,
-                    help="a session JSON (s<i>.json of a kept run) whose decode reach and TPOT set the work; with "
-                    "--fill 0 --aa 0 --keep DIR: only the slowed sessions, against that history")
+    ap.add_argument(
+        "--reach-from",
+        type=Path,
+        default=None,
+        help="a session JSON (s<i>.json of a kept run) whose decode reach and TPOT set the work; with "
+        "--fill 0 --aa 0 --keep DIR: only the slowed sessions, against that history",
+    )
     args = ap.parse_args()
     folder = Path(args.keep or tempfile.mkdtemp(prefix="llmperf-window-real-"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -127,9 +153,12 @@ def main() -> None:
         where = f"after {args.fill} sessions"
     reach = {m: source["comps"][m]["detectable"] for m in ("ttft_ms", "tpot_ms")}
     work_s = args.work_factor * reach["tpot_ms"] * tpot_ms / 1000.0
-    print(f"reported {where}: prefill detects >= {reach['ttft_ms']:.1%}, decode >= "
-          f"{reach['tpot_ms']:.1%}; injecting {work_s * 1000:.2f} ms per token ({args.work_factor}x decode reach x "
-          f"TPOT {tpot_ms:.2f} ms)", flush=True)
+    print(
+        f"reported {where}: prefill detects >= {reach['ttft_ms']:.1%}, decode >= "
+        f"{reach['tpot_ms']:.1%}; injecting {work_s * 1000:.2f} ms per token ({args.work_factor}x decode reach x "
+        f"TPOT {tpot_ms:.2f} ms)",
+        flush=True,
+    )
     slow = []
     for _ in range(args.slow):
         i += 1
@@ -138,15 +167,19 @@ def main() -> None:
         r = session(folder, copy, i, work_s=work_s)
         slow.append(r)
         print(line(i, "slow", r), flush=True)
-    reg = lambda rs, m: sum(r["comps"][m]["verdict"] == "REGRESSION" for r in rs)  # noqa: E731
+    reg = lambda rs, m: sum(r["comps"][m]["verdict"] == "REGRESSION" for r in rs)
     if aa:
-        print(f"A/A: {sum(any(c['verdict'] == 'REGRESSION' for c in r['comps'].values()) for r in aa)} of {len(aa)} "
-              f"sessions with a REGRESSION (prefill {reg(aa, 'ttft_ms')}, decode {reg(aa, 'tpot_ms')}); decode reach "
-              f"reported: median {statistics.median(r['comps']['tpot_ms']['detectable'] for r in aa):.1%}, prefill "
-              f"{statistics.median(r['comps']['ttft_ms']['detectable'] for r in aa):.1%}")
-    print(f"+{work_s * 1000:.2f} ms/token: decode REGRESSION in {reg(slow, 'tpot_ms')} of {len(slow)} sessions; "
-          f"measured decode change median "
-          f"{statistics.median(r['comps']['tpot_ms']['ratio'] for r in slow) - 1:+.1%}")
+        print(
+            f"A/A: {sum(any(c['verdict'] == 'REGRESSION' for c in r['comps'].values()) for r in aa)} of {len(aa)} "
+            f"sessions with a REGRESSION (prefill {reg(aa, 'ttft_ms')}, decode {reg(aa, 'tpot_ms')}); decode reach "
+            f"reported: median {statistics.median(r['comps']['tpot_ms']['detectable'] for r in aa):.1%}, prefill "
+            f"{statistics.median(r['comps']['ttft_ms']['detectable'] for r in aa):.1%}"
+        )
+    print(
+        f"+{work_s * 1000:.2f} ms/token: decode REGRESSION in {reg(slow, 'tpot_ms')} of {len(slow)} sessions; "
+        f"measured decode change median "
+        f"{statistics.median(r['comps']['tpot_ms']['ratio'] for r in slow) - 1:+.1%}"
+    )
     if not args.keep:
         print(f"(history in {folder})")
 

@@ -20,12 +20,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pytest_llmperf import LlamaCppEngine, Workload  # noqa: E402
-from pytest_llmperf.engines.llama_cpp_native import EngineConfig  # noqa: E402
-from pytest_llmperf.judge.paired import paired  # noqa: E402
-from pytest_llmperf.measuring.metrics import RunMetrics  # noqa: E402
-from pytest_llmperf.measuring.worker import load_worker  # noqa: E402
-from pytest_llmperf.models.gguf import model_path  # noqa: E402
+from pytest_llmperf import LlamaCppEngine, Workload
+from pytest_llmperf.engines.llama_cpp_native import EngineConfig
+from pytest_llmperf.judge.paired import paired
+from pytest_llmperf.measuring.metrics import RunMetrics
+from pytest_llmperf.measuring.worker import load_worker
+from pytest_llmperf.models.gguf import model_path
 
 
 def main() -> int:
@@ -54,18 +54,24 @@ def main() -> int:
     finally:
         local.close()
         worker.close()
-    print(f"model {path.name}, threads {args.threads}, {args.prompt_tokens} prompt + {args.max_tokens} generated "
-          f"tokens, {args.pairs} interleaved pairs")
+    print(
+        f"model {path.name}, threads {args.threads}, {args.prompt_tokens} prompt + {args.max_tokens} generated "
+        f"tokens, {args.pairs} interleaved pairs"
+    )
     print(f"{'side':<12} {'TTFT ms':>10} {'TPOT ms':>10} {'runs':>5}")
     for name, rs in runs.items():
-        print(f"{name:<12} {statistics.median(r.ttft_ms for r in rs):>10.4g} "
-              f"{statistics.median(r.tpot_ms for r in rs):>10.4g} {len(rs):>5}")
+        print(
+            f"{name:<12} {statistics.median(r.ttft_ms for r in rs):>10.4g} "
+            f"{statistics.median(r.tpot_ms for r in rs):>10.4g} {len(rs):>5}"
+        )
     for metric in ("ttft_ms", "tpot_ms"):
         a = [getattr(r, metric) for r in runs["in-process"]]
         b = [getattr(r, metric) for r in runs["worker"]]
         c = paired(metric, a, b)
-        print(f"worker / in-process {metric}: {c.ratio:.4f} (95% CI {c.ci_low:.4f}..{c.ci_high:.4f}, "
-              f"p={c.p_value:.2g}, {c.n_pairs} pairs; in-process {c.a_median:.4g} ms, worker {c.b_median:.4g} ms)")
+        print(
+            f"worker / in-process {metric}: {c.ratio:.4f} (95% CI {c.ci_low:.4f}..{c.ci_high:.4f}, "
+            f"p={c.p_value:.2g}, {c.n_pairs} pairs; in-process {c.a_median:.4g} ms, worker {c.b_median:.4g} ms)"
+        )
     return 0
 
 

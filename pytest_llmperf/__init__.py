@@ -51,8 +51,15 @@ def _exports() -> dict[str, str]:
 
         tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
         block = next(n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING")
-        _FOUND.update({a.name: node.module for node in block.body if isinstance(node, ast.ImportFrom)
-                       for a in node.names if node.module})
+        _FOUND.update(
+            {
+                a.name: node.module
+                for node in block.body
+                if isinstance(node, ast.ImportFrom)
+                for a in node.names
+                if node.module
+            }
+        )
     return _FOUND
 
 

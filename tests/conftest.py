@@ -13,7 +13,6 @@ import shlex
 from pathlib import Path
 
 import pytest
-
 from inner import NO_BROWSER, REQUIRE_BROWSER_ENV, BaselinesGuard
 
 CHECKOUT = Path(__file__).resolve().parent.parent
@@ -63,10 +62,13 @@ def pytest_terminal_summary(terminalreporter) -> None:
     """Say at the end of the run, without ``-rs``, that browser or PostgreSQL checks were skipped."""
     from pgserver import NO_POSTGRES, REQUIRE_POSTGRES_ENV
 
-    for reason, what, env in ((NO_BROWSER, "HTML-report browser check(s)", REQUIRE_BROWSER_ENV),
-                              (NO_POSTGRES, "PostgreSQL history test(s)", REQUIRE_POSTGRES_ENV)):
+    for reason, what, env in (
+        (NO_BROWSER, "HTML-report browser check(s)", REQUIRE_BROWSER_ENV),
+        (NO_POSTGRES, "PostgreSQL history test(s)", REQUIRE_POSTGRES_ENV),
+    ):
         skipped = [
-            r for r in terminalreporter.stats.get("skipped", [])
+            r
+            for r in terminalreporter.stats.get("skipped", [])
             if isinstance(r.longrepr, tuple) and reason in str(r.longrepr[2])
         ]
         if skipped:
@@ -78,12 +80,14 @@ def pytest_terminal_summary(terminalreporter) -> None:
 # The plugin imports numpy, scipy and llama_cpp only once an llmperf test runs. In-process
 # inner sessions (pytester) drop the modules first imported during them, and numpy's C
 # extensions cannot be loaded twice in a process: import them here, once, for all sessions.
-import pytest_llmperf.judge.rule  # noqa: E402,F401  (numpy, scipy.stats)
-import pytest_llmperf.engines.llama_cpp  # noqa: E402,F401
-import pytest_llmperf.reports.session_file  # noqa: E402,F401
 # matplotlib likewise: an in-process HTML session that imported it first left a later one with
 # half a module ("type object 'Text' has no attribute 'items'").
-import matplotlib.pyplot  # noqa: E402,F401
+import matplotlib.pyplot  # noqa: F401
+
+import pytest_llmperf.engines.llama_cpp
+import pytest_llmperf.judge.rule
+import pytest_llmperf.reports.session_file  # noqa: F401
+
 try:  # its C extension, for the in-process PostgreSQL history sessions (the postgres extra)
     import psycopg  # noqa: F401
 except ImportError:
@@ -120,8 +124,8 @@ def llama_server_binary(pytestconfig: pytest.Config) -> Path:
     """llama.cpp's llama-server of the installed llama-cpp-python, built once per version
     (several minutes the first time; `.ci/run` builds it before the tests). A build here
     prints its steps and a line a minute on the terminal, past pytest's capture."""
-    from pytest_llmperf.engines.servers import tool_path
     from pytest_llmperf.core.errors import ToolBuildError
+    from pytest_llmperf.engines.servers import tool_path
 
     capture = pytestconfig.pluginmanager.getplugin("capturemanager")
     terminal = pytestconfig.pluginmanager.getplugin("terminalreporter")

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Iterator
 
 
 def event(text: str, finish: str | None = None, **extra) -> bytes:

@@ -23,14 +23,18 @@ import pytest
 #: Set to 1 where PostgreSQL is installed on purpose (``.ci/run``): a missing server then
 #: fails the PostgreSQL tests instead of skipping them.
 REQUIRE_POSTGRES_ENV = "LLMPERF_REQUIRE_POSTGRES"
-NO_POSTGRES = "no PostgreSQL server binaries (apt-get install -y postgresql) or no psycopg (pip install psycopg[binary])"
+NO_POSTGRES = (
+    "no PostgreSQL server binaries (apt-get install -y postgresql) or no psycopg (pip install psycopg[binary])"
+)
 START_TIMEOUT_S = 60
 
 
 def bindir() -> Path | None:
     """The newest installed PostgreSQL's bin folder (Debian: /usr/lib/postgresql/N/bin)."""
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(Path(p).parent.parent.name)
-                   if Path(p).parent.parent.name.isdigit() else 0)
+    found = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+        key=lambda p: int(Path(p).parent.parent.name) if Path(p).parent.parent.name.isdigit() else 0,
+    )
     if found:
         return Path(found[-1]).parent
     initdb = shutil.which("initdb")
@@ -61,24 +65,48 @@ class PgServer:
 
     def _run(self, *args: str, timeout: float = START_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
         prefix = ["runuser", "-u", "nobody", "--"] if os.geteuid() == 0 else []
-        return subprocess.run([*prefix, *args], capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL, check=False)
+        return subprocess.run(
+            [*prefix, *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False
+        )
 
-    def start(self) -> "PgServer":
+    def start(self) -> PgServer:
         assert self.bin is not None
         self.folder = Path(tempfile.mkdtemp(prefix="llmperf-pg-"))
         if os.geteuid() == 0:
             nobody = pwd.getpwnam("nobody")
             os.chown(self.folder, nobody.pw_uid, nobody.pw_gid)
         data = self.folder / "data"
-        out = self._run(str(self.bin / "initdb"), "-D", str(data), "-U", self.user, "--auth=trust",
-                        "-E", "UTF8", "--no-sync", "--no-instructions")
+        out = self._run(
+            str(self.bin / "initdb"),
+            "-D",
+            str(data),
+            "-U",
+            self.user,
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-sync",
+            "--no-instructions",
+        )
         if out.returncode != 0:
             raise RuntimeError(f"initdb failed: {out.stderr.strip() or out.stdout.strip()}")
-        options = (f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 -c fsync=off "
-                   "-c synchronous_commit=off -c full_page_writes=off -c max_connections=40")
-        out = self._run(str(self.bin / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(self.folder / "log"),
-                        "-w", "-t", str(START_TIMEOUT_S), "start")
+        options = (
+            f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 -c fsync=off "
+            "-c synchronous_commit=off -c full_page_writes=off -c max_connections=40"
+        )
+        out = self._run(
+            str(self.bin / "pg_ctl"),
+            "-D",
+            str(data),
+            "-o",
+            options,
+            "-l",
+            str(self.folder / "log"),
+            "-w",
+            "-t",
+            str(START_TIMEOUT_S),
+            "start",
+        )
         if out.returncode != 0:
             log = (self.folder / "log").read_text(errors="replace")[-2000:] if (self.folder / "log").exists() else ""
             raise RuntimeError(f"pg_ctl start failed: {out.stderr.strip()} {log}")
@@ -105,7 +133,7 @@ class PgServer:
         shutil.rmtree(self.folder, ignore_errors=True)
         self.folder = None
 
-    def __enter__(self) -> "PgServer":
+    def __enter__(self) -> PgServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

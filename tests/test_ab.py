@@ -14,7 +14,7 @@ from inner import run
 
 from pytest_llmperf.core.errors import ConfigError
 from pytest_llmperf.core.workload import EngineInfo, RunTrace, Workload
-from pytest_llmperf.judge.ab import block_orders, compare_ab, paired, parse_budgets, Side
+from pytest_llmperf.judge.ab import Side, block_orders, compare_ab, paired, parse_budgets
 from pytest_llmperf.reports.session_file import load_session
 
 
@@ -67,8 +67,11 @@ def simulated(seed: int, b_slower: float = 1.0, max_slowdown=0.05, min_speedup=N
     a = DriftingEngine(machine, 100.0, 10.0, "a")
     b = DriftingEngine(machine, 100.0 * b_slower, 10.0 * b_slower, "b")
     return compare_ab(
-        Side("a", a), Side("b", b), Workload(prompt_tokens=64, max_tokens=16, runs=runs, warmup=1, seed=seed),
-        max_slowdown=max_slowdown, min_speedup=min_speedup,
+        Side("a", a),
+        Side("b", b),
+        Workload(prompt_tokens=64, max_tokens=16, runs=runs, warmup=1, seed=seed),
+        max_slowdown=max_slowdown,
+        min_speedup=min_speedup,
     )
 
 
@@ -158,8 +161,10 @@ def _stream(delay_s: float):
 def test_callable_sides_a_real_2x_difference_is_detected() -> None:
     """Real clocks: a stream twice as slow per token, measured interleaved."""
     r = compare_ab(
-        Side("fast", _stream(0.001)), Side("slow", _stream(0.005)),
-        Workload(prompt_tokens=4, max_tokens=6, runs=8, warmup=1), max_slowdown={"decode": 0.2},
+        Side("fast", _stream(0.001)),
+        Side("slow", _stream(0.005)),
+        Workload(prompt_tokens=4, max_tokens=6, runs=8, warmup=1),
+        max_slowdown={"decode": 0.2},
     )
     assert r.decode.ci_low > 1.2, r.decode  # sleeping overshoots under load, never halves
     assert [o.status for o in r.budgets] == ["breached"]
@@ -197,10 +202,12 @@ def test_marker_and_fixture_forms_in_a_session(pytester: pytest.Pytester) -> Non
     )
     result = run(pytester, "-rA", "--llmperf-json", "session.json")
     result.assert_outcomes(passed=2, failed=1)
-    result.stdout.re_match_lines([
-        r"^decode: B \[slow\] vs A \[fast\]: TPOT B/A \d\.\d{3} \(95% CI \d\.\d{3}\.\.\d\.\d{3}, 6 pairs\) "
-        r"vs limit 1\.200: breaks max_slowdown 20%$",
-    ])
+    result.stdout.re_match_lines(
+        [
+            r"^decode: B \[slow\] vs A \[fast\]: TPOT B/A \d\.\d{3} \(95% CI \d\.\d{3}\.\.\d\.\d{3}, 6 pairs\) "
+            r"vs limit 1\.200: breaks max_slowdown 20%$"
+        ]
+    )
     out = result.stdout.str()
     assert "A: flash_attn=False" in out and "B: flash_attn=True" in out
     assert re.search(r"3 pairs interleaved \(\d AB, \d BA, seeded\)", out)
@@ -268,8 +275,15 @@ def _pair_runs(rng, n, decode_ratio, prefill_ratio=1.0, drift=0.25, noise=0.03):
         for out, dr, pr in ((a, 1.0, 1.0), (b, decode_ratio, prefill_ratio)):
             tpot = 5.0 * level * dr * math.exp(rng.normal(0.0, noise))
             ttft = 40.0 * level * pr * math.exp(rng.normal(0.0, noise))
-            out.append(SimpleNamespace(ttft_ms=ttft, tpot_ms=tpot, itl_p95_ms=tpot * 1.2, prefill_tps=64 / ttft * 1e3,
-                                       decode_tps=1e3 / tpot))
+            out.append(
+                SimpleNamespace(
+                    ttft_ms=ttft,
+                    tpot_ms=tpot,
+                    itl_p95_ms=tpot * 1.2,
+                    prefill_tps=64 / ttft * 1e3,
+                    decode_tps=1e3 / tpot,
+                )
+            )
     return a, b
 
 
@@ -279,8 +293,12 @@ def test_judged_pairs_catch_decode_only_and_keep_the_baseline_words() -> None:
 
     rng = np.random.default_rng(7)
     a, b = _pair_runs(rng, 20, decode_ratio=1.08)
-    out = {c.metric: c for c in judged_pairs(a, b, alpha=0.05, threshold=0.05, tail_threshold=0.10, family=30,
-                                             looks=3, reference="git:main (abc)")}
+    out = {
+        c.metric: c
+        for c in judged_pairs(
+            a, b, alpha=0.05, threshold=0.05, tail_threshold=0.10, family=30, looks=3, reference="git:main (abc)"
+        )
+    }
     assert out["tpot_ms"].verdict is Verdict.REGRESSION and out["decode_tps"].verdict is Verdict.REGRESSION
     assert out["ttft_ms"].verdict is Verdict.UNCHANGED  # the drift (sd 25%) cancels in each pair
     assert out["tpot_ms"].ci_low > 1.0 and 1.06 < out["tpot_ms"].ratio < 1.10
@@ -310,10 +328,12 @@ def test_one_sided_signed_rank_p_agrees_with_scipy() -> None:
     rng = np.random.default_rng(5)
     for n in (6, 15, 40):
         d = rng.normal(0.2, 1.0, size=n)
-        assert math.isclose(_signed_rank_greater(d), wilcoxon(d, alternative="greater", method="exact").pvalue,
-                            rel_tol=1e-9)
-        assert math.isclose(_signed_rank_greater(-d), wilcoxon(-d, alternative="greater", method="exact").pvalue,
-                            rel_tol=1e-9)
+        assert math.isclose(
+            _signed_rank_greater(d), wilcoxon(d, alternative="greater", method="exact").pvalue, rel_tol=1e-9
+        )
+        assert math.isclose(
+            _signed_rank_greater(-d), wilcoxon(-d, alternative="greater", method="exact").pvalue, rel_tol=1e-9
+        )
 
 
 def test_against_keeps_pairing_until_an_unchanged_ci_excludes_one_or_lies_within_half_the_threshold() -> None:
@@ -322,8 +342,9 @@ def test_against_keeps_pairing_until_an_unchanged_ci_excludes_one_or_lies_within
     from pytest_llmperf.session.against import UNCHANGED_MARGIN, _loose
 
     def tpot(a, b):
-        return {x.metric: x for x in judged_pairs(a, b, alpha=0.05, threshold=0.05, tail_threshold=0.1,
-                                                  family=3)}["tpot_ms"]
+        return {x.metric: x for x in judged_pairs(a, b, alpha=0.05, threshold=0.05, tail_threshold=0.1, family=3)}[
+            "tpot_ms"
+        ]
 
     rng = np.random.default_rng(2)
     margin = 1 + UNCHANGED_MARGIN * 0.05

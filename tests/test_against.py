@@ -136,10 +136,16 @@ def wrapper(extra_ms: float = 0.0, faults: tuple[str, ...] = ()) -> str:
 def verdict_repo(tmp_path: Path) -> Path:
     """``base``: the wrapper adds nothing per token; ``slow`` (HEAD): 5 ms of work per token."""
     root = tmp_path / "repo"
-    make_repo(root, [
-        ("base", {"conftest.py": CONFTEST, "wrapper/__init__.py": wrapper(0.0), "tests/test_perf.py": VERDICT_TESTS}),
-        ("slow", {"wrapper/__init__.py": wrapper(5.0)}),
-    ])
+    make_repo(
+        root,
+        [
+            (
+                "base",
+                {"conftest.py": CONFTEST, "wrapper/__init__.py": wrapper(0.0), "tests/test_perf.py": VERDICT_TESTS},
+            ),
+            ("slow", {"wrapper/__init__.py": wrapper(5.0)}),
+        ],
+    )
     return root
 
 
@@ -165,9 +171,15 @@ class Runner:
         self.tmp.mkdir()
         self.pid_file = tmp_path / "pids"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "LLMPERF_SIDE"))}
-        env.update(LLMPERF_CACHE_DIR=str(self.cache), LLMPERF_HISTORY="off", LLMPERF_THREADS="1",
-                   COLUMNS="400", TMPDIR=str(self.tmp), AG_PIDS=str(self.pid_file),
-                   PYTHONPATH=os.pathsep.join([str(CHECKOUT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+        env.update(
+            LLMPERF_CACHE_DIR=str(self.cache),
+            LLMPERF_HISTORY="off",
+            LLMPERF_THREADS="1",
+            COLUMNS="400",
+            TMPDIR=str(self.tmp),
+            AG_PIDS=str(self.pid_file),
+            PYTHONPATH=os.pathsep.join([str(CHECKOUT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        )
         self.env = env
 
     def command(self, args: tuple[str, ...]) -> list[str]:
@@ -177,13 +189,27 @@ class Runner:
         return [int(x) for x in self.pid_file.read_text().split()] if self.pid_file.exists() else []
 
     def run(self, repo: Path, *args: str, timeout_s: float = SESSION_TIMEOUT_S) -> Inner:
-        out = subprocess.run(self.command(args), cwd=repo, env=self.env, capture_output=True, text=True,
-                             timeout=timeout_s, stdin=subprocess.DEVNULL)
+        out = subprocess.run(
+            self.command(args),
+            cwd=repo,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            stdin=subprocess.DEVNULL,
+        )
         return Inner(out.returncode, out.stdout + out.stderr, self.pids())
 
     def popen(self, repo: Path, *args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(self.command(args), cwd=repo, env=self.env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+        return subprocess.Popen(
+            self.command(args),
+            cwd=repo,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
 
     def check_clean(self, repo: Path, pids: list[int], within_s: float = 15.0) -> None:
         """No side left, no worktree locked, no flock held, nothing left in the temporary folder."""
@@ -233,9 +259,8 @@ def pairs_note(inner: Inner, test: str, ref: str) -> int:
 
 # -- verdicts -------------------------------------------------------------------------------
 
-def test_a_slower_wrapper_is_a_decode_regression_against_the_commit_before(
-    runner: Runner, verdict_repo: Path
-) -> None:
+
+def test_a_slower_wrapper_is_a_decode_regression_against_the_commit_before(runner: Runner, verdict_repo: Path) -> None:
     sha = git(verdict_repo, "rev-parse", "base")
     inner = runner.run(verdict_repo, "tests", "-rA", "--llmperf-against", "git:HEAD~1")
     out = inner.out
@@ -256,8 +281,15 @@ def test_the_same_commit_on_both_sides_is_no_regression(runner: Runner, verdict_
     """``git:HEAD`` and this interpreter as ``python:PATH``, together: A/A, no REGRESSION."""
     sha = git(verdict_repo, "rev-parse", "HEAD")
     ref = f"git:HEAD ({sha[:12]}), python:{sys.executable}"
-    inner = runner.run(verdict_repo, "tests", "-rA", "-k", "wrapper or marker",
-                       "--llmperf-against", f"git:HEAD,python:{sys.executable}")
+    inner = runner.run(
+        verdict_repo,
+        "tests",
+        "-rA",
+        "-k",
+        "wrapper or marker",
+        "--llmperf-against",
+        f"git:HEAD,python:{sys.executable}",
+    )
     assert inner.ret == 0, inner.out
     assert pairs_note(inner, "test_wrapper", ref) >= 6 and pairs_note(inner, "test_marker_only", ref) >= 6
     assert "REGRESSION" not in inner.out
@@ -277,7 +309,9 @@ def test_under_xdist_the_llmperf_tests_stay_on_one_worker(runner: Runner, verdic
     out = inner.out
     assert inner.ret == 1, out
     workers = {m.group(2): m.group(1) for m in re.finditer(r"\[(gw\d)\] .*?(?:PASSED|FAILED) \S*::(\w+)", out)}
-    assert {workers["test_wrapper"], workers["test_marker_only"], workers["test_keys"]} == {workers["test_wrapper"]}, out
+    assert {workers["test_wrapper"], workers["test_marker_only"], workers["test_keys"]} == {workers["test_wrapper"]}, (
+        out
+    )
     assert "test_plain" in workers
     assert re.search(r"FAILED tests/test_perf.py::test_wrapper - (prefill|decode) regression", out), out
     assert len(inner.pids) == 2  # one worker ran the llmperf tests: one pair of sides
@@ -285,6 +319,7 @@ def test_under_xdist_the_llmperf_tests_stay_on_one_worker(runner: Runner, verdic
 
 
 # -- faults ---------------------------------------------------------------------------------
+
 
 def test_a_rev_that_does_not_exist_is_a_usage_error(runner: Runner, verdict_repo: Path) -> None:
     inner = runner.run(verdict_repo, "tests", "--llmperf-against", "git:no-such-rev")
@@ -360,37 +395,59 @@ def test_faults_fail_their_test_and_the_others_go_on(runner: Runner, tmp_path: P
     naming the side (the missing name: not compared, measured here alone), the side is started
     again, and the tests after each are compared."""
     root = tmp_path / "repo"
-    shas = make_repo(root, [
-        ("faulty", {
-            "conftest.py": CONFTEST, "wrapper/__init__.py": wrapper(0.0, ("segv", "hang", "exit")),
-            "helper/__init__.py": "raise ImportError('helper needs libfoo')\n",
-            "syntaxy/__init__.py": "def broken(:\n    pass\n",
-            "tests/test_faults.py": FAULT_TESTS,
-            "tests/test_helper.py": MARKER_ONLY.format(imports="import helper", name="helper"),
-            "tests/test_syntaxy.py": MARKER_ONLY.format(imports="import syntaxy", name="syntaxy"),
-        }),
-        ("head", {
-            "wrapper/__init__.py": wrapper(0.0, ("raise",)) + "\n\ndef new_api():\n    return 1\n",
-            "helper/__init__.py": "VALUE = 1\n", "syntaxy/__init__.py": "def broken():\n    pass\n",
-            "tests/test_new_api.py": MARKER_ONLY.format(imports="from wrapper import new_api", name="new_api"),
-        }),
-    ])
+    shas = make_repo(
+        root,
+        [
+            (
+                "faulty",
+                {
+                    "conftest.py": CONFTEST,
+                    "wrapper/__init__.py": wrapper(0.0, ("segv", "hang", "exit")),
+                    "helper/__init__.py": "raise ImportError('helper needs libfoo')\n",
+                    "syntaxy/__init__.py": "def broken(:\n    pass\n",
+                    "tests/test_faults.py": FAULT_TESTS,
+                    "tests/test_helper.py": MARKER_ONLY.format(imports="import helper", name="helper"),
+                    "tests/test_syntaxy.py": MARKER_ONLY.format(imports="import syntaxy", name="syntaxy"),
+                },
+            ),
+            (
+                "head",
+                {
+                    "wrapper/__init__.py": wrapper(0.0, ("raise",)) + "\n\ndef new_api():\n    return 1\n",
+                    "helper/__init__.py": "VALUE = 1\n",
+                    "syntaxy/__init__.py": "def broken():\n    pass\n",
+                    "tests/test_new_api.py": MARKER_ONLY.format(imports="from wrapper import new_api", name="new_api"),
+                },
+            ),
+        ],
+    )
     started = time.monotonic()
-    inner = runner.run(root, "tests", "-rA", "--llmperf-engine-timeout=5", "--durations=0",
-                       "--llmperf-against", "git:faulty")
+    inner = runner.run(
+        root, "tests", "-rA", "--llmperf-engine-timeout=5", "--durations=0", "--llmperf-against", "git:faulty"
+    )
     out = inner.out
     assert inner.ret == 1, out
     ref = f"side REF (git:faulty ({shas[0][:12]}))"
     failed = failures(inner)
-    assert sorted(failed) == ["test_1_segv", "test_3_hang", "test_5_raise", "test_7_exit", "test_helper",
-                              "test_syntaxy"], out
+    assert sorted(failed) == [
+        "test_1_segv",
+        "test_3_hang",
+        "test_5_raise",
+        "test_7_exit",
+        "test_helper",
+        "test_syntaxy",
+    ], out
     assert failed["test_1_segv"].startswith(f"{ref} died with SIGSEGV"), failed
-    assert "while run 0 (in stream at wrapper/__init__.py:" in failed["test_1_segv"], failed  # the fault handler's frame
+    assert "while run 0 (in stream at wrapper/__init__.py:" in failed["test_1_segv"], (
+        failed
+    )  # the fault handler's frame
     assert failed["test_3_hang"].startswith(f"{ref} did not answer within 5 s"), failed
-    assert failed["test_5_raise"].startswith("not measured: side current (this tree): RuntimeError: the wrapper "
-                                             "broke in its second run"), failed
-    assert failed["test_7_exit"].startswith(f"{ref} ended its pytest session (exit status 2) while running "
-                                            "tests/test_faults.py::test_7_exit"), failed
+    assert failed["test_5_raise"].startswith(
+        "not measured: side current (this tree): RuntimeError: the wrapper broke in its second run"
+    ), failed
+    assert failed["test_7_exit"].startswith(
+        f"{ref} ended its pytest session (exit status 2) while running tests/test_faults.py::test_7_exit"
+    ), failed
     assert failed["test_helper"].startswith(f"{ref} cannot import tests/test_helper.py"), failed
     assert "ImportError: helper needs libfoo" in out
     assert failed["test_syntaxy"].startswith(f"{ref} cannot import tests/test_syntaxy.py"), failed
@@ -416,12 +473,21 @@ def test_a_ref_whose_conftest_cannot_import_fails_each_llmperf_test(runner: Runn
     and the plain test passes."""
     root = tmp_path / "repo"
     conftest = CONFTEST + "\nimport helper  # noqa\n"
-    shas = make_repo(root, [
-        ("broken", {"conftest.py": conftest, "helper/__init__.py": "raise ImportError('helper needs libfoo')\n",
+    shas = make_repo(
+        root,
+        [
+            (
+                "broken",
+                {
+                    "conftest.py": conftest,
+                    "helper/__init__.py": "raise ImportError('helper needs libfoo')\n",
                     "tests/test_a.py": MARKER_ONLY.format(imports="", name="a"),
-                    "tests/test_b.py": MARKER_ONLY.format(imports="", name="b") + "\n\ndef test_plain():\n    pass\n"}),
-        ("fixed", {"helper/__init__.py": "VALUE = 1\n"}),
-    ])
+                    "tests/test_b.py": MARKER_ONLY.format(imports="", name="b") + "\n\ndef test_plain():\n    pass\n",
+                },
+            ),
+            ("fixed", {"helper/__init__.py": "VALUE = 1\n"}),
+        ],
+    )
     inner = runner.run(root, "tests", "-rA", "--llmperf-against", "git:broken")
     out = inner.out
     assert inner.ret == 1, out
@@ -461,9 +527,13 @@ def test_long(llmperf):
 @pytest.fixture
 def slow_repo(tmp_path: Path) -> Path:
     root = tmp_path / "repo"
-    make_repo(root, [("one", {"conftest.py": CONFTEST, "wrapper/__init__.py": wrapper(),
-                              "tests/test_slow.py": SLOW_TESTS}),
-                     ("two", {"wrapper/__init__.py": wrapper(1.0)})])
+    make_repo(
+        root,
+        [
+            ("one", {"conftest.py": CONFTEST, "wrapper/__init__.py": wrapper(), "tests/test_slow.py": SLOW_TESTS}),
+            ("two", {"wrapper/__init__.py": wrapper(1.0)}),
+        ],
+    )
     return root
 
 

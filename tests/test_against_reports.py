@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pytest_llmperf.core.documents import load_schema, SchemaViolation, validate
+from pytest_llmperf.core.documents import SchemaViolation, load_schema, validate
 from pytest_llmperf.core.formats import fmt
 from pytest_llmperf.core.workload import EngineInfo, RunTrace, Workload
 from pytest_llmperf.judge.paired import judged_pairs
@@ -31,17 +31,30 @@ from pytest_llmperf.session.finish import summary
 REF = "git:main (3f2a1b9c0d1e)"
 WRAPPER = "tests/test_perf.py::test_wrapper_streams_tokens_from_llama_cpp"  # too long for both figures in 80 columns
 PAIRS = 20
-NOT_COMPARED = ("not compared: side REF (git:main (3f2a1b9c0d1e)) cannot collect tests/test_new.py: ImportError: "
-                "cannot import name 'new_api' from 'wrapper'")
+NOT_COMPARED = (
+    "not compared: side REF (git:main (3f2a1b9c0d1e)) cannot collect tests/test_new.py: ImportError: "
+    "cannot import name 'new_api' from 'wrapper'"
+)
 AGAINST = {
     "ref": "git:main",
     "described": REF,
     "sides": {
-        "current": {"shown": "this tree", "interpreter": sys.executable, "code_root": "/src/project",
-                    "python": "3.11.7", "llama_cpp": "0.3.36", "code": {"wrapper": "/src/project/wrapper/__init__.py"}},
-        "REF": {"shown": REF, "interpreter": sys.executable, "code_root": "/cache/worktrees/3f2a1b9c0d1e",
-                "python": "3.11.7", "llama_cpp": "0.3.16",
-                "code": {"wrapper": "/cache/worktrees/3f2a1b9c0d1e/wrapper/__init__.py"}},
+        "current": {
+            "shown": "this tree",
+            "interpreter": sys.executable,
+            "code_root": "/src/project",
+            "python": "3.11.7",
+            "llama_cpp": "0.3.36",
+            "code": {"wrapper": "/src/project/wrapper/__init__.py"},
+        },
+        "REF": {
+            "shown": REF,
+            "interpreter": sys.executable,
+            "code_root": "/cache/worktrees/3f2a1b9c0d1e",
+            "python": "3.11.7",
+            "llama_cpp": "0.3.16",
+            "code": {"wrapper": "/cache/worktrees/3f2a1b9c0d1e/wrapper/__init__.py"},
+        },
     },
 }
 
@@ -54,8 +67,14 @@ def _traces(rng: np.random.Generator, drift: np.ndarray, ttft_ms: float, tpot_ms
         ttft = ttft_ms * d * (1 + rng.normal(0, 0.01))
         gaps = tpot_ms * d * (1 + rng.normal(0, 0.01, 11))
         tokens = start + np.concatenate([[ttft], ttft + np.cumsum(gaps)]) * 1e6
-        out.append(RunTrace(start_ns=start, prefill_done_ns=start + int(ttft * 0.95e6),
-                            token_ns=tuple(int(t) for t in tokens), prompt_tokens=16))
+        out.append(
+            RunTrace(
+                start_ns=start,
+                prefill_done_ns=start + int(ttft * 0.95e6),
+                token_ns=tuple(int(t) for t in tokens),
+                prompt_tokens=16,
+            )
+        )
     return out
 
 
@@ -65,21 +84,44 @@ def paired_result(test: str, slowdown: float = 1.10, seed: int = 7) -> Measureme
     rng = np.random.default_rng(seed)
     drift = 1 + 0.2 * rng.random(PAIRS)  # the machine's speed moves by up to 20% between pairs
     ref, cur = _traces(rng, drift, 30.0, 5.0), _traces(rng, drift, 30.0, 5.0 * slowdown)
-    comparisons = judged_pairs([RunMetrics.of(t) for t in ref], [RunMetrics.of(t) for t in cur], alpha=0.01,
-                               threshold=0.05, tail_threshold=0.10, family=6, reference=REF)
-    note = (f"against {REF}: {PAIRS} pairs interleaved (10 AB, 10 BA, seeded; up to 60 in 3 look(s)) after 1 "
-            "warm-up run(s) each; llama-cpp-python 0.3.16 (REF) vs 0.3.36 (this tree)")
+    comparisons = judged_pairs(
+        [RunMetrics.of(t) for t in ref],
+        [RunMetrics.of(t) for t in cur],
+        alpha=0.01,
+        threshold=0.05,
+        tail_threshold=0.10,
+        family=6,
+        reference=REF,
+    )
+    note = (
+        f"against {REF}: {PAIRS} pairs interleaved (10 AB, 10 BA, seeded; up to 60 in 3 look(s)) after 1 "
+        "warm-up run(s) each; llama-cpp-python 0.3.16 (REF) vs 0.3.36 (this tree)"
+    )
     m = summarize(cur, Workload(prompt_tokens=16, max_tokens=12, runs=PAIRS), EngineInfo("llama.cpp", "synthetic-tiny"))
-    return MeasurementResult(test, test, budget="ok", budgets={"tpot_ms": 1000.0}, figures=Figures.of(m), key=test,
-                             verdict=VerdictRecord.of(BaselineVerdict("compared", note, tuple(comparisons))))
+    return MeasurementResult(
+        test,
+        test,
+        budget="ok",
+        budgets={"tpot_ms": 1000.0},
+        figures=Figures.of(m),
+        key=test,
+        verdict=VerdictRecord.of(BaselineVerdict("compared", note, tuple(comparisons))),
+    )
 
 
 def solo_result(test: str) -> MeasurementResult:
     """A test REF cannot collect: measured on the current side only (budgets still checked)."""
     cur = _traces(np.random.default_rng(3), np.ones(6), 30.0, 5.0)
     m = summarize(cur, Workload(prompt_tokens=16, max_tokens=12, runs=6), EngineInfo("llama.cpp", "synthetic-tiny"))
-    return MeasurementResult(test, test, budget="ok", budgets={"tpot_ms": 1000.0}, figures=Figures.of(m), key=test,
-                             verdict=VerdictRecord.of(BaselineVerdict("not-compared", NOT_COMPARED)))
+    return MeasurementResult(
+        test,
+        test,
+        budget="ok",
+        budgets={"tpot_ms": 1000.0},
+        figures=Figures.of(m),
+        key=test,
+        verdict=VerdictRecord.of(BaselineVerdict("not-compared", NOT_COMPARED)),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +155,7 @@ def test_the_paired_results_are_what_the_reports_show(results: list[MeasurementR
 def _row(text: str, *cells: str) -> bool:
     """A line of ``text`` holding ``cells`` in order, as whole words."""
     pattern = r"\s+".join(re.escape(c) for c in cells)
-    return re.search(rf"(^|\s){pattern}(\s|$)", text, re.M) is not None
+    return re.search(rf"(^|\s){pattern}(\s|$)", text, re.MULTILINE) is not None
 
 
 def test_terminal_names_ref_and_shows_both_sides_and_the_ratio(results: list[MeasurementResult]) -> None:
@@ -163,17 +205,24 @@ def test_session_file_has_the_against_object_and_validates(results: list[Measure
     assert [r.to_json() for r in back] == [r.to_json() for r in results]
     c = _decode(back[0])
     assert (c.reference, c.baseline_value, c.candidate_value, c.ci_low, c.ci_high) == (
-        REF, _decode(results[0]).baseline_value, _decode(results[0]).candidate_value,
-        _decode(results[0]).ci_low, _decode(results[0]).ci_high)
+        REF,
+        _decode(results[0]).baseline_value,
+        _decode(results[0]).candidate_value,
+        _decode(results[0]).ci_low,
+        _decode(results[0]).ci_high,
+    )
     assert back[0].record is None and back[1].verdict.note == NOT_COMPARED
     schemas = {n: load_schema(n) for n in ("session", "baselines")}
     registry = referencing.Registry().with_resources(
-        (s["$id"], referencing.Resource.from_contents(s)) for s in schemas.values())
+        (s["$id"], referencing.Resource.from_contents(s)) for s in schemas.values()
+    )
     checker = jsonschema.Draft202012Validator(schemas["session"], registry=registry)
     checker.validate(data)
-    for broken, where in ((lambda d: d["against"].pop("sides"), "has no 'sides'"),
-                          (lambda d: d["against"]["sides"].pop("REF"), "has no 'REF'"),
-                          (lambda d: d["against"]["sides"]["REF"].update(llama_cpp=3), "llama_cpp")):
+    for broken, where in (
+        (lambda d: d["against"].pop("sides"), "has no 'sides'"),
+        (lambda d: d["against"]["sides"].pop("REF"), "has no 'REF'"),
+        (lambda d: d["against"]["sides"]["REF"].update(llama_cpp=3), "llama_cpp"),
+    ):
         doc = json.loads(json.dumps(data))
         broken(doc)
         with pytest.raises(SchemaViolation, match=where):
@@ -206,11 +255,11 @@ def test_html_names_ref_in_the_header_and_per_test(results: list[MeasurementResu
     page = render_html(results, "2026-12-01T00:00:00+00:00", workers=1, against=AGAINST)
     assert f"<title>pytest-llmperf report against {REF}</title>" in page
     assert f"<h1>pytest-llmperf report against {REF}</h1>" in page
-    section = re.search(r'<section id="against">(.*?)</section>', page, re.S).group(1)
+    section = re.search(r'<section id="against">(.*?)</section>', page, re.DOTALL).group(1)
     assert f"Judged against REF {REF}" in section and "1 of 2 measurement(s)" in section
     assert "llama-cpp-python 0.3.16" in section and "llama-cpp-python 0.3.36" in section
     assert "wrapper from /cache/worktrees/3f2a1b9c0d1e/wrapper/__init__.py" in section
-    tests = dict(re.findall(r'<section class="test"[^>]*data-test="([^"]+)"[^>]*>(.*?)</section>', page, re.S))
+    tests = dict(re.findall(r'<section class="test"[^>]*data-test="([^"]+)"[^>]*>(.*?)</section>', page, re.DOTALL))
     paired = tests[WRAPPER]
     assert f"against REF {REF}: {PAIRS} interleaved pairs" in paired and "baseline:" not in paired
     assert "<th>REF</th><th>now</th><th>now/REF</th><th>95% CI</th>" in paired
@@ -250,12 +299,23 @@ def test_the_controller_fills_the_session_files_against_object(tmp_path: Path) -
     (repo / "tests").mkdir()
     (repo / "wrapper" / "__init__.py").write_text("EXTRA_MS = 0.0\n")
     (repo / "tests" / "test_perf.py").write_text(
-        "import pytest\nimport wrapper\n\n@pytest.mark.llmperf(runs=2)\ndef test_marker_only():\n    pass\n")
+        "import pytest\nimport wrapper\n\n@pytest.mark.llmperf(runs=2)\ndef test_marker_only():\n    pass\n"
+    )
     _git(repo, "init", "-q")
     _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", ".")
     _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base")
-    ag = open_against("git:HEAD", repo, tmp_path / "cache", ["tests", "-p", "no:cacheprovider"], str(repo),
-                      alpha=0.01, threshold=0.05, tail_threshold=0.1, family=3, timeout_s=240)
+    ag = open_against(
+        "git:HEAD",
+        repo,
+        tmp_path / "cache",
+        ["tests", "-p", "no:cacheprovider"],
+        str(repo),
+        alpha=0.01,
+        threshold=0.05,
+        tail_threshold=0.1,
+        family=3,
+        timeout_s=240,
+    )
     session = Session(SessionSettings.of(repo, against="git:HEAD", json=str(tmp_path / "s.json")))
     try:
         ag.start()
@@ -304,8 +364,15 @@ def test_holm_family_counts_each_labelled_measurement_once() -> None:
     from pytest_llmperf.judge.rule import JUDGED
     from pytest_llmperf.session.against import Against
 
-    ag = Against(reference=None, sides={}, alpha=0.05, threshold=0.05, tail_threshold=0.1,  # type: ignore[arg-type]
-                 family=4 * len(JUDGED), timeout_s=1.0)
+    ag = Against(
+        reference=None,
+        sides={},
+        alpha=0.05,
+        threshold=0.05,
+        tail_threshold=0.1,  # type: ignore[arg-type]
+        family=4 * len(JUDGED),
+        timeout_s=1.0,
+    )
     assert ag.family_for("t.py::a", "") == 4 * len(JUDGED)
     assert ag.family_for("t.py::a", "") == 4 * len(JUDGED)
     assert ag.family_for("t.py::a", "long") == 5 * len(JUDGED)

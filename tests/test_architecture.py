@@ -1,7 +1,7 @@
 """The package's shape, as docs/architecture.md draws it: packages named after the layers,
 each importing only from its own layer or the layers below (lazy imports inside functions
 count too), no import circle, pytest imported only by the pytest layer, no private name
-imported from another module, no module over 600 lines."""
+imported from another module, no module over 700 lines (as ruff format lays them out)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,18 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "pytest_llmperf"
 
 #: Bottom to top. The pytest plugin and the CLI are both on top and never import each other.
-LAYERS = ["core", "models", "engines", "measuring", "baselines", "judge", "history", "reports", "session",
-          "pytest_plugin|cli"]
+LAYERS = [
+    "core",
+    "models",
+    "engines",
+    "measuring",
+    "baselines",
+    "judge",
+    "history",
+    "reports",
+    "session",
+    "pytest_plugin|cli",
+]
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names.split("|")}
 
 
@@ -34,8 +44,13 @@ def _imports(name: str, path: Path) -> set[str]:
     """Every pytest_llmperf module (and 'pytest') this module imports, at any depth of the
     code; imports only for type checkers are skipped."""
     tree = ast.parse(path.read_text())
-    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-            for b in node.body for n in ast.walk(b)}
+    skip = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for b in node.body
+        for n in ast.walk(b)
+    }
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     found: set[str] = set()
     for node in ast.walk(tree):
@@ -72,9 +87,9 @@ def test_imports_only_from_its_layer_or_below(name):
     if own is None:
         return
     upward = sorted(
-        t for t in GRAPH[name]
-        if t.startswith("pytest_llmperf.") and _layer(t) in RANK and _layer(t) != own
-        and RANK[_layer(t)] >= RANK[own]
+        t
+        for t in GRAPH[name]
+        if t.startswith("pytest_llmperf.") and _layer(t) in RANK and _layer(t) != own and RANK[_layer(t)] >= RANK[own]
     )
     assert not upward, f"{name} ({own}) imports from a layer above or beside it: {upward}"
 
@@ -131,7 +146,9 @@ def test_no_private_name_is_imported_from_another_module():
     for name, path in MODULES.items():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("pytest_llmperf")):
-                reached += [f"{name}: {a.name}" for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+                reached += [
+                    f"{name}: {a.name}" for a in node.names if a.name.startswith("_") and not a.name.startswith("__")
+                ]
     assert reached == []
 
 
@@ -156,10 +173,10 @@ def test_a_layer_takes_only_the_version_from_the_package_root():
     assert taken == []
 
 
-MAX_LINES = 600
+MAX_LINES = 700  # ruff format: the merged modules (at most 563 lines before it) grew by about a fifth
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
-def test_no_module_over_600_lines(name):
+def test_no_module_over_700_lines(name):
     """A module past this holds more than one idea: split it where the ideas part."""
     assert len(MODULES[name].read_text().splitlines()) <= MAX_LINES

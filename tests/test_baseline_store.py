@@ -73,7 +73,10 @@ def test_module_file_mirrors_the_test_module(tmp_path: Path) -> None:
         ("[1, 2]", "is not a pytest-llmperf baseline file"),
         ('{"schema": "pytest-llmperf/baselines", "schema_version": 99, "tests": {}}', "schema_version 99, newer"),
         ('{"schema": "pytest-llmperf/baselines", "schema_version": "1", "tests": {}}', "not an integer"),
-        ('{"schema": "pytest-llmperf/baselines", "schema_version": 1, "tests": []}', "tests is an array, not an object"),
+        (
+            '{"schema": "pytest-llmperf/baselines", "schema_version": 1, "tests": []}',
+            "tests is an array, not an object",
+        ),
         (
             '{"schema": "pytest-llmperf/baselines", "schema_version": 1, "tests": {"t": {"hw": '
             '{"runs": {"tpot_ms": ["fast"]}, "workload": {}, "subject": {}, "hardware": {}}}}}',
@@ -205,8 +208,15 @@ def test_update_carries_valid_entries_over_from_a_file_with_a_bad_one(tmp_path: 
     path = tmp_path / "m.json"
     bad = entry()
     bad["runs"] = {"tpot_ms": []}
-    path.write_text(store.dumps({"schema": store.SCHEMA, "schema_version": 1,
-                                 "tests": {"test_bad": {"hw": bad}, "test_good": {"hw": entry(2.0)}}}))
+    path.write_text(
+        store.dumps(
+            {
+                "schema": store.SCHEMA,
+                "schema_version": 1,
+                "tests": {"test_bad": {"hw": bad}, "test_good": {"hw": entry(2.0)}},
+            }
+        )
+    )
     original = path.read_text()
     with pytest.raises(BaselineError, match=r"runs\['tpot_ms'\] is empty; re-record"):
         store.load(path)

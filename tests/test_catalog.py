@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 
 from pytest_llmperf import Workload, measure
+from pytest_llmperf.baselines.records import record
 from pytest_llmperf.core import catalog
 from pytest_llmperf.core.fingerprint import Fingerprint, subject
-from pytest_llmperf.reports.html import _budget_rows, budget_value
-from pytest_llmperf.measuring.roofline import Peak
-from pytest_llmperf.baselines.records import record
 from pytest_llmperf.judge import rule as compare
-from pytest_llmperf.session.options import BUDGET_KEYS, KEYS
 from pytest_llmperf.judge.result import Figures
+from pytest_llmperf.measuring.roofline import Peak
+from pytest_llmperf.reports.html import _budget_rows, budget_value
+from pytest_llmperf.session.options import BUDGET_KEYS, KEYS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,12 +29,17 @@ ROOT = Path(__file__).resolve().parent.parent
 def measured(tiny_engine):
     """A plain measurement with a roofline (given peaks: no probe) and a load measurement
     with SLOs (goodput): between them every catalog metric has a value."""
-    plain = measure(tiny_engine, Workload(prompt_tokens=8, max_tokens=6, runs=3, warmup=0),
-                    peaks=(Peak(45.0, "given"), Peak(0.157, "given")))
-    load = measure(tiny_engine, Workload(prompt_tokens=8, max_tokens=6, requests=3, concurrency=1, warmup=0),
-                   slo={"ttft_ms": 60_000.0, "tpot_ms": 60_000.0})
-    return [(m, record(m, Fingerprint({}, subject(m.engine)), commit=None, recorded_at="now"))
-            for m in (plain, load)]
+    plain = measure(
+        tiny_engine,
+        Workload(prompt_tokens=8, max_tokens=6, runs=3, warmup=0),
+        peaks=(Peak(45.0, "given"), Peak(0.157, "given")),
+    )
+    load = measure(
+        tiny_engine,
+        Workload(prompt_tokens=8, max_tokens=6, requests=3, concurrency=1, warmup=0),
+        slo={"ttft_ms": 60_000.0, "tpot_ms": 60_000.0},
+    )
+    return [(m, record(m, Fingerprint({}, subject(m.engine)), commit=None, recorded_at="now")) for m in (plain, load)]
 
 
 def _close(a: float, b: float) -> bool:
@@ -62,7 +67,8 @@ def test_compared_metrics_and_summary_columns_are_the_catalogs() -> None:
             source = catalog.METRICS[m.mirror_of]
             assert source.judged and (source.phase, source.higher_is_better) == (m.phase, not m.higher_is_better)
     assert [(c, h, k) for c, h, k in catalog.SUMMARY_COLUMNS if k in catalog.SUMMARY] == [
-        (f.column, f.header, f.key) for f in catalog.SUMMARY.values() if f.column]
+        (f.column, f.header, f.key) for f in catalog.SUMMARY.values() if f.column
+    ]
     for key, field in catalog.SUMMARY.items():
         assert field.metric in catalog.METRICS
         if field.reader is None:  # the metric's own value: what its from_record reads
@@ -166,5 +172,6 @@ def test_catalog_is_a_bottom_layer() -> None:
     top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
     assert not [n for n in top if isinstance(n, ast.ImportFrom) and n.level], "catalog imports from the package"
     names = {a.name.split(".")[0] for n in top for a in n.names} | {
-        (n.module or "").split(".")[0] for n in top if isinstance(n, ast.ImportFrom)}
+        (n.module or "").split(".")[0] for n in top if isinstance(n, ast.ImportFrom)
+    }
     assert not names & {"numpy", "scipy", "pytest", "pytest_llmperf"}, names

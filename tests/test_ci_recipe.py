@@ -126,8 +126,14 @@ def test_every_llmperf_command_parses() -> None:
 
 
 def _git(cwd: Path, *args: str) -> str:
-    done = subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "protocol.file.allow=always",
-                           *args], cwd=cwd, check=True, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "protocol.file.allow=always", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return done.stdout.strip()
 
 
@@ -154,8 +160,18 @@ def test_the_recipes_checkout_makes_the_base_branch_a_ref(tmp_path: Path) -> Non
     _git(tmp_path, "clone", "-q", "--no-local", "--branch", "feature", str(origin), str(full))
     assert resolve_reference(text, full).commit == base
     shallow = tmp_path / "shallow"
-    _git(tmp_path, "clone", "-q", "--depth", "1", "--single-branch", "--branch", "feature", f"file://{origin}",
-         str(shallow))
+    _git(
+        tmp_path,
+        "clone",
+        "-q",
+        "--depth",
+        "1",
+        "--single-branch",
+        "--branch",
+        "feature",
+        f"file://{origin}",
+        str(shallow),
+    )
     with pytest.raises(ConfigError) as error:
         resolve_reference(text, shallow)
     line = str(error.value)

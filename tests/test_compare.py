@@ -9,18 +9,18 @@ import math
 import numpy as np
 import pytest
 
-from pytest_llmperf.judge.regression import carry_history, CompareSettings, judge, session_holm, suite_check
+from pytest_llmperf.judge.regression import CompareSettings, carry_history, judge, session_holm, suite_check
 from pytest_llmperf.judge.result import MeasurementResult, VerdictRecord
-from pytest_llmperf.judge.rule import compare_runs, decide, JUDGED, METRICS, MIN_PEERS, suite_relative
+from pytest_llmperf.judge.rule import JUDGED, METRICS, MIN_PEERS, compare_runs, decide, suite_relative
 from pytest_llmperf.judge.verdict import (
     Comparison,
-    holm,
     Level,
+    NoiseModel,
+    Verdict,
+    holm,
     level,
     lognormal_sigma,
     min_detectable_effect,
-    NoiseModel,
-    Verdict,
 )
 
 TPOT, DECODE_TPS, TTFT = (METRICS[k] for k in ("tpot_ms", "decode_tps", "ttft_ms"))
@@ -45,8 +45,12 @@ def one(spec, base, cand, *, m=None, threshold=0.05, noise=DRIFT) -> Comparison:
 
 
 def record(tpot: np.ndarray, ttft: np.ndarray, p95: np.ndarray | None = None, **extra) -> dict:
-    runs = {"tpot_ms": list(tpot), "decode_tps": list(1000.0 / tpot), "ttft_ms": list(ttft),
-            "prefill_tps": list(128_000.0 / ttft)}
+    runs = {
+        "tpot_ms": list(tpot),
+        "decode_tps": list(1000.0 / tpot),
+        "ttft_ms": list(ttft),
+        "prefill_tps": list(128_000.0 / ttft),
+    }
     if p95 is not None:
         runs["itl_p95_ms"] = list(p95)
     return {"workload": WORKLOAD, "subject": SUBJECT, "hardware": {}, "runs": runs, **extra}
@@ -112,9 +116,16 @@ def test_drifting_sessions_raise_no_false_alarm() -> None:
             b_off = base_off + rng.normal(0, 0.005)
             c_off = cand_off + rng.normal(0, 0.005)
             for spec, med in ((TPOT, 10.0), (TTFT, 150.0)):
-                comps.append(compare_runs(spec, lognormal(rng, med, 0.03, 20, b_off),
-                                          lognormal(rng, med, 0.03, 20, c_off), threshold=0.05, alpha=ALPHA,
-                                          noise=DRIFT))
+                comps.append(
+                    compare_runs(
+                        spec,
+                        lognormal(rng, med, 0.03, 20, b_off),
+                        lognormal(rng, med, 0.03, 20, c_off),
+                        threshold=0.05,
+                        alpha=ALPHA,
+                        noise=DRIFT,
+                    )
+                )
         alarms += any(c.verdict is Verdict.REGRESSION for c in decide(comps, alpha=ALPHA, m=60))
     assert alarms == 0
 
@@ -147,8 +158,12 @@ def test_a_slowdown_of_part_of_the_runs_never_passes_silently() -> None:
 def test_tps_mirrors_tpot() -> None:
     rng = np.random.default_rng(7)
     tpot_b, tpot_c = lognormal(rng, 10.0, 0.02, 20), lognormal(rng, 11.5, 0.02, 20)
-    v = judge({"hw": record(tpot_b, lognormal(rng, 150, 0.02, 20))}, "hw",
-              record(tpot_c, lognormal(rng, 150, 0.02, 20)), CompareSettings(family_size=2, noise=DRIFT))
+    v = judge(
+        {"hw": record(tpot_b, lognormal(rng, 150, 0.02, 20))},
+        "hw",
+        record(tpot_c, lognormal(rng, 150, 0.02, 20)),
+        CompareSettings(family_size=2, noise=DRIFT),
+    )
     by = {c.metric: c for c in v.comparisons}
     assert by["tpot_ms"].verdict is by["decode_tps"].verdict is Verdict.REGRESSION
     assert by["decode_tps"].ratio == pytest.approx(1 / by["tpot_ms"].ratio)
@@ -169,8 +184,12 @@ def test_holm_bound_for_unseen_comparisons() -> None:
 
 def test_family_counts_judged_metrics_only() -> None:
     rng = np.random.default_rng(8)
-    v = judge({"hw": record(lognormal(rng, 10, 0.02, 20), lognormal(rng, 150, 0.02, 20))}, "hw",
-              record(lognormal(rng, 10, 0.02, 20), lognormal(rng, 150, 0.02, 20)), CompareSettings())
+    v = judge(
+        {"hw": record(lognormal(rng, 10, 0.02, 20), lognormal(rng, 150, 0.02, 20))},
+        "hw",
+        record(lognormal(rng, 10, 0.02, 20), lognormal(rng, 150, 0.02, 20)),
+        CompareSettings(),
+    )
     judged = [c for c in v.comparisons if c.mirror_of is None]
     assert len(v.comparisons) == 4 and len(judged) == 2
     raw = sorted(c.p_value for c in judged)
@@ -181,9 +200,12 @@ def test_session_holm_equals_holm_over_all_p_values() -> None:
     rng = np.random.default_rng(9)
     results = []
     for i in range(5):
-        v = judge({"hw": record(lognormal(rng, 10, 0.02, 20), lognormal(rng, 150, 0.02, 20))}, "hw",
-                  record(lognormal(rng, 10.3, 0.02, 20), lognormal(rng, 150, 0.02, 20)),
-                  CompareSettings(family_size=100))
+        v = judge(
+            {"hw": record(lognormal(rng, 10, 0.02, 20), lognormal(rng, 150, 0.02, 20))},
+            "hw",
+            record(lognormal(rng, 10.3, 0.02, 20), lognormal(rng, 150, 0.02, 20)),
+            CompareSettings(family_size=100),
+        )
         results.append(MeasurementResult(test=f"t{i}", verdict=VerdictRecord.of(v)))
     adjusted = session_holm(results)
     assert [r.verdict.short for r in adjusted] == [r.verdict.short for r in results]  # decided as they were
@@ -205,8 +227,9 @@ def test_history_keeps_the_last_sessions_and_restarts_on_a_subject_change() -> N
     changed = record(lognormal(rng, 10, 0.02, 20), lognormal(rng, 150, 0.02, 20))
     changed["subject"] = {"backend_version": "0.3.17"}
     assert "sessions" not in carry_history(stored, changed)
-    v = judge({"hw": stored}, "hw", record(lognormal(rng, 10, 0.02, 20), lognormal(rng, 150, 0.02, 20)),
-              CompareSettings())
+    v = judge(
+        {"hw": stored}, "hw", record(lognormal(rng, 10, 0.02, 20), lognormal(rng, 150, 0.02, 20)), CompareSettings()
+    )
     assert all(c.baseline_sessions == 10 for c in v.comparisons)
 
 
@@ -223,8 +246,7 @@ def test_the_reference_probe_is_shown_but_decides_nothing() -> None:
     rng = np.random.default_rng(11)
     ref = {"kind": "numpy-sgemm-384", "runs_ms": [1.0] * 5}
     base = record(lognormal(rng, 10, 0.02, 20), lognormal(rng, 150, 0.02, 20), reference=ref)
-    slow = record(lognormal(rng, 25, 0.02, 20), lognormal(rng, 400, 0.02, 20),
-                  reference={**ref, "runs_ms": [2.6] * 5})
+    slow = record(lognormal(rng, 25, 0.02, 20), lognormal(rng, 400, 0.02, 20), reference={**ref, "runs_ms": [2.6] * 5})
     v = judge({"hw": base}, "hw", slow, CompareSettings())
     assert v.machine_ratio == pytest.approx(2.6) and v.short() == "REGRESSION decode+prefill"
 
@@ -237,10 +259,26 @@ def test_deterministic() -> None:
 
 def test_line_format() -> None:
     c = Comparison(
-        metric="tpot_ms", label="TPOT", phase="decode", unit="ms", higher_is_better=False, threshold=0.05,
-        baseline_value=6.52, candidate_value=7.41, ratio=1.136, ci_low=1.098, ci_high=1.172,
-        p_value=4e-6, p_value_better=1.0, n_baseline=10, n_candidate=10,
-        cv_baseline=0.02, cv_candidate=0.03, verdict=Verdict.REGRESSION, reason="", p_adjusted=0.0004,
+        metric="tpot_ms",
+        label="TPOT",
+        phase="decode",
+        unit="ms",
+        higher_is_better=False,
+        threshold=0.05,
+        baseline_value=6.52,
+        candidate_value=7.41,
+        ratio=1.136,
+        ci_low=1.098,
+        ci_high=1.172,
+        p_value=4e-6,
+        p_value_better=1.0,
+        n_baseline=10,
+        n_candidate=10,
+        cv_baseline=0.02,
+        cv_candidate=0.03,
+        verdict=Verdict.REGRESSION,
+        reason="",
+        p_adjusted=0.0004,
     )
     assert c.line() == (
         "decode regression: TPOT 7.41 ms vs 6.52 ms baseline "
@@ -260,8 +298,14 @@ def test_min_detectable_effect_grows_with_noise_and_shrinks_with_history() -> No
 # The session-end suite-relative check, and what the machine explains
 
 
-def _session(rng: np.random.Generator, tests: int, shared: float, slow: dict[int, float] | None = None,
-             cv: float = 0.03, noise: NoiseModel = NoiseModel()) -> list[list[Comparison]]:
+def _session(
+    rng: np.random.Generator,
+    tests: int,
+    shared: float,
+    slow: dict[int, float] | None = None,
+    cv: float = 0.03,
+    noise: NoiseModel = NoiseModel(),
+) -> list[list[Comparison]]:
     """One session of ``tests`` measurements against one-session baselines under the drift
     model (this session's shared offset ``shared``, 0.5% per test), each decided with Holm over
     the session at the per-test share of alpha, as the plugin does."""
@@ -270,8 +314,9 @@ def _session(rng: np.random.Generator, tests: int, shared: float, slow: dict[int
     for t in range(tests):
         factor = (slow or {}).get(t, 1.0)
         base = record(lognormal(rng, 10, cv, 20, rng.normal(0, 0.005)), lognormal(rng, 150, cv, 20))
-        cand = record(lognormal(rng, 10 * factor, cv, 20, shared + rng.normal(0, 0.005)),
-                      lognormal(rng, 150, cv, 20, shared))
+        cand = record(
+            lognormal(rng, 10 * factor, cv, 20, shared + rng.normal(0, 0.005)), lognormal(rng, 150, cv, 20, shared)
+        )
         per_test.append(list(judge({"hw": base}, "hw", cand, settings).comparisons))
     return per_test
 
@@ -335,8 +380,10 @@ def test_suite_check_updates_the_session_results() -> None:
     failure line and the short cell."""
     rng = np.random.default_rng(25)
     per_test = _session(rng, 12, -0.03, {3: 1.15}, cv=0.02)
-    results = [MeasurementResult(test=f"t{i}", verdict=VerdictRecord("compared", short="UNCHANGED", comparisons=tuple(cs)))
-               for i, cs in enumerate(per_test)]
+    results = [
+        MeasurementResult(test=f"t{i}", verdict=VerdictRecord("compared", short="UNCHANGED", comparisons=tuple(cs)))
+        for i, cs in enumerate(per_test)
+    ]
     checked, lines = suite_check(results, CompareSettings(peers=12))
     assert lines and all(line.startswith("t3: decode regression: TPOT") for line in lines)
     assert checked[3].verdict.short.startswith("REGRESSION") and checked[3].verdict.failures
@@ -351,7 +398,9 @@ def test_steal_time_is_blamed_on_the_machine() -> None:
     runs = (lognormal(rng, 30, 0.05, 20), lognormal(rng, 400, 0.05, 20))
     stolen = judge({"hw": base}, "hw", record(*runs, machine={"steal_share": 0.15}), CompareSettings())
     assert stolen.short() == "MACHINE_SLOWER" and not stolen.regressions
-    assert all("15% of this VM's CPU time" in c.reason for c in stolen.comparisons if c.verdict is Verdict.MACHINE_SLOWER)
+    assert all(
+        "15% of this VM's CPU time" in c.reason for c in stolen.comparisons if c.verdict is Verdict.MACHINE_SLOWER
+    )
     own = judge({"hw": base}, "hw", record(*runs, machine={"steal_share": 0.01}), CompareSettings())
     assert own.short() == "REGRESSION decode+prefill"
     # A baseline recorded under steal says so.
@@ -361,10 +410,13 @@ def test_steal_time_is_blamed_on_the_machine() -> None:
 
 def test_other_processes_on_the_engines_cores_are_blamed_on_the_machine() -> None:
     rng = np.random.default_rng(28)
-    base = record(lognormal(rng, 10, 0.02, 20), lognormal(rng, 150, 0.02, 20),
-                  machine={"involuntary_switches_per_run": 70.0})
+    base = record(
+        lognormal(rng, 10, 0.02, 20), lognormal(rng, 150, 0.02, 20), machine={"involuntary_switches_per_run": 70.0}
+    )
     runs = (lognormal(rng, 25, 0.8, 20), lognormal(rng, 400, 0.5, 20))
-    shared = judge({"hw": base}, "hw", record(*runs, machine={"involuntary_switches_per_run": 900.0}), CompareSettings())
+    shared = judge(
+        {"hw": base}, "hw", record(*runs, machine={"involuntary_switches_per_run": 900.0}), CompareSettings()
+    )
     assert shared.short() == "MACHINE_SLOWER"
     assert any("13x as often as at baseline" in c.reason for c in shared.comparisons)
     alone = judge({"hw": base}, "hw", record(*runs, machine={"involuntary_switches_per_run": 90.0}), CompareSettings())

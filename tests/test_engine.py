@@ -144,6 +144,12 @@ def test_layer_timing_drives_the_engines_timed_loop(tiny_engine) -> None:
         attrs = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
         assert "llama_synchronize" not in attrs or path.name == "llama_cpp.py", path
         if path.name not in ("llama_cpp.py", "llama_cpp_native.py"):
-            private = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
-                       and isinstance(n.value, ast.Name) and n.value.id == "engine" and n.attr.startswith("_")}
+            private = {
+                n.attr
+                for n in ast.walk(tree)
+                if isinstance(n, ast.Attribute)
+                and isinstance(n.value, ast.Name)
+                and n.value.id == "engine"
+                and n.attr.startswith("_")
+            }
             assert not private, (path, private)

@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 from inner import run
 
-from pytest_llmperf.engines.llama_cpp_native import EngineConfig
-from pytest_llmperf.engines.pool import EnginePool, load_config as load_engine_config
 from pytest_llmperf.core.errors import ConfigError, EngineError
 from pytest_llmperf.core.fingerprint import subject, subject_changes
+from pytest_llmperf.engines.llama_cpp_native import EngineConfig
+from pytest_llmperf.engines.pool import EnginePool
+from pytest_llmperf.engines.pool import load_config as load_engine_config
 from pytest_llmperf.session.options import validate
 
 
@@ -81,17 +82,46 @@ def test_a_failed_load_is_remembered(tmp_path) -> None:
 
 
 def test_every_setting_is_in_the_subject_fingerprint(tiny_model_path) -> None:
-    config = EngineConfig(model=str(tiny_model_path), threads=1, n_ctx=256, n_ubatch=128, flash_attn=True,
-                          type_k="q8_0", type_v="q8_0", mmap=False)
+    config = EngineConfig(
+        model=str(tiny_model_path),
+        threads=1,
+        n_ctx=256,
+        n_ubatch=128,
+        flash_attn=True,
+        type_k="q8_0",
+        type_v="q8_0",
+        mmap=False,
+    )
     engine = load_engine_config(config)
     try:
         s = subject(engine.info())
     finally:
         engine.close()
-    assert {k: s[k] for k in ("n_threads", "n_ctx", "n_batch", "n_ubatch", "flash_attn", "type_k", "type_v",
-                                "mmap", "mlock", "n_gpu_layers")} == {
-        "n_threads": 1, "n_ctx": 256, "n_batch": 256, "n_ubatch": 128, "flash_attn": True, "type_k": "q8_0",
-        "type_v": "q8_0", "mmap": False, "mlock": False, "n_gpu_layers": 0,
+    assert {
+        k: s[k]
+        for k in (
+            "n_threads",
+            "n_ctx",
+            "n_batch",
+            "n_ubatch",
+            "flash_attn",
+            "type_k",
+            "type_v",
+            "mmap",
+            "mlock",
+            "n_gpu_layers",
+        )
+    } == {
+        "n_threads": 1,
+        "n_ctx": 256,
+        "n_batch": 256,
+        "n_ubatch": 128,
+        "flash_attn": True,
+        "type_k": "q8_0",
+        "type_v": "q8_0",
+        "mmap": False,
+        "mlock": False,
+        "n_gpu_layers": 0,
     }
     before = dict(s, flash_attn=False)
     assert "flash attention False -> True" in subject_changes(before, s)

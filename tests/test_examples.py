@@ -17,8 +17,11 @@ def test_example_suite_runs(pytester: pytest.Pytester) -> None:
     result = run(pytester)
     reports = [r for r in result.reprec.getreports("pytest_runtest_logreport") if r.when == "call"]
     assert {r.nodeid.split("::")[1].split("[")[0] for r in reports} == {
-        "test_decode_latency", "test_chat_turn", "test_long_prompt_prefill",
-        "test_prompt_length_scaling", "test_where_the_time_goes",
+        "test_decode_latency",
+        "test_chat_turn",
+        "test_long_prompt_prefill",
+        "test_prompt_length_scaling",
+        "test_where_the_time_goes",
     }
     for r in reports:
         # The plugin fails a test on a budget with one plain line; a test body's failure

@@ -16,13 +16,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from pgserver import PgServer, bindir, unavailable
+
 from pytest_llmperf.cli import main as cli_main
-from pytest_llmperf.judge.verdict import level
-from pytest_llmperf.history import append_session, series as detect, database as store
+from pytest_llmperf.history import append_session
+from pytest_llmperf.history import database as store
+from pytest_llmperf.history import series as detect
 from pytest_llmperf.history.connection import parse
 from pytest_llmperf.history.series import levels, read_series
+from pytest_llmperf.judge.verdict import level
 
 CHECKOUT = Path(__file__).resolve().parent.parent
 
@@ -48,14 +50,21 @@ def result(test: str, tpot_ms: float, *, threads: int = 2, label: str = "", runs
     rng = np.random.default_rng(seed)
     noise = np.exp(rng.normal(0, 0.01, runs))
     return {
-        "test": test + (f"[{label}]" if label else ""), "nodeid": test, "label": label, "hardware_key": "linux-x86_64-2cpu-abcd",
+        "test": test + (f"[{label}]" if label else ""),
+        "nodeid": test,
+        "label": label,
+        "hardware_key": "linux-x86_64-2cpu-abcd",
         "record": {
             "hardware": {"cpu": "test cpu", "logical_cpus": 2},
             "subject": {"engine": "llama.cpp", "n_threads": threads, "backend_version": "0.3.16"},
             "workload": {"prompt_tokens": 64, "max_tokens": 16, "runs": runs},
             "summary": {"tpot_ms": tpot_ms, "n_runs": runs},
-            "runs": {"ttft_ms": list(5 * tpot_ms * noise), "tpot_ms": list(tpot_ms * noise),
-                     "decode_tps": list(1000 / (tpot_ms * noise)), "itl_p95_ms": list(1.2 * tpot_ms * noise)},
+            "runs": {
+                "ttft_ms": list(5 * tpot_ms * noise),
+                "tpot_ms": list(tpot_ms * noise),
+                "decode_tps": list(1000 / (tpot_ms * noise)),
+                "itl_p95_ms": list(1.2 * tpot_ms * noise),
+            },
         },
         "verdict": {"status": "compared", "short": "UNCHANGED"} if seed % 2 else None,
     }
@@ -127,8 +136,10 @@ def snapshot(loc) -> str:
         return hashlib.sha256(Path(loc.target).read_bytes()).hexdigest()
     conn = store.connect(loc, create=False)
     try:
-        rows = [conn.execute(f"SELECT * FROM {t} ORDER BY 1").fetchall()
-                for t in ("llmperf_schema", "llmperf_sessions", "llmperf_measurements", "llmperf_values")]
+        rows = [
+            conn.execute(f"SELECT * FROM {t} ORDER BY 1").fetchall()
+            for t in ("llmperf_schema", "llmperf_sessions", "llmperf_measurements", "llmperf_values")
+        ]
     finally:
         conn.raw.close()
     return repr(rows)
@@ -223,9 +234,11 @@ def test_otava_export_reads_the_same_levels_from_csv_and_sql(location: str, tmp_
     loc = parse(location, "test", tmp_path)
     fill(loc, switch_history(4, 3), tmp_path)
     out = tmp_path / "otava"
-    assert cli_main(["history", "--history", location, "--metric", "tpot_ms", "--metric", "decode_tps",
-                     "--csv", str(out)]) == 0
-    (name, test), = yaml.safe_load((out / "otava.yaml").read_text())["tests"].items()
+    assert (
+        cli_main(["history", "--history", location, "--metric", "tpot_ms", "--metric", "decode_tps", "--csv", str(out)])
+        == 0
+    )
+    ((name, test),) = yaml.safe_load((out / "otava.yaml").read_text())["tests"].items()
     assert test["type"] == "csv" and test["time_column"] == "time"
     assert test["metrics"] == {"tpot_ms": {"direction": -1}, "decode_tps": {"direction": 1}}
     rows = list(csv.DictReader(open(test["file"], encoding="utf-8")))
@@ -240,8 +253,9 @@ def test_otava_export_reads_the_same_levels_from_csv_and_sql(location: str, tmp_
     conn = store.connect(loc, create=False)
     try:
         # As Otava runs it: the %{BRANCH} placeholder becomes a parameter (sessions here have none).
-        got = conn.raw.execute(pg_test["query"].replace("s.branch = %{BRANCH}", "s.branch IS NOT DISTINCT FROM %s"),
-                               (None,)).fetchall()
+        got = conn.raw.execute(
+            pg_test["query"].replace("s.branch = %{BRANCH}", "s.branch IS NOT DISTINCT FROM %s"), (None,)
+        ).fetchall()
     finally:
         conn.raw.close()
     assert [r[3] for r in got] == pytest.approx(levels_stored, rel=1e-9)

@@ -20,16 +20,16 @@ from test_history import location, pg_server, result, stamp  # noqa: F401  (fixt
 from pytest_llmperf.core.catalog import METRICS
 from pytest_llmperf.history import append_session
 from pytest_llmperf.history.connection import parse
-from pytest_llmperf.history.series import read_windows, WINDOW_READ_SESSIONS
+from pytest_llmperf.history.series import WINDOW_READ_SESSIONS, read_windows
 from pytest_llmperf.judge.rule import compare_levels, decide
 from pytest_llmperf.judge.verdict import (
-    detectable,
-    Level,
-    level,
-    NoiseModel,
-    Verdict,
     WINDOW_MIN_SESSIONS,
     WINDOW_SESSIONS,
+    Level,
+    NoiseModel,
+    Verdict,
+    detectable,
+    level,
 )
 from pytest_llmperf.session.assess import Assessor
 from pytest_llmperf.session.options import SessionSettings
@@ -107,10 +107,12 @@ def test_the_reported_reach_is_true() -> None:
 def test_detectable_never_below_the_threshold_and_grows_with_the_noise() -> None:
     small = detectable(0.001, math.inf, alpha=ALPHA / M, threshold=THRESHOLD)
     assert small > THRESHOLD and small < 0.06
-    assert detectable(0.02, 9, alpha=ALPHA / M, threshold=THRESHOLD) > detectable(0.02, math.inf, alpha=ALPHA / M,
-                                                                                   threshold=THRESHOLD)
-    assert detectable(0.04, 30, alpha=ALPHA / M, threshold=THRESHOLD) > detectable(0.02, 30, alpha=ALPHA / M,
-                                                                                    threshold=THRESHOLD)
+    assert detectable(0.02, 9, alpha=ALPHA / M, threshold=THRESHOLD) > detectable(
+        0.02, math.inf, alpha=ALPHA / M, threshold=THRESHOLD
+    )
+    assert detectable(0.04, 30, alpha=ALPHA / M, threshold=THRESHOLD) > detectable(
+        0.02, 30, alpha=ALPHA / M, threshold=THRESHOLD
+    )
 
 
 # --- the history's window -------------------------------------------------------------------
@@ -198,11 +200,30 @@ def test_sessions_judge_against_the_history_and_say_what_they_detect(pytester: p
     for _ in range(WINDOW_MIN_SESSIONS - 3):
         run(pytester, "--llmperf-history", history, "-q")
     plain = run(pytester, "--llmperf-history", history).stdout.str()
-    assert len(re.findall(r"^llmperf: this gate detects here \(median of 1 test\(s\), 80% power\): prefill >= \d+%, "
-                          r"decode >= \d+%; -v: per test", plain, re.M)) == 1, plain
+    assert (
+        len(
+            re.findall(
+                r"^llmperf: this gate detects here \(median of 1 test\(s\), 80% power\): prefill >= \d+%, "
+                r"decode >= \d+%; -v: per test",
+                plain,
+                re.MULTILINE,
+            )
+        )
+        == 1
+    ), plain
     report, md = pytester.path / "s.json", pytester.path / "s.md"
-    out = run(pytester, "--llmperf-history", history, "--llmperf-json", str(report), "--llmperf-markdown", str(md), "-v",
-              "--llmperf-columns", "change,ci,verdict,detects")
+    out = run(
+        pytester,
+        "--llmperf-history",
+        history,
+        "--llmperf-json",
+        str(report),
+        "--llmperf-markdown",
+        str(md),
+        "-v",
+        "--llmperf-columns",
+        "change,ci,verdict,detects",
+    )
     comps = json.loads(report.read_text())["results"][0]["verdict"]["comparisons"]
     judged_ = [c for c in comps if c["mirror_of"] is None]
     assert {c["noise_source"] for c in comps} == {"history"}
@@ -225,7 +246,7 @@ def test_other_hardware_is_counted_and_can_fail_the_session(pytester: pytest.Pyt
     path = pytester.path / "baselines" / "test_suite.json"
     doc = json.loads(path.read_text())
     entries = doc["tests"]["test_one"]
-    (key, entry), = entries.items()
+    ((key, entry),) = entries.items()
     here = entry["hardware"]["logical_cpus"]
     entry["hardware"]["logical_cpus"] = here + 62
     entries.clear()
@@ -255,7 +276,9 @@ def test_an_unreachable_history_costs_one_line_and_the_file_still_judges(pyteste
     text = out.stdout.str() + out.stderr.str()
     out.assert_outcomes(passed=1)
     lines = [line for line in text.splitlines() if "the verdicts used the baseline files alone" in line]
-    assert len(lines) == 1 and lines[0].startswith("llmperf: cannot connect to the history postgresql://ci:***@127.0.0.1:1/perf")
+    assert len(lines) == 1 and lines[0].startswith(
+        "llmperf: cannot connect to the history postgresql://ci:***@127.0.0.1:1/perf"
+    )
     assert "s3cret" not in text and "Traceback" not in text
 
 
@@ -269,12 +292,39 @@ def test_calibrate_prints_spreads_replayed_alarms_and_reach_per_test(tmp_path: P
     rng = np.random.default_rng(1)
     for i in range(15):
         off = rng.normal(0, 0.02)
-        append_session(loc, [result("t.py::test_a", 10 * math.exp(off), seed=2 * i + 1, runs=20),
-                             result("t.py::test_b", 20 * math.exp(off), seed=2 * i + 3, runs=20)], stamp(i), tmp_path, True)
+        append_session(
+            loc,
+            [
+                result("t.py::test_a", 10 * math.exp(off), seed=2 * i + 1, runs=20),
+                result("t.py::test_b", 20 * math.exp(off), seed=2 * i + 3, runs=20),
+            ],
+            stamp(i),
+            tmp_path,
+            True,
+        )
     assert cli_main(["calibrate", "--history", str(tmp_path / "h.sqlite")]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].split() == ["test", "metric", "sessions", "runs", "within", "CV", "between", "sd", "false", "alarms",
-                              "(replayed)", "detects:", "file", "once", "history", "window", "one", "session", "(A/B)"]
+    assert out[0].split() == [
+        "test",
+        "metric",
+        "sessions",
+        "runs",
+        "within",
+        "CV",
+        "between",
+        "sd",
+        "false",
+        "alarms",
+        "(replayed)",
+        "detects:",
+        "file",
+        "once",
+        "history",
+        "window",
+        "one",
+        "session",
+        "(A/B)",
+    ]
     rows = [line for line in out if line.startswith("t.py::")]
     assert len(rows) == 6
     for row in rows:

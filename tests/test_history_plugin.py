@@ -9,12 +9,12 @@ import subprocess
 import sys
 
 import pytest
-
 from inner import run
+from test_history import location, pg_server  # noqa: F401  (fixtures: both backends)
+
 from pytest_llmperf.history import database as store
 from pytest_llmperf.history.connection import parse
 from pytest_llmperf.history.series import read_series
-from test_history import location, pg_server  # noqa: F401  (fixtures: both backends)
 
 SUITE = """
 import pytest
@@ -77,8 +77,21 @@ def test_xdist_and_concurrent_pytest_processes_lose_no_rows(location: str, pytes
     env = {**os.environ, "LLMPERF_HISTORY": location}
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", f"--rootdir={pytester.path}", "test_suite.py"],
-            cwd=pytester.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-p",
+                "no:cacheprovider",
+                "-q",
+                f"--rootdir={pytester.path}",
+                "test_suite.py",
+            ],
+            cwd=pytester.path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         for _ in range(2)
     ]

@@ -8,7 +8,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from inner import run
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "hooks.md"
@@ -17,7 +16,7 @@ FAST = "prompt_tokens=16, max_tokens=8, runs=3, warmup=0"
 
 def example(name: str) -> str:
     """The python block after ``<!-- example: name -->`` in docs/hooks.md."""
-    match = re.search(rf"<!-- example: {name} -->\n```python\n(.*?)```", DOC.read_text(), re.S)
+    match = re.search(rf"<!-- example: {name} -->\n```python\n(.*?)```", DOC.read_text(), re.DOTALL)
     assert match, f"docs/hooks.md has no example {name!r}"
     return match.group(1)
 
@@ -58,7 +57,7 @@ def test_fingerprint_keys_are_stored_and_a_subject_change_is_named(
     run(pytester, "--llmperf-update-baselines").assert_outcomes(passed=1)
     data = json.loads((pytester.path / "baselines" / "test_perf.json").read_text())
     (entries,) = data["tests"].values()
-    (hw_key, entry), = entries.items()
+    ((hw_key, entry),) = entries.items()
     assert entry["hardware"]["instance_type"] == "c7i.large"
     assert entry["subject"]["server_build"] == "41"
 
@@ -91,7 +90,11 @@ def test_a_fingerprint_value_json_cannot_store_fails_with_one_line(pytester: pyt
     result = run(pytester)
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
-    assert re.search(r"^pytest_llmperf_fingerprint \(\S+conftest\.py\) set subject\['when'\] to <class 'object'>: ", out, re.M), out
+    assert re.search(
+        r"^pytest_llmperf_fingerprint \(\S+conftest\.py\) set subject\['when'\] to <class 'object'>: ",
+        out,
+        re.MULTILINE,
+    ), out
     assert "Traceback" not in out
 
 
@@ -146,7 +149,11 @@ def test_result_hook_sees_each_result_and_its_change_reaches_the_json(pytester: 
     result.assert_outcomes(passed=3, failed=1)  # test_over's breach stands; test_waived's is waived
     seen = json.loads((pytester.path / "seen.json").read_text())
     assert [(s["test"].split("::")[1], s["label"]) for s in seen] == [
-        ("test_auto", ""), ("test_two", "short"), ("test_two", "long"), ("test_waived", ""), ("test_over", "")
+        ("test_auto", ""),
+        ("test_two", "short"),
+        ("test_two", "long"),
+        ("test_waived", ""),
+        ("test_over", ""),
     ]
     results = {(r["nodeid"].split("::")[1], r["label"]): r for r in session_results(pytester)}
     assert len(results) == 5
@@ -163,10 +170,14 @@ def test_result_hook_sees_each_result_and_its_change_reaches_the_json(pytester: 
 
 
 WRONG_RETURNS = {
-    "result": ("def pytest_llmperf_result(result):\n    return {'decode_tps': 1}\n",
-               "*pytest_llmperf_result (*conftest.py) returned dict; return None or a Result*"),
-    "engine": ("def pytest_llmperf_make_engine():\n    return 42\n",
-               "*pytest_llmperf_make_engine (*conftest.py) returned int; return an engine*"),
+    "result": (
+        "def pytest_llmperf_result(result):\n    return {'decode_tps': 1}\n",
+        "*pytest_llmperf_result (*conftest.py) returned dict; return None or a Result*",
+    ),
+    "engine": (
+        "def pytest_llmperf_make_engine():\n    return 42\n",
+        "*pytest_llmperf_make_engine (*conftest.py) returned int; return an engine*",
+    ),
 }
 
 
@@ -185,10 +196,12 @@ def test_llmperf_llm_of_a_hook_engine_says_what_to_use(pytester: pytest.Pytester
     pytester.makepyfile(test_llm="def test_llm(llmperf_llm):\n    pass\n")
     result = run(pytester)
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines([
-        "*llmperf_llm: the session's engine (CallableEngine, from an --llmperf-endpoint or a pytest_llmperf_make_engine "
-        "hook) has no llama_cpp.Llama object; use the llmperf_engine fixture"
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*llmperf_llm: the session's engine (CallableEngine, from an --llmperf-endpoint or a pytest_llmperf_make_engine "
+            "hook) has no llama_cpp.Llama object; use the llmperf_engine fixture"
+        ]
+    )
     assert "AttributeError" not in result.stdout.str() and "Traceback" not in result.stdout.str()
 
 
@@ -221,8 +234,11 @@ def test_fixture(llmperf_engine):
         assert all(len(itl) == 7 for itl in r["record"]["itl_ms"])  # 8 tokens, each one measured
     result = run(pytester, "--llmperf-columns", "model,runs")  # compared with its own baseline
     result.stdout.fnmatch_lines(
-        ["llmperf: pytest_llmperf_make_engine (*conftest.py) may provide the engine measured*",
-         "*llmperf summary*", "*test_session_engine*word_stream*"]
+        [
+            "llmperf: pytest_llmperf_make_engine (*conftest.py) may provide the engine measured*",
+            "*llmperf summary*",
+            "*test_session_engine*word_stream*",
+        ]
     )
 
 
@@ -236,5 +252,6 @@ def test_hook_keys_in_the_fingerprint_comparisons() -> None:
     assert subject_changes(base, {**base, "server_build": "42"}) == []
     # Each differing hardware field once, the known ones by label, a hook's by its key.
     assert hardware_differences({"cpu": "A", "instance_type": "x"}, {"cpu": "B", "instance_type": "y"}) == [
-        "CPU 'A' -> 'B'", "instance_type 'x' -> 'y'"
+        "CPU 'A' -> 'B'",
+        "instance_type 'x' -> 'y'",
     ]

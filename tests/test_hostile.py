@@ -17,14 +17,14 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import pytest
-
 from fakeserver import Streaming, event, serving
 from inner import run
+
 from pytest_llmperf.baselines import store as baseline_store
 from pytest_llmperf.cli import main as cli_main
 
@@ -48,7 +48,7 @@ class Hostile(Streaming):
         while not STOP.wait(1.0):
             self._chunk(byte)
 
-    def do_POST(self) -> None:  # noqa: C901 - one branch per fault, on purpose
+    def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(length) or b"{}")
         n = int(body.get("max_tokens", 8))
@@ -244,78 +244,186 @@ NOT_WRITTEN = "llmperf: 1 baseline file(s) not written: the session fails"
 CASES = [
     # A server's errors: once, no chained copy, the key redacted.
     Case("http-error-printed-once", 'HTTP 500 from {url}: {{"error": {{"message": "model exploded"}}}}', 1, "http500"),
-    Case("key-echoed-in-error-body", 'HTTP 401 from {url}: {{"error": {{"message": "bad key: Bearer ***"}}}}', 1,
-         "echo401", args=("--junitxml=junit.xml",)),
-    Case("key-echoed-in-stream", "server error in stream from {url}: no access for Bearer ***", 1, "echo_stream",
-         args=("--junitxml=junit.xml",)),
+    Case(
+        "key-echoed-in-error-body",
+        'HTTP 401 from {url}: {{"error": {{"message": "bad key: Bearer ***"}}}}',
+        1,
+        "echo401",
+        args=("--junitxml=junit.xml",),
+    ),
+    Case(
+        "key-echoed-in-stream",
+        "server error in stream from {url}: no access for Bearer ***",
+        1,
+        "echo_stream",
+        args=("--junitxml=junit.xml",),
+    ),
     Case("usage-not-an-object", 'malformed event from {url}: "usage" is [1, 2], not a JSON object', 1, "usage_list"),
-    Case("usage-completion-tokens-1e9",
-         "implausible usage from {url}: completion_tokens 1000000000 for max_tokens 8; the run is not comparable",
-         1, "usage_huge", seconds=20),
-    Case("line-without-end", "malformed stream from {url}: a line longer than 1048576 bytes without a line end", 1,
-         "endless_line", seconds=20),
+    Case(
+        "usage-completion-tokens-1e9",
+        "implausible usage from {url}: completion_tokens 1000000000 for max_tokens 8; the run is not comparable",
+        1,
+        "usage_huge",
+        seconds=20,
+    ),
+    Case(
+        "line-without-end",
+        "malformed stream from {url}: a line longer than 1048576 bytes without a line end",
+        1,
+        "endless_line",
+        seconds=20,
+    ),
     # Hangs: the request timeout is a total, whatever the server trickles.
     Case("server-never-answers", LATE.replace("{n}", "0"), 1, "silent", args=TIMEOUT, seconds=15),
     Case("trickles-headers", LATE.replace("{n}", "0"), 1, "trickle_headers", args=TIMEOUT, seconds=15),
     Case("trickles-without-newline", LATE.replace("{n}", "0"), 1, "trickle", args=TIMEOUT, seconds=15),
     Case("trickles-after-tokens", LATE.replace("{n}", "3"), 1, "trickle_after_tokens", args=TIMEOUT, seconds=15),
     # Workloads no engine can build.
-    Case("prompt-lone-surrogate",
-         "prompt is not valid text: '\\ud800' at index 0 cannot be encoded as UTF-8 (a lone surrogate); "
-         "fix the prompt string", 1, source=source("prompt='\\ud800', max_tokens=8, runs=2, warmup=0")),
-    Case("prompt-tokens-1e9", "prompt_tokens must be <= 16777216 (more than any model's context), got 1000000000", 1,
-         source=source("prompt_tokens=10**9, max_tokens=8, runs=2, warmup=0"), seconds=20),
-    Case("prompt-tokens-1e30",
-         f"prompt_tokens must be <= 16777216 (more than any model's context), got {10**30}", 1,
-         source=source("prompt_tokens=10**30, max_tokens=8, runs=2, warmup=0"), seconds=20),
-    Case("max-tokens-1e9", "max_tokens must be <= 16777216 (more than any model's context), got 1000000000", 1,
-         source=source("prompt_tokens=4, max_tokens=10**9, runs=2, warmup=0"), seconds=20),
+    Case(
+        "prompt-lone-surrogate",
+        "prompt is not valid text: '\\ud800' at index 0 cannot be encoded as UTF-8 (a lone surrogate); "
+        "fix the prompt string",
+        1,
+        source=source("prompt='\\ud800', max_tokens=8, runs=2, warmup=0"),
+    ),
+    Case(
+        "prompt-tokens-1e9",
+        "prompt_tokens must be <= 16777216 (more than any model's context), got 1000000000",
+        1,
+        source=source("prompt_tokens=10**9, max_tokens=8, runs=2, warmup=0"),
+        seconds=20,
+    ),
+    Case(
+        "prompt-tokens-1e30",
+        f"prompt_tokens must be <= 16777216 (more than any model's context), got {10**30}",
+        1,
+        source=source("prompt_tokens=10**30, max_tokens=8, runs=2, warmup=0"),
+        seconds=20,
+    ),
+    Case(
+        "max-tokens-1e9",
+        "max_tokens must be <= 16777216 (more than any model's context), got 1000000000",
+        1,
+        source=source("prompt_tokens=4, max_tokens=10**9, runs=2, warmup=0"),
+        seconds=20,
+    ),
     # Markers: the closest marker's prompt of either kind wins over a farther one's.
-    Case("module-prompt-tokens-test-prompt", None, 0, args=("--llmperf-json=session.json",),
-         source="import pytest\npytestmark = pytest.mark.llmperf(prompt_tokens=4, runs=2, warmup=0)\n"
-         + source("prompt='hello there', max_tokens=8"),
-         after=prompt_is({"prompt": "hello there"})),
-    Case("module-prompt-test-prompt-tokens", None, 0, args=("--llmperf-json=session.json",),
-         source="import pytest\npytestmark = pytest.mark.llmperf(prompt='hello', runs=2, warmup=0)\n"
-         + source("prompt_tokens=5, max_tokens=8"),
-         after=prompt_is({"prompt": None})),
+    Case(
+        "module-prompt-tokens-test-prompt",
+        None,
+        0,
+        args=("--llmperf-json=session.json",),
+        source="import pytest\npytestmark = pytest.mark.llmperf(prompt_tokens=4, runs=2, warmup=0)\n"
+        + source("prompt='hello there', max_tokens=8"),
+        after=prompt_is({"prompt": "hello there"}),
+    ),
+    Case(
+        "module-prompt-test-prompt-tokens",
+        None,
+        0,
+        args=("--llmperf-json=session.json",),
+        source="import pytest\npytestmark = pytest.mark.llmperf(prompt='hello', runs=2, warmup=0)\n"
+        + source("prompt_tokens=5, max_tokens=8"),
+        after=prompt_is({"prompt": None}),
+    ),
     # Baselines: unusable entries, newer schemas, corrupt files, failed writes.
-    Case("baseline-with-empty-runs",
-         "{file}: tests['test_a']['hw-elsewhere'].runs['ttft_ms'] is empty; "
-         "re-record it with --llmperf-update-baselines (or restore the file from version control)", 1,
-         files={BASELINE: EMPTY_RUNS}),
-    Case("update-repairs-empty-runs", "llmperf: the unreadable old file was kept as {file}.corrupt", 0,
-         args=UPDATE, files={BASELINE: EMPTY_RUNS}, after=repaired),
-    Case("second-update-over-corrupt-file", "llmperf: the unreadable old file was kept as {file}.corrupt.1", 0,
-         args=UPDATE, files={BASELINE: "{ truncated", BASELINE + ".corrupt": "the first copy"}, after=numbered_copy),
-    Case("newer-schema-compared",
-         "{file} has schema_version 2, newer than this pytest-llmperf understands (1); upgrade pytest-llmperf", 1,
-         files={BASELINE: NEWER}),
-    Case("newer-schema-never-overwritten",
-         "llmperf: baselines not written to {file}: it has schema_version 2, newer than this pytest-llmperf "
-         "understands (1); upgrade pytest-llmperf to update it", 1, args=UPDATE, files={BASELINE: NEWER},
-         also=(NOT_WRITTEN, "*llmperf summary*")),
-    Case("read-only-baseline-dir",
-         "llmperf: cannot write baseline file {file}: Permission denied; the file is unchanged", 1,
-         args=UPDATE, files={BASELINE: VALID}, inject=read_only, also=(NOT_WRITTEN, "*llmperf summary*")),
-    Case("disk-full-during-baseline-write",
-         "llmperf: cannot write baseline file {file}: No space left on device; the file is unchanged", 1,
-         args=UPDATE, files={BASELINE: VALID}, inject=disk_full, also=(NOT_WRITTEN, "*llmperf summary*")),
-    Case("first-baseline-on-full-disk",
-         "llmperf: cannot write baseline file {file}: No space left on device; the file is unchanged", 1,
-         args=UPDATE, files={"baselines/README": "kept"}, inject=disk_full, also=(NOT_WRITTEN, "*llmperf summary*")),
-    Case("json-report-path-unwritable", "llmperf: cannot write {root}/afile/session.json: File exists", 1,
-         args=("--llmperf-json={root}/afile/session.json",), files={"afile": "a file, not a folder"},
-         also=("llmperf: 1 report file(s) not written: the session fails", "*llmperf summary*")),
-    Case("html-report-path-unwritable", "llmperf: 1 report file(s) not written: the session fails", 1,
-         args=("--llmperf-html={root}/afile/report.html",), files={"afile": "a file, not a folder"},
-         also=("llmperf: HTML report not written: *", "*llmperf summary*")),
-    Case("markdown-report-path-unwritable", "llmperf: cannot write {root}/afile/summary.md: File exists", 1,
-         args=("--llmperf-markdown={root}/afile/summary.md",), files={"afile": "a file, not a folder"},
-         also=("llmperf: 1 report file(s) not written: the session fails", "*llmperf summary*")),
-    Case("step-summary-unwritable", "llmperf: cannot write {root}/afile/summary.md: Not a directory", 0,
-         files={"afile": "a file, not a folder"}, env={"GITHUB_STEP_SUMMARY": "{root}/afile/summary.md"},
-         also=("*llmperf summary*",)),
+    Case(
+        "baseline-with-empty-runs",
+        "{file}: tests['test_a']['hw-elsewhere'].runs['ttft_ms'] is empty; "
+        "re-record it with --llmperf-update-baselines (or restore the file from version control)",
+        1,
+        files={BASELINE: EMPTY_RUNS},
+    ),
+    Case(
+        "update-repairs-empty-runs",
+        "llmperf: the unreadable old file was kept as {file}.corrupt",
+        0,
+        args=UPDATE,
+        files={BASELINE: EMPTY_RUNS},
+        after=repaired,
+    ),
+    Case(
+        "second-update-over-corrupt-file",
+        "llmperf: the unreadable old file was kept as {file}.corrupt.1",
+        0,
+        args=UPDATE,
+        files={BASELINE: "{ truncated", BASELINE + ".corrupt": "the first copy"},
+        after=numbered_copy,
+    ),
+    Case(
+        "newer-schema-compared",
+        "{file} has schema_version 2, newer than this pytest-llmperf understands (1); upgrade pytest-llmperf",
+        1,
+        files={BASELINE: NEWER},
+    ),
+    Case(
+        "newer-schema-never-overwritten",
+        "llmperf: baselines not written to {file}: it has schema_version 2, newer than this pytest-llmperf "
+        "understands (1); upgrade pytest-llmperf to update it",
+        1,
+        args=UPDATE,
+        files={BASELINE: NEWER},
+        also=(NOT_WRITTEN, "*llmperf summary*"),
+    ),
+    Case(
+        "read-only-baseline-dir",
+        "llmperf: cannot write baseline file {file}: Permission denied; the file is unchanged",
+        1,
+        args=UPDATE,
+        files={BASELINE: VALID},
+        inject=read_only,
+        also=(NOT_WRITTEN, "*llmperf summary*"),
+    ),
+    Case(
+        "disk-full-during-baseline-write",
+        "llmperf: cannot write baseline file {file}: No space left on device; the file is unchanged",
+        1,
+        args=UPDATE,
+        files={BASELINE: VALID},
+        inject=disk_full,
+        also=(NOT_WRITTEN, "*llmperf summary*"),
+    ),
+    Case(
+        "first-baseline-on-full-disk",
+        "llmperf: cannot write baseline file {file}: No space left on device; the file is unchanged",
+        1,
+        args=UPDATE,
+        files={"baselines/README": "kept"},
+        inject=disk_full,
+        also=(NOT_WRITTEN, "*llmperf summary*"),
+    ),
+    Case(
+        "json-report-path-unwritable",
+        "llmperf: cannot write {root}/afile/session.json: File exists",
+        1,
+        args=("--llmperf-json={root}/afile/session.json",),
+        files={"afile": "a file, not a folder"},
+        also=("llmperf: 1 report file(s) not written: the session fails", "*llmperf summary*"),
+    ),
+    Case(
+        "html-report-path-unwritable",
+        "llmperf: 1 report file(s) not written: the session fails",
+        1,
+        args=("--llmperf-html={root}/afile/report.html",),
+        files={"afile": "a file, not a folder"},
+        also=("llmperf: HTML report not written: *", "*llmperf summary*"),
+    ),
+    Case(
+        "markdown-report-path-unwritable",
+        "llmperf: cannot write {root}/afile/summary.md: File exists",
+        1,
+        args=("--llmperf-markdown={root}/afile/summary.md",),
+        files={"afile": "a file, not a folder"},
+        also=("llmperf: 1 report file(s) not written: the session fails", "*llmperf summary*"),
+    ),
+    Case(
+        "step-summary-unwritable",
+        "llmperf: cannot write {root}/afile/summary.md: Not a directory",
+        0,
+        files={"afile": "a file, not a folder"},
+        env={"GITHUB_STEP_SUMMARY": "{root}/afile/summary.md"},
+        also=("*llmperf summary*",),
+    ),
 ]
 
 
@@ -397,22 +505,62 @@ def set_record(key: str, value) -> Callable[[dict], None]:
 BAD = "write the report again with pytest --llmperf-json"
 CLI_CASES = [
     # (id, command, edit of the second file, its tests, the one line on stderr)
-    ("compare-nothing-in-common", "compare", None, ["t_b"],
-     "llmperf: error: no test in both {a} and {b}: nothing to compare"),
-    ("compare-runs-not-numbers", "compare", set_run("fast"), ["t_a"],
-     f"llmperf: error: {{b}}: results[0].record.runs['ttft_ms'] is a string, not an array; {BAD}"),
-    ("compare-runs-empty", "compare", set_run([]), ["t_a"],
-     f"llmperf: error: {{b}}: results[0].record.runs['ttft_ms'] is empty; {BAD}"),
-    ("compare-test-missing", "compare", drop("test"), ["t_a"],
-     f"llmperf: error: {{b}}: results[0] has no 'test'; {BAD}"),
-    ("compare-schema-version-text", "compare", lambda d: d.update(schema_version="1"), ["t_a"],
-     f"llmperf: error: {{b}}: schema_version is a string, not an integer; {BAD}"),
-    ("compare-itl-not-lists", "compare", set_record("itl_ms", [1.0, 2.0]), ["t_a"],
-     f"llmperf: error: {{b}}: results[0].record.itl_ms[0] is a number, not an array; {BAD}"),
-    ("report-workload-missing", "report", set_record("workload", None), ["t_a"],
-     f"llmperf: error: {{b}}: results[0].record.workload is null, not an object; {BAD}"),
-    ("report-summary-not-object", "report", set_record("summary", [1]), ["t_a"],
-     f"llmperf: error: {{b}}: results[0].record.summary is an array, not an object; {BAD}"),
+    (
+        "compare-nothing-in-common",
+        "compare",
+        None,
+        ["t_b"],
+        "llmperf: error: no test in both {a} and {b}: nothing to compare",
+    ),
+    (
+        "compare-runs-not-numbers",
+        "compare",
+        set_run("fast"),
+        ["t_a"],
+        f"llmperf: error: {{b}}: results[0].record.runs['ttft_ms'] is a string, not an array; {BAD}",
+    ),
+    (
+        "compare-runs-empty",
+        "compare",
+        set_run([]),
+        ["t_a"],
+        f"llmperf: error: {{b}}: results[0].record.runs['ttft_ms'] is empty; {BAD}",
+    ),
+    (
+        "compare-test-missing",
+        "compare",
+        drop("test"),
+        ["t_a"],
+        f"llmperf: error: {{b}}: results[0] has no 'test'; {BAD}",
+    ),
+    (
+        "compare-schema-version-text",
+        "compare",
+        lambda d: d.update(schema_version="1"),
+        ["t_a"],
+        f"llmperf: error: {{b}}: schema_version is a string, not an integer; {BAD}",
+    ),
+    (
+        "compare-itl-not-lists",
+        "compare",
+        set_record("itl_ms", [1.0, 2.0]),
+        ["t_a"],
+        f"llmperf: error: {{b}}: results[0].record.itl_ms[0] is a number, not an array; {BAD}",
+    ),
+    (
+        "report-workload-missing",
+        "report",
+        set_record("workload", None),
+        ["t_a"],
+        f"llmperf: error: {{b}}: results[0].record.workload is null, not an object; {BAD}",
+    ),
+    (
+        "report-summary-not-object",
+        "report",
+        set_record("summary", [1]),
+        ["t_a"],
+        f"llmperf: error: {{b}}: results[0].record.summary is an array, not an object; {BAD}",
+    ),
 ]
 
 

@@ -74,8 +74,16 @@ def test_a_crash_fails_one_test_and_the_session_goes_on(
     if xdist:
         args += ["-n", "2"]
     result = pytester.runpytest_subprocess(*args, timeout=300)
-    check(result, pytester.path, ["died with SIGSEGV (Segmentation fault) while running model crashy.gguf",
-                                  "threads=1", "repack=True", "llama.cpp's last log lines: "])
+    check(
+        result,
+        pytester.path,
+        [
+            "died with SIGSEGV (Segmentation fault) while running model crashy.gguf",
+            "threads=1",
+            "repack=True",
+            "llama.cpp's last log lines: ",
+        ],
+    )
 
 
 @pytest.mark.skipif(not cpu_has_amx(), reason="the real AMX crash needs an Intel CPU with AMX")
@@ -84,13 +92,19 @@ def test_amx_crash_of_a_q8_0_model_names_its_cause(pytester: pytest.Pytester, tm
     model = ensure_model(spec, tmp_path / "models")
     # Two threads: the AMX kernel dies in llama.cpp's worker thread.
     pytester.makepyfile(test_inner=suite(model).replace("repack=True", "repack=True, threads=2"))
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rN", "--llmperf-json=session.json",
-                                           "--junitxml=junit.xml", timeout=300)
-    check(result, pytester.path, [
-        "died with SIGILL (illegal instruction) while", "Q8_0",
-        f"known cause: llama.cpp's AMX kernel for quantized weights on this Intel CPU with AMX ({AMX_ISSUE}); "
-        "set repack=False",
-    ])
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-rN", "--llmperf-json=session.json", "--junitxml=junit.xml", timeout=300
+    )
+    check(
+        result,
+        pytester.path,
+        [
+            "died with SIGILL (illegal instruction) while",
+            "Q8_0",
+            f"known cause: llama.cpp's AMX kernel for quantized weights on this Intel CPU with AMX ({AMX_ISSUE}); "
+            "set repack=False",
+        ],
+    )
 
 
 def test_the_in_process_fixture_engine_is_checked_in_a_worker_first(
@@ -119,7 +133,9 @@ def test_llmperf_profile_of_a_gguf_that_aborts_llama_cpp_is_one_line(
 
     real = gguf.GGUFWriter.add_block_count
     monkeypatch.setattr(gguf.GGUFWriter, "add_block_count", lambda self, n: real(self, 600))
-    path = write_gguf(ModelSpec(name="deep", n_layer=2, n_embd=64, n_ff=128, n_head=2, n_head_kv=2), tmp_path / "d.gguf")
+    path = write_gguf(
+        ModelSpec(name="deep", n_layer=2, n_embd=64, n_ff=128, n_head=2, n_head_kv=2), tmp_path / "d.gguf"
+    )
     monkeypatch.undo()
     assert cli_main(["profile", str(path), "--runs", "2", "--threads", "1"]) == 2
     out, err = capsys.readouterr()

@@ -17,14 +17,14 @@ import re
 import sqlite3
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import pytest
-
 from inner import run
 from test_hostile import API_KEY, VALID, source
+
 from pytest_llmperf.baselines import store as baseline_store
 from pytest_llmperf.reports.text import short_ids
 
@@ -42,7 +42,7 @@ def body(*calls: str, marker: str = "prompt_tokens=4, max_tokens=8, runs=3, warm
 
 #: Each attempt measures a different workload (max_tokens 4 + 2 x attempt) and fails until the
 #: third: the files then say which attempt they hold.
-ATTEMPTS = '''
+ATTEMPTS = """
 import pytest
 from pathlib import Path
 
@@ -63,7 +63,7 @@ def test_a(llmperf, {fixture}):
     n = attempt()
     llmperf.measure(max_tokens=4 + 2 * n)
     assert {condition}, f"attempt {{n}}"
-'''
+"""
 
 
 def snapshot(root: Path) -> dict[str, bytes | str]:
@@ -119,7 +119,9 @@ def one_file_per_module(root: Path, before: dict) -> None:
     assert workloads(base / "__parent__/a/test_x.json") == {"test_a": [8]}
     assert workloads(base / "__parent__/b/test_x.json") == {"test_a": [9]}
     assert sorted(p.relative_to(base).as_posix() for p in base.rglob("*") if p.is_file()) == [
-        "__parent__/a/test_x.json", "__parent__/b/test_x.json"]
+        "__parent__/a/test_x.json",
+        "__parent__/b/test_x.json",
+    ]
 
 
 def last_attempt(root: Path, before: dict) -> None:
@@ -178,7 +180,8 @@ class Case:
 
 
 OUTSIDE = {
-    "a/__init__.py": "", "a/test_x.py": body("llmperf.measure()"),
+    "a/__init__.py": "",
+    "a/test_x.py": body("llmperf.measure()"),
     "b/__init__.py": "",
     "b/test_x.py": body("llmperf.measure()", marker="prompt_tokens=4, max_tokens=9, runs=3, warmup=0"),
 }
@@ -194,44 +197,112 @@ JSON = "--llmperf-json=session.json"
 
 CASES = [
     # One label, one baseline key: a second measurement under it fails the test, never overwrites.
-    Case("label-used-twice",
-         f"llmperf.measure(label='a'): label 'a' is taken by an earlier measurement of this test; {DISTINCT}", 1,
-         {MODULE: body('llmperf.measure(label="a")', 'llmperf.measure(label="a", max_tokens=9)')},
-         (UPDATE, DIR, JSON), after=keys({"test_a#a": [8]}), outcomes={"failed": 1}),
-    Case("automatic-label-already-taken",
-         f"llmperf.measure(): its automatic label '#3' is taken by an earlier measurement of this test; {DISTINCT}",
-         1, {MODULE: body("llmperf.measure()", 'llmperf.measure(label="#3")', "llmperf.measure(max_tokens=9)")},
-         (UPDATE, DIR, JSON), after=keys({"test_a": [8], "test_a##3": [8]}), outcomes={"failed": 1}),
-    Case("label-takes-an-automatic-one",
-         f"llmperf.measure(label='#2'): label '#2' is taken by an earlier measurement of this test; {DISTINCT}",
-         1, {MODULE: body("llmperf.measure()", "llmperf.measure()", 'llmperf.measure(label="#2", max_tokens=9)')},
-         (UPDATE, DIR, JSON), after=keys({"test_a": [8], "test_a##2": [8]}), outcomes={"failed": 1}),
+    Case(
+        "label-used-twice",
+        f"llmperf.measure(label='a'): label 'a' is taken by an earlier measurement of this test; {DISTINCT}",
+        1,
+        {MODULE: body('llmperf.measure(label="a")', 'llmperf.measure(label="a", max_tokens=9)')},
+        (UPDATE, DIR, JSON),
+        after=keys({"test_a#a": [8]}),
+        outcomes={"failed": 1},
+    ),
+    Case(
+        "automatic-label-already-taken",
+        f"llmperf.measure(): its automatic label '#3' is taken by an earlier measurement of this test; {DISTINCT}",
+        1,
+        {MODULE: body("llmperf.measure()", 'llmperf.measure(label="#3")', "llmperf.measure(max_tokens=9)")},
+        (UPDATE, DIR, JSON),
+        after=keys({"test_a": [8], "test_a##3": [8]}),
+        outcomes={"failed": 1},
+    ),
+    Case(
+        "label-takes-an-automatic-one",
+        f"llmperf.measure(label='#2'): label '#2' is taken by an earlier measurement of this test; {DISTINCT}",
+        1,
+        {MODULE: body("llmperf.measure()", "llmperf.measure()", 'llmperf.measure(label="#2", max_tokens=9)')},
+        (UPDATE, DIR, JSON),
+        after=keys({"test_a": [8], "test_a##2": [8]}),
+        outcomes={"failed": 1},
+    ),
     # --rootdir elsewhere: two test_x.py, two files (not one file, one key, the last one winning).
-    Case("same-named-modules-outside-the-rootdir", None, 0, OUTSIDE, ("--rootdir={root}/ci", UPDATE, DIR),
-         files={"ci/README": "the rootdir"}, after=one_file_per_module, outcomes={"passed": 2}),
-    Case("old-shared-file-of-modules-outside-the-rootdir", OLD_PLACE.format(m="a"), 0, OUTSIDE,
-         ("--rootdir={root}/ci", DIR), files={"ci/baselines/test_x.json": VALID}, outcomes={"passed": 2}),
+    Case(
+        "same-named-modules-outside-the-rootdir",
+        None,
+        0,
+        OUTSIDE,
+        ("--rootdir={root}/ci", UPDATE, DIR),
+        files={"ci/README": "the rootdir"},
+        after=one_file_per_module,
+        outcomes={"passed": 2},
+    ),
+    Case(
+        "old-shared-file-of-modules-outside-the-rootdir",
+        OLD_PLACE.format(m="a"),
+        0,
+        OUTSIDE,
+        ("--rootdir={root}/ci", DIR),
+        files={"ci/baselines/test_x.json": VALID},
+        outcomes={"passed": 2},
+    ),
     # pytest-rerunfailures: the last attempt is the test's result, the others are not measurements.
-    Case("rerun-records-the-last-attempt", None, 0,
-         {MODULE: ATTEMPTS.format(fixture="tmp_path", condition="n == 3")},
-         ("--reruns=2", UPDATE, DIR, JSON, "--junitxml=junit.xml"), after=last_attempt,
-         outcomes={"passed": 1, "rerun": 2}),
-    Case("rerun-after-a-failed-teardown", None, 0,
-         {MODULE: ATTEMPTS.format(fixture="teardown_fails_once", condition="True")},
-         ("--reruns=1", UPDATE, DIR, JSON), after=last_attempt_after_teardown,
-         outcomes={"passed": 2, "rerun": 1}),  # attempt 1's call passed (rerunfailures counts it)
+    Case(
+        "rerun-records-the-last-attempt",
+        None,
+        0,
+        {MODULE: ATTEMPTS.format(fixture="tmp_path", condition="n == 3")},
+        ("--reruns=2", UPDATE, DIR, JSON, "--junitxml=junit.xml"),
+        after=last_attempt,
+        outcomes={"passed": 1, "rerun": 2},
+    ),
+    Case(
+        "rerun-after-a-failed-teardown",
+        None,
+        0,
+        {MODULE: ATTEMPTS.format(fixture="teardown_fails_once", condition="True")},
+        ("--reruns=1", UPDATE, DIR, JSON),
+        after=last_attempt_after_teardown,
+        outcomes={"passed": 2, "rerun": 1},
+    ),  # attempt 1's call passed (rerunfailures counts it)
     # A symlinked baseline file: the target is replaced atomically, the link stays a link.
-    Case("baseline-file-is-a-symlink", None, 0, {MODULE: source()}, (UPDATE, DIR),
-         files={"shared/test_inner.json": VALID}, links={BASELINE: "../shared/test_inner.json"},
-         after=written_through("shared/test_inner.json"), outcomes={"passed": 1}),
-    Case("baseline-file-is-a-dangling-symlink", None, 0, {MODULE: source()}, (UPDATE, DIR),
-         files={"shared/README": "the target's folder"}, links={BASELINE: "../shared/new.json"},
-         after=written_through("shared/new.json"), outcomes={"passed": 1}),
+    Case(
+        "baseline-file-is-a-symlink",
+        None,
+        0,
+        {MODULE: source()},
+        (UPDATE, DIR),
+        files={"shared/test_inner.json": VALID},
+        links={BASELINE: "../shared/test_inner.json"},
+        after=written_through("shared/test_inner.json"),
+        outcomes={"passed": 1},
+    ),
+    Case(
+        "baseline-file-is-a-dangling-symlink",
+        None,
+        0,
+        {MODULE: source()},
+        (UPDATE, DIR),
+        files={"shared/README": "the target's folder"},
+        links={BASELINE: "../shared/new.json"},
+        after=written_through("shared/new.json"),
+        outcomes={"passed": 1},
+    ),
     # An empty baseline folder would be the rootdir: refused before anything runs.
-    Case("empty-baseline-dir", EMPTY_DIR, 4, {MODULE: source()}, (UPDATE, "--llmperf-baseline-dir="),
-         after=nothing_written),
-    Case("blank-baseline-dir", EMPTY_DIR, 4, {MODULE: source()}, (UPDATE, "--llmperf-baseline-dir=  "),
-         after=nothing_written),
+    Case(
+        "empty-baseline-dir",
+        EMPTY_DIR,
+        4,
+        {MODULE: source()},
+        (UPDATE, "--llmperf-baseline-dir="),
+        after=nothing_written,
+    ),
+    Case(
+        "blank-baseline-dir",
+        EMPTY_DIR,
+        4,
+        {MODULE: source()},
+        (UPDATE, "--llmperf-baseline-dir=  "),
+        after=nothing_written,
+    ),
 ]
 
 
@@ -259,7 +330,12 @@ def test_hostile_data(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
     if case.outcomes:  # "rerun" too, which assert_outcomes does not know
         outcomes = result.parseoutcomes()
         assert {k: outcomes.get(k, 0) for k in ("passed", "failed", "rerun", "errors")} == {
-            "passed": 0, "failed": 0, "rerun": 0, "errors": 0, **case.outcomes}, output
+            "passed": 0,
+            "failed": 0,
+            "rerun": 0,
+            "errors": 0,
+            **case.outcomes,
+        }, output
     assert "Traceback" not in output and "During handling of the above exception" not in output, output
     written = [p for p in root.rglob("*") if p.is_file() and p.suffix in (".json", ".xml", ".sqlite")]
     assert API_KEY not in output and not [p for p in written if API_KEY.encode() in p.read_bytes()]
@@ -314,7 +390,8 @@ def test_short_ids_keep_a_parameter_id_whole() -> None:
 
     assert short_ids(IDS) == {IDS[0]: "test_a[x::y]", IDS[1]: "test_a[x::z]"}
     assert short_ids(["t.py::K::test_a[x::y]", "t.py::L::test_a[x::y]"]) == {
-        "t.py::K::test_a[x::y]": "K::test_a[x::y]", "t.py::L::test_a[x::y]": "L::test_a[x::y]"
+        "t.py::K::test_a[x::y]": "K::test_a[x::y]",
+        "t.py::L::test_a[x::y]": "L::test_a[x::y]",
     }
     assert nodeids.parts("a/t.py::K::test_a[x::y][#2]") == ["a/t.py", "K", "test_a[x::y][#2]"]
     assert nodeids.last("t.py::test_a[::]") == "test_a[::]"

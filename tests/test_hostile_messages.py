@@ -26,13 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from inner import run
-from pgserver import bindir, PgServer, unavailable
 from fakeserver import serving
-from test_hostile import API_KEY, Hostile, snapshot, source, STOP, WORKLOAD
+from inner import run
+from pgserver import PgServer, bindir, unavailable
+from test_hostile import API_KEY, STOP, WORKLOAD, Hostile, snapshot, source
 
 import pytest_llmperf
-from pytest_llmperf.cli import INTERRUPTED, INTERRUPTED_LINE, main as cli_main
+from pytest_llmperf.cli import INTERRUPTED, INTERRUPTED_LINE
+from pytest_llmperf.cli import main as cli_main
 from pytest_llmperf.core.settings import usable_cpus
 
 CPUS = usable_cpus()
@@ -103,32 +104,75 @@ HISTORY_LINE = (
 ALL_LAYERS_OFFLOADED = 5 if __import__("llama_cpp").llama_supports_gpu_offload() else 0
 
 CASES = [
-    Case("cache-dir-cannot-be-created",
-         "cannot write the embedded model to {root}/afile/cache ($LLMPERF_CACHE_DIR): Not a directory; "
-         "set LLMPERF_CACHE_DIR to a writable folder", 1, fault=None,
-         files={"afile": "a file, not a folder"}, env={"LLMPERF_CACHE_DIR": "{root}/afile/cache"}),
-    Case("marker-n-ctx-2**40", "llmperf marker key 'n_ctx' " + TOO_MANY.format(2**40), 2, fault=None,
-         source=source(f"n_ctx=2**40, {WORKLOAD}")),
-    Case("option-n-ctx-wraps-at-2**32", "argument --llmperf-n-ctx: " + TOO_MANY.format(2**32 + 512), 4,
-         fault=None, args=("--llmperf-n-ctx=4294967808",)),
-    Case("marker-threads-10000-warns",
-         f"llmperf: warning: test_inner.py::test_a: marker threads 10000 exceeds the {CPUS} usable CPU(s); "
-         f"threads will time-slice and the timings measure the scheduler; use at most {CPUS}", 0, fault=None,
-         source=source(f"threads=10000, {WORKLOAD}"), args=("--collect-only",)),
-    Case("gpu-layers-minus-1-as-the-marker", None, 0, fault=None,
-         args=("--llmperf-gpu-layers=-1", "--llmperf-json=session.json"),
-         # -1 is "all": the record says what llama.cpp offloaded (none on a CPU-only build).
-         json_subject={"n_gpu_layers": ALL_LAYERS_OFFLOADED}),
-    Case("gpu-layers-minus-2-refused", "argument --llmperf-gpu-layers: must be >= -1 (-1: all layers), got -2", 4,
-         fault=None, args=("--llmperf-gpu-layers=-2",)),
-    Case("http-301-not-a-truncated-stream",
-         "HTTP 301 from {url}: redirects are not followed; use the final URL as the endpoint "
-         "(Location: {server}/ok/v1/completions)", 1, fault="redirect"),
-    Case("https-to-a-plain-http-port",
-         "TLS handshake with {url} failed ([SSL*); is the server plain http? then give the endpoint as http://", 1,
-         scheme="https", seconds=20),
-    Case("history-not-a-database", HISTORY_LINE, 0, args=("--llmperf-history={root}/hist.sqlite",),
-         files={HISTORY: NOT_A_DATABASE}),
+    Case(
+        "cache-dir-cannot-be-created",
+        "cannot write the embedded model to {root}/afile/cache ($LLMPERF_CACHE_DIR): Not a directory; "
+        "set LLMPERF_CACHE_DIR to a writable folder",
+        1,
+        fault=None,
+        files={"afile": "a file, not a folder"},
+        env={"LLMPERF_CACHE_DIR": "{root}/afile/cache"},
+    ),
+    Case(
+        "marker-n-ctx-2**40",
+        "llmperf marker key 'n_ctx' " + TOO_MANY.format(2**40),
+        2,
+        fault=None,
+        source=source(f"n_ctx=2**40, {WORKLOAD}"),
+    ),
+    Case(
+        "option-n-ctx-wraps-at-2**32",
+        "argument --llmperf-n-ctx: " + TOO_MANY.format(2**32 + 512),
+        4,
+        fault=None,
+        args=("--llmperf-n-ctx=4294967808",),
+    ),
+    Case(
+        "marker-threads-10000-warns",
+        f"llmperf: warning: test_inner.py::test_a: marker threads 10000 exceeds the {CPUS} usable CPU(s); "
+        f"threads will time-slice and the timings measure the scheduler; use at most {CPUS}",
+        0,
+        fault=None,
+        source=source(f"threads=10000, {WORKLOAD}"),
+        args=("--collect-only",),
+    ),
+    Case(
+        "gpu-layers-minus-1-as-the-marker",
+        None,
+        0,
+        fault=None,
+        args=("--llmperf-gpu-layers=-1", "--llmperf-json=session.json"),
+        # -1 is "all": the record says what llama.cpp offloaded (none on a CPU-only build).
+        json_subject={"n_gpu_layers": ALL_LAYERS_OFFLOADED},
+    ),
+    Case(
+        "gpu-layers-minus-2-refused",
+        "argument --llmperf-gpu-layers: must be >= -1 (-1: all layers), got -2",
+        4,
+        fault=None,
+        args=("--llmperf-gpu-layers=-2",),
+    ),
+    Case(
+        "http-301-not-a-truncated-stream",
+        "HTTP 301 from {url}: redirects are not followed; use the final URL as the endpoint "
+        "(Location: {server}/ok/v1/completions)",
+        1,
+        fault="redirect",
+    ),
+    Case(
+        "https-to-a-plain-http-port",
+        "TLS handshake with {url} failed ([SSL*); is the server plain http? then give the endpoint as http://",
+        1,
+        scheme="https",
+        seconds=20,
+    ),
+    Case(
+        "history-not-a-database",
+        HISTORY_LINE,
+        0,
+        args=("--llmperf-history={root}/hist.sqlite",),
+        files={HISTORY: NOT_A_DATABASE},
+    ),
 ]
 
 
@@ -147,8 +191,7 @@ def test_hostile_message(pytester: pytest.Pytester, server: str, monkeypatch: py
     before, files_before = snapshot(root), {rel: (root / rel).read_bytes() for rel in case.files}
     where = () if case.fault is None else (f"--llmperf-endpoint={endpoint}",)
     started = time.monotonic()
-    result = run(pytester, *where, "--llmperf-baseline-dir=baselines", "-rN",
-                 *(a.format(**names) for a in case.args))
+    result = run(pytester, *where, "--llmperf-baseline-dir=baselines", "-rN", *(a.format(**names) for a in case.args))
     elapsed = time.monotonic() - started
     output = result.stdout.str() + result.stderr.str()
     assert elapsed < case.seconds, f"took {elapsed:.1f} s"
@@ -186,20 +229,39 @@ def test_load_min_goodput_is_a_share(capsys: pytest.CaptureFixture) -> None:
         cli_main(["load", "--endpoint", "http://127.0.0.1:9/v1", "--min-goodput", "2"])
     assert exit_.value.code == 2
     _, err = capsys.readouterr()
-    assert err.strip() == ("llmperf load: error: argument --min-goodput: must be a share in (0, 1], e.g. 0.95, "
-                           "got '2' (see llmperf load --help)")
+    assert err.strip() == (
+        "llmperf load: error: argument --min-goodput: must be a share in (0, 1], e.g. 0.95, "
+        "got '2' (see llmperf load --help)"
+    )
 
 
 def test_load_reports_a_redirect(server: str, capsys: pytest.CaptureFixture, monkeypatch) -> None:
     """The load client (asynchronous) says what the single-stream one says of a 301."""
     monkeypatch.setenv("LLMPERF_API_KEY", API_KEY)
-    args = ["load", "--endpoint", f"{server}/redirect/v1", "--concurrency", "1", "--requests", "2", "--warmup", "0",
-            "--prompt-tokens", "4", "--max-tokens", "8", "--request-timeout", "5"]
+    args = [
+        "load",
+        "--endpoint",
+        f"{server}/redirect/v1",
+        "--concurrency",
+        "1",
+        "--requests",
+        "2",
+        "--warmup",
+        "0",
+        "--prompt-tokens",
+        "4",
+        "--max-tokens",
+        "8",
+        "--request-timeout",
+        "5",
+    ]
     assert cli_main(args) == 2
     out, err = capsys.readouterr()
     url = f"{server}/redirect/v1/completions"
-    assert err.strip() == (f"llmperf: error: all 2 requests failed; first: HTTP 301 from {url}: redirects are not "
-                           f"followed; use the final URL as the endpoint (Location: {server}/ok/v1/completions)")
+    assert err.strip() == (
+        f"llmperf: error: all 2 requests failed; first: HTTP 301 from {url}: redirects are not "
+        f"followed; use the final URL as the endpoint (Location: {server}/ok/v1/completions)"
+    )
     clean(out + err)
 
 
@@ -209,7 +271,8 @@ def test_history_command_on_a_file_that_is_not_a_database(tmp_path: Path, capsys
     assert cli_main(["history", "--history", str(path)]) == 2
     _, err = capsys.readouterr()
     assert err.strip() == "llmperf: error: " + HISTORY_LINE.format(root=tmp_path).removeprefix(
-        "llmperf: history not written: ")
+        "llmperf: history not written: "
+    )
     assert path.read_text() == NOT_A_DATABASE
 
 
@@ -227,8 +290,13 @@ def interrupt(argv: list[str], ready: str, seconds: float = 60) -> tuple[int, st
     """Run ``llmperf ARGV`` with stdout and stderr on a terminal, press Ctrl-C (SIGINT) once
     ``ready`` appears; returns the exit status and everything it printed."""
     main, child = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "pytest_llmperf.cli", *argv], stdin=subprocess.DEVNULL,
-                            stdout=child, stderr=child, env=child_env(COLUMNS="200"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest_llmperf.cli", *argv],
+        stdin=subprocess.DEVNULL,
+        stdout=child,
+        stderr=child,
+        env=child_env(COLUMNS="200"),
+    )
     os.close(child)
     out, sent, deadline = b"", False, time.monotonic() + seconds
     try:
@@ -254,8 +322,24 @@ def interrupt(argv: list[str], ready: str, seconds: float = 60) -> tuple[int, st
 
 def test_ctrl_c_of_llmperf_load(server: str) -> None:
     started = time.monotonic()
-    rc, out = interrupt(["load", "--endpoint", f"{server}/silent/v1", "--concurrency", "1", "--requests", "2",
-                         "--warmup", "0", "--prompt-tokens", "4", "--max-tokens", "8"], "unique prompts")
+    rc, out = interrupt(
+        [
+            "load",
+            "--endpoint",
+            f"{server}/silent/v1",
+            "--concurrency",
+            "1",
+            "--requests",
+            "2",
+            "--warmup",
+            "0",
+            "--prompt-tokens",
+            "4",
+            "--max-tokens",
+            "8",
+        ],
+        "unique prompts",
+    )
     assert rc == INTERRUPTED, out
     once(out, INTERRUPTED_LINE)
     clean(out)
@@ -265,8 +349,9 @@ def test_ctrl_c_of_llmperf_load(server: str) -> None:
 def test_ctrl_c_of_llmperf_profile(tmp_path: Path) -> None:
     """While llama.cpp measures (the progress line says so): one line, exit 130, no report."""
     report = tmp_path / "profile.json"
-    rc, out = interrupt(["profile", "tiny", "--runs", "100000", "--threads", "1", "--format", "json",
-                         "-o", str(report)], "measuring")
+    rc, out = interrupt(
+        ["profile", "tiny", "--runs", "100000", "--threads", "1", "--format", "json", "-o", str(report)], "measuring"
+    )
     assert rc == INTERRUPTED, out
     once(out, INTERRUPTED_LINE)
     clean(out)
@@ -298,13 +383,21 @@ def unreadable_model(tmp_path: Path) -> Path:
 
 
 def unreadable(model: Path) -> str:
-    return (f"cannot read the model file {model}: Permission denied; make it readable (chmod a+r {model}) "
-            "or give another GGUF path or a preset name (tiny, small)")
+    return (
+        f"cannot read the model file {model}: Permission denied; make it readable (chmod a+r {model}) "
+        "or give another GGUF path or a preset name (tiny, small)"
+    )
 
 
 def test_mode_000_model_llmperf_profile(unreadable_model: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "pytest_llmperf.cli", "profile", str(unreadable_model)],
-                         capture_output=True, text=True, env=child_env(), preexec_fn=_without_root_reads, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest_llmperf.cli", "profile", str(unreadable_model)],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        preexec_fn=_without_root_reads,
+        timeout=60,
+    )
     assert out.returncode == 2, out.stdout + out.stderr
     assert out.stderr.strip() == "llmperf: error: " + unreadable(unreadable_model)
     clean(out.stdout + out.stderr)
@@ -312,10 +405,21 @@ def test_mode_000_model_llmperf_profile(unreadable_model: Path) -> None:
 
 def test_mode_000_model_session(unreadable_model: Path, tmp_path: Path) -> None:
     (tmp_path / "test_inner.py").write_text(source())
-    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rN", f"--rootdir={tmp_path}",
-            f"--llmperf-model={unreadable_model}", "--llmperf-history=off", "test_inner.py"]
-    out = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, env=child_env(),
-                         preexec_fn=_without_root_reads, timeout=120)
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-rN",
+        f"--rootdir={tmp_path}",
+        f"--llmperf-model={unreadable_model}",
+        "--llmperf-history=off",
+        "test_inner.py",
+    ]
+    out = subprocess.run(
+        argv, cwd=tmp_path, capture_output=True, text=True, env=child_env(), preexec_fn=_without_root_reads, timeout=120
+    )
     output = out.stdout + out.stderr
     assert out.returncode == 1, output
     once(output, unreadable(unreadable_model))
@@ -353,8 +457,9 @@ def history_command(url: str, capsys: pytest.CaptureFixture) -> tuple[int, str]:
     return rc, out + err
 
 
-def test_dropped_postgresql_tables(pytester: pytest.Pytester, server: str, pg_server, monkeypatch,
-                                   capsys: pytest.CaptureFixture) -> None:
+def test_dropped_postgresql_tables(
+    pytester: pytest.Pytester, server: str, pg_server, monkeypatch, capsys: pytest.CaptureFixture
+) -> None:
     """The version table dropped: the history still reads (not "no sessions") and the next
     session recreates it, instead of "relation already exists" forever. A table that rows
     left refer to dropped: one line saying exactly what to do, and doing it works."""
@@ -382,14 +487,18 @@ def test_dropped_postgresql_tables(pytester: pytest.Pytester, server: str, pg_se
 
     sql(url, "DROP TABLE llmperf_values")  # nothing refers to its rows: recreated by the next writer
     rc, out = history_command(url, capsys)
-    assert rc == 2 and out.strip() == (f"llmperf: error: the history {shown} lacks table(s) llmperf_values "
-                                       "(dropped?); the next pytest session that writes to it recreates them"), out
+    assert rc == 2 and out.strip() == (
+        f"llmperf: error: the history {shown} lacks table(s) llmperf_values "
+        "(dropped?); the next pytest session that writes to it recreates them"
+    ), out
     session(appended.format(3))
 
     sql(url, "DROP TABLE llmperf_sessions CASCADE")  # the measurements' rows refer to it
-    refused = (f"the history {shown} lacks table(s) llmperf_sessions that its other rows refer to (dropped?); "
-               "restore them from a backup, or DROP TABLE llmperf_values, llmperf_measurements, llmperf_schema "
-               "to start anew")
+    refused = (
+        f"the history {shown} lacks table(s) llmperf_sessions that its other rows refer to (dropped?); "
+        "restore them from a backup, or DROP TABLE llmperf_values, llmperf_measurements, llmperf_schema "
+        "to start anew"
+    )
     session("llmperf: history not written: " + refused)
     assert sql(url, "SELECT COUNT(*) FROM llmperf_measurements") == [(3,)]  # nothing written, nothing lost
     rc, out = history_command(url, capsys)

@@ -27,13 +27,13 @@ from pathlib import Path
 from urllib.parse import quote, quote_plus
 
 import pytest
-
+from fakeserver import serving
 from inner import run
 from pgserver import PgServer, bindir, unavailable
+from test_hostile import STOP, WORKLOAD, Hostile, source
+
 from pytest_llmperf.cli import main as cli_main
 from pytest_llmperf.core.redact import Redactor, display, is_dsn, secrets_in
-from fakeserver import serving
-from test_hostile import STOP, WORKLOAD, Hostile, source
 
 try:  # imported here, before any pytester snapshot of sys.modules: a psycopg imported inside
     import psycopg  # an inner session and dropped after it leaves its C extension raising the
@@ -70,8 +70,11 @@ class Guarded(Hostile):
             return super().do_POST()
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
         key = auth.removeprefix("Bearer ")
-        message = (f"seen {quote(key, safe='')} and {quote_plus(key)} and {auth}" if fault == "echo_forms"
-                   else f"refused {self.path} with {auth}")
+        message = (
+            f"seen {quote(key, safe='')} and {quote_plus(key)} and {auth}"
+            if fault == "echo_forms"
+            else f"refused {self.path} with {auth}"
+        )
         payload = json.dumps({"error": {"message": message}}).encode()
         self.send_response(401)
         self.send_header("Content-Type", "application/json")
@@ -161,29 +164,70 @@ class Case:
 
 HEADER = "llmperf: endpoint {shown} (completions), model (server default)"
 CASES = [
-    Case("userinfo-and-api-key-query", f"http://bench:{PW}@{{host}}/ok/v1?api_key={KEY}",
-         HEADER.format(shown="http://bench:***@{host}/ok/v1?api_key=***"), 0,
-         auth=basic(f"bench:{PW}"), query=f"api_key={KEY}"),
-    Case("query-survives-the-path", f"http://{{host}}/ok/v1/?Token={KEY}&mode=fast",
-         HEADER.format(shown="http://{host}/ok/v1/?Token=***&mode=fast"), 0,
-         auth=f"Bearer {KEY}", query=f"Token={KEY}&mode=fast"),
-    Case("unencoded-at-slash-colon-in-password", f"http://bench:{RAW_PW}@{{host}}/ok/v1",
-         HEADER.format(shown="http://bench:***@{host}/ok/v1"), 0, auth=basic(f"bench:{RAW_PW}")),
-    Case("token-as-user", f"http://{TOKEN}@{{host}}/ok/v1", HEADER.format(shown="http://***@{host}/ok/v1"), 0,
-         auth=basic(f"{TOKEN}:")),
-    Case("wrong-credentials-echoed", f"http://bench:{PW}@{{host}}/ok/v1?access_token={KEY}",
-         'HTTP 401 from http://bench:***@{host}/ok/v1/completions?access_token=***: '
-         '{{"error": {{"message": "refused /ok/v1/completions?access_token=*** with Basic ***"}}}}', 1,
-         auth="wrong", query="wrong"),
-    Case("env-key-echoed-encoded-and-escaped", "http://{host}/echo_forms/v1",
-         'HTTP 401 from http://{host}/echo_forms/v1/completions: '
-         '{{"error": {{"message": "seen *** and *** and Bearer ***"}}}}', 1, env_key=ENV_KEY),
-    Case("connection-refused-with-secrets", f"http://bench:{PW}@127.0.0.1:{{closed}}/v1?key={KEY}",
-         "cannot connect to http://bench:***@127.0.0.1:{closed}/v1/completions?key=*** "
-         "([Errno 111] Connection refused); is the server running?", 1, seconds=20),
-    Case("non-ascii-api-key", "http://{host}/ok/v1",
-         "$LLMPERF_API_KEY holds a character at position 10 that an HTTP header cannot carry (ASCII letters, "
-         "digits and punctuation only); set it to the key exactly as issued", 1, env_key=NON_ASCII_KEY, seconds=20),
+    Case(
+        "userinfo-and-api-key-query",
+        f"http://bench:{PW}@{{host}}/ok/v1?api_key={KEY}",
+        HEADER.format(shown="http://bench:***@{host}/ok/v1?api_key=***"),
+        0,
+        auth=basic(f"bench:{PW}"),
+        query=f"api_key={KEY}",
+    ),
+    Case(
+        "query-survives-the-path",
+        f"http://{{host}}/ok/v1/?Token={KEY}&mode=fast",
+        HEADER.format(shown="http://{host}/ok/v1/?Token=***&mode=fast"),
+        0,
+        auth=f"Bearer {KEY}",
+        query=f"Token={KEY}&mode=fast",
+    ),
+    Case(
+        "unencoded-at-slash-colon-in-password",
+        f"http://bench:{RAW_PW}@{{host}}/ok/v1",
+        HEADER.format(shown="http://bench:***@{host}/ok/v1"),
+        0,
+        auth=basic(f"bench:{RAW_PW}"),
+    ),
+    Case(
+        "token-as-user",
+        f"http://{TOKEN}@{{host}}/ok/v1",
+        HEADER.format(shown="http://***@{host}/ok/v1"),
+        0,
+        auth=basic(f"{TOKEN}:"),
+    ),
+    Case(
+        "wrong-credentials-echoed",
+        f"http://bench:{PW}@{{host}}/ok/v1?access_token={KEY}",
+        "HTTP 401 from http://bench:***@{host}/ok/v1/completions?access_token=***: "
+        '{{"error": {{"message": "refused /ok/v1/completions?access_token=*** with Basic ***"}}}}',
+        1,
+        auth="wrong",
+        query="wrong",
+    ),
+    Case(
+        "env-key-echoed-encoded-and-escaped",
+        "http://{host}/echo_forms/v1",
+        "HTTP 401 from http://{host}/echo_forms/v1/completions: "
+        '{{"error": {{"message": "seen *** and *** and Bearer ***"}}}}',
+        1,
+        env_key=ENV_KEY,
+    ),
+    Case(
+        "connection-refused-with-secrets",
+        f"http://bench:{PW}@127.0.0.1:{{closed}}/v1?key={KEY}",
+        "cannot connect to http://bench:***@127.0.0.1:{closed}/v1/completions?key=*** "
+        "([Errno 111] Connection refused); is the server running?",
+        1,
+        seconds=20,
+    ),
+    Case(
+        "non-ascii-api-key",
+        "http://{host}/ok/v1",
+        "$LLMPERF_API_KEY holds a character at position 10 that an HTTP header cannot carry (ASCII letters, "
+        "digits and punctuation only); set it to the key exactly as issued",
+        1,
+        env_key=NON_ASCII_KEY,
+        seconds=20,
+    ),
 ]
 
 REPORTS = ("--junitxml=junit.xml", "--llmperf-json=session.json", "--llmperf-markdown=summary.md")
@@ -200,8 +244,13 @@ def test_endpoint_secret(pytester: pytest.Pytester, host: str, monkeypatch: pyte
     EXPECTED.update(auth=case.auth, query=case.query)
     pytester.makepyfile(test_inner=source(WORKLOAD))
     started = time.monotonic()
-    result = run(pytester, f"--llmperf-endpoint={case.endpoint.format(**names)}", "--llmperf-baseline-dir=baselines",
-                 "-rN", *REPORTS)
+    result = run(
+        pytester,
+        f"--llmperf-endpoint={case.endpoint.format(**names)}",
+        "--llmperf-baseline-dir=baselines",
+        "-rN",
+        *REPORTS,
+    )
     elapsed = time.monotonic() - started
     output = result.stdout.str() + result.stderr.str()
     assert elapsed < case.seconds, f"took {elapsed:.1f} s"
@@ -220,13 +269,22 @@ def test_ab(llmperf):
 """
 
 
-@pytest.mark.parametrize(("auth", "code", "line"), [
-    (basic(f"bench:{PW}"), 0, None),
-    ("wrong", 1, 'HTTP 401 from http://bench:***@{host}/ok/v1/completions?api_key=***: '
-                 '{{"error": {{"message": "refused /ok/v1/completions?api_key=*** with Basic ***"}}}}'),
-], ids=["served", "refused"])
-def test_ab_side_url(pytester: pytest.Pytester, host: str, monkeypatch: pytest.MonkeyPatch,
-                     auth: str, code: int, line: str | None) -> None:
+@pytest.mark.parametrize(
+    ("auth", "code", "line"),
+    [
+        (basic(f"bench:{PW}"), 0, None),
+        (
+            "wrong",
+            1,
+            "HTTP 401 from http://bench:***@{host}/ok/v1/completions?api_key=***: "
+            '{{"error": {{"message": "refused /ok/v1/completions?api_key=*** with Basic ***"}}}}',
+        ),
+    ],
+    ids=["served", "refused"],
+)
+def test_ab_side_url(
+    pytester: pytest.Pytester, host: str, monkeypatch: pytest.MonkeyPatch, auth: str, code: int, line: str | None
+) -> None:
     """A side's name is the URL as shown, in the session file as in every line."""
     monkeypatch.setenv("LLMPERF_API_KEY", KEY)
     EXPECTED.clear()
@@ -253,16 +311,36 @@ def test_ab_side_url(pytester: pytest.Pytester, host: str, monkeypatch: pytest.M
 LOAD = ("--concurrency", "1", "--requests", "2", "--warmup", "0", "--prompt-tokens", "4", "--max-tokens", "4")
 
 
-@pytest.mark.parametrize(("name", "auth", "code", "line"), [
-    ("served", basic(f"bench:{PW}"), 0,
-     "llmperf load: 2 requests per level (closed loop, +0 warm-up), 4-word prompts, 4 tokens each; "
-     "completions at http://bench:***@{host}/ok/v1?api_key=***"),
-    ("refused", "wrong", 2,
-     'llmperf: error: all 2 requests failed; first: HTTP 401 from http://bench:***@{host}/ok/v1/completions'
-     '?api_key=***: {{"error": {{"message": "refused /ok/v1/completions?api_key=*** with Basic ***"}}}}'),
-], ids=["served", "refused"])  # ids of our own: a parameter's base64 would put the secret in the id
-def test_load_command(host: str, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch,
-                      name: str, auth: str, code: int, line: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "auth", "code", "line"),
+    [
+        (
+            "served",
+            basic(f"bench:{PW}"),
+            0,
+            "llmperf load: 2 requests per level (closed loop, +0 warm-up), 4-word prompts, 4 tokens each; "
+            "completions at http://bench:***@{host}/ok/v1?api_key=***",
+        ),
+        (
+            "refused",
+            "wrong",
+            2,
+            "llmperf: error: all 2 requests failed; first: HTTP 401 from http://bench:***@{host}/ok/v1/completions"
+            '?api_key=***: {{"error": {{"message": "refused /ok/v1/completions?api_key=*** with Basic ***"}}}}',
+        ),
+    ],
+    ids=["served", "refused"],
+)  # ids of our own: a parameter's base64 would put the secret in the id
+def test_load_command(
+    host: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    auth: str,
+    code: int,
+    line: str,
+) -> None:
     monkeypatch.setenv("LLMPERF_API_KEY", KEY)
     monkeypatch.chdir(tmp_path)
     EXPECTED.clear()
@@ -294,23 +372,45 @@ class HistoryCase:
 APPENDED = "llmperf: history: session #1 (1 measurement(s)) appended to {shown}"
 NOT_WRITTEN = "llmperf: history not written: cannot connect to the history {shown}: "
 HISTORY_CASES = [
-    HistoryCase("pg-url-empty-user", f"postgresql://:{PW}@127.0.0.1:{{port}}/{{db}}?user=llmperf",
-                APPENDED.format(shown="postgresql://:***@127.0.0.1:{port}/{db}?user=llmperf")),
-    HistoryCase("pg-url-unencoded-password", f"postgresql://llmperf:{RAW_PW}@127.0.0.1:{{port}}/{{db}}",
-                APPENDED.format(shown="postgresql://llmperf:***@127.0.0.1:{port}/{db}")),
-    HistoryCase("pg-url-password-parameter", f"postgresql://llmperf@127.0.0.1:{{port}}/{{db}}?password={PW}",
-                APPENDED.format(shown="postgresql://llmperf@127.0.0.1:{port}/{db}?password=***")),
-    HistoryCase("libpq-keywords", f"host=127.0.0.1 port={{port}} dbname={{db}} user=llmperf password={PW}",
-                APPENDED.format(shown="host=127.0.0.1 port={port} dbname={db} user=llmperf password=***")),
-    HistoryCase("libpq-keywords-quoted-password", f"host=127.0.0.1 port={{port}} dbname={{db}} user=llmperf "
-                f"password='{CORE} it\\'s'", APPENDED.format(
-                    shown="host=127.0.0.1 port={port} dbname={db} user=llmperf password=***")),
-    HistoryCase("pg-unknown-role", f"postgresql://ghost:{PW}@127.0.0.1:{{port}}/{{db}}",
-                NOT_WRITTEN.format(shown="postgresql://ghost:***@127.0.0.1:{port}/{db}") + '*role "ghost" does not exist',
-                written=False),
-    HistoryCase("libpq-keywords-broken-password", f"host=127.0.0.1 port={{closed}} dbname=d user=u password={CORE}a {CORE}b",
-                NOT_WRITTEN.format(shown="host=127.0.0.1 port={closed} dbname=d user=u password=***")
-                + 'missing "=" after "***" in connection info string', pg=False, written=False),
+    HistoryCase(
+        "pg-url-empty-user",
+        f"postgresql://:{PW}@127.0.0.1:{{port}}/{{db}}?user=llmperf",
+        APPENDED.format(shown="postgresql://:***@127.0.0.1:{port}/{db}?user=llmperf"),
+    ),
+    HistoryCase(
+        "pg-url-unencoded-password",
+        f"postgresql://llmperf:{RAW_PW}@127.0.0.1:{{port}}/{{db}}",
+        APPENDED.format(shown="postgresql://llmperf:***@127.0.0.1:{port}/{db}"),
+    ),
+    HistoryCase(
+        "pg-url-password-parameter",
+        f"postgresql://llmperf@127.0.0.1:{{port}}/{{db}}?password={PW}",
+        APPENDED.format(shown="postgresql://llmperf@127.0.0.1:{port}/{db}?password=***"),
+    ),
+    HistoryCase(
+        "libpq-keywords",
+        f"host=127.0.0.1 port={{port}} dbname={{db}} user=llmperf password={PW}",
+        APPENDED.format(shown="host=127.0.0.1 port={port} dbname={db} user=llmperf password=***"),
+    ),
+    HistoryCase(
+        "libpq-keywords-quoted-password",
+        f"host=127.0.0.1 port={{port}} dbname={{db}} user=llmperf password='{CORE} it\\'s'",
+        APPENDED.format(shown="host=127.0.0.1 port={port} dbname={db} user=llmperf password=***"),
+    ),
+    HistoryCase(
+        "pg-unknown-role",
+        f"postgresql://ghost:{PW}@127.0.0.1:{{port}}/{{db}}",
+        NOT_WRITTEN.format(shown="postgresql://ghost:***@127.0.0.1:{port}/{db}") + '*role "ghost" does not exist',
+        written=False,
+    ),
+    HistoryCase(
+        "libpq-keywords-broken-password",
+        f"host=127.0.0.1 port={{closed}} dbname=d user=u password={CORE}a {CORE}b",
+        NOT_WRITTEN.format(shown="host=127.0.0.1 port={closed} dbname=d user=u password=***")
+        + 'missing "=" after "***" in connection info string',
+        pg=False,
+        written=False,
+    ),
 ]
 
 
@@ -322,8 +422,13 @@ def pg_rows(url: str) -> str:
 
 
 @pytest.mark.parametrize("case", HISTORY_CASES, ids=[c.id for c in HISTORY_CASES])
-def test_history_secret(pytester: pytest.Pytester, host: str, request: pytest.FixtureRequest,
-                        monkeypatch: pytest.MonkeyPatch, case: HistoryCase) -> None:
+def test_history_secret(
+    pytester: pytest.Pytester,
+    host: str,
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+    case: HistoryCase,
+) -> None:
     needs_psycopg()
     names: dict = {"closed": closed_port()}
     url = None
@@ -336,8 +441,14 @@ def test_history_secret(pytester: pytest.Pytester, host: str, request: pytest.Fi
     EXPECTED.update(auth=f"Bearer {KEY}", query="")
     pytester.makepyfile(test_inner=source(WORKLOAD))
     started = time.monotonic()
-    result = run(pytester, f"--llmperf-endpoint=http://{host}/ok/v1", f"--llmperf-history={case.location.format(**names)}",
-                 "--llmperf-baseline-dir=baselines", "-rN", *REPORTS)
+    result = run(
+        pytester,
+        f"--llmperf-endpoint=http://{host}/ok/v1",
+        f"--llmperf-history={case.location.format(**names)}",
+        "--llmperf-baseline-dir=baselines",
+        "-rN",
+        *REPORTS,
+    )
     output = result.stdout.str() + result.stderr.str()
     assert time.monotonic() - started < 30
     assert result.ret == 0, output  # a history not written costs its line, never the session
@@ -351,15 +462,24 @@ def test_history_secret(pytester: pytest.Pytester, host: str, request: pytest.Fi
 # -- the llmperf history command ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("location", "line"), [
-    (f"postgresql://ghost:{RAW_PW}@127.0.0.1:{{closed}}/db",
-     "llmperf: error: cannot connect to the history postgresql://ghost:***@127.0.0.1:{closed}/db: *"),
-    (f"host=127.0.0.1 port={{closed}} password={CORE}a {CORE}b",
-     "llmperf: error: cannot connect to the history host=127.0.0.1 port={closed} password=***: "
-     'missing "=" after "***" in connection info string'),
-], ids=["pg-url", "libpq-keywords"])
-def test_history_command(tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch,
-                         location: str, line: str) -> None:
+@pytest.mark.parametrize(
+    ("location", "line"),
+    [
+        (
+            f"postgresql://ghost:{RAW_PW}@127.0.0.1:{{closed}}/db",
+            "llmperf: error: cannot connect to the history postgresql://ghost:***@127.0.0.1:{closed}/db: *",
+        ),
+        (
+            f"host=127.0.0.1 port={{closed}} password={CORE}a {CORE}b",
+            "llmperf: error: cannot connect to the history host=127.0.0.1 port={closed} password=***: "
+            'missing "=" after "***" in connection info string',
+        ),
+    ],
+    ids=["pg-url", "libpq-keywords"],
+)
+def test_history_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch, location: str, line: str
+) -> None:
     needs_psycopg()
     monkeypatch.chdir(tmp_path)
     closed = closed_port()
@@ -384,8 +504,11 @@ FORMS = [
     (f"postgresql://u:{RAW_PW}@h:5432/db", "postgresql://u:***@h:5432/db", [RAW_PW]),
     (f"postgres://u:{quote(RAW_PW, safe='')}@h1:5432,h2:5433/db", "postgres://u:***@h1:5432,h2:5433/db", [RAW_PW]),
     ("postgresql://llmperf@127.0.0.1:5432/db", "postgresql://llmperf@127.0.0.1:5432/db", []),
-    (f"http://h/v1?X-Api-Key={KEY}&sslpassword={PW}&SIG={KEY}&n=1#access_token={TOKEN}",
-     "http://h/v1?X-Api-Key=***&sslpassword=***&SIG=***&n=1#access_token=***", [KEY, PW, TOKEN]),
+    (
+        f"http://h/v1?X-Api-Key={KEY}&sslpassword={PW}&SIG={KEY}&n=1#access_token={TOKEN}",
+        "http://h/v1?X-Api-Key=***&sslpassword=***&SIG=***&n=1#access_token=***",
+        [KEY, PW, TOKEN],
+    ),
     (f"host=h port=5 dbname=d user=u password={PW}", "host=h port=5 dbname=d user=u password=***", [PW]),
     (f"host=h password = '{CORE} it\\'s' sslpassword={KEY}", "host=h password = *** sslpassword=***", [KEY]),
     ("history.sqlite", "history.sqlite", []),

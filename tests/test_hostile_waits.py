@@ -27,17 +27,18 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
-
 from inner import run
-from test_hostile import API_KEY, BASELINE, NOT_WRITTEN, UPDATE, VALID, server, session_file  # noqa: F401
 from test_history import pg_server  # noqa: F401  (a real PostgreSQL, tests/pgserver.py)
-from pytest_llmperf.cli import INTERRUPTED, main as cli_main
+from test_hostile import API_KEY, BASELINE, NOT_WRITTEN, UPDATE, VALID, server, session_file  # noqa: F401
+
+from pytest_llmperf.cli import INTERRUPTED
+from pytest_llmperf.cli import main as cli_main
 from pytest_llmperf.core.documents import MAX_DOCUMENT_MIB
 from pytest_llmperf.history import connection
 
@@ -138,22 +139,49 @@ BIG = f"{{thing}} is {OVER_MIB} MiB, over the {MAX_DOCUMENT_MIB} MiB a baseline 
 NOT_WRITTEN_ALSO = (NOT_WRITTEN, "*llmperf summary*")
 CASES = [
     Case("baseline-is-fifo", baseline_fifo, IS_FIFO + "; give the path of a baseline file", 1),
-    Case("baseline-is-fifo-update", baseline_fifo,
-         "llmperf: baselines not written: " + IS_FIFO + "; give the path of a baseline file; the file is unchanged",
-         1, UPDATE, NOT_WRITTEN_ALSO),
+    Case(
+        "baseline-is-fifo-update",
+        baseline_fifo,
+        "llmperf: baselines not written: " + IS_FIFO + "; give the path of a baseline file; the file is unchanged",
+        1,
+        UPDATE,
+        NOT_WRITTEN_ALSO,
+    ),
     Case("baseline-is-directory", baseline_dir, IS_DIR + "; give the path of a baseline file", 1),
-    Case("baseline-is-directory-update", baseline_dir,
-         "llmperf: baselines not written: " + IS_DIR + "; give the path of a baseline file; the file is unchanged",
-         1, UPDATE, NOT_WRITTEN_ALSO),
+    Case(
+        "baseline-is-directory-update",
+        baseline_dir,
+        "llmperf: baselines not written: " + IS_DIR + "; give the path of a baseline file; the file is unchanged",
+        1,
+        UPDATE,
+        NOT_WRITTEN_ALSO,
+    ),
     Case("baseline-over-size", baseline_over, BIG, 1, seconds=20),
-    Case("baseline-over-size-update-keeps-it", baseline_over,
-         f"llmperf: baselines not written: {BIG}; the file is unchanged", 1, UPDATE, NOT_WRITTEN_ALSO, seconds=20),
-    Case("history-is-fifo", other_fifo("history.sqlite"),
-         "llmperf: history not written: " + IS_FIFO + "; give the history file's path", 0,
-         ("--llmperf-history={thing}",), ("*llmperf summary*",)),
-    Case("step-summary-fifo-nobody-reads", other_fifo("summary.md"),
-         "llmperf: cannot write {thing}: No such device or address", 0,
-         env={"GITHUB_STEP_SUMMARY": "{thing}"}, also=("*llmperf summary*",)),
+    Case(
+        "baseline-over-size-update-keeps-it",
+        baseline_over,
+        f"llmperf: baselines not written: {BIG}; the file is unchanged",
+        1,
+        UPDATE,
+        NOT_WRITTEN_ALSO,
+        seconds=20,
+    ),
+    Case(
+        "history-is-fifo",
+        other_fifo("history.sqlite"),
+        "llmperf: history not written: " + IS_FIFO + "; give the history file's path",
+        0,
+        ("--llmperf-history={thing}",),
+        ("*llmperf summary*",),
+    ),
+    Case(
+        "step-summary-fifo-nobody-reads",
+        other_fifo("summary.md"),
+        "llmperf: cannot write {thing}: No such device or address",
+        0,
+        env={"GITHUB_STEP_SUMMARY": "{thing}"},
+        also=("*llmperf summary*",),
+    ),
 ]
 
 
@@ -170,8 +198,10 @@ def state(path: Path) -> object:
 def test_hostile_file_in_session(pytester: pytest.Pytester, server: str, monkeypatch: pytest.MonkeyPatch, case: Case):
     monkeypatch.setenv("LLMPERF_API_KEY", API_KEY)
     root = pytester.path
-    pytester.makepyfile(test_inner="import pytest\n\n@pytest.mark.llmperf(prompt_tokens=4, max_tokens=8, runs=3, "
-                                   "warmup=0)\ndef test_a():\n    pass\n")
+    pytester.makepyfile(
+        test_inner="import pytest\n\n@pytest.mark.llmperf(prompt_tokens=4, max_tokens=8, runs=3, "
+        "warmup=0)\ndef test_a():\n    pass\n"
+    )
     (root / "baselines").mkdir(exist_ok=True)
     thing = case.make(root)
     names = {"file": root / BASELINE, "root": root, "thing": thing}
@@ -181,8 +211,13 @@ def test_hostile_file_in_session(pytester: pytest.Pytester, server: str, monkeyp
     with fifo or nullcontext():
         before = state(thing)
         started = time.monotonic()
-        result = run(pytester, f"--llmperf-endpoint={server}/ok/v1", "--llmperf-baseline-dir=baselines", "-rN",
-                     *[a.format(**names) for a in case.args])
+        result = run(
+            pytester,
+            f"--llmperf-endpoint={server}/ok/v1",
+            "--llmperf-baseline-dir=baselines",
+            "-rN",
+            *[a.format(**names) for a in case.args],
+        )
         elapsed = time.monotonic() - started
         after = state(thing)
     output = result.stdout.str() + result.stderr.str()
@@ -209,8 +244,15 @@ def limited() -> None:
 def command(*argv: str, timeout: float = 60) -> tuple[subprocess.CompletedProcess[str], float]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(CHECKOUT), os.environ.get("PYTHONPATH", "")])}
     started = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "pytest_llmperf.cli", *argv], capture_output=True, text=True,
-                         timeout=timeout, env=env, stdin=subprocess.DEVNULL, preexec_fn=limited)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest_llmperf.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        preexec_fn=limited,
+    )
     return out, time.monotonic() - started
 
 
@@ -230,11 +272,17 @@ CLI_SECONDS = 30
 SESSION_CASES = [
     # (id, how the second path is made, the line after "llmperf: error: ")
     ("fifo", lambda p: p, IS_FIFO + "; give the path of a session report"),
-    ("dev-zero", lambda p: Path("/dev/zero"), "{thing} is a character device, not a regular file; give the path "
-     "of a session report"),
+    (
+        "dev-zero",
+        lambda p: Path("/dev/zero"),
+        "{thing} is a character device, not a regular file; give the path of a session report",
+    ),
     ("directory", lambda p: (p.mkdir(), p)[1], IS_DIR + "; give the path of a session report"),
-    ("over-size", session_over, f"{{thing}} is {OVER_MIB} MiB, over the {MAX_DOCUMENT_MIB} MiB a session report "
-     f"may be; {SMALLER}"),
+    (
+        "over-size",
+        session_over,
+        f"{{thing}} is {OVER_MIB} MiB, over the {MAX_DOCUMENT_MIB} MiB a session report may be; {SMALLER}",
+    ),
 ]
 
 
@@ -251,8 +299,11 @@ def test_hostile_session_report_path(tmp_path: Path, verb: str, name: str, make,
     with fifo or nullcontext():
         thing = make(target)
         before = state(thing) if thing != Path("/dev/zero") else None
-        argv = ["compare", str(a), str(thing)] if verb == "compare" else ["report", str(thing), "-o",
-                                                                           str(tmp_path / "r.html")]
+        argv = (
+            ["compare", str(a), str(thing)]
+            if verb == "compare"
+            else ["report", str(thing), "-o", str(tmp_path / "r.html")]
+        )
         out, elapsed = command(*argv)
         after = state(thing) if thing != Path("/dev/zero") else None
     expected = "llmperf: error: " + message.format(thing=thing)
@@ -277,8 +328,9 @@ def seeded_history(path: Path) -> Path:
     from pytest_llmperf.history import append_session
     from pytest_llmperf.history.connection import Location
 
-    append_session(Location("sqlite", str(path)), [result("t.py::test_old", 10.0)], stamp(0), path.parent,
-                   compared=False)
+    append_session(
+        Location("sqlite", str(path)), [result("t.py::test_old", 10.0)], stamp(0), path.parent, compared=False
+    )
     return path
 
 
@@ -286,10 +338,13 @@ def seeded_history(path: Path) -> Path:
 def lock_held_elsewhere(db: Path, how: str = "IMMEDIATE") -> Iterator[int]:
     """Another process holds the history's write lock (``BEGIN IMMEDIATE``, a writer) or
     ``EXCLUSIVE`` (a reader waits too) until the block ends; yields its pid."""
-    code = ("import sqlite3, sys; c = sqlite3.connect(sys.argv[1], isolation_level=None); "
-            f"c.execute('BEGIN {how}'); print('locked', flush=True); sys.stdin.read()")
-    holder = subprocess.Popen([sys.executable, "-c", code, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True)
+    code = (
+        "import sqlite3, sys; c = sqlite3.connect(sys.argv[1], isolation_level=None); "
+        f"c.execute('BEGIN {how}'); print('locked', flush=True); sys.stdin.read()"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         yield holder.pid
@@ -298,19 +353,24 @@ def lock_held_elsewhere(db: Path, how: str = "IMMEDIATE") -> Iterator[int]:
         holder.wait(timeout=10)
 
 
-LOCKED = ("the history {db} stayed locked for 2 s by process {pid} ({comm}); let that process finish (or stop "
-          "it), then run again")
+LOCKED = (
+    "the history {db} stayed locked for 2 s by process {pid} ({comm}); let that process finish (or stop "
+    "it), then run again"
+)
 
 
-def test_history_locked_past_the_deadline_in_session(pytester: pytest.Pytester, server: str,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_history_locked_past_the_deadline_in_session(
+    pytester: pytest.Pytester, server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The session ends its wait at the deadline (2 s here, 60 s by default) with the one line
     naming the holder; the tests keep their outcome, the history its bytes."""
     db = seeded_history(pytester.path / "hist" / "history.sqlite")
     before = digest(db)
     monkeypatch.setattr(connection, "LOCK_WAIT_S", 2)
-    pytester.makepyfile(test_inner="import pytest\n\n@pytest.mark.llmperf(prompt_tokens=4, max_tokens=8, runs=2, "
-                                   "warmup=0)\ndef test_a():\n    pass\n")
+    pytester.makepyfile(
+        test_inner="import pytest\n\n@pytest.mark.llmperf(prompt_tokens=4, max_tokens=8, runs=2, "
+        "warmup=0)\ndef test_a():\n    pass\n"
+    )
     with lock_held_elsewhere(db) as pid:
         started = time.monotonic()
         result = run(pytester, f"--llmperf-endpoint={server}/ok/v1", f"--llmperf-history={db}", "-rN")
@@ -322,8 +382,9 @@ def test_history_locked_past_the_deadline_in_session(pytester: pytest.Pytester, 
     assert digest(db) == before
 
 
-def test_history_locked_past_the_deadline_in_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                     capsys: pytest.CaptureFixture) -> None:
+def test_history_locked_past_the_deadline_in_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     """A reader waits for a writer's exclusive lock the same way (``llmperf history``)."""
     db = seeded_history(tmp_path / "history.sqlite")
     monkeypatch.setattr(connection, "LOCK_WAIT_S", 2)
@@ -357,8 +418,15 @@ def interrupted(argv: list[str], db: Path, cwd: Path) -> tuple[int, str, float]:
     seconds from the signal to the exit."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(CHECKOUT), os.environ.get("PYTHONPATH", "")])}
     env.pop("PYTEST_ADDOPTS", None)
-    proc = subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, *argv],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         wait_until_waiting(proc.pid, db, 60)
         sent = time.monotonic()
@@ -373,8 +441,11 @@ def interrupted(argv: list[str], db: Path, cwd: Path) -> tuple[int, str, float]:
 
 def waited(db: Path) -> str:
     """The interrupt's line up to the lock's holder (this test's process), seconds as a pattern."""
-    return (r"llmperf: interrupted after waiting \d+ s for the history " + re.escape(str(db))
-            + re.escape(f", locked by process {os.getpid()} ({comm(os.getpid())}); nothing was written to it"))
+    return (
+        r"llmperf: interrupted after waiting \d+ s for the history "
+        + re.escape(str(db))
+        + re.escape(f", locked by process {os.getpid()} ({comm(os.getpid())}); nothing was written to it")
+    )
 
 
 @contextmanager
@@ -393,10 +464,22 @@ def test_ctrl_c_ends_a_session_waiting_for_the_history_lock(tmp_path: Path, serv
     within seconds, with one line naming the holder and pytest's interrupted status (2)."""
     db = seeded_history(tmp_path / "history.sqlite")
     before = digest(db)
-    (tmp_path / "test_inner.py").write_text("import pytest\n\n@pytest.mark.llmperf(prompt_tokens=4, max_tokens=8, "
-                                            "runs=2, warmup=0)\ndef test_a():\n    pass\n")
-    argv = ["-m", "pytest", "-p", "no:cacheprovider", f"--rootdir={tmp_path}", "-rN", "test_inner.py",
-            f"--llmperf-endpoint={server}/ok/v1", f"--llmperf-history={db}", f"--llmperf-json={tmp_path / 's.json'}"]
+    (tmp_path / "test_inner.py").write_text(
+        "import pytest\n\n@pytest.mark.llmperf(prompt_tokens=4, max_tokens=8, "
+        "runs=2, warmup=0)\ndef test_a():\n    pass\n"
+    )
+    argv = [
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        f"--rootdir={tmp_path}",
+        "-rN",
+        "test_inner.py",
+        f"--llmperf-endpoint={server}/ok/v1",
+        f"--llmperf-history={db}",
+        f"--llmperf-json={tmp_path / 's.json'}",
+    ]
     with lock_held_here(db, "IMMEDIATE"):
         status, output, after_signal_s = interrupted(argv, db, tmp_path)
     line = waited(db) + re.escape("; the session's files not written yet were left out")
@@ -409,8 +492,9 @@ def test_ctrl_c_ends_a_command_waiting_for_the_history_lock(tmp_path: Path) -> N
     db = seeded_history(tmp_path / "history.sqlite")
     before = digest(db)
     with lock_held_here(db, "EXCLUSIVE"):
-        status, output, after_signal_s = interrupted(["-m", "pytest_llmperf.cli", "history", "--history", str(db)],
-                                                     db, tmp_path)
+        status, output, after_signal_s = interrupted(
+            ["-m", "pytest_llmperf.cli", "history", "--history", str(db)], db, tmp_path
+        )
     assert status == INTERRUPTED and re.fullmatch(waited(db), output.strip()), output
     assert after_signal_s < 5 and digest(db) == before
 
@@ -516,8 +600,7 @@ def redacted(url: str) -> str:
     return url.replace(PASSWORD, "***")
 
 
-NO_ANSWER = ("the history {url} did not answer within 2 s, so it was not {done}; check the server and the network "
-             "to it")
+NO_ANSWER = "the history {url} did not answer within 2 s, so it was not {done}; check the server and the network to it"
 
 
 def test_postgres_that_accepts_and_never_answers(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture):
@@ -532,8 +615,9 @@ def test_postgres_that_accepts_and_never_answers(monkeypatch: pytest.MonkeyPatch
     assert status == 2 and err.strip() == line and PASSWORD not in err and 2 <= elapsed < 10
 
 
-def test_postgres_that_stalls_after_the_startup(pg_server, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
-                                                capsys: pytest.CaptureFixture) -> None:
+def test_postgres_that_stalls_after_the_startup(
+    pg_server, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     """psycopg has no client-side statement deadline and the server's statement_timeout is the
     stalled server's to enforce: the connection is cut at ANSWER_WAIT_S (2 s here)."""
     database = pg_server.new_database().rsplit("/", 1)[1]
@@ -547,19 +631,21 @@ def test_postgres_that_stalls_after_the_startup(pg_server, monkeypatch: pytest.M
     assert status == 2 and err.strip() == line and PASSWORD not in err and 2 <= elapsed < 10
 
 
-def test_session_with_a_postgres_history_that_stalls(pytester: pytest.Pytester, server: str,  # noqa: F811
-                                                     pg_server, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_session_with_a_postgres_history_that_stalls(
+    pytester: pytest.Pytester, server: str, pg_server, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The end of the session cuts the stalled write at the deadline: one line, the tests keep
     their outcome, nothing is written (the real database stays empty)."""
     url = pg_server.new_database()
     database = url.rsplit("/", 1)[1]
     monkeypatch.setattr(connection, "ANSWER_WAIT_S", 2)
-    pytester.makepyfile(test_inner="import pytest\n\n@pytest.mark.llmperf(prompt_tokens=4, max_tokens=8, runs=2, "
-                                   "warmup=0)\ndef test_a():\n    pass\n")
+    pytester.makepyfile(
+        test_inner="import pytest\n\n@pytest.mark.llmperf(prompt_tokens=4, max_tokens=8, runs=2, "
+        "warmup=0)\ndef test_a():\n    pass\n"
+    )
     with stalling(("127.0.0.1", pg_server.port), 40) as proxy:
         started = time.monotonic()
-        result = run(pytester, f"--llmperf-endpoint={server}/ok/v1", f"--llmperf-history={proxy.url(database)}",
-                     "-rN")
+        result = run(pytester, f"--llmperf-endpoint={server}/ok/v1", f"--llmperf-history={proxy.url(database)}", "-rN")
         elapsed = time.monotonic() - started
     output = result.stdout.str() + result.stderr.str()
     line = "llmperf: history not written: " + NO_ANSWER.format(url=redacted(proxy.url(database)), done="written")
@@ -571,14 +657,16 @@ def test_session_with_a_postgres_history_that_stalls(pytester: pytest.Pytester, 
     assert store.counts(Location("postgresql", url)) == {"sessions": 0, "measurements": 0, "values": 0}
 
 
-def test_postgres_history_locked_past_the_deadline_names_the_writer(pg_server, tmp_path: Path,  # noqa: F811
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_postgres_history_locked_past_the_deadline_names_the_writer(
+    pg_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Another writer holds the advisory lock: the server's lock_timeout (1 s here) ends the
     wait, and the line names that writer's backend; nothing is written."""
     import psycopg
     from test_history import result, stamp
 
-    from pytest_llmperf.history import append_session, database as store
+    from pytest_llmperf.history import append_session
+    from pytest_llmperf.history import database as store
     from pytest_llmperf.history.connection import Location
 
     url = pg_server.new_database()
@@ -593,6 +681,8 @@ def test_postgres_history_locked_past_the_deadline_names_the_writer(pg_server, t
             append_session(loc, [result("t.py::test_a", 10.0)], stamp(0), tmp_path, compared=False)
         elapsed = time.monotonic() - started
         other.execute("ROLLBACK")
-    assert str(err.value) == (f"the history {loc.display} stayed locked for 1 s by PostgreSQL backend {pid} (client "
-                              "127.0.0.1); let that writer finish (or stop it), then run again")
+    assert str(err.value) == (
+        f"the history {loc.display} stayed locked for 1 s by PostgreSQL backend {pid} (client "
+        "127.0.0.1); let that writer finish (or stop it), then run again"
+    )
     assert elapsed < 10 and store.counts(loc) == {"sessions": 0, "measurements": 0, "values": 0}

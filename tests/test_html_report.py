@@ -8,8 +8,8 @@ they fail instead, so a CI where the report was never opened cannot pass.
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, replace
@@ -19,11 +19,12 @@ from pathlib import Path
 import matplotlib.figure  # noqa: F401  (imported before any inner session, which would unload it)
 import numpy as np
 import pytest
-
 from inner import chromium, outpace
-from pytest_llmperf.reports import figures, html as html_report
+
 from pytest_llmperf.cli import main as cli_main
 from pytest_llmperf.judge.result import MeasurementResult
+from pytest_llmperf.reports import figures
+from pytest_llmperf.reports import html as html_report
 
 SUITE = """
 import pytest
@@ -37,8 +38,15 @@ def test_regressed(): pass
 
 PER_TEST_FIGURES = {"itl-ecdf", "run-strips", "token-timeline"}
 CHROMIUM_FLAGS = (
-    "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-extensions",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
 )
 
 
@@ -48,9 +56,19 @@ def open_in_chromium(page: Path, tmp: Path, *action: str) -> tuple[str, list[str
     account pings are not the page's)."""
     net_log = tmp / f"net-{len(list(tmp.glob('net-*')))}.json"
     proc = subprocess.run(
-        [chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={tmp / 'profile'}", f"--log-net-log={net_log}",
-         "--window-size=1280,2400", "--virtual-time-budget=5000", *action, page.resolve().as_uri()],
-        capture_output=True, text=True, timeout=120,
+        [
+            chromium(),
+            *CHROMIUM_FLAGS,
+            f"--user-data-dir={tmp / 'profile'}",
+            f"--log-net-log={net_log}",
+            "--window-size=1280,2400",
+            "--virtual-time-budget=5000",
+            *action,
+            page.resolve().as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     log = json.loads(net_log.read_text())
@@ -119,8 +137,22 @@ class RealReport:
 def inner_pytest(folder: Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--rootdir={folder}", "--llmperf-threads", "1", *args],
-        cwd=folder, env=env, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            f"--rootdir={folder}",
+            "--llmperf-threads",
+            "1",
+            *args,
+        ],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 
@@ -138,8 +170,13 @@ def real_report(tmp_path_factory: pytest.TempPathFactory) -> RealReport:
         entry["subject"]["backend_version"] = "0.3.35"
     path.write_text(json.dumps(data))
     compared = inner_pytest(
-        folder, "--llmperf-html", "out/report.html", "--llmperf-json", "session.json",
-        "--llmperf-markdown", "summary.md",
+        folder,
+        "--llmperf-html",
+        "out/report.html",
+        "--llmperf-json",
+        "session.json",
+        "--llmperf-markdown",
+        "summary.md",
     )
     assert compared.returncode == 1 and re.search(r"\b[12] failed\b", compared.stdout), compared.stdout[-3000:]
     return RealReport(folder, compared.stdout, json.loads((folder / "session.json").read_text()))
@@ -222,8 +259,17 @@ def _record(scale: float = 1.0) -> dict:
         "n_runs": 6,
         "outliers": ["layer 2"],
     }
-    phase = {"bytes_per_token": 2e8, "flops_per_token": 2.7e8, "intensity_flop_per_byte": 1.35, "bound_tps": 100.0,
-             "achieved_tps": 80 / scale, "achieved_bw_gbs": 16.0, "mbu": 0.8, "mfu": 0.02, "verdict": "memory-bound"}
+    phase = {
+        "bytes_per_token": 2e8,
+        "flops_per_token": 2.7e8,
+        "intensity_flop_per_byte": 1.35,
+        "bound_tps": 100.0,
+        "achieved_tps": 80 / scale,
+        "achieved_bw_gbs": 16.0,
+        "mbu": 0.8,
+        "mfu": 0.02,
+        "verdict": "memory-bound",
+    }
     return {
         "runs": {"ttft_ms": [5.0 * scale] * 6, "tpot_ms": [0.6 * scale] * 6, "decode_tps": [1600 / scale] * 6},
         "itl_ms": itl,
@@ -231,33 +277,55 @@ def _record(scale: float = 1.0) -> dict:
         "workload": {"prompt_tokens": 64, "max_tokens": 41},
         "hardware": {"cpu": "test"},
         "subject": {"engine": "llama.cpp"},
-        "layers": {"phases": {"prefill": layer, "decode": layer}, "outlier_rule": "median + 5 x MAD",
-                   "overhead_ratio": 1.1},
-        "roofline": {"peak_bw_gbs": 20.0, "peak_bw_source": "measured", "peak_tflops": 0.5,
-                     "peak_tflops_source": "given", "decode": phase, "prefill": {**phase, "verdict": "compute-bound"}},
+        "layers": {
+            "phases": {"prefill": layer, "decode": layer},
+            "outlier_rule": "median + 5 x MAD",
+            "overhead_ratio": 1.1,
+        },
+        "roofline": {
+            "peak_bw_gbs": 20.0,
+            "peak_bw_source": "measured",
+            "peak_tflops": 0.5,
+            "peak_tflops_source": "given",
+            "decode": phase,
+            "prefill": {**phase, "verdict": "compute-bound"},
+        },
     }
 
 
 def test_layer_and_roofline_figures_when_the_record_has_them() -> None:
-    result = MeasurementResult("t.py::test_layers", record=_record(1.3), baseline_record=_record(), budget="ok",
-                               budgets={"p99_ms": 2.0, "tpot_ms": 1.0, "min_mbu": 0.5})
+    result = MeasurementResult(
+        "t.py::test_layers",
+        record=_record(1.3),
+        baseline_record=_record(),
+        budget="ok",
+        budgets={"p99_ms": 2.0, "tpot_ms": 1.0, "min_mbu": 0.5},
+    )
     section = html_report.test_section(0, result)
     found = outline(section).sections["t.py::test_layers"]
     assert found == PER_TEST_FIGURES | {"layer-bars", "roofline"}
     assert "median + 5 x MAD" in section and f"fill: {figures.BUDGET}" in section  # outlier layer in red
     assert "MBU 80%" in section and "memory-bound" in section and "budget p99_ms=2 ms" in section
     assert "budget min_mbu=0.5 of peak bandwidth" in section  # the MBU floor on the roofline
-    without = html_report.test_section(0, replace(result, record={k: v for k, v in _record().items()
-                                                                  if k not in ("layers", "roofline")}))
+    without = html_report.test_section(
+        0, replace(result, record={k: v for k, v in _record().items() if k not in ("layers", "roofline")})
+    )
     assert outline(without).sections["t.py::test_layers"] == PER_TEST_FIGURES
 
 
 def test_parallel_sections_match_sequential(monkeypatch: pytest.MonkeyPatch) -> None:
     """Big reports draw in worker processes; the page must not depend on it."""
-    results = [MeasurementResult(f"t.py::test_{i}", record=_record(1 + i / 10), baseline_record=_record())
-               for i in range(3)]
-    trend = {"test": "t.py::test_2", "metric": "tpot_ms", "label": "decode TPOT", "unit": "ms",
-             "points": [[0.6, 0.55, 0.65, "abc1234"], [0.7, 0.66, 0.74, "def5678"]], "steps": []}
+    results = [
+        MeasurementResult(f"t.py::test_{i}", record=_record(1 + i / 10), baseline_record=_record()) for i in range(3)
+    ]
+    trend = {
+        "test": "t.py::test_2",
+        "metric": "tpot_ms",
+        "label": "decode TPOT",
+        "unit": "ms",
+        "points": [[0.6, 0.55, 0.65, "abc1234"], [0.7, 0.66, 0.74, "def5678"]],
+        "steps": [],
+    }
     trends = {"t.py::test_2": [trend]}  # beside the results, as the history gives it
     sequential = html_report.test_sections(results, workers=1, trends=trends)
     assert ['data-figure="trend"' in s for s in sequential] == [False, False, True]

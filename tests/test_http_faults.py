@@ -16,8 +16,8 @@ from fakeserver import Streaming, event, serving
 
 from pytest_llmperf import EngineError, Workload, measure
 from pytest_llmperf.engines.http import HttpEngine
-from pytest_llmperf.engines.sse import EarlyEndError
 from pytest_llmperf.engines.servers import free_port
+from pytest_llmperf.engines.sse import EarlyEndError
 
 STOP = threading.Event()
 
@@ -36,7 +36,7 @@ class Faulty(Streaming):
         for i in range(n):
             self._chunk(event(f" t{i}"))
 
-    def do_POST(self) -> None:  # noqa: C901 - one branch per fault, on purpose
+    def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(length) or b"{}")
         n = int(body.get("max_tokens", 8))
@@ -183,7 +183,9 @@ def test_truncated_stream(faulty):
 @pytest.mark.parametrize(("fault", "waiting"), [("stall_first", "the first token"), ("stall_mid", "the token after 3")])
 def test_stalled_server_hits_the_token_timeout(faulty, fault, waiting):
     message = fails_within(HttpEngine(f"{faulty}/{fault}/v1", token_timeout_s=0.5), 3)
-    assert f"server stalled: no data from {faulty}/{fault}/v1/completions within 0.5 s (waiting for {waiting})" in message
+    assert (
+        f"server stalled: no data from {faulty}/{fault}/v1/completions within 0.5 s (waiting for {waiting})" in message
+    )
 
 
 @pytest.mark.parametrize("fault", ["drip", "pings"])
@@ -201,8 +203,8 @@ def test_fewer_tokens_than_asked(faulty):
 
 
 def test_api_key_sent_but_never_recorded(faulty, monkeypatch):
-    from pytest_llmperf.core.fingerprint import Fingerprint, subject
     from pytest_llmperf.baselines.records import record
+    from pytest_llmperf.core.fingerprint import Fingerprint, subject
 
     monkeypatch.setenv("LLMPERF_TEST_KEY", "sk-secret-123")
     engine = HttpEngine(f"{faulty}/ok/v1", api_key_env="LLMPERF_TEST_KEY")
@@ -282,9 +284,8 @@ def test_server_that_cannot_start_says_why_in_one_line(tmp_path):
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF" + b"\0" * 64)
     started = time.monotonic()
-    with pytest.raises(EngineError) as info:
-        with serve(broken, n_threads=1, start_timeout_s=30):
-            pass
+    with pytest.raises(EngineError) as info, serve(broken, n_threads=1, start_timeout_s=30):
+        pass
     assert time.monotonic() - started < 30
     message = str(info.value)
     assert message.startswith("llama_cpp.server exited with status") and "\n" not in message

@@ -69,14 +69,21 @@ def test_load_with_server_timings_and_metrics(small_server, capsys):
     assert side.tokens_per_decode >= 1.0
     from pytest_llmperf.reports.text import metrics_table
 
-    assert re.search(r"^prompt cache +unique prompts, prompt cache off \(cache_prompt=false\)", metrics_table(m), re.M)
+    assert re.search(
+        r"^prompt cache +unique prompts, prompt cache off \(cache_prompt=false\)", metrics_table(m), re.MULTILINE
+    )
     labels = [row[0] for row in load_rows(m)]
-    for label in ("client TTFT - server prompt time p50", "client TPOT - server time per token p50",
-                  "server /metrics: tokens per decode call"):
+    for label in (
+        "client TTFT - server prompt time p50",
+        "client TPOT - server time per token p50",
+        "server /metrics: tokens per decode call",
+    ):
         assert label in labels
     with capsys.disabled():
-        print(f"\nllama-server, concurrency 4: {side.tokens_per_decode:.2f} tokens per decode call, "
-              f"TTFT - server prompt {side.ttft_gap_ms_p50:.2f} ms, TPOT - server {side.tpot_gap_ms_p50:.3f} ms/token")
+        print(
+            f"\nllama-server, concurrency 4: {side.tokens_per_decode:.2f} tokens per decode call, "
+            f"TTFT - server prompt {side.ttft_gap_ms_p50:.2f} ms, TPOT - server {side.tpot_gap_ms_p50:.3f} ms/token"
+        )
 
 
 def test_shared_prefix_is_measured_only_when_asked(small_server, capsys):
@@ -98,8 +105,10 @@ def test_shared_prefix_is_measured_only_when_asked(small_server, capsys):
     assert s.prompt_n_max > s.prompt_n_min and s.prompt_n_min < 0.5 * s.prompt_tokens_median
     assert s.prompt_tokens_from_cache > 0 and s.metrics["prompt_tokens_cached_total"] > 0
     with capsys.disabled():
-        print(f"\nTTFT p50 unique prompts {unique.load.ttft.p50_ms:.2f} ms (server evaluated {u.prompt_n_median:.0f} "
-              f"tokens); shared 48-word prefix {shared.load.ttft.p50_ms:.2f} ms (evaluated {s.prompt_n_median:.0f})")
+        print(
+            f"\nTTFT p50 unique prompts {unique.load.ttft.p50_ms:.2f} ms (server evaluated {u.prompt_n_median:.0f} "
+            f"tokens); shared 48-word prefix {shared.load.ttft.p50_ms:.2f} ms (evaluated {s.prompt_n_median:.0f})"
+        )
 
 
 def test_sweep_levels_never_repeat_a_prompt(small_server):
@@ -118,15 +127,32 @@ def test_cli_serve_starts_llama_server(capsys):
     holds back text that is not yet whole UTF-8, so now and then (the prompts are unique per
     run) a request's tokens all arrive in one event. That request has no token gaps to measure
     and counts as failed, with its reason: the only failure allowed here."""
-    status = main(["load", "--serve", "small", "--threads", "1", "--concurrency", "1,2", "--requests", "4",
-                   "--max-tokens", "16", "--prompt-tokens", "8", "--tpot-ms", "60000"])
+    status = main(
+        [
+            "load",
+            "--serve",
+            "small",
+            "--threads",
+            "1",
+            "--concurrency",
+            "1,2",
+            "--requests",
+            "4",
+            "--max-tokens",
+            "16",
+            "--prompt-tokens",
+            "8",
+            "--tpot-ms",
+            "60000",
+        ]
+    )
     out = capsys.readouterr().out
     assert status == 0, out
     assert "with llama-server at http://127.0.0.1:" in out and "4 slot(s)" in out
     assert "llmperf load: unique prompts, prompt cache off (cache_prompt=false)" in out
-    levels = re.findall(r"^([12]) +(\d)/4 ", out, re.M)
+    levels = re.findall(r"^([12]) +(\d)/4 ", out, re.MULTILINE)
     assert [level for level, _ in levels] == ["1", "2"], out
-    failed = re.findall(r"^request \d+: (.*)$", out, re.M)
+    failed = re.findall(r"^request \d+: (.*)$", out, re.MULTILINE)
     assert sum(4 - int(ok) for _, ok in levels) == len(failed) <= 2, out
     assert all("no token gaps to measure" in reason for reason in failed), out
     assert "server side, concurrency 2: server evaluated" in out
@@ -196,5 +222,9 @@ def test_html_report_draws_the_throughput_latency_curve(pytester, small_server):
     page = (pytester.path / "report.html").read_text()
     assert page.count('data-figure="load-curve"') == 1
     assert "Throughput vs time to first token" in page
-    result.stdout.fnmatch_lines(["llmperf: prompt cache: every request's prompt unique, cache_prompt=false; tests "
-                                 "with shared_prefix_tokens measure prefix caching (cache_prompt=true)"])
+    result.stdout.fnmatch_lines(
+        [
+            "llmperf: prompt cache: every request's prompt unique, cache_prompt=false; tests "
+            "with shared_prefix_tokens measure prefix caching (cache_prompt=true)"
+        ]
+    )

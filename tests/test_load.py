@@ -47,9 +47,23 @@ def test_poisson_load_against_the_server(llmperf_server):
 def test_cli_prints_the_latency_throughput_curve(llmperf_server, capsys):
     status = main(
         [
-            "load", "--endpoint", llmperf_server.url, "--concurrency", "1,2,4", "--requests", "8",
-            "--max-tokens", "16", "--prompt-tokens", "8", "--ttft-ms", "60000", "--tpot-ms", "60000",
-            "--min-goodput", "0.9",
+            "load",
+            "--endpoint",
+            llmperf_server.url,
+            "--concurrency",
+            "1,2,4",
+            "--requests",
+            "8",
+            "--max-tokens",
+            "16",
+            "--prompt-tokens",
+            "8",
+            "--ttft-ms",
+            "60000",
+            "--tpot-ms",
+            "60000",
+            "--min-goodput",
+            "0.9",
         ]
     )
     out = capsys.readouterr().out

@@ -13,8 +13,14 @@ from pytest_llmperf.measuring.metrics import LatencyStats, RunMetrics
 MS = 1_000_000  # ns
 
 
-def trace(ttft_ms: float, gaps_ms: list[float], prompt_tokens: int = 10, prefill_ms: float | None = None,
-          tokenize_ms: float = 0.0, native: NativeCounters | None = None) -> RunTrace:
+def trace(
+    ttft_ms: float,
+    gaps_ms: list[float],
+    prompt_tokens: int = 10,
+    prefill_ms: float | None = None,
+    tokenize_ms: float = 0.0,
+    native: NativeCounters | None = None,
+) -> RunTrace:
     start = 1_000 * MS
     tokens = [start + int(ttft_ms * MS)]
     for gap in gaps_ms:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from pytest_llmperf.cli import main
-from pytest_llmperf.engines import servers as native_tools
 from pytest_llmperf.core.errors import ToolBuildError
+from pytest_llmperf.engines import servers as native_tools
 
 
 @pytest.fixture
@@ -35,7 +35,9 @@ def _sdist(path: Path, cmakelists: str) -> Path:
 def test_unknown_tool_and_not_built(empty_cache):
     with pytest.raises(ToolBuildError, match="unknown llama.cpp tool 'llama-cli'"):
         native_tools.tool_path("llama-cli")
-    with pytest.raises(ToolBuildError, match=r"llama-server is not built for llama-cpp-python .*run `llmperf server build`"):
+    with pytest.raises(
+        ToolBuildError, match=r"llama-server is not built for llama-cpp-python .*run `llmperf server build`"
+    ):
         native_tools.tool_path("llama-server", build=False)
 
 
@@ -79,8 +81,10 @@ def test_built_tools_run(llama_server_binary):
     for binary in (llama_server_binary, bench):
         out = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr[-500:]
-    assert "--parallel" in subprocess.run([str(llama_server_binary), "--help"], capture_output=True,
-                                          text=True, timeout=60).stdout
+    assert (
+        "--parallel"
+        in subprocess.run([str(llama_server_binary), "--help"], capture_output=True, text=True, timeout=60).stdout
+    )
 
 
 SLOW_CONFIGURE = """cmake_minimum_required(VERSION 3.14)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import re
 import os
+import re
 import sys
 import xml.etree.ElementTree as ET
 
@@ -47,10 +47,7 @@ def test_unknown_marker_key_fails_collection_with_allowed_keys(pytester: pytest.
     result = run(pytester)
     assert result.ret == pytest.ExitCode.INTERRUPTED
     result.stdout.fnmatch_lines(
-        [
-            "*ERROR collecting*",
-            "*test_typo: unknown llmperf marker key 'p59_ms'; allowed keys: p50_ms, p90_ms, p95_ms*",
-        ]
+        ["*ERROR collecting*", "*test_typo: unknown llmperf marker key 'p59_ms'; allowed keys: p50_ms, p90_ms, p95_ms*"]
     )
 
 
@@ -92,11 +89,7 @@ def test_one_line_test_is_measured_and_summarized(pytester: pytest.Pytester) -> 
     result = run(pytester)
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(
-        [
-            "*- llmperf summary -*",
-            "test*TTFT ms*decode t/s*ITL p95 ms*budget*",
-            "test_decode *",
-        ]
+        ["*- llmperf summary -*", "test*TTFT ms*decode t/s*ITL p95 ms*budget*", "test_decode *"]
     )
     assert "test_ordinary" not in result.stdout.str().split("llmperf summary")[1]
 
@@ -290,7 +283,9 @@ def test_llama_cpp_missing(pytester: pytest.Pytester, monkeypatch: pytest.Monkey
         shadow = pytester.mkdir("shadow") / "llama_cpp"
         shadow.mkdir()
         (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'llama_cpp'\")\n")
-        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(shadow.parent), os.environ.get("PYTHONPATH")])))
+        monkeypatch.setenv(
+            "PYTHONPATH", os.pathsep.join(filter(None, [str(shadow.parent), os.environ.get("PYTHONPATH")]))
+        )
         args: tuple[str, ...] = ()
     else:
         monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp now raises ImportError

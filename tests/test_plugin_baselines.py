@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from inner import BaselinesGuard, lag, outpace, run
+
 from pytest_llmperf.cli import main as cli_main
 
 SUITE = """
@@ -52,7 +52,9 @@ def test_no_baseline_passes_with_a_note(pytester: pytest.Pytester) -> None:
     assert not baseline_file(pytester).exists()
     required = run(pytester, "--llmperf-require-baseline")
     required.assert_outcomes(failed=2)
-    required.stdout.fnmatch_lines(["*test_decode: no baseline: run with --llmperf-update-baselines (--llmperf-require-baseline)*"])
+    required.stdout.fnmatch_lines(
+        ["*test_decode: no baseline: run with --llmperf-update-baselines (--llmperf-require-baseline)*"]
+    )
 
 
 def test_update_writes_only_tests_that_ran(pytester: pytest.Pytester) -> None:
@@ -136,7 +138,9 @@ def test_other_hardware_is_not_comparable(pytester: pytest.Pytester) -> None:
     path.write_text(json.dumps(data))
     result = run(pytester)
     result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["*not comparable here: baselines exist only for other hardware (linux-arm64-64cpu-deadbeef)*"])
+    result.stdout.fnmatch_lines(
+        ["*not comparable here: baselines exist only for other hardware (linux-arm64-64cpu-deadbeef)*"]
+    )
     run(pytester, "--llmperf-strict-env").assert_outcomes(failed=2)
 
 
@@ -264,7 +268,6 @@ def test_sigkill_during_update_baselines(pytester: pytest.Pytester) -> None:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         assert sorted(baseline_store.load(path)) == ["test_decode", "test_other"]
-
 
 
 def test_changed_thread_count_is_named_in_the_regression(pytester: pytest.Pytester) -> None:

@@ -27,8 +27,15 @@ def test_pytest_help_lists_the_options(pytester: pytest.Pytester) -> None:
     result = run(pytester, "--help")
     assert result.ret == pytest.ExitCode.OK, result.stderr.str()
     text = result.stdout.str()
-    for option in ("--llmperf-threshold", "--llmperf-skip", "--llmperf-only", "--llmperf-disable",
-                   "--llmperf-columns", "--llmperf-budgets-only", "--llmperf-baselines-only"):
+    for option in (
+        "--llmperf-threshold",
+        "--llmperf-skip",
+        "--llmperf-only",
+        "--llmperf-disable",
+        "--llmperf-columns",
+        "--llmperf-budgets-only",
+        "--llmperf-baselines-only",
+    ):
         assert option in text
     assert "e.g. 5% or 0.05" in text  # a literal %, not a format error
 
@@ -84,9 +91,11 @@ def test_plain_project_imports_no_heavy_module_and_prints_no_model(
     pytester.makeconftest(PROBE)
     pytester.makepyfile(**{f"test_plain_{i}": f"def test_{i}():\n    assert True\n" for i in range(3)})
     installed = any(ep.name == "llmperf" for ep in metadata.entry_points(group="pytest11"))
-    load = [] if installed or "pytest_llmperf.pytest_plugin.plugin" in os.environ.get("PYTEST_PLUGINS", "") else [
-        "-p", "pytest_llmperf.pytest_plugin.plugin"
-    ]
+    load = (
+        []
+        if installed or "pytest_llmperf.pytest_plugin.plugin" in os.environ.get("PYTEST_PLUGINS", "")
+        else ["-p", "pytest_llmperf.pytest_plugin.plugin"]
+    )
     result = pytester.runpytest_subprocess(*load, "-p", "no:cacheprovider")
     result.assert_outcomes(passed=3)
     loaded = json.loads((pytester.path / "modules.json").read_text())
@@ -136,7 +145,9 @@ def test_fixture_users_carry_the_mark(pytester: pytest.Pytester) -> None:
     result.assert_outcomes(passed=1, deselected=3)
     only = run(pytester, "-m", "llmperf", "--collect-only", "-q")
     assert sorted(l.split("::")[1] for l in only.stdout.lines if "::" in l) == [
-        "test_fixture", "test_marked", "test_raw_model",
+        "test_fixture",
+        "test_marked",
+        "test_raw_model",
     ]
 
 
@@ -190,7 +201,7 @@ def test_threads_beyond_usable_cpus_warn_once(pytester: pytest.Pytester) -> None
 
 # -- what the terminal shows --------------------------------------------------------------------
 
-LONG = f"""
+LONG = """
 import pytest
 
 class TestAVeryLongClassNameThatPushesTheTestIdPastTheEdgeOfAnEightyColumnTerminal:
@@ -229,7 +240,7 @@ def test_tables_fit_80_columns_and_columns_are_chosen(pytester: pytest.Pytester,
     header = next(l for l in chosen.stdout.lines if l.startswith("test") and "model" in l)
     assert header.split() == ["test", "runs", "model"]
     # 3 runs, or more when an undecided comparison measured more (max_runs, 3 x runs)
-    assert re.search(r"^test_decode\S*\[16\] +[369] +synthetic-tiny$", chosen.stdout.str(), re.M)
+    assert re.search(r"^test_decode\S*\[16\] +[369] +synthetic-tiny$", chosen.stdout.str(), re.MULTILINE)
     cmp_header = next(l for l in chosen.stdout.lines if l.startswith("test") and "metric" in l)
     assert cmp_header.split() == ["test", "metric", "p", "(Holm)", "now"]
     bad = run(pytester, "--llmperf-columns=speed")
@@ -280,7 +291,9 @@ def test_markdown_headline_counts_budget_failures(pytester: pytest.Pytester) -> 
     text = (pytester.path / "summary.md").read_text()
     assert "No regression" not in text
     assert "**1 of 2 measurement(s) failed**: 1 over budget." in text
-    assert re.search(r"^- test_\w+\.py::test_over: decode TPOT median [\d.]+ ms > budget 0\.0001 ms", text, re.M)
+    assert re.search(
+        r"^- test_\w+\.py::test_over: decode TPOT median [\d.]+ ms > budget 0\.0001 ms", text, re.MULTILINE
+    )
     # Budgets that do not gate do not count.
     run(pytester, "--llmperf-markdown=summary.md", "--llmperf-baselines-only").assert_outcomes(passed=2)
     assert "No regression and no budget failure in 2 measurement(s)." in (pytester.path / "summary.md").read_text()
@@ -291,8 +304,8 @@ def test_hardware_mismatch_names_the_fields(pytester: pytest.Pytester) -> None:
     run(pytester, "--llmperf-update-baselines")
     path = next((pytester.path / "baselines").rglob("*.json"))
     data = json.loads(path.read_text())
-    (key, entries), = data["tests"].items()
-    (hw_key, entry), = entries.items()
+    ((key, entries),) = data["tests"].items()
+    ((hw_key, entry),) = entries.items()
     real_cpu = entry["hardware"]["cpu"]
     entry["hardware"]["cpu"] = "Imaginary CPU 9000"
     entry["hardware"]["memory_gib"] = 4096

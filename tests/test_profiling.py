@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from inner import run as run_inner
 
-from pytest_llmperf import InferenceProfiler, measure, Workload
+from pytest_llmperf import InferenceProfiler, Workload, measure
 from pytest_llmperf.cli import main as cli_main
 from pytest_llmperf.judge.result import compare_layers
 from pytest_llmperf.measuring.layers import outlier_layers
-from pytest_llmperf.measuring.metrics import context_slope, far_off, likely_causes, SystemDelta, SystemSample
+from pytest_llmperf.measuring.metrics import SystemDelta, SystemSample, context_slope, far_off, likely_causes
 from pytest_llmperf.measuring.roofline import kv_cache_bytes, machine_peaks
-from pytest_llmperf.models.gguf import ensure_model, ModelSpec
+from pytest_llmperf.models.gguf import ModelSpec, ensure_model
 
 #: A model with one block much wider than the others: block 3's FFN is 16x as wide.
 SLOW_LAYER = ModelSpec(name="slow-layer", n_layer=6, n_embd=256, n_ff=512, layer_ff=(512, 512, 512, 8192, 512, 512))
@@ -67,7 +67,19 @@ def test_slow_layer_is_named_by_profile(capsys: pytest.CaptureFixture[str]) -> N
     path = ensure_model(SLOW_LAYER)
     # One thread: see tests/conftest.py (with 2 threads and a busy core every block measured
     # ~300 ms, layer 3 no slower than the others).
-    args = [str(path), "--format", "json", "--threads", "1", "--runs", "3", "--max-tokens", "16", "--prompt-tokens", "64"]
+    args = [
+        str(path),
+        "--format",
+        "json",
+        "--threads",
+        "1",
+        "--runs",
+        "3",
+        "--max-tokens",
+        "16",
+        "--prompt-tokens",
+        "64",
+    ]
     assert cli_main(["profile", *args]) == 0
     report = json.loads(capsys.readouterr().out)
     for phase in ("prefill", "decode"):
@@ -103,7 +115,9 @@ def test_profile_defaults_validate_against_the_schema() -> None:
 
     out = subprocess.run(
         [sys.executable, "-m", "pytest_llmperf.cli", "profile", "--format", "json", "--threads", "1"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 0, out.stderr
     assert out.stderr == ""  # no progress output when not on a terminal
@@ -114,9 +128,17 @@ def test_profile_defaults_validate_against_the_schema() -> None:
 
 
 def test_profile_markdown_and_bad_model(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli_main(["profile", "tiny", "--format", "markdown", "--threads", "1", "--runs", "2", "--max-tokens", "8"]) == 0
+    assert (
+        cli_main(["profile", "tiny", "--format", "markdown", "--threads", "1", "--runs", "2", "--max-tokens", "8"]) == 0
+    )
     md = capsys.readouterr().out
-    for heading in ("# llmperf profile: synthetic-tiny", "## speed", "## per-layer time", "## roofline", "## stability"):
+    for heading in (
+        "# llmperf profile: synthetic-tiny",
+        "## speed",
+        "## per-layer time",
+        "## roofline",
+        "## stability",
+    ):
         assert heading in md
     assert "| layer 1 |" in md
     assert cli_main(["profile", str(tmp_path / "missing.gguf")]) == 2
@@ -127,10 +149,10 @@ def test_profile_markdown_and_bad_model(tmp_path, capsys: pytest.CaptureFixture[
 
 
 def test_kv_cache_size_agrees_with_llama_cpp(tiny_engine) -> None:
-    code = (
-        f"import llama_cpp, sys; llama_cpp.Llama(sys.argv[1], n_ctx={tiny_engine.info().n_ctx}, verbose=True)"
+    code = f"import llama_cpp, sys; llama_cpp.Llama(sys.argv[1], n_ctx={tiny_engine.info().n_ctx}, verbose=True)"
+    out = subprocess.run(
+        [sys.executable, "-c", code, tiny_engine.info().model_path], capture_output=True, text=True, timeout=120
     )
-    out = subprocess.run([sys.executable, "-c", code, tiny_engine.info().model_path], capture_output=True, text=True, timeout=120)
     mib = float(re.search(r"llama_kv_cache: size =\s*([\d.]+) MiB", out.stderr).group(1))
     assert kv_cache_bytes(tiny_engine.info()) == pytest.approx(mib * 2**20, rel=0.01)
 
@@ -215,12 +237,18 @@ def test_layer_diff_holds_on_a_busy_machine() -> None:
     names = ["embd+layer 0", "layer 1", "layer 2", "layer 3", "layer 4", "layer 5", "output"]
 
     def record(rows: list) -> dict:
-        phase = {"names": names, "median_ms": list(np.median(np.asarray(rows), axis=0)), "per_run_ms": [list(r) for r in rows]}
+        phase = {
+            "names": names,
+            "median_ms": list(np.median(np.asarray(rows), axis=0)),
+            "per_run_ms": [list(r) for r in rows],
+        }
         return {"layers": {"phases": {"prefill": phase, "decode": phase}}}
 
     def runs(rng: np.random.Generator, widths: list[float]) -> list:
-        return [np.asarray(widths) * rng.lognormal(0, 0.05, len(widths)) + (rng.random(len(widths)) < 0.35) * 5.0
-                for _ in range(10)]
+        return [
+            np.asarray(widths) * rng.lognormal(0, 0.05, len(widths)) + (rng.random(len(widths)) < 0.35) * 5.0
+            for _ in range(10)
+        ]
 
     equal, wider = [1.4, 1.1, 1.1, 1.1, 1.1, 0.6, 0.04], [1.4, 1.1, 1.1, 17.0, 1.1, 0.6, 0.04]
     named = false_alarms = 0
@@ -228,7 +256,9 @@ def test_layer_diff_holds_on_a_busy_machine() -> None:
         rng = np.random.default_rng(seed)
         base, now, again = runs(rng, equal), runs(rng, wider), runs(rng, equal)
         named += {(c.phase, c.name) for c in compare_layers(record(base), record(now)) if c.slower} == {
-            ("prefill", "layer 3"), ("decode", "layer 3")}
+            ("prefill", "layer 3"),
+            ("decode", "layer 3"),
+        }
         false_alarms += any(c.slower for c in compare_layers(record(base), record(again)))
     assert named >= 197 and false_alarms <= 2, (named, false_alarms)  # the normal approximation: 195
 
@@ -246,7 +276,9 @@ def test_profiler_window_percentiles_and_fixed_memory() -> None:
     s = p.stats()
     window = np.arange(900, 1000, dtype=float)
     assert s.token_count == 100 and s.tokens_recorded == 1000
-    assert s.p95_ms == pytest.approx(np.percentile(window, 95)) and s.p99_ms == pytest.approx(998.01)  # 900 + 0.99 * 99, interpolated
+    assert s.p95_ms == pytest.approx(np.percentile(window, 95)) and s.p99_ms == pytest.approx(
+        998.01
+    )  # 900 + 0.99 * 99, interpolated
     assert s.mean_ms == pytest.approx(949.5)
     assert s.ttft_history_ms == (6.0, 7.0, 8.0)
     assert p.memory_bytes == memory
@@ -325,7 +357,9 @@ def test_layers_option_and_mbu_budget(pytester: pytest.Pytester) -> None:
     # A given peak far above this machine's: the MBU budget must fail, and say it was given.
     result = run_inner(pytester, "--llmperf-layers", "--llmperf-peak-bw", "100000", "-rA")
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.re_match_lines([r"^decode MBU [\d.e-]+ of peak bandwidth < budget 0\.5 of peak bandwidth \(3 runs\)$"])
+    result.stdout.re_match_lines(
+        [r"^decode MBU [\d.e-]+ of peak bandwidth < budget 0\.5 of peak bandwidth \(3 runs\)$"]
+    )
     result.stdout.fnmatch_lines(["*peak bandwidth 100000 GB/s (given)*"])
 
 
@@ -347,9 +381,23 @@ def test_profile_shows_progress_on_a_terminal() -> None:
 
     master, slave = pty.openpty()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest_llmperf.cli", "profile", "--threads", "1", "--runs", "2", "--max-tokens", "8",
-         "--format", "json"],
-        stdout=subprocess.PIPE, stderr=slave, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pytest_llmperf.cli",
+            "profile",
+            "--threads",
+            "1",
+            "--runs",
+            "2",
+            "--max-tokens",
+            "8",
+            "--format",
+            "json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        text=True,
     )
     os.close(slave)
     out, _ = proc.communicate(timeout=300)
@@ -405,19 +453,33 @@ def test_roofline_says_what_is_true_instead_of_a_utilisation_above_100_percent(m
     from types import SimpleNamespace
 
     import pytest_llmperf.measuring.roofline as machine_peak
-    from pytest_llmperf.reports.text import roofline_text
     from pytest_llmperf.core.workload import EngineInfo
-    from pytest_llmperf.measuring.roofline import Peak
-    from pytest_llmperf.measuring.roofline import roofline
+    from pytest_llmperf.measuring.roofline import Peak, roofline
+    from pytest_llmperf.reports.text import roofline_text
 
     monkeypatch.setattr(machine_peak, "last_level_cache_bytes", lambda: 32 * 2**20)
-    info = EngineInfo(engine="llama.cpp", model="m", model_size_bytes=13 * 2**20, n_params=3_400_000, n_layer=4,
-                      n_embd=256, n_head=4, n_head_kv=4, kv_bytes_per_element=2.0, n_batch=512)
+    info = EngineInfo(
+        engine="llama.cpp",
+        model="m",
+        model_size_bytes=13 * 2**20,
+        n_params=3_400_000,
+        n_layer=4,
+        n_embd=256,
+        n_head=4,
+        n_head_kv=4,
+        kv_bytes_per_element=2.0,
+        n_batch=512,
+    )
     bw, fl = Peak(45.0, "measured"), Peak(0.157, "cpu spec")
 
     def at(tpot_ms: float, size: int = 13 * 2**20):
-        m = SimpleNamespace(engine=dataclasses.replace(info, model_size_bytes=size), prompt_tokens=128,
-                            workload=Workload(max_tokens=64), tpot_ms=tpot_ms, prefill_ms=20.0)
+        m = SimpleNamespace(
+            engine=dataclasses.replace(info, model_size_bytes=size),
+            prompt_tokens=128,
+            workload=Workload(max_tokens=64),
+            tpot_ms=tpot_ms,
+            prefill_ms=20.0,
+        )
         return roofline(m, bw, fl)
 
     fast = at(0.2).decode

@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 
 import pytest
-
 from inner import run
+
 from pytest_llmperf.session.options import KEYS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -20,13 +20,13 @@ FIRST_SCREEN_LINES = 100
 
 def section(text: str, title: str) -> str:
     """The body of the ``## title`` section of a Markdown text."""
-    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, re.S | re.M)
+    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, re.DOTALL | re.MULTILINE)
     assert match, f"no section '## {title}'"
     return match.group(1)
 
 
 def code_blocks(text: str, lang: str = "") -> list[str]:
-    return re.findall(rf"^```{lang}\n(.*?)^```", text, re.S | re.M)
+    return re.findall(rf"^```{lang}\n(.*?)^```", text, re.DOTALL | re.MULTILINE)
 
 
 def test_readme_lists_every_marker_key() -> None:
@@ -38,11 +38,11 @@ def test_readme_lists_every_marker_key() -> None:
 def test_first_screen_has_what_a_user_needs_first() -> None:
     lines = README.read_text().splitlines()
     first = "\n".join(lines[:FIRST_SCREEN_LINES])
-    titles = re.findall(r"^## (.+)$", first, re.M)
+    titles = re.findall(r"^## (.+)$", first, re.MULTILINE)
     assert titles[:3] == ["Add it to your project", "A first perf test", "This project's tests"], titles
     assert "pip install" in section(first, "Add it to your project")
     assert "@pytest.mark.llmperf(" in section(first, "A first perf test")
-    assert re.search(r"^FAILED \S+ - ", section(first, "A first perf test"), re.M)
+    assert re.search(r"^FAILED \S+ - ", section(first, "A first perf test"), re.MULTILINE)
 
 
 def test_ci_runs_the_readme_install_and_test_command() -> None:
@@ -66,13 +66,13 @@ def test_first_perf_test_runs_and_fails_as_shown(pytester: pytest.Pytester) -> N
     outcomes = result.parseoutcomes()
     assert outcomes.get("passed", 0) + outcomes.get("failed", 0) == 2, result.stdout.str()
     out = result.stdout.str()
-    shown = re.search(r"^decode TPS median \d+ t/s < budget 5000 t/s \(5 runs\)$", first_test, re.M)
+    shown = re.search(r"^decode TPS median \d+ t/s < budget 5000 t/s \(5 runs\)$", first_test, re.MULTILINE)
     assert shown, "the README shows the min_tps failure line"
-    row = re.search(r"^test_decode_speed +\S+ +(\S+) .*?(ok|FAIL min_tps)$", out, re.M)
+    row = re.search(r"^test_decode_speed +\S+ +(\S+) .*?(ok|FAIL min_tps)$", out, re.MULTILINE)
     assert row, out
     decode_tps, verdict = float(row.group(1)), row.group(2)
     if verdict == "FAIL min_tps":
-        assert re.search(r"^decode TPS median \S+ t/s < budget 5000 t/s \(5 runs\)$", out, re.M), out
+        assert re.search(r"^decode TPS median \S+ t/s < budget 5000 t/s \(5 runs\)$", out, re.MULTILINE), out
         assert decode_tps < 5000
     else:
         assert decode_tps >= 5000

@@ -18,7 +18,12 @@ import pytest
 from pytest_llmperf.core.errors import ConfigError
 from pytest_llmperf.session import refs
 from pytest_llmperf.session.refs import (
-    REF_HELP, Reference, Worktrees, code_packages, parse_reference, resolve_reference,
+    REF_HELP,
+    Reference,
+    Worktrees,
+    code_packages,
+    parse_reference,
+    resolve_reference,
 )
 
 CHECKOUT = Path(__file__).resolve().parent.parent
@@ -26,8 +31,7 @@ FORMS = "git:REV, python:PATH or git:REV,python:PATH"
 
 
 def git(cwd: Path, *args: str) -> str:
-    out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=120,
-                         stdin=subprocess.DEVNULL)
+    out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 
@@ -70,22 +74,40 @@ def one_line(error: pytest.ExceptionInfo) -> str:
 
 # -- what REF says ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text, expected", [
-    ("git:main", ("main", None)),
-    (" git:origin/main ", ("origin/main", None)),
-    ("python:/venvs/old/bin/python", (None, "/venvs/old/bin/python")),
-    ("git:HEAD~1,python:/v/bin/python", ("HEAD~1", "/v/bin/python")),
-    ("python:/v/bin/python,git:HEAD~1", ("HEAD~1", "/v/bin/python")),
-    ("python:/opt/a,b/python", (None, "/opt/a,b/python")),  # a comma splits only before git:/python:
-])
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("git:main", ("main", None)),
+        (" git:origin/main ", ("origin/main", None)),
+        ("python:/venvs/old/bin/python", (None, "/venvs/old/bin/python")),
+        ("git:HEAD~1,python:/v/bin/python", ("HEAD~1", "/v/bin/python")),
+        ("python:/v/bin/python,git:HEAD~1", ("HEAD~1", "/v/bin/python")),
+        ("python:/opt/a,b/python", (None, "/opt/a,b/python")),  # a comma splits only before git:/python:
+    ],
+)
 def test_parse_reference_accepts_the_three_forms(text, expected):
     assert parse_reference(text) == expected
 
 
-@pytest.mark.parametrize("text", [
-    "", "main", "HEAD~1", "svn:r12", "GIT:main", "git:", "python:", "git: ", "git:a,git:b",
-    "python:/a,python:/b", "git:main,", "git:--output=/tmp/x", "git:main,svn:x",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "main",
+        "HEAD~1",
+        "svn:r12",
+        "GIT:main",
+        "git:",
+        "python:",
+        "git: ",
+        "git:a,git:b",
+        "python:/a,python:/b",
+        "git:main,",
+        "git:--output=/tmp/x",
+        "git:main,svn:x",
+    ],
+)
 def test_parse_reference_rejects_anything_else_in_one_line_naming_the_forms(text):
     with pytest.raises(ConfigError) as error:
         parse_reference(text)
@@ -99,6 +121,7 @@ def test_help_names_the_three_forms():
 
 
 # -- git:REV ---------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("rev, index", [("HEAD~1", 2), ("main", 3), ("v1", 0)])
 def test_a_revision_resolves_to_its_full_commit(repo, rev, index):
@@ -129,6 +152,7 @@ def test_outside_a_repository_is_one_line(tmp_path):
 
 # -- python:PATH -----------------------------------------------------------------------------
 
+
 def test_an_interpreter_is_checked_and_kept_as_given_made_absolute(tmp_path, monkeypatch):
     ref = resolve_reference(f"python:{sys.executable}", tmp_path)
     assert (ref.rev, ref.commit, ref.python) == (None, None, sys.executable)
@@ -158,8 +182,9 @@ def test_an_interpreter_that_is_not_there_or_not_runnable_is_one_line(tmp_path):
         str(tmp_path / "missing"): "does not exist",
         str(tmp_path): "is not an executable file",
         str(_script(tmp_path / "noexec", "exit 0", mode=0o644)): "is not an executable file",
-        str(_script(tmp_path / "fails", "echo 'Traceback' >&2; echo 'ImportError: no sys here' >&2; exit 3")):
-            "failed (exit 3): ImportError: no sys here",
+        str(
+            _script(tmp_path / "fails", "echo 'Traceback' >&2; echo 'ImportError: no sys here' >&2; exit 3")
+        ): "failed (exit 3): ImportError: no sys here",
         str(_script(tmp_path / "chatty", "echo hello")): "failed (exit 0): hello",
         "no-such-python-llmperf": "no no-such-python-llmperf on PATH",
     }
@@ -179,6 +204,7 @@ def test_an_interpreter_that_hangs_meets_the_deadline(tmp_path, monkeypatch):
 
 # -- the code under test ---------------------------------------------------------------------
 
+
 def _tree(root: Path, files: list[str]) -> Path:
     for name in files:
         (root / name).parent.mkdir(parents=True, exist_ok=True)
@@ -186,15 +212,41 @@ def _tree(root: Path, files: list[str]) -> Path:
     return root
 
 
-NOT_CODE = ["tests/__init__.py", "test/__init__.py", "testing/__init__.py", "docs/__init__.py",
-            "examples/__init__.py", "benchmarks/__init__.py", "test_things.py", "things_test.py",
-            "conftest.py", "setup.py", "noxfile.py", ".hidden/__init__.py", "my-pkg/__init__.py",
-            "nsonly/mod.py", "pytest_llmperf/__init__.py", "README.md", "notes.txt"]
+NOT_CODE = [
+    "tests/__init__.py",
+    "test/__init__.py",
+    "testing/__init__.py",
+    "docs/__init__.py",
+    "examples/__init__.py",
+    "benchmarks/__init__.py",
+    "test_things.py",
+    "things_test.py",
+    "conftest.py",
+    "setup.py",
+    "noxfile.py",
+    ".hidden/__init__.py",
+    "my-pkg/__init__.py",
+    "nsonly/mod.py",
+    "pytest_llmperf/__init__.py",
+    "README.md",
+    "notes.txt",
+]
 
 
 def test_code_packages_in_a_src_layout(tmp_path):
-    root = _tree(tmp_path, ["src/alpha/__init__.py", "src/alpha/core.py", "src/beta.py", "src/mypkg.egg-info/PKG-INFO",
-                            "toplevel.py", "other/__init__.py", *[f"src/{n}" for n in NOT_CODE], *NOT_CODE])
+    root = _tree(
+        tmp_path,
+        [
+            "src/alpha/__init__.py",
+            "src/alpha/core.py",
+            "src/beta.py",
+            "src/mypkg.egg-info/PKG-INFO",
+            "toplevel.py",
+            "other/__init__.py",
+            *[f"src/{n}" for n in NOT_CODE],
+            *NOT_CODE,
+        ],
+    )
     assert code_packages(root) == ("src", ("alpha", "beta"))
 
 
@@ -216,8 +268,10 @@ REDIRECTED = ["mypkg", "gone"]
 def _two_trees(tmp_path: Path) -> tuple[Path, Path]:
     """mypkg (with a submodule), other and gone in the current tree; mypkg and other in the reference's."""
     cur, ref = tmp_path / "cur", tmp_path / "ref"
-    for tree, names in ((cur, ["mypkg/__init__.py", "mypkg/sub.py", "other.py", "gone.py"]),
-                        (ref, ["mypkg/__init__.py", "mypkg/sub.py", "other.py"])):
+    for tree, names in (
+        (cur, ["mypkg/__init__.py", "mypkg/sub.py", "other.py", "gone.py"]),
+        (ref, ["mypkg/__init__.py", "mypkg/sub.py", "other.py"]),
+    ):
         for name in names:
             (tree / name).parent.mkdir(parents=True, exist_ok=True)
             (tree / name).write_text(f"WHERE = {tree.name!r}\n")
@@ -239,8 +293,15 @@ def _side(cur: Path, ref: Path, setup: str, redirect: bool, import_first: bool =
                            "file": mypkg.__file__, "problems": redirect_problems(ref, {REDIRECTED!r})}}))
     """)
     env = {**os.environ, "PYTHONPATH": str(CHECKOUT), "PYTHONDONTWRITEBYTECODE": "1"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
-                         cwd=cur.parent, stdin=subprocess.DEVNULL)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=cur.parent,
+        stdin=subprocess.DEVNULL,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -284,11 +345,13 @@ def test_a_package_imported_before_the_redirect_is_reported(tmp_path):
     assert side["mypkg"] == "cur"
     assert side["problems"][0] == (
         f"mypkg was imported from {cur / 'mypkg' / '__init__.py'}, not from {ref}: it was imported before "
-        "llmperf could redirect it (a .pth file or a plugin?)")
+        "llmperf could redirect it (a .pth file or a plugin?)"
+    )
     assert len(side["problems"]) == 2  # and gone, which the reference lacks
 
 
 # -- worktrees -------------------------------------------------------------------------------
+
 
 def listed(root: Path) -> list[Path]:
     """The worktrees git knows of (the main one first)."""
@@ -340,8 +403,17 @@ def _break(how: str, root: Path, path: Path, shas: list[str]) -> None:
         shutil.rmtree(root / ".git" / "worktrees")
 
 
-@pytest.mark.parametrize("how", ["a file deleted", "a file changed", "another commit", "not a worktree",
-                                 "locked mid-checkout", "git's record gone"])
+@pytest.mark.parametrize(
+    "how",
+    [
+        "a file deleted",
+        "a file changed",
+        "another commit",
+        "not a worktree",
+        "locked mid-checkout",
+        "git's record gone",
+    ],
+)
 def test_a_half_made_or_changed_checkout_is_made_again(repo, tmp_path, how):
     root, shas = repo
     cache = tmp_path / "cache"
@@ -392,15 +464,24 @@ def test_clear_removes_every_cached_worktree_of_the_repository(repo, tmp_path):
 
 def test_sessions_checking_out_at_once_share_one_worktree(repo, tmp_path):
     root, shas = repo
-    code = ("import sys, time; from pytest_llmperf.session.refs import Worktrees; "
-            "time.sleep(max(0.0, float(sys.argv[4]) - time.time())); "  # all start together
-            "print(Worktrees(sys.argv[1], sys.argv[2]).checkout(sys.argv[3]))")
+    code = (
+        "import sys, time; from pytest_llmperf.session.refs import Worktrees; "
+        "time.sleep(max(0.0, float(sys.argv[4]) - time.time())); "  # all start together
+        "print(Worktrees(sys.argv[1], sys.argv[2]).checkout(sys.argv[3]))"
+    )
     env = {**os.environ, "PYTHONPATH": str(CHECKOUT)}
     start = str(time.time() + 3.0)
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(root), str(tmp_path / "cache"), shas[1], start],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              stdin=subprocess.DEVNULL)
-             for _ in range(4)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(root), str(tmp_path / "cache"), shas[1], start],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
+        for _ in range(4)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0] * 4, [err for _, err in outs]
     paths = {Path(out.strip()) for out, _ in outs}

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pytest_llmperf.baselines import store
-from pytest_llmperf.core.documents import ANNOTATIONS, KEYWORDS, load_schema, SchemaViolation, validate
+from pytest_llmperf.core.documents import ANNOTATIONS, KEYWORDS, SchemaViolation, load_schema, validate
 from pytest_llmperf.judge.result import Figures, LayerChange, MeasurementResult, ResultError
 from pytest_llmperf.judge.verdict import Comparison
 from pytest_llmperf.reports.session_file import load_session
@@ -52,15 +52,39 @@ def test_two(llmperf):
 """
 
 #: A load test on a real server (the session's ``--llmperf-endpoint``): its figures come last.
-LOAD_SUITE = SUITE.split("@pytest.mark")[0] + """
+LOAD_SUITE = (
+    SUITE.split("@pytest.mark")[0]
+    + """
 @pytest.mark.llmperf(prompt_tokens=8, max_tokens=4, requests=4, concurrency=2, warmup=0, ttft_ms=60000)
 def test_load(llmperf):
     keep("test_load", llmperf.measure())
 """
+)
 
-NAMES = ["model", "engine", "prompt_tokens", "output_tokens", "runs", "ttft_ms", "ttft_p95_ms", "prefill_ms",
-         "prefill_tps", "tpot_ms", "decode_tps", "e2e_ms", "itl_count", "itl_p50_ms", "itl_p90_ms", "itl_p95_ms",
-         "itl_p99_ms", "itl_cv", "native_prefill_ms", "native_decode_ms_per_token", "overhead_ms_per_token", "budget"]
+NAMES = [
+    "model",
+    "engine",
+    "prompt_tokens",
+    "output_tokens",
+    "runs",
+    "ttft_ms",
+    "ttft_p95_ms",
+    "prefill_ms",
+    "prefill_tps",
+    "tpot_ms",
+    "decode_tps",
+    "e2e_ms",
+    "itl_count",
+    "itl_p50_ms",
+    "itl_p90_ms",
+    "itl_p95_ms",
+    "itl_p99_ms",
+    "itl_cv",
+    "native_prefill_ms",
+    "native_decode_ms_per_token",
+    "overhead_ms_per_token",
+    "budget",
+]
 LOAD_NAMES = ["concurrency", "requests", "failed_requests", "requests_per_s", "output_tps", "goodput"]
 
 
@@ -107,8 +131,11 @@ def test_junit_properties_and_summary_come_from_the_result(pytester: pytest.Pyte
     results = load_session(pytester.path / "session.json")
     assert [r.test for r in results] == [f"test_suite.py::{n}" for n in measured]  # the order measured
     by_name = {r.test.split("::")[1]: r for r in results}
-    verdicts = {n: (r.verdict.short, [(c.metric, c.verdict.value) for c in r.verdict.comparisons])
-                for n, r in by_name.items() if r.verdict is not None}
+    verdicts = {
+        n: (r.verdict.short, [(c.metric, c.verdict.value) for c in r.verdict.comparisons])
+        for n, r in by_name.items()
+        if r.verdict is not None
+    }
     budgets = {"test_two": "FAIL min_tps", "test_two[warm]": "FAIL min_tps"}
     assert xml_properties(pytester.path / "junit.xml") == expected_properties(measured, budgets, verdicts)
     assert any(v[1] for v in verdicts.values())  # compared: the verdict properties are there
@@ -121,8 +148,13 @@ def test_junit_properties_and_summary_come_from_the_result(pytester: pytest.Pyte
 
 
 def test_junit_properties_of_a_load_test(pytester: pytest.Pytester, llmperf_server) -> None:
-    result, seen = run_inner(pytester, f"--llmperf-endpoint={llmperf_server.url}", "--junitxml=junit.xml",
-                             "--llmperf-budgets-only", suite=LOAD_SUITE)
+    result, seen = run_inner(
+        pytester,
+        f"--llmperf-endpoint={llmperf_server.url}",
+        "--junitxml=junit.xml",
+        "--llmperf-budgets-only",
+        suite=LOAD_SUITE,
+    )
     result.assert_outcomes(passed=1)
     measured = json.loads(seen.read_text())
     assert measured["test_load"]["load"]["requests"] == 4
@@ -197,12 +229,22 @@ def entry() -> dict:
 
 HOSTILE = [
     # (what, edit of a valid session document, the line expected after "<file>: ")
-    ("wrong type", lambda d: d["results"][0]["record"]["runs"].update(ttft_ms=[1.0, "2"]),
-     "results[0].record.runs['ttft_ms'][1] is a string, not a number"),
+    (
+        "wrong type",
+        lambda d: d["results"][0]["record"]["runs"].update(ttft_ms=[1.0, "2"]),
+        "results[0].record.runs['ttft_ms'][1] is a string, not a number",
+    ),
     ("missing key", lambda d: d["results"][0]["record"].pop("workload"), "results[0].record has no 'workload'"),
-    ("not finite", lambda d: d["results"][0]["record"]["runs"].update(ttft_ms=[float("nan")]),
-     "results[0].record.runs['ttft_ms'][0] is nan, not a finite number (JSON has none)"),
-    ("bad verdict", lambda d: d["results"][0].update(verdict={"status": 3}), "results[0].verdict.status is an integer, not a string"),
+    (
+        "not finite",
+        lambda d: d["results"][0]["record"]["runs"].update(ttft_ms=[float("nan")]),
+        "results[0].record.runs['ttft_ms'][0] is nan, not a finite number (JSON has none)",
+    ),
+    (
+        "bad verdict",
+        lambda d: d["results"][0].update(verdict={"status": 3}),
+        "results[0].verdict.status is an integer, not a string",
+    ),
     ("results not a list", lambda d: d.update(results={}), "results is an object, not an array"),
 ]
 
@@ -211,8 +253,12 @@ HOSTILE = [
 def test_a_hostile_session_file_is_one_line_and_stays_as_it_was(tmp_path: Path, what, edit, line) -> None:
     from pytest_llmperf.baselines.store import BaselineError
 
-    doc = {"schema": "pytest-llmperf/session", "schema_version": 1, "created_at": None,
-           "results": [{"test": "t", "hardware_key": "hw", "record": entry()}]}
+    doc = {
+        "schema": "pytest-llmperf/session",
+        "schema_version": 1,
+        "created_at": None,
+        "results": [{"test": "t", "hardware_key": "hw", "record": entry()}],
+    }
     edit(doc)
     path = tmp_path / "s.json"
     path.write_text(json.dumps(doc))
@@ -237,7 +283,10 @@ def test_a_newer_session_file_says_upgrade(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "tests,line",
     [
-        ({"t": {"hw": {**entry(), "runs": {"ttft_ms": "fast"}}}}, "tests['t']['hw'].runs['ttft_ms'] is a string, not an array"),
+        (
+            {"t": {"hw": {**entry(), "runs": {"ttft_ms": "fast"}}}},
+            "tests['t']['hw'].runs['ttft_ms'] is a string, not an array",
+        ),
         ({"t": {"hw": {"runs": {}}}}, "tests['t']['hw'] has no 'workload'"),
         ({"t": []}, "tests['t'] is an array, not an object"),
     ],
@@ -273,8 +322,11 @@ def test_validator_agrees_with_jsonschema_on_hostile_documents() -> None:
         (s["$id"], referencing.Resource.from_contents(s)) for s in schemas.values()
     )
     checker = jsonschema.Draft202012Validator(schemas["session"], registry=registry)
-    base = {"schema": "pytest-llmperf/session", "schema_version": 1,
-            "results": [{"test": "t", "hardware_key": "hw", "record": entry()}]}
+    base = {
+        "schema": "pytest-llmperf/session",
+        "schema_version": 1,
+        "results": [{"test": "t", "hardware_key": "hw", "record": entry()}],
+    }
     for what, edit, _ in HOSTILE:
         if what == "not finite":
             continue  # JSON has no NaN: jsonschema (on Python floats) does not judge it

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from pytest_llmperf import Workload
 from pytest_llmperf.core.errors import ConfigError
 from pytest_llmperf.session.options import KEYS, validate
-from pytest_llmperf import Workload
 
 
 def test_valid_keys_split_by_kind() -> None:

@@ -26,8 +26,9 @@ def test_measures_more_while_inconclusive_up_to_max_runs() -> None:
         seen.append((m.n_runs, config.settings["looks"]))
         return verdicts("UNCHANGED", "INCONCLUSIVE")
 
-    perf = LLMPerf(validate({"runs": 4, "warmup": 0, "max_tokens": 3, "prompt": "x", "max_runs": 10}),
-                   lambda: None, assess)
+    perf = LLMPerf(
+        validate({"runs": 4, "warmup": 0, "max_tokens": 3, "prompt": "x", "max_runs": 10}), lambda: None, assess
+    )
     m = perf.measure(tokens)
     assert seen == [(4, 3), (8, 3), (10, 3)] and m.n_runs == 10
     assert perf.results[0].measurement.n_runs == 10 and len(m.runs) == 10
@@ -52,12 +53,16 @@ def test_off_without_a_comparison_or_with_max_runs_equal_to_runs(monkeypatch) ->
         runs.append((m.n_runs, config.settings["looks"]))
         return verdicts("INCONCLUSIVE")
 
-    LLMPerf(validate({"runs": 3, "warmup": 0, "max_tokens": 3, "prompt": "x", "max_runs": 3}),
-            lambda: None, assess).measure(tokens)
+    LLMPerf(
+        validate({"runs": 3, "warmup": 0, "max_tokens": 3, "prompt": "x", "max_runs": 3}), lambda: None, assess
+    ).measure(tokens)
     assert runs == [(3, 1)]
     calls = []
-    LLMPerf(validate({"runs": 3, "warmup": 0, "max_tokens": 3, "prompt": "x"}), lambda: None,
-            lambda m, c: calls.append(m.n_runs)).measure(tokens)
+    LLMPerf(
+        validate({"runs": 3, "warmup": 0, "max_tokens": 3, "prompt": "x"}),
+        lambda: None,
+        lambda m, c: calls.append(m.n_runs),
+    ).measure(tokens)
     assert calls == [3]  # no baseline verdict (None): nothing to decide
     monkeypatch.setattr(fixture_mod, "SEQUENTIAL_TIME_CAP_S", 0.0)
     runs.clear()

@@ -16,7 +16,7 @@ from pytest_llmperf.session import Session, SessionSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 
-SCRIPT = r'''
+SCRIPT = r"""
 import json, sys
 from pathlib import Path
 
@@ -55,15 +55,16 @@ parts, outputs, lines, session = one_session(json=str(root / "session.json"))
 heavy = sorted(m for m in sys.modules if m == "pytest" or m.startswith(("_pytest", "pluggy")))
 print(json.dumps({"pytest_modules": heavy, "lines": lines, "verdict": session.results[0].verdict.status,
                   "sections": [t for t, _ in parts.sections]}))
-'''
+"""
 
 
 def test_a_script_runs_a_session_without_pytest(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     for name in [k for k in env if k.startswith("LLMPERF_") and k != "LLMPERF_CACHE_DIR"]:
         env.pop(name)
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp_path)], env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.splitlines()[-1])
     assert out["pytest_modules"] == []
@@ -74,7 +75,10 @@ def test_a_script_runs_a_session_without_pytest(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "session.json").read_text())
     assert [r["test"] for r in data["results"]] == ["perf/test_x.py::test_decode"]
     stored = list((tmp_path / "baselines").rglob("*.json"))
-    assert len(stored) == 1 and data["results"][0]["baseline_file"] == stored[0].relative_to(tmp_path / "baselines").as_posix()
+    assert (
+        len(stored) == 1
+        and data["results"][0]["baseline_file"] == stored[0].relative_to(tmp_path / "baselines").as_posix()
+    )
 
 
 def test_settings_of_a_script_take_the_table_defaults_and_reject_unknown_names(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from inner import run
 
 from pytest_llmperf import cli
 from pytest_llmperf.core.errors import ConfigError
-from pytest_llmperf.core.settings import EngineSettings, markdown_table, resolve, SETTINGS
+from pytest_llmperf.core.settings import SETTINGS, EngineSettings, markdown_table, resolve
 from pytest_llmperf.session import SessionSettings
 
 ROOT = Path(__file__).resolve().parent.parent

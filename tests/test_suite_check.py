@@ -17,7 +17,6 @@ import math
 
 import numpy as np
 import pytest
-
 from inner import outpace, run
 
 SUITE = "import pytest\n" + "\n".join(
@@ -76,10 +75,12 @@ def test_one_test_slower_than_the_rest_fails_the_session(pytester: pytest.Pytest
     suite = [c for c in regressions.values() if c.get("suite_ratio") is not None]
     if suite:
         assert all("slower than the rest of the suite" in c["reason"] for c in suite)
-        result.stdout.fnmatch_lines([
-            "*llmperf: slower than the rest of the suite (fails the session)*",
-            "*test_3*regression:*slower than the rest of the suite*",
-        ])
+        result.stdout.fnmatch_lines(
+            [
+                "*llmperf: slower than the rest of the suite (fails the session)*",
+                "*test_3*regression:*slower than the rest of the suite*",
+            ]
+        )
     # Another test may be flagged too on a busy machine (contention during its runs is a real
     # slowdown of what it measured), but only as the rule allows: slower than its baseline, and
     # by more than the threshold unless the suite check found it.
@@ -93,6 +94,13 @@ def test_one_test_slower_than_the_rest_fails_the_session(pytester: pytest.Pytest
 
 def peer_scatter(by_test: dict, metric: str) -> float:
     """Robust sd (1.4826 MAD) of the log changes of ``metric`` in the tests other than test_3."""
-    logs = np.log([c["ratio"] for name, v in by_test.items() if name != "test_3"
-                   for c in v["comparisons"] if c["metric"] == metric])
+    logs = np.log(
+        [
+            c["ratio"]
+            for name, v in by_test.items()
+            if name != "test_3"
+            for c in v["comparisons"]
+            if c["metric"] == metric
+        ]
+    )
     return float(1.4826 * np.median(np.abs(logs - np.median(logs))))

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmperf import ensure_model, LlamaCppEngine, measure, ModelSpec, Workload
-from pytest_llmperf.engines.llama_cpp_native import AMX_ISSUE, cpu_has_amx, EngineConfig
-from pytest_llmperf.measuring.worker import EngineCrash, FAULT_ENV, WorkerEngine
+from pytest_llmperf import LlamaCppEngine, ModelSpec, Workload, ensure_model, measure
+from pytest_llmperf.engines.llama_cpp_native import AMX_ISSUE, EngineConfig, cpu_has_amx
+from pytest_llmperf.measuring.worker import FAULT_ENV, EngineCrash, WorkerEngine
 
 AMX = cpu_has_amx()
 WORKLOAD = Workload(prompt_tokens=8, max_tokens=4, runs=2, warmup=0)
@@ -75,12 +75,15 @@ def test_layers_are_timed_in_the_worker(tiny_model_path: Path) -> None:
     assert m.layers is not None and len(m.layers.decode.names) == 4 + 1  # 4 layers, then the output
 
 
-@pytest.mark.parametrize(("fault", "says"), [
-    ("run:SIGSEGV", "died with SIGSEGV (Segmentation fault) while running model"),
-    ("run:SIGABRT", "died with SIGABRT (Aborted) while running model"),
-    ("run:SIGILL", "died with SIGILL (illegal instruction) while running model"),
-    ("load:SIGSEGV", "died with SIGSEGV (Segmentation fault) while loading model"),
-])
+@pytest.mark.parametrize(
+    ("fault", "says"),
+    [
+        ("run:SIGSEGV", "died with SIGSEGV (Segmentation fault) while running model"),
+        ("run:SIGABRT", "died with SIGABRT (Aborted) while running model"),
+        ("run:SIGILL", "died with SIGILL (illegal instruction) while running model"),
+        ("load:SIGSEGV", "died with SIGSEGV (Segmentation fault) while loading model"),
+    ],
+)
 def test_a_crash_is_one_line_and_the_worker_is_gone(
     tiny_model_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str, says: str
 ) -> None:
@@ -121,7 +124,9 @@ def test_too_many_layers_is_llama_cpps_abort_with_its_assert(tmp_path: Path, mon
     monkeypatch.setattr(gguf.GGUFWriter, "add_block_count", lambda self, n: real(self, 600))
     from pytest_llmperf import write_gguf
 
-    path = write_gguf(ModelSpec(name="deep", n_layer=2, n_embd=64, n_ff=128, n_head=2, n_head_kv=2), tmp_path / "d.gguf")
+    path = write_gguf(
+        ModelSpec(name="deep", n_layer=2, n_embd=64, n_ff=128, n_head=2, n_head_kv=2), tmp_path / "d.gguf"
+    )
     monkeypatch.undo()
     with pytest.raises(EngineCrash) as info:
         WorkerEngine(config(path))
@@ -156,8 +161,10 @@ def test_q8_0_with_repack_on_is_the_known_amx_cause_or_runs(q8_path: Path) -> No
         assert AMX, f"a crash on a CPU without AMX: {exc}"
         line = str(exc)
         assert "died with SIGILL (illegal instruction)" in line and "Q8_0" in line
-        assert f"known cause: llama.cpp's AMX kernel for quantized weights on this Intel CPU with AMX ({AMX_ISSUE}); " \
-               "set repack=False" in line
+        assert (
+            f"known cause: llama.cpp's AMX kernel for quantized weights on this Intel CPU with AMX ({AMX_ISSUE}); "
+            "set repack=False" in line
+        )
     else:
         worker.close()
         # Without AMX the same setting runs: nothing to work around.

@@ -58,7 +58,9 @@ def test_llmperf_tests_run_on_one_worker_others_spread(pytester):
     pytester.makepyfile(test_suite=SPREAD)
     result = pytester.runpytest_subprocess("-n", "2", "-v", "-p", "no:randomly")
     result.assert_outcomes(passed=12)
-    result.stdout.fnmatch_lines(["llmperf: pytest-xdist --dist loadgroup: llmperf tests run on one worker, others spread"])
+    result.stdout.fnmatch_lines(
+        ["llmperf: pytest-xdist --dist loadgroup: llmperf tests run on one worker, others spread"]
+    )
     seen = workers(result.stdout.lines)
     assert len(seen["test_perf"]) == 1, seen
     assert seen["test_plain"] == {"gw0", "gw1"}, seen

@@ -16,13 +16,13 @@ llama.cpp's (docs/verdicts.md). Steal time and context switches name a busy mach
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ..core import catalog
 from ..core.fingerprint import Fingerprint
 from ..core.formats import sig6
 from ..measuring.metrics import Measurement
-
 
 #: Per-run metric families stored and compared (from the metric catalog).
 RUN_FIELDS = catalog.RUN_FIELDS
@@ -90,22 +90,31 @@ def diagnosis(m: Measurement) -> dict[str, Any]:
         out["load"] = load_record(m.load)
     if m.system is not None:
         runs = max(1, len(m.runs) + len(m.warmup_runs))
-        out["machine"] = {**m.system.as_dict(), "involuntary_switches_per_run": round(m.system.involuntary_switches / runs, 2)}
+        out["machine"] = {
+            **m.system.as_dict(),
+            "involuntary_switches_per_run": round(m.system.involuntary_switches / runs, 2),
+        }
     return out
 
 
 def load_record(s: Any) -> dict[str, Any]:
     """A load level's figures (the HTML report's throughput-latency curve)."""
     out = {
-        "concurrency": s.concurrency, "rate_per_s": s.rate_per_s, "n_requests": s.n_requests, "n_ok": s.n_ok,
-        "output_tps": sig6(s.output_tps), "requests_per_s": sig6(s.requests_per_s), "goodput": sig6(s.goodput),
-        "ttft_p50_ms": sig6(s.ttft.p50_ms), "ttft_p99_ms": sig6(s.ttft.p99_ms),
-        "tpot_p50_ms": sig6(s.tpot.p50_ms), "tpot_p99_ms": sig6(s.tpot.p99_ms),
+        "concurrency": s.concurrency,
+        "rate_per_s": s.rate_per_s,
+        "n_requests": s.n_requests,
+        "n_ok": s.n_ok,
+        "output_tps": sig6(s.output_tps),
+        "requests_per_s": sig6(s.requests_per_s),
+        "goodput": sig6(s.goodput),
+        "ttft_p50_ms": sig6(s.ttft.p50_ms),
+        "ttft_p99_ms": sig6(s.ttft.p99_ms),
+        "tpot_p50_ms": sig6(s.tpot.p50_ms),
+        "tpot_p99_ms": sig6(s.tpot.p99_ms),
         "prompt_cache": s.prompt_cache,
     }
     if s.server is not None:
-        out["server"] = {k: sig6(v) if isinstance(v, float) else v
-                         for k, v in vars(s.server).items() if k != "metrics"}
+        out["server"] = {k: sig6(v) if isinstance(v, float) else v for k, v in vars(s.server).items() if k != "metrics"}
         out["server"]["metrics"] = dict(s.server.metrics or {})
     return out
 
@@ -121,6 +130,8 @@ def same_workload(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
 KIND = "numpy-sgemm-384"
 SIZE = 384
 REPS = 61
+
+
 def measure(reps: int = REPS) -> dict[str, Any]:
     """Milliseconds per product, ``reps`` times after one warm-up."""
     import numpy as np

@@ -28,11 +28,12 @@ import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 from ..core import formats as nodeids
-from ..core.documents import read_bytes, RefusedFile, SchemaViolation, validate
+from ..core.documents import RefusedFile, SchemaViolation, read_bytes, validate
 from ..core.errors import LLMPerfError
 
 SCHEMA = "pytest-llmperf/baselines"
@@ -120,7 +121,7 @@ def load(path: Path) -> dict[str, Any]:
             "restore it from version control or re-record with --llmperf-update-baselines"
         ) from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise BaselineError(f"{path} is not a pytest-llmperf baseline file (no \"schema\": \"{SCHEMA}\")")
+        raise BaselineError(f'{path} is not a pytest-llmperf baseline file (no "schema": "{SCHEMA}")')
     version = data.get("schema_version")
     if not isinstance(version, int) or isinstance(version, bool):
         raise BaselineError(f"{path}: schema_version missing or not an integer")

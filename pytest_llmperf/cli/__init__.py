@@ -13,7 +13,8 @@ import importlib
 import pkgutil
 import sys
 import typing
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..core.errors import LLMPerfError
 from ..core.redact import redact
@@ -35,7 +36,7 @@ def _commands() -> dict[str, tuple[str, Any, Any]]:
 class Parser(argparse.ArgumentParser):
     """argparse, with a bad argument reported as one line (not the usage block) and exit 2."""
 
-    def error(self, message: str) -> "typing.NoReturn":
+    def error(self, message: str) -> typing.NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
@@ -73,5 +74,3 @@ def _quiet_teardown() -> None:
 
     sys.unraisablehook = lambda unraisable: None
     warnings.simplefilter("ignore")
-
-

@@ -75,6 +75,5 @@ def add_setting(parser: Any, name: str) -> None:
     s = SETTINGS[name]
     default = (os.environ.get(s.env) or s.default) if s.cli_env and s.env else s.default
     parser.add_argument(
-        s.cli, type=s.arg_type(), default=default, metavar=s.metavar,
-        help=s.help_text(sources=False).replace("%", "%%"),
+        s.cli, type=s.arg_type(), default=default, metavar=s.metavar, help=s.help_text(sources=False).replace("%", "%%")
     )

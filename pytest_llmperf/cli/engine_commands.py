@@ -23,9 +23,8 @@ import contextlib
 import sys
 import time
 
-from ..models.gguf import ensure_model, PRESETS
+from ..models.gguf import PRESETS, ensure_model
 from .common import add_setting, check_writable, positive_int, share_of_one, write_output
-
 
 MODEL_HELP = "write (once) and print the path of a synthetic model"
 
@@ -83,14 +82,24 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     add_setting(where, "endpoint")
     where.add_argument("--serve", metavar="MODEL", help="start a server with this preset or GGUF for the run")
     parser.add_argument(
-        "--server", choices=("llama-server", "llama-cpp-python"), default="llama-server",
+        "--server",
+        choices=("llama-server", "llama-cpp-python"),
+        default="llama-server",
         help="which server --serve starts (llama-server: continuous batching, built on first use)",
     )
-    parser.add_argument("--parallel", type=positive_int, default=None,
-                        help="llama-server slots with --serve (default: the highest concurrency level, at least 4)")
+    parser.add_argument(
+        "--parallel",
+        type=positive_int,
+        default=None,
+        help="llama-server slots with --serve (default: the highest concurrency level, at least 4)",
+    )
     add_setting(parser, "threads")  # of the server --serve starts
-    parser.add_argument("--shared-prefix-tokens", type=positive_int, default=None,
-                        help="the first N prompt words the same in every request (measures prefix caching)")
+    parser.add_argument(
+        "--shared-prefix-tokens",
+        type=positive_int,
+        default=None,
+        help="the first N prompt words the same in every request (measures prefix caching)",
+    )
     for name in ("api", "api_model", "api_key_env"):
         add_setting(parser, name)
     parser.add_argument("--concurrency", type=_levels, default=[1, 2, 4, 8], help="levels, e.g. 1,2,4,8")
@@ -102,18 +111,23 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ttft-ms", type=float, default=None, help="TTFT SLO per request (for goodput)")
     parser.add_argument("--tpot-ms", type=float, default=None, help="TPOT SLO per request (for goodput)")
-    parser.add_argument("--min-goodput", type=share_of_one, default=None, metavar="SHARE",
-                        help="exit 1 if a level's goodput is below this share in (0, 1], e.g. 0.95 or 95%%")
+    parser.add_argument(
+        "--min-goodput",
+        type=share_of_one,
+        default=None,
+        metavar="SHARE",
+        help="exit 1 if a level's goodput is below this share in (0, 1], e.g. 0.95 or 95%%",
+    )
     for name in ("request_timeout", "token_timeout"):
         add_setting(parser, name)
 
 
 def run_load(args: argparse.Namespace) -> int:
-    from ..engines.http import HttpEngine
     from ..core.errors import ConfigError
+    from ..core.workload import Workload
+    from ..engines.http import HttpEngine
     from ..measuring.served import SLO_KEYS, sweep
     from ..reports.text import curve_table
-    from ..core.workload import Workload
 
     if not args.endpoint and not args.serve:
         raise ConfigError("give --endpoint URL (or set LLMPERF_ENDPOINT), or --serve MODEL to start a local server")
@@ -194,7 +208,7 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", default=None, help="write the report here instead of stdout")
 
 
-def _progress() -> "callable":
+def _progress() -> callable:
     """One updating line on a terminal's stderr; silent when stderr is not a TTY."""
     if not sys.stderr.isatty():
         return lambda step: None
@@ -208,10 +222,9 @@ def _progress() -> "callable":
 
 
 def run_profile(args: argparse.Namespace) -> int:
-    from ..reports.profile import profile, render
-    from ..core.workload import Workload
-
     from ..core.settings import threads_warning
+    from ..core.workload import Workload
+    from ..reports.profile import profile, render
 
     Workload(prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, runs=args.runs, warmup=args.warmup)
     if args.output:

@@ -24,11 +24,10 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..core.catalog import JUDGED
 from .common import add_setting, alpha, positive_int, share
-
 
 HISTORY_HELP = "show the session history of each test and metric (tables, --html plots, --csv for Otava)"
 #: Shown unless --metric says otherwise: the judged metric of each phase and the decode tail.
@@ -41,11 +40,16 @@ def add_history_source_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("test", nargs="?", default=None, help="only tests whose id contains this")
     parser.add_argument(
-        "--metric", action="append", choices=RUN_FIELDS, default=None,
+        "--metric",
+        action="append",
+        choices=RUN_FIELDS,
+        default=None,
         help=f"metric to read (repeat for more; default {', '.join(DEFAULT_METRICS)})",
     )
     parser.add_argument(
-        "--history", default=None, metavar="PATH|URL",
+        "--history",
+        default=None,
+        metavar="PATH|URL",
         help="the history: a SQLite file or postgresql:// URL (default $LLMPERF_HISTORY, else the nearest "
         ".llmperf/history.sqlite from here up)",
     )
@@ -54,9 +58,13 @@ def add_history_source_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_history_arguments(parser: argparse.ArgumentParser) -> None:
     add_history_source_arguments(parser)
-    parser.add_argument("--sessions", type=positive_int, default=None, metavar="N", help="only the last N sessions of each series")
+    parser.add_argument(
+        "--sessions", type=positive_int, default=None, metavar="N", help="only the last N sessions of each series"
+    )
     parser.add_argument("--html", default=None, metavar="OUT", help="also write trend plots to this HTML file")
-    parser.add_argument("--csv", default=None, metavar="DIR", help="also export one CSV per test and an otava.yaml to DIR")
+    parser.add_argument(
+        "--csv", default=None, metavar="DIR", help="also export one CSV per test and an otava.yaml to DIR"
+    )
 
 
 def read(args: argparse.Namespace, last: int | None = None) -> list:
@@ -65,7 +73,9 @@ def read(args: argparse.Namespace, last: int | None = None) -> list:
     from ..history.series import read_series
 
     loc = for_cli(args.history)
-    series = read_series(loc, test=args.test, metrics=args.metric or DEFAULT_METRICS, hardware_key=args.hardware, last=last)
+    series = read_series(
+        loc, test=args.test, metrics=args.metric or DEFAULT_METRICS, hardware_key=args.hardware, last=last
+    )
     if not series:
         what = f" for tests matching {args.test!r}" if args.test else ""
         raise ConfigError(f"no stored sessions{what} in {loc.display}")
@@ -91,8 +101,10 @@ def run_history(args: argparse.Namespace) -> int:
         postgres = for_cli(args.history).kind == "postgresql"
         written = history.export_csv(series, Path(args.csv), postgres=postgres)
         extra = " and otava-postgres.yaml" if postgres else ""
-        print(f"{args.csv}: {len(written)} CSV file(s), otava.yaml{extra} "
-              f"(OTAVA_CONFIG={Path(args.csv) / 'otava.yaml'} otava analyze TEST)")
+        print(
+            f"{args.csv}: {len(written)} CSV file(s), otava.yaml{extra} "
+            f"(OTAVA_CONFIG={Path(args.csv) / 'otava.yaml'} otava analyze TEST)"
+        )
     if args.html:
         from ..baselines.store import atomic_write
         from ..core.errors import ConfigError
@@ -116,20 +128,34 @@ def add_detect_arguments(parser: argparse.ArgumentParser) -> None:
 
     add_history_source_arguments(parser)
     parser.add_argument(
-        "--last", type=positive_int, default=5, metavar="N",
+        "--last",
+        type=positive_int,
+        default=5,
+        metavar="N",
         help="exit 1 when a regression change point lies in the last N sessions of its series (default 5)",
     )
-    parser.add_argument("--alpha", type=alpha, default=ALPHA, help=f"significance level of each split (default {ALPHA})")
     parser.add_argument(
-        "--min-change", type=share, default=None, metavar="SHARE",
+        "--alpha", type=alpha, default=ALPHA, help=f"significance level of each split (default {ALPHA})"
+    )
+    parser.add_argument(
+        "--min-change",
+        type=share,
+        default=None,
+        metavar="SHARE",
         help="ignore steps smaller than this when gating, e.g. 2%% (default: every significant step)",
     )
     parser.add_argument(
-        "--min-size", type=positive_int, default=MIN_SIZE, metavar="N",
+        "--min-size",
+        type=positive_int,
+        default=MIN_SIZE,
+        metavar="N",
         help=f"fewest sessions on each side of a change point (default {MIN_SIZE})",
     )
     parser.add_argument(
-        "--permutations", type=positive_int, default=PERMUTATIONS, help=f"permutations per test (default {PERMUTATIONS})"
+        "--permutations",
+        type=positive_int,
+        default=PERMUTATIONS,
+        help=f"permutations per test (default {PERMUTATIONS})",
     )
 
 
@@ -158,17 +184,29 @@ CALIBRATE_HELP = "per test: within- and between-session spread, replayed false a
 def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("test", nargs="?", default=None, help="only tests whose id contains this")
     parser.add_argument(
-        "--history", default=None, metavar="PATH|URL",
+        "--history",
+        default=None,
+        metavar="PATH|URL",
         help="the history: a SQLite file or postgresql:// URL (default $LLMPERF_HISTORY, else the nearest "
         ".llmperf/history.sqlite from here up)",
     )
     parser.add_argument("--hardware", default=None, metavar="KEY", help="only this hardware key")
-    parser.add_argument("--sessions", type=positive_int, default=20, metavar="N",
-                        help="the last N sessions of each series since its subject last changed (default 20)")
+    parser.add_argument(
+        "--sessions",
+        type=positive_int,
+        default=20,
+        metavar="N",
+        help="the last N sessions of each series since its subject last changed (default 20)",
+    )
     for name in ("alpha", "threshold", "tail_threshold"):  # as the pytest options (settings_table)
         add_setting(parser, name)
-    parser.add_argument("--tests", type=positive_int, default=None, metavar="N",
-                        help="tests in the suite's session, for Holm's family (default: the tests found)")
+    parser.add_argument(
+        "--tests",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="tests in the suite's session, for Holm's family (default: the tests found)",
+    )
 
 
 def _reach(spec, window, candidate, threshold: float, alpha_: float, m: int) -> float | None:
@@ -181,8 +219,7 @@ def _reach(spec, window, candidate, threshold: float, alpha_: float, m: int) -> 
 def calibrate(spec, levels: Sequence, *, threshold: float, alpha_: float, m: int) -> dict[str, object]:
     """One series' figures (``levels``: oldest first, one subject)."""
     from ..judge.rule import compare_levels, decide
-    from ..judge.verdict import Level
-    from ..judge.verdict import WINDOW_MIN_SESSIONS, WINDOW_SESSIONS, NoiseModel, detectable
+    from ..judge.verdict import WINDOW_MIN_SESSIONS, WINDOW_SESSIONS, Level, NoiseModel, detectable
 
     k = len(levels)
     n = int(statistics.median(lv.n for lv in levels))
@@ -193,19 +230,34 @@ def calibrate(spec, levels: Sequence, *, threshold: float, alpha_: float, m: int
     between = NoiseModel().window(window)[0] if k >= 2 else None
     alarms = replayed = 0
     for i in range(WINDOW_MIN_SESSIONS, k):
-        past = list(levels[max(0, i - WINDOW_SESSIONS):i])
+        past = list(levels[max(0, i - WINDOW_SESSIONS) : i])
         c = compare_levels(spec, past[:1], levels[i], threshold=threshold, alpha=alpha_, provisional=False, window=past)
         alarms += decide([c], alpha=alpha_, m=m)[0].verdict.value == "REGRESSION"
         replayed += 1
-    stored = decide([compare_levels(spec, [typical], typical, threshold=threshold, alpha=alpha_, provisional=False)],
-                    alpha=alpha_, m=m)[0].detectable
+    stored = decide(
+        [compare_levels(spec, [typical], typical, threshold=threshold, alpha=alpha_, provisional=False)],
+        alpha=alpha_,
+        m=m,
+    )[0].detectable
     mean = sum(lv.log_level for lv in window) / len(window)
-    in_window = (_reach(spec, window, Level(mean, se, n, cv), threshold, alpha_, m)
-                 if len(window) >= WINDOW_MIN_SESSIONS else None)
+    in_window = (
+        _reach(spec, window, Level(mean, se, n, cv), threshold, alpha_, m)
+        if len(window) >= WINDOW_MIN_SESSIONS
+        else None
+    )
     # Both sides in one session: no between-session term, the two sides' runs only.
     ab = detectable(math.sqrt(2.0) * se, 2.0 * n - 2.0, alpha=alpha_ / m, threshold=threshold)
-    return {"sessions": k, "runs": n, "cv": cv, "between": between, "alarms": alarms, "replayed": replayed,
-            "stored": stored, "window": in_window, "ab": ab}
+    return {
+        "sessions": k,
+        "runs": n,
+        "cv": cv,
+        "between": between,
+        "alarms": alarms,
+        "replayed": replayed,
+        "stored": stored,
+        "window": in_window,
+        "ab": ab,
+    }
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
@@ -224,25 +276,58 @@ def run_calibrate(args: argparse.Namespace) -> int:
     m = tests * len(JUDGED)
     specs = {s.name: s for s in JUDGED}
     rows, alarms, replayed = [], 0, 0
-    pct = lambda v: "n/a" if v is None else f"{v:.1%}"  # noqa: E731
+    pct = lambda v: "n/a" if v is None else f"{v:.1%}"
     for s in series:
         start = max((i for i in range(1, len(s.points)) if s.changes_at(i)), default=0)
-        levels = [p.level() for p in s.points[start:]][-args.sessions:]
+        levels = [p.level() for p in s.points[start:]][-args.sessions :]
         spec = specs[s.metric]
-        f = calibrate(spec, levels, threshold=args.tail_threshold if spec.tail else args.threshold,
-                      alpha_=args.alpha, m=m) if levels else None
+        f = (
+            calibrate(
+                spec, levels, threshold=args.tail_threshold if spec.tail else args.threshold, alpha_=args.alpha, m=m
+            )
+            if levels
+            else None
+        )
         if f is None:
             continue
         alarms += int(f["alarms"])  # type: ignore[call-overload]
         replayed += int(f["replayed"])  # type: ignore[call-overload]
-        rows.append([s.name, f"{s.phase} {spec.label}", str(f["sessions"]), str(f["runs"]), pct(f["cv"]),
-                     pct(f["between"]), f"{f['alarms']} of {f['replayed']}", pct(f["stored"]), pct(f["window"]),
-                     pct(f["ab"])])
-    print(render_table(("test", "metric", "sessions", "runs", "within CV", "between sd", "false alarms (replayed)",
-                        "detects: file once", "history window", "one session (A/B)"), rows))
-    print(f"Holm's family: {tests} test(s) x {len(JUDGED)} = {m}, alpha {args.alpha:g}; the rule flagged "
-          f"{alarms} of {replayed} replayed A/A comparison(s) (expected at most {args.alpha:g} per session); "
-          "'detects': the smallest slowdown flagged with 80% power")
+        rows.append(
+            [
+                s.name,
+                f"{s.phase} {spec.label}",
+                str(f["sessions"]),
+                str(f["runs"]),
+                pct(f["cv"]),
+                pct(f["between"]),
+                f"{f['alarms']} of {f['replayed']}",
+                pct(f["stored"]),
+                pct(f["window"]),
+                pct(f["ab"]),
+            ]
+        )
+    print(
+        render_table(
+            (
+                "test",
+                "metric",
+                "sessions",
+                "runs",
+                "within CV",
+                "between sd",
+                "false alarms (replayed)",
+                "detects: file once",
+                "history window",
+                "one session (A/B)",
+            ),
+            rows,
+        )
+    )
+    print(
+        f"Holm's family: {tests} test(s) x {len(JUDGED)} = {m}, alpha {args.alpha:g}; the rule flagged "
+        f"{alarms} of {replayed} replayed A/A comparison(s) (expected at most {args.alpha:g} per session); "
+        "'detects': the smallest slowdown flagged with 80% power"
+    )
     return 0
 
 

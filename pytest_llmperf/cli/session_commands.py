@@ -16,7 +16,6 @@ import shutil
 
 from .common import add_setting
 
-
 COMPARE_HELP = "compare two saved session reports (pytest --llmperf-json)"
 
 
@@ -28,7 +27,10 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
     from ..core.settings import COMPARISON_COLUMN_NAMES, DEFAULT_COMPARISON_COLUMNS
 
     parser.add_argument(  # --llmperf-columns' comparison half, plus 'all'
-        "--columns", type=_columns, default=None, metavar="COLS",
+        "--columns",
+        type=_columns,
+        default=None,
+        metavar="COLS",
         help=f"table columns after test and metric, from {', '.join(COMPARISON_COLUMN_NAMES)}, or 'all' "
         f"(default {','.join(DEFAULT_COMPARISON_COLUMNS)}: fits the terminal)",
     )
@@ -69,10 +71,10 @@ def run_compare(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace, base: dict, new: list, matched: list) -> int:
-    from ..judge.rule import JUDGED
     from ..core.fingerprint import other_hardware_note
     from ..judge.regression import CompareSettings, judge
     from ..judge.result import VerdictRecord
+    from ..judge.rule import JUDGED
     from ..reports.session_file import comparison_table, undecided_lines
 
     settings = CompareSettings(
@@ -131,11 +133,10 @@ def run_report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..baselines.store import atomic_write
+    from ..core.errors import ConfigError
     from ..reports.figures import require_matplotlib
     from ..reports.html import render_html
     from ..reports.session_file import read_session
-
-    from ..core.errors import ConfigError
 
     require_matplotlib()
     data, results = read_session(args.session)  # read once

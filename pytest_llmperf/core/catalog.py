@@ -17,8 +17,9 @@ the rest of the package and no numpy at import (the plugin stays cheap to load).
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any
 
 #: Phases a metric belongs to.
 PHASES = ("prefill", "decode", "request", "load", "roofline")
@@ -33,8 +34,8 @@ class Budget:
     label: str  # as a budget breach prints it: "TTFT median"
     help: str  # the marker key's help text (``pytest --markers``, error messages)
     #: The statistic, read from a Measurement / recomputed from a stored record.
-    read: Callable[[Any], Optional[float]]
-    from_record: Callable[[Mapping[str, Any]], Optional[float]]
+    read: Callable[[Any], float | None]
+    from_record: Callable[[Mapping[str, Any]], float | None]
     pooled_tokens: bool = False  # the sample is pooled tokens (ITL), not runs
     share: bool = False  # the value is a share in (0, 1]
     statistic: str = "median"  # which statistic of the metric: "median", "p95", ...
@@ -63,9 +64,9 @@ class Metric:
     phase: str
     higher_is_better: bool
     #: The Measurement's summary of this metric (median over runs unless said otherwise).
-    read: Callable[[Any], Optional[float]]
+    read: Callable[[Any], float | None]
     #: Per-run field of ``RunMetrics`` stored in a record's ``runs`` (None: not stored per run).
-    run_field: Optional[str] = None
+    run_field: str | None = None
     #: Elsewhere in a record (a load level's or the roofline's figures), as a key path.
     record_path: tuple[str, ...] = ()
     #: Judged against the baseline: one comparison per phase (and the decode tail), each
@@ -73,20 +74,20 @@ class Metric:
     judged: bool = False
     tail: bool = False
     #: A rate of the same runs as this judged metric, reported with its verdict.
-    mirror_of: Optional[str] = None
+    mirror_of: str | None = None
     #: Attribute of a load test's ``LoadStats`` that holds this metric's per-request percentiles.
-    load_stat: Optional[str] = None
+    load_stat: str | None = None
 
     @property
     def budget_keys(self) -> tuple[str, ...]:
         return tuple(b.key for b in BUDGETS.values() if b.metric == self.name)
 
     @property
-    def summary_key(self) -> Optional[str]:
+    def summary_key(self) -> str | None:
         """Key of a record's ``summary`` that holds ``read``'s value (None: not in the summary)."""
         return next((f.key for f in SUMMARY.values() if f.metric == self.name and f.reader is None), None)
 
-    def from_record(self, record: Mapping[str, Any]) -> Optional[float]:
+    def from_record(self, record: Mapping[str, Any]) -> float | None:
         """The value ``read`` gives, from a stored record (None: the record lacks it)."""
         if self.summary_key is not None:
             return _summary(self.summary_key)(record)
@@ -103,9 +104,9 @@ class SummaryField:
     key: str
     metric: str  # Metric.name
     label: str  # before the unit in the session table's header: "TTFT" -> "TTFT ms"
-    column: Optional[str] = None
+    column: str | None = None
     #: None: the metric's own ``read``; else another statistic of it (a pooled ITL percentile).
-    reader: Optional[Callable[[Any], Optional[float]]] = None
+    reader: Callable[[Any], float | None] | None = None
     #: Shown by the short tables: the terminal's default columns, the Markdown summary.
     headline: bool = False
 
@@ -117,7 +118,7 @@ class SummaryField:
     def header(self) -> str:
         return f"{self.label} {self.unit}"
 
-    def read(self, m: Any) -> Optional[float]:
+    def read(self, m: Any) -> float | None:
         return (self.reader or METRICS[self.metric].read)(m)
 
 
@@ -128,15 +129,15 @@ def _runs(record: Mapping[str, Any], field: str) -> Sequence[float]:
     return (record.get("runs") or {}).get(field) or []
 
 
-def _median_of(field: str) -> Callable[[Mapping[str, Any]], Optional[float]]:
-    def read(record: Mapping[str, Any]) -> Optional[float]:
+def _median_of(field: str) -> Callable[[Mapping[str, Any]], float | None]:
+    def read(record: Mapping[str, Any]) -> float | None:
         values = _runs(record, field)
         return float(statistics.median(values)) if values else None
 
     return read
 
 
-def _percentile(values: Sequence[float], q: float) -> Optional[float]:
+def _percentile(values: Sequence[float], q: float) -> float | None:
     if not len(values):
         return None
     import numpy as np
@@ -151,16 +152,16 @@ def pooled_itl(record: Mapping[str, Any] | None) -> list[float]:
     return [float(v) for run in record.get("itl_ms") or [] for v in run or []]
 
 
-def _pooled_percentile(q: float) -> Callable[[Mapping[str, Any]], Optional[float]]:
+def _pooled_percentile(q: float) -> Callable[[Mapping[str, Any]], float | None]:
     return lambda record: _percentile(pooled_itl(record), q)
 
 
-def _summary(key: str) -> Callable[[Mapping[str, Any]], Optional[float]]:
+def _summary(key: str) -> Callable[[Mapping[str, Any]], float | None]:
     return lambda record: (record.get("summary") or {}).get(key)
 
 
-def _at(*path: str) -> Callable[[Mapping[str, Any]], Optional[float]]:
-    def read(record: Mapping[str, Any]) -> Optional[float]:
+def _at(*path: str) -> Callable[[Mapping[str, Any]], float | None]:
+    def read(record: Mapping[str, Any]) -> float | None:
         value: Any = record
         for part in path:
             value = (value or {}).get(part)
@@ -172,15 +173,15 @@ def _at(*path: str) -> Callable[[Mapping[str, Any]], Optional[float]]:
 # --- readers from a Measurement ---------------------------------------------------------------
 
 
-def _mbu(m: Any) -> Optional[float]:
+def _mbu(m: Any) -> float | None:
     return m.roofline.decode.mbu if m.roofline is not None else None
 
 
-def _goodput(m: Any) -> Optional[float]:
+def _goodput(m: Any) -> float | None:
     return m.load.goodput if m.load is not None else None
 
 
-def _itl(q: int) -> Callable[[Any], Optional[float]]:
+def _itl(q: int) -> Callable[[Any], float | None]:
     """A pooled decode ITL percentile of a Measurement."""
     return lambda m: getattr(m.itl, f"p{q}_ms")
 
@@ -189,26 +190,49 @@ METRICS: dict[str, Metric] = {
     m.name: m
     for m in (
         # Order: prefill first, then decode (the order of a record's per-run fields).
-        Metric("ttft_ms", "TTFT", "ms", "prefill", False, lambda m: m.ttft_ms, "ttft_ms", judged=True,
-               load_stat="ttft"),
-        Metric("prefill_tps", "TPS", "t/s", "prefill", True, lambda m: m.prefill_tps, "prefill_tps",
-               mirror_of="ttft_ms"),
-        Metric("tpot_ms", "TPOT", "ms", "decode", False, lambda m: m.tpot_ms, "tpot_ms", judged=True,
-               load_stat="tpot"),
-        Metric("decode_tps", "TPS", "t/s", "decode", True, lambda m: m.decode_tps, "decode_tps",
-               mirror_of="tpot_ms"),
+        Metric(
+            "ttft_ms", "TTFT", "ms", "prefill", False, lambda m: m.ttft_ms, "ttft_ms", judged=True, load_stat="ttft"
+        ),
+        Metric(
+            "prefill_tps", "TPS", "t/s", "prefill", True, lambda m: m.prefill_tps, "prefill_tps", mirror_of="ttft_ms"
+        ),
+        Metric("tpot_ms", "TPOT", "ms", "decode", False, lambda m: m.tpot_ms, "tpot_ms", judged=True, load_stat="tpot"),
+        Metric("decode_tps", "TPS", "t/s", "decode", True, lambda m: m.decode_tps, "decode_tps", mirror_of="tpot_ms"),
         # Each run's own ITL percentiles (the sampling unit for comparisons is the run).
-        Metric("itl_p50_ms", "ITL p50", "ms", "decode", False,
-               lambda m: statistics.median(r.itl_p50_ms for r in m.runs), "itl_p50_ms"),
-        Metric("itl_p95_ms", "ITL p95", "ms", "decode", False,
-               lambda m: statistics.median(r.itl_p95_ms for r in m.runs), "itl_p95_ms", judged=True, tail=True),
+        Metric(
+            "itl_p50_ms",
+            "ITL p50",
+            "ms",
+            "decode",
+            False,
+            lambda m: statistics.median(r.itl_p50_ms for r in m.runs),
+            "itl_p50_ms",
+        ),
+        Metric(
+            "itl_p95_ms",
+            "ITL p95",
+            "ms",
+            "decode",
+            False,
+            lambda m: statistics.median(r.itl_p95_ms for r in m.runs),
+            "itl_p95_ms",
+            judged=True,
+            tail=True,
+        ),
         # Every run's inter-token latencies pooled (budgets and display).
         Metric("itl_ms", "ITL", "ms", "decode", False, _itl(50)),
         Metric("prefill_ms", "prefill", "ms", "prefill", False, lambda m: m.prefill_ms),
         Metric("e2e_ms", "E2E", "ms", "request", False, lambda m: m.e2e_ms, load_stat="e2e"),
         Metric("goodput", "goodput", "share", "load", True, _goodput, record_path=("load", "goodput")),
-        Metric("decode_mbu", "decode MBU", "of peak bandwidth", "roofline", True, _mbu,
-               record_path=("roofline", "decode", "mbu")),
+        Metric(
+            "decode_mbu",
+            "decode MBU",
+            "of peak bandwidth",
+            "roofline",
+            True,
+            _mbu,
+            record_path=("roofline", "decode", "mbu"),
+        ),
     )
 }
 
@@ -233,27 +257,87 @@ BUDGETS: dict[str, Budget] = {
     b.key: b
     for b in (
         *(
-            Budget(f"p{q}_ms", "itl_ms", f"decode ITL p{q}", f"max pooled decode ITL p{q} (ms)",
-                   _itl(q), _pooled_percentile(q),
-                   pooled_tokens=True, statistic=f"p{q}")
+            Budget(
+                f"p{q}_ms",
+                "itl_ms",
+                f"decode ITL p{q}",
+                f"max pooled decode ITL p{q} (ms)",
+                _itl(q),
+                _pooled_percentile(q),
+                pooled_tokens=True,
+                statistic=f"p{q}",
+            )
             for q in (50, 90, 95, 99)
         ),
-        Budget("ttft_ms", "ttft_ms", "TTFT median", "max median time to first token over runs (ms)",
-               lambda m: m.ttft_ms, _median_of("ttft_ms")),
-        Budget("ttft_p95_ms", "ttft_ms", "TTFT p95", "max p95 over runs of time to first token (ms)",
-               lambda m: m.ttft_p95_ms, lambda r: _percentile(_runs(r, "ttft_ms"), 95), statistic="p95"),
-        Budget("tpot_ms", "tpot_ms", "decode TPOT median", "max median time per output token (ms)",
-               lambda m: m.tpot_ms, _median_of("tpot_ms")),
-        Budget("e2e_ms", "e2e_ms", "E2E median", "max median end-to-end request time (ms)",
-               lambda m: m.e2e_ms, _summary("e2e_ms")),
-        Budget("min_tps", "decode_tps", "decode TPS median", "min median decode tokens/s",
-               lambda m: m.decode_tps, _median_of("decode_tps")),
-        Budget("min_prefill_tps", "prefill_tps", "prefill TPS median", "min median prefill (prompt) tokens/s",
-               lambda m: m.prefill_tps, _median_of("prefill_tps")),
-        Budget("min_goodput", "goodput", "goodput", "load: min share of requests meeting the ttft_ms and tpot_ms SLOs",
-               _goodput, _at("load", "goodput"), share=True, statistic="share"),
-        Budget("min_mbu", "decode_mbu", "decode MBU", "min decode memory-bandwidth utilization, e.g. 0.5 (roofline)",
-               _mbu, _at("roofline", "decode", "mbu"), share=True, statistic="share"),
+        Budget(
+            "ttft_ms",
+            "ttft_ms",
+            "TTFT median",
+            "max median time to first token over runs (ms)",
+            lambda m: m.ttft_ms,
+            _median_of("ttft_ms"),
+        ),
+        Budget(
+            "ttft_p95_ms",
+            "ttft_ms",
+            "TTFT p95",
+            "max p95 over runs of time to first token (ms)",
+            lambda m: m.ttft_p95_ms,
+            lambda r: _percentile(_runs(r, "ttft_ms"), 95),
+            statistic="p95",
+        ),
+        Budget(
+            "tpot_ms",
+            "tpot_ms",
+            "decode TPOT median",
+            "max median time per output token (ms)",
+            lambda m: m.tpot_ms,
+            _median_of("tpot_ms"),
+        ),
+        Budget(
+            "e2e_ms",
+            "e2e_ms",
+            "E2E median",
+            "max median end-to-end request time (ms)",
+            lambda m: m.e2e_ms,
+            _summary("e2e_ms"),
+        ),
+        Budget(
+            "min_tps",
+            "decode_tps",
+            "decode TPS median",
+            "min median decode tokens/s",
+            lambda m: m.decode_tps,
+            _median_of("decode_tps"),
+        ),
+        Budget(
+            "min_prefill_tps",
+            "prefill_tps",
+            "prefill TPS median",
+            "min median prefill (prompt) tokens/s",
+            lambda m: m.prefill_tps,
+            _median_of("prefill_tps"),
+        ),
+        Budget(
+            "min_goodput",
+            "goodput",
+            "goodput",
+            "load: min share of requests meeting the ttft_ms and tpot_ms SLOs",
+            _goodput,
+            _at("load", "goodput"),
+            share=True,
+            statistic="share",
+        ),
+        Budget(
+            "min_mbu",
+            "decode_mbu",
+            "decode MBU",
+            "min decode memory-bandwidth utilization, e.g. 0.5 (roofline)",
+            _mbu,
+            _at("roofline", "decode", "mbu"),
+            share=True,
+            statistic="share",
+        ),
     )
 }
 
@@ -282,7 +366,7 @@ class Figure:
 
     name: str
     read: Callable[[Any], Any]
-    metric: Optional[str] = None
+    metric: str | None = None
     label: str = ""  # "TTFT median"
     statistic: str = ""  # "median", "p95"
     pooled_tokens: bool = False  # the sample is pooled tokens (ITL), not runs
@@ -312,7 +396,9 @@ FIGURES: dict[str, Figure] = {
         Figure("runs", lambda m: m.n_runs),
         _budget_figure("ttft_ms", "ttft_ms"),
         _budget_figure("ttft_p95_ms", "ttft_p95_ms"),
-        Figure("prefill_ms", METRICS["prefill_ms"].read, "prefill_ms", f"{METRICS['prefill_ms'].label} median", "median"),
+        Figure(
+            "prefill_ms", METRICS["prefill_ms"].read, "prefill_ms", f"{METRICS['prefill_ms'].label} median", "median"
+        ),
         _budget_figure("prefill_tps", "min_prefill_tps"),
         _budget_figure("tpot_ms", "tpot_ms"),
         _budget_figure("decode_tps", "min_tps"),

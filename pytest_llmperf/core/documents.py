@@ -31,11 +31,12 @@ import math
 import os
 import re
 import stat
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping
-from .errors import LLMPerfError
+from typing import Any
 
+from .errors import LLMPerfError
 
 #: The largest baseline file or session report read, in MiB.
 MAX_DOCUMENT_MIB = 32
@@ -62,9 +63,7 @@ def _check(path: Path, st: os.stat_result, what: str, limit_mib: float, todo: st
     if not stat.S_ISREG(st.st_mode):
         raise RefusedFile(f"{path} is {file_kind(st.st_mode)}, not a regular file; give the path of a {what}")
     if st.st_size > limit_mib * 2**20:
-        raise RefusedFile(
-            f"{path} is {st.st_size / 2**20:.0f} MiB, over the {limit_mib:g} MiB a {what} may be; {todo}"
-        )
+        raise RefusedFile(f"{path} is {st.st_size / 2**20:.0f} MiB, over the {limit_mib:g} MiB a {what} may be; {todo}")
 
 
 def read_bytes(path: Path | str, what: str, todo: str, limit_mib: float = MAX_DOCUMENT_MIB) -> bytes:
@@ -90,8 +89,19 @@ def read_text(path: Path | str, what: str, todo: str, limit_mib: float = MAX_DOC
 
 #: Keywords the validator applies; annotations (``title``...) are read and ignored.
 KEYWORDS = frozenset(
-    {"type", "const", "enum", "properties", "required", "additionalProperties", "items", "minItems",
-     "minimum", "$ref", "anyOf"}
+    {
+        "type",
+        "const",
+        "enum",
+        "properties",
+        "required",
+        "additionalProperties",
+        "items",
+        "minItems",
+        "minimum",
+        "$ref",
+        "anyOf",
+    }
 )
 ANNOTATIONS = frozenset({"$schema", "$id", "$defs", "title", "description", "$comment", "default"})
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -106,7 +116,7 @@ class SchemaViolation(LLMPerfError):
         self.path, self.problem = path, problem
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_schema(name: str) -> Mapping[str, Any]:
     """``schemas/<name>.schema.json`` of the installed package."""
     text = resources.files("pytest_llmperf").joinpath("schemas", f"{name}.schema.json").read_text(encoding="utf-8")
@@ -190,7 +200,9 @@ def check(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any] | None 
         raise SchemaViolation(path, f"is {value}, below the minimum {schema['minimum']}")
     if isinstance(value, list):
         if "minItems" in schema and len(value) < schema["minItems"]:
-            raise SchemaViolation(path, "is empty" if schema["minItems"] == 1 else f"has fewer than {schema['minItems']} items")
+            raise SchemaViolation(
+                path, "is empty" if schema["minItems"] == 1 else f"has fewer than {schema['minItems']} items"
+            )
         if "items" in schema:
             for i, item in enumerate(value):
                 check(item, schema["items"], root, f"{path}[{i}]")

@@ -14,12 +14,13 @@ import os
 import platform
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from .workload import EngineInfo
 from .settings import usable_cpus
+from .workload import EngineInfo
 
 #: Bytes of a model file hashed for its identity: the GGUF header, metadata and tensor table
 #: sit at the start, so this changes with any change of shape, type, tokenizer or metadata,

@@ -15,12 +15,13 @@ is appended like a parameter id and stays with the last part too."""
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 
 def sig6(value: float | None) -> float | None:
     """``value`` to six significant figures (None stays None)."""
     return None if value is None else float(f"{value:.6g}")
+
 
 def fmt(value: float) -> str:
     """Three significant figures for small values, no false precision for large ones."""
@@ -31,6 +32,7 @@ def fmt(value: float) -> str:
     if value >= 1:
         return f"{value:.2f}"
     return f"{value:.3g}"
+
 
 def human_bytes(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):

@@ -26,18 +26,42 @@ from __future__ import annotations
 import base64
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Iterable
 from urllib.parse import quote, quote_plus, unquote, unquote_plus
 
 REDACTED = "***"
 
 #: Parameter names whose value is a secret (compared lower-cased, ``-`` as ``_``).
-SECRET_NAMES = frozenset({
-    "password", "passwd", "pass", "pwd", "sslpassword", "key", "api_key", "apikey", "token", "access_token",
-    "refresh_token", "id_token", "auth", "auth_token", "authorization", "secret", "client_secret", "sig",
-    "signature", "credential", "credentials", "jwt", "session", "sessionid", "private_key",
-})
+SECRET_NAMES = frozenset(
+    {
+        "password",
+        "passwd",
+        "pass",
+        "pwd",
+        "sslpassword",
+        "key",
+        "api_key",
+        "apikey",
+        "token",
+        "access_token",
+        "refresh_token",
+        "id_token",
+        "auth",
+        "auth_token",
+        "authorization",
+        "secret",
+        "client_secret",
+        "sig",
+        "signature",
+        "credential",
+        "credentials",
+        "jwt",
+        "session",
+        "sessionid",
+        "private_key",
+    }
+)
 #: ... and any name ending so (``x_amz_security_token``, ``openai_api_key``, ``db_password``).
 SECRET_SUFFIXES = ("token", "secret", "password", "passwd", "_key", "apikey")
 
@@ -47,12 +71,38 @@ MIN_SECRET_CHARS = 4
 
 #: libpq's connection keywords (https://www.postgresql.org/docs/current/libpq-connect.html):
 #: a value made of ``keyword=value`` pairs with one of these is a PostgreSQL connection string.
-LIBPQ_KEYWORDS = frozenset({
-    "host", "hostaddr", "port", "dbname", "user", "password", "passfile", "service", "connect_timeout",
-    "client_encoding", "options", "application_name", "fallback_application_name", "keepalives", "sslmode",
-    "sslcert", "sslkey", "sslpassword", "sslrootcert", "sslcrl", "requiressl", "gssencmode", "krbsrvname",
-    "target_session_attrs", "load_balance_hosts", "channel_binding", "require_auth", "sslnegotiation",
-})
+LIBPQ_KEYWORDS = frozenset(
+    {
+        "host",
+        "hostaddr",
+        "port",
+        "dbname",
+        "user",
+        "password",
+        "passfile",
+        "service",
+        "connect_timeout",
+        "client_encoding",
+        "options",
+        "application_name",
+        "fallback_application_name",
+        "keepalives",
+        "sslmode",
+        "sslcert",
+        "sslkey",
+        "sslpassword",
+        "sslrootcert",
+        "sslcrl",
+        "requiressl",
+        "gssencmode",
+        "krbsrvname",
+        "target_session_attrs",
+        "load_balance_hosts",
+        "channel_binding",
+        "require_auth",
+        "sslnegotiation",
+    }
+)
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
 _HOST = re.compile(r"[A-Za-z0-9._~%\-\[\]:,]*")  # host[:port], IPv6 in brackets, libpq's h1,h2 lists
@@ -85,16 +135,16 @@ class Url:
     fragment: str | None  # without "#"
 
     @classmethod
-    def split(cls, url: str) -> "Url | None":
+    def split(cls, url: str) -> Url | None:
         m = _SCHEME.match(url)
         if m is None:
             return None
-        scheme, rest = m.group(0), url[m.end():]
+        scheme, rest = m.group(0), url[m.end() :]
         userinfo = None
         for at in reversed([i for i, c in enumerate(rest) if c == "@"]):
-            host = re.split(r"[/?#]", rest[at + 1:], maxsplit=1)[0]
+            host = re.split(r"[/?#]", rest[at + 1 :], maxsplit=1)[0]
             if _HOST.fullmatch(host):
-                userinfo, rest = rest[:at], rest[at + 1:]
+                userinfo, rest = rest[:at], rest[at + 1 :]
                 break
         end = len(rest)
         for c in "/?#":
@@ -112,16 +162,21 @@ class Url:
 
     def __str__(self) -> str:
         u, q, f = self.userinfo, self.query, self.fragment
-        return (f"{self.scheme}{'' if u is None else u + '@'}{self.host}{self.path}"
-                f"{'' if q is None else '?' + q}{'' if f is None else '#' + f}")
+        return (
+            f"{self.scheme}{'' if u is None else u + '@'}{self.host}{self.path}"
+            f"{'' if q is None else '?' + q}{'' if f is None else '#' + f}"
+        )
 
     def shown(self) -> str:
         """As it may be printed: the userinfo's secret and secret parameters as ``***``."""
-        return str(replace(
-            self, userinfo=self.shown_userinfo(),
-            query=None if self.query is None else _redact_params(self.query),
-            fragment=None if self.fragment is None else _redact_params(self.fragment),
-        ))
+        return str(
+            replace(
+                self,
+                userinfo=self.shown_userinfo(),
+                query=None if self.query is None else _redact_params(self.query),
+                fragment=None if self.fragment is None else _redact_params(self.fragment),
+            )
+        )
 
     def _secret_user(self) -> bool:
         """A user without a password is a credential (``https://TOKEN@host``), except in a
@@ -142,7 +197,7 @@ class Url:
             return f"{user}:{REDACTED}"
         return REDACTED + colon if user and self._secret_user() else self.userinfo
 
-    def at(self, path: str) -> "Url":
+    def at(self, path: str) -> Url:
         """The same URL with ``path`` (the query kept after it) and no fragment (never sent)."""
         return replace(self, path=path, fragment=None)
 
@@ -150,13 +205,15 @@ class Url:
         """What a client is given: the userinfo percent-encoded (``normalized``)."""
         return str(self.normalized())
 
-    def normalized(self) -> "Url":
+    def normalized(self) -> Url:
         """The URL with its userinfo percent-encoded, as the user meant it (an unencoded
         ``@``, ``:`` or ``/`` in a password would otherwise move the host for libpq or httpx)."""
         if self.userinfo is None:
             return self
         user, colon, password = self.userinfo.partition(":")
-        return replace(self, userinfo=quote(unquote(user), safe="") + (colon and ":" + quote(unquote(password), safe="")))
+        return replace(
+            self, userinfo=quote(unquote(user), safe="") + (colon and ":" + quote(unquote(password), safe=""))
+        )
 
     def secret_params(self) -> list[str]:
         return [value for part in (self.query, self.fragment) if part for _, value, secret in _params(part) if secret]
@@ -172,10 +229,15 @@ def _params(text: str) -> list[tuple[str, str, bool]]:
 
 
 def _redact_params(text: str) -> str:
-    return re.sub(r"(^|[&;])([^&;=]+)=([^&;]*)",
-                  lambda m: f"{m.group(1)}{m.group(2)}={REDACTED}"
-                  if m.group(3) and is_secret_name(m.group(2)) and not m.group(3).startswith(REDACTED) else m.group(0),
-                  text)
+    return re.sub(
+        r"(^|[&;])([^&;=]+)=([^&;]*)",
+        lambda m: (
+            f"{m.group(1)}{m.group(2)}={REDACTED}"
+            if m.group(3) and is_secret_name(m.group(2)) and not m.group(3).startswith(REDACTED)
+            else m.group(0)
+        ),
+        text,
+    )
 
 
 def _dsn_pairs(text: str) -> list[tuple[str, int, int]]:
@@ -255,8 +317,16 @@ def secrets_in(location: str) -> tuple[str, ...]:
 
 def forms(secret: str) -> set[str]:
     """The ways a secret shows up in text: raw, JSON-escaped, repr'd, percent-encoded."""
-    out = {secret, json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1], repr(secret)[1:-1],
-           quote(secret, safe=""), quote(secret), quote_plus(secret), quote(secret, safe="@:/")}
+    out = {
+        secret,
+        json.dumps(secret)[1:-1],
+        json.dumps(secret, ensure_ascii=False)[1:-1],
+        repr(secret)[1:-1],
+        quote(secret, safe=""),
+        quote(secret),
+        quote_plus(secret),
+        quote(secret, safe="@:/"),
+    }
     out |= {f.lower() for f in out if "%" in f}  # %2f as well as %2F
     return {f for f in out if f}
 
@@ -270,7 +340,7 @@ class Redactor:
     secrets: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, locations: Iterable[str | None] = (), keys: Iterable[str | None] = ()) -> "Redactor":
+    def of(cls, locations: Iterable[str | None] = (), keys: Iterable[str | None] = ()) -> Redactor:
         found = [s for loc in locations if loc for s in secrets_in(loc)] + [k for k in keys if k]
         every = {f for s in found if len(s) >= MIN_SECRET_CHARS for f in forms(s)}
         return cls(tuple(sorted(every, key=lambda f: (-len(f), f))))
@@ -278,8 +348,14 @@ class Redactor:
     def text(self, text: str) -> str:
         """URLs shown (``user:***@``), ``password=`` pairs hidden, then every known secret."""
         text = _URL_IN_TEXT.sub(_display_in_text, text)
-        text = _SECRET_PAIR_IN_TEXT.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}"
-                                       if not m.group(3).strip("'\"").startswith(REDACTED) else m.group(0), text)
+        text = _SECRET_PAIR_IN_TEXT.sub(
+            lambda m: (
+                f"{m.group(1)}{m.group(2)}{REDACTED}"
+                if not m.group(3).strip("'\"").startswith(REDACTED)
+                else m.group(0)
+            ),
+            text,
+        )
         for secret in self.secrets:
             text = text.replace(secret, REDACTED)
         return text

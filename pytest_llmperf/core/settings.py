@@ -12,9 +12,10 @@ at every pytest start (no heavy import)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from .catalog import HEADLINE, SUMMARY_COLUMNS
 from .errors import ConfigError
@@ -195,7 +196,12 @@ APIS = ("completions", "chat")
 
 
 def _bounded(
-    name: str, cast: Callable[[Any], Any], expected: str, low: float, strict: bool, unit: str = "",
+    name: str,
+    cast: Callable[[Any], Any],
+    expected: str,
+    low: float,
+    strict: bool,
+    unit: str = "",
     high: int | None = None,
 ) -> Any:
     """A parser of numbers above ``low`` (``strict``: > low, else >= low) and, with ``high``,
@@ -222,8 +228,9 @@ count = _bounded("count", int, "an integer >= 0", 0, strict=False)
 #: would wrap around (2**32 + 512 measures at 512); bounded as a workload's token counts are.
 token_count = _bounded("token_count", int, "an integer >= 1", 1, strict=False, high=MAX_TOKENS)
 #: Offloaded layers: -1 offloads all of them, as the marker's ``n_gpu_layers=-1`` does.
-gpu_layers = _bounded("gpu_layers", int, "an integer >= -1 (-1: all layers)", -1, strict=False,
-                      unit=" (-1: all layers)")
+gpu_layers = _bounded(
+    "gpu_layers", int, "an integer >= -1 (-1: all layers)", -1, strict=False, unit=" (-1: all layers)"
+)
 seconds = _bounded("seconds", float, "float", 0, strict=True, unit=" seconds")
 positive_float = _bounded("positive_float", float, "float", 0, strict=True)
 
@@ -309,9 +316,7 @@ class Setting:
         if self.switch:
             return self.help
         where = [f"default {self.default_text()}"]
-        if sources and self.env:
-            where.append(f"env {self.env}")
-        elif self.cli_env and self.env:
+        if sources and self.env or self.cli_env and self.env:
             where.append(f"env {self.env}")
         if sources and self.ini:
             where.append(f"ini {self.ini_key}")
@@ -336,79 +341,278 @@ _E = ENGINE_DEFAULTS
 SETTINGS: dict[str, Setting] = {
     s.name: s
     for s in (
-        Setting("model", "GGUF model path, or a synthetic preset: tiny, small", DEFAULT_MODEL, env="LLMPERF_MODEL",
-                ini=True, metavar="PATH|PRESET"),
-        Setting("threads", "llama.cpp threads", _E["threads"], positive_int, env="LLMPERF_THREADS", ini=True,
-                cli="--threads", shown="all usable CPUs", metavar="N"),
-        Setting("n_ctx", "llama.cpp context size", _E["n_ctx"], token_count, env="LLMPERF_N_CTX", ini=True,
-                cli="--n-ctx", shown="each workload's prompt + generated tokens, rounded up to 256", metavar="N"),
-        Setting("n_batch", "llama.cpp batch size for prompt evaluation", _E["n_batch"], token_count,
-                env="LLMPERF_N_BATCH", ini=True, cli="--n-batch", metavar="N"),
-        Setting("gpu_layers", "layers offloaded to a GPU", _E["n_gpu_layers"], gpu_layers, env="LLMPERF_GPU_LAYERS",
-                ini=True, cli="--n-gpu-layers", metavar="N"),
-        Setting("in_process", "run llama.cpp in the pytest process instead of one engine worker process per "
-                "setting (a native crash then ends the session)", False, switch=True),
-        Setting("engine_timeout", "seconds one model load or one run in an engine worker may take before the worker "
-                "counts as hung and is killed", 600.0, seconds, env="LLMPERF_ENGINE_TIMEOUT", ini=True,
-                metavar="SECONDS"),
-        Setting("max_engines", "llama.cpp engines (per-test settings) alive at once", 2, positive_int,
-                env="LLMPERF_MAX_ENGINES", ini=True, metavar="N"),
-        Setting("baseline_dir", "folder of baseline JSON files, under the rootdir", "baselines", folder, ini=True,
-                metavar="DIR"),
-        Setting("update_baselines", "write or refresh the baselines of the tests that ran (others stay as they are)",
-                False, switch=True),
+        Setting(
+            "model",
+            "GGUF model path, or a synthetic preset: tiny, small",
+            DEFAULT_MODEL,
+            env="LLMPERF_MODEL",
+            ini=True,
+            metavar="PATH|PRESET",
+        ),
+        Setting(
+            "threads",
+            "llama.cpp threads",
+            _E["threads"],
+            positive_int,
+            env="LLMPERF_THREADS",
+            ini=True,
+            cli="--threads",
+            shown="all usable CPUs",
+            metavar="N",
+        ),
+        Setting(
+            "n_ctx",
+            "llama.cpp context size",
+            _E["n_ctx"],
+            token_count,
+            env="LLMPERF_N_CTX",
+            ini=True,
+            cli="--n-ctx",
+            shown="each workload's prompt + generated tokens, rounded up to 256",
+            metavar="N",
+        ),
+        Setting(
+            "n_batch",
+            "llama.cpp batch size for prompt evaluation",
+            _E["n_batch"],
+            token_count,
+            env="LLMPERF_N_BATCH",
+            ini=True,
+            cli="--n-batch",
+            metavar="N",
+        ),
+        Setting(
+            "gpu_layers",
+            "layers offloaded to a GPU",
+            _E["n_gpu_layers"],
+            gpu_layers,
+            env="LLMPERF_GPU_LAYERS",
+            ini=True,
+            cli="--n-gpu-layers",
+            metavar="N",
+        ),
+        Setting(
+            "in_process",
+            "run llama.cpp in the pytest process instead of one engine worker process per "
+            "setting (a native crash then ends the session)",
+            False,
+            switch=True,
+        ),
+        Setting(
+            "engine_timeout",
+            "seconds one model load or one run in an engine worker may take before the worker "
+            "counts as hung and is killed",
+            600.0,
+            seconds,
+            env="LLMPERF_ENGINE_TIMEOUT",
+            ini=True,
+            metavar="SECONDS",
+        ),
+        Setting(
+            "max_engines",
+            "llama.cpp engines (per-test settings) alive at once",
+            2,
+            positive_int,
+            env="LLMPERF_MAX_ENGINES",
+            ini=True,
+            metavar="N",
+        ),
+        Setting(
+            "baseline_dir",
+            "folder of baseline JSON files, under the rootdir",
+            "baselines",
+            folder,
+            ini=True,
+            metavar="DIR",
+        ),
+        Setting(
+            "update_baselines",
+            "write or refresh the baselines of the tests that ran (others stay as they are)",
+            False,
+            switch=True,
+        ),
         Setting("require_baseline", "fail a measured test that has no baseline", False, switch=True),
         Setting("strict_env", "fail a test whose baselines were all recorded on other hardware", False, switch=True),
-        Setting("fail_other_hardware", "fail the session (exit 1) when any test was not compared because its "
-                "baselines were all recorded on other hardware", False, switch=True),
+        Setting(
+            "fail_other_hardware",
+            "fail the session (exit 1) when any test was not compared because its "
+            "baselines were all recorded on other hardware",
+            False,
+            switch=True,
+        ),
         Setting("budgets_only", "only budgets gate: do not compare with baselines", False, switch=True),
-        Setting("baselines_only", "only baseline comparisons gate: budgets are measured and shown, never fail a test",
-                False, switch=True),
+        Setting(
+            "baselines_only",
+            "only baseline comparisons gate: budgets are measured and shown, never fail a test",
+            False,
+            switch=True,
+        ),
         Setting("skip", "skip the tests that measure with llmperf (marker or llmperf* fixtures)", False, switch=True),
         Setting("only", "run only the tests that measure with llmperf; skip the others", False, switch=True),
-        Setting("disable", "smoke mode: run each measurement once, no warm-up, budgets, statistics or baselines",
-                False, switch=True),
-        Setting("columns", "columns of the terminal tables, comma-separated, from: "
-                + ", ".join(SUMMARY_COLUMN_NAMES + COMPARISON_COLUMN_NAMES) + "; JSON/HTML/Markdown keep all",
-                DEFAULT_SUMMARY_COLUMNS + DEFAULT_COMPARISON_COLUMNS, columns, metavar="COLS"),
-        Setting("alpha", "family-wise significance level over the session's comparisons, e.g. 1% or 0.01",
-                DEFAULT_ALPHA, alpha, cli="--alpha", metavar="LEVEL"),
-        Setting("threshold", "smallest change of a median that counts, e.g. 5% or 0.05", DEFAULT_THRESHOLD, share,
-                cli="--threshold", metavar="SHARE"),
-        Setting("tail_threshold", "smallest change of the ITL p95 that counts", DEFAULT_TAIL_THRESHOLD, share,
-                cli="--tail-threshold", metavar="SHARE"),
-        Setting("endpoint", "the OpenAI-compatible server to measure instead of llama.cpp in process (API base "
-                "URL, e.g. http://host:8000/v1)", None, env="LLMPERF_ENDPOINT", ini=True, cli="--endpoint",
-                cli_env=True, shown="none", metavar="URL"),
-        Setting("api", "endpoint API: completions or chat", APIS[0], api, env="LLMPERF_API", ini=True, cli="--api", metavar="completions|chat"),
-        Setting("api_model", "model name sent to the endpoint", None, env="LLMPERF_API_MODEL", ini=True,
-                cli="--model", shown="the server's default", metavar="NAME"),
-        Setting("api_key_env", "environment variable holding the endpoint's API key, never written anywhere",
-                "LLMPERF_API_KEY", env="LLMPERF_API_KEY_ENV", ini=True, cli="--api-key-env", metavar="VAR"),
-        Setting("request_timeout", "seconds one request to the endpoint may take in all", 300.0, seconds,
-                env="LLMPERF_REQUEST_TIMEOUT", ini=True, cli="--request-timeout", metavar="SECONDS"),
-        Setting("token_timeout", "seconds without data from the endpoint before the stream counts as stalled", 30.0,
-                seconds, env="LLMPERF_TOKEN_TIMEOUT", ini=True, cli="--token-timeout", metavar="SECONDS"),
-        Setting("layers", "also time each layer of the in-process model (llama.cpp eval callback, after the plain "
-                "runs)", False, switch=True),
-        Setting("roofline", "attach the roofline (MBU, MFU, bound) to every in-process measurement (probes the "
-                "machine once)", False, switch=True),
-        Setting("peak_bw", "the machine's peak memory bandwidth for the roofline", None, positive_float,
-                cli="--peak-bw", metavar="GB/s", shown="measured by a probe, cached"),
-        Setting("peak_tflops", "the machine's peak dense FLOP rate for the roofline", None, positive_float,
-                cli="--peak-tflops", metavar="TFLOP/s", shown="CPU spec or measured GEMM"),
-        Setting("against", "measure every llmperf test on two sides, interleaved pair by pair, and judge this tree "
-                "against REF: git:REV (the code under test at another revision), python:PATH (another Python "
-                "environment), or both as git:REV,python:PATH (docs/against.md)", None, env="LLMPERF_AGAINST",
-                shown="off", metavar="REF"),
+        Setting(
+            "disable",
+            "smoke mode: run each measurement once, no warm-up, budgets, statistics or baselines",
+            False,
+            switch=True,
+        ),
+        Setting(
+            "columns",
+            "columns of the terminal tables, comma-separated, from: "
+            + ", ".join(SUMMARY_COLUMN_NAMES + COMPARISON_COLUMN_NAMES)
+            + "; JSON/HTML/Markdown keep all",
+            DEFAULT_SUMMARY_COLUMNS + DEFAULT_COMPARISON_COLUMNS,
+            columns,
+            metavar="COLS",
+        ),
+        Setting(
+            "alpha",
+            "family-wise significance level over the session's comparisons, e.g. 1% or 0.01",
+            DEFAULT_ALPHA,
+            alpha,
+            cli="--alpha",
+            metavar="LEVEL",
+        ),
+        Setting(
+            "threshold",
+            "smallest change of a median that counts, e.g. 5% or 0.05",
+            DEFAULT_THRESHOLD,
+            share,
+            cli="--threshold",
+            metavar="SHARE",
+        ),
+        Setting(
+            "tail_threshold",
+            "smallest change of the ITL p95 that counts",
+            DEFAULT_TAIL_THRESHOLD,
+            share,
+            cli="--tail-threshold",
+            metavar="SHARE",
+        ),
+        Setting(
+            "endpoint",
+            "the OpenAI-compatible server to measure instead of llama.cpp in process (API base "
+            "URL, e.g. http://host:8000/v1)",
+            None,
+            env="LLMPERF_ENDPOINT",
+            ini=True,
+            cli="--endpoint",
+            cli_env=True,
+            shown="none",
+            metavar="URL",
+        ),
+        Setting(
+            "api",
+            "endpoint API: completions or chat",
+            APIS[0],
+            api,
+            env="LLMPERF_API",
+            ini=True,
+            cli="--api",
+            metavar="completions|chat",
+        ),
+        Setting(
+            "api_model",
+            "model name sent to the endpoint",
+            None,
+            env="LLMPERF_API_MODEL",
+            ini=True,
+            cli="--model",
+            shown="the server's default",
+            metavar="NAME",
+        ),
+        Setting(
+            "api_key_env",
+            "environment variable holding the endpoint's API key, never written anywhere",
+            "LLMPERF_API_KEY",
+            env="LLMPERF_API_KEY_ENV",
+            ini=True,
+            cli="--api-key-env",
+            metavar="VAR",
+        ),
+        Setting(
+            "request_timeout",
+            "seconds one request to the endpoint may take in all",
+            300.0,
+            seconds,
+            env="LLMPERF_REQUEST_TIMEOUT",
+            ini=True,
+            cli="--request-timeout",
+            metavar="SECONDS",
+        ),
+        Setting(
+            "token_timeout",
+            "seconds without data from the endpoint before the stream counts as stalled",
+            30.0,
+            seconds,
+            env="LLMPERF_TOKEN_TIMEOUT",
+            ini=True,
+            cli="--token-timeout",
+            metavar="SECONDS",
+        ),
+        Setting(
+            "layers",
+            "also time each layer of the in-process model (llama.cpp eval callback, after the plain runs)",
+            False,
+            switch=True,
+        ),
+        Setting(
+            "roofline",
+            "attach the roofline (MBU, MFU, bound) to every in-process measurement (probes the machine once)",
+            False,
+            switch=True,
+        ),
+        Setting(
+            "peak_bw",
+            "the machine's peak memory bandwidth for the roofline",
+            None,
+            positive_float,
+            cli="--peak-bw",
+            metavar="GB/s",
+            shown="measured by a probe, cached",
+        ),
+        Setting(
+            "peak_tflops",
+            "the machine's peak dense FLOP rate for the roofline",
+            None,
+            positive_float,
+            cli="--peak-tflops",
+            metavar="TFLOP/s",
+            shown="CPU spec or measured GEMM",
+        ),
+        Setting(
+            "against",
+            "measure every llmperf test on two sides, interleaved pair by pair, and judge this tree "
+            "against REF: git:REV (the code under test at another revision), python:PATH (another Python "
+            "environment), or both as git:REV,python:PATH (docs/against.md)",
+            None,
+            env="LLMPERF_AGAINST",
+            shown="off",
+            metavar="REF",
+        ),
         Setting("json", "write the session's results as JSON to this file", None, shown="not written", metavar="FILE"),
-        Setting("markdown", "write a Markdown summary (also appended to $GITHUB_STEP_SUMMARY when set)", None,
-                shown="not written", metavar="FILE"),
-        Setting("html", 'write a self-contained HTML report with plots (needs pip install "pytest-llmperf[report]")',
-                None, shown="not written", metavar="FILE"),
-        Setting("history", "where every session's results are appended: a SQLite file, a postgresql:// URL or off",
-                None, env="LLMPERF_HISTORY", ini=True, metavar="PATH|URL|off",
-                shown=".llmperf/history.sqlite under the rootdir"),
+        Setting(
+            "markdown",
+            "write a Markdown summary (also appended to $GITHUB_STEP_SUMMARY when set)",
+            None,
+            shown="not written",
+            metavar="FILE",
+        ),
+        Setting(
+            "html",
+            'write a self-contained HTML report with plots (needs pip install "pytest-llmperf[report]")',
+            None,
+            shown="not written",
+            metavar="FILE",
+        ),
+        Setting(
+            "history",
+            "where every session's results are appended: a SQLite file, a postgresql:// URL or off",
+            None,
+            env="LLMPERF_HISTORY",
+            ini=True,
+            metavar="PATH|URL|off",
+            shown=".llmperf/history.sqlite under the rootdir",
+        ),
     )
 }
 
@@ -423,9 +627,7 @@ class Resolved:
 
 
 def resolve(
-    getoption: Callable[[str], Any],
-    getini: Callable[[str], Any],
-    environ: Mapping[str, str] | None = None,
+    getoption: Callable[[str], Any], getini: Callable[[str], Any], environ: Mapping[str, str] | None = None
 ) -> dict[str, Resolved]:
     """Every setting, read once each: command line > environment > ini > default. A value
     from the command line is already parsed (argparse type); the others are parsed here.
@@ -460,7 +662,12 @@ def markdown_table() -> str:
     for s in SETTINGS.values():
         option = f"`{s.option}`" + (f" {s.metavar}" if s.metavar else "")
         default = "off" if s.switch else s.default_text()
-        cells = [option.replace("|", "\\|"), f"`{s.env}`" if s.env else "", f"`{s.ini_key}`" if s.ini else "",
-                 f"`{s.cli}`" if s.cli else "", default.replace("|", "\\|")]
+        cells = [
+            option.replace("|", "\\|"),
+            f"`{s.env}`" if s.env else "",
+            f"`{s.ini_key}`" if s.ini else "",
+            f"`{s.cli}`" if s.cli else "",
+            default.replace("|", "\\|"),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from .errors import ConfigError
 from .formats import human_bytes
 
-
 #: A sequential measurement (runs added while its verdict is undecided, against a baseline or
 #: --llmperf-against's REF) stops at this many times its ``runs`` (``max_runs`` overrides) or
 #: after this long.
@@ -64,9 +63,7 @@ class Workload:
             if value is not None and value > MAX_TOKENS:
                 raise ConfigError(f"{name} {too_many(value)}")
         if self.max_tokens < 2:
-            raise ConfigError(
-                f"max_tokens must be >= 2 (decode latency needs two tokens), got {self.max_tokens}"
-            )
+            raise ConfigError(f"max_tokens must be >= 2 (decode latency needs two tokens), got {self.max_tokens}")
         if self.runs < 1:
             raise ConfigError(f"runs must be >= 1, got {self.runs}")
         if self.warmup < 0:
@@ -155,7 +152,7 @@ def _check_encodable(prompt: str) -> None:
         prompt.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise ConfigError(
-            f"prompt is not valid text: {exc.object[exc.start:exc.end]!r} at index {exc.start} "
+            f"prompt is not valid text: {exc.object[exc.start : exc.end]!r} at index {exc.start} "
             "cannot be encoded as UTF-8 (a lone surrogate); fix the prompt string"
         ) from None
 

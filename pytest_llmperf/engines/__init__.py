@@ -8,7 +8,8 @@ one generated token, stamped when the item arrives."""
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterable, Protocol, runtime_checkable
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol, runtime_checkable
 
 from ..core.errors import EngineError
 from ..core.workload import EngineInfo, RunTrace, Workload
@@ -61,7 +62,5 @@ class CallableEngine:
         for _ in self._fn(prompt, workload.max_tokens):
             append(clock())
         if len(stamps) < 2:
-            raise EngineError(
-                f"engine {self._info.model!r} yielded {len(stamps)} token(s); at least 2 are needed"
-            )
+            raise EngineError(f"engine {self._info.model!r} yielded {len(stamps)} token(s); at least 2 are needed")
         return RunTrace(start_ns=start, prefill_done_ns=None, token_ns=tuple(stamps), prompt_tokens=None)

@@ -43,12 +43,11 @@ import time
 from typing import Any
 
 from ..core.errors import ConfigError, EngineError
-from ..core.redact import display, redact, Redactor, Url
+from ..core.redact import Redactor, Url, display, redact
 from ..core.settings import APIS, SETTINGS
 from ..core.workload import EngineInfo, RunTrace, Workload
 from . import synthetic_text
-from .sse import EventReader, Head, MAX_ERROR_BODY_BYTES, status_error, StreamState
-
+from .sse import MAX_ERROR_BODY_BYTES, EventReader, Head, StreamState, status_error
 
 DEFAULT_API_KEY_ENV: str = SETTINGS["api_key_env"].default
 
@@ -83,12 +82,17 @@ class HttpEngine:
         if api not in APIS:
             raise ConfigError(f"unknown API {api!r}; use one of: {', '.join(APIS)}")
         if not endpoint.startswith(("http://", "https://")):
-            raise ConfigError(f"endpoint must be an http(s) URL like http://127.0.0.1:8000/v1, got {display(endpoint)!r}")
+            raise ConfigError(
+                f"endpoint must be an http(s) URL like http://127.0.0.1:8000/v1, got {display(endpoint)!r}"
+            )
         parts = Url.split(endpoint.strip())
         path = parts.path.rstrip("/") or "/v1"  # the query (an API key in it) stays after the path
         route = path + ("/completions" if api == "completions" else "/chat/completions")
         self._request_url, self.url = parts.at(route).sent(), parts.at(route).shown()  # sent vs shown
-        self._metrics_url, self.endpoint = parts.at(path.rsplit("/v1", 1)[0] + "/metrics").sent(), parts.at(path).shown()
+        self._metrics_url, self.endpoint = (
+            parts.at(path.rsplit("/v1", 1)[0] + "/metrics").sent(),
+            parts.at(path).shown(),
+        )
         try:
             httpx.URL(self._request_url)
         except (httpx.InvalidURL, ValueError, TypeError) as exc:
@@ -108,8 +112,10 @@ class HttpEngine:
         if key:
             bad = next((i for i, c in enumerate(key) if not (c.isascii() and c.isprintable())), None)
             if bad is not None:  # httpx would raise with the key in the traceback's locals
-                raise ConfigError(f"${api_key_env} holds a character at position {bad + 1} that an HTTP header cannot "
-                                  "carry (ASCII letters, digits and punctuation only); set it to the key exactly as issued")
+                raise ConfigError(
+                    f"${api_key_env} holds a character at position {bad + 1} that an HTTP header cannot "
+                    "carry (ASCII letters, digits and punctuation only); set it to the key exactly as issued"
+                )
             headers["Authorization"] = f"Bearer {key}"
         self._redactor = Redactor.of([endpoint], [key])
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
@@ -124,7 +130,7 @@ class HttpEngine:
         self._metrics_missing = False
 
     @classmethod
-    def from_settings(cls, endpoint: str, settings: Any, model: str | None) -> "HttpEngine":
+    def from_settings(cls, endpoint: str, settings: Any, model: str | None) -> HttpEngine:
         """The engine the endpoint settings describe (``api``, ``api_key_env``,
         ``request_timeout``, ``token_timeout``: the settings table's names), read from the
         pytest session's settings or the ``llmperf load`` arguments alike."""
@@ -298,8 +304,10 @@ class HttpEngine:
 
         n = len(state.stamps)
         if isinstance(exc, httpx.ConnectError) and "[SSL" in str(exc) and "CERTIFICATE" not in str(exc):
-            return EngineError(f"TLS handshake with {self.url} failed ({exc}); is the server plain http? "
-                               "then give the endpoint as http://")
+            return EngineError(
+                f"TLS handshake with {self.url} failed ({exc}); is the server plain http? "
+                "then give the endpoint as http://"
+            )
         if isinstance(exc, httpx.ConnectError):
             return EngineError(f"cannot connect to {self.url} ({exc}); is the server running?")
         if isinstance(exc, httpx.TimeoutException):
@@ -418,7 +426,7 @@ def parse(text: str) -> dict[str, float]:
         if not line.startswith(PREFIX):
             continue
         name, _, rest = line.partition(" ")
-        name = name.split("{", 1)[0][len(PREFIX):]
+        name = name.split("{", 1)[0][len(PREFIX) :]
         try:
             value = float(rest.split()[0])
         except (IndexError, ValueError):

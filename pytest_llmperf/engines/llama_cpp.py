@@ -21,8 +21,9 @@ import contextlib
 import dataclasses
 import os
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -30,10 +31,10 @@ from ..core.errors import ConfigError, EngineError
 from ..core.workload import EngineInfo, NativeCounters, RunTrace, Workload
 from ..models.gguf import embedding_lookup, gguf_file_type
 from .llama_cpp_native import (
-    check_gguf,
-    default_threads,
     DEFAULTS,
     EngineConfig,
+    check_gguf,
+    default_threads,
     ggml_type,
     greedy_sampler,
     import_llama_cpp,
@@ -43,12 +44,12 @@ from .llama_cpp_native import (
     resolve_repack,
 )
 
-
 #: n_ctx None (auto): the context is sized to each workload, prompt + generated tokens rounded
 #: up to this step, as llama-bench sizes its context (llama.cpp pads the cache to 256 anyway).
 AUTO_CTX_STEP = 256
 #: Sampler calls per run that time sampling apart when the decode loop does not sample.
 SAMPLING_PROBES = 8
+
 
 @contextlib.contextmanager
 def _model_params(llama_cpp: Any, **fields: Any) -> Iterator[None]:
@@ -108,9 +109,19 @@ class LlamaCppEngine:
         threads = n_threads or default_threads()
         # Validates the combination (cache types, quantized V without flash attention...).
         self.config = EngineConfig(
-            model=str(path), threads=threads, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
-            flash_attn=flash_attn, type_k=type_k, type_v=type_v, n_gpu_layers=n_gpu_layers,
-            mmap=use_mmap, mlock=use_mlock, sample=sample, repack=repack,
+            model=str(path),
+            threads=threads,
+            n_ctx=n_ctx,
+            n_batch=n_batch,
+            n_ubatch=n_ubatch,
+            flash_attn=flash_attn,
+            type_k=type_k,
+            type_v=type_v,
+            n_gpu_layers=n_gpu_layers,
+            mmap=use_mmap,
+            mlock=use_mlock,
+            sample=sample,
+            repack=repack,
         )
         self.sample = sample
         use_repack, repack_note = resolve_repack(repack, gguf_file_type(path))
@@ -195,14 +206,25 @@ class LlamaCppEngine:
         )
 
     @classmethod
-    def from_config(cls, config: EngineConfig, *, name: str | None = None, verbose: bool = False) -> "LlamaCppEngine":
+    def from_config(cls, config: EngineConfig, *, name: str | None = None, verbose: bool = False) -> LlamaCppEngine:
         """The engine of an ``EngineConfig`` whose ``model`` is a file path (the one mapping of
         the settings' names onto this class's keywords: the pool and the engine worker use it)."""
         return cls(
-            config.model, n_ctx=config.n_ctx, n_threads=config.threads, n_batch=config.n_batch,
-            n_gpu_layers=config.n_gpu_layers, name=name, verbose=verbose, n_ubatch=config.n_ubatch,
-            flash_attn=config.flash_attn, type_k=config.type_k, type_v=config.type_v, use_mmap=config.mmap,
-            use_mlock=config.mlock, sample=config.sample, repack=config.repack,
+            config.model,
+            n_ctx=config.n_ctx,
+            n_threads=config.threads,
+            n_batch=config.n_batch,
+            n_gpu_layers=config.n_gpu_layers,
+            name=name,
+            verbose=verbose,
+            n_ubatch=config.n_ubatch,
+            flash_attn=config.flash_attn,
+            type_k=config.type_k,
+            type_v=config.type_v,
+            use_mmap=config.mmap,
+            use_mlock=config.mlock,
+            sample=config.sample,
+            repack=config.repack,
         )
 
     # -- setup -------------------------------------------------------------------------------

@@ -19,14 +19,15 @@ import dataclasses
 import os
 import re
 import signal
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ..core.errors import ConfigError, EngineError
-from ..core.settings import CACHE_TYPES, ENGINE_DEFAULTS as DEFAULTS, UNQUANTIZED
-
+from ..core.settings import CACHE_TYPES, UNQUANTIZED
+from ..core.settings import ENGINE_DEFAULTS as DEFAULTS
 
 GGUF_MAGIC = b"GGUF"
 
@@ -109,7 +110,6 @@ def default_threads() -> int:
     return usable_cpus()
 
 
-
 def greedy_sampler(lib: Any, n_vocab: int, banned: Sequence[int]) -> Any:
     """Greedy sampling with every ``banned`` (end-of-generation) token banned: runs have equal
     length. The caller owns it (``lib.llama_sampler_free``)."""
@@ -161,13 +161,17 @@ def signal_name(returncode: int) -> str:
     """``SIGILL (illegal instruction)`` for a child killed by a signal, else ``exit status N``."""
     if returncode < 0:
         sig = signal.Signals(-returncode)
-        return f"{sig.name} ({signal.strsignal(sig) or 'signal'})".replace("(Illegal instruction)", "(illegal instruction)")
+        return f"{sig.name} ({signal.strsignal(sig) or 'signal'})".replace(
+            "(Illegal instruction)", "(illegal instruction)"
+        )
     if returncode in (132, 134, 135, 136, 137, 139):  # a shell's 128 + signal
         return signal_name(128 - returncode)
     return f"exit status {returncode}"
 
 
-def known_cause(returncode: int | None, log: Sequence[str], config: EngineConfig, quantization: str | None) -> str | None:
+def known_cause(
+    returncode: int | None, log: Sequence[str], config: EngineConfig, quantization: str | None
+) -> str | None:
     """What a crash is known to mean, and what to do; None when it is not known."""
     sig = -returncode if returncode is not None and returncode < 0 else None
     text = "\n".join(log)
@@ -187,8 +191,10 @@ def known_cause(returncode: int | None, log: Sequence[str], config: EngineConfig
 
 
 #: What a debugger's backtrace adds after an abort (ggml runs gdb on itself): not llama.cpp's words.
-_NOISE = re.compile(r"^(\d+\s|#\d+\s|\[New |\[Thread |\[Inferior |warning: |0x[0-9a-f]+ in |Using host libthread|"
-                    r"Download failed|\(gdb\)|No symbol|Missing separate debuginfo|Reading symbols|Model metadata: )")
+_NOISE = re.compile(
+    r"^(\d+\s|#\d+\s|\[New |\[Thread |\[Inferior |warning: |0x[0-9a-f]+ in |Using host libthread|"
+    r"Download failed|\(gdb\)|No symbol|Missing separate debuginfo|Reading symbols|Model metadata: )"
+)
 #: A line that says what went wrong, quoted first when the log's tail is something else.
 _ERROR = re.compile(r"GGML_ASSERT|error|failed|abort", re.IGNORECASE)
 
@@ -238,23 +244,30 @@ class EngineConfig:
         return self.n_ubatch or self.n_batch
 
     @classmethod
-    def from_settings(cls, settings: Any, overrides: Mapping[str, Any] | None = None) -> "EngineConfig":
+    def from_settings(cls, settings: Any, overrides: Mapping[str, Any] | None = None) -> EngineConfig:
         """The session's llama.cpp settings (``settings.EngineSettings``) with a test's own
         (marker keys) over them."""
         base = cls(
-            model=settings.model, threads=settings.threads, n_ctx=settings.n_ctx, n_batch=settings.n_batch,
+            model=settings.model,
+            threads=settings.threads,
+            n_ctx=settings.n_ctx,
+            n_batch=settings.n_batch,
             n_gpu_layers=settings.gpu_layers,
         )
         return base.replace(overrides) if overrides else base
 
-    def replace(self, overrides: Mapping[str, Any]) -> "EngineConfig":
+    def replace(self, overrides: Mapping[str, Any]) -> EngineConfig:
         return dataclasses.replace(self, **dict(overrides))
 
-    def differences(self, base: "EngineConfig") -> dict[str, Any]:
+    def differences(self, base: EngineConfig) -> dict[str, Any]:
         """The fields that differ from ``base`` (a table row's or a side's short label)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) != getattr(base, f.name)}
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) != getattr(base, f.name)
+        }
 
-    def short(self, base: "EngineConfig | None" = None) -> str:
+    def short(self, base: EngineConfig | None = None) -> str:
         """``threads=1 flash_attn=True``: what sets this engine apart (all fields without base)."""
         fields = self.differences(base) if base is not None else dataclasses.asdict(self)
         return " ".join(f"{k}={v}" for k, v in fields.items()) or "defaults"

@@ -18,7 +18,8 @@ a model takes from milliseconds to minutes and holds its weights and KV cache in
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from ..core.errors import EngineError
 from ..core.settings import SETTINGS

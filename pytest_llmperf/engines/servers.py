@@ -31,13 +31,13 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from ..core.errors import ConfigError, EngineError, ToolBuildError
 from ..core.settings import ENGINE_DEFAULTS, SERVER_N_CTX
-
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 60.0
@@ -90,17 +90,29 @@ def server_command(
     # interrupt_requests off: by default a new request cuts the running stream short, which
     # would turn every concurrent request but the last into an early-ended run.
     return [
-        sys.executable, "-m", "llama_cpp.server",
-        "--model", str(model_path),
-        "--model_alias", alias or Path(model_path).stem,
-        "--host", HOST,
-        "--port", str(port),
-        "--n_threads", str(n_threads),
-        "--n_threads_batch", str(n_threads),
-        "--n_ctx", str(n_ctx),
-        "--n_batch", str(n_batch),
-        "--interrupt_requests", "False",
-        "--verbose", "False",
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(model_path),
+        "--model_alias",
+        alias or Path(model_path).stem,
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--n_threads",
+        str(n_threads),
+        "--n_threads_batch",
+        str(n_threads),
+        "--n_ctx",
+        str(n_ctx),
+        "--n_batch",
+        str(n_batch),
+        "--interrupt_requests",
+        "False",
+        "--verbose",
+        "False",
     ]
 
 
@@ -205,15 +217,24 @@ def llama_server_command(
     batching is its default) and the Prometheus ``/metrics`` endpoint."""
     return [
         str(binary),
-        "--model", str(model_path),
-        "--alias", alias or Path(model_path).stem,
-        "--host", HOST,
-        "--port", str(port),
-        "--threads", str(n_threads),
-        "--threads-batch", str(n_threads),
-        "--ctx-size", str(n_ctx * parallel),
-        "--batch-size", str(n_batch),
-        "--parallel", str(parallel),
+        "--model",
+        str(model_path),
+        "--alias",
+        alias or Path(model_path).stem,
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--threads",
+        str(n_threads),
+        "--threads-batch",
+        str(n_threads),
+        "--ctx-size",
+        str(n_ctx * parallel),
+        "--batch-size",
+        str(n_batch),
+        "--parallel",
+        str(parallel),
         "--metrics",
         "--no-webui",
     ]
@@ -247,8 +268,13 @@ def serve_llama_server(
     )
     with _launch(command, f"http://{HOST}:{port}/health", "llama-server", start_timeout_s) as proc:
         yield Server(
-            url=url, model_path=str(path), model=alias or path.stem, n_threads=threads, pid=proc.pid,
-            kind="llama-server", parallel=parallel,
+            url=url,
+            model_path=str(path),
+            model=alias or path.stem,
+            n_threads=threads,
+            pid=proc.pid,
+            kind="llama-server",
+            parallel=parallel,
         )
 
 
@@ -358,11 +384,22 @@ def build_tools(progress: Callable[[str], None] | None = None) -> NativeTools:
         with log.open("w") as out:
             source = _sources(root, version, out, say)
             say(f"llmperf: configuring llama.cpp {version} (log: {log})")
-            _step([cmake, "-S", str(source), "-B", str(root / "build"), *CMAKE_FLAGS], out, log, "configuring", CONFIGURE_TIMEOUT_S, say)
+            _step(
+                [cmake, "-S", str(source), "-B", str(root / "build"), *CMAKE_FLAGS],
+                out,
+                log,
+                "configuring",
+                CONFIGURE_TIMEOUT_S,
+                say,
+            )
             say(f"llmperf: building {' and '.join(TOOLS)} with {jobs} jobs (several minutes)")
             _step(
                 [cmake, "--build", str(root / "build"), "--config", "Release", "--target", *TOOLS, "-j", str(jobs)],
-                out, log, "building", BUILD_TIMEOUT_S, say,
+                out,
+                log,
+                "building",
+                BUILD_TIMEOUT_S,
+                say,
             )
         missing = [t for t, p in paths.items() if not p.is_file()]
         if missing:
@@ -403,8 +440,16 @@ def _sources(root: Path, version: str, out, say: Callable[[str], None]) -> Path:
         else:
             say(f"llmperf: fetching the llama-cpp-python {version} sdist with pip download")
             command = [
-                sys.executable, "-m", "pip", "download", f"llama-cpp-python=={version}",
-                "--no-deps", "--no-binary", ":all:", "-d", tmp,
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                f"llama-cpp-python=={version}",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                "-d",
+                tmp,
             ]
             _step(command, out, Path(out.name), "downloading the sdist", DOWNLOAD_TIMEOUT_S)
             sdists = sorted(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
@@ -437,8 +482,9 @@ def _extract_vendor(sdist: Path, target: Path) -> None:
 HEARTBEAT_S = 60.0
 
 
-def _step(command: list[str], out, log: Path, what: str, timeout_s: float,
-          say: Callable[[str], None] = lambda line: None) -> None:
+def _step(
+    command: list[str], out, log: Path, what: str, timeout_s: float, say: Callable[[str], None] = lambda line: None
+) -> None:
     """Run one build step into the log, in its own process group: killed with all its
     children on timeout, Ctrl-C or SIGTERM (a stopped build leaves no compiler running).
     ``say`` hears a line every ``HEARTBEAT_S`` seconds: a long build never looks hung."""
@@ -461,7 +507,9 @@ def _step(command: list[str], out, log: Path, what: str, timeout_s: float,
                     say(f"llmperf: still {what} llama.cpp ({time.monotonic() - began:.0f} s so far; log: {log})")
     except subprocess.TimeoutExpired:
         _kill_group(proc)
-        raise ToolBuildError(f"{what} llama.cpp took longer than {timeout_s:.0f} s and was stopped; see {log}") from None
+        raise ToolBuildError(
+            f"{what} llama.cpp took longer than {timeout_s:.0f} s and was stopped; see {log}"
+        ) from None
     except BaseException:
         _kill_group(proc)
         raise

@@ -41,8 +41,9 @@ def status_error(url: str, status: int, body: bytes, location: str | None) -> En
     may lose its body, and the API key must not follow it elsewhere) or the server's error."""
     if status < 400:
         where = f"Location: {short(location)}" if location else "no Location given"
-        return EngineError(f"HTTP {status} from {url}: redirects are not followed; use the final URL as the endpoint "
-                           f"({where})")
+        return EngineError(
+            f"HTTP {status} from {url}: redirects are not followed; use the final URL as the endpoint ({where})"
+        )
     return EngineError(f"HTTP {status} from {url}: {short(body.decode('utf-8', 'replace')) or '(empty body)'}")
 
 
@@ -76,8 +77,7 @@ class StreamState:
         event_usage = event.get("usage")
         if event_usage is not None and not isinstance(event_usage, dict):
             raise EngineError(
-                f"malformed event from {self.url}: \"usage\" is {short(json.dumps(event_usage), 40)}, "
-                "not a JSON object"
+                f'malformed event from {self.url}: "usage" is {short(json.dumps(event_usage), 40)}, not a JSON object'
             )
         if event_usage:
             self.usage = event_usage
@@ -102,13 +102,18 @@ class StreamState:
             return None
         prompt_n, prompt_ms, predicted_n, predicted_ms = (t[k] for k in keys)
         return NativeCounters(
-            prefill_ms=float(prompt_ms), prefill_tokens=prompt_n, decode_ms=float(predicted_ms), decode_tokens=predicted_n
+            prefill_ms=float(prompt_ms),
+            prefill_tokens=prompt_n,
+            decode_ms=float(predicted_ms),
+            decode_tokens=predicted_n,
         )
 
     def trace(self, start_ns: int) -> tuple[RunTrace, str]:
         """The run, and where its token count came from ("usage", "timings", ...)."""
         if not self.done and self.finish is None:
-            raise EngineError(f"stream from {self.url} ended without [DONE] after {len(self.stamps)} tokens (truncated)")
+            raise EngineError(
+                f"stream from {self.url} ended without [DONE] after {len(self.stamps)} tokens (truncated)"
+            )
         n = self.max_tokens
         stamps = self.stamps
         counted, source = len(stamps), "events"
@@ -211,7 +216,7 @@ class EventSplitter:
             return [None]
         field, _, value = line.partition(":")
         if field == "data":
-            self.buffer.append(value[1:] if value.startswith(" ") else value)
+            self.buffer.append(value.removeprefix(" "))
         return []
 
     def end(self) -> list[str | None]:

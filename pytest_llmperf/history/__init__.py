@@ -10,8 +10,9 @@ tables and CSV for Otava), ``changepoints`` (E-divisive means).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .connection import Location
 
@@ -31,7 +32,7 @@ def append_session(
 
 def keep(
     loc: Location,
-    results: Sequence["MeasurementResult"],
+    results: Sequence[MeasurementResult],
     started_at: str,
     rootdir: Path | str,
     compared: bool,

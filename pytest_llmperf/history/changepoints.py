@@ -16,8 +16,8 @@ of a shared machine is such noise; a slow trend is not, and is found (as it shou
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

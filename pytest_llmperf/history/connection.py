@@ -32,16 +32,16 @@ import sqlite3
 import stat
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from ..core.documents import file_kind
 from ..core.errors import ConfigError, LLMPerfError
-from ..core.redact import display, is_dsn, Redactor, Url
+from ..core.redact import Redactor, Url, display, is_dsn
 from ..core.settings import SETTINGS
-
 
 ENV: str = SETTINGS["history"].env  # also what ``llmperf history``/``detect`` read
 DEFAULT_DIR = ".llmperf"
@@ -298,7 +298,13 @@ def sqlite_holder(path: str) -> str:
             same = (int(major, 16), int(minor, 16), int(inode)) == (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
         except ValueError:
             continue
-        if same and pid > 0 and pid != os.getpid() and start < SQLITE_LOCK_BYTES.stop and end >= SQLITE_LOCK_BYTES.start:
+        if (
+            same
+            and pid > 0
+            and pid != os.getpid()
+            and start < SQLITE_LOCK_BYTES.stop
+            and end >= SQLITE_LOCK_BYTES.start
+        ):
             found.append((f[3] != "WRITE", pid))  # a writer first
     if not found:
         return "another connection"

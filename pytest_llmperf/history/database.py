@@ -36,15 +36,15 @@ import socket
 import statistics
 import subprocess
 import uuid
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from ..baselines.records import RUN_FIELDS
 from ..core.catalog import METRICS
 from ..judge.verdict import level
-from .connection import Conn, connect, errors_of, HistoryError, Location, transaction
-
+from .connection import Conn, HistoryError, Location, connect, errors_of, transaction
 
 SCHEMA_VERSION = 1
 #: Upgrades from an older schema version: version -> statements that bring it to version + 1.
@@ -146,15 +146,17 @@ def _tables(conn: Conn, loc: Location, *, reading: bool) -> bool:
     present = [t for t in DATA_TABLES if t not in missing]
     if not missing or not present:
         return bool(present)
-    later = DATA_TABLES[DATA_TABLES.index(missing[0]) + 1:]
+    later = DATA_TABLES[DATA_TABLES.index(missing[0]) + 1 :]
     if any(conn.execute(f"SELECT 1 FROM {t} LIMIT 1").fetchone() for t in present if t in later):
         raise HistoryError(
             f"the history {loc.display} lacks table(s) {', '.join(missing)} that its other rows refer to (dropped?); "
             f"restore them from a backup, or DROP TABLE {', '.join(reversed(present))}, llmperf_schema to start anew"
         )
     if reading:
-        raise HistoryError(f"the history {loc.display} lacks table(s) {', '.join(missing)} (dropped?); the next "
-                           "pytest session that writes to it recreates them")
+        raise HistoryError(
+            f"the history {loc.display} lacks table(s) {', '.join(missing)} (dropped?); the next "
+            "pytest session that writes to it recreates them"
+        )
     return True
 
 
@@ -200,9 +202,14 @@ def append(loc: Location, session: Mapping[str, Any], measurements: Sequence[Map
                 "INSERT INTO llmperf_sessions (uid, started_at, finished_at, commit_sha, dirty, branch, host, "
                 "compared, llmperf_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
                 (
-                    session["uid"], _time(conn, session["started_at"]), _time(conn, session["finished_at"]),
-                    session.get("commit"), None if session.get("dirty") is None else int(session["dirty"]),
-                    session.get("branch"), session.get("host"), int(bool(session.get("compared"))),
+                    session["uid"],
+                    _time(conn, session["started_at"]),
+                    _time(conn, session["finished_at"]),
+                    session.get("commit"),
+                    None if session.get("dirty") is None else int(session["dirty"]),
+                    session.get("branch"),
+                    session.get("host"),
+                    int(bool(session.get("compared"))),
                     session.get("llmperf_version"),
                 ),
             ).fetchone()[0]
@@ -211,8 +218,15 @@ def append(loc: Location, session: Mapping[str, Any], measurements: Sequence[Map
                     "INSERT INTO llmperf_measurements (session_id, test, label, hardware_key, hardware, subject, "
                     "workload, summary, baseline) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
                     (
-                        session_id, m["test"], m.get("label") or "", m["hardware_key"], _json(m["hardware"]),
-                        _json(m["subject"]), _json(m["workload"]), _json(m["summary"]), m.get("baseline"),
+                        session_id,
+                        m["test"],
+                        m.get("label") or "",
+                        m["hardware_key"],
+                        _json(m["hardware"]),
+                        _json(m["subject"]),
+                        _json(m["workload"]),
+                        _json(m["summary"]),
+                        m.get("baseline"),
                     ),
                 ).fetchone()[0]
                 for v in m["values"]:
@@ -220,8 +234,18 @@ def append(loc: Location, session: Mapping[str, Any], measurements: Sequence[Map
                         "INSERT INTO llmperf_values (measurement_id, metric, phase, unit, n, median, level, log_level, "
                         "se, spread, upper, runs) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (
-                            mid, v["metric"], v["phase"], v["unit"], v["n"], v["median"], math.exp(v["log_level"]),
-                            v["log_level"], v["se"], v["spread"], v.get("upper"), _json(v["runs"]),
+                            mid,
+                            v["metric"],
+                            v["phase"],
+                            v["unit"],
+                            v["n"],
+                            v["median"],
+                            math.exp(v["log_level"]),
+                            v["log_level"],
+                            v["se"],
+                            v["spread"],
+                            v.get("upper"),
+                            _json(v["runs"]),
                         ),
                     )
             return int(session_id)
@@ -240,9 +264,30 @@ def _json(value: Any) -> str:
 
 
 COLUMNS = (
-    "session_id", "uid", "started_at", "commit_sha", "dirty", "branch", "host", "compared",
-    "test", "label", "hardware_key", "subject", "workload", "baseline",
-    "metric", "phase", "unit", "n", "median", "log_level", "se", "spread", "upper", "runs",
+    "session_id",
+    "uid",
+    "started_at",
+    "commit_sha",
+    "dirty",
+    "branch",
+    "host",
+    "compared",
+    "test",
+    "label",
+    "hardware_key",
+    "subject",
+    "workload",
+    "baseline",
+    "metric",
+    "phase",
+    "unit",
+    "n",
+    "median",
+    "log_level",
+    "se",
+    "spread",
+    "upper",
+    "runs",
 )
 
 
@@ -278,7 +323,8 @@ def read(
         if last_sessions:
             where.append(
                 "s.id IN (SELECT id FROM (SELECT DISTINCT m2.session_id AS id FROM llmperf_measurements m2"
-                + (" WHERE m2.hardware_key = ?" if hardware_key else "") + " ORDER BY m2.session_id DESC LIMIT ?) AS recent)"
+                + (" WHERE m2.hardware_key = ?" if hardware_key else "")
+                + " ORDER BY m2.session_id DESC LIMIT ?) AS recent)"
             )
             params += ([hardware_key] if hardware_key else []) + [int(last_sessions)]
         sql = (
@@ -354,9 +400,16 @@ def value_rows(runs: Mapping[str, list[float]]) -> list[dict[str, Any]]:
             continue  # a zero or missing value (e.g. a one-token answer): no level to keep
         out.append(
             {
-                "metric": metric, "phase": phase_of(metric), "unit": unit_of(metric), "n": lv.n,
-                "median": float(statistics.median(values)), "log_level": lv.log_level, "se": lv.se,
-                "spread": lv.spread, "upper": lv.upper, "runs": [float(v) for v in values],
+                "metric": metric,
+                "phase": phase_of(metric),
+                "unit": unit_of(metric),
+                "n": lv.n,
+                "median": float(statistics.median(values)),
+                "log_level": lv.log_level,
+                "se": lv.se,
+                "spread": lv.spread,
+                "upper": lv.upper,
+                "runs": [float(v) for v in values],
             }
         )
     return out
@@ -413,8 +466,7 @@ class Revision:
 def _git(root: Path, *args: str) -> str | None:
     try:
         out = subprocess.run(
-            ["git", *args], cwd=root, capture_output=True, text=True, timeout=GIT_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
+            ["git", *args], cwd=root, capture_output=True, text=True, timeout=GIT_TIMEOUT_S, stdin=subprocess.DEVNULL
         )
     except (OSError, subprocess.SubprocessError):
         return None
@@ -432,8 +484,7 @@ def revision(root: Path | str) -> Revision:
     commit = commit_sha(root)
     status = _git(root, "status", "--porcelain", "--untracked-files=no") if commit else None
     branch = next(
-        (os.environ[v] for v in ("GITHUB_HEAD_REF", "GITHUB_REF_NAME", "CI_COMMIT_REF_NAME") if os.environ.get(v)),
-        None,
+        (os.environ[v] for v in ("GITHUB_HEAD_REF", "GITHUB_REF_NAME", "CI_COMMIT_REF_NAME") if os.environ.get(v)), None
     )
     if branch is None and commit:
         branch = _git(root, "rev-parse", "--abbrev-ref", "HEAD")

@@ -16,9 +16,10 @@ import csv
 import datetime
 import math
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,7 +28,8 @@ from ..core.catalog import METRICS
 from ..core.fingerprint import subject_changes
 from ..core.formats import render_table
 from ..judge.verdict import Level
-from . import changepoints, database as store
+from . import changepoints
+from . import database as store
 from .connection import Location
 
 if TYPE_CHECKING:
@@ -110,9 +112,20 @@ def group(rows: Sequence[Mapping[str, Any]]) -> list[Series]:
     for (test, label, metric, hw), rs in by_key.items():
         points = tuple(
             Point(
-                r["session_id"], r["started_at"], r["commit_sha"], r["dirty"], r["branch"], int(r["n"]),
-                float(r["median"]), float(r["log_level"]), float(r["se"]), float(r["spread"]),
-                None if r["upper"] is None else float(r["upper"]), r["baseline"], r["subject"], r["workload"],
+                r["session_id"],
+                r["started_at"],
+                r["commit_sha"],
+                r["dirty"],
+                r["branch"],
+                int(r["n"]),
+                float(r["median"]),
+                float(r["log_level"]),
+                float(r["se"]),
+                float(r["spread"]),
+                None if r["upper"] is None else float(r["upper"]),
+                r["baseline"],
+                r["subject"],
+                r["workload"],
                 tuple(r["runs"]),
             )
             for r in rs
@@ -141,14 +154,13 @@ def read_series(
     return series
 
 
-def levels(
-    loc: Location, test: str, label: str, metric: str, hardware_key: str, *, last: int = 10
-) -> list[Level]:
+def levels(loc: Location, test: str, label: str, metric: str, hardware_key: str, *, last: int = 10) -> list[Level]:
     """The last ``last`` sessions' levels of one series since its subject or workload last
     changed (oldest first): the between-session spread that a stored baseline's own recorded
     sessions give ``verdict.NoiseModel.between`` today, from every session of the history."""
     found = [
-        s for s in read_series(loc, test=test, metrics=[metric], hardware_key=hardware_key)
+        s
+        for s in read_series(loc, test=test, metrics=[metric], hardware_key=hardware_key)
         if s.test == test and s.label == label
     ]
     if not found:
@@ -199,15 +211,21 @@ class Windows:
             ok = same.get(key)
             if ok is None:
                 ok = same[key] = not subject_changes(subject, r["subject"]) and not same_workload(
-                    workload, {"workload": r["workload"]})
+                    workload, {"workload": r["workload"]}
+                )
             if not ok or str(r.get("baseline") or "").startswith(NOT_NOISE):
                 continue
             started = _instant(r["started_at"])
             if since is not None and (started is None or started < since):
                 continue
             out.setdefault(r["metric"], []).append(
-                Level(float(r["log_level"]), float(r["se"]), int(r["n"]), float(r["spread"]),
-                      None if r["upper"] is None else float(r["upper"]))
+                Level(
+                    float(r["log_level"]),
+                    float(r["se"]),
+                    int(r["n"]),
+                    float(r["spread"]),
+                    None if r["upper"] is None else float(r["upper"]),
+                )
             )
         return {metric: lv[-WINDOW_SESSIONS:] for metric, lv in out.items()}
 
@@ -219,7 +237,9 @@ def read_windows(loc: Location, hardware_key: str, metrics: Sequence[str]) -> Wi
     rows: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     if loc.kind == "sqlite" and not Path(loc.target).is_file():
         return Windows(rows)
-    for r in store.read(loc, metrics=metrics, hardware_key=hardware_key, last_sessions=WINDOW_READ_SESSIONS, runs=False):
+    for r in store.read(
+        loc, metrics=metrics, hardware_key=hardware_key, last_sessions=WINDOW_READ_SESSIONS, runs=False
+    ):
         rows.setdefault((r["test"], r["label"]), []).append(r)
     return Windows(rows)
 
@@ -242,7 +262,7 @@ class Step:
         return worse
 
     @property
-    def point(self):  # noqa: ANN201 (series.Point)
+    def point(self):
         return self.series.points[self.index]
 
     def line(self) -> str:
@@ -290,13 +310,19 @@ def steps(
     bounds = [0] + [c.index for c in found] + [logs.size]
     out = []
     for j, c in enumerate(found):
-        before, after = logs[bounds[j]:c.index], logs[c.index:bounds[j + 2]]
+        before, after = logs[bounds[j] : c.index], logs[c.index : bounds[j + 2]]
         shift, lo, hi = shift_ci(before, after)
         out.append(
             Step(
-                series, c.index, c.p_value,
-                float(np.exp(np.median(before))), float(np.exp(np.median(after))),
-                math.expm1(shift), math.expm1(lo), math.expm1(hi), coinciding(series, c.index),
+                series,
+                c.index,
+                c.p_value,
+                float(np.exp(np.median(before))),
+                float(np.exp(np.median(after))),
+                math.expm1(shift),
+                math.expm1(lo),
+                math.expm1(hi),
+                coinciding(series, c.index),
             )
         )
     return out
@@ -309,10 +335,7 @@ def detect(series_list: Sequence[Series], **kw: float) -> list[Step]:
 def recent_regressions(found: Sequence[Step], last: int, threshold: float = 0.0) -> list[Step]:
     """Regression change points within the last ``last`` sessions of their series, at least
     ``threshold`` (a share) in size."""
-    return [
-        s for s in found
-        if s.regression and s.index >= len(s.series.points) - last and abs(s.change) >= threshold
-    ]
+    return [s for s in found if s.regression and s.index >= len(s.series.points) - last and abs(s.change) >= threshold]
 
 
 #: Sessions drawn in the pytest HTML report's per-test trend.
@@ -341,15 +364,29 @@ def table(s: Series, found: Sequence[Step] = ()) -> str:
         changes = s.changes_at(i)
         if changes:
             mark = (mark + "; " if mark else "") + ", ".join(changes)
-        rows.append([str(i + 1), p.started_at.replace("+00:00", "Z"), p.short_commit, p.branch or "-",
-                     f"{p.value:.4g}", f"{lo:.4g}..{hi:.4g}", str(p.n), p.baseline or "-", mark])
+        rows.append(
+            [
+                str(i + 1),
+                p.started_at.replace("+00:00", "Z"),
+                p.short_commit,
+                p.branch or "-",
+                f"{p.value:.4g}",
+                f"{lo:.4g}..{hi:.4g}",
+                str(p.n),
+                p.baseline or "-",
+                mark,
+            ]
+        )
     return render_table(("#", "started", "commit", "branch", "level", "95% CI", "runs", "baseline", "change"), rows)
 
 
 def trend_data(s: Series, found: Sequence[Step] = ()) -> dict[str, Any]:
     """One series as plain data (crosses to the HTML report's drawing processes as JSON)."""
     return {
-        "test": s.name, "metric": s.metric, "label": f"{s.phase} {label_of(s.metric)}", "unit": s.unit,
+        "test": s.name,
+        "metric": s.metric,
+        "label": f"{s.phase} {label_of(s.metric)}",
+        "unit": s.unit,
         "points": [[p.value, *p.ci, p.short_commit] for p in s.points],
         "steps": [{"index": st.index, "text": _step_text(st), "regression": st.regression} for st in found],
     }
@@ -360,15 +397,14 @@ def _step_text(st: Step) -> str:
     return f"{st.change:+.1%}" + (f" {named}" if named else "")
 
 
-
 def attach(
-    results: Sequence["MeasurementResult"], loc: Any, last: int = RECENT_SESSIONS
+    results: Sequence[MeasurementResult], loc: Any, last: int = RECENT_SESSIONS
 ) -> dict[str, list[dict[str, Any]]]:
     """Each test's recent trend, for the HTML report beside the results: ``{result.test:
     [trend_data of TTFT, of TPOT]}`` over its last ``last`` sessions on this hardware (a test
     with fewer than two sessions has none)."""
 
-    def key_of(r: "MeasurementResult") -> tuple[str, str, str]:
+    def key_of(r: MeasurementResult) -> tuple[str, str, str]:
         return (r.nodeid or r.test, r.label, r.hardware_key)
 
     wanted = {key_of(r) for r in results}
@@ -429,10 +465,15 @@ def export_csv(series: Sequence[Series], folder: Path, postgres: bool = False) -
         rows: dict[int, dict[str, Any]] = {}
         for s in members:
             for i, p in enumerate(s.points):
-                row = rows.setdefault(p.session_id, {
-                    "time": p.started_at, "commit": p.commit or "", "branch": p.branch or "",
-                    "subject": _subject_text(p.subject),
-                })
+                row = rows.setdefault(
+                    p.session_id,
+                    {
+                        "time": p.started_at,
+                        "commit": p.commit or "",
+                        "branch": p.branch or "",
+                        "subject": _subject_text(p.subject),
+                    },
+                )
                 row[s.metric] = f"{p.value:.6g}"
         metrics = [s.metric for s in members]
         path = folder / f"{slug}.csv"
@@ -452,17 +493,22 @@ def export_csv(series: Sequence[Series], folder: Path, postgres: bool = False) -
         )
         s0 = members[0]
         columns = ",\n".join(f"MAX(CASE WHEN v.metric = '{m}' THEN v.level END) AS {m}" for m in metrics)
-        query = OTAVA_PG_QUERY.format(columns=columns, test=_sql_text(s0.test), label=_sql_text(s0.label),
-                                      hardware_key=_sql_text(hw))
+        query = OTAVA_PG_QUERY.format(
+            columns=columns, test=_sql_text(s0.test), label=_sql_text(s0.label), hardware_key=_sql_text(hw)
+        )
         pg_tests.append(
             f"  {slug}:\n    type: postgres\n    time_column: time\n    attributes: [commit, branch]\n"
             f"    metrics:\n{metric_lines}    query: |\n" + "".join(f"      {q}\n" for q in query.splitlines())
         )
-    (folder / "otava.yaml").write_text("# written by llmperf history --csv\ntests:\n" + "".join(tests), encoding="utf-8")
+    (folder / "otava.yaml").write_text(
+        "# written by llmperf history --csv\ntests:\n" + "".join(tests), encoding="utf-8"
+    )
     if postgres:
         (folder / "otava-postgres.yaml").write_text(
             "# written by llmperf history --csv; connection: otava --postgres-hostname ... (docs/history.md)\n"
-            "tests:\n" + "".join(pg_tests), encoding="utf-8")
+            "tests:\n" + "".join(pg_tests),
+            encoding="utf-8",
+        )
     return written
 
 

@@ -16,21 +16,29 @@ budget, JUnit properties. Plain attribute work: no pytest import."""
 from __future__ import annotations
 
 import dataclasses
-import numpy as np
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
+
+import numpy as np
 
 from ..core.errors import ConfigError
 from ..core.workload import Workload
 from ..measuring.metrics import Measurement, RunMetrics, summarize
 from ..measuring.runner import as_engine
-from .budgets import BudgetOutcome, judge, parse_budgets, RelativeBudget
-from .paired import paired, PAIRED_METRICS, PairedComparison, PHASE_METRIC
-
+from .budgets import BudgetOutcome, RelativeBudget, judge, parse_budgets
+from .paired import PAIRED_METRICS, PHASE_METRIC, PairedComparison, paired
 
 __all__ = [
-    "ABResult", "BudgetOutcome", "PairedComparison", "RelativeBudget", "Side",
-    "block_orders", "compare_ab", "paired", "parse_budgets",
+    "ABResult",
+    "BudgetOutcome",
+    "PairedComparison",
+    "RelativeBudget",
+    "Side",
+    "block_orders",
+    "compare_ab",
+    "paired",
+    "parse_budgets",
 ]
 
 
@@ -81,9 +89,12 @@ class ABResult:
     def lines(self) -> list[str]:
         """The report section: the sides, every comparison, every budget."""
         n_ab = sum(1 for o in self.orders if o == "AB")
-        out = [f"A: {self.a_name}", f"B: {self.b_name}",
-               f"{len(self.orders)} pairs interleaved ({n_ab} AB, {len(self.orders) - n_ab} BA, seeded) "
-               f"after {self.a.workload.warmup} warm-up run(s) each; {self.a.workload.describe()}"]
+        out = [
+            f"A: {self.a_name}",
+            f"B: {self.b_name}",
+            f"{len(self.orders)} pairs interleaved ({n_ab} AB, {len(self.orders) - n_ab} BA, seeded) "
+            f"after {self.a.workload.warmup} warm-up run(s) each; {self.a.workload.describe()}",
+        ]
         out += [c.line() for c in self.comparisons]
         out += [o.line(self.a_name, self.b_name) for o in self.budgets]
         return out
@@ -95,7 +106,9 @@ def block_orders(n_pairs: int, seed: int) -> tuple[str, ...]:
     return tuple("AB" if bit else "BA" for bit in rng.integers(0, 2, size=n_pairs))
 
 
-def interleave(a: Any, b: Any, workload: Workload, seed: int) -> tuple[list[Any], list[Any], list[Any], list[Any], tuple[str, ...]]:
+def interleave(
+    a: Any, b: Any, workload: Workload, seed: int
+) -> tuple[list[Any], list[Any], list[Any], list[Any], tuple[str, ...]]:
     """(A traces, B traces, A warm-up traces, B warm-up traces, orders)."""
     runs: dict[str, tuple[Any, list[Any], list[Any]]] = {"A": (a, [], []), "B": (b, [], [])}
     for i, order in enumerate(block_orders(workload.warmup, seed + 1)):
@@ -111,13 +124,7 @@ def interleave(a: Any, b: Any, workload: Workload, seed: int) -> tuple[list[Any]
 
 
 def compare_ab(
-    a: Side,
-    b: Side,
-    workload: Workload,
-    *,
-    max_slowdown: Any = None,
-    min_speedup: Any = None,
-    label: str = "",
+    a: Side, b: Side, workload: Workload, *, max_slowdown: Any = None, min_speedup: Any = None, label: str = ""
 ) -> ABResult:
     """Measure A and B interleaved (``workload.runs`` pairs, seeded by ``workload.seed``) and
     compare them per metric; judge the relative budgets."""
@@ -156,8 +163,10 @@ def properties(results: Sequence[ABResult]) -> list[tuple[str, Any]]:
     for r in results:
         prefix = f"llmperf.ab[{r.label}]." if r.label else "llmperf.ab."
         for c in r.comparisons:
-            out += [(f"{prefix}{c.metric}.ratio", round(c.ratio, 6)),
-                    (f"{prefix}{c.metric}.ci", f"{c.ci_low:.6g}..{c.ci_high:.6g}")]
+            out += [
+                (f"{prefix}{c.metric}.ratio", round(c.ratio, 6)),
+                (f"{prefix}{c.metric}.ci", f"{c.ci_low:.6g}..{c.ci_high:.6g}"),
+            ]
         out += [(f"{prefix}budget.{o.budget.kind}.{o.budget.target}", o.status) for o in r.budgets]
     return out
 
@@ -192,8 +201,14 @@ def as_dict(r: ABResult) -> dict[str, Any]:
         "orders": list(r.orders),
         "comparisons": [{k: _finite(v) for k, v in dataclasses.asdict(c).items()} for c in r.comparisons],
         "budgets": [
-            {"kind": o.budget.kind, "target": o.budget.target, "metric": o.budget.metric, "value": o.budget.value,
-             "status": o.status, "line": o.line(r.a_name, r.b_name)}
+            {
+                "kind": o.budget.kind,
+                "target": o.budget.target,
+                "metric": o.budget.metric,
+                "value": o.budget.value,
+                "status": o.status,
+                "line": o.line(r.a_name, r.b_name),
+            }
             for o in r.budgets
         ],
         "failures": r.failure_lines(),

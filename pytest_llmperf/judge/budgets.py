@@ -18,14 +18,15 @@ test), met when the whole CI lies within it, undecided otherwise (shown, does no
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
-from ..core.catalog import Budget, BUDGETS
+from ..core.catalog import BUDGETS, Budget
 from ..core.errors import ConfigError
 from ..core.formats import fmt
 from ..measuring.metrics import Measurement
-from .paired import PAIRED_METRICS, PairedComparison, PHASE_METRIC
+from .paired import PAIRED_METRICS, PHASE_METRIC, PairedComparison
 
 
 def sample(budget: Budget, m: Measurement) -> str:
@@ -50,8 +51,7 @@ class BudgetBreach:
             return f"{self.label} was not measured by this engine (budget {self.key}={fmt(self.budget)})"
         op = ">" if self.ceiling else "<"
         return (
-            f"{self.label} {fmt(self.measured)} {self.unit} {op} budget "
-            f"{fmt(self.budget)} {self.unit} ({self.sample})"
+            f"{self.label} {fmt(self.measured)} {self.unit} {op} budget {fmt(self.budget)} {self.unit} ({self.sample})"
         )
 
 
@@ -91,7 +91,11 @@ class RelativeBudget:
 
     def describe(self) -> str:
         if self.kind == "max_slowdown":
-            return f"max_slowdown {self.value:.0%}" if self.value * 100 == round(self.value * 100) else f"max_slowdown {self.value:.1%}"
+            return (
+                f"max_slowdown {self.value:.0%}"
+                if self.value * 100 == round(self.value * 100)
+                else f"max_slowdown {self.value:.1%}"
+            )
         return f"min_speedup {self.value:g}x"
 
 

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from ..core import catalog
 from .verdict import CI_LEVEL, fmt_p, fmt_value, level
-
 
 #: metric -> (label, phase, unit, higher is better). Times are compared as b/a time ratios.
 PAIRED_METRICS: dict[str, tuple[str, str, str, bool]] = {
@@ -168,8 +168,15 @@ def _signed_rank_greater(d: np.ndarray) -> float:
 
 
 def judged_pairs(
-    a_runs: Sequence[Any], b_runs: Sequence[Any], *, alpha: float, threshold: float, tail_threshold: float,
-    family: int, looks: int = 1, reference: str = "",
+    a_runs: Sequence[Any],
+    b_runs: Sequence[Any],
+    *,
+    alpha: float,
+    threshold: float,
+    tail_threshold: float,
+    family: int,
+    looks: int = 1,
+    reference: str = "",
 ) -> list[Any]:
     """B (the current side) judged against A (``--llmperf-against``'s REF) from interleaved pairs
     of runs (``measuring.metrics.RunMetrics``; pair i = A's run i and B's run i), with the
@@ -192,20 +199,41 @@ def judged_pairs(
         d = np.log(np.asarray(vb, dtype=float) / np.asarray(va, dtype=float))
         greater, less = _signed_rank_greater(d), _signed_rank_greater(-d)
         worse, better = (less, greater) if spec.higher_is_better else (greater, less)
-        judged.append(Comparison(
-            metric=spec.name, label=spec.label, phase=spec.phase, unit=spec.unit,
-            higher_is_better=spec.higher_is_better, threshold=tail_threshold if spec.tail else threshold,
-            baseline_value=pc.a_median, candidate_value=pc.b_median, ratio=pc.ratio,
-            ci_low=pc.ci_low, ci_high=pc.ci_high, p_value=worse, p_value_better=better,
-            n_baseline=pc.n_pairs, n_candidate=pc.n_pairs,
-            cv_baseline=level(va, spec.name).spread, cv_candidate=ratios.spread,
-            verdict=Verdict.INCONCLUSIVE, reason="", se_log=ratios.se, se_within_log=ratios.se,
-            df=float(pc.n_pairs - 1), noise_source="paired", noise_sessions=0, reference=reference,
-        ))
+        judged.append(
+            Comparison(
+                metric=spec.name,
+                label=spec.label,
+                phase=spec.phase,
+                unit=spec.unit,
+                higher_is_better=spec.higher_is_better,
+                threshold=tail_threshold if spec.tail else threshold,
+                baseline_value=pc.a_median,
+                candidate_value=pc.b_median,
+                ratio=pc.ratio,
+                ci_low=pc.ci_low,
+                ci_high=pc.ci_high,
+                p_value=worse,
+                p_value_better=better,
+                n_baseline=pc.n_pairs,
+                n_candidate=pc.n_pairs,
+                cv_baseline=level(va, spec.name).spread,
+                cv_candidate=ratios.spread,
+                verdict=Verdict.INCONCLUSIVE,
+                reason="",
+                se_log=ratios.se,
+                se_within_log=ratios.se,
+                df=float(pc.n_pairs - 1),
+                noise_source="paired",
+                noise_sessions=0,
+                reference=reference,
+            )
+        )
     by_metric = {c.metric: c for c in judged}
-    rates = [mirrored(by_metric[m.mirror_of], m, (_median(_values(a_runs, m.name)), _median(_values(b_runs, m.name))))
-             for m in METRICS.values()
-             if m.mirror_of in by_metric and all(getattr(r, m.name) for r in [*a_runs, *b_runs])]
+    rates = [
+        mirrored(by_metric[m.mirror_of], m, (_median(_values(a_runs, m.name)), _median(_values(b_runs, m.name))))
+        for m in METRICS.values()
+        if m.mirror_of in by_metric and all(getattr(r, m.name) for r in [*a_runs, *b_runs])
+    ]
     return decide([*judged, *rates], alpha=alpha / max(looks, 1), m=max(family, len(judged)))
 
 

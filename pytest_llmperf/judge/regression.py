@@ -11,26 +11,17 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from ..baselines import records as reference
 from ..baselines.records import same_workload
 from ..core.fingerprint import hardware_differences, other_hardware_note, subject_changes
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRESHOLD
-from .result import compare_layers, LayerChange, MeasurementResult
-from .rule import (
-    compare_levels,
-    decide,
-    JUDGED,
-    METRICS,
-    MIN_PEERS,
-    mirrored,
-    SUITE_ALPHA_SHARE,
-    suite_relative,
-)
-from .verdict import Comparison, holm, Level, level, NoiseModel, Verdict
-
+from .result import LayerChange, MeasurementResult, compare_layers
+from .rule import JUDGED, METRICS, MIN_PEERS, SUITE_ALPHA_SHARE, compare_levels, decide, mirrored, suite_relative
+from .verdict import Comparison, Level, NoiseModel, Verdict, holm, level
 
 #: Recorded sessions a baseline keeps per test and hardware (the newest K, rolling).
 HISTORY_SESSIONS = 10
@@ -144,7 +135,7 @@ def carry_history(old: Mapping[str, Any] | None, new: dict[str, Any], keep: int 
     for name, levels in older.items():
         chain = levels + ([own[name]] if name in own else [])
         if chain and keep > 1:
-            sessions[name] = [lv.to_json() for lv in chain[-(keep - 1):]]
+            sessions[name] = [lv.to_json() for lv in chain[-(keep - 1) :]]
     return {**new, "sessions": sessions} if sessions else new
 
 
@@ -175,7 +166,11 @@ def compare_records(
     for spec in METRICS.values():
         if spec.mirror_of is None and spec.name in judged:
             comparisons.append(judged[spec.name])
-        elif spec.mirror_of in judged and spec.name in baseline.get("runs", {}) and spec.name in candidate.get("runs", {}):
+        elif (
+            spec.mirror_of in judged
+            and spec.name in baseline.get("runs", {})
+            and spec.name in candidate.get("runs", {})
+        ):
             shown = (statistics.median(baseline["runs"][spec.name]), statistics.median(candidate["runs"][spec.name]))
             comparisons.append(mirrored(judged[spec.mirror_of], spec, shown))
     family = max(settings.family_size or 0, len(judged)) or None
@@ -245,8 +240,11 @@ def closest_hardware_differences(entries: Mapping[str, Any], candidate: Mapping[
     """The fingerprint fields in which this machine differs from the closest recorded one (the
     fewest differing fields), as ``other_hardware_note`` names them."""
     here = candidate.get("hardware") or {}
-    diffs = [hardware_differences((e or {}).get("hardware") or {}, here)
-             for _, e in sorted(entries.items()) if isinstance(e, Mapping)]
+    diffs = [
+        hardware_differences((e or {}).get("hardware") or {}, here)
+        for _, e in sorted(entries.items())
+        if isinstance(e, Mapping)
+    ]
     return min(diffs, key=len) if diffs and here else []
 
 
@@ -264,8 +262,11 @@ def judge(
         return BaselineVerdict("no-baseline", "no baseline: run with --llmperf-update-baselines")
     baseline = entries.get(hardware_key)
     if baseline is None:
-        return BaselineVerdict("other-hardware", other_hardware_note(entries, hardware_key, candidate),
-                               changes=tuple(closest_hardware_differences(entries, candidate)))
+        return BaselineVerdict(
+            "other-hardware",
+            other_hardware_note(entries, hardware_key, candidate),
+            changes=tuple(closest_hardware_differences(entries, candidate)),
+        )
     changed = same_workload(baseline, candidate)
     if changed:
         return BaselineVerdict(
@@ -288,8 +289,9 @@ def judge(
         "compared",
         note=note,
         machine=why or "",
-        comparisons=tuple(blame_machine(
-            compare_records(baseline, candidate, settings, window(baseline) if window else None), why)),
+        comparisons=tuple(
+            blame_machine(compare_records(baseline, candidate, settings, window(baseline) if window else None), why)
+        ),
         changes=changes,
         layer_changes=compare_layers(baseline, candidate, alpha=settings.alpha, threshold=settings.threshold),
         machine_ratio=machine,
@@ -308,7 +310,8 @@ def session_holm(results: Sequence[MeasurementResult]) -> list[MeasurementResult
     comparisons counted as p = 1). A mirror (a rate of the same runs) takes its metric's."""
     judged = [
         (i, j, c)
-        for i, r in enumerate(results) if r.verdict is not None
+        for i, r in enumerate(results)
+        if r.verdict is not None
         for j, c in enumerate(r.verdict.comparisons)
         if c.mirror_of is None and c.p_value is not None
     ]
@@ -324,14 +327,19 @@ def session_holm(results: Sequence[MeasurementResult]) -> list[MeasurementResult
             continue
         comps = [
             dataclasses.replace(c, p_adjusted=adjusted[i, j][0], p_adjusted_better=adjusted[i, j][1])
-            if (i, j) in adjusted else c
+            if (i, j) in adjusted
+            else c
             for j, c in enumerate(r.verdict.comparisons)
         ]
         by_metric = {c.metric: c for c in comps if c.mirror_of is None}
         comps = [
-            dataclasses.replace(c, p_adjusted=by_metric[c.mirror_of].p_adjusted,
-                                p_adjusted_better=by_metric[c.mirror_of].p_adjusted_better)
-            if c.mirror_of in by_metric else c
+            dataclasses.replace(
+                c,
+                p_adjusted=by_metric[c.mirror_of].p_adjusted,
+                p_adjusted_better=by_metric[c.mirror_of].p_adjusted_better,
+            )
+            if c.mirror_of in by_metric
+            else c
             for c in comps
         ]
         out.append(_with_comparisons(r, comps))
@@ -358,11 +366,16 @@ def suite_check(
         assert v is not None
         new = blame_machine(new, v.machine or None)  # a busy machine during this test's runs
         suffix = f"; {', '.join(v.changes)}" if v.changes else ""
-        fresh = [c.line() + suffix for o, c in zip(old, new)
-                 if c.verdict is Verdict.REGRESSION and o.verdict is not Verdict.REGRESSION and c.mirror_of is None]
+        fresh = [
+            c.line() + suffix
+            for o, c in zip(old, new)
+            if c.verdict is Verdict.REGRESSION and o.verdict is not Verdict.REGRESSION and c.mirror_of is None
+        ]
         phases = sorted({c.phase for c in new if c.verdict is Verdict.REGRESSION})
         results[i] = _with_comparisons(
-            r, new, failures=v.failures + tuple(fresh),
+            r,
+            new,
+            failures=v.failures + tuple(fresh),
             short="REGRESSION " + "+".join(phases) if phases else Verdict.MACHINE_SLOWER.value,
         )
         lines += [f"{r.test or '?'}: {line}" for line in fresh]

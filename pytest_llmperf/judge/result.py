@@ -24,8 +24,9 @@ were at the time), with its comparisons as ``verdict.Comparison`` objects."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 from scipy.stats import mannwhitneyu
@@ -34,7 +35,7 @@ from ..core.catalog import FIGURES
 from ..core.documents import SchemaViolation, validate
 from ..core.errors import LLMPerfError
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_THRESHOLD
-from .verdict import Comparison, holm, Verdict
+from .verdict import Comparison, Verdict, holm
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,11 @@ class LayerChange:
 
 
 def compare_layers(
-    baseline: Mapping[str, Any], candidate: Mapping[str, Any], *, alpha: float = DEFAULT_ALPHA, threshold: float = DEFAULT_THRESHOLD
+    baseline: Mapping[str, Any],
+    candidate: Mapping[str, Any],
+    *,
+    alpha: float = DEFAULT_ALPHA,
+    threshold: float = DEFAULT_THRESHOLD,
 ) -> tuple[LayerChange, ...]:
     """Every layer of both phases, baseline vs now; () when either record has no layer data or
     the models' layers differ."""
@@ -76,7 +81,11 @@ def compare_layers(
         b_share, c_share = _shares(b["per_run_ms"]), _shares(c["per_run_ms"])
         for i, name in enumerate(b["names"]):
             if len(b_share) > 1 and len(c_share) > 1:
-                p = float(mannwhitneyu(c_share[:, i], b_share[:, i], alternative="greater", method=_method(b_share, c_share)).pvalue)
+                p = float(
+                    mannwhitneyu(
+                        c_share[:, i], b_share[:, i], alternative="greater", method=_method(b_share, c_share)
+                    ).pvalue
+                )
             else:
                 p = 1.0
             shares = float(np.median(b_share[:, i])), float(np.median(c_share[:, i]))
@@ -118,8 +127,11 @@ LATER_FIELDS = ("df", "noise_source", "noise_sessions", "detectable")
 def comparison_json(c: Comparison) -> dict[str, Any]:
     """A comparison's fields, with the verdict's name and its line (for people reading the file);
     ``reference`` only for a comparison against ``--llmperf-against``'s REF."""
-    out = {f.name: getattr(c, f.name) for f in dataclasses.fields(c)
-           if (c.detectable is not None or f.name not in LATER_FIELDS) and (f.name != "reference" or c.reference)}
+    out = {
+        f.name: getattr(c, f.name)
+        for f in dataclasses.fields(c)
+        if (c.detectable is not None or f.name not in LATER_FIELDS) and (f.name != "reference" or c.reference)
+    }
     return {**out, "verdict": c.verdict.value, "line": c.line()}
 
 
@@ -152,17 +164,27 @@ class VerdictRecord:
     layer_changes: tuple[LayerChange, ...] = ()
 
     @classmethod
-    def of(cls, v: Any) -> "VerdictRecord":
+    def of(cls, v: Any) -> VerdictRecord:
         """From a ``regression.BaselineVerdict`` (its public attributes and methods)."""
         return cls(
-            v.status, v.note, tuple(v.changes), getattr(v, "machine", ""), v.short(), tuple(v.failure_lines()),
-            tuple(v.comparisons), tuple(getattr(v, "layer_changes", ())),
+            v.status,
+            v.note,
+            tuple(v.changes),
+            getattr(v, "machine", ""),
+            v.short(),
+            tuple(v.failure_lines()),
+            tuple(v.comparisons),
+            tuple(getattr(v, "layer_changes", ())),
         )
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "status": self.status, "note": self.note, "changes": list(self.changes), "machine": self.machine,
-            "short": self.short, "failures": list(self.failures),
+            "status": self.status,
+            "note": self.note,
+            "changes": list(self.changes),
+            "machine": self.machine,
+            "short": self.short,
+            "failures": list(self.failures),
             "comparisons": [comparison_json(c) for c in self.comparisons],
             "layer_changes": [layer_change_json(c) for c in self.layer_changes],
         }
@@ -179,10 +201,14 @@ class VerdictRecord:
         return max((c.n_candidate for c in self.comparisons if c.reference), default=0)
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "VerdictRecord":
+    def from_json(cls, d: Mapping[str, Any]) -> VerdictRecord:
         return cls(
-            d["status"], d.get("note", ""), tuple(d.get("changes", ())), d.get("machine", ""),
-            d.get("short", d["status"]), tuple(d.get("failures", ())),
+            d["status"],
+            d.get("note", ""),
+            tuple(d.get("changes", ())),
+            d.get("machine", ""),
+            d.get("short", d["status"]),
+            tuple(d.get("failures", ())),
             tuple(comparison_from_json(c) for c in d.get("comparisons", ())),
             tuple(layer_change_from_json(c) for c in d.get("layer_changes", ())),
         )
@@ -230,12 +256,14 @@ class Figures:
     load: LoadFigures | None = None
 
     @classmethod
-    def of(cls, m: Any) -> "Figures":
+    def of(cls, m: Any) -> Figures:
         """From a ``measuring.metrics.Measurement``, each figure read as the catalog says."""
         load = m.load
         return cls(
             **{name: f.read(m) for name, f in FIGURES.items()},
-            load=None if load is None else LoadFigures(
+            load=None
+            if load is None
+            else LoadFigures(
                 load.concurrency, load.n_requests, load.n_failed, load.requests_per_s, load.output_tps, load.goodput
             ),
         )
@@ -248,7 +276,7 @@ class Figures:
         return {**self.values(), "load": None if self.load is None else dataclasses.asdict(self.load)}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "Figures":
+    def from_json(cls, d: Mapping[str, Any]) -> Figures:
         load = d.get("load")
         if load is not None:
             load = LoadFigures(**{f.name: load[f.name] for f in dataclasses.fields(LoadFigures)})
@@ -319,19 +347,25 @@ class MeasurementResult:
     def to_json(self) -> dict[str, Any]:
         """Plain JSON data (``schemas/session.schema.json#/$defs/result``); ``from_json`` inverts it."""
         return {
-            "test": self.test, "nodeid": self.nodeid, "label": self.label, "key": self.key,
-            "baseline_file": self.baseline_file, "hardware_key": self.hardware_key,
+            "test": self.test,
+            "nodeid": self.nodeid,
+            "label": self.label,
+            "key": self.key,
+            "baseline_file": self.baseline_file,
+            "hardware_key": self.hardware_key,
             "record": None if self.record is None else dict(self.record),
-            "budget": self.budget, "budget_failures": list(self.budget_failures),
+            "budget": self.budget,
+            "budget_failures": list(self.budget_failures),
             "breached_budgets": list(self.breached_budgets),
             "verdict": None if self.verdict is None else self.verdict.to_json(),
             "baseline_record": None if self.baseline_record is None else dict(self.baseline_record),
-            "budgets": dict(self.budgets), "extra_info": dict(self.extra_info),
+            "budgets": dict(self.budgets),
+            "extra_info": dict(self.extra_info),
             "figures": None if self.figures is None else self.figures.to_json(),
         }
 
     @classmethod
-    def from_json(cls, d: Any, where: str = "result", *, check: bool = True) -> "MeasurementResult":
+    def from_json(cls, d: Any, where: str = "result", *, check: bool = True) -> MeasurementResult:
         """A result from its JSON data; a ``ResultError`` naming the JSON path (``where`` is
         its root) and the problem when ``d`` does not match the schema (``check=False``: the
         caller validated it already). Keys a session file of an older pytest-llmperf lacks
@@ -343,11 +377,21 @@ class MeasurementResult:
                 raise ResultError(str(exc)) from None
         verdict, figures = d.get("verdict"), d.get("figures")
         return cls(
-            d["test"], d.get("nodeid", ""), d.get("label", ""), d.get("budget", "-"),
-            tuple(d.get("budget_failures", ())), tuple(d.get("breached_budgets", ())), dict(d.get("budgets") or {}),
-            dict(d.get("extra_info") or {}), None if figures is None else Figures.from_json(figures),
-            d.get("key", ""), d.get("baseline_file", ""), d.get("hardware_key", ""), d.get("record"),
-            None if verdict is None else VerdictRecord.from_json(verdict), d.get("baseline_record"),
+            d["test"],
+            d.get("nodeid", ""),
+            d.get("label", ""),
+            d.get("budget", "-"),
+            tuple(d.get("budget_failures", ())),
+            tuple(d.get("breached_budgets", ())),
+            dict(d.get("budgets") or {}),
+            dict(d.get("extra_info") or {}),
+            None if figures is None else Figures.from_json(figures),
+            d.get("key", ""),
+            d.get("baseline_file", ""),
+            d.get("hardware_key", ""),
+            d.get("record"),
+            None if verdict is None else VerdictRecord.from_json(verdict),
+            d.get("baseline_record"),
         )
 
 
@@ -357,14 +401,24 @@ def result_of(nodeid: str, r: Any) -> MeasurementResult:
     m, a, failure = r.measurement, r.baseline, r.failure
     breaches = tuple(failure.breaches) if failure is not None else ()
     common = dict(
-        test=nodeid + (f"[{m.label}]" if m.label else ""), nodeid=nodeid, label=m.label or "",
+        test=nodeid + (f"[{m.label}]" if m.label else ""),
+        nodeid=nodeid,
+        label=m.label or "",
         budget="-" if not r.n_budgets else ("FAIL" if failure else "ok"),
-        budget_failures=tuple(b.line() for b in breaches), breached_budgets=tuple(b.key for b in breaches),
-        budgets=dict(r.budgets), extra_info=dict(r.extra_info), figures=Figures.of(m),
+        budget_failures=tuple(b.line() for b in breaches),
+        breached_budgets=tuple(b.key for b in breaches),
+        budgets=dict(r.budgets),
+        extra_info=dict(r.extra_info),
+        figures=Figures.of(m),
     )
     if a is None:
         return MeasurementResult(**common)
     return MeasurementResult(
-        **common, key=a.key, baseline_file=a.baseline_file, hardware_key=a.hardware_key, record=a.record,
-        verdict=None if a.verdict is None else VerdictRecord.of(a.verdict), baseline_record=a.baseline_record,
+        **common,
+        key=a.key,
+        baseline_file=a.baseline_file,
+        hardware_key=a.hardware_key,
+        record=a.record,
+        verdict=None if a.verdict is None else VerdictRecord.of(a.verdict),
+        baseline_record=a.baseline_record,
     )

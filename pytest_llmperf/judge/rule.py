@@ -63,14 +63,26 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable, Sequence
+
 import numpy as np
 from scipy.special import ndtri, stdtr, stdtrit
-from typing import Iterable, Sequence
 
 from ..core import catalog
 from ..core.catalog import Metric
-from .verdict import CI_LEVEL, Comparison, decided, fmt_p, holm, Level, level, MAD_SCALE, NoiseModel, Verdict, WINDOW_MIN_SESSIONS
-
+from .verdict import (
+    CI_LEVEL,
+    MAD_SCALE,
+    WINDOW_MIN_SESSIONS,
+    Comparison,
+    Level,
+    NoiseModel,
+    Verdict,
+    decided,
+    fmt_p,
+    holm,
+    level,
+)
 
 #: The compared metrics (from the catalog: those judged, and the rates that mirror them).
 METRICS: dict[str, Metric] = {m.name: m for m in catalog.METRICS.values() if m.judged or m.mirror_of}
@@ -116,10 +128,7 @@ def compare_levels(
         # whenever the window came out quiet by chance: false alarms.)
         total = sum((s.log_level - sum(r.log_level for r in ref) / k) ** 2 for s in ref) / (k - 1)
         between = noise.window(ref)[0]
-        parts = (
-            (max(0.0, candidate.se**2 - within_ref * k), candidate.n - 1),
-            (total * (1.0 + 1.0 / k), k - 1.0),
-        )
+        parts = ((max(0.0, candidate.se**2 - within_ref * k), candidate.n - 1), (total * (1.0 + 1.0 / k), k - 1.0))
     else:
         between = noise.between(ref)
         parts = (  # (variance, degrees of freedom) of each term of the standard error
@@ -169,7 +178,8 @@ def compare_levels(
         baseline_sessions=k,
         upper_ratio=(
             math.exp((candidate.upper - candidate.log_level) - shape)
-            if candidate.upper is not None and shape is not None else None
+            if candidate.upper is not None and shape is not None
+            else None
         ),
         df=df if math.isfinite(df) else None,
         noise_source=source,
@@ -228,8 +238,15 @@ def decide(comparisons: Sequence[Comparison], *, alpha: float, m: int | None = N
     by_metric: dict[str, Comparison] = {}
     for i, c in enumerate(comparisons):
         if c.mirror_of is None:
-            c = decided(c, worse.get(i), better.get(i), alpha=alpha, m=max(family, 1),
-                        p_adjusted=worse.get(i), p_adjusted_better=better.get(i))
+            c = decided(
+                c,
+                worse.get(i),
+                better.get(i),
+                alpha=alpha,
+                m=max(family, 1),
+                p_adjusted=worse.get(i),
+                p_adjusted_better=better.get(i),
+            )
             by_metric[c.metric] = c
         out.append(c)
     # Mirrors follow their judged metric (computed from the same runs).
@@ -267,7 +284,7 @@ def _leave_one_out_medians(d: np.ndarray) -> np.ndarray:
     pos[order] = np.arange(n)
     m = n - 1
     lo, hi = (m - 1) // 2, m // 2  # the middle of the n - 1 remaining, sorted
-    at = lambda k: np.where(k < pos, s[k], s[np.minimum(k + 1, n - 1)])  # noqa: E731
+    at = lambda k: np.where(k < pos, s[k], s[np.minimum(k + 1, n - 1)])
     return (at(lo) + at(hi)) / 2.0
 
 
@@ -289,8 +306,12 @@ def suite_relative(tests: Sequence[Sequence[Comparison]], *, alpha: float) -> li
     #: (test, index, departure, p, peers' median shift, peers)
     candidates: list[tuple[int, int, float, float, float, int]] = []
     for spec in JUDGED:
-        found = [(t, i, c) for t, cs in enumerate(out) for i, c in enumerate(cs)
-                 if c.metric == spec.name and c.mirror_of is None and c.p_value is not None and c.ratio > 0]
+        found = [
+            (t, i, c)
+            for t, cs in enumerate(out)
+            for i, c in enumerate(cs)
+            if c.metric == spec.name and c.mirror_of is None and c.p_value is not None and c.ratio > 0
+        ]
         if len(found) < MIN_PEERS:
             continue
         sign = -1.0 if spec.higher_is_better else 1.0
@@ -330,8 +351,11 @@ def suite_relative(tests: Sequence[Sequence[Comparison]], *, alpha: float) -> li
             ),
         )
         out[t] = [
-            new if k == i else
-            mirrored(new, METRICS[m.metric], (m.baseline_value, m.candidate_value)) if m.mirror_of == c.metric else m
+            new
+            if k == i
+            else mirrored(new, METRICS[m.metric], (m.baseline_value, m.candidate_value))
+            if m.mirror_of == c.metric
+            else m
             for k, m in enumerate(out[t])
         ]
     return out

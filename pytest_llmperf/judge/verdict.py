@@ -29,12 +29,12 @@ import dataclasses
 import enum
 import functools
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from scipy.special import ndtri, stdtrit
-
 
 #: Relative efficiency factor of the Hodges-Lehmann location: se = this * sigma / sqrt(n).
 HL_SE_FACTOR = math.sqrt(math.pi / 3.0)
@@ -65,14 +65,24 @@ class Level:
         return math.exp(self.log_level)
 
     def to_json(self) -> dict[str, float | int]:
-        return {"log_level": round(self.log_level, 9), "se": round(self.se, 9), "n": self.n,
-                "spread": round(self.spread, 9), "upper": None if self.upper is None else round(self.upper, 9)}
+        return {
+            "log_level": round(self.log_level, 9),
+            "se": round(self.se, 9),
+            "n": self.n,
+            "spread": round(self.spread, 9),
+            "upper": None if self.upper is None else round(self.upper, 9),
+        }
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "Level":
+    def from_json(cls, d: Mapping[str, Any]) -> Level:
         upper = d.get("upper")
-        level = cls(float(d["log_level"]), float(d["se"]), int(d["n"]), float(d["spread"]),
-                    None if upper is None else float(upper))
+        level = cls(
+            float(d["log_level"]),
+            float(d["se"]),
+            int(d["n"]),
+            float(d["spread"]),
+            None if upper is None else float(upper),
+        )
         if not (math.isfinite(level.log_level) and math.isfinite(level.se) and level.se >= 0 and level.n >= 1):
             raise ValueError(f"not a session level: {dict(d)!r}")
         return level
@@ -170,7 +180,6 @@ class NoiseModel:
         within = sum(s.se**2 for s in sessions) / k
         excess = max(0.0, sum((v - mean) ** 2 for v in levels) / (k - 1) - within)
         return math.sqrt((prior + (k - 1) * excess) / (self.prior_sessions + k - 1))
-
 
     def window(self, sessions: Sequence[Level]) -> tuple[float, float]:
         """Between-session sd and its degrees of freedom from a history window of
@@ -356,7 +365,9 @@ class Comparison:
             f"{self.phase} {word}: {self.label} {fmt_value(self.candidate_value)} {self.unit} "
             f"vs {fmt_value(self.baseline_value)} {self.unit} {self.reference_name} ({', '.join(parts)})"
         )
-        if (self.verdict in (Verdict.INCONCLUSIVE, Verdict.MACHINE_SLOWER) or self.suite_ratio is not None) and self.reason:
+        if (
+            self.verdict in (Verdict.INCONCLUSIVE, Verdict.MACHINE_SLOWER) or self.suite_ratio is not None
+        ) and self.reason:
             text += f": {self.reason}"
         return text
 
@@ -461,8 +472,10 @@ def decided(
     if c.p_value is None or p_adj is None:
         return dataclasses.replace(c, **fields, verdict=Verdict.INCONCLUSIVE, reason=c.reason or "no p-value")
     if c.se_log > 0:
-        fields.setdefault("detectable", detectable(
-            c.se_log, math.inf if c.df is None else c.df, alpha=alpha / max(m, 1), threshold=c.threshold))
+        fields.setdefault(
+            "detectable",
+            detectable(c.se_log, math.inf if c.df is None else c.df, alpha=alpha / max(m, 1), threshold=c.threshold),
+        )
     t = math.log1p(c.threshold)
     log_ratio = math.log(c.ratio)
     worse = -log_ratio if c.higher_is_better else log_ratio
@@ -478,7 +491,10 @@ def decided(
     if abs(log_ratio) + q_eq * c.se_log < t:
         note = "significant but " if min(p_adj, p_adj_better or 1.0) < alpha else ""
         return dataclasses.replace(
-            c, **fields, verdict=Verdict.UNCHANGED, reason=f"{note}within {pct} ({EQUIVALENCE_CONFIDENCE:.0%} confidence)"
+            c,
+            **fields,
+            verdict=Verdict.UNCHANGED,
+            reason=f"{note}within {pct} ({EQUIVALENCE_CONFIDENCE:.0%} confidence)",
         )
     lean = "slower" if worse > 0 else "faster"
     need = _runs_needed(c, alpha / max(m, 1))

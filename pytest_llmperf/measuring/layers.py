@@ -15,8 +15,9 @@ import bisect
 import ctypes
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -196,8 +197,10 @@ class LayerTimer:
         timed = self._engine.timed_decode(
             self._ctx, self._prompt_ids, self._workload.max_tokens, feed=self._feed, sampler=self._sampler
         )
-        return (*steps_of(timed.start_ns, timed.prefill_done_ns, timed.token_ns, events),
-                (timed.token_ns[-1] - timed.token_ns[0]) / 1e6 / (len(timed.token_ns) - 1))
+        return (
+            *steps_of(timed.start_ns, timed.prefill_done_ns, timed.token_ns, events),
+            (timed.token_ns[-1] - timed.token_ns[0]) / 1e6 / (len(timed.token_ns) - 1),
+        )
 
 
 def steps_of(

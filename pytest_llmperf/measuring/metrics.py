@@ -22,8 +22,9 @@ import glob
 import os
 import resource
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,9 +33,9 @@ from ..core.workload import EngineInfo, RunTrace, Workload
 
 if TYPE_CHECKING:
     from .layers import LayerProfile
-    from .served import LoadStats
-    from .runner import PeakRss
     from .roofline import Roofline
+    from .runner import PeakRss
+    from .served import LoadStats
 
 
 NS_PER_MS = 1e6
@@ -56,7 +57,7 @@ class LatencyStats:
     p99_ms: float
 
     @classmethod
-    def of(cls, samples_ms: Sequence[float]) -> "LatencyStats":
+    def of(cls, samples_ms: Sequence[float]) -> LatencyStats:
         values = np.asarray(samples_ms, dtype=float)
         if values.size == 0:
             raise ValueError("no latency samples")
@@ -101,7 +102,7 @@ class RunMetrics:
     sampling_ms_per_token: float | None = None
 
     @classmethod
-    def of(cls, trace: RunTrace) -> "RunMetrics":
+    def of(cls, trace: RunTrace) -> RunMetrics:
         tokens = trace.token_ns
         if len(tokens) < 2:
             raise ValueError(f"a run needs at least 2 generated tokens, got {len(tokens)}")
@@ -193,9 +194,7 @@ class Measurement:
         return dataclasses.asdict(self)
 
 
-def summarize(
-    traces: Sequence[RunTrace], workload: Workload, engine: EngineInfo, label: str = ""
-) -> Measurement:
+def summarize(traces: Sequence[RunTrace], workload: Workload, engine: EngineInfo, label: str = "") -> Measurement:
     """Per-run metrics, pooled ITL and medians over runs."""
     if not traces:
         raise ValueError("no runs to summarize")
@@ -376,12 +375,12 @@ def far_off(values: Sequence[float]) -> tuple[int, ...]:
         return ()
     med = float(np.median(v))
     mad = float(np.median(np.abs(v - med)))
-    return tuple(
-        i for i, x in enumerate(v) if abs(x - med) > FAR_RUN_MAD_FACTOR * mad and abs(x - med) > 0.25 * med
-    )
+    return tuple(i for i, x in enumerate(v) if abs(x - med) > FAR_RUN_MAD_FACTOR * mad and abs(x - med) > 0.25 * med)
 
 
-def context_slope(itl_runs: Sequence[Sequence[float]], prompt_tokens: int | None) -> tuple[float | None, tuple[int, int] | None]:
+def context_slope(
+    itl_runs: Sequence[Sequence[float]], prompt_tokens: int | None
+) -> tuple[float | None, tuple[int, int] | None]:
     """Least-squares slope of ITL (ms) against context position, in us per token of context.
 
     The first gap of each run is left out (it carries first-token effects, reported apart).
@@ -406,7 +405,9 @@ def diagnose(m: Any, system: SystemDelta | None = None, warmup_runs: Sequence[An
     med_tpot, med_ttft = float(np.median(tpots)), float(np.median(ttfts))
     first_run = warmup_runs[0].tpot_ms / med_tpot if warmup_runs and med_tpot else None
     first_ttft = warmup_runs[0].ttft_ms / med_ttft if warmup_runs and med_ttft else None
-    first_token = [r.itl_ms[0] / float(np.median(r.itl_ms)) for r in m.runs if len(r.itl_ms) > 1 and np.median(r.itl_ms)]
+    first_token = [
+        r.itl_ms[0] / float(np.median(r.itl_ms)) for r in m.runs if len(r.itl_ms) > 1 and np.median(r.itl_ms)
+    ]
     slope, span = context_slope([r.itl_ms for r in m.runs], m.prompt_tokens)
     tpot_cv, ttft_cv = _cv(tpots), _cv(ttfts)
     far = tuple(sorted(set(far_off(tpots)) | set(far_off(ttfts))))
@@ -422,9 +423,14 @@ def diagnose(m: Any, system: SystemDelta | None = None, warmup_runs: Sequence[An
     if problems:
         causes = likely_causes(system)
         warnings.append(
-            "unstable measurement: " + "; ".join(problems) + ". "
-            + (("Likely causes: " + "; ".join(causes) + ".") if causes else
-               "No load, clock or page-fault signal was seen; more runs narrow the estimate.")
+            "unstable measurement: "
+            + "; ".join(problems)
+            + ". "
+            + (
+                ("Likely causes: " + "; ".join(causes) + ".")
+                if causes
+                else "No load, clock or page-fault signal was seen; more runs narrow the estimate."
+            )
         )
     if first_run is not None and first_run > 1.5:
         warnings.append(

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.documents import read_text, RefusedFile
+from ..core.documents import RefusedFile, read_text
 from ..core.errors import ConfigError
 from ..core.formats import sig6
 from ..core.workload import EngineInfo
@@ -54,7 +54,13 @@ class PhaseRoofline:
     note: str = ""  # why the DRAM roofline does not apply (cache-resident), else ""
 
     def line(self) -> str:
-        mbu = "MBU n/a (fits in cache)" if self.verdict == CACHE_RESIDENT else "MBU n/a" if self.note else f"MBU {self.mbu:.2f}"
+        mbu = (
+            "MBU n/a (fits in cache)"
+            if self.verdict == CACHE_RESIDENT
+            else "MBU n/a"
+            if self.note
+            else f"MBU {self.mbu:.2f}"
+        )
         text = (
             f"{self.phase}: {self.verdict} (intensity {self.intensity_flop_per_byte:.3g} FLOP/byte), "
             f"achieved {self.achieved_tps:.1f} t/s of bound {self.bound_tps:.1f} t/s, "
@@ -132,7 +138,9 @@ def kv_cache_bytes(info: EngineInfo) -> int | None:
     return None if per_pos is None or info.n_ctx is None else int(per_pos * info.n_ctx)
 
 
-def _phase(name: str, bytes_moved: float, flops: float, tokens: int, seconds: float, bw: Peak, fl: Peak) -> PhaseRoofline:
+def _phase(
+    name: str, bytes_moved: float, flops: float, tokens: int, seconds: float, bw: Peak, fl: Peak
+) -> PhaseRoofline:
     peak_bps, peak_fps = bw.value * 1e9, fl.value * 1e12
     intensity = flops / bytes_moved
     bound_s = max(bytes_moved / peak_bps, flops / peak_fps)
@@ -140,7 +148,6 @@ def _phase(name: str, bytes_moved: float, flops: float, tokens: int, seconds: fl
     achieved_bps = bytes_moved / seconds
     note = ""
     if verdict == "memory-bound" and achieved_bps > peak_bps:
-
         llc = last_level_cache_bytes()
         note = above_peak_note(achieved_bps / 1e9, bw.value, bytes_moved / tokens, llc)
         if llc is None or bytes_moved / tokens <= llc:
@@ -173,13 +180,7 @@ def roofline(measurement: Any, bw: Peak, tflops: Peak) -> Roofline | None:
     p = measurement.prompt_tokens or 0
     c_decode = p + (measurement.workload.max_tokens - 1) / 2
     decode = _phase(
-        "decode",
-        w + per_pos * c_decode,
-        2 * n + 4 * layers * embd * c_decode,
-        1,
-        measurement.tpot_ms / 1e3,
-        bw,
-        tflops,
+        "decode", w + per_pos * c_decode, 2 * n + 4 * layers * embd * c_decode, 1, measurement.tpot_ms / 1e3, bw, tflops
     )
     prefill = None
     if p and measurement.prefill_ms:

@@ -27,15 +27,16 @@ import resource
 import sys
 import threading
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 
 from ..core.errors import ConfigError
 from ..core.workload import Workload
 from ..engines import CallableEngine, Engine
-from .metrics import Measurement, RunMetrics, sample_system, summarize, summarize_runs, SystemDelta
+from .metrics import Measurement, RunMetrics, SystemDelta, sample_system, summarize, summarize_runs
 
 
 def as_engine(obj: Any) -> Engine:
@@ -73,10 +74,7 @@ def measure(
     system = SystemDelta(before, sample_system())
     m = summarize(traces, workload, engine.info(), label=label)
     m = dataclasses.replace(
-        m,
-        warmup_runs=tuple(RunMetrics.of(t) for t in warmup),
-        system=system,
-        peak_rss=peak_rss(was_reset),
+        m, warmup_runs=tuple(RunMetrics.of(t) for t in warmup), system=system, peak_rss=peak_rss(was_reset)
     )
     if layers:
         from .layers import profile_layers
@@ -104,8 +102,11 @@ def extend(engine: Any, m: Measurement, extra_runs: int) -> Measurement:
     runs = m.runs + tuple(RunMetrics.of(t) for t in traces)
     grown = summarize_runs(runs, dataclasses.replace(m.workload, runs=len(runs)), m.engine, label=m.label)
     return dataclasses.replace(
-        grown, warmup_runs=m.warmup_runs,
-        peak_rss=m.peak_rss, layers=m.layers, roofline=m.roofline,
+        grown,
+        warmup_runs=m.warmup_runs,
+        peak_rss=m.peak_rss,
+        layers=m.layers,
+        roofline=m.roofline,
         # One span over all the runs (steal and load of the whole measurement).
         system=SystemDelta(m.system.before, system.after) if m.system is not None else system,
     )
@@ -206,7 +207,7 @@ class InferenceProfiler:
             self._ttfts.add(ttft_ms)
 
     @contextlib.contextmanager
-    def request(self) -> Iterator["RequestTimer"]:
+    def request(self) -> Iterator[RequestTimer]:
         """Times one request: call ``token()`` as each token arrives (the first gives TTFT)."""
         yield RequestTimer(self)
 

@@ -35,9 +35,10 @@ import asyncio
 import dataclasses
 import statistics
 import time
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -46,7 +47,6 @@ from ..core.errors import ConfigError, EngineError, LLMPerfError
 from ..core.workload import RunTrace, Workload
 from ..engines.http import delta
 from .metrics import LatencyStats, Measurement, RunMetrics, summarize
-
 
 #: Budget keys that double as per-request SLOs for goodput: each phase's judged time metric.
 SLO_KEYS = tuple(catalog.PHASE_METRIC.values())
@@ -97,11 +97,7 @@ def _check_engine(engine: Any, workers: int, rate: float | None) -> None:
 
 
 def measure_load(
-    engine: Any,
-    workload: Workload,
-    label: str = "",
-    slo: Mapping[str, float] | None = None,
-    first_index: int = 0,
+    engine: Any, workload: Workload, label: str = "", slo: Mapping[str, float] | None = None, first_index: int = 0
 ) -> Measurement:
     """Warm up (sequentially, discarded), then send ``workload.n_requests`` requests, with
     request indices ``first_index``, ``first_index + 1``... (warm-ups: negative ones)."""
@@ -148,9 +144,7 @@ def measure_load(
     return dataclasses.replace(m, load=stats)
 
 
-def _send_threads(
-    engine: Any, workload: Workload, n: int, workers: int, first: int, outcomes: list[Any]
-) -> None:
+def _send_threads(engine: Any, workload: Workload, n: int, workers: int, first: int, outcomes: list[Any]) -> None:
     def one(i: int) -> None:
         try:
             outcomes[i] = engine.run(workload, first + i)
@@ -245,10 +239,7 @@ def _server_metrics(engine: Any) -> dict[str, float] | None:
 
 
 def sweep(
-    engine: Any,
-    workload: Workload,
-    concurrencies: Sequence[int] = (1, 2, 4, 8),
-    slo: Mapping[str, float] | None = None,
+    engine: Any, workload: Workload, concurrencies: Sequence[int] = (1, 2, 4, 8), slo: Mapping[str, float] | None = None
 ) -> list[Measurement]:
     """The latency-throughput curve: one load measurement per concurrency, in order; each
     level's requests have their own indices (no prompt repeats across levels)."""
@@ -316,5 +307,6 @@ def server_side(
         ),
         metrics=metrics,
         prompt_tokens_from_cache=sum(t.prompt_tokens - t.native.prefill_tokens for t, _ in pairs)
-        if pairs and all(t.prompt_tokens is not None for t, _ in pairs) else None,
+        if pairs and all(t.prompt_tokens is not None for t, _ in pairs)
+        else None,
     )

@@ -53,7 +53,7 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, IO
+from typing import IO, Any
 
 from ..core.errors import ConfigError, EngineError, LLMPerfError
 from ..core.settings import SETTINGS
@@ -73,8 +73,13 @@ class Channel:
     sides of ``--llmperf-against`` are both one: ``python -m MODULE FD_IN FD_OUT ARGS...``."""
 
     def __init__(
-        self, module: str, args: Sequence[str] = (), *, python: str | None = None,
-        env: Mapping[str, str] | None = None, cwd: str | None = None,
+        self,
+        module: str,
+        args: Sequence[str] = (),
+        *,
+        python: str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
     ) -> None:
         self.log = tempfile.NamedTemporaryFile(prefix="llmperf-worker-", suffix=".log")  # noqa: SIM115 - owned
         child_env = dict(os.environ if env is None else env)
@@ -86,8 +91,13 @@ class Channel:
         try:
             self.process: subprocess.Popen[bytes] | None = subprocess.Popen(
                 [python or sys.executable, "-m", module, str(req_r), str(resp_w), *args],
-                stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log, pass_fds=(req_r, resp_w),
-                env=child_env, cwd=cwd, start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                stdout=self.log,
+                stderr=self.log,
+                pass_fds=(req_r, resp_w),
+                env=child_env,
+                cwd=cwd,
+                start_new_session=True,
             )
         except OSError:
             for fd in (self._req_w, self._resp_r):
@@ -142,7 +152,7 @@ class Channel:
         return message
 
     @staticmethod
-    def wait_any(channels: Sequence["Channel"], timeout_s: float) -> list["Channel"]:
+    def wait_any(channels: Sequence[Channel], timeout_s: float) -> list[Channel]:
         """The channels with a message waiting, after at most ``timeout_s``."""
         ready = [c for c in channels if c.pending()]
         if ready:
@@ -250,12 +260,7 @@ class WorkerEngine:
     supports_layer_timing = True
 
     def __init__(
-        self,
-        config: EngineConfig,
-        *,
-        name: str | None = None,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-        label: str = "",
+        self, config: EngineConfig, *, name: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, label: str = ""
     ) -> None:
         self.config = config
         self.timeout_s = timeout_s
@@ -266,7 +271,9 @@ class WorkerEngine:
         try:
             self.channel = Channel("pytest_llmperf.measuring.worker")
         except OSError as exc:
-            raise EngineError(f"{self._who()}cannot start the engine worker ({sys.executable}): {exc.strerror}") from None
+            raise EngineError(
+                f"{self._who()}cannot start the engine worker ({sys.executable}): {exc.strerror}"
+            ) from None
         try:
             reply = self._call({"op": "load", "config": dataclasses.asdict(config), "name": name}, "loading")
         except BaseException:
@@ -362,8 +369,9 @@ def load_worker(config: EngineConfig, *, timeout_s: float = DEFAULT_TIMEOUT_S, l
     from ..models.gguf import model_path
 
     path, name = model_path(config.model)
-    return WorkerEngine(dataclasses.replace(config, model=str(path)), name=name or path.stem, timeout_s=timeout_s,
-                        label=label)
+    return WorkerEngine(
+        dataclasses.replace(config, model=str(path)), name=name or path.stem, timeout_s=timeout_s, label=label
+    )
 
 
 def preflight(config: EngineConfig, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:

@@ -25,7 +25,6 @@ from ..core.errors import EngineError
 from ..core.formats import human_bytes
 from ..core.settings import EngineSettings
 
-
 #: Bump when the generator's output changes for an unchanged spec (invalidates cached files).
 GENERATOR_VERSION = 2
 
@@ -101,14 +100,7 @@ PRESETS: dict[str, ModelSpec] = {
     # GPT-2-small-sized (134 M parameters, 269 MB in F16): weights do not fit in cache, so
     # decode is memory-bound as with a real model.
     "small": ModelSpec(
-        name="small",
-        n_layer=12,
-        n_embd=768,
-        n_ff=2048,
-        n_head=12,
-        n_head_kv=12,
-        n_vocab=32000,
-        dtype="F16",
+        name="small", n_layer=12, n_embd=768, n_ff=2048, n_head=12, n_head_kv=12, n_vocab=32000, dtype="F16"
     ),
 }
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -77,8 +78,9 @@ def _serve(pytestconfig: pytest.Config, start: Callable[..., Any], **kwargs: Any
     s = session_of(pytestconfig).settings.engine
     with _one_line():
         path = ensure_model(s.preset) if s.preset else s.model
-        with start(path, n_threads=s.threads, n_ctx=s.n_ctx or SERVER_N_CTX, n_batch=s.n_batch, alias=s.model_label,
-                   **kwargs) as server:
+        with start(
+            path, n_threads=s.threads, n_ctx=s.n_ctx or SERVER_N_CTX, n_batch=s.n_batch, alias=s.model_label, **kwargs
+        ) as server:
             yield server
 
 
@@ -118,15 +120,9 @@ def llmperf_llm(llmperf_engine: Any) -> Any:
 SMOKE = {"runs": 1, "warmup": 0}
 
 
-
-
 def _undecided(assessment: Any) -> bool:
     verdict = getattr(assessment, "verdict", None)
-    return (
-        verdict is not None
-        and verdict.status == "compared"
-        and any(c.worth_more_runs for c in verdict.comparisons)
-    )
+    return verdict is not None and verdict.status == "compared" and any(c.worth_more_runs for c in verdict.comparisons)
 
 
 class LLMPerf:
@@ -140,7 +136,7 @@ class LLMPerf:
     def __init__(
         self,
         marker: MarkerConfig,
-        engine_factory: Callable[..., "LlamaCppEngine"],
+        engine_factory: Callable[..., LlamaCppEngine],
         assess: Callable[[Measurement, MarkerConfig], Any] = lambda m, c: None,
         measure_options: Callable[[Any, MarkerConfig], Mapping[str, Any]] = lambda engine, c: {},
         *,
@@ -160,7 +156,7 @@ class LLMPerf:
         self.ab_results: list[Any] = []  # ab.ABResult of each compare()
 
     @property
-    def engine(self) -> "LlamaCppEngine":
+    def engine(self) -> LlamaCppEngine:
         """The llama.cpp engine this test's marker names (the session's unless the marker sets
         llama.cpp keys such as ``threads`` or ``flash_attn``; loaded on first use)."""
         return self._engine_for(self._marker)
@@ -175,7 +171,8 @@ class LLMPerf:
         if config.engine:
             raise pytest.fail.Exception(
                 f"llama.cpp settings ({', '.join(config.engine)}) apply to the plugin's engine, not to the "
-                "engine passed to measure(); drop one of them", pytrace=False,
+                "engine passed to measure(); drop one of them",
+                pytrace=False,
             )
         return engine
 
@@ -193,7 +190,8 @@ class LLMPerf:
         if label in {r.measurement.label for r in self.results}:  # one baseline key each: never overwrite
             raise pytest.fail.Exception(
                 f"{call} {label!r} is taken by an earlier measurement of this test; "
-                "give each measurement of a test a distinct label", pytrace=False,
+                "give each measurement of a test a distinct label",
+                pytrace=False,
             )
         with _one_line():
             config = self._marker.merged(overrides)
@@ -212,7 +210,9 @@ class LLMPerf:
             failure = check_budgets(measurement, config.budgets)
             self.results.append(Result(measurement, failure, len(config.budgets)))
             prefix = f"[{label}] " if label else ""
-            pytest.fail(f"{prefix}{load.n_failed} of {load.n_requests} requests failed; {load.errors[0]}", pytrace=False)
+            pytest.fail(
+                f"{prefix}{load.n_failed} of {load.n_requests} requests failed; {load.errors[0]}", pytrace=False
+            )
         measurement, assessment = self._sequential(subject, measurement, config)
         self.results.append(
             Result(
@@ -255,7 +255,8 @@ class LLMPerf:
             turn = self._side.turn() if self._side is not None else contextlib.nullcontext()
             with turn:  # a side of --llmperf-against: while the other side waits
                 result = compare_ab(
-                    *sides, Workload(**workload),
+                    *sides,
+                    Workload(**workload),
                     max_slowdown=None if self._smoke else config.ab.get("max_slowdown"),
                     min_speedup=None if self._smoke else config.ab.get("min_speedup"),
                     label=label,
@@ -268,8 +269,15 @@ class LLMPerf:
         from ..judge.budgets import check_budgets
 
         measurement, assessment = self._side.measure(subject, config, label, self._nodeid)
-        self.results.append(Result(measurement, check_budgets(measurement, config.budgets), len(config.budgets),
-                                   assessment, dict(config.budgets)))
+        self.results.append(
+            Result(
+                measurement,
+                check_budgets(measurement, config.budgets),
+                len(config.budgets),
+                assessment,
+                dict(config.budgets),
+            )
+        )
         return measurement
 
     def _sequential(self, subject: Any, m: Measurement, config: MarkerConfig) -> tuple[Measurement, Any]:

@@ -18,7 +18,6 @@ import pluggy
 
 from ..core.errors import ConfigError, EngineError
 
-
 hookspec = pluggy.HookspecMarker("pytest")
 
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -29,7 +30,7 @@ from ..session.options import PROMPT_KEYS, MarkerConfig, check_side, validate
 if TYPE_CHECKING:
     from ..judge.ab import Side
     from ..session import Session
-    from .fixtures import LLMPerf
+    from .fixtures import LLMPerf  # noqa: F401 (named in FIXTURE's StashKey)
 
 
 GROUP = "llmperf"
@@ -86,7 +87,7 @@ SESSION = pytest.StashKey["Session"]()
 PROPERTIES = pytest.StashKey[list]()
 
 
-def session_of(config: pytest.Config) -> "Session":
+def session_of(config: pytest.Config) -> Session:
     return config.stash[SESSION]
 
 
@@ -164,7 +165,6 @@ def group_on_worker(config: pytest.Config, items: list[pytest.Item], perf: list[
         return
     dist = workerinput.get("llmperf_dist")
     if dist == "loadgroup":
-
         perf_ids = {id(i) for i in perf}
         for item in perf:
             item.add_marker(pytest.mark.xdist_group(XDIST_GROUP))
@@ -192,7 +192,7 @@ def planned(items: list[pytest.Item]) -> tuple[int, dict[str, Any]]:
     return len(running), engines
 
 
-def header(config: pytest.Config, session: "Session", engine_note: str | None) -> list[str]:
+def header(config: pytest.Config, session: Session, engine_note: str | None) -> list[str]:
     """``pytest_report_header``: under xdist the controller collects nothing itself, so it says
     here what its workers will measure, and how they are spread."""
     dist = getattr(config.option, "dist", "no")

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Generator
+from collections.abc import Generator
+from typing import Any
 
 import pytest
 
@@ -20,8 +21,9 @@ from ..core.settings import SETTINGS
 from ..session import Session, SessionSettings
 from ..session.against import SIDE_ENV
 from ..session.options import marker_help
-from . import hooks as hookcalls, marks
-from .fixtures import llmperf, llmperf_engine, llmperf_llama_server, llmperf_llm, llmperf_server
+from . import hooks as hookcalls
+from . import marks
+from .fixtures import llmperf, llmperf_engine, llmperf_llama_server, llmperf_llm, llmperf_server  # noqa: F401 (pytest finds fixtures here)
 from .marks import FIXTURE, MARKER_CONFIG, PLUGIN_NAME, PROPERTIES, SESSION
 
 
@@ -266,8 +268,7 @@ def add_options(parser: pytest.Parser) -> None:
             group.addoption(s.option, dest=s.dest, action="store_true", help=_escape(s.help_text()))
         else:
             group.addoption(
-                s.option, dest=s.dest, default=None, type=s.arg_type(), metavar=s.metavar,
-                help=_escape(s.help_text()),
+                s.option, dest=s.dest, default=None, type=s.arg_type(), metavar=s.metavar, help=_escape(s.help_text())
             )
         if s.ini:
             parser.addini(s.ini_key, f"{s.help} (default {s.default_text()})")

@@ -44,8 +44,9 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, IO, Iterator, Mapping
+from typing import IO, Any
 
 import pytest
 
@@ -87,10 +88,15 @@ class AgainstHooks:
                 self.old_sigterm = signal.signal(signal.SIGTERM, _interrupt)
             try:
                 self.against = open_against(
-                    self.text, s.rootdir, default_cache_dir(),
+                    self.text,
+                    s.rootdir,
+                    default_cache_dir(),
                     [*self.config.invocation_params.args, f"--rootdir={self.config.rootpath}"],
-                    str(self.config.invocation_params.dir), alpha=s.alpha, threshold=s.threshold,
-                    tail_threshold=s.tail_threshold, family=max(self.session.family_size, 1),
+                    str(self.config.invocation_params.dir),
+                    alpha=s.alpha,
+                    threshold=s.threshold,
+                    tail_threshold=s.tail_threshold,
+                    family=max(self.session.family_size, 1),
                     timeout_s=s.engine.engine_timeout,
                 )
             except LLMPerfError as exc:
@@ -121,10 +127,20 @@ class AgainstHooks:
         return True
 
     def _log_failure(self, item: pytest.Item, line: str) -> None:
-        for when, outcome, longrepr in (("setup", "passed", None), ("call", "failed", line),
-                                        ("teardown", "passed", None)):
-            report = pytest.TestReport(item.nodeid, item.location, {k: 1 for k in item.keywords}, outcome,
-                                       longrepr, when, user_properties=list(item.user_properties))
+        for when, outcome, longrepr in (
+            ("setup", "passed", None),
+            ("call", "failed", line),
+            ("teardown", "passed", None),
+        ):
+            report = pytest.TestReport(
+                item.nodeid,
+                item.location,
+                {k: 1 for k in item.keywords},
+                outcome,
+                longrepr,
+                when,
+                user_properties=list(item.user_properties),
+            )
             item.ihook.pytest_runtest_logreport(report=report)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
@@ -188,9 +204,16 @@ class Link:
             with self.turn():
                 return measure(engine, workload, label=label, slo=config.budgets), None
         info = engine.info()
-        self.send({"ev": "measure", "label": label, "workload": dataclasses.asdict(workload),
-                   "settings": dict(config.settings), "max_runs": config.options.get("max_runs"),
-                   "engine": info.describe()})
+        self.send(
+            {
+                "ev": "measure",
+                "label": label,
+                "workload": dataclasses.asdict(workload),
+                "settings": dict(config.settings),
+                "max_runs": config.options.get("max_runs"),
+                "engine": info.describe(),
+            }
+        )
         warm: list[Any] = []
         traces: list[Any] = []
         while True:
@@ -200,8 +223,12 @@ class Link:
             try:  # the run's clock reads are all inside engine.run: no pipe, no controller work between them
                 trace = engine.run(workload, int(op["index"]))
             except Exception as exc:  # the user's callable too: one line to the controller
-                self.send({"ev": "error", "line": str(exc) if isinstance(exc, LLMPerfError)
-                           else f"{type(exc).__name__}: {exc}"})
+                self.send(
+                    {
+                        "ev": "error",
+                        "line": str(exc) if isinstance(exc, LLMPerfError) else f"{type(exc).__name__}: {exc}",
+                    }
+                )
                 continue
             (warm if op["index"] < 0 else traces).append(trace)
             self.send({"ev": "trace", "trace": dataclasses.asdict(trace)})
@@ -220,8 +247,11 @@ def _assessment(nodeid: str, label: str, verdict: Mapping[str, Any] | None) -> A
     from ..judge.result import comparison_from_json
     from ..session.assess import Assessment
 
-    v = BaselineVerdict(verdict["status"], verdict.get("note", ""),
-                        tuple(comparison_from_json(c) for c in verdict.get("comparisons", ())))
+    v = BaselineVerdict(
+        verdict["status"],
+        verdict.get("note", ""),
+        tuple(comparison_from_json(c) for c in verdict.get("comparisons", ())),
+    )
     return Assessment(nodeid + (f"[{label}]" if label else ""), "", "", None, v)  # type: ignore[arg-type]
 
 
@@ -261,7 +291,9 @@ class SidePlugin:
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
             text = str(report.longrepr).strip().splitlines()
-            line = next((ln[1:].strip() for ln in reversed(text) if ln.startswith("E ")), text[-1] if text else "failed")
+            line = next(
+                (ln[1:].strip() for ln in reversed(text) if ln.startswith("E ")), text[-1] if text else "failed"
+            )
             self.errors[report.nodeid] = " ".join(line.split())[:400]
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -276,9 +308,18 @@ class SidePlugin:
         by_id = {item.nodeid: item for item in session.items}
         problems = redirect_problems(Path(self.spec.code_root), self.spec.packages)
         code = {name: getattr(sys.modules.get(name), "__file__", None) for name in self.spec.packages}
-        self.link.send({"ev": "ready", "collected": list(by_id), "errors": self.errors, "broken": self.broken,
-                        "problems": problems, "python": sys.version.split()[0], "llama_cpp": llama_cpp_version(),
-                        "code": code})
+        self.link.send(
+            {
+                "ev": "ready",
+                "collected": list(by_id),
+                "errors": self.errors,
+                "broken": self.broken,
+                "problems": problems,
+                "python": sys.version.split()[0],
+                "llama_cpp": llama_cpp_version(),
+                "code": code,
+            }
+        )
         while True:
             op = self.link.receive()
             item = by_id[op["nodeid"]]
@@ -286,8 +327,9 @@ class SidePlugin:
             nextitem = by_id.get(op.get("next") or "")
             item.ihook.pytest_runtest_protocol(item=item, nextitem=nextitem)
             outcome = next((r["outcome"] for r in self.reports if r.get("outcome") == "failed"), "passed")
-            self.link.send({"ev": "report", "reports": self.reports, "outcome": outcome,
-                            "line": _failure_line(self.reports)})
+            self.link.send(
+                {"ev": "report", "reports": self.reports, "outcome": outcome, "line": _failure_line(self.reports)}
+            )
 
 
 def _failure_line(reports: list[dict[str, Any]]) -> str:
@@ -308,8 +350,9 @@ def _failure_line(reports: list[dict[str, Any]]) -> str:
 def side_settings(settings: Any) -> Any:
     """A side's session settings: it measures in process and writes no file (the controller does)."""
     engine = dataclasses.replace(settings.engine, in_process=True)
-    return dataclasses.replace(settings, engine=engine, json=None, html=None, markdown=None, history=None,
-                               update_baselines=False, against=None)
+    return dataclasses.replace(
+        settings, engine=engine, json=None, html=None, markdown=None, history=None, update_baselines=False, against=None
+    )
 
 
 def main(argv: list[str]) -> int:

@@ -24,7 +24,8 @@ from __future__ import annotations
 import io
 import re
 from collections import Counter, defaultdict
-from typing import Any, Mapping, Sequence, TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -61,7 +62,6 @@ RC = {
 }
 
 
-
 class ReportError(LLMPerfError):
     """The HTML report cannot be drawn (matplotlib, the ``report`` extra, is not installed)."""
 
@@ -72,9 +72,7 @@ def require_matplotlib() -> Any:
         import matplotlib
         from matplotlib.figure import Figure  # noqa: F401  (the part we use)
     except ImportError:
-        raise ReportError(
-            'the HTML report needs matplotlib: pip install "pytest-llmperf[report]"'
-        ) from None
+        raise ReportError('the HTML report needs matplotlib: pip install "pytest-llmperf[report]"') from None
     return matplotlib
 
 
@@ -126,8 +124,13 @@ def new_figure(
     else:
         fig = Figure(figsize=(width_in, height_in))
         left, bottom, right, top = margins_in
-        fig.subplots_adjust(left=left / width_in, bottom=bottom / height_in, right=1 - right / width_in,
-                            top=1 - top / height_in, wspace=wspace)
+        fig.subplots_adjust(
+            left=left / width_in,
+            bottom=bottom / height_in,
+            right=1 - right / width_in,
+            top=1 - top / height_in,
+            wspace=wspace,
+        )
         axes = fig.subplots(1, ncols, **kw)
         if reuse:
             _BLANK[key] = fig
@@ -157,8 +160,8 @@ def _minify_tag(match: re.Match[str]) -> str:
 def minify(svg: str) -> str:
     """Smaller SVG, same picture: coordinates to 0.1 pt (1/720 inch), no layout whitespace,
     one font rule instead of a font list per text, no ids that nothing references."""
-    svg = svg[svg.index("<svg"):]
-    svg = re.sub(r"<metadata>.*?</metadata>", "", svg, flags=re.S)
+    svg = svg[svg.index("<svg") :]
+    svg = re.sub(r"<metadata>.*?</metadata>", "", svg, flags=re.DOTALL)
     svg = _TAG.sub(_minify_tag, svg)
     svg = re.sub(r">\s+<", "><", svg)
     svg = svg.replace("stroke-linecap: butt}", "stroke-linecap: butt}" + FONT_CSS, 1)
@@ -205,7 +208,6 @@ def render(fn: Any, *args: Any) -> str:
         return _svg(fig)
 
 
-
 def budget_label(key: str, value: float, unit: str) -> str:
     """How a budget line is labelled on every figure."""
     return f"budget {key}={value:g} {unit}"
@@ -214,8 +216,9 @@ def budget_label(key: str, value: float, unit: str) -> str:
 def trend_figure(trends: Sequence[Mapping[str, Any]]) -> Any:
     """Value per session with its 95% CI, one axes per series; change points dashed, labelled
     with the step and the coinciding subject change; the latest session filled."""
-    fig, axes = new_figure(2.3, ncols=len(trends), width_in=max(5.4, 3.2 * len(trends)), squeeze=False,
-                        margins_in=(0.62, 0.45, 0.15, 0.3))
+    fig, axes = new_figure(
+        2.3, ncols=len(trends), width_in=max(5.4, 3.2 * len(trends)), squeeze=False, margins_in=(0.62, 0.45, 0.15, 0.3)
+    )
     for ax, t in zip(axes[0], trends):
         pts = t["points"]
         x = list(range(1, len(pts) + 1))
@@ -229,22 +232,34 @@ def trend_figure(trends: Sequence[Mapping[str, Any]]) -> Any:
             colour = BUDGET if st["regression"] else "#1e8449"
             ax.axvline(at, color=colour, ls="--", lw=1)
             right = at < (len(pts) + 1) / 2  # the label on the side with more room
-            ax.text(at + (0.3 if right else -0.3), top, st["text"], fontsize=7, va="top",
-                    ha="left" if right else "right", color=colour,
-                    bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1.0})
+            ax.text(
+                at + (0.3 if right else -0.3),
+                top,
+                st["text"],
+                fontsize=7,
+                va="top",
+                ha="left" if right else "right",
+                color=colour,
+                bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1.0},
+            )
         ax.set_title(f"{t['label']} ({t['unit']})")
         ax.set_xlabel("session")
         ax.set_xlim(0.5, len(pts) + 0.5)
     return fig
 
 
-VERDICT_COLOURS = {"REGRESSION": BUDGET, "IMPROVED": "#1e8449", "MACHINE_SLOWER": FIRST_RUN,
-                   "INCONCLUSIVE": "#7d3c98", "UNCHANGED": BASELINE}
+VERDICT_COLOURS = {
+    "REGRESSION": BUDGET,
+    "IMPROVED": "#1e8449",
+    "MACHINE_SLOWER": FIRST_RUN,
+    "INCONCLUSIVE": "#7d3c98",
+    "UNCHANGED": BASELINE,
+}
 VERDICT_ORDER = ("REGRESSION", "MACHINE_SLOWER", "IMPROVED", "INCONCLUSIVE", "UNCHANGED")
 OVERVIEW_ROWS = 24
 
 
-def change_overview(results: Sequence["MeasurementResult"]) -> Any:
+def change_overview(results: Sequence[MeasurementResult]) -> Any:
     """Change of each compared metric with its 95% CI, the most notable first (capped)."""
     rows = []
     for r in results:
@@ -261,16 +276,26 @@ def change_overview(results: Sequence["MeasurementResult"]) -> Any:
         if c.ci_low is not None and c.ci_high is not None:
             ax.hlines(y, (c.ci_low - 1) * 100, (c.ci_high - 1) * 100, color=colour, lw=1.6)
         ax.plot(change, y, "o", color=colour, ms=5)
-        ax.annotate(c.verdict.value, (1.0, y), xycoords=("axes fraction", "data"), xytext=(4, 0),
-                    textcoords="offset points", va="center", fontsize=7, color=colour, fontweight="bold")
+        ax.annotate(
+            c.verdict.value,
+            (1.0, y),
+            xycoords=("axes fraction", "data"),
+            xytext=(4, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=7,
+            color=colour,
+            fontweight="bold",
+        )
     labels = [f"{nodeids.last(test)[:38]} \u00b7 {c.phase} {c.label}" for _, _, test, c in shown]
     ax.set_yticks(range(len(shown)), labels)
     ax.invert_yaxis()
     thresholds = Counter(c.threshold for _, _, _, c in shown if c.threshold)
     if thresholds:
         common = thresholds.most_common(1)[0][0]
-        others = sorted({f"{c.label} +-{c.threshold:.0%}" for _, _, _, c in shown
-                         if c.threshold and c.threshold != common})
+        others = sorted(
+            {f"{c.label} +-{c.threshold:.0%}" for _, _, _, c in shown if c.threshold and c.threshold != common}
+        )
         label = f"threshold +-{common:.0%}" + (f" ({', '.join(others)})" if others else "")
         ax.axvspan(-common * 100, common * 100, color="#eeeeee", zorder=0, label=label)
         ax.legend(loc="lower right")
@@ -285,7 +310,7 @@ def change_overview(results: Sequence["MeasurementResult"]) -> Any:
 _PARAMS = re.compile(r"\[.*\]$")
 
 
-def curves(results: Sequence["MeasurementResult"]) -> dict[str, list[Mapping[str, Any]]]:
+def curves(results: Sequence[MeasurementResult]) -> dict[str, list[Mapping[str, Any]]]:
     """``{test function: load records sorted by throughput}`` of the results that have one."""
     groups: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for r in results:
@@ -295,7 +320,7 @@ def curves(results: Sequence["MeasurementResult"]) -> dict[str, list[Mapping[str
     return {k: sorted(v, key=lambda d: (d["concurrency"], d["output_tps"])) for k, v in groups.items()}
 
 
-def throughput_latency(results: Sequence["MeasurementResult"]) -> Any:
+def throughput_latency(results: Sequence[MeasurementResult]) -> Any:
     """Two panels sharing the x axis (output tok/s): TTFT and TPOT, p50 with p99 whiskers."""
     fig, (left, right) = new_figure(3.4, ncols=2, margins_in=(0.62, 0.95, 0.15, 0.3), wspace=0.45)
     colours = ("#1f5fbf", "#c0392b", "#1e8449", "#7d3c98", "#b9770e", "#2e4053")
@@ -321,7 +346,7 @@ def throughput_latency(results: Sequence["MeasurementResult"]) -> Any:
     return fig
 
 
-def section(results: Sequence["MeasurementResult"]) -> str | None:
+def section(results: Sequence[MeasurementResult]) -> str | None:
     """The curve's SVG, or None when no result is a load test."""
     if not curves(results):
         return None

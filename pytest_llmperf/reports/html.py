@@ -22,24 +22,18 @@ import re
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from html import escape
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..core.catalog import BUDGETS, FIGURES, HEADLINE, is_ceiling
 from ..core.formats import fmt
 from ..core.settings import usable_cpus
 from ..judge.result import MeasurementResult, VerdictRecord
 from . import figures, record_figures
-from .session_file import (
-    against_of,
-    change_cells,
-    comparison_headers,
-    detects_cell,
-    metric_label,
-    summary_values,
-)
+from .session_file import against_of, change_cells, comparison_headers, detects_cell, metric_label, summary_values
 
 if TYPE_CHECKING:
     from ..judge.verdict import Comparison
@@ -135,9 +129,15 @@ def budget_value(record: Mapping[str, Any], key: str) -> float | None:
 
 #: Budget key -> the figure (``Figures``) holding its statistic: a result without a record
 #: (judged against ``--llmperf-against``'s REF) shows its budgets from them.
-BUDGET_FIGURES = {**{f"p{q}_ms": f"itl_p{q}_ms" for q in (50, 90, 95, 99)}, "ttft_ms": "ttft_ms",
-                  "ttft_p95_ms": "ttft_p95_ms", "tpot_ms": "tpot_ms", "e2e_ms": "e2e_ms", "min_tps": "decode_tps",
-                  "min_prefill_tps": "prefill_tps"}
+BUDGET_FIGURES = {
+    **{f"p{q}_ms": f"itl_p{q}_ms" for q in (50, 90, 95, 99)},
+    "ttft_ms": "ttft_ms",
+    "ttft_p95_ms": "ttft_p95_ms",
+    "tpot_ms": "tpot_ms",
+    "e2e_ms": "e2e_ms",
+    "min_tps": "decode_tps",
+    "min_prefill_tps": "prefill_tps",
+}
 
 
 def _budget_rows(result: MeasurementResult) -> list[list[str]]:
@@ -149,24 +149,35 @@ def _budget_rows(result: MeasurementResult) -> list[list[str]]:
             ok = value is not None and key not in result.breached_budgets
         else:
             ok = BUDGETS[key].holds(value, limit)
-        rows.append([_e(key), ("&ge; " if floor else "&le; ") + _e(fmt(limit)),
-                     "n/a" if value is None else _e(fmt(value)),
-                     badge("ok") if ok else (badge("OVER BUDGET", "FAIL") if value is not None else "not in record")])
+        rows.append(
+            [
+                _e(key),
+                ("&ge; " if floor else "&le; ") + _e(fmt(limit)),
+                "n/a" if value is None else _e(fmt(value)),
+                badge("ok") if ok else (badge("OVER BUDGET", "FAIL") if value is not None else "not in record"),
+            ]
+        )
     return rows
 
 
-def _comparison_rows(comparisons: Sequence["Comparison"], paired: bool = False) -> list[list[str]]:
+def _comparison_rows(comparisons: Sequence[Comparison], paired: bool = False) -> list[list[str]]:
     """``paired`` (against ``--llmperf-against``'s REF): the ratio this tree / REF and its CI."""
     rows = []
     for c in comparisons:
         change, ci = change_cells(c, paired)
         p = c.p_adjusted if c.p_adjusted is not None else c.p_value
-        rows.append([
-            _e(metric_label(c.label, c.phase, c.unit)), _e(fmt(c.baseline_value)), _e(fmt(c.candidate_value)),
-            _e(change), _e(ci), "n/a" if p is None else _e(f"{p:.3g}"),
-            f'<span title="{_e(c.reason)}">{badge(c.verdict.value)}</span>',
-            f'<span title="{_e(c.reach())}">{_e(detects_cell(c))}</span>',
-        ])
+        rows.append(
+            [
+                _e(metric_label(c.label, c.phase, c.unit)),
+                _e(fmt(c.baseline_value)),
+                _e(fmt(c.candidate_value)),
+                _e(change),
+                _e(ci),
+                "n/a" if p is None else _e(f"{p:.3g}"),
+                f'<span title="{_e(c.reason)}">{badge(c.verdict.value)}</span>',
+                f'<span title="{_e(c.reach())}">{_e(detects_cell(c))}</span>',
+            ]
+        )
     return rows
 
 
@@ -181,15 +192,20 @@ def _now_rows(s: Mapping[str, Any]) -> list[list[str]]:
 
 def _env(record: Mapping[str, Any]) -> str:
     hw, subj = record.get("hardware", {}), record.get("subject", {})
-    items = [("hardware", ", ".join(f"{k} {v}" for k, v in sorted(hw.items()) if v is not None)),
-             ("subject", ", ".join(f"{k} {v}" for k, v in sorted(subj.items()) if v is not None)),
-             ("commit", record.get("commit") or "unknown"), ("recorded at", record.get("recorded_at", "?"))]
+    items = [
+        ("hardware", ", ".join(f"{k} {v}" for k, v in sorted(hw.items()) if v is not None)),
+        ("subject", ", ".join(f"{k} {v}" for k, v in sorted(subj.items()) if v is not None)),
+        ("commit", record.get("commit") or "unknown"),
+        ("recorded at", record.get("recorded_at", "?")),
+    ]
     return "<dl>" + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in items) + "</dl>"
 
 
 def _figure_html(fig_id: str, caption: str, svg: str, prefix: str) -> str:
-    return (f'<figure class="plot" data-figure="{fig_id}">{scope_ids(svg, prefix)}'
-            f"<figcaption>{_e(caption)}</figcaption></figure>")
+    return (
+        f'<figure class="plot" data-figure="{fig_id}">{scope_ids(svg, prefix)}'
+        f"<figcaption>{_e(caption)}</figcaption></figure>"
+    )
 
 
 def test_section(
@@ -202,15 +218,24 @@ def test_section(
     verdict = result.verdict or NOT_COMPARED
     budgets = result.budgets
     word = state_of(result)
-    parts = [f'<section class="test" id="test-{index}" data-test="{_e(result.test)}" data-state="{_e(word)}">',
-             f"<h2>{_e(result.test)} {test_badge(result)}</h2>"]
+    parts = [
+        f'<section class="test" id="test-{index}" data-test="{_e(result.test)}" data-state="{_e(word)}">',
+        f"<h2>{_e(result.test)} {test_badge(result)}</h2>",
+    ]
     f, ref = result.figures, result.reference
     w = record.get("workload") or ({"prompt_tokens": f.prompt_tokens, "max_tokens": f.output_tokens} if f else {})
-    judged = (f"against REF {ref}: {verdict.pairs} interleaved pairs" if ref else f"against REF {against}: not compared"
-              if against else f"baseline: {'compared' if baseline else verdict.status}")
-    parts.append(f'<p class="notes">{_e(w.get("prompt_tokens", "?"))} prompt tokens, {_e(w.get("max_tokens", "?"))} '
-                 f'generated per run, {_e(summary_values(result).get("n_runs", f.runs if f else "?"))} runs; '
-                 f'{_e(judged)}</p>')
+    judged = (
+        f"against REF {ref}: {verdict.pairs} interleaved pairs"
+        if ref
+        else f"against REF {against}: not compared"
+        if against
+        else f"baseline: {'compared' if baseline else verdict.status}"
+    )
+    parts.append(
+        f'<p class="notes">{_e(w.get("prompt_tokens", "?"))} prompt tokens, {_e(w.get("max_tokens", "?"))} '
+        f"generated per run, {_e(summary_values(result).get('n_runs', f.runs if f else '?'))} runs; "
+        f"{_e(judged)}</p>"
+    )
     notes = list(verdict.failures)
     if verdict.note:
         notes.append(verdict.note)
@@ -237,9 +262,14 @@ def test_section(
     if trend:  # the history's recent sessions (history/series.attach)
         from .figures import trend_figure
 
-        plots.append(_figure_html("trend", "Recent trend: level per session with its 95% CI (the last is this "
-                                  "session); dashed: change points", figures.render(trend_figure, trend),
-                                  f"t{index}tr-"))
+        plots.append(
+            _figure_html(
+                "trend",
+                "Recent trend: level per session with its 95% CI (the last is this session); dashed: change points",
+                figures.render(trend_figure, trend),
+                f"t{index}tr-",
+            )
+        )
     parts.append('<div class="plots">' + "".join(plots) + "</div></section>")
     return "\n".join(parts)
 
@@ -247,36 +277,60 @@ def test_section(
 def summary_section(results: Sequence[MeasurementResult], created_at: str | None) -> str:
     states = Counter(state_of(r) for r in results)
     order = list(STATES)  # the worst first
-    ranked = sorted(states.items(), key=lambda item: (order.index(item[0]) if item[0] in order else len(order), item[0]))
+    ranked = sorted(
+        states.items(), key=lambda item: (order.index(item[0]) if item[0] in order else len(order), item[0])
+    )
     counts = " ".join(badge(word, f"{n} {word}") for word, n in ranked)
     rows = []
     for i, r in enumerate(results):
         s = summary_values(r)
         cells = ["n/a" if s.get(f.key) is None else _e(fmt(s[f.key])) for f in HEADLINE]
-        rows.append([f'<a href="#test-{i}">{_e(r.test)}</a>', test_badge(r), _e(r.budget), *cells,
-                     _e(", ".join((r.verdict or NOT_COMPARED).changes)) or "-"])
+        rows.append(
+            [
+                f'<a href="#test-{i}">{_e(r.test)}</a>',
+                test_badge(r),
+                _e(r.budget),
+                *cells,
+                _e(", ".join((r.verdict or NOT_COMPARED).changes)) or "-",
+            ]
+        )
     changes = Counter(c for r in results for c in (r.verdict or NOT_COMPARED).changes)
     changed = (
         "<ul class='notes'>" + "".join(f"<li>{_e(c)} ({n} test(s))</li>" for c, n in changes.most_common()) + "</ul>"
-        if changes else "<p class='notes'>nothing, or no test was compared with a baseline</p>"
+        if changes
+        else "<p class='notes'>nothing, or no test was compared with a baseline</p>"
     )
-    parts = ['<section id="summary">', "<h2>Summary</h2>",
-             f"<p>{len(results)} measurement(s){' at ' + _e(created_at) if created_at else ''}: {counts}</p>",
-             _table(("test", "verdict", "budget", *(f.header for f in HEADLINE),
-                     "changed since the baseline"), rows, raw=True),
-             "<h3>Changed in the subject since the baseline</h3>", changed]
+    parts = [
+        '<section id="summary">',
+        "<h2>Summary</h2>",
+        f"<p>{len(results)} measurement(s){' at ' + _e(created_at) if created_at else ''}: {counts}</p>",
+        _table(
+            ("test", "verdict", "budget", *(f.header for f in HEADLINE), "changed since the baseline"), rows, raw=True
+        ),
+        "<h3>Changed in the subject since the baseline</h3>",
+        changed,
+    ]
     recorded = [r.record for r in results if r.record]  # none against --llmperf-against's REF (section above)
     parts += ["<h3>Environment (first measurement)</h3>", _env(recorded[0])] if recorded else []
     from .figures import section as load_curve
 
     curve = load_curve(results)
     if curve:
-        parts.append(_figure_html("load-curve", "Served load: throughput against per-request latency, one point per "
-                                  "load level (label: concurrency)", curve, "load-"))
+        parts.append(
+            _figure_html(
+                "load-curve",
+                "Served load: throughput against per-request latency, one point per load level (label: concurrency)",
+                curve,
+                "load-",
+            )
+        )
     overview = key_figure(results)
     if overview:
-        parts.append(_figure_html("change-overview", "Largest changes with 95% CI (colour and label: verdict)",
-                                  overview, "summary-"))
+        parts.append(
+            _figure_html(
+                "change-overview", "Largest changes with 95% CI (colour and label: verdict)", overview, "summary-"
+            )
+        )
     parts.append("</section>")
     return "\n".join(parts)
 
@@ -310,12 +364,19 @@ def test_sections(
 
     def draw(chunk: tuple[int, list[MeasurementResult]]) -> list[str]:
         start, part = chunk
-        job = {"start": start, "results": [r.to_json() for r in part], "against": against,
-               "trends": {r.test: trends[r.test] for r in part if r.test in trends}}
+        job = {
+            "start": start,
+            "results": [r.to_json() for r in part],
+            "against": against,
+            "trends": {r.test: trends[r.test] for r in part if r.test in trends},
+        }
         try:
             proc = subprocess.run(
-                [sys.executable, "-m", __name__, "--worker"], input=json.dumps(job),
-                capture_output=True, text=True, check=True,
+                [sys.executable, "-m", __name__, "--worker"],
+                input=json.dumps(job),
+                capture_output=True,
+                text=True,
+                check=True,
             )
             sections = json.loads(proc.stdout)
             if isinstance(sections, list) and len(sections) == len(part):
@@ -326,14 +387,16 @@ def test_sections(
 
     with ThreadPoolExecutor(workers - 1) as pool:
         others = pool.map(draw, chunks[1:])
-        first = [test_section(chunks[0][0] + i, r, trends.get(r.test, ()), against)
-                 for i, r in enumerate(chunks[0][1])]
+        first = [test_section(chunks[0][0] + i, r, trends.get(r.test, ()), against) for i, r in enumerate(chunks[0][1])]
         return first + [section for sections in others for section in sections]
 
 
 def render_html(
-    results: Sequence[MeasurementResult], created_at: str | None = None, workers: int | None = None,
-    trends: Trends | None = None, against: Mapping[str, Any] | None = None,
+    results: Sequence[MeasurementResult],
+    created_at: str | None = None,
+    workers: int | None = None,
+    trends: Trends | None = None,
+    against: Mapping[str, Any] | None = None,
 ) -> str:
     """The whole page; ``workers``: processes drawing figures (default: usable CPUs, max 8);
     ``trends``: each test's recent sessions from the history (``history.series.attach``);
@@ -354,7 +417,10 @@ def render_html(
 
 
 def write_html(
-    path: Path, results: Sequence[MeasurementResult], created_at: str | None = None, trends: Trends | None = None,
+    path: Path,
+    results: Sequence[MeasurementResult],
+    created_at: str | None = None,
+    trends: Trends | None = None,
     against: Mapping[str, Any] | None = None,
 ) -> Path:
     """Render and write atomically (a reader never sees half a page)."""
@@ -392,8 +458,9 @@ def _worker() -> None:
     results = [MeasurementResult.from_json(r, check=False) for r in job["results"]]
     trends = job.get("trends") or {}
     against = job.get("against") or ""
-    json.dump([test_section(job["start"] + i, r, trends.get(r.test, ()), against) for i, r in enumerate(results)],
-              sys.stdout)
+    json.dump(
+        [test_section(job["start"] + i, r, trends.get(r.test, ()), against) for i, r in enumerate(results)], sys.stdout
+    )
 
 
 def against_section(results: Sequence[MeasurementResult], against: Mapping[str, Any] | None = None) -> str:
@@ -405,20 +472,27 @@ def against_section(results: Sequence[MeasurementResult], against: Mapping[str, 
     items = [("REF", described)]
     for name, side in sorted(((against or {}).get("sides") or {}).items(), key=lambda kv: kv[0] != "REF"):
         code = ", ".join(f"{k} from {v}" for k, v in (side.get("code") or {}).items() if v) or "no code of this tree"
-        items.append((f"side {name}", f"{side.get('shown', '?')}: Python {side.get('python') or '?'} "
-                      f"({side.get('interpreter', '?')}), llama-cpp-python {side.get('llama_cpp') or '?'}; {code}"))
+        items.append(
+            (
+                f"side {name}",
+                f"{side.get('shown', '?')}: Python {side.get('python') or '?'} "
+                f"({side.get('interpreter', '?')}), llama-cpp-python {side.get('llama_cpp') or '?'}; {code}",
+            )
+        )
     pairs = sorted(r.verdict.pairs for r in results if r.reference and r.verdict is not None)
-    return ('<section id="against">' + f"<h2>Judged against REF {escape(described)}</h2>"
-            f'<p class="notes">{len(pairs)} of {len(results)} measurement(s) compared with REF\'s runs interleaved '
-            "pair by pair in this session (seeded AB/BA order, warm-ups on both sides); each ratio is this tree / "
-            "REF with its 95% CI (Wilcoxon); baselines were neither read nor written.</p><dl>"
-            + "".join(f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>" for k, v in items) + "</dl></section>")
+    return (
+        '<section id="against">' + f"<h2>Judged against REF {escape(described)}</h2>"
+        f'<p class="notes">{len(pairs)} of {len(results)} measurement(s) compared with REF\'s runs interleaved '
+        "pair by pair in this session (seeded AB/BA order, warm-ups on both sides); each ratio is this tree / "
+        "REF with its 95% CI (Wilcoxon); baselines were neither read nor written.</p><dl>"
+        + "".join(f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>" for k, v in items)
+        + "</dl></section>"
+    )
 
 
 def history_page(series: Sequence[Any]) -> str:
     """``llmperf history --html``: per test and hardware, the trend plots and the tables."""
-    from ..history.series import steps
-    from ..history.series import metric_order, table, title, trend_data
+    from ..history.series import metric_order, steps, table, title, trend_data
     from .figures import trend_figure
 
     groups: dict[tuple[str, str], list[Any]] = {}
@@ -441,7 +515,8 @@ def history_page(series: Sequence[Any]) -> str:
         )
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>pytest-llmperf history</title>'
-        f"<style>{CSS}</style></head><body><main><h1>pytest-llmperf history</h1>\n" + "\n".join(body)
+        f"<style>{CSS}</style></head><body><main><h1>pytest-llmperf history</h1>\n"
+        + "\n".join(body)
         + "\n</main></body></html>\n"
     )
 

@@ -9,14 +9,15 @@ and memory. The report is a JSON-ready dict whose fields are fixed by
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from . import text as breakdown
 from ..core.catalog import METRICS, SUMMARY
 from ..core.formats import fmt
 from ..core.settings import ENGINE_DEFAULTS
+from . import text as breakdown
 
 PROFILE_SCHEMA = "pytest-llmperf/profile"
 PROFILE_SCHEMA_VERSION = 1
@@ -30,8 +31,8 @@ def json_schema() -> dict[str, Any]:
 
 def resolve_model(model: str | None) -> tuple[Path, str]:
     """(GGUF path, display name): a preset name (or nothing: the embedded default) is written once."""
-    from ..engines.llama_cpp_native import check_gguf
     from ..core.settings import DEFAULT_MODEL
+    from ..engines.llama_cpp_native import check_gguf
     from ..models.gguf import model_path
 
     path, name = model_path(model or DEFAULT_MODEL)
@@ -56,12 +57,12 @@ def profile(
     reprobe_peaks: bool = False,
     progress: Callable[[str], None] = lambda step: None,
 ) -> dict[str, Any]:
+    from ..baselines.records import diagnosis
+    from ..core.formats import sig6
+    from ..core.workload import Workload
     from ..engines.llama_cpp_native import EngineConfig
     from ..measuring.roofline import machine_peaks
-    from ..core.formats import sig6
-    from ..baselines.records import diagnosis
     from ..measuring.runner import measure
-    from ..core.workload import Workload
 
     workload = Workload(prompt_tokens=prompt_tokens, max_tokens=max_tokens, runs=runs, warmup=warmup)
     progress("model")
@@ -177,5 +178,8 @@ def render(r: dict[str, Any], form: str = "table") -> str:
     warnings = r["stability"]["warnings"] or ["stable: no run far off, CV within 10%"]
     parts.append(("stability", "\n".join(("- " if md else "") + w for w in warnings)))
     if md:
-        return "\n\n".join([f"# llmperf profile: {mdl['name']}", facts, work] + [f"## {t}\n\n{b}" for t, b in parts]) + "\n"
+        return (
+            "\n\n".join([f"# llmperf profile: {mdl['name']}", facts, work] + [f"## {t}\n\n{b}" for t, b in parts])
+            + "\n"
+        )
     return "\n\n".join([f"llmperf profile: {facts}", f"workload: {work}"] + [f"{t}:\n{b}" for t, b in parts]) + "\n"

@@ -18,12 +18,13 @@ roofline), which only a profiled test has."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from ..core.catalog import BUDGETS, METRICS, pooled_itl
-from .figures import BASELINE, BUDGET, budget_label, FIRST_RUN, new_figure, NOW, plain_log, WIDTH_IN
+from .figures import BASELINE, BUDGET, FIRST_RUN, NOW, WIDTH_IN, budget_label, new_figure, plain_log
 
 
 def layer_bars(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, budgets: Mapping[str, float]) -> Any:
@@ -35,8 +36,14 @@ def layer_bars(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, bu
     width = 2 * WIDTH_IN  # the page shows it across both columns
     label_in = 0.15 + 0.075 * longest
     axes_in = (width - label_in - 0.2 - label_in * (len(names) - 1)) / len(names)
-    fig, axes = new_figure(1.2 + 0.2 * n_rows, len(names), width_in=width, margins_in=(label_in, 0.8, 0.2, 0.3),
-                        wspace=label_in / axes_in, squeeze=False)
+    fig, axes = new_figure(
+        1.2 + 0.2 * n_rows,
+        len(names),
+        width_in=width,
+        margins_in=(label_in, 0.8, 0.2, 0.3),
+        wspace=label_in / axes_in,
+        squeeze=False,
+    )
     base_phases = ((baseline or {}).get("layers") or {}).get("phases", {})
     for ax, phase in zip(axes[0], names):
         now = phases[phase]
@@ -46,8 +53,9 @@ def layer_bars(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, bu
         ax.barh(y - (height / 2 if base else 0), now["median_ms"], height, color=NOW, label="now")
         if base:
             by_name = dict(zip(base["names"], base["median_ms"]))
-            ax.barh(y + height / 2, [by_name.get(n, 0.0) for n in now["names"]], height, color=BASELINE,
-                    label="baseline")
+            ax.barh(
+                y + height / 2, [by_name.get(n, 0.0) for n in now["names"]], height, color=BASELINE, label="baseline"
+            )
         ax.set_yticks(y, now["names"])
         outliers = set(now.get("outliers", ()))
         for tick, name in zip(ax.get_yticklabels(), now["names"]):
@@ -71,13 +79,24 @@ def roofline(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, budg
     points = [(p, rf[p]) for p in ("prefill", "decode") if isinstance(rf.get(p), Mapping)]
     intensities = [d["intensity_flop_per_byte"] for _, d in points] + [peak / bw]
     x = np.logspace(np.log10(min(intensities) / 4), np.log10(max(intensities) * 4), 200)
-    ax.plot(x, np.minimum(peak, x * bw), color="black", lw=1.4,
-            label=f"roof: {bw:.3g} GB/s ({rf.get('peak_bw_source', '?')}), {peak:.3g} GFLOP/s "
-                  f"({rf.get('peak_tflops_source', '?')})")
+    ax.plot(
+        x,
+        np.minimum(peak, x * bw),
+        color="black",
+        lw=1.4,
+        label=f"roof: {bw:.3g} GB/s ({rf.get('peak_bw_source', '?')}), {peak:.3g} GFLOP/s "
+        f"({rf.get('peak_tflops_source', '?')})",
+    )
     if "min_mbu" in budgets:  # an MBU floor: achieved bytes/s >= min_mbu x peak, i.e. GFLOP/s >= that x intensity
         floor = budgets["min_mbu"] * bw * x
-        ax.plot(x[floor <= peak], floor[floor <= peak], color=BUDGET, ls="-.", lw=1.2,
-                label=budget_label("min_mbu", budgets["min_mbu"], "of peak bandwidth"))
+        ax.plot(
+            x[floor <= peak],
+            floor[floor <= peak],
+            color=BUDGET,
+            ls="-.",
+            lw=1.2,
+            label=budget_label("min_mbu", budgets["min_mbu"], "of peak bandwidth"),
+        )
     base_rf = (baseline or {}).get("roofline") or {}
     for phase, d in points:
         marker = "o" if phase == "decode" else "^"
@@ -85,14 +104,28 @@ def roofline(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, budg
         bound = d["bound_tps"] * d["flops_per_token"] / 1e9
         ax.plot([d["intensity_flop_per_byte"]] * 2, [gflops, bound], color=NOW, lw=0.8, ls=":")
         ax.plot(d["intensity_flop_per_byte"], bound, marker, color="black", mfc="white", ms=6)
-        ax.plot(d["intensity_flop_per_byte"], gflops, marker, color=NOW, ms=7,
-                label=f"{phase} now: {d['achieved_tps']:.4g} t/s of {d['bound_tps']:.4g} bound "
-                      f"({'fits in cache' if d['verdict'] == 'cache-resident' else 'MBU n/a' if d.get('note') else 'MBU ' + format(d['mbu'], '.0%')}, "
-                      f"MFU {d['mfu']:.1%}, {d['verdict']})")
+        ax.plot(
+            d["intensity_flop_per_byte"],
+            gflops,
+            marker,
+            color=NOW,
+            ms=7,
+            label=f"{phase} now: {d['achieved_tps']:.4g} t/s of {d['bound_tps']:.4g} bound "
+            f"({'fits in cache' if d['verdict'] == 'cache-resident' else 'MBU n/a' if d.get('note') else 'MBU ' + format(d['mbu'], '.0%')}, "
+            f"MFU {d['mfu']:.1%}, {d['verdict']})",
+        )
         b = base_rf.get(phase)
         if isinstance(b, Mapping):
-            ax.plot(b["intensity_flop_per_byte"], b["achieved_tps"] * b["flops_per_token"] / 1e9, marker,
-                    color=BASELINE, mfc="none", ms=8, mew=1.5, label=f"{phase} baseline: {b['achieved_tps']:.4g} t/s")
+            ax.plot(
+                b["intensity_flop_per_byte"],
+                b["achieved_tps"] * b["flops_per_token"] / 1e9,
+                marker,
+                color=BASELINE,
+                mfc="none",
+                ms=8,
+                mew=1.5,
+                label=f"{phase} baseline: {b['achieved_tps']:.4g} t/s",
+            )
     ax.set_xscale("log")
     ax.set_yscale("log")
     plain_log(ax.xaxis)
@@ -124,7 +157,6 @@ def _ecdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ordered, fraction
 
 
-
 def itl_ecdf(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, budgets: Mapping[str, float]) -> Any:
     """Pooled decode ITL, ECDF now vs baseline, p50/p95/p99 marked on each curve."""
     fig, ax = new_figure(2.7, reuse=True)
@@ -142,8 +174,15 @@ def itl_ecdf(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, budg
         if name == "now":  # values for now; the baseline's are in the table, its markers show where
             for q, p, y in zip(qs, ("p50", "p95", "p99"), (0.5, 0.95, 0.99)):
                 left = p == "p95"  # p95 left of its marker, p99 right: they sit close
-                ax.annotate(f"{p} {q:.3g}", (q, y), xytext=(-5 if left else 5, -10 if left else 2),
-                            textcoords="offset points", ha="right" if left else "left", fontsize=6.5, color=colour)
+                ax.annotate(
+                    f"{p} {q:.3g}",
+                    (q, y),
+                    xytext=(-5 if left else 5, -10 if left else 2),
+                    textcoords="offset points",
+                    ha="right" if left else "left",
+                    fontsize=6.5,
+                    color=colour,
+                )
         top = max(top, float(np.percentile(values, 99.9)))
     for key, label in ITL_BUDGETS.items():
         if key in budgets:
@@ -197,9 +236,18 @@ def run_strips(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, bu
             value = budgets[key]  # labelled on the line: a legend per axes costs more than the plot
             y = 1000 / value if key in rates else value
             ax.axhline(y, color=BUDGET, ls="-.", lw=1.2)
-            ax.annotate(budget_label(key, value, BUDGETS[key].unit), (0, y), xycoords=ax.get_yaxis_transform(),
-                        xytext=(2, 2), textcoords="offset points", ha="left", va="bottom", fontsize=6.5,
-                        color=BUDGET, bbox={"fc": "white", "ec": "none", "alpha": 0.75, "pad": 0.5})
+            ax.annotate(
+                budget_label(key, value, BUDGETS[key].unit),
+                (0, y),
+                xycoords=ax.get_yaxis_transform(),
+                xytext=(2, 2),
+                textcoords="offset points",
+                ha="left",
+                va="bottom",
+                fontsize=6.5,
+                color=BUDGET,
+                bbox={"fc": "white", "ec": "none", "alpha": 0.75, "pad": 0.5},
+            )
     for ax in (left, right):
         ax.grid(axis="x", visible=False)
         ax.set_ylim(bottom=0)  # after the budget lines, so the axis reaches them
@@ -232,8 +280,14 @@ def token_timeline(record: Mapping[str, Any], baseline: Mapping[str, Any] | None
         if ttft:  # labelled on the plot: each legend entry costs more to draw than the data
             first = float(np.median(ttft))
             ax.plot([1], [first], "D" if name == "now" else "s", color=colour, ms=6)
-            ax.annotate(f"TTFT {first:.3g}", (1, first), xytext=(6, 4 if name == "now" else -8),
-                        textcoords="offset points", fontsize=6.5, color=colour)
+            ax.annotate(
+                f"TTFT {first:.3g}",
+                (1, first),
+                xytext=(6, 4 if name == "now" else -8),
+                textcoords="offset points",
+                fontsize=6.5,
+                color=colour,
+            )
     for key, label in ITL_BUDGETS.items():
         if key in budgets:
             ax.axhline(budgets[key], color=BUDGET, ls="-.", lw=1.2, label=budget_label(key, budgets[key], "ms"))
@@ -248,13 +302,17 @@ def token_timeline(record: Mapping[str, Any], baseline: Mapping[str, Any] | None
     return fig
 
 
-
 #: (id, caption, function, needs): the figures of one test, in page order.
 FIGURES = (
     ("itl-ecdf", "Decode ITL distribution now vs baseline, p50/p95/p99 marked", itl_ecdf, "itl_ms"),
     ("run-strips", "Per-run TTFT and TPOT now vs baseline (bar: median)", run_strips, "runs"),
-    ("token-timeline", "Per-token latency by output position: token 1 is the first token (TTFT median, diamond "
-     "now, square baseline), then each inter-token latency; shaded: p10-p90 of now's runs", token_timeline, "itl_ms"),
+    (
+        "token-timeline",
+        "Per-token latency by output position: token 1 is the first token (TTFT median, diamond "
+        "now, square baseline), then each inter-token latency; shaded: p10-p90 of now's runs",
+        token_timeline,
+        "itl_ms",
+    ),
     ("layer-bars", "Time per layer now vs baseline", layer_bars, "layers"),
     ("roofline", "Roofline: achieved vs bound", roofline, "roofline"),
 )

@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import statistics
 from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from ..baselines import store as baseline_store
 from ..core.catalog import HEADLINE
-from ..core.documents import read_text, RefusedFile, SchemaViolation, validate
+from ..core.documents import RefusedFile, SchemaViolation, read_text, validate
 from ..core.formats import fmt, render_table
 from ..core.settings import DEFAULT_COMPARISON_COLUMNS
 from ..judge.result import MeasurementResult
@@ -53,7 +54,9 @@ def write_baselines(
 
 
 def session_json(
-    results: Iterable[MeasurementResult], created_at: str, ab: list[Mapping[str, Any]] | None = None,
+    results: Iterable[MeasurementResult],
+    created_at: str,
+    ab: list[Mapping[str, Any]] | None = None,
     against: Mapping[str, Any] | None = None,
 ) -> str:
     """The ``--llmperf-json`` file; ``ab``: the A/B comparisons (``llmperf.compare()``), under
@@ -161,10 +164,15 @@ def reach_summary(results: Iterable[MeasurementResult]) -> str | None:
                 by_phase.setdefault(c.phase, []).append(c.detectable)
     if not by_phase:
         return None
-    parts = [f"{phase} >= {statistics.median(v):.0%}" for phase, v in sorted(by_phase.items(), key=lambda kv: kv[0] != "prefill")]
+    parts = [
+        f"{phase} >= {statistics.median(v):.0%}"
+        for phase, v in sorted(by_phase.items(), key=lambda kv: kv[0] != "prefill")
+    ]
     n = max(len(v) for v in by_phase.values())
-    return (f"llmperf: this gate detects here (median of {n} test(s), 80% power): {', '.join(parts)}; "
-            "-v: per test, with the noise estimate; --llmperf-columns ...,detects: per comparison")
+    return (
+        f"llmperf: this gate detects here (median of {n} test(s), 80% power): {', '.join(parts)}; "
+        "-v: per test, with the noise estimate; --llmperf-columns ...,detects: per comparison"
+    )
 
 
 def _comparisons(r: MeasurementResult) -> tuple[Comparison, ...]:
@@ -194,8 +202,11 @@ def change_cells(c: Comparison, paired: bool) -> tuple[str, str]:
         if c.ci_low is None or c.ci_high is None:
             return ratio_text(c.ratio), "n/a"
         return ratio_text(c.ratio), f"{ratio_text(c.ci_low)}..{ratio_text(c.ci_high)}"
-    ci = (f"{(c.ci_low - 1) * 100:+.1f}..{(c.ci_high - 1) * 100:+.1f}%"
-          if c.ci_low is not None and c.ci_high is not None else "n/a")
+    ci = (
+        f"{(c.ci_low - 1) * 100:+.1f}..{(c.ci_high - 1) * 100:+.1f}%"
+        if c.ci_low is not None and c.ci_high is not None
+        else "n/a"
+    )
     return f"{(c.ratio - 1) * 100:+.1f}%", ci
 
 
@@ -289,15 +300,24 @@ def against_line(results: Sequence[MeasurementResult], against: Mapping[str, Any
     pairs = sorted(r.verdict.pairs for r in results if r.reference and r.verdict is not None)
     span = "no" if not pairs else str(pairs[0]) if pairs[0] == pairs[-1] else f"{pairs[0]}-{pairs[-1]}"
     sides = sorted(((against or {}).get("sides") or {}).items(), key=lambda kv: kv[0] != "REF")
-    who = "; ".join(f"{'REF' if name == 'REF' else 'this tree'}: Python {v.get('python') or '?'}, "
-                    f"llama-cpp-python {v.get('llama_cpp') or '?'}" for name, v in sides)
-    return (f"Judged against REF `{described}`: {len(pairs)} of {len(results)} measurement(s) compared with REF's "
-            f"runs interleaved pair by pair in this session ({span} pairs each; ratio = this tree / REF)"
-            + (f"; {who}" if who else "") + ". Baselines were neither read nor written.")
+    who = "; ".join(
+        f"{'REF' if name == 'REF' else 'this tree'}: Python {v.get('python') or '?'}, "
+        f"llama-cpp-python {v.get('llama_cpp') or '?'}"
+        for name, v in sides
+    )
+    return (
+        f"Judged against REF `{described}`: {len(pairs)} of {len(results)} measurement(s) compared with REF's "
+        f"runs interleaved pair by pair in this session ({span} pairs each; ratio = this tree / REF)"
+        + (f"; {who}" if who else "")
+        + ". Baselines were neither read nor written."
+    )
 
 
 def markdown(
-    results: Sequence[MeasurementResult], extra: Iterable[str] = (), *, budgets_gate: bool = True,
+    results: Sequence[MeasurementResult],
+    extra: Iterable[str] = (),
+    *,
+    budgets_gate: bool = True,
     against: Mapping[str, Any] | None = None,
 ) -> str:
     """A GitHub-flavoured summary: one line per test, then the comparison table.
@@ -309,15 +329,14 @@ def markdown(
     regressions = [f for r in results if r.verdict is not None for f in r.verdict.failures]
     over = budget_failures(results) if budgets_gate else []
     failing = [
-        r for r in results
+        r
+        for r in results
         if (r.verdict is not None and r.verdict.failures) or (budgets_gate and r.budget.startswith("FAIL"))
     ]
     if failing:
         parts = [f"{len(over)} over budget"] if over else []
         parts += [f"{len(regressions)} regression(s)"] if regressions else []
-        lines.append(
-            f"**{len(failing)} of {len(results)} measurement(s) failed**: {', '.join(parts)}."
-        )
+        lines.append(f"**{len(failing)} of {len(results)} measurement(s) failed**: {', '.join(parts)}.")
     else:
         lines.append(f"No regression and no budget failure in {len(results)} measurement(s).")
     judged = against_line(results, against)
@@ -335,8 +354,11 @@ def markdown(
         lines += ["", "### Over budget", ""] + [f"- {line}" for line in over]
     if regressions:
         lines += ["", "### Regressions", ""] + [f"- {line}" for line in regressions]
-    alone = [f"{r.test}: {r.verdict.note if r.verdict is not None else 'not compared'}"
-             for r in results if judged and not r.reference]
+    alone = [
+        f"{r.test}: {r.verdict.note if r.verdict is not None else 'not compared'}"
+        for r in results
+        if judged and not r.reference
+    ]
     if alone:
         lines += ["", "### Not compared against REF", ""] + [f"- {line}" for line in alone]
     undecided = undecided_lines(results)

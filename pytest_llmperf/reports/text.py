@@ -12,9 +12,11 @@ detail section, ``llmperf profile`` (text, Markdown) and its JSON show the same 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Iterable, Mapping, Sequence, TYPE_CHECKING
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-from ..core import catalog, formats as nodeids
+from ..core import catalog
+from ..core import formats as nodeids
 from ..core.catalog import FIGURES, METRICS, SUMMARY_COLUMNS
 from ..core.formats import fmt, render_table
 from ..core.settings import DEFAULT_SUMMARY_COLUMNS
@@ -63,7 +65,9 @@ def metrics_table(m: Measurement) -> str:
         _figure_row(m, "decode_tps"),
         (
             "sampling (llama.cpp sampler)" + ("" if m.engine.sample else ", timed apart"),
-            "ms/token", _opt(m.sampling_ms_per_token), runs,
+            "ms/token",
+            _opt(m.sampling_ms_per_token),
+            runs,
         ),
         _figure_row(m, "e2e_ms"),
         _figure_row(m, "itl_p50_ms", "itl_p90_ms"),
@@ -73,7 +77,6 @@ def metrics_table(m: Measurement) -> str:
         ("ITL min / max", "ms", f"{fmt(itl.min_ms)} / {fmt(itl.max_ms)}", f"{itl.count} tokens"),
     ]
     if m.load is not None:
-
         rows += load_rows(m)
     if m.engine.endpoint:  # served: what the server's prompt cache was allowed to do
         rows.append(("prompt cache", "", m.workload.prompt_cache, ""))
@@ -126,6 +129,7 @@ def summary_table(
 def short_ids(ids: Sequence[str]) -> dict[str, str]:
     """Each test id without what all of them share: the path, then the module when the rest
     is unique (``tests/perf/test_a.py::test_decode[#2]`` -> ``test_decode[#2]``)."""
+
     def tail(nodeid: str, n: int) -> str:
         head, *pieces = nodeids.parts(nodeid)  # a parameter id's own "::" is no separator
         if not pieces:
@@ -183,8 +187,13 @@ def curve_table(measurements: Sequence[Measurement]) -> str:
         )
     return render_table(
         (
-            "concurrency", "ok", "req/s", "out tok/s", "tok/s per req",
-            *(f"{x.label} p50/p99 {x.unit}" for x in LOAD_METRICS), catalog.METRICS["goodput"].label,
+            "concurrency",
+            "ok",
+            "req/s",
+            "out tok/s",
+            "tok/s per req",
+            *(f"{x.label} p50/p99 {x.unit}" for x in LOAD_METRICS),
+            catalog.METRICS["goodput"].label,
         ),
         rows,
     )
@@ -194,7 +203,7 @@ def load_rows(m: Measurement) -> list[tuple[str, str, str, str]]:
     """Rows for the per-test metrics table (same columns as ``metrics_table``)."""
     s = m.load
     reqs = f"{s.n_ok} requests"
-    pct = lambda st: f"{fmt(st.p50_ms)} / {fmt(st.p90_ms)} / {fmt(st.p95_ms)} / {fmt(st.p99_ms)}"  # noqa: E731
+    pct = lambda st: f"{fmt(st.p50_ms)} / {fmt(st.p90_ms)} / {fmt(st.p95_ms)} / {fmt(st.p99_ms)}"
     rows = [
         ("load", "", f"concurrency {s.concurrency}" + (f", Poisson {s.rate_per_s:g}/s" if s.rate_per_s else ""), ""),
         ("requests ok / failed", "", f"{s.n_ok} / {s.n_failed}", f"{s.n_requests} requests"),
@@ -208,7 +217,9 @@ def load_rows(m: Measurement) -> list[tuple[str, str, str, str]]:
         slo = ", ".join(f"{k} <= {fmt(v)}" for k, v in s.slo.items())
         rows.append((goodput, "", f"{s.goodput:.1%} ({slo})", f"{s.n_requests} requests"))
     else:
-        rows.append((f"{goodput} (no SLO: requests that succeeded)", "", f"{s.goodput:.1%}", f"{s.n_requests} requests"))
+        rows.append(
+            (f"{goodput} (no SLO: requests that succeeded)", "", f"{s.goodput:.1%}", f"{s.n_requests} requests")
+        )
     return rows + server_rows(s.server)
 
 
@@ -225,9 +236,12 @@ def server_rows(server: ServerSide | None) -> list[tuple[str, str, str, str]]:
     out = []
     if server.n_timed:
         out += [
-            ("server prompt tokens evaluated min/p50/max", "tokens",
-             f"{server.prompt_n_min} / {opt(server.prompt_n_median)} / {server.prompt_n_max}",
-             f"prompt {opt(server.prompt_tokens_median)} tokens"),
+            (
+                "server prompt tokens evaluated min/p50/max",
+                "tokens",
+                f"{server.prompt_n_min} / {opt(server.prompt_n_median)} / {server.prompt_n_max}",
+                f"prompt {opt(server.prompt_tokens_median)} tokens",
+            ),
             ("prompt tokens the server took from its cache", "tokens", opt(server.prompt_tokens_from_cache), reqs),
             ("server prompt time p50 (timings)", "ms", opt(server.server_prompt_ms_p50), reqs),
             ("client TTFT - server prompt time p50", "ms", opt(server.ttft_gap_ms_p50), reqs),
@@ -236,11 +250,23 @@ def server_rows(server: ServerSide | None) -> list[tuple[str, str, str, str]]:
         ]
     m = server.metrics or {}
     if "prompt_tokens_total" in m and "tokens_predicted_total" in m:
-        out.append(("server /metrics: prompt / generated tokens", "tokens",
-                    f"{m['prompt_tokens_total']:.0f} / {m['tokens_predicted_total']:.0f}", "this level"))
+        out.append(
+            (
+                "server /metrics: prompt / generated tokens",
+                "tokens",
+                f"{m['prompt_tokens_total']:.0f} / {m['tokens_predicted_total']:.0f}",
+                "this level",
+            )
+        )
     if server.tokens_per_decode is not None:
-        out.append(("server /metrics: tokens per decode call", "", fmt(server.tokens_per_decode),
-                    f"{m['n_decode_total']:.0f} decode calls"))
+        out.append(
+            (
+                "server /metrics: tokens per decode call",
+                "",
+                fmt(server.tokens_per_decode),
+                f"{m['n_decode_total']:.0f} decode calls",
+            )
+        )
     return out
 
 
@@ -351,7 +377,9 @@ def layer_summary(layers: Mapping[str, Any]) -> list[str]:
         if layers.get(key) is not None
     ]
     if ratios:
-        lines.append("instrumentation cost (instrumented / plain, interleaved runs; prefill time, TPOT): " + ", ".join(ratios))
+        lines.append(
+            "instrumentation cost (instrumented / plain, interleaved runs; prefill time, TPOT): " + ", ".join(ratios)
+        )
     lines.append(f"outlier rule: {layers['outlier_rule']}")
     return lines
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import datetime
 import os
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..core.errors import EngineError, LLMPerfError
 from ..core.settings import EngineSettings, threads_warning
@@ -72,7 +73,7 @@ class Session:
         self.extra_measurements = 0
         self.labels_seen: dict[str, set[str]] = {}
         self.suite_failures: list[str] = []
-        self.outputs: "Outputs | None" = None
+        self.outputs: Outputs | None = None
         #: ``{nodeid: marker engine keys}`` of the tests to run (``plan``), for the header's warnings.
         self.planned_engines: dict[str, Any] = {}
         #: On a side of ``--llmperf-against``: the link to the controller, which drives the runs.
@@ -168,23 +169,38 @@ class Session:
         sides = {}
         for name, side in against.sides.items():
             ready = side.ready or {}
-            sides[name] = {"shown": side.spec.shown, "interpreter": side.spec.python, "code_root": side.spec.code_root,
-                           "python": ready.get("python"), "llama_cpp": ready.get("llama_cpp"),
-                           "code": dict(ready.get("code") or {})} if ready or name not in before else before[name]
+            sides[name] = (
+                {
+                    "shown": side.spec.shown,
+                    "interpreter": side.spec.python,
+                    "code_root": side.spec.code_root,
+                    "python": ready.get("python"),
+                    "llama_cpp": ready.get("llama_cpp"),
+                    "code": dict(ready.get("code") or {}),
+                }
+                if ready or name not in before
+                else before[name]
+            )
         self.against_sides = {"ref": ref.text, "described": ref.describe(), "sides": sides}
 
     # -- reporting ---------------------------------------------------------------------------
 
     def call_report(
         self, nodeid: str, results: Sequence[Any], ab_results: Sequence[Any], width: int, hook_error: str | None = None
-    ) -> "CallReport":
+    ) -> CallReport:
         """What one test's call report gets (``results.call_report``)."""
         from .results import call_report
 
         s = self.settings
         return call_report(
-            nodeid, results, ab_results, columns=s.columns, width=width, budgets_gate=s.budgets_gate,
-            failure_lines=self.assessor.failure_lines, hook_error=hook_error,
+            nodeid,
+            results,
+            ab_results,
+            columns=s.columns,
+            width=width,
+            budgets_gate=s.budgets_gate,
+            failure_lines=self.assessor.failure_lines,
+            hook_error=hook_error,
         )
 
     def collect(self, shipped: Sequence[Mapping[str, Any]], ab_results: Sequence[Mapping[str, Any]] = ()) -> None:
@@ -206,15 +222,14 @@ class Session:
         s = self.settings
         self.suite_failures = []
         if s.compare and not s.update_baselines and not s.against and not self.is_worker and self.results:
-            from ..judge.regression import CompareSettings
-            from ..judge.regression import suite_check
+            from ..judge.regression import CompareSettings, suite_check
 
             peers = len({(r.test, r.label) for r in self.results})
             settings = CompareSettings(**s.compare_values, peers=max(peers, self.planned_measurements))
             self.results, self.suite_failures = suite_check(self.results, settings)
         return self.suite_failures
 
-    def finish(self, environ: Mapping[str, str] | None = None) -> "Outputs | None":
+    def finish(self, environ: Mapping[str, str] | None = None) -> Outputs | None:
         """Write baselines, history and reports (not on a worker; nothing when no llmperf test
         ran and no report was asked for). ``outputs.failed``: the session must fail."""
         s = self.settings
@@ -228,15 +243,23 @@ class Session:
         )
         return self.outputs
 
-    def summary(self, verbosity: int, width: int) -> list["Line"]:
+    def summary(self, verbosity: int, width: int) -> list[Line]:
         """The terminal summary's llmperf lines (none, and nothing imported, when nothing ran)."""
         if self.outputs is None and not self.rows and not self.suite_failures:
             return []
         from .finish import summary
 
         notes = [self.assessor.history_error] if self.assessor.history_error else []
-        return summary(self.settings, self.rows, self.results, self.outputs, self.suite_failures,
-                       verbosity=verbosity, width=width, notes=notes)
+        return summary(
+            self.settings,
+            self.rows,
+            self.results,
+            self.outputs,
+            self.suite_failures,
+            verbosity=verbosity,
+            width=width,
+            notes=notes,
+        )
 
     def close(self) -> None:
         self.engines.close()
@@ -399,8 +422,10 @@ def describe(settings: EngineSettings, threads_source: str, disabled: bool, engi
     if s.endpoint:
         from ..core.workload import PROMPT_CACHE_NOTE
 
-        lines = [f"llmperf: endpoint {s.endpoint} ({s.api}), model {s.api_model or '(server default)'}",
-                 f"llmperf: {PROMPT_CACHE_NOTE}"]
+        lines = [
+            f"llmperf: endpoint {s.endpoint} ({s.api}), model {s.api_model or '(server default)'}",
+            f"llmperf: {PROMPT_CACHE_NOTE}",
+        ]
     else:
         lines = [
             f"llmperf: model {describe_model(s)}, threads {s.threads or usable_cpus()}, "

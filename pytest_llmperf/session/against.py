@@ -24,14 +24,15 @@ import re
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ..core.errors import LLMPerfError
 from ..core.workload import SEQUENTIAL_FACTOR, SEQUENTIAL_TIME_CAP_S
 from ..measuring.worker import Channel
-from .refs import code_packages, Reference, resolve_reference, Worktrees
+from .refs import Reference, Worktrees, code_packages, resolve_reference
 
 
 @dataclass
@@ -79,8 +80,10 @@ class Against:
         for side in self.sides.values():
             r = side.ready
             code = ", ".join(f"{k} from {v}" for k, v in (r.get("code") or {}).items() if v) or "no code of this tree"
-            out.append(f"llmperf: against: {side.spec.name} = {side.spec.shown}: Python {r.get('python', '?')}, "
-                       f"llama-cpp-python {r.get('llama_cpp') or '?'}, {code}")
+            out.append(
+                f"llmperf: against: {side.spec.name} = {side.spec.shown}: Python {r.get('python', '?')}, "
+                f"llama-cpp-python {r.get('llama_cpp') or '?'}, {code}"
+            )
         return out
 
     def start(self) -> None:
@@ -103,8 +106,17 @@ class Against:
 
 
 def open_against(
-    text: str, rootdir: Path, cache_dir: Path, args: Sequence[str], cwd: str, *, alpha: float, threshold: float,
-    tail_threshold: float, family: int, timeout_s: float,
+    text: str,
+    rootdir: Path,
+    cache_dir: Path,
+    args: Sequence[str],
+    cwd: str,
+    *,
+    alpha: float,
+    threshold: float,
+    tail_threshold: float,
+    family: int,
+    timeout_s: float,
 ) -> Against:
     """Resolve REF (a ConfigError names what is wrong), check out its worktree, and set up both
     sides (their processes start at the first test)."""
@@ -151,14 +163,18 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str = ""
     """The measurement both sides wait at: warm-ups, then pairs in seeded AB/BA order (A: REF, B:
     the current side), looks until decided or the cap. Returns (comparisons, the note)."""
     from ..core.workload import Workload
-    from ..judge.paired import judged_pairs
     from ..judge.ab import block_orders
+    from ..judge.paired import judged_pairs
     from ..measuring.metrics import RunMetrics
 
     ev = events[CURRENT]
     workload = Workload(**ev["workload"])
-    settings = {"alpha": ag.alpha, "threshold": ag.threshold, "tail_threshold": ag.tail_threshold,
-                **{k: v for k, v in (ev.get("settings") or {}).items() if k in ("alpha", "threshold", "tail_threshold")}}
+    settings = {
+        "alpha": ag.alpha,
+        "threshold": ag.threshold,
+        "tail_threshold": ag.tail_threshold,
+        **{k: v for k, v in (ev.get("settings") or {}).items() if k in ("alpha", "threshold", "tail_threshold")},
+    }
     cap, looks = looks_for(workload.runs, ev.get("max_runs"))
     family = ag.family_for(nodeid, str(ev.get("label") or ""))
     by_letter = {"A": ag.sides[REF], "B": ag.sides[CURRENT]}
@@ -174,8 +190,9 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str = ""
             for letter in orders[i]:
                 runs[letter].append(RunMetrics.of(_run(by_letter[letter], i, ag.timeout_s)))
         n = len(runs["A"])
-        comparisons = judged_pairs(runs["A"], runs["B"], family=family, looks=looks,
-                                   reference=ag.reference.describe(), **settings)
+        comparisons = judged_pairs(
+            runs["A"], runs["B"], family=family, looks=looks, reference=ag.reference.describe(), **settings
+        )
         undecided = any(c.worth_more_runs or _loose(c) for c in comparisons if c.mirror_of is None)
         # Each side gets the time a sequential measurement against a baseline gets: a pair is two runs.
         if not undecided or n >= cap or time.monotonic() - started > 2 * SEQUENTIAL_TIME_CAP_S:
@@ -183,9 +200,11 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str = ""
     n_ab = sum(1 for o in orders[:n] if o == "AB")
     ref, cur = ag.sides[REF].ready, ag.sides[CURRENT].ready
     same = "" if events[REF]["workload"] == ev["workload"] else "; REF's workload differs from this tree's"
-    note = (f"against {ag.reference.describe()}: {n} pairs interleaved ({n_ab} AB, {n - n_ab} BA, seeded; "
-            f"up to {cap} in {looks} look(s)) after {workload.warmup} warm-up run(s) each; llama-cpp-python "
-            f"{ref.get('llama_cpp') or '?'} (REF) vs {cur.get('llama_cpp') or '?'} (this tree){same}")
+    note = (
+        f"against {ag.reference.describe()}: {n} pairs interleaved ({n_ab} AB, {n - n_ab} BA, seeded; "
+        f"up to {cap} in {looks} look(s)) after {workload.warmup} warm-up run(s) each; llama-cpp-python "
+        f"{ref.get('llama_cpp') or '?'} (REF) vs {cur.get('llama_cpp') or '?'} (this tree){same}"
+    )
     return comparisons, note
 
 
@@ -260,8 +279,15 @@ def drive(ag: Against, nodeid: str, next_nodeid: str | None) -> TestOutcome:
             ready = wait_any(busy, ag.timeout_s)
             if not ready:
                 for side in busy:
-                    gone(side, str(side.kill(f"{side.who} did not reach its next measurement or the test's end "
-                                             f"within {ag.timeout_s:g} s; it was killed (--llmperf-engine-timeout)")))
+                    gone(
+                        side,
+                        str(
+                            side.kill(
+                                f"{side.who} did not reach its next measurement or the test's end "
+                                f"within {ag.timeout_s:g} s; it was killed (--llmperf-engine-timeout)"
+                            )
+                        ),
+                    )
                 continue
             for side in ready:
                 try:
@@ -274,8 +300,15 @@ def drive(ag: Against, nodeid: str, next_nodeid: str | None) -> TestOutcome:
                     state[side.spec.name] = {"measure": "measure", "turn": "turn", "report": "done"}[kind]
                     events[side.spec.name] = event
                 elif kind == "exit":
-                    gone(side, str(side.kill(f"{side.who} ended its pytest session (exit status "
-                                             f"{event.get('code', '?')}) while running {nodeid}")))
+                    gone(
+                        side,
+                        str(
+                            side.kill(
+                                f"{side.who} ended its pytest session (exit status "
+                                f"{event.get('code', '?')}) while running {nodeid}"
+                            )
+                        ),
+                    )
             continue
         turn = next((s for s in active if state[s.spec.name] == "turn"), None)
         waiting = {name for name, st in state.items() if st == "measure"}
@@ -291,16 +324,25 @@ def drive(ag: Against, nodeid: str, next_nodeid: str | None) -> TestOutcome:
                     finish(cur, fail=f"not measured: {exc}")
                     finish(ref, fail=f"not measured: {exc}")
                     continue
-                finish(cur, verdict={"status": "compared", "note": note,
-                                     "comparisons": [comparison_json(c) for c in comparisons]})
+                finish(
+                    cur,
+                    verdict={
+                        "status": "compared",
+                        "note": note,
+                        "comparisons": [comparison_json(c) for c in comparisons],
+                    },
+                )
                 finish(ref)
             elif CURRENT in waiting and REF in lost:  # REF died or hung in this test: it fails
                 told.add(lost[REF])
                 finish(cur, fail=lost[REF])
             elif CURRENT in waiting:
                 said = events.get(REF, {}).get("line")
-                reason = ref_missing.line if ref_missing else (
-                    f"{ref.who} ended the test before this measurement{f': {said}' if said else ''}")
+                reason = (
+                    ref_missing.line
+                    if ref_missing
+                    else (f"{ref.who} ended the test before this measurement{f': {said}' if said else ''}")
+                )
                 try:
                     solo(ag, cur, events[CURRENT])
                 except RunFailed as exc:
@@ -359,11 +401,12 @@ class SideEnv:
     packages: tuple[str, ...]
 
     def dumps(self) -> str:
-        return json.dumps({"name": self.name, "args": list(self.args), "code_root": self.code_root,
-                           "packages": list(self.packages)})
+        return json.dumps(
+            {"name": self.name, "args": list(self.args), "code_root": self.code_root, "packages": list(self.packages)}
+        )
 
     @classmethod
-    def read(cls, environ: Mapping[str, str]) -> "SideEnv | None":
+    def read(cls, environ: Mapping[str, str]) -> SideEnv | None:
         """This process's side, or None when it is no side."""
         text = environ.get(SIDE_ENV)
         if text is None:
@@ -433,8 +476,10 @@ class Side:
             self._broke(str(exc))
             return
         if message.get("ev") != "ready":
-            self._broke(f"{self.who} did not start: its pytest session ended before its first test "
-                        f"(exit status {message.get('code', '?')}): {self._cause()}. {self._log()}")
+            self._broke(
+                f"{self.who} did not start: its pytest session ended before its first test "
+                f"(exit status {message.get('code', '?')}): {self._cause()}. {self._log()}"
+            )
             return
         self.ready = message
         problems = message.get("problems") or []
@@ -461,8 +506,11 @@ class Side:
             raise SideGone(self._died(doing), self.spec.name) from None
         if message is None:
             self.channel.kill()
-            raise SideGone(f"{self.who} did not answer within {timeout_s:g} s while {doing}; it was killed "
-                           f"(raise --llmperf-engine-timeout or shorten the workload). {self._log()}", self.spec.name)
+            raise SideGone(
+                f"{self.who} did not answer within {timeout_s:g} s while {doing}; it was killed "
+                f"(raise --llmperf-engine-timeout or shorten the workload). {self._log()}",
+                self.spec.name,
+            )
         return message
 
     def kill(self, line: str) -> SideGone:
@@ -522,8 +570,10 @@ class Side:
         for where, line in [*broken.items(), *errors.items()]:
             if not where or nodeid == where or nodeid.startswith((where + "::", where + "/")):
                 if where in broken:
-                    return Missing(f"{self.who} cannot import {where or nodeid}: its code under test fails there: "
-                                   f"{line}", fails=True)
+                    return Missing(
+                        f"{self.who} cannot import {where or nodeid}: its code under test fails there: {line}",
+                        fails=True,
+                    )
                 return Missing(f"{self.who} cannot collect {where or nodeid}: {line}", fails=False)
         return Missing(f"{self.who} has no test {nodeid}", fails=False)
 
@@ -549,7 +599,7 @@ def python_fault(text: str) -> str | None:
     if at < 0:
         return None
     current = text.find("Current thread ", at)  # pytest's fault handler dumps every thread
-    frame = re.search(r'^\s*File "([^"]+)", line (\d+) in (\S+)', text[current if current >= 0 else at:], re.MULTILINE)
+    frame = re.search(r'^\s*File "([^"]+)", line (\d+) in (\S+)', text[current if current >= 0 else at :], re.MULTILINE)
     if frame is None:
         return None
     path = Path(frame.group(1))

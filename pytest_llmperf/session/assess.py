@@ -6,17 +6,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from .options import SessionSettings
 
 if TYPE_CHECKING:
     from ..baselines.store import BaselineError
     from ..core.fingerprint import Fingerprint
-    from .options import MarkerConfig
     from ..judge.regression import BaselineVerdict
     from ..measuring.metrics import Measurement
+    from .options import MarkerConfig
 
 #: ``fn(hardware, subject, engine_info)``: edits the fingerprint in place (the pytest layer's
 #: ``pytest_llmperf_fingerprint``); raises LLMPerfError for a wrong edit.
@@ -31,7 +32,7 @@ class Assessment:
     baseline_file: str
     hardware_key: str
     record: dict[str, Any]
-    verdict: "BaselineVerdict | None"
+    verdict: BaselineVerdict | None
     baseline_record: dict[str, Any] | None = None  # the entry the verdict compared against (HTML plots)
 
 
@@ -59,8 +60,8 @@ class Assessor:
         if s.history is None or s.disable:
             return None
         if hardware_key not in self.windows:
-            from ..history.series import read_windows
             from ..history.database import HistoryError
+            from ..history.series import read_windows
             from ..judge.rule import JUDGED
 
             try:
@@ -70,7 +71,7 @@ class Assessor:
                 self.history_error = f"llmperf: {exc}; the verdicts used the baseline files alone"
         return self.windows[hardware_key]
 
-    def fingerprint(self, m: "Measurement") -> "Fingerprint":
+    def fingerprint(self, m: Measurement) -> Fingerprint:
         from ..core.fingerprint import Fingerprint, hardware, subject
 
         key = m.engine
@@ -97,7 +98,7 @@ class Assessor:
         return loaded
 
     def assess(
-        self, nodeid: str, module: Path, m: "Measurement", marker: "MarkerConfig", *, family_size: int, peers: int
+        self, nodeid: str, module: Path, m: Measurement, marker: MarkerConfig, *, family_size: int, peers: int
     ) -> Assessment:
         """The record of ``m`` (test ``nodeid`` in file ``module``) and, unless only budgets
         gate, its verdict against the stored baseline."""
@@ -133,9 +134,11 @@ class Assessor:
                     verdict = dataclasses.replace(verdict, note=legacy_note(s.baseline_dir, path, rel, verdict.note))
             except BaselineError as exc:
                 verdict = BaselineVerdict("error", str(exc))
-        return Assessment(key, path.relative_to(s.baseline_dir).as_posix(), fp.hardware_key, rec, verdict, baseline_record)
+        return Assessment(
+            key, path.relative_to(s.baseline_dir).as_posix(), fp.hardware_key, rec, verdict, baseline_record
+        )
 
-    def measure_options(self, engine: Any, marker: "MarkerConfig") -> dict[str, Any]:
+    def measure_options(self, engine: Any, marker: MarkerConfig) -> dict[str, Any]:
         """What to measure besides the runs: per-layer timing and the roofline (in-process only;
         a marker's ``layers=True`` on another engine is an error the runner reports)."""
         s = self.settings
@@ -188,12 +191,14 @@ def legacy_note(baseline_dir: Path, path: Path, rel: str, note: str) -> str:
     if not old.is_file():
         return note
     new = path.relative_to(baseline_dir).as_posix()
-    return (f"{note} (into {new}; {old.relative_to(baseline_dir).as_posix()} is where older versions kept the "
-            f"baselines of every module named {Path(rel).name} outside the rootdir: git mv it to {new} if it is "
-            "this module's)")
+    return (
+        f"{note} (into {new}; {old.relative_to(baseline_dir).as_posix()} is where older versions kept the "
+        f"baselines of every module named {Path(rel).name} outside the rootdir: git mv it to {new} if it is "
+        "this module's)"
+    )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def commit(root: Path) -> str | None:
     """The commit a record names (12 hex digits; ``history.database.commit_sha``), looked up once."""
     from ..history.database import commit_sha

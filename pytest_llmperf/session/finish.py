@@ -11,9 +11,10 @@ The terminal summary at the end of a session, as lines: ``("line", text)``, or a
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..core.errors import LLMPerfError
 from .options import SessionSettings
@@ -49,7 +50,7 @@ class Outputs:
 SHOWN_DIFFERENCES = 4
 
 
-def other_hardware_line(s: SessionSettings, results: Sequence["MeasurementResult"]) -> tuple[str | None, bool]:
+def other_hardware_line(s: SessionSettings, results: Sequence[MeasurementResult]) -> tuple[str | None, bool]:
     """The one summary line for the measurements whose baselines were all recorded on other
     hardware (how many, and the fingerprint fields that differ), and whether it fails the
     session; (None, False) when there are none or the session records baselines."""
@@ -81,12 +82,12 @@ def write_file(path: Path, text: str, errors: list[str]) -> None:
 
 def finish(
     s: SessionSettings,
-    results: Sequence["MeasurementResult"],
+    results: Sequence[MeasurementResult],
     ab_results: Sequence[Mapping[str, Any]],
     started_at: str,
     step_summary: str | None,
     against: Mapping[str, Any] | None = None,
-) -> tuple[list["MeasurementResult"], Outputs]:
+) -> tuple[list[MeasurementResult], Outputs]:
     """Write what the session asked for; ``step_summary``: ``$GITHUB_STEP_SUMMARY``'s file;
     ``against``: what ``--llmperf-against``'s REF and both sides were (``Session.against_sides``).
     Returns the results with the session-wide Holm p-values, and what was written."""
@@ -151,7 +152,9 @@ def summary(
     if out is not None:
         lines += [("line", line) for line in out.baseline_errors]
         if out.baseline_errors:
-            lines.append(("line", f"llmperf: {len(out.baseline_errors)} baseline file(s) not written: the session fails"))
+            lines.append(
+                ("line", f"llmperf: {len(out.baseline_errors)} baseline file(s) not written: the session fails")
+            )
         lines += [("line", line) for line in out.report_errors]
         if out.html_error:
             lines.append(("line", out.html_error))
@@ -171,8 +174,13 @@ def summary(
     if not rows or verbosity <= -2:
         return lines
     if s.disable:
-        return lines + [("line", f"llmperf: {len(rows)} measurement(s) run once (--llmperf-disable): "
-                                 "no budgets, statistics or baselines")]
+        return lines + [
+            (
+                "line",
+                f"llmperf: {len(rows)} measurement(s) run once (--llmperf-disable): "
+                "no budgets, statistics or baselines",
+            )
+        ]
     from ..reports.session_file import against_of, comparison_table, reach_lines, reach_summary, undecided_lines
 
     if verbosity == -1:
@@ -180,19 +188,25 @@ def summary(
         ref = f", judged against {against_of(results)}" if against_of(results) else ""
         lines.append(("line", f"llmperf: {len(rows)} measurement(s){ref}, {over} over budget (drop -q for the table)"))
         return lines + [("line", line) for line in undecided_lines(results, short=True)]
-    from ..reports.text import overhead_lines
-    from ..reports.text import short_ids, summary_table
+    from ..reports.text import overhead_lines, short_ids, summary_table
 
     lines += [("sep", "llmperf summary"), ("line", summary_table(rows, s.columns, width))]
     lines += [("line", line) for line in overhead_lines(rows)]
     table = comparison_table(results, s.columns, width)
     if table:
         against = against_of(results)
-        lines += [("sep", f"llmperf comparison against {against}" if against else "llmperf baseline comparison"),
-                  ("line", table)]
+        lines += [
+            ("sep", f"llmperf comparison against {against}" if against else "llmperf baseline comparison"),
+            ("line", table),
+        ]
         if against and " REF " not in table.splitlines()[0] + " ":
-            lines.append(("line", "llmperf: both sides' figures: a wider terminal or --llmperf-columns "
-                                  "baseline,now,change,ci,verdict (the JSON, Markdown and HTML reports have them)"))
+            lines.append(
+                (
+                    "line",
+                    "llmperf: both sides' figures: a wider terminal or --llmperf-columns "
+                    "baseline,now,change,ci,verdict (the JSON, Markdown and HTML reports have them)",
+                )
+            )
         lines += [("line", line) for line in undecided_lines(results, short=True)]
         if verbosity >= 1:  # the "detects" column's figures, with where the noise estimate came from
             lines += [("line", line) for line in reach_lines(results, short=True)]

@@ -9,30 +9,44 @@ become fields of a ``Workload``."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from ..core.catalog import BUDGETS
 from ..core.errors import ConfigError
-from ..core.settings import EngineSettings, resolve, Resolved, SETTINGS
+from ..core.settings import SETTINGS, EngineSettings, Resolved, resolve
 from ..core.workload import MAX_TOKENS, too_many
-from ..history.connection import default as default_history, Location, parse as parse_history
-
+from ..history.connection import Location
+from ..history.connection import default as default_history
+from ..history.connection import parse as parse_history
 
 #: Options that exclude each other: (one, other, the line that says so).
 EXCLUSIVE = (
     ("skip", "only", "--llmperf-skip and --llmperf-only exclude each other"),
-    ("budgets_only", "baselines_only",
-     "--llmperf-budgets-only and --llmperf-baselines-only exclude each other; give neither to gate on both"),
-    ("against", "update_baselines",
-     "--llmperf-against judges this tree against REF and neither reads nor writes baselines: record baselines "
-     "in a session of their own (drop one of --llmperf-against, --llmperf-update-baselines)"),
-    ("against", "disable",
-     "--llmperf-disable measures once without statistics: it cannot judge against REF (drop one of them)"),
-    ("disable", "update_baselines",
-     "--llmperf-disable measures once without statistics: it cannot record baselines "
-     "(drop one of --llmperf-disable, --llmperf-update-baselines)"),
+    (
+        "budgets_only",
+        "baselines_only",
+        "--llmperf-budgets-only and --llmperf-baselines-only exclude each other; give neither to gate on both",
+    ),
+    (
+        "against",
+        "update_baselines",
+        "--llmperf-against judges this tree against REF and neither reads nor writes baselines: record baselines "
+        "in a session of their own (drop one of --llmperf-against, --llmperf-update-baselines)",
+    ),
+    (
+        "against",
+        "disable",
+        "--llmperf-disable measures once without statistics: it cannot judge against REF (drop one of them)",
+    ),
+    (
+        "disable",
+        "update_baselines",
+        "--llmperf-disable measures once without statistics: it cannot record baselines "
+        "(drop one of --llmperf-disable, --llmperf-update-baselines)",
+    ),
 )
 
 
@@ -91,12 +105,12 @@ class SessionSettings:
         getini: Callable[[str], Any],
         rootdir: Path | str,
         environ: Mapping[str, str] | None = None,
-    ) -> "SessionSettings":
+    ) -> SessionSettings:
         """Read every option once (``settings.resolve``). Raises ConfigError: one line."""
         return cls.from_resolved(resolve(getoption, getini, environ), rootdir)
 
     @classmethod
-    def of(cls, rootdir: Path | str, environ: Mapping[str, str] | None = None, **values: Any) -> "SessionSettings":
+    def of(cls, rootdir: Path | str, environ: Mapping[str, str] | None = None, **values: Any) -> SessionSettings:
         """Settings for a script (no pytest): ``SessionSettings.of(".", model="tiny", threads=1)``;
         values as the command line would give them (parsed again), the rest from env and defaults."""
         unknown = sorted(set(values) - set(SETTINGS))
@@ -106,7 +120,7 @@ class SessionSettings:
         return cls.from_options(lambda dest: given.get(dest), lambda key: "", rootdir, environ)
 
     @classmethod
-    def from_resolved(cls, r: Mapping[str, Resolved], rootdir: Path | str) -> "SessionSettings":
+    def from_resolved(cls, r: Mapping[str, Resolved], rootdir: Path | str) -> SessionSettings:
         for one, other, line in EXCLUSIVE:
             if r[one].value and r[other].value:
                 raise ConfigError(line)
@@ -124,8 +138,11 @@ class SessionSettings:
             threads_source=r["threads"].source,
             baseline_dir=root / r["baseline_dir"].value,
             # --llmperf-against: the verdicts are against REF, not the history's; nothing is appended.
-            history=None if r["against"].value else
-            default_history(root) if history.value is None else parse_history(history.value, history.source, root),
+            history=None
+            if r["against"].value
+            else default_history(root)
+            if history.value is None
+            else parse_history(history.value, history.source, root),
             **own,
         )
 
@@ -261,30 +278,65 @@ KEYS: dict[str, Key] = {
         Key("concurrency", "workload", "load: requests in flight at once (served models)", _int_at_least(1)),
         Key("requests", "workload", "load: requests sent in all (default: runs)", _int_at_least(1)),
         Key("rate", "workload", "load: Poisson arrivals, requests per second (seeded)", _number),
-        Key("shared_prefix_tokens", "workload", "served: the first N prompt tokens are the same in every request "
-            "(measures prefix caching; default: unique prompts, server prompt cache off)", _int_at_least(1)),
-        Key("model", "engine", "GGUF path or preset (tiny, small) for this test; one engine per distinct setting", _text),
+        Key(
+            "shared_prefix_tokens",
+            "workload",
+            "served: the first N prompt tokens are the same in every request "
+            "(measures prefix caching; default: unique prompts, server prompt cache off)",
+            _int_at_least(1),
+        ),
+        Key(
+            "model", "engine", "GGUF path or preset (tiny, small) for this test; one engine per distinct setting", _text
+        ),
         Key("threads", "engine", "llama.cpp threads for this test (prompt and generation)", _int_at_least(1)),
         Key("n_ctx", "engine", "llama.cpp context size for this test", _int_at_least(1, tokens=True)),
-        Key("n_batch", "engine", "llama.cpp logical batch (prompt tokens per llama_decode call)",
-            _int_at_least(1, tokens=True)),
-        Key("n_ubatch", "engine", "llama.cpp physical micro-batch (<= n_batch; default n_batch)",
-            _int_at_least(1, tokens=True)),
+        Key(
+            "n_batch",
+            "engine",
+            "llama.cpp logical batch (prompt tokens per llama_decode call)",
+            _int_at_least(1, tokens=True),
+        ),
+        Key(
+            "n_ubatch",
+            "engine",
+            "llama.cpp physical micro-batch (<= n_batch; default n_batch)",
+            _int_at_least(1, tokens=True),
+        ),
         Key("flash_attn", "engine", "llama.cpp flash attention on/off", _flag),
         Key("type_k", "engine", "K cache type: f16, q8_0, q4_0...", _cache_type),
         Key("type_v", "engine", "V cache type (quantized needs flash_attn=True)", _cache_type),
         Key("n_gpu_layers", "engine", "layers offloaded to a GPU (-1: all)", _gpu_layers),
         Key("mmap", "engine", "map the model file (llama.cpp use_mmap)", _flag),
         Key("mlock", "engine", "lock the model in RAM (llama.cpp use_mlock)", _flag),
-        Key("a", "ab", "A/B: side A (llama.cpp settings dict, model, callable or endpoint URL); runs interleave with b", _side),
+        Key(
+            "a",
+            "ab",
+            "A/B: side A (llama.cpp settings dict, model, callable or endpoint URL); runs interleave with b",
+            _side,
+        ),
         Key("b", "ab", "A/B: side B, compared with A by paired statistics", _side),
-        Key("max_slowdown", "ab", "A/B: max B/A time ratio - 1 per phase, e.g. 0.05, '5%' or {'prefill': 0.03}", _relative),
+        Key(
+            "max_slowdown",
+            "ab",
+            "A/B: max B/A time ratio - 1 per phase, e.g. 0.05, '5%' or {'prefill': 0.03}",
+            _relative,
+        ),
         Key("min_speedup", "ab", "A/B: min B/A speed ratio per phase, e.g. 1.5 or {'decode': 1.2}", _relative),
-        Key("repack", "engine", "llama.cpp weight repacking (use_extra_bufts, llama-bench --repack; default: on, off "
-            "for quantized models on AMX CPUs)", _flag),
+        Key(
+            "repack",
+            "engine",
+            "llama.cpp weight repacking (use_extra_bufts, llama-bench --repack; default: on, off "
+            "for quantized models on AMX CPUs)",
+            _flag,
+        ),
         Key("sample", "engine", "greedy sampling inside the timed decode loop (False: as llama-bench's tg)", _flag),
-        Key("max_runs", "option", "baseline comparisons: measure more runs, `runs` at a time, while a verdict "
-            "is INCONCLUSIVE, up to this many (default 3 x runs; = runs turns it off)", _int_at_least(1)),
+        Key(
+            "max_runs",
+            "option",
+            "baseline comparisons: measure more runs, `runs` at a time, while a verdict "
+            "is INCONCLUSIVE, up to this many (default 3 x runs; = runs turns it off)",
+            _int_at_least(1),
+        ),
         Key("layers", "option", "also time each layer (llama.cpp eval callback; in-process only)", _flag),
         Key("alpha", "setting", "family-wise significance level for baseline comparisons", _fraction(0, 1)),
         Key("threshold", "setting", "smallest change of a median that counts: 0.05 or '5%'", _fraction(0, 10)),
@@ -315,7 +367,7 @@ class MarkerConfig:
     def is_ab(self) -> bool:
         return "a" in self.ab and "b" in self.ab
 
-    def merged(self, overrides: Mapping[str, Any]) -> "MarkerConfig":
+    def merged(self, overrides: Mapping[str, Any]) -> MarkerConfig:
         extra = validate(overrides)
         workload = dict(self.workload)
         # A prompt given here replaces the marker's prompt of either kind.
@@ -336,10 +388,16 @@ def validate(kwargs: Mapping[str, Any], args: tuple[Any, ...] = ()) -> MarkerCon
     """Check marker keys and values; a ConfigError names the key and the allowed keys."""
     if args:
         raise ConfigError(
-            f"llmperf marker takes keyword arguments only, got positional {args!r}; "
-            f"allowed keys: {', '.join(KEYS)}"
+            f"llmperf marker takes keyword arguments only, got positional {args!r}; allowed keys: {', '.join(KEYS)}"
         )
-    by_kind: dict[str, dict[str, Any]] = {"budget": {}, "workload": {}, "setting": {}, "option": {}, "engine": {}, "ab": {}}
+    by_kind: dict[str, dict[str, Any]] = {
+        "budget": {},
+        "workload": {},
+        "setting": {},
+        "option": {},
+        "engine": {},
+        "ab": {},
+    }
     for name, value in kwargs.items():
         key = KEYS.get(name)
         if key is None:

@@ -17,9 +17,10 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Iterator, Sequence
+from typing import IO, TYPE_CHECKING
 
 from ..core.errors import ConfigError
 from ..core.redact import redact
@@ -27,15 +28,27 @@ from ..core.redact import redact
 if TYPE_CHECKING:
     from importlib.machinery import ModuleSpec
 
-REF_HELP = ("measure each llmperf test against a reference too, interleaved pair by pair: git:REV (a commit, "
-            "branch or tag of this repository), python:PATH (another interpreter), or both as git:REV,python:PATH")
+REF_HELP = (
+    "measure each llmperf test against a reference too, interleaved pair by pair: git:REV (a commit, "
+    "branch or tag of this repository), python:PATH (another interpreter), or both as git:REV,python:PATH"
+)
 FORMS = "git:REV, python:PATH or git:REV,python:PATH"
 GIT_TIMEOUT_S = 60.0
 CHECKOUT_TIMEOUT_S = 300.0
 PYTHON_CHECK_TIMEOUT_S = 30.0
 LOCK_TIMEOUT_S = 600.0
-EXCLUDED = {"conftest", "setup", "noxfile", "tests", "test", "testing", "docs", "examples", "benchmarks",
-            "pytest_llmperf"}
+EXCLUDED = {
+    "conftest",
+    "setup",
+    "noxfile",
+    "tests",
+    "test",
+    "testing",
+    "docs",
+    "examples",
+    "benchmarks",
+    "pytest_llmperf",
+}
 _GIT_LOCAL_ENV = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_COMMON_DIR")  # set by git hooks
 _SHA = re.compile(r"[0-9a-f]{40}([0-9a-f]{24})?")
 
@@ -76,8 +89,16 @@ def parse_reference(text: str) -> tuple[str | None, str | None]:
 
 def _run(cmd: Sequence[str], cwd: Path | None, timeout_s: float) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in _GIT_LOCAL_ENV}  # a git hook's GIT_DIR...
-    return subprocess.run(list(cmd), cwd=cwd, capture_output=True, text=True, timeout=timeout_s,
-                          stdin=subprocess.DEVNULL, env=env, errors="replace")
+    return subprocess.run(
+        list(cmd),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        errors="replace",
+    )
 
 
 def _last_line(text: str) -> str:
@@ -91,8 +112,11 @@ def _git(cwd: Path, *args: str, timeout_s: float = GIT_TIMEOUT_S, check: bool = 
     try:
         out = _run(["git", *args], cwd, timeout_s)
     except OSError as e:  # git missing, or cwd
-        raise ConfigError("llmperf: git is not installed (needed for --llmperf-against git:REV)"
-                          if shutil.which("git") is None else f"{what} could not start: {e}") from None
+        raise ConfigError(
+            "llmperf: git is not installed (needed for --llmperf-against git:REV)"
+            if shutil.which("git") is None
+            else f"{what} could not start: {e}"
+        ) from None
     except subprocess.TimeoutExpired:
         raise ConfigError(f"{what} took over {timeout_s:.0f} s") from None
     if out.returncode and check:
@@ -110,7 +134,8 @@ def _commit_of(rootdir: Path, rev: str) -> str:
     raise ConfigError(
         f"llmperf: --llmperf-against git:{rev}: no commit {rev!r} in the repository at {top}"
         f"{' (a shallow clone)' if shallow else ''}; fetch it first (e.g. `git fetch origin {rev}`; in GitHub "
-        "Actions: actions/checkout with fetch-depth: 0)")
+        "Actions: actions/checkout with fetch-depth: 0)"
+    )
 
 
 def _python_version(path: str) -> tuple[str, str]:
@@ -131,8 +156,9 @@ def _python_version(path: str) -> tuple[str, str]:
         raise ConfigError(f"{say}: could not run {absolute}: {e.strerror or e}") from None
     version = out.stdout.strip().splitlines()[-1:] if out.returncode == 0 else []
     if not version or not re.fullmatch(r"\d+\.\d+\S*", version[0]):
-        raise ConfigError(f"{say}: `{absolute} -c {code!r}` failed (exit {out.returncode}): "
-                          f"{_last_line(out.stderr or out.stdout)}")
+        raise ConfigError(
+            f"{say}: `{absolute} -c {code!r}` failed (exit {out.returncode}): {_last_line(out.stderr or out.stdout)}"
+        )
     return absolute, version[0]
 
 
@@ -190,9 +216,11 @@ def redirect_problems(code_root: Path, packages: Sequence[str]) -> list[str]:
         outside = [p for p in places if not Path(os.path.realpath(p)).is_relative_to(root)]
         if module is None or (places and not outside):
             continue
-        why = (f": the reference's tree {code_root} has no {name}"
-               if importlib.machinery.PathFinder.find_spec(name, [str(code_root)]) is None else
-               f", not from {code_root}: it was imported before llmperf could redirect it (a .pth file or a plugin?)")
+        why = (
+            f": the reference's tree {code_root} has no {name}"
+            if importlib.machinery.PathFinder.find_spec(name, [str(code_root)]) is None
+            else f", not from {code_root}: it was imported before llmperf could redirect it (a .pth file or a plugin?)"
+        )
         problems.append(f"{name} was imported from {outside[0] if outside else 'nowhere on disk'}{why}")
     return problems
 
@@ -269,8 +297,17 @@ class Worktrees:
                 self._remove(path)
                 _git(self.rootdir, "worktree", "prune")
                 self.base.mkdir(parents=True, exist_ok=True)
-                _git(self.rootdir, "worktree", "add", "--force", "--force", "--detach", str(path), sha,
-                     timeout_s=CHECKOUT_TIMEOUT_S)
+                _git(
+                    self.rootdir,
+                    "worktree",
+                    "add",
+                    "--force",
+                    "--force",
+                    "--detach",
+                    str(path),
+                    sha,
+                    timeout_s=CHECKOUT_TIMEOUT_S,
+                )
             os.utime(path)
             if sha not in self._leases:
                 self._leases[sha] = _flock(self.base / f"{sha}.inuse", shared=True, wait_s=0)
@@ -316,7 +353,7 @@ class Worktrees:
 
     def _evict(self) -> None:
         """Remove this repository's worktrees beyond the ``keep`` most recently used, skipping leased ones."""
-        for path in self._cached()[self.keep:]:
+        for path in self._cached()[self.keep :]:
             lease = self.base / f"{path.name}.inuse"
             free = _flock(lease, shared=False, wait_s=0)
             if free is None:

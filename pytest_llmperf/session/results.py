@@ -5,8 +5,9 @@ JSON) that cross pytest-xdist's wire and become the session JSON."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..judge.budgets import BudgetFailure
@@ -18,8 +19,8 @@ if TYPE_CHECKING:
 class Result:
     """One measurement of a test, as ``pytest_llmperf_result`` sees it."""
 
-    measurement: "Measurement"
-    failure: "BudgetFailure | None"
+    measurement: Measurement
+    failure: BudgetFailure | None
     n_budgets: int
     baseline: Any = None  # the session's ``assess.Assessment`` (baseline comparison)
     budgets: Mapping[str, float] = field(default_factory=dict)  # the marker's, drawn as lines in the HTML report
@@ -34,7 +35,7 @@ def ab_result_of(nodeid: str, ab: Any) -> dict[str, Any]:
     return {"test": nodeid + (f"[{ab.label}]" if ab.label else ""), "nodeid": nodeid, **as_dict(ab)}
 
 
-def section_of(r: Any, t: "MeasurementResult", columns: Sequence[str], width: int) -> tuple[str, str]:
+def section_of(r: Any, t: MeasurementResult, columns: Sequence[str], width: int) -> tuple[str, str]:
     """The report section of one measurement (``r``, its typed result ``t``): its figures,
     then its baseline comparison."""
     from ..reports.text import metrics_table
