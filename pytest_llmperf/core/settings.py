@@ -110,8 +110,8 @@ def parse_fraction(text: str | float, *, high: float = 10.0) -> float:
 
     Raises ValueError with a one-line message for anything else, or a value outside
     ``(0, high)``."""
-    if isinstance(text, bool):
-        raise ValueError(f"expected a share like 5% or 0.05, got {text!r}")
+    if isinstance(text, bool):  # callers turn a ValueError, not a TypeError, into the one-line config error
+        raise ValueError(f"expected a share like 5% or 0.05, got {text!r}")  # noqa: TRY004
     if isinstance(text, (int, float)):
         value = float(text)
     else:

@@ -283,7 +283,7 @@ def shift_ci(before: np.ndarray, after: np.ndarray) -> tuple[float, float, float
     d = np.sort((after[:, None] - before[None, :]).ravel())
     m, k = before.size, after.size
     reach = Z95 * math.sqrt(m * k * (m + k + 1) / 12.0)
-    lo = max(0, int(math.floor(m * k / 2.0 - reach)))
+    lo = max(0, math.floor(m * k / 2.0 - reach))
     return float(np.median(d)), float(d[lo]), float(d[d.size - 1 - lo])
 
 

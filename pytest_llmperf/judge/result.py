@@ -400,17 +400,17 @@ def result_of(nodeid: str, r: Any) -> MeasurementResult:
     budget count, the plugin's baseline assessment, budgets, hook-attached extra info)."""
     m, a, failure = r.measurement, r.baseline, r.failure
     breaches = tuple(failure.breaches) if failure is not None else ()
-    common = dict(
-        test=nodeid + (f"[{m.label}]" if m.label else ""),
-        nodeid=nodeid,
-        label=m.label or "",
-        budget="-" if not r.n_budgets else ("FAIL" if failure else "ok"),
-        budget_failures=tuple(b.line() for b in breaches),
-        breached_budgets=tuple(b.key for b in breaches),
-        budgets=dict(r.budgets),
-        extra_info=dict(r.extra_info),
-        figures=Figures.of(m),
-    )
+    common = {
+        "test": nodeid + (f"[{m.label}]" if m.label else ""),
+        "nodeid": nodeid,
+        "label": m.label or "",
+        "budget": "-" if not r.n_budgets else ("FAIL" if failure else "ok"),
+        "budget_failures": tuple(b.line() for b in breaches),
+        "breached_budgets": tuple(b.key for b in breaches),
+        "budgets": dict(r.budgets),
+        "extra_info": dict(r.extra_info),
+        "figures": Figures.of(m),
+    }
     if a is None:
         return MeasurementResult(**common)
     return MeasurementResult(

@@ -24,6 +24,7 @@ import resource
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -272,7 +273,7 @@ def _cpu_mhz() -> float | None:
     values = []
     for path in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/cpufreq/scaling_cur_freq"):
         try:
-            values.append(int(open(path).read()) / 1000)
+            values.append(int(Path(path).read_text()) / 1000)
         except (OSError, ValueError):
             pass
     if not values:

@@ -28,6 +28,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -218,7 +219,7 @@ def probe_bandwidth_gbs(buffer_mib: int = 512, repeats: int = 5, threads: int | 
     src = np.ones(n, dtype=np.float64)  # touched: pages are mapped before timing
     dst = np.zeros_like(src)
     bounds = np.linspace(0, n, threads + 1, dtype=np.int64)
-    parts = [(dst[a:b], src[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+    parts = [(dst[a:b], src[a:b]) for a, b in pairwise(bounds[:-1])]
     rates = []
     with ThreadPoolExecutor(max_workers=threads) as pool:
         list(pool.map(lambda p: np.copyto(*p), parts))  # warm-up
@@ -256,7 +257,7 @@ def _spec_tflops() -> tuple[float, str] | None:
     from ..engines.llama_cpp_native import default_threads
 
     try:
-        text = open("/proc/cpuinfo").read()
+        text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return None
     flags = set()
@@ -268,7 +269,7 @@ def _spec_tflops() -> tuple[float, str] | None:
         elif key.strip() == "cpu MHz":
             mhz.append(float(value))
     try:
-        mhz.append(int(open("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").read()) / 1000)
+        mhz.append(int(Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").read_text()) / 1000)
     except (OSError, ValueError):
         pass
     per_cycle = next((n for flag, n in FLOPS_PER_CYCLE if flag in flags), None)

@@ -222,7 +222,7 @@ class Link:
                 break
             try:  # the run's clock reads are all inside engine.run: no pipe, no controller work between them
                 trace = engine.run(workload, int(op["index"]))
-            except Exception as exc:  # the user's callable too: one line to the controller
+            except Exception as exc:  # noqa: BLE001 - the user's callable too: one line to the controller
                 self.send(
                     {
                         "ev": "error",

@@ -184,7 +184,7 @@ def itl_ecdf(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, budg
                     color=colour,
                 )
         top = max(top, float(np.percentile(values, 99.9)))
-    for key, label in ITL_BUDGETS.items():
+    for key in ITL_BUDGETS:
         if key in budgets:
             ax.axvline(budgets[key], color=BUDGET, ls="-.", lw=1.2, label=budget_label(key, budgets[key], "ms"))
             top = max(top, budgets[key])
@@ -288,7 +288,7 @@ def token_timeline(record: Mapping[str, Any], baseline: Mapping[str, Any] | None
                 fontsize=6.5,
                 color=colour,
             )
-    for key, label in ITL_BUDGETS.items():
+    for key in ITL_BUDGETS:
         if key in budgets:
             ax.axhline(budgets[key], color=BUDGET, ls="-.", lw=1.2, label=budget_label(key, budgets[key], "ms"))
     ax.set_yscale("log")

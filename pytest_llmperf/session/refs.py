@@ -98,6 +98,7 @@ def _run(cmd: Sequence[str], cwd: Path | None, timeout_s: float) -> subprocess.C
         stdin=subprocess.DEVNULL,
         env=env,
         errors="replace",
+        check=False,
     )
 
 
