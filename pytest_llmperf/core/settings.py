@@ -644,7 +644,7 @@ def resolve(
             continue
         if s.env and environ.get(s.env):
             raw, source = environ[s.env], f"${s.env}"
-        elif s.ini and getini(s.ini_key):
+        elif s.ini_key is not None and getini(s.ini_key):
             raw, source = getini(s.ini_key), f"ini {s.ini_key}"
         else:
             out[s.name] = Resolved(s.default, "default")

@@ -116,7 +116,7 @@ def _lower_index(n: int, alpha: float) -> int:
         from scipy.special import ndtri
 
         mean, sd = n * (n + 1) / 4.0, math.sqrt(n * (n + 1) * (2 * n + 1) / 24.0)
-        return max(math.floor(mean + ndtri(alpha / 2.0) * sd - 0.5), 0)
+        return max(math.floor(mean + float(ndtri(alpha / 2.0)) * sd - 0.5), 0)
     cdf = _null_cdf(n)
     return max(int(np.searchsorted(cdf, alpha / 2.0, side="right")) - 1, 0)
 
