@@ -69,7 +69,7 @@ DEFAULT_TAIL_THRESHOLD = 0.10
 #: and ``metric`` always shown). The defaults fit 80 columns; JSON, HTML and Markdown keep every column.
 SUMMARY_COLUMN_NAMES = tuple(name for name, _, _ in SUMMARY_COLUMNS[1:])
 COMPARISON_COLUMN_NAMES = ("baseline", "now", "change", "ci", "p", "verdict", "detects")
-DEFAULT_SUMMARY_COLUMNS = (*(f.column for f in HEADLINE), "budget")
+DEFAULT_SUMMARY_COLUMNS: tuple[str, ...] = (*(f.column for f in HEADLINE if f.column is not None), "budget")
 DEFAULT_COMPARISON_COLUMNS = ("change", "ci", "verdict")
 
 

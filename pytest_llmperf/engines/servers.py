@@ -481,8 +481,10 @@ def _extract_vendor(sdist: Path, target: Path) -> None:
     try:
         with tarfile.open(sdist) as tar:
             members = [m for m in tar.getmembers() if "/vendor/llama.cpp/" in m.name + "/"]
-            kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-            tar.extractall(target, members=members, **kwargs)
+            if hasattr(tarfile, "data_filter"):  # Python 3.12, and 3.10.12+ / 3.11.4+
+                tar.extractall(target, members=members, filter="data")
+            else:
+                tar.extractall(target, members=members)  # an older Python: no filters
     except (tarfile.TarError, OSError) as exc:
         raise ToolBuildError(f"cannot unpack {sdist}: {exc}") from None
 

@@ -310,7 +310,8 @@ def read(
     try:
         if not _tables(conn, loc, reading=True):
             return []
-        where, params = [], []
+        where: list[str] = []
+        params: list[object] = []
         if test:
             where.append("m.test LIKE ?")
             params.append(f"%{test}%")

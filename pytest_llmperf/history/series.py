@@ -131,7 +131,7 @@ def group(rows: Sequence[Mapping[str, Any]]) -> list[Series]:
             for r in rs
         )
         out.append(Series(test, label, metric, rs[0]["phase"], rs[0]["unit"], hw, points))
-    first = {}
+    first: dict[tuple[str, str, str], int] = {}
     for s in out:
         first.setdefault((s.test, s.label, s.hardware_key), len(first))
     order = {m: i for i, m in enumerate(RUN_FIELDS)}  # prefill first, then decode

@@ -26,11 +26,11 @@ import json
 import math
 import os
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from itertools import pairwise
 from pathlib import Path
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np

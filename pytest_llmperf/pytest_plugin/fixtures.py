@@ -251,11 +251,12 @@ class LLMPerf:
                 merged = {**config.engine, **settings}  # the marker's settings under each side's
                 return self._engine_factory(merged) if merged else self._engine_factory()
 
-            sides = [resolve_side(name, config.ab[name], engine_for) for name in ("a", "b")]
+            side_a, side_b = (resolve_side(name, config.ab[name], engine_for) for name in ("a", "b"))
             turn = self._side.turn() if self._side is not None else contextlib.nullcontext()
             with turn:  # a side of --llmperf-against: while the other side waits
                 result = compare_ab(
-                    *sides,
+                    side_a,
+                    side_b,
                     Workload(**workload),
                     max_slowdown=None if self._smoke else config.ab.get("max_slowdown"),
                     min_speedup=None if self._smoke else config.ab.get("min_speedup"),

@@ -46,7 +46,7 @@ import signal
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 import pytest
 
@@ -127,11 +127,12 @@ class AgainstHooks:
         return True
 
     def _log_failure(self, item: pytest.Item, line: str) -> None:
-        for when, outcome, longrepr in (
+        phases: tuple[tuple[Literal["setup", "call", "teardown"], Literal["passed", "failed"], str | None], ...] = (
             ("setup", "passed", None),
             ("call", "failed", line),
             ("teardown", "passed", None),
-        ):
+        )
+        for when, outcome, longrepr in phases:
             report = pytest.TestReport(
                 item.nodeid,
                 item.location,

@@ -129,6 +129,7 @@ class Assessor:
                 entries = self.baselines(path).get(key)
                 verdict = judge(entries, fp.hardware_key, rec, settings, window)
                 if verdict.status == "compared":
+                    assert entries is not None  # judged against one of them
                     baseline_record = entries[fp.hardware_key]
                 elif verdict.status == "no-baseline" and rel.startswith("../"):
                     verdict = dataclasses.replace(verdict, note=legacy_note(s.baseline_dir, path, rel, verdict.note))

@@ -213,7 +213,8 @@ def redirect_problems(code_root: Path, packages: Sequence[str]) -> list[str]:
     root, problems = Path(os.path.realpath(code_root)), []
     for name in packages:
         module = sys.modules.get(name)
-        places = [module.__file__] if getattr(module, "__file__", None) else list(getattr(module, "__path__", []))
+        file = getattr(module, "__file__", None)
+        places: list[str] = [file] if file else list(getattr(module, "__path__", []))
         outside = [p for p in places if not Path(os.path.realpath(p)).is_relative_to(root)]
         if module is None or (places and not outside):
             continue
