@@ -328,8 +328,14 @@ def steps(
     return out
 
 
-def detect(series_list: Sequence[Series], **kw: float) -> list[Step]:
-    return [step for s in series_list for step in steps(s, **kw)]  # type: ignore[arg-type]
+def detect(
+    series_list: Sequence[Series],
+    *,
+    alpha: float = changepoints.ALPHA,
+    permutations: int = changepoints.PERMUTATIONS,
+    min_size: int = changepoints.MIN_SIZE,
+) -> list[Step]:
+    return [step for s in series_list for step in steps(s, alpha=alpha, permutations=permutations, min_size=min_size)]
 
 
 def recent_regressions(found: Sequence[Step], last: int, threshold: float = 0.0) -> list[Step]:

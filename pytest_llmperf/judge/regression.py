@@ -373,7 +373,7 @@ def suite_check(
     if not settings.suite_check:
         return results, []
     compared = [i for i, r in enumerate(results) if r.verdict is not None and r.verdict.status == "compared"]
-    before = [list(results[i].verdict.comparisons) for i in compared]  # type: ignore[union-attr]
+    before = [list(v.comparisons) for v in (results[i].verdict for i in compared) if v is not None]
     after = suite_relative(before, alpha=settings.alpha_suite)
     lines = []
     for i, old, new in zip(compared, before, after):

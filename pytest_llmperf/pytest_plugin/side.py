@@ -253,7 +253,7 @@ def _assessment(nodeid: str, label: str, verdict: Mapping[str, Any] | None) -> A
         verdict.get("note", ""),
         tuple(comparison_from_json(c) for c in verdict.get("comparisons", ())),
     )
-    return Assessment(nodeid + (f"[{label}]" if label else ""), "", "", None, v)  # type: ignore[arg-type]
+    return Assessment(nodeid + (f"[{label}]" if label else ""), "", "", None, v)
 
 
 class SidePlugin:

@@ -31,7 +31,7 @@ class Assessment:
     key: str
     baseline_file: str
     hardware_key: str
-    record: dict[str, Any]
+    record: dict[str, Any] | None  # None: a side of --llmperf-against (the controller keeps no record)
     verdict: BaselineVerdict | None
     baseline_record: dict[str, Any] | None = None  # the entry the verdict compared against (HTML plots)
 
