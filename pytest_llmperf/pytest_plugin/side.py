@@ -46,13 +46,19 @@ import signal
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 import pytest
 
 from ..core.errors import LLMPerfError
 from ..session.against import SIDE_ENV, SideEnv
 from . import marks
+
+if TYPE_CHECKING:
+    from ..engines import Engine, TokenStream
+    from ..measuring.metrics import Measurement
+    from ..session.assess import Assessment
+    from ..session.options import MarkerConfig
 
 
 class AgainstHooks:
@@ -192,9 +198,10 @@ class Link:
         finally:
             self.send({"ev": "released"})
 
-    def measure(self, subject: Any, config: Any, label: str, nodeid: str) -> tuple[Any, Any]:
-        """The measurement the controller drives: the runs it asks for, then its verdict.
-        Returns (Measurement, session ``Assessment`` or None)."""
+    def measure(
+        self, subject: Engine | TokenStream, config: MarkerConfig, label: str, nodeid: str
+    ) -> tuple[Measurement, Assessment | None]:
+        """The measurement the controller drives: the runs it asks for, then its verdict."""
         from ..core.workload import Workload
         from ..measuring.metrics import RunMetrics, summarize
         from ..measuring.runner import as_engine, measure
@@ -240,7 +247,7 @@ class Link:
         return m, _assessment(nodeid, label, op.get("verdict"))
 
 
-def _assessment(nodeid: str, label: str, verdict: Mapping[str, Any] | None) -> Any:
+def _assessment(nodeid: str, label: str, verdict: Mapping[str, Any] | None) -> Assessment | None:
     """The controller's verdict as the session's ``Assessment`` (nothing recorded: no baseline)."""
     if verdict is None:
         return None

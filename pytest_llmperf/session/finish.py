@@ -138,7 +138,7 @@ Line = tuple[str, str]
 def summary(
     s: SessionSettings,
     rows: Sequence[Mapping[str, Any]],
-    results: Sequence[Any],  # judge.result.MeasurementResult
+    results: Sequence[MeasurementResult],
     out: Outputs | None,
     suite_failures: Sequence[str],
     *,
