@@ -72,7 +72,7 @@ def main() -> None:
     ap.add_argument("--permutations", type=int, default=changepoints.PERMUTATIONS)
     ap.add_argument("--min-size", type=int, default=changepoints.MIN_SIZE)
     args = ap.parse_args()
-    kw = dict(alpha=args.alpha, permutations=args.permutations, min_size=args.min_size)
+    kw = {"alpha": args.alpha, "permutations": args.permutations, "min_size": args.min_size}
     n = args.series
     t0 = time.perf_counter()
     res = scenario("step", n, args.seed, STEP, **kw)

@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import time
+from itertools import pairwise
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -90,7 +91,7 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, in
                 written.append(loop.time())
             if n > 1:
                 EMITTED_TPOT_MS.append((written[-1] - written[0]) / (n - 1) * 1000)
-                EMITTED_GAPS_MS.extend((b - a) * 1000 for a, b in zip(written, written[1:]))
+                EMITTED_GAPS_MS.extend((b - a) * 1000 for a, b in pairwise(written))
             writer.write(b"0\r\n\r\n")
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError):

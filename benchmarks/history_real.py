@@ -59,6 +59,7 @@ def session(folder: Path, history: Path, threads: int, index: int) -> float:
         capture_output=True,
         text=True,
         timeout=900,
+        check=False,
     )
     if out.returncode != 0:
         raise SystemExit(f"session {index + 1} failed:\n{out.stdout[-3000:]}\n{out.stderr[-2000:]}")

@@ -25,6 +25,7 @@ import tempfile
 import threading
 from collections import Counter
 from importlib import metadata
+from itertools import pairwise
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -123,8 +124,8 @@ def main() -> int:
         print(f"the marker-only test's session exited {code}", file=sys.stderr)
         return 1
     modules = [module_of(s) for s in steps]
-    files = sum(1 for a, b in zip(steps, steps[1:]) if a != b)
-    layers = sum(1 for a, b in zip(modules, modules[1:]) if layer_of(a) != layer_of(b))
+    files = sum(1 for a, b in pairwise(steps) if a != b)
+    layers = sum(1 for a, b in pairwise(modules) if layer_of(a) != layer_of(b))
     ran = Counter(modules)
     print(
         f"one marker-only test (in process): {len(ran)} modules, {len(steps)} calls, "

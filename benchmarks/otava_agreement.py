@@ -120,6 +120,7 @@ def otava_points(
         capture_output=True,
         text=True,
         timeout=600,
+        check=False,
     )
     if out.returncode != 0:
         raise SystemExit(f"otava failed ({out.returncode}): {out.stderr.strip()[-2000:]}")

@@ -87,6 +87,7 @@ def session(folder: Path, history: Path, index: int, *args: str, work_s: float =
         capture_output=True,
         text=True,
         timeout=600,
+        check=False,
     )
     if out.returncode not in (0, 1):
         raise SystemExit(f"session {index} failed:\n{out.stdout[-3000:]}\n{out.stderr[-2000:]}")

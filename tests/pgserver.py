@@ -17,8 +17,12 @@ import subprocess
 import tempfile
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self is Python 3.11+
 
 #: Set to 1 where PostgreSQL is installed on purpose (``.ci/run``): a missing server then
 #: fails the PostgreSQL tests instead of skipping them.
@@ -133,8 +137,9 @@ class PgServer:
         shutil.rmtree(self.folder, ignore_errors=True)
         self.folder = None
 
-    def __enter__(self) -> PgServer:
-        return self.start()
+    def __enter__(self) -> Self:
+        self.start()
+        return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -197,6 +197,7 @@ class Runner:
             text=True,
             timeout=timeout_s,
             stdin=subprocess.DEVNULL,
+            check=False,
         )
         return Inner(out.returncode, out.stdout + out.stderr, self.pids())
 

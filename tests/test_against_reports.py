@@ -323,7 +323,9 @@ def test_the_controller_fills_the_session_files_against_object(tmp_path: Path) -
     finally:
         ag.close()
     info = session.against_sides
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert info["ref"] == "git:HEAD" and info["described"] == f"git:HEAD ({commit[:12]})"
     current, ref = info["sides"]["current"], info["sides"]["REF"]
     assert current["shown"] == "this tree" and ref["shown"] == info["described"]

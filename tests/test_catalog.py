@@ -112,16 +112,16 @@ def test_every_metric_reads_from_a_measurement_and_its_record(measured) -> None:
 
 def test_every_summary_field_is_stored_in_the_record(measured) -> None:
     for key, field in catalog.SUMMARY.items():
-        _agree(measured, key, field.read, lambda rec: rec["summary"].get(key))
+        _agree(measured, key, field.read, lambda rec, key=key: rec["summary"].get(key))
     for _, rec in measured:
         assert list(rec["summary"]) == ["n_runs", "itl_count", *catalog.SUMMARY]
 
 
 def test_html_budget_value_is_the_measured_value_for_every_budget_key(measured) -> None:
     for key, budget in catalog.BUDGETS.items():
-        _agree(measured, key, budget.read, lambda rec: budget_value(rec, key))
+        _agree(measured, key, budget.read, lambda rec, key=key: budget_value(rec, key))
     # The table itself: e2e_ms and min_goodput used to show "not in record".
-    m, rec = measured[1]
+    _, rec = measured[1]
     from pytest_llmperf.judge.result import MeasurementResult
 
     rows = _budget_rows(MeasurementResult("t", budgets={"e2e_ms": 1e9, "min_goodput": 0.5, "ttft_ms": 1e9}, record=rec))

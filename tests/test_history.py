@@ -106,7 +106,9 @@ def test_roundtrip_keeps_runs_summary_fingerprints_and_commit(location: str, tmp
     assert tpot.points[0].subject["n_threads"] == 2 and tpot.points[0].workload["prompt_tokens"] == 64
     # The checkout is a git repository: its commit (and a dirty flag and branch) are kept;
     # tmp_path is none: no commit, and the row is still there.
-    git_head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=CHECKOUT, capture_output=True, text=True).stdout.strip()
+    git_head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=CHECKOUT, capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert tpot.points[0].commit == git_head and tpot.points[0].dirty in (True, False)
     assert tpot.points[1].commit is None and tpot.points[1].dirty is None
     assert tpot.points[1].baseline == "UNCHANGED" and tpot.points[0].baseline is None
@@ -241,7 +243,8 @@ def test_otava_export_reads_the_same_levels_from_csv_and_sql(location: str, tmp_
     ((name, test),) = yaml.safe_load((out / "otava.yaml").read_text())["tests"].items()
     assert test["type"] == "csv" and test["time_column"] == "time"
     assert test["metrics"] == {"tpot_ms": {"direction": -1}, "decode_tps": {"direction": 1}}
-    rows = list(csv.DictReader(open(test["file"], encoding="utf-8")))
+    with open(test["file"], encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
     levels_stored = [p.value for p in read_series(loc, metrics=["tpot_ms"])[0].points]
     assert [float(r["tpot_ms"]) for r in rows] == pytest.approx(levels_stored, rel=1e-5)
     assert rows[-1]["subject"].endswith("n_threads=1") and rows[0]["time"] == stamp(0)

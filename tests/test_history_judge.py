@@ -246,7 +246,7 @@ def test_other_hardware_is_counted_and_can_fail_the_session(pytester: pytest.Pyt
     path = pytester.path / "baselines" / "test_suite.json"
     doc = json.loads(path.read_text())
     entries = doc["tests"]["test_one"]
-    ((key, entry),) = entries.items()
+    ((_key, entry),) = entries.items()
     here = entry["hardware"]["logical_cpus"]
     entry["hardware"]["logical_cpus"] = here + 62
     entries.clear()

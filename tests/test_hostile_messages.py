@@ -397,6 +397,7 @@ def test_mode_000_model_llmperf_profile(unreadable_model: Path) -> None:
         env=child_env(),
         preexec_fn=_without_root_reads,
         timeout=60,
+        check=False,
     )
     assert out.returncode == 2, out.stdout + out.stderr
     assert out.stderr.strip() == "llmperf: error: " + unreadable(unreadable_model)
@@ -418,7 +419,14 @@ def test_mode_000_model_session(unreadable_model: Path, tmp_path: Path) -> None:
         "test_inner.py",
     ]
     out = subprocess.run(
-        argv, cwd=tmp_path, capture_output=True, text=True, env=child_env(), preexec_fn=_without_root_reads, timeout=120
+        argv,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        preexec_fn=_without_root_reads,
+        timeout=120,
+        check=False,
     )
     output = out.stdout + out.stderr
     assert out.returncode == 1, output

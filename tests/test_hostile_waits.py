@@ -252,6 +252,7 @@ def command(*argv: str, timeout: float = 60) -> tuple[subprocess.CompletedProces
         env=env,
         stdin=subprocess.DEVNULL,
         preexec_fn=limited,
+        check=False,
     )
     return out, time.monotonic() - started
 

@@ -69,6 +69,7 @@ def open_in_chromium(page: Path, tmp: Path, *action: str) -> tuple[str, list[str
         capture_output=True,
         text=True,
         timeout=120,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     log = json.loads(net_log.read_text())
@@ -153,6 +154,7 @@ def inner_pytest(folder: Path, *args: str) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         timeout=600,
+        check=False,
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from typing import ClassVar
 
 import pytest
 from fakeserver import Streaming, event, serving
@@ -25,7 +26,7 @@ STOP = threading.Event()
 class Faulty(Streaming):
     """``/<fault>/v1/completions``: the fault is the first path segment."""
 
-    seen_auth: list[str] = []
+    seen_auth: ClassVar[list[str]] = []  # one list for every request's handler
     flaky_count = 0
 
     def _stall(self) -> None:

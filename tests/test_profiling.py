@@ -118,6 +118,7 @@ def test_profile_defaults_validate_against_the_schema() -> None:
         capture_output=True,
         text=True,
         timeout=300,
+        check=False,
     )
     assert out.returncode == 0, out.stderr
     assert out.stderr == ""  # no progress output when not on a terminal
@@ -151,7 +152,11 @@ def test_profile_markdown_and_bad_model(tmp_path, capsys: pytest.CaptureFixture[
 def test_kv_cache_size_agrees_with_llama_cpp(tiny_engine) -> None:
     code = f"import llama_cpp, sys; llama_cpp.Llama(sys.argv[1], n_ctx={tiny_engine.info().n_ctx}, verbose=True)"
     out = subprocess.run(
-        [sys.executable, "-c", code, tiny_engine.info().model_path], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code, tiny_engine.info().model_path],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     )
     mib = float(re.search(r"llama_kv_cache: size =\s*([\d.]+) MiB", out.stderr).group(1))
     assert kv_cache_bytes(tiny_engine.info()) == pytest.approx(mib * 2**20, rel=0.01)

@@ -31,7 +31,9 @@ FORMS = "git:REV, python:PATH or git:REV,python:PATH"
 
 
 def git(cwd: Path, *args: str) -> str:
-    out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    out = subprocess.run(
+        ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, check=False
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 
@@ -301,6 +303,7 @@ def _side(cur: Path, ref: Path, setup: str, redirect: bool, import_first: bool =
         env=env,
         cwd=cur.parent,
         stdin=subprocess.DEVNULL,
+        check=False,
     )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])

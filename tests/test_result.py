@@ -180,7 +180,7 @@ def test_session_file_round_trips_exactly_and_validates(pytester: pytest.Pyteste
     registry = referencing.Registry().with_resources(
         (s["$id"], referencing.Resource.from_contents(s)) for s in schemas.values()
     )
-    for name, schema in schemas.items():
+    for schema in schemas.values():
         jsonschema.Draft202012Validator.check_schema(schema)
     jsonschema.Draft202012Validator(schemas["session"], registry=registry).validate(doc)
     baselines = list((pytester.path / "baselines").rglob("*.json"))

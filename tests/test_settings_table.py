@@ -44,7 +44,9 @@ def test_every_setting_is_an_option_an_ini_key_and_an_env_var_with_one_default(p
         assert defaults[s.name].value == s.default and defaults[s.name].source == "default"
         if s.ini:
             assert config.getini(s.ini_key) == "", s.ini_key
-            from_ini = resolve(_nothing_given, lambda key, k=s.ini_key: _sample(s.name) if key == k else "", environ={})
+            from_ini = resolve(
+                _nothing_given, lambda key, k=s.ini_key, name=s.name: _sample(name) if key == k else "", environ={}
+            )
             assert from_ini[s.name].source == f"ini {s.ini_key}"
             assert from_ini[s.name].value == s.parse(_sample(s.name))
         else:
@@ -110,7 +112,7 @@ def test_pytest_help_and_llmperf_help_show_the_same_defaults(
         with pytest.raises(SystemExit):
             cli.main([command, "--help"])
         text = _squeeze(capsys.readouterr().out)
-        for (name, flag), action in _cli_arguments().items():
+        for name, flag in _cli_arguments():
             s = next((x for x in SETTINGS.values() if x.cli == flag), None)
             if name == command and s is not None and (name, flag) not in NOT_THE_SETTING:
                 shown = _squeeze(f"(default {s.default_text()}")

@@ -55,6 +55,7 @@ def test_worker_measures_what_in_process_measures(tiny_model_path: Path) -> None
         assert worker.pid != os.getpid() and alive(worker.pid)
         mw, mi = measure(worker, WORKLOAD), measure(local, WORKLOAD)
         assert mw.n_runs == 2 and mw.output_tokens == 4
+        assert (mi.n_runs, mi.output_tokens) == (mw.n_runs, mw.output_tokens)
         # The same fed tokens, and llama.cpp's own counters arrive through the boundary.
         tw, ti = worker.run(WORKLOAD, 0), local.run(WORKLOAD, 0)
         assert tw.token_ids == ti.token_ids and len(tw.token_ns) == 4

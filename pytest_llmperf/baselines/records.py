@@ -33,8 +33,9 @@ def run_values(m: Measurement) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     for name in RUN_FIELDS:
         values = [getattr(r, name) for r in m.runs]
-        if all(v is not None for v in values):
-            out[name] = [sig6(v) for v in values]
+        present = [v for v in values if v is not None]
+        if len(present) == len(values):
+            out[name] = [sig6(v) for v in present]
     return out
 
 
@@ -82,7 +83,7 @@ def diagnosis(m: Measurement) -> dict[str, Any]:
         out["layers"] = m.layers.as_dict()
     if m.roofline is not None:
         out["roofline"] = m.roofline.as_dict()
-    memory = {"kv_cache_bytes": kv_cache_bytes(m.engine)}
+    memory: dict[str, Any] = {"kv_cache_bytes": kv_cache_bytes(m.engine)}
     if m.peak_rss is not None:
         memory.update(peak_rss_bytes=m.peak_rss.bytes, peak_rss_scope=m.peak_rss.scope)
     out["memory"] = memory

@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import sys
 import time
+from collections.abc import Callable
 
 from ..models.gguf import PRESETS, ensure_model
 from .common import add_setting, check_writable, positive_int, share_of_one, write_output
@@ -174,13 +175,14 @@ def run_load(args: argparse.Namespace) -> int:
 
     for line in curve_lines(results):
         print(line)
-    failed = [e for m in results for e in m.load.errors]
+    levels = [m.load for m in results if m.load is not None]  # every level of a sweep
+    failed = [e for s in levels for e in s.errors]
     for line in failed[:5]:
         print(line)
     if args.min_goodput is not None:
-        low = [m for m in results if m.load.goodput < args.min_goodput]
-        for m in low:
-            print(f"goodput {m.load.goodput:.1%} < {args.min_goodput:.1%} at concurrency {m.load.concurrency}")
+        low = [s for s in levels if s.goodput < args.min_goodput]
+        for s in low:
+            print(f"goodput {s.goodput:.1%} < {args.min_goodput:.1%} at concurrency {s.concurrency}")
         return 1 if low else 0
     return 0
 
@@ -208,7 +210,7 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", default=None, help="write the report here instead of stdout")
 
 
-def _progress() -> callable:
+def _progress() -> Callable[..., None]:
     """One updating line on a terminal's stderr; silent when stderr is not a TTY."""
     if not sys.stderr.isatty():
         return lambda step: None

@@ -25,6 +25,7 @@ import argparse
 import math
 import statistics
 from collections.abc import Sequence
+from typing import Any
 
 from ..core.catalog import JUDGED
 from .common import add_setting, alpha, positive_int, share
@@ -216,7 +217,7 @@ def _reach(spec, window, candidate, threshold: float, alpha_: float, m: int) -> 
     return decide([c], alpha=alpha_, m=m)[0].detectable
 
 
-def calibrate(spec, levels: Sequence, *, threshold: float, alpha_: float, m: int) -> dict[str, object]:
+def calibrate(spec, levels: Sequence, *, threshold: float, alpha_: float, m: int) -> dict[str, Any]:
     """One series' figures (``levels``: oldest first, one subject)."""
     from ..judge.rule import compare_levels, decide
     from ..judge.verdict import WINDOW_MIN_SESSIONS, WINDOW_SESSIONS, Level, NoiseModel, detectable
@@ -290,8 +291,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
         )
         if f is None:
             continue
-        alarms += int(f["alarms"])  # type: ignore[call-overload]
-        replayed += int(f["replayed"])  # type: ignore[call-overload]
+        alarms += int(f["alarms"])
+        replayed += int(f["replayed"])
         rows.append(
             [
                 s.name,

@@ -165,7 +165,8 @@ def _at(*path: str) -> Callable[[Mapping[str, Any]], float | None]:
         value: Any = record
         for part in path:
             value = (value or {}).get(part)
-        return value
+        figure: float | None = value
+        return figure
 
     return read
 

@@ -119,8 +119,10 @@ class SchemaViolation(LLMPerfError):
 @functools.cache
 def load_schema(name: str) -> Mapping[str, Any]:
     """``schemas/<name>.schema.json`` of the installed package."""
-    text = resources.files("pytest_llmperf").joinpath("schemas", f"{name}.schema.json").read_text(encoding="utf-8")
-    return json.loads(text)
+    # One name per joinpath: Python 3.10's Traversable takes one (a zip import's path too).
+    text = resources.files("pytest_llmperf").joinpath("schemas").joinpath(f"{name}.schema.json").read_text("utf-8")
+    schema: Mapping[str, Any] = json.loads(text)
+    return schema
 
 
 def _resolve(ref: str, root: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]]:

@@ -54,9 +54,11 @@ def _gpu_model() -> str | None:
         return None
     try:
         out = subprocess.run(
-            [smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=10
+            [smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=10, check=False
         )
     except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:  # its error ("NVIDIA-SMI has failed ...") is on stdout: not a GPU name
         return None
     names = [n.strip() for n in out.stdout.splitlines() if n.strip()]
     return ", ".join(names) or None

@@ -16,8 +16,13 @@ is appended like a parameter id and stays with the last part too."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import overload
 
 
+@overload
+def sig6(value: float) -> float: ...
+@overload
+def sig6(value: None) -> None: ...
 def sig6(value: float | None) -> float | None:
     """``value`` to six significant figures (None stays None)."""
     return None if value is None else float(f"{value:.6g}")
@@ -34,7 +39,7 @@ def fmt(value: float) -> str:
     return f"{value:.3g}"
 
 
-def human_bytes(n: int) -> str:
+def human_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

@@ -248,7 +248,9 @@ def _dsn_pairs(text: str) -> list[tuple[str, int, int]]:
     while (m := _DSN_KEY.search(text, pos)) is not None:
         start = end = m.end()
         if text.startswith("'", start):
-            end = _DSN_QUOTED.match(text, start).end()
+            quoted = _DSN_QUOTED.match(text, start)
+            assert quoted is not None  # a quote starts it, and the closing quote is optional
+            end = quoted.end()
         following = _DSN_KEY.search(text, end)
         end = max(end, following.start() if following else len(text))
         while end > start and text[end - 1].isspace():
@@ -366,8 +368,9 @@ class Redactor:
 def _display_in_text(m: re.Match[str]) -> str:
     """A URL found in text, shown; the punctuation after it (``:``, ``)``, ``.``) is no part of it."""
     url = m.group(0)
-    tail = re.search(r"[.,;:!?)\]}]*$", url).group(0)  # type: ignore[union-attr]
-    return display(url[: len(url) - len(tail)]) + tail
+    tail = re.search(r"[.,;:!?)\]}]*$", url)
+    assert tail is not None  # the pattern matches the empty string at the end
+    return display(url[: tail.start()]) + tail.group(0)
 
 
 def redact(text: str) -> str:

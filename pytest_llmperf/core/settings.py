@@ -69,7 +69,7 @@ DEFAULT_TAIL_THRESHOLD = 0.10
 #: and ``metric`` always shown). The defaults fit 80 columns; JSON, HTML and Markdown keep every column.
 SUMMARY_COLUMN_NAMES = tuple(name for name, _, _ in SUMMARY_COLUMNS[1:])
 COMPARISON_COLUMN_NAMES = ("baseline", "now", "change", "ci", "p", "verdict", "detects")
-DEFAULT_SUMMARY_COLUMNS = (*(f.column for f in HEADLINE), "budget")
+DEFAULT_SUMMARY_COLUMNS: tuple[str, ...] = (*(f.column for f in HEADLINE if f.column is not None), "budget")
 DEFAULT_COMPARISON_COLUMNS = ("change", "ci", "verdict")
 
 
@@ -110,8 +110,8 @@ def parse_fraction(text: str | float, *, high: float = 10.0) -> float:
 
     Raises ValueError with a one-line message for anything else, or a value outside
     ``(0, high)``."""
-    if isinstance(text, bool):
-        raise ValueError(f"expected a share like 5% or 0.05, got {text!r}")
+    if isinstance(text, bool):  # callers turn a ValueError, not a TypeError, into the one-line config error
+        raise ValueError(f"expected a share like 5% or 0.05, got {text!r}")  # noqa: TRY004
     if isinstance(text, (int, float)):
         value = float(text)
     else:
@@ -644,7 +644,7 @@ def resolve(
             continue
         if s.env and environ.get(s.env):
             raw, source = environ[s.env], f"${s.env}"
-        elif s.ini and getini(s.ini_key):
+        elif s.ini_key is not None and getini(s.ini_key):
             raw, source = getini(s.ini_key), f"ini {s.ini_key}"
         else:
             out[s.name] = Resolved(s.default, "default")

@@ -46,7 +46,7 @@ class CallableEngine:
         if not callable(fn):
             raise EngineError(f"engine must be callable as fn(prompt, max_tokens), got {fn!r}")
         self._fn = fn
-        self._info = EngineInfo(engine="callable", model=name or getattr(fn, "__name__", "callable"))
+        self._info = EngineInfo(engine="callable", model=name or str(getattr(fn, "__name__", "callable")))
 
     def info(self) -> EngineInfo:
         return self._info

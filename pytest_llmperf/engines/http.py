@@ -86,6 +86,7 @@ class HttpEngine:
                 f"endpoint must be an http(s) URL like http://127.0.0.1:8000/v1, got {display(endpoint)!r}"
             )
         parts = Url.split(endpoint.strip())
+        assert parts is not None  # an http(s):// URL, checked above
         path = parts.path.rstrip("/") or "/v1"  # the query (an API key in it) stays after the path
         route = path + ("/completions" if api == "completions" else "/chat/completions")
         self._request_url, self.url = parts.at(route).sent(), parts.at(route).shown()  # sent vs shown
@@ -224,6 +225,7 @@ class HttpEngine:
         clock = time.perf_counter_ns
         state = StreamState(self.url, self.api, workload.max_tokens)
         deadline = _DEADLINE.at
+        assert deadline is not None  # run() sets it
         start = clock()
         try:
             with self._client.stream("POST", self._request_url, json=body) as response:
@@ -406,7 +408,7 @@ def _deadline_transport(transport: Any) -> Any:
     (httpcore >= 0.17). tests/test_hostile.py fails if a trickling server outlives the deadline."""
     pool = getattr(transport, "_pool", None)
     backend = getattr(pool, "_network_backend", None)
-    if backend is None:
+    if pool is None or backend is None:
         raise EngineError("this httpx/httpcore version is not supported (no network backend to bound); pin httpx<1")
     pool._network_backend = _DeadlineBackend(backend)
     return transport

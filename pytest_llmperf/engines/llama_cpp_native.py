@@ -157,8 +157,11 @@ def quantization(meta: dict[str, str]) -> str | None:
 LOG_LINES = 3
 
 
-def signal_name(returncode: int) -> str:
-    """``SIGILL (illegal instruction)`` for a child killed by a signal, else ``exit status N``."""
+def signal_name(returncode: int | None) -> str:
+    """``SIGILL (illegal instruction)`` for a child killed by a signal, else ``exit status N``
+    (None: a child still not reaped after SIGKILL)."""
+    if returncode is None:
+        return "an unknown status"
     if returncode < 0:
         sig = signal.Signals(-returncode)
         return f"{sig.name} ({signal.strsignal(sig) or 'signal'})".replace(

@@ -134,15 +134,23 @@ def _tail(path: Path, n_chars: int = 300) -> str:
     return " | ".join(lines[-3:])[-n_chars:]
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child
-    """Linux: the server gets SIGTERM when the process that started it dies (even by SIGKILL),
-    so a killed pytest leaves no server behind."""
+def _die_with_parent() -> Callable[[], None] | None:
+    """Linux: a ``preexec_fn`` by which the server gets SIGTERM when the process that started it
+    dies (even by SIGKILL), so a killed pytest leaves no server behind. prctl is looked up here,
+    before the fork: between fork and exec the child only calls it (no import, no dlopen)."""
+    if not sys.platform.startswith("linux"):
+        return None
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        pass
+        return None
+
+    def in_child() -> None:  # pragma: no cover - runs in the child
+        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+    return in_child
 
 
 @contextlib.contextmanager
@@ -161,7 +169,8 @@ def _launch(
                 stderr=err,
                 stdin=subprocess.DEVNULL,
                 env=env,
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+                # preexec_fn is unsafe with threads when it takes locks; this one makes one system call.
+                preexec_fn=_die_with_parent(),  # noqa: PLW1509
             )
         try:
             deadline = time.monotonic() + start_timeout_s
@@ -472,8 +481,10 @@ def _extract_vendor(sdist: Path, target: Path) -> None:
     try:
         with tarfile.open(sdist) as tar:
             members = [m for m in tar.getmembers() if "/vendor/llama.cpp/" in m.name + "/"]
-            kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-            tar.extractall(target, members=members, **kwargs)
+            if hasattr(tarfile, "data_filter"):  # Python 3.12, and 3.10.12+ / 3.11.4+
+                tar.extractall(target, members=members, filter="data")
+            else:
+                tar.extractall(target, members=members)  # an older Python: no filters
     except (tarfile.TarError, OSError) as exc:
         raise ToolBuildError(f"cannot unpack {sdist}: {exc}") from None
 

@@ -62,7 +62,7 @@ def best_split(x: np.ndarray, min_size: int) -> tuple[int, float]:
 
 
 def e_divisive(
-    values: Sequence[float],
+    values: Sequence[float] | np.ndarray,
     *,
     alpha: float = ALPHA,
     permutations: int = PERMUTATIONS,

@@ -43,7 +43,9 @@ from ..core.errors import ConfigError, LLMPerfError
 from ..core.redact import Redactor, Url, display, is_dsn
 from ..core.settings import SETTINGS
 
-ENV: str = SETTINGS["history"].env  # also what ``llmperf history``/``detect`` read
+_env = SETTINGS["history"].env
+assert _env is not None  # the history setting has an environment variable
+ENV: str = _env  # also what ``llmperf history``/``detect`` read
 DEFAULT_DIR = ".llmperf"
 DEFAULT_FILE = "history.sqlite"
 OFF = ("off", "none", "no", "false", "0")
@@ -273,8 +275,15 @@ class Conn:
         self.raw.close()
 
 
+#: SQLite's result codes SQLITE_BUSY and SQLITE_LOCKED (the sqlite3 module names them from Python 3.11).
+_SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
+
+
 def _busy(exc: sqlite3.OperationalError) -> bool:
-    return (getattr(exc, "sqlite_errorcode", 0) & 0xFF) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
+    if code is None:  # Python 3.10: only the message says it
+        return str(exc).startswith(("database is locked", "database table is locked"))
+    return code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED)
 
 
 def sqlite_holder(path: str) -> str:
@@ -369,10 +378,10 @@ def connect(loc: Location, *, create: bool) -> Conn:
     except ImportError:
         raise HistoryError(f"a PostgreSQL history needs psycopg 3: {INSTALL_POSTGRES}") from None
     try:
-        raw = psycopg.connect(loc.conninfo, connect_timeout=CONNECT_TIMEOUT_S, autocommit=True)
+        pg = psycopg.connect(loc.conninfo, connect_timeout=CONNECT_TIMEOUT_S, autocommit=True)
     except psycopg.Error as exc:
         raise HistoryError(f"cannot connect to the history {loc.display}: {first_line(exc, loc)}") from None
-    return Conn("postgresql", raw, loc)
+    return Conn("postgresql", pg, loc)
 
 
 def _make_folder(folder: Path) -> None:

@@ -310,7 +310,8 @@ def read(
     try:
         if not _tables(conn, loc, reading=True):
             return []
-        where, params = [], []
+        where: list[str] = []
+        params: list[object] = []
         if test:
             where.append("m.test LIKE ?")
             params.append(f"%{test}%")
@@ -466,7 +467,13 @@ class Revision:
 def _git(root: Path, *args: str) -> str | None:
     try:
         out = subprocess.run(
-            ["git", *args], cwd=root, capture_output=True, text=True, timeout=GIT_TIMEOUT_S, stdin=subprocess.DEVNULL
+            ["git", *args],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=GIT_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+            check=False,
         )
     except (OSError, subprocess.SubprocessError):
         return None

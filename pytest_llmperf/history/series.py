@@ -131,7 +131,7 @@ def group(rows: Sequence[Mapping[str, Any]]) -> list[Series]:
             for r in rs
         )
         out.append(Series(test, label, metric, rs[0]["phase"], rs[0]["unit"], hw, points))
-    first = {}
+    first: dict[tuple[str, str, str], int] = {}
     for s in out:
         first.setdefault((s.test, s.label, s.hardware_key), len(first))
     order = {m: i for i, m in enumerate(RUN_FIELDS)}  # prefill first, then decode
@@ -283,7 +283,7 @@ def shift_ci(before: np.ndarray, after: np.ndarray) -> tuple[float, float, float
     d = np.sort((after[:, None] - before[None, :]).ravel())
     m, k = before.size, after.size
     reach = Z95 * math.sqrt(m * k * (m + k + 1) / 12.0)
-    lo = max(0, int(math.floor(m * k / 2.0 - reach)))
+    lo = max(0, math.floor(m * k / 2.0 - reach))
     return float(np.median(d)), float(d[lo]), float(d[d.size - 1 - lo])
 
 
@@ -328,8 +328,14 @@ def steps(
     return out
 
 
-def detect(series_list: Sequence[Series], **kw: float) -> list[Step]:
-    return [step for s in series_list for step in steps(s, **kw)]  # type: ignore[arg-type]
+def detect(
+    series_list: Sequence[Series],
+    *,
+    alpha: float = changepoints.ALPHA,
+    permutations: int = changepoints.PERMUTATIONS,
+    min_size: int = changepoints.MIN_SIZE,
+) -> list[Step]:
+    return [step for s in series_list for step in steps(s, alpha=alpha, permutations=permutations, min_size=min_size)]
 
 
 def recent_regressions(found: Sequence[Step], last: int, threshold: float = 0.0) -> list[Step]:

@@ -116,7 +116,7 @@ def _lower_index(n: int, alpha: float) -> int:
         from scipy.special import ndtri
 
         mean, sd = n * (n + 1) / 4.0, math.sqrt(n * (n + 1) * (2 * n + 1) / 24.0)
-        return max(int(math.floor(mean + ndtri(alpha / 2.0) * sd - 0.5)), 0)
+        return max(math.floor(mean + float(ndtri(alpha / 2.0)) * sd - 0.5), 0)
     cdf = _null_cdf(n)
     return max(int(np.searchsorted(cdf, alpha / 2.0, side="right")) - 1, 0)
 
@@ -137,8 +137,8 @@ def _signed_rank_p(d: np.ndarray) -> float:
         mean, sd = n * (n + 1) / 4.0, math.sqrt(n * (n + 1) * (2 * n + 1) / 24.0)
         return float(min(1.0, 2.0 * ndtr(-(abs(t - mean) - 0.5) / sd)))
     cdf = _null_cdf(n)
-    lo = cdf[min(int(math.floor(t)), cdf.size - 1)]
-    hi = 1.0 - (cdf[int(math.ceil(t)) - 1] if math.ceil(t) >= 1 else 0.0)
+    lo = cdf[min(math.floor(t), cdf.size - 1)]
+    hi = 1.0 - (cdf[math.ceil(t) - 1] if math.ceil(t) >= 1 else 0.0)
     return float(min(1.0, 2.0 * min(lo, hi)))
 
 
@@ -163,7 +163,7 @@ def _signed_rank_greater(d: np.ndarray) -> float:
         mean, sd = n * (n + 1) / 4.0, math.sqrt(n * (n + 1) * (2 * n + 1) / 24.0)
         return float(ndtr(-(t - mean - 0.5) / sd))
     cdf = _null_cdf(n)
-    below = cdf[int(math.ceil(t)) - 1] if math.ceil(t) >= 1 else 0.0
+    below = cdf[math.ceil(t) - 1] if math.ceil(t) >= 1 else 0.0
     return float(min(1.0, 1.0 - below))
 
 

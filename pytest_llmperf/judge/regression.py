@@ -100,7 +100,7 @@ class BaselineVerdict:
         verdicts = {c.verdict for c in self.comparisons}
         for v in (Verdict.MACHINE_SLOWER, Verdict.INCONCLUSIVE, Verdict.IMPROVED):
             if v in verdicts:
-                return v.value
+                return str(v.value)
         return Verdict.UNCHANGED.value
 
 
@@ -277,7 +277,10 @@ def judge(
     changes = tuple(subject_changes(baseline.get("subject", {}), candidate.get("subject", {})))
     machine = reference.slowdown(baseline.get("reference"), candidate.get("reference"))
     steal = (steal_share(baseline), steal_share(candidate))
-    switches = tuple(_machine_figure(r, "involuntary_switches_per_run") for r in (baseline, candidate))
+    switches = (
+        _machine_figure(baseline, "involuntary_switches_per_run"),
+        _machine_figure(candidate, "involuntary_switches_per_run"),
+    )
     note = ""
     if steal[0] is not None and steal[0] >= STEAL_MACHINE_SHARE:
         note = (
@@ -298,9 +301,24 @@ def judge(
     )
 
 
-def _with_comparisons(r: MeasurementResult, comparisons: Sequence[Comparison], **verdict: object) -> MeasurementResult:
-    assert r.verdict is not None
-    return dataclasses.replace(r, verdict=dataclasses.replace(r.verdict, comparisons=tuple(comparisons), **verdict))
+def _with_comparisons(
+    r: MeasurementResult,
+    comparisons: Sequence[Comparison],
+    *,
+    failures: tuple[str, ...] | None = None,
+    short: str | None = None,
+) -> MeasurementResult:
+    v = r.verdict
+    assert v is not None
+    return dataclasses.replace(
+        r,
+        verdict=dataclasses.replace(
+            v,
+            comparisons=tuple(comparisons),
+            failures=v.failures if failures is None else failures,
+            short=v.short if short is None else short,
+        ),
+    )
 
 
 def session_holm(results: Sequence[MeasurementResult]) -> list[MeasurementResult]:
@@ -317,7 +335,7 @@ def session_holm(results: Sequence[MeasurementResult]) -> list[MeasurementResult
     ]
     if not judged:
         return list(results)
-    worse = holm([c.p_value for _, _, c in judged])
+    worse = holm([c.p_value for _, _, c in judged if c.p_value is not None])
     better = holm([c.p_value_better if c.p_value_better is not None else 1.0 for _, _, c in judged])
     adjusted = {(i, j): (pw, pb) for (i, j, _), pw, pb in zip(judged, worse, better)}
     out = []
@@ -355,7 +373,7 @@ def suite_check(
     if not settings.suite_check:
         return results, []
     compared = [i for i, r in enumerate(results) if r.verdict is not None and r.verdict.status == "compared"]
-    before = [list(results[i].verdict.comparisons) for i in compared]  # type: ignore[union-attr]
+    before = [list(v.comparisons) for v in (results[i].verdict for i in compared) if v is not None]
     after = suite_relative(before, alpha=settings.alpha_suite)
     lines = []
     for i, old, new in zip(compared, before, after):

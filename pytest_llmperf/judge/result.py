@@ -99,7 +99,8 @@ def compare_layers(
 
 def _shares(per_run_ms: Any) -> np.ndarray:
     runs = np.asarray(per_run_ms, dtype=float)
-    return runs / runs.sum(axis=1, keepdims=True)
+    shares: np.ndarray = runs / runs.sum(axis=1, keepdims=True)
+    return shares
 
 
 #: Up to this many runs on a side the U test's p-value is computed exactly (milliseconds).
@@ -400,7 +401,7 @@ def result_of(nodeid: str, r: Any) -> MeasurementResult:
     budget count, the plugin's baseline assessment, budgets, hook-attached extra info)."""
     m, a, failure = r.measurement, r.baseline, r.failure
     breaches = tuple(failure.breaches) if failure is not None else ()
-    common = dict(
+    result = MeasurementResult(
         test=nodeid + (f"[{m.label}]" if m.label else ""),
         nodeid=nodeid,
         label=m.label or "",
@@ -412,9 +413,9 @@ def result_of(nodeid: str, r: Any) -> MeasurementResult:
         figures=Figures.of(m),
     )
     if a is None:
-        return MeasurementResult(**common)
-    return MeasurementResult(
-        **common,
+        return result
+    return dataclasses.replace(
+        result,
         key=a.key,
         baseline_file=a.baseline_file,
         hardware_key=a.hardware_key,

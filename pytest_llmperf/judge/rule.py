@@ -128,7 +128,10 @@ def compare_levels(
         # whenever the window came out quiet by chance: false alarms.)
         total = sum((s.log_level - sum(r.log_level for r in ref) / k) ** 2 for s in ref) / (k - 1)
         between = noise.window(ref)[0]
-        parts = ((max(0.0, candidate.se**2 - within_ref * k), candidate.n - 1), (total * (1.0 + 1.0 / k), k - 1.0))
+        parts: tuple[tuple[float, float], ...] = (
+            (max(0.0, candidate.se**2 - within_ref * k), candidate.n - 1),
+            (total * (1.0 + 1.0 / k), k - 1.0),
+        )
     else:
         between = noise.between(ref)
         parts = (  # (variance, degrees of freedom) of each term of the standard error
@@ -224,6 +227,11 @@ def mirrored(c: Comparison, spec: Metric, values: tuple[float, float] | None = N
     )
 
 
+def _p(p_value: float | None) -> float:
+    """A p-value for Holm: a missing one is no evidence (1.0)."""
+    return 1.0 if p_value is None else p_value
+
+
 def decide(comparisons: Sequence[Comparison], *, alpha: float, m: int | None = None) -> list[Comparison]:
     """Holm-adjust the judged comparisons' p-values over a family of ``m`` (default: those
     given; mirrors excluded) and set final verdicts; mirrors take their metric's verdict.
@@ -232,8 +240,8 @@ def decide(comparisons: Sequence[Comparison], *, alpha: float, m: int | None = N
     family = len(judged) if m is None else int(m)
     if family < len(judged):
         raise ValueError(f"m ({family}) is smaller than the number of comparisons ({len(judged)})")
-    worse = dict(zip(judged, holm([comparisons[i].p_value for i in judged], m=family)))
-    better = dict(zip(judged, holm([comparisons[i].p_value_better for i in judged], m=family)))
+    worse = dict(zip(judged, holm([_p(comparisons[i].p_value) for i in judged], m=family)))
+    better = dict(zip(judged, holm([_p(comparisons[i].p_value_better) for i in judged], m=family)))
     out: list[Comparison] = []
     by_metric: dict[str, Comparison] = {}
     for i, c in enumerate(comparisons):
@@ -284,8 +292,12 @@ def _leave_one_out_medians(d: np.ndarray) -> np.ndarray:
     pos[order] = np.arange(n)
     m = n - 1
     lo, hi = (m - 1) // 2, m // 2  # the middle of the n - 1 remaining, sorted
-    at = lambda k: np.where(k < pos, s[k], s[np.minimum(k + 1, n - 1)])
-    return (at(lo) + at(hi)) / 2.0
+
+    def at(k: int) -> np.ndarray:
+        return np.asarray(np.where(k < pos, s[k], s[np.minimum(k + 1, n - 1)]))
+
+    middle: np.ndarray = (at(lo) + at(hi)) / 2.0
+    return middle
 
 
 def suite_relative(tests: Sequence[Sequence[Comparison]], *, alpha: float) -> list[list[Comparison]]:

@@ -64,7 +64,7 @@ class Level:
     def value(self) -> float:
         return math.exp(self.log_level)
 
-    def to_json(self) -> dict[str, float | int]:
+    def to_json(self) -> dict[str, float | int | None]:
         return {
             "log_level": round(self.log_level, 9),
             "se": round(self.se, 9),
@@ -200,7 +200,10 @@ def detectable(se: float, df: float, *, alpha: float, threshold: float, power: f
     of log(ratio) and degrees of freedom flags with ``power`` at one-sided level ``alpha`` (its
     Holm step as the only change of the session). The estimate must pass both the critical
     value and the threshold, so the reach is the larger of the two plus ``power``'s margin."""
-    q = (lambda p: float(stdtrit(df, p))) if math.isfinite(df) else (lambda p: float(ndtri(p)))
+
+    def q(p: float) -> float:
+        return float(stdtrit(df, p)) if math.isfinite(df) else float(ndtri(p))
+
     return math.expm1(max(math.log1p(threshold), se * q(1.0 - alpha)) + se * q(power))
 
 

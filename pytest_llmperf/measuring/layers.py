@@ -168,7 +168,7 @@ class LayerTimer:
         def callback(tensor: int, ask: bool, _user: int) -> bool:
             name = get_name(tensor)
             if ask:
-                return name.startswith(b"l_out-") or name == b"result_output"
+                return bool(name.startswith(b"l_out-") or name == b"result_output")
             events_append((name, clock()))
             return True
 
@@ -236,7 +236,9 @@ def segments(start_ns: int, events: Sequence[tuple[bytes, int]], n_layer: int) -
 
 def _phase(phase: str, runs: list[list[tuple[int, list[tuple[bytes, int]], int]]], n_layer: int) -> PhaseLayers:
     names = tuple(["embd+layer 0"] + [f"layer {i}" for i in range(1, n_layer)] + [HEAD_NAME])
-    per_run, steps_ms, all_steps = [], [], []
+    per_run: list[tuple[float, ...]] = []
+    steps_ms: list[float] = []
+    all_steps: list[np.ndarray] = []
     for steps in runs:
         segs = np.array([segments(s, ev, n_layer)[0] for s, ev, _ in steps])
         per_run.append(tuple(float(v) for v in np.median(segs, axis=0)))

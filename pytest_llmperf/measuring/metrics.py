@@ -24,6 +24,7 @@ import resource
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -210,6 +211,9 @@ def summarize_runs(
     def med(field: str) -> float | None:
         return _median([getattr(r, field) for r in runs])
 
+    def med_all(field: str) -> float:  # a field every run has
+        return float(statistics.median(getattr(r, field) for r in runs))
+
     return Measurement(
         label=label,
         workload=workload,
@@ -218,10 +222,10 @@ def summarize_runs(
         itl=LatencyStats.of([v for r in runs for v in r.itl_ms]),
         ttft_ms=float(statistics.median(ttfts)),
         ttft_p95_ms=float(np.percentile(ttfts, 95)),
-        tpot_ms=med("tpot_ms"),
-        decode_tps=med("decode_tps"),
-        e2e_ms=med("e2e_ms"),
-        tokenize_ms=med("tokenize_ms"),
+        tpot_ms=med_all("tpot_ms"),
+        decode_tps=med_all("decode_tps"),
+        e2e_ms=med_all("e2e_ms"),
+        tokenize_ms=med_all("tokenize_ms"),
         prefill_ms=med("prefill_ms"),
         prefill_tps=med("prefill_tps"),
         native_prefill_ms=med("native_prefill_ms"),
@@ -272,7 +276,7 @@ def _cpu_mhz() -> float | None:
     values = []
     for path in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/cpufreq/scaling_cur_freq"):
         try:
-            values.append(int(open(path).read()) / 1000)
+            values.append(int(Path(path).read_text()) / 1000)
         except (OSError, ValueError):
             pass
     if not values:
@@ -469,7 +473,7 @@ def likely_causes(system: SystemDelta | None) -> list[str]:
         causes.append(f"{system.involuntary_switches} involuntary context switches (other processes took these cores)")
     if system.major_faults > 0:
         causes.append(f"{system.major_faults} major page faults (weights paged in from disk: mlock or more RAM)")
-    mhz = (system.before.cpu_mhz, system.after.cpu_mhz)
-    if None not in mhz and abs(mhz[1] - mhz[0]) / mhz[0] > 0.05:  # type: ignore[operator]
-        causes.append(f"frequency scaling: CPU clock {mhz[0]:.0f} -> {mhz[1]:.0f} MHz")
+    mhz_before, mhz_after = system.before.cpu_mhz, system.after.cpu_mhz
+    if mhz_before is not None and mhz_after is not None and abs(mhz_after - mhz_before) / mhz_before > 0.05:
+        causes.append(f"frequency scaling: CPU clock {mhz_before:.0f} -> {mhz_after:.0f} MHz")
     return causes

@@ -26,8 +26,10 @@ import json
 import math
 import os
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -126,10 +128,16 @@ class Roofline:
 
 def kv_bytes_per_position(info: EngineInfo) -> float | None:
     """Bytes of K and V cache one context position takes across all layers."""
-    if None in (info.n_layer, info.n_head, info.n_head_kv, info.n_embd, info.kv_bytes_per_element):
+    n_layer, n_head, n_head_kv, n_embd, per_element = (
+        info.n_layer,
+        info.n_head,
+        info.n_head_kv,
+        info.n_embd,
+        info.kv_bytes_per_element,
+    )
+    if n_layer is None or n_head is None or n_head_kv is None or n_embd is None or per_element is None:
         return None
-    head_dim = info.n_embd // info.n_head  # type: ignore[operator]
-    return 2 * info.n_layer * info.n_head_kv * head_dim * info.kv_bytes_per_element  # type: ignore[operator]
+    return 2 * n_layer * n_head_kv * (n_embd // n_head) * per_element
 
 
 def kv_cache_bytes(info: EngineInfo) -> int | None:
@@ -175,6 +183,7 @@ def roofline(measurement: Any, bw: Peak, tflops: Peak) -> Roofline | None:
     if per_pos is None or info.model_size_bytes is None or info.n_params is None or not measurement.tpot_ms:
         return None
     w, n, layers, embd = info.model_size_bytes, info.n_params, info.n_layer, info.n_embd
+    assert layers is not None and embd is not None  # kv_bytes_per_position needs both
     w -= info.embedding_lookup_bytes or 0
     n -= info.embedding_lookup_params or 0
     p = measurement.prompt_tokens or 0
@@ -218,7 +227,7 @@ def probe_bandwidth_gbs(buffer_mib: int = 512, repeats: int = 5, threads: int | 
     src = np.ones(n, dtype=np.float64)  # touched: pages are mapped before timing
     dst = np.zeros_like(src)
     bounds = np.linspace(0, n, threads + 1, dtype=np.int64)
-    parts = [(dst[a:b], src[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+    parts = [(dst[a:b], src[a:b]) for a, b in pairwise(bounds[:-1])]
     rates = []
     with ThreadPoolExecutor(max_workers=threads) as pool:
         list(pool.map(lambda p: np.copyto(*p), parts))  # warm-up
@@ -256,7 +265,7 @@ def _spec_tflops() -> tuple[float, str] | None:
     from ..engines.llama_cpp_native import default_threads
 
     try:
-        text = open("/proc/cpuinfo").read()
+        text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return None
     flags = set()
@@ -268,16 +277,16 @@ def _spec_tflops() -> tuple[float, str] | None:
         elif key.strip() == "cpu MHz":
             mhz.append(float(value))
     try:
-        mhz.append(int(open("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").read()) / 1000)
+        mhz.append(int(Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").read_text()) / 1000)
     except (OSError, ValueError):
         pass
     per_cycle = next((n for flag, n in FLOPS_PER_CYCLE if flag in flags), None)
     if not mhz or per_cycle is None:
         return None
     cores = default_threads()
-    value = cores * max(mhz) * 1e6 * per_cycle / 1e12
+    peak = cores * max(mhz) * 1e6 * per_cycle / 1e12
     isa = next(flag for flag, n in FLOPS_PER_CYCLE if n == per_cycle and flag in flags)
-    return value, f"{cores} cores x {max(mhz):.0f} MHz x {per_cycle} fp32 FLOP/cycle ({isa})"
+    return peak, f"{cores} cores x {max(mhz):.0f} MHz x {per_cycle} fp32 FLOP/cycle ({isa})"
 
 
 def probe_tflops(size: int = 1536, repeats: int = 5) -> Peak:
@@ -328,12 +337,12 @@ def machine_peaks(
         return bw, fl
     key = f"{hardware_key(hardware())}-v{PROBE_VERSION}"
     path = _cache_file()
-    cached: dict = {}
+    cached: Any = {}
     try:  # our own cache: anything but a small regular JSON file is probed again, and replaced
         cached = json.loads(read_text(path, "peak cache file", "delete it", limit_mib=1))
     except (OSError, ValueError, RefusedFile):
         cached = {}
-    entry = cached.get(key) if isinstance(cached, dict) and not refresh else None
+    entry: Any = cached.get(key) if isinstance(cached, dict) and not refresh else None  # None: probed below
     try:
         m_bw, m_fl = Peak(**entry["bandwidth_gbs"]), Peak(**entry["tflops"])
     except (TypeError, KeyError):
@@ -344,7 +353,7 @@ def machine_peaks(
     return bw or m_bw, fl or m_fl
 
 
-def _write_json(path: Path, data: dict) -> None:
+def _write_json(path: Path, data: Mapping[str, Any]) -> None:
     """Best effort (a read-only cache only costs a new probe next time), never half-written."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

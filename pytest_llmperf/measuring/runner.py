@@ -165,7 +165,7 @@ class _Ring:
         """Oldest first (a copy: safe to use outside the lock)."""
         n = min(self.count, len(self._data))
         if n < len(self._data):
-            return self._data[:n].copy()
+            return np.array(self._data[:n])  # a copy
         return np.concatenate((self._data[self._next :], self._data[: self._next]))
 
     @property

@@ -150,7 +150,7 @@ def _send_threads(engine: Any, workload: Workload, n: int, workers: int, first: 
             outcomes[i] = engine.run(workload, first + i)
         except LLMPerfError as exc:
             outcomes[i] = str(exc)
-        except Exception as exc:  # a bug must not vanish in a worker thread
+        except Exception as exc:  # noqa: BLE001 - a bug must not vanish in a worker thread: reported per request
             outcomes[i] = f"{type(exc).__name__}: {exc}"
 
     clock = time.perf_counter_ns
@@ -196,7 +196,7 @@ async def _send_measured(
                 outcomes[i] = await engine.arun(workload, first + i, client)
             except LLMPerfError as exc:
                 outcomes[i] = str(exc)
-            except Exception as exc:  # a bug must not vanish in a task
+            except Exception as exc:  # noqa: BLE001 - a bug must not vanish in a task: reported per request
                 outcomes[i] = f"{type(exc).__name__}: {exc}"
 
     clock = time.perf_counter_ns
@@ -287,26 +287,24 @@ def server_side(
     after: dict[str, float] | None,
 ) -> ServerSide | None:
     """None when the server gave neither timings nor metrics (not llama-server)."""
-    pairs = [(t, r) for t, r in zip(traces, runs) if t.native is not None]
+    pairs = [(t.native, t, r) for t, r in zip(traces, runs) if t.native is not None]
     metrics = delta(before, after)
     if not pairs and not metrics:
         return None
-    prompt_n = [t.native.prefill_tokens for t, _ in pairs]
-    per_token = [t.native.decode_ms / t.native.decode_tokens for t, _ in pairs if t.native.decode_tokens]
+    prompt_n = [n.prefill_tokens for n, _, _ in pairs]
+    per_token = [n.decode_ms / n.decode_tokens for n, _, _ in pairs if n.decode_tokens]
+    from_cache = [t.prompt_tokens - n.prefill_tokens for n, t, _ in pairs if t.prompt_tokens is not None]
     return ServerSide(
         n_timed=len(pairs),
-        prompt_tokens_median=_median([t.prompt_tokens for t, _ in pairs if t.prompt_tokens is not None]),
+        prompt_tokens_median=_median([t.prompt_tokens for _, t, _ in pairs if t.prompt_tokens is not None]),
         prompt_n_min=min(prompt_n) if prompt_n else None,
         prompt_n_median=_median(prompt_n),
         prompt_n_max=max(prompt_n) if prompt_n else None,
-        server_prompt_ms_p50=_median([t.native.prefill_ms for t, _ in pairs]),
-        ttft_gap_ms_p50=_median([r.ttft_ms - t.native.prefill_ms for t, r in pairs]),
+        server_prompt_ms_p50=_median([n.prefill_ms for n, _, _ in pairs]),
+        ttft_gap_ms_p50=_median([r.ttft_ms - n.prefill_ms for n, _, r in pairs]),
         server_ms_per_token_p50=_median(per_token),
-        tpot_gap_ms_p50=_median(
-            [r.tpot_ms - t.native.decode_ms / t.native.decode_tokens for t, r in pairs if t.native.decode_tokens]
-        ),
+        tpot_gap_ms_p50=_median([r.tpot_ms - n.decode_ms / n.decode_tokens for n, _, r in pairs if n.decode_tokens]),
         metrics=metrics,
-        prompt_tokens_from_cache=sum(t.prompt_tokens - t.native.prefill_tokens for t, _ in pairs)
-        if pairs and all(t.prompt_tokens is not None for t, _ in pairs)
-        else None,
+        # every timed request's prompt size known, else None
+        prompt_tokens_from_cache=sum(from_cache) if pairs and len(from_cache) == len(pairs) else None,
     )

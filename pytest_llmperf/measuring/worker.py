@@ -244,7 +244,8 @@ def _of(cls: Any, data: Mapping[str, Any], **nested: Any) -> Any:
 
 
 def trace_of(data: Mapping[str, Any]) -> RunTrace:
-    return _of(RunTrace, data, native=NativeCounters)  # type: ignore[no-any-return]
+    trace: RunTrace = _of(RunTrace, data, native=NativeCounters)
+    return trace
 
 
 def layers_of(data: Mapping[str, Any]) -> Any:

@@ -22,8 +22,19 @@ from ..session.results import Result
 from .marks import FIXTURE, MARKER_CONFIG, session_of
 
 if TYPE_CHECKING:
-    from ..engines.llama_cpp import LlamaCppEngine
+    from contextlib import AbstractContextManager
+
+    import llama_cpp
+
+    from ..engines import Engine, TokenStream
+    from ..engines.servers import Server
+    from ..judge.ab import ABResult
     from ..measuring.metrics import Measurement
+    from ..session.assess import Assessment
+    from .side import Link
+
+    #: What ``measure()`` and ``compare()`` take as an engine: any Engine, or ``fn(prompt, max_tokens)``.
+    Subject = Engine | TokenStream
 
 
 @contextlib.contextmanager
@@ -46,7 +57,7 @@ def _fail(call: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @pytest.fixture
-def llmperf(request: pytest.FixtureRequest) -> Any:
+def llmperf(request: pytest.FixtureRequest) -> LLMPerf:
     """Measures the ``llmperf`` marker's workload; call ``llmperf.measure()`` (or let the
     plugin do it after the test body when the test did not)."""
 
@@ -67,12 +78,15 @@ def llmperf(request: pytest.FixtureRequest) -> Any:
 
 
 @pytest.fixture(scope="session")
-def llmperf_engine(pytestconfig: pytest.Config) -> Any:
+def llmperf_engine(pytestconfig: pytest.Config) -> Engine:
     """The session's engine (in-process llama.cpp unless an endpoint or a hook says otherwise; loaded once)."""
-    return _fail(session_of(pytestconfig).local_engine)()
+    engine: Engine = _fail(session_of(pytestconfig).local_engine)()
+    return engine
 
 
-def _serve(pytestconfig: pytest.Config, start: Callable[..., Any], **kwargs: Any) -> Any:
+def _serve(
+    pytestconfig: pytest.Config, start: Callable[..., AbstractContextManager[Server]], **kwargs: Any
+) -> Iterator[Server]:
     from ..models.gguf import ensure_model
 
     s = session_of(pytestconfig).settings.engine
@@ -85,7 +99,7 @@ def _serve(pytestconfig: pytest.Config, start: Callable[..., Any], **kwargs: Any
 
 
 @pytest.fixture(scope="session")
-def llmperf_server(pytestconfig: pytest.Config) -> Any:
+def llmperf_server(pytestconfig: pytest.Config) -> Iterator[Server]:
     """llama-cpp-python's OpenAI-compatible server on a free loopback port, serving the
     session's model with its thread count; ``.url`` and ``.engine()`` give an HttpEngine."""
     from ..engines.servers import serve
@@ -94,7 +108,7 @@ def llmperf_server(pytestconfig: pytest.Config) -> Any:
 
 
 @pytest.fixture(scope="session")
-def llmperf_llama_server(pytestconfig: pytest.Config) -> Any:
+def llmperf_llama_server(pytestconfig: pytest.Config) -> Iterator[Server]:
     """llama.cpp's own ``llama-server`` (continuous batching, ``LLAMA_SERVER_PARALLEL`` slots,
     ``/metrics``) on a free loopback port, serving the session's model; built on first use
     (``llmperf server build``). ``.url`` and ``.engine()`` as for ``llmperf_server``."""
@@ -104,9 +118,9 @@ def llmperf_llama_server(pytestconfig: pytest.Config) -> Any:
 
 
 @pytest.fixture(scope="session")
-def llmperf_llm(llmperf_engine: Any) -> Any:
+def llmperf_llm(llmperf_engine: Engine) -> llama_cpp.Llama:
     """The session's ``llama_cpp.Llama`` object: the model the llmperf tests measure."""
-    llm = getattr(llmperf_engine, "llm", None)
+    llm: llama_cpp.Llama | None = getattr(llmperf_engine, "llm", None)
     if llm is None:
         raise pytest.fail.Exception(
             f"llmperf_llm: the session's engine ({type(llmperf_engine).__name__}, from an --llmperf-endpoint or a "
@@ -120,7 +134,7 @@ def llmperf_llm(llmperf_engine: Any) -> Any:
 SMOKE = {"runs": 1, "warmup": 0}
 
 
-def _undecided(assessment: Any) -> bool:
+def _undecided(assessment: Assessment | None) -> bool:
     verdict = getattr(assessment, "verdict", None)
     return verdict is not None and verdict.status == "compared" and any(c.worth_more_runs for c in verdict.comparisons)
 
@@ -136,12 +150,12 @@ class LLMPerf:
     def __init__(
         self,
         marker: MarkerConfig,
-        engine_factory: Callable[..., LlamaCppEngine],
-        assess: Callable[[Measurement, MarkerConfig], Any] = lambda m, c: None,
-        measure_options: Callable[[Any, MarkerConfig], Mapping[str, Any]] = lambda engine, c: {},
+        engine_factory: Callable[..., Engine],
+        assess: Callable[[Measurement, MarkerConfig], Assessment | None] = lambda m, c: None,
+        measure_options: Callable[[Subject, MarkerConfig], Mapping[str, Any]] = lambda engine, c: {},
         *,
         smoke: bool = False,
-        side: Any = None,
+        side: Link | None = None,
         nodeid: str = "",
     ) -> None:
         self._marker = marker
@@ -153,19 +167,19 @@ class LLMPerf:
         self._engine_factory = engine_factory
         self._assess = assess
         self.results: list[Result] = []
-        self.ab_results: list[Any] = []  # ab.ABResult of each compare()
+        self.ab_results: list[ABResult] = []  # of each compare()
 
     @property
-    def engine(self) -> LlamaCppEngine:
+    def engine(self) -> Engine:
         """The llama.cpp engine this test's marker names (the session's unless the marker sets
         llama.cpp keys such as ``threads`` or ``flash_attn``; loaded on first use)."""
         return self._engine_for(self._marker)
 
-    def _engine_for(self, config: MarkerConfig) -> Any:
+    def _engine_for(self, config: MarkerConfig) -> Engine:
         with _one_line():
             return self._engine_factory(dict(config.engine)) if config.engine else self._engine_factory()
 
-    def _subject(self, engine: Any, config: MarkerConfig) -> Any:
+    def _subject(self, engine: Subject | None, config: MarkerConfig) -> Subject:
         if engine is None:
             return self._engine_for(config)
         if config.engine:
@@ -180,7 +194,7 @@ class LLMPerf:
     def measurements(self) -> list[Measurement]:
         return [r.measurement for r in self.results]
 
-    def measure(self, engine: Any = None, *, label: str = "", **overrides: Any) -> Measurement:
+    def measure(self, engine: Subject | None = None, *, label: str = "", **overrides: Any) -> Measurement:
         from ..judge.budgets import check_budgets  # numpy and scipy: once a test measures
         from ..measuring.runner import measure
 
@@ -225,7 +239,7 @@ class LLMPerf:
         )
         return measurement
 
-    def compare(self, a: Any = None, b: Any = None, *, label: str = "", **keys: Any) -> Any:
+    def compare(self, a: Any = None, b: Any = None, *, label: str = "", **keys: Any) -> ABResult:
         """Run A and B interleaved (``runs`` pairs in seeded AB/BA order, warm-ups for both) and
         compare them with paired statistics (``ab.ABResult``). A side: llama.cpp settings
         (``{"threads": 1}``, over the session's), a model (path or preset), a callable
@@ -251,11 +265,12 @@ class LLMPerf:
                 merged = {**config.engine, **settings}  # the marker's settings under each side's
                 return self._engine_factory(merged) if merged else self._engine_factory()
 
-            sides = [resolve_side(name, config.ab[name], engine_for) for name in ("a", "b")]
+            side_a, side_b = (resolve_side(name, config.ab[name], engine_for) for name in ("a", "b"))
             turn = self._side.turn() if self._side is not None else contextlib.nullcontext()
             with turn:  # a side of --llmperf-against: while the other side waits
                 result = compare_ab(
-                    *sides,
+                    side_a,
+                    side_b,
                     Workload(**workload),
                     max_slowdown=None if self._smoke else config.ab.get("max_slowdown"),
                     min_speedup=None if self._smoke else config.ab.get("min_speedup"),
@@ -264,10 +279,11 @@ class LLMPerf:
         self.ab_results.append(result)
         return result
 
-    def _driven(self, subject: Any, config: MarkerConfig, label: str) -> Measurement:
+    def _driven(self, subject: Subject, config: MarkerConfig, label: str) -> Measurement:
         """On a side of ``--llmperf-against``: the runs the controller asks for, its verdict."""
         from ..judge.budgets import check_budgets
 
+        assert self._side is not None  # measure() drives only on a side
         measurement, assessment = self._side.measure(subject, config, label, self._nodeid)
         self.results.append(
             Result(
@@ -280,7 +296,9 @@ class LLMPerf:
         )
         return measurement
 
-    def _sequential(self, subject: Any, m: Measurement, config: MarkerConfig) -> tuple[Measurement, Any]:
+    def _sequential(
+        self, subject: Subject, m: Measurement, config: MarkerConfig
+    ) -> tuple[Measurement, Assessment | None]:
         """Assess; while the baseline comparison is INCONCLUSIVE, measure ``runs`` more, up to
         ``max_runs`` or ``SEQUENTIAL_TIME_CAP_S``. Every look tests at alpha / looks
         (``CompareSettings.looks``), so stopping early keeps the error rate."""
@@ -303,7 +321,7 @@ class LLMPerf:
                 assessment = self._assess(m, config)
         return m, assessment
 
-    def _smoke_measure(self, engine: Any, config: MarkerConfig, label: str) -> Measurement:
+    def _smoke_measure(self, engine: Subject | None, config: MarkerConfig, label: str) -> Measurement:
         """Once, with no warm-up; a load workload sends one request per slot. Recorded with no
         budgets and no assessment: one run is no statistic."""
         from ..measuring.runner import measure

@@ -206,13 +206,15 @@ def header(config: pytest.Config, session: Session, engine_note: str | None) -> 
 
 def terminal_width(config: pytest.Config) -> int:
     """The terminal's width (``$COLUMNS``, else the tty's, else 80): tables fit it."""
-    tr = config.pluginmanager.get_plugin("terminalreporter")
+    tr = config.pluginmanager.get_plugin("terminalreporter")  # None under -p no:terminal
     try:
-        return int(tr._tw.fullwidth)
+        if tr is not None:
+            return int(tr._tw.fullwidth)
     except (AttributeError, TypeError, ValueError):
-        import shutil
+        pass
+    import shutil
 
-        return shutil.get_terminal_size().columns
+    return shutil.get_terminal_size().columns
 
 
 def resolve_side(name: str, spec: Any, engine_for: Callable[[Mapping[str, Any]], Any]) -> Side:

@@ -270,7 +270,7 @@ def add_options(parser: pytest.Parser) -> None:
             group.addoption(
                 s.option, dest=s.dest, default=None, type=s.arg_type(), metavar=s.metavar, help=_escape(s.help_text())
             )
-        if s.ini:
+        if s.ini_key is not None:
             parser.addini(s.ini_key, f"{s.help} (default {s.default_text()})")
 
 

@@ -46,13 +46,19 @@ import signal
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 import pytest
 
 from ..core.errors import LLMPerfError
 from ..session.against import SIDE_ENV, SideEnv
 from . import marks
+
+if TYPE_CHECKING:
+    from ..engines import Engine, TokenStream
+    from ..measuring.metrics import Measurement
+    from ..session.assess import Assessment
+    from ..session.options import MarkerConfig
 
 
 class AgainstHooks:
@@ -127,11 +133,12 @@ class AgainstHooks:
         return True
 
     def _log_failure(self, item: pytest.Item, line: str) -> None:
-        for when, outcome, longrepr in (
+        phases: tuple[tuple[Literal["setup", "call", "teardown"], Literal["passed", "failed"], str | None], ...] = (
             ("setup", "passed", None),
             ("call", "failed", line),
             ("teardown", "passed", None),
-        ):
+        )
+        for when, outcome, longrepr in phases:
             report = pytest.TestReport(
                 item.nodeid,
                 item.location,
@@ -191,9 +198,10 @@ class Link:
         finally:
             self.send({"ev": "released"})
 
-    def measure(self, subject: Any, config: Any, label: str, nodeid: str) -> tuple[Any, Any]:
-        """The measurement the controller drives: the runs it asks for, then its verdict.
-        Returns (Measurement, session ``Assessment`` or None)."""
+    def measure(
+        self, subject: Engine | TokenStream, config: MarkerConfig, label: str, nodeid: str
+    ) -> tuple[Measurement, Assessment | None]:
+        """The measurement the controller drives: the runs it asks for, then its verdict."""
         from ..core.workload import Workload
         from ..measuring.metrics import RunMetrics, summarize
         from ..measuring.runner import as_engine, measure
@@ -222,7 +230,7 @@ class Link:
                 break
             try:  # the run's clock reads are all inside engine.run: no pipe, no controller work between them
                 trace = engine.run(workload, int(op["index"]))
-            except Exception as exc:  # the user's callable too: one line to the controller
+            except Exception as exc:  # noqa: BLE001 - the user's callable too: one line to the controller
                 self.send(
                     {
                         "ev": "error",
@@ -239,7 +247,7 @@ class Link:
         return m, _assessment(nodeid, label, op.get("verdict"))
 
 
-def _assessment(nodeid: str, label: str, verdict: Mapping[str, Any] | None) -> Any:
+def _assessment(nodeid: str, label: str, verdict: Mapping[str, Any] | None) -> Assessment | None:
     """The controller's verdict as the session's ``Assessment`` (nothing recorded: no baseline)."""
     if verdict is None:
         return None
@@ -252,7 +260,7 @@ def _assessment(nodeid: str, label: str, verdict: Mapping[str, Any] | None) -> A
         verdict.get("note", ""),
         tuple(comparison_from_json(c) for c in verdict.get("comparisons", ())),
     )
-    return Assessment(nodeid + (f"[{label}]" if label else ""), "", "", None, v)  # type: ignore[arg-type]
+    return Assessment(nodeid + (f"[{label}]" if label else ""), "", "", None, v)
 
 
 class SidePlugin:

@@ -25,6 +25,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from html import escape
+from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -359,7 +360,7 @@ def test_sections(
     if workers <= 1 or len(results) < PARALLEL_FROM:
         return [test_section(i, r, trends.get(r.test, ()), against) for i, r in enumerate(results)]
     bounds = [round(len(results) * k / workers) for k in range(workers + 1)]
-    chunks = [(lo, list(results[lo:hi])) for lo, hi in zip(bounds, bounds[1:])]
+    chunks = [(lo, list(results[lo:hi])) for lo, hi in pairwise(bounds)]
     # This process draws the first chunk itself (matplotlib is loaded here already).
 
     def draw(chunk: tuple[int, list[MeasurementResult]]) -> list[str]:

@@ -137,7 +137,7 @@ def _summary_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     itl, mdl = r["itl_ms"], r["model"]
     ttft, pooled = METRICS["ttft_ms"], METRICS["itl_ms"]
 
-    def row(key: str, value: float | None) -> tuple[str, str, str, str]:
+    def row(key: str, value: float) -> tuple[str, str, str, str]:
         return (SUMMARY[key].label, SUMMARY[key].unit, fmt(value), n)
 
     return [

@@ -172,11 +172,11 @@ def itl_ecdf(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, budg
         qs = np.percentile(values, [50, 95, 99])
         ax.plot(qs, [0.50, 0.95, 0.99], marker, color=colour, ms=4.5, mfc="white", mew=1.3, ls="none")
         if name == "now":  # values for now; the baseline's are in the table, its markers show where
-            for q, p, y in zip(qs, ("p50", "p95", "p99"), (0.5, 0.95, 0.99)):
+            for q, p, share in zip(qs, ("p50", "p95", "p99"), (0.5, 0.95, 0.99)):
                 left = p == "p95"  # p95 left of its marker, p99 right: they sit close
                 ax.annotate(
                     f"{p} {q:.3g}",
-                    (q, y),
+                    (q, share),
                     xytext=(-5 if left else 5, -10 if left else 2),
                     textcoords="offset points",
                     ha="right" if left else "left",
@@ -184,7 +184,7 @@ def itl_ecdf(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, budg
                     color=colour,
                 )
         top = max(top, float(np.percentile(values, 99.9)))
-    for key, label in ITL_BUDGETS.items():
+    for key in ITL_BUDGETS:
         if key in budgets:
             ax.axvline(budgets[key], color=BUDGET, ls="-.", lw=1.2, label=budget_label(key, budgets[key], "ms"))
             top = max(top, budgets[key])
@@ -288,7 +288,7 @@ def token_timeline(record: Mapping[str, Any], baseline: Mapping[str, Any] | None
                 fontsize=6.5,
                 color=colour,
             )
-    for key, label in ITL_BUDGETS.items():
+    for key in ITL_BUDGETS:
         if key in budgets:
             ax.axhline(budgets[key], color=BUDGET, ls="-.", lw=1.2, label=budget_label(key, budgets[key], "ms"))
     ax.set_yscale("log")

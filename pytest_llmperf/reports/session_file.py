@@ -313,6 +313,11 @@ def against_line(results: Sequence[MeasurementResult], against: Mapping[str, Any
     )
 
 
+def _cell(value: float | None) -> str:
+    """A headline figure; n/a where there is none (no ITL, or a session file without figures)."""
+    return "n/a" if value is None else fmt(value)
+
+
 def markdown(
     results: Sequence[MeasurementResult],
     extra: Iterable[str] = (),
@@ -348,7 +353,7 @@ def markdown(
     for r in results:
         s = summary_values(r)
         short = "not compared" if r.verdict is None or (judged and not r.reference) else r.verdict.short
-        cells = [f"`{r.test}`", *(fmt(s.get(f.key)) for f in HEADLINE), r.budget, short]
+        cells = [f"`{r.test}`", *(_cell(s.get(f.key)) for f in HEADLINE), r.budget, short]
         lines.append("| " + " | ".join(cells) + " |")
     if over:
         lines += ["", "### Over budget", ""] + [f"- {line}" for line in over]

@@ -20,14 +20,21 @@ from ..core import formats as nodeids
 from ..core.catalog import FIGURES, METRICS, SUMMARY_COLUMNS
 from ..core.formats import fmt, render_table
 from ..core.settings import DEFAULT_SUMMARY_COLUMNS
-from ..measuring.metrics import Measurement
+from ..measuring.metrics import LatencyStats, Measurement
 
 if TYPE_CHECKING:
-    from ..measuring.served import ServerSide
+    from ..measuring.served import LoadStats, ServerSide
 
 
 #: The latency metrics of a served load level (per-request percentiles in the load tables).
 LOAD_METRICS = tuple(m for m in catalog.METRICS.values() if m.load_stat)
+
+
+def _load_stat(s: LoadStats, metric: catalog.Metric) -> LatencyStats:
+    """The load test's latency statistics of one of ``LOAD_METRICS``."""
+    assert metric.load_stat is not None
+    stats: LatencyStats = getattr(s, metric.load_stat)
+    return stats
 
 
 def _opt(value: float | None) -> str:
@@ -102,7 +109,7 @@ MIN_TEST_WIDTH = 16
 
 
 def summary_table(
-    rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None, width: int | None = None
+    rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None, width: int | None = None
 ) -> str:
     """The session summary. ``width`` (a terminal's): only ``columns`` (default
     ``DEFAULT_SUMMARY_COLUMNS``), test ids shortened to fit; None: every column, full ids."""
@@ -160,12 +167,11 @@ def _clip(text: str, width: int) -> str:
 
 def fit_table(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int) -> str:
     """``render_table`` with the first column (test ids) shortened so lines fit ``width``."""
-    rows = [list(r) for r in rows]
     short = short_ids([r[0] for r in rows])
-    rows = [[short[r[0]]] + r[1:] for r in rows]
-    others = sum(max(len(str(c)) for c in col) + 2 for col in list(zip(headers, *rows))[1:])
+    table = [[short[r[0]], *r[1:]] for r in rows]
+    others = sum(max(len(str(c)) for c in col) + 2 for col in list(zip(headers, *table))[1:])
     room = max(width - others, MIN_TEST_WIDTH, len(headers[0]))
-    return render_table(headers, [[_clip(r[0], room)] + r[1:] for r in rows])
+    return render_table(headers, [[_clip(r[0], room), *r[1:]] for r in table])
 
 
 def curve_table(measurements: Sequence[Measurement]) -> str:
@@ -174,6 +180,7 @@ def curve_table(measurements: Sequence[Measurement]) -> str:
     rows = []
     for m in measurements:
         s = m.load
+        assert s is not None  # a load level's measurement
         rows.append(
             [
                 str(s.concurrency) + (f" @{s.rate_per_s:g}/s" if s.rate_per_s else ""),
@@ -181,7 +188,7 @@ def curve_table(measurements: Sequence[Measurement]) -> str:
                 fmt(s.requests_per_s),
                 fmt(s.output_tps),
                 fmt(s.output_tps_per_request),
-                *(f"{fmt(st.p50_ms)} / {fmt(st.p99_ms)}" for st in (getattr(s, x.load_stat) for x in LOAD_METRICS)),
+                *(f"{fmt(st.p50_ms)} / {fmt(st.p99_ms)}" for st in (_load_stat(s, x) for x in LOAD_METRICS)),
                 f"{s.goodput:.0%}" if s.slo else "-",
             ]
         )
@@ -202,12 +209,16 @@ def curve_table(measurements: Sequence[Measurement]) -> str:
 def load_rows(m: Measurement) -> list[tuple[str, str, str, str]]:
     """Rows for the per-test metrics table (same columns as ``metrics_table``)."""
     s = m.load
+    assert s is not None  # called for a load test's measurement
+
+    def pct(st: LatencyStats) -> str:
+        return f"{fmt(st.p50_ms)} / {fmt(st.p90_ms)} / {fmt(st.p95_ms)} / {fmt(st.p99_ms)}"
+
     reqs = f"{s.n_ok} requests"
-    pct = lambda st: f"{fmt(st.p50_ms)} / {fmt(st.p90_ms)} / {fmt(st.p95_ms)} / {fmt(st.p99_ms)}"
     rows = [
         ("load", "", f"concurrency {s.concurrency}" + (f", Poisson {s.rate_per_s:g}/s" if s.rate_per_s else ""), ""),
         ("requests ok / failed", "", f"{s.n_ok} / {s.n_failed}", f"{s.n_requests} requests"),
-        *((f"{x.label} p50/p90/p95/p99", x.unit, pct(getattr(s, x.load_stat)), reqs) for x in LOAD_METRICS),
+        *((f"{x.label} p50/p90/p95/p99", x.unit, pct(_load_stat(s, x)), reqs) for x in LOAD_METRICS),
         ("output tokens/s overall", "t/s", fmt(s.output_tps), f"{fmt(s.duration_s)} s"),
         ("output tokens/s per request", "t/s", fmt(s.output_tps_per_request), reqs),
         ("requests/s", "req/s", fmt(s.requests_per_s), f"{fmt(s.duration_s)} s"),
@@ -295,16 +306,16 @@ def curve_lines(measurements: Sequence[Any]) -> list[str]:
     return out
 
 
-def overhead_lines(rows: Iterable[dict[str, Any]]) -> list[str]:
+def overhead_lines(rows: Iterable[Mapping[str, Any]]) -> list[str]:
     """What serving adds: one line per test with both an in-process and an ``http`` measurement
     (report rows) in the session summary: both TTFT and TPOT medians and the server's added
     latency per token (TPOT served minus TPOT in process), the figure users ask for."""
-    by_test: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    by_test: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for row in rows:
         by_test[str(row.get("test", "")).split("[", 1)[0]].append(row)
     ttft, tpot = METRICS["ttft_ms"], METRICS["tpot_ms"]
 
-    def both(r: dict[str, Any]) -> str:
+    def both(r: Mapping[str, Any]) -> str:
         return ", ".join(f"{x.label} {fmt(r[x.name])} {x.unit}" for x in (ttft, tpot))
 
     lines = []

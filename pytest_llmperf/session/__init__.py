@@ -28,18 +28,28 @@ from .assess import Assessment, Assessor, FingerprintHook
 from .options import SessionSettings
 
 if TYPE_CHECKING:
+    from ..core.workload import EngineInfo
+    from ..engines import Engine, TokenStream
+    from ..engines.llama_cpp_native import EngineConfig
+    from ..engines.pool import EnginePool
+    from ..judge.ab import ABResult
+    from ..judge.result import MeasurementResult
+    from ..measuring.metrics import Measurement
+    from ..pytest_plugin.side import Link  # the layer above: a type only
+    from .against import Against
     from .finish import Line, Outputs
-    from .results import CallReport
+    from .options import MarkerConfig
+    from .results import CallReport, Result
 
 
 __all__ = ["Assessment", "Session", "SessionSettings"]
 
 
-def _no_fingerprint_hook(hardware: dict, subject: dict, info: Any) -> None:
+def _no_fingerprint_hook(hardware: dict[str, Any], subject: dict[str, Any], info: EngineInfo) -> None:
     return None
 
 
-def _no_engine_hook(settings: Any, engine_config: Any) -> Any:
+def _no_engine_hook(settings: EngineSettings, engine_config: EngineConfig | None) -> Engine | None:
     return None
 
 
@@ -65,7 +75,7 @@ class Session:
         #: (``judge.result.MeasurementResult``), of this process's tests or, on the xdist
         #: controller, of every worker's; A/B comparisons as JSON.
         self.rows: list[dict[str, Any]] = []
-        self.results: list[Any] = []
+        self.results: list[MeasurementResult] = []
         self.ab_results: list[dict[str, Any]] = []
         #: Tests that will measure (after deselection) and labelled measurements beyond a
         #: test's first seen so far: the size of Holm's family.
@@ -77,14 +87,14 @@ class Session:
         #: ``{nodeid: marker engine keys}`` of the tests to run (``plan``), for the header's warnings.
         self.planned_engines: dict[str, Any] = {}
         #: On a side of ``--llmperf-against``: the link to the controller, which drives the runs.
-        self.side: Any = None
+        self.side: Link | None = None
         #: Under ``--llmperf-against``, on the controller: what REF and each side are (the session
         #: file's ``against`` object, ``note_against``); None otherwise.
         self.against_sides: dict[str, Any] | None = None
 
     # -- measuring ---------------------------------------------------------------------------
 
-    def engine(self, overrides: Any = None) -> Any:
+    def engine(self, overrides: Mapping[str, Any] | None = None) -> Engine:
         """The engine a test measures (raises EngineError: one line, no secret in it)."""
         from ..core.errors import LLMPerfError
 
@@ -105,11 +115,11 @@ class Session:
         history = s.history.target if s.history is not None and s.history.kind == "postgresql" else None
         return Redactor.of([s.engine.endpoint, history], [os.environ.get(s.engine.api_key_env)]).text(text)
 
-    def local_engine(self) -> Any:
+    def local_engine(self) -> Engine:
         """The session's engine in this process, for tests that hold it (``Engines.local``)."""
         return self.engines.local()
 
-    def measure_options(self, engine: Any, marker: Any) -> dict[str, Any]:
+    def measure_options(self, engine: Engine | TokenStream, marker: MarkerConfig) -> dict[str, Any]:
         return self.assessor.measure_options(engine, marker)
 
     @property
@@ -123,7 +133,7 @@ class Session:
 
         return self.planned_measurements * len(JUDGED)
 
-    def assess(self, nodeid: str, module: Path | str, m: Any, marker: Any) -> Assessment:
+    def assess(self, nodeid: str, module: Path | str, m: Measurement, marker: MarkerConfig) -> Assessment:
         """Record ``m`` and judge it against its baseline. Raises LLMPerfError (one line) when a
         fingerprint hook answers wrongly."""
         labels = self.labels_seen.setdefault(nodeid, set())
@@ -160,9 +170,9 @@ class Session:
             lines += [warning] if warning else []
         return [self.redact(line) for line in lines]
 
-    def note_against(self, against: Any) -> None:
+    def note_against(self, against: Against) -> None:
         """What ``--llmperf-against``'s REF and both sides are, from the controller
-        (``session.against.Against``, after a test: a side started again reports again), for the
+        (after a test: a side started again reports again), for the
         session file, the Markdown summary and the HTML report."""
         ref = against.reference
         before = (self.against_sides or {}).get("sides", {})
@@ -186,7 +196,12 @@ class Session:
     # -- reporting ---------------------------------------------------------------------------
 
     def call_report(
-        self, nodeid: str, results: Sequence[Any], ab_results: Sequence[Any], width: int, hook_error: str | None = None
+        self,
+        nodeid: str,
+        results: Sequence[Result],
+        ab_results: Sequence[ABResult],
+        width: int,
+        hook_error: str | None = None,
     ) -> CallReport:
         """What one test's call report gets (``results.call_report``)."""
         from .results import call_report
@@ -267,10 +282,10 @@ class Session:
 
 #: ``fn(settings, engine_config)``: an engine, or None for the default (the pytest layer's
 #: ``pytest_llmperf_make_engine``); raises LLMPerfError for a wrong answer.
-MakeEngineHook = Callable[[EngineSettings, Any], Any]
+MakeEngineHook = Callable[[EngineSettings, "EngineConfig | None"], "Engine | None"]
 
 
-def load_engine(settings: EngineSettings) -> Any:
+def load_engine(settings: EngineSettings) -> Engine:
     """The session's engine by its settings: the endpoint's HttpEngine, else llama.cpp."""
     if settings.endpoint:
         from ..engines.http import HttpEngine
@@ -290,8 +305,8 @@ def load_engine(settings: EngineSettings) -> Any:
     )
 
 
-def engine_config(settings: EngineSettings, overrides: Any = None) -> Any:
-    """``engines.llama_cpp_native.EngineConfig`` of the session's settings with a test's own over them
+def engine_config(settings: EngineSettings, overrides: Mapping[str, Any] | None = None) -> EngineConfig:
+    """The llama.cpp ``EngineConfig`` of the session's settings with a test's own over them
     (imported here: the engine layer loads once an llmperf test runs)."""
     from ..engines.llama_cpp_native import EngineConfig
 
@@ -304,14 +319,14 @@ class Engines:
     def __init__(self, settings: EngineSettings, make_engine: MakeEngineHook) -> None:
         self.settings = settings
         self.make_engine = make_engine
-        self.endpoint_engine: Any = None
+        self.endpoint_engine: Engine | None = None
         self.endpoint_error: str | None = None
-        self.pool: Any = None
-        self.planned_by_id: dict[str, Any] = {}
-        self.local_engine: Any = None  # the session's engine in this process (local()), loaded once
+        self.pool: EnginePool | None = None
+        self.planned_by_id: dict[str, EngineConfig] = {}
+        self.local_engine: Engine | None = None  # the session's engine in this process (local()), loaded once
         self.local_error: str | None = None
 
-    def get(self, overrides: Any = None) -> Any:
+    def get(self, overrides: Mapping[str, Any] | None = None) -> Engine:
         """The engine a test measures: the session's, or with a test's own llama.cpp settings
         (marker keys ``threads``, ``flash_attn``...) one from the pool (engines/pool.py).
         Raises EngineError (one line)."""
@@ -331,13 +346,14 @@ class Engines:
                     self.endpoint_error = str(exc)
             if self.endpoint_error is not None:
                 raise EngineError(self.endpoint_error)
+            assert self.endpoint_engine is not None  # loaded, or endpoint_error says why not
             return self.endpoint_engine
         base = engine_config(s)
         pool = self.engine_pool()
         pool.pin(base)  # the llmperf_engine fixture may hold it for the whole session
         return pool.get(base)
 
-    def local(self) -> Any:
+    def local(self) -> Engine:
         """The session's engine in this process, for tests that hold the engine or its
         ``llama_cpp.Llama`` object (``llmperf_engine``, ``llmperf_llm``). Unless the session
         measures in process anyway, a throw-away engine worker first loads the same setting and
@@ -360,13 +376,14 @@ class Engines:
                 self.local_error = str(exc)
         if self.local_error is not None:
             raise EngineError(self.local_error)
+        assert self.local_engine is not None  # loaded, or local_error says why not
         return self.local_engine
 
-    def engine_pool(self) -> Any:
+    def engine_pool(self) -> EnginePool:
         if self.pool is None:
             from ..engines.pool import EnginePool, load_config
 
-            def load(config: Any) -> Any:  # a conftest's engine first (pytest_llmperf_make_engine)
+            def load(config: EngineConfig) -> Engine:  # a conftest's engine first (pytest_llmperf_make_engine)
                 engine = self.make_engine(self.settings, config)
                 if engine is not None:
                     return engine

@@ -27,12 +27,15 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.errors import LLMPerfError
 from ..core.workload import SEQUENTIAL_FACTOR, SEQUENTIAL_TIME_CAP_S
 from ..measuring.worker import Channel
 from .refs import Reference, Worktrees, code_packages, resolve_reference
+
+if TYPE_CHECKING:
+    from ..core.workload import RunTrace
 
 
 @dataclass
@@ -56,8 +59,8 @@ class Against:
     tail_threshold: float
     family: int
     timeout_s: float
-    harness_dir: Any = None  # the TemporaryDirectory of the harness link
-    worktrees: Any = None  # refs.Worktrees: holds REF's worktree (a lease) until closed
+    harness_dir: tempfile.TemporaryDirectory[str] | None = None  # the folder of the harness link
+    worktrees: Worktrees | None = None  # holds REF's worktree (a lease) until closed
     #: The labels of each test's measurements met so far: a test's second and later labelled
     #: measurement is one more member of Holm's family (``family`` counts each test once).
     labels_seen: dict[str, set[str]] = field(default_factory=dict)
@@ -147,7 +150,7 @@ class RunFailed(LLMPerfError):
     """A side's run raised (the user's callable, llama.cpp's error): the pairs stop."""
 
 
-def _run(side: Side, index: int, timeout_s: float) -> Any:
+def _run(side: Side, index: int, timeout_s: float) -> RunTrace:
     from ..measuring.worker import trace_of
 
     side.send({"op": "run", "index": index})
@@ -438,7 +441,7 @@ class Side:
 
     def __init__(self, spec: SideSpec, args: Sequence[str], cwd: str, harness: str, timeout_s: float) -> None:
         self.spec, self.args, self.cwd, self.harness, self.timeout_s = spec, list(args), cwd, harness, timeout_s
-        self.channel: Any = None
+        self.channel: Channel | None = None
         self.ready: dict[str, Any] = {}
         self.start_error: str | None = None
         self.broken = False  # did not start: every test it was to run fails with start_error
@@ -613,7 +616,7 @@ def wait_any(sides: Sequence[Side], timeout_s: float) -> list[Side]:
     return [s for s in sides if id(s.channel) in ready]
 
 
-def harness_link() -> Any:
+def harness_link() -> tempfile.TemporaryDirectory[str]:
     """A folder holding only ``pytest_llmperf`` (a link to this one): the sides import the plugin
     from the current tree, never another environment's copy, and nothing else of this one."""
     tmp = tempfile.TemporaryDirectory(prefix="llmperf-harness-")

@@ -15,13 +15,17 @@ from .options import SessionSettings
 if TYPE_CHECKING:
     from ..baselines.store import BaselineError
     from ..core.fingerprint import Fingerprint
+    from ..core.workload import EngineInfo
+    from ..engines import Engine, TokenStream
+    from ..history.series import Windows
     from ..judge.regression import BaselineVerdict
     from ..measuring.metrics import Measurement
+    from ..measuring.roofline import Peak
     from .options import MarkerConfig
 
 #: ``fn(hardware, subject, engine_info)``: edits the fingerprint in place (the pytest layer's
 #: ``pytest_llmperf_fingerprint``); raises LLMPerfError for a wrong edit.
-FingerprintHook = Callable[[dict, dict, Any], None]
+FingerprintHook = Callable[[dict[str, Any], dict[str, Any], "EngineInfo"], None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +35,7 @@ class Assessment:
     key: str
     baseline_file: str
     hardware_key: str
-    record: dict[str, Any]
+    record: dict[str, Any] | None  # None: a side of --llmperf-against (the controller keeps no record)
     verdict: BaselineVerdict | None
     baseline_record: dict[str, Any] | None = None  # the entry the verdict compared against (HTML plots)
 
@@ -46,13 +50,13 @@ class Assessor:
         self.baselines_read: dict[Path, dict[str, Any] | BaselineError] = {}
         self.fingerprints: dict[Any, Fingerprint] = {}
         self.hardware: dict[str, Any] | None = None
-        self.peaks: Any = None
-        #: The history's recent sessions per hardware key, read once (``history.series.Windows``).
-        self.windows: dict[str, Any] = {}
+        self.peaks: tuple[Peak, Peak] | None = None
+        #: The history's recent sessions per hardware key, read once (None: it cannot be read).
+        self.windows: dict[str, Windows | None] = {}
         #: Why the history could not be read for the verdicts (one line), else None.
         self.history_error: str | None = None
 
-    def window(self, hardware_key: str) -> Any:
+    def window(self, hardware_key: str) -> Windows | None:
         """The history's windows for this hardware (read on first use, once per session), or
         None when there is no history or it cannot be read (the verdicts then use the
         baseline files alone; ``history_error`` says why)."""
@@ -129,6 +133,7 @@ class Assessor:
                 entries = self.baselines(path).get(key)
                 verdict = judge(entries, fp.hardware_key, rec, settings, window)
                 if verdict.status == "compared":
+                    assert entries is not None  # judged against one of them
                     baseline_record = entries[fp.hardware_key]
                 elif verdict.status == "no-baseline" and rel.startswith("../"):
                     verdict = dataclasses.replace(verdict, note=legacy_note(s.baseline_dir, path, rel, verdict.note))
@@ -138,7 +143,7 @@ class Assessor:
             key, path.relative_to(s.baseline_dir).as_posix(), fp.hardware_key, rec, verdict, baseline_record
         )
 
-    def measure_options(self, engine: Any, marker: MarkerConfig) -> dict[str, Any]:
+    def measure_options(self, engine: Engine | TokenStream, marker: MarkerConfig) -> dict[str, Any]:
         """What to measure besides the runs: per-layer timing and the roofline (in-process only;
         a marker's ``layers=True`` on another engine is an error the runner reports)."""
         s = self.settings

@@ -56,10 +56,10 @@ def other_hardware_line(s: SessionSettings, results: Sequence[MeasurementResult]
     session; (None, False) when there are none or the session records baselines."""
     if s.update_baselines or not s.compare:
         return None, False
-    other = [r for r in results if r.verdict is not None and r.verdict.status == "other-hardware"]
+    other = [r.verdict for r in results if r.verdict is not None and r.verdict.status == "other-hardware"]
     if not other:
         return None, False
-    fields = list(dict.fromkeys(d for r in other for d in r.verdict.changes))  # type: ignore[union-attr]
+    fields = list(dict.fromkeys(d for v in other for d in v.changes))
     why = "; ".join(fields[:SHOWN_DIFFERENCES]) + ("; ..." if len(fields) > SHOWN_DIFFERENCES else "")
     fails = s.fail_other_hardware
     line = (
@@ -138,7 +138,7 @@ Line = tuple[str, str]
 def summary(
     s: SessionSettings,
     rows: Sequence[Mapping[str, Any]],
-    results: Sequence[Any],  # judge.result.MeasurementResult
+    results: Sequence[MeasurementResult],
     out: Outputs | None,
     suite_failures: Sequence[str],
     *,

@@ -94,7 +94,7 @@ class SessionSettings:
         return not self.baselines_only and not self.disable
 
     @property
-    def compare_values(self) -> dict[str, float]:
+    def compare_values(self) -> dict[str, Any]:
         """``judge.regression.CompareSettings``' session-wide values (a marker may override them)."""
         return {"alpha": self.alpha, "threshold": self.threshold, "tail_threshold": self.tail_threshold}
 

@@ -98,6 +98,7 @@ def _run(cmd: Sequence[str], cwd: Path | None, timeout_s: float) -> subprocess.C
         stdin=subprocess.DEVNULL,
         env=env,
         errors="replace",
+        check=False,
     )
 
 
@@ -212,7 +213,8 @@ def redirect_problems(code_root: Path, packages: Sequence[str]) -> list[str]:
     root, problems = Path(os.path.realpath(code_root)), []
     for name in packages:
         module = sys.modules.get(name)
-        places = [module.__file__] if getattr(module, "__file__", None) else list(getattr(module, "__path__", []))
+        file = getattr(module, "__file__", None)
+        places: list[str] = [file] if file else list(getattr(module, "__path__", []))
         outside = [p for p in places if not Path(os.path.realpath(p)).is_relative_to(root)]
         if module is None or (places and not outside):
             continue
@@ -238,18 +240,19 @@ def import_failure(exc: BaseException, code_root: Path, packages: Sequence[str])
         return rel if rel is not None and rel.parts and Path(rel.parts[0]).stem in packages else None
 
     seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:  # the exception, then what it was raised from
-        seen.add(id(exc))
-        if isinstance(exc, SyntaxError) and (where := under(exc.filename)):
-            return redact(f"{where.as_posix()}:{exc.lineno}: SyntaxError: {exc.msg}")
-        tb, found = exc.__traceback__, None
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:  # the exception, then what it was raised from
+        seen.add(id(cur))
+        if isinstance(cur, SyntaxError) and (where := under(cur.filename)):
+            return redact(f"{where.as_posix()}:{cur.lineno}: SyntaxError: {cur.msg}")
+        tb, found = cur.__traceback__, None
         while tb is not None:
             if rel := under(tb.tb_frame.f_code.co_filename):
                 found = f"{rel.as_posix()}:{tb.tb_lineno}"
             tb = tb.tb_next
         if found:
-            return redact(" ".join(f"{found}: {type(exc).__name__}: {exc}".split())[:400])
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+            return redact(" ".join(f"{found}: {type(cur).__name__}: {cur}".split())[:400])
+        cur = cur.__cause__ or cur.__context__
     return None
 
 

@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ..judge.ab import ABResult
     from ..judge.budgets import BudgetFailure
     from ..judge.result import MeasurementResult
     from ..measuring.metrics import Measurement
+    from .assess import Assessment
 
 
 @dataclass(frozen=True)
@@ -22,20 +24,20 @@ class Result:
     measurement: Measurement
     failure: BudgetFailure | None
     n_budgets: int
-    baseline: Any = None  # the session's ``assess.Assessment`` (baseline comparison)
+    baseline: Assessment | None = None  # the session's baseline comparison
     budgets: Mapping[str, float] = field(default_factory=dict)  # the marker's, drawn as lines in the HTML report
     #: What a ``pytest_llmperf_result`` hook attached (JSON values): the JSON report's ``extra_info``.
     extra_info: Mapping[str, Any] = field(default_factory=dict)
 
 
-def ab_result_of(nodeid: str, ab: Any) -> dict[str, Any]:
-    """The session JSON's entry of one A/B comparison (``judge.ab.ABResult``)."""
+def ab_result_of(nodeid: str, ab: ABResult) -> dict[str, Any]:
+    """The session JSON's entry of one A/B comparison."""
     from ..judge.ab import as_dict
 
     return {"test": nodeid + (f"[{ab.label}]" if ab.label else ""), "nodeid": nodeid, **as_dict(ab)}
 
 
-def section_of(r: Any, t: MeasurementResult, columns: Sequence[str], width: int) -> tuple[str, str]:
+def section_of(r: Result, t: MeasurementResult, columns: Sequence[str], width: int) -> tuple[str, str]:
     """The report section of one measurement (``r``, its typed result ``t``): its figures,
     then its baseline comparison."""
     from ..reports.text import metrics_table
@@ -78,13 +80,13 @@ class CallReport:
 
 def call_report(
     nodeid: str,
-    results: Sequence[Any],
-    ab_results: Sequence[Any],
+    results: Sequence[Result],
+    ab_results: Sequence[ABResult],
     *,
     columns: Sequence[str],
     width: int,
     budgets_gate: bool,
-    failure_lines: Callable[[Any], list[str]],
+    failure_lines: Callable[[Assessment], list[str]],
     hook_error: str | None = None,
 ) -> CallReport:
     """One test's measurements (after ``pytest_llmperf_result``) and A/B comparisons as report
