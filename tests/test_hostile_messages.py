@@ -17,6 +17,7 @@ import importlib.util
 import json
 import os
 import pty
+import select
 import shutil
 import signal
 import subprocess
@@ -301,6 +302,9 @@ def interrupt(argv: list[str], ready: str, seconds: float = 60) -> tuple[int, st
     out, sent, deadline = b"", False, time.monotonic() + seconds
     try:
         while time.monotonic() < deadline:
+            # a deadline on the read too: a child that prints nothing more must not hang the test
+            if not select.select([main], [], [], max(deadline - time.monotonic(), 0.0))[0]:
+                break
             try:
                 chunk = os.read(main, 65536)
             except OSError:  # EIO: the child closed the terminal
