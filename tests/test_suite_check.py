@@ -68,9 +68,13 @@ def test_one_test_slower_than_the_rest_fails_the_session(pytester: pytest.Pytest
     # How far the other six tests' shifts scatter decides what the suite check can see: within
     # +-10% (robust sd of their log changes) a 3x departure is certain to be found; on a machine
     # busy enough to scatter them by +-50% it may stay undecided, never wrong.
+    # A busy machine can also split test_3's own runs ("part of the runs slowed down"): their
+    # spread is in the check's standard error too, so a 3x departure is certain to be found only
+    # while test_3's own level is known within 10% as well.
     regressions = {c["metric"]: c for c in slow["comparisons"] if c["verdict"] == "REGRESSION"}
+    own = {c["metric"]: c for c in slow["comparisons"]}
     for metric in ("ttft_ms", "tpot_ms"):
-        if peer_scatter(by_test, metric) <= 0.10:
+        if peer_scatter(by_test, metric) <= 0.10 and own[metric]["se_within_log"] <= 0.10:
             assert metric in regressions, (metric, slow["comparisons"])
     suite = [c for c in regressions.values() if c.get("suite_ratio") is not None]
     if suite:
