@@ -35,6 +35,18 @@ HISTORY_HELP = "show the session history of each test and metric (tables, --html
 DEFAULT_METRICS = JUDGED
 
 
+def add_history_location(parser: argparse.ArgumentParser) -> None:
+    """``--history`` and ``--hardware``: which history, and which machine's sessions in it."""
+    parser.add_argument(
+        "--history",
+        default=None,
+        metavar="PATH|URL",
+        help="the history: a SQLite file or postgresql:// URL (default $LLMPERF_HISTORY, else the nearest "
+        ".llmperf/history.sqlite from here up)",
+    )
+    parser.add_argument("--hardware", default=None, metavar="KEY", help="only this hardware key")
+
+
 def add_history_source_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments ``history`` and ``detect`` share."""
     from ..baselines.records import RUN_FIELDS
@@ -47,14 +59,7 @@ def add_history_source_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"metric to read (repeat for more; default {', '.join(DEFAULT_METRICS)})",
     )
-    parser.add_argument(
-        "--history",
-        default=None,
-        metavar="PATH|URL",
-        help="the history: a SQLite file or postgresql:// URL (default $LLMPERF_HISTORY, else the nearest "
-        ".llmperf/history.sqlite from here up)",
-    )
-    parser.add_argument("--hardware", default=None, metavar="KEY", help="only this hardware key")
+    add_history_location(parser)
 
 
 def add_history_arguments(parser: argparse.ArgumentParser) -> None:
@@ -184,14 +189,7 @@ CALIBRATE_HELP = "per test: within- and between-session spread, replayed false a
 
 def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("test", nargs="?", default=None, help="only tests whose id contains this")
-    parser.add_argument(
-        "--history",
-        default=None,
-        metavar="PATH|URL",
-        help="the history: a SQLite file or postgresql:// URL (default $LLMPERF_HISTORY, else the nearest "
-        ".llmperf/history.sqlite from here up)",
-    )
-    parser.add_argument("--hardware", default=None, metavar="KEY", help="only this hardware key")
+    add_history_location(parser)
     parser.add_argument(
         "--sessions",
         type=positive_int,

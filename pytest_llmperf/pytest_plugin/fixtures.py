@@ -228,16 +228,7 @@ class LLMPerf:
                 f"{prefix}{load.n_failed} of {load.n_requests} requests failed; {load.errors[0]}", pytrace=False
             )
         measurement, assessment = self._sequential(subject, measurement, config)
-        self.results.append(
-            Result(
-                measurement,
-                check_budgets(measurement, config.budgets),
-                len(config.budgets),
-                assessment,
-                dict(config.budgets),
-            )
-        )
-        return measurement
+        return self._keep(measurement, config, assessment)
 
     def compare(self, a: Any = None, b: Any = None, *, label: str = "", **keys: Any) -> ABResult:
         """Run A and B interleaved (``runs`` pairs in seeded AB/BA order, warm-ups for both) and
@@ -279,12 +270,10 @@ class LLMPerf:
         self.ab_results.append(result)
         return result
 
-    def _driven(self, subject: Subject, config: MarkerConfig, label: str) -> Measurement:
-        """On a side of ``--llmperf-against``: the runs the controller asks for, its verdict."""
+    def _keep(self, measurement: Measurement, config: MarkerConfig, assessment: Assessment | None) -> Measurement:
+        """The test's result of one measurement: its budgets checked, its verdict."""
         from ..judge.budgets import check_budgets
 
-        assert self._side is not None  # measure() drives only on a side
-        measurement, assessment = self._side.measure(subject, config, label, self._nodeid)
         self.results.append(
             Result(
                 measurement,
@@ -295,6 +284,12 @@ class LLMPerf:
             )
         )
         return measurement
+
+    def _driven(self, subject: Subject, config: MarkerConfig, label: str) -> Measurement:
+        """On a side of ``--llmperf-against``: the runs the controller asks for, its verdict."""
+        assert self._side is not None  # measure() drives only on a side
+        measurement, assessment = self._side.measure(subject, config, label, self._nodeid)
+        return self._keep(measurement, config, assessment)
 
     def _sequential(
         self, subject: Subject, m: Measurement, config: MarkerConfig

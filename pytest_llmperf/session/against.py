@@ -162,7 +162,7 @@ def _run(side: Side, index: int, timeout_s: float) -> RunTrace:
     return trace_of(reply["trace"])
 
 
-def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str = "") -> tuple[list[Any], str]:
+def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str) -> tuple[list[Any], str]:
     """The measurement both sides wait at: warm-ups, then pairs in seeded AB/BA order (A: REF, B:
     the current side), looks until decided or the cap. Returns (comparisons, the note)."""
     from ..core.workload import Workload
