@@ -200,3 +200,27 @@ def test_the_worker_ends_with_its_controller(tiny_model_path: Path, tmp_path: Pa
         except ChildProcessError:
             pass
     assert not alive(worker_pid) or Path(f"/proc/{worker_pid}/stat").read_text().split()[2] == "Z"
+
+
+def test_idlest_cpus_avoid_busy_cores() -> None:
+    """Both A/B sides go on the CPUs idlest just before the pairs: with a process spinning on
+    every core but one, that one is chosen (another process busy on a core, as on a shared
+    runner, leaves the free one free). None where the threads need every CPU."""
+    from pytest_llmperf.core.settings import idlest_cpus
+
+    allowed = sorted(os.sched_getaffinity(0))
+    assert idlest_cpus(len(allowed)) is None
+    if len(allowed) < 2:
+        pytest.skip("one CPU: nothing to choose")
+    first = idlest_cpus(1)
+    assert first is not None and len(first) == 1 and first[0] in allowed
+    spin = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])}); [0 for _ in iter(int, 1)]"
+    spinners = [subprocess.Popen([sys.executable, "-c", spin, str(c)]) for c in allowed if c != first[0]]
+    try:
+        time.sleep(0.3)  # the spinners are on their cores
+        chosen = idlest_cpus(1, sample_s=0.5)
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+    assert chosen == first, (chosen, first)

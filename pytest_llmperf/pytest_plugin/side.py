@@ -220,6 +220,7 @@ class Link:
                 "settings": dict(config.settings),
                 "max_runs": config.options.get("max_runs"),
                 "engine": info.describe(),
+                "threads": info.n_threads or config.engine.get("threads"),  # a callable's: unknown (None)
             }
         )
         warm: list[Any] = []
@@ -228,6 +229,8 @@ class Link:
             op = self.receive()
             if op["op"] != "run":
                 break
+            if op.get("cpus"):
+                pin(op["cpus"])  # before the run's first clock read
             try:  # the run's clock reads are all inside engine.run: no pipe, no controller work between them
                 trace = engine.run(workload, int(op["index"]))
             except Exception as exc:  # noqa: BLE001 - the user's callable too: one line to the controller
@@ -245,6 +248,14 @@ class Link:
         m = summarize(traces, dataclasses.replace(workload, runs=len(traces)), info, label=label)
         m = dataclasses.replace(m, warmup_runs=tuple(RunMetrics.of(t) for t in warm))
         return m, _assessment(nodeid, label, op.get("verdict"))
+
+
+def pin(cpus: list[int]) -> None:
+    """Every thread of this process (llama.cpp's pool too, once started) on ``cpus``; threads
+    started later inherit it from the main thread."""
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(int(task), cpus)
 
 
 def _assessment(nodeid: str, label: str, verdict: Mapping[str, Any] | None) -> Assessment | None:

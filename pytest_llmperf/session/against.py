@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import LLMPerfError
+from ..core.settings import idlest_cpus, usable_cpus
 from ..core.workload import SEQUENTIAL_FACTOR, SEQUENTIAL_TIME_CAP_S
 from ..measuring.worker import Channel
 from .refs import Reference, Worktrees, code_packages, resolve_reference
@@ -150,10 +151,10 @@ class RunFailed(LLMPerfError):
     """A side's run raised (the user's callable, llama.cpp's error): the pairs stop."""
 
 
-def _run(side: Side, index: int, timeout_s: float) -> RunTrace:
+def _run(side: Side, index: int, timeout_s: float, cpus: Sequence[int] | None = None) -> RunTrace:
     from ..measuring.worker import trace_of
 
-    side.send({"op": "run", "index": index})
+    side.send({"op": "run", "index": index, "cpus": list(cpus or ())})
     reply = side.receive(timeout_s, f"run {index}" if index >= 0 else f"warm-up run {-index}")
     if reply.get("ev") == "error":
         raise RunFailed(f"{side.who}: {reply.get('line')}")
@@ -181,9 +182,11 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str) -> 
     cap, looks = looks_for(workload.runs, ev.get("max_runs"))
     family = ag.family_for(nodeid, str(ev.get("label") or ""))
     by_letter = {"A": ag.sides[REF], "B": ag.sides[CURRENT]}
+    threads = max(int(events[name].get("threads") or usable_cpus()) for name in (CURRENT, REF))
+    cpus = idlest_cpus(threads)  # the same CPUs for both sides (idlest_cpus says why)
     for i, order in enumerate(block_orders(workload.warmup, workload.seed + 1)):
         for letter in order:
-            _run(by_letter[letter], -1 - i, ag.timeout_s)
+            _run(by_letter[letter], -1 - i, ag.timeout_s, cpus)
     orders = block_orders(cap, workload.seed)
     runs: dict[str, list[Any]] = {"A": [], "B": []}
     started = time.monotonic()
@@ -191,7 +194,7 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str) -> 
         start = len(runs["A"])
         for i in range(start, min(start + workload.runs, cap)):
             for letter in orders[i]:
-                runs[letter].append(RunMetrics.of(_run(by_letter[letter], i, ag.timeout_s)))
+                runs[letter].append(RunMetrics.of(_run(by_letter[letter], i, ag.timeout_s, cpus)))
         n = len(runs["A"])
         comparisons = judged_pairs(
             runs["A"], runs["B"], family=family, looks=looks, reference=ag.reference.describe(), **settings
@@ -205,7 +208,8 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str) -> 
     same = "" if events[REF]["workload"] == ev["workload"] else "; REF's workload differs from this tree's"
     note = (
         f"against {ag.reference.describe()}: {n} pairs interleaved ({n_ab} AB, {n - n_ab} BA, seeded; "
-        f"up to {cap} in {looks} look(s)) after {workload.warmup} warm-up run(s) each; llama-cpp-python "
+        f"up to {cap} in {looks} look(s)) after {workload.warmup} warm-up run(s) each"
+        f"{'' if cpus is None else '; both on CPU ' + ','.join(map(str, cpus))}; llama-cpp-python "
         f"{ref.get('llama_cpp') or '?'} (REF) vs {cur.get('llama_cpp') or '?'} (this tree){same}"
     )
     return comparisons, note
