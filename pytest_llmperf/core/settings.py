@@ -12,7 +12,6 @@ at every pytest start (no heavy import)."""
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +54,7 @@ ENGINE_DEFAULTS: dict[str, Any] = {
     # tokens; sampling is then timed apart and reported as its own figure).
     "sample": False,
     # llama.cpp's use_extra_bufts (llama-bench --repack): None (auto) is on, except for quantized
-    # weights on a CPU with AMX, whose kernel dies with SIGILL (engines/llama_cpp_native.py).
+    # weights on a CPU with AMX, whose kernel dies with SIGILL or SIGSEGV (engines/llama_cpp_native.py).
     "repack": None,
 }
 
@@ -179,41 +178,6 @@ def usable_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         return os.cpu_count() or 1
-
-
-def idlest_cpus(n: int, sample_s: float = 0.2) -> tuple[int, ...] | None:
-    """The ``n`` CPUs of this process's affinity mask that were idlest over ``sample_s`` (per-CPU
-    busy time from /proc/stat), lowest number first; None when ``n`` covers them all or the
-    kernel does not say. Both sides of an A/B run on the same ones: a hypervisor that steals
-    from one vCPU, or a process busy on one core, then slows both sides alike, not the side
-    whose process the scheduler kept there (seen in CI: an unchanged test 1.42x "slower")."""
-    try:
-        allowed = sorted(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return None
-    if n >= len(allowed):
-        return None
-
-    def busy() -> dict[int, int] | None:
-        try:
-            lines = Path("/proc/stat").read_text().splitlines()
-        except OSError:
-            return None
-        out = {}
-        for line in lines:
-            name, *fields = line.split()
-            if name.startswith("cpu") and name[3:].isdigit():
-                ticks = [int(f) for f in fields[:8]]  # user nice system idle iowait irq softirq steal
-                out[int(name[3:])] = sum(ticks) - sum(ticks[3:5])
-        return out
-
-    before = busy()
-    time.sleep(sample_s)
-    after = busy()
-    if before is None or after is None:
-        return tuple(allowed[-n:])
-    ranked = sorted(allowed, key=lambda c: (after.get(c, 0) - before.get(c, 0), -c))
-    return tuple(sorted(ranked[:n]))
 
 
 def threads_warning(threads: int | None, source: str = "--llmperf-threads") -> str | None:

@@ -68,6 +68,10 @@ def check_gguf(path: str | os.PathLike[str]) -> Path:
 
 #: Where the AMX crash is tracked upstream (docs/engine-settings.md, "repack").
 AMX_ISSUE = "llama.cpp PR #26954"
+#: How llama.cpp 0.3.x's AMX kernel dies: SIGILL in a worker thread without tile state (a Xeon
+#: of an earlier session), SIGSEGV while loading (this project's Xeon of 2026-12-02; llama-bench
+#: --repack 1 of the same build too, exit 139; --repack 0 runs).
+AMX_SIGNALS = frozenset({signal.SIGILL, signal.SIGSEGV})
 #: Weight types llama.cpp's CPU backend never repacks (so never hands to the AMX kernels).
 UNPACKED_TYPES = frozenset({"F32", "F16", "BF16"})
 
@@ -90,14 +94,14 @@ def resolve_repack(repack: bool | None, quantization: str | None) -> tuple[bool,
     it is not llama.cpp's default (on).
 
     ``None`` (auto): on, except for a quantized model on a CPU with AMX, where llama.cpp
-    0.3.x's AMX kernel dies with SIGILL in its worker threads (AMX_ISSUE): off there, so the
+    0.3.x's AMX kernel dies (``AMX_SIGNALS``; AMX_ISSUE): off there, so the
     model is measured on the plain CPU kernels, and the record says so.
     """
     if repack is not None:
         return repack, None
     if quantization is not None and quantization.upper() not in UNPACKED_TYPES and cpu_has_amx():
         return False, (
-            f"repack off: a {quantization} model on this AMX CPU (llama.cpp's AMX kernel dies with SIGILL, "
+            f"repack off: a {quantization} model on this AMX CPU (llama.cpp's AMX kernel dies with SIGILL or SIGSEGV, "
             f"{AMX_ISSUE}); repack=True measures it with AMX"
         )
     return True, None
@@ -179,7 +183,8 @@ def known_cause(
     sig = -returncode if returncode is not None and returncode < 0 else None
     text = "\n".join(log)
     repack_on = config.repack is not False
-    if sig == signal.SIGILL and cpu_has_amx() and repack_on and (quantization or "").upper() not in UNPACKED_TYPES:
+    amx_death = sig in AMX_SIGNALS and cpu_has_amx()
+    if amx_death and repack_on and (quantization or "").upper() not in UNPACKED_TYPES:
         return (
             f"known cause: llama.cpp's AMX kernel for quantized weights on this Intel CPU with AMX ({AMX_ISSUE}); "
             "set repack=False (marker key, or leave repack unset: auto turns it off here) to run it without AMX"

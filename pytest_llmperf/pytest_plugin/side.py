@@ -230,6 +230,8 @@ class Link:
             if op["op"] != "run":
                 break
             if op.get("cpus"):
+                from ..measuring.worker import pin
+
                 pin(op["cpus"])  # before the run's first clock read
             try:  # the run's clock reads are all inside engine.run: no pipe, no controller work between them
                 trace = engine.run(workload, int(op["index"]))
@@ -248,14 +250,6 @@ class Link:
         m = summarize(traces, dataclasses.replace(workload, runs=len(traces)), info, label=label)
         m = dataclasses.replace(m, warmup_runs=tuple(RunMetrics.of(t) for t in warm))
         return m, _assessment(nodeid, label, op.get("verdict"))
-
-
-def pin(cpus: list[int]) -> None:
-    """Every thread of this process (llama.cpp's pool too, once started) on ``cpus``; threads
-    started later inherit it from the main thread."""
-    for task in os.listdir("/proc/self/task"):
-        with contextlib.suppress(OSError):
-            os.sched_setaffinity(int(task), cpus)
 
 
 def _assessment(nodeid: str, label: str, verdict: Mapping[str, Any] | None) -> Assessment | None:

@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import LLMPerfError
-from ..core.settings import idlest_cpus, usable_cpus
+from ..core.settings import usable_cpus
 from ..core.workload import SEQUENTIAL_FACTOR, SEQUENTIAL_TIME_CAP_S
-from ..measuring.worker import Channel
+from ..measuring.worker import Channel, idlest_cpus
 from .refs import Reference, Worktrees, code_packages, resolve_reference
 
 if TYPE_CHECKING:
