@@ -67,6 +67,8 @@ def pytest_configure(config: pytest.Config) -> None:
         is_worker=is_worker,
     )
     config.stash[SESSION].side = None if side is None else side.link
+    if side is not None:
+        side.link.threads = settings.engine.threads  # what the session's engine (llmperf_llm) uses
     hooks = LLMPerfHooks(config, config.stash[SESSION])
     config.pluginmanager.register(hooks, PLUGIN_NAME)
     if settings.against:

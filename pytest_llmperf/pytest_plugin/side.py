@@ -174,6 +174,7 @@ class Link:
 
     def __init__(self, requests: IO[bytes], replies: IO[bytes]) -> None:
         self.requests, self.replies = requests, replies
+        self.threads: int | None = None  # the session's llama.cpp threads (None: every usable CPU)
 
     def send(self, message: Mapping[str, Any]) -> None:
         self.replies.write((json.dumps(message) + "\n").encode())
@@ -220,7 +221,8 @@ class Link:
                 "settings": dict(config.settings),
                 "max_runs": config.options.get("max_runs"),
                 "engine": info.describe(),
-                "threads": info.n_threads or config.engine.get("threads"),  # a callable's: unknown (None)
+                # A callable's own threads are unknown: the session's (its llmperf_llm's) stand in.
+                "threads": info.n_threads or config.engine.get("threads") or self.threads,
             }
         )
         warm: list[Any] = []
