@@ -56,7 +56,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
             settings = side_settings(settings)
         if settings.html and not is_worker:
-            from ..reports.figures import require_matplotlib
+            from ..reports.charts import require_matplotlib
 
             require_matplotlib()  # say what to install now, not after the whole session
     except LLMPerfError as exc:
