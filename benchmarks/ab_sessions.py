@@ -52,13 +52,13 @@ def main() -> int:
     chosen = [c.strip() for c in args.comparisons.split(",")]
     f16 = ensure_model(args.preset)
     e = {
-        "t2": LlamaCppEngine(f16, n_threads=2, name="f16-t2"),
-        "t1": LlamaCppEngine(f16, n_threads=1, name="f16-t1"),
-        "t1b": LlamaCppEngine(f16, n_threads=1, name="f16-t1-copy"),
+        "t2": LlamaCppEngine(f16, threads=2, name="f16-t2"),
+        "t1": LlamaCppEngine(f16, threads=1, name="f16-t1"),
+        "t1b": LlamaCppEngine(f16, threads=1, name="f16-t1-copy"),
     }
     if "quant" in chosen:
         q8 = ensure_model(dataclasses.replace(PRESETS[args.preset], dtype="Q8_0"))
-        e["q8"] = LlamaCppEngine(q8, n_threads=1, name="q8_0-t1")
+        e["q8"] = LlamaCppEngine(q8, threads=1, name="q8_0-t1")
     comparisons = {
         "aa": ("A/A f16 1 thread, two engines", "t1", "t1b", {"max_slowdown": 0.05}),
         "threads": ("threads 2 (A) vs 1 (B)", "t2", "t1", {}),

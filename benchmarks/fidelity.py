@@ -25,9 +25,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
 
-    engine = LlamaCppEngine(ensure_model(args.preset), n_threads=args.threads)
+    engine = LlamaCppEngine(ensure_model(args.preset), threads=args.threads)
     info = engine.info()
-    print(f"model: {info.describe()}; threads {info.n_threads}; llama-cpp-python {info.backend_version}")
+    print(f"model: {info.describe()}; threads {info.threads}; llama-cpp-python {info.backend_version}")
     m = measure(
         engine, Workload(prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, runs=args.runs, warmup=1)
     )

@@ -116,7 +116,7 @@ def main() -> int:
     for name in names:
         v = dict(VARIANTS[name])
         n_ctx = v.pop("n_ctx") or args.prompt_tokens + args.max_tokens
-        engines[name] = LlamaCppEngine(model, n_threads=args.threads, n_ctx=n_ctx, use_mmap=True, **v)
+        engines[name] = LlamaCppEngine(model, threads=args.threads, n_ctx=n_ctx, mmap=True, **v)
     print(
         f"model {model.name}, threads {args.threads}, pp{args.prompt_tokens} tg{args.max_tokens}, "
         f"{args.reps} reps per side per pair, {args.pairs} pairs; {load_state()} at start; llama-bench {binary}"

@@ -54,7 +54,7 @@ preset, dtype, threads, runs, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), 
 spec = PRESETS[preset]
 if dtype != spec.dtype:
     spec = dataclasses.replace(spec, dtype=dtype, name=f"{spec.name}-{dtype.lower()}")
-engine = LlamaCppEngine(ensure_model(spec), n_threads=threads or None)
+engine = LlamaCppEngine(ensure_model(spec), threads=threads or None)
 m = measure(engine, Workload(prompt_tokens=128, max_tokens=48, runs=runs, warmup=1))
 rec = record(m, Fingerprint(hardware(), subject(m.engine)), commit=None, recorded_at="")
 rec["reference"] = reference.measure()

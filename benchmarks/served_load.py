@@ -61,7 +61,7 @@ def main() -> None:
     print(f"machine load average before: {os.getloadavg()[0]:.2f} (2 shared cores: other work runs beside this)")
     rounds: list[dict[int, object]] = []
     first = 0
-    with serve_llama_server(path, parallel=args.parallel, n_threads=args.threads) as server:
+    with serve_llama_server(path, parallel=args.parallel, threads=args.threads) as server:
         engine = server.engine()
         for r in range(args.rounds):
             row = {}

@@ -38,7 +38,7 @@ def main() -> int:
     args = parser.parse_args()
     workload = Workload(prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, runs=args.pairs, warmup=2)
     path, _ = model_path(args.model)
-    local = LlamaCppEngine(path, n_threads=args.threads)
+    local = LlamaCppEngine(path, threads=args.threads)
     worker = load_worker(EngineConfig(model=str(path), threads=args.threads))
     try:
         for i in range(workload.warmup):

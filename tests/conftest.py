@@ -105,7 +105,7 @@ def tiny_model_path() -> Path:
 def tiny_engine(tiny_model_path: Path):
     from pytest_llmperf import LlamaCppEngine
 
-    engine = LlamaCppEngine(tiny_model_path, n_threads=TEST_THREADS)
+    engine = LlamaCppEngine(tiny_model_path, threads=TEST_THREADS)
     yield engine
     engine.close()
 
@@ -114,7 +114,7 @@ def tiny_engine(tiny_model_path: Path):
 def small_engine():
     from pytest_llmperf import LlamaCppEngine, ensure_model
 
-    engine = LlamaCppEngine(ensure_model("small"), n_threads=TEST_THREADS)
+    engine = LlamaCppEngine(ensure_model("small"), threads=TEST_THREADS)
     yield engine
     engine.close()
 

@@ -60,7 +60,7 @@ def test_engine_info(tiny_engine) -> None:
     info = tiny_engine.info()
     assert info.engine == "llama.cpp"
     assert info.n_layer == 4 and info.quantization == "F32"
-    assert info.model_size_bytes > 1_000_000 and info.n_threads >= 1
+    assert info.model_size_bytes > 1_000_000 and info.threads >= 1
     assert info.load_ms > 0 and info.native_load_ms > 0
     assert info.backend_version
 

@@ -20,7 +20,7 @@ from pytest_llmperf.session.options import validate
     [
         ({"type_k": "q9_0"}, "'type_k' must be one of f32, f16"),
         ({"flash_attn": "yes"}, "'flash_attn' must be True or False"),
-        ({"n_gpu_layers": -2}, "'n_gpu_layers' must be an integer >= -1"),
+        ({"gpu_layers": -2}, "'gpu_layers' must be an integer >= -1"),
         ({"threads": 0}, "'threads' must be >= 1"),
         ({"n_ubatch": 1.5}, "'n_ubatch' must be an integer"),
     ],
@@ -139,7 +139,7 @@ def test_parametrized_sweep_one_row_per_case(pytester: pytest.Pytester) -> None:
         @pytest.mark.llmperf(prompt_tokens=16, max_tokens=4, runs=2, warmup=0)
         def test_sweep(llmperf, threads, flash_attn):
             m = llmperf.measure(threads=threads, flash_attn=flash_attn)
-            assert (m.engine.n_threads, m.engine.flash_attn) == (threads, flash_attn)
+            assert (m.engine.threads, m.engine.flash_attn) == (threads, flash_attn)
 
         @pytest.mark.llmperf(n_ctx=512, prompt_tokens=16, max_tokens=4, runs=2, warmup=0)
         def test_marker_setting(llmperf):
@@ -154,16 +154,16 @@ def test_parametrized_sweep_one_row_per_case(pytester: pytest.Pytester) -> None:
 
 
 def test_gpu_layers_are_recorded_as_llama_cpp_offloads_them(tiny_model_path: Path) -> None:
-    """Hostile (issue 21): ``n_gpu_layers=99`` on a CPU-only build was recorded as 99 offloaded
+    """Hostile (issue 21): ``gpu_layers=99`` on a CPU-only build was recorded as 99 offloaded
     layers. The record says what llama.cpp does: none without a GPU backend, else at most the
     model's layers plus the output layer."""
     import llama_cpp
 
     from pytest_llmperf import LlamaCppEngine
 
-    engine = LlamaCppEngine(tiny_model_path, n_threads=1, n_gpu_layers=99)
+    engine = LlamaCppEngine(tiny_model_path, threads=1, gpu_layers=99)
     try:
         info = engine.info()
     finally:
         engine.close()
-    assert info.n_gpu_layers == (info.n_layer + 1 if llama_cpp.llama_supports_gpu_offload() else 0)
+    assert info.gpu_layers == (info.n_layer + 1 if llama_cpp.llama_supports_gpu_offload() else 0)

@@ -101,7 +101,7 @@ HISTORY_LINE = (
     "history there"
 )
 
-#: What ``n_gpu_layers=-1`` offloads of the tiny preset (4 layers and the output layer).
+#: What ``gpu_layers=-1`` offloads of the tiny preset (4 layers and the output layer).
 ALL_LAYERS_OFFLOADED = 5 if __import__("llama_cpp").llama_supports_gpu_offload() else 0
 
 CASES = [

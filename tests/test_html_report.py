@@ -23,7 +23,7 @@ from inner import busiest_baseline, chromium, outpace
 
 from pytest_llmperf.cli import main as cli_main
 from pytest_llmperf.judge.result import MeasurementResult
-from pytest_llmperf.reports import figures
+from pytest_llmperf.reports import charts
 from pytest_llmperf.reports import html as html_report
 
 SUITE = """
@@ -307,7 +307,7 @@ def test_layer_and_roofline_figures_when_the_record_has_them() -> None:
     section = html_report.test_section(0, result)
     found = outline(section).sections["t.py::test_layers"]
     assert found == PER_TEST_FIGURES | {"layer-bars", "roofline"}
-    assert "median + 5 x MAD" in section and f"fill: {figures.BUDGET}" in section  # outlier layer in red
+    assert "median + 5 x MAD" in section and f"fill: {charts.BUDGET}" in section  # outlier layer in red
     assert "MBU 80%" in section and "memory-bound" in section and "budget p99_ms=2 ms" in section
     assert "budget min_mbu=0.5 of peak bandwidth" in section  # the MBU floor on the roofline
     without = html_report.test_section(

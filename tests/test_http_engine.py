@@ -43,12 +43,12 @@ def test_in_process_and_served_side_by_side(tiny_model_path, capsys):
     from pytest_llmperf.engines.servers import serve
 
     w = Workload(prompt=PROMPT, max_tokens=32, runs=5, warmup=1)
-    engine = LlamaCppEngine(tiny_model_path, n_threads=1)
+    engine = LlamaCppEngine(tiny_model_path, threads=1)
     try:
         local = measure(engine, w)
     finally:
         engine.close()
-    with serve(tiny_model_path, n_threads=1) as server:
+    with serve(tiny_model_path, threads=1) as server:
         served = measure(server.engine(), w)
     with capsys.disabled():
         print(

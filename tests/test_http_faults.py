@@ -290,7 +290,7 @@ def test_server_that_cannot_start_says_why_in_one_line(tmp_path):
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF" + b"\0" * 64)
     started = time.monotonic()
-    with pytest.raises(EngineError) as info, serve(broken, n_threads=1, start_timeout_s=30):
+    with pytest.raises(EngineError) as info, serve(broken, threads=1, start_timeout_s=30):
         pass
     assert time.monotonic() - started < 30
     message = str(info.value)

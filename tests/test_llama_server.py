@@ -34,7 +34,7 @@ def small_server():
     from pytest_llmperf import ensure_model
     from pytest_llmperf.engines.servers import serve_llama_server
 
-    with serve_llama_server(ensure_model("small"), parallel=4, n_threads=1) as server:
+    with serve_llama_server(ensure_model("small"), parallel=4, threads=1) as server:
         yield server
 
 
@@ -42,7 +42,7 @@ def test_plugin_fixture_serves_the_session_model(llmperf_llama_server):
     import httpx
 
     server = llmperf_llama_server
-    assert server.kind == "llama-server" and server.parallel == 4 and server.n_threads == 1
+    assert server.kind == "llama-server" and server.parallel == 4 and server.threads == 1
     assert httpx.get(f"{server.base_url}/health", timeout=5).status_code == 200
     assert server.engine().server_metrics()["requests_processing"] == 0
 
@@ -161,7 +161,7 @@ def test_cli_serve_starts_llama_server(capsys):
 STARTER = """
 import sys, time
 from pytest_llmperf.engines.servers import serve_llama_server
-with serve_llama_server(sys.argv[1], parallel=1, n_threads=1, build=False) as server:
+with serve_llama_server(sys.argv[1], parallel=1, threads=1, build=False) as server:
     print(server.pid, flush=True)
     time.sleep(120)
 """

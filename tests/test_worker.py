@@ -47,11 +47,11 @@ def alive(pid: int) -> bool:
 
 def test_worker_measures_what_in_process_measures(tiny_model_path: Path) -> None:
     worker = WorkerEngine(config(tiny_model_path))
-    local = LlamaCppEngine(tiny_model_path, n_threads=1)
+    local = LlamaCppEngine(tiny_model_path, threads=1)
     pid = worker.pid
     try:
         w, i = worker.info(), local.info()
-        for field in ("model_path", "n_params", "n_layer", "quantization", "n_threads", "n_ctx", "repack"):
+        for field in ("model_path", "n_params", "n_layer", "quantization", "threads", "n_ctx", "repack"):
             assert getattr(w, field) == getattr(i, field), field
         assert worker.pid != os.getpid() and alive(worker.pid)
         mw, mi = measure(worker, WORKLOAD), measure(local, WORKLOAD)
@@ -141,7 +141,7 @@ def test_too_many_layers_is_llama_cpps_abort_with_its_assert(tmp_path: Path, mon
 def test_q8_0_is_measured_with_the_workaround_named(q8_path: Path) -> None:
     """repack unset (auto): on an AMX CPU it is off for quantized weights, and the record
     says why; elsewhere it is llama.cpp's default (on)."""
-    engine = LlamaCppEngine(q8_path, n_threads=2)  # in process: the auto setting keeps this process alive
+    engine = LlamaCppEngine(q8_path, threads=2)  # in process: the auto setting keeps this process alive
     try:
         info = engine.info()
         m = measure(engine, WORKLOAD)

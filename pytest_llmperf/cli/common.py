@@ -77,3 +77,27 @@ def add_setting(parser: Any, name: str) -> None:
     parser.add_argument(
         s.cli, type=s.arg_type(), default=default, metavar=s.metavar, help=s.help_text(sources=False).replace("%", "%%")
     )
+    add_renamed(parser, name)
+
+
+def add_renamed(parser: Any, name: str) -> None:
+    """The setting's old flag (``core.settings.RENAMED``), hidden: using it is one line that
+    names the new flag (``llmperf profile: error: option '--n-gpu-layers' was renamed to
+    '--gpu-layers'``), exit 2."""
+    import argparse
+
+    from ..core.settings import RENAMED_SETTINGS, renamed_line
+
+    class Refuse(argparse.Action):
+        def __init__(self, *args: Any, new: str, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.new = new
+
+        def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+            parser.error(renamed_line("option", self.option_strings[0], self.new))
+
+    for old, new in RENAMED_SETTINGS:
+        if new.name == name and old.cli is not None and new.cli is not None:
+            parser.add_argument(
+                old.cli, action=Refuse, new=new.cli, nargs="?", dest=argparse.SUPPRESS, help=argparse.SUPPRESS
+            )

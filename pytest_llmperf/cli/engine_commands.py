@@ -152,13 +152,13 @@ def run_load(args: argparse.Namespace) -> int:
             if args.server == "llama-server":
                 parallel = args.parallel or max(LLAMA_SERVER_PARALLEL, *args.concurrency)
                 server = stack.enter_context(
-                    serve_llama_server(path, parallel=parallel, n_threads=args.threads, alias=alias)
+                    serve_llama_server(path, parallel=parallel, threads=args.threads, alias=alias)
                 )
             else:
-                server = stack.enter_context(serve(path, n_threads=args.threads, alias=alias))
+                server = stack.enter_context(serve(path, threads=args.threads, alias=alias))
             endpoint, model = server.url, model or server.model
             print(
-                f"llmperf: serving {path} with {server.kind} at {endpoint}, threads {server.n_threads}, "
+                f"llmperf: serving {path} with {server.kind} at {endpoint}, threads {server.threads}, "
                 f"{server.parallel} slot(s)"
             )
         engine = HttpEngine.from_settings(endpoint, args, model)
@@ -243,7 +243,7 @@ def run_profile(args: argparse.Namespace) -> int:
             runs=args.runs,
             warmup=args.warmup,
             threads=args.threads,
-            n_gpu_layers=args.n_gpu_layers,
+            gpu_layers=args.gpu_layers,
             n_ctx=args.n_ctx,
             n_batch=args.n_batch,
             peak_bw_gbs=args.peak_bw,

@@ -114,7 +114,7 @@ def run_history(args: argparse.Namespace) -> int:
     if args.html:
         from ..baselines.store import atomic_write
         from ..core.errors import ConfigError
-        from ..reports.figures import require_matplotlib
+        from ..reports.charts import require_matplotlib
         from ..reports.html import history_page
 
         require_matplotlib()

@@ -134,7 +134,7 @@ def run_report(args: argparse.Namespace) -> int:
 
     from ..baselines.store import atomic_write
     from ..core.errors import ConfigError
-    from ..reports.figures import require_matplotlib
+    from ..reports.charts import require_matplotlib
     from ..reports.html import render_html
     from ..reports.session_file import read_session
 

@@ -104,8 +104,9 @@ def subject(info: EngineInfo) -> dict[str, Any]:
         "model_digest": model_digest(info.model_path) if info.model_path else None,
         "model_size_bytes": info.model_size_bytes,
         "quantization": info.quantization,
-        "n_threads": info.n_threads,
-        "n_gpu_layers": info.n_gpu_layers,
+        # Stored schema names (baselines, history): llama.cpp's, not the settings' (settings.RENAMED).
+        "n_threads": info.threads,
+        "n_gpu_layers": info.gpu_layers,
         "n_ctx": info.n_ctx,
         "n_batch": info.n_batch,
         "n_ubatch": info.n_ubatch,

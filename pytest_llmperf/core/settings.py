@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ ENGINE_DEFAULTS: dict[str, Any] = {
     "flash_attn": True,
     "type_k": "f16",
     "type_v": "f16",
-    "n_gpu_layers": 0,
+    "gpu_layers": 0,
     "mmap": True,
     "mlock": False,
     # Greedy sampling inside the timed decode loop (False: llama-bench's tg, which feeds seeded
@@ -227,7 +227,7 @@ count = _bounded("count", int, "an integer >= 0", 0, strict=False)
 #: llama.cpp token counts (context, batch): llama.cpp keeps them in 32 bits, so a larger value
 #: would wrap around (2**32 + 512 measures at 512); bounded as a workload's token counts are.
 token_count = _bounded("token_count", int, "an integer >= 1", 1, strict=False, high=MAX_TOKENS)
-#: Offloaded layers: -1 offloads all of them, as the marker's ``n_gpu_layers=-1`` does.
+#: Offloaded layers: -1 offloads all of them, as the marker's ``gpu_layers=-1`` does.
 gpu_layers = _bounded(
     "gpu_layers", int, "an integer >= -1 (-1: all layers)", -1, strict=False, unit=" (-1: all layers)"
 )
@@ -384,11 +384,11 @@ SETTINGS: dict[str, Setting] = {
         Setting(
             "gpu_layers",
             "layers offloaded to a GPU",
-            _E["n_gpu_layers"],
+            _E["gpu_layers"],
             gpu_layers,
             env="LLMPERF_GPU_LAYERS",
             ini=True,
-            cli="--n-gpu-layers",
+            cli="--gpu-layers",
             metavar="N",
         ),
         Setting(
@@ -617,6 +617,24 @@ SETTINGS: dict[str, Setting] = {
 }
 
 
+#: One name per concept (issue 24): old spelling -> the name everywhere a user writes it; an old one
+#: is refused for one release (``renamed_line``). llama-cpp-python's names only where ``llama_cpp.Llama``
+#: is built; stored records keep theirs (a baseline's ``subject``: ``n_threads``, ``n_gpu_layers``).
+RENAMED = {"n_gpu_layers": "gpu_layers", "n_threads": "threads", "use_mmap": "mmap", "use_mlock": "mlock"}
+
+
+def renamed_line(what: str, old: str, new: str) -> str:
+    """``marker key 'n_gpu_layers' was renamed to 'gpu_layers'`` (callers add their prefix)."""
+    return f"{what} {old!r} was renamed to {new!r}"
+
+
+#: (old, new) per renamed session setting: the old one's option, ini key and flag, taken hidden and refused.
+RENAMED_SETTINGS = tuple(
+    (replace(s, name=old, env=None, cli=s.cli and "--" + old.replace("_", "-")), s)
+    for old, s in ((old, SETTINGS[new]) for old, new in RENAMED.items() if new in SETTINGS)
+)
+
+
 @dataclass(frozen=True)
 class Resolved:
     """A setting's value and where it came from (``--llmperf-threads``, ``$LLMPERF_THREADS``,
@@ -632,6 +650,11 @@ def resolve(
     """Every setting, read once each: command line > environment > ini > default. A value
     from the command line is already parsed (argparse type); the others are parsed here.
     Raises ConfigError (one line naming the source) for a bad value."""
+    for old, new in RENAMED_SETTINGS:  # an old spelling: one line naming the new one
+        if getoption(old.dest) is not None:
+            raise ConfigError("llmperf: " + renamed_line("option", old.option, new.option))
+        if old.ini_key is not None and new.ini_key is not None and getini(old.ini_key):
+            raise ConfigError("llmperf: " + renamed_line("ini key", old.ini_key, new.ini_key))
     environ = os.environ if environ is None else environ
     out: dict[str, Resolved] = {}
     for s in SETTINGS.values():

@@ -217,10 +217,10 @@ class EngineInfo:
     # reads one row of it and does no FLOPs with it. (0, 0) when tied; None when unknown.
     embedding_lookup_params: int | None = None
     embedding_lookup_bytes: int | None = None
-    n_threads: int | None = None
+    threads: int | None = None
     n_ctx: int | None = None
     n_batch: int | None = None
-    n_gpu_layers: int | None = None
+    gpu_layers: int | None = None
     # llama.cpp context settings beyond threads/n_ctx/n_batch (engines/llama_cpp_native.py); None: not llama.cpp
     n_ubatch: int | None = None
     flash_attn: bool | None = None

@@ -230,7 +230,7 @@ class EngineConfig:
     flash_attn: bool = DEFAULTS["flash_attn"]
     type_k: str = DEFAULTS["type_k"]
     type_v: str = DEFAULTS["type_v"]
-    n_gpu_layers: int = DEFAULTS["n_gpu_layers"]
+    gpu_layers: int = DEFAULTS["gpu_layers"]
     mmap: bool = DEFAULTS["mmap"]
     mlock: bool = DEFAULTS["mlock"]
     sample: bool = DEFAULTS["sample"]
@@ -260,7 +260,7 @@ class EngineConfig:
             threads=settings.threads,
             n_ctx=settings.n_ctx,
             n_batch=settings.n_batch,
-            n_gpu_layers=settings.gpu_layers,
+            gpu_layers=settings.gpu_layers,
         )
         return base.replace(overrides) if overrides else base
 

@@ -60,7 +60,7 @@ class Server:
     url: str
     model_path: str
     model: str  # the name the server answers to (``--model_alias``)
-    n_threads: int
+    threads: int
     pid: int
     kind: str = "llama-cpp-python"  # or "llama-server" (llama.cpp's own, continuous batching)
     parallel: int = 1  # request slots (llama-server --parallel); 1: one request at a time
@@ -82,7 +82,7 @@ def server_command(
     model_path: str | os.PathLike[str],
     port: int,
     *,
-    n_threads: int,
+    threads: int,
     n_ctx: int = SERVER_N_CTX,
     n_batch: int = ENGINE_DEFAULTS["n_batch"],
     alias: str | None = None,
@@ -102,9 +102,9 @@ def server_command(
         "--port",
         str(port),
         "--n_threads",
-        str(n_threads),
+        str(threads),
         "--n_threads_batch",
-        str(n_threads),
+        str(threads),
         "--n_ctx",
         str(n_ctx),
         "--n_batch",
@@ -193,7 +193,7 @@ def _launch(
 def serve(
     model_path: str | os.PathLike[str],
     *,
-    n_threads: int | None = None,
+    threads: int | None = None,
     n_ctx: int = SERVER_N_CTX,
     n_batch: int = ENGINE_DEFAULTS["n_batch"],
     alias: str | None = None,
@@ -203,12 +203,12 @@ def serve(
     from .llama_cpp_native import check_gguf, default_threads
 
     path = check_gguf(model_path)
-    threads = n_threads or default_threads()
+    threads = threads or default_threads()
     port = free_port()
     url = f"http://{HOST}:{port}/v1"
-    command = server_command(path, port, n_threads=threads, n_ctx=n_ctx, n_batch=n_batch, alias=alias)
+    command = server_command(path, port, threads=threads, n_ctx=n_ctx, n_batch=n_batch, alias=alias)
     with _launch(command, f"{url}/models", "llama_cpp.server", start_timeout_s) as proc:
-        yield Server(url=url, model_path=str(path), model=alias or path.stem, n_threads=threads, pid=proc.pid)
+        yield Server(url=url, model_path=str(path), model=alias or path.stem, threads=threads, pid=proc.pid)
 
 
 def llama_server_command(
@@ -216,7 +216,7 @@ def llama_server_command(
     model_path: str | os.PathLike[str],
     port: int,
     *,
-    n_threads: int,
+    threads: int,
     parallel: int,
     n_ctx: int = SERVER_N_CTX,
     n_batch: int = ENGINE_DEFAULTS["n_batch"],
@@ -235,9 +235,9 @@ def llama_server_command(
         "--port",
         str(port),
         "--threads",
-        str(n_threads),
+        str(threads),
         "--threads-batch",
-        str(n_threads),
+        str(threads),
         "--ctx-size",
         str(n_ctx * parallel),
         "--batch-size",
@@ -254,7 +254,7 @@ def serve_llama_server(
     model_path: str | os.PathLike[str],
     *,
     parallel: int = 4,
-    n_threads: int | None = None,
+    threads: int | None = None,
     n_ctx: int = SERVER_N_CTX,
     n_batch: int = ENGINE_DEFAULTS["n_batch"],
     alias: str | None = None,
@@ -269,18 +269,18 @@ def serve_llama_server(
         raise ConfigError(f"llama-server needs parallel >= 1 slots, got {parallel}")
     binary = tool_path("llama-server", build=build)
     path = check_gguf(model_path)
-    threads = n_threads or default_threads()
+    threads = threads or default_threads()
     port = free_port()
     url = f"http://{HOST}:{port}/v1"
     command = llama_server_command(
-        binary, path, port, n_threads=threads, parallel=parallel, n_ctx=n_ctx, n_batch=n_batch, alias=alias
+        binary, path, port, threads=threads, parallel=parallel, n_ctx=n_ctx, n_batch=n_batch, alias=alias
     )
     with _launch(command, f"http://{HOST}:{port}/health", "llama-server", start_timeout_s) as proc:
         yield Server(
             url=url,
             model_path=str(path),
             model=alias or path.stem,
-            n_threads=threads,
+            threads=threads,
             pid=proc.pid,
             kind="llama-server",
             parallel=parallel,

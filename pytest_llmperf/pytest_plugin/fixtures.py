@@ -93,7 +93,7 @@ def _serve(
     with _one_line():
         path = ensure_model(s.preset) if s.preset else s.model
         with start(
-            path, n_threads=s.threads, n_ctx=s.n_ctx or SERVER_N_CTX, n_batch=s.n_batch, alias=s.model_label, **kwargs
+            path, threads=s.threads, n_ctx=s.n_ctx or SERVER_N_CTX, n_batch=s.n_batch, alias=s.model_label, **kwargs
         ) as server:
             yield server
 

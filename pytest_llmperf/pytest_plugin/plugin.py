@@ -9,6 +9,7 @@ The plugin's command-line options and ini keys, built from ``core.settings.SETTI
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Generator
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 
 from ..core.errors import LLMPerfError
-from ..core.settings import SETTINGS
+from ..core.settings import RENAMED_SETTINGS, SETTINGS
 from ..session import Session, SessionSettings
 from ..session.against import SIDE_ENV
 from ..session.options import marker_help
@@ -55,7 +56,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
             settings = side_settings(settings)
         if settings.html and not is_worker:
-            from ..reports.figures import require_matplotlib
+            from ..reports.charts import require_matplotlib
 
             require_matplotlib()  # say what to install now, not after the whole session
     except LLMPerfError as exc:
@@ -274,6 +275,11 @@ def add_options(parser: pytest.Parser) -> None:
             )
         if s.ini_key is not None:
             parser.addini(s.ini_key, f"{s.help} (default {s.default_text()})")
+    # The old spellings (settings.RENAMED), hidden: taken, then refused by settings.resolve in one line.
+    for old, new in RENAMED_SETTINGS:
+        group.addoption(old.option, dest=old.dest, default=None, help=argparse.SUPPRESS)
+        if old.ini_key is not None:
+            parser.addini(old.ini_key, f"renamed to {new.ini_key}")
 
 
 def _escape(text: str) -> str:

@@ -1,10 +1,10 @@
-"""One self-contained HTML file from a session's results: summary, tables, inline SVG figures.
+"""One self-contained HTML file from a session's results: summary, tables, inline SVG charts.
 
 Nothing is fetched at view time: styles sit in one ``<style>`` element and every figure is
 inline SVG whose ids are prefixed per figure (many SVGs share one document). Verdicts carry
 a word and a symbol besides their colour. Input: typed results (``judge.result.MeasurementResult``)
 and, beside them, the history's recent trend per test, so the plugin (``--llmperf-html``) and
-``llmperf report`` (results rebuilt from the session file) draw the same page; figure workers
+``llmperf report`` (results rebuilt from the session file) draw the same page; chart workers
 get the results' JSON and rebuild them. Metric rows and cells are the catalog's.
 
 The HTML report's section on ``--llmperf-against``: REF, and what each side was (interpreter,
@@ -33,7 +33,7 @@ from ..core.catalog import BUDGETS, FIGURES, HEADLINE, is_ceiling
 from ..core.formats import fmt
 from ..core.settings import usable_cpus
 from ..judge.result import MeasurementResult, VerdictRecord
-from . import figures, record_figures
+from . import charts, record_charts
 from .session_file import against_of, change_cells, comparison_headers, detects_cell, metric_label, summary_values
 
 if TYPE_CHECKING:
@@ -202,7 +202,7 @@ def _env(record: Mapping[str, Any]) -> str:
     return "<dl>" + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in items) + "</dl>"
 
 
-def _figure_html(fig_id: str, caption: str, svg: str, prefix: str) -> str:
+def _chart_html(fig_id: str, caption: str, svg: str, prefix: str) -> str:
     return (
         f'<figure class="plot" data-figure="{fig_id}">{scope_ids(svg, prefix)}'
         f"<figcaption>{_e(caption)}</figcaption></figure>"
@@ -255,19 +255,19 @@ def test_section(
     if budget_rows:
         parts.append(_table(("budget", "limit", "measured", "status"), budget_rows, raw=True))
     plots = []
-    for n, (fig_id, caption, fn) in enumerate(record_figures.figures_for(record)):
-        svg = figures.render(fn, record, baseline, budgets)
+    for n, (fig_id, caption, fn) in enumerate(record_charts.charts_for(record)):
+        svg = charts.render(fn, record, baseline, budgets)
         if fig_id == "layer-bars" and record["layers"].get("outlier_rule"):
             caption += f"; outlier layers in red: {record['layers']['outlier_rule']}"
-        plots.append(_figure_html(fig_id, caption, svg, f"t{index}f{n}-"))
+        plots.append(_chart_html(fig_id, caption, svg, f"t{index}f{n}-"))
     if trend:  # the history's recent sessions (history/series.attach)
-        from .figures import trend_figure
+        from .charts import trend_chart
 
         plots.append(
-            _figure_html(
+            _chart_html(
                 "trend",
                 "Recent trend: level per session with its 95% CI (the last is this session); dashed: change points",
-                figures.render(trend_figure, trend),
+                charts.render(trend_chart, trend),
                 f"t{index}tr-",
             )
         )
@@ -313,22 +313,22 @@ def summary_section(results: Sequence[MeasurementResult], created_at: str | None
     ]
     recorded = [r.record for r in results if r.record]  # none against --llmperf-against's REF (section above)
     parts += ["<h3>Environment (first measurement)</h3>", _env(recorded[0])] if recorded else []
-    from .figures import section as load_curve
+    from .charts import section as load_curve
 
     curve = load_curve(results)
     if curve:
         parts.append(
-            _figure_html(
+            _chart_html(
                 "load-curve",
                 "Served load: throughput against per-request latency, one point per load level (label: concurrency)",
                 curve,
                 "load-",
             )
         )
-    overview = key_figure(results)
+    overview = key_chart(results)
     if overview:
         parts.append(
-            _figure_html(
+            _chart_html(
                 "change-overview", "Largest changes with 95% CI (colour and label: verdict)", overview, "summary-"
             )
         )
@@ -336,11 +336,11 @@ def summary_section(results: Sequence[MeasurementResult], created_at: str | None
     return "\n".join(parts)
 
 
-def key_figure(results: Sequence[MeasurementResult]) -> str | None:
+def key_chart(results: Sequence[MeasurementResult]) -> str | None:
     """The session at a glance (the Markdown summary's figure); None without comparisons."""
     if not any((r.verdict or NOT_COMPARED).comparisons for r in results):
         return None
-    return figures.render(figures.change_overview, results)
+    return charts.render(charts.change_overview, results)
 
 
 #: From this many tests on, sections are drawn in worker processes (matplotlib is single-threaded).
@@ -399,10 +399,10 @@ def render_html(
     trends: Trends | None = None,
     against: Mapping[str, Any] | None = None,
 ) -> str:
-    """The whole page; ``workers``: processes drawing figures (default: usable CPUs, max 8);
+    """The whole page; ``workers``: processes drawing charts (default: usable CPUs, max 8);
     ``trends``: each test's recent sessions from the history (``history.series.attach``);
     ``against``: what ``--llmperf-against`` compared (``against_section``)."""
-    figures.require_matplotlib()
+    charts.require_matplotlib()
     ref = (against or {}).get("described") or against_of(results)
     title = f"pytest-llmperf report against {ref}" if ref else "pytest-llmperf report"
     body = [against_section(results, against), summary_section(results, created_at)]
@@ -442,7 +442,7 @@ def markdown_lines(html_path: Path | None, md_path: Path | None, results: Sequen
         return [f"Plots: HTML report `{html_path}` (keep it as a CI artifact)."]
     base = Path(md_path).resolve().parent
     lines = [f"Plots: [HTML report]({Path(os.path.relpath(Path(html_path).resolve(), base)).as_posix()})"]
-    svg = key_figure(results)
+    svg = key_chart(results)
     if svg:
         from ..baselines.store import atomic_write
 
@@ -494,7 +494,7 @@ def against_section(results: Sequence[MeasurementResult], against: Mapping[str, 
 def history_page(series: Sequence[Any]) -> str:
     """``llmperf history --html``: per test and hardware, the trend plots and the tables."""
     from ..history.series import metric_order, steps, table, title, trend_data
-    from .figures import trend_figure
+    from .charts import trend_chart
 
     groups: dict[tuple[str, str], list[Any]] = {}
     for s in sorted(series, key=metric_order):
@@ -502,7 +502,7 @@ def history_page(series: Sequence[Any]) -> str:
     body = []
     for n, ((name, hw), members) in enumerate(groups.items()):
         found = {id(s): steps(s) for s in members}
-        svg = figures.render(trend_figure, [trend_data(s, found[id(s)]) for s in members])
+        svg = charts.render(trend_chart, [trend_data(s, found[id(s)]) for s in members])
         lines = [step.line() for s in members for step in found[id(s)]]
         body.append(
             f'<section class="test" data-test="{html.escape(name)}"><h2>{html.escape(name)}</h2>'

@@ -49,7 +49,7 @@ def profile(
     runs: int = 10,
     warmup: int = 1,
     threads: int | None = None,
-    n_gpu_layers: int = 0,
+    gpu_layers: int = ENGINE_DEFAULTS["gpu_layers"],
     n_ctx: int | None = None,
     n_batch: int = ENGINE_DEFAULTS["n_batch"],
     peak_bw_gbs: float | None = None,
@@ -71,7 +71,7 @@ def profile(
     from ..measuring.worker import WorkerEngine
 
     # In an engine worker: a model that crashes llama.cpp ends with the worker's one line.
-    config = EngineConfig(model=str(path), threads=threads, n_ctx=n_ctx, n_batch=n_batch, n_gpu_layers=n_gpu_layers)
+    config = EngineConfig(model=str(path), threads=threads, n_ctx=n_ctx, n_batch=n_batch, gpu_layers=gpu_layers)
     engine = WorkerEngine(config, name=name)
     try:
         progress("peaks")
@@ -99,10 +99,10 @@ def profile(
             "native_load_ms": sig6(info.native_load_ms),
         },
         "settings": {
-            "threads": info.n_threads,
+            "threads": info.threads,
             "n_ctx": info.n_ctx,
             "n_batch": info.n_batch,
-            "n_gpu_layers": info.n_gpu_layers,
+            "gpu_layers": info.gpu_layers,
             "llama_cpp_python": info.backend_version,
         },
         "workload": {"prompt_tokens": m.prompt_tokens, "max_tokens": max_tokens, "runs": m.n_runs, "warmup": warmup},
@@ -163,7 +163,7 @@ def render(r: dict[str, Any], form: str = "table") -> str:
         f"{mdl['name']}: {fmt(mdl['size_bytes'] / 2**20)} MiB, {mdl['quantization']}, "
         f"{mdl['n_params'] / 1e6:.1f} M params, {mdl['n_layer']} layers, width {mdl['n_embd']}, "
         f"{mdl['n_head']} heads ({mdl['n_head_kv']} KV); threads {s['threads']}, n_ctx {s['n_ctx']}, "
-        f"n_batch {s['n_batch']}, GPU layers {s['n_gpu_layers']}, llama-cpp-python {s['llama_cpp_python']}"
+        f"n_batch {s['n_batch']}, GPU layers {s['gpu_layers']}, llama-cpp-python {s['llama_cpp_python']}"
     )
     w = r["workload"]
     work = f"{w['prompt_tokens']} prompt tokens, {w['max_tokens']} generated, {w['runs']} runs (+{w['warmup']} warm-up)"

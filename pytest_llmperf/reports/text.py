@@ -54,7 +54,7 @@ def metrics_table(m: Measurement) -> str:
     itl = m.itl
     head = (
         f"{m.engine.engine}: {m.engine.describe()}"
-        + (f"; threads {m.engine.n_threads}" if m.engine.n_threads is not None else "")
+        + (f"; threads {m.engine.threads}" if m.engine.threads is not None else "")
         + "\n"
         f"workload: {m.prompt_tokens if m.prompt_tokens is not None else '?'} prompt tokens, "
         f"{m.output_tokens} generated per run, {m.n_runs} runs (+{m.workload.warmup} warm-up discarded)\n"

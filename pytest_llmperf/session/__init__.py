@@ -298,9 +298,9 @@ def load_engine(settings: EngineSettings) -> Engine:
     return LlamaCppEngine(
         path,
         n_ctx=settings.n_ctx,
-        n_threads=settings.threads,
+        threads=settings.threads,
         n_batch=settings.n_batch,
-        n_gpu_layers=settings.gpu_layers,
+        gpu_layers=settings.gpu_layers,
         name=settings.model_label,
     )
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..core.catalog import BUDGETS
 from ..core.errors import ConfigError
-from ..core.settings import SETTINGS, EngineSettings, Resolved, resolve
+from ..core.settings import RENAMED, SETTINGS, EngineSettings, Resolved, renamed_line, resolve
 from ..core.workload import MAX_TOKENS, too_many
 from ..history.connection import Location
 from ..history.connection import default as default_history
@@ -113,6 +113,9 @@ class SessionSettings:
     def of(cls, rootdir: Path | str, environ: Mapping[str, str] | None = None, **values: Any) -> SessionSettings:
         """Settings for a script (no pytest): ``SessionSettings.of(".", model="tiny", threads=1)``;
         values as the command line would give them (parsed again), the rest from env and defaults."""
+        for name in values:
+            if name in RENAMED and RENAMED[name] in SETTINGS:
+                raise ConfigError("llmperf: " + renamed_line("setting", name, RENAMED[name]))
         unknown = sorted(set(values) - set(SETTINGS))
         if unknown:
             raise ConfigError(f"unknown llmperf setting(s) {', '.join(unknown)}; known: {', '.join(SETTINGS)}")
@@ -242,6 +245,8 @@ def check_side(name: str, spec: Any) -> Any:
     if isinstance(spec, Mapping):
         out = {}
         for key, value in spec.items():
+            if key in RENAMED:
+                raise ConfigError(f"A/B side {name!r}: " + renamed_line("llama.cpp setting", key, RENAMED[key]))
             k = KEYS.get(key)
             if k is None or k.kind != "engine":
                 allowed = ", ".join(n for n, v in KEYS.items() if v.kind == "engine")
@@ -305,7 +310,7 @@ KEYS: dict[str, Key] = {
         Key("flash_attn", "engine", "llama.cpp flash attention on/off", _flag),
         Key("type_k", "engine", "K cache type: f16, q8_0, q4_0...", _cache_type),
         Key("type_v", "engine", "V cache type (quantized needs flash_attn=True)", _cache_type),
-        Key("n_gpu_layers", "engine", "layers offloaded to a GPU (-1: all)", _gpu_layers),
+        Key("gpu_layers", "engine", "layers offloaded to a GPU (-1: all)", _gpu_layers),
         Key("mmap", "engine", "map the model file (llama.cpp use_mmap)", _flag),
         Key("mlock", "engine", "lock the model in RAM (llama.cpp use_mlock)", _flag),
         Key(
@@ -400,6 +405,8 @@ def validate(kwargs: Mapping[str, Any], args: tuple[Any, ...] = ()) -> MarkerCon
     }
     for name, value in kwargs.items():
         key = KEYS.get(name)
+        if key is None and name in RENAMED:
+            raise ConfigError("llmperf: " + renamed_line("marker key", name, RENAMED[name]))
         if key is None:
             raise ConfigError(f"unknown llmperf marker key {name!r}; allowed keys: {', '.join(KEYS)}")
         by_kind[key.kind][name] = key.check(name, value)

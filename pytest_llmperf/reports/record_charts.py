@@ -1,19 +1,19 @@
 """The plots of one test's record: ITL ECDF, run strips, token timeline, and the breakdown plots
 (layers, roofline).
 
-The HTML report's breakdown figures of a profiled test: time per layer and the roofline.
+The HTML report's breakdown charts of a profiled test: time per layer and the roofline.
 
-Apart from the per-test latency figures because they draw what only ``layers=True`` and a
+Apart from the per-test latency charts because they draw what only ``layers=True`` and a
 roofline record (``record["layers"]``, ``record["roofline"]``), with their own scales.
 
-The HTML report's figures of one test: its decode ITL distribution, its runs and its
-per-token timeline, and the list of every per-test figure in page order.
+The HTML report's charts of one test: its decode ITL distribution, its runs and its
+per-token timeline, and the list of every per-test chart in page order.
 
 Each function takes the session report's plain dicts (a record, its baseline record, the
-marker's budgets) and returns a Figure, so ``llmperf report`` draws from a saved
+marker's budgets) and returns a matplotlib Figure, so ``llmperf report`` draws from a saved
 ``--llmperf-json`` file exactly what the plugin draws at the end of a session. Now and
 baseline share one axis and keep one colour each; budgets are red dash-dot lines. Apart from
-the primitives (``figures``) and from the breakdown plots (``breakdown_figures``: layers,
+the primitives (``charts``) and from the breakdown charts (layers,
 roofline), which only a profiled test has."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..core.catalog import BUDGETS, METRICS, pooled_itl
-from .figures import BASELINE, BUDGET, FIRST_RUN, NOW, WIDTH_IN, budget_label, new_figure, plain_log
+from .charts import BASELINE, BUDGET, FIRST_RUN, NOW, WIDTH_IN, budget_label, new_chart, plain_log
 
 
 def layer_bars(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, budgets: Mapping[str, float]) -> Any:
@@ -36,7 +36,7 @@ def layer_bars(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, bu
     width = 2 * WIDTH_IN  # the page shows it across both columns
     label_in = 0.15 + 0.075 * longest
     axes_in = (width - label_in - 0.2 - label_in * (len(names) - 1)) / len(names)
-    fig, axes = new_figure(
+    fig, axes = new_chart(
         1.2 + 0.2 * n_rows,
         len(names),
         width_in=width,
@@ -74,7 +74,7 @@ def layer_bars(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, bu
 def roofline(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, budgets: Mapping[str, float]) -> Any:
     """Achieved vs attainable performance per phase on the machine's roofline."""
     rf = record["roofline"]
-    fig, ax = new_figure(3.6, margins_in=(0.62, 1.2, 0.15, 0.3))
+    fig, ax = new_chart(3.6, margins_in=(0.62, 1.2, 0.15, 0.3))
     bw, peak = rf["peak_bw_gbs"], rf["peak_tflops"] * 1000  # GB/s, GFLOP/s
     points = [(p, rf[p]) for p in ("prefill", "decode") if isinstance(rf.get(p), Mapping)]
     intensities = [d["intensity_flop_per_byte"] for _, d in points] + [peak / bw]
@@ -159,7 +159,7 @@ def _ecdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def itl_ecdf(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, budgets: Mapping[str, float]) -> Any:
     """Pooled decode ITL, ECDF now vs baseline, p50/p95/p99 marked on each curve."""
-    fig, ax = new_figure(2.7, reuse=True)
+    fig, ax = new_chart(2.7, reuse=True)
     sides = [("baseline", baseline, BASELINE, "s"), ("now", record, NOW, "o")]
     top = 0.0
     for name, rec, colour, marker in sides:
@@ -218,7 +218,7 @@ def _strip(ax: Any, runs: Sequence[Sequence[float] | None], colours: Sequence[st
 
 def run_strips(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, budgets: Mapping[str, float]) -> Any:
     """Per-run TTFT and TPOT, baseline vs now (dots = runs, bar = median)."""
-    fig, (left, right) = new_figure(2.6, 2, margins_in=(0.62, 0.45, 0.1, 0.3), wspace=0.45, reuse=True)
+    fig, (left, right) = new_chart(2.6, 2, margins_in=(0.62, 0.45, 0.1, 0.3), wspace=0.45, reuse=True)
     base = (baseline or {}).get("runs", {})
     now = record.get("runs", {})
     names = ["baseline", "now"] if baseline else ["now"]
@@ -260,7 +260,7 @@ def token_timeline(record: Mapping[str, Any], baseline: Mapping[str, Any] | None
     The first token (prefill) and the first measured run (warm-up effects) stand out; the
     fitted slope of the ITL over position shows the cost of a growing context.
     """
-    fig, ax = new_figure(3.2, margins_in=(0.62, 0.9, 0.15, 0.3), reuse=True)
+    fig, ax = new_chart(3.2, margins_in=(0.62, 0.9, 0.15, 0.3), reuse=True)
     for name, rec, colour in (("baseline", baseline, BASELINE), ("now", record, NOW)):
         if not rec or not rec.get("itl_ms"):
             continue
@@ -302,8 +302,8 @@ def token_timeline(record: Mapping[str, Any], baseline: Mapping[str, Any] | None
     return fig
 
 
-#: (id, caption, function, needs): the figures of one test, in page order.
-FIGURES = (
+#: (id, caption, function, needs): the charts of one test, in page order.
+CHARTS = (
     ("itl-ecdf", "Decode ITL distribution now vs baseline, p50/p95/p99 marked", itl_ecdf, "itl_ms"),
     ("run-strips", "Per-run TTFT and TPOT now vs baseline (bar: median)", run_strips, "runs"),
     (
@@ -318,8 +318,8 @@ FIGURES = (
 )
 
 
-def figures_for(record: Mapping[str, Any]) -> Iterator[tuple[str, str, Any]]:
-    """The figures a record has data for: (id, caption, function)."""
-    for fig_id, caption, fn, needs in FIGURES:
+def charts_for(record: Mapping[str, Any]) -> Iterator[tuple[str, str, Any]]:
+    """The charts a record has data for: (id, caption, function)."""
+    for fig_id, caption, fn, needs in CHARTS:
         if record.get(needs):
             yield fig_id, caption, fn

@@ -1,10 +1,11 @@
-"""The HTML report's figure primitives (style, colours, blank figures, SVG output) and the
-session-wide plots: the trend plot, the change overview, the served-load curve.
+"""The HTML report's chart primitives (style, colours, blank charts, SVG output) and the
+session-wide charts: the trend plot, the change overview, the served-load curve.
 
 Matplotlib Figure objects (no pyplot, no GUI backend) saved as SVG text. Every plot shares the
-primitives: one style and one colour per side (now, baseline, budget) on every figure, fixed
-margins instead of a layout pass, blank figures kept for reuse, and the SVG made small. The
-plots of one test's record are ``record_figures``.
+primitives: one style and one colour per side (now, baseline, budget) on every chart, fixed
+margins instead of a layout pass, blank charts kept for reuse, and the SVG made small. The
+charts of one test's record are ``record_charts``. ("Figure": a number, as ``catalog.FIGURES``;
+matplotlib's ``Figure`` and HTML's ``<figure>`` keep their names.)
 
 The trend plot (the HTML report's and ``llmperf history --html``'s): one series per axes from
 history/series.trend_data (drawing only; the history layer reads, this layer draws).
@@ -76,7 +77,7 @@ def require_matplotlib() -> Any:
     return matplotlib
 
 
-#: Blank figures kept for reuse, by shape: creating axes and their ticks is half the cost of
+#: Blank charts kept for reuse, by shape: creating axes and their ticks is half the cost of
 #: drawing one, and every test of a report draws the same few shapes.
 _BLANK: dict[tuple[Any, ...], Any] = {}
 
@@ -100,7 +101,7 @@ def _reset(fig: Any) -> None:
         ax.ignore_existing_data_limits = True
 
 
-def new_figure(
+def new_chart(
     height_in: float,
     ncols: int = 1,
     width_in: float = WIDTH_IN,
@@ -110,7 +111,7 @@ def new_figure(
     **kw: Any,
 ) -> tuple[Any, Any]:
     """A figure with fixed margins (left, bottom, right, top in inches): a constrained layout
-    would draw every figure twice, and 200 tests x 4 figures must render in seconds.
+    would draw every chart twice, and 200 tests x 4 charts must render in seconds.
 
     ``reuse``: hand out the same blank figure again for the same shape (only for figure
     functions that set every property they change, whatever the data)."""
@@ -213,10 +214,10 @@ def budget_label(key: str, value: float, unit: str) -> str:
     return f"budget {key}={value:g} {unit}"
 
 
-def trend_figure(trends: Sequence[Mapping[str, Any]]) -> Any:
+def trend_chart(trends: Sequence[Mapping[str, Any]]) -> Any:
     """Value per session with its 95% CI, one axes per series; change points dashed, labelled
     with the step and the coinciding subject change; the latest session filled."""
-    fig, axes = new_figure(
+    fig, axes = new_chart(
         2.3, ncols=len(trends), width_in=max(5.4, 3.2 * len(trends)), squeeze=False, margins_in=(0.62, 0.45, 0.15, 0.3)
     )
     for ax, t in zip(axes[0], trends):
@@ -269,7 +270,7 @@ def change_overview(results: Sequence[MeasurementResult]) -> Any:
             rows.append((rank, -abs(c.ratio - 1), r.test, c))
     rows.sort(key=lambda row: row[:2])
     shown = rows[:OVERVIEW_ROWS]
-    fig, ax = new_figure(0.9 + 0.17 * len(shown), width_in=9.0, margins_in=(3.4, 0.45, 0.9, 0.3))
+    fig, ax = new_chart(0.9 + 0.17 * len(shown), width_in=9.0, margins_in=(3.4, 0.45, 0.9, 0.3))
     for y, (_, _, test, c) in enumerate(shown):
         colour = VERDICT_COLOURS.get(c.verdict.value, BASELINE)
         change = (c.ratio - 1) * 100
@@ -322,7 +323,7 @@ def curves(results: Sequence[MeasurementResult]) -> dict[str, list[Mapping[str, 
 
 def throughput_latency(results: Sequence[MeasurementResult]) -> Any:
     """Two panels sharing the x axis (output tok/s): TTFT and TPOT, p50 with p99 whiskers."""
-    fig, (left, right) = new_figure(3.4, ncols=2, margins_in=(0.62, 0.95, 0.15, 0.3), wspace=0.45)
+    fig, (left, right) = new_chart(3.4, ncols=2, margins_in=(0.62, 0.95, 0.15, 0.3), wspace=0.45)
     colours = ("#1f5fbf", "#c0392b", "#1e8449", "#7d3c98", "#b9770e", "#2e4053")
     for n, (test, points) in enumerate(sorted(curves(results).items())):
         colour = colours[n % len(colours)]
