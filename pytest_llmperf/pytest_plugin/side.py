@@ -222,7 +222,7 @@ class Link:
                 "max_runs": config.options.get("max_runs"),
                 "engine": info.describe(),
                 # A callable's own threads are unknown: the session's (its llmperf_llm's) stand in.
-                "threads": info.n_threads or config.engine.get("threads") or self.threads,
+                "threads": info.threads or config.engine.get("threads") or self.threads,
             }
         )
         warm: list[Any] = []
