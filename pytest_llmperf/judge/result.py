@@ -12,8 +12,9 @@ phase verdicts' business. This is a diagnosis next to those verdicts, which stay
 
 One measurement's result, typed: what a test measured, its budgets and what its baseline said.
 
-The one definition of the result that travels: ``to_json()`` is pytest-xdist's wire format (a
-worker's report carries it, the controller rebuilds it with ``from_json``), each entry of the
+The one definition of the result that travels: within one process the object itself (a test's
+report carries it to the session); ``to_json()`` is pytest-xdist's wire format (a worker's
+report is serialized with it, the controller rebuilds it with ``from_json``), each entry of the
 ``--llmperf-json`` session file (``schemas/session.schema.json``), the HTML report's input and
 ``llmperf compare`` / ``llmperf report``'s. The JUnit properties and the terminal summary rows
 are derived from it (``properties()``, ``summary_row()``), never parsed back.
@@ -119,19 +120,25 @@ class ResultError(LLMPerfError):
     """A result document that does not match ``schemas/session.schema.json``."""
 
 
-#: Comparison fields added after session files were first published, written with the reach
-#: they come with (``detectable``): a file an older pytest-llmperf wrote reads back and writes
-#: the same.
+#: Comparison fields added after session files were first published, written together unless
+#: every one is at its default: a file an older pytest-llmperf wrote (without them) reads back
+#: and writes the same, and every other comparison reads back equal (``comparison_from_json``).
 LATER_FIELDS = ("df", "noise_source", "noise_sessions", "detectable")
+
+
+def _at_default(c: Comparison, name: str) -> bool:
+    f = next(f for f in dataclasses.fields(c) if f.name == name)
+    return bool(getattr(c, name) == f.default)
 
 
 def comparison_json(c: Comparison) -> dict[str, Any]:
     """A comparison's fields, with the verdict's name and its line (for people reading the file);
     ``reference`` only for a comparison against ``--llmperf-against``'s REF."""
+    later = not all(_at_default(c, name) for name in LATER_FIELDS)
     out = {
         f.name: getattr(c, f.name)
         for f in dataclasses.fields(c)
-        if (c.detectable is not None or f.name not in LATER_FIELDS) and (f.name != "reference" or c.reference)
+        if (later or f.name not in LATER_FIELDS) and (f.name != "reference" or c.reference)
     }
     return {**out, "verdict": c.verdict.value, "line": c.line()}
 
