@@ -22,6 +22,7 @@ from pytest_llmperf.judge.result import Figures
 from pytest_llmperf.measuring.roofline import Peak
 from pytest_llmperf.reports.html import _budget_rows, budget_value
 from pytest_llmperf.session.options import BUDGET_KEYS, KEYS
+from pytest_llmperf.session.options import validate as validate_marker
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -263,3 +264,21 @@ def test_the_metrics_table_shows_every_figure_of_a_metric(measured) -> None:
             first, *more = (catalog.FIGURES[n] for n in row)
             label = " / ".join([first.label, *(f.statistic for f in more)])
             assert label in text, f"the metrics table has no row {label!r}:\n{text}"
+
+
+def test_tpot_p99_is_a_figure_a_json_field_a_table_row_and_a_budget(measured) -> None:
+    """``tpot_p99_ms``, added as one catalog entry: the p99 over runs of the per-run TPOT."""
+    import numpy as np
+
+    from pytest_llmperf.judge.budgets import check_budgets
+    from pytest_llmperf.reports.text import metrics_table
+
+    m, rec = measured[0]
+    p99 = float(np.percentile([r.tpot_ms for r in m.runs], 99))
+    assert Figures.of(m).tpot_p99_ms == p99 and Figures.of(m).to_json()["tpot_p99_ms"] == p99
+    assert "decode TPOT median / p99" in metrics_table(m)
+    marker = validate_marker({"tpot_p99_ms": p99 / 2})
+    failure = check_budgets(m, marker.budgets)
+    assert failure is not None and [b.key for b in failure.breaches] == ["tpot_p99_ms"]
+    assert check_budgets(m, validate_marker({"tpot_p99_ms": p99 * 2}).budgets) is None
+    assert _close(catalog.BUDGETS["tpot_p99_ms"].from_record(rec), p99)

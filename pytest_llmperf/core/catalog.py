@@ -385,6 +385,9 @@ FIGURES: dict[str, Figure] = {
         ),
         _run_figure("tpot_ms", "tpot_ms", "decode TPOT median", "median", "max median time per output token (ms)"),
         _run_figure(
+            "tpot_p99_ms", "tpot_ms", "decode TPOT p99", "p99", "max p99 over runs of time per output token (ms)"
+        ),
+        _run_figure(
             "decode_tps", "decode_tps", "decode TPS median", "median", "min median decode tokens/s", key="min_tps"
         ),
         Figure(
