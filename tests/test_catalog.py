@@ -6,6 +6,7 @@ of the tiny model."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 from pathlib import Path
@@ -21,6 +22,7 @@ from pytest_llmperf.judge.result import Figures
 from pytest_llmperf.measuring.roofline import Peak
 from pytest_llmperf.reports.html import _budget_rows, budget_value
 from pytest_llmperf.session.options import BUDGET_KEYS, KEYS
+from pytest_llmperf.session.options import validate as validate_marker
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -175,3 +177,108 @@ def test_catalog_is_a_bottom_layer() -> None:
         (n.module or "").split(".")[0] for n in top if isinstance(n, ast.ImportFrom)
     }
     assert not names & {"numpy", "scipy", "pytest", "pytest_llmperf"}, names
+
+
+def _figure_table() -> list[tuple[str, str, str, str]]:
+    """docs/report.md's figure table (``| `name` | unit | sample | meaning |`` under the
+    ``| figure | unit | sample | meaning |`` header): (where, name, unit, sample)."""
+    path = ROOT / "docs" / "report.md"
+    rows, inside = [], False
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells == ["figure", "unit", "sample", "meaning"]:
+            inside = True
+        elif inside and not line.startswith("|"):
+            break
+        elif inside and not set(cells[0]) <= {"-"}:
+            name = re.fullmatch(r"`(\w+)`", cells[0])
+            assert name and len(cells) == 4, f"report.md:{n}: a figure row is | `name` | unit | sample | meaning |"
+            rows.append((f"report.md:{n}", name.group(1), cells[1], cells[2]))
+    assert rows, "docs/report.md has no figure table (| figure | unit | sample | meaning |)"
+    return rows
+
+
+def test_every_figure_has_its_docs_row_and_every_row_a_figure() -> None:
+    """A new headline figure is a catalog entry plus its row in docs/report.md: this names the
+    one missing (either way), a duplicate, or a unit or sample that disagrees with the catalog."""
+    rows = _figure_table()
+    seen: dict[str, str] = {}
+    for where, name, unit, sample in rows:
+        assert name in catalog.FIGURES, f"{where}: {name!r} is not a figure of core/catalog.py's FIGURES"
+        assert name not in seen, f"{where}: {name!r} is also in the row at {seen[name]}"
+        seen[name] = where
+        f = catalog.FIGURES[name]
+        if f.metric is not None:
+            assert unit == f.unit, f"{where}: {name!r} is in {f.unit!r} (catalog), the table says {unit!r}"
+            want = "tokens" if f.pooled_tokens else "runs"
+            assert sample == want, f"{where}: {name!r}'s sample is {want!r} (catalog), the table says {sample!r}"
+    missing = [n for n in catalog.FIGURES if n not in seen]
+    assert not missing, f"catalog figures without a row in docs/report.md's figure table: {missing}"
+    assert [name for _, name, _, _ in rows] == list(catalog.FIGURES), "the figure table's order is not the catalog's"
+
+
+def test_the_session_schema_has_every_figure(measured) -> None:
+    """The schema's figures are the catalog's (``documents.load_schema`` fills them in), each
+    figure's value on real measurements is of its JSON type, and what the schema requires
+    is a catalog figure (a figure renamed or dropped would make every older file invalid)."""
+    from pytest_llmperf.core.documents import SchemaViolation, load_schema, validate
+
+    figures = load_schema("session")["$defs"]["figures"]
+    assert list(figures["properties"]) == [*catalog.FIGURES, "load"]
+    unknown = [n for n in figures["required"] if n not in catalog.FIGURES]
+    assert not unknown, f"session.schema.json requires figures the catalog lacks: {unknown}"
+    for m, _ in measured:
+        for name, f in catalog.FIGURES.items():
+            try:
+                f.read(m)
+            except Exception as exc:  # noqa: BLE001 - name the figure, whatever its reader raised
+                pytest.fail(f"figure {name!r}: its read fails on a measurement: {exc!r}")
+        doc = Figures.of(m).to_json()
+        try:
+            validate(json.loads(json.dumps(doc)), "session", "figures", "figures")
+        except SchemaViolation as exc:
+            pytest.fail(f"a figure's value is not of its Figure.json type: {exc}")
+        assert Figures.from_json(doc) == Figures.of(m)
+
+
+def test_every_budgeted_figure_is_a_marker_key_and_reads_as_its_budget(measured) -> None:
+    for name, f in catalog.FIGURES.items():
+        if not f.bound:
+            continue
+        key = f.budget_key
+        assert key in catalog.BUDGETS and key in KEYS, f"figure {name!r}: its budget key {key!r} is not a marker key"
+        budget = catalog.BUDGETS[key]
+        assert (budget.metric, budget.statistic, budget.help) == (f.metric, f.statistic, f.bound), name
+        for m, _ in measured:
+            assert budget.read(m) == f.read(m), name
+
+
+def test_the_metrics_table_shows_every_figure_of_a_metric(measured) -> None:
+    from pytest_llmperf.reports.text import figure_rows, metrics_table
+
+    placed = [n for row in figure_rows().values() for n in row]
+    assert sorted(placed) == sorted(n for n, f in catalog.FIGURES.items() if f.metric), placed
+    for m, _ in measured[:1]:
+        text = metrics_table(m)
+        for row in figure_rows().values():
+            first, *more = (catalog.FIGURES[n] for n in row)
+            label = " / ".join([first.label, *(f.statistic for f in more)])
+            assert label in text, f"the metrics table has no row {label!r}:\n{text}"
+
+
+def test_tpot_p99_is_a_figure_a_json_field_a_table_row_and_a_budget(measured) -> None:
+    """``tpot_p99_ms``, added as one catalog entry: the p99 over runs of the per-run TPOT."""
+    import numpy as np
+
+    from pytest_llmperf.judge.budgets import check_budgets
+    from pytest_llmperf.reports.text import metrics_table
+
+    m, rec = measured[0]
+    p99 = float(np.percentile([r.tpot_ms for r in m.runs], 99))
+    assert Figures.of(m).tpot_p99_ms == p99 and Figures.of(m).to_json()["tpot_p99_ms"] == p99
+    assert "decode TPOT median / p99" in metrics_table(m)
+    marker = validate_marker({"tpot_p99_ms": p99 / 2})
+    failure = check_budgets(m, marker.budgets)
+    assert failure is not None and [b.key for b in failure.breaches] == ["tpot_p99_ms"]
+    assert check_budgets(m, validate_marker({"tpot_p99_ms": p99 * 2}).budgets) is None
+    assert _close(catalog.BUDGETS["tpot_p99_ms"].from_record(rec), p99)

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from pytest_llmperf.baselines import store
+from pytest_llmperf.core import catalog
 from pytest_llmperf.core.documents import ANNOTATIONS, KEYWORDS, SchemaViolation, load_schema, validate
 from pytest_llmperf.judge.result import Figures, LayerChange, MeasurementResult, ResultError
-from pytest_llmperf.judge.verdict import Comparison
+from pytest_llmperf.judge.verdict import Comparison, Verdict
 from pytest_llmperf.reports.session_file import load_session
 
 #: Two measurements (one labelled, one a load test) on a callable engine: fast and real.
@@ -43,6 +44,9 @@ def keep(name, m):
             failed_requests=load.n_failed, requests_per_s=load.requests_per_s, output_tps=load.output_tps,
             goodput=load.goodput),
     )
+    # A figure added to the catalog since: as the catalog reads it (in its place, below).
+    from pytest_llmperf.core.catalog import FIGURES
+    data[name].update({k: f.read(m) for k, f in FIGURES.items() if k not in data[name]})
     seen.write_text(json.dumps(data))
 
 @pytest.mark.llmperf(max_tokens=4, runs=3, warmup=0, min_tps=1e9, tpot_ms=1e6)
@@ -94,7 +98,10 @@ def expected_properties(measured: dict, budgets: dict[str, str], verdicts: dict[
     out = []
     for name, m in measured.items():
         prefix = f"llmperf[{m['label']}]." if m["label"] else "llmperf."
-        values = {k: m[k] for k in NAMES[:-1]}
+        # These names in this order; a figure added to the catalog since goes in its place.
+        later = [k for k in catalog.FIGURES if k not in NAMES]
+        assert [k for k in catalog.FIGURES if k not in later] == NAMES[:-1]
+        values = {k: m[k] for k in catalog.FIGURES}
         values["budget"] = budgets[name]
         if m["load"] is not None:
             values.update(m["load"])
@@ -363,3 +370,43 @@ def test_a_session_file_written_before_the_typed_result_still_loads(tmp_path: Pa
         assert without_lines(new) == without_lines(old)
     assert cli_main(["compare", str(path), str(path)]) == 0
     assert "0 regression(s) in 2 compared measurement(s)" in capsys.readouterr().out
+
+
+def _comparison(verdict, **changes) -> Comparison:
+    c = Comparison(
+        metric="tpot_ms", label="TPOT", phase="decode", unit="ms", higher_is_better=False, threshold=0.05,
+        baseline_value=6.52, candidate_value=7.41, ratio=1.136, ci_low=1.098, ci_high=1.172, p_value=4e-6,
+        p_value_better=1.0, n_baseline=10, n_candidate=10, cv_baseline=0.02, cv_candidate=0.03,
+        verdict=verdict, reason="why", p_adjusted=0.0004,
+    )  # fmt: skip
+    return dataclasses.replace(c, **changes)
+
+
+#: Fields that change which keys a comparison writes (the later fields, REF), each way they can be.
+VARIANTS = [
+    {},
+    {"detectable": 0.14, "df": 17.5, "noise_source": "history", "noise_sessions": 12},
+    {"df": 9.0},  # no reach yet: these used to be dropped
+    {"noise_source": "baseline", "noise_sessions": 3},
+    {"detectable": 0.2},
+    {"reference": "git:main (3f2a1b9c0d1e)", "noise_source": "paired", "df": 19.0},
+    {"ci_low": None, "ci_high": None, "p_value": None, "runs_needed": 7, "mirror_of": "ttft_ms"},
+]
+
+
+@pytest.mark.parametrize("verdict", list(Verdict), ids=lambda v: v.value)
+def test_a_comparison_reads_back_from_its_json_equal(verdict) -> None:
+    """object -> JSON text -> object is the identity, for every verdict and every set of the
+    fields written only sometimes (``df``, ``noise_*`` without ``detectable`` used to be lost)."""
+    from pytest_llmperf.judge.result import VerdictRecord, comparison_from_json, comparison_json
+
+    for changes in VARIANTS:
+        c = _comparison(verdict, **changes)
+        back = comparison_from_json(json.loads(json.dumps(comparison_json(c))))
+        assert back == c, (changes, dataclasses.asdict(back), dataclasses.asdict(c))
+    record = VerdictRecord(
+        "compared", short=verdict.value, comparisons=tuple(_comparison(verdict, **v) for v in VARIANTS)
+    )
+    assert VerdictRecord.from_json(json.loads(json.dumps(record.to_json()))) == record
+    # A comparison with every later field at its default writes none of them (older files write the same).
+    assert not set(comparison_json(_comparison(verdict))) & {"df", "noise_source", "noise_sessions", "detectable"}

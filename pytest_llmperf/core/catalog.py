@@ -4,8 +4,12 @@ Each metric: its name, label, unit, phase, direction (``higher_is_better``), the
 that bound it (``BUDGETS``), how it is read from a measurement and from a stored record, and
 whether the baseline comparison judges it (``judged``, ``tail``, ``mirror_of``). ``SUMMARY``:
 the figures of a measurement's summary (a record's ``summary``, the session table's columns).
-``FIGURES``: a measurement's headline figures (the JUnit properties, in order, and the typed
-result's ``Figures``). The schema (budget keys and their help), budgets, the comparison, the
+``FIGURES``: a measurement's headline figures (the JUnit properties, in order, the typed
+result's ``Figures``, whose fields are made from it, the session schema's ``figures``, filled in
+from it, and the per-test metrics table's rows); a budgeted figure (``Figure.bound``) is also
+its budget key, so a new headline figure with its budget is one entry here plus its row in
+docs/report.md's figure table (and, for a budget, the README's marker-key table), which
+tests/test_catalog.py checks both ways. The schema (budget keys and their help), budgets, the comparison, the
 HTML budget table, the figures' budget lines, the stored record, the session table and the
 Markdown summary (``SUMMARY_COLUMNS``, ``HEADLINE``), the per-test metrics table, load rows,
 A/B's paired metrics, ``llmperf profile``'s speed rows and the history's labels and default
@@ -16,6 +20,7 @@ the rest of the package and no numpy at import (the plugin stays cheap to load).
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -253,95 +258,6 @@ SUMMARY: dict[str, SummaryField] = {
     )
 }
 
-#: Every budget key, in the order the marker's help lists them.
-BUDGETS: dict[str, Budget] = {
-    b.key: b
-    for b in (
-        *(
-            Budget(
-                f"p{q}_ms",
-                "itl_ms",
-                f"decode ITL p{q}",
-                f"max pooled decode ITL p{q} (ms)",
-                _itl(q),
-                _pooled_percentile(q),
-                pooled_tokens=True,
-                statistic=f"p{q}",
-            )
-            for q in (50, 90, 95, 99)
-        ),
-        Budget(
-            "ttft_ms",
-            "ttft_ms",
-            "TTFT median",
-            "max median time to first token over runs (ms)",
-            lambda m: m.ttft_ms,
-            _median_of("ttft_ms"),
-        ),
-        Budget(
-            "ttft_p95_ms",
-            "ttft_ms",
-            "TTFT p95",
-            "max p95 over runs of time to first token (ms)",
-            lambda m: m.ttft_p95_ms,
-            lambda r: _percentile(_runs(r, "ttft_ms"), 95),
-            statistic="p95",
-        ),
-        Budget(
-            "tpot_ms",
-            "tpot_ms",
-            "decode TPOT median",
-            "max median time per output token (ms)",
-            lambda m: m.tpot_ms,
-            _median_of("tpot_ms"),
-        ),
-        Budget(
-            "e2e_ms",
-            "e2e_ms",
-            "E2E median",
-            "max median end-to-end request time (ms)",
-            lambda m: m.e2e_ms,
-            _summary("e2e_ms"),
-        ),
-        Budget(
-            "min_tps",
-            "decode_tps",
-            "decode TPS median",
-            "min median decode tokens/s",
-            lambda m: m.decode_tps,
-            _median_of("decode_tps"),
-        ),
-        Budget(
-            "min_prefill_tps",
-            "prefill_tps",
-            "prefill TPS median",
-            "min median prefill (prompt) tokens/s",
-            lambda m: m.prefill_tps,
-            _median_of("prefill_tps"),
-        ),
-        Budget(
-            "min_goodput",
-            "goodput",
-            "goodput",
-            "load: min share of requests meeting the ttft_ms and tpot_ms SLOs",
-            _goodput,
-            _at("load", "goodput"),
-            share=True,
-            statistic="share",
-        ),
-        Budget(
-            "min_mbu",
-            "decode_mbu",
-            "decode MBU",
-            "min decode memory-bandwidth utilization, e.g. 0.5 (roofline)",
-            _mbu,
-            _at("roofline", "decode", "mbu"),
-            share=True,
-            statistic="share",
-        ),
-    )
-}
-
 
 def is_ceiling(budget_key: str) -> bool:
     """True: the measured value must stay at or under the budget (lower is better)."""
@@ -362,8 +278,10 @@ PAIRED: tuple[str, ...] = ("ttft_ms", "tpot_ms", "e2e_ms", "itl_p95_ms", "prefil
 @dataclass(frozen=True)
 class Figure:
     """A measurement's headline figure: a JUnit property (``llmperf.<name>``), a key of a
-    session result's ``figures`` and of its terminal summary row. With ``metric``: a statistic
-    of that catalog metric, a row of the per-test metrics table under ``label``."""
+    session result's ``figures`` (its JSON type: ``json``), of the typed result's ``Figures``
+    and of its terminal summary row; docs/report.md's figure table has a row for each. With
+    ``metric``: a statistic of that catalog metric, a row of the per-test metrics table under
+    ``label``. With ``bound`` (the help text): also a budget key, ``budget_key``, bounding it."""
 
     name: str
     read: Callable[[Any], Any]
@@ -371,45 +289,151 @@ class Figure:
     label: str = ""  # "TTFT median"
     statistic: str = ""  # "median", "p95"
     pooled_tokens: bool = False  # the sample is pooled tokens (ITL), not runs
+    #: JSON Schema types of its value in a session file.
+    json: tuple[str, ...] = ("number",)
+    #: A budget: its marker key's help text, how a stored record recomputes the figure, and
+    #: its key when not the default (the name for a ceiling, ``min_<name>`` for a floor).
+    bound: str = ""
+    from_record: Callable[[Mapping[str, Any]], float | None] | None = None
+    key: str = ""
+    budget_label: str = ""  # as a budget breach prints it, when not ``label``
 
     @property
     def unit(self) -> str:
         return METRICS[self.metric].unit if self.metric else ""
 
+    @property
+    def budget_key(self) -> str:
+        """The marker key that bounds this figure ("" when none does)."""
+        if not self.bound:
+            return ""
+        return self.key or (f"min_{self.name}" if self.metric and METRICS[self.metric].higher_is_better else self.name)
 
-def _budget_figure(name: str, key: str) -> Figure:
-    b = BUDGETS[key]
-    return Figure(name, b.read, b.metric, b.label, b.statistic, b.pooled_tokens)
+    def budget(self) -> Budget:
+        assert self.metric is not None and self.from_record is not None, self.name
+        return Budget(
+            self.budget_key,
+            self.metric,
+            self.budget_label or self.label,
+            self.bound,
+            self.read,
+            self.from_record,
+            pooled_tokens=self.pooled_tokens,
+            statistic=self.statistic,
+        )
+
+
+def _run_figure(name: str, metric: str, label: str, statistic: str, bound: str = "", key: str = "") -> Figure:
+    """A statistic over runs of a per-run metric: "median" (the metric's own ``read``) or
+    "p<q>" (the q-th percentile of the runs' values, numpy's linear interpolation), read from a
+    Measurement's runs and recomputed from a record's ``runs``."""
+    m = METRICS[metric]
+    assert m.run_field is not None, metric
+    field = m.run_field
+    q = None if statistic == "median" else float(statistic.removeprefix("p"))
+
+    def read(x: Any) -> float | None:
+        return m.read(x) if q is None else _percentile([getattr(r, field) for r in x.runs], q)
+
+    def from_record(record: Mapping[str, Any]) -> float | None:
+        return _median_of(field)(record) if q is None else _percentile(_runs(record, field), q)
+
+    return Figure(name, read, metric, label, statistic, bound=bound, from_record=from_record, key=key)
 
 
 def _itl_figure(q: int) -> Figure:
-    return Figure(f"itl_p{q}_ms", _itl(q), "itl_ms", f"{METRICS['itl_ms'].label} p{q}", f"p{q}", pooled_tokens=True)
+    return Figure(
+        f"itl_p{q}_ms",
+        _itl(q),
+        "itl_ms",
+        f"ITL p{q}",
+        f"p{q}",
+        pooled_tokens=True,
+        budget_label=f"decode ITL p{q}",
+        bound=f"max pooled decode ITL p{q} (ms)",
+        from_record=_pooled_percentile(q),
+        key=f"p{q}_ms",
+    )
 
+
+_NULLABLE_INT, _NULLABLE = ("integer", "null"), ("number", "null")
 
 #: The headline figures, in the order of the JUnit properties.
 FIGURES: dict[str, Figure] = {
     f.name: f
     for f in (
-        Figure("model", lambda m: m.engine.model),
-        Figure("engine", lambda m: m.engine.engine),
-        Figure("prompt_tokens", lambda m: m.prompt_tokens),
-        Figure("output_tokens", lambda m: m.output_tokens),
-        Figure("runs", lambda m: m.n_runs),
-        _budget_figure("ttft_ms", "ttft_ms"),
-        _budget_figure("ttft_p95_ms", "ttft_p95_ms"),
+        Figure("model", lambda m: m.engine.model, json=("string",)),
+        Figure("engine", lambda m: m.engine.engine, json=("string",)),
+        Figure("prompt_tokens", lambda m: m.prompt_tokens, json=_NULLABLE_INT),
+        Figure("output_tokens", lambda m: m.output_tokens, json=("integer",)),
+        Figure("runs", lambda m: m.n_runs, json=("integer",)),
+        _run_figure("ttft_ms", "ttft_ms", "TTFT median", "median", "max median time to first token over runs (ms)"),
+        _run_figure("ttft_p95_ms", "ttft_ms", "TTFT p95", "p95", "max p95 over runs of time to first token (ms)"),
         Figure(
-            "prefill_ms", METRICS["prefill_ms"].read, "prefill_ms", f"{METRICS['prefill_ms'].label} median", "median"
+            "prefill_ms",
+            METRICS["prefill_ms"].read,
+            "prefill_ms",
+            f"{METRICS['prefill_ms'].label} median",
+            "median",
+            json=_NULLABLE,
         ),
-        _budget_figure("prefill_tps", "min_prefill_tps"),
-        _budget_figure("tpot_ms", "tpot_ms"),
-        _budget_figure("decode_tps", "min_tps"),
-        _budget_figure("e2e_ms", "e2e_ms"),
-        Figure("itl_count", lambda m: m.itl.count),
+        dataclasses.replace(
+            _run_figure(
+                "prefill_tps", "prefill_tps", "prefill TPS median", "median", "min median prefill (prompt) tokens/s"
+            ),
+            json=_NULLABLE,
+        ),
+        _run_figure("tpot_ms", "tpot_ms", "decode TPOT median", "median", "max median time per output token (ms)"),
+        _run_figure(
+            "tpot_p99_ms", "tpot_ms", "decode TPOT p99", "p99", "max p99 over runs of time per output token (ms)"
+        ),
+        _run_figure(
+            "decode_tps", "decode_tps", "decode TPS median", "median", "min median decode tokens/s", key="min_tps"
+        ),
+        Figure(
+            "e2e_ms",
+            METRICS["e2e_ms"].read,
+            "e2e_ms",
+            "E2E median",
+            "median",
+            bound="max median end-to-end request time (ms)",
+            from_record=_summary("e2e_ms"),
+        ),
+        Figure("itl_count", lambda m: m.itl.count, json=("integer",)),
         *(_itl_figure(q) for q in (50, 90, 95, 99)),
         Figure("itl_cv", lambda m: m.itl.cv),
-        Figure("native_prefill_ms", lambda m: m.native_prefill_ms),
-        Figure("native_decode_ms_per_token", lambda m: m.native_decode_ms_per_token),
-        Figure("overhead_ms_per_token", lambda m: m.overhead_ms_per_token),
+        Figure("native_prefill_ms", lambda m: m.native_prefill_ms, json=_NULLABLE),
+        Figure("native_decode_ms_per_token", lambda m: m.native_decode_ms_per_token, json=_NULLABLE),
+        Figure("overhead_ms_per_token", lambda m: m.overhead_ms_per_token, json=_NULLABLE),
+    )
+}
+
+#: Every budget key, in the order the marker's help lists them: the pooled ITL percentiles,
+#: the other figures' (``Figure.bound``), then a load test's and the roofline's.
+BUDGETS: dict[str, Budget] = {
+    b.key: b
+    for b in (
+        *sorted((f.budget() for f in FIGURES.values() if f.bound), key=lambda b: not b.pooled_tokens),
+        Budget(
+            "min_goodput",
+            "goodput",
+            "goodput",
+            "load: min share of requests meeting the ttft_ms and tpot_ms SLOs",
+            _goodput,
+            _at("load", "goodput"),
+            share=True,
+            statistic="share",
+        ),
+        Budget(
+            "min_mbu",
+            "decode_mbu",
+            "decode MBU",
+            "min decode memory-bandwidth utilization, e.g. 0.5 (roofline)",
+            _mbu,
+            _at("roofline", "decode", "mbu"),
+            share=True,
+            statistic="share",
+        ),
     )
 }
 

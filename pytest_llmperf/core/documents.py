@@ -121,7 +121,15 @@ def load_schema(name: str) -> Mapping[str, Any]:
     """``schemas/<name>.schema.json`` of the installed package."""
     # One name per joinpath: Python 3.10's Traversable takes one (a zip import's path too).
     text = resources.files("pytest_llmperf").joinpath("schemas").joinpath(f"{name}.schema.json").read_text("utf-8")
-    schema: Mapping[str, Any] = json.loads(text)
+    schema: dict[str, Any] = json.loads(text)
+    if name == "session":  # the figures' properties: the metric catalog's
+        from .catalog import FIGURES
+
+        figures = schema["$defs"]["figures"]
+        figures["properties"] = {
+            **{n: {"type": list(f.json) if len(f.json) > 1 else f.json[0]} for n, f in FIGURES.items()},
+            **figures["properties"],
+        }
     return schema
 
 

@@ -12,8 +12,9 @@ phase verdicts' business. This is a diagnosis next to those verdicts, which stay
 
 One measurement's result, typed: what a test measured, its budgets and what its baseline said.
 
-The one definition of the result that travels: ``to_json()`` is pytest-xdist's wire format (a
-worker's report carries it, the controller rebuilds it with ``from_json``), each entry of the
+The one definition of the result that travels: within one process the object itself (a test's
+report carries it to the session); ``to_json()`` is pytest-xdist's wire format (a worker's
+report is serialized with it, the controller rebuilds it with ``from_json``), each entry of the
 ``--llmperf-json`` session file (``schemas/session.schema.json``), the HTML report's input and
 ``llmperf compare`` / ``llmperf report``'s. The JUnit properties and the terminal summary rows
 are derived from it (``properties()``, ``summary_row()``), never parsed back.
@@ -26,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy.stats import mannwhitneyu
@@ -119,19 +120,25 @@ class ResultError(LLMPerfError):
     """A result document that does not match ``schemas/session.schema.json``."""
 
 
-#: Comparison fields added after session files were first published, written with the reach
-#: they come with (``detectable``): a file an older pytest-llmperf wrote reads back and writes
-#: the same.
+#: Comparison fields added after session files were first published, written together unless
+#: every one is at its default: a file an older pytest-llmperf wrote (without them) reads back
+#: and writes the same, and every other comparison reads back equal (``comparison_from_json``).
 LATER_FIELDS = ("df", "noise_source", "noise_sessions", "detectable")
+
+
+def _at_default(c: Comparison, name: str) -> bool:
+    f = next(f for f in dataclasses.fields(c) if f.name == name)
+    return bool(getattr(c, name) == f.default)
 
 
 def comparison_json(c: Comparison) -> dict[str, Any]:
     """A comparison's fields, with the verdict's name and its line (for people reading the file);
     ``reference`` only for a comparison against ``--llmperf-against``'s REF."""
+    later = not all(_at_default(c, name) for name in LATER_FIELDS)
     out = {
         f.name: getattr(c, f.name)
         for f in dataclasses.fields(c)
-        if (c.detectable is not None or f.name not in LATER_FIELDS) and (f.name != "reference" or c.reference)
+        if (later or f.name not in LATER_FIELDS) and (f.name != "reference" or c.reference)
     }
     return {**out, "verdict": c.verdict.value, "line": c.line()}
 
@@ -227,34 +234,20 @@ class LoadFigures:
     goodput: float | None
 
 
-@dataclass(frozen=True)
-class Figures:
-    """A measurement's headline figures (``core.catalog.FIGURES``: their names, order and how
-    each is read), unrounded, as the JUnit properties and the terminal summary show them (the
-    record's ``summary`` is the rounded subset kept in files)."""
+class _Figures:
+    """A measurement's headline figures: one field per ``core.catalog.FIGURES`` entry (their
+    names, order and how each is read; the dataclass ``Figures`` below is made from the catalog,
+    so a new figure is one catalog entry), unrounded, as the JUnit properties and the terminal
+    summary show them (the record's ``summary`` is the rounded subset kept in files), then
+    ``load``."""
 
-    model: str
-    engine: str
-    prompt_tokens: int | None
-    output_tokens: int
-    runs: int
-    ttft_ms: float
-    ttft_p95_ms: float
-    prefill_ms: float | None
-    prefill_tps: float | None
-    tpot_ms: float
-    decode_tps: float
-    e2e_ms: float
-    itl_count: int
-    itl_p50_ms: float
-    itl_p90_ms: float
-    itl_p95_ms: float
-    itl_p99_ms: float
-    itl_cv: float
-    native_prefill_ms: float | None
-    native_decode_ms_per_token: float | None
-    overhead_ms_per_token: float | None
-    load: LoadFigures | None = None
+    load: LoadFigures | None
+
+    if TYPE_CHECKING:
+
+        def __init__(self, **figures: Any) -> None: ...
+
+        def __getattr__(self, name: str) -> Any: ...
 
     @classmethod
     def of(cls, m: Any) -> Figures:
@@ -278,10 +271,24 @@ class Figures:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Figures:
+        """A figure a session file of an older pytest-llmperf lacks (added to the catalog since)
+        reads as None."""
         load = d.get("load")
         if load is not None:
             load = LoadFigures(**{f.name: load[f.name] for f in dataclasses.fields(LoadFigures)})
-        return cls(**{k: d[k] for k in FIGURES}, load=load)
+        return cls(**{k: d.get(k) for k in FIGURES}, load=load)
+
+
+if TYPE_CHECKING:
+    Figures = _Figures
+else:
+    Figures = dataclasses.make_dataclass(
+        "Figures",
+        [*((name, Any) for name in FIGURES), ("load", "LoadFigures | None", field(default=None))],
+        bases=(_Figures,),
+        frozen=True,
+    )
+    Figures.__module__, Figures.__doc__ = __name__, _Figures.__doc__
 
 
 @dataclass(frozen=True)

@@ -184,7 +184,7 @@ class LLMPerfHooks:
         report = yield
         report.sections.extend(parts.sections)
         if parts.shipped:
-            report.llmperf = parts.shipped  # judge.result's JSON: crosses xdist's wire to the controller
+            report.llmperf = parts.shipped  # judge.result's objects; JSON only on xdist's wire (below)
         if parts.ab:
             report.llmperf_ab = parts.ab
         if parts.lines and report.passed:
@@ -194,6 +194,27 @@ class LLMPerfHooks:
             from ..judge.ab import attach
 
             attach(report, fixture.ab_results)
+        return report
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_report_to_serializable(self, config: pytest.Config, report: Any) -> Generator[None, Any, Any]:
+        """A report leaving this process (an xdist worker's): its results as their JSON."""
+        data = yield
+        if isinstance(data, dict) and data.get("llmperf"):
+            data["llmperf"] = [r.to_json() for r in data["llmperf"]]
+        return data
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_report_from_serializable(self, config: pytest.Config, data: Any) -> Generator[None, Any, Any]:
+        """A worker's report arriving: its results rebuilt once, here (written by ``to_json``
+        of this same package: not re-validated, so the controller's work stays small while a
+        worker may be measuring on the next core)."""
+        report = yield
+        shipped = getattr(report, "llmperf", None)
+        if shipped:
+            from ..judge.result import MeasurementResult
+
+            report.llmperf = [MeasurementResult.from_json(d, check=False) for d in shipped]
         return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:

@@ -130,15 +130,7 @@ def budget_value(record: Mapping[str, Any], key: str) -> float | None:
 
 #: Budget key -> the figure (``Figures``) holding its statistic: a result without a record
 #: (judged against ``--llmperf-against``'s REF) shows its budgets from them.
-BUDGET_FIGURES = {
-    **{f"p{q}_ms": f"itl_p{q}_ms" for q in (50, 90, 95, 99)},
-    "ttft_ms": "ttft_ms",
-    "ttft_p95_ms": "ttft_p95_ms",
-    "tpot_ms": "tpot_ms",
-    "e2e_ms": "e2e_ms",
-    "min_tps": "decode_tps",
-    "min_prefill_tps": "prefill_tps",
-}
+BUDGET_FIGURES = {f.budget_key: name for name, f in FIGURES.items() if f.bound}
 
 
 def _budget_rows(result: MeasurementResult) -> list[list[str]]:

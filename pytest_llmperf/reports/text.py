@@ -49,6 +49,38 @@ def _figure_row(m: Measurement, first: str, *more: str) -> tuple[str, str, str, 
     return label, figures[0].unit, " / ".join(_opt(f.read(m)) for f in figures), sample
 
 
+#: The metrics table's rows of catalog figures, each named by its figures, in the table's order.
+FIGURE_ROWS: tuple[tuple[str, ...], ...] = (
+    ("ttft_ms", "ttft_p95_ms"),
+    ("prefill_ms",),
+    ("prefill_tps",),
+    ("tpot_ms",),
+    ("decode_tps",),
+    ("e2e_ms",),
+    ("itl_p50_ms", "itl_p90_ms"),
+    ("itl_p95_ms", "itl_p99_ms"),
+)
+
+
+def figure_rows() -> dict[str, tuple[str, ...]]:
+    """``FIGURE_ROWS`` by their first figure, with every other catalog figure of a metric: it
+    joins the first row of its metric and sample (runs or pooled tokens), else it has a row of
+    its own (after the ITL rows): a new catalog figure shows in the table."""
+    rows = {r[0]: list(r) for r in FIGURE_ROWS}
+    placed = {name for r in FIGURE_ROWS for name in r}
+    for name, f in FIGURES.items():
+        if f.metric is None or name in placed:
+            continue
+        host = next(
+            (k for k in rows if (FIGURES[k].metric, FIGURES[k].pooled_tokens) == (f.metric, f.pooled_tokens)), None
+        )
+        if host is None:
+            rows[name] = [name]
+        else:
+            rows[host].append(name)
+    return {k: tuple(v) for k, v in rows.items()}
+
+
 def metrics_table(m: Measurement) -> str:
     """The detail section of one measurement: every figure with its sample count."""
     itl = m.itl
@@ -60,25 +92,31 @@ def metrics_table(m: Measurement) -> str:
         f"{m.output_tokens} generated per run, {m.n_runs} runs (+{m.workload.warmup} warm-up discarded)\n"
     )
     runs = f"{m.n_runs} runs"
+    by_first = figure_rows()
+
+    def row(first: str) -> tuple[str, str, str, str]:
+        return _figure_row(m, *by_first[first])
+
     rows = [
-        _figure_row(m, "ttft_ms", "ttft_p95_ms"),
+        row("ttft_ms"),
         ("tokenize median", "ms", fmt(m.tokenize_ms), runs),
-        _figure_row(m, "prefill_ms"),
+        row("prefill_ms"),
         ("prefill (llama.cpp) median", "ms", _opt(m.native_prefill_ms), runs),
-        _figure_row(m, "prefill_tps"),
-        _figure_row(m, "tpot_ms"),
+        row("prefill_tps"),
+        row("tpot_ms"),
         ("decode (llama.cpp) median", "ms/token", _opt(m.native_decode_ms_per_token), runs),
         ("engine overhead median", "ms/token", _opt(m.overhead_ms_per_token), runs),
-        _figure_row(m, "decode_tps"),
+        row("decode_tps"),
         (
             "sampling (llama.cpp sampler)" + ("" if m.engine.sample else ", timed apart"),
             "ms/token",
             _opt(m.sampling_ms_per_token),
             runs,
         ),
-        _figure_row(m, "e2e_ms"),
-        _figure_row(m, "itl_p50_ms", "itl_p90_ms"),
-        _figure_row(m, "itl_p95_ms", "itl_p99_ms"),
+        row("e2e_ms"),
+        row("itl_p50_ms"),
+        row("itl_p95_ms"),
+        *(row(first) for first in list(by_first)[len(FIGURE_ROWS) :]),
         ("ITL mean +- stdev", "ms", f"{fmt(itl.mean_ms)} +- {fmt(itl.stdev_ms)}", f"{itl.count} tokens"),
         ("ITL CV", "", f"{itl.cv:.1%}", f"{itl.count} tokens"),
         ("ITL min / max", "ms", f"{fmt(itl.min_ms)} / {fmt(itl.max_ms)}", f"{itl.count} tokens"),

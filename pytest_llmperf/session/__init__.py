@@ -218,14 +218,10 @@ class Session:
             hook_error=hook_error,
         )
 
-    def collect(self, shipped: Sequence[Mapping[str, Any]], ab_results: Sequence[Mapping[str, Any]] = ()) -> None:
-        """One test's results (``MeasurementResult.to_json()`` of each) and A/B comparisons, in
-        this process or arrived from an xdist worker."""
-        from ..judge.result import MeasurementResult
-
-        # Written by to_json in this same package: not re-validated, so the controller's
-        # work stays small while a worker may be measuring on the next core.
-        for r in (MeasurementResult.from_json(doc, check=False) for doc in shipped):
+    def collect(self, shipped: Sequence[MeasurementResult], ab_results: Sequence[Mapping[str, Any]] = ()) -> None:
+        """One test's results and A/B comparisons, made in this process or rebuilt from an
+        xdist worker's report (``pytest_plugin.plugin``: JSON only on that wire)."""
+        for r in shipped:
             self.rows.append(r.summary_row())
             if r.assessed or r.verdict is not None:  # the session's files and verdicts (against REF: no record)
                 self.results.append(r)

@@ -1,6 +1,6 @@
 """What one test's measurements put on its report: JUnit properties, a text section per
-measurement, the lines that fail it, and the results (``judge.result.MeasurementResult``, as
-JSON) that cross pytest-xdist's wire and become the session JSON."""
+measurement, the lines that fail it, and the results (``judge.result.MeasurementResult``) that
+the session collects (as JSON only across pytest-xdist's wire) and writes to the session JSON."""
 
 from __future__ import annotations
 
@@ -74,7 +74,9 @@ class CallReport:
     properties: list[tuple[str, Any]] = field(default_factory=list)
     sections: list[tuple[str, str]] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)  # non-empty: the test fails with them
-    shipped: list[dict[str, Any]] = field(default_factory=list)  # MeasurementResult.to_json() of each
+    #: The typed results (``judge.result``): in this process as they are; ``to_json()`` only where
+    #: a report crosses pytest-xdist's wire (``pytest_plugin.plugin``'s report hooks).
+    shipped: list[MeasurementResult] = field(default_factory=list)
     ab: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -108,5 +110,5 @@ def call_report(
             out.lines.append(r.failure.as_longrepr())
         if r.baseline is not None:
             out.lines += failure_lines(r.baseline)
-        out.shipped.append(t.to_json())
+        out.shipped.append(t)
     return out
