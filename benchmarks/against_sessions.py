@@ -164,6 +164,9 @@ def session(root: Path, ref: str, args: argparse.Namespace, out: Path) -> dict:
         raise SystemExit(f"session wrote no JSON (exit {proc.returncode})")
     doc = json.loads(out.read_text())
     doc["_exit"], doc["_wall_s"] = proc.returncode, time.monotonic() - started
+    if not doc["results"]:  # nothing measured: say why (the session's last lines)
+        print(f"  session measured nothing (exit {proc.returncode}, {doc['_wall_s']:.0f} s):")
+        print("    " + "\n    ".join((proc.stdout + proc.stderr).strip().splitlines()[-25:]), flush=True)
     return doc
 
 

@@ -250,6 +250,38 @@ def test_signed_rank_p_agrees_with_scipy_exact_and_approximate() -> None:
         assert _signed_rank_p(d) == pytest.approx(wilcoxon(d).pvalue, rel=0.01, abs=1e-6), n
 
 
+def test_every_pair_one_way_gives_exact_p_values_up_to_the_cap() -> None:
+    """All pairs slower: P(T+ >= max) = 2^-n exactly, for every n the exact null covers. At 60
+    pairs ``1 - cdf`` gave -4e-16, and Holm's check ended an --llmperf-against session that took
+    its 60-pair cap with an INTERNALERROR (three of ten +8% sessions, 2026-12-02)."""
+    from types import SimpleNamespace
+
+    from pytest_llmperf.judge.paired import EXACT_MAX_PAIRS, _signed_rank_greater, _signed_rank_p, judged_pairs
+
+    for n in (6, 20, 59, EXACT_MAX_PAIRS):
+        d = np.linspace(0.01, 0.2, n)
+        assert _signed_rank_greater(d) == pytest.approx(2.0**-n, rel=1e-9), n
+        assert _signed_rank_p(d) == pytest.approx(2.0 ** (1 - n), rel=1e-9), n
+        assert 0.0 <= _signed_rank_greater(-d) <= 1.0
+
+    def runs(ttft: float, tpot: float) -> list[SimpleNamespace]:
+        return [
+            SimpleNamespace(
+                ttft_ms=ttft * (1 + i / 1000),
+                tpot_ms=tpot * (1 + i / 997),
+                itl_p95_ms=tpot * 1.2,
+                prefill_tps=32e3 / ttft,
+                decode_tps=1e3 / tpot,
+            )
+            for i in range(EXACT_MAX_PAIRS)
+        ]
+
+    comparisons = judged_pairs(
+        runs(9.0, 4.0), runs(10.0, 5.0), alpha=0.01, threshold=0.05, tail_threshold=0.10, family=3, looks=3
+    )
+    assert {c.metric: c.verdict.value for c in comparisons if c.mirror_of is None}["tpot_ms"] == "REGRESSION"
+
+
 def test_in_process_against_served_endpoint(llmperf_server, tiny_engine) -> None:
     """A side given as an endpoint URL is measured through the OpenAI-compatible API; the
     server's overhead per token is the decode ratio's distance from 1 (any value is allowed:
