@@ -492,7 +492,9 @@ def idlest_cpus(n: int, sample_s: float = 0.2) -> tuple[int, ...] | None:
 
 def pin(cpus: Sequence[int]) -> None:
     """Every thread of this process (llama.cpp's pool too, once started) on ``cpus``; threads
-    started later inherit it from the main thread."""
+    started later inherit it from the main thread. No CPUs (off Linux): nothing to do."""
+    if not cpus:
+        return
     for task in os.listdir("/proc/self/task"):
         with contextlib.suppress(OSError):
             os.sched_setaffinity(int(task), cpus)

@@ -51,6 +51,7 @@ from typing import IO, TYPE_CHECKING, Any, Literal
 import pytest
 
 from ..core.errors import LLMPerfError
+from ..measuring.worker import pin
 from ..session.against import SIDE_ENV, SideEnv
 from . import marks
 
@@ -175,6 +176,8 @@ class Link:
     def __init__(self, requests: IO[bytes], replies: IO[bytes]) -> None:
         self.requests, self.replies = requests, replies
         self.threads: int | None = None  # the session's llama.cpp threads (None: every usable CPU)
+        # This process's CPUs before any pinning (none known off Linux: nothing is pinned there).
+        self.all_cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
 
     def send(self, message: Mapping[str, Any]) -> None:
         self.replies.write((json.dumps(message) + "\n").encode())
@@ -231,10 +234,9 @@ class Link:
             op = self.receive()
             if op["op"] != "run":
                 break
-            if op.get("cpus"):
-                from ..measuring.worker import pin
-
-                pin(op["cpus"])  # before the run's first clock read
+            # Before the run's first clock read. No CPUs given: all of them again (an earlier
+            # test's pinning must not hold a later test with more threads to fewer CPUs).
+            pin(op.get("cpus") or self.all_cpus)
             try:  # the run's clock reads are all inside engine.run: no pipe, no controller work between them
                 trace = engine.run(workload, int(op["index"]))
             except Exception as exc:  # noqa: BLE001 - the user's callable too: one line to the controller
