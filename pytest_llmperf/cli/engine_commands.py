@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from ..core.settings import LLAMA_OPTIONS
 from ..models.gguf import PRESETS, ensure_model
 from .common import add_setting, check_writable, positive_int, share_of_one, write_output
 
@@ -204,7 +205,7 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens generated per run (default 64)")
     parser.add_argument("--runs", type=int, default=10, help="measured runs (default 10)")
     parser.add_argument("--warmup", type=int, default=1, help="discarded warm-up runs (default 1)")
-    for name in ("threads", "gpu_layers", "n_ctx", "n_batch", "peak_bw", "peak_tflops"):  # as the pytest options
+    for name in (*LLAMA_OPTIONS, "peak_bw", "peak_tflops"):  # as the pytest options
         add_setting(parser, name)
     parser.add_argument("--reprobe-peaks", action="store_true", help="measure the machine's peaks again (else cached)")
     parser.add_argument("-o", "--output", default=None, help="write the report here instead of stdout")
@@ -242,10 +243,7 @@ def run_profile(args: argparse.Namespace) -> int:
             max_tokens=args.max_tokens,
             runs=args.runs,
             warmup=args.warmup,
-            threads=args.threads,
-            gpu_layers=args.gpu_layers,
-            n_ctx=args.n_ctx,
-            n_batch=args.n_batch,
+            **{name: getattr(args, name) for name in LLAMA_OPTIONS},
             peak_bw_gbs=args.peak_bw,
             peak_tflops=args.peak_tflops,
             reprobe_peaks=args.reprobe_peaks,

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .settings import usable_cpus
-from .workload import EngineInfo
+from .workload import LLAMA_SETTINGS, EngineInfo
 
 #: Bytes of a model file hashed for its identity: the GGUF header, metadata and tensor table
 #: sit at the start, so this changes with any change of shape, type, tokenizer or metadata,
@@ -104,19 +104,9 @@ def subject(info: EngineInfo) -> dict[str, Any]:
         "model_digest": model_digest(info.model_path) if info.model_path else None,
         "model_size_bytes": info.model_size_bytes,
         "quantization": info.quantization,
-        # Stored schema names (baselines, history): llama.cpp's, not the settings' (settings.RENAMED).
-        "n_threads": info.threads,
-        "n_gpu_layers": info.gpu_layers,
-        "n_ctx": info.n_ctx,
-        "n_batch": info.n_batch,
-        "n_ubatch": info.n_ubatch,
-        "flash_attn": info.flash_attn,
-        "type_k": info.type_k,
-        "type_v": info.type_v,
-        "mmap": info.mmap,
-        "mlock": info.mlock,
-        "sample": info.sample,
-        "repack": info.repack,
+        # Every llama.cpp setting; stored schema names (baselines, history) where they are not the
+        # settings' (``stored``: llama.cpp's ``n_threads``, ``n_gpu_layers``; settings.RENAMED).
+        **{s.subject_key: getattr(info, s.name) for s in LLAMA_SETTINGS.values() if s.fingerprint},
         "llmperf_version": __version__,
         "python": platform.python_version(),
     }
@@ -127,18 +117,7 @@ SUBJECT_LABELS = {
     "model_digest": "model file",
     "model_size_bytes": "model size",
     "quantization": "model",
-    "n_threads": "threads",
-    "n_gpu_layers": "GPU layers",
-    "n_ctx": "n_ctx",
-    "n_batch": "n_batch",
-    "n_ubatch": "n_ubatch",
-    "flash_attn": "flash attention",
-    "type_k": "K cache type",
-    "type_v": "V cache type",
-    "mmap": "mmap",
-    "mlock": "mlock",
-    "sample": "sampling in decode",
-    "repack": "weight repacking",
+    **{s.subject_key: s.label or s.name for s in LLAMA_SETTINGS.values() if s.fingerprint},
     "llmperf_version": "pytest-llmperf",
     "python": "Python",
     "engine": "engine",
@@ -147,7 +126,7 @@ SUBJECT_LABELS = {
 
 
 #: Subject keys added after baselines were first recorded: a record without one is not changed.
-NEWER_KEYS = frozenset({"n_ubatch", "flash_attn", "type_k", "type_v", "mmap", "mlock", "sample", "repack"})
+NEWER_KEYS = frozenset(s.subject_key for s in LLAMA_SETTINGS.values() if s.fingerprint and s.newer)
 
 
 def subject_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:

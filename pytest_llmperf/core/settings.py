@@ -19,7 +19,7 @@ from typing import Any
 
 from .catalog import HEADLINE, SUMMARY_COLUMNS
 from .errors import ConfigError
-from .workload import MAX_TOKENS, too_many
+from .workload import LLAMA_SETTINGS, MAX_TOKENS, LlamaSetting, ValueKind, too_many
 
 DEFAULT_MODEL = "tiny"
 #: Names of the synthetic presets (``gguf.PRESETS``), here so that reading the settings
@@ -35,28 +35,11 @@ UNQUANTIZED = ("f32", "f16", "bf16")
 #: is started before any workload is known).
 SERVER_N_CTX = 2048
 
-#: llama.cpp engine defaults (``engines/llama_cpp_native.EngineConfig``), one definition each (here, so
-#: reading the settings imports nothing heavy). ``n_ubatch`` None: ``n_batch``.
-ENGINE_DEFAULTS: dict[str, Any] = {
-    "threads": None,
-    # None: sized to each workload (prompt + generated, rounded up to 256), as llama-bench does.
-    "n_ctx": None,
-    "n_batch": 512,
-    "n_ubatch": None,
-    # What llama-bench's default (auto) resolves to on the CPU backend.
-    "flash_attn": True,
-    "type_k": "f16",
-    "type_v": "f16",
-    "gpu_layers": 0,
-    "mmap": True,
-    "mlock": False,
-    # Greedy sampling inside the timed decode loop (False: llama-bench's tg, which feeds seeded
-    # tokens; sampling is then timed apart and reported as its own figure).
-    "sample": False,
-    # llama.cpp's use_extra_bufts (llama-bench --repack): None (auto) is on, except for quantized
-    # weights on a CPU with AMX, whose kernel dies with SIGILL or SIGSEGV (engines/llama_cpp_native.py).
-    "repack": None,
-}
+#: llama.cpp engine defaults (``engines/llama_cpp_native.EngineConfig``), one definition each: the
+#: table's (``workload.LLAMA_SETTINGS``, where each default's meaning is said).
+ENGINE_DEFAULTS: dict[str, Any] = {s.name: s.default for s in LLAMA_SETTINGS.values()}
+#: The llama.cpp settings the session sets too (pytest options, ini keys, environment, ``llmperf`` flags).
+LLAMA_OPTIONS = tuple(s.name for s in LLAMA_SETTINGS.values() if s.option is not None)
 
 
 #: Comparison defaults (``judge.regression.CompareSettings``, ``llmperf compare``), here so the
@@ -336,7 +319,58 @@ class Setting:
         return convert
 
 
-_E = ENGINE_DEFAULTS
+def boolean(value: Any) -> bool:
+    """An option's on/off value: true/false, 1/0, yes/no, on/off."""
+    word = str(value).strip().lower()
+    if word in ("true", "1", "yes", "on"):
+        return True
+    if word in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {value!r}")
+
+
+def cache_type(value: Any) -> str:
+    word = str(value).strip().lower()
+    if word not in CACHE_TYPES:
+        raise ValueError(f"must be one of {', '.join(CACHE_TYPES)}, got {value!r}")
+    return word
+
+
+#: Each kind of llama.cpp setting's option parser and metavar (``workload.ValueKind``).
+OPTION_KINDS: dict[ValueKind, tuple[Callable[[Any], Any], str]] = {
+    "count": (positive_int, "N"),
+    "tokens": (token_count, "N"),
+    "gpu_layers": (gpu_layers, "N"),
+    "flag": (boolean, "true|false"),
+    "cache_type": (cache_type, "TYPE"),
+}
+
+
+def _no_parser(kind: str) -> Callable[[Any], Any]:
+    """A kind without its entry in OPTION_KINDS: a value given says so (tests/test_engine_keys.py too)."""
+
+    def parse(value: Any) -> Any:
+        raise ValueError(f"kind {kind!r} has no option parser in core/settings.py OPTION_KINDS")
+
+    return parse
+
+
+def _llama_option(s: LlamaSetting) -> Setting:
+    """A llama.cpp setting the session sets too (its ``option``): names derived from its name."""
+    parse, metavar = OPTION_KINDS.get(s.kind) or (_no_parser(s.kind), "VALUE")
+    return Setting(
+        s.name,
+        s.option or s.help,
+        s.default,
+        parse,
+        env="LLMPERF_" + s.name.upper(),
+        ini=True,
+        cli="--" + s.name.replace("_", "-"),
+        shown=s.shown,
+        metavar=metavar,
+    )
+
+
 #: In the order ``pytest --help`` lists them.
 SETTINGS: dict[str, Setting] = {
     s.name: s
@@ -349,48 +383,7 @@ SETTINGS: dict[str, Setting] = {
             ini=True,
             metavar="PATH|PRESET",
         ),
-        Setting(
-            "threads",
-            "llama.cpp threads",
-            _E["threads"],
-            positive_int,
-            env="LLMPERF_THREADS",
-            ini=True,
-            cli="--threads",
-            shown="all usable CPUs",
-            metavar="N",
-        ),
-        Setting(
-            "n_ctx",
-            "llama.cpp context size",
-            _E["n_ctx"],
-            token_count,
-            env="LLMPERF_N_CTX",
-            ini=True,
-            cli="--n-ctx",
-            shown="each workload's prompt + generated tokens, rounded up to 256",
-            metavar="N",
-        ),
-        Setting(
-            "n_batch",
-            "llama.cpp batch size for prompt evaluation",
-            _E["n_batch"],
-            token_count,
-            env="LLMPERF_N_BATCH",
-            ini=True,
-            cli="--n-batch",
-            metavar="N",
-        ),
-        Setting(
-            "gpu_layers",
-            "layers offloaded to a GPU",
-            _E["gpu_layers"],
-            gpu_layers,
-            env="LLMPERF_GPU_LAYERS",
-            ini=True,
-            cli="--gpu-layers",
-            metavar="N",
-        ),
+        *(_llama_option(LLAMA_SETTINGS[name]) for name in LLAMA_OPTIONS),
         Setting(
             "in_process",
             "run llama.cpp in the pytest process instead of one engine worker process per "

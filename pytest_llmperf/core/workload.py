@@ -8,11 +8,16 @@ What an engine hands back for one run: raw clock readings and the engine's own c
 Nothing here is derived: metrics are computed later from these readings, so the timed loop
 does no arithmetic and the raw data can be re-analysed.
 
-Describes the engine and model a measurement ran on (report header, baselines)."""
+Describes the engine and model a measurement ran on (report header, baselines), and the llama.cpp
+settings of the in-process engine: one entry each (``LLAMA_SETTINGS``), from which the marker keys,
+the engine's keywords, its ``llama_cpp.Llama(...)`` call, the fingerprint and the session options
+are derived."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any, Literal
 
 from .errors import ConfigError
 from .formats import human_bytes
@@ -221,7 +226,7 @@ class EngineInfo:
     n_ctx: int | None = None
     n_batch: int | None = None
     gpu_layers: int | None = None
-    # llama.cpp context settings beyond threads/n_ctx/n_batch (engines/llama_cpp_native.py); None: not llama.cpp
+    # llama.cpp settings beyond threads/n_ctx/n_batch (LLAMA_SETTINGS below); None: not llama.cpp
     n_ubatch: int | None = None
     flash_attn: bool | None = None
     type_k: str | None = None
@@ -252,3 +257,176 @@ class EngineInfo:
         if self.token_count:
             parts.append(f"tokens counted from {self.token_count}")
         return ", ".join(parts)
+
+
+# -- the llama.cpp settings: one entry each ----------------------------------------------------
+
+#: A llama.cpp setting's kind of value: the marker's check (``session.options``) and the
+#: option's parser (``settings.SETTINGS``) follow from it.
+ValueKind = Literal["count", "tokens", "gpu_layers", "flag", "cache_type"]
+
+#: n_ctx None (auto): the context is sized to each workload, prompt + generated tokens rounded
+#: up to this step, as llama-bench sizes its context (llama.cpp pads the cache to 256 anyway).
+AUTO_CTX_STEP = 256
+
+
+def ggml_type(name: str) -> int:
+    """llama.cpp's enum value of a cache type name (``q8_0`` -> 8)."""
+    from gguf import GGMLQuantizationType
+
+    return int(GGMLQuantizationType[name.upper()])
+
+
+@dataclass(frozen=True)
+class LlamaSetting:
+    """One llama.cpp setting of the in-process engine. From this entry alone it is a marker key
+    of kind "engine" (and an A/B side's key), a keyword of ``LlamaCppEngine`` and
+    ``llmperf.measure()``, the ``llama_cpp.Llama(...)`` keywords or model parameter it sets, a key
+    of the subject fingerprint and, with ``option``, a session setting (``--llmperf-<name>``,
+    ``$LLMPERF_<NAME>``, ini ``llmperf_<name>``, the ``llmperf`` flag ``--<name>``). Typed fields
+    of ``EngineConfig``, ``EngineInfo`` (and, with ``option``, ``EngineSettings``) and a row of
+    docs/engine-settings.md carry its name too: tests/test_engine_keys.py names a missing one."""
+
+    name: str
+    kind: ValueKind
+    default: Any
+    help: str  # the marker key's help
+    llama: tuple[str, ...] = ()  # the ``llama_cpp.Llama(...)`` keywords it sets
+    model_param: str | None = None  # a ``llama_model_params`` field ``Llama(...)`` has no keyword for
+    to_llama: Callable[[Any, Mapping[str, Any]], Any] | None = None  # (value, all settings) -> llama.cpp's
+    not_llama: str | None = None  # why it sets nothing of llama.cpp's (the engine itself reads it)
+    stored: str | None = None  # its key in the subject fingerprint (stored records), if not ``name``
+    label: str | None = None  # how a changed subject names it, if not ``name``
+    fingerprint: bool = True  # part of the engine's identity in baselines and history
+    newer: bool = True  # added after baselines were first recorded: a record without it is not changed
+    option: str | None = None  # the session setting's help; None: marker, measure() and keywords only
+    shown: str | None = None  # how help texts write the default, when the value says too little
+
+    @property
+    def subject_key(self) -> str:
+        return self.stored or self.name
+
+    def llama_value(self, settings: Mapping[str, Any]) -> Any:
+        """The value llama.cpp is given, from every setting's value (``settings``)."""
+        value = settings[self.name]
+        return self.to_llama(value, settings) if self.to_llama is not None else value
+
+
+#: In the order the marker's help and the session's options list them.
+LLAMA_SETTINGS: dict[str, LlamaSetting] = {
+    s.name: s
+    for s in (
+        LlamaSetting(
+            "threads",
+            "count",
+            None,  # the engine resolves it: every usable CPU (llama-cpp-python's own default is half)
+            "llama.cpp threads for this test (prompt and generation)",
+            llama=("n_threads", "n_threads_batch"),
+            stored="n_threads",
+            newer=False,
+            option="llama.cpp threads",
+            shown="all usable CPUs",
+        ),
+        LlamaSetting(
+            "n_ctx",
+            "tokens",
+            None,  # sized to each workload (prompt + generated, rounded up to 256), as llama-bench does
+            "llama.cpp context size for this test",
+            llama=("n_ctx",),
+            to_llama=lambda value, _: value or AUTO_CTX_STEP,
+            newer=False,
+            option="llama.cpp context size",
+            shown=f"each workload's prompt + generated tokens, rounded up to {AUTO_CTX_STEP}",
+        ),
+        LlamaSetting(
+            "n_batch",
+            "tokens",
+            512,
+            "llama.cpp logical batch (prompt tokens per llama_decode call)",
+            llama=("n_batch",),
+            newer=False,
+            option="llama.cpp batch size for prompt evaluation",
+        ),
+        LlamaSetting(
+            "n_ubatch",
+            "tokens",
+            None,  # n_batch
+            "llama.cpp physical micro-batch (<= n_batch; default n_batch)",
+            llama=("n_ubatch",),
+            to_llama=lambda value, settings: value or settings["n_batch"],
+        ),
+        LlamaSetting(
+            "flash_attn",
+            "flag",
+            True,  # what llama-bench's default (auto) resolves to on the CPU backend
+            "llama.cpp flash attention on/off",
+            llama=("flash_attn",),
+            label="flash attention",
+        ),
+        LlamaSetting(
+            "type_k",
+            "cache_type",
+            "f16",
+            "K cache type: f16, q8_0, q4_0...",
+            llama=("type_k",),
+            to_llama=lambda value, _: ggml_type(value),
+            label="K cache type",
+        ),
+        LlamaSetting(
+            "type_v",
+            "cache_type",
+            "f16",
+            "V cache type (quantized needs flash_attn=True)",
+            llama=("type_v",),
+            to_llama=lambda value, _: ggml_type(value),
+            label="V cache type",
+        ),
+        LlamaSetting(
+            "gpu_layers",
+            "gpu_layers",
+            0,
+            "layers offloaded to a GPU (-1: all)",
+            llama=("n_gpu_layers",),
+            stored="n_gpu_layers",
+            label="GPU layers",
+            newer=False,
+            option="layers offloaded to a GPU",
+        ),
+        LlamaSetting("mmap", "flag", True, "map the model file (llama.cpp use_mmap)", llama=("use_mmap",)),
+        LlamaSetting("mlock", "flag", False, "lock the model in RAM (llama.cpp use_mlock)", llama=("use_mlock",)),
+        LlamaSetting(
+            "sample",
+            "flag",
+            # False: llama-bench's tg, which feeds seeded tokens; sampling is then timed apart and
+            # reported as its own figure.
+            False,
+            "greedy sampling inside the timed decode loop (False: as llama-bench's tg)",
+            not_llama="the engine's timed decode loop samples (True) or feeds seeded tokens (False)",
+            label="sampling in decode",
+        ),
+        LlamaSetting(
+            "repack",
+            "flag",
+            # None (auto) is on, except for quantized weights on a CPU with AMX, whose kernel dies
+            # with SIGILL or SIGSEGV (engines/llama_cpp_native.py resolve_repack): the engine resolves it.
+            None,
+            "llama.cpp weight repacking (use_extra_bufts, llama-bench --repack; default: on, off "
+            "for quantized models on AMX CPUs)",
+            model_param="use_extra_bufts",
+            label="weight repacking",
+        ),
+    )
+}
+
+
+def llama_arguments(settings: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``llama_cpp.Llama(...)`` keywords and the ``llama_model_params`` fields that every
+    setting's value (``settings``, by name, as the engine resolved them) sets."""
+    keywords: dict[str, Any] = {}
+    model_params: dict[str, Any] = {}
+    for s in LLAMA_SETTINGS.values():
+        value = s.llama_value(settings)
+        keywords.update(dict.fromkeys(s.llama, value))
+        if s.model_param is not None:
+            model_params[s.model_param] = value
+    return keywords, model_params

@@ -28,14 +28,12 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import ConfigError, EngineError
-from ..core.workload import EngineInfo, NativeCounters, RunTrace, Workload
+from ..core.workload import AUTO_CTX_STEP, EngineInfo, NativeCounters, RunTrace, Workload, llama_arguments
 from ..models.gguf import embedding_lookup, gguf_file_type
 from .llama_cpp_native import (
-    DEFAULTS,
     EngineConfig,
     check_gguf,
     default_threads,
-    ggml_type,
     greedy_sampler,
     import_llama_cpp,
     kv_bytes_per_element,
@@ -44,9 +42,6 @@ from .llama_cpp_native import (
     resolve_repack,
 )
 
-#: n_ctx None (auto): the context is sized to each workload, prompt + generated tokens rounded
-#: up to this step, as llama-bench sizes its context (llama.cpp pads the cache to 256 anyway).
-AUTO_CTX_STEP = 256
 #: Sampler calls per run that time sampling apart when the decode loop does not sample.
 SAMPLING_PROBES = 8
 
@@ -85,72 +80,30 @@ class LlamaCppEngine:
     supports_layer_timing = True
 
     def __init__(
-        self,
-        model_path: str | os.PathLike[str],
-        *,
-        n_ctx: int | None = DEFAULTS["n_ctx"],
-        threads: int | None = None,
-        n_batch: int = DEFAULTS["n_batch"],
-        gpu_layers: int = DEFAULTS["gpu_layers"],
-        name: str | None = None,
-        verbose: bool = False,
-        n_ubatch: int | None = DEFAULTS["n_ubatch"],
-        flash_attn: bool = DEFAULTS["flash_attn"],
-        type_k: str = DEFAULTS["type_k"],
-        type_v: str = DEFAULTS["type_v"],
-        mmap: bool = DEFAULTS["mmap"],
-        mlock: bool = DEFAULTS["mlock"],
-        sample: bool = DEFAULTS["sample"],
-        repack: bool | None = DEFAULTS["repack"],
+        self, model_path: str | os.PathLike[str], *, name: str | None = None, verbose: bool = False, **settings: Any
     ) -> None:
+        """``settings``: llama.cpp settings by name (``core.workload.LLAMA_SETTINGS``; unset: the default)."""
         path = check_gguf(model_path)
         llama_cpp = import_llama_cpp()
         self._lib = llama_cpp
-        threads = threads or default_threads()
-        # Validates the combination (cache types, quantized V without flash attention...).
-        self.config = EngineConfig(
-            model=str(path),
-            threads=threads,
-            n_ctx=n_ctx,
-            n_batch=n_batch,
-            n_ubatch=n_ubatch,
-            flash_attn=flash_attn,
-            type_k=type_k,
-            type_v=type_v,
-            gpu_layers=gpu_layers,
-            mmap=mmap,
-            mlock=mlock,
-            sample=sample,
-            repack=repack,
-        )
-        self.sample = sample
-        use_repack, repack_note = resolve_repack(repack, gguf_file_type(path))
+        settings["threads"] = settings.get("threads") or default_threads()
+        # Validates the names and the combination (cache types, quantized V without flash attention...).
+        self.config = EngineConfig.named(str(path), settings)
+        self.sample = self.config.sample
+        use_repack, repack_note = resolve_repack(self.config.repack, gguf_file_type(path))
+        values = {**self.config.settings(), "repack": use_repack}  # as llama.cpp gets them
+        keywords, model_params = llama_arguments(values)
         started = time.perf_counter_ns()
         try:
-            with _model_params(llama_cpp, use_extra_bufts=use_repack):
-                self.llm = llama_cpp.Llama(
-                    model_path=str(path),
-                    n_ctx=n_ctx or AUTO_CTX_STEP,
-                    n_threads=threads,
-                    n_threads_batch=threads,
-                    n_batch=n_batch,
-                    n_ubatch=self.config.ubatch,
-                    n_gpu_layers=gpu_layers,
-                    flash_attn=flash_attn,
-                    type_k=ggml_type(type_k),
-                    type_v=ggml_type(type_v),
-                    use_mmap=mmap,
-                    use_mlock=mlock,
-                    no_perf=False,
-                    verbose=verbose,
-                )
+            with _model_params(llama_cpp, **model_params):
+                self.llm = llama_cpp.Llama(model_path=str(path), **keywords, no_perf=False, verbose=verbose)
         except (ValueError, RuntimeError, OSError) as exc:
             raise EngineError(f"llama.cpp could not load {path}: {exc}") from None
         load_ms = (time.perf_counter_ns() - started) / 1e6
 
         self._ctx = self.llm._ctx.ctx
         self.context_params = self.llm.context_params  # of the context in use
-        self._auto_ctx = n_ctx is None
+        self._auto_ctx = self.config.n_ctx is None
         self._own_ctx = False  # True once a context was made here for a workload (auto n_ctx)
         self._model = self.llm._model.model
         self._vocab = self.llm._model.vocab
@@ -187,18 +140,13 @@ class LlamaCppEngine:
             kv_bytes_per_element=kv_bytes_per_element(self.llm.context_params),
             embedding_lookup_params=lookup[0],
             embedding_lookup_bytes=lookup[1],
-            threads=threads,
-            n_ctx=self.n_ctx,
-            n_batch=self.n_batch,
-            gpu_layers=self._offloaded(gpu_layers),
-            n_ubatch=self.config.ubatch,
-            flash_attn=flash_attn,
-            type_k=type_k,
-            type_v=type_v,
-            mmap=mmap,
-            mlock=mlock,
-            sample=sample,
-            repack=use_repack,
+            **{  # every setting as llama.cpp got it, some as llama.cpp reports them
+                **values,
+                "n_ctx": self.n_ctx,
+                "n_batch": self.n_batch,
+                "n_ubatch": self.config.ubatch,
+                "gpu_layers": self._offloaded(self.config.gpu_layers),
+            },
             repack_note=repack_note,
             load_ms=load_ms,
             native_load_ms=float(native_load_ms),
@@ -209,23 +157,7 @@ class LlamaCppEngine:
     def from_config(cls, config: EngineConfig, *, name: str | None = None, verbose: bool = False) -> LlamaCppEngine:
         """The engine of an ``EngineConfig`` whose ``model`` is a file path (the one mapping of
         the settings' names onto this class's keywords: the pool and the engine worker use it)."""
-        return cls(
-            config.model,
-            n_ctx=config.n_ctx,
-            threads=config.threads,
-            n_batch=config.n_batch,
-            gpu_layers=config.gpu_layers,
-            name=name,
-            verbose=verbose,
-            n_ubatch=config.n_ubatch,
-            flash_attn=config.flash_attn,
-            type_k=config.type_k,
-            type_v=config.type_v,
-            mmap=config.mmap,
-            mlock=config.mlock,
-            sample=config.sample,
-            repack=config.repack,
-        )
+        return cls(config.model, name=name, verbose=verbose, **config.settings())
 
     # -- setup -------------------------------------------------------------------------------
 

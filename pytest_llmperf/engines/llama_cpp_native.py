@@ -11,7 +11,9 @@ One llama.cpp engine's settings: what a test may set per test or per parametrize
 
 llama-bench takes a comma list for each of these and prints a row per combination; here each
 is a workload key of the marker (or of ``llmperf.measure()``), and one engine is loaded per
-distinct combination (``pool.EnginePool``). Every field is part of the subject fingerprint."""
+distinct combination (``pool.EnginePool``). Each setting is one entry of ``core.workload.LLAMA_SETTINGS``
+(its marker key, default, ``llama_cpp.Llama`` keywords, fingerprint key, options); ``EngineConfig``
+keeps a typed field per entry (tests/test_engine_keys.py names a missing one)."""
 
 from __future__ import annotations
 
@@ -26,8 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import ConfigError, EngineError
-from ..core.settings import CACHE_TYPES, UNQUANTIZED
+from ..core.settings import CACHE_TYPES, RENAMED, UNQUANTIZED, renamed_line
 from ..core.settings import ENGINE_DEFAULTS as DEFAULTS
+from ..core.workload import LLAMA_SETTINGS
 
 GGUF_MAGIC = b"GGUF"
 
@@ -255,17 +258,30 @@ class EngineConfig:
     def from_settings(cls, settings: Any, overrides: Mapping[str, Any] | None = None) -> EngineConfig:
         """The session's llama.cpp settings (``settings.EngineSettings``) with a test's own
         (marker keys) over them."""
-        base = cls(
-            model=settings.model,
-            threads=settings.threads,
-            n_ctx=settings.n_ctx,
-            n_batch=settings.n_batch,
-            gpu_layers=settings.gpu_layers,
-        )
+        session = {s.name: getattr(settings, s.name) for s in LLAMA_SETTINGS.values() if s.option is not None}
+        base = cls(model=settings.model, **session)
         return base.replace(overrides) if overrides else base
 
+    @classmethod
+    def named(cls, model: str, settings: Mapping[str, Any]) -> EngineConfig:
+        """``model``'s config with llama.cpp ``settings`` by name; an unknown or old name is one ConfigError."""
+        if "model" in settings:
+            raise ConfigError(f"the model is given once, as the model path ({model}), not as the setting 'model'")
+        return cls(model=model).replace(settings)
+
     def replace(self, overrides: Mapping[str, Any]) -> EngineConfig:
+        """This config with ``overrides`` (``model`` and settings by name); an unknown or old name
+        is one ConfigError."""
+        for name in overrides:
+            if name in RENAMED:
+                raise ConfigError("llmperf: " + renamed_line("llama.cpp setting", name, RENAMED[name]))
+            if name != "model" and name not in LLAMA_SETTINGS:
+                raise ConfigError(f"unknown llama.cpp setting {name!r}; known: {', '.join(LLAMA_SETTINGS)}")
         return dataclasses.replace(self, **dict(overrides))
+
+    def settings(self) -> dict[str, Any]:
+        """Every llama.cpp setting by name (``LLAMA_SETTINGS``'s order), without the model."""
+        return {name: getattr(self, name) for name in LLAMA_SETTINGS}
 
     def differences(self, base: EngineConfig) -> dict[str, Any]:
         """The fields that differ from ``base`` (a table row's or a side's short label)."""
@@ -279,10 +295,3 @@ class EngineConfig:
         """``threads=1 flash_attn=True``: what sets this engine apart (all fields without base)."""
         fields = self.differences(base) if base is not None else dataclasses.asdict(self)
         return " ".join(f"{k}={v}" for k, v in fields.items()) or "defaults"
-
-
-def ggml_type(name: str) -> int:
-    """llama.cpp's enum value of a cache type name (``q8_0`` -> 8)."""
-    from gguf import GGMLQuantizationType
-
-    return int(GGMLQuantizationType[name.upper()])

@@ -16,7 +16,6 @@ from typing import Any
 
 from ..core.catalog import METRICS, SUMMARY
 from ..core.formats import fmt
-from ..core.settings import ENGINE_DEFAULTS
 from . import text as breakdown
 
 PROFILE_SCHEMA = "pytest-llmperf/profile"
@@ -48,15 +47,13 @@ def profile(
     max_tokens: int = 64,
     runs: int = 10,
     warmup: int = 1,
-    threads: int | None = None,
-    gpu_layers: int = ENGINE_DEFAULTS["gpu_layers"],
-    n_ctx: int | None = None,
-    n_batch: int = ENGINE_DEFAULTS["n_batch"],
     peak_bw_gbs: float | None = None,
     peak_tflops: float | None = None,
     reprobe_peaks: bool = False,
     progress: Callable[[str], None] = lambda step: None,
+    **settings: Any,
 ) -> dict[str, Any]:
+    """``settings``: llama.cpp settings by name (``core.workload.LLAMA_SETTINGS``: threads, n_ctx...)."""
     from ..baselines.records import diagnosis
     from ..core.formats import sig6
     from ..core.workload import Workload
@@ -71,7 +68,7 @@ def profile(
     from ..measuring.worker import WorkerEngine
 
     # In an engine worker: a model that crashes llama.cpp ends with the worker's one line.
-    config = EngineConfig(model=str(path), threads=threads, n_ctx=n_ctx, n_batch=n_batch, gpu_layers=gpu_layers)
+    config = EngineConfig.named(str(path), settings)
     engine = WorkerEngine(config, name=name)
     try:
         progress("peaks")

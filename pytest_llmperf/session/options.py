@@ -17,7 +17,7 @@ from typing import Any
 from ..core.catalog import BUDGETS
 from ..core.errors import ConfigError
 from ..core.settings import RENAMED, SETTINGS, EngineSettings, Resolved, renamed_line, resolve
-from ..core.workload import MAX_TOKENS, too_many
+from ..core.workload import LLAMA_SETTINGS, MAX_TOKENS, ValueKind, too_many
 from ..history.connection import Location
 from ..history.connection import default as default_history
 from ..history.connection import parse as parse_history
@@ -270,6 +270,27 @@ def _relative(name: str, value: Any) -> Any:
     return value
 
 
+#: The marker's check of each kind of llama.cpp setting (``workload.ValueKind``).
+ENGINE_CHECKS: dict[ValueKind, Callable[[str, Any], Any]] = {
+    "count": _int_at_least(1),
+    "tokens": _int_at_least(1, tokens=True),
+    "gpu_layers": _gpu_layers,
+    "flag": _flag,
+    "cache_type": _cache_type,
+}
+
+
+def _no_check(kind: str) -> Callable[[str, Any], Any]:
+    """A kind without its entry in ENGINE_CHECKS: the key's use says so (tests/test_engine_keys.py too)."""
+
+    def check(name: str, value: Any) -> Any:
+        raise ConfigError(
+            f"llmperf marker key {name!r}: kind {kind!r} has no check in session/options.py ENGINE_CHECKS"
+        )
+
+    return check
+
+
 KEYS: dict[str, Key] = {
     k.name: k
     for k in [
@@ -293,26 +314,10 @@ KEYS: dict[str, Key] = {
         Key(
             "model", "engine", "GGUF path or preset (tiny, small) for this test; one engine per distinct setting", _text
         ),
-        Key("threads", "engine", "llama.cpp threads for this test (prompt and generation)", _int_at_least(1)),
-        Key("n_ctx", "engine", "llama.cpp context size for this test", _int_at_least(1, tokens=True)),
-        Key(
-            "n_batch",
-            "engine",
-            "llama.cpp logical batch (prompt tokens per llama_decode call)",
-            _int_at_least(1, tokens=True),
+        *(
+            Key(s.name, "engine", s.help, ENGINE_CHECKS.get(s.kind) or _no_check(s.kind))
+            for s in LLAMA_SETTINGS.values()
         ),
-        Key(
-            "n_ubatch",
-            "engine",
-            "llama.cpp physical micro-batch (<= n_batch; default n_batch)",
-            _int_at_least(1, tokens=True),
-        ),
-        Key("flash_attn", "engine", "llama.cpp flash attention on/off", _flag),
-        Key("type_k", "engine", "K cache type: f16, q8_0, q4_0...", _cache_type),
-        Key("type_v", "engine", "V cache type (quantized needs flash_attn=True)", _cache_type),
-        Key("gpu_layers", "engine", "layers offloaded to a GPU (-1: all)", _gpu_layers),
-        Key("mmap", "engine", "map the model file (llama.cpp use_mmap)", _flag),
-        Key("mlock", "engine", "lock the model in RAM (llama.cpp use_mlock)", _flag),
         Key(
             "a",
             "ab",
@@ -327,14 +332,6 @@ KEYS: dict[str, Key] = {
             _relative,
         ),
         Key("min_speedup", "ab", "A/B: min B/A speed ratio per phase, e.g. 1.5 or {'decode': 1.2}", _relative),
-        Key(
-            "repack",
-            "engine",
-            "llama.cpp weight repacking (use_extra_bufts, llama-bench --repack; default: on, off "
-            "for quantized models on AMX CPUs)",
-            _flag,
-        ),
-        Key("sample", "engine", "greedy sampling inside the timed decode loop (False: as llama-bench's tg)", _flag),
         Key(
             "max_runs",
             "option",
