@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -167,3 +168,30 @@ def test_gpu_layers_are_recorded_as_llama_cpp_offloads_them(tiny_model_path: Pat
     finally:
         engine.close()
     assert info.gpu_layers == (info.n_layer + 1 if llama_cpp.llama_supports_gpu_offload() else 0)
+
+
+def test_offload_kqv_in_a_marker_reaches_llama_cpp_the_engine_info_and_the_record(pytester: pytest.Pytester) -> None:
+    """A setting added as one table entry: the marker's ``offload_kqv=False`` is what llama.cpp's
+    context holds (in process), what the engine reports (in process and in the worker) and what
+    the session's record stores in its subject fingerprint."""
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.llmperf(offload_kqv=False, prompt_tokens=16, max_tokens=4, runs=2, warmup=0)
+        def test_kqv(llmperf, request):
+            engine = llmperf.engine
+            if request.config.getoption("llmperf_in_process"):
+                assert engine.llm.context_params.offload_kqv is False
+                assert engine.llm.__getstate__()["offload_kqv"] is False
+            assert engine.info().offload_kqv is False
+            assert llmperf.measure().engine.offload_kqv is False
+        """
+    )
+    for mode in ("--llmperf-in-process", "--llmperf-engine-timeout=600"):
+        run(pytester, mode, "--llmperf-json", "session.json").assert_outcomes(passed=1)
+        (result,) = json.loads((pytester.path / "session.json").read_text())["results"]
+        assert result["record"]["subject"]["offload_kqv"] is False, mode
+    assert "KV offload True -> False" in subject_changes(
+        {**result["record"]["subject"], "offload_kqv": True}, result["record"]["subject"]
+    )

@@ -233,6 +233,7 @@ class EngineInfo:
     type_v: str | None = None
     mmap: bool | None = None
     mlock: bool | None = None
+    offload_kqv: bool | None = None
     sample: bool | None = None  # greedy sampling inside the timed decode loop
     repack: bool | None = None  # llama.cpp use_extra_bufts (weight repacking, AMX kernels)
     repack_note: str | None = None  # why repack is not llama.cpp's default (the AMX workaround)
@@ -394,6 +395,15 @@ LLAMA_SETTINGS: dict[str, LlamaSetting] = {
         ),
         LlamaSetting("mmap", "flag", True, "map the model file (llama.cpp use_mmap)", llama=("use_mmap",)),
         LlamaSetting("mlock", "flag", False, "lock the model in RAM (llama.cpp use_mlock)", llama=("use_mlock",)),
+        LlamaSetting(
+            "offload_kqv",
+            "flag",
+            True,
+            "KV cache and attention on the GPU with the offloaded layers (llama.cpp offload_kqv; "
+            "False: llama-bench -nkvo 1)",
+            llama=("offload_kqv",),
+            label="KV offload",
+        ),
         LlamaSetting(
             "sample",
             "flag",

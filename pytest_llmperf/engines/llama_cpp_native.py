@@ -236,6 +236,7 @@ class EngineConfig:
     gpu_layers: int = DEFAULTS["gpu_layers"]
     mmap: bool = DEFAULTS["mmap"]
     mlock: bool = DEFAULTS["mlock"]
+    offload_kqv: bool = DEFAULTS["offload_kqv"]
     sample: bool = DEFAULTS["sample"]
     repack: bool | None = DEFAULTS["repack"]
 
