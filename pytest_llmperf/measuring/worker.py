@@ -470,22 +470,32 @@ def idlest_cpus(n: int, sample_s: float = 0.2) -> tuple[int, ...] | None:
 
     def busy() -> dict[int, int] | None:
         try:
-            lines = Path("/proc/stat").read_text().splitlines()
+            return busy_ticks(Path("/proc/stat").read_text())
         except OSError:
             return None
-        out = {}
-        for line in lines:
-            name, *fields = line.split()
-            if name.startswith("cpu") and name[3:].isdigit():
-                ticks = [int(f) for f in fields[:8]]  # user nice system idle iowait irq softirq steal
-                out[int(name[3:])] = sum(ticks) - sum(ticks[3:5])
-        return out
 
     before = busy()
     time.sleep(sample_s)
     after = busy()
     if before is None or after is None:
         return tuple(allowed[-n:])
+    return idlest_of(allowed, before, after, n)
+
+
+def busy_ticks(stat: str) -> dict[int, int]:
+    """Busy clock ticks per CPU from the text of /proc/stat: everything but idle and iowait."""
+    out = {}
+    for line in stat.splitlines():
+        name, *fields = line.split()
+        if name.startswith("cpu") and name[3:].isdigit():
+            ticks = [int(f) for f in fields[:8]]  # user nice system idle iowait irq softirq steal
+            out[int(name[3:])] = sum(ticks) - sum(ticks[3:5])
+    return out
+
+
+def idlest_of(allowed: Sequence[int], before: Mapping[int, int], after: Mapping[int, int], n: int) -> tuple[int, ...]:
+    """The ``n`` CPUs of ``allowed`` that were busy least between the two readings (a tie: the
+    higher number, away from CPU 0's interrupts), lowest number first."""
     ranked = sorted(allowed, key=lambda c: (after.get(c, 0) - before.get(c, 0), -c))
     return tuple(sorted(ranked[:n]))
 
