@@ -45,7 +45,8 @@ def _figure_row(m: Measurement, first: str, *more: str) -> tuple[str, str, str, 
     """A metrics-table row of catalog figures of one metric: ``TTFT median / p95``."""
     figures = [FIGURES[first], *(FIGURES[name] for name in more)]
     label = " / ".join([figures[0].label, *(f.statistic for f in figures[1:])])
-    sample = f"{m.itl.count} tokens" if figures[0].pooled_tokens else f"{m.n_runs} runs"
+    direct = catalog.direct_sample(figures[0].metric, m) if figures[0].metric else None
+    sample = f"{m.itl.count} tokens" if figures[0].pooled_tokens else direct or f"{m.n_runs} runs"
     return label, figures[0].unit, " / ".join(_opt(f.read(m)) for f in figures), sample
 
 
@@ -132,7 +133,9 @@ def metrics_table(m: Measurement) -> str:
     from ..baselines.records import diagnosis
 
     found = diagnosis(m)
-    rows += stability_rows(found["stability"]) + memory_rows(found["memory"])
+    if m.model_loads is not None:
+        rows.append(("fresh model loads", "", m.model_loads.describe(), f"{len(m.model_loads.samples)} loads"))
+    rows += stability_rows(found["stability"]) + memory_rows(found["memory"], figures=False)
     text = head + render_table(("metric", "unit", "value", "sample"), rows)
     if "layers" in found:
         text += "\n\nper-layer time:\n" + layers_text(found["layers"])
@@ -489,11 +492,28 @@ def stability_rows(stab: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
     return rows
 
 
-def memory_rows(memory: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
+def memory_rows(memory: Mapping[str, Any], figures: bool = True) -> list[tuple[str, str, str, str]]:
+    """A record's memory, each figure with its source; ``figures=False``: without the catalog's
+    memory figures (the metrics table shows them as figure rows)."""
     rows = []
-    if memory.get("peak_rss_bytes") is not None:
+    if figures and memory.get("peak_rss_bytes") is not None:
         scope = "during the runs" if memory.get("peak_rss_scope") == "measurement" else "process lifetime"
         rows.append(("peak RSS", "MiB", fmt(memory["peak_rss_bytes"] / 2**20), scope))
+    source = memory.get("buffer_source", "")
+    for key, label, figure in (
+        ("kv_mib", "KV buffer", True),
+        ("compute_mib", "compute buffer", True),
+        ("output_mib", "output buffer", False),
+        ("model_buffer_mib", "model buffer", True),
+    ):
+        if memory.get(key) is not None and (figures or not figure):
+            rows.append((label, "MiB", fmt(memory[key]), source))
+    if figures and memory.get("mapped_mib") is not None:
+        rows.append(("model file mapping", "MiB", fmt(memory["mapped_mib"]), "/proc/self/smaps"))
+    if memory.get("mapped_resident_mib") is not None:
+        rows.append(("model file mapping resident", "MiB", fmt(memory["mapped_resident_mib"]), "smaps, after load"))
     if memory.get("kv_cache_bytes") is not None:
-        rows.append(("KV cache (whole context)", "MiB", fmt(memory["kv_cache_bytes"] / 2**20), "computed"))
+        rows.append(
+            ("KV cache (whole context)", "MiB", fmt(memory["kv_cache_bytes"] / 2**20), "computed from the shape")
+        )
     return rows
