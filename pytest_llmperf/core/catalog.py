@@ -308,6 +308,11 @@ SUMMARY: dict[str, SummaryField] = {
         SummaryField("itl_p50_ms", "itl_ms", "ITL p50", "p50"),
         SummaryField("itl_p95_ms", "itl_ms", "ITL p95", "p95", _itl(95), headline=True),
         SummaryField("itl_p99_ms", "itl_ms", "ITL p99", "p99", _itl(99)),
+        # The memory column set (``--llmperf-columns memory``) and the fresh loads' median.
+        SummaryField("rss_mib", "rss_mib", "RSS", "rss"),
+        SummaryField("kv_mib", "kv_mib", "KV", "kv"),
+        SummaryField("compute_mib", "compute_mib", "compute", "compute"),
+        SummaryField("load_ms", "load_ms", "load", "load"),
     )
 }
 

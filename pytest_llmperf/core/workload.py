@@ -237,8 +237,8 @@ class EngineInfo:
     repack_note: str | None = None  # why repack is not llama.cpp's default (the AMX workaround)
     load_ms: float | None = None  # wall time of loading the model and its first context
     native_load_ms: float | None = None
-    #: ``time.perf_counter_ns`` when loading began: a fresh engine's time to first token.
-    load_started_ns: int | None = None
+    #: The throw-away first evaluation after load (the first decode is the slow one), ms.
+    first_eval_ms: float | None = None
     # Memory, MiB: the buffers of the context the runs use and the model's, as llama.cpp reports
     # them (its log); the model file's mapping in the engine's process (/proc/self/smaps).
     kv_mib: float | None = None

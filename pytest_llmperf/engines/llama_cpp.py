@@ -174,7 +174,9 @@ class LlamaCppEngine:
         self._sampler = self.make_sampler()
         # One throw-away evaluation: the first decode after load is several times slower, and
         # it makes llama.cpp record its own load time.
+        evaluated = time.perf_counter_ns()
         self._evaluate_once()
+        first_eval_ms = (time.perf_counter_ns() - evaluated) / 1e6
         native_load_ms = llama_cpp.llama_perf_context(self._ctx).t_load_ms
 
         lookup = embedding_lookup(path) or (None, None)
@@ -207,7 +209,7 @@ class LlamaCppEngine:
             repack_note=repack_note,
             load_ms=load_ms,
             native_load_ms=float(native_load_ms),
-            load_started_ns=started,
+            first_eval_ms=first_eval_ms,
             backend_version=llama_cpp_version(),
             **self._memory(path),
         )

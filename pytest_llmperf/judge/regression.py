@@ -133,7 +133,7 @@ def compare_memory(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) ->
         ):
             continue
         metric = METRICS[name]
-        b, c = metric.from_record(baseline), metric.from_record(candidate)
+        b, c = ((r.get("memory") or {}).get(name) for r in (baseline, candidate))
         if not isinstance(b, (int, float)) or not isinstance(c, (int, float)):
             continue
         if c - b > slack and c > b * (1 + rel):

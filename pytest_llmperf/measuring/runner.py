@@ -168,13 +168,15 @@ MODEL_LOADS = 5
 #: A load counts as cold when at most this share of the model file was in the page cache just
 #: before it; otherwise it is warm, whatever was asked.
 COLD_RESIDENT_MAX = 0.05
+EVICTION_FAILED = "eviction did not take: another process maps the model file, or the file system keeps it"
 
 
 @dataclass(frozen=True)
 class LoadSample:
-    """One fresh engine: its load (``EngineInfo.load_ms``, llama.cpp's ``t_load_ms``), the time
-    from the start of loading to the first token of its first request, and the share of the
-    model file resident in the page cache just before loading (None: unknown)."""
+    """One fresh engine: its load (``EngineInfo.load_ms``, llama.cpp's ``t_load_ms``), its time
+    to first token (load + the first, slow evaluation + its first request's TTFT: llama.cpp's
+    start-up, not the engine's own bookkeeping nor a worker process's start), and the share of
+    the model file resident in the page cache just before loading (None: unknown)."""
 
     load_ms: float
     native_load_ms: float | None
@@ -210,14 +212,18 @@ class ModelLoads:
         values = [s.fresh_ttft_ms for s in self.samples if s.fresh_ttft_ms is not None]
         return float(np.median(values)) if values else None
 
+    @property
+    def evidence(self) -> str:
+        """ "at most 0% of the file resident before each load" (mincore)."""
+        shares = [s.resident_share for s in self.samples if s.resident_share is not None]
+        return f"at most {max(shares):.0%} of the file resident before each load" if shares else "residency unknown"
+
     def describe(self) -> str:
         """The page-cache state with its evidence: "cold (at most 0% of the file resident before
         each load)"; a cold load asked for that did not get one says so."""
-        shares = [s.resident_share for s in self.samples if s.resident_share is not None]
-        most = f"{max(shares):.0%}" if shares else "unknown"
-        text = f"{self.page_cache} (at most {most} of the file resident before each load)"
+        text = f"{self.page_cache} ({self.evidence})"
         if self.asked == "cold" and self.page_cache != "cold":
-            text += "; eviction did not take: another process maps the model file, or the file system keeps it"
+            text += f"; {EVICTION_FAILED}"
         return text
 
     def as_dict(self) -> dict[str, Any]:
@@ -226,6 +232,8 @@ class ModelLoads:
         return {
             "asked": self.asked,
             "page_cache": self.page_cache,
+            "evidence": self.evidence,
+            "note": EVICTION_FAILED if self.asked == "cold" and self.page_cache != "cold" else "",
             "load_ms": sig6(self.load_ms),
             "fresh_ttft_ms": sig6(self.fresh_ttft_ms),
             "samples": [
@@ -310,10 +318,9 @@ def with_model_loads(
             info = loaded.info()
         finally:
             loaded.close()
-        first = None
-        if info.load_started_ns is not None:
-            first = (trace.token_ns[0] - info.load_started_ns + trace.tokenize_ns) / 1e6
-        samples.append(LoadSample(float(info.load_ms or 0.0), info.native_load_ms, first, share))
+        load_ms = float(info.load_ms or 0.0)
+        first = None if info.first_eval_ms is None else load_ms + info.first_eval_ms + RunMetrics.of(trace).ttft_ms
+        samples.append(LoadSample(load_ms, info.native_load_ms, first, share))
     return dataclasses.replace(m, model_loads=ModelLoads(kind, tuple(samples)))
 
 

@@ -117,7 +117,11 @@ def metrics_table(m: Measurement) -> str:
         row("e2e_ms"),
         row("itl_p50_ms"),
         row("itl_p95_ms"),
-        *(row(first) for first in list(by_first)[len(FIGURE_ROWS) :]),
+        *(
+            row(first)
+            for first in list(by_first)[len(FIGURE_ROWS) :]
+            if m.model_loads is not None or METRICS[FIGURES[first].metric or ""].phase != "startup"
+        ),
         ("ITL mean +- stdev", "ms", f"{fmt(itl.mean_ms)} +- {fmt(itl.stdev_ms)}", f"{itl.count} tokens"),
         ("ITL CV", "", f"{itl.cv:.1%}", f"{itl.count} tokens"),
         ("ITL min / max", "ms", f"{fmt(itl.min_ms)} / {fmt(itl.max_ms)}", f"{itl.count} tokens"),
@@ -134,7 +138,7 @@ def metrics_table(m: Measurement) -> str:
 
     found = diagnosis(m)
     if m.model_loads is not None:
-        rows.append(("fresh model loads", "", m.model_loads.describe(), f"{len(m.model_loads.samples)} loads"))
+        rows += load_state_rows(m.model_loads.as_dict())
     rows += stability_rows(found["stability"]) + memory_rows(found["memory"], figures=False)
     text = head + render_table(("metric", "unit", "value", "sample"), rows)
     if "layers" in found:
@@ -489,6 +493,22 @@ def stability_rows(stab: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
         rows.append(
             ("ITL slope vs context", "us/token", f"{stab['context_slope_us_per_token']:+.3g}", f"positions {lo}-{hi}")
         )
+    return rows
+
+
+def load_state_rows(loads: Mapping[str, Any], figures: bool = False) -> list[tuple[str, str, str, str]]:
+    """A record's fresh model loads (``model_loads``): what they were and how that was checked;
+    ``figures``: with the load and fresh-engine TTFT medians."""
+    n = len(loads.get("samples") or [])
+    rows = []
+    if figures:
+        rows += [
+            ("model load median", "ms", _opt(loads.get("load_ms")), f"{n} loads, {loads.get('page_cache')}"),
+            ("fresh-engine TTFT median", "ms", _opt(loads.get("fresh_ttft_ms")), f"{n} loads"),
+        ]
+    rows.append(("fresh model loads", "", str(loads.get("page_cache")), f"{n} loads; {loads.get('evidence', '')}"))
+    if loads.get("note"):
+        rows.append(("", "", "cold asked", str(loads["note"])))
     return rows
 
 
