@@ -180,3 +180,39 @@ def test_memory_and_load_budgets_fail_with_one_line(pytester: pytest.Pytester) -
     }
     assert float(props["llmperf.kv_mib"]) > 0 and float(props["llmperf.load_ms"]) > 0
     assert props["llmperf.load_page_cache"] == "warm" and props["llmperf.load_samples"] == "2"
+
+
+def test_a_memory_figure_grown_since_the_baseline_fails_the_test(pytester: pytest.Pytester) -> None:
+    """Baselines recorded, then the stored KV buffer halved: the candidate's (unchanged) buffer
+    has grown by 100% since the baseline, a regression line of its own; the session file with
+    the memory figures is valid against the published schema."""
+    import json
+
+    from pytest_llmperf.core.documents import validate
+
+    pytester.makepyfile(
+        test_suite=f"""
+        import pytest
+
+        @pytest.mark.llmperf({FAST})
+        def test_decode():
+            pass
+        """
+    )
+    run(pytester, "--llmperf-update-baselines").assert_outcomes(passed=1)
+    path = pytester.path / "baselines" / "test_suite.json"
+    data = json.loads(path.read_text())
+    (entry,) = data["tests"]["test_decode"].values()
+    kv = entry["memory"]["kv_mib"]
+    entry["memory"]["kv_mib"] = kv / 2
+    path.write_text(json.dumps(data))
+    result = run(pytester, "--llmperf-json", "session.json")
+    result.assert_outcomes(failed=1)
+    result.stdout.re_match_lines(
+        [rf"^.*KV buffer {kv / 2:g} -> {kv:g} MiB \(\+100%; llama\.cpp log\) since the baseline"]
+    )
+    doc = json.loads((pytester.path / "session.json").read_text())
+    validate(doc, "session")
+    (r,) = doc["results"]
+    assert "memory" in r["verdict"]["short"] and r["figures"]["kv_mib"] == kv
+    assert r["record"]["memory"]["buffer_source"] == "llama.cpp log"
