@@ -46,6 +46,25 @@ def _llama_cpp_reports(path: str, n_ctx: int, n_batch: int, n_ubatch: int, flash
     return sizes
 
 
+def test_buffer_sizes_are_summed_per_kind_from_llama_cpps_log_pieces() -> None:
+    """The log arrives in pieces (llama.cpp continues a line with GGML_LOG_LEVEL_CONT); a kind
+    held by two backends (CPU_Mapped and AMX weights, here the small preset's) is summed, and
+    the debug line that says a compute buffer "is" some size is not a report."""
+    from pytest_llmperf.engines.llama_cpp_native import buffer_sizes
+
+    log = [
+        "load_tensors:          AMX model buffer size =   208.88 MiB\n",
+        "load_tensors:   CPU_Mapped model buffer size = ",
+        "  208.95 MiB\n",
+        "llama_context:        CPU  output buffer size =     0.12 MiB\n",
+        "llama_kv_cache:        CPU KV buffer size =     9.00 MiB\n",
+        "sched_reserve:        CPU compute buffer size =    32.75 MiB\n",
+        "~llama_context:        CPU compute buffer size is  32.7510 MiB, matches expectation of  32.7510 MiB\n",
+    ]
+    assert buffer_sizes(log) == pytest.approx({"model": 417.83, "output": 0.12, "kv": 9.0, "compute": 32.75})
+    assert buffer_sizes(["llama_context: n_ctx = 256\n"]) == {}
+
+
 def test_kv_and_compute_figures_equal_llama_cpps_reports(tiny_model_path) -> None:
     """At load and after the context is refitted to a longer workload (auto n_ctx: 256 -> 512
     tokens), the engine's figures are those llama.cpp prints for a context of that size."""

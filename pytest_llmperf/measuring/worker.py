@@ -21,8 +21,8 @@ stdout and stderr are its log file, so nothing llama.cpp prints can corrupt a me
 
     controller -> worker                                worker -> controller
     {"op": "load", "config": EngineConfig fields}       {"ok": true, "info": EngineInfo fields}
-    {"op": "run", "workload": Workload fields,          {"ok": true, "trace": RunTrace fields}
-     "run_index": i}
+    {"op": "run", "workload": Workload fields,          {"ok": true, "trace": RunTrace fields,
+     "run_index": i}                                     "info": EngineInfo fields (the context in use)}
     {"op": "layers", "workload": Workload fields}       {"ok": true, "layers": LayerProfile fields}
     {"op": "rss", "reset": bool}                        {"ok": true, "reset": bool, "peak": [bytes, scope]}
     {"op": "close"}                                     (exits)
@@ -291,7 +291,8 @@ class WorkerEngine:
 
     def run(self, workload: Workload, run_index: int) -> RunTrace:
         reply = self._call({"op": "run", "workload": dataclasses.asdict(workload), "run_index": run_index}, "running")
-        self._info = EngineInfo(**reply["info"])  # a context fitted to the workload: its n_ctx and buffers
+        if "info" in reply:  # a context fitted to the workload: its n_ctx and buffers
+            self._info = EngineInfo(**reply["info"])
         return trace_of(reply["trace"])
 
     def fresh(self) -> WorkerEngine:
