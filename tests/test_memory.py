@@ -225,8 +225,14 @@ def test_a_memory_figure_grown_since_the_baseline_fails_the_test(pytester: pytes
     kv = entry["memory"]["kv_mib"]
     entry["memory"]["kv_mib"] = kv / 2
     path.write_text(json.dumps(data))
-    result = run(pytester, "--llmperf-json", "session.json")
+    result = run(
+        pytester, "--llmperf-json", "session.json", "--llmperf-html", "report.html", "--llmperf-markdown", "summary.md"
+    )
     result.assert_outcomes(failed=1)
+    html = (pytester.path / "report.html").read_text()
+    assert "<th>memory and start-up</th>" in html and "<td>KV buffer</td>" in html and "llama.cpp log" in html
+    md = (pytester.path / "summary.md").read_text()
+    assert "### Memory and start-up" in md and "| peak RSS MiB | KV buffer MiB |" in md
     result.stdout.re_match_lines(
         [rf"^.*KV buffer {kv / 2:g} -> {kv:g} MiB \(\+100%; llama\.cpp log\) since the baseline"]
     )
