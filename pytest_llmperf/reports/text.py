@@ -131,9 +131,9 @@ def metrics_table(m: Measurement) -> str:
     if m.engine.endpoint:  # served: what the server's prompt cache was allowed to do
         rows.append(("prompt cache", "", m.workload.prompt_cache, ""))
     if m.engine.load_ms is not None:
-        rows.append(("model load (wall)", "ms", fmt(m.engine.load_ms), "1 load"))
+        rows.append(("model load (wall)", "ms", fmt(m.engine.load_ms), "this engine's 1 load"))
     if m.engine.native_load_ms is not None:
-        rows.append(("model load (llama.cpp)", "ms", fmt(m.engine.native_load_ms), "1 load"))
+        rows.append(("model load (llama.cpp)", "ms", fmt(m.engine.native_load_ms), "this engine's 1 load"))
     from ..baselines.records import diagnosis
 
     found = diagnosis(m)
