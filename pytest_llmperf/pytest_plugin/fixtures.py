@@ -237,8 +237,13 @@ class LLMPerf:
 
             with _one_line():
                 measurement = with_model_loads(subject, measurement, kind, self._release)
-                if engine is None:
-                    subject = self._subject(None, config)  # the pool's engine again: a cold load closed it
+                again = subject if engine is not None else self._subject(None, config)
+                if again is not subject:  # the pool's engine again (a cold load closed it): warm it as measure() did
+                    from ..measuring.runner import as_engine
+
+                    for i in range(workload.warmup):
+                        as_engine(again).run(workload, -1 - i)
+                subject = again
         measurement, assessment = self._sequential(subject, measurement, config)
         return self._keep(measurement, config, assessment)
 
