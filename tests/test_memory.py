@@ -241,3 +241,31 @@ def test_a_memory_figure_grown_since_the_baseline_fails_the_test(pytester: pytes
     (r,) = doc["results"]
     assert "memory" in r["verdict"]["short"] and r["figures"]["kv_mib"] == kv
     assert r["record"]["memory"]["buffer_source"] == "llama.cpp log"
+
+
+def test_cold_loads_in_a_session_close_its_engines_and_say_what_they_got(pytester: pytest.Pytester) -> None:
+    """Through the plugin: the pool's engine of the model is closed before the cold loads (it
+    maps the file) and loaded again for the next test; the label is what mincore saw."""
+    import json
+
+    pytester.makepyfile(
+        f"""
+        import pytest
+
+        @pytest.mark.llmperf(model_load="cold", {FAST})
+        def test_cold():
+            pass
+
+        @pytest.mark.llmperf({FAST})
+        def test_after():
+            pass
+        """
+    )
+    result = run(pytester, "--llmperf-json", "session.json")
+    result.assert_outcomes(passed=2)
+    cold, after = json.loads((pytester.path / "session.json").read_text())["results"]
+    loads = cold["record"]["model_loads"]
+    shares = [s["resident_share"] for s in loads["samples"]]
+    assert loads["asked"] == "cold" and len(shares) == 2 and all(s is not None for s in shares)
+    assert (cold["figures"]["load_page_cache"] == "cold") == all(s <= COLD_RESIDENT_MAX for s in shares)
+    assert after["figures"]["load_ms"] is None and after["figures"]["kv_mib"] == cold["figures"]["kv_mib"]
