@@ -29,12 +29,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def measured(tiny_engine):
-    """A plain measurement with a roofline (given peaks: no probe) and a load measurement
+    """A plain measurement with a roofline (given peaks: no probe) and fresh model loads, and a load measurement
     with SLOs (goodput): between them every catalog metric has a value."""
     plain = measure(
         tiny_engine,
         Workload(prompt_tokens=8, max_tokens=6, runs=3, warmup=0),
         peaks=(Peak(45.0, "given"), Peak(0.157, "given")),
+        model_load="warm",  # fresh loads: the start-up figures
     )
     load = measure(
         tiny_engine,
@@ -210,7 +211,8 @@ def test_every_figure_has_its_docs_row_and_every_row_a_figure() -> None:
         f = catalog.FIGURES[name]
         if f.metric is not None:
             assert unit == f.unit, f"{where}: {name!r} is in {f.unit!r} (catalog), the table says {unit!r}"
-            want = "tokens" if f.pooled_tokens else "runs"
+            phase = catalog.METRICS[f.metric].phase
+            want = "tokens" if f.pooled_tokens else {"memory": "engine", "startup": "loads"}.get(phase, "runs")
             assert sample == want, f"{where}: {name!r}'s sample is {want!r} (catalog), the table says {sample!r}"
     missing = [n for n in catalog.FIGURES if n not in seen]
     assert not missing, f"catalog figures without a row in docs/report.md's figure table: {missing}"

@@ -83,10 +83,9 @@ def diagnosis(m: Measurement) -> dict[str, Any]:
         out["layers"] = m.layers.as_dict()
     if m.roofline is not None:
         out["roofline"] = m.roofline.as_dict()
-    memory: dict[str, Any] = {"kv_cache_bytes": kv_cache_bytes(m.engine)}
-    if m.peak_rss is not None:
-        memory.update(peak_rss_bytes=m.peak_rss.bytes, peak_rss_scope=m.peak_rss.scope)
-    out["memory"] = memory
+    out["memory"] = memory_record(m, kv_cache_bytes(m.engine))
+    if m.model_loads is not None:
+        out["model_loads"] = m.model_loads.as_dict()
     if m.load is not None:
         out["load"] = load_record(m.load)
     if m.system is not None:
@@ -96,6 +95,26 @@ def diagnosis(m: Measurement) -> dict[str, Any]:
             "involuntary_switches_per_run": round(m.system.involuntary_switches / runs, 2),
         }
     return out
+
+
+#: A record's memory figures read from the engine (``EngineInfo``): llama.cpp's reported
+#: buffers and the model file's mapping (smaps), MiB.
+ENGINE_MEMORY = ("kv_mib", "compute_mib", "output_mib", "model_buffer_mib", "mapped_mib", "mapped_resident_mib")
+
+
+def memory_record(m: Measurement, computed_kv_bytes: int | None) -> dict[str, Any]:
+    """Memory, each figure from its most direct source: peak RSS of the engine's process over
+    the runs, llama.cpp's reported buffers (``buffer_source``), the model file's mapping; the KV
+    cache computed from the model's shape (``kv_cache_bytes``) only beside them, labelled so."""
+    memory: dict[str, Any] = {"kv_cache_bytes": computed_kv_bytes}
+    if m.peak_rss is not None:
+        memory.update(
+            peak_rss_bytes=m.peak_rss.bytes, peak_rss_scope=m.peak_rss.scope, rss_mib=sig6(m.peak_rss.bytes / 2**20)
+        )
+    reported = {k: sig6(getattr(m.engine, k)) for k in ENGINE_MEMORY if getattr(m.engine, k) is not None}
+    if reported:
+        memory.update(reported, buffer_source="llama.cpp log")
+    return memory
 
 
 def load_record(s: Any) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 #: Phases a metric belongs to.
-PHASES = ("prefill", "decode", "request", "load", "roofline")
+PHASES = ("prefill", "decode", "request", "load", "roofline", "memory", "startup")
 
 
 @dataclass(frozen=True)
@@ -187,6 +187,35 @@ def _goodput(m: Any) -> float | None:
     return m.load.goodput if m.load is not None else None
 
 
+def _rss_mib(m: Any) -> float | None:
+    return m.peak_rss.bytes / 2**20 if m.peak_rss is not None else None
+
+
+def _engine(field: str) -> Callable[[Any], float | None]:
+    """A memory figure of the engine (``EngineInfo``: llama.cpp's reports, the file mapping)."""
+    return lambda m: getattr(m.engine, field)
+
+
+def _loads(field: str) -> Callable[[Any], Any]:
+    """A figure of the test's fresh model loads (``runner.ModelLoads``), None when none ran."""
+    return lambda m: getattr(m.model_loads, field) if m.model_loads is not None else None
+
+
+def direct_sample(metric: str, m: Any) -> str | None:
+    """What a memory or start-up figure comes from (budget lines, the metrics table); None for a
+    statistic over runs or tokens."""
+    phase = METRICS[metric].phase
+    if phase == "memory":
+        if metric == "rss_mib":
+            whole = m.peak_rss is not None and m.peak_rss.scope != "measurement"
+            return f"peak over {m.n_runs} runs" + (", process lifetime" if whole else "")
+        return "/proc/self/smaps" if metric == "mapped_mib" else "llama.cpp log"
+    if phase == "startup":
+        loads = m.model_loads
+        return f"{len(loads.samples)} loads, {loads.page_cache}" if loads is not None else "no fresh loads"
+    return None
+
+
 def _itl(q: int) -> Callable[[Any], float | None]:
     """A pooled decode ITL percentile of a Measurement."""
     return lambda m: getattr(m.itl, f"p{q}_ms")
@@ -239,6 +268,30 @@ METRICS: dict[str, Metric] = {
             _mbu,
             record_path=("roofline", "decode", "mbu"),
         ),
+        # Memory (docs/measurement.md): each from its most direct source, near-deterministic.
+        Metric("rss_mib", "peak RSS", "MiB", "memory", False, _rss_mib, record_path=("memory", "rss_mib")),
+        *(
+            Metric(name, label, "MiB", "memory", False, _engine(name), record_path=("memory", name))
+            for name, label in (
+                ("kv_mib", "KV buffer"),
+                ("compute_mib", "compute buffer"),
+                ("model_buffer_mib", "model buffer"),
+                ("mapped_mib", "model mapping"),
+            )
+        ),
+        # Start-up: fresh loads of the model after the runs, when a test asks (``model_load``).
+        Metric(
+            "load_ms", "model load", "ms", "startup", False, _loads("load_ms"), record_path=("model_loads", "load_ms")
+        ),
+        Metric(
+            "fresh_ttft_ms",
+            "fresh TTFT",
+            "ms",
+            "startup",
+            False,
+            _loads("fresh_ttft_ms"),
+            record_path=("model_loads", "fresh_ttft_ms"),
+        ),
     )
 }
 
@@ -255,6 +308,11 @@ SUMMARY: dict[str, SummaryField] = {
         SummaryField("itl_p50_ms", "itl_ms", "ITL p50", "p50"),
         SummaryField("itl_p95_ms", "itl_ms", "ITL p95", "p95", _itl(95), headline=True),
         SummaryField("itl_p99_ms", "itl_ms", "ITL p99", "p99", _itl(99)),
+        # The memory column set (``--llmperf-columns memory``) and the fresh loads' median.
+        SummaryField("rss_mib", "rss_mib", "RSS", "rss"),
+        SummaryField("kv_mib", "kv_mib", "KV", "kv"),
+        SummaryField("compute_mib", "compute_mib", "compute", "compute"),
+        SummaryField("load_ms", "load_ms", "load", "load"),
     )
 }
 
@@ -358,6 +416,45 @@ def _itl_figure(q: int) -> Figure:
 
 _NULLABLE_INT, _NULLABLE = ("integer", "null"), ("number", "null")
 
+
+def _memory_figure(
+    name: str, label: str, statistic: str, bound: str = "", key: str = "", path: tuple[str, ...] = ("memory",)
+) -> Figure:
+    """A memory or start-up figure: its metric's value, stored under ``path`` in a record."""
+    return Figure(
+        name,
+        METRICS[name].read,
+        name,
+        label,
+        statistic,
+        json=_NULLABLE,
+        bound=bound,
+        from_record=_at(*path, name),
+        key=key,
+    )
+
+
+#: (name, label, statistic, budget help, budget key) of the memory figures.
+_MEMORY_FIGURES = (
+    (
+        "rss_mib",
+        "peak RSS",
+        "peak",
+        "max peak resident memory of the engine's process over the runs (MiB)",
+        "max_rss_mib",
+    ),
+    ("kv_mib", "KV buffer", "llama.cpp", "max KV cache buffer as llama.cpp reports it (MiB)", "max_kv_mib"),
+    (
+        "compute_mib",
+        "compute buffer",
+        "llama.cpp",
+        "max compute buffer as llama.cpp reports it (MiB)",
+        "max_compute_mib",
+    ),
+    ("model_buffer_mib", "model buffer", "llama.cpp", "", ""),
+    ("mapped_mib", "model file mapping", "smaps", "", ""),
+)
+
 #: The headline figures, in the order of the JUnit properties.
 FIGURES: dict[str, Figure] = {
     f.name: f
@@ -405,6 +502,18 @@ FIGURES: dict[str, Figure] = {
         Figure("native_prefill_ms", lambda m: m.native_prefill_ms, json=_NULLABLE),
         Figure("native_decode_ms_per_token", lambda m: m.native_decode_ms_per_token, json=_NULLABLE),
         Figure("overhead_ms_per_token", lambda m: m.overhead_ms_per_token, json=_NULLABLE),
+        *(_memory_figure(*spec) for spec in _MEMORY_FIGURES),
+        _memory_figure(
+            "load_ms",
+            "model load median",
+            "median",
+            "max median model load time over fresh loads (ms; model_load: warm or cold)",
+            "max_load_ms",
+            path=("model_loads",),
+        ),
+        Figure("load_page_cache", _loads("page_cache"), json=("string", "null")),
+        Figure("load_samples", lambda m: len(m.model_loads.samples) if m.model_loads else None, json=_NULLABLE_INT),
+        _memory_figure("fresh_ttft_ms", "fresh-engine TTFT median", "median", path=("model_loads",)),
     )
 }
 

@@ -54,6 +54,8 @@ SUMMARY_COLUMN_NAMES = tuple(name for name, _, _ in SUMMARY_COLUMNS[1:])
 COMPARISON_COLUMN_NAMES = ("baseline", "now", "change", "ci", "p", "verdict", "detects")
 DEFAULT_SUMMARY_COLUMNS: tuple[str, ...] = (*(f.column for f in HEADLINE if f.column is not None), "budget")
 DEFAULT_COMPARISON_COLUMNS = ("change", "ci", "verdict")
+#: Names of several columns at once: ``--llmperf-columns ttft,memory,budget``.
+COLUMN_SETS = {"memory": ("rss", "kv", "compute", "load")}
 
 
 @dataclass(frozen=True)
@@ -233,11 +235,13 @@ def alpha(text: Any) -> float:
 
 
 def columns(text: Any) -> tuple[str, ...]:
-    names = tuple(c.strip().lower() for c in str(text).split(",") if c.strip())
+    given = [c.strip().lower() for c in str(text).split(",") if c.strip()]
+    names = tuple(n for c in given for n in COLUMN_SETS.get(c, (c,)))
     allowed = SUMMARY_COLUMN_NAMES + COMPARISON_COLUMN_NAMES
     unknown = [c for c in names if c not in allowed]
     if unknown or not names:
-        raise ValueError(f"unknown column(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(allowed)}")
+        choices = ", ".join((*allowed, *COLUMN_SETS))
+        raise ValueError(f"unknown column(s) {', '.join(unknown) or '(none given)'}; choose from {choices}")
     return names
 
 
@@ -452,7 +456,7 @@ SETTINGS: dict[str, Setting] = {
             "columns",
             "columns of the terminal tables, comma-separated, from: "
             + ", ".join(SUMMARY_COLUMN_NAMES + COMPARISON_COLUMN_NAMES)
-            + "; JSON/HTML/Markdown keep all",
+            + ", or memory (rss,kv,compute,load); JSON/HTML/Markdown keep all",
             DEFAULT_SUMMARY_COLUMNS + DEFAULT_COMPARISON_COLUMNS,
             columns,
             metavar="COLS",

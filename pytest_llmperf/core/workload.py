@@ -133,6 +133,10 @@ class Workload:
 
 DEFAULT_PROMPT_TOKENS = 64
 
+#: What fresh model loads a test may ask for (the ``model_load`` marker key): the model file in
+#: the page cache, or evicted from it before each load.
+MODEL_LOAD_KINDS = ("warm", "cold")
+
 #: The session header's word on prompt caching for served models (each test's own choice is
 #: ``Workload.prompt_cache``, in its metrics table).
 PROMPT_CACHE_NOTE = (
@@ -237,8 +241,18 @@ class EngineInfo:
     sample: bool | None = None  # greedy sampling inside the timed decode loop
     repack: bool | None = None  # llama.cpp use_extra_bufts (weight repacking, AMX kernels)
     repack_note: str | None = None  # why repack is not llama.cpp's default (the AMX workaround)
-    load_ms: float | None = None
+    load_ms: float | None = None  # wall time of loading the model and its first context
     native_load_ms: float | None = None
+    #: The throw-away first evaluation after load (the first decode is the slow one), ms.
+    first_eval_ms: float | None = None
+    # Memory, MiB: the buffers of the context the runs use and the model's, as llama.cpp reports
+    # them (its log); the model file's mapping in the engine's process (/proc/self/smaps).
+    kv_mib: float | None = None
+    compute_mib: float | None = None
+    output_mib: float | None = None
+    model_buffer_mib: float | None = None
+    mapped_mib: float | None = None
+    mapped_resident_mib: float | None = None
     backend_version: str | None = None
     endpoint: str | None = None  # served models: the API base URL (never the API key)
     token_count: str | None = None  # served models: token counts from "usage" or "events"

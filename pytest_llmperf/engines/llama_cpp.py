@@ -23,6 +23,7 @@ import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,12 +33,15 @@ from ..core.workload import AUTO_CTX_STEP, EngineInfo, NativeCounters, RunTrace,
 from ..models.gguf import embedding_lookup, gguf_file_type
 from .llama_cpp_native import (
     EngineConfig,
+    buffer_sizes,
     check_gguf,
     default_threads,
     greedy_sampler,
     import_llama_cpp,
     kv_bytes_per_element,
     llama_cpp_version,
+    llama_log_capture,
+    mapped_file_mib,
     quantization,
     resolve_repack,
 )
@@ -95,11 +99,12 @@ class LlamaCppEngine:
         keywords, model_params = llama_arguments(values)
         started = time.perf_counter_ns()
         try:
-            with _model_params(llama_cpp, **model_params):
+            with _model_params(llama_cpp, **model_params), llama_log_capture(llama_cpp) as log:
                 self.llm = llama_cpp.Llama(model_path=str(path), **keywords, no_perf=False, verbose=verbose)
         except (ValueError, RuntimeError, OSError) as exc:
             raise EngineError(f"llama.cpp could not load {path}: {exc}") from None
         load_ms = (time.perf_counter_ns() - started) / 1e6
+        self._buffers = buffer_sizes(log)  # MiB by kind, of the model and its first context
 
         self._ctx = self.llm._ctx.ctx
         self.context_params = self.llm.context_params  # of the context in use
@@ -122,7 +127,9 @@ class LlamaCppEngine:
         self._sampler = self.make_sampler()
         # One throw-away evaluation: the first decode after load is several times slower, and
         # it makes llama.cpp record its own load time.
+        evaluated = time.perf_counter_ns()
         self._evaluate_once()
+        first_eval_ms = (time.perf_counter_ns() - evaluated) / 1e6
         native_load_ms = llama_cpp.llama_perf_context(self._ctx).t_load_ms
 
         lookup = embedding_lookup(path) or (None, None)
@@ -150,7 +157,9 @@ class LlamaCppEngine:
             repack_note=repack_note,
             load_ms=load_ms,
             native_load_ms=float(native_load_ms),
+            first_eval_ms=first_eval_ms,
             backend_version=llama_cpp_version(),
+            **self._memory(path),
         )
 
     @classmethod
@@ -158,6 +167,10 @@ class LlamaCppEngine:
         """The engine of an ``EngineConfig`` whose ``model`` is a file path (the one mapping of
         the settings' names onto this class's keywords: the pool and the engine worker use it)."""
         return cls(config.model, name=name, verbose=verbose, **config.settings())
+
+    def fresh(self) -> LlamaCppEngine:
+        """Another engine of the same settings, loaded now (a model-load sample)."""
+        return LlamaCppEngine.from_config(self.config, name=self._info.model)
 
     # -- setup -------------------------------------------------------------------------------
 
@@ -311,16 +324,32 @@ class LlamaCppEngine:
         params.n_ctx = want
         params.n_batch = min(self.config.n_batch, want)
         params.n_ubatch = min(self.config.ubatch, params.n_batch)
-        ctx = lib.llama_init_from_model(self._model, params)
+        with llama_log_capture(lib) as log:
+            ctx = lib.llama_init_from_model(self._model, params)
         if not ctx:
             raise EngineError(f"llama.cpp could not make a context of {want} tokens")
+        self._buffers = {**self._buffers, **buffer_sizes(log)}  # this context's KV, compute, output
         if self._own_ctx:
             lib.llama_free(self._ctx)
         self._ctx, self._own_ctx = ctx, True
         self.context_params = params
         self.n_ctx, self.n_batch = lib.llama_n_ctx(ctx), lib.llama_n_batch(ctx)
         self._evaluate_once()
-        self._info = dataclasses.replace(self._info, n_ctx=self.n_ctx, n_batch=self.n_batch)
+        self._info = dataclasses.replace(self._info, n_ctx=self.n_ctx, n_batch=self.n_batch, **self._memory())
+
+    def _memory(self, path: Path | None = None) -> dict[str, Any]:
+        """EngineInfo's memory fields: llama.cpp's reported buffers of the model and of the
+        context in use, and (``path``: after load) the model file's mapping."""
+        b = self._buffers
+        out = {"kv_mib": b.get("kv"), "compute_mib": b.get("compute"), "output_mib": b.get("output")}
+        if path is not None:
+            mapped = mapped_file_mib(path)
+            out.update(
+                model_buffer_mib=b.get("model"),
+                mapped_mib=mapped[0] if mapped else None,
+                mapped_resident_mib=mapped[1] if mapped else None,
+            )
+        return out
 
     def _n_ctx_train(self) -> int:
         return int(self._lib.llama_model_n_ctx_train(self._model))

@@ -17,11 +17,12 @@ keeps a typed field per entry (tests/test_engine_keys.py names a missing one).""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -296,3 +297,66 @@ class EngineConfig:
         """``threads=1 flash_attn=True``: what sets this engine apart (all fields without base)."""
         fields = self.differences(base) if base is not None else dataclasses.asdict(self)
         return " ".join(f"{k}={v}" for k, v in fields.items()) or "defaults"
+
+
+# -- memory: llama.cpp's own buffer-size reports, the model file's mapping -----------------------
+
+#: llama.cpp's log lines that report an allocated buffer (``llama_kv_cache: CPU KV buffer size =
+#: 8.00 MiB``, ``llama_context: CPU compute buffer size = ...``, ``load_tensors: CPU_Mapped model
+#: buffer size = ...``); there is no C API for them (``llama_get_memory_breakdown`` is C++ only).
+BUFFER_LINE = re.compile(r"^\w+:\s+(\S+)\s+(KV|compute|output|model) buffer size =\s*([\d.]+) MiB", re.MULTILINE)
+#: What the buffer sizes are read from, as reports name it.
+BUFFER_SOURCE = "llama.cpp log"
+
+
+@contextlib.contextmanager
+def llama_log_capture(llama_cpp: Any) -> Iterator[list[str]]:
+    """llama.cpp's log text while the block runs, passed on to llama-cpp-python's own handler
+    as before (so a verbose engine worker still logs it); that handler is back afterwards."""
+    import ctypes
+
+    from llama_cpp import _logger
+
+    previous = _logger.llama_log_callback
+    texts: list[str] = []
+
+    @llama_cpp.llama_log_callback
+    def capture(level: int, text: bytes, user_data: Any) -> None:
+        texts.append(text.decode("utf-8", "replace") if text else "")
+        previous(level, text, user_data)
+
+    llama_cpp.llama_log_set(capture, ctypes.c_void_p(0))
+    try:
+        yield texts
+    finally:
+        llama_cpp.llama_log_set(previous, ctypes.c_void_p(0))
+
+
+def buffer_sizes(log: Sequence[str]) -> dict[str, float]:
+    """MiB per buffer kind (``kv``, ``compute``, ``output``, ``model``), summed over backends
+    (CPU_Mapped and CPU_REPACK model buffers, two KV caches of a sliding-window model)."""
+    out: dict[str, float] = {}
+    for _, kind, mib in BUFFER_LINE.findall("".join(log)):
+        out[kind.lower()] = out.get(kind.lower(), 0.0) + float(mib)
+    return out
+
+
+def mapped_file_mib(path: str | os.PathLike[str]) -> tuple[float, float] | None:
+    """(Size, Rss) in MiB of this process's mappings of ``path`` (/proc/self/smaps); None when
+    the file is not mapped (``mmap=False``) or the kernel does not say."""
+    target = os.path.realpath(path)
+    size = rss = 0
+    inside = found = False
+    try:
+        with open("/proc/self/smaps") as fh:
+            for line in fh:
+                head = line.split(None, 5)
+                if head and not head[0].endswith(":"):  # a mapping's header line: range perms offset dev inode path
+                    inside = len(head) == 6 and head[5].strip() == target
+                    found = found or inside
+                elif inside and head[0] in ("Size:", "Rss:"):
+                    kib = int(head[1])
+                    size, rss = (size + kib, rss) if head[0] == "Size:" else (size, rss + kib)
+    except (OSError, ValueError, IndexError):
+        return None
+    return (size / 1024, rss / 1024) if found else None

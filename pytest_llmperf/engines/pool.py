@@ -84,6 +84,14 @@ class EnginePool:
                 self._free(config)
         self._used_by_current.clear()
 
+    def release(self, model_path: str) -> None:
+        """Free every live engine of the model file ``model_path`` (pinned ones too: ``get``
+        loads them again when asked)."""
+        for config, engine in list(self._alive.items()):
+            info = getattr(engine, "info", None)
+            if info is not None and info().model_path == model_path:
+                self._free(config)
+
     def alive(self) -> list[EngineConfig]:
         return list(self._alive)
 

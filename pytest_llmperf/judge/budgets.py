@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.catalog import BUDGETS, Budget
+from ..core.catalog import BUDGETS, Budget, direct_sample
 from ..core.errors import ConfigError
 from ..core.formats import fmt
 from ..measuring.metrics import Measurement
@@ -33,7 +33,7 @@ def sample(budget: Budget, m: Measurement) -> str:
     """The sample behind a budget's statistic: pooled tokens (ITL) or runs."""
     if budget.pooled_tokens:
         return f"{m.itl.count} tokens, {m.n_runs} runs"
-    return f"{m.n_runs} runs"
+    return direct_sample(budget.metric, m) or f"{m.n_runs} runs"
 
 
 @dataclass(frozen=True)

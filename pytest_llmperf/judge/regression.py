@@ -75,6 +75,8 @@ class BaselineVerdict:
     machine_ratio: float | None = None
     #: Why the machine, not the subject, explains a slowdown (``machine_blame``), else "".
     machine: str = ""
+    #: Memory figures grown beyond ``MEMORY_RULE`` since the baseline, one line each.
+    memory_changes: tuple[str, ...] = ()
 
     @property
     def slower_layers(self) -> tuple[LayerChange, ...]:
@@ -86,8 +88,8 @@ class BaselineVerdict:
 
     def failure_lines(self) -> list[str]:
         suffix = f"; {', '.join(self.changes)}" if self.changes else ""
-        lines = [c.line() + suffix for c in self.regressions]
-        if lines and self.slower_layers:
+        lines = [c.line() + suffix for c in self.regressions] + [m + suffix for m in self.memory_changes]
+        if self.regressions and self.slower_layers:
             lines.append("slower layers: " + "; ".join(c.line() for c in self.slower_layers))
         return lines
 
@@ -95,13 +97,51 @@ class BaselineVerdict:
         """One cell for the summary table."""
         if self.status != "compared":
             return self.status
-        if self.regressions:
-            return "REGRESSION " + "+".join(sorted({c.phase for c in self.regressions}))
+        if self.regressions or self.memory_changes:
+            phases = {c.phase for c in self.regressions} | ({"memory"} if self.memory_changes else set())
+            return "REGRESSION " + "+".join(sorted(phases))
         verdicts = {c.verdict for c in self.comparisons}
         for v in (Verdict.MACHINE_SLOWER, Verdict.INCONCLUSIVE, Verdict.IMPROVED):
             if v in verdicts:
                 return str(v.value)
         return Verdict.UNCHANGED.value
+
+
+#: Memory against the baseline: (relative, absolute MiB) growth a figure may show before it
+#: counts as grown (both must be exceeded). llama.cpp's buffers are the same bytes for the same
+#: model and settings in every session (no spread over 5 sessions each of tiny and small,
+#: docs/measurement.md), so any growth beyond the log's rounding (0.01 MiB) counts; the engine
+#: worker's peak RSS moved by 0.16 MiB (tiny) and 1.14 MiB (small), 0.2%, across those sessions,
+#: so it counts from +10% and +16 MiB up (other tests' allocations in an in-process engine move
+#: it more), and only when both peaks cover the runs alone.
+MEMORY_RULE: dict[str, tuple[float, float]] = {
+    "kv_mib": (0.0, 0.015),
+    "compute_mib": (0.0, 0.015),
+    "model_buffer_mib": (0.0, 0.015),
+    "rss_mib": (0.10, 16.0),
+}
+
+
+def compare_memory(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> tuple[str, ...]:
+    """A line for each memory figure of ``MEMORY_RULE`` that both records carry and that grew
+    beyond its rule: "KV buffer 2 -> 4 MiB (+100%; llama.cpp log) since the baseline"."""
+    from ..core.catalog import METRICS
+
+    lines = []
+    for name, (rel, slack) in MEMORY_RULE.items():
+        if name == "rss_mib" and not all(
+            (r.get("memory") or {}).get("peak_rss_scope") == "measurement" for r in (baseline, candidate)
+        ):
+            continue
+        metric = METRICS[name]
+        b, c = ((r.get("memory") or {}).get(name) for r in (baseline, candidate))
+        if not isinstance(b, (int, float)) or not isinstance(c, (int, float)):
+            continue
+        if c - b > slack and c > b * (1 + rel):
+            change = f"+{(c - b) / b:.0%}" if b > 0 else f"+{c - b:.3g} MiB"
+            source = "engine process, over the runs" if name == "rss_mib" else "llama.cpp log"
+            lines.append(f"{metric.label} {b:.6g} -> {c:.6g} MiB ({change}; {source}) since the baseline")
+    return tuple(lines)
 
 
 def session_levels(rec: Mapping[str, Any]) -> dict[str, Level]:
@@ -298,6 +338,7 @@ def judge(
         changes=changes,
         layer_changes=compare_layers(baseline, candidate, alpha=settings.alpha, threshold=settings.threshold),
         machine_ratio=machine,
+        memory_changes=compare_memory(baseline, candidate),
     )
 
 

@@ -35,7 +35,7 @@ from ..core.workload import EngineInfo, RunTrace, Workload
 if TYPE_CHECKING:
     from .layers import LayerProfile
     from .roofline import Roofline
-    from .runner import PeakRss
+    from .runner import ModelLoads, PeakRss
     from .served import LoadStats
 
 
@@ -180,6 +180,7 @@ class Measurement:
     peak_rss: PeakRss | None = None  # over the runs
     layers: LayerProfile | None = None  # when per-layer timing was asked for
     roofline: Roofline | None = None  # when peaks were known or asked for
+    model_loads: ModelLoads | None = None  # fresh loads, when asked for (``model_load``)
 
     @property
     def n_runs(self) -> int:

@@ -4,7 +4,13 @@ Peak resident memory of this process over a measurement.
 
 Linux keeps the peak (VmHWM) and lets a process reset it (write "5" to /proc/self/clear_refs),
 so the peak can be taken over the measurement alone; elsewhere, or when the reset is refused,
-the process-lifetime peak from getrusage is reported, and ``scope`` says which.
+the process-lifetime peak from getrusage is reported, and ``scope`` says which. An engine that
+runs llama.cpp in another process (the engine worker) reads its own process's peak.
+
+Model loads (``model_load``): fresh engines of the same settings loaded after the runs, each
+timed (``EngineInfo.load_ms``) and asked for one request (a fresh engine's time to first token);
+"cold" evicts the model file from the page cache before each load and checks with ``mincore``
+how much of it was still resident: a load counts as cold only when the eviction took.
 
 A production profiler for services: rolling-window token latencies and TTFTs, no pytest.
 
@@ -23,18 +29,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import resource
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..core.errors import ConfigError
-from ..core.workload import Workload
+from ..core.workload import MODEL_LOAD_KINDS, Workload
 from ..engines import CallableEngine, Engine
 from .metrics import Measurement, RunMetrics, SystemDelta, sample_system, summarize, summarize_runs
 
@@ -54,27 +61,32 @@ def measure(
     *,
     layers: bool = False,
     peaks: tuple[Any, Any] | None = None,
+    model_load: str | None = None,
 ) -> Measurement:
     """Run ``workload.warmup`` discarded runs, then ``workload.runs`` measured ones; a load
     workload (concurrency/requests/rate) goes to ``load.measure_load`` with ``slo``.
 
     System counters and peak RSS are read around the runs, never between a run's clock reads.
     ``layers``: afterwards, time each layer on an instrumented context (in-process llama.cpp
-    only); ``peaks`` (bandwidth, TFLOP/s ``roofline.Peak``): attach the roofline."""
+    only); ``peaks`` (bandwidth, TFLOP/s ``roofline.Peak``): attach the roofline; ``model_load``
+    ("warm" / "cold"): afterwards, time fresh loads of the engine's model (``with_model_loads``)."""
     workload = workload or Workload()
     engine = as_engine(engine)
     if workload.is_load:
         from .served import measure_load
 
         return measure_load(engine, workload, label=label, slo=slo)
-    was_reset = reset_peak_rss()
+    was_reset = getattr(engine, "reset_peak_rss", reset_peak_rss)()
     before = sample_system()
     warmup = [engine.run(workload, -1 - i) for i in range(workload.warmup)]
     traces = [engine.run(workload, i) for i in range(workload.runs)]
     system = SystemDelta(before, sample_system())
     m = summarize(traces, workload, engine.info(), label=label)
     m = dataclasses.replace(
-        m, warmup_runs=tuple(RunMetrics.of(t) for t in warmup), system=system, peak_rss=peak_rss(was_reset)
+        m,
+        warmup_runs=tuple(RunMetrics.of(t) for t in warmup),
+        system=system,
+        peak_rss=getattr(engine, "peak_rss", peak_rss)(was_reset),
     )
     if layers:
         from .layers import profile_layers
@@ -87,6 +99,8 @@ def measure(
         from .roofline import roofline
 
         m = dataclasses.replace(m, roofline=roofline(m, *peaks))
+    if model_load is not None:
+        m = with_model_loads(engine, m, model_load)
     return m
 
 
@@ -107,6 +121,7 @@ def extend(engine: Any, m: Measurement, extra_runs: int) -> Measurement:
         peak_rss=m.peak_rss,
         layers=m.layers,
         roofline=m.roofline,
+        model_loads=m.model_loads,
         # One span over all the runs (steal and load of the whole measurement).
         system=SystemDelta(m.system.before, system.after) if m.system is not None else system,
     )
@@ -144,6 +159,169 @@ def peak_rss(was_reset: bool) -> PeakRss:
         return PeakRss(hwm, "measurement" if was_reset else "process")
     maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return PeakRss(maxrss if sys.platform == "darwin" else maxrss * 1024, "process")
+
+
+# -- model loads: warm and cold, each load checked ----------------------------------------------
+
+#: Fresh loads a test asks for (``model_load``): as many as its runs, at most this many.
+MODEL_LOADS = 5
+#: A load counts as cold when at most this share of the model file was in the page cache just
+#: before it; otherwise it is warm, whatever was asked.
+COLD_RESIDENT_MAX = 0.05
+EVICTION_FAILED = "eviction did not take: another process maps the model file, or the file system keeps it"
+
+
+@dataclass(frozen=True)
+class LoadSample:
+    """One fresh engine: its load (``EngineInfo.load_ms``, llama.cpp's ``t_load_ms``), its time
+    to first token (load + the first, slow evaluation + its first request's TTFT: llama.cpp's
+    start-up, not the engine's own bookkeeping nor a worker process's start), and the share of
+    the model file resident in the page cache just before loading (None: unknown)."""
+
+    load_ms: float
+    native_load_ms: float | None
+    fresh_ttft_ms: float | None
+    resident_share: float | None
+
+    @property
+    def cold(self) -> bool:
+        return self.resident_share is not None and self.resident_share <= COLD_RESIDENT_MAX
+
+
+@dataclass(frozen=True)
+class ModelLoads:
+    asked: str  # "warm" or "cold"
+    samples: tuple[LoadSample, ...]
+
+    @property
+    def page_cache(self) -> str:
+        """What the loads were: "cold" only when every eviction took, "warm" when none did."""
+        cold = sum(s.cold for s in self.samples)
+        if cold == len(self.samples):
+            return "cold"
+        if cold == 0:
+            return "warm"
+        return f"mixed ({cold} of {len(self.samples)} cold)"
+
+    @property
+    def load_ms(self) -> float:
+        return float(np.median([s.load_ms for s in self.samples]))
+
+    @property
+    def fresh_ttft_ms(self) -> float | None:
+        values = [s.fresh_ttft_ms for s in self.samples if s.fresh_ttft_ms is not None]
+        return float(np.median(values)) if values else None
+
+    @property
+    def evidence(self) -> str:
+        """ "at most 0% of the file resident before each load" (mincore)."""
+        shares = [s.resident_share for s in self.samples if s.resident_share is not None]
+        return f"at most {max(shares):.0%} of the file resident before each load" if shares else "residency unknown"
+
+    def describe(self) -> str:
+        """The page-cache state with its evidence: "cold (at most 0% of the file resident before
+        each load)"; a cold load asked for that did not get one says so."""
+        text = f"{self.page_cache} ({self.evidence})"
+        if self.asked == "cold" and self.page_cache != "cold":
+            text += f"; {EVICTION_FAILED}"
+        return text
+
+    def as_dict(self) -> dict[str, Any]:
+        from ..core.formats import sig6
+
+        return {
+            "asked": self.asked,
+            "page_cache": self.page_cache,
+            "evidence": self.evidence,
+            "note": EVICTION_FAILED if self.asked == "cold" and self.page_cache != "cold" else "",
+            "load_ms": sig6(self.load_ms),
+            "fresh_ttft_ms": sig6(self.fresh_ttft_ms),
+            "samples": [
+                {k: sig6(v) if isinstance(v, float) else v for k, v in dataclasses.asdict(s).items()}
+                for s in self.samples
+            ],
+        }
+
+
+def evict(path: str) -> None:
+    """Ask the kernel to drop ``path`` from the page cache (no root needed; pages another
+    process maps stay)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def read_through(path: str) -> None:
+    """Read the whole file once, so a warm load finds it in the page cache."""
+    with open(path, "rb", buffering=0) as fh:
+        while fh.read(1 << 24):
+            pass
+
+
+def resident_share(path: str) -> float | None:
+    """Share of ``path``'s pages in the page cache (``mincore`` on a mapping that touches none)."""
+    import ctypes
+
+    size = os.path.getsize(path)
+    if size == 0:
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+    libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+    page = os.sysconf("SC_PAGE_SIZE")
+    pages = -(-size // page)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, 1, 1, fd, 0)  # PROT_READ, MAP_SHARED
+        if addr in (None, ctypes.c_void_p(-1).value):
+            return None
+        try:
+            vec = (ctypes.c_ubyte * pages)()
+            if libc.mincore(ctypes.c_void_p(addr), size, vec) != 0:
+                return None
+            return sum(b & 1 for b in vec) / pages
+        finally:
+            libc.munmap(ctypes.c_void_p(addr), size)
+    finally:
+        os.close(fd)
+
+
+def with_model_loads(
+    engine: Any, m: Measurement, kind: str, release: Callable[[str], None] | None = None
+) -> Measurement:
+    """``m`` with ``min(runs, MODEL_LOADS)`` fresh loads of its engine's model (``engine.fresh()``),
+    after every run. "cold": the file evicted before each load (``release(path)`` first closes
+    the engines that map it, as a mapped page cannot be evicted); each load's residency is
+    checked, so a load that found the file cached counts as warm."""
+    if kind not in MODEL_LOAD_KINDS:
+        raise ConfigError(f"model_load must be one of {', '.join(MODEL_LOAD_KINDS)}, got {kind!r}")
+    fresh = getattr(engine, "fresh", None)
+    path = m.engine.model_path
+    if fresh is None or path is None:
+        raise ConfigError("model_load (and max_load_ms) time llama.cpp loading: it needs the plugin's llama.cpp engine")
+    if kind == "cold" and release is not None:
+        release(path)
+    samples = []
+    for _ in range(min(m.workload.runs, MODEL_LOADS)):
+        if kind == "cold":
+            evict(path)
+        else:
+            read_through(path)
+        share = resident_share(path)
+        loaded = fresh()
+        try:
+            trace = loaded.run(m.workload, 0)
+            info = loaded.info()
+        finally:
+            loaded.close()
+        load_ms = float(info.load_ms or 0.0)
+        first = None if info.first_eval_ms is None else load_ms + info.first_eval_ms + RunMetrics.of(trace).ttft_ms
+        samples.append(LoadSample(load_ms, info.native_load_ms, first, share))
+    return dataclasses.replace(m, model_loads=ModelLoads(kind, tuple(samples)))
 
 
 class _Ring:

@@ -21,9 +21,10 @@ stdout and stderr are its log file, so nothing llama.cpp prints can corrupt a me
 
     controller -> worker                                worker -> controller
     {"op": "load", "config": EngineConfig fields}       {"ok": true, "info": EngineInfo fields}
-    {"op": "run", "workload": Workload fields,          {"ok": true, "trace": RunTrace fields}
-     "run_index": i}
+    {"op": "run", "workload": Workload fields,          {"ok": true, "trace": RunTrace fields,
+     "run_index": i}                                     "info": EngineInfo fields (the context in use)}
     {"op": "layers", "workload": Workload fields}       {"ok": true, "layers": LayerProfile fields}
+    {"op": "rss", "reset": bool}                        {"ok": true, "reset": bool, "peak": [bytes, scope]}
     {"op": "close"}                                     (exits)
                                                         {"ok": false, "error": "one line",
                                                          "kind": "EngineError" | "ConfigError"}
@@ -290,7 +291,23 @@ class WorkerEngine:
 
     def run(self, workload: Workload, run_index: int) -> RunTrace:
         reply = self._call({"op": "run", "workload": dataclasses.asdict(workload), "run_index": run_index}, "running")
+        if "info" in reply:  # a context fitted to the workload: its n_ctx and buffers
+            self._info = EngineInfo(**reply["info"])
         return trace_of(reply["trace"])
+
+    def fresh(self) -> WorkerEngine:
+        """Another worker of the same settings, loaded now (a model-load sample)."""
+        return WorkerEngine(self.config, name=self.info().model, timeout_s=self.timeout_s, label=self.label)
+
+    # Peak RSS of the worker's process, where llama.cpp's memory is (``runner.measure``).
+    def reset_peak_rss(self) -> bool:
+        return bool(self._call({"op": "rss", "reset": True}, "reading the memory of")["reset"])
+
+    def peak_rss(self, was_reset: bool) -> Any:
+        from .runner import PeakRss
+
+        peak = self._call({"op": "rss", "reset": False}, "reading the memory of")["peak"]
+        return PeakRss(int(peak[0]), peak[1] if was_reset else "process")
 
     def profile_layers(self, workload: Workload) -> Any:
         """``measuring.layers.profile_layers`` of this engine, run in the worker."""
@@ -427,7 +444,13 @@ def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
                 raise EngineError("the engine worker has no model loaded")
             elif op == "run":
                 trace = engine.run(Workload(**message["workload"]), int(message["run_index"]))
-                answer({"ok": True, "trace": dataclasses.asdict(trace)})
+                answer({"ok": True, "trace": dataclasses.asdict(trace), "info": dataclasses.asdict(engine.info())})
+            elif op == "rss":
+                from .runner import peak_rss, reset_peak_rss
+
+                reset = reset_peak_rss() if message["reset"] else False
+                peak = peak_rss(True)
+                answer({"ok": True, "reset": reset, "peak": [peak.bytes, peak.scope]})
             elif op == "layers":
                 from .layers import profile_layers
 

@@ -72,6 +72,7 @@ def llmperf(request: pytest.FixtureRequest) -> LLMPerf:
         smoke=session.settings.disable,
         side=session.side,
         nodeid=item.nodeid,
+        release=session.release_model,
     )
     item.stash[FIXTURE] = fixture
     return fixture
@@ -157,6 +158,7 @@ class LLMPerf:
         smoke: bool = False,
         side: Link | None = None,
         nodeid: str = "",
+        release: Callable[[str], None] = lambda path: None,
     ) -> None:
         self._marker = marker
         #: A side of ``--llmperf-against`` (``side.Link``): the controller drives the runs.
@@ -166,6 +168,8 @@ class LLMPerf:
         self._measure_options = measure_options
         self._engine_factory = engine_factory
         self._assess = assess
+        #: Closes the engines that map a model file (before cold loads: ``runner.with_model_loads``).
+        self._release = release
         self.results: list[Result] = []
         self.ab_results: list[ABResult] = []  # of each compare()
 
@@ -227,6 +231,19 @@ class LLMPerf:
             pytest.fail(
                 f"{prefix}{load.n_failed} of {load.n_requests} requests failed; {load.errors[0]}", pytrace=False
             )
+        kind = config.options.get("model_load", "warm" if "max_load_ms" in config.budgets else None)
+        if kind is not None:  # fresh loads, after the runs and before the baseline sees the record
+            from ..measuring.runner import with_model_loads
+
+            with _one_line():
+                measurement = with_model_loads(subject, measurement, kind, self._release)
+                again = subject if engine is not None else self._subject(None, config)
+                if again is not subject:  # the pool's engine again (a cold load closed it): warm it as measure() did
+                    from ..measuring.runner import as_engine
+
+                    for i in range(workload.warmup):
+                        as_engine(again).run(workload, -1 - i)
+                subject = again
         measurement, assessment = self._sequential(subject, measurement, config)
         return self._keep(measurement, config, assessment)
 

@@ -246,6 +246,12 @@ def test_section(
     budget_rows = _budget_rows(result)
     if budget_rows:
         parts.append(_table(("budget", "limit", "measured", "status"), budget_rows, raw=True))
+    from .text import load_state_rows, memory_rows
+
+    held = memory_rows(record.get("memory") or {})
+    held += load_state_rows(record["model_loads"], figures=True) if record.get("model_loads") else []
+    if held:
+        parts.append(_table(("memory and start-up", "unit", "value", "source"), held))
     plots = []
     for n, (fig_id, caption, fn) in enumerate(record_charts.charts_for(record)):
         svg = charts.render(fn, record, baseline, budgets)

@@ -318,6 +318,29 @@ def _cell(value: float | None) -> str:
     return "n/a" if value is None else fmt(value)
 
 
+#: The Markdown summary's memory and start-up table: the terminal's memory column set.
+MEMORY_FIGURES = ("rss_mib", "kv_mib", "compute_mib", "load_ms", "load_page_cache")
+
+
+def memory_lines(results: Iterable[MeasurementResult]) -> list[str]:
+    """A "Memory and start-up" table, when a result has one of those figures."""
+    from ..core.catalog import FIGURES
+
+    rows = [(r.test, r.figures.values()) for r in results if r.figures is not None]
+    rows = [(t, f) for t, f in rows if any(f.get(k) is not None for k in MEMORY_FIGURES)]
+    if not rows:
+        return []
+    headers = ["test", *(f"{FIGURES[k].label} {FIGURES[k].unit}".strip() or k for k in MEMORY_FIGURES)]
+    headers[-1] = "model loads"
+    out = ["", "### Memory and start-up", "", "| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
+    for test, f in rows:
+        cells = [_cell(f.get(k)) if k != "load_page_cache" else str(f.get(k) or "-") for k in MEMORY_FIGURES]
+        if f.get("load_samples"):
+            cells[-1] += f" ({f['load_samples']})"
+        out.append("| " + " | ".join([f"`{test}`", *cells]) + " |")
+    return out
+
+
 def markdown(
     results: Sequence[MeasurementResult],
     extra: Iterable[str] = (),
@@ -372,6 +395,7 @@ def markdown(
     reach = reach_lines(results)
     if reach:
         lines += ["", "### What this gate detects here (80% power)", ""] + [f"- {line}" for line in reach]
+    lines += memory_lines(results)
     rows = comparison_rows(results)
     if rows:
         headers = list(comparison_headers(results))

@@ -45,7 +45,8 @@ def _figure_row(m: Measurement, first: str, *more: str) -> tuple[str, str, str, 
     """A metrics-table row of catalog figures of one metric: ``TTFT median / p95``."""
     figures = [FIGURES[first], *(FIGURES[name] for name in more)]
     label = " / ".join([figures[0].label, *(f.statistic for f in figures[1:])])
-    sample = f"{m.itl.count} tokens" if figures[0].pooled_tokens else f"{m.n_runs} runs"
+    direct = catalog.direct_sample(figures[0].metric, m) if figures[0].metric else None
+    sample = f"{m.itl.count} tokens" if figures[0].pooled_tokens else direct or f"{m.n_runs} runs"
     return label, figures[0].unit, " / ".join(_opt(f.read(m)) for f in figures), sample
 
 
@@ -116,7 +117,11 @@ def metrics_table(m: Measurement) -> str:
         row("e2e_ms"),
         row("itl_p50_ms"),
         row("itl_p95_ms"),
-        *(row(first) for first in list(by_first)[len(FIGURE_ROWS) :]),
+        *(
+            row(first)
+            for first in list(by_first)[len(FIGURE_ROWS) :]
+            if m.model_loads is not None or METRICS[FIGURES[first].metric or ""].phase != "startup"
+        ),
         ("ITL mean +- stdev", "ms", f"{fmt(itl.mean_ms)} +- {fmt(itl.stdev_ms)}", f"{itl.count} tokens"),
         ("ITL CV", "", f"{itl.cv:.1%}", f"{itl.count} tokens"),
         ("ITL min / max", "ms", f"{fmt(itl.min_ms)} / {fmt(itl.max_ms)}", f"{itl.count} tokens"),
@@ -126,13 +131,15 @@ def metrics_table(m: Measurement) -> str:
     if m.engine.endpoint:  # served: what the server's prompt cache was allowed to do
         rows.append(("prompt cache", "", m.workload.prompt_cache, ""))
     if m.engine.load_ms is not None:
-        rows.append(("model load (wall)", "ms", fmt(m.engine.load_ms), "1 load"))
+        rows.append(("model load (wall)", "ms", fmt(m.engine.load_ms), "this engine's 1 load"))
     if m.engine.native_load_ms is not None:
-        rows.append(("model load (llama.cpp)", "ms", fmt(m.engine.native_load_ms), "1 load"))
+        rows.append(("model load (llama.cpp)", "ms", fmt(m.engine.native_load_ms), "this engine's 1 load"))
     from ..baselines.records import diagnosis
 
     found = diagnosis(m)
-    rows += stability_rows(found["stability"]) + memory_rows(found["memory"])
+    if m.model_loads is not None:
+        rows += load_state_rows(m.model_loads.as_dict())
+    rows += stability_rows(found["stability"]) + memory_rows(found["memory"], figures=False)
     text = head + render_table(("metric", "unit", "value", "sample"), rows)
     if "layers" in found:
         text += "\n\nper-layer time:\n" + layers_text(found["layers"])
@@ -489,11 +496,44 @@ def stability_rows(stab: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
     return rows
 
 
-def memory_rows(memory: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
+def load_state_rows(loads: Mapping[str, Any], figures: bool = False) -> list[tuple[str, str, str, str]]:
+    """A record's fresh model loads (``model_loads``): what they were and how that was checked;
+    ``figures``: with the load and fresh-engine TTFT medians."""
+    n = len(loads.get("samples") or [])
     rows = []
-    if memory.get("peak_rss_bytes") is not None:
+    if figures:
+        rows += [
+            ("model load median", "ms", _opt(loads.get("load_ms")), f"{n} loads, {loads.get('page_cache')}"),
+            ("fresh-engine TTFT median", "ms", _opt(loads.get("fresh_ttft_ms")), f"{n} loads"),
+        ]
+    rows.append(("fresh model loads", "", str(loads.get("page_cache")), f"{n} loads; {loads.get('evidence', '')}"))
+    if loads.get("note"):
+        rows.append(("", "", "cold asked", str(loads["note"])))
+    return rows
+
+
+def memory_rows(memory: Mapping[str, Any], figures: bool = True) -> list[tuple[str, str, str, str]]:
+    """A record's memory, each figure with its source; ``figures=False``: without the catalog's
+    memory figures (the metrics table shows them as figure rows)."""
+    rows = []
+    if figures and memory.get("peak_rss_bytes") is not None:
         scope = "during the runs" if memory.get("peak_rss_scope") == "measurement" else "process lifetime"
         rows.append(("peak RSS", "MiB", fmt(memory["peak_rss_bytes"] / 2**20), scope))
+    source = memory.get("buffer_source", "")
+    for key, label, figure in (
+        ("kv_mib", "KV buffer", True),
+        ("compute_mib", "compute buffer", True),
+        ("output_mib", "output buffer", False),
+        ("model_buffer_mib", "model buffer", True),
+    ):
+        if memory.get(key) is not None and (figures or not figure):
+            rows.append((label, "MiB", fmt(memory[key]), source))
+    if figures and memory.get("mapped_mib") is not None:
+        rows.append(("model file mapping", "MiB", fmt(memory["mapped_mib"]), "/proc/self/smaps"))
+    if memory.get("mapped_resident_mib") is not None:
+        rows.append(("model file mapping resident", "MiB", fmt(memory["mapped_resident_mib"]), "smaps, after load"))
     if memory.get("kv_cache_bytes") is not None:
-        rows.append(("KV cache (whole context)", "MiB", fmt(memory["kv_cache_bytes"] / 2**20), "computed"))
+        rows.append(
+            ("KV cache (whole context)", "MiB", fmt(memory["kv_cache_bytes"] / 2**20), "computed from the shape")
+        )
     return rows

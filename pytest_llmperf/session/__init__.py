@@ -119,6 +119,12 @@ class Session:
         """The session's engine in this process, for tests that hold it (``Engines.local``)."""
         return self.engines.local()
 
+    def release_model(self, path: str) -> None:
+        """Close the pool's engines that map the model file ``path`` (a cold load needs the file
+        unmapped; a later test loads them again)."""
+        if self.engines.pool is not None:
+            self.engines.pool.release(path)
+
     def measure_options(self, engine: Engine | TokenStream, marker: MarkerConfig) -> dict[str, Any]:
         return self.assessor.measure_options(engine, marker)
 

@@ -17,7 +17,7 @@ from typing import Any
 from ..core.catalog import BUDGETS
 from ..core.errors import ConfigError
 from ..core.settings import RENAMED, SETTINGS, EngineSettings, Resolved, renamed_line, resolve
-from ..core.workload import LLAMA_SETTINGS, MAX_TOKENS, ValueKind, too_many
+from ..core.workload import LLAMA_SETTINGS, MAX_TOKENS, MODEL_LOAD_KINDS, ValueKind, too_many
 from ..history.connection import Location
 from ..history.connection import default as default_history
 from ..history.connection import parse as parse_history
@@ -229,6 +229,12 @@ def _cache_type(name: str, value: Any) -> str:
     return value.lower()
 
 
+def _model_load(name: str, value: Any) -> str:
+    if value not in MODEL_LOAD_KINDS:
+        raise ConfigError(f"llmperf marker key {name!r} must be one of {', '.join(MODEL_LOAD_KINDS)}, got {value!r}")
+    return str(value)
+
+
 def _gpu_layers(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < -1:
         raise ConfigError(f"llmperf marker key {name!r} must be an integer >= -1 (-1: all layers), got {value!r}")
@@ -340,6 +346,13 @@ KEYS: dict[str, Key] = {
             _int_at_least(1),
         ),
         Key("layers", "option", "also time each layer (llama.cpp eval callback; in-process only)", _flag),
+        Key(
+            "model_load",
+            "option",
+            "after the runs, time fresh loads of the model (as many as runs, at most 5): 'warm' (file in the "
+            "page cache) or 'cold' (evicted first, checked; max_load_ms alone: warm)",
+            _model_load,
+        ),
         Key("alpha", "setting", "family-wise significance level for baseline comparisons", _fraction(0, 1)),
         Key("threshold", "setting", "smallest change of a median that counts: 0.05 or '5%'", _fraction(0, 10)),
         Key("tail_threshold", "setting", "smallest change of the ITL p95 that counts: 0.10 or '10%'", _fraction(0, 10)),
