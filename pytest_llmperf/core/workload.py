@@ -13,6 +13,7 @@ Describes the engine and model a measurement ran on (report header, baselines)."
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import ConfigError
 from .formats import human_bytes
@@ -196,6 +197,19 @@ class RunTrace:
     tokenize_ns: int = 0
     native: NativeCounters | None = None
     token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class TokenLogits:
+    """One prompt as an engine that exposes token probabilities sees it, outside every timed
+    region (``measuring.agreement``): the prompt's ids, the model's greedy continuation (end of
+    generation banned, as in the runs) and, teacher-forced on the ids it was given (its own
+    greedy ones when none), the next-token logits at each generated position: a float32 array,
+    positions x vocabulary, row j the scores of token j given the prompt and tokens 0..j-1."""
+
+    prompt_ids: tuple[int, ...]
+    greedy_ids: tuple[int, ...]
+    logits: Any  # numpy float32 (n, n_vocab); numpy is not imported here
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import ConfigError, EngineError
-from ..core.workload import EngineInfo, NativeCounters, RunTrace, Workload
+from ..core.workload import EngineInfo, NativeCounters, RunTrace, TokenLogits, Workload
 from ..models.gguf import embedding_lookup, gguf_file_type
 from .llama_cpp_native import (
     DEFAULTS,
@@ -405,6 +405,60 @@ class LlamaCppEngine:
                 f"context too small: {prompt_tokens} prompt + {max_tokens} generated tokens > "
                 f"n_ctx {self.n_ctx}; raise --llmperf-n-ctx or shorten the workload"
             )
+
+    # -- token probabilities (output agreement, measuring.agreement): never inside a timed run --
+
+    #: Capability: next-token logits over the whole vocabulary (:meth:`token_logits`).
+    supports_token_logits = True
+
+    def token_logits(self, workload: Workload, forced: Sequence[int] | None = None) -> TokenLogits:
+        """The workload's prompt, this model's greedy continuation of ``max_tokens`` ids (end of
+        generation banned, as the runs' sampler does) and the next-token logits at each position
+        of ``forced`` (teacher forcing, one batch; None: its own greedy ids). On this engine's
+        context, after its runs; the KV cache is cleared before and after, as ``run`` does."""
+        lib, n_tokens = self._lib, workload.max_tokens
+        prompt = self.prompt_ids(workload)
+        self.fit_context(len(prompt) + n_tokens)
+        if forced is not None and len(forced) != n_tokens:
+            raise ValueError(f"token_logits: {len(forced)} forced ids for {n_tokens} positions")
+        banned = np.asarray(self._eog_ids, dtype=np.int64)
+        self._clear()
+        try:
+            greedy: list[int] = []
+            row = self._logit_rows(prompt, 0, len(prompt) - 1)[0]
+            for i in range(n_tokens):
+                if i:
+                    row = self._logit_rows([greedy[-1]], len(prompt) + i - 1, 0)[0]
+                row[banned] = -np.inf
+                greedy.append(int(np.argmax(row)))
+            lib.llama_memory_clear(lib.llama_get_memory(self._ctx), True)
+            ids = list(prompt) + list(greedy if forced is None else forced)[:-1]
+            rows = self._logit_rows(ids, 0, len(prompt) - 1)
+        finally:
+            self._clear()
+        return TokenLogits(tuple(prompt), tuple(greedy), np.stack(rows))
+
+    def _logit_rows(self, ids: Sequence[int], pos0: int, first: int) -> list[np.ndarray]:
+        """Decode ``ids`` at positions ``pos0``.. (in ``n_batch`` chunks) and copy the logits
+        after each of ``ids[first:]`` (float32, one row per position)."""
+        lib, rows = self._lib, []
+        batch = lib.llama_batch_init(self.n_batch, 0, 1)
+        try:
+            for start in range(0, len(ids), self.n_batch):
+                chunk = ids[start : start + self.n_batch]
+                batch.n_tokens = len(chunk)
+                for j, token in enumerate(chunk):
+                    batch.token[j], batch.pos[j], batch.n_seq_id[j] = token, pos0 + start + j, 1
+                    batch.seq_id[j][0] = 0
+                    batch.logits[j] = start + j >= first
+                if lib.llama_decode(self._ctx, batch) != 0:
+                    raise EngineError(f"llama_decode failed reading token probabilities ({len(ids)} tokens)")
+                for j in range(max(first - start, 0), len(chunk)):
+                    scores = lib.llama_get_logits_ith(self._ctx, j)
+                    rows.append(np.ctypeslib.as_array(scores, shape=(self.n_vocab,)).copy())
+        finally:
+            lib.llama_batch_free(batch)
+        return rows
 
     def close(self) -> None:
         if getattr(self, "_own_ctx", False):

@@ -24,6 +24,8 @@ stdout and stderr are its log file, so nothing llama.cpp prints can corrupt a me
     {"op": "run", "workload": Workload fields,          {"ok": true, "trace": RunTrace fields}
      "run_index": i}
     {"op": "layers", "workload": Workload fields}       {"ok": true, "layers": LayerProfile fields}
+    {"op": "logits", "workload": Workload fields,       {"ok": true, "prompt_ids": [...], "greedy_ids":
+     "forced": [ids] | null}                             [...], "logits": base64 float32, "shape": [n, v]}
     {"op": "close"}                                     (exits)
                                                         {"ok": false, "error": "one line",
                                                          "kind": "EngineError" | "ConfigError"}
@@ -57,7 +59,7 @@ from typing import IO, Any
 
 from ..core.errors import ConfigError, EngineError, LLMPerfError
 from ..core.settings import SETTINGS
-from ..core.workload import EngineInfo, NativeCounters, RunTrace, Workload
+from ..core.workload import EngineInfo, NativeCounters, RunTrace, TokenLogits, Workload
 from ..engines.llama_cpp_native import EngineConfig, known_cause, quoted_log, signal_name
 from ..models.gguf import gguf_file_type
 
@@ -292,6 +294,20 @@ class WorkerEngine:
         reply = self._call({"op": "run", "workload": dataclasses.asdict(workload), "run_index": run_index}, "running")
         return trace_of(reply["trace"])
 
+    #: Token probabilities (output agreement): ``token_logits`` below, computed in the worker.
+    supports_token_logits = True
+
+    def token_logits(self, workload: Workload, forced: Sequence[int] | None = None) -> TokenLogits:
+        """``LlamaCppEngine.token_logits`` in the worker; the logits cross as float32 bytes."""
+        import base64
+
+        import numpy as np
+
+        message = {"op": "logits", "workload": dataclasses.asdict(workload), "forced": forced and list(forced)}
+        reply = self._call(message, "reading token probabilities of")
+        logits = np.frombuffer(base64.b64decode(reply["logits"]), dtype=np.float32).reshape(reply["shape"])
+        return TokenLogits(tuple(reply["prompt_ids"]), tuple(reply["greedy_ids"]), logits)
+
     def profile_layers(self, workload: Workload) -> Any:
         """``measuring.layers.profile_layers`` of this engine, run in the worker."""
         reply = self._call({"op": "layers", "workload": dataclasses.asdict(workload)}, "timing the layers of")
@@ -428,6 +444,19 @@ def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
             elif op == "run":
                 trace = engine.run(Workload(**message["workload"]), int(message["run_index"]))
                 answer({"ok": True, "trace": dataclasses.asdict(trace)})
+            elif op == "logits":
+                import base64
+
+                got = engine.token_logits(Workload(**message["workload"]), message.get("forced"))
+                answer(
+                    {
+                        "ok": True,
+                        "prompt_ids": list(got.prompt_ids),
+                        "greedy_ids": list(got.greedy_ids),
+                        "logits": base64.b64encode(got.logits.astype("<f4").tobytes()).decode("ascii"),
+                        "shape": list(got.logits.shape),
+                    }
+                )
             elif op == "layers":
                 from .layers import profile_layers
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..core.catalog import BUDGETS
+from ..core.catalog import AGREEMENT_BUDGETS, BUDGETS
 from ..core.errors import ConfigError
 from ..core.settings import RENAMED, SETTINGS, EngineSettings, Resolved, renamed_line, resolve
 from ..core.workload import MAX_TOKENS, too_many
@@ -270,6 +270,13 @@ def _relative(name: str, value: Any) -> Any:
     return value
 
 
+def _agreement(name: str, value: Any) -> Any:
+    from ..judge.budgets import parse_agreement_budgets
+
+    parse_agreement_budgets(**{name: value})  # raises a ConfigError naming what is wrong
+    return value
+
+
 KEYS: dict[str, Key] = {
     k.name: k
     for k in [
@@ -327,6 +334,7 @@ KEYS: dict[str, Key] = {
             _relative,
         ),
         Key("min_speedup", "ab", "A/B: min B/A speed ratio per phase, e.g. 1.5 or {'decode': 1.2}", _relative),
+        *(Key(b.key, "ab", b.help, _agreement) for b in AGREEMENT_BUDGETS.values()),
         Key(
             "repack",
             "engine",
@@ -365,7 +373,7 @@ class MarkerConfig:
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     #: llama.cpp settings for this test (``engines.llama_cpp_native.EngineConfig`` fields), over the session's.
     engine: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    #: A/B keys (a, b, max_slowdown, min_speedup): the test compares two sides interleaved.
+    #: A/B keys (a, b, max_slowdown, min_speedup, the agreement budgets): the test compares two sides interleaved.
     ab: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
