@@ -129,16 +129,18 @@ def unavailable(a: Any, b: Any, a_name: str = "A", b_name: str = "B") -> str:
     return ""
 
 
-def compare_outputs(a: Any, b: Any, workload: Workload, *, a_name: str = "A", b_name: str = "B") -> Agreement:
+def compare_outputs(
+    a: Any, b: Any, workload: Workload, *, a_name: str = "A", b_name: str = "B", n_prompts: int = PROMPTS
+) -> Agreement:
     """B's greedy tokens and next-token distributions against A's over the workload's prompts
-    (module docstring). Call after every timed run of both sides."""
+    (module docstring; ``n_prompts`` for a synthetic prompt). Call after every timed run of both sides."""
     reason = unavailable(a, b, a_name, b_name)
     if reason:
         return Agreement(reason=reason)
     kl: list[Any] = []
     top1 = parity = 0
     divergence: list[int | None] = []
-    shown = prompts(workload)
+    shown = prompts(workload, n_prompts)
     for w in shown:
         pa: TokenLogits = a.token_logits(w)
         pb: TokenLogits = b.token_logits(w, forced=pa.greedy_ids)
