@@ -65,6 +65,32 @@ def test_kl_of_identical_logits_is_exactly_zero_and_positive_otherwise() -> None
     assert np.exp(log_softmax(logits)).sum(axis=1) == pytest.approx(np.ones(5))
 
 
+def _top_k(t, k: int):
+    """The same outputs as a served side reports them: the top-k log-probabilities only."""
+    from pytest_llmperf.core.workload import TokenLogits
+
+    full = log_softmax(t.logits)
+    ids = np.argsort(-full, axis=1)[:, :k]
+    return TokenLogits(t.prompt_ids, t.greedy_ids, None, ids, np.take_along_axis(full, ids, axis=1))
+
+
+def test_top_k_kl_is_a_lower_bound_and_zero_for_the_same_distribution() -> None:
+    from pytest_llmperf.core.workload import TokenLogits
+    from pytest_llmperf.measuring.agreement import approx_kl_rows
+
+    rng = np.random.default_rng(1)
+    la = (rng.normal(size=(6, 400)) * 2).astype(np.float32)
+    lb = la + rng.normal(scale=0.3, size=la.shape).astype(np.float32)
+    a, b = (TokenLogits((1,), (0,) * 6, x) for x in (la, lb))
+    exact = kl_rows(la, lb)
+    for one, other in ((_top_k(a, 20), b), (a, _top_k(b, 20)), (_top_k(a, 20), _top_k(b, 20))):
+        approx, same = approx_kl_rows(one, other)
+        assert (approx <= exact + 1e-12).all() and (approx > 0).all()
+        assert same.tolist() == (np.argmax(la, axis=1) == np.argmax(lb, axis=1)).tolist()
+    approx, same = approx_kl_rows(_top_k(a, 20), a)
+    assert approx.tolist() == [0.0] * 6 and same.all()
+
+
 def test_a_a_agrees_exactly(tiny_model_path: Path, tiny_engine) -> None:
     """Two engines of one setting, each on its own context: identical logits, KL exactly 0."""
     other = LlamaCppEngine(tiny_model_path, threads=1)
@@ -226,3 +252,17 @@ def test_marker_form_fails_with_one_line_and_reports_everywhere(pytester: pytest
     assert props[("test_same", "llmperf.ab.agreement.kl_mean")] == "0.0"
     assert props[("test_same", "llmperf.ab.budget.max_kl")] == "met"
     assert props[("test_other_weights", "llmperf.ab.budget.min_top1_agreement")] == "breached"
+
+
+def test_a_served_side_without_token_id_prompts_is_not_available(llmperf_server, tiny_engine) -> None:
+    """llama-cpp-python's server takes no prompt of token ids: agreement says so in one line."""
+    from pytest_llmperf.pytest_plugin.marks import resolve_side
+
+    served = resolve_side("b", llmperf_server.url, lambda settings: pytest.fail("no llama.cpp settings here"))
+    try:
+        r = compare_ab(Side("in-process", tiny_engine), served, WORKLOAD)
+    finally:
+        served.engine.close()
+    assert r.agreement is not None and not r.agreement.available
+    (line,) = [x for x in r.lines() if x.startswith("agreement")]
+    assert line.startswith(f"agreement: not available (side B [{llmperf_server.url}]: the endpoint "), line

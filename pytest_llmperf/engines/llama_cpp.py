@@ -411,13 +411,17 @@ class LlamaCppEngine:
     #: Capability: next-token logits over the whole vocabulary (:meth:`token_logits`).
     supports_token_logits = True
 
-    def token_logits(self, workload: Workload, forced: Sequence[int] | None = None) -> TokenLogits:
-        """The workload's prompt, this model's greedy continuation of ``max_tokens`` ids (end of
-        generation banned, as the runs' sampler does) and the next-token logits at each position
-        of ``forced`` (teacher forcing, one batch; None: its own greedy ids). On this engine's
-        context, after its runs; the KV cache is cleared before and after, as ``run`` does."""
+    def token_logits(
+        self, workload: Workload, forced: Sequence[int] | None = None, prompt_ids: Sequence[int] | None = None
+    ) -> TokenLogits:
+        """The workload's prompt (or ``prompt_ids``), this model's greedy continuation of
+        ``max_tokens`` ids (end of generation banned, as the runs' sampler does) and the
+        next-token logits at each position of ``forced`` (teacher forcing, one batch; None: its
+        own greedy ids). On this engine's context, after its runs; the KV cache is cleared
+        before and after, as ``run`` does."""
         lib, n_tokens = self._lib, workload.max_tokens
-        prompt = self.prompt_ids(workload)
+        prompt = list(prompt_ids) if prompt_ids is not None else self.prompt_ids(workload)
+        self.check_fits(len(prompt), n_tokens)
         self.fit_context(len(prompt) + n_tokens)
         if forced is not None and len(forced) != n_tokens:
             raise ValueError(f"token_logits: {len(forced)} forced ids for {n_tokens} positions")

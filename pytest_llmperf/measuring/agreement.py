@@ -17,6 +17,14 @@ and agreement exactly 1 (log P_A - log P_B is 0.0 term by term); otherwise KL >=
 inequality), so a rounding residue below 0 is clipped to 0. The positions are those of the
 first ``TOKENS`` generated tokens per prompt (``max_tokens`` when smaller).
 
+A served side (``engines.http``: llama-server's ``n_probs`` on ``/v1/completions``, with token
+ids) gives only its top-k log-probabilities per position, and takes the prompt as token ids
+from the other side. Then the figures are approximate, labelled ``approx (top-k=K)``: KL over
+the tokens whose probabilities both sides gave, plus one bucket for the rest of each
+distribution. Coarse-graining never raises KL (the log-sum inequality), so the approximation
+is a lower bound of the full-vocabulary KL; top-1 agreement stays exact (each side's top token
+is its first).
+
 A side that cannot expose token probabilities (a callable, an engine without
 ``supports_token_logits``) gives an ``Agreement`` that says so; sides with different
 vocabularies or tokenizations likewise. No pytest."""
@@ -121,6 +129,42 @@ def exposes(engine: Any) -> bool:
     return bool(getattr(engine, "supports_token_logits", False))
 
 
+def _needs_ids(engine: Any) -> bool:
+    return bool(getattr(engine, "needs_prompt_ids", False))
+
+
+def _row(t: TokenLogits, full: Any, i: int) -> dict[int, float] | None:
+    """Row i's known log-probabilities by token id (None: the whole vocabulary, in ``full``)."""
+    if t.logits is not None:
+        return None
+    return {int(k): float(lp) for k, lp in zip(t.top_ids[i], t.top_logprobs[i]) if k >= 0}
+
+
+def _top(t: TokenLogits, full: Any, i: int) -> int:
+    if full is not None:
+        return int(np.argmax(full[i]))
+    return int(t.top_ids[i][int(np.argmax(t.top_logprobs[i]))])
+
+
+def approx_kl_rows(pa: TokenLogits, pb: TokenLogits) -> tuple[Any, Any]:
+    """(KL(P_A || P_B) per row, top-1 equal per row) where a side gave only its top-k: over the
+    tokens known on both sides plus one bucket for the rest (module docstring)."""
+    la = log_softmax(pa.logits) if pa.logits is not None else None
+    lb = log_softmax(pb.logits) if pb.logits is not None else None
+    kl, same = [], []
+    for i in range(len(pa.greedy_ids)):
+        ka, kb = _row(pa, la, i), _row(pb, lb, i)
+        common = list(kb or {}) if ka is None else [t for t in ka if kb is None or t in kb]
+        lpa = np.array([la[i, t] if ka is None else ka[t] for t in common])  # type: ignore[index]
+        lpb = np.array([lb[i, t] if kb is None else kb[t] for t in common])  # type: ignore[index]
+        rest_a = max(1.0 - float(np.exp(lpa).sum()), 0.0)
+        rest_b = max(1.0 - float(np.exp(lpb).sum()), 1e-12)
+        value = float((np.exp(lpa) * (lpa - lpb)).sum()) + (rest_a * np.log(rest_a / rest_b) if rest_a > 0 else 0.0)
+        kl.append(max(value, 0.0))  # >= 0 but for the servers' rounding of their log-probabilities
+        same.append(_top(pa, la, i) == _top(pb, lb, i))
+    return np.array(kl), np.array(same)
+
+
 def unavailable(a: Any, b: Any, a_name: str = "A", b_name: str = "B") -> str:
     """Why agreement cannot be computed for these sides ("" when it can)."""
     for side, name, engine in (("A", a_name, a), ("B", b_name, b)):
@@ -135,26 +179,49 @@ def compare_outputs(
     """B's greedy tokens and next-token distributions against A's over the workload's prompts
     (module docstring; ``n_prompts`` for a synthetic prompt). Call after every timed run of both sides."""
     reason = unavailable(a, b, a_name, b_name)
+    if not reason and _needs_ids(a) and _needs_ids(b):
+        reason = "both sides are endpoints: neither gives the prompt's token ids"
     if reason:
         return Agreement(reason=reason)
     kl: list[Any] = []
     top1 = parity = 0
     divergence: list[int | None] = []
+    k = 0
     shown = prompts(workload, n_prompts)
     for w in shown:
-        pa: TokenLogits = a.token_logits(w)
-        pb: TokenLogits = b.token_logits(w, forced=pa.greedy_ids)
-        if pa.logits.shape[1] != pb.logits.shape[1]:
+        ids = None
+        if _needs_ids(a):  # an endpoint: the other side's tokenization of the prompt
+            lead = b.token_logits(w)
+            if isinstance(lead, str):
+                return Agreement(reason=f"side B [{b_name}]: {lead}")
+            ids = lead.prompt_ids
+        pa: TokenLogits | str = a.token_logits(w) if ids is None else a.token_logits(w, prompt_ids=ids)
+        if isinstance(pa, str):
+            return Agreement(reason=f"side A [{a_name}]: {pa}")
+        if _needs_ids(b):
+            pb: TokenLogits | str = b.token_logits(w, forced=pa.greedy_ids, prompt_ids=pa.prompt_ids)
+        else:
+            pb = b.token_logits(w, forced=pa.greedy_ids)
+        if isinstance(pb, str):
+            return Agreement(reason=f"side B [{b_name}]: {pb}")
+        if pa.logits is not None and pb.logits is not None and pa.logits.shape[1] != pb.logits.shape[1]:
             return Agreement(reason=f"the sides' vocabularies differ (A {pa.logits.shape[1]}, B {pb.logits.shape[1]})")
         if pa.prompt_ids != pb.prompt_ids:
             return Agreement(reason="the sides tokenize the prompt differently (not one vocabulary)")
-        kl.append(kl_rows(pa.logits, pb.logits))
-        top1 += int((np.argmax(pa.logits, axis=1) == np.argmax(pb.logits, axis=1)).sum())
+        if pa.logits is not None and pb.logits is not None:
+            kl.append(kl_rows(pa.logits, pb.logits))
+            top1 += int((np.argmax(pa.logits, axis=1) == np.argmax(pb.logits, axis=1)).sum())
+        else:
+            rows, same = approx_kl_rows(pa, pb)
+            kl.append(rows)
+            top1 += int(same.sum())
+            k = max(k, *(t.top_ids.shape[1] for t in (pa, pb) if t.logits is None))
         parity += sum(x == y for x, y in zip(pa.greedy_ids, pb.greedy_ids))
         divergence.append(first_divergence(pa.greedy_ids, pb.greedy_ids))
     values = np.concatenate(kl)
     n = int(values.size)
     return Agreement(
+        method=f"approx (top-k={k})" if k else EXACT,
         n_prompts=len(shown),
         n_positions=n,
         top1_agreement=top1 / n,

@@ -297,13 +297,20 @@ class WorkerEngine:
     #: Token probabilities (output agreement): ``token_logits`` below, computed in the worker.
     supports_token_logits = True
 
-    def token_logits(self, workload: Workload, forced: Sequence[int] | None = None) -> TokenLogits:
+    def token_logits(
+        self, workload: Workload, forced: Sequence[int] | None = None, prompt_ids: Sequence[int] | None = None
+    ) -> TokenLogits:
         """``LlamaCppEngine.token_logits`` in the worker; the logits cross as float32 bytes."""
         import base64
 
         import numpy as np
 
-        message = {"op": "logits", "workload": dataclasses.asdict(workload), "forced": forced and list(forced)}
+        message = {
+            "op": "logits",
+            "workload": dataclasses.asdict(workload),
+            "forced": None if forced is None else list(forced),
+            "prompt_ids": None if prompt_ids is None else list(prompt_ids),
+        }
         reply = self._call(message, "reading token probabilities of")
         logits = np.frombuffer(base64.b64decode(reply["logits"]), dtype=np.float32).reshape(reply["shape"])
         return TokenLogits(tuple(reply["prompt_ids"]), tuple(reply["greedy_ids"]), logits)
@@ -447,7 +454,9 @@ def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
             elif op == "logits":
                 import base64
 
-                got = engine.token_logits(Workload(**message["workload"]), message.get("forced"))
+                got = engine.token_logits(
+                    Workload(**message["workload"]), message.get("forced"), message.get("prompt_ids")
+                )
                 answer(
                     {
                         "ok": True,
