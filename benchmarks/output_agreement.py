@@ -8,17 +8,25 @@ repacking (the AMX repacked Q8_0 kernel crashes on this project's machine). For 
 llama.cpp publishes, for LLaMA-3-8B against its F16, mean KL 0.0014 for Q8_0 and 0.031 for
 Q4_K_M (llama-perplexity --kl-divergence; trained weights, real text).
 
+``served``: F16 in process against the same file served by llama-server (its top-20
+log-probabilities: the figures are ``approx (top-k=20)``).
+
     .venv/bin/python benchmarks/output_agreement.py --preset small --prompts 8 --prompt-tokens 64 --max-tokens 64
+    .venv/bin/python benchmarks/output_agreement.py --comparisons served
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import time
+from typing import Any
 
 from pytest_llmperf import Workload, ensure_model
+from pytest_llmperf.engines.http import HttpEngine
 from pytest_llmperf.engines.llama_cpp import LlamaCppEngine
+from pytest_llmperf.engines.servers import serve_llama_server
 from pytest_llmperf.judge.budgets import judge_agreement, parse_agreement_budgets
 from pytest_llmperf.measuring.agreement import compare_outputs
 from pytest_llmperf.models.gguf import PRESETS
@@ -31,7 +39,9 @@ def main() -> int:
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--comparisons", default="aa,quant,seed", help="of aa, quant, seed, served")
     args = p.parse_args()
+    chosen = {c.strip() for c in args.comparisons.split(",")}
 
     spec = PRESETS[args.preset]
     started = time.monotonic()
@@ -41,12 +51,17 @@ def main() -> int:
         "seed1": ensure_model(dataclasses.replace(spec, dtype="F16", seed=1)),
     }
     print(f"models ready in {time.monotonic() - started:.0f} s")
-    e = {
-        "f16": LlamaCppEngine(paths["f16"], threads=args.threads, name="f16"),
-        "f16b": LlamaCppEngine(paths["f16"], threads=args.threads, name="f16-copy"),
-        "q8_0": LlamaCppEngine(paths["q8_0"], threads=args.threads, name="q8_0", repack=False),
-        "seed1": LlamaCppEngine(paths["seed1"], threads=args.threads, name="f16-seed1"),
-    }
+    e: dict[str, Any] = {"f16": LlamaCppEngine(paths["f16"], threads=args.threads, name="f16")}
+    if "aa" in chosen:
+        e["f16b"] = LlamaCppEngine(paths["f16"], threads=args.threads, name="f16-copy")
+    if "quant" in chosen:
+        e["q8_0"] = LlamaCppEngine(paths["q8_0"], threads=args.threads, name="q8_0", repack=False)
+    if "seed" in chosen:
+        e["seed1"] = LlamaCppEngine(paths["seed1"], threads=args.threads, name="f16-seed1")
+    stack = contextlib.ExitStack()
+    if "served" in chosen:
+        server = stack.enter_context(serve_llama_server(paths["f16"], parallel=1, threads=args.threads))
+        e["served"] = HttpEngine(server.url)
     workload = Workload(prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, runs=1, warmup=0)
     ((budget, limit),) = parse_agreement_budgets(min_top1_agreement=0.9)
     print(
@@ -58,7 +73,10 @@ def main() -> int:
         ("A/A: F16, two engines", "f16", "f16b"),
         ("F16 vs Q8_0 (same weights)", "f16", "q8_0"),
         ("F16 vs F16 of other weights (seed 1)", "f16", "seed1"),
+        ("F16 in process vs the same F16 served by llama-server", "f16", "served"),
     ):
+        if b not in e:
+            continue
         t0 = time.monotonic()
         g = compare_outputs(e[a], e[b], workload, a_name=a, b_name=b, n_prompts=args.prompts)
         print(f"\n{title} ({time.monotonic() - t0:.1f} s)")
@@ -69,6 +87,7 @@ def main() -> int:
         print("  " + judge_agreement(budget, limit, g).line(a, b))
     for engine in e.values():
         engine.close()
+    stack.close()
     return 0
 
 

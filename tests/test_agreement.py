@@ -266,3 +266,27 @@ def test_a_served_side_without_token_id_prompts_is_not_available(llmperf_server,
     assert r.agreement is not None and not r.agreement.available
     (line,) = [x for x in r.lines() if x.startswith("agreement")]
     assert line.startswith(f"agreement: not available (side B [{llmperf_server.url}]: the endpoint "), line
+
+
+def test_llama_server_side_is_approximated_from_its_top_k(llama_server_binary, tiny_engine, other_seed_path) -> None:
+    """llama-server's n_probs: the same model served agrees with the in-process one (top-k KL
+    near 0), other weights served do not; teacher forcing holds across the divergences."""
+    from pytest_llmperf.engines.http import TOP_K, HttpEngine
+    from pytest_llmperf.engines.servers import serve_llama_server
+
+    for path, same in ((tiny_engine.info().model_path, True), (other_seed_path, False)):
+        with serve_llama_server(path, parallel=1, threads=1) as server:
+            served = HttpEngine(server.url)
+            try:
+                g = compare_outputs(tiny_engine, served, WORKLOAD, b_name=server.url)
+                back = compare_outputs(served, tiny_engine, WORKLOAD, a_name=server.url)
+            finally:
+                served.close()
+        for x in (g, back):
+            assert x.available, x.reason
+            assert x.method == f"approx (top-k={TOP_K})" and (x.n_prompts, x.n_positions) == (4, 64)
+            assert x.kl_mean is not None and x.top1_agreement is not None
+            if same:
+                assert x.kl_mean < 1e-3 and x.top1_agreement >= 0.9, x
+            else:
+                assert x.kl_mean > 1e-3 and x.top1_agreement < 0.2, x
