@@ -284,7 +284,10 @@ def test_llama_server_side_is_approximated_from_its_top_k(llama_server_binary, t
                 served.close()
         for x in (g, back):
             assert x.available, x.reason
-            assert x.method == f"approx (top-k={TOP_K})" and (x.n_prompts, x.n_positions) == (4, 64)
+            assert x.method == f"approx (top-k={TOP_K})" and x.n_prompts == 4
+            # llama-server holds back the probabilities of a byte token that leaves the text an
+            # incomplete UTF-8 character (half the tiny vocabulary is byte tokens): left out, counted.
+            assert x.n_positions + x.n_unscored == 64 and x.n_positions >= 32, x
             assert x.kl_mean is not None and x.top1_agreement is not None
             if same:
                 assert x.kl_mean < 1e-3 and x.top1_agreement >= 0.9, x

@@ -93,7 +93,8 @@ class HttpEngine:
         path = parts.path.rstrip("/") or "/v1"  # the query (an API key in it) stays after the path
         route = path + ("/completions" if api == "completions" else "/chat/completions")
         self._request_url, self.url = parts.at(route).sent(), parts.at(route).shown()  # sent vs shown
-        self._completions_url = parts.at(path + "/completions").sent()  # token probabilities: token-id prompts
+        # Token probabilities (llama-server's own route, beside /v1): token-id prompts, ids in the reply.
+        self._native_completion_url = parts.at(path.rsplit("/v1", 1)[0] + "/completion").sent()
         self._metrics_url, self.endpoint = (
             parts.at(path.rsplit("/v1", 1)[0] + "/metrics").sent(),
             parts.at(path).shown(),
@@ -345,8 +346,8 @@ class HttpEngine:
     # -- token probabilities (output agreement, measuring.agreement): after the timed runs -------
 
     #: Capability: the top-k next-token log-probabilities (:meth:`token_logits`), where the
-    #: server sends token ids with them (llama-server's ``n_probs``); the prompt's token ids come
-    #: from the other side (``needs_prompt_ids``).
+    #: server sends token ids with them (llama-server's ``/completion`` with ``n_probs``); the
+    #: prompt's token ids come from the other side (``needs_prompt_ids``).
     supports_token_logits = True
     needs_prompt_ids = True
 
@@ -381,7 +382,7 @@ class HttpEngine:
                 if token != target[len(rows) - 1]:
                     break  # later positions follow the server's own token, not the forced one
         assert greedy is not None
-        k = max(len(r) for r in rows)
+        k = max(1, *(len(r) for r in rows))
         ids = np.full((n, k), -1, dtype=np.int64)
         logprobs = np.full((n, k), -np.inf)
         for i, row in enumerate(rows):
@@ -390,39 +391,50 @@ class HttpEngine:
         return TokenLogits(tuple(prompt_ids), tuple(greedy[:n]), None, ids, logprobs)
 
     def _top_logprobs(self, ids: Sequence[int], n: int) -> list[tuple[int, list[tuple[int, float]]]] | str:
-        """One non-streaming completion of ``n`` tokens from ``ids``: (token, [(id, logprob)...])
-        per generated token, or why not (a string)."""
+        """One non-streaming completion of ``n`` tokens from ``ids`` on llama-server's own
+        ``/completion``: (token, [(id, logprob)...]) per generated token, or why not (a string).
+        llama-server sends no probabilities for a token that leaves the text an incomplete UTF-8
+        character (a byte token): its list is empty (the generated ids come from ``tokens``)."""
         import httpx
 
         body: dict[str, Any] = {
             "prompt": list(ids),
-            "max_tokens": n,
+            "n_predict": n,
             "temperature": 0.0,
             "n_probs": TOP_K,
+            "return_tokens": True,
             "cache_prompt": True,
             "stream": False,
         }
-        if self.model:
-            body["model"] = self.model
         if self.ignore_eos:
-            body.update(ignore_eos=True, min_tokens=n)
+            body["ignore_eos"] = True
         try:
             response = self._client.post(
-                self._completions_url, json=body, timeout=httpx.Timeout(self.request_timeout_s, connect=5.0)
+                self._native_completion_url, json=body, timeout=httpx.Timeout(self.request_timeout_s, connect=5.0)
             )
         except httpx.HTTPError as exc:
             raise EngineError(
                 self.redact(f"{self.url}: reading token probabilities: {type(exc).__name__}: {exc}")
             ) from None
         if response.status_code != 200:
-            return f"the endpoint refused a prompt of token ids with n_probs (HTTP {response.status_code})"
+            return f"the endpoint has no llama-server /completion with n_probs (HTTP {response.status_code})"
         try:
-            content = response.json()["choices"][0]["logprobs"]["content"]
-            out = [(int(e["id"]), [(int(t["id"]), float(t["logprob"])) for t in e["top_logprobs"]]) for e in content]
+            data = response.json()
+            tokens = [int(t) for t in data["tokens"]]
+            entries = [
+                (int(e["id"]), [(int(t["id"]), float(t["logprob"])) for t in e["top_logprobs"]])
+                for e in data["completion_probabilities"]
+            ]
         except (ValueError, KeyError, IndexError, TypeError):
             return "the endpoint sent no token ids with its log-probabilities (llama-server's n_probs)"
-        if not out or any(not top for _, top in out):
-            return "the endpoint sent no top log-probabilities"
+        out: list[tuple[int, list[tuple[int, float]]]] = []
+        for token in tokens:  # the entries are the tokens', in order, less the byte tokens held back
+            if entries and entries[0][0] == token:
+                out.append((token, entries.pop(0)[1]))
+            else:
+                out.append((token, []))
+        if not out or entries:
+            return "the endpoint's log-probabilities do not follow its tokens"
         return out
 
     def close(self) -> None:

@@ -60,7 +60,10 @@ class Agreement:
     kl_mean: float | None = None
     kl_p99: float | None = None
     kl_max: float | None = None
-    greedy_parity: float | None = None  # share of identical greedy tokens
+    greedy_parity: float | None = None  # share of identical greedy tokens (over every position)
+    #: Positions left out of top-1 and KL: a server sent no probabilities for them (llama-server
+    #: holds back a byte token that leaves the text an incomplete UTF-8 character).
+    n_unscored: int = 0
     #: Per prompt: the first generated position where B's greedy token differs from A's (None: none).
     first_divergence: tuple[int | None, ...] = ()
 
@@ -84,8 +87,10 @@ class Agreement:
         diverged = sum(d is not None for d in self.first_divergence)
         first = self.earliest_divergence
         where = "none" if first is None else f"token {first} ({diverged} of {self.n_prompts} prompts part)"
+        held = [f"  {self.n_unscored} more positions without a server's probabilities"] if self.n_unscored else []
         return [
             f"agreement ({self.method}): {self.sample}",
+            *held,
             f"  teacher-forced on A's tokens: top-1 {self.top1_agreement:.4f}",
             f"  KL(A||B) mean {self.kl_mean:.4g}, p99 {self.kl_p99:.4g}, max {self.kl_max:.4g}",
             f"  greedy parity {self.greedy_parity:.4f}; first divergence: {where}",
@@ -148,12 +153,18 @@ def _top(t: TokenLogits, full: Any, i: int) -> int:
 
 def approx_kl_rows(pa: TokenLogits, pb: TokenLogits) -> tuple[Any, Any]:
     """(KL(P_A || P_B) per row, top-1 equal per row) where a side gave only its top-k: over the
-    tokens known on both sides plus one bucket for the rest (module docstring)."""
+    tokens known on both sides plus one bucket for the rest (module docstring). A row a side
+    sent nothing for (llama-server holds back a byte token's probabilities) is NaN in both."""
     la = log_softmax(pa.logits) if pa.logits is not None else None
     lb = log_softmax(pb.logits) if pb.logits is not None else None
-    kl, same = [], []
+    kl: list[float] = []
+    same: list[float] = []
     for i in range(len(pa.greedy_ids)):
         ka, kb = _row(pa, la, i), _row(pb, lb, i)
+        if ka == {} or kb == {}:
+            kl.append(float("nan"))
+            same.append(float("nan"))
+            continue
         common = list(kb or {}) if ka is None else [t for t in ka if kb is None or t in kb]
         lpa = np.array([la[i, t] if ka is None else ka[t] for t in common])  # type: ignore[index]
         lpb = np.array([lb[i, t] if kb is None else kb[t] for t in common])  # type: ignore[index]
@@ -161,7 +172,7 @@ def approx_kl_rows(pa: TokenLogits, pb: TokenLogits) -> tuple[Any, Any]:
         rest_b = max(1.0 - float(np.exp(lpb).sum()), 1e-12)
         value = float((np.exp(lpa) * (lpa - lpb)).sum()) + (rest_a * np.log(rest_a / rest_b) if rest_a > 0 else 0.0)
         kl.append(max(value, 0.0))  # >= 0 but for the servers' rounding of their log-probabilities
-        same.append(_top(pa, la, i) == _top(pb, lb, i))
+        same.append(float(_top(pa, la, i) == _top(pb, lb, i)))
     return np.array(kl), np.array(same)
 
 
@@ -186,7 +197,7 @@ def compare_outputs(
     kl: list[Any] = []
     top1 = parity = 0
     divergence: list[int | None] = []
-    k = 0
+    k = unscored = generated = 0
     shown = prompts(workload, n_prompts)
     for w in shown:
         ids = None
@@ -213,14 +224,20 @@ def compare_outputs(
             top1 += int((np.argmax(pa.logits, axis=1) == np.argmax(pb.logits, axis=1)).sum())
         else:
             rows, same = approx_kl_rows(pa, pb)
-            kl.append(rows)
-            top1 += int(same.sum())
+            scored = np.isfinite(rows)
+            unscored += int((~scored).sum())
+            kl.append(rows[scored])
+            top1 += int(same[scored].sum())
             k = max(k, *(t.top_ids.shape[1] for t in (pa, pb) if t.logits is None))
         parity += sum(x == y for x, y in zip(pa.greedy_ids, pb.greedy_ids))
+        generated += len(pa.greedy_ids)
         divergence.append(first_divergence(pa.greedy_ids, pb.greedy_ids))
     values = np.concatenate(kl)
     n = int(values.size)
+    if not n:
+        return Agreement(reason=f"no position had both sides' probabilities ({unscored} held back)")
     return Agreement(
+        n_unscored=unscored,
         method=f"approx (top-k={k})" if k else EXACT,
         n_prompts=len(shown),
         n_positions=n,
@@ -228,6 +245,6 @@ def compare_outputs(
         kl_mean=float(values.mean()),
         kl_p99=float(np.percentile(values, 99)),
         kl_max=float(values.max()),
-        greedy_parity=parity / n,
+        greedy_parity=parity / generated,
         first_divergence=tuple(divergence),
     )
