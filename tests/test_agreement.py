@@ -293,3 +293,24 @@ def test_llama_server_side_is_approximated_from_its_top_k(llama_server_binary, t
                 assert x.kl_mean < 1e-3 and x.top1_agreement >= 0.9, x
             else:
                 assert x.kl_mean > 1e-3 and x.top1_agreement < 0.2, x
+
+
+def test_smoke_runs_compute_no_agreement_and_judge_no_agreement_budget(pytester: pytest.Pytester) -> None:
+    """--llmperf-disable: one pair's worth of runs, no budgets, and no agreement either."""
+    pytester.makepyfile(
+        """
+        import pytest
+
+        def stream(prompt, max_tokens):
+            yield from ["x"] * max_tokens
+
+        @pytest.mark.llmperf(a={"model": "tiny"}, b=stream, min_top1_agreement=0.9, max_tokens=4)
+        def test_smoke():
+            pass
+        """
+    )
+    result = run(pytester, "-rA", "--llmperf-disable")
+    result.assert_outcomes(passed=1)
+    out = result.stdout.str()
+    assert "3 pairs interleaved" in out
+    assert "agreement:" not in out and "agreement (" not in out and "min_top1_agreement" not in out
