@@ -559,3 +559,53 @@ SUMMARY_COLUMNS: tuple[tuple[str, str, str], ...] = (
 )
 #: The short tables' metrics: the terminal's default columns, the Markdown summary.
 HEADLINE: tuple[SummaryField, ...] = tuple(f for f in SUMMARY.values() if f.headline)
+
+
+@dataclass(frozen=True)
+class AgreementBudget:
+    """A relative budget on an A/B's output agreement (``measuring.agreement``): a floor or a
+    ceiling on one of its figures (an ``Agreement`` field), B against A, A the base. A marker
+    key and a ``compare()`` keyword of kind ``ab``, like max_slowdown; judged exactly (the
+    figures are deterministic, no CI), and an A/B whose sides expose no token probabilities
+    fails it with a line that says so."""
+
+    key: str
+    figure: str  # the Agreement field it bounds
+    label: str  # as its line prints it
+    ceiling: bool
+    help: str
+    share: bool = False  # a share in [0, 1] (else a number >= 0)
+
+    def holds(self, measured: float, limit: float) -> bool:
+        return measured <= limit if self.ceiling else measured >= limit
+
+
+#: The output-agreement budgets of an A/B, in the marker's help order.
+AGREEMENT_BUDGETS: dict[str, AgreementBudget] = {
+    b.key: b
+    for b in (
+        AgreementBudget(
+            "min_top1_agreement",
+            "top1_agreement",
+            "top-1 agreement",
+            False,
+            "A/B: min share of positions where B's most likely next token is A's "
+            "(teacher-forced on A's greedy tokens), e.g. 0.9",
+            share=True,
+        ),
+        AgreementBudget(
+            "max_kl",
+            "kl_mean",
+            "mean KL(A||B)",
+            True,
+            "A/B: max mean KL divergence of B's next-token distribution from A's (nats), e.g. 0.01",
+        ),
+        AgreementBudget(
+            "max_kl_p99",
+            "kl_p99",
+            "KL(A||B) p99",
+            True,
+            "A/B: max p99 over positions of the KL divergence of B's next-token distribution from A's (nats)",
+        ),
+    )
+}

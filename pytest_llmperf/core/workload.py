@@ -208,6 +208,25 @@ class RunTrace:
 
 
 @dataclass(frozen=True)
+class TokenLogits:
+    """One prompt as an engine that exposes token probabilities sees it, outside every timed
+    region (``measuring.agreement``): the prompt's ids, the model's greedy continuation (end of
+    generation banned, as in the runs) and, teacher-forced on the ids it was given (its own
+    greedy ones when none), the next-token logits at each generated position: a float32 array,
+    positions x vocabulary, row j the scores of token j given the prompt and tokens 0..j-1.
+
+    A served model gives only its top-k instead (``logits`` None): ``top_ids`` and
+    ``top_logprobs``, positions x k, the k most likely next tokens and their log-probabilities
+    under the whole distribution (an id of -1: fewer were sent)."""
+
+    prompt_ids: tuple[int, ...]
+    greedy_ids: tuple[int, ...]
+    logits: Any  # numpy float32 (n, n_vocab); numpy is not imported here
+    top_ids: Any = None  # numpy int64 (n, k)
+    top_logprobs: Any = None  # numpy float64 (n, k)
+
+
+@dataclass(frozen=True)
 class EngineInfo:
     """Static facts about an engine: which backend, which model, which settings."""
 

@@ -40,16 +40,19 @@ import os
 import secrets
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from ..core.errors import ConfigError, EngineError
 from ..core.redact import Redactor, Url, display, redact
 from ..core.settings import APIS, SETTINGS
-from ..core.workload import EngineInfo, RunTrace, Workload
+from ..core.workload import EngineInfo, RunTrace, TokenLogits, Workload
 from . import synthetic_text
 from .sse import MAX_ERROR_BODY_BYTES, EventReader, Head, StreamState, status_error
 
 DEFAULT_API_KEY_ENV: str = SETTINGS["api_key_env"].default
+#: Top log-probabilities asked per position for output agreement (OpenAI's top_logprobs cap).
+TOP_K = 20
 
 
 class HttpEngine:
@@ -90,6 +93,8 @@ class HttpEngine:
         path = parts.path.rstrip("/") or "/v1"  # the query (an API key in it) stays after the path
         route = path + ("/completions" if api == "completions" else "/chat/completions")
         self._request_url, self.url = parts.at(route).sent(), parts.at(route).shown()  # sent vs shown
+        # Token probabilities (llama-server's own route, beside /v1): token-id prompts, ids in the reply.
+        self._native_completion_url = parts.at(path.rsplit("/v1", 1)[0] + "/completion").sent()
         self._metrics_url, self.endpoint = (
             parts.at(path.rsplit("/v1", 1)[0] + "/metrics").sent(),
             parts.at(path).shown(),
@@ -337,6 +342,100 @@ class HttpEngine:
             _DEADLINE.at = None
         self._metrics_missing = values is None
         return values
+
+    # -- token probabilities (output agreement, measuring.agreement): after the timed runs -------
+
+    #: Capability: the top-k next-token log-probabilities (:meth:`token_logits`), where the
+    #: server sends token ids with them (llama-server's ``/completion`` with ``n_probs``); the
+    #: prompt's token ids come from the other side (``needs_prompt_ids``).
+    supports_token_logits = True
+    needs_prompt_ids = True
+
+    def token_logits(
+        self, workload: Workload, forced: Sequence[int] | None = None, prompt_ids: Sequence[int] | None = None
+    ) -> TokenLogits | str:
+        """Greedy (temperature 0, end of generation banned) from ``prompt_ids``: the server's
+        continuation of ``max_tokens`` ids and its top-``TOP_K`` log-probabilities at each
+        position of ``forced`` (None: its own tokens). A position stays teacher-forced while the
+        server's tokens follow ``forced``; where one parts, the next request starts from the
+        forced prefix up to there (one request per divergence). A string: why the server
+        cannot say (it takes no token-id prompt, or sends no token ids)."""
+        import numpy as np
+
+        if prompt_ids is None:
+            return "an endpoint needs the prompt's token ids from the other side"
+        n = workload.max_tokens
+        greedy: list[int] | None = None
+        rows: list[list[tuple[int, float]]] = []
+        while len(rows) < n:
+            target = list(greedy if forced is None else forced) if greedy is not None else []
+            got = self._top_logprobs([*prompt_ids, *target[: len(rows)]], n - len(rows))
+            if isinstance(got, str):
+                return got
+            if greedy is None:
+                greedy = [token for token, _ in got]
+                if len(greedy) < n:
+                    return f"the endpoint generated {len(greedy)} of {n} tokens with ignore_eos"
+                target = list(greedy if forced is None else forced)
+            for token, top in got:
+                rows.append(top)
+                if token != target[len(rows) - 1]:
+                    break  # later positions follow the server's own token, not the forced one
+        assert greedy is not None
+        k = max(1, *(len(r) for r in rows))
+        ids = np.full((n, k), -1, dtype=np.int64)
+        logprobs = np.full((n, k), -np.inf)
+        for i, row in enumerate(rows):
+            ids[i, : len(row)] = [t for t, _ in row]
+            logprobs[i, : len(row)] = [lp for _, lp in row]
+        return TokenLogits(tuple(prompt_ids), tuple(greedy[:n]), None, ids, logprobs)
+
+    def _top_logprobs(self, ids: Sequence[int], n: int) -> list[tuple[int, list[tuple[int, float]]]] | str:
+        """One non-streaming completion of ``n`` tokens from ``ids`` on llama-server's own
+        ``/completion``: (token, [(id, logprob)...]) per generated token, or why not (a string).
+        llama-server sends no probabilities for a token that leaves the text an incomplete UTF-8
+        character (a byte token): its list is empty (the generated ids come from ``tokens``)."""
+        import httpx
+
+        body: dict[str, Any] = {
+            "prompt": list(ids),
+            "n_predict": n,
+            "temperature": 0.0,
+            "n_probs": TOP_K,
+            "return_tokens": True,
+            "cache_prompt": True,
+            "stream": False,
+        }
+        if self.ignore_eos:
+            body["ignore_eos"] = True
+        try:
+            response = self._client.post(
+                self._native_completion_url, json=body, timeout=httpx.Timeout(self.request_timeout_s, connect=5.0)
+            )
+        except httpx.HTTPError as exc:
+            raise EngineError(
+                self.redact(f"{self.url}: reading token probabilities: {type(exc).__name__}: {exc}")
+            ) from None
+        if response.status_code != 200:
+            return f"the endpoint has no llama-server /completion with n_probs (HTTP {response.status_code})"
+        try:
+            data = response.json()
+            tokens = [int(t) for t in data["tokens"]]
+            entries = [
+                (int(e["id"]), [(int(t["id"]), float(t["logprob"])) for t in e["top_logprobs"]])
+                for e in data["completion_probabilities"]
+            ]
+        except (ValueError, KeyError, IndexError, TypeError):
+            return "the endpoint sent no token ids with its log-probabilities (llama-server's n_probs)"
+        out: list[tuple[int, list[tuple[int, float]]]] = []
+        for token in tokens:  # the entries are the tokens', in order, less the byte tokens held back
+            if entries and entries[0][0] == token:
+                out.append((token, entries.pop(0)[1]))
+            else:
+                out.append((token, []))
+        if not out or entries:
+            return "the endpoint's log-probabilities do not follow its tokens"
+        return out
 
     def close(self) -> None:
         self._client.close()

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import ConfigError, EngineError
-from ..core.workload import AUTO_CTX_STEP, EngineInfo, NativeCounters, RunTrace, Workload, llama_arguments
+from ..core.workload import AUTO_CTX_STEP, EngineInfo, NativeCounters, RunTrace, TokenLogits, Workload, llama_arguments
 from ..models.gguf import embedding_lookup, gguf_file_type
 from .llama_cpp_native import (
     EngineConfig,
@@ -97,6 +97,7 @@ class LlamaCppEngine:
         use_repack, repack_note = resolve_repack(self.config.repack, gguf_file_type(path))
         values = {**self.config.settings(), "repack": use_repack}  # as llama.cpp gets them
         keywords, model_params = llama_arguments(values)
+        mapped_before = mapped_file_mib(path)  # another engine of this file in this process maps it too
         started = time.perf_counter_ns()
         try:
             with _model_params(llama_cpp, **model_params), llama_log_capture(llama_cpp) as log:
@@ -159,7 +160,7 @@ class LlamaCppEngine:
             native_load_ms=float(native_load_ms),
             first_eval_ms=first_eval_ms,
             backend_version=llama_cpp_version(),
-            **self._memory(path),
+            **self._memory(path, mapped_before),
         )
 
     @classmethod
@@ -337,17 +338,20 @@ class LlamaCppEngine:
         self._evaluate_once()
         self._info = dataclasses.replace(self._info, n_ctx=self.n_ctx, n_batch=self.n_batch, **self._memory())
 
-    def _memory(self, path: Path | None = None) -> dict[str, Any]:
+    def _memory(self, path: Path | None = None, mapped_before: tuple[float, float] | None = None) -> dict[str, Any]:
         """EngineInfo's memory fields: llama.cpp's reported buffers of the model and of the
-        context in use, and (``path``: after load) the model file's mapping."""
+        context in use, and (``path``: after load) the model file's mapping that this load made:
+        the process's mappings of the file less those it had before (``mapped_before``)."""
         b = self._buffers
         out = {"kv_mib": b.get("kv"), "compute_mib": b.get("compute"), "output_mib": b.get("output")}
         if path is not None:
             mapped = mapped_file_mib(path)
+            if mapped is not None and mapped_before is not None:
+                mapped = (mapped[0] - mapped_before[0], max(mapped[1] - mapped_before[1], 0.0))
             out.update(
                 model_buffer_mib=b.get("model"),
-                mapped_mib=mapped[0] if mapped else None,
-                mapped_resident_mib=mapped[1] if mapped else None,
+                mapped_mib=mapped[0] if mapped and mapped[0] > 0 else None,
+                mapped_resident_mib=mapped[1] if mapped and mapped[0] > 0 else None,
             )
         return out
 
@@ -366,6 +370,64 @@ class LlamaCppEngine:
                 f"context too small: {prompt_tokens} prompt + {max_tokens} generated tokens > "
                 f"n_ctx {self.n_ctx}; raise --llmperf-n-ctx or shorten the workload"
             )
+
+    # -- token probabilities (output agreement, measuring.agreement): never inside a timed run --
+
+    #: Capability: next-token logits over the whole vocabulary (:meth:`token_logits`).
+    supports_token_logits = True
+
+    def token_logits(
+        self, workload: Workload, forced: Sequence[int] | None = None, prompt_ids: Sequence[int] | None = None
+    ) -> TokenLogits:
+        """The workload's prompt (or ``prompt_ids``), this model's greedy continuation of
+        ``max_tokens`` ids (end of generation banned, as the runs' sampler does) and the
+        next-token logits at each position of ``forced`` (teacher forcing, one batch; None: its
+        own greedy ids). On this engine's context, after its runs; the KV cache is cleared
+        before and after, as ``run`` does."""
+        lib, n_tokens = self._lib, workload.max_tokens
+        prompt = list(prompt_ids) if prompt_ids is not None else self.prompt_ids(workload)
+        self.check_fits(len(prompt), n_tokens)
+        self.fit_context(len(prompt) + n_tokens)
+        if forced is not None and len(forced) != n_tokens:
+            raise ValueError(f"token_logits: {len(forced)} forced ids for {n_tokens} positions")
+        banned = np.asarray(self._eog_ids, dtype=np.int64)
+        self._clear()
+        try:
+            greedy: list[int] = []
+            row = self._logit_rows(prompt, 0, len(prompt) - 1)[0]
+            for i in range(n_tokens):
+                if i:
+                    row = self._logit_rows([greedy[-1]], len(prompt) + i - 1, 0)[0]
+                row[banned] = -np.inf
+                greedy.append(int(np.argmax(row)))
+            lib.llama_memory_clear(lib.llama_get_memory(self._ctx), True)
+            ids = list(prompt) + list(greedy if forced is None else forced)[:-1]
+            rows = self._logit_rows(ids, 0, len(prompt) - 1)
+        finally:
+            self._clear()
+        return TokenLogits(tuple(prompt), tuple(greedy), np.stack(rows))
+
+    def _logit_rows(self, ids: Sequence[int], pos0: int, first: int) -> list[np.ndarray]:
+        """Decode ``ids`` at positions ``pos0``.. (in ``n_batch`` chunks) and copy the logits
+        after each of ``ids[first:]`` (float32, one row per position)."""
+        lib, rows = self._lib, []
+        batch = lib.llama_batch_init(self.n_batch, 0, 1)
+        try:
+            for start in range(0, len(ids), self.n_batch):
+                chunk = ids[start : start + self.n_batch]
+                batch.n_tokens = len(chunk)
+                for j, token in enumerate(chunk):
+                    batch.token[j], batch.pos[j], batch.n_seq_id[j] = token, pos0 + start + j, 1
+                    batch.seq_id[j][0] = 0
+                    batch.logits[j] = start + j >= first
+                if lib.llama_decode(self._ctx, batch) != 0:
+                    raise EngineError(f"llama_decode failed reading token probabilities ({len(ids)} tokens)")
+                for j in range(max(first - start, 0), len(chunk)):
+                    scores = lib.llama_get_logits_ith(self._ctx, j)
+                    rows.append(np.ctypeslib.as_array(scores, shape=(self.n_vocab,)).copy())
+        finally:
+            lib.llama_batch_free(batch)
+        return rows
 
     def close(self) -> None:
         if getattr(self, "_own_ctx", False):

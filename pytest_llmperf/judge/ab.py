@@ -1,7 +1,8 @@
 """Interleaved A/B comparisons with paired statistics and relative budgets (docs/ab.md).
 
 The statistics are ``judge.paired`` (on the level estimator), the relative budgets
-(max_slowdown, min_speedup) ``judge.budgets``; what a side may be:
+(max_slowdown, min_speedup; min_top1_agreement, max_kl, max_kl_p99) ``judge.budgets``, the
+output agreement of the sides ``measuring.agreement`` (after every timed run); what a side may be:
 ``pytest_plugin.marks.resolve_side``. No pytest.
 
 Run two engines interleaved, run by run, and compare them with paired statistics.
@@ -23,14 +24,25 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import ConfigError
+from ..core.formats import sig6
 from ..core.workload import Workload
+from ..measuring.agreement import Agreement, compare_outputs
 from ..measuring.metrics import Measurement, RunMetrics, summarize
 from ..measuring.runner import as_engine
-from .budgets import BudgetOutcome, RelativeBudget, judge, parse_budgets
+from .budgets import (
+    AgreementOutcome,
+    BudgetOutcome,
+    RelativeBudget,
+    judge,
+    judge_agreement,
+    parse_agreement_budgets,
+    parse_budgets,
+)
 from .paired import PAIRED_METRICS, PHASE_METRIC, PairedComparison, paired
 
 __all__ = [
     "ABResult",
+    "Agreement",
     "BudgetOutcome",
     "PairedComparison",
     "RelativeBudget",
@@ -61,6 +73,9 @@ class ABResult:
     b: Measurement
     comparisons: tuple[PairedComparison, ...]
     budgets: tuple[BudgetOutcome, ...] = ()
+    #: B's outputs against A's, computed after every timed run (None: not computed, a smoke run).
+    agreement: Agreement | None = None
+    agreement_budgets: tuple[AgreementOutcome, ...] = ()
 
     def get(self, name: str) -> PairedComparison:
         """The comparison of a phase (``"decode"``) or a metric (``"tpot_ms"``)."""
@@ -79,8 +94,11 @@ class ABResult:
         return self.get("decode")
 
     @property
-    def failed(self) -> tuple[BudgetOutcome, ...]:
-        return tuple(o for o in self.budgets if o.status == "breached")
+    def failed(self) -> tuple[BudgetOutcome | AgreementOutcome, ...]:
+        """The budgets that fail the test: breached ones, and agreement budgets on sides that
+        expose no token probabilities."""
+        every: tuple[BudgetOutcome | AgreementOutcome, ...] = (*self.budgets, *self.agreement_budgets)
+        return tuple(o for o in every if o.status in ("breached", "unavailable"))
 
     def failure_lines(self) -> list[str]:
         prefix = f"[{self.label}] " if self.label else ""
@@ -97,6 +115,9 @@ class ABResult:
         ]
         out += [c.line() for c in self.comparisons]
         out += [o.line(self.a_name, self.b_name) for o in self.budgets]
+        if self.agreement is not None:
+            out += self.agreement.lines()
+        out += [o.line(self.a_name, self.b_name) for o in self.agreement_budgets]
         return out
 
 
@@ -124,17 +145,35 @@ def interleave(
 
 
 def compare_ab(
-    a: Side, b: Side, workload: Workload, *, max_slowdown: Any = None, min_speedup: Any = None, label: str = ""
+    a: Side,
+    b: Side,
+    workload: Workload,
+    *,
+    max_slowdown: Any = None,
+    min_speedup: Any = None,
+    label: str = "",
+    min_top1_agreement: Any = None,
+    max_kl: Any = None,
+    max_kl_p99: Any = None,
+    agreement: bool = True,
 ) -> ABResult:
     """Measure A and B interleaved (``workload.runs`` pairs, seeded by ``workload.seed``) and
-    compare them per metric; judge the relative budgets."""
+    compare them per metric; then, after every timed run, compare their outputs
+    (``measuring.agreement``; ``agreement=False``: not); judge the relative budgets."""
     if workload.is_load:
         raise ConfigError("an A/B comparison runs one request at a time; drop concurrency/requests/rate")
     if workload.runs < 3:
         raise ConfigError(f"an A/B comparison needs runs >= 3 pairs for a CI, got {workload.runs}")
     budgets = parse_budgets(max_slowdown, min_speedup)  # bad budgets fail before any run
+    agreement_budgets = parse_agreement_budgets(
+        min_top1_agreement=min_top1_agreement, max_kl=max_kl, max_kl_p99=max_kl_p99
+    )
+    if agreement_budgets and not agreement:
+        raise ConfigError(f"{agreement_budgets[0][0].key} needs the output agreement (agreement=True)")
     ea, eb = as_engine(a.engine), as_engine(b.engine)
     ta, tb, wa, wb, orders = interleave(ea, eb, workload, workload.seed)
+    # Every timed run is done: the outputs are compared on the same engines, untimed.
+    outputs = compare_outputs(ea, eb, workload, a_name=a.name, b_name=b.name) if agreement else None
     ma = _measurement(ta, wa, workload, ea, "A")
     mb = _measurement(tb, wb, workload, eb, "B")
     comparisons = []
@@ -150,7 +189,8 @@ def compare_ab(
         if budget.metric not in by_metric:
             raise ConfigError(f"{budget.kind}: {budget.target} is not observed for these sides")
         outcomes.append(judge(budget, by_metric[budget.metric]))
-    return ABResult(label, a.name, b.name, orders, ma, mb, tuple(comparisons), tuple(outcomes))
+    judged = tuple(judge_agreement(budget, limit, outputs) for budget, limit in agreement_budgets if outputs)
+    return ABResult(label, a.name, b.name, orders, ma, mb, tuple(comparisons), tuple(outcomes), outputs, judged)
 
 
 def _measurement(traces: list[Any], warm: list[Any], workload: Workload, engine: Any, label: str) -> Measurement:
@@ -168,6 +208,22 @@ def properties(results: Sequence[ABResult]) -> list[tuple[str, Any]]:
                 (f"{prefix}{c.metric}.ci", f"{c.ci_low:.6g}..{c.ci_high:.6g}"),
             ]
         out += [(f"{prefix}budget.{o.budget.kind}.{o.budget.target}", o.status) for o in r.budgets]
+        g = r.agreement
+        if g is not None and g.available:
+            out += [
+                (f"{prefix}agreement.{name}", sig6(value))
+                for name, value in (
+                    ("top1_agreement", g.top1_agreement),
+                    ("kl_mean", g.kl_mean),
+                    ("kl_p99", g.kl_p99),
+                    ("greedy_parity", g.greedy_parity),
+                )
+                if value is not None
+            ]
+            out += [(f"{prefix}agreement.positions", g.n_positions), (f"{prefix}agreement.method", g.method)]
+        elif g is not None:
+            out.append((f"{prefix}agreement", f"not available ({g.reason})"))
+        out += [(f"{prefix}budget.{o.budget.key}", o.status) for o in r.agreement_budgets]
     return out
 
 
@@ -210,6 +266,18 @@ def as_dict(r: ABResult) -> dict[str, Any]:
                 "line": o.line(r.a_name, r.b_name),
             }
             for o in r.budgets
+        ],
+        "agreement": None if r.agreement is None else {k: _finite(v) for k, v in r.agreement.as_dict().items()},
+        "agreement_budgets": [
+            {
+                "key": o.budget.key,
+                "figure": o.budget.figure,
+                "value": o.limit,
+                "measured": _finite(o.measured),
+                "status": o.status,
+                "line": o.line(r.a_name, r.b_name),
+            }
+            for o in r.agreement_budgets
         ],
         "failures": r.failure_lines(),
     }

@@ -14,7 +14,11 @@ asks B's rate to be at least 1.5x A's (B's time / A's <= 1 / 1.5). A number appl
 phases (prefill: TTFT, decode: TPOT); a mapping names phases or metrics
 (``{"decode": 0.05, "e2e_ms": 0.1}``). The verdict follows the paired CI, as a baseline
 REGRESSION follows its CI: breached when the whole 95% CI lies beyond the limit (fails the
-test), met when the whole CI lies within it, undecided otherwise (shown, does not fail)."""
+test), met when the whole CI lies within it, undecided otherwise (shown, does not fail).
+
+Output-agreement budgets (``min_top1_agreement``, ``max_kl``, ``max_kl_p99``; the catalog's
+``AGREEMENT_BUDGETS``): B's outputs against A's (``measuring.agreement``), judged exactly;
+an A/B whose sides expose no token probabilities fails them with a line saying so."""
 
 from __future__ import annotations
 
@@ -22,9 +26,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.catalog import BUDGETS, Budget, direct_sample
+from ..core.catalog import AGREEMENT_BUDGETS, BUDGETS, AgreementBudget, Budget, direct_sample
 from ..core.errors import ConfigError
 from ..core.formats import fmt
+from ..measuring.agreement import Agreement
 from ..measuring.metrics import Measurement
 from .paired import PAIRED_METRICS, PHASE_METRIC, PairedComparison
 
@@ -156,3 +161,53 @@ def judge(budget: RelativeBudget, c: PairedComparison) -> BudgetOutcome:
     limit = budget.max_ratio
     status = "breached" if c.ci_low > limit else "met" if c.ci_high <= limit else "undecided"
     return BudgetOutcome(budget, c, status)
+
+
+@dataclass(frozen=True)
+class AgreementOutcome:
+    """One output-agreement budget against the A/B's ``Agreement``."""
+
+    budget: AgreementBudget
+    limit: float
+    agreement: Agreement
+    status: str  # "met" | "breached" | "unavailable" (the last two fail the test)
+
+    @property
+    def measured(self) -> float | None:
+        value: float | None = getattr(self.agreement, self.budget.figure)
+        return value
+
+    def line(self, a_name: str, b_name: str) -> str:
+        """One line naming both sides, the figure and its sample, and the budget."""
+        b, key = self.budget, f"{self.budget.key} {self.limit:g}"
+        if self.status == "unavailable":
+            return f"{key}: B [{b_name}] vs A [{a_name}]: agreement not available ({self.agreement.reason})"
+        op = ("<=" if b.ceiling else ">=") if self.status == "met" else (">" if b.ceiling else "<")
+        shown = f"{self.measured:.4g}" if b.ceiling else f"{self.measured:.4f}"
+        verdict = "" if self.status == "breached" else ": met"
+        return f"{b.label} of B [{b_name}] with A [{a_name}] {shown} {op} {key} ({self.agreement.sample}){verdict}"
+
+
+def parse_agreement_budgets(**given: Any) -> tuple[tuple[AgreementBudget, float], ...]:
+    """The output-agreement budgets given to ``compare()`` or the marker (None: not set); a
+    ConfigError names what is wrong."""
+    out = []
+    for key, value in given.items():
+        if value is None:
+            continue
+        budget = AGREEMENT_BUDGETS.get(key)
+        if budget is None:
+            raise ConfigError(f"unknown agreement budget {key!r}; use one of {', '.join(AGREEMENT_BUDGETS)}")
+        high = 1.0 if budget.share else float("inf")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= high:
+            what = "a share between 0 and 1 such as 0.9" if budget.share else "a number >= 0 such as 0.01"
+            raise ConfigError(f"{key} must be {what}, got {value!r}")
+        out.append((budget, float(value)))
+    return tuple(out)
+
+
+def judge_agreement(budget: AgreementBudget, limit: float, agreement: Agreement) -> AgreementOutcome:
+    if not agreement.available:
+        return AgreementOutcome(budget, limit, agreement, "unavailable")
+    measured = getattr(agreement, budget.figure)
+    return AgreementOutcome(budget, limit, agreement, "met" if budget.holds(measured, limit) else "breached")

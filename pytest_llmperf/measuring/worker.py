@@ -25,6 +25,8 @@ stdout and stderr are its log file, so nothing llama.cpp prints can corrupt a me
      "run_index": i}                                     "info": EngineInfo fields (the context in use)}
     {"op": "layers", "workload": Workload fields}       {"ok": true, "layers": LayerProfile fields}
     {"op": "rss", "reset": bool}                        {"ok": true, "reset": bool, "peak": [bytes, scope]}
+    {"op": "logits", "workload": Workload fields,       {"ok": true, "prompt_ids": [...], "greedy_ids":
+     "forced": [ids] | null}                             [...], "logits": base64 float32, "shape": [n, v]}
     {"op": "close"}                                     (exits)
                                                         {"ok": false, "error": "one line",
                                                          "kind": "EngineError" | "ConfigError"}
@@ -58,7 +60,7 @@ from typing import IO, Any
 
 from ..core.errors import ConfigError, EngineError, LLMPerfError
 from ..core.settings import SETTINGS
-from ..core.workload import EngineInfo, NativeCounters, RunTrace, Workload
+from ..core.workload import EngineInfo, NativeCounters, RunTrace, TokenLogits, Workload
 from ..engines.llama_cpp_native import EngineConfig, known_cause, quoted_log, signal_name
 from ..models.gguf import gguf_file_type
 
@@ -309,6 +311,27 @@ class WorkerEngine:
         peak = self._call({"op": "rss", "reset": False}, "reading the memory of")["peak"]
         return PeakRss(int(peak[0]), peak[1] if was_reset else "process")
 
+    #: Token probabilities (output agreement): ``token_logits`` below, computed in the worker.
+    supports_token_logits = True
+
+    def token_logits(
+        self, workload: Workload, forced: Sequence[int] | None = None, prompt_ids: Sequence[int] | None = None
+    ) -> TokenLogits:
+        """``LlamaCppEngine.token_logits`` in the worker; the logits cross as float32 bytes."""
+        import base64
+
+        import numpy as np
+
+        message = {
+            "op": "logits",
+            "workload": dataclasses.asdict(workload),
+            "forced": None if forced is None else list(forced),
+            "prompt_ids": None if prompt_ids is None else list(prompt_ids),
+        }
+        reply = self._call(message, "reading token probabilities of")
+        logits = np.frombuffer(base64.b64decode(reply["logits"]), dtype=np.float32).reshape(reply["shape"])
+        return TokenLogits(tuple(reply["prompt_ids"]), tuple(reply["greedy_ids"]), logits)
+
     def profile_layers(self, workload: Workload) -> Any:
         """``measuring.layers.profile_layers`` of this engine, run in the worker."""
         reply = self._call({"op": "layers", "workload": dataclasses.asdict(workload)}, "timing the layers of")
@@ -451,6 +474,21 @@ def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
                 reset = reset_peak_rss() if message["reset"] else False
                 peak = peak_rss(True)
                 answer({"ok": True, "reset": reset, "peak": [peak.bytes, peak.scope]})
+            elif op == "logits":
+                import base64
+
+                got = engine.token_logits(
+                    Workload(**message["workload"]), message.get("forced"), message.get("prompt_ids")
+                )
+                answer(
+                    {
+                        "ok": True,
+                        "prompt_ids": list(got.prompt_ids),
+                        "greedy_ids": list(got.greedy_ids),
+                        "logits": base64.b64encode(got.logits.astype("<f4").tobytes()).decode("ascii"),
+                        "shape": list(got.logits.shape),
+                    }
+                )
             elif op == "layers":
                 from .layers import profile_layers
 

@@ -253,7 +253,10 @@ class LLMPerf:
         (``{"threads": 1}``, over the session's), a model (path or preset), a callable
         ``fn(prompt, max_tokens)``, an endpoint URL or an engine. ``max_slowdown`` /
         ``min_speedup`` (a number for both phases, or per phase/metric) fail the test when
-        the whole CI lies beyond them. Other keywords are marker keys (workload)."""
+        the whole CI lies beyond them; ``min_top1_agreement``, ``max_kl``, ``max_kl_p99`` bound
+        the sides' output agreement (``r.agreement``, computed after the runs). Other keywords
+        are marker keys (workload)."""
+        from ..core.catalog import AGREEMENT_BUDGETS
         from ..judge.ab import compare_ab
         from .marks import resolve_side
 
@@ -283,6 +286,8 @@ class LLMPerf:
                     max_slowdown=None if self._smoke else config.ab.get("max_slowdown"),
                     min_speedup=None if self._smoke else config.ab.get("min_speedup"),
                     label=label,
+                    agreement=not self._smoke,
+                    **{k: None if self._smoke else config.ab.get(k) for k in AGREEMENT_BUDGETS},
                 )
         self.ab_results.append(result)
         return result

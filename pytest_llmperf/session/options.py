@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..core.catalog import BUDGETS
+from ..core.catalog import AGREEMENT_BUDGETS, BUDGETS
 from ..core.errors import ConfigError
 from ..core.settings import RENAMED, SETTINGS, EngineSettings, Resolved, renamed_line, resolve
 from ..core.workload import LLAMA_SETTINGS, MAX_TOKENS, MODEL_LOAD_KINDS, ValueKind, too_many
@@ -297,6 +297,13 @@ def _no_check(kind: str) -> Callable[[str, Any], Any]:
     return check
 
 
+def _agreement(name: str, value: Any) -> Any:
+    from ..judge.budgets import parse_agreement_budgets
+
+    parse_agreement_budgets(**{name: value})  # raises a ConfigError naming what is wrong
+    return value
+
+
 KEYS: dict[str, Key] = {
     k.name: k
     for k in [
@@ -338,6 +345,7 @@ KEYS: dict[str, Key] = {
             _relative,
         ),
         Key("min_speedup", "ab", "A/B: min B/A speed ratio per phase, e.g. 1.5 or {'decode': 1.2}", _relative),
+        *(Key(b.key, "ab", b.help, _agreement) for b in AGREEMENT_BUDGETS.values()),
         Key(
             "max_runs",
             "option",
@@ -375,7 +383,7 @@ class MarkerConfig:
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     #: llama.cpp settings for this test (``engines.llama_cpp_native.EngineConfig`` fields), over the session's.
     engine: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    #: A/B keys (a, b, max_slowdown, min_speedup): the test compares two sides interleaved.
+    #: A/B keys (a, b, max_slowdown, min_speedup, the agreement budgets): the test compares two sides interleaved.
     ab: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property

@@ -1,0 +1,250 @@
+"""Output agreement of an A/B's two sides: do they produce the same tokens and distributions?
+
+Over the A/B's prompts (the workload's prompt; a synthetic one also under ``PROMPTS - 1``
+further seeds), each side's engine gives, outside every timed region (after the interleaved
+runs), its greedy continuation and its next-token logits (``engines.llama_cpp``'s
+``token_logits``, or the engine worker's):
+
+- greedy parity: the share of positions where B's greedy token is A's, and the first position
+  where they part (B runs free on its own tokens, as a user would see it);
+- teacher-forced on A's greedy tokens (both sides read the same token ids, in one batch each):
+  top-1 agreement, the share of positions where B's most likely next token is A's, and the KL
+  divergence KL(P_A || P_B) of B's next-token distribution from A's, A the base, as
+  ``llama-perplexity --kl-divergence`` computes it: mean, p99 and max over positions.
+
+The math is float64 log-softmax over the whole vocabulary. Identical logits give KL exactly 0
+and agreement exactly 1 (log P_A - log P_B is 0.0 term by term); otherwise KL >= 0 (Gibbs'
+inequality), so a rounding residue below 0 is clipped to 0. The positions are those of the
+first ``TOKENS`` generated tokens per prompt (``max_tokens`` when smaller).
+
+A served side (``engines.http``: llama-server's ``n_probs`` on ``/v1/completions``, with token
+ids) gives only its top-k log-probabilities per position, and takes the prompt as token ids
+from the other side. Then the figures are approximate, labelled ``approx (top-k=K)``: KL over
+the tokens whose probabilities both sides gave, plus one bucket for the rest of each
+distribution. Coarse-graining never raises KL (the log-sum inequality), so the approximation
+is a lower bound of the full-vocabulary KL; top-1 agreement stays exact (each side's top token
+is its first).
+
+A side that cannot expose token probabilities (a callable, an engine without
+``supports_token_logits``) gives an ``Agreement`` that says so; sides with different
+vocabularies or tokenizations likewise. No pytest."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..core.workload import TokenLogits, Workload
+
+#: Prompts compared for a synthetic prompt (the workload's and further seeds); a literal one: 1.
+PROMPTS = 4
+#: Generated positions compared per prompt, at most.
+TOKENS = 64
+#: What the figures are when both sides give full-vocabulary logits.
+EXACT = "exact, full vocabulary"
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """B's outputs against A's (module docstring); ``reason`` set: not available, and why."""
+
+    reason: str = ""
+    method: str = EXACT
+    n_prompts: int = 0
+    n_positions: int = 0
+    top1_agreement: float | None = None
+    kl_mean: float | None = None
+    kl_p99: float | None = None
+    kl_max: float | None = None
+    greedy_parity: float | None = None  # share of identical greedy tokens (over every position)
+    #: Positions left out of top-1 and KL: a server sent no probabilities for them (llama-server
+    #: holds back a byte token that leaves the text an incomplete UTF-8 character).
+    n_unscored: int = 0
+    #: Per prompt: the first generated position where B's greedy token differs from A's (None: none).
+    first_divergence: tuple[int | None, ...] = ()
+
+    @property
+    def available(self) -> bool:
+        return not self.reason
+
+    @property
+    def sample(self) -> str:
+        return f"{self.n_positions} positions over {self.n_prompts} prompt{'s' if self.n_prompts != 1 else ''}"
+
+    @property
+    def earliest_divergence(self) -> int | None:
+        return min((d for d in self.first_divergence if d is not None), default=None)
+
+    def lines(self) -> list[str]:
+        """The report section's lines (each within 80 columns)."""
+        if not self.available:
+            return [f"agreement: not available ({self.reason})"]
+        assert self.kl_mean is not None and self.kl_p99 is not None and self.kl_max is not None
+        diverged = sum(d is not None for d in self.first_divergence)
+        first = self.earliest_divergence
+        where = "none" if first is None else f"token {first} ({diverged} of {self.n_prompts} prompts part)"
+        held = [f"  {self.n_unscored} more positions without a server's probabilities"] if self.n_unscored else []
+        return [
+            f"agreement ({self.method}): {self.sample}",
+            *held,
+            f"  teacher-forced on A's tokens: top-1 {self.top1_agreement:.4f}",
+            f"  KL(A||B) mean {self.kl_mean:.4g}, p99 {self.kl_p99:.4g}, max {self.kl_max:.4g}",
+            f"  greedy parity {self.greedy_parity:.4f}; first divergence: {where}",
+        ]
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["first_divergence"] = list(self.first_divergence)
+        out["available"] = self.available
+        return out
+
+
+def log_softmax(logits: Any) -> Any:
+    """Row-wise log-softmax in float64."""
+    x = np.asarray(logits, dtype=np.float64)
+    top = x.max(axis=-1, keepdims=True)
+    shifted = x - top
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def kl_rows(logits_a: Any, logits_b: Any) -> Any:
+    """KL(P_A || P_B) per row (A the base), float64, >= 0."""
+    la, lb = log_softmax(logits_a), log_softmax(logits_b)
+    kl = (np.exp(la) * (la - lb)).sum(axis=-1)
+    return np.maximum(kl, 0.0)  # Gibbs: KL >= 0; only rounding goes below
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
+def prompts(workload: Workload, n_prompts: int = PROMPTS, n_tokens: int = TOKENS) -> list[Workload]:
+    """The workloads whose prompts are compared: the workload's own, and for a synthetic prompt
+    ``n_prompts - 1`` more under the next seeds; ``max_tokens`` at most ``n_tokens``."""
+    base = dataclasses.replace(workload, max_tokens=min(workload.max_tokens, n_tokens), runs=1, warmup=0)
+    count = 1 if workload.prompt is not None else n_prompts
+    return [dataclasses.replace(base, seed=workload.seed + k) for k in range(count)]
+
+
+def exposes(engine: Any) -> bool:
+    return bool(getattr(engine, "supports_token_logits", False))
+
+
+def _needs_ids(engine: Any) -> bool:
+    return bool(getattr(engine, "needs_prompt_ids", False))
+
+
+def _row(t: TokenLogits, full: Any, i: int) -> dict[int, float] | None:
+    """Row i's known log-probabilities by token id (None: the whole vocabulary, in ``full``)."""
+    if t.logits is not None:
+        return None
+    return {int(k): float(lp) for k, lp in zip(t.top_ids[i], t.top_logprobs[i]) if k >= 0}
+
+
+def _top(t: TokenLogits, full: Any, i: int) -> int:
+    if full is not None:
+        return int(np.argmax(full[i]))
+    return int(t.top_ids[i][int(np.argmax(t.top_logprobs[i]))])
+
+
+def approx_kl_rows(pa: TokenLogits, pb: TokenLogits) -> tuple[Any, Any]:
+    """(KL(P_A || P_B) per row, top-1 equal per row) where a side gave only its top-k: over the
+    tokens known on both sides plus one bucket for the rest (module docstring). A row a side
+    sent nothing for (llama-server holds back a byte token's probabilities) is NaN in both."""
+    la = log_softmax(pa.logits) if pa.logits is not None else None
+    lb = log_softmax(pb.logits) if pb.logits is not None else None
+    kl: list[float] = []
+    same: list[float] = []
+    for i in range(len(pa.greedy_ids)):
+        ka, kb = _row(pa, la, i), _row(pb, lb, i)
+        if ka == {} or kb == {}:
+            kl.append(float("nan"))
+            same.append(float("nan"))
+            continue
+        common = list(kb or {}) if ka is None else [t for t in ka if kb is None or t in kb]
+        lpa = np.array([la[i, t] if ka is None else ka[t] for t in common])  # type: ignore[index]
+        lpb = np.array([lb[i, t] if kb is None else kb[t] for t in common])  # type: ignore[index]
+        rest_a = max(1.0 - float(np.exp(lpa).sum()), 0.0)
+        rest_b = max(1.0 - float(np.exp(lpb).sum()), 1e-12)
+        value = float((np.exp(lpa) * (lpa - lpb)).sum()) + (rest_a * np.log(rest_a / rest_b) if rest_a > 0 else 0.0)
+        kl.append(max(value, 0.0))  # >= 0 but for the servers' rounding of their log-probabilities
+        same.append(float(_top(pa, la, i) == _top(pb, lb, i)))
+    return np.array(kl), np.array(same)
+
+
+def unavailable(a: Any, b: Any, a_name: str = "A", b_name: str = "B") -> str:
+    """Why agreement cannot be computed for these sides ("" when it can)."""
+    for side, name, engine in (("A", a_name, a), ("B", b_name, b)):
+        if not exposes(engine):
+            return f"side {side} [{name}] exposes no token probabilities"
+    return ""
+
+
+def compare_outputs(
+    a: Any, b: Any, workload: Workload, *, a_name: str = "A", b_name: str = "B", n_prompts: int = PROMPTS
+) -> Agreement:
+    """B's greedy tokens and next-token distributions against A's over the workload's prompts
+    (module docstring; ``n_prompts`` for a synthetic prompt). Call after every timed run of both sides."""
+    reason = unavailable(a, b, a_name, b_name)
+    if not reason and _needs_ids(a) and _needs_ids(b):
+        reason = "both sides are endpoints: neither gives the prompt's token ids"
+    if reason:
+        return Agreement(reason=reason)
+    kl: list[Any] = []
+    top1 = parity = 0
+    divergence: list[int | None] = []
+    k = unscored = generated = 0
+    shown = prompts(workload, n_prompts)
+    for w in shown:
+        ids = None
+        if _needs_ids(a):  # an endpoint: the other side's tokenization of the prompt
+            lead = b.token_logits(w)
+            if isinstance(lead, str):
+                return Agreement(reason=f"side B [{b_name}]: {lead}")
+            ids = lead.prompt_ids
+        pa: TokenLogits | str = a.token_logits(w) if ids is None else a.token_logits(w, prompt_ids=ids)
+        if isinstance(pa, str):
+            return Agreement(reason=f"side A [{a_name}]: {pa}")
+        if _needs_ids(b):
+            pb: TokenLogits | str = b.token_logits(w, forced=pa.greedy_ids, prompt_ids=pa.prompt_ids)
+        else:
+            pb = b.token_logits(w, forced=pa.greedy_ids)
+        if isinstance(pb, str):
+            return Agreement(reason=f"side B [{b_name}]: {pb}")
+        if pa.logits is not None and pb.logits is not None and pa.logits.shape[1] != pb.logits.shape[1]:
+            return Agreement(reason=f"the sides' vocabularies differ (A {pa.logits.shape[1]}, B {pb.logits.shape[1]})")
+        if pa.prompt_ids != pb.prompt_ids:
+            return Agreement(reason="the sides tokenize the prompt differently (not one vocabulary)")
+        if pa.logits is not None and pb.logits is not None:
+            kl.append(kl_rows(pa.logits, pb.logits))
+            top1 += int((np.argmax(pa.logits, axis=1) == np.argmax(pb.logits, axis=1)).sum())
+        else:
+            rows, same = approx_kl_rows(pa, pb)
+            scored = np.isfinite(rows)
+            unscored += int((~scored).sum())
+            kl.append(rows[scored])
+            top1 += int(same[scored].sum())
+            k = max(k, *(t.top_ids.shape[1] for t in (pa, pb) if t.logits is None))
+        parity += sum(x == y for x, y in zip(pa.greedy_ids, pb.greedy_ids))
+        generated += len(pa.greedy_ids)
+        divergence.append(first_divergence(pa.greedy_ids, pb.greedy_ids))
+    values = np.concatenate(kl)
+    n = int(values.size)
+    if not n:
+        return Agreement(reason=f"no position had both sides' probabilities ({unscored} held back)")
+    return Agreement(
+        n_unscored=unscored,
+        method=f"approx (top-k={k})" if k else EXACT,
+        n_prompts=len(shown),
+        n_positions=n,
+        top1_agreement=top1 / n,
+        kl_mean=float(values.mean()),
+        kl_p99=float(np.percentile(values, 99)),
+        kl_max=float(values.max()),
+        greedy_parity=parity / generated,
+        first_divergence=tuple(divergence),
+    )
