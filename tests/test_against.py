@@ -326,6 +326,37 @@ def test_under_xdist_the_llmperf_tests_stay_on_one_worker(runner: Runner, verdic
     runner.check_clean(verdict_repo, inner.pids)
 
 
+LOAD_TESTS = f"""
+import pytest
+
+
+@pytest.mark.llmperf({W}, runs=2, warmup=0, max_load_ms=0.001)
+def test_load_budget():
+    pass
+
+
+@pytest.mark.llmperf({W}, runs=2, warmup=0, model_load="cold", max_load_ms=600000)
+def test_cold_load():
+    pass
+"""
+
+
+def test_a_load_budget_is_checked_on_each_side_after_its_pairs(runner: Runner, tmp_path: Path) -> None:
+    """``max_load_ms`` and ``model_load`` under ``--llmperf-against``: each side times its own fresh
+    loads after the pairs (never between them), so the current side's budget sees a measured
+    median, not "not measured"."""
+    root = tmp_path / "repo"
+    make_repo(root, [("base", {"conftest.py": CONFTEST, "tests/test_load.py": LOAD_TESTS})])
+    inner = runner.run(root, "tests", "-rA", "--llmperf-against", f"python:{sys.executable}")
+    out = inner.out
+    assert inner.ret == 1, out
+    assert outcome(inner, "test_load_budget") == "FAILED" and outcome(inner, "test_cold_load") == "PASSED", out
+    assert re.search(r"model load median [\d.]+ ms > budget 0\.001 ms \(2 loads, warm\)", out), out
+    assert "was not measured" not in out, out
+    assert pairs_note(inner, "test_load_budget", f"python:{sys.executable}") >= 2
+    runner.check_clean(root, inner.pids)
+
+
 # -- faults ---------------------------------------------------------------------------------
 
 

@@ -135,6 +135,12 @@ def llmperf_llm(llmperf_engine: Engine) -> llama_cpp.Llama:
 SMOKE = {"runs": 1, "warmup": 0}
 
 
+def _model_load(config: MarkerConfig) -> str | None:
+    """The fresh loads a test asks for: its ``model_load`` key, or warm ones for a ``max_load_ms``."""
+    kind = config.options.get("model_load", "warm" if "max_load_ms" in config.budgets else None)
+    return None if kind is None else str(kind)
+
+
 def _undecided(assessment: Assessment | None) -> bool:
     verdict = getattr(assessment, "verdict", None)
     return verdict is not None and verdict.status == "compared" and any(c.worth_more_runs for c in verdict.comparisons)
@@ -231,7 +237,7 @@ class LLMPerf:
             pytest.fail(
                 f"{prefix}{load.n_failed} of {load.n_requests} requests failed; {load.errors[0]}", pytrace=False
             )
-        kind = config.options.get("model_load", "warm" if "max_load_ms" in config.budgets else None)
+        kind = _model_load(config)
         if kind is not None:  # fresh loads, after the runs and before the baseline sees the record
             from ..measuring.runner import with_model_loads
 
@@ -311,6 +317,12 @@ class LLMPerf:
         """On a side of ``--llmperf-against``: the runs the controller asks for, its verdict."""
         assert self._side is not None  # measure() drives only on a side
         measurement, assessment = self._side.measure(subject, config, label, self._nodeid)
+        kind = _model_load(config)
+        if kind is not None:  # each side's own fresh loads, after the pairs: its budgets see them
+            from ..measuring.runner import with_model_loads
+
+            with _one_line():
+                measurement = with_model_loads(subject, measurement, kind, self._release)
         return self._keep(measurement, config, assessment)
 
     def _sequential(
