@@ -351,7 +351,7 @@ def test_a_load_budget_is_checked_on_each_side_after_its_pairs(runner: Runner, t
     out = inner.out
     assert inner.ret == 1, out
     assert outcome(inner, "test_load_budget") == "FAILED" and outcome(inner, "test_cold_load") == "PASSED", out
-    assert re.search(r"model load median [\d.]+ ms > budget 0\.001 ms \(2 loads, warm\)", out), out
+    assert re.search(r"model load median [\d.]+ ms > budget 0\.001 ms \([2-5] loads, warm\)", out), out
     assert "was not measured" not in out, out
     assert pairs_note(inner, "test_load_budget", f"python:{sys.executable}") >= 2
     runner.check_clean(root, inner.pids)
