@@ -2,7 +2,7 @@
 weights near chance and caught by min_top1_agreement, F16 against Q8_0 close but not equal, a
 callable side not available (and a budget on it fails), computed after every timed run; the
 marker form in an inner session: the failure line, the report section within 80 columns, the
-session JSON against its schema, the JUnit properties."""
+session JSON against its schema, the JUnit properties, the Markdown summary and the HTML report."""
 
 from __future__ import annotations
 
@@ -314,3 +314,74 @@ def test_smoke_runs_compute_no_agreement_and_judge_no_agreement_budget(pytester:
     out = result.stdout.str()
     assert "3 pairs interleaved" in out
     assert "agreement:" not in out and "agreement (" not in out and "min_top1_agreement" not in out
+
+
+def test_markdown_and_html_show_each_ab_with_its_agreement(pytester: pytest.Pytester, other_seed_path) -> None:
+    """An A/B-only session: the Markdown summary and the HTML page (and ``llmperf report`` from
+    the session JSON, the same section) show every A/B's ratios, agreement and budgets: other
+    weights breach min_top1_agreement, A/A is 1 and 0, a callable side (named with ``<`` and
+    ``&``, escaped in the page) is not available."""
+    from pytest_llmperf.cli import main as cli_main
+    from pytest_llmperf.reports.html import ab_section
+
+    pytester.makepyfile(
+        f"""
+        import pytest
+
+        def stream(prompt, max_tokens):
+            yield from ["x"] * max_tokens
+
+        stream.__name__ = "<stream&co>"
+        KEYS = dict(runs=3, warmup=0, prompt_tokens=8, max_tokens=8)
+
+        @pytest.mark.llmperf(a={{"model": "tiny"}}, b={{"model": {str(other_seed_path)!r}}},
+                             min_top1_agreement=0.9, **KEYS)
+        def test_other_weights():
+            pass
+
+        @pytest.mark.llmperf(a={{"model": "tiny"}}, b={{"model": "tiny"}}, max_kl=0.0, **KEYS)
+        def test_same():
+            pass
+
+        @pytest.mark.llmperf(a={{"model": "tiny"}}, b=stream, max_slowdown={{"decode": 9}}, **KEYS)
+        def test_callable():
+            pass
+        """
+    )
+    result = run(pytester, "--llmperf-json", "s.json", "--llmperf-markdown", "s.md", "--llmperf-html", "s.html")
+    result.assert_outcomes(passed=2, failed=1)
+    md = (pytester.path / "s.md").read_text()
+    assert "**1 of 3 A/B comparison(s) failed a budget**" in md
+    sections = {part.split("`")[1].split("::")[1]: part for part in md.split("#### ")[1:]}
+    other, same, called = sections["test_other_weights"], sections["test_same"], sections["test_callable"]
+    name = str(other_seed_path)
+    assert other.split("\n")[0].endswith(f"::test_other_weights`: B [model={name}] vs A [model=tiny]"), other
+    assert re.search(
+        r"^\| decode TPOT \(ms\) \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+\.\.[\d.]+ \| ", other, re.MULTILINE
+    ), other
+    assert "| method | exact, full vocabulary |" in other and "| sample | 32 positions over 4 prompts |" in other
+    top1 = float(re.search(r"^\| top-1 agreement [^|]*\| (0\.\d{4}) \|$", other, re.MULTILINE).group(1))
+    assert top1 < 0.5
+    breach = (
+        rf"top-1 agreement of B \[model={re.escape(name)}\] with A \[model=tiny\] 0\.\d{{4}} < min_top1_agreement 0\.9"
+    )
+    assert re.search(rf"^- \*\*FAIL\*\* {breach} \(32 positions over 4 prompts\)$", other, re.MULTILINE), other
+    assert "| top-1 agreement (teacher-forced on A's tokens) | 1.0000 |" in same
+    assert "| KL(A\\|\\|B) mean | 0 |" in same and "| greedy parity | 1.0000 |" in same
+    assert "| first divergence | none |" in same and re.search(
+        r"^- mean KL\(A\|\|B\) .* 0 <= max_kl 0 .*: met$", same, re.MULTILINE
+    )
+    assert "B [<stream&co>] vs A [model=tiny]" in called
+    assert "| agreement | not available: side B [<stream&co>] exposes no token probabilities |" in called
+    assert "decode TPOT" in called and "max_slowdown met" in called
+    page = (pytester.path / "s.html").read_text()
+    assert "&lt;stream&amp;co&gt;" in page and "<stream&co>" not in page
+    assert page.count('class="ab"') == 3 and page.count('data-state="FAIL"') == 1
+    assert "<td>KL(A||B) mean</td><td>0</td>" in page and "<td>greedy parity</td><td>1.0000</td>" in page
+    assert "not available: side B [&lt;stream&amp;co&gt;] exposes no token probabilities" in page
+    assert re.search(rf"FAIL</span> {breach.replace('<', '&lt;')} ", page)
+    # Rendered from what the session keeps: the session JSON's entries give the same section.
+    kept = json.loads((pytester.path / "s.json").read_text())["ab"]
+    assert ab_section(kept) in page
+    assert cli_main(["report", str(pytester.path / "s.json"), "-o", str(pytester.path / "r.html"), "--jobs", "1"]) == 0
+    assert ab_section(kept) in (pytester.path / "r.html").read_text()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import shutil
+from typing import Any
 
 from .common import add_setting
 
@@ -143,7 +144,11 @@ def run_report(args: argparse.Namespace) -> int:
     created = data.get("created_at")
     try:
         against = data.get("against") if isinstance(data.get("against"), dict) else None
-        page = render_html(results, created if isinstance(created, str) else None, workers=args.jobs, against=against)
+        given = data.get("ab")
+        ab: list[Any] = given if isinstance(given, list) else []
+        page = render_html(
+            results, created if isinstance(created, str) else None, workers=args.jobs, against=against, ab=ab
+        )
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
         raise ConfigError(
             f"{args.session} is not a usable session report ({type(exc).__name__}: {exc}); "

@@ -34,7 +34,20 @@ from ..core.formats import fmt
 from ..core.settings import usable_cpus
 from ..judge.result import MeasurementResult, VerdictRecord
 from . import charts, record_charts
-from .session_file import against_of, change_cells, comparison_headers, detects_cell, metric_label, summary_values
+from .session_file import (
+    AB_FAILING,
+    AB_HEADERS,
+    ab_budget_lines,
+    ab_rows,
+    ab_title,
+    against_of,
+    agreement_rows,
+    change_cells,
+    comparison_headers,
+    detects_cell,
+    metric_label,
+    summary_values,
+)
 
 if TYPE_CHECKING:
     from ..judge.verdict import Comparison
@@ -390,20 +403,65 @@ def test_sections(
         return first + [section for sections in others for section in sections]
 
 
+def _ab_badge(status: str) -> str:
+    """An A/B budget's outcome: FAIL (breached, or agreement not available), met, undecided."""
+    if status in AB_FAILING:
+        return badge("OVER BUDGET", "FAIL")
+    return badge("ok", status) if status == "met" else badge("INCONCLUSIVE", status)
+
+
+def ab_section(ab: Sequence[Mapping[str, Any]]) -> str:
+    """The session's A/B comparisons (the session JSON's ``ab`` entries): per test its sides,
+    the paired ratios, the output agreement and every budget's outcome; "" without any."""
+    if not ab:
+        return ""
+    parts = ['<section id="ab">', "<h2>A/B comparisons</h2>"]
+    for n, e in enumerate(ab):
+        failing = bool(e.get("failures"))
+        orders = e.get("orders") or []
+        n_ab = sum(1 for o in orders if o == "AB")
+        parts += [
+            f'<div class="ab" id="ab-{n}" data-test="{_e(e["test"])}" data-state="{"FAIL" if failing else "ok"}">',
+            f"<h3>{_e(e['test'])}: {_e(ab_title(e))} "
+            + (badge("OVER BUDGET", "FAIL") if failing else badge("ok"))
+            + "</h3>",
+            f'<p class="notes">{len(orders)} pairs interleaved ({n_ab} AB, {len(orders) - n_ab} BA, seeded); '
+            f"A: {_e(e['a'].get('engine', e['a']['name']))}; B: {_e(e['b'].get('engine', e['b']['name']))}</p>",
+        ]
+        rows = ab_rows(e)
+        if rows:
+            parts.append(_table(AB_HEADERS, rows))
+        agreement = agreement_rows(e)
+        if agreement:
+            parts.append(_table(("output agreement", "value"), agreement))
+        budgets = ab_budget_lines(e)
+        if budgets:
+            parts.append(
+                '<ul class="notes">'
+                + "".join(f"<li>{_ab_badge(status)} {_e(line)}</li>" for status, line in budgets)
+                + "</ul>"
+            )
+        parts.append("</div>")
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
 def render_html(
     results: Sequence[MeasurementResult],
     created_at: str | None = None,
     workers: int | None = None,
     trends: Trends | None = None,
     against: Mapping[str, Any] | None = None,
+    ab: Sequence[Mapping[str, Any]] = (),
 ) -> str:
     """The whole page; ``workers``: processes drawing charts (default: usable CPUs, max 8);
     ``trends``: each test's recent sessions from the history (``history.series.attach``);
-    ``against``: what ``--llmperf-against`` compared (``against_section``)."""
+    ``against``: what ``--llmperf-against`` compared (``against_section``); ``ab``: the
+    session's A/B comparisons (``ab_section``)."""
     charts.require_matplotlib()
     ref = (against or {}).get("described") or against_of(results)
     title = f"pytest-llmperf report against {ref}" if ref else "pytest-llmperf report"
-    body = [against_section(results, against), summary_section(results, created_at)]
+    body = [against_section(results, against), summary_section(results, created_at), ab_section(ab)]
     body += test_sections(results, workers, trends, ref)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
@@ -421,11 +479,12 @@ def write_html(
     created_at: str | None = None,
     trends: Trends | None = None,
     against: Mapping[str, Any] | None = None,
+    ab: Sequence[Mapping[str, Any]] = (),
 ) -> Path:
     """Render and write atomically (a reader never sees half a page)."""
     from ..baselines.store import atomic_write
 
-    atomic_write(Path(path), render_html(results, created_at, trends=trends, against=against))
+    atomic_write(Path(path), render_html(results, created_at, trends=trends, against=against, ab=ab))
     return Path(path)
 
 

@@ -347,8 +347,10 @@ def markdown(
     *,
     budgets_gate: bool = True,
     against: Mapping[str, Any] | None = None,
+    ab: Sequence[Mapping[str, Any]] = (),
 ) -> str:
-    """A GitHub-flavoured summary: one line per test, then the comparison table.
+    """A GitHub-flavoured summary: one line per test, then the comparison table; ``ab``: the
+    session's A/B comparisons (the session JSON's ``ab`` entries), a section after it.
 
     ``extra``: Markdown lines after the headline (the HTML report's link and key figure).
     The headline counts what fails the run: regressions and, unless ``--llmperf-baselines-only``,
@@ -365,14 +367,19 @@ def markdown(
         parts = [f"{len(over)} over budget"] if over else []
         parts += [f"{len(regressions)} regression(s)"] if regressions else []
         lines.append(f"**{len(failing)} of {len(results)} measurement(s) failed**: {', '.join(parts)}.")
-    else:
+    elif results or not ab:
         lines.append(f"No regression and no budget failure in {len(results)} measurement(s).")
+    ab_failed = sum(1 for e in ab if e.get("failures"))
+    if ab_failed:
+        lines.append(f"**{ab_failed} of {len(ab)} A/B comparison(s) failed a budget** (section A/B comparisons).")
+    elif ab and not results:
+        lines.append(f"No budget failure in {len(ab)} A/B comparison(s).")
     judged = against_line(results, against)
     lines += ["", judged] if judged else []
     for line in extra:
         lines += ["", line]
     headers = ["test", *(f.header for f in HEADLINE), "budget", "vs REF" if judged else "baseline"]
-    lines += ["", "| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
+    lines += ["", "| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)] if results else []
     for r in results:
         s = summary_values(r)
         short = "not compared" if r.verdict is None or (judged and not r.reference) else r.verdict.short
@@ -401,4 +408,118 @@ def markdown(
         headers = list(comparison_headers(results))
         lines += ["", "### Comparisons", "", "| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
         lines += ["| " + " | ".join(row) + " |" for row in rows]
+    lines += ab_markdown_lines(ab)
     return "\n".join(lines) + "\n"
+
+
+#: The A/B tables' columns (Markdown summary and HTML report): one row per paired comparison.
+AB_HEADERS = ("metric", "A", "B", "B/A", "95% CI", "p", "pairs", "difference", "budget")
+
+
+def _ab_num(value: Any, spec: str = "") -> str:
+    """A figure as ``spec`` formats it (default: ``ratio_text``); n/a where JSON holds none."""
+    return "n/a" if value is None else format(value, spec) if spec else ratio_text(value)
+
+
+def ab_title(entry: Mapping[str, Any]) -> str:
+    """``B [name] vs A [name]``: the sides of one A/B (a session JSON ``ab`` entry)."""
+    return f"B [{entry['b']['name']}] vs A [{entry['a']['name']}]"
+
+
+def ab_rows(entry: Mapping[str, Any]) -> list[list[str]]:
+    """One row per paired comparison of an A/B (a session JSON ``ab`` entry): both medians, the
+    ratio B/A with its 95% CI, p, whether the CI shows a difference, the relative budgets on it."""
+    rows = []
+    for c in entry.get("comparisons") or []:
+        lo, hi = c.get("ci_low"), c.get("ci_high")
+        shown = (
+            "n/a" if lo is None or hi is None else "B slower" if lo > 1.0 else "B faster" if hi < 1.0 else "none shown"
+        )
+        budgets = [f"{b['kind']} {b['status']}" for b in entry.get("budgets") or [] if b.get("metric") == c["metric"]]
+        p = c.get("p_value")
+        rows.append(
+            [
+                metric_label(c["label"], c["phase"], c["unit"]),
+                "n/a" if c.get("a_median") is None else fmt(c["a_median"]),
+                "n/a" if c.get("b_median") is None else fmt(c["b_median"]),
+                _ab_num(c.get("ratio")),
+                f"{_ab_num(lo)}..{_ab_num(hi)}",
+                "n/a" if p is None else f"{p:.3g}",
+                str(c.get("n_pairs", "?")),
+                shown,
+                ", ".join(budgets) or "-",
+            ]
+        )
+    return rows
+
+
+def agreement_rows(entry: Mapping[str, Any]) -> list[list[str]]:
+    """The output agreement of an A/B (a session JSON ``ab`` entry) as (figure, value) rows;
+    one row saying why when it is not available; none when it was not computed."""
+    g = entry.get("agreement")
+    if not g:
+        return []
+    if not g.get("available"):
+        return [["agreement", f"not available: {g.get('reason') or 'unknown'}"]]
+    firsts = g.get("first_divergence") or []
+    parted = [d for d in firsts if d is not None]
+    first = "none" if not parted else f"token {min(parted)} ({len(parted)} of {g.get('n_prompts')} prompts part)"
+    n_prompts = g.get("n_prompts", 0)
+    rows = [
+        ["method", str(g.get("method"))],
+        ["sample", f"{g.get('n_positions')} positions over {n_prompts} prompt{'s' if n_prompts != 1 else ''}"],
+        ["top-1 agreement (teacher-forced on A's tokens)", _ab_num(g.get("top1_agreement"), ".4f")],
+        ["KL(A||B) mean", _ab_num(g.get("kl_mean"), ".4g")],
+        ["KL(A||B) p99", _ab_num(g.get("kl_p99"), ".4g")],
+        ["KL(A||B) max", _ab_num(g.get("kl_max"), ".4g")],
+        ["greedy parity", _ab_num(g.get("greedy_parity"), ".4f")],
+        ["first divergence", first],
+    ]
+    if g.get("n_unscored"):
+        rows.insert(2, ["positions without a server's probabilities", str(g["n_unscored"])])
+    return rows
+
+
+#: The budget outcomes that fail an A/B (``ABResult.failed``).
+AB_FAILING = ("breached", "unavailable")
+
+
+def ab_budget_lines(entry: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Every relative and agreement budget of an A/B: (outcome, its line, which says it)."""
+    every = [*(entry.get("budgets") or []), *(entry.get("agreement_budgets") or [])]
+    return [(str(b["status"]), str(b["line"])) for b in every]
+
+
+def _md_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    return [
+        "| " + " | ".join(cell(h) for h in headers) + " |",
+        "|" + " --- |" * len(headers),
+        *("| " + " | ".join(cell(c) for c in row) + " |" for row in rows),
+    ]
+
+
+def ab_markdown_lines(ab: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The Markdown summary's "A/B comparisons" section: per comparison its sides, the paired
+    ratios, the output agreement and the budgets' outcomes (failing ones marked **FAIL**)."""
+    if not ab:
+        return []
+    failed = sum(1 for e in ab if e.get("failures"))
+    out = ["", "### A/B comparisons", "", f"{len(ab)} A/B comparison(s), {failed} failing a budget."]
+    for e in ab:
+        orders = e.get("orders") or []
+        n_ab = sum(1 for o in orders if o == "AB")
+        out += ["", f"#### `{e['test']}`: {ab_title(e)}", ""]
+        out.append(f"{len(orders)} pairs interleaved ({n_ab} AB, {len(orders) - n_ab} BA, seeded).")
+        rows = ab_rows(e)
+        if rows:
+            out += ["", *_md_table(AB_HEADERS, rows)]
+        agreement = agreement_rows(e)
+        if agreement:
+            out += ["", *_md_table(("output agreement", "value"), agreement)]
+        budgets = ab_budget_lines(e)
+        if budgets:
+            out += [""] + [f"- **FAIL** {line}" if status in AB_FAILING else f"- {line}" for status, line in budgets]
+    return out

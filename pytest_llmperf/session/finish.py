@@ -112,11 +112,13 @@ def finish(
         from ..reports import html
 
         try:
-            out.html_written = html.write_html(Path(s.html), results, started_at, trends, against)
+            out.html_written = html.write_html(Path(s.html), results, started_at, trends, against, ab=ab_results)
             md_extra = html.markdown_lines(Path(s.html), Path(s.markdown) if s.markdown else None, results)
         except (OSError, LLMPerfError) as exc:
             out.html_error = f"llmperf: HTML report not written: {exc}"
-    md = session_file.markdown(results, md_extra, budgets_gate=s.budgets_gate, against=against) if results else ""
+    ab = list(ab_results)
+    md = session_file.markdown(results, md_extra, budgets_gate=s.budgets_gate, against=against, ab=ab)
+    md = md if results or ab else ""
     if s.markdown and md:
         write_file(Path(s.markdown), md, out.report_errors)
     if step_summary and md:
@@ -126,7 +128,9 @@ def finish(
             fd = os.open(step_summary, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666)
             os.set_blocking(fd, True)
             with open(fd, "a", encoding="utf-8") as fh:
-                fh.write(session_file.markdown(results, step_extra, budgets_gate=s.budgets_gate, against=against))
+                fh.write(
+                    session_file.markdown(results, step_extra, budgets_gate=s.budgets_gate, against=against, ab=ab)
+                )
         except OSError as exc:
             out.write_errors.append(f"llmperf: cannot write {step_summary}: {exc.strerror or exc}")
     return results, out
