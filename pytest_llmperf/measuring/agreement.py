@@ -17,7 +17,7 @@ and agreement exactly 1 (log P_A - log P_B is 0.0 term by term); otherwise KL >=
 inequality), so a rounding residue below 0 is clipped to 0. The positions are those of the
 first ``TOKENS`` generated tokens per prompt (``max_tokens`` when smaller).
 
-A served side (``engines.http``: llama-server's ``n_probs`` on ``/v1/completions``, with token
+A served side (``engines.http``: llama-server's own ``/completion`` with ``n_probs``, with token
 ids) gives only its top-k log-probabilities per position, and takes the prompt as token ids
 from the other side. Then the figures are approximate, labelled ``approx (top-k=K)``: KL over
 the tokens whose probabilities both sides gave, plus one bucket for the rest of each
