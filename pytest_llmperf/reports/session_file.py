@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from ..baselines import store as baseline_store
-from ..core.catalog import HEADLINE
+from ..core.catalog import HEADLINE, SUMMARY
 from ..core.documents import RefusedFile, SchemaViolation, read_text, validate
 from ..core.formats import fmt, render_table
-from ..core.settings import DEFAULT_COMPARISON_COLUMNS
+from ..core.settings import COLUMN_SETS, DEFAULT_COMPARISON_COLUMNS
 from ..judge.result import MeasurementResult
 from ..judge.verdict import Comparison
 from .text import fit_table, short_ids
@@ -318,8 +318,9 @@ def _cell(value: float | None) -> str:
     return "n/a" if value is None else fmt(value)
 
 
-#: The Markdown summary's memory and start-up table: the terminal's memory column set.
-MEMORY_FIGURES = ("rss_mib", "kv_mib", "compute_mib", "load_ms", "load_page_cache")
+#: The Markdown summary's memory and start-up table: the terminal's memory column set
+#: (``settings.COLUMN_SETS["memory"]``), then what the fresh loads found in the page cache.
+MEMORY_FIGURES = (*(f.key for f in SUMMARY.values() if f.column in COLUMN_SETS["memory"]), "load_page_cache")
 
 
 def memory_lines(results: Iterable[MeasurementResult]) -> list[str]:
