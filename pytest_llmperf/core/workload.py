@@ -23,8 +23,9 @@ from .errors import ConfigError
 from .formats import human_bytes
 
 #: A sequential measurement (runs added while its verdict is undecided, against a baseline or
-#: --llmperf-against's REF) stops at this many times its ``runs`` (``max_runs`` overrides) or
-#: after this long.
+#: --llmperf-against's REF) stops at this many times its ``runs`` (``max_runs`` overrides); one
+#: against a baseline also after ``SEQUENTIAL_TIME_CAP_S`` (--llmperf-against's pairs have their
+#: own bound, ``session.against.PAIRS_TIME_CAP_S``).
 SEQUENTIAL_FACTOR = 3
 SEQUENTIAL_TIME_CAP_S = 120.0
 
