@@ -17,12 +17,20 @@ Cases:
 - ``python``: ``--llmperf-against python:PATH``: a second virtualenv with an older
   llama-cpp-python (built once into ``$LLMPERF_CACHE_DIR/venvs``), marker-only test: both
   sides' llama-cpp-python versions, the paired ratios and their CIs.
+- ``quant``: the code under test names the model (``pick.MODEL``): the preset in F16 at commit
+  1, the same weights in Q8_0 at commit 2 (a quantization change in a pull request), measured
+  with ``repack=False`` (the AMX repacked Q8_0 kernel crashes on some Xeons) and bounded by
+  ``min_top1_agreement=0.95``: the speed ratios and the output agreement with REF.
+
+Every session prints the output agreement with REF where the sides expose token probabilities
+(the plugin's engine, not a callable): top-1, mean KL, positions.
 
 ``--busy`` keeps one core busy with another process for the whole run.
 
     .venv/bin/python benchmarks/against_sessions.py --case change --change 0.08 --sessions 10
     .venv/bin/python benchmarks/against_sessions.py --case aa --sessions 20
     .venv/bin/python benchmarks/against_sessions.py --case python --old 0.3.30 --sessions 5
+    .venv/bin/python benchmarks/against_sessions.py --case quant --sessions 3
 """
 
 from __future__ import annotations
@@ -69,6 +77,14 @@ from wrapper import make_stream
 def test_wrapper(llmperf, llmperf_llm):
     llmperf.measure(make_stream(llmperf_llm))
 """
+TEST_QUANT = """import pytest
+from pick import MODEL
+
+
+@pytest.mark.llmperf(prompt_tokens={prompt_tokens}, max_tokens={max_tokens}, min_top1_agreement=0.95)
+def test_quant(llmperf):
+    llmperf.measure(model=MODEL, repack=False)
+"""
 TEST_MODEL = """import pytest
 
 
@@ -87,13 +103,25 @@ def git(root: Path, *args: str) -> None:
     )
 
 
-def make_repo(root: Path, case: str, change: float, prompt_tokens: int, max_tokens: int) -> str:
+def make_repo(root: Path, case: str, change: float, prompt_tokens: int, max_tokens: int, preset: str) -> str:
     """The test repository; returns the REF to judge against."""
     (root / "wrapper").mkdir(parents=True)
     (root / "tests").mkdir()
     keys = {"prompt_tokens": prompt_tokens, "max_tokens": max_tokens}
     (root / "wrapper" / "__init__.py").write_text(WRAPPER.format(extra=0.0))
-    if case in ("change", "aa"):
+    models: dict[str, str] = {}
+    if case == "quant":
+        import dataclasses
+
+        from pytest_llmperf import ensure_model
+        from pytest_llmperf.models.gguf import PRESETS
+
+        spec = PRESETS[preset]
+        models = {q: str(ensure_model(dataclasses.replace(spec, dtype=q))) for q in ("F16", "Q8_0")}
+        (root / "pick").mkdir()
+        (root / "pick" / "__init__.py").write_text(f"MODEL = {models['F16']!r}\n")
+        (root / "tests" / "test_quant.py").write_text(TEST_QUANT.format(**keys))
+    elif case in ("change", "aa"):
         (root / "tests" / "test_wrapper.py").write_text(TEST_WRAPPER.format(**keys))
     else:  # the unchanged tree and another llama-cpp-python: the plugin's own llama.cpp loop
         (root / "tests" / "test_model.py").write_text(TEST_MODEL.format(**keys))
@@ -107,6 +135,9 @@ def make_repo(root: Path, case: str, change: float, prompt_tokens: int, max_toke
         git(root, "commit", "-qam", f"+{change:.0%} work per token")
     elif case == "aa":
         git(root, "commit", "-q", "--allow-empty", "-m", "nothing changed")
+    elif case == "quant":
+        (root / "pick" / "__init__.py").write_text(f"MODEL = {models['Q8_0']!r}\n")
+        git(root, "commit", "-qam", "Q8_0")
     return "git:HEAD" if case == "head" else "git:HEAD~1"
 
 
@@ -177,7 +208,7 @@ def load() -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--case", choices=("change", "aa", "head", "python"), required=True)
+    p.add_argument("--case", choices=("change", "aa", "head", "python", "quant"), required=True)
     p.add_argument("--change", type=float, default=0.08)
     p.add_argument("--sessions", type=int, default=10)
     p.add_argument("--busy", action="store_true")
@@ -192,7 +223,7 @@ def main() -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="llmperf-against-bench-") as tmp:
             root = Path(tmp) / "repo"
-            ref = make_repo(root, args.case, args.change, args.prompt_tokens, args.max_tokens)
+            ref = make_repo(root, args.case, args.change, args.prompt_tokens, args.max_tokens, args.preset)
             if args.case == "python":
                 ref = f"python:{old_venv(args.old)}"
             print(
@@ -213,6 +244,12 @@ def main() -> int:
                     t, d = comps["ttft_ms"], comps["tpot_ms"]
                     tail = comps.get("itl_p95_ms")
                     shown = f", ITL p95 {tail['ratio']:.3f} {tail['verdict']}" if tail else ""
+                    f = r.get("figures") or {}
+                    if f.get("top1_agreement") is not None:
+                        shown += (
+                            f"; agreement top-1 {f['top1_agreement']:.4f}, KL mean {f['kl_mean']:.3g}, "
+                            f"p99 {f['kl_p99']:.3g} ({f['agreement_positions']} positions), budget {r['budget']}"
+                        )
                     print(
                         f"  session {s + 1} {row['test']}: TTFT {t['ratio']:.3f} ({t['ci_low']:.3f}..{t['ci_high']:.3f}) "
                         f"{t['verdict']}, TPOT {d['ratio']:.3f} ({d['ci_low']:.3f}..{d['ci_high']:.3f}) {d['verdict']}{shown}, "

@@ -357,6 +357,104 @@ def test_a_load_budget_is_checked_on_each_side_after_its_pairs(runner: Runner, t
     runner.check_clean(root, inner.pids)
 
 
+AGREEMENT_TESTS = """
+import pytest
+from pick import MODEL
+
+KEYS = dict(prompt_tokens=8, max_tokens=8, runs=4, warmup=0)
+
+
+def stream(prompt, max_tokens):
+    yield from ["x"] * max_tokens
+
+
+@pytest.mark.llmperf(**KEYS, min_top1_agreement=1.0, max_kl=0.0, max_kl_p99=0.0)
+def test_same():
+    pass
+
+
+@pytest.mark.llmperf(**KEYS, min_top1_agreement=0.9)
+def test_model(llmperf):
+    llmperf.measure(model=MODEL)  # the code under test names the model: other weights at HEAD
+
+
+@pytest.mark.llmperf(**KEYS, min_top1_agreement=0.9)
+def test_callable(llmperf):
+    llmperf.measure(stream)
+"""
+
+
+def test_output_agreement_with_ref_is_a_figure_and_a_budget(runner: Runner, tmp_path: Path) -> None:
+    """Each measurement's outputs against REF's (teacher-forced on REF's tokens, after the
+    pairs): A/A exactly 1 and 0 (budgets met); another model at HEAD (the code under test picks
+    it) near chance, caught by ``min_top1_agreement`` in one line naming both sides; a callable
+    exposes no probabilities: its budget fails saying so. In the terminal section (80 columns),
+    the JSON figures (schema), JUnit, Markdown and HTML."""
+    import dataclasses
+    import json
+    import xml.etree.ElementTree as ET
+
+    from pytest_llmperf.models.gguf import PRESETS, ensure_model
+    from pytest_llmperf.reports.session_file import load_session
+
+    other = ensure_model(dataclasses.replace(PRESETS["tiny"], seed=1))
+    root = tmp_path / "repo"
+    files = {"conftest.py": CONFTEST, "pick/__init__.py": 'MODEL = "tiny"\n', "tests/test_out.py": AGREEMENT_TESTS}
+    make_repo(root, [("base", files), ("other", {"pick/__init__.py": f"MODEL = {str(other)!r}\n"})])
+    reports = (
+        "--llmperf-json",
+        "s.json",
+        "--junitxml",
+        "j.xml",
+        "--llmperf-markdown",
+        "s.md",
+        "--llmperf-html",
+        "s.html",
+    )
+    inner = runner.run(root, "tests", "-rA", "--llmperf-against", "git:HEAD~1", *reports)
+    out = inner.out
+    assert inner.ret == 1, out
+    assert [outcome(inner, t) for t in ("test_same", "test_model", "test_callable")] == ["PASSED", *["FAILED"] * 2]
+    lines = failures(inner)
+    assert re.fullmatch(
+        r"top-1 agreement of B \[this tree\] with A \[REF\] 0\.\d{4} < min_top1_agreement 0\.9 "
+        r"\(32 positions over 4 prompts\)",
+        lines["test_model"],
+    ), lines
+    assert lines["test_callable"].startswith(
+        "min_top1_agreement 0.9: B [this tree] vs A [REF]: agreement not available"
+    ), lines
+    assert "exposes no token probabilities" in lines["test_callable"], lines
+    assert "the test failed there" not in out, out  # REF's side judges no agreement budget
+    block = out[out.index("output against REF (A: REF, B: this tree)") :].splitlines()[:5]
+    assert block[1] == "agreement (exact, full vocabulary): 32 positions over 4 prompts", block
+    assert all(len(line) <= 80 for line in block) and "KL(A||B) mean 0, p99 0, max 0" in out, block
+    assert len(load_session(root / "s.json")) == 3  # validated against the schema
+    figures = {r["test"].split("::")[1]: r["figures"] for r in json.loads((root / "s.json").read_text())["results"]}
+    same, model, called = figures["test_same"], figures["test_model"], figures["test_callable"]
+    assert (same["top1_agreement"], same["kl_mean"], same["kl_p99"], same["greedy_parity"]) == (1.0, 0.0, 0.0, 1.0)
+    assert same["agreement_positions"] == 32 and same["agreement"] == "exact, full vocabulary"
+    assert model["top1_agreement"] < 0.5 and model["kl_mean"] > 0.01 and model["agreement_positions"] == 32
+    assert called["top1_agreement"] is None and called["agreement"].startswith("not available: side A [REF")
+    props = {
+        (case.get("name"), p.get("name")): p.get("value")
+        for case in ET.parse(root / "j.xml").iter("testcase")
+        for p in case.iter("property")
+    }
+    assert props[("test_same", "llmperf.top1_agreement")] == "1.0" and props[("test_same", "llmperf.kl_mean")] == "0.0"
+    md = (root / "s.md").read_text()
+    table = md[md.index("### Output agreement with REF (A: REF, B: this tree)") :]
+    assert re.search(
+        r"^\| `tests/test_out.py::test_same` \| 1\.0000 \| 0 \| 0 \| 1\.0000 \| 32 \| exact", table, re.MULTILINE
+    )
+    assert re.search(r"^\| `tests/test_out.py::test_callable` \| n/a .* not available: side A", table, re.MULTILINE), (
+        table
+    )
+    page = (root / "s.html").read_text()
+    assert "Output agreement with REF" in page and "<td>tests/test_out.py::test_same</td><td>1.0000</td>" in page
+    runner.check_clean(root, inner.pids)
+
+
 # -- faults ---------------------------------------------------------------------------------
 
 

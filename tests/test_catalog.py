@@ -212,7 +212,11 @@ def test_every_figure_has_its_docs_row_and_every_row_a_figure() -> None:
         if f.metric is not None:
             assert unit == f.unit, f"{where}: {name!r} is in {f.unit!r} (catalog), the table says {unit!r}"
             phase = catalog.METRICS[f.metric].phase
-            want = "tokens" if f.pooled_tokens else {"memory": "engine", "startup": "loads"}.get(phase, "runs")
+            want = (
+                "tokens"
+                if f.pooled_tokens
+                else {"memory": "engine", "startup": "loads", "agreement": "positions"}.get(phase, "runs")
+            )
             assert sample == want, f"{where}: {name!r}'s sample is {want!r} (catalog), the table says {sample!r}"
     missing = [n for n in catalog.FIGURES if n not in seen]
     assert not missing, f"catalog figures without a row in docs/report.md's figure table: {missing}"

@@ -201,6 +201,11 @@ def _loads(field: str) -> Callable[[Any], Any]:
     return lambda m: getattr(m.model_loads, field) if m.model_loads is not None else None
 
 
+def _agreement(field: str) -> Callable[[Any], Any]:
+    """A figure of this tree's output agreement with REF (``--llmperf-against``), else None."""
+    return lambda m: getattr(m.agreement, field) if m.agreement is not None and m.agreement.available else None
+
+
 def direct_sample(metric: str, m: Any) -> str | None:
     """What a memory or start-up figure comes from (budget lines, the metrics table); None for a
     statistic over runs or tokens."""
@@ -213,6 +218,9 @@ def direct_sample(metric: str, m: Any) -> str | None:
     if phase == "startup":
         loads = m.model_loads
         return f"{len(loads.samples)} loads, {loads.page_cache}" if loads is not None else "no fresh loads"
+    if phase == "agreement":
+        g = m.agreement
+        return "not compared with REF" if g is None else f"{g.sample}, {g.method}" if g.available else g.reason
     return None
 
 
@@ -292,6 +300,10 @@ METRICS: dict[str, Metric] = {
             _loads("fresh_ttft_ms"),
             record_path=("model_loads", "fresh_ttft_ms"),
         ),
+        # Output agreement with --llmperf-against's REF (REF is A; measuring.agreement), after the pairs.
+        Metric("top1_agreement", "top-1 agreement", "share", "agreement", True, _agreement("top1_agreement")),
+        Metric("kl_mean", "KL(REF||this) mean", "nats", "agreement", False, _agreement("kl_mean")),
+        Metric("kl_p99", "KL(REF||this) p99", "nats", "agreement", False, _agreement("kl_p99")),
     )
 }
 
@@ -313,6 +325,9 @@ SUMMARY: dict[str, SummaryField] = {
         SummaryField("kv_mib", "kv_mib", "KV", "kv"),
         SummaryField("compute_mib", "compute_mib", "compute", "compute"),
         SummaryField("load_ms", "load_ms", "load", "load"),
+        # The agreement column set (``--llmperf-columns agreement``): against REF.
+        SummaryField("top1_agreement", "top1_agreement", "top-1", "top1"),
+        SummaryField("kl_mean", "kl_mean", "KL", "kl"),
     )
 }
 
@@ -455,6 +470,13 @@ _MEMORY_FIGURES = (
     ("mapped_mib", "model file mapping", "smaps", "", ""),
 )
 
+
+def _agreement_method(m: Any) -> str | None:
+    """How the agreement with REF was computed ("exact, full vocabulary"), or why it was not."""
+    g = m.agreement
+    return None if g is None else g.method if g.available else f"not available: {g.reason}"
+
+
 #: The headline figures, in the order of the JUnit properties.
 FIGURES: dict[str, Figure] = {
     f.name: f
@@ -514,6 +536,13 @@ FIGURES: dict[str, Figure] = {
         Figure("load_page_cache", _loads("page_cache"), json=("string", "null")),
         Figure("load_samples", lambda m: len(m.model_loads.samples) if m.model_loads else None, json=_NULLABLE_INT),
         _memory_figure("fresh_ttft_ms", "fresh-engine TTFT median", "median", path=("model_loads",)),
+        *(
+            Figure(name, _agreement(name), name, METRICS[name].label, statistic, json=_NULLABLE)
+            for name, statistic in (("top1_agreement", "share"), ("kl_mean", "mean"), ("kl_p99", "p99"))
+        ),
+        Figure("greedy_parity", _agreement("greedy_parity"), json=_NULLABLE),
+        Figure("agreement_positions", _agreement("n_positions"), json=_NULLABLE_INT),
+        Figure("agreement", _agreement_method, json=("string", "null")),
     )
 }
 

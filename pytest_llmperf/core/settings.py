@@ -55,7 +55,7 @@ COMPARISON_COLUMN_NAMES = ("baseline", "now", "change", "ci", "p", "verdict", "d
 DEFAULT_SUMMARY_COLUMNS: tuple[str, ...] = (*(f.column for f in HEADLINE if f.column is not None), "budget")
 DEFAULT_COMPARISON_COLUMNS = ("change", "ci", "verdict")
 #: Names of several columns at once: ``--llmperf-columns ttft,memory,budget``.
-COLUMN_SETS = {"memory": ("rss", "kv", "compute", "load")}
+COLUMN_SETS = {"memory": ("rss", "kv", "compute", "load"), "agreement": ("top1", "kl")}
 
 
 @dataclass(frozen=True)
@@ -456,7 +456,9 @@ SETTINGS: dict[str, Setting] = {
             "columns",
             "columns of the terminal tables, comma-separated, from: "
             + ", ".join(SUMMARY_COLUMN_NAMES + COMPARISON_COLUMN_NAMES)
-            + ", or memory (rss,kv,compute,load); JSON/HTML/Markdown keep all",
+            + ", or a set: "
+            + ", ".join(f"{name} ({','.join(cols)})" for name, cols in COLUMN_SETS.items())
+            + "; JSON/HTML/Markdown keep all",
             DEFAULT_SUMMARY_COLUMNS + DEFAULT_COMPARISON_COLUMNS,
             columns,
             metavar="COLS",

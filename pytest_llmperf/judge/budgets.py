@@ -18,7 +18,9 @@ test), met when the whole CI lies within it, undecided otherwise (shown, does no
 
 Output-agreement budgets (``min_top1_agreement``, ``max_kl``, ``max_kl_p99``; the catalog's
 ``AGREEMENT_BUDGETS``): B's outputs against A's (``measuring.agreement``), judged exactly;
-an A/B whose sides expose no token probabilities fails them with a line saying so."""
+an A/B whose sides expose no token probabilities fails them with a line saying so. Under
+``--llmperf-against`` they bound each measurement's outputs against REF's (REF is A, this tree
+B; ``against_agreement``), as its other budgets are checked on this tree's side."""
 
 from __future__ import annotations
 
@@ -65,20 +67,46 @@ class BudgetFailure:
     """Every budget a measurement broke."""
 
     label: str
-    breaches: tuple[BudgetBreach, ...]
+    breaches: tuple[BudgetBreach | AgreementBreach, ...]
 
     def as_longrepr(self) -> str:
         prefix = f"[{self.label}] " if self.label else ""
         return prefix + "; ".join(b.line() for b in self.breaches)
 
 
-def check_budgets(m: Measurement, budgets: Mapping[str, float]) -> BudgetFailure | None:
-    breaches = []
+@dataclass(frozen=True)
+class AgreementBreach:
+    """An output-agreement budget of a measurement against ``--llmperf-against``'s REF that did
+    not hold (or could not be checked: no agreement), as ``AgreementOutcome.line`` says it."""
+
+    key: str
+    text: str
+
+    def line(self) -> str:
+        return self.text
+
+
+def against_agreement(m: Measurement, given: Mapping[str, Any]) -> tuple[tuple[AgreementBreach, ...], int]:
+    """(the breaches, how many budgets) of the marker's agreement budgets (``given``: its A/B
+    keys) on a measurement judged against REF (``m.agreement``; None: it was not compared)."""
+    budgets = parse_agreement_budgets(**{k: given.get(k) for k in AGREEMENT_BUDGETS})
+    agreement = m.agreement or Agreement(reason="not compared with REF")
+    outcomes = [judge_agreement(budget, limit, agreement) for budget, limit in budgets]
+    breaches = tuple(AgreementBreach(o.budget.key, o.line("REF", "this tree")) for o in outcomes if o.status != "met")
+    return breaches, len(budgets)
+
+
+def check_budgets(
+    m: Measurement, budgets: Mapping[str, float], also: tuple[AgreementBreach, ...] = ()
+) -> BudgetFailure | None:
+    """The budgets ``m`` broke (``also``: agreement budgets against REF, judged already)."""
+    breaches: list[BudgetBreach | AgreementBreach] = []
     for key, budget in budgets.items():
         b = BUDGETS[key]
         measured = b.read(m)
         if not b.holds(measured, budget):
             breaches.append(BudgetBreach(key, b.label, b.unit, b.ceiling, measured, budget, sample(b, m)))
+    breaches += also
     return BudgetFailure(m.label, tuple(breaches)) if breaches else None
 
 

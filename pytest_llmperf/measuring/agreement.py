@@ -32,7 +32,7 @@ vocabularies or tokenizations likewise. No pytest."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,6 +101,14 @@ class Agreement:
         out["first_divergence"] = list(self.first_divergence)
         out["available"] = self.available
         return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Agreement:
+        """``as_dict`` read back (``available`` is computed, not stored)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        fields = {k: v for k, v in d.items() if k in names}
+        fields["first_divergence"] = tuple(d.get("first_divergence") or ())
+        return cls(**fields)
 
 
 def log_softmax(logits: Any) -> Any:

@@ -33,6 +33,7 @@ from ..core.formats import sig6
 from ..core.workload import EngineInfo, RunTrace, Workload
 
 if TYPE_CHECKING:
+    from .agreement import Agreement
     from .layers import LayerProfile
     from .roofline import Roofline
     from .runner import ModelLoads, PeakRss
@@ -181,6 +182,8 @@ class Measurement:
     layers: LayerProfile | None = None  # when per-layer timing was asked for
     roofline: Roofline | None = None  # when peaks were known or asked for
     model_loads: ModelLoads | None = None  # fresh loads, when asked for (``model_load``)
+    #: Under ``--llmperf-against``: this tree's outputs against REF's (REF is A), after the pairs.
+    agreement: Agreement | None = None
 
     @property
     def n_runs(self) -> int:

@@ -25,8 +25,8 @@ stdout and stderr are its log file, so nothing llama.cpp prints can corrupt a me
      "run_index": i}                                     "info": EngineInfo fields (the context in use)}
     {"op": "layers", "workload": Workload fields}       {"ok": true, "layers": LayerProfile fields}
     {"op": "rss", "reset": bool}                        {"ok": true, "reset": bool, "peak": [bytes, scope]}
-    {"op": "logits", "workload": Workload fields,       {"ok": true, "prompt_ids": [...], "greedy_ids":
-     "forced": [ids] | null}                             [...], "logits": base64 float32, "shape": [n, v]}
+    {"op": "logits", "workload": Workload fields,       {"ok": true, "got": logits_json(TokenLogits):
+     "forced": [ids] | null, "prompt_ids": ...}          ids, logits as base64 float32 with their shape}
     {"op": "close"}                                     (exits)
                                                         {"ok": false, "error": "one line",
                                                          "kind": "EngineError" | "ConfigError"}
@@ -251,6 +251,45 @@ def trace_of(data: Mapping[str, Any]) -> RunTrace:
     return trace
 
 
+def logits_json(got: TokenLogits) -> dict[str, Any]:
+    """A ``TokenLogits`` as JSON (an engine worker's or a side's reply): the arrays as base64 of
+    little-endian bytes, float32 logits (or a served side's int64 top ids, float64 log-probabilities)."""
+    import base64
+
+    def packed(array: Any, dtype: str) -> dict[str, Any] | None:
+        if array is None:
+            return None
+        return {"b64": base64.b64encode(array.astype(dtype).tobytes()).decode("ascii"), "shape": list(array.shape)}
+
+    return {
+        "prompt_ids": list(got.prompt_ids),
+        "greedy_ids": list(got.greedy_ids),
+        "logits": packed(got.logits, "<f4"),
+        "top_ids": packed(got.top_ids, "<i8"),
+        "top_logprobs": packed(got.top_logprobs, "<f8"),
+    }
+
+
+def logits_of(data: Mapping[str, Any]) -> TokenLogits:
+    """``logits_json`` read back."""
+    import base64
+
+    import numpy as np
+
+    def unpacked(d: Mapping[str, Any] | None, dtype: str) -> Any:
+        if d is None:
+            return None
+        return np.frombuffer(base64.b64decode(d["b64"]), dtype=dtype).reshape(d["shape"])
+
+    return TokenLogits(
+        tuple(data["prompt_ids"]),
+        tuple(data["greedy_ids"]),
+        unpacked(data["logits"], "<f4"),
+        unpacked(data.get("top_ids"), "<i8"),
+        unpacked(data.get("top_logprobs"), "<f8"),
+    )
+
+
 def layers_of(data: Mapping[str, Any]) -> Any:
     from .layers import LayerProfile, PhaseLayers
 
@@ -318,19 +357,13 @@ class WorkerEngine:
         self, workload: Workload, forced: Sequence[int] | None = None, prompt_ids: Sequence[int] | None = None
     ) -> TokenLogits:
         """``LlamaCppEngine.token_logits`` in the worker; the logits cross as float32 bytes."""
-        import base64
-
-        import numpy as np
-
         message = {
             "op": "logits",
             "workload": dataclasses.asdict(workload),
             "forced": None if forced is None else list(forced),
             "prompt_ids": None if prompt_ids is None else list(prompt_ids),
         }
-        reply = self._call(message, "reading token probabilities of")
-        logits = np.frombuffer(base64.b64decode(reply["logits"]), dtype=np.float32).reshape(reply["shape"])
-        return TokenLogits(tuple(reply["prompt_ids"]), tuple(reply["greedy_ids"]), logits)
+        return logits_of(self._call(message, "reading token probabilities of")["got"])
 
     def profile_layers(self, workload: Workload) -> Any:
         """``measuring.layers.profile_layers`` of this engine, run in the worker."""
@@ -475,20 +508,10 @@ def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
                 peak = peak_rss(True)
                 answer({"ok": True, "reset": reset, "peak": [peak.bytes, peak.scope]})
             elif op == "logits":
-                import base64
-
                 got = engine.token_logits(
                     Workload(**message["workload"]), message.get("forced"), message.get("prompt_ids")
                 )
-                answer(
-                    {
-                        "ok": True,
-                        "prompt_ids": list(got.prompt_ids),
-                        "greedy_ids": list(got.greedy_ids),
-                        "logits": base64.b64encode(got.logits.astype("<f4").tobytes()).decode("ascii"),
-                        "shape": list(got.logits.shape),
-                    }
-                )
+                answer({"ok": True, "got": logits_json(got)})
             elif op == "layers":
                 from .layers import profile_layers
 

@@ -298,15 +298,19 @@ class LLMPerf:
         self.ab_results.append(result)
         return result
 
-    def _keep(self, measurement: Measurement, config: MarkerConfig, assessment: Assessment | None) -> Measurement:
-        """The test's result of one measurement: its budgets checked, its verdict."""
-        from ..judge.budgets import check_budgets
+    def _keep(
+        self, measurement: Measurement, config: MarkerConfig, assessment: Assessment | None, against: bool = False
+    ) -> Measurement:
+        """The test's result of one measurement: its budgets checked, its verdict; ``against``
+        (judged against ``--llmperf-against``'s REF): the marker's agreement budgets too."""
+        from ..judge.budgets import against_agreement, check_budgets
 
+        also, n_agreement = against_agreement(measurement, config.ab) if against else ((), 0)
         self.results.append(
             Result(
                 measurement,
-                check_budgets(measurement, config.budgets),
-                len(config.budgets),
+                check_budgets(measurement, config.budgets, also),
+                len(config.budgets) + n_agreement,
                 assessment,
                 dict(config.budgets),
             )
@@ -323,7 +327,8 @@ class LLMPerf:
 
             with _one_line():
                 measurement = with_model_loads(subject, measurement, kind, self._release)
-        return self._keep(measurement, config, assessment)
+        # Judged against REF on this tree's side only (REF's side gets no verdict: no assessment).
+        return self._keep(measurement, config, assessment, against=assessment is not None)
 
     def _sequential(
         self, subject: Subject, m: Measurement, config: MarkerConfig

@@ -23,6 +23,7 @@ Messages (one JSON object per line)::
     {"ev": "measure", "label", "workload", ...}         {"op": "run", "index": i}  (i < 0: warm-up)
     {"ev": "trace", "trace": RunTrace fields}           {"op": "done", "verdict": ..., "fail": ...}
     {"ev": "error", "line": ...}  (a run failed)        {"op": "go"}  (an exclusive turn)
+    {"ev": "logits", "got": ... | "line": ...}          {"op": "logits", "workload", "forced", "prompt_ids"}
     {"ev": "turn"} / {"ev": "released"}                 {"op": "close"}
     {"ev": "report", "reports": [serialized], "outcome": ...}
     {"ev": "exit", "code": ...}  (its pytest session ended: a side never ends it by itself)
@@ -31,7 +32,8 @@ Messages (one JSON object per line)::
 side alone; ``broken`` those raised in the side's code under test (``session.refs.import_failure``,
 node id -> where and what): such a test fails.
 
-Between ``measure`` and ``done`` the side does nothing but the runs it is asked for; its clock
+Between ``measure`` and ``done`` the side does nothing but the runs it is asked for (and, after
+the pairs, its token probabilities for the output agreement: ``measuring.agreement``); its clock
 is read here, so the pipe and the controller's work lie outside every timed region. Work that
 cannot be paired (an A/B ``compare()``, a load test) waits for an exclusive turn, so it never
 runs while the other side works."""
@@ -207,6 +209,7 @@ class Link:
     ) -> tuple[Measurement, Assessment | None]:
         """The measurement the controller drives: the runs it asks for, then its verdict."""
         from ..core.workload import Workload
+        from ..measuring.agreement import Agreement, exposes
         from ..measuring.metrics import RunMetrics, summarize
         from ..measuring.runner import as_engine, measure
 
@@ -226,12 +229,18 @@ class Link:
                 "engine": info.describe(),
                 # A callable's own threads are unknown: the session's (its llmperf_llm's) stand in.
                 "threads": info.threads or config.engine.get("threads") or self.threads,
+                # Output agreement (after the pairs): this side's token probabilities, asked by "logits".
+                "logits": exposes(engine),
+                "needs_ids": bool(getattr(engine, "needs_prompt_ids", False)),
             }
         )
         warm: list[Any] = []
         traces: list[Any] = []
         while True:
             op = self.receive()
+            if op["op"] == "logits":  # after every run of both sides: never inside a timed region
+                self.send(_token_logits(engine, op))
+                continue
             if op["op"] != "run":
                 break
             # Before the run's first clock read. No CPUs given: all of them again (an earlier
@@ -252,8 +261,31 @@ class Link:
         if op.get("fail"):
             raise LLMPerfError(op["fail"])
         m = summarize(traces, dataclasses.replace(workload, runs=len(traces)), info, label=label)
-        m = dataclasses.replace(m, warmup_runs=tuple(RunMetrics.of(t) for t in warm))
+        agreement = (op.get("verdict") or {}).get("agreement")
+        m = dataclasses.replace(
+            m,
+            warmup_runs=tuple(RunMetrics.of(t) for t in warm),
+            agreement=None if agreement is None else Agreement.from_dict(agreement),
+        )
         return m, _assessment(nodeid, label, op.get("verdict"))
+
+
+def _token_logits(engine: Any, op: Mapping[str, Any]) -> dict[str, Any]:
+    """The reply to a "logits" op: the engine's ``TokenLogits`` (``worker.logits_json``), or one line."""
+    from ..core.workload import Workload
+    from ..measuring.worker import logits_json
+
+    try:
+        got = engine.token_logits(
+            Workload(**op["workload"]),
+            op.get("forced"),
+            **({"prompt_ids": op["prompt_ids"]} if op.get("prompt_ids") is not None else {}),
+        )
+    except Exception as exc:  # noqa: BLE001 - one line to the controller, the agreement says it
+        return {"ev": "logits", "line": str(exc) if isinstance(exc, LLMPerfError) else f"{type(exc).__name__}: {exc}"}
+    if isinstance(got, str):  # an endpoint that cannot say (``engines.http``)
+        return {"ev": "logits", "line": got}
+    return {"ev": "logits", "got": logits_json(got)}
 
 
 def _assessment(nodeid: str, label: str, verdict: Mapping[str, Any] | None) -> Assessment | None:

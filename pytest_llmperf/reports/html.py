@@ -40,6 +40,7 @@ from .session_file import (
     ab_budget_lines,
     ab_rows,
     ab_title,
+    against_agreement_rows,
     against_of,
     agreement_rows,
     change_cells,
@@ -538,13 +539,22 @@ def against_section(results: Sequence[MeasurementResult], against: Mapping[str, 
             )
         )
     pairs = sorted(r.verdict.pairs for r in results if r.reference and r.verdict is not None)
+    headers, agreement = against_agreement_rows(results)
+    outputs = (
+        "<h3>Output agreement with REF (A: REF, B: this tree)</h3>"
+        + _table(headers, [[row[0].strip("`"), *row[1:]] for row in agreement])
+        if agreement
+        else ""
+    )
     return (
         '<section id="against">' + f"<h2>Judged against REF {escape(described)}</h2>"
         f'<p class="notes">{len(pairs)} of {len(results)} measurement(s) compared with REF\'s runs interleaved '
         "pair by pair in this session (seeded AB/BA order, warm-ups on both sides); each ratio is this tree / "
         "REF with its 95% CI (Wilcoxon); baselines were neither read nor written.</p><dl>"
         + "".join(f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>" for k, v in items)
-        + "</dl></section>"
+        + "</dl>"
+        + outputs
+        + "</section>"
     )
 
 

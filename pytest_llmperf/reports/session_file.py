@@ -342,6 +342,29 @@ def memory_lines(results: Iterable[MeasurementResult]) -> list[str]:
     return out
 
 
+#: The agreement-with-REF table's columns (Markdown and HTML): figures of ``core.catalog.FIGURES``.
+AGAINST_AGREEMENT = (
+    ("top-1 agreement", "top1_agreement", ".4f"),
+    ("KL mean (nats)", "kl_mean", ".4g"),
+    ("KL p99 (nats)", "kl_p99", ".4g"),
+    ("greedy parity", "greedy_parity", ".4f"),
+    ("positions", "agreement_positions", "d"),
+)
+
+
+def against_agreement_rows(results: Iterable[MeasurementResult]) -> tuple[list[str], list[list[str]]]:
+    """(headers, rows) of the output agreement of each result judged against ``--llmperf-against``'s
+    REF (A: REF, B: this tree): its figures and how they were computed, or why not."""
+    rows = []
+    for r in results:
+        f = r.figures.values() if r.figures is not None else {}
+        if not f.get("agreement"):
+            continue
+        cells = [_ab_num(f.get(key), spec) for _, key, spec in AGAINST_AGREEMENT]
+        rows.append([f"`{r.test}`", *cells, str(f["agreement"])])
+    return ["test", *(h for h, _, _ in AGAINST_AGREEMENT), "method"], rows
+
+
 def markdown(
     results: Sequence[MeasurementResult],
     extra: Iterable[str] = (),
@@ -404,6 +427,9 @@ def markdown(
     if reach:
         lines += ["", "### What this gate detects here (80% power)", ""] + [f"- {line}" for line in reach]
     lines += memory_lines(results)
+    headers, agreement = against_agreement_rows(results)
+    if agreement:
+        lines += ["", "### Output agreement with REF (A: REF, B: this tree)", "", *_md_table(headers, agreement)]
     rows = comparison_rows(results)
     if rows:
         headers = list(comparison_headers(results))

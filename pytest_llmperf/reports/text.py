@@ -82,6 +82,12 @@ def figure_rows() -> dict[str, tuple[str, ...]]:
     return {k: tuple(v) for k, v in rows.items()}
 
 
+def _shown(m: Measurement, phase: str) -> bool:
+    """A phase's rows where the measurement has them: fresh loads (the agreement with REF has
+    its own block after the table: ``metrics_table``)."""
+    return {"startup": m.model_loads is not None, "agreement": False}.get(phase, True)
+
+
 def metrics_table(m: Measurement) -> str:
     """The detail section of one measurement: every figure with its sample count."""
     itl = m.itl
@@ -120,7 +126,7 @@ def metrics_table(m: Measurement) -> str:
         *(
             row(first)
             for first in list(by_first)[len(FIGURE_ROWS) :]
-            if m.model_loads is not None or METRICS[FIGURES[first].metric or ""].phase != "startup"
+            if _shown(m, METRICS[FIGURES[first].metric or ""].phase)
         ),
         ("ITL mean +- stdev", "ms", f"{fmt(itl.mean_ms)} +- {fmt(itl.stdev_ms)}", f"{itl.count} tokens"),
         ("ITL CV", "", f"{itl.cv:.1%}", f"{itl.count} tokens"),
@@ -145,6 +151,8 @@ def metrics_table(m: Measurement) -> str:
         text += "\n\nper-layer time:\n" + layers_text(found["layers"])
     if "roofline" in found:
         text += "\n\nroofline:\n" + roofline_text(found["roofline"])
+    if m.agreement is not None:  # judged against --llmperf-against's REF: A is REF, B this tree
+        text += "\n\noutput against REF (A: REF, B: this tree)\n" + "\n".join(m.agreement.lines())
     warnings = found["stability"]["warnings"]
     return text + ("\n\n" + "\n".join(warnings) if warnings else "")
 

@@ -163,9 +163,48 @@ def _run(side: Side, index: int, timeout_s: float, cpus: Sequence[int] | None = 
     return trace_of(reply["trace"])
 
 
-def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str) -> tuple[list[Any], str]:
+class SideLogits:
+    """A side's engine as ``measuring.agreement`` sees it: its token probabilities, asked over
+    the side's pipe ("logits") once the pairs are done."""
+
+    def __init__(self, side: Side, event: Mapping[str, Any], timeout_s: float) -> None:
+        self.side, self.timeout_s = side, timeout_s
+        self.supports_token_logits = bool(event.get("logits"))
+        self.needs_prompt_ids = bool(event.get("needs_ids"))
+
+    def token_logits(
+        self, workload: Any, forced: Sequence[int] | None = None, prompt_ids: Sequence[int] | None = None
+    ) -> Any:
+        import dataclasses
+
+        from ..measuring.worker import logits_of
+
+        self.side.send(
+            {
+                "op": "logits",
+                "workload": dataclasses.asdict(workload),
+                "forced": None if forced is None else list(forced),
+                "prompt_ids": None if prompt_ids is None else list(prompt_ids),
+            }
+        )
+        reply = self.side.receive(self.timeout_s, "reading its token probabilities")
+        if reply.get("ev") != "logits":
+            raise self.side.kill(f"{self.side.who} answered {reply.get('ev')!r} to a logits request; it was killed")
+        return logits_of(reply["got"]) if "got" in reply else str(reply.get("line"))
+
+
+def outputs(ag: Against, events: Mapping[str, Mapping[str, Any]], workload: Any) -> Any:
+    """This tree's outputs against REF's (``measuring.agreement``, REF is A), after every pair."""
+    from ..measuring.agreement import compare_outputs
+
+    ref, cur = (SideLogits(ag.sides[name], events[name], ag.timeout_s) for name in (REF, CURRENT))
+    return compare_outputs(ref, cur, workload, a_name=f"REF {ag.reference.describe()}", b_name="this tree")
+
+
+def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str) -> tuple[list[Any], str, Any]:
     """The measurement both sides wait at: warm-ups, then pairs in seeded AB/BA order (A: REF, B:
-    the current side), looks until decided or the cap. Returns (comparisons, the note)."""
+    the current side), looks until decided or the cap, then the output agreement. Returns
+    (comparisons, the note, the ``Agreement``)."""
     from ..core.workload import Workload
     from ..judge.ab import block_orders
     from ..judge.paired import judged_pairs
@@ -211,7 +250,7 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str) -> 
         f"{'' if cpus is None else '; both on CPU ' + ','.join(map(str, cpus))}; llama-cpp-python "
         f"{ref.get('llama_cpp') or '?'} (REF) vs {cur.get('llama_cpp') or '?'} (this tree){same}"
     )
-    return comparisons, note
+    return comparisons, note, outputs(ag, events, workload)
 
 
 #: The pairs of one measurement stop at the run cap; this bound is for tests whose runs take
@@ -330,7 +369,7 @@ def drive(ag: Against, nodeid: str, next_nodeid: str | None) -> TestOutcome:
                 turn.send({"op": "go"})
             elif waiting == {CURRENT, REF}:
                 try:
-                    comparisons, note = pairs(ag, events, nodeid)
+                    comparisons, note, agreement = pairs(ag, events, nodeid)
                 except RunFailed as exc:
                     told.add(f"not measured: {exc}")
                     finish(cur, fail=f"not measured: {exc}")
@@ -342,6 +381,7 @@ def drive(ag: Against, nodeid: str, next_nodeid: str | None) -> TestOutcome:
                         "status": "compared",
                         "note": note,
                         "comparisons": [comparison_json(c) for c in comparisons],
+                        "agreement": agreement.as_dict(),
                     },
                 )
                 finish(ref)
