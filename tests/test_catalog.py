@@ -19,6 +19,7 @@ from pytest_llmperf.core import catalog
 from pytest_llmperf.core.fingerprint import Fingerprint, subject
 from pytest_llmperf.judge import rule as compare
 from pytest_llmperf.judge.result import Figures
+from pytest_llmperf.measuring.agreement import compare_outputs
 from pytest_llmperf.measuring.roofline import Peak
 from pytest_llmperf.reports.html import _budget_rows, budget_value
 from pytest_llmperf.session.options import BUDGET_KEYS, KEYS
@@ -29,14 +30,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def measured(tiny_engine):
-    """A plain measurement with a roofline (given peaks: no probe) and fresh model loads, and a load measurement
-    with SLOs (goodput): between them every catalog metric has a value."""
+    """A plain measurement with a roofline (given peaks: no probe), fresh model loads and an output
+    agreement, and a load measurement with SLOs (goodput): between them every catalog metric has a value."""
     plain = measure(
         tiny_engine,
         Workload(prompt_tokens=8, max_tokens=6, runs=3, warmup=0),
         peaks=(Peak(45.0, "given"), Peak(0.157, "given")),
         model_load="warm",  # fresh loads: the start-up figures
     )
+    # The output agreement a measurement against --llmperf-against's REF carries (here A/A).
+    plain = dataclasses.replace(plain, agreement=compare_outputs(tiny_engine, tiny_engine, plain.workload, n_prompts=1))
     load = measure(
         tiny_engine,
         Workload(prompt_tokens=8, max_tokens=6, requests=3, concurrency=1, warmup=0),

@@ -86,6 +86,8 @@ def diagnosis(m: Measurement) -> dict[str, Any]:
     out["memory"] = memory_record(m, kv_cache_bytes(m.engine))
     if m.model_loads is not None:
         out["model_loads"] = m.model_loads.as_dict()
+    if m.agreement is not None:  # judged against --llmperf-against's REF
+        out["agreement"] = m.agreement.as_dict()
     if m.load is not None:
         out["load"] = load_record(m.load)
     if m.system is not None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 #: Phases a metric belongs to.
-PHASES = ("prefill", "decode", "request", "load", "roofline", "memory", "startup")
+PHASES = ("prefill", "decode", "request", "load", "roofline", "memory", "startup", "agreement")
 
 
 @dataclass(frozen=True)
@@ -220,7 +220,7 @@ def direct_sample(metric: str, m: Any) -> str | None:
         return f"{len(loads.samples)} loads, {loads.page_cache}" if loads is not None else "no fresh loads"
     if phase == "agreement":
         g = m.agreement
-        return "not compared with REF" if g is None else f"{g.sample}, {g.method}" if g.available else g.reason
+        return "not compared with REF" if g is None else g.sample if g.available else "not available"
     return None
 
 
@@ -301,9 +301,14 @@ METRICS: dict[str, Metric] = {
             record_path=("model_loads", "fresh_ttft_ms"),
         ),
         # Output agreement with --llmperf-against's REF (REF is A; measuring.agreement), after the pairs.
-        Metric("top1_agreement", "top-1 agreement", "share", "agreement", True, _agreement("top1_agreement")),
-        Metric("kl_mean", "KL(REF||this) mean", "nats", "agreement", False, _agreement("kl_mean")),
-        Metric("kl_p99", "KL(REF||this) p99", "nats", "agreement", False, _agreement("kl_p99")),
+        *(
+            Metric(name, label, unit, "agreement", higher, _agreement(name), record_path=("agreement", name))
+            for name, label, unit, higher in (
+                ("top1_agreement", "top-1 agreement", "share", True),
+                ("kl_mean", "KL(REF||this) mean", "nats", False),
+                ("kl_p99", "KL(REF||this) p99", "nats", False),
+            )
+        ),
     )
 }
 

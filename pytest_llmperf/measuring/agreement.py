@@ -79,14 +79,28 @@ class Agreement:
     def earliest_divergence(self) -> int | None:
         return min((d for d in self.first_divergence if d is not None), default=None)
 
+    def divergence(self) -> str:
+        """Where the greedy tokens first part: ``none`` or ``token 3 (2 of 4 prompts part)``."""
+        diverged = sum(d is not None for d in self.first_divergence)
+        first = self.earliest_divergence
+        return "none" if first is None else f"token {first} ({diverged} of {self.n_prompts} prompts part)"
+
+    def against_lines(self) -> list[str]:
+        """Under ``--llmperf-against``, after the metrics table (whose rows hold top-1 and KL;
+        each line within 80 columns but for a long reason)."""
+        if not self.available:
+            return [f"output against REF: not available ({self.reason})"]
+        return [
+            f"output against REF (A: REF, B: this tree; {self.method})",
+            f"  greedy parity {self.greedy_parity:.4f}; first divergence: {self.divergence()}",
+        ]
+
     def lines(self) -> list[str]:
         """The report section's lines (each within 80 columns)."""
         if not self.available:
             return [f"agreement: not available ({self.reason})"]
         assert self.kl_mean is not None and self.kl_p99 is not None and self.kl_max is not None
-        diverged = sum(d is not None for d in self.first_divergence)
-        first = self.earliest_divergence
-        where = "none" if first is None else f"token {first} ({diverged} of {self.n_prompts} prompts part)"
+        where = self.divergence()
         held = [f"  {self.n_unscored} more positions without a server's probabilities"] if self.n_unscored else []
         return [
             f"agreement ({self.method}): {self.sample}",

@@ -83,9 +83,8 @@ def figure_rows() -> dict[str, tuple[str, ...]]:
 
 
 def _shown(m: Measurement, phase: str) -> bool:
-    """A phase's rows where the measurement has them: fresh loads (the agreement with REF has
-    its own block after the table: ``metrics_table``)."""
-    return {"startup": m.model_loads is not None, "agreement": False}.get(phase, True)
+    """A phase's rows where the measurement has them: fresh loads, the agreement with REF."""
+    return {"startup": m.model_loads is not None, "agreement": m.agreement is not None}.get(phase, True)
 
 
 def metrics_table(m: Measurement) -> str:
@@ -152,7 +151,7 @@ def metrics_table(m: Measurement) -> str:
     if "roofline" in found:
         text += "\n\nroofline:\n" + roofline_text(found["roofline"])
     if m.agreement is not None:  # judged against --llmperf-against's REF: A is REF, B this tree
-        text += "\n\noutput against REF (A: REF, B: this tree)\n" + "\n".join(m.agreement.lines())
+        text += "\n\n" + "\n".join(m.agreement.against_lines())
     warnings = found["stability"]["warnings"]
     return text + ("\n\n" + "\n".join(warnings) if warnings else "")
 
