@@ -227,7 +227,7 @@ def main() -> int:
             if args.case == "python":
                 ref = f"python:{old_venv(args.old)}"
             print(
-                f"case {args.case} (change {args.change:+.0%}), REF {ref}, {args.preset} preset, threads "
+                f"case {args.case}{f' (change {args.change:+.0%})' if args.case == 'change' else ''}, REF {ref}, {args.preset} preset, threads "
                 f"{args.threads}, pp{args.prompt_tokens} tg{args.max_tokens}, {'one core busy' if args.busy else 'no extra load'}; "
                 f"load {load()}",
                 flush=True,
