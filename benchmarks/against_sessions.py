@@ -226,8 +226,9 @@ def main() -> int:
             ref = make_repo(root, args.case, args.change, args.prompt_tokens, args.max_tokens, args.preset)
             if args.case == "python":
                 ref = f"python:{old_venv(args.old)}"
+            change = f" (change {args.change:+.0%})" if args.case == "change" else ""
             print(
-                f"case {args.case}{f' (change {args.change:+.0%})' if args.case == 'change' else ''}, REF {ref}, {args.preset} preset, threads "
+                f"case {args.case}{change}, REF {ref}, {args.preset} preset, threads "
                 f"{args.threads}, pp{args.prompt_tokens} tg{args.max_tokens}, {'one core busy' if args.busy else 'no extra load'}; "
                 f"load {load()}",
                 flush=True,
