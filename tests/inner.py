@@ -78,7 +78,13 @@ def busiest_baseline(entry: dict) -> None:
     blames a slowdown on the machine (``judge.regression.machine_blame``; on CI runners the
     hypervisor's steal alone did). For the tests about what a REGRESSION line says: the note that
     the baseline was recorded under steal comes with it."""
-    entry["machine"] = {**(entry.get("machine") or {}), "steal_share": 1.0, "involuntary_switches_per_run": 1e9}
+    entry["machine"] = {
+        **(entry.get("machine") or {}),
+        "steal_share": 1.0,
+        "involuntary_switches_per_run": 1e9,
+        "cpu_wait_share": 1.0,
+        "others_cpu_share": 1.0,
+    }
 
 
 def lag(entry: dict, factor: float) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..core import catalog
-from .verdict import CI_LEVEL, fmt_p, fmt_value, level
+from .verdict import CI_LEVEL, exp_clamped, fmt_p, fmt_value, level, log_level, positive_values
 
 #: metric -> (label, phase, unit, higher is better). Times are compared as b/a time ratios.
 PAIRED_METRICS: dict[str, tuple[str, str, str, bool]] = {
@@ -70,9 +70,9 @@ def paired(metric: str, a: Sequence[float], b: Sequence[float]) -> PairedCompari
     if len(a) != len(b):
         raise ValueError(f"{metric}: {len(a)} A runs but {len(b)} B runs; pairs need both")
     label, phase, unit, _ = PAIRED_METRICS[metric]
-    ratios = [bi / ai for ai, bi in zip(a, b)]
-    spread = level(ratios, f"{metric} B/A").spread  # also checks: finite and positive
-    d = np.log(np.asarray(ratios, dtype=float))
+    # The log ratio of each pair (a difference of logs: a quotient of extreme values overflows).
+    d = np.log(positive_values(f"{metric} B", b)) - np.log(positive_values(f"{metric} A", a))
+    spread = log_level(d).spread
     n = d.size
     i, j = np.triu_indices(n)
     walsh = np.sort((d[i] + d[j]) / 2.0)
@@ -84,9 +84,9 @@ def paired(metric: str, a: Sequence[float], b: Sequence[float]) -> PairedCompari
         unit=unit,
         a_median=_median(a),
         b_median=_median(b),
-        ratio=math.exp(float(np.median(walsh))),
-        ci_low=math.exp(float(walsh[c])),
-        ci_high=math.exp(float(walsh[walsh.size - 1 - c])),
+        ratio=exp_clamped(float(np.median(walsh))),
+        ci_low=exp_clamped(float(walsh[c])),
+        ci_high=exp_clamped(float(walsh[walsh.size - 1 - c])),
         p_value=_signed_rank_p(d),
         n_pairs=n,
         spread=spread,
@@ -199,11 +199,11 @@ def judged_pairs(
     for spec in JUDGED:
         va = [getattr(r, spec.name) for r in a_runs]
         vb = [getattr(r, spec.name) for r in b_runs]
-        if any(v is None or not v > 0 for v in va + vb):
+        if any(v is None or not 0 < v < math.inf for v in va + vb):
             continue  # not observed for this subject (a callable's prefill)
         pc = paired(spec.name, va, vb)
-        ratios = level([y / x for x, y in zip(va, vb)], f"{spec.name} pairs")
-        d = np.log(np.asarray(vb, dtype=float) / np.asarray(va, dtype=float))
+        d = np.log(np.asarray(vb, dtype=float)) - np.log(np.asarray(va, dtype=float))
+        ratios = log_level(d)
         greater, less = _signed_rank_greater(d), _signed_rank_greater(-d)
         worse, better = (less, greater) if spec.higher_is_better else (greater, less)
         judged.append(

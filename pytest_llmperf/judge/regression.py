@@ -97,6 +97,8 @@ class BaselineVerdict:
         """One cell for the summary table."""
         if self.status != "compared":
             return self.status
+        if not self.comparisons:
+            return Verdict.INCONCLUSIVE.value  # nothing could be judged (the note says why)
         if self.regressions or self.memory_changes:
             phases = {c.phase for c in self.regressions} | ({"memory"} if self.memory_changes else set())
             return "REGRESSION " + "+".join(sorted(phases))
@@ -187,34 +189,84 @@ def compare_records(
 ) -> list[Comparison]:
     """Every judged metric both records carry (plus the rate mirrors), decided with Holm over
     ``family_size``. ``window``: per judged metric, the history's sessions of this test since
-    the baseline was recorded (``history.series.Windows``; ``rule.compare_levels``)."""
-    base_levels, cand_levels, older = session_levels(baseline), session_levels(candidate), history(baseline)
+    the baseline was recorded (``history.series.Windows``; ``rule.compare_levels``). A metric
+    whose stored or measured values cannot be judged is left out (``judged_records`` says why)."""
+    return judged_records(baseline, candidate, settings, window)[0]
+
+
+def _sound(rec: Mapping[str, Any], name: str, side: str) -> tuple[Level | None, list[Level], list[str]]:
+    """One record's session level of ``name`` and its older recorded levels, each only if it is
+    one (finite, positive values; a stored level that is a level), and a note per part left out."""
+    notes: list[str] = []
+    runs = rec.get("runs")
+    own = None
+    if isinstance(runs, Mapping) and name in runs:  # measured: its runs are judged, or named
+        values = runs[name]
+        try:
+            own = level(values, f"{name} of the {side}")
+        except (TypeError, ValueError) as exc:
+            notes.append(f"{exc}")
+    older: list[Level] = []
+    sessions = rec.get("sessions")
+    stored = sessions.get(name, []) if isinstance(sessions, Mapping) else []
+    for i, d in enumerate(stored if isinstance(stored, list) else []):
+        try:
+            older.append(Level.from_json(d))
+        except ValueError:
+            notes.append(f"recorded session {i + 1} of {name} in the {side} is not a session level; left out")
+    return own, older, notes
+
+
+def judged_records(
+    baseline: Mapping[str, Any],
+    candidate: Mapping[str, Any],
+    settings: CompareSettings,
+    window: Mapping[str, Sequence[Level]] | None = None,
+) -> tuple[list[Comparison], list[str]]:
+    """``compare_records``'s comparisons, and one line per metric (or stored session) left out
+    because its values are not finite positive numbers: "cannot judge ...: why; what to do"."""
     judged: dict[str, Comparison] = {}
+    notes: list[str] = []
     for spec in JUDGED:
-        if spec.name in base_levels and spec.name in cand_levels:
-            judged[spec.name] = compare_levels(
-                spec,
-                [*older.get(spec.name, []), base_levels[spec.name]],
-                cand_levels[spec.name],
-                threshold=settings.tail_threshold if spec.tail else settings.threshold,
-                alpha=settings.alpha_per_look,
-                noise=settings.noise,
-                provisional=False,
-                window=(window or {}).get(spec.name, ()),
-            )
+        base, older, base_notes = _sound(baseline, spec.name, "baseline")
+        cand, _, cand_notes = _sound(candidate, spec.name, "measurement")
+        notes += [f"cannot judge {spec.label}: {n}; re-record with --llmperf-update-baselines" for n in base_notes]
+        notes += [f"cannot judge {spec.label}: {n}" for n in cand_notes]
+        if base is None or cand is None:
+            continue
+        judged[spec.name] = compare_levels(
+            spec,
+            [*older, base],
+            cand,
+            threshold=settings.tail_threshold if spec.tail else settings.threshold,
+            alpha=settings.alpha_per_look,
+            noise=settings.noise,
+            provisional=False,
+            window=(window or {}).get(spec.name, ()),
+        )
     comparisons = []
     for spec in METRICS.values():
         if spec.mirror_of is None and spec.name in judged:
             comparisons.append(judged[spec.name])
-        elif (
-            spec.mirror_of in judged
-            and spec.name in baseline.get("runs", {})
-            and spec.name in candidate.get("runs", {})
-        ):
-            shown = (statistics.median(baseline["runs"][spec.name]), statistics.median(candidate["runs"][spec.name]))
-            comparisons.append(mirrored(judged[spec.mirror_of], spec, shown))
+        elif spec.mirror_of in judged:
+            shown = _medians(baseline, candidate, spec.name)
+            if shown is not None:
+                comparisons.append(mirrored(judged[spec.mirror_of], spec, shown))
     family = max(settings.family_size or 0, len(judged)) or None
-    return decide(comparisons, alpha=settings.alpha_per_look, m=family)
+    return decide(comparisons, alpha=settings.alpha_per_look, m=family), notes
+
+
+def _medians(baseline: Mapping[str, Any], candidate: Mapping[str, Any], name: str) -> tuple[float, float] | None:
+    """Both records' median of ``name`` (a rate shown beside the metric it mirrors), if both
+    carry finite numbers for it."""
+    out = []
+    for rec in (baseline, candidate):
+        runs = rec.get("runs")
+        values = runs.get(name) if isinstance(runs, Mapping) else None
+        if not values or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+            return None
+        out.append(float(statistics.median(values)))
+    return out[0], out[1]
 
 
 #: The hypervisor took this much more of the CPU time (steal) during the candidate's runs than
@@ -226,43 +278,77 @@ STEAL_MACHINE_SHARE = 0.05
 
 #: Other processes preempted the engine's threads this many times as often per run as during
 #: the baseline's runs: the cores were shared (seen here: 400-1600 per run in such sessions,
-#: with run CVs of 1-2.5, against 40-270 in clean ones).
+#: with run CVs of 1-2.5, against 40-270 in clean ones). Counted in the process that calls the
+#: engine, so it sees an in-process engine's threads only.
 CONTENTION_FACTOR = 4.0
+#: The engine's threads spent at least this share of their runnable time waiting for a CPU
+#: (the kernel's run queue, /proc/PID/task/*/schedstat) during the runs, and this much more
+#: than during the baseline's: other processes held the cores the engine needed.
+CPU_WAIT_SHARE = 0.05
+#: Other processes used at least this share of the machine's CPU time (all CPUs) during the
+#: runs, and this much more than during the baseline's: the engine's threads shared the caches,
+#: the memory bus and (on SMT machines) the cores' pipelines with them, which no run queue shows.
+OTHERS_CPU_SHARE = 0.25
 
 
 def _machine_figure(rec: Mapping[str, Any], key: str, upper: float = math.inf) -> float | None:
     machine = rec.get("machine")
     value = machine.get(key) if isinstance(machine, Mapping) else None
-    return float(value) if isinstance(value, (int, float)) and 0 <= value <= upper else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if 0 <= value <= upper else None
 
 
 def steal_share(rec: Mapping[str, Any]) -> float | None:
     return _machine_figure(rec, "steal_share", 1.0)
 
 
-def machine_blame(
-    steal: tuple[float | None, float | None], switches: tuple[float | None, float | None] = (None, None)
-) -> str | None:
-    """Why a slowdown is the machine's, not the subject's (None: nothing says so): the
-    hypervisor's steal time, or other processes on the engine's cores (involuntary context
-    switches per run). The reference probe is recorded beside them but decides nothing: on
+def machine_signals(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> list[str]:
+    """Each sign that the machine, not the subject, was busier during the candidate's runs than
+    during the baseline's, as a phrase naming its figure on both sides (none: the machine was
+    no busier by anything it reports)."""
+    out = []
+    base_sw, cand_sw = (_machine_figure(r, "involuntary_switches_per_run") for r in (baseline, candidate))
+    if cand_sw is not None and base_sw is not None and cand_sw >= CONTENTION_FACTOR * max(base_sw, 1.0):
+        out.append(
+            f"other processes preempted the engine's threads {cand_sw / max(base_sw, 1.0):.0f}x as often as at "
+            f"baseline ({cand_sw:.0f} involuntary context switches per run)"
+        )
+    base_wait, cand_wait = (_machine_figure(r, "cpu_wait_share", 1.0) for r in (baseline, candidate))
+    if cand_wait is not None and cand_wait >= CPU_WAIT_SHARE and cand_wait - (base_wait or 0.0) >= CPU_WAIT_SHARE:
+        out.append(
+            f"the engine's threads waited for a CPU {cand_wait:.0%} of their runnable time "
+            f"(run queue; {(base_wait or 0.0):.0%} at baseline)"
+        )
+    base_others, cand_others = (_machine_figure(r, "others_cpu_share", 1.0) for r in (baseline, candidate))
+    if (
+        cand_others is not None
+        and cand_others >= OTHERS_CPU_SHARE
+        and cand_others - (base_others or 0.0) >= OTHERS_CPU_SHARE
+    ):
+        out.append(
+            f"other processes used {cand_others:.0%} of the machine's CPU time during the runs "
+            f"({(base_others or 0.0):.0%} at baseline)"
+        )
+    base_steal, cand_steal = steal_share(baseline), steal_share(candidate)
+    if cand_steal is not None and cand_steal - (base_steal or 0.0) >= STEAL_MACHINE_SHARE:
+        out.append(
+            f"the hypervisor gave {cand_steal:.0%} of this VM's CPU time to other guests during the runs "
+            f"(steal; {(base_steal or 0.0):.0%} at baseline)"
+        )
+    return out
+
+
+def machine_blame(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> str | None:
+    """Why a slowdown is the machine's, not the subject's (None: nothing says so): the signals of
+    ``machine_signals``. The reference probe is recorded beside them but decides nothing: on
     this project's VM its drift did not follow llama.cpp's (correlation about 0 over 20 A/A
     sessions, benchmarks/regression_real.py), and when another process held a core its
     sleeping BLAS threads read 10-15x slower while llama.cpp's spinning threads lost 10-20%."""
-    base_sw, cand_sw = switches
-    if cand_sw is not None and base_sw is not None and cand_sw >= CONTENTION_FACTOR * max(base_sw, 1.0):
-        return (
-            f"other processes preempted the engine's threads {cand_sw / max(base_sw, 1.0):.0f}x as often as at "
-            f"baseline ({cand_sw:.0f} involuntary context switches per run): not blamed on the subject; "
-            "re-run on an idle machine"
-        )
-    base, cand = steal
-    if cand is not None and cand - (base or 0.0) >= STEAL_MACHINE_SHARE:
-        return (
-            f"the hypervisor gave {cand:.0%} of this VM's CPU time to other guests during the runs "
-            f"(steal; {(base or 0.0):.0%} at baseline): not blamed on the subject; re-run"
-        )
-    return None
+    signals = machine_signals(baseline, candidate)
+    if not signals:
+        return None
+    return f"busy machine: {'; '.join(signals)}: not blamed on the subject; re-run on an idle machine"
 
 
 def blame_machine(comparisons: list[Comparison], why: str | None) -> list[Comparison]:
@@ -297,7 +383,25 @@ def judge(
 ) -> BaselineVerdict:
     """Find this hardware's entry among a test's baselines and compare, or say why not.
     ``window(entry)``: the history's sessions of this test since ``entry`` was recorded, per
-    judged metric (``compare_records``)."""
+    judged metric (``compare_records``). Never raises: stored data that cannot be judged is
+    left out with a line saying so, or (as a last resort) the verdict is an "error" naming it."""
+    try:
+        return _judge(entries, hardware_key, candidate, settings, window)
+    except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError) as exc:
+        return BaselineVerdict(
+            "error",
+            f"cannot judge against the stored baseline: {type(exc).__name__}: {exc}; "
+            "re-record it with --llmperf-update-baselines",
+        )
+
+
+def _judge(
+    entries: Mapping[str, Mapping[str, Any]] | None,
+    hardware_key: str,
+    candidate: Mapping[str, Any],
+    settings: CompareSettings,
+    window: Callable[[Mapping[str, Any]], Mapping[str, Sequence[Level]]] | None,
+) -> BaselineVerdict:
     if not entries:
         return BaselineVerdict("no-baseline", "no baseline: run with --llmperf-update-baselines")
     baseline = entries.get(hardware_key)
@@ -317,29 +421,35 @@ def judge(
     changes = tuple(subject_changes(baseline.get("subject", {}), candidate.get("subject", {})))
     machine = reference.slowdown(baseline.get("reference"), candidate.get("reference"))
     steal = (steal_share(baseline), steal_share(candidate))
-    switches = (
-        _machine_figure(baseline, "involuntary_switches_per_run"),
-        _machine_figure(candidate, "involuntary_switches_per_run"),
-    )
-    note = ""
+    notes = []
     if steal[0] is not None and steal[0] >= STEAL_MACHINE_SHARE:
-        note = (
+        notes.append(
             f"the baseline was recorded while the hypervisor took {steal[0]:.0%} of the CPU time (steal): "
             "it may be too slow to catch a regression; re-record it with --llmperf-update-baselines"
         )
-    why = machine_blame(steal, switches)
+    why = machine_blame(baseline, candidate)
+    comparisons, left_out = judged_records(baseline, candidate, settings, window(baseline) if window else None)
     return BaselineVerdict(
         "compared",
-        note=note,
+        note="; ".join(notes + left_out),
         machine=why or "",
-        comparisons=tuple(
-            blame_machine(compare_records(baseline, candidate, settings, window(baseline) if window else None), why)
-        ),
+        comparisons=tuple(blame_machine(comparisons, why)),
         changes=changes,
-        layer_changes=compare_layers(baseline, candidate, alpha=settings.alpha, threshold=settings.threshold),
+        layer_changes=_layers(baseline, candidate, settings),
         machine_ratio=machine,
         memory_changes=compare_memory(baseline, candidate),
     )
+
+
+def _layers(
+    baseline: Mapping[str, Any], candidate: Mapping[str, Any], settings: CompareSettings
+) -> tuple[LayerChange, ...]:
+    """The per-layer diagnosis (``compare_layers``); none when either record's layer data is not
+    numbers that diagnose anything (a diagnosis, not a gate)."""
+    try:
+        return compare_layers(baseline, candidate, alpha=settings.alpha, threshold=settings.threshold)
+    except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError, IndexError):
+        return ()
 
 
 def _with_comparisons(

@@ -66,7 +66,7 @@ import math
 from collections.abc import Iterable, Sequence
 
 import numpy as np
-from scipy.special import ndtri, stdtr, stdtrit
+from scipy.special import ndtr, ndtri, stdtr, stdtrit
 
 from ..core import catalog
 from ..core.catalog import Metric
@@ -79,7 +79,9 @@ from .verdict import (
     NoiseModel,
     Verdict,
     decided,
+    exp_clamped,
     fmt_p,
+    fmt_pct,
     holm,
     level,
 )
@@ -88,6 +90,11 @@ from .verdict import (
 METRICS: dict[str, Metric] = {m.name: m for m in catalog.METRICS.values() if m.judged or m.mirror_of}
 #: The metrics that are tested (one per phase and tail); each counts once in Holm's family.
 JUDGED: tuple[Metric, ...] = tuple(m for m in METRICS.values() if m.judged)
+
+
+def _t_cdf(df: float, x: float) -> float:
+    """Student's t CDF; the normal one for infinite degrees of freedom."""
+    return float(stdtr(df, x)) if math.isfinite(df) else float(ndtr(x))
 
 
 def compare_levels(
@@ -142,11 +149,13 @@ def compare_levels(
     se = math.sqrt(sum(v for v, _ in parts))
     # Welch-Satterthwaite: run spreads are estimated from a few runs, so the statistic is
     # Student's t, not normal (a spread that came out small must not make a false alarm).
-    df = se**4 / sum(v * v / f for v, f in parts if f > 0 and v > 0) if se > 0 else math.inf
+    weights = sum(v * v / f for v, f in parts if f > 0 and v > 0)
+    # No term with finite degrees of freedom (one run a side, the prior alone): normal.
+    df = se**4 / weights if se > 0 and weights > 0 else math.inf
     d = candidate.log_level - base_log
     worse = -d if spec.higher_is_better else d
     if se > 0:
-        p_worse, p_better = float(stdtr(df, -worse / se)), float(stdtr(df, worse / se))
+        p_worse, p_better = _t_cdf(df, -worse / se), _t_cdf(df, worse / se)
     else:  # constant values on both sides: only an exact difference is evidence
         p_worse, p_better = (0.0 if worse > 0 else 1.0), (0.0 if worse < 0 else 1.0)
     z = float(stdtrit(df, 0.5 + CI_LEVEL / 2)) if math.isfinite(df) else float(ndtri(0.5 + CI_LEVEL / 2))
@@ -162,11 +171,11 @@ def compare_levels(
         unit=spec.unit,
         higher_is_better=spec.higher_is_better,
         threshold=threshold,
-        baseline_value=math.exp(base_log),
+        baseline_value=exp_clamped(base_log),
         candidate_value=candidate.value,
-        ratio=math.exp(d),
-        ci_low=math.exp(d - z * se),
-        ci_high=math.exp(d + z * se),
+        ratio=exp_clamped(d),
+        ci_low=exp_clamped(d - z * se),
+        ci_high=exp_clamped(d + z * se),
         p_value=p_worse,
         p_value_better=p_better,
         n_baseline=latest.n,
@@ -180,7 +189,7 @@ def compare_levels(
         between_sd=between,
         baseline_sessions=k,
         upper_ratio=(
-            math.exp((candidate.upper - candidate.log_level) - shape)
+            exp_clamped((candidate.upper - candidate.log_level) - shape)
             if candidate.upper is not None and shape is not None
             else None
         ),
@@ -351,14 +360,14 @@ def suite_relative(tests: Sequence[Sequence[Comparison]], *, alpha: float) -> li
             continue
         if c.verdict in (Verdict.REGRESSION, Verdict.MACHINE_SLOWER, Verdict.IMPROVED):
             continue
-        suite = math.exp(-shift if c.higher_is_better else shift)
+        suite = exp_clamped(-shift if c.higher_is_better else shift)
         new = dataclasses.replace(
             c,
             verdict=Verdict.REGRESSION,
             suite_ratio=suite,
             reason=(
-                f"slower than the rest of the suite: {math.expm1(departure) * 100:+.1f}% beyond the median "
-                f"shift of {peers} other measurements ({(suite - 1) * 100:+.1f}%), p={fmt_p(p_adj)} Holm "
+                f"slower than the rest of the suite: {fmt_pct((exp_clamped(departure) - 1) * 100)} beyond the "
+                f"median shift of {peers} other measurements ({fmt_pct((suite - 1) * 100)}), p={fmt_p(p_adj)} Holm "
                 f"(suite-relative)"
             ),
         )

@@ -46,6 +46,15 @@ MAD_SCALE = 1.4826
 UPPER_QUANTILE = 0.90
 #: Runs further than this many MADs from the median do not count in the spread.
 OUTLIER_MADS = 3.5
+#: The largest |log| of a value (a float64 reaches exp(709.78)); a level of a ratio of two such
+#: values reaches twice that.
+LOG_MAX = 709.0
+
+
+def exp_clamped(x: float) -> float:
+    """exp(x) for a log ratio or bound, within the floats (+-``LOG_MAX``): two levels at the
+    ends of the float range differ by more than ``math.exp`` can return."""
+    return math.exp(max(-LOG_MAX, min(LOG_MAX, x)))
 
 
 @dataclass(frozen=True)
@@ -60,9 +69,29 @@ class Level:
     #: Log of the runs' 90th percentile: a slowdown of part of the runs shows here first.
     upper: float | None = None
 
+    def __post_init__(self) -> None:
+        """A level is a finite location with a finite, non-negative error and spread from at
+        least one run: anything else (a stored level of ``inf``, a negative se, no runs) is not
+        one, and is refused here, where it is read, rather than turned into a verdict."""
+        upper_ok = self.upper is None or (math.isfinite(self.upper) and abs(self.upper) <= 2 * LOG_MAX)
+        if not (
+            math.isfinite(self.log_level)
+            and abs(self.log_level) <= 2 * LOG_MAX
+            and math.isfinite(self.se)
+            and self.se >= 0
+            and math.isfinite(self.spread)
+            and self.spread >= 0
+            and self.n >= 1
+            and upper_ok
+        ):
+            raise ValueError(
+                f"not a session level: log_level={self.log_level!r}, se={self.se!r}, n={self.n!r}, "
+                f"spread={self.spread!r}, upper={self.upper!r}"
+            )
+
     @property
     def value(self) -> float:
-        return math.exp(self.log_level)
+        return exp_clamped(self.log_level)
 
     def to_json(self) -> dict[str, float | int | None]:
         return {
@@ -76,19 +105,19 @@ class Level:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Level:
         upper = d.get("upper")
-        level = cls(
-            float(d["log_level"]),
-            float(d["se"]),
-            int(d["n"]),
-            float(d["spread"]),
-            None if upper is None else float(upper),
-        )
-        if not (math.isfinite(level.log_level) and math.isfinite(level.se) and level.se >= 0 and level.n >= 1):
-            raise ValueError(f"not a session level: {dict(d)!r}")
-        return level
+        try:
+            return cls(
+                float(d["log_level"]),
+                float(d["se"]),
+                int(d["n"]),
+                float(d["spread"]),
+                None if upper is None else float(upper),
+            )
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            raise ValueError(f"not a session level: {d!r} ({exc})") from None
 
 
-def _positive(name: str, values: Sequence[float] | np.ndarray) -> np.ndarray:
+def positive_values(name: str, values: Sequence[float] | np.ndarray) -> np.ndarray:
     a = np.asarray(values, dtype=float).ravel()
     if a.size == 0:
         raise ValueError(f"{name}: no runs")
@@ -122,8 +151,14 @@ def _hodges_lehmann(x: np.ndarray) -> float:
 
 
 def level(values: Sequence[float], name: str = "values") -> Level:
-    """The session level of positive per-run values (robust location and its standard error)."""
-    x = np.sort(np.log(_positive(name, values)))
+    """The session level of positive per-run values (robust location and its standard error);
+    ValueError (naming ``name``) for values that are not finite and positive."""
+    return log_level(np.log(positive_values(name, values)))
+
+
+def log_level(log_values: Sequence[float] | np.ndarray) -> Level:
+    """The session level of per-run log values (finite, at least one)."""
+    x = np.sort(np.asarray(log_values, dtype=float).ravel())
     med = _sorted_quantile(x, 0.5)
     mad = MAD_SCALE * _median(np.abs(x - med))
     # The plain deviation of the runs within 3.5 MADs of the median: as stable as the
@@ -195,16 +230,31 @@ class NoiseModel:
         return math.sqrt(max(0.0, sum((v - mean) ** 2 for v in levels) / (k - 1) - within)), float(k - 1)
 
 
-def detectable(se: float, df: float, *, alpha: float, threshold: float, power: float = POWER) -> float:
+#: A reach beyond this (as a change: 9.99 = +999%, an 11x slowdown) is not a figure a person
+#: can use: the comparison has too few runs (or pairs, or sessions) to state one.
+REACH_CAP = 9.99
+
+
+def detectable(se: float, df: float, *, alpha: float, threshold: float, power: float = POWER) -> float | None:
     """The smallest true change (0.14 = 14% slower) that a comparison with this standard error
     of log(ratio) and degrees of freedom flags with ``power`` at one-sided level ``alpha`` (its
     Holm step as the only change of the session). The estimate must pass both the critical
-    value and the threshold, so the reach is the larger of the two plus ``power``'s margin."""
+    value and the threshold, so the reach is the larger of the two plus ``power``'s margin.
+
+    None: too few runs to state a reach (beyond ``REACH_CAP``; Student's t with about one
+    degree of freedom puts the critical value in the hundreds), or inputs that state none."""
+    if not (math.isfinite(se) and se >= 0 and df > 0 and 0 < alpha < 1 and 0 < power < 1):
+        return None
+    if not (math.isfinite(threshold) and threshold > -1):
+        return None
 
     def q(p: float) -> float:
         return float(stdtrit(df, p)) if math.isfinite(df) else float(ndtri(p))
 
-    return math.expm1(max(math.log1p(threshold), se * q(1.0 - alpha)) + se * q(power))
+    log_reach = max(math.log1p(threshold), se * q(1.0 - alpha)) + se * q(power)
+    if not math.isfinite(log_reach) or log_reach > math.log1p(REACH_CAP):
+        return None
+    return math.expm1(log_reach)
 
 
 def z_one_sided(alpha: float) -> float:
@@ -236,6 +286,9 @@ def min_detectable_effect(
     se = math.sqrt(within**2 * (1 + 1 / k) + between_sd**2 * (1 + 1 / k))
     return math.expm1(se * (z_one_sided(alpha / m) + z_one_sided(1.0 - power)))
 
+
+#: What a comparison with too few runs says instead of a reach (``detectable``: None).
+TOO_FEW_FOR_REACH = "too few runs to state a reach (more runs, or steadier ones, state one)"
 
 #: Confidence of the reported CI of the ratio.
 CI_LEVEL = 0.95
@@ -352,9 +405,9 @@ class Comparison:
             Verdict.INCONCLUSIVE: "inconclusive",
             Verdict.MACHINE_SLOWER: "slower machine",
         }[self.verdict]
-        parts = [f"{self.change_pct:+.1f}%"]
+        parts = [fmt_pct(self.change_pct)]
         if self.ci_low is not None and self.ci_high is not None:
-            parts.append(f"95% CI {(self.ci_low - 1) * 100:+.1f}..{(self.ci_high - 1) * 100:+.1f}%")
+            parts.append(f"95% CI {fmt_pct((self.ci_low - 1) * 100)[:-1]}..{fmt_pct((self.ci_high - 1) * 100)}")
         p, adjusted = self._shown_p()
         if p is not None:
             parts.append(f"p={fmt_p(p)}{' Holm' if adjusted else ''}")
@@ -383,7 +436,8 @@ class Comparison:
         """What this gate can detect here, e.g. ``detects >= 14% here; between-session sd 6.1%
         from 10 sessions of the history``."""
         if self.detectable is None:
-            return ""
+            # Decided (a reason) with noise to speak of, yet no reach: too few runs to state one.
+            return TOO_FEW_FOR_REACH if self.reason and self.se_log > 0 else ""
         if self.noise_source == "paired":
             return f"detects >= {self.detectable:.0%} here; from {self.n_candidate} interleaved pairs against {self.reference}"
         source = {
@@ -409,7 +463,20 @@ def fmt_p(p: float) -> str:
 
 def fmt_value(v: float) -> str:
     a = abs(v)
+    if a >= 1e7:
+        return f"{v:.3g}"
     return f"{v:.0f}" if a >= 1000 else f"{v:.1f}" if a >= 100 else f"{v:.2f}" if a >= 1 else f"{v:.3g}"
+
+
+#: A change beyond this many percent is shown as beyond it: no reader needs the digits.
+PCT_SHOWN_MAX = 9999.0
+
+
+def fmt_pct(pct: float) -> str:
+    """``+7.0%``; a change beyond +-``PCT_SHOWN_MAX`` percent as ``>+9999%``."""
+    if not math.isfinite(pct) or abs(pct) > PCT_SHOWN_MAX:
+        return f">+{PCT_SHOWN_MAX:.0f}%" if pct > 0 else f"<-{PCT_SHOWN_MAX:.0f}%" if pct < 0 else "n/a"
+    return f"{pct:+.1f}%"
 
 
 def holm(p_values: Sequence[float], m: int | None = None) -> list[float]:
@@ -434,6 +501,10 @@ def holm(p_values: Sequence[float], m: int | None = None) -> list[float]:
     return [float(v) for v in adjusted]
 
 
+#: Beyond this many runs, "about N runs would decide it" is no advice: more runs cannot.
+RUNS_NEEDED_CAP = 1_000_000
+
+
 def _runs_needed(c: Comparison, alpha_step: float) -> int | None:
     """Candidate runs at which this estimate would be decided (REGRESSION/IMPROVED at the
     current Holm step, or UNCHANGED), keeping the run spread and the baseline as they are.
@@ -447,10 +518,13 @@ def _runs_needed(c: Comparison, alpha_step: float) -> int | None:
     else:
         target = (t - d) / z_one_sided(1.0 - EQUIVALENCE_CONFIDENCE)
     room = target**2 - rest
-    if room <= 0:
+    if not room > 0:
         return None
     spread = c.cv_candidate or 0.0
-    return max(c.n_candidate + 1, math.ceil((HL_SE_FACTOR * spread) ** 2 / room))
+    runs = (HL_SE_FACTOR * spread) ** 2 / room
+    if not runs < RUNS_NEEDED_CAP:
+        return None  # runs cannot decide it in any practical number
+    return max(c.n_candidate + 1, math.ceil(runs))
 
 
 def _part_slower(c: Comparison) -> str:
@@ -461,8 +535,8 @@ def _part_slower(c: Comparison) -> str:
     if math.log(c.upper_ratio) <= math.log1p(UPPER_FACTOR * c.threshold):
         return ""
     return (
-        f"cannot decide: the typical run moved {c.change_pct:+.1f}% but the slowest runs "
-        f"(p{UPPER_QUANTILE * 100:.0f}) {(c.upper_ratio - 1) * 100:+.1f}% more than that: part of the runs "
+        f"cannot decide: the typical run moved {fmt_pct(c.change_pct)} but the slowest runs "
+        f"(p{UPPER_QUANTILE * 100:.0f}) {fmt_pct((c.upper_ratio - 1) * 100)} more than that: part of the runs "
         f"slowed down; re-run, and look at the per-run values"
     )
 
@@ -519,6 +593,6 @@ def decided(
         c,
         **fields,
         verdict=Verdict.INCONCLUSIVE,
-        reason=f"cannot decide: {abs(c.change_pct):.1f}% {lean}, not shown beyond or within {pct}; {how}",
+        reason=f"cannot decide: {fmt_pct(abs(c.change_pct)).lstrip('+>')} {lean}, not shown beyond or within {pct}; {how}",
         runs_needed=need,
     )

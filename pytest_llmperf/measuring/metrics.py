@@ -256,6 +256,11 @@ class SystemSample:
     involuntary_switches: int
     #: (steal, total) CPU ticks of the whole machine so far (/proc/stat), None where unknown.
     cpu_ticks: tuple[int, int] | None = None
+    #: (on-CPU ns, runqueue-wait ns) summed over the engine process's threads
+    #: (/proc/PID/task/*/schedstat), None where the kernel does not say.
+    engine_sched_ns: tuple[int, int] | None = None
+    #: (busy ticks of the whole machine, of the engine process, of this process), None where unknown.
+    busy_ticks: tuple[int, int, int] | None = None
 
 
 #: Steal above this share of the CPU time during the runs is named as a cause (and, beyond the
@@ -292,13 +297,68 @@ def _cpu_mhz() -> float | None:
     return float(np.mean(values)) if values else None
 
 
-def sample_system() -> SystemSample:
+def _schedstat_ns(pid: int) -> tuple[int, int] | None:
+    """(on-CPU ns, runqueue-wait ns) summed over the threads of ``pid`` (/proc/PID/task/TID/schedstat:
+    time on the CPU, time runnable but waiting for one, timeslices)."""
+    run = wait = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+                fields = fh.read().split()
+            run, wait = run + int(fields[0]), wait + int(fields[1])
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended between the listing and the read
+    return run, wait
+
+
+def _process_ticks(pid: int) -> int | None:
+    """utime + stime of ``pid`` in clock ticks (/proc/PID/stat; its ended threads included)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _busy_ticks(engine_pid: int) -> tuple[int, int, int] | None:
+    """(busy ticks of the whole machine, of the engine process, of this process): busy is user,
+    nice, system, irq and softirq of /proc/stat's ``cpu`` line (idle, iowait and steal are not)."""
+    try:
+        with open("/proc/stat") as fh:
+            fields = fh.readline().split()
+        ticks = [int(v) for v in fields[1:8]]
+    except (OSError, ValueError, IndexError):
+        return None
+    engine, own = _process_ticks(engine_pid), _process_ticks(os.getpid())
+    if len(ticks) < 7 or engine is None or own is None:
+        return None
+    return ticks[0] + ticks[1] + ticks[2] + ticks[5] + ticks[6], engine, 0 if engine_pid == os.getpid() else own
+
+
+def sample_system(engine_pid: int | None = None) -> SystemSample:
+    """The machine's and the engine's counters now; ``engine_pid``: the engine worker's process
+    (None: the engine runs in this one). Read between runs, never inside one."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     try:
         load = os.getloadavg()[0]
     except OSError:
         load = None
-    return SystemSample(load, _cpu_mhz(), usage.ru_minflt, usage.ru_majflt, usage.ru_nivcsw, _cpu_ticks())
+    pid = os.getpid() if engine_pid is None else engine_pid
+    return SystemSample(
+        load,
+        _cpu_mhz(),
+        usage.ru_minflt,
+        usage.ru_majflt,
+        usage.ru_nivcsw,
+        _cpu_ticks(),
+        _schedstat_ns(pid),
+        _busy_ticks(pid),
+    )
 
 
 @dataclass(frozen=True)
@@ -327,12 +387,39 @@ class SystemDelta:
         total = self.after.cpu_ticks[1] - self.before.cpu_ticks[1]
         return steal / total if total > 0 and steal >= 0 else None
 
+    @property
+    def cpu_wait_share(self) -> float | None:
+        """Share of the engine threads' runnable time spent waiting for a CPU (the run queue:
+        other processes, or more threads than CPUs) during the runs; None where unknown."""
+        if self.before.engine_sched_ns is None or self.after.engine_sched_ns is None:
+            return None
+        run = self.after.engine_sched_ns[0] - self.before.engine_sched_ns[0]
+        wait = self.after.engine_sched_ns[1] - self.before.engine_sched_ns[1]
+        return wait / (run + wait) if run >= 0 and wait >= 0 and run + wait > 0 else None
+
+    @property
+    def others_cpu_share(self) -> float | None:
+        """Share of the machine's CPU time (all CPUs) that processes other than the engine and
+        this one used during the runs; None where unknown."""
+        if self.before.busy_ticks is None or self.after.busy_ticks is None or self.before.cpu_ticks is None:
+            return None
+        if self.after.cpu_ticks is None:
+            return None
+        machine, engine, own = (a - b for a, b in zip(self.after.busy_ticks, self.before.busy_ticks))
+        total = self.after.cpu_ticks[1] - self.before.cpu_ticks[1]
+        if total <= 0:
+            return None
+        return min(1.0, max(0.0, (machine - engine - own) / total))
+
     def as_dict(self) -> dict[str, Any]:
         share = self.steal_share
+        wait, others = self.cpu_wait_share, self.others_cpu_share
         return {
             "steal_share": None if share is None else round(share, 5),
             "load_1m": self.after.load_1m,
             "involuntary_switches": self.involuntary_switches,
+            "cpu_wait_share": None if wait is None else round(wait, 5),
+            "others_cpu_share": None if others is None else round(others, 5),
         }
 
 

@@ -53,6 +53,12 @@ def as_engine(obj: Any) -> Engine:
     return CallableEngine(obj)
 
 
+def engine_pid(engine: Any) -> int | None:
+    """The process llama.cpp's threads run in: an engine worker's, else None (this one)."""
+    pid = getattr(engine, "pid", None)  # WorkerEngine.pid
+    return pid if isinstance(pid, int) else None
+
+
 def measure(
     engine: Any,
     workload: Workload | None = None,
@@ -77,10 +83,11 @@ def measure(
 
         return measure_load(engine, workload, label=label, slo=slo)
     was_reset = getattr(engine, "reset_peak_rss", reset_peak_rss)()
-    before = sample_system()
+    pid = engine_pid(engine)
+    before = sample_system(pid)
     warmup = [engine.run(workload, -1 - i) for i in range(workload.warmup)]
     traces = [engine.run(workload, i) for i in range(workload.runs)]
-    system = SystemDelta(before, sample_system())
+    system = SystemDelta(before, sample_system(pid))
     m = summarize(traces, workload, engine.info(), label=label)
     m = dataclasses.replace(
         m,
@@ -109,10 +116,11 @@ def extend(engine: Any, m: Measurement, extra_runs: int) -> Measurement:
     warm), for a sequential measurement. Per-layer timing and the roofline stay those of the
     first runs; system counters and peak RSS cover the added runs too."""
     engine = as_engine(engine)
-    before = sample_system()
+    pid = engine_pid(engine)
+    before = sample_system(pid)
     start = m.n_runs
     traces = [engine.run(m.workload, start + i) for i in range(extra_runs)]
-    system = SystemDelta(before, sample_system())
+    system = SystemDelta(before, sample_system(pid))
     runs = m.runs + tuple(RunMetrics.of(t) for t in traces)
     grown = summarize_runs(runs, dataclasses.replace(m.workload, runs=len(runs)), m.engine, label=m.label)
     return dataclasses.replace(

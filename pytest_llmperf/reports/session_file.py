@@ -9,6 +9,7 @@ process) writes files, so workers never race on a baseline file. The session fil
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -135,9 +136,10 @@ def metric_label(label: str, phase: str, unit: str) -> str:
 
 
 def detects_cell(c: Comparison) -> str:
-    """The comparison's reach (``Comparison.detectable``): ``>=14%``, or ``n/a``."""
+    """The comparison's reach (``Comparison.detectable``): ``>=14%``, ``too few runs`` (decided,
+    but too few runs to state one), or ``n/a``."""
     if c.detectable is None:
-        return "n/a"
+        return "too few runs" if c.reach() else "n/a"
     return ">=999%" if c.detectable >= 9.99 else f">={c.detectable:.0%}"
 
 
@@ -157,22 +159,30 @@ def reach_lines(results: Iterable[MeasurementResult], *, short: bool = False) ->
 
 def reach_summary(results: Iterable[MeasurementResult]) -> str | None:
     """One line: the median reach per phase over the compared tests (the terminal's default)."""
-    by_phase: dict[str, list[float]] = {}
+    by_phase: dict[str, list[float | None]] = {}
     for r in results:
         for c in _comparisons(r):
-            if c.mirror_of is None and c.detectable is not None and c.metric in ("ttft_ms", "tpot_ms"):
+            if c.mirror_of is None and c.metric in ("ttft_ms", "tpot_ms") and c.reach():
                 by_phase.setdefault(c.phase, []).append(c.detectable)
     if not by_phase:
         return None
-    parts = [
-        f"{phase} >= {statistics.median(v):.0%}"
-        for phase, v in sorted(by_phase.items(), key=lambda kv: kv[0] != "prefill")
-    ]
+    parts = [_median_reach(phase, v) for phase, v in sorted(by_phase.items(), key=lambda kv: kv[0] != "prefill")]
     n = max(len(v) for v in by_phase.values())
     return (
         f"llmperf: this gate detects here (median of {n} test(s), 80% power): {', '.join(parts)}; "
         "-v: per test, with the noise estimate; --llmperf-columns ...,detects: per comparison"
     )
+
+
+def _median_reach(phase: str, reaches: list[float | None]) -> str:
+    """``prefill >= 14%``; a test with too few runs to state a reach counts as the largest, so
+    the median is stated only when most tests state one."""
+    stated = [v for v in reaches if v is not None]
+    if len(stated) == len(reaches):
+        return f"{phase} >= {statistics.median(stated):.0%}"
+    ordered = sorted(reaches, key=lambda v: math.inf if v is None else v)
+    middle = ordered[(len(ordered) - 1) // 2]
+    return f"{phase}: too few runs to state a reach" if middle is None else f"{phase} >= {middle:.0%}"
 
 
 def _comparisons(r: MeasurementResult) -> tuple[Comparison, ...]:
