@@ -207,8 +207,10 @@ def test_sessions_judge_against_the_history_and_say_what_they_detect(pytester: p
     assert (
         len(
             re.findall(
-                r"^llmperf: this gate detects here \(median of 1 test\(s\), 80% power\): prefill >= \d+%, "
-                r"decode >= \d+%; -v: per test",
+                # A reach a person can read, or none stated (alpha 1e-9 over a few busy sessions).
+                r"^llmperf: this gate detects here \(median of 1 test\(s\), 80% power\): "
+                r"prefill(?: >= \d{1,4}%|: too few runs to state a reach), "
+                r"decode(?: >= \d{1,4}%|: too few runs to state a reach); -v: per test",
                 plain,
                 re.MULTILINE,
             )
@@ -232,16 +234,18 @@ def test_sessions_judge_against_the_history_and_say_what_they_detect(pytester: p
     judged_ = [c for c in comps if c["mirror_of"] is None]
     assert {c["noise_source"] for c in comps} == {"history"}
     assert {c["noise_sessions"] for c in judged_} == {WINDOW_MIN_SESSIONS} == {c["baseline_sessions"] for c in judged_}
-    assert all(c["detectable"] >= c["threshold"] for c in comps)
+    assert all(c["detectable"] is None or c["detectable"] >= c["threshold"] for c in comps)
     text = out.stdout.str()
     assert re.search(r"verdict\s+detects", text), text
-    reach = [line for line in text.splitlines() if "detects >=" in line]
+    reach = [line for line in text.splitlines() if "test_one: prefill TTFT: " in line]
     assert len(reach) == 1 and f"from {WINDOW_MIN_SESSIONS} session(s) of the history" in reach[0]
-    assert "prefill TTFT: detects >= " in reach[0] and "decode TPOT: detects >= " in reach[0]
+    assert re.search(r"prefill TTFT: (detects >= \d{1,4}% here|too few runs to state a reach)", reach[0])
+    assert re.search(r"decode TPOT: (detects >= \d{1,4}% here|too few runs to state a reach)", reach[0])
     page = md.read_text()
     assert "| verdict | detects |" in page and "### What this gate detects here (80% power)" in page
     reach = judged_[0]["detectable"]
-    assert (f">={reach:.0%}" if reach < 9.99 else ">=999%") in page  # the page caps what it shows
+    cell = "too few runs" if reach is None else f">={reach:.0%}" if reach < 9.99 else ">=999%"
+    assert cell in page  # the page caps what it shows
 
 
 def test_other_hardware_is_counted_and_can_fail_the_session(pytester: pytest.Pytester) -> None:

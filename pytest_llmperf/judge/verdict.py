@@ -230,9 +230,9 @@ class NoiseModel:
         return math.sqrt(max(0.0, sum((v - mean) ** 2 for v in levels) / (k - 1) - within)), float(k - 1)
 
 
-#: A reach beyond this (as a change: 9.99 = +999%, an 11x slowdown) is not a figure a person
+#: A reach beyond this (as a change: 99.99 = +9999%, a 100x slowdown) is not a figure a person
 #: can use: the comparison has too few runs (or pairs, or sessions) to state one.
-REACH_CAP = 9.99
+REACH_CAP = 99.99
 
 
 def detectable(se: float, df: float, *, alpha: float, threshold: float, power: float = POWER) -> float | None:
@@ -255,6 +255,14 @@ def detectable(se: float, df: float, *, alpha: float, threshold: float, power: f
     if not math.isfinite(log_reach) or log_reach > math.log1p(REACH_CAP):
         return None
     return math.expm1(log_reach)
+
+
+def t_quantile(df: float | None, p: float) -> float:
+    """Student's t quantile; the normal one for no (None) or infinite degrees of freedom, and
+    infinity where there are none at all (one pair: nothing is known of the spread)."""
+    if df is None or not math.isfinite(df):
+        return float(ndtri(p))
+    return float(stdtrit(df, p)) if df > 0 else math.inf
 
 
 def z_one_sided(alpha: float) -> float:
@@ -434,17 +442,18 @@ class Comparison:
 
     def reach(self) -> str:
         """What this gate can detect here, e.g. ``detects >= 14% here; between-session sd 6.1%
-        from 10 sessions of the history``."""
-        if self.detectable is None:
-            # Decided (a reason) with noise to speak of, yet no reach: too few runs to state one.
-            return TOO_FEW_FOR_REACH if self.reason and self.se_log > 0 else ""
+        from 10 sessions of the history``; ``too few runs to state a reach; ...`` where the
+        comparison was decided with noise to speak of but states none (``detectable``)."""
+        if self.detectable is None and not (self.reason and self.se_log > 0):
+            return ""
+        head = TOO_FEW_FOR_REACH if self.detectable is None else f"detects >= {self.detectable:.0%} here"
         if self.noise_source == "paired":
-            return f"detects >= {self.detectable:.0%} here; from {self.n_candidate} interleaved pairs against {self.reference}"
+            return f"{head}; from {self.n_candidate} interleaved pairs against {self.reference}"
         source = {
             "history": f"from {self.noise_sessions} session(s) of the history",
             "baseline": f"from {self.noise_sessions} recorded baseline session(s) and the prior",
         }.get(self.noise_source, "the prior (too few sessions to estimate it)")
-        return f"detects >= {self.detectable:.0%} here; between-session sd {self.between_sd:.1%} {source}"
+        return f"{head}; between-session sd {self.between_sd:.1%} {source}"
 
     def _shown_p(self) -> tuple[float | None, bool]:
         """The p-value of the direction the data moved."""
@@ -556,7 +565,10 @@ def decided(
     t = math.log1p(c.threshold)
     log_ratio = math.log(c.ratio)
     worse = -log_ratio if c.higher_is_better else log_ratio
-    q_eq = z_one_sided(1.0 - EQUIVALENCE_CONFIDENCE)
+    # Student's t with the comparison's degrees of freedom: a standard error estimated from a
+    # few runs is itself uncertain (the normal quantile called a +45% change within 5% when the
+    # Welch degrees of freedom were below one).
+    q_eq = t_quantile(c.df, EQUIVALENCE_CONFIDENCE)
     pct = f"{c.threshold:.0%}"
     if p_adj < alpha and worse > t:
         return dataclasses.replace(c, **fields, verdict=Verdict.REGRESSION, reason=f"significant and beyond {pct}")
