@@ -24,6 +24,9 @@ B; ``against_agreement``), as its other budgets are checked on this tree's side.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +46,71 @@ def sample(budget: Budget, m: Measurement) -> str:
     return direct_sample(budget.metric, m) or f"{m.n_runs} runs"
 
 
+#: Confidence of a budget statistic's interval (``statistic_ci``).
+BUDGET_CI_LEVEL = 0.95
+
+
+def quantile_of(statistic: str) -> float | None:
+    """The quantile a budget's statistic is (``median`` 0.5, ``p95`` 0.95); None: not one."""
+    if statistic == "median":
+        return 0.5
+    if statistic.startswith("p") and statistic[1:].isdigit():
+        return int(statistic[1:]) / 100.0
+    return None
+
+
+def values_of(budget: Budget, m: Measurement) -> list[float] | None:
+    """The values a budget's quantile is taken over: the pooled tokens' ITLs, or one value per
+    run; None where the statistic is not a quantile of such a sample."""
+    if quantile_of(budget.statistic) is None:
+        return None
+    if budget.pooled_tokens:
+        return [v for r in m.runs for v in r.itl_ms]
+    from ..core.catalog import METRICS
+
+    run_field = METRICS[budget.metric].run_field
+    if run_field is None:
+        return None
+    values = [getattr(r, run_field) for r in m.runs]
+    return [float(v) for v in values if isinstance(v, (int, float))] if values else None
+
+
+def order_ci(values: list[float], q: float, level: float = BUDGET_CI_LEVEL) -> tuple[float | None, float | None]:
+    """Distribution-free CI of the ``q`` quantile from order statistics (coverage >= ``level``
+    for independent values): the k-th smallest value bounds it from below where P(Bin(n, q) <
+    k) <= (1 - level) / 2, and likewise from above. None on a side the sample cannot bound
+    (p99 of 20 runs: the upper bound would lie past the largest run)."""
+    from scipy.stats import binom
+
+    n = len(values)
+    if n == 0:
+        return None, None
+    s = sorted(values)
+    tail = (1.0 - level) / 2.0
+    cdf = binom.cdf(range(n + 1), n, q)  # cdf[j] = P(B <= j)
+    # Lower: the largest k (1-based) with P(B <= k - 1) <= tail.
+    lows = [k for k in range(1, n + 1) if cdf[k - 1] <= tail]
+    # Upper: the smallest k with P(B <= k - 1) >= 1 - tail.
+    highs = [k for k in range(1, n + 1) if cdf[k - 1] >= 1.0 - tail]
+    return (s[lows[-1] - 1] if lows else None), (s[highs[0] - 1] if highs else None)
+
+
+def runs_to_bound(q: float, level: float = BUDGET_CI_LEVEL) -> int:
+    """The fewest values whose largest bounds the ``q`` quantile from above at ``level``
+    (1 - q^n >= 1 - tail): 367 for a p99, 72 for a p95, 6 for a median."""
+    tail = (1.0 - level) / 2.0
+    return max(1, math.ceil(math.log(tail) / math.log(q))) if 0 < q < 1 else 1
+
+
+class BudgetState(str, enum.Enum):
+    """What a budget's sample shows: met (its whole CI within the limit), breached (its whole CI
+    beyond it: fails the test) or undecided (the CI straddles the limit: passes, and says so)."""
+
+    MET = "met"
+    BREACHED = "breached"
+    UNDECIDED = "undecided"
+
+
 @dataclass(frozen=True)
 class BudgetBreach:
     key: str
@@ -52,14 +120,56 @@ class BudgetBreach:
     measured: float | None
     budget: float
     sample: str
+    #: The statistic's 95% CI from its sample (order statistics; None on a side the sample
+    #: cannot bound), or None where the statistic has none (an exact figure, a share).
+    ci: tuple[float | None, float | None] | None = None
+    state: BudgetState = BudgetState.BREACHED
+    #: The quantile the statistic is (0.99 for a p99), where it is one.
+    quantile: float | None = None
+    n: int = 0
+    #: Breached by its value alone: the sample was too small for its CI to show a breach.
+    by_value: bool = False
 
     def line(self) -> str:
         if self.measured is None:
             return f"{self.label} was not measured by this engine (budget {self.key}={fmt(self.budget)})"
+        if self.state is BudgetState.UNDECIDED:
+            return self._undecided_line()
         op = ">" if self.ceiling else "<"
-        return (
-            f"{self.label} {fmt(self.measured)} {self.unit} {op} budget {fmt(self.budget)} {self.unit} ({self.sample})"
+        how = (
+            f"; too few {self._what()} to bound it at {BUDGET_CI_LEVEL:.0%}: its value decides" if self.by_value else ""
         )
+        return (
+            f"{self.label} {fmt(self.measured)} {self.unit} {op} budget {fmt(self.budget)} {self.unit} "
+            f"({self._ci_text()}{self.sample}{how})"
+        )
+
+    def _what(self) -> str:
+        return "tokens" if "tokens" in self.sample else "runs"
+
+    def _ci_text(self) -> str:
+        if self.ci is None:
+            return ""
+        low, high = self.ci
+        lo = "-inf" if low is None else fmt(low)
+        hi = "+inf" if high is None else fmt(high)
+        return f"{BUDGET_CI_LEVEL:.0%} CI {lo}..{hi}, "
+
+    def _undecided_line(self) -> str:
+        """``TTFT p95 43.9 ms, 95% CI 41.0..47.2, within 45 by less than its uncertainty``."""
+        assert self.measured is not None
+        ok = self.measured <= self.budget if self.ceiling else self.measured >= self.budget
+        side = "within" if ok else ("over" if self.ceiling else "under")
+        text = (
+            f"{self.label} {fmt(self.measured)} {self.unit}, {self._ci_text()[:-2]}, {side} {fmt(self.budget)} "
+            f"by less than its uncertainty ({self.sample}"
+        )
+        unbounded = self.ci is not None and (self.ci[1] if self.ceiling else self.ci[0]) is None
+        if unbounded and self.quantile is not None:
+            need = runs_to_bound(self.quantile if self.ceiling else 1.0 - self.quantile)
+            name = "median" if self.quantile == 0.5 else f"p{self.quantile * 100:g}"
+            text += f"; {self.n} {self._what()} cannot estimate a {name}: about {need} bound it"
+        return text + "; undecided: passes)"
 
 
 @dataclass(frozen=True)
@@ -96,16 +206,63 @@ def against_agreement(m: Measurement, given: Mapping[str, Any]) -> tuple[tuple[A
     return breaches, len(budgets)
 
 
+def judge_budget(key: str, limit: float, m: Measurement) -> BudgetBreach:
+    """One budget against its statistic and, where the statistic is a quantile of runs or
+    tokens, that quantile's 95% CI (docs/settings.md, "Budgets and their uncertainty"):
+
+    - met: the whole CI holds (where the sample cannot bound the CI on that side, its most
+      extreme value holds);
+    - breached (fails the test): the whole CI breaks it, or nothing was measured; where the
+      sample is too small to bound the other side at all, the value decides (and says so);
+    - undecided (passes, and says so): the CI straddles the limit.
+
+    A statistic with no sample CI (a buffer size, a share) is decided by its value."""
+    b = BUDGETS[key]
+    measured = b.read(m)
+    out = BudgetBreach(key, b.label, b.unit, b.ceiling, measured, limit, sample(b, m))
+    if measured is None:
+        return out
+    q = quantile_of(b.statistic)
+    values = values_of(b, m)
+    if q is None or not values:
+        return dataclasses.replace(out, ci=None, state=BudgetState.MET if b.holds(measured, limit) else out.state)
+    low, high = order_ci(values, q)
+    # The side of the CI that must hold for the budget to be met, and the side that must break it.
+    holds_side, breaks_side = (high, low) if b.ceiling else (low, high)
+    by_value = False
+    # A side the sample cannot bound (p99 of 20 runs) is met when even its most extreme value
+    # holds: a budget far from the measured values needs no more runs to say so.
+    edge = max(values) if b.ceiling else min(values)
+    if b.holds(edge if holds_side is None else holds_side, limit):
+        state = BudgetState.MET
+    elif breaks_side is None:  # too few values to show a breach at all: the value decides
+        by_value = not b.holds(measured, limit)
+        state = BudgetState.BREACHED if by_value else BudgetState.UNDECIDED
+    elif not b.holds(breaks_side, limit):
+        state = BudgetState.BREACHED
+    else:
+        state = BudgetState.UNDECIDED
+    return dataclasses.replace(out, ci=(low, high), state=state, quantile=q, n=len(values), by_value=by_value)
+
+
+def budget_checks(m: Measurement, budgets: Mapping[str, float]) -> tuple[BudgetBreach, ...]:
+    """Every budget of ``m`` judged (``judge_budget``), in the marker's order."""
+    return tuple(judge_budget(key, limit, m) for key, limit in budgets.items())
+
+
+def undecided_budgets(m: Measurement, budgets: Mapping[str, float]) -> tuple[BudgetBreach, ...]:
+    """The budgets whose CI straddles their limit: more runs may decide them."""
+    return tuple(c for c in budget_checks(m, budgets) if c.state is BudgetState.UNDECIDED)
+
+
 def check_budgets(
     m: Measurement, budgets: Mapping[str, float], also: tuple[AgreementBreach, ...] = ()
 ) -> BudgetFailure | None:
-    """The budgets ``m`` broke (``also``: agreement budgets against REF, judged already)."""
-    breaches: list[BudgetBreach | AgreementBreach] = []
-    for key, budget in budgets.items():
-        b = BUDGETS[key]
-        measured = b.read(m)
-        if not b.holds(measured, budget):
-            breaches.append(BudgetBreach(key, b.label, b.unit, b.ceiling, measured, budget, sample(b, m)))
+    """The budgets ``m`` broke (``also``: agreement budgets against REF, judged already): those
+    whose whole CI lies beyond the limit, or whose figure was not measured."""
+    breaches: list[BudgetBreach | AgreementBreach] = [
+        c for c in budget_checks(m, budgets) if c.state is BudgetState.BREACHED
+    ]
     breaches += also
     return BudgetFailure(m.label, tuple(breaches)) if breaches else None
 

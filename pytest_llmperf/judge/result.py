@@ -312,6 +312,8 @@ class MeasurementResult:
     record: Mapping[str, Any] | None = None  # the baseline record format (schemas/baselines.schema.json)
     verdict: VerdictRecord | None = None
     baseline_record: Mapping[str, Any] | None = None  # the entry the verdict compared against
+    #: One line per budget whose CI straddles its limit (undecided: passes, and says so).
+    budget_notes: tuple[str, ...] = ()
 
     @property
     def reference(self) -> str:
@@ -364,6 +366,7 @@ class MeasurementResult:
             "record": None if self.record is None else dict(self.record),
             "budget": self.budget,
             "budget_failures": list(self.budget_failures),
+            "budget_notes": list(self.budget_notes),
             "breached_budgets": list(self.breached_budgets),
             "verdict": None if self.verdict is None else self.verdict.to_json(),
             "baseline_record": None if self.baseline_record is None else dict(self.baseline_record),
@@ -400,6 +403,7 @@ class MeasurementResult:
             d.get("record"),
             None if verdict is None else VerdictRecord.from_json(verdict),
             d.get("baseline_record"),
+            tuple(d.get("budget_notes", ())),
         )
 
 
@@ -414,6 +418,7 @@ def result_of(nodeid: str, r: Any) -> MeasurementResult:
         label=m.label or "",
         budget="-" if not r.n_budgets else ("FAIL" if failure else "ok"),
         budget_failures=tuple(b.line() for b in breaches),
+        budget_notes=tuple(r.budget_notes),
         breached_budgets=tuple(b.key for b in breaches),
         budgets=dict(r.budgets),
         extra_info=dict(r.extra_info),

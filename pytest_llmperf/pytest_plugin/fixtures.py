@@ -303,7 +303,7 @@ class LLMPerf:
     ) -> Measurement:
         """The test's result of one measurement: its budgets checked, its verdict; ``against``
         (judged against ``--llmperf-against``'s REF): the marker's agreement budgets too."""
-        from ..judge.budgets import against_agreement, check_budgets
+        from ..judge.budgets import against_agreement, check_budgets, undecided_budgets
 
         also, n_agreement = against_agreement(measurement, config.ab) if against else ((), 0)
         self.results.append(
@@ -313,6 +313,7 @@ class LLMPerf:
                 len(config.budgets) + n_agreement,
                 assessment,
                 dict(config.budgets),
+                budget_notes=tuple(b.line() for b in undecided_budgets(measurement, config.budgets)),
             )
         )
         return measurement
@@ -333,9 +334,10 @@ class LLMPerf:
     def _sequential(
         self, subject: Subject, m: Measurement, config: MarkerConfig
     ) -> tuple[Measurement, Assessment | None]:
-        """Assess; while the baseline comparison is INCONCLUSIVE, measure ``runs`` more, up to
-        ``max_runs`` or ``SEQUENTIAL_TIME_CAP_S``. Every look tests at alpha / looks
-        (``CompareSettings.looks``), so stopping early keeps the error rate."""
+        """Assess; while the baseline comparison is INCONCLUSIVE or a budget's CI straddles its
+        limit, measure ``runs`` more, up to ``max_runs`` or ``SEQUENTIAL_TIME_CAP_S``. Every look
+        tests at alpha / looks (``CompareSettings.looks``), so stopping early keeps the error rate."""
+        from ..judge.budgets import undecided_budgets
         from ..measuring.runner import extend
 
         step = m.workload.runs
@@ -347,7 +349,7 @@ class LLMPerf:
         with _one_line():
             while (
                 looks > 1
-                and _undecided(assessment)
+                and (_undecided(assessment) or undecided_budgets(m, config.budgets))
                 and m.n_runs < max_runs
                 and time.monotonic() - started < SEQUENTIAL_TIME_CAP_S
             ):

@@ -196,6 +196,8 @@ def summary(
 
     lines += [("sep", "llmperf summary"), ("line", summary_table(rows, s.columns, width))]
     lines += [("line", line) for line in overhead_lines(rows)]
+    names = short_ids([r.test for r in results])
+    lines += [("line", f"{names[r.test]}: budget undecided: {note}") for r in results for note in r.budget_notes]
     table = comparison_table(results, s.columns, width)
     if table:
         against = against_of(results)

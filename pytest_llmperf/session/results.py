@@ -28,6 +28,8 @@ class Result:
     budgets: Mapping[str, float] = field(default_factory=dict)  # the marker's, drawn as lines in the HTML report
     #: What a ``pytest_llmperf_result`` hook attached (JSON values): the JSON report's ``extra_info``.
     extra_info: Mapping[str, Any] = field(default_factory=dict)
+    #: One line per budget its sample could not decide (``judge.budgets.undecided_budgets``).
+    budget_notes: tuple[str, ...] = ()
 
 
 def ab_result_of(nodeid: str, ab: ABResult) -> dict[str, Any]:
@@ -63,6 +65,8 @@ def section_of(r: Result, t: MeasurementResult, columns: Sequence[str], width: i
                 else f"per-layer diff: no layer significantly slower ({len(a.verdict.layer_changes)} compared)"
             )
         detail += "\n\n" + "\n".join(extra + ([table] if table else []) + undecided)
+    if t.budget_notes:
+        detail += "\n\n" + "\n".join(f"budget undecided: {line}" for line in t.budget_notes)
     return title, detail.rstrip()
 
 
