@@ -588,6 +588,13 @@ SETTINGS: dict[str, Setting] = {
             shown="off",
             metavar="REF",
         ),
+        Setting(
+            "allow_not_compared",
+            "let a --llmperf-against session pass in which no measurement could be compared with REF "
+            "(by default it fails: a gate that compared nothing does not pass)",
+            False,
+            switch=True,
+        ),
         Setting("json", "write the session's results as JSON to this file", None, shown="not written", metavar="FILE"),
         Setting(
             "markdown",
