@@ -589,11 +589,7 @@ SETTINGS: dict[str, Setting] = {
             metavar="REF",
         ),
         Setting(
-            "allow_not_compared",
-            "let a --llmperf-against session pass in which no measurement could be compared with REF "
-            "(by default it fails: a gate that compared nothing does not pass)",
-            False,
-            switch=True,
+            "allow_not_compared", "pass a --llmperf-against session that compared nothing with REF", False, switch=True
         ),
         Setting("json", "write the session's results as JSON to this file", None, shown="not written", metavar="FILE"),
         Setting(
