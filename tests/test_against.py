@@ -728,3 +728,6 @@ def test_sigkill_of_the_controller_takes_its_sides_with_it(runner: Runner, slow_
         time.sleep(0.05)
     assert not [p for p in pids if alive(p)], "PR_SET_PDEATHSIG did not end the sides"
     assert "locked" not in git(slow_repo, "worktree", "list", "--porcelain")
+    # The plugin's link for the sides lives in the cache, made once: nothing of it left in $TMPDIR.
+    assert not list(runner.tmp.glob("llmperf-harness-*")), list(runner.tmp.iterdir())
+    assert (runner.cache / "harness").is_dir()

@@ -293,6 +293,7 @@ def test_the_controller_fills_the_session_files_against_object(tmp_path: Path) -
     where its code under test was imported from (REF's: its worktree)."""
     from pytest_llmperf.engines.llama_cpp_native import llama_cpp_version
     from pytest_llmperf.session.against import open_against
+    from pytest_llmperf.session.refs import Project
 
     repo = tmp_path / "repo"
     (repo / "wrapper").mkdir(parents=True)
@@ -306,7 +307,7 @@ def test_the_controller_fills_the_session_files_against_object(tmp_path: Path) -
     _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base")
     ag = open_against(
         "git:HEAD",
-        repo,
+        Project(repo, repo),
         tmp_path / "cache",
         ["tests", "-p", "no:cacheprovider"],
         str(repo),
@@ -380,3 +381,24 @@ def test_holm_family_counts_each_labelled_measurement_once() -> None:
     assert ag.family_for("t.py::a", "long") == 5 * len(JUDGED)
     assert ag.family_for("t.py::b", "") == 5 * len(JUDGED)
     assert ag.family_for("t.py::b", "short") == 6 * len(JUDGED)
+
+
+def test_a_session_that_compared_nothing_fails_unless_allowed(tmp_path: Path) -> None:
+    """A gate that compared nothing does not pass: one line naming REF and the first reason;
+    ``--llmperf-allow-not-compared`` lets it pass; one comparison is enough."""
+    solo = [solo_result("tests/test_new.py::test_new_api"), solo_result("tests/test_new.py::test_other")]
+    session = Session(SessionSettings.of(tmp_path, against="git:main"))
+    session.against_sides = AGAINST
+    session.results = list(solo)
+    assert session.not_compared_line() == (
+        f"llmperf: --llmperf-against {REF}: none of the 2 measurement(s) could be compared with REF, so the "
+        f"session fails ({NOT_COMPARED}); --llmperf-allow-not-compared lets it pass"
+    )
+    allowed = Session(SessionSettings.of(tmp_path, against="git:main", allow_not_compared=True))
+    allowed.results = list(solo)
+    assert allowed.not_compared_line() is None
+    session.results = [*solo, paired_result(WRAPPER)]
+    assert session.not_compared_line() is None
+    session.results = []  # nothing judged (none ran, or each failed): the tests' outcomes say it
+    assert session.not_compared_line() is None
+    assert Session(SessionSettings.of(tmp_path)).not_compared_line() is None

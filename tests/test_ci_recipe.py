@@ -1,7 +1,9 @@
 """The GitHub Actions recipes in examples/ are valid YAML and every command they run exists:
 each pytest and llmperf command line they name parses with the options as they are today. The
 pull-request recipe gates on ``--llmperf-against git:origin/<base branch>``, and the checkout it
-asks for (the whole history) is what makes that REF resolve in a real clone."""
+asks for (the whole history) is what makes that REF resolve in a real clone; the upgrade recipe
+gates on ``--llmperf-against python:PATH``, an environment its own step builds from the base
+branch's requirements."""
 
 from __future__ import annotations
 
@@ -19,25 +21,26 @@ from pytest_llmperf.core.errors import ConfigError
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 WORKFLOW = EXAMPLES / "github-actions-llmperf.yml"
 PR_WORKFLOW = EXAMPLES / "github-actions-llmperf-pr.yml"
-WORKFLOWS = (WORKFLOW, PR_WORKFLOW)
+UPGRADE_WORKFLOW = EXAMPLES / "github-actions-llmperf-upgrade.yml"
+WORKFLOWS = (WORKFLOW, PR_WORKFLOW, UPGRADE_WORKFLOW)
 SHELL_ENDS = {">", ">>", "|", "&&", "||", ";", "2>&1"}
 #: What GitHub puts in for the expressions the commands use (a pull request into main).
-CONTEXT = {"github.base_ref": "main"}
+CONTEXT = {"github.base_ref": "main", "runner.temp": "/home/runner/work/_temp"}
 
 
-def _expand(line: str) -> str:
+def _expand(line: str, context: dict[str, str] | None = None) -> str:
     """``${{ github.base_ref }}`` as GitHub expands it; an unknown expression fails the test."""
-    return re.sub(r"\$\{\{\s*([^}]+?)\s*\}\}", lambda m: CONTEXT[m.group(1)], line)
+    return re.sub(r"\$\{\{\s*([^}]+?)\s*\}\}", lambda m: (context or CONTEXT)[m.group(1)], line)
 
 
-def commands(workflow: Path = WORKFLOW) -> list[list[str]]:
+def commands(workflow: Path = WORKFLOW, context: dict[str, str] | None = None) -> list[list[str]]:
     """Every ``run:`` of the workflow, split into words, cut at redirections and pipes."""
     jobs = yaml.safe_load(workflow.read_text())["jobs"]
     found = []
     for job in jobs.values():
         for step in job["steps"]:
             for line in step.get("run", "").replace("\\\n", " ").splitlines():
-                words = shlex.split(_expand(line))
+                words = shlex.split(_expand(line, context))
                 for i, word in enumerate(words):
                     if word in SHELL_ENDS:
                         words = words[:i]
@@ -177,3 +180,77 @@ def test_the_recipes_checkout_makes_the_base_branch_a_ref(tmp_path: Path) -> Non
     line = str(error.value)
     assert "\n" not in line and "no commit 'origin/main'" in line and "(a shallow clone)" in line
     assert "fetch-depth: 0" in line
+
+
+def _step(workflow: Path, name: str) -> dict:
+    (job,) = yaml.safe_load(workflow.read_text())["jobs"].values()
+    return next(s for s in job["steps"] if s.get("name") == name)
+
+
+def test_upgrade_workflow_gates_against_the_base_branchs_environment() -> None:
+    """A pull request that changes requirements.txt: this job's environment against one built
+    from the base branch's requirements, ``--llmperf-against python:PATH`` naming the
+    interpreter that step makes, with what the plugin needs (its dependencies but the old
+    environment's own llama-cpp-python)."""
+    data = yaml.safe_load(UPGRADE_WORKFLOW.read_text())
+    assert list(data[True]) == ["pull_request"] and "requirements.txt" in data[True]["pull_request"]["paths"]
+    (job,) = data["jobs"].values()
+    steps = job["steps"]
+    checkout = next(s for s in steps if s.get("uses", "").startswith("actions/checkout@"))
+    assert steps.index(checkout) == 0 and checkout["with"]["fetch-depth"] == 0  # git show origin/<base>:...
+    uses = [s.get("uses", "") for s in steps]
+    assert any(u.startswith("actions/cache@") and "~/.cache/pip" in s["with"]["path"] for u, s in zip(uses, steps))
+    upload = next(s for s in steps if s.get("uses", "").startswith("actions/upload-artifact@"))
+    assert {"llmperf.json", "llmperf.md"} <= set(upload["with"]["path"].split()) and upload.get("if") == "always()"
+    (run,) = pytest_runs(UPGRADE_WORKFLOW)
+    ref = run[run.index("--llmperf-against") + 1]
+    venv = [w for w in commands(UPGRADE_WORKFLOW) if w[:3] == ["python", "-m", "venv"]]
+    assert len(venv) == 1 and ref == f"python:{venv[0][3]}/bin/python"
+    assert "--llmperf-update-baselines" not in run and "--llmperf-allow-not-compared" not in run
+    (install,) = [w for w in commands(UPGRADE_WORKFLOW) if w[0] == f"{venv[0][3]}/bin/python"]
+    assert install[1:4] == ["-m", "pip", "install"] and install[4:6] == [
+        "-r",
+        f"{CONTEXT['runner.temp']}/requirements-base.txt",
+    ]
+    named = {re.split(r"[<>=\[ ]", w)[0] for w in install[6:]}
+    pyproject = (EXAMPLES.parent / "pyproject.toml").read_text()  # tomllib: Python 3.11+
+    project = re.findall(
+        r'"([^"]+)"', re.search(r"^dependencies = \[(.*?)^\]", pyproject, re.MULTILINE | re.DOTALL).group(1)
+    )
+    needed = {re.split(r"[<>=\[ ]", d)[0] for d in project} - {"llama-cpp-python"}
+    assert named == needed  # the plugin's dependencies; llama-cpp-python is the old requirements' own
+
+
+def test_the_upgrade_recipes_old_environment_is_a_ref(tmp_path: Path) -> None:
+    """The recipe's step, run as written in a clone of a pull request that upgrades
+    llama-cpp-python (its pip install left out): the base branch's requirements are read, and
+    the interpreter the step makes is the one the pytest command names, a working python:PATH."""
+    import sys
+
+    from pytest_llmperf.session.refs import resolve_reference
+
+    origin = tmp_path / "origin"
+    origin.mkdir()
+    _git(origin, "init", "-q", "-b", "main")
+    (origin / "requirements.txt").write_text("llama-cpp-python==0.3.16\n")
+    _git(origin, "add", ".")
+    _git(origin, "commit", "-qm", "main")
+    _git(origin, "checkout", "-qb", "upgrade")
+    (origin / "requirements.txt").write_text("llama-cpp-python==0.3.36\n")
+    _git(origin, "commit", "-qam", "the upgrade")
+    clone = tmp_path / "clone"
+    _git(tmp_path, "clone", "-q", "--no-local", "--branch", "upgrade", str(origin), str(clone))
+    temp = tmp_path / "runner-temp"
+    temp.mkdir()
+    context = {**CONTEXT, "runner.temp": str(temp)}
+    script = _expand(_step(UPGRADE_WORKFLOW, "The base branch's environment")["run"], context)
+    lines = [ln for ln in script.splitlines() if ln.strip() and "pip install" not in ln]
+    lines = [re.sub(r"^python -m venv", f"{shlex.quote(sys.executable)} -m venv --without-pip", ln) for ln in lines]
+    subprocess.run(["bash", "-euc", "\n".join(lines)], cwd=clone, check=True, timeout=120, capture_output=True)
+    assert (temp / "requirements-base.txt").read_text() == "llama-cpp-python==0.3.16\n"  # the base branch's
+    (run,) = pytest_runs(UPGRADE_WORKFLOW)
+    text = _expand(
+        run[run.index("--llmperf-against") + 1].replace(CONTEXT["runner.temp"], "${{ runner.temp }}"), context
+    )
+    ref = resolve_reference(text, clone)
+    assert ref.python == str(temp / "venv-base" / "bin" / "python") and ref.python_version == sys.version.split()[0]

@@ -509,3 +509,118 @@ def test_an_unknown_commit_to_check_out_is_one_line(repo, tmp_path):
     with pytest.raises(ConfigError) as error:
         Worktrees(root, tmp_path / "cache").checkout("deadbeef")
     assert "deadbeef" in one_line(error)
+
+
+# -- a revision that does not exist, where the project is (issue 37) -------------------------
+
+
+def test_a_revision_beyond_the_history_or_in_an_empty_repository_is_said_so(repo, tmp_path):
+    """Not "fetch it": a commit that cannot exist is said not to (fetching would not help)."""
+    root, shas = repo
+    with pytest.raises(ConfigError) as error:
+        resolve_reference("git:HEAD~5", root)
+    assert one_line(error) == (
+        f"llmperf: --llmperf-against git:HEAD~5: no commit 'HEAD~5' in the repository at {root}: HEAD "
+        f"({shas[3][:12]}) has only 4 commit(s) in its history; ~5 goes back further (or names a parent it lacks)"
+    )
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    git(empty, "init", "-q")
+    for rev in ("HEAD", "HEAD~5", "main"):
+        with pytest.raises(ConfigError) as error:
+            resolve_reference(f"git:{rev}", empty)
+        assert one_line(error) == (
+            f"llmperf: --llmperf-against git:{rev}: no commit {rev!r} in the repository at {empty}: it has no commits yet"
+        )
+
+
+def _layout(tmp_path: Path) -> Path:
+    """A monorepo: ``svc/`` (tracked) and ``new/`` (not)."""
+    root = tmp_path / "mono"
+    for name in ("svc/wrapper/__init__.py", "svc/tests/test_perf.py", "README.md"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text("")
+    git(root, "init", "-q", "-b", "main")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "one")
+    (root / "new" / "tests").mkdir(parents=True)
+    return root
+
+
+def test_the_project_is_found_from_the_tests_and_mapped_into_the_worktree(tmp_path):
+    from pytest_llmperf.session.refs import Project, locate_project
+
+    root = _layout(tmp_path)
+    svc, tests = root / "svc", root / "svc" / "tests" / "test_perf.py"
+    # A pytest.ini in svc/ chose the rootdir: the project is svc/, wherever pytest was started.
+    assert locate_project("HEAD", svc, root, [tests], rootdir_chosen=True) == Project(svc, root)
+    # None: the rootdir is the common folder of the command line's paths (a model's too), above the
+    # repository; the project is the invocation folder, the repository the tests'.
+    assert locate_project("HEAD", tmp_path, svc, [tests], rootdir_chosen=False) == Project(svc, root)
+    assert locate_project("HEAD", Path("/"), root, [tests], rootdir_chosen=False) == Project(root, root)
+    assert Project(svc, root).in_worktree(tmp_path / "wt") == tmp_path / "wt" / "svc"
+    assert locate_project(None, tmp_path, svc, [tests], rootdir_chosen=False) == Project(svc)  # python:PATH
+    with pytest.raises(ConfigError) as error:
+        locate_project("HEAD", root / "new", root / "new", [root / "new" / "tests"])
+    assert one_line(error).startswith(
+        f"llmperf: --llmperf-against git:HEAD: {root / 'new'} is not tracked in the git repository around it ({root})"
+    )
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    with pytest.raises(ConfigError, match=f"{plain} is not in a git repository"):
+        locate_project("HEAD", Path("/"), plain, [plain])
+
+
+def _with_submodule(tmp_path: Path) -> tuple[Path, str, str]:
+    """A repository whose ``lib/`` is a submodule: at HEAD~1 it pins the submodule's first commit."""
+    sub = tmp_path / "sub"
+    (sub / "wrapper").mkdir(parents=True)
+    (sub / "wrapper" / "__init__.py").write_text("VALUE = 1\n")
+    git(sub, "init", "-q", "-b", "main")
+    git(sub, "add", "-A")
+    git(sub, "commit", "-qm", "one")
+    first = git(sub, "rev-parse", "HEAD")
+    root = tmp_path / "root"
+    root.mkdir()
+    git(root, "init", "-q", "-b", "main")
+    git(root, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(sub), "lib")
+    git(root, "commit", "-qm", "lib")
+    (root / "lib" / "wrapper" / "__init__.py").write_text("VALUE = 2\n")
+    git(root / "lib", "commit", "-qam", "two")
+    git(root, "commit", "-qam", "lib moved on")
+    return root, git(root, "rev-parse", "HEAD~1"), first
+
+
+def test_a_submodule_is_filled_from_this_clones_own_or_named_in_one_line(tmp_path):
+    root, ref, first = _with_submodule(tmp_path)
+    cache = tmp_path / "cache"
+    trees = Worktrees(root, cache)
+    path = trees.checkout(ref, ["lib/wrapper"])
+    assert (path / "lib" / "wrapper" / "__init__.py").read_text() == "VALUE = 1\n"  # REF's pin, not HEAD's
+    assert git(path, "status", "--porcelain") == "" and git(root / "lib", "status", "--porcelain") == ""
+    assert trees.checkout(ref, ["lib/wrapper"]) == path  # whole: reused
+    trees.clear()
+    # This clone has no checkout of the submodule (never initialized): the session stops, naming it.
+    shutil.rmtree(root / ".git" / "modules" / "lib")
+    shutil.rmtree(root / "lib")
+    (root / "lib").mkdir()
+    with pytest.raises(ConfigError) as error:
+        Worktrees(root, cache).checkout(ref, ["lib/wrapper"])
+    assert one_line(error) == (
+        f"llmperf: --llmperf-against: REF pins submodule lib at {first[:12]}, this clone has no lib checked out: "
+        "git submodule update --init lib"
+    )
+    assert Worktrees(root, cache).checkout(ref, ["other"]).is_dir()  # a submodule no code under test is in
+
+
+def test_a_submodule_commit_this_clone_lacks_is_named_in_one_line(tmp_path):
+    root, _, _ = _with_submodule(tmp_path)
+    missing = "1" * 40  # REF pins a commit this clone of the submodule never fetched
+    git(root, "update-index", "--cacheinfo", f"160000,{missing},lib")
+    git(root, "commit", "-qm", "lib at a commit fetched nowhere here")
+    with pytest.raises(ConfigError) as error:
+        Worktrees(root, tmp_path / "cache").checkout(git(root, "rev-parse", "HEAD"), ["lib/wrapper"])
+    assert one_line(error) == (
+        f"llmperf: --llmperf-against: REF pins submodule lib at {missing[:12]}, a commit this clone's lib lacks: "
+        f"git -C lib fetch origin {missing}"
+    )

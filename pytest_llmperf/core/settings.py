@@ -588,6 +588,9 @@ SETTINGS: dict[str, Setting] = {
             shown="off",
             metavar="REF",
         ),
+        Setting(
+            "allow_not_compared", "pass a --llmperf-against session that compared nothing with REF", False, switch=True
+        ),
         Setting("json", "write the session's results as JSON to this file", None, shown="not written", metavar="FILE"),
         Setting(
             "markdown",

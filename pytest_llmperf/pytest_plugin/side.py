@@ -66,16 +66,22 @@ if TYPE_CHECKING:
 
 class AgainstHooks:
     def __init__(self, config: pytest.Config, session: Any) -> None:
-        from ..session.refs import resolve_reference
+        from ..session.refs import locate_project, parse_reference, resolve_reference
 
         self.config = config
         self.session = session
         self.text = session.settings.against
-        try:
-            resolve_reference(self.text, session.settings.rootdir)  # a wrong REF: one line now, not per test
+        here = config.invocation_params.dir
+        rootdir = session.settings.rootdir
+        chosen = bool(config.inipath or config.known_args_namespace.rootdir or (rootdir / "setup.py").is_file())
+        paths = [here / arg.split("::")[0] for arg in config.args]
+        try:  # a wrong REF or a project git:REV cannot hold: one line now, not per test
+            self.project = locate_project(parse_reference(self.text)[0], rootdir, here, paths, chosen)
+            resolve_reference(self.text, self.project.where)
         except LLMPerfError as exc:
             raise pytest.UsageError(str(exc)) from None
         self.against: Any = None
+        self.not_compared: str | None = None  # the line that fails a session that compared nothing
         self.error: str | None = None
         self.next_perf: dict[str, str | None] = {}
         self.old_sigterm: Any = None
@@ -98,7 +104,7 @@ class AgainstHooks:
             try:
                 self.against = open_against(
                     self.text,
-                    s.rootdir,
+                    self.project,
                     default_cache_dir(),
                     [*self.config.invocation_params.args, f"--rootdir={self.config.rootpath}"],
                     str(self.config.invocation_params.dir),
@@ -129,8 +135,10 @@ class AgainstHooks:
             else:
                 for data in outcome.reports:
                     report = self.config.hook.pytest_report_from_serializable(config=self.config, data=data)
-                    if report.when == "call" and outcome.notes:
-                        report.sections.append(("llmperf against", "\n".join(outcome.notes)))
+                    if report.when == "call":
+                        report.sections += [("llmperf against", "\n".join(outcome.notes))] if outcome.notes else []
+                        # What the sides are, to the xdist controller too (JSON on its wire).
+                        report.llmperf_against = self.session.against_sides
                     ihook.pytest_runtest_logreport(report=report)
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
         return True
@@ -153,10 +161,27 @@ class AgainstHooks:
             )
             item.ihook.pytest_runtest_logreport(report=report)
 
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """The sides as a call report says them (on the xdist controller: from the worker)."""
+        sides = getattr(report, "llmperf_against", None)
+        if sides:
+            self.session.against_sides = sides
+
+    @pytest.hookimpl(trylast=True)  # after the session's results are all in (``LLMPerfHooks``)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        self.not_compared = self.session.not_compared_line()
+        if self.not_compared and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    @pytest.hookimpl(trylast=True)  # the session's last lines (docs/against.md)
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if self.against is not None:
-            for line in self.against.describe():
+        from ..session.against import describe_sides
+
+        if not self.session.is_worker:
+            for line in describe_sides(self.session.against_sides):
                 terminalreporter.write_line(self.session.redact(line))
+        if self.not_compared:
+            terminalreporter.write_line(self.session.redact(self.not_compared), red=True)
 
     def close(self) -> None:
         if self.against is not None:

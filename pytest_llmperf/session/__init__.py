@@ -199,6 +199,24 @@ class Session:
             )
         self.against_sides = {"ref": ref.text, "described": ref.describe(), "sides": sides}
 
+    def not_compared_line(self) -> str | None:
+        """Under ``--llmperf-against``, once every result is in: the line that fails a session none
+        of whose measurements was compared with REF (a gate that compared nothing must not pass;
+        ``--llmperf-allow-not-compared`` lets it). None when one was, when none was judged (none
+        ran, or each failed), on an xdist worker, and without ``--llmperf-against``."""
+        s = self.settings
+        judged = [r for r in self.results if r.verdict is not None]
+        if not s.against or s.allow_not_compared or self.is_worker or not judged:
+            return None
+        if any(r.verdict is not None and r.verdict.status == "compared" for r in judged):
+            return None
+        ref = (self.against_sides or {}).get("described") or s.against
+        first = next((r.verdict.note for r in judged if r.verdict is not None and r.verdict.note), "")
+        return (
+            f"llmperf: --llmperf-against {ref}: none of the {len(judged)} measurement(s) could be compared with "
+            f"REF, so the session fails{f' ({first})' if first else ''}; --llmperf-allow-not-compared lets it pass"
+        )
+
     # -- reporting ---------------------------------------------------------------------------
 
     def call_report(

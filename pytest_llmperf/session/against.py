@@ -17,23 +17,23 @@ line that names the side. No pytest."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import re
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core.errors import LLMPerfError
+from ..core.errors import ConfigError, LLMPerfError
 from ..core.settings import usable_cpus
 from ..core.workload import SEQUENTIAL_FACTOR
 from ..measuring.worker import Channel, idlest_cpus
-from .refs import Reference, Worktrees, code_packages, resolve_reference
+from .refs import Project, Reference, Worktrees, code_packages, resolve_reference
 
 if TYPE_CHECKING:
     from ..core.workload import RunTrace
@@ -60,7 +60,6 @@ class Against:
     tail_threshold: float
     family: int
     timeout_s: float
-    harness_dir: tempfile.TemporaryDirectory[str] | None = None  # the folder of the harness link
     worktrees: Worktrees | None = None  # holds REF's worktree (a lease) until closed
     #: The labels of each test's measurements met so far: a test's second and later labelled
     #: measurement is one more member of Holm's family (``family`` counts each test once).
@@ -78,18 +77,6 @@ class Against:
                 self.extra_measurements += 1
         return self.family + self.extra_measurements * len(JUDGED)
 
-    def describe(self) -> list[str]:
-        """The header lines: what each side is (after they started)."""
-        out = []
-        for side in self.sides.values():
-            r = side.ready
-            code = ", ".join(f"{k} from {v}" for k, v in (r.get("code") or {}).items() if v) or "no code of this tree"
-            out.append(
-                f"llmperf: against: {side.spec.name} = {side.spec.shown}: Python {r.get('python', '?')}, "
-                f"llama-cpp-python {r.get('llama_cpp') or '?'}, {code}"
-            )
-        return out
-
     def start(self) -> None:
         start_all(list(self.sides.values()))
 
@@ -101,9 +88,6 @@ class Against:
     def close(self) -> None:
         for side in self.sides.values():
             side.close()
-        if self.harness_dir is not None:
-            self.harness_dir.cleanup()
-            self.harness_dir = None
         if self.worktrees is not None:
             self.worktrees.close()
             self.worktrees = None
@@ -111,7 +95,7 @@ class Against:
 
 def open_against(
     text: str,
-    rootdir: Path,
+    project: Project,
     cache_dir: Path,
     args: Sequence[str],
     cwd: str,
@@ -122,22 +106,38 @@ def open_against(
     family: int,
     timeout_s: float,
 ) -> Against:
-    """Resolve REF (a ConfigError names what is wrong), check out its worktree, and set up both
-    sides (their processes start at the first test)."""
-    reference = resolve_reference(text, rootdir)
-    base, packages = code_packages(rootdir)
-    here = rootdir / base
+    """Resolve REF (a ConfigError names what is wrong), check out its worktree (the project's
+    folder mapped into it, its submodules filled), and set up both sides (their processes start
+    at the first test)."""
+    reference = resolve_reference(text, project.where)
+    base, packages = code_packages(project.folder)
+    here = project.folder / base
     ref_root, worktrees = here, None
-    if reference.commit:
-        worktrees = Worktrees(rootdir, cache_dir)
-        ref_root = worktrees.checkout(reference.commit) / base
-    harness = harness_link()
+    if reference.commit and project.top is not None:
+        worktrees = Worktrees(project.top, cache_dir)
+        inside = here.relative_to(project.top)
+        needed = [(inside / name).as_posix() for name in packages] or [inside.as_posix()]
+        ref_root = project.in_worktree(worktrees.checkout(reference.commit, needed)) / base
+    harness = harness_link(cache_dir)
     specs = {
         CURRENT: SideSpec(CURRENT, "this tree", sys.executable, str(here), packages),
         REF: SideSpec(REF, reference.describe(), reference.python or sys.executable, str(ref_root), packages),
     }
-    sides = {name: Side(spec, args, cwd, harness.name, timeout_s) for name, spec in specs.items()}
-    return Against(reference, sides, alpha, threshold, tail_threshold, family, timeout_s, harness, worktrees)
+    sides = {name: Side(spec, args, cwd, str(harness), timeout_s) for name, spec in specs.items()}
+    return Against(reference, sides, alpha, threshold, tail_threshold, family, timeout_s, worktrees)
+
+
+def describe_sides(against: Mapping[str, Any] | None) -> list[str]:
+    """The session's last lines: what each side was (``Session.against_sides``: the controller's,
+    or an xdist worker's shipped on its reports)."""
+    out = []
+    for name, side in ((against or {}).get("sides") or {}).items():
+        code = ", ".join(f"{k} from {v}" for k, v in (side.get("code") or {}).items() if v) or "no code of this tree"
+        out.append(
+            f"llmperf: against: {name} = {side.get('shown')}: Python {side.get('python') or '?'}, "
+            f"llama-cpp-python {side.get('llama_cpp') or '?'}, {code}"
+        )
+    return out
 
 
 def looks_for(runs: int, max_runs: Any) -> tuple[int, int]:
@@ -665,10 +665,23 @@ def wait_any(sides: Sequence[Side], timeout_s: float) -> list[Side]:
     return [s for s in sides if id(s.channel) in ready]
 
 
-def harness_link() -> tempfile.TemporaryDirectory[str]:
+def harness_link(cache_dir: Path) -> Path:
     """A folder holding only ``pytest_llmperf`` (a link to this one): the sides import the plugin
-    from the current tree, never another environment's copy, and nothing else of this one."""
-    tmp = tempfile.TemporaryDirectory(prefix="llmperf-harness-")
+    from the current tree, never another environment's copy, and nothing else of this one. One
+    per copy of the plugin under the cache (``harness/<key>``), made once and left for the next
+    session: nothing to clean up, so a killed session leaves nothing behind."""
     here = Path(__file__).resolve().parent.parent
-    os.symlink(here, Path(tmp.name) / "pytest_llmperf")
-    return tmp
+    folder = Path(cache_dir) / "harness" / hashlib.sha256(str(here).encode()).hexdigest()[:12]
+    link = folder / "pytest_llmperf"
+    try:
+        if not (link.is_symlink() and os.readlink(link) == str(here)):
+            folder.mkdir(parents=True, exist_ok=True)
+            made = folder / f".pytest_llmperf.{os.getpid()}"  # made aside, then put in place in one step
+            made.unlink(missing_ok=True)
+            os.symlink(here, made)
+            os.replace(made, link)
+    except OSError as exc:
+        raise ConfigError(
+            f"llmperf: --llmperf-against: cannot link the plugin at {link}: {exc.strerror or exc}"
+        ) from None
+    return folder

@@ -82,6 +82,8 @@ class SessionSettings:
     history: Location | None
     #: ``--llmperf-against``'s REF as given (``session.refs.parse_reference`` reads it), or None.
     against: str | None = None
+    #: ``--llmperf-allow-not-compared``: a session of ``--llmperf-against`` that compared nothing passes.
+    allow_not_compared: bool = False
 
     @property
     def compare(self) -> bool:

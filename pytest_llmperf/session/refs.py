@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
@@ -87,8 +87,11 @@ def parse_reference(text: str) -> tuple[str | None, str | None]:
     return rev, path
 
 
-def _run(cmd: Sequence[str], cwd: Path | None, timeout_s: float) -> subprocess.CompletedProcess:
+def _run(
+    cmd: Sequence[str], cwd: Path | None, timeout_s: float, extra_env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in _GIT_LOCAL_ENV}  # a git hook's GIT_DIR...
+    env.update(extra_env or {})
     return subprocess.run(
         list(cmd),
         cwd=cwd,
@@ -107,11 +110,13 @@ def _last_line(text: str) -> str:
     return redact(lines[-1]) if lines else "no message"
 
 
-def _git(cwd: Path, *args: str, timeout_s: float = GIT_TIMEOUT_S, check: bool = True) -> str | None:
+def _git(
+    cwd: Path, *args: str, timeout_s: float = GIT_TIMEOUT_S, check: bool = True, env: Mapping[str, str] | None = None
+) -> str | None:
     """git's stdout; a failure is a ConfigError with git's last stderr line (None if not ``check``)."""
     what = f"llmperf: `git {' '.join(args)}` in {cwd}"
     try:
-        out = _run(["git", *args], cwd, timeout_s)
+        out = _run(["git", *args], cwd, timeout_s, env)
     except OSError as e:  # git missing, or cwd
         raise ConfigError(
             "llmperf: git is not installed (needed for --llmperf-against git:REV)"
@@ -131,10 +136,22 @@ def _commit_of(rootdir: Path, rev: str) -> str:
     if commit := _git(rootdir, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", check=False):
         return commit
     top = _git(rootdir, "rev-parse", "--show-toplevel", check=False) or str(rootdir)
+    say = f"llmperf: --llmperf-against git:{rev}: no commit {rev!r} in the repository at {top}"
     shallow = _git(rootdir, "rev-parse", "--is-shallow-repository", check=False) == "true"
+    if not shallow and not _git(rootdir, "rev-list", "-n", "1", "--all", check=False):
+        raise ConfigError(f"{say}: it has no commits yet")
+    walk = re.fullmatch(r"(.*?)((?:[~^]\d*)+)", rev)  # HEAD~5: back from a commit that exists
+    base = (
+        _git(rootdir, "rev-parse", "--verify", "--quiet", f"{walk.group(1)}^{{commit}}", check=False) if walk else None
+    )
+    if walk and base and not shallow:
+        count = _git(rootdir, "rev-list", "--count", base, check=False) or "?"
+        raise ConfigError(
+            f"{say}: {walk.group(1)} ({base[:12]}) has only {count} commit(s) in its history; "
+            f"{walk.group(2)} goes back further (or names a parent it lacks)"
+        )
     raise ConfigError(
-        f"llmperf: --llmperf-against git:{rev}: no commit {rev!r} in the repository at {top}"
-        f"{' (a shallow clone)' if shallow else ''}; fetch it first (e.g. `git fetch origin {rev}`; in GitHub "
+        f"{say}{' (a shallow clone)' if shallow else ''}; fetch it first (e.g. `git fetch origin {rev}`; in GitHub "
         "Actions: actions/checkout with fetch-depth: 0)"
     )
 
@@ -164,10 +181,66 @@ def _python_version(path: str) -> tuple[str, str]:
 
 
 def resolve_reference(text: str, rootdir: Path) -> Reference:
+    """REF made concrete; ``rootdir``: a folder in the repository (``Project.where``)."""
     rev, path = parse_reference(text)
     commit = _commit_of(Path(rootdir), rev) if rev is not None else None
     python, version = _python_version(path) if path is not None else (None, None)
     return Reference(text, rev, commit, python, version)
+
+
+@dataclass(frozen=True)
+class Project:
+    """Where the project under test is: ``folder`` holds its code under test (at its root or in
+    ``src/``: ``code_packages``); ``top`` is the git repository that tracks it (git:REV only).
+    REF's worktree holds the folder at the same place below its top (``in_worktree``)."""
+
+    folder: Path
+    top: Path | None = None
+
+    @property
+    def where(self) -> Path:
+        return self.top or self.folder
+
+    def in_worktree(self, worktree: Path) -> Path:
+        return Path(worktree) / self.folder.relative_to(self.top) if self.top is not None else self.folder
+
+
+def _real(path: Path | str) -> Path:
+    return Path(os.path.realpath(path))
+
+
+def locate_project(
+    rev: str | None, rootdir: Path, invocation_dir: Path, paths: Sequence[Path] = (), rootdir_chosen: bool = True
+) -> Project:
+    """The project of a session whose tests are ``paths`` (the command line's, made absolute),
+    run from ``invocation_dir``. Its folder is pytest's rootdir when a configuration file (or
+    ``--rootdir``, or a ``setup.py``) chose it (``rootdir_chosen``), else the invocation folder:
+    without one, pytest's rootdir is the common folder of every path on the command line, a
+    model's too. For git:REV the repository is the one the tests lie in (else the invocation
+    folder's, the rootdir's), and the folder must be tracked there: a folder that is no
+    repository but lies inside another one is refused in one line (REV would be the outer
+    repository's)."""
+    chosen, other = (_real(rootdir), _real(invocation_dir))[:: 1 if rootdir_chosen else -1]
+    if rev is None:
+        return Project(chosen)
+    starts = [_real(p if p.is_dir() else p.parent) for p in map(Path, paths) if p.exists()]
+    starts += [_real(invocation_dir), _real(rootdir)]
+    top = None
+    for start in starts:
+        if found := _git(start, "rev-parse", "--show-toplevel", check=False):
+            top = _real(found)
+            break
+    if top is None:
+        raise ConfigError(f"llmperf: --llmperf-against git:{rev}: {starts[0]} is not in a git repository")
+    folder = next((f for f in (chosen, other) if f.is_relative_to(top)), top)
+    inside = folder.relative_to(top).as_posix()
+    if inside != "." and _git(top, "ls-files", "--error-unmatch", "--", f":(literal){inside}", check=False) is None:
+        raise ConfigError(
+            f"llmperf: --llmperf-against git:{rev}: {folder} is not tracked in the git repository around it "
+            f"({top}), so REV would be that repository's, not this project's: commit the folder there, or make "
+            "it a repository of its own (git init)"
+        )
+    return Project(folder, top)
 
 
 def _importable(entry: Path) -> str | None:
@@ -292,7 +365,10 @@ class Worktrees:
         self.lock_path = self.base.with_name(f"{key}.lock")
         self._leases: dict[str, IO[str] | None] = {}
 
-    def checkout(self, commit: str) -> Path:
+    def checkout(self, commit: str, needed: Sequence[str] = ()) -> Path:
+        """The worktree of ``commit``, its submodules filled from this clone's own (``submodules``).
+        A submodule this clone cannot fill that holds one of ``needed`` (paths below the top: the
+        code under test) or lies in one is a ConfigError naming it."""
         sha = _git(self.rootdir, "rev-parse", "--verify", f"{commit}^{{commit}}") or commit
         path = self.base / sha
         with self._repo_lock():
@@ -311,6 +387,14 @@ class Worktrees:
                     sha,
                     timeout_s=CHECKOUT_TIMEOUT_S,
                 )
+                index = self.base / f"{sha}.index"  # a scratch index: the submodules' own stay as they are
+                unfilled = submodules(self.rootdir, sha, path, index)
+                index.unlink(missing_ok=True)
+                if not unfilled:
+                    (self.base / f"{sha}.ready").touch()  # whole: a session killed before this makes it again
+                for where, line in unfilled:
+                    if any(_overlap(where, n) for n in needed):
+                        raise ConfigError(f"llmperf: --llmperf-against: {line}")
             os.utime(path)
             if sha not in self._leases:
                 self._leases[sha] = _flock(self.base / f"{sha}.inuse", shared=True, wait_s=0)
@@ -346,10 +430,12 @@ class Worktrees:
 
     def _valid(self, path: Path, sha: str) -> bool:
         """A whole checkout of ``sha``: a half-made one (a session killed mid-checkout) is not."""
-        head = _git(path, "rev-parse", "HEAD", check=False) if (path / ".git").is_file() else None
+        whole = (path / ".git").is_file() and (self.base / f"{sha}.ready").is_file()
+        head = _git(path, "rev-parse", "HEAD", check=False) if whole else None
         return head == sha and _git(path, "status", "--porcelain", "--untracked-files=no", check=False) == ""
 
     def _remove(self, path: Path) -> None:
+        (self.base / f"{path.name}.ready").unlink(missing_ok=True)
         if path.exists():
             _git(self.rootdir, "worktree", "remove", "--force", "--force", str(path), check=False)
             shutil.rmtree(path, ignore_errors=True)
@@ -365,3 +451,40 @@ class Worktrees:
                 self._remove(path)
             lease.unlink(missing_ok=True)  # under the repository's lock: nobody takes a lease now
         _git(self.rootdir, "worktree", "prune", check=False)
+
+
+def _overlap(a: str, b: str) -> bool:
+    """One of two paths below the top (posix) lies in the other."""
+    pa, pb = Path(a).parts, Path(b).parts
+    return pa[: len(pb)] == pb or pb[: len(pa)] == pa
+
+
+def submodules(source: Path, commit: str, dest: Path, index: Path, below: str = "") -> list[tuple[str, str]]:
+    """Fill the submodules of ``commit`` (of the repository at ``source``) in its checkout ``dest``
+    from this clone's own (``source``'s checked-out submodules: their objects, no network), nested
+    ones too; ``git worktree add`` leaves them empty. ``index``: a scratch index file. Returns
+    (path below the top, one line) for each one that could not be filled."""
+    listed = _git(source, "ls-tree", "-r", "-z", "--full-tree", commit, check=False) or ""
+    unfilled: list[tuple[str, str]] = []
+    for entry in filter(None, listed.split("\0")):
+        meta, _, rel = entry.partition("\t")
+        mode, _, sub = meta.split(" ")
+        if mode != "160000":
+            continue
+        where, local = f"{below}{rel}", source / rel
+        if not (local / ".git").exists():
+            why = f"this clone has no {where} checked out: git submodule update --init {where}"
+        elif _git(local, "cat-file", "-e", f"{sub}^{{commit}}", check=False) is None:
+            why = f"a commit this clone's {where} lacks: git -C {where} fetch origin {sub}"
+        else:
+            target = dest / rel
+            target.mkdir(parents=True, exist_ok=True)
+            env = {"GIT_INDEX_FILE": str(index)}  # the submodule's own index stays as it is
+            _git(local, "read-tree", sub, env=env)
+            _git(
+                local, "checkout-index", "-a", "-f", f"--prefix={target}{os.sep}", env=env, timeout_s=CHECKOUT_TIMEOUT_S
+            )
+            unfilled += submodules(local, sub, target, index, f"{where}/")
+            continue
+        unfilled.append((where, f"REF pins submodule {where} at {sub[:12]}, {why}"))
+    return unfilled
