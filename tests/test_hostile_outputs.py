@@ -228,15 +228,6 @@ def test_report_to_standard_output_in_a_pipe(tmp_path: Path, target: str) -> Non
     assert sorted(p.name for p in tmp_path.iterdir()) == ["session.json"]  # no file "-", no temporary file
 
 
-def test_report_jobs_below_one_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    for jobs in ("0", "-1"):
-        with pytest.raises(SystemExit) as exit_:
-            cli_main(["report", str(tmp_path / "s.json"), "--jobs", jobs])
-        assert exit_.value.code == 2
-        err = capsys.readouterr().err
-        assert err.count("\n") == 1 and f"argument --jobs: must be >= 1, got {jobs}" in err, err
-
-
 # -- the pytest session's reports -----------------------------------------------------------------
 
 INNER = (
