@@ -394,7 +394,7 @@ CASES = [
     ),
     Case(
         "json-report-path-unwritable",
-        "llmperf: cannot write {root}/afile/session.json: File exists",
+        "llmperf: cannot write {root}/afile/session.json: Not a directory",
         1,
         args=("--llmperf-json={root}/afile/session.json",),
         files={"afile": "a file, not a folder"},
@@ -406,11 +406,11 @@ CASES = [
         1,
         args=("--llmperf-html={root}/afile/report.html",),
         files={"afile": "a file, not a folder"},
-        also=("llmperf: HTML report not written: *", "*llmperf summary*"),
+        also=("llmperf: cannot write */afile/report.html: Not a directory", "*llmperf summary*"),
     ),
     Case(
         "markdown-report-path-unwritable",
-        "llmperf: cannot write {root}/afile/summary.md: File exists",
+        "llmperf: cannot write {root}/afile/summary.md: Not a directory",
         1,
         args=("--llmperf-markdown={root}/afile/summary.md",),
         files={"afile": "a file, not a folder"},

@@ -27,13 +27,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from ..core import formats as nodeids
-from ..core.documents import RefusedFile, SchemaViolation, read_bytes, validate
+from ..core.documents import RefusedFile, SchemaViolation, atomic_write, read_bytes, real_path, validate
 from ..core.errors import LLMPerfError
 
 SCHEMA = "pytest-llmperf/baselines"
@@ -174,48 +173,6 @@ def _locked(path: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing releases the lock
-
-
-def _file_mode(path: Path) -> int:
-    """The existing file's mode, else 0o666 less the process umask."""
-    try:
-        return os.stat(path).st_mode & 0o777
-    except OSError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
-
-
-def real_path(path: Path) -> Path:
-    """Where a write of ``path`` lands: a symlink's target (resolved all the way), so the
-    link stays a link and its target gets the new text."""
-    return Path(os.path.realpath(path))
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """``text`` into ``path`` (through a symlink, into its target): a temporary file in the
-    target's folder, fsynced, renamed over the target."""
-    path = real_path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            # mkstemp makes the file owner-only; give it the mode a plain write would have.
-            os.fchmod(fh.fileno(), _file_mode(path))
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):  # make the rename itself durable
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
 
 
 def _keep_aside(path: Path) -> Path:

@@ -20,14 +20,16 @@ def check_writable(path: str, flag: str) -> None:
     Creates nothing: the folders to make are made when the file is written."""
     import os
     import tempfile
-    from pathlib import Path
 
+    from ..core.documents import output_kind, real_path
     from ..core.errors import ConfigError
 
-    target = Path(path).absolute()
-    if target.is_dir():
-        raise ConfigError(f"cannot write {path}: it is a folder; give {flag} a file path")
-    folder = target.parent
+    try:
+        if output_kind(path) != "file":  # standard output, a device or FIFO: written in place
+            return
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}; give {flag} another path") from None
+    folder = real_path(path).parent  # through a symlink: where the file is written
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     try:
@@ -40,15 +42,15 @@ def check_writable(path: str, flag: str) -> None:
         raise ConfigError(f"cannot write {path}: {exc.strerror or exc}; give {flag} a writable path") from None
 
 
-def write_output(path: str, text: str) -> None:
-    """``text`` to ``path`` atomically; a failed write is one line (ConfigError)."""
-    from pathlib import Path
-
-    from ..baselines.store import atomic_write
+def write_output(path: str, text: str) -> str:
+    """``text`` to the output ``path`` (``core.documents.write_output``: a file atomically, a
+    device or FIFO in place, ``-`` to standard output); a failed write is one line
+    (ConfigError). Returns the kind written ("stdout", "in place", "file")."""
+    from ..core.documents import write_output as write
     from ..core.errors import ConfigError
 
     try:
-        atomic_write(Path(path), text)
+        return write(path, text)
     except OSError as exc:
         raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
 

@@ -205,7 +205,7 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens generated per run (default 64)")
     parser.add_argument("--runs", type=int, default=10, help="measured runs (default 10)")
     parser.add_argument("--warmup", type=int, default=1, help="discarded warm-up runs (default 1)")
-    for name in (*LLAMA_OPTIONS, "peak_bw", "peak_tflops"):  # as the pytest options
+    for name in (*LLAMA_OPTIONS, "peak_bw", "peak_tflops", "engine_timeout"):  # as the pytest options
         add_setting(parser, name)
     parser.add_argument("--reprobe-peaks", action="store_true", help="measure the machine's peaks again (else cached)")
     parser.add_argument("-o", "--output", default=None, help="write the report here instead of stdout")
@@ -247,6 +247,7 @@ def run_profile(args: argparse.Namespace) -> int:
             peak_bw_gbs=args.peak_bw,
             peak_tflops=args.peak_tflops,
             reprobe_peaks=args.reprobe_peaks,
+            engine_timeout_s=args.engine_timeout,
             progress=progress,
         )
     finally:

@@ -13,9 +13,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import shutil
+import sys
 from typing import Any
 
-from .common import add_setting
+from .common import add_setting, positive_int, write_output
 
 COMPARE_HELP = "compare two saved session reports (pytest --llmperf-json)"
 
@@ -126,14 +127,15 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("session", help="the session report (JSON)")
     parser.add_argument("-o", "--output", default="llmperf-report.html", help="HTML file to write")
     parser.add_argument(
-        "--jobs", type=int, default=None, help="processes drawing figures (default: usable CPUs, at most 8)"
+        "--jobs",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="processes drawing figures, at most the usable CPUs (default: usable CPUs, at most 8)",
     )
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from ..baselines.store import atomic_write
     from ..core.errors import ConfigError
     from ..reports.charts import require_matplotlib
     from ..reports.html import render_html
@@ -154,11 +156,9 @@ def run_report(args: argparse.Namespace) -> int:
             f"{args.session} is not a usable session report ({type(exc).__name__}: {exc}); "
             "write the report again with pytest --llmperf-json"
         ) from None
-    try:
-        atomic_write(Path(args.output), page)
-    except OSError as exc:
-        raise ConfigError(f"cannot write {args.output}: {exc.strerror or exc}") from None
-    print(f"{args.output}: {len(results)} measurement(s)")
+    kind = write_output(args.output, page)
+    # With the page on standard output, the count goes to stderr, out of the page's way.
+    print(f"{args.output}: {len(results)} measurement(s)", file=sys.stderr if kind == "stdout" else sys.stdout)
     return 0
 
 

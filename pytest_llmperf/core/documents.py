@@ -1,10 +1,17 @@
-"""Documents a user hands us: the one reader of user-given files, and the check of a document
-against a published JSON Schema.
+"""Documents a user hands us: the one reader of user-given files, the one writer of the
+outputs a user names, and the check of a document against a published JSON Schema.
 
 The one reader of the files a user hands us (baseline files, saved session reports): a
 path that is not a regular file (a FIFO, ``/dev/zero``, a directory) is refused before it is
 read, and so is a file over its size limit, each in one line, so no read waits on a writer
 that never comes or reads without end.
+
+The one writer of the outputs a user names (``--llmperf-json``/``-markdown``/``-html``,
+``llmperf report -o``, ``profile -o``, ``history --html``): ``write_output``. A regular file is
+written atomically (a temporary file renamed over it); what is not a regular file is never
+renamed over: a character device or FIFO (``/dev/null``, a named pipe) is written in place,
+``-`` and ``/dev/stdout`` are standard output, and a directory, block device or socket is
+refused in one line (run as root, a rename over ``/dev/full`` would replace the device).
 
 Why ``MAX_DOCUMENT_MIB``: loading a baseline file is JSON parsing plus the schema check,
 about 0.2 s per MiB on a 2-core x86-64 VM (a 31 MiB file of 2200 entries: 6.7 s), so the limit
@@ -25,12 +32,16 @@ number here."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import json
 import math
 import os
 import re
 import stat
+import sys
+import tempfile
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
@@ -85,6 +96,123 @@ def read_bytes(path: Path | str, what: str, todo: str, limit_mib: float = MAX_DO
 def read_text(path: Path | str, what: str, todo: str, limit_mib: float = MAX_DOCUMENT_MIB) -> str:
     """``read_bytes`` decoded as UTF-8 (``UnicodeDecodeError`` for other bytes)."""
     return read_bytes(path, what, todo, limit_mib).decode("utf-8")
+
+
+#: Output paths that mean this process's standard output (``--llmperf-json=-``, ``-o -``).
+STDOUT_PATHS = ("-", "/dev/stdout")
+#: Special files an output is written into in place (opened for writing; never renamed over).
+_IN_PLACE = (stat.S_ISCHR, stat.S_ISFIFO)
+
+
+def output_kind(path: Path | str) -> str:
+    """How ``write_output`` writes ``path``: "stdout", "in place" (a character device or a
+    FIFO, or a symlink to one) or "file" (a regular file, or nothing yet: a temporary file
+    renamed over it). Raises ``OSError`` (its ``strerror`` one line) for a path no report may
+    go to: a directory, a block device, a socket."""
+    if str(path) in STDOUT_PATHS:
+        return "stdout"
+    try:
+        mode = os.stat(path).st_mode  # through symlinks: what a write would reach
+    except (FileNotFoundError, NotADirectoryError):  # a new file (its folders are checked when it is written)
+        return "file"
+    if stat.S_ISREG(mode):
+        return "file"
+    if any(test(mode) for test in _IN_PLACE):
+        return "in place"
+    raise OSError(
+        errno.EISDIR if stat.S_ISDIR(mode) else errno.EINVAL,
+        f"it is {file_kind(mode)}; give a file path, a character device, a FIFO or - (standard output)",
+    )
+
+
+def write_output(path: Path | str, text: str) -> str:
+    """``text`` to a path a user named for an output (a report, a profile), the one writer of
+    those: ``-`` and ``/dev/stdout`` are standard output; a character device or a FIFO
+    (``/dev/null``, ``/dev/full``, a named pipe, a symlink to one) is opened and written in
+    place, never created, truncated or renamed over; a FIFO that no process reads fails at
+    once instead of waiting; anything else goes through ``atomic_write`` (a symlink to a
+    regular file writes its target). Raises ``OSError`` whose ``strerror`` is the one line to
+    show (``ENOSPC`` from ``/dev/full``...); a failed write leaves no temporary file. Returns
+    the kind written (``output_kind``)."""
+    kind = output_kind(path)
+    if kind == "stdout":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    elif kind == "in place":
+        _write_in_place(str(path), text.encode("utf-8"))
+    else:
+        atomic_write(Path(path), text)
+    return kind
+
+
+def _write_in_place(path: str, data: bytes) -> None:
+    flags = os.O_WRONLY | os.O_NOCTTY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)  # no O_CREAT: a device swapped out after the check is not created
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a FIFO with no reader: O_NONBLOCK says so instead of waiting
+            raise OSError(errno.ENXIO, "no process is reading this FIFO; start its reader first") from None
+        raise
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):  # replaced by a regular file since the check
+            raise OSError(errno.EINVAL, "it became a regular file while being written; write it again")
+        os.set_blocking(fd, True)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
+def _file_mode(path: Path) -> int:
+    """The existing file's mode, else 0o666 less the process umask."""
+    try:
+        return os.stat(path).st_mode & 0o777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def real_path(path: Path | str) -> Path:
+    """Where a write of ``path`` lands: a symlink's target (resolved all the way), so the
+    link stays a link and its target gets the new text."""
+    return Path(os.path.realpath(path))
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """``text`` into the regular file ``path`` (through a symlink, into its target): a
+    temporary file in the target's folder, fsynced, renamed over the target; on any failure
+    the temporary file is removed and the target is as it was. A target that exists and is not
+    a regular file (a device, a FIFO, a directory) is never renamed over: ``OSError``."""
+    path = real_path(path)
+    with contextlib.suppress(FileNotFoundError):
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, f"it is {file_kind(mode)}, not a regular file; it is left as it is")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # a part of the folder path is a file
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR)) from None
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            # mkstemp makes the file owner-only; give it the mode a plain write would have.
+            os.fchmod(fh.fileno(), _file_mode(path))
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):  # make the rename itself durable
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
 
 
 #: Keywords the validator applies; annotations (``title``...) are read and ignored.

@@ -403,6 +403,8 @@ SETTINGS: dict[str, Setting] = {
             seconds,
             env="LLMPERF_ENGINE_TIMEOUT",
             ini=True,
+            cli="--engine-timeout",
+            cli_env=True,
             metavar="SECONDS",
         ),
         Setting(

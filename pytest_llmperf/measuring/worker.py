@@ -405,7 +405,8 @@ class WorkerEngine:
             raise EngineCrash(
                 f"{self._who()}llama.cpp worker did not answer within {self.timeout_s:g} s while {doing} "
                 f"{self._model()} ({self._settings()}); it was killed. {self._log_text(channel.log_lines())}"
-                "Raise --llmperf-engine-timeout or shorten the workload"
+                "Raise the engine timeout (--llmperf-engine-timeout; llmperf --engine-timeout; LLMPERF_ENGINE_TIMEOUT) "
+                "or shorten the workload"
             )
         if not reply.get("ok"):
             kind = ConfigError if reply.get("kind") == "ConfigError" else EngineError

@@ -366,9 +366,10 @@ def test_sections(
     pytest_llmperf.reports.html`` processes (the results' and trends' JSON in, sections out):
     nothing of the session's process (llama.cpp threads) is forked, and no caller needs a
     ``__main__`` guard as multiprocessing's spawn would. A chunk whose worker fails is drawn
-    here instead. ``against``: the session's ``--llmperf-against`` REF, described."""
+    here instead. ``against``: the session's ``--llmperf-against`` REF, described. ``workers``:
+    at most the usable CPUs (more would only time-slice, and start a process per chunk at once)."""
     trends = trends or {}  # a test without a trend: no trend figure
-    workers = min(usable_cpus(), 8, len(results)) if workers is None else min(workers, len(results))
+    workers = min(usable_cpus(), len(results), 8 if workers is None else max(1, workers))
     if workers <= 1 or len(results) < PARALLEL_FROM:
         return [test_section(i, r, trends.get(r.test, ()), against) for i, r in enumerate(results)]
     bounds = [round(len(results) * k / workers) for k in range(workers + 1)]
@@ -482,30 +483,38 @@ def write_html(
     against: Mapping[str, Any] | None = None,
     ab: Sequence[Mapping[str, Any]] = (),
 ) -> Path:
-    """Render and write atomically (a reader never sees half a page)."""
-    from ..baselines.store import atomic_write
+    """Render and write (``core.documents.write_output``: a file atomically, so a reader never
+    sees half a page; a device or FIFO in place; ``-``: standard output)."""
+    from ..core.documents import write_output
 
-    atomic_write(Path(path), render_html(results, created_at, trends=trends, against=against, ab=ab))
+    write_output(Path(path), render_html(results, created_at, trends=trends, against=against, ab=ab))
     return Path(path)
 
 
 def markdown_lines(html_path: Path | None, md_path: Path | None, results: Sequence[MeasurementResult]) -> list[str]:
     """What the Markdown summary says about the HTML report: a link relative to the Markdown
     file and the key figure embedded as an SVG file next to it (Markdown cannot inline SVG).
-    Without a Markdown file (e.g. $GITHUB_STEP_SUMMARY, which shows no local files) only the
-    path is named."""
+    Without a Markdown file (e.g. $GITHUB_STEP_SUMMARY, which shows no local files), or when
+    either is not a file (standard output, a device, a FIFO: nothing is written beside those)
+    only the path is named."""
+    from ..core.documents import output_kind, write_output
+
+    def is_file(path: Path) -> bool:
+        try:
+            return output_kind(path) == "file"
+        except OSError:
+            return False
+
     if html_path is None:
         return []
-    if md_path is None:
+    if md_path is None or not is_file(md_path) or not is_file(html_path):
         return [f"Plots: HTML report `{html_path}` (keep it as a CI artifact)."]
     base = Path(md_path).resolve().parent
     lines = [f"Plots: [HTML report]({Path(os.path.relpath(Path(html_path).resolve(), base)).as_posix()})"]
     svg = key_chart(results)
     if svg:
-        from ..baselines.store import atomic_write
-
         figure = Path(md_path).with_suffix(".svg")
-        atomic_write(figure, '<?xml version="1.0" encoding="utf-8"?>\n' + svg)
+        write_output(figure, '<?xml version="1.0" encoding="utf-8"?>\n' + svg)
         lines.append(f"![Compared metrics, most notable first]({figure.name})")
     return lines
 

@@ -50,10 +50,13 @@ def profile(
     peak_bw_gbs: float | None = None,
     peak_tflops: float | None = None,
     reprobe_peaks: bool = False,
+    engine_timeout_s: float | None = None,
     progress: Callable[[str], None] = lambda step: None,
     **settings: Any,
 ) -> dict[str, Any]:
-    """``settings``: llama.cpp settings by name (``core.workload.LLAMA_SETTINGS``: threads, n_ctx...)."""
+    """``settings``: llama.cpp settings by name (``core.workload.LLAMA_SETTINGS``: threads, n_ctx...).
+    ``engine_timeout_s``: how long the model load and each run may take in the engine worker
+    (the ``engine_timeout`` setting: ``--engine-timeout``, ``LLMPERF_ENGINE_TIMEOUT``; None: its default)."""
     from ..baselines.records import diagnosis
     from ..core.formats import sig6
     from ..core.workload import Workload
@@ -65,11 +68,12 @@ def profile(
     progress("model")
     path, name = resolve_model(model)
     progress("load")
-    from ..measuring.worker import WorkerEngine
+    from ..measuring.worker import DEFAULT_TIMEOUT_S, WorkerEngine
 
     # In an engine worker: a model that crashes llama.cpp ends with the worker's one line.
     config = EngineConfig.named(str(path), settings)
-    engine = WorkerEngine(config, name=name)
+    timeout_s = DEFAULT_TIMEOUT_S if engine_timeout_s is None else engine_timeout_s
+    engine = WorkerEngine(config, name=name, timeout_s=timeout_s)
     try:
         progress("peaks")
         peaks = machine_peaks(given_bw_gbs=peak_bw_gbs, given_tflops=peak_tflops, refresh=reprobe_peaks)

@@ -72,10 +72,10 @@ def other_hardware_line(s: SessionSettings, results: Sequence[MeasurementResult]
 
 
 def write_file(path: Path, text: str, errors: list[str]) -> None:
-    from ..baselines.store import atomic_write
+    from ..core.documents import write_output
 
     try:
-        atomic_write(path, text)
+        write_output(path, text)
     except OSError as exc:
         errors.append(f"llmperf: cannot write {path}: {exc.strerror or exc}")
 
@@ -114,7 +114,9 @@ def finish(
         try:
             out.html_written = html.write_html(Path(s.html), results, started_at, trends, against, ab=ab_results)
             md_extra = html.markdown_lines(Path(s.html), Path(s.markdown) if s.markdown else None, results)
-        except (OSError, LLMPerfError) as exc:
+        except OSError as exc:
+            out.html_error = f"llmperf: cannot write {s.html}: {exc.strerror or exc}"
+        except LLMPerfError as exc:
             out.html_error = f"llmperf: HTML report not written: {exc}"
     ab = list(ab_results)
     md = session_file.markdown(results, md_extra, budgets_gate=s.budgets_gate, against=against, ab=ab)
