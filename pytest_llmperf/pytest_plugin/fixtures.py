@@ -142,8 +142,13 @@ def _model_load(config: MarkerConfig) -> str | None:
 
 
 def _undecided(assessment: Assessment | None) -> bool:
+    """More runs may decide the baseline comparison: it is undecided, and the machine was not
+    busier than at baseline (a busy machine's runs measure its neighbours: more of them cannot
+    decide anything about the subject)."""
     verdict = getattr(assessment, "verdict", None)
-    return verdict is not None and verdict.status == "compared" and any(c.worth_more_runs for c in verdict.comparisons)
+    if verdict is None or verdict.status != "compared" or verdict.machine:
+        return False
+    return any(c.worth_more_runs for c in verdict.comparisons)
 
 
 class LLMPerf:
