@@ -66,16 +66,17 @@ def test_first_perf_test_runs_and_fails_as_shown(pytester: pytest.Pytester) -> N
     outcomes = result.parseoutcomes()
     assert outcomes.get("passed", 0) + outcomes.get("failed", 0) == 2, result.stdout.str()
     out = result.stdout.str()
-    shown = re.search(r"^decode TPS median \d+ t/s < budget 5000 t/s \(5 runs\)$", first_test, re.MULTILINE)
+    line = r"^decode TPS median \S+ t/s < budget 5000 t/s \((95% CI \S+, )?\d+ runs[^)]*\)$"
+    shown = re.search(line, first_test, re.MULTILINE)
     assert shown, "the README shows the min_tps failure line"
     row = re.search(r"^test_decode_speed +\S+ +(\S+) .*?(ok|FAIL min_tps)$", out, re.MULTILINE)
     assert row, out
     decode_tps, verdict = float(row.group(1)), row.group(2)
     if verdict == "FAIL min_tps":
-        assert re.search(r"^decode TPS median \S+ t/s < budget 5000 t/s \(5 runs\)$", out, re.MULTILINE), out
+        assert re.search(line, out, re.MULTILINE), out
         assert decode_tps < 5000
-    else:
-        assert decode_tps >= 5000
+    else:  # met, or undecided by its CI (passes, and says so)
+        assert decode_tps >= 5000 or "test_decode_speed: budget undecided: decode TPS median" in out, out
 
 
 def test_every_docs_file_is_linked_from_the_readme() -> None:

@@ -136,19 +136,33 @@ class BudgetBreach:
         if self.state is BudgetState.UNDECIDED:
             return self._undecided_line()
         op = ">" if self.ceiling else "<"
-        how = (
-            f"; too few {self._what()} to bound it at {BUDGET_CI_LEVEL:.0%}: its value decides" if self.by_value else ""
-        )
+        how = ": its value decides" if self.by_value else ""
         return (
             f"{self.label} {fmt(self.measured)} {self.unit} {op} budget {fmt(self.budget)} {self.unit} "
-            f"({self._ci_text()}{self.sample}{how})"
+            f"({self._ci_text()}{self.sample}{self._estimable()}{how})"
         )
+
+    def _estimable(self) -> str:
+        """``; 20 runs cannot estimate a p99 at 95% (about 368 bound it)`` where the sample
+        leaves a side of the statistic's CI unbounded, else ''."""
+        if self.ci is None or self.quantile is None or None not in self.ci:
+            return ""
+        q = self.quantile
+        need = max(runs_to_bound(q), runs_to_bound(1.0 - q))
+        name = "median" if q == 0.5 else f"p{q * 100:g}"
+        return f"; {self.n} {self._what()} cannot estimate a {name} at {BUDGET_CI_LEVEL:.0%} (about {need} bound it)"
 
     def _what(self) -> str:
         return "tokens" if "tokens" in self.sample else "runs"
 
+    @property
+    def worth_more_runs(self) -> bool:
+        """More runs may decide it: its CI straddles the limit, or it broke the limit by its
+        value alone (too few runs for a CI)."""
+        return self.state is BudgetState.UNDECIDED or self.by_value
+
     def _ci_text(self) -> str:
-        if self.ci is None:
+        if self.ci is None or self.ci == (None, None):
             return ""
         low, high = self.ci
         lo = "-inf" if low is None else fmt(low)
@@ -160,16 +174,11 @@ class BudgetBreach:
         assert self.measured is not None
         ok = self.measured <= self.budget if self.ceiling else self.measured >= self.budget
         side = "within" if ok else ("over" if self.ceiling else "under")
-        text = (
-            f"{self.label} {fmt(self.measured)} {self.unit}, {self._ci_text()[:-2]}, {side} {fmt(self.budget)} "
-            f"by less than its uncertainty ({self.sample}"
+        ci = self._ci_text()
+        return (
+            f"{self.label} {fmt(self.measured)} {self.unit}{', ' + ci[:-2] if ci else ''}, {side} "
+            f"{fmt(self.budget)} by less than its uncertainty ({self.sample}{self._estimable()}; undecided: passes)"
         )
-        unbounded = self.ci is not None and (self.ci[1] if self.ceiling else self.ci[0]) is None
-        if unbounded and self.quantile is not None:
-            need = runs_to_bound(self.quantile if self.ceiling else 1.0 - self.quantile)
-            name = "median" if self.quantile == 0.5 else f"p{self.quantile * 100:g}"
-            text += f"; {self.n} {self._what()} cannot estimate a {name}: about {need} bound it"
-        return text + "; undecided: passes)"
 
 
 @dataclass(frozen=True)
@@ -251,8 +260,13 @@ def budget_checks(m: Measurement, budgets: Mapping[str, float]) -> tuple[BudgetB
 
 
 def undecided_budgets(m: Measurement, budgets: Mapping[str, float]) -> tuple[BudgetBreach, ...]:
-    """The budgets whose CI straddles their limit: more runs may decide them."""
+    """The budgets whose CI straddles their limit (they pass, and say so)."""
     return tuple(c for c in budget_checks(m, budgets) if c.state is BudgetState.UNDECIDED)
+
+
+def budgets_worth_more_runs(m: Measurement, budgets: Mapping[str, float]) -> bool:
+    """Some budget that more runs may decide (``BudgetBreach.worth_more_runs``)."""
+    return any(c.worth_more_runs for c in budget_checks(m, budgets))
 
 
 def check_budgets(

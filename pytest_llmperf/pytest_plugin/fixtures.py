@@ -342,7 +342,7 @@ class LLMPerf:
         """Assess; while the baseline comparison is INCONCLUSIVE or a budget's CI straddles its
         limit, measure ``runs`` more, up to ``max_runs`` or ``SEQUENTIAL_TIME_CAP_S``. Every look
         tests at alpha / looks (``CompareSettings.looks``), so stopping early keeps the error rate."""
-        from ..judge.budgets import undecided_budgets
+        from ..judge.budgets import budgets_worth_more_runs
         from ..measuring.runner import extend
 
         step = m.workload.runs
@@ -354,7 +354,7 @@ class LLMPerf:
         with _one_line():
             while (
                 looks > 1
-                and (_undecided(assessment) or undecided_budgets(m, config.budgets))
+                and (_undecided(assessment) or budgets_worth_more_runs(m, config.budgets))
                 and m.n_runs < max_runs
                 and time.monotonic() - started < SEQUENTIAL_TIME_CAP_S
             ):
