@@ -74,6 +74,25 @@ def module_file(baseline_dir: Path, module_path: str) -> Path:
     return baseline_dir / rel.with_suffix(".json")
 
 
+def module_of(baseline_file: str) -> str:
+    """The test module path a baseline file (relative to the baseline folder) is named after:
+    ``module_file``'s inverse, ``__parent__/a/test_x.json`` -> ``../a/test_x.py``."""
+    parts = Path(baseline_file).with_suffix(".py").parts
+    if parts and parts[0] == ABSOLUTE:
+        return "/" + "/".join(parts[1:])
+    return "/".join(".." if p == PARENT else p for p in parts)
+
+
+def unique_test_id(nodeid: str, baseline_file: str) -> str:
+    """A test's id as the baseline store tells it apart from every other (the history's too):
+    its node id, except for a module outside the rootdir, whose node id does not name it
+    (``::test_a`` or ``test_x.py::test_a`` for two ``test_x.py``): then the module path its
+    baseline file is named after, ``../a/test_x.py::test_a``."""
+    if not baseline_file.startswith((PARENT + "/", ABSOLUTE + "/")):
+        return nodeid
+    return f"{module_of(baseline_file)}::{nodeids.in_module(nodeid)}"
+
+
 def entry_key(nodeid: str, label: str = "") -> str:
     """The part of a node id after the module, plus ``#label`` for labelled measurements."""
     name = nodeids.in_module(nodeid)
@@ -111,6 +130,8 @@ def load(path: Path) -> dict[str, Any]:
         text = _read(path).decode("utf-8")
     except FileNotFoundError:
         return {}
+    except NotADirectoryError:
+        raise BaselineError(f"cannot read baseline file {path}: {_in_the_way(path)}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise BaselineError(f"cannot read baseline file {path}: {exc}") from None
     try:
@@ -301,6 +322,13 @@ def update(
             atomic_write(target, dumps({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "tests": tests}))
             return moved
     except OSError as exc:
-        raise BaselineError(
-            f"cannot write baseline file {path}: {exc.strerror or exc}; the file is unchanged"
-        ) from None
+        why = _in_the_way(path) if isinstance(exc, (NotADirectoryError, FileExistsError)) else exc.strerror or exc
+        raise BaselineError(f"cannot write baseline file {path}: {why}; the file is unchanged") from None
+
+
+def _in_the_way(path: Path) -> str:
+    """What to say when a folder on ``path``'s way is a file (``baselines`` a regular file)."""
+    for folder in reversed(path.parents):
+        if folder.exists() and not folder.is_dir():
+            return f"{folder} is a file, not a folder; move it aside (mv {folder} {folder}.old) or give another folder"
+    return "a folder on its path is a file"

@@ -79,13 +79,28 @@ def read(args: argparse.Namespace, last: int | None = None) -> list:
     from ..history.series import read_series
 
     loc = for_cli(args.history)
+    skipped: list[str] = []
     series = read_series(
-        loc, test=args.test, metrics=args.metric or DEFAULT_METRICS, hardware_key=args.hardware, last=last
+        loc,
+        test=args.test,
+        metrics=args.metric or DEFAULT_METRICS,
+        hardware_key=args.hardware,
+        last=last,
+        skipped=skipped,
     )
+    said(skipped)
     if not series:
         what = f" for tests matching {args.test!r}" if args.test else ""
         raise ConfigError(f"no stored sessions{what} in {loc.display}")
     return series
+
+
+def said(lines: Sequence[str]) -> None:
+    """Lines about the history read (unreadable rows left out), on stderr: the tables stay clean."""
+    import sys
+
+    for line in lines:
+        print(line, file=sys.stderr)
 
 
 def run_history(args: argparse.Namespace) -> int:
@@ -267,7 +282,11 @@ def run_calibrate(args: argparse.Namespace) -> int:
     from ..judge.rule import JUDGED
 
     loc = for_cli(args.history)
-    series = read_series(loc, test=args.test, metrics=[s.name for s in JUDGED], hardware_key=args.hardware)
+    skipped: list[str] = []
+    series = read_series(
+        loc, test=args.test, metrics=[s.name for s in JUDGED], hardware_key=args.hardware, skipped=skipped
+    )
+    said(skipped)
     if not series:
         what = f" for tests matching {args.test!r}" if args.test else ""
         raise ConfigError(f"no stored sessions{what} in {loc.display}")

@@ -46,6 +46,15 @@ def import_llama_cpp() -> Any:
     return llama_cpp
 
 
+def gpu_offload_missing() -> bool:
+    """This llama.cpp build has no GPU backend (a CPU-only llama-cpp-python): ``gpu_layers``
+    offloads nothing. False when llama-cpp-python cannot be imported (that is said elsewhere)."""
+    try:
+        return not import_llama_cpp().llama_supports_gpu_offload()
+    except (EngineError, AttributeError):
+        return False
+
+
 def llama_cpp_version() -> str | None:
     try:
         return metadata.version("llama-cpp-python")
