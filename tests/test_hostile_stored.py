@@ -11,11 +11,13 @@ line, exit as usual, and leave the file as it was.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -246,3 +248,68 @@ def test_garbage_on_the_reply_pipe_fails_one_test(pytester: pytest.Pytester, mon
     result.assert_outcomes(failed=1)
     one_line(output, "answered with a line that is not a JSON object while running")
     assert "JSONDecodeError" not in output
+
+
+# -- baseline files with the same defects -------------------------------------------------------
+
+BASELINE = "baselines/test_inner.json"
+
+
+def spoil_entry(text: str, edit) -> str:
+    data = json.loads(text)
+    (entry,) = data["tests"]["test_a"].values()
+    edit(entry)
+    return json.dumps(data)
+
+
+def runs(values) -> Callable[[dict], None]:
+    return lambda e: e["runs"].__setitem__("tpot_ms", values)
+
+
+def sessions(value) -> Callable[[dict], None]:
+    return lambda e: e.__setitem__("sessions", value)
+
+
+LEVEL = {"log_level": 1.0, "se": 0.01, "n": 3, "spread": 0.02}
+ENTRIES = [
+    ("run-zero", runs([0, 0, 0]), ".runs['tpot_ms'][0] is 0, not above 0 (a judged metric)"),
+    ("run-negative", runs([6.5, -1, 6.6]), ".runs['tpot_ms'][1] is -1, below the minimum 0"),
+    ("run-nan", runs([float("nan"), 6.5]), ".runs['tpot_ms'][0] is nan, not a finite number"),
+    ("sessions-a-list", sessions([1]), ".sessions is an array, not an object"),
+    (
+        "session-level-text",
+        sessions({"tpot_ms": [{**LEVEL, "log_level": "x"}]}),
+        ".sessions['tpot_ms'][0].log_level is a string",
+    ),
+    (
+        "session-se-negative",
+        sessions({"tpot_ms": [{**LEVEL, "se": -1}]}),
+        ".sessions['tpot_ms'][0].se is -1, below the minimum 0",
+    ),
+    (
+        "session-n-zero",
+        sessions({"tpot_ms": [{**LEVEL, "n": 0}]}),
+        ".sessions['tpot_ms'][0].n is 0, below the minimum 1",
+    ),
+    (
+        "session-missing-key",
+        sessions({"tpot_ms": [{"se": 0.1, "n": 3, "spread": 0.1}]}),
+        ".sessions['tpot_ms'][0] has no 'log_level'",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "edit", "says"), ENTRIES, ids=[e[0] for e in ENTRIES])
+def test_a_corrupt_baseline_entry_is_one_line(pytester: pytest.Pytester, recorded: Path, name, edit, says) -> None:
+    root = pytester.path
+    copy_of(recorded, root)
+    path = root / BASELINE
+    path.write_text(spoil_entry(path.read_text(), edit))
+    before = path.read_bytes()
+    result = run(pytester, *ARGS)
+    output = result.stdout.str() + result.stderr.str()
+    assert result.ret == 1, output
+    result.assert_outcomes(failed=1)
+    one_line(output, says)
+    assert f"{path}: tests['test_a']" in output and "re-record it with --llmperf-update-baselines" in output
+    assert path.read_bytes() == before

@@ -120,6 +120,7 @@ def _check_entry(path: Path, test: str, hw: str, entry: Any) -> None:
     """One record against ``schemas/baselines.schema.json#/$defs/record`` (what the statistics read)."""
     try:
         validate(entry, "baselines", "record", f"tests[{test!r}][{hw!r}]")
+        _judged_runs(entry, f"tests[{test!r}][{hw!r}]")
     except SchemaViolation as exc:
         raise _violation(path, exc) from None
 
@@ -154,10 +155,24 @@ def load(path: Path) -> dict[str, Any]:
         )
     try:  # the whole file against schemas/baselines.schema.json: one line at the first problem
         validate(data, "baselines")
+        tests = data["tests"]
+        for test, per_hw in tests.items():
+            for hw, entry in per_hw.items():
+                _judged_runs(entry, f"tests[{test!r}][{hw!r}]")
     except SchemaViolation as exc:
         raise _violation(path, exc) from None
-    tests = data["tests"]
     return tests
+
+
+def _judged_runs(entry: Mapping[str, Any], where: str) -> None:
+    """A judged metric's runs are above 0 (its level is taken on the log scale); the schema
+    lets other metrics hold a 0."""
+    from ..core.catalog import JUDGED
+
+    for name in JUDGED:
+        for i, value in enumerate(entry["runs"].get(name) or ()):
+            if value <= 0:
+                raise SchemaViolation(f"{where}.runs[{name!r}][{i}]", f"is {value}, not above 0 (a judged metric)")
 
 
 def dumps(data: Any) -> str:
