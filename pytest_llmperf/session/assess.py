@@ -77,8 +77,13 @@ class Assessor:
             except HistoryError as exc:
                 self.windows[hardware_key] = None
                 self.history_unusable = self.history_unusable or exc.lasting
-                then = "; this session goes on without history" if self.history_unusable else ""
-                self.history_error = f"llmperf: {exc}; the verdicts used the baseline files alone{then}"
+                # Lasting (damaged, not reached): not tried again at the end, so this is the write's line too.
+                line = (
+                    f"history not written: {exc}"
+                    if exc.lasting
+                    else f"{exc}; the verdicts used the baseline files alone"
+                )
+                self.history_error = f"llmperf: {line}"
         return self.windows[hardware_key]
 
     def fingerprint(self, m: Measurement) -> Fingerprint:
