@@ -73,6 +73,25 @@ def module_file(baseline_dir: Path, module_path: str) -> Path:
     return baseline_dir / rel.with_suffix(".json")
 
 
+def module_of(baseline_file: str) -> str:
+    """The test module path a baseline file (relative to the baseline folder) is named after:
+    ``module_file``'s inverse, ``__parent__/a/test_x.json`` -> ``../a/test_x.py``."""
+    parts = Path(baseline_file).with_suffix(".py").parts
+    if parts and parts[0] == ABSOLUTE:
+        return "/" + "/".join(parts[1:])
+    return "/".join(".." if p == PARENT else p for p in parts)
+
+
+def unique_test_id(nodeid: str, baseline_file: str) -> str:
+    """A test's id as the baseline store tells it apart from every other (the history's too):
+    its node id, except for a module outside the rootdir, whose node id does not name it
+    (``::test_a`` or ``test_x.py::test_a`` for two ``test_x.py``): then the module path its
+    baseline file is named after, ``../a/test_x.py::test_a``."""
+    if not baseline_file.startswith((PARENT + "/", ABSOLUTE + "/")):
+        return nodeid
+    return f"{module_of(baseline_file)}::{nodeids.in_module(nodeid)}"
+
+
 def entry_key(nodeid: str, label: str = "") -> str:
     """The part of a node id after the module, plus ``#label`` for labelled measurements."""
     name = nodeids.in_module(nodeid)
@@ -100,6 +119,7 @@ def _check_entry(path: Path, test: str, hw: str, entry: Any) -> None:
     """One record against ``schemas/baselines.schema.json#/$defs/record`` (what the statistics read)."""
     try:
         validate(entry, "baselines", "record", f"tests[{test!r}][{hw!r}]")
+        _judged_runs(entry, f"tests[{test!r}][{hw!r}]")
     except SchemaViolation as exc:
         raise _violation(path, exc) from None
 
@@ -110,6 +130,8 @@ def load(path: Path) -> dict[str, Any]:
         text = _read(path).decode("utf-8")
     except FileNotFoundError:
         return {}
+    except NotADirectoryError:
+        raise BaselineError(f"cannot read baseline file {path}: {_in_the_way(path)}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise BaselineError(f"cannot read baseline file {path}: {exc}") from None
     try:
@@ -132,10 +154,24 @@ def load(path: Path) -> dict[str, Any]:
         )
     try:  # the whole file against schemas/baselines.schema.json: one line at the first problem
         validate(data, "baselines")
+        tests = data["tests"]
+        for test, per_hw in tests.items():
+            for hw, entry in per_hw.items():
+                _judged_runs(entry, f"tests[{test!r}][{hw!r}]")
     except SchemaViolation as exc:
         raise _violation(path, exc) from None
-    tests = data["tests"]
     return tests
+
+
+def _judged_runs(entry: Mapping[str, Any], where: str) -> None:
+    """A judged metric's runs are above 0 (its level is taken on the log scale); the schema
+    lets other metrics hold a 0."""
+    from ..core.catalog import JUDGED
+
+    for name in JUDGED:
+        for i, value in enumerate(entry["runs"].get(name) or ()):
+            if value <= 0:
+                raise SchemaViolation(f"{where}.runs[{name!r}][{i}]", f"is {value}, not above 0 (a judged metric)")
 
 
 def dumps(data: Any) -> str:
@@ -258,6 +294,13 @@ def update(
             atomic_write(target, dumps({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "tests": tests}))
             return moved
     except OSError as exc:
-        raise BaselineError(
-            f"cannot write baseline file {path}: {exc.strerror or exc}; the file is unchanged"
-        ) from None
+        why = _in_the_way(path) if isinstance(exc, (NotADirectoryError, FileExistsError)) else exc.strerror or exc
+        raise BaselineError(f"cannot write baseline file {path}: {why}; the file is unchanged") from None
+
+
+def _in_the_way(path: Path) -> str:
+    """What to say when a folder on ``path``'s way is a file (``baselines`` a regular file)."""
+    for folder in reversed(path.parents):
+        if folder.exists() and not folder.is_dir():
+            return f"{folder} is a file, not a folder; move it aside (mv {folder} {folder}.old) or give another folder"
+    return "a folder on its path is a file"

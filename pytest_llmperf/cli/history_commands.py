@@ -92,7 +92,11 @@ def read(args: argparse.Namespace) -> tuple[list, str]:
     from ..history.series import read_series
 
     loc = for_cli(args.history)
-    series = read_series(loc, test=args.test, metrics=args.metric or DEFAULT_METRICS, hardware_key=args.hardware)
+    skipped: list[str] = []
+    series = read_series(
+        loc, test=args.test, metrics=args.metric or DEFAULT_METRICS, hardware_key=args.hardware, skipped=skipped
+    )
+    said(skipped)
     if not series:
         what = f" for tests matching {args.test!r}" if args.test else ""
         raise ConfigError(f"no stored sessions{what} in {loc.display}")
@@ -106,6 +110,14 @@ def read(args: argparse.Namespace) -> tuple[list, str]:
         else ""
     )
     return series, note
+
+
+def said(lines: Sequence[str]) -> None:
+    """Lines about the history read (unreadable rows left out), on stderr: the tables stay clean."""
+    import sys
+
+    for line in lines:
+        print(line, file=sys.stderr)
 
 
 def run_history(args: argparse.Namespace) -> int:
@@ -286,7 +298,11 @@ def run_calibrate(args: argparse.Namespace) -> int:
     from ..judge.rule import JUDGED
 
     loc = for_cli(args.history)
-    series = read_series(loc, test=args.test, metrics=[s.name for s in JUDGED], hardware_key=args.hardware)
+    skipped: list[str] = []
+    series = read_series(
+        loc, test=args.test, metrics=[s.name for s in JUDGED], hardware_key=args.hardware, skipped=skipped
+    )
+    said(skipped)
     if not series:
         what = f" for tests matching {args.test!r}" if args.test else ""
         raise ConfigError(f"no stored sessions{what} in {loc.display}")

@@ -35,6 +35,7 @@ from .llama_cpp_native import (
     EngineConfig,
     buffer_sizes,
     check_gguf,
+    context_failure,
     default_threads,
     greedy_sampler,
     import_llama_cpp,
@@ -99,11 +100,13 @@ class LlamaCppEngine:
         keywords, model_params = llama_arguments(values)
         mapped_before = mapped_file_mib(path)  # another engine of this file in this process maps it too
         started = time.perf_counter_ns()
+        log: list[str] = []
         try:
             with _model_params(llama_cpp, **model_params), llama_log_capture(llama_cpp) as log:
                 self.llm = llama_cpp.Llama(model_path=str(path), **keywords, no_perf=False, verbose=verbose)
         except (ValueError, RuntimeError, OSError) as exc:
-            raise EngineError(f"llama.cpp could not load {path}: {exc}") from None
+            line = context_failure(path, exc, log, self.config.n_ctx)
+            raise EngineError(line or f"llama.cpp could not load {path}: {exc}") from None
         load_ms = (time.perf_counter_ns() - started) / 1e6
         self._buffers = buffer_sizes(log)  # MiB by kind, of the model and its first context
 

@@ -46,6 +46,43 @@ def import_llama_cpp() -> Any:
     return llama_cpp
 
 
+def gpu_offload_missing() -> bool:
+    """This llama.cpp build has no GPU backend (a CPU-only llama-cpp-python): ``gpu_layers``
+    offloads nothing. False when llama-cpp-python cannot be imported (that is said elsewhere)."""
+    try:
+        return not import_llama_cpp().llama_supports_gpu_offload()
+    except (EngineError, AttributeError):
+        return False
+
+
+#: llama.cpp's words for a buffer it could not allocate, with its size in bytes.
+FAILED_ALLOC = re.compile(r"failed to allocate (?:\w+ )?buffer of size (\d+)")
+
+
+def context_failure(path: Path, exc: BaseException, log: Sequence[str], n_ctx: int | None) -> str | None:
+    """The one line for a context llama.cpp could not create after loading the model (an
+    ``n_ctx`` whose KV cache does not fit in memory): the size it asked for, from its log, and
+    the memory available. None for any other load failure."""
+    if "llama_context" not in str(exc):
+        return None
+    from ..core.formats import human_bytes
+
+    text = "".join(log)
+    sizes = [int(n) for n in FAILED_ALLOC.findall(text)]
+    what = "its KV cache" if "kv cache" in text.lower() else "its context"
+    need = f" of {human_bytes(max(sizes))}" if sizes else ""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            avail = next(int(ln.split()[1]) * 1024 for ln in fh if ln.startswith("MemAvailable:"))
+        room = f", and {human_bytes(avail)} of memory is available"
+    except (OSError, StopIteration, ValueError, IndexError):
+        room = ""
+    return (
+        f"llama.cpp loaded {path.name} but could not allocate {what}{need} for n_ctx {n_ctx or 'auto'}{room}; "
+        "lower n_ctx (or quantize the cache: type_k/type_v q8_0 with flash_attn=True)"
+    )
+
+
 def llama_cpp_version() -> str | None:
     try:
         return metadata.version("llama-cpp-python")

@@ -132,6 +132,12 @@ class StreamState:
             # Events are not tokens one to one (llama-cpp-python sends empty events and flushes
             # held-back text late), but the server says it stopped at the limit we asked for.
             counted, source = n, "finish_reason"
+        if not stamps and not counted:
+            end = "[DONE]" if self.done else f"finish_reason {short(repr(self.finish), 40)}"
+            raise EarlyEndError(
+                f"server at {self.url} sent no token: the stream ended with {end} before any (counted from "
+                f"{source}); the server generated nothing for this request: see its log"
+            )
         if counted >= n and len(stamps) < 2:
             raise EngineError(
                 f"server sent all {n} tokens in {len(stamps)} event(s) (counted from {source}): no token gaps "

@@ -152,6 +152,34 @@ SQLITE_LOCK_BYTES = range(0x40000000, 0x40000000 + 512)
 class HistoryError(LLMPerfError):
     """The history cannot be read or written; one line that says what to do."""
 
+    #: No use trying it again this session: a damaged file, a server that cannot be reached.
+    lasting = False
+
+
+class LastingHistoryError(HistoryError):
+    """A SQLite history that is not a database or whose pages are damaged, or a PostgreSQL
+    server that cannot be reached: said once, the session goes on without history."""
+
+    lasting = True
+
+
+#: SQLite's names of a damaged file: not a database at all, or damaged pages behind its header.
+SQLITE_DAMAGED = ("SQLITE_NOTADB", "SQLITE_CORRUPT")
+
+
+def corrupt_history(path: str | Path, exc: BaseException) -> LastingHistoryError:
+    return LastingHistoryError(
+        f"the history {path} is not a usable SQLite database ({exc}); move it aside "
+        f"(mv {path} {path}.corrupt) and the next session starts a new history there"
+    )
+
+
+def _damaged(exc: BaseException) -> bool:
+    name = getattr(exc, "sqlite_errorname", "")
+    if name:
+        return name.startswith(SQLITE_DAMAGED)  # SQLITE_CORRUPT and its extended codes too
+    return "malformed" in str(exc) or "not a database" in str(exc)  # Python 3.10: only the message says it
+
 
 class HistoryInterrupted(KeyboardInterrupt):
     """Ctrl-C while waiting for the history: still an interrupt; ``str()`` is its one line."""
@@ -267,6 +295,8 @@ class Conn:
                 f"the history {self.loc.display} did not answer within {ANSWER_WAIT_S} s, so it was not "
                 f"{'read' if doing == 'read' else 'written'}; check the server and the network to it"
             )
+        if self.kind == "sqlite" and _damaged(exc):
+            return corrupt_history(self.loc.target, exc)
         return HistoryError(f"cannot {doing} the history {self.loc.display}: {first_line(exc, self.loc)}")
 
     def close(self) -> None:
@@ -366,11 +396,8 @@ def connect(loc: Location, *, create: bool) -> Conn:
         except sqlite3.Error as exc:
             if raw is not None:
                 raw.close()
-            if getattr(exc, "sqlite_errorname", "") in ("SQLITE_NOTADB", "SQLITE_CORRUPT"):
-                raise HistoryError(
-                    f"the history {path} is not a usable SQLite database ({exc}); move it aside "
-                    f"(mv {path} {path}.corrupt) and the next session starts a new history there"
-                ) from None
+            if _damaged(exc):
+                raise corrupt_history(path, exc) from None
             raise HistoryError(f"cannot open the history {path}: {exc}") from None
         return Conn("sqlite", raw, loc)
     try:
@@ -380,7 +407,7 @@ def connect(loc: Location, *, create: bool) -> Conn:
     try:
         pg = psycopg.connect(loc.conninfo, connect_timeout=CONNECT_TIMEOUT_S, autocommit=True)
     except psycopg.Error as exc:
-        raise HistoryError(f"cannot connect to the history {loc.display}: {first_line(exc, loc)}") from None
+        raise LastingHistoryError(f"cannot connect to the history {loc.display}: {first_line(exc, loc)}") from None
     return Conn("postgresql", pg, loc)
 
 

@@ -32,6 +32,7 @@ import datetime
 import json
 import math
 import os
+import shlex
 import socket
 import statistics
 import subprocess
@@ -42,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from ..baselines.records import RUN_FIELDS
+from ..baselines.store import unique_test_id
 from ..core.catalog import METRICS
 from ..judge.verdict import level
 from .connection import Conn, HistoryError, Location, connect, errors_of, transaction
@@ -264,6 +266,7 @@ def _json(value: Any) -> str:
 
 
 COLUMNS = (
+    "measurement_id",
     "session_id",
     "uid",
     "started_at",
@@ -299,13 +302,18 @@ def read(
     hardware_key: str | None = None,
     last_sessions: int | None = None,
     runs: bool = True,
+    skipped: list[str] | None = None,
+    uses: str = "",
 ) -> list[dict[str, Any]]:
     """Every stored value (one dict per session, measurement and metric), oldest session first.
 
     ``test``: a substring of the test id; ``metrics``: metric names; ``last_sessions``: only
     the last N sessions stored (with a measurement on ``hardware_key`` when given);
     ``runs=False``: without the per-run values (``runs`` reads as []). Never creates anything:
-    a missing schema reads as an empty history, a newer one is refused."""
+    a missing schema reads as an empty history, a newer one is refused. A measurement with a
+    row that cannot be used (a figure not a finite number in its range, a subject that is not
+    a JSON object...: edited by hand, a disk's fault) is left out whole; ``skipped`` gets the
+    one line that names them, says what was done instead (``uses``) and how to delete them."""
     conn = connect(loc, create=False)
     try:
         if not _tables(conn, loc, reading=True):
@@ -329,7 +337,7 @@ def read(
             )
             params += ([hardware_key] if hardware_key else []) + [int(last_sessions)]
         sql = (
-            "SELECT s.id, s.uid, s.started_at, s.commit_sha, s.dirty, s.branch, s.host, s.compared, "
+            "SELECT m.id, s.id, s.uid, s.started_at, s.commit_sha, s.dirty, s.branch, s.host, s.compared, "
             "m.test, m.label, m.hardware_key, m.subject, m.workload, m.baseline, "
             "v.metric, v.phase, v.unit, v.n, v.median, v.log_level, v.se, v.spread, v.upper, "
             + ("v.runs " if runs else "'[]' ")
@@ -344,21 +352,103 @@ def read(
     finally:
         conn.close()
     out = []
-    parsed: dict[str, Any] = {}  # most rows share their subject and workload: parse each text once
+    parsed: dict[Any, Any] = {}  # most rows share their subject and workload: parse each text once
+    bad: dict[int, tuple[Any, Any, str]] = {}  # measurement id -> (session id, test, what is wrong)
     for row in rows:
         d = dict(zip(COLUMNS, row))
-        if isinstance(d["started_at"], datetime.datetime):
-            d["started_at"] = d["started_at"].astimezone(datetime.timezone.utc).isoformat(timespec="seconds")
-        d["dirty"] = None if d["dirty"] is None else bool(d["dirty"])
-        d["compared"] = bool(d["compared"])
-        for key in ("subject", "workload"):
-            text = d[key]
-            if text not in parsed:
-                parsed[text] = json.loads(text)
-            d[key] = parsed[text]
-        d["runs"] = json.loads(d["runs"]) if runs else []
-        out.append(d)
+        try:
+            out.append(_sound(d, parsed, runs))
+        except BadRow as exc:
+            bad.setdefault(d["measurement_id"], (d["session_id"], d["test"], f"{d['metric']}: {exc}"))
+    if bad:
+        out = [d for d in out if d["measurement_id"] not in bad]  # a measurement is whole or left out
+        if skipped is not None:
+            skipped.append(bad_rows_line(loc, bad, uses))
     return out
+
+
+class BadRow(ValueError):
+    """A stored row that cannot be used as it is (what is wrong with it, in a few words)."""
+
+
+def _number(d: dict[str, Any], key: str, *, low: float | None = None, whole: bool = False) -> float:
+    value = d[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise BadRow(f"{key} {value!r} is not a number")
+    try:
+        number = float(value)
+    except ValueError:
+        raise BadRow(f"{key} {str(value)[:40]!r} is not a number") from None
+    if not math.isfinite(number) or (low is not None and number < low) or (whole and number != int(number)):
+        want = "a whole number" if whole else "a finite number"
+        raise BadRow(f"{key} {value!r} is not {want}" + (f" >= {low:g}" if low is not None else ""))
+    return number
+
+
+def _object(d: dict[str, Any], key: str, parsed: dict[Any, Any], kind: type) -> Any:
+    text = d[key]
+    if text not in parsed:
+        try:
+            parsed[text] = json.loads(text) if isinstance(text, (str, bytes)) else None
+        except ValueError:
+            parsed[text] = None
+    value = parsed[text]
+    if not isinstance(value, kind):
+        raise BadRow(f"{key} {str(text)[:40]!r} is not a JSON {'object' if kind is dict else 'list'}")
+    return value
+
+
+def _sound(d: dict[str, Any], parsed: dict[Any, Any], runs: bool) -> dict[str, Any]:
+    """One stored row as the readers use it, or ``BadRow``: every figure a finite number in
+    its range, the subject and workload JSON objects, the runs a JSON list of numbers."""
+    if isinstance(d["started_at"], datetime.datetime):
+        d["started_at"] = d["started_at"].astimezone(datetime.timezone.utc).isoformat(timespec="seconds")
+    d["started_at"] = str(d["started_at"])
+    for key in ("test", "label", "hardware_key", "metric", "phase", "unit"):
+        if not isinstance(d[key], str):
+            raise BadRow(f"{key} {d[key]!r} is not text")
+    for key in ("commit_sha", "branch", "baseline"):
+        d[key] = None if d[key] is None else str(d[key])
+    d["dirty"] = None if d["dirty"] is None else bool(d["dirty"])
+    d["compared"] = bool(d["compared"])
+    d["n"] = int(_number(d, "n", low=1, whole=True))
+    d["median"] = _number(d, "median", low=0)
+    d["log_level"] = _number(d, "log_level")
+    d["se"] = _number(d, "se", low=0)
+    d["spread"] = _number(d, "spread", low=0)
+    d["upper"] = None if d["upper"] is None else _number(d, "upper")
+    d["subject"] = _object(d, "subject", parsed, dict)
+    d["workload"] = _object(d, "workload", parsed, dict)
+    if runs:
+        values = _object(d, "runs", {}, list)
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
+            raise BadRow("runs holds a value that is not a finite number")
+        d["runs"] = values
+    else:
+        d["runs"] = []
+    return d
+
+
+#: How many bad measurements the skipped-rows line names (the DELETE statement holds them all).
+SHOWN_BAD = 3
+
+
+def bad_rows_line(loc: Location, bad: Mapping[int, tuple[Any, Any, str]], uses: str = "") -> str:
+    """The one line for stored measurements left out: which (id, session, test), what is wrong,
+    and the statement that deletes them."""
+    ids = sorted(bad)
+    named = "; ".join(f"measurement #{i} (session #{bad[i][0]}, {bad[i][1]}, {bad[i][2]})" for i in ids[:SHOWN_BAD])
+    more = f"; and {len(ids) - SHOWN_BAD} more" if len(ids) > SHOWN_BAD else ""
+    where = ", ".join(str(i) for i in ids)
+    sql = (
+        f"DELETE FROM llmperf_values WHERE measurement_id IN ({where}); "
+        f"DELETE FROM llmperf_measurements WHERE id IN ({where})"
+    )
+    fix = f'sqlite3 {shlex.quote(loc.target)} "{sql}"' if loc.kind == "sqlite" else f'run "{sql}" on it'
+    return (
+        f"llmperf: the history {loc.display} holds {len(ids)} unreadable measurement(s), left out: {named}{more}; "
+        f"{uses + '; ' if uses else ''}to delete them: {fix}"
+    )
 
 
 def counts(loc: Location) -> dict[str, int]:
@@ -423,7 +513,7 @@ def measurement_rows(results: Iterable[Mapping[str, Any]]) -> list[dict[str, Any
         verdict = r.get("verdict")
         rows.append(
             {
-                "test": r.get("nodeid") or r["test"],
+                "test": unique_test_id(r.get("nodeid") or r["test"], r.get("baseline_file") or ""),
                 "label": r.get("label") or "",
                 "hardware_key": r["hardware_key"],
                 "hardware": rec.get("hardware", {}),

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..baselines.records import RUN_FIELDS, same_workload
+from ..baselines.store import unique_test_id
 from ..core.catalog import METRICS
 from ..core.fingerprint import subject_changes
 from ..core.formats import render_table
@@ -145,10 +146,11 @@ def read_series(
     metrics: Sequence[str] | None = None,
     hardware_key: str | None = None,
     last: int | None = None,
+    skipped: list[str] | None = None,
 ) -> list[Series]:
     """The stored series (``test``: a substring of the test id), each cut to its ``last``
-    sessions."""
-    series = group(store.read(loc, test=test, metrics=metrics, hardware_key=hardware_key))
+    sessions; ``skipped`` gets the line about unreadable rows left out (``store.read``)."""
+    series = group(store.read(loc, test=test, metrics=metrics, hardware_key=hardware_key, skipped=skipped))
     if last:
         series = [Series(s.test, s.label, s.metric, s.phase, s.unit, s.hardware_key, s.points[-last:]) for s in series]
     return series
@@ -194,6 +196,8 @@ class Windows:
 
     #: (test, label) -> rows of that measurement (``store.read``, without runs), oldest first.
     rows: Mapping[tuple[str, str], Sequence[Mapping[str, Any]]]
+    #: The line about unreadable rows left out of the windows (``store.read``), else None.
+    skipped: str | None = None
 
     def levels(self, test: str, label: str, entry: Mapping[str, Any]) -> dict[str, list[Level]]:
         """Per metric, the last ``verdict.WINDOW_SESSIONS`` sessions of this test since the
@@ -237,11 +241,18 @@ def read_windows(loc: Location, hardware_key: str, metrics: Sequence[str]) -> Wi
     rows: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     if loc.kind == "sqlite" and not Path(loc.target).is_file():
         return Windows(rows)
+    skipped: list[str] = []
     for r in store.read(
-        loc, metrics=metrics, hardware_key=hardware_key, last_sessions=WINDOW_READ_SESSIONS, runs=False
+        loc,
+        metrics=metrics,
+        hardware_key=hardware_key,
+        last_sessions=WINDOW_READ_SESSIONS,
+        runs=False,
+        skipped=skipped,
+        uses="the verdicts used the other sessions",
     ):
         rows.setdefault((r["test"], r["label"]), []).append(r)
-    return Windows(rows)
+    return Windows(rows, skipped[0] if skipped else None)
 
 
 @dataclass(frozen=True)
@@ -411,7 +422,7 @@ def attach(
     with fewer than two sessions has none)."""
 
     def key_of(r: MeasurementResult) -> tuple[str, str, str]:
-        return (r.nodeid or r.test, r.label, r.hardware_key)
+        return (unique_test_id(r.nodeid or r.test, r.baseline_file), r.label, r.hardware_key)
 
     wanted = {key_of(r) for r in results}
     found: dict[tuple[str, str, str], list[dict[str, Any]]] = {}

@@ -69,6 +69,19 @@ class ChannelClosed(Exception):
     """The child closed its end: it exited or died (``Channel.wait`` tells how)."""
 
 
+class BadReply(ChannelClosed):
+    """The child wrote a line that is not a JSON object; it was killed (``text``: the line,
+    cut to ``SHOWN_REPLY`` characters, as ``repr`` shows it)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+
+#: Characters of a bad reply line shown in its one line.
+SHOWN_REPLY = 80
+
+
 class Channel:
     """A child process that answers one JSON object per line over two pipes, its stdout and
     stderr in a temporary log file, in a session of its own (Ctrl-C reaches the controller,
@@ -84,7 +97,9 @@ class Channel:
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> None:
-        self.log = tempfile.NamedTemporaryFile(prefix="llmperf-worker-", suffix=".log")  # noqa: SIM115 - owned
+        # Unlinked from the start (O_TMPFILE or unlinked at once): a controller killed by SIGKILL
+        # or SIGTERM leaves no log behind; the log is read through its descriptor.
+        self.log = tempfile.TemporaryFile(prefix="llmperf-worker-", suffix=".log")  # noqa: SIM115 - owned
         child_env = dict(os.environ if env is None else env)
         # ggml answers an abort by running gdb on itself: seconds of debugger output, not llama.cpp's words.
         child_env.setdefault("GGML_NO_BACKTRACE", "1")
@@ -151,7 +166,14 @@ class Channel:
                 raise ChannelClosed()
             self.buffer += chunk
         line, _, self.buffer = self.buffer.partition(b"\n")
-        message: dict[str, Any] = json.loads(line)
+        try:
+            message = json.loads(line)
+        except ValueError:  # JSONDecodeError, or bytes that are not UTF-8
+            message = None
+        if not isinstance(message, dict):
+            self.kill()
+            text = line.decode("utf-8", "replace")
+            raise BadReply(repr(text[:SHOWN_REPLY]) + ("..." if len(text) > SHOWN_REPLY else ""))
         return message
 
     @staticmethod
@@ -181,16 +203,18 @@ class Channel:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=10)
 
+    def log_tail(self, size: int = 16384) -> str:
+        """The last ``size`` bytes of the child's log ("" once closed)."""
+        try:
+            fd = self.log.fileno()
+            end = os.fstat(fd).st_size
+            return os.pread(fd, size, max(0, end - size)).decode("utf-8", "replace")
+        except (OSError, ValueError):
+            return ""
+
     def log_lines(self) -> list[str]:
         """llama.cpp's (and the child's) last log lines, quoted (``quoted_log``)."""
-        try:
-            with open(self.log.name, "rb") as fh:
-                fh.seek(0, os.SEEK_END)
-                fh.seek(max(0, fh.tell() - 16384))
-                text = fh.read().decode("utf-8", "replace")
-        except OSError:
-            return []
-        return quoted_log(text)
+        return quoted_log(self.log_tail())
 
     def close(self, wait_s: float = 5.0) -> None:
         """Ask the child to exit; kill it if it does not within ``wait_s``."""
@@ -223,8 +247,8 @@ def die_with_parent() -> None:
 
 #: Seconds a load or one run may take before the worker counts as hung (``--llmperf-engine-timeout``).
 DEFAULT_TIMEOUT_S: float = SETTINGS["engine_timeout"].default
-#: Test hook: ``op:SIGNAL`` (``run:SIGSEGV``, ``load:SIGABRT``) or ``op:hang`` makes the worker
-#: fail that way at that request, to exercise the controller's handling without a real fault;
+#: Test hook: ``op:SIGNAL`` (``run:SIGSEGV``, ``load:SIGABRT``), ``op:hang`` or ``op:garbage`` (a
+#: line that is not JSON on the reply pipe) makes the worker fail that way at that request, to exercise the controller's handling without a real fault;
 #: ``op:SIGNAL:TEXT`` only in workers whose model path contains TEXT.
 FAULT_ENV = "LLMPERF_WORKER_FAULT"
 
@@ -398,6 +422,12 @@ class WorkerEngine:
             raise self._crash(doing)
         try:
             reply = channel.receive(self.timeout_s)
+        except BadReply as exc:
+            raise EngineCrash(
+                f"{self._who()}the engine worker (pid {channel.pid}) for {self._model()} answered with a line that "
+                f"is not a JSON object while {doing}: {exc.text}; it was killed (something in it wrote to its reply "
+                "pipe); the other tests go on"
+            ) from None
         except ChannelClosed:
             raise self._crash(doing) from None
         if reply is None:
@@ -462,10 +492,14 @@ def preflight(config: EngineConfig, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> 
 # -- the worker's side --------------------------------------------------------------------------
 
 
-def _fault(op: str, model: str) -> None:
+def _fault(op: str, model: str, replies: IO[bytes]) -> None:
     at, _, what = os.environ.get(FAULT_ENV, "").partition(":")
     what, _, only = what.partition(":")
     if at != op or only not in model:
+        return
+    if what == "garbage":  # a line that is not JSON on the reply pipe, then on as usual
+        replies.write(b"\x1b[31mggml_debug: " + b"x" * 200 + b"\n")
+        replies.flush()
         return
     if what == "hang":
         while True:
@@ -491,7 +525,7 @@ def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
             break
         if op == "load":
             model = str(message["config"]["model"])
-        _fault(op, model)
+        _fault(op, model, replies)
         try:
             if op == "load":
                 config = EngineConfig(**message["config"])

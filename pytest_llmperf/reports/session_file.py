@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -348,7 +349,7 @@ def memory_lines(results: Iterable[MeasurementResult]) -> list[str]:
         cells = [_cell(f.get(k)) if k != "load_page_cache" else str(f.get(k) or "-") for k in MEMORY_FIGURES]
         if f.get("load_samples"):
             cells[-1] += f" ({f['load_samples']})"
-        out.append("| " + " | ".join([f"`{test}`", *cells]) + " |")
+        out.append("| " + " | ".join([md_code(test), *cells]) + " |")
     return out
 
 
@@ -417,25 +418,25 @@ def markdown(
     for r in results:
         s = summary_values(r)
         short = "not compared" if r.verdict is None or (judged and not r.reference) else r.verdict.short
-        cells = [f"`{r.test}`", *(_cell(s.get(f.key)) for f in HEADLINE), r.budget, short]
+        cells = [md_code(r.test), *(_cell(s.get(f.key)) for f in HEADLINE), r.budget, short]
         lines.append("| " + " | ".join(cells) + " |")
     if over:
-        lines += ["", "### Over budget", ""] + [f"- {line}" for line in over]
+        lines += ["", "### Over budget", ""] + [f"- {md_line(line)}" for line in over]
     if regressions:
-        lines += ["", "### Regressions", ""] + [f"- {line}" for line in regressions]
+        lines += ["", "### Regressions", ""] + [f"- {md_line(line)}" for line in regressions]
     alone = [
         f"{r.test}: {r.verdict.note if r.verdict is not None else 'not compared'}"
         for r in results
         if judged and not r.reference
     ]
     if alone:
-        lines += ["", "### Not compared against REF", ""] + [f"- {line}" for line in alone]
+        lines += ["", "### Not compared against REF", ""] + [f"- {md_line(line)}" for line in alone]
     undecided = undecided_lines(results)
     if undecided:
-        lines += ["", "### Undecided", ""] + [f"- {line}" for line in undecided]
+        lines += ["", "### Undecided", ""] + [f"- {md_line(line)}" for line in undecided]
     reach = reach_lines(results)
     if reach:
-        lines += ["", "### What this gate detects here (80% power)", ""] + [f"- {line}" for line in reach]
+        lines += ["", "### What this gate detects here (80% power)", ""] + [f"- {md_line(line)}" for line in reach]
     lines += memory_lines(results)
     headers, agreement = against_agreement_rows(results)
     if agreement:
@@ -444,7 +445,7 @@ def markdown(
     if rows:
         headers = list(comparison_headers(results))
         lines += ["", "### Comparisons", "", "| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
-        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        lines += ["| " + " | ".join(md_cell(c) for c in row) + " |" for row in rows]
     lines += ab_markdown_lines(ab)
     return "\n".join(lines) + "\n"
 
@@ -527,9 +528,27 @@ def ab_budget_lines(entry: Mapping[str, Any]) -> list[tuple[str, str]]:
     return [(str(b["status"]), str(b["line"])) for b in every]
 
 
+def md_line(text: str) -> str:
+    """``text`` on one Markdown line: a line break in it (a test id may hold one) shown as ``\\n``."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def md_cell(text: str) -> str:
+    """``text`` in one Markdown table cell: on one line, its ``|`` escaped (GitHub reads an
+    escaped ``|`` as the character, in code spans too)."""
+    return md_line(text).replace("|", "\\|")
+
+
+def md_code(text: str) -> str:
+    """A test id as code in a table cell (``md_cell``), fenced by more backticks than it holds."""
+    text = md_cell(text)
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def _md_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    def cell(text: str) -> str:
-        return text.replace("|", "\\|")
+    cell = md_cell
 
     return [
         "| " + " | ".join(cell(h) for h in headers) + " |",

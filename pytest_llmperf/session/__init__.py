@@ -174,7 +174,29 @@ class Session:
             more = f" and {len(ids) - 1} more" if len(ids) > 1 else ""
             warning = threads_warning(threads, f"{ids[0]}{more}: marker threads")
             lines += [warning] if warning else []
+        lines += self._offload_note()
         return [self.redact(line) for line in lines]
+
+    def _offload_note(self) -> list[str]:
+        """One line when ``gpu_layers`` asks for layers on a llama.cpp build without GPU offload."""
+        s = self.settings
+        if s.engine.endpoint or s.disable:
+            return []
+        asked = [f"--llmperf-gpu-layers {s.engine.gpu_layers}"] if s.engine.gpu_layers else []
+        asked += [
+            f"{n}: marker gpu_layers={k['gpu_layers']}" for n, k in self.planned_engines.items() if k.get("gpu_layers")
+        ]
+        if not asked:
+            return []
+        from ..engines.llama_cpp_native import gpu_offload_missing
+
+        if not gpu_offload_missing():
+            return []
+        more = f" and {len(asked) - 1} more" if len(asked) > 1 else ""
+        return [
+            f"llmperf: {asked[0]}{more}: this llama.cpp build has no GPU offload (a CPU-only llama-cpp-python), "
+            "so 0 layers are offloaded and everything runs on the CPU (the records say gpu_layers 0)"
+        ]
 
     def note_against(self, against: Against) -> None:
         """What ``--llmperf-against``'s REF and both sides are, from the controller
@@ -273,8 +295,18 @@ class Session:
         from .finish import finish
 
         env = os.environ if environ is None else environ
+        if self.assessor.history_unusable:  # said once (its line names the remedy): not tried again
+            import dataclasses
+
+            s = dataclasses.replace(s, history=None)
         self.results, self.outputs = finish(
-            s, self.results, self.ab_results, self.started_at, env.get("GITHUB_STEP_SUMMARY"), self.against_sides
+            s,
+            self.results,
+            self.ab_results,
+            self.started_at,
+            env.get("GITHUB_STEP_SUMMARY"),
+            self.against_sides,
+            planned=self.planned_measurements,
         )
         return self.outputs
 

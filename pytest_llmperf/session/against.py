@@ -548,12 +548,17 @@ class Side:
             raise SideGone(self._died("at work"), self.spec.name)
 
     def receive(self, timeout_s: float, doing: str) -> dict[str, Any]:
-        from ..measuring.worker import ChannelClosed
+        from ..measuring.worker import BadReply, ChannelClosed
 
         if self.channel is None:
             raise SideGone(f"{self.who} is gone (while {doing})", self.spec.name)
         try:
             message = self.channel.receive(timeout_s)
+        except BadReply as exc:
+            raise SideGone(
+                f"{self.who} answered with a line that is not a JSON object while {doing}: {exc.text}; it was killed",
+                self.spec.name,
+            ) from None
         except ChannelClosed:
             raise SideGone(self._died(doing), self.spec.name) from None
         if message is None:
@@ -581,13 +586,7 @@ class Side:
     def _text(self) -> str:
         if self.channel is None:
             return ""
-        try:
-            with open(self.channel.log.name, "rb") as fh:
-                fh.seek(0, os.SEEK_END)
-                fh.seek(max(0, fh.tell() - 65536))
-                return fh.read().decode("utf-8", "replace")
-        except (OSError, ValueError):
-            return ""
+        return self.channel.log_tail(65536)
 
     def _cause(self) -> str:
         """pytest's words for what stopped it (``ImportError while loading conftest ...: E ...``)."""

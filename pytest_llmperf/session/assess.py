@@ -55,6 +55,9 @@ class Assessor:
         self.windows: dict[str, Windows | None] = {}
         #: Why the history could not be read for the verdicts (one line), else None.
         self.history_error: str | None = None
+        #: The history cannot be used this session (a damaged file, a server not reached): it is
+        #: not tried again at the end (its one line was said).
+        self.history_unusable = False
 
     def window(self, hardware_key: str) -> Windows | None:
         """The history's windows for this hardware (read on first use, once per session), or
@@ -69,10 +72,18 @@ class Assessor:
             from ..judge.rule import JUDGED
 
             try:
-                self.windows[hardware_key] = read_windows(s.history, hardware_key, [m.name for m in JUDGED])
+                windows = self.windows[hardware_key] = read_windows(s.history, hardware_key, [m.name for m in JUDGED])
+                self.history_error = self.history_error or windows.skipped
             except HistoryError as exc:
                 self.windows[hardware_key] = None
-                self.history_error = f"llmperf: {exc}; the verdicts used the baseline files alone"
+                self.history_unusable = self.history_unusable or exc.lasting
+                # Lasting (damaged, not reached): not tried again at the end, so this is the write's line too.
+                line = (
+                    f"history not written: {exc}"
+                    if exc.lasting
+                    else f"{exc}; the verdicts used the baseline files alone"
+                )
+                self.history_error = f"llmperf: {line}"
         return self.windows[hardware_key]
 
     def fingerprint(self, m: Measurement) -> Fingerprint:
@@ -128,7 +139,8 @@ class Assessor:
                 **{**s.compare_values, **marker.settings}, family_size=family_size or None, peers=peers
             )
             windows = self.window(fp.hardware_key)
-            window = None if windows is None else (lambda entry: windows.levels(nodeid, m.label or "", entry))
+            test = store.unique_test_id(nodeid, path.relative_to(s.baseline_dir).as_posix())  # the history's id
+            window = None if windows is None else (lambda entry: windows.levels(test, m.label or "", entry))
             try:
                 entries = self.baselines(path).get(key)
                 verdict = judge(entries, fp.hardware_key, rec, settings, window)

@@ -87,10 +87,13 @@ def finish(
     started_at: str,
     step_summary: str | None,
     against: Mapping[str, Any] | None = None,
+    planned: int = 0,
 ) -> tuple[list[MeasurementResult], Outputs]:
     """Write what the session asked for; ``step_summary``: ``$GITHUB_STEP_SUMMARY``'s file;
     ``against``: what ``--llmperf-against``'s REF and both sides were (``Session.against_sides``).
-    Returns the results with the session-wide Holm p-values, and what was written."""
+    ``planned``: the llmperf tests the session meant to measure (none measured: the Markdown
+    says every one failed). Returns the results with the session-wide Holm p-values, and what
+    was written."""
     from ..judge.regression import session_holm
     from ..reports import session_file
 
@@ -120,7 +123,7 @@ def finish(
             out.html_error = f"llmperf: HTML report not written: {exc}"
     ab = list(ab_results)
     md = session_file.markdown(results, md_extra, budgets_gate=s.budgets_gate, against=against, ab=ab)
-    md = md if results or ab else ""
+    md = md if results or ab else (all_failed_markdown(planned) if planned else "")
     if s.markdown and md:
         write_file(Path(s.markdown), md, out.report_errors)
     if step_summary and md:
@@ -132,10 +135,21 @@ def finish(
             with open(fd, "a", encoding="utf-8") as fh:
                 fh.write(
                     session_file.markdown(results, step_extra, budgets_gate=s.budgets_gate, against=against, ab=ab)
+                    if results or ab
+                    else md
                 )
         except OSError as exc:
             out.write_errors.append(f"llmperf: cannot write {step_summary}: {exc.strerror or exc}")
     return results, out
+
+
+def all_failed_markdown(planned: int) -> str:
+    """The Markdown summary of a session none of whose measurements gave a result."""
+    return (
+        "## llmperf\n\n"
+        f"No results: every llmperf measurement of this session failed ({planned} planned, none measured); "
+        "the test report says why.\n"
+    )
 
 
 Line = tuple[str, str]
