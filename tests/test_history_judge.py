@@ -287,7 +287,7 @@ def test_an_unreachable_history_costs_one_line_and_the_file_still_judges(pyteste
     out.assert_outcomes(passed=1)
     lines = [line for line in text.splitlines() if "the verdicts used the baseline files alone" in line]
     assert len(lines) == 1 and lines[0].startswith(
-        "llmperf: cannot connect to the history postgresql://ci:***@127.0.0.1:1/perf"
+        "llmperf: history not written: cannot connect to the history postgresql://ci:***@127.0.0.1:1/perf"
     )
     assert "s3cret" not in text and "Traceback" not in text
 

@@ -188,14 +188,16 @@ def read_only(monkeypatch: pytest.MonkeyPatch, root: Path) -> None:
     """The baseline folder read-only; root ignores modes, so its temp file creation is refused too."""
     folder = root / "baselines"
     folder.chmod(0o555)
-    real = baseline_store.tempfile.mkstemp
+    from pytest_llmperf.core import documents
+
+    real = documents.tempfile.mkstemp
 
     def mkstemp(*args, dir=None, **kwargs):
         if dir is not None and Path(dir).resolve() == folder.resolve():
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(dir))
         return real(*args, dir=dir, **kwargs)
 
-    monkeypatch.setattr(baseline_store.tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr(documents.tempfile, "mkstemp", mkstemp)
 
 
 def disk_full(monkeypatch: pytest.MonkeyPatch, root: Path) -> None:

@@ -400,14 +400,15 @@ HISTORY_CASES = [
     HistoryCase(
         "pg-unknown-role",
         f"postgresql://ghost:{PW}@127.0.0.1:{{port}}/{{db}}",
-        NOT_WRITTEN.format(shown="postgresql://ghost:***@127.0.0.1:{port}/{db}") + '*role "ghost" does not exist',
+        NOT_WRITTEN.format(shown="postgresql://ghost:***@127.0.0.1:{port}/{db}")
+        + '*role "ghost" does not exist; the verdicts used the baseline files alone',
         written=False,
     ),
     HistoryCase(
         "libpq-keywords-broken-password",
         f"host=127.0.0.1 port={{closed}} dbname=d user=u password={CORE}a {CORE}b",
         NOT_WRITTEN.format(shown="host=127.0.0.1 port={closed} dbname=d user=u password=***")
-        + 'missing "=" after "***" in connection info string',
+        + 'missing "=" after "***" in connection info string; the verdicts used the baseline files alone',
         pg=False,
         written=False,
     ),

@@ -146,7 +146,7 @@ def _undecided(assessment: Assessment | None) -> bool:
     busier than at baseline (a busy machine's runs measure its neighbours: more of them cannot
     decide anything about the subject)."""
     verdict = getattr(assessment, "verdict", None)
-    if verdict is None or verdict.status != "compared" or verdict.machine:
+    if verdict is None or verdict.status != "compared" or getattr(verdict, "machine", ""):
         return False
     return any(c.worth_more_runs for c in verdict.comparisons)
 

@@ -78,11 +78,8 @@ class Assessor:
                 self.windows[hardware_key] = None
                 self.history_unusable = self.history_unusable or exc.lasting
                 # Lasting (damaged, not reached): not tried again at the end, so this is the write's line too.
-                line = (
-                    f"history not written: {exc}"
-                    if exc.lasting
-                    else f"{exc}; the verdicts used the baseline files alone"
-                )
+                line = f"history not written: {exc}" if exc.lasting else f"{exc}"
+                line += "; the verdicts used the baseline files alone"
                 self.history_error = f"llmperf: {line}"
         return self.windows[hardware_key]
 
