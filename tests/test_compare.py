@@ -423,6 +423,67 @@ def test_other_processes_on_the_engines_cores_are_blamed_on_the_machine() -> Non
     assert alone.regressions
 
 
+@pytest.mark.parametrize(
+    ("figures", "said"),
+    [
+        ({"cpu_wait_share": 0.41}, "the engine's threads waited for a CPU 41% of their runnable time (run queue; 1%"),
+        ({"others_cpu_share": 0.62}, "other processes used 62% of the machine's CPU time during the runs (2% at"),
+        ({"steal_share": 0.2}, "the hypervisor gave 20% of this VM's CPU time to other guests"),
+    ],
+)
+def test_a_busy_machine_is_named_by_its_signal_not_called_a_regression(figures: dict, said: str) -> None:
+    """Each signal of a busy machine turns a REGRESSION into MACHINE_SLOWER and names its figure
+    on both sides; the same slowdown with the machine as it was at baseline stays a REGRESSION."""
+    rng = np.random.default_rng(33)
+    quiet = {"cpu_wait_share": 0.01, "others_cpu_share": 0.02, "steal_share": 0.0, "involuntary_switches_per_run": 50}
+    base = record(lognormal(rng, 10, 0.02, 20), lognormal(rng, 150, 0.02, 20), machine=quiet)
+    runs = (lognormal(rng, 25, 0.3, 20), lognormal(rng, 400, 0.3, 20))
+    busy = judge({"hw": base}, "hw", record(*runs, machine={**quiet, **figures}), CompareSettings())
+    assert busy.short() == "MACHINE_SLOWER" and not busy.regressions
+    assert said in busy.machine and busy.machine.startswith("busy machine: "), busy.machine
+    assert all(said in c.reason for c in busy.comparisons if c.verdict is Verdict.MACHINE_SLOWER)
+    assert judge({"hw": base}, "hw", record(*runs, machine=quiet), CompareSettings()).regressions
+
+
+def test_the_run_queue_wait_of_a_thread_sharing_its_cpu_is_measured() -> None:
+    """A spinner pinned to the engine's CPU makes its threads wait in the run queue: the
+    measured share is large (a busy machine elsewhere only adds to it)."""
+    import multiprocessing
+    import os
+    import time
+
+    from pytest_llmperf.measuring.metrics import SystemDelta, sample_system
+
+    if not hasattr(os, "sched_setaffinity") or sample_system().engine_sched_ns is None:
+        pytest.skip("no per-thread scheduler statistics (/proc/PID/task/*/schedstat) here")
+    cpu = min(os.sched_getaffinity(0))
+    spinner = multiprocessing.get_context("fork").Process(target=_spin_on, args=(cpu,), daemon=True)
+    old = os.sched_getaffinity(0)
+    spinner.start()
+    try:
+        os.sched_setaffinity(0, {cpu})
+        time.sleep(0.2)  # the spinner is running on that CPU
+        before = sample_system()
+        end = time.perf_counter() + 0.5
+        while time.perf_counter() < end:
+            pass
+        delta = SystemDelta(before, sample_system())
+    finally:
+        os.sched_setaffinity(0, old)
+        spinner.terminate()
+        spinner.join()
+    assert delta.cpu_wait_share is not None and delta.cpu_wait_share > 0.2, delta.cpu_wait_share
+    assert delta.as_dict()["cpu_wait_share"] == round(delta.cpu_wait_share, 5)
+
+
+def _spin_on(cpu: int) -> None:  # pragma: no cover - runs in the spinner process
+    import os
+
+    os.sched_setaffinity(0, {cpu})
+    while True:
+        pass
+
+
 def test_a_baseline_recorded_once_is_judged_with_a_shared_machines_drift() -> None:
     """The default prior (8%): A/A sessions that moved like this VM's (+1..+27% against one
     recorded session) raise no alarm; a 2x slowdown (threads 2 -> 1) still does."""
