@@ -117,10 +117,15 @@ def test_which_comparisons_need_more_pairs() -> None:
     assert needs_more_pairs(comparison(u, 0.94, 1.02)) is not None
     assert needs_more_pairs(comparison(Verdict.INCONCLUSIVE, 0.9, 1.2, worth=True)) == "undecided"
     assert needs_more_pairs(comparison(Verdict.INCONCLUSIVE, 0.8, 1.01)) is None  # leaning faster: no slowdown in sight
-    assert needs_more_pairs(comparison(Verdict.REGRESSION, 1.02, 1.12)) is None
-    # A REGRESSION stops every comparison's pairs only with its whole CI beyond the threshold.
+    # A REGRESSION whose CI reaches into the threshold may still come back within it (a +4% change
+    # measured +6% at an early look): more pairs; with its whole CI beyond, it stops every pair.
+    assert needs_more_pairs(comparison(Verdict.REGRESSION, 1.02, 1.12)) is not None
+    assert needs_more_pairs(comparison(Verdict.REGRESSION, 1.06, 1.12)) is None
+    assert needs_more_pairs(comparison(Verdict.IMPROVED, 0.85, 0.99)) is None
     still = comparison(Verdict.INCONCLUSIVE, 0.9, 1.2, worth=True)
-    assert pairs_settled([comparison(Verdict.REGRESSION, 1.02, 1.12), still]) is None
+    assert (
+        pairs_settled([comparison(Verdict.REGRESSION, 1.02, 1.12), comparison(Verdict.UNCHANGED, 0.99, 1.01)]) is None
+    )
     assert pairs_settled([comparison(Verdict.REGRESSION, 1.06, 1.12), still]) is not None
     rate = comparison(Verdict.REGRESSION, 1 / 1.12, 1 / 1.06, better=True)  # a rate: lower is worse
     assert pairs_settled([rate, still]) is not None
@@ -146,6 +151,7 @@ def test_a_stop_never_hides_a_change_it_could_still_find(n: int, shift: float, s
     elif why is not None:
         for c in judged:
             assert not (c.verdict is Verdict.INCONCLUSIVE and c.worth_more_runs)
+            assert c.verdict is not Verdict.REGRESSION  # one reaching into the threshold goes on
             if c.verdict is Verdict.UNCHANGED and c.ci_low <= 1 <= c.ci_high:
                 assert 1 / (1 + c.threshold) < c.ci_low and c.ci_high < 1 + c.threshold
     else:
