@@ -258,25 +258,15 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str) -> 
         comparisons = judged_pairs(
             runs["A"], runs["B"], family=family, looks=looks, reference=ag.reference.describe(), **settings
         )
-        why = pairs_settled(comparisons)
-        if why is None and n >= cap:
-            why = f"the cap of {cap} pairs"
-        elif why is None and time.monotonic() - started > PAIRS_TIME_CAP_S:
+        why = pairs_settled(comparisons) or (f"the cap of {cap} pairs" if n >= cap else None)
+        if why is None and time.monotonic() - started > PAIRS_TIME_CAP_S:
             why = f"the {PAIRS_TIME_CAP_S:.0f} s bound"
         if why is not None:
             break
     seconds = time.monotonic() - started
-    label = str(ev.get("label") or "")
-    ag.decisions.append(
-        {
-            "test": nodeid + (f"[{label}]" if label else ""),
-            "pairs": n,
-            "seconds": round(seconds, 3),
-            "look": look,
-            "looks": looks,
-            "stopped": why,
-        }
-    )
+    test = nodeid + (f"[{ev['label']}]" if ev.get("label") else "")
+    ag.decisions.append({"test": test, "pairs": n, "seconds": round(seconds, 3), "look": look, "looks": looks})
+    ag.decisions[-1]["stopped"] = why
     n_ab = sum(1 for o in orders[:n] if o == "AB")
     ref, cur = ag.sides[REF].ready, ag.sides[CURRENT].ready
     same = "" if events[REF]["workload"] == ev["workload"] else "; REF's workload differs from this tree's"
