@@ -217,6 +217,7 @@ def main() -> int:
     p.add_argument("--prompt-tokens", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--old", default="0.3.30", help="llama-cpp-python of the python case's REF")
+    p.add_argument("--jsonl", type=Path, help="append each session's row to this file (JSON lines)")
     args = p.parse_args()
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
     rows: list[dict] = []
@@ -251,10 +252,19 @@ def main() -> int:
                             f"; agreement top-1 {f['top1_agreement']:.4f}, KL mean {f['kl_mean']:.3g}, "
                             f"p99 {f['kl_p99']:.3g} ({f['agreement_positions']} positions), budget {r['budget']}"
                         )
+                    # the pairs' seconds: the session file's against.decisions (absent before issue 37.3)
+                    decisions = (doc.get("against") or {}).get("decisions") or []
+                    spent = [d for d in decisions if d["test"] == r["test"]] or decisions[-1:]
+                    row["pairs_s"] = spent[0]["seconds"] if spent else None
+                    row["wall_s"], row["load"] = doc["_wall_s"], load()
+                    if args.jsonl:
+                        with args.jsonl.open("a") as fh:
+                            fh.write(json.dumps({"case": args.case, "change": args.change, **row}) + "\n")
+                    spent = "" if row["pairs_s"] is None else f" in {row['pairs_s']:.1f} s"
                     print(
                         f"  session {s + 1} {row['test']}: TTFT {t['ratio']:.3f} ({t['ci_low']:.3f}..{t['ci_high']:.3f}) "
                         f"{t['verdict']}, TPOT {d['ratio']:.3f} ({d['ci_low']:.3f}..{d['ci_high']:.3f}) {d['verdict']}{shown}, "
-                        f"{d['n_candidate']} pairs; exit {doc['_exit']}, {doc['_wall_s']:.0f} s; load {load()}",
+                        f"{d['n_candidate']} pairs{spent}; exit {doc['_exit']}, {doc['_wall_s']:.0f} s; load {row['load']}",
                         flush=True,
                     )
                 against = doc.get("against") or {}
@@ -284,12 +294,22 @@ def summary(args: argparse.Namespace, rows: list[dict]) -> None:
         below = sum(r["tpot_ms"]["ci_high"] < 1 for r in mine)
         med = {m: statistics.median(r[m]["ratio"] for r in mine) for m in ("ttft_ms", "tpot_ms")}
         sd = statistics.stdev(math.log(r["tpot_ms"]["ratio"]) for r in mine) if n > 1 else float("nan")
-        pairs = statistics.median(r["tpot_ms"]["n_candidate"] for r in mine)
+        counts = [r["tpot_ms"]["n_candidate"] for r in mine]
+        walls = [r["wall_s"] for r in mine]
+        spent = [r["pairs_s"] for r in mine if r.get("pairs_s") is not None]
+        seconds = (
+            f"; pairs' seconds per decision median {statistics.median(spent):.1f} ({min(spent):.1f}-{max(spent):.1f})"
+            if spent
+            else ""
+        )
+        loads = [float(r["load"].split()[0]) for r in mine]
         print(
             f"{args.case} {test} [{'one core busy' if args.busy else 'no extra load'}], {n} sessions: "
             f"decode REGRESSION {reg['tpot_ms']}/{n}, prefill REGRESSION {reg['ttft_ms']}/{n}, decode CI above 1 "
             f"{found}/{n}, below 1 {below}/{n}; median ratio TTFT {med['ttft_ms']:.3f}, TPOT {med['tpot_ms']:.3f} "
-            f"(sd of log TPOT {sd:.3f}); median pairs {pairs:g}",
+            f"(sd of log TPOT {sd:.3f}); pairs median {statistics.median(counts):g} ({min(counts)}-{max(counts)})"
+            f"{seconds}; session wall median {statistics.median(walls):.0f} s ({min(walls):.0f}-{max(walls):.0f}); "
+            f"1-min load {min(loads):.1f}-{max(loads):.1f}",
             flush=True,
         )
 

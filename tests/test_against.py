@@ -12,6 +12,7 @@ conftest.py), so the checks look at exactly these processes.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import signal
@@ -285,10 +286,12 @@ def test_a_slower_wrapper_is_a_decode_regression_against_the_commit_before(runne
     runner.check_clean(verdict_repo, inner.pids)
 
 
-def test_the_same_commit_on_both_sides_is_no_regression(runner: Runner, verdict_repo: Path) -> None:
-    """``git:HEAD`` and this interpreter as ``python:PATH``, together: A/A, no REGRESSION."""
+def test_the_same_commit_on_both_sides_is_no_regression(runner: Runner, verdict_repo: Path, tmp_path: Path) -> None:
+    """``git:HEAD`` and this interpreter as ``python:PATH``, together: A/A, no REGRESSION; what each
+    decision cost (pairs, seconds, the look it stopped at) in the against lines and the session file."""
     sha = git(verdict_repo, "rev-parse", "HEAD")
     ref = f"git:HEAD ({sha[:12]}), python:{sys.executable}"
+    report = tmp_path / "session.json"
     inner = runner.run(
         verdict_repo,
         "tests",
@@ -297,10 +300,19 @@ def test_the_same_commit_on_both_sides_is_no_regression(runner: Runner, verdict_
         "wrapper or marker",
         "--llmperf-against",
         f"git:HEAD,python:{sys.executable}",
+        f"--llmperf-json={report}",
     )
     assert inner.ret == 0, inner.out
-    assert pairs_note(inner, "test_wrapper", ref) >= 6 and pairs_note(inner, "test_marker_only", ref) >= 6
+    counts = {t: pairs_note(inner, t, ref) for t in ("test_wrapper", "test_marker_only")}
+    assert min(counts.values()) >= 6
     assert "REGRESSION" not in inner.out
+    decisions = json.loads(report.read_text())["against"]["decisions"]
+    assert [d["test"] for d in decisions] == [f"tests/test_perf.py::{t}" for t in counts]
+    for d in decisions:
+        test = d["test"].split("::")[1]
+        assert d["pairs"] == counts[test] and d["seconds"] > 0 and 1 <= d["look"] <= d["looks"], d
+        line = f"llmperf: against: {d['test']}: {d['pairs']} pairs in {d['seconds']:.1f} s (look {d['look']} of {d['looks']}: "
+        assert line in inner.out, inner.out
     runner.check_clean(verdict_repo, inner.pids)
 
 

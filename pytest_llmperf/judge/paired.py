@@ -246,3 +246,61 @@ def judged_pairs(
 
 def _values(runs: Sequence[Any], metric: str) -> list[float]:
     return [float(getattr(r, metric)) for r in runs]
+
+
+def _worse_bounds(c: Any) -> tuple[float, float]:
+    """The CI of the change in the worse direction (a rate's CI turned over): (low, high)."""
+    if c.higher_is_better:
+        return 1.0 / c.ci_high, 1.0 / c.ci_low
+    return c.ci_low, c.ci_high
+
+
+def needs_more_pairs(c: Any) -> str | None:
+    """Why one judged comparison of a look (``judged_pairs``) needs more pairs, or None when more
+    pairs would not change what it says (docs/against.md, "When the pairs stop"):
+
+    - REGRESSION with its whole CI beyond the threshold (one reaching into it may still come
+      back within it: a +4% change measured +6% at an early look), or IMPROVED: decided;
+    - UNCHANGED with its 95% CI excluding 1: a change within the threshold, found;
+    - UNCHANGED with its 95% CI within +-the threshold: equivalence shown at the threshold (a
+      change of the threshold's size is ruled out at 97.5% one-sided, each look);
+    - INCONCLUSIVE that more pairs would not decide (``worth_more_runs``: leaning faster, or level
+      with pairs that cannot decide).
+
+    Otherwise (an UNCHANGED whose CI holds 1 and reaches past the threshold: a change of a few
+    percent could hide in it; an INCONCLUSIVE that more pairs may decide) it says why."""
+    from .verdict import Verdict
+
+    if c.verdict is Verdict.REGRESSION:
+        if c.ci_low is None or c.ci_high is None or _worse_bounds(c)[0] > 1.0 + c.threshold:
+            return None
+        return "a REGRESSION whose CI reaches into the threshold"
+    if c.verdict is Verdict.IMPROVED:
+        return None
+    if c.verdict is Verdict.INCONCLUSIVE:
+        return None if not c.worth_more_runs else "undecided"
+    if c.verdict is not Verdict.UNCHANGED or c.ci_low is None or c.ci_high is None:
+        return None
+    if c.ci_low > 1.0 or c.ci_high < 1.0:
+        return None
+    bound = 1.0 + c.threshold
+    if c.ci_high < bound and c.ci_low > 1.0 / bound:
+        return None
+    return "its CI holds 1 and reaches past the threshold"
+
+
+def pairs_settled(comparisons: Sequence[Any]) -> str | None:
+    """Why the pairs of one measurement may stop at this look (``judged_pairs``' comparisons),
+    or None to take more: a REGRESSION whose whole CI lies beyond the threshold (the test fails,
+    and more pairs would not bring the change back within it), or every judged comparison
+    settled (``needs_more_pairs``). The cap stops the pairs apart from this."""
+    from .verdict import Verdict
+
+    judged = [c for c in comparisons if c.mirror_of is None]
+    for c in judged:
+        beyond = c.ci_low is not None and c.ci_high is not None and _worse_bounds(c)[0] > 1.0 + c.threshold
+        if c.verdict is Verdict.REGRESSION and beyond:
+            return f"{c.phase} {c.label} REGRESSION, its whole CI beyond {c.threshold:.0%}"
+    if any(needs_more_pairs(c) for c in judged):
+        return None
+    return "every comparison decided"

@@ -219,7 +219,12 @@ class Session:
                 if ready or name not in before
                 else before[name]
             )
-        self.against_sides = {"ref": ref.text, "described": ref.describe(), "sides": sides}
+        self.against_sides = {
+            "ref": ref.text,
+            "described": ref.describe(),
+            "sides": sides,
+            "decisions": [dict(d) for d in against.decisions],
+        }
 
     def not_compared_line(self) -> str | None:
         """Under ``--llmperf-against``, once every result is in: the line that fails a session none

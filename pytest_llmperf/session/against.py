@@ -65,6 +65,9 @@ class Against:
     #: measurement is one more member of Holm's family (``family`` counts each test once).
     labels_seen: dict[str, set[str]] = field(default_factory=dict)
     extra_measurements: int = 0
+    #: Per measurement compared, what its decision cost: test, pairs, seconds of pairs (warm-ups
+    #: excluded), the look it stopped at of how many, and why (``pairs``).
+    decisions: list[dict[str, Any]] = field(default_factory=list)
 
     def family_for(self, nodeid: str, label: str) -> int:
         """Holm's family size once this measurement is counted (the session's ``family_size``)."""
@@ -137,14 +140,30 @@ def describe_sides(against: Mapping[str, Any] | None) -> list[str]:
             f"llmperf: against: {name} = {side.get('shown')}: Python {side.get('python') or '?'}, "
             f"llama-cpp-python {side.get('llama_cpp') or '?'}, {code}"
         )
+    for d in (against or {}).get("decisions") or ():
+        out.append(
+            f"llmperf: against: {d.get('test')}: {d.get('pairs')} pairs in {float(d.get('seconds') or 0):.1f} s "
+            f"(look {d.get('look')} of {d.get('looks')}: {d.get('stopped')})"
+        )
     return out
 
 
-def looks_for(runs: int, max_runs: Any) -> tuple[int, int]:
-    """(the most pairs, the looks at them) for a measurement of ``runs`` runs."""
+#: The pairs are judged every ``runs`` x this many pairs (10 of the default 20): a look costs
+#: its share of alpha (alpha / looks), and a measurement whose verdict cannot change stops at
+#: the first look that shows it (``judge.paired.pairs_settled``).
+LOOK_SHARE = 0.5
+#: No look before this many pairs: the signed-rank 95% CI needs 6; 10 give it some room.
+MIN_LOOK_PAIRS = 10
+
+
+def looks_for(runs: int, max_runs: Any) -> tuple[int, int, int]:
+    """(the most pairs, the looks at them, the pairs between looks) for a measurement of
+    ``runs`` runs: a look every ``LOOK_SHARE`` x runs pairs (at least ``MIN_LOOK_PAIRS``, at most
+    runs), the last at the cap."""
     cap = int(max_runs) if max_runs else SEQUENTIAL_FACTOR * runs
     cap = max(cap, runs)
-    return cap, max(1, math.ceil(cap / runs))
+    step = min(max(math.ceil(LOOK_SHARE * runs), MIN_LOOK_PAIRS), runs)
+    return cap, max(1, math.ceil(cap / step)), step
 
 
 class RunFailed(LLMPerfError):
@@ -207,7 +226,7 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str) -> 
     (comparisons, the note, the ``Agreement``)."""
     from ..core.workload import Workload
     from ..judge.ab import block_orders
-    from ..judge.paired import judged_pairs
+    from ..judge.paired import judged_pairs, pairs_settled
     from ..measuring.metrics import RunMetrics
 
     ev = events[CURRENT]
@@ -218,7 +237,7 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str) -> 
         "tail_threshold": ag.tail_threshold,
         **{k: v for k, v in (ev.get("settings") or {}).items() if k in ("alpha", "threshold", "tail_threshold")},
     }
-    cap, looks = looks_for(workload.runs, ev.get("max_runs"))
+    cap, looks, step = looks_for(workload.runs, ev.get("max_runs"))
     family = ag.family_for(nodeid, str(ev.get("label") or ""))
     by_letter = {"A": ag.sides[REF], "B": ag.sides[CURRENT]}
     threads = max(int(events[name].get("threads") or usable_cpus()) for name in (CURRENT, REF))
@@ -229,24 +248,32 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str) -> 
     orders = block_orders(cap, workload.seed)
     runs: dict[str, list[Any]] = {"A": [], "B": []}
     started = time.monotonic()
+    look = 0
     while True:
         start = len(runs["A"])
-        for i in range(start, min(start + workload.runs, cap)):
+        for i in range(start, min(start + step, cap)):
             for letter in orders[i]:
                 runs[letter].append(RunMetrics.of(_run(by_letter[letter], i, ag.timeout_s, cpus)))
-        n = len(runs["A"])
+        n, look = len(runs["A"]), look + 1
         comparisons = judged_pairs(
             runs["A"], runs["B"], family=family, looks=looks, reference=ag.reference.describe(), **settings
         )
-        undecided = any(c.worth_more_runs or _loose(c) for c in comparisons if c.mirror_of is None)
-        if not undecided or n >= cap or time.monotonic() - started > PAIRS_TIME_CAP_S:
+        why = pairs_settled(comparisons) or (f"the cap of {cap} pairs" if n >= cap else None)
+        if why is None and time.monotonic() - started > PAIRS_TIME_CAP_S:
+            why = f"the {PAIRS_TIME_CAP_S:.0f} s bound"
+        if why is not None:
             break
+    seconds = time.monotonic() - started
+    test = nodeid + (f"[{ev['label']}]" if ev.get("label") else "")
+    ag.decisions.append({"test": test, "pairs": n, "seconds": round(seconds, 3), "look": look, "looks": looks})
+    ag.decisions[-1]["stopped"] = why
     n_ab = sum(1 for o in orders[:n] if o == "AB")
     ref, cur = ag.sides[REF].ready, ag.sides[CURRENT].ready
     same = "" if events[REF]["workload"] == ev["workload"] else "; REF's workload differs from this tree's"
     note = (
         f"against {ag.reference.describe()}: {n} pairs interleaved ({n_ab} AB, {n - n_ab} BA, seeded; "
-        f"up to {cap} in {looks} look(s)) after {workload.warmup} warm-up run(s) each"
+        f"{seconds:.1f} s; look {look} of {looks}, a look every {step} pairs up to {cap}: {why}) "
+        f"after {workload.warmup} warm-up run(s) each"
         f"{'' if cpus is None else '; both on CPU ' + ','.join(map(str, cpus))}; llama-cpp-python "
         f"{ref.get('llama_cpp') or '?'} (REF) vs {cur.get('llama_cpp') or '?'} (this tree){same}"
     )
@@ -258,26 +285,6 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str) -> 
 #: exactly when noise needs more of them, and a time cap then decides with fewer pairs (60 pairs
 #: of the small preset, pp32 tg64, take about 5 minutes with one of 2 cores busy).
 PAIRS_TIME_CAP_S = 900.0
-
-#: Under ``--llmperf-against`` an UNCHANGED stands once its 95% CI excludes 1 (a change within
-#: the threshold, found) or lies within +- this share of the threshold (a change half the
-#: threshold's size is ruled out); until then pairs are added, up to the cap.
-UNCHANGED_MARGIN = 0.5
-
-
-def _loose(c: Any) -> bool:
-    """UNCHANGED by the rule (within the threshold at its 80%) while the 95% CI neither excludes
-    1 nor lies within +-``UNCHANGED_MARGIN`` x the threshold: pairs are cheap here, so more are
-    taken (up to the cap) before an "unchanged" stands that could hide a change of a few percent
-    (a +3% change is then found, and stays UNCHANGED: within 5%)."""
-    from ..judge.verdict import Verdict
-
-    if c.verdict is not Verdict.UNCHANGED or c.ci_low is None or c.ci_high is None:
-        return False
-    if c.ci_low > 1.0 or c.ci_high < 1.0:
-        return False
-    margin = 1.0 + UNCHANGED_MARGIN * c.threshold
-    return c.ci_high > margin or c.ci_low < 1.0 / margin
 
 
 def solo(ag: Against, side: Side, event: Mapping[str, Any]) -> None:
