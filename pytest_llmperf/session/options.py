@@ -351,8 +351,8 @@ KEYS: dict[str, Key] = {
         Key(
             "max_runs",
             "option",
-            "baseline comparisons: measure more runs, `runs` at a time, while a verdict "
-            "is INCONCLUSIVE, up to this many (default 3 x runs; = runs turns it off)",
+            "measure more runs, `runs` at a time, while a baseline verdict is INCONCLUSIVE or a "
+            "budget's CI straddles its limit, up to this many (default 3 x runs; = runs turns it off)",
             _int_at_least(1),
         ),
         Key("layers", "option", "also time each layer (llama.cpp eval callback; in-process only)", _flag),
