@@ -61,7 +61,9 @@ def test_same_named_modules_outside_the_rootdir_are_two_tests_in_the_history(pyt
         (root / name).mkdir()
         (root / name / "__init__.py").write_text("")
         (root / name / "test_x.py").write_text(
-            MARKED.format(marker=f"prompt_tokens=4, max_tokens={tokens}, runs=3, warmup=0, threshold=9")
+            MARKED.format(
+                marker=f"prompt_tokens=4, max_tokens={tokens}, runs=3, warmup=0, threshold=9, tail_threshold=9"
+            )
         )
     (root / "ci").mkdir()
     args = (f"--rootdir={root}/ci", DIR, f"--llmperf-history={root}/h.sqlite", "a", "b")
