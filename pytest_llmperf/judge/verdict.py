@@ -248,10 +248,7 @@ def detectable(se: float, df: float, *, alpha: float, threshold: float, power: f
     if not (math.isfinite(threshold) and threshold > -1):
         return None
 
-    def q(p: float) -> float:
-        return float(stdtrit(df, p)) if math.isfinite(df) else float(ndtri(p))
-
-    log_reach = max(math.log1p(threshold), se * q(1.0 - alpha)) + se * q(power)
+    log_reach = max(math.log1p(threshold), se * t_quantile(df, 1.0 - alpha)) + se * t_quantile(df, power)
     if not math.isfinite(log_reach) or log_reach > math.log1p(REACH_CAP):
         return None
     return math.expm1(log_reach)
