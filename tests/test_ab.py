@@ -286,7 +286,7 @@ def test_in_process_against_served_endpoint(llmperf_server, tiny_engine) -> None
     """A side given as an endpoint URL is measured through the OpenAI-compatible API; the
     server's overhead per token is the decode ratio's distance from 1 (any value is allowed:
     the machine decides; the pairs and the sides are what must be right)."""
-    from pytest_llmperf.pytest_plugin.marks import resolve_side
+    from pytest_llmperf.session.results import resolve_side
 
     served = resolve_side("b", llmperf_server.url, lambda settings: pytest.fail("no llama.cpp settings here"))
     r = compare_ab(Side("in-process", tiny_engine), served, Workload(prompt_tokens=8, max_tokens=6, runs=4, warmup=1))

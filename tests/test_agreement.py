@@ -256,7 +256,7 @@ def test_marker_form_fails_with_one_line_and_reports_everywhere(pytester: pytest
 
 def test_a_served_side_without_token_id_prompts_is_not_available(llmperf_server, tiny_engine) -> None:
     """llama-cpp-python's server takes no prompt of token ids: agreement says so in one line."""
-    from pytest_llmperf.pytest_plugin.marks import resolve_side
+    from pytest_llmperf.session.results import resolve_side
 
     served = resolve_side("b", llmperf_server.url, lambda settings: pytest.fail("no llama.cpp settings here"))
     try:

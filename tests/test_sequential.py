@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from pytest_llmperf.pytest_plugin import fixtures as fixture_mod
-from pytest_llmperf.pytest_plugin.fixtures import LLMPerf
+from pytest_llmperf.session import results as pipeline
 from pytest_llmperf.session.options import validate
+from pytest_llmperf.session.results import Measurer
 
 
 def tokens(prompt: str, max_tokens: int):
@@ -16,7 +16,7 @@ def tokens(prompt: str, max_tokens: int):
 def verdicts(*words: str):
     """An assessment whose comparison verdicts are ``words``."""
     comps = tuple(SimpleNamespace(verdict=SimpleNamespace(value=w), worth_more_runs=w == "INCONCLUSIVE") for w in words)
-    return SimpleNamespace(verdict=SimpleNamespace(status="compared", comparisons=comps))
+    return SimpleNamespace(verdict=SimpleNamespace(status="compared", comparisons=comps, machine=""))
 
 
 def test_measures_more_while_inconclusive_up_to_max_runs() -> None:
@@ -26,10 +26,10 @@ def test_measures_more_while_inconclusive_up_to_max_runs() -> None:
         seen.append((m.n_runs, config.settings["looks"]))
         return verdicts("UNCHANGED", "INCONCLUSIVE")
 
-    perf = LLMPerf(
+    perf = Measurer(
         validate({"runs": 4, "warmup": 0, "max_tokens": 3, "prompt": "x", "max_runs": 10}), lambda: None, assess
     )
-    m = perf.measure(tokens)
+    m = perf.measure(tokens).measurement
     assert seen == [(4, 3), (8, 3), (10, 3)] and m.n_runs == 10
     assert perf.results[0].measurement.n_runs == 10 and len(m.runs) == 10
 
@@ -42,7 +42,7 @@ def test_stops_at_the_first_decided_look() -> None:
         runs.append(m.n_runs)
         return next(answers)
 
-    LLMPerf(validate({"runs": 5, "warmup": 0, "max_tokens": 3, "prompt": "x"}), lambda: None, assess).measure(tokens)
+    Measurer(validate({"runs": 5, "warmup": 0, "max_tokens": 3, "prompt": "x"}), lambda: None, assess).measure(tokens)
     assert runs == [5, 10]
 
 
@@ -53,18 +53,18 @@ def test_off_without_a_comparison_or_with_max_runs_equal_to_runs(monkeypatch) ->
         runs.append((m.n_runs, config.settings["looks"]))
         return verdicts("INCONCLUSIVE")
 
-    LLMPerf(
+    Measurer(
         validate({"runs": 3, "warmup": 0, "max_tokens": 3, "prompt": "x", "max_runs": 3}), lambda: None, assess
     ).measure(tokens)
     assert runs == [(3, 1)]
     calls = []
-    LLMPerf(
+    Measurer(
         validate({"runs": 3, "warmup": 0, "max_tokens": 3, "prompt": "x"}),
         lambda: None,
         lambda m, c: calls.append(m.n_runs),
     ).measure(tokens)
     assert calls == [3]  # no baseline verdict (None): nothing to decide
-    monkeypatch.setattr(fixture_mod, "SEQUENTIAL_TIME_CAP_S", 0.0)
+    monkeypatch.setattr(pipeline, "SEQUENTIAL_TIME_CAP_S", 0.0)
     runs.clear()
-    LLMPerf(validate({"runs": 3, "warmup": 0, "max_tokens": 3, "prompt": "x"}), lambda: None, assess).measure(tokens)
+    Measurer(validate({"runs": 3, "warmup": 0, "max_tokens": 3, "prompt": "x"}), lambda: None, assess).measure(tokens)
     assert runs == [(3, 3)]  # the time cap stops it

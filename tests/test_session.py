@@ -20,33 +20,20 @@ SCRIPT = r"""
 import json, sys
 from pathlib import Path
 
-from pytest_llmperf.core.workload import Workload
-from pytest_llmperf.judge.budgets import check_budgets
-from pytest_llmperf.session.options import validate
-from pytest_llmperf.measuring.runner import measure
-from pytest_llmperf.session import Session, SessionSettings
-from pytest_llmperf.session.results import Result
+from pytest_llmperf.session import Session
 
 root = Path(sys.argv[1])
-nodeid = "perf/test_x.py::test_decode"
+MARKER = {"prompt_tokens": 16, "max_tokens": 8, "runs": 4, "warmup": 1, "tpot_ms": 10000.0}
 
 
 def one_session(**values):
-    session = Session(SessionSettings.of(root, threads=1, history="off", **values))
+    # The three calls of docs/api.md: a session, one measurement (sequential looks included), its end.
+    session = Session.of(root, threads=1, history="off", **values)
     attributes = set(vars(session))
-    marker = validate({"prompt_tokens": 16, "max_tokens": 8, "runs": 4, "warmup": 1, "tpot_ms": 10000.0}, ())
-    engine = session.engine()
-    m = measure(engine, Workload(**marker.workload), slo=marker.budgets, **session.measure_options(engine, marker))
-    assessment = session.assess(nodeid, root / "perf" / "test_x.py", m, marker)
-    result = Result(m, check_budgets(m, marker.budgets), len(marker.budgets), assessment, dict(marker.budgets))
-    parts = session.call_report(nodeid, [result], [], width=100)
-    session.collect(parts.shipped)
-    session.suite_check()
-    outputs = session.finish(environ={})
-    lines = session.summary(verbosity=0, width=100)
-    session.close()
+    report = session.measure("perf/test_x.py::test_decode", MARKER)
+    lines = session.end(environ={}, width=100)
     assert set(vars(session)) == attributes, set(vars(session)) ^ attributes  # all made in __init__
-    return parts, outputs, lines, session
+    return report, session.outputs, lines, session
 
 
 parts, outputs, lines, session = one_session(update_baselines=True)

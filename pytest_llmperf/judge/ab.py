@@ -3,7 +3,7 @@
 The statistics are ``judge.paired`` (on the level estimator), the relative budgets
 (max_slowdown, min_speedup; min_top1_agreement, max_kl, max_kl_p99) ``judge.budgets``, the
 output agreement of the sides ``measuring.agreement`` (after every timed run); what a side may be:
-``pytest_plugin.marks.resolve_side``. No pytest.
+``session.results.resolve_side``. No pytest.
 
 Run two engines interleaved, run by run, and compare them with paired statistics.
 

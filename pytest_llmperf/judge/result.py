@@ -38,6 +38,9 @@ from ..core.errors import LLMPerfError
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from .verdict import Comparison, Verdict, holm
 
+if TYPE_CHECKING:
+    from .regression import BaselineVerdict
+
 
 @dataclass(frozen=True)
 class LayerChange:
@@ -172,17 +175,17 @@ class VerdictRecord:
     layer_changes: tuple[LayerChange, ...] = ()
 
     @classmethod
-    def of(cls, v: Any) -> VerdictRecord:
-        """From a ``regression.BaselineVerdict`` (its public attributes and methods)."""
+    def of(cls, v: BaselineVerdict) -> VerdictRecord:
+        """From a ``regression.BaselineVerdict``, as it is reported now."""
         return cls(
             v.status,
             v.note,
             tuple(v.changes),
-            getattr(v, "machine", ""),
+            v.machine,
             v.short(),
             tuple(v.failure_lines()),
             tuple(v.comparisons),
-            tuple(getattr(v, "layer_changes", ())),
+            tuple(v.layer_changes),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -405,33 +408,3 @@ class MeasurementResult:
             d.get("baseline_record"),
             tuple(d.get("budget_notes", ())),
         )
-
-
-def result_of(nodeid: str, r: Any) -> MeasurementResult:
-    """A test's measurement (``session.results.Result``: measurement, budget failure,
-    budget count, the plugin's baseline assessment, budgets, hook-attached extra info)."""
-    m, a, failure = r.measurement, r.baseline, r.failure
-    breaches = tuple(failure.breaches) if failure is not None else ()
-    result = MeasurementResult(
-        test=nodeid + (f"[{m.label}]" if m.label else ""),
-        nodeid=nodeid,
-        label=m.label or "",
-        budget="-" if not r.n_budgets else ("FAIL" if failure else "ok"),
-        budget_failures=tuple(b.line() for b in breaches),
-        budget_notes=tuple(r.budget_notes),
-        breached_budgets=tuple(b.key for b in breaches),
-        budgets=dict(r.budgets),
-        extra_info=dict(r.extra_info),
-        figures=Figures.of(m),
-    )
-    if a is None:
-        return result
-    return dataclasses.replace(
-        result,
-        key=a.key,
-        baseline_file=a.baseline_file,
-        hardware_key=a.hardware_key,
-        record=a.record,
-        verdict=None if a.verdict is None else VerdictRecord.of(a.verdict),
-        baseline_record=a.baseline_record,
-    )

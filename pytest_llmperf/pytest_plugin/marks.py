@@ -1,6 +1,6 @@
 """The ``llmperf`` marker on pytest items, as plain functions the hooks call (as pytest-memray
 keeps its marks): the merged marker config, which items measure, what collection does to them;
-xdist grouping; and what a side of an A/B may be. The marker's keys (validation, help text)
+xdist grouping. The marker's keys (validation, help text)
 are ``session.options``: a script without pytest validates them too.
 
 Keep perf tests on one pytest-xdist worker: side by side they would measure each other.
@@ -10,25 +10,22 @@ no longer lets it do (``nodeid`` became read-only), so groups silently spread. I
 worker writes the groups it collected (``nodeid<TAB>group``: llmperf tests under ``llmperf``,
 and any ``xdist_group`` mark) to a file in a folder the controller made, and the controller's
 scheduler, a ``LoadGroupScheduling``, reads them when it first splits scopes, which happens
-after every worker has reported its collection. Ungrouped tests are spread as by ``load``.
-
-What a side of an A/B may be: llama.cpp settings, a model, a callable, an endpoint, an engine."""
+after every worker has reported its collection. Ungrouped tests are spread as by ``load``."""
 
 from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from ..core.errors import ConfigError
-from ..session.options import PROMPT_KEYS, MarkerConfig, check_side, validate
+from ..session.options import PROMPT_KEYS, MarkerConfig, validate
 
 if TYPE_CHECKING:
-    from ..judge.ab import Side
     from ..session import Session
     from .fixtures import LLMPerf  # noqa: F401 (named in FIXTURE's StashKey)
 
@@ -215,24 +212,3 @@ def terminal_width(config: pytest.Config) -> int:
     import shutil
 
     return shutil.get_terminal_size().columns
-
-
-def resolve_side(name: str, spec: Any, engine_for: Callable[[Mapping[str, Any]], Any]) -> Side:
-    """A ``Side`` ready to run; ``engine_for(settings)``: the plugin's (or the caller's) engine
-    for llama.cpp settings over the session's."""
-    from ..judge.ab import Side  # numpy and scipy only once a test compares two sides
-
-    spec = check_side(name, spec)
-    if isinstance(spec, Mapping):
-        label = " ".join(f"{k}={v}" for k, v in spec.items()) or "session engine"
-        return Side(label, engine_for(spec))
-    if isinstance(spec, str):
-        if spec.startswith(("http://", "https://")):
-            from ..core.redact import display
-            from ..engines.http import HttpEngine
-
-            return Side(display(spec), HttpEngine(spec))  # named as shown: no password, no api_key=
-        return Side(spec, engine_for({"model": spec}))
-    if hasattr(spec, "run") and hasattr(spec, "info"):
-        return Side(spec.info().model, spec)
-    return Side(getattr(spec, "__name__", repr(spec)), spec)

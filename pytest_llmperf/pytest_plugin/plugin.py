@@ -183,8 +183,8 @@ class LLMPerfHooks:
         item.stash[PROPERTIES] = list(parts.properties)
         report = yield
         report.sections.extend(parts.sections)
-        if parts.shipped:
-            report.llmperf = parts.shipped  # judge.result's objects; JSON only on xdist's wire (below)
+        if parts.results:
+            report.llmperf = parts.results  # judge.result's objects; JSON only on xdist's wire (below)
         if parts.ab:
             report.llmperf_ab = parts.ab
         if parts.lines and report.passed:

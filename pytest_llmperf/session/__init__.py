@@ -2,10 +2,13 @@
 results collected, the files written at the end and the summary lines.
 
 The pytest layer (``pytest_plugin``) creates one ``Session`` per pytest run and hands it plain
-values (test ids, module paths, the terminal's width); a script can do the same::
+values (test ids, module paths, the terminal's width); each test measures through its
+``Measurer`` (``session.results``: the one per-test pipeline). A script does the same in three
+calls (docs/api.md)::
 
-    session = Session(SessionSettings.of(".", threads=1))
-    engine = session.engine()
+    session = Session.of(".", threads=1)
+    report = session.measure("perf/test_x.py::test_decode", {"max_tokens": 64, "tpot_ms": 50})
+    lines = session.end()
 
 Light: imported at every pytest start, so numpy, scipy, llama_cpp and the reports are
 imported inside the methods that need them.
@@ -39,7 +42,7 @@ if TYPE_CHECKING:
     from .against import Against
     from .finish import Line, Outputs
     from .options import MarkerConfig
-    from .results import CallReport, Result
+    from .results import CallReport, Measurer, Result
 
 
 __all__ = ["Assessment", "Session", "SessionSettings"]
@@ -92,7 +95,56 @@ class Session:
         #: file's ``against`` object, ``note_against``); None otherwise.
         self.against_sides: dict[str, Any] | None = None
 
+    @classmethod
+    def of(cls, rootdir: Path | str, environ: Mapping[str, str] | None = None, **values: Any) -> Session:
+        """A script's session: ``SessionSettings.of``'s settings, no hooks."""
+        return cls(SessionSettings.of(rootdir, environ, **values))
+
     # -- measuring ---------------------------------------------------------------------------
+
+    def measure(
+        self,
+        test: str,
+        marker: MarkerConfig | Mapping[str, Any],
+        engine: Engine | TokenStream | None = None,
+        *,
+        label: str = "",
+        module: Path | str | None = None,
+        width: int = 80,
+    ) -> CallReport:
+        """One measurement of test ``test`` (a node id; its module, unless given, is its path
+        under the rootdir) by its marker (a ``MarkerConfig`` or the marker's keys), as a test
+        of the pytest plugin makes it, sequential looks included; its report parts (a
+        measurement that failed: its line first in ``lines``), collected for ``end()``."""
+        from .options import MarkerConfig, validate
+
+        config = marker if isinstance(marker, MarkerConfig) else validate(marker)
+        measurer = self.test(test, config, module)
+        error = None
+        try:
+            measurer.measure(engine, label=label)
+        except LLMPerfError as exc:
+            error = str(exc)
+        report = self.call_report(test, measurer.results, [], width, error)
+        self.collect(report.results)
+        return report
+
+    def test(self, nodeid: str, marker: MarkerConfig, module: Path | str | None = None) -> Measurer:
+        """The measurements of one test (``results.Measurer``) with this session's engines,
+        assessments and settings."""
+        from .results import Measurer
+
+        where = Path(module) if module is not None else self.settings.rootdir / nodeid.split("::")[0]
+        return Measurer(
+            marker,
+            self.engine,
+            lambda m, c: self.assess(nodeid, where, m, c),
+            self.assessor.measure_options,
+            smoke=self.settings.disable,
+            side=self.side,
+            nodeid=nodeid,
+            release=self.release_model,
+        )
 
     def engine(self, overrides: Mapping[str, Any] | None = None) -> Engine:
         """The engine a test measures (raises EngineError: one line, no secret in it)."""
@@ -124,9 +176,6 @@ class Session:
         unmapped; a later test loads them again)."""
         if self.engines.pool is not None:
             self.engines.pool.release(path)
-
-    def measure_options(self, engine: Engine | TokenStream, marker: MarkerConfig) -> dict[str, Any]:
-        return self.assessor.measure_options(engine, marker)
 
     @property
     def planned_measurements(self) -> int:
@@ -252,7 +301,7 @@ class Session:
         results: Sequence[Result],
         ab_results: Sequence[ABResult],
         width: int,
-        hook_error: str | None = None,
+        error: str | None = None,
     ) -> CallReport:
         """What one test's call report gets (``results.call_report``)."""
         from .results import call_report
@@ -266,7 +315,7 @@ class Session:
             width=width,
             budgets_gate=s.budgets_gate,
             failure_lines=self.assessor.failure_lines,
-            hook_error=hook_error,
+            error=error,
         )
 
     def collect(self, shipped: Sequence[MeasurementResult], ab_results: Sequence[Mapping[str, Any]] = ()) -> None:
@@ -332,6 +381,14 @@ class Session:
             width=width,
             notes=notes,
         )
+
+    def end(self, environ: Mapping[str, str] | None = None, *, verbosity: int = 0, width: int = 80) -> list[Line]:
+        """A script's end of the session: the suite check, ``finish()`` (its ``outputs``), the
+        engines closed; the summary's lines."""
+        self.suite_check()
+        self.finish(environ)
+        self.close()
+        return self.summary(verbosity, width)
 
     def close(self) -> None:
         self.engines.close()

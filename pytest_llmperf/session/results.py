@@ -1,20 +1,40 @@
-"""What one test's measurements put on its report: JUnit properties, a text section per
-measurement, the lines that fail it, and the results (``judge.result.MeasurementResult``) that
-the session collects (as JSON only across pytest-xdist's wire) and writes to the session JSON."""
+"""One test's measurements, from its marker to what its report carries.
+
+``Measurer`` owns a measurement's life (pyperf's Runner owns a benchmark's the same way): the
+label, smoke mode, the runs, a load test's failed requests, fresh model loads, the sequential
+looks, the baseline assessment and the budgets, ending in one ``Result`` (what a
+``pytest_llmperf_result`` hook sees). ``call_report`` turns a test's results into its report
+parts: JUnit properties, a text section per measurement, the lines that fail it, and the typed
+results (``judge.result.MeasurementResult``) that the session collects (as JSON only across
+pytest-xdist's wire) and writes to the session JSON.
+
+Light: the pytest plugin imports it at every start; numpy, scipy and the runner are imported
+inside the methods that measure."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..core.errors import ConfigError, LLMPerfError
+from ..core.workload import SEQUENTIAL_FACTOR, SEQUENTIAL_TIME_CAP_S, Workload
+
 if TYPE_CHECKING:
-    from ..judge.ab import ABResult
+    from ..engines import Engine, TokenStream
+    from ..judge.ab import ABResult, Side
     from ..judge.budgets import BudgetFailure
     from ..judge.result import MeasurementResult
     from ..measuring.metrics import Measurement
+    from ..pytest_plugin.side import Link  # the layer above: a type only
     from .assess import Assessment
+    from .options import MarkerConfig
+
+    #: What ``measure()`` takes as an engine: any Engine, or ``fn(prompt, max_tokens)``.
+    Subject = Engine | TokenStream
 
 
 @dataclass(frozen=True)
@@ -31,6 +51,300 @@ class Result:
     #: One line per budget its sample could not decide (``judge.budgets.undecided_budgets``).
     budget_notes: tuple[str, ...] = ()
 
+    def typed(self, nodeid: str) -> MeasurementResult:
+        """The typed result every report reads (``judge.result.MeasurementResult``) of this
+        measurement of test ``nodeid``."""
+        from ..judge.result import Figures, MeasurementResult, VerdictRecord
+
+        m, a, failure = self.measurement, self.baseline, self.failure
+        breaches = tuple(failure.breaches) if failure is not None else ()
+        result = MeasurementResult(
+            test=nodeid + (f"[{m.label}]" if m.label else ""),
+            nodeid=nodeid,
+            label=m.label or "",
+            budget="-" if not self.n_budgets else ("FAIL" if failure else "ok"),
+            budget_failures=tuple(b.line() for b in breaches),
+            budget_notes=tuple(self.budget_notes),
+            breached_budgets=tuple(b.key for b in breaches),
+            budgets=dict(self.budgets),
+            extra_info=dict(self.extra_info),
+            figures=Figures.of(m),
+        )
+        if a is None:
+            return result
+        return dataclasses.replace(
+            result,
+            key=a.key,
+            baseline_file=a.baseline_file,
+            hardware_key=a.hardware_key,
+            record=a.record,
+            verdict=None if a.verdict is None else VerdictRecord.of(a.verdict),
+            baseline_record=a.baseline_record,
+        )
+
+
+#: Workload keys ``--llmperf-disable`` overrides: one run, no warm-up (a smoke test).
+SMOKE = {"runs": 1, "warmup": 0}
+
+
+def _model_load(config: MarkerConfig) -> str | None:
+    """The fresh loads a test asks for: its ``model_load`` key, or warm ones for a ``max_load_ms``."""
+    kind = config.options.get("model_load", "warm" if "max_load_ms" in config.budgets else None)
+    return None if kind is None else str(kind)
+
+
+def _undecided(assessment: Assessment | None) -> bool:
+    """More runs may decide the baseline comparison: it is undecided, and the machine was not
+    busier than at baseline (a busy machine's runs measure its neighbours: more of them cannot
+    decide anything about the subject)."""
+    verdict = None if assessment is None else assessment.verdict
+    if verdict is None or verdict.status != "compared" or verdict.machine:
+        return False
+    return any(c.worth_more_runs for c in verdict.comparisons)
+
+
+class Measurer:
+    """One test's measurements (one attempt of it): ``measure()`` takes the marker (and a
+    call's overrides: marker keys) to one ``Result``, kept in ``results``.
+
+    ``engine_for(settings)``: the engine for llama.cpp settings over the session's (none: the
+    session's own); ``assess(measurement, marker)``: the baseline assessment (None: none);
+    ``measure_options(engine, marker)``: what to measure besides the runs (``runner.measure``'s
+    keywords); ``smoke`` (``--llmperf-disable``): one run each, no budgets, no assessment;
+    ``side``: a side of ``--llmperf-against``, where the controller drives the runs;
+    ``release(path)``: closes the engines that map a model file (before cold loads).
+    Every error is one ``LLMPerfError`` line."""
+
+    def __init__(
+        self,
+        marker: MarkerConfig,
+        engine_for: Callable[..., Engine],
+        assess: Callable[[Measurement, MarkerConfig], Assessment | None] = lambda m, c: None,
+        measure_options: Callable[[Subject, MarkerConfig], Mapping[str, Any]] = lambda engine, c: {},
+        *,
+        smoke: bool = False,
+        side: Link | None = None,
+        nodeid: str = "",
+        release: Callable[[str], None] = lambda path: None,
+    ) -> None:
+        self.marker = marker
+        self.engine_for = engine_for
+        self.assess = assess
+        self.measure_options = measure_options
+        self.smoke = smoke
+        self.side = side
+        self.nodeid = nodeid
+        self.release = release
+        self.results: list[Result] = []
+        self.ab_results: list[ABResult] = []  # of each compare()
+
+    def engine(self, config: MarkerConfig | None = None) -> Engine:
+        """The llama.cpp engine ``config`` (default: the marker) names: the session's unless it
+        sets llama.cpp keys such as ``threads`` or ``flash_attn`` (loaded on first use)."""
+        config = self.marker if config is None else config
+        return self.engine_for(dict(config.engine)) if config.engine else self.engine_for()
+
+    def subject(self, engine: Subject | None, config: MarkerConfig) -> Subject:
+        """What a measurement runs: ``engine`` as given, else the marker's."""
+        if engine is None:
+            return self.engine(config)
+        if config.engine:
+            raise ConfigError(
+                f"llama.cpp settings ({', '.join(config.engine)}) apply to the plugin's engine, not to the "
+                "engine passed to measure(); drop one of them"
+            )
+        return engine
+
+    def measure(self, engine: Subject | None = None, *, label: str = "", **overrides: Any) -> Result:
+        """One measurement of ``engine`` (default: the marker's), its budgets and verdict; kept
+        in ``results`` (a load test with failed requests too, before its error is raised)."""
+        label = self._label(label)
+        config = self.marker.merged(overrides)
+        if self.smoke:
+            return self._smoke(engine, config, label)
+        workload = Workload(**config.workload)
+        subject = self.subject(engine, config)
+        if self.side is not None:
+            return self._driven(subject, config, label)
+        from ..measuring.runner import measure
+
+        m = measure(subject, workload, label=label, slo=config.budgets, **self.measure_options(subject, config))
+        self._check_load(m, config)
+        kind = _model_load(config)
+        if kind is not None:  # fresh loads, after the runs and before the baseline sees the record
+            m = self._with_loads(subject, m, kind)
+            if engine is None:  # the pool's engine again (a cold load closed it)
+                subject = self._warm_again(subject, config, workload)
+        return self._judged(subject, m, config)
+
+    def compare(self, a: Any = None, b: Any = None, *, label: str = "", **keys: Any) -> ABResult:
+        """Run A and B interleaved (``runs`` pairs in seeded AB/BA order, warm-ups for both) and
+        compare them with paired statistics (``ab.ABResult``). A side: llama.cpp settings
+        (``{"threads": 1}``, over the session's), a model (path or preset), a callable
+        ``fn(prompt, max_tokens)``, an endpoint URL or an engine. ``max_slowdown`` /
+        ``min_speedup`` (a number for both phases, or per phase/metric) fail the test when
+        the whole CI lies beyond them; ``min_top1_agreement``, ``max_kl``, ``max_kl_p99`` bound
+        the sides' output agreement (``r.agreement``, computed after the runs). Other keywords
+        are marker keys (workload). Kept in ``ab_results``."""
+        from ..judge.ab import compare_ab
+
+        keys.update({name: side for name, side in (("a", a), ("b", b)) if side is not None})
+        config = self.marker.merged(keys)
+        if not config.is_ab:
+            raise LLMPerfError("llmperf.compare() needs both sides: a=... and b=...")
+        workload = {
+            **config.workload,
+            **({"runs": 3, "warmup": 0} if self.smoke else {}),
+        }  # smoke: the fewest pairs with a CI
+
+        def engine_for(settings: Mapping[str, Any]) -> Engine:
+            merged = {**config.engine, **settings}  # the marker's settings under each side's
+            return self.engine_for(merged) if merged else self.engine_for()
+
+        side_a, side_b = (resolve_side(name, config.ab[name], engine_for) for name in ("a", "b"))
+        turn = self.side.turn() if self.side is not None else contextlib.nullcontext()
+        with turn:  # a side of --llmperf-against: while the other side waits
+            result = compare_ab(side_a, side_b, Workload(**workload), label=label, **self._ab_budgets(config))
+        self.ab_results.append(result)
+        return result
+
+    def _ab_budgets(self, config: MarkerConfig) -> dict[str, Any]:
+        """An A/B's relative and agreement budgets, and whether its agreement is computed (in smoke
+        mode neither: three pairs decide nothing)."""
+        from ..core.catalog import AGREEMENT_BUDGETS
+
+        keys = ("max_slowdown", "min_speedup", *AGREEMENT_BUDGETS)
+        return {"agreement": not self.smoke, **{k: None if self.smoke else config.ab.get(k) for k in keys}}
+
+    def _label(self, label: str) -> str:
+        """The measurement's label: ``label``, or its number in the test after the first; a label
+        is one baseline key, never taken twice."""
+        call = f"llmperf.measure(label={label!r}): label" if label else "llmperf.measure(): its automatic label"
+        if not label and self.results:
+            label = f"#{len(self.results) + 1}"
+        if label in {r.measurement.label for r in self.results}:
+            raise ConfigError(
+                f"{call} {label!r} is taken by an earlier measurement of this test; "
+                "give each measurement of a test a distinct label"
+            )
+        return label
+
+    def _check_load(self, m: Measurement, config: MarkerConfig) -> None:
+        """A load test whose requests failed: shown in the report, but never assessed (no
+        baseline from a broken measurement), and the test fails."""
+        load = m.load
+        if load is None or not load.n_failed:
+            return
+        from ..judge.budgets import check_budgets
+
+        self.results.append(Result(m, check_budgets(m, config.budgets), len(config.budgets)))
+        prefix = f"[{m.label}] " if m.label else ""
+        raise LLMPerfError(f"{prefix}{load.n_failed} of {load.n_requests} requests failed; {load.errors[0]}")
+
+    def _with_loads(self, subject: Subject, m: Measurement, kind: str) -> Measurement:
+        from ..measuring.runner import with_model_loads
+
+        return with_model_loads(subject, m, kind, self.release)
+
+    def _warm_again(self, subject: Subject, config: MarkerConfig, workload: Workload) -> Subject:
+        """The marker's engine after fresh loads: a cold load closed the pool's, so a new one is
+        warmed as ``measure()`` did before its looks go on."""
+        again = self.subject(None, config)
+        if again is not subject:
+            from ..measuring.runner import as_engine
+
+            for i in range(workload.warmup):
+                as_engine(again).run(workload, -1 - i)
+        return again
+
+    def _judged(self, subject: Subject, m: Measurement, config: MarkerConfig) -> Result:
+        """Assess; while the baseline comparison is INCONCLUSIVE or a budget's CI straddles its
+        limit, measure ``runs`` more, up to ``max_runs`` or ``SEQUENTIAL_TIME_CAP_S``. Every look
+        tests at alpha / looks (``CompareSettings.looks``), so stopping early keeps the error rate."""
+        from ..judge.budgets import budgets_worth_more_runs
+        from ..measuring.runner import extend
+
+        step = m.workload.runs
+        max_runs = int(config.options.get("max_runs", SEQUENTIAL_FACTOR * step))
+        looks = max(1, -(-max(max_runs, step) // step)) if m.load is None else 1
+        config = dataclasses.replace(config, settings={**config.settings, "looks": looks})
+        assessment = self.assess(m, config)
+        started = time.monotonic()
+        while (
+            looks > 1
+            and (_undecided(assessment) or budgets_worth_more_runs(m, config.budgets))
+            and m.n_runs < max_runs
+            and time.monotonic() - started < SEQUENTIAL_TIME_CAP_S
+        ):
+            m = extend(subject, m, min(step, max_runs - m.n_runs))
+            assessment = self.assess(m, config)
+        return self._kept(m, config, assessment)
+
+    def _kept(
+        self, m: Measurement, config: MarkerConfig, assessment: Assessment | None, against: bool = False
+    ) -> Result:
+        """The test's result of one measurement: its budgets checked, its verdict; ``against``
+        (judged against ``--llmperf-against``'s REF): the marker's agreement budgets too."""
+        from ..judge.budgets import against_agreement, check_budgets, undecided_budgets
+
+        also, n_agreement = against_agreement(m, config.ab) if against else ((), 0)
+        result = Result(
+            m,
+            check_budgets(m, config.budgets, also),
+            len(config.budgets) + n_agreement,
+            assessment,
+            dict(config.budgets),
+            budget_notes=tuple(b.line() for b in undecided_budgets(m, config.budgets)),
+        )
+        self.results.append(result)
+        return result
+
+    def _driven(self, subject: Subject, config: MarkerConfig, label: str) -> Result:
+        """On a side of ``--llmperf-against``: the runs the controller asks for, its verdict."""
+        assert self.side is not None  # measure() drives only on a side
+        m, assessment = self.side.measure(subject, config, label, self.nodeid)
+        kind = _model_load(config)
+        if kind is not None:  # each side's own fresh loads, after the pairs: its budgets see them
+            m = self._with_loads(subject, m, kind)
+        # Judged against REF on this tree's side only (REF's side gets no verdict: no assessment).
+        return self._kept(m, config, assessment, against=assessment is not None)
+
+    def _smoke(self, engine: Subject | None, config: MarkerConfig, label: str) -> Result:
+        """Once, with no warm-up; a load workload sends one request per slot. Recorded with no
+        budgets and no assessment: one run is no statistic."""
+        from ..measuring.runner import measure
+
+        workload = {**config.workload, **SMOKE}
+        if "requests" in workload or "concurrency" in workload or "rate" in workload:
+            workload["requests"] = workload.get("concurrency", 1)
+        subject = self.subject(engine, config)
+        result = Result(measure(subject, Workload(**workload), label=label), None, 0)
+        self.results.append(result)
+        return result
+
+
+def resolve_side(name: str, spec: Any, engine_for: Callable[[Mapping[str, Any]], Any]) -> Side:
+    """What a side of an A/B may be (llama.cpp settings, a model, a callable, an endpoint, an
+    engine), as a ``Side`` ready to run; ``engine_for(settings)``: the session's (or the
+    caller's) engine for llama.cpp settings over the session's."""
+    from ..judge.ab import Side  # numpy and scipy only once a test compares two sides
+    from .options import check_side
+
+    spec = check_side(name, spec)
+    if isinstance(spec, Mapping):
+        label = " ".join(f"{k}={v}" for k, v in spec.items()) or "session engine"
+        return Side(label, engine_for(spec))
+    if isinstance(spec, str):
+        if spec.startswith(("http://", "https://")):
+            from ..core.redact import display
+            from ..engines.http import HttpEngine
+
+            return Side(display(spec), HttpEngine(spec))  # named as shown: no password, no api_key=
+        return Side(spec, engine_for({"model": spec}))
+    if hasattr(spec, "run") and hasattr(spec, "info"):
+        return Side(spec.info().model, spec)
+    return Side(getattr(spec, "__name__", repr(spec)), spec)
+
 
 def ab_result_of(nodeid: str, ab: ABResult) -> dict[str, Any]:
     """The session JSON's entry of one A/B comparison."""
@@ -41,33 +355,40 @@ def ab_result_of(nodeid: str, ab: ABResult) -> dict[str, Any]:
 
 def section_of(r: Result, t: MeasurementResult, columns: Sequence[str], width: int) -> tuple[str, str]:
     """The report section of one measurement (``r``, its typed result ``t``): its figures,
-    then its baseline comparison."""
+    then its baseline comparison, then its undecided budgets."""
     from ..reports.text import metrics_table
 
     m, a = r.measurement, r.baseline
     title = "llmperf" + (f" [{m.label}]" if m.label else "")
     detail = metrics_table(m)
     if a is not None and a.verdict is not None:
-        from ..reports.session_file import comparison_table, undecided_lines
-
-        shown = [dataclasses.replace(t, test=a.key)]
-        table = comparison_table(shown, columns, width)
-        undecided = undecided_lines(shown)
-        # An error note is the test's failure line already: not a second copy here.
-        extra = [a.verdict.note] if a.verdict.note and a.verdict.status != "error" else []
-        if a.verdict.changes:
-            extra.append("changed since the baseline: " + ", ".join(a.verdict.changes))
-        if a.verdict.layer_changes:
-            slower = a.verdict.slower_layers
-            extra.append(
-                "slower layers: " + "; ".join(c.line() for c in slower)
-                if slower
-                else f"per-layer diff: no layer significantly slower ({len(a.verdict.layer_changes)} compared)"
-            )
-        detail += "\n\n" + "\n".join(extra + ([table] if table else []) + undecided)
+        detail += "\n\n" + "\n".join(_verdict_lines(a, t, columns, width))
     if t.budget_notes:
         detail += "\n\n" + "\n".join(f"budget undecided: {line}" for line in t.budget_notes)
     return title, detail.rstrip()
+
+
+def _verdict_lines(a: Assessment, t: MeasurementResult, columns: Sequence[str], width: int) -> list[str]:
+    """What the baseline said: its note, what changed, the layers, the comparison table and its
+    undecided comparisons."""
+    from ..reports.session_file import comparison_table, undecided_lines
+
+    v = a.verdict
+    assert v is not None  # only a judged measurement has verdict lines
+    shown = [dataclasses.replace(t, test=a.key)]
+    table = comparison_table(shown, columns, width)
+    # An error note is the test's failure line already: not a second copy here.
+    lines = [v.note] if v.note and v.status != "error" else []
+    if v.changes:
+        lines.append("changed since the baseline: " + ", ".join(v.changes))
+    if v.layer_changes:
+        slower = v.slower_layers
+        lines.append(
+            "slower layers: " + "; ".join(c.line() for c in slower)
+            if slower
+            else f"per-layer diff: no layer significantly slower ({len(v.layer_changes)} compared)"
+        )
+    return lines + ([table] if table else []) + undecided_lines(shown)
 
 
 @dataclass
@@ -80,7 +401,7 @@ class CallReport:
     lines: list[str] = field(default_factory=list)  # non-empty: the test fails with them
     #: The typed results (``judge.result``): in this process as they are; ``to_json()`` only where
     #: a report crosses pytest-xdist's wire (``pytest_plugin.plugin``'s report hooks).
-    shipped: list[MeasurementResult] = field(default_factory=list)
+    results: list[MeasurementResult] = field(default_factory=list)
     ab: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -93,19 +414,18 @@ def call_report(
     width: int,
     budgets_gate: bool,
     failure_lines: Callable[[Assessment], list[str]],
-    hook_error: str | None = None,
+    error: str | None = None,
 ) -> CallReport:
     """One test's measurements (after ``pytest_llmperf_result``) and A/B comparisons as report
-    parts; ``failure_lines(assessment)``: the baseline's failure lines of one measurement."""
-    from ..judge.result import result_of
-
-    out = CallReport(lines=[hook_error] if hook_error else [])
+    parts; ``failure_lines(assessment)``: the baseline's failure lines of one measurement;
+    ``error``: the line the test already fails with (a hook's wrong answer, a failed measurement)."""
+    out = CallReport(lines=[error] if error else [])
     if ab_results:
         from ..judge.ab import properties as ab_properties
 
         out.properties += ab_properties(ab_results)
         out.ab = [ab_result_of(nodeid, ab) for ab in ab_results]
-    typed = [result_of(nodeid, r) for r in results]  # judge.result: what every report reads
+    typed = [r.typed(nodeid) for r in results]  # what every report reads
     for t in typed:
         out.properties += t.properties()
     for r, t in zip(results, typed):
@@ -114,5 +434,5 @@ def call_report(
             out.lines.append(r.failure.as_longrepr())
         if r.baseline is not None:
             out.lines += failure_lines(r.baseline)
-        out.shipped.append(t)
+        out.results.append(t)
     return out
