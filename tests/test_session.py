@@ -88,3 +88,28 @@ def test_session_reads_nothing_but_its_settings(tmp_path: Path) -> None:
     assert session.engines.pool is None and session.outputs is None
     assert session.finish(environ={}) is None  # nothing measured, no report asked for
     assert session.summary(verbosity=0, width=80) == []
+
+
+def test_the_three_call_script_of_the_api_docs_runs_as_written(tmp_path: Path) -> None:
+    """docs/api.md's script, verbatim, in an empty folder: it measures, judges (no baseline
+    yet), writes the session's history there and prints one line; pytest never imported."""
+    docs = (ROOT / "docs" / "api.md").read_text()
+    part = docs[docs.index("## A measurement as the plugin makes it, without pytest") :]
+    block = part[part.index("```python\n") + len("```python\n") : part.index("\n```\n")]
+    assert block.count("session.") == 2 and "Session.of(" in block  # three calls
+    check = "\nimport sys\nassert not [m for m in sys.modules if m == 'pytest' or m.startswith('_pytest')]\n"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    for name in [k for k in env if k.startswith("LLMPERF_") and k != "LLMPERF_CACHE_DIR"]:
+        env.pop(name)
+    proc = subprocess.run(
+        [sys.executable, "-c", block + check],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = proc.stdout.splitlines()[-1]
+    assert ("passed" in printed or "TPOT" in printed) and "no-baseline" in printed, printed

@@ -74,31 +74,40 @@ def compare_layers(
 ) -> tuple[LayerChange, ...]:
     """Every layer of both phases, baseline vs now; () when either record has no layer data or
     the models' layers differ."""
-    base, cand = baseline.get("layers"), candidate.get("layers")
-    if not base or not cand:
-        return ()
-    rows = []
-    for phase in ("prefill", "decode"):
-        b, c = base["phases"].get(phase), cand["phases"].get(phase)
-        if not b or not c or b["names"] != c["names"]:
-            return ()
-        b_share, c_share = _shares(b["per_run_ms"]), _shares(c["per_run_ms"])
-        for i, name in enumerate(b["names"]):
-            if len(b_share) > 1 and len(c_share) > 1:
-                p = float(
-                    mannwhitneyu(
-                        c_share[:, i], b_share[:, i], alternative="greater", method=_method(b_share, c_share)
-                    ).pvalue
-                )
-            else:
-                p = 1.0
-            shares = float(np.median(b_share[:, i])), float(np.median(c_share[:, i]))
-            rows.append((phase, name, float(b["median_ms"][i]), float(c["median_ms"][i]), *shares, p))
+    rows = [row for phase, b, c in _matched_phases(baseline, candidate) for row in _phase_rows(phase, b, c)]
     adjusted = holm([r[-1] for r in rows]) if rows else []
     return tuple(
         LayerChange(phase, name, b_ms, c_ms, b_sh, c_sh, p, p < alpha and c_sh > b_sh * (1 + threshold))
         for (phase, name, b_ms, c_ms, b_sh, c_sh, _), p in zip(rows, adjusted)
     )
+
+
+def _matched_phases(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(phase, baseline's, candidate's layer timing) of both phases; none when either record has
+    no layer data, or a phase's layers differ."""
+    base, cand = baseline.get("layers"), candidate.get("layers")
+    if not base or not cand:
+        return []
+    phases = [(phase, base["phases"].get(phase), cand["phases"].get(phase)) for phase in ("prefill", "decode")]
+    if any(not b or not c or b["names"] != c["names"] for _, b, c in phases):
+        return []
+    return phases
+
+
+def _phase_rows(phase: str, b: Mapping[str, Any], c: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    """Each layer of one phase: (phase, name, baseline ms, now ms, baseline share, now share,
+    the one-sided p-value that its share grew, before Holm)."""
+    b_share, c_share = _shares(b["per_run_ms"]), _shares(c["per_run_ms"])
+    rows = []
+    for i, name in enumerate(b["names"]):
+        if len(b_share) > 1 and len(c_share) > 1:
+            method = _method(b_share, c_share)
+            p = float(mannwhitneyu(c_share[:, i], b_share[:, i], alternative="greater", method=method).pvalue)
+        else:
+            p = 1.0
+        shares = float(np.median(b_share[:, i])), float(np.median(c_share[:, i]))
+        rows.append((phase, name, float(b["median_ms"][i]), float(c["median_ms"][i]), *shares, p))
+    return rows
 
 
 def _shares(per_run_ms: Any) -> np.ndarray:

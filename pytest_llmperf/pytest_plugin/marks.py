@@ -139,19 +139,26 @@ def select(config: pytest.Config, items: list[pytest.Item], skip: bool, only: bo
     not by an autouse fixture every plain test pays for); ``--llmperf-skip``/``-only`` skip."""
     perf = [i for i in items if is_perf(i)]
     for item in perf:
-        names = getattr(item, "fixturenames", None)
-        if MARKER_CONFIG in item.stash and names is not None and "llmperf" not in names:
-            names.append("llmperf")
+        _request_fixture(item)
     if skip:
-        for item in perf:
-            item.add_marker(pytest.mark.skip(reason="llmperf test (--llmperf-skip)"))
+        _skip(perf, "llmperf test (--llmperf-skip)")
         return []
     if only:
         perf_ids = {id(i) for i in perf}
-        for item in items:
-            if id(item) not in perf_ids:
-                item.add_marker(pytest.mark.skip(reason="not an llmperf test (--llmperf-only)"))
+        _skip([i for i in items if id(i) not in perf_ids], "not an llmperf test (--llmperf-only)")
     return perf
+
+
+def _request_fixture(item: pytest.Item) -> None:
+    """A marked test measures through the ``llmperf`` fixture, asked for or not."""
+    names = getattr(item, "fixturenames", None)
+    if MARKER_CONFIG in item.stash and names is not None and "llmperf" not in names:
+        names.append("llmperf")
+
+
+def _skip(items: list[pytest.Item], reason: str) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.skip(reason=reason))
 
 
 def group_on_worker(config: pytest.Config, items: list[pytest.Item], perf: list[pytest.Item]) -> None:

@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 from collections.abc import Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -26,6 +26,10 @@ from . import hooks as hookcalls
 from . import marks
 from .fixtures import llmperf, llmperf_engine, llmperf_llama_server, llmperf_llm, llmperf_server  # noqa: F401 (pytest finds fixtures here)
 from .marks import FIXTURE, MARKER_CONFIG, PLUGIN_NAME, PROPERTIES, SESSION
+
+if TYPE_CHECKING:
+    from ..session.results import CallReport
+    from .fixtures import LLMPerf
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -40,27 +44,10 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", marker_help())
-    # pytest-xdist: perf tests side by side measure each other. Its default "load" becomes
-    # "loadgroup", which keeps the llmperf tests (marked xdist_group("llmperf") at
-    # collection) on one worker and spreads the others as before.
     is_worker = hasattr(config, "workerinput")
-    if not is_worker and getattr(config.option, "dist", "no") == "load":
-        config.option.dist = "loadgroup"
-    if getattr(config, "workerinput", {}).get("llmperf_dist") == "loadgroup":
-        config.option.loadgroup = True  # a worker re-parses the command line: it cannot tell
+    _group_on_xdist(config, is_worker)
     side = _side_plugin(config)
-    try:
-        settings = SessionSettings.from_options(config.getoption, config.getini, config.rootpath)
-        if side is not None:
-            from .side import side_settings
-
-            settings = side_settings(settings)
-        if settings.html and not is_worker:
-            from ..reports.charts import require_matplotlib
-
-            require_matplotlib()  # say what to install now, not after the whole session
-    except LLMPerfError as exc:
-        raise pytest.UsageError(str(exc)) from None
+    settings = _settings(config, side is not None, is_worker)
     config.stash[SESSION] = Session(
         settings,
         fingerprint_hook=lambda hw, subject, info: hookcalls.fingerprint(config, hw, subject, info),
@@ -77,6 +64,33 @@ def pytest_configure(config: pytest.Config) -> None:
 
         hooks.against = AgainstHooks(config, config.stash[SESSION])
         config.pluginmanager.register(hooks.against, PLUGIN_NAME + "-against")
+
+
+def _group_on_xdist(config: pytest.Config, is_worker: bool) -> None:
+    """pytest-xdist: perf tests side by side measure each other. Its default "load" becomes
+    "loadgroup", which keeps the llmperf tests (marked xdist_group("llmperf") at collection)
+    on one worker and spreads the others as before."""
+    if not is_worker and getattr(config.option, "dist", "no") == "load":
+        config.option.dist = "loadgroup"
+    if getattr(config, "workerinput", {}).get("llmperf_dist") == "loadgroup":
+        config.option.loadgroup = True  # a worker re-parses the command line: it cannot tell
+
+
+def _settings(config: pytest.Config, on_side: bool, is_worker: bool) -> SessionSettings:
+    """The session's settings, read once (a bad one: pytest's usage error, one line)."""
+    try:
+        settings = SessionSettings.from_options(config.getoption, config.getini, config.rootpath)
+        if on_side:
+            from .side import side_settings
+
+            settings = side_settings(settings)
+        if settings.html and not is_worker:
+            from ..reports.charts import require_matplotlib
+
+            require_matplotlib()  # say what to install now, not after the whole session
+    except LLMPerfError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    return settings
 
 
 def _side_plugin(config: pytest.Config) -> Any:
@@ -166,21 +180,7 @@ class LLMPerfHooks:
         fixture = item.stash.get(FIXTURE, None)
         if fixture is None or call.when != "call" or not (fixture.results or fixture.ab_results):
             return (yield)
-        results, hook_error = fixture.results, None
-        try:  # each result through pytest_llmperf_result, before anything reports it
-            results = [hookcalls.result(self.config, item, r) for r in results]
-        except LLMPerfError as exc:
-            hook_error = str(exc)
-        parts = self.session.call_report(
-            item.nodeid, results, fixture.ab_results, marks.terminal_width(self.config), hook_error
-        )
-        # On the item, so they reach every later report (JUnit reads the teardown one); an
-        # earlier attempt's (pytest-rerunfailures) are replaced, not added to.
-        for prop in item.stash.get(PROPERTIES, []):
-            if prop in item.user_properties:
-                item.user_properties.remove(prop)
-        item.user_properties.extend(parts.properties)
-        item.stash[PROPERTIES] = list(parts.properties)
+        parts = self._call_report(item, fixture)
         report = yield
         report.sections.extend(parts.sections)
         if parts.results:
@@ -195,6 +195,25 @@ class LLMPerfHooks:
 
             attach(report, fixture.ab_results)
         return report
+
+    def _call_report(self, item: pytest.Item, fixture: LLMPerf) -> CallReport:
+        """The test's report parts, each result through ``pytest_llmperf_result`` first; its JUnit
+        properties on the item, so they reach every later report (JUnit reads the teardown one),
+        an earlier attempt's (pytest-rerunfailures) replaced, not added to."""
+        results, hook_error = fixture.results, None
+        try:
+            results = [hookcalls.result(self.config, item, r) for r in results]
+        except LLMPerfError as exc:
+            hook_error = str(exc)
+        parts = self.session.call_report(
+            item.nodeid, results, fixture.ab_results, marks.terminal_width(self.config), hook_error
+        )
+        for prop in item.stash.get(PROPERTIES, []):
+            if prop in item.user_properties:
+                item.user_properties.remove(prop)
+        item.user_properties.extend(parts.properties)
+        item.stash[PROPERTIES] = list(parts.properties)
+        return parts
 
     @pytest.hookimpl(wrapper=True)
     def pytest_report_to_serializable(self, config: pytest.Config, report: Any) -> Generator[None, Any, Any]:

@@ -280,18 +280,23 @@ class Session:
         of whose measurements was compared with REF (a gate that compared nothing must not pass;
         ``--llmperf-allow-not-compared`` lets it). None when one was, when none was judged (none
         ran, or each failed), on an xdist worker, and without ``--llmperf-against``."""
-        s = self.settings
-        judged = [r for r in self.results if r.verdict is not None]
-        if not s.against or s.allow_not_compared or self.is_worker or not judged:
+        verdicts = [r.verdict for r in self.results if r.verdict is not None]
+        if not self._gates_against() or not verdicts or any(v.status == "compared" for v in verdicts):
             return None
-        if any(r.verdict is not None and r.verdict.status == "compared" for r in judged):
-            return None
-        ref = (self.against_sides or {}).get("described") or s.against
-        first = next((r.verdict.note for r in judged if r.verdict is not None and r.verdict.note), "")
+        first = next((f" ({v.note})" for v in verdicts if v.note), "")
         return (
-            f"llmperf: --llmperf-against {ref}: none of the {len(judged)} measurement(s) could be compared with "
-            f"REF, so the session fails{f' ({first})' if first else ''}; --llmperf-allow-not-compared lets it pass"
+            f"llmperf: --llmperf-against {self._reference()}: none of the {len(verdicts)} measurement(s) could be "
+            f"compared with REF, so the session fails{first}; --llmperf-allow-not-compared lets it pass"
         )
+
+    def _gates_against(self) -> bool:
+        """This process fails a session that compared nothing with ``--llmperf-against``'s REF."""
+        s = self.settings
+        return bool(s.against) and not s.allow_not_compared and not self.is_worker
+
+    def _reference(self) -> str:
+        """``--llmperf-against``'s REF as the controller described it, else as given."""
+        return str((self.against_sides or {}).get("described") or self.settings.against)
 
     # -- reporting ---------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ..core.workload import EngineInfo
     from ..engines import Engine, TokenStream
     from ..history.series import Windows
-    from ..judge.regression import BaselineVerdict
+    from ..judge.regression import BaselineVerdict, CompareSettings
     from ..measuring.metrics import Measurement
     from ..measuring.roofline import Peak
     from .options import MarkerConfig
@@ -116,8 +116,7 @@ class Assessor:
         gate, its verdict against the stored baseline."""
         from ..baselines import store
         from ..baselines.records import record
-        from ..baselines.store import BaselineError
-        from ..judge.regression import BaselineVerdict, CompareSettings, judge
+        from ..judge.regression import CompareSettings
 
         s = self.settings
         fp = self.fingerprint(m)
@@ -129,28 +128,45 @@ class Assessor:
         rel = module_path(module, s.rootdir)
         path = store.module_file(s.baseline_dir, rel)
         key = store.entry_key(nodeid, m.label)
-        verdict = None
-        baseline_record = None
-        if s.compare:
-            settings = CompareSettings(
-                **{**s.compare_values, **marker.settings}, family_size=family_size or None, peers=peers
-            )
-            windows = self.window(fp.hardware_key)
-            test = store.unique_test_id(nodeid, path.relative_to(s.baseline_dir).as_posix())  # the history's id
-            window = None if windows is None else (lambda entry: windows.levels(test, m.label or "", entry))
-            try:
-                entries = self.baselines(path).get(key)
-                verdict = judge(entries, fp.hardware_key, rec, settings, window)
-                if verdict.status == "compared":
-                    assert entries is not None  # judged against one of them
-                    baseline_record = entries[fp.hardware_key]
-                elif verdict.status == "no-baseline" and rel.startswith("../"):
-                    verdict = dataclasses.replace(verdict, note=legacy_note(s.baseline_dir, path, rel, verdict.note))
-            except BaselineError as exc:
-                verdict = BaselineVerdict("error", str(exc))
-        return Assessment(
-            key, path.relative_to(s.baseline_dir).as_posix(), fp.hardware_key, rec, verdict, baseline_record
+        assessment = Assessment(key, path.relative_to(s.baseline_dir).as_posix(), fp.hardware_key, rec, None)
+        if not s.compare:
+            return assessment
+        settings = CompareSettings(
+            **{**s.compare_values, **marker.settings}, family_size=family_size or None, peers=peers
         )
+        return self._judged(assessment, rec, nodeid, m.label or "", path, rel, settings)
+
+    def _judged(
+        self,
+        a: Assessment,
+        rec: dict[str, Any],
+        nodeid: str,
+        label: str,
+        path: Path,
+        rel: str,
+        settings: CompareSettings,
+    ) -> Assessment:
+        """``a`` with its verdict against its entry in the baseline file ``path`` (module ``rel``),
+        the history's levels of the test beside it, and the entry it was compared against."""
+        from ..baselines import store
+        from ..baselines.store import BaselineError
+        from ..judge.regression import BaselineVerdict, judge
+
+        windows = self.window(a.hardware_key)
+        test = store.unique_test_id(nodeid, a.baseline_file)  # the history's id
+        window = None if windows is None else (lambda entry: windows.levels(test, label, entry))
+        try:
+            entries = self.baselines(path).get(a.key)
+            verdict = judge(entries, a.hardware_key, rec, settings, window)
+        except BaselineError as exc:
+            return dataclasses.replace(a, verdict=BaselineVerdict("error", str(exc)))
+        if verdict.status == "compared":
+            assert entries is not None  # judged against one of them
+            return dataclasses.replace(a, verdict=verdict, baseline_record=entries[a.hardware_key])
+        if verdict.status == "no-baseline" and rel.startswith("../"):
+            note = legacy_note(self.settings.baseline_dir, path, rel, verdict.note)
+            verdict = dataclasses.replace(verdict, note=note)
+        return dataclasses.replace(a, verdict=verdict)
 
     def measure_options(self, engine: Engine | TokenStream, marker: MarkerConfig) -> dict[str, Any]:
         """What to measure besides the runs: per-layer timing and the roofline (in-process only;

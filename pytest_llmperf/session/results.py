@@ -53,34 +53,44 @@ class Result:
 
     def typed(self, nodeid: str) -> MeasurementResult:
         """The typed result every report reads (``judge.result.MeasurementResult``) of this
-        measurement of test ``nodeid``."""
-        from ..judge.result import Figures, MeasurementResult, VerdictRecord
+        measurement of test ``nodeid``: its figures, budgets and (once assessed) baseline."""
+        from ..judge.result import Figures, MeasurementResult
 
-        m, a, failure = self.measurement, self.baseline, self.failure
-        breaches = tuple(failure.breaches) if failure is not None else ()
+        m = self.measurement
         result = MeasurementResult(
             test=nodeid + (f"[{m.label}]" if m.label else ""),
             nodeid=nodeid,
             label=m.label or "",
-            budget="-" if not self.n_budgets else ("FAIL" if failure else "ok"),
-            budget_failures=tuple(b.line() for b in breaches),
-            budget_notes=tuple(self.budget_notes),
-            breached_budgets=tuple(b.key for b in breaches),
+            **self._budget_fields(),
             budgets=dict(self.budgets),
             extra_info=dict(self.extra_info),
             figures=Figures.of(m),
         )
-        if a is None:
-            return result
-        return dataclasses.replace(
-            result,
-            key=a.key,
-            baseline_file=a.baseline_file,
-            hardware_key=a.hardware_key,
-            record=a.record,
-            verdict=None if a.verdict is None else VerdictRecord.of(a.verdict),
-            baseline_record=a.baseline_record,
-        )
+        return result if self.baseline is None else dataclasses.replace(result, **_baseline_fields(self.baseline))
+
+    def _budget_fields(self) -> dict[str, Any]:
+        """``MeasurementResult``'s budget fields: the state, each breach's line and key, the notes."""
+        breaches = tuple(self.failure.breaches) if self.failure is not None else ()
+        return {
+            "budget": "-" if not self.n_budgets else ("FAIL" if self.failure else "ok"),
+            "budget_failures": tuple(b.line() for b in breaches),
+            "budget_notes": tuple(self.budget_notes),
+            "breached_budgets": tuple(b.key for b in breaches),
+        }
+
+
+def _baseline_fields(a: Assessment) -> dict[str, Any]:
+    """``MeasurementResult``'s baseline fields: the entry, the record and the verdict as reported."""
+    from ..judge.result import VerdictRecord
+
+    return {
+        "key": a.key,
+        "baseline_file": a.baseline_file,
+        "hardware_key": a.hardware_key,
+        "record": a.record,
+        "verdict": None if a.verdict is None else VerdictRecord.of(a.verdict),
+        "baseline_record": a.baseline_record,
+    }
 
 
 #: Workload keys ``--llmperf-disable`` overrides: one run, no warm-up (a smoke test).
@@ -430,9 +440,12 @@ def call_report(
         out.properties += t.properties()
     for r, t in zip(results, typed):
         out.sections.append(section_of(r, t, columns, width))
-        if r.failure is not None and budgets_gate:
-            out.lines.append(r.failure.as_longrepr())
-        if r.baseline is not None:
-            out.lines += failure_lines(r.baseline)
+        out.lines += _failure_lines(r, budgets_gate, failure_lines)
         out.results.append(t)
     return out
+
+
+def _failure_lines(r: Result, budgets_gate: bool, baseline_lines: Callable[[Assessment], list[str]]) -> list[str]:
+    """What fails the test on one measurement's account: its budgets (when they gate), its baseline."""
+    lines = [r.failure.as_longrepr()] if r.failure is not None and budgets_gate else []
+    return lines + (baseline_lines(r.baseline) if r.baseline is not None else [])
