@@ -58,6 +58,7 @@ from ..session.against import SIDE_ENV, SideEnv
 from . import marks
 
 if TYPE_CHECKING:
+    from ..core.workload import EngineInfo, RunTrace, Workload
     from ..engines import Engine, TokenStream
     from ..measuring.metrics import Measurement
     from ..session.assess import Assessment
@@ -234,7 +235,7 @@ class Link:
     ) -> tuple[Measurement, Assessment | None]:
         """The measurement the controller drives: the runs it asks for, then its verdict."""
         from ..core.workload import Workload
-        from ..measuring.agreement import Agreement, exposes
+        from ..measuring.agreement import Agreement
         from ..measuring.metrics import RunMetrics, summarize
         from ..measuring.runner import as_engine, measure
 
@@ -244,45 +245,8 @@ class Link:
             with self.turn():
                 return measure(engine, workload, label=label, slo=config.budgets), None
         info = engine.info()
-        self.send(
-            {
-                "ev": "measure",
-                "label": label,
-                "workload": dataclasses.asdict(workload),
-                "settings": dict(config.settings),
-                "max_runs": config.options.get("max_runs"),
-                "engine": info.describe(),
-                # A callable's own threads are unknown: the session's (its llmperf_llm's) stand in.
-                "threads": info.threads or config.engine.get("threads") or self.threads,
-                # Output agreement (after the pairs): this side's token probabilities, asked by "logits".
-                "logits": exposes(engine),
-                "needs_ids": bool(getattr(engine, "needs_prompt_ids", False)),
-            }
-        )
-        warm: list[Any] = []
-        traces: list[Any] = []
-        while True:
-            op = self.receive()
-            if op["op"] == "logits":  # after every run of both sides: never inside a timed region
-                self.send(_token_logits(engine, op))
-                continue
-            if op["op"] != "run":
-                break
-            # Before the run's first clock read. No CPUs given: all of them again (an earlier
-            # test's pinning must not hold a later test with more threads to fewer CPUs).
-            pin(op.get("cpus") or self.all_cpus)
-            try:  # the run's clock reads are all inside engine.run: no pipe, no controller work between them
-                trace = engine.run(workload, int(op["index"]))
-            except Exception as exc:  # noqa: BLE001 - the user's callable too: one line to the controller
-                self.send(
-                    {
-                        "ev": "error",
-                        "line": str(exc) if isinstance(exc, LLMPerfError) else f"{type(exc).__name__}: {exc}",
-                    }
-                )
-                continue
-            (warm if op["index"] < 0 else traces).append(trace)
-            self.send({"ev": "trace", "trace": dataclasses.asdict(trace)})
+        self.send(self._measure_event(engine, info, workload, config, label))
+        op, warm, traces = self._runs(engine, workload)
         if op.get("fail"):
             raise LLMPerfError(op["fail"])
         m = summarize(traces, dataclasses.replace(workload, runs=len(traces)), info, label=label)
@@ -293,6 +257,57 @@ class Link:
             agreement=None if agreement is None else Agreement.from_dict(agreement),
         )
         return m, _assessment(nodeid, label, op.get("verdict"))
+
+    def _measure_event(
+        self, engine: Engine, info: EngineInfo, workload: Workload, config: MarkerConfig, label: str
+    ) -> dict[str, Any]:
+        """What the side tells the controller it measures: the workload, the settings, the
+        engine, its threads, and what the output agreement will need."""
+        from ..measuring.agreement import exposes
+
+        return {
+            "ev": "measure",
+            "label": label,
+            "workload": dataclasses.asdict(workload),
+            "settings": dict(config.settings),
+            "max_runs": config.options.get("max_runs"),
+            "engine": info.describe(),
+            # A callable's own threads are unknown: the session's (its llmperf_llm's) stand in.
+            "threads": info.threads or config.engine.get("threads") or self.threads,
+            # Output agreement (after the pairs): this side's token probabilities, asked by "logits".
+            "logits": exposes(engine),
+            "needs_ids": bool(getattr(engine, "needs_prompt_ids", False)),
+        }
+
+    def _runs(self, engine: Engine, workload: Workload) -> tuple[dict[str, Any], list[RunTrace], list[RunTrace]]:
+        """The runs the controller asks for (each answered with its trace or its error line) and
+        the token probabilities it asks for after them, until its "done": (that op, the warm-up
+        traces, the timed ones)."""
+        warm: list[RunTrace] = []
+        traces: list[RunTrace] = []
+        while True:
+            op = self.receive()
+            if op["op"] == "logits":  # after every run of both sides: never inside a timed region
+                self.send(_token_logits(engine, op))
+                continue
+            if op["op"] != "run":
+                return op, warm, traces
+            # Before the run's first clock read. No CPUs given: all of them again (an earlier
+            # test's pinning must not hold a later test with more threads to fewer CPUs).
+            pin(op.get("cpus") or self.all_cpus)
+            trace = self._run(engine, workload, int(op["index"]))
+            if trace is not None:
+                (warm if op["index"] < 0 else traces).append(trace)
+                self.send({"ev": "trace", "trace": dataclasses.asdict(trace)})
+
+    def _run(self, engine: Engine, workload: Workload, index: int) -> RunTrace | None:
+        """One run; a failed one is one line to the controller (None)."""
+        try:  # the run's clock reads are all inside engine.run: no pipe, no controller work between them
+            return engine.run(workload, index)
+        except Exception as exc:  # noqa: BLE001 - the user's callable too: one line to the controller
+            line = str(exc) if isinstance(exc, LLMPerfError) else f"{type(exc).__name__}: {exc}"
+            self.send({"ev": "error", "line": line})
+            return None
 
 
 def _token_logits(engine: Any, op: Mapping[str, Any]) -> dict[str, Any]:
