@@ -128,16 +128,9 @@ class LLMPerf:
 
     def __init__(self, measurer: Measurer) -> None:
         self._measurer = measurer
-
-    @property
-    def results(self) -> list[Result]:
-        """Each ``measure()``'s result, in order (``session.results.Result``)."""
-        return self._measurer.results
-
-    @property
-    def ab_results(self) -> list[ABResult]:
-        """Each ``compare()``'s result, in order."""
-        return self._measurer.ab_results
+        #: Each ``measure()``'s result (``session.results.Result``) and each ``compare()``'s, in order.
+        self.results: list[Result] = measurer.results
+        self.ab_results: list[ABResult] = measurer.ab_results
 
     @property
     def engine(self) -> Engine:
