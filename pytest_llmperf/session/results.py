@@ -202,10 +202,9 @@ class Measurer:
         config = self.marker.merged(keys)
         if not config.is_ab:
             raise LLMPerfError("llmperf.compare() needs both sides: a=... and b=...")
-        workload = {
-            **config.workload,
-            **({"runs": 3, "warmup": 0} if self.smoke else {}),
-        }  # smoke: the fewest pairs with a CI
+        workload = dict(config.workload)
+        if self.smoke:
+            workload.update(runs=3, warmup=0)  # the fewest pairs with a CI
 
         def engine_for(settings: Mapping[str, Any]) -> Engine:
             merged = {**config.engine, **settings}  # the marker's settings under each side's
