@@ -11,9 +11,10 @@ and ``tpot_ms`` budgets. A failed request is kept with its one-line reason, neve
 
 Closed loop (no rate): ``concurrency`` requests in flight, the next sent as soon as one
 finishes. Rate mode: requests are sent at seeded exponential gaps (a Poisson process), at most
-``concurrency`` at once (unbounded when not given); TTFT counts from the send. An engine with
-``arun`` (the HTTP engine) runs every request as a task on one asyncio event loop (httpx's
-AsyncClient): at 64 in flight no thread switch sits between a line's arrival and its stamp
+``concurrency`` at once (unbounded when not given); TTFT counts from the send. More than one in
+flight needs an engine that declares ``ConcurrentRuns``. An ``AsyncRuns`` engine (the HTTP
+engine: ``arun``) runs every request as a task on one asyncio event loop (httpx's AsyncClient):
+at 64 in flight no thread switch sits between a line's arrival and its stamp
 (benchmarks/client_overhead.py); other engines run in a thread pool.
 
 Every request of a load run gets its own request index (levels of a sweep do not repeat
