@@ -152,6 +152,23 @@ def test_a_user_engine_offers_an_ability_by_its_members_too() -> None:
     assert {p for p in CAPABILITIES if isinstance(engine, p)} == {ConcurrentRuns, TokenProbabilities}
 
 
+def test_an_engine_that_says_it_is_not_concurrent_gets_one_request_at_a_time() -> None:
+    """``concurrent_safe = False`` matches the protocol by its member, and still means no."""
+    from pytest_llmperf.core.errors import ConfigError
+    from pytest_llmperf.measuring.served import _check_engine
+
+    class Serial(Plain):
+        concurrent_safe = False
+
+    class Threaded(Plain):
+        concurrent_safe = True
+
+    with pytest.raises(ConfigError, match="one request at a time"):
+        _check_engine(Serial(), 4, None)  # type: ignore[arg-type]
+    _check_engine(Threaded(), 4, None)  # type: ignore[arg-type]
+    _check_engine(Serial(), 1, None)  # type: ignore[arg-type]
+
+
 def test_a_side_proxy_offers_what_its_side_declared() -> None:
     assert SideLogits.of(None, {"logits": False}, 1.0) is None  # type: ignore[arg-type]
     assert type(SideLogits.of(None, {"logits": True}, 1.0)) is SideLogits  # type: ignore[arg-type]

@@ -90,7 +90,8 @@ def meets_slo(run: RunMetrics, slo: Mapping[str, float]) -> bool:
 
 
 def _check_engine(engine: Engine, workers: int, rate: float | None) -> None:
-    if workers > 1 and not isinstance(engine, ConcurrentRuns):
+    # A user's engine may match the protocol by its member alone and still say False.
+    if workers > 1 and not (isinstance(engine, ConcurrentRuns) and engine.concurrent_safe is True):
         what = f"concurrency {workers}" if not rate else f"rate {rate:g}/s with up to {workers} requests in flight"
         raise ConfigError(
             f"{what} needs an engine that takes concurrent requests (an HTTP endpoint: "
