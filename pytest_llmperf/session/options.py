@@ -263,7 +263,9 @@ def check_side(name: str, spec: Any) -> Any:
         return out
     if isinstance(spec, str) and spec:
         return spec
-    if callable(spec) or hasattr(spec, "run"):
+    from ..engines import Engine
+
+    if callable(spec) or isinstance(spec, Engine):
         return spec
     raise ConfigError(
         f"A/B side {name!r} must be llama.cpp settings (a dict such as {{'threads': 1}}), a model "
