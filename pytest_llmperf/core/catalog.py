@@ -217,22 +217,36 @@ def _agreement(field: str) -> Reader:
     return lambda m: getattr(m.agreement, field) if m.agreement is not None and m.agreement.available else None
 
 
+def _memory_sample(metric: str, m: MeasurementShape) -> str:
+    if metric == "rss_mib":
+        whole = m.peak_rss is not None and m.peak_rss.scope != "measurement"
+        return f"peak over {m.n_runs} runs" + (", process lifetime" if whole else "")
+    return "/proc/self/smaps" if metric == "mapped_mib" else "llama.cpp log"
+
+
+def _startup_sample(metric: str, m: MeasurementShape) -> str:
+    loads = m.model_loads
+    return f"{len(loads.samples)} loads, {loads.page_cache}" if loads is not None else "no fresh loads"
+
+
+def _agreement_sample(metric: str, m: MeasurementShape) -> str:
+    g = m.agreement
+    return "not compared with REF" if g is None else g.sample if g.available else "not available"
+
+
+#: What a figure of each of these phases comes from: a direct reading, not a statistic.
+_DIRECT_SAMPLES: dict[str, Callable[[str, MeasurementShape], str]] = {
+    "memory": _memory_sample,
+    "startup": _startup_sample,
+    "agreement": _agreement_sample,
+}
+
+
 def direct_sample(metric: str, m: MeasurementShape) -> str | None:
     """What a memory or start-up figure comes from (budget lines, the metrics table); None for a
     statistic over runs or tokens."""
-    phase = METRICS[metric].phase
-    if phase == "memory":
-        if metric == "rss_mib":
-            whole = m.peak_rss is not None and m.peak_rss.scope != "measurement"
-            return f"peak over {m.n_runs} runs" + (", process lifetime" if whole else "")
-        return "/proc/self/smaps" if metric == "mapped_mib" else "llama.cpp log"
-    if phase == "startup":
-        loads = m.model_loads
-        return f"{len(loads.samples)} loads, {loads.page_cache}" if loads is not None else "no fresh loads"
-    if phase == "agreement":
-        g = m.agreement
-        return "not compared with REF" if g is None else g.sample if g.available else "not available"
-    return None
+    sample = _DIRECT_SAMPLES.get(METRICS[metric].phase)
+    return sample(metric, m) if sample is not None else None
 
 
 def _itl(q: int) -> Reader:

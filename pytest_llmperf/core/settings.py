@@ -531,39 +531,52 @@ class Resolved:
     source: str
 
 
+def _refuse_renamed(getoption: Callable[[str], Any], getini: Callable[[str], Any]) -> None:
+    """An old spelling of a setting given: one line naming the new one."""
+    for old, new in RENAMED_SETTINGS:
+        if getoption(old.dest) is not None:
+            raise ConfigError("llmperf: " + renamed_line("option", old.option, new.option))
+        if old.ini_key is not None and new.ini_key is not None and getini(old.ini_key):
+            raise ConfigError("llmperf: " + renamed_line("ini key", old.ini_key, new.ini_key))
+
+
+def _text_of(s: Setting, getini: Callable[[str], Any], environ: Mapping[str, str]) -> tuple[Any, str] | None:
+    """A setting's text from the environment or else the ini file, and where it came from
+    (``$LLMPERF_THREADS``, ``ini llmperf_threads``); None: neither gives it."""
+    if s.env and environ.get(s.env):
+        return environ[s.env], f"${s.env}"
+    if s.ini_key is not None and getini(s.ini_key):
+        return getini(s.ini_key), f"ini {s.ini_key}"
+    return None
+
+
+def _resolve_one(
+    s: Setting, getoption: Callable[[str], Any], getini: Callable[[str], Any], environ: Mapping[str, str]
+) -> Resolved:
+    given = getoption(s.dest)
+    if s.switch:
+        return Resolved(bool(given), s.option if given else "default")
+    if given is not None:  # parsed already (the option's argparse type)
+        return Resolved(given, s.option)
+    text = _text_of(s, getini, environ)
+    if text is None:
+        return Resolved(s.default, "default")
+    raw, source = text
+    try:
+        return Resolved(s.parse(raw), source)
+    except ValueError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+
+
 def resolve(
     getoption: Callable[[str], Any], getini: Callable[[str], Any], environ: Mapping[str, str] | None = None
 ) -> dict[str, Resolved]:
     """Every setting, read once each: command line > environment > ini > default. A value
     from the command line is already parsed (argparse type); the others are parsed here.
     Raises ConfigError (one line naming the source) for a bad value."""
-    for old, new in RENAMED_SETTINGS:  # an old spelling: one line naming the new one
-        if getoption(old.dest) is not None:
-            raise ConfigError("llmperf: " + renamed_line("option", old.option, new.option))
-        if old.ini_key is not None and new.ini_key is not None and getini(old.ini_key):
-            raise ConfigError("llmperf: " + renamed_line("ini key", old.ini_key, new.ini_key))
-    environ = os.environ if environ is None else environ
-    out: dict[str, Resolved] = {}
-    for s in SETTINGS.values():
-        given = getoption(s.dest)
-        if s.switch:
-            out[s.name] = Resolved(bool(given), s.option if given else "default")
-            continue
-        if given is not None:  # parsed already (the option's argparse type)
-            out[s.name] = Resolved(given, s.option)
-            continue
-        if s.env and environ.get(s.env):
-            raw, source = environ[s.env], f"${s.env}"
-        elif s.ini_key is not None and getini(s.ini_key):
-            raw, source = getini(s.ini_key), f"ini {s.ini_key}"
-        else:
-            out[s.name] = Resolved(s.default, "default")
-            continue
-        try:
-            out[s.name] = Resolved(s.parse(raw), source)
-        except ValueError as exc:
-            raise ConfigError(f"{source}: {exc}") from None
-    return out
+    _refuse_renamed(getoption, getini)
+    env = os.environ if environ is None else environ
+    return {s.name: _resolve_one(s, getoption, getini, env) for s in SETTINGS.values()}
 
 
 def markdown_table() -> str:

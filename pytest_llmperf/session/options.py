@@ -134,7 +134,6 @@ class SessionSettings:
                 raise ConfigError(line)
         root = Path(rootdir)
         engine_fields = [f.name for f in dataclasses.fields(EngineSettings)]
-        history = r["history"]
         own = {
             f.name: r[f.name].value
             for f in dataclasses.fields(cls)
@@ -145,14 +144,18 @@ class SessionSettings:
             engine=EngineSettings(**{name: r[name].value for name in engine_fields}),
             threads_source=r["threads"].source,
             baseline_dir=root / r["baseline_dir"].value,
-            # --llmperf-against: the verdicts are against REF, not the history's; nothing is appended.
-            history=None
-            if r["against"].value
-            else default_history(root)
-            if history.value is None
-            else parse_history(history.value, history.source, root),
+            history=_history(r, root),
             **own,
         )
+
+
+def _history(r: Mapping[str, Resolved], root: Path) -> Location | None:
+    """Where the session's history is appended; None under ``--llmperf-against`` (the verdicts
+    are against REF, not the history's; nothing is appended) or ``off``."""
+    if r["against"].value:
+        return None
+    given = r["history"]
+    return default_history(root) if given.value is None else parse_history(given.value, given.source, root)
 
 
 @dataclass(frozen=True)
@@ -201,16 +204,7 @@ def check_side(name: str, spec: Any) -> Any:
     """An A/B side as the marker or ``llmperf.compare`` gives it: llama.cpp settings (checked
     key by key, as the marker's own engine keys), a model or endpoint, a callable or an engine."""
     if isinstance(spec, Mapping):
-        out = {}
-        for key, value in spec.items():
-            if key in RENAMED:
-                raise ConfigError(f"A/B side {name!r}: " + renamed_line("llama.cpp setting", key, RENAMED[key]))
-            k = KEYS.get(key)
-            if k is None or k.kind != "engine":
-                allowed = ", ".join(n for n, v in KEYS.items() if v.kind == "engine")
-                raise ConfigError(f"A/B side {name!r}: unknown llama.cpp setting {key!r}; allowed: {allowed}")
-            out[key] = k.check(key, value)
-        return out
+        return {key: _side_setting(name, key, value) for key, value in spec.items()}
     if isinstance(spec, str) and spec:
         return spec
     if callable(spec) or hasattr(spec, "run"):
@@ -219,6 +213,17 @@ def check_side(name: str, spec: Any) -> Any:
         f"A/B side {name!r} must be llama.cpp settings (a dict such as {{'threads': 1}}), a model "
         f"(GGUF path or preset), an endpoint URL, a callable fn(prompt, max_tokens) or an engine; got {spec!r}"
     )
+
+
+def _side_setting(side: str, key: str, value: Any) -> Any:
+    """One llama.cpp setting of an A/B side, checked as the marker's own engine key."""
+    if key in RENAMED:
+        raise ConfigError(f"A/B side {side!r}: " + renamed_line("llama.cpp setting", key, RENAMED[key]))
+    k = KEYS.get(key)
+    if k is None or k.kind != "engine":
+        allowed = ", ".join(n for n, v in KEYS.items() if v.kind == "engine")
+        raise ConfigError(f"A/B side {side!r}: unknown llama.cpp setting {key!r}; allowed: {allowed}")
+    return k.check(key, value)
 
 
 def _relative(name: str, value: Any) -> Any:
