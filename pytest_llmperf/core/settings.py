@@ -2,7 +2,9 @@
 the model they name (each setting's declaration: ``SETTINGS`` below).
 
 Every session setting, declared once: its parser, default, help, pytest option, ini key,
-environment variable and ``llmperf`` command-line flag.
+environment variable and ``llmperf`` command-line flag. A parser of a kind of value (a count,
+seconds, a share, a llama.cpp setting's kind: ``VALUE_KINDS``) is that kind's ``parse``
+(``core.values``), whose ``check`` the marker's keys of the kind use.
 
 The pytest options and ini keys (``pytest_plugin/plugin.py``), the environment lookup, the
 CLI arguments the commands share (``cli/common.add_setting``) and docs/settings.md's table all

@@ -4,7 +4,9 @@ again; and the one description of the ``llmperf`` marker's keys (validation, hel
 docs), used by the pytest plugin and by a script that drives a session without pytest.
 
 Budget keys map to a statistic of a Measurement (see ``catalog.BUDGETS``); workload keys
-become fields of a ``Workload``."""
+become fields of a ``Workload``. A key of a kind of value (a count, a number > 0, a share, a
+llama.cpp setting's kind) is checked by that kind's ``check`` (``core.values``), the rule its
+option's text is parsed by."""
 
 from __future__ import annotations
 
