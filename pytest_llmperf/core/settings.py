@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from .catalog import HEADLINE, SUMMARY_COLUMNS
 from .errors import ConfigError
@@ -128,13 +128,13 @@ positive_int, seconds, positive_float = COUNT.parse, SECONDS.parse, POSITIVE.par
 share, alpha = THRESHOLD.parse, LEVEL.parse
 
 
-def api(text: Any) -> str:
+def api(text: object) -> str:
     if text not in APIS:
         raise ValueError(f"must be {' or '.join(APIS)}, got {text!r}")
     return str(text)
 
 
-def columns(text: Any) -> tuple[str, ...]:
+def columns(text: object) -> tuple[str, ...]:
     given = [c.strip().lower() for c in str(text).split(",") if c.strip()]
     names = tuple(n for c in given for n in COLUMN_SETS.get(c, (c,)))
     allowed = SUMMARY_COLUMN_NAMES + COMPARISON_COLUMN_NAMES
@@ -145,11 +145,11 @@ def columns(text: Any) -> tuple[str, ...]:
     return names
 
 
-def text(value: Any) -> str:
+def text(value: object) -> str:
     return str(value)
 
 
-def folder(value: Any) -> str:
+def folder(value: object) -> str:
     """A folder under the rootdir; an empty value would be the rootdir itself."""
     if not str(value).strip():
         raise ValueError("is empty (that would be the rootdir itself); give a folder, e.g. baselines")
@@ -165,7 +165,7 @@ class Setting:
     name: str
     help: str
     default: Any = None
-    parse: Callable[[Any], Any] = text
+    parse: Callable[[str], object] = text
     env: str | None = None
     ini: bool = False
     switch: bool = False  # a flag (store_true): no value, no env, no ini
@@ -209,14 +209,14 @@ class Setting:
             where.append(f"ini {self.ini_key}")
         return f"{self.help} ({'; '.join(where)})"
 
-    def arg_type(self) -> Callable[[str], Any]:
+    def arg_type(self) -> Callable[[str], object]:
         """``parse`` as an argparse type: a bad value is argparse's one-line error."""
         return arg_type(self.parse)
 
 
 #: Each kind of llama.cpp setting (``workload.ValueKind``): its one parser of an option's text and
 #: checker of a marker's value (``core.values``).
-VALUE_KINDS: dict[ValueKind, Kind[Any]] = {
+VALUE_KINDS: dict[ValueKind, Kind[object]] = {
     "count": COUNT,
     "tokens": TOKENS,
     "gpu_layers": GPU_LAYERS,
@@ -232,14 +232,14 @@ class NoKind:
     kind: str
     metavar: str = "VALUE"
 
-    def parse(self, text: str) -> Any:
-        return self.check(text)
+    def parse(self, text: str) -> NoReturn:
+        self.check(text)
 
-    def check(self, value: object) -> Any:
+    def check(self, value: object) -> NoReturn:
         raise ValueError(f"kind {self.kind!r} has no entry in core/settings.py VALUE_KINDS")
 
 
-def value_kind(kind: ValueKind) -> Kind[Any]:
+def value_kind(kind: ValueKind) -> Kind[object]:
     """The parser and checker of a llama.cpp setting's kind of value."""
     return VALUE_KINDS.get(kind) or NoKind(kind)
 

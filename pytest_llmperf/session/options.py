@@ -165,7 +165,8 @@ class Key:
     name: str
     kind: str  # "budget", "workload", "engine" (llama.cpp settings), "setting" (comparison), "option", "ab"
     help: str
-    check: Callable[[str, Any], Any]
+    #: The value as the marker gives it (any Python value) -> the value kept, or a ConfigError.
+    check: Callable[[str, object], object]
 
 
 def marker_line(name: str, problem: str) -> str:
@@ -174,10 +175,10 @@ def marker_line(name: str, problem: str) -> str:
     return f"llmperf marker key {name!r}{': ' if problem.startswith('expected') else ' '}{problem}"
 
 
-def _marker(kind: Kind[T]) -> Callable[[str, Any], T]:
+def _marker(kind: Kind[T]) -> Callable[[str, object], T]:
     """A marker key's check: the value kind's (``core.values``), a ConfigError naming the key."""
 
-    def check(name: str, value: Any) -> T:
+    def check(name: str, value: object) -> T:
         try:
             return kind.check(value)
         except ValueError as exc:
@@ -186,23 +187,23 @@ def _marker(kind: Kind[T]) -> Callable[[str, Any], T]:
     return check
 
 
-def _text(name: str, value: Any) -> str:
+def _text(name: str, value: object) -> str:
     if not isinstance(value, str) or not value:
         raise ConfigError(f"llmperf marker key {name!r} must be a non-empty string, got {value!r}")
     return value
 
 
-def _model_load(name: str, value: Any) -> str:
+def _model_load(name: str, value: object) -> str:
     if value not in MODEL_LOAD_KINDS:
         raise ConfigError(f"llmperf marker key {name!r} must be one of {', '.join(MODEL_LOAD_KINDS)}, got {value!r}")
     return str(value)
 
 
-def _side(name: str, value: Any) -> Any:
+def _side(name: str, value: object) -> object:
     return check_side(name, value)
 
 
-def check_side(name: str, spec: Any) -> Any:
+def check_side(name: str, spec: object) -> object:
     """An A/B side as the marker or ``llmperf.compare`` gives it: llama.cpp settings (checked
     key by key, as the marker's own engine keys), a model or endpoint, a callable or an engine."""
     if isinstance(spec, Mapping):
@@ -217,7 +218,7 @@ def check_side(name: str, spec: Any) -> Any:
     )
 
 
-def _side_setting(side: str, key: str, value: Any) -> Any:
+def _side_setting(side: str, key: str, value: object) -> object:
     """One llama.cpp setting of an A/B side, checked as the marker's own engine key."""
     if key in RENAMED:
         raise ConfigError(f"A/B side {side!r}: " + renamed_line("llama.cpp setting", key, RENAMED[key]))
@@ -228,14 +229,14 @@ def _side_setting(side: str, key: str, value: Any) -> Any:
     return k.check(key, value)
 
 
-def _relative(name: str, value: Any) -> Any:
+def _relative(name: str, value: object) -> object:
     from ..judge.budgets import parse_budgets
 
     parse_budgets(**{name: value})  # raises a ConfigError naming what is wrong
     return value
 
 
-def _agreement(name: str, value: Any) -> Any:
+def _agreement(name: str, value: object) -> object:
     from ..judge.budgets import parse_agreement_budgets
 
     parse_agreement_budgets(**{name: value})  # raises a ConfigError naming what is wrong
