@@ -210,7 +210,9 @@ def check_side(name: str, spec: object) -> object:
         return {key: _side_setting(name, key, value) for key, value in spec.items()}
     if isinstance(spec, str) and spec:
         return spec
-    if callable(spec) or hasattr(spec, "run"):
+    from ..engines import Engine
+
+    if callable(spec) or isinstance(spec, Engine):
         return spec
     raise ConfigError(
         f"A/B side {name!r} must be llama.cpp settings (a dict such as {{'threads': 1}}), a model "
