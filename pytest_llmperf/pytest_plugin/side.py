@@ -263,7 +263,7 @@ class Link:
     ) -> dict[str, Any]:
         """What the side tells the controller it measures: the workload, the settings, the
         engine, its threads, and what the output agreement will need."""
-        from ..measuring.agreement import exposes
+        from ..engines import NeedsPromptIds, TokenProbabilities
 
         return {
             "ev": "measure",
@@ -275,8 +275,8 @@ class Link:
             # A callable's own threads are unknown: the session's (its llmperf_llm's) stand in.
             "threads": info.threads or config.engine.get("threads") or self.threads,
             # Output agreement (after the pairs): this side's token probabilities, asked by "logits".
-            "logits": exposes(engine),
-            "needs_ids": bool(getattr(engine, "needs_prompt_ids", False)),
+            "logits": isinstance(engine, TokenProbabilities),
+            "needs_ids": isinstance(engine, NeedsPromptIds),
         }
 
     def _runs(self, engine: Engine, workload: Workload) -> tuple[dict[str, Any], list[RunTrace], list[RunTrace]]:

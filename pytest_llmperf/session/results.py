@@ -54,7 +54,8 @@ class Result:
     def typed(self, nodeid: str) -> MeasurementResult:
         """The typed result every report reads (``judge.result.MeasurementResult``) of this
         measurement of test ``nodeid``: its figures, budgets and (once assessed) baseline."""
-        from ..judge.result import Figures, MeasurementResult
+        from ..core.measured import Figures
+        from ..judge.result import MeasurementResult
 
         m = self.measurement
         result = MeasurementResult(
@@ -336,6 +337,7 @@ def resolve_side(name: str, spec: Any, engine_for: Callable[[Mapping[str, Any]],
     """What a side of an A/B may be (llama.cpp settings, a model, a callable, an endpoint, an
     engine), as a ``Side`` ready to run; ``engine_for(settings)``: the session's (or the
     caller's) engine for llama.cpp settings over the session's."""
+    from ..engines import Engine
     from ..judge.ab import Side  # numpy and scipy only once a test compares two sides
     from .options import check_side
 
@@ -350,7 +352,7 @@ def resolve_side(name: str, spec: Any, engine_for: Callable[[Mapping[str, Any]],
 
             return Side(display(spec), HttpEngine(spec))  # named as shown: no password, no api_key=
         return Side(spec, engine_for({"model": spec}))
-    if hasattr(spec, "run") and hasattr(spec, "info"):
+    if isinstance(spec, Engine):
         return Side(spec.info().model, spec)
     return Side(getattr(spec, "__name__", repr(spec)), spec)
 
