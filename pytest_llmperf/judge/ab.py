@@ -98,7 +98,7 @@ class ABResult:
         """The budgets that fail the test: breached ones, and agreement budgets on sides that
         expose no token probabilities."""
         every: tuple[BudgetOutcome | AgreementOutcome, ...] = (*self.budgets, *self.agreement_budgets)
-        return tuple(o for o in every if o.status in ("breached", "unavailable"))
+        return tuple(o for o in every if o.status.fails)
 
     def failure_lines(self) -> list[str]:
         prefix = f"[{self.label}] " if self.label else ""

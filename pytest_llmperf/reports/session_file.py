@@ -22,6 +22,7 @@ from ..core.catalog import HEADLINE, SUMMARY
 from ..core.documents import RefusedFile, SchemaViolation, read_text, validate
 from ..core.formats import fmt, render_table
 from ..core.settings import COLUMN_SETS, DEFAULT_COMPARISON_COLUMNS
+from ..judge.budgets import FAILING_STATES
 from ..judge.result import MeasurementResult
 from ..judge.verdict import Comparison
 from .text import fit_table, short_ids
@@ -296,7 +297,7 @@ def budget_failures(results: Iterable[MeasurementResult]) -> list[str]:
     """``test: breach; breach`` for every measurement over one of its budgets."""
     out = []
     for r in results:
-        if r.budget.startswith("FAIL"):
+        if r.over_budget:
             detail = "; ".join(r.budget_failures) or "over budget"
             out.append(f"{r.test}: {detail}")
     return out
@@ -393,11 +394,7 @@ def markdown(
     lines = ["## pytest-llmperf", ""]
     regressions = [f for r in results if r.verdict is not None for f in r.verdict.failures]
     over = budget_failures(results) if budgets_gate else []
-    failing = [
-        r
-        for r in results
-        if (r.verdict is not None and r.verdict.failures) or (budgets_gate and r.budget.startswith("FAIL"))
-    ]
+    failing = [r for r in results if (r.failed if budgets_gate else r.regressed)]
     if failing:
         parts = [f"{len(over)} over budget"] if over else []
         parts += [f"{len(regressions)} regression(s)"] if regressions else []
@@ -519,7 +516,7 @@ def agreement_rows(entry: Mapping[str, Any]) -> list[list[str]]:
 
 
 #: The budget outcomes that fail an A/B (``ABResult.failed``).
-AB_FAILING = ("breached", "unavailable")
+AB_FAILING = FAILING_STATES
 
 
 def ab_budget_lines(entry: Mapping[str, Any]) -> list[tuple[str, str]]:

@@ -56,7 +56,9 @@ def other_hardware_line(s: SessionSettings, results: Sequence[MeasurementResult]
     session; (None, False) when there are none or the session records baselines."""
     if s.update_baselines or not s.compare:
         return None, False
-    other = [r.verdict for r in results if r.verdict is not None and r.verdict.status == "other-hardware"]
+    from ..judge.verdict import BaselineStatus
+
+    other = [r.verdict for r in results if r.verdict is not None and r.verdict.status is BaselineStatus.OTHER_HARDWARE]
     if not other:
         return None, False
     fields = list(dict.fromkeys(d for v in other for d in v.changes))
@@ -170,24 +172,7 @@ def summary(
     (-q: a count, -qq: nothing but errors) and the terminal's ``width``."""
     lines: list[Line] = [("line", note) for note in notes]
     if out is not None:
-        lines += [("line", line) for line in out.baseline_errors]
-        if out.baseline_errors:
-            lines.append(
-                ("line", f"llmperf: {len(out.baseline_errors)} baseline file(s) not written: the session fails")
-            )
-        lines += [("line", line) for line in out.report_errors]
-        if out.html_error:
-            lines.append(("line", out.html_error))
-        elif out.html_written:
-            lines.append(("line", f"llmperf: HTML report written to {out.html_written}"))
-        if out.report_errors or out.html_error:
-            n = len(out.report_errors) + bool(out.html_error)
-            lines.append(("line", f"llmperf: {n} report file(s) not written: the session fails"))
-        lines += [("line", line) for line in out.write_errors]
-        if out.history_line and (verbosity >= 0 or "not written" in out.history_line):
-            lines.append(("line", out.history_line))
-        if out.other_hardware_line:
-            lines.append(("line", out.other_hardware_line))
+        lines += outputs_lines(out, verbosity)
     if suite_failures:
         lines.append(("alarm", "llmperf: slower than the rest of the suite (fails the session)"))
         lines += [("line", line) for line in suite_failures]
@@ -201,51 +186,107 @@ def summary(
                 "no budgets, statistics or baselines",
             )
         ]
-    from ..reports.session_file import against_of, comparison_table, reach_lines, reach_summary, undecided_lines
-
     if verbosity == -1:
-        over = sum(1 for r in rows if str(r.get("budget", "")).startswith("FAIL"))
-        ref = f", judged against {against_of(results)}" if against_of(results) else ""
-        lines.append(("line", f"llmperf: {len(rows)} measurement(s){ref}, {over} over budget (drop -q for the table)"))
-        return lines + [("line", line) for line in undecided_lines(results, short=True)]
-    from ..reports.text import overhead_lines, short_ids, summary_table
-
-    lines += [("sep", "llmperf summary"), ("line", summary_table(rows, s.columns, width))]
-    lines += [("line", line) for line in overhead_lines(rows)]
-    names = short_ids([r.test for r in results])
-    lines += [("line", f"{names[r.test]}: budget undecided: {note}") for r in results for note in r.budget_notes]
-    table = comparison_table(results, s.columns, width)
-    if table:
-        against = against_of(results)
-        lines += [
-            ("sep", f"llmperf comparison against {against}" if against else "llmperf baseline comparison"),
-            ("line", table),
-        ]
-        if against and " REF " not in table.splitlines()[0] + " ":
-            lines.append(
-                (
-                    "line",
-                    "llmperf: both sides' figures: a wider terminal or --llmperf-columns "
-                    "baseline,now,change,ci,verdict (the JSON, Markdown and HTML reports have them)",
-                )
-            )
-        lines += [("line", line) for line in undecided_lines(results, short=True)]
-        if verbosity >= 1:  # the "detects" column's figures, with where the noise estimate came from
-            lines += [("line", line) for line in reach_lines(results, short=True)]
-        else:
-            reach = reach_summary(results)
-            lines += [("line", reach)] if reach else []
-    short = short_ids([r.test for r in results])
-    notes = sorted(
-        {
-            f"{short[r.test]}: {r.verdict.note}"
-            for r in results
-            if r.verdict is not None and r.verdict.note and not s.update_baselines and r.verdict.status != "error"
-        }
-    )
-    lines += [("line", note) for note in notes]
+        return lines + quiet_lines(rows, results)
+    lines += table_lines(s, rows, results, width)
+    lines += comparison_lines(s, results, width, verbosity)
+    lines += [("line", note) for note in verdict_notes(s, results)]
     for path, moved in out.written if out is not None else []:
         lines.append(("line", f"llmperf: baselines written to {path}"))
         if moved is not None:
             lines.append(("line", f"llmperf: the unreadable old file was kept as {moved}"))
     return lines
+
+
+def outputs_lines(out: Outputs, verbosity: int) -> list[Line]:
+    """What the end of the session could not write (and what fails the session for it), the
+    HTML report's place, the history's line and the other-hardware line."""
+    lines: list[Line] = [("line", line) for line in out.baseline_errors]
+    if out.baseline_errors:
+        lines.append(("line", f"llmperf: {len(out.baseline_errors)} baseline file(s) not written: the session fails"))
+    lines += [("line", line) for line in out.report_errors]
+    if out.html_error:
+        lines.append(("line", out.html_error))
+    elif out.html_written:
+        lines.append(("line", f"llmperf: HTML report written to {out.html_written}"))
+    if out.report_errors or out.html_error:
+        n = len(out.report_errors) + bool(out.html_error)
+        lines.append(("line", f"llmperf: {n} report file(s) not written: the session fails"))
+    lines += [("line", line) for line in out.write_errors]
+    if out.history_line and (verbosity >= 0 or "not written" in out.history_line):
+        lines.append(("line", out.history_line))
+    if out.other_hardware_line:
+        lines.append(("line", out.other_hardware_line))
+    return lines
+
+
+def quiet_lines(rows: Sequence[Mapping[str, Any]], results: Sequence[MeasurementResult]) -> list[Line]:
+    """-q: how many measurements, how many over budget, and the undecided budgets."""
+    from ..judge.budgets import BudgetStatus
+    from ..reports.session_file import against_of, undecided_lines
+
+    over = sum(1 for r in rows if BudgetStatus.of_cell(str(r.get("budget", ""))) is BudgetStatus.FAIL)
+    ref = f", judged against {against_of(results)}" if against_of(results) else ""
+    line = f"llmperf: {len(rows)} measurement(s){ref}, {over} over budget (drop -q for the table)"
+    return [("line", line)] + [("line", u) for u in undecided_lines(results, short=True)]
+
+
+def table_lines(
+    s: SessionSettings, rows: Sequence[Mapping[str, Any]], results: Sequence[MeasurementResult], width: int
+) -> list[Line]:
+    """The summary table, what measuring cost, and the budgets left undecided."""
+    from ..reports.text import overhead_lines, short_ids, summary_table
+
+    lines: list[Line] = [("sep", "llmperf summary"), ("line", summary_table(rows, s.columns, width))]
+    lines += [("line", line) for line in overhead_lines(rows)]
+    names = short_ids([r.test for r in results])
+    return lines + [("line", f"{names[r.test]}: budget undecided: {note}") for r in results for note in r.budget_notes]
+
+
+def comparison_lines(
+    s: SessionSettings, results: Sequence[MeasurementResult], width: int, verbosity: int
+) -> list[Line]:
+    """The comparison table (against the baselines, or against ``--llmperf-against``'s REF)
+    and its notes: undecided budgets, and what each comparison can detect (-v: per metric)."""
+    from ..reports.session_file import against_of, comparison_table, reach_lines, reach_summary, undecided_lines
+
+    table = comparison_table(results, s.columns, width)
+    if not table:
+        return []
+    against = against_of(results)
+    lines: list[Line] = [
+        ("sep", f"llmperf comparison against {against}" if against else "llmperf baseline comparison"),
+        ("line", table),
+    ]
+    if against and " REF " not in table.splitlines()[0] + " ":
+        lines.append(
+            (
+                "line",
+                "llmperf: both sides' figures: a wider terminal or --llmperf-columns "
+                "baseline,now,change,ci,verdict (the JSON, Markdown and HTML reports have them)",
+            )
+        )
+    lines += [("line", line) for line in undecided_lines(results, short=True)]
+    if verbosity >= 1:  # the "detects" column's figures, with where the noise estimate came from
+        return lines + [("line", line) for line in reach_lines(results, short=True)]
+    reach = reach_summary(results)
+    return lines + ([("line", reach)] if reach else [])
+
+
+def verdict_notes(s: SessionSettings, results: Sequence[MeasurementResult]) -> list[str]:
+    """Each verdict's note once, by short test id (none while recording baselines; an error's
+    note is the test's failure already)."""
+    from ..judge.verdict import BaselineStatus
+    from ..reports.text import short_ids
+
+    short = short_ids([r.test for r in results])
+    return sorted(
+        {
+            f"{short[r.test]}: {r.verdict.note}"
+            for r in results
+            if r.verdict is not None
+            and r.verdict.note
+            and not s.update_baselines
+            and r.verdict.status is not BaselineStatus.ERROR
+        }
+    )
