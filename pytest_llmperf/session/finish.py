@@ -112,37 +112,72 @@ def finish(
     if s.json:
         text = session_file.session_json(results, started_at, ab=list(ab_results), against=against)
         write_file(Path(s.json), text, out.report_errors)
-    md_extra: list[str] = []
-    if s.html:
-        from ..reports import html
+    md_extra = write_html(Path(s.html), s, results, started_at, trends, against, ab_results, out) if s.html else []
+    write_markdown(s, results, list(ab_results), md_extra, against, planned, step_summary, out)
+    return results, out
 
-        try:
-            out.html_written = html.write_html(Path(s.html), results, started_at, trends, against, ab=ab_results)
-            md_extra = html.markdown_lines(Path(s.html), Path(s.markdown) if s.markdown else None, results)
-        except OSError as exc:
-            out.html_error = f"llmperf: cannot write {s.html}: {exc.strerror or exc}"
-        except LLMPerfError as exc:
-            out.html_error = f"llmperf: HTML report not written: {exc}"
-    ab = list(ab_results)
+
+def write_html(
+    path: Path,
+    s: SessionSettings,
+    results: Sequence[MeasurementResult],
+    started_at: str,
+    trends: Mapping[str, Any],
+    against: Mapping[str, Any] | None,
+    ab_results: Sequence[Mapping[str, Any]],
+    out: Outputs,
+) -> list[str]:
+    """The HTML report at ``path`` (``out`` says where, or why not); the Markdown's lines about it."""
+    from ..reports import html
+
+    try:
+        out.html_written = html.write_html(path, results, started_at, trends, against, ab=ab_results)
+        return html.markdown_lines(path, Path(s.markdown) if s.markdown else None, results)
+    except OSError as exc:
+        out.html_error = f"llmperf: cannot write {s.html}: {exc.strerror or exc}"
+    except LLMPerfError as exc:
+        out.html_error = f"llmperf: HTML report not written: {exc}"
+    return []
+
+
+def write_markdown(
+    s: SessionSettings,
+    results: Sequence[MeasurementResult],
+    ab: list[Mapping[str, Any]],
+    md_extra: list[str],
+    against: Mapping[str, Any] | None,
+    planned: int,
+    step_summary: str | None,
+    out: Outputs,
+) -> None:
+    """The Markdown summary (``--llmperf-markdown``) and GitHub's step summary (the same, with a
+    line about the HTML report in place of ``md_extra``)."""
+    from ..reports import session_file
+
     md = session_file.markdown(results, md_extra, budgets_gate=s.budgets_gate, against=against, ab=ab)
     md = md if results or ab else (all_failed_markdown(planned) if planned else "")
     if s.markdown and md:
         write_file(Path(s.markdown), md, out.report_errors)
     if step_summary and md:
         step_extra = [f"Plots: HTML report `{s.html}` (keep it as a CI artifact)."] if out.html_written else []
-        try:
-            # O_NONBLOCK: a FIFO nobody reads fails at once (ENXIO) instead of waiting for a reader.
-            fd = os.open(step_summary, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666)
-            os.set_blocking(fd, True)
-            with open(fd, "a", encoding="utf-8") as fh:
-                fh.write(
-                    session_file.markdown(results, step_extra, budgets_gate=s.budgets_gate, against=against, ab=ab)
-                    if results or ab
-                    else md
-                )
-        except OSError as exc:
-            out.write_errors.append(f"llmperf: cannot write {step_summary}: {exc.strerror or exc}")
-    return results, out
+        text = (
+            session_file.markdown(results, step_extra, budgets_gate=s.budgets_gate, against=against, ab=ab)
+            if results or ab
+            else md
+        )
+        append_step_summary(step_summary, text, out.write_errors)
+
+
+def append_step_summary(path: str, text: str, errors: list[str]) -> None:
+    """``text`` appended to GitHub's step summary file (a line in ``errors`` when it cannot be)."""
+    try:
+        # O_NONBLOCK: a FIFO nobody reads fails at once (ENXIO) instead of waiting for a reader.
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666)
+        os.set_blocking(fd, True)
+        with open(fd, "a", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as exc:
+        errors.append(f"llmperf: cannot write {path}: {exc.strerror or exc}")
 
 
 def all_failed_markdown(planned: int) -> str:
@@ -191,16 +226,22 @@ def summary(
     lines += table_lines(s, rows, results, width)
     lines += comparison_lines(s, results, width, verbosity)
     lines += [("line", note) for note in verdict_notes(s, results)]
-    for path, moved in out.written if out is not None else []:
-        lines.append(("line", f"llmperf: baselines written to {path}"))
-        if moved is not None:
-            lines.append(("line", f"llmperf: the unreadable old file was kept as {moved}"))
-    return lines
+    return lines + (written_lines(out) if out is not None else [])
 
 
 def outputs_lines(out: Outputs, verbosity: int) -> list[Line]:
     """What the end of the session could not write (and what fails the session for it), the
     HTML report's place, the history's line and the other-hardware line."""
+    lines = unwritten_lines(out)
+    if out.history_line and (verbosity >= 0 or "not written" in out.history_line):
+        lines.append(("line", out.history_line))
+    if out.other_hardware_line:
+        lines.append(("line", out.other_hardware_line))
+    return lines
+
+
+def unwritten_lines(out: Outputs) -> list[Line]:
+    """Each file the end of the session could not write, and the HTML report's place."""
     lines: list[Line] = [("line", line) for line in out.baseline_errors]
     if out.baseline_errors:
         lines.append(("line", f"llmperf: {len(out.baseline_errors)} baseline file(s) not written: the session fails"))
@@ -212,11 +253,16 @@ def outputs_lines(out: Outputs, verbosity: int) -> list[Line]:
     if out.report_errors or out.html_error:
         n = len(out.report_errors) + bool(out.html_error)
         lines.append(("line", f"llmperf: {n} report file(s) not written: the session fails"))
-    lines += [("line", line) for line in out.write_errors]
-    if out.history_line and (verbosity >= 0 or "not written" in out.history_line):
-        lines.append(("line", out.history_line))
-    if out.other_hardware_line:
-        lines.append(("line", out.other_hardware_line))
+    return lines + [("line", line) for line in out.write_errors]
+
+
+def written_lines(out: Outputs) -> list[Line]:
+    """The baseline files written, and the unreadable old files kept aside."""
+    lines: list[Line] = []
+    for path, moved in out.written:
+        lines.append(("line", f"llmperf: baselines written to {path}"))
+        if moved is not None:
+            lines.append(("line", f"llmperf: the unreadable old file was kept as {moved}"))
     return lines
 
 
