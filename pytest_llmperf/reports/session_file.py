@@ -23,7 +23,7 @@ from ..core.documents import RefusedFile, SchemaViolation, read_text, validate
 from ..core.formats import fmt, render_table
 from ..core.settings import COLUMN_SETS, DEFAULT_COMPARISON_COLUMNS
 from ..judge.budgets import FAILING_STATES
-from ..judge.result import MeasurementResult
+from ..judge.result import MeasurementResult, ResultError
 from ..judge.verdict import Comparison
 from .text import fit_table, short_ids
 
@@ -113,9 +113,10 @@ def read_session(path: Path | str) -> tuple[dict[str, Any], list[MeasurementResu
         raise baseline_store.BaselineError(f"{path} is from a newer pytest-llmperf; upgrade to read it")
     try:
         validate(data, "session")
-    except SchemaViolation as exc:
+        results = [MeasurementResult.from_json(r, f"results[{i}]", check=False) for i, r in enumerate(data["results"])]
+    except (SchemaViolation, ResultError) as exc:  # ResultError: a state no pytest-llmperf writes
         raise baseline_store.BaselineError(f"{path}: {exc}; {REDO}") from None
-    return data, [MeasurementResult.from_json(r, f"results[{i}]", check=False) for i, r in enumerate(data["results"])]
+    return data, results
 
 
 COMPARISON_HEADERS = ("test", "metric", "baseline", "now", "change", "95% CI", "p (Holm)", "verdict", "detects")

@@ -61,8 +61,7 @@ def other_hardware_line(s: SessionSettings, results: Sequence[MeasurementResult]
     other = [r.verdict for r in results if r.verdict is not None and r.verdict.status is BaselineStatus.OTHER_HARDWARE]
     if not other:
         return None, False
-    fields = list(dict.fromkeys(d for v in other for d in v.changes))
-    why = "; ".join(fields[:SHOWN_DIFFERENCES]) + ("; ..." if len(fields) > SHOWN_DIFFERENCES else "")
+    why = shown_differences([d for v in other for d in v.changes])
     fails = s.fail_other_hardware
     line = (
         f"llmperf: {len(other)} of {len(results)} measurement(s) not compared: their baselines were recorded on "
@@ -71,6 +70,12 @@ def other_hardware_line(s: SessionSettings, results: Sequence[MeasurementResult]
         + ("; the session fails (--llmperf-fail-other-hardware)" if fails else "")
     )
     return line, fails
+
+
+def shown_differences(differences: Sequence[str]) -> str:
+    """The differing fingerprint fields, each once, the first ``SHOWN_DIFFERENCES`` of them."""
+    fields = list(dict.fromkeys(differences))
+    return "; ".join(fields[:SHOWN_DIFFERENCES]) + ("; ..." if len(fields) > SHOWN_DIFFERENCES else "")
 
 
 def write_file(path: Path, text: str, errors: list[str]) -> None:
@@ -154,18 +159,19 @@ def write_markdown(
     line about the HTML report in place of ``md_extra``)."""
     from ..reports import session_file
 
-    md = session_file.markdown(results, md_extra, budgets_gate=s.budgets_gate, against=against, ab=ab)
-    md = md if results or ab else (all_failed_markdown(planned) if planned else "")
+    measured = bool(results or ab)
+    md = (
+        session_file.markdown(results, md_extra, budgets_gate=s.budgets_gate, against=against, ab=ab)
+        if measured
+        else all_failed_markdown(planned)
+    )
     if s.markdown and md:
         write_file(Path(s.markdown), md, out.report_errors)
     if step_summary and md:
         step_extra = [f"Plots: HTML report `{s.html}` (keep it as a CI artifact)."] if out.html_written else []
-        text = (
-            session_file.markdown(results, step_extra, budgets_gate=s.budgets_gate, against=against, ab=ab)
-            if results or ab
-            else md
-        )
-        append_step_summary(step_summary, text, out.write_errors)
+        if measured:  # the same, with a line about the HTML report in place of ``md_extra``
+            md = session_file.markdown(results, step_extra, budgets_gate=s.budgets_gate, against=against, ab=ab)
+        append_step_summary(step_summary, md, out.write_errors)
 
 
 def append_step_summary(path: str, text: str, errors: list[str]) -> None:
@@ -181,7 +187,10 @@ def append_step_summary(path: str, text: str, errors: list[str]) -> None:
 
 
 def all_failed_markdown(planned: int) -> str:
-    """The Markdown summary of a session none of whose measurements gave a result."""
+    """The Markdown summary of a session none of whose measurements gave a result ("" when it
+    planned none)."""
+    if not planned:
+        return ""
     return (
         "## llmperf\n\n"
         f"No results: every llmperf measurement of this session failed ({planned} planned, none measured); "
@@ -208,9 +217,7 @@ def summary(
     lines: list[Line] = [("line", note) for note in notes]
     if out is not None:
         lines += outputs_lines(out, verbosity)
-    if suite_failures:
-        lines.append(("alarm", "llmperf: slower than the rest of the suite (fails the session)"))
-        lines += [("line", line) for line in suite_failures]
+    lines += suite_lines(suite_failures)
     if not rows or verbosity <= -2:
         return lines
     if s.disable:
@@ -227,6 +234,14 @@ def summary(
     lines += comparison_lines(s, results, width, verbosity)
     lines += [("line", note) for note in verdict_notes(s, results)]
     return lines + (written_lines(out) if out is not None else [])
+
+
+def suite_lines(suite_failures: Sequence[str]) -> list[Line]:
+    """The measurements slower than the rest of the suite, under their alarm."""
+    if not suite_failures:
+        return []
+    alarm: Line = ("alarm", "llmperf: slower than the rest of the suite (fails the session)")
+    return [alarm] + [("line", line) for line in suite_failures]
 
 
 def outputs_lines(out: Outputs, verbosity: int) -> list[Line]:
