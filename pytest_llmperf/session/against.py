@@ -11,7 +11,7 @@ the cap, every look at alpha / looks), judges them (``judge.ab.paired.judged_pai
 each side its measurement's end. The current side's reports become the test's.
 
 The sides' processes and their events are ``session/sides.py``'s; ``drive`` steps one test
-through each side's ``SideState`` on those events. No pytest."""
+through each side's ``SideState`` on those events."""
 
 from __future__ import annotations
 
