@@ -31,6 +31,7 @@ import numpy as np
 from ..core.errors import ConfigError, EngineError
 from ..core.workload import AUTO_CTX_STEP, EngineInfo, NativeCounters, RunTrace, TokenLogits, Workload, llama_arguments
 from ..models.gguf import embedding_lookup, gguf_file_type
+from .capabilities import Closable, Engine, FreshLoads, LayerTiming, LlamaObject, TokenProbabilities
 from .llama_cpp_native import (
     EngineConfig,
     buffer_sizes,
@@ -72,17 +73,21 @@ def _model_params(llama_cpp: Any, **fields: Any) -> Iterator[None]:
         module.llama_model_default_params = default
 
 
-class LlamaCppEngine:
+class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaObject, Closable):
     """One loaded model and context; each ``run`` is an independent request.
 
     ``llm`` is the ``llama_cpp.Llama`` object, available to tests; the engine clears the KV
     cache and resets it before every run, so no prompt prefix is reused between runs.
+
+    Per-layer timing (``measuring.layers``) drives :meth:`instrumented_context`,
+    :meth:`prompt_ids`, :meth:`decode_feed` and :meth:`timed_decode`; :meth:`token_logits`
+    gives the next-token logits over the whole vocabulary.
     """
 
-    #: Capability: per-layer timing (``measuring.layers``) through :meth:`instrumented_context`,
-    #: :meth:`prompt_ids`, :meth:`decode_feed` and :meth:`timed_decode`; other engines do not
-    #: declare it.
-    supports_layer_timing = True
+    # Until __init__ sets them (close() frees what a failed load left).
+    llm: Any = None  # llama_cpp.Llama
+    _own_ctx = False
+    _sampler: Any = None
 
     def __init__(
         self, model_path: str | os.PathLike[str], *, name: str | None = None, verbose: bool = False, **settings: Any
@@ -119,15 +124,7 @@ class LlamaCppEngine:
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
         self.n_batch = llama_cpp.llama_n_batch(self._ctx)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
-        self._eog_ids = [t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t)]
-        self._prompt_ids = np.array(
-            [
-                t
-                for t in range(self.n_vocab)
-                if not llama_cpp.llama_vocab_is_control(self._vocab, t) and t not in self._eog_ids
-            ],
-            dtype=np.int64,
-        )
+        self._eog_ids, self._prompt_ids = _vocab_tables(llama_cpp, self._vocab, self.n_vocab)
         self._sampler = self.make_sampler()
         # One throw-away evaluation: the first decode after load is several times slower, and
         # it makes llama.cpp record its own load time.
@@ -376,9 +373,6 @@ class LlamaCppEngine:
 
     # -- token probabilities (output agreement, measuring.agreement): never inside a timed run --
 
-    #: Capability: next-token logits over the whole vocabulary (:meth:`token_logits`).
-    supports_token_logits = True
-
     def token_logits(
         self, workload: Workload, forced: Sequence[int] | None = None, prompt_ids: Sequence[int] | None = None
     ) -> TokenLogits:
@@ -433,13 +427,13 @@ class LlamaCppEngine:
         return rows
 
     def close(self) -> None:
-        if getattr(self, "_own_ctx", False):
+        if self._own_ctx:
             self._lib.llama_free(self._ctx)
             self._own_ctx = False
-        if getattr(self, "_sampler", None) is not None:
+        if self._sampler is not None:
             self._lib.llama_sampler_free(self._sampler)
             self._sampler = None
-        if getattr(self, "llm", None) is not None:
+        if self.llm is not None:
             self.llm.close()
 
 
@@ -459,6 +453,16 @@ class TimedDecode:
     token_ids: tuple[int, ...]
 
 
+def _vocab_tables(lib: Any, vocab: Any, n_vocab: int) -> tuple[list[int], np.ndarray]:
+    """The vocabulary's end-of-generation ids, and the ids a synthetic prompt may use (neither
+    control nor end-of-generation tokens)."""
+    eog_ids = [t for t in range(n_vocab) if lib.llama_vocab_is_eog(vocab, t)]
+    prompt_ids = np.array(
+        [t for t in range(n_vocab) if not lib.llama_vocab_is_control(vocab, t) and t not in eog_ids], dtype=np.int64
+    )
+    return eog_ids, prompt_ids
+
+
 def split_prompt(n_tokens: int, n_batch: int) -> list[tuple[int, int]]:
     """(start, length) chunks of at most ``n_batch`` tokens, never a trailing 1-token chunk.
 
@@ -470,6 +474,13 @@ def split_prompt(n_tokens: int, n_batch: int) -> list[tuple[int, int]]:
         (s1, n1), (s2, _) = chunks[-2], chunks[-1]
         chunks[-2:] = [(s1, n1 - 1), (s2 - 1, 2)]
     return chunks
+
+
+def _prompt_batches(lib: Any, prompt_ids: Sequence[int], n_batch: int) -> tuple[list[Any], list[Any]]:
+    """The prompt's token arrays (``split_prompt``'s chunks) and a batch over each: the arrays
+    must outlive the batches that point into them."""
+    arrays = [(lib.llama_token * n)(*prompt_ids[s : s + n]) for s, n in split_prompt(len(prompt_ids), n_batch)]
+    return arrays, [lib.llama_batch_get_one(a, len(a)) for a in arrays]
 
 
 def timed_decode(
@@ -487,9 +498,8 @@ def timed_decode(
     ``feed``: the tokens decode is fed, one per step, no sampler between the clock reads (as
     llama-bench's tg); None: greedy sampling with ``sampler`` inside the timed loop.
     """
-    # The arrays must outlive the batches that point into them (kept in ``arrays``).
-    arrays = [(lib.llama_token * n)(*prompt_ids[s : s + n]) for s, n in split_prompt(len(prompt_ids), n_batch)]
-    prompt_batches = [lib.llama_batch_get_one(a, len(a)) for a in arrays]
+    # The arrays must outlive the batches that point into them (kept in ``_arrays``).
+    _arrays, prompt_batches = _prompt_batches(lib, prompt_ids, n_batch)
     one = (lib.llama_token * 1)()
     batch_one = lib.llama_batch_get_one(one, 1)
     decode, sample, sync = lib.llama_decode, lib.llama_sampler_sample, lib.llama_synchronize
