@@ -433,6 +433,11 @@ def test_states_are_typed_and_written_as_the_words_they_replaced() -> None:
     assert regressed.regressed and regressed.failed and not regressed.over_budget
     assert not MeasurementResult(test="t", budget=BudgetStatus.OK).failed
     assert MeasurementResult.from_json(regressed.to_json()) == regressed
+    # What leaves the process is plain data: xdist's wire (execnet) takes no str subclass.
+    plain = (str, int, float, bool, type(None))
+    for r in (over, regressed):
+        assert type(r.to_json()["budget"]) is str and all(type(v) in plain for _, v in r.properties())
+    assert type(regressed.to_json()["verdict"]["status"]) is str
 
 
 @pytest.mark.parametrize(

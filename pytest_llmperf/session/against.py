@@ -446,7 +446,7 @@ class Drive:
             self.finish(self.ref, fail=f"not measured: {exc}")
             return
         verdict = {
-            "status": BaselineStatus.COMPARED,
+            "status": BaselineStatus.COMPARED.value,
             "note": note,
             "comparisons": [comparison_json(c) for c in comparisons],
             "agreement": agreement.as_dict(),
@@ -472,7 +472,7 @@ class Drive:
             self.finish(self.cur, fail=f"not measured: {exc}")
             return
         self.told.add(reason)
-        self.finish(self.cur, verdict={"status": BaselineStatus.NOT_COMPARED, "note": f"not compared: {reason}"})
+        self.finish(self.cur, verdict={"status": BaselineStatus.NOT_COMPARED.value, "note": f"not compared: {reason}"})
 
     def outcome(self) -> TestOutcome:
         """The current side's reports (or why there are none), and the lines about REF the
