@@ -269,22 +269,26 @@ def judge_budget(key: str, limit: float, m: Measurement) -> BudgetBreach:
     if q is None or not values:
         return dataclasses.replace(out, ci=None, state=BudgetState.MET if b.holds(measured, limit) else out.state)
     low, high = order_ci(values, q)
+    state, by_value = _ci_state(b, measured, limit, values, (low, high))
+    return dataclasses.replace(out, ci=(low, high), state=state, quantile=q, n=len(values), by_value=by_value)
+
+
+def _ci_state(
+    b: Budget, measured: float, limit: float, values: Sequence[float], ci: tuple[float | None, float | None]
+) -> tuple[BudgetState, bool]:
+    """(the state, whether the value decided it) of a budget whose statistic has the sample CI ``ci``."""
+    low, high = ci
     # The side of the CI that must hold for the budget to be met, and the side that must break it.
     holds_side, breaks_side = (high, low) if b.ceiling else (low, high)
-    by_value = False
     # A side the sample cannot bound (p99 of 20 runs) is met when even its most extreme value
     # holds: a budget far from the measured values needs no more runs to say so.
     edge = max(values) if b.ceiling else min(values)
     if b.holds(edge if holds_side is None else holds_side, limit):
-        state = BudgetState.MET
-    elif breaks_side is None:  # too few values to show a breach at all: the value decides
+        return BudgetState.MET, False
+    if breaks_side is None:  # too few values to show a breach at all: the value decides
         by_value = not b.holds(measured, limit)
-        state = BudgetState.BREACHED if by_value else BudgetState.UNDECIDED
-    elif not b.holds(breaks_side, limit):
-        state = BudgetState.BREACHED
-    else:
-        state = BudgetState.UNDECIDED
-    return dataclasses.replace(out, ci=(low, high), state=state, quantile=q, n=len(values), by_value=by_value)
+        return (BudgetState.BREACHED if by_value else BudgetState.UNDECIDED), by_value
+    return (BudgetState.BREACHED if not b.holds(breaks_side, limit) else BudgetState.UNDECIDED), False
 
 
 def budget_checks(m: Measurement, budgets: Mapping[str, float]) -> tuple[BudgetBreach, ...]:

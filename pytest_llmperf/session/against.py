@@ -149,19 +149,24 @@ def open_against(
 def describe_sides(against: Mapping[str, Any] | None) -> list[str]:
     """The session's last lines: what each side was (``Session.against_sides``: the controller's,
     or an xdist worker's shipped on its reports)."""
-    out = []
-    for name, side in ((against or {}).get("sides") or {}).items():
-        code = ", ".join(f"{k} from {v}" for k, v in (side.get("code") or {}).items() if v) or "no code of this tree"
-        out.append(
-            f"llmperf: against: {name} = {side.get('shown')}: Python {side.get('python') or '?'}, "
-            f"llama-cpp-python {side.get('llama_cpp') or '?'}, {code}"
-        )
-    for d in (against or {}).get("decisions") or ():
-        out.append(
-            f"llmperf: against: {d.get('test')}: {d.get('pairs')} pairs in {float(d.get('seconds') or 0):.1f} s "
-            f"(look {d.get('look')} of {d.get('looks')}: {d.get('stopped')})"
-        )
-    return out
+    sides = ((against or {}).get("sides") or {}).items()
+    decisions = (against or {}).get("decisions") or ()
+    return [_side_line(name, side) for name, side in sides] + [_decision_line(d) for d in decisions]
+
+
+def _side_line(name: str, side: Mapping[str, Any]) -> str:
+    code = ", ".join(f"{k} from {v}" for k, v in (side.get("code") or {}).items() if v) or "no code of this tree"
+    return (
+        f"llmperf: against: {name} = {side.get('shown')}: Python {side.get('python') or '?'}, "
+        f"llama-cpp-python {side.get('llama_cpp') or '?'}, {code}"
+    )
+
+
+def _decision_line(d: Mapping[str, Any]) -> str:
+    return (
+        f"llmperf: against: {d.get('test')}: {d.get('pairs')} pairs in {float(d.get('seconds') or 0):.1f} s "
+        f"(look {d.get('look')} of {d.get('looks')}: {d.get('stopped')})"
+    )
 
 
 #: The pairs are judged every ``runs`` x this many pairs (10 of the default 20): a look costs

@@ -363,17 +363,22 @@ class Side:
             return Missing(self.problems, fails=False)
         if nodeid in self.ready.get("collected", ()):
             return None
+        return self._uncollected(nodeid) or Missing(f"{self.who} has no test {nodeid}", fails=False)
+
+    def _uncollected(self, nodeid: str) -> Missing | None:
+        """Why ``nodeid`` did not collect here (its module's import broke, or a collection
+        error), if one of the side's broken or erring places covers it."""
         broken: Mapping[str, str] = self.ready.get("broken") or {}
         errors: Mapping[str, str] = self.ready.get("errors") or {}
         for where, line in [*broken.items(), *errors.items()]:
-            if not where or nodeid == where or nodeid.startswith((where + "::", where + "/")):
-                if where in broken:
-                    return Missing(
-                        f"{self.who} cannot import {where or nodeid}: its code under test fails there: {line}",
-                        fails=True,
-                    )
-                return Missing(f"{self.who} cannot collect {where or nodeid}: {line}", fails=False)
-        return Missing(f"{self.who} has no test {nodeid}", fails=False)
+            if where and nodeid != where and not nodeid.startswith((where + "::", where + "/")):
+                continue
+            if where in broken:
+                return Missing(
+                    f"{self.who} cannot import {where or nodeid}: its code under test fails there: {line}", fails=True
+                )
+            return Missing(f"{self.who} cannot collect {where or nodeid}: {line}", fails=False)
+        return None
 
     def close(self) -> None:
         if self.channel is not None:
