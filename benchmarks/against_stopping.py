@@ -181,8 +181,33 @@ def replay(paths: list[str], bands: bool = False) -> None:
             spreads = [_spread([r[metric] for r in s["a"]], [r[metric] for r in s["b"]]) for s in mine]
             print(f"  pairs' spread {metric}: {_spreads(spreads)}")
         print(f"  pairs' spread decode per token position: {_spreads([_by_position(s) for s in mine])}")
+        print(f"  {_run_level(mine)}")
         for stat in DECODE:
             _replay_statistic(mine, stat)
+
+
+def _run_level(mine: list[dict]) -> str:
+    """Where the spread comes from: how much a run's typical token (its median ITL) moves from
+    run to run, how much of that A's and B's runs of a pair share, and how alike the tokens of
+    one run are (the correlation of a token's ITL with the next one's and the 8th next, each
+    position's mean over the session's runs taken out). Medians over the sessions."""
+    sd, shared, lag1, lag8 = [], [], [], []
+    for s in mine:
+        a, b = (np.log(np.asarray([r["itl_ms"] for r in s[k]], dtype=float)) for k in ("a", "b"))
+        ma, mb = np.median(a, axis=1), np.median(b, axis=1)
+        sd.append(float(ma.std(ddof=1)))
+        shared.append(float(np.corrcoef(ma, mb)[0, 1]))
+        x = np.vstack([a, b])[:, 2:]  # past the first tokens' warm-up
+        x = x - x.mean(axis=0)
+        lag1.append(float(np.corrcoef(x[:, 1:].ravel(), x[:, :-1].ravel())[0, 1]))
+        if x.shape[1] > 8:
+            lag8.append(float(np.corrcoef(x[:, 8:].ravel(), x[:, :-8].ravel())[0, 1]))
+    med = statistics.median
+    return (
+        f"run-level speed: sd of a run's log median ITL {med(sd):.3f}, A-B correlation in a pair "
+        f"{med(shared):.2f}; within a run, ITL correlation with the next token {med(lag1):.2f}, "
+        f"the 8th next {med(lag8) if lag8 else float('nan'):.2f}"
+    )
 
 
 def _by_position(s: dict) -> tuple[float, float]:
