@@ -160,7 +160,7 @@ def test_a_stop_never_hides_a_change_it_could_still_find(n: int, shift: float, s
 
 def run_level(rng: np.random.Generator, n: int, sd: float, shared: float) -> np.ndarray:
     """Per-pair log ratios B/A as the recorded sessions on this project's 2-core VM showed them
-    (docs/lab-notes.md, "The per-pair statistic"): each run's tokens all faster or slower together
+    (docs/lab-notes.md, "What the pairs' spread is made of"): each run's tokens all faster or slower together
     (a run-level speed of sd ``sd``), A's and B's speeds correlated by ``shared`` only, and one run
     in 10 hit by a burst (exponential, mean ``sd``)."""
     common = rng.normal(0.0, sd, n)
