@@ -17,12 +17,14 @@ spread); decode TPOT and the ITL p95 (1.5x the noise) carry the change, TTFT non
 
     .venv/bin/python benchmarks/against_stopping.py --spread 0.03 0.06 0.10 --sessions 200
 
-``--replay FILE...`` (``--load-bands``: each case split by the 1-min load) replays the rules on real pairs instead: the sessions
+``--replay FILE...`` replays the rules on real pairs instead: the sessions
 ``benchmarks/against_sessions.py --record-pairs FILE --all-pairs`` recorded (every pair to the
 cap, each run's per-token latencies), each with every per-run decode statistic (``DECODE``):
-per case the spread of the pairs' log ratios of each statistic, TTFT and ITL p95, and per rule
-and statistic the pairs taken, the seconds they took (the session's seconds per pair times the
-pairs), what was decided, and which comparison kept the pairs going at the looks that did not stop.
+per case the spread of the pairs' log ratios of each statistic, TTFT and ITL p95, where the
+spread comes from (``_run_level``), and per rule and statistic the pairs taken, the seconds they
+took (the session's seconds per pair times the pairs), what was decided, and which comparison
+kept the pairs going at the looks that did not stop. ``--load-bands`` splits each case by the
+session's 1-min load.
 
     .venv/bin/python benchmarks/against_stopping.py --replay /tmp/pairs.jsonl
 """
@@ -108,6 +110,8 @@ SEQUENTIAL = 3
 
 
 def _trimmed(share: float):
+    """The mean of a run's ITLs without the ``share`` lowest and the ``share`` highest."""
+
     def mean(itl: np.ndarray) -> float:
         s = np.sort(itl)
         k = int(share * s.size)
