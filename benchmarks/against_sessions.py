@@ -94,7 +94,7 @@ def test_quant(llmperf):
     llmperf.measure(model=MODEL, repack=False)
 """
 #: Loaded with ``-p`` in every session of --record-pairs (it is only called in the controller:
-#: the sides do not judge). Each look appends the pairs added since the last one.
+#: the sides do not judge). Each look appends a line with every pair so far.
 RECORDER = """import dataclasses, json, os, time
 
 import pytest_llmperf.judge.paired as paired
@@ -234,29 +234,32 @@ def session(root: Path, ref: str, args: argparse.Namespace, out: Path) -> dict:
     doc = json.loads(out.read_text())
     doc["_exit"], doc["_wall_s"] = proc.returncode, time.monotonic() - started
     if args.record_pairs and looks.exists():
-        lines = [json.loads(line) for line in looks.read_text().splitlines()]
-        if lines:  # one test per session: its last look holds every pair
-            with args.record_pairs.open("a") as fh:
-                fh.write(
-                    json.dumps(
-                        {
-                            "case": args.case,
-                            "change": args.change,
-                            "preset": args.preset,
-                            "tokens": [args.prompt_tokens, args.max_tokens],
-                            "load": load(),
-                            "looks": [[x["n"], x["t"] - lines[0]["t"]] for x in lines],
-                            "pairs_s": [d["seconds"] for d in (doc.get("against") or {}).get("decisions") or []],
-                            "a": lines[-1]["a"],
-                            "b": lines[-1]["b"],
-                        }
-                    )
-                    + "\n"
-                )
+        record(args, looks, doc)
     if not doc["results"]:  # nothing measured: say why (the session's last lines)
         print(f"  session measured nothing (exit {proc.returncode}, {doc['_wall_s']:.0f} s):")
         print("    " + "\n    ".join((proc.stdout + proc.stderr).strip().splitlines()[-25:]), flush=True)
     return doc
+
+
+def record(args: argparse.Namespace, looks: Path, doc: dict) -> None:
+    """Append the session's pairs to --record-pairs: its last look holds every pair (one test
+    per session), with when each look came and the seconds the pairs took."""
+    lines = [json.loads(line) for line in looks.read_text().splitlines()]
+    if not lines:
+        return
+    row = {
+        "case": args.case,
+        "change": args.change,
+        "preset": args.preset,
+        "tokens": [args.prompt_tokens, args.max_tokens],
+        "load": load(),
+        "looks": [[x["n"], x["t"] - lines[0]["t"]] for x in lines],
+        "pairs_s": [d["seconds"] for d in (doc.get("against") or {}).get("decisions") or []],
+        "a": lines[-1]["a"],
+        "b": lines[-1]["b"],
+    }
+    with args.record_pairs.open("a") as fh:
+        fh.write(json.dumps(row) + "\n")
 
 
 def load() -> str:
