@@ -320,7 +320,9 @@ def test_tpot_p99_is_a_figure_a_json_field_a_table_row_and_a_budget(measured) ->
     p99 = float(np.percentile([r.tpot_ms for r in m.runs], 99))
     assert Figures.of(m).tpot_p99_ms == p99 and Figures.of(m).to_json()["tpot_p99_ms"] == p99
     assert "decode TPOT median / p99" in metrics_table(m)
-    marker = validate_marker({"tpot_p99_ms": p99 / 2})
+    # Below every run's TPOT: the whole order-statistic CI of a 3-run p99 lies beyond it, however
+    # one run's TPOT strays on a busy machine (at p99 / 2 a slow run left it undecided).
+    marker = validate_marker({"tpot_p99_ms": min(r.tpot_ms for r in m.runs) / 2})
     failure = check_budgets(m, marker.budgets)
     assert failure is not None and [b.key for b in failure.breaches] == ["tpot_p99_ms"]
     assert check_budgets(m, validate_marker({"tpot_p99_ms": p99 * 2}).budgets) is None
