@@ -98,7 +98,7 @@ class ABResult:
         """The budgets that fail the test: breached ones, and agreement budgets on sides that
         expose no token probabilities."""
         every: tuple[BudgetOutcome | AgreementOutcome, ...] = (*self.budgets, *self.agreement_budgets)
-        return tuple(o for o in every if o.status in ("breached", "unavailable"))
+        return tuple(o for o in every if o.status.fails)
 
     def failure_lines(self) -> list[str]:
         prefix = f"[{self.label}] " if self.label else ""
@@ -224,10 +224,10 @@ def properties(results: Sequence[ABResult]) -> list[tuple[str, Any]]:
                 (f"{prefix}{c.metric}.ratio", round(c.ratio, 6)),
                 (f"{prefix}{c.metric}.ci", f"{c.ci_low:.6g}..{c.ci_high:.6g}"),
             ]
-        out += [(f"{prefix}budget.{o.budget.kind}.{o.budget.target}", o.status) for o in r.budgets]
+        out += [(f"{prefix}budget.{o.budget.kind}.{o.budget.target}", o.status.value) for o in r.budgets]
         if r.agreement is not None:
             out += _agreement_properties(prefix, r.agreement)
-        out += [(f"{prefix}budget.{o.budget.key}", o.status) for o in r.agreement_budgets]
+        out += [(f"{prefix}budget.{o.budget.key}", o.status.value) for o in r.agreement_budgets]
     return out
 
 
@@ -283,7 +283,7 @@ def as_dict(r: ABResult) -> dict[str, Any]:
                 "target": o.budget.target,
                 "metric": o.budget.metric,
                 "value": o.budget.value,
-                "status": o.status,
+                "status": o.status.value,  # plain data (xdist's wire takes no enum)
                 "line": o.line(r.a_name, r.b_name),
             }
             for o in r.budgets
@@ -295,7 +295,7 @@ def as_dict(r: ABResult) -> dict[str, Any]:
                 "figure": o.budget.figure,
                 "value": o.limit,
                 "measured": _finite(o.measured),
-                "status": o.status,
+                "status": o.status.value,  # plain data (xdist's wire takes no enum)
                 "line": o.line(r.a_name, r.b_name),
             }
             for o in r.agreement_budgets

@@ -22,7 +22,7 @@ from ..core.fingerprint import hardware_differences, other_hardware_note, subjec
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRESHOLD
 from .result import LayerChange, MeasurementResult, compare_layers
 from .rule import JUDGED, METRICS, MIN_PEERS, SUITE_ALPHA_SHARE, compare_levels, decide, mirrored, suite_relative
-from .verdict import Comparison, Level, NoiseModel, Verdict, holm, level
+from .verdict import BaselineStatus, Comparison, Level, NoiseModel, Verdict, holm, level
 
 #: Recorded sessions a baseline keeps per test and hardware (the newest K, rolling).
 HISTORY_SESSIONS = 10
@@ -64,7 +64,7 @@ class CompareSettings:
 class BaselineVerdict:
     """What the baseline says about one measurement."""
 
-    status: str  # compared | no-baseline | other-hardware | workload-changed | error
+    status: BaselineStatus
     note: str = ""
     comparisons: tuple[Comparison, ...] = ()
     #: What changed in the subject since the baseline (other-hardware: the hardware fields
@@ -78,6 +78,9 @@ class BaselineVerdict:
     machine: str = ""
     #: Memory figures grown beyond ``MEMORY_RULE`` since the baseline, one line each.
     memory_changes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", BaselineStatus(self.status))  # a word read from JSON, typed
 
     @property
     def slower_layers(self) -> tuple[LayerChange, ...]:
@@ -96,8 +99,8 @@ class BaselineVerdict:
 
     def short(self) -> str:
         """One cell for the summary table."""
-        if self.status != "compared":
-            return self.status
+        if self.status is not BaselineStatus.COMPARED:
+            return str(self.status)
         if not self.comparisons:
             return Verdict.INCONCLUSIVE.value  # nothing could be judged (the note says why)
         if self.regressions or self.memory_changes:
@@ -447,7 +450,7 @@ def judge(
         return _judge(entries, hardware_key, candidate, settings, window)
     except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError) as exc:
         return BaselineVerdict(
-            "error",
+            BaselineStatus.ERROR,
             f"cannot judge against the stored baseline: {type(exc).__name__}: {exc}; "
             "re-record it with --llmperf-update-baselines",
         )
@@ -461,18 +464,18 @@ def _judge(
     window: Callable[[Mapping[str, Any]], Mapping[str, Sequence[Level]]] | None,
 ) -> BaselineVerdict:
     if not entries:
-        return BaselineVerdict("no-baseline", "no baseline: run with --llmperf-update-baselines")
+        return BaselineVerdict(BaselineStatus.NO_BASELINE, "no baseline: run with --llmperf-update-baselines")
     baseline = entries.get(hardware_key)
     if baseline is None:
         return BaselineVerdict(
-            "other-hardware",
+            BaselineStatus.OTHER_HARDWARE,
             other_hardware_note(entries, hardware_key, candidate),
             changes=tuple(closest_hardware_differences(entries, candidate)),
         )
     changed = same_workload(baseline, candidate)
     if changed:
         return BaselineVerdict(
-            "workload-changed",
+            BaselineStatus.WORKLOAD_CHANGED,
             f"not comparable: the workload changed since the baseline ({', '.join(changed)}); "
             "re-record with --llmperf-update-baselines",
         )
@@ -488,7 +491,7 @@ def _judge(
     why = machine_blame(baseline, candidate)
     comparisons, left_out = judged_records(baseline, candidate, settings, window(baseline) if window else None)
     return BaselineVerdict(
-        "compared",
+        BaselineStatus.COMPARED,
         note="; ".join(notes + left_out),
         machine=why or "",
         comparisons=tuple(blame_machine(comparisons, why)),
@@ -611,7 +614,9 @@ def suite_check(
 
 def _compared(results: Sequence[MeasurementResult]) -> tuple[list[int], list[list[Comparison]]]:
     """The indices of the results compared against a baseline, and their comparisons."""
-    compared = [i for i, r in enumerate(results) if r.verdict is not None and r.verdict.status == "compared"]
+    compared = [
+        i for i, r in enumerate(results) if r.verdict is not None and r.verdict.status is BaselineStatus.COMPARED
+    ]
     before = [list(v.comparisons) for v in (results[i].verdict for i in compared) if v is not None]
     return compared, before
 

@@ -26,7 +26,6 @@ UNCHANGED or INCONCLUSIVE with the reason a person reads."""
 from __future__ import annotations
 
 import dataclasses
-import enum
 import functools
 import math
 from collections.abc import Mapping, Sequence
@@ -35,6 +34,8 @@ from typing import Any
 
 import numpy as np
 from scipy.special import ndtri, stdtrit
+
+from ..core.formats import StrEnum
 
 #: Relative efficiency factor of the Hodges-Lehmann location: se = this * sigma / sqrt(n).
 HL_SE_FACTOR = math.sqrt(math.pi / 3.0)
@@ -314,7 +315,7 @@ EQUIVALENCE_CONFIDENCE = 0.80
 UPPER_FACTOR = 2.0
 
 
-class Verdict(str, enum.Enum):
+class Verdict(StrEnum):
     """Outcome of one comparison; only REGRESSION fails a test by default."""
 
     REGRESSION = "REGRESSION"
@@ -322,6 +323,19 @@ class Verdict(str, enum.Enum):
     UNCHANGED = "UNCHANGED"
     INCONCLUSIVE = "INCONCLUSIVE"
     MACHINE_SLOWER = "MACHINE_SLOWER"
+
+
+class BaselineStatus(StrEnum):
+    """What a measurement was held against (``regression.BaselineVerdict``, ``result.VerdictRecord``):
+    its comparisons are judged only when COMPARED; the others say why there are none."""
+
+    COMPARED = "compared"
+    NO_BASELINE = "no-baseline"
+    OTHER_HARDWARE = "other-hardware"
+    WORKLOAD_CHANGED = "workload-changed"
+    ERROR = "error"  # the baseline file could not be read (the note says why)
+    #: ``--llmperf-against``: REF could not run this measurement; measured on this tree alone.
+    NOT_COMPARED = "not-compared"
 
 
 @dataclass(frozen=True)

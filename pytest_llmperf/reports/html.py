@@ -32,7 +32,9 @@ from typing import TYPE_CHECKING, Any
 from ..core.catalog import BUDGETS, FIGURES, HEADLINE, is_ceiling
 from ..core.formats import fmt
 from ..core.settings import usable_cpus
+from ..judge.budgets import BudgetState
 from ..judge.result import MeasurementResult, VerdictRecord
+from ..judge.verdict import BaselineStatus
 from . import charts, record_charts
 from .session_file import (
     AB_FAILING,
@@ -55,7 +57,7 @@ if TYPE_CHECKING:
 
 
 #: The verdict of a result that has none (not compared).
-NOT_COMPARED = VerdictRecord("not compared")
+NOT_COMPARED = VerdictRecord(BaselineStatus.NOT_COMPARED)
 
 #: The history's recent trend of a test (``history.series.attach``): ``{result.test: [trend_data]}``.
 Trends = Mapping[str, Sequence[Mapping[str, Any]]]
@@ -102,7 +104,7 @@ def state_of(result: MeasurementResult) -> str:
     verdict = result.verdict or NOT_COMPARED
     if verdict.failures:
         return "REGRESSION"
-    if result.budget == "FAIL":
+    if result.over_budget:
         return "OVER BUDGET"
     short = verdict.short or "not compared"
     return short.split()[0] if short.split()[0] in STATES else short
@@ -236,7 +238,7 @@ def test_section(
         if ref
         else f"against REF {against}: not compared"
         if against
-        else f"baseline: {'compared' if baseline else verdict.status}"
+        else f"baseline: {'compared' if baseline else verdict.status if result.verdict else 'not compared'}"
     )
     parts.append(
         f'<p class="notes">{_e(w.get("prompt_tokens", "?"))} prompt tokens, {_e(w.get("max_tokens", "?"))} '
@@ -246,7 +248,7 @@ def test_section(
     notes = list(verdict.failures)
     if verdict.note:
         notes.append(verdict.note)
-    if verdict.changes and verdict.status != "other-hardware":  # other hardware: the note names them
+    if verdict.changes and verdict.status is not BaselineStatus.OTHER_HARDWARE:  # other hardware: the note names them
         notes.append("changed since the baseline: " + ", ".join(verdict.changes))
     notes += [f"{c.phase} {c.label}: {c.reach()}" for c in verdict.comparisons if c.mirror_of is None and c.reach()]
     notes += list((record.get("stability") or {}).get("warnings") or [])
@@ -409,7 +411,7 @@ def _ab_badge(status: str) -> str:
     """An A/B budget's outcome: FAIL (breached, or agreement not available), met, undecided."""
     if status in AB_FAILING:
         return badge("OVER BUDGET", "FAIL")
-    return badge("ok", status) if status == "met" else badge("INCONCLUSIVE", status)
+    return badge("ok", status) if status == BudgetState.MET else badge("INCONCLUSIVE", status)
 
 
 def ab_section(ab: Sequence[Mapping[str, Any]]) -> str:

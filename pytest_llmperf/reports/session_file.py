@@ -22,7 +22,8 @@ from ..core.catalog import HEADLINE, SUMMARY
 from ..core.documents import RefusedFile, SchemaViolation, read_text, validate
 from ..core.formats import fmt, render_table
 from ..core.settings import COLUMN_SETS, DEFAULT_COMPARISON_COLUMNS
-from ..judge.result import MeasurementResult
+from ..judge.budgets import FAILING_STATES
+from ..judge.result import MeasurementResult, ResultError
 from ..judge.verdict import Comparison
 from .text import fit_table, short_ids
 
@@ -112,9 +113,10 @@ def read_session(path: Path | str) -> tuple[dict[str, Any], list[MeasurementResu
         raise baseline_store.BaselineError(f"{path} is from a newer pytest-llmperf; upgrade to read it")
     try:
         validate(data, "session")
-    except SchemaViolation as exc:
+        results = [MeasurementResult.from_json(r, f"results[{i}]", check=False) for i, r in enumerate(data["results"])]
+    except (SchemaViolation, ResultError) as exc:  # ResultError: a state no pytest-llmperf writes
         raise baseline_store.BaselineError(f"{path}: {exc}; {REDO}") from None
-    return data, [MeasurementResult.from_json(r, f"results[{i}]", check=False) for i, r in enumerate(data["results"])]
+    return data, results
 
 
 COMPARISON_HEADERS = ("test", "metric", "baseline", "now", "change", "95% CI", "p (Holm)", "verdict", "detects")
@@ -296,7 +298,7 @@ def budget_failures(results: Iterable[MeasurementResult]) -> list[str]:
     """``test: breach; breach`` for every measurement over one of its budgets."""
     out = []
     for r in results:
-        if r.budget.startswith("FAIL"):
+        if r.over_budget:
             detail = "; ".join(r.budget_failures) or "over budget"
             out.append(f"{r.test}: {detail}")
     return out
@@ -393,11 +395,7 @@ def markdown(
     lines = ["## pytest-llmperf", ""]
     regressions = [f for r in results if r.verdict is not None for f in r.verdict.failures]
     over = budget_failures(results) if budgets_gate else []
-    failing = [
-        r
-        for r in results
-        if (r.verdict is not None and r.verdict.failures) or (budgets_gate and r.budget.startswith("FAIL"))
-    ]
+    failing = [r for r in results if (r.failed if budgets_gate else r.regressed)]
     if failing:
         parts = [f"{len(over)} over budget"] if over else []
         parts += [f"{len(regressions)} regression(s)"] if regressions else []
@@ -519,7 +517,7 @@ def agreement_rows(entry: Mapping[str, Any]) -> list[list[str]]:
 
 
 #: The budget outcomes that fail an A/B (``ABResult.failed``).
-AB_FAILING = ("breached", "unavailable")
+AB_FAILING = FAILING_STATES
 
 
 def ab_budget_lines(entry: Mapping[str, Any]) -> list[tuple[str, str]]:

@@ -151,6 +151,7 @@ class Assessor:
         from ..baselines import store
         from ..baselines.store import BaselineError
         from ..judge.regression import BaselineVerdict, judge
+        from ..judge.verdict import BaselineStatus
 
         windows = self.window(a.hardware_key)
         test = store.unique_test_id(nodeid, a.baseline_file)  # the history's id
@@ -159,7 +160,7 @@ class Assessor:
             entries = self.baselines(path).get(a.key)
             verdict = judge(entries, a.hardware_key, rec, settings, window)
         except BaselineError as exc:
-            return dataclasses.replace(a, verdict=BaselineVerdict("error", str(exc)))
+            return dataclasses.replace(a, verdict=BaselineVerdict(BaselineStatus.ERROR, str(exc)))
         if verdict.status == "compared":
             assert entries is not None  # judged against one of them
             return dataclasses.replace(a, verdict=verdict, baseline_record=entries[a.hardware_key])

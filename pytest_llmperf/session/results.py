@@ -71,9 +71,11 @@ class Result:
 
     def _budget_fields(self) -> dict[str, Any]:
         """``MeasurementResult``'s budget fields: the state, each breach's line and key, the notes."""
+        from ..judge.budgets import BudgetStatus
+
         breaches = tuple(self.failure.breaches) if self.failure is not None else ()
         return {
-            "budget": "-" if not self.n_budgets else ("FAIL" if self.failure else "ok"),
+            "budget": BudgetStatus.of(self.n_budgets, self.failure is not None),
             "budget_failures": tuple(b.line() for b in breaches),
             "budget_notes": tuple(self.budget_notes),
             "breached_budgets": tuple(b.key for b in breaches),
