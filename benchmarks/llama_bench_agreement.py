@@ -1,7 +1,7 @@
 """Does the plugin measure what llama-bench measures? Side by side, pair by pair.
 
 llama-bench is built from the llama.cpp sources vendored in the installed llama-cpp-python
-sdist (same version; ``engines.native_tools``, cached). Each pair runs llama-bench
+sdist (same version; ``engines.servers``, cached). Each pair runs llama-bench
 (``-t T -p P -n N -r R -o json``: pp P and tg N, R repetitions) and then, in this process, the
 plugin's ``measure`` on the same model, threads and workload (R runs after 1 warm-up), for each
 variant of the plugin's settings in a shuffled order. Printed per pair and as medians: the

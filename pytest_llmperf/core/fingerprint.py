@@ -139,7 +139,7 @@ def subject_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list
             continue  # recorded before the setting was: not a change
         if before.get(key) != after.get(key):
             changes.append(f"{label} {before.get(key)} -> {after.get(key)}")
-    # Keys a pytest_llmperf_fingerprint hook added (hookspecs.py), named as given; one the
+    # Keys a pytest_llmperf_fingerprint hook added (pytest_plugin/hooks.py), named as given; one the
     # baseline does not have yet is not a change (as NEWER_KEYS).
     for key in sorted(set(before) - SUBJECT_LABELS.keys()):
         if before.get(key) != after.get(key):

@@ -3,7 +3,7 @@ URL), and a connection on which every wait ends.
 
 Where the session history lives: ``--llmperf-history PATH|URL|off`` > ``$LLMPERF_HISTORY`` >
 ini ``llmperf_history`` > ``<rootdir>/.llmperf/history.sqlite`` (the setting is read with the
-others, ``core.settings_table``; ``parse`` turns its value into a ``Location``).
+others, ``core.settings``; ``parse`` turns its value into a ``Location``).
 
 A plain path is a SQLite file (stdlib, nothing to install); ``postgresql://...`` (or libpq's
 ``host=... dbname=...`` form) is a shared PostgreSQL database for a fleet of CI runners (``pip

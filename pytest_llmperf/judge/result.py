@@ -224,7 +224,7 @@ class VerdictRecord:
 
 @dataclass(frozen=True)
 class LoadFigures:
-    """A load test's headline figures (``measuring.load.LoadStats``)."""
+    """A load test's headline figures (``measuring.served.LoadStats``)."""
 
     concurrency: int
     requests: int

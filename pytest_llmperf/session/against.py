@@ -7,7 +7,7 @@ one, or REF's git worktree) and whose interpreter is the side's (this one, or RE
 ``python:PATH``). The controller here names the test both sides run; each side runs it up to
 its first measurement and waits; then the controller asks for the warm-ups and the runs, one
 side at a time, in seeded AB/BA order per pair, adds pairs while the verdict is undecided (up to
-the cap, every look at alpha / looks), judges them (``judge.ab.paired.judged_pairs``) and hands
+the cap, every look at alpha / looks), judges them (``judge.paired.judged_pairs``) and hands
 each side its measurement's end. The current side's reports become the test's.
 
 The two sides of ``--llmperf-against`` as the controller (``session/against.py``) sees them:
