@@ -172,4 +172,3 @@ def test_a_layer_takes_only_the_version_from_the_package_root():
             elif isinstance(node, ast.Import):
                 taken += [f"{name}: import {a.name}" for a in node.names if a.name == "pytest_llmperf"]
     assert taken == []
-
