@@ -1,7 +1,7 @@
 """Where the session history lives and how it is reached: its location (SQLite path or PostgreSQL
 URL), and a connection on which every wait ends.
 
-Where the session history lives: ``--llmperf-history PATH|URL|off`` > ``$LLMPERF_HISTORY`` >
+The location: ``--llmperf-history PATH|URL|off`` > ``$LLMPERF_HISTORY`` >
 ini ``llmperf_history`` > ``<rootdir>/.llmperf/history.sqlite`` (the setting is read with the
 others, ``core.settings``; ``parse`` turns its value into a ``Location``).
 
@@ -9,8 +9,6 @@ A plain path is a SQLite file (stdlib, nothing to install); ``postgresql://...``
 ``host=... dbname=...`` form) is a shared PostgreSQL database for a fleet of CI runners (``pip
 install "pytest-llmperf[postgres]"``). Shown only through ``core.redact``: never a password.
 Light: imported by the plugin at configure time to reject a bad value in one line.
-
-Connections to the history, and every wait on one ending.
 
 SQLite: a writer waits for another one (or a reader for a writer's commit) in short busy
 timeouts with a pause in Python between them, so Ctrl-C ends the wait at once and is still a

@@ -17,14 +17,14 @@ processes and the schema's creation never interleave: a session's rows land whol
 all. A history written by a newer pytest-llmperf (a higher schema version) is refused with one
 line and never altered.
 
-The rows one session appends: built from the plugin's results (``MeasurementResult.to_json()``
+The rows one session appends are built from the plugin's results (``MeasurementResult.to_json()``
 of judge/result.py: the entries of the JSON report, also what crosses pytest-xdist's wire), so
 the history holds exactly what the session measured and judged.
 
-The commit under test, whether the work tree had uncommitted changes, and the branch.
-
-CI variables first (a CI checkout is often a detached HEAD), then ``git`` with a deadline; no
-git, no repository: None (a history row without a commit is still a row)."""
+The version-control facts (the commit under test, whether the work tree had uncommitted
+changes, the branch) come from CI variables first (a CI checkout is often a detached HEAD),
+then ``git`` with a deadline; no git, no repository: None (a history row without a commit is
+still a row)."""
 
 from __future__ import annotations
 
