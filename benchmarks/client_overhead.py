@@ -110,7 +110,8 @@ async def _serve(port: int, interval_s: float) -> None:
 
 
 class ThreadsOnly:
-    """The HTTP engine without ``arun``: measure_load runs it in its thread pool."""
+    """The HTTP engine without ``arun`` (no ``AsyncRuns``): measure_load runs it in its thread
+    pool. ``concurrent_safe`` makes it a ``ConcurrentRuns`` (the protocols are structural)."""
 
     concurrent_safe = True
 

@@ -1,11 +1,14 @@
 """The package's shape as a newcomer meets it (issue 24): how many modules, how long, and how
 many of them one marker-only test runs through.
 
-    python benchmarks/house.py [--list]
+    python benchmarks/house.py [--list] [--static]
 
 Prints the module count and median length (lines, ``__init__.py`` files included) of the
 ``pytest_llmperf`` that is imported (the checkout's own when run from it, or whatever
-PYTHONPATH puts first), then traces one in-process ``pytest.main`` of a marker-only test
+PYTHONPATH puts first), its annotations (each parameter's, each return's, each annotated
+assignment or dataclass field, read with ``ast``) and how many of them name ``Any`` anywhere
+inside (``dict[str, Any]`` counts; a string annotation is read too), then (not with
+``--static``) traces one in-process ``pytest.main`` of a marker-only test
 (``@pytest.mark.llmperf(...)`` over an empty body, model ``tiny``, history off) in a temporary
 folder with ``sys.setprofile``: every call into a ``pytest_llmperf`` frame is one step, a step in
 another file than the step before is a file switch, in another layer (``core``, ``judge``...,
@@ -18,6 +21,7 @@ modules the test ran, with their step counts.
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import statistics
 import sys
@@ -52,6 +56,41 @@ def shape() -> tuple[int, float, int]:
     """(modules, median lines, modules of 50 lines or fewer)."""
     sizes = [len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")]
     return len(sizes), statistics.median(sizes), sum(1 for n in sizes if n <= 50)
+
+
+def annotations(tree: ast.AST) -> list[ast.expr]:
+    """Every annotation of a module: parameters (``*args``, ``**kwargs`` too), returns, annotated
+    assignments (dataclass fields, class and module attributes, locals)."""
+    found: list[ast.expr] = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            params = (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg)
+            found += [p.annotation for p in params if p is not None and p.annotation is not None]
+            found += [node.returns] if node.returns is not None else []
+        elif isinstance(node, ast.AnnAssign):
+            found.append(node.annotation)
+    return found
+
+
+def names_any(annotation: ast.expr) -> bool:
+    """``Any`` (or ``typing.Any``) anywhere in the annotation, strings parsed as annotations."""
+    for node in ast.walk(annotation):
+        if isinstance(node, ast.Name) and node.id == "Any" or isinstance(node, ast.Attribute) and node.attr == "Any":
+            return True
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            try:
+                if names_any(ast.parse(node.value, mode="eval").body):
+                    return True
+            except SyntaxError:
+                continue
+    return False
+
+
+def any_count() -> tuple[int, int]:
+    """(annotations, those that name ``Any``) over the package."""
+    found = [a for p in PACKAGE.rglob("*.py") for a in annotations(ast.parse(p.read_text()))]
+    return len(found), sum(names_any(a) for a in found)
 
 
 def module_of(filename: str) -> str:
@@ -111,10 +150,15 @@ def run_test(folder: Path, trace: bool) -> tuple[int, list[str]]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--list", action="store_true", help="also print the modules the test ran")
+    ap.add_argument("--static", action="store_true", help="only the counts read from the source (no test run)")
     args = ap.parse_args()
     count, median, small = shape()
+    total, with_any = any_count()
     print(f"package: {PACKAGE}")
     print(f"modules: {count}, median {median:g} lines, {small} of 50 lines or fewer")
+    print(f"annotations: {total}, {with_any} of them with Any ({with_any / total:.1%})")
+    if args.static:
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         (folder / "test_marker_only.py").write_text(TEST)

@@ -26,6 +26,20 @@ if TYPE_CHECKING:  # the one list of public names: type checkers read it, and so
     from .core.errors import ConfigError, EngineError, LLMPerfError
     from .core.workload import EngineInfo, NativeCounters, RunTrace, Workload
     from .engines import CallableEngine, Engine
+    from .engines.capabilities import (
+        AsyncRuns,
+        Closable,
+        ConcurrentRuns,
+        EngineProcess,
+        FreshLoads,
+        LayerTiming,
+        LlamaObject,
+        NeedsPromptIds,
+        ProcessMemory,
+        RemoteLayerTiming,
+        ServerMetrics,
+        TokenProbabilities,
+    )
     from .engines.http import HttpEngine
     from .engines.llama_cpp import LlamaCppEngine
     from .engines.llama_cpp_native import EngineConfig

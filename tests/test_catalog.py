@@ -9,6 +9,7 @@ import dataclasses
 import json
 import math
 import re
+import typing
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,8 @@ from pytest_llmperf import Workload, measure
 from pytest_llmperf.baselines.records import record
 from pytest_llmperf.core import catalog
 from pytest_llmperf.core.fingerprint import Fingerprint, subject
+from pytest_llmperf.core.measured import Figures, RunShape
 from pytest_llmperf.judge import rule as compare
-from pytest_llmperf.judge.result import Figures
 from pytest_llmperf.measuring.agreement import compare_outputs
 from pytest_llmperf.measuring.roofline import Peak
 from pytest_llmperf.reports.html import _budget_rows, budget_value
@@ -95,6 +96,39 @@ def test_figures_are_the_catalogs(measured) -> None:
                     assert f.read(m) == catalog.SUMMARY[f.name].read(m), f.name
     # Every figure of a row of the terminal's summary table is a figure or the budget.
     assert {k for _, _, k in catalog.SUMMARY_COLUMNS} <= {"test", "budget", *catalog.FIGURES}
+
+
+#: A figure's JSON type (``Figure.json``) as its ``Figures`` field declares it.
+PYTHON_TYPES = {"string": "str", "integer": "int", "number": "float", "null": "None"}
+
+
+def test_figures_declares_each_catalog_figure_with_its_type() -> None:
+    """``Figures`` is declared in source (mypy reads its fields); the catalog stays the one
+    definition: each entry of ``FIGURES`` is a field, in its order, of the Python type of its
+    JSON type, or None too where the session schema does not require it (an older file lacks
+    it). A figure added to the catalog alone fails here, naming the lines to declare."""
+    from pytest_llmperf.core.documents import load_schema
+
+    required = set(load_schema("session")["$defs"]["figures"]["required"])
+    expected = {}
+    for name, f in catalog.FIGURES.items():
+        types = [PYTHON_TYPES[t] for t in f.json]
+        expected[name] = " | ".join(types if name in required or "None" in types else [*types, "None"])
+    declared = {f.name: f.type for f in dataclasses.fields(Figures)}
+    assert declared.pop("load") == "LoadFigures | None"
+    fields = "\n".join(f"    {name}: {kind}" for name, kind in expected.items())
+    assert declared == expected and list(declared) == list(expected), (
+        f"core/measured.py's Figures must declare the catalog's figures, in this order:\n{fields}"
+    )
+    # Real types, too (each value is of its JSON type: test_the_session_schema_has_every_figure).
+    assert typing.get_type_hints(Figures)["prompt_tokens"] == int | None
+
+
+def test_run_fields_are_the_run_shapes() -> None:
+    """The catalog reads a run's ``run_field`` by name: each is a member of ``RunShape``
+    (which mypy checks ``RunMetrics`` against)."""
+    members = {n for n in vars(RunShape) if not n.startswith("_")}
+    assert set(catalog.RUN_FIELDS) <= members, set(catalog.RUN_FIELDS) - members
 
 
 def _agree(measured, name: str, read, from_record) -> None:
@@ -286,7 +320,9 @@ def test_tpot_p99_is_a_figure_a_json_field_a_table_row_and_a_budget(measured) ->
     p99 = float(np.percentile([r.tpot_ms for r in m.runs], 99))
     assert Figures.of(m).tpot_p99_ms == p99 and Figures.of(m).to_json()["tpot_p99_ms"] == p99
     assert "decode TPOT median / p99" in metrics_table(m)
-    marker = validate_marker({"tpot_p99_ms": p99 / 2})
+    # Below every run's TPOT: the whole order-statistic CI of a 3-run p99 lies beyond it, however
+    # one run's TPOT strays on a busy machine (at p99 / 2 a slow run left it undecided).
+    marker = validate_marker({"tpot_p99_ms": min(r.tpot_ms for r in m.runs) / 2})
     failure = check_budgets(m, marker.budgets)
     assert failure is not None and [b.key for b in failure.breaches] == ["tpot_p99_ms"]
     assert check_budgets(m, validate_marker({"tpot_p99_ms": p99 * 2}).budgets) is None

@@ -13,7 +13,7 @@ import pytest
 from inner import run
 
 from pytest_llmperf import cli
-from pytest_llmperf.core import settings
+from pytest_llmperf.core import settings, values
 from pytest_llmperf.session.options import KEYS, validate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -338,13 +338,13 @@ def test_budgets_only_and_baselines_only(pytester: pytest.Pytester) -> None:
 
 @pytest.mark.parametrize("text, value", [("5%", 0.05), ("0.05", 0.05), (" 12.5% ", 0.125), (0.2, 0.2)])
 def test_parse_fraction(text, value) -> None:
-    assert settings.parse_fraction(text) == pytest.approx(value)
+    assert values.parse_fraction(text) == pytest.approx(value)
 
 
 @pytest.mark.parametrize("text", ["5 percent", "-5%", "0", "nan", "", "%", True])
 def test_parse_fraction_rejects(text) -> None:
     with pytest.raises(ValueError, match=r"^expected a share"):
-        settings.parse_fraction(text)
+        values.parse_fraction(text)
 
 
 def test_marker_takes_percent_thresholds() -> None:

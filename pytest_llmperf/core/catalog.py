@@ -4,18 +4,21 @@ Each metric: its name, label, unit, phase, direction (``higher_is_better``), the
 that bound it (``BUDGETS``), how it is read from a measurement and from a stored record, and
 whether the baseline comparison judges it (``judged``, ``tail``, ``mirror_of``). ``SUMMARY``:
 the figures of a measurement's summary (a record's ``summary``, the session table's columns).
-``FIGURES``: a measurement's headline figures (the JUnit properties, in order, the typed
-result's ``Figures``, whose fields are made from it, the session schema's ``figures``, filled in
-from it, and the per-test metrics table's rows); a budgeted figure (``Figure.bound``) is also
-its budget key, so a new headline figure with its budget is one entry here plus its row in
-docs/report.md's figure table (and, for a budget, the README's marker-key table), which
-tests/test_catalog.py checks both ways. The schema (budget keys and their help), budgets, the comparison, the
-HTML budget table, the figures' budget lines, the stored record, the session table and the
-Markdown summary (``SUMMARY_COLUMNS``, ``HEADLINE``), the per-test metrics table, load rows,
-A/B's paired metrics, ``llmperf profile``'s speed rows and the history's labels and default
-metrics all read it, so a metric cannot mean one thing in a budget and another in a report; a
-test checks the README's marker-key table against it. It imports nothing from
-the rest of the package and no numpy at import (the plugin stays cheap to load).
+``FIGURES``: a measurement's headline figures (the JUnit properties, in order, the fields of
+the typed result's ``core.measured.Figures``, the session schema's ``figures``, filled in from
+it, and the per-test metrics table's rows); a budgeted figure (``Figure.bound``) is also its
+budget key, so a new headline figure with its budget is one entry here plus its field in
+``Figures`` and its row in docs/report.md's figure table (and, for a budget, the README's
+marker-key table), which tests/test_catalog.py checks against it. The schema (budget keys and
+their help), budgets, the comparison, the HTML budget table, the figures' budget lines, the
+stored record, the session table and the Markdown summary (``SUMMARY_COLUMNS``, ``HEADLINE``),
+the per-test metrics table, load rows, A/B's paired metrics, ``llmperf profile``'s speed rows
+and the history's labels and default metrics all read it, so a metric cannot mean one thing in
+a budget and another in a report; a test checks the README's marker-key table against it.
+
+Its readers read a ``core.measured.MeasurementShape``: the fields of ``measuring``'s
+Measurement they read, named for the type checker (the one import from the package, for it
+alone). No numpy at import (the plugin stays cheap to load).
 """
 
 from __future__ import annotations
@@ -24,7 +27,15 @@ import dataclasses
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # core.measured reads FIGURES: the shapes are for the type checker alone
+    from .measured import MeasurementShape
+
+#: How a figure is read from a measurement (``MeasurementShape``: ``measuring``'s Measurement).
+Reader = Callable[["MeasurementShape"], float | None]
+#: A headline figure's value: a number, or text (the model, the engine...), or None.
+FigureValue = str | float | None
 
 #: Phases a metric belongs to.
 PHASES = ("prefill", "decode", "request", "load", "roofline", "memory", "startup", "agreement")
@@ -39,7 +50,7 @@ class Budget:
     label: str  # as a budget breach prints it: "TTFT median"
     help: str  # the marker key's help text (``pytest --markers``, error messages)
     #: The statistic, read from a Measurement / recomputed from a stored record.
-    read: Callable[[Any], float | None]
+    read: Reader
     from_record: Callable[[Mapping[str, Any]], float | None]
     pooled_tokens: bool = False  # the sample is pooled tokens (ITL), not runs
     share: bool = False  # the value is a share in (0, 1]
@@ -69,7 +80,7 @@ class Metric:
     phase: str
     higher_is_better: bool
     #: The Measurement's summary of this metric (median over runs unless said otherwise).
-    read: Callable[[Any], float | None]
+    read: Reader
     #: Per-run field of ``RunMetrics`` stored in a record's ``runs`` (None: not stored per run).
     run_field: str | None = None
     #: Elsewhere in a record (a load level's or the roofline's figures), as a key path.
@@ -111,7 +122,7 @@ class SummaryField:
     label: str  # before the unit in the session table's header: "TTFT" -> "TTFT ms"
     column: str | None = None
     #: None: the metric's own ``read``; else another statistic of it (a pooled ITL percentile).
-    reader: Callable[[Any], float | None] | None = None
+    reader: Reader | None = None
     #: Shown by the short tables: the terminal's default columns, the Markdown summary.
     headline: bool = False
 
@@ -123,7 +134,7 @@ class SummaryField:
     def header(self) -> str:
         return f"{self.label} {self.unit}"
 
-    def read(self, m: Any) -> float | None:
+    def read(self, m: MeasurementShape) -> float | None:
         return (self.reader or METRICS[self.metric].read)(m)
 
 
@@ -179,52 +190,66 @@ def _at(*path: str) -> Callable[[Mapping[str, Any]], float | None]:
 # --- readers from a Measurement ---------------------------------------------------------------
 
 
-def _mbu(m: Any) -> float | None:
+def _mbu(m: MeasurementShape) -> float | None:
     return m.roofline.decode.mbu if m.roofline is not None else None
 
 
-def _goodput(m: Any) -> float | None:
+def _goodput(m: MeasurementShape) -> float | None:
     return m.load.goodput if m.load is not None else None
 
 
-def _rss_mib(m: Any) -> float | None:
+def _rss_mib(m: MeasurementShape) -> float | None:
     return m.peak_rss.bytes / 2**20 if m.peak_rss is not None else None
 
 
-def _engine(field: str) -> Callable[[Any], float | None]:
+def _engine(field: str) -> Reader:
     """A memory figure of the engine (``EngineInfo``: llama.cpp's reports, the file mapping)."""
     return lambda m: getattr(m.engine, field)
 
 
-def _loads(field: str) -> Callable[[Any], Any]:
+def _loads(field: str) -> Reader:
     """A figure of the test's fresh model loads (``runner.ModelLoads``), None when none ran."""
     return lambda m: getattr(m.model_loads, field) if m.model_loads is not None else None
 
 
-def _agreement(field: str) -> Callable[[Any], Any]:
+def _agreement(field: str) -> Reader:
     """A figure of this tree's output agreement with REF (``--llmperf-against``), else None."""
     return lambda m: getattr(m.agreement, field) if m.agreement is not None and m.agreement.available else None
 
 
-def direct_sample(metric: str, m: Any) -> str | None:
+def _memory_sample(metric: str, m: MeasurementShape) -> str:
+    if metric == "rss_mib":
+        whole = m.peak_rss is not None and m.peak_rss.scope != "measurement"
+        return f"peak over {m.n_runs} runs" + (", process lifetime" if whole else "")
+    return "/proc/self/smaps" if metric == "mapped_mib" else "llama.cpp log"
+
+
+def _startup_sample(metric: str, m: MeasurementShape) -> str:
+    loads = m.model_loads
+    return f"{len(loads.samples)} loads, {loads.page_cache}" if loads is not None else "no fresh loads"
+
+
+def _agreement_sample(metric: str, m: MeasurementShape) -> str:
+    g = m.agreement
+    return "not compared with REF" if g is None else g.sample if g.available else "not available"
+
+
+#: What a figure of each of these phases comes from: a direct reading, not a statistic.
+_DIRECT_SAMPLES: dict[str, Callable[[str, MeasurementShape], str]] = {
+    "memory": _memory_sample,
+    "startup": _startup_sample,
+    "agreement": _agreement_sample,
+}
+
+
+def direct_sample(metric: str, m: MeasurementShape) -> str | None:
     """What a memory or start-up figure comes from (budget lines, the metrics table); None for a
     statistic over runs or tokens."""
-    phase = METRICS[metric].phase
-    if phase == "memory":
-        if metric == "rss_mib":
-            whole = m.peak_rss is not None and m.peak_rss.scope != "measurement"
-            return f"peak over {m.n_runs} runs" + (", process lifetime" if whole else "")
-        return "/proc/self/smaps" if metric == "mapped_mib" else "llama.cpp log"
-    if phase == "startup":
-        loads = m.model_loads
-        return f"{len(loads.samples)} loads, {loads.page_cache}" if loads is not None else "no fresh loads"
-    if phase == "agreement":
-        g = m.agreement
-        return "not compared with REF" if g is None else g.sample if g.available else "not available"
-    return None
+    sample = _DIRECT_SAMPLES.get(METRICS[metric].phase)
+    return sample(metric, m) if sample is not None else None
 
 
-def _itl(q: int) -> Callable[[Any], float | None]:
+def _itl(q: int) -> Reader:
     """A pooled decode ITL percentile of a Measurement."""
     return lambda m: getattr(m.itl, f"p{q}_ms")
 
@@ -362,7 +387,7 @@ class Figure:
     ``label``. With ``bound`` (the help text): also a budget key, ``budget_key``, bounding it."""
 
     name: str
-    read: Callable[[Any], Any]
+    read: Callable[[MeasurementShape], FigureValue]
     metric: str | None = None
     label: str = ""  # "TTFT median"
     statistic: str = ""  # "median", "p95"
@@ -387,6 +412,13 @@ class Figure:
             return ""
         return self.key or (f"min_{self.name}" if self.metric and METRICS[self.metric].higher_is_better else self.name)
 
+    def number(self, m: MeasurementShape) -> float | None:
+        """The value of a figure of a metric (``read``'s, a number or None, never text)."""
+        value = self.read(m)
+        if isinstance(value, str):
+            raise TypeError(f"figure {self.name!r} is text, not a number: {value!r}")
+        return value
+
     def budget(self) -> Budget:
         assert self.metric is not None and self.from_record is not None, self.name
         return Budget(
@@ -394,7 +426,7 @@ class Figure:
             self.metric,
             self.budget_label or self.label,
             self.bound,
-            self.read,
+            self.number,
             self.from_record,
             pooled_tokens=self.pooled_tokens,
             statistic=self.statistic,
@@ -410,7 +442,7 @@ def _run_figure(name: str, metric: str, label: str, statistic: str, bound: str =
     field = m.run_field
     q = None if statistic == "median" else float(statistic.removeprefix("p"))
 
-    def read(x: Any) -> float | None:
+    def read(x: MeasurementShape) -> float | None:
         return m.read(x) if q is None else _percentile([getattr(r, field) for r in x.runs], q)
 
     def from_record(record: Mapping[str, Any]) -> float | None:
@@ -476,7 +508,7 @@ _MEMORY_FIGURES = (
 )
 
 
-def _agreement_method(m: Any) -> str | None:
+def _agreement_method(m: MeasurementShape) -> str | None:
     """How the agreement with REF was computed ("exact, full vocabulary"), or why it was not."""
     g = m.agreement
     return None if g is None else g.method if g.available else f"not available: {g.reason}"
@@ -538,7 +570,11 @@ FIGURES: dict[str, Figure] = {
             "max_load_ms",
             path=("model_loads",),
         ),
-        Figure("load_page_cache", _loads("page_cache"), json=("string", "null")),
+        Figure(
+            "load_page_cache",
+            lambda m: m.model_loads.page_cache if m.model_loads is not None else None,
+            json=("string", "null"),
+        ),
         Figure("load_samples", lambda m: len(m.model_loads.samples) if m.model_loads else None, json=_NULLABLE_INT),
         _memory_figure("fresh_ttft_ms", "fresh-engine TTFT median", "median", path=("model_loads",)),
         *(

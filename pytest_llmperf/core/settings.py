@@ -2,7 +2,9 @@
 the model they name (each setting's declaration: ``SETTINGS`` below).
 
 Every session setting, declared once: its parser, default, help, pytest option, ini key,
-environment variable and ``llmperf`` command-line flag.
+environment variable and ``llmperf`` command-line flag. A parser of a kind of value (a count,
+seconds, a share, a llama.cpp setting's kind: ``VALUE_KINDS``) is that kind's ``parse``
+(``core.values``), whose ``check`` the marker's keys of the kind use.
 
 The pytest options and ini keys (``pytest_plugin/plugin.py``), the environment lookup, the
 CLI arguments the commands share (``cli/common.add_setting``) and docs/settings.md's table all
@@ -15,11 +17,12 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from .catalog import HEADLINE, SUMMARY_COLUMNS
 from .errors import ConfigError
-from .workload import LLAMA_SETTINGS, MAX_TOKENS, LlamaSetting, ValueKind, too_many
+from .values import COUNT, FLAG, GPU_LAYERS, LEVEL, POSITIVE, SECONDS, SHARE, THRESHOLD, TOKENS, Choice, Kind, arg_type
+from .workload import LLAMA_SETTINGS, LlamaSetting, ValueKind
 
 DEFAULT_MODEL = "tiny"
 #: Names of the synthetic presets (``gguf.PRESETS``), here so that reading the settings
@@ -90,71 +93,10 @@ class EngineSettings:
         return f"synthetic-{self.preset}" if self.preset else Path(self.model).stem
 
 
-def parse_fraction(text: str | float, *, high: float = 10.0) -> float:
-    """A share written ``5%`` or ``0.05`` (the same everywhere a threshold is given).
-
-    Raises ValueError with a one-line message for anything else, or a value outside
-    ``(0, high)``."""
-    if isinstance(text, bool):  # callers turn a ValueError, not a TypeError, into the one-line config error
-        raise ValueError(f"expected a share like 5% or 0.05, got {text!r}")  # noqa: TRY004
-    if isinstance(text, (int, float)):
-        value = float(text)
-    else:
-        raw = str(text).strip()
-        try:
-            value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
-        except ValueError:
-            raise ValueError(f"expected a share like 5% or 0.05, got {text!r}") from None
-    if not 0 < value < high:  # also rejects nan
-        raise ValueError(f"expected a share between 0 and {high:g} (e.g. 5% or 0.05), got {text!r}")
-    return value
-
-
-def parse_share(value: str | float) -> float:
-    """A share of a whole in (0, 1] (``min_goodput``, ``min_mbu``): ``0.95`` or ``95%``, the
-    marker's and ``llmperf load --min-goodput``'s alike. Raises ValueError (one line)."""
-    number: float | None = None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        number = float(value)
-    elif isinstance(value, str):
-        raw = value.strip()
-        try:
-            number = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
-        except ValueError:
-            number = None
-    if number is None or not 0 < number <= 1:  # also rejects nan
-        raise ValueError(f"must be a share in (0, 1], e.g. 0.95, got {value!r}")
-    return number
-
-
-def share_arg(text: str) -> float:
-    """An argparse type (pytest options, the CLI) for thresholds: ``5%`` or ``0.05``."""
-    import argparse
-
-    try:
-        return parse_fraction(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def share_of_one_arg(text: str) -> float:
-    """An argparse type for a share of a whole in (0, 1] (``parse_share``)."""
-    import argparse
-
-    try:
-        return parse_share(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def alpha_arg(text: str) -> float:
-    """An argparse type for a significance level in (0, 1): ``1%`` or ``0.01``."""
-    import argparse
-
-    try:
-        return parse_fraction(text, high=1.0)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+#: The argparse types of the ``llmperf`` commands (``cli/common``), from the value kinds.
+share_arg = arg_type(THRESHOLD.parse)
+alpha_arg = arg_type(LEVEL.parse)
+share_of_one_arg = arg_type(SHARE.parse)
 
 
 def usable_cpus() -> int:
@@ -180,61 +122,19 @@ def threads_warning(threads: int | None, source: str = "--llmperf-threads") -> s
 APIS = ("completions", "chat")
 
 
-def _bounded(
-    name: str,
-    cast: Callable[[Any], Any],
-    expected: str,
-    low: float,
-    strict: bool,
-    unit: str = "",
-    high: int | None = None,
-) -> Any:
-    """A parser of numbers above ``low`` (``strict``: > low, else >= low) and, with ``high``,
-    at most ``high``; a one-line ValueError."""
-
-    def parse(text: Any) -> Any:
-        try:
-            value = cast(text)
-        except (TypeError, ValueError):
-            raise ValueError(f"expected {expected}, got {text!r}") from None
-        if not (value > low if strict else value >= low):  # also rejects nan
-            raise ValueError(f"must be {'>' if strict else '>='} {low}{unit}, got {value}")
-        if high is not None and value > high:
-            raise ValueError(too_many(value))
-        return value
-
-    parse.__name__ = name
-    return parse
+#: The parsers of the settings below that are value kinds (``core.values``): one rule each,
+#: the marker's keys of the same kind check by it too.
+positive_int, seconds, positive_float = COUNT.parse, SECONDS.parse, POSITIVE.parse
+share, alpha = THRESHOLD.parse, LEVEL.parse
 
 
-positive_int = _bounded("positive_int", int, "an integer >= 1", 1, strict=False)
-count = _bounded("count", int, "an integer >= 0", 0, strict=False)
-#: llama.cpp token counts (context, batch): llama.cpp keeps them in 32 bits, so a larger value
-#: would wrap around (2**32 + 512 measures at 512); bounded as a workload's token counts are.
-token_count = _bounded("token_count", int, "an integer >= 1", 1, strict=False, high=MAX_TOKENS)
-#: Offloaded layers: -1 offloads all of them, as the marker's ``gpu_layers=-1`` does.
-gpu_layers = _bounded(
-    "gpu_layers", int, "an integer >= -1 (-1: all layers)", -1, strict=False, unit=" (-1: all layers)"
-)
-seconds = _bounded("seconds", float, "float", 0, strict=True, unit=" seconds")
-positive_float = _bounded("positive_float", float, "float", 0, strict=True)
-
-
-def api(text: Any) -> str:
+def api(text: object) -> str:
     if text not in APIS:
         raise ValueError(f"must be {' or '.join(APIS)}, got {text!r}")
     return str(text)
 
 
-def share(text: Any) -> float:
-    return parse_fraction(text)
-
-
-def alpha(text: Any) -> float:
-    return parse_fraction(text, high=1.0)
-
-
-def columns(text: Any) -> tuple[str, ...]:
+def columns(text: object) -> tuple[str, ...]:
     given = [c.strip().lower() for c in str(text).split(",") if c.strip()]
     names = tuple(n for c in given for n in COLUMN_SETS.get(c, (c,)))
     allowed = SUMMARY_COLUMN_NAMES + COMPARISON_COLUMN_NAMES
@@ -245,11 +145,11 @@ def columns(text: Any) -> tuple[str, ...]:
     return names
 
 
-def text(value: Any) -> str:
+def text(value: object) -> str:
     return str(value)
 
 
-def folder(value: Any) -> str:
+def folder(value: object) -> str:
     """A folder under the rootdir; an empty value would be the rootdir itself."""
     if not str(value).strip():
         raise ValueError("is empty (that would be the rootdir itself); give a folder, e.g. baselines")
@@ -265,7 +165,7 @@ class Setting:
     name: str
     help: str
     default: Any = None
-    parse: Callable[[Any], Any] = text
+    parse: Callable[[str], object] = text
     env: str | None = None
     ini: bool = False
     switch: bool = False  # a flag (store_true): no value, no env, no ini
@@ -309,69 +209,54 @@ class Setting:
             where.append(f"ini {self.ini_key}")
         return f"{self.help} ({'; '.join(where)})"
 
-    def arg_type(self) -> Callable[[str], Any]:
+    def arg_type(self) -> Callable[[str], object]:
         """``parse`` as an argparse type: a bad value is argparse's one-line error."""
-        import argparse
-
-        def convert(raw: str) -> Any:
-            try:
-                return self.parse(raw)
-            except ValueError as exc:
-                raise argparse.ArgumentTypeError(str(exc)) from None
-
-        convert.__name__ = self.parse.__name__
-        return convert
+        return arg_type(self.parse)
 
 
-def boolean(value: Any) -> bool:
-    """An option's on/off value: true/false, 1/0, yes/no, on/off."""
-    word = str(value).strip().lower()
-    if word in ("true", "1", "yes", "on"):
-        return True
-    if word in ("false", "0", "no", "off"):
-        return False
-    raise ValueError(f"expected true or false, got {value!r}")
-
-
-def cache_type(value: Any) -> str:
-    word = str(value).strip().lower()
-    if word not in CACHE_TYPES:
-        raise ValueError(f"must be one of {', '.join(CACHE_TYPES)}, got {value!r}")
-    return word
-
-
-#: Each kind of llama.cpp setting's option parser and metavar (``workload.ValueKind``).
-OPTION_KINDS: dict[ValueKind, tuple[Callable[[Any], Any], str]] = {
-    "count": (positive_int, "N"),
-    "tokens": (token_count, "N"),
-    "gpu_layers": (gpu_layers, "N"),
-    "flag": (boolean, "true|false"),
-    "cache_type": (cache_type, "TYPE"),
+#: Each kind of llama.cpp setting (``workload.ValueKind``): its one parser of an option's text and
+#: checker of a marker's value (``core.values``).
+VALUE_KINDS: dict[ValueKind, Kind[object]] = {
+    "count": COUNT,
+    "tokens": TOKENS,
+    "gpu_layers": GPU_LAYERS,
+    "flag": FLAG,
+    "cache_type": Choice(CACHE_TYPES, "TYPE"),
 }
 
 
-def _no_parser(kind: str) -> Callable[[Any], Any]:
-    """A kind without its entry in OPTION_KINDS: a value given says so (tests/test_engine_keys.py too)."""
+@dataclass(frozen=True)
+class NoKind:
+    """A kind without its entry in VALUE_KINDS: a value given says so (tests/test_engine_keys.py too)."""
 
-    def parse(value: Any) -> Any:
-        raise ValueError(f"kind {kind!r} has no option parser in core/settings.py OPTION_KINDS")
+    kind: str
+    metavar: str = "VALUE"
 
-    return parse
+    def parse(self, text: str) -> NoReturn:
+        self.check(text)
+
+    def check(self, value: object) -> NoReturn:
+        raise ValueError(f"kind {self.kind!r} has no entry in core/settings.py VALUE_KINDS")
+
+
+def value_kind(kind: ValueKind) -> Kind[object]:
+    """The parser and checker of a llama.cpp setting's kind of value."""
+    return VALUE_KINDS.get(kind) or NoKind(kind)
 
 
 def _llama_option(s: LlamaSetting) -> Setting:
     """A llama.cpp setting the session sets too (its ``option``): names derived from its name."""
-    parse, metavar = OPTION_KINDS.get(s.kind) or (_no_parser(s.kind), "VALUE")
+    kind = value_kind(s.kind)
     return Setting(
         s.name,
         s.option or s.help,
         s.default,
-        parse,
+        kind.parse,
         env="LLMPERF_" + s.name.upper(),
         ini=True,
         cli="--" + s.name.replace("_", "-"),
         shown=s.shown,
-        metavar=metavar,
+        metavar=kind.metavar,
     )
 
 
@@ -648,39 +533,52 @@ class Resolved:
     source: str
 
 
+def _refuse_renamed(getoption: Callable[[str], Any], getini: Callable[[str], Any]) -> None:
+    """An old spelling of a setting given: one line naming the new one."""
+    for old, new in RENAMED_SETTINGS:
+        if getoption(old.dest) is not None:
+            raise ConfigError("llmperf: " + renamed_line("option", old.option, new.option))
+        if old.ini_key is not None and new.ini_key is not None and getini(old.ini_key):
+            raise ConfigError("llmperf: " + renamed_line("ini key", old.ini_key, new.ini_key))
+
+
+def _text_of(s: Setting, getini: Callable[[str], Any], environ: Mapping[str, str]) -> tuple[Any, str] | None:
+    """A setting's text from the environment or else the ini file, and where it came from
+    (``$LLMPERF_THREADS``, ``ini llmperf_threads``); None: neither gives it."""
+    if s.env and environ.get(s.env):
+        return environ[s.env], f"${s.env}"
+    if s.ini_key is not None and getini(s.ini_key):
+        return getini(s.ini_key), f"ini {s.ini_key}"
+    return None
+
+
+def _resolve_one(
+    s: Setting, getoption: Callable[[str], Any], getini: Callable[[str], Any], environ: Mapping[str, str]
+) -> Resolved:
+    given = getoption(s.dest)
+    if s.switch:
+        return Resolved(bool(given), s.option if given else "default")
+    if given is not None:  # parsed already (the option's argparse type)
+        return Resolved(given, s.option)
+    text = _text_of(s, getini, environ)
+    if text is None:
+        return Resolved(s.default, "default")
+    raw, source = text
+    try:
+        return Resolved(s.parse(raw), source)
+    except ValueError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+
+
 def resolve(
     getoption: Callable[[str], Any], getini: Callable[[str], Any], environ: Mapping[str, str] | None = None
 ) -> dict[str, Resolved]:
     """Every setting, read once each: command line > environment > ini > default. A value
     from the command line is already parsed (argparse type); the others are parsed here.
     Raises ConfigError (one line naming the source) for a bad value."""
-    for old, new in RENAMED_SETTINGS:  # an old spelling: one line naming the new one
-        if getoption(old.dest) is not None:
-            raise ConfigError("llmperf: " + renamed_line("option", old.option, new.option))
-        if old.ini_key is not None and new.ini_key is not None and getini(old.ini_key):
-            raise ConfigError("llmperf: " + renamed_line("ini key", old.ini_key, new.ini_key))
-    environ = os.environ if environ is None else environ
-    out: dict[str, Resolved] = {}
-    for s in SETTINGS.values():
-        given = getoption(s.dest)
-        if s.switch:
-            out[s.name] = Resolved(bool(given), s.option if given else "default")
-            continue
-        if given is not None:  # parsed already (the option's argparse type)
-            out[s.name] = Resolved(given, s.option)
-            continue
-        if s.env and environ.get(s.env):
-            raw, source = environ[s.env], f"${s.env}"
-        elif s.ini_key is not None and getini(s.ini_key):
-            raw, source = getini(s.ini_key), f"ini {s.ini_key}"
-        else:
-            out[s.name] = Resolved(s.default, "default")
-            continue
-        try:
-            out[s.name] = Resolved(s.parse(raw), source)
-        except ValueError as exc:
-            raise ConfigError(f"{source}: {exc}") from None
-    return out
+    _refuse_renamed(getoption, getini)
+    env = os.environ if environ is None else environ
+    return {s.name: _resolve_one(s, getoption, getini, env) for s in SETTINGS.values()}
 
 
 def markdown_table() -> str:

@@ -311,8 +311,8 @@ class EngineInfo:
 
 # -- the llama.cpp settings: one entry each ----------------------------------------------------
 
-#: A llama.cpp setting's kind of value: the marker's check (``session.options``) and the
-#: option's parser (``settings.SETTINGS``) follow from it.
+#: A llama.cpp setting's kind of value: its one parser (the option's) and checker (the marker's)
+#: follow from it (``settings.VALUE_KINDS``, ``core.values``).
 ValueKind = Literal["count", "tokens", "gpu_layers", "flag", "cache_type"]
 
 #: n_ctx None (auto): the context is sized to each workload, prompt + generated tokens rounded

@@ -1,5 +1,8 @@
 """Engines turn a workload into run traces. They know nothing of pytest.
 
+What an engine is and what it may offer: ``capabilities`` (the ``Engine`` protocol and one
+protocol per further ability), named here too.
+
 Measure any token stream: a callable ``fn(prompt, max_tokens)`` returning an iterable.
 
 This is how users plug in an engine we do not ship: each item the iterable yields counts as
@@ -9,22 +12,48 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from ..core.errors import EngineError
 from ..core.workload import EngineInfo, RunTrace, Workload
+from .capabilities import (
+    CAPABILITIES,
+    AsyncRuns,
+    Closable,
+    ConcurrentRuns,
+    Engine,
+    EngineProcess,
+    FreshEngine,
+    FreshLoads,
+    LayerTiming,
+    LlamaObject,
+    NeedsPromptIds,
+    ProcessMemory,
+    RemoteLayerTiming,
+    ServerMetrics,
+    TokenProbabilities,
+    times_layers,
+)
 
-
-@runtime_checkable
-class Engine(Protocol):
-    """Anything that can run one request of a workload and report its clock readings."""
-
-    def info(self) -> EngineInfo: ...
-
-    def run(self, workload: Workload, run_index: int) -> RunTrace: ...
-
-
-__all__ = ["CallableEngine", "Engine"]
+__all__ = [
+    "CAPABILITIES",
+    "AsyncRuns",
+    "CallableEngine",
+    "Closable",
+    "ConcurrentRuns",
+    "Engine",
+    "EngineProcess",
+    "FreshEngine",
+    "FreshLoads",
+    "LayerTiming",
+    "LlamaObject",
+    "NeedsPromptIds",
+    "ProcessMemory",
+    "RemoteLayerTiming",
+    "ServerMetrics",
+    "TokenProbabilities",
+    "times_layers",
+]
 
 
 TokenStream = Callable[[str, int], Iterable[Any]]
@@ -39,8 +68,9 @@ def synthetic_text(n_words: int, seed: int) -> str:
     return " ".join("".join(rng.choice(letters, size=3)) for _ in range(n_words))
 
 
-class CallableEngine:
-    """Wraps ``fn(prompt, max_tokens) -> iterable of tokens`` as an engine."""
+class CallableEngine(Engine):
+    """Wraps ``fn(prompt, max_tokens) -> iterable of tokens`` as an engine (``info`` and
+    ``run``, none of the abilities of ``engines.capabilities``)."""
 
     def __init__(self, fn: TokenStream, name: str | None = None) -> None:
         if not callable(fn):

@@ -41,13 +41,14 @@ import secrets
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from ..core.errors import ConfigError, EngineError
 from ..core.redact import Redactor, Url, display, redact
 from ..core.settings import APIS, SETTINGS
 from ..core.workload import EngineInfo, RunTrace, TokenLogits, Workload
 from . import synthetic_text
+from .capabilities import AsyncRuns, Closable, ConcurrentRuns, Engine, NeedsPromptIds, ServerMetrics
 from .sse import MAX_ERROR_BODY_BYTES, EventReader, Head, StreamState, status_error
 
 DEFAULT_API_KEY_ENV: str = SETTINGS["api_key_env"].default
@@ -55,7 +56,7 @@ DEFAULT_API_KEY_ENV: str = SETTINGS["api_key_env"].default
 TOP_K = 20
 
 
-class HttpEngine:
+class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptIds, Closable):
     """One OpenAI-compatible endpoint; ``run`` is safe to call from several threads, ``arun``
     from many tasks of one event loop (load tests).
 
@@ -64,7 +65,7 @@ class HttpEngine:
     only ever sent in the Authorization header: it is in no report, record or repr.
     """
 
-    concurrent_safe = True
+    concurrent_safe: Literal[True] = True
 
     def __init__(
         self,
@@ -345,11 +346,10 @@ class HttpEngine:
 
     # -- token probabilities (output agreement, measuring.agreement): after the timed runs -------
 
-    #: Capability: the top-k next-token log-probabilities (:meth:`token_logits`), where the
-    #: server sends token ids with them (llama-server's ``/completion`` with ``n_probs``); the
-    #: prompt's token ids come from the other side (``needs_prompt_ids``).
-    supports_token_logits = True
-    needs_prompt_ids = True
+    #: The top-k next-token log-probabilities (:meth:`token_logits`), where the server sends
+    #: token ids with them (llama-server's ``/completion`` with ``n_probs``); the prompt's token
+    #: ids come from the other side (``NeedsPromptIds``).
+    needs_prompt_ids: Literal[True] = True
 
     def token_logits(
         self, workload: Workload, forced: Sequence[int] | None = None, prompt_ids: Sequence[int] | None = None

@@ -31,6 +31,7 @@ import numpy as np
 from ..core.errors import ConfigError, EngineError
 from ..core.workload import AUTO_CTX_STEP, EngineInfo, NativeCounters, RunTrace, TokenLogits, Workload, llama_arguments
 from ..models.gguf import embedding_lookup, gguf_file_type
+from .capabilities import Closable, Engine, FreshLoads, LayerTiming, LlamaObject, TokenProbabilities
 from .llama_cpp_native import (
     EngineConfig,
     buffer_sizes,
@@ -72,17 +73,21 @@ def _model_params(llama_cpp: Any, **fields: Any) -> Iterator[None]:
         module.llama_model_default_params = default
 
 
-class LlamaCppEngine:
+class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaObject, Closable):
     """One loaded model and context; each ``run`` is an independent request.
 
     ``llm`` is the ``llama_cpp.Llama`` object, available to tests; the engine clears the KV
     cache and resets it before every run, so no prompt prefix is reused between runs.
+
+    Per-layer timing (``measuring.layers``) drives :meth:`instrumented_context`,
+    :meth:`prompt_ids`, :meth:`decode_feed` and :meth:`timed_decode`; :meth:`token_logits`
+    gives the next-token logits over the whole vocabulary.
     """
 
-    #: Capability: per-layer timing (``measuring.layers``) through :meth:`instrumented_context`,
-    #: :meth:`prompt_ids`, :meth:`decode_feed` and :meth:`timed_decode`; other engines do not
-    #: declare it.
-    supports_layer_timing = True
+    # Until __init__ sets them (close() frees what a failed load left).
+    llm: Any = None  # llama_cpp.Llama
+    _own_ctx = False
+    _sampler: Any = None
 
     def __init__(
         self, model_path: str | os.PathLike[str], *, name: str | None = None, verbose: bool = False, **settings: Any
@@ -376,9 +381,6 @@ class LlamaCppEngine:
 
     # -- token probabilities (output agreement, measuring.agreement): never inside a timed run --
 
-    #: Capability: next-token logits over the whole vocabulary (:meth:`token_logits`).
-    supports_token_logits = True
-
     def token_logits(
         self, workload: Workload, forced: Sequence[int] | None = None, prompt_ids: Sequence[int] | None = None
     ) -> TokenLogits:
@@ -433,13 +435,13 @@ class LlamaCppEngine:
         return rows
 
     def close(self) -> None:
-        if getattr(self, "_own_ctx", False):
+        if self._own_ctx:
             self._lib.llama_free(self._ctx)
             self._own_ctx = False
-        if getattr(self, "_sampler", None) is not None:
+        if self._sampler is not None:
             self._lib.llama_sampler_free(self._sampler)
             self._sampler = None
-        if getattr(self, "llm", None) is not None:
+        if self.llm is not None:
             self.llm.close()
 
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from ..core.errors import EngineError
 from ..core.settings import SETTINGS
+from .capabilities import Closable, Engine, EngineProcess
 from .llama_cpp_native import EngineConfig
 
 #: Engines alive at once, unless the session says otherwise (``--llmperf-max-engines``).
@@ -30,12 +30,12 @@ DEFAULT_MAX_ALIVE: int = SETTINGS["max_engines"].default
 
 
 class EnginePool:
-    def __init__(self, load: Callable[[EngineConfig], Any], max_alive: int = DEFAULT_MAX_ALIVE) -> None:
+    def __init__(self, load: Callable[[EngineConfig], Engine], max_alive: int = DEFAULT_MAX_ALIVE) -> None:
         if max_alive < 1:
             raise ValueError(f"max_alive must be >= 1, got {max_alive}")
         self._load = load
         self.max_alive = max_alive
-        self._alive: OrderedDict[EngineConfig, Any] = OrderedDict()
+        self._alive: OrderedDict[EngineConfig, Engine] = OrderedDict()
         self._errors: dict[EngineConfig, str] = {}
         self._planned: Counter[EngineConfig] = Counter()
         self._pinned: set[EngineConfig] = set()
@@ -51,11 +51,11 @@ class EnginePool:
     def pin(self, config: EngineConfig) -> None:
         self._pinned.add(config)
 
-    def get(self, config: EngineConfig) -> Any:
+    def get(self, config: EngineConfig) -> Engine:
         """The engine for ``config``: the live one, else loaded now (freeing the least recently
         used unpinned engines beyond the bound first). A failed load is remembered: later
         tests asking for the same setting fail with the same line, without retrying."""
-        if config in self._alive and not getattr(self._alive[config], "alive", True):
+        if config in self._alive and _died(self._alive[config]):
             self._free(config)  # its worker crashed in an earlier test: this test gets a fresh one
         if config in self._alive:
             self._used_by_current.add(config)
@@ -88,8 +88,7 @@ class EnginePool:
         """Free every live engine of the model file ``model_path`` (pinned ones too: ``get``
         loads them again when asked)."""
         for config, engine in list(self._alive.items()):
-            info = getattr(engine, "info", None)
-            if info is not None and info().model_path == model_path:
+            if engine.info().model_path == model_path:
                 self._free(config)
 
     def alive(self) -> list[EngineConfig]:
@@ -108,12 +107,16 @@ class EnginePool:
 
     def _free(self, config: EngineConfig) -> None:
         engine = self._alive.pop(config)
-        close = getattr(engine, "close", None)
-        if close is not None:
-            close()
+        if isinstance(engine, Closable):
+            engine.close()
 
 
-def load_config(config: EngineConfig) -> Any:
+def _died(engine: Engine) -> bool:
+    """Whether the process an engine runs llama.cpp in (``EngineProcess``) is gone."""
+    return isinstance(engine, EngineProcess) and not engine.alive
+
+
+def load_config(config: EngineConfig) -> Engine:
     """A LlamaCppEngine for ``config`` (a preset name is written once, then cached)."""
     from ..models.gguf import model_path
     from .llama_cpp import LlamaCppEngine

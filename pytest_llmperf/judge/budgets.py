@@ -345,7 +345,7 @@ def parse_budgets(max_slowdown: Any = None, min_speedup: Any = None) -> tuple[Re
 
 def _value(kind: str, value: Any) -> float:
     if kind == "max_slowdown":
-        from ..core.settings import parse_fraction
+        from ..core.values import parse_fraction
 
         try:
             return parse_fraction(value)

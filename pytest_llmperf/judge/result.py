@@ -27,14 +27,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from scipy.stats import mannwhitneyu
 
-from ..core.catalog import FIGURES
 from ..core.documents import SchemaViolation, validate
 from ..core.errors import LLMPerfError
+from ..core.measured import Figures
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from .verdict import Comparison, Verdict, holm
 
@@ -220,75 +220,6 @@ class VerdictRecord:
             tuple(comparison_from_json(c) for c in d.get("comparisons", ())),
             tuple(layer_change_from_json(c) for c in d.get("layer_changes", ())),
         )
-
-
-@dataclass(frozen=True)
-class LoadFigures:
-    """A load test's headline figures (``measuring.served.LoadStats``)."""
-
-    concurrency: int
-    requests: int
-    failed_requests: int
-    requests_per_s: float
-    output_tps: float
-    goodput: float | None
-
-
-class _Figures:
-    """A measurement's headline figures: one field per ``core.catalog.FIGURES`` entry (their
-    names, order and how each is read; the dataclass ``Figures`` below is made from the catalog,
-    so a new figure is one catalog entry), unrounded, as the JUnit properties and the terminal
-    summary show them (the record's ``summary`` is the rounded subset kept in files), then
-    ``load``."""
-
-    load: LoadFigures | None
-
-    if TYPE_CHECKING:
-
-        def __init__(self, **figures: Any) -> None: ...
-
-        def __getattr__(self, name: str) -> Any: ...
-
-    @classmethod
-    def of(cls, m: Any) -> Figures:
-        """From a ``measuring.metrics.Measurement``, each figure read as the catalog says."""
-        load = m.load
-        return cls(
-            **{name: f.read(m) for name, f in FIGURES.items()},
-            load=None
-            if load is None
-            else LoadFigures(
-                load.concurrency, load.n_requests, load.n_failed, load.requests_per_s, load.output_tps, load.goodput
-            ),
-        )
-
-    def values(self) -> dict[str, Any]:
-        """Flat name -> value of every figure but ``load``, in the catalog's order."""
-        return {name: getattr(self, name) for name in FIGURES}
-
-    def to_json(self) -> dict[str, Any]:
-        return {**self.values(), "load": None if self.load is None else dataclasses.asdict(self.load)}
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Figures:
-        """A figure a session file of an older pytest-llmperf lacks (added to the catalog since)
-        reads as None."""
-        load = d.get("load")
-        if load is not None:
-            load = LoadFigures(**{f.name: load[f.name] for f in dataclasses.fields(LoadFigures)})
-        return cls(**{k: d.get(k) for k in FIGURES}, load=load)
-
-
-if TYPE_CHECKING:
-    Figures = _Figures
-else:
-    Figures = dataclasses.make_dataclass(
-        "Figures",
-        [*((name, Any) for name in FIGURES), ("load", "LoadFigures | None", field(default=None))],
-        bases=(_Figures,),
-        frozen=True,
-    )
-    Figures.__module__, Figures.__doc__ = __name__, _Figures.__doc__
 
 
 @dataclass(frozen=True)

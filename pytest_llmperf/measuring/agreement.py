@@ -25,8 +25,8 @@ distribution. Coarse-graining never raises KL (the log-sum inequality), so the a
 is a lower bound of the full-vocabulary KL; top-1 agreement stays exact (each side's top token
 is its first).
 
-A side that cannot expose token probabilities (a callable, an engine without
-``supports_token_logits``) gives an ``Agreement`` that says so; sides with different
+A side that cannot expose token probabilities (a callable, an engine that is no
+``engines.TokenProbabilities``) gives an ``Agreement`` that says so; sides with different
 vocabularies or tokenizations likewise. No pytest."""
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from ..core.workload import TokenLogits, Workload
+from ..engines import NeedsPromptIds, TokenProbabilities
 
 #: Prompts compared for a synthetic prompt (the workload's and further seeds); a literal one: 1.
 PROMPTS = 4
@@ -152,14 +153,6 @@ def prompts(workload: Workload, n_prompts: int = PROMPTS, n_tokens: int = TOKENS
     return [dataclasses.replace(base, seed=workload.seed + k) for k in range(count)]
 
 
-def exposes(engine: Any) -> bool:
-    return bool(getattr(engine, "supports_token_logits", False))
-
-
-def _needs_ids(engine: Any) -> bool:
-    return bool(getattr(engine, "needs_prompt_ids", False))
-
-
 def _row(t: TokenLogits, full: Any, i: int) -> dict[int, float] | None:
     """Row i's known log-probabilities by token id (None: the whole vocabulary, in ``full``)."""
     if t.logits is not None:
@@ -187,86 +180,145 @@ def approx_kl_rows(pa: TokenLogits, pb: TokenLogits) -> tuple[Any, Any]:
             kl.append(float("nan"))
             same.append(float("nan"))
             continue
-        common = list(kb or {}) if ka is None else [t for t in ka if kb is None or t in kb]
-        lpa = np.array([la[i, t] if ka is None else ka[t] for t in common])  # type: ignore[index]
-        lpb = np.array([lb[i, t] if kb is None else kb[t] for t in common])  # type: ignore[index]
-        rest_a = max(1.0 - float(np.exp(lpa).sum()), 0.0)
-        rest_b = max(1.0 - float(np.exp(lpb).sum()), 1e-12)
-        value = float((np.exp(lpa) * (lpa - lpb)).sum()) + (rest_a * np.log(rest_a / rest_b) if rest_a > 0 else 0.0)
-        kl.append(max(value, 0.0))  # >= 0 but for the servers' rounding of their log-probabilities
+        kl.append(_bucketed_kl(*_known_logprobs(ka, kb, la, lb, i)))
         same.append(float(_top(pa, la, i) == _top(pb, lb, i)))
     return np.array(kl), np.array(same)
 
 
-def unavailable(a: Any, b: Any, a_name: str = "A", b_name: str = "B") -> str:
-    """Why agreement cannot be computed for these sides ("" when it can)."""
+def _known_logprobs(
+    ka: dict[int, float] | None, kb: dict[int, float] | None, la: Any, lb: Any, i: int
+) -> tuple[Any, Any]:
+    """Both sides' log-probabilities at row ``i`` of the tokens both gave (``ka``/``kb``: a
+    side's top-k by token id; None: the side gave the whole vocabulary, in ``la``/``lb``)."""
+    common = list(kb or {}) if ka is None else [t for t in ka if kb is None or t in kb]
+    lpa = np.array([la[i, t] if ka is None else ka[t] for t in common])
+    lpb = np.array([lb[i, t] if kb is None else kb[t] for t in common])
+    return lpa, lpb
+
+
+def _bucketed_kl(lpa: Any, lpb: Any) -> float:
+    """KL over the known tokens plus one bucket for the rest of each distribution."""
+    rest_a = max(1.0 - float(np.exp(lpa).sum()), 0.0)
+    rest_b = max(1.0 - float(np.exp(lpb).sum()), 1e-12)
+    value = float((np.exp(lpa) * (lpa - lpb)).sum()) + (rest_a * np.log(rest_a / rest_b) if rest_a > 0 else 0.0)
+    return max(value, 0.0)  # >= 0 but for the servers' rounding of their log-probabilities
+
+
+def unavailable(a: object, b: object, a_name: str = "A", b_name: str = "B") -> str:
+    """Why agreement cannot be computed for these sides ("" when it can): a side without
+    ``TokenProbabilities``, or two sides that both need the prompt's token ids."""
     for side, name, engine in (("A", a_name, a), ("B", b_name, b)):
-        if not exposes(engine):
+        if not isinstance(engine, TokenProbabilities):
             return f"side {side} [{name}] exposes no token probabilities"
+    if isinstance(a, NeedsPromptIds) and isinstance(b, NeedsPromptIds):
+        return "both sides are endpoints: neither gives the prompt's token ids"
     return ""
 
 
 def compare_outputs(
-    a: Any, b: Any, workload: Workload, *, a_name: str = "A", b_name: str = "B", n_prompts: int = PROMPTS
+    a: object, b: object, workload: Workload, *, a_name: str = "A", b_name: str = "B", n_prompts: int = PROMPTS
 ) -> Agreement:
     """B's greedy tokens and next-token distributions against A's over the workload's prompts
-    (module docstring; ``n_prompts`` for a synthetic prompt). Call after every timed run of both sides."""
+    (module docstring; ``n_prompts`` for a synthetic prompt). Call after every timed run of both
+    sides. A side without ``TokenProbabilities`` gives an ``Agreement`` that says so."""
     reason = unavailable(a, b, a_name, b_name)
-    if not reason and _needs_ids(a) and _needs_ids(b):
-        reason = "both sides are endpoints: neither gives the prompt's token ids"
     if reason:
         return Agreement(reason=reason)
-    kl: list[Any] = []
-    top1 = parity = 0
-    divergence: list[int | None] = []
-    k = unscored = generated = 0
-    shown = prompts(workload, n_prompts)
-    for w in shown:
-        ids = None
-        if _needs_ids(a):  # an endpoint: the other side's tokenization of the prompt
-            lead = b.token_logits(w)
-            if isinstance(lead, str):
-                return Agreement(reason=f"side B [{b_name}]: {lead}")
-            ids = lead.prompt_ids
-        pa: TokenLogits | str = a.token_logits(w) if ids is None else a.token_logits(w, prompt_ids=ids)
-        if isinstance(pa, str):
-            return Agreement(reason=f"side A [{a_name}]: {pa}")
-        if _needs_ids(b):
-            pb: TokenLogits | str = b.token_logits(w, forced=pa.greedy_ids, prompt_ids=pa.prompt_ids)
-        else:
-            pb = b.token_logits(w, forced=pa.greedy_ids)
-        if isinstance(pb, str):
-            return Agreement(reason=f"side B [{b_name}]: {pb}")
-        if pa.logits is not None and pb.logits is not None and pa.logits.shape[1] != pb.logits.shape[1]:
-            return Agreement(reason=f"the sides' vocabularies differ (A {pa.logits.shape[1]}, B {pb.logits.shape[1]})")
-        if pa.prompt_ids != pb.prompt_ids:
-            return Agreement(reason="the sides tokenize the prompt differently (not one vocabulary)")
+    assert isinstance(a, TokenProbabilities) and isinstance(b, TokenProbabilities)  # unavailable() said so
+    scored: list[Scored] = []
+    for w in prompts(workload, n_prompts):
+        read = _read_both(a, b, w, a_name, b_name)
+        if isinstance(read, str):
+            return Agreement(reason=read)
+        scored.append(Scored.of(*read))
+    return _agreement(scored)
+
+
+def _read_both(
+    a: TokenProbabilities, b: TokenProbabilities, w: Workload, a_name: str, b_name: str
+) -> tuple[TokenLogits, TokenLogits] | str:
+    """A's token probabilities of one prompt and B's teacher-forced on A's greedy tokens; a
+    side that ``NeedsPromptIds`` gets the other side's tokenization. A string: why not."""
+    ids = None
+    if isinstance(a, NeedsPromptIds):  # an endpoint: the other side's tokenization of the prompt
+        lead = b.token_logits(w)
+        if isinstance(lead, str):
+            return f"side B [{b_name}]: {lead}"
+        ids = lead.prompt_ids
+    pa = a.token_logits(w) if ids is None else a.token_logits(w, prompt_ids=ids)
+    if isinstance(pa, str):
+        return f"side A [{a_name}]: {pa}"
+    if isinstance(b, NeedsPromptIds):
+        pb = b.token_logits(w, forced=pa.greedy_ids, prompt_ids=pa.prompt_ids)
+    else:
+        pb = b.token_logits(w, forced=pa.greedy_ids)
+    if isinstance(pb, str):
+        return f"side B [{b_name}]: {pb}"
+    return _apart(pa, pb) or (pa, pb)
+
+
+def _apart(pa: TokenLogits, pb: TokenLogits) -> str:
+    """Why the two sides' positions cannot be compared ("" when they can)."""
+    if pa.logits is not None and pb.logits is not None and pa.logits.shape[1] != pb.logits.shape[1]:
+        return f"the sides' vocabularies differ (A {pa.logits.shape[1]}, B {pb.logits.shape[1]})"
+    if pa.prompt_ids != pb.prompt_ids:
+        return "the sides tokenize the prompt differently (not one vocabulary)"
+    return ""
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One prompt's positions compared: KL per scored position, top-1 matches, positions a
+    side held back, the top-k of a side that gave only that (0: both gave the whole
+    vocabulary), equal greedy tokens of how many, and where the greedy tokens first part."""
+
+    kl: Any
+    top1: int
+    unscored: int
+    k: int
+    same_greedy: int
+    generated: int
+    divergence: int | None
+
+    @classmethod
+    def of(cls, pa: TokenLogits, pb: TokenLogits) -> Scored:
         if pa.logits is not None and pb.logits is not None:
-            kl.append(kl_rows(pa.logits, pb.logits))
-            top1 += int((np.argmax(pa.logits, axis=1) == np.argmax(pb.logits, axis=1)).sum())
+            kl = kl_rows(pa.logits, pb.logits)
+            top1 = int((np.argmax(pa.logits, axis=1) == np.argmax(pb.logits, axis=1)).sum())
+            unscored = k = 0
         else:
             rows, same = approx_kl_rows(pa, pb)
             scored = np.isfinite(rows)
-            unscored += int((~scored).sum())
-            kl.append(rows[scored])
-            top1 += int(same[scored].sum())
-            k = max(k, *(t.top_ids.shape[1] for t in (pa, pb) if t.logits is None))
-        parity += sum(x == y for x, y in zip(pa.greedy_ids, pb.greedy_ids))
-        generated += len(pa.greedy_ids)
-        divergence.append(first_divergence(pa.greedy_ids, pb.greedy_ids))
-    values = np.concatenate(kl)
+            kl, top1, unscored = rows[scored], int(same[scored].sum()), int((~scored).sum())
+            k = max(t.top_ids.shape[1] for t in (pa, pb) if t.logits is None)
+        return cls(
+            kl,
+            top1,
+            unscored,
+            k,
+            sum(x == y for x, y in zip(pa.greedy_ids, pb.greedy_ids)),
+            len(pa.greedy_ids),
+            first_divergence(pa.greedy_ids, pb.greedy_ids),
+        )
+
+
+def _agreement(scored: Sequence[Scored]) -> Agreement:
+    """The prompts' positions together."""
+    values = np.concatenate([s.kl for s in scored])
     n = int(values.size)
+    unscored = sum(s.unscored for s in scored)
     if not n:
         return Agreement(reason=f"no position had both sides' probabilities ({unscored} held back)")
+    k = max(s.k for s in scored)
     return Agreement(
         n_unscored=unscored,
         method=f"approx (top-k={k})" if k else EXACT,
-        n_prompts=len(shown),
+        n_prompts=len(scored),
         n_positions=n,
-        top1_agreement=top1 / n,
+        top1_agreement=sum(s.top1 for s in scored) / n,
         kl_mean=float(values.mean()),
         kl_p99=float(np.percentile(values, 99)),
         kl_max=float(values.max()),
-        greedy_parity=parity / generated,
-        first_divergence=tuple(divergence),
+        greedy_parity=sum(s.same_greedy for s in scored) / sum(s.generated for s in scored),
+        first_divergence=tuple(s.divergence for s in scored),
     )

@@ -146,7 +146,7 @@ Step = tuple[int, list[tuple[bytes, int]], int]
 
 class LayerTimer:
     """A second llama.cpp context on the engine's model, with the eval callback installed,
-    through the engine's layer-timing API (``supports_layer_timing``).
+    through the engine's layer-timing API (``engines.LayerTiming``).
 
     ``run()`` drives the engine's own timed loop (``timed_decode``) on that context: the same
     seeded tokens fed without sampling, or greedy sampling inside the loop when the engine

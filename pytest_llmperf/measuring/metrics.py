@@ -33,6 +33,7 @@ from ..core.formats import sig6
 from ..core.workload import EngineInfo, RunTrace, Workload
 
 if TYPE_CHECKING:
+    from ..core.measured import MeasurementShape
     from .agreement import Agreement
     from .layers import LayerProfile
     from .roofline import Roofline
@@ -197,6 +198,10 @@ class Measurement:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+if TYPE_CHECKING:  # the shape the catalog's readers read (core.measured): mypy names a field it lacks
+    _SHAPE: type[MeasurementShape] = Measurement
 
 
 def summarize(traces: Sequence[RunTrace], workload: Workload, engine: EngineInfo, label: str = "") -> Measurement:

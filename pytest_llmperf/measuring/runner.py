@@ -36,14 +36,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..core.errors import ConfigError
 from ..core.workload import MODEL_LOAD_KINDS, Workload
-from ..engines import CallableEngine, Engine
+from ..engines import CallableEngine, Engine, EngineProcess, FreshLoads, LayerTiming, ProcessMemory, RemoteLayerTiming
 from .metrics import Measurement, RunMetrics, SystemDelta, sample_system, summarize, summarize_runs
+
+if TYPE_CHECKING:
+    from .layers import LayerProfile
 
 
 def as_engine(obj: Any) -> Engine:
@@ -53,10 +56,9 @@ def as_engine(obj: Any) -> Engine:
     return CallableEngine(obj)
 
 
-def engine_pid(engine: Any) -> int | None:
+def engine_pid(engine: object) -> int | None:
     """The process llama.cpp's threads run in: an engine worker's, else None (this one)."""
-    pid = getattr(engine, "pid", None)  # WorkerEngine.pid
-    return pid if isinstance(pid, int) else None
+    return engine.pid if isinstance(engine, EngineProcess) else None
 
 
 def measure(
@@ -82,26 +84,9 @@ def measure(
         from .served import measure_load
 
         return measure_load(engine, workload, label=label, slo=slo)
-    was_reset = getattr(engine, "reset_peak_rss", reset_peak_rss)()
-    pid = engine_pid(engine)
-    before = sample_system(pid)
-    warmup = [engine.run(workload, -1 - i) for i in range(workload.warmup)]
-    traces = [engine.run(workload, i) for i in range(workload.runs)]
-    system = SystemDelta(before, sample_system(pid))
-    m = summarize(traces, workload, engine.info(), label=label)
-    m = dataclasses.replace(
-        m,
-        warmup_runs=tuple(RunMetrics.of(t) for t in warmup),
-        system=system,
-        peak_rss=getattr(engine, "peak_rss", peak_rss)(was_reset),
-    )
+    m = _measure_runs(engine, workload, label)
     if layers:
-        from .layers import profile_layers
-
-        remote = getattr(engine, "profile_layers", None)  # an engine worker times them in its process
-        if remote is None and not getattr(engine, "supports_layer_timing", False):
-            raise ConfigError("per-layer timing (layers=True) needs the in-process llama.cpp engine (or its worker)")
-        m = dataclasses.replace(m, layers=remote(workload) if remote else profile_layers(engine, workload))
+        m = dataclasses.replace(m, layers=layer_profile(engine, workload))
     if peaks is not None:
         from .roofline import roofline
 
@@ -109,6 +94,35 @@ def measure(
     if model_load is not None:
         m = with_model_loads(engine, m, model_load)
     return m
+
+
+def _measure_runs(engine: Engine, workload: Workload, label: str) -> Measurement:
+    """The warm-up and measured runs, with the system counters and the peak RSS of the
+    process the model lives in read around them."""
+    memory = engine if isinstance(engine, ProcessMemory) else THIS_PROCESS
+    was_reset = memory.reset_peak_rss()
+    pid = engine_pid(engine)
+    before = sample_system(pid)
+    warmup = [engine.run(workload, -1 - i) for i in range(workload.warmup)]
+    traces = [engine.run(workload, i) for i in range(workload.runs)]
+    system = SystemDelta(before, sample_system(pid))
+    m = summarize(traces, workload, engine.info(), label=label)
+    return dataclasses.replace(
+        m, warmup_runs=tuple(RunMetrics.of(t) for t in warmup), system=system, peak_rss=memory.peak_rss(was_reset)
+    )
+
+
+def layer_profile(engine: Engine, workload: Workload) -> LayerProfile:
+    """Each layer timed (``measuring.layers``): by an engine worker in its own process, or by
+    driving an in-process engine's instrumented context here."""
+    if isinstance(engine, RemoteLayerTiming):
+        remote: LayerProfile = engine.profile_layers(workload)  # an engine worker times them in its process
+        return remote
+    if isinstance(engine, LayerTiming):
+        from .layers import profile_layers
+
+        return profile_layers(engine, workload)
+    raise ConfigError("per-layer timing (layers=True) needs the in-process llama.cpp engine (or its worker)")
 
 
 def extend(engine: Any, m: Measurement, extra_runs: int) -> Measurement:
@@ -148,6 +162,20 @@ def reset_peak_rss() -> bool:
         return True
     except OSError:
         return False
+
+
+class _ThisProcess(ProcessMemory):
+    """The peak RSS of this process: where an engine's model lives unless the engine says
+    otherwise (``ProcessMemory``)."""
+
+    def reset_peak_rss(self) -> bool:
+        return reset_peak_rss()
+
+    def peak_rss(self, was_reset: bool) -> PeakRss:
+        return peak_rss(was_reset)
+
+
+THIS_PROCESS = _ThisProcess()
 
 
 def _vm_hwm_bytes() -> int | None:
@@ -299,7 +327,7 @@ def resident_share(path: str) -> float | None:
 
 
 def with_model_loads(
-    engine: Any, m: Measurement, kind: str, release: Callable[[str], None] | None = None
+    engine: object, m: Measurement, kind: str, release: Callable[[str], None] | None = None
 ) -> Measurement:
     """``m`` with ``min(runs, MODEL_LOADS)`` fresh loads of its engine's model (``engine.fresh()``),
     after every run. "cold": the file evicted before each load (``release(path)`` first closes
@@ -307,9 +335,8 @@ def with_model_loads(
     checked, so a load that found the file cached counts as warm."""
     if kind not in MODEL_LOAD_KINDS:
         raise ConfigError(f"model_load must be one of {', '.join(MODEL_LOAD_KINDS)}, got {kind!r}")
-    fresh = getattr(engine, "fresh", None)
     path = m.engine.model_path
-    if fresh is None or path is None:
+    if not isinstance(engine, FreshLoads) or path is None:
         raise ConfigError("model_load (and max_load_ms) time llama.cpp loading: it needs the plugin's llama.cpp engine")
     if kind == "cold" and release is not None:
         release(path)
@@ -320,7 +347,7 @@ def with_model_loads(
         else:
             read_through(path)
         share = resident_share(path)
-        loaded = fresh()
+        loaded = engine.fresh()
         try:
             trace = loaded.run(m.workload, 0)
             info = loaded.info()

@@ -11,9 +11,10 @@ and ``tpot_ms`` budgets. A failed request is kept with its one-line reason, neve
 
 Closed loop (no rate): ``concurrency`` requests in flight, the next sent as soon as one
 finishes. Rate mode: requests are sent at seeded exponential gaps (a Poisson process), at most
-``concurrency`` at once (unbounded when not given); TTFT counts from the send. An engine with
-``arun`` (the HTTP engine) runs every request as a task on one asyncio event loop (httpx's
-AsyncClient): at 64 in flight no thread switch sits between a line's arrival and its stamp
+``concurrency`` at once (unbounded when not given); TTFT counts from the send. More than one in
+flight needs an engine that declares ``ConcurrentRuns``. An ``AsyncRuns`` engine (the HTTP
+engine: ``arun``) runs every request as a task on one asyncio event loop (httpx's AsyncClient):
+at 64 in flight no thread switch sits between a line's arrival and its stamp
 (benchmarks/client_overhead.py); other engines run in a thread pool.
 
 Every request of a load run gets its own request index (levels of a sweep do not repeat
@@ -44,7 +45,8 @@ import numpy as np
 
 from ..core import catalog
 from ..core.errors import ConfigError, EngineError, LLMPerfError
-from ..core.workload import RunTrace, Workload
+from ..core.workload import NativeCounters, RunTrace, Workload
+from ..engines import AsyncRuns, ConcurrentRuns, Engine, ServerMetrics
 from ..engines.http import delta
 from .metrics import LatencyStats, Measurement, RunMetrics, summarize
 
@@ -87,8 +89,9 @@ def meets_slo(run: RunMetrics, slo: Mapping[str, float]) -> bool:
     return all(getattr(run, key) <= limit for key, limit in slo.items() if key in SLO_KEYS)
 
 
-def _check_engine(engine: Any, workers: int, rate: float | None) -> None:
-    if workers > 1 and not getattr(engine, "concurrent_safe", False):
+def _check_engine(engine: Engine, workers: int, rate: float | None) -> None:
+    # A user's engine may match the protocol by its member alone and still say False.
+    if workers > 1 and not (isinstance(engine, ConcurrentRuns) and engine.concurrent_safe is True):
         what = f"concurrency {workers}" if not rate else f"rate {rate:g}/s with up to {workers} requests in flight"
         raise ConfigError(
             f"{what} needs an engine that takes concurrent requests (an HTTP endpoint: "
@@ -97,7 +100,7 @@ def _check_engine(engine: Any, workers: int, rate: float | None) -> None:
 
 
 def measure_load(
-    engine: Any, workload: Workload, label: str = "", slo: Mapping[str, float] | None = None, first_index: int = 0
+    engine: Engine, workload: Workload, label: str = "", slo: Mapping[str, float] | None = None, first_index: int = 0
 ) -> Measurement:
     """Warm up (sequentially, discarded), then send ``workload.n_requests`` requests, with
     request indices ``first_index``, ``first_index + 1``... (warm-ups: negative ones)."""
@@ -105,26 +108,34 @@ def measure_load(
     n = workload.n_requests
     workers = workload.concurrency or (n if workload.rate else 1)
     _check_engine(engine, workers, workload.rate if not workload.concurrency else None)
-    outcomes: list[RunTrace | str | None] = [None] * n
-    if hasattr(engine, "arun"):
-        server_before = _run_loop(_send_async(engine, workload, n, workers, first_index, outcomes))
-    else:
-        for i in range(workload.warmup):
-            engine.run(workload, -1 - first_index - i)
-        server_before = _server_metrics(engine)
-        _send_threads(engine, workload, n, workers, first_index, outcomes)
+    outcomes, server_before = _send(engine, workload, n, workers, first_index)
     server_after = _server_metrics(engine)
-    traces = [o for o in outcomes if isinstance(o, RunTrace)]
-    errors = tuple(f"request {i}: {o}" for i, o in enumerate(outcomes) if not isinstance(o, RunTrace))
-    if not traces:
-        raise EngineError(f"all {n} requests failed; first: {errors[0].split(': ', 1)[1]}")
+    traces, errors = _outcomes(outcomes)
     m = summarize(traces, workload, engine.info(), label=label)
+    stats = dataclasses.replace(
+        load_stats(traces, m.runs, errors, workers, workload.rate, slo),
+        server=server_side(traces, m.runs, server_before, server_after),
+        prompt_cache=workload.prompt_cache if m.engine.endpoint else None,
+    )
+    return dataclasses.replace(m, load=stats)
+
+
+def load_stats(
+    traces: Sequence[RunTrace],
+    runs: Sequence[RunMetrics],
+    errors: tuple[str, ...],
+    workers: int,
+    rate: float | None,
+    slo: Mapping[str, float],
+) -> LoadStats:
+    """The distributions over the successful requests (``runs``, of ``traces``), the rates
+    over the level's span, and goodput over every request sent (``errors``: the failed ones)."""
+    n = len(traces) + len(errors)
     end = max(t.token_ns[-1] for t in traces)
     duration_s = max((end - min(t.start_ns for t in traces)) / 1e9, 1e-9)
-    runs = m.runs
-    stats = LoadStats(
+    return LoadStats(
         concurrency=workers,
-        rate_per_s=workload.rate,
+        rate_per_s=rate,
         n_requests=n,
         n_ok=len(traces),
         n_failed=len(errors),
@@ -138,13 +149,36 @@ def measure_load(
         requests_per_s=len(traces) / duration_s,
         goodput=sum(1 for r in runs if meets_slo(r, slo)) / n,
         slo=slo,
-        server=server_side(traces, runs, server_before, server_after),
-        prompt_cache=workload.prompt_cache if m.engine.endpoint else None,
     )
-    return dataclasses.replace(m, load=stats)
 
 
-def _send_threads(engine: Any, workload: Workload, n: int, workers: int, first: int, outcomes: list[Any]) -> None:
+def _outcomes(outcomes: Sequence[RunTrace | str | None]) -> tuple[list[RunTrace], tuple[str, ...]]:
+    """The successful requests' traces, and "request i: <reason>" for each failed one; every
+    request failed: an EngineError with the first reason."""
+    traces = [o for o in outcomes if isinstance(o, RunTrace)]
+    errors = tuple(f"request {i}: {o}" for i, o in enumerate(outcomes) if not isinstance(o, RunTrace))
+    if not traces:
+        raise EngineError(f"all {len(outcomes)} requests failed; first: {errors[0].split(': ', 1)[1]}")
+    return traces, errors
+
+
+def _send(
+    engine: Engine, workload: Workload, n: int, workers: int, first: int
+) -> tuple[list[RunTrace | str | None], dict[str, float] | None]:
+    """The warm-ups (discarded), then the ``n`` requests: each one's trace or why it failed;
+    and the server's metrics read between the two. An engine with ``AsyncRuns`` sends them
+    as tasks of one event loop, any other from a thread pool."""
+    outcomes: list[RunTrace | str | None] = [None] * n
+    if isinstance(engine, AsyncRuns):
+        return outcomes, _run_loop(_send_async(engine, workload, n, workers, first, outcomes))
+    for i in range(workload.warmup):
+        engine.run(workload, -1 - first - i)
+    server_before = _server_metrics(engine)
+    _send_threads(engine, workload, n, workers, first, outcomes)
+    return outcomes, server_before
+
+
+def _send_threads(engine: Engine, workload: Workload, n: int, workers: int, first: int, outcomes: list[Any]) -> None:
     def one(i: int) -> None:
         try:
             outcomes[i] = engine.run(workload, first + i)
@@ -168,7 +202,7 @@ def _send_threads(engine: Any, workload: Workload, n: int, workers: int, first: 
 
 
 async def _send_async(
-    engine: Any, workload: Workload, n: int, workers: int, first: int, outcomes: list[Any]
+    engine: AsyncRuns, workload: Workload, n: int, workers: int, first: int, outcomes: list[Any]
 ) -> dict[str, float] | None:
     """Warm-ups one by one, then all requests as tasks of this loop, at most ``workers`` in
     flight (a semaphore). The warm-ups run on the same client: the lazy imports of its first
@@ -188,7 +222,7 @@ async def _send_async(
 
 
 async def _send_measured(
-    engine: Any, workload: Workload, n: int, first: int, outcomes: list[Any], slots: Any, client: Any
+    engine: AsyncRuns, workload: Workload, n: int, first: int, outcomes: list[Any], slots: Any, client: Any
 ) -> None:
     async def one(i: int) -> None:
         async with slots:
@@ -233,13 +267,15 @@ def _run_loop(coro: Any) -> Any:
         return pool.submit(asyncio.run, coro).result()
 
 
-def _server_metrics(engine: Any) -> dict[str, float] | None:
-    read = getattr(engine, "server_metrics", None)
-    return read() if read is not None else None
+def _server_metrics(engine: object) -> dict[str, float] | None:
+    return engine.server_metrics() if isinstance(engine, ServerMetrics) else None
 
 
 def sweep(
-    engine: Any, workload: Workload, concurrencies: Sequence[int] = (1, 2, 4, 8), slo: Mapping[str, float] | None = None
+    engine: Engine,
+    workload: Workload,
+    concurrencies: Sequence[int] = (1, 2, 4, 8),
+    slo: Mapping[str, float] | None = None,
 ) -> list[Measurement]:
     """The latency-throughput curve: one load measurement per concurrency, in order; each
     level's requests have their own indices (no prompt repeats across levels)."""
@@ -280,6 +316,10 @@ def _median(values: Sequence[float]) -> float | None:
     return float(statistics.median(values)) if values else None
 
 
+#: One request that carried the server's timings: (its counters, its trace, its metrics).
+Timed = tuple[NativeCounters, RunTrace, RunMetrics]
+
+
 def server_side(
     traces: Sequence[RunTrace],
     runs: Sequence[RunMetrics],
@@ -287,24 +327,41 @@ def server_side(
     after: dict[str, float] | None,
 ) -> ServerSide | None:
     """None when the server gave neither timings nor metrics (not llama-server)."""
-    pairs = [(t.native, t, r) for t, r in zip(traces, runs) if t.native is not None]
+    timed = [(t.native, t, r) for t, r in zip(traces, runs) if t.native is not None]
     metrics = delta(before, after)
-    if not pairs and not metrics:
+    if not timed and not metrics:
         return None
-    prompt_n = [n.prefill_tokens for n, _, _ in pairs]
-    per_token = [n.decode_ms / n.decode_tokens for n, _, _ in pairs if n.decode_tokens]
-    from_cache = [t.prompt_tokens - n.prefill_tokens for n, t, _ in pairs if t.prompt_tokens is not None]
+    prompt_n = [n.prefill_tokens for n, _, _ in timed]
+    prompt_ms, ttft_gap_ms, ms_per_token, tpot_gap_ms = _server_times(timed)
     return ServerSide(
-        n_timed=len(pairs),
-        prompt_tokens_median=_median([t.prompt_tokens for _, t, _ in pairs if t.prompt_tokens is not None]),
-        prompt_n_min=min(prompt_n) if prompt_n else None,
+        n_timed=len(timed),
+        prompt_tokens_median=_median([t.prompt_tokens for _, t, _ in timed if t.prompt_tokens is not None]),
+        prompt_n_min=min(prompt_n, default=None),
         prompt_n_median=_median(prompt_n),
-        prompt_n_max=max(prompt_n) if prompt_n else None,
-        server_prompt_ms_p50=_median([n.prefill_ms for n, _, _ in pairs]),
-        ttft_gap_ms_p50=_median([r.ttft_ms - n.prefill_ms for n, _, r in pairs]),
-        server_ms_per_token_p50=_median(per_token),
-        tpot_gap_ms_p50=_median([r.tpot_ms - n.decode_ms / n.decode_tokens for n, _, r in pairs if n.decode_tokens]),
+        prompt_n_max=max(prompt_n, default=None),
+        server_prompt_ms_p50=prompt_ms,
+        ttft_gap_ms_p50=ttft_gap_ms,
+        server_ms_per_token_p50=ms_per_token,
+        tpot_gap_ms_p50=tpot_gap_ms,
         metrics=metrics,
-        # every timed request's prompt size known, else None
-        prompt_tokens_from_cache=sum(from_cache) if pairs and len(from_cache) == len(pairs) else None,
+        prompt_tokens_from_cache=_from_cache(timed),
     )
+
+
+def _server_times(timed: Sequence[Timed]) -> tuple[float | None, float | None, float | None, float | None]:
+    """Medians of the server's prompt time, the client's TTFT beyond it, the server's time per
+    predicted token and the client's TPOT beyond it (module docstring: what the gaps hold)."""
+    decoded = [(n.decode_ms / n.decode_tokens, r) for n, _, r in timed if n.decode_tokens]
+    return (
+        _median([n.prefill_ms for n, _, _ in timed]),
+        _median([r.ttft_ms - n.prefill_ms for n, _, r in timed]),
+        _median([per_token for per_token, _ in decoded]),
+        _median([r.tpot_ms - per_token for per_token, r in decoded]),
+    )
+
+
+def _from_cache(timed: Sequence[Timed]) -> int | None:
+    """Prompt tokens the server took from its cache (prompt length - prompt_n, summed); None
+    unless every timed request's prompt length is known."""
+    lengths = [(t.prompt_tokens, n.prefill_tokens) for n, t, _ in timed if t.prompt_tokens is not None]
+    return sum(length - evaluated for length, evaluated in lengths) if timed and len(lengths) == len(timed) else None

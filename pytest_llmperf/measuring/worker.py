@@ -61,6 +61,7 @@ from typing import IO, Any
 from ..core.errors import ConfigError, EngineError, LLMPerfError
 from ..core.settings import SETTINGS
 from ..core.workload import EngineInfo, NativeCounters, RunTrace, TokenLogits, Workload
+from ..engines import Closable, Engine, EngineProcess, FreshLoads, ProcessMemory, RemoteLayerTiming, TokenProbabilities
 from ..engines.llama_cpp_native import EngineConfig, known_cause, quoted_log, signal_name
 from ..models.gguf import gguf_file_type
 
@@ -320,11 +321,10 @@ def layers_of(data: Mapping[str, Any]) -> Any:
     return _of(LayerProfile, data, prefill=PhaseLayers, decode=PhaseLayers)
 
 
-class WorkerEngine:
-    """An engine whose llama.cpp runs in a worker process (module docstring)."""
-
-    #: Per-layer timing, run inside the worker (``profile_layers`` below), and the roofline.
-    supports_layer_timing = True
+class WorkerEngine(Engine, RemoteLayerTiming, TokenProbabilities, FreshLoads, ProcessMemory, EngineProcess, Closable):
+    """An engine whose llama.cpp runs in a worker process (module docstring): per-layer timing,
+    token probabilities and peak RSS are read in the worker, by ``profile_layers``,
+    ``token_logits`` and ``peak_rss`` below."""
 
     def __init__(
         self, config: EngineConfig, *, name: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, label: str = ""
@@ -373,9 +373,6 @@ class WorkerEngine:
 
         peak = self._call({"op": "rss", "reset": False}, "reading the memory of")["peak"]
         return PeakRss(int(peak[0]), peak[1] if was_reset else "process")
-
-    #: Token probabilities (output agreement): ``token_logits`` below, computed in the worker.
-    supports_token_logits = True
 
     def token_logits(
         self, workload: Workload, forced: Sequence[int] | None = None, prompt_ids: Sequence[int] | None = None

@@ -121,7 +121,9 @@ def llmperf_llama_server(pytestconfig: pytest.Config) -> Iterator[Server]:
 @pytest.fixture(scope="session")
 def llmperf_llm(llmperf_engine: Engine) -> llama_cpp.Llama:
     """The session's ``llama_cpp.Llama`` object: the model the llmperf tests measure."""
-    llm: llama_cpp.Llama | None = getattr(llmperf_engine, "llm", None)
+    from ..engines import LlamaObject
+
+    llm: llama_cpp.Llama | None = llmperf_engine.llm if isinstance(llmperf_engine, LlamaObject) else None
     if llm is None:
         raise pytest.fail.Exception(
             f"llmperf_llm: the session's engine ({type(llmperf_engine).__name__}, from an --llmperf-endpoint or a "

@@ -114,11 +114,11 @@ def make_engine(config: Any, settings: Any, engine_config: Any) -> Any:
     engine = config.hook.pytest_llmperf_make_engine(config=config, settings=settings, engine_config=engine_config)
     if engine is None:
         return None
-    if hasattr(engine, "run") and hasattr(engine, "info"):
+    from ..engines import CallableEngine, Engine
+
+    if isinstance(engine, Engine):
         return engine
     if callable(engine):
-        from ..engines import CallableEngine
-
         return CallableEngine(engine)
     raise EngineError(
         f"pytest_llmperf_make_engine ({_who(config, 'pytest_llmperf_make_engine')}) returned {type(engine).__name__}; "

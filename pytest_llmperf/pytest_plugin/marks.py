@@ -220,6 +220,7 @@ def terminal_width(config: pytest.Config) -> int:
 def resolve_side(name: str, spec: Any, engine_for: Callable[[Mapping[str, Any]], Any]) -> Side:
     """A ``Side`` ready to run; ``engine_for(settings)``: the plugin's (or the caller's) engine
     for llama.cpp settings over the session's."""
+    from ..engines import Engine
     from ..judge.ab import Side  # numpy and scipy only once a test compares two sides
 
     spec = check_side(name, spec)
@@ -233,6 +234,6 @@ def resolve_side(name: str, spec: Any, engine_for: Callable[[Mapping[str, Any]],
 
             return Side(display(spec), HttpEngine(spec))  # named as shown: no password, no api_key=
         return Side(spec, engine_for({"model": spec}))
-    if hasattr(spec, "run") and hasattr(spec, "info"):
+    if isinstance(spec, Engine):
         return Side(spec.info().model, spec)
     return Side(getattr(spec, "__name__", repr(spec)), spec)

@@ -234,7 +234,8 @@ class Link:
     ) -> tuple[Measurement, Assessment | None]:
         """The measurement the controller drives: the runs it asks for, then its verdict."""
         from ..core.workload import Workload
-        from ..measuring.agreement import Agreement, exposes
+        from ..engines import NeedsPromptIds, TokenProbabilities
+        from ..measuring.agreement import Agreement
         from ..measuring.metrics import RunMetrics, summarize
         from ..measuring.runner import as_engine, measure
 
@@ -255,8 +256,8 @@ class Link:
                 # A callable's own threads are unknown: the session's (its llmperf_llm's) stand in.
                 "threads": info.threads or config.engine.get("threads") or self.threads,
                 # Output agreement (after the pairs): this side's token probabilities, asked by "logits".
-                "logits": exposes(engine),
-                "needs_ids": bool(getattr(engine, "needs_prompt_ids", False)),
+                "logits": isinstance(engine, TokenProbabilities),
+                "needs_ids": isinstance(engine, NeedsPromptIds),
             }
         )
         warm: list[Any] = []

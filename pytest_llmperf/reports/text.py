@@ -47,7 +47,7 @@ def _figure_row(m: Measurement, first: str, *more: str) -> tuple[str, str, str, 
     label = " / ".join([figures[0].label, *(f.statistic for f in figures[1:])])
     direct = catalog.direct_sample(figures[0].metric, m) if figures[0].metric else None
     sample = f"{m.itl.count} tokens" if figures[0].pooled_tokens else direct or f"{m.n_runs} runs"
-    return label, figures[0].unit, " / ".join(_opt(f.read(m)) for f in figures), sample
+    return label, figures[0].unit, " / ".join(_opt(f.number(m)) for f in figures), sample
 
 
 #: The metrics table's rows of catalog figures, each named by its figures, in the table's order.

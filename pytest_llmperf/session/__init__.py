@@ -474,12 +474,14 @@ class Engines:
             self.pool.finished(self.planned_by_id.get(nodeid))
 
     def close(self) -> None:
-        if self.local_engine is not None:
-            getattr(self.local_engine, "close", lambda: None)()
-            self.local_engine = None
-        if self.endpoint_engine is not None:
-            getattr(self.endpoint_engine, "close", lambda: None)()  # a hook's engine may have none
-            self.endpoint_engine = None
+        from ..engines import Closable  # a hook's engine may have no close()
+
+        if isinstance(self.local_engine, Closable):
+            self.local_engine.close()
+        self.local_engine = None
+        if isinstance(self.endpoint_engine, Closable):
+            self.endpoint_engine.close()
+        self.endpoint_engine = None
         if self.pool is not None:
             self.pool.close()
             self.pool = None

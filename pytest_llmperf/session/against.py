@@ -25,14 +25,15 @@ import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import ConfigError, LLMPerfError
 from ..core.settings import usable_cpus
 from ..core.workload import SEQUENTIAL_FACTOR
-from ..measuring.worker import Channel, idlest_cpus
+from ..engines import NeedsPromptIds, TokenProbabilities
+from ..measuring.worker import Channel, idlest_cpus, logits_of
 from .refs import Project, Reference, Worktrees, code_packages, resolve_reference
 
 if TYPE_CHECKING:
@@ -182,26 +183,26 @@ def _run(side: Side, index: int, timeout_s: float, cpus: Sequence[int] | None = 
     return trace_of(reply["trace"])
 
 
-class SideLogits:
+class SideLogits(TokenProbabilities):
     """A side's engine as ``measuring.agreement`` sees it: its token probabilities, asked over
-    the side's pipe ("logits") once the pairs are done."""
+    the side's pipe ("logits") once the pairs are done; ``of``: as its "measure" event said."""
 
-    def __init__(self, side: Side, event: Mapping[str, Any], timeout_s: float) -> None:
+    def __init__(self, side: Side, timeout_s: float) -> None:
         self.side, self.timeout_s = side, timeout_s
-        self.supports_token_logits = bool(event.get("logits"))
-        self.needs_prompt_ids = bool(event.get("needs_ids"))
+
+    @staticmethod
+    def of(side: Side, event: Mapping[str, Any], timeout_s: float) -> SideLogits | None:
+        if not event.get("logits"):
+            return None  # the side's engine gives none
+        return (SideIdLogits if event.get("needs_ids") else SideLogits)(side, timeout_s)
 
     def token_logits(
         self, workload: Any, forced: Sequence[int] | None = None, prompt_ids: Sequence[int] | None = None
     ) -> Any:
-        import dataclasses
-
-        from ..measuring.worker import logits_of
-
         self.side.send(
             {
                 "op": "logits",
-                "workload": dataclasses.asdict(workload),
+                "workload": asdict(workload),
                 "forced": None if forced is None else list(forced),
                 "prompt_ids": None if prompt_ids is None else list(prompt_ids),
             }
@@ -212,11 +213,15 @@ class SideLogits:
         return logits_of(reply["got"]) if "got" in reply else str(reply.get("line"))
 
 
+class SideIdLogits(SideLogits, NeedsPromptIds):
+    needs_prompt_ids = True  # the side's engine takes the prompt as the other side's token ids (an endpoint)
+
+
 def outputs(ag: Against, events: Mapping[str, Mapping[str, Any]], workload: Any) -> Any:
     """This tree's outputs against REF's (``measuring.agreement``, REF is A), after every pair."""
     from ..measuring.agreement import compare_outputs
 
-    ref, cur = (SideLogits(ag.sides[name], events[name], ag.timeout_s) for name in (REF, CURRENT))
+    ref, cur = (SideLogits.of(ag.sides[name], events[name], ag.timeout_s) for name in (REF, CURRENT))
     return compare_outputs(ref, cur, workload, a_name=f"REF {ag.reference.describe()}", b_name="this tree")
 
 

@@ -155,8 +155,10 @@ class Assessor:
     def measure_options(self, engine: Engine | TokenStream, marker: MarkerConfig) -> dict[str, Any]:
         """What to measure besides the runs: per-layer timing and the roofline (in-process only;
         a marker's ``layers=True`` on another engine is an error the runner reports)."""
+        from ..engines import times_layers
+
         s = self.settings
-        in_process = getattr(engine, "supports_layer_timing", False)  # the engine's declared capability
+        in_process = times_layers(engine)  # the engine's declared capability
         layers = marker.options.get("layers", s.layers and in_process)
         wants_roofline = layers or "min_mbu" in marker.budgets or s.roofline or s.peak_bw or s.peak_tflops
         peaks = None

@@ -4,7 +4,9 @@ again; and the one description of the ``llmperf`` marker's keys (validation, hel
 docs), used by the pytest plugin and by a script that drives a session without pytest.
 
 Budget keys map to a statistic of a Measurement (see ``catalog.BUDGETS``); workload keys
-become fields of a ``Workload``."""
+become fields of a ``Workload``. A key of a kind of value (a count, a number > 0, a share, a
+llama.cpp setting's kind) is checked by that kind's ``check`` (``core.values``), the rule its
+option's text is parsed by."""
 
 from __future__ import annotations
 
@@ -12,15 +14,18 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..core.catalog import AGREEMENT_BUDGETS, BUDGETS
 from ..core.errors import ConfigError
-from ..core.settings import RENAMED, SETTINGS, EngineSettings, Resolved, renamed_line, resolve
-from ..core.workload import LLAMA_SETTINGS, MAX_TOKENS, MODEL_LOAD_KINDS, ValueKind, too_many
+from ..core.settings import RENAMED, SETTINGS, EngineSettings, Resolved, renamed_line, resolve, value_kind
+from ..core.values import COUNT, FLAG, LEVEL, POSITIVE, SHARE, THRESHOLD, Integer, Kind
+from ..core.workload import LLAMA_SETTINGS, MODEL_LOAD_KINDS
 from ..history.connection import Location
 from ..history.connection import default as default_history
 from ..history.connection import parse as parse_history
+
+T = TypeVar("T")
 
 #: Options that exclude each other: (one, other, the line that says so).
 EXCLUSIVE = (
@@ -131,7 +136,6 @@ class SessionSettings:
                 raise ConfigError(line)
         root = Path(rootdir)
         engine_fields = [f.name for f in dataclasses.fields(EngineSettings)]
-        history = r["history"]
         own = {
             f.name: r[f.name].value
             for f in dataclasses.fields(cls)
@@ -142,14 +146,18 @@ class SessionSettings:
             engine=EngineSettings(**{name: r[name].value for name in engine_fields}),
             threads_source=r["threads"].source,
             baseline_dir=root / r["baseline_dir"].value,
-            # --llmperf-against: the verdicts are against REF, not the history's; nothing is appended.
-            history=None
-            if r["against"].value
-            else default_history(root)
-            if history.value is None
-            else parse_history(history.value, history.source, root),
+            history=_history(r, root),
             **own,
         )
+
+
+def _history(r: Mapping[str, Resolved], root: Path) -> Location | None:
+    """Where the session's history is appended; None under ``--llmperf-against`` (the verdicts
+    are against REF, not the history's; nothing is appended) or ``off``."""
+    if r["against"].value:
+        return None
+    given = r["history"]
+    return default_history(root) if given.value is None else parse_history(given.value, given.source, root)
 
 
 @dataclass(frozen=True)
@@ -157,113 +165,54 @@ class Key:
     name: str
     kind: str  # "budget", "workload", "engine" (llama.cpp settings), "setting" (comparison), "option", "ab"
     help: str
-    check: Callable[[str, Any], Any]
+    #: The value as the marker gives it (any Python value) -> the value kept, or a ConfigError.
+    check: Callable[[str, object], object]
 
 
-def _number(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"llmperf marker key {name!r} must be a number, got {value!r}")
-    if not value > 0:
-        raise ConfigError(f"llmperf marker key {name!r} must be > 0, got {value!r}")
-    return float(value)
+def marker_line(name: str, problem: str) -> str:
+    """``llmperf marker key 'runs' must be >= 1, got 0`` (``problem``: a value kind's ValueError;
+    one that says what was expected follows a colon)."""
+    return f"llmperf marker key {name!r}{': ' if problem.startswith('expected') else ' '}{problem}"
 
 
-def _int_at_least(minimum: int, *, tokens: bool = False) -> Callable[[str, Any], int]:
-    """An integer >= ``minimum``; ``tokens``: a llama.cpp token count (context, batch), bounded
-    as a workload's (``workload.MAX_TOKENS``: llama.cpp keeps them in 32 bits)."""
+def _marker(kind: Kind[T]) -> Callable[[str, object], T]:
+    """A marker key's check: the value kind's (``core.values``), a ConfigError naming the key."""
 
-    def check(name: str, value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"llmperf marker key {name!r} must be an integer, got {value!r}")
-        if value < minimum:
-            raise ConfigError(f"llmperf marker key {name!r} must be >= {minimum}, got {value}")
-        if tokens and value > MAX_TOKENS:
-            raise ConfigError(f"llmperf marker key {name!r} {too_many(value)}")
-        return value
+    def check(name: str, value: object) -> T:
+        try:
+            return kind.check(value)
+        except ValueError as exc:
+            raise ConfigError(marker_line(name, str(exc))) from None
 
     return check
 
 
-def _fraction(low: float, high: float) -> Callable[[str, Any], float]:
-    def check(name: str, value: Any) -> float:
-        if isinstance(value, str):  # "5%", as the options and `llmperf compare` take it
-            from ..core.settings import parse_fraction
-
-            try:
-                value = parse_fraction(value, high=high)
-            except ValueError as exc:
-                raise ConfigError(f"llmperf marker key {name!r}: {exc}") from None
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"llmperf marker key {name!r} must be a number, got {value!r}")
-        if not low < value < high:
-            raise ConfigError(f"llmperf marker key {name!r} must be between {low} and {high}, got {value!r}")
-        return float(value)
-
-    return check
-
-
-def _share(name: str, value: Any) -> float:
-    from ..core.settings import parse_share
-
-    try:
-        return parse_share(value)
-    except ValueError as exc:
-        raise ConfigError(f"llmperf marker key {name!r} {exc}") from None
-
-
-def _flag(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(f"llmperf marker key {name!r} must be True or False, got {value!r}")
-    return value
-
-
-def _text(name: str, value: Any) -> str:
+def _text(name: str, value: object) -> str:
     if not isinstance(value, str) or not value:
         raise ConfigError(f"llmperf marker key {name!r} must be a non-empty string, got {value!r}")
     return value
 
 
-def _cache_type(name: str, value: Any) -> str:
-    from ..core.settings import CACHE_TYPES
-
-    if not isinstance(value, str) or value.lower() not in CACHE_TYPES:
-        raise ConfigError(f"llmperf marker key {name!r} must be one of {', '.join(CACHE_TYPES)}, got {value!r}")
-    return value.lower()
-
-
-def _model_load(name: str, value: Any) -> str:
+def _model_load(name: str, value: object) -> str:
     if value not in MODEL_LOAD_KINDS:
         raise ConfigError(f"llmperf marker key {name!r} must be one of {', '.join(MODEL_LOAD_KINDS)}, got {value!r}")
     return str(value)
 
 
-def _gpu_layers(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
-        raise ConfigError(f"llmperf marker key {name!r} must be an integer >= -1 (-1: all layers), got {value!r}")
-    return value
-
-
-def _side(name: str, value: Any) -> Any:
+def _side(name: str, value: object) -> object:
     return check_side(name, value)
 
 
-def check_side(name: str, spec: Any) -> Any:
+def check_side(name: str, spec: object) -> object:
     """An A/B side as the marker or ``llmperf.compare`` gives it: llama.cpp settings (checked
     key by key, as the marker's own engine keys), a model or endpoint, a callable or an engine."""
     if isinstance(spec, Mapping):
-        out = {}
-        for key, value in spec.items():
-            if key in RENAMED:
-                raise ConfigError(f"A/B side {name!r}: " + renamed_line("llama.cpp setting", key, RENAMED[key]))
-            k = KEYS.get(key)
-            if k is None or k.kind != "engine":
-                allowed = ", ".join(n for n, v in KEYS.items() if v.kind == "engine")
-                raise ConfigError(f"A/B side {name!r}: unknown llama.cpp setting {key!r}; allowed: {allowed}")
-            out[key] = k.check(key, value)
-        return out
+        return {key: _side_setting(name, key, value) for key, value in spec.items()}
     if isinstance(spec, str) and spec:
         return spec
-    if callable(spec) or hasattr(spec, "run"):
+    from ..engines import Engine
+
+    if callable(spec) or isinstance(spec, Engine):
         return spec
     raise ConfigError(
         f"A/B side {name!r} must be llama.cpp settings (a dict such as {{'threads': 1}}), a model "
@@ -271,35 +220,25 @@ def check_side(name: str, spec: Any) -> Any:
     )
 
 
-def _relative(name: str, value: Any) -> Any:
+def _side_setting(side: str, key: str, value: object) -> object:
+    """One llama.cpp setting of an A/B side, checked as the marker's own engine key."""
+    if key in RENAMED:
+        raise ConfigError(f"A/B side {side!r}: " + renamed_line("llama.cpp setting", key, RENAMED[key]))
+    k = KEYS.get(key)
+    if k is None or k.kind != "engine":
+        allowed = ", ".join(n for n, v in KEYS.items() if v.kind == "engine")
+        raise ConfigError(f"A/B side {side!r}: unknown llama.cpp setting {key!r}; allowed: {allowed}")
+    return k.check(key, value)
+
+
+def _relative(name: str, value: object) -> object:
     from ..judge.budgets import parse_budgets
 
     parse_budgets(**{name: value})  # raises a ConfigError naming what is wrong
     return value
 
 
-#: The marker's check of each kind of llama.cpp setting (``workload.ValueKind``).
-ENGINE_CHECKS: dict[ValueKind, Callable[[str, Any], Any]] = {
-    "count": _int_at_least(1),
-    "tokens": _int_at_least(1, tokens=True),
-    "gpu_layers": _gpu_layers,
-    "flag": _flag,
-    "cache_type": _cache_type,
-}
-
-
-def _no_check(kind: str) -> Callable[[str, Any], Any]:
-    """A kind without its entry in ENGINE_CHECKS: the key's use says so (tests/test_engine_keys.py too)."""
-
-    def check(name: str, value: Any) -> Any:
-        raise ConfigError(
-            f"llmperf marker key {name!r}: kind {kind!r} has no check in session/options.py ENGINE_CHECKS"
-        )
-
-    return check
-
-
-def _agreement(name: str, value: Any) -> Any:
+def _agreement(name: str, value: object) -> object:
     from ..judge.budgets import parse_agreement_budgets
 
     parse_agreement_budgets(**{name: value})  # raises a ConfigError naming what is wrong
@@ -310,29 +249,26 @@ KEYS: dict[str, Key] = {
     k.name: k
     for k in [
         # Budget keys and their help come from the metric catalog.
-        *(Key(b.key, "budget", b.help, _share if b.share else _number) for b in BUDGETS.values()),
+        *(Key(b.key, "budget", b.help, _marker(SHARE if b.share else POSITIVE)) for b in BUDGETS.values()),
         Key("prompt", "workload", "literal prompt text", _text),
-        Key("prompt_tokens", "workload", "synthetic prompt of exactly N tokens", _int_at_least(1)),
-        Key("max_tokens", "workload", "tokens generated per run (>= 2, EOS cannot end a run)", _int_at_least(2)),
-        Key("runs", "workload", "measured runs (>= 1)", _int_at_least(1)),
-        Key("warmup", "workload", "discarded warm-up runs before measuring (>= 0)", _int_at_least(0)),
-        Key("concurrency", "workload", "load: requests in flight at once (served models)", _int_at_least(1)),
-        Key("requests", "workload", "load: requests sent in all (default: runs)", _int_at_least(1)),
-        Key("rate", "workload", "load: Poisson arrivals, requests per second (seeded)", _number),
+        Key("prompt_tokens", "workload", "synthetic prompt of exactly N tokens", _marker(COUNT)),
+        Key("max_tokens", "workload", "tokens generated per run (>= 2, EOS cannot end a run)", _marker(Integer(2))),
+        Key("runs", "workload", "measured runs (>= 1)", _marker(COUNT)),
+        Key("warmup", "workload", "discarded warm-up runs before measuring (>= 0)", _marker(Integer(0))),
+        Key("concurrency", "workload", "load: requests in flight at once (served models)", _marker(COUNT)),
+        Key("requests", "workload", "load: requests sent in all (default: runs)", _marker(COUNT)),
+        Key("rate", "workload", "load: Poisson arrivals, requests per second (seeded)", _marker(POSITIVE)),
         Key(
             "shared_prefix_tokens",
             "workload",
             "served: the first N prompt tokens are the same in every request "
             "(measures prefix caching; default: unique prompts, server prompt cache off)",
-            _int_at_least(1),
+            _marker(COUNT),
         ),
         Key(
             "model", "engine", "GGUF path or preset (tiny, small) for this test; one engine per distinct setting", _text
         ),
-        *(
-            Key(s.name, "engine", s.help, ENGINE_CHECKS.get(s.kind) or _no_check(s.kind))
-            for s in LLAMA_SETTINGS.values()
-        ),
+        *(Key(s.name, "engine", s.help, _marker(value_kind(s.kind))) for s in LLAMA_SETTINGS.values()),
         Key(
             "a",
             "ab",
@@ -353,9 +289,9 @@ KEYS: dict[str, Key] = {
             "option",
             "measure more runs, `runs` at a time, while a baseline verdict is INCONCLUSIVE or a "
             "budget's CI straddles its limit, up to this many (default 3 x runs; = runs turns it off)",
-            _int_at_least(1),
+            _marker(COUNT),
         ),
-        Key("layers", "option", "also time each layer (llama.cpp eval callback; in-process only)", _flag),
+        Key("layers", "option", "also time each layer (llama.cpp eval callback; in-process only)", _marker(FLAG)),
         Key(
             "model_load",
             "option",
@@ -363,9 +299,11 @@ KEYS: dict[str, Key] = {
             "page cache) or 'cold' (evicted first, checked; max_load_ms alone: warm)",
             _model_load,
         ),
-        Key("alpha", "setting", "family-wise significance level for baseline comparisons", _fraction(0, 1)),
-        Key("threshold", "setting", "smallest change of a median that counts: 0.05 or '5%'", _fraction(0, 10)),
-        Key("tail_threshold", "setting", "smallest change of the ITL p95 that counts: 0.10 or '10%'", _fraction(0, 10)),
+        Key("alpha", "setting", "family-wise significance level for baseline comparisons", _marker(LEVEL)),
+        Key("threshold", "setting", "smallest change of a median that counts: 0.05 or '5%'", _marker(THRESHOLD)),
+        Key(
+            "tail_threshold", "setting", "smallest change of the ITL p95 that counts: 0.10 or '10%'", _marker(THRESHOLD)
+        ),
     ]
 }
 

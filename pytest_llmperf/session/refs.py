@@ -72,19 +72,25 @@ def _bad(text: str, why: str) -> ConfigError:
 
 def parse_reference(text: str) -> tuple[str | None, str | None]:
     """``(rev, path)`` as given; a comma splits parts only where a ``word:`` follows (or at the end)."""
-    rev = path = None
+    given: dict[str, str] = {}
     for part in re.split(r",(?=\s*[A-Za-z][\w-]*:)|,\s*$", text.strip()):
-        kind, sep, value = part.strip().partition(":")
-        value = value.strip()
-        if not sep or kind not in ("git", "python"):
-            raise _bad(text, f"{part.strip()!r} is neither git:REV nor python:PATH")
-        if not value or (kind == "git" and value.startswith("-")):
-            what = f"{kind}: needs a {'REV' if kind == 'git' else 'PATH'}"
-            raise _bad(text, what + (" not starting with '-'" if value else ""))
-        if (rev if kind == "git" else path) is not None:
+        kind, value = _reference_part(text, part)
+        if kind in given:
             raise _bad(text, f"{kind}: given twice")
-        rev, path = (value, path) if kind == "git" else (rev, value)
-    return rev, path
+        given[kind] = value
+    return given.get("git"), given.get("python")
+
+
+def _reference_part(text: str, part: str) -> tuple[str, str]:
+    """One ``git:REV`` or ``python:PATH`` of ``text``: (kind, value)."""
+    kind, sep, value = part.strip().partition(":")
+    value = value.strip()
+    if not sep or kind not in ("git", "python"):
+        raise _bad(text, f"{part.strip()!r} is neither git:REV nor python:PATH")
+    if not value or (kind == "git" and value.startswith("-")):
+        what = f"{kind}: needs a {'REV' if kind == 'git' else 'PATH'}"
+        raise _bad(text, what + (" not starting with '-'" if value else ""))
+    return kind, value
 
 
 def _run(
@@ -135,29 +141,34 @@ def _commit_of(rootdir: Path, rev: str) -> str:
         raise ConfigError(f"llmperf: --llmperf-against git:{rev}: {rootdir} is not in a git repository")
     if commit := _git(rootdir, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", check=False):
         return commit
+    raise ConfigError(_why_no_commit(rootdir, rev))
+
+
+def _why_no_commit(rootdir: Path, rev: str) -> str:
+    """Why ``rev`` names no commit in the repository at ``rootdir``, and what to do."""
     top = _git(rootdir, "rev-parse", "--show-toplevel", check=False) or str(rootdir)
     say = f"llmperf: --llmperf-against git:{rev}: no commit {rev!r} in the repository at {top}"
     shallow = _git(rootdir, "rev-parse", "--is-shallow-repository", check=False) == "true"
     if not shallow and not _git(rootdir, "rev-list", "-n", "1", "--all", check=False):
-        raise ConfigError(f"{say}: it has no commits yet")
+        return f"{say}: it has no commits yet"
     walk = re.fullmatch(r"(.*?)((?:[~^]\d*)+)", rev)  # HEAD~5: back from a commit that exists
     base = (
         _git(rootdir, "rev-parse", "--verify", "--quiet", f"{walk.group(1)}^{{commit}}", check=False) if walk else None
     )
     if walk and base and not shallow:
         count = _git(rootdir, "rev-list", "--count", base, check=False) or "?"
-        raise ConfigError(
+        return (
             f"{say}: {walk.group(1)} ({base[:12]}) has only {count} commit(s) in its history; "
             f"{walk.group(2)} goes back further (or names a parent it lacks)"
         )
-    raise ConfigError(
+    return (
         f"{say}{' (a shallow clone)' if shallow else ''}; fetch it first (e.g. `git fetch origin {rev}`; in GitHub "
         "Actions: actions/checkout with fetch-depth: 0)"
     )
 
 
-def _python_version(path: str) -> tuple[str, str]:
-    """The interpreter's absolute path (symlinks kept) and its version; a bare name is looked up on PATH."""
+def _interpreter(path: str) -> str:
+    """The interpreter's absolute path (symlinks kept); a bare name is looked up on PATH."""
     bare = not any(s in path for s in (os.sep, os.altsep) if s)
     absolute = os.path.abspath((shutil.which(path) if bare else None) or path)
     say = f"llmperf: --llmperf-against python:{path}"
@@ -165,6 +176,13 @@ def _python_version(path: str) -> tuple[str, str]:
         raise ConfigError(f"{say}: {f'no {path} on PATH' if bare else f'{absolute} does not exist'}")
     if not os.path.isfile(absolute) or not os.access(absolute, os.X_OK):
         raise ConfigError(f"{say}: {absolute} is not an executable file")
+    return absolute
+
+
+def _python_version(path: str) -> tuple[str, str]:
+    """The interpreter's absolute path (``_interpreter``) and the version it reports."""
+    absolute = _interpreter(path)
+    say = f"llmperf: --llmperf-against python:{path}"
     code = "import sys; print(sys.version.split()[0])"
     try:
         out = _run([absolute, "-c", code], None, PYTHON_CHECK_TIMEOUT_S)
@@ -223,16 +241,24 @@ def locate_project(
     chosen, other = (_real(rootdir), _real(invocation_dir))[:: 1 if rootdir_chosen else -1]
     if rev is None:
         return Project(chosen)
+    top = _repository_top(rev, paths, invocation_dir, rootdir)
+    folder = next((f for f in (chosen, other) if f.is_relative_to(top)), top)
+    _check_tracked(rev, folder, top)
+    return Project(folder, top)
+
+
+def _repository_top(rev: str, paths: Sequence[Path], invocation_dir: Path, rootdir: Path) -> Path:
+    """The top of the git repository the tests lie in (else the invocation folder's, the rootdir's)."""
     starts = [_real(p if p.is_dir() else p.parent) for p in map(Path, paths) if p.exists()]
     starts += [_real(invocation_dir), _real(rootdir)]
-    top = None
     for start in starts:
         if found := _git(start, "rev-parse", "--show-toplevel", check=False):
-            top = _real(found)
-            break
-    if top is None:
-        raise ConfigError(f"llmperf: --llmperf-against git:{rev}: {starts[0]} is not in a git repository")
-    folder = next((f for f in (chosen, other) if f.is_relative_to(top)), top)
+            return _real(found)
+    raise ConfigError(f"llmperf: --llmperf-against git:{rev}: {starts[0]} is not in a git repository")
+
+
+def _check_tracked(rev: str, folder: Path, top: Path) -> None:
+    """Refuse a project folder that the repository at ``top`` does not track."""
     inside = folder.relative_to(top).as_posix()
     if inside != "." and _git(top, "ls-files", "--error-unmatch", "--", f":(literal){inside}", check=False) is None:
         raise ConfigError(
@@ -240,7 +266,6 @@ def locate_project(
             f"({top}), so REV would be that repository's, not this project's: commit the folder there, or make "
             "it a repository of its own (git init)"
         )
-    return Project(folder, top)
 
 
 def _importable(entry: Path) -> str | None:

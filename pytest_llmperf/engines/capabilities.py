@@ -1,0 +1,183 @@
+"""What an engine is, and what it may offer besides: one small protocol per ability.
+
+``Engine`` is ``info`` and ``run``; that is all a measurement needs. Every further ability is
+a protocol of its own below, which an engine declares by naming it among its bases::
+
+    class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, Closable): ...
+
+and which the measuring code asks for with ``isinstance``, never by probing attributes. The
+protocols are ``runtime_checkable``: an engine of a user's that has the members without naming
+the protocol counts too, and one with ``info`` and ``run`` alone (``CallableEngine``) has none
+of them. ``tests/test_capabilities.py`` checks that every shipped engine declares exactly the
+abilities it implements.
+
+(Python 3.10 and 3.11 read a protocol's data members and properties with ``hasattr`` on an
+``isinstance`` check: the properties named here are cheap and do not raise on a live engine.)"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+from ..core.workload import EngineInfo, RunTrace, TokenLogits, Workload
+
+if TYPE_CHECKING:
+    from .llama_cpp import TimedDecode
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """Anything that can run one request of a workload and report its clock readings."""
+
+    def info(self) -> EngineInfo: ...
+
+    def run(self, workload: Workload, run_index: int) -> RunTrace: ...
+
+
+@runtime_checkable
+class Closable(Protocol):
+    """Holds what must be given back (a model, a worker process, connections): ``close()``
+    frees it. The session and the engine pool close such an engine when done with it."""
+
+    def close(self) -> None: ...
+
+
+class FreshEngine(Engine, Closable, Protocol):
+    """What ``FreshLoads.fresh`` returns: an engine that is closed after its one request."""
+
+
+@runtime_checkable
+class FreshLoads(Protocol):
+    """Model-load samples (``model_load``, ``max_load_ms``): ``fresh()`` is another engine of the
+    same settings with its model loaded now (``EngineInfo.load_ms``)."""
+
+    def fresh(self) -> FreshEngine: ...
+
+
+@runtime_checkable
+class LayerTiming(Protocol):
+    """Per-layer timing in this process (``measuring.layers`` drives it): a second context on
+    the engine's model with llama.cpp's eval callback installed, run by the engine's own timed
+    loop, so the instrumented runs time what the plain runs time."""
+
+    @property
+    def lib(self) -> Any:
+        """llama-cpp-python's low-level bindings (``llama_cpp``)."""
+        ...
+
+    def make_sampler(self) -> Any: ...
+
+    def prompt_ids(self, workload: Workload) -> list[int]: ...
+
+    def decode_feed(self, workload: Workload) -> list[int] | None: ...
+
+    def instrumented_context(self, cb_eval: Any, tokens: int) -> Any: ...
+
+    def timed_decode(
+        self, ctx: Any, prompt_ids: Sequence[int], max_tokens: int, *, feed: Sequence[int] | None, sampler: Any
+    ) -> TimedDecode: ...
+
+
+@runtime_checkable
+class RemoteLayerTiming(Protocol):
+    """Per-layer timing done where the engine's model runs (the engine worker's process):
+    ``profile_layers(workload)`` returns the ``measuring.layers.LayerProfile``."""
+
+    def profile_layers(self, workload: Workload) -> Any: ...
+
+
+def times_layers(engine: object) -> bool:
+    """Whether per-layer timing (``layers=True``) and the roofline can measure this engine."""
+    return isinstance(engine, (LayerTiming, RemoteLayerTiming))
+
+
+@runtime_checkable
+class TokenProbabilities(Protocol):
+    """Output agreement (``measuring.agreement``): the greedy continuation of a workload's
+    prompt and the next-token log-probabilities at each position (``forced``: teacher-forced
+    on those ids; ``prompt_ids``: the prompt as token ids). A string: why it cannot say."""
+
+    def token_logits(
+        self, workload: Workload, forced: Sequence[int] | None = None, prompt_ids: Sequence[int] | None = None
+    ) -> TokenLogits | str: ...
+
+
+@runtime_checkable
+class NeedsPromptIds(TokenProbabilities, Protocol):
+    """Token probabilities of an engine that cannot tokenize (an endpoint): ``token_logits``
+    takes the prompt as token ids from the other side of an A/B."""
+
+    needs_prompt_ids: Literal[True]
+
+
+@runtime_checkable
+class ConcurrentRuns(Protocol):
+    """``run`` may be called from several threads at once (an HTTP endpoint): load tests with
+    ``concurrency`` above 1 or a ``rate`` send overlapping requests."""
+
+    concurrent_safe: Literal[True]
+
+
+@runtime_checkable
+class AsyncRuns(Protocol):
+    """``run`` as a coroutine on a client of one event loop: a load test runs every request as
+    a task of that loop instead of a thread each."""
+
+    def async_client(self) -> Any: ...
+
+    async def arun(self, workload: Workload, run_index: int, client: Any) -> RunTrace: ...
+
+
+@runtime_checkable
+class ServerMetrics(Protocol):
+    """The server's own counters (llama-server's ``/metrics``) around a load level; None where
+    the server has none."""
+
+    def server_metrics(self) -> dict[str, float] | None: ...
+
+
+@runtime_checkable
+class EngineProcess(Protocol):
+    """llama.cpp runs in a process of its own (the engine worker): its ``pid`` (the system
+    counters of a measurement are that process's) and whether it is still ``alive`` (the
+    engine pool replaces one that died)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def alive(self) -> bool: ...
+
+
+@runtime_checkable
+class ProcessMemory(Protocol):
+    """The peak resident memory of the process the model lives in, read by the engine: reset
+    before a measurement (True: the reset took), read after (``measuring.runner.PeakRss``)."""
+
+    def reset_peak_rss(self) -> bool: ...
+
+    def peak_rss(self, was_reset: bool) -> Any: ...
+
+
+@runtime_checkable
+class LlamaObject(Protocol):
+    """The ``llama_cpp.Llama`` object of the engine's model, for tests (``llmperf_llm``)."""
+
+    llm: Any
+
+
+#: Every ability, in the order docs/api.md lists them.
+CAPABILITIES: tuple[type, ...] = (
+    Closable,
+    FreshLoads,
+    LayerTiming,
+    RemoteLayerTiming,
+    TokenProbabilities,
+    NeedsPromptIds,
+    ConcurrentRuns,
+    AsyncRuns,
+    ServerMetrics,
+    EngineProcess,
+    ProcessMemory,
+    LlamaObject,
+)
