@@ -99,7 +99,7 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--pairs", type=int, default=5)
     p.add_argument("--variants", default="default", help=f"comma list of {', '.join(VARIANTS)}")
-    p.add_argument("--llama-bench", default=None, help="llama-bench binary (default: built by native_tools)")
+    p.add_argument("--llama-bench", default=None, help="llama-bench binary (default: built by engines.servers)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
 

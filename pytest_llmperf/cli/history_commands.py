@@ -232,7 +232,7 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="the last N sessions of each series since its subject last changed (default 20)",
     )
-    for name in ("alpha", "threshold", "tail_threshold"):  # as the pytest options (settings_table)
+    for name in ("alpha", "threshold", "tail_threshold"):  # as the pytest options (core.settings)
         add_setting(parser, name)
     parser.add_argument(
         "--tests",

@@ -28,7 +28,7 @@ COMPARE_HELP = "compare two saved session reports (pytest --llmperf-json)"
 def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("base", help="the baseline session report")
     parser.add_argument("new", help="the candidate session report")
-    for name in ("alpha", "threshold", "tail_threshold"):  # as the pytest options (settings_table)
+    for name in ("alpha", "threshold", "tail_threshold"):  # as the pytest options (core.settings)
         add_setting(parser, name)
     from ..core.settings import COMPARISON_COLUMN_NAMES, DEFAULT_COMPARISON_COLUMNS
 
