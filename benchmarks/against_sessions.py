@@ -27,6 +27,14 @@ Every session prints the output agreement with REF where the sides expose token 
 
 ``--busy`` keeps one core busy with another process for the whole run.
 
+``--record-pairs FILE`` appends, per session, every pair's runs of both sides (each run's
+``RunMetrics``, its per-token latencies included) and when each look came, as one JSON line:
+``benchmarks/against_stopping.py --replay FILE`` replays stopping rules and per-run statistics on
+those real pairs. With ``--all-pairs`` the pairs never stop before the cap (60 by default), so a
+replay sees every pair a rule could ask for. The controller's ``judge.paired.judged_pairs`` (and,
+with ``--all-pairs``, ``pairs_settled``) is wrapped by a plugin this script loads with ``-p``; the
+package itself records nothing.
+
     .venv/bin/python benchmarks/against_sessions.py --case change --change 0.08 --sessions 10
     .venv/bin/python benchmarks/against_sessions.py --case aa --sessions 20
     .venv/bin/python benchmarks/against_sessions.py --case python --old 0.3.30 --sessions 5
@@ -84,6 +92,28 @@ from pick import MODEL
 @pytest.mark.llmperf(prompt_tokens={prompt_tokens}, max_tokens={max_tokens}, min_top1_agreement=0.95)
 def test_quant(llmperf):
     llmperf.measure(model=MODEL, repack=False)
+"""
+#: Loaded with ``-p`` in every session of --record-pairs (it is only called in the controller:
+#: the sides do not judge). Each look appends a line with every pair so far.
+RECORDER = """import dataclasses, json, os, time
+
+import pytest_llmperf.judge.paired as paired
+
+_judged = paired.judged_pairs
+OUT = os.environ["LLMPERF_BENCH_PAIRS"]
+
+
+def judged_pairs(a_runs, b_runs, **kw):
+    with open(OUT, "a") as fh:
+        fh.write(json.dumps({"t": time.monotonic(), "n": len(a_runs),
+                             "a": [dataclasses.asdict(r) for r in a_runs],
+                             "b": [dataclasses.asdict(r) for r in b_runs]}) + "\\n")
+    return _judged(a_runs, b_runs, **kw)
+
+
+paired.judged_pairs = judged_pairs
+if os.environ.get("LLMPERF_BENCH_ALL_PAIRS") == "1":
+    paired.pairs_settled = lambda comparisons: None
 """
 TEST_MODEL = """import pytest
 
@@ -188,17 +218,48 @@ def session(root: Path, ref: str, args: argparse.Namespace, out: Path) -> dict:
         ref,
         f"--llmperf-json={out}",
     ]
+    env = dict(os.environ)
+    looks = out.with_suffix(".looks.jsonl")
+    if args.record_pairs:
+        (root.parent / "llmperf_bench_pairs.py").write_text(RECORDER)
+        env["PYTHONPATH"] = os.pathsep.join([str(root.parent), *filter(None, [env.get("PYTHONPATH")])])
+        env["LLMPERF_BENCH_PAIRS"] = str(looks)
+        env["LLMPERF_BENCH_ALL_PAIRS"] = "1" if args.all_pairs else "0"
+        cmd[5:5] = ["-p", "llmperf_bench_pairs"]
     started = time.monotonic()
-    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=3600, check=False)
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=3600, check=False, env=env)
     if not out.exists():
         print(proc.stdout[-3000:], proc.stderr[-3000:])
         raise SystemExit(f"session wrote no JSON (exit {proc.returncode})")
     doc = json.loads(out.read_text())
     doc["_exit"], doc["_wall_s"] = proc.returncode, time.monotonic() - started
+    if args.record_pairs and looks.exists():
+        record(args, looks, doc)
     if not doc["results"]:  # nothing measured: say why (the session's last lines)
         print(f"  session measured nothing (exit {proc.returncode}, {doc['_wall_s']:.0f} s):")
         print("    " + "\n    ".join((proc.stdout + proc.stderr).strip().splitlines()[-25:]), flush=True)
     return doc
+
+
+def record(args: argparse.Namespace, looks: Path, doc: dict) -> None:
+    """Append the session's pairs to --record-pairs: its last look holds every pair (one test
+    per session), with when each look came and the seconds the pairs took."""
+    lines = [json.loads(line) for line in looks.read_text().splitlines()]
+    if not lines:
+        return
+    row = {
+        "case": args.case,
+        "change": args.change,
+        "preset": args.preset,
+        "tokens": [args.prompt_tokens, args.max_tokens],
+        "load": load(),
+        "looks": [[x["n"], x["t"] - lines[0]["t"]] for x in lines],
+        "pairs_s": [d["seconds"] for d in (doc.get("against") or {}).get("decisions") or []],
+        "a": lines[-1]["a"],
+        "b": lines[-1]["b"],
+    }
+    with args.record_pairs.open("a") as fh:
+        fh.write(json.dumps(row) + "\n")
 
 
 def load() -> str:
@@ -218,6 +279,8 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--old", default="0.3.30", help="llama-cpp-python of the python case's REF")
     p.add_argument("--jsonl", type=Path, help="append each session's row to this file (JSON lines)")
+    p.add_argument("--record-pairs", type=Path, help="append each session's pairs, every run, to this file")
+    p.add_argument("--all-pairs", action="store_true", help="with --record-pairs: take every pair up to the cap")
     args = p.parse_args()
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
     rows: list[dict] = []

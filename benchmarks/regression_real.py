@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
 import signal
 import subprocess
@@ -88,7 +89,7 @@ def ratio(base: dict, cand: dict, name: str) -> float:
     return float(np.median(cand["runs"][name]) / np.median(base["runs"][name]))
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="small")
     parser.add_argument("--runs", type=int, default=20)
@@ -111,7 +112,11 @@ def main() -> None:
         help="record the baseline in this many separate sessions (with --rejudge: the first "
         "A/A sessions become the baseline's older sessions)",
     )
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = arguments()
     # Terminated: unwind, so subprocess.run kills the session it waits for (an orphaned
     # session would measure side by side with the next run of this script).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -134,19 +139,7 @@ def main() -> None:
         return rec
 
     started = time.perf_counter()
-    # A baseline recorded while the hypervisor took the CPU is re-recorded, as the plugin's
-    # note tells a user to (up to 5 tries).
-    base = json.loads(args.baseline.read_text().splitlines()[0]) if args.baseline else None
-    for k in range(0 if args.baseline else args.baseline_sessions):
-        for attempt in range(5):
-            rec = measured("F16", 0)
-            stolen = steal_share(rec) or 0.0
-            if stolen < STEAL_MACHINE_SHARE:
-                break
-            print(f"baseline attempt {attempt + 1}: steal {stolen:.0%} during its runs; re-recording", flush=True)
-        base = carry_history(base, rec)
-        if k == 0 and saved is not None and args.baseline_sessions > 1:
-            args.aa -= args.baseline_sessions - 1  # the saved A/A sessions that became baseline sessions
+    base = record_baseline(args, measured, saved is not None)
     settings = CompareSettings(family_size=3)
     print(
         f"baseline: {args.baseline_sessions} session(s), {args.preset} F16, threads {base['subject'].get('n_threads')}, "
@@ -162,27 +155,7 @@ def main() -> None:
     ]
     probe: list[tuple[float, float, float]] = []
     for name, dtype, threads, busy, count in scenarios:
-        tally: collections.Counter[str] = collections.Counter()
-        for i in range(count):
-            cand = measured(dtype, threads, busy)
-            v = judge({"hw": base}, "hw", cand, settings)
-            by = {c.metric: c for c in v.comparisons}
-            cells = [
-                f"{m} {by[m].verdict.value} {by[m].change_pct:+.1f}%"
-                for m in ("ttft_ms", "tpot_ms", "itl_p95_ms")
-                if m in by
-            ]
-            for m in ("ttft_ms", "tpot_ms"):
-                tally[f"{by[m].phase} {by[m].verdict.value}"] += 1
-            if name in ("A/A", "busy core") and v.machine_ratio:
-                probe.append((v.machine_ratio, ratio(base, cand, "ttft_ms"), ratio(base, cand, "tpot_ms")))
-            print(
-                f"  {name:<9} {i + 1:>2}: {v.short():<24} reference {probe_ms(cand):.2f} ms "
-                f"x{v.machine_ratio or float('nan'):.2f}, steal {steal_share(cand) or 0:.1%}, "
-                f"{(cand.get('machine') or {}).get('involuntary_switches_per_run', float('nan')):.0f} invol. "
-                "switches/run; " + "; ".join(cells),
-                flush=True,
-            )
+        tally = run_scenario(name, count, functools.partial(measured, dtype, threads, busy), base, settings, probe)
         print(f"{name}: " + ", ".join(f"{k} {n}/{count}" for k, n in sorted(tally.items())), flush=True)
     if len(probe) > 2:
         p = np.array(probe)
@@ -191,6 +164,51 @@ def main() -> None:
             f"{np.corrcoef(p[:, 0], p[:, 1])[0, 1]:.2f}, with decode {np.corrcoef(p[:, 0], p[:, 2])[0, 1]:.2f}"
         )
     print(f"total {time.perf_counter() - started:.0f} s")
+
+
+def record_baseline(args: argparse.Namespace, measured, rejudging: bool) -> dict:
+    """The baseline record: given (--baseline), or recorded in --baseline-sessions sessions. A
+    baseline recorded while the hypervisor took the CPU is re-recorded, as the plugin's note
+    tells a user to (up to 5 tries)."""
+    base = json.loads(args.baseline.read_text().splitlines()[0]) if args.baseline else None
+    for k in range(0 if args.baseline else args.baseline_sessions):
+        for attempt in range(5):
+            rec = measured("F16", 0)
+            stolen = steal_share(rec) or 0.0
+            if stolen < STEAL_MACHINE_SHARE:
+                break
+            print(f"baseline attempt {attempt + 1}: steal {stolen:.0%} during its runs; re-recording", flush=True)
+        base = carry_history(base, rec)
+        if k == 0 and rejudging and args.baseline_sessions > 1:
+            args.aa -= args.baseline_sessions - 1  # the saved A/A sessions that became baseline sessions
+    return base
+
+
+def run_scenario(name: str, count: int, measured, base: dict, settings, probe: list) -> collections.Counter[str]:
+    """``count`` sessions of one scenario, each judged against ``base`` and printed; the tally of
+    verdicts per phase (``probe`` gains the A/A and busy sessions' reference-probe ratios)."""
+    tally: collections.Counter[str] = collections.Counter()
+    for i in range(count):
+        cand = measured()
+        v = judge({"hw": base}, "hw", cand, settings)
+        by = {c.metric: c for c in v.comparisons}
+        cells = [
+            f"{m} {by[m].verdict.value} {by[m].change_pct:+.1f}%"
+            for m in ("ttft_ms", "tpot_ms", "itl_p95_ms")
+            if m in by
+        ]
+        for m in ("ttft_ms", "tpot_ms"):
+            tally[f"{by[m].phase} {by[m].verdict.value}"] += 1
+        if name in ("A/A", "busy core") and v.machine_ratio:
+            probe.append((v.machine_ratio, ratio(base, cand, "ttft_ms"), ratio(base, cand, "tpot_ms")))
+        print(
+            f"  {name:<9} {i + 1:>2}: {v.short():<24} reference {probe_ms(cand):.2f} ms "
+            f"x{v.machine_ratio or float('nan'):.2f}, steal {steal_share(cand) or 0:.1%}, "
+            f"{(cand.get('machine') or {}).get('involuntary_switches_per_run', float('nan')):.0f} invol. "
+            "switches/run; " + "; ".join(cells),
+            flush=True,
+        )
+    return tally
 
 
 if __name__ == "__main__":

@@ -577,7 +577,14 @@ def test_faults_fail_their_test_and_the_others_go_on(runner: Runner, tmp_path: P
     )
     started = time.monotonic()
     inner = runner.run(
-        root, "tests", "-rA", "--llmperf-engine-timeout=5", "--durations=0", "--llmperf-against", "git:faulty"
+        # 10 s: at a load of 11 on 2 cores REF's pytest took over 5 s to end its session (test_7_exit).
+        root,
+        "tests",
+        "-rA",
+        "--llmperf-engine-timeout=10",
+        "--durations=0",
+        "--llmperf-against",
+        "git:faulty",
     )
     out = inner.out
     assert inner.ret == 1, out
@@ -595,7 +602,7 @@ def test_faults_fail_their_test_and_the_others_go_on(runner: Runner, tmp_path: P
     assert "while run 0 (in stream at wrapper/__init__.py:" in failed["test_1_segv"], (
         failed
     )  # the fault handler's frame
-    assert failed["test_3_hang"].startswith(f"{ref} did not answer within 5 s"), failed
+    assert failed["test_3_hang"].startswith(f"{ref} did not answer within 10 s"), failed
     assert failed["test_5_raise"].startswith(
         "not measured: side current (this tree): RuntimeError: the wrapper broke in its second run"
     ), failed
@@ -614,7 +621,7 @@ def test_faults_fail_their_test_and_the_others_go_on(runner: Runner, tmp_path: P
     notes = inner.lines("not compared: ")
     assert any(f"{ref} cannot collect tests/test_new_api.py" in n and "new_api" in n for n in notes), out
     hang_s = float(re.search(r"^([\d.]+)s call +\S*::test_3_hang$", out, re.MULTILINE).group(1))
-    assert hang_s < 5 + 10, out
+    assert hang_s < 10 + 10, out
     # REF's side four times (the first, after the crash, the hang and the exit), this tree's once.
     assert len(inner.pids) == 5, inner.pids
     assert time.monotonic() - started < SESSION_TIMEOUT_S

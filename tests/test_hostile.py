@@ -54,6 +54,14 @@ class Hostile(Streaming):
         n = int(body.get("max_tokens", 8))
         fault = self.path.strip("/").split("/")[0]
         auth = self.headers.get("Authorization") or ""
+        if fault in ("http500", "echo401", "silent", "trickle_headers"):
+            self._no_stream(fault, auth)
+            return
+        self._start_stream()
+        self._stream(fault, n, auth)
+
+    def _no_stream(self, fault: str, auth: str) -> None:
+        """An error status (one echoing the key), no answer, or a status line a byte a second."""
         if fault in ("http500", "echo401"):
             message = "model exploded" if fault == "http500" else f"bad key: {auth}"
             payload = json.dumps({"error": {"message": message}}).encode()
@@ -62,18 +70,16 @@ class Hostile(Streaming):
             self.send_header("Content-Length", str(len(payload)))
             self.end_headers()
             self.wfile.write(payload)
-            return
-        if fault == "silent":  # accepts the request, never answers
+        elif fault == "silent":  # accepts the request, never answers
             STOP.wait(60)
-            return
-        if fault == "trickle_headers":  # the status line, a byte a second
+        else:  # trickle_headers: the status line, a byte a second
             for byte in b"HTTP/1.1 200 OK\r\n":
                 self.wfile.write(bytes([byte]))
                 self.wfile.flush()
                 if STOP.wait(1.0):
                     return
-            return
-        self._start_stream()
+
+    def _stream(self, fault: str, n: int, auth: str) -> None:
         if fault == "ok":
             self._finish(n)
         elif fault == "trickle":  # headers, then a byte a second with no newline

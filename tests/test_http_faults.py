@@ -47,6 +47,16 @@ class Faulty(Streaming):
         n = int(body.get("max_tokens", 8))
         fault = self.path.strip("/").split("/")[0]
         Faulty.seen_auth.append(self.headers.get("Authorization") or "")
+        if self._refused(fault):
+            return
+        self._start_stream()
+        if fault in ("ok", "flaky", "paced", "usage", "merged", "short"):
+            self._complete(fault, n)
+        else:
+            self._broken(fault)
+
+    def _refused(self, fault: str) -> bool:
+        """An error status instead of a stream (every other request of ``flaky``)."""
         if fault in ("http500", "http401"):
             status = 500 if fault == "http500" else 401
             payload = json.dumps({"error": {"message": "model exploded" if status == 500 else "invalid api key"}})
@@ -55,7 +65,7 @@ class Faulty(Streaming):
             self.send_header("Content-Length", str(len(payload)))
             self.end_headers()
             self.wfile.write(payload.encode())
-            return
+            return True
         if fault == "flaky":  # every other request gets a 503
             Faulty.flaky_count += 1
             if Faulty.flaky_count % 2 == 0:
@@ -63,29 +73,29 @@ class Faulty(Streaming):
                 self.send_header("Content-Length", "4")
                 self.end_headers()
                 self.wfile.write(b"busy")
-                return
-        self._start_stream()
+                return True
+        return False
+
+    def _complete(self, fault: str, n: int) -> None:
+        """A stream that ends well: its tokens, a finish reason, [DONE]."""
         if fault in ("ok", "flaky", "paced"):
             self._tokens(n, PACE_S if fault == "paced" else 0.0)
             self._chunk(event("", "length"))
-            self._chunk(b"data: [DONE]\n\n")
-            self._end()
         elif fault == "usage":
             self._tokens(n)
             self._chunk(event("", "length", usage={"prompt_tokens": 7, "completion_tokens": n}))
-            self._chunk(b"data: [DONE]\n\n")
-            self._end()
         elif fault == "merged":  # all tokens in 3 events, then the length limit
             self._tokens(3)
             self._chunk(event("", "length"))
-            self._chunk(b"data: [DONE]\n\n")
-            self._end()
         elif fault == "short":  # EOS after 3 tokens
             self._tokens(3)
             self._chunk(event("", "stop"))
-            self._chunk(b"data: [DONE]\n\n")
-            self._end()
-        elif fault == "garbage":
+        self._chunk(b"data: [DONE]\n\n")
+        self._end()
+
+    def _broken(self, fault: str) -> None:
+        """A stream that breaks: bad data, a cut, a stall, or no end at all."""
+        if fault == "garbage":
             self._tokens(2)
             self._chunk(b"data: {not json at all\n\n")
             self._end()
@@ -98,10 +108,8 @@ class Faulty(Streaming):
             self.wfile.write(b"ff\r\ndata: {")
             self.wfile.flush()
             self.connection.shutdown(2)
-        elif fault == "stall_first":
-            self._stall()
-        elif fault == "stall_mid":
-            self._tokens(3)
+        elif fault in ("stall_first", "stall_mid"):
+            self._tokens(0 if fault == "stall_first" else 3)
             self._stall()
         elif fault in ("drip", "pings"):  # every 0.2 s, for ever: only the request timeout ends it
             i = 0

@@ -410,3 +410,56 @@ def test_a_comparison_reads_back_from_its_json_equal(verdict) -> None:
     assert VerdictRecord.from_json(json.loads(json.dumps(record.to_json()))) == record
     # A comparison with every later field at its default writes none of them (older files write the same).
     assert not set(comparison_json(_comparison(verdict))) & {"df", "noise_source", "noise_sessions", "detectable"}
+
+
+def test_states_are_typed_and_written_as_the_words_they_replaced() -> None:
+    from pytest_llmperf.judge.budgets import BudgetStatus
+    from pytest_llmperf.judge.result import VerdictRecord
+    from pytest_llmperf.judge.verdict import BaselineStatus
+
+    over = MeasurementResult(test="t", budget="FAIL", breached_budgets=("min_tps", "ttft_ms"))  # a word: typed
+    assert over.budget is BudgetStatus.FAIL and over.over_budget and over.failed and not over.regressed
+    assert over.to_json()["budget"] == "FAIL" and json.dumps(over.to_json()["budget"]) == '"FAIL"'
+    assert f"{over.budget}|{BudgetStatus.NONE}" == "FAIL|-" and str(BudgetStatus.OK) == "ok"
+    assert BudgetStatus.FAIL.cell(over.breached_budgets) == "FAIL min_tps,ttft_ms"
+    assert [BudgetStatus.of_cell(c) for c in ("FAIL min_tps", "ok", "-", "")] == [
+        BudgetStatus.FAIL,
+        BudgetStatus.OK,
+        BudgetStatus.NONE,
+        BudgetStatus.NONE,
+    ]
+    regressed = MeasurementResult(test="t", verdict=VerdictRecord("compared", failures=("decode slower",)))
+    assert regressed.verdict is not None and regressed.verdict.status is BaselineStatus.COMPARED
+    assert regressed.regressed and regressed.failed and not regressed.over_budget
+    assert not MeasurementResult(test="t", budget=BudgetStatus.OK).failed
+    assert MeasurementResult.from_json(regressed.to_json()) == regressed
+    # What leaves the process is plain data: xdist's wire (execnet) takes no str subclass.
+    plain = (str, int, float, bool, type(None))
+    for r in (over, regressed):
+        assert type(r.to_json()["budget"]) is str and all(type(v) in plain for _, v in r.properties())
+    assert type(regressed.to_json()["verdict"]["status"]) is str
+
+
+@pytest.mark.parametrize(
+    "edit,line",
+    [
+        (lambda d: d.update(budget="over"), 'result.budget is "over", not one of -, ok, FAIL'),
+        (
+            lambda d: d.update(verdict={"status": "judged"}),
+            'result.verdict.status is "judged", not one of compared, no-baseline, other-hardware, '
+            "workload-changed, error, not-compared",
+        ),
+    ],
+)
+def test_a_state_no_pytest_llmperf_writes_is_one_line(tmp_path: Path, edit, line) -> None:
+    from pytest_llmperf.baselines.store import BaselineError
+
+    d = MeasurementResult(test="t").to_json()
+    edit(d)
+    with pytest.raises(ResultError) as caught:
+        MeasurementResult.from_json(d)
+    assert str(caught.value) == line
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"schema": "pytest-llmperf/session", "schema_version": 1, "results": [d]}))
+    with pytest.raises(BaselineError, match="results\\[0\\]"):
+        load_session(path)

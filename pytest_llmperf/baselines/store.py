@@ -141,6 +141,12 @@ def load(path: Path) -> dict[str, Any]:
             f"baseline file {path} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
             "restore it from version control or re-record with --llmperf-update-baselines"
         ) from None
+    _check_header(path, data)
+    return _valid_tests(path, data)
+
+
+def _check_header(path: Path, data: Any) -> None:
+    """A baseline file of a schema version this pytest-llmperf reads."""
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise BaselineError(f'{path} is not a pytest-llmperf baseline file (no "schema": "{SCHEMA}")')
     version = data.get("schema_version")
@@ -152,7 +158,12 @@ def load(path: Path) -> dict[str, Any]:
             f"({SCHEMA_VERSION}); upgrade pytest-llmperf",
             version,
         )
-    try:  # the whole file against schemas/baselines.schema.json: one line at the first problem
+
+
+def _valid_tests(path: Path, data: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``tests`` of a baseline file that holds to its schema: the whole file against
+    schemas/baselines.schema.json, one line at the first problem."""
+    try:
         validate(data, "baselines")
         tests = data["tests"]
         for test, per_hw in tests.items():
@@ -272,20 +283,7 @@ def update(
             for stale in target.parent.glob(f".{target.name}.*.tmp"):  # left by a writer killed mid-write
                 with contextlib.suppress(OSError):
                     stale.unlink()
-            moved = None
-            try:
-                tests = load(path)
-            except NewerSchemaError as exc:
-                raise NewerSchemaError(
-                    f"baselines not written to {path}: it has schema_version {exc.version}, newer than this "
-                    f"pytest-llmperf understands ({SCHEMA_VERSION}); upgrade pytest-llmperf to update it",
-                    exc.version,
-                ) from None
-            except RefusedBaselineError as exc:
-                raise RefusedBaselineError(f"baselines not written: {exc}; the file is unchanged") from None
-            except BaselineError:
-                moved = _keep_aside(path)
-                tests = _salvage(path)
+            tests, moved = _stored_for_update(path)
             for test, per_hw in entries.items():
                 stored = tests.setdefault(test, {})
                 for hw, entry in per_hw.items():
@@ -296,6 +294,25 @@ def update(
     except OSError as exc:
         why = _in_the_way(path) if isinstance(exc, (NotADirectoryError, FileExistsError)) else exc.strerror or exc
         raise BaselineError(f"cannot write baseline file {path}: {why}; the file is unchanged") from None
+
+
+def _stored_for_update(path: Path) -> tuple[dict[str, Any], Path | None]:
+    """The entries an update starts from, and where an unreadable file was kept aside (None:
+    it loaded): its valid entries are carried over. A newer schema's or a refused file stays
+    as it is (the error says so)."""
+    try:
+        return load(path), None
+    except NewerSchemaError as exc:
+        raise NewerSchemaError(
+            f"baselines not written to {path}: it has schema_version {exc.version}, newer than this "
+            f"pytest-llmperf understands ({SCHEMA_VERSION}); upgrade pytest-llmperf to update it",
+            exc.version,
+        ) from None
+    except RefusedBaselineError as exc:
+        raise RefusedBaselineError(f"baselines not written: {exc}; the file is unchanged") from None
+    except BaselineError:
+        moved = _keep_aside(path)
+        return _salvage(path), moved
 
 
 def _in_the_way(path: Path) -> str:

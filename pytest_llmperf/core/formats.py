@@ -6,6 +6,8 @@ How figures are stored: six significant figures, one definition for every JSON w
 Plain-text tables: one renderer for every table the plugin prints (summary, comparison,
 load curves, breakdowns, history), so columns line up the same way everywhere.
 
+States (``StrEnum``): a state is one of a few words, typed, and written as its word.
+
 pytest node ids taken apart: the one place that knows where a ``::`` separates parts.
 
 A node id is ``path::Class::name[params]``. The parameter id is free text and may hold
@@ -15,8 +17,25 @@ is appended like a parameter id and stays with the last part too."""
 
 from __future__ import annotations
 
+import enum
+import sys
 from collections.abc import Iterable, Sequence
 from typing import overload
+
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:
+
+    class StrEnum(str, enum.Enum):
+        """Python 3.11's ``enum.StrEnum``: a member is its value (a ``str``) and prints, formats
+        and serialises (JSON, JUnit, SQL) as that word, so a typed state writes what the string
+        it replaced wrote."""
+
+        def __str__(self) -> str:
+            return str(self.value)
+
+        def __format__(self, spec: str) -> str:
+            return format(str(self.value), spec)
 
 
 @overload

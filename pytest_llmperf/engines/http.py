@@ -56,6 +56,20 @@ DEFAULT_API_KEY_ENV: str = SETTINGS["api_key_env"].default
 TOP_K = 20
 
 
+def _api_key(api_key_env: str) -> str | None:
+    """The API key in ``$api_key_env`` (None or empty: none), refused when an HTTP header
+    cannot carry it: httpx would raise with the key in the traceback's locals."""
+    key = os.environ.get(api_key_env)
+    if key:
+        bad = next((i for i, c in enumerate(key) if not (c.isascii() and c.isprintable())), None)
+        if bad is not None:
+            raise ConfigError(
+                f"${api_key_env} holds a character at position {bad + 1} that an HTTP header cannot "
+                "carry (ASCII letters, digits and punctuation only); set it to the key exactly as issued"
+            )
+    return key
+
+
 class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptIds, Closable):
     """One OpenAI-compatible endpoint; ``run`` is safe to call from several threads, ``arun``
     from many tasks of one event loop (load tests).
@@ -83,6 +97,38 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
     ) -> None:
         import httpx
 
+        self._routes(endpoint, api)
+        self.api = api
+        self.model = model
+        self.ignore_eos = ignore_eos
+        self.extra_body = dict(extra_body or {})
+        self.request_timeout_s = request_timeout_s
+        self.token_timeout_s = token_timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        #: Mixed into every synthetic prompt's seed: a server that outlives this engine (a
+        #: shared deployment, an earlier session) has none of its prompts cached.
+        self.prompt_salt = secrets.randbits(48) if prompt_salt is None else prompt_salt
+        headers = {"Accept": "text/event-stream"}
+        key = _api_key(api_key_env)
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        self._redactor = Redactor.of([endpoint], [key])
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        self._headers = headers
+        self._client = httpx.Client(
+            headers=headers,
+            timeout=httpx.Timeout(token_timeout_s, connect=connect_timeout_s),
+            transport=_deadline_transport(httpx.HTTPTransport(limits=limits)),
+        )
+        self._lock = threading.Lock()
+        self._token_count: set[str] = set()
+        self._metrics_missing = False
+
+    def _routes(self, endpoint: str, api: str) -> None:
+        """The URLs this engine sends to (``_request_url``, llama-server's own ``/completion``
+        and ``/metrics``) and shows (``url``, ``endpoint``: no credentials), from ``endpoint``."""
+        import httpx
+
         if api not in APIS:
             raise ConfigError(f"unknown API {api!r}; use one of: {', '.join(APIS)}")
         if not endpoint.startswith(("http://", "https://")):
@@ -104,37 +150,6 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
             httpx.URL(self._request_url)
         except (httpx.InvalidURL, ValueError, TypeError) as exc:
             raise ConfigError(f"endpoint {self.endpoint!r} is not a valid URL ({redact(str(exc))}); fix it") from None
-        self.api = api
-        self.model = model
-        self.ignore_eos = ignore_eos
-        self.extra_body = dict(extra_body or {})
-        self.request_timeout_s = request_timeout_s
-        self.token_timeout_s = token_timeout_s
-        self.connect_timeout_s = connect_timeout_s
-        #: Mixed into every synthetic prompt's seed: a server that outlives this engine (a
-        #: shared deployment, an earlier session) has none of its prompts cached.
-        self.prompt_salt = secrets.randbits(48) if prompt_salt is None else prompt_salt
-        headers = {"Accept": "text/event-stream"}
-        key = os.environ.get(api_key_env)
-        if key:
-            bad = next((i for i, c in enumerate(key) if not (c.isascii() and c.isprintable())), None)
-            if bad is not None:  # httpx would raise with the key in the traceback's locals
-                raise ConfigError(
-                    f"${api_key_env} holds a character at position {bad + 1} that an HTTP header cannot "
-                    "carry (ASCII letters, digits and punctuation only); set it to the key exactly as issued"
-                )
-            headers["Authorization"] = f"Bearer {key}"
-        self._redactor = Redactor.of([endpoint], [key])
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-        self._headers = headers
-        self._client = httpx.Client(
-            headers=headers,
-            timeout=httpx.Timeout(token_timeout_s, connect=connect_timeout_s),
-            transport=_deadline_transport(httpx.HTTPTransport(limits=limits)),
-        )
-        self._lock = threading.Lock()
-        self._token_count: set[str] = set()
-        self._metrics_missing = False
 
     @classmethod
     def from_settings(cls, endpoint: str, settings: Any, model: str | None) -> HttpEngine:
@@ -236,11 +251,7 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
         try:
             with self._client.stream("POST", self._request_url, json=body) as response:
                 if response.status_code >= 300:  # an error, or a redirect (not followed)
-                    head = Head(MAX_ERROR_BODY_BYTES)
-                    for chunk in response.iter_bytes():
-                        if head.add(chunk):
-                            break
-                    raise status_error(self.url, response.status_code, head.text(), response.headers.get("location"))
+                    raise self._refused(response)
                 reader = EventReader(self.url)
                 for chunk in response.iter_bytes():
                     now = clock()  # first: parsing below is not part of this chunk's arrival
@@ -254,6 +265,14 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
         except httpx.HTTPError as exc:
             raise self._transport_error(exc, state, _DEADLINE.hit) from None
         return self._finish(state, start)
+
+    def _refused(self, response: Any) -> EngineError:
+        """The error for a response of status >= 300, with the head of its body."""
+        head = Head(MAX_ERROR_BODY_BYTES)
+        for chunk in response.iter_bytes():
+            if head.add(chunk):
+                break
+        return status_error(self.url, response.status_code, head.text(), response.headers.get("location"))
 
     # -- asynchronous client (load tests) --------------------------------------------------------
 
@@ -290,11 +309,7 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
         try:
             async with client.stream("POST", self._request_url, json=body) as response:
                 if response.status_code >= 300:
-                    head = Head(MAX_ERROR_BODY_BYTES)
-                    async for chunk in response.aiter_bytes():
-                        if head.add(chunk):
-                            break
-                    raise status_error(self.url, response.status_code, head.text(), response.headers.get("location"))
+                    raise await self._arefused(response)
                 async for chunk in response.aiter_bytes():
                     now = clock()  # first: parsing below is not part of this chunk's arrival
                     if any(state.feed(data, now) for data in reader.feed(chunk)):
@@ -304,6 +319,14 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
         except httpx.HTTPError as exc:
             raise self._transport_error(exc, state, False) from None
         return self._finish(state, start)
+
+    async def _arefused(self, response: Any) -> EngineError:
+        """``_refused`` for an asynchronous response."""
+        head = Head(MAX_ERROR_BODY_BYTES)
+        async for chunk in response.aiter_bytes():
+            if head.add(chunk):
+                break
+        return status_error(self.url, response.status_code, head.text(), response.headers.get("location"))
 
     # -- errors ----------------------------------------------------------------------------------
 
@@ -360,35 +383,39 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
         server's tokens follow ``forced``; where one parts, the next request starts from the
         forced prefix up to there (one request per divergence). A string: why the server
         cannot say (it takes no token-id prompt, or sends no token ids)."""
-        import numpy as np
-
         if prompt_ids is None:
             return "an endpoint needs the prompt's token ids from the other side"
         n = workload.max_tokens
-        greedy: list[int] | None = None
+        got = self._top_logprobs(prompt_ids, n)
+        if isinstance(got, str):
+            return got
+        greedy = [token for token, _ in got]
+        if len(greedy) < n:
+            return f"the endpoint generated {len(greedy)} of {n} tokens with ignore_eos"
+        rows = self._forced_rows(prompt_ids, list(greedy if forced is None else forced), got, n)
+        if isinstance(rows, str):
+            return rows
+        ids, logprobs = _top_arrays(rows, n)
+        return TokenLogits(tuple(prompt_ids), tuple(greedy[:n]), None, ids, logprobs)
+
+    def _forced_rows(
+        self, prompt_ids: Sequence[int], target: list[int], got: list[tuple[int, list[tuple[int, float]]]], n: int
+    ) -> list[list[tuple[int, float]]] | str:
+        """The top log-probabilities at each of the ``n`` positions of ``target``, starting from
+        the first reply ``got``: a position stays teacher-forced while the server's tokens follow
+        ``target``; where one parts, the next request starts from the target up to there."""
         rows: list[list[tuple[int, float]]] = []
-        while len(rows) < n:
-            target = list(greedy if forced is None else forced) if greedy is not None else []
-            got = self._top_logprobs([*prompt_ids, *target[: len(rows)]], n - len(rows))
-            if isinstance(got, str):
-                return got
-            if greedy is None:
-                greedy = [token for token, _ in got]
-                if len(greedy) < n:
-                    return f"the endpoint generated {len(greedy)} of {n} tokens with ignore_eos"
-                target = list(greedy if forced is None else forced)
+        while True:
             for token, top in got:
                 rows.append(top)
                 if token != target[len(rows) - 1]:
                     break  # later positions follow the server's own token, not the forced one
-        assert greedy is not None
-        k = max(1, *(len(r) for r in rows))
-        ids = np.full((n, k), -1, dtype=np.int64)
-        logprobs = np.full((n, k), -np.inf)
-        for i, row in enumerate(rows):
-            ids[i, : len(row)] = [t for t, _ in row]
-            logprobs[i, : len(row)] = [lp for _, lp in row]
-        return TokenLogits(tuple(prompt_ids), tuple(greedy[:n]), None, ids, logprobs)
+            if len(rows) >= n:
+                return rows
+            next_got = self._top_logprobs([*prompt_ids, *target[: len(rows)]], n - len(rows))
+            if isinstance(next_got, str):
+                return next_got
+            got = next_got
 
     def _top_logprobs(self, ids: Sequence[int], n: int) -> list[tuple[int, list[tuple[int, float]]]] | str:
         """One non-streaming completion of ``n`` tokens from ``ids`` on llama-server's own
@@ -427,18 +454,40 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
             ]
         except (ValueError, KeyError, IndexError, TypeError):
             return "the endpoint sent no token ids with its log-probabilities (llama-server's n_probs)"
-        out: list[tuple[int, list[tuple[int, float]]]] = []
-        for token in tokens:  # the entries are the tokens', in order, less the byte tokens held back
-            if entries and entries[0][0] == token:
-                out.append((token, entries.pop(0)[1]))
-            else:
-                out.append((token, []))
-        if not out or entries:
-            return "the endpoint's log-probabilities do not follow its tokens"
-        return out
+        return _aligned(tokens, entries)
 
     def close(self) -> None:
         self._client.close()
+
+
+def _aligned(
+    tokens: list[int], entries: list[tuple[int, list[tuple[int, float]]]]
+) -> list[tuple[int, list[tuple[int, float]]]] | str:
+    """(token, its top log-probabilities) per generated token: the entries are the tokens', in
+    order, less the byte tokens held back (those get an empty list); or why they do not fit."""
+    out: list[tuple[int, list[tuple[int, float]]]] = []
+    for token in tokens:
+        if entries and entries[0][0] == token:
+            out.append((token, entries.pop(0)[1]))
+        else:
+            out.append((token, []))
+    if not out or entries:
+        return "the endpoint's log-probabilities do not follow its tokens"
+    return out
+
+
+def _top_arrays(rows: Sequence[Sequence[tuple[int, float]]], n: int) -> tuple[Any, Any]:
+    """(ids, log-probabilities) arrays of ``n`` rows of the widest row's width: the top ids and
+    their log-probabilities per position, padded with -1 and -inf."""
+    import numpy as np
+
+    k = max(1, *(len(r) for r in rows))
+    ids = np.full((n, k), -1, dtype=np.int64)
+    logprobs = np.full((n, k), -np.inf)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = [t for t, _ in row]
+        logprobs[i, : len(row)] = [lp for _, lp in row]
+    return ids, logprobs
 
 
 class _Deadline(threading.local):

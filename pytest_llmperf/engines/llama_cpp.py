@@ -124,15 +124,7 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
         self.n_batch = llama_cpp.llama_n_batch(self._ctx)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
-        self._eog_ids = [t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t)]
-        self._prompt_ids = np.array(
-            [
-                t
-                for t in range(self.n_vocab)
-                if not llama_cpp.llama_vocab_is_control(self._vocab, t) and t not in self._eog_ids
-            ],
-            dtype=np.int64,
-        )
+        self._eog_ids, self._prompt_ids = _vocab_tables(llama_cpp, self._vocab, self.n_vocab)
         self._sampler = self.make_sampler()
         # One throw-away evaluation: the first decode after load is several times slower, and
         # it makes llama.cpp record its own load time.
@@ -461,6 +453,16 @@ class TimedDecode:
     token_ids: tuple[int, ...]
 
 
+def _vocab_tables(lib: Any, vocab: Any, n_vocab: int) -> tuple[list[int], np.ndarray]:
+    """The vocabulary's end-of-generation ids, and the ids a synthetic prompt may use (neither
+    control nor end-of-generation tokens)."""
+    eog_ids = [t for t in range(n_vocab) if lib.llama_vocab_is_eog(vocab, t)]
+    prompt_ids = np.array(
+        [t for t in range(n_vocab) if not lib.llama_vocab_is_control(vocab, t) and t not in eog_ids], dtype=np.int64
+    )
+    return eog_ids, prompt_ids
+
+
 def split_prompt(n_tokens: int, n_batch: int) -> list[tuple[int, int]]:
     """(start, length) chunks of at most ``n_batch`` tokens, never a trailing 1-token chunk.
 
@@ -472,6 +474,13 @@ def split_prompt(n_tokens: int, n_batch: int) -> list[tuple[int, int]]:
         (s1, n1), (s2, _) = chunks[-2], chunks[-1]
         chunks[-2:] = [(s1, n1 - 1), (s2 - 1, 2)]
     return chunks
+
+
+def _prompt_batches(lib: Any, prompt_ids: Sequence[int], n_batch: int) -> tuple[list[Any], list[Any]]:
+    """The prompt's token arrays (``split_prompt``'s chunks) and a batch over each: the arrays
+    must outlive the batches that point into them."""
+    arrays = [(lib.llama_token * n)(*prompt_ids[s : s + n]) for s, n in split_prompt(len(prompt_ids), n_batch)]
+    return arrays, [lib.llama_batch_get_one(a, len(a)) for a in arrays]
 
 
 def timed_decode(
@@ -489,9 +498,8 @@ def timed_decode(
     ``feed``: the tokens decode is fed, one per step, no sampler between the clock reads (as
     llama-bench's tg); None: greedy sampling with ``sampler`` inside the timed loop.
     """
-    # The arrays must outlive the batches that point into them (kept in ``arrays``).
-    arrays = [(lib.llama_token * n)(*prompt_ids[s : s + n]) for s, n in split_prompt(len(prompt_ids), n_batch)]
-    prompt_batches = [lib.llama_batch_get_one(a, len(a)) for a in arrays]
+    # The arrays must outlive the batches that point into them (kept in ``_arrays``).
+    _arrays, prompt_batches = _prompt_batches(lib, prompt_ids, n_batch)
     one = (lib.llama_token * 1)()
     batch_one = lib.llama_batch_get_one(one, 1)
     decode, sample, sync = lib.llama_decode, lib.llama_sampler_sample, lib.llama_synchronize

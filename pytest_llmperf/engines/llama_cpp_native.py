@@ -22,7 +22,7 @@ import dataclasses
 import os
 import re
 import signal
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -217,15 +217,21 @@ def signal_name(returncode: int | None) -> str:
     return f"exit status {returncode}"
 
 
+def _amx_crash(sig: int | None, config: EngineConfig, quantization: str | None) -> bool:
+    """The crash is llama.cpp's AMX kernel's (``AMX_ISSUE``): a signal it dies with, on a CPU
+    with AMX, with repacked quantized weights."""
+    amx_death = sig in AMX_SIGNALS and cpu_has_amx()
+    repack_on = config.repack is not False
+    return amx_death and repack_on and (quantization or "").upper() not in UNPACKED_TYPES
+
+
 def known_cause(
     returncode: int | None, log: Sequence[str], config: EngineConfig, quantization: str | None
 ) -> str | None:
     """What a crash is known to mean, and what to do; None when it is not known."""
     sig = -returncode if returncode is not None and returncode < 0 else None
     text = "\n".join(log)
-    repack_on = config.repack is not False
-    amx_death = sig in AMX_SIGNALS and cpu_has_amx()
-    if amx_death and repack_on and (quantization or "").upper() not in UNPACKED_TYPES:
+    if _amx_crash(sig, config, quantization):
         return (
             f"known cause: llama.cpp's AMX kernel for quantized weights on this Intel CPU with AMX ({AMX_ISSUE}); "
             "set repack=False (marker key, or leave repack unset: auto turns it off here) to run it without AMX"
@@ -382,18 +388,26 @@ def mapped_file_mib(path: str | os.PathLike[str]) -> tuple[float, float] | None:
     """(Size, Rss) in MiB of this process's mappings of ``path`` (/proc/self/smaps); None when
     the file is not mapped (``mmap=False``) or the kernel does not say."""
     target = os.path.realpath(path)
-    size = rss = 0
-    inside = found = False
     try:
         with open("/proc/self/smaps") as fh:
-            for line in fh:
-                head = line.split(None, 5)
-                if head and not head[0].endswith(":"):  # a mapping's header line: range perms offset dev inode path
-                    inside = len(head) == 6 and head[5].strip() == target
-                    found = found or inside
-                elif inside and head[0] in ("Size:", "Rss:"):
-                    kib = int(head[1])
-                    size, rss = (size + kib, rss) if head[0] == "Size:" else (size, rss + kib)
+            kib = _mapped_kib(fh, target)
     except (OSError, ValueError, IndexError):
         return None
-    return (size / 1024, rss / 1024) if found else None
+    return (kib[0] / 1024, kib[1] / 1024) if kib is not None else None
+
+
+def _mapped_kib(smaps: Iterable[str], target: str) -> tuple[int, int] | None:
+    """(Size, Rss) in KiB summed over the mappings of ``target`` in an smaps listing; None when
+    none maps it. A mapping's header line (range perms offset dev inode path) starts a block of
+    ``Key: value kB`` lines."""
+    size = rss = 0
+    inside = found = False
+    for line in smaps:
+        head = line.split(None, 5)
+        if head and not head[0].endswith(":"):  # a mapping's header line: range perms offset dev inode path
+            inside = len(head) == 6 and head[5].strip() == target
+            found = found or inside
+        elif inside and head[0] in ("Size:", "Rss:"):
+            kib = int(head[1])
+            size, rss = (size + kib, rss) if head[0] == "Size:" else (size, rss + kib)
+    return (size, rss) if found else None

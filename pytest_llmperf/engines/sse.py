@@ -114,11 +114,26 @@ class StreamState:
             raise EngineError(
                 f"stream from {self.url} ended without [DONE] after {len(self.stamps)} tokens (truncated)"
             )
-        n = self.max_tokens
         stamps = self.stamps
-        counted, source = len(stamps), "events"
-        reported = self.usage.get("completion_tokens") if self.usage else None
         native = self.native()
+        counted, source = self._counted(native)
+        self._check_complete(counted, source)
+        prompt_tokens = self.usage.get("prompt_tokens") if self.usage else None
+        trace = RunTrace(
+            start_ns=start_ns,
+            prefill_done_ns=None,
+            token_ns=tuple(fit_stamps(stamps, counted)),
+            prompt_tokens=prompt_tokens if is_count(prompt_tokens) else None,
+            native=native,
+        )
+        return trace, source
+
+    def _counted(self, native: NativeCounters | None) -> tuple[int, str]:
+        """The run's token count and where it came from, in order of trust: the server's usage,
+        llama-server's timings, ``max_tokens`` when it stopped at the length limit, the events."""
+        n = self.max_tokens
+        counted, source = len(self.stamps), "events"
+        reported = self.usage.get("completion_tokens") if self.usage else None
         if isinstance(reported, int) and not isinstance(reported, bool):
             if not 0 <= reported <= n:
                 raise EngineError(
@@ -132,6 +147,13 @@ class StreamState:
             # Events are not tokens one to one (llama-cpp-python sends empty events and flushes
             # held-back text late), but the server says it stopped at the limit we asked for.
             counted, source = n, "finish_reason"
+        return counted, source
+
+    def _check_complete(self, counted: int, source: str) -> None:
+        """Refuse a run that is not comparable: no token, every token in one event (no gaps to
+        measure), or fewer tokens than asked for."""
+        n = self.max_tokens
+        stamps = self.stamps
         if not stamps and not counted:
             end = "[DONE]" if self.done else f"finish_reason {short(repr(self.finish), 40)}"
             raise EarlyEndError(
@@ -149,15 +171,6 @@ class StreamState:
                 f"server generated {counted} of {n} tokens (finish_reason {short(repr(self.finish), 40)}, "
                 f"counted from {source}); it does not honour ignore_eos/min_tokens: the run is not comparable"
             )
-        prompt_tokens = self.usage.get("prompt_tokens") if self.usage else None
-        trace = RunTrace(
-            start_ns=start_ns,
-            prefill_done_ns=None,
-            token_ns=tuple(fit_stamps(stamps, counted)),
-            prompt_tokens=prompt_tokens if is_count(prompt_tokens) else None,
-            native=native,
-        )
-        return trace, source
 
 
 class Head:

@@ -98,7 +98,7 @@ class ABResult:
         """The budgets that fail the test: breached ones, and agreement budgets on sides that
         expose no token probabilities."""
         every: tuple[BudgetOutcome | AgreementOutcome, ...] = (*self.budgets, *self.agreement_budgets)
-        return tuple(o for o in every if o.status in ("breached", "unavailable"))
+        return tuple(o for o in every if o.status.fails)
 
     def failure_lines(self) -> list[str]:
         prefix = f"[{self.label}] " if self.label else ""
@@ -160,10 +160,7 @@ def compare_ab(
     """Measure A and B interleaved (``workload.runs`` pairs, seeded by ``workload.seed``) and
     compare them per metric; then, after every timed run, compare their outputs
     (``measuring.agreement``; ``agreement=False``: not); judge the relative budgets."""
-    if workload.is_load:
-        raise ConfigError("an A/B comparison runs one request at a time; drop concurrency/requests/rate")
-    if workload.runs < 3:
-        raise ConfigError(f"an A/B comparison needs runs >= 3 pairs for a CI, got {workload.runs}")
+    _check_workload(workload)
     budgets = parse_budgets(max_slowdown, min_speedup)  # bad budgets fail before any run
     agreement_budgets = parse_agreement_budgets(
         min_top1_agreement=min_top1_agreement, max_kl=max_kl, max_kl_p99=max_kl_p99
@@ -176,6 +173,22 @@ def compare_ab(
     outputs = compare_outputs(ea, eb, workload, a_name=a.name, b_name=b.name) if agreement else None
     ma = _measurement(ta, wa, workload, ea, "A")
     mb = _measurement(tb, wb, workload, eb, "B")
+    comparisons = _paired_comparisons(ma, mb)
+    outcomes = _judged_budgets(budgets, comparisons)
+    judged = tuple(judge_agreement(budget, limit, outputs) for budget, limit in agreement_budgets if outputs)
+    return ABResult(label, a.name, b.name, orders, ma, mb, tuple(comparisons), tuple(outcomes), outputs, judged)
+
+
+def _check_workload(workload: Workload) -> None:
+    """A workload an A/B comparison can run: one request at a time, at least 3 pairs."""
+    if workload.is_load:
+        raise ConfigError("an A/B comparison runs one request at a time; drop concurrency/requests/rate")
+    if workload.runs < 3:
+        raise ConfigError(f"an A/B comparison needs runs >= 3 pairs for a CI, got {workload.runs}")
+
+
+def _paired_comparisons(ma: Measurement, mb: Measurement) -> list[PairedComparison]:
+    """A against B per paired metric both sides observed in every run."""
     comparisons = []
     for metric in PAIRED_METRICS:
         va = [getattr(r, metric) for r in ma.runs]
@@ -183,14 +196,18 @@ def compare_ab(
         if any(v is None or not v > 0 for v in va + vb):
             continue  # e.g. prefill time of a callable: not observed
         comparisons.append(paired(metric, va, vb))
+    return comparisons
+
+
+def _judged_budgets(budgets: Sequence[RelativeBudget], comparisons: Sequence[PairedComparison]) -> list[BudgetOutcome]:
+    """Each relative budget's outcome on the comparison of its metric."""
     by_metric = {c.metric: c for c in comparisons}
     outcomes = []
     for budget in budgets:
         if budget.metric not in by_metric:
             raise ConfigError(f"{budget.kind}: {budget.target} is not observed for these sides")
         outcomes.append(judge(budget, by_metric[budget.metric]))
-    judged = tuple(judge_agreement(budget, limit, outputs) for budget, limit in agreement_budgets if outputs)
-    return ABResult(label, a.name, b.name, orders, ma, mb, tuple(comparisons), tuple(outcomes), outputs, judged)
+    return outcomes
 
 
 def _measurement(traces: list[Any], warm: list[Any], workload: Workload, engine: Any, label: str) -> Measurement:
@@ -207,24 +224,28 @@ def properties(results: Sequence[ABResult]) -> list[tuple[str, Any]]:
                 (f"{prefix}{c.metric}.ratio", round(c.ratio, 6)),
                 (f"{prefix}{c.metric}.ci", f"{c.ci_low:.6g}..{c.ci_high:.6g}"),
             ]
-        out += [(f"{prefix}budget.{o.budget.kind}.{o.budget.target}", o.status) for o in r.budgets]
-        g = r.agreement
-        if g is not None and g.available:
-            out += [
-                (f"{prefix}agreement.{name}", sig6(value))
-                for name, value in (
-                    ("top1_agreement", g.top1_agreement),
-                    ("kl_mean", g.kl_mean),
-                    ("kl_p99", g.kl_p99),
-                    ("greedy_parity", g.greedy_parity),
-                )
-                if value is not None
-            ]
-            out += [(f"{prefix}agreement.positions", g.n_positions), (f"{prefix}agreement.method", g.method)]
-        elif g is not None:
-            out.append((f"{prefix}agreement", f"not available ({g.reason})"))
-        out += [(f"{prefix}budget.{o.budget.key}", o.status) for o in r.agreement_budgets]
+        out += [(f"{prefix}budget.{o.budget.kind}.{o.budget.target}", o.status.value) for o in r.budgets]
+        if r.agreement is not None:
+            out += _agreement_properties(prefix, r.agreement)
+        out += [(f"{prefix}budget.{o.budget.key}", o.status.value) for o in r.agreement_budgets]
     return out
+
+
+def _agreement_properties(prefix: str, g: Agreement) -> list[tuple[str, Any]]:
+    """The output agreement's figures as properties, or why it is not available."""
+    if not g.available:
+        return [(f"{prefix}agreement", f"not available ({g.reason})")]
+    out: list[tuple[str, Any]] = [
+        (f"{prefix}agreement.{name}", sig6(value))
+        for name, value in (
+            ("top1_agreement", g.top1_agreement),
+            ("kl_mean", g.kl_mean),
+            ("kl_p99", g.kl_p99),
+            ("greedy_parity", g.greedy_parity),
+        )
+        if value is not None
+    ]
+    return [*out, (f"{prefix}agreement.positions", g.n_positions), (f"{prefix}agreement.method", g.method)]
 
 
 def attach(report: Any, results: Sequence[ABResult]) -> Any:
@@ -262,7 +283,7 @@ def as_dict(r: ABResult) -> dict[str, Any]:
                 "target": o.budget.target,
                 "metric": o.budget.metric,
                 "value": o.budget.value,
-                "status": o.status,
+                "status": o.status.value,  # plain data (xdist's wire takes no enum)
                 "line": o.line(r.a_name, r.b_name),
             }
             for o in r.budgets
@@ -274,7 +295,7 @@ def as_dict(r: ABResult) -> dict[str, Any]:
                 "figure": o.budget.figure,
                 "value": o.limit,
                 "measured": _finite(o.measured),
-                "status": o.status,
+                "status": o.status.value,  # plain data (xdist's wire takes no enum)
                 "line": o.line(r.a_name, r.b_name),
             }
             for o in r.agreement_budgets

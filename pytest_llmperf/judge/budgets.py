@@ -25,15 +25,14 @@ B; ``against_agreement``), as its other budgets are checked on this tree's side.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..core.catalog import AGREEMENT_BUDGETS, BUDGETS, AgreementBudget, Budget, direct_sample
 from ..core.errors import ConfigError
-from ..core.formats import fmt
+from ..core.formats import StrEnum, fmt
 from ..measuring.agreement import Agreement
 from ..measuring.metrics import Measurement
 from .paired import PAIRED_METRICS, PHASE_METRIC, PairedComparison
@@ -102,13 +101,47 @@ def runs_to_bound(q: float, level: float = BUDGET_CI_LEVEL) -> int:
     return max(1, math.ceil(math.log(tail) / math.log(q))) if 0 < q < 1 else 1
 
 
-class BudgetState(str, enum.Enum):
-    """What a budget's sample shows: met (its whole CI within the limit), breached (its whole CI
-    beyond it: fails the test) or undecided (the CI straddles the limit: passes, and says so)."""
+class BudgetState(StrEnum):
+    """What one budget's sample shows: met (its whole CI within the limit), breached (its whole
+    CI beyond it: fails the test) or undecided (the CI straddles the limit: passes, and says so).
+    An A/B's output-agreement budget is met, breached or unavailable (no agreement could be
+    computed: fails the test too)."""
 
     MET = "met"
     BREACHED = "breached"
     UNDECIDED = "undecided"
+    UNAVAILABLE = "unavailable"
+
+    @property
+    def fails(self) -> bool:
+        return self in FAILING_STATES
+
+
+#: The budget states that fail a test.
+FAILING_STATES = (BudgetState.BREACHED, BudgetState.UNAVAILABLE)
+
+
+class BudgetStatus(StrEnum):
+    """All of one measurement's budgets together (``result.MeasurementResult.budget``): NONE
+    (``-``: it has none), OK (none breached) or FAIL (some breached: over budget)."""
+
+    NONE = "-"
+    OK = "ok"
+    FAIL = "FAIL"
+
+    @classmethod
+    def of(cls, n_budgets: int, breached: bool) -> BudgetStatus:
+        return cls.NONE if not n_budgets else cls.FAIL if breached else cls.OK
+
+    def cell(self, breached: Sequence[str]) -> str:
+        """The summary table's cell: ``-``, ``ok`` or ``FAIL key,key`` (the breached keys)."""
+        return f"{self} {','.join(breached)}" if self is BudgetStatus.FAIL else str(self)
+
+    @classmethod
+    def of_cell(cls, cell: str) -> BudgetStatus:
+        """The status a ``cell`` shows (its first word; anything else: NONE)."""
+        word = cell.split(" ", 1)[0]
+        return next((s for s in cls if s.value == word), cls.NONE)
 
 
 @dataclass(frozen=True)
@@ -211,7 +244,7 @@ def against_agreement(m: Measurement, given: Mapping[str, Any]) -> tuple[tuple[A
     budgets = parse_agreement_budgets(**{k: given.get(k) for k in AGREEMENT_BUDGETS})
     agreement = m.agreement or Agreement(reason="not compared with REF")
     outcomes = [judge_agreement(budget, limit, agreement) for budget, limit in budgets]
-    breaches = tuple(AgreementBreach(o.budget.key, o.line("REF", "this tree")) for o in outcomes if o.status != "met")
+    breaches = tuple(AgreementBreach(o.budget.key, o.line("REF", "this tree")) for o in outcomes if o.status.fails)
     return breaches, len(budgets)
 
 
@@ -236,22 +269,26 @@ def judge_budget(key: str, limit: float, m: Measurement) -> BudgetBreach:
     if q is None or not values:
         return dataclasses.replace(out, ci=None, state=BudgetState.MET if b.holds(measured, limit) else out.state)
     low, high = order_ci(values, q)
+    state, by_value = _ci_state(b, measured, limit, values, (low, high))
+    return dataclasses.replace(out, ci=(low, high), state=state, quantile=q, n=len(values), by_value=by_value)
+
+
+def _ci_state(
+    b: Budget, measured: float, limit: float, values: Sequence[float], ci: tuple[float | None, float | None]
+) -> tuple[BudgetState, bool]:
+    """(the state, whether the value decided it) of a budget whose statistic has the sample CI ``ci``."""
+    low, high = ci
     # The side of the CI that must hold for the budget to be met, and the side that must break it.
     holds_side, breaks_side = (high, low) if b.ceiling else (low, high)
-    by_value = False
     # A side the sample cannot bound (p99 of 20 runs) is met when even its most extreme value
     # holds: a budget far from the measured values needs no more runs to say so.
     edge = max(values) if b.ceiling else min(values)
     if b.holds(edge if holds_side is None else holds_side, limit):
-        state = BudgetState.MET
-    elif breaks_side is None:  # too few values to show a breach at all: the value decides
+        return BudgetState.MET, False
+    if breaks_side is None:  # too few values to show a breach at all: the value decides
         by_value = not b.holds(measured, limit)
-        state = BudgetState.BREACHED if by_value else BudgetState.UNDECIDED
-    elif not b.holds(breaks_side, limit):
-        state = BudgetState.BREACHED
-    else:
-        state = BudgetState.UNDECIDED
-    return dataclasses.replace(out, ci=(low, high), state=state, quantile=q, n=len(values), by_value=by_value)
+        return (BudgetState.BREACHED if by_value else BudgetState.UNDECIDED), by_value
+    return (BudgetState.BREACHED if not b.holds(breaks_side, limit) else BudgetState.UNDECIDED), False
 
 
 def budget_checks(m: Measurement, budgets: Mapping[str, float]) -> tuple[BudgetBreach, ...]:
@@ -307,7 +344,7 @@ class RelativeBudget:
 class BudgetOutcome:
     budget: RelativeBudget
     comparison: PairedComparison
-    status: str  # "met" | "breached" | "undecided"
+    status: BudgetState  # MET, BREACHED or UNDECIDED
 
     def line(self, a_name: str, b_name: str) -> str:
         """One line naming both sides and the ratio with its CI."""
@@ -322,7 +359,11 @@ class BudgetOutcome:
                 f"speedup of B over A {c.speedup:.3f}x (95% CI {1 / c.ci_high:.3f}..{1 / c.ci_low:.3f}, "
                 f"{c.n_pairs} pairs, from {c.label}) vs at least {b.value:g}x"
             )
-        word = {"breached": "breaks", "met": "meets", "undecided": "cannot show it meets"}[self.status]
+        word = {
+            BudgetState.BREACHED: "breaks",
+            BudgetState.MET: "meets",
+            BudgetState.UNDECIDED: "cannot show it meets",
+        }[self.status]
         return f"{b.target}: B [{b_name}] vs A [{a_name}]: {shown}: {word} {b.describe()}"
 
 
@@ -358,8 +399,9 @@ def _value(kind: str, value: Any) -> float:
 
 def judge(budget: RelativeBudget, c: PairedComparison) -> BudgetOutcome:
     limit = budget.max_ratio
-    status = "breached" if c.ci_low > limit else "met" if c.ci_high <= limit else "undecided"
-    return BudgetOutcome(budget, c, status)
+    if c.ci_low > limit:
+        return BudgetOutcome(budget, c, BudgetState.BREACHED)
+    return BudgetOutcome(budget, c, BudgetState.MET if c.ci_high <= limit else BudgetState.UNDECIDED)
 
 
 @dataclass(frozen=True)
@@ -369,7 +411,7 @@ class AgreementOutcome:
     budget: AgreementBudget
     limit: float
     agreement: Agreement
-    status: str  # "met" | "breached" | "unavailable" (the last two fail the test)
+    status: BudgetState  # MET, BREACHED or UNAVAILABLE (the last two fail the test)
 
     @property
     def measured(self) -> float | None:
@@ -379,11 +421,11 @@ class AgreementOutcome:
     def line(self, a_name: str, b_name: str) -> str:
         """One line naming both sides, the figure and its sample, and the budget."""
         b, key = self.budget, f"{self.budget.key} {self.limit:g}"
-        if self.status == "unavailable":
+        if self.status is BudgetState.UNAVAILABLE:
             return f"{key}: B [{b_name}] vs A [{a_name}]: agreement not available ({self.agreement.reason})"
-        op = ("<=" if b.ceiling else ">=") if self.status == "met" else (">" if b.ceiling else "<")
+        op = ("<=" if b.ceiling else ">=") if self.status is BudgetState.MET else (">" if b.ceiling else "<")
         shown = f"{self.measured:.4g}" if b.ceiling else f"{self.measured:.4f}"
-        verdict = "" if self.status == "breached" else ": met"
+        verdict = "" if self.status is BudgetState.BREACHED else ": met"
         return f"{b.label} of B [{b_name}] with A [{a_name}] {shown} {op} {key} ({self.agreement.sample}){verdict}"
 
 
@@ -407,6 +449,7 @@ def parse_agreement_budgets(**given: Any) -> tuple[tuple[AgreementBudget, float]
 
 def judge_agreement(budget: AgreementBudget, limit: float, agreement: Agreement) -> AgreementOutcome:
     if not agreement.available:
-        return AgreementOutcome(budget, limit, agreement, "unavailable")
+        return AgreementOutcome(budget, limit, agreement, BudgetState.UNAVAILABLE)
     measured = getattr(agreement, budget.figure)
-    return AgreementOutcome(budget, limit, agreement, "met" if budget.holds(measured, limit) else "breached")
+    state = BudgetState.MET if budget.holds(measured, limit) else BudgetState.BREACHED
+    return AgreementOutcome(budget, limit, agreement, state)

@@ -17,11 +17,12 @@ from typing import Any
 
 from ..baselines import records as reference
 from ..baselines.records import same_workload
+from ..core.catalog import Metric
 from ..core.fingerprint import hardware_differences, other_hardware_note, subject_changes
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRESHOLD
 from .result import LayerChange, MeasurementResult, compare_layers
 from .rule import JUDGED, METRICS, MIN_PEERS, SUITE_ALPHA_SHARE, compare_levels, decide, mirrored, suite_relative
-from .verdict import Comparison, Level, NoiseModel, Verdict, holm, level
+from .verdict import BaselineStatus, Comparison, Level, NoiseModel, Verdict, holm, level
 
 #: Recorded sessions a baseline keeps per test and hardware (the newest K, rolling).
 HISTORY_SESSIONS = 10
@@ -63,7 +64,7 @@ class CompareSettings:
 class BaselineVerdict:
     """What the baseline says about one measurement."""
 
-    status: str  # compared | no-baseline | other-hardware | workload-changed | error
+    status: BaselineStatus
     note: str = ""
     comparisons: tuple[Comparison, ...] = ()
     #: What changed in the subject since the baseline (other-hardware: the hardware fields
@@ -77,6 +78,9 @@ class BaselineVerdict:
     machine: str = ""
     #: Memory figures grown beyond ``MEMORY_RULE`` since the baseline, one line each.
     memory_changes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", BaselineStatus(self.status))  # a word read from JSON, typed
 
     @property
     def slower_layers(self) -> tuple[LayerChange, ...]:
@@ -95,8 +99,8 @@ class BaselineVerdict:
 
     def short(self) -> str:
         """One cell for the summary table."""
-        if self.status != "compared":
-            return self.status
+        if self.status is not BaselineStatus.COMPARED:
+            return str(self.status)
         if not self.comparisons:
             return Verdict.INCONCLUSIVE.value  # nothing could be judged (the note says why)
         if self.regressions or self.memory_changes:
@@ -131,19 +135,37 @@ def compare_memory(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) ->
 
     lines = []
     for name, (rel, slack) in MEMORY_RULE.items():
-        if name == "rss_mib" and not all(
-            (r.get("memory") or {}).get("peak_rss_scope") == "measurement" for r in (baseline, candidate)
-        ):
+        if name == "rss_mib" and not all(_rss_over_runs(r) for r in (baseline, candidate)):
             continue
-        metric = METRICS[name]
-        b, c = ((r.get("memory") or {}).get(name) for r in (baseline, candidate))
-        if not isinstance(b, (int, float)) or not isinstance(c, (int, float)):
-            continue
-        if c - b > slack and c > b * (1 + rel):
-            change = f"+{(c - b) / b:.0%}" if b > 0 else f"+{c - b:.3g} MiB"
-            source = "engine process, over the runs" if name == "rss_mib" else "llama.cpp log"
-            lines.append(f"{metric.label} {b:.6g} -> {c:.6g} MiB ({change}; {source}) since the baseline")
+        figures = _memory_figures(name, baseline, candidate)
+        if figures is not None and _grown(*figures, rel, slack):
+            lines.append(_memory_growth(METRICS[name], *figures))
     return tuple(lines)
+
+
+def _rss_over_runs(rec: Mapping[str, Any]) -> bool:
+    """The record's peak RSS covers its runs alone (the engine's process, over the measurement)."""
+    return bool((rec.get("memory") or {}).get("peak_rss_scope") == "measurement")
+
+
+def _memory_figures(name: str, baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> tuple[float, float] | None:
+    """Both records' memory figure ``name`` (MiB), when both carry it as a number."""
+    b, c = ((r.get("memory") or {}).get(name) for r in (baseline, candidate))
+    if not isinstance(b, (int, float)) or not isinstance(c, (int, float)):
+        return None
+    return b, c
+
+
+def _grown(b: float, c: float, rel: float, slack: float) -> bool:
+    """``c`` exceeds ``b`` by more than both the absolute ``slack`` (MiB) and the relative ``rel``."""
+    return c - b > slack and c > b * (1 + rel)
+
+
+def _memory_growth(metric: Metric, b: float, c: float) -> str:
+    """The line for a memory figure grown from ``b`` to ``c`` MiB since the baseline."""
+    change = f"+{(c - b) / b:.0%}" if b > 0 else f"+{c - b:.3g} MiB"
+    source = "engine process, over the runs" if metric.name == "rss_mib" else "llama.cpp log"
+    return f"{metric.label} {b:.6g} -> {c:.6g} MiB ({change}; {source}) since the baseline"
 
 
 def session_levels(rec: Mapping[str, Any]) -> dict[str, Level]:
@@ -173,12 +195,21 @@ def carry_history(old: Mapping[str, Any] | None, new: dict[str, Any], keep: int 
         own = session_levels(old)
     except (KeyError, TypeError, ValueError):
         return new  # an unreadable history is dropped, never guessed
+    sessions = _kept_sessions(older, own, keep)
+    return {**new, "sessions": sessions} if sessions else new
+
+
+def _kept_sessions(
+    older: Mapping[str, list[Level]], own: Mapping[str, Level], keep: int
+) -> dict[str, list[dict[str, float | int | None]]]:
+    """Per judged metric, the last ``keep - 1`` session levels of a replaced record (its older
+    ones, then its own), as stored."""
     sessions = {}
     for name, levels in older.items():
         chain = levels + ([own[name]] if name in own else [])
         if chain and keep > 1:
             sessions[name] = [lv.to_json() for lv in chain[-(keep - 1) :]]
-    return {**new, "sessions": sessions} if sessions else new
+    return sessions
 
 
 def compare_records(
@@ -244,6 +275,16 @@ def judged_records(
             provisional=False,
             window=(window or {}).get(spec.name, ()),
         )
+    comparisons = _with_rates(judged, baseline, candidate)
+    family = max(settings.family_size or 0, len(judged)) or None
+    return decide(comparisons, alpha=settings.alpha_per_look, m=family), notes
+
+
+def _with_rates(
+    judged: dict[str, Comparison], baseline: Mapping[str, Any], candidate: Mapping[str, Any]
+) -> list[Comparison]:
+    """The judged comparisons in the catalog's order, each followed where it comes by the rate
+    that mirrors it (shown with the rate's own medians, when both records carry them)."""
     comparisons = []
     for spec in METRICS.values():
         if spec.mirror_of is None and spec.name in judged:
@@ -252,8 +293,7 @@ def judged_records(
             shown = _medians(baseline, candidate, spec.name)
             if shown is not None:
                 comparisons.append(mirrored(judged[spec.mirror_of], spec, shown))
-    family = max(settings.family_size or 0, len(judged)) or None
-    return decide(comparisons, alpha=settings.alpha_per_look, m=family), notes
+    return comparisons
 
 
 def _medians(baseline: Mapping[str, Any], candidate: Mapping[str, Any], name: str) -> tuple[float, float] | None:
@@ -307,36 +347,57 @@ def machine_signals(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -
     """Each sign that the machine, not the subject, was busier during the candidate's runs than
     during the baseline's, as a phrase naming its figure on both sides (none: the machine was
     no busier by anything it reports)."""
-    out = []
+    return [phrase for phrase in (sign(baseline, candidate) for sign in MACHINE_SIGNS) if phrase is not None]
+
+
+def _preempted(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> str | None:
     base_sw, cand_sw = (_machine_figure(r, "involuntary_switches_per_run") for r in (baseline, candidate))
-    if cand_sw is not None and base_sw is not None and cand_sw >= CONTENTION_FACTOR * max(base_sw, 1.0):
-        out.append(
-            f"other processes preempted the engine's threads {cand_sw / max(base_sw, 1.0):.0f}x as often as at "
-            f"baseline ({cand_sw:.0f} involuntary context switches per run)"
-        )
+    if cand_sw is None or base_sw is None or cand_sw < CONTENTION_FACTOR * max(base_sw, 1.0):
+        return None
+    return (
+        f"other processes preempted the engine's threads {cand_sw / max(base_sw, 1.0):.0f}x as often as at "
+        f"baseline ({cand_sw:.0f} involuntary context switches per run)"
+    )
+
+
+def _waited_for_cpu(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> str | None:
     base_wait, cand_wait = (_machine_figure(r, "cpu_wait_share", 1.0) for r in (baseline, candidate))
-    if cand_wait is not None and cand_wait >= CPU_WAIT_SHARE and cand_wait - (base_wait or 0.0) >= CPU_WAIT_SHARE:
-        out.append(
-            f"the engine's threads waited for a CPU {cand_wait:.0%} of their runnable time "
-            f"(run queue; {(base_wait or 0.0):.0%} at baseline)"
-        )
+    if cand_wait is None or cand_wait < CPU_WAIT_SHARE or cand_wait - (base_wait or 0.0) < CPU_WAIT_SHARE:
+        return None
+    return (
+        f"the engine's threads waited for a CPU {cand_wait:.0%} of their runnable time "
+        f"(run queue; {(base_wait or 0.0):.0%} at baseline)"
+    )
+
+
+def _others_busy(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> str | None:
     base_others, cand_others = (_machine_figure(r, "others_cpu_share", 1.0) for r in (baseline, candidate))
-    if (
-        cand_others is not None
-        and cand_others >= OTHERS_CPU_SHARE
-        and cand_others - (base_others or 0.0) >= OTHERS_CPU_SHARE
-    ):
-        out.append(
-            f"other processes used {cand_others:.0%} of the machine's CPU time during the runs "
-            f"({(base_others or 0.0):.0%} at baseline)"
-        )
+    if cand_others is None or cand_others < OTHERS_CPU_SHARE or cand_others - (base_others or 0.0) < OTHERS_CPU_SHARE:
+        return None
+    return (
+        f"other processes used {cand_others:.0%} of the machine's CPU time during the runs "
+        f"({(base_others or 0.0):.0%} at baseline)"
+    )
+
+
+def _stolen(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> str | None:
     base_steal, cand_steal = steal_share(baseline), steal_share(candidate)
-    if cand_steal is not None and cand_steal - (base_steal or 0.0) >= STEAL_MACHINE_SHARE:
-        out.append(
-            f"the hypervisor gave {cand_steal:.0%} of this VM's CPU time to other guests during the runs "
-            f"(steal; {(base_steal or 0.0):.0%} at baseline)"
-        )
-    return out
+    if cand_steal is None or cand_steal - (base_steal or 0.0) < STEAL_MACHINE_SHARE:
+        return None
+    return (
+        f"the hypervisor gave {cand_steal:.0%} of this VM's CPU time to other guests during the runs "
+        f"(steal; {(base_steal or 0.0):.0%} at baseline)"
+    )
+
+
+#: The signs ``machine_signals`` reads, in the order it names them: each a phrase naming its
+#: figure on both sides, or None where the figure does not show the machine busier.
+MACHINE_SIGNS: tuple[Callable[[Mapping[str, Any], Mapping[str, Any]], str | None], ...] = (
+    _preempted,
+    _waited_for_cpu,
+    _others_busy,
+    _stolen,
+)
 
 
 def machine_blame(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> str | None:
@@ -389,7 +450,7 @@ def judge(
         return _judge(entries, hardware_key, candidate, settings, window)
     except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError) as exc:
         return BaselineVerdict(
-            "error",
+            BaselineStatus.ERROR,
             f"cannot judge against the stored baseline: {type(exc).__name__}: {exc}; "
             "re-record it with --llmperf-update-baselines",
         )
@@ -403,18 +464,18 @@ def _judge(
     window: Callable[[Mapping[str, Any]], Mapping[str, Sequence[Level]]] | None,
 ) -> BaselineVerdict:
     if not entries:
-        return BaselineVerdict("no-baseline", "no baseline: run with --llmperf-update-baselines")
+        return BaselineVerdict(BaselineStatus.NO_BASELINE, "no baseline: run with --llmperf-update-baselines")
     baseline = entries.get(hardware_key)
     if baseline is None:
         return BaselineVerdict(
-            "other-hardware",
+            BaselineStatus.OTHER_HARDWARE,
             other_hardware_note(entries, hardware_key, candidate),
             changes=tuple(closest_hardware_differences(entries, candidate)),
         )
     changed = same_workload(baseline, candidate)
     if changed:
         return BaselineVerdict(
-            "workload-changed",
+            BaselineStatus.WORKLOAD_CHANGED,
             f"not comparable: the workload changed since the baseline ({', '.join(changed)}); "
             "re-record with --llmperf-update-baselines",
         )
@@ -430,7 +491,7 @@ def _judge(
     why = machine_blame(baseline, candidate)
     comparisons, left_out = judged_records(baseline, candidate, settings, window(baseline) if window else None)
     return BaselineVerdict(
-        "compared",
+        BaselineStatus.COMPARED,
         note="; ".join(notes + left_out),
         machine=why or "",
         comparisons=tuple(blame_machine(comparisons, why)),
@@ -477,18 +538,9 @@ def session_holm(results: Sequence[MeasurementResult]) -> list[MeasurementResult
     "p (Holm)" reported equals Holm over all the session's p-values. Verdicts stay as decided
     during the session: each was decided against an upper bound of this adjustment (unseen
     comparisons counted as p = 1). A mirror (a rate of the same runs) takes its metric's."""
-    judged = [
-        (i, j, c)
-        for i, r in enumerate(results)
-        if r.verdict is not None
-        for j, c in enumerate(r.verdict.comparisons)
-        if c.mirror_of is None and c.p_value is not None
-    ]
-    if not judged:
+    adjusted = _session_adjusted(results)
+    if not adjusted:
         return list(results)
-    worse = holm([c.p_value for _, _, c in judged if c.p_value is not None])
-    better = holm([c.p_value_better if c.p_value_better is not None else 1.0 for _, _, c in judged])
-    adjusted = {(i, j): (pw, pb) for (i, j, _), pw, pb in zip(judged, worse, better)}
     out = []
     for i, r in enumerate(results):
         if r.verdict is None or not r.verdict.comparisons:
@@ -500,19 +552,44 @@ def session_holm(results: Sequence[MeasurementResult]) -> list[MeasurementResult
             else c
             for j, c in enumerate(r.verdict.comparisons)
         ]
-        by_metric = {c.metric: c for c in comps if c.mirror_of is None}
-        comps = [
-            dataclasses.replace(
-                c,
-                p_adjusted=by_metric[c.mirror_of].p_adjusted,
-                p_adjusted_better=by_metric[c.mirror_of].p_adjusted_better,
-            )
-            if c.mirror_of in by_metric
-            else c
-            for c in comps
-        ]
-        out.append(_with_comparisons(r, comps))
+        out.append(_with_comparisons(r, _mirrors_adjusted(comps)))
     return out
+
+
+def _session_adjusted(results: Sequence[MeasurementResult]) -> dict[tuple[int, int], tuple[float, float]]:
+    """Holm over every judged comparison of the session: (worse, better) adjusted p-values by
+    (result, comparison) index."""
+    judged = _session_family(results)
+    if not judged:
+        return {}
+    worse = holm([c.p_value for _, _, c in judged if c.p_value is not None])
+    better = holm([c.p_value_better if c.p_value_better is not None else 1.0 for _, _, c in judged])
+    return {(i, j): (pw, pb) for (i, j, _), pw, pb in zip(judged, worse, better)}
+
+
+def _session_family(results: Sequence[MeasurementResult]) -> list[tuple[int, int, Comparison]]:
+    """(result index, comparison index, comparison) of each judged comparison of the session
+    (mirrors do not count)."""
+    return [
+        (i, j, c)
+        for i, r in enumerate(results)
+        if r.verdict is not None
+        for j, c in enumerate(r.verdict.comparisons)
+        if c.mirror_of is None and c.p_value is not None
+    ]
+
+
+def _mirrors_adjusted(comps: Sequence[Comparison]) -> list[Comparison]:
+    """A mirror (a rate of the same runs) takes its metric's adjusted p-values."""
+    by_metric = {c.metric: c for c in comps if c.mirror_of is None}
+    return [
+        dataclasses.replace(
+            c, p_adjusted=by_metric[c.mirror_of].p_adjusted, p_adjusted_better=by_metric[c.mirror_of].p_adjusted_better
+        )
+        if c.mirror_of in by_metric
+        else c
+        for c in comps
+    ]
 
 
 def suite_check(
@@ -523,29 +600,47 @@ def suite_check(
     results = list(results)
     if not settings.suite_check:
         return results, []
-    compared = [i for i, r in enumerate(results) if r.verdict is not None and r.verdict.status == "compared"]
-    before = [list(v.comparisons) for v in (results[i].verdict for i in compared) if v is not None]
+    compared, before = _compared(results)
     after = suite_relative(before, alpha=settings.alpha_suite)
     lines = []
     for i, old, new in zip(compared, before, after):
         if old == new:
             continue
         r = results[i]
-        v = r.verdict
-        assert v is not None
-        new = blame_machine(new, v.machine or None)  # a busy machine during this test's runs
-        suffix = f"; {', '.join(v.changes)}" if v.changes else ""
-        fresh = [
-            c.line() + suffix
-            for o, c in zip(old, new)
-            if c.verdict is Verdict.REGRESSION and o.verdict is not Verdict.REGRESSION and c.mirror_of is None
-        ]
-        phases = sorted({c.phase for c in new if c.verdict is Verdict.REGRESSION})
-        results[i] = _with_comparisons(
-            r,
-            new,
-            failures=v.failures + tuple(fresh),
-            short="REGRESSION " + "+".join(phases) if phases else Verdict.MACHINE_SLOWER.value,
-        )
+        results[i], fresh = _suite_verdicts(r, old, new)
         lines += [f"{r.test or '?'}: {line}" for line in fresh]
     return results, lines
+
+
+def _compared(results: Sequence[MeasurementResult]) -> tuple[list[int], list[list[Comparison]]]:
+    """The indices of the results compared against a baseline, and their comparisons."""
+    compared = [
+        i for i, r in enumerate(results) if r.verdict is not None and r.verdict.status is BaselineStatus.COMPARED
+    ]
+    before = [list(v.comparisons) for v in (results[i].verdict for i in compared) if v is not None]
+    return compared, before
+
+
+def _suite_verdicts(
+    r: MeasurementResult, old: Sequence[Comparison], new: Sequence[Comparison]
+) -> tuple[MeasurementResult, list[str]]:
+    """``r`` with the comparisons the suite-relative check changed (``old`` -> ``new``), and the
+    failure line of each new REGRESSION."""
+    v = r.verdict
+    assert v is not None
+    new = blame_machine(list(new), v.machine or None)  # a busy machine during this test's runs
+    suffix = f"; {', '.join(v.changes)}" if v.changes else ""
+    fresh = [c.line() + suffix for o, c in zip(old, new) if _newly_regressed(o, c)]
+    phases = sorted({c.phase for c in new if c.verdict is Verdict.REGRESSION})
+    result = _with_comparisons(
+        r,
+        new,
+        failures=v.failures + tuple(fresh),
+        short="REGRESSION " + "+".join(phases) if phases else Verdict.MACHINE_SLOWER.value,
+    )
+    return result, fresh
+
+
+def _newly_regressed(old: Comparison, new: Comparison) -> bool:
+    """``new`` is a judged comparison that became a REGRESSION (``old``: what it was)."""
+    return new.verdict is Verdict.REGRESSION and old.verdict is not Verdict.REGRESSION and new.mirror_of is None

@@ -25,9 +25,10 @@ were at the time), with its comparisons as ``verdict.Comparison`` objects."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from scipy.stats import mannwhitneyu
@@ -36,7 +37,8 @@ from ..core.documents import SchemaViolation, validate
 from ..core.errors import LLMPerfError
 from ..core.measured import Figures
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_THRESHOLD
-from .verdict import Comparison, Verdict, holm
+from .budgets import BudgetStatus
+from .verdict import BaselineStatus, Comparison, Verdict, holm
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,9 @@ def _method(a: np.ndarray, b: np.ndarray) -> str:
     return "exact" if max(len(a), len(b)) <= EXACT_UP_TO_RUNS else "asymptotic"
 
 
+State = TypeVar("State", BaselineStatus, BudgetStatus)
+
+
 class ResultError(LLMPerfError):
     """A result document that does not match ``schemas/session.schema.json``."""
 
@@ -162,7 +167,7 @@ class VerdictRecord:
     ``failures`` (the regression lines) are kept as they were decided, so a later reader shows
     what the run showed (``regression.BaselineVerdict`` computes them; see ``of``)."""
 
-    status: str  # compared | no-baseline | other-hardware | workload-changed | error
+    status: BaselineStatus
     note: str = ""
     changes: tuple[str, ...] = ()
     machine: str = ""
@@ -170,6 +175,9 @@ class VerdictRecord:
     failures: tuple[str, ...] = ()
     comparisons: tuple[Comparison, ...] = ()
     layer_changes: tuple[LayerChange, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", BaselineStatus(self.status))  # a word read from JSON, typed
 
     @classmethod
     def of(cls, v: Any) -> VerdictRecord:
@@ -187,7 +195,7 @@ class VerdictRecord:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "status": self.status,
+            "status": self.status.value,
             "note": self.note,
             "changes": list(self.changes),
             "machine": self.machine,
@@ -230,7 +238,7 @@ class MeasurementResult:
     test: str  # node id, plus ``[label]`` for a labelled measurement
     nodeid: str = ""
     label: str = ""
-    budget: str = "-"  # - (no budget) | ok | FAIL
+    budget: BudgetStatus = BudgetStatus.NONE
     budget_failures: tuple[str, ...] = ()  # one line per breached budget
     breached_budgets: tuple[str, ...] = ()  # their marker keys (min_tps...)
     budgets: Mapping[str, float] = field(default_factory=dict)  # the marker's
@@ -245,6 +253,25 @@ class MeasurementResult:
     baseline_record: Mapping[str, Any] | None = None  # the entry the verdict compared against
     #: One line per budget whose CI straddles its limit (undecided: passes, and says so).
     budget_notes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "budget", BudgetStatus(self.budget))  # a word read from JSON, typed
+
+    @property
+    def over_budget(self) -> bool:
+        """A budget of the marker was breached (fails the test unless ``--llmperf-baselines-only``)."""
+        return self.budget is BudgetStatus.FAIL
+
+    @property
+    def regressed(self) -> bool:
+        """The verdict against the baseline (or REF) has failure lines: a regression."""
+        return self.verdict is not None and bool(self.verdict.failures)
+
+    @property
+    def failed(self) -> bool:
+        """This measurement fails its test: it regressed or went over budget (a session with
+        ``--llmperf-baselines-only`` fails on regressions alone: ``regressed``)."""
+        return self.regressed or self.over_budget
 
     @property
     def reference(self) -> str:
@@ -262,7 +289,7 @@ class MeasurementResult:
         out: dict[str, Any] = {}
         if self.figures is not None:
             out.update(self.figures.values())
-            out["budget"] = "FAIL " + ",".join(self.breached_budgets) if self.budget == "FAIL" else self.budget
+            out["budget"] = self.budget.cell(self.breached_budgets)
             if self.figures.load is not None:
                 out.update(dataclasses.asdict(self.figures.load))
         if self.verdict is not None:
@@ -295,7 +322,7 @@ class MeasurementResult:
             "baseline_file": self.baseline_file,
             "hardware_key": self.hardware_key,
             "record": None if self.record is None else dict(self.record),
-            "budget": self.budget,
+            "budget": self.budget.value,
             "budget_failures": list(self.budget_failures),
             "budget_notes": list(self.budget_notes),
             "breached_budgets": list(self.breached_budgets),
@@ -318,11 +345,13 @@ class MeasurementResult:
             except SchemaViolation as exc:
                 raise ResultError(str(exc)) from None
         verdict, figures = d.get("verdict"), d.get("figures")
+        if verdict is not None:
+            _state(BaselineStatus, verdict["status"], f"{where}.verdict.status")
         return cls(
             d["test"],
             d.get("nodeid", ""),
             d.get("label", ""),
-            d.get("budget", "-"),
+            _state(BudgetStatus, d.get("budget", "-"), f"{where}.budget"),
             tuple(d.get("budget_failures", ())),
             tuple(d.get("breached_budgets", ())),
             dict(d.get("budgets") or {}),
@@ -338,6 +367,15 @@ class MeasurementResult:
         )
 
 
+def _state(kind: type[State], word: Any, path: str) -> State:
+    """``word`` as a state of ``kind``; a ``ResultError`` naming ``path`` when it is none."""
+    try:
+        return kind(word)
+    except ValueError:
+        shown = ", ".join(s.value for s in kind)
+        raise ResultError(f"{path} is {json.dumps(word)[:60]}, not one of {shown}") from None
+
+
 def result_of(nodeid: str, r: Any) -> MeasurementResult:
     """A test's measurement (``session.results.Result``: measurement, budget failure,
     budget count, the plugin's baseline assessment, budgets, hook-attached extra info)."""
@@ -347,7 +385,7 @@ def result_of(nodeid: str, r: Any) -> MeasurementResult:
         test=nodeid + (f"[{m.label}]" if m.label else ""),
         nodeid=nodeid,
         label=m.label or "",
-        budget="-" if not r.n_budgets else ("FAIL" if failure else "ok"),
+        budget=BudgetStatus.of(r.n_budgets, failure is not None),
         budget_failures=tuple(b.line() for b in breaches),
         budget_notes=tuple(r.budget_notes),
         breached_budgets=tuple(b.key for b in breaches),

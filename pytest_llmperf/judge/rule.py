@@ -118,52 +118,18 @@ def compare_levels(
     The verdict is provisional (this comparison alone, m = 1; left INCONCLUSIVE without
     ``provisional``); :func:`decide` sets the final one.
     """
-    history = len(window) >= WINDOW_MIN_SESSIONS
-    ref = list(window) if history else list(baseline)
-    if not ref:
-        raise ValueError(f"{spec.name}: the baseline holds no session")
-    source = "history" if history else "baseline" if len(ref) >= 2 else "prior"
+    ref, source = _reference(spec, baseline, window)
+    history = source == "history"
     k = len(ref)
     base_log = sum(s.log_level for s in ref) / k
     within_ref = sum(s.se**2 for s in ref) / k**2
-    if history:
-        # The window's levels vary by between + their own within-session error: that whole
-        # variance, estimated with k - 1 degrees of freedom, stands for the reference's and
-        # the candidate's session terms together; only the candidate's within-session error
-        # beyond the window's typical one is added. (Subtracting the within part first, and
-        # giving the small remainder k - 1 degrees of freedom, made the total look precise
-        # whenever the window came out quiet by chance: false alarms.)
-        total = sum((s.log_level - sum(r.log_level for r in ref) / k) ** 2 for s in ref) / (k - 1)
-        between = noise.window(ref)[0]
-        parts: tuple[tuple[float, float], ...] = (
-            (max(0.0, candidate.se**2 - within_ref * k), candidate.n - 1),
-            (total * (1.0 + 1.0 / k), k - 1.0),
-        )
-    else:
-        between = noise.between(ref)
-        parts = (  # (variance, degrees of freedom) of each term of the standard error
-            (candidate.se**2, candidate.n - 1),
-            (within_ref, sum(s.n - 1 for s in ref)),
-            (between**2 * (1.0 + 1.0 / k), noise.between_df(k)),
-        )
-    se = math.sqrt(sum(v for v, _ in parts))
-    # Welch-Satterthwaite: run spreads are estimated from a few runs, so the statistic is
-    # Student's t, not normal (a spread that came out small must not make a false alarm).
-    weights = sum(v * v / f for v, f in parts if f > 0 and v > 0)
-    # No term with finite degrees of freedom (one run a side, the prior alone): normal.
-    df = se**4 / weights if se > 0 and weights > 0 else math.inf
+    between, parts = _noise_terms(ref, candidate, within_ref, noise, history=history)
+    se, df = _welch(parts)
     d = candidate.log_level - base_log
     worse = -d if spec.higher_is_better else d
-    if se > 0:
-        p_worse, p_better = _t_cdf(df, -worse / se), _t_cdf(df, worse / se)
-    else:  # constant values on both sides: only an exact difference is evidence
-        p_worse, p_better = (0.0 if worse > 0 else 1.0), (0.0 if worse < 0 else 1.0)
+    p_worse, p_better = _p_values(worse, se, df)
     z = float(stdtrit(df, 0.5 + CI_LEVEL / 2)) if math.isfinite(df) else float(ndtri(0.5 + CI_LEVEL / 2))
     latest = ref[-1]
-    # The shape the slowest runs (p90) had above the level: the latest recorded session's, or
-    # the mean over a history window (a steadier reference for the shape check).
-    uppers = [s.upper - s.log_level for s in (ref if history else [latest]) if s.upper is not None]
-    shape = sum(uppers) / len(uppers) if uppers else None
     c = Comparison(
         metric=spec.name,
         label=spec.label,
@@ -188,16 +154,80 @@ def compare_levels(
         se_within_log=math.sqrt(candidate.se**2 + within_ref),
         between_sd=between,
         baseline_sessions=k,
-        upper_ratio=(
-            exp_clamped((candidate.upper - candidate.log_level) - shape)
-            if candidate.upper is not None and shape is not None
-            else None
-        ),
+        upper_ratio=_upper_ratio(candidate, ref if history else [latest]),
         df=df if math.isfinite(df) else None,
         noise_source=source,
         noise_sessions=k if source != "prior" else 0,
     )
     return decided(c, p_worse, p_better, alpha=alpha) if provisional else c
+
+
+def _reference(spec: Metric, baseline: Sequence[Level], window: Sequence[Level]) -> tuple[list[Level], str]:
+    """The sessions a candidate is compared against, and where the between-session noise comes
+    from: "history" (a window of at least ``WINDOW_MIN_SESSIONS``), else the baseline's recorded
+    sessions ("baseline"; "prior" with only one)."""
+    history = len(window) >= WINDOW_MIN_SESSIONS
+    ref = list(window) if history else list(baseline)
+    if not ref:
+        raise ValueError(f"{spec.name}: the baseline holds no session")
+    return ref, "history" if history else "baseline" if len(ref) >= 2 else "prior"
+
+
+def _noise_terms(
+    ref: Sequence[Level], candidate: Level, within_ref: float, noise: NoiseModel, *, history: bool
+) -> tuple[float, tuple[tuple[float, float], ...]]:
+    """The between-session sd, and the (variance, degrees of freedom) of each term of the
+    change's standard error: against a history window, or the baseline's recorded sessions
+    pooled with the prior."""
+    k = len(ref)
+    if history:
+        # The window's levels vary by between + their own within-session error: that whole
+        # variance, estimated with k - 1 degrees of freedom, stands for the reference's and
+        # the candidate's session terms together; only the candidate's within-session error
+        # beyond the window's typical one is added. (Subtracting the within part first, and
+        # giving the small remainder k - 1 degrees of freedom, made the total look precise
+        # whenever the window came out quiet by chance: false alarms.)
+        total = sum((s.log_level - sum(r.log_level for r in ref) / k) ** 2 for s in ref) / (k - 1)
+        return noise.window(ref)[0], (
+            (max(0.0, candidate.se**2 - within_ref * k), candidate.n - 1),
+            (total * (1.0 + 1.0 / k), k - 1.0),
+        )
+    between = noise.between(ref)
+    return between, (  # (variance, degrees of freedom) of each term of the standard error
+        (candidate.se**2, candidate.n - 1),
+        (within_ref, sum(s.n - 1 for s in ref)),
+        (between**2 * (1.0 + 1.0 / k), noise.between_df(k)),
+    )
+
+
+def _welch(parts: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """(standard error, degrees of freedom) of a sum of estimated variances.
+
+    Welch-Satterthwaite: run spreads are estimated from a few runs, so the statistic is
+    Student's t, not normal (a spread that came out small must not make a false alarm)."""
+    se = math.sqrt(sum(v for v, _ in parts))
+    weights = sum(v * v / f for v, f in parts if f > 0 and v > 0)
+    # No term with finite degrees of freedom (one run a side, the prior alone): normal.
+    return se, se**4 / weights if se > 0 and weights > 0 else math.inf
+
+
+def _p_values(worse: float, se: float, df: float) -> tuple[float, float]:
+    """One-sided p-values (worse, better) of a change ``worse`` (log scale, worse direction)."""
+    if se > 0:
+        return _t_cdf(df, -worse / se), _t_cdf(df, worse / se)
+    # constant values on both sides: only an exact difference is evidence
+    return (0.0 if worse > 0 else 1.0), (0.0 if worse < 0 else 1.0)
+
+
+def _upper_ratio(candidate: Level, shaped: Sequence[Level]) -> float | None:
+    """How much further the candidate's slowest runs (p90) sit above its level than the
+    reference's did: ``shaped`` is the latest recorded session, or a history window (a steadier
+    reference for the shape check), whose mean shape is taken."""
+    uppers = [s.upper - s.log_level for s in shaped if s.upper is not None]
+    shape = sum(uppers) / len(uppers) if uppers else None
+    if candidate.upper is None or shape is None:
+        return None
+    return exp_clamped((candidate.upper - candidate.log_level) - shape)
 
 
 def compare_runs(
@@ -241,16 +271,23 @@ def _p(p_value: float | None) -> float:
     return 1.0 if p_value is None else p_value
 
 
-def decide(comparisons: Sequence[Comparison], *, alpha: float, m: int | None = None) -> list[Comparison]:
-    """Holm-adjust the judged comparisons' p-values over a family of ``m`` (default: those
-    given; mirrors excluded) and set final verdicts; mirrors take their metric's verdict.
-    Worse- and better-direction p-values are adjusted as separate families."""
+def _holm_family(comparisons: Sequence[Comparison], m: int | None) -> tuple[int, dict[int, float], dict[int, float]]:
+    """The family's size (``m``; default: the judged comparisons given) and the judged
+    comparisons' Holm-adjusted worse- and better-direction p-values, by index."""
     judged = [i for i, c in enumerate(comparisons) if c.mirror_of is None and c.p_value is not None]
     family = len(judged) if m is None else int(m)
     if family < len(judged):
         raise ValueError(f"m ({family}) is smaller than the number of comparisons ({len(judged)})")
     worse = dict(zip(judged, holm([_p(comparisons[i].p_value) for i in judged], m=family)))
     better = dict(zip(judged, holm([_p(comparisons[i].p_value_better) for i in judged], m=family)))
+    return family, worse, better
+
+
+def decide(comparisons: Sequence[Comparison], *, alpha: float, m: int | None = None) -> list[Comparison]:
+    """Holm-adjust the judged comparisons' p-values over a family of ``m`` (default: those
+    given; mirrors excluded) and set final verdicts; mirrors take their metric's verdict.
+    Worse- and better-direction p-values are adjusted as separate families."""
+    family, worse, better = _holm_family(comparisons, m)
     out: list[Comparison] = []
     by_metric: dict[str, Comparison] = {}
     for i, c in enumerate(comparisons):
@@ -324,59 +361,81 @@ def suite_relative(tests: Sequence[Sequence[Comparison]], *, alpha: float) -> li
     measurement's comparisons, as ``rule.decide`` left them; returned in the same shape.
     """
     out = [list(cs) for cs in tests]
-    #: (test, index, departure, p, peers' median shift, peers)
-    candidates: list[tuple[int, int, float, float, float, int]] = []
-    for spec in JUDGED:
-        found = [
-            (t, i, c)
-            for t, cs in enumerate(out)
-            for i, c in enumerate(cs)
-            if c.metric == spec.name and c.mirror_of is None and c.p_value is not None and c.ratio > 0
-        ]
-        if len(found) < MIN_PEERS:
-            continue
-        sign = -1.0 if spec.higher_is_better else 1.0
-        d = np.array([sign * math.log(c.ratio) for _, _, c in found])
-        w = np.array([c.se_within_log**2 for _, _, c in found])
-        n = d.size
-        # What the shared shift leaves per measurement, from the session itself (robust to the
-        # few that really changed); never below the prior.
-        resid = d - float(np.median(d))
-        tau2 = max(TEST_BETWEEN_SD**2, (MAD_SCALE * float(np.median(np.abs(resid)))) ** 2 - float(np.median(w)))
-        shifts = _leave_one_out_medians(d)
-        var_shifts = (math.pi / 2.0) * ((w.sum() - w) / (n - 1) + tau2) / (n - 1)
-        for j, (t, i, c) in enumerate(found):
-            shift = float(shifts[j])
-            se = math.sqrt(w[j] + tau2 + float(var_shifts[j]))
-            p = float(stdtr(max(c.n_candidate - 1, 1), -(d[j] - shift) / se))
-            candidates.append((t, i, float(d[j] - shift), p, shift, n - 1))
+    candidates = [found for spec in JUDGED for found in _departures(spec, out)]
     if not candidates:
         return out
     adjusted = holm([cand[3] for cand in candidates])
     for (t, i, departure, _, shift, peers), p_adj in zip(candidates, adjusted):
-        c = out[t][i]
-        own = -math.log(c.ratio) if c.higher_is_better else math.log(c.ratio)
-        if p_adj >= alpha or departure <= math.log1p(c.threshold) or own <= 0:
-            continue
-        if c.verdict in (Verdict.REGRESSION, Verdict.MACHINE_SLOWER, Verdict.IMPROVED):
-            continue
-        suite = exp_clamped(-shift if c.higher_is_better else shift)
-        new = dataclasses.replace(
-            c,
-            verdict=Verdict.REGRESSION,
-            suite_ratio=suite,
-            reason=(
-                f"slower than the rest of the suite: {fmt_pct((exp_clamped(departure) - 1) * 100)} beyond the "
-                f"median shift of {peers} other measurements ({fmt_pct((suite - 1) * 100)}), p={fmt_p(p_adj)} Holm "
-                f"(suite-relative)"
-            ),
-        )
-        out[t] = [
-            new
-            if k == i
-            else mirrored(new, METRICS[m.metric], (m.baseline_value, m.candidate_value))
-            if m.mirror_of == c.metric
-            else m
-            for k, m in enumerate(out[t])
-        ]
+        new = _slower_than_suite(out[t][i], departure, p_adj, shift, peers, alpha=alpha)
+        if new is not None:
+            out[t] = _with_mirrors(out[t], i, new)
+    return out
+
+
+def _compared(c: Comparison, spec: Metric) -> bool:
+    """``c`` is a judged comparison of ``spec`` with a p-value and a ratio (a suite peer)."""
+    return c.metric == spec.name and c.mirror_of is None and c.p_value is not None and c.ratio > 0
+
+
+def _departures(spec: Metric, tests: Sequence[Sequence[Comparison]]) -> list[tuple[int, int, float, float, float, int]]:
+    """(test, index, departure, p, peers' median shift, peers) of each compared measurement of
+    ``spec``: its shift (log scale, worse direction) beyond the median shift of the others,
+    and the one-sided p-value of that departure; none with fewer than ``MIN_PEERS``."""
+    found = [(t, i, c) for t, cs in enumerate(tests) for i, c in enumerate(cs) if _compared(c, spec)]
+    if len(found) < MIN_PEERS:
+        return []
+    sign = -1.0 if spec.higher_is_better else 1.0
+    d = np.array([sign * math.log(c.ratio) for _, _, c in found])
+    w = np.array([c.se_within_log**2 for _, _, c in found])
+    n = d.size
+    # What the shared shift leaves per measurement, from the session itself (robust to the
+    # few that really changed); never below the prior.
+    resid = d - float(np.median(d))
+    tau2 = max(TEST_BETWEEN_SD**2, (MAD_SCALE * float(np.median(np.abs(resid)))) ** 2 - float(np.median(w)))
+    shifts = _leave_one_out_medians(d)
+    var_shifts = (math.pi / 2.0) * ((w.sum() - w) / (n - 1) + tau2) / (n - 1)
+    out = []
+    for j, (t, i, c) in enumerate(found):
+        shift = float(shifts[j])
+        se = math.sqrt(w[j] + tau2 + float(var_shifts[j]))
+        p = float(stdtr(max(c.n_candidate - 1, 1), -(d[j] - shift) / se))
+        out.append((t, i, float(d[j] - shift), p, shift, n - 1))
+    return out
+
+
+def _slower_than_suite(
+    c: Comparison, departure: float, p_adj: float, shift: float, peers: int, *, alpha: float
+) -> Comparison | None:
+    """``c`` as a suite-relative REGRESSION, when its departure is significant (Holm-adjusted
+    ``p_adj``), beyond the threshold and itself a slowdown, and no verdict already stands for
+    it (REGRESSION, MACHINE_SLOWER, IMPROVED); else None."""
+    own = -math.log(c.ratio) if c.higher_is_better else math.log(c.ratio)
+    if p_adj >= alpha or departure <= math.log1p(c.threshold) or own <= 0:
+        return None
+    if c.verdict in (Verdict.REGRESSION, Verdict.MACHINE_SLOWER, Verdict.IMPROVED):
+        return None
+    suite = exp_clamped(-shift if c.higher_is_better else shift)
+    return dataclasses.replace(
+        c,
+        verdict=Verdict.REGRESSION,
+        suite_ratio=suite,
+        reason=(
+            f"slower than the rest of the suite: {fmt_pct((exp_clamped(departure) - 1) * 100)} beyond the "
+            f"median shift of {peers} other measurements ({fmt_pct((suite - 1) * 100)}), p={fmt_p(p_adj)} Holm "
+            f"(suite-relative)"
+        ),
+    )
+
+
+def _with_mirrors(comparisons: Sequence[Comparison], i: int, new: Comparison) -> list[Comparison]:
+    """One measurement's comparisons with the ``i``-th replaced by ``new``, and the rates that
+    mirror it following it."""
+    out = []
+    for k, m in enumerate(comparisons):
+        if k == i:
+            out.append(new)
+        elif m.mirror_of == new.metric:
+            out.append(mirrored(new, METRICS[m.metric], (m.baseline_value, m.candidate_value)))
+        else:
+            out.append(m)
     return out

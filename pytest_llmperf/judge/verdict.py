@@ -26,7 +26,6 @@ UNCHANGED or INCONCLUSIVE with the reason a person reads."""
 from __future__ import annotations
 
 import dataclasses
-import enum
 import functools
 import math
 from collections.abc import Mapping, Sequence
@@ -35,6 +34,8 @@ from typing import Any
 
 import numpy as np
 from scipy.special import ndtri, stdtrit
+
+from ..core.formats import StrEnum
 
 #: Relative efficiency factor of the Hodges-Lehmann location: se = this * sigma / sqrt(n).
 HL_SE_FACTOR = math.sqrt(math.pi / 3.0)
@@ -57,6 +58,16 @@ def exp_clamped(x: float) -> float:
     return math.exp(max(-LOG_MAX, min(LOG_MAX, x)))
 
 
+def _is_log_value(x: float) -> bool:
+    """A log value a level may hold: finite, within twice the floats' log range."""
+    return math.isfinite(x) and abs(x) <= 2 * LOG_MAX
+
+
+def _is_spread(x: float) -> bool:
+    """A standard error or spread: finite and not negative."""
+    return math.isfinite(x) and x >= 0
+
+
 @dataclass(frozen=True)
 class Level:
     """A session's typical value of one metric on the log scale, and how precisely it is known."""
@@ -73,14 +84,11 @@ class Level:
         """A level is a finite location with a finite, non-negative error and spread from at
         least one run: anything else (a stored level of ``inf``, a negative se, no runs) is not
         one, and is refused here, where it is read, rather than turned into a verdict."""
-        upper_ok = self.upper is None or (math.isfinite(self.upper) and abs(self.upper) <= 2 * LOG_MAX)
+        upper_ok = self.upper is None or _is_log_value(self.upper)
         if not (
-            math.isfinite(self.log_level)
-            and abs(self.log_level) <= 2 * LOG_MAX
-            and math.isfinite(self.se)
-            and self.se >= 0
-            and math.isfinite(self.spread)
-            and self.spread >= 0
+            _is_log_value(self.log_level)
+            and _is_spread(self.se)
+            and _is_spread(self.spread)
             and self.n >= 1
             and upper_ok
         ):
@@ -307,7 +315,7 @@ EQUIVALENCE_CONFIDENCE = 0.80
 UPPER_FACTOR = 2.0
 
 
-class Verdict(str, enum.Enum):
+class Verdict(StrEnum):
     """Outcome of one comparison; only REGRESSION fails a test by default."""
 
     REGRESSION = "REGRESSION"
@@ -315,6 +323,19 @@ class Verdict(str, enum.Enum):
     UNCHANGED = "UNCHANGED"
     INCONCLUSIVE = "INCONCLUSIVE"
     MACHINE_SLOWER = "MACHINE_SLOWER"
+
+
+class BaselineStatus(StrEnum):
+    """What a measurement was held against (``regression.BaselineVerdict``, ``result.VerdictRecord``):
+    its comparisons are judged only when COMPARED; the others say why there are none."""
+
+    COMPARED = "compared"
+    NO_BASELINE = "no-baseline"
+    OTHER_HARDWARE = "other-hardware"
+    WORKLOAD_CHANGED = "workload-changed"
+    ERROR = "error"  # the baseline file could not be read (the note says why)
+    #: ``--llmperf-against``: REF could not run this measurement; measured on this tree alone.
+    NOT_COMPARED = "not-compared"
 
 
 @dataclass(frozen=True)
@@ -559,49 +580,77 @@ def decided(
             "detectable",
             detectable(c.se_log, math.inf if c.df is None else c.df, alpha=alpha / max(m, 1), threshold=c.threshold),
         )
-    t = math.log1p(c.threshold)
+    shown = _shown(c, p_adj, p_adj_better, alpha=alpha)
+    if shown is not None:
+        return dataclasses.replace(c, **fields, verdict=shown[0], reason=shown[1])
     log_ratio = math.log(c.ratio)
     worse = -log_ratio if c.higher_is_better else log_ratio
-    # Student's t with the comparison's degrees of freedom: a standard error estimated from a
-    # few runs is itself uncertain (the normal quantile called a +45% change within 5% when the
-    # Welch degrees of freedom were below one).
-    q_eq = t_quantile(c.df, EQUIVALENCE_CONFIDENCE)
-    pct = f"{c.threshold:.0%}"
-    if p_adj < alpha and worse > t:
-        return dataclasses.replace(c, **fields, verdict=Verdict.REGRESSION, reason=f"significant and beyond {pct}")
-    if p_adj_better is not None and p_adj_better < alpha and -worse > t:
-        return dataclasses.replace(c, **fields, verdict=Verdict.IMPROVED, reason=f"significant and beyond {pct}")
-    part = _part_slower(c)
-    if part:
-        return dataclasses.replace(c, **fields, verdict=Verdict.INCONCLUSIVE, reason=part)
-    if abs(log_ratio) + q_eq * c.se_log < t:
-        note = "significant but " if min(p_adj, p_adj_better or 1.0) < alpha else ""
-        return dataclasses.replace(
-            c,
-            **fields,
-            verdict=Verdict.UNCHANGED,
-            reason=f"{note}within {pct} ({EQUIVALENCE_CONFIDENCE:.0%} confidence)",
-        )
     lean = "slower" if worse > 0 else "faster"
     need = _runs_needed(c, alpha / max(m, 1))
-    if need is None:
-        if c.noise_source == "history":
-            how = (
-                f"more runs cannot decide it: the between-session noise of the last {c.noise_sessions} sessions "
-                f"in the history (about {c.between_sd:.1%} here) leaves too much; compare both sides in one session"
-            )
-        else:
-            how = (
-                f"more runs cannot decide it: the baseline and the between-session noise (about "
-                f"{c.between_sd:.1%} here) leave too much; record more baseline sessions "
-                f"(--llmperf-update-baselines) or compare both sides in one session"
-            )
-    else:
-        how = f"about {need} {'pairs' if c.noise_source == 'paired' else 'runs'} would decide it"
     return dataclasses.replace(
         c,
         **fields,
         verdict=Verdict.INCONCLUSIVE,
-        reason=f"cannot decide: {fmt_pct(abs(c.change_pct)).lstrip('+>')} {lean}, not shown beyond or within {pct}; {how}",
+        reason=(
+            f"cannot decide: {fmt_pct(abs(c.change_pct)).lstrip('+>')} {lean}, not shown beyond or within "
+            f"{c.threshold:.0%}; {_what_decides(c, need)}"
+        ),
         runs_needed=need,
+    )
+
+
+def _shown(c: Comparison, p_adj: float, p_adj_better: float | None, *, alpha: float) -> tuple[Verdict, str] | None:
+    """The verdict the data show, and why: beyond the threshold and significant either way
+    (REGRESSION, IMPROVED), part of the runs slower (INCONCLUSIVE), or within the threshold
+    (UNCHANGED); None when they show none of these."""
+    pct = f"{c.threshold:.0%}"
+    beyond = _significant_beyond(c, p_adj, p_adj_better, alpha=alpha)
+    if beyond is not None:
+        return beyond, f"significant and beyond {pct}"
+    part = _part_slower(c)
+    if part:
+        return Verdict.INCONCLUSIVE, part
+    if _within(c):
+        note = "significant but " if min(p_adj, p_adj_better or 1.0) < alpha else ""
+        return Verdict.UNCHANGED, f"{note}within {pct} ({EQUIVALENCE_CONFIDENCE:.0%} confidence)"
+    return None
+
+
+def _significant_beyond(c: Comparison, p_adj: float, p_adj_better: float | None, *, alpha: float) -> Verdict | None:
+    """REGRESSION (IMPROVED) when the change is significant in the worse (better) direction
+    and beyond the threshold; else None."""
+    t = math.log1p(c.threshold)
+    log_ratio = math.log(c.ratio)
+    worse = -log_ratio if c.higher_is_better else log_ratio
+    if p_adj < alpha and worse > t:
+        return Verdict.REGRESSION
+    if p_adj_better is not None and p_adj_better < alpha and -worse > t:
+        return Verdict.IMPROVED
+    return None
+
+
+def _within(c: Comparison) -> bool:
+    """The change is shown within +-threshold: both one-sided bounds at
+    ``EQUIVALENCE_CONFIDENCE`` lie inside it."""
+    # Student's t with the comparison's degrees of freedom: a standard error estimated from a
+    # few runs is itself uncertain (the normal quantile called a +45% change within 5% when the
+    # Welch degrees of freedom were below one).
+    q_eq = t_quantile(c.df, EQUIVALENCE_CONFIDENCE)
+    return abs(math.log(c.ratio)) + q_eq * c.se_log < math.log1p(c.threshold)
+
+
+def _what_decides(c: Comparison, need: int | None) -> str:
+    """What would decide an inconclusive comparison: about how many more runs (pairs), or, when
+    runs cannot, what can."""
+    if need is not None:
+        return f"about {need} {'pairs' if c.noise_source == 'paired' else 'runs'} would decide it"
+    if c.noise_source == "history":
+        return (
+            f"more runs cannot decide it: the between-session noise of the last {c.noise_sessions} sessions "
+            f"in the history (about {c.between_sd:.1%} here) leaves too much; compare both sides in one session"
+        )
+    return (
+        f"more runs cannot decide it: the baseline and the between-session noise (about "
+        f"{c.between_sd:.1%} here) leave too much; record more baseline sessions "
+        f"(--llmperf-update-baselines) or compare both sides in one session"
     )

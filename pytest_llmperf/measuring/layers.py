@@ -260,6 +260,17 @@ def _phase(phase: str, runs: list[list[tuple[int, list[tuple[bytes, int]], int]]
     )
 
 
+def _check_output_head(*phases: Sequence[Step]) -> None:
+    """Every step of the phases' runs ends at the output head: the graph's nodes are named as
+    this module reads them."""
+    for steps in phases:
+        for _, ev, _ in steps:
+            if not ev or ev[-1][0] != b"result_output":
+                raise EngineError(
+                    "per-layer timing saw no output-head event; this llama.cpp build names its graph nodes differently"
+                )
+
+
 def profile_layers(engine: Any, workload: Workload) -> LayerProfile:
     """Time every layer over ``workload.runs`` runs after ``workload.warmup`` warm-up runs.
 
@@ -279,12 +290,7 @@ def profile_layers(engine: Any, workload: Workload) -> LayerProfile:
         for i in range(workload.runs):
             prefill, decode, tpot_ms = timer.run()
             tpots.append(tpot_ms)
-            for steps in (prefill, decode):
-                for _, ev, _ in steps:
-                    if not ev or ev[-1][0] != b"result_output":
-                        raise EngineError(
-                            "per-layer timing saw no output-head event; this llama.cpp build names its graph nodes differently"
-                        )
+            _check_output_head(prefill, decode)
             prefill_runs.append(prefill)
             decode_runs.append(decode)
             plain.append(RunMetrics.of(engine.run(workload, i)))

@@ -22,7 +22,7 @@ import glob
 import os
 import resource
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -114,12 +114,7 @@ class RunMetrics:
         ttft_ms = tokenize_ms + (tokens[0] - trace.start_ns) / NS_PER_MS
         e2e_ms = tokenize_ms + (tokens[-1] - trace.start_ns) / NS_PER_MS
         tpot_ms = (e2e_ms - ttft_ms) / (len(tokens) - 1)
-        prefill_ms = None
-        prefill_tps = None
-        if trace.prefill_done_ns is not None:
-            prefill_ms = (trace.prefill_done_ns - trace.start_ns) / NS_PER_MS
-            if trace.prompt_tokens and prefill_ms > 0:
-                prefill_tps = trace.prompt_tokens / prefill_ms * 1000.0
+        prefill_ms, prefill_tps = _prefill(trace)
         native = trace.native
         native_decode = native.decode_ms_per_token if native else None
         p50, p95 = (float(v) for v in np.percentile(itl, [50, 95]))
@@ -141,6 +136,16 @@ class RunMetrics:
             overhead_ms_per_token=tpot_ms - native_decode if native_decode is not None else None,
             sampling_ms_per_token=native.sample_ms_per_token if native else None,
         )
+
+
+def _prefill(trace: RunTrace) -> tuple[float | None, float | None]:
+    """(prefill ms, prefill tokens/s) of a run, where the engine saw the prefill end."""
+    if trace.prefill_done_ns is None:
+        return None, None
+    prefill_ms = (trace.prefill_done_ns - trace.start_ns) / NS_PER_MS
+    if trace.prompt_tokens and prefill_ms > 0:
+        return prefill_ms, trace.prompt_tokens / prefill_ms * 1000.0
+    return prefill_ms, None
 
 
 def _median(values: Sequence[float | None]) -> float | None:
@@ -503,39 +508,11 @@ def diagnose(m: Any, system: SystemDelta | None = None, warmup_runs: Sequence[An
     tpots = [r.tpot_ms for r in m.runs]
     ttfts = [r.ttft_ms for r in m.runs]
     med_tpot, med_ttft = float(np.median(tpots)), float(np.median(ttfts))
-    first_run = warmup_runs[0].tpot_ms / med_tpot if warmup_runs and med_tpot else None
-    first_ttft = warmup_runs[0].ttft_ms / med_ttft if warmup_runs and med_ttft else None
-    first_token = [
-        r.itl_ms[0] / float(np.median(r.itl_ms)) for r in m.runs if len(r.itl_ms) > 1 and np.median(r.itl_ms)
-    ]
+    first_run, first_ttft = _first_run(warmup_runs, med_tpot, med_ttft)
     slope, span = context_slope([r.itl_ms for r in m.runs], m.prompt_tokens)
     tpot_cv, ttft_cv = _cv(tpots), _cv(ttfts)
     far = tuple(sorted(set(far_off(tpots)) | set(far_off(ttfts))))
-
-    problems = []
-    if tpot_cv > UNSTABLE_CV:
-        problems.append(f"TPOT varies {tpot_cv:.0%} (CV) across {len(tpots)} runs")
-    if ttft_cv > UNSTABLE_CV:
-        problems.append(f"TTFT varies {ttft_cv:.0%} (CV) across {len(ttfts)} runs")
-    if far:
-        problems.append(f"run(s) {', '.join(str(i + 1) for i in far)} far off the others")
-    warnings = []
-    if problems:
-        causes = likely_causes(system)
-        warnings.append(
-            "unstable measurement: "
-            + "; ".join(problems)
-            + ". "
-            + (
-                ("Likely causes: " + "; ".join(causes) + ".")
-                if causes
-                else "No load, clock or page-fault signal was seen; more runs narrow the estimate."
-            )
-        )
-    if first_run is not None and first_run > 1.5:
-        warnings.append(
-            f"the first (warm-up) run was {first_run:.1f}x slower per token than the rest: keep warmup >= 1"
-        )
+    warnings = _warnings(_instability(len(m.runs), tpot_cv, ttft_cv, far), system, first_run)
     return Stability(
         n_runs=len(m.runs),
         tpot_cv=tpot_cv,
@@ -543,7 +520,7 @@ def diagnose(m: Any, system: SystemDelta | None = None, warmup_runs: Sequence[An
         ttft_cv=ttft_cv,
         first_run_slowdown=first_run,
         first_run_ttft_slowdown=first_ttft,
-        first_token_slowdown=float(np.median(first_token)) if first_token else 1.0,
+        first_token_slowdown=_first_token_slowdown(m.runs),
         context_slope_us_per_token=slope,
         context_span=span,
         far_runs=far,
@@ -551,25 +528,108 @@ def diagnose(m: Any, system: SystemDelta | None = None, warmup_runs: Sequence[An
     )
 
 
+def _first_run(warmup_runs: Sequence[Any], med_tpot: float, med_ttft: float) -> tuple[float | None, float | None]:
+    """The first (warm-up) run's TPOT and TTFT against the runs' medians; None without one."""
+    if not warmup_runs:
+        return None, None
+    first = warmup_runs[0]
+    return (first.tpot_ms / med_tpot if med_tpot else None, first.ttft_ms / med_ttft if med_ttft else None)
+
+
+def _first_token_slowdown(runs: Sequence[Any]) -> float:
+    """The median over runs of the first gap against the run's median gap (1.0: none to tell)."""
+    first_token = [r.itl_ms[0] / float(np.median(r.itl_ms)) for r in runs if len(r.itl_ms) > 1 and np.median(r.itl_ms)]
+    return float(np.median(first_token)) if first_token else 1.0
+
+
+def _warnings(problems: Sequence[str], system: SystemDelta | None, first_run: float | None) -> list[str]:
+    """The stability warnings: an unstable measurement, a slow first run."""
+    warnings = []
+    if problems:
+        warnings.append(_unstable_warning(problems, system))
+    if first_run is not None and first_run > 1.5:
+        warnings.append(
+            f"the first (warm-up) run was {first_run:.1f}x slower per token than the rest: keep warmup >= 1"
+        )
+    return warnings
+
+
+def _instability(n_runs: int, tpot_cv: float, ttft_cv: float, far: Sequence[int]) -> list[str]:
+    """What makes the runs unstable: TPOT or TTFT varying beyond ``UNSTABLE_CV``, runs far off."""
+    problems = []
+    if tpot_cv > UNSTABLE_CV:
+        problems.append(f"TPOT varies {tpot_cv:.0%} (CV) across {n_runs} runs")
+    if ttft_cv > UNSTABLE_CV:
+        problems.append(f"TTFT varies {ttft_cv:.0%} (CV) across {n_runs} runs")
+    if far:
+        problems.append(f"run(s) {', '.join(str(i + 1) for i in far)} far off the others")
+    return problems
+
+
+def _unstable_warning(problems: Sequence[str], system: SystemDelta | None) -> str:
+    """The warning for an unstable measurement: its problems, and the likely causes seen."""
+    causes = likely_causes(system)
+    return (
+        "unstable measurement: "
+        + "; ".join(problems)
+        + ". "
+        + (
+            ("Likely causes: " + "; ".join(causes) + ".")
+            if causes
+            else "No load, clock or page-fault signal was seen; more runs narrow the estimate."
+        )
+    )
+
+
 def likely_causes(system: SystemDelta | None) -> list[str]:
     """The seed's usual suspects, each only with its signal."""
     if system is None:
         return []
-    causes = []
+    return [cause for cause in (suspect(system) for suspect in SUSPECTS) if cause is not None]
+
+
+def _other_load(system: SystemDelta) -> str | None:
     from ..core.settings import usable_cpus
 
     cpus = usable_cpus()
     loads = [x for x in (system.before.load_1m, system.after.load_1m) if x is not None]
     if loads and max(loads) > cpus:
-        causes.append(f"other load: load average {max(loads):.1f} on {cpus} CPU(s) (llama.cpp's threads compete)")
+        return f"other load: load average {max(loads):.1f} on {cpus} CPU(s) (llama.cpp's threads compete)"
+    return None
+
+
+def _steal(system: SystemDelta) -> str | None:
     steal = system.steal_share
     if steal is not None and steal >= STEAL_NOTE_SHARE:
-        causes.append(f"the hypervisor gave {steal:.0%} of this VM's CPU time to other guests (steal)")
+        return f"the hypervisor gave {steal:.0%} of this VM's CPU time to other guests (steal)"
+    return None
+
+
+def _preemptions(system: SystemDelta) -> str | None:
     if system.involuntary_switches > 0:
-        causes.append(f"{system.involuntary_switches} involuntary context switches (other processes took these cores)")
+        return f"{system.involuntary_switches} involuntary context switches (other processes took these cores)"
+    return None
+
+
+def _page_faults(system: SystemDelta) -> str | None:
     if system.major_faults > 0:
-        causes.append(f"{system.major_faults} major page faults (weights paged in from disk: mlock or more RAM)")
+        return f"{system.major_faults} major page faults (weights paged in from disk: mlock or more RAM)"
+    return None
+
+
+def _frequency_scaling(system: SystemDelta) -> str | None:
     mhz_before, mhz_after = system.before.cpu_mhz, system.after.cpu_mhz
     if mhz_before is not None and mhz_after is not None and abs(mhz_after - mhz_before) / mhz_before > 0.05:
-        causes.append(f"frequency scaling: CPU clock {mhz_before:.0f} -> {mhz_after:.0f} MHz")
-    return causes
+        return f"frequency scaling: CPU clock {mhz_before:.0f} -> {mhz_after:.0f} MHz"
+    return None
+
+
+#: ``likely_causes``' suspects, in the order it names them: each the phrase for its signal, or
+#: None where the run shows none.
+SUSPECTS: tuple[Callable[[SystemDelta], str | None], ...] = (
+    _other_load,
+    _steal,
+    _preemptions,
+    _page_faults,
+    _frequency_scaling,
+)

@@ -182,10 +182,9 @@ def roofline(measurement: Any, bw: Peak, tflops: Peak) -> Roofline | None:
     per_pos = kv_bytes_per_position(info)
     if per_pos is None or info.model_size_bytes is None or info.n_params is None or not measurement.tpot_ms:
         return None
-    w, n, layers, embd = info.model_size_bytes, info.n_params, info.n_layer, info.n_embd
+    w, n = _matmul_weights(info, info.model_size_bytes, info.n_params)
+    layers, embd = info.n_layer, info.n_embd
     assert layers is not None and embd is not None  # kv_bytes_per_position needs both
-    w -= info.embedding_lookup_bytes or 0
-    n -= info.embedding_lookup_params or 0
     p = measurement.prompt_tokens or 0
     c_decode = p + (measurement.workload.max_tokens - 1) / 2
     decode = _phase(
@@ -193,17 +192,33 @@ def roofline(measurement: Any, bw: Peak, tflops: Peak) -> Roofline | None:
     )
     prefill = None
     if p and measurement.prefill_ms:
-        micro_batches = math.ceil(p / (info.n_batch or p))
-        prefill = _phase(
-            "prefill",
-            w * micro_batches + per_pos * p,
-            2 * n * p + 4 * layers * embd * p * (p + 1) / 2,
-            p,
-            measurement.prefill_ms / 1e3,
-            bw,
-            tflops,
-        )
+        prefill = _prefill_phase(info, w, n, per_pos, p, measurement.prefill_ms, bw, tflops)
     return Roofline(bw, tflops, c_decode, w, per_pos, decode, prefill)
+
+
+def _matmul_weights(info: EngineInfo, size_bytes: int, n_params: int) -> tuple[int, int]:
+    """(bytes, parameters) of the weights the matrix products read: the model's less its
+    embedding lookup (one row read per token, not the whole table)."""
+    return size_bytes - (info.embedding_lookup_bytes or 0), n_params - (info.embedding_lookup_params or 0)
+
+
+def _prefill_phase(
+    info: EngineInfo, w: int, n: int, per_pos: float, p: int, prefill_ms: float, bw: Peak, tflops: Peak
+) -> PhaseRoofline:
+    """The prefill of ``p`` prompt tokens: the weights (``w`` bytes, ``n`` parameters) read once
+    per micro-batch, every position's KV written, attention over the growing context."""
+    layers, embd = info.n_layer, info.n_embd
+    assert layers is not None and embd is not None  # kv_bytes_per_position needs both
+    micro_batches = math.ceil(p / (info.n_batch or p))
+    return _phase(
+        "prefill",
+        w * micro_batches + per_pos * p,
+        2 * n * p + 4 * layers * embd * p * (p + 1) / 2,
+        p,
+        prefill_ms / 1e3,
+        bw,
+        tflops,
+    )
 
 
 PROBE_VERSION = 2
@@ -260,14 +275,8 @@ def _gemm_tflops(size: int, repeats: int) -> float:
 FLOPS_PER_CYCLE = (("avx512f", 64), ("avx2", 32), ("avx", 16), ("asimd", 16), ("sse2", 8))
 
 
-def _spec_tflops() -> tuple[float, str] | None:
-    """cores x clock x FLOPs/cycle from /proc/cpuinfo: the dense peak a vendor would quote."""
-    from ..engines.llama_cpp_native import default_threads
-
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return None
+def _cpuinfo_flags_mhz(text: str) -> tuple[set[str], list[float]]:
+    """The CPU feature flags and each core's current MHz in /proc/cpuinfo's ``text``."""
     flags = set()
     mhz = []
     for line in text.splitlines():
@@ -276,10 +285,29 @@ def _spec_tflops() -> tuple[float, str] | None:
             flags.update(value.split())
         elif key.strip() == "cpu MHz":
             mhz.append(float(value))
+    return flags, mhz
+
+
+def _max_freq_mhz() -> float | None:
+    """cpu0's maximum clock (cpufreq) in MHz, None where the kernel does not say."""
     try:
-        mhz.append(int(Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").read_text()) / 1000)
+        return int(Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").read_text()) / 1000
     except (OSError, ValueError):
-        pass
+        return None
+
+
+def _spec_tflops() -> tuple[float, str] | None:
+    """cores x clock x FLOPs/cycle from /proc/cpuinfo: the dense peak a vendor would quote."""
+    from ..engines.llama_cpp_native import default_threads
+
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    flags, mhz = _cpuinfo_flags_mhz(text)
+    max_mhz = _max_freq_mhz()
+    if max_mhz is not None:
+        mhz.append(max_mhz)
     per_cycle = next((n for flag, n in FLOPS_PER_CYCLE if flag in flags), None)
     if not mhz or per_cycle is None:
         return None
@@ -321,6 +349,22 @@ def _cache_file() -> Path:
     return default_cache_dir() / "machine-peaks.json"
 
 
+def _given(option: str, value: float | None) -> Peak | None:
+    """A peak given on the command line (``option``), None when not given."""
+    if value is not None and not value > 0:
+        raise ConfigError(f"{option} must be a positive number, got {value!r}")
+    return Peak(float(value), "given") if value else None
+
+
+def _read_cache(path: Path) -> Any:
+    """The peaks cache's JSON; ``{}`` for anything but a small regular JSON file (our own
+    cache: it is probed again, and replaced)."""
+    try:
+        return json.loads(read_text(path, "peak cache file", "delete it", limit_mib=1))
+    except (OSError, ValueError, RefusedFile):
+        return {}
+
+
 def machine_peaks(
     *, given_bw_gbs: float | None = None, given_tflops: float | None = None, refresh: bool = False
 ) -> tuple[Peak, Peak]:
@@ -328,20 +372,13 @@ def machine_peaks(
     else a fresh probe (a few seconds), stored for next time."""
     from ..core.fingerprint import hardware, hardware_key
 
-    for name, value in (("--llmperf-peak-bw", given_bw_gbs), ("--llmperf-peak-tflops", given_tflops)):
-        if value is not None and not value > 0:
-            raise ConfigError(f"{name} must be a positive number, got {value!r}")
-    bw = Peak(float(given_bw_gbs), "given") if given_bw_gbs else None
-    fl = Peak(float(given_tflops), "given") if given_tflops else None
+    bw = _given("--llmperf-peak-bw", given_bw_gbs)
+    fl = _given("--llmperf-peak-tflops", given_tflops)
     if bw and fl:
         return bw, fl
     key = f"{hardware_key(hardware())}-v{PROBE_VERSION}"
     path = _cache_file()
-    cached: Any = {}
-    try:  # our own cache: anything but a small regular JSON file is probed again, and replaced
-        cached = json.loads(read_text(path, "peak cache file", "delete it", limit_mib=1))
-    except (OSError, ValueError, RefusedFile):
-        cached = {}
+    cached = _read_cache(path)
     entry: Any = cached.get(key) if isinstance(cached, dict) and not refresh else None  # None: probed below
     try:
         m_bw, m_fl = Peak(**entry["bandwidth_gbs"]), Peak(**entry["tflops"])

@@ -54,9 +54,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from ..core.errors import ConfigError, EngineError, LLMPerfError
 from ..core.settings import SETTINGS
@@ -64,6 +64,9 @@ from ..core.workload import EngineInfo, NativeCounters, RunTrace, TokenLogits, W
 from ..engines import Closable, Engine, EngineProcess, FreshLoads, ProcessMemory, RemoteLayerTiming, TokenProbabilities
 from ..engines.llama_cpp_native import EngineConfig, known_cause, quoted_log, signal_name
 from ..models.gguf import gguf_file_type
+
+if TYPE_CHECKING:
+    from ..engines.llama_cpp import LlamaCppEngine
 
 
 class ChannelClosed(Exception):
@@ -504,6 +507,41 @@ def _fault(op: str, model: str, replies: IO[bytes]) -> None:
     os.kill(os.getpid(), getattr(signal, what))
 
 
+def _run(engine: LlamaCppEngine, message: Mapping[str, Any]) -> dict[str, Any]:
+    trace = engine.run(Workload(**message["workload"]), int(message["run_index"]))
+    return {"ok": True, "trace": dataclasses.asdict(trace), "info": dataclasses.asdict(engine.info())}
+
+
+def _rss(engine: LlamaCppEngine, message: Mapping[str, Any]) -> dict[str, Any]:
+    from .runner import peak_rss, reset_peak_rss
+
+    reset = reset_peak_rss() if message["reset"] else False
+    peak = peak_rss(True)
+    return {"ok": True, "reset": reset, "peak": [peak.bytes, peak.scope]}
+
+
+def _logits(engine: LlamaCppEngine, message: Mapping[str, Any]) -> dict[str, Any]:
+    got = engine.token_logits(Workload(**message["workload"]), message.get("forced"), message.get("prompt_ids"))
+    return {"ok": True, "got": logits_json(got)}
+
+
+def _layers(engine: LlamaCppEngine, message: Mapping[str, Any]) -> dict[str, Any]:
+    from .layers import profile_layers
+
+    profile = profile_layers(engine, Workload(**message["workload"]))
+    return {"ok": True, "layers": dataclasses.asdict(profile)}
+
+
+#: The requests a loaded engine answers (``load`` and ``close`` are ``serve``'s own): each
+#: takes the engine and the request, and returns the reply.
+REQUESTS: dict[str, Callable[[LlamaCppEngine, Mapping[str, Any]], dict[str, Any]]] = {
+    "run": _run,
+    "rss": _rss,
+    "logits": _logits,
+    "layers": _layers,
+}
+
+
 def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
     """Answer the controller's requests until it says close or goes away."""
     from ..engines.llama_cpp import LlamaCppEngine
@@ -530,25 +568,8 @@ def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
                 answer({"ok": True, "info": dataclasses.asdict(engine.info())})
             elif engine is None:
                 raise EngineError("the engine worker has no model loaded")
-            elif op == "run":
-                trace = engine.run(Workload(**message["workload"]), int(message["run_index"]))
-                answer({"ok": True, "trace": dataclasses.asdict(trace), "info": dataclasses.asdict(engine.info())})
-            elif op == "rss":
-                from .runner import peak_rss, reset_peak_rss
-
-                reset = reset_peak_rss() if message["reset"] else False
-                peak = peak_rss(True)
-                answer({"ok": True, "reset": reset, "peak": [peak.bytes, peak.scope]})
-            elif op == "logits":
-                got = engine.token_logits(
-                    Workload(**message["workload"]), message.get("forced"), message.get("prompt_ids")
-                )
-                answer({"ok": True, "got": logits_json(got)})
-            elif op == "layers":
-                from .layers import profile_layers
-
-                profile = profile_layers(engine, Workload(**message["workload"]))
-                answer({"ok": True, "layers": dataclasses.asdict(profile)})
+            elif op in REQUESTS:
+                answer(REQUESTS[op](engine, message))
             else:
                 raise EngineError(f"the engine worker does not know the request {op!r}")
         except LLMPerfError as exc:

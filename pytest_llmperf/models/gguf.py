@@ -57,14 +57,19 @@ class ModelSpec:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
+        self._check_shape()
+        if self.dtype == "Q8_0" and (self.n_embd % 32 or any(f % 32 for f in self.ffn_widths)):
+            raise ValueError("Q8_0 needs n_embd and n_ff divisible by 32")
+
+    def _check_shape(self) -> None:
+        """The heads divide the width, the vocabulary holds the fixed tokens, and ``layer_ff``
+        gives one width per layer."""
         if self.n_embd % self.n_head or self.n_head % self.n_head_kv:
             raise ValueError("n_embd must divide by n_head, and n_head by n_head_kv")
         if self.n_vocab <= FIRST_NORMAL_ID:
             raise ValueError(f"n_vocab must exceed {FIRST_NORMAL_ID} (special and byte tokens)")
         if self.layer_ff is not None and len(self.layer_ff) != self.n_layer:
             raise ValueError(f"layer_ff needs one width per layer ({self.n_layer}), got {len(self.layer_ff)}")
-        if self.dtype == "Q8_0" and (self.n_embd % 32 or any(f % 32 for f in self.ffn_widths)):
-            raise ValueError("Q8_0 needs n_embd and n_ff divisible by 32")
 
     @property
     def ffn_widths(self) -> tuple[int, ...]:
@@ -254,8 +259,15 @@ def ensure_model(spec: ModelSpec | str, cache_dir: str | os.PathLike[str] | None
         spec = PRESETS[spec]
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target = folder / spec.filename()
-    if target.is_file():
-        return target
+    if not target.is_file():
+        _write_cached(spec, folder, target, default_folder=cache_dir is None)
+    return target
+
+
+def _write_cached(spec: ModelSpec, folder: Path, target: Path, *, default_folder: bool) -> None:
+    """Write ``spec``'s GGUF as ``target`` in ``folder``: beside it first, then renamed, so
+    readers never see a half-written model. ``default_folder``: ``folder`` is the default one
+    (``$LLMPERF_CACHE_DIR`` when set), named in the error."""
     tmp = None
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -265,7 +277,7 @@ def ensure_model(spec: ModelSpec | str, cache_dir: str | os.PathLike[str] | None
         write_gguf(spec, tmp)
         os.replace(tmp, target)
     except OSError as exc:
-        where = " ($LLMPERF_CACHE_DIR)" if cache_dir is None and os.environ.get("LLMPERF_CACHE_DIR") else ""
+        where = " ($LLMPERF_CACHE_DIR)" if default_folder and os.environ.get("LLMPERF_CACHE_DIR") else ""
         raise EngineError(
             f"cannot write the embedded model to {folder}{where}: {exc.strerror or exc}; "
             "set LLMPERF_CACHE_DIR to a writable folder"
@@ -273,7 +285,6 @@ def ensure_model(spec: ModelSpec | str, cache_dir: str | os.PathLike[str] | None
     finally:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
-    return target
 
 
 def describe_model(settings: EngineSettings) -> str:

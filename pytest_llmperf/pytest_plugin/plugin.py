@@ -20,8 +20,8 @@ import pytest
 from ..core.errors import LLMPerfError
 from ..core.settings import RENAMED_SETTINGS, SETTINGS
 from ..session import Session, SessionSettings
-from ..session.against import SIDE_ENV
 from ..session.options import marker_help
+from ..session.sides import SIDE_ENV
 from . import hooks as hookcalls
 from . import marks
 from .fixtures import llmperf, llmperf_engine, llmperf_llama_server, llmperf_llm, llmperf_server  # noqa: F401 (pytest finds fixtures here)

@@ -54,7 +54,7 @@ import pytest
 
 from ..core.errors import LLMPerfError
 from ..measuring.worker import pin
-from ..session.against import SIDE_ENV, SideEnv
+from ..session.sides import SIDE_ENV, SideEnv
 from . import marks
 
 if TYPE_CHECKING:

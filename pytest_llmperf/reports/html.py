@@ -32,7 +32,9 @@ from typing import TYPE_CHECKING, Any
 from ..core.catalog import BUDGETS, FIGURES, HEADLINE, is_ceiling
 from ..core.formats import fmt
 from ..core.settings import usable_cpus
+from ..judge.budgets import BudgetState
 from ..judge.result import MeasurementResult, VerdictRecord
+from ..judge.verdict import BaselineStatus
 from . import charts, record_charts
 from .session_file import (
     AB_FAILING,
@@ -55,7 +57,7 @@ if TYPE_CHECKING:
 
 
 #: The verdict of a result that has none (not compared).
-NOT_COMPARED = VerdictRecord("not compared")
+NOT_COMPARED = VerdictRecord(BaselineStatus.NOT_COMPARED)
 
 #: The history's recent trend of a test (``history.series.attach``): ``{result.test: [trend_data]}``.
 Trends = Mapping[str, Sequence[Mapping[str, Any]]]
@@ -102,7 +104,7 @@ def state_of(result: MeasurementResult) -> str:
     verdict = result.verdict or NOT_COMPARED
     if verdict.failures:
         return "REGRESSION"
-    if result.budget == "FAIL":
+    if result.over_budget:
         return "OVER BUDGET"
     short = verdict.short or "not compared"
     return short.split()[0] if short.split()[0] in STATES else short
@@ -263,7 +265,7 @@ def _workload_notes(result: MeasurementResult, against: str) -> str:
     elif against:
         judged = f"against REF {against}: not compared"
     else:
-        judged = f"baseline: {'compared' if result.baseline_record else verdict.status}"
+        judged = f"baseline: {'compared' if result.baseline_record else verdict.status if result.verdict else 'not compared'}"
     return (
         f'<p class="notes">{_e(w.get("prompt_tokens", "?"))} prompt tokens, {_e(w.get("max_tokens", "?"))} '
         f"generated per run, {_e(summary_values(result).get('n_runs', f.runs if f else '?'))} runs; "
@@ -277,7 +279,7 @@ def _test_notes(verdict: VerdictRecord, record: Mapping[str, Any]) -> list[str]:
     notes = list(verdict.failures)
     if verdict.note:
         notes.append(verdict.note)
-    if verdict.changes and verdict.status != "other-hardware":  # other hardware: the note names them
+    if verdict.changes and verdict.status is not BaselineStatus.OTHER_HARDWARE:  # other hardware: the note names them
         notes.append("changed since the baseline: " + ", ".join(verdict.changes))
     notes += [f"{c.phase} {c.label}: {c.reach()}" for c in verdict.comparisons if c.mirror_of is None and c.reach()]
     return notes + list((record.get("stability") or {}).get("warnings") or [])
@@ -463,7 +465,7 @@ def _ab_badge(status: str) -> str:
     """An A/B budget's outcome: FAIL (breached, or agreement not available), met, undecided."""
     if status in AB_FAILING:
         return badge("OVER BUDGET", "FAIL")
-    return badge("ok", status) if status == "met" else badge("INCONCLUSIVE", status)
+    return badge("ok", status) if status == BudgetState.MET else badge("INCONCLUSIVE", status)
 
 
 def ab_section(ab: Sequence[Mapping[str, Any]]) -> str:

@@ -22,7 +22,8 @@ from ..core.catalog import HEADLINE, SUMMARY
 from ..core.documents import RefusedFile, SchemaViolation, read_text, validate
 from ..core.formats import fmt, render_table
 from ..core.settings import COLUMN_SETS, DEFAULT_COMPARISON_COLUMNS
-from ..judge.result import MeasurementResult
+from ..judge.budgets import FAILING_STATES
+from ..judge.result import MeasurementResult, ResultError
 from ..judge.verdict import Comparison
 from .text import fit_table, short_ids
 
@@ -98,9 +99,10 @@ def read_session(path: Path | str) -> tuple[dict[str, Any], list[MeasurementResu
     data = _session_document(path)
     try:
         validate(data, "session")
-    except SchemaViolation as exc:
+        results = [MeasurementResult.from_json(r, f"results[{i}]", check=False) for i, r in enumerate(data["results"])]
+    except (SchemaViolation, ResultError) as exc:  # ResultError: a state no pytest-llmperf writes
         raise baseline_store.BaselineError(f"{path}: {exc}; {REDO}") from None
-    return data, [MeasurementResult.from_json(r, f"results[{i}]", check=False) for i, r in enumerate(data["results"])]
+    return data, results
 
 
 def _session_document(path: Path | str) -> dict[str, Any]:
@@ -303,7 +305,7 @@ def budget_failures(results: Iterable[MeasurementResult]) -> list[str]:
     """``test: breach; breach`` for every measurement over one of its budgets."""
     out = []
     for r in results:
-        if r.budget.startswith("FAIL"):
+        if r.over_budget:
             detail = "; ".join(r.budget_failures) or "over budget"
             out.append(f"{r.test}: {detail}")
     return out
@@ -434,24 +436,24 @@ def markdown(
     return "\n".join(lines) + "\n"
 
 
-def _fails_run(r: MeasurementResult, budgets_gate: bool) -> bool:
-    """Whether this measurement fails the run: a regression, or (when budgets gate) a budget failure."""
-    return bool(r.verdict is not None and r.verdict.failures) or (budgets_gate and r.budget.startswith("FAIL"))
-
-
 def _measurements_headline(
     results: Sequence[MeasurementResult], over: Sequence[str], budgets_gate: bool, ab: Sequence[Mapping[str, Any]]
 ) -> list[str]:
     """``**2 of 5 measurement(s) failed**: 1 over budget, 1 regression(s).``, or that none did."""
-    failing = sum(1 for r in results if _fails_run(r, budgets_gate))
+    failing = sum(1 for r in results if (r.failed if budgets_gate else r.regressed))
     if failing:
-        regressions = sum(len(r.verdict.failures) for r in results if r.verdict is not None)
-        parts = [f"{len(over)} over budget"] if over else []
-        parts += [f"{regressions} regression(s)"] if regressions else []
-        return [f"**{failing} of {len(results)} measurement(s) failed**: {', '.join(parts)}."]
+        return [f"**{failing} of {len(results)} measurement(s) failed**: {_failed_how(results, over)}."]
     if results or not ab:
         return [f"No regression and no budget failure in {len(results)} measurement(s)."]
     return []
+
+
+def _failed_how(results: Sequence[MeasurementResult], over: Sequence[str]) -> str:
+    """``1 over budget, 2 regression(s)``: what failed, each kind when there is one."""
+    regressions = sum(len(r.verdict.failures) for r in results if r.verdict is not None)
+    parts = [f"{len(over)} over budget"] if over else []
+    parts += [f"{regressions} regression(s)"] if regressions else []
+    return ", ".join(parts)
 
 
 def _ab_headline(results: Sequence[MeasurementResult], ab: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -585,7 +587,7 @@ def agreement_rows(entry: Mapping[str, Any]) -> list[list[str]]:
 
 
 #: The budget outcomes that fail an A/B (``ABResult.failed``).
-AB_FAILING = ("breached", "unavailable")
+AB_FAILING = FAILING_STATES
 
 
 def ab_budget_lines(entry: Mapping[str, Any]) -> list[tuple[str, str]]:

@@ -10,18 +10,13 @@ side at a time, in seeded AB/BA order per pair, adds pairs while the verdict is 
 the cap, every look at alpha / looks), judges them (``judge.paired.judged_pairs``) and hands
 each side its measurement's end. The current side's reports become the test's.
 
-The two sides of ``--llmperf-against`` as the controller (``session/against.py``) sees them:
-each a process (``measuring.worker.Channel`` running ``pytest_plugin/side.py``) started on first
-use and again after it died, with every wait on a deadline and every way it can fail said in one
-line that names the side. No pytest."""
+The sides' processes and their events are ``session/sides.py``'s; ``drive`` steps one test
+through each side's ``SideState`` on those events."""
 
 from __future__ import annotations
 
-import hashlib
-import json
+import enum
 import math
-import os
-import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -29,12 +24,32 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core.errors import ConfigError, LLMPerfError
+from ..core.errors import LLMPerfError
 from ..core.settings import usable_cpus
 from ..core.workload import SEQUENTIAL_FACTOR
 from ..engines import NeedsPromptIds, TokenProbabilities
-from ..measuring.worker import Channel, idlest_cpus, logits_of
+from ..judge.verdict import BaselineStatus
+from ..measuring.worker import idlest_cpus, logits_of
 from .refs import Project, Reference, Worktrees, code_packages, resolve_reference
+from .sides import (
+    CURRENT,
+    REF,
+    Exit,
+    Logits,
+    Measure,
+    Missing,
+    Report,
+    RunError,
+    Side,
+    SideEvent,
+    SideGone,
+    SideSpec,
+    Trace,
+    Turn,
+    harness_link,
+    start_all,
+    wait_any,
+)
 
 if TYPE_CHECKING:
     from ..core.workload import RunTrace
@@ -134,19 +149,24 @@ def open_against(
 def describe_sides(against: Mapping[str, Any] | None) -> list[str]:
     """The session's last lines: what each side was (``Session.against_sides``: the controller's,
     or an xdist worker's shipped on its reports)."""
-    out = []
-    for name, side in ((against or {}).get("sides") or {}).items():
-        code = ", ".join(f"{k} from {v}" for k, v in (side.get("code") or {}).items() if v) or "no code of this tree"
-        out.append(
-            f"llmperf: against: {name} = {side.get('shown')}: Python {side.get('python') or '?'}, "
-            f"llama-cpp-python {side.get('llama_cpp') or '?'}, {code}"
-        )
-    for d in (against or {}).get("decisions") or ():
-        out.append(
-            f"llmperf: against: {d.get('test')}: {d.get('pairs')} pairs in {float(d.get('seconds') or 0):.1f} s "
-            f"(look {d.get('look')} of {d.get('looks')}: {d.get('stopped')})"
-        )
-    return out
+    sides = ((against or {}).get("sides") or {}).items()
+    decisions = (against or {}).get("decisions") or ()
+    return [_side_line(name, side) for name, side in sides] + [_decision_line(d) for d in decisions]
+
+
+def _side_line(name: str, side: Mapping[str, Any]) -> str:
+    code = ", ".join(f"{k} from {v}" for k, v in (side.get("code") or {}).items() if v) or "no code of this tree"
+    return (
+        f"llmperf: against: {name} = {side.get('shown')}: Python {side.get('python') or '?'}, "
+        f"llama-cpp-python {side.get('llama_cpp') or '?'}, {code}"
+    )
+
+
+def _decision_line(d: Mapping[str, Any]) -> str:
+    return (
+        f"llmperf: against: {d.get('test')}: {d.get('pairs')} pairs in {float(d.get('seconds') or 0):.1f} s "
+        f"(look {d.get('look')} of {d.get('looks')}: {d.get('stopped')})"
+    )
 
 
 #: The pairs are judged every ``runs`` x this many pairs (10 of the default 20): a look costs
@@ -176,11 +196,11 @@ def _run(side: Side, index: int, timeout_s: float, cpus: Sequence[int] | None = 
 
     side.send({"op": "run", "index": index, "cpus": list(cpus or ())})
     reply = side.receive(timeout_s, f"run {index}" if index >= 0 else f"warm-up run {-index}")
-    if reply.get("ev") == "error":
-        raise RunFailed(f"{side.who}: {reply.get('line')}")
-    if reply.get("ev") != "trace":
-        raise side.kill(f"{side.who} answered {reply.get('ev')!r} to a run: it left its measurement; it was killed")
-    return trace_of(reply["trace"])
+    if isinstance(reply, RunError):
+        raise RunFailed(f"{side.who}: {reply.line}")
+    if not isinstance(reply, Trace):
+        raise side.kill(f"{side.who} answered {reply.ev!r} to a run: it left its measurement; it was killed")
+    return trace_of(reply.trace)
 
 
 class SideLogits(TokenProbabilities):
@@ -208,9 +228,9 @@ class SideLogits(TokenProbabilities):
             }
         )
         reply = self.side.receive(self.timeout_s, "reading its token probabilities")
-        if reply.get("ev") != "logits":
-            raise self.side.kill(f"{self.side.who} answered {reply.get('ev')!r} to a logits request; it was killed")
-        return logits_of(reply["got"]) if "got" in reply else str(reply.get("line"))
+        if not isinstance(reply, Logits):
+            raise self.side.kill(f"{self.side.who} answered {reply.ev!r} to a logits request; it was killed")
+        return reply.line if reply.line is not None else logits_of(reply.got)
 
 
 class SideIdLogits(SideLogits, NeedsPromptIds):
@@ -303,396 +323,174 @@ def solo(ag: Against, side: Side, event: Mapping[str, Any]) -> None:
         _run(side, i, ag.timeout_s)
 
 
+class SideState(enum.Enum):
+    """Where one side is in the test ``drive`` runs on it."""
+
+    BUSY = "busy"  # running: its next event is awaited
+    ABSENT = "absent"  # REF without the test: the current side is measured alone
+    MEASURE = "measure"  # waits at a measurement (``Measure``) for its runs
+    TURN = "turn"  # asks for an exclusive turn (``Turn``)
+    DONE = "done"  # ended the test (``Report``)
+    DEAD = "dead"  # died, hung or ended its session (``Drive.lost`` says why)
+
+
+#: The events that move a side that runs to where it waits.
+WAITS = {Measure: SideState.MEASURE, Turn: SideState.TURN, Report: SideState.DONE}
+
+
 def drive(ag: Against, nodeid: str, next_nodeid: str | None) -> TestOutcome:
     """Run one test on both sides (module docstring). A side that dies or hangs while the test
     runs fails it (named, with its signal or deadline) and is started again for the next test;
     REF without the test (it lacks a name the tests import) leaves it measured here alone."""
-    from ..judge.result import comparison_json
-
-    out = TestOutcome()
-    cur, ref = ag.sides[CURRENT], ag.sides[REF]
-    ref_missing = ref.missing(nodeid)
-    for why in (cur.missing(nodeid), ref_missing):
+    ref_missing = ag.sides[REF].missing(nodeid)
+    for why in (ag.sides[CURRENT].missing(nodeid), ref_missing):
         if why is not None and (why.fails or why is not ref_missing):
-            out.failure = why.line
-            return out
-    active = [cur] if ref_missing else [cur, ref]
-    state = {CURRENT: "busy", REF: "absent" if ref_missing else "busy"}
-    events: dict[str, dict[str, Any]] = {}
-    lost: dict[str, str] = {}
-    told: set[str] = set()  # lines the test's report carries already (its failure, the verdict's note)
+            return TestOutcome(failure=why.line)
+    return Drive(ag, nodeid, ref_missing).run(next_nodeid)
 
-    def gone(side: Side, line: str) -> None:
-        state[side.spec.name] = "dead"
-        lost[side.spec.name] = line
+
+class Drive:
+    """One test on both sides: each side's state, its last measurement and report, and the
+    line of each side lost. While a side runs, its events move it (``listen``); once none
+    runs, the controller acts on where they wait (``step``) until both are done or lost."""
+
+    def __init__(self, ag: Against, nodeid: str, ref_missing: Missing | None) -> None:
+        self.ag, self.nodeid, self.ref_missing = ag, nodeid, ref_missing
+        self.cur, self.ref = ag.sides[CURRENT], ag.sides[REF]
+        self.active = [self.cur] if ref_missing else [self.cur, self.ref]
+        self.state = {CURRENT: SideState.BUSY, REF: SideState.ABSENT if ref_missing else SideState.BUSY}
+        self.measures: dict[str, Measure] = {}
+        self.reports: dict[str, Report] = {}
+        self.lost: dict[str, str] = {}
+        self.told: set[str] = set()  # lines the test's report carries already (its failure, the verdict's note)
+
+    def run(self, next_nodeid: str | None) -> TestOutcome:
+        for side in self.active:
+            try:
+                side.send({"op": "test", "nodeid": self.nodeid, "next": next_nodeid})
+            except SideGone as exc:
+                self.gone(side, str(exc))
+        while True:
+            busy = [s for s in self.active if self.state[s.spec.name] is SideState.BUSY]
+            if busy:
+                self.listen(busy)
+            elif not self.step():
+                return self.outcome()
+
+    def gone(self, side: Side, line: str) -> None:
+        self.state[side.spec.name] = SideState.DEAD
+        self.lost[side.spec.name] = line
         side.close()
 
-    def finish(side: Side, **done: Any) -> None:
-        state[side.spec.name] = "busy"
+    def finish(self, side: Side, **done: Any) -> None:
+        """The side's measurement ends (``fail``: not measured; ``verdict``: its judgement)."""
+        self.state[side.spec.name] = SideState.BUSY
         side.send({"op": "done", **done})
 
-    for side in active:
-        try:
-            side.send({"op": "test", "nodeid": nodeid, "next": next_nodeid})
-        except SideGone as exc:
-            gone(side, str(exc))
-    while True:
-        busy = [s for s in active if state[s.spec.name] == "busy"]
-        if busy:
-            ready = wait_any(busy, ag.timeout_s)
-            if not ready:
-                for side in busy:
-                    gone(
-                        side,
-                        str(
-                            side.kill(
-                                f"{side.who} did not reach its next measurement or the test's end "
-                                f"within {ag.timeout_s:g} s; it was killed (--llmperf-engine-timeout)"
-                            )
-                        ),
-                    )
-                continue
-            for side in ready:
-                try:
-                    event = side.receive(ag.timeout_s, f"running {nodeid}")
-                except SideGone as exc:
-                    gone(side, str(exc))
-                    continue
-                kind = event.get("ev")
-                if kind in ("measure", "turn", "report"):
-                    state[side.spec.name] = {"measure": "measure", "turn": "turn", "report": "done"}[kind]
-                    events[side.spec.name] = event
-                elif kind == "exit":
-                    gone(
-                        side,
-                        str(
-                            side.kill(
-                                f"{side.who} ended its pytest session (exit status "
-                                f"{event.get('code', '?')}) while running {nodeid}"
-                            )
-                        ),
-                    )
-            continue
-        turn = next((s for s in active if state[s.spec.name] == "turn"), None)
-        waiting = {name for name, st in state.items() if st == "measure"}
+    def listen(self, busy: Sequence[Side]) -> None:
+        """The next event of each side that has one (the sides that have none within the
+        timeout are killed)."""
+        ready = wait_any(busy, self.ag.timeout_s)
+        if not ready:
+            for side in busy:
+                line = (
+                    f"{side.who} did not reach its next measurement or the test's end "
+                    f"within {self.ag.timeout_s:g} s; it was killed (--llmperf-engine-timeout)"
+                )
+                self.gone(side, str(side.kill(line)))
+            return
+        for side in ready:
+            try:
+                self.move(side, side.receive(self.ag.timeout_s, f"running {self.nodeid}"))
+            except SideGone as exc:
+                self.gone(side, str(exc))
+
+    def move(self, side: Side, event: SideEvent) -> None:
+        name = side.spec.name
+        if isinstance(event, Exit):
+            code = event.code
+            raise side.kill(f"{side.who} ended its pytest session (exit status {code}) while running {self.nodeid}")
+        if type(event) in WAITS:
+            self.state[name] = WAITS[type(event)]
+        if isinstance(event, Measure):
+            self.measures[name] = event
+        elif isinstance(event, Report):
+            self.reports[name] = event
+
+    def step(self) -> bool:
+        """Act on the sides that wait: a turn first, then a measurement on both sides (its
+        pairs), or on one alone; False when neither waits (the test is over)."""
+        turn = next((s for s in self.active if self.state[s.spec.name] is SideState.TURN), None)
+        waiting = {name for name, st in self.state.items() if st is SideState.MEASURE}
         try:
             if turn is not None:
-                state[turn.spec.name] = "busy"
+                self.state[turn.spec.name] = SideState.BUSY
                 turn.send({"op": "go"})
             elif waiting == {CURRENT, REF}:
-                try:
-                    comparisons, note, agreement = pairs(ag, events, nodeid)
-                except RunFailed as exc:
-                    told.add(f"not measured: {exc}")
-                    finish(cur, fail=f"not measured: {exc}")
-                    finish(ref, fail=f"not measured: {exc}")
-                    continue
-                finish(
-                    cur,
-                    verdict={
-                        "status": "compared",
-                        "note": note,
-                        "comparisons": [comparison_json(c) for c in comparisons],
-                        "agreement": agreement.as_dict(),
-                    },
-                )
-                finish(ref)
-            elif CURRENT in waiting and REF in lost:  # REF died or hung in this test: it fails
-                told.add(lost[REF])
-                finish(cur, fail=lost[REF])
+                self.paired()
             elif CURRENT in waiting:
-                said = events.get(REF, {}).get("line")
-                reason = (
-                    ref_missing.line
-                    if ref_missing
-                    else (f"{ref.who} ended the test before this measurement{f': {said}' if said else ''}")
-                )
-                try:
-                    solo(ag, cur, events[CURRENT])
-                except RunFailed as exc:
-                    finish(cur, fail=f"not measured: {exc}")
-                    continue
-                told.add(reason)
-                finish(cur, verdict={"status": "not-compared", "note": f"not compared: {reason}"})
+                self.alone()
             elif REF in waiting:
-                finish(ref, fail="the current side ended the test before this measurement")
+                self.finish(self.ref, fail="the current side ended the test before this measurement")
             else:
-                break
+                return False
         except SideGone as exc:
-            gone(ag.sides[exc.side], str(exc))
-    if state[CURRENT] == "done":
-        out.reports = events[CURRENT]["reports"]
-    else:
-        out.failure = lost.get(CURRENT, f"{cur.who} did not finish {nodeid}")
-    if ref_missing is not None and ref_missing.line not in told:
-        out.notes.append(f"not compared: {ref_missing.line}")
-    elif REF in lost and lost[REF] not in told:
-        out.notes.append(lost[REF])
-    elif state[REF] == "done" and events[REF].get("outcome") == "failed":
-        out.notes.append(f"{ref.who}: the test failed there: {events[REF].get('line')}")
-    return out
+            self.gone(self.ag.sides[exc.side], str(exc))
+        return True
 
+    def paired(self) -> None:
+        """Both sides wait at the measurement: its pairs, judged; the verdict goes to the current side."""
+        from ..judge.result import comparison_json
 
-CURRENT, REF = "current", "REF"
-#: The environment variable that makes a process a side (``pytest_plugin/side.py``): the JSON of
-#: a ``SideEnv``, written by ``Side.spawn`` and read by the side (``SideEnv.read``).
-SIDE_ENV = "LLMPERF_SIDE"
-#: The least time a side has to reach ``ready`` (a Python start, pytest's collection, imports):
-#: --llmperf-engine-timeout bounds a run, not a start.
-START_TIMEOUT_S = 120.0
-#: The lines of Python's fault handler dump (``python_fault`` says where it was instead).
-_DUMP = re.compile(r'(File "|Thread 0x|Current thread 0x|Extension modules: |\.\.\.$)')
-_SEPARATOR = re.compile(r"([=!_-])\1{5,}(?: (.*?) \1{5,})?")
-
-
-@dataclass(frozen=True)
-class SideSpec:
-    name: str  # CURRENT or REF
-    shown: str  # "this tree", "git:main (3f2a1b9c0d1e)"
-    python: str
-    code_root: str
-    packages: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class SideEnv:
-    """What a side process is told at its start: its name, the pytest arguments of the
-    controller's session, and where its code under test comes from."""
-
-    name: str
-    args: tuple[str, ...]
-    code_root: str
-    packages: tuple[str, ...]
-
-    def dumps(self) -> str:
-        return json.dumps(
-            {"name": self.name, "args": list(self.args), "code_root": self.code_root, "packages": list(self.packages)}
-        )
-
-    @classmethod
-    def read(cls, environ: Mapping[str, str]) -> SideEnv | None:
-        """This process's side, or None when it is no side."""
-        text = environ.get(SIDE_ENV)
-        if text is None:
-            return None
-        d = json.loads(text)
-        return cls(d["name"], tuple(d["args"]), d["code_root"], tuple(d["packages"]))
-
-
-@dataclass(frozen=True)
-class Missing:
-    """Why a side cannot run a test: ``fails`` when that fails the test (the side did not start,
-    its code under test fails to import), else the test is measured on the current side alone."""
-
-    line: str
-    fails: bool
-
-
-class SideGone(LLMPerfError):
-    """A side died or stopped answering; ``side`` names it (CURRENT or REF)."""
-
-    def __init__(self, line: str, side: str) -> None:
-        super().__init__(line)
-        self.side = side
-
-
-class Side:
-    """One side's process, started on first use (``spawn``, then ``await_ready``) and again
-    after it died; a side that failed to start is not started again (``broken``)."""
-
-    def __init__(self, spec: SideSpec, args: Sequence[str], cwd: str, harness: str, timeout_s: float) -> None:
-        self.spec, self.args, self.cwd, self.harness, self.timeout_s = spec, list(args), cwd, harness, timeout_s
-        self.channel: Channel | None = None
-        self.ready: dict[str, Any] = {}
-        self.start_error: str | None = None
-        self.broken = False  # did not start: every test it was to run fails with start_error
-        self.problems: str | None = None  # the redirect's first problem: the side runs, but measures what?
-        self.awaiting = False  # started, its ``ready`` not read yet
-
-    @property
-    def who(self) -> str:
-        return f"side {self.spec.name} ({self.spec.shown})"
-
-    def spawn(self) -> None:
-        """Start the process unless it runs (or cannot start); ``await_ready`` waits for it."""
-        if self.broken or (self.channel is not None and self.channel.alive):
-            return
-        self.close()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([self.harness, *filter(None, [env.get("PYTHONPATH")])])
-        env[SIDE_ENV] = SideEnv(self.spec.name, tuple(self.args), self.spec.code_root, self.spec.packages).dumps()
-        for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
-            env.pop(name, None)  # PYTEST_ADDOPTS stays: the same options on both sides as here
         try:
-            self.channel = Channel("pytest_llmperf.pytest_plugin.side", python=self.spec.python, env=env, cwd=self.cwd)
-        except OSError as exc:
-            self._broke(f"{self.who} cannot start: {exc.strerror or exc}")
+            events = {name: m.data for name, m in self.measures.items()}
+            comparisons, note, agreement = pairs(self.ag, events, self.nodeid)
+        except RunFailed as exc:
+            self.told.add(f"not measured: {exc}")
+            self.finish(self.cur, fail=f"not measured: {exc}")
+            self.finish(self.ref, fail=f"not measured: {exc}")
             return
-        self.awaiting = True
+        verdict = {
+            "status": BaselineStatus.COMPARED.value,
+            "note": note,
+            "comparisons": [comparison_json(c) for c in comparisons],
+            "agreement": agreement.as_dict(),
+        }
+        self.finish(self.cur, verdict=verdict)
+        self.finish(self.ref)
 
-    def await_ready(self, deadline: float) -> None:
-        if not self.awaiting:
+    def alone(self) -> None:
+        """The current side waits at a measurement REF will not reach: it fails when REF was
+        lost in this test, else it is measured alone and not compared."""
+        if REF in self.lost:  # REF died or hung in this test: it fails
+            self.told.add(self.lost[REF])
+            self.finish(self.cur, fail=self.lost[REF])
             return
-        self.awaiting = False
+        if self.ref_missing:
+            reason = self.ref_missing.line
+        else:
+            said = self.reports[REF].line if REF in self.reports else None
+            reason = f"{self.ref.who} ended the test before this measurement{f': {said}' if said else ''}"
         try:
-            message = self.receive(max(deadline - time.monotonic(), 0.0), "starting")
-        except SideGone as exc:
-            self._broke(str(exc))
+            solo(self.ag, self.cur, self.measures[CURRENT].data)
+        except RunFailed as exc:
+            self.finish(self.cur, fail=f"not measured: {exc}")
             return
-        if message.get("ev") != "ready":
-            self._broke(
-                f"{self.who} did not start: its pytest session ended before its first test "
-                f"(exit status {message.get('code', '?')}): {self._cause()}. {self._log()}"
-            )
-            return
-        self.ready = message
-        problems = message.get("problems") or []
-        self.problems = f"{self.who}: {problems[0]}" if problems else None
+        self.told.add(reason)
+        self.finish(self.cur, verdict={"status": BaselineStatus.NOT_COMPARED.value, "note": f"not compared: {reason}"})
 
-    def _broke(self, line: str) -> None:
-        self.start_error, self.broken = line, True
-        if self.channel is not None:
-            self.channel.kill()
-        self.close()
-
-    def send(self, message: Mapping[str, Any]) -> None:
-        if self.channel is None or not self.channel.send(message):
-            raise SideGone(self._died("at work"), self.spec.name)
-
-    def receive(self, timeout_s: float, doing: str) -> dict[str, Any]:
-        from ..measuring.worker import BadReply, ChannelClosed
-
-        if self.channel is None:
-            raise SideGone(f"{self.who} is gone (while {doing})", self.spec.name)
-        try:
-            message = self.channel.receive(timeout_s)
-        except BadReply as exc:
-            raise SideGone(
-                f"{self.who} answered with a line that is not a JSON object while {doing}: {exc.text}; it was killed",
-                self.spec.name,
-            ) from None
-        except ChannelClosed:
-            raise SideGone(self._died(doing), self.spec.name) from None
-        if message is None:
-            self.channel.kill()
-            raise SideGone(
-                f"{self.who} did not answer within {timeout_s:g} s while {doing}; it was killed "
-                f"(raise --llmperf-engine-timeout or shorten the workload). {self._log()}",
-                self.spec.name,
-            )
-        return message
-
-    def kill(self, line: str) -> SideGone:
-        """Kill the process; the SideGone that says why."""
-        if self.channel is not None:
-            self.channel.kill()
-        return SideGone(f"{line}. {self._log()}", self.spec.name)
-
-    def _died(self, doing: str) -> str:
-        from ..engines.llama_cpp_native import signal_name
-
-        code = self.channel.wait() if self.channel is not None else None
-        where = python_fault(self._text())
-        return f"{self.who} died with {signal_name(code)} while {doing}{f' ({where})' if where else ''}. {self._log()}"
-
-    def _text(self) -> str:
-        if self.channel is None:
-            return ""
-        return self.channel.log_tail(65536)
-
-    def _cause(self) -> str:
-        """pytest's words for what stopped it (``ImportError while loading conftest ...: E ...``)."""
-        text = self._text()
-        head = next((ln.strip() for ln in text.splitlines() if re.match(r"(ImportError|ERROR|INTERNALERROR)", ln)), "")
-        errors = [ln.strip()[1:].strip() for ln in text.splitlines() if ln.startswith("E ")]
-        return "; ".join(filter(None, [head.rstrip("."), errors[-1] if errors else ""]))[:600] or "it said nothing"
-
-    def _log(self) -> str:
-        from ..engines.llama_cpp_native import quoted_log
-
-        kept = []
-        for line in self._text().splitlines():
-            line = line.strip()
-            sep = _SEPARATOR.fullmatch(line)  # pytest's ===== title =====: its title only
-            line = (sep.group(2) or "") if sep else line
-            if line and not _DUMP.match(line):
-                kept.append(line)
-        lines = quoted_log("\n".join(kept))
-        return f"Its last log lines: {' | '.join(lines[-6:])}" if lines else "It logged nothing"
-
-    def missing(self, nodeid: str) -> Missing | None:
-        """Why this side cannot run ``nodeid``, else None."""
-        if self.start_error:
-            return Missing(self.start_error, fails=True)
-        if self.problems:  # the code under test is not the side's own: nothing to compare with
-            return Missing(self.problems, fails=False)
-        if nodeid in self.ready.get("collected", ()):
-            return None
-        broken: Mapping[str, str] = self.ready.get("broken") or {}
-        errors: Mapping[str, str] = self.ready.get("errors") or {}
-        for where, line in [*broken.items(), *errors.items()]:
-            if not where or nodeid == where or nodeid.startswith((where + "::", where + "/")):
-                if where in broken:
-                    return Missing(
-                        f"{self.who} cannot import {where or nodeid}: its code under test fails there: {line}",
-                        fails=True,
-                    )
-                return Missing(f"{self.who} cannot collect {where or nodeid}: {line}", fails=False)
-        return Missing(f"{self.who} has no test {nodeid}", fails=False)
-
-    def close(self) -> None:
-        if self.channel is not None:
-            self.channel.close()
-            self.channel = None
-        self.awaiting = False
-
-
-def start_all(sides: Sequence[Side]) -> None:
-    """Start the sides that do not run, side by side, each with START_TIMEOUT_S at least."""
-    for side in sides:
-        side.spawn()
-    for side in sides:
-        side.await_ready(time.monotonic() + max(side.timeout_s, START_TIMEOUT_S))
-
-
-def python_fault(text: str) -> str | None:
-    """The innermost frame of Python's fault handler dump in a side's log, e.g.
-    ``in stream at wrapper/__init__.py:33``; None when there is no dump."""
-    at = text.rfind("Fatal Python error:")
-    if at < 0:
-        return None
-    current = text.find("Current thread ", at)  # pytest's fault handler dumps every thread
-    frame = re.search(r'^\s*File "([^"]+)", line (\d+) in (\S+)', text[current if current >= 0 else at :], re.MULTILINE)
-    if frame is None:
-        return None
-    path = Path(frame.group(1))
-    shown = "/".join(path.parts[-2:]) if len(path.parts) > 1 else str(path)
-    return f"in {frame.group(3)} at {shown}:{frame.group(2)}"
-
-
-def wait_any(sides: Sequence[Side], timeout_s: float) -> list[Side]:
-    """The sides with a message waiting (at most ``timeout_s``)."""
-    ready = set(map(id, Channel.wait_any([s.channel for s in sides if s.channel is not None], timeout_s)))
-    return [s for s in sides if id(s.channel) in ready]
-
-
-def harness_link(cache_dir: Path) -> Path:
-    """A folder holding only ``pytest_llmperf`` (a link to this one): the sides import the plugin
-    from the current tree, never another environment's copy, and nothing else of this one. One
-    per copy of the plugin under the cache (``harness/<key>``), made once and left for the next
-    session: nothing to clean up, so a killed session leaves nothing behind."""
-    here = Path(__file__).resolve().parent.parent
-    folder = Path(cache_dir) / "harness" / hashlib.sha256(str(here).encode()).hexdigest()[:12]
-    link = folder / "pytest_llmperf"
-    try:
-        if not (link.is_symlink() and os.readlink(link) == str(here)):
-            folder.mkdir(parents=True, exist_ok=True)
-            made = folder / f".pytest_llmperf.{os.getpid()}"  # made aside, then put in place in one step
-            made.unlink(missing_ok=True)
-            os.symlink(here, made)
-            os.replace(made, link)
-    except OSError as exc:
-        raise ConfigError(
-            f"llmperf: --llmperf-against: cannot link the plugin at {link}: {exc.strerror or exc}"
-        ) from None
-    return folder
+    def outcome(self) -> TestOutcome:
+        """The current side's reports (or why there are none), and the lines about REF the
+        test's report does not carry yet."""
+        out = TestOutcome()
+        if self.state[CURRENT] is SideState.DONE:
+            out.reports = self.reports[CURRENT].reports
+        else:
+            out.failure = self.lost.get(CURRENT, f"{self.cur.who} did not finish {self.nodeid}")
+        if self.ref_missing is not None and self.ref_missing.line not in self.told:
+            out.notes.append(f"not compared: {self.ref_missing.line}")
+        elif REF in self.lost and self.lost[REF] not in self.told:
+            out.notes.append(self.lost[REF])
+        elif self.state[REF] is SideState.DONE and self.reports[REF].failed:
+            out.notes.append(f"{self.ref.who}: the test failed there: {self.reports[REF].line}")
+        return out

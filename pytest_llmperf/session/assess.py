@@ -118,6 +118,7 @@ class Assessor:
         from ..baselines.records import record
         from ..baselines.store import BaselineError
         from ..judge.regression import BaselineVerdict, CompareSettings, judge
+        from ..judge.verdict import BaselineStatus
 
         s = self.settings
         fp = self.fingerprint(m)
@@ -147,7 +148,7 @@ class Assessor:
                 elif verdict.status == "no-baseline" and rel.startswith("../"):
                     verdict = dataclasses.replace(verdict, note=legacy_note(s.baseline_dir, path, rel, verdict.note))
             except BaselineError as exc:
-                verdict = BaselineVerdict("error", str(exc))
+                verdict = BaselineVerdict(BaselineStatus.ERROR, str(exc))
         return Assessment(
             key, path.relative_to(s.baseline_dir).as_posix(), fp.hardware_key, rec, verdict, baseline_record
         )

@@ -56,11 +56,12 @@ def other_hardware_line(s: SessionSettings, results: Sequence[MeasurementResult]
     session; (None, False) when there are none or the session records baselines."""
     if s.update_baselines or not s.compare:
         return None, False
-    other = [r.verdict for r in results if r.verdict is not None and r.verdict.status == "other-hardware"]
+    from ..judge.verdict import BaselineStatus
+
+    other = [r.verdict for r in results if r.verdict is not None and r.verdict.status is BaselineStatus.OTHER_HARDWARE]
     if not other:
         return None, False
-    fields = list(dict.fromkeys(d for v in other for d in v.changes))
-    why = "; ".join(fields[:SHOWN_DIFFERENCES]) + ("; ..." if len(fields) > SHOWN_DIFFERENCES else "")
+    why = shown_differences([d for v in other for d in v.changes])
     fails = s.fail_other_hardware
     line = (
         f"llmperf: {len(other)} of {len(results)} measurement(s) not compared: their baselines were recorded on "
@@ -69,6 +70,12 @@ def other_hardware_line(s: SessionSettings, results: Sequence[MeasurementResult]
         + ("; the session fails (--llmperf-fail-other-hardware)" if fails else "")
     )
     return line, fails
+
+
+def shown_differences(differences: Sequence[str]) -> str:
+    """The differing fingerprint fields, each once, the first ``SHOWN_DIFFERENCES`` of them."""
+    fields = list(dict.fromkeys(differences))
+    return "; ".join(fields[:SHOWN_DIFFERENCES]) + ("; ..." if len(fields) > SHOWN_DIFFERENCES else "")
 
 
 def write_file(path: Path, text: str, errors: list[str]) -> None:
@@ -110,41 +117,80 @@ def finish(
     if s.json:
         text = session_file.session_json(results, started_at, ab=list(ab_results), against=against)
         write_file(Path(s.json), text, out.report_errors)
-    md_extra: list[str] = []
-    if s.html:
-        from ..reports import html
+    md_extra = write_html(Path(s.html), s, results, started_at, trends, against, ab_results, out) if s.html else []
+    write_markdown(s, results, list(ab_results), md_extra, against, planned, step_summary, out)
+    return results, out
 
-        try:
-            out.html_written = html.write_html(Path(s.html), results, started_at, trends, against, ab=ab_results)
-            md_extra = html.markdown_lines(Path(s.html), Path(s.markdown) if s.markdown else None, results)
-        except OSError as exc:
-            out.html_error = f"llmperf: cannot write {s.html}: {exc.strerror or exc}"
-        except LLMPerfError as exc:
-            out.html_error = f"llmperf: HTML report not written: {exc}"
-    ab = list(ab_results)
-    md = session_file.markdown(results, md_extra, budgets_gate=s.budgets_gate, against=against, ab=ab)
-    md = md if results or ab else (all_failed_markdown(planned) if planned else "")
+
+def write_html(
+    path: Path,
+    s: SessionSettings,
+    results: Sequence[MeasurementResult],
+    started_at: str,
+    trends: Mapping[str, Any],
+    against: Mapping[str, Any] | None,
+    ab_results: Sequence[Mapping[str, Any]],
+    out: Outputs,
+) -> list[str]:
+    """The HTML report at ``path`` (``out`` says where, or why not); the Markdown's lines about it."""
+    from ..reports import html
+
+    try:
+        out.html_written = html.write_html(path, results, started_at, trends, against, ab=ab_results)
+        return html.markdown_lines(path, Path(s.markdown) if s.markdown else None, results)
+    except OSError as exc:
+        out.html_error = f"llmperf: cannot write {s.html}: {exc.strerror or exc}"
+    except LLMPerfError as exc:
+        out.html_error = f"llmperf: HTML report not written: {exc}"
+    return []
+
+
+def write_markdown(
+    s: SessionSettings,
+    results: Sequence[MeasurementResult],
+    ab: list[Mapping[str, Any]],
+    md_extra: list[str],
+    against: Mapping[str, Any] | None,
+    planned: int,
+    step_summary: str | None,
+    out: Outputs,
+) -> None:
+    """The Markdown summary (``--llmperf-markdown``) and GitHub's step summary (the same, with a
+    line about the HTML report in place of ``md_extra``)."""
+    from ..reports import session_file
+
+    measured = bool(results or ab)
+    md = (
+        session_file.markdown(results, md_extra, budgets_gate=s.budgets_gate, against=against, ab=ab)
+        if measured
+        else all_failed_markdown(planned)
+    )
     if s.markdown and md:
         write_file(Path(s.markdown), md, out.report_errors)
     if step_summary and md:
         step_extra = [f"Plots: HTML report `{s.html}` (keep it as a CI artifact)."] if out.html_written else []
-        try:
-            # O_NONBLOCK: a FIFO nobody reads fails at once (ENXIO) instead of waiting for a reader.
-            fd = os.open(step_summary, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666)
-            os.set_blocking(fd, True)
-            with open(fd, "a", encoding="utf-8") as fh:
-                fh.write(
-                    session_file.markdown(results, step_extra, budgets_gate=s.budgets_gate, against=against, ab=ab)
-                    if results or ab
-                    else md
-                )
-        except OSError as exc:
-            out.write_errors.append(f"llmperf: cannot write {step_summary}: {exc.strerror or exc}")
-    return results, out
+        if measured:  # the same, with a line about the HTML report in place of ``md_extra``
+            md = session_file.markdown(results, step_extra, budgets_gate=s.budgets_gate, against=against, ab=ab)
+        append_step_summary(step_summary, md, out.write_errors)
+
+
+def append_step_summary(path: str, text: str, errors: list[str]) -> None:
+    """``text`` appended to GitHub's step summary file (a line in ``errors`` when it cannot be)."""
+    try:
+        # O_NONBLOCK: a FIFO nobody reads fails at once (ENXIO) instead of waiting for a reader.
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666)
+        os.set_blocking(fd, True)
+        with open(fd, "a", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as exc:
+        errors.append(f"llmperf: cannot write {path}: {exc.strerror or exc}")
 
 
 def all_failed_markdown(planned: int) -> str:
-    """The Markdown summary of a session none of whose measurements gave a result."""
+    """The Markdown summary of a session none of whose measurements gave a result ("" when it
+    planned none)."""
+    if not planned:
+        return ""
     return (
         "## llmperf\n\n"
         f"No results: every llmperf measurement of this session failed ({planned} planned, none measured); "
@@ -170,27 +216,8 @@ def summary(
     (-q: a count, -qq: nothing but errors) and the terminal's ``width``."""
     lines: list[Line] = [("line", note) for note in notes]
     if out is not None:
-        lines += [("line", line) for line in out.baseline_errors]
-        if out.baseline_errors:
-            lines.append(
-                ("line", f"llmperf: {len(out.baseline_errors)} baseline file(s) not written: the session fails")
-            )
-        lines += [("line", line) for line in out.report_errors]
-        if out.html_error:
-            lines.append(("line", out.html_error))
-        elif out.html_written:
-            lines.append(("line", f"llmperf: HTML report written to {out.html_written}"))
-        if out.report_errors or out.html_error:
-            n = len(out.report_errors) + bool(out.html_error)
-            lines.append(("line", f"llmperf: {n} report file(s) not written: the session fails"))
-        lines += [("line", line) for line in out.write_errors]
-        if out.history_line and (verbosity >= 0 or "not written" in out.history_line):
-            lines.append(("line", out.history_line))
-        if out.other_hardware_line:
-            lines.append(("line", out.other_hardware_line))
-    if suite_failures:
-        lines.append(("alarm", "llmperf: slower than the rest of the suite (fails the session)"))
-        lines += [("line", line) for line in suite_failures]
+        lines += outputs_lines(out, verbosity)
+    lines += suite_lines(suite_failures)
     if not rows or verbosity <= -2:
         return lines
     if s.disable:
@@ -201,51 +228,126 @@ def summary(
                 "no budgets, statistics or baselines",
             )
         ]
-    from ..reports.session_file import against_of, comparison_table, reach_lines, reach_summary, undecided_lines
-
     if verbosity == -1:
-        over = sum(1 for r in rows if str(r.get("budget", "")).startswith("FAIL"))
-        ref = f", judged against {against_of(results)}" if against_of(results) else ""
-        lines.append(("line", f"llmperf: {len(rows)} measurement(s){ref}, {over} over budget (drop -q for the table)"))
-        return lines + [("line", line) for line in undecided_lines(results, short=True)]
-    from ..reports.text import overhead_lines, short_ids, summary_table
+        return lines + quiet_lines(rows, results)
+    lines += table_lines(s, rows, results, width)
+    lines += comparison_lines(s, results, width, verbosity)
+    lines += [("line", note) for note in verdict_notes(s, results)]
+    return lines + (written_lines(out) if out is not None else [])
 
-    lines += [("sep", "llmperf summary"), ("line", summary_table(rows, s.columns, width))]
-    lines += [("line", line) for line in overhead_lines(rows)]
-    names = short_ids([r.test for r in results])
-    lines += [("line", f"{names[r.test]}: budget undecided: {note}") for r in results for note in r.budget_notes]
-    table = comparison_table(results, s.columns, width)
-    if table:
-        against = against_of(results)
-        lines += [
-            ("sep", f"llmperf comparison against {against}" if against else "llmperf baseline comparison"),
-            ("line", table),
-        ]
-        if against and " REF " not in table.splitlines()[0] + " ":
-            lines.append(
-                (
-                    "line",
-                    "llmperf: both sides' figures: a wider terminal or --llmperf-columns "
-                    "baseline,now,change,ci,verdict (the JSON, Markdown and HTML reports have them)",
-                )
-            )
-        lines += [("line", line) for line in undecided_lines(results, short=True)]
-        if verbosity >= 1:  # the "detects" column's figures, with where the noise estimate came from
-            lines += [("line", line) for line in reach_lines(results, short=True)]
-        else:
-            reach = reach_summary(results)
-            lines += [("line", reach)] if reach else []
-    short = short_ids([r.test for r in results])
-    notes = sorted(
-        {
-            f"{short[r.test]}: {r.verdict.note}"
-            for r in results
-            if r.verdict is not None and r.verdict.note and not s.update_baselines and r.verdict.status != "error"
-        }
-    )
-    lines += [("line", note) for note in notes]
-    for path, moved in out.written if out is not None else []:
+
+def suite_lines(suite_failures: Sequence[str]) -> list[Line]:
+    """The measurements slower than the rest of the suite, under their alarm."""
+    if not suite_failures:
+        return []
+    alarm: Line = ("alarm", "llmperf: slower than the rest of the suite (fails the session)")
+    return [alarm] + [("line", line) for line in suite_failures]
+
+
+def outputs_lines(out: Outputs, verbosity: int) -> list[Line]:
+    """What the end of the session could not write (and what fails the session for it), the
+    HTML report's place, the history's line and the other-hardware line."""
+    lines = unwritten_lines(out)
+    if out.history_line and (verbosity >= 0 or "not written" in out.history_line):
+        lines.append(("line", out.history_line))
+    if out.other_hardware_line:
+        lines.append(("line", out.other_hardware_line))
+    return lines
+
+
+def unwritten_lines(out: Outputs) -> list[Line]:
+    """Each file the end of the session could not write, and the HTML report's place."""
+    lines: list[Line] = [("line", line) for line in out.baseline_errors]
+    if out.baseline_errors:
+        lines.append(("line", f"llmperf: {len(out.baseline_errors)} baseline file(s) not written: the session fails"))
+    lines += [("line", line) for line in out.report_errors]
+    if out.html_error:
+        lines.append(("line", out.html_error))
+    elif out.html_written:
+        lines.append(("line", f"llmperf: HTML report written to {out.html_written}"))
+    if out.report_errors or out.html_error:
+        n = len(out.report_errors) + bool(out.html_error)
+        lines.append(("line", f"llmperf: {n} report file(s) not written: the session fails"))
+    return lines + [("line", line) for line in out.write_errors]
+
+
+def written_lines(out: Outputs) -> list[Line]:
+    """The baseline files written, and the unreadable old files kept aside."""
+    lines: list[Line] = []
+    for path, moved in out.written:
         lines.append(("line", f"llmperf: baselines written to {path}"))
         if moved is not None:
             lines.append(("line", f"llmperf: the unreadable old file was kept as {moved}"))
     return lines
+
+
+def quiet_lines(rows: Sequence[Mapping[str, Any]], results: Sequence[MeasurementResult]) -> list[Line]:
+    """-q: how many measurements, how many over budget, and the undecided budgets."""
+    from ..judge.budgets import BudgetStatus
+    from ..reports.session_file import against_of, undecided_lines
+
+    over = sum(1 for r in rows if BudgetStatus.of_cell(str(r.get("budget", ""))) is BudgetStatus.FAIL)
+    ref = f", judged against {against_of(results)}" if against_of(results) else ""
+    line = f"llmperf: {len(rows)} measurement(s){ref}, {over} over budget (drop -q for the table)"
+    return [("line", line)] + [("line", u) for u in undecided_lines(results, short=True)]
+
+
+def table_lines(
+    s: SessionSettings, rows: Sequence[Mapping[str, Any]], results: Sequence[MeasurementResult], width: int
+) -> list[Line]:
+    """The summary table, what measuring cost, and the budgets left undecided."""
+    from ..reports.text import overhead_lines, short_ids, summary_table
+
+    lines: list[Line] = [("sep", "llmperf summary"), ("line", summary_table(rows, s.columns, width))]
+    lines += [("line", line) for line in overhead_lines(rows)]
+    names = short_ids([r.test for r in results])
+    return lines + [("line", f"{names[r.test]}: budget undecided: {note}") for r in results for note in r.budget_notes]
+
+
+def comparison_lines(
+    s: SessionSettings, results: Sequence[MeasurementResult], width: int, verbosity: int
+) -> list[Line]:
+    """The comparison table (against the baselines, or against ``--llmperf-against``'s REF)
+    and its notes: undecided budgets, and what each comparison can detect (-v: per metric)."""
+    from ..reports.session_file import against_of, comparison_table, reach_lines, reach_summary, undecided_lines
+
+    table = comparison_table(results, s.columns, width)
+    if not table:
+        return []
+    against = against_of(results)
+    lines: list[Line] = [
+        ("sep", f"llmperf comparison against {against}" if against else "llmperf baseline comparison"),
+        ("line", table),
+    ]
+    if against and " REF " not in table.splitlines()[0] + " ":
+        lines.append(
+            (
+                "line",
+                "llmperf: both sides' figures: a wider terminal or --llmperf-columns "
+                "baseline,now,change,ci,verdict (the JSON, Markdown and HTML reports have them)",
+            )
+        )
+    lines += [("line", line) for line in undecided_lines(results, short=True)]
+    if verbosity >= 1:  # the "detects" column's figures, with where the noise estimate came from
+        return lines + [("line", line) for line in reach_lines(results, short=True)]
+    reach = reach_summary(results)
+    return lines + ([("line", reach)] if reach else [])
+
+
+def verdict_notes(s: SessionSettings, results: Sequence[MeasurementResult]) -> list[str]:
+    """Each verdict's note once, by short test id (none while recording baselines; an error's
+    note is the test's failure already)."""
+    from ..judge.verdict import BaselineStatus
+    from ..reports.text import short_ids
+
+    short = short_ids([r.test for r in results])
+    return sorted(
+        {
+            f"{short[r.test]}: {r.verdict.note}"
+            for r in results
+            if r.verdict is not None
+            and r.verdict.note
+            and not s.update_baselines
+            and r.verdict.status is not BaselineStatus.ERROR
+        }
+    )

@@ -1,0 +1,175 @@
+"""``--llmperf-against``'s controller without processes: its sides' messages parsed once into
+typed events (``session.sides.event_of``), and ``drive`` stepping each side's ``SideState`` on
+scripted events (the real sides: tests/test_against.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from pytest_llmperf.session import against
+from pytest_llmperf.session.sides import (
+    CURRENT,
+    REF,
+    Exit,
+    Logits,
+    Measure,
+    Missing,
+    Ready,
+    Released,
+    Report,
+    RunError,
+    SideGone,
+    SideSpec,
+    Trace,
+    Turn,
+    Unknown,
+    event_of,
+)
+
+
+def test_each_message_is_parsed_once_into_its_event() -> None:
+    assert event_of({"ev": "ready", "collected": ["t"]}) == Ready({"ev": "ready", "collected": ["t"]})
+    assert event_of({"ev": "measure", "label": "x"}).data["label"] == "x"  # type: ignore[attr-defined]
+    assert event_of({"ev": "trace", "trace": {"a": 1}}) == Trace({"a": 1})
+    assert event_of({"ev": "error", "line": "boom"}) == RunError("boom")
+    assert event_of({"ev": "logits", "got": {"k": 1}}) == Logits({"k": 1}, None)
+    assert event_of({"ev": "logits", "line": "no logits"}) == Logits(None, "no logits")
+    assert event_of({"ev": "turn"}) == Turn() and event_of({"ev": "released"}) == Released()
+    report = event_of({"ev": "report", "reports": [{"r": 1}], "outcome": "failed", "line": "E"})
+    assert report == Report([{"r": 1}], "failed", "E") and report.failed  # type: ignore[attr-defined]
+    assert event_of({"ev": "exit", "code": 3}) == Exit(3) and event_of({"ev": "exit"}) == Exit("?")
+    assert event_of({"ev": "what"}) == Unknown("what") and event_of({"ev": "what"}).ev == "what"
+    assert event_of({"ev": ["not", "a", "word"]}).ev == ["not", "a", "word"]
+    assert event_of({}).ev is None
+
+
+class FakeSide:
+    """A side whose events are scripted; what the controller sends it is kept."""
+
+    def __init__(self, name: str, events: list[Any], missing: Missing | None = None) -> None:
+        self.spec = SideSpec(name, name, "", "", ())
+        self.events, self.sent, self.closed, self._missing = list(events), [], False, missing
+
+    @property
+    def who(self) -> str:
+        return f"side {self.spec.name}"
+
+    def missing(self, nodeid: str) -> Missing | None:
+        return self._missing
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.sent.append(message)
+
+    def receive(self, timeout_s: float, doing: str) -> Any:
+        event = self.events.pop(0)
+        if isinstance(event, SideGone):
+            raise event
+        return event
+
+    def kill(self, line: str) -> SideGone:
+        return SideGone(line, self.spec.name)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def scripted(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The sides with an event waiting are ready; a measurement alone or in pairs is recorded."""
+    measured: list[Any] = []
+    monkeypatch.setattr(against, "wait_any", lambda busy, timeout_s: [s for s in busy if s.events])
+    monkeypatch.setattr(against, "solo", lambda ag, side, data: measured.append(("solo", side.spec.name)))
+    return measured
+
+
+def _ag(cur: FakeSide, ref: FakeSide) -> Any:
+    return SimpleNamespace(sides={CURRENT: cur, REF: ref}, timeout_s=5.0)
+
+
+def test_ref_without_the_test_measures_the_current_side_alone(scripted: list[Any]) -> None:
+    cur = FakeSide(CURRENT, [Measure({"workload": {}}), Report([{"r": 1}], "passed")])
+    ref = FakeSide(REF, [], missing=Missing("side REF has no test t", fails=False))
+    out = against.drive(_ag(cur, ref), "t", None)
+    assert out.reports == [{"r": 1}] and out.failure is None
+    assert scripted == [("solo", CURRENT)] and ref.sent == []
+    assert cur.sent[0] == {"op": "test", "nodeid": "t", "next": None}
+    assert cur.sent[1] == {
+        "op": "done",
+        "verdict": {"status": "not-compared", "note": "not compared: side REF has no test t"},
+    }
+    assert out.notes == []  # the verdict's note says it already
+
+
+def test_a_turn_is_granted_and_a_failure_on_ref_is_a_note(scripted: list[Any]) -> None:
+    cur = FakeSide(CURRENT, [Turn(), Released(), Report([{"r": 1}], "passed")])
+    ref = FakeSide(REF, [Report([], "failed", "E assert 0")])
+    out = against.drive(_ag(cur, ref), "t", "u")
+    assert {"op": "go"} in cur.sent and out.reports == [{"r": 1}]
+    assert out.notes == ["side REF: the test failed there: E assert 0"]
+
+
+def test_ref_that_ends_its_session_fails_the_measurement_it_left(scripted: list[Any]) -> None:
+    cur = FakeSide(CURRENT, [Measure({"workload": {}}), Report([], "failed", "E")])
+    ref = FakeSide(REF, [Exit(2)])
+    out = against.drive(_ag(cur, ref), "t", None)
+    lost = "side REF ended its pytest session (exit status 2) while running t"
+    assert ref.closed and cur.sent[-1] == {"op": "done", "fail": lost}
+    assert scripted == [] and out.notes == []  # the current side's failure carries it
+
+
+def test_the_current_side_lost_fails_the_test(scripted: list[Any]) -> None:
+    cur = FakeSide(CURRENT, [SideGone("side current died with SIGSEGV", CURRENT)])
+    ref = FakeSide(REF, [Measure({"workload": {}})])
+    out = against.drive(_ag(cur, ref), "t", None)
+    assert out.failure == "side current died with SIGSEGV" and out.reports == []
+    assert ref.sent[-1] == {"op": "done", "fail": "the current side ended the test before this measurement"}
+
+
+def test_a_side_that_cannot_start_fails_the_test_before_it_runs(scripted: list[Any]) -> None:
+    cur = FakeSide(CURRENT, [], missing=Missing("side current cannot start", fails=True))
+    out = against.drive(_ag(cur, FakeSide(REF, [])), "t", None)
+    assert out.failure == "side current cannot start" and cur.sent == []
+
+
+def test_both_sides_at_the_measurement_are_paired_and_the_current_side_gets_the_verdict(
+    scripted: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[Any] = []
+
+    def pairs(ag: Any, events: Any, nodeid: str) -> Any:
+        seen.append(events)
+        return [], "against REF: 10 pairs", SimpleNamespace(as_dict=lambda: {"top1": 1.0})
+
+    monkeypatch.setattr(against, "pairs", pairs)
+    cur = FakeSide(CURRENT, [Measure({"label": "c"}), Report([{"r": 1}], "passed")])
+    ref = FakeSide(REF, [Measure({"label": "r"}), Report([], "passed")])
+    out = against.drive(_ag(cur, ref), "t", None)
+    assert seen == [{CURRENT: {"label": "c"}, REF: {"label": "r"}}]
+    assert cur.sent[-1] == {
+        "op": "done",
+        "verdict": {
+            "status": "compared",
+            "note": "against REF: 10 pairs",
+            "comparisons": [],
+            "agreement": {"top1": 1.0},
+        },
+    }
+    assert ref.sent[-1] == {"op": "done"} and out.reports == [{"r": 1}] and out.notes == []
+
+
+def test_a_run_that_raises_ends_the_measurement_on_both_sides(
+    scripted: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def pairs(ag: Any, events: Any, nodeid: str) -> Any:
+        raise against.RunFailed("side REF: RuntimeError: broke")
+
+    monkeypatch.setattr(against, "pairs", pairs)
+    cur = FakeSide(CURRENT, [Measure({}), Report([], "failed", "E")])
+    ref = FakeSide(REF, [Measure({}), Report([], "failed", "E")])
+    out = against.drive(_ag(cur, ref), "t", None)
+    line = "not measured: side REF: RuntimeError: broke"
+    assert cur.sent[-1] == ref.sent[-1] == {"op": "done", "fail": line}
+    assert out.notes == ["side REF: the test failed there: E"]
