@@ -1,7 +1,7 @@
 """Does the plugin measure what llama-bench measures? Side by side, pair by pair.
 
 llama-bench is built from the llama.cpp sources vendored in the installed llama-cpp-python
-sdist (same version; ``engines.native_tools``, cached). Each pair runs llama-bench
+sdist (same version; ``engines.servers``, cached). Each pair runs llama-bench
 (``-t T -p P -n N -r R -o json``: pp P and tg N, R repetitions) and then, in this process, the
 plugin's ``measure`` on the same model, threads and workload (R runs after 1 warm-up), for each
 variant of the plugin's settings in a shuffled order. Printed per pair and as medians: the
@@ -99,7 +99,7 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--pairs", type=int, default=5)
     p.add_argument("--variants", default="default", help=f"comma list of {', '.join(VARIANTS)}")
-    p.add_argument("--llama-bench", default=None, help="llama-bench binary (default: built by native_tools)")
+    p.add_argument("--llama-bench", default=None, help="llama-bench binary (default: built by engines.servers)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
 

@@ -1,7 +1,8 @@
 """The package's shape, as docs/architecture.md draws it: packages named after the layers,
 each importing only from its own layer or the layers below (lazy imports inside functions
 count too), no import circle, pytest imported only by the pytest layer, no private name
-imported from another module, no module over 700 lines (as ruff format lays them out)."""
+imported from another module. The length of a module is not capped: ruff's complexity rule
+(C901) caps each function instead."""
 
 from __future__ import annotations
 
@@ -171,12 +172,3 @@ def test_a_layer_takes_only_the_version_from_the_package_root():
             elif isinstance(node, ast.Import):
                 taken += [f"{name}: import {a.name}" for a in node.names if a.name == "pytest_llmperf"]
     assert taken == []
-
-
-MAX_LINES = 700  # ruff format: the merged modules (at most 563 lines before it) grew by about a fifth
-
-
-@pytest.mark.parametrize("name", sorted(MODULES))
-def test_no_module_over_700_lines(name):
-    """A module past this holds more than one idea: split it where the ideas part."""
-    assert len(MODULES[name].read_text().splitlines()) <= MAX_LINES

@@ -17,6 +17,7 @@ as root; skipped where that is not permitted), never the system's ``/dev/full`` 
 from __future__ import annotations
 
 import os
+import select
 import stat
 import subprocess
 import sys
@@ -69,22 +70,41 @@ def leftovers(folder: Path) -> list[str]:
 
 @contextmanager
 def reader(path: Path) -> Iterator[list[bytes]]:
-    """A FIFO at ``path`` with a reader that keeps all it reads."""
+    """A FIFO at ``path`` with a reader that keeps all it reads. The reader's end is open before
+    this yields (a writer that came first would fail: no reader), however slowly its thread runs."""
     os.mkfifo(path)
     got: list[bytes] = []
+    ready, stop = threading.Event(), threading.Event()
 
     def read() -> None:
-        with open(path, "rb") as fh:  # waits for the writer
-            got.append(fh.read())
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # opens at once, writer or not
+        ready.set()
+        chunks: list[bytes] = []
+        deadline = time.monotonic() + SECONDS
+        try:
+            while time.monotonic() < deadline:
+                select.select([fd], [], [], 0.05)
+                try:
+                    chunk = os.read(fd, 1 << 16)
+                except BlockingIOError:  # a writer, nothing written yet
+                    continue
+                if chunk:
+                    chunks.append(chunk)
+                elif chunks or stop.is_set():  # the end, after the writer's bytes (or no writer came)
+                    break
+                else:  # no writer yet: a FIFO without one reads as its end
+                    time.sleep(0.01)
+        finally:
+            os.close(fd)
+            got.append(b"".join(chunks))
 
     thread = threading.Thread(target=read, daemon=True)
     thread.start()
-    time.sleep(0.2)  # the reader is waiting in open() (a writer that comes first fails: no reader)
+    assert ready.wait(SECONDS), "the FIFO's reader did not open it"
     try:
         yield got
     finally:
-        if thread.is_alive():  # the writer never came: let the reader go
-            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        stop.set()  # the writer is done: the reader drains what is left and ends
         thread.join(SECONDS)
 
 

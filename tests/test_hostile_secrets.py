@@ -159,7 +159,7 @@ class Case:
     auth: str = ""
     query: str = ""
     env_key: str | None = KEY
-    seconds: float = 30.0
+    seconds: float = 60.0  # no wait without its deadline; a measured session at load 10 took 30 s
 
 
 HEADER = "llmperf: endpoint {shown} (completions), model (server default)"

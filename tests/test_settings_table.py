@@ -121,7 +121,7 @@ def test_pytest_help_and_llmperf_help_show_the_same_defaults(
 
 def test_docs_settings_table_is_the_table() -> None:
     doc = (ROOT / "docs" / "settings.md").read_text()
-    assert markdown_table() in doc, "docs/settings.md: paste core.settings_table.markdown_table()'s output"
+    assert markdown_table() in doc, "docs/settings.md: paste core.settings.markdown_table()'s output"
 
 
 def test_every_option_the_docs_name_exists_and_their_tables_show_its_default() -> None:

@@ -22,11 +22,16 @@ import argparse
 import contextlib
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from ..core.settings import LLAMA_OPTIONS
 from ..models.gguf import PRESETS, ensure_model
 from .common import add_setting, check_writable, positive_int, share_of_one, write_output
+
+if TYPE_CHECKING:
+    from ..measuring.metrics import Measurement
+    from ..measuring.served import LoadStats
 
 MODEL_HELP = "write (once) and print the path of a synthetic model"
 
@@ -129,7 +134,6 @@ def run_load(args: argparse.Namespace) -> int:
     from ..core.workload import Workload
     from ..engines.http import HttpEngine
     from ..measuring.served import SLO_KEYS, sweep
-    from ..reports.text import curve_table
 
     if not args.endpoint and not args.serve:
         raise ConfigError("give --endpoint URL (or set LLMPERF_ENDPOINT), or --serve MODEL to start a local server")
@@ -144,24 +148,7 @@ def run_load(args: argparse.Namespace) -> int:
     )
     slo = {k: getattr(args, k) for k in SLO_KEYS if getattr(args, k) is not None}
     with contextlib.ExitStack() as stack:
-        endpoint, model = args.endpoint, args.model
-        if args.serve:
-            from ..engines.servers import LLAMA_SERVER_PARALLEL, serve, serve_llama_server
-            from ..models.gguf import model_path
-
-            path, alias = model_path(args.serve)
-            if args.server == "llama-server":
-                parallel = args.parallel or max(LLAMA_SERVER_PARALLEL, *args.concurrency)
-                server = stack.enter_context(
-                    serve_llama_server(path, parallel=parallel, threads=args.threads, alias=alias)
-                )
-            else:
-                server = stack.enter_context(serve(path, threads=args.threads, alias=alias))
-            endpoint, model = server.url, model or server.model
-            print(
-                f"llmperf: serving {path} with {server.kind} at {endpoint}, threads {server.threads}, "
-                f"{server.parallel} slot(s)"
-            )
+        endpoint, model = _local_server(args, stack) if args.serve else (args.endpoint, args.model)
         engine = HttpEngine.from_settings(endpoint, args, model)
         stack.callback(engine.close)
         pace = f"Poisson arrivals at {args.rate:g}/s" if args.rate else "closed loop"
@@ -171,21 +158,49 @@ def run_load(args: argparse.Namespace) -> int:
         )
         print(f"llmperf load: {workload.prompt_cache}")
         results = sweep(engine, workload, args.concurrency, slo=slo)
-    print(curve_table(results))
-    from ..reports.text import curve_lines
+    return _sweep_report(args, results)
 
+
+def _local_server(args: argparse.Namespace, stack: contextlib.ExitStack) -> tuple[str, str | None]:
+    """``--serve MODEL``: a llama-server (or llama-cpp-python's server) on loopback until
+    ``stack`` closes; its (endpoint, model name)."""
+    from ..engines.servers import LLAMA_SERVER_PARALLEL, serve, serve_llama_server
+    from ..models.gguf import model_path
+
+    path, alias = model_path(args.serve)
+    if args.server == "llama-server":
+        parallel = args.parallel or max(LLAMA_SERVER_PARALLEL, *args.concurrency)
+        server = stack.enter_context(serve_llama_server(path, parallel=parallel, threads=args.threads, alias=alias))
+    else:
+        server = stack.enter_context(serve(path, threads=args.threads, alias=alias))
+    print(
+        f"llmperf: serving {path} with {server.kind} at {server.url}, threads {server.threads}, "
+        f"{server.parallel} slot(s)"
+    )
+    return server.url, args.model or server.model
+
+
+def _sweep_report(args: argparse.Namespace, results: Sequence[Measurement]) -> int:
+    """The load curve, the server's own figures and the first errors; 1 when a level's goodput
+    is under ``--min-goodput``."""
+    from ..reports.text import curve_lines, curve_table
+
+    print(curve_table(results))
     for line in curve_lines(results):
         print(line)
     levels = [m.load for m in results if m.load is not None]  # every level of a sweep
     failed = [e for s in levels for e in s.errors]
     for line in failed[:5]:
         print(line)
-    if args.min_goodput is not None:
-        low = [s for s in levels if s.goodput < args.min_goodput]
-        for s in low:
-            print(f"goodput {s.goodput:.1%} < {args.min_goodput:.1%} at concurrency {s.concurrency}")
-        return 1 if low else 0
-    return 0
+    return 0 if args.min_goodput is None else _goodput_gate(levels, args.min_goodput)
+
+
+def _goodput_gate(levels: Sequence[LoadStats], floor: float) -> int:
+    """1 (each named) when a level's goodput is under ``floor`` (``--min-goodput``), else 0."""
+    low = [s for s in levels if s.goodput < floor]
+    for s in low:
+        print(f"goodput {s.goodput:.1%} < {floor:.1%} at concurrency {s.concurrency}")
+    return 1 if low else 0
 
 
 PROFILE_HELP = "profile a model: prefill/decode speed, per-layer time, roofline, stability, memory"

@@ -26,11 +26,15 @@ import dataclasses
 import math
 import statistics
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..core.catalog import JUDGED
 from .common import add_setting, alpha, positive_int, share, write_output
+
+if TYPE_CHECKING:
+    from ..core.catalog import Metric
+    from ..history.series import Series
 
 HISTORY_HELP = "show the session history of each test and metric (tables, --html plots, --csv for Otava)"
 #: Shown unless --metric says otherwise: the judged metric of each phase and the decode tail.
@@ -228,7 +232,7 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="the last N sessions of each series since its subject last changed (default 20)",
     )
-    for name in ("alpha", "threshold", "tail_threshold"):  # as the pytest options (settings_table)
+    for name in ("alpha", "threshold", "tail_threshold"):  # as the pytest options (core.settings)
         add_setting(parser, name)
     parser.add_argument(
         "--tests",
@@ -290,6 +294,52 @@ def calibrate(spec, levels: Sequence, *, threshold: float, alpha_: float, m: int
     }
 
 
+#: ``llmperf calibrate``'s table: one row per series (``_calibration_row``).
+CALIBRATION_HEADERS = (
+    "test",
+    "metric",
+    "sessions",
+    "runs",
+    "within CV",
+    "between sd",
+    "false alarms (replayed)",
+    "detects: file once",
+    "history window",
+    "one session (A/B)",
+)
+
+
+def _calibrated(args: argparse.Namespace, s: Series, spec: Metric, m: int) -> dict[str, Any] | None:
+    """``calibrate`` over the series' last ``--sessions`` sessions since its subject last
+    changed; None without any."""
+    start = max((i for i in range(1, len(s.points)) if s.changes_at(i)), default=0)
+    levels = [p.level() for p in s.points[start:]][-args.sessions :]
+    if not levels:
+        return None
+    threshold = args.tail_threshold if spec.tail else args.threshold
+    return calibrate(spec, levels, threshold=threshold, alpha_=args.alpha, m=m)
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.1%}"
+
+
+def _calibration_row(s: Series, spec: Metric, f: Mapping[str, Any]) -> list[str]:
+    """A series' row of ``CALIBRATION_HEADERS``."""
+    return [
+        s.name,
+        f"{s.phase} {spec.label}",
+        str(f["sessions"]),
+        str(f["runs"]),
+        _pct(f["cv"]),
+        _pct(f["between"]),
+        f"{f['alarms']} of {f['replayed']}",
+        _pct(f["stored"]),
+        _pct(f["window"]),
+        _pct(f["ab"]),
+    ]
+
+
 def run_calibrate(args: argparse.Namespace) -> int:
     from ..core.errors import ConfigError
     from ..core.formats import render_table
@@ -310,53 +360,15 @@ def run_calibrate(args: argparse.Namespace) -> int:
     m = tests * len(JUDGED)
     specs = {s.name: s for s in JUDGED}
     rows, alarms, replayed = [], 0, 0
-    pct = lambda v: "n/a" if v is None else f"{v:.1%}"
     for s in series:
-        start = max((i for i in range(1, len(s.points)) if s.changes_at(i)), default=0)
-        levels = [p.level() for p in s.points[start:]][-args.sessions :]
         spec = specs[s.metric]
-        f = (
-            calibrate(
-                spec, levels, threshold=args.tail_threshold if spec.tail else args.threshold, alpha_=args.alpha, m=m
-            )
-            if levels
-            else None
-        )
+        f = _calibrated(args, s, spec, m)
         if f is None:
             continue
         alarms += int(f["alarms"])
         replayed += int(f["replayed"])
-        rows.append(
-            [
-                s.name,
-                f"{s.phase} {spec.label}",
-                str(f["sessions"]),
-                str(f["runs"]),
-                pct(f["cv"]),
-                pct(f["between"]),
-                f"{f['alarms']} of {f['replayed']}",
-                pct(f["stored"]),
-                pct(f["window"]),
-                pct(f["ab"]),
-            ]
-        )
-    print(
-        render_table(
-            (
-                "test",
-                "metric",
-                "sessions",
-                "runs",
-                "within CV",
-                "between sd",
-                "false alarms (replayed)",
-                "detects: file once",
-                "history window",
-                "one session (A/B)",
-            ),
-            rows,
-        )
-    )
+        rows.append(_calibration_row(s, spec, f))
+    print(render_table(CALIBRATION_HEADERS, rows))
     print(
         f"Holm's family: {tests} test(s) x {len(JUDGED)} = {m}, alpha {args.alpha:g}; the rule flagged "
         f"{alarms} of {replayed} replayed A/A comparison(s) (expected at most {args.alpha:g} per session); "

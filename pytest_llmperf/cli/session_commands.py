@@ -14,9 +14,13 @@ import argparse
 import dataclasses
 import shutil
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .common import add_setting, positive_int, write_output
+
+if TYPE_CHECKING:
+    from ..judge.regression import BaselineVerdict, CompareSettings
+    from ..judge.result import MeasurementResult
 
 COMPARE_HELP = "compare two saved session reports (pytest --llmperf-json)"
 
@@ -24,7 +28,7 @@ COMPARE_HELP = "compare two saved session reports (pytest --llmperf-json)"
 def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("base", help="the baseline session report")
     parser.add_argument("new", help="the candidate session report")
-    for name in ("alpha", "threshold", "tail_threshold"):  # as the pytest options (settings_table)
+    for name in ("alpha", "threshold", "tail_threshold"):  # as the pytest options (core.settings)
         add_setting(parser, name)
     from ..core.settings import COMPARISON_COLUMN_NAMES, DEFAULT_COMPARISON_COLUMNS
 
@@ -73,11 +77,9 @@ def run_compare(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace, base: dict, new: list, matched: list) -> int:
-    from ..core.fingerprint import other_hardware_note
-    from ..judge.regression import CompareSettings, judge
+    from ..judge.regression import CompareSettings
     from ..judge.result import VerdictRecord
     from ..judge.rule import JUDGED
-    from ..reports.session_file import comparison_table, undecided_lines
 
     settings = CompareSettings(
         alpha=args.alpha,
@@ -89,28 +91,57 @@ def _compare(args: argparse.Namespace, base: dict, new: list, matched: list) -> 
     regressed = 0
     for r in new:
         old = base.get(r.test)
-        if old is None:
-            notes.append(f"{r.test}: not in {args.base}")
+        skipped = _not_compared(args, r, old)
+        if skipped:
+            notes.append(skipped)
             continue
-        if r.record is None or old.record is None:  # judged against --llmperf-against's REF: nothing recorded
-            where = args.new if r.record is None else args.base
-            notes.append(f"{r.test}: no record in {where} (a session run with --llmperf-against): not compared")
-            continue
-        hw_key = r.hardware_key if args.any_hardware else old.hardware_key
-        verdict = judge({hw_key: old.record}, r.hardware_key, r.record, settings)
-        if verdict.status == "other-hardware":  # name the fields that differ
-            note = other_hardware_note(
-                {hw_key: old.record}, r.hardware_key, r.record, hint="compare anyway with --any-hardware"
-            )
-            verdict = dataclasses.replace(verdict, note=note)
+        verdict = _judged(args, r, old, settings)
         if verdict.note:
             notes.append(f"{r.test}: {verdict.note}")
         results.append(dataclasses.replace(r, verdict=VerdictRecord.of(verdict)))
         lines = verdict.failure_lines()
         regressed += bool(lines)
         failures += [f"{r.test}: {line}" for line in lines]
-    for test in sorted(set(base) - {r.test for r in new}):
-        notes.append(f"{test}: not in {args.new}")
+    notes += [f"{test}: not in {args.new}" for test in sorted(set(base) - {r.test for r in new})]
+    return _print_comparison(args, results, notes, failures, regressed)
+
+
+def _not_compared(args: argparse.Namespace, r: MeasurementResult, old: MeasurementResult | None) -> str | None:
+    """Why the new result ``r`` is not compared with the base's ``old``, or None when it is."""
+    if old is None:
+        return f"{r.test}: not in {args.base}"
+    if r.record is None or old.record is None:  # judged against --llmperf-against's REF: nothing recorded
+        where = args.new if r.record is None else args.base
+        return f"{r.test}: no record in {where} (a session run with --llmperf-against): not compared"
+    return None
+
+
+def _judged(
+    args: argparse.Namespace, r: MeasurementResult, old: MeasurementResult | None, settings: CompareSettings
+) -> BaselineVerdict:
+    """The new result's record judged against the base's (its hardware's, or any with
+    ``--any-hardware``); other hardware named field by field."""
+    from ..core.fingerprint import other_hardware_note
+    from ..judge.regression import judge
+
+    assert old is not None and r.record is not None and old.record is not None  # else _not_compared says why
+    hw_key = r.hardware_key if args.any_hardware else old.hardware_key
+    verdict = judge({hw_key: old.record}, r.hardware_key, r.record, settings)
+    if verdict.status == "other-hardware":  # name the fields that differ
+        note = other_hardware_note(
+            {hw_key: old.record}, r.hardware_key, r.record, hint="compare anyway with --any-hardware"
+        )
+        verdict = dataclasses.replace(verdict, note=note)
+    return verdict
+
+
+def _print_comparison(
+    args: argparse.Namespace, results: list[MeasurementResult], notes: list[str], failures: list[str], regressed: int
+) -> int:
+    """The comparison table, the notes, the undecided and failed comparisons, the count; 1 when
+    something regressed."""
+    from ..reports.session_file import comparison_table, undecided_lines
+
     width = None if args.columns == ["all"] else shutil.get_terminal_size().columns
     table = comparison_table(results, args.columns, width)
     print(table if table else "nothing to compare")

@@ -42,7 +42,7 @@ import re
 import stat
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -306,57 +306,99 @@ def _key(path: str, key: str, named: bool) -> str:
 
 
 def check(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any] | None = None, path: str = "") -> None:
-    """Raise ``SchemaViolation`` at the first place ``value`` breaks ``schema`` (depth first)."""
+    """Raise ``SchemaViolation`` at the first place ``value`` breaks ``schema`` (depth first:
+    the keywords in ``KEYWORD_CHECKS``' order)."""
     root = schema if root is None else root
     unknown = set(schema) - KEYWORDS - ANNOTATIONS
     if unknown:
         raise LLMPerfError(f"schema keyword(s) {sorted(unknown)} not supported by pytest_llmperf's validator")
+    for keyword_check in KEYWORD_CHECKS:
+        keyword_check(value, schema, root, path)
+
+
+def _check_ref(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any], path: str) -> None:
+    """``$ref``: the value against the schema it points to."""
     if "$ref" in schema:
         target, target_root = _resolve(schema["$ref"], root)
         check(value, target, target_root, path)
-    if "anyOf" in schema:
-        errors = []
-        for option in schema["anyOf"]:
-            try:
-                check(value, option, root, path)
-                break
-            except SchemaViolation as exc:
-                errors.append(exc)
-        else:  # the error that got furthest into the value says the most
-            raise max(errors, key=lambda e: len(e.path))
-    if "type" in schema:
-        kinds = [schema["type"]] if isinstance(schema["type"], str) else list(schema["type"])
-        if isinstance(value, float) and not math.isfinite(value):
-            raise SchemaViolation(path, f"is {value!r}, not a finite number (JSON has none)")
-        if not any(_is(value, k) for k in kinds):
-            raise SchemaViolation(path, f"is {_kind(value)}, not {' or '.join(_article(k) for k in kinds)}")
+
+
+def _check_any_of(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any], path: str) -> None:
+    """``anyOf``: the value against one option at least; else the error that got furthest
+    into the value, which says the most."""
+    if "anyOf" not in schema:
+        return
+    errors = []
+    for option in schema["anyOf"]:
+        try:
+            check(value, option, root, path)
+            return
+        except SchemaViolation as exc:
+            errors.append(exc)
+    raise max(errors, key=lambda e: len(e.path))
+
+
+def _check_type(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any], path: str) -> None:
+    """``type``: one of the kinds named (a number finite: JSON has no NaN or infinity)."""
+    if "type" not in schema:
+        return
+    kinds = [schema["type"]] if isinstance(schema["type"], str) else list(schema["type"])
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SchemaViolation(path, f"is {value!r}, not a finite number (JSON has none)")
+    if not any(_is(value, k) for k in kinds):
+        raise SchemaViolation(path, f"is {_kind(value)}, not {' or '.join(_article(k) for k in kinds)}")
+
+
+def _check_value(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any], path: str) -> None:
+    """``const``, ``enum``, ``minimum``: the value itself."""
     if "const" in schema and not _same(value, schema["const"]):
         raise SchemaViolation(path, f"is {json.dumps(value)[:60]}, not {json.dumps(schema['const'])}")
     if "enum" in schema and not any(_same(value, v) for v in schema["enum"]):
         raise SchemaViolation(path, f"is {json.dumps(value)[:60]}, not one of {json.dumps(schema['enum'])}")
     if "minimum" in schema and _is(value, "number") and value < schema["minimum"]:
         raise SchemaViolation(path, f"is {value}, below the minimum {schema['minimum']}")
-    if isinstance(value, list):
-        if "minItems" in schema and len(value) < schema["minItems"]:
-            raise SchemaViolation(
-                path, "is empty" if schema["minItems"] == 1 else f"has fewer than {schema['minItems']} items"
-            )
-        if "items" in schema:
-            for i, item in enumerate(value):
-                check(item, schema["items"], root, f"{path}[{i}]")
-    if isinstance(value, dict):
-        props = schema.get("properties", {})
-        for key in schema.get("required", ()):
-            if key not in value:
-                raise SchemaViolation(path, f"has no {key!r}")
-        extra = schema.get("additionalProperties", True)
-        for key, item in value.items():
-            if key in props:
-                check(item, props[key], root, _key(path, key, True))
-            elif extra is False:
-                raise SchemaViolation(_key(path, key, False), "is not a key this file may have")
-            elif isinstance(extra, dict):
-                check(item, extra, root, _key(path, key, False))
+
+
+def _check_array(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any], path: str) -> None:
+    """``minItems`` and ``items`` of a list."""
+    if not isinstance(value, list):
+        return
+    if "minItems" in schema and len(value) < schema["minItems"]:
+        raise SchemaViolation(
+            path, "is empty" if schema["minItems"] == 1 else f"has fewer than {schema['minItems']} items"
+        )
+    if "items" in schema:
+        for i, item in enumerate(value):
+            check(item, schema["items"], root, f"{path}[{i}]")
+
+
+def _check_object(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any], path: str) -> None:
+    """``required``, ``properties`` and ``additionalProperties`` of a dict."""
+    if not isinstance(value, dict):
+        return
+    props = schema.get("properties", {})
+    for key in schema.get("required", ()):
+        if key not in value:
+            raise SchemaViolation(path, f"has no {key!r}")
+    extra = schema.get("additionalProperties", True)
+    for key, item in value.items():
+        if key in props:
+            check(item, props[key], root, _key(path, key, True))
+        elif extra is False:
+            raise SchemaViolation(_key(path, key, False), "is not a key this file may have")
+        elif isinstance(extra, dict):
+            check(item, extra, root, _key(path, key, False))
+
+
+#: ``check``'s keyword checks, in the order a value meets them.
+KEYWORD_CHECKS: tuple[Callable[[Any, Mapping[str, Any], Mapping[str, Any], str], None], ...] = (
+    _check_ref,
+    _check_any_of,
+    _check_type,
+    _check_value,
+    _check_array,
+    _check_object,
+)
 
 
 def _article(kind: str) -> str:

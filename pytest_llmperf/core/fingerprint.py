@@ -139,7 +139,7 @@ def subject_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list
             continue  # recorded before the setting was: not a change
         if before.get(key) != after.get(key):
             changes.append(f"{label} {before.get(key)} -> {after.get(key)}")
-    # Keys a pytest_llmperf_fingerprint hook added (hookspecs.py), named as given; one the
+    # Keys a pytest_llmperf_fingerprint hook added (pytest_plugin/hooks.py), named as given; one the
     # baseline does not have yet is not a change (as NEWER_KEYS).
     for key in sorted(set(before) - SUBJECT_LABELS.keys()):
         if before.get(key) != after.get(key):
@@ -187,19 +187,24 @@ def other_hardware_note(
     """The "not comparable here" note, naming the fingerprint fields that differ between this
     machine and the recorded one closest to it (fewest differing fields)."""
     here = candidate.get("hardware") or {}
+    differs = _closest_differences(entries, here) if here else ""
+    return (
+        f"not comparable here: baselines exist only for other hardware ({', '.join(sorted(entries))}); "
+        f"this machine is {hardware_key}{differs}; {hint}"
+    )
+
+
+def _closest_differences(entries: Mapping[str, Mapping[str, Any]], here: Mapping[str, Any]) -> str:
+    """``; differs from KEY (closest of N recorded): cpu 'a' -> 'b'; ...``: the recorded hardware
+    with the fewest fields unlike ``here``, and those fields; "" when none is recorded."""
     diffs = {
         key: hardware_differences((entry or {}).get("hardware") or {}, here)
         for key, entry in entries.items()
         if isinstance(entry, Mapping)
     }
-    closest = min(diffs, key=lambda k: (len(diffs[k]), k)) if diffs else None
-    if closest is None or not here:
-        differs = ""
-    else:
-        fields = "; ".join(diffs[closest]) or "no recorded field (hardware keys differ)"
-        others = f" (closest of {len(diffs)} recorded)" if len(diffs) > 1 else ""
-        differs = f"; differs from {closest}{others}: {fields}"
-    return (
-        f"not comparable here: baselines exist only for other hardware ({', '.join(sorted(entries))}); "
-        f"this machine is {hardware_key}{differs}; {hint}"
-    )
+    if not diffs:
+        return ""
+    closest = min(diffs, key=lambda k: (len(diffs[k]), k))
+    fields = "; ".join(diffs[closest]) or "no recorded field (hardware keys differ)"
+    others = f" (closest of {len(diffs)} recorded)" if len(diffs) > 1 else ""
+    return f"; differs from {closest}{others}: {fields}"

@@ -26,7 +26,7 @@ from __future__ import annotations
 import base64
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from urllib.parse import quote, quote_plus, unquote, unquote_plus
 
@@ -305,16 +305,25 @@ def secrets_in(location: str) -> tuple[str, ...]:
     whole: list[str] = []
     if url is not None:
         found = url.userinfo_secrets() + url.secret_params()
-        if url.userinfo_secrets():
-            info = url.userinfo or ""
-            whole = [info, unquote(info), base64.b64encode(unquote(info).encode()).decode()]
+        whole = _userinfo_forms(url.userinfo or "") if url.userinfo_secrets() else []
     elif is_dsn(location):
         found = _dsn_secrets(location)
     else:
         return ()
+    return _decoded_and_pieces(found, whole)
+
+
+def _decoded_and_pieces(found: Sequence[str], whole: Sequence[str]) -> tuple[str, ...]:
+    """Each secret as written and decoded, the pieces a parser may show of a broken value, then
+    ``whole`` (the userinfo's forms): each once, in that order."""
     decoded = [f for v in found for f in (v, unquote(v), unquote_plus(v))]
     pieces = [p for v in decoded for p in re.split(r"[\s@:/']+", v)]
-    return tuple(dict.fromkeys(f for f in decoded + pieces + whole if f))
+    return tuple(dict.fromkeys(f for f in decoded + pieces + list(whole) if f))
+
+
+def _userinfo_forms(info: str) -> list[str]:
+    """A URL's whole userinfo as written, decoded, and as a Basic Authorization header carries it."""
+    return [info, unquote(info), base64.b64encode(unquote(info).encode()).decode()]
 
 
 def forms(secret: str) -> set[str]:

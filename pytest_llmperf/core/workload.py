@@ -56,6 +56,13 @@ class Workload:
     shared_prefix_tokens: int | None = None
 
     def __post_init__(self) -> None:
+        self._check_prompt()
+        self._check_counts()
+        if self.shared_prefix_tokens is not None:
+            self._check_shared_prefix(self.shared_prefix_tokens)
+
+    def _check_prompt(self) -> None:
+        """A literal prompt (not empty, encodable) or a synthetic prompt's length, not both."""
         if self.prompt is not None and self.prompt_tokens is not None:
             raise ConfigError("give either prompt or prompt_tokens, not both")
         if self.prompt_tokens is not None and self.prompt_tokens < 1:
@@ -64,31 +71,30 @@ class Workload:
             raise ConfigError("prompt must not be empty")
         if self.prompt is not None:
             _check_encodable(self.prompt)
+
+    def _check_counts(self) -> None:
+        """Token counts within ``MAX_TOKENS``, every count at its floor (``COUNT_FLOORS``), a
+        positive arrival rate."""
         for name in ("prompt_tokens", "max_tokens"):
             value = getattr(self, name)
             if value is not None and value > MAX_TOKENS:
                 raise ConfigError(f"{name} {too_many(value)}")
-        if self.max_tokens < 2:
-            raise ConfigError(f"max_tokens must be >= 2 (decode latency needs two tokens), got {self.max_tokens}")
-        if self.runs < 1:
-            raise ConfigError(f"runs must be >= 1, got {self.runs}")
-        if self.warmup < 0:
-            raise ConfigError(f"warmup must be >= 0, got {self.warmup}")
-        if self.concurrency is not None and self.concurrency < 1:
-            raise ConfigError(f"concurrency must be >= 1, got {self.concurrency}")
-        if self.requests is not None and self.requests < 1:
-            raise ConfigError(f"requests must be >= 1, got {self.requests}")
+        for name, low, why in COUNT_FLOORS:
+            value = getattr(self, name)
+            if value is not None and value < low:
+                raise ConfigError(f"{name} must be >= {low}{why}, got {value}")
         if self.rate is not None and not self.rate > 0:
             raise ConfigError(f"rate must be > 0 requests/s, got {self.rate}")
-        if self.shared_prefix_tokens is not None:
-            total = self.synthetic_prompt_tokens
-            if total is None:
-                raise ConfigError("shared_prefix_tokens needs a synthetic prompt (prompt_tokens), not a literal prompt")
-            if not 1 <= self.shared_prefix_tokens < total:
-                raise ConfigError(
-                    f"shared_prefix_tokens must be between 1 and prompt_tokens - 1 ({total - 1}), "
-                    f"got {self.shared_prefix_tokens}"
-                )
+
+    def _check_shared_prefix(self, shared: int) -> None:
+        """A shared prefix shorter than the synthetic prompt it starts."""
+        total = self.synthetic_prompt_tokens
+        if total is None:
+            raise ConfigError("shared_prefix_tokens needs a synthetic prompt (prompt_tokens), not a literal prompt")
+        if not 1 <= shared < total:
+            raise ConfigError(
+                f"shared_prefix_tokens must be between 1 and prompt_tokens - 1 ({total - 1}), got {shared}"
+            )
 
     @property
     def is_load(self) -> bool:
@@ -133,6 +139,15 @@ class Workload:
 
 
 DEFAULT_PROMPT_TOKENS = 64
+
+#: A workload's counts and their floors, in the order they are checked: (field, lowest, why).
+COUNT_FLOORS = (
+    ("max_tokens", 2, " (decode latency needs two tokens)"),
+    ("runs", 1, ""),
+    ("warmup", 0, ""),
+    ("concurrency", 1, ""),
+    ("requests", 1, ""),
+)
 
 #: What fresh model loads a test may ask for (the ``model_load`` marker key): the model file in
 #: the page cache, or evicted from it before each load.

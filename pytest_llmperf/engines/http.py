@@ -29,7 +29,7 @@ llama-server's Prometheus ``/metrics`` (started with ``--metrics``), read and pa
 
 Only llama.cpp's own series (``llamacpp:*``) are kept, without labels: counters such as
 ``prompt_tokens_total`` and ``n_decode_total`` are compared before and after a load level, so
-the server's count of what it did sits beside the client's (served_fidelity.py). Reading is
+the server's count of what it did sits beside the client's (docs/served.md). Reading is
 best-effort with a short deadline, and done outside every timed region."""
 
 from __future__ import annotations

@@ -1,16 +1,14 @@
 """Where the session history lives and how it is reached: its location (SQLite path or PostgreSQL
 URL), and a connection on which every wait ends.
 
-Where the session history lives: ``--llmperf-history PATH|URL|off`` > ``$LLMPERF_HISTORY`` >
+The location: ``--llmperf-history PATH|URL|off`` > ``$LLMPERF_HISTORY`` >
 ini ``llmperf_history`` > ``<rootdir>/.llmperf/history.sqlite`` (the setting is read with the
-others, ``core.settings_table``; ``parse`` turns its value into a ``Location``).
+others, ``core.settings``; ``parse`` turns its value into a ``Location``).
 
 A plain path is a SQLite file (stdlib, nothing to install); ``postgresql://...`` (or libpq's
 ``host=... dbname=...`` form) is a shared PostgreSQL database for a fleet of CI runners (``pip
 install "pytest-llmperf[postgres]"``). Shown only through ``core.redact``: never a password.
 Light: imported by the plugin at configure time to reject a bad value in one line.
-
-Connections to the history, and every wait on one ending.
 
 SQLite: a writer waits for another one (or a reader for a writer's commit) in short busy
 timeouts with a pause in Python between them, so Ctrl-C ends the wait at once and is still a
@@ -326,33 +324,31 @@ def sqlite_holder(path: str) -> str:
             lines = fh.read().splitlines()
     except OSError:
         return "another connection"
-    found = []
-    for line in lines:
-        f = line.split()
-        if "->" in f or len(f) < 8:
-            continue  # a waiter, not a holder
-        try:
-            major, minor, inode = f[5].split(":")
-            pid, start, end = int(f[4]), int(f[6]), SQLITE_LOCK_BYTES.stop if f[7] == "EOF" else int(f[7])
-            same = (int(major, 16), int(minor, 16), int(inode)) == (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
-        except ValueError:
-            continue
-        if (
-            same
-            and pid > 0
-            and pid != os.getpid()
-            and start < SQLITE_LOCK_BYTES.stop
-            and end >= SQLITE_LOCK_BYTES.start
-        ):
-            found.append((f[3] != "WRITE", pid))  # a writer first
+    found = [held for held in (_sqlite_lock(line.split(), st) for line in lines) if held is not None]
     if not found:
         return "another connection"
-    pid = min(found)[1]
+    pid = min(found)[1]  # a writer first
     try:
         with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as fh:
             return f"process {pid} ({fh.read().strip()})"
     except OSError:
         return f"process {pid}"
+
+
+def _sqlite_lock(f: list[str], st: os.stat_result) -> tuple[bool, int] | None:
+    """(not a write lock, pid) of a ``/proc/locks`` line (split) when another process holds a
+    lock on the file ``st`` over SQLite's lock bytes; None for any other line (a waiter's too)."""
+    if "->" in f or len(f) < 8:
+        return None  # a waiter, not a holder
+    try:
+        major, minor, inode = f[5].split(":")
+        pid, start, end = int(f[4]), int(f[6]), SQLITE_LOCK_BYTES.stop if f[7] == "EOF" else int(f[7])
+        same = (int(major, 16), int(minor, 16), int(inode)) == (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    except ValueError:
+        return None
+    ours = pid <= 0 or pid == os.getpid()
+    overlaps = start < SQLITE_LOCK_BYTES.stop and end >= SQLITE_LOCK_BYTES.start
+    return (f[3] != "WRITE", pid) if same and not ours and overlaps else None
 
 
 def postgres_holder(conn: Conn) -> str:
@@ -373,33 +369,45 @@ def postgres_holder(conn: Conn) -> str:
 
 
 def connect(loc: Location, *, create: bool) -> Conn:
+    """A connection to the history at ``loc``; ``create``: a SQLite file (and its folder) may be made."""
     if loc.kind == "sqlite":
-        path = Path(loc.target)
-        if create:
-            _make_folder(path.parent)
-        elif not path.is_file():
-            raise HistoryError(f"no history at {path}")
+        return _connect_sqlite(loc, create)
+    return _connect_postgres(loc)
+
+
+def _connect_sqlite(loc: Location, create: bool) -> Conn:
+    """The SQLite file at ``loc``: a regular file (or none yet, when ``create``), whose header
+    is read here so a file that is no database fails now, in one line."""
+    path = Path(loc.target)
+    if create:
+        _make_folder(path.parent)
+    elif not path.is_file():
+        raise HistoryError(f"no history at {path}")
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = stat.S_IFREG  # none yet: SQLite creates it
+    if not stat.S_ISREG(mode):
+        raise HistoryError(f"{path} is {file_kind(mode)}, not a regular file; give the history file's path")
+    raw = None
+    try:
+        raw = sqlite3.connect(str(path), timeout=SQLITE_TRY_S, isolation_level=None)
         try:
-            mode = os.stat(path).st_mode
-        except OSError:
-            mode = stat.S_IFREG  # none yet: SQLite creates it
-        if not stat.S_ISREG(mode):
-            raise HistoryError(f"{path} is {file_kind(mode)}, not a regular file; give the history file's path")
-        raw = None
-        try:
-            raw = sqlite3.connect(str(path), timeout=SQLITE_TRY_S, isolation_level=None)
-            try:
-                raw.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()  # reads the header: a database?
-            except sqlite3.OperationalError as exc:
-                if getattr(exc, "sqlite_errorname", "") not in ("SQLITE_BUSY", "SQLITE_LOCKED"):
-                    raise  # busy: a writer holds it; the wait for it comes later, in tries
-        except sqlite3.Error as exc:
-            if raw is not None:
-                raw.close()
-            if _damaged(exc):
-                raise corrupt_history(path, exc) from None
-            raise HistoryError(f"cannot open the history {path}: {exc}") from None
-        return Conn("sqlite", raw, loc)
+            raw.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()  # reads the header: a database?
+        except sqlite3.OperationalError as exc:
+            if getattr(exc, "sqlite_errorname", "") not in ("SQLITE_BUSY", "SQLITE_LOCKED"):
+                raise  # busy: a writer holds it; the wait for it comes later, in tries
+    except sqlite3.Error as exc:
+        if raw is not None:
+            raw.close()
+        if _damaged(exc):
+            raise corrupt_history(path, exc) from None
+        raise HistoryError(f"cannot open the history {path}: {exc}") from None
+    return Conn("sqlite", raw, loc)
+
+
+def _connect_postgres(loc: Location) -> Conn:
+    """A PostgreSQL connection (psycopg 3) to ``loc``, with a bounded connect."""
     try:
         import psycopg
     except ImportError:

@@ -17,14 +17,14 @@ processes and the schema's creation never interleave: a session's rows land whol
 all. A history written by a newer pytest-llmperf (a higher schema version) is refused with one
 line and never altered.
 
-The rows one session appends: built from the plugin's results (``MeasurementResult.to_json()``
+The rows one session appends are built from the plugin's results (``MeasurementResult.to_json()``
 of judge/result.py: the entries of the JSON report, also what crosses pytest-xdist's wire), so
 the history holds exactly what the session measured and judged.
 
-The commit under test, whether the work tree had uncommitted changes, and the branch.
-
-CI variables first (a CI checkout is often a detached HEAD), then ``git`` with a deadline; no
-git, no repository: None (a history row without a commit is still a row)."""
+The version-control facts (the commit under test, whether the work tree had uncommitted
+changes, the branch) come from CI variables first (a CI checkout is often a detached HEAD),
+then ``git`` with a deadline; no git, no repository: None (a history row without a commit is
+still a row)."""
 
 from __future__ import annotations
 
@@ -146,8 +146,16 @@ def _tables(conn: Conn, loc: Location, *, reading: bool) -> bool:
         _check_newer(version, loc)
     missing = [t for t in DATA_TABLES if not _table_exists(conn, t)]
     present = [t for t in DATA_TABLES if t not in missing]
-    if not missing or not present:
-        return bool(present)
+    if missing and present:
+        _some_tables_missing(conn, loc, missing, present, reading=reading)
+    return bool(present)
+
+
+def _some_tables_missing(
+    conn: Conn, loc: Location, missing: Sequence[str], present: Sequence[str], *, reading: bool
+) -> None:
+    """Some data tables are gone, some are left: a HistoryError when rows left refer to a
+    missing table, or when ``reading``; else (a writer) the missing ones are recreated."""
     later = DATA_TABLES[DATA_TABLES.index(missing[0]) + 1 :]
     if any(conn.execute(f"SELECT 1 FROM {t} LIMIT 1").fetchone() for t in present if t in later):
         raise HistoryError(
@@ -159,7 +167,6 @@ def _tables(conn: Conn, loc: Location, *, reading: bool) -> bool:
             f"the history {loc.display} lacks table(s) {', '.join(missing)} (dropped?); the next "
             "pytest session that writes to it recreates them"
         )
-    return True
 
 
 def ensure_schema(conn: Conn, loc: Location) -> None:
@@ -318,24 +325,7 @@ def read(
     try:
         if not _tables(conn, loc, reading=True):
             return []
-        where: list[str] = []
-        params: list[object] = []
-        if test:
-            where.append("m.test LIKE ?")
-            params.append(f"%{test}%")
-        if metrics:
-            where.append("v.metric IN (" + ", ".join("?" for _ in metrics) + ")")
-            params += list(metrics)
-        if hardware_key:
-            where.append("m.hardware_key = ?")
-            params.append(hardware_key)
-        if last_sessions:
-            where.append(
-                "s.id IN (SELECT id FROM (SELECT DISTINCT m2.session_id AS id FROM llmperf_measurements m2"
-                + (" WHERE m2.hardware_key = ?" if hardware_key else "")
-                + " ORDER BY m2.session_id DESC LIMIT ?) AS recent)"
-            )
-            params += ([hardware_key] if hardware_key else []) + [int(last_sessions)]
+        where, params = _filters(test, metrics, hardware_key, last_sessions)
         sql = (
             "SELECT m.id, s.id, s.uid, s.started_at, s.commit_sha, s.dirty, s.branch, s.host, s.compared, "
             "m.test, m.label, m.hardware_key, m.subject, m.workload, m.baseline, "
@@ -351,6 +341,39 @@ def read(
         raise conn.failure("read", exc) from None
     finally:
         conn.close()
+    return _sound_rows(loc, rows, runs, skipped, uses)
+
+
+def _filters(
+    test: str | None, metrics: Sequence[str] | None, hardware_key: str | None, last_sessions: int | None
+) -> tuple[list[str], list[object]]:
+    """``read``'s WHERE conditions and their parameters, one per filter given."""
+    where: list[str] = []
+    params: list[object] = []
+    if test:
+        where.append("m.test LIKE ?")
+        params.append(f"%{test}%")
+    if metrics:
+        where.append("v.metric IN (" + ", ".join("?" for _ in metrics) + ")")
+        params += list(metrics)
+    if hardware_key:
+        where.append("m.hardware_key = ?")
+        params.append(hardware_key)
+    if last_sessions:
+        where.append(
+            "s.id IN (SELECT id FROM (SELECT DISTINCT m2.session_id AS id FROM llmperf_measurements m2"
+            + (" WHERE m2.hardware_key = ?" if hardware_key else "")
+            + " ORDER BY m2.session_id DESC LIMIT ?) AS recent)"
+        )
+        params += ([hardware_key] if hardware_key else []) + [int(last_sessions)]
+    return where, params
+
+
+def _sound_rows(
+    loc: Location, rows: Sequence[Sequence[Any]], runs: bool, skipped: list[str] | None, uses: str
+) -> list[dict[str, Any]]:
+    """The rows read, each checked (``_sound``); a measurement with a bad row is left out whole,
+    and ``skipped`` gets the line that names them (``bad_rows_line``)."""
     out = []
     parsed: dict[Any, Any] = {}  # most rows share their subject and workload: parse each text once
     bad: dict[int, tuple[Any, Any, str]] = {}  # measurement id -> (session id, test, what is wrong)
@@ -373,16 +396,21 @@ class BadRow(ValueError):
 
 def _number(d: dict[str, Any], key: str, *, low: float | None = None, whole: bool = False) -> float:
     value = d[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise BadRow(f"{key} {value!r} is not a number")
-    try:
-        number = float(value)
-    except ValueError:
-        raise BadRow(f"{key} {str(value)[:40]!r} is not a number") from None
+    number = _as_float(key, value)
     if not math.isfinite(number) or (low is not None and number < low) or (whole and number != int(number)):
         want = "a whole number" if whole else "a finite number"
         raise BadRow(f"{key} {value!r} is not {want}" + (f" >= {low:g}" if low is not None else ""))
     return number
+
+
+def _as_float(key: str, value: Any) -> float:
+    """A stored number (or its text) as a float; ``BadRow`` when it is none."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise BadRow(f"{key} {value!r} is not a number")
+    try:
+        return float(value)
+    except ValueError:
+        raise BadRow(f"{key} {str(value)[:40]!r} is not a number") from None
 
 
 def _object(d: dict[str, Any], key: str, parsed: dict[Any, Any], kind: type) -> Any:
@@ -401,6 +429,30 @@ def _object(d: dict[str, Any], key: str, parsed: dict[Any, Any], kind: type) -> 
 def _sound(d: dict[str, Any], parsed: dict[Any, Any], runs: bool) -> dict[str, Any]:
     """One stored row as the readers use it, or ``BadRow``: every figure a finite number in
     its range, the subject and workload JSON objects, the runs a JSON list of numbers."""
+    _sound_texts(d)
+    d["n"] = int(_number(d, "n", low=1, whole=True))
+    d["median"] = _number(d, "median", low=0)
+    d["log_level"] = _number(d, "log_level")
+    d["se"] = _number(d, "se", low=0)
+    d["spread"] = _number(d, "spread", low=0)
+    d["upper"] = None if d["upper"] is None else _number(d, "upper")
+    d["subject"] = _object(d, "subject", parsed, dict)
+    d["workload"] = _object(d, "workload", parsed, dict)
+    d["runs"] = _runs(d) if runs else []
+    return d
+
+
+def _runs(d: dict[str, Any]) -> list[float]:
+    """The row's per-run values: a JSON list of finite numbers, else ``BadRow``."""
+    values: list[float] = _object(d, "runs", {}, list)
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
+        raise BadRow("runs holds a value that is not a finite number")
+    return values
+
+
+def _sound_texts(d: dict[str, Any]) -> None:
+    """The row's start time as ISO text (UTC), its names text (else ``BadRow``), its optional
+    texts and flags normalised."""
     if isinstance(d["started_at"], datetime.datetime):
         d["started_at"] = d["started_at"].astimezone(datetime.timezone.utc).isoformat(timespec="seconds")
     d["started_at"] = str(d["started_at"])
@@ -411,22 +463,6 @@ def _sound(d: dict[str, Any], parsed: dict[Any, Any], runs: bool) -> dict[str, A
         d[key] = None if d[key] is None else str(d[key])
     d["dirty"] = None if d["dirty"] is None else bool(d["dirty"])
     d["compared"] = bool(d["compared"])
-    d["n"] = int(_number(d, "n", low=1, whole=True))
-    d["median"] = _number(d, "median", low=0)
-    d["log_level"] = _number(d, "log_level")
-    d["se"] = _number(d, "se", low=0)
-    d["spread"] = _number(d, "spread", low=0)
-    d["upper"] = None if d["upper"] is None else _number(d, "upper")
-    d["subject"] = _object(d, "subject", parsed, dict)
-    d["workload"] = _object(d, "workload", parsed, dict)
-    if runs:
-        values = _object(d, "runs", {}, list)
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
-            raise BadRow("runs holds a value that is not a finite number")
-        d["runs"] = values
-    else:
-        d["runs"] = []
-    return d
 
 
 #: How many bad measurements the skipped-rows line names (the DELETE statement holds them all).

@@ -207,31 +207,45 @@ class Windows:
         from ..judge.verdict import WINDOW_SESSIONS
 
         since = _instant(entry.get("recorded_at") or "")
-        subject, workload = entry.get("subject") or {}, {"workload": entry.get("workload") or {}}
         out: dict[str, list[Level]] = {}
         same: dict[tuple[int, int], bool] = {}  # rows share their parsed subject and workload
         for r in self.rows.get((test, label), ()):
-            key = id(r["subject"]), id(r["workload"])
-            ok = same.get(key)
-            if ok is None:
-                ok = same[key] = not subject_changes(subject, r["subject"]) and not same_workload(
-                    workload, {"workload": r["workload"]}
-                )
-            if not ok or str(r.get("baseline") or "").startswith(NOT_NOISE):
-                continue
-            started = _instant(r["started_at"])
-            if since is not None and (started is None or started < since):
-                continue
-            out.setdefault(r["metric"], []).append(
-                Level(
-                    float(r["log_level"]),
-                    float(r["se"]),
-                    int(r["n"]),
-                    float(r["spread"]),
-                    None if r["upper"] is None else float(r["upper"]),
-                )
-            )
+            if _same_subject_and_workload(entry, r, same) and _in_window(r, since):
+                out.setdefault(r["metric"], []).append(_stored_level(r))
         return {metric: lv[-WINDOW_SESSIONS:] for metric, lv in out.items()}
+
+
+def _same_subject_and_workload(
+    entry: Mapping[str, Any], r: Mapping[str, Any], memo: dict[tuple[int, int], bool]
+) -> bool:
+    """Whether the row measured the baseline ``entry``'s subject and workload (``memo``: by the
+    row's parsed subject and workload objects, which rows share)."""
+    key = id(r["subject"]), id(r["workload"])
+    if key not in memo:
+        memo[key] = not subject_changes(entry.get("subject") or {}, r["subject"]) and not same_workload(
+            {"workload": entry.get("workload") or {}}, {"workload": r["workload"]}
+        )
+    return memo[key]
+
+
+def _in_window(r: Mapping[str, Any], since: datetime.datetime | None) -> bool:
+    """Whether the row counts as noise for the verdict: not judged ``NOT_NOISE``, and started
+    no earlier than the baseline (``since``)."""
+    if str(r.get("baseline") or "").startswith(NOT_NOISE):
+        return False
+    started = _instant(r["started_at"])
+    return since is None or (started is not None and started >= since)
+
+
+def _stored_level(r: Mapping[str, Any]) -> Level:
+    """A row's stored level, standard error, sample count, spread and upper bound."""
+    return Level(
+        float(r["log_level"]),
+        float(r["se"]),
+        int(r["n"]),
+        float(r["spread"]),
+        None if r["upper"] is None else float(r["upper"]),
+    )
 
 
 def read_windows(loc: Location, hardware_key: str, metrics: Sequence[str]) -> Windows:
@@ -479,26 +493,8 @@ def export_csv(series: Sequence[Series], folder: Path, postgres: bool = False) -
     written, tests, pg_tests = [], [], []
     for (name, hw), members in groups.items():
         slug = _slug(f"{name}-{hw}")
-        rows: dict[int, dict[str, Any]] = {}
-        for s in members:
-            for i, p in enumerate(s.points):
-                row = rows.setdefault(
-                    p.session_id,
-                    {
-                        "time": p.started_at,
-                        "commit": p.commit or "",
-                        "branch": p.branch or "",
-                        "subject": _subject_text(p.subject),
-                    },
-                )
-                row[s.metric] = f"{p.value:.6g}"
-        metrics = [s.metric for s in members]
         path = folder / f"{slug}.csv"
-        with path.open("w", newline="", encoding="utf-8") as fh:
-            w = csv.DictWriter(fh, ["time", "commit", "branch", "subject", *metrics])
-            w.writeheader()
-            for sid in sorted(rows, key=lambda k: (rows[k]["time"], k)):
-                w.writerow(rows[sid])
+        _write_csv(path, members)
         written.append(path)
         # Otava's direction: 1 when higher is better, -1 when lower is.
         metric_lines = "".join(
@@ -508,15 +504,7 @@ def export_csv(series: Sequence[Series], folder: Path, postgres: bool = False) -
             f"  {slug}:\n    type: csv\n    file: {path.resolve()}\n    time_column: time\n"
             f"    attributes: [commit, branch, subject]\n    metrics:\n{metric_lines}"
         )
-        s0 = members[0]
-        columns = ",\n".join(f"MAX(CASE WHEN v.metric = '{m}' THEN v.level END) AS {m}" for m in metrics)
-        query = OTAVA_PG_QUERY.format(
-            columns=columns, test=_sql_text(s0.test), label=_sql_text(s0.label), hardware_key=_sql_text(hw)
-        )
-        pg_tests.append(
-            f"  {slug}:\n    type: postgres\n    time_column: time\n    attributes: [commit, branch]\n"
-            f"    metrics:\n{metric_lines}    query: |\n" + "".join(f"      {q}\n" for q in query.splitlines())
-        )
+        pg_tests.append(_otava_postgres_test(slug, members, hw, metric_lines))
     (folder / "otava.yaml").write_text(
         "# written by llmperf history --csv\ntests:\n" + "".join(tests), encoding="utf-8"
     )
@@ -527,6 +515,41 @@ def export_csv(series: Sequence[Series], folder: Path, postgres: bool = False) -
             encoding="utf-8",
         )
     return written
+
+
+def _write_csv(path: Path, members: Sequence[Series]) -> None:
+    """One test's CSV: a row per session (time, commit, branch, subject), a column per metric."""
+    rows: dict[int, dict[str, Any]] = {}
+    for s in members:
+        for p in s.points:
+            row = rows.setdefault(
+                p.session_id,
+                {
+                    "time": p.started_at,
+                    "commit": p.commit or "",
+                    "branch": p.branch or "",
+                    "subject": _subject_text(p.subject),
+                },
+            )
+            row[s.metric] = f"{p.value:.6g}"
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, ["time", "commit", "branch", "subject", *(s.metric for s in members)])
+        w.writeheader()
+        for sid in sorted(rows, key=lambda k: (rows[k]["time"], k)):
+            w.writerow(rows[sid])
+
+
+def _otava_postgres_test(slug: str, members: Sequence[Series], hw: str, metric_lines: str) -> str:
+    """One test of ``otava-postgres.yaml``: its metrics and the query (``OTAVA_PG_QUERY``)."""
+    s0 = members[0]
+    columns = ",\n".join(f"MAX(CASE WHEN v.metric = '{s.metric}' THEN v.level END) AS {s.metric}" for s in members)
+    query = OTAVA_PG_QUERY.format(
+        columns=columns, test=_sql_text(s0.test), label=_sql_text(s0.label), hardware_key=_sql_text(hw)
+    )
+    return (
+        f"  {slug}:\n    type: postgres\n    time_column: time\n    attributes: [commit, branch]\n"
+        f"    metrics:\n{metric_lines}    query: |\n" + "".join(f"      {q}\n" for q in query.splitlines())
+    )
 
 
 def _subject_text(subject: Mapping[str, Any]) -> str:

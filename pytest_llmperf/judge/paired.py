@@ -193,48 +193,14 @@ def judged_pairs(
     tests; the standard error the pairs' robust spread. Holm over ``family`` (the session's
     judged comparisons, unseen ones counted as p = 1), each look at alpha / ``looks``."""
     from .rule import JUDGED, METRICS, decide, mirrored
-    from .verdict import Comparison, Verdict
 
-    judged: list[Comparison] = []
+    judged: list[Any] = []
     for spec in JUDGED:
         va = [getattr(r, spec.name) for r in a_runs]
         vb = [getattr(r, spec.name) for r in b_runs]
         if any(v is None or not 0 < v < math.inf for v in va + vb):
             continue  # not observed for this subject (a callable's prefill)
-        pc = paired(spec.name, va, vb)
-        d = np.log(np.asarray(vb, dtype=float)) - np.log(np.asarray(va, dtype=float))
-        ratios = log_level(d)
-        greater, less = _signed_rank_greater(d), _signed_rank_greater(-d)
-        worse, better = (less, greater) if spec.higher_is_better else (greater, less)
-        judged.append(
-            Comparison(
-                metric=spec.name,
-                label=spec.label,
-                phase=spec.phase,
-                unit=spec.unit,
-                higher_is_better=spec.higher_is_better,
-                threshold=tail_threshold if spec.tail else threshold,
-                baseline_value=pc.a_median,
-                candidate_value=pc.b_median,
-                ratio=pc.ratio,
-                ci_low=pc.ci_low,
-                ci_high=pc.ci_high,
-                p_value=worse,
-                p_value_better=better,
-                n_baseline=pc.n_pairs,
-                n_candidate=pc.n_pairs,
-                cv_baseline=level(va, spec.name).spread,
-                cv_candidate=ratios.spread,
-                verdict=Verdict.INCONCLUSIVE,
-                reason="",
-                se_log=ratios.se,
-                se_within_log=ratios.se,
-                df=float(pc.n_pairs - 1),
-                noise_source="paired",
-                noise_sessions=0,
-                reference=reference,
-            )
-        )
+        judged.append(_paired_comparison(spec, va, vb, tail_threshold if spec.tail else threshold, reference))
     by_metric = {c.metric: c for c in judged}
     rates = [
         mirrored(by_metric[m.mirror_of], m, (_median(_values(a_runs, m.name)), _median(_values(b_runs, m.name))))
@@ -242,6 +208,44 @@ def judged_pairs(
         if m.mirror_of in by_metric and all(getattr(r, m.name) for r in [*a_runs, *b_runs])
     ]
     return decide([*judged, *rates], alpha=alpha / max(looks, 1), m=max(family, len(judged)))
+
+
+def _paired_comparison(spec: Any, va: Sequence[float], vb: Sequence[float], threshold: float, reference: str) -> Any:
+    """One metric's pairs as an undecided ``Comparison`` (``decide`` gives its verdict)."""
+    from .verdict import Comparison, Verdict
+
+    pc = paired(spec.name, va, vb)
+    d = np.log(np.asarray(vb, dtype=float)) - np.log(np.asarray(va, dtype=float))
+    ratios = log_level(d)
+    greater, less = _signed_rank_greater(d), _signed_rank_greater(-d)
+    worse, better = (less, greater) if spec.higher_is_better else (greater, less)
+    return Comparison(
+        metric=spec.name,
+        label=spec.label,
+        phase=spec.phase,
+        unit=spec.unit,
+        higher_is_better=spec.higher_is_better,
+        threshold=threshold,
+        baseline_value=pc.a_median,
+        candidate_value=pc.b_median,
+        ratio=pc.ratio,
+        ci_low=pc.ci_low,
+        ci_high=pc.ci_high,
+        p_value=worse,
+        p_value_better=better,
+        n_baseline=pc.n_pairs,
+        n_candidate=pc.n_pairs,
+        cv_baseline=level(va, spec.name).spread,
+        cv_candidate=ratios.spread,
+        verdict=Verdict.INCONCLUSIVE,
+        reason="",
+        se_log=ratios.se,
+        se_within_log=ratios.se,
+        df=float(pc.n_pairs - 1),
+        noise_source="paired",
+        noise_sessions=0,
+        reference=reference,
+    )
 
 
 def _values(runs: Sequence[Any], metric: str) -> list[float]:
@@ -281,6 +285,11 @@ def needs_more_pairs(c: Any) -> str | None:
         return None if not c.worth_more_runs else "undecided"
     if c.verdict is not Verdict.UNCHANGED or c.ci_low is None or c.ci_high is None:
         return None
+    return _unchanged_needs_more(c)
+
+
+def _unchanged_needs_more(c: Any) -> str | None:
+    """An UNCHANGED needs more pairs while its CI holds 1 and reaches past the threshold."""
     if c.ci_low > 1.0 or c.ci_high < 1.0:
         return None
     bound = 1.0 + c.threshold

@@ -4,7 +4,7 @@ verdict with its decision thresholds and Holm's correction.
 One session's level of one metric: the robust location of its runs and its standard error.
 
 Apart from the comparison because everything that stores or reads a session's level needs it
-alone: the baseline's recorded sessions, the history (``history.collect``, ``history.series``)
+alone: the baseline's recorded sessions, the history (``history.series``)
 and the paired A/B statistics, none of which compares or judges.
 
 Between sessions: what a session's level may do from one session to the next on the same

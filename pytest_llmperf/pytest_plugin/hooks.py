@@ -6,7 +6,7 @@ Registered by the plugin's ``pytest_addhooks``; implement them as plain function
 the spec in a ``conftest.py`` (or a plugin). docs/hooks.md has a working example of each.
 Light on purpose: loaded by every pytest run, so it imports nothing but pluggy.
 
-The plugin's calls of its own hooks (hookspecs.py): each checks what comes back and turns a
+The plugin's calls of its own hooks (after the specifications): each checks what comes back and turns a
 wrong answer into one line that names the hook, not a traceback deep in a report writer."""
 
 from __future__ import annotations

@@ -150,23 +150,31 @@ BUDGET_FIGURES = {f.budget_key: name for name, f in FIGURES.items() if f.bound}
 
 
 def _budget_rows(result: MeasurementResult) -> list[list[str]]:
-    rows, record, figures = [], result.record, (result.figures.values() if result.figures else {})
+    """One row per budget: its limit, the measured statistic and whether it holds."""
+    figures = result.figures.values() if result.figures else {}
+    rows = []
     for key, limit in sorted(result.budgets.items()):
-        value = budget_value(record, key) if record else figures.get(BUDGET_FIGURES.get(key, ""))
+        value = budget_value(result.record, key) if result.record else figures.get(BUDGET_FIGURES.get(key, ""))
         floor = key in BUDGETS and not is_ceiling(key)
-        if value is None or not record:  # no record: the result's own judgement of its budgets
-            ok = value is not None and key not in result.breached_budgets
-        else:
-            ok = BUDGETS[key].holds(value, limit)
         rows.append(
             [
                 _e(key),
                 ("&ge; " if floor else "&le; ") + _e(fmt(limit)),
                 "n/a" if value is None else _e(fmt(value)),
-                badge("ok") if ok else (badge("OVER BUDGET", "FAIL") if value is not None else "not in record"),
+                _budget_badge(result, key, limit, value),
             ]
         )
     return rows
+
+
+def _budget_badge(result: MeasurementResult, key: str, limit: float, value: float | None) -> str:
+    """ok, OVER BUDGET or "not in record": the budget recomputed from the record, else (no
+    record, or no value in it) the result's own judgement of it."""
+    if value is None or not result.record:
+        ok = value is not None and key not in result.breached_budgets
+    else:
+        ok = BUDGETS[key].holds(value, limit)
+    return badge("ok") if ok else (badge("OVER BUDGET", "FAIL") if value is not None else "not in record")
 
 
 def _comparison_rows(comparisons: Sequence[Comparison], paired: bool = False) -> list[list[str]]:
@@ -223,38 +231,16 @@ def test_section(
     """One test's section; ``trend``: its recent sessions from the history (``Trends``);
     ``against``: the session's ``--llmperf-against`` REF (a test it could not pair is "not compared")."""
     record = result.record or {}
-    baseline = result.baseline_record
     verdict = result.verdict or NOT_COMPARED
-    budgets = result.budgets
-    word = state_of(result)
     parts = [
-        f'<section class="test" id="test-{index}" data-test="{_e(result.test)}" data-state="{_e(word)}">',
+        f'<section class="test" id="test-{index}" data-test="{_e(result.test)}" data-state="{_e(state_of(result))}">',
         f"<h2>{_e(result.test)} {test_badge(result)}</h2>",
+        _workload_notes(result, against),
     ]
-    f, ref = result.figures, result.reference
-    w = record.get("workload") or ({"prompt_tokens": f.prompt_tokens, "max_tokens": f.output_tokens} if f else {})
-    judged = (
-        f"against REF {ref}: {verdict.pairs} interleaved pairs"
-        if ref
-        else f"against REF {against}: not compared"
-        if against
-        else f"baseline: {'compared' if baseline else verdict.status if result.verdict else 'not compared'}"
-    )
-    parts.append(
-        f'<p class="notes">{_e(w.get("prompt_tokens", "?"))} prompt tokens, {_e(w.get("max_tokens", "?"))} '
-        f"generated per run, {_e(summary_values(result).get('n_runs', f.runs if f else '?'))} runs; "
-        f"{_e(judged)}</p>"
-    )
-    notes = list(verdict.failures)
-    if verdict.note:
-        notes.append(verdict.note)
-    if verdict.changes and verdict.status is not BaselineStatus.OTHER_HARDWARE:  # other hardware: the note names them
-        notes.append("changed since the baseline: " + ", ".join(verdict.changes))
-    notes += [f"{c.phase} {c.label}: {c.reach()}" for c in verdict.comparisons if c.mirror_of is None and c.reach()]
-    notes += list((record.get("stability") or {}).get("warnings") or [])
+    notes = _test_notes(verdict, record)
     if notes:
         parts.append('<ul class="notes">' + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
-    rows = _comparison_rows(verdict.comparisons, paired=bool(ref))
+    rows = _comparison_rows(verdict.comparisons, paired=bool(result.reference))
     if rows:
         parts.append(_table(comparison_headers([result])[1:], rows, raw=True))
     else:
@@ -262,73 +248,137 @@ def test_section(
     budget_rows = _budget_rows(result)
     if budget_rows:
         parts.append(_table(("budget", "limit", "measured", "status"), budget_rows, raw=True))
-    from .text import load_state_rows, memory_rows
-
-    held = memory_rows(record.get("memory") or {})
-    held += load_state_rows(record["model_loads"], figures=True) if record.get("model_loads") else []
-    if held:
-        parts.append(_table(("memory and start-up", "unit", "value", "source"), held))
-    plots = []
-    for n, (fig_id, caption, fn) in enumerate(record_charts.charts_for(record)):
-        svg = charts.render(fn, record, baseline, budgets)
-        if fig_id == "layer-bars" and record["layers"].get("outlier_rule"):
-            caption += f"; outlier layers in red: {record['layers']['outlier_rule']}"
-        plots.append(_chart_html(fig_id, caption, svg, f"t{index}f{n}-"))
-    if trend:  # the history's recent sessions (history/series.attach)
-        from .charts import trend_chart
-
-        plots.append(
-            _chart_html(
-                "trend",
-                "Recent trend: level per session with its 95% CI (the last is this session); dashed: change points",
-                charts.render(trend_chart, trend),
-                f"t{index}tr-",
-            )
-        )
+    parts += _memory_table(record)
+    plots = _record_plots(index, result) + _trend_plot(index, trend)
     parts.append('<div class="plots">' + "".join(plots) + "</div></section>")
     return "\n".join(parts)
 
 
+def _workload_notes(result: MeasurementResult, against: str) -> str:
+    """What was run (prompt and generated tokens, runs) and what it was judged against."""
+    f, ref, verdict = result.figures, result.reference, result.verdict or NOT_COMPARED
+    w = (result.record or {}).get("workload") or (
+        {"prompt_tokens": f.prompt_tokens, "max_tokens": f.output_tokens} if f else {}
+    )
+    if ref:
+        judged = f"against REF {ref}: {verdict.pairs} interleaved pairs"
+    elif against:
+        judged = f"against REF {against}: not compared"
+    else:
+        judged = f"baseline: {'compared' if result.baseline_record else verdict.status if result.verdict else 'not compared'}"
+    return (
+        f'<p class="notes">{_e(w.get("prompt_tokens", "?"))} prompt tokens, {_e(w.get("max_tokens", "?"))} '
+        f"generated per run, {_e(summary_values(result).get('n_runs', f.runs if f else '?'))} runs; "
+        f"{_e(judged)}</p>"
+    )
+
+
+def _test_notes(verdict: VerdictRecord, record: Mapping[str, Any]) -> list[str]:
+    """The verdict's failures and note, what changed since the baseline, each comparison's
+    reach, the stability warnings."""
+    notes = list(verdict.failures)
+    if verdict.note:
+        notes.append(verdict.note)
+    if verdict.changes and verdict.status is not BaselineStatus.OTHER_HARDWARE:  # other hardware: the note names them
+        notes.append("changed since the baseline: " + ", ".join(verdict.changes))
+    notes += [f"{c.phase} {c.label}: {c.reach()}" for c in verdict.comparisons if c.mirror_of is None and c.reach()]
+    return notes + list((record.get("stability") or {}).get("warnings") or [])
+
+
+def _memory_table(record: Mapping[str, Any]) -> list[str]:
+    """The memory and start-up table (memory held, fresh model loads), when the record has them."""
+    from .text import load_state_rows, memory_rows
+
+    held = memory_rows(record.get("memory") or {})
+    held += load_state_rows(record["model_loads"], figures=True) if record.get("model_loads") else []
+    return [_table(("memory and start-up", "unit", "value", "source"), held)] if held else []
+
+
+def _record_plots(index: int, result: MeasurementResult) -> list[str]:
+    """The record's charts (``record_charts.charts_for``), each against the baseline and budgets."""
+    record = result.record or {}
+    plots = []
+    for n, (fig_id, caption, fn) in enumerate(record_charts.charts_for(record)):
+        svg = charts.render(fn, record, result.baseline_record, result.budgets)
+        if fig_id == "layer-bars" and record["layers"].get("outlier_rule"):
+            caption += f"; outlier layers in red: {record['layers']['outlier_rule']}"
+        plots.append(_chart_html(fig_id, caption, svg, f"t{index}f{n}-"))
+    return plots
+
+
+def _trend_plot(index: int, trend: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The history's recent sessions of this test (``history.series.attach``), when there are any."""
+    if not trend:
+        return []
+    from .charts import trend_chart
+
+    return [
+        _chart_html(
+            "trend",
+            "Recent trend: level per session with its 95% CI (the last is this session); dashed: change points",
+            charts.render(trend_chart, trend),
+            f"t{index}tr-",
+        )
+    ]
+
+
 def summary_section(results: Sequence[MeasurementResult], created_at: str | None) -> str:
+    """The session at a glance: how many tests in each state, a row per test, what changed in
+    the subject, the environment, the load curve and the largest changes."""
+    parts = [
+        '<section id="summary">',
+        "<h2>Summary</h2>",
+        f"<p>{len(results)} measurement(s){' at ' + _e(created_at) if created_at else ''}: {_state_counts(results)}</p>",
+        _table(
+            ("test", "verdict", "budget", *(f.header for f in HEADLINE), "changed since the baseline"),
+            [_summary_row(i, r) for i, r in enumerate(results)],
+            raw=True,
+        ),
+        "<h3>Changed in the subject since the baseline</h3>",
+        _changed_list(results),
+    ]
+    recorded = [r.record for r in results if r.record]  # none against --llmperf-against's REF (section above)
+    parts += ["<h3>Environment (first measurement)</h3>", _env(recorded[0])] if recorded else []
+    parts += _summary_charts(results)
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def _state_counts(results: Sequence[MeasurementResult]) -> str:
+    """A badge per state with its count, the worst first (``STATES``' order)."""
     states = Counter(state_of(r) for r in results)
     order = list(STATES)  # the worst first
     ranked = sorted(
         states.items(), key=lambda item: (order.index(item[0]) if item[0] in order else len(order), item[0])
     )
-    counts = " ".join(badge(word, f"{n} {word}") for word, n in ranked)
-    rows = []
-    for i, r in enumerate(results):
-        s = summary_values(r)
-        cells = ["n/a" if s.get(f.key) is None else _e(fmt(s[f.key])) for f in HEADLINE]
-        rows.append(
-            [
-                f'<a href="#test-{i}">{_e(r.test)}</a>',
-                test_badge(r),
-                _e(r.budget),
-                *cells,
-                _e(", ".join((r.verdict or NOT_COMPARED).changes)) or "-",
-            ]
-        )
-    changes = Counter(c for r in results for c in (r.verdict or NOT_COMPARED).changes)
-    changed = (
-        "<ul class='notes'>" + "".join(f"<li>{_e(c)} ({n} test(s))</li>" for c, n in changes.most_common()) + "</ul>"
-        if changes
-        else "<p class='notes'>nothing, or no test was compared with a baseline</p>"
-    )
-    parts = [
-        '<section id="summary">',
-        "<h2>Summary</h2>",
-        f"<p>{len(results)} measurement(s){' at ' + _e(created_at) if created_at else ''}: {counts}</p>",
-        _table(
-            ("test", "verdict", "budget", *(f.header for f in HEADLINE), "changed since the baseline"), rows, raw=True
-        ),
-        "<h3>Changed in the subject since the baseline</h3>",
-        changed,
+    return " ".join(badge(word, f"{n} {word}") for word, n in ranked)
+
+
+def _summary_row(i: int, r: MeasurementResult) -> list[str]:
+    """A test's row of the summary table: link, verdict, budget, headline figures, changes."""
+    s = summary_values(r)
+    return [
+        f'<a href="#test-{i}">{_e(r.test)}</a>',
+        test_badge(r),
+        _e(r.budget),
+        *("n/a" if s.get(f.key) is None else _e(fmt(s[f.key])) for f in HEADLINE),
+        _e(", ".join((r.verdict or NOT_COMPARED).changes)) or "-",
     ]
-    recorded = [r.record for r in results if r.record]  # none against --llmperf-against's REF (section above)
-    parts += ["<h3>Environment (first measurement)</h3>", _env(recorded[0])] if recorded else []
+
+
+def _changed_list(results: Sequence[MeasurementResult]) -> str:
+    """What changed in the subject since the baselines, with how many tests saw each change."""
+    changes = Counter(c for r in results for c in (r.verdict or NOT_COMPARED).changes)
+    if not changes:
+        return "<p class='notes'>nothing, or no test was compared with a baseline</p>"
+    return "<ul class='notes'>" + "".join(f"<li>{_e(c)} ({n} test(s))</li>" for c, n in changes.most_common()) + "</ul>"
+
+
+def _summary_charts(results: Sequence[MeasurementResult]) -> list[str]:
+    """The session-wide charts: the served load curve and the largest changes, when there are any."""
     from .charts import section as load_curve
 
+    parts = []
     curve = load_curve(results)
     if curve:
         parts.append(
@@ -346,8 +396,7 @@ def summary_section(results: Sequence[MeasurementResult], created_at: str | None
                 "change-overview", "Largest changes with 95% CI (colour and label: verdict)", overview, "summary-"
             )
         )
-    parts.append("</section>")
-    return "\n".join(parts)
+    return parts
 
 
 def key_chart(results: Sequence[MeasurementResult]) -> str | None:
@@ -373,38 +422,43 @@ def test_sections(
     trends = trends or {}  # a test without a trend: no trend figure
     workers = min(usable_cpus(), len(results), 8 if workers is None else max(1, workers))
     if workers <= 1 or len(results) < PARALLEL_FROM:
-        return [test_section(i, r, trends.get(r.test, ()), against) for i, r in enumerate(results)]
+        return _sections_here(0, results, trends, against)
     bounds = [round(len(results) * k / workers) for k in range(workers + 1)]
     chunks = [(lo, list(results[lo:hi])) for lo, hi in pairwise(bounds)]
     # This process draws the first chunk itself (matplotlib is loaded here already).
-
-    def draw(chunk: tuple[int, list[MeasurementResult]]) -> list[str]:
-        start, part = chunk
-        job = {
-            "start": start,
-            "results": [r.to_json() for r in part],
-            "against": against,
-            "trends": {r.test: trends[r.test] for r in part if r.test in trends},
-        }
-        try:
-            proc = subprocess.run(
-                [sys.executable, "-m", __name__, "--worker"],
-                input=json.dumps(job),
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            sections = json.loads(proc.stdout)
-            if isinstance(sections, list) and len(sections) == len(part):
-                return sections
-        except (OSError, subprocess.CalledProcessError, ValueError):
-            pass
-        return [test_section(start + i, r, trends.get(r.test, ()), against) for i, r in enumerate(part)]
-
     with ThreadPoolExecutor(workers - 1) as pool:
-        others = pool.map(draw, chunks[1:])
-        first = [test_section(chunks[0][0] + i, r, trends.get(r.test, ()), against) for i, r in enumerate(chunks[0][1])]
+        others = pool.map(lambda chunk: _sections_in_worker(chunk[0], chunk[1], trends, against), chunks[1:])
+        first = _sections_here(chunks[0][0], chunks[0][1], trends, against)
         return first + [section for sections in others for section in sections]
+
+
+def _sections_here(start: int, part: Sequence[MeasurementResult], trends: Trends, against: str) -> list[str]:
+    """The sections of ``part`` (the tests from ``start`` on), drawn in this process."""
+    return [test_section(start + i, r, trends.get(r.test, ()), against) for i, r in enumerate(part)]
+
+
+def _sections_in_worker(start: int, part: Sequence[MeasurementResult], trends: Trends, against: str) -> list[str]:
+    """The sections of ``part`` drawn by a ``--worker`` process; here when the worker fails."""
+    job = {
+        "start": start,
+        "results": [r.to_json() for r in part],
+        "against": against,
+        "trends": {r.test: trends[r.test] for r in part if r.test in trends},
+    }
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", __name__, "--worker"],
+            input=json.dumps(job),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        sections = json.loads(proc.stdout)
+        if isinstance(sections, list) and len(sections) == len(part):
+            return sections
+    except (OSError, subprocess.CalledProcessError, ValueError):
+        pass
+    return _sections_here(start, part, trends, against)
 
 
 def _ab_badge(status: str) -> str:
@@ -421,33 +475,39 @@ def ab_section(ab: Sequence[Mapping[str, Any]]) -> str:
         return ""
     parts = ['<section id="ab">', "<h2>A/B comparisons</h2>"]
     for n, e in enumerate(ab):
-        failing = bool(e.get("failures"))
-        orders = e.get("orders") or []
-        n_ab = sum(1 for o in orders if o == "AB")
-        parts += [
-            f'<div class="ab" id="ab-{n}" data-test="{_e(e["test"])}" data-state="{"FAIL" if failing else "ok"}">',
-            f"<h3>{_e(e['test'])}: {_e(ab_title(e))} "
-            + (badge("OVER BUDGET", "FAIL") if failing else badge("ok"))
-            + "</h3>",
-            f'<p class="notes">{len(orders)} pairs interleaved ({n_ab} AB, {len(orders) - n_ab} BA, seeded); '
-            f"A: {_e(e['a'].get('engine', e['a']['name']))}; B: {_e(e['b'].get('engine', e['b']['name']))}</p>",
-        ]
-        rows = ab_rows(e)
-        if rows:
-            parts.append(_table(AB_HEADERS, rows))
-        agreement = agreement_rows(e)
-        if agreement:
-            parts.append(_table(("output agreement", "value"), agreement))
-        budgets = ab_budget_lines(e)
-        if budgets:
-            parts.append(
-                '<ul class="notes">'
-                + "".join(f"<li>{_ab_badge(status)} {_e(line)}</li>" for status, line in budgets)
-                + "</ul>"
-            )
-        parts.append("</div>")
+        parts += _ab_div(n, e)
     parts.append("</section>")
     return "\n".join(parts)
+
+
+def _ab_div(n: int, e: Mapping[str, Any]) -> list[str]:
+    """One A/B comparison: its sides and pairs, the paired ratios, the output agreement, the budgets."""
+    failing = bool(e.get("failures"))
+    orders = e.get("orders") or []
+    n_ab = sum(1 for o in orders if o == "AB")
+    parts = [
+        f'<div class="ab" id="ab-{n}" data-test="{_e(e["test"])}" data-state="{"FAIL" if failing else "ok"}">',
+        f"<h3>{_e(e['test'])}: {_e(ab_title(e))} "
+        + (badge("OVER BUDGET", "FAIL") if failing else badge("ok"))
+        + "</h3>",
+        f'<p class="notes">{len(orders)} pairs interleaved ({n_ab} AB, {len(orders) - n_ab} BA, seeded); '
+        f"A: {_e(e['a'].get('engine', e['a']['name']))}; B: {_e(e['b'].get('engine', e['b']['name']))}</p>",
+    ]
+    rows = ab_rows(e)
+    if rows:
+        parts.append(_table(AB_HEADERS, rows))
+    agreement = agreement_rows(e)
+    if agreement:
+        parts.append(_table(("output agreement", "value"), agreement))
+    budgets = ab_budget_lines(e)
+    if budgets:
+        parts.append(
+            '<ul class="notes">'
+            + "".join(f"<li>{_ab_badge(status)} {_e(line)}</li>" for status, line in budgets)
+            + "</ul>"
+        )
+    parts.append("</div>")
+    return parts
 
 
 def render_html(
@@ -536,27 +596,14 @@ def _worker() -> None:
 def against_section(results: Sequence[MeasurementResult], against: Mapping[str, Any] | None = None) -> str:
     """What ``--llmperf-against`` compared: REF and each side (``Session.against_sides``, or the
     session file's ``against``); "" when nothing was judged against REF."""
-    described = (against or {}).get("described") or against_of(results)
+    against = against or {}
+    described = against.get("described") or against_of(results)
     if not described:
         return ""
-    items = [("REF", described)]
-    for name, side in sorted(((against or {}).get("sides") or {}).items(), key=lambda kv: kv[0] != "REF"):
-        code = ", ".join(f"{k} from {v}" for k, v in (side.get("code") or {}).items() if v) or "no code of this tree"
-        items.append(
-            (
-                f"side {name}",
-                f"{side.get('shown', '?')}: Python {side.get('python') or '?'} "
-                f"({side.get('interpreter', '?')}), llama-cpp-python {side.get('llama_cpp') or '?'}; {code}",
-            )
-        )
-    pairs = sorted(r.verdict.pairs for r in results if r.reference and r.verdict is not None)
-    headers, agreement = against_agreement_rows(results)
-    outputs = (
-        "<h3>Output agreement with REF (A: REF, B: this tree)</h3>"
-        + _table(headers, [[row[0].strip("`"), *row[1:]] for row in agreement])
-        if agreement
-        else ""
-    )
+    sides = sorted((against.get("sides") or {}).items(), key=lambda kv: kv[0] != "REF")
+    items = [("REF", described), *((f"side {name}", _side_text(side)) for name, side in sides)]
+    pairs = [r for r in results if r.reference and r.verdict is not None]
+    outputs = _against_agreement(results)
     return (
         '<section id="against">' + f"<h2>Judged against REF {escape(described)}</h2>"
         f'<p class="notes">{len(pairs)} of {len(results)} measurement(s) compared with REF\'s runs interleaved '
@@ -566,6 +613,25 @@ def against_section(results: Sequence[MeasurementResult], against: Mapping[str, 
         + "</dl>"
         + outputs
         + "</section>"
+    )
+
+
+def _side_text(side: Mapping[str, Any]) -> str:
+    """One side of ``--llmperf-against``: what it is, its Python and llama-cpp-python, whose code it runs."""
+    code = ", ".join(f"{k} from {v}" for k, v in (side.get("code") or {}).items() if v) or "no code of this tree"
+    return (
+        f"{side.get('shown', '?')}: Python {side.get('python') or '?'} "
+        f"({side.get('interpreter', '?')}), llama-cpp-python {side.get('llama_cpp') or '?'}; {code}"
+    )
+
+
+def _against_agreement(results: Sequence[MeasurementResult]) -> str:
+    """The output agreement with REF, when a result has one."""
+    headers, agreement = against_agreement_rows(results)
+    if not agreement:
+        return ""
+    return "<h3>Output agreement with REF (A: REF, B: this tree)</h3>" + _table(
+        headers, [[row[0].strip("`"), *row[1:]] for row in agreement]
     )
 
 

@@ -96,6 +96,18 @@ def read_session(path: Path | str) -> tuple[dict[str, Any], list[MeasurementResu
     ``schemas/session.schema.json``; one line naming the file, the place in it and what to do
     if it is not one (the file is only read, and only a regular file within
     ``core.documents.MAX_DOCUMENT_MIB``)."""
+    data = _session_document(path)
+    try:
+        validate(data, "session")
+        results = [MeasurementResult.from_json(r, f"results[{i}]", check=False) for i, r in enumerate(data["results"])]
+    except (SchemaViolation, ResultError) as exc:  # ResultError: a state no pytest-llmperf writes
+        raise baseline_store.BaselineError(f"{path}: {exc}; {REDO}") from None
+    return data, results
+
+
+def _session_document(path: Path | str) -> dict[str, Any]:
+    """The file's JSON object, if it is a session report this version reads (not yet checked
+    against the schema); else one line that says why not."""
     try:
         data = json.loads(read_text(path, "session report", SMALLER))
     except FileNotFoundError:
@@ -111,12 +123,7 @@ def read_session(path: Path | str) -> tuple[dict[str, Any], list[MeasurementResu
     version = data.get("schema_version", 0)
     if isinstance(version, int) and not isinstance(version, bool) and version > SESSION_SCHEMA_VERSION:
         raise baseline_store.BaselineError(f"{path} is from a newer pytest-llmperf; upgrade to read it")
-    try:
-        validate(data, "session")
-        results = [MeasurementResult.from_json(r, f"results[{i}]", check=False) for i, r in enumerate(data["results"])]
-    except (SchemaViolation, ResultError) as exc:  # ResultError: a state no pytest-llmperf writes
-        raise baseline_store.BaselineError(f"{path}: {exc}; {REDO}") from None
-    return data, results
+    return data
 
 
 COMPARISON_HEADERS = ("test", "metric", "baseline", "now", "change", "95% CI", "p (Holm)", "verdict", "detects")
@@ -307,22 +314,32 @@ def budget_failures(results: Iterable[MeasurementResult]) -> list[str]:
 def against_line(results: Sequence[MeasurementResult], against: Mapping[str, Any] | None = None) -> str | None:
     """``Judged against REF `git:main (3f2a1b9c0d1e)`: ...`` (the Markdown summary's line), None
     when nothing was judged against ``--llmperf-against``'s REF; ``against``: ``Session.against_sides``."""
-    described = (against or {}).get("described") or against_of(results)
+    against = against or {}
+    described = against.get("described") or against_of(results)
     if not described:
         return None
     pairs = sorted(r.verdict.pairs for r in results if r.reference and r.verdict is not None)
-    span = "no" if not pairs else str(pairs[0]) if pairs[0] == pairs[-1] else f"{pairs[0]}-{pairs[-1]}"
-    sides = sorted(((against or {}).get("sides") or {}).items(), key=lambda kv: kv[0] != "REF")
-    who = "; ".join(
-        f"{'REF' if name == 'REF' else 'this tree'}: Python {v.get('python') or '?'}, "
-        f"llama-cpp-python {v.get('llama_cpp') or '?'}"
-        for name, v in sides
-    )
+    span = "no" if not pairs else _span(pairs[0], pairs[-1])
+    who = _sides_text(against.get("sides") or {})
     return (
         f"Judged against REF `{described}`: {len(pairs)} of {len(results)} measurement(s) compared with REF's "
         f"runs interleaved pair by pair in this session ({span} pairs each; ratio = this tree / REF)"
         + (f"; {who}" if who else "")
         + ". Baselines were neither read nor written."
+    )
+
+
+def _span(low: int, high: int) -> str:
+    """``12`` or ``8-20``: how many pairs the compared measurements took."""
+    return str(low) if low == high else f"{low}-{high}"
+
+
+def _sides_text(sides: Mapping[str, Mapping[str, Any]]) -> str:
+    """``REF: Python 3.12.1, llama-cpp-python 0.3.2; this tree: ...``: what each side ran on."""
+    return "; ".join(
+        f"{'REF' if name == 'REF' else 'this tree'}: Python {v.get('python') or '?'}, "
+        f"llama-cpp-python {v.get('llama_cpp') or '?'}"
+        for name, v in sorted(sides.items(), key=lambda kv: kv[0] != "REF")
     )
 
 
@@ -346,13 +363,16 @@ def memory_lines(results: Iterable[MeasurementResult]) -> list[str]:
         return []
     headers = ["test", *(f"{FIGURES[k].label} {FIGURES[k].unit}".strip() or k for k in MEMORY_FIGURES)]
     headers[-1] = "model loads"
-    out = ["", "### Memory and start-up", "", "| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
-    for test, f in rows:
-        cells = [_cell(f.get(k)) if k != "load_page_cache" else str(f.get(k) or "-") for k in MEMORY_FIGURES]
-        if f.get("load_samples"):
-            cells[-1] += f" ({f['load_samples']})"
-        out.append("| " + " | ".join([md_code(test), *cells]) + " |")
-    return out
+    out = ["", "### Memory and start-up", "", *_md_head(headers)]
+    return out + ["| " + " | ".join([md_code(test), *_memory_cells(f)]) + " |" for test, f in rows]
+
+
+def _memory_cells(f: Mapping[str, Any]) -> list[str]:
+    """One measurement's memory figures (``MEMORY_FIGURES``); the model loads with their sample count."""
+    cells = [_cell(f.get(k)) if k != "load_page_cache" else str(f.get(k) or "-") for k in MEMORY_FIGURES]
+    if f.get("load_samples"):
+        cells[-1] += f" ({f['load_samples']})"
+    return cells
 
 
 #: The agreement-with-REF table's columns (Markdown and HTML): figures of ``core.catalog.FIGURES``.
@@ -392,60 +412,107 @@ def markdown(
     ``extra``: Markdown lines after the headline (the HTML report's link and key figure).
     The headline counts what fails the run: regressions and, unless ``--llmperf-baselines-only``,
     budget failures. ``against``: ``Session.against_sides`` under ``--llmperf-against``."""
-    lines = ["## pytest-llmperf", ""]
-    regressions = [f for r in results if r.verdict is not None for f in r.verdict.failures]
     over = budget_failures(results) if budgets_gate else []
-    failing = [r for r in results if (r.failed if budgets_gate else r.regressed)]
-    if failing:
-        parts = [f"{len(over)} over budget"] if over else []
-        parts += [f"{len(regressions)} regression(s)"] if regressions else []
-        lines.append(f"**{len(failing)} of {len(results)} measurement(s) failed**: {', '.join(parts)}.")
-    elif results or not ab:
-        lines.append(f"No regression and no budget failure in {len(results)} measurement(s).")
-    ab_failed = sum(1 for e in ab if e.get("failures"))
-    if ab_failed:
-        lines.append(f"**{ab_failed} of {len(ab)} A/B comparison(s) failed a budget** (section A/B comparisons).")
-    elif ab and not results:
-        lines.append(f"No budget failure in {len(ab)} A/B comparison(s).")
     judged = against_line(results, against)
+    lines = [
+        "## pytest-llmperf",
+        "",
+        *_measurements_headline(results, over, budgets_gate, ab),
+        *_ab_headline(results, ab),
+    ]
     lines += ["", judged] if judged else []
     for line in extra:
         lines += ["", line]
+    lines += _results_table(results, judged)
+    lines += _bullets("Over budget", over)
+    lines += _bullets("Regressions", [f for r in results if r.verdict is not None for f in r.verdict.failures])
+    lines += _bullets("Not compared against REF", _not_compared_lines(results) if judged else [])
+    lines += _bullets("Undecided", undecided_lines(results))
+    lines += _bullets("What this gate detects here (80% power)", reach_lines(results))
+    lines += memory_lines(results)
+    lines += _agreement_section(results)
+    lines += _comparisons_section(results)
+    lines += ab_markdown_lines(ab)
+    return "\n".join(lines) + "\n"
+
+
+def _measurements_headline(
+    results: Sequence[MeasurementResult], over: Sequence[str], budgets_gate: bool, ab: Sequence[Mapping[str, Any]]
+) -> list[str]:
+    """``**2 of 5 measurement(s) failed**: 1 over budget, 1 regression(s).``, or that none did."""
+    failing = sum(1 for r in results if (r.failed if budgets_gate else r.regressed))
+    if failing:
+        return [f"**{failing} of {len(results)} measurement(s) failed**: {_failed_how(results, over)}."]
+    if results or not ab:
+        return [f"No regression and no budget failure in {len(results)} measurement(s)."]
+    return []
+
+
+def _failed_how(results: Sequence[MeasurementResult], over: Sequence[str]) -> str:
+    """``1 over budget, 2 regression(s)``: what failed, each kind when there is one."""
+    regressions = sum(len(r.verdict.failures) for r in results if r.verdict is not None)
+    parts = [f"{len(over)} over budget"] if over else []
+    parts += [f"{regressions} regression(s)"] if regressions else []
+    return ", ".join(parts)
+
+
+def _ab_headline(results: Sequence[MeasurementResult], ab: Sequence[Mapping[str, Any]]) -> list[str]:
+    """How many A/B comparisons failed a budget (or that none did, when there was nothing else)."""
+    ab_failed = sum(1 for e in ab if e.get("failures"))
+    if ab_failed:
+        return [f"**{ab_failed} of {len(ab)} A/B comparison(s) failed a budget** (section A/B comparisons)."]
+    if ab and not results:
+        return [f"No budget failure in {len(ab)} A/B comparison(s)."]
+    return []
+
+
+def _md_head(headers: Sequence[str]) -> list[str]:
+    """A Markdown table's header and rule (the headers as they are)."""
+    return ["| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
+
+
+def _results_table(results: Sequence[MeasurementResult], judged: str | None) -> list[str]:
+    """One row per measurement: its headline figures, budget state and verdict (against REF
+    when ``judged``)."""
+    if not results:
+        return []
     headers = ["test", *(f.header for f in HEADLINE), "budget", "vs REF" if judged else "baseline"]
-    lines += ["", "| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)] if results else []
+    lines = ["", *_md_head(headers)]
     for r in results:
         s = summary_values(r)
         short = "not compared" if r.verdict is None or (judged and not r.reference) else r.verdict.short
         cells = [md_code(r.test), *(_cell(s.get(f.key)) for f in HEADLINE), r.budget, short]
         lines.append("| " + " | ".join(cells) + " |")
-    if over:
-        lines += ["", "### Over budget", ""] + [f"- {md_line(line)}" for line in over]
-    if regressions:
-        lines += ["", "### Regressions", ""] + [f"- {md_line(line)}" for line in regressions]
-    alone = [
-        f"{r.test}: {r.verdict.note if r.verdict is not None else 'not compared'}"
-        for r in results
-        if judged and not r.reference
+    return lines
+
+
+def _bullets(title: str, items: Sequence[str]) -> list[str]:
+    """A ``### title`` section of one bullet per item; nothing when there is none."""
+    return ["", f"### {title}", ""] + [f"- {md_line(line)}" for line in items] if items else []
+
+
+def _not_compared_lines(results: Sequence[MeasurementResult]) -> list[str]:
+    """``test: why`` for each measurement not judged against ``--llmperf-against``'s REF."""
+    return [
+        f"{r.test}: {r.verdict.note if r.verdict is not None else 'not compared'}" for r in results if not r.reference
     ]
-    if alone:
-        lines += ["", "### Not compared against REF", ""] + [f"- {md_line(line)}" for line in alone]
-    undecided = undecided_lines(results)
-    if undecided:
-        lines += ["", "### Undecided", ""] + [f"- {md_line(line)}" for line in undecided]
-    reach = reach_lines(results)
-    if reach:
-        lines += ["", "### What this gate detects here (80% power)", ""] + [f"- {md_line(line)}" for line in reach]
-    lines += memory_lines(results)
+
+
+def _agreement_section(results: Sequence[MeasurementResult]) -> list[str]:
+    """The output agreement with REF, when a result has one."""
     headers, agreement = against_agreement_rows(results)
-    if agreement:
-        lines += ["", "### Output agreement with REF (A: REF, B: this tree)", "", *_md_table(headers, agreement)]
+    if not agreement:
+        return []
+    return ["", "### Output agreement with REF (A: REF, B: this tree)", "", *_md_table(headers, agreement)]
+
+
+def _comparisons_section(results: Sequence[MeasurementResult]) -> list[str]:
+    """Every baseline (or REF) comparison, one row each."""
     rows = comparison_rows(results)
-    if rows:
-        headers = list(comparison_headers(results))
-        lines += ["", "### Comparisons", "", "| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
-        lines += ["| " + " | ".join(md_cell(c) for c in row) + " |" for row in rows]
-    lines += ab_markdown_lines(ab)
-    return "\n".join(lines) + "\n"
+    if not rows:
+        return []
+    lines = ["", "### Comparisons", "", *_md_head(list(comparison_headers(results)))]
+    return lines + ["| " + " | ".join(md_cell(c) for c in row) + " |" for row in rows]
 
 
 #: The A/B tables' columns (Markdown summary and HTML report): one row per paired comparison.
@@ -465,28 +532,31 @@ def ab_title(entry: Mapping[str, Any]) -> str:
 def ab_rows(entry: Mapping[str, Any]) -> list[list[str]]:
     """One row per paired comparison of an A/B (a session JSON ``ab`` entry): both medians, the
     ratio B/A with its 95% CI, p, whether the CI shows a difference, the relative budgets on it."""
-    rows = []
-    for c in entry.get("comparisons") or []:
-        lo, hi = c.get("ci_low"), c.get("ci_high")
-        shown = (
-            "n/a" if lo is None or hi is None else "B slower" if lo > 1.0 else "B faster" if hi < 1.0 else "none shown"
-        )
-        budgets = [f"{b['kind']} {b['status']}" for b in entry.get("budgets") or [] if b.get("metric") == c["metric"]]
-        p = c.get("p_value")
-        rows.append(
-            [
-                metric_label(c["label"], c["phase"], c["unit"]),
-                "n/a" if c.get("a_median") is None else fmt(c["a_median"]),
-                "n/a" if c.get("b_median") is None else fmt(c["b_median"]),
-                _ab_num(c.get("ratio")),
-                f"{_ab_num(lo)}..{_ab_num(hi)}",
-                "n/a" if p is None else f"{p:.3g}",
-                str(c.get("n_pairs", "?")),
-                shown,
-                ", ".join(budgets) or "-",
-            ]
-        )
-    return rows
+    return [_ab_row(c, entry.get("budgets") or []) for c in entry.get("comparisons") or []]
+
+
+def _ab_row(c: Mapping[str, Any], budgets: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One paired comparison's cells (``AB_HEADERS``); ``budgets``: the A/B's relative budgets."""
+    lo, hi = c.get("ci_low"), c.get("ci_high")
+    p = c.get("p_value")
+    return [
+        metric_label(c["label"], c["phase"], c["unit"]),
+        "n/a" if c.get("a_median") is None else fmt(c["a_median"]),
+        "n/a" if c.get("b_median") is None else fmt(c["b_median"]),
+        _ab_num(c.get("ratio")),
+        f"{_ab_num(lo)}..{_ab_num(hi)}",
+        "n/a" if p is None else f"{p:.3g}",
+        str(c.get("n_pairs", "?")),
+        _difference_shown(lo, hi),
+        ", ".join(f"{b['kind']} {b['status']}" for b in budgets if b.get("metric") == c["metric"]) or "-",
+    ]
+
+
+def _difference_shown(lo: float | None, hi: float | None) -> str:
+    """Which way the ratio B/A's CI shows a difference, if it shows one."""
+    if lo is None or hi is None:
+        return "n/a"
+    return "B slower" if lo > 1.0 else "B faster" if hi < 1.0 else "none shown"
 
 
 def agreement_rows(entry: Mapping[str, Any]) -> list[list[str]]:
@@ -563,17 +633,23 @@ def ab_markdown_lines(ab: Sequence[Mapping[str, Any]]) -> list[str]:
     failed = sum(1 for e in ab if e.get("failures"))
     out = ["", "### A/B comparisons", "", f"{len(ab)} A/B comparison(s), {failed} failing a budget."]
     for e in ab:
-        orders = e.get("orders") or []
-        n_ab = sum(1 for o in orders if o == "AB")
-        out += ["", f"#### `{e['test']}`: {ab_title(e)}", ""]
-        out.append(f"{len(orders)} pairs interleaved ({n_ab} AB, {len(orders) - n_ab} BA, seeded).")
-        rows = ab_rows(e)
-        if rows:
-            out += ["", *_md_table(AB_HEADERS, rows)]
-        agreement = agreement_rows(e)
-        if agreement:
-            out += ["", *_md_table(("output agreement", "value"), agreement)]
-        budgets = ab_budget_lines(e)
-        if budgets:
-            out += [""] + [f"- **FAIL** {line}" if status in AB_FAILING else f"- {line}" for status, line in budgets]
+        out += _ab_entry_lines(e)
+    return out
+
+
+def _ab_entry_lines(e: Mapping[str, Any]) -> list[str]:
+    """One A/B comparison: its sides and pairs, the paired ratios, the output agreement, the budgets."""
+    orders = e.get("orders") or []
+    n_ab = sum(1 for o in orders if o == "AB")
+    out = ["", f"#### `{e['test']}`: {ab_title(e)}", ""]
+    out.append(f"{len(orders)} pairs interleaved ({n_ab} AB, {len(orders) - n_ab} BA, seeded).")
+    rows = ab_rows(e)
+    if rows:
+        out += ["", *_md_table(AB_HEADERS, rows)]
+    agreement = agreement_rows(e)
+    if agreement:
+        out += ["", *_md_table(("output agreement", "value"), agreement)]
+    budgets = ab_budget_lines(e)
+    if budgets:
+        out += [""] + [f"- **FAIL** {line}" if status in AB_FAILING else f"- {line}" for status, line in budgets]
     return out

@@ -12,7 +12,7 @@ detail section, ``llmperf profile`` (text, Markdown) and its JSON show the same 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..core import catalog
@@ -70,16 +70,17 @@ def figure_rows() -> dict[str, tuple[str, ...]]:
     rows = {r[0]: list(r) for r in FIGURE_ROWS}
     placed = {name for r in FIGURE_ROWS for name in r}
     for name, f in FIGURES.items():
-        if f.metric is None or name in placed:
-            continue
-        host = next(
-            (k for k in rows if (FIGURES[k].metric, FIGURES[k].pooled_tokens) == (f.metric, f.pooled_tokens)), None
-        )
-        if host is None:
-            rows[name] = [name]
-        else:
-            rows[host].append(name)
+        if f.metric is not None and name not in placed:
+            rows.setdefault(_host_row(rows, name), []).append(name)
     return {k: tuple(v) for k, v in rows.items()}
+
+
+def _host_row(rows: Mapping[str, Sequence[str]], name: str) -> str:
+    """The first row of the figure's metric and sample (runs or pooled tokens); the figure's
+    own name (a row of its own) when there is none."""
+    f = FIGURES[name]
+    same = (k for k in rows if (FIGURES[k].metric, FIGURES[k].pooled_tokens) == (f.metric, f.pooled_tokens))
+    return next(same, name)
 
 
 def _shown(m: Measurement, phase: str) -> bool:
@@ -89,21 +90,39 @@ def _shown(m: Measurement, phase: str) -> bool:
 
 def metrics_table(m: Measurement) -> str:
     """The detail section of one measurement: every figure with its sample count."""
-    itl = m.itl
-    head = (
+    from ..baselines.records import diagnosis
+
+    found = diagnosis(m)
+    rows = _timing_rows(m) + _serving_rows(m)
+    if m.model_loads is not None:
+        rows += load_state_rows(m.model_loads.as_dict())
+    rows += stability_rows(found["stability"]) + memory_rows(found["memory"], figures=False)
+    text = _engine_head(m) + render_table(("metric", "unit", "value", "sample"), rows)
+    return text + _breakdowns(m, found)
+
+
+def _engine_head(m: Measurement) -> str:
+    """What ran (engine, threads) and the workload: the two lines over the metrics table."""
+    return (
         f"{m.engine.engine}: {m.engine.describe()}"
         + (f"; threads {m.engine.threads}" if m.engine.threads is not None else "")
         + "\n"
         f"workload: {m.prompt_tokens if m.prompt_tokens is not None else '?'} prompt tokens, "
         f"{m.output_tokens} generated per run, {m.n_runs} runs (+{m.workload.warmup} warm-up discarded)\n"
     )
+
+
+def _timing_rows(m: Measurement) -> list[tuple[str, str, str, str]]:
+    """The metrics table's timings: the catalog's figure rows (``figure_rows``) with llama.cpp's
+    own counters between them, then the inter-token latency's spread."""
+    itl = m.itl
     runs = f"{m.n_runs} runs"
     by_first = figure_rows()
 
     def row(first: str) -> tuple[str, str, str, str]:
         return _figure_row(m, *by_first[first])
 
-    rows = [
+    return [
         row("ttft_ms"),
         ("tokenize median", "ms", fmt(m.tokenize_ms), runs),
         row("prefill_ms"),
@@ -131,21 +150,24 @@ def metrics_table(m: Measurement) -> str:
         ("ITL CV", "", f"{itl.cv:.1%}", f"{itl.count} tokens"),
         ("ITL min / max", "ms", f"{fmt(itl.min_ms)} / {fmt(itl.max_ms)}", f"{itl.count} tokens"),
     ]
-    if m.load is not None:
-        rows += load_rows(m)
+
+
+def _serving_rows(m: Measurement) -> list[tuple[str, str, str, str]]:
+    """A load level's rows, the served prompt cache, and this engine's model load."""
+    rows = load_rows(m) if m.load is not None else []
     if m.engine.endpoint:  # served: what the server's prompt cache was allowed to do
         rows.append(("prompt cache", "", m.workload.prompt_cache, ""))
     if m.engine.load_ms is not None:
         rows.append(("model load (wall)", "ms", fmt(m.engine.load_ms), "this engine's 1 load"))
     if m.engine.native_load_ms is not None:
         rows.append(("model load (llama.cpp)", "ms", fmt(m.engine.native_load_ms), "this engine's 1 load"))
-    from ..baselines.records import diagnosis
+    return rows
 
-    found = diagnosis(m)
-    if m.model_loads is not None:
-        rows += load_state_rows(m.model_loads.as_dict())
-    rows += stability_rows(found["stability"]) + memory_rows(found["memory"], figures=False)
-    text = head + render_table(("metric", "unit", "value", "sample"), rows)
+
+def _breakdowns(m: Measurement, found: Mapping[str, Any]) -> str:
+    """What follows the metrics table: per-layer time, the roofline, the agreement with REF,
+    the stability warnings."""
+    text = ""
     if "layers" in found:
         text += "\n\nper-layer time:\n" + layers_text(found["layers"])
     if "roofline" in found:
@@ -165,24 +187,28 @@ def summary_table(
 ) -> str:
     """The session summary. ``width`` (a terminal's): only ``columns`` (default
     ``DEFAULT_SUMMARY_COLUMNS``), test ids shortened to fit; None: every column, full ids."""
-
-    def cell(value: Any) -> str:
-        if value is None:
-            return "n/a"
-        if isinstance(value, float):
-            return fmt(value)
-        return str(value)
-
-    names = {name for name, _, _ in SUMMARY_COLUMNS}
-    if width is None:
-        chosen = list(SUMMARY_COLUMNS)
-    else:
-        wanted = [c for c in (columns or ()) if c in names and c != "test"] or list(DEFAULT_SUMMARY_COLUMNS)
-        by_name = {col[0]: col for col in SUMMARY_COLUMNS}
-        chosen = [SUMMARY_COLUMNS[0]] + [by_name[name] for name in dict.fromkeys(wanted)]  # in the order given
+    chosen = list(SUMMARY_COLUMNS) if width is None else _summary_columns(columns)
     headers = [h for _, h, _ in chosen]
-    body = [[cell(r.get(f)) for _, _, f in chosen] for r in rows]
+    body = [[_summary_cell(r.get(f)) for _, _, f in chosen] for r in rows]
     return render_table(headers, body) if width is None else fit_table(headers, body, width)
+
+
+def _summary_columns(columns: Sequence[str] | None) -> list[tuple[str, str, str]]:
+    """The test column, then ``columns`` in the order given (unknown names dropped; none:
+    ``DEFAULT_SUMMARY_COLUMNS``)."""
+    names = {name for name, _, _ in SUMMARY_COLUMNS}
+    wanted = [c for c in (columns or ()) if c in names and c != "test"] or list(DEFAULT_SUMMARY_COLUMNS)
+    by_name = {col[0]: col for col in SUMMARY_COLUMNS}
+    return [SUMMARY_COLUMNS[0]] + [by_name[name] for name in dict.fromkeys(wanted)]
+
+
+def _summary_cell(value: Any) -> str:
+    """A summary cell: n/a for none, a float rounded for display, anything else as it is."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return fmt(value)
+    return str(value)
 
 
 def short_ids(ids: Sequence[str]) -> dict[str, str]:
@@ -362,26 +388,32 @@ def overhead_lines(rows: Iterable[Mapping[str, Any]]) -> list[str]:
     """What serving adds: one line per test with both an in-process and an ``http`` measurement
     (report rows) in the session summary: both TTFT and TPOT medians and the server's added
     latency per token (TPOT served minus TPOT in process), the figure users ask for."""
+    ttft, tpot = METRICS["ttft_ms"], METRICS["tpot_ms"]
+    lines = []
+    for test, group in _by_test_function(rows).items():
+        local = [r for r in group if r.get("engine") == "llama.cpp" and r.get(tpot.name) is not None]
+        served = [r for r in group if str(r.get("engine", "")).startswith("http") and r.get(tpot.name) is not None]
+        if local and served:
+            a, b = local[0], served[0]
+            lines.append(
+                f"{test}: in process {_ttft_tpot(a)}; served {_ttft_tpot(b)}; server overhead "
+                f"{b[tpot.name] - a[tpot.name]:+.3g} {tpot.unit}/token, "
+                f"{b[ttft.name] - a[ttft.name]:+.3g} {ttft.unit} {ttft.label}"
+            )
+    return lines
+
+
+def _by_test_function(rows: Iterable[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    """Summary rows by their test function (the test id without its parameters)."""
     by_test: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for row in rows:
         by_test[str(row.get("test", "")).split("[", 1)[0]].append(row)
-    ttft, tpot = METRICS["ttft_ms"], METRICS["tpot_ms"]
+    return by_test
 
-    def both(r: Mapping[str, Any]) -> str:
-        return ", ".join(f"{x.label} {fmt(r[x.name])} {x.unit}" for x in (ttft, tpot))
 
-    lines = []
-    for test, group in by_test.items():
-        local = [r for r in group if r.get("engine") == "llama.cpp" and r.get(tpot.name) is not None]
-        served = [r for r in group if str(r.get("engine", "")).startswith("http") and r.get(tpot.name) is not None]
-        if not local or not served:
-            continue
-        a, b = local[0], served[0]
-        lines.append(
-            f"{test}: in process {both(a)}; served {both(b)}; server overhead "
-            f"{b[tpot.name] - a[tpot.name]:+.3g} {tpot.unit}/token, {b[ttft.name] - a[ttft.name]:+.3g} {ttft.unit} {ttft.label}"
-        )
-    return lines
+def _ttft_tpot(r: Mapping[str, Any]) -> str:
+    """``TTFT 7.85 ms, TPOT 1.12 ms``: a summary row's two medians."""
+    return ", ".join(f"{x.label} {fmt(r[x.name])} {x.unit}" for x in (METRICS["ttft_ms"], METRICS["tpot_ms"]))
 
 
 BAR_WIDTH = 24
@@ -449,7 +481,13 @@ def layer_summary(layers: Mapping[str, Any]) -> list[str]:
 
 def layers_text(layers: Mapping[str, Any], markdown: bool = False) -> str:
     headers, rows = layer_rows(layers, markdown)
-    notes = layer_summary(layers)
+    return _table_with_notes(headers, rows, layer_summary(layers), markdown)
+
+
+def _table_with_notes(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], notes: Sequence[str], markdown: bool
+) -> str:
+    """A table and its notes under it (Markdown: the notes as a list after a blank line)."""
     if markdown:
         return table(headers, rows, True) + "\n\n" + "\n".join(f"- {n}" for n in notes)
     return table(headers, rows, False) + "\n" + "\n".join(notes)
@@ -457,23 +495,27 @@ def layers_text(layers: Mapping[str, Any], markdown: bool = False) -> str:
 
 def roofline_text(roof: Mapping[str, Any], markdown: bool = False) -> str:
     headers = ["phase", "verdict", "FLOP/byte", "bound t/s", "achieved t/s", "achieved GB/s", "MBU", "MFU"]
-    rows = []
-    for phase in ("prefill", "decode"):
-        p = roof.get(phase)
-        if p:
-            rows.append(
-                [
-                    phase,
-                    p["verdict"],
-                    fmt(p["intensity_flop_per_byte"]),
-                    fmt(p["bound_tps"]),
-                    fmt(p["achieved_tps"]),
-                    fmt(p["achieved_bw_gbs"]),
-                    "n/a" if p.get("note") else f"{p['mbu']:.2f}",
-                    f"{p['mfu']:.2f}",
-                ]
-            )
-    notes = [
+    rows = [_roofline_row(phase, roof[phase]) for phase in ("prefill", "decode") if roof.get(phase)]
+    return _table_with_notes(headers, rows, _roofline_notes(roof), markdown)
+
+
+def _roofline_row(phase: str, p: Mapping[str, Any]) -> list[str]:
+    """One phase's roofline: its bound, intensity, achieved rate and bandwidth, MBU and MFU."""
+    return [
+        phase,
+        p["verdict"],
+        fmt(p["intensity_flop_per_byte"]),
+        fmt(p["bound_tps"]),
+        fmt(p["achieved_tps"]),
+        fmt(p["achieved_bw_gbs"]),
+        "n/a" if p.get("note") else f"{p['mbu']:.2f}",
+        f"{p['mfu']:.2f}",
+    ]
+
+
+def _roofline_notes(roof: Mapping[str, Any]) -> list[str]:
+    """The machine's peaks and balance, and each phase's note."""
+    return [
         f"peak bandwidth {fmt(roof['peak_bw_gbs'])} GB/s ({roof['peak_bw_source']}"
         + (f": {roof['peak_bw_detail']})" if roof.get("peak_bw_detail") else ")"),
         f"peak compute {fmt(roof['peak_tflops'] * 1e3)} GFLOP/s ({roof['peak_tflops_source']}"
@@ -481,9 +523,6 @@ def roofline_text(roof: Mapping[str, Any], markdown: bool = False) -> str:
         f"machine balance {fmt(roof['machine_balance_flop_per_byte'])} FLOP/byte; below it a phase is "
         f"memory-bound; decode at mean context {fmt(roof['context_tokens'])} tokens",
     ] + [f"{phase}: {roof[phase]['note']}" for phase in ("prefill", "decode") if (roof.get(phase) or {}).get("note")]
-    if markdown:
-        return table(headers, rows, True) + "\n\n" + "\n".join(f"- {n}" for n in notes)
-    return table(headers, rows, False) + "\n" + "\n".join(notes)
 
 
 def stability_rows(stab: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
@@ -522,25 +561,30 @@ def load_state_rows(loads: Mapping[str, Any], figures: bool = False) -> list[tup
 def memory_rows(memory: Mapping[str, Any], figures: bool = True) -> list[tuple[str, str, str, str]]:
     """A record's memory, each figure with its source; ``figures=False``: without the catalog's
     memory figures (the metrics table shows them as figure rows)."""
-    rows = []
-    if figures and memory.get("peak_rss_bytes") is not None:
-        scope = "during the runs" if memory.get("peak_rss_scope") == "measurement" else "process lifetime"
-        rows.append(("peak RSS", "MiB", fmt(memory["peak_rss_bytes"] / 2**20), scope))
-    source = memory.get("buffer_source", "")
-    for key, label, figure in (
-        ("kv_mib", "KV buffer", True),
-        ("compute_mib", "compute buffer", True),
-        ("output_mib", "output buffer", False),
-        ("model_buffer_mib", "model buffer", True),
-    ):
-        if memory.get(key) is not None and (figures or not figure):
-            rows.append((label, "MiB", fmt(memory[key]), source))
-    if figures and memory.get("mapped_mib") is not None:
-        rows.append(("model file mapping", "MiB", fmt(memory["mapped_mib"]), "/proc/self/smaps"))
-    if memory.get("mapped_resident_mib") is not None:
-        rows.append(("model file mapping resident", "MiB", fmt(memory["mapped_resident_mib"]), "smaps, after load"))
-    if memory.get("kv_cache_bytes") is not None:
-        rows.append(
-            ("KV cache (whole context)", "MiB", fmt(memory["kv_cache_bytes"] / 2**20), "computed from the shape")
-        )
-    return rows
+    return [
+        (label, "MiB", fmt(memory[key] / 2**20 if in_bytes else memory[key]), source(memory))
+        for key, label, in_bytes, figure, source in MEMORY_ROWS
+        if memory.get(key) is not None and (figures or not figure)
+    ]
+
+
+def _rss_scope(memory: Mapping[str, Any]) -> str:
+    return "during the runs" if memory.get("peak_rss_scope") == "measurement" else "process lifetime"
+
+
+def _buffer_source(memory: Mapping[str, Any]) -> Any:
+    return memory.get("buffer_source", "")
+
+
+#: ``memory_rows``' rows in order: (the record's memory key, label, in bytes (shown in MiB), a
+#: catalog figure (the metrics table shows those as figure rows), where the figure comes from).
+MEMORY_ROWS: tuple[tuple[str, str, bool, bool, Callable[[Mapping[str, Any]], Any]], ...] = (
+    ("peak_rss_bytes", "peak RSS", True, True, _rss_scope),
+    ("kv_mib", "KV buffer", False, True, _buffer_source),
+    ("compute_mib", "compute buffer", False, True, _buffer_source),
+    ("output_mib", "output buffer", False, False, _buffer_source),
+    ("model_buffer_mib", "model buffer", False, True, _buffer_source),
+    ("mapped_mib", "model file mapping", False, True, lambda _: "/proc/self/smaps"),
+    ("mapped_resident_mib", "model file mapping resident", False, False, lambda _: "smaps, after load"),
+    ("kv_cache_bytes", "KV cache (whole context)", True, False, lambda _: "computed from the shape"),
+)

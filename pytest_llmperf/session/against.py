@@ -7,7 +7,7 @@ one, or REF's git worktree) and whose interpreter is the side's (this one, or RE
 ``python:PATH``). The controller here names the test both sides run; each side runs it up to
 its first measurement and waits; then the controller asks for the warm-ups and the runs, one
 side at a time, in seeded AB/BA order per pair, adds pairs while the verdict is undecided (up to
-the cap, every look at alpha / looks), judges them (``judge.ab.paired.judged_pairs``) and hands
+the cap, every look at alpha / looks), judges them (``judge.paired.judged_pairs``) and hands
 each side its measurement's end. The current side's reports become the test's.
 
 The sides' processes and their events are ``session/sides.py``'s; ``drive`` steps one test
@@ -250,26 +250,69 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str) -> 
     the current side), looks until decided or the cap, then the output agreement. Returns
     (comparisons, the note, the ``Agreement``)."""
     from ..core.workload import Workload
+
+    ev = events[CURRENT]
+    workload = Workload(**ev["workload"])
+    cap, looks, step = looks_for(workload.runs, ev.get("max_runs"))
+    by_letter = {"A": ag.sides[REF], "B": ag.sides[CURRENT]}
+    threads = max(int(events[name].get("threads") or usable_cpus()) for name in (CURRENT, REF))
+    cpus = idlest_cpus(threads)  # the same CPUs for both sides (idlest_cpus says why)
+    _warm_up(ag, by_letter, workload, cpus)
+    looked = _looks(ag, by_letter, workload, cpus, (cap, looks, step), _judging(ag, ev, nodeid))
+    test = nodeid + (f"[{ev['label']}]" if ev.get("label") else "")
+    ag.decisions.append(
+        {"test": test, "pairs": looked.n, "seconds": round(looked.seconds, 3), "look": looked.look, "looks": looks}
+    )
+    ag.decisions[-1]["stopped"] = looked.why
+    same = "" if events[REF]["workload"] == ev["workload"] else "; REF's workload differs from this tree's"
+    note = _pairs_note(ag, workload, looked, (cap, looks, step), cpus) + same
+    return looked.comparisons, note, outputs(ag, events, workload)
+
+
+def _judging(ag: Against, ev: Mapping[str, Any], nodeid: str) -> dict[str, Any]:
+    """``judged_pairs``' keywords for this measurement: the session's alpha and thresholds (the
+    marker's where it sets them), its family size and REF's name."""
+    settings = {"alpha": ag.alpha, "threshold": ag.threshold, "tail_threshold": ag.tail_threshold}
+    settings.update({k: v for k, v in (ev.get("settings") or {}).items() if k in settings})
+    family = ag.family_for(nodeid, str(ev.get("label") or ""))
+    return {**settings, "family": family, "reference": ag.reference.describe()}
+
+
+def _warm_up(ag: Against, by_letter: Mapping[str, Side], workload: Any, cpus: Sequence[int] | None) -> None:
+    from ..judge.ab import block_orders
+
+    for i, order in enumerate(block_orders(workload.warmup, workload.seed + 1)):
+        for letter in order:
+            _run(by_letter[letter], -1 - i, ag.timeout_s, cpus)
+
+
+@dataclass(frozen=True)
+class Looked:
+    """Where the pairs stopped: the comparisons at the last look, the pairs, the looks taken,
+    why they stopped, their seconds, and the AB/BA order of each pair."""
+
+    comparisons: list[Any]
+    n: int
+    look: int
+    why: str
+    seconds: float
+    orders: Sequence[str]
+
+
+def _looks(
+    ag: Against,
+    by_letter: Mapping[str, Side],
+    workload: Any,
+    cpus: Sequence[int] | None,
+    plan: tuple[int, int, int],
+    judging: Mapping[str, Any],
+) -> Looked:
+    """Pairs, ``step`` at a time, each batch judged at a look, until settled, the cap or the bound."""
     from ..judge.ab import block_orders
     from ..judge.paired import judged_pairs, pairs_settled
     from ..measuring.metrics import RunMetrics
 
-    ev = events[CURRENT]
-    workload = Workload(**ev["workload"])
-    settings = {
-        "alpha": ag.alpha,
-        "threshold": ag.threshold,
-        "tail_threshold": ag.tail_threshold,
-        **{k: v for k, v in (ev.get("settings") or {}).items() if k in ("alpha", "threshold", "tail_threshold")},
-    }
-    cap, looks, step = looks_for(workload.runs, ev.get("max_runs"))
-    family = ag.family_for(nodeid, str(ev.get("label") or ""))
-    by_letter = {"A": ag.sides[REF], "B": ag.sides[CURRENT]}
-    threads = max(int(events[name].get("threads") or usable_cpus()) for name in (CURRENT, REF))
-    cpus = idlest_cpus(threads)  # the same CPUs for both sides (idlest_cpus says why)
-    for i, order in enumerate(block_orders(workload.warmup, workload.seed + 1)):
-        for letter in order:
-            _run(by_letter[letter], -1 - i, ag.timeout_s, cpus)
+    cap, looks, step = plan
     orders = block_orders(cap, workload.seed)
     runs: dict[str, list[Any]] = {"A": [], "B": []}
     started = time.monotonic()
@@ -280,29 +323,28 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str) -> 
             for letter in orders[i]:
                 runs[letter].append(RunMetrics.of(_run(by_letter[letter], i, ag.timeout_s, cpus)))
         n, look = len(runs["A"]), look + 1
-        comparisons = judged_pairs(
-            runs["A"], runs["B"], family=family, looks=looks, reference=ag.reference.describe(), **settings
-        )
+        comparisons = judged_pairs(runs["A"], runs["B"], looks=looks, **judging)
         why = pairs_settled(comparisons) or (f"the cap of {cap} pairs" if n >= cap else None)
         if why is None and time.monotonic() - started > PAIRS_TIME_CAP_S:
             why = f"the {PAIRS_TIME_CAP_S:.0f} s bound"
         if why is not None:
-            break
-    seconds = time.monotonic() - started
-    test = nodeid + (f"[{ev['label']}]" if ev.get("label") else "")
-    ag.decisions.append({"test": test, "pairs": n, "seconds": round(seconds, 3), "look": look, "looks": looks})
-    ag.decisions[-1]["stopped"] = why
-    n_ab = sum(1 for o in orders[:n] if o == "AB")
+            return Looked(comparisons, n, look, why, time.monotonic() - started, orders)
+
+
+def _pairs_note(
+    ag: Against, workload: Any, looked: Looked, plan: tuple[int, int, int], cpus: Sequence[int] | None
+) -> str:
+    cap, looks, step = plan
+    n = looked.n
+    n_ab = sum(1 for o in looked.orders[:n] if o == "AB")
     ref, cur = ag.sides[REF].ready, ag.sides[CURRENT].ready
-    same = "" if events[REF]["workload"] == ev["workload"] else "; REF's workload differs from this tree's"
-    note = (
+    return (
         f"against {ag.reference.describe()}: {n} pairs interleaved ({n_ab} AB, {n - n_ab} BA, seeded; "
-        f"{seconds:.1f} s; look {look} of {looks}, a look every {step} pairs up to {cap}: {why}) "
+        f"{looked.seconds:.1f} s; look {looked.look} of {looks}, a look every {step} pairs up to {cap}: {looked.why}) "
         f"after {workload.warmup} warm-up run(s) each"
         f"{'' if cpus is None else '; both on CPU ' + ','.join(map(str, cpus))}; llama-cpp-python "
-        f"{ref.get('llama_cpp') or '?'} (REF) vs {cur.get('llama_cpp') or '?'} (this tree){same}"
+        f"{ref.get('llama_cpp') or '?'} (REF) vs {cur.get('llama_cpp') or '?'} (this tree)"
     )
-    return comparisons, note, outputs(ag, events, workload)
 
 
 #: The pairs of one measurement stop at the run cap; this bound is for tests whose runs take
