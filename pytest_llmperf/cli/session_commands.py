@@ -123,11 +123,12 @@ def _judged(
     ``--any-hardware``); other hardware named field by field."""
     from ..core.fingerprint import other_hardware_note
     from ..judge.regression import judge
+    from ..judge.verdict import BaselineStatus
 
     assert old is not None and r.record is not None and old.record is not None  # else _not_compared says why
     hw_key = r.hardware_key if args.any_hardware else old.hardware_key
     verdict = judge({hw_key: old.record}, r.hardware_key, r.record, settings)
-    if verdict.status == "other-hardware":  # name the fields that differ
+    if verdict.status == BaselineStatus.OTHER_HARDWARE:  # name the fields that differ
         note = other_hardware_note(
             {hw_key: old.record}, r.hardware_key, r.record, hint="compare anyway with --any-hardware"
         )

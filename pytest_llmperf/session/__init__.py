@@ -280,8 +280,10 @@ class Session:
         of whose measurements was compared with REF (a gate that compared nothing must not pass;
         ``--llmperf-allow-not-compared`` lets it). None when one was, when none was judged (none
         ran, or each failed), on an xdist worker, and without ``--llmperf-against``."""
+        from ..judge.verdict import BaselineStatus
+
         verdicts = [r.verdict for r in self.results if r.verdict is not None]
-        if not self._gates_against() or not verdicts or any(v.status == "compared" for v in verdicts):
+        if not self._gates_against() or not verdicts or any(v.status == BaselineStatus.COMPARED for v in verdicts):
             return None
         first = next((f" ({v.note})" for v in verdicts if v.note), "")
         return (

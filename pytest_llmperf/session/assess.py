@@ -161,10 +161,10 @@ class Assessor:
             verdict = judge(entries, a.hardware_key, rec, settings, window)
         except BaselineError as exc:
             return dataclasses.replace(a, verdict=BaselineVerdict(BaselineStatus.ERROR, str(exc)))
-        if verdict.status == "compared":
+        if verdict.status == BaselineStatus.COMPARED:
             assert entries is not None  # judged against one of them
             return dataclasses.replace(a, verdict=verdict, baseline_record=entries[a.hardware_key])
-        if verdict.status == "no-baseline" and rel.startswith("../"):
+        if verdict.status == BaselineStatus.NO_BASELINE and rel.startswith("../"):
             note = legacy_note(self.settings.baseline_dir, path, rel, verdict.note)
             verdict = dataclasses.replace(verdict, note=note)
         return dataclasses.replace(a, verdict=verdict)
@@ -189,14 +189,16 @@ class Assessor:
 
     def failure_lines(self, assessment: Assessment) -> list[str]:
         """What fails the test on its baseline's account (none while updating baselines)."""
+        from ..judge.verdict import BaselineStatus
+
         v, s = assessment.verdict, self.settings
         if v is None or s.update_baselines:
             return []  # updating: the run is recorded as the new baseline (an unreadable file is moved aside)
-        if v.status == "error":
+        if v.status == BaselineStatus.ERROR:
             return [v.note]
-        if v.status == "no-baseline" and s.require_baseline:
+        if v.status == BaselineStatus.NO_BASELINE and s.require_baseline:
             return [f"{assessment.key}: {v.note} (--llmperf-require-baseline)"]
-        if v.status == "other-hardware" and s.strict_env:
+        if v.status == BaselineStatus.OTHER_HARDWARE and s.strict_env:
             return [f"{v.note} (--llmperf-strict-env)"]
         return v.failure_lines()
 

@@ -110,8 +110,10 @@ def _undecided(assessment: Assessment | None) -> bool:
     """More runs may decide the baseline comparison: it is undecided, and the machine was not
     busier than at baseline (a busy machine's runs measure its neighbours: more of them cannot
     decide anything about the subject)."""
+    from ..judge.verdict import BaselineStatus
+
     verdict = None if assessment is None else assessment.verdict
-    if verdict is None or verdict.status != "compared" or verdict.machine:
+    if verdict is None or verdict.status != BaselineStatus.COMPARED or verdict.machine:
         return False
     return any(c.worth_more_runs for c in verdict.comparisons)
 
@@ -384,6 +386,7 @@ def section_of(r: Result, t: MeasurementResult, columns: Sequence[str], width: i
 def _verdict_lines(a: Assessment, t: MeasurementResult, columns: Sequence[str], width: int) -> list[str]:
     """What the baseline said: its note, what changed, the layers, the comparison table and its
     undecided comparisons."""
+    from ..judge.verdict import BaselineStatus
     from ..reports.session_file import comparison_table, undecided_lines
 
     v = a.verdict
@@ -391,7 +394,7 @@ def _verdict_lines(a: Assessment, t: MeasurementResult, columns: Sequence[str], 
     shown = [dataclasses.replace(t, test=a.key)]
     table = comparison_table(shown, columns, width)
     # An error note is the test's failure line already: not a second copy here.
-    lines = [v.note] if v.note and v.status != "error" else []
+    lines = [v.note] if v.note and v.status != BaselineStatus.ERROR else []
     if v.changes:
         lines.append("changed since the baseline: " + ", ".join(v.changes))
     if v.layer_changes:
