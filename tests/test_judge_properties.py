@@ -270,12 +270,14 @@ def test_runs_2_sessions_are_judged_and_a_nan_in_the_stored_file_is_one_line(pyt
 
     pytester.makepyfile(test_small=PARAMETRIZED)
     run(pytester, "--llmperf-update-baselines").assert_outcomes(passed=6)
-    compared = run(pytester)
+    # What is judged here is that a verdict comes at all: a 900% threshold keeps a load swing
+    # between the two sessions (TPOT x2.1 once, at a load of 10) from failing a test.
+    compared = run(pytester, "--llmperf-threshold=900%", "--llmperf-tail-threshold=900%")
     compared.assert_outcomes(passed=6)
     out = compared.stdout.str()
     assert "Error" not in out and "Traceback" not in out
     reach = [line for line in out.splitlines() if "this gate detects here" in line]
-    assert reach and re.search(r"(>= \d{1,3}%|too few runs to state a reach)", reach[0]), reach
+    assert reach and re.search(r"(>= \d{1,4}%|too few runs to state a reach)", reach[0]), reach
     path = pytester.path / "baselines" / "test_small.json"
     data = json.loads(path.read_text())
     for entries in data["tests"].values():
