@@ -67,6 +67,8 @@ from ..models.gguf import gguf_file_type
 
 if TYPE_CHECKING:
     from ..engines.llama_cpp import LlamaCppEngine
+    from .layers import LayerProfile
+    from .runner import PeakRss
 
 
 class ChannelClosed(Exception):
@@ -318,10 +320,11 @@ def logits_of(data: Mapping[str, Any]) -> TokenLogits:
     )
 
 
-def layers_of(data: Mapping[str, Any]) -> Any:
+def layers_of(data: Mapping[str, Any]) -> LayerProfile:
     from .layers import LayerProfile, PhaseLayers
 
-    return _of(LayerProfile, data, prefill=PhaseLayers, decode=PhaseLayers)
+    profile: LayerProfile = _of(LayerProfile, data, prefill=PhaseLayers, decode=PhaseLayers)
+    return profile
 
 
 class WorkerEngine(Engine, RemoteLayerTiming, TokenProbabilities, FreshLoads, ProcessMemory, EngineProcess, Closable):
@@ -371,7 +374,7 @@ class WorkerEngine(Engine, RemoteLayerTiming, TokenProbabilities, FreshLoads, Pr
     def reset_peak_rss(self) -> bool:
         return bool(self._call({"op": "rss", "reset": True}, "reading the memory of")["reset"])
 
-    def peak_rss(self, was_reset: bool) -> Any:
+    def peak_rss(self, was_reset: bool) -> PeakRss:
         from .runner import PeakRss
 
         peak = self._call({"op": "rss", "reset": False}, "reading the memory of")["peak"]
@@ -389,7 +392,7 @@ class WorkerEngine(Engine, RemoteLayerTiming, TokenProbabilities, FreshLoads, Pr
         }
         return logits_of(self._call(message, "reading token probabilities of")["got"])
 
-    def profile_layers(self, workload: Workload) -> Any:
+    def profile_layers(self, workload: Workload) -> LayerProfile:
         """``measuring.layers.profile_layers`` of this engine, run in the worker."""
         reply = self._call({"op": "layers", "workload": dataclasses.asdict(workload)}, "timing the layers of")
         return layers_of(reply["layers"])
