@@ -35,6 +35,7 @@ from .connection import Location
 
 if TYPE_CHECKING:
     from ..judge.result import MeasurementResult
+    from .connection import Location
 
 
 #: Two-sided 95% normal quantile: the CI drawn and printed around a session's level.
@@ -429,7 +430,7 @@ def _step_text(st: Step) -> str:
 
 
 def attach(
-    results: Sequence[MeasurementResult], loc: Any, last: int = RECENT_SESSIONS
+    results: Sequence[MeasurementResult], loc: Location, last: int = RECENT_SESSIONS
 ) -> dict[str, list[dict[str, Any]]]:
     """Each test's recent trend, for the HTML report beside the results: ``{result.test:
     [trend_data of TTFT, of TPOT]}`` over its last ``last`` sessions on this hardware (a test

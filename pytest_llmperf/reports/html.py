@@ -53,6 +53,7 @@ from .session_file import (
 )
 
 if TYPE_CHECKING:
+    from ..history.series import Series
     from ..judge.verdict import Comparison
 
 
@@ -635,12 +636,12 @@ def _against_agreement(results: Sequence[MeasurementResult]) -> str:
     )
 
 
-def history_page(series: Sequence[Any]) -> str:
+def history_page(series: Sequence[Series]) -> str:
     """``llmperf history --html``: per test and hardware, the trend plots and the tables."""
     from ..history.series import metric_order, steps, table, title, trend_data
     from .charts import trend_chart
 
-    groups: dict[tuple[str, str], list[Any]] = {}
+    groups: dict[tuple[str, str], list[Series]] = {}
     for s in sorted(series, key=metric_order):
         groups.setdefault((s.name, s.hardware_key), []).append(s)
     body = []
