@@ -393,7 +393,7 @@ def machine_peaks(
     return bw or m_bw, fl or m_fl
 
 
-def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+def _write_json(path: Path, data: Mapping[str, object]) -> None:
     """Best effort (a read-only cache only costs a new probe next time), never half-written."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
