@@ -144,7 +144,7 @@ class Channel:
         assert self.process is not None
         return self.process.pid
 
-    def send(self, message: Mapping[str, Any]) -> bool:
+    def send(self, message: Mapping[str, object]) -> bool:
         """False when the child is gone (its request pipe is closed)."""
         try:
             os.write(self._req_w, (json.dumps(message) + "\n").encode())
@@ -276,7 +276,7 @@ def _of(cls: Any, data: Mapping[str, Any], **nested: Any) -> Any:
     return cls(**fields)
 
 
-def trace_of(data: Mapping[str, Any]) -> RunTrace:
+def trace_of(data: Mapping[str, object]) -> RunTrace:
     trace: RunTrace = _of(RunTrace, data, native=NativeCounters)
     return trace
 
@@ -320,7 +320,7 @@ def logits_of(data: Mapping[str, Any]) -> TokenLogits:
     )
 
 
-def layers_of(data: Mapping[str, Any]) -> LayerProfile:
+def layers_of(data: Mapping[str, object]) -> LayerProfile:
     from .layers import LayerProfile, PhaseLayers
 
     profile: LayerProfile = _of(LayerProfile, data, prefill=PhaseLayers, decode=PhaseLayers)
@@ -417,7 +417,7 @@ class WorkerEngine(Engine, RemoteLayerTiming, TokenProbabilities, FreshLoads, Pr
     def _who(self) -> str:
         return f"[{self.label}] " if self.label else ""
 
-    def _call(self, message: Mapping[str, Any], doing: str) -> dict[str, Any]:
+    def _call(self, message: Mapping[str, object], doing: str) -> dict[str, Any]:
         channel = self.channel
         if channel is None or not channel.alive:
             raise EngineCrash(f"{self._who()}the engine worker for {self._model()} is gone (it crashed earlier)")
@@ -515,7 +515,7 @@ def _run(engine: LlamaCppEngine, message: Mapping[str, Any]) -> dict[str, Any]:
     return {"ok": True, "trace": dataclasses.asdict(trace), "info": dataclasses.asdict(engine.info())}
 
 
-def _rss(engine: LlamaCppEngine, message: Mapping[str, Any]) -> dict[str, Any]:
+def _rss(engine: LlamaCppEngine, message: Mapping[str, object]) -> dict[str, Any]:
     from .runner import peak_rss, reset_peak_rss
 
     reset = reset_peak_rss() if message["reset"] else False
@@ -537,7 +537,7 @@ def _layers(engine: LlamaCppEngine, message: Mapping[str, Any]) -> dict[str, Any
 
 #: The requests a loaded engine answers (``load`` and ``close`` are ``serve``'s own): each
 #: takes the engine and the request, and returns the reply.
-REQUESTS: dict[str, Callable[[LlamaCppEngine, Mapping[str, Any]], dict[str, Any]]] = {
+REQUESTS: dict[str, Callable[[LlamaCppEngine, Mapping[str, object]], dict[str, Any]]] = {
     "run": _run,
     "rss": _rss,
     "logits": _logits,
@@ -552,7 +552,7 @@ def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
     engine: LlamaCppEngine | None = None
     model = ""
 
-    def answer(reply: Mapping[str, Any]) -> None:
+    def answer(reply: Mapping[str, object]) -> None:
         replies.write((json.dumps(reply) + "\n").encode())
         replies.flush()
 

@@ -209,7 +209,7 @@ class Link:
         # This process's CPUs before any pinning (none known off Linux: nothing is pinned there).
         self.all_cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
 
-    def send(self, message: Mapping[str, Any]) -> None:
+    def send(self, message: Mapping[str, object]) -> None:
         self.replies.write((json.dumps(message) + "\n").encode())
         self.replies.flush()
 

@@ -214,7 +214,7 @@ class SideLogits(TokenProbabilities):
         self.side, self.timeout_s = side, timeout_s
 
     @staticmethod
-    def of(side: Side, event: Mapping[str, Any], timeout_s: float) -> SideLogits | None:
+    def of(side: Side, event: Mapping[str, object], timeout_s: float) -> SideLogits | None:
         if not event.get("logits"):
             return None  # the side's engine gives none
         return (SideIdLogits if event.get("needs_ids") else SideLogits)(side, timeout_s)
@@ -240,7 +240,7 @@ class SideIdLogits(SideLogits, NeedsPromptIds):
     needs_prompt_ids = True  # the side's engine takes the prompt as the other side's token ids (an endpoint)
 
 
-def outputs(ag: Against, events: Mapping[str, Mapping[str, Any]], workload: Workload) -> Agreement:
+def outputs(ag: Against, events: Mapping[str, Mapping[str, object]], workload: Workload) -> Agreement:
     """This tree's outputs against REF's (``measuring.agreement``, REF is A), after every pair."""
     from ..measuring.agreement import compare_outputs
 
