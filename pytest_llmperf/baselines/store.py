@@ -268,7 +268,7 @@ def _salvage(path: Path) -> dict[str, Any]:
 def update(
     path: Path,
     entries: Mapping[str, Mapping[str, Any]],
-    merge: Callable[[Mapping[str, Any] | None, dict[str, Any]], dict[str, Any]] | None = None,
+    merge: Callable[[Mapping[str, object] | None, dict[str, Any]], dict[str, Any]] | None = None,
 ) -> Path | None:
     """Merge ``{test key: {hardware key: entry}}`` into ``path``; other entries stay as they are.
 

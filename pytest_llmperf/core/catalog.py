@@ -51,7 +51,7 @@ class Budget:
     help: str  # the marker key's help text (``pytest --markers``, error messages)
     #: The statistic, read from a Measurement / recomputed from a stored record.
     read: Reader
-    from_record: Callable[[Mapping[str, Any]], float | None]
+    from_record: Callable[[Mapping[str, object]], float | None]
     pooled_tokens: bool = False  # the sample is pooled tokens (ITL), not runs
     share: bool = False  # the value is a share in (0, 1]
     statistic: str = "median"  # which statistic of the metric: "median", "p95", ...
@@ -103,7 +103,7 @@ class Metric:
         """Key of a record's ``summary`` that holds ``read``'s value (None: not in the summary)."""
         return next((f.key for f in SUMMARY.values() if f.metric == self.name and f.reader is None), None)
 
-    def from_record(self, record: Mapping[str, Any]) -> float | None:
+    def from_record(self, record: Mapping[str, object]) -> float | None:
         """The value ``read`` gives, from a stored record (None: the record lacks it)."""
         if self.summary_key is not None:
             return _summary(self.summary_key)(record)
@@ -145,8 +145,8 @@ def _runs(record: Mapping[str, Any], field: str) -> Sequence[float]:
     return (record.get("runs") or {}).get(field) or []
 
 
-def _median_of(field: str) -> Callable[[Mapping[str, Any]], float | None]:
-    def read(record: Mapping[str, Any]) -> float | None:
+def _median_of(field: str) -> Callable[[Mapping[str, object]], float | None]:
+    def read(record: Mapping[str, object]) -> float | None:
         values = _runs(record, field)
         return float(statistics.median(values)) if values else None
 
@@ -168,7 +168,7 @@ def pooled_itl(record: Mapping[str, Any] | None) -> list[float]:
     return [float(v) for run in record.get("itl_ms") or [] for v in run or []]
 
 
-def _pooled_percentile(q: float) -> Callable[[Mapping[str, Any]], float | None]:
+def _pooled_percentile(q: float) -> Callable[[Mapping[str, object]], float | None]:
     return lambda record: _percentile(pooled_itl(record), q)
 
 
@@ -176,8 +176,8 @@ def _summary(key: str) -> Callable[[Mapping[str, Any]], float | None]:
     return lambda record: (record.get("summary") or {}).get(key)
 
 
-def _at(*path: str) -> Callable[[Mapping[str, Any]], float | None]:
-    def read(record: Mapping[str, Any]) -> float | None:
+def _at(*path: str) -> Callable[[Mapping[str, object]], float | None]:
+    def read(record: Mapping[str, object]) -> float | None:
         value: Any = record
         for part in path:
             value = (value or {}).get(part)
@@ -397,7 +397,7 @@ class Figure:
     #: A budget: its marker key's help text, how a stored record recomputes the figure, and
     #: its key when not the default (the name for a ceiling, ``min_<name>`` for a floor).
     bound: str = ""
-    from_record: Callable[[Mapping[str, Any]], float | None] | None = None
+    from_record: Callable[[Mapping[str, object]], float | None] | None = None
     key: str = ""
     budget_label: str = ""  # as a budget breach prints it, when not ``label``
 
@@ -445,7 +445,7 @@ def _run_figure(name: str, metric: str, label: str, statistic: str, bound: str =
     def read(x: MeasurementShape) -> float | None:
         return m.read(x) if q is None else _percentile([getattr(r, field) for r in x.runs], q)
 
-    def from_record(record: Mapping[str, Any]) -> float | None:
+    def from_record(record: Mapping[str, object]) -> float | None:
         return _median_of(field)(record) if q is None else _percentile(_runs(record, field), q)
 
     return Figure(name, read, metric, label, statistic, bound=bound, from_record=from_record, key=key)

@@ -261,7 +261,7 @@ def load_schema(name: str) -> Mapping[str, Any]:
     return schema
 
 
-def _resolve(ref: str, root: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+def _resolve(ref: str, root: Mapping[str, object]) -> tuple[Mapping[str, object], Mapping[str, object]]:
     """``#/$defs/x`` in ``root``, or ``other.schema.json#/$defs/x`` beside it: (schema, its root)."""
     file, _, pointer = ref.partition("#")
     if file:
@@ -305,7 +305,7 @@ def _key(path: str, key: str, named: bool) -> str:
     return f"{path}[{key!r}]"
 
 
-def check(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any] | None = None, path: str = "") -> None:
+def check(value: Any, schema: Mapping[str, object], root: Mapping[str, object] | None = None, path: str = "") -> None:
     """Raise ``SchemaViolation`` at the first place ``value`` breaks ``schema`` (depth first:
     the keywords in ``KEYWORD_CHECKS``' order)."""
     root = schema if root is None else root
@@ -391,7 +391,7 @@ def _check_object(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any]
 
 
 #: ``check``'s keyword checks, in the order a value meets them.
-KEYWORD_CHECKS: tuple[Callable[[Any, Mapping[str, Any], Mapping[str, Any], str], None], ...] = (
+KEYWORD_CHECKS: tuple[Callable[[Any, Mapping[str, object], Mapping[str, object], str], None], ...] = (
     _check_ref,
     _check_any_of,
     _check_type,

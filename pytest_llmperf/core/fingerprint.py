@@ -129,7 +129,7 @@ SUBJECT_LABELS = {
 NEWER_KEYS = frozenset(s.subject_key for s in LLAMA_SETTINGS.values() if s.fingerprint and s.newer)
 
 
-def subject_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+def subject_changes(before: Mapping[str, object], after: Mapping[str, object]) -> list[str]:
     """``["llama-cpp-python 0.3.35 -> 0.3.36", "threads 2 -> 1"]``: what changed since."""
     changes = []
     for key, label in SUBJECT_LABELS.items():
@@ -167,7 +167,7 @@ HARDWARE_LABELS = {
 }
 
 
-def hardware_differences(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+def hardware_differences(before: Mapping[str, object], after: Mapping[str, object]) -> list[str]:
     """``["CPU 'Xeon A' -> 'EPYC B'", "usable CPUs 8 -> 2"]``: why two machines' timings are
     not comparable, field by field (keys absent from both are ignored)."""
     keys = list(HARDWARE_LABELS) + sorted((set(before) | set(after)) - set(HARDWARE_LABELS))
@@ -179,7 +179,7 @@ def hardware_differences(before: Mapping[str, Any], after: Mapping[str, Any]) ->
 
 
 def other_hardware_note(
-    entries: Mapping[str, Mapping[str, Any]],
+    entries: Mapping[str, Mapping[str, object]],
     hardware_key: str,
     candidate: Mapping[str, Any],
     hint: str = "record one with --llmperf-update-baselines",

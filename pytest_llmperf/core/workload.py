@@ -343,7 +343,7 @@ class LlamaSetting:
     help: str  # the marker key's help
     llama: tuple[str, ...] = ()  # the ``llama_cpp.Llama(...)`` keywords it sets
     model_param: str | None = None  # a ``llama_model_params`` field ``Llama(...)`` has no keyword for
-    to_llama: Callable[[Any, Mapping[str, Any]], Any] | None = None  # (value, all settings) -> llama.cpp's
+    to_llama: Callable[[Any, Mapping[str, object]], Any] | None = None  # (value, all settings) -> llama.cpp's
     not_llama: str | None = None  # why it sets nothing of llama.cpp's (the engine itself reads it)
     stored: str | None = None  # its key in the subject fingerprint (stored records), if not ``name``
     label: str | None = None  # how a changed subject names it, if not ``name``
@@ -356,7 +356,7 @@ class LlamaSetting:
     def subject_key(self) -> str:
         return self.stored or self.name
 
-    def llama_value(self, settings: Mapping[str, Any]) -> Any:
+    def llama_value(self, settings: Mapping[str, object]) -> Any:
         """The value llama.cpp is given, from every setting's value (``settings``)."""
         value = settings[self.name]
         return self.to_llama(value, settings) if self.to_llama is not None else value
@@ -478,7 +478,7 @@ LLAMA_SETTINGS: dict[str, LlamaSetting] = {
 }
 
 
-def llama_arguments(settings: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def llama_arguments(settings: Mapping[str, object]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The ``llama_cpp.Llama(...)`` keywords and the ``llama_model_params`` fields that every
     setting's value (``settings``, by name, as the engine resolved them) sets."""
     keywords: dict[str, Any] = {}

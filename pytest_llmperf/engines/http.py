@@ -41,7 +41,7 @@ import secrets
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..core.errors import ConfigError, EngineError
 from ..core.redact import Redactor, Url, display, redact
@@ -50,6 +50,9 @@ from ..core.workload import EngineInfo, RunTrace, TokenLogits, Workload
 from . import synthetic_text
 from .capabilities import AsyncRuns, Closable, ConcurrentRuns, Engine, NeedsPromptIds, ServerMetrics
 from .sse import MAX_ERROR_BODY_BYTES, EventReader, Head, StreamState, status_error
+
+if TYPE_CHECKING:
+    import httpx
 
 DEFAULT_API_KEY_ENV: str = SETTINGS["api_key_env"].default
 #: Top log-probabilities asked per position for output agreement (OpenAI's top_logprobs cap).
@@ -266,7 +269,7 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
             raise self._transport_error(exc, state, _DEADLINE.hit) from None
         return self._finish(state, start)
 
-    def _refused(self, response: Any) -> EngineError:
+    def _refused(self, response: httpx.Response) -> EngineError:
         """The error for a response of status >= 300, with the head of its body."""
         head = Head(MAX_ERROR_BODY_BYTES)
         for chunk in response.iter_bytes():
@@ -276,7 +279,7 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
 
     # -- asynchronous client (load tests) --------------------------------------------------------
 
-    def async_client(self) -> Any:
+    def async_client(self) -> httpx.AsyncClient:
         """A new ``httpx.AsyncClient`` like the synchronous one; use it on one event loop."""
         import httpx
 
@@ -286,7 +289,7 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
         )
 
-    async def arun(self, workload: Workload, run_index: int, client: Any) -> RunTrace:
+    async def arun(self, workload: Workload, run_index: int, client: httpx.AsyncClient) -> RunTrace:
         """``run`` on ``client`` (from ``async_client``); cancelled at the request's deadline."""
         state = StreamState(self.url, self.api, workload.max_tokens)
         try:
@@ -299,7 +302,9 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
                 raise type(exc)(message) from None
             raise
 
-    async def _arun(self, workload: Workload, run_index: int, client: Any, state: StreamState) -> RunTrace:
+    async def _arun(
+        self, workload: Workload, run_index: int, client: httpx.AsyncClient, state: StreamState
+    ) -> RunTrace:
         import httpx
 
         body = self.body(workload, run_index)
@@ -320,7 +325,7 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
             raise self._transport_error(exc, state, False) from None
         return self._finish(state, start)
 
-    async def _arefused(self, response: Any) -> EngineError:
+    async def _arefused(self, response: httpx.Response) -> EngineError:
         """``_refused`` for an asynchronous response."""
         head = Head(MAX_ERROR_BODY_BYTES)
         async for chunk in response.aiter_bytes():
@@ -588,7 +593,7 @@ def parse(text: str) -> dict[str, float]:
     return values
 
 
-def read(client: Any, metrics_url: str) -> dict[str, float] | None:
+def read(client: httpx.Client, metrics_url: str) -> dict[str, float] | None:
     """The server's ``llamacpp:`` metrics, or None when it has none (another server, no
     ``--metrics``, unreachable)."""
     import httpx

@@ -300,7 +300,7 @@ class EngineConfig:
         return self.n_ubatch or self.n_batch
 
     @classmethod
-    def from_settings(cls, settings: Any, overrides: Mapping[str, Any] | None = None) -> EngineConfig:
+    def from_settings(cls, settings: Any, overrides: Mapping[str, object] | None = None) -> EngineConfig:
         """The session's llama.cpp settings (``settings.EngineSettings``) with a test's own
         (marker keys) over them."""
         session = {s.name: getattr(settings, s.name) for s in LLAMA_SETTINGS.values() if s.option is not None}
@@ -308,7 +308,7 @@ class EngineConfig:
         return base.replace(overrides) if overrides else base
 
     @classmethod
-    def named(cls, model: str, settings: Mapping[str, Any]) -> EngineConfig:
+    def named(cls, model: str, settings: Mapping[str, object]) -> EngineConfig:
         """``model``'s config with llama.cpp ``settings`` by name; an unknown or old name is one ConfigError."""
         if "model" in settings:
             raise ConfigError(f"the model is given once, as the model path ({model}), not as the setting 'model'")

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 def append_session(
-    loc: Location, results: Sequence[Mapping[str, Any]], started_at: str, rootdir: Path | str, compared: bool
+    loc: Location, results: Sequence[Mapping[str, object]], started_at: str, rootdir: Path | str, compared: bool
 ) -> int:
     """Append the session's measured results to the history (one transaction); returns the
     session's id. Raises ``database.HistoryError`` (one line)."""

@@ -35,6 +35,7 @@ from .connection import Location
 
 if TYPE_CHECKING:
     from ..judge.result import MeasurementResult
+    from .connection import Location
 
 
 #: Two-sided 95% normal quantile: the CI drawn and printed around a session's level.
@@ -57,8 +58,8 @@ class Point:
     spread: float
     upper: float | None
     baseline: str | None
-    subject: Mapping[str, Any] = field(default_factory=dict, compare=False)
-    workload: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    subject: Mapping[str, object] = field(default_factory=dict, compare=False)
+    workload: Mapping[str, object] = field(default_factory=dict, compare=False)
     runs: tuple[float, ...] = field(default=(), compare=False)
 
     @property
@@ -252,7 +253,7 @@ def read_windows(loc: Location, hardware_key: str, metrics: Sequence[str]) -> Wi
     """One read of the history for a whole session: the last ``WINDOW_READ_SESSIONS``
     sessions' levels of ``metrics`` on ``hardware_key`` (no per-run values). Raises
     ``store.HistoryError`` (one line) when the history cannot be read."""
-    rows: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    rows: dict[tuple[str, str], list[Mapping[str, object]]] = {}
     if loc.kind == "sqlite" and not Path(loc.target).is_file():
         return Windows(rows)
     skipped: list[str] = []
@@ -429,7 +430,7 @@ def _step_text(st: Step) -> str:
 
 
 def attach(
-    results: Sequence[MeasurementResult], loc: Any, last: int = RECENT_SESSIONS
+    results: Sequence[MeasurementResult], loc: Location, last: int = RECENT_SESSIONS
 ) -> dict[str, list[dict[str, Any]]]:
     """Each test's recent trend, for the HTML report beside the results: ``{result.test:
     [trend_data of TTFT, of TPOT]}`` over its last ``last`` sessions on this hardware (a test
@@ -552,6 +553,6 @@ def _otava_postgres_test(slug: str, members: Sequence[Series], hw: str, metric_l
     )
 
 
-def _subject_text(subject: Mapping[str, Any]) -> str:
+def _subject_text(subject: Mapping[str, object]) -> str:
     keys = ("backend_version", "model", "quantization", "n_threads", "n_gpu_layers")
     return " ".join(f"{k}={subject.get(k)}" for k in keys if subject.get(k) is not None)

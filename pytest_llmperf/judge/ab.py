@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -39,6 +39,10 @@ from .budgets import (
     parse_budgets,
 )
 from .paired import PAIRED_METRICS, PHASE_METRIC, PairedComparison, paired
+
+if TYPE_CHECKING:
+    from ..core.workload import RunTrace
+    from ..engines.capabilities import Engine
 
 __all__ = [
     "ABResult",
@@ -128,10 +132,10 @@ def block_orders(n_pairs: int, seed: int) -> tuple[str, ...]:
 
 
 def interleave(
-    a: Any, b: Any, workload: Workload, seed: int
-) -> tuple[list[Any], list[Any], list[Any], list[Any], tuple[str, ...]]:
+    a: Engine, b: Engine, workload: Workload, seed: int
+) -> tuple[list[RunTrace], list[RunTrace], list[RunTrace], list[RunTrace], tuple[str, ...]]:
     """(A traces, B traces, A warm-up traces, B warm-up traces, orders)."""
-    runs: dict[str, tuple[Any, list[Any], list[Any]]] = {"A": (a, [], []), "B": (b, [], [])}
+    runs: dict[str, tuple[Engine, list[RunTrace], list[RunTrace]]] = {"A": (a, [], []), "B": (b, [], [])}
     for i, order in enumerate(block_orders(workload.warmup, seed + 1)):
         for side in order:
             engine, warm, _ = runs[side]
@@ -210,7 +214,9 @@ def _judged_budgets(budgets: Sequence[RelativeBudget], comparisons: Sequence[Pai
     return outcomes
 
 
-def _measurement(traces: list[Any], warm: list[Any], workload: Workload, engine: Any, label: str) -> Measurement:
+def _measurement(
+    traces: list[RunTrace], warm: list[RunTrace], workload: Workload, engine: Engine, label: str
+) -> Measurement:
     m = summarize(traces, workload, engine.info(), label=label)
     return dataclasses.replace(m, warmup_runs=tuple(RunMetrics.of(t) for t in warm))
 

@@ -238,7 +238,7 @@ class AgreementBreach:
         return self.text
 
 
-def against_agreement(m: Measurement, given: Mapping[str, Any]) -> tuple[tuple[AgreementBreach, ...], int]:
+def against_agreement(m: Measurement, given: Mapping[str, object]) -> tuple[tuple[AgreementBreach, ...], int]:
     """(the breaches, how many budgets) of the marker's agreement budgets (``given``: its A/B
     keys) on a measurement judged against REF (``m.agreement``; None: it was not compared)."""
     budgets = parse_agreement_budgets(**{k: given.get(k) for k in AGREEMENT_BUDGETS})

@@ -14,12 +14,17 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..core import catalog
 from .verdict import CI_LEVEL, exp_clamped, fmt_p, fmt_value, level, log_level, positive_values
+
+if TYPE_CHECKING:
+    from ..core.catalog import Metric
+    from ..measuring.metrics import RunMetrics
+    from .verdict import Comparison
 
 #: metric -> (label, phase, unit, higher is better). Times are compared as b/a time ratios.
 PAIRED_METRICS: dict[str, tuple[str, str, str, bool]] = {
@@ -175,8 +180,8 @@ def _signed_rank_greater(d: np.ndarray) -> float:
 
 
 def judged_pairs(
-    a_runs: Sequence[Any],
-    b_runs: Sequence[Any],
+    a_runs: Sequence[RunMetrics],
+    b_runs: Sequence[RunMetrics],
     *,
     alpha: float,
     threshold: float,
@@ -184,7 +189,7 @@ def judged_pairs(
     family: int,
     looks: int = 1,
     reference: str = "",
-) -> list[Any]:
+) -> list[Comparison]:
     """B (the current side) judged against A (``--llmperf-against``'s REF) from interleaved pairs
     of runs (``measuring.metrics.RunMetrics``; pair i = A's run i and B's run i), with the
     baseline rule's words, threshold and alpha (``verdict.decided``): per phase (TTFT, TPOT) and
@@ -194,7 +199,7 @@ def judged_pairs(
     judged comparisons, unseen ones counted as p = 1), each look at alpha / ``looks``."""
     from .rule import JUDGED, METRICS, decide, mirrored
 
-    judged: list[Any] = []
+    judged: list[Comparison] = []
     for spec in JUDGED:
         va = [getattr(r, spec.name) for r in a_runs]
         vb = [getattr(r, spec.name) for r in b_runs]
@@ -210,7 +215,9 @@ def judged_pairs(
     return decide([*judged, *rates], alpha=alpha / max(looks, 1), m=max(family, len(judged)))
 
 
-def _paired_comparison(spec: Any, va: Sequence[float], vb: Sequence[float], threshold: float, reference: str) -> Any:
+def _paired_comparison(
+    spec: Metric, va: Sequence[float], vb: Sequence[float], threshold: float, reference: str
+) -> Comparison:
     """One metric's pairs as an undecided ``Comparison`` (``decide`` gives its verdict)."""
     from .verdict import Comparison, Verdict
 
@@ -248,7 +255,7 @@ def _paired_comparison(spec: Any, va: Sequence[float], vb: Sequence[float], thre
     )
 
 
-def _values(runs: Sequence[Any], metric: str) -> list[float]:
+def _values(runs: Sequence[RunMetrics], metric: str) -> list[float]:
     return [float(getattr(r, metric)) for r in runs]
 
 
@@ -259,7 +266,7 @@ def _worse_bounds(c: Any) -> tuple[float, float]:
     return c.ci_low, c.ci_high
 
 
-def needs_more_pairs(c: Any) -> str | None:
+def needs_more_pairs(c: Comparison) -> str | None:
     """Why one judged comparison of a look (``judged_pairs``) needs more pairs, or None when more
     pairs would not change what it says (docs/against.md, "When the pairs stop"):
 
@@ -298,7 +305,7 @@ def _unchanged_needs_more(c: Any) -> str | None:
     return "its CI holds 1 and reaches past the threshold"
 
 
-def pairs_settled(comparisons: Sequence[Any]) -> str | None:
+def pairs_settled(comparisons: Sequence[Comparison]) -> str | None:
     """Why the pairs of one measurement may stop at this look (``judged_pairs``' comparisons),
     or None to take more: a REGRESSION whose whole CI lies beyond the threshold (the test fails,
     and more pairs would not bring the change back within it), or every judged comparison

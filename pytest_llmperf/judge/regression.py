@@ -128,7 +128,7 @@ MEMORY_RULE: dict[str, tuple[float, float]] = {
 }
 
 
-def compare_memory(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> tuple[str, ...]:
+def compare_memory(baseline: Mapping[str, object], candidate: Mapping[str, object]) -> tuple[str, ...]:
     """A line for each memory figure of ``MEMORY_RULE`` that both records carry and that grew
     beyond its rule: "KV buffer 2 -> 4 MiB (+100%; llama.cpp log) since the baseline"."""
     from ..core.catalog import METRICS
@@ -213,8 +213,8 @@ def _kept_sessions(
 
 
 def compare_records(
-    baseline: Mapping[str, Any],
-    candidate: Mapping[str, Any],
+    baseline: Mapping[str, object],
+    candidate: Mapping[str, object],
     settings: CompareSettings,
     window: Mapping[str, Sequence[Level]] | None = None,
 ) -> list[Comparison]:
@@ -225,7 +225,7 @@ def compare_records(
     return judged_records(baseline, candidate, settings, window)[0]
 
 
-def _sound(rec: Mapping[str, Any], name: str, side: str) -> tuple[Level | None, list[Level], list[str]]:
+def _sound(rec: Mapping[str, object], name: str, side: str) -> tuple[Level | None, list[Level], list[str]]:
     """One record's session level of ``name`` and its older recorded levels, each only if it is
     one (finite, positive values; a stored level that is a level), and a note per part left out."""
     notes: list[str] = []
@@ -249,8 +249,8 @@ def _sound(rec: Mapping[str, Any], name: str, side: str) -> tuple[Level | None, 
 
 
 def judged_records(
-    baseline: Mapping[str, Any],
-    candidate: Mapping[str, Any],
+    baseline: Mapping[str, object],
+    candidate: Mapping[str, object],
     settings: CompareSettings,
     window: Mapping[str, Sequence[Level]] | None = None,
 ) -> tuple[list[Comparison], list[str]]:
@@ -281,7 +281,7 @@ def judged_records(
 
 
 def _with_rates(
-    judged: dict[str, Comparison], baseline: Mapping[str, Any], candidate: Mapping[str, Any]
+    judged: dict[str, Comparison], baseline: Mapping[str, object], candidate: Mapping[str, object]
 ) -> list[Comparison]:
     """The judged comparisons in the catalog's order, each followed where it comes by the rate
     that mirrors it (shown with the rate's own medians, when both records carry them)."""
@@ -296,7 +296,7 @@ def _with_rates(
     return comparisons
 
 
-def _medians(baseline: Mapping[str, Any], candidate: Mapping[str, Any], name: str) -> tuple[float, float] | None:
+def _medians(baseline: Mapping[str, object], candidate: Mapping[str, object], name: str) -> tuple[float, float] | None:
     """Both records' median of ``name`` (a rate shown beside the metric it mirrors), if both
     carry finite numbers for it."""
     out = []
@@ -331,7 +331,7 @@ CPU_WAIT_SHARE = 0.05
 OTHERS_CPU_SHARE = 0.25
 
 
-def _machine_figure(rec: Mapping[str, Any], key: str, upper: float = math.inf) -> float | None:
+def _machine_figure(rec: Mapping[str, object], key: str, upper: float = math.inf) -> float | None:
     machine = rec.get("machine")
     value = machine.get(key) if isinstance(machine, Mapping) else None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -339,18 +339,18 @@ def _machine_figure(rec: Mapping[str, Any], key: str, upper: float = math.inf) -
     return float(value) if 0 <= value <= upper else None
 
 
-def steal_share(rec: Mapping[str, Any]) -> float | None:
+def steal_share(rec: Mapping[str, object]) -> float | None:
     return _machine_figure(rec, "steal_share", 1.0)
 
 
-def machine_signals(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> list[str]:
+def machine_signals(baseline: Mapping[str, object], candidate: Mapping[str, object]) -> list[str]:
     """Each sign that the machine, not the subject, was busier during the candidate's runs than
     during the baseline's, as a phrase naming its figure on both sides (none: the machine was
     no busier by anything it reports)."""
     return [phrase for phrase in (sign(baseline, candidate) for sign in MACHINE_SIGNS) if phrase is not None]
 
 
-def _preempted(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> str | None:
+def _preempted(baseline: Mapping[str, object], candidate: Mapping[str, object]) -> str | None:
     base_sw, cand_sw = (_machine_figure(r, "involuntary_switches_per_run") for r in (baseline, candidate))
     if cand_sw is None or base_sw is None or cand_sw < CONTENTION_FACTOR * max(base_sw, 1.0):
         return None
@@ -360,7 +360,7 @@ def _preempted(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> str
     )
 
 
-def _waited_for_cpu(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> str | None:
+def _waited_for_cpu(baseline: Mapping[str, object], candidate: Mapping[str, object]) -> str | None:
     base_wait, cand_wait = (_machine_figure(r, "cpu_wait_share", 1.0) for r in (baseline, candidate))
     if cand_wait is None or cand_wait < CPU_WAIT_SHARE or cand_wait - (base_wait or 0.0) < CPU_WAIT_SHARE:
         return None
@@ -370,7 +370,7 @@ def _waited_for_cpu(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -
     )
 
 
-def _others_busy(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> str | None:
+def _others_busy(baseline: Mapping[str, object], candidate: Mapping[str, object]) -> str | None:
     base_others, cand_others = (_machine_figure(r, "others_cpu_share", 1.0) for r in (baseline, candidate))
     if cand_others is None or cand_others < OTHERS_CPU_SHARE or cand_others - (base_others or 0.0) < OTHERS_CPU_SHARE:
         return None
@@ -380,7 +380,7 @@ def _others_busy(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> s
     )
 
 
-def _stolen(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> str | None:
+def _stolen(baseline: Mapping[str, object], candidate: Mapping[str, object]) -> str | None:
     base_steal, cand_steal = steal_share(baseline), steal_share(candidate)
     if cand_steal is None or cand_steal - (base_steal or 0.0) < STEAL_MACHINE_SHARE:
         return None
@@ -392,7 +392,7 @@ def _stolen(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> str | 
 
 #: The signs ``machine_signals`` reads, in the order it names them: each a phrase naming its
 #: figure on both sides, or None where the figure does not show the machine busier.
-MACHINE_SIGNS: tuple[Callable[[Mapping[str, Any], Mapping[str, Any]], str | None], ...] = (
+MACHINE_SIGNS: tuple[Callable[[Mapping[str, object], Mapping[str, object]], str | None], ...] = (
     _preempted,
     _waited_for_cpu,
     _others_busy,
@@ -400,7 +400,7 @@ MACHINE_SIGNS: tuple[Callable[[Mapping[str, Any], Mapping[str, Any]], str | None
 )
 
 
-def machine_blame(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> str | None:
+def machine_blame(baseline: Mapping[str, object], candidate: Mapping[str, object]) -> str | None:
     """Why a slowdown is the machine's, not the subject's (None: nothing says so): the signals of
     ``machine_signals``. The reference probe is recorded beside them but decides nothing: on
     this project's VM its drift did not follow llama.cpp's (correlation about 0 over 20 A/A
@@ -436,11 +436,11 @@ def closest_hardware_differences(entries: Mapping[str, Any], candidate: Mapping[
 
 
 def judge(
-    entries: Mapping[str, Mapping[str, Any]] | None,
+    entries: Mapping[str, Mapping[str, object]] | None,
     hardware_key: str,
-    candidate: Mapping[str, Any],
+    candidate: Mapping[str, object],
     settings: CompareSettings,
-    window: Callable[[Mapping[str, Any]], Mapping[str, Sequence[Level]]] | None = None,
+    window: Callable[[Mapping[str, object]], Mapping[str, Sequence[Level]]] | None = None,
 ) -> BaselineVerdict:
     """Find this hardware's entry among a test's baselines and compare, or say why not.
     ``window(entry)``: the history's sessions of this test since ``entry`` was recorded, per
@@ -461,7 +461,7 @@ def _judge(
     hardware_key: str,
     candidate: Mapping[str, Any],
     settings: CompareSettings,
-    window: Callable[[Mapping[str, Any]], Mapping[str, Sequence[Level]]] | None,
+    window: Callable[[Mapping[str, object]], Mapping[str, Sequence[Level]]] | None,
 ) -> BaselineVerdict:
     if not entries:
         return BaselineVerdict(BaselineStatus.NO_BASELINE, "no baseline: run with --llmperf-update-baselines")
@@ -503,7 +503,7 @@ def _judge(
 
 
 def _layers(
-    baseline: Mapping[str, Any], candidate: Mapping[str, Any], settings: CompareSettings
+    baseline: Mapping[str, object], candidate: Mapping[str, object], settings: CompareSettings
 ) -> tuple[LayerChange, ...]:
     """The per-layer diagnosis (``compare_layers``); none when either record's layer data is not
     numbers that diagnose anything (a diagnosis, not a gate)."""

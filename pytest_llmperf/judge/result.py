@@ -68,8 +68,8 @@ class LayerChange:
 
 
 def compare_layers(
-    baseline: Mapping[str, Any],
-    candidate: Mapping[str, Any],
+    baseline: Mapping[str, object],
+    candidate: Mapping[str, object],
     *,
     alpha: float = DEFAULT_ALPHA,
     threshold: float = DEFAULT_THRESHOLD,
@@ -255,14 +255,14 @@ class MeasurementResult:
     breached_budgets: tuple[str, ...] = ()  # their marker keys (min_tps...)
     budgets: Mapping[str, float] = field(default_factory=dict)  # the marker's
     #: What a ``pytest_llmperf_result`` hook attached (JSON values).
-    extra_info: Mapping[str, Any] = field(default_factory=dict)
+    extra_info: Mapping[str, object] = field(default_factory=dict)
     figures: Figures | None = None  # None: read from a session file that predates them
     key: str = ""  # the baseline entry's key, e.g. ``test_decode[q4]#warm``
     baseline_file: str = ""  # relative to the baseline folder
     hardware_key: str = ""
     record: Mapping[str, Any] | None = None  # the baseline record format (schemas/baselines.schema.json)
     verdict: VerdictRecord | None = None
-    baseline_record: Mapping[str, Any] | None = None  # the entry the verdict compared against
+    baseline_record: Mapping[str, object] | None = None  # the entry the verdict compared against
     #: One line per budget whose CI straddles its limit (undecided: passes, and says so).
     budget_notes: tuple[str, ...] = ()
 

@@ -17,13 +17,16 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..core.errors import EngineError
 from ..core.formats import sig6
 from ..core.workload import Workload
+
+if TYPE_CHECKING:
+    from ..engines.capabilities import LayerTiming
 
 #: Outlier rule: a layer slower than median + OUTLIER_MAD_FACTOR x MAD of the layers (and
 #: at least OUTLIER_MIN_EXCESS above the median, so a model of identical layers with a tiny MAD
@@ -155,7 +158,7 @@ class LayerTimer:
     reads. The plain engine stays untouched (its context has no callback).
     """
 
-    def __init__(self, engine: Any, workload: Workload) -> None:
+    def __init__(self, engine: LayerTiming, workload: Workload) -> None:
         lib = engine.lib
         self._lib = lib
         self._engine = engine

@@ -502,7 +502,7 @@ def context_slope(
     return slope_ms * 1e3, (min(xs), max(xs))
 
 
-def diagnose(m: Any, system: SystemDelta | None = None, warmup_runs: Sequence[Any] = ()) -> Stability:
+def diagnose(m: Measurement, system: SystemDelta | None = None, warmup_runs: Sequence[RunMetrics] = ()) -> Stability:
     """Stability of a Measurement; ``warmup_runs`` (RunMetrics of discarded runs) give the
     first-run slowdown."""
     tpots = [r.tpot_ms for r in m.runs]
@@ -528,7 +528,9 @@ def diagnose(m: Any, system: SystemDelta | None = None, warmup_runs: Sequence[An
     )
 
 
-def _first_run(warmup_runs: Sequence[Any], med_tpot: float, med_ttft: float) -> tuple[float | None, float | None]:
+def _first_run(
+    warmup_runs: Sequence[RunMetrics], med_tpot: float, med_ttft: float
+) -> tuple[float | None, float | None]:
     """The first (warm-up) run's TPOT and TTFT against the runs' medians; None without one."""
     if not warmup_runs:
         return None, None
@@ -536,7 +538,7 @@ def _first_run(warmup_runs: Sequence[Any], med_tpot: float, med_ttft: float) -> 
     return (first.tpot_ms / med_tpot if med_tpot else None, first.ttft_ms / med_ttft if med_ttft else None)
 
 
-def _first_token_slowdown(runs: Sequence[Any]) -> float:
+def _first_token_slowdown(runs: Sequence[RunMetrics]) -> float:
     """The median over runs of the first gap against the run's median gap (1.0: none to tell)."""
     first_token = [r.itl_ms[0] / float(np.median(r.itl_ms)) for r in runs if len(r.itl_ms) > 1 and np.median(r.itl_ms)]
     return float(np.median(first_token)) if first_token else 1.0

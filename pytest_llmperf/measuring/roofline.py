@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -39,6 +39,9 @@ from ..core.documents import RefusedFile, read_text
 from ..core.errors import ConfigError
 from ..core.formats import sig6
 from ..core.workload import EngineInfo
+
+if TYPE_CHECKING:
+    from .metrics import Measurement
 
 
 @dataclass(frozen=True)
@@ -175,7 +178,7 @@ def _phase(
     )
 
 
-def roofline(measurement: Any, bw: Peak, tflops: Peak) -> Roofline | None:
+def roofline(measurement: Measurement, bw: Peak, tflops: Peak) -> Roofline | None:
     """The roofline of a Measurement; None when the engine does not expose the model facts
     (e.g. a served model) or nothing was decoded."""
     info: EngineInfo = measurement.engine
@@ -390,7 +393,7 @@ def machine_peaks(
     return bw or m_bw, fl or m_fl
 
 
-def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+def _write_json(path: Path, data: Mapping[str, object]) -> None:
     """Best effort (a read-only cache only costs a new probe next time), never half-written."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -47,6 +47,7 @@ from .metrics import Measurement, RunMetrics, SystemDelta, sample_system, summar
 
 if TYPE_CHECKING:
     from .layers import LayerProfile
+    from .roofline import Peak
 
 
 def as_engine(obj: Any) -> Engine:
@@ -68,7 +69,7 @@ def measure(
     slo: Mapping[str, float] | None = None,
     *,
     layers: bool = False,
-    peaks: tuple[Any, Any] | None = None,
+    peaks: tuple[Peak, Peak] | None = None,
     model_load: str | None = None,
 ) -> Measurement:
     """Run ``workload.warmup`` discarded runs, then ``workload.runs`` measured ones; a load

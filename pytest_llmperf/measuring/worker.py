@@ -67,6 +67,8 @@ from ..models.gguf import gguf_file_type
 
 if TYPE_CHECKING:
     from ..engines.llama_cpp import LlamaCppEngine
+    from .layers import LayerProfile
+    from .runner import PeakRss
 
 
 class ChannelClosed(Exception):
@@ -142,7 +144,7 @@ class Channel:
         assert self.process is not None
         return self.process.pid
 
-    def send(self, message: Mapping[str, Any]) -> bool:
+    def send(self, message: Mapping[str, object]) -> bool:
         """False when the child is gone (its request pipe is closed)."""
         try:
             os.write(self._req_w, (json.dumps(message) + "\n").encode())
@@ -274,7 +276,7 @@ def _of(cls: Any, data: Mapping[str, Any], **nested: Any) -> Any:
     return cls(**fields)
 
 
-def trace_of(data: Mapping[str, Any]) -> RunTrace:
+def trace_of(data: Mapping[str, object]) -> RunTrace:
     trace: RunTrace = _of(RunTrace, data, native=NativeCounters)
     return trace
 
@@ -318,10 +320,11 @@ def logits_of(data: Mapping[str, Any]) -> TokenLogits:
     )
 
 
-def layers_of(data: Mapping[str, Any]) -> Any:
+def layers_of(data: Mapping[str, object]) -> LayerProfile:
     from .layers import LayerProfile, PhaseLayers
 
-    return _of(LayerProfile, data, prefill=PhaseLayers, decode=PhaseLayers)
+    profile: LayerProfile = _of(LayerProfile, data, prefill=PhaseLayers, decode=PhaseLayers)
+    return profile
 
 
 class WorkerEngine(Engine, RemoteLayerTiming, TokenProbabilities, FreshLoads, ProcessMemory, EngineProcess, Closable):
@@ -371,7 +374,7 @@ class WorkerEngine(Engine, RemoteLayerTiming, TokenProbabilities, FreshLoads, Pr
     def reset_peak_rss(self) -> bool:
         return bool(self._call({"op": "rss", "reset": True}, "reading the memory of")["reset"])
 
-    def peak_rss(self, was_reset: bool) -> Any:
+    def peak_rss(self, was_reset: bool) -> PeakRss:
         from .runner import PeakRss
 
         peak = self._call({"op": "rss", "reset": False}, "reading the memory of")["peak"]
@@ -389,7 +392,7 @@ class WorkerEngine(Engine, RemoteLayerTiming, TokenProbabilities, FreshLoads, Pr
         }
         return logits_of(self._call(message, "reading token probabilities of")["got"])
 
-    def profile_layers(self, workload: Workload) -> Any:
+    def profile_layers(self, workload: Workload) -> LayerProfile:
         """``measuring.layers.profile_layers`` of this engine, run in the worker."""
         reply = self._call({"op": "layers", "workload": dataclasses.asdict(workload)}, "timing the layers of")
         return layers_of(reply["layers"])
@@ -414,7 +417,7 @@ class WorkerEngine(Engine, RemoteLayerTiming, TokenProbabilities, FreshLoads, Pr
     def _who(self) -> str:
         return f"[{self.label}] " if self.label else ""
 
-    def _call(self, message: Mapping[str, Any], doing: str) -> dict[str, Any]:
+    def _call(self, message: Mapping[str, object], doing: str) -> dict[str, Any]:
         channel = self.channel
         if channel is None or not channel.alive:
             raise EngineCrash(f"{self._who()}the engine worker for {self._model()} is gone (it crashed earlier)")
@@ -512,7 +515,7 @@ def _run(engine: LlamaCppEngine, message: Mapping[str, Any]) -> dict[str, Any]:
     return {"ok": True, "trace": dataclasses.asdict(trace), "info": dataclasses.asdict(engine.info())}
 
 
-def _rss(engine: LlamaCppEngine, message: Mapping[str, Any]) -> dict[str, Any]:
+def _rss(engine: LlamaCppEngine, message: Mapping[str, object]) -> dict[str, Any]:
     from .runner import peak_rss, reset_peak_rss
 
     reset = reset_peak_rss() if message["reset"] else False
@@ -534,7 +537,7 @@ def _layers(engine: LlamaCppEngine, message: Mapping[str, Any]) -> dict[str, Any
 
 #: The requests a loaded engine answers (``load`` and ``close`` are ``serve``'s own): each
 #: takes the engine and the request, and returns the reply.
-REQUESTS: dict[str, Callable[[LlamaCppEngine, Mapping[str, Any]], dict[str, Any]]] = {
+REQUESTS: dict[str, Callable[[LlamaCppEngine, Mapping[str, object]], dict[str, Any]]] = {
     "run": _run,
     "rss": _rss,
     "logits": _logits,
@@ -549,7 +552,7 @@ def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
     engine: LlamaCppEngine | None = None
     model = ""
 
-    def answer(reply: Mapping[str, Any]) -> None:
+    def answer(reply: Mapping[str, object]) -> None:
         replies.write((json.dumps(reply) + "\n").encode())
         replies.flush()
 

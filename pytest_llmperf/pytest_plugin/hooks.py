@@ -12,11 +12,20 @@ wrong answer into one line that names the hook, not a traceback deep in a report
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 from ..core.errors import ConfigError, EngineError
+
+if TYPE_CHECKING:
+    import pytest
+
+    from ..core.settings import EngineSettings
+    from ..core.workload import EngineInfo
+    from ..engines import Engine
+    from ..engines.llama_cpp_native import EngineConfig
+    from ..session.results import Result
 
 hookspec = pluggy.HookspecMarker("pytest")
 
@@ -69,12 +78,12 @@ def pytest_llmperf_make_engine(config: Any, settings: Any, engine_config: Any) -
     """
 
 
-def _who(config: Any, name: str) -> str:
+def _who(config: pytest.Config, name: str) -> str:
     impls = getattr(config.hook, name).get_hookimpls()
     return ", ".join(sorted({getattr(i.plugin, "__file__", None) or i.plugin_name for i in impls})) or "?"
 
 
-def fingerprint(config: Any, hardware: dict[str, Any], subject: dict[str, Any], info: Any) -> None:
+def fingerprint(config: pytest.Config, hardware: dict[str, Any], subject: dict[str, Any], info: EngineInfo) -> None:
     """Let ``pytest_llmperf_fingerprint`` edit both halves in place; JSON scalars only (they
     are stored in the baseline file and compared with ``!=``)."""
     config.hook.pytest_llmperf_fingerprint(config=config, hardware=hardware, subject=subject, info=info)
@@ -87,7 +96,7 @@ def fingerprint(config: Any, hardware: dict[str, Any], subject: dict[str, Any], 
                 )
 
 
-def result(config: Any, item: Any, r: Any) -> Any:
+def result(config: pytest.Config, item: pytest.Item, r: Result) -> Result:
     """The result to report: ``pytest_llmperf_result``'s replacement, else ``r``."""
     from ..session.results import Result
 
@@ -109,7 +118,7 @@ def result(config: Any, item: Any, r: Any) -> Any:
     return new
 
 
-def make_engine(config: Any, settings: Any, engine_config: Any) -> Any:
+def make_engine(config: pytest.Config, settings: EngineSettings, engine_config: EngineConfig | None) -> Engine | None:
     """``pytest_llmperf_make_engine``'s engine (a callable wrapped), or None for the default."""
     engine = config.hook.pytest_llmperf_make_engine(config=config, settings=settings, engine_config=engine_config)
     if engine is None:
@@ -126,7 +135,7 @@ def make_engine(config: Any, settings: Any, engine_config: Any) -> Any:
     )
 
 
-def engine_note(config: Any) -> str | None:
+def engine_note(config: pytest.Config) -> str | None:
     """The header's word that a hook may measure another engine than the one it names."""
     if not config.hook.pytest_llmperf_make_engine.get_hookimpls():
         return None

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 GROUP = "llmperf"
 
 
-def item_group(item: Any, perf: bool) -> str | None:
+def item_group(item: pytest.Item, perf: bool) -> str | None:
     if perf:
         return GROUP
     names = sorted(

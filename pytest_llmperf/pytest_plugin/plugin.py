@@ -30,6 +30,7 @@ from .marks import FIXTURE, MARKER_CONFIG, PLUGIN_NAME, PROPERTIES, SESSION
 if TYPE_CHECKING:
     from ..session.results import CallReport
     from .fixtures import LLMPerf
+    from .side import AgainstHooks, SidePlugin
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -93,7 +94,7 @@ def _settings(config: pytest.Config, on_side: bool, is_worker: bool) -> SessionS
     return settings
 
 
-def _side_plugin(config: pytest.Config) -> Any:
+def _side_plugin(config: pytest.Config) -> SidePlugin | None:
     """This process's ``side.SidePlugin`` when it is a side of ``--llmperf-against``, else None."""
     if SIDE_ENV not in os.environ:
         return None
@@ -112,7 +113,7 @@ class LLMPerfHooks:
         #: A test's results from its call report, kept until its teardown report says this
         #: attempt is the last (pytest-rerunfailures logs an attempt to be run again as "rerun").
         self.pending: dict[str, tuple[list[Any], list[Any]]] = {}
-        self.against: Any = None  # against.AgainstHooks under --llmperf-against
+        self.against: AgainstHooks | None = None  # against.AgainstHooks under --llmperf-against
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         return marks.header(config, self.session, hookcalls.engine_note(config))
@@ -284,7 +285,7 @@ class LLMPerfHooks:
         if outputs is not None and outputs.failed and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a file asked for was not written
 
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         width = marks.terminal_width(self.config)
         for kind, text in self.session.summary(terminalreporter.config.get_verbosity(), width):
             if kind == "line":

@@ -61,6 +61,8 @@ if TYPE_CHECKING:
     from ..core.workload import EngineInfo, RunTrace, Workload
     from ..engines import Engine, TokenStream
     from ..measuring.metrics import Measurement
+    from ..session import SessionSettings
+    from ..session.against import Against
     from ..session.assess import Assessment
     from ..session.options import MarkerConfig
 
@@ -81,7 +83,7 @@ class AgainstHooks:
             resolve_reference(self.text, self.project.where)
         except LLMPerfError as exc:
             raise pytest.UsageError(str(exc)) from None
-        self.against: Any = None
+        self.against: Against | None = None
         self.not_compared: str | None = None  # the line that fails a session that compared nothing
         self.error: str | None = None
         self.next_perf: dict[str, str | None] = {}
@@ -92,7 +94,7 @@ class AgainstHooks:
         perf = [item.nodeid for item in session.items if marks.is_perf(item)]
         self.next_perf = dict(zip(perf, [*perf[1:], None]))
 
-    def _open(self) -> Any:
+    def _open(self) -> Against | None:
         if self.against is None and self.error is None:
             from ..models.gguf import default_cache_dir
             from ..session.against import open_against
@@ -175,7 +177,7 @@ class AgainstHooks:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     @pytest.hookimpl(trylast=True)  # the session's last lines (docs/against.md)
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         from ..session.against import describe_sides
 
         if not self.session.is_worker:
@@ -207,7 +209,7 @@ class Link:
         # This process's CPUs before any pinning (none known off Linux: nothing is pinned there).
         self.all_cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
 
-    def send(self, message: Mapping[str, Any]) -> None:
+    def send(self, message: Mapping[str, object]) -> None:
         self.replies.write((json.dumps(message) + "\n").encode())
         self.replies.flush()
 
@@ -436,7 +438,7 @@ def _failure_line(reports: list[dict[str, Any]]) -> str:
     return ""
 
 
-def side_settings(settings: Any) -> Any:
+def side_settings(settings: SessionSettings) -> SessionSettings:
     """A side's session settings: it measures in process and writes no file (the controller does)."""
     engine = dataclasses.replace(settings.engine, in_process=True)
     return dataclasses.replace(

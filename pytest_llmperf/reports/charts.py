@@ -328,9 +328,9 @@ def _threshold_band(ax: Any, shown: Sequence[Comparison]) -> None:
 _PARAMS = re.compile(r"\[.*\]$")
 
 
-def curves(results: Sequence[MeasurementResult]) -> dict[str, list[Mapping[str, Any]]]:
+def curves(results: Sequence[MeasurementResult]) -> dict[str, list[Mapping[str, object]]]:
     """``{test function: load records sorted by throughput}`` of the results that have one."""
-    groups: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    groups: dict[str, list[Mapping[str, object]]] = defaultdict(list)
     for r in results:
         load = (r.record or {}).get("load")
         if load and load.get("output_tps") is not None:

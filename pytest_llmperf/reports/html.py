@@ -53,6 +53,7 @@ from .session_file import (
 )
 
 if TYPE_CHECKING:
+    from ..history.series import Series
     from ..judge.verdict import Comparison
 
 
@@ -60,7 +61,7 @@ if TYPE_CHECKING:
 NOT_COMPARED = VerdictRecord(BaselineStatus.NOT_COMPARED)
 
 #: The history's recent trend of a test (``history.series.attach``): ``{result.test: [trend_data]}``.
-Trends = Mapping[str, Sequence[Mapping[str, Any]]]
+Trends = Mapping[str, Sequence[Mapping[str, object]]]
 
 #: verdict word -> (css class, symbol); the word is always printed next to the colour.
 STATES = {
@@ -138,7 +139,7 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], raw: bool = Fa
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def budget_value(record: Mapping[str, Any], key: str) -> float | None:
+def budget_value(record: Mapping[str, object], key: str) -> float | None:
     """The statistic a budget key bounds, recomputed from the record (None: not in records)."""
     budget = BUDGETS.get(key)
     return None if budget is None else budget.from_record(record)
@@ -226,7 +227,7 @@ def _chart_html(fig_id: str, caption: str, svg: str, prefix: str) -> str:
 
 
 def test_section(
-    index: int, result: MeasurementResult, trend: Sequence[Mapping[str, Any]] = (), against: str = ""
+    index: int, result: MeasurementResult, trend: Sequence[Mapping[str, object]] = (), against: str = ""
 ) -> str:
     """One test's section; ``trend``: its recent sessions from the history (``Trends``);
     ``against``: the session's ``--llmperf-against`` REF (a test it could not pair is "not compared")."""
@@ -306,7 +307,7 @@ def _record_plots(index: int, result: MeasurementResult) -> list[str]:
     return plots
 
 
-def _trend_plot(index: int, trend: Sequence[Mapping[str, Any]]) -> list[str]:
+def _trend_plot(index: int, trend: Sequence[Mapping[str, object]]) -> list[str]:
     """The history's recent sessions of this test (``history.series.attach``), when there are any."""
     if not trend:
         return []
@@ -468,7 +469,7 @@ def _ab_badge(status: str) -> str:
     return badge("ok", status) if status == BudgetState.MET else badge("INCONCLUSIVE", status)
 
 
-def ab_section(ab: Sequence[Mapping[str, Any]]) -> str:
+def ab_section(ab: Sequence[Mapping[str, object]]) -> str:
     """The session's A/B comparisons (the session JSON's ``ab`` entries): per test its sides,
     the paired ratios, the output agreement and every budget's outcome; "" without any."""
     if not ab:
@@ -516,7 +517,7 @@ def render_html(
     workers: int | None = None,
     trends: Trends | None = None,
     against: Mapping[str, Any] | None = None,
-    ab: Sequence[Mapping[str, Any]] = (),
+    ab: Sequence[Mapping[str, object]] = (),
 ) -> str:
     """The whole page; ``workers``: processes drawing charts (default: usable CPUs, max 8);
     ``trends``: each test's recent sessions from the history (``history.series.attach``);
@@ -542,8 +543,8 @@ def write_html(
     results: Sequence[MeasurementResult],
     created_at: str | None = None,
     trends: Trends | None = None,
-    against: Mapping[str, Any] | None = None,
-    ab: Sequence[Mapping[str, Any]] = (),
+    against: Mapping[str, object] | None = None,
+    ab: Sequence[Mapping[str, object]] = (),
 ) -> Path:
     """Render and write (``core.documents.write_output``: a file atomically, so a reader never
     sees half a page; a device or FIFO in place; ``-``: standard output)."""
@@ -635,12 +636,12 @@ def _against_agreement(results: Sequence[MeasurementResult]) -> str:
     )
 
 
-def history_page(series: Sequence[Any]) -> str:
+def history_page(series: Sequence[Series]) -> str:
     """``llmperf history --html``: per test and hardware, the trend plots and the tables."""
     from ..history.series import metric_order, steps, table, title, trend_data
     from .charts import trend_chart
 
-    groups: dict[tuple[str, str], list[Any]] = {}
+    groups: dict[tuple[str, str], list[Series]] = {}
     for s in sorted(series, key=metric_order):
         groups.setdefault((s.name, s.hardware_key), []).append(s)
     body = []

@@ -134,7 +134,7 @@ def _roofline_phase(ax: Any, phase: str, d: Mapping[str, Any], b: Any) -> None:
         )
 
 
-def _bandwidth_use(d: Mapping[str, Any]) -> str:
+def _bandwidth_use(d: Mapping[str, object]) -> str:
     """``MBU 55%``; ``fits in cache`` or ``MBU n/a`` where the MBU means nothing."""
     if d["verdict"] == "cache-resident":
         return "fits in cache"
@@ -148,7 +148,7 @@ ECDF_POINTS = 160
 ITL_BUDGETS = {b.key: b.statistic for b in BUDGETS.values() if b.metric == "itl_ms"}
 
 
-def _pooled(record: Mapping[str, Any] | None) -> np.ndarray:
+def _pooled(record: Mapping[str, object] | None) -> np.ndarray:
     return np.asarray(pooled_itl(record), dtype=float)
 
 
@@ -161,7 +161,7 @@ def _ecdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ordered, fraction
 
 
-def itl_ecdf(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, budgets: Mapping[str, float]) -> Any:
+def itl_ecdf(record: Mapping[str, object], baseline: Mapping[str, object] | None, budgets: Mapping[str, float]) -> Any:
     """Pooled decode ITL, ECDF now vs baseline, p50/p95/p99 marked on each curve."""
     fig, ax = new_chart(2.7, reuse=True)
     sides = [("baseline", baseline, BASELINE, "s"), ("now", record, NOW, "o")]
@@ -280,7 +280,9 @@ def _budget_line(ax: Any, key: str, value: float, y: float) -> None:
     )
 
 
-def token_timeline(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, budgets: Mapping[str, float]) -> Any:
+def token_timeline(
+    record: Mapping[str, object], baseline: Mapping[str, object] | None, budgets: Mapping[str, float]
+) -> Any:
     """Latency of every output token by position: token 1 is the TTFT, then the ITLs.
 
     The first token (prefill) and the first measured run (warm-up effects) stand out; the
@@ -349,7 +351,7 @@ CHARTS = (
 )
 
 
-def charts_for(record: Mapping[str, Any]) -> Iterator[tuple[str, str, Any]]:
+def charts_for(record: Mapping[str, object]) -> Iterator[tuple[str, str, Any]]:
     """The charts a record has data for: (id, caption, function)."""
     for fig_id, caption, fn, needs in CHARTS:
         if record.get(needs):

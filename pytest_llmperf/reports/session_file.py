@@ -59,8 +59,8 @@ def write_baselines(
 def session_json(
     results: Iterable[MeasurementResult],
     created_at: str,
-    ab: list[Mapping[str, Any]] | None = None,
-    against: Mapping[str, Any] | None = None,
+    ab: list[Mapping[str, object]] | None = None,
+    against: Mapping[str, object] | None = None,
 ) -> str:
     """The ``--llmperf-json`` file; ``ab``: the A/B comparisons (``llmperf.compare()``), under
     their own key (written only when the session ran one); ``against``: what ``--llmperf-against``'s
@@ -334,7 +334,7 @@ def _span(low: int, high: int) -> str:
     return str(low) if low == high else f"{low}-{high}"
 
 
-def _sides_text(sides: Mapping[str, Mapping[str, Any]]) -> str:
+def _sides_text(sides: Mapping[str, Mapping[str, object]]) -> str:
     """``REF: Python 3.12.1, llama-cpp-python 0.3.2; this tree: ...``: what each side ran on."""
     return "; ".join(
         f"{'REF' if name == 'REF' else 'this tree'}: Python {v.get('python') or '?'}, "
@@ -403,8 +403,8 @@ def markdown(
     extra: Iterable[str] = (),
     *,
     budgets_gate: bool = True,
-    against: Mapping[str, Any] | None = None,
-    ab: Sequence[Mapping[str, Any]] = (),
+    against: Mapping[str, object] | None = None,
+    ab: Sequence[Mapping[str, object]] = (),
 ) -> str:
     """A GitHub-flavoured summary: one line per test, then the comparison table; ``ab``: the
     session's A/B comparisons (the session JSON's ``ab`` entries), a section after it.
@@ -437,7 +437,7 @@ def markdown(
 
 
 def _measurements_headline(
-    results: Sequence[MeasurementResult], over: Sequence[str], budgets_gate: bool, ab: Sequence[Mapping[str, Any]]
+    results: Sequence[MeasurementResult], over: Sequence[str], budgets_gate: bool, ab: Sequence[Mapping[str, object]]
 ) -> list[str]:
     """``**2 of 5 measurement(s) failed**: 1 over budget, 1 regression(s).``, or that none did."""
     failing = sum(1 for r in results if (r.failed if budgets_gate else r.regressed))
@@ -456,7 +456,7 @@ def _failed_how(results: Sequence[MeasurementResult], over: Sequence[str]) -> st
     return ", ".join(parts)
 
 
-def _ab_headline(results: Sequence[MeasurementResult], ab: Sequence[Mapping[str, Any]]) -> list[str]:
+def _ab_headline(results: Sequence[MeasurementResult], ab: Sequence[Mapping[str, object]]) -> list[str]:
     """How many A/B comparisons failed a budget (or that none did, when there was nothing else)."""
     ab_failed = sum(1 for e in ab if e.get("failures"))
     if ab_failed:
@@ -625,7 +625,7 @@ def _md_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str
     ]
 
 
-def ab_markdown_lines(ab: Sequence[Mapping[str, Any]]) -> list[str]:
+def ab_markdown_lines(ab: Sequence[Mapping[str, object]]) -> list[str]:
     """The Markdown summary's "A/B comparisons" section: per comparison its sides, the paired
     ratios, the output agreement and the budgets' outcomes (failing ones marked **FAIL**)."""
     if not ab:

@@ -183,7 +183,7 @@ MIN_TEST_WIDTH = 16
 
 
 def summary_table(
-    rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None, width: int | None = None
+    rows: Sequence[Mapping[str, object]], columns: Sequence[str] | None = None, width: int | None = None
 ) -> str:
     """The session summary. ``width`` (a terminal's): only ``columns`` (default
     ``DEFAULT_SUMMARY_COLUMNS``), test ids shortened to fit; None: every column, full ids."""
@@ -384,7 +384,7 @@ def curve_lines(measurements: Sequence[Any]) -> list[str]:
     return out
 
 
-def overhead_lines(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+def overhead_lines(rows: Iterable[Mapping[str, object]]) -> list[str]:
     """What serving adds: one line per test with both an in-process and an ``http`` measurement
     (report rows) in the session summary: both TTFT and TPOT medians and the server's added
     latency per token (TPOT served minus TPOT in process), the figure users ask for."""
@@ -405,7 +405,7 @@ def overhead_lines(rows: Iterable[Mapping[str, Any]]) -> list[str]:
 
 def _by_test_function(rows: Iterable[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
     """Summary rows by their test function (the test id without its parameters)."""
-    by_test: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    by_test: dict[str, list[Mapping[str, object]]] = defaultdict(list)
     for row in rows:
         by_test[str(row.get("test", "")).split("[", 1)[0]].append(row)
     return by_test
@@ -479,7 +479,7 @@ def layer_summary(layers: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def layers_text(layers: Mapping[str, Any], markdown: bool = False) -> str:
+def layers_text(layers: Mapping[str, object], markdown: bool = False) -> str:
     headers, rows = layer_rows(layers, markdown)
     return _table_with_notes(headers, rows, layer_summary(layers), markdown)
 
@@ -568,17 +568,17 @@ def memory_rows(memory: Mapping[str, Any], figures: bool = True) -> list[tuple[s
     ]
 
 
-def _rss_scope(memory: Mapping[str, Any]) -> str:
+def _rss_scope(memory: Mapping[str, object]) -> str:
     return "during the runs" if memory.get("peak_rss_scope") == "measurement" else "process lifetime"
 
 
-def _buffer_source(memory: Mapping[str, Any]) -> Any:
+def _buffer_source(memory: Mapping[str, object]) -> Any:
     return memory.get("buffer_source", "")
 
 
 #: ``memory_rows``' rows in order: (the record's memory key, label, in bytes (shown in MiB), a
 #: catalog figure (the metrics table shows those as figure rows), where the figure comes from).
-MEMORY_ROWS: tuple[tuple[str, str, bool, bool, Callable[[Mapping[str, Any]], Any]], ...] = (
+MEMORY_ROWS: tuple[tuple[str, str, bool, bool, Callable[[Mapping[str, object]], Any]], ...] = (
     ("peak_rss_bytes", "peak RSS", True, True, _rss_scope),
     ("kv_mib", "KV buffer", False, True, _buffer_source),
     ("compute_mib", "compute buffer", False, True, _buffer_source),

@@ -105,7 +105,7 @@ class Session:
     def measure(
         self,
         test: str,
-        marker: MarkerConfig | Mapping[str, Any],
+        marker: MarkerConfig | Mapping[str, object],
         engine: Engine | TokenStream | None = None,
         *,
         label: str = "",
@@ -146,7 +146,7 @@ class Session:
             release=self.release_model,
         )
 
-    def engine(self, overrides: Mapping[str, Any] | None = None) -> Engine:
+    def engine(self, overrides: Mapping[str, object] | None = None) -> Engine:
         """The engine a test measures (raises EngineError: one line, no secret in it)."""
         from ..core.errors import LLMPerfError
 
@@ -200,7 +200,7 @@ class Session:
             nodeid, Path(module), m, marker, family_size=self.family_size, peers=self.planned_measurements
         )
 
-    def plan(self, measuring_tests: int, engines: Mapping[str, Any]) -> None:
+    def plan(self, measuring_tests: int, engines: Mapping[str, object]) -> None:
         """After collection: how many tests will measure, and the llama.cpp settings their
         markers name (``{nodeid: engine keys}``)."""
         self.measuring_tests = measuring_tests
@@ -325,7 +325,7 @@ class Session:
             error=error,
         )
 
-    def collect(self, shipped: Sequence[MeasurementResult], ab_results: Sequence[Mapping[str, Any]] = ()) -> None:
+    def collect(self, shipped: Sequence[MeasurementResult], ab_results: Sequence[Mapping[str, object]] = ()) -> None:
         """One test's results and A/B comparisons, made in this process or rebuilt from an
         xdist worker's report (``pytest_plugin.plugin``: JSON only on that wire)."""
         for r in shipped:
@@ -426,7 +426,7 @@ def load_engine(settings: EngineSettings) -> Engine:
     )
 
 
-def engine_config(settings: EngineSettings, overrides: Mapping[str, Any] | None = None) -> EngineConfig:
+def engine_config(settings: EngineSettings, overrides: Mapping[str, object] | None = None) -> EngineConfig:
     """The llama.cpp ``EngineConfig`` of the session's settings with a test's own over them
     (imported here: the engine layer loads once an llmperf test runs)."""
     from ..engines.llama_cpp_native import EngineConfig
@@ -447,7 +447,7 @@ class Engines:
         self.local_engine: Engine | None = None  # the session's engine in this process (local()), loaded once
         self.local_error: str | None = None
 
-    def get(self, overrides: Mapping[str, Any] | None = None) -> Engine:
+    def get(self, overrides: Mapping[str, object] | None = None) -> Engine:
         """The engine a test measures: the session's, or with a test's own llama.cpp settings
         (marker keys ``threads``, ``flash_attn``...) one from the pool (engines/pool.py).
         Raises EngineError (one line)."""

@@ -52,7 +52,10 @@ from .sides import (
 )
 
 if TYPE_CHECKING:
-    from ..core.workload import RunTrace
+    from ..core.workload import RunTrace, TokenLogits, Workload
+    from ..judge.verdict import Comparison
+    from ..measuring.agreement import Agreement
+    from ..measuring.metrics import RunMetrics
 
 
 @dataclass
@@ -211,14 +214,14 @@ class SideLogits(TokenProbabilities):
         self.side, self.timeout_s = side, timeout_s
 
     @staticmethod
-    def of(side: Side, event: Mapping[str, Any], timeout_s: float) -> SideLogits | None:
+    def of(side: Side, event: Mapping[str, object], timeout_s: float) -> SideLogits | None:
         if not event.get("logits"):
             return None  # the side's engine gives none
         return (SideIdLogits if event.get("needs_ids") else SideLogits)(side, timeout_s)
 
     def token_logits(
-        self, workload: Any, forced: Sequence[int] | None = None, prompt_ids: Sequence[int] | None = None
-    ) -> Any:
+        self, workload: Workload, forced: Sequence[int] | None = None, prompt_ids: Sequence[int] | None = None
+    ) -> TokenLogits | str:
         self.side.send(
             {
                 "op": "logits",
@@ -237,7 +240,7 @@ class SideIdLogits(SideLogits, NeedsPromptIds):
     needs_prompt_ids = True  # the side's engine takes the prompt as the other side's token ids (an endpoint)
 
 
-def outputs(ag: Against, events: Mapping[str, Mapping[str, Any]], workload: Any) -> Any:
+def outputs(ag: Against, events: Mapping[str, Mapping[str, object]], workload: Workload) -> Agreement:
     """This tree's outputs against REF's (``measuring.agreement``, REF is A), after every pair."""
     from ..measuring.agreement import compare_outputs
 
@@ -245,7 +248,7 @@ def outputs(ag: Against, events: Mapping[str, Mapping[str, Any]], workload: Any)
     return compare_outputs(ref, cur, workload, a_name=f"REF {ag.reference.describe()}", b_name="this tree")
 
 
-def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str) -> tuple[list[Any], str, Any]:
+def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str) -> tuple[list[Comparison], str, Agreement]:
     """The measurement both sides wait at: warm-ups, then pairs in seeded AB/BA order (A: REF, B:
     the current side), looks until decided or the cap, then the output agreement. Returns
     (comparisons, the note, the ``Agreement``)."""
@@ -278,7 +281,7 @@ def _judging(ag: Against, ev: Mapping[str, Any], nodeid: str) -> dict[str, Any]:
     return {**settings, "family": family, "reference": ag.reference.describe()}
 
 
-def _warm_up(ag: Against, by_letter: Mapping[str, Side], workload: Any, cpus: Sequence[int] | None) -> None:
+def _warm_up(ag: Against, by_letter: Mapping[str, Side], workload: Workload, cpus: Sequence[int] | None) -> None:
     from ..judge.ab import block_orders
 
     for i, order in enumerate(block_orders(workload.warmup, workload.seed + 1)):
@@ -291,7 +294,7 @@ class Looked:
     """Where the pairs stopped: the comparisons at the last look, the pairs, the looks taken,
     why they stopped, their seconds, and the AB/BA order of each pair."""
 
-    comparisons: list[Any]
+    comparisons: list[Comparison]
     n: int
     look: int
     why: str
@@ -302,7 +305,7 @@ class Looked:
 def _looks(
     ag: Against,
     by_letter: Mapping[str, Side],
-    workload: Any,
+    workload: Workload,
     cpus: Sequence[int] | None,
     plan: tuple[int, int, int],
     judging: Mapping[str, Any],
@@ -314,7 +317,7 @@ def _looks(
 
     cap, looks, step = plan
     orders = block_orders(cap, workload.seed)
-    runs: dict[str, list[Any]] = {"A": [], "B": []}
+    runs: dict[str, list[RunMetrics]] = {"A": [], "B": []}
     started = time.monotonic()
     look = 0
     while True:
@@ -332,7 +335,7 @@ def _looks(
 
 
 def _pairs_note(
-    ag: Against, workload: Any, looked: Looked, plan: tuple[int, int, int], cpus: Sequence[int] | None
+    ag: Against, workload: Workload, looked: Looked, plan: tuple[int, int, int], cpus: Sequence[int] | None
 ) -> str:
     cap, looks, step = plan
     n = looked.n

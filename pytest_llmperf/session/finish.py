@@ -90,10 +90,10 @@ def write_file(path: Path, text: str, errors: list[str]) -> None:
 def finish(
     s: SessionSettings,
     results: Sequence[MeasurementResult],
-    ab_results: Sequence[Mapping[str, Any]],
+    ab_results: Sequence[Mapping[str, object]],
     started_at: str,
     step_summary: str | None,
-    against: Mapping[str, Any] | None = None,
+    against: Mapping[str, object] | None = None,
     planned: int = 0,
 ) -> tuple[list[MeasurementResult], Outputs]:
     """Write what the session asked for; ``step_summary``: ``$GITHUB_STEP_SUMMARY``'s file;
@@ -109,7 +109,7 @@ def finish(
     results = session_holm(results)  # the "p (Holm)" shown: over every comparison of the session
     if s.update_baselines and results:
         out.written = session_file.write_baselines(s.baseline_dir, results, out.baseline_errors)
-    trends: Mapping[str, Any] = {}  # each test's recent trend from the history, for the HTML report
+    trends: Mapping[str, object] = {}  # each test's recent trend from the history, for the HTML report
     if s.history is not None and results and not s.disable:
         from ..history import keep
 
@@ -128,8 +128,8 @@ def write_html(
     results: Sequence[MeasurementResult],
     started_at: str,
     trends: Mapping[str, Any],
-    against: Mapping[str, Any] | None,
-    ab_results: Sequence[Mapping[str, Any]],
+    against: Mapping[str, object] | None,
+    ab_results: Sequence[Mapping[str, object]],
     out: Outputs,
 ) -> list[str]:
     """The HTML report at ``path`` (``out`` says where, or why not); the Markdown's lines about it."""
@@ -148,9 +148,9 @@ def write_html(
 def write_markdown(
     s: SessionSettings,
     results: Sequence[MeasurementResult],
-    ab: list[Mapping[str, Any]],
+    ab: list[Mapping[str, object]],
     md_extra: list[str],
-    against: Mapping[str, Any] | None,
+    against: Mapping[str, object] | None,
     planned: int,
     step_summary: str | None,
     out: Outputs,
@@ -203,7 +203,7 @@ Line = tuple[str, str]
 
 def summary(
     s: SessionSettings,
-    rows: Sequence[Mapping[str, Any]],
+    rows: Sequence[Mapping[str, object]],
     results: Sequence[MeasurementResult],
     out: Outputs | None,
     suite_failures: Sequence[str],
@@ -281,7 +281,7 @@ def written_lines(out: Outputs) -> list[Line]:
     return lines
 
 
-def quiet_lines(rows: Sequence[Mapping[str, Any]], results: Sequence[MeasurementResult]) -> list[Line]:
+def quiet_lines(rows: Sequence[Mapping[str, object]], results: Sequence[MeasurementResult]) -> list[Line]:
     """-q: how many measurements, how many over budget, and the undecided budgets."""
     from ..judge.budgets import BudgetStatus
     from ..reports.session_file import against_of, undecided_lines
@@ -293,7 +293,7 @@ def quiet_lines(rows: Sequence[Mapping[str, Any]], results: Sequence[Measurement
 
 
 def table_lines(
-    s: SessionSettings, rows: Sequence[Mapping[str, Any]], results: Sequence[MeasurementResult], width: int
+    s: SessionSettings, rows: Sequence[Mapping[str, object]], results: Sequence[MeasurementResult], width: int
 ) -> list[Line]:
     """The summary table, what measuring cost, and the budgets left undecided."""
     from ..reports.text import overhead_lines, short_ids, summary_table

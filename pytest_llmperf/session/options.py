@@ -322,15 +322,15 @@ class MarkerConfig:
     settings: Mapping[str, float] = dataclasses.field(default_factory=dict)
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     #: llama.cpp settings for this test (``engines.llama_cpp_native.EngineConfig`` fields), over the session's.
-    engine: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    engine: Mapping[str, object] = dataclasses.field(default_factory=dict)
     #: A/B keys (a, b, max_slowdown, min_speedup, the agreement budgets): the test compares two sides interleaved.
-    ab: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    ab: Mapping[str, object] = dataclasses.field(default_factory=dict)
 
     @property
     def is_ab(self) -> bool:
         return "a" in self.ab and "b" in self.ab
 
-    def merged(self, overrides: Mapping[str, Any]) -> MarkerConfig:
+    def merged(self, overrides: Mapping[str, object]) -> MarkerConfig:
         extra = validate(overrides)
         workload = dict(self.workload)
         # A prompt given here replaces the marker's prompt of either kind.
@@ -347,7 +347,7 @@ class MarkerConfig:
         )
 
 
-def validate(kwargs: Mapping[str, Any], args: tuple[Any, ...] = ()) -> MarkerConfig:
+def validate(kwargs: Mapping[str, object], args: tuple[Any, ...] = ()) -> MarkerConfig:
     """Check marker keys and values; a ConfigError names the key and the allowed keys."""
     if args:
         raise ConfigError(

@@ -47,7 +47,7 @@ class Result:
     baseline: Assessment | None = None  # the session's baseline comparison
     budgets: Mapping[str, float] = field(default_factory=dict)  # the marker's, drawn as lines in the HTML report
     #: What a ``pytest_llmperf_result`` hook attached (JSON values): the JSON report's ``extra_info``.
-    extra_info: Mapping[str, Any] = field(default_factory=dict)
+    extra_info: Mapping[str, object] = field(default_factory=dict)
     #: One line per budget its sample could not decide (``judge.budgets.undecided_budgets``).
     budget_notes: tuple[str, ...] = ()
 
@@ -211,7 +211,7 @@ class Measurer:
         if self.smoke:
             workload.update(runs=3, warmup=0)  # the fewest pairs with a CI
 
-        def engine_for(settings: Mapping[str, Any]) -> Engine:
+        def engine_for(settings: Mapping[str, object]) -> Engine:
             merged = {**config.engine, **settings}  # the marker's settings under each side's
             return self.engine_for(merged) if merged else self.engine_for()
 
@@ -337,7 +337,7 @@ class Measurer:
         return result
 
 
-def resolve_side(name: str, spec: Any, engine_for: Callable[[Mapping[str, Any]], Any]) -> Side:
+def resolve_side(name: str, spec: Any, engine_for: Callable[[Mapping[str, object]], Any]) -> Side:
     """What a side of an A/B may be (llama.cpp settings, a model, a callable, an endpoint, an
     engine), as a ``Side`` ready to run; ``engine_for(settings)``: the session's (or the
     caller's) engine for llama.cpp settings over the session's."""

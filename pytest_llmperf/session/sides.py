@@ -94,7 +94,7 @@ class SideEvent:
         return self.EV
 
     @classmethod
-    def of(cls, message: Mapping[str, Any]) -> SideEvent:
+    def of(cls, message: Mapping[str, object]) -> SideEvent:
         return cls()
 
 
@@ -105,10 +105,10 @@ class Ready(SideEvent):
     versions and where its code comes from (``Side.ready``)."""
 
     EV = "ready"
-    data: Mapping[str, Any] = field(default_factory=dict)
+    data: Mapping[str, object] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, message: Mapping[str, Any]) -> SideEvent:
+    def of(cls, message: Mapping[str, object]) -> SideEvent:
         return cls(message)
 
 
@@ -118,10 +118,10 @@ class Measure(SideEvent):
     engine, threads and token-probability abilities (``against.pairs`` reads it)."""
 
     EV = "measure"
-    data: Mapping[str, Any] = field(default_factory=dict)
+    data: Mapping[str, object] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, message: Mapping[str, Any]) -> SideEvent:
+    def of(cls, message: Mapping[str, object]) -> SideEvent:
         return cls(message)
 
 
@@ -133,7 +133,7 @@ class Trace(SideEvent):
     trace: Any = None
 
     @classmethod
-    def of(cls, message: Mapping[str, Any]) -> SideEvent:
+    def of(cls, message: Mapping[str, object]) -> SideEvent:
         return cls(message.get("trace"))
 
 
@@ -145,7 +145,7 @@ class RunError(SideEvent):
     line: str = ""
 
     @classmethod
-    def of(cls, message: Mapping[str, Any]) -> SideEvent:
+    def of(cls, message: Mapping[str, object]) -> SideEvent:
         return cls(str(message.get("line")))
 
 
@@ -158,7 +158,7 @@ class Logits(SideEvent):
     line: str | None = None
 
     @classmethod
-    def of(cls, message: Mapping[str, Any]) -> SideEvent:
+    def of(cls, message: Mapping[str, object]) -> SideEvent:
         return cls(message.get("got"), None if "got" in message else str(message.get("line")))
 
 
@@ -203,7 +203,7 @@ class Exit(SideEvent):
     code: Any = "?"
 
     @classmethod
-    def of(cls, message: Mapping[str, Any]) -> SideEvent:
+    def of(cls, message: Mapping[str, object]) -> SideEvent:
         return cls(message.get("code", "?"))
 
 
@@ -224,7 +224,7 @@ EVENTS: dict[str, type[SideEvent]] = {
 }
 
 
-def event_of(message: Mapping[str, Any]) -> SideEvent:
+def event_of(message: Mapping[str, object]) -> SideEvent:
     """A side's message as its event (``Unknown`` for a word this controller does not know)."""
     ev = message.get("ev")
     kind = EVENTS.get(ev) if isinstance(ev, str) else None
@@ -290,7 +290,7 @@ class Side:
             self.channel.kill()
         self.close()
 
-    def send(self, message: Mapping[str, Any]) -> None:
+    def send(self, message: Mapping[str, object]) -> None:
         if self.channel is None or not self.channel.send(message):
             raise SideGone(self._died("at work"), self.spec.name)
 
