@@ -99,12 +99,9 @@ class SideEvent:
 
 
 @dataclass(frozen=True)
-class Ready(SideEvent):
-    """The side's pytest session collected its tests: ``data`` holds what it collected, its
-    collection errors, the tests its code under test breaks, its Python and llama-cpp-python
-    versions and where its code comes from (``Side.ready``)."""
+class DataEvent(SideEvent):
+    """An event whose whole message is its ``data`` (read by name where it is used)."""
 
-    EV = "ready"
     data: Mapping[str, object] = field(default_factory=dict)
 
     @classmethod
@@ -113,16 +110,20 @@ class Ready(SideEvent):
 
 
 @dataclass(frozen=True)
-class Measure(SideEvent):
+class Ready(DataEvent):
+    """The side's pytest session collected its tests: ``data`` holds what it collected, its
+    collection errors, the tests its code under test breaks, its Python and llama-cpp-python
+    versions and where its code comes from (``Side.ready``)."""
+
+    EV = "ready"
+
+
+@dataclass(frozen=True)
+class Measure(DataEvent):
     """The side waits at a measurement: ``data`` holds its label, workload, settings, run cap,
     engine, threads and token-probability abilities (``against.pairs`` reads it)."""
 
     EV = "measure"
-    data: Mapping[str, object] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, message: Mapping[str, object]) -> SideEvent:
-        return cls(message)
 
 
 @dataclass(frozen=True)
