@@ -39,6 +39,18 @@ def run_values(m: Measurement) -> dict[str, list[float]]:
     return out
 
 
+def part_values(m: Measurement) -> dict[str, list[float]]:
+    """Per-run values of the parts of each phase (``catalog.PARTS``) every run has; a part
+    outside llama.cpp may be below 0 in a run (clock and counter noise), so they are kept apart
+    from ``runs``."""
+    out: dict[str, list[float]] = {}
+    for part in catalog.PARTS:
+        values = [getattr(r, part.name) for r in m.runs]
+        if values and all(v is not None for v in values):
+            out[part.name] = [sig6(v) for v in values]
+    return out
+
+
 def workload_identity(m: Measurement) -> dict[str, Any]:
     """What must match for two measurements to be compared (the run count may differ)."""
     w = m.workload
@@ -79,6 +91,9 @@ def diagnosis(m: Measurement) -> dict[str, Any]:
     from ..measuring.roofline import kv_cache_bytes
 
     out: dict[str, Any] = {"stability": m.stability.as_dict()}
+    parts = part_values(m)
+    if parts:
+        out["parts"] = parts
     if m.layers is not None:
         out["layers"] = m.layers.as_dict()
     if m.roofline is not None:

@@ -93,6 +93,13 @@ class Metric:
     mirror_of: str | None = None
     #: Attribute of a load test's ``LoadStats`` that holds this metric's per-request percentiles.
     load_stat: str | None = None
+    #: A part of a phase (``PARTS``): the judged metric it is a part of ("ttft_ms", "tpot_ms"),
+    #: where its value comes from, and whether it is llama.cpp's own time (compared as a
+    #: ratio; the parts outside it as a difference in its unit). Its per-run values are the
+    #: ``RunMetrics`` field of its name.
+    part_of: str | None = None
+    source: str = ""
+    inside_llama_cpp: bool = False
 
     @property
     def budget_keys(self) -> tuple[str, ...]:
@@ -105,6 +112,9 @@ class Metric:
 
     def from_record(self, record: Mapping[str, object]) -> float | None:
         """The value ``read`` gives, from a stored record (None: the record lacks it)."""
+        if self.part_of is not None:
+            values = (record.get("parts") or {}).get(self.name)  # type: ignore[attr-defined]
+            return float(statistics.median(values)) if values else None
         if self.summary_key is not None:
             return _summary(self.summary_key)(record)
         if self.run_field is not None:
@@ -254,6 +264,64 @@ def _itl(q: int) -> Reader:
     return lambda m: getattr(m.itl, f"p{q}_ms")
 
 
+def _read(name: str) -> Reader:
+    """A Measurement's median over runs of one of its per-run fields."""
+    return lambda m: getattr(m, name)
+
+
+#: The parts of TTFT and TPOT: (name, label, unit, phase, part of, source, llama.cpp's own).
+#: A served model's "llama.cpp" counters are llama-server's ``timings`` (its sampling is inside
+#: them), so its "outside llama.cpp" is the queue, the network and the client.
+_PART_SPECS: tuple[tuple[str, str, str, str, str, str, bool], ...] = (
+    ("tokenize_ms", "tokenization", "ms", "prefill", "ttft_ms", "clock around the tokenizer, before the run", False),
+    (
+        "native_prefill_ms",
+        "llama.cpp prompt eval",
+        "ms",
+        "prefill",
+        "ttft_ms",
+        "llama.cpp's t_p_eval_ms (llama_perf_context), or llama-server's timings.prompt_ms",
+        True,
+    ),
+    (
+        "prefill_outside_ms",
+        "outside llama.cpp",
+        "ms",
+        "prefill",
+        "ttft_ms",
+        "TTFT - tokenization - llama.cpp prompt eval",
+        False,
+    ),
+    (
+        "native_decode_ms_per_token",
+        "llama.cpp eval",
+        "ms/token",
+        "decode",
+        "tpot_ms",
+        "llama.cpp's t_eval_ms / n_eval (llama_perf_context), or llama-server's timings.predicted_ms / predicted_n",
+        True,
+    ),
+    (
+        "sampling_ms_per_token",
+        "sampling",
+        "ms/token",
+        "decode",
+        "tpot_ms",
+        "llama.cpp's t_sample_ms / n_sample (llama_perf_sampler)",
+        True,
+    ),
+    (
+        "decode_outside_ms_per_token",
+        "outside llama.cpp",
+        "ms/token",
+        "decode",
+        "tpot_ms",
+        "TPOT - llama.cpp eval - sampling inside the run",
+        False,
+    ),
+)
+
+
 METRICS: dict[str, Metric] = {
     m.name: m
     for m in (
@@ -325,6 +393,11 @@ METRICS: dict[str, Metric] = {
             _loads("fresh_ttft_ms"),
             record_path=("model_loads", "fresh_ttft_ms"),
         ),
+        # The parts of each phase (``PARTS``): where the time of TTFT and of TPOT went.
+        *(
+            Metric(name, label, unit, phase, False, _read(name), part_of=of, source=source, inside_llama_cpp=inside)
+            for name, label, unit, phase, of, source, inside in _PART_SPECS
+        ),
         # Output agreement with --llmperf-against's REF (REF is A; measuring.agreement), after the pairs.
         *(
             Metric(name, label, unit, "agreement", higher, _agreement(name), record_path=("agreement", name))
@@ -374,6 +447,10 @@ RUN_FIELDS: tuple[str, ...] = tuple(m.run_field for m in METRICS.values() if m.r
 JUDGED: tuple[str, ...] = tuple(n for n, m in METRICS.items() if m.judged)
 #: Each phase's judged time metric (an A/B phase budget, ``max_slowdown={"decode": 0.05}``).
 PHASE_METRIC: dict[str, str] = {m.phase: n for n, m in METRICS.items() if m.judged and not m.tail}
+#: The parts of each phase, prefill first (``Metric.part_of``): compared beside the judged
+#: metric they are a part of, never deciding a verdict.
+PARTS: tuple[Metric, ...] = tuple(m for m in METRICS.values() if m.part_of)
+
 #: What an interleaved A/B compares pair by pair, in its report's order (times: b/a ratios).
 PAIRED: tuple[str, ...] = ("ttft_ms", "tpot_ms", "e2e_ms", "itl_p95_ms", "prefill_ms")
 

@@ -193,6 +193,11 @@ class NativeCounters:
     #: llama.cpp's sampler counters (``llama_perf_sampler``): time in the sampler chain and calls.
     sample_ms: float | None = None
     sample_count: int = 0
+    #: The sampler ran between the run's clock reads (its time is part of TPOT); False: the
+    #: engine fed seeded tokens and timed sampling apart, after the run.
+    sampled_in_run: bool = True
+    #: Where the counters come from, as the parts of a comparison name it.
+    source: str = "llama_perf_context"
 
     @property
     def sample_ms_per_token(self) -> float | None:
@@ -201,6 +206,12 @@ class NativeCounters:
     @property
     def decode_ms_per_token(self) -> float | None:
         return self.decode_ms / self.decode_tokens if self.decode_tokens else None
+
+    @property
+    def sampling_in_tpot_ms(self) -> float:
+        """The sampler's time per token that lies inside TPOT (0 when it was timed apart)."""
+        per_token = self.sample_ms_per_token
+        return per_token if self.sampled_in_run and per_token is not None else 0.0
 
 
 @dataclass(frozen=True)

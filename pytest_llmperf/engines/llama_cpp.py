@@ -252,6 +252,7 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
                 decode_tokens=int(perf.n_eval),
                 sample_ms=float(sampled.t_sample_ms),
                 sample_count=int(sampled.n_sample),
+                sampled_in_run=feed is None,
             ),
             token_ids=timed.token_ids,
         )

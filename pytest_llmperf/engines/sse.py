@@ -106,6 +106,7 @@ class StreamState:
             prefill_tokens=prompt_n,
             decode_ms=float(predicted_ms),
             decode_tokens=predicted_n,
+            source="llama-server timings",
         )
 
     def trace(self, start_ns: int) -> tuple[RunTrace, str]:

@@ -103,6 +103,13 @@ class RunMetrics:
     #: llama.cpp's sampler time per sampled token (inside the decode loop, or timed apart
     #: after the run when the engine does not sample between clock reads).
     sampling_ms_per_token: float | None = None
+    #: TTFT less tokenization and llama.cpp's prompt evaluation: before the first token reaches
+    #: the caller, the time outside llama.cpp (the caller's code, Python, a server's queue and
+    #: network, the stream).
+    prefill_outside_ms: float | None = None
+    #: TPOT less llama.cpp's evaluation and the sampling inside the run, per token: the time
+    #: between tokens outside llama.cpp.
+    decode_outside_ms_per_token: float | None = None
 
     @classmethod
     def of(cls, trace: RunTrace) -> RunMetrics:
@@ -135,6 +142,10 @@ class RunMetrics:
             native_decode_ms_per_token=native_decode,
             overhead_ms_per_token=tpot_ms - native_decode if native_decode is not None else None,
             sampling_ms_per_token=native.sample_ms_per_token if native else None,
+            prefill_outside_ms=ttft_ms - tokenize_ms - native.prefill_ms if native and native.prefill_tokens else None,
+            decode_outside_ms_per_token=(
+                tpot_ms - native_decode - native.sampling_in_tpot_ms if native and native_decode is not None else None
+            ),
         )
 
 
@@ -180,6 +191,8 @@ class Measurement:
     prompt_tokens: int | None
     output_tokens: int
     sampling_ms_per_token: float | None = None
+    prefill_outside_ms: float | None = None
+    decode_outside_ms_per_token: float | None = None
     load: LoadStats | None = None  # a load test's (concurrency/requests/rate), else None
     # Filled by runner.measure (None / empty when a Measurement is built from traces alone):
     warmup_runs: tuple[RunMetrics, ...] = ()
@@ -248,6 +261,8 @@ def summarize_runs(
         prompt_tokens=runs[0].prompt_tokens,
         output_tokens=min(r.output_tokens for r in runs),
         sampling_ms_per_token=med("sampling_ms_per_token"),
+        prefill_outside_ms=med("prefill_outside_ms"),
+        decode_outside_ms_per_token=med("decode_outside_ms_per_token"),
     )
 
 
