@@ -17,8 +17,8 @@ from that file. Cases:
 - ``e``: another llama-cpp-python through ``--llmperf-against python:PATH`` (an older release in
   a second environment, ``--old-python``): no cause is known beforehand; whatever moved is
   printed beside llama-bench's pp and tg ratios of the same two builds (``--old-llama-bench``);
-- ``f-client``: llama-server on both sides, side B's client spends ``--client-ms`` more on each
-  request before sending it (a transport that spins): outside llama.cpp in prefill
+- ``f-client``: llama-server on both sides, side B's client spends 3 ms more on each request
+  before sending it (a transport that spins): outside llama.cpp in prefill
   (``prefill_outside_ms``), the server's own prompt time unchanged;
 - ``f-server``: two llama-servers, threads 2 (A) and 1 (B), one client each: the server's
   own eval (``native_decode_ms_per_token``, from llama-server's ``timings``);
@@ -64,6 +64,8 @@ MOVED_VERDICTS = ("REGRESSION", "IMPROVED")
 HEADLINE = {"prefill": "ttft_ms", "decode": "tpot_ms"}
 #: llama.cpp's graph names of the attention ops (flash attention fuses them into one).
 ATTENTION_OPS = ("FLASH_ATTN_EXT", "SOFT_MAX", "attention")
+#: Case f-client: side B's client work per request, before the request is sent (ms).
+CLIENT_MS = 3.0
 
 
 @dataclass(frozen=True)
@@ -113,11 +115,12 @@ CASES: dict[str, Case] = {
             prompt_tokens=1024,
         ),
         Case("e", "older llama-cpp-python (python:PATH)", "against"),
-        Case("f-client", "served: client work +per request (A/B)", "ab", "prefill_outside_ms"),
-        Case("f-server", "served: server threads 2 -> 1 (A/B)", "ab", "native_decode_ms_per_token"),
+        # served on the tiny preset: its TTFT is milliseconds, so the client's work is a share of it
+        Case("f-client", "served: client +3 ms per request (A/B)", "ab", "prefill_outside_ms", model="tiny"),
+        Case("f-server", "served: server threads 2 -> 1 (A/B)", "ab", "native_decode_ms_per_token", model="tiny"),
         Case("aa-against", "A/A: empty commit (git:HEAD~1)", "against", aa=True),
         Case("aa-ab", "A/A: threads 1 both sides (A/B)", "ab", aa=True, model="tiny"),
-        Case("aa-served", "A/A: one llama-server, two clients", "ab", aa=True),
+        Case("aa-served", "A/A: one llama-server, two clients", "ab", aa=True, model="tiny"),
         Case("aa-python", "A/A: python:this interpreter", "against", aa=True),
     )
 }
@@ -336,7 +339,7 @@ def _ab_project(root: Path, case: Case, runs: int) -> Project:
         (root / "tests" / "test_case.py").write_text(AB_TEST.format(a=a, b=b, **keys))
     else:  # served
         threads = {"f-server": (2, 1)}.get(case.name, (1, 1))
-        client_ms = 8.0 if case.name == "f-client" else 0.0
+        client_ms = CLIENT_MS if case.name == "f-client" else 0.0
         (root / "tests" / "test_case.py").write_text(
             SERVED_TEST.format(
                 model=_model(case.model), a_threads=threads[0], b_threads=threads[1], client_ms=client_ms, **keys

@@ -188,7 +188,7 @@ def test_each_ab_case_writes_a_test_module_that_compiles(why, name, tmp_path, mo
     compile(source, "test_case.py", "exec")
     assert "runs=7" in source and project.args == ()
     if name == "f-client":
-        assert "CLIENT_MS = 8.0" in source and "A_THREADS, B_THREADS = 1, 1" in source
+        assert f"CLIENT_MS = {why.CLIENT_MS!r}" in source and "A_THREADS, B_THREADS = 1, 1" in source
     if name == "b":
         assert "/models/small-q8_0.gguf" in source and "'repack': False" in source
     if name == "f-server":
