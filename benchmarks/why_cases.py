@@ -62,8 +62,11 @@ CHECKOUT = HERE.parent
 MOVED_VERDICTS = ("REGRESSION", "IMPROVED")
 #: Which headline metric each phase's parts explain (core/catalog.py ``part_of``).
 HEADLINE = {"prefill": "ttft_ms", "decode": "tpot_ms"}
-#: llama.cpp's graph names of the attention ops (flash attention fuses them into one).
-ATTENTION_OPS = ("FLASH_ATTN_EXT", "SOFT_MAX", "attention")
+#: The attribution's names of matrix multiplication: its group, and llama.cpp's op type.
+MATMUL_OPS = ("matrix multiplication", "MUL_MAT")
+#: The attribution's names of attention: its group, and llama.cpp's op types (flash attention
+#: fuses K x Q, softmax and x V into one).
+ATTENTION_OPS = ("attention", "FLASH_ATTN_EXT", "SOFT_MAX")
 #: Case f-client: side B's client work per request, before the request is sent (ms).
 CLIENT_MS = 10.0
 
@@ -101,7 +104,7 @@ CASES: dict[str, Case] = {
     c.name: c
     for c in (
         Case("a", "wrapper +8% work per token (git:HEAD~1)", "against", "decode_outside_ms_per_token"),
-        Case("b", "F16 -> Q8_0 (A/B)", "ab", "native_decode_ms_per_token", ("MUL_MAT",)),
+        Case("b", "F16 -> Q8_0 (A/B)", "ab", "native_decode_ms_per_token", MATMUL_OPS),
         # tiny: llama.cpp's threads meet at a barrier after every op, and on a loaded machine a
         # descheduled thread stalls each one; fewer ops per token keep a session to seconds.
         Case("c", "threads 2 -> 1 (A/B)", "ab", "native_decode_ms_per_token", ("uniform",), model="tiny"),
@@ -210,8 +213,8 @@ def _op_names(block: Mapping[str, Any]) -> list[str]:
     names = []
     for key in ("ops", "groups"):
         for row in block.get(key) or ():
-            if isinstance(row, Mapping) and row.get("moved", True):
-                names.append(str(row.get("op") or row.get("name") or row.get("group") or ""))
+            if isinstance(row, Mapping) and row.get("moved"):
+                names.append(str(row.get("name") or ""))
     return names
 
 
@@ -420,15 +423,23 @@ def run_session(project: Project, out: Path, extra: Sequence[str] = ()) -> tuple
 # --- llama-bench of case e's two builds ------------------------------------------------------
 
 
+def bench_ts(binary: Path, model: str, prompt: int, gen: int) -> tuple[float, float]:
+    """llama-bench's pp and tg tokens/s (1 thread, flash attention on as the plugin's default:
+    the builds' own defaults differ, 0 in older releases, auto later)."""
+    cmd = [str(binary), "-m", model, "-t", "1", "-fa", "1", "-p", str(prompt), "-n", str(gen), "-r", "3", "-o", "json"]
+    rows = json.loads(subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=True).stdout)
+    pp = next(r["avg_ts"] for r in rows if r["n_gen"] == 0)
+    tg = next(r["avg_ts"] for r in rows if r["n_prompt"] == 0)
+    return float(pp), float(tg)
+
+
 def llama_bench_ratios(old: Path, new: Path, model: str, prompt: int, gen: int, rounds: int) -> tuple[float, float]:
     """This build's time / the old build's for pp and tg (llama-bench's t/s, old over new),
-    the median of ``rounds`` alternations of the two binaries (1 thread, 3 repetitions each)."""
-    from llama_bench_agreement import llama_bench
-
+    the median of ``rounds`` alternations of the two binaries."""
     pp, tg = [], []
     for _ in range(rounds):
-        old_pp, old_tg, _old_depth = llama_bench(old, Path(model), 1, prompt, gen, 3)
-        new_pp, new_tg, _new_depth = llama_bench(new, Path(model), 1, prompt, gen, 3)
+        old_pp, old_tg = bench_ts(old, model, prompt, gen)
+        new_pp, new_tg = bench_ts(new, model, prompt, gen)
         pp.append(old_pp / new_pp)
         tg.append(old_tg / new_tg)
     return statistics.median(pp), statistics.median(tg)
@@ -564,7 +575,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.sessions, args.runs = 1, 10
-    sys.path.insert(0, str(HERE))  # against_sessions, llama_bench_agreement
+    sys.path.insert(0, str(HERE))  # against_sessions
     cases = selected(args.cases)
     print(
         f"{len(cases)} case(s), {args.sessions} session(s) each, {args.runs} pairs per session; "

@@ -5,6 +5,7 @@ sessions are real pytest runs of minutes each (run the script itself for those).
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -133,11 +134,15 @@ def test_an_ab_entry_moves_a_phase_by_its_ci_and_the_attribution_must_agree(why)
         part("native_prefill_ms", "prefill", 50.0, 51.0, False),
     ]
     ci = {"ttft_ms": (0.98, 1.04), "tpot_ms": (0.58, 0.62)}
-    matmul = {"phases": {"decode": {"layers": [], "ops": [], "groups": [], "reading": "MUL_MAT -41%, attention +1%"}}}
+    matmul = {
+        "phases": {
+            "decode": {"layers": [], "ops": [], "groups": [], "reading": "matrix multiplication -41%, attention +1%"}
+        }
+    }
     (entry,) = why.entries(ab_doc(ci, parts, matmul))
     assert entry.moved_phases == ("decode",) and entry.pairs == 10 and entry.test == "test_case"
     o = why.classify(entry, why.CASES["b"])
-    assert o.named is True and o.attribution_ok is True and "MUL_MAT" in o.attribution
+    assert o.named is True and o.attribution_ok is True and "matrix multiplication" in o.attribution
     # the same parts with a reading that names another op: the cause is not proven
     other = {"phases": {"decode": {"reading": "ROPE -40%, the rest unchanged"}}}
     (entry,) = why.entries(ab_doc(ci, parts, other))
@@ -149,7 +154,7 @@ def test_an_ab_entry_moves_a_phase_by_its_ci_and_the_attribution_must_agree(why)
 
 
 def test_the_attribution_is_read_from_moved_ops_and_the_reading(why):
-    block = {"reading": "", "ops": [{"op": "SOFT_MAX", "moved": True}, {"op": "MUL_MAT", "moved": False}]}
+    block = {"reading": "", "ops": [{"name": "SOFT_MAX", "moved": True}, {"name": "MUL_MAT", "moved": False}]}
     att = {"phases": {"prefill": block}}
     assert why.attribution_check(att, "prefill", why.ATTENTION_OPS) == ("", True)
     assert why.attribution_check(att, "prefill", ("MUL_MAT",)) == ("", False)
@@ -193,3 +198,19 @@ def test_each_ab_case_writes_a_test_module_that_compiles(why, name, tmp_path, mo
         assert "/models/small-q8_0.gguf" in source and "'repack': False" in source
     if name == "f-server":
         assert "CLIENT_MS = 0.0" in source and "A_THREADS, B_THREADS = 2, 1" in source
+
+
+def test_llama_bench_ratios_are_this_build_over_the_old_one_in_time(why, tmp_path):
+    """Each build's llama-bench JSON (pp then tg rows) read back: time ratio = old t/s / new t/s."""
+
+    def fake(name, pp_ts, tg_ts):
+        rows = [{"n_prompt": 32, "n_gen": 0, "avg_ts": pp_ts}, {"n_prompt": 0, "n_gen": 32, "avg_ts": tg_ts}]
+        path = tmp_path / name
+        path.write_text(f"#!/bin/sh\necho '{json.dumps(rows)}'\n")
+        path.chmod(0o755)
+        return path
+
+    old, new = fake("old", 200.0, 30.0), fake("new", 100.0, 40.0)
+    assert why.bench_ts(old, "m.gguf", 32, 32) == (200.0, 30.0)
+    pp, tg = why.llama_bench_ratios(old, new, "m.gguf", 32, 32, rounds=2)
+    assert pp == pytest.approx(2.0) and tg == pytest.approx(0.75)
