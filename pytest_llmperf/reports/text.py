@@ -173,9 +173,15 @@ def _part_rows(m: Measurement) -> tuple[list[Row], list[Row]]:
             "sampling (llama.cpp sampler)" + sampling,
             "ms/token",
             _opt(m.sampling_ms_per_token),
-            runs if m.sampling_ms_per_token is not None else "not timed: outside llama.cpp",
+            runs if m.sampling_ms_per_token is not None else _untimed_sampling(m),
         ),
     ]
+
+
+def _untimed_sampling(m: Measurement) -> str:
+    """Where the sampling time lies when no counter timed it: a server counts it in its own
+    decode time; llama-cpp-python's sampler (a callable's) runs between llama.cpp's calls."""
+    return "not reported: inside the server's time" if m.engine.endpoint else "not timed: outside llama.cpp"
 
 
 def parts_note(m: Measurement) -> str | None:
