@@ -7,7 +7,7 @@ Measure any token stream: a callable ``fn(prompt, max_tokens)`` returning an ite
 
 This is how users plug in an engine we do not ship: each item the iterable yields counts as
 one generated token, stamped when the item arrives. A callable that drives a model whose
-llama.cpp counters can be read (the fixtures' ``llama_cpp.Llama``: ``llama_cpp.LlamaCounters``)
+llama.cpp counters can be read (the fixtures' ``llama_cpp.Llama``: ``engines.llama_cpp.LlamaCounters``)
 is given them as its ``counters``: read around each run, they split its time into llama.cpp's
 and the rest (the parts of each phase) as for the plugin's own engine."""
 
