@@ -167,3 +167,16 @@ def test_both_sides_of_against_split_a_callables_time(tmp_path, tiny_model_path)
         assert d["decode"] is not None and d["decode"] > 0 and d["outside"] is not None, d
     assert inner.out.count(NOT_MEASURED) == 1  # the current side's report of test_no_llama
     runner.check_clean(repo, inner.pids)
+
+
+def test_the_sides_of_a_compare_that_drive_the_fixtures_llama_get_the_parts(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_ab=LLAMA_TESTS.split("@pytest.mark")[0]
+        + """
+def test_ab(llmperf, llmperf_llm):
+    r = llmperf.compare(a=wrapper(llmperf_llm), b=no_llama, prompt_tokens=16, max_tokens=8, runs=3, warmup=1)
+    assert r.a.native_decode_ms_per_token > 0 and r.a.decode_outside_ms_per_token is not None
+    assert r.b.native_decode_ms_per_token is None
+"""
+    )
+    run(pytester).assert_outcomes(passed=1)
