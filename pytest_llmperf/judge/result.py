@@ -38,6 +38,7 @@ from ..core.errors import LLMPerfError
 from ..core.measured import Figures
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from .budgets import BudgetStatus
+from .parts import PartChange, why_lines
 from .verdict import BaselineStatus, Comparison, Verdict, holm
 
 if TYPE_CHECKING:
@@ -187,9 +188,15 @@ class VerdictRecord:
     failures: tuple[str, ...] = ()
     comparisons: tuple[Comparison, ...] = ()
     layer_changes: tuple[LayerChange, ...] = ()
+    #: Where the change went: each phase's parts, compared like the headline (``judge.parts``).
+    parts: tuple[PartChange, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", BaselineStatus(self.status))  # a word read from JSON, typed
+
+    def why(self) -> list[str]:
+        """One line per phase that moved, naming the parts that moved and those that did not."""
+        return why_lines(self.comparisons, self.parts)
 
     @classmethod
     def of(cls, v: BaselineVerdict) -> VerdictRecord:
@@ -203,6 +210,7 @@ class VerdictRecord:
             tuple(v.failure_lines()),
             tuple(v.comparisons),
             tuple(v.layer_changes),
+            tuple(v.parts),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -215,6 +223,8 @@ class VerdictRecord:
             "failures": list(self.failures),
             "comparisons": [comparison_json(c) for c in self.comparisons],
             "layer_changes": [layer_change_json(c) for c in self.layer_changes],
+            # Only when measured: a session file written before the parts reads back and writes the same.
+            **({"parts": [p.to_json() for p in self.parts], "why": self.why()} if self.parts else {}),
         }
 
     @property
@@ -239,6 +249,7 @@ class VerdictRecord:
             tuple(d.get("failures", ())),
             tuple(comparison_from_json(c) for c in d.get("comparisons", ())),
             tuple(layer_change_from_json(c) for c in d.get("layer_changes", ())),
+            tuple(PartChange.from_json(p) for p in d.get("parts", ())),
         )
 
 

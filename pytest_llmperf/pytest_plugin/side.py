@@ -334,6 +334,7 @@ def _assessment(nodeid: str, label: str, verdict: Mapping[str, Any] | None) -> A
     """The controller's verdict as the session's ``Assessment`` (nothing recorded: no baseline)."""
     if verdict is None:
         return None
+    from ..judge.parts import PartChange
     from ..judge.regression import BaselineVerdict
     from ..judge.result import comparison_from_json
     from ..session.assess import Assessment
@@ -342,6 +343,7 @@ def _assessment(nodeid: str, label: str, verdict: Mapping[str, Any] | None) -> A
         verdict["status"],
         verdict.get("note", ""),
         tuple(comparison_from_json(c) for c in verdict.get("comparisons", ())),
+        parts=tuple(PartChange.from_json(p) for p in verdict.get("parts", ())),
     )
     return Assessment(nodeid + (f"[{label}]" if label else ""), "", "", None, v)
 
