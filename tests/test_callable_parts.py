@@ -180,3 +180,22 @@ def test_ab(llmperf, llmperf_llm):
 """
     )
     run(pytester).assert_outcomes(passed=1)
+
+
+def test_a_wrappers_extra_work_per_token_is_named_outside_llama_cpp_against_the_commit_before(
+    tmp_path, tiny_model_path
+) -> None:
+    """The issue's red run, explained: the wrapper's 5 ms of work per token (``slow``) against
+    the commit before; both sides' callables drive their ``llmperf_llm``, so the decode verdict
+    says the time went outside llama.cpp."""
+    from test_against import CONFTEST, VERDICT_TESTS, wrapper
+
+    runner = Runner(tmp_path, tiny_model_path)
+    repo = tmp_path / "repo"
+    files = {"conftest.py": CONFTEST, "wrapper/__init__.py": wrapper(0.0), "tests/test_perf.py": VERDICT_TESTS}
+    make_repo(repo, [("base", files), ("slow", {"wrapper/__init__.py": wrapper(5.0)})])
+    inner = runner.run(repo, "tests", "-rA", "-k", "wrapper", "--llmperf-against", "git:HEAD~1")
+    assert inner.ret == 1, inner.out
+    lines = [line for line in inner.lines("where it went: decode TPOT +")]
+    assert lines and "moved: outside llama.cpp +" in lines[0], inner.out
+    runner.check_clean(repo, inner.pids)
