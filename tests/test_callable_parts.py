@@ -199,3 +199,24 @@ def test_a_wrappers_extra_work_per_token_is_named_outside_llama_cpp_against_the_
     lines = [line for line in inner.lines("where it went: decode TPOT +")]
     assert lines and "moved: outside llama.cpp +" in lines[0], inner.out
     runner.check_clean(repo, inner.pids)
+
+
+def test_readings_differ_by_what_llama_cpp_did_between_them() -> None:
+    from pytest_llmperf.engines.llama_cpp import LlamaReading
+
+    counters = LlamaCounters(object())  # no llama-cpp-python context: nothing to read, nothing split
+    assert counters.read() is None and counters.between(None, None) is None
+    assert CallableEngine(no_llama, counters=counters).run(W, 0).native is None
+    chain, new_chain = object(), object()
+    before = LlamaReading(10.0, 16, 5.0, 8, chain, 1.0, 8)
+    # The same sampler chain: its counts since ``before``; a new one (a new generate call): all of them.
+    same = counters.between(before, LlamaReading(12.0, 20, 9.0, 16, chain, 3.0, 16))
+    assert same is not None
+    assert (same.prefill_ms, same.prefill_tokens, same.decode_ms, same.decode_tokens) == (2.0, 4, 4.0, 8)
+    assert (same.sample_ms, same.sample_count) == (2.0, 8)
+    fresh = counters.between(before, LlamaReading(10.0, 16, 9.0, 16, new_chain, 3.0, 8))
+    assert fresh is not None and (fresh.sample_ms, fresh.sample_count, fresh.prefill_tokens) == (3.0, 8, 0)
+    # A chain that keeps no time (llama-cpp-python's no_perf default): sampling has no figure.
+    untimed = counters.between(before, LlamaReading(10.0, 16, 9.0, 16, new_chain, 0.0, 8))
+    assert untimed is not None and untimed.sample_ms is None and untimed.sample_ms_per_token is None
+    assert counters.between(before, before) is None  # nothing moved: the callable did not call this Llama

@@ -581,14 +581,17 @@ class LlamaCounters(CounterSource["LlamaReading | None"]):
         self._lib = import_llama_cpp()
 
     def read(self) -> LlamaReading | None:
-        """The counters now (None: the Llama is closed)."""
+        """The counters now (None: the Llama is closed, or a llama-cpp-python without the
+        context and sampler attributes of 0.3.x: then nothing is split)."""
         lib, llm = self._lib, self.llm
-        ctx = llm._ctx.ctx if llm._ctx is not None else None
+        # llama-cpp-python's private attributes (0.3.x): read defensively, a run must not fail on them.
+        ctx = getattr(getattr(llm, "_ctx", None), "ctx", None)
         if ctx is None:
             return None
         perf = lib.llama_perf_context(ctx)
-        chain = llm._sampler
-        sampled = lib.llama_perf_sampler(chain.sampler) if chain is not None and chain.sampler is not None else None
+        chain = getattr(llm, "_sampler", None)
+        chain_ptr = getattr(chain, "sampler", None)
+        sampled = lib.llama_perf_sampler(chain_ptr) if chain_ptr is not None else None
         return LlamaReading(
             prefill_ms=float(perf.t_p_eval_ms),
             prefill_tokens=_unclamped(int(perf.n_p_eval), perf.t_p_eval_ms),
