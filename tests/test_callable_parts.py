@@ -138,7 +138,7 @@ def test_no_llama(llmperf, llmperf_llm):
 
 
 def test_the_plugin_hands_the_fixtures_llama_to_a_measured_callable(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_parts=LLAMA_TESTS)
+    pytester.makepyfile(test_inner_callable_parts=LLAMA_TESTS)
     result = run(pytester, "-rA", "--llmperf-json", "session.json")
     result.assert_outcomes(passed=2)
     out = result.stdout.str()
@@ -156,7 +156,7 @@ def test_both_sides_of_against_split_a_callables_time(tmp_path, tiny_model_path)
     drives that process's ``llmperf_llm``, whose counters that side reads."""
     runner = Runner(tmp_path, tiny_model_path)
     repo = tmp_path / "repo"
-    make_repo(repo, [("base", {"conftest.py": "", "tests/test_parts.py": LLAMA_TESTS})])
+    make_repo(repo, [("base", {"conftest.py": "", "tests/test_callable.py": LLAMA_TESTS})])
     written = tmp_path / "parts.jsonl"
     runner.env["PARTS_OUT"] = str(written)
     inner = runner.run(repo, "tests", "-rA", "--llmperf-against", "git:HEAD")
@@ -171,7 +171,7 @@ def test_both_sides_of_against_split_a_callables_time(tmp_path, tiny_model_path)
 
 def test_the_sides_of_a_compare_that_drive_the_fixtures_llama_get_the_parts(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
-        test_ab=LLAMA_TESTS.split("@pytest.mark")[0]
+        test_inner_compare_parts=LLAMA_TESTS.split("@pytest.mark")[0]
         + """
 def test_ab(llmperf, llmperf_llm):
     r = llmperf.compare(a=wrapper(llmperf_llm), b=no_llama, prompt_tokens=16, max_tokens=8, runs=3, warmup=1)
