@@ -486,7 +486,7 @@ def _count(outcomes: Sequence[Outcome], test: Callable[[Outcome], bool], n: int)
 def row(t: Tally) -> list[str]:
     """case, sessions, named cause k/N, the cause's part moved (whether or not its phase's
     headline did) k/N, another part flagged k/N, A/A any part flagged k/N, median pairs, median
-    seconds per session, load averages seen."""
+    seconds per session, load averages seen, sessions that compared nothing (counted in N)."""
     n, o = t.sessions, t.outcomes
     named = "-" if t.case.cause is None else _count(o, lambda x: bool(x.named), n)
     cause = "-" if t.case.cause is None else _count(o, lambda x: t.case.cause in x.any_moved, n)
@@ -496,7 +496,7 @@ def row(t: Tally) -> list[str]:
     secs = f"{statistics.median(t.seconds):.0f}" if t.seconds else "-"
     loads = sorted(float(x.split()[0]) for x in t.loads)
     load = f"{loads[0]:.1f}-{loads[-1]:.1f}" if loads else "-"
-    return [t.case.name, str(n), named, cause, others, aa, pairs, secs, load]
+    return [t.case.name, str(n), named, cause, others, aa, pairs, secs, load, str(len(t.failed))]
 
 
 HEADERS = [
@@ -509,6 +509,7 @@ HEADERS = [
     "pairs",
     "s/session",
     "load 1m",
+    "compared nothing",
 ]
 
 

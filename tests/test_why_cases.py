@@ -97,7 +97,7 @@ def test_a_part_that_moved_in_a_phase_that_did_not_is_not_flagged_but_counts_in_
     assert set(o.any_moved) == {"decode_outside_ms_per_token", "tokenize_ms"}
     assert o.named is None  # an A/A names no cause
     tally = why.Tally(why.CASES["aa-against"], outcomes=[o], seconds=[30.0], loads=["2.5 2.0 1.0"])
-    assert why.row(tally) == ["aa-against", "1", "-", "-", "-", "1/1", "20", "30", "2.5-2.5"]
+    assert why.row(tally) == ["aa-against", "1", "-", "-", "-", "1/1", "20", "30", "2.5-2.5", "0"]
 
 
 def test_an_unchanged_aa_flags_nothing(why):
@@ -169,7 +169,7 @@ def test_a_session_that_compared_nothing_gives_no_entry_and_counts_against_the_c
     not_compared = {"results": [{"test": "t", "verdict": {"status": "NEW", "comparisons": []}}]}
     assert why.entries(not_compared) == [] and why.entries({}) == []
     tally = why.Tally(why.CASES["a"], failed=["side REF could not start"], seconds=[5.0], loads=["1 1 1"])
-    assert why.row(tally)[:5] == ["a", "1", "0/1", "0/1", "0/1"]
+    assert why.row(tally)[:5] == ["a", "1", "0/1", "0/1", "0/1"] and why.row(tally)[-1] == "1"
 
 
 def test_case_selection_expands_groups_and_refuses_unknown_names(why):
