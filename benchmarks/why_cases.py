@@ -69,6 +69,9 @@ MATMUL_OPS = ("matrix multiplication", "MUL_MAT")
 #: The attribution's names of attention: its group, and llama.cpp's op types (flash attention
 #: fuses K x Q, softmax and x V into one).
 ATTENTION_OPS = ("attention", "FLASH_ATTN_EXT", "SOFT_MAX")
+#: An A/B's pairs unless --runs says: with fewer than 10, no part's Holm-adjusted p can reach
+#: alpha (1%), and 12 leave room for a pair that goes the other way.
+AB_RUNS = 12
 #: Case f-client: side B's client work per request, before the request is sent (ms).
 CLIENT_MS = 20.0
 
@@ -332,8 +335,8 @@ def _model(preset: str) -> str:
     return str(ensure_model(preset))
 
 
-def _ab_project(root: Path, case: Case, runs: int) -> Project:
-    keys = {"prompt_tokens": case.prompt_tokens, "max_tokens": case.max_tokens, "runs": runs}
+def _ab_project(root: Path, case: Case, runs: int | None) -> Project:
+    keys = {"prompt_tokens": case.prompt_tokens, "max_tokens": case.max_tokens, "runs": runs or AB_RUNS}
     # the model files only where a case names them (a Q8_0 model is written once, then cached);
     # repack off on both: the AMX repacked Q8_0 kernel crashes on some Xeons (against_sessions.py)
     sides: dict[str, Callable[[], tuple[dict[str, Any], dict[str, Any]]]] = {
@@ -357,20 +360,20 @@ def _ab_project(root: Path, case: Case, runs: int) -> Project:
     return Project(root, (), case.model)
 
 
-def _against_project(root: Path, case: Case, runs: int, old_python: str) -> Project:
+def _against_project(root: Path, case: Case, runs: int | None, old_python: str) -> Project:
     from against_sessions import make_repo
 
     kind = {"a": "change", "aa-against": "aa"}.get(case.name, "python")
     ref = make_repo(root, kind, 0.08, case.prompt_tokens, case.max_tokens, case.model)
     if kind == "python":
         ref = f"python:{old_python if case.name == 'e' else sys.executable}"
-    for test in (root / "tests").glob("test_*.py"):  # the pairs of REF's first look: the tests only
+    for test in (root / "tests").glob("test_*.py") if runs else ():  # the tests only: both sides run them
         text = test.read_text()
         test.write_text(text.replace(f"max_tokens={case.max_tokens})", f"max_tokens={case.max_tokens}, runs={runs})"))
     return Project(root, ("--llmperf-against", ref), case.model)
 
 
-def make_project(root: Path, case: Case, runs: int, old_python: str) -> Project:
+def make_project(root: Path, case: Case, runs: int | None, old_python: str) -> Project:
     if case.how == "ab":
         return _ab_project(root, case, runs)
     return _against_project(root, case, runs, old_python)
@@ -582,8 +585,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sessions", type=int, default=10)
     p.add_argument("--cases", default=",".join(CASES), help="comma-separated: " + ", ".join([*CASES, *GROUPS]))
-    # 10 pairs at least: with fewer, no part's Holm-adjusted p can reach alpha (1%)
-    p.add_argument("--runs", type=int, default=12, help="pairs per session (an A/B's runs, REF's first look)")
+    p.add_argument(
+        "--runs",
+        type=int,
+        help=f"the marker's runs: an A/B's pairs (default {AB_RUNS}); against REF, pairs until the verdict "
+        "settles, up to 3 x runs (default: the plugin's own, 20)",
+    )
     p.add_argument("--quick", action="store_true", help="one session per case (a smoke run)")
     p.add_argument("--old-python", default=default_old_python(), help="case e's REF environment's interpreter")
     p.add_argument("--pytest-args", default="", help="more options for every session (one string)")
@@ -594,7 +601,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.path.insert(0, str(HERE))  # against_sessions
     cases = selected(args.cases)
     print(
-        f"{len(cases)} case(s), {args.sessions} session(s) each, {args.runs} pairs per session; "
+        f"{len(cases)} case(s), {args.sessions} session(s) each, runs {args.runs or f'{AB_RUNS} (A/B), the default (against)'}; "
         f"load average at start {load_average()}",
         flush=True,
     )

@@ -216,3 +216,15 @@ def test_llama_bench_ratios_are_this_build_over_the_old_one_in_time(why, tmp_pat
     assert why.bench_ts(old, "m.gguf", 32, 32) == (200.0, 30.0)
     pp, tg = why.llama_bench_ratios(old, new, "m.gguf", 32, 32, rounds=2)
     assert pp == pytest.approx(2.0) and tg == pytest.approx(0.75)
+
+
+@pytest.mark.parametrize("runs", [None, 7])
+def test_against_cases_make_a_git_repository_whose_ref_is_the_commit_before(why, runs, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))  # against_sessions, as main() puts it first
+    project = why.make_project(tmp_path / "a", why.CASES["a"], runs, "/old/python")
+    assert project.args == ("--llmperf-against", "git:HEAD~1")
+    source = (project.root / "tests" / "test_wrapper.py").read_text()
+    assert ("runs=7" in source) == (runs == 7)
+    assert "EXTRA = 0.08" in (project.root / "wrapper" / "__init__.py").read_text()
+    e = why.make_project(tmp_path / "e", why.CASES["e"], runs, "/old/python")
+    assert e.args == ("--llmperf-against", "python:/old/python")
