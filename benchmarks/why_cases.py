@@ -30,8 +30,9 @@ from that file. Cases:
 Per session: the parts that moved (``moved``: Holm-corrected) in the phases whose headline moved
 (REGRESSION/IMPROVED against REF; for an A/B, the headline's CI excluding 1) are "flagged". The
 named cause is met when the case's part is flagged and is the largest flagged part of its phase
-(by the size of its change, in the phase's unit), and, where the case names one, the attribution
-agrees (b: matrix multiplication, c: uniform across layers, d: an attention op). The table
+(by the size of its change, in the phase's unit); where the case names one, the attribution of
+that phase must agree too (b: matrix multiplication, c: uniform across layers, d: an attention
+op: the reading or a moved op or group names it), counted in a column of its own. The table
 also counts the sessions where the cause's part moved whether or not its headline did (a part
 is compared without the noise of the other parts, so it can be seen first). In A/A, any part
 whose ``moved`` is true, in any phase, counts as flagged.
@@ -199,7 +200,7 @@ class Outcome:
     flagged: tuple[str, ...]  # parts moved in a phase whose headline moved
     any_moved: tuple[str, ...]  # parts moved in any phase
     largest: Mapping[str, str]  # phase -> its flagged part with the largest change
-    named: bool | None  # None: the case names no cause
+    named: bool | None  # the cause is the largest flagged part of its phase; None: no cause named
     others: tuple[str, ...]  # flagged parts other than the cause
     attribution: str  # the cause phase's attribution reading ("" when none ran)
     attribution_ok: bool | None  # None: the case asks nothing of the attribution
@@ -247,7 +248,7 @@ def classify(entry: Entry, case: Case) -> Outcome:
         reading, attribution_ok = attribution_check(entry.attribution, case.phase, case.attribution)
     named = None
     if case.cause is not None:
-        named = largest.get(case.phase or "") == case.cause and attribution_ok is not False
+        named = largest.get(case.phase or "") == case.cause
     return Outcome(
         flagged=names,
         any_moved=tuple(p["metric"] for p in moved),
@@ -493,13 +494,14 @@ def row(t: Tally) -> list[str]:
     n, o = t.sessions, t.outcomes
     named = "-" if t.case.cause is None else _count(o, lambda x: bool(x.named), n)
     cause = "-" if t.case.cause is None else _count(o, lambda x: t.case.cause in x.any_moved, n)
+    attributed = _count(o, lambda x: bool(x.attribution_ok), n) if t.case.attribution else "-"
     others = "-" if t.case.cause is None else _count(o, lambda x: bool(x.others), n)
     aa = _count(o, lambda x: bool(x.any_moved), n) if t.case.aa else "-"
     pairs = f"{statistics.median(x.pairs for x in o):g}" if o else "-"
     secs = f"{statistics.median(t.seconds):.0f}" if t.seconds else "-"
     loads = sorted(float(x.split()[0]) for x in t.loads)
     load = f"{loads[0]:.1f}-{loads[-1]:.1f}" if loads else "-"
-    return [t.case.name, str(n), named, cause, others, aa, pairs, secs, load, str(len(t.failed))]
+    return [t.case.name, str(n), named, cause, attributed, others, aa, pairs, secs, load, str(len(t.failed))]
 
 
 HEADERS = [
@@ -507,6 +509,7 @@ HEADERS = [
     "sessions",
     "named cause",
     "cause part moved",
+    "attribution agrees",
     "other part flagged",
     "A/A any part",
     "pairs",

@@ -97,7 +97,7 @@ def test_a_part_that_moved_in_a_phase_that_did_not_is_not_flagged_but_counts_in_
     assert set(o.any_moved) == {"decode_outside_ms_per_token", "tokenize_ms"}
     assert o.named is None  # an A/A names no cause
     tally = why.Tally(why.CASES["aa-against"], outcomes=[o], seconds=[30.0], loads=["2.5 2.0 1.0"])
-    assert why.row(tally) == ["aa-against", "1", "-", "-", "-", "1/1", "20", "30", "2.5-2.5", "0"]
+    assert why.row(tally) == ["aa-against", "1", "-", "-", "-", "-", "1/1", "20", "30", "2.5-2.5", "0"]
 
 
 def test_an_unchanged_aa_flags_nothing(why):
@@ -106,7 +106,7 @@ def test_an_unchanged_aa_flags_nothing(why):
     o = why.classify(entry, why.CASES["aa-against"])
     assert o.flagged == () and o.any_moved == ()
     tally = why.Tally(why.CASES["aa-against"], outcomes=[o, o], seconds=[1.0, 3.0], loads=["1 1 1", "3 1 1"])
-    assert why.row(tally)[5] == "0/2"
+    assert why.row(tally)[6] == "0/2"
 
 
 def test_the_cause_is_named_only_when_it_is_the_largest_flagged_part(why):
@@ -149,10 +149,12 @@ def test_an_ab_entry_moves_a_phase_by_its_ci_and_the_attribution_must_agree(why)
     other = {"phases": {"decode": {"reading": "ROPE -40%, the rest unchanged"}}}
     (entry,) = why.entries(ab_doc(ci, parts, other))
     o = why.classify(entry, why.CASES["b"])
-    assert o.attribution_ok is False and o.named is False
+    assert o.attribution_ok is False and o.named is True  # the parts named it; the attribution did not
+    tally = why.Tally(why.CASES["b"], outcomes=[o], seconds=[1.0], loads=["1 1 1"])
+    assert why.row(tally)[2:5] == ["1/1", "1/1", "0/1"]
     # no attribution pass at all: not proven either
     (entry,) = why.entries(ab_doc(ci, parts))
-    assert why.classify(entry, why.CASES["b"]).named is False
+    assert why.classify(entry, why.CASES["b"]).attribution_ok is False
 
 
 def test_the_attribution_is_read_from_moved_ops_and_the_reading(why):
@@ -169,7 +171,7 @@ def test_a_session_that_compared_nothing_gives_no_entry_and_counts_against_the_c
     not_compared = {"results": [{"test": "t", "verdict": {"status": "NEW", "comparisons": []}}]}
     assert why.entries(not_compared) == [] and why.entries({}) == []
     tally = why.Tally(why.CASES["a"], failed=["side REF could not start"], seconds=[5.0], loads=["1 1 1"])
-    assert why.row(tally)[:5] == ["a", "1", "0/1", "0/1", "0/1"] and why.row(tally)[-1] == "1"
+    assert why.row(tally)[:6] == ["a", "1", "0/1", "0/1", "-", "0/1"] and why.row(tally)[-1] == "1"
 
 
 def test_case_selection_expands_groups_and_refuses_unknown_names(why):
