@@ -201,7 +201,7 @@ class Outcome:
     any_moved: tuple[str, ...]  # parts moved in any phase
     largest: Mapping[str, str]  # phase -> its flagged part with the largest change
     named: bool | None  # the cause is the largest flagged part of its phase; None: no cause named
-    others: tuple[str, ...]  # flagged parts other than the cause
+    others: tuple[str, ...]  # flagged parts of the cause's phase other than the cause
     attribution: str  # the cause phase's attribution reading ("" when none ran)
     attribution_ok: bool | None  # None: the case asks nothing of the attribution
     pairs: int
@@ -254,7 +254,7 @@ def classify(entry: Entry, case: Case) -> Outcome:
         any_moved=tuple(p["metric"] for p in moved),
         largest=largest,
         named=named,
-        others=tuple(n for n in names if n != case.cause),
+        others=tuple(p["metric"] for p in flagged if p["phase"] == case.phase and p["metric"] != case.cause),
         attribution=reading,
         attribution_ok=attribution_ok,
         pairs=entry.pairs,

@@ -152,6 +152,11 @@ def test_an_ab_entry_moves_a_phase_by_its_ci_and_the_attribution_must_agree(why)
     assert o.attribution_ok is False and o.named is True  # the parts named it; the attribution did not
     tally = why.Tally(why.CASES["b"], outcomes=[o], seconds=[1.0], loads=["1 1 1"])
     assert why.row(tally)[2:5] == ["1/1", "1/1", "0/1"]
+    # the other phase's llama.cpp part moving too is the same cause, not another part
+    both = [*parts[:2], part("native_prefill_ms", "prefill", 50.0, 70.0, True)]
+    (entry,) = why.entries(ab_doc({"ttft_ms": (1.3, 1.5), "tpot_ms": (0.58, 0.62)}, both, matmul))
+    o = why.classify(entry, why.CASES["b"])
+    assert o.flagged == ("native_decode_ms_per_token", "native_prefill_ms") and o.others == () and o.named
     # no attribution pass at all: not proven either
     (entry,) = why.entries(ab_doc(ci, parts))
     assert why.classify(entry, why.CASES["b"]).attribution_ok is False
