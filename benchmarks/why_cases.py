@@ -70,9 +70,6 @@ MATMUL_OPS = ("matrix multiplication", "MUL_MAT")
 #: The attribution's names of attention: its group, and llama.cpp's op types (flash attention
 #: fuses K x Q, softmax and x V into one).
 ATTENTION_OPS = ("attention", "FLASH_ATTN_EXT", "SOFT_MAX")
-#: An A/B's pairs unless --runs says: with fewer than 10, no part's Holm-adjusted p can reach
-#: alpha (1%), and 12 leave room for a pair that goes the other way.
-AB_RUNS = 12
 #: Case f-client: side B's client work per request, before the request is sent (ms).
 CLIENT_MS = 20.0
 
@@ -269,7 +266,7 @@ A = {a!r}
 B = {b!r}
 
 
-@pytest.mark.llmperf(prompt_tokens={prompt_tokens}, max_tokens={max_tokens}, runs={runs})
+@pytest.mark.llmperf(prompt_tokens={prompt_tokens}, max_tokens={max_tokens}{runs})
 def test_case(llmperf):
     llmperf.compare(a=A, b=B)
 """
@@ -305,7 +302,7 @@ def servers():
         yield a, b
 
 
-@pytest.mark.llmperf(prompt_tokens={prompt_tokens}, max_tokens={max_tokens}, runs={runs})
+@pytest.mark.llmperf(prompt_tokens={prompt_tokens}, max_tokens={max_tokens}{runs})
 def test_case(llmperf, servers):
     a, b = servers
     engine_a = a.engine()
@@ -337,7 +334,8 @@ def _model(preset: str) -> str:
 
 
 def _ab_project(root: Path, case: Case, runs: int | None) -> Project:
-    keys = {"prompt_tokens": case.prompt_tokens, "max_tokens": case.max_tokens, "runs": runs or AB_RUNS}
+    runs_key = f", runs={runs}" if runs else ""  # else the plugin's default (20 pairs)
+    keys = {"prompt_tokens": case.prompt_tokens, "max_tokens": case.max_tokens, "runs": runs_key}
     # the model files only where a case names them (a Q8_0 model is written once, then cached);
     # repack off on both: the AMX repacked Q8_0 kernel crashes on some Xeons (against_sessions.py)
     sides: dict[str, Callable[[], tuple[dict[str, Any], dict[str, Any]]]] = {
@@ -591,8 +589,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--runs",
         type=int,
-        help=f"the marker's runs: an A/B's pairs (default {AB_RUNS}); against REF, pairs until the verdict "
-        "settles, up to 3 x runs (default: the plugin's own, 20)",
+        help="the marker's runs (default: the plugin's, 20): an A/B's pairs; against REF, pairs until the "
+        "verdict settles, up to 3 x runs. Fewer than 10 pairs leave every part unflagged (Holm at alpha 1%%), "
+        "12 are marginal",
     )
     p.add_argument("--quick", action="store_true", help="one session per case (a smoke run)")
     p.add_argument("--old-python", default=default_old_python(), help="case e's REF environment's interpreter")
@@ -604,7 +603,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.path.insert(0, str(HERE))  # against_sessions
     cases = selected(args.cases)
     print(
-        f"{len(cases)} case(s), {args.sessions} session(s) each, runs {args.runs or f'{AB_RUNS} (A/B), the default (against)'}; "
+        f"{len(cases)} case(s), {args.sessions} session(s) each, runs {args.runs or 'the default (20)'}; "
         f"load average at start {load_average()}",
         flush=True,
     )

@@ -201,6 +201,8 @@ def test_each_ab_case_writes_a_test_module_that_compiles(why, name, tmp_path, mo
     source = (project.root / "tests" / "test_case.py").read_text()
     compile(source, "test_case.py", "exec")
     assert "runs=7" in source and project.args == ()
+    default = why.make_project(tmp_path / "q", why.CASES[name], None, "/old/python")
+    assert "runs=" not in (default.root / "tests" / "test_case.py").read_text()  # the plugin's default
     if name == "f-client":
         assert f"CLIENT_MS = {why.CLIENT_MS!r}" in source and "A_THREADS, B_THREADS = 1, 1" in source
     if name == "b":
