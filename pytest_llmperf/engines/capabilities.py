@@ -81,9 +81,12 @@ class LayerTiming(Protocol):
 @runtime_checkable
 class RemoteLayerTiming(Protocol):
     """Per-layer timing done where the engine's model runs (the engine worker's process):
-    ``profile_layers(workload)`` returns the ``measuring.layers.LayerProfile``."""
+    ``profile_layers(workload)`` returns the ``measuring.layers.LayerProfile``, ``attribute(workload)``
+    the ``measuring.attribution.Attribution`` (the same eval callback, asked about every node)."""
 
     def profile_layers(self, workload: Workload) -> Any: ...
+
+    def attribute(self, workload: Workload) -> Any: ...
 
 
 def times_layers(engine: object) -> bool:

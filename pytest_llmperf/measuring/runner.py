@@ -46,6 +46,7 @@ from ..engines import CallableEngine, Engine, EngineProcess, FreshLoads, LayerTi
 from .metrics import Measurement, RunMetrics, SystemDelta, sample_system, summarize, summarize_runs
 
 if TYPE_CHECKING:
+    from .attribution import Attribution
     from .layers import LayerProfile
     from .roofline import Peak
 
@@ -69,6 +70,7 @@ def measure(
     slo: Mapping[str, float] | None = None,
     *,
     layers: bool = False,
+    attribution: bool = False,
     peaks: tuple[Peak, Peak] | None = None,
     model_load: str | None = None,
 ) -> Measurement:
@@ -77,7 +79,8 @@ def measure(
 
     System counters and peak RSS are read around the runs, never between a run's clock reads.
     ``layers``: afterwards, time each layer on an instrumented context (in-process llama.cpp
-    only); ``peaks`` (bandwidth, TFLOP/s ``roofline.Peak``): attach the roofline; ``model_load``
+    only); ``attribution``: afterwards, time each graph node by layer and op type
+    (``measuring.attribution``, in-process llama.cpp only); ``peaks`` (bandwidth, TFLOP/s ``roofline.Peak``): attach the roofline; ``model_load``
     ("warm" / "cold"): afterwards, time fresh loads of the engine's model (``with_model_loads``)."""
     workload = workload or Workload()
     engine = as_engine(engine)
@@ -88,6 +91,8 @@ def measure(
     m = _measure_runs(engine, workload, label)
     if layers:
         m = dataclasses.replace(m, layers=layer_profile(engine, workload))
+    if attribution:
+        m = dataclasses.replace(m, attribution=attribution_of(engine, workload))
     if peaks is not None:
         from .roofline import roofline
 
@@ -126,6 +131,19 @@ def layer_profile(engine: Engine, workload: Workload) -> LayerProfile:
     raise ConfigError("per-layer timing (layers=True) needs the in-process llama.cpp engine (or its worker)")
 
 
+def attribution_of(engine: Engine, workload: Workload) -> Attribution:
+    """Each graph node timed by layer and op type (``measuring.attribution``): by an engine
+    worker in its own process, or on an in-process engine's instrumented context here."""
+    if isinstance(engine, RemoteLayerTiming):
+        remote: Attribution = engine.attribute(workload)
+        return remote
+    if isinstance(engine, LayerTiming):
+        from .attribution import attribute
+
+        return attribute(engine, workload)
+    raise ConfigError("the attribution pass (attribution=True) needs the in-process llama.cpp engine (or its worker)")
+
+
 def extend(engine: Any, m: Measurement, extra_runs: int) -> Measurement:
     """``m`` with ``extra_runs`` more measured runs of its workload (no warm-up: the engine is
     warm), for a sequential measurement. Per-layer timing and the roofline stay those of the
@@ -143,6 +161,7 @@ def extend(engine: Any, m: Measurement, extra_runs: int) -> Measurement:
         warmup_runs=m.warmup_runs,
         peak_rss=m.peak_rss,
         layers=m.layers,
+        attribution=m.attribution,
         roofline=m.roofline,
         model_loads=m.model_loads,
         # One span over all the runs (steal and load of the whole measurement).

@@ -24,6 +24,7 @@ stdout and stderr are its log file, so nothing llama.cpp prints can corrupt a me
     {"op": "run", "workload": Workload fields,          {"ok": true, "trace": RunTrace fields,
      "run_index": i}                                     "info": EngineInfo fields (the context in use)}
     {"op": "layers", "workload": Workload fields}       {"ok": true, "layers": LayerProfile fields}
+    {"op": "attribute", "workload": Workload fields}    {"ok": true, "attribution": Attribution.to_json()}
     {"op": "rss", "reset": bool}                        {"ok": true, "reset": bool, "peak": [bytes, scope]}
     {"op": "logits", "workload": Workload fields,       {"ok": true, "got": logits_json(TokenLogits):
      "forced": [ids] | null, "prompt_ids": ...}          ids, logits as base64 float32 with their shape}
@@ -67,6 +68,7 @@ from ..models.gguf import gguf_file_type
 
 if TYPE_CHECKING:
     from ..engines.llama_cpp import LlamaCppEngine
+    from .attribution import Attribution
     from .layers import LayerProfile
     from .runner import PeakRss
 
@@ -397,6 +399,13 @@ class WorkerEngine(Engine, RemoteLayerTiming, TokenProbabilities, FreshLoads, Pr
         reply = self._call({"op": "layers", "workload": dataclasses.asdict(workload)}, "timing the layers of")
         return layers_of(reply["layers"])
 
+    def attribute(self, workload: Workload) -> Attribution:
+        """``measuring.attribution.attribute`` of this engine, run in the worker."""
+        from .attribution import Attribution
+
+        reply = self._call({"op": "attribute", "workload": dataclasses.asdict(workload)}, "timing the nodes of")
+        return Attribution.from_json(reply["attribution"])
+
     @property
     def alive(self) -> bool:
         return self.channel is not None and self.channel.alive
@@ -535,6 +544,12 @@ def _layers(engine: LlamaCppEngine, message: Mapping[str, Any]) -> dict[str, Any
     return {"ok": True, "layers": dataclasses.asdict(profile)}
 
 
+def _attribute(engine: LlamaCppEngine, message: Mapping[str, Any]) -> dict[str, Any]:
+    from .attribution import attribute
+
+    return {"ok": True, "attribution": attribute(engine, Workload(**message["workload"])).to_json()}
+
+
 #: The requests a loaded engine answers (``load`` and ``close`` are ``serve``'s own): each
 #: takes the engine and the request, and returns the reply.
 REQUESTS: dict[str, Callable[[LlamaCppEngine, Mapping[str, object]], dict[str, Any]]] = {
@@ -542,6 +557,7 @@ REQUESTS: dict[str, Callable[[LlamaCppEngine, Mapping[str, object]], dict[str, A
     "rss": _rss,
     "logits": _logits,
     "layers": _layers,
+    "attribute": _attribute,
 }
 
 
