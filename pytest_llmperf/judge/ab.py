@@ -43,6 +43,7 @@ from .paired import PAIRED_METRICS, PHASE_METRIC, PairedComparison, paired
 if TYPE_CHECKING:
     from ..core.workload import RunTrace
     from ..engines.capabilities import Engine
+    from .attribution import AttributionChange
 
 __all__ = [
     "ABResult",
@@ -80,6 +81,10 @@ class ABResult:
     #: B's outputs against A's, computed after every timed run (None: not computed, a smoke run).
     agreement: Agreement | None = None
     agreement_budgets: tuple[AgreementOutcome, ...] = ()
+    #: Where llama.cpp's time went, both sides' passes compared after every timed run
+    #: (``judge.attribution``): when asked, or when a phase moved; else None.
+    attribution: AttributionChange | None = None
+    attribution_note: str = ""  # why the pass that was due did not run
 
     def get(self, name: str) -> PairedComparison:
         """The comparison of a phase (``"decode"``) or a metric (``"tpot_ms"``)."""
@@ -122,6 +127,10 @@ class ABResult:
         if self.agreement is not None:
             out += self.agreement.lines()
         out += [o.line(self.a_name, self.b_name) for o in self.agreement_budgets]
+        if self.attribution is not None:
+            out += self.attribution.lines()
+        elif self.attribution_note:
+            out.append(self.attribution_note)
         return out
 
 
@@ -160,10 +169,13 @@ def compare_ab(
     max_kl: Any = None,
     max_kl_p99: Any = None,
     agreement: bool = True,
+    attribution: bool | None = False,
 ) -> ABResult:
     """Measure A and B interleaved (``workload.runs`` pairs, seeded by ``workload.seed``) and
     compare them per metric; then, after every timed run, compare their outputs
-    (``measuring.agreement``; ``agreement=False``: not); judge the relative budgets."""
+    (``measuring.agreement``; ``agreement=False``: not); judge the relative budgets; then, when
+    ``attribution`` asks for it (True) or a phase moved (False: by itself; None: never), both
+    sides' attribution passes (``judge.attribution``)."""
     _check_workload(workload)
     budgets = parse_budgets(max_slowdown, min_speedup)  # bad budgets fail before any run
     agreement_budgets = parse_agreement_budgets(
@@ -180,7 +192,26 @@ def compare_ab(
     comparisons = _paired_comparisons(ma, mb)
     outcomes = _judged_budgets(budgets, comparisons)
     judged = tuple(judge_agreement(budget, limit, outputs) for budget, limit in agreement_budgets if outputs)
-    return ABResult(label, a.name, b.name, orders, ma, mb, tuple(comparisons), tuple(outcomes), outputs, judged)
+    result = ABResult(label, a.name, b.name, orders, ma, mb, tuple(comparisons), tuple(outcomes), outputs, judged)
+    return _attributed(result, ea, eb, workload, attribution)
+
+
+def _attributed(result: ABResult, ea: Engine, eb: Engine, workload: Workload, asked: bool | None) -> ABResult:
+    """``result`` with both sides' attribution passes compared, when asked or a phase moved."""
+    from .attribution import attribute_sides, paired_moved, why
+
+    reason = None if asked is None else why(asked, paired_moved(result.comparisons))
+    if reason is None:
+        return result
+    from ..measuring.attribution import side_figures
+    from ..measuring.roofline import machine_peaks
+
+    peaks = machine_peaks()  # cached per machine: probed once
+    sides = {"A": side_figures(result.a, peaks), "B": side_figures(result.b, peaks)}
+    got = attribute_sides(ea, eb, workload, reason=reason, a_name=result.a_name, b_name=result.b_name, sides=sides)
+    if isinstance(got, str):
+        return dataclasses.replace(result, attribution_note=got)
+    return dataclasses.replace(result, attribution=got)
 
 
 def _check_workload(workload: Workload) -> None:
@@ -234,6 +265,8 @@ def properties(results: Sequence[ABResult]) -> list[tuple[str, Any]]:
         if r.agreement is not None:
             out += _agreement_properties(prefix, r.agreement)
         out += [(f"{prefix}budget.{o.budget.key}", o.status.value) for o in r.agreement_budgets]
+        if r.attribution is not None:
+            out += [(f"{prefix}attribution.{p}", r.attribution.phase(p).reading) for p in ("prefill", "decode")]
     return out
 
 
@@ -307,6 +340,8 @@ def as_dict(r: ABResult) -> dict[str, Any]:
             for o in r.agreement_budgets
         ],
         "failures": r.failure_lines(),
+        "attribution": None if r.attribution is None else r.attribution.to_json(),
+        "attribution_note": r.attribution_note,
     }
 
 

@@ -29,10 +29,13 @@ from typing import Any
 
 import numpy as np
 
+from ..core.catalog import PHASE_METRIC
 from ..core.formats import sig6
 from ..core.settings import DEFAULT_THRESHOLD
+from ..core.workload import Workload
 from ..measuring.attribution import KINDS, PHASES, Attribution, PhaseAttribution, Slice
-from .verdict import CI_LEVEL, fmt_pct
+from .paired import PairedComparison
+from .verdict import CI_LEVEL, Comparison, Verdict, fmt_pct
 
 #: A block whose ratio is more than this far off the blocks' median ratio (its CI excluding that
 #: median) stands out; within it every block moved alike.
@@ -357,4 +360,93 @@ def compare_attributions(
         compare_phase(a.decode, b.decode, threshold),
         {"A": a.cost(), "B": b.cost()},
         dict(sides or {}),
+    )
+
+
+# -- when the pass runs ------------------------------------------------------------------------
+
+#: The verdicts that make the pass run by itself: llama.cpp's time moved.
+MOVED = (Verdict.REGRESSION, Verdict.IMPROVED)
+
+
+def why(asked: bool, moved: Sequence[str]) -> str | None:
+    """Why the pass runs (the block's reason), or None: it does not. ``moved``: the phases whose
+    llama.cpp time moved."""
+    if asked:
+        return "asked: attribution=True"
+    if moved:
+        return f"llama.cpp's {' and '.join(moved)} time moved"
+    return None
+
+
+def judged_moved(comparisons: Sequence[Comparison]) -> tuple[str, ...]:
+    """The phases whose llama.cpp time a verdict found moved (REGRESSION or IMPROVED): against a
+    stored baseline or ``--llmperf-against``'s REF.
+
+    Stand-in until ``judge.parts.llama_cpp_moved`` (the parts of each phase inside llama.cpp)
+    lands: the phase's headline time metric (``catalog.PHASE_METRIC``) decided it."""
+    phase_metrics = {metric: phase for phase, metric in PHASE_METRIC.items()}
+    moved = {phase_metrics[c.metric] for c in comparisons if c.metric in phase_metrics and c.verdict in MOVED}
+    return tuple(p for p in PHASES if p in moved)
+
+
+def paired_moved(comparisons: Sequence[PairedComparison], threshold: float = DEFAULT_THRESHOLD) -> tuple[str, ...]:
+    """The phases of an in-process A/B whose time moved: the phase's paired CI excludes 1 and its
+    ratio is at least ``threshold`` from 1 (stand-in for ``judge.parts.llama_cpp_moved``, as
+    ``judged_moved``)."""
+    moved = {
+        c.phase
+        for c in comparisons
+        if PHASE_METRIC.get(c.phase) == c.metric and c.excludes_one and abs(c.ratio - 1) >= threshold
+    }
+    return tuple(p for p in PHASES if p in moved)
+
+
+def attribute_sides(
+    a: object, b: object, workload: Workload, *, reason: str, a_name: str, b_name: str, sides: Mapping[str, Any]
+) -> AttributionChange | str:
+    """Both engines' passes (A's, then B's; after every timed run), compared; or the one line
+    why there is none (a side that is no in-process llama.cpp engine)."""
+    from ..engines import times_layers
+    from ..measuring.runner import attribution_of
+
+    for name, engine in (("A", a), ("B", b)):
+        if not times_layers(engine):
+            return f"attribution not run ({reason}): side {name} is not in-process llama.cpp"
+    pa = attribution_of(a, workload)  # type: ignore[arg-type]  # times_layers: a llama.cpp engine
+    pb = attribution_of(b, workload)  # type: ignore[arg-type]
+    return compare_attributions(pa, pb, reason=reason, a_name=a_name, b_name=b_name, sides=sides)
+
+
+def record_figures(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored record's roofline and memory figures, as ``measuring.attribution.side_figures``
+    names them."""
+    decode = (record.get("roofline") or {}).get("decode") or {}
+    memory = record.get("memory") or {}
+    out = {
+        "decode_bw_gbs": decode.get("achieved_bw_gbs"),
+        "decode_mbu": None if decode.get("note") else decode.get("mbu"),
+        "peak_rss_mib": memory.get("rss_mib"),
+        "kv_mib": memory.get("kv_mib"),
+        "compute_mib": memory.get("compute_mib"),
+    }
+    return {k: v for k, v in out.items() if isinstance(v, (int, float))}
+
+
+def compare_records(
+    baseline: Mapping[str, Any], candidate: Mapping[str, Any], threshold: float = DEFAULT_THRESHOLD
+) -> AttributionChange | None:
+    """The baseline's attribution against now's, when both records keep one (a test that asks
+    for it: ``attribution=True``); else None. A diagnosis beside the verdict, never a gate."""
+    a, b = baseline.get("attribution"), candidate.get("attribution")
+    if not a or not b:
+        return None
+    return compare_attributions(
+        Attribution.from_json(a),
+        Attribution.from_json(b),
+        reason="asked: attribution=True",
+        a_name="baseline",
+        b_name="now",
+        threshold=threshold,
+        sides={"A": record_figures(baseline), "B": record_figures(candidate)},
     )

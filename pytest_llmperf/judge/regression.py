@@ -13,7 +13,7 @@ import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..baselines import records as reference
 from ..baselines.records import same_workload
@@ -23,6 +23,9 @@ from ..core.settings import DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRES
 from .result import LayerChange, MeasurementResult, compare_layers
 from .rule import JUDGED, METRICS, MIN_PEERS, SUITE_ALPHA_SHARE, compare_levels, decide, mirrored, suite_relative
 from .verdict import BaselineStatus, Comparison, Level, NoiseModel, Verdict, holm, level
+
+if TYPE_CHECKING:
+    from .attribution import AttributionChange
 
 #: Recorded sessions a baseline keeps per test and hardware (the newest K, rolling).
 HISTORY_SESSIONS = 10
@@ -78,6 +81,9 @@ class BaselineVerdict:
     machine: str = ""
     #: Memory figures grown beyond ``MEMORY_RULE`` since the baseline, one line each.
     memory_changes: tuple[str, ...] = ()
+    #: Where llama.cpp's time went, when both records keep an attribution pass, or both sides
+    #: of ``--llmperf-against`` ran one (``judge.attribution``; a diagnosis, not a gate).
+    attribution: AttributionChange | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", BaselineStatus(self.status))  # a word read from JSON, typed
@@ -497,6 +503,7 @@ def _judge(
         comparisons=tuple(blame_machine(comparisons, why)),
         changes=changes,
         layer_changes=_layers(baseline, candidate, settings),
+        attribution=_attribution(baseline, candidate, settings),
         machine_ratio=machine,
         memory_changes=compare_memory(baseline, candidate),
     )
@@ -511,6 +518,19 @@ def _layers(
         return compare_layers(baseline, candidate, alpha=settings.alpha, threshold=settings.threshold)
     except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError, IndexError):
         return ()
+
+
+def _attribution(
+    baseline: Mapping[str, object], candidate: Mapping[str, object], settings: CompareSettings
+) -> AttributionChange | None:
+    """The attribution diagnosis (``judge.attribution.compare_records``); None when either
+    record keeps none or its data diagnoses nothing (a diagnosis, not a gate)."""
+    from .attribution import compare_records
+
+    try:
+        return compare_records(baseline, candidate, threshold=settings.threshold)
+    except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError, IndexError):
+        return None
 
 
 def _with_comparisons(

@@ -41,6 +41,7 @@ from .budgets import BudgetStatus
 from .verdict import BaselineStatus, Comparison, Verdict, holm
 
 if TYPE_CHECKING:
+    from .attribution import AttributionChange
     from .regression import BaselineVerdict
 
 
@@ -187,6 +188,8 @@ class VerdictRecord:
     failures: tuple[str, ...] = ()
     comparisons: tuple[Comparison, ...] = ()
     layer_changes: tuple[LayerChange, ...] = ()
+    #: Where llama.cpp's time went (``judge.attribution``), when both sides had a pass.
+    attribution: AttributionChange | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", BaselineStatus(self.status))  # a word read from JSON, typed
@@ -203,6 +206,7 @@ class VerdictRecord:
             tuple(v.failure_lines()),
             tuple(v.comparisons),
             tuple(v.layer_changes),
+            v.attribution,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -215,6 +219,8 @@ class VerdictRecord:
             "failures": list(self.failures),
             "comparisons": [comparison_json(c) for c in self.comparisons],
             "layer_changes": [layer_change_json(c) for c in self.layer_changes],
+            # Only when there is one: older readers and files stay as they were.
+            **({"attribution": self.attribution.to_json()} if self.attribution is not None else {}),
         }
 
     @property
@@ -239,7 +245,16 @@ class VerdictRecord:
             tuple(d.get("failures", ())),
             tuple(comparison_from_json(c) for c in d.get("comparisons", ())),
             tuple(layer_change_from_json(c) for c in d.get("layer_changes", ())),
+            _attribution_of(d.get("attribution")),
         )
+
+
+def _attribution_of(d: Mapping[str, Any] | None) -> AttributionChange | None:
+    if not d:
+        return None
+    from .attribution import AttributionChange
+
+    return AttributionChange.from_json(d)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..core.formats import sig6
-from ..core.workload import Workload
+from ..core.workload import RunTrace, Workload
 from .layers import LayerTimer, ggml_function, steps_of, tpot_of
 
 if TYPE_CHECKING:
@@ -420,3 +420,21 @@ def side_figures(m: Measurement, peaks: tuple[Peak, Peak] | None = None) -> dict
         if value is not None:
             out[key] = sig6(value)
     return {k: v for k, v in out.items() if v is not None}
+
+
+def side_attribution(
+    engine: object, workload: Workload, traces: Sequence[RunTrace]
+) -> tuple[Attribution, dict[str, Any]]:
+    """A side's attribution pass (``--llmperf-against``: in the side's process, after the pairs)
+    and its roofline and memory figures over its runs (``side_figures``; the machine's peaks
+    are probed once and cached). A ConfigError when the side's engine is no llama.cpp engine."""
+    import dataclasses
+
+    from .metrics import summarize
+    from .roofline import machine_peaks
+    from .runner import as_engine, attribution_of
+
+    e = as_engine(engine)
+    got = attribution_of(e, workload)
+    m = summarize(list(traces), dataclasses.replace(workload, runs=len(traces)), e.info())
+    return got, side_figures(m, machine_peaks())

@@ -233,9 +233,10 @@ class Link:
             self.send({"ev": "released"})
 
     def measure(
-        self, subject: Engine | TokenStream, config: MarkerConfig, label: str, nodeid: str
+        self, subject: Engine | TokenStream, config: MarkerConfig, label: str, nodeid: str, *, attribution: bool = False
     ) -> tuple[Measurement, Assessment | None]:
-        """The measurement the controller drives: the runs it asks for, then its verdict."""
+        """The measurement the controller drives: the runs it asks for, then its verdict
+        (``attribution``: the test asks for the attribution pass after the pairs)."""
         from ..core.workload import Workload
         from ..measuring.agreement import Agreement
         from ..measuring.metrics import RunMetrics, summarize
@@ -247,7 +248,7 @@ class Link:
             with self.turn():
                 return measure(engine, workload, label=label, slo=config.budgets), None
         info = engine.info()
-        self.send(self._measure_event(engine, info, workload, config, label))
+        self.send({**self._measure_event(engine, info, workload, config, label), "attribution": attribution})
         op, warm, traces = self._runs(engine, workload)
         if op.get("fail"):
             raise LLMPerfError(op["fail"])
@@ -292,6 +293,9 @@ class Link:
             if op["op"] == "logits":  # after every run of both sides: never inside a timed region
                 self.send(_token_logits(engine, op))
                 continue
+            if op["op"] == "attribute":  # after the pairs, as "logits": the attribution pass
+                self.send(_attribution(engine, workload, traces))
+                continue
             if op["op"] != "run":
                 return op, warm, traces
             # Before the run's first clock read. No CPUs given: all of them again (an earlier
@@ -330,18 +334,36 @@ def _token_logits(engine: Any, op: Mapping[str, Any]) -> dict[str, Any]:
     return {"ev": "logits", "got": logits_json(got)}
 
 
+def _attribution(engine: Engine, workload: Workload, traces: list[RunTrace]) -> dict[str, Any]:
+    """The reply to an "attribute" op: this side's attribution pass and its roofline and memory
+    figures (``measuring.attribution.side_attribution``), or one line why there is none."""
+    from ..measuring.attribution import side_attribution
+
+    try:
+        got, figures = side_attribution(engine, workload, traces)
+    except Exception as exc:  # noqa: BLE001 - one line to the controller, its verdict says it
+        return {
+            "ev": "attribution",
+            "line": str(exc) if isinstance(exc, LLMPerfError) else f"{type(exc).__name__}: {exc}",
+        }
+    return {"ev": "attribution", "got": got.to_json(), "figures": figures}
+
+
 def _assessment(nodeid: str, label: str, verdict: Mapping[str, Any] | None) -> Assessment | None:
     """The controller's verdict as the session's ``Assessment`` (nothing recorded: no baseline)."""
     if verdict is None:
         return None
+    from ..judge.attribution import AttributionChange
     from ..judge.regression import BaselineVerdict
     from ..judge.result import comparison_from_json
     from ..session.assess import Assessment
 
+    where = verdict.get("attribution")
     v = BaselineVerdict(
         verdict["status"],
         verdict.get("note", ""),
         tuple(comparison_from_json(c) for c in verdict.get("comparisons", ())),
+        attribution=None if where is None else AttributionChange.from_json(where),
     )
     return Assessment(nodeid + (f"[{label}]" if label else ""), "", "", None, v)
 

@@ -34,6 +34,7 @@ from .refs import Project, Reference, Worktrees, code_packages, resolve_referenc
 from .sides import (
     CURRENT,
     REF,
+    Attributed,
     Exit,
     Logits,
     Measure,
@@ -272,6 +273,45 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str) -> 
     return looked.comparisons, note, outputs(ag, events, workload)
 
 
+#: A side's attribution pass may take this many times the engine timeout (a warm-up and
+#: ``ATTRIBUTION_RUNS`` instrumented and plain runs each).
+ATTRIBUTION_TIMEOUT_RUNS = 20
+
+
+def attribution(
+    ag: Against, measures: Mapping[str, Measure], comparisons: Sequence[Comparison]
+) -> dict[str, Any] | str | None:
+    """After the pairs, when the test asked for it on either side or llama.cpp's time moved:
+    each side's attribution pass (REF's, then this tree's: one side at a time) compared
+    (``judge.attribution``), as the verdict's JSON; a line when a side has none; else None."""
+    from ..judge.attribution import compare_attributions, judged_moved, why
+    from ..measuring.attribution import Attribution
+
+    asked = any(bool(m.data.get("attribution")) for m in measures.values())
+    reason = why(asked, judged_moved(comparisons))
+    if reason is None:
+        return None
+    got: dict[str, Attributed] = {}
+    for name in (REF, CURRENT):
+        side = ag.sides[name]
+        side.send({"op": "attribute"})
+        reply = side.receive(ag.timeout_s * ATTRIBUTION_TIMEOUT_RUNS, "running its attribution pass")
+        if not isinstance(reply, Attributed):
+            raise side.kill(f"{side.who} answered {reply.ev!r} to an attribution request; it was killed")
+        if reply.line is not None:
+            return f"attribution not run ({reason}): {side.who}: {reply.line}"
+        got[name] = reply
+    change = compare_attributions(
+        Attribution.from_json(got[REF].got),
+        Attribution.from_json(got[CURRENT].got),
+        reason=reason,
+        a_name=f"REF {ag.reference.describe()}",
+        b_name="this tree",
+        sides={"A": got[REF].figures, "B": got[CURRENT].figures},
+    )
+    return change.to_json()
+
+
 def _judging(ag: Against, ev: Mapping[str, Any], nodeid: str) -> dict[str, Any]:
     """``judged_pairs``' keywords for this measurement: the session's alpha and thresholds (the
     marker's where it sets them), its family size and REF's name."""
@@ -501,6 +541,11 @@ class Drive:
             "comparisons": [comparison_json(c) for c in comparisons],
             "agreement": agreement.as_dict(),
         }
+        where = attribution(self.ag, self.measures, comparisons)
+        if isinstance(where, str):
+            verdict["note"] = f"{note}; {where}"
+        elif where is not None:
+            verdict["attribution"] = where
         self.finish(self.cur, verdict=verdict)
         self.finish(self.ref)
 

@@ -164,6 +164,23 @@ class Logits(SideEvent):
 
 
 @dataclass(frozen=True)
+class Attributed(SideEvent):
+    """The side's attribution pass (``got``: ``Attribution.to_json()``) and its roofline and
+    memory figures, or the one line why it has none."""
+
+    EV = "attribution"
+    got: Any = None
+    figures: Any = None
+    line: str | None = None
+
+    @classmethod
+    def of(cls, message: Mapping[str, object]) -> SideEvent:
+        if "got" in message:
+            return cls(message.get("got"), message.get("figures") or {})
+        return cls(line=str(message.get("line")))
+
+
+@dataclass(frozen=True)
 class Turn(SideEvent):
     """The side asks for an exclusive turn (an A/B ``compare()``, a load test)."""
 
@@ -221,7 +238,7 @@ class Unknown(SideEvent):
 
 #: Each event by the word it comes with.
 EVENTS: dict[str, type[SideEvent]] = {
-    e.EV: e for e in (Ready, Measure, Trace, RunError, Logits, Turn, Released, Report, Exit)
+    e.EV: e for e in (Ready, Measure, Trace, RunError, Logits, Attributed, Turn, Released, Report, Exit)
 }
 
 
