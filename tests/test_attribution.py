@@ -230,16 +230,18 @@ def test_readings_on_known_changes() -> None:
 
 
 @pytest.fixture(scope="module")
-def layer_models() -> tuple[Attribution, Attribution]:
-    """Six equal blocks (A) against the same model with block 3's FFN 16x as wide (B)."""
-    out = []
-    for spec in (SIX_EQUAL, SLOW_LAYER):
-        engine = LlamaCppEngine(ensure_model(spec), threads=1)
-        try:
-            out.append(attribute(engine, dataclasses.replace(WORKLOAD, max_tokens=8)))
-        finally:
-            engine.close()
-    return out[0], out[1]
+def layer_engines():
+    """Six equal blocks (A) and the same model with block 3's FFN 16x as wide (B), 1 thread each."""
+    engines = [LlamaCppEngine(ensure_model(spec), threads=1) for spec in (SIX_EQUAL, SLOW_LAYER)]
+    yield engines
+    for engine in engines:
+        engine.close()
+
+
+@pytest.fixture(scope="module")
+def layer_models(layer_engines) -> tuple[Attribution, Attribution]:
+    a, b = (attribute(e, dataclasses.replace(WORKLOAD, max_tokens=8)) for e in layer_engines)
+    return a, b
 
 
 def test_the_reading_names_the_slowed_layer(layer_models: tuple[Attribution, Attribution]) -> None:
@@ -272,3 +274,117 @@ def test_the_reading_says_uniform_for_threads(small_engine) -> None:
     for phase in ("prefill", "decode"):
         reading = change.phase(phase).reading
         assert reading.startswith(("uniform across layers", "no layer moved")), reading
+
+
+# -- where it runs: an in-process A/B --------------------------------------------------------
+
+
+def test_an_ab_runs_the_pass_by_itself_when_a_phase_moved(layer_engines) -> None:
+    """Not asked for: B (one block 16x wider) is slower in both phases, so both sides' passes run
+    after the pairs, and the A/B's section, JSON and properties say where the time went."""
+    from pytest_llmperf.core.documents import validate
+    from pytest_llmperf.judge.ab import Side, as_dict, compare_ab, properties
+
+    a, b = layer_engines
+    r = compare_ab(Side("six-equal", a), Side("slow-layer", b), Workload(prompt_tokens=32, max_tokens=8, runs=4))
+    assert r.decode.ratio > 1.5 and r.attribution is not None, r.lines()
+    assert r.attribution.reason == "llama.cpp's prefill and decode time moved"
+    assert r.attribution.decode.reading.startswith("layer 3 +"), r.attribution.decode.reading
+    assert set(r.attribution.sides) == {"A", "B"} and r.attribution.sides["B"]["kv_mib"] > 0
+    text = r.lines()
+    assert any(line.startswith("where llama.cpp's time went (llama.cpp's prefill and decode") for line in text), text
+    assert all(len(line) <= 80 for line in text[text.index(r.attribution.lines()[0]) :])
+    doc = as_dict(r)
+    assert doc["attribution"]["phases"]["decode"]["reading"] == r.attribution.decode.reading
+    validate(doc["attribution"], "session", "attribution", "ab.attribution")
+    props = dict(properties([r]))
+    assert props["llmperf.ab.attribution.decode"] == r.attribution.decode.reading
+
+
+def _stream(prompt: str, max_tokens: int):
+    yield from ["x"] * max_tokens
+
+
+def test_an_ab_with_a_callable_side_says_why_there_is_no_pass_only_when_asked(tiny_engine) -> None:
+    from pytest_llmperf.judge.ab import Side, compare_ab
+
+    w = Workload(prompt_tokens=8, max_tokens=4, runs=3, warmup=0)
+    asked = compare_ab(Side("llama", tiny_engine), Side("stream", _stream), w, agreement=False, attribution=True)
+    assert asked.attribution is None
+    assert asked.attribution_note == "attribution not run (asked: attribution=True): side B is not in-process llama.cpp"
+    assert asked.attribution_note in asked.lines()
+    unasked = compare_ab(Side("llama", tiny_engine), Side("stream", _stream), w, agreement=False)
+    assert unasked.attribution is None and unasked.attribution_note == ""
+
+
+# -- where it runs: --llmperf-against's two sides -------------------------------------------
+
+AGAINST_TESTS = """
+import pytest
+from pick import MODEL
+
+
+@pytest.mark.llmperf(prompt_tokens=16, max_tokens=8, runs=4, warmup=1)
+def test_model(llmperf):
+    llmperf.measure(model=MODEL)  # the code under test names the model: block 3 16x wider at HEAD
+"""
+
+
+def test_against_runs_the_pass_on_both_sides_when_llama_cpp_moved(tmp_path, tiny_model_path) -> None:
+    """REF's model has six equal blocks, HEAD's one 16x wider: the decode time moves, so each
+    side runs its pass in its own process after the pairs (not asked for), and the verdict says
+    layer 3, in the terminal and the session file (schema-checked on reading)."""
+    from test_against import CONFTEST, Runner, make_repo
+
+    from pytest_llmperf.reports.session_file import load_session
+
+    runner = Runner(tmp_path, tiny_model_path)
+    root = tmp_path / "repo"
+    files = {"conftest.py": CONFTEST, "pick/__init__.py": f"MODEL = {str(ensure_model(SIX_EQUAL))!r}\n"}
+    files["tests/test_where.py"] = AGAINST_TESTS
+    make_repo(root, [("base", files), ("wider", {"pick/__init__.py": f"MODEL = {str(ensure_model(SLOW_LAYER))!r}\n"})])
+    inner = runner.run(root, "tests", "-rA", "--llmperf-against", "git:HEAD~1", "--llmperf-json", "s.json")
+    out = inner.out
+    (result,) = json.loads((root / "s.json").read_text())["results"]
+    where = result["verdict"].get("attribution")
+    assert where is not None, out
+    assert where["reason"].startswith("llama.cpp's") and where["reason"].endswith("time moved"), where["reason"]
+    assert where["a"].startswith("REF git:HEAD~1") and where["b"] == "this tree"
+    assert where["phases"]["decode"]["reading"].startswith("layer 3 +"), where["phases"]["decode"]
+    assert set(where["cost"]) == {"A", "B"} and where["cost"]["B"]["wall_s"] > 0
+    assert "where llama.cpp's time went (llama.cpp's" in out and "decode: layer 3 +" in out, out
+    (loaded,) = load_session(root / "s.json")
+    assert loaded.verdict is not None and loaded.verdict.attribution is not None
+    assert loaded.verdict.attribution.decode.reading == where["phases"]["decode"]["reading"]
+    runner.check_clean(root, inner.pids)
+
+
+# -- where it runs: a stored baseline that has one --------------------------------------------
+
+
+def test_a_baseline_keeps_the_pass_when_asked_and_compares_it(pytester: pytest.Pytester) -> None:
+    """``attribution=True``: the record keeps the pass; the next session on the wider model
+    compares its pass with the baseline's and names layer 3."""
+    from inner import run as run_inner
+
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.llmperf(attribution=True, max_tokens=8, runs=5, prompt_tokens=32)
+        def test_model():
+            pass
+        """
+    )
+    run_inner(pytester, "--llmperf-model", str(ensure_model(SIX_EQUAL)), "--llmperf-update-baselines").assert_outcomes(
+        passed=1
+    )
+    (stored,) = [json.loads(p.read_text()) for p in (pytester.path / "baselines").rglob("*.json")]
+    (entry,) = [e for test in stored["tests"].values() for e in test.values()]
+    assert entry["attribution"]["phases"]["decode"]["layers"], entry.keys()
+    result = run_inner(pytester, "--llmperf-model", str(ensure_model(SLOW_LAYER)), "--llmperf-json", "s.json", "-rA")
+    (r,) = json.loads((pytester.path / "s.json").read_text())["results"]
+    where = r["verdict"]["attribution"]
+    assert where["reason"] == "asked: attribution=True" and (where["a"], where["b"]) == ("baseline", "now")
+    assert where["phases"]["decode"]["reading"].startswith("layer 3 +"), where["phases"]["decode"]
+    assert "decode: layer 3 +" in result.stdout.str()

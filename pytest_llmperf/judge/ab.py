@@ -208,7 +208,11 @@ def _attributed(result: ABResult, ea: Engine, eb: Engine, workload: Workload, as
 
     peaks = machine_peaks()  # cached per machine: probed once
     sides = {"A": side_figures(result.a, peaks), "B": side_figures(result.b, peaks)}
-    got = attribute_sides(ea, eb, workload, reason=reason, a_name=result.a_name, b_name=result.b_name, sides=sides)
+    got = attribute_sides(
+        ea, eb, workload, asked=bool(asked), reason=reason, a_name=result.a_name, b_name=result.b_name, sides=sides
+    )
+    if got is None:
+        return result
     if isinstance(got, str):
         return dataclasses.replace(result, attribution_note=got)
     return dataclasses.replace(result, attribution=got)

@@ -403,16 +403,25 @@ def paired_moved(comparisons: Sequence[PairedComparison], threshold: float = DEF
 
 
 def attribute_sides(
-    a: object, b: object, workload: Workload, *, reason: str, a_name: str, b_name: str, sides: Mapping[str, Any]
-) -> AttributionChange | str:
-    """Both engines' passes (A's, then B's; after every timed run), compared; or the one line
-    why there is none (a side that is no in-process llama.cpp engine)."""
+    a: object,
+    b: object,
+    workload: Workload,
+    *,
+    asked: bool,
+    reason: str,
+    a_name: str,
+    b_name: str,
+    sides: Mapping[str, Any],
+) -> AttributionChange | str | None:
+    """Both engines' passes (A's, then B's; after every timed run), compared; or, when a side is
+    no in-process llama.cpp engine, the one line why there is none (``asked``) or None (due by
+    itself: a callable's test says nothing about a pass it cannot have)."""
     from ..engines import times_layers
     from ..measuring.runner import attribution_of
 
     for name, engine in (("A", a), ("B", b)):
         if not times_layers(engine):
-            return f"attribution not run ({reason}): side {name} is not in-process llama.cpp"
+            return f"attribution not run ({reason}): side {name} is not in-process llama.cpp" if asked else None
     pa = attribution_of(a, workload)  # type: ignore[arg-type]  # times_layers: a llama.cpp engine
     pb = attribution_of(b, workload)  # type: ignore[arg-type]
     return compare_attributions(pa, pb, reason=reason, a_name=a_name, b_name=b_name, sides=sides)

@@ -266,7 +266,7 @@ class Link:
     ) -> dict[str, Any]:
         """What the side tells the controller it measures: the workload, the settings, the
         engine, its threads, and what the output agreement will need."""
-        from ..engines import NeedsPromptIds, TokenProbabilities
+        from ..engines import NeedsPromptIds, TokenProbabilities, times_layers
 
         return {
             "ev": "measure",
@@ -279,6 +279,8 @@ class Link:
             "threads": info.threads or config.engine.get("threads") or self.threads,
             # Output agreement (after the pairs): this side's token probabilities, asked by "logits".
             "logits": isinstance(engine, TokenProbabilities),
+            # The attribution pass (after the pairs, asked by "attribute"): llama.cpp in process.
+            "attributable": times_layers(engine),
             "needs_ids": isinstance(engine, NeedsPromptIds),
         }
 

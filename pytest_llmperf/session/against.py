@@ -283,14 +283,16 @@ def attribution(
 ) -> dict[str, Any] | str | None:
     """After the pairs, when the test asked for it on either side or llama.cpp's time moved:
     each side's attribution pass (REF's, then this tree's: one side at a time) compared
-    (``judge.attribution``), as the verdict's JSON; a line when a side has none; else None."""
+    (``judge.attribution``), as the verdict's JSON; a line when a side has none (asked, or the
+    pass failed); else None."""
     from ..judge.attribution import compare_attributions, judged_moved, why
     from ..measuring.attribution import Attribution
 
     asked = any(bool(m.data.get("attribution")) for m in measures.values())
     reason = why(asked, judged_moved(comparisons))
-    if reason is None:
-        return None
+    able = all(bool(m.data.get("attributable")) for m in measures.values())
+    if reason is None or not (asked or able):
+        return None  # not due, or due by itself where a side cannot have it (a callable): nothing to say
     got: dict[str, Attributed] = {}
     for name in (REF, CURRENT):
         side = ag.sides[name]
