@@ -18,6 +18,7 @@ from pytest_llmperf.judge.attribution import (
     compare_attributions,
     layer_reading,
     op_reading,
+    pass_orders,
     ratio_ci,
 )
 from pytest_llmperf.measuring.attribution import (
@@ -29,7 +30,9 @@ from pytest_llmperf.measuring.attribution import (
     NORMALISATION,
     ROPE,
     Attribution,
+    AttributionPass,
     attribute,
+    interleaved,
     group_of,
     layer_of,
     step_times,
@@ -238,10 +241,15 @@ def layer_engines():
         engine.close()
 
 
+def _interleaved(a: LlamaCppEngine, b: LlamaCppEngine, workload: Workload) -> tuple[Attribution, Attribution]:
+    """Both passes run by run in seeded AB/BA order, as an A/B runs them."""
+    got = interleaved({"A": AttributionPass(a, workload), "B": AttributionPass(b, workload)}, *pass_orders(0))
+    return got["A"], got["B"]
+
+
 @pytest.fixture(scope="module")
 def layer_models(layer_engines) -> tuple[Attribution, Attribution]:
-    a, b = (attribute(e, dataclasses.replace(WORKLOAD, max_tokens=8)) for e in layer_engines)
-    return a, b
+    return _interleaved(*layer_engines, dataclasses.replace(WORKLOAD, max_tokens=8))
 
 
 def test_the_reading_names_the_slowed_layer(layer_models: tuple[Attribution, Attribution]) -> None:
@@ -267,7 +275,7 @@ def test_the_reading_says_uniform_for_threads(small_engine) -> None:
     work = Workload(prompt_tokens=32, max_tokens=12, runs=5, warmup=1)
     two = LlamaCppEngine(ensure_model("small"), threads=2)
     try:
-        a, b = attribute(small_engine, work), attribute(two, work)
+        a, b = _interleaved(small_engine, two, work)
     finally:
         two.close()
     change = compare_attributions(a, b, reason="asked", a_name="threads 1", b_name="threads 2")
@@ -388,3 +396,32 @@ def test_a_baseline_keeps_the_pass_when_asked_and_compares_it(pytester: pytest.P
     assert where["reason"] == "asked: attribution=True" and (where["a"], where["b"]) == ("baseline", "now")
     assert where["phases"]["decode"]["reading"].startswith("layer 3 +"), where["phases"]["decode"]
     assert "decode: layer 3 +" in result.stdout.str()
+
+
+def test_the_engine_worker_runs_the_pass_in_its_process(tiny_model_path) -> None:
+    """The session's default engine is a worker: the pass runs where its model is, and its
+    result crosses the pipe whole."""
+    from pytest_llmperf.engines.llama_cpp_native import EngineConfig
+    from pytest_llmperf.measuring.worker import WorkerEngine
+
+    worker = WorkerEngine(EngineConfig(model=str(tiny_model_path), threads=1))
+    try:
+        m = measure(worker, Workload(prompt_tokens=8, max_tokens=4, runs=2, warmup=1), attribution=True)
+    finally:
+        worker.close()
+    a = m.attribution
+    assert a is not None and a.decode.n_runs == 5 and "MUL_MAT" in {s.name for s in a.decode.ops}
+    assert [s.name for s in a.decode.layers if s.name.startswith("layer ")] == [f"layer {i}" for i in range(4)]
+
+
+def test_one_name_for_the_switch_in_marker_and_settings() -> None:
+    from pytest_llmperf.core.errors import ConfigError
+    from pytest_llmperf.core.settings import SETTINGS
+    from pytest_llmperf.session.options import SessionSettings, validate
+
+    assert validate({"attribution": True}).options == {"attribution": True}
+    with pytest.raises(ConfigError, match="attribution"):
+        validate({"attribution": "yes please"})
+    assert SETTINGS["attribution"].option == "--llmperf-attribution" and SETTINGS["attribution"].switch
+    assert SessionSettings.of(".", attribution=True).attribution is True
+    assert SessionSettings.of(".").attribution is False

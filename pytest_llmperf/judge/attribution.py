@@ -13,7 +13,8 @@ correction, and the reading names only what is beyond the threshold.
 The reading of a phase, one line (``reading``):
 - layers: the blocks' median ratio m; a block stands out when its CI excludes m and its ratio is
   more than ``UNIFORM_TOLERANCE`` off m ("layer 3 +900%, the rest unchanged"); with none standing
-  out and most blocks moved: "uniform across layers (+80%): a kernel or memory change";
+  out and the blocks' sum moved (its own ratio and CI, per run): "uniform across layers (+80%):
+  a kernel or memory change", else "no layer moved";
 - ops: the groups that moved, largest change in ms first ("matrix multiplication -18%,
   attention +3%"), and the op types only one side has ("FLASH_ATTN_EXT only in A").
 """
@@ -201,25 +202,39 @@ def compare_phase(a: PhaseAttribution, b: PhaseAttribution, threshold: float = D
         by_b = {s.name: s for s in b.slices(kind)}
         names = list(by_a) + [n for n in by_b if n not in by_a]
         kinds[kind] = tuple(slice_change(by_a.get(n), by_b.get(n), threshold) for n in names)
+    blocks = slice_change(_blocks(a), _blocks(b), threshold)
     return PhaseChange(
         a.phase,
         kinds["layers"],
         kinds["ops"],
         kinds["groups"],
-        reading(kinds["layers"], kinds["groups"], kinds["ops"], threshold),
+        reading(kinds["layers"], kinds["groups"], kinds["ops"], threshold, blocks),
         a.step_ms,
         b.step_ms,
     )
 
 
+def _blocks(p: PhaseAttribution) -> Slice:
+    """All transformer blocks together: per run, the sum of the blocks' times."""
+    blocks = [s for s in p.layers if s.name.startswith("layer ")]
+    per_run = tuple(float(v) for v in np.sum([s.per_run_ms for s in blocks], axis=0)) if blocks else ()
+    return Slice("blocks", sum(s.median_ms for s in blocks), per_run)
+
+
 def reading(
-    layers: Sequence[SliceChange], groups: Sequence[SliceChange], ops: Sequence[SliceChange], threshold: float
+    layers: Sequence[SliceChange],
+    groups: Sequence[SliceChange],
+    ops: Sequence[SliceChange],
+    threshold: float,
+    blocks: SliceChange | None = None,
 ) -> str:
-    """The phase's one line (module docstring)."""
-    return "; ".join(filter(None, (layer_reading(layers, threshold), op_reading(groups, ops))))
+    """The phase's one line (module docstring); ``blocks``: all blocks together (their sum per run)."""
+    return "; ".join(filter(None, (layer_reading(layers, threshold, blocks), op_reading(groups, ops))))
 
 
-def layer_reading(layers: Sequence[SliceChange], threshold: float) -> str:
+def layer_reading(layers: Sequence[SliceChange], threshold: float, together: SliceChange | None = None) -> str:
+    """``together``: the blocks' sum compared (the uniform change's ratio and CI); None: the
+    blocks' median ratio, moved when most blocks moved."""
     blocks = [c for c in layers if c.name.startswith("layer ") and c.ratio is not None]
     if not blocks:
         return ""
@@ -234,7 +249,11 @@ def layer_reading(layers: Sequence[SliceChange], threshold: float) -> str:
         rest_m = float(np.median([c.ratio for c in rest]))
         moved = abs(rest_m - 1) >= threshold and sum(c.moved for c in rest) * 2 > len(rest)
         return f"{named}, the rest {fmt_pct((rest_m - 1) * 100) if moved else 'unchanged'}"
-    if abs(m - 1) >= threshold and sum(c.moved for c in blocks) * 2 > len(blocks):
+    if together is not None and together.ratio is not None:
+        moved, m = together.moved, together.ratio
+    else:
+        moved = abs(m - 1) >= threshold and sum(c.moved for c in blocks) * 2 > len(blocks)
+    if moved:
         return f"uniform across layers ({fmt_pct((m - 1) * 100)}): a kernel or memory change"
     return f"no layer moved (blocks {fmt_pct((m - 1) * 100)})"
 
@@ -413,18 +432,33 @@ def attribute_sides(
     b_name: str,
     sides: Mapping[str, Any],
 ) -> AttributionChange | str | None:
-    """Both engines' passes (A's, then B's; after every timed run), compared; or, when a side is
-    no in-process llama.cpp engine, the one line why there is none (``asked``) or None (due by
-    itself: a callable's test says nothing about a pass it cannot have)."""
+    """Both engines' passes (interleaved run by run in seeded AB/BA order, after every timed run),
+    compared; or, when a side is no in-process llama.cpp engine, the one line why there is none
+    (``asked``) or None (due by itself: a callable's test says nothing of a pass it cannot have)."""
     from ..engines import times_layers
-    from ..measuring.runner import attribution_of
+    from ..measuring.attribution import interleaved
+    from ..measuring.runner import pass_of
 
     for name, engine in (("A", a), ("B", b)):
         if not times_layers(engine):
             return f"attribution not run ({reason}): side {name} is not in-process llama.cpp" if asked else None
-    pa = attribution_of(a, workload)  # type: ignore[arg-type]  # times_layers: a llama.cpp engine
-    pb = attribution_of(b, workload)  # type: ignore[arg-type]
-    return compare_attributions(pa, pb, reason=reason, a_name=a_name, b_name=b_name, sides=sides)
+    passes = {"A": pass_of(a, workload)}  # type: ignore[arg-type]  # times_layers: a llama.cpp engine
+    try:
+        passes["B"] = pass_of(b, workload)  # type: ignore[arg-type]
+    except BaseException:
+        passes["A"].close()
+        raise
+    got = interleaved(passes, *pass_orders(workload.seed))
+    return compare_attributions(got["A"], got["B"], reason=reason, a_name=a_name, b_name=b_name, sides=sides)
+
+
+def pass_orders(seed: int) -> tuple[str, tuple[str, ...]]:
+    """The order of two passes' warm-ups and of each of their runs: seeded AB/BA, as an A/B's
+    pairs (``judge.ab.block_orders``)."""
+    from ..measuring.attribution import ATTRIBUTION_RUNS
+    from .ab import block_orders
+
+    return block_orders(1, seed + 2)[0], block_orders(ATTRIBUTION_RUNS, seed + 3)
 
 
 def record_figures(record: Mapping[str, Any]) -> dict[str, Any]:

@@ -29,7 +29,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -316,42 +316,136 @@ class NodeTimer(LayerTimer):
         prefill, decode = steps_of(timed.start_ns, timed.prefill_done_ns, timed.token_ns, events)
         return prefill, decode, tpot_of(timed)
 
+    def prefill_nodes(self) -> list[tuple[int, list[NodeEvent], int]]:
+        """The prompt's step alone (the same timed loop, one token): a further prefill sample."""
+        lib = self._lib
+        lib.llama_memory_clear(lib.llama_get_memory(self._ctx), True)
+        if self._sampler is not None:
+            lib.llama_sampler_reset(self._sampler)
+        self._events.clear()
+        feed = None if self._feed is None else self._feed[:1]
+        timed = self._engine.timed_decode(self._ctx, self._prompt_ids, 1, feed=feed, sampler=self._sampler)
+        events: list[NodeEvent] = list(self._events)
+        return steps_of(timed.start_ns, timed.prefill_done_ns, timed.token_ns, events)[0]
+
 
 #: Instrumented runs (each with an interleaved plain run) unless the caller gives another count:
 #: five a side give the runs' rank CI (``judge.attribution``) its 95% at all.
 ATTRIBUTION_RUNS = 5
+#: Each instrumented run times the prompt's step this many more times (the step alone): a run's
+#: prefill figure is the median of its steps, so one preempted step does not make the run's.
+PREFILL_REPEATS = 2
+
+Steps = list[tuple[int, list[NodeEvent], int]]
+
+
+class Stepping(Protocol):
+    """A pass run by run: ``AttributionPass`` here, or one run where the engine's model is
+    (``measuring.worker``'s ``RemotePass``)."""
+
+    def warm_up(self) -> None: ...
+
+    def run(self, index: int) -> None: ...
+
+    def result(self) -> Attribution: ...
+
+    def close(self) -> None: ...
+
+
+class AttributionPass:
+    """One engine's pass, run by run (``warm_up``, ``run(i)``..., ``result``), so the passes of
+    two sides can interleave run by run as their timed runs did (``judge.attribution``,
+    ``--llmperf-against``'s sides); ``wall_s`` counts this side's own work only."""
+
+    def __init__(self, engine: LayerTiming, workload: Workload) -> None:
+        from .metrics import RunMetrics
+
+        self._engine, self._workload = engine, workload
+        started = time.monotonic()
+        self._timer: NodeTimer | None = NodeTimer(engine, workload)
+        self.wall_s = time.monotonic() - started
+        self._steps: dict[str, list[Steps]] = {"prefill": [], "decode": []}
+        self._tpots: list[float] = []
+        self._plain: list[RunMetrics] = []
+
+    def _live(self) -> NodeTimer:
+        if self._timer is None:
+            raise RuntimeError("the attribution pass is closed")
+        return self._timer
+
+    def warm_up(self) -> None:
+        """One instrumented and one plain run, discarded."""
+        started = time.monotonic()
+        self._live().run_nodes()
+        self._engine.run(self._workload, -1)  # type: ignore[attr-defined]  # LayerTiming engines are Engines
+        self.wall_s += time.monotonic() - started
+
+    def run(self, index: int) -> None:
+        """One instrumented run (and ``PREFILL_REPEATS`` prompt steps), then one plain run."""
+        from .metrics import RunMetrics
+
+        started = time.monotonic()
+        timer = self._live()
+        prefill, decode, tpot_ms = timer.run_nodes()
+        for _ in range(PREFILL_REPEATS):
+            prefill += timer.prefill_nodes()
+        self._steps["prefill"].append(prefill)
+        self._steps["decode"].append(decode)
+        self._tpots.append(tpot_ms)
+        self._plain.append(RunMetrics.of(self._engine.run(self._workload, index)))  # type: ignore[attr-defined]
+        self.wall_s += time.monotonic() - started
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.close()
+            self._timer = None
+
+    def result(self) -> Attribution:
+        """The runs so far (at least one), and the instrumented context freed."""
+        self.close()
+        plain = self._plain
+        prefills = [r.prefill_ms for r in plain if r.prefill_ms is not None]
+        return Attribution(
+            prefill=phase_of("prefill", self._steps["prefill"]),
+            decode=phase_of("decode", self._steps["decode"]),
+            tpot_ms=float(np.median(self._tpots)),
+            plain_prefill_ms=float(np.median(prefills)) if prefills else None,
+            plain_tpot_ms=float(np.median([r.tpot_ms for r in plain])),
+            wall_s=self.wall_s,
+        )
 
 
 def attribute(engine: LayerTiming, workload: Workload, runs: int = ATTRIBUTION_RUNS) -> Attribution:
     """Time every node over ``runs`` instrumented runs, each paired with a plain run on the
     engine's own context (interleaved, as ``layers.profile_layers``), after one warm-up of each."""
-    from .metrics import RunMetrics
+    return run_pass(AttributionPass(engine, workload), runs)
 
-    started = time.monotonic()
-    timer = NodeTimer(engine, workload)
-    steps: dict[str, list[list[tuple[int, list[NodeEvent], int]]]] = {"prefill": [], "decode": []}
-    tpots: list[float] = []
-    plain: list[RunMetrics] = []
+
+def interleaved(passes: Mapping[str, Stepping], warm: Sequence[str], orders: Sequence[str]) -> dict[str, Attribution]:
+    """Two sides' passes run by run as their timed runs were (``warm``: the warm-ups' order,
+    ``orders``: each run's, e.g. "AB", "BA"; the keys of ``passes`` are the letters): drift of
+    the machine over the passes falls on both sides alike. Closed either way."""
     try:
-        timer.run_nodes()
-        engine.run(workload, -1)  # type: ignore[attr-defined]  # LayerTiming engines are Engines
-        for i in range(runs):
-            prefill, decode, tpot_ms = timer.run_nodes()
-            steps["prefill"].append(prefill)
-            steps["decode"].append(decode)
-            tpots.append(tpot_ms)
-            plain.append(RunMetrics.of(engine.run(workload, i)))  # type: ignore[attr-defined]
+        for letter in warm:
+            passes[letter].warm_up()
+        for i, order in enumerate(orders):
+            for letter in order:
+                passes[letter].run(i)
+        return {letter: one.result() for letter, one in passes.items()}
     finally:
-        timer.close()
-    prefills = [r.prefill_ms for r in plain if r.prefill_ms is not None]
-    return Attribution(
-        prefill=phase_of("prefill", steps["prefill"]),
-        decode=phase_of("decode", steps["decode"]),
-        tpot_ms=float(np.median(tpots)),
-        plain_prefill_ms=float(np.median(prefills)) if prefills else None,
-        plain_tpot_ms=float(np.median([r.tpot_ms for r in plain])),
-        wall_s=time.monotonic() - started,
-    )
+        for one in passes.values():
+            one.close()
+
+
+def run_pass(one: Stepping, runs: int = ATTRIBUTION_RUNS) -> Attribution:
+    """A pass's warm-up and runs, then its result (closed either way)."""
+    try:
+        one.warm_up()
+        for i in range(runs):
+            one.run(i)
+        return one.result()
+    finally:
+        one.close()
 
 
 def phase_of(phase: str, runs: Sequence[Sequence[tuple[int, Sequence[NodeEvent], int]]]) -> PhaseAttribution:
@@ -422,19 +516,14 @@ def side_figures(m: Measurement, peaks: tuple[Peak, Peak] | None = None) -> dict
     return {k: v for k, v in out.items() if v is not None}
 
 
-def side_attribution(
-    engine: object, workload: Workload, traces: Sequence[RunTrace]
-) -> tuple[Attribution, dict[str, Any]]:
-    """A side's attribution pass (``--llmperf-against``: in the side's process, after the pairs)
-    and its roofline and memory figures over its runs (``side_figures``; the machine's peaks
-    are probed once and cached). A ConfigError when the side's engine is no llama.cpp engine."""
+def traces_figures(engine: object, workload: Workload, traces: Sequence[RunTrace]) -> dict[str, Any]:
+    """A side's roofline and memory figures over its runs (``--llmperf-against``: in the side's
+    process, after the pairs; ``side_figures``, the machine's peaks probed once and cached)."""
     import dataclasses
 
     from .metrics import summarize
     from .roofline import machine_peaks
-    from .runner import as_engine, attribution_of
+    from .runner import as_engine
 
-    e = as_engine(engine)
-    got = attribution_of(e, workload)
-    m = summarize(list(traces), dataclasses.replace(workload, runs=len(traces)), e.info())
-    return got, side_figures(m, machine_peaks())
+    m = summarize(list(traces), dataclasses.replace(workload, runs=len(traces)), as_engine(engine).info())
+    return side_figures(m, machine_peaks())

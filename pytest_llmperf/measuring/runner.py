@@ -46,7 +46,7 @@ from ..engines import CallableEngine, Engine, EngineProcess, FreshLoads, LayerTi
 from .metrics import Measurement, RunMetrics, SystemDelta, sample_system, summarize, summarize_runs
 
 if TYPE_CHECKING:
-    from .attribution import Attribution
+    from .attribution import Attribution, Stepping
     from .layers import LayerProfile
     from .roofline import Peak
 
@@ -132,15 +132,22 @@ def layer_profile(engine: Engine, workload: Workload) -> LayerProfile:
 
 
 def attribution_of(engine: Engine, workload: Workload) -> Attribution:
-    """Each graph node timed by layer and op type (``measuring.attribution``): by an engine
-    worker in its own process, or on an in-process engine's instrumented context here."""
+    """Each graph node timed by layer and op type (``measuring.attribution``), after the runs."""
+    from .attribution import run_pass
+
+    return run_pass(pass_of(engine, workload))
+
+
+def pass_of(engine: Engine, workload: Workload) -> Stepping:
+    """The engine's attribution pass, run by run: by an engine worker in its own process, or on
+    an in-process engine's instrumented context here."""
     if isinstance(engine, RemoteLayerTiming):
-        remote: Attribution = engine.attribute(workload)
+        remote: Stepping = engine.attribution_pass(workload)
         return remote
     if isinstance(engine, LayerTiming):
-        from .attribution import attribute
+        from .attribution import AttributionPass
 
-        return attribute(engine, workload)
+        return AttributionPass(engine, workload)
     raise ConfigError("the attribution pass (attribution=True) needs the in-process llama.cpp engine (or its worker)")
 
 

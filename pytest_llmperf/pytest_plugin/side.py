@@ -60,6 +60,7 @@ from . import marks
 if TYPE_CHECKING:
     from ..core.workload import EngineInfo, RunTrace, Workload
     from ..engines import Engine, TokenStream
+    from ..measuring.attribution import Stepping
     from ..measuring.metrics import Measurement
     from ..session import SessionSettings
     from ..session.against import Against
@@ -206,6 +207,7 @@ class Link:
     def __init__(self, requests: IO[bytes], replies: IO[bytes]) -> None:
         self.requests, self.replies = requests, replies
         self.threads: int | None = None  # the session's llama.cpp threads (None: every usable CPU)
+        self.attribution: Stepping | None = None  # this side's attribution pass between its steps
         # This process's CPUs before any pinning (none known off Linux: nothing is pinned there).
         self.all_cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
 
@@ -295,8 +297,8 @@ class Link:
             if op["op"] == "logits":  # after every run of both sides: never inside a timed region
                 self.send(_token_logits(engine, op))
                 continue
-            if op["op"] == "attribute":  # after the pairs, as "logits": the attribution pass
-                self.send(_attribution(engine, workload, traces))
+            if op["op"] == "attribute":  # after the pairs, as "logits": the attribution pass, run by run
+                self.send(self._attribute(engine, workload, traces, op))
                 continue
             if op["op"] != "run":
                 return op, warm, traces
@@ -307,6 +309,41 @@ class Link:
             if trace is not None:
                 (warm if op["index"] < 0 else traces).append(trace)
                 self.send({"ev": "trace", "trace": dataclasses.asdict(trace)})
+
+    def _attribute(
+        self, engine: Engine, workload: Workload, traces: list[RunTrace], op: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """One step of this side's attribution pass (open, warm, run, result, close), its result
+        with this side's roofline and memory figures, or one line why it has none."""
+        from ..measuring.attribution import traces_figures
+        from ..measuring.runner import pass_of
+
+        step, one = op.get("step"), self.attribution
+        try:
+            if step == "open":
+                self.attribution = pass_of(engine, workload)
+            elif one is None:
+                return {"ev": "attribution", "line": f"attribution step {step!r} without an open pass"}
+            elif step in ("warm", "run"):
+                one.warm_up() if step == "warm" else one.run(int(op["index"]))
+            else:
+                self.attribution = None
+                if step == "result":
+                    return {
+                        "ev": "attribution",
+                        "got": one.result().to_json(),
+                        "figures": traces_figures(engine, workload, traces),
+                    }
+                one.close()
+        except Exception as exc:  # noqa: BLE001 - one line to the controller, its verdict says it
+            if self.attribution is not None:
+                self.attribution.close()
+                self.attribution = None
+            return {
+                "ev": "attribution",
+                "line": str(exc) if isinstance(exc, LLMPerfError) else f"{type(exc).__name__}: {exc}",
+            }
+        return {"ev": "attribution"}
 
     def _run(self, engine: Engine, workload: Workload, index: int) -> RunTrace | None:
         """One run; a failed one is one line to the controller (None)."""
@@ -334,21 +371,6 @@ def _token_logits(engine: Any, op: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(got, str):  # an endpoint that cannot say (``engines.http``)
         return {"ev": "logits", "line": got}
     return {"ev": "logits", "got": logits_json(got)}
-
-
-def _attribution(engine: Engine, workload: Workload, traces: list[RunTrace]) -> dict[str, Any]:
-    """The reply to an "attribute" op: this side's attribution pass and its roofline and memory
-    figures (``measuring.attribution.side_attribution``), or one line why there is none."""
-    from ..measuring.attribution import side_attribution
-
-    try:
-        got, figures = side_attribution(engine, workload, traces)
-    except Exception as exc:  # noqa: BLE001 - one line to the controller, its verdict says it
-        return {
-            "ev": "attribution",
-            "line": str(exc) if isinstance(exc, LLMPerfError) else f"{type(exc).__name__}: {exc}",
-        }
-    return {"ev": "attribution", "got": got.to_json(), "figures": figures}
 
 
 def _assessment(nodeid: str, label: str, verdict: Mapping[str, Any] | None) -> Assessment | None:

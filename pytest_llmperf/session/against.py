@@ -15,6 +15,7 @@ through each side's ``SideState`` on those events."""
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import math
 import sys
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
     from ..core.workload import RunTrace, TokenLogits, Workload
     from ..judge.verdict import Comparison
     from ..measuring.agreement import Agreement
+    from ..measuring.attribution import Attribution
     from ..measuring.metrics import RunMetrics
 
 
@@ -273,43 +275,92 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str) -> 
     return looked.comparisons, note, outputs(ag, events, workload)
 
 
-#: A side's attribution pass may take this many times the engine timeout (a warm-up and
-#: ``ATTRIBUTION_RUNS`` instrumented and plain runs each).
-ATTRIBUTION_TIMEOUT_RUNS = 20
+#: A step of a side's attribution pass (an instrumented run, its prompt steps and a plain run)
+#: may take this many times the engine timeout.
+ATTRIBUTION_STEP_RUNS = 10
+
+
+class NoPass(LLMPerfError):
+    """A side has no attribution pass (its engine is no llama.cpp engine, the pass failed): why."""
+
+
+class SidePass:
+    """A side's attribution pass as ``measuring.attribution.Stepping``: each step an "attribute"
+    op over the side's pipe, in the side's process; ``figures`` its roofline and memory figures
+    once its result came."""
+
+    def __init__(self, side: Side, timeout_s: float, workload: Workload) -> None:
+        self.side, self.timeout_s = side, timeout_s * ATTRIBUTION_STEP_RUNS
+        self.figures: dict[str, Any] = {}
+        self.open = False
+        self._step("open")
+        self.open = True
+
+    def _step(self, step: str, **more: object) -> Attributed:
+        self.side.send({"op": "attribute", "step": step, **more})
+        reply = self.side.receive(self.timeout_s, "running its attribution pass")
+        if not isinstance(reply, Attributed):
+            raise self.side.kill(f"{self.side.who} answered {reply.ev!r} to an attribution step; it was killed")
+        if reply.line is not None:
+            self.open = False
+            raise NoPass(f"{self.side.who}: {reply.line}")
+        return reply
+
+    def warm_up(self) -> None:
+        self._step("warm")
+
+    def run(self, index: int) -> None:
+        self._step("run", index=index)
+
+    def result(self) -> Attribution:
+        from ..measuring.attribution import Attribution
+
+        reply = self._step("result")
+        self.open = False
+        self.figures = dict(reply.figures or {})
+        return Attribution.from_json(reply.got)
+
+    def close(self) -> None:
+        if self.open:
+            self.open = False
+            self._step("close")
 
 
 def attribution(
     ag: Against, measures: Mapping[str, Measure], comparisons: Sequence[Comparison]
 ) -> dict[str, Any] | str | None:
     """After the pairs, when the test asked for it on either side or llama.cpp's time moved:
-    each side's attribution pass (REF's, then this tree's: one side at a time) compared
-    (``judge.attribution``), as the verdict's JSON; a line when a side has none (asked, or the
-    pass failed); else None."""
-    from ..judge.attribution import compare_attributions, judged_moved, why
-    from ..measuring.attribution import Attribution
+    both sides' attribution passes, each in its side's process, interleaved run by run in
+    seeded AB/BA order as the pairs were, compared (``judge.attribution``), as the verdict's
+    JSON; a line when a side has none (asked, or the pass failed); else None."""
+    from ..core.workload import Workload
+    from ..judge.attribution import compare_attributions, judged_moved, pass_orders, why
+    from ..measuring.attribution import interleaved
 
     asked = any(bool(m.data.get("attribution")) for m in measures.values())
     reason = why(asked, judged_moved(comparisons))
     able = all(bool(m.data.get("attributable")) for m in measures.values())
     if reason is None or not (asked or able):
         return None  # not due, or due by itself where a side cannot have it (a callable): nothing to say
-    got: dict[str, Attributed] = {}
-    for name in (REF, CURRENT):
-        side = ag.sides[name]
-        side.send({"op": "attribute"})
-        reply = side.receive(ag.timeout_s * ATTRIBUTION_TIMEOUT_RUNS, "running its attribution pass")
-        if not isinstance(reply, Attributed):
-            raise side.kill(f"{side.who} answered {reply.ev!r} to an attribution request; it was killed")
-        if reply.line is not None:
-            return f"attribution not run ({reason}): {side.who}: {reply.line}"
-        got[name] = reply
+    data: Mapping[str, Any] = measures[CURRENT].data
+    workload = Workload(**data["workload"])
+    passes: dict[str, SidePass] = {}
+    try:
+        for letter, name in (("A", REF), ("B", CURRENT)):
+            passes[letter] = SidePass(ag.sides[name], ag.timeout_s, workload)
+        got = interleaved(passes, *pass_orders(workload.seed))
+    except NoPass as exc:
+        for one in passes.values():
+            with contextlib.suppress(NoPass):
+                one.close()
+        return f"attribution not run ({reason}): {exc}"
     change = compare_attributions(
-        Attribution.from_json(got[REF].got),
-        Attribution.from_json(got[CURRENT].got),
+        got["A"],
+        got["B"],
         reason=reason,
         a_name=f"REF {ag.reference.describe()}",
         b_name="this tree",
-        sides={"A": got[REF].figures, "B": got[CURRENT].figures},
+        sides={"A": passes["A"].figures, "B": passes["B"].figures},
     )
     return change.to_json()
 

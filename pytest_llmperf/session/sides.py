@@ -165,8 +165,9 @@ class Logits(SideEvent):
 
 @dataclass(frozen=True)
 class Attributed(SideEvent):
-    """The side's attribution pass (``got``: ``Attribution.to_json()``) and its roofline and
-    memory figures, or the one line why it has none."""
+    """A step of the side's attribution pass done; after its last (``result``) the pass
+    (``got``: ``Attribution.to_json()``) and the side's roofline and memory figures; or the one
+    line why it has none."""
 
     EV = "attribution"
     got: Any = None
@@ -175,9 +176,9 @@ class Attributed(SideEvent):
 
     @classmethod
     def of(cls, message: Mapping[str, object]) -> SideEvent:
-        if "got" in message:
-            return cls(message.get("got"), message.get("figures") or {})
-        return cls(line=str(message.get("line")))
+        if "line" in message:
+            return cls(line=str(message.get("line")))
+        return cls(message.get("got"), message.get("figures") or {})
 
 
 @dataclass(frozen=True)
