@@ -32,8 +32,8 @@ from pytest_llmperf.measuring.attribution import (
     Attribution,
     AttributionPass,
     attribute,
-    interleaved,
     group_of,
+    interleaved,
     layer_of,
     step_times,
 )
