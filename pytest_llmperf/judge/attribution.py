@@ -313,14 +313,15 @@ class AttributionChange:
             f"where llama.cpp's time went ({self.reason}): A {self.a_name}, B {self.b_name}",
             WIDTH,
             subsequent_indent="  ",
+            break_on_hyphens=False,
         )
         for p in PHASES:
             ph = self.phase(p)
-            out += textwrap.wrap(f"{p}: {ph.reading}", WIDTH, subsequent_indent="  ")
+            out += textwrap.wrap(f"{p}: {ph.reading}", WIDTH, subsequent_indent="  ", break_on_hyphens=False)
             out += _table(ph)
         for who in ("A", "B"):
             line = _side_line(who, self.cost.get(who) or {}, self.sides.get(who) or {})
-            out += textwrap.wrap(line, WIDTH, subsequent_indent="  ") if line else []
+            out += textwrap.wrap(line, WIDTH, subsequent_indent="  ", break_on_hyphens=False) if line else []
         return out
 
 
