@@ -141,7 +141,8 @@ def test_both_sides_at_the_measurement_are_paired_and_the_current_side_gets_the_
 
     def pairs(ag: Any, events: Any, nodeid: str) -> Any:
         seen.append(events)
-        return [], "against REF: 10 pairs", SimpleNamespace(as_dict=lambda: {"top1": 1.0})
+        looked = SimpleNamespace(comparisons=[], parts=())
+        return looked, "against REF: 10 pairs", SimpleNamespace(as_dict=lambda: {"top1": 1.0})
 
     monkeypatch.setattr(against, "pairs", pairs)
     cur = FakeSide(CURRENT, [Measure({"label": "c"}), Report([{"r": 1}], "passed")])
@@ -154,6 +155,7 @@ def test_both_sides_at_the_measurement_are_paired_and_the_current_side_gets_the_
             "status": "compared",
             "note": "against REF: 10 pairs",
             "comparisons": [],
+            "parts": [],
             "agreement": {"top1": 1.0},
         },
     }

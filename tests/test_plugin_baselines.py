@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -322,3 +323,31 @@ def test_guard_fails_a_session_that_writes_into_baselines(pytester: pytest.Pytes
     result.assert_outcomes(passed=2)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines([f"ERROR: the test suite changed 1 file(s) under {folder}: kept.json; *"])
+
+
+def test_a_regression_says_where_the_time_went_against_the_stored_parts(pytester: pytest.Pytester) -> None:
+    """The baseline's decode is made certain-faster (``outpace``) and its stored time outside
+    llama.cpp per token smaller by half a TPOT: the REGRESSION line is followed by where it went,
+    and the part named first is the one that moved most, outside llama.cpp."""
+    pytester.makepyfile(test_suite=SUITE)
+    run(pytester, "--llmperf-update-baselines", "-k", "test_decode").assert_outcomes(passed=1, deselected=1)
+
+    def less_outside(entry: dict) -> None:
+        half_tpot = statistics.median(entry["runs"]["tpot_ms"]) / 2
+        parts = entry["parts"]
+        assert set(parts) >= {"native_decode_ms_per_token", "decode_outside_ms_per_token", "native_prefill_ms"}
+        parts["decode_outside_ms_per_token"] = [v - half_tpot for v in parts["decode_outside_ms_per_token"]]
+        outpace(entry, 50.0)
+        busiest_baseline(entry)
+
+    edit_baseline(pytester, less_outside)
+    result = run(pytester, "-k", "test_decode", "--llmperf-json", "session.json")
+    (r,) = json.loads((pytester.path / "session.json").read_text())["results"]
+    parts = {p["metric"]: p for p in r["verdict"]["parts"]}
+    outside = parts["decode_outside_ms_per_token"]
+    assert outside["moved"] and outside["delta_low"] > 0 and not outside["paired"] and outside["n_a"] == 8
+    assert parts["native_decode_ms_per_token"]["ratio"] is not None  # llama.cpp's own: a ratio
+    result.assert_outcomes(failed=1)
+    (why,) = [w for w in r["verdict"]["why"] if w.startswith("decode")]
+    assert why.startswith("decode TPOT +") and ": moved: outside llama.cpp +" in why, why
+    result.stdout.fnmatch_lines(["*where it went: decode TPOT +*moved: outside llama.cpp +*ms/token*"])

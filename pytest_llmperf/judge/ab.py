@@ -25,6 +25,7 @@ import numpy as np
 
 from ..core.errors import ConfigError
 from ..core.formats import sig6
+from ..core.settings import DEFAULT_ALPHA
 from ..core.workload import Workload
 from ..measuring.agreement import Agreement, compare_outputs
 from ..measuring.metrics import Measurement, RunMetrics, summarize
@@ -39,6 +40,7 @@ from .budgets import (
     parse_budgets,
 )
 from .paired import PAIRED_METRICS, PHASE_METRIC, PairedComparison, paired
+from .parts import PartChange, paired_parts, paired_why_lines
 
 if TYPE_CHECKING:
     from ..core.workload import RunTrace
@@ -81,10 +83,16 @@ class ABResult:
     #: B's outputs against A's, computed after every timed run (None: not computed, a smoke run).
     agreement: Agreement | None = None
     agreement_budgets: tuple[AgreementOutcome, ...] = ()
+    #: Where the change went: each phase's parts over the same pairs (``judge.parts``).
+    parts: tuple[PartChange, ...] = ()
     #: Where llama.cpp's time went, both sides' passes compared after every timed run
-    #: (``judge.attribution``): when asked, or when a phase moved; else None.
+    #: (``judge.attribution``): when asked, or when llama.cpp's part of a phase moved; else None.
     attribution: AttributionChange | None = None
     attribution_note: str = ""  # why the pass that was due did not run
+
+    def why(self) -> list[str]:
+        """One line per phase whose headline moved, naming the parts that moved and did not."""
+        return paired_why_lines(self.comparisons, self.parts)
 
     def get(self, name: str) -> PairedComparison:
         """The comparison of a phase (``"decode"``) or a metric (``"tpot_ms"``)."""
@@ -123,6 +131,7 @@ class ABResult:
             f"after {self.a.workload.warmup} warm-up run(s) each; {self.a.workload.describe()}",
         ]
         out += [c.line() for c in self.comparisons]
+        out += [f"where it went: {line}" for line in self.why()]
         out += [o.line(self.a_name, self.b_name) for o in self.budgets]
         if self.agreement is not None:
             out += self.agreement.lines()
@@ -192,15 +201,19 @@ def compare_ab(
     comparisons = _paired_comparisons(ma, mb)
     outcomes = _judged_budgets(budgets, comparisons)
     judged = tuple(judge_agreement(budget, limit, outputs) for budget, limit in agreement_budgets if outputs)
-    result = ABResult(label, a.name, b.name, orders, ma, mb, tuple(comparisons), tuple(outcomes), outputs, judged)
+    parts = paired_parts(ma.runs, mb.runs, alpha=DEFAULT_ALPHA)
+    result = ABResult(
+        label, a.name, b.name, orders, ma, mb, tuple(comparisons), tuple(outcomes), outputs, judged, parts=parts
+    )
     return _attributed(result, ea, eb, workload, attribution)
 
 
 def _attributed(result: ABResult, ea: Engine, eb: Engine, workload: Workload, asked: bool | None) -> ABResult:
-    """``result`` with both sides' attribution passes compared, when asked or a phase moved."""
-    from .attribution import attribute_sides, paired_moved, why
+    """``result`` with both sides' attribution passes compared, when asked or llama.cpp's part of
+    a phase moved (``judge.parts.llama_cpp_moved``)."""
+    from .attribution import attribute_sides, moved_phases, why
 
-    reason = None if asked is None else why(asked, paired_moved(result.comparisons))
+    reason = None if asked is None else why(asked, moved_phases(result.parts))
     if reason is None:
         return result
     from ..measuring.attribution import side_figures
@@ -343,6 +356,8 @@ def as_dict(r: ABResult) -> dict[str, Any]:
             }
             for o in r.agreement_budgets
         ],
+        "parts": [p.to_json() for p in r.parts],
+        "why": r.why(),
         "failures": r.failure_lines(),
         "attribution": None if r.attribution is None else r.attribution.to_json(),
         "attribution_note": r.attribution_note,

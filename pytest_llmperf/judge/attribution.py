@@ -30,13 +30,12 @@ from typing import Any
 
 import numpy as np
 
-from ..core.catalog import PHASE_METRIC
 from ..core.formats import sig6
 from ..core.settings import DEFAULT_THRESHOLD
 from ..core.workload import Workload
 from ..measuring.attribution import KINDS, PHASES, Attribution, PhaseAttribution, Slice
-from .paired import PairedComparison
-from .verdict import CI_LEVEL, Comparison, Verdict, fmt_pct
+from .parts import PartChange, llama_cpp_moved
+from .verdict import CI_LEVEL, fmt_pct
 
 #: A block whose ratio is more than this far off the blocks' median ratio (its CI excluding that
 #: median) stands out; within it every block moved alike.
@@ -385,9 +384,6 @@ def compare_attributions(
 
 # -- when the pass runs ------------------------------------------------------------------------
 
-#: The verdicts that make the pass run by itself: llama.cpp's time moved.
-MOVED = (Verdict.REGRESSION, Verdict.IMPROVED)
-
 
 def why(asked: bool, moved: Sequence[str]) -> str | None:
     """Why the pass runs (the block's reason), or None: it does not. ``moved``: the phases whose
@@ -399,27 +395,10 @@ def why(asked: bool, moved: Sequence[str]) -> str | None:
     return None
 
 
-def judged_moved(comparisons: Sequence[Comparison]) -> tuple[str, ...]:
-    """The phases whose llama.cpp time a verdict found moved (REGRESSION or IMPROVED): against a
-    stored baseline or ``--llmperf-against``'s REF.
-
-    Stand-in until ``judge.parts.llama_cpp_moved`` (the parts of each phase inside llama.cpp)
-    lands: the phase's headline time metric (``catalog.PHASE_METRIC``) decided it."""
-    phase_metrics = {metric: phase for phase, metric in PHASE_METRIC.items()}
-    moved = {phase_metrics[c.metric] for c in comparisons if c.metric in phase_metrics and c.verdict in MOVED}
-    return tuple(p for p in PHASES if p in moved)
-
-
-def paired_moved(comparisons: Sequence[PairedComparison], threshold: float = DEFAULT_THRESHOLD) -> tuple[str, ...]:
-    """The phases of an in-process A/B whose time moved: the phase's paired CI excludes 1 and its
-    ratio is at least ``threshold`` from 1 (stand-in for ``judge.parts.llama_cpp_moved``, as
-    ``judged_moved``)."""
-    moved = {
-        c.phase
-        for c in comparisons
-        if PHASE_METRIC.get(c.phase) == c.metric and c.excludes_one and abs(c.ratio - 1) >= threshold
-    }
-    return tuple(p for p in PHASES if p in moved)
+def moved_phases(parts: Sequence[PartChange]) -> tuple[str, ...]:
+    """The phases whose llama.cpp time moved: a part inside llama.cpp (its prompt evaluation,
+    its evaluation per token) moved, B against A (``judge.parts.llama_cpp_moved``)."""
+    return tuple(p for p in PHASES if llama_cpp_moved(parts, p))
 
 
 def attribute_sides(

@@ -78,10 +78,7 @@ def paired(metric: str, a: Sequence[float], b: Sequence[float]) -> PairedCompari
     # The log ratio of each pair (a difference of logs: a quotient of extreme values overflows).
     d = np.log(positive_values(f"{metric} B", b)) - np.log(positive_values(f"{metric} A", a))
     spread = log_level(d).spread
-    n = d.size
-    i, j = np.triu_indices(n)
-    walsh = np.sort((d[i] + d[j]) / 2.0)
-    c = _lower_index(n, 1.0 - CI_LEVEL)
+    estimate, low, high = location_ci(d)
     return PairedComparison(
         metric=metric,
         label=label,
@@ -89,13 +86,28 @@ def paired(metric: str, a: Sequence[float], b: Sequence[float]) -> PairedCompari
         unit=unit,
         a_median=_median(a),
         b_median=_median(b),
-        ratio=exp_clamped(float(np.median(walsh))),
-        ci_low=exp_clamped(float(walsh[c])),
-        ci_high=exp_clamped(float(walsh[walsh.size - 1 - c])),
+        ratio=exp_clamped(estimate),
+        ci_low=exp_clamped(low),
+        ci_high=exp_clamped(high),
         p_value=_signed_rank_p(d),
-        n_pairs=n,
+        n_pairs=d.size,
         spread=spread,
     )
+
+
+def location_ci(d: np.ndarray) -> tuple[float, float, float]:
+    """The Hodges-Lehmann location of per-pair differences ``d`` (the median of their Walsh
+    averages) and its exact Wilcoxon signed-rank CI at ``CI_LEVEL``: (estimate, low, high)."""
+    n = d.size
+    i, j = np.triu_indices(n)
+    walsh = np.sort((d[i] + d[j]) / 2.0)
+    c = _lower_index(n, 1.0 - CI_LEVEL)
+    return float(np.median(walsh)), float(walsh[c]), float(walsh[walsh.size - 1 - c])
+
+
+def signed_rank_p(d: np.ndarray) -> float:
+    """Two-sided exact Wilcoxon signed-rank p-value of per-pair differences ``d`` (zeros dropped)."""
+    return _signed_rank_p(d)
 
 
 @functools.lru_cache(maxsize=128)

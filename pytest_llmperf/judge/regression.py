@@ -20,6 +20,7 @@ from ..baselines.records import same_workload
 from ..core.catalog import Metric
 from ..core.fingerprint import hardware_differences, other_hardware_note, subject_changes
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRESHOLD
+from .parts import PartChange, unpaired_parts, why_lines
 from .result import LayerChange, MeasurementResult, compare_layers
 from .rule import JUDGED, METRICS, MIN_PEERS, SUITE_ALPHA_SHARE, compare_levels, decide, mirrored, suite_relative
 from .verdict import BaselineStatus, Comparison, Level, NoiseModel, Verdict, holm, level
@@ -81,6 +82,8 @@ class BaselineVerdict:
     machine: str = ""
     #: Memory figures grown beyond ``MEMORY_RULE`` since the baseline, one line each.
     memory_changes: tuple[str, ...] = ()
+    #: Where the change went: the parts of each phase, compared like the headline (``judge.parts``).
+    parts: tuple[PartChange, ...] = ()
     #: Where llama.cpp's time went, when both records keep an attribution pass, or both sides
     #: of ``--llmperf-against`` ran one (``judge.attribution``; a diagnosis, not a gate).
     attribution: AttributionChange | None = None
@@ -99,6 +102,7 @@ class BaselineVerdict:
     def failure_lines(self) -> list[str]:
         suffix = f"; {', '.join(self.changes)}" if self.changes else ""
         lines = [c.line() + suffix for c in self.regressions] + [m + suffix for m in self.memory_changes]
+        lines += [f"where it went: {line}" for line in why_lines(self.regressions, self.parts)]
         if self.regressions and self.slower_layers:
             lines.append("slower layers: " + "; ".join(c.line() for c in self.slower_layers))
         return lines
@@ -506,7 +510,31 @@ def _judge(
         attribution=_attribution(baseline, candidate, settings),
         machine_ratio=machine,
         memory_changes=compare_memory(baseline, candidate),
+        parts=_parts(baseline, candidate, comparisons, settings),
     )
+
+
+def _parts(
+    baseline: Mapping[str, Any],
+    candidate: Mapping[str, Any],
+    comparisons: Sequence[Comparison],
+    settings: CompareSettings,
+) -> tuple[PartChange, ...]:
+    """The parts of each phase against the baseline's runs (``parts.unpaired_parts``), with the
+    between-session sd each phase's headline comparison used; none when either record lacks them."""
+    headline = {c.phase: c for c in comparisons if c.mirror_of is None and not METRICS[c.metric].tail}
+    phase_ms = {c.metric: c.baseline_value for c in headline.values()}
+    between = {phase: c.between_sd for phase, c in headline.items()}
+    try:
+        return unpaired_parts(
+            baseline.get("parts") or {},
+            candidate.get("parts") or {},
+            phase_ms,
+            alpha=settings.alpha,
+            between_sd=between,
+        )
+    except (ArithmeticError, TypeError, ValueError):
+        return ()
 
 
 def _layers(

@@ -38,6 +38,7 @@ from ..core.errors import LLMPerfError
 from ..core.measured import Figures
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from .budgets import BudgetStatus
+from .parts import PartChange, why_lines
 from .verdict import BaselineStatus, Comparison, Verdict, holm
 
 if TYPE_CHECKING:
@@ -188,11 +189,17 @@ class VerdictRecord:
     failures: tuple[str, ...] = ()
     comparisons: tuple[Comparison, ...] = ()
     layer_changes: tuple[LayerChange, ...] = ()
+    #: Where the change went: each phase's parts, compared like the headline (``judge.parts``).
+    parts: tuple[PartChange, ...] = ()
     #: Where llama.cpp's time went (``judge.attribution``), when both sides had a pass.
     attribution: AttributionChange | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", BaselineStatus(self.status))  # a word read from JSON, typed
+
+    def why(self) -> list[str]:
+        """One line per phase that moved, naming the parts that moved and those that did not."""
+        return why_lines(self.comparisons, self.parts)
 
     @classmethod
     def of(cls, v: BaselineVerdict) -> VerdictRecord:
@@ -206,7 +213,8 @@ class VerdictRecord:
             tuple(v.failure_lines()),
             tuple(v.comparisons),
             tuple(v.layer_changes),
-            v.attribution,
+            tuple(v.parts),
+            attribution=v.attribution,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -219,6 +227,8 @@ class VerdictRecord:
             "failures": list(self.failures),
             "comparisons": [comparison_json(c) for c in self.comparisons],
             "layer_changes": [layer_change_json(c) for c in self.layer_changes],
+            # Only when measured: a session file written before the parts reads back and writes the same.
+            **({"parts": [p.to_json() for p in self.parts], "why": self.why()} if self.parts else {}),
             # Only when there is one: older readers and files stay as they were.
             **({"attribution": self.attribution.to_json()} if self.attribution is not None else {}),
         }
@@ -245,6 +255,7 @@ class VerdictRecord:
             tuple(d.get("failures", ())),
             tuple(comparison_from_json(c) for c in d.get("comparisons", ())),
             tuple(layer_change_from_json(c) for c in d.get("layer_changes", ())),
+            tuple(PartChange.from_json(p) for p in d.get("parts", ())),
             _attribution_of(d.get("attribution")),
         )
 

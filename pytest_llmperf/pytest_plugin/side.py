@@ -378,6 +378,7 @@ def _assessment(nodeid: str, label: str, verdict: Mapping[str, Any] | None) -> A
     if verdict is None:
         return None
     from ..judge.attribution import AttributionChange
+    from ..judge.parts import PartChange
     from ..judge.regression import BaselineVerdict
     from ..judge.result import comparison_from_json
     from ..session.assess import Assessment
@@ -387,6 +388,7 @@ def _assessment(nodeid: str, label: str, verdict: Mapping[str, Any] | None) -> A
         verdict["status"],
         verdict.get("note", ""),
         tuple(comparison_from_json(c) for c in verdict.get("comparisons", ())),
+        parts=tuple(PartChange.from_json(p) for p in verdict.get("parts", ())),
         attribution=None if where is None else AttributionChange.from_json(where),
     )
     return Assessment(nodeid + (f"[{label}]" if label else ""), "", "", None, v)

@@ -55,6 +55,7 @@ from .sides import (
 
 if TYPE_CHECKING:
     from ..core.workload import RunTrace, TokenLogits, Workload
+    from ..judge.parts import PartChange
     from ..judge.verdict import Comparison
     from ..measuring.agreement import Agreement
     from ..measuring.attribution import Attribution
@@ -251,10 +252,10 @@ def outputs(ag: Against, events: Mapping[str, Mapping[str, object]], workload: W
     return compare_outputs(ref, cur, workload, a_name=f"REF {ag.reference.describe()}", b_name="this tree")
 
 
-def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str) -> tuple[list[Comparison], str, Agreement]:
+def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str) -> tuple[Looked, str, Agreement]:
     """The measurement both sides wait at: warm-ups, then pairs in seeded AB/BA order (A: REF, B:
     the current side), looks until decided or the cap, then the output agreement. Returns
-    (comparisons, the note, the ``Agreement``)."""
+    (where the pairs stopped: comparisons and parts, the note, the ``Agreement``)."""
     from ..core.workload import Workload
 
     ev = events[CURRENT]
@@ -272,7 +273,7 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str) -> 
     ag.decisions[-1]["stopped"] = looked.why
     same = "" if events[REF]["workload"] == ev["workload"] else "; REF's workload differs from this tree's"
     note = _pairs_note(ag, workload, looked, (cap, looks, step), cpus) + same
-    return looked.comparisons, note, outputs(ag, events, workload)
+    return looked, note, outputs(ag, events, workload)
 
 
 #: A step of a side's attribution pass (an instrumented run, its prompt steps and a plain run)
@@ -327,18 +328,18 @@ class SidePass:
 
 
 def attribution(
-    ag: Against, measures: Mapping[str, Measure], comparisons: Sequence[Comparison]
+    ag: Against, measures: Mapping[str, Measure], parts: Sequence[PartChange]
 ) -> dict[str, Any] | str | None:
     """After the pairs, when the test asked for it on either side or llama.cpp's time moved:
     both sides' attribution passes, each in its side's process, interleaved run by run in
     seeded AB/BA order as the pairs were, compared (``judge.attribution``), as the verdict's
     JSON; a line when a side has none (asked, or the pass failed); else None."""
     from ..core.workload import Workload
-    from ..judge.attribution import compare_attributions, judged_moved, pass_orders, why
+    from ..judge.attribution import compare_attributions, moved_phases, pass_orders, why
     from ..measuring.attribution import interleaved
 
     asked = any(bool(m.data.get("attribution")) for m in measures.values())
-    reason = why(asked, judged_moved(comparisons))
+    reason = why(asked, moved_phases(parts))
     able = all(bool(m.data.get("attributable")) for m in measures.values())
     if reason is None or not (asked or able):
         return None  # not due, or due by itself where a side cannot have it (a callable): nothing to say
@@ -393,6 +394,8 @@ class Looked:
     why: str
     seconds: float
     orders: Sequence[str]
+    #: Where the change went: each phase's parts over the same pairs (``judge.parts``).
+    parts: tuple[PartChange, ...] = ()
 
 
 def _looks(
@@ -406,6 +409,7 @@ def _looks(
     """Pairs, ``step`` at a time, each batch judged at a look, until settled, the cap or the bound."""
     from ..judge.ab import block_orders
     from ..judge.paired import judged_pairs, pairs_settled
+    from ..judge.parts import paired_parts
     from ..measuring.metrics import RunMetrics
 
     cap, looks, step = plan
@@ -424,7 +428,9 @@ def _looks(
         if why is None and time.monotonic() - started > PAIRS_TIME_CAP_S:
             why = f"the {PAIRS_TIME_CAP_S:.0f} s bound"
         if why is not None:
-            return Looked(comparisons, n, look, why, time.monotonic() - started, orders)
+            seconds = time.monotonic() - started
+            parts = paired_parts(runs["A"], runs["B"], alpha=judging["alpha"])
+            return Looked(comparisons, n, look, why, seconds, orders, parts)
 
 
 def _pairs_note(
@@ -582,7 +588,7 @@ class Drive:
 
         try:
             events = {name: m.data for name, m in self.measures.items()}
-            comparisons, note, agreement = pairs(self.ag, events, self.nodeid)
+            looked, note, agreement = pairs(self.ag, events, self.nodeid)
         except RunFailed as exc:
             self.told.add(f"not measured: {exc}")
             self.finish(self.cur, fail=f"not measured: {exc}")
@@ -591,10 +597,11 @@ class Drive:
         verdict = {
             "status": BaselineStatus.COMPARED.value,
             "note": note,
-            "comparisons": [comparison_json(c) for c in comparisons],
+            "comparisons": [comparison_json(c) for c in looked.comparisons],
+            "parts": [p.to_json() for p in looked.parts],
             "agreement": agreement.as_dict(),
         }
-        where = attribution(self.ag, self.measures, comparisons)
+        where = attribution(self.ag, self.measures, looked.parts)
         if isinstance(where, str):
             verdict["note"] = f"{note}; {where}"
         elif where is not None:

@@ -1,0 +1,349 @@
+"""Where a change went: the parts of each phase (``catalog.PARTS``), B against A.
+
+A phase's judged metric (TTFT, TPOT) decides the verdict; its parts explain it. Each part is
+compared like the headline, on the same runs:
+
+- **paired** (``--llmperf-against`` and an in-process A/B: pair i is A's run i and B's run i):
+  the Hodges-Lehmann estimate of the per-pair differences B - A (in the part's unit) and its
+  exact Wilcoxon signed-rank CI, the same statistics the headline's pairs use
+  (``paired.location_ci``); for llama.cpp's own parts also the ratio B / A from the log
+  differences;
+- **unpaired** (a stored baseline): the two-sample Hodges-Lehmann shift (the median of every
+  difference b_j - a_i) with the standard error its Mann-Whitney CI implies, widened by the
+  between-session noise the headline's comparison used (``Comparison.between_sd``: the
+  baseline's sessions or the history window), scaled to the part: a whole session that ran
+  slower moves every part by the same factor, and that must not read as a part that moved.
+
+A part **moved** when its two-sided p-value, Holm-adjusted over its phase's parts (a phase's
+line is one family), is under alpha and the change is material: at least ``MATERIAL_SHARE`` of A's phase time (a part
+that moved 0.01 ms of a 20 ms TPOT explains nothing). Parts never decide: a phase's verdict is
+its headline's; the parts are named in its line (``why_line``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from ..core import catalog
+from .verdict import CI_LEVEL, Comparison, Verdict, exp_clamped, fmt_pct, fmt_value, holm
+
+if TYPE_CHECKING:
+    from ..core.catalog import Metric
+
+#: A part moved only when its change is at least this share of A's phase time (TTFT, TPOT).
+MATERIAL_SHARE = 0.01
+
+
+@dataclass(frozen=True)
+class PartChange:
+    """One part of a phase, B against A (A: the baseline, REF, or an A/B's A)."""
+
+    metric: str  # the catalog metric: "decode_outside_ms_per_token"
+    label: str  # "outside llama.cpp"
+    phase: str
+    unit: str
+    source: str
+    inside_llama_cpp: bool
+    a_median: float
+    b_median: float
+    #: B - A in the part's unit: the estimate and its CI.
+    delta: float
+    delta_low: float
+    delta_high: float
+    #: B / A (llama.cpp's own parts, every value > 0), else None.
+    ratio: float | None
+    ratio_low: float | None
+    ratio_high: float | None
+    #: Two-sided p-value of "no change", Holm-adjusted over its phase's parts.
+    p_value: float
+    n_a: int
+    n_b: int
+    paired: bool
+    #: Significant after Holm and material (``MATERIAL_SHARE`` of A's phase time).
+    moved: bool
+
+    def text(self) -> str:
+        """``llama.cpp eval x1.00 (0.99..1.01)``, ``outside llama.cpp +1.9 ms/token (+1.7..+2.1)``."""
+        if self.ratio is not None and self.ratio_low is not None and self.ratio_high is not None:
+            return f"{self.label} x{self.ratio:.2f} ({self.ratio_low:.2f}..{self.ratio_high:.2f})"
+        return f"{self.label} {_signed(self.delta)} {self.unit} ({_signed(self.delta_low)}..{_signed(self.delta_high)})"
+
+    def line(self) -> str:
+        """The part with both sides' medians and its p, for a report's table or log."""
+        return (
+            f"{self.phase} {self.text()}: A {fmt_value(self.a_median)}, B {fmt_value(self.b_median)} {self.unit}, "
+            f"p={self.p_value:.2g} Holm, {self._sample()}{'; moved' if self.moved else ''}"
+        )
+
+    def _sample(self) -> str:
+        return f"{self.n_b} pairs" if self.paired else f"{self.n_b} vs {self.n_a} runs"
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: _finite(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> PartChange:
+        return cls(**{f.name: d[f.name] for f in fields(cls)})
+
+
+def _signed(x: float) -> str:
+    return f"{x:+.3g}"
+
+
+def _finite(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+# --- one part: paired and unpaired -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Estimate:
+    """A location with its CI, and the two-sided p of "0"."""
+
+    value: float
+    low: float
+    high: float
+    p: float
+
+
+def _paired_estimate(d: np.ndarray) -> _Estimate:
+    from .paired import location_ci, signed_rank_p
+
+    value, low, high = location_ci(d)
+    return _Estimate(value, low, high, signed_rank_p(d))
+
+
+def _unpaired_estimate(a: np.ndarray, b: np.ndarray, between_sd: float, scale: float) -> _Estimate:
+    """The two-sample Hodges-Lehmann shift b - a, its standard error from the Mann-Whitney CI
+    (normal approximation) and the between-session term (``between_sd`` x ``scale``: the log-scale
+    sd of a session's level times the part's size), with a normal CI and p."""
+    from scipy.special import ndtr, ndtri
+
+    diffs = np.sort(np.subtract.outer(b, a).ravel())
+    n, m = a.size, b.size
+    z = float(ndtri(1.0 - (1.0 - CI_LEVEL) / 2.0))
+    # Moses' CI: the C-th smallest and largest differences (1-based), C from the U statistic's null.
+    k = math.floor(n * m / 2.0 - z * math.sqrt(n * m * (n + m + 1) / 12.0)) - 1
+    k = min(max(k, 0), diffs.size - 1)
+    within_se = (diffs[diffs.size - 1 - k] - diffs[k]) / (2.0 * z) if diffs.size > 1 else 0.0
+    se = math.hypot(within_se, between_sd * scale)
+    value = float(np.median(diffs))
+    p = 1.0 if se <= 0 else float(2.0 * ndtr(-abs(value) / se))
+    return _Estimate(value, value - z * se, value + z * se, p)
+
+
+def _ratio_of(estimate: _Estimate) -> tuple[float, float, float]:
+    return exp_clamped(estimate.value), exp_clamped(estimate.low), exp_clamped(estimate.high)
+
+
+@dataclass(frozen=True)
+class _Raw:
+    """One part before Holm: its estimates, and whether its size is material."""
+
+    spec: Metric
+    a: np.ndarray
+    b: np.ndarray
+    delta: _Estimate
+    ratio: tuple[float, float, float] | None
+    material: bool
+
+
+def _phase_ms(runs: Sequence[Any], phase_metric: str) -> float:
+    values = [getattr(r, phase_metric) for r in runs]
+    return float(np.median(values)) if values else 0.0
+
+
+def _observed(runs: Sequence[Any], name: str) -> np.ndarray | None:
+    values = [getattr(r, name, None) for r in runs]
+    if not values or any(v is None or not math.isfinite(v) for v in values):
+        return None
+    return np.asarray(values, dtype=float)
+
+
+def _measured(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    """Both sides observed the part in every run, in at least 2 runs, and it was not 0 throughout
+    (a synthetic prompt is not tokenized: its tokenization is 0 on both sides, nothing to say)."""
+    return a is not None and b is not None and min(a.size, b.size) >= 2 and bool(np.any(a != 0) or np.any(b != 0))
+
+
+def _raw_paired(spec: Metric, a: np.ndarray, b: np.ndarray, phase_ms: float) -> _Raw:
+    delta = _paired_estimate(b - a)
+    ratio = None
+    if spec.inside_llama_cpp and (a > 0).all() and (b > 0).all():
+        ratio = _ratio_of(_paired_estimate(np.log(b) - np.log(a)))
+    return _Raw(spec, a, b, delta, ratio, abs(delta.value) >= MATERIAL_SHARE * phase_ms)
+
+
+def _raw_unpaired(spec: Metric, a: np.ndarray, b: np.ndarray, phase_ms: float, between_sd: float) -> _Raw:
+    scale = abs(float(np.median(a)))
+    delta = _unpaired_estimate(a, b, between_sd, scale)
+    ratio = None
+    if spec.inside_llama_cpp and (a > 0).all() and (b > 0).all():
+        ratio = _ratio_of(_unpaired_estimate(np.log(a), np.log(b), between_sd, 1.0))
+    return _Raw(spec, a, b, delta, ratio, abs(delta.value) >= MATERIAL_SHARE * phase_ms)
+
+
+def _holm_by_phase(raws: Sequence[_Raw]) -> list[float]:
+    """Each part's p-value Holm-adjusted over its phase's parts (a phase's line is one family)."""
+    adjusted = [1.0] * len(raws)
+    for phase in {r.spec.phase for r in raws}:
+        at = [i for i, r in enumerate(raws) if r.spec.phase == phase]
+        for i, p in zip(at, holm([raws[i].delta.p for i in at])):
+            adjusted[i] = p
+    return adjusted
+
+
+def _changes(raws: Sequence[_Raw], alpha: float, paired: bool) -> tuple[PartChange, ...]:
+    """The parts with their p-values Holm-adjusted over their phase's parts."""
+    adjusted = _holm_by_phase(raws)
+    out = []
+    for r, p in zip(raws, adjusted):
+        ratio, low, high = r.ratio if r.ratio is not None else (None, None, None)
+        out.append(
+            PartChange(
+                metric=r.spec.name,
+                label=r.spec.label,
+                phase=r.spec.phase,
+                unit=r.spec.unit,
+                source=r.spec.source,
+                inside_llama_cpp=r.spec.inside_llama_cpp,
+                a_median=float(np.median(r.a)),
+                b_median=float(np.median(r.b)),
+                delta=r.delta.value,
+                delta_low=r.delta.low,
+                delta_high=r.delta.high,
+                ratio=ratio,
+                ratio_low=low,
+                ratio_high=high,
+                p_value=float(p),
+                n_a=int(r.a.size),
+                n_b=int(r.b.size),
+                paired=paired,
+                moved=bool(p < alpha and r.material),
+            )
+        )
+    return tuple(out)
+
+
+def paired_parts(a_runs: Sequence[Any], b_runs: Sequence[Any], *, alpha: float) -> tuple[PartChange, ...]:
+    """Every part both sides observed in every run, pair by pair (``measuring.metrics.RunMetrics``;
+    pair i = A's run i and B's run i)."""
+    if len(a_runs) != len(b_runs):
+        raise ValueError(f"parts: {len(a_runs)} A runs but {len(b_runs)} B runs; pairs need both")
+    raws = []
+    for spec in catalog.PARTS:
+        a, b = _observed(a_runs, spec.name), _observed(b_runs, spec.name)
+        if a is not None and b is not None and _measured(a, b):
+            raws.append(_raw_paired(spec, a, b, _phase_ms(a_runs, spec.part_of or "")))
+    return _changes(raws, alpha, paired=True)
+
+
+def unpaired_parts(
+    baseline: Mapping[str, Sequence[float]],
+    candidate: Mapping[str, Sequence[float]],
+    phase_ms: Mapping[str, float],
+    *,
+    alpha: float,
+    between_sd: Mapping[str, float],
+) -> tuple[PartChange, ...]:
+    """Every part both records hold (``record["parts"]``: part -> per-run values), the candidate
+    against the baseline's runs, with each phase's between-session sd (``between_sd``: phase ->
+    log-scale sd, the headline comparison's) and A's phase time (``phase_ms``: judged metric ->
+    median ms)."""
+    raws = []
+    for spec in catalog.PARTS:
+        a, b = baseline.get(spec.name), candidate.get(spec.name)
+        if not a or not b:
+            continue
+        va, vb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+        if not (np.isfinite(va).all() and np.isfinite(vb).all() and _measured(va, vb)):
+            continue
+        ms = phase_ms.get(spec.part_of or "", 0.0)
+        raws.append(_raw_unpaired(spec, va, vb, ms, between_sd.get(spec.phase, 0.0)))
+    return _changes(raws, alpha, paired=False)
+
+
+# --- what the parts say about a phase -------------------------------------------------------------
+
+
+def of_phase(parts: Sequence[PartChange], phase: str) -> tuple[PartChange, ...]:
+    """The phase's parts, those that moved first (the largest change first), then the rest in
+    the catalog's order."""
+    mine = [p for p in parts if p.phase == phase]
+    moved = sorted((p for p in mine if p.moved), key=lambda p: -abs(p.delta))
+    return (*moved, *(p for p in mine if not p.moved))
+
+
+def llama_cpp_moved(parts: Sequence[PartChange], phase: str | None = None) -> bool:
+    """llama.cpp's own time moved (a part inside llama.cpp moved) in ``phase`` (None: either)."""
+    return any(p.moved and p.inside_llama_cpp and (phase is None or p.phase == phase) for p in parts)
+
+
+class Headline(Protocol):
+    """A phase's headline comparison, B against A: a ``verdict.Comparison`` (baseline, REF) or a
+    ``paired.PairedComparison`` (an in-process A/B)."""
+
+    @property
+    def metric(self) -> str: ...
+    @property
+    def phase(self) -> str: ...
+    @property
+    def label(self) -> str: ...
+    @property
+    def ratio(self) -> float: ...
+    @property
+    def ci_low(self) -> float | None: ...
+    @property
+    def ci_high(self) -> float | None: ...
+
+
+#: The verdicts whose line names the parts: the phase moved.
+EXPLAINED = (Verdict.REGRESSION, Verdict.IMPROVED, Verdict.MACHINE_SLOWER)
+
+
+def why_line(c: Headline, parts: Sequence[PartChange]) -> str | None:
+    """``decode TPOT +8.8% (1.059..1.113): moved: outside llama.cpp +1.9 ms/token (+1.7..+2.1);
+    unchanged: llama.cpp eval x1.00 (0.99..1.01), sampling x1.01 (0.99..1.02)``: the headline's
+    change and the parts that moved and those that did not. None when the phase has no parts."""
+    mine = of_phase(parts, c.phase)
+    if not mine:
+        return None
+    head = f"{c.phase} {c.label} {fmt_pct((c.ratio - 1.0) * 100.0)}"
+    if c.ci_low is not None and c.ci_high is not None:
+        head += f" ({c.ci_low:.3f}..{c.ci_high:.3f})"
+    moved = [p.text() for p in mine if p.moved]
+    still = [p.text() for p in mine if not p.moved]
+    said = [f"moved: {', '.join(moved)}" if moved else "no part moved on its own"]
+    if still:
+        said.append(f"unchanged: {', '.join(still)}")
+    return f"{head}: {'; '.join(said)}"
+
+
+def why_lines(comparisons: Sequence[Comparison], parts: Sequence[PartChange]) -> list[str]:
+    """One ``why_line`` per phase whose judged comparison moved (``EXPLAINED``)."""
+    lines = []
+    for c in comparisons:
+        if c.mirror_of is None and not catalog.METRICS[c.metric].tail and c.verdict in EXPLAINED:
+            line = why_line(c, parts)
+            if line is not None:
+                lines.append(line)
+    return lines
+
+
+def paired_why_lines(comparisons: Sequence[Headline], parts: Sequence[PartChange]) -> list[str]:
+    """An A/B's: one ``why_line`` per phase whose headline (``catalog.PHASE_METRIC``: TTFT, TPOT)
+    moved (its CI excludes 1)."""
+    lines = []
+    for c in comparisons:
+        headline = catalog.PHASE_METRIC.get(c.phase) == c.metric
+        excludes_one = c.ci_low is not None and c.ci_high is not None and (c.ci_low > 1.0 or c.ci_high < 1.0)
+        if headline and excludes_one:
+            line = why_line(c, parts)
+            if line is not None:
+                lines.append(line)
+    return lines
