@@ -288,13 +288,14 @@ def test_the_reading_says_uniform_for_threads(small_engine) -> None:
 
 
 def test_an_ab_runs_the_pass_by_itself_when_a_phase_moved(layer_engines) -> None:
-    """Not asked for: B (one block 16x wider) is slower in both phases, so both sides' passes run
-    after the pairs, and the A/B's section, JSON and properties say where the time went."""
+    """Not asked for: B (one block 16x wider) spends more time inside llama.cpp in both phases
+    (its parts moved: 10 pairs give their paired test its power), so both sides' passes run after
+    the pairs, and the A/B's section, JSON and properties say where the time went."""
     from pytest_llmperf.core.documents import validate
     from pytest_llmperf.judge.ab import Side, as_dict, compare_ab, properties
 
     a, b = layer_engines
-    r = compare_ab(Side("six-equal", a), Side("slow-layer", b), Workload(prompt_tokens=32, max_tokens=8, runs=4))
+    r = compare_ab(Side("six-equal", a), Side("slow-layer", b), Workload(prompt_tokens=32, max_tokens=8, runs=10))
     assert r.decode.ratio > 1.5 and r.attribution is not None, r.lines()
     assert r.attribution.reason == "llama.cpp's prefill and decode time moved"
     assert r.attribution.decode.reading.startswith("layer 3 +"), r.attribution.decode.reading
@@ -332,7 +333,7 @@ import pytest
 from pick import MODEL
 
 
-@pytest.mark.llmperf(prompt_tokens=16, max_tokens=8, runs=4, warmup=1)
+@pytest.mark.llmperf(prompt_tokens=16, max_tokens=8, runs=10, warmup=1)  # 10 pairs: power for the parts
 def test_model(llmperf):
     llmperf.measure(model=MODEL)  # the code under test names the model: block 3 16x wider at HEAD
 """
