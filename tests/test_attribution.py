@@ -12,13 +12,13 @@ import pytest
 from scipy.stats import mannwhitneyu
 
 from pytest_llmperf import LlamaCppEngine, Workload, measure
+from pytest_llmperf.judge.ab import pass_orders
 from pytest_llmperf.judge.attribution import (
     AttributionChange,
     SliceChange,
     compare_attributions,
     layer_reading,
     op_reading,
-    pass_orders,
     ratio_ci,
 )
 from pytest_llmperf.measuring.attribution import (

@@ -149,6 +149,14 @@ def block_orders(n_pairs: int, seed: int) -> tuple[str, ...]:
     return tuple("AB" if bit else "BA" for bit in rng.integers(0, 2, size=n_pairs))
 
 
+def pass_orders(seed: int) -> tuple[str, tuple[str, ...]]:
+    """The order of two attribution passes' warm-ups and of each of their runs
+    (``measuring.attribution.interleaved``): seeded AB/BA, as the pairs."""
+    from ..measuring.attribution import ATTRIBUTION_RUNS
+
+    return block_orders(1, seed + 2)[0], block_orders(ATTRIBUTION_RUNS, seed + 3)
+
+
 def interleave(
     a: Engine, b: Engine, workload: Workload, seed: int
 ) -> tuple[list[RunTrace], list[RunTrace], list[RunTrace], list[RunTrace], tuple[str, ...]]:
@@ -221,9 +229,9 @@ def _attributed(result: ABResult, ea: Engine, eb: Engine, workload: Workload, as
 
     peaks = machine_peaks()  # cached per machine: probed once
     sides = {"A": side_figures(result.a, peaks), "B": side_figures(result.b, peaks)}
-    got = attribute_sides(
-        ea, eb, workload, asked=bool(asked), reason=reason, a_name=result.a_name, b_name=result.b_name, sides=sides
-    )
+    names = {"a_name": result.a_name, "b_name": result.b_name}
+    orders = pass_orders(workload.seed)
+    got = attribute_sides(ea, eb, workload, asked=bool(asked), reason=reason, sides=sides, orders=orders, **names)
     if got is None:
         return result
     if isinstance(got, str):

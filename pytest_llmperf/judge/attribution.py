@@ -411,9 +411,10 @@ def attribute_sides(
     a_name: str,
     b_name: str,
     sides: Mapping[str, Any],
+    orders: tuple[str, Sequence[str]],
 ) -> AttributionChange | str | None:
-    """Both engines' passes (interleaved run by run in seeded AB/BA order, after every timed run),
-    compared; or, when a side is no in-process llama.cpp engine, the one line why there is none
+    """Both engines' passes (interleaved run by run in ``orders``: the warm-ups', each run's;
+    ``judge.ab.pass_orders``), after every timed run, compared; or, when a side is no in-process llama.cpp engine, the one line why there is none
     (``asked``) or None (due by itself: a callable's test says nothing of a pass it cannot have)."""
     from ..engines import times_layers
     from ..measuring.attribution import interleaved
@@ -428,17 +429,8 @@ def attribute_sides(
     except BaseException:
         passes["A"].close()
         raise
-    got = interleaved(passes, *pass_orders(workload.seed))
+    got = interleaved(passes, *orders)
     return compare_attributions(got["A"], got["B"], reason=reason, a_name=a_name, b_name=b_name, sides=sides)
-
-
-def pass_orders(seed: int) -> tuple[str, tuple[str, ...]]:
-    """The order of two passes' warm-ups and of each of their runs: seeded AB/BA, as an A/B's
-    pairs (``judge.ab.block_orders``)."""
-    from ..measuring.attribution import ATTRIBUTION_RUNS
-    from .ab import block_orders
-
-    return block_orders(1, seed + 2)[0], block_orders(ATTRIBUTION_RUNS, seed + 3)
 
 
 def record_figures(record: Mapping[str, Any]) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from ..core.formats import sig6
-from ..core.workload import RunTrace, Workload
+from ..core.workload import Workload
 from .layers import LayerTimer, ggml_function, steps_of, tpot_of
 
 if TYPE_CHECKING:
@@ -514,16 +514,3 @@ def side_figures(m: Measurement, peaks: tuple[Peak, Peak] | None = None) -> dict
         if value is not None:
             out[key] = sig6(value)
     return {k: v for k, v in out.items() if v is not None}
-
-
-def traces_figures(engine: object, workload: Workload, traces: Sequence[RunTrace]) -> dict[str, Any]:
-    """A side's roofline and memory figures over its runs (``--llmperf-against``: in the side's
-    process, after the pairs; ``side_figures``, the machine's peaks probed once and cached)."""
-    import dataclasses
-
-    from .metrics import summarize
-    from .roofline import machine_peaks
-    from .runner import as_engine
-
-    m = summarize(list(traces), dataclasses.replace(workload, runs=len(traces)), as_engine(engine).info())
-    return side_figures(m, machine_peaks())

@@ -34,14 +34,14 @@ import resource
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..core.errors import ConfigError
-from ..core.workload import MODEL_LOAD_KINDS, Workload
+from ..core.workload import MODEL_LOAD_KINDS, RunTrace, Workload
 from ..engines import CallableEngine, Engine, EngineProcess, FreshLoads, LayerTiming, ProcessMemory, RemoteLayerTiming
 from .metrics import Measurement, RunMetrics, SystemDelta, sample_system, summarize, summarize_runs
 
@@ -136,6 +136,16 @@ def attribution_of(engine: Engine, workload: Workload) -> Attribution:
     from .attribution import run_pass
 
     return run_pass(pass_of(engine, workload))
+
+
+def traces_figures(engine: object, workload: Workload, traces: Sequence[RunTrace]) -> dict[str, Any]:
+    """A side's roofline and memory figures over its runs (``--llmperf-against``: in the side's
+    process, after the pairs; ``attribution.side_figures``, the machine's peaks probed once and cached)."""
+    from .attribution import side_figures
+    from .roofline import machine_peaks
+
+    m = summarize(list(traces), dataclasses.replace(workload, runs=len(traces)), as_engine(engine).info())
+    return side_figures(m, machine_peaks())
 
 
 def pass_of(engine: Engine, workload: Workload) -> Stepping:

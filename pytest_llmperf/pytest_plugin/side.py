@@ -315,8 +315,7 @@ class Link:
     ) -> dict[str, Any]:
         """One step of this side's attribution pass (open, warm, run, result, close), its result
         with this side's roofline and memory figures, or one line why it has none."""
-        from ..measuring.attribution import traces_figures
-        from ..measuring.runner import pass_of
+        from ..measuring.runner import pass_of, traces_figures
 
         step, one = op.get("step"), self.attribution
         try:

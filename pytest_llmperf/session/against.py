@@ -335,7 +335,8 @@ def attribution(
     seeded AB/BA order as the pairs were, compared (``judge.attribution``), as the verdict's
     JSON; a line when a side has none (asked, or the pass failed); else None."""
     from ..core.workload import Workload
-    from ..judge.attribution import compare_attributions, moved_phases, pass_orders, why
+    from ..judge.ab import pass_orders
+    from ..judge.attribution import compare_attributions, moved_phases, why
     from ..measuring.attribution import interleaved
 
     asked = any(bool(m.data.get("attribution")) for m in measures.values())
