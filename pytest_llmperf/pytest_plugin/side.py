@@ -320,11 +320,16 @@ class Link:
         step, one = op.get("step"), self.attribution
         try:
             if step == "open":
+                if one is not None:  # a pass the controller left open (it lost the other side)
+                    one.close()
+                self.attribution = None
                 self.attribution = pass_of(engine, workload)
             elif one is None:
                 return {"ev": "attribution", "line": f"attribution step {step!r} without an open pass"}
-            elif step in ("warm", "run"):
-                one.warm_up() if step == "warm" else one.run(int(op["index"]))
+            elif step == "warm":
+                one.warm_up()
+            elif step == "run":
+                one.run(int(op["index"]))
             else:
                 self.attribution = None
                 if step == "result":
