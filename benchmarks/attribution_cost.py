@@ -8,9 +8,9 @@ Per model: the pass (``measuring.attribution.attribute``: one warm-up, then 5 in
 each with an interleaved plain run) repeated ``--repeats`` times on a fresh engine, printing
 its wall time, the instrumented / plain step time (the instrumentation's cost) and the share
 of the instrumented step the node times cover, per phase (median and range over the repeats).
-Then, unless ``--no-readings``: the reading of two known changes, each pass run once a side,
-one block 16x wider (tests/test_attribution.py's six-equal against slow-layer) and threads
-1 -> 2 on the first model.
+Then, unless ``--no-readings``: the reading of two known changes, both sides' passes interleaved
+run by run as an A/B runs them: one block 16x wider (tests/test_attribution.py's six-equal
+against slow-layer) and threads 1 -> 2 on each model.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pytest_llmperf import LlamaCppEngine, Workload
+from pytest_llmperf.judge.ab import pass_orders
 from pytest_llmperf.judge.attribution import compare_attributions
-from pytest_llmperf.measuring.attribution import Attribution, attribute
+from pytest_llmperf.measuring.attribution import Attribution, AttributionPass, attribute, interleaved
 from pytest_llmperf.models.gguf import ModelSpec, ensure_model, model_path
 
 SLOW_LAYER = ModelSpec(name="slow-layer", n_layer=6, n_embd=256, n_ff=512, layer_ff=(512, 512, 512, 8192, 512, 512))
@@ -58,8 +59,14 @@ def cost_rows(name: str, got: list[Attribution]) -> list[str]:
     return rows
 
 
-def reading(title: str, a: Attribution, b: Attribution) -> list[str]:
-    change = compare_attributions(a, b, reason="benchmark")
+def reading(title: str, a: LlamaCppEngine, b: LlamaCppEngine, workload: Workload) -> list[str]:
+    """Both passes interleaved run by run, as an A/B runs them; the engines closed after."""
+    try:
+        got = interleaved({"A": AttributionPass(a, workload), "B": AttributionPass(b, workload)}, *pass_orders(0))
+    finally:
+        a.close()
+        b.close()
+    change = compare_attributions(got["A"], got["B"], reason="benchmark")
     return [title, *(f"  {p}: {change.phase(p).reading}" for p in ("prefill", "decode"))]
 
 
@@ -82,13 +89,14 @@ def main() -> int:
     if args.no_readings:
         return 0
     short = Workload(prompt_tokens=args.prompt_tokens, max_tokens=8, runs=5)
-    equal, wider = (passes(ensure_model(s), args.threads, short, 1)[0] for s in (SIX_EQUAL, SLOW_LAYER))
-    for line in reading("six-equal -> slow-layer (block 3's FFN 16x as wide):", equal, wider):
+    equal, wider = (LlamaCppEngine(ensure_model(s), threads=args.threads) for s in (SIX_EQUAL, SLOW_LAYER))
+    for line in reading("six-equal -> slow-layer (block 3's FFN 16x as wide):", equal, wider, short):
         print(line, flush=True)
-    path, _ = model_path(models[0])
-    one, two = (passes(path, t, workload, 1)[0] for t in (1, 2))
-    for line in reading(f"{models[0]}: threads 1 -> 2:", one, two):
-        print(line, flush=True)
+    for name in models:
+        path, _ = model_path(name)
+        one, two = (LlamaCppEngine(path, threads=t) for t in (1, 2))
+        for line in reading(f"{name}: threads 1 -> 2:", one, two, workload):
+            print(line, flush=True)
     return 0
 
 

@@ -110,6 +110,7 @@ def test_a_steps_node_times_add_up_the_same_by_layer_op_and_group() -> None:
     assert t["ops"] == {"GET_ROWS": 1.0, "MUL_MAT": 4.0, "FLASH_ATTN_EXT": 1.0, "ADD": 1.0}
     assert t["groups"] == {COPIES: 1.0, MATMUL: 4.0, ATTENTION: 1.0, ELEMENTWISE: 1.0}
     assert t["nodes"] == {"ms": 7.0, "count": 5.0}
+    assert t["blocks"] == {"blocks": 4.0}  # the transformer blocks' total
 
 
 # -- the pass on real llama.cpp --------------------------------------------------------------
@@ -135,6 +136,9 @@ def test_attribution_of_the_tiny_model(tiny_attribution: Attribution, tiny_engin
         assert 0 < phase.nodes_ms <= phase.step_ms and 0 < phase.coverage <= 1.0
         assert phase.n_runs == WORKLOAD.runs and all(len(s.per_run_ms) == WORKLOAD.runs for s in phase.ops)
         assert phase.nodes > 4 * n_layer
+        # The blocks' total per step: at most the node times, at least the largest block's median.
+        assert phase.blocks is not None and phase.blocks.median_ms <= phase.nodes_ms
+        assert phase.blocks.median_ms >= max(s.median_ms for s in phase.layers if s.name.startswith("layer "))
     assert a.decode.n_steps == WORKLOAD.runs * (WORKLOAD.max_tokens - 1)
     # The cost is measured against interleaved plain runs, not assumed.
     assert a.plain_tpot_ms and a.decode_overhead_ratio and a.decode_overhead_ratio > 0

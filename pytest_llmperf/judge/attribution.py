@@ -214,7 +214,10 @@ def compare_phase(a: PhaseAttribution, b: PhaseAttribution, threshold: float = D
 
 
 def _blocks(p: PhaseAttribution) -> Slice:
-    """All transformer blocks together: per run, the sum of the blocks' times."""
+    """All transformer blocks together: the pass's per-step sums (``PhaseAttribution.blocks``),
+    or, from a pass that kept none, the sum of the blocks' per-run values."""
+    if p.blocks is not None:
+        return p.blocks
     blocks = [s for s in p.layers if s.name.startswith("layer ")]
     per_run = tuple(float(v) for v in np.sum([s.per_run_ms for s in blocks], axis=0)) if blocks else ()
     return Slice("blocks", sum(s.median_ms for s in blocks), per_run)

@@ -126,7 +126,8 @@ NodeEvent = tuple[tuple[bytes, bytes, int], int]
 
 
 def step_times(events: Sequence[NodeEvent]) -> dict[str, dict[str, float]]:
-    """One step's node times (ms) summed by layer, op and group; ``nodes``: their total."""
+    """One step's node times (ms) summed by layer, op and group; ``nodes``: their total;
+    ``blocks``: the transformer blocks' total."""
     out: dict[str, dict[str, float]] = {"layers": {}, "ops": {}, "groups": {}}
     before: str | None = None
     total = 0.0
@@ -138,6 +139,7 @@ def step_times(events: Sequence[NodeEvent]) -> dict[str, dict[str, float]]:
             out[kind][key] = out[kind].get(key, 0.0) + ms
         total += ms
     out["nodes"] = {"ms": total, "count": float(len(events))}
+    out["blocks"] = {"blocks": sum(ms for key, ms in out["layers"].items() if key.startswith("layer "))}
     return out
 
 
@@ -175,6 +177,8 @@ class PhaseAttribution:
     nodes: int
     n_runs: int
     n_steps: int
+    #: All transformer blocks together, per step (a median of sums, not a sum of medians).
+    blocks: Slice | None = None
 
     def slices(self, kind: str) -> tuple[Slice, ...]:
         """``layers``, ``ops`` or ``groups``."""
@@ -191,6 +195,8 @@ class PhaseAttribution:
             n_runs=self.n_runs,
             n_steps=self.n_steps,
         )
+        if self.blocks is not None:
+            out["blocks"] = self.blocks.to_json()
         return out
 
     @classmethod
@@ -207,6 +213,7 @@ class PhaseAttribution:
             int(d["nodes"]),
             int(d["n_runs"]),
             int(d["n_steps"]),
+            Slice.from_json(d["blocks"]) if d.get("blocks") else None,
         )
 
 
@@ -467,6 +474,7 @@ def phase_of(phase: str, runs: Sequence[Sequence[tuple[int, Sequence[NodeEvent],
         nodes=int(np.median([s["nodes"]["count"] for s in every])),
         n_runs=len(runs),
         n_steps=len(every),
+        blocks=next(iter(_slices("blocks", per_run)), None),
     )
 
 
