@@ -263,9 +263,11 @@ def test_the_reading_names_the_slowed_layer(layer_models: tuple[Attribution, Att
         ph = change.phase(phase)
         assert ph.reading.startswith("layer 3 +"), ph.reading
         assert ph.reading.split(";")[0].count("layer") == 1, ph.reading  # layer 3 alone
-        assert "matrix multiplication +" in ph.reading, ph.reading  # the wider FFN is matrix work
         (layer3,) = [c for c in ph.layers if c.name == "layer 3"]
         assert layer3.moved and layer3.ratio is not None and layer3.ratio > 3
+    # The wider FFN is matrix work. Decode only: a run's prefill is three steps, and on a busy
+    # machine the matrix group's total over them can span 1 (the block's own time never did).
+    assert "matrix multiplication +" in change.decode.reading, change.decode.reading
     text = change.lines()
     assert all(len(line) <= 80 for line in text), text
     again = AttributionChange.from_json(json.loads(json.dumps(change.to_json())))
@@ -274,8 +276,10 @@ def test_the_reading_names_the_slowed_layer(layer_models: tuple[Attribution, Att
 
 def test_the_reading_says_uniform_for_threads(small_engine) -> None:
     """1 thread against 2 on the small preset (12 blocks, enough work per node for a thread
-    more to show): every block changes alike, so no block is named. On a busy machine the
-    second thread may gain nothing: then no layer moved, which names none either."""
+    more to show): every block of a decode step changes alike, so no block is named. On a busy
+    machine the second thread may gain nothing: then no layer moved, which names none either.
+    Decode only: a run's prefill is three steps, and a second thread waiting for a core at a
+    step's first nodes can make the first block stand out there (docs/attribution.md)."""
     work = Workload(prompt_tokens=32, max_tokens=12, runs=5, warmup=1)
     two = LlamaCppEngine(ensure_model("small"), threads=2)
     try:
@@ -283,9 +287,8 @@ def test_the_reading_says_uniform_for_threads(small_engine) -> None:
     finally:
         two.close()
     change = compare_attributions(a, b, reason="asked", a_name="threads 1", b_name="threads 2")
-    for phase in ("prefill", "decode"):
-        reading = change.phase(phase).reading
-        assert reading.startswith(("uniform across layers", "no layer moved")), reading
+    reading = change.decode.reading
+    assert reading.startswith(("uniform across layers", "no layer moved")), reading
 
 
 # -- where it runs: an in-process A/B --------------------------------------------------------
