@@ -51,6 +51,7 @@ from .session_file import (
     metric_label,
     summary_values,
 )
+from .where import LEGEND, Explained, explained, html_headers, html_rows
 
 if TYPE_CHECKING:
     from ..history.series import Series
@@ -246,6 +247,7 @@ def test_section(
         parts.append(_table(comparison_headers([result])[1:], rows, raw=True))
     else:
         parts.append(_table(("metric", "unit", "now"), _now_rows(summary_values(result))))
+    parts += where_html(explained([result]), f"t{index}w-")
     budget_rows = _budget_rows(result)
     if budget_rows:
         parts.append(_table(("budget", "limit", "measured", "status"), budget_rows, raw=True))
@@ -253,6 +255,24 @@ def test_section(
     plots = _record_plots(index, result) + _trend_plot(index, trend)
     parts.append('<div class="plots">' + "".join(plots) + "</div></section>")
     return "\n".join(parts)
+
+
+def where_html(entries: Sequence[Explained], prefix: str) -> list[str]:
+    """Where it went of one test or A/B (``where.explained``): the lines of the phases that
+    moved, the parts chart (A's and B's parts of each phase side by side) and the table of every
+    part; nothing without parts."""
+    out = []
+    for e in entries:
+        why = "".join(f"<li>{_e(line)}</li>" for line in e.why) or "<li>no phase moved; its parts as measured</li>"
+        caption = f"The parts of each phase, medians: {e.sides[0]} (A) and {e.sides[1]} (B); hatched: moved"
+        out += [
+            f'<div class="where" data-where="{_e(e.test)}"><h3>Where it went</h3>',
+            f'<ul class="notes">{why}</ul>',
+            _chart_html("parts", caption, charts.render(charts.parts_chart, e.parts, e.sides), prefix),
+            _table(html_headers(e), html_rows(e.parts)),
+            f'<p class="notes">{_e(LEGEND)}</p></div>',
+        ]
+    return out
 
 
 def _workload_notes(result: MeasurementResult, against: str) -> str:
@@ -497,6 +517,7 @@ def _ab_div(n: int, e: Mapping[str, Any]) -> list[str]:
     rows = ab_rows(e)
     if rows:
         parts.append(_table(AB_HEADERS, rows))
+    parts += where_html(explained([], [e]), f"ab{n}w-")
     agreement = agreement_rows(e)
     if agreement:
         parts.append(_table(("output agreement", "value"), agreement))
