@@ -297,3 +297,48 @@ def test_the_parts_chart_stacks_each_sides_parts() -> None:
     assert len(bars) == 2 * len(mine)
     a_total = sum(b.get_width() for b in bars if abs(b.get_y() + b.get_height() / 2) < 1e-9)
     assert a_total == pytest.approx(sum(p.a_median for p in mine))
+
+
+# --- an inner session -------------------------------------------------------------------------
+
+
+def test_a_regression_against_the_stored_baseline_shows_where_it_went_in_the_terminal(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Real llama.cpp, a stored baseline made certain-faster (``outpace``) with half a TPOT less
+    outside llama.cpp per token: the summary's block under the comparison table names the test,
+    its decode line and the parts table, the time outside llama.cpp moved; within 80 columns."""
+    import statistics
+
+    from inner import busiest_baseline, outpace, run
+    from test_plugin_baselines import SUITE, edit_baseline
+
+    monkeypatch.setenv("COLUMNS", "80")
+    pytester.makepyfile(test_suite=SUITE)
+    run(pytester, "--llmperf-update-baselines", "-k", "test_decode").assert_outcomes(passed=1, deselected=1)
+
+    def less_outside(entry: dict) -> None:
+        half_tpot = statistics.median(entry["runs"]["tpot_ms"]) / 2
+        parts = entry["parts"]
+        parts["decode_outside_ms_per_token"] = [v - half_tpot for v in parts["decode_outside_ms_per_token"]]
+        outpace(entry, 50.0)
+        busiest_baseline(entry)
+
+    edit_baseline(pytester, less_outside)
+    result = run(pytester, "-k", "test_decode")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.lines
+    start = next(i for i, line in enumerate(out) if re.fullmatch(r"-+ llmperf where it went -+", line))
+    assert any(re.fullmatch(r"-+ llmperf baseline comparison -+", line) for line in out[:start])
+    block = []
+    for line in out[start + 1 :]:
+        if re.fullmatch(r"[-=]+ .* [-=]+", line) or line.startswith("llmperf: "):
+            break
+        block.append(line)
+    assert block[0].startswith("test_decode (REGRESSION decode"), block
+    assert all(len(line) <= 80 for line in block), "\n".join(block)
+    decode = next(line for line in block if line.startswith("  decode TPOT +"))
+    assert "moved: outside llama.cpp +" in decode
+    table = next(i for i, line in enumerate(block) if line.startswith("  decode (ms/token)  baseline  "))
+    outside = next(line for line in block[table:] if line.startswith("  outside llama.cpp"))
+    assert outside.endswith("moved")

@@ -236,8 +236,8 @@ def summary(
         return lines + quiet_lines(rows, results)
     lines += table_lines(s, rows, results, width)
     lines += comparison_lines(s, results, width, verbosity)
-    lines += where_lines(results, ab, width, verbosity)
     lines += [("line", note) for note in verdict_notes(s, results)]
+    lines += where_lines(results, ab, width, verbosity)
     return lines + (written_lines(out) if out is not None else [])
 
 
