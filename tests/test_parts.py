@@ -164,3 +164,13 @@ def test_a_part_change_round_trips_through_json() -> None:
     for p in parts:
         assert P.PartChange.from_json(json.loads(json.dumps(p.to_json()))) == p
         assert p.line().startswith(p.phase)
+
+
+def test_ten_pairs_at_alpha_001_are_enough_to_name_a_part_and_zero_tokenization_is_left_out() -> None:
+    """Holm runs over a phase's parts (its line is one family): 10 pairs all one way give an exact
+    signed-rank p of 2/1024, which passes alpha 0.01 over a phase's 3 parts."""
+    a = [SimpleNamespace(**{**vars(r), "tokenize_ms": 0.0}) for r in _runs(10, 14)]
+    b = [SimpleNamespace(**{**vars(r), "tokenize_ms": 0.0}) for r in _runs(10, 15, eval_ms=70.0)]
+    got = _by(P.paired_parts(a, b, alpha=0.01))
+    assert got["native_decode_ms_per_token"].moved and "tokenize_ms" not in got
+    assert got["native_decode_ms_per_token"].p_value == pytest.approx(3 * 2 / 1024)

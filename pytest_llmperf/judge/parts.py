@@ -14,8 +14,8 @@ compared like the headline, on the same runs:
   baseline's sessions or the history window), scaled to the part: a whole session that ran
   slower moves every part by the same factor, and that must not read as a part that moved.
 
-A part **moved** when its two-sided p-value, Holm-adjusted over the measurement's parts, is
-under alpha and the change is material: at least ``MATERIAL_SHARE`` of A's phase time (a part
+A part **moved** when its two-sided p-value, Holm-adjusted over its phase's parts (a phase's
+line is one family), is under alpha and the change is material: at least ``MATERIAL_SHARE`` of A's phase time (a part
 that moved 0.01 ms of a 20 ms TPOT explains nothing). Parts never decide: a phase's verdict is
 its headline's; the parts are named in its line (``why_line``)."""
 
@@ -58,7 +58,7 @@ class PartChange:
     ratio: float | None
     ratio_low: float | None
     ratio_high: float | None
-    #: Two-sided p-value of "no change", Holm-adjusted over the measurement's parts.
+    #: Two-sided p-value of "no change", Holm-adjusted over its phase's parts.
     p_value: float
     n_a: int
     n_b: int
@@ -176,6 +176,12 @@ def _observed(runs: Sequence[Any], name: str) -> np.ndarray | None:
     return np.asarray(values, dtype=float)
 
 
+def _measured(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    """Both sides observed the part in every run, in at least 2 runs, and it was not 0 throughout
+    (a synthetic prompt is not tokenized: its tokenization is 0 on both sides, nothing to say)."""
+    return a is not None and b is not None and min(a.size, b.size) >= 2 and bool(np.any(a != 0) or np.any(b != 0))
+
+
 def _raw_paired(spec: Metric, a: np.ndarray, b: np.ndarray, phase_ms: float) -> _Raw:
     delta = _paired_estimate(b - a)
     ratio = None
@@ -193,9 +199,19 @@ def _raw_unpaired(spec: Metric, a: np.ndarray, b: np.ndarray, phase_ms: float, b
     return _Raw(spec, a, b, delta, ratio, abs(delta.value) >= MATERIAL_SHARE * phase_ms)
 
 
+def _holm_by_phase(raws: Sequence[_Raw]) -> list[float]:
+    """Each part's p-value Holm-adjusted over its phase's parts (a phase's line is one family)."""
+    adjusted = [1.0] * len(raws)
+    for phase in {r.spec.phase for r in raws}:
+        at = [i for i, r in enumerate(raws) if r.spec.phase == phase]
+        for i, p in zip(at, holm([raws[i].delta.p for i in at])):
+            adjusted[i] = p
+    return adjusted
+
+
 def _changes(raws: Sequence[_Raw], alpha: float, paired: bool) -> tuple[PartChange, ...]:
-    """The parts with their p-values Holm-adjusted over the measurement's parts."""
-    adjusted = holm([r.delta.p for r in raws]) if raws else []
+    """The parts with their p-values Holm-adjusted over their phase's parts."""
+    adjusted = _holm_by_phase(raws)
     out = []
     for r, p in zip(raws, adjusted):
         ratio, low, high = r.ratio if r.ratio is not None else (None, None, None)
@@ -233,7 +249,7 @@ def paired_parts(a_runs: Sequence[Any], b_runs: Sequence[Any], *, alpha: float) 
     raws = []
     for spec in catalog.PARTS:
         a, b = _observed(a_runs, spec.name), _observed(b_runs, spec.name)
-        if a is not None and b is not None and a.size >= 2:
+        if a is not None and b is not None and _measured(a, b):
             raws.append(_raw_paired(spec, a, b, _phase_ms(a_runs, spec.part_of or "")))
     return _changes(raws, alpha, paired=True)
 
@@ -253,10 +269,10 @@ def unpaired_parts(
     raws = []
     for spec in catalog.PARTS:
         a, b = baseline.get(spec.name), candidate.get(spec.name)
-        if not a or not b or len(a) < 2 or len(b) < 2:
+        if not a or not b:
             continue
         va, vb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-        if not (np.isfinite(va).all() and np.isfinite(vb).all()):
+        if not (np.isfinite(va).all() and np.isfinite(vb).all() and _measured(va, vb)):
             continue
         ms = phase_ms.get(spec.part_of or "", 0.0)
         raws.append(_raw_unpaired(spec, va, vb, ms, between_sd.get(spec.phase, 0.0)))
