@@ -342,3 +342,75 @@ def test_a_regression_against_the_stored_baseline_shows_where_it_went_in_the_ter
     table = next(i for i, line in enumerate(block) if line.startswith("  decode (ms/token)  baseline  "))
     outside = next(line for line in block[table:] if line.startswith("  outside llama.cpp"))
     assert outside.endswith("moved")
+
+
+# --- where llama.cpp's time went (an attribution pass's comparison, judge.attribution's JSON) --
+
+
+def _slice(name: str, a_ms: float, b_ms: float, moved: bool) -> dict[str, Any]:
+    """A slice as ``SliceChange.to_json`` writes it; one side lacking it has no ratio."""
+    if not a_ms or not b_ms:
+        return {"name": name, "a_ms": a_ms, "b_ms": b_ms, "ratio": None, "ci_low": None, "ci_high": None, "moved": True}
+    ratio = b_ms / a_ms
+    return {
+        "name": name,
+        "a_ms": a_ms,
+        "b_ms": b_ms,
+        "ratio": ratio,
+        "ci_low": ratio * 0.97,
+        "ci_high": ratio * 1.03,
+        "moved": moved,
+    }
+
+
+def _attribution() -> dict[str, Any]:
+    """``AttributionChange.to_json()``'s shape: decode's layer 3 and matrix multiplication moved,
+    FLASH_ATTN_EXT only in A; prefill unchanged."""
+    decode = {
+        "layers": [_slice("layer 0", 1.0, 1.01, False), _slice("layer 3", 1.0, 1.4, True)],
+        "groups": [_slice("matrix multiplication", 2.0, 2.5, True), _slice("attention", 0.5, 0.51, False)],
+        "ops": [_slice("MUL_MAT", 2.0, 2.5, True), _slice("FLASH_ATTN_EXT", 0.3, 0.0, True)],
+        "reading": "layer 3 +40.0%, the rest unchanged; matrix multiplication +25.0%, FLASH_ATTN_EXT only in A",
+        "a_step_ms": 3.0,
+        "b_step_ms": 3.5,
+    }
+    prefill = {
+        "layers": [_slice("layer 0", 5.0, 5.0, False)],
+        "groups": [],
+        "ops": [],
+        "reading": "no layer moved (blocks +0.0%); no op group moved",
+        "a_step_ms": 5.0,
+        "b_step_ms": 5.0,
+    }
+    return {
+        "reason": "llama.cpp's decode time moved",
+        "a": "a",
+        "b": "b",
+        "phases": {"prefill": prefill, "decode": decode},
+        "cost": {},
+        "sides": {},
+    }
+
+
+def test_the_attribution_reading_and_its_top_changes_are_rendered_where_it_went() -> None:
+    entry = {**_ab_entry(), "attribution": _attribution()}
+    (e,) = where.explained([], [entry])
+    phases = {phase: (reading, rows) for phase, reading, rows in where.attribution_phases(e.attribution)}
+    reading, rows = phases["decode"]
+    assert reading.startswith("layer 3 +40.0%, the rest unchanged")
+    assert [r[1] for r in rows] == ["matrix multiplication", "MUL_MAT", "layer 3", "FLASH_ATTN_EXT"]  # by ms moved
+    assert rows[0][:5] == ["op group", "matrix multiplication", "2.00", "2.50", "1.25"]
+    assert rows[-1][4] == "only in A" and rows[-1][5] == "n/a"
+    assert phases["prefill"][0].startswith("no layer moved") and not phases["prefill"][1]
+    md = session_file.markdown([], ab=[entry])
+    assert "- Where llama.cpp's time went (llama.cpp's decode time moved): A a, B b" in md
+    assert "- decode: layer 3 +40.0%, the rest unchanged; matrix multiplication +25.0%" in md
+    pytest.importorskip("matplotlib")
+    from pytest_llmperf.reports import html
+
+    page = html.ab_section([entry])
+    block = page.split('<div class="attribution">', 1)[1]
+    assert "<b>decode</b>: layer 3 +40.0%, the rest unchanged" in block
+    assert "<th>slice</th><th>name</th><th>A ms</th><th>B ms</th><th>B/A</th>" in block
+    assert "<td>layer 3</td>" in block and "<td>attention</td>" not in block
+    assert html.attribution_html(None) == [] and 'class="attribution"' not in html.ab_section([_ab_entry()])

@@ -51,7 +51,16 @@ from .session_file import (
     metric_label,
     summary_values,
 )
-from .where import LEGEND, Explained, explained, html_headers, html_rows
+from .where import (
+    ATTRIBUTION_HEADERS,
+    LEGEND,
+    Explained,
+    attribution_phases,
+    attribution_title,
+    explained,
+    html_headers,
+    html_rows,
+)
 
 if TYPE_CHECKING:
     from ..history.series import Series
@@ -270,9 +279,26 @@ def where_html(entries: Sequence[Explained], prefix: str) -> list[str]:
             f'<ul class="notes">{why}</ul>',
             _chart_html("parts", caption, charts.render(charts.parts_chart, e.parts, e.sides), prefix),
             _table(html_headers(e), html_rows(e.parts)),
-            f'<p class="notes">{_e(LEGEND)}</p></div>',
+            f'<p class="notes">{_e(LEGEND)}</p>',
+            *attribution_html(e.attribution),
+            "</div>",
         ]
     return out
+
+
+def attribution_html(d: Mapping[str, Any] | None) -> list[str]:
+    """Where llama.cpp's time went, per layer and op (an attribution pass's comparison:
+    ``judge.attribution.AttributionChange.to_json()``, a verdict's or an A/B entry's
+    ``attribution``): its reason, each phase's reading and its top changes; nothing without one."""
+    phases = attribution_phases(d)
+    if d is None or not phases:
+        return []
+    out = [f'<div class="attribution"><h3>{_e(attribution_title(d))}</h3>']
+    for phase, reading, rows in phases:
+        out.append(f'<p class="notes"><b>{_e(phase)}</b>: {_e(reading or "no reading")}</p>')
+        if rows:
+            out.append(_table(ATTRIBUTION_HEADERS, rows))
+    return [*out, "</div>"]
 
 
 def _workload_notes(result: MeasurementResult, against: str) -> str:

@@ -60,6 +60,9 @@ class Explained:
     failed: bool
     #: What A and B were: ("baseline", "now"), ("REF", "this tree") or the A/B's names.
     sides: tuple[str, str] = ("A", "B")
+    #: Where llama.cpp's time went, per layer and op (``judge.attribution``'s JSON), when its
+    #: pass ran; else None.
+    attribution: Mapping[str, Any] | None = None
 
     @property
     def moved_phases(self) -> tuple[str, ...]:
@@ -109,6 +112,7 @@ def explained(results: Iterable[MeasurementResult], ab: Iterable[Mapping[str, An
                     parts,
                     failed,
                     (a, b),
+                    e.get("attribution") or None,
                 )
             )
     return out
@@ -223,3 +227,60 @@ def html_rows(parts: Sequence[PartChange]) -> list[list[str]]:
         label, a, b, change, ci, was = part_cells(p)
         rows.append([p.phase, label, a, b, change, ci, f"{p.p_value:.3g}", was, p.source])
     return rows
+
+
+# --- where llama.cpp's time went: the attribution pass (judge.attribution's JSON) --------------
+
+#: An attribution's top changes table: at most this many slices per phase.
+ATTRIBUTION_TOP = 8
+
+#: Its columns: what the slice is (layer, op type, op group), its name, both sides' medians
+#: (ms per step), the ratio B/A and its 95% CI, whether it moved.
+ATTRIBUTION_HEADERS = ("slice", "name", "A ms", "B ms", "B/A", "95% CI", "moved")
+
+#: The attribution's kinds of slice (its JSON's per-phase keys) and what a table calls them.
+SLICE_KINDS = (("layers", "layer"), ("groups", "op group"), ("ops", "op type"))
+
+
+def attribution_phases(d: Mapping[str, Any] | None) -> list[tuple[str, str, list[list[str]]]]:
+    """Per phase of an attribution (``judge.attribution.AttributionChange.to_json()``: a
+    verdict's or an A/B entry's ``attribution``): (phase, its one-line reading, its top changes:
+    the slices that moved, the largest change in ms first, at most ``ATTRIBUTION_TOP``); none
+    without one."""
+    if not d:
+        return []
+    out = []
+    for phase, body in (d.get("phases") or {}).items():
+        moved_slices = [(label, s) for kind, label in SLICE_KINDS for s in body.get(kind) or () if s.get("moved")]
+        moved_slices.sort(key=lambda ls: -abs(float(ls[1].get("b_ms") or 0) - float(ls[1].get("a_ms") or 0)))
+        rows = [_slice_cells(label, s) for label, s in moved_slices[:ATTRIBUTION_TOP]]
+        out.append((str(phase), str(body.get("reading") or ""), rows))
+    return out
+
+
+def _slice_cells(label: str, s: Mapping[str, Any]) -> list[str]:
+    """One slice's row (``ATTRIBUTION_HEADERS``); a slice one side lacks says which has it."""
+    a, b, ratio, low, high = (s.get(k) for k in ("a_ms", "b_ms", "ratio", "ci_low", "ci_high"))
+    only = "only in A" if not b else "only in B"
+    return [
+        label,
+        str(s.get("name", "?")),
+        fmt_value(float(a or 0.0)),
+        fmt_value(float(b or 0.0)),
+        only if ratio is None else f"{float(ratio):.2f}",
+        f"{float(low):.2f}..{float(high):.2f}" if low is not None and high is not None else "n/a",
+        "moved" if s.get("moved") else "-",
+    ]
+
+
+def attribution_title(d: Mapping[str, Any]) -> str:
+    """``Where llama.cpp's time went (llama.cpp's decode time moved): A REF, B this tree``."""
+    return f"Where llama.cpp's time went ({d.get('reason') or 'asked'}): A {d.get('a', 'A')}, B {d.get('b', 'B')}"
+
+
+def attribution_lines(d: Mapping[str, Any] | None) -> list[str]:
+    """The attribution's title and each phase's reading, one line each (the Markdown's)."""
+    phases = attribution_phases(d)
+    if d is None or not phases:
+        return []
+    return [attribution_title(d), *(f"{phase}: {reading}" for phase, reading, _ in phases if reading)]
