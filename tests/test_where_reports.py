@@ -274,6 +274,8 @@ def test_html_draws_the_parts_of_each_phase_side_by_side_with_the_table() -> Non
     assert "(moved)" in svg and "baseline" in svg and "now" in svg
     assert "<th>baseline (A)</th><th>now (B)</th>" in section
     assert section.count("<tr>") >= 1 + len(r.verdict.parts)  # type: ignore[union-attr]
+    (sampling,) = [p for p in r.verdict.parts if p.metric == "sampling_ms_per_token"]  # type: ignore[union-attr]
+    assert f'<span title="{html._e(sampling.source)}">sampling</span>' in section  # where the figure comes from
     assert "decode TPOT +8.8% (1.058..1.118): moved: outside llama.cpp" in section
     assert "Where it went" not in html.test_section(1, _plain("tests/test_a.py::test_b"))
     quiet = html.test_section(2, _unmoved("tests/test_a.py::test_same"))

@@ -64,6 +64,7 @@ from .where import (
 
 if TYPE_CHECKING:
     from ..history.series import Series
+    from ..judge.parts import PartChange
     from ..judge.verdict import Comparison
 
 
@@ -278,12 +279,21 @@ def where_html(entries: Sequence[Explained], prefix: str) -> list[str]:
             f'<div class="where" data-where="{_e(e.test)}"><h3>Where it went</h3>',
             f'<ul class="notes">{why}</ul>',
             _chart_html("parts", caption, charts.render(charts.parts_chart, e.parts, e.sides), prefix),
-            _table(html_headers(e), html_rows(e.parts)),
+            _table(html_headers(e), _sourced(html_rows(e.parts), e.parts), raw=True),
             f'<p class="notes">{_e(LEGEND)}</p>',
             *attribution_html(e.attribution),
             "</div>",
         ]
     return out
+
+
+def _sourced(rows: Sequence[Sequence[str]], parts: Sequence[PartChange]) -> list[list[str]]:
+    """The parts table's cells escaped, each part's label titled with its source (where its
+    figure comes from)."""
+    return [
+        [_e(row[0]), f'<span title="{_e(p.source)}">{_e(row[1])}</span>', *(_e(c) for c in row[2:])]
+        for row, p in zip(rows, parts)
+    ]
 
 
 def attribution_html(d: Mapping[str, Any] | None) -> list[str]:

@@ -211,8 +211,8 @@ def _clip(text: str, width: int) -> str:
 
 # --- HTML -----------------------------------------------------------------------------------
 
-#: The HTML report's parts table: every part of every phase.
-HTML_HEADERS = ("phase", "part", "A", "B", "change", "95% CI", "p (Holm)", "moved", "source")
+#: The HTML report's parts table: every part of every phase (a part's source is its label's title).
+HTML_HEADERS = ("phase", "part", "A", "B", "change", "95% CI", "p (Holm)", "moved")
 
 
 def html_headers(e: Explained) -> tuple[str, ...]:
@@ -221,11 +221,12 @@ def html_headers(e: Explained) -> tuple[str, ...]:
 
 
 def html_rows(parts: Sequence[PartChange]) -> list[list[str]]:
-    """Every part's row of the HTML report's table (plain text; the caller escapes)."""
+    """Every part's row of the HTML report's table (plain text; the caller escapes, and shows
+    the part's ``source`` on its label)."""
     rows = []
     for p in parts:
         label, a, b, change, ci, was = part_cells(p)
-        rows.append([p.phase, label, a, b, change, ci, f"{p.p_value:.3g}", was, p.source])
+        rows.append([p.phase, label, a, b, change, ci, f"{p.p_value:.3g}", was])
     return rows
 
 
