@@ -40,7 +40,7 @@ TERMINAL_SHOWN = 5
 LEGEND = (
     "Each part's median on both sides (A: the baseline, REF or an A/B's A; B: this run, this tree "
     "or its B); llama.cpp's own parts change as a ratio B/A, the others as B - A in their unit; "
-    "moved: significant after Holm over the test's parts and at least 1% of the phase's time."
+    "moved: significant after Holm over the phase's parts and at least 1% of the phase's time."
 )
 
 
