@@ -18,7 +18,7 @@ from typing import Any
 
 from ..core import catalog
 from ..core.formats import render_table
-from ..judge.parts import PartChange
+from ..judge.parts import MATERIAL_SHARE, PartChange
 from ..judge.result import MeasurementResult
 from ..judge.verdict import fmt_value
 from .text import short_ids
@@ -40,7 +40,7 @@ TERMINAL_SHOWN = 5
 LEGEND = (
     "Each part's median on both sides (A: the baseline, REF or an A/B's A; B: this run, this tree "
     "or its B); llama.cpp's own parts change as a ratio B/A, the others as B - A in their unit; "
-    "moved: significant after Holm over the phase's parts and at least 1% of the phase's time."
+    f"moved: significant after Holm over the phase's parts and at least {MATERIAL_SHARE:.0%} of the phase's time."
 )
 
 
