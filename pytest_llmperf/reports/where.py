@@ -27,7 +27,7 @@ from .text import short_ids
 PHASES: tuple[str, ...] = tuple(dict.fromkeys(m.phase for m in catalog.PARTS))
 
 #: A parts table's columns after the part (its first column names the phase and unit) and
-#: both sides' medians (headed by the sides' names: ``Explained.side_headers``).
+#: both sides' medians (headed by the sides' names: ``Explained.headers``).
 PART_HEADERS = ("change", "95% CI", "moved")
 
 #: A side's name in a table header is cut to this many characters.
@@ -72,11 +72,6 @@ class Explained:
     def of_phase(self, phase: str) -> tuple[PartChange, ...]:
         """The phase's parts in the catalog's order."""
         return tuple(p for p in self.parts if p.phase == phase)
-
-    @property
-    def phases(self) -> tuple[str, ...]:
-        """Every phase with parts."""
-        return tuple(p for p in PHASES if self.of_phase(p))
 
     def headers(self, phase: str) -> tuple[str, ...]:
         """A moved phase's parts table's headers: ``decode (ms/token)``, both sides' names, ``PART_HEADERS``."""
