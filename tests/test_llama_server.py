@@ -86,6 +86,33 @@ def test_load_with_server_timings_and_metrics(small_server, capsys):
         )
 
 
+def test_a_served_measurements_parts_are_the_servers_timings_and_the_rest(small_server):
+    """One request at a time: llama-server's own timings (prompt_ms, predicted_ms / predicted_n)
+    are llama.cpp's parts of TTFT and TPOT; the rest (queue, network, the client) is the part
+    outside llama.cpp, and the parts add up to what the client saw."""
+    from pytest_llmperf.measuring.metrics import RunMetrics
+    from pytest_llmperf.reports.text import metrics_table
+
+    engine = small_server.engine()
+    w = Workload(prompt_tokens=24, max_tokens=16, runs=3, warmup=1)
+    engine.run(w, -1)
+    for i in range(w.runs):
+        trace = engine.run(w, i)
+        native, r = trace.native, RunMetrics.of(trace)
+        assert native is not None and native.source == "llama-server timings"
+        assert native.prefill_tokens >= 24 and native.decode_tokens == 16  # no prompt cache, every token
+        assert r.native_prefill_ms == native.prefill_ms > 0
+        assert r.native_decode_ms_per_token == pytest.approx(native.decode_ms / 16) and native.decode_ms > 0
+        assert r.sampling_ms_per_token is None  # inside the server's predicted time
+        assert r.prefill_outside_ms is not None and r.decode_outside_ms_per_token is not None
+        assert r.tokenize_ms + r.native_prefill_ms + r.prefill_outside_ms == pytest.approx(r.ttft_ms, abs=1e-9)
+        assert r.native_decode_ms_per_token + r.decode_outside_ms_per_token == pytest.approx(r.tpot_ms, abs=1e-9)
+    text = metrics_table(measure(engine, w))
+    for row in ("prefill (llama.cpp) median", "prefill outside llama.cpp median", "decode outside llama.cpp median"):
+        assert row in text
+    assert "parts: not measured" not in text and "not reported: inside the server's time" in text
+
+
 def test_shared_prefix_is_measured_only_when_asked(small_server, capsys):
     """TTFT without and with a shared prompt prefix: what the plugin says it measured, and
     what llama-server says it evaluated."""

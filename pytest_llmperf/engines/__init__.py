@@ -6,16 +6,19 @@ protocol per further ability), named here too.
 Measure any token stream: a callable ``fn(prompt, max_tokens)`` returning an iterable.
 
 This is how users plug in an engine we do not ship: each item the iterable yields counts as
-one generated token, stamped when the item arrives."""
+one generated token, stamped when the item arrives. A callable that drives a model whose
+llama.cpp counters can be read (the fixtures' ``llama_cpp.Llama``: ``engines.llama_cpp.LlamaCounters``)
+is given them as its ``counters``: read around each run, they split its time into llama.cpp's
+and the rest (the parts of each phase) as for the plugin's own engine."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from ..core.errors import EngineError
-from ..core.workload import EngineInfo, RunTrace, Workload
+from ..core.workload import EngineInfo, NativeCounters, RunTrace, Workload
 from .capabilities import (
     CAPABILITIES,
     AsyncRuns,
@@ -41,6 +44,7 @@ __all__ = [
     "CallableEngine",
     "Closable",
     "ConcurrentRuns",
+    "CounterSource",
     "Engine",
     "EngineProcess",
     "FreshEngine",
@@ -58,6 +62,19 @@ __all__ = [
 
 TokenStream = Callable[[str, int], Iterable[Any]]
 
+Reading = TypeVar("Reading")
+
+
+class CounterSource(Protocol[Reading]):
+    """llama.cpp's own counters of a model that a callable drives, read around each of its runs:
+    ``read()`` just before the run's first clock read and just after its last one (never between
+    them), ``between(before, after)`` the run's ``NativeCounters`` (None: the counters did not
+    move, the callable did not drive that model)."""
+
+    def read(self) -> Reading: ...
+
+    def between(self, before: Reading, after: Reading) -> NativeCounters | None: ...
+
 
 def synthetic_text(n_words: int, seed: int) -> str:
     """A seeded prompt of ``n_words`` short words (about one token each for most tokenizers)."""
@@ -70,12 +87,15 @@ def synthetic_text(n_words: int, seed: int) -> str:
 
 class CallableEngine(Engine):
     """Wraps ``fn(prompt, max_tokens) -> iterable of tokens`` as an engine (``info`` and
-    ``run``, none of the abilities of ``engines.capabilities``)."""
+    ``run``, none of the abilities of ``engines.capabilities``). ``counters``: the llama.cpp
+    counters of the model ``fn`` may drive, read around each run into its trace's ``native``
+    (None: a run's time is not split)."""
 
-    def __init__(self, fn: TokenStream, name: str | None = None) -> None:
+    def __init__(self, fn: TokenStream, name: str | None = None, *, counters: CounterSource[Any] | None = None) -> None:
         if not callable(fn):
             raise EngineError(f"engine must be callable as fn(prompt, max_tokens), got {fn!r}")
         self._fn = fn
+        self.counters = counters
         self._info = EngineInfo(engine="callable", model=name or str(getattr(fn, "__name__", "callable")))
 
     def info(self) -> EngineInfo:
@@ -85,12 +105,15 @@ class CallableEngine(Engine):
         prompt = workload.prompt
         if prompt is None:
             prompt = synthetic_text(workload.synthetic_prompt_tokens or 0, workload.seed)
+        counters = self.counters
+        before = counters.read() if counters is not None else None  # before the first clock read
         clock = time.perf_counter_ns
         stamps: list[int] = []
         append = stamps.append
         start = clock()
         for _ in self._fn(prompt, workload.max_tokens):
             append(clock())
+        native = counters.between(before, counters.read()) if counters is not None else None  # after the last
         if len(stamps) < 2:
             raise EngineError(f"engine {self._info.model!r} yielded {len(stamps)} token(s); at least 2 are needed")
-        return RunTrace(start_ns=start, prefill_done_ns=None, token_ns=tuple(stamps), prompt_tokens=None)
+        return RunTrace(start_ns=start, prefill_done_ns=None, token_ns=tuple(stamps), prompt_tokens=None, native=native)

@@ -31,6 +31,7 @@ import numpy as np
 from ..core.errors import ConfigError, EngineError
 from ..core.workload import AUTO_CTX_STEP, EngineInfo, NativeCounters, RunTrace, TokenLogits, Workload, llama_arguments
 from ..models.gguf import embedding_lookup, gguf_file_type
+from . import CounterSource
 from .capabilities import Closable, Engine, FreshLoads, LayerTiming, LlamaObject, TokenProbabilities
 from .llama_cpp_native import (
     EngineConfig,
@@ -539,3 +540,101 @@ def timed_decode(
             sync(ctx)
             token_ns[i] = clock()
     return TimedDecode(start, prefill_done, tuple(token_ns), tuple(token_ids))
+
+
+# -- the counters of a Llama a measured callable drives ------------------------------------------
+
+
+@dataclass(frozen=True)
+class LlamaReading:
+    """llama.cpp's cumulative counters of one ``llama_cpp.Llama`` at one moment: its context's
+    prompt evaluation and evaluation (``llama_perf_context``, counts as llama.cpp keeps them)
+    and the sampler chain the Llama held then (llama-cpp-python makes one per ``generate``)
+    with that chain's counters."""
+
+    prefill_ms: float
+    prefill_tokens: int
+    decode_ms: float
+    decode_tokens: int
+    sampler: Any = None  # llama-cpp-python's LlamaSampler (kept: compared by identity)
+    sample_ms: float = 0.0
+    sample_count: int = 0
+
+
+class LlamaCounters(CounterSource["LlamaReading | None"]):
+    """llama.cpp's own counters of a ``llama_cpp.Llama`` that a measured callable drives (the
+    fixtures' ``llmperf_llm``), read around each of the callable's runs: ``read()`` before the
+    run's first clock read and after its last one, never between them; ``between(before,
+    after)`` is the run's ``NativeCounters``, or None when the counters did not move (the
+    callable did not call this Llama).
+
+    llama.cpp reports a count of 0 as 1 (``llama_perf_context`` clamps it); a count of 1 with
+    no time is read as 0. llama-cpp-python's sampler chain keeps no time (its default
+    ``no_perf``): the sampling time is then None, part of the time outside llama.cpp. A prompt
+    that llama-cpp-python's prompt cache already holds is not evaluated again: the counters
+    say so (fewer prompt tokens; the token it replays counts as an evaluation)."""
+
+    SOURCE = "llama_perf_context (the fixtures' Llama)"
+
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+        self._lib = import_llama_cpp()
+
+    def read(self) -> LlamaReading | None:
+        """The counters now (None: the Llama is closed, or a llama-cpp-python without the
+        context and sampler attributes of 0.3.x: then nothing is split)."""
+        lib, llm = self._lib, self.llm
+        # llama-cpp-python's private attributes (0.3.x): read defensively, a run must not fail on them.
+        ctx = getattr(getattr(llm, "_ctx", None), "ctx", None)
+        if ctx is None:
+            return None
+        perf = lib.llama_perf_context(ctx)
+        chain = getattr(llm, "_sampler", None)
+        chain_ptr = getattr(chain, "sampler", None)
+        sampled = lib.llama_perf_sampler(chain_ptr) if chain_ptr is not None else None
+        return LlamaReading(
+            prefill_ms=float(perf.t_p_eval_ms),
+            prefill_tokens=_unclamped(int(perf.n_p_eval), perf.t_p_eval_ms),
+            decode_ms=float(perf.t_eval_ms),
+            decode_tokens=_unclamped(int(perf.n_eval), perf.t_eval_ms),
+            sampler=chain,
+            sample_ms=float(sampled.t_sample_ms) if sampled is not None else 0.0,
+            sample_count=int(sampled.n_sample) if sampled is not None else 0,
+        )
+
+    def between(self, before: LlamaReading | None, after: LlamaReading | None) -> NativeCounters | None:
+        """What llama.cpp did between two readings; None when it did nothing (or the Llama closed)."""
+        if before is None or after is None:
+            return None
+        prefill_tokens = after.prefill_tokens - before.prefill_tokens
+        decode_tokens = after.decode_tokens - before.decode_tokens
+        if prefill_tokens <= 0 and decode_tokens <= 0:
+            return None
+        sample_ms, sample_count = _sampling(before, after)
+        return NativeCounters(
+            prefill_ms=after.prefill_ms - before.prefill_ms,
+            prefill_tokens=max(prefill_tokens, 0),
+            decode_ms=after.decode_ms - before.decode_ms,
+            decode_tokens=max(decode_tokens, 0),
+            sample_ms=sample_ms,
+            sample_count=sample_count,
+            sampled_in_run=True,
+            source=self.SOURCE,
+        )
+
+
+def _unclamped(count: int, ms: float) -> int:
+    """llama.cpp's count as kept: it reports 0 as 1, and one real evaluation takes time."""
+    return 0 if count == 1 and ms == 0 else count
+
+
+def _sampling(before: LlamaReading, after: LlamaReading) -> tuple[float | None, int]:
+    """The sampler's time and calls between two readings: the chain held after the run (a new
+    one per ``generate`` call), less what it had counted before if it is the same chain. No time
+    kept (the chain's ``no_perf``) or no chain: None."""
+    if after.sampler is None:
+        return None, 0
+    same = after.sampler is before.sampler
+    ms = after.sample_ms - (before.sample_ms if same else 0.0)
+    count = after.sample_count - (before.sample_count if same else 0)
+    return (ms if after.sample_ms > 0 and count > 0 else None), max(count, 0)

@@ -98,7 +98,8 @@ def metrics_table(m: Measurement) -> str:
         rows += load_state_rows(m.model_loads.as_dict())
     rows += stability_rows(found["stability"]) + memory_rows(found["memory"], figures=False)
     text = _engine_head(m) + render_table(("metric", "unit", "value", "sample"), rows)
-    return text + _breakdowns(m, found)
+    note = parts_note(m)
+    return text + (f"\n{note}" if note else "") + _breakdowns(m, found)
 
 
 def _engine_head(m: Measurement) -> str:
@@ -113,11 +114,13 @@ def _engine_head(m: Measurement) -> str:
 
 
 def _timing_rows(m: Measurement) -> list[tuple[str, str, str, str]]:
-    """The metrics table's timings: the catalog's figure rows (``figure_rows``) with llama.cpp's
-    own counters between them, then the inter-token latency's spread."""
+    """The metrics table's timings: the catalog's figure rows (``figure_rows``) with the parts of
+    each phase between them (llama.cpp's own counters and the time outside llama.cpp, where the
+    engine has them: ``parts_note`` says why not), then the inter-token latency's spread."""
     itl = m.itl
     runs = f"{m.n_runs} runs"
     by_first = figure_rows()
+    prefill_parts, decode_parts = _part_rows(m) if has_parts(m) else ([], [])
 
     def row(first: str) -> tuple[str, str, str, str]:
         return _figure_row(m, *by_first[first])
@@ -126,18 +129,11 @@ def _timing_rows(m: Measurement) -> list[tuple[str, str, str, str]]:
         row("ttft_ms"),
         ("tokenize median", "ms", fmt(m.tokenize_ms), runs),
         row("prefill_ms"),
-        ("prefill (llama.cpp) median", "ms", _opt(m.native_prefill_ms), runs),
+        *prefill_parts,
         row("prefill_tps"),
         row("tpot_ms"),
-        ("decode (llama.cpp) median", "ms/token", _opt(m.native_decode_ms_per_token), runs),
-        ("engine overhead median", "ms/token", _opt(m.overhead_ms_per_token), runs),
+        *decode_parts,
         row("decode_tps"),
-        (
-            "sampling (llama.cpp sampler)" + ("" if m.engine.sample else ", timed apart"),
-            "ms/token",
-            _opt(m.sampling_ms_per_token),
-            runs,
-        ),
         row("e2e_ms"),
         row("itl_p50_ms"),
         row("itl_p95_ms"),
@@ -150,6 +146,57 @@ def _timing_rows(m: Measurement) -> list[tuple[str, str, str, str]]:
         ("ITL CV", "", f"{itl.cv:.1%}", f"{itl.count} tokens"),
         ("ITL min / max", "ms", f"{fmt(itl.min_ms)} / {fmt(itl.max_ms)}", f"{itl.count} tokens"),
     ]
+
+
+Row = tuple[str, str, str, str]
+
+
+def has_parts(m: Measurement) -> bool:
+    """The engine split some run's time into llama.cpp's own and the rest (native counters)."""
+    return m.native_prefill_ms is not None or m.native_decode_ms_per_token is not None
+
+
+def _part_rows(m: Measurement) -> tuple[list[Row], list[Row]]:
+    """The parts of prefill (after the prefill row) and of decode per token (after TPOT)."""
+    runs = f"{m.n_runs} runs"
+    # A prompt cache (llama-cpp-python keeps the last prompt's tokens) left llama.cpp no prompt to evaluate.
+    cached = "; prompt cached" if m.native_prefill_ms == 0 else ""
+    sampling = "" if m.engine.sample is None or m.engine.sample else ", timed apart"
+    return [
+        ("prefill (llama.cpp) median", "ms", _opt(m.native_prefill_ms), runs + cached),
+        ("prefill outside llama.cpp median", "ms", _opt(m.prefill_outside_ms), runs),
+    ], [
+        ("decode (llama.cpp) median", "ms/token", _opt(m.native_decode_ms_per_token), runs),
+        ("engine overhead median", "ms/token", _opt(m.overhead_ms_per_token), runs),
+        ("decode outside llama.cpp median", "ms/token", _opt(m.decode_outside_ms_per_token), runs),
+        (
+            "sampling (llama.cpp sampler)" + sampling,
+            "ms/token",
+            _opt(m.sampling_ms_per_token),
+            runs if m.sampling_ms_per_token is not None else _untimed_sampling(m),
+        ),
+    ]
+
+
+def _untimed_sampling(m: Measurement) -> str:
+    """Where the sampling time lies when no counter timed it: a server counts it in its own
+    decode time; llama-cpp-python's sampler (a callable's) runs between llama.cpp's calls."""
+    return "not reported: inside the server's time" if m.engine.endpoint else "not timed: outside llama.cpp"
+
+
+def parts_note(m: Measurement) -> str | None:
+    """The one line a measurement without the parts of its phases gets instead of their rows."""
+    if has_parts(m):
+        return None
+    if m.engine.engine == "callable":
+        why = (
+            "the callable did not call the fixtures' Llama (llmperf_llm); llama.cpp's own time cannot be split from it"
+        )
+    elif m.engine.endpoint:
+        why = "the server sent no timings (llama-server's); its own time cannot be split from the client's"
+    else:
+        why = "the engine reports no llama.cpp counters"
+    return f"parts: not measured: {why}"
 
 
 def _serving_rows(m: Measurement) -> list[tuple[str, str, str, str]]:

@@ -32,7 +32,7 @@ from .options import SessionSettings
 
 if TYPE_CHECKING:
     from ..core.workload import EngineInfo
-    from ..engines import Engine, TokenStream
+    from ..engines import CounterSource, Engine, TokenStream
     from ..engines.llama_cpp_native import EngineConfig
     from ..engines.pool import EnginePool
     from ..judge.ab import ABResult
@@ -144,6 +144,7 @@ class Session:
             side=self.side,
             nodeid=nodeid,
             release=self.release_model,
+            counters=self.handed_counters,
         )
 
     def engine(self, overrides: Mapping[str, object] | None = None) -> Engine:
@@ -170,6 +171,20 @@ class Session:
     def local_engine(self) -> Engine:
         """The session's engine in this process, for tests that hold it (``Engines.local``)."""
         return self.engines.local()
+
+    def handed_counters(self) -> CounterSource[Any] | None:
+        """The llama.cpp counters of the ``llama_cpp.Llama`` the fixtures handed out
+        (``llmperf_llm``, ``llmperf_engine``), which a measured callable may drive: read around
+        each of its runs, they split its time as the plugin's engine's is split. None: no
+        such Llama was handed out in this process."""
+        from ..engines import LlamaObject
+
+        engine = self.engines.handed
+        if not isinstance(engine, LlamaObject) or engine.llm is None:
+            return None
+        from ..engines.llama_cpp import LlamaCounters
+
+        return LlamaCounters(engine.llm)
 
     def release_model(self, path: str) -> None:
         """Close the pool's engines that map the model file ``path`` (a cold load needs the file
@@ -447,6 +462,8 @@ class Engines:
         self.planned_by_id: dict[str, EngineConfig] = {}
         self.local_engine: Engine | None = None  # the session's engine in this process (local()), loaded once
         self.local_error: str | None = None
+        #: The engine ``local()`` handed out (to the llmperf_engine and llmperf_llm fixtures), if any.
+        self.handed: Engine | None = None
 
     def get(self, overrides: Mapping[str, object] | None = None) -> Engine:
         """The engine a test measures: the session's, or with a test's own llama.cpp settings
@@ -483,7 +500,8 @@ class Engines:
         instead of ending the session. Raises EngineError (one line)."""
         s = self.settings
         if s.endpoint or s.in_process:
-            return self.get()
+            self.handed = self.get()
+            return self.handed
         if self.local_engine is None and self.local_error is None:
             base = engine_config(s)
             try:
@@ -499,6 +517,7 @@ class Engines:
         if self.local_error is not None:
             raise EngineError(self.local_error)
         assert self.local_engine is not None  # loaded, or local_error says why not
+        self.handed = self.local_engine
         return self.local_engine
 
     def engine_pool(self) -> EnginePool:
@@ -543,7 +562,7 @@ class Engines:
 
         if isinstance(self.local_engine, Closable):
             self.local_engine.close()
-        self.local_engine = None
+        self.local_engine = self.handed = None
         if isinstance(self.endpoint_engine, Closable):
             self.endpoint_engine.close()
         self.endpoint_engine = None

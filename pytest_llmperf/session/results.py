@@ -24,7 +24,7 @@ from ..core.errors import ConfigError, LLMPerfError
 from ..core.workload import SEQUENTIAL_FACTOR, SEQUENTIAL_TIME_CAP_S, Workload
 
 if TYPE_CHECKING:
-    from ..engines import Engine, TokenStream
+    from ..engines import CounterSource, Engine, TokenStream
     from ..judge.ab import ABResult, Side
     from ..judge.budgets import BudgetFailure
     from ..judge.result import MeasurementResult
@@ -127,7 +127,9 @@ class Measurer:
     ``measure_options(engine, marker)``: what to measure besides the runs (``runner.measure``'s
     keywords); ``smoke`` (``--llmperf-disable``): one run each, no budgets, no assessment;
     ``side``: a side of ``--llmperf-against``, where the controller drives the runs;
-    ``release(path)``: closes the engines that map a model file (before cold loads).
+    ``release(path)``: closes the engines that map a model file (before cold loads);
+    ``counters()``: the llama.cpp counters of the Llama the fixtures handed out, read around
+    each run of a measured callable (``engines.CallableEngine``; None: none handed out).
     Every error is one ``LLMPerfError`` line."""
 
     def __init__(
@@ -141,6 +143,7 @@ class Measurer:
         side: Link | None = None,
         nodeid: str = "",
         release: Callable[[str], None] = lambda path: None,
+        counters: Callable[[], CounterSource[Any] | None] = lambda: None,
     ) -> None:
         self.marker = marker
         self.engine_for = engine_for
@@ -150,6 +153,7 @@ class Measurer:
         self.side = side
         self.nodeid = nodeid
         self.release = release
+        self.counters = counters
         self.results: list[Result] = []
         self.ab_results: list[ABResult] = []  # of each compare()
 
@@ -159,8 +163,8 @@ class Measurer:
         config = self.marker if config is None else config
         return self.engine_for(dict(config.engine)) if config.engine else self.engine_for()
 
-    def subject(self, engine: Subject | None, config: MarkerConfig) -> Subject:
-        """What a measurement runs: ``engine`` as given, else the marker's."""
+    def subject(self, engine: Subject | None, config: MarkerConfig) -> Engine:
+        """What a measurement runs: ``engine`` as given (a callable: ``counted``), else the marker's."""
         if engine is None:
             return self.engine(config)
         if config.engine:
@@ -168,7 +172,14 @@ class Measurer:
                 f"llama.cpp settings ({', '.join(config.engine)}) apply to the plugin's engine, not to the "
                 "engine passed to measure(); drop one of them"
             )
-        return engine
+        return self.counted(engine)
+
+    def counted(self, subject: Subject) -> Engine:
+        """An engine as is; a callable ``fn(prompt, max_tokens)`` as a ``CallableEngine`` that
+        reads the counters of the Llama the fixtures handed out around each run (``counters``)."""
+        from ..engines import CallableEngine, Engine
+
+        return subject if isinstance(subject, Engine) else CallableEngine(subject, counters=self.counters())
 
     def measure(self, engine: Subject | None = None, *, label: str = "", **overrides: Any) -> Result:
         """One measurement of ``engine`` (default: the marker's), its budgets and verdict; kept
@@ -215,7 +226,10 @@ class Measurer:
             merged = {**config.engine, **settings}  # the marker's settings under each side's
             return self.engine_for(merged) if merged else self.engine_for()
 
-        side_a, side_b = (resolve_side(name, config.ab[name], engine_for) for name in ("a", "b"))
+        side_a, side_b = (
+            dataclasses.replace(side, engine=self.counted(side.engine))
+            for side in (resolve_side(name, config.ab[name], engine_for) for name in ("a", "b"))
+        )
         turn = self.side.turn() if self.side is not None else contextlib.nullcontext()
         with turn:  # a side of --llmperf-against: while the other side waits
             result = compare_ab(side_a, side_b, Workload(**workload), label=label, **self._ab_budgets(config))
@@ -260,15 +274,13 @@ class Measurer:
 
         return with_model_loads(subject, m, kind, self.release)
 
-    def _warm_again(self, subject: Subject, config: MarkerConfig, workload: Workload) -> Subject:
+    def _warm_again(self, subject: Engine, config: MarkerConfig, workload: Workload) -> Engine:
         """The marker's engine after fresh loads: a cold load closed the pool's, so a new one is
         warmed as ``measure()`` did before its looks go on."""
         again = self.subject(None, config)
         if again is not subject:
-            from ..measuring.runner import as_engine
-
             for i in range(workload.warmup):
-                as_engine(again).run(workload, -1 - i)
+                again.run(workload, -1 - i)
         return again
 
     def _judged(self, subject: Subject, m: Measurement, config: MarkerConfig) -> Result:
