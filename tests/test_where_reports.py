@@ -404,6 +404,10 @@ def test_the_attribution_reading_and_its_top_changes_are_rendered_where_it_went(
     assert rows[0][:5] == ["op group", "matrix multiplication", "2.00", "2.50", "1.25"]
     assert rows[-1][4] == "only in A" and rows[-1][5] == "n/a"
     assert phases["prefill"][0].startswith("no layer moved") and not phases["prefill"][1]
+    block = where.terminal_lines([e], 80)
+    assert all(len(line) <= 80 for line in block)
+    assert "  Where llama.cpp's time went (llama.cpp's decode time moved): A a, B b" in block
+    assert any(line.startswith("  decode: layer 3 +40.0%, the rest unchanged") for line in block)
     md = session_file.markdown([], ab=[entry])
     assert "- Where llama.cpp's time went (llama.cpp's decode time moved): A a, B b" in md
     assert "- decode: layer 3 +40.0%, the rest unchanged; matrix multiplication +25.0%" in md

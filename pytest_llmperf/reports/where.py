@@ -161,13 +161,16 @@ def terminal_lines(entries: Sequence[Explained], width: int, *, verbose: bool = 
 
 
 def _entry_lines(e: Explained, names: Mapping[str, str], width: int) -> list[str]:
-    """One comparison: its name and state, its why lines, a parts table per moved phase."""
+    """One comparison: its name and state, its why lines, a parts table per moved phase, and
+    the attribution's readings when its pass ran."""
     head = e.name(names) + (f" ({e.state})" if e.state else "")
     lines = [_clip(head, width)]
     for why in e.why:
         lines += _wrap(why, width, "  ", "    ")
     for phase in e.moved_phases:
         lines += ["  " + line for line in _phase_table(e.headers(phase), e.of_phase(phase), width - 2).splitlines()]
+    for line in attribution_lines(e.attribution):  # per layer and op, when its pass ran
+        lines += _wrap(line, width, "  ", "    ")
     return lines
 
 
