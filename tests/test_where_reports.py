@@ -420,3 +420,5 @@ def test_the_attribution_reading_and_its_top_changes_are_rendered_where_it_went(
     assert "<th>slice</th><th>name</th><th>A ms</th><th>B ms</th><th>B/A</th>" in block
     assert "<td>layer 3</td>" in block and "<td>attention</td>" not in block
     assert html.attribution_html(None) == [] and 'class="attribution"' not in html.ab_section([_ab_entry()])
+    alone = html.ab_section([{**entry, "parts": [], "why": []}])  # a pass without parts: its block alone
+    assert 'class="attribution"' in alone and 'data-figure="parts"' not in alone

@@ -269,22 +269,31 @@ def test_section(
 
 def where_html(entries: Sequence[Explained], prefix: str) -> list[str]:
     """Where it went of one test or A/B (``where.explained``): the lines of the phases that
-    moved, the parts chart (A's and B's parts of each phase side by side) and the table of every
-    part; nothing without parts."""
+    moved, the parts chart (A's and B's parts of each phase side by side), the table of every
+    part, and where llama.cpp's time went per layer and op when its pass ran."""
     out = []
     for e in entries:
-        why = "".join(f"<li>{_e(line)}</li>" for line in e.why) or "<li>no phase moved; its parts as measured</li>"
-        caption = f"The parts of each phase, medians: {e.sides[0]} (A) and {e.sides[1]} (B); hatched: moved"
         out += [
             f'<div class="where" data-where="{_e(e.test)}"><h3>Where it went</h3>',
-            f'<ul class="notes">{why}</ul>',
-            _chart_html("parts", caption, charts.render(charts.parts_chart, e.parts, e.sides), prefix),
-            _table(html_headers(e), _sourced(html_rows(e.parts), e.parts), raw=True),
-            f'<p class="notes">{_e(LEGEND)}</p>',
+            *_parts_html(e, prefix),
             *attribution_html(e.attribution),
             "</div>",
         ]
     return out
+
+
+def _parts_html(e: Explained, prefix: str) -> list[str]:
+    """The why lines, the parts chart and table; nothing without parts."""
+    if not e.parts:
+        return []
+    why = "".join(f"<li>{_e(line)}</li>" for line in e.why) or "<li>no phase moved; its parts as measured</li>"
+    caption = f"The parts of each phase, medians: {e.sides[0]} (A) and {e.sides[1]} (B); hatched: moved"
+    return [
+        f'<ul class="notes">{why}</ul>',
+        _chart_html("parts", caption, charts.render(charts.parts_chart, e.parts, e.sides), prefix),
+        _table(html_headers(e), _sourced(html_rows(e.parts), e.parts), raw=True),
+        f'<p class="notes">{_e(LEGEND)}</p>',
+    ]
 
 
 def _sourced(rows: Sequence[Sequence[str]], parts: Sequence[PartChange]) -> list[list[str]]:

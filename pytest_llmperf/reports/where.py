@@ -84,8 +84,9 @@ class Explained:
 
 
 def explained(results: Iterable[MeasurementResult], ab: Iterable[Mapping[str, Any]] = ()) -> list[Explained]:
-    """Every comparison of the session with parts: the results' verdicts (against a baseline or
-    REF), then the A/B comparisons (session JSON ``ab`` entries); none without parts."""
+    """Every comparison of the session with parts (or an attribution pass's comparison): the
+    results' verdicts (against a baseline or REF), then the A/B comparisons (session JSON ``ab``
+    entries); none without either."""
     out = []
     for r in results:
         v = r.verdict
@@ -94,7 +95,7 @@ def explained(results: Iterable[MeasurementResult], ab: Iterable[Mapping[str, An
             out.append(Explained(r.test, "", v.short, tuple(v.why()), v.parts, r.regressed, sides))
     for e in ab:
         parts = tuple(PartChange.from_json(p) for p in e.get("parts") or ())
-        if parts:
+        if parts or e.get("attribution"):
             a, b = e["a"]["name"], e["b"]["name"]
             failed = bool(e.get("failures"))
             title = f"B [{b}] vs A [{a}]"
