@@ -149,6 +149,10 @@ def test_the_plugin_hands_the_fixtures_llama_to_a_measured_callable(pytester: py
     parts = results["test_wrapper"]["record"]["parts"]
     assert parts["native_decode_ms_per_token"] and all(v > 0 for v in parts["native_decode_ms_per_token"])
     assert set(results["test_no_llama"]["record"].get("parts") or {}) <= {"tokenize_ms"}  # no llama.cpp part
+    # The Llama's memory is the callable's too: llama.cpp's buffers, not rows of n/a.
+    figures = results["test_wrapper"]["figures"]
+    assert figures["kv_mib"] > 0 and figures["compute_mib"] > 0 and figures["model_buffer_mib"] > 0
+    assert "KV buffer" in wrapper_section and "n/a" not in wrapper_section.split("KV buffer")[1].split("\n")[0]
 
 
 def test_both_sides_of_against_split_a_callables_time(tmp_path, tiny_model_path) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 from ..core import catalog
 from ..core.fingerprint import Fingerprint
 from ..core.formats import sig6
+from ..core.workload import MEMORY_FIELDS
 from ..measuring.metrics import Measurement
 
 #: Per-run metric families stored and compared (from the metric catalog).
@@ -116,7 +117,7 @@ def diagnosis(m: Measurement) -> dict[str, Any]:
 
 #: A record's memory figures read from the engine (``EngineInfo``): llama.cpp's reported
 #: buffers and the model file's mapping (smaps), MiB.
-ENGINE_MEMORY = ("kv_mib", "compute_mib", "output_mib", "model_buffer_mib", "mapped_mib", "mapped_resident_mib")
+ENGINE_MEMORY = MEMORY_FIELDS
 
 
 def memory_record(m: Measurement, computed_kv_bytes: int | None) -> dict[str, Any]:

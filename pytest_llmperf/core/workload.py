@@ -253,6 +253,11 @@ class TokenLogits:
     top_logprobs: Any = None  # numpy float64 (n, k)
 
 
+#: ``EngineInfo``'s memory figures, MiB: llama.cpp's reported buffers (its log) and the model
+#: file's mapping in the engine's process (/proc/self/smaps).
+MEMORY_FIELDS = ("kv_mib", "compute_mib", "output_mib", "model_buffer_mib", "mapped_mib", "mapped_resident_mib")
+
+
 @dataclass(frozen=True)
 class EngineInfo:
     """Static facts about an engine: which backend, which model, which settings."""

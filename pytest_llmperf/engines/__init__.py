@@ -13,8 +13,9 @@ and the rest (the parts of each phase) as for the plugin's own engine."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, TypeVar
 
 from ..core.errors import EngineError
@@ -75,6 +76,11 @@ class CounterSource(Protocol[Reading]):
 
     def between(self, before: Reading, after: Reading) -> NativeCounters | None: ...
 
+    def memory(self) -> Mapping[str, float | None]:
+        """The model's memory figures (``core.workload.MEMORY_FIELDS``: llama.cpp's buffers,
+        the file mapping) as its engine reports them; empty when unknown."""
+        ...
+
 
 def synthetic_text(n_words: int, seed: int) -> str:
     """A seeded prompt of ``n_words`` short words (about one token each for most tokenizers)."""
@@ -99,7 +105,11 @@ class CallableEngine(Engine):
         self._info = EngineInfo(engine="callable", model=name or str(getattr(fn, "__name__", "callable")))
 
     def info(self) -> EngineInfo:
-        return self._info
+        """The callable's name; with ``counters``, the memory figures of the model it drives."""
+        if self.counters is None:
+            return self._info
+        memory: dict[str, Any] = dict(self.counters.memory())  # MEMORY_FIELDS: MiB figures
+        return dataclasses.replace(self._info, **memory)
 
     def run(self, workload: Workload, run_index: int) -> RunTrace:
         prompt = workload.prompt

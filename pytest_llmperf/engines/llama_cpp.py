@@ -29,7 +29,16 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import ConfigError, EngineError
-from ..core.workload import AUTO_CTX_STEP, EngineInfo, NativeCounters, RunTrace, TokenLogits, Workload, llama_arguments
+from ..core.workload import (
+    AUTO_CTX_STEP,
+    MEMORY_FIELDS,
+    EngineInfo,
+    NativeCounters,
+    RunTrace,
+    TokenLogits,
+    Workload,
+    llama_arguments,
+)
 from ..models.gguf import embedding_lookup, gguf_file_type
 from . import CounterSource
 from .capabilities import Closable, Engine, FreshLoads, LayerTiming, LlamaObject, TokenProbabilities
@@ -576,9 +585,15 @@ class LlamaCounters(CounterSource["LlamaReading | None"]):
 
     SOURCE = "llama_perf_context (the fixtures' Llama)"
 
-    def __init__(self, llm: Any) -> None:
+    def __init__(self, llm: Any, info: EngineInfo | None = None) -> None:
         self.llm = llm
         self._lib = import_llama_cpp()
+        self._info = info
+
+    def memory(self) -> dict[str, float | None]:
+        """The memory figures the Llama's engine reports (``info``), for the callable's table."""
+        info = self._info
+        return {} if info is None else {name: getattr(info, name) for name in MEMORY_FIELDS}
 
     def read(self) -> LlamaReading | None:
         """The counters now (None: the Llama is closed, or a llama-cpp-python without the

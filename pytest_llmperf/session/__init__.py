@@ -184,7 +184,7 @@ class Session:
             return None
         from ..engines.llama_cpp import LlamaCounters
 
-        return LlamaCounters(engine.llm)
+        return LlamaCounters(engine.llm, engine.info())
 
     def release_model(self, path: str) -> None:
         """Close the pool's engines that map the model file ``path`` (a cold load needs the file
