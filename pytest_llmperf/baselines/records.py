@@ -97,6 +97,8 @@ def diagnosis(m: Measurement) -> dict[str, Any]:
         out["parts"] = parts
     if m.layers is not None:
         out["layers"] = m.layers.as_dict()
+    if m.attribution is not None:  # asked for (``attribution=True``): compared when the baseline has one
+        out["attribution"] = m.attribution.to_json()
     if m.roofline is not None:
         out["roofline"] = m.roofline.as_dict()
     out["memory"] = memory_record(m, kv_cache_bytes(m.engine))

@@ -442,6 +442,14 @@ SETTINGS: dict[str, Setting] = {
             switch=True,
         ),
         Setting(
+            "attribution",
+            "time every graph node of the in-process model by layer and op type after the runs, and compare "
+            "both sides' (an A/B, --llmperf-against; a baseline that has one); runs by itself when llama.cpp's "
+            "own time moved",
+            False,
+            switch=True,
+        ),
+        Setting(
             "roofline",
             "attach the roofline (MBU, MFU, bound) to every in-process measurement (probes the machine once)",
             False,

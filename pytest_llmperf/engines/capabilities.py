@@ -81,9 +81,13 @@ class LayerTiming(Protocol):
 @runtime_checkable
 class RemoteLayerTiming(Protocol):
     """Per-layer timing done where the engine's model runs (the engine worker's process):
-    ``profile_layers(workload)`` returns the ``measuring.layers.LayerProfile``."""
+    ``profile_layers(workload)`` returns the ``measuring.layers.LayerProfile``,
+    ``attribution_pass(workload)`` the attribution pass (the same eval callback, asked about every
+    node) run by run: a ``measuring.attribution.Stepping``."""
 
     def profile_layers(self, workload: Workload) -> Any: ...
+
+    def attribution_pass(self, workload: Workload) -> Any: ...
 
 
 def times_layers(engine: object) -> bool:

@@ -45,6 +45,7 @@ from .parts import PartChange, paired_parts, paired_why_lines, part_properties
 if TYPE_CHECKING:
     from ..core.workload import RunTrace
     from ..engines.capabilities import Engine
+    from .attribution import AttributionChange
 
 __all__ = [
     "ABResult",
@@ -84,6 +85,10 @@ class ABResult:
     agreement_budgets: tuple[AgreementOutcome, ...] = ()
     #: Where the change went: each phase's parts over the same pairs (``judge.parts``).
     parts: tuple[PartChange, ...] = ()
+    #: Where llama.cpp's time went, both sides' passes compared after every timed run
+    #: (``judge.attribution``): when asked, or when llama.cpp's part of a phase moved; else None.
+    attribution: AttributionChange | None = None
+    attribution_note: str = ""  # why the pass that was due did not run
 
     def why(self) -> list[str]:
         """One line per phase whose headline moved, naming the parts that moved and did not."""
@@ -131,6 +136,10 @@ class ABResult:
         if self.agreement is not None:
             out += self.agreement.lines()
         out += [o.line(self.a_name, self.b_name) for o in self.agreement_budgets]
+        if self.attribution is not None:
+            out += self.attribution.lines()
+        elif self.attribution_note:
+            out.append(self.attribution_note)
         return out
 
 
@@ -138,6 +147,14 @@ def block_orders(n_pairs: int, seed: int) -> tuple[str, ...]:
     """AB or BA for each pair, drawn from a seeded generator."""
     rng = np.random.default_rng([seed, 0xAB])
     return tuple("AB" if bit else "BA" for bit in rng.integers(0, 2, size=n_pairs))
+
+
+def pass_orders(seed: int) -> tuple[str, tuple[str, ...]]:
+    """The order of two attribution passes' warm-ups and of each of their runs
+    (``measuring.attribution.interleaved``): seeded AB/BA, as the pairs."""
+    from ..measuring.attribution import ATTRIBUTION_RUNS
+
+    return block_orders(1, seed + 2)[0], block_orders(ATTRIBUTION_RUNS, seed + 3)
 
 
 def interleave(
@@ -169,10 +186,13 @@ def compare_ab(
     max_kl: Any = None,
     max_kl_p99: Any = None,
     agreement: bool = True,
+    attribution: bool | None = False,
 ) -> ABResult:
     """Measure A and B interleaved (``workload.runs`` pairs, seeded by ``workload.seed``) and
     compare them per metric; then, after every timed run, compare their outputs
-    (``measuring.agreement``; ``agreement=False``: not); judge the relative budgets."""
+    (``measuring.agreement``; ``agreement=False``: not); judge the relative budgets; then, when
+    ``attribution`` asks for it (True) or a phase moved (False: by itself; None: never), both
+    sides' attribution passes (``judge.attribution``)."""
     _check_workload(workload)
     budgets = parse_budgets(max_slowdown, min_speedup)  # bad budgets fail before any run
     agreement_budgets = parse_agreement_budgets(
@@ -190,9 +210,33 @@ def compare_ab(
     outcomes = _judged_budgets(budgets, comparisons)
     judged = tuple(judge_agreement(budget, limit, outputs) for budget, limit in agreement_budgets if outputs)
     parts = paired_parts(ma.runs, mb.runs, alpha=DEFAULT_ALPHA)
-    return ABResult(
+    result = ABResult(
         label, a.name, b.name, orders, ma, mb, tuple(comparisons), tuple(outcomes), outputs, judged, parts=parts
     )
+    return _attributed(result, ea, eb, workload, attribution)
+
+
+def _attributed(result: ABResult, ea: Engine, eb: Engine, workload: Workload, asked: bool | None) -> ABResult:
+    """``result`` with both sides' attribution passes compared, when asked or llama.cpp's part of
+    a phase moved (``judge.parts.llama_cpp_moved``)."""
+    from .attribution import attribute_sides, moved_phases, why
+
+    reason = None if asked is None else why(asked, moved_phases(result.parts))
+    if reason is None:
+        return result
+    from ..measuring.attribution import side_figures
+    from ..measuring.roofline import machine_peaks
+
+    peaks = machine_peaks()  # cached per machine: probed once
+    sides = {"A": side_figures(result.a, peaks), "B": side_figures(result.b, peaks)}
+    names = {"a_name": result.a_name, "b_name": result.b_name}
+    orders = pass_orders(workload.seed)
+    got = attribute_sides(ea, eb, workload, asked=bool(asked), reason=reason, sides=sides, orders=orders, **names)
+    if got is None:
+        return result
+    if isinstance(got, str):
+        return dataclasses.replace(result, attribution_note=got)
+    return dataclasses.replace(result, attribution=got)
 
 
 def _check_workload(workload: Workload) -> None:
@@ -247,6 +291,8 @@ def properties(results: Sequence[ABResult]) -> list[tuple[str, Any]]:
         if r.agreement is not None:
             out += _agreement_properties(prefix, r.agreement)
         out += [(f"{prefix}budget.{o.budget.key}", o.status.value) for o in r.agreement_budgets]
+        if r.attribution is not None:
+            out += [(f"{prefix}attribution.{p}", r.attribution.phase(p).reading) for p in ("prefill", "decode")]
     return out
 
 
@@ -322,6 +368,8 @@ def as_dict(r: ABResult) -> dict[str, Any]:
         "parts": [p.to_json() for p in r.parts],
         "why": r.why(),
         "failures": r.failure_lines(),
+        "attribution": None if r.attribution is None else r.attribution.to_json(),
+        "attribution_note": r.attribution_note,
     }
 
 

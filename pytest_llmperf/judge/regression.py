@@ -13,7 +13,7 @@ import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..baselines import records as reference
 from ..baselines.records import same_workload
@@ -24,6 +24,9 @@ from .parts import PartChange, unpaired_parts, why_lines
 from .result import LayerChange, MeasurementResult, compare_layers
 from .rule import JUDGED, METRICS, MIN_PEERS, SUITE_ALPHA_SHARE, compare_levels, decide, mirrored, suite_relative
 from .verdict import BaselineStatus, Comparison, Level, NoiseModel, Verdict, holm, level
+
+if TYPE_CHECKING:
+    from .attribution import AttributionChange
 
 #: Recorded sessions a baseline keeps per test and hardware (the newest K, rolling).
 HISTORY_SESSIONS = 10
@@ -81,6 +84,9 @@ class BaselineVerdict:
     memory_changes: tuple[str, ...] = ()
     #: Where the change went: the parts of each phase, compared like the headline (``judge.parts``).
     parts: tuple[PartChange, ...] = ()
+    #: Where llama.cpp's time went, when both records keep an attribution pass, or both sides
+    #: of ``--llmperf-against`` ran one (``judge.attribution``; a diagnosis, not a gate).
+    attribution: AttributionChange | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", BaselineStatus(self.status))  # a word read from JSON, typed
@@ -501,6 +507,7 @@ def _judge(
         comparisons=tuple(blame_machine(comparisons, why)),
         changes=changes,
         layer_changes=_layers(baseline, candidate, settings),
+        attribution=_attribution(baseline, candidate, settings),
         machine_ratio=machine,
         memory_changes=compare_memory(baseline, candidate),
         parts=_parts(baseline, candidate, comparisons, settings),
@@ -539,6 +546,19 @@ def _layers(
         return compare_layers(baseline, candidate, alpha=settings.alpha, threshold=settings.threshold)
     except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError, IndexError):
         return ()
+
+
+def _attribution(
+    baseline: Mapping[str, object], candidate: Mapping[str, object], settings: CompareSettings
+) -> AttributionChange | None:
+    """The attribution diagnosis (``judge.attribution.compare_records``); None when either
+    record keeps none or its data diagnoses nothing (a diagnosis, not a gate)."""
+    from .attribution import compare_records
+
+    try:
+        return compare_records(baseline, candidate, threshold=settings.threshold)
+    except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError, IndexError):
+        return None
 
 
 def _with_comparisons(

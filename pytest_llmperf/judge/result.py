@@ -42,6 +42,7 @@ from .parts import PartChange, part_properties, why_lines
 from .verdict import BaselineStatus, Comparison, Verdict, holm
 
 if TYPE_CHECKING:
+    from .attribution import AttributionChange
     from .regression import BaselineVerdict
 
 
@@ -190,6 +191,8 @@ class VerdictRecord:
     layer_changes: tuple[LayerChange, ...] = ()
     #: Where the change went: each phase's parts, compared like the headline (``judge.parts``).
     parts: tuple[PartChange, ...] = ()
+    #: Where llama.cpp's time went (``judge.attribution``), when both sides had a pass.
+    attribution: AttributionChange | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", BaselineStatus(self.status))  # a word read from JSON, typed
@@ -211,6 +214,7 @@ class VerdictRecord:
             tuple(v.comparisons),
             tuple(v.layer_changes),
             tuple(v.parts),
+            attribution=v.attribution,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -225,6 +229,8 @@ class VerdictRecord:
             "layer_changes": [layer_change_json(c) for c in self.layer_changes],
             # Only when measured: a session file written before the parts reads back and writes the same.
             **({"parts": [p.to_json() for p in self.parts], "why": self.why()} if self.parts else {}),
+            # Only when there is one: older readers and files stay as they were.
+            **({"attribution": self.attribution.to_json()} if self.attribution is not None else {}),
         }
 
     @property
@@ -250,7 +256,16 @@ class VerdictRecord:
             tuple(comparison_from_json(c) for c in d.get("comparisons", ())),
             tuple(layer_change_from_json(c) for c in d.get("layer_changes", ())),
             tuple(PartChange.from_json(p) for p in d.get("parts", ())),
+            _attribution_of(d.get("attribution")),
         )
+
+
+def _attribution_of(d: Mapping[str, Any] | None) -> AttributionChange | None:
+    if not d:
+        return None
+    from .attribution import AttributionChange
+
+    return AttributionChange.from_json(d)
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,9 @@ import bisect
 import ctypes
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -27,6 +27,10 @@ from ..core.workload import Workload
 
 if TYPE_CHECKING:
     from ..engines.capabilities import LayerTiming
+    from ..engines.llama_cpp import TimedDecode
+
+#: What one event of the callback names (a node name; ``measuring.attribution``: the node's op too).
+E = TypeVar("E")
 
 #: Outlier rule: a layer slower than median + OUTLIER_MAD_FACTOR x MAD of the layers (and
 #: at least OUTLIER_MIN_EXCESS above the median, so a model of identical layers with a tiny MAD
@@ -130,13 +134,14 @@ def outlier_layers(names: Sequence[str], median_ms: Sequence[float]) -> tuple[st
     return tuple(names[i] for i in blocks if values[i] > limit)
 
 
-def _ggml_get_name(lib_module: Any) -> Any:
-    """``ggml_get_name`` from the libggml-base shipped inside llama_cpp/lib."""
+def ggml_function(lib_module: Any, name: str) -> Any:
+    """A ``const char * f(const struct ggml_tensor *)`` of the libggml-base shipped inside
+    llama_cpp/lib: ``ggml_get_name`` (a node's name), ``ggml_op_desc`` (its op: ``MUL_MAT``...)."""
     lib_dir = os.path.join(os.path.dirname(lib_module.__file__), "lib")
-    for name in ("libggml-base.so", "libggml-base.dylib", "ggml-base.dll"):
-        path = os.path.join(lib_dir, name)
+    for base in ("libggml-base.so", "libggml-base.dylib", "ggml-base.dll"):
+        path = os.path.join(lib_dir, base)
         if os.path.exists(path):
-            fn = ctypes.CDLL(path).ggml_get_name
+            fn = getattr(ctypes.CDLL(path), name)
             fn.restype = ctypes.c_char_p
             fn.argtypes = [ctypes.c_void_p]
             return fn
@@ -163,8 +168,17 @@ class LayerTimer:
         self._lib = lib
         self._engine = engine
         self._workload = workload
-        get_name = _ggml_get_name(lib)
-        self._events: list[tuple[bytes, int]] = []
+        self._events: list[tuple[Any, int]] = []
+        self._callback = lib.ggml_backend_sched_eval_callback(self._make_callback())  # kept referenced
+        self._prompt_ids = engine.prompt_ids(workload)
+        self._feed = engine.decode_feed(workload)
+        self._ctx = engine.instrumented_context(self._callback, len(self._prompt_ids) + workload.max_tokens)
+        self._sampler = engine.make_sampler() if self._feed is None else None
+
+    def _make_callback(self) -> Callable[[int, bool, int], bool]:
+        """The eval callback: yes to each layer's output and the output head, and a clock read
+        after each (``(node name, ns)`` events; ``measuring.attribution`` asks for every node)."""
+        get_name = ggml_function(self._lib, "ggml_get_name")
         events_append = self._events.append
         clock = time.perf_counter_ns
 
@@ -175,11 +189,7 @@ class LayerTimer:
             events_append((name, clock()))
             return True
 
-        self._callback = lib.ggml_backend_sched_eval_callback(callback)  # kept referenced
-        self._prompt_ids = engine.prompt_ids(workload)
-        self._feed = engine.decode_feed(workload)
-        self._ctx = engine.instrumented_context(self._callback, len(self._prompt_ids) + workload.max_tokens)
-        self._sampler = engine.make_sampler() if self._feed is None else None
+        return callback
 
     def close(self) -> None:
         if self._sampler is not None:
@@ -192,28 +202,35 @@ class LayerTimer:
     def run(self) -> tuple[list[Step], list[Step], float]:
         """One run: prefill [(start, events, end)], decode steps [(start, events, end)...] and
         the run's TPOT (ms, token to token as the plain engine measures it)."""
-        lib, events = self._lib, self._events
+        timed = self.timed()
+        return (*steps_of(timed.start_ns, timed.prefill_done_ns, timed.token_ns, self._events), tpot_of(timed))
+
+    def timed(self) -> TimedDecode:
+        """One run of the engine's timed loop on the instrumented context (cleared first); the
+        callback's events of the run are in ``_events``."""
+        lib = self._lib
         lib.llama_memory_clear(lib.llama_get_memory(self._ctx), True)
         if self._sampler is not None:
             lib.llama_sampler_reset(self._sampler)
-        events.clear()
-        timed = self._engine.timed_decode(
+        self._events.clear()
+        return self._engine.timed_decode(
             self._ctx, self._prompt_ids, self._workload.max_tokens, feed=self._feed, sampler=self._sampler
         )
-        return (
-            *steps_of(timed.start_ns, timed.prefill_done_ns, timed.token_ns, events),
-            (timed.token_ns[-1] - timed.token_ns[0]) / 1e6 / (len(timed.token_ns) - 1),
-        )
+
+
+def tpot_of(timed: TimedDecode) -> float:
+    """A run's TPOT (ms, token to token as the plain engine measures it)."""
+    return (timed.token_ns[-1] - timed.token_ns[0]) / 1e6 / (len(timed.token_ns) - 1)
 
 
 def steps_of(
-    start_ns: int, prefill_done_ns: int, token_ns: Sequence[int], events: Sequence[tuple[bytes, int]]
-) -> tuple[list[Step], list[Step]]:
+    start_ns: int, prefill_done_ns: int, token_ns: Sequence[int], events: Sequence[tuple[E, int]]
+) -> tuple[list[tuple[int, list[tuple[E, int]], int]], list[tuple[int, list[tuple[E, int]], int]]]:
     """The run's events split by its clock reads: prefill from the start to its end, decode step
     i from token i - 1 to token i (each event belongs to the step whose window holds its time)."""
     times = [t for _, t in events]
 
-    def window(lo: int, hi: int) -> Step:
+    def window(lo: int, hi: int) -> tuple[int, list[tuple[E, int]], int]:
         return (lo, list(events[bisect.bisect_right(times, lo) : bisect.bisect_right(times, hi)]), hi)
 
     prefill = [(start_ns, list(events[: bisect.bisect_right(times, prefill_done_ns)]), prefill_done_ns)]

@@ -35,6 +35,7 @@ from ..core.workload import EngineInfo, RunTrace, Workload
 if TYPE_CHECKING:
     from ..core.measured import MeasurementShape
     from .agreement import Agreement
+    from .attribution import Attribution
     from .layers import LayerProfile
     from .roofline import Roofline
     from .runner import ModelLoads, PeakRss
@@ -199,6 +200,7 @@ class Measurement:
     system: SystemDelta | None = None  # around the runs
     peak_rss: PeakRss | None = None  # over the runs
     layers: LayerProfile | None = None  # when per-layer timing was asked for
+    attribution: Attribution | None = None  # when the per-node pass was asked for (``attribution``)
     roofline: Roofline | None = None  # when peaks were known or asked for
     model_loads: ModelLoads | None = None  # fresh loads, when asked for (``model_load``)
     #: Under ``--llmperf-against``: this tree's outputs against REF's (REF is A), after the pairs.

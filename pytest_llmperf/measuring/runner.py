@@ -34,18 +34,19 @@ import resource
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..core.errors import ConfigError
-from ..core.workload import MODEL_LOAD_KINDS, Workload
+from ..core.workload import MODEL_LOAD_KINDS, RunTrace, Workload
 from ..engines import CallableEngine, Engine, EngineProcess, FreshLoads, LayerTiming, ProcessMemory, RemoteLayerTiming
 from .metrics import Measurement, RunMetrics, SystemDelta, sample_system, summarize, summarize_runs
 
 if TYPE_CHECKING:
+    from .attribution import Attribution, Stepping
     from .layers import LayerProfile
     from .roofline import Peak
 
@@ -69,6 +70,7 @@ def measure(
     slo: Mapping[str, float] | None = None,
     *,
     layers: bool = False,
+    attribution: bool = False,
     peaks: tuple[Peak, Peak] | None = None,
     model_load: str | None = None,
 ) -> Measurement:
@@ -77,7 +79,8 @@ def measure(
 
     System counters and peak RSS are read around the runs, never between a run's clock reads.
     ``layers``: afterwards, time each layer on an instrumented context (in-process llama.cpp
-    only); ``peaks`` (bandwidth, TFLOP/s ``roofline.Peak``): attach the roofline; ``model_load``
+    only); ``attribution``: afterwards, time each graph node by layer and op type
+    (``measuring.attribution``, in-process llama.cpp only); ``peaks`` (bandwidth, TFLOP/s ``roofline.Peak``): attach the roofline; ``model_load``
     ("warm" / "cold"): afterwards, time fresh loads of the engine's model (``with_model_loads``)."""
     workload = workload or Workload()
     engine = as_engine(engine)
@@ -88,6 +91,8 @@ def measure(
     m = _measure_runs(engine, workload, label)
     if layers:
         m = dataclasses.replace(m, layers=layer_profile(engine, workload))
+    if attribution:
+        m = dataclasses.replace(m, attribution=attribution_of(engine, workload))
     if peaks is not None:
         from .roofline import roofline
 
@@ -126,6 +131,36 @@ def layer_profile(engine: Engine, workload: Workload) -> LayerProfile:
     raise ConfigError("per-layer timing (layers=True) needs the in-process llama.cpp engine (or its worker)")
 
 
+def attribution_of(engine: Engine, workload: Workload) -> Attribution:
+    """Each graph node timed by layer and op type (``measuring.attribution``), after the runs."""
+    from .attribution import run_pass
+
+    return run_pass(pass_of(engine, workload))
+
+
+def traces_figures(engine: object, workload: Workload, traces: Sequence[RunTrace]) -> dict[str, Any]:
+    """A side's roofline and memory figures over its runs (``--llmperf-against``: in the side's
+    process, after the pairs; ``attribution.side_figures``, the machine's peaks probed once and cached)."""
+    from .attribution import side_figures
+    from .roofline import machine_peaks
+
+    m = summarize(list(traces), dataclasses.replace(workload, runs=len(traces)), as_engine(engine).info())
+    return side_figures(m, machine_peaks())
+
+
+def pass_of(engine: Engine, workload: Workload) -> Stepping:
+    """The engine's attribution pass, run by run: by an engine worker in its own process, or on
+    an in-process engine's instrumented context here."""
+    if isinstance(engine, RemoteLayerTiming):
+        remote: Stepping = engine.attribution_pass(workload)
+        return remote
+    if isinstance(engine, LayerTiming):
+        from .attribution import AttributionPass
+
+        return AttributionPass(engine, workload)
+    raise ConfigError("the attribution pass (attribution=True) needs the in-process llama.cpp engine (or its worker)")
+
+
 def extend(engine: Any, m: Measurement, extra_runs: int) -> Measurement:
     """``m`` with ``extra_runs`` more measured runs of its workload (no warm-up: the engine is
     warm), for a sequential measurement. Per-layer timing and the roofline stay those of the
@@ -143,6 +178,7 @@ def extend(engine: Any, m: Measurement, extra_runs: int) -> Measurement:
         warmup_runs=m.warmup_runs,
         peak_rss=m.peak_rss,
         layers=m.layers,
+        attribution=m.attribution,
         roofline=m.roofline,
         model_loads=m.model_loads,
         # One span over all the runs (steal and load of the whole measurement).

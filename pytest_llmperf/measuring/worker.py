@@ -24,6 +24,10 @@ stdout and stderr are its log file, so nothing llama.cpp prints can corrupt a me
     {"op": "run", "workload": Workload fields,          {"ok": true, "trace": RunTrace fields,
      "run_index": i}                                     "info": EngineInfo fields (the context in use)}
     {"op": "layers", "workload": Workload fields}       {"ok": true, "layers": LayerProfile fields}
+    {"op": "attribute", "step": "open", "workload": ...} {"ok": true}  (the attribution pass, step by step:
+    {"op": "attribute", "step": "warm" | "close"}         {"ok": true}   one warm-up; close drops it)
+    {"op": "attribute", "step": "run", "index": i}      {"ok": true}
+    {"op": "attribute", "step": "result"}               {"ok": true, "attribution": Attribution.to_json()}
     {"op": "rss", "reset": bool}                        {"ok": true, "reset": bool, "peak": [bytes, scope]}
     {"op": "logits", "workload": Workload fields,       {"ok": true, "got": logits_json(TokenLogits):
      "forced": [ids] | null, "prompt_ids": ...}          ids, logits as base64 float32 with their shape}
@@ -67,6 +71,7 @@ from ..models.gguf import gguf_file_type
 
 if TYPE_CHECKING:
     from ..engines.llama_cpp import LlamaCppEngine
+    from .attribution import Attribution, AttributionPass
     from .layers import LayerProfile
     from .runner import PeakRss
 
@@ -397,6 +402,14 @@ class WorkerEngine(Engine, RemoteLayerTiming, TokenProbabilities, FreshLoads, Pr
         reply = self._call({"op": "layers", "workload": dataclasses.asdict(workload)}, "timing the layers of")
         return layers_of(reply["layers"])
 
+    def attribution_pass(self, workload: Workload) -> RemotePass:
+        """``measuring.attribution.AttributionPass`` of this engine, in the worker, run by run."""
+        return RemotePass(self, workload)
+
+    def attribution_step(self, step: str, **more: object) -> dict[str, Any]:
+        """One step of the worker's attribution pass ("attribute" op: open, warm, run, result, close)."""
+        return self._call({"op": "attribute", "step": step, **more}, "timing the nodes of")
+
     @property
     def alive(self) -> bool:
         return self.channel is not None and self.channel.alive
@@ -535,6 +548,60 @@ def _layers(engine: LlamaCppEngine, message: Mapping[str, Any]) -> dict[str, Any
     return {"ok": True, "layers": dataclasses.asdict(profile)}
 
 
+class RemotePass:
+    """A worker's attribution pass as ``measuring.attribution.Stepping``: each step one request."""
+
+    def __init__(self, worker: WorkerEngine, workload: Workload) -> None:
+        self.worker = worker
+        worker.attribution_step("open", workload=dataclasses.asdict(workload))
+        self.open = True
+
+    def warm_up(self) -> None:
+        self.worker.attribution_step("warm")
+
+    def run(self, index: int) -> None:
+        self.worker.attribution_step("run", index=index)
+
+    def result(self) -> Attribution:
+        from .attribution import Attribution
+
+        self.open = False
+        return Attribution.from_json(self.worker.attribution_step("result")["attribution"])
+
+    def close(self) -> None:
+        if self.open and self.worker.channel is not None and self.worker.channel.alive:
+            self.open = False
+            self.worker.attribution_step("close")
+
+
+#: The worker's attribution pass between its steps (one at a time: the worker runs one engine).
+_PASS: list[AttributionPass] = []
+
+
+def _attribute(engine: LlamaCppEngine, message: Mapping[str, Any]) -> dict[str, Any]:
+    from .attribution import AttributionPass
+
+    step = message["step"]
+    if step == "open":
+        while _PASS:
+            _PASS.pop().close()
+        _PASS.append(AttributionPass(engine, Workload(**message["workload"])))
+        return {"ok": True}
+    if not _PASS:
+        raise EngineError(f"attribution step {step!r} without an open pass")
+    one = _PASS[-1]
+    if step == "warm":
+        one.warm_up()
+    elif step == "run":
+        one.run(int(message["index"]))
+    elif step == "result":
+        _PASS.pop()
+        return {"ok": True, "attribution": one.result().to_json()}
+    else:
+        _PASS.pop().close()
+    return {"ok": True}
+
+
 #: The requests a loaded engine answers (``load`` and ``close`` are ``serve``'s own): each
 #: takes the engine and the request, and returns the reply.
 REQUESTS: dict[str, Callable[[LlamaCppEngine, Mapping[str, object]], dict[str, Any]]] = {
@@ -542,6 +609,7 @@ REQUESTS: dict[str, Callable[[LlamaCppEngine, Mapping[str, object]], dict[str, A
     "rss": _rss,
     "logits": _logits,
     "layers": _layers,
+    "attribute": _attribute,
 }
 
 

@@ -60,6 +60,7 @@ from . import marks
 if TYPE_CHECKING:
     from ..core.workload import EngineInfo, RunTrace, Workload
     from ..engines import Engine, TokenStream
+    from ..measuring.attribution import Stepping
     from ..measuring.metrics import Measurement
     from ..session import SessionSettings
     from ..session.against import Against
@@ -206,6 +207,7 @@ class Link:
     def __init__(self, requests: IO[bytes], replies: IO[bytes]) -> None:
         self.requests, self.replies = requests, replies
         self.threads: int | None = None  # the session's llama.cpp threads (None: every usable CPU)
+        self.attribution: Stepping | None = None  # this side's attribution pass between its steps
         # This process's CPUs before any pinning (none known off Linux: nothing is pinned there).
         self.all_cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
 
@@ -233,9 +235,10 @@ class Link:
             self.send({"ev": "released"})
 
     def measure(
-        self, subject: Engine | TokenStream, config: MarkerConfig, label: str, nodeid: str
+        self, subject: Engine | TokenStream, config: MarkerConfig, label: str, nodeid: str, *, attribution: bool = False
     ) -> tuple[Measurement, Assessment | None]:
-        """The measurement the controller drives: the runs it asks for, then its verdict."""
+        """The measurement the controller drives: the runs it asks for, then its verdict
+        (``attribution``: the test asks for the attribution pass after the pairs)."""
         from ..core.workload import Workload
         from ..measuring.agreement import Agreement
         from ..measuring.metrics import RunMetrics, summarize
@@ -247,7 +250,7 @@ class Link:
             with self.turn():
                 return measure(engine, workload, label=label, slo=config.budgets), None
         info = engine.info()
-        self.send(self._measure_event(engine, info, workload, config, label))
+        self.send({**self._measure_event(engine, info, workload, config, label), "attribution": attribution})
         op, warm, traces = self._runs(engine, workload)
         if op.get("fail"):
             raise LLMPerfError(op["fail"])
@@ -265,7 +268,7 @@ class Link:
     ) -> dict[str, Any]:
         """What the side tells the controller it measures: the workload, the settings, the
         engine, its threads, and what the output agreement will need."""
-        from ..engines import NeedsPromptIds, TokenProbabilities
+        from ..engines import NeedsPromptIds, TokenProbabilities, times_layers
 
         return {
             "ev": "measure",
@@ -278,6 +281,8 @@ class Link:
             "threads": info.threads or config.engine.get("threads") or self.threads,
             # Output agreement (after the pairs): this side's token probabilities, asked by "logits".
             "logits": isinstance(engine, TokenProbabilities),
+            # The attribution pass (after the pairs, asked by "attribute"): llama.cpp in process.
+            "attributable": times_layers(engine),
             "needs_ids": isinstance(engine, NeedsPromptIds),
         }
 
@@ -292,6 +297,9 @@ class Link:
             if op["op"] == "logits":  # after every run of both sides: never inside a timed region
                 self.send(_token_logits(engine, op))
                 continue
+            if op["op"] == "attribute":  # after the pairs, as "logits": the attribution pass, run by run
+                self.send(self._attribute(engine, workload, traces, op))
+                continue
             if op["op"] != "run":
                 return op, warm, traces
             # Before the run's first clock read. No CPUs given: all of them again (an earlier
@@ -301,6 +309,45 @@ class Link:
             if trace is not None:
                 (warm if op["index"] < 0 else traces).append(trace)
                 self.send({"ev": "trace", "trace": dataclasses.asdict(trace)})
+
+    def _attribute(
+        self, engine: Engine, workload: Workload, traces: list[RunTrace], op: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """One step of this side's attribution pass (open, warm, run, result, close), its result
+        with this side's roofline and memory figures, or one line why it has none."""
+        from ..measuring.runner import pass_of, traces_figures
+
+        step, one = op.get("step"), self.attribution
+        try:
+            if step == "open":
+                if one is not None:  # a pass the controller left open (it lost the other side)
+                    one.close()
+                self.attribution = None
+                self.attribution = pass_of(engine, workload)
+            elif one is None:
+                return {"ev": "attribution", "line": f"attribution step {step!r} without an open pass"}
+            elif step == "warm":
+                one.warm_up()
+            elif step == "run":
+                one.run(int(op["index"]))
+            else:
+                self.attribution = None
+                if step == "result":
+                    return {
+                        "ev": "attribution",
+                        "got": one.result().to_json(),
+                        "figures": traces_figures(engine, workload, traces),
+                    }
+                one.close()
+        except Exception as exc:  # noqa: BLE001 - one line to the controller, its verdict says it
+            if self.attribution is not None:
+                self.attribution.close()
+                self.attribution = None
+            return {
+                "ev": "attribution",
+                "line": str(exc) if isinstance(exc, LLMPerfError) else f"{type(exc).__name__}: {exc}",
+            }
+        return {"ev": "attribution"}
 
     def _run(self, engine: Engine, workload: Workload, index: int) -> RunTrace | None:
         """One run; a failed one is one line to the controller (None)."""
@@ -334,16 +381,19 @@ def _assessment(nodeid: str, label: str, verdict: Mapping[str, Any] | None) -> A
     """The controller's verdict as the session's ``Assessment`` (nothing recorded: no baseline)."""
     if verdict is None:
         return None
+    from ..judge.attribution import AttributionChange
     from ..judge.parts import PartChange
     from ..judge.regression import BaselineVerdict
     from ..judge.result import comparison_from_json
     from ..session.assess import Assessment
 
+    where = verdict.get("attribution")
     v = BaselineVerdict(
         verdict["status"],
         verdict.get("note", ""),
         tuple(comparison_from_json(c) for c in verdict.get("comparisons", ())),
         parts=tuple(PartChange.from_json(p) for p in verdict.get("parts", ())),
+        attribution=None if where is None else AttributionChange.from_json(where),
     )
     return Assessment(nodeid + (f"[{label}]" if label else ""), "", "", None, v)
 

@@ -15,6 +15,7 @@ through each side's ``SideState`` on those events."""
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import math
 import sys
@@ -34,6 +35,7 @@ from .refs import Project, Reference, Worktrees, code_packages, resolve_referenc
 from .sides import (
     CURRENT,
     REF,
+    Attributed,
     Exit,
     Logits,
     Measure,
@@ -56,6 +58,7 @@ if TYPE_CHECKING:
     from ..judge.parts import PartChange
     from ..judge.verdict import Comparison
     from ..measuring.agreement import Agreement
+    from ..measuring.attribution import Attribution
     from ..measuring.metrics import RunMetrics
 
 
@@ -271,6 +274,97 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str) -> 
     same = "" if events[REF]["workload"] == ev["workload"] else "; REF's workload differs from this tree's"
     note = _pairs_note(ag, workload, looked, (cap, looks, step), cpus) + same
     return looked, note, outputs(ag, events, workload)
+
+
+#: A step of a side's attribution pass (an instrumented run, its prompt steps and a plain run)
+#: may take this many times the engine timeout.
+ATTRIBUTION_STEP_RUNS = 10
+
+
+class NoPass(LLMPerfError):
+    """A side has no attribution pass (its engine is no llama.cpp engine, the pass failed): why."""
+
+
+class SidePass:
+    """A side's attribution pass as ``measuring.attribution.Stepping``: each step an "attribute"
+    op over the side's pipe, in the side's process; ``figures`` its roofline and memory figures
+    once its result came."""
+
+    def __init__(self, side: Side, timeout_s: float, workload: Workload) -> None:
+        self.side, self.timeout_s = side, timeout_s * ATTRIBUTION_STEP_RUNS
+        self.figures: dict[str, Any] = {}
+        self.open = False
+        self._step("open")
+        self.open = True
+
+    def _step(self, step: str, **more: object) -> Attributed:
+        self.side.send({"op": "attribute", "step": step, **more})
+        reply = self.side.receive(self.timeout_s, "running its attribution pass")
+        if not isinstance(reply, Attributed):
+            raise self.side.kill(f"{self.side.who} answered {reply.ev!r} to an attribution step; it was killed")
+        if reply.line is not None:
+            self.open = False
+            raise NoPass(f"{self.side.who}: {reply.line}")
+        return reply
+
+    def warm_up(self) -> None:
+        self._step("warm")
+
+    def run(self, index: int) -> None:
+        self._step("run", index=index)
+
+    def result(self) -> Attribution:
+        from ..measuring.attribution import Attribution
+
+        reply = self._step("result")
+        self.open = False
+        self.figures = dict(reply.figures or {})
+        return Attribution.from_json(reply.got)
+
+    def close(self) -> None:
+        if self.open:
+            self.open = False
+            self._step("close")
+
+
+def attribution(
+    ag: Against, measures: Mapping[str, Measure], parts: Sequence[PartChange]
+) -> dict[str, Any] | str | None:
+    """After the pairs, when the test asked for it on either side or llama.cpp's time moved:
+    both sides' attribution passes, each in its side's process, interleaved run by run in
+    seeded AB/BA order as the pairs were, compared (``judge.attribution``), as the verdict's
+    JSON; a line when a side has none (asked, or the pass failed); else None."""
+    from ..core.workload import Workload
+    from ..judge.ab import pass_orders
+    from ..judge.attribution import compare_attributions, moved_phases, why
+    from ..measuring.attribution import interleaved
+
+    asked = any(bool(m.data.get("attribution")) for m in measures.values())
+    reason = why(asked, moved_phases(parts))
+    able = all(bool(m.data.get("attributable")) for m in measures.values())
+    if reason is None or not (asked or able):
+        return None  # not due, or due by itself where a side cannot have it (a callable): nothing to say
+    data: Mapping[str, Any] = measures[CURRENT].data
+    workload = Workload(**data["workload"])
+    passes: dict[str, SidePass] = {}
+    try:
+        for letter, name in (("A", REF), ("B", CURRENT)):
+            passes[letter] = SidePass(ag.sides[name], ag.timeout_s, workload)
+        got = interleaved(passes, *pass_orders(workload.seed))
+    except NoPass as exc:
+        for one in passes.values():
+            with contextlib.suppress(NoPass):
+                one.close()
+        return f"attribution not run ({reason}): {exc}"
+    change = compare_attributions(
+        got["A"],
+        got["B"],
+        reason=reason,
+        a_name=f"REF {ag.reference.describe()}",
+        b_name="this tree",
+        sides={"A": passes["A"].figures, "B": passes["B"].figures},
+    )
+    return change.to_json()
 
 
 def _judging(ag: Against, ev: Mapping[str, Any], nodeid: str) -> dict[str, Any]:
@@ -508,6 +602,11 @@ class Drive:
             "parts": [p.to_json() for p in looked.parts],
             "agreement": agreement.as_dict(),
         }
+        where = attribution(self.ag, self.measures, looked.parts)
+        if isinstance(where, str):
+            verdict["note"] = f"{note}; {where}"
+        elif where is not None:
+            verdict["attribution"] = where
         self.finish(self.cur, verdict=verdict)
         self.finish(self.ref)
 

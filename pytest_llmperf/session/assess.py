@@ -170,13 +170,15 @@ class Assessor:
         return dataclasses.replace(a, verdict=verdict)
 
     def measure_options(self, engine: Engine | TokenStream, marker: MarkerConfig) -> dict[str, Any]:
-        """What to measure besides the runs: per-layer timing and the roofline (in-process only;
-        a marker's ``layers=True`` on another engine is an error the runner reports)."""
+        """What to measure besides the runs: per-layer timing, the attribution pass and the
+        roofline (in-process only; a marker's ``layers=True`` or ``attribution=True`` on another
+        engine is an error the runner reports)."""
         from ..engines import times_layers
 
         s = self.settings
         in_process = times_layers(engine)  # the engine's declared capability
         layers = marker.options.get("layers", s.layers and in_process)
+        attribution = marker.options.get("attribution", s.attribution and in_process)
         wants_roofline = layers or "min_mbu" in marker.budgets or s.roofline or s.peak_bw or s.peak_tflops
         peaks = None
         if wants_roofline and in_process:
@@ -185,7 +187,7 @@ class Assessor:
             if self.peaks is None:
                 self.peaks = machine_peaks(given_bw_gbs=s.peak_bw, given_tflops=s.peak_tflops)
             peaks = self.peaks
-        return {"layers": layers, "peaks": peaks}
+        return {"layers": layers, "attribution": attribution, "peaks": peaks}
 
     def failure_lines(self, assessment: Assessment) -> list[str]:
         """What fails the test on its baseline's account (none while updating baselines)."""

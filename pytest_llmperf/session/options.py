@@ -78,6 +78,7 @@ class SessionSettings:
     threshold: float
     tail_threshold: float
     layers: bool
+    attribution: bool
     roofline: bool
     peak_bw: float | None
     peak_tflops: float | None
@@ -292,6 +293,13 @@ KEYS: dict[str, Key] = {
             _marker(COUNT),
         ),
         Key("layers", "option", "also time each layer (llama.cpp eval callback; in-process only)", _marker(FLAG)),
+        Key(
+            "attribution",
+            "option",
+            "after the runs, time every graph node by layer and op type and compare both sides' "
+            "(A/B, --llmperf-against, a baseline that has one; in-process llama.cpp only)",
+            _marker(FLAG),
+        ),
         Key(
             "model_load",
             "option",

@@ -230,9 +230,14 @@ class Measurer:
             dataclasses.replace(side, engine=self.counted(side.engine))
             for side in (resolve_side(name, config.ab[name], engine_for) for name in ("a", "b"))
         )
+        # The attribution pass: the marker's key or the session's option (``measure_options``).
+        # In smoke mode never (three pairs decide nothing, so nothing moved either).
+        asked = None if self.smoke else bool(self.measure_options(side_a.engine, config).get("attribution"))
         turn = self.side.turn() if self.side is not None else contextlib.nullcontext()
         with turn:  # a side of --llmperf-against: while the other side waits
-            result = compare_ab(side_a, side_b, Workload(**workload), label=label, **self._ab_budgets(config))
+            result = compare_ab(
+                side_a, side_b, Workload(**workload), label=label, attribution=asked, **self._ab_budgets(config)
+            )
         self.ab_results.append(result)
         return result
 
@@ -328,7 +333,8 @@ class Measurer:
     def _driven(self, subject: Subject, config: MarkerConfig, label: str) -> Result:
         """On a side of ``--llmperf-against``: the runs the controller asks for, its verdict."""
         assert self.side is not None  # measure() drives only on a side
-        m, assessment = self.side.measure(subject, config, label, self.nodeid)
+        asked = bool(self.measure_options(subject, config).get("attribution"))
+        m, assessment = self.side.measure(subject, config, label, self.nodeid, attribution=asked)
         kind = _model_load(config)
         if kind is not None:  # each side's own fresh loads, after the pairs: its budgets see them
             m = self._with_loads(subject, m, kind)
@@ -396,8 +402,8 @@ def section_of(r: Result, t: MeasurementResult, columns: Sequence[str], width: i
 
 
 def _verdict_lines(a: Assessment, t: MeasurementResult, columns: Sequence[str], width: int) -> list[str]:
-    """What the baseline said: its note, what changed, the layers, the comparison table and its
-    undecided comparisons."""
+    """What the baseline said: its note, what changed, the layers, the comparison table, where
+    llama.cpp's time went (both sides' attribution passes) and its undecided comparisons."""
     from ..judge.verdict import BaselineStatus
     from ..reports.session_file import comparison_table, undecided_lines
 
@@ -416,7 +422,8 @@ def _verdict_lines(a: Assessment, t: MeasurementResult, columns: Sequence[str], 
             if slower
             else f"per-layer diff: no layer significantly slower ({len(v.layer_changes)} compared)"
         )
-    return lines + ([table] if table else []) + undecided_lines(shown)
+    where = v.attribution.lines() if v.attribution is not None else []  # under the table
+    return lines + ([table] if table else []) + where + undecided_lines(shown)
 
 
 @dataclass

@@ -164,6 +164,24 @@ class Logits(SideEvent):
 
 
 @dataclass(frozen=True)
+class Attributed(SideEvent):
+    """A step of the side's attribution pass done; after its last (``result``) the pass
+    (``got``: ``Attribution.to_json()``) and the side's roofline and memory figures; or the one
+    line why it has none."""
+
+    EV = "attribution"
+    got: Any = None
+    figures: Any = None
+    line: str | None = None
+
+    @classmethod
+    def of(cls, message: Mapping[str, object]) -> SideEvent:
+        if "line" in message:
+            return cls(line=str(message.get("line")))
+        return cls(message.get("got"), message.get("figures") or {})
+
+
+@dataclass(frozen=True)
 class Turn(SideEvent):
     """The side asks for an exclusive turn (an A/B ``compare()``, a load test)."""
 
@@ -221,7 +239,7 @@ class Unknown(SideEvent):
 
 #: Each event by the word it comes with.
 EVENTS: dict[str, type[SideEvent]] = {
-    e.EV: e for e in (Ready, Measure, Trace, RunError, Logits, Turn, Released, Report, Exit)
+    e.EV: e for e in (Ready, Measure, Trace, RunError, Logits, Attributed, Turn, Released, Report, Exit)
 }
 
 
