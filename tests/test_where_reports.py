@@ -422,3 +422,41 @@ def test_the_attribution_reading_and_its_top_changes_are_rendered_where_it_went(
     assert html.attribution_html(None) == [] and 'class="attribution"' not in html.ab_section([_ab_entry()])
     alone = html.ab_section([{**entry, "parts": [], "why": []}])  # a pass without parts: its block alone
     assert 'class="attribution"' in alone and 'data-figure="parts"' not in alone
+
+
+def test_a_verdicts_attribution_pass_reads_in_every_report(tiny_engine, tmp_path: Path) -> None:
+    """Two real passes on the tiny model (``measuring.attribution``) compared as a verdict's
+    ``attribution``: the terminal block has its readings, the HTML its table, the Markdown its
+    lines, and the session file reads back the same."""
+    from pytest_llmperf.core.workload import Workload
+    from pytest_llmperf.judge.attribution import compare_attributions
+    from pytest_llmperf.measuring.attribution import attribute
+
+    workload = Workload(prompt_tokens=32, max_tokens=8, runs=5, warmup=1)
+    change = compare_attributions(
+        attribute(tiny_engine, workload),
+        attribute(tiny_engine, workload),
+        reason="asked",
+        a_name="baseline",
+        b_name="now",
+    )
+    r = _result("tests/test_a.py::test_slow")
+    r = dataclasses.replace(r, verdict=dataclasses.replace(r.verdict, attribution=change))  # type: ignore[arg-type]
+    (e,) = where.explained([r])
+    assert e.attribution == change.to_json()
+    decode = change.phase("decode").reading
+    block = where.terminal_lines([e], 80)
+    assert all(len(line) <= 80 for line in block)
+    assert "  Where llama.cpp's time went (asked): A baseline, B now" in block
+    assert " ".join(line.strip() for line in block).count(f"decode: {decode}") == 1
+    assert f"- decode: {decode}" in session_file.markdown([r])
+    path = tmp_path / "s.json"
+    path.write_text(session_file.session_json([r], CREATED))
+    (back,) = session_file.load_session(path)
+    assert where.explained([back]) == [e]
+    pytest.importorskip("matplotlib")
+    from pytest_llmperf.reports import html
+
+    section = html.test_section(0, back)
+    assert "<h3>Where llama.cpp&#x27;s time went (asked): A baseline, B now</h3>" in section
+    assert f"<b>decode</b>: {html._e(decode)}" in section

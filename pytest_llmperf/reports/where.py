@@ -90,9 +90,10 @@ def explained(results: Iterable[MeasurementResult], ab: Iterable[Mapping[str, An
     out = []
     for r in results:
         v = r.verdict
-        if v is not None and v.parts:
+        if v is not None and (v.parts or v.attribution is not None):
             sides = ("REF", "this tree") if v.reference else ("baseline", "now")
-            out.append(Explained(r.test, "", v.short, tuple(v.why()), v.parts, r.regressed, sides))
+            attribution = None if v.attribution is None else v.attribution.to_json()
+            out.append(Explained(r.test, "", v.short, tuple(v.why()), v.parts, r.regressed, sides, attribution))
     for e in ab:
         parts = tuple(PartChange.from_json(p) for p in e.get("parts") or ())
         if parts or e.get("attribution"):
