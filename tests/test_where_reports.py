@@ -6,6 +6,7 @@ synthetic runs."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import re
 from pathlib import Path
@@ -339,8 +340,11 @@ def test_a_regression_against_the_stored_baseline_shows_where_it_went_in_the_ter
         block.append(line)
     assert block[0].startswith("test_decode (REGRESSION decode"), block
     assert all(len(line) <= 80 for line in block), "\n".join(block)
-    decode = next(line for line in block if re.match(r"  decode TPOT >?\+", line))  # >+9999% past that
-    assert "moved: outside llama.cpp +" in decode
+    at = next(i for i, line in enumerate(block) if re.match(r"  decode TPOT >?\+", line))  # >+9999% past that
+    rest = itertools.takewhile(lambda line: line.startswith("    "), block[at + 1 :])  # its wrapped lines
+    decode = " ".join([block[at], *(line.strip() for line in rest)])
+    # A busy machine may slow llama.cpp's eval against the stored runs too: both then moved.
+    assert re.search(r": moved: [^;]*outside llama\.cpp \+", decode), decode
     table = next(i for i, line in enumerate(block) if line.startswith("  decode (ms/token)  baseline  "))
     outside = next(line for line in block[table:] if line.startswith("  outside llama.cpp"))
     assert outside.endswith("moved")
