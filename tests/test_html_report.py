@@ -225,6 +225,7 @@ def test_real_session_report_in_chromium(real_report: RealReport, tmp_path: Path
     for r in session["results"]:  # layer and roofline figures where the record has the data
         optional = {"layer-bars": "layers", "roofline": "roofline"}
         expected = PER_TEST_FIGURES | {f for f, key in optional.items() if r["record"].get(key)}
+        expected |= {"parts"} if (r["verdict"] or {}).get("parts") else set()  # where the time went
         assert rendered.sections[r["test"]] == expected, r["test"]
     assert "layer-bars" in rendered.sections[tests[0]]  # layers=True
     assert rendered.summary_figures == {"change-overview"}

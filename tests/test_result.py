@@ -92,9 +92,13 @@ NAMES = [
 LOAD_NAMES = ["concurrency", "requests", "failed_requests", "requests_per_s", "output_tps", "goodput"]
 
 
-def expected_properties(measured: dict, budgets: dict[str, str], verdicts: dict[str, list]) -> list[tuple[str, str]]:
+def expected_properties(
+    measured: dict, budgets: dict[str, str], verdicts: dict[str, list], parts: dict[str, list] | None = None
+) -> list[tuple[str, str]]:
     """The JUnit properties as the plugin wrote them before the typed result: the figures in
-    this order (``budget``, then a load test's), ``baseline``, then ``verdict.<metric>``."""
+    this order (``budget``, then a load test's), ``baseline``, then ``verdict.<metric>``; then
+    each part of a phase (``parts``: name -> the verdict's ``PartChange`` objects) as
+    ``part.<metric>.change``, ``.ci`` and ``.moved``."""
     out = []
     for name, m in measured.items():
         prefix = f"llmperf[{m['label']}]." if m["label"] else "llmperf."
@@ -110,6 +114,12 @@ def expected_properties(measured: dict, budgets: dict[str, str], verdicts: dict[
             short, comparisons = verdicts[name]
             out.append((prefix + "baseline", short))
             out += [(f"{prefix}verdict.{metric}", verdict) for metric, verdict in comparisons]
+        for p in (parts or {}).get(name, ()):
+            out += [
+                (f"{prefix}part.{p.metric}.change", p.change_text()),
+                (f"{prefix}part.{p.metric}.ci", p.ci_text()),
+                (f"{prefix}part.{p.metric}.moved", "true" if p.moved else "false"),
+            ]
     return out
 
 
@@ -144,7 +154,8 @@ def test_junit_properties_and_summary_come_from_the_result(pytester: pytest.Pyte
         if r.verdict is not None
     }
     budgets = {"test_two": "FAIL min_tps", "test_two[warm]": "FAIL min_tps"}
-    assert xml_properties(pytester.path / "junit.xml") == expected_properties(measured, budgets, verdicts)
+    parts = {n: r.verdict.parts for n, r in by_name.items() if r.verdict is not None}  # a callable of its own: none
+    assert xml_properties(pytester.path / "junit.xml") == expected_properties(measured, budgets, verdicts, parts)
     assert any(v[1] for v in verdicts.values())  # compared: the verdict properties are there
     # The terminal summary's rows: from the same results (the controller's, under xdist).
     out = result.stdout.str()

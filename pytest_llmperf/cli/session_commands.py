@@ -142,10 +142,14 @@ def _print_comparison(
     """The comparison table, the notes, the undecided and failed comparisons, the count; 1 when
     something regressed."""
     from ..reports.session_file import comparison_table, undecided_lines
+    from ..reports.where import explained, terminal_lines
 
     width = None if args.columns == ["all"] else shutil.get_terminal_size().columns
     table = comparison_table(results, args.columns, width)
     print(table if table else "nothing to compare")
+    where = terminal_lines(explained(results), width or shutil.get_terminal_size().columns, verbose=True)
+    for line in ["where it went:", *where] if where else []:
+        print(line)
     for line in notes + undecided_lines(results, short=width is not None) + failures:
         print(line)
     print(f"{regressed} regression(s) in {len(results)} compared measurement(s)")

@@ -40,7 +40,7 @@ from .budgets import (
     parse_budgets,
 )
 from .paired import PAIRED_METRICS, PHASE_METRIC, PairedComparison, paired
-from .parts import PartChange, paired_parts, paired_why_lines
+from .parts import PartChange, paired_parts, paired_why_lines, part_properties
 
 if TYPE_CHECKING:
     from ..core.workload import RunTrace
@@ -286,6 +286,7 @@ def properties(results: Sequence[ABResult]) -> list[tuple[str, Any]]:
                 (f"{prefix}{c.metric}.ratio", round(c.ratio, 6)),
                 (f"{prefix}{c.metric}.ci", f"{c.ci_low:.6g}..{c.ci_high:.6g}"),
             ]
+        out += part_properties(prefix, r.parts)
         out += [(f"{prefix}budget.{o.budget.kind}.{o.budget.target}", o.status.value) for o in r.budgets]
         if r.agreement is not None:
             out += _agreement_properties(prefix, r.agreement)

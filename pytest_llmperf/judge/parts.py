@@ -68,9 +68,20 @@ class PartChange:
 
     def text(self) -> str:
         """``llama.cpp eval x1.00 (0.99..1.01)``, ``outside llama.cpp +1.9 ms/token (+1.7..+2.1)``."""
+        return f"{self.label} {self.change_text()} ({self.ci_text()})"
+
+    def change_text(self, unit: bool = True) -> str:
+        """The change as every report shows it: ``x1.00`` (the ratio B/A, llama.cpp's own parts),
+        else ``+1.9 ms/token`` (B - A; ``unit=False``: ``+1.9``)."""
         if self.ratio is not None and self.ratio_low is not None and self.ratio_high is not None:
-            return f"{self.label} x{self.ratio:.2f} ({self.ratio_low:.2f}..{self.ratio_high:.2f})"
-        return f"{self.label} {_signed(self.delta)} {self.unit} ({_signed(self.delta_low)}..{_signed(self.delta_high)})"
+            return f"x{self.ratio:.2f}"
+        return f"{_signed(self.delta)} {self.unit}" if unit else _signed(self.delta)
+
+    def ci_text(self) -> str:
+        """The change's 95% CI as every report shows it: ``0.99..1.01`` (ratio), ``+1.7..+2.1`` (delta)."""
+        if self.ratio is not None and self.ratio_low is not None and self.ratio_high is not None:
+            return f"{self.ratio_low:.2f}..{self.ratio_high:.2f}"
+        return f"{_signed(self.delta_low)}..{_signed(self.delta_high)}"
 
     def line(self) -> str:
         """The part with both sides' medians and its p, for a report's table or log."""
@@ -347,3 +358,18 @@ def paired_why_lines(comparisons: Sequence[Headline], parts: Sequence[PartChange
             if line is not None:
                 lines.append(line)
     return lines
+
+
+def part_properties(prefix: str, parts: Sequence[PartChange]) -> list[tuple[str, Any]]:
+    """JUnit properties (``report.user_properties``) of each part, as every report shows it:
+    ``<prefix>part.<metric>.change`` (``x1.01``, ``+0.903 ms/token``), ``.ci`` (its 95% CI) and
+    ``.moved`` (``true`` or ``false``)."""
+    out: list[tuple[str, Any]] = []
+    for p in parts:
+        name = f"{prefix}part.{p.metric}"
+        out += [
+            (f"{name}.change", p.change_text()),
+            (f"{name}.ci", p.ci_text()),
+            (f"{name}.moved", str(p.moved).lower()),
+        ]
+    return out

@@ -38,7 +38,7 @@ from ..core.errors import LLMPerfError
 from ..core.measured import Figures
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from .budgets import BudgetStatus
-from .parts import PartChange, why_lines
+from .parts import PartChange, part_properties, why_lines
 from .verdict import BaselineStatus, Comparison, Verdict, holm
 
 if TYPE_CHECKING:
@@ -336,12 +336,14 @@ class MeasurementResult:
 
     def properties(self) -> list[tuple[str, Any]]:
         """``report.user_properties`` (JUnit XML): ``llmperf[label].<name>`` of ``values()``,
-        then ``verdict.<metric>`` of each comparison, and ``against`` (REF, when judged against
+        then ``verdict.<metric>`` of each comparison, ``part.<metric>.change``/``.ci``/``.moved`` of
+        each part of a phase (``parts.part_properties``), and ``against`` (REF, when judged against
         ``--llmperf-against``'s)."""
         prefix = f"llmperf[{self.label}]." if self.label else "llmperf."
         out = [(prefix + k, v) for k, v in self.values().items()]
         if self.verdict is not None:
             out += [(f"{prefix}verdict.{c.metric}", c.verdict.value) for c in self.verdict.comparisons]
+            out += part_properties(prefix, self.verdict.parts)
         if self.reference:
             out.append((prefix + "against", self.reference))
         return out

@@ -18,7 +18,10 @@ one record.
 The throughput-latency curve of served load tests: each load measurement is one point (output
 tokens/s overall against per-request TTFT and TPOT p50, p99 as a whisker), labelled with its
 concurrency; points of one test function (parametrized over concurrency, or measured with
-several labels) are joined into a curve."""
+several labels) are joined into a curve.
+
+The parts chart (``parts_chart``): where each phase's time went, A's parts and B's side by
+side (``judge.parts.PartChange``: both sides' medians), for a test or an A/B with parts."""
 
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ from ..core import formats as nodeids
 from ..core.errors import LLMPerfError
 
 if TYPE_CHECKING:
+    from ..judge.parts import PartChange
     from ..judge.result import MeasurementResult
     from ..judge.verdict import Comparison
 
@@ -369,3 +373,57 @@ def section(results: Sequence[MeasurementResult]) -> str | None:
     if not curves(results):
         return None
     return render(throughput_latency, results)
+
+
+#: A part's colour on the parts chart, by what it is (``catalog.PARTS``): tokenization,
+#: llama.cpp's own time, sampling, the time outside llama.cpp; a part not named here takes
+#: ``OTHER_PART_COLOURS`` in turn.
+PART_COLOURS = {
+    "tokenize_ms": "#7d3c98",
+    "native_prefill_ms": NOW,
+    "native_decode_ms_per_token": NOW,
+    "sampling_ms_per_token": "#b9770e",
+    "prefill_outside_ms": "#1e8449",
+    "decode_outside_ms_per_token": "#1e8449",
+}
+OTHER_PART_COLOURS = ("#2e4053", "#c0392b", "#16a085")
+
+
+def parts_chart(parts: Sequence[PartChange], sides: tuple[str, str] = ("A", "B")) -> Any:
+    """The parts of each phase side by side (``judge.parts``): per phase a panel of two stacked
+    bars, A's medians and B's, one segment per part in the catalog's order; a part that moved
+    is hatched on B's bar and marked in the legend with its change."""
+    phases = list(dict.fromkeys(p.phase for p in parts))
+    fig, axes = new_chart(
+        2.3, ncols=len(phases), width_in=2 * WIDTH_IN, margins_in=(0.8, 1.05, 0.2, 0.3), wspace=0.35, squeeze=False
+    )
+    for ax, phase in zip(axes[0], phases):
+        _parts_panel(ax, [p for p in parts if p.phase == phase], sides)
+    return fig
+
+
+def _parts_panel(ax: Any, parts: Sequence[PartChange], sides: tuple[str, str]) -> None:
+    """One phase: A's bar above B's, each part a segment; its total at the end of each bar."""
+    left = np.zeros(2)
+    others = iter(OTHER_PART_COLOURS * len(parts))
+    for p in parts:
+        colour = PART_COLOURS.get(p.metric) or next(others)
+        widths = np.array([p.a_median, p.b_median])
+        label = f"{p.label} {p.change_text()}" + (" (moved)" if p.moved else "")
+        ax.barh([0, 1], widths, 0.6, left=left, color=colour, edgecolor="white", lw=0.5, label=label)
+        if p.moved:
+            ax.barh([1], widths[1:], 0.6, left=left[1:], color="none", edgecolor="black", lw=0.8, hatch="///")
+        left += widths
+    for y, total in enumerate(left):
+        ax.annotate(f"{total:.3g}", (total, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=7)
+    ax.set_yticks([0, 1], [_clip_label(s) for s in sides])
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(float(left.max()), 1e-9) * 1.15)
+    ax.grid(axis="y", visible=False)
+    ax.set_xlabel(f"median {parts[0].unit}")
+    ax.set_title(f"{parts[0].phase}: where the time went")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), ncols=1, fontsize=6.5)
+
+
+def _clip_label(text: str, width: int = 12) -> str:
+    return text if len(text) <= width else text[: width - 1] + "\u2026"

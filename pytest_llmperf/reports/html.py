@@ -51,9 +51,20 @@ from .session_file import (
     metric_label,
     summary_values,
 )
+from .where import (
+    ATTRIBUTION_HEADERS,
+    LEGEND,
+    Explained,
+    attribution_phases,
+    attribution_title,
+    explained,
+    html_headers,
+    html_rows,
+)
 
 if TYPE_CHECKING:
     from ..history.series import Series
+    from ..judge.parts import PartChange
     from ..judge.verdict import Comparison
 
 
@@ -246,6 +257,7 @@ def test_section(
         parts.append(_table(comparison_headers([result])[1:], rows, raw=True))
     else:
         parts.append(_table(("metric", "unit", "now"), _now_rows(summary_values(result))))
+    parts += where_html(explained([result]), f"t{index}w-")
     budget_rows = _budget_rows(result)
     if budget_rows:
         parts.append(_table(("budget", "limit", "measured", "status"), budget_rows, raw=True))
@@ -253,6 +265,59 @@ def test_section(
     plots = _record_plots(index, result) + _trend_plot(index, trend)
     parts.append('<div class="plots">' + "".join(plots) + "</div></section>")
     return "\n".join(parts)
+
+
+def where_html(entries: Sequence[Explained], prefix: str) -> list[str]:
+    """Where it went of one test or A/B (``where.explained``): the lines of the phases that
+    moved, the parts chart (A's and B's parts of each phase side by side), the table of every
+    part, and where llama.cpp's time went per layer and op when its pass ran."""
+    out = []
+    for e in entries:
+        out += [
+            f'<div class="where" data-where="{_e(e.test)}"><h3>Where it went</h3>',
+            *_parts_html(e, prefix),
+            *attribution_html(e.attribution),
+            "</div>",
+        ]
+    return out
+
+
+def _parts_html(e: Explained, prefix: str) -> list[str]:
+    """The why lines, the parts chart and table; nothing without parts."""
+    if not e.parts:
+        return []
+    why = "".join(f"<li>{_e(line)}</li>" for line in e.why) or "<li>no phase moved; its parts as measured</li>"
+    caption = f"The parts of each phase, medians: {e.sides[0]} (A) and {e.sides[1]} (B); hatched: moved"
+    return [
+        f'<ul class="notes">{why}</ul>',
+        _chart_html("parts", caption, charts.render(charts.parts_chart, e.parts, e.sides), prefix),
+        _table(html_headers(e), _sourced(html_rows(e.parts), e.parts), raw=True),
+        f'<p class="notes">{_e(LEGEND)}</p>',
+    ]
+
+
+def _sourced(rows: Sequence[Sequence[str]], parts: Sequence[PartChange]) -> list[list[str]]:
+    """The parts table's cells escaped, each part's label titled with its source (where its
+    figure comes from)."""
+    return [
+        [_e(row[0]), f'<span title="{_e(p.source)}">{_e(row[1])}</span>', *(_e(c) for c in row[2:])]
+        for row, p in zip(rows, parts)
+    ]
+
+
+def attribution_html(d: Mapping[str, Any] | None) -> list[str]:
+    """Where llama.cpp's time went, per layer and op (an attribution pass's comparison:
+    ``judge.attribution.AttributionChange.to_json()``, a verdict's or an A/B entry's
+    ``attribution``): its reason, each phase's reading and its top changes; nothing without one."""
+    phases = attribution_phases(d)
+    if d is None or not phases:
+        return []
+    out = [f'<div class="attribution"><h3>{_e(attribution_title(d))}</h3>']
+    for phase, reading, rows in phases:
+        out.append(f'<p class="notes"><b>{_e(phase)}</b>: {_e(reading or "no reading")}</p>')
+        if rows:
+            out.append(_table(ATTRIBUTION_HEADERS, rows))
+    return [*out, "</div>"]
 
 
 def _workload_notes(result: MeasurementResult, against: str) -> str:
@@ -497,6 +562,7 @@ def _ab_div(n: int, e: Mapping[str, Any]) -> list[str]:
     rows = ab_rows(e)
     if rows:
         parts.append(_table(AB_HEADERS, rows))
+    parts += where_html(explained([], [e]), f"ab{n}w-")
     agreement = agreement_rows(e)
     if agreement:
         parts.append(_table(("output agreement", "value"), agreement))

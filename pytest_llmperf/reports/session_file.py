@@ -26,6 +26,7 @@ from ..judge.budgets import FAILING_STATES
 from ..judge.result import MeasurementResult, ResultError
 from ..judge.verdict import Comparison
 from .text import fit_table, short_ids
+from .where import LEGEND, Explained, attribution_lines, explained, moved, part_cells
 
 SESSION_SCHEMA = "pytest-llmperf/session"
 SESSION_SCHEMA_VERSION = 1
@@ -432,6 +433,7 @@ def markdown(
     lines += memory_lines(results)
     lines += _agreement_section(results)
     lines += _comparisons_section(results)
+    lines += where_markdown_lines(explained(results, ab))
     lines += ab_markdown_lines(ab)
     return "\n".join(lines) + "\n"
 
@@ -513,6 +515,22 @@ def _comparisons_section(results: Sequence[MeasurementResult]) -> list[str]:
         return []
     lines = ["", "### Comparisons", "", *_md_head(list(comparison_headers(results)))]
     return lines + ["| " + " | ".join(md_cell(c) for c in row) + " |" for row in rows]
+
+
+def where_markdown_lines(entries: Sequence[Explained]) -> list[str]:
+    """The "Where it went" section: per comparison whose phase moved (``where.moved``), its why
+    lines and a parts table per moved phase; nothing when no phase moved."""
+    chosen = moved(entries)
+    if not chosen:
+        return []
+    out = ["", "### Where it went", "", LEGEND]
+    for e in chosen:
+        title = md_code(e.test) + (f": {md_cell(e.title)}" if e.title else "") + (f" ({e.state})" if e.state else "")
+        out += ["", f"**{title}**", "", *(f"- {md_line(line)}" for line in e.why)]
+        out += [f"- {md_line(line)}" for line in attribution_lines(e.attribution)]
+        for phase in e.moved_phases:
+            out += ["", *_md_table(e.headers(phase), [part_cells(p) for p in e.of_phase(phase)])]
+    return out
 
 
 #: The A/B tables' columns (Markdown summary and HTML report): one row per paired comparison.

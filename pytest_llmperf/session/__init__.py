@@ -388,7 +388,7 @@ class Session:
 
     def summary(self, verbosity: int, width: int) -> list[Line]:
         """The terminal summary's llmperf lines (none, and nothing imported, when nothing ran)."""
-        if self.outputs is None and not self.rows and not self.suite_failures:
+        if self.outputs is None and not self.rows and not self.suite_failures and not self.ab_results:
             return []
         from .finish import summary
 
@@ -402,6 +402,7 @@ class Session:
             verbosity=verbosity,
             width=width,
             notes=notes,
+            ab=self.ab_results,
         )
 
     def end(self, environ: Mapping[str, str] | None = None, *, verbosity: int = 0, width: int = 80) -> list[Line]:

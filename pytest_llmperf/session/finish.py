@@ -211,15 +211,19 @@ def summary(
     verbosity: int,
     width: int,
     notes: Sequence[str] = (),
+    ab: Sequence[Mapping[str, object]] = (),
 ) -> list[Line]:
     """Every line of the llmperf part of the terminal summary, for pytest's ``verbosity``
-    (-q: a count, -qq: nothing but errors) and the terminal's ``width``."""
+    (-q: a count, -qq: nothing but errors) and the terminal's ``width``; ``ab``: the session's
+    A/B comparisons (session JSON ``ab`` entries: their parts join the "where it went" block)."""
     lines: list[Line] = [("line", note) for note in notes]
     if out is not None:
         lines += outputs_lines(out, verbosity)
     lines += suite_lines(suite_failures)
-    if not rows or verbosity <= -2:
+    if verbosity <= -2:
         return lines
+    if not rows:  # a session of A/Bs alone
+        return lines + (where_lines(results, ab, width, verbosity) if verbosity >= 0 else [])
     if s.disable:
         return lines + [
             (
@@ -233,6 +237,7 @@ def summary(
     lines += table_lines(s, rows, results, width)
     lines += comparison_lines(s, results, width, verbosity)
     lines += [("line", note) for note in verdict_notes(s, results)]
+    lines += where_lines(results, ab, width, verbosity)
     return lines + (written_lines(out) if out is not None else [])
 
 
@@ -332,6 +337,17 @@ def comparison_lines(
         return lines + [("line", line) for line in reach_lines(results, short=True)]
     reach = reach_summary(results)
     return lines + ([("line", reach)] if reach else [])
+
+
+def where_lines(
+    results: Sequence[MeasurementResult], ab: Sequence[Mapping[str, object]], width: int, verbosity: int
+) -> list[Line]:
+    """The "where it went" block under the comparison table: per comparison whose phase moved
+    (a few; -v: all), the parts that moved and those that did not (``reports.where``)."""
+    from ..reports.where import explained, terminal_lines
+
+    block = terminal_lines(explained(results, ab), width, verbose=verbosity >= 1)
+    return [("sep", "llmperf where it went"), *(("line", line) for line in block)] if block else []
 
 
 def verdict_notes(s: SessionSettings, results: Sequence[MeasurementResult]) -> list[str]:
