@@ -35,7 +35,7 @@ import numpy as np
 
 from ..core.formats import sig6
 from ..core.workload import Workload
-from .layers import LayerTimer, ggml_function, steps_of, tpot_of
+from .layers import InstrumentedCost, LayerTimer, ggml_function, steps_of, tpot_of
 
 if TYPE_CHECKING:
     from ..engines.capabilities import LayerTiming
@@ -222,7 +222,7 @@ PHASES = ("prefill", "decode")
 
 
 @dataclass(frozen=True)
-class Attribution:
+class Attribution(InstrumentedCost):
     """Both phases of one side, what the instrumentation cost (interleaved plain runs) and the
     pass's wall time (warm-up, instrumented and plain runs)."""
 
@@ -235,14 +235,6 @@ class Attribution:
 
     def phase(self, name: str) -> PhaseAttribution:
         return self.prefill if name == "prefill" else self.decode
-
-    @property
-    def prefill_overhead_ratio(self) -> float | None:
-        return self.prefill.step_ms / self.plain_prefill_ms if self.plain_prefill_ms else None
-
-    @property
-    def decode_overhead_ratio(self) -> float | None:
-        return self.tpot_ms / self.plain_tpot_ms if self.plain_tpot_ms else None
 
     def cost(self) -> dict[str, Any]:
         """What the pass cost and how its node times add up to the step, per phase."""

@@ -17,7 +17,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -77,12 +77,16 @@ class PhaseLayers:
         return sum(1 for n in self.names if n != HEAD_NAME)
 
 
-@dataclass(frozen=True)
-class LayerProfile:
-    """Both phases, plus what the instrumentation cost against the plain engine."""
+class _Stepped(Protocol):
+    @property
+    def step_ms(self) -> float: ...
 
-    prefill: PhaseLayers
-    decode: PhaseLayers
+
+class InstrumentedCost:
+    """What an instrumented pass cost against interleaved plain runs of the same engine
+    (``LayerProfile``, ``attribution.Attribution``): instrumented / plain, per phase."""
+
+    prefill: _Stepped
     tpot_ms: float  # instrumented runs, median
     plain_prefill_ms: float | None  # interleaved plain runs, medians
     plain_tpot_ms: float | None
@@ -94,6 +98,17 @@ class LayerProfile:
     @property
     def decode_overhead_ratio(self) -> float | None:
         return self.tpot_ms / self.plain_tpot_ms if self.plain_tpot_ms else None
+
+
+@dataclass(frozen=True)
+class LayerProfile(InstrumentedCost):
+    """Both phases, plus what the instrumentation cost against the plain engine."""
+
+    prefill: PhaseLayers
+    decode: PhaseLayers
+    tpot_ms: float  # instrumented runs, median
+    plain_prefill_ms: float | None  # interleaved plain runs, medians
+    plain_tpot_ms: float | None
 
     def as_dict(self) -> dict[str, Any]:
         """The record's ``layers`` entry (baselines, session reports)."""
