@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from types import SimpleNamespace
 from typing import Any
@@ -174,3 +175,41 @@ def test_ten_pairs_at_alpha_001_are_enough_to_name_a_part_and_zero_tokenization_
     got = _by(P.paired_parts(a, b, alpha=0.01))
     assert got["native_decode_ms_per_token"].moved and "tokenize_ms" not in got
     assert got["native_decode_ms_per_token"].p_value == pytest.approx(3 * 2 / 1024)
+
+
+def test_a_part_is_tested_only_in_a_phase_whose_headline_moved() -> None:
+    """Two side processes' llama.cpp time can differ by a few percent for a whole session, which
+    the pairs do not cancel: the part's CI excludes 0 while the phase is UNCHANGED. The headline
+    gates its parts, so that A/A flags nothing."""
+    a = _runs(20, 16)
+    b = _runs(20, 17, eval_ms=10.4)  # llama.cpp eval x1.04, the phase within its threshold
+    raw = _by(P.paired_parts(a, b, alpha=0.01))
+    assert raw["native_decode_ms_per_token"].moved  # significant and material on its own
+    unchanged = _comparison("decode", "tpot_ms", "TPOT", 1.035, Verdict.UNCHANGED)
+    prefill = _comparison("prefill", "ttft_ms", "TTFT", 1.0, Verdict.UNCHANGED)
+    gated = P.gated(tuple(raw.values()), P.explained_phases([prefill, unchanged]))
+    assert not any(p.moved for p in gated) and not P.llama_cpp_moved(gated)
+    assert [dataclasses.replace(p, moved=q.moved) for p, q in zip(gated, raw.values())] == list(raw.values())
+    moved = _comparison("decode", "tpot_ms", "TPOT", 1.09, Verdict.REGRESSION)
+    kept = _by(P.gated(tuple(raw.values()), P.explained_phases([prefill, moved])))
+    assert kept["native_decode_ms_per_token"].moved
+    # an A/B has no verdict: its phase moved when the headline's CI excludes 1
+    assert P.paired_explained_phases([moved, prefill]) == {"decode"}
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(min_value=6, max_value=30),
+    st.floats(min_value=0.5, max_value=2.0),
+    st.floats(min_value=0.5, max_value=2.0),
+    st.integers(0, 2**31 - 1),
+)
+def test_no_part_moves_in_a_phase_whose_headline_did_not_move(n: int, e: float, o: float, seed: int) -> None:
+    a, b = _runs(n, seed), _runs(n, seed + 1, eval_ms=10.0 * e, outside_ms=o)
+    parts = P.paired_parts(a, b, alpha=0.05)
+    for verdict in (Verdict.UNCHANGED, Verdict.INCONCLUSIVE):
+        c = _comparison("decode", "tpot_ms", "TPOT", 1.0, verdict)
+        gated = P.gated(parts, P.explained_phases([c]))
+        assert not any(p.moved for p in gated if p.phase == "decode")
+        assert not any(p.moved for p in gated if p.phase == "prefill")  # no prefill headline: none
+        assert P.why_lines([c], gated) == []

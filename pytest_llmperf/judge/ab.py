@@ -40,7 +40,7 @@ from .budgets import (
     parse_budgets,
 )
 from .paired import PAIRED_METRICS, PHASE_METRIC, PairedComparison, paired
-from .parts import PartChange, paired_parts, paired_why_lines, part_properties
+from .parts import PartChange, gated, paired_explained_phases, paired_parts, paired_why_lines, part_properties
 
 if TYPE_CHECKING:
     from ..core.workload import RunTrace
@@ -209,7 +209,7 @@ def compare_ab(
     comparisons = _paired_comparisons(ma, mb)
     outcomes = _judged_budgets(budgets, comparisons)
     judged = tuple(judge_agreement(budget, limit, outputs) for budget, limit in agreement_budgets if outputs)
-    parts = paired_parts(ma.runs, mb.runs, alpha=DEFAULT_ALPHA)
+    parts = gated(paired_parts(ma.runs, mb.runs, alpha=DEFAULT_ALPHA), paired_explained_phases(comparisons))
     result = ABResult(
         label, a.name, b.name, orders, ma, mb, tuple(comparisons), tuple(outcomes), outputs, judged, parts=parts
     )

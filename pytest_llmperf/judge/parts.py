@@ -14,15 +14,21 @@ compared like the headline, on the same runs:
   baseline's sessions or the history window), scaled to the part: a whole session that ran
   slower moves every part by the same factor, and that must not read as a part that moved.
 
-A part **moved** when its two-sided p-value, Holm-adjusted over its phase's parts (a phase's
-line is one family), is under alpha and the change is material: at least ``MATERIAL_SHARE`` of A's phase time (a part
-that moved 0.01 ms of a 20 ms TPOT explains nothing). Parts never decide: a phase's verdict is
+A part **moved** when its phase's headline moved (``explained_phases``: the verdict is
+REGRESSION, IMPROVED or MACHINE_SLOWER; an A/B's ``paired_explained_phases``: its CI excludes 1),
+its two-sided p-value, Holm-adjusted over its phase's parts (a phase's line is one family), is
+under alpha, and the change is material: at least ``MATERIAL_SHARE`` of A's phase time (a part
+that moved 0.01 ms of a 20 ms TPOT explains nothing). The headline is the gate (a fixed
+sequence: the phase first, then its parts): parts never add a false alarm to a phase that did
+not move, so an A/A flags a part no more often than its headline flags the phase, whatever
+two processes' llama.cpp time differs by (``gated``). Parts never decide: a phase's verdict is
 its headline's; the parts are named in its line (``why_line``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -63,7 +69,8 @@ class PartChange:
     n_a: int
     n_b: int
     paired: bool
-    #: Significant after Holm and material (``MATERIAL_SHARE`` of A's phase time).
+    #: Its phase's headline moved, and the part is significant after Holm and material
+    #: (``MATERIAL_SHARE`` of A's phase time).
     moved: bool
 
     def text(self) -> str:
@@ -335,29 +342,54 @@ def why_line(c: Headline, parts: Sequence[PartChange]) -> str | None:
     return f"{head}: {'; '.join(said)}"
 
 
-def why_lines(comparisons: Sequence[Comparison], parts: Sequence[PartChange]) -> list[str]:
-    """One ``why_line`` per phase whose judged comparison moved (``EXPLAINED``)."""
+def _judged_headline(c: Headline) -> bool:
+    """The comparison is its phase's judged headline (TTFT, TPOT), not a tail or a mirrored rate."""
+    return catalog.PHASE_METRIC.get(c.phase) == c.metric
+
+
+def explained_phases(comparisons: Sequence[Comparison]) -> frozenset[str]:
+    """The phases whose judged comparison moved (its verdict in ``EXPLAINED``): a baseline's or
+    REF's. Their parts are tested and named; the other phases' parts are not (``gated``)."""
+    return frozenset(c.phase for c in comparisons if _judged_headline(c) and c.verdict in EXPLAINED)
+
+
+def paired_explained_phases(comparisons: Sequence[Headline]) -> frozenset[str]:
+    """An A/B's (no verdict): the phases whose headline's CI excludes 1."""
+    return frozenset(
+        c.phase
+        for c in comparisons
+        if _judged_headline(c)
+        and c.ci_low is not None
+        and c.ci_high is not None
+        and (c.ci_low > 1.0 or c.ci_high < 1.0)
+    )
+
+
+def gated(parts: Sequence[PartChange], phases: Collection[str]) -> tuple[PartChange, ...]:
+    """``parts`` with ``moved`` kept only in ``phases`` (those whose headline moved): the
+    headline is tested first and its parts only after it moved, so the parts add no false alarm
+    to the headline's (a fixed-sequence procedure: the family's error rate stays alpha)."""
+    return tuple(p if p.phase in phases or not p.moved else dataclasses.replace(p, moved=False) for p in parts)
+
+
+def _why_lines(comparisons: Sequence[Headline], parts: Sequence[PartChange], phases: Collection[str]) -> list[str]:
     lines = []
     for c in comparisons:
-        if c.mirror_of is None and not catalog.METRICS[c.metric].tail and c.verdict in EXPLAINED:
+        if _judged_headline(c) and c.phase in phases:
             line = why_line(c, parts)
             if line is not None:
                 lines.append(line)
     return lines
+
+
+def why_lines(comparisons: Sequence[Comparison], parts: Sequence[PartChange]) -> list[str]:
+    """One ``why_line`` per phase whose judged comparison moved (``explained_phases``)."""
+    return _why_lines(comparisons, parts, explained_phases(comparisons))
 
 
 def paired_why_lines(comparisons: Sequence[Headline], parts: Sequence[PartChange]) -> list[str]:
-    """An A/B's: one ``why_line`` per phase whose headline (``catalog.PHASE_METRIC``: TTFT, TPOT)
-    moved (its CI excludes 1)."""
-    lines = []
-    for c in comparisons:
-        headline = catalog.PHASE_METRIC.get(c.phase) == c.metric
-        excludes_one = c.ci_low is not None and c.ci_high is not None and (c.ci_low > 1.0 or c.ci_high < 1.0)
-        if headline and excludes_one:
-            line = why_line(c, parts)
-            if line is not None:
-                lines.append(line)
-    return lines
+    """An A/B's: one ``why_line`` per phase whose headline moved (``paired_explained_phases``)."""
+    return _why_lines(comparisons, parts, paired_explained_phases(comparisons))
 
 
 def part_properties(prefix: str, parts: Sequence[PartChange]) -> list[tuple[str, Any]]:

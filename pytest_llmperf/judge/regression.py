@@ -20,7 +20,7 @@ from ..baselines.records import same_workload
 from ..core.catalog import Metric
 from ..core.fingerprint import hardware_differences, other_hardware_note, subject_changes
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRESHOLD
-from .parts import PartChange, unpaired_parts, why_lines
+from .parts import PartChange, explained_phases, gated, unpaired_parts, why_lines
 from .result import LayerChange, MeasurementResult, compare_layers
 from .rule import JUDGED, METRICS, MIN_PEERS, SUITE_ALPHA_SHARE, compare_levels, decide, mirrored, suite_relative
 from .verdict import BaselineStatus, Comparison, Level, NoiseModel, Verdict, holm, level
@@ -499,12 +499,13 @@ def _judge(
             "it may be too slow to catch a regression; re-record it with --llmperf-update-baselines"
         )
     why = machine_blame(baseline, candidate)
-    comparisons, left_out = judged_records(baseline, candidate, settings, window(baseline) if window else None)
+    judged, left_out = judged_records(baseline, candidate, settings, window(baseline) if window else None)
+    comparisons = tuple(blame_machine(judged, why))
     return BaselineVerdict(
         BaselineStatus.COMPARED,
         note="; ".join(notes + left_out),
         machine=why or "",
-        comparisons=tuple(blame_machine(comparisons, why)),
+        comparisons=comparisons,
         changes=changes,
         layer_changes=_layers(baseline, candidate, settings),
         attribution=_attribution(baseline, candidate, settings),
@@ -521,18 +522,20 @@ def _parts(
     settings: CompareSettings,
 ) -> tuple[PartChange, ...]:
     """The parts of each phase against the baseline's runs (``parts.unpaired_parts``), with the
-    between-session sd each phase's headline comparison used; none when either record lacks them."""
+    between-session sd each phase's headline comparison used, tested only in the phases whose
+    verdict moved (``parts.gated``); none when either record lacks them."""
     headline = {c.phase: c for c in comparisons if c.mirror_of is None and not METRICS[c.metric].tail}
     phase_ms = {c.metric: c.baseline_value for c in headline.values()}
     between = {phase: c.between_sd for phase, c in headline.items()}
     try:
-        return unpaired_parts(
+        parts = unpaired_parts(
             baseline.get("parts") or {},
             candidate.get("parts") or {},
             phase_ms,
             alpha=settings.alpha,
             between_sd=between,
         )
+        return gated(parts, explained_phases(comparisons))
     except (ArithmeticError, TypeError, ValueError):
         return ()
 

@@ -410,7 +410,7 @@ def _looks(
     """Pairs, ``step`` at a time, each batch judged at a look, until settled, the cap or the bound."""
     from ..judge.ab import block_orders
     from ..judge.paired import judged_pairs, pairs_settled
-    from ..judge.parts import paired_parts
+    from ..judge.parts import explained_phases, gated, paired_parts
     from ..measuring.metrics import RunMetrics
 
     cap, looks, step = plan
@@ -430,7 +430,7 @@ def _looks(
             why = f"the {PAIRS_TIME_CAP_S:.0f} s bound"
         if why is not None:
             seconds = time.monotonic() - started
-            parts = paired_parts(runs["A"], runs["B"], alpha=judging["alpha"])
+            parts = gated(paired_parts(runs["A"], runs["B"], alpha=judging["alpha"]), explained_phases(comparisons))
             return Looked(comparisons, n, look, why, seconds, orders, parts)
 
 
