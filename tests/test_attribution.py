@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from pytest_llmperf.judge.attribution import (
 )
 from pytest_llmperf.measuring.attribution import (
     ATTENTION,
+    ATTRIBUTION_RUNS,
     COPIES,
     ELEMENTWISE,
     GROUPS,
@@ -134,12 +136,12 @@ def test_attribution_of_the_tiny_model(tiny_attribution: Attribution, tiny_engin
         assert {s.name for s in phase.groups} <= set(GROUPS) and MATMUL in {s.name for s in phase.groups}
         # The node times lie inside the step: each step's sum is at most its span, so the medians too.
         assert 0 < phase.nodes_ms <= phase.step_ms and 0 < phase.coverage <= 1.0
-        assert phase.n_runs == WORKLOAD.runs and all(len(s.per_run_ms) == WORKLOAD.runs for s in phase.ops)
+        assert phase.n_runs == ATTRIBUTION_RUNS and all(len(s.per_run_ms) == ATTRIBUTION_RUNS for s in phase.ops)
         assert phase.nodes > 4 * n_layer
         # The blocks' total per step: at most the node times, at least the largest block's median.
         assert phase.blocks is not None and phase.blocks.median_ms <= phase.nodes_ms
         assert phase.blocks.median_ms >= max(s.median_ms for s in phase.layers if s.name.startswith("layer "))
-    assert a.decode.n_steps == WORKLOAD.runs * (WORKLOAD.max_tokens - 1)
+    assert a.decode.n_steps == ATTRIBUTION_RUNS * (WORKLOAD.max_tokens - 1)
     # The cost is measured against interleaved plain runs, not assumed.
     assert a.plain_tpot_ms and a.decode_overhead_ratio and a.decode_overhead_ratio > 0
     assert a.wall_s > 0
@@ -194,7 +196,7 @@ def test_the_pass_runs_after_the_timed_runs_on_its_own_context(tiny_engine) -> N
     assert logged.log[: WORKLOAD.warmup + WORKLOAD.runs] == [("plain", -1)] + [("plain", i) for i in range(5)]
     assert timed[WORKLOAD.runs - 1] < first_pass
     assert m.n_runs == WORKLOAD.runs and m.attribution is not None
-    assert m.attribution.decode.n_runs == 5
+    assert m.attribution.decode.n_runs == ATTRIBUTION_RUNS
     plain = measure(tiny_engine, WORKLOAD)
     assert plain.attribution is None and plain.n_runs == m.n_runs
 
@@ -262,9 +264,15 @@ def test_the_reading_names_the_slowed_layer(layer_models: tuple[Attribution, Att
     for phase in ("prefill", "decode"):
         ph = change.phase(phase)
         assert ph.reading.startswith("layer 3 +"), ph.reading
-        assert ph.reading.split(";")[0].count("layer") == 1, ph.reading  # layer 3 alone
         (layer3,) = [c for c in ph.layers if c.name == "layer 3"]
         assert layer3.moved and layer3.ratio is not None and layer3.ratio > 3
+        # Layer 3 is named first, and alone unless the wide block's own effect on the next ones
+        # stands out (its 16x FFN evicts their weights from the cache: a real, smaller change
+        # that 8 runs a side can see on a busy machine).
+        others = [c for c in ph.layers if c.name.startswith("layer ") and c.name != "layer 3" and c.name in ph.reading]
+        assert all(c.ratio is not None and abs(math.log(c.ratio)) < math.log(layer3.ratio) / 2 for c in others), (
+            ph.reading
+        )
     # The wider FFN is matrix work. Decode only: a run's prefill is three steps, and on a busy
     # machine the matrix group's total over them can span 1 (the block's own time never did).
     assert "matrix multiplication +" in change.decode.reading, change.decode.reading
@@ -418,7 +426,7 @@ def test_the_engine_worker_runs_the_pass_in_its_process(tiny_model_path) -> None
     finally:
         worker.close()
     a = m.attribution
-    assert a is not None and a.decode.n_runs == 5 and "MUL_MAT" in {s.name for s in a.decode.ops}
+    assert a is not None and a.decode.n_runs == ATTRIBUTION_RUNS and "MUL_MAT" in {s.name for s in a.decode.ops}
     assert [s.name for s in a.decode.layers if s.name.startswith("layer ")] == [f"layer {i}" for i in range(4)]
 
 

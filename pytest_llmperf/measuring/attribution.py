@@ -328,9 +328,12 @@ class NodeTimer(LayerTimer):
         return steps_of(timed.start_ns, timed.prefill_done_ns, timed.token_ns, events)[0]
 
 
-#: Instrumented runs (each with an interleaved plain run) unless the caller gives another count:
-#: five a side give the runs' rank CI (``judge.attribution``) its 95% at all.
-ATTRIBUTION_RUNS = 5
+#: Instrumented runs (each with an interleaved plain run) unless the caller gives another count.
+#: Five a side are the fewest that give the runs' rank CI (``judge.attribution``) its 95% at all,
+#: and it excludes "no change" only when 23 of the 25 run differences b_j - a_i lie one way;
+#: with eight, 51 of the 64. With five, threads 2 -> 1 on the small preset (TPOT +18..+33%) left the blocks'
+#: CI spanning 1 in 2 of 7 sessions (``benchmarks/why_cases.py``, case c).
+ATTRIBUTION_RUNS = 8
 #: Each instrumented run times the prompt's step this many more times (the step alone): a run's
 #: prefill figure is the median of its steps, so one preempted step does not make the run's.
 PREFILL_REPEATS = 2
