@@ -464,3 +464,21 @@ def test_a_verdicts_attribution_pass_reads_in_every_report(tiny_engine, tmp_path
     section = html.test_section(0, back)
     assert "<h3>Where llama.cpp&#x27;s time went (asked): A baseline, B now</h3>" in section
     assert f"<b>decode</b>: {html._e(decode)}" in section
+
+
+def test_why_a_due_pass_did_not_run_reads_where_its_readings_would() -> None:
+    """An A/B whose pass was asked for on a side that cannot have one (a callable, an endpoint):
+    its ``attribution_note`` takes the readings' place in the terminal block, the Markdown and
+    the HTML."""
+    note = "attribution: not run: side B is no in-process llama.cpp engine (a callable)"
+    entry = {**_ab_entry(), "attribution": None, "attribution_note": note}
+    (e,) = where.explained([], [entry])
+    assert e.attribution is None and e.attribution_text() == [note]
+    block = where.terminal_lines([e], 80)
+    assert "  attribution: not run: side B is no in-process llama.cpp engine (a callable)" in block
+    assert f"- {note}" in session_file.markdown([], ab=[entry])
+    pytest.importorskip("matplotlib")
+    from pytest_llmperf.reports import html
+
+    assert f'<p class="attribution-note">{note}</p>' in html.ab_section([entry])
+    assert "attribution-note" not in html.ab_section([_ab_entry()])

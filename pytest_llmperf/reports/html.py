@@ -277,6 +277,7 @@ def where_html(entries: Sequence[Explained], prefix: str) -> list[str]:
             f'<div class="where" data-where="{_e(e.test)}"><h3>Where it went</h3>',
             *_parts_html(e, prefix),
             *attribution_html(e.attribution),
+            *([f'<p class="attribution-note">{_e(e.attribution_note)}</p>'] if e.attribution_note else []),
             "</div>",
         ]
     return out

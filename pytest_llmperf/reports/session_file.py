@@ -26,7 +26,7 @@ from ..judge.budgets import FAILING_STATES
 from ..judge.result import MeasurementResult, ResultError
 from ..judge.verdict import Comparison
 from .text import fit_table, short_ids
-from .where import LEGEND, Explained, attribution_lines, explained, moved, part_cells
+from .where import LEGEND, Explained, explained, moved, part_cells
 
 SESSION_SCHEMA = "pytest-llmperf/session"
 SESSION_SCHEMA_VERSION = 1
@@ -527,7 +527,7 @@ def where_markdown_lines(entries: Sequence[Explained]) -> list[str]:
     for e in chosen:
         title = md_code(e.test) + (f": {md_cell(e.title)}" if e.title else "") + (f" ({e.state})" if e.state else "")
         out += ["", f"**{title}**", "", *(f"- {md_line(line)}" for line in e.why)]
-        out += [f"- {md_line(line)}" for line in attribution_lines(e.attribution)]
+        out += [f"- {md_line(line)}" for line in e.attribution_text()]
         for phase in e.moved_phases:
             out += ["", *_md_table(e.headers(phase), [part_cells(p) for p in e.of_phase(phase)])]
     return out

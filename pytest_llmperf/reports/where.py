@@ -40,7 +40,8 @@ TERMINAL_SHOWN = 5
 LEGEND = (
     "Each part's median on both sides (A: the baseline, REF or an A/B's A; B: this run, this tree "
     "or its B); llama.cpp's own parts change as a ratio B/A, the others as B - A in their unit; "
-    f"moved: significant after Holm over the phase's parts and at least {MATERIAL_SHARE:.0%} of the phase's time."
+    f"moved: in a phase whose headline moved, significant after Holm over the phase's parts and at least "
+    f"{MATERIAL_SHARE:.0%} of the phase's time."
 )
 
 
@@ -63,6 +64,12 @@ class Explained:
     #: Where llama.cpp's time went, per layer and op (``judge.attribution``'s JSON), when its
     #: pass ran; else None.
     attribution: Mapping[str, Any] | None = None
+    #: Why a pass that was due did not run (an A/B's ``attribution_note``), else "".
+    attribution_note: str = ""
+
+    def attribution_text(self) -> list[str]:
+        """The attribution's title and readings when its pass ran, else the note why it did not."""
+        return attribution_lines(self.attribution) or ([self.attribution_note] if self.attribution_note else [])
 
     @property
     def moved_phases(self) -> tuple[str, ...]:
@@ -96,7 +103,7 @@ def explained(results: Iterable[MeasurementResult], ab: Iterable[Mapping[str, An
             out.append(Explained(r.test, "", v.short, tuple(v.why()), v.parts, r.regressed, sides, attribution))
     for e in ab:
         parts = tuple(PartChange.from_json(p) for p in e.get("parts") or ())
-        if parts or e.get("attribution"):
+        if parts or e.get("attribution") or e.get("attribution_note"):
             a, b = e["a"]["name"], e["b"]["name"]
             failed = bool(e.get("failures"))
             title = f"B [{b}] vs A [{a}]"
@@ -110,6 +117,7 @@ def explained(results: Iterable[MeasurementResult], ab: Iterable[Mapping[str, An
                     failed,
                     (a, b),
                     e.get("attribution") or None,
+                    str(e.get("attribution_note") or ""),
                 )
             )
     return out
@@ -171,7 +179,7 @@ def _entry_lines(e: Explained, names: Mapping[str, str], width: int) -> list[str
         lines += _wrap(why, width, "  ", "    ")
     for phase in e.moved_phases:
         lines += ["  " + line for line in _phase_table(e.headers(phase), e.of_phase(phase), width - 2).splitlines()]
-    for line in attribution_lines(e.attribution):  # per layer and op, when its pass ran
+    for line in e.attribution_text():  # per layer and op, when its pass ran; else why not
         lines += _wrap(line, width, "  ", "    ")
     return lines
 
