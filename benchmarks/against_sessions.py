@@ -39,6 +39,7 @@ package itself records nothing.
     .venv/bin/python benchmarks/against_sessions.py --case aa --sessions 20
     .venv/bin/python benchmarks/against_sessions.py --case python --old 0.3.30 --sessions 5
     .venv/bin/python benchmarks/against_sessions.py --case quant --sessions 3
+    .venv/bin/python benchmarks/against_sessions.py --summary-of rows.jsonl --case aa   # rows of --jsonl
 """
 
 from __future__ import annotations
@@ -281,7 +282,16 @@ def main() -> int:
     p.add_argument("--jsonl", type=Path, help="append each session's row to this file (JSON lines)")
     p.add_argument("--record-pairs", type=Path, help="append each session's pairs, every run, to this file")
     p.add_argument("--all-pairs", action="store_true", help="with --record-pairs: take every pair up to the cap")
+    p.add_argument(
+        "--summary-of",
+        type=Path,
+        help="print the summary of a --jsonl file's sessions per case and change (sessions run one at a "
+        "time, the cases alternating), and run nothing",
+    )
     args = p.parse_args()
+    if args.summary_of:
+        summaries(args, args.summary_of)
+        return 0
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
     rows: list[dict] = []
     try:
@@ -346,6 +356,15 @@ def main() -> int:
             hog.wait()
     summary(args, rows)
     return 0
+
+
+def summaries(args: argparse.Namespace, jsonl: Path) -> None:
+    """``summary`` of each case (and change) of a ``--jsonl`` file's rows."""
+    rows = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
+    for case, change in sorted({(r["case"], r["change"]) for r in rows}):
+        mine = [r for r in rows if (r["case"], r["change"]) == (case, change)]
+        label = f"change {change:+.0%}" if case == "change" else case
+        summary(argparse.Namespace(**{**vars(args), "case": label}), mine)
 
 
 def summary(args: argparse.Namespace, rows: list[dict]) -> None:
