@@ -9,7 +9,11 @@ Rules:
   pairs while a comparison is INCONCLUSIVE and more pairs could decide it, or UNCHANGED with a
   95% CI that holds 1 and reaches past half the threshold;
 - ``after``: ``session.against.looks_for`` (a look every 10 pairs, 6 looks) and
-  ``judge.paired.pairs_settled``.
+  ``judge.paired.pairs_settled``;
+- ``early`` (a candidate, not the plugin's): ``after``, and also stop at a REGRESSION whose CI
+  lies beyond half the threshold (``after`` waits until the whole CI lies beyond the threshold).
+  It never stops later than ``after``, so it can be replayed on sessions recorded without
+  ``--all-pairs`` (the pairs ``after`` took are all it can ask for).
 
 Pairs: per pair a shared machine factor (moves both sides alike) and per run a normal noise
 (sd ``spread`` / sqrt 2 on the log scale), one run in 10 hit by a burst (exponential, mean 2 x
@@ -27,6 +31,7 @@ kept the pairs going at the looks that did not stop. ``--load-bands`` splits eac
 session's 1-min load.
 
     .venv/bin/python benchmarks/against_stopping.py --replay /tmp/pairs.jsonl
+    .venv/bin/python benchmarks/against_stopping.py --replay /tmp/pairs.jsonl --rules after early --statistics mean
 """
 
 from __future__ import annotations
@@ -99,7 +104,10 @@ def stopped(rule: str, a: list, b: list, runs: int = 20) -> tuple[int, dict, lis
         n = min(n + step, cap)
         comps = judged_pairs(a[:n], b[:n], alpha=0.01, threshold=0.05, tail_threshold=0.10, family=3, looks=looks)
         judged = [c for c in comps if c.mirror_of is None]
-        stop = not any(_before_open(c) for c in judged) if rule == "before" else pairs_settled(comps) is not None
+        if rule == "before":
+            stop = not any(_before_open(c) for c in judged)
+        else:
+            stop = pairs_settled(comps) is not None or (rule == "early" and _early_regression(judged))
         if stop or n >= cap:
             return n, {c.metric: c for c in judged}, open_by
         test = _before_open if rule == "before" else needs_more_pairs
@@ -107,6 +115,17 @@ def stopped(rule: str, a: list, b: list, runs: int = 20) -> tuple[int, dict, lis
 
 
 SEQUENTIAL = 3
+RULES = ("before", "after", "early")
+
+
+def _early_regression(judged: list) -> bool:
+    """The ``early`` rule's extra stop: a REGRESSION whose CI lies beyond half the threshold."""
+    for c in judged:
+        if c.verdict is Verdict.REGRESSION and c.ci_low is not None and c.ci_high is not None:
+            worse_low = 1.0 / c.ci_high if c.higher_is_better else c.ci_low
+            if worse_low > 1.0 + c.threshold / 2:
+                return True
+    return False
 
 
 def _trimmed(share: float):
@@ -168,7 +187,9 @@ def _case(s: dict, bands: bool) -> tuple:
     return s["preset"], tuple(s["tokens"]), s["case"], change, band
 
 
-def replay(paths: list[str], bands: bool = False) -> None:
+def replay(
+    paths: list[str], bands: bool = False, rules: tuple[str, ...] = ("before", "after"), stats: tuple[str, ...] = ()
+) -> None:
     """Per case of the recorded sessions: the pairs' spreads, then each rule and statistic."""
     import json
     from pathlib import Path
@@ -186,8 +207,8 @@ def replay(paths: list[str], bands: bool = False) -> None:
             print(f"  pairs' spread {metric}: {_spreads(spreads)}")
         print(f"  pairs' spread decode per token position: {_spreads([_by_position(s) for s in mine])}")
         print(f"  {_run_level(mine)}")
-        for stat in DECODE:
-            _replay_statistic(mine, stat)
+        for stat in stats or tuple(DECODE):
+            _replay_statistic(mine, stat, rules)
 
 
 def _run_level(mine: list[dict]) -> str:
@@ -221,7 +242,7 @@ def _by_position(s: dict) -> tuple[float, float]:
     return log_level(d).spread, float(np.std(d, ddof=1))
 
 
-def _replay_statistic(mine: list[dict], stat: str) -> None:
+def _replay_statistic(mine: list[dict], stat: str, rules: tuple[str, ...] = ("before", "after")) -> None:
     runs = [(replay_runs(s["a"], stat), replay_runs(s["b"], stat)) for s in mine]
     spreads = [_spread([r.tpot_ms for r in a], [r.tpot_ms for r in b]) for a, b in runs]
     ratio = statistics.median(
@@ -229,7 +250,7 @@ def _replay_statistic(mine: list[dict], stat: str) -> None:
     )
     print(f"  pairs' spread decode {stat} (median pair ratio {ratio:.3f}): {_spreads(spreads)}")
     per_pair = [s["pairs_s"][0] / len(s["a"]) if s.get("pairs_s") else float("nan") for s in mine]
-    for rule in ("before", "after"):
+    for rule in rules:
         got = [stopped(rule, a, b) for a, b in runs]
         n = [g[0] for g in got]
         secs = [k * t for k, t in zip(n, per_pair)]
@@ -253,15 +274,18 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--replay", nargs="+", help="replay on recorded real pairs (against_sessions.py --record-pairs)")
     p.add_argument("--load-bands", action="store_true", help="with --replay: each case by 1-min load (<2, 2-6, >=6)")
+    p.add_argument("--rules", nargs="+", choices=RULES, default=["before", "after"])
+    p.add_argument("--statistics", nargs="+", choices=tuple(DECODE), help="with --replay: these decode figures only")
     args = p.parse_args()
+    rules = tuple(args.rules)
     if args.replay:
-        replay(args.replay, args.load_bands)
+        replay(args.replay, args.load_bands, rules, tuple(args.statistics or ()))
         return 0
     print("rule, spread, change: median pairs (range); any REGRESSION; decode CI above 1")
     for spread in args.spread:
         for change in (0.0, 0.04, 0.08):
-            for rule in ("before", "after"):
-                rng = np.random.default_rng(args.seed)  # the same pairs for both rules
+            for rule in rules:
+                rng = np.random.default_rng(args.seed)  # the same pairs for every rule
                 got = [session(rng, rule, change, spread) for _ in range(args.sessions)]
                 n = [g[0] for g in got]
                 reg = sum(any(c.verdict is Verdict.REGRESSION for c in g[1].values()) for g in got)
