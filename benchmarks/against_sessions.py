@@ -202,23 +202,15 @@ def old_venv(version: str) -> Path:
     return python
 
 
+def pytest_command(model: str, out: Path, *more: str) -> list[str]:
+    """One session of a test project's ``tests``: ``python -m pytest`` (this interpreter) on
+    ``model``, its session file written to ``out``, then ``more`` options."""
+    cmd = [sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", "--llmperf-model", model]
+    return [*cmd, f"--llmperf-json={out}", *more]
+
+
 def session(root: Path, ref: str, args: argparse.Namespace, out: Path) -> dict:
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "tests",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "--llmperf-model",
-        args.preset,
-        "--llmperf-threads",
-        str(args.threads),
-        "--llmperf-against",
-        ref,
-        f"--llmperf-json={out}",
-    ]
+    cmd = pytest_command(args.preset, out, "--llmperf-threads", str(args.threads), "--llmperf-against", ref)
     env = dict(os.environ)
     looks = out.with_suffix(".looks.jsonl")
     if args.record_pairs:

@@ -402,20 +402,9 @@ def run_session(project: Project, out: Path, extra: Sequence[str] = ()) -> tuple
     of what it printed."""
     for leftover in ("baselines", ".llmperf"):  # every session starts without a baseline
         shutil.rmtree(project.root / leftover, ignore_errors=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "tests",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "--llmperf-model",
-        project.model,
-        f"--llmperf-json={out}",
-        *project.args,
-        *extra,
-    ]
+    from against_sessions import pytest_command
+
+    cmd = pytest_command(project.model, out, *project.args, *extra)
     started = time.monotonic()
     proc = subprocess.run(
         cmd, cwd=project.root, capture_output=True, text=True, timeout=1800, check=False, env=session_env()

@@ -3,10 +3,11 @@
 A (REF, A of an A/B, the baseline) against B (this tree, B, now), per layer, per raw op type
 and per group, prefill and decode apart. The unit is the run: each side's per-run medians of a
 slice are the samples (tokens within a run are not independent). The ratio B/A is the
-Hodges-Lehmann estimate on the log scale (the median of every log(b_j) - log(a_i), unpaired: the
-two passes are not interleaved run by run) with its distribution-free 95% CI from the exact
-Mann-Whitney null (Moses' interval: the k-th smallest and largest of those differences); five runs
-a side give it at all. A slice ``moved`` when its CI excludes 1 and the ratio is at least
+Hodges-Lehmann estimate on the log scale (the median of every log(b_j) - log(a_i), unpaired: a
+baseline's pass ran in another session, so the two sides' runs are compared as two samples even
+where they were interleaved) with its distribution-free 95% CI from the exact Mann-Whitney null
+(Moses' interval: the k-th smallest and largest of those differences); five runs a side give it
+at all, and a pass takes ``measuring.attribution.ATTRIBUTION_RUNS`` (8). A slice ``moved`` when its CI excludes 1 and the ratio is at least
 ``threshold`` away from 1. These explain a verdict, they decide nothing: no multiplicity
 correction, and the reading names only what is beyond the threshold.
 

@@ -342,7 +342,7 @@ def why_line(c: Headline, parts: Sequence[PartChange]) -> str | None:
     return f"{head}: {'; '.join(said)}"
 
 
-def _judged_headline(c: Headline) -> bool:
+def is_headline(c: Headline) -> bool:
     """The comparison is its phase's judged headline (TTFT, TPOT), not a tail or a mirrored rate."""
     return catalog.PHASE_METRIC.get(c.phase) == c.metric
 
@@ -350,7 +350,7 @@ def _judged_headline(c: Headline) -> bool:
 def explained_phases(comparisons: Sequence[Comparison]) -> frozenset[str]:
     """The phases whose judged comparison moved (its verdict in ``EXPLAINED``): a baseline's or
     REF's. Their parts are tested and named; the other phases' parts are not (``gated``)."""
-    return frozenset(c.phase for c in comparisons if _judged_headline(c) and c.verdict in EXPLAINED)
+    return frozenset(c.phase for c in comparisons if is_headline(c) and c.verdict in EXPLAINED)
 
 
 def paired_explained_phases(comparisons: Sequence[Headline]) -> frozenset[str]:
@@ -358,10 +358,7 @@ def paired_explained_phases(comparisons: Sequence[Headline]) -> frozenset[str]:
     return frozenset(
         c.phase
         for c in comparisons
-        if _judged_headline(c)
-        and c.ci_low is not None
-        and c.ci_high is not None
-        and (c.ci_low > 1.0 or c.ci_high < 1.0)
+        if is_headline(c) and c.ci_low is not None and c.ci_high is not None and (c.ci_low > 1.0 or c.ci_high < 1.0)
     )
 
 
@@ -375,7 +372,7 @@ def gated(parts: Sequence[PartChange], phases: Collection[str]) -> tuple[PartCha
 def _why_lines(comparisons: Sequence[Headline], parts: Sequence[PartChange], phases: Collection[str]) -> list[str]:
     lines = []
     for c in comparisons:
-        if _judged_headline(c) and c.phase in phases:
+        if is_headline(c) and c.phase in phases:
             line = why_line(c, parts)
             if line is not None:
                 lines.append(line)

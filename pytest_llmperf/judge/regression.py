@@ -20,7 +20,7 @@ from ..baselines.records import same_workload
 from ..core.catalog import Metric
 from ..core.fingerprint import hardware_differences, other_hardware_note, subject_changes
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRESHOLD
-from .parts import PartChange, explained_phases, gated, unpaired_parts, why_lines
+from .parts import PartChange, explained_phases, gated, is_headline, unpaired_parts, why_lines
 from .result import LayerChange, MeasurementResult, compare_layers
 from .rule import JUDGED, METRICS, MIN_PEERS, SUITE_ALPHA_SHARE, compare_levels, decide, mirrored, suite_relative
 from .verdict import BaselineStatus, Comparison, Level, NoiseModel, Verdict, holm, level
@@ -524,7 +524,7 @@ def _parts(
     """The parts of each phase against the baseline's runs (``parts.unpaired_parts``), with the
     between-session sd each phase's headline comparison used, tested only in the phases whose
     verdict moved (``parts.gated``); none when either record lacks them."""
-    headline = {c.phase: c for c in comparisons if c.mirror_of is None and not METRICS[c.metric].tail}
+    headline = {c.phase: c for c in comparisons if is_headline(c)}
     phase_ms = {c.metric: c.baseline_value for c in headline.values()}
     between = {phase: c.between_sd for phase, c in headline.items()}
     try:
