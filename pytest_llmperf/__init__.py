@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # the one list of public names: type checkers read it, and so
         ProcessMemory,
         RemoteLayerTiming,
         ServerMetrics,
+        SteppedRuns,
         TokenProbabilities,
     )
     from .engines.http import HttpEngine

@@ -27,6 +27,8 @@ from pytest_llmperf.engines import (
     ProcessMemory,
     RemoteLayerTiming,
     ServerMetrics,
+    SteppedCallableEngine,
+    SteppedRuns,
     TokenProbabilities,
     times_layers,
 )
@@ -42,7 +44,8 @@ ROOT = Path(__file__).resolve().parent.parent
 #: the declarations to, so an ability added or dropped is a visible change here too.
 SHIPPED: dict[type, set[type]] = {
     CallableEngine: set(),
-    LlamaCppEngine: {LayerTiming, TokenProbabilities, FreshLoads, LlamaObject, Closable},
+    SteppedCallableEngine: {SteppedRuns},
+    LlamaCppEngine: {LayerTiming, TokenProbabilities, FreshLoads, LlamaObject, SteppedRuns, Closable},
     HttpEngine: {ConcurrentRuns, AsyncRuns, ServerMetrics, TokenProbabilities, NeedsPromptIds, Closable},
     WorkerEngine: {RemoteLayerTiming, TokenProbabilities, FreshLoads, ProcessMemory, EngineProcess, Closable},
     SideLogits: {TokenProbabilities},

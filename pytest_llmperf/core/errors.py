@@ -16,5 +16,11 @@ class EngineError(LLMPerfError):
     """The engine could not load the model or run the workload."""
 
 
+class NotSteppable(EngineError):
+    """A run could not pause between its tokens (``engines.capabilities.SteppedRuns``): the
+    engine computed while paused, or nothing shows that it did not. Runs of whole requests
+    serve instead."""
+
+
 class ToolBuildError(EngineError):
     """llama.cpp's own tools (llama-server, llama-bench) could not be built or found."""

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, TypeVar
 
-from ..core.errors import EngineError
+from ..core.errors import EngineError, NotSteppable
 from ..core.workload import EngineInfo, NativeCounters, RunTrace, Workload
 from .capabilities import (
     CAPABILITIES,
@@ -35,6 +35,7 @@ from .capabilities import (
     ProcessMemory,
     RemoteLayerTiming,
     ServerMetrics,
+    SteppedRuns,
     TokenProbabilities,
     times_layers,
 )
@@ -56,6 +57,8 @@ __all__ = [
     "ProcessMemory",
     "RemoteLayerTiming",
     "ServerMetrics",
+    "SteppedCallableEngine",
+    "SteppedRuns",
     "TokenProbabilities",
     "times_layers",
 ]
@@ -112,9 +115,7 @@ class CallableEngine(Engine):
         return dataclasses.replace(self._info, **memory)
 
     def run(self, workload: Workload, run_index: int) -> RunTrace:
-        prompt = workload.prompt
-        if prompt is None:
-            prompt = synthetic_text(workload.synthetic_prompt_tokens or 0, workload.seed)
+        prompt = self._prompt(workload)
         counters = self.counters
         before = counters.read() if counters is not None else None  # before the first clock read
         clock = time.perf_counter_ns
@@ -127,3 +128,53 @@ class CallableEngine(Engine):
         if len(stamps) < 2:
             raise EngineError(f"engine {self._info.model!r} yielded {len(stamps)} token(s); at least 2 are needed")
         return RunTrace(start_ns=start, prefill_done_ns=None, token_ns=tuple(stamps), prompt_tokens=None, native=native)
+
+    def _prompt(self, workload: Workload) -> str:
+        if workload.prompt is not None:
+            return workload.prompt
+        return synthetic_text(workload.synthetic_prompt_tokens or 0, workload.seed)
+
+
+class SteppedCallableEngine(CallableEngine, SteppedRuns):
+    """A callable that drives a model whose counters it was given (the fixtures' Llama), run
+    token by token (``SteppedRuns``): the iterable is asked for each next token only after
+    ``pause()`` returned. Whether the callable computed while paused is not assumed, it is
+    checked: the counters are read around every pause (outside the clock reads), and a run
+    whose counters moved during one (tokens made ahead of the reader, in a thread or a server)
+    or never moved at all raises ``NotSteppable``."""
+
+    counters: CounterSource[Any]
+
+    def __init__(self, fn: TokenStream, name: str | None = None, *, counters: CounterSource[Any]) -> None:
+        super().__init__(fn, name, counters=counters)
+
+    def run_stepped(self, workload: Workload, run_index: int, pause: Callable[[], None]) -> RunTrace:
+        prompt = self._prompt(workload)
+        counters = self.counters
+        before = counters.read()  # before the first clock read
+        self._hold(pause)
+        clock = time.perf_counter_ns
+        stamps: list[int] = []
+        paused_ns = 0
+        start = clock()
+        for _ in self._fn(prompt, workload.max_tokens):
+            arrived = clock()
+            stamps.append(arrived - paused_ns)
+            self._hold(pause)
+            paused_ns += clock() - arrived
+        native = counters.between(before, counters.read())  # after the last
+        if native is None:
+            raise NotSteppable(f"{self._info.model!r} did not call the fixtures' Llama: its pauses cannot be checked")
+        if len(stamps) < 2:
+            raise EngineError(f"engine {self._info.model!r} yielded {len(stamps)} token(s); at least 2 are needed")
+        return RunTrace(start_ns=start, prefill_done_ns=None, token_ns=tuple(stamps), prompt_tokens=None, native=native)
+
+    def _hold(self, pause: Callable[[], None]) -> None:
+        """One pause, the counters read around it: llama.cpp must not have worked meanwhile."""
+        before = self.counters.read()
+        pause()
+        if self.counters.between(before, self.counters.read()) is not None:
+            raise NotSteppable(
+                f"{self._info.model!r} ran llama.cpp while paused between tokens (its tokens are made ahead "
+                "of the reader: a thread or a server)"
+            )

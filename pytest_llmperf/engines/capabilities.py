@@ -16,7 +16,7 @@ abilities it implements.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from ..core.workload import EngineInfo, RunTrace, TokenLogits, Workload
@@ -93,6 +93,19 @@ class RemoteLayerTiming(Protocol):
 def times_layers(engine: object) -> bool:
     """Whether per-layer timing (``layers=True``) and the roofline can measure this engine."""
     return isinstance(engine, (LayerTiming, RemoteLayerTiming))
+
+
+@runtime_checkable
+class SteppedRuns(Protocol):
+    """Runs that pause between tokens, so that two engines in two processes can take turns token
+    by token (``--llmperf-against``'s pairs): ``run_stepped(workload, run_index, pause)`` is
+    ``run`` with ``pause()`` called before the run's first clock read and after each token's;
+    the time spent in ``pause`` is taken out of the trace's clock readings, so the trace reads as
+    the run would have without the pauses. Only an engine that computes nothing while paused
+    has it (llama.cpp in this process: nothing runs between its steps). ``NotSteppable``
+    (``core.errors``): this run showed it could not pause."""
+
+    def run_stepped(self, workload: Workload, run_index: int, pause: Callable[[], None]) -> RunTrace: ...
 
 
 @runtime_checkable
@@ -184,4 +197,5 @@ CAPABILITIES: tuple[type, ...] = (
     EngineProcess,
     ProcessMemory,
     LlamaObject,
+    SteppedRuns,
 )

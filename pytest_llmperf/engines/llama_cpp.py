@@ -21,7 +21,7 @@ import contextlib
 import dataclasses
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ from ..core.workload import (
 )
 from ..models.gguf import embedding_lookup, gguf_file_type
 from . import CounterSource
-from .capabilities import Closable, Engine, FreshLoads, LayerTiming, LlamaObject, TokenProbabilities
+from .capabilities import Closable, Engine, FreshLoads, LayerTiming, LlamaObject, SteppedRuns, TokenProbabilities
 from .llama_cpp_native import (
     EngineConfig,
     buffer_sizes,
@@ -83,7 +83,7 @@ def _model_params(llama_cpp: Any, **fields: Any) -> Iterator[None]:
         module.llama_model_default_params = default
 
 
-class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaObject, Closable):
+class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaObject, SteppedRuns, Closable):
     """One loaded model and context; each ``run`` is an independent request.
 
     ``llm`` is the ``llama_cpp.Llama`` object, available to tests; the engine clears the KV
@@ -233,6 +233,14 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
         return self._info
 
     def run(self, workload: Workload, run_index: int) -> RunTrace:
+        return self._run(workload, None)
+
+    def run_stepped(self, workload: Workload, run_index: int, pause: Callable[[], None]) -> RunTrace:
+        """``run``, pausing before the prompt and after each token (``SteppedRuns``): nothing
+        runs in llama.cpp between this loop's steps, so a pause moves no work out of a step."""
+        return self._run(workload, pause)
+
+    def _run(self, workload: Workload, pause: Callable[[], None] | None) -> RunTrace:
         if workload.shared_prefix_tokens:  # this engine clears its KV cache before every run
             raise ConfigError("shared_prefix_tokens measures a server's prompt cache: use a served model (an endpoint)")
         lib = self._lib
@@ -244,7 +252,9 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
         # sampler runs between the clock reads (sampling is timed apart: ``_time_sampling``).
         feed = self.decode_feed(workload)
         self._clear()
-        timed = self.timed_decode(self._ctx, prompt_ids, max_tokens, feed=feed, sampler=self._sampler)
+        timed = timed_decode(
+            lib, self._ctx, prompt_ids, max_tokens, self.n_batch, feed=feed, sampler=self._sampler, pause=pause
+        )
         perf = lib.llama_perf_context(self._ctx)
         if feed is not None:
             self._time_sampling(max_tokens)
@@ -503,12 +513,18 @@ def timed_decode(
     *,
     feed: Sequence[int] | None,
     sampler: Any = None,
+    pause: Callable[[], None] | None = None,
 ) -> TimedDecode:
     """Prefill ``prompt_ids`` on ``ctx`` (cleared by the caller), then generate ``max_tokens``.
 
     ``feed``: the tokens decode is fed, one per step, no sampler between the clock reads (as
     llama-bench's tg); None: greedy sampling with ``sampler`` inside the timed loop.
+    ``pause``: called before the prompt and before each later step (``SteppedRuns``); the
+    time from a token's clock read to the end of the pause after it is taken out of every
+    later clock reading.
     """
+    if pause is not None:
+        return _stepped_decode(lib, ctx, prompt_ids, max_tokens, n_batch, feed=feed, sampler=sampler, pause=pause)
     # The arrays must outlive the batches that point into them (kept in ``_arrays``).
     _arrays, prompt_batches = _prompt_batches(lib, prompt_ids, n_batch)
     one = (lib.llama_token * 1)()
@@ -548,6 +564,53 @@ def timed_decode(
                 raise EngineError(f"llama_decode failed at generated token {i + 1}")
             sync(ctx)
             token_ns[i] = clock()
+    return TimedDecode(start, prefill_done, tuple(token_ns), tuple(token_ids))
+
+
+def _stepped_decode(
+    lib: Any,
+    ctx: Any,
+    prompt_ids: Sequence[int],
+    max_tokens: int,
+    n_batch: int,
+    *,
+    feed: Sequence[int] | None,
+    sampler: Any,
+    pause: Callable[[], None],
+) -> TimedDecode:
+    """``timed_decode``'s steps one at a time, ``pause()`` before each (its own loop: the plain
+    one keeps no pause check between its clock reads)."""
+    _arrays, prompt_batches = _prompt_batches(lib, prompt_ids, n_batch)
+    one = (lib.llama_token * 1)()
+    batch_one = lib.llama_batch_get_one(one, 1)
+    clock = time.perf_counter_ns
+    if feed is None and sampler is None:
+        raise ValueError("timed_decode needs a feed or a sampler")
+    token_ids = list(feed) if feed is not None else [0] * max_tokens
+    token_ns = [0] * max_tokens
+    pause()
+    start = clock()
+    for batch in prompt_batches:
+        if lib.llama_decode(ctx, batch) != 0:
+            raise EngineError(f"llama_decode failed on the prompt ({len(prompt_ids)} tokens)")
+    lib.llama_synchronize(ctx)
+    prefill_done = clock()
+    if feed is None:
+        token_ids[0] = lib.llama_sampler_sample(sampler, ctx, -1)
+    token_ns[0] = prefill_done if feed is not None else clock()
+    paused_ns = 0
+    for i in range(1, max_tokens):
+        held = clock()
+        pause()
+        paused_ns += clock() - held
+        one[0] = token_ids[i - 1]
+        if lib.llama_decode(ctx, batch_one) != 0:
+            raise EngineError(f"llama_decode failed at generated token {i + 1}")
+        if feed is None:
+            token_ids[i] = lib.llama_sampler_sample(sampler, ctx, -1)
+        else:
+            lib.llama_synchronize(ctx)
+        token_ns[i] = clock() - paused_ns
     return TimedDecode(start, prefill_done, tuple(token_ns), tuple(token_ids))
 
 

@@ -25,6 +25,8 @@ Messages (one JSON object per line)::
     {"ev": "error", "line": ...}  (a run failed)        {"op": "go"}  (an exclusive turn)
     {"ev": "logits", "got": ... | "line": ...}          {"op": "logits", "workload", "forced", "prompt_ids"}
     {"ev": "turn"} / {"ev": "released"}                 {"op": "close"}
+    {"ev": "paused"}  (a stepped run, between steps)    {"op": "go"}  (its next step)
+    {"ev": "unstepped", "line": ...}  (it cannot pause) {"op": "run", "index": i, "stepped": true}
     {"ev": "report", "reports": [serialized], "outcome": ...}
     {"ev": "exit", "code": ...}  (its pytest session ended: a side never ends it by itself)
 
@@ -234,6 +236,13 @@ class Link:
         finally:
             self.send({"ev": "released"})
 
+    def _pause(self) -> None:
+        """A stepped run's pause (``SteppedRuns``): "paused" to the controller, on at its "go"."""
+        self.send({"ev": "paused"})
+        op = self.receive()
+        if op.get("op") != "go":
+            raise Called(op)
+
     def measure(
         self, subject: Engine | TokenStream, config: MarkerConfig, label: str, nodeid: str, *, attribution: bool = False
     ) -> tuple[Measurement, Assessment | None]:
@@ -268,7 +277,7 @@ class Link:
     ) -> dict[str, Any]:
         """What the side tells the controller it measures: the workload, the settings, the
         engine, its threads, and what the output agreement will need."""
-        from ..engines import NeedsPromptIds, TokenProbabilities, times_layers
+        from ..engines import NeedsPromptIds, SteppedRuns, TokenProbabilities, times_layers
 
         return {
             "ev": "measure",
@@ -284,6 +293,8 @@ class Link:
             # The attribution pass (after the pairs, asked by "attribute"): llama.cpp in process.
             "attributable": times_layers(engine),
             "needs_ids": isinstance(engine, NeedsPromptIds),
+            # Pairs token by token (each side's step in turn) when both sides' engines can pause.
+            "stepped": isinstance(engine, SteppedRuns),
         }
 
     def _runs(self, engine: Engine, workload: Workload) -> tuple[dict[str, Any], list[RunTrace], list[RunTrace]]:
@@ -305,7 +316,10 @@ class Link:
             # Before the run's first clock read. No CPUs given: all of them again (an earlier
             # test's pinning must not hold a later test with more threads to fewer CPUs).
             pin(op.get("cpus") or self.all_cpus)
-            trace = self._run(engine, workload, int(op["index"]))
+            try:
+                trace = self._run(engine, workload, int(op["index"]), stepped=bool(op.get("stepped")))
+            except Called as called:  # the controller ended the run during a pause
+                return called.op, warm, traces
             if trace is not None:
                 (warm if op["index"] < 0 else traces).append(trace)
                 self.send({"ev": "trace", "trace": dataclasses.asdict(trace)})
@@ -349,14 +363,33 @@ class Link:
             }
         return {"ev": "attribution"}
 
-    def _run(self, engine: Engine, workload: Workload, index: int) -> RunTrace | None:
-        """One run; a failed one is one line to the controller (None)."""
+    def _run(self, engine: Engine, workload: Workload, index: int, *, stepped: bool = False) -> RunTrace | None:
+        """One run (``stepped``: token by token, each step when the controller says "go"); a
+        failed one is one line to the controller (None)."""
+        from ..core.errors import NotSteppable
+        from ..engines import SteppedRuns
+
         try:  # the run's clock reads are all inside engine.run: no pipe, no controller work between them
+            if stepped and isinstance(engine, SteppedRuns):
+                return engine.run_stepped(workload, index, self._pause)
             return engine.run(workload, index)
+        except Called:
+            raise
+        except NotSteppable as exc:
+            self.send({"ev": "unstepped", "line": str(exc)})
+            return None
         except Exception as exc:  # noqa: BLE001 - the user's callable too: one line to the controller
             line = str(exc) if isinstance(exc, LLMPerfError) else f"{type(exc).__name__}: {exc}"
             self.send({"ev": "error", "line": line})
             return None
+
+
+class Called(Exception):
+    """The controller answered a pause with another op than "go" (``op``): the run ends there."""
+
+    def __init__(self, op: dict[str, Any]) -> None:
+        super().__init__(op.get("op"))
+        self.op = op
 
 
 def _token_logits(engine: Any, op: Mapping[str, Any]) -> dict[str, Any]:

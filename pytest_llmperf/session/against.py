@@ -40,6 +40,7 @@ from .sides import (
     Logits,
     Measure,
     Missing,
+    Paused,
     Report,
     RunError,
     Side,
@@ -48,6 +49,7 @@ from .sides import (
     SideSpec,
     Trace,
     Turn,
+    Unstepped,
     harness_link,
     start_all,
     wait_any,
@@ -264,15 +266,17 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str) -> 
     by_letter = {"A": ag.sides[REF], "B": ag.sides[CURRENT]}
     threads = max(int(events[name].get("threads") or usable_cpus()) for name in (CURRENT, REF))
     cpus = idlest_cpus(threads)  # the same CPUs for both sides (idlest_cpus says why)
-    _warm_up(ag, by_letter, workload, cpus)
-    looked = _looks(ag, by_letter, workload, cpus, (cap, looks, step), _judging(ag, ev, nodeid))
+    pairing = Pairing(by_letter, ag.timeout_s, cpus, all(events[name].get("stepped") for name in (CURRENT, REF)))
+    _warm_up(pairing, workload)
+    looked = _looks(pairing, workload, (cap, looks, step), _judging(ag, ev, nodeid))
     test = nodeid + (f"[{ev['label']}]" if ev.get("label") else "")
     ag.decisions.append(
         {"test": test, "pairs": looked.n, "seconds": round(looked.seconds, 3), "look": looked.look, "looks": looks}
     )
     ag.decisions[-1]["stopped"] = looked.why
+    ag.decisions[-1]["interleaved"] = pairing.interleaved.value
     same = "" if events[REF]["workload"] == ev["workload"] else "; REF's workload differs from this tree's"
-    note = _pairs_note(ag, workload, looked, (cap, looks, step), cpus) + same
+    note = _pairs_note(ag, workload, looked, (cap, looks, step), pairing) + same
     return looked, note, outputs(ag, events, workload)
 
 
@@ -376,12 +380,102 @@ def _judging(ag: Against, ev: Mapping[str, Any], nodeid: str) -> dict[str, Any]:
     return {**settings, "family": family, "reference": ag.reference.describe()}
 
 
-def _warm_up(ag: Against, by_letter: Mapping[str, Side], workload: Workload, cpus: Sequence[int] | None) -> None:
+def _warm_up(pairing: Pairing, workload: Workload) -> None:
     from ..judge.ab import block_orders
 
     for i, order in enumerate(block_orders(workload.warmup, workload.seed + 1)):
+        pairing.pair(-1 - i, order)
+
+
+class Interleaved(enum.Enum):
+    """How the two runs of a pair take turns (docs/against.md, "Token by token")."""
+
+    TOKEN = "token"  # each side's step in turn: prompt, prompt, token, token, ...
+    RUN = "run"  # one side's whole run, then the other's
+
+
+class Pairing:
+    """How one measurement's pairs run on the two sides (``by_letter``: A is REF, B this tree).
+
+    Token by token while both sides' engines can pause between tokens (``SteppedRuns``, their
+    "measure" events' ``stepped``): both runs start paused; then each side takes one step (the
+    prompt, then one token) in turn, the first side of the pair's order first, the order turning
+    at every step; a side that has finished its run is passed over. The machine's speed drifts
+    over tenths of a second on a shared VM; two runs a second apart see different speeds, two
+    steps a few milliseconds apart the same. Else, and from the first run that showed it could
+    not pause (``Unstepped``: the pair is taken again whole), run by run: each side's whole run
+    in the pair's order."""
+
+    def __init__(
+        self, by_letter: Mapping[str, Side], timeout_s: float, cpus: Sequence[int] | None, stepped: bool
+    ) -> None:
+        self.sides, self.timeout_s, self.cpus = by_letter, timeout_s, cpus
+        self.interleaved = Interleaved.TOKEN if stepped else Interleaved.RUN
+        self.unstepped: str | None = None  # why token by token stopped (the side's line)
+
+    def pair(self, index: int, order: str) -> dict[str, RunTrace]:
+        """Run ``index`` (< 0: a warm-up) on both sides: each side's trace by its letter."""
+        if self.interleaved is Interleaved.TOKEN:
+            traces = self._stepped(index, order)
+            if traces is not None:
+                return traces
+        return {letter: _run(self.sides[letter], index, self.timeout_s, self.cpus) for letter in order}
+
+    def _stepped(self, index: int, order: str) -> dict[str, RunTrace] | None:
+        """One pair token by token; None when a side could not pause (then run by run)."""
+        what = f"run {index}" if index >= 0 else f"warm-up run {-index}"
         for letter in order:
-            _run(by_letter[letter], -1 - i, ag.timeout_s, cpus)
+            self.sides[letter].send({"op": "run", "index": index, "cpus": list(self.cpus or ()), "stepped": True})
+        waiting = set(order)  # sides whose answer is still to be read
+        traces: dict[str, RunTrace] = {}
+        open_ = [letter for letter in order if not self._answer(letter, what, traces, waiting)]  # paused at the start
+        turn = 0
+        while open_:
+            for letter in open_ if turn % 2 == 0 else open_[::-1]:
+                self.sides[letter].send({"op": "go"})
+                waiting.add(letter)
+                if self._answer(letter, what, traces, waiting):
+                    open_.remove(letter)
+            turn += 1
+        return None if self.interleaved is Interleaved.RUN else traces
+
+    def _answer(self, letter: str, what: str, traces: dict[str, RunTrace], waiting: set[str]) -> bool:
+        """A side's answer to a step: False while it waits for its next one; True when its run
+        ended (its trace kept). A failed run or one that cannot pause lets the other side's run
+        end first, so that both sides wait at their measurement again."""
+        from ..measuring.worker import trace_of
+
+        side = self.sides[letter]
+        reply = side.receive(self.timeout_s, what)
+        waiting.discard(letter)
+        if isinstance(reply, Paused):
+            return False
+        if isinstance(reply, Trace):
+            traces[letter] = trace_of(reply.trace)
+            return True
+        if isinstance(reply, (RunError, Unstepped)):
+            for other in self.sides:
+                if other != letter:
+                    self._finish(other, what, waiting, paused=other not in waiting and other not in traces)
+            if isinstance(reply, RunError):
+                raise RunFailed(f"{side.who}: {reply.line}")
+            self.interleaved, self.unstepped = Interleaved.RUN, f"{side.who}: {reply.line}"
+            return True
+        raise side.kill(f"{side.who} answered {reply.ev!r} to a step of a run: it left its measurement; it was killed")
+
+    def _finish(self, letter: str, what: str, waiting: set[str], *, paused: bool) -> None:
+        """Steps for a side until its run ends (its trace dropped): its answer read if one is
+        due, "go" while it pauses."""
+        side = self.sides[letter]
+        while True:
+            if letter in waiting:
+                waiting.discard(letter)
+                reply = side.receive(self.timeout_s, what)
+                paused = isinstance(reply, Paused)
+            if not paused:
+                return
+            side.send({"op": "go"})
+            waiting.add(letter)
 
 
 @dataclass(frozen=True)
@@ -399,14 +493,7 @@ class Looked:
     parts: tuple[PartChange, ...] = ()
 
 
-def _looks(
-    ag: Against,
-    by_letter: Mapping[str, Side],
-    workload: Workload,
-    cpus: Sequence[int] | None,
-    plan: tuple[int, int, int],
-    judging: Mapping[str, Any],
-) -> Looked:
+def _looks(pairing: Pairing, workload: Workload, plan: tuple[int, int, int], judging: Mapping[str, Any]) -> Looked:
     """Pairs, ``step`` at a time, each batch judged at a look, until settled, the cap or the bound."""
     from ..judge.ab import block_orders
     from ..judge.paired import judged_pairs, pairs_settled
@@ -421,8 +508,8 @@ def _looks(
     while True:
         start = len(runs["A"])
         for i in range(start, min(start + step, cap)):
-            for letter in orders[i]:
-                runs[letter].append(RunMetrics.of(_run(by_letter[letter], i, ag.timeout_s, cpus)))
+            for letter, trace in pairing.pair(i, orders[i]).items():
+                runs[letter].append(RunMetrics.of(trace))
         n, look = len(runs["A"]), look + 1
         comparisons = judged_pairs(runs["A"], runs["B"], looks=looks, **judging)
         why = pairs_settled(comparisons) or (f"the cap of {cap} pairs" if n >= cap else None)
@@ -434,15 +521,17 @@ def _looks(
             return Looked(comparisons, n, look, why, seconds, orders, parts)
 
 
-def _pairs_note(
-    ag: Against, workload: Workload, looked: Looked, plan: tuple[int, int, int], cpus: Sequence[int] | None
-) -> str:
+def _pairs_note(ag: Against, workload: Workload, looked: Looked, plan: tuple[int, int, int], pairing: Pairing) -> str:
     cap, looks, step = plan
+    cpus = pairing.cpus
+    turns = "token by token" if pairing.interleaved is Interleaved.TOKEN else "run by run"
+    if pairing.unstepped is not None:
+        turns += f" (not token by token: {pairing.unstepped})"
     n = looked.n
     n_ab = sum(1 for o in looked.orders[:n] if o == "AB")
     ref, cur = ag.sides[REF].ready, ag.sides[CURRENT].ready
     return (
-        f"against {ag.reference.describe()}: {n} pairs interleaved ({n_ab} AB, {n - n_ab} BA, seeded; "
+        f"against {ag.reference.describe()}: {n} pairs interleaved {turns} ({n_ab} AB, {n - n_ab} BA, seeded; "
         f"{looked.seconds:.1f} s; look {looked.look} of {looks}, a look every {step} pairs up to {cap}: {looked.why}) "
         f"after {workload.warmup} warm-up run(s) each"
         f"{'' if cpus is None else '; both on CPU ' + ','.join(map(str, cpus))}; llama-cpp-python "

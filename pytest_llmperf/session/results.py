@@ -177,9 +177,14 @@ class Measurer:
     def counted(self, subject: Subject) -> Engine:
         """An engine as is; a callable ``fn(prompt, max_tokens)`` as a ``CallableEngine`` that
         reads the counters of the Llama the fixtures handed out around each run (``counters``)."""
-        from ..engines import CallableEngine, Engine
+        from ..engines import CallableEngine, Engine, SteppedCallableEngine
 
-        return subject if isinstance(subject, Engine) else CallableEngine(subject, counters=self.counters())
+        if isinstance(subject, Engine):
+            return subject
+        counters = self.counters()
+        if counters is None:
+            return CallableEngine(subject)
+        return SteppedCallableEngine(subject, counters=counters)
 
     def measure(self, engine: Subject | None = None, *, label: str = "", **overrides: Any) -> Result:
         """One measurement of ``engine`` (default: the marker's), its budgets and verdict; kept

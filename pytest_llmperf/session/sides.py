@@ -151,6 +151,25 @@ class RunError(SideEvent):
 
 
 @dataclass(frozen=True)
+class Paused(SideEvent):
+    """A stepped run waits between two steps (before its first, after each token) for "go"."""
+
+    EV = "paused"
+
+
+@dataclass(frozen=True)
+class Unstepped(SideEvent):
+    """A stepped run showed that its engine cannot pause (``core.errors.NotSteppable``): one line."""
+
+    EV = "unstepped"
+    line: str = ""
+
+    @classmethod
+    def of(cls, message: Mapping[str, object]) -> SideEvent:
+        return cls(str(message.get("line")))
+
+
+@dataclass(frozen=True)
 class Logits(SideEvent):
     """The side's token probabilities (``got``), or the one line why it has none."""
 
@@ -239,7 +258,8 @@ class Unknown(SideEvent):
 
 #: Each event by the word it comes with.
 EVENTS: dict[str, type[SideEvent]] = {
-    e.EV: e for e in (Ready, Measure, Trace, RunError, Logits, Attributed, Turn, Released, Report, Exit)
+    e.EV: e
+    for e in (Ready, Measure, Trace, RunError, Paused, Unstepped, Logits, Attributed, Turn, Released, Report, Exit)
 }
 
 
