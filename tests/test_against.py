@@ -311,9 +311,66 @@ def test_the_same_commit_on_both_sides_is_no_regression(runner: Runner, verdict_
     for d in decisions:
         test = d["test"].split("::")[1]
         assert d["pairs"] == counts[test] and d["seconds"] > 0 and 1 <= d["look"] <= d["looks"], d
+        assert d["interleaved"] == "token", d  # both engines pause between tokens (docs/against.md)
+        assert re.search(rf"^{test}: against .*: \d+ pairs interleaved token by token \(", inner.out, re.MULTILINE)
         line = f"llmperf: against: {d['test']}: {d['pairs']} pairs in {d['seconds']:.1f} s (look {d['look']} of {d['looks']}: "
         assert line in inner.out, inner.out
     runner.check_clean(verdict_repo, inner.pids)
+
+
+AHEAD_TESTS = f"""
+import queue, threading, time
+
+import pytest
+
+
+def ahead(llm):
+    def stream(prompt, max_tokens):
+        made = queue.Queue()
+
+        def produce():
+            llm.reset()
+            for n, token in enumerate(llm.generate(llm.tokenize(prompt.encode()), temp=0.0), 1):
+                made.put(token)
+                time.sleep(0.005)
+                if n >= max_tokens:
+                    break
+            made.put(None)
+
+        worker = threading.Thread(target=produce)
+        worker.start()
+        try:
+            while (token := made.get(timeout=60)) is not None:
+                yield token
+        finally:
+            worker.join(timeout=60)
+    return stream
+
+
+@pytest.mark.llmperf({W}, runs=6, warmup=1)
+def test_ahead(llmperf, llmperf_llm):
+    llmperf.measure(ahead(llmperf_llm))
+"""
+
+
+def test_a_wrapper_that_makes_tokens_ahead_of_its_reader_is_paired_run_by_run(runner: Runner, tmp_path: Path) -> None:
+    """Token by token needs an engine that computes nothing while paused: a wrapper whose thread
+    makes the tokens (as a server streams them) shows that it did at its first stepped run (the
+    Llama's counters moved during a pause); its pairs are then whole runs, and the note says why."""
+    root = tmp_path / "repo"
+    make_repo(root, [("base", {"conftest.py": CONFTEST, "tests/test_perf.py": AHEAD_TESTS})])
+    report = tmp_path / "session.json"
+    inner = runner.run(root, "tests", "-rA", "--llmperf-against", "git:HEAD", f"--llmperf-json={report}")
+    assert inner.ret == 0, inner.out
+    assert re.search(
+        r"^test_ahead: against .*: \d+ pairs interleaved run by run \(not token by token: side \w+ .*"
+        r"ran llama.cpp while paused between tokens",
+        inner.out,
+        re.MULTILINE,
+    ), inner.out
+    (decision,) = json.loads(report.read_text())["against"]["decisions"]
+    assert decision["interleaved"] == "run" and decision["pairs"] >= 6, decision
+    runner.check_clean(root, inner.pids)
 
 
 def test_another_interpreter_alone(runner: Runner, verdict_repo: Path) -> None:

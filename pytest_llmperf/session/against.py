@@ -428,16 +428,20 @@ class Pairing:
             self.sides[letter].send({"op": "run", "index": index, "cpus": list(self.cpus or ()), "stepped": True})
         waiting = set(order)  # sides whose answer is still to be read
         traces: dict[str, RunTrace] = {}
-        open_ = [letter for letter in order if not self._answer(letter, what, traces, waiting)]  # paused at the start
+        open_ = list(order)
         turn = 0
         while open_:
-            for letter in open_ if turn % 2 == 0 else open_[::-1]:
-                self.sides[letter].send({"op": "go"})
-                waiting.add(letter)
-                if self._answer(letter, what, traces, waiting):
+            for letter in open_[:] if turn % 2 == 0 else open_[::-1]:
+                if turn > 0:  # the first turn reads each side's pause before its run starts
+                    self.sides[letter].send({"op": "go"})
+                    waiting.add(letter)
+                ended = self._answer(letter, what, traces, waiting)
+                if self.interleaved is Interleaved.RUN:
+                    return None  # both sides' runs have ended (``_answer``)
+                if ended:
                     open_.remove(letter)
             turn += 1
-        return None if self.interleaved is Interleaved.RUN else traces
+        return traces
 
     def _answer(self, letter: str, what: str, traces: dict[str, RunTrace], waiting: set[str]) -> bool:
         """A side's answer to a step: False while it waits for its next one; True when its run
