@@ -6,7 +6,8 @@ session of the current tests whose code under test comes from the side's tree (t
 one, or REF's git worktree) and whose interpreter is the side's (this one, or REF's
 ``python:PATH``). The controller here names the test both sides run; each side runs it up to
 its first measurement and waits; then the controller asks for the warm-ups and the runs, one
-side at a time, in seeded AB/BA order per pair, adds pairs while the verdict is undecided (up to
+side at a time (step by step where both sides' engines can pause between tokens: ``Pairing``),
+in seeded AB/BA order per pair, adds pairs while the verdict is undecided (up to
 the cap, every look at alpha / looks), judges them (``judge.paired.judged_pairs``) and hands
 each side its measurement's end. The current side's reports become the test's.
 
