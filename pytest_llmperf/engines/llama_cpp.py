@@ -504,6 +504,17 @@ def _prompt_batches(lib: Any, prompt_ids: Sequence[int], n_batch: int) -> tuple[
     return arrays, [lib.llama_batch_get_one(a, len(a)) for a in arrays]
 
 
+def _timed_prompt(lib: Any, ctx: Any, prompt_batches: Sequence[Any], n_prompt: int) -> tuple[int, int]:
+    """The prompt's batches evaluated: (the clock before the first, the clock once its logits are ready)."""
+    clock = time.perf_counter_ns
+    start = clock()
+    for batch in prompt_batches:
+        if lib.llama_decode(ctx, batch) != 0:
+            raise EngineError(f"llama_decode failed on the prompt ({n_prompt} tokens)")
+    lib.llama_synchronize(ctx)
+    return start, clock()
+
+
 def timed_decode(
     lib: Any,
     ctx: Any,
@@ -539,12 +550,7 @@ def timed_decode(
     elif sampler is None:
         raise ValueError("timed_decode needs a feed or a sampler")
 
-    start = clock()
-    for batch in prompt_batches:
-        if decode(ctx, batch) != 0:
-            raise EngineError(f"llama_decode failed on the prompt ({len(prompt_ids)} tokens)")
-    sync(ctx)
-    prefill_done = clock()
+    start, prefill_done = _timed_prompt(lib, ctx, prompt_batches, len(prompt_ids))
     if feed is None:
         token = sample(sampler, ctx, -1)
         token_ns[0] = clock()
@@ -589,12 +595,7 @@ def _stepped_decode(
     token_ids = list(feed) if feed is not None else [0] * max_tokens
     token_ns = [0] * max_tokens
     pause()
-    start = clock()
-    for batch in prompt_batches:
-        if lib.llama_decode(ctx, batch) != 0:
-            raise EngineError(f"llama_decode failed on the prompt ({len(prompt_ids)} tokens)")
-    lib.llama_synchronize(ctx)
-    prefill_done = clock()
+    start, prefill_done = _timed_prompt(lib, ctx, prompt_batches, len(prompt_ids))
     if feed is None:
         token_ids[0] = lib.llama_sampler_sample(sampler, ctx, -1)
     token_ns[0] = prefill_done if feed is not None else clock()
