@@ -46,7 +46,7 @@ import os, signal, time
 
 EXTRA_MS = {extra_ms}
 FAULTS = {faults!r}
-calls = 0
+calls = {{}}  # per fault: a side runs the other tests' streams too (token by token, even when REF dies)
 
 
 def spin(ms):
@@ -65,15 +65,14 @@ def make_stream(llm):
 
 def faulty_stream(llm, fault):
     def stream(prompt, max_tokens):
-        global calls
-        calls += 1
+        calls[fault] = calls.get(fault, 0) + 1
         for i, chunk in enumerate(llm(prompt, max_tokens=max_tokens, stream=True, temperature=0.0)):
             if i == 2 and fault in FAULTS:
                 if fault == "segv":
                     os.kill(os.getpid(), signal.SIGSEGV)
                 if fault == "hang":
                     time.sleep(3600)
-                if fault == "raise" and calls == 2:
+                if fault == "raise" and calls[fault] == 2:
                     raise RuntimeError("the wrapper broke in its second run")
             yield chunk
     return stream
