@@ -125,6 +125,9 @@ class CallableEngine(Engine):
         for _ in self._fn(prompt, workload.max_tokens):
             append(clock())
         native = counters.between(before, counters.read()) if counters is not None else None  # after the last
+        return self._trace(start, stamps, native)
+
+    def _trace(self, start: int, stamps: list[int], native: NativeCounters | None) -> RunTrace:
         if len(stamps) < 2:
             raise EngineError(f"engine {self._info.model!r} yielded {len(stamps)} token(s); at least 2 are needed")
         return RunTrace(start_ns=start, prefill_done_ns=None, token_ns=tuple(stamps), prompt_tokens=None, native=native)
@@ -165,9 +168,7 @@ class SteppedCallableEngine(CallableEngine, SteppedRuns):
         native = counters.between(before, counters.read())  # after the last
         if native is None:
             raise NotSteppable(f"{self._info.model!r} did not call the fixtures' Llama: its pauses cannot be checked")
-        if len(stamps) < 2:
-            raise EngineError(f"engine {self._info.model!r} yielded {len(stamps)} token(s); at least 2 are needed")
-        return RunTrace(start_ns=start, prefill_done_ns=None, token_ns=tuple(stamps), prompt_tokens=None, native=native)
+        return self._trace(start, stamps, native)
 
     def _hold(self, pause: Callable[[], None]) -> None:
         """One pause, the counters read around it: llama.cpp must not have worked meanwhile."""

@@ -504,6 +504,20 @@ def _prompt_batches(lib: Any, prompt_ids: Sequence[int], n_batch: int) -> tuple[
     return arrays, [lib.llama_batch_get_one(a, len(a)) for a in arrays]
 
 
+def _decode_buffers(
+    lib: Any, prompt_ids: Sequence[int], max_tokens: int, n_batch: int, feed: Sequence[int] | None, sampler: Any
+) -> tuple[list[Any], list[Any], Any, Any, list[int]]:
+    """What a timed loop needs made before its first clock read: the prompt's arrays and
+    batches (``_prompt_batches``), a one-token array and its batch, and the token ids (the feed's,
+    or zeros the sampler fills)."""
+    if feed is None and sampler is None:
+        raise ValueError("timed_decode needs a feed or a sampler")
+    arrays, prompt_batches = _prompt_batches(lib, prompt_ids, n_batch)
+    one = (lib.llama_token * 1)()
+    token_ids = list(feed) if feed is not None else [0] * max_tokens
+    return arrays, prompt_batches, one, lib.llama_batch_get_one(one, 1), token_ids
+
+
 def _timed_prompt(lib: Any, ctx: Any, prompt_batches: Sequence[Any], n_prompt: int) -> tuple[int, int]:
     """The prompt's batches evaluated: (the clock before the first, the clock once its logits are ready)."""
     clock = time.perf_counter_ns
@@ -537,18 +551,14 @@ def timed_decode(
     if pause is not None:
         return _stepped_decode(lib, ctx, prompt_ids, max_tokens, n_batch, feed=feed, sampler=sampler, pause=pause)
     # The arrays must outlive the batches that point into them (kept in ``_arrays``).
-    _arrays, prompt_batches = _prompt_batches(lib, prompt_ids, n_batch)
-    one = (lib.llama_token * 1)()
-    batch_one = lib.llama_batch_get_one(one, 1)
+    _arrays, prompt_batches, one, batch_one, token_ids = _decode_buffers(
+        lib, prompt_ids, max_tokens, n_batch, feed, sampler
+    )
     decode, sample, sync = lib.llama_decode, lib.llama_sampler_sample, lib.llama_synchronize
     clock = time.perf_counter_ns
     token_ns = [0] * max_tokens
-    token_ids = [0] * max_tokens
     if feed is not None:
-        token_ids = list(feed)
         fed = (lib.llama_token * max_tokens)(*token_ids)
-    elif sampler is None:
-        raise ValueError("timed_decode needs a feed or a sampler")
 
     start, prefill_done = _timed_prompt(lib, ctx, prompt_batches, len(prompt_ids))
     if feed is None:
@@ -586,13 +596,10 @@ def _stepped_decode(
 ) -> TimedDecode:
     """``timed_decode``'s steps one at a time, ``pause()`` before each (its own loop: the plain
     one keeps no pause check between its clock reads)."""
-    _arrays, prompt_batches = _prompt_batches(lib, prompt_ids, n_batch)
-    one = (lib.llama_token * 1)()
-    batch_one = lib.llama_batch_get_one(one, 1)
+    _arrays, prompt_batches, one, batch_one, token_ids = _decode_buffers(
+        lib, prompt_ids, max_tokens, n_batch, feed, sampler
+    )
     clock = time.perf_counter_ns
-    if feed is None and sampler is None:
-        raise ValueError("timed_decode needs a feed or a sampler")
-    token_ids = list(feed) if feed is not None else [0] * max_tokens
     token_ns = [0] * max_tokens
     pause()
     start, prefill_done = _timed_prompt(lib, ctx, prompt_batches, len(prompt_ids))
