@@ -66,6 +66,9 @@ def workload_identity(m: Measurement) -> dict[str, Any]:
         # Served: a shared prompt prefix measures the prompt cache (only present when set, so
         # older baselines keep matching).
         **({"shared_prefix_tokens": w.shared_prefix_tokens} if w.shared_prefix_tokens else {}),
+        # A callable's warm prompt cache measures the cache: never the same workload as cold
+        # (only present when warm, so older baselines keep matching).
+        **({"prompt_cache": w.prompt_cache} if w.prompt_cache != "cold" else {}),
     }
 
 
@@ -161,7 +164,16 @@ def load_record(s: Any) -> dict[str, Any]:
 
 def same_workload(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     """Differences between two records' workloads, as ``key a -> b`` strings."""
-    keys = ("prompt", "prompt_tokens", "max_tokens", "seed", "concurrency", "rate", "shared_prefix_tokens")
+    keys = (
+        "prompt",
+        "prompt_tokens",
+        "max_tokens",
+        "seed",
+        "concurrency",
+        "rate",
+        "shared_prefix_tokens",
+        "prompt_cache",
+    )
     wa, wb = a.get("workload", {}), b.get("workload", {})
     return [f"{k} {wa.get(k)!r} -> {wb.get(k)!r}" for k in keys if wa.get(k) != wb.get(k)]
 

@@ -156,7 +156,7 @@ def run_load(args: argparse.Namespace) -> int:
             f"llmperf load: {args.requests} requests per level ({pace}, +{args.warmup} warm-up), "
             f"{args.prompt_tokens}-word prompts, {args.max_tokens} tokens each; {args.api} at {engine.endpoint}"
         )
-        print(f"llmperf load: {workload.prompt_cache}")
+        print(f"llmperf load: {workload.served_cache_note}")
         results = sweep(engine, workload, args.concurrency, slo=slo)
     return _sweep_report(args, results)
 

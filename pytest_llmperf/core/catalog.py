@@ -303,12 +303,22 @@ _PART_SPECS: tuple[tuple[str, str, str, str, str, str, bool], ...] = (
     ),
     (
         "sampling_ms_per_token",
-        "sampling",
+        "sampling (llama.cpp)",
         "ms/token",
         "decode",
         "tpot_ms",
-        "llama.cpp's t_sample_ms / n_sample (llama_perf_sampler)",
+        "llama.cpp's t_sample_ms / n_sample (llama_perf_sampler); a callable's Llama: the clock around its "
+        "sampler chain (grammar, penalties, top-k/p, temperature, dist), less the Python logits processors",
         True,
+    ),
+    (
+        "python_sampling_ms_per_token",
+        "logits processors / stopping criteria (Python)",
+        "ms/token",
+        "decode",
+        "tpot_ms",
+        "the clock around a callable's Python logits processors and stopping criteria, per generated token",
+        False,
     ),
     (
         "decode_outside_ms_per_token",
@@ -316,7 +326,7 @@ _PART_SPECS: tuple[tuple[str, str, str, str, str, str, bool], ...] = (
         "ms/token",
         "decode",
         "tpot_ms",
-        "TPOT - llama.cpp eval - sampling inside the run",
+        "TPOT - llama.cpp eval - sampling inside the run - Python logits processors and stopping criteria",
         False,
     ),
 )

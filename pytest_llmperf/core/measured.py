@@ -224,6 +224,9 @@ class MeasurementShape(Protocol):
     def decode_outside_ms_per_token(self) -> float | None: ...
 
     @property
+    def python_sampling_ms_per_token(self) -> float | None: ...
+
+    @property
     def load(self) -> LoadShape | None: ...
 
     @property

@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 from .catalog import HEADLINE, SUMMARY_COLUMNS
 from .errors import ConfigError
 from .values import COUNT, FLAG, GPU_LAYERS, LEVEL, POSITIVE, SECONDS, SHARE, THRESHOLD, TOKENS, Choice, Kind, arg_type
-from .workload import LLAMA_SETTINGS, LlamaSetting, ValueKind
+from .workload import LLAMA_SETTINGS, PROMPT_CACHE_MODES, LlamaSetting, ValueKind
 
 DEFAULT_MODEL = "tiny"
 #: Names of the synthetic presets (``gguf.PRESETS``), here so that reading the settings
@@ -434,6 +434,15 @@ SETTINGS: dict[str, Setting] = {
             ini=True,
             cli="--token-timeout",
             metavar="SECONDS",
+        ),
+        Setting(
+            "prompt_cache",
+            "a measured callable's Llamas between runs: cold (cleared, every run a new request) or warm "
+            "(kept: measures what the prompt cache gives); a marker's prompt_cache wins",
+            "cold",
+            Choice(PROMPT_CACHE_MODES, "MODE").parse,
+            ini=True,
+            metavar="cold|warm",
         ),
         Setting(
             "layers",

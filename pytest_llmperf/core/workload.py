@@ -54,8 +54,13 @@ class Workload:
     # rest differ), to measure prefix caching on purpose. None: every prompt unique, and the
     # server asked not to reuse cached prompts (llama-server's cache_prompt=false).
     shared_prefix_tokens: int | None = None
+    # A measured callable's Llamas between runs (``PROMPT_CACHE_MODES``): "cold" clears what the
+    # previous run left (every run a new request), "warm" keeps it (measures what the cache gives).
+    prompt_cache: str = "cold"
 
     def __post_init__(self) -> None:
+        if self.prompt_cache not in PROMPT_CACHE_MODES:
+            raise ConfigError(f"prompt_cache must be one of {', '.join(PROMPT_CACHE_MODES)}, got {self.prompt_cache!r}")
         self._check_prompt()
         self._check_counts()
         if self.shared_prefix_tokens is not None:
@@ -113,7 +118,7 @@ class Workload:
         return self.prompt_tokens if self.prompt_tokens is not None else DEFAULT_PROMPT_TOKENS
 
     @property
-    def prompt_cache(self) -> str:
+    def served_cache_note(self) -> str:
         """What a served measurement lets the server's prompt cache do (said in reports)."""
         if self.shared_prefix_tokens:
             return f"shared {self.shared_prefix_tokens}-token prefix, prompt cache on (measures prefix caching)"
@@ -139,6 +144,10 @@ class Workload:
 
 
 DEFAULT_PROMPT_TOKENS = 64
+
+#: A measured callable's prompt cache between runs (the ``prompt_cache`` marker key and session
+#: option): cleared before every run (the default), or kept.
+PROMPT_CACHE_MODES = ("cold", "warm")
 
 #: A workload's counts and their floors, in the order they are checked: (field, lowest, why).
 COUNT_FLOORS = (
@@ -198,6 +207,8 @@ class NativeCounters:
     sampled_in_run: bool = True
     #: Where the counters come from, as the parts of a comparison name it.
     source: str = "llama_perf_context"
+    #: What llama.cpp's sampler chain held beyond the usual samplers ("grammar"; "": nothing more).
+    sampler: str = ""
 
     @property
     def sample_ms_per_token(self) -> float | None:
@@ -232,6 +243,17 @@ class RunTrace:
     tokenize_ns: int = 0
     native: NativeCounters | None = None
     token_ids: tuple[int, ...] = ()
+    #: When each item of a callable's stream reached the caller, where ``token_ns`` are the
+    #: tokens as llama.cpp made them (a callable on a Llama the plugin sees); empty: ``token_ns``
+    #: are what the caller received.
+    delivered_ns: tuple[int, ...] = ()
+    #: The prompt's tokens llama.cpp did not evaluate (a prompt cache held them); None: unknown.
+    prompt_reused_tokens: int | None = None
+    #: Tokenization inside ``start_ns``..``token_ns[0]`` (a callable's own, timed by the plugin),
+    #: part of TTFT already: only the tokenization part reads it.
+    tokenize_in_run_ns: int = 0
+    #: The user's Python logits processors and stopping criteria, ns in all (None: none ran or unknown).
+    python_sampling_ns: int | None = None
 
 
 @dataclass(frozen=True)
@@ -307,6 +329,12 @@ class EngineInfo:
     backend_version: str | None = None
     endpoint: str | None = None  # served models: the API base URL (never the API key)
     token_count: str | None = None  # served models: token counts from "usage" or "events"
+    #: A callable's: the ``llama_cpp.Llama`` objects it drove, by name (the settings above are
+    #: the first one's).
+    llamas: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "llamas", tuple(self.llamas))  # a list from JSON: hashable again
 
     def describe(self) -> str:
         parts = [self.model]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..core.errors import EngineError, NotSteppable
 from ..core.workload import EngineInfo, NativeCounters, RunTrace, Workload
@@ -39,6 +39,9 @@ from .capabilities import (
     TokenProbabilities,
     times_layers,
 )
+
+if TYPE_CHECKING:
+    from .user_llama import LlamaRun, LlamaWatch
 
 __all__ = [
     "CAPABILITIES",
@@ -96,19 +99,36 @@ def synthetic_text(n_words: int, seed: int) -> str:
 
 class CallableEngine(Engine):
     """Wraps ``fn(prompt, max_tokens) -> iterable of tokens`` as an engine (``info`` and
-    ``run``, none of the abilities of ``engines.capabilities``). ``counters``: the llama.cpp
-    counters of the model ``fn`` may drive, read around each run into its trace's ``native``
-    (None: a run's time is not split)."""
+    ``run``, none of the abilities of ``engines.capabilities``).
 
-    def __init__(self, fn: TokenStream, name: str | None = None, *, counters: CounterSource[Any] | None = None) -> None:
+    ``watch`` (``engines.user_llama.LlamaWatch``): every ``llama_cpp.Llama`` of the process,
+    cleared before each run (``workload.prompt_cache`` "cold") and instrumented for it, so a run
+    on a Llama the plugin sees is measured as the plugin's engine is: its tokens where llama.cpp
+    made them (the stream's items kept as ``delivered_ns``), its prompt's tokens evaluated and
+    reused, llama.cpp's counters over exactly the prompt and the decode steps, sampling apart.
+    ``counters`` (without a watch): the llama.cpp counters of the model ``fn`` may drive, read
+    around each run into its trace's ``native`` (None: a run's time is not split)."""
+
+    def __init__(
+        self,
+        fn: TokenStream,
+        name: str | None = None,
+        *,
+        counters: CounterSource[Any] | None = None,
+        watch: LlamaWatch | None = None,
+    ) -> None:
         if not callable(fn):
             raise EngineError(f"engine must be callable as fn(prompt, max_tokens), got {fn!r}")
         self._fn = fn
         self.counters = counters
+        self.watch = watch
         self._info = EngineInfo(engine="callable", model=name or str(getattr(fn, "__name__", "callable")))
 
     def info(self) -> EngineInfo:
-        """The callable's name; with ``counters``, the memory figures of the model it drives."""
+        """The callable's name; with a watch, the facts, settings and memory of the Llamas it
+        drove; with ``counters``, the memory figures of the model it drives."""
+        if self.watch is not None and self.watch.driven:
+            return self.watch.info(self._info)
         if self.counters is None:
             return self._info
         memory: dict[str, Any] = dict(self.counters.memory())  # MEMORY_FIELDS: MiB figures
@@ -116,21 +136,48 @@ class CallableEngine(Engine):
 
     def run(self, workload: Workload, run_index: int) -> RunTrace:
         prompt = self._prompt(workload)
-        counters = self.counters
-        before = counters.read() if counters is not None else None  # before the first clock read
+        counters, watch = self.counters, self.watch
+        cold = workload.prompt_cache == "cold"
+        probes = watch.arm(cold) if watch is not None else ()  # before the first clock read
+        before = counters.read() if counters is not None and watch is None else None
         clock = time.perf_counter_ns
         stamps: list[int] = []
         append = stamps.append
         start = clock()
-        for _ in self._fn(prompt, workload.max_tokens):
-            append(clock())
-        native = counters.between(before, counters.read()) if counters is not None else None  # after the last
+        try:
+            for _ in self._fn(prompt, workload.max_tokens):
+                append(clock())
+        finally:
+            llamas = watch.disarm(probes, cold) if watch is not None else []  # after the last
+        if watch is not None:
+            return self._watched(start, stamps, llamas)
+        native = counters.between(before, counters.read()) if counters is not None else None
         return self._trace(start, stamps, native)
 
     def _trace(self, start: int, stamps: list[int], native: NativeCounters | None) -> RunTrace:
         if len(stamps) < 2:
             raise EngineError(f"engine {self._info.model!r} yielded {len(stamps)} token(s); at least 2 are needed")
         return RunTrace(start_ns=start, prefill_done_ns=None, token_ns=tuple(stamps), prompt_tokens=None, native=native)
+
+    def _watched(self, start: int, stamps: list[int], llamas: list[LlamaRun]) -> RunTrace:
+        """A run's trace from the Llama that made its tokens (the one that made the most: the
+        others' work is inside its clock readings), or from the stream's items when none did."""
+        made = [run for run in llamas if len(run.made_ns) >= 2]
+        if not made:
+            trace = self._trace(start, stamps, None)
+            return trace if not llamas else dataclasses.replace(trace, native=llamas[0].native)
+        main = max(made, key=lambda run: len(run.made_ns))
+        return RunTrace(
+            start_ns=start,
+            prefill_done_ns=main.prefill_done_ns,
+            token_ns=main.made_ns,
+            prompt_tokens=main.prompt_tokens,
+            native=main.native,
+            delivered_ns=tuple(stamps),
+            prompt_reused_tokens=main.reused_prompt_tokens,
+            tokenize_in_run_ns=main.tokenize_ns,
+            python_sampling_ns=main.python_sampling_ns,
+        )
 
     def _prompt(self, workload: Workload) -> str:
         if workload.prompt is not None:
@@ -148,26 +195,41 @@ class SteppedCallableEngine(CallableEngine, SteppedRuns):
 
     counters: CounterSource[Any]
 
-    def __init__(self, fn: TokenStream, name: str | None = None, *, counters: CounterSource[Any]) -> None:
-        super().__init__(fn, name, counters=counters)
+    def __init__(
+        self, fn: TokenStream, name: str | None = None, *, counters: CounterSource[Any], watch: LlamaWatch | None = None
+    ) -> None:
+        super().__init__(fn, name, counters=counters, watch=watch)
 
     def run_stepped(self, workload: Workload, run_index: int, pause: Callable[[], None]) -> RunTrace:
         prompt = self._prompt(workload)
-        counters = self.counters
+        counters, watch = self.counters, self.watch
+        cold = workload.prompt_cache == "cold"
+        probes = watch.arm(cold) if watch is not None else ()
         before = counters.read()  # before the first clock read
         self._hold(pause)
         clock = time.perf_counter_ns
         stamps: list[int] = []
+        pauses: list[tuple[int, int]] = []
         paused_ns = 0
         start = clock()
-        for _ in self._fn(prompt, workload.max_tokens):
-            arrived = clock()
-            stamps.append(arrived - paused_ns)
-            self._hold(pause)
-            paused_ns += clock() - arrived
+        try:
+            for _ in self._fn(prompt, workload.max_tokens):
+                arrived = clock()
+                stamps.append(arrived - paused_ns)
+                self._hold(pause)
+                resumed = clock()
+                pauses.append((arrived, resumed))
+                paused_ns += resumed - arrived
+        finally:
+            llamas = watch.disarm(probes, cold) if watch is not None else []
         native = counters.between(before, counters.read())  # after the last
         if native is None:
             raise NotSteppable(f"{self._info.model!r} did not call the fixtures' Llama: its pauses cannot be checked")
+        if watch is not None:
+            from .user_llama import made_with_pauses
+
+            llamas = [dataclasses.replace(run, made_ns=made_with_pauses(run.made_ns, pauses)) for run in llamas]
+            return self._watched(start, stamps, llamas)
         return self._trace(start, stamps, native)
 
     def _hold(self, pause: Callable[[], None]) -> None:

@@ -63,7 +63,7 @@ SAMPLING_PROBES = 8
 
 
 @contextlib.contextmanager
-def _model_params(llama_cpp: Any, **fields: Any) -> Iterator[None]:
+def with_model_params(llama_cpp: Any, **fields: Any) -> Iterator[None]:
     """``llama_cpp.Llama`` builds its model parameters from ``llama_model_default_params()``
     and takes no keyword for some of them (``use_extra_bufts``): set them on the defaults
     while one ``Llama`` is constructed."""
@@ -117,7 +117,7 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
         started = time.perf_counter_ns()
         log: list[str] = []
         try:
-            with _model_params(llama_cpp, **model_params), llama_log_capture(llama_cpp) as log:
+            with with_model_params(llama_cpp, **model_params), llama_log_capture(llama_cpp) as log:
                 self.llm = llama_cpp.Llama(model_path=str(path), **keywords, no_perf=False, verbose=verbose)
         except (ValueError, RuntimeError, OSError) as exc:
             line = context_failure(path, exc, log, self.config.n_ctx)
@@ -243,6 +243,11 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
     def _run(self, workload: Workload, pause: Callable[[], None] | None) -> RunTrace:
         if workload.shared_prefix_tokens:  # this engine clears its KV cache before every run
             raise ConfigError("shared_prefix_tokens measures a server's prompt cache: use a served model (an endpoint)")
+        if workload.prompt_cache != "cold":
+            raise ConfigError(
+                "prompt_cache='warm' measures the Llama your own code drives (llmperf.measure(fn)); the plugin's "
+                "engine evaluates every prompt (a served model's prefix cache: shared_prefix_tokens)"
+            )
         lib = self._lib
         max_tokens = workload.max_tokens
         prompt_ids, tokenize_ns = self._prompt(workload)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..core.formats import sig6
+from ..core.formats import fmt, sig6
 from ..core.workload import EngineInfo, RunTrace, Workload
 
 if TYPE_CHECKING:
@@ -108,9 +108,23 @@ class RunMetrics:
     #: the caller, the time outside llama.cpp (the caller's code, Python, a server's queue and
     #: network, the stream).
     prefill_outside_ms: float | None = None
-    #: TPOT less llama.cpp's evaluation and the sampling inside the run, per token: the time
-    #: between tokens outside llama.cpp.
+    #: TPOT less llama.cpp's evaluation, the sampling inside the run and the user's Python
+    #: logits processors and stopping criteria, per token: the time between tokens outside
+    #: llama.cpp (never below zero: ``clock_gaps`` says where clock and counters disagree).
     decode_outside_ms_per_token: float | None = None
+    #: The prompt's tokens llama.cpp did not evaluate (a prompt cache held them); None: unknown.
+    prompt_reused_tokens: int | None = None
+    #: The user's Python logits processors and stopping criteria per generated token.
+    python_sampling_ms_per_token: float | None = None
+    #: What the caller received, where the tokens were stamped where llama.cpp made them (a
+    #: callable on a Llama the plugin sees): items, its TTFT, its E2E, and the most tokens one
+    #: item carried (held-back text released in a burst). None: the items are the tokens.
+    delivered_items: int | None = None
+    delivered_ttft_ms: float | None = None
+    delivered_e2e_ms: float | None = None
+    delivered_burst_tokens: int | None = None
+    #: (part, ms below zero) where llama.cpp's counters exceed the clock's time of a phase.
+    clock_gaps: tuple[tuple[str, float], ...] = ()
 
     @classmethod
     def of(cls, trace: RunTrace) -> RunMetrics:
@@ -118,13 +132,16 @@ class RunMetrics:
         if len(tokens) < 2:
             raise ValueError(f"a run needs at least 2 generated tokens, got {len(tokens)}")
         itl = np.diff(np.asarray(tokens, dtype=np.int64)) / NS_PER_MS
-        tokenize_ms = trace.tokenize_ns / NS_PER_MS
-        ttft_ms = tokenize_ms + (tokens[0] - trace.start_ns) / NS_PER_MS
-        e2e_ms = tokenize_ms + (tokens[-1] - trace.start_ns) / NS_PER_MS
+        before_ms = trace.tokenize_ns / NS_PER_MS
+        tokenize_ms = before_ms + trace.tokenize_in_run_ns / NS_PER_MS
+        ttft_ms = before_ms + (tokens[0] - trace.start_ns) / NS_PER_MS
+        e2e_ms = before_ms + (tokens[-1] - trace.start_ns) / NS_PER_MS
         tpot_ms = (e2e_ms - ttft_ms) / (len(tokens) - 1)
         prefill_ms, prefill_tps = _prefill(trace)
         native = trace.native
         native_decode = native.decode_ms_per_token if native else None
+        python_ms = trace.python_sampling_ns / NS_PER_MS / len(tokens) if trace.python_sampling_ns else None
+        outside = _outside(trace, ttft_ms, tokenize_ms, tpot_ms, python_ms or 0.0)
         p50, p95 = (float(v) for v in np.percentile(itl, [50, 95]))
         return cls(
             prompt_tokens=trace.prompt_tokens,
@@ -143,20 +160,71 @@ class RunMetrics:
             native_decode_ms_per_token=native_decode,
             overhead_ms_per_token=tpot_ms - native_decode if native_decode is not None else None,
             sampling_ms_per_token=native.sample_ms_per_token if native else None,
-            prefill_outside_ms=ttft_ms - tokenize_ms - native.prefill_ms if native and native.prefill_tokens else None,
-            decode_outside_ms_per_token=(
-                tpot_ms - native_decode - native.sampling_in_tpot_ms if native and native_decode is not None else None
-            ),
+            prefill_outside_ms=outside["prefill_outside_ms"],
+            decode_outside_ms_per_token=outside["decode_outside_ms_per_token"],
+            prompt_reused_tokens=trace.prompt_reused_tokens,
+            python_sampling_ms_per_token=python_ms,
+            **_delivered(trace, before_ms),
+            clock_gaps=tuple((k, v) for k, v in outside.items() if k.endswith("_gap") and v is not None),
         )
 
 
+#: Below this many ms (or ms/token), a part's difference is clock resolution, not disagreement.
+CLOCK_GAP_TOLERANCE_MS = 0.001
+
+
+def _outside(
+    trace: RunTrace, ttft_ms: float, tokenize_ms: float, tpot_ms: float, python_ms: float
+) -> dict[str, float | None]:
+    """The time outside llama.cpp in each phase, never below zero; where llama.cpp's counters
+    exceed the clock's time, 0 and the gap (``<part>_gap``: ms below zero)."""
+    native = trace.native
+    out: dict[str, float | None] = {"prefill_outside_ms": None, "decode_outside_ms_per_token": None}
+    if native is None:
+        return out
+    raw = {
+        "prefill_outside_ms": ttft_ms - tokenize_ms - native.prefill_ms if native.prefill_tokens else None,
+        "decode_outside_ms_per_token": (
+            tpot_ms - native.decode_ms_per_token - native.sampling_in_tpot_ms - python_ms
+            if native.decode_ms_per_token is not None
+            else None
+        ),
+    }
+    for name, value in raw.items():
+        if value is None:
+            continue
+        out[name] = max(value, 0.0)
+        if value < -CLOCK_GAP_TOLERANCE_MS:
+            out[name + "_gap"] = -value
+    return out
+
+
+def _delivered(trace: RunTrace, before_ms: float) -> dict[str, Any]:
+    """The stream as the caller received it, beside the tokens as made (``RunTrace.delivered_ns``)."""
+    items = trace.delivered_ns
+    if not items:
+        return {}
+    made = np.asarray(trace.token_ns, dtype=np.int64)
+    # tokens made up to each item (the first item carries every token made before it)
+    upto = np.searchsorted(made, np.asarray(items, dtype=np.int64), side="right")
+    carried = np.diff(np.concatenate(([0], upto)))
+    return {
+        "delivered_items": len(items),
+        "delivered_ttft_ms": before_ms + (items[0] - trace.start_ns) / NS_PER_MS,
+        "delivered_e2e_ms": before_ms + (items[-1] - trace.start_ns) / NS_PER_MS,
+        "delivered_burst_tokens": int(carried.max()) if len(carried) else None,
+    }
+
+
 def _prefill(trace: RunTrace) -> tuple[float | None, float | None]:
-    """(prefill ms, prefill tokens/s) of a run, where the engine saw the prefill end."""
+    """(prefill ms, prefill tokens/s) of a run, where the engine saw the prefill end; the rate
+    counts the prompt's tokens llama.cpp evaluated (a cached part is not prefill)."""
     if trace.prefill_done_ns is None:
         return None, None
     prefill_ms = (trace.prefill_done_ns - trace.start_ns) / NS_PER_MS
-    if trace.prompt_tokens and prefill_ms > 0:
-        return prefill_ms, trace.prompt_tokens / prefill_ms * 1000.0
+    evaluated = (trace.prompt_tokens or 0) - (trace.prompt_reused_tokens or 0)
+    if evaluated > 0 and prefill_ms > 0:
+        return prefill_ms, evaluated / prefill_ms * 1000.0
     return prefill_ms, None
 
 
@@ -194,6 +262,12 @@ class Measurement:
     sampling_ms_per_token: float | None = None
     prefill_outside_ms: float | None = None
     decode_outside_ms_per_token: float | None = None
+    prompt_reused_tokens: int | None = None  # median over runs
+    python_sampling_ms_per_token: float | None = None
+    delivered_items: int | None = None  # the fewest over runs
+    delivered_ttft_ms: float | None = None
+    delivered_e2e_ms: float | None = None
+    delivered_burst_tokens: int | None = None  # the most over runs
     load: LoadStats | None = None  # a load test's (concurrency/requests/rate), else None
     # Filled by runner.measure (None / empty when a Measurement is built from traces alone):
     warmup_runs: tuple[RunMetrics, ...] = ()
@@ -218,6 +292,64 @@ class Measurement:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @property
+    def evaluated_prompt_tokens(self) -> int | None:
+        """The prompt's tokens llama.cpp evaluated (median run), where the reused ones are known."""
+        if self.prompt_tokens is None or self.prompt_reused_tokens is None:
+            return None
+        return self.prompt_tokens - self.prompt_reused_tokens
+
+    @property
+    def token_notes(self) -> list[str]:
+        """One line each where a figure is not what its name says on its face: a cold prompt
+        llama.cpp did not evaluate whole, a warm cache, a stream whose items are not its tokens,
+        llama.cpp's counters above the clock's time."""
+        lines = []
+        cache = self.workload.prompt_cache
+        reused, evaluated = self.prompt_reused_tokens, self.evaluated_prompt_tokens
+        if cache == "warm" and reused is not None:
+            lines.append(
+                f"prompt cache warm (kept between runs): {reused} of {self.prompt_tokens} prompt tokens reused, "
+                f"{evaluated} evaluated (median run); never compared with a cold measurement"
+            )
+        elif reused:
+            lines.append(
+                f"cold, yet llama.cpp evaluated {evaluated} of the {self.prompt_tokens} prompt tokens your code "
+                "passed (median run): your code cached or trimmed the prompt (a LlamaCache, a state it loaded, "
+                "or a second Llama)"
+            )
+        lines += self._delivery_notes()
+        lines += self.clock_gap_lines
+        return lines
+
+    def _delivery_notes(self) -> list[str]:
+        items, asked = self.delivered_items, self.workload.max_tokens
+        if items is not None and (items != self.output_tokens or (self.delivered_burst_tokens or 1) > 1):
+            return [
+                f"tokens timed where llama.cpp made them ({self.output_tokens} per run); your stream delivered "
+                f"{items} items, up to {self.delivered_burst_tokens} tokens in one (held-back text released in "
+                f"bursts): delivered TTFT {fmt(self.delivered_ttft_ms or 0.0)} ms, E2E {fmt(self.delivered_e2e_ms or 0.0)} ms"
+            ]
+        if items is None and self.engine.engine == "callable" and self.output_tokens != asked:
+            return [
+                f"items timed as tokens: the callable yielded {self.output_tokens} items for max_tokens={asked}, "
+                "so its items are chunks, not tokens (ITL and TPOT are per item); it drives no Llama the plugin sees"
+            ]
+        return []
+
+    @property
+    def clock_gap_lines(self) -> list[str]:
+        """Where llama.cpp's counters exceed the clock's time of a phase: which, by how much."""
+        gaps: dict[str, list[float]] = {}
+        for run in self.runs:
+            for part, ms in run.clock_gaps:
+                gaps.setdefault(part, []).append(ms)
+        return [
+            f"{part.removesuffix('_gap')}: llama.cpp's counters exceed the clock's time by "
+            f"{fmt(statistics.median(values))} ms (median of {len(values)} of {self.n_runs} runs); shown as 0"
+            for part, values in gaps.items()
+        ]
 
 
 if TYPE_CHECKING:  # the shape the catalog's readers read (core.measured): mypy names a field it lacks
@@ -265,7 +397,20 @@ def summarize_runs(
         sampling_ms_per_token=med("sampling_ms_per_token"),
         prefill_outside_ms=med("prefill_outside_ms"),
         decode_outside_ms_per_token=med("decode_outside_ms_per_token"),
+        prompt_reused_tokens=_median_int([r.prompt_reused_tokens for r in runs]),
+        python_sampling_ms_per_token=med("python_sampling_ms_per_token"),
+        delivered_items=min((r.delivered_items for r in runs if r.delivered_items is not None), default=None),
+        delivered_ttft_ms=med("delivered_ttft_ms"),
+        delivered_e2e_ms=med("delivered_e2e_ms"),
+        delivered_burst_tokens=max(
+            (r.delivered_burst_tokens for r in runs if r.delivered_burst_tokens is not None), default=None
+        ),
     )
+
+
+def _median_int(values: Sequence[int | None]) -> int | None:
+    present = [v for v in values if v is not None]
+    return int(statistics.median_low(present)) if present else None
 
 
 #: A measurement is called unstable at a run-to-run CV above this.

@@ -115,7 +115,7 @@ def measure_load(
     stats = dataclasses.replace(
         load_stats(traces, m.runs, errors, workers, workload.rate, slo),
         server=server_side(traces, m.runs, server_before, server_after),
-        prompt_cache=workload.prompt_cache if m.engine.endpoint else None,
+        prompt_cache=workload.served_cache_note if m.engine.endpoint else None,
     )
     return dataclasses.replace(m, load=stats)
 

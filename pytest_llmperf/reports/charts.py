@@ -383,6 +383,7 @@ PART_COLOURS = {
     "native_prefill_ms": NOW,
     "native_decode_ms_per_token": NOW,
     "sampling_ms_per_token": "#b9770e",
+    "python_sampling_ms_per_token": "#d35400",
     "prefill_outside_ms": "#1e8449",
     "decode_outside_ms_per_token": "#1e8449",
 }

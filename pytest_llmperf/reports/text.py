@@ -98,8 +98,8 @@ def metrics_table(m: Measurement) -> str:
         rows += load_state_rows(m.model_loads.as_dict())
     rows += stability_rows(found["stability"]) + memory_rows(found["memory"], figures=False)
     text = _engine_head(m) + render_table(("metric", "unit", "value", "sample"), rows)
-    note = parts_note(m)
-    return text + (f"\n{note}" if note else "") + _breakdowns(m, found)
+    notes = [n for n in (parts_note(m), *m.token_notes) if n]
+    return text + "".join(f"\n{n}" for n in notes) + _breakdowns(m, found)
 
 
 def _engine_head(m: Measurement) -> str:
@@ -127,6 +127,7 @@ def _timing_rows(m: Measurement) -> list[tuple[str, str, str, str]]:
 
     return [
         row("ttft_ms"),
+        *_prompt_rows(m),
         ("tokenize median", "ms", fmt(m.tokenize_ms), runs),
         row("prefill_ms"),
         *prefill_parts,
@@ -159,13 +160,8 @@ def has_parts(m: Measurement) -> bool:
 def _part_rows(m: Measurement) -> tuple[list[Row], list[Row]]:
     """The parts of prefill (after the prefill row) and of decode per token (after TPOT)."""
     runs = f"{m.n_runs} runs"
-    # A prompt cache (llama-cpp-python keeps the last prompt's tokens) left llama.cpp no prompt to evaluate.
-    cached = "; prompt cached" if m.native_prefill_ms == 0 else ""
     sampling = "" if m.engine.sample is None or m.engine.sample else ", timed apart"
-    return [
-        ("prefill (llama.cpp) median", "ms", _opt(m.native_prefill_ms), runs + cached),
-        ("prefill outside llama.cpp median", "ms", _opt(m.prefill_outside_ms), runs),
-    ], [
+    rows = [
         ("decode (llama.cpp) median", "ms/token", _opt(m.native_decode_ms_per_token), runs),
         ("engine overhead median", "ms/token", _opt(m.overhead_ms_per_token), runs),
         ("decode outside llama.cpp median", "ms/token", _opt(m.decode_outside_ms_per_token), runs),
@@ -175,6 +171,26 @@ def _part_rows(m: Measurement) -> tuple[list[Row], list[Row]]:
             _opt(m.sampling_ms_per_token),
             runs if m.sampling_ms_per_token is not None else _untimed_sampling(m),
         ),
+    ]
+    if m.python_sampling_ms_per_token is not None:
+        rows.append(
+            ("logits processors / stopping criteria (Python)", "ms/token", fmt(m.python_sampling_ms_per_token), runs)
+        )
+    return [
+        ("prefill (llama.cpp) median", "ms", _opt(m.native_prefill_ms), runs),
+        ("prefill outside llama.cpp median", "ms", _opt(m.prefill_outside_ms), runs),
+    ], rows
+
+
+def _prompt_rows(m: Measurement) -> list[Row]:
+    """A callable's prompt on a Llama the plugin sees: the cache state, the tokens llama.cpp
+    evaluated and those it reused (its own counters)."""
+    if m.prompt_reused_tokens is None:
+        return []
+    runs = f"{m.n_runs} runs"
+    return [
+        ("prompt cache", "", f"{m.workload.prompt_cache} (--llmperf-prompt-cache / prompt_cache)", ""),
+        ("prompt tokens evaluated / reused", "tokens", f"{m.evaluated_prompt_tokens} / {m.prompt_reused_tokens}", runs),
     ]
 
 
@@ -190,7 +206,8 @@ def parts_note(m: Measurement) -> str | None:
         return None
     if m.engine.engine == "callable":
         why = (
-            "the callable did not call the fixtures' Llama (llmperf_llm); llama.cpp's own time cannot be split from it"
+            "the callable drove no llama_cpp.Llama of this process (a remote client, another library); "
+            "llama.cpp's own time cannot be split from it"
         )
     elif m.engine.endpoint:
         why = "the server sent no timings (llama-server's); its own time cannot be split from the client's"
@@ -203,7 +220,7 @@ def _serving_rows(m: Measurement) -> list[tuple[str, str, str, str]]:
     """A load level's rows, the served prompt cache, and this engine's model load."""
     rows = load_rows(m) if m.load is not None else []
     if m.engine.endpoint:  # served: what the server's prompt cache was allowed to do
-        rows.append(("prompt cache", "", m.workload.prompt_cache, ""))
+        rows.append(("prompt cache", "", m.workload.served_cache_note, ""))
     if m.engine.load_ms is not None:
         rows.append(("model load (wall)", "ms", fmt(m.engine.load_ms), "this engine's 1 load"))
     if m.engine.native_load_ms is not None:

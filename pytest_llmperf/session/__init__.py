@@ -145,6 +145,7 @@ class Session:
             nodeid=nodeid,
             release=self.release_model,
             counters=self.handed_counters,
+            prompt_cache=self.settings.prompt_cache,
         )
 
     def engine(self, overrides: Mapping[str, object] | None = None) -> Engine:

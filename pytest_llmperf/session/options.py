@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 from ..core.catalog import AGREEMENT_BUDGETS, BUDGETS
 from ..core.errors import ConfigError
 from ..core.settings import RENAMED, SETTINGS, EngineSettings, Resolved, renamed_line, resolve, value_kind
-from ..core.values import COUNT, FLAG, LEVEL, POSITIVE, SHARE, THRESHOLD, Integer, Kind
-from ..core.workload import LLAMA_SETTINGS, MODEL_LOAD_KINDS
+from ..core.values import COUNT, FLAG, LEVEL, POSITIVE, SHARE, THRESHOLD, Choice, Integer, Kind
+from ..core.workload import LLAMA_SETTINGS, MODEL_LOAD_KINDS, PROMPT_CACHE_MODES
 from ..history.connection import Location
 from ..history.connection import default as default_history
 from ..history.connection import parse as parse_history
@@ -90,6 +90,8 @@ class SessionSettings:
     against: str | None = None
     #: ``--llmperf-allow-not-compared``: a session of ``--llmperf-against`` that compared nothing passes.
     allow_not_compared: bool = False
+    #: ``--llmperf-prompt-cache``: a measured callable's Llamas between runs (cold | warm).
+    prompt_cache: str = "cold"
 
     @property
     def compare(self) -> bool:
@@ -265,6 +267,13 @@ KEYS: dict[str, Key] = {
             "served: the first N prompt tokens are the same in every request "
             "(measures prefix caching; default: unique prompts, server prompt cache off)",
             _marker(COUNT),
+        ),
+        Key(
+            "prompt_cache",
+            "workload",
+            "a measured callable's Llamas between runs: cold (default: cleared, every run a new request) "
+            "or warm (kept: measures what the prompt cache gives; never compared with cold)",
+            _marker(Choice(PROMPT_CACHE_MODES, "MODE")),
         ),
         Key(
             "model", "engine", "GGUF path or preset (tiny, small) for this test; one engine per distinct setting", _text

@@ -129,8 +129,9 @@ class Measurer:
     ``side``: a side of ``--llmperf-against``, where the controller drives the runs;
     ``release(path)``: closes the engines that map a model file (before cold loads);
     ``counters()``: the llama.cpp counters of the Llama the fixtures handed out, read around
-    each run of a measured callable (``engines.CallableEngine``; None: none handed out).
-    Every error is one ``LLMPerfError`` line."""
+    each run of a measured callable (``engines.CallableEngine``; None: none handed out);
+    ``prompt_cache``: the session's ``--llmperf-prompt-cache`` for measured callables (a marker's
+    ``prompt_cache`` wins). Every error is one ``LLMPerfError`` line."""
 
     def __init__(
         self,
@@ -144,8 +145,10 @@ class Measurer:
         nodeid: str = "",
         release: Callable[[str], None] = lambda path: None,
         counters: Callable[[], CounterSource[Any] | None] = lambda: None,
+        prompt_cache: str = "cold",
     ) -> None:
         self.marker = marker
+        self.prompt_cache = prompt_cache
         self.engine_for = engine_for
         self.assess = assess
         self.measure_options = measure_options
@@ -176,15 +179,18 @@ class Measurer:
 
     def counted(self, subject: Subject) -> Engine:
         """An engine as is; a callable ``fn(prompt, max_tokens)`` as a ``CallableEngine`` that
-        reads the counters of the Llama the fixtures handed out around each run (``counters``)."""
+        watches every ``llama_cpp.Llama`` of the process around each run (``LlamaWatch``: cleared,
+        counted, its tokens stamped where made) and pauses token by token with the Llama the
+        fixtures handed out (``counters``)."""
         from ..engines import CallableEngine, Engine, SteppedCallableEngine
 
         if isinstance(subject, Engine):
             return subject
+        watch = llama_watch()
         counters = self.counters()
         if counters is None:
-            return CallableEngine(subject)
-        return SteppedCallableEngine(subject, counters=counters)
+            return CallableEngine(subject, watch=watch)
+        return SteppedCallableEngine(subject, counters=counters, watch=watch)
 
     def measure(self, engine: Subject | None = None, *, label: str = "", **overrides: Any) -> Result:
         """One measurement of ``engine`` (default: the marker's), its budgets and verdict; kept
@@ -195,6 +201,8 @@ class Measurer:
             return self._smoke(engine, config, label)
         workload = Workload(**config.workload)
         subject = self.subject(engine, config)
+        if engine is not None and not _is_engine(engine) and "prompt_cache" not in config.workload:
+            workload = dataclasses.replace(workload, prompt_cache=self.prompt_cache)
         if self.side is not None:
             return self._driven(subject, config, label)
         from ..measuring.runner import measure
@@ -479,3 +487,21 @@ def _failure_lines(r: Result, budgets_gate: bool, baseline_lines: Callable[[Asse
     """What fails the test on one measurement's account: its budgets (when they gate), its baseline."""
     lines = [r.failure.as_longrepr()] if r.failure is not None and budgets_gate else []
     return lines + (baseline_lines(r.baseline) if r.baseline is not None else [])
+
+
+def llama_watch() -> Any:
+    """A ``LlamaWatch`` over this process's ``llama_cpp.Llama`` objects (None: llama-cpp-python
+    is not importable here, so no Llama can exist)."""
+    from ..core.errors import EngineError
+    from ..engines.user_llama import LlamaWatch
+
+    try:
+        return LlamaWatch()
+    except EngineError:
+        return None
+
+
+def _is_engine(subject: object) -> bool:
+    from ..engines import Engine
+
+    return isinstance(subject, Engine)

@@ -1,0 +1,423 @@
+"""The ``llama_cpp.Llama`` objects a measured callable drives, measured like the plugin's engine.
+
+Found without the user passing them: every ``Llama`` alive when a measurement starts (one scan
+of the garbage collector's objects, the first time) and every one made afterwards
+(``Llama.__init__`` is wrapped once: a weak set of instances, and the CPU repack guard the
+plugin's engine has, ``resolve_repack``, applied to each new quantized model).
+
+Around each run of a callable (``LlamaWatch.arm`` before its first clock read, ``disarm`` after
+its last), for each open ``Llama``:
+
+- **cold** (the default, ``prompt_cache="cold"``): what the previous run left is cleared, as the
+  plugin's engine clears its own before every run: llama-cpp-python's token bookkeeping
+  (``reset``, so ``generate`` finds no prefix to reuse), llama.cpp's KV cache
+  (``llama_memory_clear``) and, for the run, a ``LlamaCache`` the user set (put back after it).
+  ``warm`` keeps all of it: the measurement then says what the cache gives.
+- its ``generate``, ``eval``, ``sample`` and ``tokenize`` are wrapped on the instance for the
+  run (removed after it): the prompt's token count as ``generate`` was given it, the tokens
+  llama.cpp evaluated of it (the first ``eval``), the clock when its logits were ready, llama.cpp's
+  counters read right then (so its prompt and its decode are read over exactly the evaluations
+  of each), each token's clock when ``sample`` returned it (where it was made, not when the
+  stream delivered it), the time in ``sample`` (llama.cpp's sampler chain) and, inside it, in the
+  user's Python logits processors, and the time in stopping criteria.
+
+Inside the timed region this adds, per token, one Python call frame and two clock reads around
+``sample``, one around ``eval`` (``benchmarks/user_path.py`` prints the cost per token)."""
+
+from __future__ import annotations
+
+import functools
+import gc
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..core.workload import EngineInfo, NativeCounters
+from .llama_cpp import LlamaCounters, LlamaReading, with_model_params
+from .llama_cpp_native import (
+    import_llama_cpp,
+    kv_bytes_per_element,
+    llama_cpp_version,
+    mapped_file_mib,
+    quantization,
+    resolve_repack,
+)
+
+#: The instance methods wrapped for a run (removed after it).
+WRAPPED = ("generate", "eval", "sample", "tokenize")
+
+_SEEN: weakref.WeakSet[Any] = weakref.WeakSet()
+_HOOKED: list[bool] = []
+
+
+def live_llamas() -> list[Any]:
+    """Every open ``llama_cpp.Llama`` of this process, oldest first as far as known."""
+    _hook()
+    return [llm for llm in list(_SEEN) if _is_open(llm)]
+
+
+def _is_open(llm: Any) -> bool:
+    return getattr(getattr(llm, "_ctx", None), "ctx", None) is not None
+
+
+def _hook() -> None:
+    """Once: the Llamas alive now (gc), and ``Llama.__init__`` wrapped to add every later one."""
+    if _HOOKED:
+        return
+    llama_cpp = import_llama_cpp()
+    cls = llama_cpp.Llama
+    for obj in gc.get_objects():
+        if isinstance(obj, cls):
+            _SEEN.add(obj)
+    original = cls.__init__
+
+    @functools.wraps(original)
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        path = kwargs.get("model_path", args[0] if args else None)
+        with _repack_guard(llama_cpp, path):
+            original(self, *args, **kwargs)
+        _SEEN.add(self)
+
+    cls.__init__ = init
+    _HOOKED.append(True)
+
+
+def _repack_guard(llama_cpp: Any, path: object) -> Any:
+    """The plugin engine's protection where llama.cpp is known to die: a quantized model on an
+    AMX CPU is loaded with weight repacking off (``resolve_repack``)."""
+    import contextlib
+
+    from ..models.gguf import gguf_file_type
+
+    try:
+        file_type = gguf_file_type(Path(str(path))) if path else None
+    except (OSError, ValueError):
+        file_type = None
+    use_repack, _note = resolve_repack(None, file_type)
+    return contextlib.nullcontext() if use_repack else with_model_params(llama_cpp, use_extra_bufts=False)
+
+
+@dataclass
+class _Log:
+    """What one Llama did during one run (filled by the wrappers, in the timed region)."""
+
+    prompt_tokens: int | None = None  # as ``generate`` was first given them
+    evaluated: int | None = None  # the first ``eval``'s tokens: the prompt's evaluated part
+    prefill_done_ns: int | None = None
+    after_prompt: LlamaReading | None = None
+    made: list[tuple[int, int]] = field(default_factory=list)  # (clock, token id) per sample
+    sample_ns: int = 0
+    processors_ns: int = 0
+    stopping_ns: int = 0
+    tokenize_ns: int = 0
+    grammar: bool = False
+    processors: bool = False
+
+
+@dataclass(frozen=True)
+class LlamaRun:
+    """One Llama's part of one run, read after it."""
+
+    name: str
+    prompt_tokens: int | None
+    evaluated_prompt_tokens: int | None
+    prefill_done_ns: int | None
+    made_ns: tuple[int, ...]  # each generated token (end of generation excluded), when sampled
+    native: NativeCounters | None
+    python_sampling_ns: int  # the user's logits processors and stopping criteria
+    tokenize_ns: int  # tokenization inside the run, before the prompt's evaluation
+
+    @property
+    def reused_prompt_tokens(self) -> int | None:
+        if self.prompt_tokens is None or self.evaluated_prompt_tokens is None:
+            return None
+        return max(self.prompt_tokens - self.evaluated_prompt_tokens, 0)
+
+
+class _Probe:
+    """One Llama during one run: cleared (cold), counters read, methods wrapped."""
+
+    def __init__(self, llm: Any, name: str, lib: Any) -> None:
+        self.llm, self.name, self.lib = llm, name, lib
+        self.counters = LlamaCounters(llm)
+        self.log = _Log()
+        self.saved_cache: Any = None
+        self.before: LlamaReading | None = None
+
+    def arm(self, cold: bool) -> None:
+        llm, lib = self.llm, self.lib
+        if cold:
+            llm.reset()
+            lib.llama_memory_clear(lib.llama_get_memory(llm._ctx.ctx), True)
+            self.saved_cache, llm.cache = getattr(llm, "cache", None), None
+        self.before = self.counters.read()
+        for name, wrapper in self._wrappers().items():
+            setattr(llm, name, wrapper)
+
+    def disarm(self, cold: bool) -> LlamaRun | None:
+        llm = self.llm
+        after = self.counters.read()
+        for name in WRAPPED:
+            llm.__dict__.pop(name, None)
+        if cold and self.saved_cache is not None:
+            llm.cache = self.saved_cache
+        log = self.log
+        if not log.made and log.evaluated is None:
+            return None  # this Llama was not driven in the run
+        return LlamaRun(
+            name=self.name,
+            prompt_tokens=log.prompt_tokens,
+            evaluated_prompt_tokens=log.evaluated,
+            prefill_done_ns=log.prefill_done_ns,
+            made_ns=self._generated(log.made),
+            native=self._native(self.before, log.after_prompt, after),
+            python_sampling_ns=log.processors_ns + log.stopping_ns,
+            tokenize_ns=log.tokenize_ns,
+        )
+
+    def _generated(self, made: Sequence[tuple[int, int]]) -> tuple[int, ...]:
+        """The tokens sampled, less end-of-generation ones (read after the run)."""
+        vocab, is_eog = self.llm._model.vocab, self.lib.llama_vocab_is_eog
+        return tuple(ns for ns, token in made if not is_eog(vocab, token))
+
+    def _native(
+        self, before: LlamaReading | None, prompt: LlamaReading | None, after: LlamaReading | None
+    ) -> NativeCounters | None:
+        """llama.cpp's counters over the prompt's evaluation (before -> its logits) and over the
+        decode steps after it; a one-token prompt evaluation (a cached prompt's replayed token)
+        counts as the prompt's, as it is, though llama.cpp books it as decode."""
+        if before is None or after is None:
+            return None
+        prompt = prompt or before
+        log = self.log
+        decode_tokens = _evals(after) - _evals(prompt)
+        return NativeCounters(
+            prefill_ms=_ms(prompt) - _ms(before),
+            prefill_tokens=_evals(prompt) - _evals(before),
+            decode_ms=_ms(after) - _ms(prompt),
+            decode_tokens=max(decode_tokens, 0),
+            sample_ms=(log.sample_ns - log.processors_ns) / 1e6 if log.made else None,
+            sample_count=len(log.made),
+            sampled_in_run=True,
+            source=f"llama_perf_context ({self.name})",
+            sampler=_sampler_words(log),
+        )
+
+    def _wrappers(self) -> dict[str, Callable[..., Any]]:
+        llm, log, clock = self.llm, self.log, time.perf_counter_ns
+        cls = type(llm)
+        generate, evaluate = cls.generate.__get__(llm), cls.eval.__get__(llm)
+        sample, tokenize = cls.sample.__get__(llm), cls.tokenize.__get__(llm)
+        read, sync, ctx = self.counters.read, self.lib.llama_synchronize, llm._ctx.ctx
+
+        def wrapped_generate(tokens: Sequence[int], *args: Any, **kwargs: Any) -> Any:
+            if log.prompt_tokens is None:
+                log.prompt_tokens = len(tokens)
+            _time_hooks(kwargs, log)
+            return generate(tokens, *args, **kwargs)
+
+        def wrapped_eval(tokens: Sequence[int]) -> None:
+            evaluate(tokens)
+            if log.evaluated is None:
+                # llama.cpp books an evaluation's time at the next synchronize (the sampler's, a
+                # moment later): here, so the prompt's logits are ready and its counters read.
+                sync(ctx)
+                log.prefill_done_ns = clock()
+                log.evaluated = len(tokens)
+                log.after_prompt = read()
+
+        def wrapped_sample(*args: Any, **kwargs: Any) -> int:
+            began = clock()
+            token: int = sample(*args, **kwargs)
+            made = clock()
+            log.sample_ns += made - began
+            log.made.append((made, token))
+            return token
+
+        def wrapped_tokenize(*args: Any, **kwargs: Any) -> list[int]:
+            began = clock()
+            ids: list[int] = tokenize(*args, **kwargs)
+            if log.evaluated is None:
+                log.tokenize_ns += clock() - began
+            return ids
+
+        return {
+            "generate": wrapped_generate,
+            "eval": wrapped_eval,
+            "sample": wrapped_sample,
+            "tokenize": wrapped_tokenize,
+        }
+
+
+def _evals(r: LlamaReading) -> int:
+    return r.prefill_tokens + r.decode_tokens
+
+
+def _ms(r: LlamaReading) -> float:
+    return r.prefill_ms + r.decode_ms
+
+
+def _sampler_words(log: _Log) -> str:
+    """What llama.cpp's sampler chain held beyond the usual, as a why line names it."""
+    return "grammar" if log.grammar else ""
+
+
+def _time_hooks(kwargs: dict[str, Any], log: _Log) -> None:
+    """The user's logits processors and stopping criteria, each timed (their time is Python's,
+    though the processors run inside llama.cpp's sampler call)."""
+    log.grammar = log.grammar or kwargs.get("grammar") is not None
+    processors, criteria = kwargs.get("logits_processor"), kwargs.get("stopping_criteria")
+    clock = time.perf_counter_ns
+    if processors:
+        log.processors = True
+
+        def timed_processor(fn: Callable[..., Any]) -> Callable[..., Any]:
+            def run(ids: Any, scores: Any) -> Any:
+                began = clock()
+                out = fn(ids, scores)
+                log.processors_ns += clock() - began
+                return out
+
+            return run
+
+        kwargs["logits_processor"] = type(processors)([timed_processor(p) for p in processors])
+    if criteria:
+
+        def timed_criterion(fn: Callable[..., Any]) -> Callable[..., Any]:
+            def run(ids: Any, logits: Any) -> Any:
+                began = clock()
+                out = fn(ids, logits)
+                log.stopping_ns += clock() - began
+                return out
+
+            return run
+
+        kwargs["stopping_criteria"] = type(criteria)([timed_criterion(c) for c in criteria])
+
+
+class LlamaWatch:
+    """The Llamas a callable drives, around each of its runs (``arm`` / ``disarm``)."""
+
+    def __init__(self) -> None:
+        self._lib = import_llama_cpp()
+        self._names: dict[int, str] = {}
+        self.driven: dict[str, Any] = {}  # name -> Llama, the ones that worked in some run
+
+    def name(self, llm: Any) -> str:
+        """A Llama's name in reports: its model file's stem, numbered when several share it."""
+        key = id(llm)
+        if key not in self._names:
+            stem = Path(str(getattr(llm, "model_path", "llama"))).stem
+            taken = sum(1 for n in self._names.values() if n.split("#")[0] == stem)
+            self._names[key] = f"{stem}#{taken + 1}" if taken else stem
+        return self._names[key]
+
+    def arm(self, cold: bool) -> list[_Probe]:
+        probes = [_Probe(llm, self.name(llm), self._lib) for llm in live_llamas()]
+        for probe in probes:
+            probe.arm(cold)
+        return probes
+
+    def disarm(self, probes: Sequence[_Probe], cold: bool) -> list[LlamaRun]:
+        runs = []
+        for probe in probes:
+            run = probe.disarm(cold)
+            if run is not None:
+                runs.append(run)
+                self.driven[run.name] = probe.llm
+        return runs
+
+    def info(self, base: EngineInfo) -> EngineInfo:
+        """``base`` (the callable's) with the facts and settings of the Llama it drove most
+        recently first (``llamas``: all of them by name)."""
+        import dataclasses
+
+        if not self.driven:
+            return base
+        names = tuple(self.driven)
+        llm = next(iter(self.driven.values()))
+        if not _is_open(llm):
+            return dataclasses.replace(base, llamas=names)
+        return dataclasses.replace(base, llamas=names, **llama_facts(self._lib, llm))
+
+
+def llama_facts(lib: Any, llm: Any) -> dict[str, Any]:
+    """A user's Llama as ``EngineInfo`` fields: its model, its llama.cpp settings (the
+    fingerprint's), its memory (the KV cache from its size, the model file's mapping)."""
+    model, ctx = llm._model.model, llm._ctx.ctx
+    cparams, mparams = llm.context_params, llm.model_params
+    n_ctx, n_layer = int(lib.llama_n_ctx(ctx)), int(lib.llama_model_n_layer(model))
+    n_embd, n_head = int(lib.llama_model_n_embd(model)), int(lib.llama_model_n_head(model))
+    n_head_kv = int(lib.llama_model_n_head_kv(model))
+    per_element = kv_bytes_per_element(cparams)
+    kv_mib = None
+    if per_element is not None and n_head:
+        kv_mib = 2 * n_layer * n_ctx * (n_embd // n_head) * n_head_kv * per_element / 2**20
+    path = str(getattr(llm, "model_path", "") or "")
+    mapped = mapped_file_mib(path) if path else None
+    return {
+        "model_path": path or None,
+        "model_size_bytes": int(lib.llama_model_size(model)),
+        "n_params": int(lib.llama_model_n_params(model)),
+        "quantization": quantization(dict(getattr(llm, "metadata", {}) or {})),
+        "n_layer": n_layer,
+        "n_embd": n_embd,
+        "n_head": n_head,
+        "n_head_kv": n_head_kv,
+        "kv_bytes_per_element": per_element,
+        "threads": int(cparams.n_threads),
+        "n_ctx": n_ctx,
+        "n_batch": int(lib.llama_n_batch(ctx)),
+        "n_ubatch": int(cparams.n_ubatch),
+        "flash_attn": _flash_attn(cparams),
+        "type_k": _type_name(cparams.type_k),
+        "type_v": _type_name(cparams.type_v),
+        **_load_mode(lib, mparams),
+        "offload_kqv": bool(cparams.offload_kqv),
+        "gpu_layers": 0 if not lib.llama_supports_gpu_offload() else int(mparams.n_gpu_layers),
+        "repack": bool(getattr(mparams, "use_extra_bufts", True)),
+        "backend_version": llama_cpp_version(),
+        "kv_mib": kv_mib,
+        "mapped_mib": mapped[0] if mapped else None,
+        "mapped_resident_mib": mapped[1] if mapped else None,
+    }
+
+
+def _load_mode(lib: Any, mparams: Any) -> dict[str, bool | None]:
+    """mmap and mlock as the model was loaded (``load_mode``; older bindings: ``use_mmap``/``use_mlock``)."""
+    mode = getattr(mparams, "load_mode", None)
+    if mode is None:
+        return {"mmap": getattr(mparams, "use_mmap", None), "mlock": getattr(mparams, "use_mlock", None)}
+    names = {getattr(lib, n, None): n for n in dir(lib) if n.startswith("LLAMA_LOAD_MODE_")}
+    name = names.get(int(mode), "")
+    return {"mmap": "MMAP" in name, "mlock": "MLOCK" in name}
+
+
+def _flash_attn(cparams: Any) -> bool | None:
+    """llama.cpp's flash attention as asked: on (1) or off; auto (-1) as llama.cpp decides is None."""
+    value = getattr(cparams, "flash_attn_type", getattr(cparams, "flash_attn", None))
+    if value is None or int(value) < 0:
+        return None
+    return bool(value)
+
+
+def _type_name(value: int) -> str | None:
+    try:
+        from gguf import GGMLQuantizationType
+
+        return GGMLQuantizationType(int(value)).name.lower()
+    except (ImportError, ValueError):
+        return None
+
+
+def made_with_pauses(made_ns: Sequence[int], pauses: Sequence[tuple[int, int]]) -> tuple[int, ...]:
+    """Token stamps with the time of every pause that ended before each taken out (a stepped
+    run: ``pauses`` as (began, ended) clock readings)."""
+    out = []
+    for stamp in made_ns:
+        paused = sum(end - began for began, end in pauses if end <= stamp)
+        out.append(stamp - paused)
+    return tuple(out)
