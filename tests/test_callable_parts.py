@@ -8,6 +8,7 @@ in a wrapper lands outside llama.cpp (a margin far above any noise)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -20,13 +21,19 @@ from test_refs import _git_identity  # noqa: F401  (an autouse fixture, here too
 from pytest_llmperf import Workload, measure
 from pytest_llmperf.engines import CallableEngine, synthetic_text
 from pytest_llmperf.engines.llama_cpp import LlamaCounters
+from pytest_llmperf.engines.user_llama import LlamaWatch
 from pytest_llmperf.reports.text import metrics_table
 
 W = Workload(prompt_tokens=16, max_tokens=8, runs=4, warmup=1)
 NOT_MEASURED = (
-    "parts: not measured: the callable did not call the fixtures' Llama (llmperf_llm); "
-    "llama.cpp's own time cannot be split from it"
+    "parts: not measured: the callable drove no llama_cpp.Llama of this process (a remote client, another "
+    "library); llama.cpp's own time cannot be split from it"
 )
+
+
+def watched(fn) -> CallableEngine:
+    """A callable as ``llmperf.measure(fn)`` measures it: every Llama of the process watched."""
+    return CallableEngine(fn, watch=LlamaWatch())
 
 
 def stream(llm, busy_ms: float = 0.0):
@@ -42,40 +49,80 @@ def stream(llm, busy_ms: float = 0.0):
     return fn
 
 
+def tokens(llm, busy_ms: float = 0.0):
+    """A wrapper on ``Llama.generate``: each token handed on as made (no text held back), then
+    ``busy_ms`` of CPU work per token before the next is asked for."""
+
+    def fn(prompt: str, max_tokens: int):
+        ids = llm.tokenize(prompt.encode())
+        for i, token in enumerate(llm.generate(ids, temp=0.0)):
+            end = time.perf_counter() + busy_ms / 1000.0
+            while time.perf_counter() < end:
+                pass
+            yield token
+            if i + 1 >= max_tokens:
+                return
+
+    return fn
+
+
 def no_llama(prompt: str, max_tokens: int):
     yield from range(max_tokens)
 
 
 def test_the_counters_of_one_run_are_llama_cpps_own(tiny_engine) -> None:
     llm, lib = tiny_engine.llm, tiny_engine.lib
-    engine = CallableEngine(stream(llm), counters=LlamaCounters(llm))
-    llm.reset()  # no prompt cached: this run evaluates the whole prompt
+    engine = watched(stream(llm))
+    engine.run(W, -1)  # a first run: the next one would find its prompt cached, were it not cleared
     lib.llama_perf_context_reset(llm._ctx.ctx)
     trace = engine.run(W, 0)
     perf = lib.llama_perf_context(llm._ctx.ctx)
     native = trace.native
-    assert native is not None and native.source == LlamaCounters.SOURCE and native.sampled_in_run
+    assert native is not None and native.source.startswith("llama_perf_context") and native.sampled_in_run
     prompt = llm.tokenize(synthetic_text(16, W.seed).encode())  # what the callable was given
+    # Cold: the whole prompt evaluated again, none reused; its counters are the prompt's alone.
+    assert trace.prompt_tokens == len(prompt) and trace.prompt_reused_tokens == 0
     assert native.prefill_tokens == perf.n_p_eval == len(prompt) and native.prefill_ms == pytest.approx(
         perf.t_p_eval_ms
     )
-    assert native.decode_tokens == perf.n_eval >= 1 and native.decode_ms == pytest.approx(perf.t_eval_ms)
+    # Decode: exactly the steps between the first and the last token (the last one is not evaluated).
+    assert native.decode_tokens == perf.n_eval == W.max_tokens - 1 and native.decode_ms == pytest.approx(perf.t_eval_ms)
+    assert len(trace.token_ns) == W.max_tokens and trace.prefill_done_ns <= trace.token_ns[0]
     # llama.cpp reports a count of 0 as 1: read as 0, a run after a reset counts from nothing.
     assert LlamaCounters(llm).between(LlamaCounters(llm).read(), LlamaCounters(llm).read()) is None
 
 
+def test_every_cold_run_evaluates_the_whole_prompt_and_warm_says_what_the_cache_gave(tiny_engine) -> None:
+    llm = tiny_engine.llm
+    cold = measure(watched(stream(llm)), W)
+    n_prompt = len(llm.tokenize(synthetic_text(16, W.seed).encode()))
+    for r in (*cold.warmup_runs, *cold.runs):
+        assert r.prompt_tokens == n_prompt and r.prompt_reused_tokens == 0
+        assert r.native_prefill_ms is not None and r.native_prefill_ms > 0
+    warm = measure(watched(stream(llm)), dataclasses.replace(W, prompt_cache="warm"))
+    for r in warm.runs:  # after the warm-up, the same prompt: all but the replayed last token reused
+        assert r.prompt_tokens == n_prompt and r.prompt_reused_tokens == n_prompt - 1
+    text = metrics_table(warm)
+    assert text.count("prompt cache warm (kept between runs)") == 1
+    assert f"1 / {n_prompt - 1}" in text  # evaluated / reused
+    assert "prompt cache warm" not in metrics_table(cold)
+
+
 def test_a_callable_on_the_fixtures_llama_gets_the_parts_and_they_add_up(tiny_engine) -> None:
     llm = tiny_engine.llm
-    m = measure(CallableEngine(stream(llm), counters=LlamaCounters(llm)), W)
+    m = measure(watched(stream(llm)), W)
     for r in m.runs:
         assert r.native_decode_ms_per_token is not None and r.native_decode_ms_per_token > 0
-        assert r.decode_outside_ms_per_token is not None
+        assert r.decode_outside_ms_per_token is not None and r.decode_outside_ms_per_token >= 0
+        assert r.prefill_outside_ms is not None and r.prefill_outside_ms >= 0
         inside = r.native_decode_ms_per_token + (r.sampling_ms_per_token or 0.0)
-        assert math.isclose(inside + r.decode_outside_ms_per_token, r.tpot_ms, rel_tol=1e-9, abs_tol=1e-9)
-        if r.prefill_outside_ms is not None:  # a run that evaluated its prompt (not held by the prompt cache)
-            assert r.native_prefill_ms is not None
-            total = r.tokenize_ms + r.native_prefill_ms + r.prefill_outside_ms
-            assert math.isclose(total, r.ttft_ms, rel_tol=1e-9, abs_tol=1e-9)
+        inside += r.python_sampling_ms_per_token or 0.0
+        gaps = dict(r.clock_gaps)
+        below = gaps.get("decode_outside_ms_per_token_gap", 0.0)
+        assert math.isclose(inside + r.decode_outside_ms_per_token - below, r.tpot_ms, rel_tol=1e-9, abs_tol=1e-9)
+        assert r.native_prefill_ms is not None
+        total = r.tokenize_ms + r.native_prefill_ms + r.prefill_outside_ms - gaps.get("prefill_outside_ms_gap", 0.0)
+        assert math.isclose(total, r.ttft_ms, rel_tol=1e-9, abs_tol=1e-9)
     text = metrics_table(m)
     for row in ("decode (llama.cpp) median", "decode outside llama.cpp median", "prefill outside llama.cpp median"):
         assert row in text
@@ -84,8 +131,8 @@ def test_a_callable_on_the_fixtures_llama_gets_the_parts_and_they_add_up(tiny_en
 
 def test_a_callable_that_does_not_call_the_llama_is_told_so_in_one_line(tiny_engine) -> None:
     llm = tiny_engine.llm
-    engine = CallableEngine(no_llama, counters=LlamaCounters(llm))
-    assert engine.run(W, 0).native is None  # the counters did not move
+    engine = watched(no_llama)
+    assert llm is not None and engine.run(W, 0).native is None  # the Llama did nothing
     text = metrics_table(measure(engine, W))
     assert text.count(NOT_MEASURED) == 1 and text.count("parts:") == 1
     for row in ("(llama.cpp)", "engine overhead", "outside llama.cpp median", "sampling"):
@@ -93,14 +140,37 @@ def test_a_callable_that_does_not_call_the_llama_is_told_so_in_one_line(tiny_eng
 
 
 def test_work_per_token_in_the_wrapper_is_outside_llama_cpp(tiny_engine) -> None:
-    """5 ms of busy work per chunk: the decode time outside llama.cpp grows by about that much,
+    """5 ms of busy work per token: the decode time outside llama.cpp grows by about that much,
     whatever the machine's load (the busy wait is at least 5 ms of wall time)."""
     llm = tiny_engine.llm
-    counters = LlamaCounters(llm)
-    plain = measure(CallableEngine(stream(llm), counters=counters), W)
-    busy = measure(CallableEngine(stream(llm, busy_ms=5.0), counters=counters), W)
+    plain = measure(watched(tokens(llm)), W)
+    busy = measure(watched(tokens(llm, busy_ms=5.0)), W)
     assert plain.decode_outside_ms_per_token is not None and busy.decode_outside_ms_per_token is not None
     assert busy.decode_outside_ms_per_token - plain.decode_outside_ms_per_token > 2.5
+
+
+def test_a_stream_that_holds_text_back_is_timed_by_its_tokens_and_its_delivery_is_a_figure(tiny_engine) -> None:
+    """The embedded model's random byte tokens are incomplete UTF-8: ``create_completion(stream=True)``
+    holds the text back and releases it at the end. Its tokens are timed where llama.cpp made them;
+    what the stream did is said in one line, with the delivered figures."""
+    llm = tiny_engine.llm
+    m = measure(watched(stream(llm, busy_ms=5.0)), W)
+    assert m.output_tokens == W.max_tokens  # tokens, not chunks
+    assert m.delivered_items is not None and m.delivered_burst_tokens is not None
+    assert m.delivered_e2e_ms is not None and m.delivered_e2e_ms >= m.e2e_ms
+    if m.delivered_items != W.max_tokens or m.delivered_burst_tokens > 1:
+        assert sum("your stream delivered" in line for line in m.token_notes) == 1
+    for r in m.runs:  # the wrapper's 5 ms per item lies after each item, never between made tokens it held
+        assert r.delivered_items is not None and r.delivered_e2e_ms >= r.e2e_ms
+
+
+def test_a_callable_that_yields_chunks_of_no_llama_is_told_its_items_are_not_tokens() -> None:
+    def chunks(prompt: str, max_tokens: int):
+        yield from ["ab"] * (max_tokens // 2)
+
+    m = measure(watched(chunks), W)
+    assert m.delivered_items is None and m.output_tokens == W.max_tokens // 2
+    assert [line for line in m.token_notes if "its items are chunks" in line]
 
 
 LLAMA_TESTS = """

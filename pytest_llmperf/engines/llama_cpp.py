@@ -664,11 +664,11 @@ class LlamaCounters(CounterSource["LlamaReading | None"]):
     def __init__(self, llm: Any, info: EngineInfo | None = None) -> None:
         self.llm = llm
         self._lib = import_llama_cpp()
-        self._info = info
+        self.info = info
 
     def memory(self) -> dict[str, float | None]:
         """The memory figures the Llama's engine reports (``info``), for the callable's table."""
-        info = self._info
+        info = self.info
         return {} if info is None else {name: getattr(info, name) for name in MEMORY_FIELDS}
 
     def read(self) -> LlamaReading | None:

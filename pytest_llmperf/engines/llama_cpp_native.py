@@ -355,24 +355,41 @@ BUFFER_SOURCE = "llama.cpp log"
 @contextlib.contextmanager
 def llama_log_capture(llama_cpp: Any) -> Iterator[list[str]]:
     """llama.cpp's log text while the block runs, passed on to llama-cpp-python's own handler
-    as before (so a verbose engine worker still logs it); that handler is back afterwards."""
+    as before (so a verbose engine worker still logs it); that handler is back afterwards.
+    Nested captures (a Llama made by the plugin's engine through the hook on ``Llama.__init__``)
+    each get the whole text: one callback is installed, by the outermost."""
     import ctypes
 
     from llama_cpp import _logger
 
-    previous = _logger.llama_log_callback
     texts: list[str] = []
+    if _CAPTURING:
+        _CAPTURING.append(texts)
+        try:
+            yield texts
+        finally:
+            _CAPTURING.remove(texts)
+        return
+    previous = _logger.llama_log_callback
 
     @llama_cpp.llama_log_callback
     def capture(level: int, text: bytes, user_data: Any) -> None:
-        texts.append(text.decode("utf-8", "replace") if text else "")
+        line = text.decode("utf-8", "replace") if text else ""
+        for into in _CAPTURING:
+            into.append(line)
         previous(level, text, user_data)
 
+    _CAPTURING.append(texts)
     llama_cpp.llama_log_set(capture, ctypes.c_void_p(0))
     try:
         yield texts
     finally:
         llama_cpp.llama_log_set(previous, ctypes.c_void_p(0))
+        _CAPTURING.clear()
+
+
+#: The lists ``llama_log_capture`` fills now (outermost first).
+_CAPTURING: list[list[str]] = []
 
 
 def buffer_sizes(log: Sequence[str]) -> dict[str, float]:

@@ -38,7 +38,9 @@ from typing import Any
 from ..core.workload import EngineInfo, NativeCounters
 from .llama_cpp import LlamaCounters, LlamaReading, with_model_params
 from .llama_cpp_native import (
+    buffer_sizes,
     import_llama_cpp,
+    llama_log_capture,
     kv_bytes_per_element,
     llama_cpp_version,
     mapped_file_mib,
@@ -50,6 +52,9 @@ from .llama_cpp_native import (
 WRAPPED = ("generate", "eval", "sample", "tokenize")
 
 _SEEN: weakref.WeakSet[Any] = weakref.WeakSet()
+#: llama.cpp's buffers (MiB by kind, from its log while the Llama loaded) of each Llama made
+#: after the hook, or handed over by the engine that made it (``LlamaWatch.know``).
+_BUFFERS: weakref.WeakKeyDictionary[Any, dict[str, float]] = weakref.WeakKeyDictionary()
 _HOOKED: list[bool] = []
 
 
@@ -77,9 +82,10 @@ def _hook() -> None:
     @functools.wraps(original)
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         path = kwargs.get("model_path", args[0] if args else None)
-        with _repack_guard(llama_cpp, path):
+        with _repack_guard(llama_cpp, path), llama_log_capture(llama_cpp) as log:
             original(self, *args, **kwargs)
         _SEEN.add(self)
+        _BUFFERS[self] = buffer_sizes(log)
 
     cls.__init__ = init
     _HOOKED.append(True)
@@ -298,6 +304,17 @@ def _time_hooks(kwargs: dict[str, Any], log: _Log) -> None:
         kwargs["stopping_criteria"] = type(criteria)([timed_criterion(c) for c in criteria])
 
 
+def watch_llamas() -> LlamaWatch | None:
+    """A ``LlamaWatch`` over this process's Llamas (None: llama-cpp-python is not importable
+    here, so no Llama can exist)."""
+    from ..core.errors import EngineError
+
+    try:
+        return LlamaWatch()
+    except EngineError:
+        return None
+
+
 class LlamaWatch:
     """The Llamas a callable drives, around each of its runs (``arm`` / ``disarm``)."""
 
@@ -305,6 +322,21 @@ class LlamaWatch:
         self._lib = import_llama_cpp()
         self._names: dict[int, str] = {}
         self.driven: dict[str, Any] = {}  # name -> Llama, the ones that worked in some run
+
+    def know(self, llm: Any, info: EngineInfo) -> None:
+        """``llm`` was made by an engine of the plugin (the fixtures' ``llmperf_llm``): its memory
+        figures are that engine's (llama.cpp's log of its load)."""
+        _SEEN.add(llm)
+        _BUFFERS[llm] = {
+            kind: value
+            for kind, value in (
+                ("kv", info.kv_mib),
+                ("compute", info.compute_mib),
+                ("output", info.output_mib),
+                ("model", info.model_buffer_mib),
+            )
+            if value is not None
+        }
 
     def name(self, llm: Any) -> str:
         """A Llama's name in reports: its model file's stem, numbered when several share it."""
@@ -358,6 +390,7 @@ def llama_facts(lib: Any, llm: Any) -> dict[str, Any]:
         kv_mib = 2 * n_layer * n_ctx * (n_embd // n_head) * n_head_kv * per_element / 2**20
     path = str(getattr(llm, "model_path", "") or "")
     mapped = mapped_file_mib(path) if path else None
+    logged = _BUFFERS.get(llm, {})
     return {
         "model_path": path or None,
         "model_size_bytes": int(lib.llama_model_size(model)),
@@ -380,7 +413,10 @@ def llama_facts(lib: Any, llm: Any) -> dict[str, Any]:
         "gpu_layers": 0 if not lib.llama_supports_gpu_offload() else int(mparams.n_gpu_layers),
         "repack": bool(getattr(mparams, "use_extra_bufts", True)),
         "backend_version": llama_cpp_version(),
-        "kv_mib": kv_mib,
+        "kv_mib": logged.get("kv", kv_mib),
+        "compute_mib": logged.get("compute"),
+        "output_mib": logged.get("output"),
+        "model_buffer_mib": logged.get("model"),
         "mapped_mib": mapped[0] if mapped else None,
         "mapped_resident_mib": mapped[1] if mapped else None,
     }

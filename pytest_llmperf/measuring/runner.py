@@ -55,7 +55,9 @@ def as_engine(obj: Any) -> Engine:
     """An Engine as is; a plain callable ``fn(prompt, max_tokens)`` wrapped."""
     if isinstance(obj, Engine):
         return obj
-    return CallableEngine(obj)
+    from ..engines.user_llama import watch_llamas
+
+    return CallableEngine(obj, watch=watch_llamas())
 
 
 def engine_pid(engine: object) -> int | None:

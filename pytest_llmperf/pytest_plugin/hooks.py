@@ -128,7 +128,9 @@ def make_engine(config: pytest.Config, settings: EngineSettings, engine_config: 
     if isinstance(engine, Engine):
         return engine
     if callable(engine):
-        return CallableEngine(engine)
+        from ..engines.user_llama import watch_llamas
+
+        return CallableEngine(engine, watch=watch_llamas())
     raise EngineError(
         f"pytest_llmperf_make_engine ({_who(config, 'pytest_llmperf_make_engine')}) returned {type(engine).__name__}; "
         "return an engine (info() and run(workload, run_index)), a callable fn(prompt, max_tokens) or None"

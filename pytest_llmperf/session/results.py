@@ -186,8 +186,13 @@ class Measurer:
 
         if isinstance(subject, Engine):
             return subject
-        watch = llama_watch()
+        from ..engines.llama_cpp import LlamaCounters
+        from ..engines.user_llama import watch_llamas
+
+        watch = watch_llamas()
         counters = self.counters()
+        if watch is not None and isinstance(counters, LlamaCounters) and counters.info is not None:
+            watch.know(counters.llm, counters.info)
         if counters is None:
             return CallableEngine(subject, watch=watch)
         return SteppedCallableEngine(subject, counters=counters, watch=watch)
@@ -487,18 +492,6 @@ def _failure_lines(r: Result, budgets_gate: bool, baseline_lines: Callable[[Asse
     """What fails the test on one measurement's account: its budgets (when they gate), its baseline."""
     lines = [r.failure.as_longrepr()] if r.failure is not None and budgets_gate else []
     return lines + (baseline_lines(r.baseline) if r.baseline is not None else [])
-
-
-def llama_watch() -> Any:
-    """A ``LlamaWatch`` over this process's ``llama_cpp.Llama`` objects (None: llama-cpp-python
-    is not importable here, so no Llama can exist)."""
-    from ..core.errors import EngineError
-    from ..engines.user_llama import LlamaWatch
-
-    try:
-        return LlamaWatch()
-    except EngineError:
-        return None
 
 
 def _is_engine(subject: object) -> bool:
