@@ -46,7 +46,22 @@ def measured(tiny_engine):
         Workload(prompt_tokens=8, max_tokens=6, requests=3, concurrency=1, warmup=0),
         slo={"ttft_ms": 60_000.0, "tpot_ms": 60_000.0},
     )
-    return [(m, record(m, Fingerprint({}, subject(m.engine)), commit=None, recorded_at="now")) for m in (plain, load)]
+    # A callable on the engine's Llama with a Python logits processor: the user path's parts.
+    llm = tiny_engine.llm
+
+    def with_processor(prompt: str, max_tokens: int):
+        from llama_cpp import LogitsProcessorList
+
+        keep = LogitsProcessorList([lambda ids, scores: scores])
+        for i, token in enumerate(llm.generate(llm.tokenize(prompt.encode()), temp=0.0, logits_processor=keep)):
+            yield token
+            if i + 1 >= max_tokens:
+                return
+
+    user = measure(with_processor, Workload(prompt_tokens=8, max_tokens=6, runs=3, warmup=0))
+    return [
+        (m, record(m, Fingerprint({}, subject(m.engine)), commit=None, recorded_at="now")) for m in (plain, load, user)
+    ]
 
 
 def _close(a: float, b: float) -> bool:

@@ -35,6 +35,7 @@ def _runs(n: int, seed: int, *, eval_ms: float = 10.0, sampling_ms: float = 0.5,
                 prefill_outside_ms=po,
                 native_decode_ms_per_token=e,
                 sampling_ms_per_token=s,
+                python_sampling_ms_per_token=None,
                 decode_outside_ms_per_token=o,
             )
         )
@@ -157,7 +158,7 @@ def test_the_verdict_line_names_the_parts_that_moved_and_those_that_did_not() ->
     assert len(lines) == 1
     line = lines[0]
     assert line.startswith("decode TPOT +8.8% (1.058..1.118): moved: outside llama.cpp +0.")
-    assert "ms/token (" in line and "unchanged: llama.cpp eval x1.0" in line and "sampling x1." in line
+    assert "ms/token (" in line and "unchanged: llama.cpp eval x1.0" in line and "sampling (llama.cpp) x1." in line
 
 
 def test_a_part_change_round_trips_through_json() -> None:

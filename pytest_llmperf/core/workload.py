@@ -257,6 +257,27 @@ class RunTrace:
 
 
 @dataclass(frozen=True)
+class LlamaRun:
+    """One ``llama_cpp.Llama``'s part of one run of a measured callable, read after it
+    (``engines.user_llama``): what it was asked, evaluated and made, and its counters."""
+
+    name: str
+    prompt_tokens: int | None
+    evaluated_prompt_tokens: int | None
+    prefill_done_ns: int | None
+    made_ns: tuple[int, ...]  # each generated token (end of generation excluded), when sampled
+    native: NativeCounters | None
+    python_sampling_ns: int  # the user's logits processors and stopping criteria
+    tokenize_ns: int  # tokenization inside the run, before the prompt's evaluation
+
+    @property
+    def reused_prompt_tokens(self) -> int | None:
+        if self.prompt_tokens is None or self.evaluated_prompt_tokens is None:
+            return None
+        return max(self.prompt_tokens - self.evaluated_prompt_tokens, 0)
+
+
+@dataclass(frozen=True)
 class TokenLogits:
     """One prompt as an engine that exposes token probabilities sees it, outside every timed
     region (``measuring.agreement``): the prompt's ids, the model's greedy continuation (end of

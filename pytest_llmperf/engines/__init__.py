@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 from ..core.errors import EngineError, NotSteppable
-from ..core.workload import EngineInfo, NativeCounters, RunTrace, Workload
+from ..core.workload import EngineInfo, LlamaRun, NativeCounters, RunTrace, Workload
 from .capabilities import (
     CAPABILITIES,
     AsyncRuns,
@@ -40,9 +40,6 @@ from .capabilities import (
     times_layers,
 )
 
-if TYPE_CHECKING:
-    from .user_llama import LlamaRun, LlamaWatch
-
 __all__ = [
     "CAPABILITIES",
     "AsyncRuns",
@@ -59,6 +56,7 @@ __all__ = [
     "NeedsPromptIds",
     "ProcessMemory",
     "RemoteLayerTiming",
+    "RunWatch",
     "ServerMetrics",
     "SteppedCallableEngine",
     "SteppedRuns",
@@ -88,6 +86,20 @@ class CounterSource(Protocol[Reading]):
         ...
 
 
+class RunWatch(Protocol):
+    """The ``llama_cpp.Llama`` objects a callable drives, around each of its runs
+    (``engines.user_llama.LlamaWatch``): ``arm`` before the run's first clock read (cleared when
+    ``cold``, instrumented), ``disarm`` after its last (each driven Llama's ``LlamaRun``)."""
+
+    driven: Mapping[str, Any]
+
+    def arm(self, cold: bool) -> Sequence[Any]: ...
+
+    def disarm(self, probes: Sequence[Any], cold: bool) -> list[LlamaRun]: ...
+
+    def info(self, base: EngineInfo) -> EngineInfo: ...
+
+
 def synthetic_text(n_words: int, seed: int) -> str:
     """A seeded prompt of ``n_words`` short words (about one token each for most tokenizers)."""
     import numpy as np  # not at import: the engines package is read at every pytest start
@@ -115,7 +127,7 @@ class CallableEngine(Engine):
         name: str | None = None,
         *,
         counters: CounterSource[Any] | None = None,
-        watch: LlamaWatch | None = None,
+        watch: RunWatch | None = None,
     ) -> None:
         if not callable(fn):
             raise EngineError(f"engine must be callable as fn(prompt, max_tokens), got {fn!r}")
@@ -196,7 +208,7 @@ class SteppedCallableEngine(CallableEngine, SteppedRuns):
     counters: CounterSource[Any]
 
     def __init__(
-        self, fn: TokenStream, name: str | None = None, *, counters: CounterSource[Any], watch: LlamaWatch | None = None
+        self, fn: TokenStream, name: str | None = None, *, counters: CounterSource[Any], watch: RunWatch | None = None
     ) -> None:
         super().__init__(fn, name, counters=counters, watch=watch)
 
@@ -226,9 +238,7 @@ class SteppedCallableEngine(CallableEngine, SteppedRuns):
         if native is None:
             raise NotSteppable(f"{self._info.model!r} did not call the fixtures' Llama: its pauses cannot be checked")
         if watch is not None:
-            from .user_llama import made_with_pauses
-
-            llamas = [dataclasses.replace(run, made_ns=made_with_pauses(run.made_ns, pauses)) for run in llamas]
+            llamas = [dataclasses.replace(run, made_ns=_without_pauses(run.made_ns, pauses)) for run in llamas]
             return self._watched(start, stamps, llamas)
         return self._trace(start, stamps, native)
 
@@ -241,3 +251,13 @@ class SteppedCallableEngine(CallableEngine, SteppedRuns):
                 f"{self._info.model!r} ran llama.cpp while paused between tokens (its tokens are made ahead "
                 "of the reader: a thread or a server)"
             )
+
+
+def _without_pauses(made_ns: Sequence[int], pauses: Sequence[tuple[int, int]]) -> tuple[int, ...]:
+    """Token stamps with the time of every pause that ended before each taken out (a stepped
+    run: ``pauses`` as (began, ended) clock readings)."""
+    out = []
+    for stamp in made_ns:
+        paused = sum(end - began for began, end in pauses if end <= stamp)
+        out.append(stamp - paused)
+    return tuple(out)

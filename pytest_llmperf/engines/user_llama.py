@@ -35,14 +35,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.workload import EngineInfo, NativeCounters
+from ..core.workload import EngineInfo, LlamaRun, NativeCounters
+from . import RunWatch
 from .llama_cpp import LlamaCounters, LlamaReading, with_model_params
 from .llama_cpp_native import (
     buffer_sizes,
     import_llama_cpp,
-    llama_log_capture,
     kv_bytes_per_element,
     llama_cpp_version,
+    llama_log_capture,
     mapped_file_mib,
     quantization,
     resolve_repack,
@@ -121,26 +122,6 @@ class _Log:
     tokenize_ns: int = 0
     grammar: bool = False
     processors: bool = False
-
-
-@dataclass(frozen=True)
-class LlamaRun:
-    """One Llama's part of one run, read after it."""
-
-    name: str
-    prompt_tokens: int | None
-    evaluated_prompt_tokens: int | None
-    prefill_done_ns: int | None
-    made_ns: tuple[int, ...]  # each generated token (end of generation excluded), when sampled
-    native: NativeCounters | None
-    python_sampling_ns: int  # the user's logits processors and stopping criteria
-    tokenize_ns: int  # tokenization inside the run, before the prompt's evaluation
-
-    @property
-    def reused_prompt_tokens(self) -> int | None:
-        if self.prompt_tokens is None or self.evaluated_prompt_tokens is None:
-            return None
-        return max(self.prompt_tokens - self.evaluated_prompt_tokens, 0)
 
 
 class _Probe:
@@ -315,8 +296,8 @@ def watch_llamas() -> LlamaWatch | None:
         return None
 
 
-class LlamaWatch:
-    """The Llamas a callable drives, around each of its runs (``arm`` / ``disarm``)."""
+class LlamaWatch(RunWatch):
+    """The Llamas a callable drives, around each of its runs (``arm`` / ``disarm``): ``RunWatch``."""
 
     def __init__(self) -> None:
         self._lib = import_llama_cpp()
@@ -447,13 +428,3 @@ def _type_name(value: int) -> str | None:
         return GGMLQuantizationType(int(value)).name.lower()
     except (ImportError, ValueError):
         return None
-
-
-def made_with_pauses(made_ns: Sequence[int], pauses: Sequence[tuple[int, int]]) -> tuple[int, ...]:
-    """Token stamps with the time of every pause that ended before each taken out (a stepped
-    run: ``pauses`` as (began, ended) clock readings)."""
-    out = []
-    for stamp in made_ns:
-        paused = sum(end - began for began, end in pauses if end <= stamp)
-        out.append(stamp - paused)
-    return tuple(out)
