@@ -105,6 +105,9 @@ def diagnosis(m: Measurement) -> dict[str, Any]:
     if m.roofline is not None:
         out["roofline"] = m.roofline.as_dict()
     out["memory"] = memory_record(m, kv_cache_bytes(m.engine))
+    prompt = prompt_record(m)
+    if prompt:
+        out["prompt"] = prompt
     if m.model_loads is not None:
         out["model_loads"] = m.model_loads.as_dict()
     if m.agreement is not None:  # judged against --llmperf-against's REF
@@ -117,6 +120,29 @@ def diagnosis(m: Measurement) -> dict[str, Any]:
             **m.system.as_dict(),
             "involuntary_switches_per_run": round(m.system.involuntary_switches / runs, 2),
         }
+    return out
+
+
+def prompt_record(m: Measurement) -> dict[str, Any]:
+    """A measured callable's prompt as llama.cpp saw it and its stream as the caller got it
+    (empty when the engine is the plugin's own, whose prompt is the workload's): the cache state,
+    the prompt's tokens (median run), those evaluated and reused, and the delivered figures."""
+    if m.prompt_reused_tokens is None and m.delivered_items is None:
+        return {}
+    out: dict[str, Any] = {
+        "prompt_cache": m.workload.prompt_cache,
+        "prompt_tokens": m.prompt_tokens,
+        "evaluated_prompt_tokens": m.evaluated_prompt_tokens,
+        "prompt_reused_tokens": m.prompt_reused_tokens,
+        "sampler": next((r.sampler for r in m.runs if r.sampler), ""),
+    }
+    if m.delivered_items is not None:
+        out.update(
+            delivered_items=m.delivered_items,
+            delivered_ttft_ms=sig6(m.delivered_ttft_ms) if m.delivered_ttft_ms is not None else None,
+            delivered_e2e_ms=sig6(m.delivered_e2e_ms) if m.delivered_e2e_ms is not None else None,
+            delivered_burst_tokens=m.delivered_burst_tokens,
+        )
     return out
 
 

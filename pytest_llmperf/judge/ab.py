@@ -40,7 +40,15 @@ from .budgets import (
     parse_budgets,
 )
 from .paired import PAIRED_METRICS, PHASE_METRIC, PairedComparison, paired
-from .parts import PartChange, gated, paired_explained_phases, paired_parts, paired_why_lines, part_properties
+from .parts import (
+    PartChange,
+    gated,
+    paired_explained_phases,
+    paired_parts,
+    paired_why_lines,
+    part_properties,
+    prompt_changes,
+)
 
 if TYPE_CHECKING:
     from ..core.workload import RunTrace
@@ -92,7 +100,9 @@ class ABResult:
 
     def why(self) -> list[str]:
         """One line per phase whose headline moved, naming the parts that moved and did not."""
-        return paired_why_lines(self.comparisons, self.parts)
+        lines = paired_why_lines(self.comparisons, self.parts)
+        changed = prompt_changes(self.a.prompt_tokens, self.b.prompt_tokens)
+        return [f"{line}; {', '.join(changed)}" for line in lines] if changed else lines
 
     def get(self, name: str) -> PairedComparison:
         """The comparison of a phase (``"decode"``) or a metric (``"tpot_ms"``)."""

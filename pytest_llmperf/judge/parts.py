@@ -216,16 +216,24 @@ def _holm_by_phase(raws: Sequence[_Raw]) -> list[float]:
     return adjusted
 
 
-def _changes(raws: Sequence[_Raw], alpha: float, paired: bool) -> tuple[PartChange, ...]:
-    """The parts with their p-values Holm-adjusted over their phase's parts."""
+def sampler_label(sampler: str) -> str | None:
+    """The sampling part's label where llama.cpp's sampler chain held more than the usual
+    samplers (``"sampling (llama.cpp: grammar)"``), else None (the catalog's)."""
+    return f"sampling (llama.cpp: {sampler})" if sampler else None
+
+
+def _changes(raws: Sequence[_Raw], alpha: float, paired: bool, sampler: str = "") -> tuple[PartChange, ...]:
+    """The parts with their p-values Holm-adjusted over their phase's parts; ``sampler``: what
+    the sampling part's chain held (``sampler_label``)."""
     adjusted = _holm_by_phase(raws)
+    named = sampler_label(sampler)
     out = []
     for r, p in zip(raws, adjusted):
         ratio, low, high = r.ratio if r.ratio is not None else (None, None, None)
         out.append(
             PartChange(
                 metric=r.spec.name,
-                label=r.spec.label,
+                label=named if named and r.spec.name == "sampling_ms_per_token" else r.spec.label,
                 phase=r.spec.phase,
                 unit=r.spec.unit,
                 source=r.spec.source,
@@ -258,7 +266,8 @@ def paired_parts(a_runs: Sequence[Any], b_runs: Sequence[Any], *, alpha: float) 
         a, b = _observed(a_runs, spec.name), _observed(b_runs, spec.name)
         if a is not None and b is not None and _measured(a, b):
             raws.append(_raw_paired(spec, a, b, _phase_ms(a_runs, spec.part_of or "")))
-    return _changes(raws, alpha, paired=True)
+    sampler = next((str(r.sampler) for r in (*b_runs, *a_runs) if getattr(r, "sampler", "")), "")
+    return _changes(raws, alpha, paired=True, sampler=sampler)
 
 
 def unpaired_parts(
@@ -268,11 +277,12 @@ def unpaired_parts(
     *,
     alpha: float,
     between_sd: Mapping[str, float],
+    sampler: str = "",
 ) -> tuple[PartChange, ...]:
     """Every part both records hold (``record["parts"]``: part -> per-run values), the candidate
     against the baseline's runs, with each phase's between-session sd (``between_sd``: phase ->
     log-scale sd, the headline comparison's) and A's phase time (``phase_ms``: judged metric ->
-    median ms)."""
+    median ms); ``sampler``: what either side's sampler chain held (``sampler_label``)."""
     raws = []
     for spec in catalog.PARTS:
         a, b = baseline.get(spec.name), candidate.get(spec.name)
@@ -283,7 +293,7 @@ def unpaired_parts(
             continue
         ms = phase_ms.get(spec.part_of or "", 0.0)
         raws.append(_raw_unpaired(spec, va, vb, ms, between_sd.get(spec.phase, 0.0)))
-    return _changes(raws, alpha, paired=False)
+    return _changes(raws, alpha, paired=False, sampler=sampler)
 
 
 # --- what the parts say about a phase -------------------------------------------------------------
@@ -340,6 +350,14 @@ def why_line(c: Headline, parts: Sequence[PartChange]) -> str | None:
     if still:
         said.append(f"unchanged: {', '.join(still)}")
     return f"{head}: {'; '.join(said)}"
+
+
+def prompt_changes(a_tokens: int | None, b_tokens: int | None) -> tuple[str, ...]:
+    """``("prompt tokens 22 -> 170",)`` where the two sides gave llama.cpp prompts of different
+    lengths (a wrapper that builds a longer prompt: its TTFT's change is that prompt's), else ()."""
+    if a_tokens is None or b_tokens is None or a_tokens == b_tokens:
+        return ()
+    return (f"prompt tokens {a_tokens} -> {b_tokens}",)
 
 
 def is_headline(c: Headline) -> bool:

@@ -20,7 +20,7 @@ from ..baselines.records import same_workload
 from ..core.catalog import Metric
 from ..core.fingerprint import hardware_differences, other_hardware_note, subject_changes
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRESHOLD
-from .parts import PartChange, explained_phases, gated, is_headline, unpaired_parts, why_lines
+from .parts import PartChange, explained_phases, gated, is_headline, prompt_changes, unpaired_parts, why_lines
 from .result import LayerChange, MeasurementResult, compare_layers
 from .rule import JUDGED, METRICS, MIN_PEERS, SUITE_ALPHA_SHARE, compare_levels, decide, mirrored, suite_relative
 from .verdict import BaselineStatus, Comparison, Level, NoiseModel, Verdict, holm, level
@@ -494,6 +494,7 @@ def _judge(
             "re-record with --llmperf-update-baselines",
         )
     changes = tuple(subject_changes(baseline.get("subject", {}), candidate.get("subject", {})))
+    changes += prompt_changes(*((r.get("prompt") or {}).get("prompt_tokens") for r in (baseline, candidate)))
     machine = reference.slowdown(baseline.get("reference"), candidate.get("reference"))
     steal = (steal_share(baseline), steal_share(candidate))
     notes = []
@@ -538,6 +539,7 @@ def _parts(
             phase_ms,
             alpha=settings.alpha,
             between_sd=between,
+            sampler=next((str(s) for r in (candidate, baseline) if (s := (r.get("prompt") or {}).get("sampler"))), ""),
         )
         return gated(parts, explained_phases(comparisons))
     except (ArithmeticError, TypeError, ValueError):

@@ -291,6 +291,10 @@ class MeasurementResult:
     baseline_record: Mapping[str, object] | None = None  # the entry the verdict compared against
     #: One line per budget whose CI straddles its limit (undecided: passes, and says so).
     budget_notes: tuple[str, ...] = ()
+    #: A measured callable's prompt as llama.cpp saw it and its stream as the caller received it
+    #: (``baselines.records.prompt_record``: the cache state, prompt tokens evaluated and reused,
+    #: the delivered figures); empty for the plugin's own engine.
+    prompt: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "budget", BudgetStatus(self.budget))  # a word read from JSON, typed
@@ -346,6 +350,7 @@ class MeasurementResult:
             out += part_properties(prefix, self.verdict.parts)
         if self.reference:
             out.append((prefix + "against", self.reference))
+        out += [(f"{prefix}prompt.{k}", v) for k, v in self.prompt.items() if v is not None]
         return out
 
     def summary_row(self) -> dict[str, Any]:
@@ -371,6 +376,7 @@ class MeasurementResult:
             "budgets": dict(self.budgets),
             "extra_info": dict(self.extra_info),
             "figures": None if self.figures is None else self.figures.to_json(),
+            **({"prompt": dict(self.prompt)} if self.prompt else {}),
         }
 
     @classmethod
@@ -404,6 +410,7 @@ class MeasurementResult:
             None if verdict is None else VerdictRecord.from_json(verdict),
             d.get("baseline_record"),
             tuple(d.get("budget_notes", ())),
+            dict(d.get("prompt") or {}),
         )
 
 

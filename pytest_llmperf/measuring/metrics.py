@@ -125,6 +125,8 @@ class RunMetrics:
     delivered_burst_tokens: int | None = None
     #: (part, ms below zero) where llama.cpp's counters exceed the clock's time of a phase.
     clock_gaps: tuple[tuple[str, float], ...] = ()
+    #: What llama.cpp's sampler chain held beyond the usual ("grammar"; "": nothing more).
+    sampler: str = ""
 
     @classmethod
     def of(cls, trace: RunTrace) -> RunMetrics:
@@ -166,6 +168,7 @@ class RunMetrics:
             python_sampling_ms_per_token=python_ms,
             **_delivered(trace, before_ms),
             clock_gaps=tuple((k, v) for k, v in outside.items() if k.endswith("_gap") and v is not None),
+            sampler=native.sampler if native else "",
         )
 
 

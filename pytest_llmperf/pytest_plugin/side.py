@@ -425,6 +425,7 @@ def _assessment(nodeid: str, label: str, verdict: Mapping[str, Any] | None) -> A
         verdict["status"],
         verdict.get("note", ""),
         tuple(comparison_from_json(c) for c in verdict.get("comparisons", ())),
+        changes=tuple(str(c) for c in verdict.get("changes", ())),
         parts=tuple(PartChange.from_json(p) for p in verdict.get("parts", ())),
         attribution=None if where is None else AttributionChange.from_json(where),
     )

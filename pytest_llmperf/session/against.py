@@ -496,13 +496,15 @@ class Looked:
     orders: Sequence[str]
     #: Where the change went: each phase's parts over the same pairs (``judge.parts``).
     parts: tuple[PartChange, ...] = ()
+    #: What differs between the sides' requests beyond the timings ("prompt tokens 22 -> 170").
+    changes: tuple[str, ...] = ()
 
 
 def _looks(pairing: Pairing, workload: Workload, plan: tuple[int, int, int], judging: Mapping[str, Any]) -> Looked:
     """Pairs, ``step`` at a time, each batch judged at a look, until settled, the cap or the bound."""
     from ..judge.ab import block_orders
     from ..judge.paired import judged_pairs, pairs_settled
-    from ..judge.parts import explained_phases, gated, paired_parts
+    from ..judge.parts import explained_phases, gated, paired_parts, prompt_changes
     from ..measuring.metrics import RunMetrics
 
     cap, looks, step = plan
@@ -523,7 +525,8 @@ def _looks(pairing: Pairing, workload: Workload, plan: tuple[int, int, int], jud
         if why is not None:
             seconds = time.monotonic() - started
             parts = gated(paired_parts(runs["A"], runs["B"], alpha=judging["alpha"]), explained_phases(comparisons))
-            return Looked(comparisons, n, look, why, seconds, orders, parts)
+            changes = prompt_changes(runs["A"][0].prompt_tokens, runs["B"][0].prompt_tokens)
+            return Looked(comparisons, n, look, why, seconds, orders, parts, changes)
 
 
 def _pairs_note(ag: Against, workload: Workload, looked: Looked, plan: tuple[int, int, int], pairing: Pairing) -> str:
@@ -694,6 +697,7 @@ class Drive:
             "note": note,
             "comparisons": [comparison_json(c) for c in looked.comparisons],
             "parts": [p.to_json() for p in looked.parts],
+            "changes": list(looked.changes),
             "agreement": agreement.as_dict(),
         }
         where = attribution(self.ag, self.measures, looked.parts)

@@ -54,6 +54,7 @@ class Result:
     def typed(self, nodeid: str) -> MeasurementResult:
         """The typed result every report reads (``judge.result.MeasurementResult``) of this
         measurement of test ``nodeid``: its figures, budgets and (once assessed) baseline."""
+        from ..baselines.records import prompt_record
         from ..core.measured import Figures
         from ..judge.result import MeasurementResult
 
@@ -66,6 +67,7 @@ class Result:
             budgets=dict(self.budgets),
             extra_info=dict(self.extra_info),
             figures=Figures.of(m),
+            prompt=prompt_record(m),
         )
         return result if self.baseline is None else dataclasses.replace(result, **_baseline_fields(self.baseline))
 
