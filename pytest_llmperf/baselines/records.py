@@ -57,7 +57,10 @@ def workload_identity(m: Measurement) -> dict[str, Any]:
     w = m.workload
     return {
         "prompt": w.prompt,
-        "prompt_tokens": m.prompt_tokens,
+        # The workload's prompt as the engine tokenized it; a measured callable's is the one the
+        # test gives it (what the callable builds from it, a system prompt added, is the user's
+        # code under test: a change of it is judged and named, not a new workload).
+        "prompt_tokens": w.prompt_tokens if m.engine.engine == "callable" else m.prompt_tokens,
         "max_tokens": w.max_tokens,
         "seed": w.seed,
         # Load tests: a run under concurrency 4 is not comparable with one under concurrency 1.

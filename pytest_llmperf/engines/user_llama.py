@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..core.errors import EngineError
 from ..core.workload import EngineInfo, LlamaRun, NativeCounters
 from . import RunWatch
 from .llama_cpp import LlamaCounters, LlamaReading, with_model_params
@@ -49,6 +50,9 @@ from .llama_cpp_native import (
     resolve_repack,
 )
 
+#: Runs in which the callable made a new Llama before that is one line (the first may be a lazy load).
+MAX_RUNS_WITH_NEW = 2
+
 #: The instance methods wrapped for a run (removed after it).
 WRAPPED = ("generate", "eval", "sample", "tokenize")
 
@@ -56,7 +60,8 @@ _SEEN: weakref.WeakSet[Any] = weakref.WeakSet()
 #: llama.cpp's buffers (MiB by kind, from its log while the Llama loaded) of each Llama made
 #: after the hook, or handed over by the engine that made it (``LlamaWatch.know``).
 _BUFFERS: weakref.WeakKeyDictionary[Any, dict[str, float]] = weakref.WeakKeyDictionary()
-_HOOKED: list[bool] = []
+_MADE = [0]  # Llamas made since the hook (a run that made one is told: ``LlamaWatch``)
+_HOOKED: list[Any] = []  # the Llama classes whose __init__ is wrapped
 
 
 def live_llamas() -> list[Any]:
@@ -70,11 +75,13 @@ def _is_open(llm: Any) -> bool:
 
 
 def _hook() -> None:
-    """Once: the Llamas alive now (gc), and ``Llama.__init__`` wrapped to add every later one."""
-    if _HOOKED:
-        return
+    """Once per ``Llama`` class (llama_cpp imported anew, as pytester's in-process sessions do,
+    is another class): the Llamas alive now (gc), and ``Llama.__init__`` wrapped to add every
+    later one."""
     llama_cpp = import_llama_cpp()
     cls = llama_cpp.Llama
+    if any(hooked is cls for hooked in _HOOKED):
+        return
     for obj in gc.get_objects():
         if isinstance(obj, cls):
             _SEEN.add(obj)
@@ -87,9 +94,10 @@ def _hook() -> None:
             original(self, *args, **kwargs)
         _SEEN.add(self)
         _BUFFERS[self] = buffer_sizes(log)
+        _MADE[0] += 1
 
     cls.__init__ = init
-    _HOOKED.append(True)
+    _HOOKED.append(cls)
 
 
 def _repack_guard(llama_cpp: Any, path: object) -> Any:
@@ -288,8 +296,6 @@ def _time_hooks(kwargs: dict[str, Any], log: _Log) -> None:
 def watch_llamas() -> LlamaWatch | None:
     """A ``LlamaWatch`` over this process's Llamas (None: llama-cpp-python is not importable
     here, so no Llama can exist)."""
-    from ..core.errors import EngineError
-
     try:
         return LlamaWatch()
     except EngineError:
@@ -303,6 +309,8 @@ class LlamaWatch(RunWatch):
         self._lib = import_llama_cpp()
         self._names: dict[int, str] = {}
         self.driven: dict[str, Any] = {}  # name -> Llama, the ones that worked in some run
+        self.runs_with_new = 0  # runs during which a new Llama was made
+        self._made_before = 0
 
     def know(self, llm: Any, info: EngineInfo) -> None:
         """``llm`` was made by an engine of the plugin (the fixtures' ``llmperf_llm``): its memory
@@ -330,6 +338,7 @@ class LlamaWatch(RunWatch):
 
     def arm(self, cold: bool) -> list[_Probe]:
         probes = [_Probe(llm, self.name(llm), self._lib) for llm in live_llamas()]
+        self._made_before = _MADE[0]
         for probe in probes:
             probe.arm(cold)
         return probes
@@ -341,7 +350,20 @@ class LlamaWatch(RunWatch):
             if run is not None:
                 runs.append(run)
                 self.driven[run.name] = probe.llm
+        self._check_new(probes)
         return runs
+
+    def _check_new(self, probes: Sequence[_Probe]) -> None:
+        """A Llama made during a run (a lazy first load is fine once; every run is a bug in the
+        test: the model load lies inside each timed run)."""
+        if _MADE[0] != self._made_before:
+            self.runs_with_new += 1
+        if self.runs_with_new >= MAX_RUNS_WITH_NEW:
+            raise EngineError(
+                f"the callable made a new llama_cpp.Llama in {self.runs_with_new} runs: each run then times a model "
+                "load, and its tokens cannot be measured as llama.cpp's; build it once, outside the callable "
+                "(a fixture or the module), and let the callable use it"
+            )
 
     def info(self, base: EngineInfo) -> EngineInfo:
         """``base`` (the callable's) with the facts and settings of the Llama it drove most

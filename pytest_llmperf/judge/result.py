@@ -198,8 +198,10 @@ class VerdictRecord:
         object.__setattr__(self, "status", BaselineStatus(self.status))  # a word read from JSON, typed
 
     def why(self) -> list[str]:
-        """One line per phase that moved, naming the parts that moved and those that did not."""
-        return why_lines(self.comparisons, self.parts)
+        """One line per phase that moved, naming the parts that moved and those that did not, and
+        what changed between the sides (a setting, the prompt's length)."""
+        lines = why_lines(self.comparisons, self.parts)
+        return [f"{line}; {', '.join(self.changes)}" for line in lines] if self.changes else lines
 
     @classmethod
     def of(cls, v: BaselineVerdict) -> VerdictRecord:

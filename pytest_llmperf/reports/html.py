@@ -262,6 +262,7 @@ def test_section(
     if budget_rows:
         parts.append(_table(("budget", "limit", "measured", "status"), budget_rows, raw=True))
     parts += _memory_table(record)
+    parts += _prompt_table(result)
     plots = _record_plots(index, result) + _trend_plot(index, trend)
     parts.append('<div class="plots">' + "".join(plots) + "</div></section>")
     return "\n".join(parts)
@@ -359,6 +360,16 @@ def _memory_table(record: Mapping[str, Any]) -> list[str]:
     held = memory_rows(record.get("memory") or {})
     held += load_state_rows(record["model_loads"], figures=True) if record.get("model_loads") else []
     return [_table(("memory and start-up", "unit", "value", "source"), held)] if held else []
+
+
+def _prompt_table(result: MeasurementResult) -> list[str]:
+    """A measured callable's prompt as llama.cpp saw it and its stream as the caller got it."""
+    from .session_file import PROMPT_COLUMNS, prompt_cell
+
+    if not result.prompt:
+        return []
+    rows = [(label, prompt_cell(result.prompt.get(key))) for key, label in PROMPT_COLUMNS]
+    return [_table(("your code's prompt and stream", "value"), rows)]
 
 
 def _record_plots(index: int, result: MeasurementResult) -> list[str]:

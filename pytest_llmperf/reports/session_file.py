@@ -354,6 +354,38 @@ def _cell(value: float | None) -> str:
 MEMORY_FIGURES = (*(f.key for f in SUMMARY.values() if f.column in COLUMN_SETS["memory"]), "load_page_cache")
 
 
+#: The "Your code's prompt and stream" table's columns: a measured callable's ``prompt`` figures.
+PROMPT_COLUMNS = (
+    ("prompt_cache", "prompt cache"),
+    ("prompt_tokens", "prompt tokens"),
+    ("evaluated_prompt_tokens", "evaluated"),
+    ("prompt_reused_tokens", "reused"),
+    ("delivered_items", "items delivered"),
+    ("delivered_burst_tokens", "most tokens in one item"),
+    ("delivered_ttft_ms", "delivered TTFT ms"),
+)
+
+
+def prompt_lines(results: Iterable[MeasurementResult]) -> list[str]:
+    """A table of each measured callable's prompt as llama.cpp saw it (cold or warm, the tokens
+    evaluated and reused) and its stream as the caller got it, when a result has them."""
+    rows = [r for r in results if r.prompt]
+    if not rows:
+        return []
+    out = ["", "### Your code's prompt and stream", "", *_md_head(["test", *(label for _, label in PROMPT_COLUMNS)])]
+    return out + [
+        "| " + " | ".join([md_code(r.test), *(prompt_cell(r.prompt.get(key)) for key, _ in PROMPT_COLUMNS)]) + " |"
+        for r in rows
+    ]
+
+
+def prompt_cell(value: object) -> str:
+    """A prompt figure as the tables show it: a word or a count as it is, a time rounded, "-" where none."""
+    if value is None:
+        return "-"
+    return fmt(value) if isinstance(value, float) else str(value)
+
+
 def memory_lines(results: Iterable[MeasurementResult]) -> list[str]:
     """A "Memory and start-up" table, when a result has one of those figures."""
     from ..core.catalog import FIGURES
@@ -431,6 +463,7 @@ def markdown(
     lines += _bullets("Undecided", undecided_lines(results))
     lines += _bullets("What this gate detects here (80% power)", reach_lines(results))
     lines += memory_lines(results)
+    lines += prompt_lines(results)
     lines += _agreement_section(results)
     lines += _comparisons_section(results)
     lines += where_markdown_lines(explained(results, ab))
