@@ -294,3 +294,62 @@ def test_readings_differ_by_what_llama_cpp_did_between_them() -> None:
     untimed = counters.between(before, LlamaReading(10.0, 16, 9.0, 16, new_chain, 0.0, 8))
     assert untimed is not None and untimed.sample_ms is None and untimed.sample_ms_per_token is None
     assert counters.between(before, before) is None  # nothing moved: the callable did not call this Llama
+
+
+def test_sampling_is_llama_cpps_chain_and_a_logits_processor_is_pythons(tiny_engine) -> None:
+    """A grammar's sampler is llama.cpp's sampling, named by it; 2 ms of work in a Python logits
+    processor is the processors' part (at least 2 ms of wall time), not llama.cpp's, not "outside"."""
+    import llama_cpp
+
+    llm = tiny_engine.llm
+    grammar = llama_cpp.LlamaGrammar.from_string("root ::= [a-z ]+", verbose=False)
+
+    def busy(ids, scores):
+        end = time.perf_counter() + 0.002
+        while time.perf_counter() < end:
+            pass
+        return scores
+
+    def completion(**kwargs):
+        def fn(prompt: str, max_tokens: int):
+            yield from llm.create_completion(prompt, max_tokens=max_tokens, stream=True, temperature=0.0, **kwargs)
+
+        return fn
+
+    w = Workload(prompt="hello there", max_tokens=8, runs=3, warmup=1)
+    with_grammar = measure(watched(completion(grammar=grammar)), w)
+    assert with_grammar.sampling_ms_per_token is not None and with_grammar.sampling_ms_per_token > 0
+    assert all(r.sampler == "grammar" for r in with_grammar.runs)
+    assert with_grammar.python_sampling_ms_per_token is None
+    processed = measure(watched(completion(logits_processor=llama_cpp.LogitsProcessorList([busy]))), w)
+    assert processed.python_sampling_ms_per_token is not None and processed.python_sampling_ms_per_token >= 2.0
+    for r in processed.runs:  # llama.cpp's chain time less the processors': the busy wait is not in it
+        assert r.sampling_ms_per_token is not None and r.sampling_ms_per_token < r.python_sampling_ms_per_token
+    text = metrics_table(processed)
+    assert "logits processors / stopping criteria (Python)" in text
+
+
+def test_the_paired_parts_name_a_grammars_sampling() -> None:
+    from types import SimpleNamespace
+
+    from pytest_llmperf.judge.parts import paired_parts
+
+    def runs(sampler: str, sampling: float) -> list:
+        return [
+            SimpleNamespace(
+                ttft_ms=10.0,
+                tpot_ms=5.0 + sampling,
+                tokenize_ms=0.1,
+                native_prefill_ms=9.0 + 0.01 * i,
+                prefill_outside_ms=0.9,
+                native_decode_ms_per_token=5.0 + 0.001 * i,
+                sampling_ms_per_token=sampling * (1 + 0.001 * i),
+                python_sampling_ms_per_token=None,
+                decode_outside_ms_per_token=0.1,
+                sampler=sampler,
+            )
+            for i in range(10)
+        ]
+
+    parts = paired_parts(runs("", 0.01), runs("grammar", 2.0), alpha=0.01)
+    assert [p.label for p in parts if p.metric == "sampling_ms_per_token"] == ["sampling (llama.cpp: grammar)"]

@@ -701,7 +701,7 @@ class LlamaCounters(CounterSource["LlamaReading | None"]):
         decode_tokens = after.decode_tokens - before.decode_tokens
         if prefill_tokens <= 0 and decode_tokens <= 0:
             return None
-        sample_ms, sample_count = _sampling(before, after)
+        sample_ms, sample_count = sampler_time(before, after)
         return NativeCounters(
             prefill_ms=after.prefill_ms - before.prefill_ms,
             prefill_tokens=max(prefill_tokens, 0),
@@ -719,7 +719,7 @@ def _unclamped(count: int, ms: float) -> int:
     return 0 if count == 1 and ms == 0 else count
 
 
-def _sampling(before: LlamaReading, after: LlamaReading) -> tuple[float | None, int]:
+def sampler_time(before: LlamaReading, after: LlamaReading) -> tuple[float | None, int]:
     """The sampler's time and calls between two readings: the chain held after the run (a new
     one per ``generate`` call), less what it had counted before if it is the same chain. No time
     kept (the chain's ``no_perf``) or no chain: None."""

@@ -26,11 +26,12 @@ Inside the timed region this adds, per token, one Python call frame and two cloc
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ from typing import Any
 from ..core.errors import EngineError
 from ..core.workload import EngineInfo, LlamaRun, NativeCounters
 from . import RunWatch
-from .llama_cpp import LlamaCounters, LlamaReading, with_model_params
+from .llama_cpp import LlamaCounters, LlamaReading, sampler_time, with_model_params
 from .llama_cpp_native import (
     buffer_sizes,
     import_llama_cpp,
@@ -54,7 +55,7 @@ from .llama_cpp_native import (
 MAX_RUNS_WITH_NEW = 2
 
 #: The instance methods wrapped for a run (removed after it).
-WRAPPED = ("generate", "eval", "sample", "tokenize")
+WRAPPED = ("generate", "eval", "sample", "tokenize", "_init_sampler")
 
 _SEEN: weakref.WeakSet[Any] = weakref.WeakSet()
 #: llama.cpp's buffers (MiB by kind, from its log while the Llama loaded) of each Llama made
@@ -189,13 +190,18 @@ class _Probe:
         prompt = prompt or before
         log = self.log
         decode_tokens = _evals(after) - _evals(prompt)
+        chain_ms, chain_count = sampler_time(before, after)  # llama.cpp's own time of the run's chain
+        if chain_ms is not None and chain_count:
+            sample_ms: float | None = chain_ms - log.processors_ns / 1e6
+        else:  # the chain kept no time: the clock around llama-cpp-python's sample call
+            sample_ms = (log.sample_ns - log.processors_ns) / 1e6 if log.made else None
         return NativeCounters(
             prefill_ms=_ms(prompt) - _ms(before),
             prefill_tokens=_evals(prompt) - _evals(before),
             decode_ms=_ms(after) - _ms(prompt),
             decode_tokens=max(decode_tokens, 0),
-            sample_ms=(log.sample_ns - log.processors_ns) / 1e6 if log.made else None,
-            sample_count=len(log.made),
+            sample_ms=max(sample_ms, 0.0) if sample_ms is not None else None,
+            sample_count=chain_count or len(log.made),
             sampled_in_run=True,
             source=f"llama_perf_context ({self.name})",
             sampler=_sampler_words(log),
@@ -206,6 +212,7 @@ class _Probe:
         cls = type(llm)
         generate, evaluate = cls.generate.__get__(llm), cls.eval.__get__(llm)
         sample, tokenize = cls.sample.__get__(llm), cls.tokenize.__get__(llm)
+        init_sampler = cls._init_sampler.__get__(llm)
         read, sync, ctx = self.counters.read, self.lib.llama_synchronize, llm._ctx.ctx
 
         def wrapped_generate(tokens: Sequence[int], *args: Any, **kwargs: Any) -> Any:
@@ -232,6 +239,11 @@ class _Probe:
             log.made.append((made, token))
             return token
 
+        def wrapped_init_sampler(*args: Any, **kwargs: Any) -> Any:
+            # llama-cpp-python makes its chain with llama.cpp's default params (no_perf): timed here.
+            with _timed_chains(self.lib):
+                return init_sampler(*args, **kwargs)
+
         def wrapped_tokenize(*args: Any, **kwargs: Any) -> list[int]:
             began = clock()
             ids: list[int] = tokenize(*args, **kwargs)
@@ -245,6 +257,25 @@ class _Probe:
             "sample": wrapped_sample,
             "tokenize": wrapped_tokenize,
         }
+
+
+@contextlib.contextmanager
+def _timed_chains(lib: Any) -> Iterator[None]:
+    """Sampler chains made in the block keep llama.cpp's own counters (``no_perf`` off), so
+    ``llama_perf_sampler`` times the chain per token inside llama.cpp."""
+    module = lib.llama_cpp
+    default = module.llama_sampler_chain_default_params
+
+    def timed() -> Any:
+        params = default()
+        params.no_perf = False
+        return params
+
+    module.llama_sampler_chain_default_params = timed
+    try:
+        yield
+    finally:
+        module.llama_sampler_chain_default_params = default
 
 
 def _evals(r: LlamaReading) -> int:
