@@ -68,7 +68,7 @@ EXPECTED = {
     "against-aa": (None, None),
 }
 
-COMMON = '''
+COMMON = """
 import os, time
 import llama_cpp
 import pytest
@@ -106,9 +106,11 @@ def chat(llm, turns):
 
 def own(**settings):
     return llama_cpp.Llama(model_path=str(ensure_model("small")), verbose=False, **settings)
-'''
+"""
 
-AB_TESTS = COMMON + '''
+AB_TESTS = (
+    COMMON
+    + """
 
 def test_prompt(llmperf, llmperf_llm):
     llmperf.compare(a=wrapper(llmperf_llm), b=wrapper(llmperf_llm, system=SYSTEM), label="prompt", **W)
@@ -144,18 +146,24 @@ def test_engine(llmperf):
 
 def test_aa(llmperf, llmperf_llm):
     llmperf.compare(a=wrapper(llmperf_llm), b=wrapper(llmperf_llm), label="aa", **W)
-'''
+"""
+)
 
-AGAINST_TEST = COMMON + '''
+AGAINST_TEST = (
+    COMMON
+    + """
 from wrap import SYSTEM_HERE, PER_TOKEN_MS
 
 
 @pytest.mark.llmperf(**W)
 def test_wrapper(llmperf, llmperf_llm):
     llmperf.measure(wrapper(llmperf_llm, system=SYSTEM if SYSTEM_HERE else "", per_token_ms=PER_TOKEN_MS))
-'''
+"""
+)
 
-TTFT_TEST = COMMON + '''
+TTFT_TEST = (
+    COMMON
+    + """
 
 @pytest.mark.llmperf(prompt=PROMPT, max_tokens=8, runs=10, warmup=2)
 def test_marker_only():
@@ -165,7 +173,8 @@ def test_marker_only():
 @pytest.mark.llmperf(prompt=PROMPT, max_tokens=8, runs=10, warmup=2)
 def test_wrapper(llmperf, llmperf_llm):
     llmperf.measure(wrapper(llmperf_llm))
-'''
+"""
+)
 
 
 def _env() -> dict[str, str]:
@@ -256,7 +265,10 @@ def ttft_sessions(n: int) -> list[tuple[float, float]]:
             data = _pytest(folder, "--llmperf-in-process")
             ttft = {r["test"].split("::")[1]: r["figures"]["ttft_ms"] for r in data["results"]}
             out.append((ttft["test_marker_only"], ttft["test_wrapper"]))
-            print(f"  TTFT session {len(out)}/{n}: marker-only {out[-1][0]:.1f} ms, wrapper {out[-1][1]:.1f} ms", flush=True)
+            print(
+                f"  TTFT session {len(out)}/{n}: marker-only {out[-1][0]:.1f} ms, wrapper {out[-1][1]:.1f} ms",
+                flush=True,
+            )
     return out
 
 
@@ -281,7 +293,9 @@ def cost(runs: int) -> tuple[float, float, int]:
     watched, plain = CallableEngine(fn, watch=LlamaWatch()), CallableEngine(fn)
     tpot: dict[str, list[float]] = {"watched": [], "plain": []}
     for i in range(runs + 2):
-        for name, engine in (("watched", watched), ("plain", plain)) if i % 2 else (("plain", plain), ("watched", watched)):
+        for name, engine in (
+            (("watched", watched), ("plain", plain)) if i % 2 else (("plain", plain), ("watched", watched))
+        ):
             m = RunMetrics.of(engine.run(w, i))
             if i >= 2:
                 tpot[name].append(m.tpot_ms)

@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # the one list of public names: type checkers read it, and so
         AsyncRuns,
         Closable,
         ConcurrentRuns,
+        DrivenLlama,
         EngineProcess,
         FreshLoads,
         LayerTiming,

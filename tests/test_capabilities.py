@@ -18,6 +18,7 @@ from pytest_llmperf.engines import (
     CallableEngine,
     Closable,
     ConcurrentRuns,
+    DrivenLlama,
     Engine,
     EngineProcess,
     FreshLoads,
@@ -43,8 +44,8 @@ ROOT = Path(__file__).resolve().parent.parent
 #: What each shipped engine (and engine-like object) offers: the one list this test holds
 #: the declarations to, so an ability added or dropped is a visible change here too.
 SHIPPED: dict[type, set[type]] = {
-    CallableEngine: set(),
-    SteppedCallableEngine: {SteppedRuns},
+    CallableEngine: {DrivenLlama},
+    SteppedCallableEngine: {SteppedRuns, DrivenLlama},
     LlamaCppEngine: {LayerTiming, TokenProbabilities, FreshLoads, LlamaObject, SteppedRuns, Closable},
     HttpEngine: {ConcurrentRuns, AsyncRuns, ServerMetrics, TokenProbabilities, NeedsPromptIds, Closable},
     WorkerEngine: {RemoteLayerTiming, TokenProbabilities, FreshLoads, ProcessMemory, EngineProcess, Closable},
@@ -134,10 +135,14 @@ class Plain:
 
 
 def test_a_plain_info_run_engine_is_an_engine_with_no_capability() -> None:
-    for engine in (Plain(), CallableEngine(lambda prompt, n: iter("ab"))):
-        assert isinstance(engine, Engine)
-        assert [p.__name__ for p in CAPABILITIES if isinstance(engine, p)] == []
-        assert not times_layers(engine)
+    engine = Plain()
+    assert isinstance(engine, Engine)
+    assert [p.__name__ for p in CAPABILITIES if isinstance(engine, p)] == []
+    assert not times_layers(engine)
+    # A callable declares DrivenLlama, and has layers to time only once a run drove a Llama.
+    wrapped = CallableEngine(lambda prompt, n: iter("ab"))
+    assert [p.__name__ for p in CAPABILITIES if isinstance(wrapped, p)] == ["DrivenLlama"]
+    assert not times_layers(wrapped)
     assert not isinstance(lambda prompt, n: iter("ab"), Engine)  # a callable is wrapped, not taken as is
 
 

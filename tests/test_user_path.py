@@ -193,3 +193,33 @@ def test_a_closed_llama_is_not_watched(tiny_model_path) -> None:
     assert llm in live_llamas()
     llm.close()
     assert llm not in live_llamas()
+
+
+def test_the_attribution_pass_times_the_llama_a_callable_built_with_the_prompt_it_built(tiny_model_path) -> None:
+    import llama_cpp
+
+    from pytest_llmperf.engines import times_layers
+    from pytest_llmperf.engines.user_llama import DrivenLlamaEngine
+    from pytest_llmperf.measuring.runner import attribution_of
+
+    llm = llama_cpp.Llama(model_path=str(tiny_model_path), n_ctx=512, n_batch=64, n_threads=1, verbose=False)
+    system = "be brief. " * 10
+
+    def fn(prompt: str, max_tokens: int):
+        yield from _tokens(llm)(system + prompt, max_tokens)
+
+    engine = CallableEngine(fn, watch=LlamaWatch())
+    assert not times_layers(engine)  # nothing driven yet
+    w = Workload(prompt="hello there", max_tokens=6, runs=2, warmup=0)
+    trace = engine.run(w, 0)
+    driven = engine.driven_llama()
+    assert isinstance(driven, DrivenLlamaEngine) and times_layers(engine)
+    assert driven.prompt_ids(w) == llm.tokenize((system + "hello there").encode())  # the prompt the code built
+    assert len(driven.prompt_ids(w)) == trace.prompt_tokens
+    assert driven.info().n_batch == 64 and driven.info().threads == 1
+    attribution = attribution_of(engine, w)
+    assert attribution.decode is not None and attribution.prefill is not None
+    # The user's next run starts cold again: the whole prompt evaluated.
+    after = engine.run(w, 1)
+    assert after.prompt_reused_tokens == 0 and after.native is not None
+    assert after.native.prefill_tokens == after.prompt_tokens

@@ -25,6 +25,7 @@ from .capabilities import (
     AsyncRuns,
     Closable,
     ConcurrentRuns,
+    DrivenLlama,
     Engine,
     EngineProcess,
     FreshEngine,
@@ -37,6 +38,7 @@ from .capabilities import (
     ServerMetrics,
     SteppedRuns,
     TokenProbabilities,
+    layer_timing,
     times_layers,
 )
 
@@ -47,6 +49,7 @@ __all__ = [
     "Closable",
     "ConcurrentRuns",
     "CounterSource",
+    "DrivenLlama",
     "Engine",
     "EngineProcess",
     "FreshEngine",
@@ -61,6 +64,7 @@ __all__ = [
     "SteppedCallableEngine",
     "SteppedRuns",
     "TokenProbabilities",
+    "layer_timing",
     "times_layers",
 ]
 
@@ -99,6 +103,8 @@ class RunWatch(Protocol):
 
     def info(self, base: EngineInfo) -> EngineInfo: ...
 
+    def driven_llama(self) -> Any: ...
+
 
 def synthetic_text(n_words: int, seed: int) -> str:
     """A seeded prompt of ``n_words`` short words (about one token each for most tokenizers)."""
@@ -109,7 +115,7 @@ def synthetic_text(n_words: int, seed: int) -> str:
     return " ".join("".join(rng.choice(letters, size=3)) for _ in range(n_words))
 
 
-class CallableEngine(Engine):
+class CallableEngine(Engine, DrivenLlama):
     """Wraps ``fn(prompt, max_tokens) -> iterable of tokens`` as an engine (``info`` and
     ``run``, none of the abilities of ``engines.capabilities``).
 
@@ -145,6 +151,11 @@ class CallableEngine(Engine):
             return self._info
         memory: dict[str, Any] = dict(self.counters.memory())  # MEMORY_FIELDS: MiB figures
         return dataclasses.replace(self._info, **memory)
+
+    def driven_llama(self) -> Any:
+        """The Llama the callable drove most recently, as an in-process llama.cpp engine
+        (``DrivenLlama``; None: no watch, or no run drove a Llama)."""
+        return self.watch.driven_llama() if self.watch is not None else None
 
     def run(self, workload: Workload, run_index: int) -> RunTrace:
         prompt = self._prompt(workload)

@@ -90,9 +90,31 @@ class RemoteLayerTiming(Protocol):
     def attribution_pass(self, workload: Workload) -> Any: ...
 
 
+@runtime_checkable
+class DrivenLlama(Protocol):
+    """Runs of the user's code on a ``llama_cpp.Llama`` (a measured callable): ``driven_llama()``
+    is that Llama as an in-process llama.cpp engine (``LayerTiming``, on the Llama's own model and
+    settings, the prompt as the code built it) once a run drove one, else None. The attribution
+    pass and per-layer timing then time the user's Llama."""
+
+    def driven_llama(self) -> Any: ...
+
+
+def layer_timing(engine: object) -> object | None:
+    """What times this engine's layers and graph nodes: the engine itself (in process, or its
+    worker), the Llama a callable drove (``DrivenLlama``), or None."""
+    if isinstance(engine, (LayerTiming, RemoteLayerTiming)):
+        return engine
+    if isinstance(engine, DrivenLlama):
+        driven: object | None = engine.driven_llama()
+        return driven
+    return None
+
+
 def times_layers(engine: object) -> bool:
-    """Whether per-layer timing (``layers=True``) and the roofline can measure this engine."""
-    return isinstance(engine, (LayerTiming, RemoteLayerTiming))
+    """Whether per-layer timing (``layers=True``), the attribution pass and the roofline can
+    measure this engine (``layer_timing``)."""
+    return layer_timing(engine) is not None
 
 
 @runtime_checkable
@@ -198,4 +220,5 @@ CAPABILITIES: tuple[type, ...] = (
     ProcessMemory,
     LlamaObject,
     SteppedRuns,
+    DrivenLlama,
 )

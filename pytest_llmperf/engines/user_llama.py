@@ -37,11 +37,13 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import EngineError
-from ..core.workload import EngineInfo, LlamaRun, NativeCounters
-from . import RunWatch
-from .llama_cpp import LlamaCounters, LlamaReading, sampler_time, with_model_params
+from ..core.workload import AUTO_CTX_STEP, EngineInfo, LlamaRun, NativeCounters, RunTrace, Workload
+from . import RunWatch, synthetic_text
+from .capabilities import Engine, LayerTiming
+from .llama_cpp import LlamaCounters, LlamaReading, TimedDecode, sampler_time, timed_decode, with_model_params
 from .llama_cpp_native import (
     buffer_sizes,
+    greedy_sampler,
     import_llama_cpp,
     kv_bytes_per_element,
     llama_cpp_version,
@@ -131,6 +133,7 @@ class _Log:
     tokenize_ns: int = 0
     grammar: bool = False
     processors: bool = False
+    prompt_ids: Sequence[int] = ()
 
 
 class _Probe:
@@ -142,6 +145,7 @@ class _Probe:
         self.log = _Log()
         self.saved_cache: Any = None
         self.before: LlamaReading | None = None
+        self.prompt_ids: list[int] = []  # as the code gave them to ``generate``, after the run
 
     def arm(self, cold: bool) -> None:
         llm, lib = self.llm, self.lib
@@ -163,6 +167,7 @@ class _Probe:
         log = self.log
         if not log.made and log.evaluated is None:
             return None  # this Llama was not driven in the run
+        self.prompt_ids = [int(t) for t in log.prompt_ids]
         return LlamaRun(
             name=self.name,
             prompt_tokens=log.prompt_tokens,
@@ -218,6 +223,7 @@ class _Probe:
         def wrapped_generate(tokens: Sequence[int], *args: Any, **kwargs: Any) -> Any:
             if log.prompt_tokens is None:
                 log.prompt_tokens = len(tokens)
+                log.prompt_ids = tokens  # the caller's sequence: copied after the run
             _time_hooks(kwargs, log)
             return generate(tokens, *args, **kwargs)
 
@@ -341,6 +347,7 @@ class LlamaWatch(RunWatch):
         self._names: dict[int, str] = {}
         self.driven: dict[str, Any] = {}  # name -> Llama, the ones that worked in some run
         self.runs_with_new = 0  # runs during which a new Llama was made
+        self._prompts: dict[str, list[int]] = {}  # name -> its last run's prompt ids
         self._made_before = 0
 
     def know(self, llm: Any, info: EngineInfo) -> None:
@@ -380,7 +387,9 @@ class LlamaWatch(RunWatch):
             run = probe.disarm(cold)
             if run is not None:
                 runs.append(run)
-                self.driven[run.name] = probe.llm
+                self.driven.pop(run.name, None)
+                self.driven[run.name] = probe.llm  # the most recent last
+                self._prompts[run.name] = probe.prompt_ids
         self._check_new(probes)
         return runs
 
@@ -398,16 +407,110 @@ class LlamaWatch(RunWatch):
 
     def info(self, base: EngineInfo) -> EngineInfo:
         """``base`` (the callable's) with the facts and settings of the Llama it drove most
-        recently first (``llamas``: all of them by name)."""
+        recently (``llamas``: all of them by name)."""
         import dataclasses
 
         if not self.driven:
             return base
         names = tuple(self.driven)
-        llm = next(iter(self.driven.values()))
+        llm = list(self.driven.values())[-1]
         if not _is_open(llm):
             return dataclasses.replace(base, llamas=names)
         return dataclasses.replace(base, llamas=names, **llama_facts(self._lib, llm))
+
+    def driven_llama(self) -> DrivenLlamaEngine | None:
+        """The Llama driven most recently, as an in-process llama.cpp engine (``DrivenLlama``)."""
+        if not self.driven:
+            return None
+        name, llm = list(self.driven.items())[-1]
+        if not _is_open(llm):
+            return None
+        return DrivenLlamaEngine(
+            llm, self.info(EngineInfo(engine="llama.cpp", model=name)), self._prompts.get(name, [])
+        )
+
+
+class DrivenLlamaEngine(Engine, LayerTiming):
+    """A user's ``llama_cpp.Llama`` as the plugin's timed loop drives it, for the attribution pass
+    and per-layer timing of a measured callable: the Llama's own model and context settings, the
+    prompt as the user's code built it (its last run's), greedy decoding with end of generation
+    banned (runs of equal length). Its plain runs use the Llama's own context, cleared before and
+    after each (llama-cpp-python's bookkeeping reset too), so the user's next run starts cold."""
+
+    def __init__(self, llm: Any, info: EngineInfo, prompt_ids: Sequence[int]) -> None:
+        self.llm, self._info, self._prompt = llm, info, list(prompt_ids)
+        self._lib = import_llama_cpp()
+        vocab = llm._model.vocab
+        n_vocab = int(self._lib.llama_vocab_n_tokens(vocab))
+        self._eog = [t for t in range(n_vocab) if self._lib.llama_vocab_is_eog(vocab, t)]
+        self._n_vocab = n_vocab
+        self.n_batch = int(self._lib.llama_n_batch(llm._ctx.ctx))
+
+    @property
+    def lib(self) -> Any:
+        return self._lib
+
+    def info(self) -> EngineInfo:
+        return self._info
+
+    def make_sampler(self) -> Any:
+        return greedy_sampler(self._lib, self._n_vocab, self._eog)
+
+    def prompt_ids(self, workload: Workload) -> list[int]:
+        if self._prompt:
+            return list(self._prompt)
+        text = (
+            workload.prompt if workload.prompt is not None else synthetic_text(workload.synthetic_prompt_tokens or 0, 0)
+        )
+        return list(self.llm.tokenize(text.encode("utf-8")))
+
+    def decode_feed(self, workload: Workload) -> list[int] | None:
+        return None  # sampled, greedy, in the loop
+
+    def instrumented_context(self, cb_eval: Any, tokens: int) -> Any:
+        params = type(self.llm.context_params).from_buffer_copy(self.llm.context_params)
+        params.n_ctx = max(int(params.n_ctx), -(-tokens // AUTO_CTX_STEP) * AUTO_CTX_STEP)
+        params.cb_eval = cb_eval
+        params.cb_eval_user_data = None
+        ctx = self._lib.llama_init_from_model(self.llm._model.model, params)
+        if not ctx:
+            raise EngineError("llama.cpp could not create the instrumented context of your Llama")
+        return ctx
+
+    def timed_decode(
+        self, ctx: Any, prompt_ids: Sequence[int], max_tokens: int, *, feed: Sequence[int] | None, sampler: Any
+    ) -> TimedDecode:
+        return timed_decode(self._lib, ctx, prompt_ids, max_tokens, self.n_batch, feed=feed, sampler=sampler)
+
+    def run(self, workload: Workload, run_index: int) -> RunTrace:
+        lib, llm = self._lib, self.llm
+        ctx = llm._ctx.ctx
+        prompt = self.prompt_ids(workload)
+        sampler = self.make_sampler()
+        try:
+            self._clear()
+            lib.llama_perf_context_reset(ctx)
+            timed = timed_decode(lib, ctx, prompt, workload.max_tokens, self.n_batch, feed=None, sampler=sampler)
+            perf = lib.llama_perf_context(ctx)
+        finally:
+            lib.llama_sampler_free(sampler)
+            self._clear()
+        return RunTrace(
+            start_ns=timed.start_ns,
+            prefill_done_ns=timed.prefill_done_ns,
+            token_ns=timed.token_ns,
+            prompt_tokens=len(prompt),
+            native=NativeCounters(
+                prefill_ms=float(perf.t_p_eval_ms),
+                prefill_tokens=int(perf.n_p_eval),
+                decode_ms=float(perf.t_eval_ms),
+                decode_tokens=int(perf.n_eval),
+            ),
+        )
+
+    def _clear(self) -> None:
+        self.llm.reset()
+        self._lib.llama_memory_clear(self._lib.llama_get_memory(self.llm._ctx.ctx), True)
 
 
 def llama_facts(lib: Any, llm: Any) -> dict[str, Any]:

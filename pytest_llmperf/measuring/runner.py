@@ -42,7 +42,16 @@ import numpy as np
 
 from ..core.errors import ConfigError
 from ..core.workload import MODEL_LOAD_KINDS, RunTrace, Workload
-from ..engines import CallableEngine, Engine, EngineProcess, FreshLoads, LayerTiming, ProcessMemory, RemoteLayerTiming
+from ..engines import (
+    CallableEngine,
+    Engine,
+    EngineProcess,
+    FreshLoads,
+    LayerTiming,
+    ProcessMemory,
+    RemoteLayerTiming,
+    layer_timing,
+)
 from .metrics import Measurement, RunMetrics, SystemDelta, sample_system, summarize, summarize_runs
 
 if TYPE_CHECKING:
@@ -123,13 +132,14 @@ def _measure_runs(engine: Engine, workload: Workload, label: str) -> Measurement
 def layer_profile(engine: Engine, workload: Workload) -> LayerProfile:
     """Each layer timed (``measuring.layers``): by an engine worker in its own process, or by
     driving an in-process engine's instrumented context here."""
-    if isinstance(engine, RemoteLayerTiming):
-        remote: LayerProfile = engine.profile_layers(workload)  # an engine worker times them in its process
+    timed = layer_timing(engine) or engine  # a callable: the Llama it drove
+    if isinstance(timed, RemoteLayerTiming):
+        remote: LayerProfile = timed.profile_layers(workload)  # an engine worker times them in its process
         return remote
-    if isinstance(engine, LayerTiming):
+    if isinstance(timed, LayerTiming):
         from .layers import profile_layers
 
-        return profile_layers(engine, workload)
+        return profile_layers(timed, workload)
     raise ConfigError("per-layer timing (layers=True) needs the in-process llama.cpp engine (or its worker)")
 
 
@@ -153,13 +163,14 @@ def traces_figures(engine: object, workload: Workload, traces: Sequence[RunTrace
 def pass_of(engine: Engine, workload: Workload) -> Stepping:
     """The engine's attribution pass, run by run: by an engine worker in its own process, or on
     an in-process engine's instrumented context here."""
-    if isinstance(engine, RemoteLayerTiming):
-        remote: Stepping = engine.attribution_pass(workload)
+    timed = layer_timing(engine) or engine  # a callable: the Llama it drove
+    if isinstance(timed, RemoteLayerTiming):
+        remote: Stepping = timed.attribution_pass(workload)
         return remote
-    if isinstance(engine, LayerTiming):
+    if isinstance(timed, LayerTiming):
         from .attribution import AttributionPass
 
-        return AttributionPass(engine, workload)
+        return AttributionPass(timed, workload)
     raise ConfigError("the attribution pass (attribution=True) needs the in-process llama.cpp engine (or its worker)")
 
 
