@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 import pytest
 from inner import run
 
-from pytest_llmperf import Workload, measure
+from pytest_llmperf import EngineError, Workload, measure
 from pytest_llmperf.engines import CallableEngine
 from pytest_llmperf.engines.user_llama import LlamaWatch, live_llamas
 
@@ -193,6 +193,15 @@ def test_a_closed_llama_is_not_watched(tiny_model_path) -> None:
     assert llm in live_llamas()
     llm.close()
     assert llm not in live_llamas()
+    # Driving it would read freed memory (the process dies): one line instead.
+
+    def fn(prompt: str, max_tokens: int):
+        yield from llm.create_completion(prompt, max_tokens=max_tokens, stream=True)
+
+    with pytest.raises(
+        EngineError, match=r"^the callable drove llama_cpp\.Llama '.+' after it was closed .*keep it open"
+    ):
+        measure(fn, Workload(prompt="hi", max_tokens=4, runs=2))
 
 
 def test_the_attribution_pass_times_the_llama_a_callable_built_with_the_prompt_it_built(tiny_model_path) -> None:

@@ -38,7 +38,7 @@ Reader = Callable[["MeasurementShape"], float | None]
 FigureValue = str | float | None
 
 #: Phases a metric belongs to.
-PHASES = ("prefill", "decode", "request", "load", "roofline", "memory", "startup", "agreement")
+PHASES = ("prefill", "decode", "request", "delivery", "load", "roofline", "memory", "startup", "agreement")
 
 
 @dataclass(frozen=True)
@@ -369,6 +369,17 @@ METRICS: dict[str, Metric] = {
         Metric("itl_ms", "ITL", "ms", "decode", False, _itl(50)),
         Metric("prefill_ms", "prefill", "ms", "prefill", False, lambda m: m.prefill_ms),
         Metric("e2e_ms", "E2E", "ms", "request", False, lambda m: m.e2e_ms, load_stat="e2e"),
+        # A measured callable's stream as the caller received it (its tokens are timed where
+        # llama.cpp made them): the first delivered item, per run.
+        Metric(
+            "delivered_ttft_ms",
+            "delivered TTFT",
+            "ms",
+            "delivery",
+            False,
+            lambda m: m.delivered_ttft_ms,
+            "delivered_ttft_ms",
+        ),
         Metric("goodput", "goodput", "share", "load", True, _goodput, record_path=("load", "goodput")),
         Metric(
             "decode_mbu",
@@ -641,6 +652,17 @@ FIGURES: dict[str, Figure] = {
             "median",
             bound="max median end-to-end request time (ms)",
             from_record=_summary("e2e_ms"),
+        ),
+        dataclasses.replace(
+            _run_figure(
+                "delivered_ttft_ms",
+                "delivered_ttft_ms",
+                "delivered TTFT median",
+                "median",
+                "max median time to the first item a measured callable's stream delivered (ms; ttft_ms reads the "
+                "first token llama.cpp made)",
+            ),
+            json=_NULLABLE,
         ),
         Figure("itl_count", lambda m: m.itl.count, json=("integer",)),
         *(_itl_figure(q) for q in (50, 90, 95, 99)),

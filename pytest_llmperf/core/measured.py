@@ -47,6 +47,9 @@ class RunShape(Protocol):
     @property
     def itl_p95_ms(self) -> float: ...
 
+    @property
+    def delivered_ttft_ms(self) -> float | None: ...
+
 
 class LatencyShape(Protocol):
     """A distribution of latencies (``measuring.metrics.LatencyStats``)."""
@@ -227,6 +230,9 @@ class MeasurementShape(Protocol):
     def python_sampling_ms_per_token(self) -> float | None: ...
 
     @property
+    def delivered_ttft_ms(self) -> float | None: ...
+
+    @property
     def load(self) -> LoadShape | None: ...
 
     @property
@@ -277,6 +283,7 @@ class Figures:
     tpot_p99_ms: float | None
     decode_tps: float
     e2e_ms: float
+    delivered_ttft_ms: float | None
     itl_count: int
     itl_p50_ms: float
     itl_p90_ms: float

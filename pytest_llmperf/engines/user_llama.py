@@ -375,6 +375,10 @@ class LlamaWatch(RunWatch):
         return self._names[key]
 
     def arm(self, cold: bool) -> list[_Probe]:
+        _hook()
+        for llm in list(_SEEN):
+            if not _is_open(llm):
+                _guard_closed(llm, self.name(llm))
         probes = [_Probe(llm, self.name(llm), self._lib) for llm in live_llamas()]
         self._made_before = _MADE[0]
         for probe in probes:
@@ -428,6 +432,24 @@ class LlamaWatch(RunWatch):
         return DrivenLlamaEngine(
             llm, self.info(EngineInfo(engine="llama.cpp", model=name)), self._prompts.get(name, [])
         )
+
+
+#: What a closed Llama's code calls first: each raises one line instead (llama-cpp-python does not
+#: check, and llama.cpp then reads freed memory: the process dies).
+CLOSED_GUARDED = ("tokenize", "detokenize", "generate", "eval", "sample")
+
+
+def _guard_closed(llm: Any, name: str) -> None:
+    """A closed Llama (``close()``, a ``with`` block ended) answers a call with one line."""
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise EngineError(
+            f"the callable drove llama_cpp.Llama {name!r} after it was closed (Llama.close() or the end of its "
+            "with-block); keep it open while it is measured"
+        )
+
+    for method in CLOSED_GUARDED:
+        setattr(llm, method, refuse)
 
 
 class DrivenLlamaEngine(Engine, LayerTiming):

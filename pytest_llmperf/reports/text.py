@@ -85,7 +85,11 @@ def _host_row(rows: Mapping[str, Sequence[str]], name: str) -> str:
 
 def _shown(m: Measurement, phase: str) -> bool:
     """A phase's rows where the measurement has them: fresh loads, the agreement with REF."""
-    return {"startup": m.model_loads is not None, "agreement": m.agreement is not None}.get(phase, True)
+    return {
+        "startup": m.model_loads is not None,
+        "agreement": m.agreement is not None,
+        "delivery": m.delivered_items is not None,
+    }.get(phase, True)
 
 
 def metrics_table(m: Measurement) -> str:
@@ -104,11 +108,18 @@ def metrics_table(m: Measurement) -> str:
 
 def _engine_head(m: Measurement) -> str:
     """What ran (engine, threads) and the workload: the two lines over the metrics table."""
+    drives = f"; drove llama_cpp.Llama {', '.join(m.engine.llamas)}" if m.engine.llamas else ""
+    prompt = (
+        f"{m.prompt_tokens} prompt tokens"
+        if m.prompt_tokens is not None
+        else "a prompt whose tokens this engine does not count"
+    )
     return (
         f"{m.engine.engine}: {m.engine.describe()}"
         + (f"; threads {m.engine.threads}" if m.engine.threads is not None else "")
+        + drives
         + "\n"
-        f"workload: {m.prompt_tokens if m.prompt_tokens is not None else '?'} prompt tokens, "
+        f"workload: {prompt}, "
         f"{m.output_tokens} generated per run, {m.n_runs} runs (+{m.workload.warmup} warm-up discarded)\n"
     )
 
