@@ -276,7 +276,7 @@ def test_html_draws_the_parts_of_each_phase_side_by_side_with_the_table() -> Non
     assert "<th>baseline (A)</th><th>now (B)</th>" in section
     assert section.count("<tr>") >= 1 + len(r.verdict.parts)  # type: ignore[union-attr]
     (sampling,) = [p for p in r.verdict.parts if p.metric == "sampling_ms_per_token"]  # type: ignore[union-attr]
-    assert f'<span title="{html._e(sampling.source)}">sampling</span>' in section  # where the figure comes from
+    assert f'<span title="{html._e(sampling.source)}">{html._e(sampling.label)}</span>' in section  # its source
     assert "decode TPOT +8.8% (1.058..1.118): moved: outside llama.cpp" in section
     assert "Where it went" not in html.test_section(1, _plain("tests/test_a.py::test_b"))
     quiet = html.test_section(2, _unmoved("tests/test_a.py::test_same"))
@@ -345,7 +345,7 @@ def test_a_regression_against_the_stored_baseline_shows_where_it_went_in_the_ter
     decode = " ".join([block[at], *(line.strip() for line in rest)])
     # A busy machine may slow llama.cpp's eval against the stored runs too: both then moved.
     assert re.search(r": moved: [^;]*outside llama\.cpp \+", decode), decode
-    table = next(i for i, line in enumerate(block) if line.startswith("  decode (ms/token)  baseline  "))
+    table = next(i for i, line in enumerate(block) if re.match(r"  decode \(ms/token\) +baseline  ", line))
     outside = next(line for line in block[table:] if line.startswith("  outside llama.cpp"))
     assert outside.endswith("moved")
 

@@ -697,9 +697,10 @@ class Drive:
             "note": note,
             "comparisons": [comparison_json(c) for c in looked.comparisons],
             "parts": [p.to_json() for p in looked.parts],
-            "changes": list(looked.changes),
             "agreement": agreement.as_dict(),
         }
+        if looked.changes:  # what differs between the sides' requests ("prompt tokens 22 -> 170")
+            verdict["changes"] = list(looked.changes)
         where = attribution(self.ag, self.measures, looked.parts)
         if isinstance(where, str):
             verdict["note"] = f"{note}; {where}"
