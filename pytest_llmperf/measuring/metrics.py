@@ -142,7 +142,7 @@ class RunMetrics:
         prefill_ms, prefill_tps = _prefill(trace)
         native = trace.native
         native_decode = native.decode_ms_per_token if native else None
-        python_ms = trace.python_sampling_ns / NS_PER_MS / len(tokens) if trace.python_sampling_ns else None
+        python_ms = trace.python_sampling_ns / NS_PER_MS / len(tokens) if trace.python_sampling_ns is not None else None
         outside = _outside(trace, ttft_ms, tokenize_ms, tpot_ms, python_ms or 0.0)
         p50, p95 = (float(v) for v in np.percentile(itl, [50, 95]))
         return cls(
