@@ -132,7 +132,6 @@ class _Log:
     stopping_ns: int = 0
     tokenize_ns: int = 0
     grammar: bool = False
-    processors: bool = False
     prompt_ids: Sequence[int] = ()
 
 
@@ -298,36 +297,26 @@ def _sampler_words(log: _Log) -> str:
 
 
 def _time_hooks(kwargs: dict[str, Any], log: _Log) -> None:
-    """The user's logits processors and stopping criteria, each timed (their time is Python's,
-    though the processors run inside llama.cpp's sampler call)."""
+    """The user's logits processors and stopping criteria, each call timed (their time is
+    Python's, though the processors run inside llama.cpp's sampler call)."""
     log.grammar = log.grammar or kwargs.get("grammar") is not None
-    processors, criteria = kwargs.get("logits_processor"), kwargs.get("stopping_criteria")
+    for keyword, field_name in (("logits_processor", "processors_ns"), ("stopping_criteria", "stopping_ns")):
+        calls = kwargs.get(keyword)
+        if calls:
+            kwargs[keyword] = type(calls)([_timed_call(call, log, field_name) for call in calls])
+
+
+def _timed_call(fn: Callable[..., Any], log: _Log, field_name: str) -> Callable[..., Any]:
+    """``fn(ids, values)`` with its time added to ``log``'s ``field_name`` (ns)."""
     clock = time.perf_counter_ns
-    if processors:
-        log.processors = True
 
-        def timed_processor(fn: Callable[..., Any]) -> Callable[..., Any]:
-            def run(ids: Any, scores: Any) -> Any:
-                began = clock()
-                out = fn(ids, scores)
-                log.processors_ns += clock() - began
-                return out
+    def run(ids: Any, values: Any) -> Any:
+        began = clock()
+        out = fn(ids, values)
+        setattr(log, field_name, getattr(log, field_name) + clock() - began)
+        return out
 
-            return run
-
-        kwargs["logits_processor"] = type(processors)([timed_processor(p) for p in processors])
-    if criteria:
-
-        def timed_criterion(fn: Callable[..., Any]) -> Callable[..., Any]:
-            def run(ids: Any, logits: Any) -> Any:
-                began = clock()
-                out = fn(ids, logits)
-                log.stopping_ns += clock() - began
-                return out
-
-            return run
-
-        kwargs["stopping_criteria"] = type(criteria)([timed_criterion(c) for c in criteria])
+    return run
 
 
 def watch_llamas() -> LlamaWatch | None:
