@@ -62,6 +62,10 @@ from .llama_cpp_native import (
 SAMPLING_PROBES = 8
 
 
+#: The attribute ``with_model_params`` marks its replacement of llama-cpp-python's defaults with.
+MODEL_PARAMS_MARK = "llmperf_model_params"
+
+
 @contextlib.contextmanager
 def with_model_params(llama_cpp: Any, **fields: Any) -> Iterator[None]:
     """``llama_cpp.Llama`` builds its model parameters from ``llama_model_default_params()``
@@ -76,6 +80,7 @@ def with_model_params(llama_cpp: Any, **fields: Any) -> Iterator[None]:
             setattr(params, name, value)
         return params
 
+    setattr(with_fields, MODEL_PARAMS_MARK, dict(fields))  # a load under way sets its own parameters
     module.llama_model_default_params = with_fields
     try:
         yield

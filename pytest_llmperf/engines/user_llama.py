@@ -40,7 +40,15 @@ from ..core.errors import EngineError
 from ..core.workload import AUTO_CTX_STEP, EngineInfo, LlamaRun, NativeCounters, RunTrace, Workload
 from . import RunWatch, synthetic_text
 from .capabilities import Engine, LayerTiming
-from .llama_cpp import LlamaCounters, LlamaReading, TimedDecode, sampler_time, timed_decode, with_model_params
+from .llama_cpp import (
+    MODEL_PARAMS_MARK,
+    LlamaCounters,
+    LlamaReading,
+    TimedDecode,
+    sampler_time,
+    timed_decode,
+    with_model_params,
+)
 from .llama_cpp_native import (
     buffer_sizes,
     greedy_sampler,
@@ -68,7 +76,7 @@ _HOOKED: list[Any] = []  # the Llama classes whose __init__ is wrapped
 
 
 def live_llamas() -> list[Any]:
-    """Every open ``llama_cpp.Llama`` of this process, oldest first as far as known."""
+    """Every open ``llama_cpp.Llama`` of this process (in no particular order)."""
     _hook()
     return [llm for llm in list(_SEEN) if _is_open(llm)]
 
@@ -110,6 +118,8 @@ def _repack_guard(llama_cpp: Any, path: object) -> Any:
 
     from ..models.gguf import gguf_file_type
 
+    if hasattr(llama_cpp.llama_cpp.llama_model_default_params, MODEL_PARAMS_MARK):
+        return contextlib.nullcontext()  # the plugin's engine is loading it, with its own repack setting
     try:
         file_type = gguf_file_type(Path(str(path))) if path else None
     except (OSError, ValueError):
