@@ -206,8 +206,8 @@ def _named(case: str, parts: list[dict[str, Any]], why: list[str]) -> tuple[bool
         named = bool(mine) and mine[0]["metric"] == want
         if case.endswith("prompt"):
             named = named and any("prompt tokens" in line for line in why)
-    if not named:  # what it said instead, for the reader of the table
-        print(f"    {case}: not named; why: {' | '.join(why) or '(no phase moved)'}", flush=True)
+    said = "" if named else f"; why: {' | '.join(why) or '(no phase moved)'}"  # what it said instead
+    print(f"    {case}: {'named' if named else 'NOT named'}, {'a part' if moved else 'no part'} moved{said}", flush=True)
     return named, bool(moved)
 
 
