@@ -207,7 +207,9 @@ def _named(case: str, parts: list[dict[str, Any]], why: list[str]) -> tuple[bool
         if case.endswith("prompt"):
             named = named and any("prompt tokens" in line for line in why)
     said = "" if named else f"; why: {' | '.join(why) or '(no phase moved)'}"  # what it said instead
-    print(f"    {case}: {'named' if named else 'NOT named'}, {'a part' if moved else 'no part'} moved{said}", flush=True)
+    print(
+        f"    {case}: {'named' if named else 'NOT named'}, {'a part' if moved else 'no part'} moved{said}", flush=True
+    )
     return named, bool(moved)
 
 
