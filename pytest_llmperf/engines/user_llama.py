@@ -22,7 +22,10 @@ its last), for each open ``Llama``:
   user's Python logits processors, and the time in stopping criteria.
 
 Inside the timed region this adds, per token, one Python call frame and two clock reads around
-``sample``, one around ``eval`` (``benchmarks/user_path.py`` prints the cost per token)."""
+``sample``, one frame around ``eval``; once per run, inside TTFT, a synchronize llama.cpp's sampler
+would make a moment later anyway and one reading of llama.cpp's counters (microseconds), so the
+prompt's and the decode's counters are apart (``benchmarks/user_path.py`` prints the cost per
+token and the TTFT against the marker-only TTFT)."""
 
 from __future__ import annotations
 
@@ -71,6 +74,8 @@ _SEEN: weakref.WeakSet[Any] = weakref.WeakSet()
 #: llama.cpp's buffers (MiB by kind, from its log while the Llama loaded) of each Llama made
 #: after the hook, or handed over by the engine that made it (``LlamaWatch.know``).
 _BUFFERS: weakref.WeakKeyDictionary[Any, dict[str, float]] = weakref.WeakKeyDictionary()
+#: llama.cpp's buffer kinds (``buffer_sizes``) and the ``EngineInfo`` field of each.
+BUFFER_FIELDS = {"kv": "kv_mib", "compute": "compute_mib", "output": "output_mib", "model": "model_buffer_mib"}
 _MADE = [0]  # Llamas made since the hook (a run that made one is told: ``LlamaWatch``)
 _HOOKED: list[Any] = []  # the Llama classes whose __init__ is wrapped
 
@@ -354,14 +359,7 @@ class LlamaWatch(RunWatch):
         figures are that engine's (llama.cpp's log of its load)."""
         _SEEN.add(llm)
         _BUFFERS[llm] = {
-            kind: value
-            for kind, value in (
-                ("kv", info.kv_mib),
-                ("compute", info.compute_mib),
-                ("output", info.output_mib),
-                ("model", info.model_buffer_mib),
-            )
-            if value is not None
+            kind: value for kind, name in BUFFER_FIELDS.items() if (value := getattr(info, name)) is not None
         }
 
     def name(self, llm: Any) -> str:
@@ -376,7 +374,7 @@ class LlamaWatch(RunWatch):
     def arm(self, cold: bool) -> list[_Probe]:
         _hook()
         for llm in list(_SEEN):
-            if not _is_open(llm):
+            if not _is_open(llm) and "tokenize" not in vars(llm):  # closed, not guarded yet
                 _guard_closed(llm, self.name(llm))
         probes = [_Probe(llm, self.name(llm), self._lib) for llm in live_llamas()]
         self._made_before = _MADE[0]
@@ -571,10 +569,8 @@ def llama_facts(lib: Any, llm: Any) -> dict[str, Any]:
         "gpu_layers": 0 if not lib.llama_supports_gpu_offload() else int(mparams.n_gpu_layers),
         "repack": bool(getattr(mparams, "use_extra_bufts", True)),
         "backend_version": llama_cpp_version(),
+        **{name: logged.get(kind) for kind, name in BUFFER_FIELDS.items()},
         "kv_mib": logged.get("kv", kv_mib),
-        "compute_mib": logged.get("compute"),
-        "output_mib": logged.get("output"),
-        "model_buffer_mib": logged.get("model"),
         "mapped_mib": mapped[0] if mapped else None,
         "mapped_resident_mib": mapped[1] if mapped else None,
     }
