@@ -54,20 +54,40 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         "build",
         help="build (or find cached) llama-server and llama-bench; prints their paths",
         description="Builds llama-server and llama-bench from the llama.cpp sources in the installed "
-        "llama-cpp-python's sdist (cmake and a C++ compiler needed; several minutes, once per version).",
+        "llama-cpp-python's sdist, linked to the libraries that llama-cpp-python ships (cmake and a C++ "
+        "compiler needed; a few minutes, once per version; its steps and percentage on stderr).",
     )
 
 
 def run_server(args: argparse.Namespace) -> int:
-    from ..engines.servers import build_tools
+    from ..engines.servers import BuildRoute, build_tools
 
-    tools = build_tools(progress=print)
+    tty = sys.stderr.isatty()
+
+    def line(text: str) -> None:  # the build's steps, to stderr (a status line first cleared)
+        sys.stderr.write(("\r\x1b[K" if tty else "") + text + "\n")
+        sys.stderr.flush()
+
+    def status(text: str) -> None:  # the running step's percentage, rewritten in place
+        sys.stderr.write("\r\x1b[K" + text)
+        sys.stderr.flush()
+
+    try:
+        tools = build_tools(progress=line, status=status if tty else None)
+    finally:
+        if tty:
+            sys.stderr.write("\r\x1b[K")
     for name, path in tools.paths.items():
         print(f"{name}: {path}")
     if tools.build_s is None:
         print(f"llmperf: llama.cpp tools of llama-cpp-python {tools.version} were cached (log: {tools.log})")
     else:
-        print(f"llmperf: built for llama-cpp-python {tools.version} in {tools.build_s:.0f} s (log: {tools.log})")
+        how = (
+            f"linked to its libraries in {tools.linked_to}"
+            if tools.route is BuildRoute.LINKED
+            else "all of llama.cpp compiled"
+        )
+        print(f"llmperf: built for llama-cpp-python {tools.version} in {tools.build_s:.0f} s, {how} (log: {tools.log})")
     return 0
 
 

@@ -11,18 +11,28 @@ that does not come up within its deadline fails with one line that carries its s
 llama.cpp's own tools (``llama-server``, ``llama-bench``), built from the llama.cpp sources
 vendored in the installed llama-cpp-python's sdist: the same llama.cpp as the in-process engine,
 so a served or llama-bench figure differs from ours by the serving or the timing, not the code.
+Where the installed wheel ships its shared libraries (Linux: llama_cpp/lib and libllama-common),
+only the tools' own files are compiled and linked to those very libraries (the linked route,
+llama_tools.cmake: a minute or two); else all of llama.cpp is built (the full route, 10-25
+minutes on 2 cores), with one line saying why.
 
-One build folder per llama-cpp-python version under the cache dir (``$LLMPERF_CACHE_DIR`` or
-the user cache): ``native/llama-cpp-python-<version>/{build,build.log}``. The sdist is fetched
+One folder per llama-cpp-python version under the cache dir (``$LLMPERF_CACHE_DIR`` or the user
+cache): ``native/llama-cpp-python-<version>/`` holds the sources, ``build.log``, the full build
+(``build``) and the linked builds (``linked-<key>/build``, the key naming the shipped libraries'
+location, sizes and times, since the binaries load them from there). The sdist is fetched
 with ``pip download`` (pip's HTTP cache and index settings apply), or taken from
 ``$LLMPERF_LLAMA_CPP_SDIST``. A lock file keeps two processes from building at once; the second
 waits, then finds the tools built. Anything missing (cmake, a C++ compiler) or failing is one
-line that says what to do, with the build log's path."""
+line that says what to do, with the build log's path; while a step runs, its percentage (from
+the build log) and seconds are told at least every 10 s."""
 
 from __future__ import annotations
 
 import contextlib
+import enum
+import hashlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -34,7 +44,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from ..core.errors import ConfigError, EngineError, ToolBuildError
 from ..core.settings import ENGINE_DEFAULTS, SERVER_N_CTX
@@ -302,6 +312,7 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 TOOLS = ("llama-server", "llama-bench")
 #: Environment variable naming a local llama-cpp-python sdist (offline machines).
 SDIST_ENV = "LLMPERF_LLAMA_CPP_SDIST"
+#: The full build's flags (BuildRoute.FULL: all of llama.cpp from the sdist).
 CMAKE_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DLLAMA_CURL=OFF",
@@ -309,6 +320,8 @@ CMAKE_FLAGS = (
     "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DLLAMA_BUILD_TOOLS=ON",
     "-DLLAMA_BUILD_SERVER=ON",
+    # The server runs with --no-webui: no UI assets fetched from the network during the build.
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
     # $ORIGIN-relative library paths: the built folder works wherever the cache is moved.
     "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON",
     "-DBUILD_SHARED_LIBS=ON",
@@ -319,6 +332,41 @@ BUILD_TIMEOUT_S = 3600.0
 #: How long a process waits for another one's build before giving up.
 LOCK_TIMEOUT_S = BUILD_TIMEOUT_S + DOWNLOAD_TIMEOUT_S
 STAMP = "complete"
+#: In a linked build's folder: why linking failed (the next builds go the full way at once).
+LINK_FAILED = "link-failed"
+#: The shared libraries of llama_cpp/lib the linked tools load (and libllama-common beside them).
+LINKED_LIBRARIES = ("libggml-base.so", "libggml.so", "libllama.so", "libmtmd.so")
+#: The linked build's CMake project (written as CMakeLists.txt into its folder).
+LINKED_PROJECT = Path(__file__).with_name("llama_tools.cmake")
+#: The llama.cpp sources the linked build compiles (besides headers).
+LINKED_SOURCES = ("tools/server/CMakeLists.txt", "tools/llama-bench/CMakeLists.txt", "tools/ui/CMakeLists.txt")
+
+
+class BuildRoute(enum.Enum):
+    """How the tools are built."""
+
+    LINKED = "linked"  # only the tools' own files, linked to the libraries llama-cpp-python ships
+    FULL = "full"  # all of llama.cpp from the sdist (ggml, libllama, mtmd, common and the tools)
+
+
+@dataclass(frozen=True)
+class ShippedLibraries:
+    """The shared libraries of the installed llama-cpp-python the tools can link to."""
+
+    lib_dir: Path  # llama_cpp/lib: libllama, ggml, mtmd, as the in-process engine loads them
+    common: Path  # libllama-common (llama.cpp's common library: arguments, chat, sampling)
+    header: Path | None  # the llama.h the wheel ships, if it does
+    key: str  # 12 hex digits of their location, sizes and times: another install builds anew
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """Where one llama-cpp-python version's tools are (or will be) and how they are built."""
+
+    route: BuildRoute
+    folder: Path  # holds build/ (build/bin: the binaries)
+    shipped: ShippedLibraries | None  # the route is LINKED when this is given
+    why_full: str = ""  # on the full route: why the tools cannot link the shipped libraries
 
 
 @dataclass(frozen=True)
@@ -330,6 +378,8 @@ class NativeTools:
     paths: dict[str, Path]
     build_s: float | None  # seconds this call spent building; None when they were cached
     log: Path
+    route: BuildRoute = BuildRoute.FULL
+    linked_to: Path | None = None  # the folder of the shipped libraries on the linked route
 
 
 def installed_version() -> str:
@@ -348,74 +398,212 @@ def tools_root(version: str | None = None) -> Path:
     return default_cache_dir() / "native" / f"llama-cpp-python-{version or installed_version()}"
 
 
-def _binary(root: Path, name: str) -> Path:
-    return root / "build" / "bin" / (name + (".exe" if sys.platform == "win32" else ""))
+def shipped_libraries() -> ShippedLibraries | str:
+    """The installed llama-cpp-python's shared libraries (from its file list, nothing loaded),
+    or why the tools cannot be linked to them."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    if not sys.platform.startswith("linux"):
+        return f"linking to llama-cpp-python's libraries is done on Linux only (this is {sys.platform})"
+    try:
+        files = [
+            Path(str(distribution("llama-cpp-python").locate_file(f)))
+            for f in distribution("llama-cpp-python").files or ()
+        ]
+    except PackageNotFoundError:
+        return "llama-cpp-python is not installed"
+    lib_dirs = [p.parent for p in files if p.name == "libllama.so" and p.parent.parts[-2:] == ("llama_cpp", "lib")]
+    if not lib_dirs:
+        return "the installed llama-cpp-python ships no llama_cpp/lib/libllama.so"
+    lib_dir = lib_dirs[0]
+    missing = [name for name in LINKED_LIBRARIES if not (lib_dir / name).is_file()]
+    if missing:
+        return f"the installed llama-cpp-python ships no {', '.join(missing)} in {lib_dir}"
+    commons = sorted(
+        (p for p in files if p.name == "libllama-common.so" and p.is_file()), key=lambda p: p.parent != lib_dir
+    )
+    if not commons:
+        return "the installed llama-cpp-python ships no libllama-common.so (llama.cpp's common library)"
+    headers = [p for p in files if p.name == "llama.h" and p.is_file()]
+    linked = sorted({*lib_dir.glob("lib*.so*"), commons[0]})
+    stamp = [str(lib_dir.resolve()), str(commons[0].resolve())]
+    stamp += [f"{p.name} {p.stat().st_size} {p.stat().st_mtime_ns}" for p in linked]
+    key = hashlib.sha256("\n".join(stamp).encode()).hexdigest()[:12]
+    return ShippedLibraries(lib_dir, commons[0], headers[0] if headers else None, key)
 
 
-def _built(root: Path) -> bool:
-    return (root / "build" / STAMP).is_file() and all(os.access(_binary(root, t), os.X_OK) for t in TOOLS)
+def build_plan(root: Path) -> BuildPlan:
+    """The linked route where the installed wheel ships its libraries (and linking them did not
+    fail before), else the full build."""
+    shipped = shipped_libraries()
+    if isinstance(shipped, str):
+        return BuildPlan(BuildRoute.FULL, root, None, shipped)
+    folder = root / f"linked-{shipped.key}"
+    with contextlib.suppress(OSError):
+        failed = (folder / LINK_FAILED).read_text().strip()
+        return BuildPlan(BuildRoute.FULL, root, None, f"{failed} (before; delete {folder} to try again)")
+    return BuildPlan(BuildRoute.LINKED, folder, shipped)
+
+
+def _binary(folder: Path, name: str) -> Path:
+    return folder / "build" / "bin" / (name + (".exe" if sys.platform == "win32" else ""))
+
+
+def _built(folder: Path) -> bool:
+    return (folder / "build" / STAMP).is_file() and all(os.access(_binary(folder, t), os.X_OK) for t in TOOLS)
 
 
 def tool_path(name: str, *, build: bool = True, progress: Callable[[str], None] | None = None) -> Path:
     """Path of llama.cpp's ``name`` (``llama-server`` or ``llama-bench``) for the installed
     llama-cpp-python, building both tools first when they are not cached (``build=True``;
-    ``progress`` hears what the build does, and a line a minute while it compiles)."""
+    ``progress`` hears what the build does, with its percentage, at least every 10 s)."""
     if name not in TOOLS:
         raise ToolBuildError(f"unknown llama.cpp tool {name!r}; one of: {', '.join(TOOLS)}")
     root = tools_root()
-    if not _built(root):
-        if not build:
-            raise ToolBuildError(
-                f"{name} is not built for llama-cpp-python {root.name.rsplit('-', 1)[-1]}; "
-                "run `llmperf server build` (a few minutes, once per version)"
-            )
-        built = build_tools(progress)
-        if progress is not None and built.build_s is not None:
-            progress(f"llmperf: built {', '.join(TOOLS)} in {built.build_s:.0f} s (cached for later runs)")
-    return _binary(root, name)
+    plan = build_plan(root)
+    if _built(plan.folder):
+        return _binary(plan.folder, name)
+    if not build:
+        raise ToolBuildError(
+            f"{name} is not built for llama-cpp-python {root.name.rsplit('-', 1)[-1]}; "
+            "run `llmperf server build` (a few minutes, once per version)"
+        )
+    built = build_tools(progress)
+    if progress is not None and built.build_s is not None:
+        progress(f"llmperf: built {', '.join(TOOLS)} in {built.build_s:.0f} s (cached for later runs)")
+    return built.paths[name]
 
 
-def build_tools(progress: Callable[[str], None] | None = None) -> NativeTools:
-    """Build llama-server and llama-bench for the installed llama-cpp-python (no-op if cached)."""
-    say = progress or (lambda line: None)
+def _tools(version: str, plan: BuildPlan, build_s: float | None, log: Path) -> NativeTools:
+    return NativeTools(
+        version,
+        plan.folder / "build",
+        {t: _binary(plan.folder, t) for t in TOOLS},
+        build_s,
+        log,
+        plan.route,
+        plan.shipped.lib_dir if plan.shipped is not None else None,
+    )
+
+
+def build_tools(
+    progress: Callable[[str], None] | None = None, *, status: Callable[[str], None] | None = None
+) -> NativeTools:
+    """Build llama-server and llama-bench for the installed llama-cpp-python (no-op if cached).
+
+    ``progress`` hears each step as a line, and while a step runs its percentage (from the build
+    log) and seconds: a line when it moved and ``LINE_S`` passed, at least every ``SILENCE_S``.
+    ``status`` (a terminal's line, rewritten in place) hears the running state instead, every
+    ``STATUS_S``."""
+    tell = _Teller(progress or (lambda line: None), status)
     version = installed_version()
     root = tools_root(version)
     log = root / "build.log"
-    paths = {t: _binary(root, t) for t in TOOLS}
-    if _built(root):
-        return NativeTools(version, root / "build", paths, None, log)
+    plan = build_plan(root)
+    if _built(plan.folder):
+        return _tools(version, plan, None, log)
     root.mkdir(parents=True, exist_ok=True)
-    with _lock(root / ".lock", say):
-        if _built(root):  # another process built them while we waited
-            return NativeTools(version, root / "build", paths, None, log)
+    with _lock(root / ".lock", tell.line):
+        plan = build_plan(root)  # another process may have built them (or failed to link) meanwhile
+        if _built(plan.folder):
+            return _tools(version, plan, None, log)
         cmake, jobs = _check_toolchain()
         begin = time.monotonic()
         with log.open("w") as out:
-            source = _sources(root, version, out, say)
-            say(f"llmperf: configuring llama.cpp {version} (log: {log})")
-            _step(
-                [cmake, "-S", str(source), "-B", str(root / "build"), *CMAKE_FLAGS],
-                out,
-                log,
-                "configuring",
-                CONFIGURE_TIMEOUT_S,
-                say,
-            )
-            say(f"llmperf: building {' and '.join(TOOLS)} with {jobs} jobs (several minutes)")
-            _step(
-                [cmake, "--build", str(root / "build"), "--config", "Release", "--target", *TOOLS, "-j", str(jobs)],
-                out,
-                log,
-                "building",
-                BUILD_TIMEOUT_S,
-                say,
-            )
-        missing = [t for t, p in paths.items() if not p.is_file()]
+            source = _sources(root, version, out, tell)
+            if plan.shipped is not None:
+                plan = _build_linked(plan, root, source, cmake, jobs, out, tell)
+            if plan.route is BuildRoute.FULL:
+                _build_full(root, source, version, cmake, jobs, out, plan.why_full, tell)
+        tools = _tools(version, plan, time.monotonic() - begin, log)
+        missing = [t for t, p in tools.paths.items() if not p.is_file()]
         if missing:
             raise ToolBuildError(f"the build finished but {', '.join(missing)} is missing; see {log}")
-        seconds = time.monotonic() - begin
-        (root / "build" / STAMP).write_text(f"llama-cpp-python {version}, built in {seconds:.0f} s\n")
-        return NativeTools(version, root / "build", paths, seconds, log)
+        (tools.build_dir / STAMP).write_text(
+            f"llama-cpp-python {version}, {plan.route.value} build in {tools.build_s:.0f} s\n"
+        )
+        return tools
+
+
+def _build_linked(
+    plan: BuildPlan, root: Path, source: Path, cmake: str, jobs: int, out: IO[str], tell: _Teller
+) -> BuildPlan:
+    """Compile the tools' own files against the shipped libraries; on failure, the full plan
+    (why written into the folder, so the next build goes the full way at once)."""
+    assert plan.shipped is not None
+    shipped = plan.shipped
+    log = Path(out.name)
+    why = _unlinkable(source, shipped)
+    if why:
+        return BuildPlan(BuildRoute.FULL, root, None, why)
+    common = shipped.common.read_bytes()
+    flags = {
+        "CMAKE_BUILD_TYPE": "Release",
+        "LLAMA_SRC": str(source),
+        "SHIPPED_LIB_DIR": str(shipped.lib_dir),
+        "COMMON_LIB": str(shipped.common),
+        # how the shipped libllama-common was configured, read from its imports: the tools'
+        # headers must agree (HTTPS in cpp-httplib, llama.cpp's subprocess helper)
+        "LLAMA_OPENSSL": "ON" if b"libssl.so" in common else "OFF",
+        "LLAMA_SUBPROCESS": "ON" if b"posix_spawn" in common else "OFF",
+    }
+    project = plan.folder / "project"
+    project.mkdir(parents=True, exist_ok=True)
+    (project / "CMakeLists.txt").write_text(LINKED_PROJECT.read_text())
+    build = plan.folder / "build"
+    tell.line(f"llmperf: configuring {' and '.join(TOOLS)} against the libraries in {shipped.lib_dir} (log: {log})")
+    configure = [cmake, "-S", str(project), "-B", str(build), *(f"-D{k}={v}" for k, v in flags.items())]
+    rc = _step(configure, out, log, "configuring", CONFIGURE_TIMEOUT_S, tell, check=False)
+    if rc == 0:
+        tell.line(f"llmperf: compiling {' and '.join(TOOLS)} with {jobs} jobs (their own files only)")
+        rc = _step(
+            [cmake, "--build", str(build), "--config", "Release", "-j", str(jobs)],
+            out,
+            log,
+            "building",
+            BUILD_TIMEOUT_S,
+            tell,
+            check=False,
+        )
+    if rc == 0:
+        return plan
+    why = f"linking to llama-cpp-python's libraries failed (exit status {rc}; see {log})"
+    (plan.folder / LINK_FAILED).write_text(why + "\n")
+    return BuildPlan(BuildRoute.FULL, root, None, why)
+
+
+def _unlinkable(source: Path, shipped: ShippedLibraries) -> str:
+    """Why these sources cannot be linked to these libraries ('' when they can)."""
+    missing = [name for name in LINKED_SOURCES if not (source / name).is_file()]
+    if missing:
+        return f"the sdist's llama.cpp has no {', '.join(missing)}"
+    if not LINKED_PROJECT.is_file():
+        return f"{LINKED_PROJECT} is missing from this install of pytest-llmperf"
+    if shipped.header is not None:
+        with contextlib.suppress(OSError):
+            if shipped.header.read_bytes() != (source / "include" / "llama.h").read_bytes():
+                return f"the sdist's include/llama.h differs from the installed {shipped.header}"
+    return ""
+
+
+def _build_full(
+    root: Path, source: Path, version: str, cmake: str, jobs: int, out: IO[str], why: str, tell: _Teller
+) -> None:
+    """All of llama.cpp: ggml, libllama, mtmd, common and the tools (10-25 minutes on 2 cores)."""
+    log = Path(out.name)
+    tell.line(f"llmperf: building all of llama.cpp {version} (10-25 minutes on 2 cores): {why}")
+    tell.line(f"llmperf: configuring llama.cpp {version} (log: {log})")
+    _step(
+        [cmake, "-S", str(source), "-B", str(root / "build"), *CMAKE_FLAGS],
+        out,
+        log,
+        "configuring",
+        CONFIGURE_TIMEOUT_S,
+        tell,
+    )
+    tell.line(f"llmperf: building {' and '.join(TOOLS)} with {jobs} jobs (several minutes)")
+    build = [cmake, "--build", str(root / "build"), "--config", "Release", "--target", *TOOLS, "-j", str(jobs)]
+    _step(build, out, log, "building", BUILD_TIMEOUT_S, tell)
 
 
 def _check_toolchain() -> tuple[str, int]:
@@ -434,7 +622,7 @@ def _check_toolchain() -> tuple[str, int]:
     return cmake, max(1, os.cpu_count() or 1)
 
 
-def _sources(root: Path, version: str, out, say: Callable[[str], None]) -> Path:
+def _sources(root: Path, version: str, out: IO[str], tell: _Teller) -> Path:
     """``vendor/llama.cpp`` of the sdist, extracted once under ``root/src``."""
     source_root = root / "src"
     found = sorted(source_root.glob("*/vendor/llama.cpp/CMakeLists.txt"))
@@ -447,7 +635,7 @@ def _sources(root: Path, version: str, out, say: Callable[[str], None]) -> Path:
             if not sdist.is_file():
                 raise ToolBuildError(f"${SDIST_ENV} is {sdist_env!r}, which is not a file; unset it or fix the path")
         else:
-            say(f"llmperf: fetching the llama-cpp-python {version} sdist with pip download")
+            tell.line(f"llmperf: fetching the llama-cpp-python {version} sdist with pip download")
             command = [
                 sys.executable,
                 "-m",
@@ -460,7 +648,7 @@ def _sources(root: Path, version: str, out, say: Callable[[str], None]) -> Path:
                 "-d",
                 tmp,
             ]
-            _step(command, out, Path(out.name), "downloading the sdist", DOWNLOAD_TIMEOUT_S)
+            _step(command, out, Path(out.name), "downloading the sdist of", DOWNLOAD_TIMEOUT_S, tell)
             sdists = sorted(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
             if not sdists:
                 raise ToolBuildError(f"pip download gave no llama-cpp-python sdist; see {out.name}")
@@ -489,18 +677,97 @@ def _extract_vendor(sdist: Path, target: Path) -> None:
         raise ToolBuildError(f"cannot unpack {sdist}: {exc}") from None
 
 
-#: Seconds between "still building" lines while a build step runs.
-HEARTBEAT_S = 60.0
+#: While a step runs: the build log is read this often.
+POLL_S = 0.5
+#: Lines (no terminal): a new percentage at most this often...
+LINE_S = 5.0
+#: ...and a line at least this often, whatever the build shows (no silence of 10 s).
+SILENCE_S = 9.0
+#: A terminal's status line is rewritten this often.
+STATUS_S = 2.0
+#: A build tool's progress in its log: make's ``[ 45%]``, ninja's ``[12/25]`` at a line's start.
+_PERCENT = re.compile(rb"^\[\s*(\d{1,3})%\]", re.MULTILINE)
+_COUNT = re.compile(rb"^\[(\d+)/(\d+)\]", re.MULTILINE)
+
+
+class _Teller:
+    """What a build says: its steps as lines (``line``); while a step runs, its state
+    (``running``): on ``status`` every ``STATUS_S`` when there is a terminal line to rewrite, else
+    as a line when its percentage moved and ``LINE_S`` passed, and at least every ``SILENCE_S``."""
+
+    def __init__(self, say: Callable[[str], None], status: Callable[[str], None] | None) -> None:
+        self.say = say
+        self.status = status
+        self.last_line = time.monotonic()
+        self.last_status = 0.0
+        self.told: int | None = None
+
+    def line(self, text: str) -> None:
+        self.say(text)
+        self.last_line = time.monotonic()
+
+    def running(self, what: str, elapsed_s: float, percent: int | None, log: Path) -> None:
+        now = time.monotonic()
+        if percent is None:
+            text = f"llmperf: still {what} llama.cpp ({elapsed_s:.0f} s so far; log: {log})"
+        else:
+            text = f"llmperf: {what} llama.cpp: {percent}% ({elapsed_s:.0f} s so far)"
+        if self.status is not None:
+            if now - self.last_status >= STATUS_S:
+                self.status(text)
+                self.last_status = now
+            return
+        since = now - self.last_line
+        if (percent != self.told and since >= LINE_S) or since >= SILENCE_S:
+            self.line(text)
+            self.told = percent
+
+
+class _LogProgress:
+    """The last progress mark a build wrote into its log after ``offset``."""
+
+    def __init__(self, log: Path, offset: int) -> None:
+        self.log = log
+        self.offset = offset
+        self.partial = b""
+        self.percent: int | None = None
+
+    def read(self) -> int | None:
+        try:
+            with self.log.open("rb") as handle:
+                handle.seek(self.offset)
+                data = handle.read()
+        except OSError:
+            return self.percent
+        self.offset += len(data)
+        text = self.partial + data
+        complete, _, self.partial = text.rpartition(b"\n")
+        for match in _PERCENT.finditer(complete):
+            self.percent = min(100, int(match.group(1)))
+        for match in _COUNT.finditer(complete):
+            done, total = int(match.group(1)), int(match.group(2))
+            if total:
+                self.percent = min(100, 100 * done // total)
+        return self.percent
 
 
 def _step(
-    command: list[str], out, log: Path, what: str, timeout_s: float, say: Callable[[str], None] = lambda line: None
-) -> None:
+    command: list[str],
+    out: IO[str],
+    log: Path,
+    what: str,
+    timeout_s: float,
+    tell: _Teller | None = None,
+    *,
+    check: bool = True,
+) -> int:
     """Run one build step into the log, in its own process group: killed with all its
     children on timeout, Ctrl-C or SIGTERM (a stopped build leaves no compiler running).
-    ``say`` hears a line every ``HEARTBEAT_S`` seconds: a long build never looks hung."""
+    ``tell`` hears how it goes while it runs (the percentage its log shows): a long build never
+    looks hung. A non-zero exit status is an error, or returned with ``check=False``."""
     out.write(f"\n$ {' '.join(command)}\n")
     out.flush()
+    watch = _LogProgress(log, out.tell())
     proc = subprocess.Popen(
         command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
     )
@@ -508,14 +775,15 @@ def _step(
     try:
         with _sigterm_raises():
             while True:
-                left = timeout_s - (time.monotonic() - began)
                 try:
-                    rc = proc.wait(max(0.0, min(HEARTBEAT_S, left)))
+                    rc = proc.wait(POLL_S)
                     break
                 except subprocess.TimeoutExpired:
-                    if left <= HEARTBEAT_S:
+                    elapsed = time.monotonic() - began
+                    if elapsed > timeout_s:
                         raise
-                    say(f"llmperf: still {what} llama.cpp ({time.monotonic() - began:.0f} s so far; log: {log})")
+                    if tell is not None:
+                        tell.running(what, elapsed, watch.read(), log)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
         raise ToolBuildError(
@@ -524,8 +792,9 @@ def _step(
     except BaseException:
         _kill_group(proc)
         raise
-    if rc != 0:
+    if rc != 0 and check:
         raise ToolBuildError(f"{what} llama.cpp failed (exit status {rc}); see {log}")
+    return rc
 
 
 @contextlib.contextmanager
