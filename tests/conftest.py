@@ -122,8 +122,8 @@ def small_engine():
 @pytest.fixture(scope="session")
 def llama_server_binary(pytestconfig: pytest.Config) -> Path:
     """llama.cpp's llama-server of the installed llama-cpp-python, built once per version
-    (several minutes the first time; `.ci/run` builds it before the tests). A build here
-    prints its steps and a line a minute on the terminal, past pytest's capture."""
+    (a few minutes the first time; `.ci/run` builds it before the tests). A build here
+    prints its steps and its percentage (at least every 10 s) on the terminal, past pytest's capture."""
     from pytest_llmperf.core.errors import ToolBuildError
     from pytest_llmperf.engines.servers import tool_path
 

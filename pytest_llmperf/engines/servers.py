@@ -406,10 +406,8 @@ def shipped_libraries() -> ShippedLibraries | str:
     if not sys.platform.startswith("linux"):
         return f"linking to llama-cpp-python's libraries is done on Linux only (this is {sys.platform})"
     try:
-        files = [
-            Path(str(distribution("llama-cpp-python").locate_file(f)))
-            for f in distribution("llama-cpp-python").files or ()
-        ]
+        dist = distribution("llama-cpp-python")
+        files = [Path(str(dist.locate_file(f))) for f in dist.files or ()]
     except PackageNotFoundError:
         return "llama-cpp-python is not installed"
     lib_dirs = [p.parent for p in files if p.name == "libllama.so" and p.parent.parts[-2:] == ("llama_cpp", "lib")]
@@ -535,7 +533,7 @@ def _build_linked(
     log = Path(out.name)
     why = _unlinkable(source, shipped)
     if why:
-        return BuildPlan(BuildRoute.FULL, root, None, why)
+        return _link_failed(plan, root, why)
     common = shipped.common.read_bytes()
     flags = {
         "CMAKE_BUILD_TYPE": "Release",
@@ -567,7 +565,12 @@ def _build_linked(
         )
     if rc == 0:
         return plan
-    why = f"linking to llama-cpp-python's libraries failed (exit status {rc}; see {log})"
+    return _link_failed(plan, root, f"linking to llama-cpp-python's libraries failed (exit status {rc}; see {log})")
+
+
+def _link_failed(plan: BuildPlan, root: Path, why: str) -> BuildPlan:
+    """The full plan, ``why`` written into the linked folder: the next builds go the full way at once."""
+    plan.folder.mkdir(parents=True, exist_ok=True)
     (plan.folder / LINK_FAILED).write_text(why + "\n")
     return BuildPlan(BuildRoute.FULL, root, None, why)
 
