@@ -264,3 +264,32 @@ def test_server_build_prints_the_cached_tools_on_stdout(llama_server_binary, cap
     out, err = capsys.readouterr()
     assert f"llama-server: {llama_server_binary}\n" in out and "were cached" in out
     assert err == ""
+
+
+@pytest.mark.parametrize("tty", [False, True])
+def test_server_build_tells_its_steps_on_stderr(monkeypatch, capsys, tmp_path, tty):
+    """Piped: every step and percentage a line of its own on stderr; on a terminal the percentage
+    is one status line rewritten in place, cleared before the next step and at the end."""
+    import sys
+
+    def fake_build(progress, *, status=None):
+        progress("llmperf: compiling")
+        running = "llmperf: building llama.cpp: 45% (3 s so far)"
+        (status or progress)(running)
+        progress("llmperf: done")
+        bin_dir = tmp_path / "build" / "bin"
+        paths = {t: bin_dir / t for t in native_tools.TOOLS}
+        return native_tools.NativeTools("0.0.0", tmp_path / "build", paths, 12.0, tmp_path / "build.log")
+
+    monkeypatch.setattr(native_tools, "build_tools", fake_build)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: tty)
+    assert main(["server", "build"]) == 0
+    out, err = capsys.readouterr()
+    assert "llmperf: built for llama-cpp-python 0.0.0 in 12 s, all of llama.cpp compiled" in out
+    if tty:
+        assert err == (
+            "\r\x1b[Kllmperf: compiling\n\r\x1b[Kllmperf: building llama.cpp: 45% (3 s so far)"
+            "\r\x1b[Kllmperf: done\n\r\x1b[K"
+        )
+    else:
+        assert err == "llmperf: compiling\nllmperf: building llama.cpp: 45% (3 s so far)\nllmperf: done\n"
