@@ -410,6 +410,8 @@ def shipped_libraries() -> ShippedLibraries | str:
         files = [Path(str(dist.locate_file(f))) for f in dist.files or ()]
     except PackageNotFoundError:
         return "llama-cpp-python is not installed"
+    if not files:
+        return "the installed llama-cpp-python lists no files (its metadata has no RECORD)"
     lib_dirs = [p.parent for p in files if p.name == "libllama.so" and p.parent.parts[-2:] == ("llama_cpp", "lib")]
     if not lib_dirs:
         return "the installed llama-cpp-python ships no llama_cpp/lib/libllama.so"
