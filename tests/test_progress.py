@@ -135,6 +135,25 @@ def test_tasks_nest_on_the_sink_and_are_silent_without_one(monkeypatch: pytest.M
     assert progress.current().sink is None  # none runs: a silent one
 
 
+def test_a_task_of_another_thread_while_one_is_shown_is_silent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One line on the sink at a time: a test's own thread that measures while the test's
+    task is shown neither nests in it (another thread's steps) nor draws a second line."""
+    monkeypatch.setattr(progress, "_sink", Lines())
+    got: list[Progress] = []
+
+    def elsewhere() -> None:
+        with task("another thread's") as other:
+            got.append(other)
+
+    with task("the test's") as shown:
+        worker = threading.Thread(target=elsewhere)
+        worker.start()
+        worker.join()
+    assert shown.sink is not None and got[0].sink is None and got[0].parent is None
+    with task("next") as after:  # the line is free again
+        assert after.sink is not None
+
+
 def test_the_heartbeat_thread_speaks_while_the_task_waits(monkeypatch: pytest.MonkeyPatch) -> None:
     """The thread alone (the task's own code waits on an event): its line comes."""
     said = threading.Event()

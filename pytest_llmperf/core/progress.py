@@ -3,7 +3,7 @@ place on a terminal, a plain line per step when the output is piped, and a line 
 ``LINE_EVERY_S`` while one step waits; a task quicker than ``QUIET_S`` says nothing.
 
 A ``Progress`` is one task (what, its step, n of N, the seconds so far); a task opened while
-another runs is a part of it, shown on its line ("against REF: tests/t.py::test_a: attribution
+another runs on the same thread is a part of it, shown on its line ("against REF: tests/t.py::test_a: attribution
 pass: run 3 of 8"). Where the lines go is the front end's choice, made once per process
 (``set_sink``): the pytest plugin's terminal (``pytest_plugin/plugin.py``), the CLI's stderr
 (``StreamSink``); none set (a script, a library call), a task is silent. The heartbeat is a
@@ -75,7 +75,8 @@ def fit(text: str, width: int) -> str:
 
 
 _sink: Sink | None = None
-_current: Progress | None = None  # the innermost task running (tasks are opened on one thread)
+_here = threading.local()  # .current: this thread's innermost task running
+_showing: list[Progress] = []  # the task on the sink's line: one at a time, whichever thread
 
 
 def set_sink(sink: Sink | None) -> Sink | None:
@@ -165,15 +166,16 @@ class Progress:
 def task(what: str, *, clock: Callable[[], float] = time.monotonic) -> Iterator[Progress]:
     """One task on the process's sink (``set_sink``): a part of the task that runs, if one does;
     else a task of its own, with a heartbeat thread while it lasts. Silent with no sink."""
-    global _current
-    parent = _current
-    one = Progress(what, None if parent is not None else _sink, clock=clock, parent=parent)
+    parent: Progress | None = getattr(_here, "current", None)
+    # A task of another thread while one is shown (a test's own threads): silent, not a second line.
+    one = Progress(what, None if parent is not None or _showing else _sink, clock=clock, parent=parent)
     if parent is not None:
         parent.child = one
-    _current = one
+    _here.current = one
     stop = threading.Event()
     beating = None
-    if parent is None and one.sink is not None:
+    if one.sink is not None:
+        _showing.append(one)
         beating = threading.Thread(target=_heartbeat, args=(one, stop), name="llmperf-progress", daemon=True)
         beating.start()
     outcome = "stopped"
@@ -184,7 +186,8 @@ def task(what: str, *, clock: Callable[[], float] = time.monotonic) -> Iterator[
         stop.set()
         if beating is not None:
             beating.join()
-        _current = parent
+            _showing.remove(one)
+        _here.current = parent
         one.close(outcome)
 
 
@@ -195,4 +198,5 @@ def _heartbeat(one: Progress, stop: threading.Event) -> None:
 
 def current() -> Progress:
     """The innermost task running (its steps show on its line), or a silent one."""
-    return _current if _current is not None else Progress("")
+    running: Progress | None = getattr(_here, "current", None)
+    return running if running is not None else Progress("")
