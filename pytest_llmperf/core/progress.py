@@ -3,8 +3,9 @@ place on a terminal, a plain line per step when the output is piped, and a line 
 ``LINE_EVERY_S`` while one step waits; a task quicker than ``QUIET_S`` says nothing.
 
 A ``Progress`` is one task (what, its step, n of N, the seconds so far); a task opened while
-another runs on the same thread is a part of it, shown on its line ("against REF: tests/t.py::test_a: attribution
-pass: run 3 of 8"). Where the lines go is the front end's choice, made once per process
+another runs on the same thread is a part of it, shown on its line ("against REF:
+tests/t.py::test_a: attribution pass: instrumented runs 3 of 8"); one task at a time has the
+line (another thread's meanwhile is silent). Where the lines go is the front end's choice, made once per process
 (``set_sink``): the pytest plugin's terminal (``pytest_plugin/plugin.py``), the CLI's stderr
 (``StreamSink``); none set (a script, a library call), a task is silent. The heartbeat is a
 thread that reads the clock against the task's deadline (``beat``); the tests call ``beat``
@@ -77,6 +78,7 @@ def fit(text: str, width: int) -> str:
 _sink: Sink | None = None
 _here = threading.local()  # .current: this thread's innermost task running
 _showing: list[Progress] = []  # the task on the sink's line: one at a time, whichever thread
+_showing_lock = threading.Lock()
 
 
 def set_sink(sink: Sink | None) -> Sink | None:
@@ -106,7 +108,6 @@ class Progress:
         self.total: int | None = None
         self.child: Progress | None = None
         self.shown = False  # a line was written: the task's end is said too
-        self.lines = 0
         self.deadline = self.started + QUIET_S
         self.lock = threading.Lock()
 
@@ -149,7 +150,7 @@ class Progress:
                 return
             if now >= self.deadline or (force and not sink.live):
                 sink.show(self.text())
-                self.shown, self.lines = True, self.lines + 1
+                self.shown = True
                 self.deadline = now + (REFRESH_S if sink.live else LINE_EVERY_S)
 
     def close(self, outcome: str = "done") -> None:
@@ -167,15 +168,17 @@ def task(what: str, *, clock: Callable[[], float] = time.monotonic) -> Iterator[
     """One task on the process's sink (``set_sink``): a part of the task that runs, if one does;
     else a task of its own, with a heartbeat thread while it lasts. Silent with no sink."""
     parent: Progress | None = getattr(_here, "current", None)
-    # A task of another thread while one is shown (a test's own threads): silent, not a second line.
-    one = Progress(what, None if parent is not None or _showing else _sink, clock=clock, parent=parent)
+    with _showing_lock:
+        # A task of another thread while one is shown (a test's own threads): silent, not a second line.
+        one = Progress(what, None if parent is not None or _showing else _sink, clock=clock, parent=parent)
+        if one.sink is not None:
+            _showing.append(one)
     if parent is not None:
         parent.child = one
     _here.current = one
     stop = threading.Event()
     beating = None
     if one.sink is not None:
-        _showing.append(one)
         beating = threading.Thread(target=_heartbeat, args=(one, stop), name="llmperf-progress", daemon=True)
         beating.start()
     outcome = "stopped"
@@ -186,7 +189,8 @@ def task(what: str, *, clock: Callable[[], float] = time.monotonic) -> Iterator[
         stop.set()
         if beating is not None:
             beating.join()
-            _showing.remove(one)
+            with _showing_lock:
+                _showing.remove(one)
         _here.current = parent
         one.close(outcome)
 
