@@ -152,7 +152,7 @@ def open_against(
         inside = here.relative_to(project.top)
         needed = [(inside / name).as_posix() for name in packages] or [inside.as_posix()]
         with task(f"against {reference.describe()}") as progress:
-            progress.step("its worktree checked out")
+            progress.step("checking out its worktree")
             ref_root = project.in_worktree(worktrees.checkout(reference.commit, needed)) / base
     harness = harness_link(cache_dir)
     specs = {
