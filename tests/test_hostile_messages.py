@@ -354,7 +354,7 @@ def test_ctrl_c_of_llmperf_profile(tmp_path: Path) -> None:
     """While llama.cpp measures (the progress line says so): one line, exit 130, no report."""
     report = tmp_path / "profile.json"
     rc, out = interrupt(
-        ["profile", "tiny", "--runs", "100000", "--threads", "1", "--format", "json", "-o", str(report)], "measuring"
+        ["profile", "tiny", "--runs", "100000", "--threads", "1", "--format", "json", "-o", str(report)], "of 100000"
     )
     assert rc == INTERRUPTED, out
     once(out, INTERRUPTED_LINE)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..core.errors import LLMPerfError
+from ..core.progress import StreamSink, set_sink
 from ..core.redact import redact
 
 #: The exit status after Ctrl-C (128 + SIGINT, as a shell reports it).
@@ -53,6 +54,9 @@ INTERRUPTED_LINE = "llmperf: interrupted (Ctrl-C) before the command finished; r
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; its long waits say where they are on stderr (``core.progress``), so
+    stdout holds its output alone."""
+    before = set_sink(StreamSink(sys.stderr))
     try:
         found = _commands()
         args = build_parser().parse_args(argv)
@@ -64,6 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _quiet_teardown()
         print(f"llmperf: {exc}" if str(exc) else INTERRUPTED_LINE, file=sys.stderr)  # a wait's own line, if any
         return INTERRUPTED
+    finally:
+        set_sink(before)
 
 
 def _quiet_teardown() -> None:

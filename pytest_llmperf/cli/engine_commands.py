@@ -21,8 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..core.settings import LLAMA_OPTIONS
@@ -225,13 +224,6 @@ def _goodput_gate(levels: Sequence[LoadStats], floor: float) -> int:
 
 PROFILE_HELP = "profile a model: prefill/decode speed, per-layer time, roofline, stability, memory"
 
-STEPS = {
-    "model": "preparing the model",
-    "load": "loading it into llama.cpp",
-    "peaks": "finding the machine's peak bandwidth and FLOP rate (probed once, then cached)",
-    "runs": "measuring: plain runs, then per-layer runs",
-}
-
 
 def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", nargs="?", default=None, help="GGUF path or preset (tiny, small); default: tiny")
@@ -246,19 +238,6 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", default=None, help="write the report here instead of stdout")
 
 
-def _progress() -> Callable[..., None]:
-    """One updating line on a terminal's stderr; silent when stderr is not a TTY."""
-    if not sys.stderr.isatty():
-        return lambda step: None
-    started = time.monotonic()
-
-    def show(step: str) -> None:
-        sys.stderr.write(f"\r\x1b[Kllmperf profile [{time.monotonic() - started:5.1f}s] {STEPS.get(step, step)}...")
-        sys.stderr.flush()
-
-    return show
-
-
 def run_profile(args: argparse.Namespace) -> int:
     from ..core.settings import threads_warning
     from ..core.workload import Workload
@@ -270,24 +249,18 @@ def run_profile(args: argparse.Namespace) -> int:
     warning = threads_warning(args.threads, "--threads")
     if warning:
         print(warning, file=sys.stderr)
-    progress = _progress()
-    try:
-        report = profile(
-            args.model,
-            prompt_tokens=args.prompt_tokens,
-            max_tokens=args.max_tokens,
-            runs=args.runs,
-            warmup=args.warmup,
-            **{name: getattr(args, name) for name in LLAMA_OPTIONS},
-            peak_bw_gbs=args.peak_bw,
-            peak_tflops=args.peak_tflops,
-            reprobe_peaks=args.reprobe_peaks,
-            engine_timeout_s=args.engine_timeout,
-            progress=progress,
-        )
-    finally:
-        if sys.stderr.isatty():
-            sys.stderr.write("\r\x1b[K")
+    report = profile(
+        args.model,
+        prompt_tokens=args.prompt_tokens,
+        max_tokens=args.max_tokens,
+        runs=args.runs,
+        warmup=args.warmup,
+        **{name: getattr(args, name) for name in LLAMA_OPTIONS},
+        peak_bw_gbs=args.peak_bw,
+        peak_tflops=args.peak_tflops,
+        reprobe_peaks=args.reprobe_peaks,
+        engine_timeout_s=args.engine_timeout,
+    )
     text = render(report, args.format)
     if args.output:
         write_output(args.output, text)

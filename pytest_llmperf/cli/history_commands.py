@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..core.catalog import JUDGED
+from ..core.progress import task
 from .common import add_setting, alpha, positive_int, share, write_output
 
 if TYPE_CHECKING:
@@ -130,13 +131,16 @@ def run_history(args: argparse.Namespace) -> int:
     from ..history import series as history
 
     series, note = read(args)
-    for s in series:
-        steps = history.steps(s)
-        print(history.title(s))
-        print(history.table(s, steps))
-        for step in steps:
-            print("  change point: " + step.line())
-        print()
+    with task("history") as progress:
+        progress.step("series", 0, len(series))
+        for i, s in enumerate(series):
+            steps = history.steps(s)
+            print(history.title(s))
+            print(history.table(s, steps))
+            for step in steps:
+                print("  change point: " + step.line())
+            print()
+            progress.advance(i + 1)
     if args.csv:
         from ..history.connection import for_cli
 
@@ -360,14 +364,17 @@ def run_calibrate(args: argparse.Namespace) -> int:
     m = tests * len(JUDGED)
     specs = {s.name: s for s in JUDGED}
     rows, alarms, replayed = [], 0, 0
-    for s in series:
-        spec = specs[s.metric]
-        f = _calibrated(args, s, spec, m)
-        if f is None:
-            continue
-        alarms += int(f["alarms"])
-        replayed += int(f["replayed"])
-        rows.append(_calibration_row(s, spec, f))
+    with task("calibrate") as progress:
+        progress.step("series", 0, len(series))
+        for i, s in enumerate(series):
+            progress.advance(i)
+            spec = specs[s.metric]
+            f = _calibrated(args, s, spec, m)
+            if f is None:
+                continue
+            alarms += int(f["alarms"])
+            replayed += int(f["replayed"])
+            rows.append(_calibration_row(s, spec, f))
     print(render_table(CALIBRATION_HEADERS, rows))
     print(
         f"Holm's family: {tests} test(s) x {len(JUDGED)} = {m}, alpha {args.alpha:g}; the rule flagged "

@@ -28,6 +28,7 @@ from ..baselines.store import unique_test_id
 from ..core.catalog import METRICS
 from ..core.fingerprint import subject_changes
 from ..core.formats import render_table
+from ..core.progress import task
 from ..judge.verdict import Level
 from . import changepoints
 from . import database as store
@@ -361,7 +362,13 @@ def detect(
     permutations: int = changepoints.PERMUTATIONS,
     min_size: int = changepoints.MIN_SIZE,
 ) -> list[Step]:
-    return [step for s in series_list for step in steps(s, alpha=alpha, permutations=permutations, min_size=min_size)]
+    found: list[Step] = []
+    with task("change points") as progress:
+        progress.step("series", 0, len(series_list))
+        for i, s in enumerate(series_list):
+            found += steps(s, alpha=alpha, permutations=permutations, min_size=min_size)
+            progress.advance(i + 1)
+    return found
 
 
 def recent_regressions(found: Sequence[Step], last: int, threshold: float = 0.0) -> list[Step]:

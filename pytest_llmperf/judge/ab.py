@@ -25,6 +25,7 @@ import numpy as np
 
 from ..core.errors import ConfigError
 from ..core.formats import sig6
+from ..core.progress import task
 from ..core.settings import DEFAULT_ALPHA
 from ..core.workload import Workload
 from ..measuring.agreement import Agreement, compare_outputs
@@ -172,15 +173,19 @@ def interleave(
 ) -> tuple[list[RunTrace], list[RunTrace], list[RunTrace], list[RunTrace], tuple[str, ...]]:
     """(A traces, B traces, A warm-up traces, B warm-up traces, orders)."""
     runs: dict[str, tuple[Engine, list[RunTrace], list[RunTrace]]] = {"A": (a, [], []), "B": (b, [], [])}
-    for i, order in enumerate(block_orders(workload.warmup, seed + 1)):
-        for side in order:
-            engine, warm, _ = runs[side]
-            warm.append(engine.run(workload, -1 - i))
     orders = block_orders(workload.runs, seed)
-    for i, order in enumerate(orders):
-        for side in order:
-            engine, _, traces = runs[side]
-            traces.append(engine.run(workload, i))
+    with task("interleaved pairs") as progress:
+        progress.step("warm-up pairs", 0, workload.warmup)
+        for i, order in enumerate(block_orders(workload.warmup, seed + 1)):
+            for side in order:
+                engine, warm, _ = runs[side]
+                warm.append(engine.run(workload, -1 - i))
+        progress.step("pairs", 0, workload.runs)
+        for i, order in enumerate(orders):
+            for side in order:
+                engine, _, traces = runs[side]
+                traces.append(engine.run(workload, i))
+            progress.advance(i + 1)
     return runs["A"][2], runs["B"][2], runs["A"][1], runs["B"][1], orders
 
 

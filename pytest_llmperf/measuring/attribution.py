@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from ..core.formats import sig6
+from ..core.progress import task
 from ..core.workload import Workload
 from .layers import InstrumentedCost, LayerTimer, ggml_function, steps_of, tpot_of
 
@@ -428,12 +429,17 @@ def interleaved(passes: Mapping[str, Stepping], warm: Sequence[str], orders: Seq
     ``orders``: each run's, e.g. "AB", "BA"; the keys of ``passes`` are the letters): drift of
     the machine over the passes falls on both sides alike. Closed either way."""
     try:
-        for letter in warm:
-            passes[letter].warm_up()
-        for i, order in enumerate(orders):
-            for letter in order:
-                passes[letter].run(i)
-        return {letter: one.result() for letter, one in passes.items()}
+        with task("attribution pass") as progress:
+            progress.step("warm-up")
+            for letter in warm:
+                passes[letter].warm_up()
+            progress.step("instrumented runs", 0, len(orders))
+            for i, order in enumerate(orders):
+                for letter in order:
+                    passes[letter].run(i)
+                progress.advance(i + 1)
+            progress.step("result")
+            return {letter: one.result() for letter, one in passes.items()}
     finally:
         for one in passes.values():
             one.close()
@@ -442,10 +448,15 @@ def interleaved(passes: Mapping[str, Stepping], warm: Sequence[str], orders: Seq
 def run_pass(one: Stepping, runs: int = ATTRIBUTION_RUNS) -> Attribution:
     """A pass's warm-up and runs, then its result (closed either way)."""
     try:
-        one.warm_up()
-        for i in range(runs):
-            one.run(i)
-        return one.result()
+        with task("attribution pass") as progress:
+            progress.step("warm-up")
+            one.warm_up()
+            progress.step("instrumented runs", 0, runs)
+            for i in range(runs):
+                one.run(i)
+                progress.advance(i + 1)
+            progress.step("result")
+            return one.result()
     finally:
         one.close()
 

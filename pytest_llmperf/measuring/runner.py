@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..core.errors import ConfigError
+from ..core.progress import Progress, task
 from ..core.workload import MODEL_LOAD_KINDS, RunTrace, Workload
 from ..engines import (
     CallableEngine,
@@ -120,8 +121,9 @@ def _measure_runs(engine: Engine, workload: Workload, label: str) -> Measurement
     was_reset = memory.reset_peak_rss()
     pid = engine_pid(engine)
     before = sample_system(pid)
-    warmup = [engine.run(workload, -1 - i) for i in range(workload.warmup)]
-    traces = [engine.run(workload, i) for i in range(workload.runs)]
+    with task("timed runs") as progress:
+        warmup = counted(progress, "warm-up runs", workload.warmup, lambda i: engine.run(workload, -1 - i))
+        traces = counted(progress, "runs", workload.runs, lambda i: engine.run(workload, i))
     system = SystemDelta(before, sample_system(pid))
     m = summarize(traces, workload, engine.info(), label=label)
     return dataclasses.replace(
@@ -129,17 +131,31 @@ def _measure_runs(engine: Engine, workload: Workload, label: str) -> Measurement
     )
 
 
+def counted(progress: Progress, name: str, n: int, one: Callable[[int], RunTrace]) -> list[RunTrace]:
+    """``one(i)`` for i in 0..n-1, each counted on the task's line (between runs, never inside one)."""
+    progress.step(name, 0, n)
+    got = []
+    for i in range(n):
+        got.append(one(i))
+        progress.advance(i + 1)
+    return got
+
+
 def layer_profile(engine: Engine, workload: Workload) -> LayerProfile:
     """Each layer timed (``measuring.layers``): by an engine worker in its own process, or by
     driving an in-process engine's instrumented context here."""
     timed = layer_timing(engine) or engine  # a callable: the Llama it drove
     if isinstance(timed, RemoteLayerTiming):
-        remote: LayerProfile = timed.profile_layers(workload)  # an engine worker times them in its process
+        with task("per-layer timing") as progress:  # one wait on the worker: the heartbeat says it lasts
+            progress.step("instrumented runs in the engine worker")
+            remote: LayerProfile = timed.profile_layers(workload)  # an engine worker times them in its process
         return remote
     if isinstance(timed, LayerTiming):
         from .layers import profile_layers
 
-        return profile_layers(timed, workload)
+        with task("per-layer timing") as progress:
+            progress.step("instrumented runs")
+            return profile_layers(timed, workload)
     raise ConfigError("per-layer timing (layers=True) needs the in-process llama.cpp engine (or its worker)")
 
 
@@ -182,7 +198,8 @@ def extend(engine: Any, m: Measurement, extra_runs: int) -> Measurement:
     pid = engine_pid(engine)
     before = sample_system(pid)
     start = m.n_runs
-    traces = [engine.run(m.workload, start + i) for i in range(extra_runs)]
+    with task("more runs (the verdict or a budget undecided)") as progress:
+        traces = counted(progress, "runs", extra_runs, lambda i: engine.run(m.workload, start + i))
     system = SystemDelta(before, sample_system(pid))
     runs = m.runs + tuple(RunMetrics.of(t) for t in traces)
     grown = summarize_runs(runs, dataclasses.replace(m.workload, runs=len(runs)), m.engine, label=m.label)
@@ -391,22 +408,31 @@ def with_model_loads(
     if kind == "cold" and release is not None:
         release(path)
     samples = []
-    for _ in range(min(m.workload.runs, MODEL_LOADS)):
-        if kind == "cold":
-            evict(path)
-        else:
-            read_through(path)
-        share = resident_share(path)
-        loaded = engine.fresh()
-        try:
-            trace = loaded.run(m.workload, 0)
-            info = loaded.info()
-        finally:
-            loaded.close()
-        load_ms = float(info.load_ms or 0.0)
-        first = None if info.first_eval_ms is None else load_ms + info.first_eval_ms + RunMetrics.of(trace).ttft_ms
-        samples.append(LoadSample(load_ms, info.native_load_ms, first, share))
+    n = min(m.workload.runs, MODEL_LOADS)
+    with task(f"{kind} model loads") as progress:
+        progress.step("loads", 0, n)
+        for i in range(n):
+            samples.append(_fresh_load(engine, m.workload, path, kind))
+            progress.advance(i + 1)
     return dataclasses.replace(m, model_loads=ModelLoads(kind, tuple(samples)))
+
+
+def _fresh_load(engine: FreshLoads, workload: Workload, path: str, kind: str) -> LoadSample:
+    """One fresh engine loaded (the file evicted first, or read through), timed and asked once."""
+    if kind == "cold":
+        evict(path)
+    else:
+        read_through(path)
+    share = resident_share(path)
+    loaded = engine.fresh()
+    try:
+        trace = loaded.run(workload, 0)
+        info = loaded.info()
+    finally:
+        loaded.close()
+    load_ms = float(info.load_ms or 0.0)
+    first = None if info.first_eval_ms is None else load_ms + info.first_eval_ms + RunMetrics.of(trace).ttft_ms
+    return LoadSample(load_ms, info.native_load_ms, first, share)
 
 
 class _Ring:

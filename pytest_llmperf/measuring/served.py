@@ -45,6 +45,7 @@ import numpy as np
 
 from ..core import catalog
 from ..core.errors import ConfigError, EngineError, LLMPerfError
+from ..core.progress import task
 from ..core.workload import NativeCounters, RunTrace, Workload
 from ..engines import AsyncRuns, ConcurrentRuns, Engine, ServerMetrics
 from ..engines.http import delta
@@ -280,10 +281,12 @@ def sweep(
     """The latency-throughput curve: one load measurement per concurrency, in order; each
     level's requests have their own indices (no prompt repeats across levels)."""
     results, first = [], 0
-    for c in concurrencies:
-        level = dataclasses.replace(workload, concurrency=c)
-        results.append(measure_load(engine, level, label=f"concurrency {c}", slo=slo, first_index=first))
-        first += level.n_requests + level.warmup
+    with task("load sweep") as progress:
+        for i, c in enumerate(concurrencies):
+            progress.step(f"concurrency {c}, level", i + 1, len(concurrencies))
+            level = dataclasses.replace(workload, concurrency=c)
+            results.append(measure_load(engine, level, label=f"concurrency {c}", slo=slo, first_index=first))
+            first += level.n_requests + level.warmup
     return results
 
 

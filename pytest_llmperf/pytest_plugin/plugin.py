@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from ..core.errors import LLMPerfError
+from ..core.progress import Sink, fit, set_sink
 from ..core.settings import RENAMED_SETTINGS, SETTINGS
 from ..session import Session, SessionSettings
 from ..session.options import marker_help
@@ -60,6 +61,11 @@ def pytest_configure(config: pytest.Config) -> None:
         side.link.threads = settings.engine.threads  # what the session's engine (llmperf_llm) uses
     hooks = LLMPerfHooks(config, config.stash[SESSION])
     config.pluginmanager.register(hooks, PLUGIN_NAME)
+    if side is None and not is_worker and config.get_verbosity() > -2:
+        # Long waits say where they are on this terminal (-qq: silence; an xdist worker's or a
+        # side's output is not the user's terminal, so they show nothing).
+        hooks.sink = TerminalSink(config)
+        hooks.sink_before = set_sink(hooks.sink)
     if settings.against:
         from .side import AgainstHooks
 
@@ -114,6 +120,8 @@ class LLMPerfHooks:
         #: attempt is the last (pytest-rerunfailures logs an attempt to be run again as "rerun").
         self.pending: dict[str, tuple[list[Any], list[Any]]] = {}
         self.against: AgainstHooks | None = None  # against.AgainstHooks under --llmperf-against
+        self.sink: TerminalSink | None = None  # core.progress's lines on this terminal (none: silent)
+        self.sink_before: Sink | None = None  # the sink it replaced, put back at the end
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         return marks.header(config, self.session, hookcalls.engine_note(config))
@@ -256,6 +264,10 @@ class LLMPerfHooks:
             if shipped or ab:
                 self.session.collect(shipped, ab)
 
+    def pytest_runtest_logstart(self, nodeid: str) -> None:
+        if self.sink is not None:
+            self.sink.nodeid = nodeid
+
     def pytest_runtest_logfinish(self, nodeid: str) -> None:
         self.session.engines.finished(nodeid)
 
@@ -294,6 +306,8 @@ class LLMPerfHooks:
                 terminalreporter.write_sep("-", text, red=kind == "alarm")
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self.sink is not None:
+            set_sink(self.sink_before)
         if self.against is not None:
             self.against.close()
         if self.groups_dir is not None:
@@ -301,6 +315,64 @@ class LLMPerfHooks:
 
             shutil.rmtree(self.groups_dir, ignore_errors=True)
         self.session.close()
+
+
+class TerminalSink:
+    """``core.progress``'s lines on pytest's terminal, written as pytest's live logging writes
+    them: through its terminal reporter, with output capture set aside. On a line of their own:
+    on a terminal one line redrawn in place, its last text kept; piped, plain lines. At a task's
+    end pytest's own line starts again (the test file's name, where its result letters go)."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.open = False  # a line of ours without its newline yet
+        self.nodeid: str | None = None  # the test that runs (``pytest_runtest_logstart``)
+
+    @property
+    def reporter(self) -> Any:
+        return self.config.pluginmanager.get_plugin("terminalreporter")
+
+    @property
+    def live(self) -> bool:
+        return bool(getattr(self.reporter, "isatty", False))
+
+    def _write(self, text: str, *, last: bool) -> None:
+        import contextlib
+
+        reporter = self.reporter
+        if reporter is None:
+            return
+        capture = self.config.pluginmanager.get_plugin("capturemanager")
+        with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+            if not self.open:
+                reporter.ensure_newline()  # pytest's "tests/t.py ." line ends; ours is a line of its own
+                if getattr(getattr(reporter, "_tw", None), "width_of_current_line", 0):
+                    reporter.line("")  # -q: the result letters, with no file name before them
+            elif not self.live:
+                reporter.line("")
+            if self.live:
+                reporter.rewrite(fit(text, marks.terminal_width(self.config) - 1), erase=True)
+            else:
+                reporter.write(text)
+            self.open = True
+            if last:
+                self._resume(reporter)
+            reporter.flush()
+
+    def _resume(self, reporter: Any) -> None:
+        """Our line ends and pytest's goes on: the test file's name again where pytest shows it
+        before its result letters (else a newline: -v writes the test's name again itself)."""
+        self.open = False
+        if self.nodeid and getattr(reporter, "showfspath", False) and not getattr(reporter, "showlongtestinfo", True):
+            reporter.write_fspath_result(self.nodeid, "")  # its newline first, as it sees no file on the line
+        else:
+            reporter.line("")
+
+    def show(self, text: str) -> None:
+        self._write(text, last=False)
+
+    def end(self, text: str) -> None:
+        self._write(text, last=True)
 
 
 def add_options(parser: pytest.Parser) -> None:

@@ -9,14 +9,18 @@ and memory. The report is a JSON-ready dict whose fields are fixed by
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.catalog import METRICS, SUMMARY
 from ..core.formats import fmt
+from ..core.progress import task
 from . import text as breakdown
+
+if TYPE_CHECKING:
+    from ..core.workload import Workload
+    from ..measuring.metrics import Measurement
 
 PROFILE_SCHEMA = "pytest-llmperf/profile"
 PROFILE_SCHEMA_VERSION = 1
@@ -51,38 +55,61 @@ def profile(
     peak_tflops: float | None = None,
     reprobe_peaks: bool = False,
     engine_timeout_s: float | None = None,
-    progress: Callable[[str], None] = lambda step: None,
     **settings: Any,
 ) -> dict[str, Any]:
     """``settings``: llama.cpp settings by name (``core.workload.LLAMA_SETTINGS``: threads, n_ctx...).
     ``engine_timeout_s``: how long the model load and each run may take in the engine worker
-    (the ``engine_timeout`` setting: ``--engine-timeout``, ``LLMPERF_ENGINE_TIMEOUT``; None: its default)."""
+    (the ``engine_timeout`` setting: ``--engine-timeout``, ``LLMPERF_ENGINE_TIMEOUT``; None: its default).
+    Each step is said on the process's progress sink (``core.progress``: the CLI's stderr)."""
     from ..baselines.records import diagnosis
-    from ..core.formats import sig6
+    from ..core.settings import DEFAULT_MODEL
     from ..core.workload import Workload
+
+    workload = Workload(prompt_tokens=prompt_tokens, max_tokens=max_tokens, runs=runs, warmup=warmup)
+    with task(f"profile {model or DEFAULT_MODEL}") as progress:
+        progress.step("preparing the model")
+        path, name = resolve_model(model)
+        m = _measured(path, name, workload, settings, engine_timeout_s, (peak_bw_gbs, peak_tflops, reprobe_peaks))
+    return _report(m, max_tokens, warmup, diagnosis(m))
+
+
+def _measured(
+    path: Path,
+    name: str,
+    workload: Workload,
+    settings: dict[str, Any],
+    engine_timeout_s: float | None,
+    peaks_given: tuple[float | None, float | None, bool],
+) -> Measurement:
+    """The model loaded in an engine worker, the machine's peaks, the plain runs, then the
+    instrumented per-layer runs (they perturb timing, so never mixed with the plain ones)."""
+    from ..core.progress import current
     from ..engines.llama_cpp_native import EngineConfig
     from ..measuring.roofline import machine_peaks
     from ..measuring.runner import measure
-
-    workload = Workload(prompt_tokens=prompt_tokens, max_tokens=max_tokens, runs=runs, warmup=warmup)
-    progress("model")
-    path, name = resolve_model(model)
-    progress("load")
     from ..measuring.worker import DEFAULT_TIMEOUT_S, WorkerEngine
 
+    progress = current()
+    progress.step("loading it into llama.cpp")
     # In an engine worker: a model that crashes llama.cpp ends with the worker's one line.
     config = EngineConfig.named(str(path), settings)
     timeout_s = DEFAULT_TIMEOUT_S if engine_timeout_s is None else engine_timeout_s
     engine = WorkerEngine(config, name=name, timeout_s=timeout_s)
     try:
-        progress("peaks")
-        peaks = machine_peaks(given_bw_gbs=peak_bw_gbs, given_tflops=peak_tflops, refresh=reprobe_peaks)
-        progress("runs")  # plain runs, then the instrumented per-layer runs
-        m = measure(engine, workload, layers=True, peaks=peaks)
+        progress.step("finding the machine's peak bandwidth and FLOP rate (probed once, then cached)")
+        bw, tflops, refresh = peaks_given
+        peaks = machine_peaks(given_bw_gbs=bw, given_tflops=tflops, refresh=refresh)
+        progress.step("measuring")  # its parts say which: the timed runs, the per-layer timing
+        return measure(engine, workload, layers=True, peaks=peaks)
     finally:
         engine.close()
+
+
+def _report(m: Measurement, max_tokens: int, warmup: int, found: dict[str, Any]) -> dict[str, Any]:
+    """The report's JSON-ready fields (``schemas/profile.schema.json``)."""
+    from ..core.formats import sig6
+
     info, itl = m.engine, m.itl
-    found = diagnosis(m)
     return {
         "schema": PROFILE_SCHEMA,
         "schema_version": PROFILE_SCHEMA_VERSION,

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import LLMPerfError
+from ..core.progress import current, task
 from ..core.settings import usable_cpus
 from ..core.workload import SEQUENTIAL_FACTOR
 from ..engines import NeedsPromptIds, TokenProbabilities
@@ -110,9 +111,13 @@ class Against:
         start_all(list(self.sides.values()))
 
     def run_test(self, nodeid: str, next_nodeid: str | None) -> TestOutcome:
-        """Both sides run the test; its measurements are interleaved and judged."""
-        self.start()
-        return drive(self, nodeid, next_nodeid)
+        """Both sides run the test; its measurements are interleaved and judged (its progress on
+        one line: ``core.progress``; the heartbeat's while a side works on its own)."""
+        with task(f"against {self.reference.describe()}: {nodeid}") as progress:
+            progress.step("starting the sides")
+            self.start()
+            progress.step("the sides run the test")
+            return drive(self, nodeid, next_nodeid)
 
     def close(self) -> None:
         for side in self.sides.values():
@@ -146,7 +151,9 @@ def open_against(
         worktrees = Worktrees(project.top, cache_dir)
         inside = here.relative_to(project.top)
         needed = [(inside / name).as_posix() for name in packages] or [inside.as_posix()]
-        ref_root = project.in_worktree(worktrees.checkout(reference.commit, needed)) / base
+        with task(f"against {reference.describe()}") as progress:
+            progress.step("checking out its worktree")
+            ref_root = project.in_worktree(worktrees.checkout(reference.commit, needed)) / base
     harness = harness_link(cache_dir)
     specs = {
         CURRENT: SideSpec(CURRENT, "this tree", sys.executable, str(here), packages),
@@ -268,8 +275,12 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str) -> 
     threads = max(int(events[name].get("threads") or usable_cpus()) for name in (CURRENT, REF))
     cpus = idlest_cpus(threads)  # the same CPUs for both sides (idlest_cpus says why)
     pairing = Pairing(by_letter, ag.timeout_s, cpus, all(events[name].get("stepped") for name in (CURRENT, REF)))
-    _warm_up(pairing, workload)
-    looked = _looks(pairing, workload, (cap, looks, step), _judging(ag, ev, nodeid))
+    with task(f"measurement {ev['label']}" if ev.get("label") else "measurement") as progress:
+        progress.step("warm-up pairs", 0, workload.warmup)
+        _warm_up(pairing, workload)
+        looked = _looks(pairing, workload, (cap, looks, step), _judging(ag, ev, nodeid))
+        progress.step("output agreement")
+        agreement = outputs(ag, events, workload)
     test = nodeid + (f"[{ev['label']}]" if ev.get("label") else "")
     ag.decisions.append(
         {"test": test, "pairs": looked.n, "seconds": round(looked.seconds, 3), "look": looked.look, "looks": looks}
@@ -278,7 +289,7 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str) -> 
     ag.decisions[-1]["interleaved"] = pairing.interleaved.value
     same = "" if events[REF]["workload"] == ev["workload"] else "; REF's workload differs from this tree's"
     note = _pairs_note(ag, workload, looked, (cap, looks, step), pairing) + same
-    return looked, note, outputs(ag, events, workload)
+    return looked, note, agreement
 
 
 #: A step of a side's attribution pass (an instrumented run, its prompt steps and a plain run)
@@ -386,6 +397,7 @@ def _warm_up(pairing: Pairing, workload: Workload) -> None:
 
     for i, order in enumerate(block_orders(workload.warmup, workload.seed + 1)):
         pairing.pair(-1 - i, order)
+        current().advance(i + 1)
 
 
 class Interleaved(enum.Enum):
@@ -512,11 +524,14 @@ def _looks(pairing: Pairing, workload: Workload, plan: tuple[int, int, int], jud
     runs: dict[str, list[RunMetrics]] = {"A": [], "B": []}
     started = time.monotonic()
     look = 0
+    progress = current()
     while True:
         start = len(runs["A"])
+        progress.step(f"look {look + 1} of at most {looks}: pairs", start, cap)
         for i in range(start, min(start + step, cap)):
             for letter, trace in pairing.pair(i, orders[i]).items():
                 runs[letter].append(RunMetrics.of(trace))
+            progress.advance(i + 1)
         n, look = len(runs["A"]), look + 1
         comparisons = judged_pairs(runs["A"], runs["B"], looks=looks, **judging)
         why = pairs_settled(comparisons) or (f"the cap of {cap} pairs" if n >= cap else None)
@@ -559,10 +574,14 @@ def solo(ag: Against, side: Side, event: Mapping[str, Any]) -> None:
     from ..core.workload import Workload
 
     workload = Workload(**event["workload"])
-    for i in range(workload.warmup):
-        _run(side, -1 - i, ag.timeout_s)
-    for i in range(workload.runs):
-        _run(side, i, ag.timeout_s)
+    with task("measurement alone") as progress:
+        progress.step("warm-up runs", 0, workload.warmup)
+        for i in range(workload.warmup):
+            _run(side, -1 - i, ag.timeout_s)
+        progress.step("runs", 0, workload.runs)
+        for i in range(workload.runs):
+            _run(side, i, ag.timeout_s)
+            progress.advance(i + 1)
 
 
 class SideState(enum.Enum):

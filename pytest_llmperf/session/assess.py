@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..core.progress import current
 from .options import SessionSettings
 
 if TYPE_CHECKING:
@@ -124,7 +125,9 @@ class Assessor:
         if s.compare or s.update_baselines:
             from ..baselines import records as reference
 
+            current().step("the machine's reference figure (a BLAS probe)")
             rec["reference"] = reference.measure()  # after the runs: never inside a timed region
+            current().step("judging")
         rel = module_path(module, s.rootdir)
         path = store.module_file(s.baseline_dir, rel)
         key = store.entry_key(nodeid, m.label)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import ConfigError, LLMPerfError
+from ..core.progress import current, task
 from ..core.workload import SEQUENTIAL_FACTOR, SEQUENTIAL_TIME_CAP_S, Workload
 
 if TYPE_CHECKING:
@@ -206,8 +207,15 @@ class Measurer:
         config = self.marker.merged(overrides)
         if self.smoke:
             return self._smoke(engine, config, label)
+        with task(self.nodeid + (f"[{label}]" if label else "")):  # its waits said on one line (core.progress)
+            return self._measured(engine, config, label)
+
+    def _measured(self, engine: Subject | None, config: MarkerConfig, label: str) -> Result:
+        progress = current()
+        progress.step("its engine")  # loaded on first use
         workload = Workload(**config.workload)
         subject = self.subject(engine, config)
+        progress.step("measuring")
         if engine is not None and not _is_engine(engine) and "prompt_cache" not in config.workload:
             workload = dataclasses.replace(workload, prompt_cache=self.prompt_cache)
         if self.side is not None:
@@ -220,7 +228,9 @@ class Measurer:
         if kind is not None:  # fresh loads, after the runs and before the baseline sees the record
             m = self._with_loads(subject, m, kind)
             if engine is None:  # the pool's engine again (a cold load closed it)
+                progress.step("its engine again, warmed up")
                 subject = self._warm_again(subject, config, workload)
+        progress.step("judging")
         return self._judged(subject, m, config)
 
     def compare(self, a: Any = None, b: Any = None, *, label: str = "", **keys: Any) -> ABResult:
@@ -254,7 +264,7 @@ class Measurer:
         # In smoke mode never (three pairs decide nothing, so nothing moved either).
         asked = None if self.smoke else bool(self.measure_options(side_a.engine, config).get("attribution"))
         turn = self.side.turn() if self.side is not None else contextlib.nullcontext()
-        with turn:  # a side of --llmperf-against: while the other side waits
+        with turn, task(f"{self.nodeid}: A/B" + (f"[{label}]" if label else "")):  # a side: while the other waits
             result = compare_ab(
                 side_a, side_b, Workload(**workload), label=label, attribution=asked, **self._ab_budgets(config)
             )
