@@ -137,6 +137,28 @@ def test_an_option_naming_an_existing_path_never_moves_the_baselines(
         assert f"the value of {option} ({report})" in moved[0] and f"write {option}={report}" in moved[0]
 
 
+def test_ini_addopts_and_override_keep_the_project(tmp_path: Path) -> None:
+    """A path option in the ini file's ``addopts`` (read after pytest chose its rootdir: it
+    never misleads it) and a baseline folder given by ``-o``, with a report path given with a
+    space too: the project's folder, ``-o``'s baseline folder, the ini file's history."""
+    proj, out, _ = project(tmp_path, "workspace")
+    report = out / "report.file"
+    report.write_text("from the last run")
+    pyproject = proj / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text() + f'addopts = "--llmperf-markdown {report}"\n')
+    run = pytest_in(
+        proj,
+        tmp_path,
+        "tests/test_x.py",
+        "--llmperf-skip",
+        "-o",
+        "llmperf_baseline_dir=gate",
+        "--llmperf-json",
+        str(report),
+    )
+    assert decided(run) == [str(proj), str(proj / "gate"), str(proj / "perf" / "history.sqlite")], run.stdout
+
+
 def test_a_model_path_given_with_a_space_keeps_the_baselines(tmp_path: Path, tiny_model_path: Path) -> None:
     """A value that exists on the first run too: the model file (in the model cache, far from the project)."""
     proj, _, baselines = project(tmp_path, "bare")
