@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import signal
 import statistics
 from pathlib import Path
 
@@ -19,6 +20,15 @@ RATES = ("prefill_tps", "decode_tps")
 #: fail instead of skipping when none is found.
 REQUIRE_BROWSER_ENV = "LLMPERF_REQUIRE_BROWSER"
 NO_BROWSER = "no headless Chromium found (apt-get install -y chromium)"
+
+
+def ctrl_c_default() -> None:
+    """A child's ``preexec_fn`` for the tests that press Ctrl-C (send SIGINT): SIGINT back to its
+    default action. A shell that ignores SIGINT (``nohup``, ``trap '' INT``, a background job of
+    a non-interactive shell, several CI agents) passes SIG_IGN down to every process it starts,
+    across exec, and Python then installs no KeyboardInterrupt handler: the signal would be lost.
+    One system call, no lock taken: safe in a preexec_fn."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from inner import ctrl_c_default
 from test_refs import _git_identity, git  # noqa: F401  (_git_identity: an autouse fixture, here too)
 
 CHECKOUT = Path(__file__).resolve().parent.parent
@@ -214,6 +215,7 @@ class Runner:
             stderr=subprocess.STDOUT,
             text=True,
             stdin=subprocess.DEVNULL,
+            preexec_fn=ctrl_c_default,  # noqa: PLW1509  (the caller's shell may ignore SIGINT)
         )
 
     def check_clean(self, repo: Path, pids: list[int], within_s: float = 15.0) -> None:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 from fakeserver import serving
-from inner import run
+from inner import ctrl_c_default, run
 from pgserver import PgServer, bindir, unavailable
 from test_hostile import API_KEY, STOP, WORKLOAD, Hostile, snapshot, source
 
@@ -297,6 +297,7 @@ def interrupt(argv: list[str], ready: str, seconds: float = 60) -> tuple[int, st
         stdout=child,
         stderr=child,
         env=child_env(COLUMNS="200"),
+        preexec_fn=ctrl_c_default,  # noqa: PLW1509  (the caller's shell may ignore SIGINT)
     )
     os.close(child)
     out, sent, deadline = b"", False, time.monotonic() + seconds

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from inner import run
+from inner import ctrl_c_default, run
 from test_history import pg_server  # noqa: F401  (a real PostgreSQL, tests/pgserver.py)
 from test_hostile import API_KEY, BASELINE, NOT_WRITTEN, UPDATE, VALID, server, session_file  # noqa: F401
 
@@ -427,6 +427,7 @@ def interrupted(argv: list[str], db: Path, cwd: Path) -> tuple[int, str, float]:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=ctrl_c_default,  # noqa: PLW1509  (the caller's shell may ignore SIGINT)
     )
     try:
         wait_until_waiting(proc.pid, db, 60)

@@ -17,6 +17,7 @@ import sys
 import time
 
 import pytest
+from inner import ctrl_c_default
 
 from pytest_llmperf import Workload, measure
 from pytest_llmperf.cli import main
@@ -202,7 +203,12 @@ def test_no_server_outlives_its_starter(tiny_model_path, how):
     """Killed outright (SIGKILL: Linux's parent-death signal) or interrupted (Ctrl-C)."""
     if how == "SIGKILL" and not sys.platform.startswith("linux"):
         pytest.skip("the parent-death signal is Linux only")
-    proc = subprocess.Popen([sys.executable, "-c", STARTER, str(tiny_model_path)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STARTER, str(tiny_model_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=ctrl_c_default,  # noqa: PLW1509  (the caller's shell may ignore SIGINT)
+    )
     try:
         pid = int(proc.stdout.readline())
         os.kill(pid, 0)  # running

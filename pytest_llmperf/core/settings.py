@@ -120,6 +120,8 @@ def threads_warning(threads: int | None, source: str = "--llmperf-threads") -> s
 
 
 APIS = ("completions", "chat")
+#: ``--llmperf-lost-baseline``: what a test that lost its committed baseline does.
+LOST_BASELINE_MODES = ("fail", "warn")
 
 
 #: The parsers of the settings below that are value kinds (``core.values``): one rule each,
@@ -316,6 +318,16 @@ SETTINGS: dict[str, Setting] = {
             switch=True,
         ),
         Setting("require_baseline", "fail a measured test that has no baseline", False, switch=True),
+        Setting(
+            "lost_baseline",
+            "a test that finds no baseline although the last commit (git HEAD) holds one for it on this "
+            "machine: fail, so a gate never vanishes in silence, or warn (docs/baselines.md)",
+            "fail",
+            Choice(LOST_BASELINE_MODES, "fail|warn").parse,
+            env="LLMPERF_LOST_BASELINE",
+            ini=True,
+            metavar="fail|warn",
+        ),
         Setting("strict_env", "fail a test whose baselines were all recorded on other hardware", False, switch=True),
         Setting(
             "fail_other_hardware",

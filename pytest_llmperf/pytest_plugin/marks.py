@@ -28,6 +28,7 @@ from ..session.options import PROMPT_KEYS, MarkerConfig, validate
 if TYPE_CHECKING:
     from ..session import Session
     from .fixtures import LLMPerf  # noqa: F401 (named in FIXTURE's StashKey)
+    from .project import Project  # noqa: F401 (named in PROJECT's StashKey)
 
 
 GROUP = "llmperf"
@@ -80,6 +81,8 @@ PLUGIN_NAME = "llmperf-manager"
 MARKER_CONFIG = pytest.StashKey[MarkerConfig]()
 FIXTURE = pytest.StashKey["LLMPerf"]()
 SESSION = pytest.StashKey["Session"]()
+#: The session's project folder and ini file (``project.locate``), decided once at configure time.
+PROJECT = pytest.StashKey["Project"]()
 #: The JUnit properties the plugin put on an item (replaced when pytest-rerunfailures runs it again).
 PROPERTIES = pytest.StashKey[list]()
 

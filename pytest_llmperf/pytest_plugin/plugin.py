@@ -26,7 +26,8 @@ from ..session.sides import SIDE_ENV
 from . import hooks as hookcalls
 from . import marks
 from .fixtures import llmperf, llmperf_engine, llmperf_llama_server, llmperf_llm, llmperf_server  # noqa: F401 (pytest finds fixtures here)
-from .marks import FIXTURE, MARKER_CONFIG, PLUGIN_NAME, PROPERTIES, SESSION
+from .marks import FIXTURE, MARKER_CONFIG, PLUGIN_NAME, PROJECT, PROPERTIES, SESSION
+from .project import locate as locate_project
 
 if TYPE_CHECKING:
     from ..session.results import CallReport
@@ -84,9 +85,11 @@ def _group_on_xdist(config: pytest.Config, is_worker: bool) -> None:
 
 
 def _settings(config: pytest.Config, on_side: bool, is_worker: bool) -> SessionSettings:
-    """The session's settings, read once (a bad one: pytest's usage error, one line)."""
+    """The session's settings, read once (a bad one: pytest's usage error, one line), the
+    project-relative ones (baselines, history) against the project's folder (``project``)."""
+    project = config.stash[PROJECT] = locate_project(config)
     try:
-        settings = SessionSettings.from_options(config.getoption, config.getini, config.rootpath)
+        settings = SessionSettings.from_options(config.getoption, project.getini(config), project.rootdir)
         if on_side:
             from .side import side_settings
 
@@ -124,7 +127,8 @@ class LLMPerfHooks:
         self.sink_before: Sink | None = None  # the sink it replaced, put back at the end
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
-        return marks.header(config, self.session, hookcalls.engine_note(config))
+        moved = config.stash[PROJECT].moved
+        return [*([moved] if moved else []), *marks.header(config, self.session, hookcalls.engine_note(config))]
 
     def pytest_report_collectionfinish(self, config: pytest.Config, items: list[pytest.Item]) -> list[str]:
         """The model line, once collection found llmperf tests to run (none: not a word)."""

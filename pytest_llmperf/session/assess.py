@@ -15,6 +15,7 @@ from .options import SessionSettings
 
 if TYPE_CHECKING:
     from ..baselines.store import BaselineError
+    from ..baselines.tracked import Committed
     from ..core.fingerprint import Fingerprint
     from ..core.workload import EngineInfo
     from ..engines import Engine, TokenStream
@@ -167,10 +168,30 @@ class Assessor:
         if verdict.status == BaselineStatus.COMPARED:
             assert entries is not None  # judged against one of them
             return dataclasses.replace(a, verdict=verdict, baseline_record=entries[a.hardware_key])
-        if verdict.status == BaselineStatus.NO_BASELINE and rel.startswith("../"):
-            note = legacy_note(self.settings.baseline_dir, path, rel, verdict.note)
-            verdict = dataclasses.replace(verdict, note=note)
+        if verdict.status == BaselineStatus.NO_BASELINE:
+            return self._no_baseline(dataclasses.replace(a, verdict=verdict), path, rel)
         return dataclasses.replace(a, verdict=verdict)
+
+    def _no_baseline(self, a: Assessment, path: Path, rel: str) -> Assessment:
+        """A test without a baseline: lost (the last commit holds one for it on this machine: an
+        error, the line that fails the test, or under ``--llmperf-lost-baseline=warn`` its note),
+        or new (for a module outside the rootdir, the note says where older versions kept it)."""
+        from ..baselines import tracked
+        from ..judge.verdict import BaselineStatus
+
+        assert a.verdict is not None
+        s = self.settings
+        where = s.baseline_dir.relative_to(s.rootdir) if s.baseline_dir.is_relative_to(s.rootdir) else s.baseline_dir
+        module = path_of_module(s.rootdir, rel)
+        lost = None if s.update_baselines else tracked.committed(module, str(where), a.key, a.hardware_key)
+        if lost is not None:
+            status = BaselineStatus.ERROR if s.lost_baseline == "fail" else BaselineStatus.NO_BASELINE
+            verdict = dataclasses.replace(a.verdict, status=status, note=lost_note(path, lost, s.rootdir))
+            return dataclasses.replace(a, verdict=verdict)
+        if rel.startswith("../"):
+            note = legacy_note(s.baseline_dir, path, rel, a.verdict.note)
+            return dataclasses.replace(a, verdict=dataclasses.replace(a.verdict, note=note))
+        return a
 
     def measure_options(self, engine: Engine | TokenStream, marker: MarkerConfig) -> dict[str, Any]:
         """What to measure besides the runs: per-layer timing, the attribution pass and the
@@ -220,6 +241,30 @@ def module_path(module: Path | str, rootdir: Path | str) -> str:
         return Path(os.path.relpath(module, root)).as_posix()
     except ValueError:  # pragma: no cover - Windows, another drive
         return module.as_posix()
+
+
+def path_of_module(rootdir: Path, rel: str) -> Path:
+    """``module_path``'s inverse: the module's file from its path relative to the rootdir."""
+    return Path(rel) if Path(rel).is_absolute() else Path(rootdir) / rel
+
+
+def lost_note(path: Path, lost: Committed, rootdir: Path) -> str:
+    """The line of a test whose baseline the last commit holds but that finds none at ``path``:
+    the working tree's file lost it (restore it), or the baselines are looked for elsewhere now
+    (the rootdir or the baseline folder moved: give the folder back, or move the file)."""
+    head = lost.top / lost.path
+    keep = "--llmperf-lost-baseline=warn: pass with this line"
+    if path.resolve() == head.resolve():
+        return (
+            f"baseline lost: {lost.path} at HEAD holds this test's baseline for this machine, the working tree's "
+            f"has none; restore it (git checkout HEAD -- {lost.path}) or, if dropping it is meant, record a new one "
+            f"with --llmperf-update-baselines ({keep})"
+        )
+    return (
+        f"baseline lost: no baseline in {path}, but {lost.path} at HEAD holds this test's for this machine: the "
+        f"rootdir ({rootdir}) or llmperf_baseline_dir is not the one it was recorded with; run with those, or move "
+        f"the file to where it is looked for ({keep})"
+    )
 
 
 def legacy_note(baseline_dir: Path, path: Path, rel: str, note: str) -> str:

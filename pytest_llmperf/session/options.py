@@ -92,6 +92,8 @@ class SessionSettings:
     allow_not_compared: bool = False
     #: ``--llmperf-prompt-cache``: a measured callable's Llamas between runs (cold | warm).
     prompt_cache: str = "cold"
+    #: ``--llmperf-lost-baseline``: a test whose committed baseline is not found fails or warns (fail | warn).
+    lost_baseline: str = "fail"
 
     @property
     def compare(self) -> bool:
