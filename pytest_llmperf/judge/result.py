@@ -152,14 +152,17 @@ def _at_default(c: Comparison, name: str) -> bool:
 
 def comparison_json(c: Comparison) -> dict[str, Any]:
     """A comparison's fields, with the verdict's name and its line (for people reading the file);
-    ``reference`` only for a comparison against ``--llmperf-against``'s REF."""
+    ``reference`` only for a comparison against ``--llmperf-against``'s REF, ``shown`` only where
+    the figures' statistic is named."""
     later = not all(_at_default(c, name) for name in LATER_FIELDS)
     out = {
         f.name: getattr(c, f.name)
         for f in dataclasses.fields(c)
-        if (later or f.name not in LATER_FIELDS) and (f.name != "reference" or c.reference)
+        if (later or f.name not in LATER_FIELDS) and (f.name != "reference" or c.reference) and f.name != "shown"
     }
-    return {**out, "verdict": c.verdict.value, "line": c.line()}
+    # The statistic of the figures shown, as its word (plain data); absent where not named (an older file).
+    shown = {"shown": c.shown.value} if c.shown is not None else {}
+    return {**out, **shown, "verdict": c.verdict.value, "line": c.line()}
 
 
 def comparison_from_json(d: Mapping[str, Any]) -> Comparison:
