@@ -99,6 +99,27 @@ def test_a_candidate_with_a_few_fast_runs_is_not_an_improvement() -> None:
     assert c.verdict is not Verdict.IMPROVED and abs(c.ratio - 1) < 0.01, c.line()
 
 
+def test_a_candidate_with_a_third_of_its_runs_slower_is_never_unchanged() -> None:
+    """The level leaves out runs far from the median; a candidate whose left-out runs are slow
+    (7 of 20 runs 1.5x slower, beside a baseline whose latest session had 3 slow outliers, so
+    the p90 shape check cannot see it) is not UNCHANGED: its location over every run moved."""
+    rng = np.random.default_rng(6)
+    sessions = [10 * np.exp(rng.normal(0, 0.02, 20)) for _ in range(9)]
+    latest = 10 * np.exp(rng.normal(0, 0.02, 20))
+    latest[:3] *= [1.45, 1.75, 1.9]
+    stored = None
+    for tpot in [*sessions, latest]:
+        stored = carry_history(stored, record(tpot, 50 * np.exp(rng.normal(0, 0.01, 20))))
+    new = 10 * np.exp(rng.normal(0, 0.02, 20))
+    new[:7] *= 1.5
+    c = by_metric(
+        judge({"hw": stored}, "hw", record(new, 50 * np.exp(rng.normal(0, 0.01, 20))), CompareSettings()).comparisons
+    )
+    tpot = c["tpot_ms"]
+    assert abs(tpot.ratio - 1) < 0.03 and tpot.whole_ratio is not None and tpot.whole_ratio > 1.05
+    assert tpot.verdict is Verdict.INCONCLUSIVE and "with every run counted +" in tpot.reason, tpot.line()
+
+
 def test_a_level_is_the_bulk_of_the_runs_up_to_half_of_them_wild() -> None:
     for n in (3, 5, 9, 20):
         wild = (n - 1) // 2  # fewer than half

@@ -158,11 +158,15 @@ def comparison_json(c: Comparison) -> dict[str, Any]:
     out = {
         f.name: getattr(c, f.name)
         for f in dataclasses.fields(c)
-        if (later or f.name not in LATER_FIELDS) and (f.name != "reference" or c.reference) and f.name != "shown"
+        if (later or f.name not in LATER_FIELDS)
+        and (f.name != "reference" or c.reference)
+        and f.name not in ("shown", "whole_ratio")
     }
-    # The statistic of the figures shown, as its word (plain data); absent where not named (an older file).
+    # The statistic of the figures shown, as its word (plain data); absent where not named (an
+    # older file); the location over every run only where the level left runs out.
     shown = {"shown": c.shown.value} if c.shown is not None else {}
-    return {**out, **shown, "verdict": c.verdict.value, "line": c.line()}
+    whole = {"whole_ratio": c.whole_ratio} if c.whole_ratio is not None else {}
+    return {**out, **shown, **whole, "verdict": c.verdict.value, "line": c.line()}
 
 
 def comparison_from_json(d: Mapping[str, Any]) -> Comparison:

@@ -160,6 +160,7 @@ def compare_levels(
         noise_source=source,
         noise_sessions=k if source != "prior" else 0,
         shown=Shown.LEVEL,
+        whole_ratio=None if candidate.whole is None else exp_clamped(candidate.whole - base_log),
     )
     return decided(c, p_worse, p_better, alpha=alpha) if provisional else c
 

@@ -80,12 +80,16 @@ class Level:
     spread: float
     #: Log of the runs' 90th percentile: a slowdown of part of the runs shows here first.
     upper: float | None = None
+    #: The Hodges-Lehmann location of every run, where the level left runs out (None: it left
+    #: none out, or a stored level): a slowdown of part of the runs that the level leaves out
+    #: moves it (the verdict's shape check reads it). Not stored.
+    whole: float | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         """A level is a finite location with a finite, non-negative error and spread from at
         least one run: anything else (a stored level of ``inf``, a negative se, no runs) is not
         one, and is refused here, where it is read, rather than turned into a verdict."""
-        upper_ok = self.upper is None or _is_log_value(self.upper)
+        upper_ok = all(v is None or _is_log_value(v) for v in (self.upper, self.whole))
         if not (
             _is_log_value(self.log_level)
             and _is_spread(self.se)
@@ -183,7 +187,9 @@ def log_level(log_values: Sequence[float] | np.ndarray) -> Level:
     # and the median sat at 0.99), the median and the MAD at 50%. With no spread at all
     # (half the runs or more equal), those equal runs are the level.
     core = kept if mad > 0 else x[x == med] if np.any(x == med) else x
-    return Level(_hodges_lehmann(core), HL_SE_FACTOR * spread / math.sqrt(core.size), int(x.size), spread, upper)
+    whole = _hodges_lehmann(x) if core.size < x.size else None
+    se = HL_SE_FACTOR * spread / math.sqrt(core.size)
+    return Level(_hodges_lehmann(core), se, int(x.size), spread, upper, whole)
 
 
 #: Sessions of a test kept in the history window (the last ones since its baseline was
@@ -424,6 +430,9 @@ class Comparison:
     #: The statistic of ``baseline_value`` and ``candidate_value``; None: not named (a file written
     #: before it was).
     shown: Shown | None = None
+    #: Where the candidate's level left runs out (far from its median): the candidate's
+    #: Hodges-Lehmann location over every run against the same reference, as a ratio; else None.
+    whole_ratio: float | None = None
 
     def __post_init__(self) -> None:
         if self.shown is not None:
@@ -610,10 +619,17 @@ def _runs_needed(c: Comparison, alpha_step: float) -> int | None:
 
 def _part_slower(c: Comparison) -> str:
     """Why the robust level cannot be trusted to call this unchanged or better: the slowest
-    runs moved (a minority of runs slowed down), else ''."""
-    if c.upper_ratio is None or c.higher_is_better:
+    runs moved (a minority of runs slowed down), or the runs the candidate's level left out
+    move its location over every run beyond the threshold; else ''."""
+    if c.higher_is_better:
         return ""
-    if math.log(c.upper_ratio) <= math.log1p(UPPER_FACTOR * c.threshold):
+    if c.whole_ratio is not None and math.log(c.whole_ratio / c.ratio) > math.log1p(c.threshold):
+        return (
+            f"cannot decide: {c.label}'s level moved {fmt_pct(c.change_pct)} but with every run counted "
+            f"{fmt_pct((c.whole_ratio - 1) * 100)} (the level leaves out runs far from the median): part of "
+            f"the runs slowed down; re-run, and look at the per-run values"
+        )
+    if c.upper_ratio is None or math.log(c.upper_ratio) <= math.log1p(UPPER_FACTOR * c.threshold):
         return ""
     return (
         f"cannot decide: {c.label}'s level moved {fmt_pct(c.change_pct)} but its slowest runs "
