@@ -63,7 +63,7 @@ class LayerChange:
 
     def line(self) -> str:
         return (
-            f"{self.phase} {self.name}: {self.now_ms:.3g} ms vs {self.baseline_ms:.3g} ms "
+            f"{self.phase} {self.name}: median {self.now_ms:.3g} ms vs {self.baseline_ms:.3g} ms "
             f"({self.change_pct:+.1f}%), {self.now_share:.1%} of the step vs {self.baseline_share:.1%} "
             f"(p={self.p_value:.2g} Holm)"
         )
