@@ -96,7 +96,7 @@ def test_injected_slowdown_fails_with_phase_and_figures(pytester: pytest.Pyteste
     result.assert_outcomes(failed=2)
     out = result.stdout.str()
     assert re.search(
-        r"decode regression: TPOT [\d.]+ ms vs [\d.]+ ms baseline \(\+\d+\.\d%, 95% CI \+[\d.]+\.\.\+[\d.]+%, "
+        r"decode regression: TPOT level [\d.]+ ms vs [\d.]+ ms baseline \(\+\d+\.\d%, 95% CI \+[\d.]+\.\.\+[\d.]+%, "
         r"p=[\d.e-]+ Holm, 8 vs 8 runs\); llama-cpp-python 0\.3\.35 -> ",
         out,
     ), out

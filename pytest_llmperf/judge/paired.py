@@ -62,10 +62,11 @@ class PairedComparison:
         return self.ci_low > 1.0 or self.ci_high < 1.0
 
     def line(self) -> str:
-        """``decode TPOT: B/A 1.93 (95% CI 1.88..1.99, p=1.2e-09, 20 pairs; A 5.10 ms, B 9.84 ms)``."""
+        """``decode TPOT: B/A 1.93 (95% CI 1.88..1.99, p=1.2e-09, 20 pairs; medians A 5.10 ms,
+        B 9.84 ms)``: B/A is the pairs' ratio (their level), not the medians' ratio."""
         return (
             f"{self.phase} {self.label}: B/A {self.ratio:.3f} ({CI_LEVEL:.0%} CI {self.ci_low:.3f}..{self.ci_high:.3f}, "
-            f"p={fmt_p(self.p_value)}, {self.n_pairs} pairs; A {fmt_value(self.a_median)} {self.unit}, "
+            f"p={fmt_p(self.p_value)}, {self.n_pairs} pairs; medians A {fmt_value(self.a_median)} {self.unit}, "
             f"B {fmt_value(self.b_median)} {self.unit})"
         )
 
@@ -209,7 +210,7 @@ def judged_pairs(
     Hodges-Lehmann ratio and its Wilcoxon CI (``paired``); the p-values the one-sided signed-rank
     tests; the standard error the pairs' robust spread. Holm over ``family`` (the session's
     judged comparisons, unseen ones counted as p = 1), each look at alpha / ``looks``."""
-    from .rule import JUDGED, METRICS, decide, mirrored
+    from .rule import JUDGED, METRICS, decide
 
     judged: list[Comparison] = []
     for spec in JUDGED:
@@ -220,18 +221,28 @@ def judged_pairs(
         judged.append(_paired_comparison(spec, va, vb, tail_threshold if spec.tail else threshold, reference))
     by_metric = {c.metric: c for c in judged}
     rates = [
-        mirrored(by_metric[m.mirror_of], m, (_median(_values(a_runs, m.name)), _median(_values(b_runs, m.name))))
+        _paired_rate(by_metric[m.mirror_of], m, _values(a_runs, m.name), _values(b_runs, m.name))
         for m in METRICS.values()
-        if m.mirror_of in by_metric and all(getattr(r, m.name) for r in [*a_runs, *b_runs])
+        if m.mirror_of in by_metric and all(0 < (getattr(r, m.name) or 0) < math.inf for r in [*a_runs, *b_runs])
     ]
     return decide([*judged, *rates], alpha=alpha / max(looks, 1), m=max(family, len(judged)))
+
+
+def _paired_rate(c: Comparison, spec: Metric, va: Sequence[float], vb: Sequence[float]) -> Comparison:
+    """The rate that mirrors ``c`` (decode TPS of TPOT's pairs), shown with its own medians and its
+    own pairs' ratio and CI (the line's percentage is that ratio's), with ``c``'s verdict."""
+    from .rule import mirrored
+
+    estimate, low, high = location_ci(np.log(np.asarray(vb, dtype=float)) - np.log(np.asarray(va, dtype=float)))
+    change = (exp_clamped(estimate), exp_clamped(low), exp_clamped(high))
+    return mirrored(c, spec, (_median(va), _median(vb)), change=change)
 
 
 def _paired_comparison(
     spec: Metric, va: Sequence[float], vb: Sequence[float], threshold: float, reference: str
 ) -> Comparison:
     """One metric's pairs as an undecided ``Comparison`` (``decide`` gives its verdict)."""
-    from .verdict import Comparison, Verdict
+    from .verdict import Comparison, Shown, Verdict
 
     pc = paired(spec.name, va, vb)
     d = np.log(np.asarray(vb, dtype=float)) - np.log(np.asarray(va, dtype=float))
@@ -264,6 +275,7 @@ def _paired_comparison(
         noise_source="paired",
         noise_sessions=0,
         reference=reference,
+        shown=Shown.MEDIAN,
     )
 
 

@@ -23,7 +23,7 @@ from ..core.settings import DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRES
 from .parts import PartChange, explained_phases, gated, is_headline, prompt_changes, unpaired_parts, why_lines
 from .result import LayerChange, MeasurementResult, compare_layers
 from .rule import JUDGED, METRICS, MIN_PEERS, SUITE_ALPHA_SHARE, compare_levels, decide, mirrored, suite_relative
-from .verdict import BaselineStatus, Comparison, Level, NoiseModel, Verdict, holm, level
+from .verdict import BaselineStatus, Comparison, Level, NoiseModel, Shown, Verdict, holm, level
 
 if TYPE_CHECKING:
     from .attribution import AttributionChange
@@ -298,26 +298,62 @@ def _with_rates(
     judged: dict[str, Comparison], baseline: Mapping[str, object], candidate: Mapping[str, object]
 ) -> list[Comparison]:
     """The judged comparisons in the catalog's order, each followed where it comes by the rate
-    that mirrors it (shown with the rate's own medians, when both records carry them)."""
+    that mirrors it, shown with the rate's own figures (``_rate_figures``), when both records
+    carry the rate."""
     comparisons = []
     for spec in METRICS.values():
         if spec.mirror_of is None and spec.name in judged:
             comparisons.append(judged[spec.name])
         elif spec.mirror_of in judged:
-            shown = _medians(baseline, candidate, spec.name)
-            if shown is not None:
-                comparisons.append(mirrored(judged[spec.mirror_of], spec, shown))
+            c = judged[spec.mirror_of]
+            scale = _reciprocal_scale(baseline, candidate, spec.name, c.metric)
+            if scale is not None:  # the rate's levels: the judged ones turned over
+                comparisons.append(mirrored(c, spec, (scale / c.baseline_value, scale / c.candidate_value)))
+            elif (medians := _medians(baseline, candidate, spec.name)) is not None:
+                change = (medians[1] / medians[0], None, None)
+                comparisons.append(mirrored(c, spec, medians, shown=Shown.MEDIAN, change=change))
     return comparisons
+
+
+def _run_values(rec: Mapping[str, object], name: str) -> list[float] | None:
+    """The record's per-run values of ``name``, when they are all finite positive numbers."""
+    runs = rec.get("runs")
+    values = runs.get(name) if isinstance(runs, Mapping) else None
+    if not isinstance(values, list) or not values:
+        return None
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf for v in values):
+        return None
+    return [float(v) for v in values]
+
+
+#: A rate is the reciprocal of the time it mirrors when rate x time is this close to one constant
+#: over every run of both records (records keep 6 significant digits).
+RECIPROCAL_TOLERANCE = 1e-4
+
+
+def _reciprocal_scale(
+    baseline: Mapping[str, object], candidate: Mapping[str, object], rate: str, time: str
+) -> float | None:
+    """``k`` where every run of both records has ``rate = k / time`` (decode TPS = 1000 / TPOT):
+    then the rate's level is ``k`` / the time's level, on either side; None where it is not so
+    (prefill TPS counts the prompt's tokens over the prefill alone, not over TTFT)."""
+    products = []
+    for rec in (baseline, candidate):
+        rates, times = _run_values(rec, rate), _run_values(rec, time)
+        if rates is None or times is None or len(rates) != len(times):
+            return None
+        products += [r * t for r, t in zip(rates, times)]
+    k = statistics.median(products)
+    return k if all(abs(p / k - 1.0) <= RECIPROCAL_TOLERANCE for p in products) else None
 
 
 def _medians(baseline: Mapping[str, object], candidate: Mapping[str, object], name: str) -> tuple[float, float] | None:
     """Both records' median of ``name`` (a rate shown beside the metric it mirrors), if both
-    carry finite numbers for it."""
+    carry finite positive numbers for it."""
     out = []
     for rec in (baseline, candidate):
-        runs = rec.get("runs")
-        values = runs.get(name) if isinstance(runs, Mapping) else None
-        if not values or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+        values = _run_values(rec, name)
+        if values is None:
             return None
         out.append(float(statistics.median(values)))
     return out[0], out[1]

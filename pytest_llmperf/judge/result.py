@@ -63,7 +63,7 @@ class LayerChange:
 
     def line(self) -> str:
         return (
-            f"{self.phase} {self.name}: {self.now_ms:.3g} ms vs {self.baseline_ms:.3g} ms "
+            f"{self.phase} {self.name}: median {self.now_ms:.3g} ms vs {self.baseline_ms:.3g} ms "
             f"({self.change_pct:+.1f}%), {self.now_share:.1%} of the step vs {self.baseline_share:.1%} "
             f"(p={self.p_value:.2g} Holm)"
         )
@@ -152,14 +152,21 @@ def _at_default(c: Comparison, name: str) -> bool:
 
 def comparison_json(c: Comparison) -> dict[str, Any]:
     """A comparison's fields, with the verdict's name and its line (for people reading the file);
-    ``reference`` only for a comparison against ``--llmperf-against``'s REF."""
+    ``reference`` only for a comparison against ``--llmperf-against``'s REF, ``shown`` only where
+    the figures' statistic is named."""
     later = not all(_at_default(c, name) for name in LATER_FIELDS)
     out = {
         f.name: getattr(c, f.name)
         for f in dataclasses.fields(c)
-        if (later or f.name not in LATER_FIELDS) and (f.name != "reference" or c.reference)
+        if (later or f.name not in LATER_FIELDS)
+        and (f.name != "reference" or c.reference)
+        and f.name not in ("shown", "whole_ratio")
     }
-    return {**out, "verdict": c.verdict.value, "line": c.line()}
+    # The statistic of the figures shown, as its word (plain data); absent where not named (an
+    # older file); the location over every run only where the level left runs out.
+    shown = {"shown": c.shown.value} if c.shown is not None else {}
+    whole = {"whole_ratio": c.whole_ratio} if c.whole_ratio is not None else {}
+    return {**out, **shown, **whole, "verdict": c.verdict.value, "line": c.line()}
 
 
 def comparison_from_json(d: Mapping[str, Any]) -> Comparison:

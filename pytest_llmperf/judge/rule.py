@@ -77,6 +77,7 @@ from .verdict import (
     Comparison,
     Level,
     NoiseModel,
+    Shown,
     Verdict,
     decided,
     exp_clamped,
@@ -158,6 +159,8 @@ def compare_levels(
         df=df if math.isfinite(df) else None,
         noise_source=source,
         noise_sessions=k if source != "prior" else 0,
+        shown=Shown.LEVEL,
+        whole_ratio=None if candidate.whole is None else exp_clamped(candidate.whole - base_log),
     )
     return decided(c, p_worse, p_better, alpha=alpha) if provisional else c
 
@@ -246,23 +249,55 @@ def compare_runs(
     return compare_levels(spec, [*baseline_history, base], cand, threshold=threshold, alpha=alpha, noise=noise)
 
 
-def mirrored(c: Comparison, spec: Metric, values: tuple[float, float] | None = None) -> Comparison:
+#: A mirror's own change: (ratio, CI low, CI high) of the rate, candidate / baseline.
+Change = tuple[float, float | None, float | None]
+
+
+def mirrored(
+    c: Comparison,
+    spec: Metric,
+    values: tuple[float, float],
+    *,
+    shown: Shown | None = None,
+    change: Change | None = None,
+) -> Comparison:
     """The rate view of a judged comparison (prefill TPS of TTFT's runs, decode TPS of TPOT's):
-    the reciprocal ratio and CI, the same p-values and verdict, so both always agree.
-    ``values``: the rate's own typical (baseline, candidate) values to show."""
-    shown = values or (1.0 / c.baseline_value, 1.0 / c.candidate_value)
+    the same p-values and verdict, so both always agree, shown with the rate's own figures
+    ``values`` (baseline, candidate) of the statistic ``shown`` (default: the judged one's).
+    ``change``: the rate's own ratio and CI, whose percentage the line shows beside its figures
+    (its medians; against REF the pairs' ratio of the rate); None: the rate is the reciprocal of
+    the judged figure run by run (decode TPS = 1000 / TPOT), so its ratio and CI are the judged
+    ones turned over, and ``values`` are the judged figures turned over too."""
+    ratio, low, high = change or (
+        1.0 / c.ratio,
+        None if c.ci_high is None else 1.0 / c.ci_high,
+        None if c.ci_low is None else 1.0 / c.ci_low,
+    )
     return dataclasses.replace(
         c,
         metric=spec.name,
         label=spec.label,
         unit=spec.unit,
         higher_is_better=spec.higher_is_better,
-        baseline_value=shown[0],
-        candidate_value=shown[1],
-        ratio=1.0 / c.ratio,
-        ci_low=None if c.ci_high is None else 1.0 / c.ci_high,
-        ci_high=None if c.ci_low is None else 1.0 / c.ci_low,
+        baseline_value=values[0],
+        candidate_value=values[1],
+        ratio=ratio,
+        ci_low=low,
+        ci_high=high,
         mirror_of=c.metric,
+        shown=c.shown if shown is None else shown,
+    )
+
+
+def followed(c: Comparison, mirror: Comparison) -> Comparison:
+    """``mirror`` (a rate shown beside ``c``, ``mirrored``) taking ``c``'s verdict, p-values and
+    reason, its own figures and change kept."""
+    return mirrored(
+        c,
+        METRICS[mirror.metric],
+        (mirror.baseline_value, mirror.candidate_value),
+        shown=mirror.shown,
+        change=(mirror.ratio, mirror.ci_low, mirror.ci_high),
     )
 
 
@@ -304,12 +339,7 @@ def decide(comparisons: Sequence[Comparison], *, alpha: float, m: int | None = N
             by_metric[c.metric] = c
         out.append(c)
     # Mirrors follow their judged metric (computed from the same runs).
-    return [
-        mirrored(by_metric[c.mirror_of], METRICS[c.metric], (c.baseline_value, c.candidate_value))
-        if c.mirror_of in by_metric
-        else c
-        for c in out
-    ]
+    return [followed(by_metric[c.mirror_of], c) if c.mirror_of in by_metric else c for c in out]
 
 
 def judged_family(comparisons: Iterable[Comparison]) -> int:
@@ -435,7 +465,7 @@ def _with_mirrors(comparisons: Sequence[Comparison], i: int, new: Comparison) ->
         if k == i:
             out.append(new)
         elif m.mirror_of == new.metric:
-            out.append(mirrored(new, METRICS[m.metric], (m.baseline_value, m.candidate_value)))
+            out.append(followed(new, m))
         else:
             out.append(m)
     return out

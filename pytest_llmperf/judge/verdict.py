@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 from scipy.special import ndtri, stdtrit
 
+from ..core.catalog import METRICS
 from ..core.formats import StrEnum
 
 #: Relative efficiency factor of the Hodges-Lehmann location: se = this * sigma / sqrt(n).
@@ -79,12 +80,16 @@ class Level:
     spread: float
     #: Log of the runs' 90th percentile: a slowdown of part of the runs shows here first.
     upper: float | None = None
+    #: The Hodges-Lehmann location of every run, where the level left runs out (None: it left
+    #: none out, or a stored level): a slowdown of part of the runs that the level leaves out
+    #: moves it (the verdict's shape check reads it). Not stored.
+    whole: float | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         """A level is a finite location with a finite, non-negative error and spread from at
         least one run: anything else (a stored level of ``inf``, a negative se, no runs) is not
         one, and is refused here, where it is read, rather than turned into a verdict."""
-        upper_ok = self.upper is None or _is_log_value(self.upper)
+        upper_ok = all(v is None or _is_log_value(v) for v in (self.upper, self.whole))
         if not (
             _is_log_value(self.log_level)
             and _is_spread(self.se)
@@ -165,7 +170,9 @@ def level(values: Sequence[float], name: str = "values") -> Level:
 
 
 def log_level(log_values: Sequence[float] | np.ndarray) -> Level:
-    """The session level of per-run log values (finite, at least one)."""
+    """The session level of per-run log values (finite, at least one): the Hodges-Lehmann
+    location of the runs within ``OUTLIER_MADS`` MADs of their median, whose spread is also
+    the level's."""
     x = np.sort(np.asarray(log_values, dtype=float).ravel())
     med = _sorted_quantile(x, 0.5)
     mad = MAD_SCALE * _median(np.abs(x - med))
@@ -175,7 +182,14 @@ def log_level(log_values: Sequence[float] | np.ndarray) -> Level:
     kept = x[np.abs(x - med) <= OUTLIER_MADS * mad] if mad > 0 else x
     spread = float(kept.std(ddof=1)) if kept.size > 2 else mad
     upper = _sorted_quantile(x, UPPER_QUANTILE)
-    return Level(_hodges_lehmann(x), HL_SE_FACTOR * spread / math.sqrt(x.size), int(x.size), spread, upper)
+    # The location of those same runs: the Hodges-Lehmann location alone breaks down beyond
+    # 29% of wild runs (2 fast runs of 5 pulled a baseline's level to 0.62 ms where 3 runs
+    # and the median sat at 0.99), the median and the MAD at 50%. With no spread at all
+    # (half the runs or more equal), those equal runs are the level.
+    core = kept if mad > 0 else x[x == med] if np.any(x == med) else x
+    whole = _hodges_lehmann(x) if core.size < x.size else None
+    se = HL_SE_FACTOR * spread / math.sqrt(core.size)
+    return Level(_hodges_lehmann(core), se, int(x.size), spread, upper, whole)
 
 
 #: Sessions of a test kept in the history window (the last ones since its baseline was
@@ -338,6 +352,17 @@ class BaselineStatus(StrEnum):
     NOT_COMPARED = "not-compared"
 
 
+class Shown(StrEnum):
+    """The statistic of the two figures a comparison shows (``Comparison.baseline_value`` and
+    ``candidate_value``), named in its line so a reader can find them."""
+
+    #: The levels compared (``level``): the ratio shown is theirs.
+    LEVEL = "level"
+    #: The medians of each side's runs: against REF, whose change is the pairs' ratio; or a rate
+    #: that is not the reciprocal of the figure it mirrors (prefill TPS of TTFT's runs).
+    MEDIAN = "median"
+
+
 @dataclass(frozen=True)
 class Comparison:
     """One metric, candidate against baseline. ``ratio`` and the CI are candidate/baseline of
@@ -350,7 +375,8 @@ class Comparison:
     higher_is_better: bool
     #: Smallest relative change of the value that counts (0.05 = 5%).
     threshold: float
-    #: Typical values (Hodges-Lehmann location; the baseline's over its stored sessions).
+    #: The figures shown, of the statistic ``shown`` names: the levels compared (the baseline's
+    #: the mean of its sessions' levels), or the medians of the runs.
     baseline_value: float
     candidate_value: float
     ratio: float
@@ -401,6 +427,16 @@ class Comparison:
     #: REF (``git:main (3f2a1b9c0d1e)``), measured pair by pair in the same session (``noise_source``
     #: "paired"); "" for a baseline.
     reference: str = ""
+    #: The statistic of ``baseline_value`` and ``candidate_value``; None: not named (a file written
+    #: before it was).
+    shown: Shown | None = None
+    #: Where the candidate's level left runs out (far from its median): the candidate's
+    #: Hodges-Lehmann location over every run against the same reference, as a ratio; else None.
+    whole_ratio: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.shown is not None:
+            object.__setattr__(self, "shown", Shown(self.shown))  # a word read from JSON, typed
 
     @property
     def change_pct(self) -> float:
@@ -422,8 +458,12 @@ class Comparison:
         return self.runs_needed is not None or worse >= math.log1p(self.threshold / 2)
 
     def line(self) -> str:
-        """One line for a failure message or a log, e.g. ``decode regression: TPOT 7.41 ms vs
-        6.52 ms baseline (+13.6%, 95% CI +9.8..+17.2%, p=0.0004 Holm, 20 vs 20 runs)``."""
+        """One line for a failure message or a log, e.g. ``decode regression: TPOT level 7.41 ms
+        vs 6.52 ms baseline (+13.6%, 95% CI +9.8..+17.2%, p=0.0004 Holm, 20 vs 20 runs)``.
+
+        Every figure in it is one a reader can find, its statistic named (``shown``: the levels
+        compared, or the medians of the runs), and the percentage is computed from the figures
+        beside it: the two figures shown, or against REF the pairs' ratio shown before it."""
         word = {
             Verdict.REGRESSION: "regression",
             Verdict.IMPROVED: "improvement",
@@ -431,32 +471,43 @@ class Comparison:
             Verdict.INCONCLUSIVE: "inconclusive",
             Verdict.MACHINE_SLOWER: "slower machine",
         }[self.verdict]
-        parts = [fmt_pct(self.change_pct)]
-        if self.ci_low is not None and self.ci_high is not None:
-            parts.append(f"95% CI {fmt_pct((self.ci_low - 1) * 100)[:-1]}..{fmt_pct((self.ci_high - 1) * 100)}")
-        p, adjusted = self._shown_p()
-        if p is not None:
-            parts.append(f"p={fmt_p(p)}{' Holm' if adjusted else ''}")
-        if self.reference:
-            parts.append(f"{self.n_candidate} pairs")
-        else:
-            parts.append(f"{self.n_candidate} vs {self.n_baseline} runs")
-        if self.baseline_sessions > 1:
-            parts.append(f"{self.baseline_sessions} baseline sessions")
-        text = (
-            f"{self.phase} {word}: {self.label} {fmt_value(self.candidate_value)} {self.unit} "
-            f"vs {fmt_value(self.baseline_value)} {self.unit} {self.reference_name} ({', '.join(parts)})"
-        )
+        text = f"{self.phase} {word}: {self.label} {self._figures()} ({', '.join(self._statistics())})"
         if (
             self.verdict in (Verdict.INCONCLUSIVE, Verdict.MACHINE_SLOWER) or self.suite_ratio is not None
         ) and self.reason:
             text += f": {self.reason}"
         return text
 
-    @property
-    def reference_name(self) -> str:
-        """``baseline``, or ``at REF`` for a comparison against ``--llmperf-against``'s REF."""
-        return f"at {self.reference}" if self.reference else "baseline"
+    def _figures(self) -> str:
+        """``level 7.41 ms vs 6.52 ms baseline``; ``..., the mean of 3 baseline sessions``;
+        ``median 9.84 ms vs 5.10 ms at REF, paired ratio 1.931``."""
+        statistic = f"{self.shown.value} " if self.shown is not None else ""
+        text = (
+            f"{statistic}{fmt_value(self.candidate_value)} {self.unit} vs {fmt_value(self.baseline_value)} {self.unit}"
+        )
+        if self.reference:
+            return f"{text} at {self.reference}, paired ratio {fmt_ratio(self.ratio)}"
+        if self.shown is Shown.LEVEL and self.baseline_sessions > 1:
+            where = "sessions in the history" if self.noise_source == "history" else "baseline sessions"
+            return f"{text}, the mean of {self.baseline_sessions} {where}"
+        return f"{text} baseline"
+
+    def _statistics(self) -> list[str]:
+        """The change, its CI, the p-value and the runs (or pairs) of the line's parentheses."""
+        parts = [fmt_pct(self.change_pct)]
+        if self.ci_low is not None and self.ci_high is not None:
+            parts.append(
+                f"{CI_LEVEL:.0%} CI {fmt_pct((self.ci_low - 1) * 100)[:-1]}..{fmt_pct((self.ci_high - 1) * 100)}"
+            )
+        p, adjusted = self._shown_p()
+        if p is not None:
+            parts.append(f"p={fmt_p(p)}{' Holm' if adjusted else ''}")
+        parts.append(f"{self.n_candidate} pairs" if self.reference else f"{self.n_candidate} vs {self.n_baseline} runs")
+        if self.shown is None and self.baseline_sessions > 1:  # a file written before ``shown``
+            parts.append(f"{self.baseline_sessions} baseline sessions")
+        if self.mirror_of is not None:
+            parts[-1] += f"; {_label(self.mirror_of)}'s verdict"
+        return parts
 
     def reach(self) -> str:
         """What this gate can detect here, e.g. ``detects >= 14% here; between-session sd 6.1%
@@ -493,6 +544,18 @@ def fmt_value(v: float) -> str:
     if a >= 1e7:
         return f"{v:.3g}"
     return f"{v:.0f}" if a >= 1000 else f"{v:.1f}" if a >= 100 else f"{v:.2f}" if a >= 1 else f"{v:.3g}"
+
+
+def fmt_ratio(x: float) -> str:
+    """A ratio near 1 to 3 decimals (``1.072``), one far from it to 3 significant digits
+    (``340``, ``0.00294``)."""
+    return f"{x:.3f}" if 0.1 <= x < 10 else f"{x:.3g}"
+
+
+def _label(metric: str) -> str:
+    """The label a person reads for a metric's name (``tpot_ms``: ``TPOT``)."""
+    spec = METRICS.get(metric)
+    return spec.label if spec is not None else metric
 
 
 #: A change beyond this many percent is shown as beyond it: no reader needs the digits.
@@ -556,13 +619,20 @@ def _runs_needed(c: Comparison, alpha_step: float) -> int | None:
 
 def _part_slower(c: Comparison) -> str:
     """Why the robust level cannot be trusted to call this unchanged or better: the slowest
-    runs moved (a minority of runs slowed down), else ''."""
-    if c.upper_ratio is None or c.higher_is_better:
+    runs moved (a minority of runs slowed down), or the runs the candidate's level left out
+    move its location over every run beyond the threshold; else ''."""
+    if c.higher_is_better:
         return ""
-    if math.log(c.upper_ratio) <= math.log1p(UPPER_FACTOR * c.threshold):
+    if c.whole_ratio is not None and math.log(c.whole_ratio / c.ratio) > math.log1p(c.threshold):
+        return (
+            f"cannot decide: {c.label}'s level moved {fmt_pct(c.change_pct)} but with every run counted "
+            f"{fmt_pct((c.whole_ratio - 1) * 100)} (the level leaves out runs far from the median): part of "
+            f"the runs slowed down; re-run, and look at the per-run values"
+        )
+    if c.upper_ratio is None or math.log(c.upper_ratio) <= math.log1p(UPPER_FACTOR * c.threshold):
         return ""
     return (
-        f"cannot decide: the typical run moved {fmt_pct(c.change_pct)} but the slowest runs "
+        f"cannot decide: {c.label}'s level moved {fmt_pct(c.change_pct)} but its slowest runs "
         f"(p{UPPER_QUANTILE * 100:.0f}) {fmt_pct((c.upper_ratio - 1) * 100)} more than that: part of the runs "
         f"slowed down; re-run, and look at the per-run values"
     )
@@ -581,21 +651,65 @@ def decided(
             detectable(c.se_log, math.inf if c.df is None else c.df, alpha=alpha / max(m, 1), threshold=c.threshold),
         )
     shown = _shown(c, p_adj, p_adj_better, alpha=alpha)
+    beyond = _ci_beyond(c)
+    if shown is not None and shown[0] is Verdict.INCONCLUSIVE and beyond is not None:  # part of the runs slower
+        held, _ = _held_back(c, p_adj if beyond == "slower" else p_adj_better, alpha=alpha, m=max(m, 1))
+        reason = f"{shown[1]}; also its {CI_LEVEL:.0%} CI lies wholly beyond {c.threshold:.0%} {beyond} but {held}"
+        return dataclasses.replace(c, **fields, verdict=shown[0], reason=reason)
     if shown is not None:
         return dataclasses.replace(c, **fields, verdict=shown[0], reason=shown[1])
     log_ratio = math.log(c.ratio)
     worse = -log_ratio if c.higher_is_better else log_ratio
     lean = "slower" if worse > 0 else "faster"
     need = _runs_needed(c, alpha / max(m, 1))
+    change = f"{c.label} {fmt_pct(abs(c.change_pct)).lstrip('+>')} {lean}"
+    if beyond is None:
+        why = f"{change}, not shown beyond or within {c.threshold:.0%}"
+    else:
+        held, fewest = _held_back(c, p_adj if beyond == "slower" else p_adj_better, alpha=alpha, m=max(m, 1))
+        need = None if need is None and fewest is None else max(need or 0, fewest or 0)
+        why = f"{change}, its {CI_LEVEL:.0%} CI wholly beyond {c.threshold:.0%} {beyond} but {held}"
     return dataclasses.replace(
         c,
         **fields,
         verdict=Verdict.INCONCLUSIVE,
-        reason=(
-            f"cannot decide: {fmt_pct(abs(c.change_pct)).lstrip('+>')} {lean}, not shown beyond or within "
-            f"{c.threshold:.0%}; {_what_decides(c, need)}"
-        ),
+        reason=f"cannot decide: {why}; {_what_decides(c, need)}",
         runs_needed=need,
+    )
+
+
+def _ci_beyond(c: Comparison) -> str | None:
+    """ "slower" ("faster") when the whole CI of the change lies beyond the threshold in the
+    worse (better) direction, else None."""
+    if c.ci_low is None or c.ci_high is None:
+        return None
+    low, high = (1.0 / c.ci_high, 1.0 / c.ci_low) if c.higher_is_better else (c.ci_low, c.ci_high)
+    bound = 1.0 + c.threshold
+    if low > bound:
+        return "slower"
+    if high < 1.0 / bound:
+        return "faster"
+    return None
+
+
+def _held_back(c: Comparison, p_adj: float | None, *, alpha: float, m: int) -> tuple[str, int | None]:
+    """What kept a change whose whole CI lies beyond the threshold from being decided (its p-value
+    at the session's level: alpha per look, Holm over ``m``; the fewest p-value that few pairs can
+    give), and the fewest pairs that could decide it (None: more runs need not)."""
+    p = "no p-value" if p_adj is None else f"p={fmt_p(p_adj)}"
+    held = f"{p} after Holm over {m} comparison(s) does not reach this look's alpha {fmt_p(alpha)}"
+    if c.noise_source != "paired" or c.n_candidate < 1:
+        return held, None
+    # The signed-rank test's smallest one-sided p-value is 2^-n (every pair one way): with Holm's
+    # first step at alpha / m, fewer pairs than log2(m / alpha) cannot decide anything.
+    fewest = math.floor(math.log2(m / alpha)) + 1
+    if c.n_candidate >= fewest:
+        return held, None
+    floor = 2.0**-c.n_candidate
+    return (
+        f"{held}: {c.n_candidate} pairs give no p below {fmt_p(floor)} (every pair one way), and Holm's "
+        f"first step multiplies it by {m}",
+        fewest,
     )
 
 

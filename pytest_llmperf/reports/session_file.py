@@ -24,7 +24,7 @@ from ..core.formats import fmt, render_table
 from ..core.settings import COLUMN_SETS, DEFAULT_COMPARISON_COLUMNS
 from ..judge.budgets import FAILING_STATES
 from ..judge.result import MeasurementResult, ResultError
-from ..judge.verdict import Comparison
+from ..judge.verdict import Comparison, fmt_ratio
 from .text import fit_table, short_ids
 from .where import LEGEND, Explained, explained, moved, part_cells
 
@@ -212,8 +212,8 @@ def comparison_headers(results: Iterable[MeasurementResult]) -> tuple[str, ...]:
 
 
 def ratio_text(x: float) -> str:
-    """A ratio near 1 to 3 decimals (``1.072``), one far from it to 3 significant digits (``340``, ``0.00294``)."""
-    return f"{x:.3f}" if 0.1 <= x < 10 else f"{x:.3g}"
+    """A ratio as a verdict line shows it (``verdict.fmt_ratio``): ``1.072``, ``340``, ``0.00294``."""
+    return fmt_ratio(x)
 
 
 def change_cells(c: Comparison, paired: bool) -> tuple[str, str]:
