@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from ..core.settings import LLAMA_OPTIONS
 from ..models.gguf import PRESETS, ensure_model
-from .common import add_setting, check_writable, positive_int, share_of_one, write_output
+from .common import add_setting, check_writable, output_file, positive_int, share_of_one, write_output
 
 if TYPE_CHECKING:
     from ..measuring.metrics import Measurement
@@ -223,7 +223,9 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     for name in (*LLAMA_OPTIONS, "peak_bw", "peak_tflops", "engine_timeout"):  # as the pytest options
         add_setting(parser, name)
     parser.add_argument("--reprobe-peaks", action="store_true", help="measure the machine's peaks again (else cached)")
-    parser.add_argument("-o", "--output", default=None, help="write the report here instead of stdout")
+    parser.add_argument(
+        "-o", "--output", default=None, type=output_file, help="write the report here instead of stdout"
+    )
 
 
 def _progress() -> Callable[..., None]:

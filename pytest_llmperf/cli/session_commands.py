@@ -16,7 +16,7 @@ import shutil
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .common import add_setting, positive_int, write_output
+from .common import add_setting, output_file, positive_int, write_output
 
 if TYPE_CHECKING:
     from ..judge.regression import BaselineVerdict, CompareSettings
@@ -161,7 +161,13 @@ REPORT_HELP = "write the HTML report of a saved session report (pytest --llmperf
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("session", help="the session report (JSON)")
-    parser.add_argument("-o", "--output", default="llmperf-report.html", help="HTML file to write")
+    parser.add_argument(
+        "-o",
+        "--output",
+        default="llmperf-report.html",
+        type=output_file,
+        help="HTML file to write (- : standard output)",
+    )
     parser.add_argument(
         "--jobs",
         type=positive_int,
