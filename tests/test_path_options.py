@@ -109,6 +109,12 @@ HISTORY_CASES = [
         '\'host=db dbname\' is not a valid PostgreSQL location (missing "=" after "dbname" in connection info string)',
     ),
     (
+        "keywords-with-a-broken-password",
+        "host=127.0.0.1 port=1 dbname=d user=u password=s3cretZq7Kx9wQa s3cretZq7Kx9wQb",
+        "'host=127.0.0.1 port=1 dbname=d user=u password=***' is not a valid PostgreSQL location (missing \"=\" "
+        'after "***" in connection info string)',
+    ),
+    (
         "another-scheme",
         "mysql://u:s3cret@h/db",
         "'mysql://u:***@h/db' is not a supported history location; give a SQLite file path, a postgresql:// URL or off",

@@ -29,7 +29,7 @@ def _squeeze(text: str) -> str:
 
 def _sample(name: str) -> str:
     """A valid value of every setting that has an env var or ini key."""
-    return {"api": "chat", "prompt_cache": "warm"}.get(name, "7")
+    return {"api": "chat", "prompt_cache": "warm", "endpoint": "http://127.0.0.1:7/v1"}.get(name, "7")
 
 
 def _nothing_given(dest: str) -> None:
