@@ -272,3 +272,27 @@ def test_history_csv_again_replaces_its_own_files_whole(tmp_path: Path, capsys: 
     files = sorted(p.name for p in folder.iterdir())
     assert "otava.yaml" in files and any(f.endswith(".csv") for f in files) and leftovers(tmp_path) == []
     assert "Traceback" not in capsys.readouterr().err
+
+
+#: Every path argument a command reads (an input, a model), empty: (argv, the argument as named).
+INPUTS = [
+    (["compare", "", "b.json"], "base", "the path of a session report"),
+    (["compare", "a.json", ""], "new", "the path of a session report"),
+    (["report", ""], "session", "the path of a session report"),
+    (["profile", ""], "model", "a GGUF path or a preset"),
+    (["load", "--serve", ""], "--serve", "a GGUF path or a preset"),
+    (["load", "--endpoint", ""], "--endpoint", "the server's API base URL"),
+    (["detect", "--history", ""], "--history", "a SQLite file path"),
+    (["calibrate", "--history", ""], "--history", "a SQLite file path"),
+]
+
+
+@pytest.mark.parametrize(("argv", "name", "give"), INPUTS, ids=[" ".join(c[0][:2]) for c in INPUTS])
+def test_an_empty_path_argument_of_a_command(capsys: pytest.CaptureFixture[str], argv, name, give) -> None:
+    """Before: ``compare ""`` read the current folder (". is a directory"), ``profile ""``
+    profiled the default preset, ``load --serve ""`` asked for an endpoint."""
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1, err
+    assert f"error: argument {name}: is empty; give {give}" in err

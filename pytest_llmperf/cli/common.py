@@ -34,6 +34,23 @@ def output_file(text: str) -> str:
     return arg_type(parse)(text)
 
 
+def session_report(text: str) -> str:
+    """An argparse type of a saved session report's path: never empty (it would read ".")."""
+    import argparse
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty; give the path of a session report (pytest --llmperf-json)")
+    return text
+
+
+def model(text: str) -> str:
+    """An argparse type of a GGUF path or preset: never empty (``core.settings.model_text``)."""
+    from ..core.settings import model_text
+    from ..core.values import arg_type
+
+    return arg_type(model_text)(text)
+
+
 def output_folder(text: str) -> str:
     """An argparse type of a folder of outputs: never empty."""
     import argparse
