@@ -400,29 +400,16 @@ CASES = [
         inject=disk_full,
         also=(NOT_WRITTEN, "*llmperf summary*"),
     ),
-    Case(
-        "json-report-path-unwritable",
-        "llmperf: cannot write {root}/afile/session.json: Not a directory",
-        1,
-        args=("--llmperf-json={root}/afile/session.json",),
-        files={"afile": "a file, not a folder"},
-        also=("llmperf: 1 report file(s) not written: the session fails", "*llmperf summary*"),
-    ),
-    Case(
-        "html-report-path-unwritable",
-        "llmperf: 1 report file(s) not written: the session fails",
-        1,
-        args=("--llmperf-html={root}/afile/report.html",),
-        files={"afile": "a file, not a folder"},
-        also=("llmperf: cannot write */afile/report.html: Not a directory", "*llmperf summary*"),
-    ),
-    Case(
-        "markdown-report-path-unwritable",
-        "llmperf: cannot write {root}/afile/summary.md: Not a directory",
-        1,
-        args=("--llmperf-markdown={root}/afile/summary.md",),
-        files={"afile": "a file, not a folder"},
-        also=("llmperf: 1 report file(s) not written: the session fails", "*llmperf summary*"),
+    # A report path that cannot be written is refused before anything runs (issue 47): usage error 4.
+    *(
+        Case(
+            f"{option}-report-path-unwritable",
+            f"--llmperf-{option}: cannot write {{root}}/afile/{name}: Not a directory; give it a writable path",
+            4,
+            args=(f"--llmperf-{option}={{root}}/afile/{name}",),
+            files={"afile": "a file, not a folder"},
+        )
+        for option, name in (("json", "session.json"), ("html", "report.html"), ("markdown", "summary.md"))
     ),
     Case(
         "step-summary-unwritable",

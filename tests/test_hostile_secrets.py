@@ -401,17 +401,11 @@ HISTORY_CASES = [
         "pg-unknown-role",
         f"postgresql://ghost:{PW}@127.0.0.1:{{port}}/{{db}}",
         NOT_WRITTEN.format(shown="postgresql://ghost:***@127.0.0.1:{port}/{db}")
-        + '*role "ghost" does not exist; the verdicts used the baseline files alone',
+        + '*role "ghost" does not exist; fix the user in the URL, or create that role; the verdicts used the '
+        "baseline files alone",
         written=False,
     ),
-    HistoryCase(
-        "libpq-keywords-broken-password",
-        f"host=127.0.0.1 port={{closed}} dbname=d user=u password={CORE}a {CORE}b",
-        NOT_WRITTEN.format(shown="host=127.0.0.1 port={closed} dbname=d user=u password=***")
-        + 'missing "=" after "***" in connection info string; the verdicts used the baseline files alone',
-        pg=False,
-        written=False,
-    ),
+    # A broken keyword string is refused before anything runs: tests/test_path_options.py.
 ]
 
 
@@ -472,8 +466,9 @@ def test_history_secret(
         ),
         (
             f"host=127.0.0.1 port={{closed}} password={CORE}a {CORE}b",
-            "llmperf: error: cannot connect to the history host=127.0.0.1 port={closed} password=***: "
-            'missing "=" after "***" in connection info string',
+            "llmperf: error: --history: 'host=127.0.0.1 port={closed} password=***' is not a valid PostgreSQL "
+            'location (missing "=" after "***" in connection info string); give e.g. '
+            "postgresql://user@host:5432/db or host=... dbname=...",
         ),
     ],
     ids=["pg-url", "libpq-keywords"],

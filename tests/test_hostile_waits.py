@@ -613,7 +613,10 @@ def test_postgres_that_accepts_and_never_answers(monkeypatch: pytest.MonkeyPatch
         status = cli_main(["history", "--history", proxy.url()])
         elapsed = time.monotonic() - started
     err = capsys.readouterr().err
-    line = f"llmperf: error: cannot connect to the history {redacted(proxy.url())}: connection timeout expired"
+    line = (
+        f"llmperf: error: cannot connect to the history {redacted(proxy.url())}: connection timeout expired; "
+        "check the server and the network to it"
+    )
     assert status == 2 and err.strip() == line and PASSWORD not in err and 2 <= elapsed < 10
 
 

@@ -29,7 +29,9 @@ def _squeeze(text: str) -> str:
 
 def _sample(name: str) -> str:
     """A valid value of every setting that has an env var or ini key."""
-    return {"api": "chat", "prompt_cache": "warm", "lost_baseline": "warn"}.get(name, "7")
+    return {"api": "chat", "prompt_cache": "warm", "lost_baseline": "warn", "endpoint": "http://127.0.0.1:7/v1"}.get(
+        name, "7"
+    )
 
 
 def _nothing_given(dest: str) -> None:

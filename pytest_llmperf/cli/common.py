@@ -14,32 +14,50 @@ from ..core.settings import share_arg as share  # noqa: F401
 from ..core.settings import share_of_one_arg as share_of_one  # noqa: F401
 
 
-def check_writable(path: str, flag: str) -> None:
-    """Fail now, in one line, when ``path`` cannot be written (a command checks its output
-    before the work that fills it: a report lost after minutes of profiling helps no one).
-    Creates nothing: the folders to make are made when the file is written."""
-    import os
-    import tempfile
-
-    from ..core.documents import output_kind, real_path
+def check_writable(path: str, flag: str, *, folder: bool = False) -> None:
+    """Fail now, in one line, when ``path`` (``folder``: a folder of outputs) cannot be
+    written (``core.documents.check_output``), before the work that fills it."""
+    from ..core.documents import check_output, check_output_folder, refused_output
     from ..core.errors import ConfigError
 
     try:
-        if output_kind(path) != "file":  # standard output, a device or FIFO: written in place
-            return
+        (check_output_folder if folder else check_output)(path)
     except OSError as exc:
-        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}; give {flag} another path") from None
-    folder = real_path(path).parent  # through a symlink: where the file is written
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    try:
-        if not folder.is_dir():
-            raise NotADirectoryError(20, os.strerror(20))
-        fd, tmp = tempfile.mkstemp(prefix=".llmperf-check-", dir=folder)
-        os.close(fd)
-        os.unlink(tmp)
-    except OSError as exc:
-        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}; give {flag} a writable path") from None
+        raise ConfigError(refused_output(path, exc, flag)) from None
+
+
+def output_file(text: str) -> str:
+    """An argparse type of an output file's path: never empty (``core.settings.output_file``)."""
+    from ..core.settings import output_file as parse
+    from ..core.values import arg_type
+
+    return arg_type(parse)(text)
+
+
+def session_report(text: str) -> str:
+    """An argparse type of a saved session report's path: never empty (it would read ".")."""
+    import argparse
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty; give the path of a session report (pytest --llmperf-json)")
+    return text
+
+
+def model(text: str) -> str:
+    """An argparse type of a GGUF path or preset: never empty (``core.settings.model_text``)."""
+    from ..core.settings import model_text
+    from ..core.values import arg_type
+
+    return arg_type(model_text)(text)
+
+
+def output_folder(text: str) -> str:
+    """An argparse type of a folder of outputs: never empty."""
+    import argparse
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty; give a folder (made when missing)")
+    return text
 
 
 def write_output(path: str, text: str) -> str:

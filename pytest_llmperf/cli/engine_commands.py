@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING
 
 from ..core.settings import LLAMA_OPTIONS
 from ..models.gguf import PRESETS, ensure_model
-from .common import add_setting, check_writable, positive_int, share_of_one, write_output
+from .common import add_setting, check_writable, output_file, positive_int, share_of_one, write_output
+from .common import model as model_arg
 
 if TYPE_CHECKING:
     from ..measuring.metrics import Measurement
@@ -106,7 +107,9 @@ def _levels(text: str) -> list[int]:
 def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group()
     add_setting(where, "endpoint")
-    where.add_argument("--serve", metavar="MODEL", help="start a server with this preset or GGUF for the run")
+    where.add_argument(
+        "--serve", type=model_arg, metavar="MODEL", help="start a server with this preset or GGUF for the run"
+    )
     parser.add_argument(
         "--server",
         choices=("llama-server", "llama-cpp-python"),
@@ -226,7 +229,9 @@ PROFILE_HELP = "profile a model: prefill/decode speed, per-layer time, roofline,
 
 
 def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", nargs="?", default=None, help="GGUF path or preset (tiny, small); default: tiny")
+    parser.add_argument(
+        "model", nargs="?", default=None, type=model_arg, help="GGUF path or preset (tiny, small); default: tiny"
+    )
     parser.add_argument("--format", choices=("table", "json", "markdown"), default="table")
     parser.add_argument("--prompt-tokens", type=int, default=128, help="synthetic prompt length (default 128)")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens generated per run (default 64)")
@@ -235,7 +240,9 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     for name in (*LLAMA_OPTIONS, "peak_bw", "peak_tflops", "engine_timeout"):  # as the pytest options
         add_setting(parser, name)
     parser.add_argument("--reprobe-peaks", action="store_true", help="measure the machine's peaks again (else cached)")
-    parser.add_argument("-o", "--output", default=None, help="write the report here instead of stdout")
+    parser.add_argument(
+        "-o", "--output", default=None, type=output_file, help="write the report here instead of stdout"
+    )
 
 
 def run_profile(args: argparse.Namespace) -> int:

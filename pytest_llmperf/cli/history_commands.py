@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.catalog import JUDGED
 from ..core.progress import task
-from .common import add_setting, alpha, positive_int, share, write_output
+from .common import add_setting, alpha, check_writable, output_file, output_folder, positive_int, share, write_output
 
 if TYPE_CHECKING:
     from ..core.catalog import Metric
@@ -48,9 +48,13 @@ WINDOW_SESSIONS = 200
 
 def add_history_location(parser: argparse.ArgumentParser) -> None:
     """``--history`` and ``--hardware``: which history, and which machine's sessions in it."""
+    from ..core.settings import history_text
+    from ..core.values import arg_type
+
     parser.add_argument(
         "--history",
         default=None,
+        type=arg_type(history_text),
         metavar="PATH|URL",
         help="the history: a SQLite file or postgresql:// URL (default $LLMPERF_HISTORY, else the nearest "
         ".llmperf/history.sqlite from here up)",
@@ -83,9 +87,15 @@ def add_history_source_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_history_arguments(parser: argparse.ArgumentParser) -> None:
     add_history_source_arguments(parser)
-    parser.add_argument("--html", default=None, metavar="OUT", help="also write trend plots to this HTML file")
     parser.add_argument(
-        "--csv", default=None, metavar="DIR", help="also export one CSV per test and an otava.yaml to DIR"
+        "--html", default=None, type=output_file, metavar="OUT", help="also write trend plots to this HTML file"
+    )
+    parser.add_argument(
+        "--csv",
+        default=None,
+        type=output_folder,
+        metavar="DIR",
+        help="also export one CSV per test and an otava.yaml to DIR (made when missing)",
     )
 
 
@@ -130,6 +140,10 @@ def run_history(args: argparse.Namespace) -> int:
 
     from ..history import series as history
 
+    if args.csv is not None:  # before the history is read: one line, nothing half written
+        check_writable(args.csv, "--csv", folder=True)
+    if args.html is not None:
+        check_writable(args.html, "--html")
     series, note = read(args)
     with task("history") as progress:
         progress.step("series", 0, len(series))
@@ -145,7 +159,13 @@ def run_history(args: argparse.Namespace) -> int:
         from ..history.connection import for_cli
 
         postgres = for_cli(args.history).kind == "postgresql"
-        written = history.export_csv(series, Path(args.csv), postgres=postgres)
+        try:
+            written = history.export_csv(series, Path(args.csv), postgres=postgres)
+        except OSError as exc:
+            from ..core.documents import refused_output
+            from ..core.errors import ConfigError
+
+            raise ConfigError(refused_output(args.csv, exc, "--csv")) from None
         extra = " and otava-postgres.yaml" if postgres else ""
         print(
             f"{args.csv}: {len(written)} CSV file(s), otava.yaml{extra} "

@@ -16,7 +16,7 @@ import shutil
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .common import add_setting, positive_int, write_output
+from .common import add_setting, output_file, positive_int, session_report, write_output
 
 if TYPE_CHECKING:
     from ..judge.regression import BaselineVerdict, CompareSettings
@@ -26,8 +26,8 @@ COMPARE_HELP = "compare two saved session reports (pytest --llmperf-json)"
 
 
 def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("base", help="the baseline session report")
-    parser.add_argument("new", help="the candidate session report")
+    parser.add_argument("base", type=session_report, help="the baseline session report")
+    parser.add_argument("new", type=session_report, help="the candidate session report")
     for name in ("alpha", "threshold", "tail_threshold"):  # as the pytest options (core.settings)
         add_setting(parser, name)
     from ..core.settings import COMPARISON_COLUMN_NAMES, DEFAULT_COMPARISON_COLUMNS
@@ -160,8 +160,14 @@ REPORT_HELP = "write the HTML report of a saved session report (pytest --llmperf
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("session", help="the session report (JSON)")
-    parser.add_argument("-o", "--output", default="llmperf-report.html", help="HTML file to write")
+    parser.add_argument("session", type=session_report, help="the session report (JSON)")
+    parser.add_argument(
+        "-o",
+        "--output",
+        default="llmperf-report.html",
+        type=output_file,
+        help="HTML file to write (- : standard output)",
+    )
     parser.add_argument(
         "--jobs",
         type=positive_int,

@@ -125,6 +125,46 @@ def output_kind(path: Path | str) -> str:
     )
 
 
+def check_output(path: Path | str) -> None:
+    """Raise ``OSError`` (its ``strerror`` the one line) when ``write_output`` could not
+    write ``path``: a directory, block device or socket there, a file in the way of its
+    folders, a folder this process may not write. Checked before the work that fills the
+    output (a report lost after minutes of measuring helps no one). Creates nothing: the
+    folders to make are made when the file is written."""
+    if output_kind(path) != "file":  # standard output, a device or FIFO: written in place
+        return
+    folder = real_path(path).parent  # through a symlink: where the file is written
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+    fd, tmp = tempfile.mkstemp(prefix=".llmperf-check-", dir=folder)
+    os.close(fd)
+    os.unlink(tmp)
+
+
+def refused_output(path: Path | str, exc: OSError, flag: str) -> str:
+    """The one line of an output ``path`` that cannot be written: its reason and, unless the
+    reason says what to give instead, ``give FLAG a writable path``."""
+    reason = exc.strerror or str(exc)
+    return f"cannot write {path}: {reason}" + ("" if "; give " in reason else f"; give {flag} a writable path")
+
+
+def check_output_folder(path: Path | str) -> None:
+    """Raise ``OSError`` (its ``strerror`` the one line) when files could not be written into
+    the folder ``path`` (made when missing): something else is there (a file, a FIFO, a
+    device), or it cannot be made or written."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        check_output(Path(path) / "file")  # its nearest existing folder must take files
+        return
+    if not stat.S_ISDIR(mode):
+        kind = "a regular file" if stat.S_ISREG(mode) else file_kind(mode)
+        raise OSError(errno.ENOTDIR, f"it is {kind}, not a folder; give a folder (made when missing)")
+    check_output(Path(path) / "file")
+
+
 def write_output(path: Path | str, text: str) -> str:
     """``text`` to a path a user named for an output (a report, a profile), the one writer of
     those: ``-`` and ``/dev/stdout`` are standard output; a character device or a FIFO

@@ -151,11 +151,77 @@ def text(value: object) -> str:
     return str(value)
 
 
+def output_file(value: object) -> str:
+    """A file an output is written to (``core.documents.write_output``): a path, a device or
+    FIFO, or ``-`` (standard output); never empty (before, an empty value wrote nothing, silently)."""
+    if not str(value).strip():
+        raise ValueError("is empty; give a file path, or - for standard output")
+    return str(value)
+
+
+def endpoint_url(value: object) -> str:
+    """An OpenAI-compatible server's API base URL: ``http(s)://HOST[:PORT][/PATH]``, the one
+    check of the endpoint option and of an A/B side's URL (``engines.http``)."""
+    from urllib.parse import urlsplit
+
+    from .redact import Url, display
+
+    text = str(value).strip()
+    if not text:
+        raise ValueError("is empty; give the server's API base URL, e.g. http://127.0.0.1:8000/v1")
+    url = Url.split(text)
+    example = "give the server's API base URL, e.g. http://127.0.0.1:8000/v1"
+    if url is None or not text.startswith(("http://", "https://")):
+        raise ValueError(f"{display(text)!r} is not an http(s) URL; {example}")
+    try:
+        host = urlsplit("http://" + url.host)
+        host.port  # noqa: B018  (a port that is no number raises here)
+    except ValueError as exc:
+        raise ValueError(f"{display(text)!r} is not a valid URL ({exc}); {example}") from None
+    if not host.hostname:
+        raise ValueError(f"{display(text)!r} names no host; {example}")
+    return text
+
+
+def model_text(value: object) -> str:
+    """A GGUF path or a preset's name, never empty (it would be the current folder)."""
+    if not str(value).strip():
+        raise ValueError(f"is empty; give a GGUF path or a preset: {', '.join(PRESET_NAMES)}")
+    return str(value)
+
+
+def reference(value: object) -> str:
+    """``--llmperf-against``'s REF, never empty (before, an empty one measured one side, silently);
+    its parts are read by ``session.refs.parse_reference``."""
+    if not str(value).strip():
+        raise ValueError("is empty; give git:REV, python:PATH or git:REV,python:PATH (docs/against.md)")
+    return str(value)
+
+
+def history_text(value: object) -> str:
+    """``--llmperf-history``'s value, never empty (``history.connection.parse`` reads the rest)."""
+    if not str(value).strip():
+        raise ValueError("is empty; give a SQLite file path, a postgresql:// URL or off")
+    return str(value)
+
+
 def folder(value: object) -> str:
     """A folder under the rootdir; an empty value would be the rootdir itself."""
     if not str(value).strip():
         raise ValueError("is empty (that would be the rootdir itself); give a folder, e.g. baselines")
     return str(value)
+
+
+#: The parsers of settings whose value is a path or a URL: each refuses the empty value in one
+#: line (tests/test_path_options.py checks every such setting, found by its parser or metavar).
+PATH_PARSERS: tuple[Callable[[object], str], ...] = (
+    output_file,
+    endpoint_url,
+    model_text,
+    reference,
+    history_text,
+    folder,
+)
 
 
 @dataclass(frozen=True)
@@ -270,6 +336,7 @@ SETTINGS: dict[str, Setting] = {
             "model",
             "GGUF model path, or a synthetic preset: tiny, small",
             DEFAULT_MODEL,
+            model_text,
             env="LLMPERF_MODEL",
             ini=True,
             metavar="PATH|PRESET",
@@ -391,6 +458,7 @@ SETTINGS: dict[str, Setting] = {
             "the OpenAI-compatible server to measure instead of llama.cpp in process (API base "
             "URL, e.g. http://host:8000/v1)",
             None,
+            endpoint_url,
             env="LLMPERF_ENDPOINT",
             ini=True,
             cli="--endpoint",
@@ -500,6 +568,7 @@ SETTINGS: dict[str, Setting] = {
             "against REF: git:REV (the code under test at another revision), python:PATH (another Python "
             "environment), or both as git:REV,python:PATH (docs/against.md)",
             None,
+            reference,
             env="LLMPERF_AGAINST",
             shown="off",
             metavar="REF",
@@ -507,11 +576,19 @@ SETTINGS: dict[str, Setting] = {
         Setting(
             "allow_not_compared", "pass a --llmperf-against session that compared nothing with REF", False, switch=True
         ),
-        Setting("json", "write the session's results as JSON to this file", None, shown="not written", metavar="FILE"),
+        Setting(
+            "json",
+            "write the session's results as JSON to this file",
+            None,
+            output_file,
+            shown="not written",
+            metavar="FILE",
+        ),
         Setting(
             "markdown",
             "write a Markdown summary (also appended to $GITHUB_STEP_SUMMARY when set)",
             None,
+            output_file,
             shown="not written",
             metavar="FILE",
         ),
@@ -519,6 +596,7 @@ SETTINGS: dict[str, Setting] = {
             "html",
             'write a self-contained HTML report with plots (needs pip install "pytest-llmperf[report]")',
             None,
+            output_file,
             shown="not written",
             metavar="FILE",
         ),
@@ -526,6 +604,7 @@ SETTINGS: dict[str, Setting] = {
             "history",
             "where every session's results are appended: a SQLite file, a postgresql:// URL or off",
             None,
+            history_text,
             env="LLMPERF_HISTORY",
             ini=True,
             metavar="PATH|URL|off",

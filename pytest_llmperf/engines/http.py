@@ -44,8 +44,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..core.errors import ConfigError, EngineError
-from ..core.redact import Redactor, Url, display, redact
-from ..core.settings import APIS, SETTINGS
+from ..core.redact import Redactor, Url, redact
+from ..core.settings import APIS, SETTINGS, endpoint_url
 from ..core.workload import EngineInfo, RunTrace, TokenLogits, Workload
 from . import synthetic_text
 from .capabilities import AsyncRuns, Closable, ConcurrentRuns, Engine, NeedsPromptIds, ServerMetrics
@@ -134,10 +134,10 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
 
         if api not in APIS:
             raise ConfigError(f"unknown API {api!r}; use one of: {', '.join(APIS)}")
-        if not endpoint.startswith(("http://", "https://")):
-            raise ConfigError(
-                f"endpoint must be an http(s) URL like http://127.0.0.1:8000/v1, got {display(endpoint)!r}"
-            )
+        try:
+            endpoint_url(endpoint)  # the endpoint option's own check
+        except ValueError as exc:
+            raise ConfigError(f"endpoint {exc}") from None
         parts = Url.split(endpoint.strip())
         assert parts is not None  # an http(s):// URL, checked above
         path = parts.path.rstrip("/") or "/v1"  # the query (an API key in it) stays after the path

@@ -96,7 +96,12 @@ def check_gguf(path: str | os.PathLike[str]) -> Path:
     if not p.exists():
         raise EngineError(f"model file not found: {p}; give a GGUF path or a preset name (tiny, small)")
     if not p.is_file():
-        raise EngineError(f"model path is not a file: {p}")
+        from ..core.documents import file_kind
+
+        kind = file_kind(p.stat().st_mode)
+        raise EngineError(
+            f"model path {p} is {kind}, not a file; give a GGUF file's path or a preset name (tiny, small)"
+        )
     try:
         with p.open("rb") as fh:
             magic = fh.read(4)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import socket
 import sqlite3
 import stat
@@ -88,7 +89,7 @@ def parse(value: str, source: str, rootdir: Path | str | None = None) -> Locatio
     if text.lower().startswith(POSTGRES_SCHEMES) or is_dsn(text):
         if importlib.util.find_spec("psycopg") is None:
             raise ConfigError(f"{source}: a PostgreSQL history needs psycopg 3: {INSTALL_POSTGRES}")
-        return Location("postgresql", text, source)
+        return _well_formed(Location("postgresql", text, source))
     if "://" in text:
         raise ConfigError(
             f"{source}: {display(text)!r} is not a supported history location; "
@@ -102,6 +103,25 @@ def parse(value: str, source: str, rootdir: Path | str | None = None) -> Locatio
     return Location("sqlite", str(path), source)
 
 
+def _well_formed(loc: Location) -> Location:
+    """``loc`` when libpq can read it (nothing is connected to); else one line before anything
+    runs (before, a malformed URL was found at the first use, after the tests had run)."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        ports = str(conninfo_to_dict(loc.conninfo).get("port") or "")
+        bad = next((p for p in ports.split(",") if p and not (p.isdigit() and 0 < int(p) < 65536)), None)
+        if bad is not None:
+            raise psycopg.ProgrammingError(f"port {bad!r} is not a number from 1 to 65535")
+    except psycopg.Error as exc:
+        raise ConfigError(
+            f"{loc.source}: {loc.display!r} is not a valid PostgreSQL location ({first_line(exc, loc)}); give "
+            "e.g. postgresql://user@host:5432/db or host=... dbname=..."
+        ) from None
+    return loc
+
+
 def default(rootdir: Path | str) -> Location:
     return Location("sqlite", str(Path(rootdir) / DEFAULT_DIR / DEFAULT_FILE), "default")
 
@@ -109,7 +129,7 @@ def default(rootdir: Path | str) -> Location:
 def for_cli(given: str | None, start: Path | None = None) -> Location:
     """The ``llmperf history/detect`` location: ``--history``, else ``$LLMPERF_HISTORY``, else
     the nearest ``.llmperf/history.sqlite`` from the current folder up."""
-    if given:
+    if given is not None:  # an empty one is refused by parse, never taken for "not given"
         found = parse(given, "--history", Path.cwd())
     elif os.environ.get(ENV, "").strip():
         found = parse(os.environ[ENV], f"${ENV}", Path.cwd())
@@ -155,8 +175,9 @@ class HistoryError(LLMPerfError):
 
 
 class LastingHistoryError(HistoryError):
-    """A SQLite history that is not a database or whose pages are damaged, or a PostgreSQL
-    server that cannot be reached: said once, the session goes on without history."""
+    """A SQLite history that is not a database or whose pages are damaged, another
+    application's database, a PostgreSQL server that cannot be reached, a lock still held at
+    the end of its wait: said once, the session goes on without history (no second wait)."""
 
     lasting = True
 
@@ -177,6 +198,118 @@ def _damaged(exc: BaseException) -> bool:
     if name:
         return name.startswith(SQLITE_DAMAGED)  # SQLITE_CORRUPT and its extended codes too
     return "malformed" in str(exc) or "not a database" in str(exc)  # Python 3.10: only the message says it
+
+
+def elsewhere(loc: Location) -> str:
+    """The fix that always works: the history somewhere else, by the setting the user gave."""
+    flag = {"default": "--llmperf-history", "found": "--history"}.get(loc.source, loc.source)
+    return f"or give {flag} another {'path' if loc.kind == 'sqlite' else 'database'} (off: keep no history)"
+
+
+def translated(doing: str, exc: BaseException, loc: Location) -> HistoryError:
+    """``doing``'s one line for a driver's error: its cause and fix where the error is one we
+    know (a read-only file, folder or file system, a leftover journal, a full disk; a
+    PostgreSQL role, standby, disk or database), lasting (the session does not try again);
+    else the driver's first line."""
+    cause = sqlite_cause(exc, loc) if loc.kind == "sqlite" else _postgres_cause(exc)
+    if cause is None:
+        return HistoryError(f"{doing}: {first_line(exc, loc)}")
+    if loc.kind == "postgresql":
+        return LastingHistoryError(f"{doing}: {first_line(exc, loc)}; {cause}")
+    return LastingHistoryError(f"{doing}: {cause}")
+
+
+#: Python 3.10's SQLite errors carry no name: their message says which it is.
+_SQLITE_MESSAGES = (
+    ("readonly database", "SQLITE_READONLY"),
+    ("disk I/O error", "SQLITE_IOERR"),
+    ("disk is full", "SQLITE_FULL"),
+    ("unable to open", "SQLITE_CANTOPEN"),
+)
+
+
+def _sqlite_name(exc: BaseException) -> str:
+    """SQLite's name of the error (``SQLITE_READONLY_DIRECTORY``...), else ""."""
+    name = getattr(exc, "sqlite_errorname", "")
+    return name or next((n for text, n in _SQLITE_MESSAGES if text in str(exc)), "")
+
+
+def sqlite_cause(exc: BaseException, loc: Location) -> str | None:
+    """What a SQLite error on the history file means and how to fix it, in words; None for
+    an error of another kind (the driver's words are shown)."""
+    name, path = _sqlite_name(exc), Path(loc.target)
+    if name.startswith("SQLITE_FULL"):
+        return f"the disk holding {path.parent} is full; free space there {elsewhere(loc)}"
+    if not name.startswith(("SQLITE_READONLY", "SQLITE_IOERR", "SQLITE_CANTOPEN")):
+        return None
+    blocked = _unwritable(path)
+    journal = next((Path(f"{path}{s}") for s in ("-journal", "-wal") if Path(f"{path}{s}").exists()), None)
+    if journal is not None and blocked is not None:
+        what, fix = blocked
+        return (
+            f"a leftover journal {journal} (a writer stopped mid-write) must be rolled back into it, but {what}; "
+            f"{fix} and run again (keep the journal: it restores the history's last whole session)"
+        )
+    if blocked is not None:
+        what, fix = blocked
+        return f"{what}; {fix} {elsewhere(loc)}"
+    if name.startswith("SQLITE_IOERR"):
+        return (
+            f"the disk reported an I/O error ({name}) on it; check the disk (dmesg), then move the file aside "
+            f"(mv {path} {path}.bad) and the next session starts a new history there"
+        )
+    return None
+
+
+def _unwritable(path: Path) -> tuple[str, str] | None:
+    """What keeps this process from writing the history ``path`` (a read-only file system,
+    the file, its folder: SQLite writes its journal beside the file) and the fix, in words;
+    None when all of it is writable."""
+    folder = path.parent
+    try:
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            return f"the file system holding {folder} is mounted read-only", "remount it read-write"
+    except OSError:
+        pass
+    if path.exists() and not os.access(path, os.R_OK | os.W_OK):
+        mode, what = stat.S_IMODE(os.stat(path).st_mode), "written" if os.access(path, os.R_OK) else "read or written"
+        return f"{path} (mode {mode:04o}) may not be {what} by this process", f"make it writable (chmod u+rw {path})"
+    if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+        return (
+            f"its folder {folder} may not be written by this process (SQLite writes a journal beside the file)",
+            f"make the folder writable (chmod u+w {folder})",
+        )
+    return None
+
+
+#: PostgreSQL's SQLSTATEs of a history that cannot be used as it is, and what to do.
+POSTGRES_CAUSES = {
+    "42501": "the role lacks a privilege on the history's tables; GRANT it (docs/history.md) or connect as their owner",
+    "25006": "the server takes no writes (a read-only standby?); give the primary server's URL",
+    "53100": "the server's disk is full; free space there",
+    "53200": "the server is out of memory; try again when it has some",
+}
+#: libpq's words of a connection refused (it gives no SQLSTATE then), and what to do.
+POSTGRES_CONNECT_FIXES = (
+    (r"Connection refused", "is the server running and listening at that host and port?"),
+    (r"socket .* No such file or directory", "is the server running on this machine? (no host in the URL: its socket)"),
+    (r"could not translate host name", "check the host name in the URL"),
+    (r"timeout expired", "check the server and the network to it"),
+    (r'database ".*" does not exist', "create that database (createdb NAME) or fix the database name in the URL"),
+    (r'role ".*" does not exist', "fix the user in the URL, or create that role"),
+    (r"password authentication failed", "fix the user or the password (in the URL or ~/.pgpass)"),
+    (r"no pg_hba.conf entry", "the server's pg_hba.conf does not let this role in from here; ask its administrator"),
+)
+
+
+def _postgres_cause(exc: BaseException) -> str | None:
+    return POSTGRES_CAUSES.get(str(getattr(exc, "sqlstate", "") or ""))
+
+
+def _postgres_fix(exc: BaseException) -> str:
+    """``; what to do`` after a failed connection's driver line ("" when nothing is known)."""
+    fix = _postgres_cause(exc) or next((f for words, f in POSTGRES_CONNECT_FIXES if re.search(words, str(exc))), None)
+    return f"; {fix}" if fix else ""
 
 
 class HistoryInterrupted(KeyboardInterrupt):
@@ -266,6 +399,8 @@ class Conn:
         return self._wait_for_lock(sql, params)
 
     def _wait_for_lock(self, sql: str, params: Sequence[Any]) -> Any:
+        """Tries until the lock is free, ``LOCK_WAIT_S`` at most: then one line naming the
+        holder, lasting (the session does not wait a second time)."""
         started = time.monotonic()
         try:
             while True:
@@ -276,7 +411,7 @@ class Conn:
                     if not _busy(exc):
                         raise
                 if time.monotonic() - started >= LOCK_WAIT_S:
-                    raise HistoryError(
+                    raise LastingHistoryError(  # waited once: not again this session
                         f"the history {self.loc.display} stayed locked for {LOCK_WAIT_S} s by "
                         f"{sqlite_holder(self.loc.target)}; let that process finish (or stop it), then run again"
                     )
@@ -295,7 +430,7 @@ class Conn:
             )
         if self.kind == "sqlite" and _damaged(exc):
             return corrupt_history(self.loc.target, exc)
-        return HistoryError(f"cannot {doing} the history {self.loc.display}: {first_line(exc, self.loc)}")
+        return translated(f"cannot {doing} the history {self.loc.display}", exc, self.loc)
 
     def close(self) -> None:
         if self.deadline is not None:
@@ -317,22 +452,59 @@ def _busy(exc: sqlite3.OperationalError) -> bool:
 def sqlite_holder(path: str) -> str:
     """``process 1234 (python3)``: another process holding one of SQLite's locks on ``path``,
     from ``/proc/locks`` (Linux; opening the file here to ask would drop this process's own
-    locks on it); ``another connection`` when none is found."""
+    locks on it); else one that has the file or its journal open (``/proc/*/fd``); else
+    what may hold it where this machine cannot see."""
     try:
         st = os.stat(path)
         with open("/proc/locks", encoding="ascii", errors="replace") as fh:
             lines = fh.read().splitlines()
     except OSError:
-        return "another connection"
-    found = [held for held in (_sqlite_lock(line.split(), st) for line in lines) if held is not None]
-    if not found:
-        return "another connection"
-    pid = min(found)[1]  # a writer first
+        lines, st = [], None
+    found = [] if st is None else [held for held in (_sqlite_lock(line.split(), st) for line in lines) if held]
+    if found:
+        return _process(min(found)[1])  # a writer first
+    opened = _opened_by(path)
+    if opened is not None:
+        return _process(opened) + ", which has it open"
+    return "a process this machine does not show (another container or machine sharing the file?)"
+
+
+def _process(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as fh:
             return f"process {pid} ({fh.read().strip()})"
     except OSError:
         return f"process {pid}"
+
+
+#: The files beside a SQLite database that its writers hold open.
+SQLITE_COMPANIONS = ("", "-journal", "-wal", "-shm")
+
+
+def _opened_by(path: str) -> int | None:
+    """The lowest pid of another process with ``path`` or its journal, WAL or shared-memory
+    file open (``/proc/*/fd``: the processes this user may look into), else None."""
+    targets = {os.path.realpath(path) + suffix for suffix in SQLITE_COMPANIONS}
+    try:
+        pids = sorted(int(name) for name in os.listdir("/proc") if name.isdigit())
+    except OSError:
+        return None
+    return next((pid for pid in pids if pid != os.getpid() and targets & _open_files(pid)), None)
+
+
+def _open_files(pid: int) -> set[str]:
+    """What process ``pid`` has open (none when it is gone or not ours to look into)."""
+    found: set[str] = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return found
+    for fd in fds:
+        try:
+            found.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue  # closed since the listing
+    return found
 
 
 def _sqlite_lock(f: list[str], st: os.stat_result) -> tuple[bool, int] | None:
@@ -402,7 +574,7 @@ def _connect_sqlite(loc: Location, create: bool) -> Conn:
             raw.close()
         if _damaged(exc):
             raise corrupt_history(path, exc) from None
-        raise HistoryError(f"cannot open the history {path}: {exc}") from None
+        raise translated(f"cannot open the history {path}", exc, loc) from None
     return Conn("sqlite", raw, loc)
 
 
@@ -415,7 +587,9 @@ def _connect_postgres(loc: Location) -> Conn:
     try:
         pg = psycopg.connect(loc.conninfo, connect_timeout=CONNECT_TIMEOUT_S, autocommit=True)
     except psycopg.Error as exc:
-        raise LastingHistoryError(f"cannot connect to the history {loc.display}: {first_line(exc, loc)}") from None
+        raise LastingHistoryError(
+            f"cannot connect to the history {loc.display}: {first_line(exc, loc)}" + _postgres_fix(exc)
+        ) from None
     return Conn("postgresql", pg, loc)
 
 
@@ -443,7 +617,7 @@ def transaction(conn: Conn) -> Iterator[Conn]:
             conn.execute("SELECT pg_advisory_xact_lock(?)", (ADVISORY_LOCK,))
     except errors_of(conn.kind) as exc:
         if getattr(exc, "sqlstate", None) == LOCK_NOT_AVAILABLE:
-            raise HistoryError(
+            raise LastingHistoryError(  # waited once: not again this session
                 f"the history {conn.loc.display} stayed locked for {LOCK_WAIT_S} s by {postgres_holder(conn)}; "
                 "let that writer finish (or stop it), then run again"
             ) from None

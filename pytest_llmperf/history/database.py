@@ -32,6 +32,7 @@ import datetime
 import json
 import math
 import os
+import re
 import shlex
 import socket
 import statistics
@@ -46,7 +47,7 @@ from ..baselines.records import RUN_FIELDS
 from ..baselines.store import unique_test_id
 from ..core.catalog import METRICS
 from ..judge.verdict import level
-from .connection import Conn, HistoryError, Location, connect, errors_of, transaction
+from .connection import Conn, HistoryError, LastingHistoryError, Location, connect, elsewhere, errors_of, transaction
 
 SCHEMA_VERSION = 1
 #: Upgrades from an older schema version: version -> statements that bring it to version + 1.
@@ -116,7 +117,55 @@ def _table_exists(conn: Conn, name: str) -> bool:
     return row is not None
 
 
+def declared_columns() -> dict[str, frozenset[str]]:
+    """Each table's columns, as ``DDL`` creates them."""
+    out = {}
+    for statement in DDL:
+        found = re.match(r"CREATE TABLE (\w+) \((.*)\)$", statement, re.DOTALL)
+        if found:
+            parts = re.split(r",(?![^(]*\))", found.group(2))  # not the commas of PRIMARY KEY (a, b)
+            names = (part.split()[0] for part in parts if part.strip())
+            out[found.group(1)] = frozenset(n for n in names if n != "PRIMARY")
+    return out
+
+
+def _columns(conn: Conn, table: str) -> set[str]:
+    if conn.kind == "sqlite":
+        return {str(r[0]) for r in conn.execute("SELECT name FROM pragma_table_info(?)", (table,)).fetchall()}
+    rows = conn.execute(
+        "SELECT column_name FROM information_schema.columns "
+        "WHERE table_name = ? AND table_schema = ANY(current_schemas(false))",
+        (table,),
+    ).fetchall()
+    return {str(r[0]) for r in rows}
+
+
+def _refuse_foreign(conn: Conn, loc: Location) -> None:
+    """Another application's database at the history's place, never altered: a SQLite file
+    whose tables are all someone else's, or a table of ours without the columns we made it
+    with. ``LastingHistoryError``: one line, the session goes on without history."""
+    ours = [t for t in declared_columns() if _table_exists(conn, t)]
+    if not ours and conn.kind == "sqlite":
+        rows = conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite%' ORDER BY name LIMIT 4"
+        ).fetchall()
+        if rows:
+            names = ", ".join(str(r[0]) for r in rows[:3]) + (", ..." if len(rows) > 3 else "")
+            raise LastingHistoryError(
+                f"{loc.display} is another application's SQLite database (tables {names}), not a pytest-llmperf "
+                f"history; it was left as it is: move it away {elsewhere(loc)}"
+            )
+    for table, wanted in declared_columns().items():
+        lacks = sorted(wanted - _columns(conn, table)) if table in ours else []
+        if lacks:
+            raise LastingHistoryError(
+                f"the history {loc.display} has a table {table} without column(s) {', '.join(lacks)}: another "
+                f"application's (or one edited by hand), not pytest-llmperf's; it was left as it is: {elsewhere(loc).removeprefix('or ')}"
+            )
+
+
 def _version(conn: Conn, loc: Location) -> int | None:
+    _refuse_foreign(conn, loc)
     if not _table_exists(conn, "llmperf_schema"):
         return None
     row = conn.execute("SELECT MAX(version) FROM llmperf_schema").fetchone()

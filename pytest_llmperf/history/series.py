@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import datetime
+import io
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -26,6 +27,7 @@ import numpy as np
 from ..baselines.records import RUN_FIELDS, same_workload
 from ..baselines.store import unique_test_id
 from ..core.catalog import METRICS
+from ..core.documents import write_output
 from ..core.fingerprint import subject_changes
 from ..core.formats import render_table
 from ..core.progress import task
@@ -494,7 +496,7 @@ def export_csv(series: Sequence[Series], folder: Path, postgres: bool = False) -
     and one column per metric, the session's level) and an ``otava.yaml`` that names them:
     ``OTAVA_CONFIG=DIR/otava.yaml otava analyze TEST`` reads them as they are. ``postgres``:
     also ``otava-postgres.yaml``, the same tests read straight from a PostgreSQL history."""
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)  # checked by the caller (``check_output_folder``)
     groups: dict[tuple[str, str], list[Series]] = {}
     for s in series:
         groups.setdefault((s.name, s.hardware_key), []).append(s)
@@ -513,14 +515,12 @@ def export_csv(series: Sequence[Series], folder: Path, postgres: bool = False) -
             f"    attributes: [commit, branch, subject]\n    metrics:\n{metric_lines}"
         )
         pg_tests.append(_otava_postgres_test(slug, members, hw, metric_lines))
-    (folder / "otava.yaml").write_text(
-        "# written by llmperf history --csv\ntests:\n" + "".join(tests), encoding="utf-8"
-    )
+    _write(folder / "otava.yaml", "# written by llmperf history --csv\ntests:\n" + "".join(tests))
     if postgres:
-        (folder / "otava-postgres.yaml").write_text(
+        _write(
+            folder / "otava-postgres.yaml",
             "# written by llmperf history --csv; connection: otava --postgres-hostname ... (docs/history.md)\n"
             "tests:\n" + "".join(pg_tests),
-            encoding="utf-8",
         )
     return written
 
@@ -540,11 +540,21 @@ def _write_csv(path: Path, members: Sequence[Series]) -> None:
                 },
             )
             row[s.metric] = f"{p.value:.6g}"
-    with path.open("w", newline="", encoding="utf-8") as fh:
-        w = csv.DictWriter(fh, ["time", "commit", "branch", "subject", *(s.metric for s in members)])
-        w.writeheader()
-        for sid in sorted(rows, key=lambda k: (rows[k]["time"], k)):
-            w.writerow(rows[sid])
+    text = io.StringIO(newline="")
+    w = csv.DictWriter(text, ["time", "commit", "branch", "subject", *(s.metric for s in members)])
+    w.writeheader()
+    for sid in sorted(rows, key=lambda k: (rows[k]["time"], k)):
+        w.writerow(rows[sid])
+    _write(path, text.getvalue())
+
+
+def _write(path: Path, text: str) -> None:
+    """One file of the export, as every output is written (``write_output``: atomically, a
+    device or FIFO in place); ``OSError`` names the file."""
+    try:
+        write_output(path, text)
+    except OSError as exc:
+        raise OSError(exc.errno, f"{path.name}: {exc.strerror or exc}") from None
 
 
 def _otava_postgres_test(slug: str, members: Sequence[Series], hw: str, metric_lines: str) -> str:

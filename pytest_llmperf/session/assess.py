@@ -66,7 +66,7 @@ class Assessor:
         None when there is no history or it cannot be read (the verdicts then use the
         baseline files alone; ``history_error`` says why)."""
         s = self.settings
-        if s.history is None or s.disable:
+        if s.history is None or s.disable or self.history_unusable:  # unusable: said once, not tried again
             return None
         if hardware_key not in self.windows:
             from ..history.database import HistoryError
@@ -79,7 +79,7 @@ class Assessor:
             except HistoryError as exc:
                 self.windows[hardware_key] = None
                 self.history_unusable = self.history_unusable or exc.lasting
-                # Lasting (damaged, not reached): not tried again at the end, so this is the write's line too.
+                # Lasting (damaged, not reached, still locked): not tried again, so this is the write's line too.
                 line = f"history not written: {exc}" if exc.lasting else f"{exc}"
                 line += "; the verdicts used the baseline files alone"
                 self.history_error = f"llmperf: {line}"

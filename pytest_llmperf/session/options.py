@@ -139,6 +139,7 @@ class SessionSettings:
         for one, other, line in EXCLUSIVE:
             if r[one].value and r[other].value:
                 raise ConfigError(line)
+        _check_outputs(r)
         root = Path(rootdir)
         engine_fields = [f.name for f in dataclasses.fields(EngineSettings)]
         own = {
@@ -154,6 +155,25 @@ class SessionSettings:
             history=_history(r, root),
             **own,
         )
+
+
+#: The settings that name a file the session writes at its end.
+OUTPUTS = ("json", "markdown", "html")
+
+
+def _check_outputs(r: Mapping[str, Resolved]) -> None:
+    """Each report path the end of the session could not write (a directory, a file in the way
+    of its folders, a folder not writable...): one line before anything runs, not after it."""
+    from ..core.documents import check_output, refused_output
+
+    for name in OUTPUTS:
+        given = r[name]
+        if given.value is None:
+            continue
+        try:
+            check_output(given.value)
+        except OSError as exc:
+            raise ConfigError(f"{given.source}: {refused_output(given.value, exc, 'it')}") from None
 
 
 def _history(r: Mapping[str, Resolved], root: Path) -> Location | None:
