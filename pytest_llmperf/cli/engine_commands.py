@@ -49,7 +49,7 @@ SERVER_HELP = "build llama.cpp's llama-server and llama-bench for the installed 
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="action", required=True)
+    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     sub.add_parser(
         "build",
         help="build (or find cached) llama-server and llama-bench; prints their paths",

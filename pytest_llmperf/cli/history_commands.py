@@ -67,7 +67,8 @@ def add_history_source_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         choices=RUN_FIELDS,
         default=None,
-        help=f"metric to read (repeat for more; default {', '.join(DEFAULT_METRICS)})",
+        metavar="METRIC",
+        help=f"metric to read: {', '.join(RUN_FIELDS)} (repeat for more; default {', '.join(DEFAULT_METRICS)})",
     )
     add_history_location(parser)
     parser.add_argument(

@@ -46,13 +46,15 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _columns(text: str) -> list[str]:
+    from ..core.errors import did_you_mean
     from ..core.settings import COMPARISON_COLUMN_NAMES
 
     names = [c.strip() for c in text.split(",") if c.strip()]
     unknown = [c for c in names if c not in COMPARISON_COLUMN_NAMES + ("all",)]
     if unknown or not names:
+        hint = did_you_mean(unknown[0], (*COMPARISON_COLUMN_NAMES, "all")) if unknown else ""
         raise argparse.ArgumentTypeError(
-            f"unknown column(s) {', '.join(unknown) or '(none given)'}; choose from "
+            f"unknown column(s) {', '.join(unknown) or '(none given)'}{hint}; choose from "
             f"{', '.join(COMPARISON_COLUMN_NAMES)} or all"
         )
     return names

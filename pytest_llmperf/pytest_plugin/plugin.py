@@ -116,13 +116,13 @@ class LLMPerfHooks:
         self.against: AgainstHooks | None = None  # against.AgainstHooks under --llmperf-against
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
-        return marks.header(config, self.session, hookcalls.engine_note(config))
+        return _fitted(marks.header(config, self.session, hookcalls.engine_note(config)), config)
 
     def pytest_report_collectionfinish(self, config: pytest.Config, items: list[pytest.Item]) -> list[str]:
         """The model line, once collection found llmperf tests to run (none: not a word)."""
         if self.session.is_worker or self.session.settings.skip or not any(marks.is_perf(i) for i in items):
             return []
-        lines = self.session.describe(hookcalls.engine_note(config))
+        lines = _fitted(self.session.describe(hookcalls.engine_note(config)), config)
         verbosity = config.get_verbosity()
         if verbosity < 0:  # -q: only the warnings; -qq: nothing
             return [line for line in lines if "warning" in line] if verbosity == -1 else []
@@ -189,8 +189,10 @@ class LLMPerfHooks:
         if parts.ab:
             report.llmperf_ab = parts.ab
         if parts.lines and report.passed:
+            from ..reports.text import wrap_text
+
             report.outcome = "failed"
-            report.longrepr = "\n".join(parts.lines)
+            report.longrepr = "\n".join(wrap_text(line, marks.terminal_width(self.config)) for line in parts.lines)
         if fixture.ab_results:
             from ..judge.ab import attach
 
@@ -301,6 +303,16 @@ class LLMPerfHooks:
 
             shutil.rmtree(self.groups_dir, ignore_errors=True)
         self.session.close()
+
+
+def _fitted(lines: list[str], config: pytest.Config) -> list[str]:
+    """Header lines wrapped to the terminal's width (a hanging indent under each)."""
+    width = marks.terminal_width(config)
+    if all(len(line) <= width for line in lines):
+        return lines
+    from ..reports.text import wrap_text
+
+    return [wrap_text(line, width) for line in lines]
 
 
 def add_options(parser: pytest.Parser) -> None:

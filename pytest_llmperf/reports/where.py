@@ -21,7 +21,7 @@ from ..core.formats import render_table
 from ..judge.parts import MATERIAL_SHARE, PartChange
 from ..judge.result import MeasurementResult
 from ..judge.verdict import fmt_value
-from .text import short_ids
+from .text import short_ids, wrap, wrapped_table
 
 #: The phases that have parts, in the catalog's order (prefill, decode).
 PHASES: tuple[str, ...] = tuple(dict.fromkeys(m.phase for m in catalog.PARTS))
@@ -174,7 +174,7 @@ def _entry_lines(e: Explained, names: Mapping[str, str], width: int) -> list[str
     """One comparison: its name and state, its why lines, a parts table per moved phase, and
     the attribution's readings when its pass ran."""
     head = e.name(names) + (f" ({e.state})" if e.state else "")
-    lines = [_clip(head, width)]
+    lines = wrap(head, width)  # a test's name whole: cut, two tests could read alike
     for why in e.why:
         lines += _wrap(why, width, "  ", "    ")
     for phase in e.moved_phases:
@@ -192,11 +192,7 @@ def _phase_table(headers: Sequence[str], parts: Sequence[PartChange], width: int
         return table
     rows = [part_cells(p, unit=False) for p in parts]
     table = render_table(headers, rows)
-    over = _widest(table) - width
-    if over > 0:
-        room = max(max(len(r[0]) for r in rows) - over, 6)
-        table = render_table([_clip(headers[0], room), *headers[1:]], [[_clip(r[0], room), *r[1:]] for r in rows])
-    return table
+    return wrapped_table(headers, rows, width)  # the part labels wrapped, never cut
 
 
 def _widest(text: str) -> int:
