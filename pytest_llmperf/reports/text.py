@@ -363,10 +363,16 @@ def fit_table(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int,
     numbers = {name: str(i) for i, name in enumerate(dict.fromkeys(r[0] for r in table), 1)}
     numbered = [[numbers[r[0]], *r[1:]] for r in table]
     digits = len(str(len(numbers)))
-    key = [
-        line for name, n in numbers.items() for line in wrap(f"{n.rjust(digits)}  {name}", width, " " * (digits + 2))
-    ]
+    key = [line for name, n in numbers.items() for line in _key_lines(n.rjust(digits), name, width)]
     return wrapped_table(["#", *headers[1:]], numbered, width) + "\n" + "\n".join(key)
+
+
+def _key_lines(number: str, name: str, width: int) -> list[str]:
+    """``1: tests/a/test_x.py::test_f``: a numbered key's entry, the id whole, continued on
+    indented lines where it is longer than the width."""
+    room = max(width - len(number) - 2, 1)
+    chunks = [name[i : i + room] for i in range(0, len(name), room)] or [""]
+    return [f"{number}: {chunks[0]}", *(" " * (len(number) + 2) + c for c in chunks[1:])]
 
 
 def wrap(text: str, width: int, indent: str = "    ") -> list[str]:
@@ -382,7 +388,7 @@ def wrap(text: str, width: int, indent: str = "    ") -> list[str]:
     ]
 
 
-#: A wrapped table column is never narrower than this.
+#: A wrapped table column is never narrower than this, nor than its longest word.
 MIN_CELL_WIDTH = 8
 
 
@@ -396,7 +402,9 @@ def wrapped_table(headers: Sequence[str], rows: Sequence[Sequence[str]], width: 
     if width is None or _widest(plain) <= width:
         return plain
     widths = [max(len(c) for c in col) for col in zip(headers, *table)]
-    floors = [min(w, max(MIN_CELL_WIDTH, *map(len, h.split() or [""]))) for w, h in zip(widths, headers)]
+    floors = [
+        min(w, max(MIN_CELL_WIDTH, *map(len, " ".join(col).split()))) for w, col in zip(widths, zip(headers, *table))
+    ]
     if sum(floors) + 2 * (len(floors) - 1) > width and len(headers) > 2:
         return "\n\n".join(wrapped_table(h, r, width) for h, r in _split_columns(headers, table, floors, width))
     while sum(widths) + 2 * (len(widths) - 1) > width:
