@@ -354,3 +354,56 @@ def test_a_session_piped_at_80_columns_reads_right(pytester: pytest.Pytester, mo
     assert len(re.findall(r"FAIL max_rss_mib", table)) == 2  # the RSS budget's failure, as failed
     md = (pytester.path / "summary.md").read_text()
     assert md.count("| FAIL |") == 4 and "peak RSS" in md.split("### Over budget")[1]
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_where_it_went_names_each_test_whole_within_the_width(width: int) -> None:
+    from pytest_llmperf.reports.where import Explained, terminal_lines
+
+    why = ("decode TPOT +8.8% (1.058..1.118): moved: outside llama.cpp +0.903 ms/token (+0.896..+0.915)",)
+    entries = [Explained(t, "", "REGRESSION decode", why, (), True) for t in SIMILAR[:4]]
+    lines = terminal_lines(entries, width, verbose=True)
+    assert all(len(line) <= width for line in lines), lines
+    text = " ".join(" ".join(lines).split())
+    for name in short_ids([e.test for e in entries]).values():
+        assert f"{name} (REGRESSION decode)" in text  # wrapped where it must be, never cut
+
+
+def test_a_parts_tables_side_headers_never_read_alike() -> None:
+    from pytest_llmperf.reports.where import SIDE_HEADER, side_headers
+
+    assert side_headers(("baseline", "now")) == ("baseline", "now")
+    a, b = side_headers(("flash-attn-on-long", "flash-attn-off-long"))
+    assert a != b and len(a) <= SIDE_HEADER and len(b) <= SIDE_HEADER
+
+
+def test_llmperf_profile_fits_the_terminal_and_keeps_every_word(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from pytest_llmperf.reports.profile import render
+
+    args = [
+        "profile",
+        "--format",
+        "json",
+        "--threads",
+        "1",
+        "--runs",
+        "3",
+        "--max-tokens",
+        "8",
+        "--prompt-tokens",
+        "16",
+    ]
+    assert cli.main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    whole = render(report, "table")
+    assert max(map(len, whole.splitlines())) > 80  # the unfitted form runs past 80 columns
+
+    def words(t: str) -> Counter[str]:
+        return Counter(w for w in t.split() if set(w) != {"-"})
+
+    for width in WIDTHS:
+        text = render(report, "table", width)
+        assert all(len(line) <= width for line in text.splitlines()), text
+        assert not words(whole) - words(text)  # every word kept (a split table repeats its first column)

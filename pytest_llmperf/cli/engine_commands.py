@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -268,7 +269,9 @@ def run_profile(args: argparse.Namespace) -> int:
     finally:
         if sys.stderr.isatty():
             sys.stderr.write("\r\x1b[K")
-    text = render(report, args.format)
+    # On standard output (a terminal, or piped: 80 unless $COLUMNS says) the tables fit its width.
+    width = None if args.output else shutil.get_terminal_size().columns
+    text = render(report, args.format, width)
     if args.output:
         write_output(args.output, text)
     else:

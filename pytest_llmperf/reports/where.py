@@ -82,12 +82,21 @@ class Explained:
 
     def headers(self, phase: str) -> tuple[str, ...]:
         """A moved phase's parts table's headers: ``decode (ms/token)``, both sides' names, ``PART_HEADERS``."""
-        return (phase_header(phase, self.of_phase(phase)), *(_clip(s, SIDE_HEADER) for s in self.sides), *PART_HEADERS)
+        return (phase_header(phase, self.of_phase(phase)), *side_headers(self.sides), *PART_HEADERS)
 
     def name(self, shown: Mapping[str, str] | None = None) -> str:
         """``test_x`` or ``test_x: B [new] vs A [old]``; ``shown``: test ids as the terminal shows them."""
         test = (shown or {}).get(self.test, self.test)
         return f"{test}: {self.title}" if self.title else test
+
+
+def side_headers(sides: tuple[str, str]) -> tuple[str, str]:
+    """Both sides' names as a parts table's headers: cut to ``SIDE_HEADER`` characters where
+    the cut names still read apart, else ``A``/``B`` (the comparison's title names them whole)."""
+    if all(len(s) <= SIDE_HEADER for s in sides):
+        return sides
+    cut = tuple(_clip(s, SIDE_HEADER) for s in sides)
+    return (cut[0], cut[1]) if cut[0] != cut[1] else ("A", "B")
 
 
 def explained(results: Iterable[MeasurementResult], ab: Iterable[Mapping[str, Any]] = ()) -> list[Explained]:
