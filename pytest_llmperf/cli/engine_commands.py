@@ -184,11 +184,12 @@ def _local_server(args: argparse.Namespace, stack: contextlib.ExitStack) -> tupl
 def _sweep_report(args: argparse.Namespace, results: Sequence[Measurement]) -> int:
     """The load curve, the server's own figures and the first errors; 1 when a level's goodput
     is under ``--min-goodput``."""
-    from ..reports.text import curve_lines, curve_table
+    from ..reports.text import curve_lines, curve_table, wrap_text
 
-    print(curve_table(results))
+    width = shutil.get_terminal_size().columns
+    print(curve_table(results, width))
     for line in curve_lines(results):
-        print(line)
+        print(wrap_text(line, width))
     levels = [m.load for m in results if m.load is not None]  # every level of a sweep
     failed = [e for s in levels for e in s.errors]
     for line in failed[:5]:

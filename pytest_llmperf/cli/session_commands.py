@@ -144,6 +144,7 @@ def _print_comparison(
     """The comparison table, the notes, the undecided and failed comparisons, the count; 1 when
     something regressed."""
     from ..reports.session_file import comparison_table, undecided_lines
+    from ..reports.text import wrap_text
     from ..reports.where import explained, terminal_lines
 
     width = None if args.columns == ["all"] else shutil.get_terminal_size().columns
@@ -153,7 +154,7 @@ def _print_comparison(
     for line in ["where it went:", *where] if where else []:
         print(line)
     for line in notes + undecided_lines(results, short=width is not None) + failures:
-        print(line)
+        print(line if width is None else wrap_text(line, width))
     print(f"{regressed} regression(s) in {len(results)} compared measurement(s)")
     return 1 if failures else 0
 

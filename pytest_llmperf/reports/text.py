@@ -456,8 +456,9 @@ def wrap_text(text: str, width: int, indent: str = "    ") -> str:
     return "\n".join(w for line in text.splitlines() for w in (wrap(line, width, indent) if line else [""]))
 
 
-def curve_table(measurements: Sequence[Measurement]) -> str:
-    """One row per load level: throughput against per-request latency percentiles."""
+def curve_table(measurements: Sequence[Measurement], width: int | None = None) -> str:
+    """One row per load level: throughput against per-request latency percentiles; ``width``:
+    fitted to a terminal that wide (``wrapped_table``)."""
 
     rows = []
     for m in measurements:
@@ -474,7 +475,7 @@ def curve_table(measurements: Sequence[Measurement]) -> str:
                 f"{s.goodput:.0%}" if s.slo else "-",
             ]
         )
-    return render_table(
+    return wrapped_table(
         (
             "concurrency",
             "ok",
@@ -485,6 +486,7 @@ def curve_table(measurements: Sequence[Measurement]) -> str:
             catalog.METRICS["goodput"].label,
         ),
         rows,
+        width,
     )
 
 
