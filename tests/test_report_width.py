@@ -407,3 +407,14 @@ def test_llmperf_profile_fits_the_terminal_and_keeps_every_word(capsys: pytest.C
         text = render(report, "table", width)
         assert all(len(line) <= width for line in text.splitlines()), text
         assert not words(whole) - words(text)  # every word kept (a split table repeats its first column)
+
+
+def test_an_unknown_ini_key_is_one_warning_with_the_closest_key(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nllmperf_thread = 2\nllmperf_colums = ttft\nllmperf_zzzz = 1\n")
+    pytester.makepyfile("def test_plain(): pass")
+    result = run(pytester, "-W", "always::pytest.PytestConfigWarning")
+    result.assert_outcomes(passed=1)
+    out = result.stdout.str()
+    assert out.count("llmperf: unknown llmperf ini key 'llmperf_thread'; did you mean 'llmperf_threads'?") == 1
+    assert "llmperf: unknown llmperf ini key 'llmperf_colums'; columns has no ini key: use --llmperf-columns" in out
+    assert "llmperf: unknown llmperf ini key 'llmperf_zzzz' (the ini keys: docs/settings.md)" in out

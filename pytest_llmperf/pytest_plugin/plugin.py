@@ -45,6 +45,7 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", marker_help())
+    _warn_unknown_ini_keys(config)
     is_worker = hasattr(config, "workerinput")
     _group_on_xdist(config, is_worker)
     side = _side_plugin(config)
@@ -65,6 +66,26 @@ def pytest_configure(config: pytest.Config) -> None:
 
         hooks.against = AgainstHooks(config, config.stash[SESSION])
         config.pluginmanager.register(hooks.against, PLUGIN_NAME + "-against")
+
+
+def _warn_unknown_ini_keys(config: pytest.Config) -> None:
+    """An ``llmperf_*`` ini key that is none of the plugin's (a typo would be ignored in
+    silence, and its setting with it): one warning with the closest keys."""
+    from ..core.errors import closest_name, did_you_mean
+
+    known = [s.ini_key for s in SETTINGS.values() if s.ini_key is not None]
+    old = [old.ini_key for old, _ in RENAMED_SETTINGS if old.ini_key is not None]  # settings.resolve's line
+    for key in sorted(getattr(config, "inicfg", {}) or {}):
+        if not key.startswith("llmperf") or key in known or key in old:
+            continue
+        same = SETTINGS.get(closest_name(key.removeprefix("llmperf_"), SETTINGS) or "")
+        if same is not None and same.ini_key is None:
+            hint = f"; {same.name} has no ini key: use {same.option}"
+        else:
+            hint = did_you_mean(key, known, "llmperf_") or " (the ini keys: docs/settings.md)"
+        config.issue_config_time_warning(
+            pytest.PytestConfigWarning(f"llmperf: unknown llmperf ini key {key!r}{hint}"), stacklevel=2
+        )
 
 
 def _group_on_xdist(config: pytest.Config, is_worker: bool) -> None:
