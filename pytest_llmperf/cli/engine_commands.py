@@ -153,11 +153,11 @@ def run_load(args: argparse.Namespace) -> int:
         engine = HttpEngine.from_settings(endpoint, args, model)
         stack.callback(engine.close)
         pace = f"Poisson arrivals at {args.rate:g}/s" if args.rate else "closed loop"
-        print(
+        _say(
             f"llmperf load: {args.requests} requests per level ({pace}, +{args.warmup} warm-up), "
             f"{args.prompt_tokens}-word prompts, {args.max_tokens} tokens each; {args.api} at {engine.endpoint}"
         )
-        print(f"llmperf load: {workload.served_cache_note}")
+        _say(f"llmperf load: {workload.served_cache_note}")
         results = sweep(engine, workload, args.concurrency, slo=slo)
     return _sweep_report(args, results)
 
@@ -174,11 +174,18 @@ def _local_server(args: argparse.Namespace, stack: contextlib.ExitStack) -> tupl
         server = stack.enter_context(serve_llama_server(path, parallel=parallel, threads=args.threads, alias=alias))
     else:
         server = stack.enter_context(serve(path, threads=args.threads, alias=alias))
-    print(
+    _say(
         f"llmperf: serving {path} with {server.kind} at {server.url}, threads {server.threads}, "
         f"{server.parallel} slot(s)"
     )
     return server.url, args.model or server.model
+
+
+def _say(line: str) -> None:
+    """A line on standard output, wrapped to the terminal's width (a hanging indent)."""
+    from ..reports.text import wrap_text
+
+    print(wrap_text(line, shutil.get_terminal_size().columns))
 
 
 def _sweep_report(args: argparse.Namespace, results: Sequence[Measurement]) -> int:
