@@ -343,7 +343,10 @@ def test_the_controller_fills_the_session_files_against_object(tmp_path: Path) -
 
 
 def test_llmperf_compare_and_report_read_a_session_run_against_ref(
-    results: list[MeasurementResult], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    results: list[MeasurementResult],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Results judged against REF have no record: ``llmperf compare`` says so per test (exit 0:
     nothing regressed between the files) and ``llmperf report`` draws the page with REF named."""
@@ -351,6 +354,7 @@ def test_llmperf_compare_and_report_read_a_session_run_against_ref(
 
     path = tmp_path / "against.json"
     path.write_text(session_file.session_json(results, "2026-12-01T00:00:00+00:00", against=AGAINST))
+    monkeypatch.setenv("COLUMNS", "1000")  # each note whole (tests/test_report_width.py: wrapped at 80)
     assert cli_main(["compare", str(path), str(path)]) == 0
     out = capsys.readouterr().out
     assert f"{WRAPPER}: no record in {path} (a session run with --llmperf-against): not compared" in out
