@@ -29,6 +29,8 @@ os.environ.setdefault("LLMPERF_THREADS", str(TEST_THREADS))
 #: The suite's own session keeps no history in the checkout (``.llmperf/``); each inner
 #: session gets one in its tmp folder (below), and history tests pass their own location.
 HISTORY_ENV = "LLMPERF_HISTORY"
+#: The terminal width of inner sessions (``COLUMNS``) unless a test sets its own.
+WIDE_TERMINAL = 1000
 os.environ.setdefault(HISTORY_ENV, "off")
 
 
@@ -55,6 +57,9 @@ def _inner_sessions_use_their_own_rootdir(request: pytest.FixtureRequest):
     patch: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
     patch.setenv("PYTEST_ADDOPTS", f"--rootdir={shlex.quote(str(pytester.path))}")
     patch.setenv(HISTORY_ENV, str(pytester.path / ".llmperf" / "history.sqlite"))
+    # A wide terminal: the tests about what a line says read it whole. The tests about how the
+    # report fits a terminal set COLUMNS themselves (tests/test_report_width.py).
+    patch.setenv("COLUMNS", str(WIDE_TERMINAL))
     yield
 
 

@@ -236,7 +236,7 @@ def test_bad_side_fails_collection_with_one_line(pytester: pytest.Pytester) -> N
         """
     )
     result = run(pytester)
-    result.stdout.fnmatch_lines(["*A/B side 'a': unknown llama.cpp setting 'thread'; allowed: model, threads*"])
+    result.stdout.fnmatch_lines(["*A/B side 'a': unknown llama.cpp setting 'thread'; did you mean 'threads'? (*"])
 
 
 def test_signed_rank_p_agrees_with_scipy_exact_and_approximate() -> None:

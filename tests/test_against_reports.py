@@ -175,7 +175,8 @@ def test_terminal_names_ref_and_shows_both_sides_and_the_ratio(results: list[Mea
             assert _row(table, "decode TPOT (ms)", ratio, ci, "REGRESSION"), table
             assert any("both sides' figures" in text for _, text in lines)
         notes = [text for _, text in lines if text.startswith("test_new_api: ")]
-        assert notes == [f"test_new_api: {NOT_COMPARED}"]
+        assert [" ".join(n.split()) for n in notes] == [f"test_new_api: {NOT_COMPARED}"]  # wrapped to the width
+        assert all(len(line) <= width for _, text in lines for line in text.splitlines())
     quiet = summary(settings, rows, results, None, [], verbosity=-1, width=80)
     assert any(f"judged against {REF}" in text for _, text in quiet)
 
@@ -244,7 +245,7 @@ def test_markdown_names_ref_and_shows_both_sides(results: list[MeasurementResult
     assert "| " + " | ".join([WRAPPER, "decode TPOT (ms)", *_cells(_decode(results[0]))]) in md
     assert "| `tests/test_new.py::test_new_api` |" in md and "| ok | not compared |" in md
     assert f"### Not compared against REF\n\n- tests/test_new.py::test_new_api: {NOT_COMPARED}" in md
-    assert "### Regressions\n\n- decode regression: TPOT" in md and f"at {REF}" in md
+    assert f"### Regressions\n\n- {WRAPPER}: decode regression: TPOT" in md and f"at {REF}" in md
     # Without the controller's object (e.g. from the results alone) REF is still named.
     assert f"Judged against REF `{REF}`" in session_file.markdown(results)
 
@@ -342,7 +343,10 @@ def test_the_controller_fills_the_session_files_against_object(tmp_path: Path) -
 
 
 def test_llmperf_compare_and_report_read_a_session_run_against_ref(
-    results: list[MeasurementResult], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    results: list[MeasurementResult],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Results judged against REF have no record: ``llmperf compare`` says so per test (exit 0:
     nothing regressed between the files) and ``llmperf report`` draws the page with REF named."""
@@ -350,6 +354,7 @@ def test_llmperf_compare_and_report_read_a_session_run_against_ref(
 
     path = tmp_path / "against.json"
     path.write_text(session_file.session_json(results, "2026-12-01T00:00:00+00:00", against=AGAINST))
+    monkeypatch.setenv("COLUMNS", "1000")  # each note whole (tests/test_report_width.py: wrapped at 80)
     assert cli_main(["compare", str(path), str(path)]) == 0
     out = capsys.readouterr().out
     assert f"{WRAPPER}: no record in {path} (a session run with --llmperf-against): not compared" in out

@@ -157,7 +157,7 @@ def test_an_unknown_or_old_setting_of_the_engine_is_one_line(tiny_model_path: Pa
     from pytest_llmperf.core.errors import ConfigError
     from pytest_llmperf.engines.llama_cpp import LlamaCppEngine
 
-    with pytest.raises(ConfigError, match=r"^unknown llama.cpp setting 'treads'; known: threads, n_ctx, "):
+    with pytest.raises(ConfigError, match=r"^unknown llama.cpp setting 'treads'; did you mean 'threads'\? \("):
         LlamaCppEngine(tiny_model_path, treads=1)
     with pytest.raises(ConfigError, match=r"^llmperf: llama.cpp setting 'n_threads' was renamed to 'threads'$"):
         LlamaCppEngine(tiny_model_path, n_threads=1)

@@ -295,9 +295,10 @@ def test_an_unreachable_history_costs_one_line_and_the_file_still_judges(pyteste
 # --- llmperf calibrate ----------------------------------------------------------------------
 
 
-def test_calibrate_prints_spreads_replayed_alarms_and_reach_per_test(tmp_path: Path, capsys) -> None:
+def test_calibrate_prints_spreads_replayed_alarms_and_reach_per_test(tmp_path: Path, capsys, monkeypatch) -> None:
     from pytest_llmperf.cli import main as cli_main
 
+    monkeypatch.setenv("COLUMNS", "1000")  # each row on one line (at 80 columns its cells wrap: below)
     loc = parse(str(tmp_path / "h.sqlite"), "test", tmp_path)
     rng = np.random.default_rng(1)
     for i in range(15):
@@ -343,5 +344,10 @@ def test_calibrate_prints_spreads_replayed_alarms_and_reach_per_test(tmp_path: P
         file_once, window, ab = (float(c.rstrip("%")) for c in cells[7:10])
         assert ab < window < file_once
     assert out[-1].startswith("Holm's family: 2 test(s) x 3 = 6, alpha 0.01; the rule flagged 0 of 60 replayed")
+    monkeypatch.setenv("COLUMNS", "80")
+    assert cli_main(["calibrate", "--history", str(tmp_path / "h.sqlite")]) == 0
+    narrow = capsys.readouterr().out
+    assert all(len(line) <= 80 for line in narrow.splitlines()), narrow
+    assert " ".join(narrow.split()).count("Holm's family: 2 test(s) x 3 = 6") == 1
     assert cli_main(["calibrate", "nothing-like-this", "--history", str(tmp_path / "h.sqlite")]) == 2
     assert "no stored sessions for tests matching 'nothing-like-this'" in capsys.readouterr().err

@@ -342,6 +342,7 @@ def test_load_command(
     line: str,
 ) -> None:
     monkeypatch.setenv("LLMPERF_API_KEY", KEY)
+    monkeypatch.setenv("COLUMNS", "1000")  # the line whole (at 80 columns it wraps)
     monkeypatch.chdir(tmp_path)
     EXPECTED.clear()
     EXPECTED.update(auth=auth, query=f"api_key={KEY}")

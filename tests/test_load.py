@@ -44,7 +44,8 @@ def test_poisson_load_against_the_server(llmperf_server):
     assert m.load.rate_per_s == 40.0 and m.load.n_ok == 4 and m.load.concurrency == 4
 
 
-def test_cli_prints_the_latency_throughput_curve(llmperf_server, capsys):
+def test_cli_prints_the_latency_throughput_curve(llmperf_server, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")  # a row per line (at 80 columns its cells wrap: below)
     status = main(
         [
             "load",
@@ -77,6 +78,11 @@ def test_cli_prints_the_latency_throughput_curve(llmperf_server, capsys):
     # llama-cpp-python's server runs one request at a time: with 4 in flight, a request
     # waits for others before its first token.
     assert ttft_p50[2] > ttft_p50[0]
+    monkeypatch.setenv("COLUMNS", "80")
+    args = ["load", "--endpoint", llmperf_server.url, "--concurrency", "1", "--requests", "2", "--max-tokens", "4"]
+    assert main([*args, "--prompt-tokens", "8"]) == 0
+    narrow = capsys.readouterr().out
+    assert all(len(line) <= 80 for line in narrow.splitlines()), narrow
 
 
 def test_cli_needs_an_endpoint(capsys, monkeypatch):

@@ -11,6 +11,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from pytest_llmperf.core import values
+from pytest_llmperf.core.errors import did_you_mean
 from pytest_llmperf.core.settings import CACHE_TYPES, VALUE_KINDS
 from pytest_llmperf.core.workload import MAX_TOKENS
 
@@ -116,7 +117,9 @@ def test_a_choice_is_one_of_its_names_in_any_case(name, spell, other) -> None:
     if other.strip().lower() not in CACHE_TYPES:
         for door in (kind.parse, kind.check):
             ok, message = _outcome(door, other)
-            assert not ok and message == f"must be one of {', '.join(CACHE_TYPES)}, got {other!r}"
+            assert not ok and message == f"must be one of {', '.join(CACHE_TYPES)}, got {other!r}" + did_you_mean(
+                other, CACHE_TYPES
+            )
 
 
 def test_the_messages_say_what_was_expected() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import pkgutil
+import shutil
 import sys
 import typing
 from collections.abc import Sequence
@@ -34,8 +35,26 @@ def _commands() -> dict[str, tuple[str, Any, Any]]:
     return dict(sorted(found.items()))
 
 
+#: ``--help`` is at most this wide, whatever the terminal (a wider one reads worse, not better).
+HELP_WIDTH = 80
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's help at most ``HELP_WIDTH`` columns wide (argparse's own takes the terminal's
+    width less 2, and a long metavar or choice list goes past it)."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None):
+        width = min(width or shutil.get_terminal_size().columns - 2, HELP_WIDTH - 2)
+        super().__init__(prog, indent_increment, max_help_position, width)
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse, with a bad argument reported as one line (not the usage block) and exit 2."""
+    """argparse, with a bad argument reported as one line (not the usage block) and exit 2;
+    its help within ``HELP_WIDTH`` columns (``HelpFormatter``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> typing.NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -44,7 +63,7 @@ class Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line: one subparser per command."""
     parser = Parser(prog="llmperf", description="LLM inference performance tools")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser, metavar="COMMAND")
     for name, (help_line, add_arguments, _) in _commands().items():
         add_arguments(sub.add_parser(name, help=help_line, description=help_line))
     return parser

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shutil
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -49,7 +50,7 @@ SERVER_HELP = "build llama.cpp's llama-server and llama-bench for the installed 
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="action", required=True)
+    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     sub.add_parser(
         "build",
         help="build (or find cached) llama-server and llama-bench; prints their paths",
@@ -174,11 +175,11 @@ def run_load(args: argparse.Namespace) -> int:
         engine = HttpEngine.from_settings(endpoint, args, model)
         stack.callback(engine.close)
         pace = f"Poisson arrivals at {args.rate:g}/s" if args.rate else "closed loop"
-        print(
+        _say(
             f"llmperf load: {args.requests} requests per level ({pace}, +{args.warmup} warm-up), "
             f"{args.prompt_tokens}-word prompts, {args.max_tokens} tokens each; {args.api} at {engine.endpoint}"
         )
-        print(f"llmperf load: {workload.served_cache_note}")
+        _say(f"llmperf load: {workload.served_cache_note}")
         results = sweep(engine, workload, args.concurrency, slo=slo)
     return _sweep_report(args, results)
 
@@ -195,21 +196,29 @@ def _local_server(args: argparse.Namespace, stack: contextlib.ExitStack) -> tupl
         server = stack.enter_context(serve_llama_server(path, parallel=parallel, threads=args.threads, alias=alias))
     else:
         server = stack.enter_context(serve(path, threads=args.threads, alias=alias))
-    print(
+    _say(
         f"llmperf: serving {path} with {server.kind} at {server.url}, threads {server.threads}, "
         f"{server.parallel} slot(s)"
     )
     return server.url, args.model or server.model
 
 
+def _say(line: str) -> None:
+    """A line on standard output, wrapped to the terminal's width (a hanging indent)."""
+    from ..reports.text import wrap_text
+
+    print(wrap_text(line, shutil.get_terminal_size().columns))
+
+
 def _sweep_report(args: argparse.Namespace, results: Sequence[Measurement]) -> int:
     """The load curve, the server's own figures and the first errors; 1 when a level's goodput
     is under ``--min-goodput``."""
-    from ..reports.text import curve_lines, curve_table
+    from ..reports.text import curve_lines, curve_table, wrap_text
 
-    print(curve_table(results))
+    width = shutil.get_terminal_size().columns
+    print(curve_table(results, width))
     for line in curve_lines(results):
-        print(line)
+        print(wrap_text(line, width))
     levels = [m.load for m in results if m.load is not None]  # every level of a sweep
     failed = [e for s in levels for e in s.errors]
     for line in failed[:5]:
@@ -268,7 +277,9 @@ def run_profile(args: argparse.Namespace) -> int:
         reprobe_peaks=args.reprobe_peaks,
         engine_timeout_s=args.engine_timeout,
     )
-    text = render(report, args.format)
+    # On standard output (a terminal, or piped: 80 unless $COLUMNS says) the tables fit its width.
+    width = None if args.output else shutil.get_terminal_size().columns
+    text = render(report, args.format, width)
     if args.output:
         write_output(args.output, text)
     else:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import shutil
 import statistics
 import sys
 from collections.abc import Mapping, Sequence
@@ -72,7 +73,8 @@ def add_history_source_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         choices=RUN_FIELDS,
         default=None,
-        help=f"metric to read (repeat for more; default {', '.join(DEFAULT_METRICS)})",
+        metavar="METRIC",
+        help=f"metric to read: {', '.join(RUN_FIELDS)} (repeat for more; default {', '.join(DEFAULT_METRICS)})",
     )
     add_history_location(parser)
     parser.add_argument(
@@ -366,10 +368,10 @@ def _calibration_row(s: Series, spec: Metric, f: Mapping[str, Any]) -> list[str]
 
 def run_calibrate(args: argparse.Namespace) -> int:
     from ..core.errors import ConfigError
-    from ..core.formats import render_table
     from ..history.connection import for_cli
     from ..history.series import read_series
     from ..judge.rule import JUDGED
+    from ..reports.text import wrap_text, wrapped_table
 
     loc = for_cli(args.history)
     skipped: list[str] = []
@@ -395,11 +397,15 @@ def run_calibrate(args: argparse.Namespace) -> int:
             alarms += int(f["alarms"])
             replayed += int(f["replayed"])
             rows.append(_calibration_row(s, spec, f))
-    print(render_table(CALIBRATION_HEADERS, rows))
+    width = shutil.get_terminal_size().columns
+    print(wrapped_table(CALIBRATION_HEADERS, rows, width))
     print(
-        f"Holm's family: {tests} test(s) x {len(JUDGED)} = {m}, alpha {args.alpha:g}; the rule flagged "
-        f"{alarms} of {replayed} replayed A/A comparison(s) (expected at most {args.alpha:g} per session); "
-        "'detects': the smallest slowdown flagged with 80% power"
+        wrap_text(
+            f"Holm's family: {tests} test(s) x {len(JUDGED)} = {m}, alpha {args.alpha:g}; the rule flagged "
+            f"{alarms} of {replayed} replayed A/A comparison(s) (expected at most {args.alpha:g} per session); "
+            "'detects': the smallest slowdown flagged with 80% power",
+            width,
+        )
     )
     return 0
 

@@ -46,13 +46,15 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _columns(text: str) -> list[str]:
+    from ..core.errors import did_you_mean
     from ..core.settings import COMPARISON_COLUMN_NAMES
 
     names = [c.strip() for c in text.split(",") if c.strip()]
     unknown = [c for c in names if c not in COMPARISON_COLUMN_NAMES + ("all",)]
     if unknown or not names:
+        hint = did_you_mean(unknown[0], (*COMPARISON_COLUMN_NAMES, "all")) if unknown else ""
         raise argparse.ArgumentTypeError(
-            f"unknown column(s) {', '.join(unknown) or '(none given)'}; choose from "
+            f"unknown column(s) {', '.join(unknown) or '(none given)'}{hint}; choose from "
             f"{', '.join(COMPARISON_COLUMN_NAMES)} or all"
         )
     return names
@@ -142,6 +144,7 @@ def _print_comparison(
     """The comparison table, the notes, the undecided and failed comparisons, the count; 1 when
     something regressed."""
     from ..reports.session_file import comparison_table, undecided_lines
+    from ..reports.text import wrap_text
     from ..reports.where import explained, terminal_lines
 
     width = None if args.columns == ["all"] else shutil.get_terminal_size().columns
@@ -151,7 +154,7 @@ def _print_comparison(
     for line in ["where it went:", *where] if where else []:
         print(line)
     for line in notes + undecided_lines(results, short=width is not None) + failures:
-        print(line)
+        print(line if width is None else wrap_text(line, width))
     print(f"{regressed} regression(s) in {len(results)} compared measurement(s)")
     return 1 if failures else 0
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from .catalog import HEADLINE, SUMMARY_COLUMNS
-from .errors import ConfigError
+from .errors import ConfigError, did_you_mean
 from .values import COUNT, FLAG, GPU_LAYERS, LEVEL, POSITIVE, SECONDS, SHARE, THRESHOLD, TOKENS, Choice, Kind, arg_type
 from .workload import LLAMA_SETTINGS, PROMPT_CACHE_MODES, LlamaSetting, ValueKind
 
@@ -143,7 +143,8 @@ def columns(text: object) -> tuple[str, ...]:
     unknown = [c for c in names if c not in allowed]
     if unknown or not names:
         choices = ", ".join((*allowed, *COLUMN_SETS))
-        raise ValueError(f"unknown column(s) {', '.join(unknown) or '(none given)'}; choose from {choices}")
+        hint = did_you_mean(unknown[0], (*allowed, *COLUMN_SETS)) if unknown else ""
+        raise ValueError(f"unknown column(s) {', '.join(unknown) or '(none given)'}{hint}; choose from {choices}")
     return names
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from .errors import did_you_mean
 from .workload import MAX_TOKENS, too_many
 
 T = TypeVar("T")
@@ -193,7 +194,8 @@ class Choice:
 
     def _chosen(self, word: str | None, given: object) -> str:
         if word is None or word not in self.choices:
-            raise ValueError(f"must be one of {', '.join(self.choices)}, got {given!r}")
+            hint = did_you_mean(given, self.choices) if isinstance(given, str) else ""
+            raise ValueError(f"must be one of {', '.join(self.choices)}, got {given!r}{hint}")
         return word
 
 

@@ -28,7 +28,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import ConfigError, EngineError
+from ..core.errors import ConfigError, EngineError, unknown_name
 from ..core.settings import CACHE_TYPES, RENAMED, UNQUANTIZED, renamed_line
 from ..core.settings import ENGINE_DEFAULTS as DEFAULTS
 from ..core.workload import LLAMA_SETTINGS
@@ -326,7 +326,7 @@ class EngineConfig:
             if name in RENAMED:
                 raise ConfigError("llmperf: " + renamed_line("llama.cpp setting", name, RENAMED[name]))
             if name != "model" and name not in LLAMA_SETTINGS:
-                raise ConfigError(f"unknown llama.cpp setting {name!r}; known: {', '.join(LLAMA_SETTINGS)}")
+                raise ConfigError(unknown_name("llama.cpp setting", name, LLAMA_SETTINGS, "docs/engine-settings.md"))
         return dataclasses.replace(self, **dict(overrides))
 
     def settings(self) -> dict[str, Any]:

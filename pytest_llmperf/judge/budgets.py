@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.catalog import AGREEMENT_BUDGETS, BUDGETS, AgreementBudget, Budget, direct_sample
-from ..core.errors import ConfigError
+from ..core.errors import ConfigError, did_you_mean, unknown_name
 from ..core.formats import StrEnum, fmt
 from ..measuring.agreement import Agreement
 from ..measuring.metrics import Measurement
@@ -378,7 +378,8 @@ def parse_budgets(max_slowdown: Any = None, min_speedup: Any = None) -> tuple[Re
             metric = PHASE_METRIC.get(target, target)
             if metric not in PAIRED_METRICS:
                 raise ConfigError(
-                    f"{kind}: unknown phase or metric {target!r}; use prefill, decode or one of {', '.join(PAIRED_METRICS)}"
+                    f"{kind}: unknown phase or metric {target!r}{did_you_mean(target, (*PHASE_METRIC, *PAIRED_METRICS))}; "
+                    f"use prefill, decode or one of {', '.join(PAIRED_METRICS)}"
                 )
             out.append(RelativeBudget(kind, target, metric, _value(kind, value)))
     return tuple(out)
@@ -438,7 +439,7 @@ def parse_agreement_budgets(**given: Any) -> tuple[tuple[AgreementBudget, float]
             continue
         budget = AGREEMENT_BUDGETS.get(key)
         if budget is None:
-            raise ConfigError(f"unknown agreement budget {key!r}; use one of {', '.join(AGREEMENT_BUDGETS)}")
+            raise ConfigError(unknown_name("agreement budget", key, AGREEMENT_BUDGETS))
         high = 1.0 if budget.share else float("inf")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= high:
             what = "a share between 0 and 1 such as 0.9" if budget.share else "a number >= 0 such as 0.01"

@@ -47,6 +47,7 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", marker_help())
+    _warn_unknown_ini_keys(config)
     is_worker = hasattr(config, "workerinput")
     _group_on_xdist(config, is_worker)
     side = _side_plugin(config)
@@ -72,6 +73,27 @@ def pytest_configure(config: pytest.Config) -> None:
 
         hooks.against = AgainstHooks(config, config.stash[SESSION])
         config.pluginmanager.register(hooks.against, PLUGIN_NAME + "-against")
+
+
+def _warn_unknown_ini_keys(config: pytest.Config) -> None:
+    """An ``llmperf_*`` ini key that is none of the plugin's (a typo would be ignored in
+    silence, and its setting with it): one warning with the closest keys."""
+    from ..core.errors import closest_name, did_you_mean
+
+    known = [s.ini_key for s in SETTINGS.values() if s.ini_key is not None]
+    old = [old.ini_key for old, _ in RENAMED_SETTINGS if old.ini_key is not None]  # settings.resolve's line
+    unknown = getattr(config, "_get_unknown_ini_keys", None)  # pytest's own list (it warns without a hint)
+    for key in sorted(unknown() if callable(unknown) else ()):
+        if not key.startswith("llmperf") or key in known or key in old:
+            continue
+        same = SETTINGS.get(closest_name(key.removeprefix("llmperf_"), SETTINGS) or "")
+        if same is not None and same.ini_key is None:
+            hint = f"; {same.name} has no ini key: use {same.option}"
+        else:
+            hint = did_you_mean(key, known, "llmperf_") or " (the ini keys: docs/settings.md)"
+        config.issue_config_time_warning(
+            pytest.PytestConfigWarning(f"llmperf: unknown llmperf ini key {key!r}{hint}"), stacklevel=2
+        )
 
 
 def _group_on_xdist(config: pytest.Config, is_worker: bool) -> None:
@@ -128,13 +150,15 @@ class LLMPerfHooks:
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         moved = config.stash[PROJECT].moved
-        return [*([moved] if moved else []), *marks.header(config, self.session, hookcalls.engine_note(config))]
+        return _fitted(
+            [*([moved] if moved else []), *marks.header(config, self.session, hookcalls.engine_note(config))], config
+        )
 
     def pytest_report_collectionfinish(self, config: pytest.Config, items: list[pytest.Item]) -> list[str]:
         """The model line, once collection found llmperf tests to run (none: not a word)."""
         if self.session.is_worker or self.session.settings.skip or not any(marks.is_perf(i) for i in items):
             return []
-        lines = self.session.describe(hookcalls.engine_note(config))
+        lines = _fitted(self.session.describe(hookcalls.engine_note(config)), config)
         verbosity = config.get_verbosity()
         if verbosity < 0:  # -q: only the warnings; -qq: nothing
             return [line for line in lines if "warning" in line] if verbosity == -1 else []
@@ -201,8 +225,10 @@ class LLMPerfHooks:
         if parts.ab:
             report.llmperf_ab = parts.ab
         if parts.lines and report.passed:
+            from ..reports.text import wrap_text
+
             report.outcome = "failed"
-            report.longrepr = "\n".join(parts.lines)
+            report.longrepr = "\n".join(wrap_text(line, marks.terminal_width(self.config)) for line in parts.lines)
         if fixture.ab_results:
             from ..judge.ab import attach
 
@@ -377,6 +403,16 @@ class TerminalSink:
 
     def end(self, text: str) -> None:
         self._write(text, last=True)
+
+
+def _fitted(lines: list[str], config: pytest.Config) -> list[str]:
+    """Header lines wrapped to the terminal's width (a hanging indent under each)."""
+    width = marks.terminal_width(config)
+    if all(len(line) <= width for line in lines):
+        return lines
+    from ..reports.text import wrap_text
+
+    return [wrap_text(line, width) for line in lines]
 
 
 def add_options(parser: pytest.Parser) -> None:

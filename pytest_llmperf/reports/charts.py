@@ -26,6 +26,7 @@ side (``judge.parts.PartChange``: both sides' medians), for a test or an A/B wit
 from __future__ import annotations
 
 import io
+import itertools
 import re
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
@@ -47,12 +48,14 @@ BASELINE = "#8c8c8c"
 BUDGET = "#c0392b"
 FIRST_RUN = "#e67e22"
 WIDTH_IN = 5.4
+#: The charts' font size (points), their tick labels' too.
+TICK_FONT_PT = 8.5
 
 RC = {
     "svg.fonttype": "none",  # text stays text: small files, searchable, selectable
     "svg.hashsalt": "pytest-llmperf",  # deterministic ids
     "font.family": "sans-serif",
-    "font.size": 8.5,
+    "font.size": TICK_FONT_PT,
     "axes.titlesize": 9.5,
     "axes.spines.top": False,
     "axes.spines.right": False,
@@ -184,13 +187,115 @@ def _svg(fig: Any) -> str:
 
 
 def plain_log(axis: Any) -> None:
-    """Log axis with plain tick labels (0.5, 1, 2) instead of 10^x."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator
+    """Log axis with plain tick labels (0.5, 1, 2) instead of 10^x, as many as fit without
+    overlapping (``log_ticks``, at draw time: the axis's limits and length then)."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter, NullLocator
 
-    axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_major_locator(_spaced_log_locator()(axis.axis_name == "x"))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: tick_label(v)))
     axis.set_minor_locator(NullLocator())
     axis.set_minor_formatter(NullFormatter())
+
+
+def tick_label(value: float) -> str:
+    """A log axis's tick label: ``0.5``, ``20``, ``1e+04``."""
+    return f"{value:g}"
+
+
+#: The ladders of a log axis's ticks, densest first: the multiples of each decade it marks,
+#: then one decade in 1, 2, 3, 5 or 10.
+TICK_LADDERS: tuple[tuple[tuple[float, ...], int], ...] = (
+    ((1.0, 2.0, 5.0), 1),
+    ((1.0, 3.0), 1),
+    ((1.0,), 1),
+    ((1.0,), 2),
+    ((1.0,), 3),
+    ((1.0,), 5),
+    ((1.0,), 10),
+)
+
+#: The least room between two tick labels (inches), and a digit's width and a line's height
+#: as a share of the font size (DejaVu Sans).
+TICK_GAP_IN = 0.08
+DIGIT_EM = 0.64
+LINE_EM = 1.25
+
+
+def tick_size_in(label: str, horizontal: bool, font_pt: float = TICK_FONT_PT) -> float:
+    """How far a tick label reaches along its axis (inches): its width on an x axis, its
+    height on a y axis."""
+    return (len(label) * DIGIT_EM if horizontal else LINE_EM) * font_pt / 72.0
+
+
+def log_ticks(low: float, high: float, length_in: float, horizontal: bool) -> list[float]:
+    """The ticks of a log axis from ``low`` to ``high`` drawn ``length_in`` inches long: the
+    densest ladder (``TICK_LADDERS``) whose neighbouring labels keep ``TICK_GAP_IN`` apart;
+    at least the one tick nearest the middle where even one per 10 decades is too many."""
+    if not (0 < low < high) or not np.isfinite(high) or length_in <= 0:
+        return []
+    span = np.log10(high / low)
+    for subs, every in TICK_LADDERS:
+        ticks = _ladder(low, high, subs, every)
+        if len(ticks) >= 2 and _apart(ticks, span, length_in, horizontal):
+            return ticks
+        if len(ticks) < 2 and subs == TICK_LADDERS[0][0]:
+            return ticks  # a range too narrow for two: its one tick (or none) never overlaps
+    middle = np.sqrt(low * high)
+    return [min(_ladder(low, high, (1.0,), 1) or [middle], key=lambda t: abs(np.log10(t / middle)))]
+
+
+def _ladder(low: float, high: float, subs: Sequence[float], every: int) -> list[float]:
+    """The values ``sub * 10**k`` between ``low`` and ``high`` (``k`` a multiple of ``every``)."""
+    first, last = int(np.floor(np.log10(low))), int(np.ceil(np.log10(high)))
+    return [
+        float(f"{sub * 10.0**k:.12g}")
+        for k in range(first, last + 1)
+        if k % every == 0
+        for sub in subs
+        if low <= sub * 10.0**k <= high
+    ]
+
+
+def _apart(ticks: Sequence[float], span: float, length_in: float, horizontal: bool) -> bool:
+    """Neighbouring tick labels keep ``TICK_GAP_IN`` apart on an axis ``span`` decades long."""
+    for a, b in itertools.pairwise(ticks):
+        room = length_in * np.log10(b / a) / span
+        reach = (tick_size_in(tick_label(a), horizontal) + tick_size_in(tick_label(b), horizontal)) / 2
+        if room < reach + TICK_GAP_IN:
+            return False
+    return True
+
+
+_LOCATOR: list[Any] = []
+
+
+def _spaced_log_locator() -> Any:
+    """The class of a log axis's major locator that places ``log_ticks`` (made once: it
+    subclasses matplotlib's Locator, imported only when a chart is drawn)."""
+    if _LOCATOR:
+        return _LOCATOR[0]
+    from matplotlib.ticker import Locator
+
+    class SpacedLogLocator(Locator):
+        def __init__(self, horizontal: bool) -> None:
+            self.horizontal = horizontal
+
+        def __call__(self) -> list[float]:
+            axis: Any = self.axis
+            low, high = axis.get_view_interval()
+            return self.tick_values(low, high)
+
+        def tick_values(self, vmin: float, vmax: float) -> list[float]:
+            axes: Any = getattr(self.axis, "axes", None)
+            if axes is None:  # not on an axis yet: no length to fit
+                return []
+            box = axes.get_position()
+            width_in, height_in = axes.get_figure(root=True).get_size_inches()
+            length = box.width * width_in if self.horizontal else box.height * height_in
+            return log_ticks(min(vmin, vmax), max(vmin, vmax), float(length), self.horizontal)
+
+    _LOCATOR.append(SpacedLogLocator)
+    return SpacedLogLocator
 
 
 def _place_axis_labels(fig: Any) -> None:

@@ -334,11 +334,18 @@ def _workload_notes(result: MeasurementResult, against: str) -> str:
         judged = f"against REF {against}: not compared"
     else:
         judged = f"baseline: {'compared' if result.baseline_record else verdict.status if result.verdict else 'not compared'}"
-    return (
-        f'<p class="notes">{_e(w.get("prompt_tokens", "?"))} prompt tokens, {_e(w.get("max_tokens", "?"))} '
-        f"generated per run, {_e(summary_values(result).get('n_runs', f.runs if f else '?'))} runs; "
-        f"{_e(judged)}</p>"
-    )
+    runs = summary_values(result).get("n_runs", f.runs if f else None)
+    counts = [
+        _counted(w.get("prompt_tokens"), "prompt tokens", "a prompt whose tokens the engine does not count"),
+        _counted(w.get("max_tokens"), "generated per run", "generated tokens not counted"),
+        _counted(runs, "runs", "runs not recorded"),
+    ]
+    return f'<p class="notes">{_e(", ".join(counts))}; {_e(judged)}</p>'
+
+
+def _counted(value: object, noun: str, missing: str) -> str:
+    """``24 prompt tokens``, or what stands for a count nobody took (never ``None ...``)."""
+    return missing if value is None or value == "" else f"{value} {noun}"
 
 
 def _test_notes(verdict: VerdictRecord, record: Mapping[str, Any]) -> list[str]:

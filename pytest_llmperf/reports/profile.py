@@ -181,8 +181,9 @@ def _summary_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     ]
 
 
-def render(r: dict[str, Any], form: str = "table") -> str:
-    """``table`` (terminal), ``markdown`` or ``json``."""
+def render(r: dict[str, Any], form: str = "table", width: int | None = None) -> str:
+    """``table`` (terminal), ``markdown`` or ``json``; ``width``: the table form's tables and
+    lines fitted to a terminal that wide."""
     if form == "json":
         return json.dumps(r, indent=1, sort_keys=True, allow_nan=False)
     md = form == "markdown"
@@ -197,17 +198,23 @@ def render(r: dict[str, Any], form: str = "table") -> str:
     work = f"{w['prompt_tokens']} prompt tokens, {w['max_tokens']} generated, {w['runs']} runs (+{w['warmup']} warm-up)"
     rows = _summary_rows(r) + breakdown.stability_rows(r["stability"]) + breakdown.memory_rows(r["memory"])
     headers = ("metric", "unit", "value", "sample")
+    fit = None if md else width
     parts: list[tuple[str, str]] = [
-        ("speed", breakdown.table(headers, rows, md)),
-        ("per-layer time", breakdown.layers_text(r["layers"], md)),
+        ("speed", breakdown.table(headers, rows, md) if fit is None else breakdown.wrapped_table(headers, rows, fit)),
+        ("per-layer time", breakdown.layers_text(r["layers"], md, width=fit)),
     ]
     if r.get("roofline"):
-        parts.append(("roofline", breakdown.roofline_text(r["roofline"], md)))
+        parts.append(("roofline", breakdown.roofline_text(r["roofline"], md, width=fit)))
     warnings = r["stability"]["warnings"] or ["stable: no run far off, CV within 10%"]
     parts.append(("stability", "\n".join(("- " if md else "") + w for w in warnings)))
+    if fit is not None:
+        parts = [(t, breakdown.wrap_text(b, fit) if t == "stability" else b) for t, b in parts]
     if md:
         return (
             "\n\n".join([f"# llmperf profile: {mdl['name']}", facts, work] + [f"## {t}\n\n{b}" for t, b in parts])
             + "\n"
         )
-    return "\n\n".join([f"llmperf profile: {facts}", f"workload: {work}"] + [f"{t}:\n{b}" for t, b in parts]) + "\n"
+    head = [f"llmperf profile: {facts}", f"workload: {work}"]
+    if fit is not None:
+        head = [breakdown.wrap_text(line, fit) for line in head]
+    return "\n\n".join(head + [f"{t}:\n{b}" for t, b in parts]) + "\n"

@@ -273,14 +273,14 @@ def comparison_table(
     if width is None:
         return render_table(headers, rows)
 
-    def table(chosen: Sequence[str]) -> str:
+    def table(chosen: Sequence[str], keyed: bool = True) -> str:
         keep = [0, 1] + [COMPARISON_COLUMNS[c] for c in chosen]
-        return fit_table([headers[i] for i in keep], [[row[i] for i in keep] for row in rows], width)
+        return fit_table([headers[i] for i in keep], [[row[i] for i in keep] for row in rows], width, keyed)
 
     chosen = tuple(dict.fromkeys(c for c in (columns or ()) if c in COMPARISON_COLUMNS)) or DEFAULT_COMPARISON_COLUMNS
     if against_of(results) and chosen == DEFAULT_COMPARISON_COLUMNS:
-        wide = table(AGAINST_COLUMNS)
-        if max(map(len, wide.splitlines())) <= width:
+        wide = table(AGAINST_COLUMNS, keyed=False)  # both sides' figures only where they fit as they are
+        if wide:
             return wide
     return table(chosen)
 
@@ -310,6 +310,11 @@ def budget_failures(results: Iterable[MeasurementResult]) -> list[str]:
             detail = "; ".join(r.budget_failures) or "over budget"
             out.append(f"{r.test}: {detail}")
     return out
+
+
+def regression_lines(results: Iterable[MeasurementResult]) -> list[str]:
+    """``test: regression line`` for every regression of the session (the test's full id)."""
+    return [f"{r.test}: {f}" for r in results if r.verdict is not None for f in r.verdict.failures]
 
 
 def against_line(results: Sequence[MeasurementResult], against: Mapping[str, Any] | None = None) -> str | None:
@@ -458,7 +463,7 @@ def markdown(
         lines += ["", line]
     lines += _results_table(results, judged)
     lines += _bullets("Over budget", over)
-    lines += _bullets("Regressions", [f for r in results if r.verdict is not None for f in r.verdict.failures])
+    lines += _bullets("Regressions", regression_lines(results))
     lines += _bullets("Not compared against REF", _not_compared_lines(results) if judged else [])
     lines += _bullets("Undecided", undecided_lines(results))
     lines += _bullets("What this gate detects here (80% power)", reach_lines(results))

@@ -11,6 +11,7 @@ detail section, ``llmperf profile`` (text, Markdown) and its JSON show the same 
 
 from __future__ import annotations
 
+import textwrap
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -92,8 +93,9 @@ def _shown(m: Measurement, phase: str) -> bool:
     }.get(phase, True)
 
 
-def metrics_table(m: Measurement) -> str:
-    """The detail section of one measurement: every figure with its sample count."""
+def metrics_table(m: Measurement, width: int | None = None) -> str:
+    """The detail section of one measurement: every figure with its sample count; ``width``
+    (a terminal's): its table's cells wrapped and its lines wrapped to fit it."""
     from ..baselines.records import diagnosis
 
     found = diagnosis(m)
@@ -101,9 +103,11 @@ def metrics_table(m: Measurement) -> str:
     if m.model_loads is not None:
         rows += load_state_rows(m.model_loads.as_dict())
     rows += stability_rows(found["stability"]) + memory_rows(found["memory"], figures=False)
-    text = _engine_head(m) + render_table(("metric", "unit", "value", "sample"), rows)
+    head = _engine_head(m) if width is None else wrap_text(_engine_head(m), width) + "\n"
+    text = head + wrapped_table(("metric", "unit", "value", "sample"), rows, width)
     notes = [n for n in (parts_note(m), *m.token_notes) if n]
-    return text + "".join(f"\n{n}" for n in notes) + _breakdowns(m, found)
+    text += "".join(f"\n{n}" if width is None else "\n" + wrap_text(n, width) for n in notes)
+    return text + _breakdowns(m, found, width)
 
 
 def _engine_head(m: Measurement) -> str:
@@ -239,18 +243,20 @@ def _serving_rows(m: Measurement) -> list[tuple[str, str, str, str]]:
     return rows
 
 
-def _breakdowns(m: Measurement, found: Mapping[str, Any]) -> str:
+def _breakdowns(m: Measurement, found: Mapping[str, Any], width: int | None = None) -> str:
     """What follows the metrics table: per-layer time, the roofline, the agreement with REF,
-    the stability warnings."""
+    the stability warnings; ``width``: tables and lines fitted to it."""
     text = ""
     if "layers" in found:
-        text += "\n\nper-layer time:\n" + layers_text(found["layers"])
+        text += "\n\nper-layer time:\n" + layers_text(found["layers"], width=width)
     if "roofline" in found:
-        text += "\n\nroofline:\n" + roofline_text(found["roofline"])
-    if m.agreement is not None:  # judged against --llmperf-against's REF: A is REF, B this tree
-        text += "\n\n" + "\n".join(m.agreement.against_lines())
-    warnings = found["stability"]["warnings"]
-    return text + ("\n\n" + "\n".join(warnings) if warnings else "")
+        text += "\n\nroofline:\n" + roofline_text(found["roofline"], width=width)
+    prose = list(m.agreement.against_lines()) if m.agreement is not None else []  # A is REF, B this tree
+    warnings = list(found["stability"]["warnings"])
+    for block in (prose, warnings):
+        if block:
+            text += "\n\n" + "\n".join(block if width is None else [wrap_text(line, width) for line in block])
+    return text
 
 
 #: A test id is never cut shorter than this, whatever the width.
@@ -288,18 +294,22 @@ def _summary_cell(value: Any) -> str:
 
 def short_ids(ids: Sequence[str]) -> dict[str, str]:
     """Each test id without what all of them share: the path, then the module when the rest
-    is unique (``tests/perf/test_a.py::test_decode[#2]`` -> ``test_decode[#2]``)."""
+    is unique (``tests/perf/test_a.py::test_decode[#2]`` -> ``test_decode[#2]``); ids that
+    still collide keep as many folders as tell them apart (``one/test_a.py::test_x`` and
+    ``two/test_a.py::test_x``)."""
 
     def tail(nodeid: str, n: int) -> str:
         head, *pieces = nodeids.parts(nodeid)  # a parameter id's own "::" is no separator
         if not pieces:
             return nodeid
         if n > len(pieces):
-            return head.rsplit("/", 1)[-1] + "::" + "::".join(pieces)
+            folders = head.split("/")
+            return "/".join(folders[-(n - len(pieces)) :]) + "::" + "::".join(pieces)
         return "::".join(pieces[-n:])
 
     unique = list(dict.fromkeys(ids))
-    for parts in range(1, 10):
+    deepest = max((len(nodeids.parts(i)) + i.count("/") for i in unique), default=1)
+    for parts in range(1, deepest + 1):
         short = {i: tail(i, parts) for i in unique}
         if len(set(short.values())) == len(unique):
             return short
@@ -318,17 +328,137 @@ def _clip(text: str, width: int) -> str:
     return text[: keep - keep // 2] + ".." + text[len(text) - keep // 2 :]
 
 
-def fit_table(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int) -> str:
-    """``render_table`` with the first column (test ids) shortened so lines fit ``width``."""
+def distinct_clips(names: Sequence[str], width: int) -> dict[str, str] | None:
+    """Each name cut to ``width`` (``_clip``), or None when two distinct names would read alike
+    (a user could not tell their rows apart) or ``width`` leaves too little of a name."""
+    unique = list(dict.fromkeys(names))
+    if width < MIN_TEST_WIDTH and any(len(n) > width for n in unique):
+        return None
+    clipped = {n: _clip(n, width) for n in unique}
+    return clipped if len(set(clipped.values())) == len(unique) else None
+
+
+def _widest(text: str) -> int:
+    return max(map(len, text.splitlines()), default=0)
+
+
+def fit_table(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int, keyed: bool = True) -> str:
+    """``render_table`` within ``width`` columns. The first column holds test ids: shortened
+    (``short_ids``), then cut in the middle where every cut id still reads apart from the
+    others; else the rows are numbered and the ids listed whole under the table (a numbered
+    key), so no two tests ever look alike. Columns that still do not fit go to a second block
+    of the table (each block led by the test column). ``keyed=False``: "" where the ids alone
+    cannot make it fit (the caller then shows fewer columns)."""
     short = short_ids([r[0] for r in rows])
     table = [[short[r[0]], *r[1:]] for r in rows]
+    whole = render_table(headers, table)
+    if _widest(whole) <= width:
+        return whole
     others = sum(max(len(str(c)) for c in col) + 2 for col in list(zip(headers, *table))[1:])
-    room = max(width - others, MIN_TEST_WIDTH, len(headers[0]))
-    return render_table(headers, [[_clip(r[0], room), *r[1:]] for r in table])
+    clipped = distinct_clips([r[0] for r in table], max(width - others, len(headers[0])))
+    if clipped is not None and _widest(render_table(headers, [[clipped[r[0]], *r[1:]] for r in table])) <= width:
+        return render_table(headers, [[clipped[r[0]], *r[1:]] for r in table])
+    if not keyed:
+        return ""
+    numbers = {name: str(i) for i, name in enumerate(dict.fromkeys(r[0] for r in table), 1)}
+    numbered = [[numbers[r[0]], *r[1:]] for r in table]
+    digits = len(str(len(numbers)))
+    key = [line for name, n in numbers.items() for line in _key_lines(n.rjust(digits), name, width)]
+    return wrapped_table(["#", *headers[1:]], numbered, width) + "\n" + "\n".join(key)
 
 
-def curve_table(measurements: Sequence[Measurement]) -> str:
-    """One row per load level: throughput against per-request latency percentiles."""
+def _key_lines(number: str, name: str, width: int) -> list[str]:
+    """``1: tests/a/test_x.py::test_f``: a numbered key's entry, the id whole, continued on
+    indented lines where it is longer than the width."""
+    room = max(width - len(number) - 2, 1)
+    chunks = [name[i : i + room] for i in range(0, len(name), room)] or [""]
+    return [f"{number}: {chunks[0]}", *(" " * (len(number) + 2) + c for c in chunks[1:])]
+
+
+def wrap(text: str, width: int, indent: str = "    ") -> list[str]:
+    """A line of prose (a verdict, a note, a why line) wrapped at ``width`` with a hanging
+    ``indent`` (after the line's own); a word longer than a line (a path) is broken, never
+    left past the edge."""
+    if len(text) <= width:
+        return [text]
+    lead = text[: len(text) - len(text.lstrip(" "))]
+    hanging = (lead + indent)[: max(width // 2, 0)]
+    return textwrap.wrap(text, width, subsequent_indent=hanging, break_on_hyphens=False, break_long_words=True) or [
+        text[:width]
+    ]
+
+
+#: A wrapped table column is never narrower than this, nor than its longest word.
+MIN_CELL_WIDTH = 8
+
+
+def wrapped_table(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int | None) -> str:
+    """``render_table``, with the widest cells (and headers) wrapped onto more lines (the row
+    continues on them) until the table is at most ``width`` characters wide; when even that
+    cannot fit, the columns split into blocks, each led by the first column. None: as
+    ``render_table``."""
+    table = [[str(c) for c in r] for r in rows]
+    plain = render_table(headers, table)
+    if width is None or _widest(plain) <= width:
+        return plain
+    widths = [max(len(c) for c in col) for col in zip(headers, *table)]
+    floors = [
+        min(w, max(MIN_CELL_WIDTH, *map(len, " ".join(col).split()))) for w, col in zip(widths, zip(headers, *table))
+    ]
+    if sum(floors) + 2 * (len(floors) - 1) > width and len(headers) > 2:
+        return "\n\n".join(wrapped_table(h, r, width) for h, r in _split_columns(headers, table, floors, width))
+    while sum(widths) + 2 * (len(widths) - 1) > width:
+        i = max(range(len(widths)), key=lambda j: widths[j] - floors[j])
+        if widths[i] <= floors[i]:
+            break  # nothing left to narrow: one column and its floor are wider than the terminal
+        widths[i] -= 1
+    head = [_cell_lines(h, w) for h, w in zip(headers, widths)]
+    cells = [[_cell_lines(c, w) for c, w in zip(r, widths)] for r in table]
+    widths = [max(len(x) for row in [head, *cells] for x in row[j]) for j in range(len(headers))]
+
+    def lines(row: Sequence[Sequence[str]]) -> list[str]:
+        depth = max(len(c) for c in row)
+        out = []
+        for k in range(depth):
+            first, *rest = (c[k] if k < len(c) else "" for c in row)
+            out.append("  ".join([first.ljust(widths[0]), *(c.rjust(w) for c, w in zip(rest, widths[1:]))]).rstrip())
+        return out
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([*lines(head), rule, *(x for row in cells for x in lines(row))])
+
+
+def _split_columns(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], floors: Sequence[int], width: int
+) -> list[tuple[list[str], list[list[str]]]]:
+    """The columns after the first in groups whose narrowest layout fits ``width`` beside the
+    first column (at least one column each)."""
+    groups: list[list[int]] = [[]]
+    used = floors[0]
+    for i in range(1, len(headers)):
+        if groups[-1] and used + 2 + floors[i] > width:
+            groups.append([])
+            used = floors[0]
+        groups[-1].append(i)
+        used += 2 + floors[i]
+    return [([headers[0], *(headers[i] for i in g)], [[r[0], *(r[i] for i in g)] for r in rows]) for g in groups]
+
+
+def _cell_lines(text: str, width: int) -> list[str]:
+    """A cell's text on lines of at most ``width`` characters (a continuation indented)."""
+    if len(text) <= width:
+        return [text]
+    return textwrap.wrap(text, width, subsequent_indent=" ", break_on_hyphens=False) or [""]
+
+
+def wrap_text(text: str, width: int, indent: str = "    ") -> str:
+    """Every line of ``text`` wrapped (``wrap``); blank lines kept."""
+    return "\n".join(w for line in text.splitlines() for w in (wrap(line, width, indent) if line else [""]))
+
+
+def curve_table(measurements: Sequence[Measurement], width: int | None = None) -> str:
+    """One row per load level: throughput against per-request latency percentiles; ``width``:
+    fitted to a terminal that wide (``wrapped_table``)."""
 
     rows = []
     for m in measurements:
@@ -345,7 +475,7 @@ def curve_table(measurements: Sequence[Measurement]) -> str:
                 f"{s.goodput:.0%}" if s.slo else "-",
             ]
         )
-    return render_table(
+    return wrapped_table(
         (
             "concurrency",
             "ok",
@@ -356,6 +486,7 @@ def curve_table(measurements: Sequence[Measurement]) -> str:
             catalog.METRICS["goodput"].label,
         ),
         rows,
+        width,
     )
 
 
@@ -554,24 +685,31 @@ def layer_summary(layers: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def layers_text(layers: Mapping[str, object], markdown: bool = False) -> str:
+def layers_text(layers: Mapping[str, object], markdown: bool = False, width: int | None = None) -> str:
     headers, rows = layer_rows(layers, markdown)
-    return _table_with_notes(headers, rows, layer_summary(layers), markdown)
+    return _table_with_notes(headers, rows, layer_summary(layers), markdown, width)
 
 
 def _table_with_notes(
-    headers: Sequence[str], rows: Sequence[Sequence[str]], notes: Sequence[str], markdown: bool
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    notes: Sequence[str],
+    markdown: bool,
+    width: int | None = None,
 ) -> str:
-    """A table and its notes under it (Markdown: the notes as a list after a blank line)."""
+    """A table and its notes under it (Markdown: the notes as a list after a blank line);
+    ``width`` (a terminal's): the table's cells and the notes wrapped to it."""
     if markdown:
         return table(headers, rows, True) + "\n\n" + "\n".join(f"- {n}" for n in notes)
-    return table(headers, rows, False) + "\n" + "\n".join(notes)
+    if width is None:
+        return table(headers, rows, False) + "\n" + "\n".join(notes)
+    return wrapped_table(headers, rows, width) + "\n" + "\n".join(wrap_text(n, width) for n in notes)
 
 
-def roofline_text(roof: Mapping[str, Any], markdown: bool = False) -> str:
+def roofline_text(roof: Mapping[str, Any], markdown: bool = False, width: int | None = None) -> str:
     headers = ["phase", "verdict", "FLOP/byte", "bound t/s", "achieved t/s", "achieved GB/s", "MBU", "MFU"]
     rows = [_roofline_row(phase, roof[phase]) for phase in ("prefill", "decode") if roof.get(phase)]
-    return _table_with_notes(headers, rows, _roofline_notes(roof), markdown)
+    return _table_with_notes(headers, rows, _roofline_notes(roof), markdown, width)
 
 
 def _roofline_row(phase: str, p: Mapping[str, Any]) -> list[str]:

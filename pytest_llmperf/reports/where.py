@@ -21,7 +21,7 @@ from ..core.formats import render_table
 from ..judge.parts import MATERIAL_SHARE, PartChange
 from ..judge.result import MeasurementResult
 from ..judge.verdict import fmt_value
-from .text import short_ids
+from .text import short_ids, wrap, wrapped_table
 
 #: The phases that have parts, in the catalog's order (prefill, decode).
 PHASES: tuple[str, ...] = tuple(dict.fromkeys(m.phase for m in catalog.PARTS))
@@ -82,12 +82,21 @@ class Explained:
 
     def headers(self, phase: str) -> tuple[str, ...]:
         """A moved phase's parts table's headers: ``decode (ms/token)``, both sides' names, ``PART_HEADERS``."""
-        return (phase_header(phase, self.of_phase(phase)), *(_clip(s, SIDE_HEADER) for s in self.sides), *PART_HEADERS)
+        return (phase_header(phase, self.of_phase(phase)), *side_headers(self.sides), *PART_HEADERS)
 
     def name(self, shown: Mapping[str, str] | None = None) -> str:
         """``test_x`` or ``test_x: B [new] vs A [old]``; ``shown``: test ids as the terminal shows them."""
         test = (shown or {}).get(self.test, self.test)
         return f"{test}: {self.title}" if self.title else test
+
+
+def side_headers(sides: tuple[str, str]) -> tuple[str, str]:
+    """Both sides' names as a parts table's headers: cut to ``SIDE_HEADER`` characters where
+    the cut names still read apart, else ``A``/``B`` (the comparison's title names them whole)."""
+    if all(len(s) <= SIDE_HEADER for s in sides):
+        return sides
+    cut = tuple(_clip(s, SIDE_HEADER) for s in sides)
+    return (cut[0], cut[1]) if cut[0] != cut[1] else ("A", "B")
 
 
 def explained(results: Iterable[MeasurementResult], ab: Iterable[Mapping[str, Any]] = ()) -> list[Explained]:
@@ -174,7 +183,7 @@ def _entry_lines(e: Explained, names: Mapping[str, str], width: int) -> list[str
     """One comparison: its name and state, its why lines, a parts table per moved phase, and
     the attribution's readings when its pass ran."""
     head = e.name(names) + (f" ({e.state})" if e.state else "")
-    lines = [_clip(head, width)]
+    lines = wrap(head, width)  # a test's name whole: cut, two tests could read alike
     for why in e.why:
         lines += _wrap(why, width, "  ", "    ")
     for phase in e.moved_phases:
@@ -192,11 +201,7 @@ def _phase_table(headers: Sequence[str], parts: Sequence[PartChange], width: int
         return table
     rows = [part_cells(p, unit=False) for p in parts]
     table = render_table(headers, rows)
-    over = _widest(table) - width
-    if over > 0:
-        room = max(max(len(r[0]) for r in rows) - over, 6)
-        table = render_table([_clip(headers[0], room), *headers[1:]], [[_clip(r[0], room), *r[1:]] for r in rows])
-    return table
+    return wrapped_table(headers, rows, width)  # the part labels wrapped, never cut
 
 
 def _widest(text: str) -> int:

@@ -164,10 +164,15 @@ class Assessor:
             entries = self.baselines(path).get(a.key)
             verdict = judge(entries, a.hardware_key, rec, settings, window)
         except BaselineError as exc:
-            return dataclasses.replace(a, verdict=BaselineVerdict(BaselineStatus.ERROR, str(exc)))
+            error = BaselineVerdict(BaselineStatus.ERROR, str(exc))
+            if self.settings.update_baselines:
+                error = dataclasses.replace(error, note=recording_note(error))
+            return dataclasses.replace(a, verdict=error)
         if verdict.status == BaselineStatus.COMPARED:
             assert entries is not None  # judged against one of them
             return dataclasses.replace(a, verdict=verdict, baseline_record=entries[a.hardware_key])
+        if self.settings.update_baselines:
+            verdict = dataclasses.replace(verdict, note=recording_note(verdict))
         if verdict.status == BaselineStatus.NO_BASELINE:
             return self._no_baseline(dataclasses.replace(a, verdict=verdict), path, rel)
         return dataclasses.replace(a, verdict=verdict)
@@ -227,6 +232,24 @@ class Assessor:
         if v.status == BaselineStatus.OTHER_HARDWARE and s.strict_env:
             return [f"{v.note} (--llmperf-strict-env)"]
         return v.failure_lines()
+
+
+#: What a verdict's note says instead of its advice to record a baseline, in the run that records it.
+RECORDING = "this run records the new baseline (--llmperf-update-baselines)"
+
+
+def recording_note(verdict: BaselineVerdict) -> str:
+    """``verdict``'s note in a ``--llmperf-update-baselines`` run: what the run does instead
+    of advice to run it (``no baseline: run with --llmperf-update-baselines`` would tell the
+    test to run the very update it is in)."""
+    from ..judge.verdict import BaselineStatus
+
+    if not verdict.note:
+        return verdict.note
+    if verdict.status is BaselineStatus.NO_BASELINE:
+        return f"no baseline yet: {RECORDING}"
+    kept = [part for part in verdict.note.split("; ") if "--llmperf-update-baselines" not in part]
+    return "; ".join([*kept, RECORDING]) if len(kept) < len(verdict.note.split("; ")) else verdict.note
 
 
 def module_path(module: Path | str, rootdir: Path | str) -> str:

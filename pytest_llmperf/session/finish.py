@@ -215,7 +215,35 @@ def summary(
 ) -> list[Line]:
     """Every line of the llmperf part of the terminal summary, for pytest's ``verbosity``
     (-q: a count, -qq: nothing but errors) and the terminal's ``width``; ``ab``: the session's
-    A/B comparisons (session JSON ``ab`` entries: their parts join the "where it went" block)."""
+    A/B comparisons (session JSON ``ab`` entries: their parts join the "where it went" block).
+    Every line is at most ``width`` characters: tables fit it, longer lines wrap with a
+    hanging indent."""
+    return [
+        (kind, text if kind != "line" else _wrapped(text, width))
+        for kind, text in _summary(
+            s, rows, results, out, suite_failures, verbosity=verbosity, width=width, notes=notes, ab=ab
+        )
+    ]
+
+
+def _wrapped(text: str, width: int) -> str:
+    from ..reports.text import wrap_text
+
+    return wrap_text(text, width) if any(len(line) > width for line in text.splitlines()) else text
+
+
+def _summary(
+    s: SessionSettings,
+    rows: Sequence[Mapping[str, object]],
+    results: Sequence[MeasurementResult],
+    out: Outputs | None,
+    suite_failures: Sequence[str],
+    *,
+    verbosity: int,
+    width: int,
+    notes: Sequence[str] = (),
+    ab: Sequence[Mapping[str, object]] = (),
+) -> list[Line]:
     lines: list[Line] = [("line", note) for note in notes]
     if out is not None:
         lines += outputs_lines(out, verbosity)

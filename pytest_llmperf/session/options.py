@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..core.catalog import AGREEMENT_BUDGETS, BUDGETS
-from ..core.errors import ConfigError
+from ..core.errors import ConfigError, unknown_name
 from ..core.settings import RENAMED, SETTINGS, EngineSettings, Resolved, renamed_line, resolve, value_kind
 from ..core.values import COUNT, FLAG, LEVEL, POSITIVE, SHARE, THRESHOLD, Choice, Integer, Kind
 from ..core.workload import LLAMA_SETTINGS, MODEL_LOAD_KINDS, PROMPT_CACHE_MODES
@@ -130,7 +130,7 @@ class SessionSettings:
                 raise ConfigError("llmperf: " + renamed_line("setting", name, RENAMED[name]))
         unknown = sorted(set(values) - set(SETTINGS))
         if unknown:
-            raise ConfigError(f"unknown llmperf setting(s) {', '.join(unknown)}; known: {', '.join(SETTINGS)}")
+            raise ConfigError(unknown_name("llmperf setting", unknown[0], SETTINGS, "docs/settings.md"))
         given = {SETTINGS[k].dest: SETTINGS[k].parse(v) if isinstance(v, str) else v for k, v in values.items()}
         return cls.from_options(lambda dest: given.get(dest), lambda key: "", rootdir, environ)
 
@@ -251,8 +251,10 @@ def _side_setting(side: str, key: str, value: object) -> object:
         raise ConfigError(f"A/B side {side!r}: " + renamed_line("llama.cpp setting", key, RENAMED[key]))
     k = KEYS.get(key)
     if k is None or k.kind != "engine":
-        allowed = ", ".join(n for n, v in KEYS.items() if v.kind == "engine")
-        raise ConfigError(f"A/B side {side!r}: unknown llama.cpp setting {key!r}; allowed: {allowed}")
+        allowed = [n for n, v in KEYS.items() if v.kind == "engine"]
+        raise ConfigError(
+            f"A/B side {side!r}: " + unknown_name("llama.cpp setting", key, allowed, "docs/engine-settings.md")
+        )
     return k.check(key, value)
 
 
@@ -386,11 +388,15 @@ class MarkerConfig:
         )
 
 
+#: Where every marker key is listed (a bad key's line points there).
+MARKER_KEYS_AT = "pytest --markers, or README.md's marker keys"
+
+
 def validate(kwargs: Mapping[str, object], args: tuple[Any, ...] = ()) -> MarkerConfig:
     """Check marker keys and values; a ConfigError names the key and the allowed keys."""
     if args:
         raise ConfigError(
-            f"llmperf marker takes keyword arguments only, got positional {args!r}; allowed keys: {', '.join(KEYS)}"
+            f"llmperf marker takes keyword arguments only, got positional {args!r}; its keys: {MARKER_KEYS_AT}"
         )
     by_kind: dict[str, dict[str, Any]] = {
         "budget": {},
@@ -405,7 +411,7 @@ def validate(kwargs: Mapping[str, object], args: tuple[Any, ...] = ()) -> Marker
         if key is None and name in RENAMED:
             raise ConfigError("llmperf: " + renamed_line("marker key", name, RENAMED[name]))
         if key is None:
-            raise ConfigError(f"unknown llmperf marker key {name!r}; allowed keys: {', '.join(KEYS)}")
+            raise ConfigError(unknown_name("llmperf marker key", name, KEYS, MARKER_KEYS_AT))
         by_kind[key.kind][name] = key.check(name, value)
     if "prompt" in by_kind["workload"] and "prompt_tokens" in by_kind["workload"]:
         raise ConfigError("llmperf marker: give either 'prompt' or 'prompt_tokens', not both")

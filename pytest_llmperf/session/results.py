@@ -419,15 +419,15 @@ def ab_result_of(nodeid: str, ab: ABResult) -> dict[str, Any]:
 def section_of(r: Result, t: MeasurementResult, columns: Sequence[str], width: int) -> tuple[str, str]:
     """The report section of one measurement (``r``, its typed result ``t``): its figures,
     then its baseline comparison, then its undecided budgets."""
-    from ..reports.text import metrics_table
+    from ..reports.text import metrics_table, wrap_text
 
     m, a = r.measurement, r.baseline
     title = "llmperf" + (f" [{m.label}]" if m.label else "")
-    detail = metrics_table(m)
+    detail = metrics_table(m, width)
     if a is not None and a.verdict is not None:
-        detail += "\n\n" + "\n".join(_verdict_lines(a, t, columns, width))
+        detail += "\n\n" + "\n".join(wrap_text(line, width) for line in _verdict_lines(a, t, columns, width))
     if t.budget_notes:
-        detail += "\n\n" + "\n".join(f"budget undecided: {line}" for line in t.budget_notes)
+        detail += "\n\n" + "\n".join(wrap_text(f"budget undecided: {line}", width) for line in t.budget_notes)
     return title, detail.rstrip()
 
 
