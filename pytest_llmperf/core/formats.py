@@ -18,6 +18,7 @@ is appended like a parameter id and stays with the last part too."""
 from __future__ import annotations
 
 import enum
+import math
 import sys
 from collections.abc import Iterable, Sequence
 from typing import overload
@@ -47,8 +48,15 @@ def sig6(value: float | None) -> float | None:
     return None if value is None else float(f"{value:.6g}")
 
 
+#: From this magnitude on a figure is written with an exponent (``1.23e+07``), not its digits.
+EXPONENT_FROM = 1e7
+
+
 def fmt(value: float) -> str:
-    """Three significant figures for small values, no false precision for large ones."""
+    """Three significant figures for small values, no false precision for large ones; a huge
+    or non-finite one with an exponent (``1e+308``, ``inf``), never hundreds of digits."""
+    if not math.isfinite(value) or abs(value) >= EXPONENT_FROM:
+        return f"{value:.3g}"
     if value >= 100:
         return f"{value:.0f}"
     if value >= 10:
@@ -56,6 +64,26 @@ def fmt(value: float) -> str:
     if value >= 1:
         return f"{value:.2f}"
     return f"{value:.3g}"
+
+
+#: The longest text a message quotes whole.
+SHOWN_TEXT_MAX = 32
+
+
+def shown(value: object) -> str:
+    """A value a user gave, as a message writes it: a number readably (``1e+308``, ``inf``,
+    ``nan``, ``0.5``, ``12``; never 309 digits), a long text cut (``'1000...' (401 characters)``),
+    anything else as its ``repr``."""
+    if isinstance(value, str) and len(value) > SHOWN_TEXT_MAX:
+        return f"{value[: SHOWN_TEXT_MAX // 2]!r}... ({len(value)} characters)"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, int) and abs(value) < 10**15:
+        return str(value)
+    try:
+        return f"{value:.6g}"
+    except OverflowError:  # an int too large for a float
+        return f"an integer of {len(str(abs(value)))} digits"
 
 
 def human_bytes(n: float) -> str:

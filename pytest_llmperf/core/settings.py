@@ -14,7 +14,7 @@ at every pytest start (no heavy import)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
@@ -613,3 +613,43 @@ def markdown_table() -> str:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _given_options(args: Sequence[str], by_option: Mapping[str, Setting]) -> Iterator[tuple[Setting, str]]:
+    """Each setting's option in ``args`` with its text (``--x=v`` or ``--x v``; a switch: "")."""
+    it = iter(args)
+    for arg in it:
+        if arg == "--":
+            return
+        name, eq, value = arg.partition("=")
+        s = by_option.get(name)
+        if s is None:
+            continue
+        if s.switch:
+            yield s, ""
+        elif eq:
+            yield s, value
+        else:
+            yield s, next(it, "")
+
+
+def conflicting_option(args: Sequence[str]) -> str | None:
+    """One line when the command line gives one setting's option twice with different values
+    (``--llmperf-threads 2 ... --llmperf-threads 4``), which argparse would read last-wins;
+    None when there is none."""
+    by_option = {s.option: s for s in SETTINGS.values()}
+    seen: dict[str, tuple[str, object]] = {}
+    for s, text in _given_options(args, by_option):
+        value = _parsed_or_text(s, text)
+        if s.option in seen and seen[s.option][1] != value:
+            first = seen[s.option][0]
+            return f"llmperf: {s.option} is given twice ({first!r} and {text!r}); give it once"
+        seen.setdefault(s.option, (text, value))
+    return None
+
+
+def _parsed_or_text(s: Setting, text: str) -> object:
+    try:
+        return s.parse(text)
+    except ValueError:
+        return text

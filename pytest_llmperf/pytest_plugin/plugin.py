@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ..core.errors import LLMPerfError
-from ..core.settings import RENAMED_SETTINGS, SETTINGS
+from ..core.errors import ConfigError, LLMPerfError
+from ..core.settings import RENAMED_SETTINGS, SETTINGS, conflicting_option
 from ..session import Session, SessionSettings
 from ..session.options import marker_help
 from ..session.sides import SIDE_ENV
@@ -80,6 +80,9 @@ def _group_on_xdist(config: pytest.Config, is_worker: bool) -> None:
 def _settings(config: pytest.Config, on_side: bool, is_worker: bool) -> SessionSettings:
     """The session's settings, read once (a bad one: pytest's usage error, one line)."""
     try:
+        conflict = conflicting_option(config.invocation_params.args)
+        if conflict is not None:
+            raise ConfigError(conflict)
         settings = SessionSettings.from_options(config.getoption, config.getini, config.rootpath)
         if on_side:
             from .side import side_settings

@@ -18,9 +18,9 @@ from typing import Any, TypeVar
 
 from ..core.catalog import AGREEMENT_BUDGETS, BUDGETS
 from ..core.errors import ConfigError
-from ..core.settings import RENAMED, SETTINGS, EngineSettings, Resolved, renamed_line, resolve, value_kind
+from ..core.settings import RENAMED, SETTINGS, UNQUANTIZED, EngineSettings, Resolved, renamed_line, resolve, value_kind
 from ..core.values import COUNT, FLAG, LEVEL, POSITIVE, SHARE, THRESHOLD, Choice, Integer, Kind
-from ..core.workload import LLAMA_SETTINGS, MODEL_LOAD_KINDS, PROMPT_CACHE_MODES
+from ..core.workload import LLAMA_SETTINGS, MODEL_LOAD_KINDS, PROMPT_CACHE_MODES, Workload
 from ..history.connection import Location
 from ..history.connection import default as default_history
 from ..history.connection import parse as parse_history
@@ -137,6 +137,7 @@ class SessionSettings:
         for one, other, line in EXCLUSIVE:
             if r[one].value and r[other].value:
                 raise ConfigError(line)
+        _check_timeouts(r)
         root = Path(rootdir)
         engine_fields = [f.name for f in dataclasses.fields(EngineSettings)]
         own = {
@@ -151,6 +152,17 @@ class SessionSettings:
             baseline_dir=root / r["baseline_dir"].value,
             history=_history(r, root),
             **own,
+        )
+
+
+def _check_timeouts(r: Mapping[str, Resolved]) -> None:
+    """A wait for one token longer than the wait for the whole request never ends first: both
+    given so (not a default), one line naming where each came from."""
+    token, request = r["token_timeout"], r["request_timeout"]
+    if "default" not in (token.source, request.source) and token.value > request.value:
+        raise ConfigError(
+            f"llmperf: {token.source} {token.value:g} s is longer than {request.source} {request.value:g} s "
+            "(a token's wait within the request's); give a token timeout at most the request timeout"
         )
 
 
@@ -348,24 +360,28 @@ class MarkerConfig:
         return "a" in self.ab and "b" in self.ab
 
     def merged(self, overrides: Mapping[str, object]) -> MarkerConfig:
-        extra = validate(overrides)
+        extra = validate(overrides, together=False)
         workload = dict(self.workload)
         # A prompt given here replaces the marker's prompt of either kind.
         if PROMPT_KEYS & extra.workload.keys():
             for key in PROMPT_KEYS:
                 workload.pop(key, None)
-        return MarkerConfig(
-            budgets={**self.budgets, **extra.budgets},
-            workload={**workload, **extra.workload},
-            settings={**self.settings, **extra.settings},
-            options={**self.options, **extra.options},
-            engine={**self.engine, **extra.engine},
-            ab={**self.ab, **extra.ab},
+        return check_together(
+            MarkerConfig(
+                budgets={**self.budgets, **extra.budgets},
+                workload={**workload, **extra.workload},
+                settings={**self.settings, **extra.settings},
+                options={**self.options, **extra.options},
+                engine={**self.engine, **extra.engine},
+                ab={**self.ab, **extra.ab},
+            )
         )
 
 
-def validate(kwargs: Mapping[str, object], args: tuple[Any, ...] = ()) -> MarkerConfig:
-    """Check marker keys and values; a ConfigError names the key and the allowed keys."""
+def validate(kwargs: Mapping[str, object], args: tuple[Any, ...] = (), *, together: bool = True) -> MarkerConfig:
+    """Check marker keys and values; a ConfigError names the key and the allowed keys. With
+    ``together`` (a whole marker, not overrides still to be merged), keys that contradict each
+    other too (``check_together``)."""
     if args:
         raise ConfigError(
             f"llmperf marker takes keyword arguments only, got positional {args!r}; allowed keys: {', '.join(KEYS)}"
@@ -387,7 +403,7 @@ def validate(kwargs: Mapping[str, object], args: tuple[Any, ...] = ()) -> Marker
         by_kind[key.kind][name] = key.check(name, value)
     if "prompt" in by_kind["workload"] and "prompt_tokens" in by_kind["workload"]:
         raise ConfigError("llmperf marker: give either 'prompt' or 'prompt_tokens', not both")
-    return MarkerConfig(
+    config = MarkerConfig(
         budgets=by_kind["budget"],
         workload=by_kind["workload"],
         settings=by_kind["setting"],
@@ -395,6 +411,76 @@ def validate(kwargs: Mapping[str, object], args: tuple[Any, ...] = ()) -> Marker
         engine=by_kind["engine"],
         ab=by_kind["ab"],
     )
+    return check_together(config) if together else config
+
+
+def _max_runs_below_runs(c: MarkerConfig) -> str | None:
+    max_runs, runs = c.options.get("max_runs"), c.workload.get("runs", Workload.runs)
+    if max_runs is None or max_runs >= runs:
+        return None
+    return (
+        f"max_runs {max_runs} is below runs {runs} (the runs measured at first); "
+        "give max_runs >= runs (max_runs = runs measures no more)"
+    )
+
+
+def _requests_below_concurrency(c: MarkerConfig) -> str | None:
+    w = c.workload
+    concurrency, requests = w.get("concurrency"), w.get("requests", w.get("runs", Workload.runs))
+    if concurrency is None or requests >= concurrency:
+        return None
+    return (
+        f"concurrency {concurrency} is above the {requests} requests sent (requests, default runs): "
+        "never that many in flight; give requests >= concurrency"
+    )
+
+
+def _context_below_workload(c: MarkerConfig) -> str | None:
+    n_ctx, prompt = c.engine.get("n_ctx"), c.workload.get("prompt_tokens")
+    if not isinstance(n_ctx, int) or prompt is None:
+        return None
+    generated = c.workload.get("max_tokens", Workload.max_tokens)
+    if prompt + generated <= n_ctx:
+        return None
+    return f"n_ctx {n_ctx} is below prompt_tokens {prompt} + max_tokens {generated}; give n_ctx >= {prompt + generated}"
+
+
+def _ubatch_above_batch(c: MarkerConfig) -> str | None:
+    n_ubatch, n_batch = c.engine.get("n_ubatch"), c.engine.get("n_batch")
+    if not isinstance(n_ubatch, int) or not isinstance(n_batch, int) or n_ubatch <= n_batch:
+        return None
+    return f"n_ubatch {n_ubatch} is above n_batch {n_batch} (llama.cpp splits a batch into ubatches); give n_ubatch <= n_batch"
+
+
+def _quantized_v_without_flash_attn(c: MarkerConfig) -> str | None:
+    type_v = c.engine.get("type_v")
+    if type_v is None or type_v in UNQUANTIZED or c.engine.get("flash_attn") is not False:
+        return None
+    return f"type_v={type_v!r} (a quantized V cache) needs flash_attn=True in llama.cpp, and flash_attn=False is given"
+
+
+#: Marker keys that contradict each other: each rule says so in one line, or None.
+CONTRADICTIONS: tuple[Callable[[MarkerConfig], str | None], ...] = (
+    _max_runs_below_runs,
+    _requests_below_concurrency,
+    _context_below_workload,
+    _ubatch_above_batch,
+    _quantized_v_without_flash_attn,
+)
+
+
+def check_together(config: MarkerConfig) -> MarkerConfig:
+    """``config``, unless some of its keys contradict each other (``CONTRADICTIONS``, and the
+    workload's own rules: a shared prefix shorter than the prompt...): a ConfigError, one line."""
+    for rule in CONTRADICTIONS:
+        line = rule(config)
+        if line is not None:
+            raise ConfigError(f"llmperf marker: {line}")
+    try:
+        Workload(**config.workload)
+    except ConfigError as exc:
+        raise ConfigError(f"llmperf marker: {exc}") from None
+    return config
 
 
 def marker_help() -> str:
