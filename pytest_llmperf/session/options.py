@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 from ..core.catalog import AGREEMENT_BUDGETS, BUDGETS
 from ..core.errors import ConfigError
 from ..core.settings import RENAMED, SETTINGS, UNQUANTIZED, EngineSettings, Resolved, renamed_line, resolve, value_kind
-from ..core.values import COUNT, FLAG, LEVEL, POSITIVE, SHARE, THRESHOLD, Choice, Integer, Kind
-from ..core.workload import LLAMA_SETTINGS, MODEL_LOAD_KINDS, PROMPT_CACHE_MODES, Workload
+from ..core.values import COUNT, FLAG, LEVEL, POSITIVE, SHARE, THRESHOLD, TOKENS, Choice, Integer, Kind
+from ..core.workload import LLAMA_SETTINGS, MAX_TOKENS, MODEL_LOAD_KINDS, PROMPT_CACHE_MODES, Workload
 from ..history.connection import Location
 from ..history.connection import default as default_history
 from ..history.connection import parse as parse_history
@@ -266,8 +266,13 @@ KEYS: dict[str, Key] = {
         # Budget keys and their help come from the metric catalog.
         *(Key(b.key, "budget", b.help, _marker(SHARE if b.share else POSITIVE)) for b in BUDGETS.values()),
         Key("prompt", "workload", "literal prompt text", _text),
-        Key("prompt_tokens", "workload", "synthetic prompt of exactly N tokens", _marker(COUNT)),
-        Key("max_tokens", "workload", "tokens generated per run (>= 2, EOS cannot end a run)", _marker(Integer(2))),
+        Key("prompt_tokens", "workload", "synthetic prompt of exactly N tokens", _marker(TOKENS)),
+        Key(
+            "max_tokens",
+            "workload",
+            "tokens generated per run (>= 2, EOS cannot end a run)",
+            _marker(Integer(2, MAX_TOKENS)),
+        ),
         Key("runs", "workload", "measured runs (>= 1)", _marker(COUNT)),
         Key("warmup", "workload", "discarded warm-up runs before measuring (>= 0)", _marker(Integer(0))),
         Key("concurrency", "workload", "load: requests in flight at once (served models)", _marker(COUNT)),
