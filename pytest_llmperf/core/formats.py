@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 import sys
 from collections.abc import Iterable, Sequence
 from typing import overload
@@ -84,6 +85,19 @@ def shown(value: object) -> str:
         return f"{value:.6g}"
     except OverflowError:  # an int too large for a float
         return f"an integer of {len(str(abs(value)))} digits"
+
+
+#: Characters that would act on a terminal or a reader instead of showing: C0 and C1 controls
+#: (ESC starts colour, cursor and title sequences; CR and BS overwrite what came before; a
+#: newline splits one line in two), zero-width and bidirectional marks (text shown reversed).
+_UNSHOWN = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+
+
+def escaped(text: str) -> str:
+    """Text from another process (a server, REF's pytest, llama.cpp's log, git) as a message
+    quotes it: every character in ``_UNSHOWN`` written as its Python escape (``\x1b``,
+    ``\n``, ``\u202e``), so what we print is what it sent, inert and on one line."""
+    return _UNSHOWN.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def human_bytes(n: float) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..core.documents import DuplicateKey, loads
 from ..core.errors import EngineError
+from ..core.formats import escaped
 from ..core.workload import NativeCounters, RunTrace
 
 #: Longest SSE line accepted: a server streaming bytes without a newline is an error, not a
@@ -34,7 +35,7 @@ class EarlyEndError(EngineError):
 
 def short(text: str, n: int = 160) -> str:
     text = " ".join(text.split())
-    return text if len(text) <= n else text[: n - 3] + "..."
+    return escaped(text if len(text) <= n else text[: n - 3] + "...")
 
 
 def status_error(url: str, status: int, body: bytes, location: str | None) -> EngineError:
