@@ -141,3 +141,14 @@ def in_module(nodeid: str) -> str:
 def last(nodeid: str) -> str:
     """The innermost part with its parameters: ``test_y[x::y]``."""
     return parts(nodeid)[-1]
+
+
+def full_id(nodeid: str, module: str) -> str:
+    """The id that names a test whatever the rootdir: ``nodeid`` with its module part made
+    ``module`` (the module's path relative to the rootdir, ``/``-separated) where pytest's id
+    does not name it: a module outside the rootdir given on the command line is ``::test_a``
+    or ``test_x.py::test_a``, the same for two folders' ``test_x.py``."""
+    found = parts(nodeid)
+    if len(found) < 2 or found[0] == module:
+        return nodeid
+    return f"{module}::{in_module(nodeid)}"

@@ -139,6 +139,18 @@ def _same(a: object, b: object) -> bool:
         return False
 
 
+def full_id(item: pytest.Item, rootdir: Path) -> str:
+    """The item's id naming its module by its path from the rootdir (``../a/test_x.py::test_a``
+    for a module outside it, whose node id is ``::test_a``): ``core.formats.full_id``."""
+    from ..core.formats import full_id as named
+
+    try:
+        module = Path(os.path.relpath(item.path, rootdir)).as_posix()
+    except ValueError:  # another drive: no relative path
+        return item.nodeid
+    return named(item.nodeid, module)
+
+
 def uses_llmperf(item: pytest.Item) -> bool:
     return any(name.startswith("llmperf") for name in getattr(item, "fixturenames", ()))
 

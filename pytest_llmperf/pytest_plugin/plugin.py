@@ -210,7 +210,12 @@ class LLMPerfHooks:
         except LLMPerfError as exc:
             hook_error = str(exc)
         parts = self.session.call_report(
-            item.nodeid, results, fixture.ab_results, marks.terminal_width(self.config), hook_error
+            item.nodeid,
+            results,
+            fixture.ab_results,
+            marks.terminal_width(self.config),
+            hook_error,
+            test_id=marks.full_id(item, self.config.rootpath),
         )
         for prop in item.stash.get(PROPERTIES, []):
             if prop in item.user_properties:
