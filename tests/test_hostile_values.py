@@ -172,6 +172,13 @@ def test_an_option_given_twice_with_different_values_is_named(args, conflict) ->
     assert (line is None) if conflict is None else (conflict in line and "\n" not in line), line
 
 
+def test_a_command_flag_given_twice_with_different_values_is_refused(capsys: pytest.CaptureFixture) -> None:
+    from pytest_llmperf import cli
+
+    assert cli.main(["profile", "tiny", "--threads", "1", "--threads", "2", "--runs", "1"]) == 2
+    assert capsys.readouterr().err.strip() == "llmperf: error: --threads is given twice ('1' and '2'); give it once"
+
+
 def test_an_option_given_twice_stops_pytest_in_one_line(pytester: pytest.Pytester) -> None:
     from inner import run
 

@@ -633,18 +633,19 @@ def _given_options(args: Sequence[str], by_option: Mapping[str, Setting]) -> Ite
             yield s, next(it, "")
 
 
-def conflicting_option(args: Sequence[str]) -> str | None:
+def conflicting_option(args: Sequence[str], *, cli: bool = False) -> str | None:
     """One line when the command line gives one setting's option twice with different values
     (``--llmperf-threads 2 ... --llmperf-threads 4``), which argparse would read last-wins;
-    None when there is none."""
-    by_option = {s.option: s for s in SETTINGS.values()}
+    None when there is none. ``cli``: the ``llmperf`` commands' flags (``--threads``)."""
+    flags = ((s.cli if cli else s.option, s) for s in SETTINGS.values())
+    by_option = {flag: s for flag, s in flags if flag}
     seen: dict[str, tuple[str, object]] = {}
     for s, text in _given_options(args, by_option):
         value = _parsed_or_text(s, text)
-        if s.option in seen and seen[s.option][1] != value:
-            first = seen[s.option][0]
-            return f"llmperf: {s.option} is given twice ({first!r} and {text!r}); give it once"
-        seen.setdefault(s.option, (text, value))
+        flag = (s.cli if cli else None) or s.option
+        if flag in seen and seen[flag][1] != value:
+            return f"{flag} is given twice ({seen[flag][0]!r} and {text!r}); give it once"
+        seen.setdefault(flag, (text, value))
     return None
 
 

@@ -82,7 +82,7 @@ def _settings(config: pytest.Config, on_side: bool, is_worker: bool) -> SessionS
     try:
         conflict = conflicting_option(config.invocation_params.args)
         if conflict is not None:
-            raise ConfigError(conflict)
+            raise ConfigError(f"llmperf: {conflict}")
         settings = SessionSettings.from_options(config.getoption, config.getini, config.rootpath)
         if on_side:
             from .side import side_settings
