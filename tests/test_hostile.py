@@ -289,9 +289,9 @@ CASES = [
     # Workloads no engine can build.
     Case(
         "prompt-lone-surrogate",
-        "prompt is not valid text: '\\ud800' at index 0 cannot be encoded as UTF-8 (a lone surrogate); "
-        "fix the prompt string",
-        1,
+        "llmperf marker: prompt is not valid text: '\\ud800' at index 0 cannot be encoded as UTF-8 (a lone "
+        "surrogate); fix the prompt string",
+        2,  # at collection
         source=source("prompt='\\ud800', max_tokens=8, runs=2, warmup=0"),
     ),
     Case(
