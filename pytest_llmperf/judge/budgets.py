@@ -393,12 +393,9 @@ def _value(kind: str, value: Any) -> float:
             return parse_fraction(value)
         except ValueError as exc:
             raise ConfigError(f"max_slowdown: {exc}") from None
-    from ..core.values import POSITIVE
-
-    try:
-        return POSITIVE.check(value)
-    except ValueError as exc:
-        raise ConfigError(f"min_speedup: a factor such as 1.5 {exc}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_NUMBER:
+        raise ConfigError(f"min_speedup must be a factor > 0 such as 1.5, at most {MAX_NUMBER:g}, got {shown(value)}")
+    return float(value)
 
 
 def judge(budget: RelativeBudget, c: PairedComparison) -> BudgetOutcome:
