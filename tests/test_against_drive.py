@@ -174,4 +174,50 @@ def test_a_run_that_raises_ends_the_measurement_on_both_sides(
     out = against.drive(_ag(cur, ref), "t", None)
     line = "not measured: side REF: RuntimeError: broke"
     assert cur.sent[-1] == ref.sent[-1] == {"op": "done", "fail": line}
-    assert out.notes == ["side REF: the test failed there: E"]
+    assert out.notes == []  # the test's failure names the side whose run raised; REF's is ours
+
+
+# -- a failure blamed on the side that raised ---------------------------------------------------
+
+
+def test_this_trees_failure_before_the_measurement_is_not_blamed_on_ref(scripted: list[Any]) -> None:
+    """This tree's side raises before its measurement (its code under test, its test body):
+    REF, waiting at the measurement, is told to fail it; that failure is not REF's."""
+    cur = FakeSide(CURRENT, [Report([{"r": 1}], "failed", "ZeroDivisionError: division by zero")])
+    told = "E not measured: the current side ended the test before this measurement"
+    ref = FakeSide(REF, [Measure({"workload": {}}), Report([], "failed", told)])
+    out = against.drive(_ag(cur, ref), "t", None)
+    assert ref.sent[-1] == {"op": "done", "fail": "the current side ended the test before this measurement"}
+    assert out.reports == [{"r": 1}] and out.notes == [], out.notes
+
+
+def test_a_run_of_this_tree_that_raises_is_not_blamed_on_ref(
+    scripted: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def pairs(ag: Any, events: Any, nodeid: str) -> Any:
+        raise against.RunFailed("side current: ValueError: this tree's bug")
+
+    monkeypatch.setattr(against, "pairs", pairs)
+    cur = FakeSide(CURRENT, [Measure({}), Report([], "failed", "E not measured: side current: ValueError")])
+    ref = FakeSide(REF, [Measure({}), Report([], "failed", "E not measured: side current: ValueError")])
+    out = against.drive(_ag(cur, ref), "t", None)
+    assert cur.sent[-1]["fail"] == "not measured: side current: ValueError: this tree's bug"
+    assert out.notes == [], out.notes
+
+
+def test_a_failure_both_sides_raise_alike_is_the_tests_not_refs(scripted: list[Any]) -> None:
+    line = "ZeroDivisionError: division by zero (raised at tests/test_x.py:7)"
+    cur = FakeSide(CURRENT, [Report([{"r": 1}], "failed", line)])
+    ref = FakeSide(REF, [Report([], "failed", line)])
+    out = against.drive(_ag(cur, ref), "t", None)
+    assert out.notes == [f"the test failed on both sides alike (not REF's doing): {line}"]
+    assert not any(n.startswith("side REF") for n in out.notes)
+
+
+def test_the_failure_line_says_where_it_was_raised() -> None:
+    from pytest_llmperf.pytest_plugin.side import _failure_line
+
+    crash = {"path": "tests/test_x.py", "lineno": 7, "message": "ZeroDivisionError: division by zero"}
+    reports = [{"outcome": "passed"}, {"outcome": "failed", "longrepr": {"reprcrash": crash}}]
+    assert _failure_line(reports) == "ZeroDivisionError: division by zero (raised at tests/test_x.py:7)"
+    assert _failure_line([{"outcome": "failed", "longrepr": "E boom"}]) == "E boom"

@@ -289,29 +289,29 @@ CASES = [
     # Workloads no engine can build.
     Case(
         "prompt-lone-surrogate",
-        "prompt is not valid text: '\\ud800' at index 0 cannot be encoded as UTF-8 (a lone surrogate); "
-        "fix the prompt string",
-        1,
+        "llmperf marker: prompt is not valid text: '\\ud800' at index 0 cannot be encoded as UTF-8 (a lone "
+        "surrogate); fix the prompt string",
+        2,  # at collection
         source=source("prompt='\\ud800', max_tokens=8, runs=2, warmup=0"),
     ),
     Case(
         "prompt-tokens-1e9",
-        "prompt_tokens must be <= 16777216 (more than any model's context), got 1000000000",
-        1,
+        "llmperf marker key 'prompt_tokens' must be <= 16777216 (more than any model's context), got 1000000000",
+        2,  # at collection
         source=source("prompt_tokens=10**9, max_tokens=8, runs=2, warmup=0"),
         seconds=20,
     ),
     Case(
         "prompt-tokens-1e30",
-        f"prompt_tokens must be <= 16777216 (more than any model's context), got {10**30}",
-        1,
+        "llmperf marker key 'prompt_tokens' must be <= 16777216 (more than any model's context), got 1e+30",
+        2,  # at collection
         source=source("prompt_tokens=10**30, max_tokens=8, runs=2, warmup=0"),
         seconds=20,
     ),
     Case(
         "max-tokens-1e9",
-        "max_tokens must be <= 16777216 (more than any model's context), got 1000000000",
-        1,
+        "llmperf marker key 'max_tokens' must be <= 16777216 (more than any model's context), got 1000000000",
+        2,  # at collection
         source=source("prompt_tokens=4, max_tokens=10**9, runs=2, warmup=0"),
         seconds=20,
     ),

@@ -44,16 +44,19 @@ def test_a_parsed_value_passes_the_check_unchanged(name, given_value) -> None:
 
 @given(st.sampled_from(list(INTEGERS)), st.integers(min_value=-(2**40), max_value=2**40))
 @example("COUNT", 0)  # the bounds
+@example("COUNT", values.MAX_COUNT + 1)
 @example("TOKENS", MAX_TOKENS + 1)
 @example("GPU_LAYERS", -2)
 def test_an_integer_kind_takes_the_same_integers_from_text_and_from_a_value(name, n) -> None:
     kind = INTEGERS[name]
     from_text, from_value = _outcome(kind.parse, f" {n} "), _outcome(kind.check, n)
-    assert from_text[0] == from_value[0] == (kind.low <= n <= (kind.high or n)), (name, n)
+    assert from_text[0] == from_value[0] == (kind.low <= n <= kind.high), (name, n)
     if from_text[0]:
         assert from_text[1] == from_value[1] == n
-    elif n > (kind.high or n):
+    elif n > kind.high and kind.high == MAX_TOKENS:
         assert from_text[1] == from_value[1] == f"must be <= {MAX_TOKENS} (more than any model's context), got {n}"
+    elif n > kind.high:
+        assert from_text[1] == from_value[1] == f"must be <= {values.MAX_COUNT}, got {n}"
     elif not kind.meaning:  # below the floor: the same line from either door
         assert from_text[1] == from_value[1] == f"must be >= {kind.low}, got {n}"
 
@@ -66,14 +69,23 @@ def test_an_integer_kind_takes_no_other_python_value(name, value) -> None:
 
 @given(st.floats(allow_nan=True, allow_infinity=True))
 @example(0.0)
+@example(math.inf)  # a floor no run meets, a wait without a deadline
+@example(1e308)  # no budget, printed readably (not 309 digits)
+@example(values.MAX_NUMBER)
+@example(values.MAX_SECONDS * 1.5)
 def test_a_positive_number_is_the_same_from_text_and_from_a_value(x) -> None:
     for kind in (values.POSITIVE, values.SECONDS):
         from_text, from_value = _outcome(kind.parse, repr(x)), _outcome(kind.check, x)
-        assert from_text[0] == from_value[0] == (x > 0), x  # nan: not > 0
+        assert from_text[0] == from_value[0] == (0 < x <= kind.high), x  # nan: not > 0; inf: beyond
         if from_text[0]:
             assert from_text[1] == from_value[1] == x
         else:
-            assert from_text[1] == from_value[1] == f"must be > 0{kind.unit}, got {x}"
+            assert (
+                from_text[1]
+                == from_value[1]
+                == (f"must be > 0{kind.unit} and at most {kind.high:g}{kind.unit}, got {x:.6g}")
+            )
+            assert len(from_text[1]) < 90, from_text[1]
 
 
 @given(st.sampled_from([values.THRESHOLD, values.LEVEL]), st.floats(allow_nan=True, allow_infinity=True))

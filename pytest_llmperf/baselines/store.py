@@ -32,7 +32,16 @@ from pathlib import Path
 from typing import Any
 
 from ..core import formats as nodeids
-from ..core.documents import RefusedFile, SchemaViolation, atomic_write, read_bytes, real_path, validate
+from ..core.documents import (
+    DuplicateKey,
+    RefusedFile,
+    SchemaViolation,
+    atomic_write,
+    loads,
+    read_bytes,
+    real_path,
+    validate,
+)
 from ..core.errors import LLMPerfError
 
 SCHEMA = "pytest-llmperf/baselines"
@@ -135,11 +144,16 @@ def load(path: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise BaselineError(f"cannot read baseline file {path}: {exc}") from None
     try:
-        data = json.loads(text)
+        data = loads(text)
     except json.JSONDecodeError as exc:
         raise BaselineError(
             f"baseline file {path} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
             "restore it from version control or re-record with --llmperf-update-baselines"
+        ) from None
+    except DuplicateKey as exc:
+        raise BaselineError(
+            f"baseline file {path} has a {exc} (a merge of two versions?); keep one, restore the file from "
+            "version control or re-record with --llmperf-update-baselines"
         ) from None
     _check_header(path, data)
     return _valid_tests(path, data)
@@ -249,7 +263,7 @@ def _keep_aside(path: Path) -> Path:
 def _salvage(path: Path) -> dict[str, Any]:
     """The valid entries of a file that does not load as a whole (e.g. one entry with no runs)."""
     try:
-        data = json.loads(_read(path).decode("utf-8"))
+        data = loads(_read(path).decode("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError, BaselineError):
         return {}
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("tests"), dict):

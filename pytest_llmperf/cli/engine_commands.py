@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..core.settings import LLAMA_OPTIONS
+from ..core.values import COUNT, POSITIVE, TOKENS, Integer, arg_type
 from ..models.gguf import PRESETS, ensure_model
 from .common import add_setting, check_writable, output_file, positive_int, share_of_one, write_output
 from .common import model as model_arg
@@ -95,13 +96,23 @@ def run_server(args: argparse.Namespace) -> int:
 LOAD_HELP = "latency-throughput curve of an OpenAI-compatible server at rising concurrency"
 
 
+#: The value kinds of the commands' own numbers (``core.values``: the marker keys' rules).
+_count, _tokens, _positive = arg_type(COUNT.parse), arg_type(TOKENS.parse), arg_type(POSITIVE.parse)
+_at_least_0 = arg_type(Integer(0).parse)
+
+
 def _levels(text: str) -> list[int]:
     try:
         levels = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected integers like 1,2,4,8, got {text!r}") from None
-    if not levels or min(levels) < 1:
+    if not levels:
         raise argparse.ArgumentTypeError(f"concurrency levels must be >= 1, got {text!r}")
+    for level in levels:
+        try:
+            COUNT.check(level)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"concurrency levels {exc}") from None
     return levels
 
 
@@ -133,14 +144,14 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     for name in ("api", "api_model", "api_key_env"):
         add_setting(parser, name)
     parser.add_argument("--concurrency", type=_levels, default=[1, 2, 4, 8], help="levels, e.g. 1,2,4,8")
-    parser.add_argument("--requests", type=int, default=16, help="requests per level")
-    parser.add_argument("--rate", type=float, default=None, help="Poisson arrivals, requests/s (seeded)")
-    parser.add_argument("--prompt-tokens", type=int, default=64, help="synthetic prompt length (words)")
-    parser.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request")
-    parser.add_argument("--warmup", type=int, default=1, help="discarded requests before each level")
+    parser.add_argument("--requests", type=_count, default=16, help="requests per level")
+    parser.add_argument("--rate", type=_positive, default=None, help="Poisson arrivals, requests/s (seeded)")
+    parser.add_argument("--prompt-tokens", type=_tokens, default=64, help="synthetic prompt length (words)")
+    parser.add_argument("--max-tokens", type=_tokens, default=64, help="tokens generated per request")
+    parser.add_argument("--warmup", type=_at_least_0, default=1, help="discarded requests before each level")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--ttft-ms", type=float, default=None, help="TTFT SLO per request (for goodput)")
-    parser.add_argument("--tpot-ms", type=float, default=None, help="TPOT SLO per request (for goodput)")
+    parser.add_argument("--ttft-ms", type=_positive, default=None, help="TTFT SLO per request (for goodput)")
+    parser.add_argument("--tpot-ms", type=_positive, default=None, help="TPOT SLO per request (for goodput)")
     parser.add_argument(
         "--min-goodput",
         type=share_of_one,
@@ -242,10 +253,10 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
         "model", nargs="?", default=None, type=model_arg, help="GGUF path or preset (tiny, small); default: tiny"
     )
     parser.add_argument("--format", choices=("table", "json", "markdown"), default="table")
-    parser.add_argument("--prompt-tokens", type=int, default=128, help="synthetic prompt length (default 128)")
-    parser.add_argument("--max-tokens", type=int, default=64, help="tokens generated per run (default 64)")
-    parser.add_argument("--runs", type=int, default=10, help="measured runs (default 10)")
-    parser.add_argument("--warmup", type=int, default=1, help="discarded warm-up runs (default 1)")
+    parser.add_argument("--prompt-tokens", type=_tokens, default=128, help="synthetic prompt length (default 128)")
+    parser.add_argument("--max-tokens", type=_tokens, default=64, help="tokens generated per run (default 64)")
+    parser.add_argument("--runs", type=_count, default=10, help="measured runs (default 10)")
+    parser.add_argument("--warmup", type=_at_least_0, default=1, help="discarded warm-up runs (default 1)")
     for name in (*LLAMA_OPTIONS, "peak_bw", "peak_tflops", "engine_timeout"):  # as the pytest options
         add_setting(parser, name)
     parser.add_argument("--reprobe-peaks", action="store_true", help="measure the machine's peaks again (else cached)")

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import LLMPerfError
+from .formats import shown
 
 #: The largest baseline file or session report read, in MiB.
 MAX_DOCUMENT_MIB = 32
@@ -59,6 +60,34 @@ _KINDS = (
     (stat.S_ISBLK, "a block device"),
     (stat.S_ISSOCK, "a socket"),
 )
+
+
+class DuplicateKey(ValueError):
+    """A JSON object that gives one key twice: Python's ``json`` keeps the last silently, so
+    which value counts would be the reader's guess (a merge of two branches' baseline files
+    leaves such a file). A ValueError, as ``json.JSONDecodeError`` is; one line."""
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise DuplicateKey(
+                f"duplicate key {shown(key)} in one JSON object ({_brief(found[key])} and {_brief(value)})"
+            )
+        found[key] = value
+    return found
+
+
+def _brief(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 24 else text[:21] + "..."
+
+
+def loads(text: str | bytes) -> Any:
+    """``json.loads`` for every JSON we read (files, server responses, caches): a key given
+    twice in one object raises ``DuplicateKey`` naming it, never last-wins."""
+    return json.loads(text, object_pairs_hook=_unique)
 
 
 class RefusedFile(LLMPerfError):

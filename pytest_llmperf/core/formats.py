@@ -18,6 +18,8 @@ is appended like a parameter id and stays with the last part too."""
 from __future__ import annotations
 
 import enum
+import math
+import re
 import sys
 from collections.abc import Iterable, Sequence
 from typing import overload
@@ -47,8 +49,15 @@ def sig6(value: float | None) -> float | None:
     return None if value is None else float(f"{value:.6g}")
 
 
+#: From this magnitude on a figure is written with an exponent (``1.23e+07``), not its digits.
+EXPONENT_FROM = 1e7
+
+
 def fmt(value: float) -> str:
-    """Three significant figures for small values, no false precision for large ones."""
+    """Three significant figures for small values, no false precision for large ones; a huge
+    or non-finite one with an exponent (``1e+308``, ``inf``), never hundreds of digits."""
+    if not math.isfinite(value) or abs(value) >= EXPONENT_FROM:
+        return f"{value:.3g}"
     if value >= 100:
         return f"{value:.0f}"
     if value >= 10:
@@ -56,6 +65,39 @@ def fmt(value: float) -> str:
     if value >= 1:
         return f"{value:.2f}"
     return f"{value:.3g}"
+
+
+#: The longest text a message quotes whole.
+SHOWN_TEXT_MAX = 32
+
+
+def shown(value: object) -> str:
+    """A value a user gave, as a message writes it: a number readably (``1e+308``, ``inf``,
+    ``nan``, ``0.5``, ``12``; never 309 digits), a long text cut (``'1000...' (401 characters)``),
+    anything else as its ``repr``."""
+    if isinstance(value, str) and len(value) > SHOWN_TEXT_MAX:
+        return f"{value[: SHOWN_TEXT_MAX // 2]!r}... ({len(value)} characters)"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, int) and abs(value) < 10**15:
+        return str(value)
+    try:
+        return f"{value:.6g}"
+    except OverflowError:  # an int too large for a float
+        return f"an integer of {len(str(abs(value)))} digits"
+
+
+#: Characters that would act on a terminal or a reader instead of showing: C0 and C1 controls
+#: (ESC starts colour, cursor and title sequences; CR and BS overwrite what came before; a
+#: newline splits one line in two), zero-width and bidirectional marks (text shown reversed).
+_UNSHOWN = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+
+
+def escaped(text: str) -> str:
+    """Text from another process (a server, REF's pytest, llama.cpp's log, git) as a message
+    quotes it: every character in ``_UNSHOWN`` written as its Python escape (``\x1b``,
+    ``\n``, ``\u202e``), so what we print is what it sent, inert and on one line."""
+    return _UNSHOWN.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def human_bytes(n: float) -> str:
@@ -99,3 +141,14 @@ def in_module(nodeid: str) -> str:
 def last(nodeid: str) -> str:
     """The innermost part with its parameters: ``test_y[x::y]``."""
     return parts(nodeid)[-1]
+
+
+def full_id(nodeid: str, module: str) -> str:
+    """The id that names a test whatever the rootdir: ``nodeid`` with its module part made
+    ``module`` (the module's path relative to the rootdir, ``/``-separated) where pytest's id
+    does not name it: a module outside the rootdir given on the command line is ``::test_a``
+    or ``test_x.py::test_a``, the same for two folders' ``test_x.py``."""
+    found = parts(nodeid)
+    if len(found) < 2 or found[0] == module:
+        return nodeid
+    return f"{module}::{in_module(nodeid)}"

@@ -14,7 +14,7 @@ at every pytest start (no heavy import)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
@@ -705,3 +705,44 @@ def markdown_table() -> str:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _given_options(args: Sequence[str], by_option: Mapping[str, Setting]) -> Iterator[tuple[Setting, str]]:
+    """Each setting's option in ``args`` with its text (``--x=v`` or ``--x v``; a switch: "")."""
+    it = iter(args)
+    for arg in it:
+        if arg == "--":
+            return
+        name, eq, value = arg.partition("=")
+        s = by_option.get(name)
+        if s is None:
+            continue
+        if s.switch:
+            yield s, ""
+        elif eq:
+            yield s, value
+        else:
+            yield s, next(it, "")
+
+
+def conflicting_option(args: Sequence[str], *, cli: bool = False) -> str | None:
+    """One line when the command line gives one setting's option twice with different values
+    (``--llmperf-threads 2 ... --llmperf-threads 4``), which argparse would read last-wins;
+    None when there is none. ``cli``: the ``llmperf`` commands' flags (``--threads``)."""
+    flags = ((s.cli if cli else s.option, s) for s in SETTINGS.values())
+    by_option = {flag: s for flag, s in flags if flag}
+    seen: dict[str, tuple[str, object]] = {}
+    for s, text in _given_options(args, by_option):
+        value = _parsed_or_text(s, text)
+        flag = (s.cli if cli else None) or s.option
+        if flag in seen and seen[flag][1] != value:
+            return f"{flag} is given twice ({seen[flag][0]!r} and {text!r}); give it once"
+        seen.setdefault(flag, (text, value))
+    return None
+
+
+def _parsed_or_text(s: Setting, text: str) -> object:
+    try:
+        return s.parse(text)
+    except ValueError:
+        return text

@@ -16,9 +16,22 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from .errors import did_you_mean
+from .formats import shown
 from .workload import MAX_TOKENS, too_many
 
 T = TypeVar("T")
+
+#: The largest number a user may give where a number > 0 is asked for (a budget, a rate, a
+#: peak, seconds): beyond it no measurement or deadline means anything (1e12 ms is 31 years,
+#: 1e12 t/s or MiB no machine has), and ``inf`` would make a floor that fails every run or a
+#: wait without a deadline.
+MAX_NUMBER = 1e12
+#: The largest count (runs, threads, requests...): llama.cpp and the C libraries take counts as
+#: a 32-bit ``int``.
+MAX_COUNT = 2**31 - 1
+#: The longest wait a user may give (``engine_timeout``...): about 11 days, within what every
+#: wait of Python's takes (``threading.TIMEOUT_MAX``; a longer one raises OverflowError).
+MAX_SECONDS = 1e6
 T_co = TypeVar("T_co", covariant=True)
 
 
@@ -35,10 +48,10 @@ class Kind(Protocol[T_co]):
 
 @dataclass(frozen=True)
 class Integer:
-    """An integer >= ``low`` (and with ``high``, at most ``high``: ``too_many``)."""
+    """An integer >= ``low`` and at most ``high`` (token counts: ``too_many``)."""
 
     low: int
-    high: int | None = None
+    high: int = MAX_COUNT
     #: What ``low`` means when it is more than a bound: gpu_layers' "-1: all layers".
     meaning: str = ""
     metavar: str = "N"
@@ -51,22 +64,24 @@ class Integer:
         try:
             value = int(text)
         except (TypeError, ValueError):
-            raise ValueError(f"expected {self.expected}, got {text!r}") from None
+            raise ValueError(f"expected {self.expected}, got {shown(text)}") from None
         return self._bounded(value)
 
     def check(self, value: object) -> int:
         # Below a floor that means something (gpu_layers=-2) says the whole expectation, as it always has.
         if isinstance(value, bool) or not isinstance(value, int) or self.meaning and value < self.low:
-            raise ValueError(f"must be {self.expected}, got {value!r}")
+            raise ValueError(f"must be {self.expected}, got {shown(value)}")
         return self._bounded(value)
 
     def _bounded(self, value: int) -> int:
         if value < self.low:
             raise ValueError(
-                f"must be >= {self.low}" + (f" ({self.meaning})" if self.meaning else "") + f", got {value}"
+                f"must be >= {self.low}" + (f" ({self.meaning})" if self.meaning else "") + f", got {shown(value)}"
             )
-        if self.high is not None and value > self.high:
-            raise ValueError(too_many(value))
+        if value > self.high:
+            raise ValueError(
+                too_many(value) if self.high == MAX_TOKENS else f"must be <= {self.high}, got {shown(value)}"
+            )
         return value
 
 
@@ -76,23 +91,32 @@ class Positive:
 
     unit: str = ""
     metavar: str = "X"
+    high: float = MAX_NUMBER
 
     def parse(self, text: str) -> float:
         try:
             value = float(text)
         except (TypeError, ValueError):
-            raise ValueError(f"expected float, got {text!r}") from None
+            raise ValueError(f"expected float, got {shown(text)}") from None
         return self._positive(value)
 
     def check(self, value: object) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"must be a number, got {value!r}")  # noqa: TRY004 - one exception, one line
+            raise ValueError(f"must be a number, got {shown(value)}")  # noqa: TRY004 - one exception, one line
         return float(self._positive(value))
 
     def _positive(self, value: float) -> float:
-        if not value > 0:  # also rejects nan
-            raise ValueError(f"must be > 0{self.unit}, got {value}")
+        if not 0 < value <= self.high:  # also rejects nan and inf
+            raise ValueError(f"must be > 0{self.unit} and at most {self.high:g}{self.unit}, got {shown(value)}")
         return value
+
+
+def _float(value: float) -> float | None:
+    """``value`` as a float; None for an int too large for one (``10**400``)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return None
 
 
 def _percent(raw: str) -> float | None:
@@ -109,11 +133,11 @@ def parse_fraction(text: str | float, *, high: float = 10.0) -> float:
 
     Raises ValueError with a one-line message for anything else, or a value outside
     ``(0, high)``."""
-    value = None if isinstance(text, bool) else float(text) if isinstance(text, (int, float)) else _percent(str(text))
+    value = None if isinstance(text, bool) else _float(text) if isinstance(text, (int, float)) else _percent(str(text))
     if value is None:
-        raise ValueError(f"expected a share like 5% or 0.05, got {text!r}")
+        raise ValueError(f"expected a share like 5% or 0.05, got {shown(text)}")
     if not 0 < value < high:  # also rejects nan
-        raise ValueError(f"expected a share between 0 and {high:g} (e.g. 5% or 0.05), got {text!r}")
+        raise ValueError(f"expected a share between 0 and {high:g} (e.g. 5% or 0.05), got {shown(text)}")
     return value
 
 
@@ -122,11 +146,11 @@ def parse_share(value: object) -> float:
     marker's and ``llmperf load --min-goodput``'s alike. Raises ValueError (one line)."""
     number: float | None = None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        number = float(value)
+        number = _float(value)
     elif isinstance(value, str):
         number = _percent(value)
     if number is None or not 0 < number <= 1:  # also rejects nan
-        raise ValueError(f"must be a share in (0, 1], e.g. 0.95, got {value!r}")
+        raise ValueError(f"must be a share in (0, 1], e.g. 0.95, got {shown(value)}")
     return number
 
 
@@ -171,7 +195,7 @@ class Flag:
             return True
         if word in ("false", "0", "no", "off"):
             return False
-        raise ValueError(f"expected true or false, got {text!r}")
+        raise ValueError(f"expected true or false, got {shown(text)}")
 
     def check(self, value: object) -> bool:
         if not isinstance(value, bool):
@@ -224,7 +248,7 @@ GPU_LAYERS = Integer(-1, meaning="-1: all layers")
 FLAG = Flag()
 #: A budget, a rate, a peak: a number > 0.
 POSITIVE = Positive()
-SECONDS = Positive(" seconds", "SECONDS")
+SECONDS = Positive(" seconds", "SECONDS", MAX_SECONDS)
 #: The smallest change that counts (``threshold``, ``tail_threshold``): ``5%`` or ``0.05``.
 THRESHOLD = Fraction()
 #: A significance level in (0, 1): ``1%`` or ``0.01``.

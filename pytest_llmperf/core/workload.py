@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .errors import ConfigError
-from .formats import human_bytes
+from .formats import human_bytes, shown
 
 #: A sequential measurement (runs added while its verdict is undecided, against a baseline or
 #: --llmperf-against's REF) stops at this many times its ``runs`` (``max_runs`` overrides); one
@@ -177,7 +177,7 @@ MAX_TOKENS = 2**24
 def too_many(value: int) -> str:
     """The bound of every token count (prompt, generated, llama.cpp's context and batch), as
     the message's tail: "must be <= 16777216 (...), got N"."""
-    return f"must be <= {MAX_TOKENS} (more than any model's context), got {value}"
+    return f"must be <= {MAX_TOKENS} (more than any model's context), got {shown(value)}"
 
 
 def _check_encodable(prompt: str) -> None:

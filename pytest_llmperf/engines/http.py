@@ -43,6 +43,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..core.documents import DuplicateKey, loads
 from ..core.errors import ConfigError, EngineError
 from ..core.redact import Redactor, Url, redact
 from ..core.settings import APIS, SETTINGS, endpoint_url
@@ -451,7 +452,12 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
         if response.status_code != 200:
             return f"the endpoint has no llama-server /completion with n_probs (HTTP {response.status_code})"
         try:
-            data = response.json()
+            data = loads(response.content)
+        except DuplicateKey as exc:
+            return f"the endpoint's /completion reply has a {exc}"
+        except ValueError:
+            return "the endpoint sent no token ids with its log-probabilities (llama-server's n_probs)"
+        try:
             tokens = [int(t) for t in data["tokens"]]
             entries = [
                 (int(e["id"]), [(int(t["id"]), float(t["logprob"])) for t in e["top_logprobs"]])

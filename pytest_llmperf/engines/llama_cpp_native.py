@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import ConfigError, EngineError, unknown_name
+from ..core.formats import escaped
 from ..core.settings import CACHE_TYPES, RENAMED, UNQUANTIZED, renamed_line
 from ..core.settings import ENGINE_DEFAULTS as DEFAULTS
 from ..core.workload import LLAMA_SETTINGS
@@ -262,7 +263,9 @@ _ERROR = re.compile(r"GGML_ASSERT|error|failed|abort", re.IGNORECASE)
 def quoted_log(text: str) -> list[str]:
     """The log lines a crash message quotes: the last line that names an error (a failed
     assert), then the last ``LOG_LINES`` lines, without debugger output, each cut at 300 chars."""
-    lines = [line.strip()[:300] for line in text.splitlines() if line.strip() and not _NOISE.match(line.strip())]
+    lines = [
+        escaped(line.strip()[:300]) for line in text.splitlines() if line.strip() and not _NOISE.match(line.strip())
+    ]
     tail = lines[-LOG_LINES:]
     errors = [line for line in lines if _ERROR.search(line)]
     if errors and errors[-1] not in tail:

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..core.errors import ConfigError, EngineError, ToolBuildError
+from ..core.formats import escaped
 from ..core.settings import ENGINE_DEFAULTS, SERVER_N_CTX
 
 HOST = "127.0.0.1"
@@ -141,7 +142,7 @@ def _tail(path: Path, n_chars: int = 300) -> str:
     except OSError:
         return ""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    return " | ".join(lines[-3:])[-n_chars:]
+    return escaped(" | ".join(lines[-3:])[-n_chars:])
 
 
 def _die_with_parent() -> Callable[[], None] | None:

@@ -17,7 +17,9 @@ import json
 import re
 from typing import Any
 
+from ..core.documents import DuplicateKey, loads
 from ..core.errors import EngineError
+from ..core.formats import escaped
 from ..core.workload import NativeCounters, RunTrace
 
 #: Longest SSE line accepted: a server streaming bytes without a newline is an error, not a
@@ -33,7 +35,7 @@ class EarlyEndError(EngineError):
 
 def short(text: str, n: int = 160) -> str:
     text = " ".join(text.split())
-    return text if len(text) <= n else text[: n - 3] + "..."
+    return escaped(text if len(text) <= n else text[: n - 3] + "...")
 
 
 def status_error(url: str, status: int, body: bytes, location: str | None) -> EngineError:
@@ -65,6 +67,7 @@ class StreamState:
         self.timings: dict[str, Any] | None = None
         self.finish: str | None = None
         self.done = False
+        self.model: str | None = None
 
     def feed(self, data: str | None, now: int) -> bool:
         """Take one event (None: a comment); True once the stream said it is done."""
@@ -80,7 +83,9 @@ class StreamState:
                 f'malformed event from {self.url}: "usage" is {short(json.dumps(event_usage), 40)}, not a JSON object'
             )
         if event_usage:
+            self._check_usage(event_usage)
             self.usage = event_usage
+        self._check_model(event.get("model"))
         timings = event.get("timings")
         if isinstance(timings, dict) and timings:
             self.timings = timings
@@ -89,6 +94,30 @@ class StreamState:
             self.stamps.append(now)
         self.finish = reason if isinstance(reason, str) and reason else self.finish
         return False
+
+    def _conflict(self, what: str) -> EngineError:
+        return EngineError(f"conflicting values from {self.url} in one stream: {what}; the run is not comparable")
+
+    def _check_model(self, model: object) -> None:
+        """Every event of a stream names one model (the first one named is kept)."""
+        if not isinstance(model, str) or not model:
+            return
+        if self.model is not None and model != self.model:
+            raise self._conflict(f"model {short(self.model, 40)!r}, then {short(model, 40)!r}")
+        self.model = model
+
+    def _check_usage(self, usage: dict[str, Any]) -> None:
+        """A later usage (a server may send one per event) keeps the prompt's count and never
+        counts fewer generated tokens than an earlier one."""
+        if self.usage is None:
+            return
+        before, now = self.usage.get("prompt_tokens"), usage.get("prompt_tokens")
+        if is_count(before) and is_count(now) and before != now:
+            raise self._conflict(f"usage.prompt_tokens {before}, then {now}")
+        counted: Any = self.usage.get("completion_tokens")
+        later: Any = usage.get("completion_tokens")
+        if is_count(counted) and is_count(later) and later < counted:
+            raise self._conflict(f"usage.completion_tokens {counted}, then {later}")
 
     def native(self) -> NativeCounters | None:
         """llama-server's per-request timings, when it sent plausible ones."""
@@ -140,6 +169,10 @@ class StreamState:
                 raise EngineError(
                     f"implausible usage from {self.url}: completion_tokens {reported} for max_tokens {n}; "
                     "the run is not comparable"
+                )
+            if native is not None and native.decode_tokens != reported:
+                raise self._conflict(
+                    f"usage.completion_tokens {reported} but timings.predicted_n {native.decode_tokens}"
                 )
             counted, source = reported, "usage"
         elif native is not None and native.decode_tokens <= n:
@@ -264,9 +297,11 @@ class EventReader:
 
 def parse_event(data: str, url: str) -> dict[str, Any]:
     try:
-        event = json.loads(data)
+        event = loads(data)
     except json.JSONDecodeError:
         raise EngineError(f"malformed event from {url}: {short(data, 80)!r} is not JSON") from None
+    except DuplicateKey as exc:
+        raise EngineError(f"malformed event from {url}: {exc}; the run is not comparable") from None
     if not isinstance(event, dict):
         raise EngineError(f"malformed event from {url}: {short(data, 80)!r} is not a JSON object")
     if "error" in event:

@@ -195,23 +195,46 @@ class PhaseChange:
 
 
 def compare_phase(a: PhaseAttribution, b: PhaseAttribution, threshold: float = DEFAULT_THRESHOLD) -> PhaseChange:
-    """Every slice of each kind that either side has, in A's order then B's new ones."""
+    """Every slice of each kind that either side has, in A's order then B's new ones; where the
+    two sides' transformer blocks differ (models of other layer counts or names), no block is
+    compared: the reading says so in one line (``block_mismatch``)."""
+    mismatch = block_mismatch(a, b)
     kinds = {}
     for kind in KINDS:
         by_a = {s.name: s for s in a.slices(kind)}
         by_b = {s.name: s for s in b.slices(kind)}
         names = list(by_a) + [n for n in by_b if n not in by_a]
+        if kind == "layers" and mismatch:
+            names = [n for n in names if not _is_block(n) and n in by_a and n in by_b]
         kinds[kind] = tuple(slice_change(by_a.get(n), by_b.get(n), threshold) for n in names)
-    blocks = slice_change(_blocks(a), _blocks(b), threshold)
+    blocks = None if mismatch else slice_change(_blocks(a), _blocks(b), threshold)
+    read = reading(kinds["layers"], kinds["groups"], kinds["ops"], threshold, blocks)
     return PhaseChange(
         a.phase,
         kinds["layers"],
         kinds["ops"],
         kinds["groups"],
-        reading(kinds["layers"], kinds["groups"], kinds["ops"], threshold, blocks),
+        f"{mismatch}; {read}" if mismatch else read,
         a.step_ms,
         b.step_ms,
     )
+
+
+def _is_block(name: str) -> bool:
+    return name.startswith("layer ")
+
+
+def block_mismatch(a: PhaseAttribution, b: PhaseAttribution) -> str | None:
+    """One line when the two sides' transformer blocks are not the same blocks (another layer
+    count, other names): blocks of different models are not compared one by one, nor as a
+    whole ("uniform across layers" would compare 2 layers' time with 6's); None when they match."""
+    names_a = [s.name for s in a.layers if _is_block(s.name)]
+    names_b = [s.name for s in b.layers if _is_block(s.name)]
+    if names_a == names_b:
+        return None
+    if len(names_a) != len(names_b):
+        return f"layers not compared: A has {len(names_a)} layers, B {len(names_b)} (different models)"
+    return "layers not compared: A's and B's layers are named differently (different models)"
 
 
 def _blocks(p: PhaseAttribution) -> Slice:
@@ -329,15 +352,24 @@ class AttributionChange:
 
 
 def _table(ph: PhaseChange) -> list[str]:
-    """The layers and the groups, one row each, and the op types that moved (80 columns)."""
-    rows = [f"  {'':<24}{'A ms':>9}{'B ms':>9}{'B/A':>8}  {'95% CI':<13}"]
+    """The layers and the groups, one row each, and the op types that moved (80 columns); a
+    side that lacks a slice shows ``-`` for it, never ``0``."""
+    rows = [f"  {'':<24}{'A ms':>9}{'B ms':>9}  {'B/A':>9}  {'95% CI':<13}"]
     shown = [*ph.layers, *ph.groups, *(c for c in ph.ops if c.moved)]
     for c in shown:
         ratio = f"{c.ratio:.2f}" if c.ratio is not None else c.change()
         ci = f"{c.ci_low:.2f}..{c.ci_high:.2f}" if c.ci_low is not None and c.ci_high is not None else ""
         mark = " *" if c.moved else ""
-        rows.append(f"  {c.name[:24]:<24}{c.a_ms:>9.3g}{c.b_ms:>9.3g}{ratio:>8}  {ci:<13}{mark}".rstrip())
+        a_ms, b_ms = (_ms(c, side) for side in "AB")
+        rows.append(f"  {c.name[:24]:<24}{a_ms:>9}{b_ms:>9}  {ratio:>9}  {ci:<13}{mark}".rstrip())
     return rows
+
+
+def _ms(c: SliceChange, side: str) -> str:
+    """One side's median ms per step of a slice; ``-`` where only the other side has it."""
+    if c.only_in is not None and c.only_in != side:
+        return "-"
+    return f"{c.a_ms if side == 'A' else c.b_ms:.3g}"
 
 
 def _side_line(who: str, cost: Mapping[str, Any], figures: Mapping[str, Any]) -> str:
@@ -452,16 +484,24 @@ def record_figures(record: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in out.items() if isinstance(v, (int, float))}
 
 
+#: A baseline's attribution pass that cannot be read: what to do about it.
+UNREADABLE_FIX = "not compared (a diagnosis, never a gate); re-record the baseline with --llmperf-update-baselines"
+
+
 def compare_records(
     baseline: Mapping[str, Any], candidate: Mapping[str, Any], threshold: float = DEFAULT_THRESHOLD
-) -> AttributionChange | None:
+) -> AttributionChange | str | None:
     """The baseline's attribution against now's, when both records keep one (a test that asks
-    for it: ``attribution=True``); else None. A diagnosis beside the verdict, never a gate."""
+    for it: ``attribution=True``); else None; the line why not when the baseline's cannot be
+    read (``readable``). A diagnosis beside the verdict, never a gate."""
     a, b = baseline.get("attribution"), candidate.get("attribution")
-    if not a or not b:
+    if "attribution" not in baseline or not b:
         return None
+    base = readable(a)
+    if isinstance(base, str):
+        return base
     return compare_attributions(
-        Attribution.from_json(a),
+        base,
         Attribution.from_json(b),
         reason="asked: attribution=True",
         a_name="baseline",
@@ -469,3 +509,16 @@ def compare_records(
         threshold=threshold,
         sides={"A": record_figures(baseline), "B": record_figures(candidate)},
     )
+
+
+def readable(stored: object) -> Attribution | str:
+    """A stored attribution pass (``Attribution.to_json``), or the one line why it cannot be
+    read (not an object, empty, a field missing or of the wrong kind)."""
+    if not isinstance(stored, Mapping) or not stored:
+        what = "empty" if isinstance(stored, Mapping) else f"{type(stored).__name__}, not an object"
+        return f"the baseline's attribution pass is {what}: {UNREADABLE_FIX}"
+    try:
+        return Attribution.from_json(stored)
+    except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
+        cause = f"no {exc}" if isinstance(exc, KeyError) else type(exc).__name__
+        return f"the baseline's attribution pass is damaged ({cause}): {UNREADABLE_FIX}"

@@ -32,7 +32,8 @@ from typing import Any
 
 from ..core.catalog import AGREEMENT_BUDGETS, BUDGETS, AgreementBudget, Budget, direct_sample
 from ..core.errors import ConfigError, did_you_mean, unknown_name
-from ..core.formats import StrEnum, fmt
+from ..core.formats import StrEnum, fmt, shown
+from ..core.values import MAX_NUMBER
 from ..measuring.agreement import Agreement
 from ..measuring.metrics import Measurement
 from .paired import PAIRED_METRICS, PHASE_METRIC, PairedComparison
@@ -393,8 +394,8 @@ def _value(kind: str, value: Any) -> float:
             return parse_fraction(value)
         except ValueError as exc:
             raise ConfigError(f"max_slowdown: {exc}") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ConfigError(f"min_speedup must be a factor > 0 such as 1.5, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_NUMBER:
+        raise ConfigError(f"min_speedup must be a factor > 0 such as 1.5, at most {MAX_NUMBER:g}, got {shown(value)}")
     return float(value)
 
 
@@ -440,10 +441,14 @@ def parse_agreement_budgets(**given: Any) -> tuple[tuple[AgreementBudget, float]
         budget = AGREEMENT_BUDGETS.get(key)
         if budget is None:
             raise ConfigError(unknown_name("agreement budget", key, AGREEMENT_BUDGETS))
-        high = 1.0 if budget.share else float("inf")
+        high = 1.0 if budget.share else MAX_NUMBER
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= high:
-            what = "a share between 0 and 1 such as 0.9" if budget.share else "a number >= 0 such as 0.01"
-            raise ConfigError(f"{key} must be {what}, got {value!r}")
+            what = (
+                "a share between 0 and 1 such as 0.9"
+                if budget.share
+                else f"a number >= 0 such as 0.01, at most {high:g}"
+            )
+            raise ConfigError(f"{key} must be {what}, got {shown(value)}")
         out.append((budget, float(value)))
     return tuple(out)
 

@@ -539,6 +539,8 @@ def _judge(
             f"the baseline was recorded while the hypervisor took {steal[0]:.0%} of the CPU time (steal): "
             "it may be too slow to catch a regression; re-record it with --llmperf-update-baselines"
         )
+    attribution, unreadable = _attribution(baseline, candidate, settings)
+    notes += [unreadable] if unreadable else []
     why = machine_blame(baseline, candidate)
     judged, left_out = judged_records(baseline, candidate, settings, window(baseline) if window else None)
     comparisons = tuple(blame_machine(judged, why))
@@ -549,7 +551,7 @@ def _judge(
         comparisons=comparisons,
         changes=changes,
         layer_changes=_layers(baseline, candidate, settings),
-        attribution=_attribution(baseline, candidate, settings),
+        attribution=attribution,
         machine_ratio=machine,
         memory_changes=compare_memory(baseline, candidate),
         parts=_parts(baseline, candidate, comparisons, settings),
@@ -595,15 +597,17 @@ def _layers(
 
 def _attribution(
     baseline: Mapping[str, object], candidate: Mapping[str, object], settings: CompareSettings
-) -> AttributionChange | None:
-    """The attribution diagnosis (``judge.attribution.compare_records``); None when either
-    record keeps none or its data diagnoses nothing (a diagnosis, not a gate)."""
+) -> tuple[AttributionChange | None, str | None]:
+    """The attribution diagnosis (``judge.attribution.compare_records``), None when either
+    record keeps none (a diagnosis, not a gate); and the line that says the baseline's pass
+    cannot be read, else None."""
     from .attribution import compare_records
 
     try:
-        return compare_records(baseline, candidate, threshold=settings.threshold)
-    except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError, IndexError):
-        return None
+        got = compare_records(baseline, candidate, threshold=settings.threshold)
+    except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
+        return None, f"the attribution passes could not be compared ({type(exc).__name__}: {exc})"
+    return (None, got) if isinstance(got, str) else (got, None)
 
 
 def _with_comparisons(

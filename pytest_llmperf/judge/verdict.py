@@ -36,7 +36,7 @@ import numpy as np
 from scipy.special import ndtri, stdtrit
 
 from ..core.catalog import METRICS
-from ..core.formats import StrEnum
+from ..core.formats import EXPONENT_FROM, StrEnum
 
 #: Relative efficiency factor of the Hodges-Lehmann location: se = this * sigma / sqrt(n).
 HL_SE_FACTOR = math.sqrt(math.pi / 3.0)
@@ -541,7 +541,7 @@ def fmt_p(p: float) -> str:
 
 def fmt_value(v: float) -> str:
     a = abs(v)
-    if a >= 1e7:
+    if not math.isfinite(v) or a >= EXPONENT_FROM:
         return f"{v:.3g}"
     return f"{v:.0f}" if a >= 1000 else f"{v:.1f}" if a >= 100 else f"{v:.2f}" if a >= 1 else f"{v:.3g}"
 

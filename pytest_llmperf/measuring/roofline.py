@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..core.documents import RefusedFile, read_text
+from ..core.documents import RefusedFile, loads, read_text
 from ..core.errors import ConfigError
 from ..core.formats import sig6
 from ..core.workload import EngineInfo
@@ -363,7 +363,7 @@ def _read_cache(path: Path) -> Any:
     """The peaks cache's JSON; ``{}`` for anything but a small regular JSON file (our own
     cache: it is probed again, and replaced)."""
     try:
-        return json.loads(read_text(path, "peak cache file", "delete it", limit_mib=1))
+        return loads(read_text(path, "peak cache file", "delete it", limit_mib=1))
     except (OSError, ValueError, RefusedFile):
         return {}
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -92,19 +92,66 @@ def session_of(config: pytest.Config) -> Session:
 
 
 def marker_config(item: pytest.Item) -> MarkerConfig | None:
-    """Module, class and function markers merged; the closest one wins per key."""
-    marks = list(item.iter_markers(MARKER))
-    if not marks:
+    """Module, class and function markers merged; the closest one wins per key (a
+    ``pytest.param(..., marks=...)``'s marker is closer than its function's). Two markers at
+    the same level giving one key different values: a ConfigError, one line, never last-wins."""
+    levels = _levels(item)
+    if not levels:
         return None
     kwargs: dict[str, Any] = {}
     args: tuple[Any, ...] = ()
-    for mark in reversed(marks):
-        if PROMPT_KEYS & mark.kwargs.keys():  # prompt and prompt_tokens are one choice
+    for where, marks in reversed(levels):
+        level: dict[str, Any] = {}
+        for mark in marks:
+            _refuse_conflicts(where, level, mark.kwargs)
+            level.update(mark.kwargs)
+            args += mark.args
+        if PROMPT_KEYS & level.keys():  # prompt and prompt_tokens are one choice
             for key in PROMPT_KEYS:
                 kwargs.pop(key, None)
-        kwargs.update(mark.kwargs)
-        args += mark.args
+        kwargs.update(level)
     return validate(kwargs, args)
+
+
+def _levels(item: pytest.Item) -> list[tuple[str, list[pytest.Mark]]]:
+    """The item's ``llmperf`` markers by level, closest first: its parametrization's, its own,
+    then each parent's (class, module...), each level named as a message names it."""
+    callspec = getattr(item, "callspec", None)
+    own_param = [id(m) for m in getattr(callspec, "marks", ())]
+    levels: dict[tuple[int, bool], tuple[str, list[pytest.Mark]]] = {}
+    for node, mark in item.iter_markers_with_node(MARKER):
+        param = node is item and id(mark) in own_param
+        where = f"{node.nodeid} (pytest.param marks)" if param else node.nodeid or str(node.path)
+        levels.setdefault((id(node), param), (where, []))[1].append(mark)
+    return list(levels.values())
+
+
+def _refuse_conflicts(where: str, level: Mapping[str, Any], given: Mapping[str, Any]) -> None:
+    for key, value in given.items():
+        if key in level and not _same(level[key], value):
+            raise ConfigError(
+                f"llmperf marker key {key!r} is given twice on {where} ({level[key]!r} and {value!r}); "
+                "give it once (a closer marker, e.g. the test's over its module's, overrides)"
+            )
+
+
+def _same(a: object, b: object) -> bool:
+    try:
+        return bool(a == b) and type(a) is type(b)
+    except (TypeError, ValueError):  # an array's == is no bool: not known to be the same
+        return False
+
+
+def full_id(item: pytest.Item, rootdir: Path) -> str:
+    """The item's id naming its module by its path from the rootdir (``../a/test_x.py::test_a``
+    for a module outside it, whose node id is ``::test_a``): ``core.formats.full_id``."""
+    from ..core.formats import full_id as named
+
+    try:
+        module = Path(os.path.relpath(item.path, rootdir)).as_posix()
+    except ValueError:  # another drive: no relative path
+        return item.nodeid
+    return named(item.nodeid, module)
 
 
 def uses_llmperf(item: pytest.Item) -> bool:

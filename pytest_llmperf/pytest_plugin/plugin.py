@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ..core.errors import LLMPerfError
+from ..core.errors import ConfigError, LLMPerfError
 from ..core.progress import Sink, fit, set_sink
-from ..core.settings import RENAMED_SETTINGS, SETTINGS
+from ..core.settings import RENAMED_SETTINGS, SETTINGS, conflicting_option
 from ..session import Session, SessionSettings
 from ..session.options import marker_help
 from ..session.sides import SIDE_ENV
@@ -111,6 +111,9 @@ def _settings(config: pytest.Config, on_side: bool, is_worker: bool) -> SessionS
     project-relative ones (baselines, history) against the project's folder (``project``)."""
     project = config.stash[PROJECT] = locate_project(config)
     try:
+        conflict = conflicting_option(config.invocation_params.args)
+        if conflict is not None:
+            raise ConfigError(f"llmperf: {conflict}")
         settings = SessionSettings.from_options(config.getoption, project.getini(config), project.rootdir)
         if on_side:
             from .side import side_settings
@@ -245,7 +248,12 @@ class LLMPerfHooks:
         except LLMPerfError as exc:
             hook_error = str(exc)
         parts = self.session.call_report(
-            item.nodeid, results, fixture.ab_results, marks.terminal_width(self.config), hook_error
+            item.nodeid,
+            results,
+            fixture.ab_results,
+            marks.terminal_width(self.config),
+            hook_error,
+            test_id=marks.full_id(item, self.config.rootpath),
         )
         for prop in item.stash.get(PROPERTIES, []):
             if prop in item.user_properties:

@@ -515,13 +515,29 @@ def _failure_line(reports: list[dict[str, Any]]) -> str:
         if r.get("outcome") != "failed":
             continue
         longrepr = r.get("longrepr")
+        where = ""
         if isinstance(longrepr, dict):
             crash = longrepr.get("reprcrash") or {}
             text = str(crash.get("message") or longrepr)
+            where = _raised_at(crash)
         else:
             text = str(longrepr)
-        return " ".join(text.split())[:400]
+        return " ".join(text.split())[:400] + where
     return ""
+
+
+def _raised_at(crash: Mapping[str, Any]) -> str:
+    """`` (raised at tests/test_x.py:12)``: where the failure was raised, as a path from this
+    process's folder (the tests' checkout) where it is under it, so a reader tells the tests'
+    code from the code under test (``code_root``); "" when pytest did not say."""
+    path, line = crash.get("path"), crash.get("lineno")
+    if not path:
+        return ""
+    try:
+        shown = os.path.relpath(str(path))
+    except ValueError:  # another drive
+        shown = str(path)
+    return f" (raised at {shown}{f':{line}' if line else ''})"
 
 
 def side_settings(settings: SessionSettings) -> SessionSettings:

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..baselines import store as baseline_store
 from ..core.catalog import HEADLINE, SUMMARY
-from ..core.documents import RefusedFile, SchemaViolation, read_text, validate
+from ..core.documents import RefusedFile, SchemaViolation, loads, read_text, validate
 from ..core.formats import fmt, render_table
 from ..core.settings import COLUMN_SETS, DEFAULT_COMPARISON_COLUMNS
 from ..judge.budgets import FAILING_STATES
@@ -110,12 +110,12 @@ def _session_document(path: Path | str) -> dict[str, Any]:
     """The file's JSON object, if it is a session report this version reads (not yet checked
     against the schema); else one line that says why not."""
     try:
-        data = json.loads(read_text(path, "session report", SMALLER))
+        data = loads(read_text(path, "session report", SMALLER))
     except FileNotFoundError:
         raise baseline_store.BaselineError(f"session report not found: {path}") from None
     except RefusedFile as exc:
         raise baseline_store.BaselineError(str(exc)) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # ValueError: JSONDecodeError, DuplicateKey
         raise baseline_store.BaselineError(f"{path} is not a readable JSON session report: {exc}") from None
     if not isinstance(data, dict) or data.get("schema") != SESSION_SCHEMA:
         raise baseline_store.BaselineError(

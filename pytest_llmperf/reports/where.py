@@ -275,13 +275,13 @@ def attribution_phases(d: Mapping[str, Any] | None) -> list[tuple[str, str, list
 def _slice_cells(label: str, s: Mapping[str, Any]) -> list[str]:
     """One slice's row (``ATTRIBUTION_HEADERS``); a slice one side lacks says which has it."""
     a, b, ratio, low, high = (s.get(k) for k in ("a_ms", "b_ms", "ratio", "ci_low", "ci_high"))
-    only = "only in A" if not b else "only in B"
+    only = "A" if not b else "B"
     return [
         label,
         str(s.get("name", "?")),
-        fmt_value(float(a or 0.0)),
-        fmt_value(float(b or 0.0)),
-        only if ratio is None else f"{float(ratio):.2f}",
+        fmt_value(float(a or 0.0)) if ratio is not None or only == "A" else "-",
+        fmt_value(float(b or 0.0)) if ratio is not None or only == "B" else "-",
+        f"only in {only}" if ratio is None else f"{float(ratio):.2f}",
         f"{float(low):.2f}..{float(high):.2f}" if low is not None and high is not None else "n/a",
         "moved" if s.get("moved") else "-",
     ]

@@ -325,8 +325,10 @@ class Session:
         ab_results: Sequence[ABResult],
         width: int,
         error: str | None = None,
+        test_id: str | None = None,
     ) -> CallReport:
-        """What one test's call report gets (``results.call_report``)."""
+        """What one test's call report gets (``results.call_report``); ``test_id``: the test's
+        full id where pytest's ``nodeid`` does not name its module (``core.formats.full_id``)."""
         from .results import call_report
 
         s = self.settings
@@ -339,6 +341,7 @@ class Session:
             budgets_gate=s.budgets_gate,
             failure_lines=self.assessor.failure_lines,
             error=error,
+            test_id=test_id,
         )
 
     def collect(self, shipped: Sequence[MeasurementResult], ab_results: Sequence[Mapping[str, object]] = ()) -> None:

@@ -624,6 +624,9 @@ class Drive:
         self.reports: dict[str, Report] = {}
         self.lost: dict[str, str] = {}
         self.told: set[str] = set()  # lines the test's report carries already (its failure, the verdict's note)
+        #: The sides this controller told to fail their measurement (``finish(side, fail=...)``):
+        #: a failure that follows is the controller's line, not one raised there.
+        self.failed_by_us: set[str] = set()
 
     def run(self, next_nodeid: str | None) -> TestOutcome:
         for side in self.active:
@@ -645,6 +648,8 @@ class Drive:
 
     def finish(self, side: Side, **done: Any) -> None:
         """The side's measurement ends (``fail``: not measured; ``verdict``: its judgement)."""
+        if "fail" in done:
+            self.failed_by_us.add(side.spec.name)
         self.state[side.spec.name] = SideState.BUSY
         side.send({"op": "done", **done})
 
@@ -760,6 +765,19 @@ class Drive:
             out.notes.append(f"not compared: {self.ref_missing.line}")
         elif REF in self.lost and self.lost[REF] not in self.told:
             out.notes.append(self.lost[REF])
-        elif self.state[REF] is SideState.DONE and self.reports[REF].failed:
-            out.notes.append(f"{self.ref.who}: the test failed there: {self.reports[REF].line}")
+        elif (note := self._ref_failure()) is not None:
+            out.notes.append(note)
         return out
+
+    def _ref_failure(self) -> str | None:
+        """The line for REF's failed test, on the side that raised: None where REF failed only
+        because this controller told it to (this tree's side ended the test first, or a run of
+        either side raised: the test's report names that side); the test's own failure where
+        both sides raised the same (its code, not REF's: ``raised at`` names where)."""
+        if self.state[REF] is not SideState.DONE or not self.reports[REF].failed or REF in self.failed_by_us:
+            return None
+        line = self.reports[REF].line
+        mine = self.reports.get(CURRENT)
+        if mine is not None and mine.failed and mine.line == line:
+            return f"the test failed on both sides alike (not REF's doing): {line}"
+        return f"{self.ref.who}: the test failed there: {line}"

@@ -18,9 +18,9 @@ from typing import Any, TypeVar
 
 from ..core.catalog import AGREEMENT_BUDGETS, BUDGETS
 from ..core.errors import ConfigError, unknown_name
-from ..core.settings import RENAMED, SETTINGS, EngineSettings, Resolved, renamed_line, resolve, value_kind
-from ..core.values import COUNT, FLAG, LEVEL, POSITIVE, SHARE, THRESHOLD, Choice, Integer, Kind
-from ..core.workload import LLAMA_SETTINGS, MODEL_LOAD_KINDS, PROMPT_CACHE_MODES
+from ..core.settings import RENAMED, SETTINGS, UNQUANTIZED, EngineSettings, Resolved, renamed_line, resolve, value_kind
+from ..core.values import COUNT, FLAG, LEVEL, POSITIVE, SHARE, THRESHOLD, TOKENS, Choice, Integer, Kind
+from ..core.workload import LLAMA_SETTINGS, MAX_TOKENS, MODEL_LOAD_KINDS, PROMPT_CACHE_MODES, Workload
 from ..history.connection import Location
 from ..history.connection import default as default_history
 from ..history.connection import parse as parse_history
@@ -140,6 +140,7 @@ class SessionSettings:
             if r[one].value and r[other].value:
                 raise ConfigError(line)
         _check_outputs(r)
+        _check_timeouts(r)
         root = Path(rootdir)
         engine_fields = [f.name for f in dataclasses.fields(EngineSettings)]
         own = {
@@ -174,6 +175,17 @@ def _check_outputs(r: Mapping[str, Resolved]) -> None:
             check_output(given.value)
         except OSError as exc:
             raise ConfigError(f"{given.source}: {refused_output(given.value, exc, 'it')}") from None
+
+
+def _check_timeouts(r: Mapping[str, Resolved]) -> None:
+    """A wait for one token longer than the wait for the whole request never ends first: both
+    given so (not a default), one line naming where each came from."""
+    token, request = r["token_timeout"], r["request_timeout"]
+    if "default" not in (token.source, request.source) and token.value > request.value:
+        raise ConfigError(
+            f"llmperf: {token.source} {token.value:g} s is longer than {request.source} {request.value:g} s "
+            "(a token's wait within the request's); give a token timeout at most the request timeout"
+        )
 
 
 def _history(r: Mapping[str, Resolved], root: Path) -> Location | None:
@@ -278,8 +290,13 @@ KEYS: dict[str, Key] = {
         # Budget keys and their help come from the metric catalog.
         *(Key(b.key, "budget", b.help, _marker(SHARE if b.share else POSITIVE)) for b in BUDGETS.values()),
         Key("prompt", "workload", "literal prompt text", _text),
-        Key("prompt_tokens", "workload", "synthetic prompt of exactly N tokens", _marker(COUNT)),
-        Key("max_tokens", "workload", "tokens generated per run (>= 2, EOS cannot end a run)", _marker(Integer(2))),
+        Key("prompt_tokens", "workload", "synthetic prompt of exactly N tokens", _marker(TOKENS)),
+        Key(
+            "max_tokens",
+            "workload",
+            "tokens generated per run (>= 2, EOS cannot end a run)",
+            _marker(Integer(2, MAX_TOKENS)),
+        ),
         Key("runs", "workload", "measured runs (>= 1)", _marker(COUNT)),
         Key("warmup", "workload", "discarded warm-up runs before measuring (>= 0)", _marker(Integer(0))),
         Key("concurrency", "workload", "load: requests in flight at once (served models)", _marker(COUNT)),
@@ -372,19 +389,21 @@ class MarkerConfig:
         return "a" in self.ab and "b" in self.ab
 
     def merged(self, overrides: Mapping[str, object]) -> MarkerConfig:
-        extra = validate(overrides)
+        extra = validate(overrides, together=False)
         workload = dict(self.workload)
         # A prompt given here replaces the marker's prompt of either kind.
         if PROMPT_KEYS & extra.workload.keys():
             for key in PROMPT_KEYS:
                 workload.pop(key, None)
-        return MarkerConfig(
-            budgets={**self.budgets, **extra.budgets},
-            workload={**workload, **extra.workload},
-            settings={**self.settings, **extra.settings},
-            options={**self.options, **extra.options},
-            engine={**self.engine, **extra.engine},
-            ab={**self.ab, **extra.ab},
+        return check_together(
+            MarkerConfig(
+                budgets={**self.budgets, **extra.budgets},
+                workload={**workload, **extra.workload},
+                settings={**self.settings, **extra.settings},
+                options={**self.options, **extra.options},
+                engine={**self.engine, **extra.engine},
+                ab={**self.ab, **extra.ab},
+            )
         )
 
 
@@ -392,8 +411,10 @@ class MarkerConfig:
 MARKER_KEYS_AT = "pytest --markers, or README.md's marker keys"
 
 
-def validate(kwargs: Mapping[str, object], args: tuple[Any, ...] = ()) -> MarkerConfig:
-    """Check marker keys and values; a ConfigError names the key and the allowed keys."""
+def validate(kwargs: Mapping[str, object], args: tuple[Any, ...] = (), *, together: bool = True) -> MarkerConfig:
+    """Check marker keys and values; a ConfigError names the key and the allowed keys. With
+    ``together`` (a whole marker, not overrides still to be merged), keys that contradict each
+    other too (``check_together``)."""
     if args:
         raise ConfigError(
             f"llmperf marker takes keyword arguments only, got positional {args!r}; its keys: {MARKER_KEYS_AT}"
@@ -415,7 +436,7 @@ def validate(kwargs: Mapping[str, object], args: tuple[Any, ...] = ()) -> Marker
         by_kind[key.kind][name] = key.check(name, value)
     if "prompt" in by_kind["workload"] and "prompt_tokens" in by_kind["workload"]:
         raise ConfigError("llmperf marker: give either 'prompt' or 'prompt_tokens', not both")
-    return MarkerConfig(
+    config = MarkerConfig(
         budgets=by_kind["budget"],
         workload=by_kind["workload"],
         settings=by_kind["setting"],
@@ -423,6 +444,76 @@ def validate(kwargs: Mapping[str, object], args: tuple[Any, ...] = ()) -> Marker
         engine=by_kind["engine"],
         ab=by_kind["ab"],
     )
+    return check_together(config) if together else config
+
+
+def _max_runs_below_runs(c: MarkerConfig) -> str | None:
+    max_runs, runs = c.options.get("max_runs"), c.workload.get("runs", Workload.runs)
+    if max_runs is None or max_runs >= runs:
+        return None
+    return (
+        f"max_runs {max_runs} is below runs {runs} (the runs measured at first); "
+        "give max_runs >= runs (max_runs = runs measures no more)"
+    )
+
+
+def _requests_below_concurrency(c: MarkerConfig) -> str | None:
+    w = c.workload
+    concurrency, requests = w.get("concurrency"), w.get("requests", w.get("runs", Workload.runs))
+    if concurrency is None or requests >= concurrency:
+        return None
+    return (
+        f"concurrency {concurrency} is above the {requests} requests sent (requests, default runs): "
+        "never that many in flight; give requests >= concurrency"
+    )
+
+
+def _context_below_workload(c: MarkerConfig) -> str | None:
+    n_ctx, prompt = c.engine.get("n_ctx"), c.workload.get("prompt_tokens")
+    if not isinstance(n_ctx, int) or prompt is None:
+        return None
+    generated = c.workload.get("max_tokens", Workload.max_tokens)
+    if prompt + generated <= n_ctx:
+        return None
+    return f"n_ctx {n_ctx} is below prompt_tokens {prompt} + max_tokens {generated}; give n_ctx >= {prompt + generated}"
+
+
+def _ubatch_above_batch(c: MarkerConfig) -> str | None:
+    n_ubatch, n_batch = c.engine.get("n_ubatch"), c.engine.get("n_batch")
+    if not isinstance(n_ubatch, int) or not isinstance(n_batch, int) or n_ubatch <= n_batch:
+        return None
+    return f"n_ubatch {n_ubatch} is above n_batch {n_batch} (llama.cpp splits a batch into ubatches); give n_ubatch <= n_batch"
+
+
+def _quantized_v_without_flash_attn(c: MarkerConfig) -> str | None:
+    type_v = c.engine.get("type_v")
+    if type_v is None or type_v in UNQUANTIZED or c.engine.get("flash_attn") is not False:
+        return None
+    return f"type_v={type_v!r} (a quantized V cache) needs flash_attn=True in llama.cpp, and flash_attn=False is given"
+
+
+#: Marker keys that contradict each other: each rule says so in one line, or None.
+CONTRADICTIONS: tuple[Callable[[MarkerConfig], str | None], ...] = (
+    _max_runs_below_runs,
+    _requests_below_concurrency,
+    _context_below_workload,
+    _ubatch_above_batch,
+    _quantized_v_without_flash_attn,
+)
+
+
+def check_together(config: MarkerConfig) -> MarkerConfig:
+    """``config``, unless some of its keys contradict each other (``CONTRADICTIONS``, and the
+    workload's own rules: a shared prefix shorter than the prompt...): a ConfigError, one line."""
+    for rule in CONTRADICTIONS:
+        line = rule(config)
+        if line is not None:
+            raise ConfigError(f"llmperf marker: {line}")
+    try:
+        Workload(**config.workload)
+    except ConfigError as exc:
+        raise ConfigError(f"llmperf marker: {exc}") from None
+    return config
 
 
 def marker_help() -> str:

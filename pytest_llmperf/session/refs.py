@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from ..core.errors import ConfigError
+from ..core.formats import escaped
 from ..core.redact import redact
 
 if TYPE_CHECKING:
@@ -113,7 +114,7 @@ def _run(
 
 def _last_line(text: str) -> str:
     lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
-    return redact(lines[-1]) if lines else "no message"
+    return redact(escaped(lines[-1])) if lines else "no message"
 
 
 def _git(

@@ -52,16 +52,17 @@ class Result:
     #: One line per budget its sample could not decide (``judge.budgets.undecided_budgets``).
     budget_notes: tuple[str, ...] = ()
 
-    def typed(self, nodeid: str) -> MeasurementResult:
+    def typed(self, nodeid: str, test_id: str | None = None) -> MeasurementResult:
         """The typed result every report reads (``judge.result.MeasurementResult``) of this
-        measurement of test ``nodeid``: its figures, budgets and (once assessed) baseline."""
+        measurement of test ``nodeid`` (named ``test_id`` where pytest's id does not name its
+        module: ``core.formats.full_id``): its figures, budgets and (once assessed) baseline."""
         from ..baselines.records import prompt_record
         from ..core.measured import Figures
         from ..judge.result import MeasurementResult
 
         m = self.measurement
         result = MeasurementResult(
-            test=nodeid + (f"[{m.label}]" if m.label else ""),
+            test=(test_id or nodeid) + (f"[{m.label}]" if m.label else ""),
             nodeid=nodeid,
             label=m.label or "",
             **self._budget_fields(),
@@ -480,6 +481,7 @@ def call_report(
     budgets_gate: bool,
     failure_lines: Callable[[Assessment], list[str]],
     error: str | None = None,
+    test_id: str | None = None,
 ) -> CallReport:
     """One test's measurements (after ``pytest_llmperf_result``) and A/B comparisons as report
     parts; ``failure_lines(assessment)``: the baseline's failure lines of one measurement;
@@ -489,8 +491,8 @@ def call_report(
         from ..judge.ab import properties as ab_properties
 
         out.properties += ab_properties(ab_results)
-        out.ab = [ab_result_of(nodeid, ab) for ab in ab_results]
-    typed = [r.typed(nodeid) for r in results]  # what every report reads
+        out.ab = [ab_result_of(test_id or nodeid, ab) for ab in ab_results]
+    typed = [r.typed(nodeid, test_id) for r in results]  # what every report reads
     for t in typed:
         out.properties += t.properties()
     for r, t in zip(results, typed):

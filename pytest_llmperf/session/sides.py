@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..core.errors import ConfigError, LLMPerfError
+from ..core.formats import escaped
 from ..measuring.worker import Channel
 
 CURRENT, REF = "current", "REF"
@@ -98,6 +99,12 @@ class SideEvent:
         return cls()
 
 
+def _line(message: Mapping[str, object]) -> str:
+    """A side's one line (an exception's text from REF's or this tree's code), escaped: what
+    the controller prints of it shows its control characters, never acts on the terminal."""
+    return escaped(str(message.get("line")))
+
+
 @dataclass(frozen=True)
 class DataEvent(SideEvent):
     """An event whose whole message is its ``data`` (read by name where it is used)."""
@@ -147,7 +154,7 @@ class RunError(SideEvent):
 
     @classmethod
     def of(cls, message: Mapping[str, object]) -> SideEvent:
-        return cls(str(message.get("line")))
+        return cls(_line(message))
 
 
 @dataclass(frozen=True)
@@ -166,7 +173,7 @@ class Unstepped(SideEvent):
 
     @classmethod
     def of(cls, message: Mapping[str, object]) -> SideEvent:
-        return cls(str(message.get("line")))
+        return cls(_line(message))
 
 
 @dataclass(frozen=True)
@@ -179,7 +186,7 @@ class Logits(SideEvent):
 
     @classmethod
     def of(cls, message: Mapping[str, object]) -> SideEvent:
-        return cls(message.get("got"), None if "got" in message else str(message.get("line")))
+        return cls(message.get("got"), None if "got" in message else _line(message))
 
 
 @dataclass(frozen=True)
@@ -196,7 +203,7 @@ class Attributed(SideEvent):
     @classmethod
     def of(cls, message: Mapping[str, object]) -> SideEvent:
         if "line" in message:
-            return cls(line=str(message.get("line")))
+            return cls(line=_line(message))
         return cls(message.get("got"), message.get("figures") or {})
 
 
@@ -226,7 +233,8 @@ class Report(SideEvent):
 
     @classmethod
     def of(cls, message: Mapping[str, Any]) -> SideEvent:
-        return cls(list(message.get("reports") or []), str(message.get("outcome")), message.get("line"))
+        line = _line(message) if isinstance(message.get("line"), str) else None
+        return cls(list(message.get("reports") or []), str(message.get("outcome")), line)
 
     @property
     def failed(self) -> bool:
@@ -321,7 +329,7 @@ class Side:
             return
         self.ready = dict(event.data)
         problems = self.ready.get("problems") or []
-        self.problems = f"{self.who}: {problems[0]}" if problems else None
+        self.problems = f"{self.who}: {escaped(str(problems[0]))}" if problems else None
 
     def _broke(self, line: str) -> None:
         self.start_error, self.broken = line, True
@@ -379,7 +387,10 @@ class Side:
         text = self._text()
         head = next((ln.strip() for ln in text.splitlines() if re.match(r"(ImportError|ERROR|INTERNALERROR)", ln)), "")
         errors = [ln.strip()[1:].strip() for ln in text.splitlines() if ln.startswith("E ")]
-        return "; ".join(filter(None, [head.rstrip("."), errors[-1] if errors else ""]))[:600] or "it said nothing"
+        return (
+            escaped("; ".join(filter(None, [head.rstrip("."), errors[-1] if errors else ""]))[:600])
+            or "it said nothing"
+        )
 
     def _log(self) -> str:
         from ..engines.llama_cpp_native import quoted_log
@@ -414,9 +425,10 @@ class Side:
                 continue
             if where in broken:
                 return Missing(
-                    f"{self.who} cannot import {where or nodeid}: its code under test fails there: {line}", fails=True
+                    f"{self.who} cannot import {where or nodeid}: its code under test fails there: {escaped(line)}",
+                    fails=True,
                 )
-            return Missing(f"{self.who} cannot collect {where or nodeid}: {line}", fails=False)
+            return Missing(f"{self.who} cannot collect {where or nodeid}: {escaped(line)}", fails=False)
         return None
 
     def close(self) -> None:
