@@ -291,6 +291,7 @@ def test_session_reports_into_a_null_device_a_fifo_and_a_link(pytester: pytest.P
     output = result.stdout.str() + result.stderr.str()
     assert result.ret == 0, output
     assert "cannot write" not in output and "Traceback" not in output
+    assert output.count("--llmperf-json is given twice") == 1, output  # named, once
     assert after == before
     assert got and got[0].startswith(b"{") and b'"results"' in got[0]
     assert leftovers(pytester.path) == []

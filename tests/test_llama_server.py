@@ -153,11 +153,12 @@ def test_sweep_levels_never_repeat_a_prompt(small_server):
     assert len(set(bodies)) == len(bodies)
 
 
-def test_cli_serve_starts_llama_server(capsys):
+def test_cli_serve_starts_llama_server(capsys, monkeypatch):
     """Every request succeeds, but one: the synthetic model emits byte tokens, and llama-server
     holds back text that is not yet whole UTF-8, so now and then (the prompts are unique per
     run) a request's tokens all arrive in one event. That request has no token gaps to measure
     and counts as failed, with its reason: the only failure allowed here."""
+    monkeypatch.setenv("COLUMNS", "1000")  # its lines read whole (tests/test_report_width.py checks 80)
     status = main(
         [
             "load",

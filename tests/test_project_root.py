@@ -49,6 +49,7 @@ def env(tmp_path: Path, **extra: str) -> dict[str, str]:
         GIT_CONFIG_GLOBAL=os.devnull,
         GIT_CONFIG_NOSYSTEM="1",
         GIT_CEILING_DIRECTORIES=str(tmp_path),
+        COLUMNS="1000",  # a wide terminal: the lines these tests read are not wrapped
     )
     out.update(extra)
     return out

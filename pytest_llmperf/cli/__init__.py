@@ -17,7 +17,7 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
-from ..core.errors import ConfigError, LLMPerfError
+from ..core.errors import LLMPerfError
 from ..core.progress import StreamSink, set_sink
 from ..core.redact import redact
 from ..core.settings import conflicting_option
@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         conflict = conflicting_option(sys.argv[1:] if argv is None else argv, cli=True)
         if conflict is not None:
-            raise ConfigError(conflict)
+            print(f"llmperf: warning: {conflict}", file=sys.stderr)
         return int(found[args.command][2](args))
     except LLMPerfError as exc:
         print(f"llmperf: error: {redact(str(exc))}", file=sys.stderr)  # no URL's password, whoever built the line

@@ -727,18 +727,23 @@ def _given_options(args: Sequence[str], by_option: Mapping[str, Setting]) -> Ite
 
 def conflicting_option(args: Sequence[str], *, cli: bool = False) -> str | None:
     """One line when the command line gives one setting's option twice with different values
-    (``--llmperf-threads 2 ... --llmperf-threads 4``), which argparse would read last-wins;
-    None when there is none. ``cli``: the ``llmperf`` commands' flags (``--threads``)."""
+    (``--llmperf-threads 2 ... --llmperf-threads 4``): the last one counts, as argparse and
+    every CLI reads it (a CI script appending an override to its defaults), and the line names
+    both so it is never silent; None when there is none. ``cli``: the ``llmperf`` commands'
+    flags (``--threads``)."""
     flags = ((s.cli if cli else s.option, s) for s in SETTINGS.values())
     by_option = {flag: s for flag, s in flags if flag}
-    seen: dict[str, tuple[str, object]] = {}
+    first: dict[str, tuple[str, object]] = {}
+    last: dict[str, str] = {}
     for s, text in _given_options(args, by_option):
-        value = _parsed_or_text(s, text)
         flag = (s.cli if cli else None) or s.option
-        if flag in seen and seen[flag][1] != value:
-            return f"{flag} is given twice ({seen[flag][0]!r} and {text!r}); give it once"
-        seen.setdefault(flag, (text, value))
-    return None
+        first.setdefault(flag, (text, _parsed_or_text(s, text)))
+        if _parsed_or_text(s, text) != first[flag][1]:
+            last[flag] = text
+    if not last:
+        return None
+    flag, text = next(iter(last.items()))
+    return f"{flag} is given twice ({first[flag][0]!r} and {text!r}): the last one, {text!r}, counts; give it once"
 
 
 def _parsed_or_text(s: Setting, text: str) -> object:

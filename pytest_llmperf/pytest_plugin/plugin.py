@@ -10,6 +10,7 @@ The plugin's command-line options and ini keys, built from ``core.settings.SETTI
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Generator
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ..core.errors import ConfigError, LLMPerfError
+from ..core.errors import LLMPerfError
 from ..core.progress import Sink, fit, set_sink
 from ..core.settings import RENAMED_SETTINGS, SETTINGS, conflicting_option
 from ..session import Session, SessionSettings
@@ -113,7 +114,9 @@ def _settings(config: pytest.Config, on_side: bool, is_worker: bool) -> SessionS
     try:
         conflict = conflicting_option(config.invocation_params.args)
         if conflict is not None:
-            raise ConfigError(f"llmperf: {conflict}")
+            project = config.stash[PROJECT] = dataclasses.replace(
+                project, notes=(*project.notes, f"llmperf: warning: {conflict}")
+            )
         settings = SessionSettings.from_options(config.getoption, project.getini(config), project.rootdir)
         if on_side:
             from .side import side_settings
@@ -152,10 +155,9 @@ class LLMPerfHooks:
         self.sink_before: Sink | None = None  # the sink it replaced, put back at the end
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
-        moved = config.stash[PROJECT].moved
-        return _fitted(
-            [*([moved] if moved else []), *marks.header(config, self.session, hookcalls.engine_note(config))], config
-        )
+        project = config.stash[PROJECT]
+        notes = [*([project.moved] if project.moved else []), *project.notes]
+        return _fitted([*notes, *marks.header(config, self.session, hookcalls.engine_note(config))], config)
 
     def pytest_report_collectionfinish(self, config: pytest.Config, items: list[pytest.Item]) -> list[str]:
         """The model line, once collection found llmperf tests to run (none: not a word)."""

@@ -35,6 +35,8 @@ class Project:
     ini: Mapping[str, Any] = field(default_factory=dict)
     #: One line when an option's value moved pytest's rootdir or ini file, else None.
     moved: str | None = None
+    #: Other lines for the header, once (an option given twice: which value counts).
+    notes: tuple[str, ...] = ()
 
     def getini(self, config: pytest.Config) -> Callable[[str], Any]:
         """``config.getini``, unless pytest read another ini file than the project's: then the
