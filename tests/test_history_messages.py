@@ -365,6 +365,9 @@ def test_a_lock_held_past_its_wait_costs_one_wait_and_one_line(
     db = seeded_history(pytester.path / "hist" / "history.sqlite")
     before = digest(db)
     monkeypatch.setattr(conn_module, "LOCK_WAIT_S", 2)
+    from pytest_llmperf.core import progress
+
+    monkeypatch.setattr(progress, "QUIET_S", 0.0)  # the machine's speed decides nothing: every task speaks
     waits: list[str] = []
     wait = conn_module.Conn._wait_for_lock
 
@@ -382,6 +385,8 @@ def test_a_lock_held_past_its_wait_costs_one_wait_and_one_line(
     assert result.ret == 0 and output.count("stayed locked") == 1 and len(waits) == 1, output
     assert f"llmperf: history not written: {locked}" in output
     assert "Traceback" not in output and digest(db) == before
+    # the wait is not silent: its line while it lasts (a line per step piped, the heartbeat after)
+    assert f"history {db}: waiting for its lock, 2 s at most" in output, output  # alone or in a test's line
 
 
 def test_the_holder_named_without_a_lock_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -394,8 +394,9 @@ def test_history_locked_past_the_deadline_in_command(
         assert cli_main(["history", "--history", str(db)]) == 2
         elapsed = time.monotonic() - started
         line = "llmperf: error: " + LOCKED.format(db=db, pid=pid, comm=comm(pid))
-    err = capsys.readouterr().err
-    assert err.strip() == line and 2 <= elapsed < 10
+    err = capsys.readouterr().err.strip().splitlines()
+    waiting = [x for x in err if x.startswith(f"llmperf: history {db}: ")]  # the wait's own progress lines
+    assert err[-1] == line and len(err) == len(waiting) + 1 and 2 <= elapsed < 10, err
 
 
 def wait_until_waiting(pid: int, path: Path, seconds: float) -> None:

@@ -39,6 +39,7 @@ from typing import Any
 
 from ..core.documents import file_kind
 from ..core.errors import ConfigError, LLMPerfError
+from ..core.progress import task
 from ..core.redact import Redactor, Url, display, is_dsn
 from ..core.settings import SETTINGS
 
@@ -403,23 +404,28 @@ class Conn:
         holder, lasting (the session does not wait a second time)."""
         started = time.monotonic()
         try:
-            while True:
-                time.sleep(SQLITE_TRY_S)
-                try:
-                    return self.raw.execute(sql, tuple(params))
-                except sqlite3.OperationalError as exc:
-                    if not _busy(exc):
-                        raise
-                if time.monotonic() - started >= LOCK_WAIT_S:
-                    raise LastingHistoryError(  # waited once: not again this session
-                        f"the history {self.loc.display} stayed locked for {LOCK_WAIT_S} s by "
-                        f"{sqlite_holder(self.loc.target)}; let that process finish (or stop it), then run again"
-                    )
+            with task(f"history {self.loc.display}") as progress:  # a line every few seconds while it waits
+                progress.step(f"waiting for its lock, {LOCK_WAIT_S} s at most")
+                return self._tries(sql, params, started)
         except KeyboardInterrupt:
             raise HistoryInterrupted(
                 f"interrupted after waiting {time.monotonic() - started:.0f} s for the history "
                 f"{self.loc.display}, locked by {sqlite_holder(self.loc.target)}; nothing was written to it"
             ) from None
+
+    def _tries(self, sql: str, params: Sequence[Any], started: float) -> Any:
+        while True:
+            time.sleep(SQLITE_TRY_S)
+            try:
+                return self.raw.execute(sql, tuple(params))
+            except sqlite3.OperationalError as exc:
+                if not _busy(exc):
+                    raise
+            if time.monotonic() - started >= LOCK_WAIT_S:
+                raise LastingHistoryError(  # waited once: not again this session
+                    f"the history {self.loc.display} stayed locked for {LOCK_WAIT_S} s by "
+                    f"{sqlite_holder(self.loc.target)}; let that process finish (or stop it), then run again"
+                )
 
     def failure(self, doing: str, exc: BaseException) -> HistoryError:
         """The one line of a failed statement (``doing``: "read", "write", "lock")."""
@@ -614,7 +620,9 @@ def transaction(conn: Conn) -> Iterator[Conn]:
         else:
             conn.execute("BEGIN")
             conn.execute(f"SET LOCAL lock_timeout = '{LOCK_WAIT_S}s'")
-            conn.execute("SELECT pg_advisory_xact_lock(?)", (ADVISORY_LOCK,))
+            with task(f"history {conn.loc.display}") as progress:  # says so if another writer holds it
+                progress.step(f"waiting for its write lock, {LOCK_WAIT_S} s at most")
+                conn.execute("SELECT pg_advisory_xact_lock(?)", (ADVISORY_LOCK,))
     except errors_of(conn.kind) as exc:
         if getattr(exc, "sqlstate", None) == LOCK_NOT_AVAILABLE:
             raise LastingHistoryError(  # waited once: not again this session
