@@ -321,7 +321,9 @@ def test_write_stream_c(llmperf):
 """
 
 #: pytest's own lines (its header names the installed plugins, the tmp rootdir).
-PYTEST_LINES = ("platform ", "plugins: ", "rootdir: ", "cachedir: ", "configfile: ")
+#: pytest's own lines: its header, and its short test summary (``-r``), which it cuts at the
+#: terminal's width except where ``CI`` is set (CI runs this suite with CI=true).
+PYTEST_LINES = ("platform ", "plugins: ", "rootdir: ", "cachedir: ", "configfile: ", "FAILED ", "ERROR ", "PASSED ")
 
 
 def _too_wide(text: str, width: int) -> list[str]:
