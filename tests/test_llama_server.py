@@ -54,7 +54,7 @@ def test_load_with_server_timings_and_metrics(small_server, capsys):
     w = Workload(prompt_tokens=24, max_tokens=16, requests=8, concurrency=4, warmup=1)
     m = measure(engine, w, slo={"ttft_ms": 60_000, "tpot_ms": 60_000})
     s = m.load
-    assert (s.n_ok, s.n_failed, s.concurrency, s.goodput) == (8, 0, 4, 1.0)
+    assert (s.n_ok, s.n_failed, s.concurrency, s.goodput) == (8, 0, 4, 1.0), s.errors
     assert m.engine.token_count == "usage" and m.output_tokens == 16
     # The server's own clock per request (timings), as the in-process engine's llama.cpp counters.
     assert m.native_prefill_ms is not None and m.native_decode_ms_per_token is not None
