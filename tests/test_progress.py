@@ -172,6 +172,29 @@ def test_the_heartbeat_thread_speaks_while_the_task_waits(monkeypatch: pytest.Mo
         assert said.wait(60), "the heartbeat said nothing"
 
 
+def test_the_heartbeat_holds_its_line_inside_a_timed_region(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside ``timed()`` (a run whose clock reads are this process's) no beat writes a line;
+    once the region ends, or has lasted ``TIMED_HOLD_S``, the heartbeat speaks again."""
+    lines = Lines()
+    monkeypatch.setattr(progress, "QUIET_S", 0.0)
+    monkeypatch.setattr(progress, "_sink", lines)
+    clock = [0.0]
+    with task("measuring", clock=lambda: clock[0]) as one:
+        one.step("runs", 0, 3)
+        shown = len(lines.shown)
+        with progress.timed():
+            clock[0] += 60.0  # the deadline long past
+            one.beat()
+            assert len(lines.shown) == shown  # held: nothing between the run's clock reads
+            monkeypatch.setattr(progress, "TIMED_HOLD_S", 0.0)  # a run past the hold
+            one.beat()
+            assert len(lines.shown) == shown + 1
+        monkeypatch.setattr(progress, "TIMED_HOLD_S", 8.0)
+        clock[0] += 60.0
+        one.beat()  # the region over: the line again
+        assert len(lines.shown) == shown + 2
+
+
 def test_fit_keeps_both_ends_within_the_width() -> None:
     text = "llmperf: against git:main (3f2a1b9c0d1e): tests/test_some_long_module.py::test_x: pairs 3 of 40 [12 s]"
     short = fit(text, 60)

@@ -137,7 +137,11 @@ class Progress:
         self.root.due(force=False)
 
     def beat(self) -> None:
-        """The line again once the deadline passed (the heartbeat calls this)."""
+        """The line again once the deadline passed (the heartbeat calls this); held while a
+        timed region of this process runs (``timed``), unless it has lasted ``TIMED_HOLD_S``."""
+        since = _timed_since
+        if since is not None and time.monotonic() - since < TIMED_HOLD_S:
+            return
         self.root.due(force=False)
 
     def due(self, *, force: bool) -> None:
@@ -193,6 +197,26 @@ def task(what: str, *, clock: Callable[[], float] = time.monotonic) -> Iterator[
                 _showing.remove(one)
         _here.current = parent
         one.close(outcome)
+
+
+#: A timed region longer than this (a single run of an in-process engine) gets the heartbeat's
+#: line all the same: the promise of a line at least every 10 s wins over a quiet clock.
+TIMED_HOLD_S = 8.0
+#: When the timed region that runs in this process began (``timed``), else None.
+_timed_since: float | None = None
+
+
+@contextmanager
+def timed() -> Iterator[None]:
+    """A timed region of this process (a run whose clock reads are ours: an in-process engine,
+    an HTTP client's stamps): the heartbeat thread holds its line until it ends, so no write to
+    the terminal lands between two clock reads; the next ``advance`` or beat says it."""
+    global _timed_since
+    _timed_since = time.monotonic()
+    try:
+        yield
+    finally:
+        _timed_since = None
 
 
 def _heartbeat(one: Progress, stop: threading.Event) -> None:

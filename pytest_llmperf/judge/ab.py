@@ -25,7 +25,7 @@ import numpy as np
 
 from ..core.errors import ConfigError
 from ..core.formats import sig6
-from ..core.progress import task
+from ..core.progress import task, timed
 from ..core.settings import DEFAULT_ALPHA
 from ..core.workload import Workload
 from ..measuring.agreement import Agreement, compare_outputs
@@ -179,12 +179,14 @@ def interleave(
         for i, order in enumerate(block_orders(workload.warmup, seed + 1)):
             for side in order:
                 engine, warm, _ = runs[side]
-                warm.append(engine.run(workload, -1 - i))
+                with timed():  # the heartbeat says nothing inside a run
+                    warm.append(engine.run(workload, -1 - i))
         progress.step("pairs", 0, workload.runs)
         for i, order in enumerate(orders):
             for side in order:
                 engine, _, traces = runs[side]
-                traces.append(engine.run(workload, i))
+                with timed():
+                    traces.append(engine.run(workload, i))
             progress.advance(i + 1)
     return runs["A"][2], runs["B"][2], runs["A"][1], runs["B"][1], orders
 
