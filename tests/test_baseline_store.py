@@ -149,7 +149,7 @@ from pytest_llmperf.baselines import store
 path = Path(sys.argv[1])
 print("ready", flush=True)
 for i in range(100000):
-    runs = {"tpot_ms": [float(i)] * 2000, "ttft_ms": [float(i)] * 2000}
+    runs = {"tpot_ms": [float(i + 1)] * 2000, "ttft_ms": [float(i + 1)] * 2000}  # above 0: a valid file
     store.update(path, {f"test_{k}": {"hw": {"runs": runs, "workload": {}, "subject": {}, "hardware": {},
                                             "itl_ms": [[1.0] * 500] * 20}} for k in range(10)})
 """
