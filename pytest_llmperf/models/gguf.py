@@ -26,7 +26,7 @@ from ..core.formats import human_bytes
 from ..core.settings import EngineSettings
 
 #: Bump when the generator's output changes for an unchanged spec (invalidates cached files).
-GENERATOR_VERSION = 2
+GENERATOR_VERSION = 3
 
 DTYPES = ("F32", "F16", "Q8_0")
 
@@ -34,6 +34,8 @@ DTYPES = ("F32", "F16", "Q8_0")
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
 N_BYTE_TOKENS = 256
 FIRST_NORMAL_ID = 3 + N_BYTE_TOKENS
+#: The byte tokens <0x80>..<0xFF>: never generated (their output rows are zero).
+NON_ASCII_BYTE_IDS = slice(3 + 0x80, FIRST_NORMAL_ID)
 
 
 @dataclass(frozen=True)
@@ -184,8 +186,10 @@ def write_gguf(spec: ModelSpec, path: str | os.PathLike[str]) -> Path:
     writer.add_unk_token_id(UNK_ID)
     writer.add_add_bos_token(True)
 
-    def matrix(name: str, n_out: int, n_in: int) -> None:
+    def matrix(name: str, n_out: int, n_in: int, zero_rows: slice | None = None) -> None:
         weights = rng.standard_normal((n_out, n_in), dtype=np.float32) * np.float32(0.02)
+        if zero_rows is not None:
+            weights[zero_rows] = 0.0
         if qtype == gguf.GGMLQuantizationType.F32:
             writer.add_tensor(name, weights)
         elif qtype == gguf.GGMLQuantizationType.F16:
@@ -209,7 +213,10 @@ def write_gguf(spec: ModelSpec, path: str | os.PathLike[str]) -> Path:
         matrix(f"blk.{i}.ffn_up.weight", n_ff, e)
         matrix(f"blk.{i}.ffn_down.weight", e, n_ff)
     norm("output_norm.weight")
-    matrix("output.weight", spec.n_vocab, e)
+    # The non-ASCII byte tokens' logits are exactly 0, below the largest of the random others:
+    # greedy decoding never emits one, so no output is an incomplete UTF-8 character that a
+    # server holds back (a stream whose tokens all arrive in one event has no gaps to measure).
+    matrix("output.weight", spec.n_vocab, e, zero_rows=NON_ASCII_BYTE_IDS)
 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
