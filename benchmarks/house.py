@@ -16,12 +16,24 @@ the package root counted as its own) a layer switch. The engine worker's child p
 llama.cpp runs) is not traced; the pytest session around it is. One untraced run goes first, so
 the model is written and the caches are warm for the traced one. ``--list`` also prints the
 modules the test ran, with their step counts.
+
+The same trace counts the *shapes* one measurement takes on its way from the marker to the
+report, read from the code as it runs, not from a list: every object a ``pytest_llmperf``
+function is given or returns (a dict or a ``pytest_llmperf`` dataclass) is kept, and after the
+session the ones that hold the test's workload (a field ``max_tokens`` equal to the
+marker's, theirs or one field deep), a run's raw clock readings (a field of one nanosecond
+reading per generated token) or its measured TTFT (the ``Measurement``'s median or a run's, exact or rounded
+by ``sig6``; one to three fields deep) are grouped by their type (a ``pytest_llmperf`` class,
+or a dict by its keys). Left out: what ``reports/`` functions see (a report's own view is the
+report's business) and what a ``to_json`` / ``as_dict`` returns (the record's own stored form). ``--list`` prints them in the order they first appeared, each with
+the function that first returned it.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import os
 import statistics
 import sys
@@ -104,7 +116,22 @@ def layer_of(module: str) -> str:
     return parts[1] if len(parts) > 1 else "(package root)"
 
 
-def run_test(folder: Path, trace: bool) -> tuple[int, list[str]]:
+#: The marker's ``max_tokens`` (TEST): the value a workload-carrying shape holds.
+MAX_TOKENS = 8
+#: Functions whose return is a record's own stored form, not a shape on the main line.
+STORED_FORMS = frozenset({"to_json", "as_dict", "_as_json", "to_dict"})
+
+
+@dataclasses.dataclass
+class Seen:
+    """An object a package function returned, with the data objects it was given."""
+
+    where: str
+    value: object
+    inputs: list[object]
+
+
+def run_test(folder: Path, trace: bool) -> tuple[int, list[str], list[Seen]]:
     installed = any(ep.name == "llmperf" for ep in metadata.entry_points(group="pytest11"))
     args = [
         str(folder / "test_marker_only.py"),
@@ -123,13 +150,21 @@ def run_test(folder: Path, trace: bool) -> tuple[int, list[str]]:
     if not installed:
         args += ["-p", "pytest_llmperf.pytest_plugin.plugin"]
     steps: list[str] = []
+    returned: list[Seen] = []
+    given: dict[int, list[object]] = {}
     prefix = str(PACKAGE) + os.sep
 
     def profile(frame, event, arg):
+        name = frame.f_code.co_filename
+        if not name.startswith(prefix):
+            return
         if event == "call":
-            name = frame.f_code.co_filename
-            if name.startswith(prefix):
-                steps.append(name)
+            steps.append(name)
+            given[id(frame)] = [v for v in frame.f_locals.values() if is_shape_candidate(v)]
+        elif event == "return":
+            inputs = given.pop(id(frame), [])
+            if is_shape_candidate(arg):
+                returned.append(Seen(f"{module_of(name)}.{frame.f_code.co_name}", arg, inputs))
 
     cwd = os.getcwd()
     os.chdir(folder)
@@ -144,7 +179,88 @@ def run_test(folder: Path, trace: bool) -> tuple[int, list[str]]:
             threading.setprofile(None)  # type: ignore[arg-type]
     finally:
         os.chdir(cwd)
-    return int(code), steps
+    return int(code), steps, returned
+
+
+def is_shape_candidate(value: object) -> bool:
+    """Data: a dict, or a ``pytest_llmperf`` dataclass (not a long-lived object that holds
+    results, like the session or a fixture)."""
+    return isinstance(value, dict) or is_package_object(value) and dataclasses.is_dataclass(value)
+
+
+def is_package_object(value: object) -> bool:
+    return type(value).__module__.startswith("pytest_llmperf.") and not isinstance(value, type)
+
+
+def fields_of(value: object) -> list[tuple[str, object]]:
+    """(name, value) of an object's fields: a dict's items, a dataclass's or a plain object's
+    attributes (properties are not run)."""
+    if isinstance(value, dict):
+        return [(str(k), v) for k, v in value.items()]
+    if dataclasses.is_dataclass(value):
+        return [(f.name, getattr(value, f.name, None)) for f in dataclasses.fields(value)]
+    return list(getattr(value, "__dict__", {}).items())
+
+
+def carries(value: object, ttfts: set[float], depth: int = 3) -> bool:
+    """Whether ``value`` holds the workload (``max_tokens``, at most one field deep) or a
+    measured TTFT (at most ``depth`` fields deep; lists and tuples looked into)."""
+    for name, item in fields_of(value):
+        if name == "max_tokens" and item == MAX_TOKENS and depth >= 2:
+            return True
+        if depth == 3 and is_token_clock(item):
+            return True
+        if isinstance(item, float) and item in ttfts:
+            return True
+        items = item if isinstance(item, (list, tuple)) else [item]
+        for x in items[:8]:
+            if depth > 1 and (isinstance(x, dict) or is_package_object(x)) and carries(x, ttfts, depth - 1):
+                return True
+    return False
+
+
+def is_token_clock(item: object) -> bool:
+    """A run's raw clock readings, one per generated token (what a TTFT is computed from)."""
+    return (
+        isinstance(item, (list, tuple))
+        and len(item) == MAX_TOKENS
+        and all(isinstance(x, int) and x > 10**9 for x in item)
+    )
+
+
+def shape_key(value: object) -> str:
+    if isinstance(value, dict):
+        keys = sorted(map(str, value))
+        return "dict{" + ", ".join(keys[:5]) + (", ..." if len(keys) > 5 else "") + "}"
+    return f"{type(value).__module__}.{type(value).__qualname__}"
+
+
+def measured_ttfts(returned: list[Seen]) -> set[float]:
+    """The Measurement's TTFT median and each run's, exact and as stored (sig6)."""
+    from pytest_llmperf.core.formats import sig6
+
+    values: set[float] = set()
+    for value in (seen.value for seen in returned):
+        if type(value).__name__ == "Measurement":
+            ttft = getattr(value, "ttft_ms", None)
+            runs = [getattr(r, "ttft_ms", None) for r in getattr(value, "runs", ())]
+            values |= {v for v in (ttft, *runs) if isinstance(v, float)}
+    return values | {sig6(v) for v in values}
+
+
+def shapes(returned: list[Seen]) -> dict[str, str]:
+    """{shape: the function that first returned it (or was given it)}, in the order they
+    appeared."""
+    ttfts = measured_ttfts(returned)
+    found: dict[str, str] = {}
+    for seen in returned:
+        for value in [*seen.inputs, seen.value]:
+            function = seen.where.rsplit(".", 1)
+            if layer_of(function[0]) == "reports" or function[1] in STORED_FORMS:
+                continue
+            if shape_key(value) not in found and carries(value, ttfts):
+                found[shape_key(value)] = seen.where
+    return found
 
 
 def main() -> int:
@@ -163,7 +279,7 @@ def main() -> int:
         folder = Path(tmp)
         (folder / "test_marker_only.py").write_text(TEST)
         run_test(folder, trace=False)
-        code, steps = run_test(folder, trace=True)
+        code, steps, returned = run_test(folder, trace=True)
     if code != 0:
         print(f"the marker-only test's session exited {code}", file=sys.stderr)
         return 1
@@ -178,6 +294,11 @@ def main() -> int:
     if args.list:
         for name, n in sorted(ran.items()):
             print(f"  {n:6d}  {name}")
+    found = shapes(returned)
+    print(f"shapes of one measurement, marker to report (reports' own views left out): {len(found)}")
+    if args.list:
+        for key, where in found.items():
+            print(f"  {key}  (first from {where})")
     return 0
 
 
