@@ -415,6 +415,11 @@ def wait_until_waiting(pid: int, path: Path, seconds: float) -> None:
     raise AssertionError(f"process {pid} never waited on {path}")
 
 
+#: The signal ends the wait, not the lock's 60-s deadline: the process exits well within this
+#: (a loaded machine takes seconds to tear a Python process down: 9 s seen under load 14).
+ENDS_ON_SIGNAL_S = 30
+
+
 def interrupted(argv: list[str], db: Path, cwd: Path) -> tuple[int, str, float]:
     """``argv`` in a subprocess, SIGINT once it waits for ``db``'s lock: exit status, output,
     seconds from the signal to the exit."""
@@ -434,7 +439,7 @@ def interrupted(argv: list[str], db: Path, cwd: Path) -> tuple[int, str, float]:
         wait_until_waiting(proc.pid, db, 60)
         sent = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        output, _ = proc.communicate(timeout=20)
+        output, _ = proc.communicate(timeout=45)
         return proc.returncode, output, time.monotonic() - sent
     finally:
         if proc.poll() is None:
@@ -488,7 +493,7 @@ def test_ctrl_c_ends_a_session_waiting_for_the_history_lock(tmp_path: Path, serv
     line = waited(db) + re.escape("; the session's files not written yet were left out")
     assert status == 2 and len(re.findall(line, output)) == 1, output
     assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
-    assert after_signal_s < 5 and digest(db) == before and not (tmp_path / "s.json").exists()
+    assert after_signal_s < ENDS_ON_SIGNAL_S and digest(db) == before and not (tmp_path / "s.json").exists()
 
 
 def test_ctrl_c_ends_a_command_waiting_for_the_history_lock(tmp_path: Path) -> None:
@@ -499,7 +504,7 @@ def test_ctrl_c_ends_a_command_waiting_for_the_history_lock(tmp_path: Path) -> N
             ["-m", "pytest_llmperf.cli", "history", "--history", str(db)], db, tmp_path
         )
     assert status == INTERRUPTED and re.fullmatch(waited(db), output.strip()), output
-    assert after_signal_s < 5 and digest(db) == before
+    assert after_signal_s < ENDS_ON_SIGNAL_S and digest(db) == before
 
 
 # -- PostgreSQL that stops answering ----------------------------------------------------------------
