@@ -151,7 +151,7 @@ class SideRuns:
         if op.get("fail"):
             raise LLMPerfError(op["fail"])
         m = measured(traces, warm, dataclasses.replace(workload, runs=len(traces)), info, label)
-        verdict: Mapping[str, Any] | None = op.get("verdict")
+        verdict = op.get("verdict")
         agreement = (verdict or {}).get("agreement")
         return dataclasses.replace(m, agreement=None if agreement is None else Agreement.from_dict(agreement)), verdict
 

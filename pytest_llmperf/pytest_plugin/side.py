@@ -56,16 +56,19 @@ from ..session.sides import SIDE_ENV, Link, SideEnv
 from . import marks
 
 if TYPE_CHECKING:
-    from ..session import SessionSettings
+    from types import FrameType
+
+    from ..session import Session, SessionSettings
     from ..session.against import Against
 
 
 class AgainstHooks:
-    def __init__(self, config: pytest.Config, session: Any) -> None:
+    def __init__(self, config: pytest.Config, session: Session) -> None:
         from ..session.refs import locate_project, parse_reference, resolve_reference
 
         self.config = config
         self.session = session
+        assert session.settings.against is not None  # made only under --llmperf-against (``plugin``)
         self.text = session.settings.against
         here = config.invocation_params.dir
         rootdir = session.settings.rootdir
@@ -188,7 +191,7 @@ class AgainstHooks:
             self.old_sigterm = None
 
 
-def _interrupt(signum: int, frame: Any) -> None:
+def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt("SIGTERM")
 
 
@@ -216,7 +219,12 @@ class SidePlugin:
             if getattr(config.option, name, None):
                 setattr(config.option, name, None)  # the controller writes the session's files
 
-    def pytest_exception_interact(self, node: Any, call: pytest.CallInfo[Any], report: Any) -> None:
+    def pytest_exception_interact(
+        self,
+        node: pytest.Item | pytest.Collector,
+        call: pytest.CallInfo[Any],
+        report: pytest.CollectReport | pytest.TestReport,
+    ) -> None:
         """A collection error raised in the side's code under test (not a name the tests lack)."""
         from ..session.refs import import_failure
 

@@ -103,7 +103,7 @@ class SideEvent:
     EV: ClassVar[str] = ""
 
     @property
-    def ev(self) -> Any:
+    def ev(self) -> object:
         return self.EV
 
     @classmethod
@@ -258,7 +258,7 @@ class Exit(SideEvent):
     """The side's pytest session ended (a side never ends it by itself)."""
 
     EV = "exit"
-    code: Any = "?"
+    code: object = "?"
 
     @classmethod
     def of(cls, message: Mapping[str, object]) -> SideEvent:
@@ -269,10 +269,10 @@ class Exit(SideEvent):
 class Unknown(SideEvent):
     """A message with no ``ev`` this controller knows."""
 
-    said: Any = None
+    said: object = None
 
     @property
-    def ev(self) -> Any:
+    def ev(self) -> object:
         return self.said
 
 
