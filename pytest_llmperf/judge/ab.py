@@ -12,6 +12,7 @@ budget, JUnit properties. Plain attribute work: no pytest import."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -294,7 +295,6 @@ def attach(report: Any, results: Sequence[ABResult]) -> Any:
 def as_dict(r: ABResult) -> dict[str, Any]:
     """One A/B comparison as JSON values (the session JSON's ``ab`` entries): both sides'
     medians, every paired comparison and every relative budget's outcome."""
-    import dataclasses
 
     def side(name: str, m: Any) -> dict[str, Any]:
         figures = {k: _finite(getattr(m, k)) for k in ("ttft_ms", "tpot_ms", "decode_tps", "e2e_ms")}
@@ -339,6 +339,4 @@ def as_dict(r: ABResult) -> dict[str, Any]:
 
 def _finite(value: Any) -> Any:
     """JSON has no NaN or infinity: such a figure is written as null."""
-    import math
-
     return None if isinstance(value, float) and not math.isfinite(value) else value

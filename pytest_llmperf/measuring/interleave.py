@@ -145,8 +145,26 @@ class SideRuns:
             with self.turn():
                 return measure(engine, workload, label=label, slo=slo), None
         info = engine.info()
-        event = self._measure_event(engine, info, workload, label, settings, max_runs, threads)
-        self.send({**event, "attribution": attribution})
+        self.send(
+            {  # what it measures: the workload, the settings, the engine, its threads, its abilities
+                "ev": "measure",
+                "label": label,
+                "workload": dataclasses.asdict(workload),
+                "settings": dict(settings),
+                "max_runs": max_runs,
+                "engine": info.describe(),
+                # A callable's own threads are unknown: the session's (its llmperf_llm's) stand in.
+                "threads": info.threads or threads,
+                # Output agreement (after the pairs): this side's token probabilities, asked by "logits".
+                "logits": isinstance(engine, TokenProbabilities),
+                # The attribution pass (after the pairs, asked by "attribute"): llama.cpp in process.
+                "attributable": times_layers(engine),
+                "needs_ids": isinstance(engine, NeedsPromptIds),
+                # Pairs token by token (each side's step in turn) when both sides' engines can pause.
+                "stepped": isinstance(engine, SteppedRuns),
+                "attribution": attribution,
+            }
+        )
         op, warm, traces = self._runs(engine, workload)
         if op.get("fail"):
             raise LLMPerfError(op["fail"])
@@ -154,36 +172,6 @@ class SideRuns:
         verdict = op.get("verdict")
         agreement = (verdict or {}).get("agreement")
         return dataclasses.replace(m, agreement=None if agreement is None else Agreement.from_dict(agreement)), verdict
-
-    @staticmethod
-    def _measure_event(
-        engine: Engine,
-        info: EngineInfo,
-        workload: Workload,
-        label: str,
-        settings: Mapping[str, float],
-        max_runs: object,
-        threads: object,
-    ) -> dict[str, Any]:
-        """What the side tells the controller it measures: the workload, the settings, the
-        engine, its threads, and what the output agreement will need."""
-        return {
-            "ev": "measure",
-            "label": label,
-            "workload": dataclasses.asdict(workload),
-            "settings": dict(settings),
-            "max_runs": max_runs,
-            "engine": info.describe(),
-            # A callable's own threads are unknown: the session's (its llmperf_llm's) stand in.
-            "threads": info.threads or threads,
-            # Output agreement (after the pairs): this side's token probabilities, asked by "logits".
-            "logits": isinstance(engine, TokenProbabilities),
-            # The attribution pass (after the pairs, asked by "attribute"): llama.cpp in process.
-            "attributable": times_layers(engine),
-            "needs_ids": isinstance(engine, NeedsPromptIds),
-            # Pairs token by token (each side's step in turn) when both sides' engines can pause.
-            "stepped": isinstance(engine, SteppedRuns),
-        }
 
     def _runs(self, engine: Engine, workload: Workload) -> tuple[dict[str, Any], list[RunTrace], list[RunTrace]]:
         """The runs the controller asks for (each answered with its trace or its error line) and

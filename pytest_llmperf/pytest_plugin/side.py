@@ -1,13 +1,8 @@
-"""--llmperf-against: its hooks in the controlling session (an llmperf test run on both sides, the
-current side's reports logged), and one side: a pytest session of the current tests in a process
-of its own.
-
-The controller's pytest hooks for ``--llmperf-against``: an llmperf test is not run in this
-process but on both sides (``session/against.py``); the current side's reports, with the
-verdict against REF on them, are logged as this test's. Other tests run here as always.
-
-One side of ``--llmperf-against``: a pytest session of the current tests in a process of its
-own, which runs the tests the controller names and measures only when the controller says so.
+"""--llmperf-against's pytest wiring. In the controlling session, its hooks: an llmperf test is
+not run in this process but on both sides (``session/against.py``); the current side's reports,
+with the verdict against REF on them, are logged as this test's. Other tests run here as always.
+And one side: a pytest session of the current tests in a process of its own, which runs the
+tests the controller names and measures only when the controller says so.
 
 The controller (``session/against.py``) starts one per side as a ``measuring.worker.Channel``:
 ``python -m pytest_llmperf.pytest_plugin.side FD_IN FD_OUT`` with ``LLMPERF_SIDE`` (JSON: the
