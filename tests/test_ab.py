@@ -14,7 +14,8 @@ from inner import run
 
 from pytest_llmperf.core.errors import ConfigError
 from pytest_llmperf.core.workload import EngineInfo, RunTrace, Workload
-from pytest_llmperf.judge.ab import Side, block_orders, compare_ab, paired, parse_budgets
+from pytest_llmperf.judge.ab import Side, compare_ab, paired, parse_budgets
+from pytest_llmperf.measuring.interleave import block_orders
 from pytest_llmperf.reports.session_file import load_session
 
 

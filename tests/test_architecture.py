@@ -172,3 +172,106 @@ def test_a_layer_takes_only_the_version_from_the_package_root():
             elif isinstance(node, ast.Import):
                 taken += [f"{name}: import {a.name}" for a in node.names if a.name == "pytest_llmperf"]
     assert taken == []
+
+
+#: The clocks of ``time``: a measurement's clock reads live in ``measuring/`` (its loops) and
+#: ``engines/`` (an engine's run reads the clock inside its own loop), nowhere else.
+CLOCKS = {
+    f"{clock}{ns}"
+    for clock in ("perf_counter", "monotonic", "time", "process_time", "thread_time")
+    for ns in ("", "_ns")
+}
+TIMED_LAYERS = {"measuring", "engines"}
+
+#: The modules elsewhere that read a clock, each with why that is no measurement.
+NOT_MEASUREMENTS = {
+    "pytest_llmperf.core.progress": "how long a wait has lasted, for its progress line (silent inside a run)",
+    "pytest_llmperf.history.connection": "deadlines on the history database's locks and connections",
+    "pytest_llmperf.session.against": "the controller's time cap on a test's pairs and the seconds its note says",
+    "pytest_llmperf.session.refs": "a deadline on the lock of the cached worktrees",
+    "pytest_llmperf.session.results": "the time cap on a test's sequential looks",
+    "pytest_llmperf.session.sides": "deadlines on a side's start and its replies",
+}
+
+
+def _clock_reads(source: str) -> list[int]:
+    """The lines that name a clock of ``time`` (called or handed on: ``time.monotonic()``,
+    ``clock=time.perf_counter``, ``from time import perf_counter_ns``), whatever ``time`` is
+    imported as."""
+    tree = ast.parse(source)
+    names = {
+        a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names if a.name == "time"
+    }
+    imported = [
+        n.lineno
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and n.module == "time" and {a.name for a in n.names} & CLOCKS
+    ]
+    named = [
+        n.lineno
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute) and n.attr in CLOCKS and ast.unparse(n.value) in names
+    ]
+    return sorted(imported + named)
+
+
+def test_the_clock_scan_sees_each_way_of_reading_a_clock():
+    assert _clock_reads("import time\nt0 = time.perf_counter_ns()\n") == [2]
+    assert _clock_reads("import time as t\ndef f(clock=t.monotonic):\n    return clock()\n") == [2]
+    assert _clock_reads("from time import perf_counter\nx = perf_counter()\n") == [1]
+    assert _clock_reads("import time\ntime.sleep(1)\nstarted = datetime.now()\n") == []
+
+
+def test_only_measuring_and_engines_read_a_clock_around_a_run():
+    """One home for every clock read of a measurement (the runner, the interleaved pairs, a
+    side's runs, the stepped runs): another module's clock reads are deadlines, caps or
+    progress, each listed with its reason."""
+    reading = {
+        name: lines
+        for name, path in MODULES.items()
+        if _layer(name) not in TIMED_LAYERS and (lines := _clock_reads(path.read_text()))
+    }
+    unlisted = {name: lines for name, lines in reading.items() if name not in NOT_MEASUREMENTS}
+    assert unlisted == {}, "a clock read outside measuring/ and engines/: move the timed loop there"
+    assert sorted(reading) == sorted(NOT_MEASUREMENTS), "a listed module no longer reads a clock: drop it"
+
+
+def _every_import(name: str, source: str, *, package: bool = False) -> set[str]:
+    """Every module that module ``name`` (a package's ``__init__``: ``package``) imports: for
+    type checkers, inside functions, anywhere."""
+    here = name if package else name.rsplit(".", 1)[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = here.split(".")[: len(here.split(".")) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            found |= {module, *(f"{module}.{a.name}" for a in node.names)}
+    return found
+
+
+def test_the_import_scan_sees_imports_for_type_checkers_and_in_functions():
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from ..pytest_plugin.side import Link\n"
+        "def f():\n    from .. import pytest_plugin\n"
+    )
+    found = _every_import("pytest_llmperf.session.x", source)
+    assert {"pytest_llmperf.pytest_plugin.side", "pytest_llmperf.pytest_plugin"} <= found
+
+
+def test_the_session_never_imports_the_pytest_plugin():
+    """``session/`` is the pytest-free session: not even a type comes from ``pytest_plugin``
+    (a side's ``Link`` is ``session.sides``'), so no import circle runs through the two."""
+    plugin = "pytest_llmperf.pytest_plugin"
+    reached = {
+        name: sorted(
+            m
+            for m in _every_import(name, path.read_text(), package=path.name == "__init__.py")
+            if m == plugin or m.startswith(plugin + ".")
+        )
+        for name, path in MODULES.items()
+        if _layer(name) == "session"
+    }
+    assert {name: found for name, found in reached.items() if found} == {}

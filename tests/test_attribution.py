@@ -13,7 +13,6 @@ import pytest
 from scipy.stats import mannwhitneyu
 
 from pytest_llmperf import LlamaCppEngine, Workload, measure
-from pytest_llmperf.judge.ab import pass_orders
 from pytest_llmperf.judge.attribution import (
     AttributionChange,
     SliceChange,
@@ -39,6 +38,7 @@ from pytest_llmperf.measuring.attribution import (
     layer_of,
     step_times,
 )
+from pytest_llmperf.measuring.interleave import pass_orders
 from pytest_llmperf.models.gguf import ModelSpec, ensure_model
 
 #: A model with one block much wider than the others (tests/test_profiling.py's): block 3's FFN is 16x as wide.

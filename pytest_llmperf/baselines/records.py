@@ -6,7 +6,8 @@ later comparison can resample runs; the summary is for people reading the file.
 A machine-speed reference that does not depend on the subject under test.
 
 A float32 matrix product through numpy's BLAS, on all usable cores like the engine's threads,
-timed 61 times; its figure is the fast end of those times (``QUANTILE``): the machine's speed
+timed 61 times (``measuring.roofline.probe_reference``); its figure is the fast end of those
+times (``QUANTILE``): the machine's speed
 when it gets its cores (a slower host CPU, a lower clock), not how busy it is. It shares
 nothing with llama.cpp, so a llama.cpp or model regression can never move it. Taken after
 each measurement, outside its timed region; stored with every record and shown beside a
@@ -15,7 +16,6 @@ llama.cpp's (docs/verdicts.md). Steal time and context switches name a busy mach
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,6 +24,7 @@ from ..core.fingerprint import Fingerprint
 from ..core.formats import sig6
 from ..core.workload import MEMORY_FIELDS
 from ..measuring.metrics import Measurement
+from ..measuring.roofline import REFERENCE_KIND
 
 #: Per-run metric families stored and compared (from the metric catalog).
 RUN_FIELDS = catalog.RUN_FIELDS
@@ -207,27 +208,6 @@ def same_workload(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     return [f"{k} {wa.get(k)!r} -> {wb.get(k)!r}" for k in keys if wa.get(k) != wb.get(k)]
 
 
-#: Identifies the probe; two references of different kinds are never compared.
-KIND = "numpy-sgemm-384"
-SIZE = 384
-REPS = 61
-
-
-def measure(reps: int = REPS) -> dict[str, Any]:
-    """Milliseconds per product, ``reps`` times after one warm-up."""
-    import numpy as np
-
-    a = np.random.default_rng(0).standard_normal((SIZE, SIZE), dtype=np.float32)
-    out = np.empty_like(a)
-    np.matmul(a, a, out=out)
-    runs = []
-    for _ in range(reps):
-        t0 = time.perf_counter_ns()
-        np.matmul(a, a, out=out)
-        runs.append((time.perf_counter_ns() - t0) / 1e6)
-    return {"kind": KIND, "runs_ms": [round(v, 5) for v in runs]}
-
-
 #: The probe's figure is this low quantile of its products' times: the machine's speed when
 #: it gets its cores. The median reads scheduling instead: with another process on one core,
 #: BLAS threads that sleep between products wait a whole time slice (seen here: a median of
@@ -246,7 +226,7 @@ def slowdown(baseline: Mapping[str, Any] | None, candidate: Mapping[str, Any] | 
     when either lacks one of the same kind or the data are not usable."""
     if not isinstance(baseline, Mapping) or not isinstance(candidate, Mapping):
         return None
-    if baseline.get("kind") != KIND or candidate.get("kind") != KIND:
+    if baseline.get("kind") != REFERENCE_KIND or candidate.get("kind") != REFERENCE_KIND:
         return None
     try:
         b = _figure(baseline["runs_ms"])

@@ -1,15 +1,10 @@
 """Interleaved A/B comparisons with paired statistics and relative budgets (docs/ab.md).
 
-The statistics are ``judge.paired`` (on the level estimator), the relative budgets
-(max_slowdown, min_speedup; min_top1_agreement, max_kl, max_kl_p99) ``judge.budgets``, the
-output agreement of the sides ``measuring.agreement`` (after every timed run); what a side may be:
+The runs, interleaved in seeded AB/BA pairs, are ``measuring.interleave``'s; the statistics are
+``judge.paired`` (on the level estimator), the relative budgets (max_slowdown, min_speedup;
+min_top1_agreement, max_kl, max_kl_p99) ``judge.budgets``, the output agreement of the sides
+``measuring.agreement`` (after every timed run); what a side may be:
 ``session.results.resolve_side``. No pytest.
-
-Run two engines interleaved, run by run, and compare them with paired statistics.
-
-Each pair is one run of A and one of B, in an order drawn per pair (AB or BA, seeded), so
-neither side always runs first (a warm cache or a thermal ramp would otherwise favour one).
-Both sides get their warm-up runs, interleaved the same way, before the first pair.
 
 A/B results on a pytest report: a section per comparison, one failure line per breached
 budget, JUnit properties. Plain attribute work: no pytest import."""
@@ -17,19 +12,18 @@ budget, JUnit properties. Plain attribute work: no pytest import."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from ..core.errors import ConfigError
 from ..core.formats import sig6
-from ..core.progress import task, timed
 from ..core.settings import DEFAULT_ALPHA
 from ..core.workload import Workload
 from ..measuring.agreement import Agreement, compare_outputs
-from ..measuring.metrics import Measurement, RunMetrics, summarize
+from ..measuring.interleave import interleave, measured, pass_orders
+from ..measuring.metrics import Measurement
 from ..measuring.runner import as_engine
 from .budgets import (
     AgreementOutcome,
@@ -52,7 +46,6 @@ from .parts import (
 )
 
 if TYPE_CHECKING:
-    from ..core.workload import RunTrace
     from ..engines.capabilities import Engine
     from .attribution import AttributionChange
 
@@ -63,7 +56,6 @@ __all__ = [
     "PairedComparison",
     "RelativeBudget",
     "Side",
-    "block_orders",
     "compare_ab",
     "paired",
     "parse_budgets",
@@ -154,43 +146,6 @@ class ABResult:
         return out
 
 
-def block_orders(n_pairs: int, seed: int) -> tuple[str, ...]:
-    """AB or BA for each pair, drawn from a seeded generator."""
-    rng = np.random.default_rng([seed, 0xAB])
-    return tuple("AB" if bit else "BA" for bit in rng.integers(0, 2, size=n_pairs))
-
-
-def pass_orders(seed: int) -> tuple[str, tuple[str, ...]]:
-    """The order of two attribution passes' warm-ups and of each of their runs
-    (``measuring.attribution.interleaved``): seeded AB/BA, as the pairs."""
-    from ..measuring.attribution import ATTRIBUTION_RUNS
-
-    return block_orders(1, seed + 2)[0], block_orders(ATTRIBUTION_RUNS, seed + 3)
-
-
-def interleave(
-    a: Engine, b: Engine, workload: Workload, seed: int
-) -> tuple[list[RunTrace], list[RunTrace], list[RunTrace], list[RunTrace], tuple[str, ...]]:
-    """(A traces, B traces, A warm-up traces, B warm-up traces, orders)."""
-    runs: dict[str, tuple[Engine, list[RunTrace], list[RunTrace]]] = {"A": (a, [], []), "B": (b, [], [])}
-    orders = block_orders(workload.runs, seed)
-    with task("interleaved pairs") as progress:
-        progress.step("warm-up pairs", 0, workload.warmup)
-        for i, order in enumerate(block_orders(workload.warmup, seed + 1)):
-            for side in order:
-                engine, warm, _ = runs[side]
-                with timed():  # the heartbeat says nothing inside a run
-                    warm.append(engine.run(workload, -1 - i))
-        progress.step("pairs", 0, workload.runs)
-        for i, order in enumerate(orders):
-            for side in order:
-                engine, _, traces = runs[side]
-                with timed():
-                    traces.append(engine.run(workload, i))
-            progress.advance(i + 1)
-    return runs["A"][2], runs["B"][2], runs["A"][1], runs["B"][1], orders
-
-
 def compare_ab(
     a: Side,
     b: Side,
@@ -221,8 +176,8 @@ def compare_ab(
     ta, tb, wa, wb, orders = interleave(ea, eb, workload, workload.seed)
     # Every timed run is done: the outputs are compared on the same engines, untimed.
     outputs = compare_outputs(ea, eb, workload, a_name=a.name, b_name=b.name) if agreement else None
-    ma = _measurement(ta, wa, workload, ea, "A")
-    mb = _measurement(tb, wb, workload, eb, "B")
+    ma = measured(ta, wa, workload, ea.info(), "A")
+    mb = measured(tb, wb, workload, eb.info(), "B")
     comparisons = _paired_comparisons(ma, mb)
     outcomes = _judged_budgets(budgets, comparisons)
     judged = tuple(judge_agreement(budget, limit, outputs) for budget, limit in agreement_budgets if outputs)
@@ -287,13 +242,6 @@ def _judged_budgets(budgets: Sequence[RelativeBudget], comparisons: Sequence[Pai
     return outcomes
 
 
-def _measurement(
-    traces: list[RunTrace], warm: list[RunTrace], workload: Workload, engine: Engine, label: str
-) -> Measurement:
-    m = summarize(traces, workload, engine.info(), label=label)
-    return dataclasses.replace(m, warmup_runs=tuple(RunMetrics.of(t) for t in warm))
-
-
 def properties(results: Sequence[ABResult]) -> list[tuple[str, Any]]:
     out: list[tuple[str, Any]] = []
     for r in results:
@@ -347,7 +295,6 @@ def attach(report: Any, results: Sequence[ABResult]) -> Any:
 def as_dict(r: ABResult) -> dict[str, Any]:
     """One A/B comparison as JSON values (the session JSON's ``ab`` entries): both sides'
     medians, every paired comparison and every relative budget's outcome."""
-    import dataclasses
 
     def side(name: str, m: Any) -> dict[str, Any]:
         figures = {k: _finite(getattr(m, k)) for k in ("ttft_ms", "tpot_ms", "decode_tps", "e2e_ms")}
@@ -392,6 +339,4 @@ def as_dict(r: ABResult) -> dict[str, Any]:
 
 def _finite(value: Any) -> Any:
     """JSON has no NaN or infinity: such a figure is written as null."""
-    import math
-
     return None if isinstance(value, float) and not math.isfinite(value) else value

@@ -450,7 +450,7 @@ def attribute_sides(
     orders: tuple[str, Sequence[str]],
 ) -> AttributionChange | str | None:
     """Both engines' passes (interleaved run by run in ``orders``: the warm-ups', each run's;
-    ``judge.ab.pass_orders``), after every timed run, compared; or, when a side is no in-process llama.cpp engine, the one line why there is none
+    ``measuring.interleave.pass_orders``), after every timed run, compared; or, when a side is no in-process llama.cpp engine, the one line why there is none
     (``asked``) or None (due by itself: a callable's test says nothing of a pass it cannot have)."""
     from ..engines import times_layers
     from ..measuring.attribution import interleaved

@@ -331,6 +331,27 @@ def probe_tflops(size: int = 1536, repeats: int = 5) -> Peak:
     return Peak(spec[0], "cpu spec", f"{spec[1]} = {spec[0] * 1e3:.0f} GFLOP/s; {detail}")
 
 
+#: The machine's reference figure (``baselines.records.slowdown``): the kind of its probe; two
+#: references of different kinds are never compared.
+REFERENCE_KIND = "numpy-sgemm-384"
+REFERENCE_SIZE = 384
+REFERENCE_REPS = 61
+
+
+def probe_reference(reps: int = REFERENCE_REPS) -> dict[str, Any]:
+    """The machine's reference figure's runs: milliseconds per float32 product, ``reps`` times
+    after one warm-up (taken after a measurement's runs, never inside its timed region)."""
+    a = np.random.default_rng(0).standard_normal((REFERENCE_SIZE, REFERENCE_SIZE), dtype=np.float32)
+    out = np.empty_like(a)
+    np.matmul(a, a, out=out)
+    runs = []
+    for _ in range(reps):
+        t0 = time.perf_counter_ns()
+        np.matmul(a, a, out=out)
+        runs.append((time.perf_counter_ns() - t0) / 1e6)
+    return {"kind": REFERENCE_KIND, "runs_ms": [round(v, 5) for v in runs]}
+
+
 def last_level_cache_bytes() -> int | None:
     """Size of the CPU's largest cache (Linux sysfs), None where unknown: a working set below
     it can stay cached between decode steps and beat the DRAM bandwidth."""

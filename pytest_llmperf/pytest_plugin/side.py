@@ -1,13 +1,8 @@
-"""--llmperf-against: its hooks in the controlling session (an llmperf test run on both sides, the
-current side's reports logged), and one side: a pytest session of the current tests in a process
-of its own.
-
-The controller's pytest hooks for ``--llmperf-against``: an llmperf test is not run in this
-process but on both sides (``session/against.py``); the current side's reports, with the
-verdict against REF on them, are logged as this test's. Other tests run here as always.
-
-One side of ``--llmperf-against``: a pytest session of the current tests in a process of its
-own, which runs the tests the controller names and measures only when the controller says so.
+"""--llmperf-against's pytest wiring. In the controlling session, its hooks: an llmperf test is
+not run in this process but on both sides (``session/against.py``); the current side's reports,
+with the verdict against REF on them, are logged as this test's. Other tests run here as always.
+And one side: a pytest session of the current tests in a process of its own, which runs the
+tests the controller names and measures only when the controller says so.
 
 The controller (``session/against.py``) starts one per side as a ``measuring.worker.Channel``:
 ``python -m pytest_llmperf.pytest_plugin.side FD_IN FD_OUT`` with ``LLMPERF_SIDE`` (JSON: the
@@ -34,48 +29,41 @@ Messages (one JSON object per line)::
 side alone; ``broken`` those raised in the side's code under test (``session.refs.import_failure``,
 node id -> where and what): such a test fails.
 
-Between ``measure`` and ``done`` the side does nothing but the runs it is asked for (and, after
-the pairs, its token probabilities for the output agreement: ``measuring.agreement``); its clock
-is read here, so the pipe and the controller's work lie outside every timed region. Work that
-cannot be paired (an A/B ``compare()``, a load test) waits for an exclusive turn, so it never
-runs while the other side works."""
+Between ``measure`` and ``done`` the side does nothing but the runs it is asked for
+(``measuring.interleave.SideRuns``: the side's loop, where its clock is read); its session
+measures through them (``session.sides.Link``)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import signal
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import pytest
 
 from ..core.errors import LLMPerfError
-from ..measuring.worker import pin
-from ..session.sides import SIDE_ENV, SideEnv
+from ..session.sides import SIDE_ENV, Link, SideEnv
 from . import marks
 
 if TYPE_CHECKING:
-    from ..core.workload import EngineInfo, RunTrace, Workload
-    from ..engines import Engine, TokenStream
-    from ..measuring.attribution import Stepping
-    from ..measuring.metrics import Measurement
-    from ..session import SessionSettings
+    from types import FrameType
+
+    from ..session import Session, SessionSettings
     from ..session.against import Against
-    from ..session.assess import Assessment
-    from ..session.options import MarkerConfig
 
 
 class AgainstHooks:
-    def __init__(self, config: pytest.Config, session: Any) -> None:
+    def __init__(self, config: pytest.Config, session: Session) -> None:
         from ..session.refs import locate_project, parse_reference, resolve_reference
 
         self.config = config
         self.session = session
+        assert session.settings.against is not None  # made only under --llmperf-against (``plugin``)
         self.text = session.settings.against
         here = config.invocation_params.dir
         rootdir = session.settings.rootdir
@@ -198,238 +186,8 @@ class AgainstHooks:
             self.old_sigterm = None
 
 
-def _interrupt(signum: int, frame: Any) -> None:
+def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt("SIGTERM")
-
-
-#: The environment variable that makes a pytest process a side (JSON, see the module docstring).
-class Link:
-    """The side's end of the channel."""
-
-    def __init__(self, requests: IO[bytes], replies: IO[bytes]) -> None:
-        self.requests, self.replies = requests, replies
-        self.threads: int | None = None  # the session's llama.cpp threads (None: every usable CPU)
-        self.attribution: Stepping | None = None  # this side's attribution pass between its steps
-        # This process's CPUs before any pinning (none known off Linux: nothing is pinned there).
-        self.all_cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-
-    def send(self, message: Mapping[str, object]) -> None:
-        self.replies.write((json.dumps(message) + "\n").encode())
-        self.replies.flush()
-
-    def receive(self) -> dict[str, Any]:
-        line = self.requests.readline()
-        if not line:  # the controller is gone: nothing more to do
-            os._exit(3)
-        message: dict[str, Any] = json.loads(line)
-        if message.get("op") == "close":
-            os._exit(0)
-        return message
-
-    @contextlib.contextmanager
-    def turn(self) -> Iterator[None]:
-        """Work no other side may overlap (an A/B ``compare()``, a load test)."""
-        self.send({"ev": "turn"})
-        self.receive()  # {"op": "go"}
-        try:
-            yield
-        finally:
-            self.send({"ev": "released"})
-
-    def _pause(self) -> None:
-        """A stepped run's pause (``SteppedRuns``): "paused" to the controller, on at its "go"."""
-        self.send({"ev": "paused"})
-        op = self.receive()
-        if op.get("op") != "go":
-            raise Called(op)
-
-    def measure(
-        self, subject: Engine | TokenStream, config: MarkerConfig, label: str, nodeid: str, *, attribution: bool = False
-    ) -> tuple[Measurement, Assessment | None]:
-        """The measurement the controller drives: the runs it asks for, then its verdict
-        (``attribution``: the test asks for the attribution pass after the pairs)."""
-        from ..core.workload import Workload
-        from ..measuring.agreement import Agreement
-        from ..measuring.metrics import RunMetrics, summarize
-        from ..measuring.runner import as_engine, measure
-
-        workload = Workload(**config.workload)
-        engine = as_engine(subject)
-        if workload.is_load:
-            with self.turn():
-                return measure(engine, workload, label=label, slo=config.budgets), None
-        info = engine.info()
-        self.send({**self._measure_event(engine, info, workload, config, label), "attribution": attribution})
-        op, warm, traces = self._runs(engine, workload)
-        if op.get("fail"):
-            raise LLMPerfError(op["fail"])
-        m = summarize(traces, dataclasses.replace(workload, runs=len(traces)), info, label=label)
-        agreement = (op.get("verdict") or {}).get("agreement")
-        m = dataclasses.replace(
-            m,
-            warmup_runs=tuple(RunMetrics.of(t) for t in warm),
-            agreement=None if agreement is None else Agreement.from_dict(agreement),
-        )
-        return m, _assessment(nodeid, label, op.get("verdict"))
-
-    def _measure_event(
-        self, engine: Engine, info: EngineInfo, workload: Workload, config: MarkerConfig, label: str
-    ) -> dict[str, Any]:
-        """What the side tells the controller it measures: the workload, the settings, the
-        engine, its threads, and what the output agreement will need."""
-        from ..engines import NeedsPromptIds, SteppedRuns, TokenProbabilities, times_layers
-
-        return {
-            "ev": "measure",
-            "label": label,
-            "workload": dataclasses.asdict(workload),
-            "settings": dict(config.settings),
-            "max_runs": config.options.get("max_runs"),
-            "engine": info.describe(),
-            # A callable's own threads are unknown: the session's (its llmperf_llm's) stand in.
-            "threads": info.threads or config.engine.get("threads") or self.threads,
-            # Output agreement (after the pairs): this side's token probabilities, asked by "logits".
-            "logits": isinstance(engine, TokenProbabilities),
-            # The attribution pass (after the pairs, asked by "attribute"): llama.cpp in process.
-            "attributable": times_layers(engine),
-            "needs_ids": isinstance(engine, NeedsPromptIds),
-            # Pairs token by token (each side's step in turn) when both sides' engines can pause.
-            "stepped": isinstance(engine, SteppedRuns),
-        }
-
-    def _runs(self, engine: Engine, workload: Workload) -> tuple[dict[str, Any], list[RunTrace], list[RunTrace]]:
-        """The runs the controller asks for (each answered with its trace or its error line) and
-        the token probabilities it asks for after them, until its "done": (that op, the warm-up
-        traces, the timed ones)."""
-        warm: list[RunTrace] = []
-        traces: list[RunTrace] = []
-        while True:
-            op = self.receive()
-            if op["op"] == "logits":  # after every run of both sides: never inside a timed region
-                self.send(_token_logits(engine, op))
-                continue
-            if op["op"] == "attribute":  # after the pairs, as "logits": the attribution pass, run by run
-                self.send(self._attribute(engine, workload, traces, op))
-                continue
-            if op["op"] != "run":
-                return op, warm, traces
-            # Before the run's first clock read. No CPUs given: all of them again (an earlier
-            # test's pinning must not hold a later test with more threads to fewer CPUs).
-            pin(op.get("cpus") or self.all_cpus)
-            try:
-                trace = self._run(engine, workload, int(op["index"]), stepped=bool(op.get("stepped")))
-            except Called as called:  # the controller ended the run during a pause
-                return called.op, warm, traces
-            if trace is not None:
-                (warm if op["index"] < 0 else traces).append(trace)
-                self.send({"ev": "trace", "trace": dataclasses.asdict(trace)})
-
-    def _attribute(
-        self, engine: Engine, workload: Workload, traces: list[RunTrace], op: Mapping[str, Any]
-    ) -> dict[str, Any]:
-        """One step of this side's attribution pass (open, warm, run, result, close), its result
-        with this side's roofline and memory figures, or one line why it has none."""
-        from ..measuring.runner import pass_of, traces_figures
-
-        step, one = op.get("step"), self.attribution
-        try:
-            if step == "open":
-                if one is not None:  # a pass the controller left open (it lost the other side)
-                    one.close()
-                self.attribution = None
-                self.attribution = pass_of(engine, workload)
-            elif one is None:
-                return {"ev": "attribution", "line": f"attribution step {step!r} without an open pass"}
-            elif step == "warm":
-                one.warm_up()
-            elif step == "run":
-                one.run(int(op["index"]))
-            else:
-                self.attribution = None
-                if step == "result":
-                    return {
-                        "ev": "attribution",
-                        "got": one.result().to_json(),
-                        "figures": traces_figures(engine, workload, traces),
-                    }
-                one.close()
-        except Exception as exc:  # noqa: BLE001 - one line to the controller, its verdict says it
-            if self.attribution is not None:
-                self.attribution.close()
-                self.attribution = None
-            return {
-                "ev": "attribution",
-                "line": str(exc) if isinstance(exc, LLMPerfError) else f"{type(exc).__name__}: {exc}",
-            }
-        return {"ev": "attribution"}
-
-    def _run(self, engine: Engine, workload: Workload, index: int, *, stepped: bool = False) -> RunTrace | None:
-        """One run (``stepped``: token by token, each step when the controller says "go"); a
-        failed one is one line to the controller (None)."""
-        from ..core.errors import NotSteppable
-        from ..engines import SteppedRuns
-
-        try:  # the run's clock reads are all inside engine.run: no pipe, no controller work between them
-            if stepped and isinstance(engine, SteppedRuns):
-                return engine.run_stepped(workload, index, self._pause)
-            return engine.run(workload, index)
-        except Called:
-            raise
-        except NotSteppable as exc:
-            self.send({"ev": "unstepped", "line": str(exc)})
-            return None
-        except Exception as exc:  # noqa: BLE001 - the user's callable too: one line to the controller
-            line = str(exc) if isinstance(exc, LLMPerfError) else f"{type(exc).__name__}: {exc}"
-            self.send({"ev": "error", "line": line})
-            return None
-
-
-class Called(Exception):
-    """The controller answered a pause with another op than "go" (``op``): the run ends there."""
-
-    def __init__(self, op: dict[str, Any]) -> None:
-        super().__init__(op.get("op"))
-        self.op = op
-
-
-def _token_logits(engine: Any, op: Mapping[str, Any]) -> dict[str, Any]:
-    """The reply to a "logits" op: the engine's ``TokenLogits`` (``worker.logits_json``), or one line."""
-    from ..core.workload import Workload
-    from ..measuring.worker import logits_json
-
-    try:
-        got = engine.token_logits(
-            Workload(**op["workload"]),
-            op.get("forced"),
-            **({"prompt_ids": op["prompt_ids"]} if op.get("prompt_ids") is not None else {}),
-        )
-    except Exception as exc:  # noqa: BLE001 - one line to the controller, the agreement says it
-        return {"ev": "logits", "line": str(exc) if isinstance(exc, LLMPerfError) else f"{type(exc).__name__}: {exc}"}
-    if isinstance(got, str):  # an endpoint that cannot say (``engines.http``)
-        return {"ev": "logits", "line": got}
-    return {"ev": "logits", "got": logits_json(got)}
-
-
-def _assessment(nodeid: str, label: str, verdict: Mapping[str, Any] | None) -> Assessment | None:
-    """The controller's verdict as the session's ``Assessment`` (nothing recorded: no baseline)."""
-    if verdict is None:
-        return None
-    from ..judge.attribution import AttributionChange
-    from ..judge.parts import PartChange
-    from ..judge.regression import BaselineVerdict
-    from ..judge.result import comparison_from_json
-    from ..session.assess import Assessment
-
-    where = verdict.get("attribution")
-    v = BaselineVerdict(
-        verdict["status"],
-        verdict.get("note", ""),
-        tuple(comparison_from_json(c) for c in verdict.get("comparisons", ())),
-        changes=tuple(str(c) for c in verdict.get("changes", ())),
-        parts=tuple(PartChange.from_json(p) for p in verdict.get("parts", ())),
-        attribution=None if where is None else AttributionChange.from_json(where),
-    )
-    return Assessment(nodeid + (f"[{label}]" if label else ""), "", "", None, v)
 
 
 class SidePlugin:
@@ -456,7 +214,12 @@ class SidePlugin:
             if getattr(config.option, name, None):
                 setattr(config.option, name, None)  # the controller writes the session's files
 
-    def pytest_exception_interact(self, node: Any, call: pytest.CallInfo[Any], report: Any) -> None:
+    def pytest_exception_interact(
+        self,
+        node: pytest.Item | pytest.Collector,
+        call: pytest.CallInfo[Any],
+        report: pytest.CollectReport | pytest.TestReport,
+    ) -> None:
         """A collection error raised in the side's code under test (not a name the tests lack)."""
         from ..session.refs import import_failure
 
@@ -485,7 +248,7 @@ class SidePlugin:
         by_id = {item.nodeid: item for item in session.items}
         problems = redirect_problems(Path(self.spec.code_root), self.spec.packages)
         code = {name: getattr(sys.modules.get(name), "__file__", None) for name in self.spec.packages}
-        self.link.send(
+        self.link.runs.send(
             {
                 "ev": "ready",
                 "collected": list(by_id),
@@ -498,13 +261,13 @@ class SidePlugin:
             }
         )
         while True:
-            op = self.link.receive()
+            op = self.link.runs.receive()
             item = by_id[op["nodeid"]]
             self.reports = []
             nextitem = by_id.get(op.get("next") or "")
             item.ihook.pytest_runtest_protocol(item=item, nextitem=nextitem)
             outcome = next((r["outcome"] for r in self.reports if r.get("outcome") == "failed"), "passed")
-            self.link.send(
+            self.link.runs.send(
                 {"ev": "report", "reports": self.reports, "outcome": outcome, "line": _failure_line(self.reports)}
             )
 
@@ -558,12 +321,14 @@ def main(argv: list[str]) -> int:
     if spec is None:
         raise SystemExit(f"{SIDE_ENV} is not set: a side is started by --llmperf-against's controller")
     install_redirect(Path(spec.code_root), spec.packages)
-    link = Link(os.fdopen(int(argv[0]), "rb"), os.fdopen(int(argv[1]), "wb"))
+    from ..measuring.interleave import SideRuns  # numpy and the engines: after the redirect
+
+    link = Link(SideRuns(os.fdopen(int(argv[0]), "rb"), os.fdopen(int(argv[1]), "wb")))
     plugin = SidePlugin(link, spec)
     args = [*spec.args, "-p", "no:cacheprovider", "-p", "no:llmperf", "-p", "pytest_llmperf.pytest_plugin.plugin"]
     code = pytest.main(args, plugins=[plugin])
     with contextlib.suppress(OSError):
-        link.send({"ev": "exit", "code": int(code), "errors": plugin.errors})
+        link.runs.send({"ev": "exit", "code": int(code), "errors": plugin.errors})
     return int(code)
 
 

@@ -38,11 +38,11 @@ if TYPE_CHECKING:
     from ..judge.ab import ABResult
     from ..judge.result import MeasurementResult
     from ..measuring.metrics import Measurement
-    from ..pytest_plugin.side import Link  # the layer above: a type only
     from .against import Against
     from .finish import Line, Outputs
     from .options import MarkerConfig
     from .results import CallReport, Measurer, Result
+    from .sides import Link
 
 
 __all__ = ["Assessment", "Session", "SessionSettings"]

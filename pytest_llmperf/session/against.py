@@ -351,9 +351,9 @@ def attribution(
     seeded AB/BA order as the pairs were, compared (``judge.attribution``), as the verdict's
     JSON; a line when a side has none (asked, or the pass failed); else None."""
     from ..core.workload import Workload
-    from ..judge.ab import pass_orders
     from ..judge.attribution import compare_attributions, moved_phases, why
     from ..measuring.attribution import interleaved
+    from ..measuring.interleave import pass_orders
 
     asked = any(bool(m.data.get("attribution")) for m in measures.values())
     reason = why(asked, moved_phases(parts))
@@ -393,7 +393,7 @@ def _judging(ag: Against, ev: Mapping[str, Any], nodeid: str) -> dict[str, Any]:
 
 
 def _warm_up(pairing: Pairing, workload: Workload) -> None:
-    from ..judge.ab import block_orders
+    from ..measuring.interleave import block_orders
 
     for i, order in enumerate(block_orders(workload.warmup, workload.seed + 1)):
         pairing.pair(-1 - i, order)
@@ -514,9 +514,9 @@ class Looked:
 
 def _looks(pairing: Pairing, workload: Workload, plan: tuple[int, int, int], judging: Mapping[str, Any]) -> Looked:
     """Pairs, ``step`` at a time, each batch judged at a look, until settled, the cap or the bound."""
-    from ..judge.ab import block_orders
     from ..judge.paired import judged_pairs, pairs_settled
     from ..judge.parts import explained_phases, gated, paired_parts, prompt_changes
+    from ..measuring.interleave import block_orders
     from ..measuring.metrics import RunMetrics
 
     cap, looks, step = plan

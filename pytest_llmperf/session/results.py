@@ -30,9 +30,9 @@ if TYPE_CHECKING:
     from ..judge.budgets import BudgetFailure
     from ..judge.result import MeasurementResult
     from ..measuring.metrics import Measurement
-    from ..pytest_plugin.side import Link  # the layer above: a type only
     from .assess import Assessment
     from .options import MarkerConfig
+    from .sides import Link
 
     #: What ``measure()`` takes as an engine: any Engine, or ``fn(prompt, max_tokens)``.
     Subject = Engine | TokenStream

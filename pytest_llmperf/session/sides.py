@@ -1,9 +1,10 @@
 """The two sides of ``--llmperf-against`` as the controller (``session/against.py``) sees them:
-each a process (``measuring.worker.Channel`` running ``pytest_plugin/side.py``) started on first
+each a process (``measuring.worker.Channel`` running ``SIDE_MODULE``) started on first
 use and again after it died, with every wait on a deadline and every way it can fail said in one
 line that names the side. A side's messages are parsed once, where they come off its channel
-(``Side.receive``), into the events below (``pytest_plugin/side.py`` lists the messages). No
-pytest."""
+(``Side.receive``), into the events below (``SIDE_MODULE``'s docstring lists the messages); in
+the side, its session measures through its ``Link`` (the runs: ``measuring.interleave.SideRuns``).
+No pytest."""
 
 from __future__ import annotations
 
@@ -15,14 +16,25 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..core.errors import ConfigError, LLMPerfError
 from ..core.formats import escaped
 from ..measuring.worker import Channel
 
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from ..engines import Engine, TokenStream
+    from ..measuring.interleave import SideRuns
+    from ..measuring.metrics import Measurement
+    from .assess import Assessment
+    from .options import MarkerConfig
+
 CURRENT, REF = "current", "REF"
-#: The environment variable that makes a process a side (``pytest_plugin/side.py``): the JSON of
+#: What a side's process runs (``python -m``): the pytest layer's side, named, never imported here.
+SIDE_MODULE = "pytest_llmperf.pytest_plugin.side"
+#: The environment variable that makes a process a side (``SIDE_MODULE``): the JSON of
 #: a ``SideEnv``, written by ``Side.spawn`` and read by the side (``SideEnv.read``).
 SIDE_ENV = "LLMPERF_SIDE"
 #: The least time a side has to reach ``ready`` (a Python start, pytest's collection, imports):
@@ -91,7 +103,7 @@ class SideEvent:
     EV: ClassVar[str] = ""
 
     @property
-    def ev(self) -> Any:
+    def ev(self) -> object:
         return self.EV
 
     @classmethod
@@ -246,7 +258,7 @@ class Exit(SideEvent):
     """The side's pytest session ended (a side never ends it by itself)."""
 
     EV = "exit"
-    code: Any = "?"
+    code: object = "?"
 
     @classmethod
     def of(cls, message: Mapping[str, object]) -> SideEvent:
@@ -257,10 +269,10 @@ class Exit(SideEvent):
 class Unknown(SideEvent):
     """A message with no ``ev`` this controller knows."""
 
-    said: Any = None
+    said: object = None
 
     @property
-    def ev(self) -> Any:
+    def ev(self) -> object:
         return self.said
 
 
@@ -306,7 +318,7 @@ class Side:
         for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
             env.pop(name, None)  # PYTEST_ADDOPTS stays: the same options on both sides as here
         try:
-            self.channel = Channel("pytest_llmperf.pytest_plugin.side", python=self.spec.python, env=env, cwd=self.cwd)
+            self.channel = Channel(SIDE_MODULE, python=self.spec.python, env=env, cwd=self.cwd)
         except OSError as exc:
             self._broke(f"{self.who} cannot start: {exc.strerror or exc}")
             return
@@ -487,3 +499,58 @@ def harness_link(cache_dir: Path) -> Path:
             f"llmperf: --llmperf-against: cannot link the plugin at {link}: {exc.strerror or exc}"
         ) from None
     return folder
+
+
+class Link:
+    """A side's end of its channel as its session measures through it (``Measurer``): the runs
+    the controller asks for (``measuring.interleave.SideRuns``) with the marker's values, and the
+    controller's verdict as the session's ``Assessment``."""
+
+    def __init__(self, runs: SideRuns) -> None:
+        self.runs = runs
+        self.threads: int | None = None  # the session's llama.cpp threads (None: every usable CPU)
+
+    def turn(self) -> AbstractContextManager[None]:
+        """Work no other side may overlap (an A/B ``compare()``, a load test)."""
+        return self.runs.turn()
+
+    def measure(
+        self, subject: Engine | TokenStream, config: MarkerConfig, label: str, nodeid: str, *, attribution: bool = False
+    ) -> tuple[Measurement, Assessment | None]:
+        """The measurement the controller drives: the runs it asks for, then its verdict
+        (``attribution``: the test asks for the attribution pass after the pairs)."""
+        from ..core.workload import Workload
+
+        m, verdict = self.runs.measure(
+            subject,
+            Workload(**config.workload),
+            label,
+            settings=config.settings,
+            max_runs=config.options.get("max_runs"),
+            threads=config.engine.get("threads") or self.threads,
+            slo=config.budgets,
+            attribution=attribution,
+        )
+        return m, _assessment(nodeid, label, verdict)
+
+
+def _assessment(nodeid: str, label: str, verdict: Mapping[str, Any] | None) -> Assessment | None:
+    """The controller's verdict as the session's ``Assessment`` (nothing recorded: no baseline)."""
+    if verdict is None:
+        return None
+    from ..judge.attribution import AttributionChange
+    from ..judge.parts import PartChange
+    from ..judge.regression import BaselineVerdict
+    from ..judge.result import comparison_from_json
+    from .assess import Assessment
+
+    where = verdict.get("attribution")
+    v = BaselineVerdict(
+        verdict["status"],
+        verdict.get("note", ""),
+        tuple(comparison_from_json(c) for c in verdict.get("comparisons", ())),
+        changes=tuple(str(c) for c in verdict.get("changes", ())),
+        parts=tuple(PartChange.from_json(p) for p in verdict.get("parts", ())),
+        attribution=None if where is None else AttributionChange.from_json(where),
+    )
+    return Assessment(nodeid + (f"[{label}]" if label else ""), "", "", None, v)
