@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..core.errors import LLMPerfError
-from ..core.settings import SETTINGS
-from ..reports.reporters import MarkdownSummary, Reporter, SessionEnd, asked
+from ..reports.reporters import MarkdownSummary, Reporter, SessionEnd, asked, report_names
 from .options import SessionSettings
 
 if TYPE_CHECKING:
@@ -147,7 +146,7 @@ def write_reports(reports: Sequence[tuple[Reporter, str]], end: SessionEnd) -> l
         else:
             done.append(Written(reporter, path))
             end = dataclasses.replace(end, links=[*end.links, *lines])
-    order = list(SETTINGS)
+    order = report_names()
     return sorted(done, key=lambda w: order.index(w.reporter.setting.name))
 
 
