@@ -14,7 +14,7 @@ import pytest
 from inner import run
 
 from pytest_llmperf.core.documents import write_output
-from pytest_llmperf.core.errors import ConfigError
+from pytest_llmperf.core.errors import ConfigError, LLMPerfError
 from pytest_llmperf.core.settings import SETTINGS, report_file
 from pytest_llmperf.judge.result import MeasurementResult
 from pytest_llmperf.reports.reporters import REPORTERS, Reporter, SessionEnd, register
@@ -105,7 +105,7 @@ def test_a_registered_report_is_an_option_written_at_the_session_end(pytester: p
     try:
         assert _reports(pytester.path / "without", results) == with_toy
     finally:
-        REPORTERS.append(toy)
+        REPORTERS.insert(0, toy)
 
 
 def test_a_registered_report_path_is_checked_before_the_session(tmp_path: Path, toy: Reporter) -> None:
@@ -143,3 +143,53 @@ def test_the_built_in_reports_are_registered_in_their_settings_order() -> None:
 
     assert report_names() == ["json", "markdown", "html"]
     assert [r.setting.name for r in REPORTERS] == ["json", "html", "markdown"]  # the Markdown links the HTML
+    with registered(TtftCsv()):
+        assert [r.setting.name for r in REPORTERS] == ["json", "html", "ttft_csv", "markdown"]
+        assert report_names() == ["json", "markdown", "html", "ttft_csv"]  # pytest --help lists it last
+
+
+class Linked(TtftCsv):
+    """A report whose link the Markdown summary (written after it) and the step summary carry."""
+
+    def write(self, path: str, end: SessionEnd) -> Sequence[str]:
+        super().write(path, end)
+        return [f"TTFT: `{Path(path).name}`"]
+
+    def step_lines(self, path: str) -> Sequence[str]:
+        return ["TTFT: kept as a CI artifact"]
+
+
+def test_a_report_s_lines_reach_the_markdown_and_the_step_summary(tmp_path: Path) -> None:
+    results = [MeasurementResult(test="t.py::test_x")]
+    with registered(Linked()):
+        s = SessionSettings.of(
+            tmp_path, history="off", ttft_csv=str(tmp_path / "t.csv"), markdown=str(tmp_path / "s.md")
+        )
+        _, out = finish(s, results, [], "2026-12-06T00:00:00+00:00", str(tmp_path / "step.md"))
+    assert not out.failed and (tmp_path / "t.csv").read_text() == "test,ttft_ms\n"  # no figures: no row
+    md, step = (tmp_path / "s.md").read_text(), (tmp_path / "step.md").read_text()
+    assert md.count("TTFT: `t.csv`") == 1 and "CI artifact" not in md
+    assert step.count("TTFT: kept as a CI artifact") == 1 and "`t.csv`" not in step
+
+
+class NeedsAPackage(TtftCsv):
+    def ready(self) -> None:
+        raise LLMPerfError("the TTFT CSV needs a package: pip install it")
+
+
+def test_a_report_says_what_it_needs_before_the_session_runs(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_suite=SUITE)
+    with registered(NeedsAPackage()):
+        result = run(pytester, "--llmperf-history=off", "--llmperf-ttft-csv=t.csv")
+        quiet = run(pytester, "--llmperf-history=off", "--co")  # not asked for: not asked to be ready
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "the TTFT CSV needs a package: pip install it" in result.stderr.str()
+    assert quiet.ret == pytest.ExitCode.OK and not (pytester.path / "t.csv").exists()
+
+
+def test_a_side_of_against_writes_no_report_not_even_a_registered_one(tmp_path: Path, toy: Reporter) -> None:
+    from pytest_llmperf.pytest_plugin.side import side_settings
+
+    s = SessionSettings.of(tmp_path, ttft_csv="t.csv", json="s.json", markdown="s.md")
+    assert set(s.reports) == {"json", "markdown", "ttft_csv"}
+    assert side_settings(s).reports == {}

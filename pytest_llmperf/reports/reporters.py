@@ -122,18 +122,20 @@ class MarkdownSummary(Reporter):
         return markdown(end.results, extra, budgets_gate=end.budgets_gate, against=end.against, ab=list(end.ab))
 
 
+MARKDOWN = MarkdownSummary()
 #: In the order they are written: the Markdown last, it links those before it.
-REPORTERS: list[Reporter] = [JsonReport(), HtmlReport(), MarkdownSummary()]
+REPORTERS: list[Reporter] = [JsonReport(), HtmlReport(), MARKDOWN]
 
 
 def register(reporter: Reporter) -> None:
-    """A report format more: written at the end of every session that gives its setting, which
-    joins ``SETTINGS`` (read when the plugin adds its options)."""
+    """A report format more: written at the end of every session that gives its setting (before
+    the Markdown summary, which links it), which joins ``SETTINGS`` (read when the plugin adds
+    its options)."""
     if SETTINGS.setdefault(reporter.setting.name, reporter.setting) is not reporter.setting:
         raise ConfigError(
             f"llmperf: a setting named {reporter.setting.name!r} exists already; name the report otherwise"
         )
-    REPORTERS.append(reporter)
+    REPORTERS.insert(REPORTERS.index(MARKDOWN), reporter)
 
 
 def report_names() -> list[str]:
