@@ -193,3 +193,37 @@ def test_a_side_of_against_writes_no_report_not_even_a_registered_one(tmp_path: 
     s = SessionSettings.of(tmp_path, ttft_csv="t.csv", json="s.json", markdown="s.md")
     assert set(s.reports) == {"json", "markdown", "ttft_csv"}
     assert side_settings(s).reports == {}
+
+
+PLUGIN = """
+from pytest_llmperf.core.settings import report_file
+from pytest_llmperf.reports.reporters import Reporter, register
+
+
+class Names(Reporter):
+    setting = report_file("names", "write the measured tests' ids to this file")
+    title = "names"
+
+    def write(self, path, end):
+        with open(path, "w") as fh:
+            fh.write("".join(r.test + "\\n" for r in end.results))
+        return ()
+
+
+register(Names())
+"""
+
+
+def test_a_plugin_registers_a_report_before_pytest_reads_the_options(pytester: pytest.Pytester) -> None:
+    """A report from outside the package: its module, given with ``-p``, is imported before
+    the plugin adds its options."""
+    pytester.makepyfile(names_report=PLUGIN, test_suite=SUITE)
+    pytester.syspathinsert()
+    before = list(REPORTERS)
+    try:
+        result = run(pytester, "-p", "names_report", "--llmperf-history=off", "--llmperf-names=ids.txt")
+    finally:
+        REPORTERS[:] = before
+        SETTINGS.pop("names", None)
+    assert result.ret == 0, result.stdout.str()
+    assert (pytester.path / "ids.txt").read_text() == "test_suite.py::test_one\ntest_suite.py::test_two\n"
