@@ -283,6 +283,12 @@ class Setting:
         return arg_type(self.parse)
 
 
+def report_file(name: str, help: str) -> Setting:
+    """The setting of a report the end of a session writes (``reports.reporters``): the file
+    it goes to, none by default."""
+    return Setting(name, help, None, output_file, shown="not written", metavar="FILE")
+
+
 #: Each kind of llama.cpp setting (``workload.ValueKind``): its one parser of an option's text and
 #: checker of a marker's value (``core.values``).
 VALUE_KINDS: dict[ValueKind, Kind[object]] = {
@@ -577,29 +583,10 @@ SETTINGS: dict[str, Setting] = {
         Setting(
             "allow_not_compared", "pass a --llmperf-against session that compared nothing with REF", False, switch=True
         ),
-        Setting(
-            "json",
-            "write the session's results as JSON to this file",
-            None,
-            output_file,
-            shown="not written",
-            metavar="FILE",
-        ),
-        Setting(
-            "markdown",
-            "write a Markdown summary (also appended to $GITHUB_STEP_SUMMARY when set)",
-            None,
-            output_file,
-            shown="not written",
-            metavar="FILE",
-        ),
-        Setting(
-            "html",
-            'write a self-contained HTML report with plots (needs pip install "pytest-llmperf[report]")',
-            None,
-            output_file,
-            shown="not written",
-            metavar="FILE",
+        report_file("json", "write the session's results as JSON to this file"),
+        report_file("markdown", "write a Markdown summary (also appended to $GITHUB_STEP_SUMMARY when set)"),
+        report_file(
+            "html", 'write a self-contained HTML report with plots (needs pip install "pytest-llmperf[report]")'
         ),
         Setting(
             "history",

@@ -122,10 +122,11 @@ def _settings(config: pytest.Config, on_side: bool, is_worker: bool) -> SessionS
             from .side import side_settings
 
             settings = side_settings(settings)
-        if settings.html and not is_worker:
-            from ..reports.charts import require_matplotlib
+        if not is_worker:
+            from ..reports.reporters import asked
 
-            require_matplotlib()  # say what to install now, not after the whole session
+            for reporter, _ in asked(settings.reports):
+                reporter.ready()  # say what to install now, not after the whole session
     except LLMPerfError as exc:
         raise pytest.UsageError(str(exc)) from None
     return settings

@@ -306,6 +306,7 @@ def _raised_at(crash: Mapping[str, Any]) -> str:
 def side_settings(settings: SessionSettings) -> SessionSettings:
     """A side's session settings: it measures in process and writes no file (the controller does)."""
     engine = dataclasses.replace(settings.engine, in_process=True)
+    settings = dataclasses.replace(settings, registered_reports={})  # no report of its own either
     return dataclasses.replace(
         settings, engine=engine, json=None, html=None, markdown=None, history=None, update_baselines=False, against=None
     )

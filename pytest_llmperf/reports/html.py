@@ -623,23 +623,7 @@ def render_html(
     )
 
 
-def write_html(
-    path: Path,
-    results: Sequence[MeasurementResult],
-    created_at: str | None = None,
-    trends: Trends | None = None,
-    against: Mapping[str, object] | None = None,
-    ab: Sequence[Mapping[str, object]] = (),
-) -> Path:
-    """Render and write (``core.documents.write_output``: a file atomically, so a reader never
-    sees half a page; a device or FIFO in place; ``-``: standard output)."""
-    from ..core.documents import write_output
-
-    write_output(Path(path), render_html(results, created_at, trends=trends, against=against, ab=ab))
-    return Path(path)
-
-
-def markdown_lines(html_path: Path | None, md_path: Path | None, results: Sequence[MeasurementResult]) -> list[str]:
+def markdown_lines(html_path: Path | str, md_path: Path | None, results: Sequence[MeasurementResult]) -> list[str]:
     """What the Markdown summary says about the HTML report: a link relative to the Markdown
     file and the key figure embedded as an SVG file next to it (Markdown cannot inline SVG).
     Without a Markdown file (e.g. $GITHUB_STEP_SUMMARY, which shows no local files), or when
@@ -647,14 +631,12 @@ def markdown_lines(html_path: Path | None, md_path: Path | None, results: Sequen
     only the path is named."""
     from ..core.documents import output_kind, write_output
 
-    def is_file(path: Path) -> bool:
+    def is_file(path: Path | str) -> bool:
         try:
             return output_kind(path) == "file"
         except OSError:
             return False
 
-    if html_path is None:
-        return []
     if md_path is None or not is_file(md_path) or not is_file(html_path):
         return [f"Plots: HTML report `{html_path}` (keep it as a CI artifact)."]
     base = Path(md_path).resolve().parent

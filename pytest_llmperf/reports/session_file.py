@@ -476,6 +476,18 @@ def markdown(
     return "\n".join(lines) + "\n"
 
 
+def all_failed_markdown(planned: int) -> str:
+    """The Markdown summary of a session none of whose measurements gave a result ("" when it
+    planned none)."""
+    if not planned:
+        return ""
+    return (
+        "## llmperf\n\n"
+        f"No results: every llmperf measurement of this session failed ({planned} planned, none measured); "
+        "the test report says why.\n"
+    )
+
+
 def _measurements_headline(
     results: Sequence[MeasurementResult], over: Sequence[str], budgets_gate: bool, ab: Sequence[Mapping[str, object]]
 ) -> list[str]:

@@ -370,7 +370,7 @@ class Session:
         """Write baselines, history and reports (not on a worker; nothing when no llmperf test
         ran and no report was asked for). ``outputs.failed``: the session must fail."""
         s = self.settings
-        if self.is_worker or not (self.results or self.rows or s.json or s.html or s.markdown):
+        if self.is_worker or not (self.results or self.rows or s.reports):
             return None
         from .finish import finish
 

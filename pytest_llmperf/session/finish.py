@@ -10,17 +10,29 @@ The terminal summary at the end of a session, as lines: ``("line", text)``, or a
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..core.errors import LLMPerfError
+from ..reports.reporters import MarkdownSummary, Reporter, SessionEnd, asked, report_names
 from .options import SessionSettings
 
 if TYPE_CHECKING:
     from ..judge.result import MeasurementResult
+
+
+@dataclass(frozen=True)
+class Written:
+    """One report the end of the session was asked for: where, and the one line why it was not
+    written (None: it was)."""
+
+    reporter: Reporter
+    path: str
+    error: str | None = None
 
 
 @dataclass
@@ -30,20 +42,22 @@ class Outputs:
     written: list[tuple[Path, Path | None]] = field(default_factory=list)  # baseline file, moved-aside copy
     write_errors: list[str] = field(default_factory=list)
     baseline_errors: list[str] = field(default_factory=list)
-    report_errors: list[str] = field(default_factory=list)  # --llmperf-json / -markdown
+    reports: list[Written] = field(default_factory=list)  # in the order of their settings
     history_line: str | None = None
-    html_written: Path | None = None
-    html_error: str | None = None
     #: Measurements not compared because their baselines are all from other hardware: the
     #: summary line, and whether it fails the session (``--llmperf-fail-other-hardware``).
     other_hardware_line: str | None = None
     other_hardware_fails: bool = False
 
     @property
+    def report_errors(self) -> list[str]:
+        return [w.error for w in self.reports if w.error is not None]
+
+    @property
     def failed(self) -> bool:
         """A file asked for was not written, or (when asked) a test was not compared: the
         session fails."""
-        return bool(self.baseline_errors or self.report_errors or self.html_error or self.other_hardware_fails)
+        return bool(self.baseline_errors or self.report_errors or self.other_hardware_fails)
 
 
 #: How many differing fingerprint fields the other-hardware line names before "...".
@@ -78,15 +92,6 @@ def shown_differences(differences: Sequence[str]) -> str:
     return "; ".join(fields[:SHOWN_DIFFERENCES]) + ("; ..." if len(fields) > SHOWN_DIFFERENCES else "")
 
 
-def write_file(path: Path, text: str, errors: list[str]) -> None:
-    from ..core.documents import write_output
-
-    try:
-        write_output(path, text)
-    except OSError as exc:
-        errors.append(f"llmperf: cannot write {path}: {exc.strerror or exc}")
-
-
 def finish(
     s: SessionSettings,
     results: Sequence[MeasurementResult],
@@ -109,69 +114,40 @@ def finish(
     results = session_holm(results)  # the "p (Holm)" shown: over every comparison of the session
     if s.update_baselines and results:
         out.written = session_file.write_baselines(s.baseline_dir, results, out.baseline_errors)
-    trends: Mapping[str, object] = {}  # each test's recent trend from the history, for the HTML report
+    reports = asked(s.reports)
+    trends: Mapping[str, Sequence[Mapping[str, object]]] = {}  # each test's recent trend from the history
     if s.history is not None and results and not s.disable:
         from ..history import keep
 
-        out.history_line, trends = keep(s.history, results, started_at, s.rootdir, s.compare, trends=bool(s.html))
-    if s.json:
-        text = session_file.session_json(results, started_at, ab=list(ab_results), against=against)
-        write_file(Path(s.json), text, out.report_errors)
-    md_extra = write_html(Path(s.html), s, results, started_at, trends, against, ab_results, out) if s.html else []
-    write_markdown(s, results, list(ab_results), md_extra, against, planned, step_summary, out)
+        wanted = any(r.needs_trends for r, _ in reports)
+        out.history_line, trends = keep(s.history, results, started_at, s.rootdir, s.compare, trends=wanted)
+    end = SessionEnd(results, ab_results, started_at, against, trends, s.budgets_gate, planned, s.reports)
+    out.reports = write_reports(reports, end)
+    if step_summary:  # the Markdown, with the reports' lines for a page that shows no local file
+        lines = [line for w in out.reports if w.error is None for line in w.reporter.step_lines(w.path)]
+        md = MarkdownSummary.text(end, lines)
+        if md:
+            append_step_summary(step_summary, md, out.write_errors)
     return results, out
 
 
-def write_html(
-    path: Path,
-    s: SessionSettings,
-    results: Sequence[MeasurementResult],
-    started_at: str,
-    trends: Mapping[str, Any],
-    against: Mapping[str, object] | None,
-    ab_results: Sequence[Mapping[str, object]],
-    out: Outputs,
-) -> list[str]:
-    """The HTML report at ``path`` (``out`` says where, or why not); the Markdown's lines about it."""
-    from ..reports import html
-
-    try:
-        out.html_written = html.write_html(path, results, started_at, trends, against, ab=ab_results)
-        return html.markdown_lines(path, Path(s.markdown) if s.markdown else None, results)
-    except OSError as exc:
-        out.html_error = f"llmperf: cannot write {s.html}: {exc.strerror or exc}"
-    except LLMPerfError as exc:
-        out.html_error = f"llmperf: HTML report not written: {exc}"
-    return []
-
-
-def write_markdown(
-    s: SessionSettings,
-    results: Sequence[MeasurementResult],
-    ab: list[Mapping[str, object]],
-    md_extra: list[str],
-    against: Mapping[str, object] | None,
-    planned: int,
-    step_summary: str | None,
-    out: Outputs,
-) -> None:
-    """The Markdown summary (``--llmperf-markdown``) and GitHub's step summary (the same, with a
-    line about the HTML report in place of ``md_extra``)."""
-    from ..reports import session_file
-
-    measured = bool(results or ab)
-    md = (
-        session_file.markdown(results, md_extra, budgets_gate=s.budgets_gate, against=against, ab=ab)
-        if measured
-        else all_failed_markdown(planned)
-    )
-    if s.markdown and md:
-        write_file(Path(s.markdown), md, out.report_errors)
-    if step_summary and md:
-        step_extra = [f"Plots: HTML report `{s.html}` (keep it as a CI artifact)."] if out.html_written else []
-        if measured:  # the same, with a line about the HTML report in place of ``md_extra``
-            md = session_file.markdown(results, step_extra, budgets_gate=s.budgets_gate, against=against, ab=ab)
-        append_step_summary(step_summary, md, out.write_errors)
+def write_reports(reports: Sequence[tuple[Reporter, str]], end: SessionEnd) -> list[Written]:
+    """Each report in turn, the Markdown lines of those written passed on to the next; what
+    came of each, in the order of their settings."""
+    done: list[Written] = []
+    for reporter, path in reports:
+        try:
+            lines = reporter.write(path, end)
+        except OSError as exc:  # an announced report is named as given, the others as a path
+            shown = path if reporter.announced else Path(path)
+            done.append(Written(reporter, path, f"llmperf: cannot write {shown}: {exc.strerror or exc}"))
+        except LLMPerfError as exc:
+            done.append(Written(reporter, path, f"llmperf: {reporter.title} not written: {exc}"))
+        else:
+            done.append(Written(reporter, path))
+            end = dataclasses.replace(end, links=[*end.links, *lines])
+    order = report_names()
+    return sorted(done, key=lambda w: order.index(w.reporter.setting.name))
 
 
 def append_step_summary(path: str, text: str, errors: list[str]) -> None:
@@ -184,18 +160,6 @@ def append_step_summary(path: str, text: str, errors: list[str]) -> None:
             fh.write(text)
     except OSError as exc:
         errors.append(f"llmperf: cannot write {path}: {exc.strerror or exc}")
-
-
-def all_failed_markdown(planned: int) -> str:
-    """The Markdown summary of a session none of whose measurements gave a result ("" when it
-    planned none)."""
-    if not planned:
-        return ""
-    return (
-        "## llmperf\n\n"
-        f"No results: every llmperf measurement of this session failed ({planned} planned, none measured); "
-        "the test report says why.\n"
-    )
 
 
 Line = tuple[str, str]
@@ -293,14 +257,11 @@ def unwritten_lines(out: Outputs) -> list[Line]:
     lines: list[Line] = [("line", line) for line in out.baseline_errors]
     if out.baseline_errors:
         lines.append(("line", f"llmperf: {len(out.baseline_errors)} baseline file(s) not written: the session fails"))
-    lines += [("line", line) for line in out.report_errors]
-    if out.html_error:
-        lines.append(("line", out.html_error))
-    elif out.html_written:
-        lines.append(("line", f"llmperf: HTML report written to {out.html_written}"))
-    if out.report_errors or out.html_error:
-        n = len(out.report_errors) + bool(out.html_error)
-        lines.append(("line", f"llmperf: {n} report file(s) not written: the session fails"))
+    for w in out.reports:
+        if w.error is not None or w.reporter.announced:
+            lines.append(("line", w.error or f"llmperf: {w.reporter.title} written to {Path(w.path)}"))
+    if out.report_errors:
+        lines.append(("line", f"llmperf: {len(out.report_errors)} report file(s) not written: the session fails"))
     return lines + [("line", line) for line in out.write_errors]
 
 

@@ -24,6 +24,7 @@ from ..core.workload import LLAMA_SETTINGS, MAX_TOKENS, MODEL_LOAD_KINDS, PROMPT
 from ..history.connection import Location
 from ..history.connection import default as default_history
 from ..history.connection import parse as parse_history
+from ..reports.reporters import report_names
 
 T = TypeVar("T")
 
@@ -94,6 +95,8 @@ class SessionSettings:
     prompt_cache: str = "cold"
     #: ``--llmperf-lost-baseline``: a test whose committed baseline is not found fails or warns (fail | warn).
     lost_baseline: str = "fail"
+    #: The paths of the reports registered from outside (``reports.reporters.register``), by setting name.
+    registered_reports: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def compare(self) -> bool:
@@ -104,6 +107,12 @@ class SessionSettings:
     def budgets_gate(self) -> bool:
         """A budget breach fails its test (not ``--llmperf-baselines-only``/``-disable``)."""
         return not self.baselines_only and not self.disable
+
+    @property
+    def reports(self) -> dict[str, str]:
+        """Each report asked for, by its setting's name: the path as given."""
+        given = {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, **self.registered_reports}
+        return {name: given[name] for name in report_names() if given.get(name) is not None}
 
     @property
     def compare_values(self) -> dict[str, Any]:
@@ -154,12 +163,9 @@ class SessionSettings:
             threads_source=r["threads"].source,
             baseline_dir=root / r["baseline_dir"].value,
             history=_history(r, root),
+            registered_reports={name: r[name].value for name in report_names() if name not in own},
             **own,
         )
-
-
-#: The settings that name a file the session writes at its end.
-OUTPUTS = ("json", "markdown", "html")
 
 
 def _check_outputs(r: Mapping[str, Resolved]) -> None:
@@ -167,7 +173,7 @@ def _check_outputs(r: Mapping[str, Resolved]) -> None:
     of its folders, a folder not writable...): one line before anything runs, not after it."""
     from ..core.documents import check_output, refused_output
 
-    for name in OUTPUTS:
+    for name in report_names():
         given = r[name]
         if given.value is None:
             continue
