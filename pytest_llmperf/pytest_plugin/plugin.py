@@ -393,8 +393,8 @@ class TerminalSink:
                 reporter.line("")
             if self.live:
                 reporter.rewrite(fit(text, marks.terminal_width(self.config) - 1), erase=True)
-            else:
-                reporter.write(text)
+            else:  # a log line: wrapped whole at the width, never cut (a long test id, a slow step)
+                reporter.write(_fitted([text], self.config)[0])
             self.open = True
             if last:
                 self._resume(reporter)
