@@ -115,11 +115,16 @@ class BudgetState(StrEnum):
 
     @property
     def fails(self) -> bool:
-        return self in FAILING_STATES
+        return FAILS[self]
 
 
-#: The budget states that fail a test.
-FAILING_STATES = (BudgetState.BREACHED, BudgetState.UNAVAILABLE)
+#: Whether a budget state fails its test.
+FAILS = {
+    BudgetState.MET: False,
+    BudgetState.BREACHED: True,
+    BudgetState.UNDECIDED: False,
+    BudgetState.UNAVAILABLE: True,
+}
 
 
 class BudgetStatus(StrEnum):

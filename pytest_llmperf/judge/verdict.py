@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -339,6 +339,34 @@ class Verdict(StrEnum):
     MACHINE_SLOWER = "MACHINE_SLOWER"
 
 
+#: Every verdict, the one that names a measurement first (``headline``): a regression, then
+#: what a reader must weigh before it is settled, then what is settled.
+HEADLINE_ORDER = (Verdict.REGRESSION, Verdict.MACHINE_SLOWER, Verdict.INCONCLUSIVE, Verdict.IMPROVED, Verdict.UNCHANGED)
+
+#: The verdict as a comparison's line says it (``Comparison.line``).
+VERDICT_WORDS = {
+    Verdict.REGRESSION: "regression",
+    Verdict.IMPROVED: "improvement",
+    Verdict.UNCHANGED: "unchanged",
+    Verdict.INCONCLUSIVE: "inconclusive",
+    Verdict.MACHINE_SLOWER: "slower machine",
+}
+
+
+def headline(verdicts: Iterable[Verdict]) -> Verdict:
+    """The one verdict of a compared measurement, from its comparisons' (``HEADLINE_ORDER``'s
+    first they hold); INCONCLUSIVE when there are none (nothing could be judged)."""
+    return min(verdicts, key=HEADLINE_ORDER.index, default=Verdict.INCONCLUSIVE)
+
+
+def stored_verdict(word: str | None) -> Verdict | None:
+    """The verdict a stored verdict cell names (``REGRESSION decode``, ``MACHINE_SLOWER``: the
+    ``short`` a session wrote, its history row's ``baseline``); None for a baseline status
+    (``no-baseline``) or none. The one reader of such a cell, where its file is read."""
+    first = (word or "").split(" ", 1)[0]
+    return next((v for v in Verdict if v.value == first), None)
+
+
 class BaselineStatus(StrEnum):
     """What a measurement was held against (``regression.BaselineVerdict``, ``result.VerdictRecord``):
     its comparisons are judged only when COMPARED; the others say why there are none."""
@@ -464,14 +492,7 @@ class Comparison:
         Every figure in it is one a reader can find, its statistic named (``shown``: the levels
         compared, or the medians of the runs), and the percentage is computed from the figures
         beside it: the two figures shown, or against REF the pairs' ratio shown before it."""
-        word = {
-            Verdict.REGRESSION: "regression",
-            Verdict.IMPROVED: "improvement",
-            Verdict.UNCHANGED: "unchanged",
-            Verdict.INCONCLUSIVE: "inconclusive",
-            Verdict.MACHINE_SLOWER: "slower machine",
-        }[self.verdict]
-        text = f"{self.phase} {word}: {self.label} {self._figures()} ({', '.join(self._statistics())})"
+        text = f"{self.phase} {VERDICT_WORDS[self.verdict]}: {self.label} {self._figures()} ({', '.join(self._statistics())})"
         if (
             self.verdict in (Verdict.INCONCLUSIVE, Verdict.MACHINE_SLOWER) or self.suite_ratio is not None
         ) and self.reason:
