@@ -20,13 +20,13 @@ import pytest
 from pytest_llmperf.judge import budgets, regression, verdict
 from pytest_llmperf.judge.budgets import BudgetState, BudgetStatus
 from pytest_llmperf.judge.result import MeasurementResult, VerdictRecord, comparison_from_json, comparison_json
-from pytest_llmperf.judge.verdict import BaselineStatus, Comparison, Shown, Verdict
+from pytest_llmperf.judge.verdict import BaselineStatus, Comparison, NoiseSource, Shown, Verdict
 from pytest_llmperf.reports import charts, html, session_file
 
 PACKAGE = Path(__file__).resolve().parent.parent / "pytest_llmperf"
 
 #: Every state type of the package.
-STATES: tuple[type[enum.Enum], ...] = (Verdict, BaselineStatus, Shown, BudgetState, BudgetStatus)
+STATES: tuple[type[enum.Enum], ...] = (Verdict, BaselineStatus, Shown, NoiseSource, BudgetState, BudgetStatus)
 
 
 def _comparison(v: Verdict = Verdict.UNCHANGED, shown: Shown | None = Shown.LEVEL) -> Comparison:
@@ -126,6 +126,20 @@ def test_every_statistic_shown_is_named_and_reads_back(shown: Shown) -> None:
     assert comparison_from_json(json.loads(json.dumps(comparison_json(c)))).shown is shown
 
 
+@pytest.mark.parametrize("source", list(NoiseSource))
+def test_every_noise_source_is_said_and_reads_back(source: NoiseSource) -> None:
+    c = dataclasses.replace(_comparison(), noise_source=source, noise_sessions=4, detectable=0.14, reference="REF")
+    said = {
+        NoiseSource.PRIOR: "the prior",
+        NoiseSource.BASELINE: "4 recorded baseline session(s)",
+        NoiseSource.HISTORY: "4 session(s) of the history",
+        NoiseSource.PAIRED: "interleaved pairs against REF",
+    }
+    assert c.reach().startswith("detects >= 14% here; ") and said[source] in c.reach()
+    back = comparison_from_json(json.loads(json.dumps(comparison_json(c))))
+    assert back.noise_source is source and back == c
+
+
 def test_a_regression_fails_the_test_and_names_its_phases() -> None:
     r = _result(BaselineStatus.COMPARED, Verdict.REGRESSION, failures=("decode regression",))
     assert html.state_of(r) == (Verdict.REGRESSION, "REGRESSION") and r.regressed
@@ -178,7 +192,9 @@ def test_every_map_keyed_by_a_state_holds_every_member_of_it() -> None:
 # --- no state from a display word --------------------------------------------------------------
 
 #: Expressions that name a state, or a cell or word that shows one.
-STATE_NAMES = re.compile(r"verdict|status|short|state|cell|word", re.IGNORECASE)
+STATE_NAMES = re.compile(r"verdict|status|short|state|cell|word|source", re.IGNORECASE)
+#: Every state's word.
+WORDS = {member.value for kind in STATES for member in kind}
 #: The places that read a state word on purpose, each with why: the readers where a file is read.
 ALLOWED = {
     ("judge/verdict.py", "(word or '').split(' ', 1)"): "stored_verdict: the one reader of a stored verdict cell",
@@ -190,7 +206,8 @@ ALLOWED = {
 
 def _word_reads(path: Path) -> list[str]:
     """Each place in ``path`` that takes a state-like name apart (``.startswith``, ``.split``), holds
-    a verdict's word as a literal, or compares an enum's ``.value`` with a literal."""
+    a verdict's word as a literal, compares an enum's ``.value`` with a literal or a state-like
+    name with a state's word."""
     words = {v.value for v in Verdict}
     out = []
     for node in ast.walk(ast.parse(path.read_text())):
@@ -203,9 +220,11 @@ def _word_reads(path: Path) -> list[str]:
             out.append(repr(node.value))
         elif isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
-            if any(isinstance(s, ast.Attribute) and s.attr == "value" for s in sides) and any(
-                isinstance(s, ast.Constant) and isinstance(s.value, str) for s in sides
-            ):
+            literal = [c.value for s in sides for c in ast.walk(s) if isinstance(c, ast.Constant)]
+            named = any(isinstance(s, ast.Attribute) and s.attr == "value" for s in sides) and any(
+                isinstance(v, str) for v in literal
+            )
+            if named or (set(literal) & WORDS and any(STATE_NAMES.search(ast.unparse(s)) for s in sides)):
                 out.append(ast.unparse(node))
     return out
 
@@ -222,9 +241,17 @@ def test_the_scan_sees_a_state_read_from_a_word(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text(
         "def f(r):\n    return r.verdict.short.split()[0] == 'REGRESSION' or r.status.value == 'ok'\n"
-        "def g(short):\n    return short.startswith('IMPROVED')\n"
+        "def g(short, c):\n    return short.startswith('IMPROVED') or c.noise_source in ('prior', 'history')\n"
     )
-    assert len(_word_reads(bad)) == 5
+    assert set(_word_reads(bad)) == {
+        "r.verdict.short.split()",
+        "r.verdict.short.split()[0] == 'REGRESSION'",
+        "r.status.value == 'ok'",
+        "short.startswith('IMPROVED')",
+        "c.noise_source in ('prior', 'history')",
+        "'REGRESSION'",
+        "'IMPROVED'",
+    }
 
 
 def test_a_record_keeps_its_verdict_typed_through_the_session_file() -> None:
@@ -232,3 +259,20 @@ def test_a_record_keeps_its_verdict_typed_through_the_session_file() -> None:
     back = MeasurementResult.from_json(json.loads(json.dumps(r.to_json())))
     assert back.verdict is not None and back.verdict.comparisons[0].verdict is Verdict.MACHINE_SLOWER
     assert html.state_of(back) == (Verdict.MACHINE_SLOWER, "MACHINE_SLOWER") and back.budget is BudgetStatus.OK
+
+
+def _plain(value: object) -> bool:
+    """``value`` is plain JSON data, no ``str`` subclass (an enum member): what xdist's wire carries."""
+    if isinstance(value, dict):
+        return all(type(k) is str and _plain(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(map(_plain, value))
+    return value is None or type(value) in (str, int, float, bool)
+
+
+@pytest.mark.parametrize("source", list(NoiseSource))
+def test_a_result_writes_its_states_as_plain_words(source: NoiseSource) -> None:
+    c = dataclasses.replace(_comparison(Verdict.IMPROVED), noise_source=source, detectable=0.1)
+    record = VerdictRecord(BaselineStatus.COMPARED, short="IMPROVED", comparisons=(c,))
+    r = MeasurementResult(test="t", budget=BudgetStatus.FAIL, verdict=record)
+    assert _plain(r.to_json()) and r.to_json()["verdict"]["comparisons"][0]["noise_source"] == source.value

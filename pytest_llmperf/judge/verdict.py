@@ -391,6 +391,19 @@ class Shown(StrEnum):
     MEDIAN = "median"
 
 
+class NoiseSource(StrEnum):
+    """Where a comparison's between-session sd came from (``Comparison.noise_source``)."""
+
+    #: The stated figure alone (``NoiseModel``: too few sessions to estimate it).
+    PRIOR = "prior"
+    #: The baseline file's recorded sessions, pooled with the prior.
+    BASELINE = "baseline"
+    #: The history's window of sessions.
+    HISTORY = "history"
+    #: None: ``--llmperf-against``'s REF, measured pair by pair in the same session.
+    PAIRED = "paired"
+
+
 @dataclass(frozen=True)
 class Comparison:
     """One metric, candidate against baseline. ``ratio`` and the CI are candidate/baseline of
@@ -443,10 +456,8 @@ class Comparison:
     suite_ratio: float | None = None
     #: Degrees of freedom of the t statistic (Welch-Satterthwaite); None: normal.
     df: float | None = None
-    #: Where the between-session sd came from: "prior" (the stated figure alone), "baseline"
-    #: (the baseline file's recorded sessions, pooled with the prior) or "history" (the
-    #: history window), and from how many sessions.
-    noise_source: str = "prior"
+    #: Where the between-session sd came from, and from how many sessions.
+    noise_source: NoiseSource = NoiseSource.PRIOR
     noise_sessions: int = 0
     #: The smallest slowdown (0.14 = 14%) this comparison flags with 80% power, given its
     #: noise estimate, runs and Holm step (``verdict.detectable``); None before it is decided.
@@ -465,6 +476,7 @@ class Comparison:
     def __post_init__(self) -> None:
         if self.shown is not None:
             object.__setattr__(self, "shown", Shown(self.shown))  # a word read from JSON, typed
+        object.__setattr__(self, "noise_source", NoiseSource(self.noise_source))  # the same
 
     @property
     def change_pct(self) -> float:
@@ -509,7 +521,7 @@ class Comparison:
         if self.reference:
             return f"{text} at {self.reference}, paired ratio {fmt_ratio(self.ratio)}"
         if self.shown is Shown.LEVEL and self.baseline_sessions > 1:
-            where = "sessions in the history" if self.noise_source == "history" else "baseline sessions"
+            where = "sessions in the history" if self.noise_source is NoiseSource.HISTORY else "baseline sessions"
             return f"{text}, the mean of {self.baseline_sessions} {where}"
         return f"{text} baseline"
 
@@ -537,12 +549,13 @@ class Comparison:
         if self.detectable is None and not (self.reason and self.se_log > 0):
             return ""
         head = TOO_FEW_FOR_REACH if self.detectable is None else f"detects >= {self.detectable:.0%} here"
-        if self.noise_source == "paired":
+        if self.noise_source is NoiseSource.PAIRED:
             return f"{head}; from {self.n_candidate} interleaved pairs against {self.reference}"
         source = {
-            "history": f"from {self.noise_sessions} session(s) of the history",
-            "baseline": f"from {self.noise_sessions} recorded baseline session(s) and the prior",
-        }.get(self.noise_source, "the prior (too few sessions to estimate it)")
+            NoiseSource.HISTORY: f"from {self.noise_sessions} session(s) of the history",
+            NoiseSource.BASELINE: f"from {self.noise_sessions} recorded baseline session(s) and the prior",
+            NoiseSource.PRIOR: "the prior (too few sessions to estimate it)",
+        }[self.noise_source]
         return f"{head}; between-session sd {self.between_sd:.1%} {source}"
 
     def _shown_p(self) -> tuple[float | None, bool]:
@@ -719,7 +732,7 @@ def _held_back(c: Comparison, p_adj: float | None, *, alpha: float, m: int) -> t
     give), and the fewest pairs that could decide it (None: more runs need not)."""
     p = "no p-value" if p_adj is None else f"p={fmt_p(p_adj)}"
     held = f"{p} after Holm over {m} comparison(s) does not reach this look's alpha {fmt_p(alpha)}"
-    if c.noise_source != "paired" or c.n_candidate < 1:
+    if c.noise_source is not NoiseSource.PAIRED or c.n_candidate < 1:
         return held, None
     # The signed-rank test's smallest one-sided p-value is 2^-n (every pair one way): with Holm's
     # first step at alpha / m, fewer pairs than log2(m / alpha) cannot decide anything.
@@ -778,8 +791,8 @@ def _what_decides(c: Comparison, need: int | None) -> str:
     """What would decide an inconclusive comparison: about how many more runs (pairs), or, when
     runs cannot, what can."""
     if need is not None:
-        return f"about {need} {'pairs' if c.noise_source == 'paired' else 'runs'} would decide it"
-    if c.noise_source == "history":
+        return f"about {need} {'pairs' if c.noise_source is NoiseSource.PAIRED else 'runs'} would decide it"
+    if c.noise_source is NoiseSource.HISTORY:
         return (
             f"more runs cannot decide it: the between-session noise of the last {c.noise_sessions} sessions "
             f"in the history (about {c.between_sd:.1%} here) leaves too much; compare both sides in one session"

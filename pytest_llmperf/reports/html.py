@@ -34,7 +34,7 @@ from ..core.formats import fmt
 from ..core.settings import usable_cpus
 from ..judge.budgets import BudgetState, BudgetStatus
 from ..judge.result import MeasurementResult, VerdictRecord
-from ..judge.verdict import BaselineStatus, Verdict, headline
+from ..judge.verdict import HEADLINE_ORDER, BaselineStatus, Verdict, headline
 from . import charts, record_charts
 from .session_file import (
     AB_HEADERS,
@@ -99,17 +99,9 @@ LOOKS: dict[State, tuple[str, str]] = {
     BaselineStatus.WORKLOAD_CHANGED: ("same", "\u00b7"),
     BaselineStatus.NOT_COMPARED: ("same", "\u00b7"),
 }
-#: The tests' states counted first, the worst first; the others follow by their words.
-WORST_FIRST: tuple[State, ...] = (
-    Verdict.REGRESSION,
-    BudgetStatus.FAIL,
-    BaselineStatus.ERROR,
-    Verdict.MACHINE_SLOWER,
-    Verdict.INCONCLUSIVE,
-    Verdict.IMPROVED,
-    Verdict.UNCHANGED,
-    BudgetStatus.OK,
-)
+#: The tests' states counted first, the worst first (``HEADLINE_ORDER`` for the verdicts); the
+#: others follow by their words.
+WORST_FIRST = (Verdict.REGRESSION, BudgetStatus.FAIL, BaselineStatus.ERROR, *HEADLINE_ORDER[1:], BudgetStatus.OK)
 #: A test over budget, as its badge says it.
 OVER_BUDGET = "OVER BUDGET"
 
