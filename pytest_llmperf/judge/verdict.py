@@ -400,7 +400,7 @@ class NoiseSource(StrEnum):
     BASELINE = "baseline"
     #: The history's window of sessions.
     HISTORY = "history"
-    #: None: ``--llmperf-against``'s REF, measured pair by pair in the same session.
+    #: The pairs themselves: ``--llmperf-against``'s REF, measured pair by pair in the same session.
     PAIRED = "paired"
 
 
