@@ -276,3 +276,27 @@ def test_a_result_writes_its_states_as_plain_words(source: NoiseSource) -> None:
     record = VerdictRecord(BaselineStatus.COMPARED, short="IMPROVED", comparisons=(c,))
     r = MeasurementResult(test="t", budget=BudgetStatus.FAIL, verdict=record)
     assert _plain(r.to_json()) and r.to_json()["verdict"]["comparisons"][0]["noise_source"] == source.value
+
+
+@pytest.mark.parametrize("v", list(Verdict))
+def test_the_history_reads_a_rows_verdict_once_and_keeps_noise_in_its_window(v: Verdict, tmp_path: Path) -> None:
+    """A history row's stored verdict cell is read into its member where the row is read
+    (``history.database``); the window leaves out the measurements judged ``NOT_NOISE``."""
+    from test_history import result, stamp
+
+    from pytest_llmperf.history import append_session
+    from pytest_llmperf.history.connection import parse
+    from pytest_llmperf.history.series import NOT_NOISE, read_windows
+
+    loc = parse(str(tmp_path / "h.sqlite"), "test", tmp_path)
+    r = result("t.py::test_a", 10.0, seed=1)
+    r["verdict"] = {
+        "status": "compared",
+        "short": regression.regression_cell(["decode"]) if v is Verdict.REGRESSION else str(v),
+    }
+    append_session(loc, [r], stamp(0), tmp_path, compared=True)
+    rows = read_windows(loc, r["hardware_key"], ["tpot_ms"]).rows[("t.py::test_a", "")]
+    assert [row["verdict"] for row in rows] == [v]
+    entry = {"recorded_at": stamp(0), "subject": r["record"]["subject"], "workload": r["record"]["workload"]}
+    window = read_windows(loc, r["hardware_key"], ["tpot_ms"]).levels("t.py::test_a", "", entry)
+    assert bool(window) is (v not in NOT_NOISE)
