@@ -292,7 +292,7 @@ def calibrate(spec, levels: Sequence, *, threshold: float, alpha_: float, m: int
     for i in range(WINDOW_MIN_SESSIONS, k):
         past = list(levels[max(0, i - WINDOW_SESSIONS) : i])
         c = compare_levels(spec, past[:1], levels[i], threshold=threshold, alpha=alpha_, provisional=False, window=past)
-        alarms += decide([c], alpha=alpha_, m=m)[0].verdict.value == "REGRESSION"
+        alarms += decide([c], alpha=alpha_, m=m)[0].failed
         replayed += 1
     stored = decide(
         [compare_levels(spec, [typical], typical, threshold=threshold, alpha=alpha_, provisional=False)],

@@ -46,7 +46,7 @@ from typing import Any
 from ..baselines.records import RUN_FIELDS
 from ..baselines.store import unique_test_id
 from ..core.catalog import METRICS
-from ..judge.verdict import level
+from ..judge.verdict import level, stored_verdict
 from .connection import Conn, HistoryError, LastingHistoryError, Location, connect, elsewhere, errors_of, transaction
 
 SCHEMA_VERSION = 1
@@ -510,6 +510,7 @@ def _sound_texts(d: dict[str, Any]) -> None:
             raise BadRow(f"{key} {d[key]!r} is not text")
     for key in ("commit_sha", "branch", "baseline"):
         d[key] = None if d[key] is None else str(d[key])
+    d["verdict"] = stored_verdict(d["baseline"])  # the verdict its word names, read here once
     d["dirty"] = None if d["dirty"] is None else bool(d["dirty"])
     d["compared"] = bool(d["compared"])
 

@@ -31,7 +31,7 @@ from ..core.documents import write_output
 from ..core.fingerprint import subject_changes
 from ..core.formats import render_table
 from ..core.progress import task
-from ..judge.verdict import Level
+from ..judge.verdict import Level, Verdict
 from . import changepoints
 from . import database as store
 from .connection import Location
@@ -180,9 +180,9 @@ def levels(loc: Location, test: str, label: str, metric: str, hardware_key: str,
 #: hardware (a window holds a test's last ``verdict.WINDOW_SESSIONS``; tests that run in
 #: subsets of the sessions reach further back).
 WINDOW_READ_SESSIONS = 50
-#: A measurement whose stored verdict starts with one of these is not noise: it stays out of
-#: the window (a regression the gate caught must not widen the next sessions' noise estimate).
-NOT_NOISE = ("REGRESSION", "MACHINE_SLOWER")
+#: A measurement judged one of these is not noise: it stays out of the window (a regression
+#: the gate caught must not widen the next sessions' noise estimate).
+NOT_NOISE = frozenset({Verdict.REGRESSION, Verdict.MACHINE_SLOWER})
 
 
 def _instant(iso: str) -> datetime.datetime | None:
@@ -235,7 +235,7 @@ def _same_subject_and_workload(
 def _in_window(r: Mapping[str, Any], since: datetime.datetime | None) -> bool:
     """Whether the row counts as noise for the verdict: not judged ``NOT_NOISE``, and started
     no earlier than the baseline (``since``)."""
-    if str(r.get("baseline") or "").startswith(NOT_NOISE):
+    if r["verdict"] in NOT_NOISE:
         return False
     started = _instant(r["started_at"])
     return since is None or (started is not None and started >= since)

@@ -115,11 +115,16 @@ class BudgetState(StrEnum):
 
     @property
     def fails(self) -> bool:
-        return self in FAILING_STATES
+        return FAILS[self]
 
 
-#: The budget states that fail a test.
-FAILING_STATES = (BudgetState.BREACHED, BudgetState.UNAVAILABLE)
+#: Whether a budget state fails its test.
+FAILS = {
+    BudgetState.MET: False,
+    BudgetState.BREACHED: True,
+    BudgetState.UNDECIDED: False,
+    BudgetState.UNAVAILABLE: True,
+}
 
 
 class BudgetStatus(StrEnum):
@@ -140,7 +145,9 @@ class BudgetStatus(StrEnum):
 
     @classmethod
     def of_cell(cls, cell: str) -> BudgetStatus:
-        """The status a ``cell`` shows (its first word; anything else: NONE)."""
+        """The status a ``cell`` shows (its first word; anything else: NONE): ``cell``'s inverse,
+        for a reader of a printed table. The package reads no cell back (it counts
+        ``MeasurementResult.over_budget``)."""
         word = cell.split(" ", 1)[0]
         return next((s for s in cls if s.value == word), cls.NONE)
 

@@ -242,7 +242,7 @@ def _paired_comparison(
     spec: Metric, va: Sequence[float], vb: Sequence[float], threshold: float, reference: str
 ) -> Comparison:
     """One metric's pairs as an undecided ``Comparison`` (``decide`` gives its verdict)."""
-    from .verdict import Comparison, Shown, Verdict
+    from .verdict import Comparison, NoiseSource, Shown, Verdict
 
     pc = paired(spec.name, va, vb)
     d = np.log(np.asarray(vb, dtype=float)) - np.log(np.asarray(va, dtype=float))
@@ -272,7 +272,7 @@ def _paired_comparison(
         se_log=ratios.se,
         se_within_log=ratios.se,
         df=float(pc.n_pairs - 1),
-        noise_source="paired",
+        noise_source=NoiseSource.PAIRED,
         noise_sessions=0,
         reference=reference,
         shown=Shown.MEDIAN,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,7 @@ from ..core.settings import DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRES
 from .parts import PartChange, explained_phases, gated, is_headline, prompt_changes, unpaired_parts, why_lines
 from .result import LayerChange, MeasurementResult, compare_layers
 from .rule import JUDGED, METRICS, MIN_PEERS, SUITE_ALPHA_SHARE, compare_levels, decide, mirrored, suite_relative
-from .verdict import BaselineStatus, Comparison, Level, NoiseModel, Shown, Verdict, holm, level
+from .verdict import BaselineStatus, Comparison, Level, NoiseModel, Shown, Verdict, headline, holm, level
 
 if TYPE_CHECKING:
     from .attribution import AttributionChange
@@ -111,16 +111,14 @@ class BaselineVerdict:
         """One cell for the summary table."""
         if self.status is not BaselineStatus.COMPARED:
             return str(self.status)
-        if not self.comparisons:
-            return Verdict.INCONCLUSIVE.value  # nothing could be judged (the note says why)
-        if self.regressions or self.memory_changes:
-            phases = {c.phase for c in self.regressions} | ({"memory"} if self.memory_changes else set())
-            return "REGRESSION " + "+".join(sorted(phases))
-        verdicts = {c.verdict for c in self.comparisons}
-        for v in (Verdict.MACHINE_SLOWER, Verdict.INCONCLUSIVE, Verdict.IMPROVED):
-            if v in verdicts:
-                return str(v.value)
-        return Verdict.UNCHANGED.value
+        if self.regressions or (self.memory_changes and self.comparisons):
+            return regression_cell({c.phase for c in self.regressions} | ({"memory"} if self.memory_changes else set()))
+        return headline(c.verdict for c in self.comparisons).value  # none: INCONCLUSIVE (the note says why)
+
+
+def regression_cell(phases: Iterable[str]) -> str:
+    """A regression's cell of the summary table (``BaselineVerdict.short``): ``REGRESSION decode+prefill``."""
+    return f"{Verdict.REGRESSION} " + "+".join(sorted(phases))
 
 
 #: Memory against the baseline: (relative, absolute MiB) growth a figure may show before it
@@ -728,12 +726,12 @@ def _suite_verdicts(
     new = blame_machine(list(new), v.machine or None)  # a busy machine during this test's runs
     suffix = f"; {', '.join(v.changes)}" if v.changes else ""
     fresh = [c.line() + suffix for o, c in zip(old, new) if _newly_regressed(o, c)]
-    phases = sorted({c.phase for c in new if c.verdict is Verdict.REGRESSION})
+    phases = {c.phase for c in new if c.verdict is Verdict.REGRESSION}
     result = _with_comparisons(
         r,
         new,
         failures=v.failures + tuple(fresh),
-        short="REGRESSION " + "+".join(phases) if phases else Verdict.MACHINE_SLOWER.value,
+        short=regression_cell(phases) if phases else Verdict.MACHINE_SLOWER.value,
     )
     return result, fresh
 

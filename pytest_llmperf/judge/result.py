@@ -165,6 +165,8 @@ def comparison_json(c: Comparison) -> dict[str, Any]:
     # The statistic of the figures shown, as its word (plain data); absent where not named (an
     # older file); the location over every run only where the level left runs out.
     shown = {"shown": c.shown.value} if c.shown is not None else {}
+    if "noise_source" in out:
+        out["noise_source"] = c.noise_source.value  # plain data for every wire (xdist's too)
     whole = {"whole_ratio": c.whole_ratio} if c.whole_ratio is not None else {}
     return {**out, **shown, **whole, "verdict": c.verdict.value, "line": c.line()}
 

@@ -77,6 +77,7 @@ from .verdict import (
     Comparison,
     Level,
     NoiseModel,
+    NoiseSource,
     Shown,
     Verdict,
     decided,
@@ -120,7 +121,7 @@ def compare_levels(
     ``provisional``); :func:`decide` sets the final one.
     """
     ref, source = _reference(spec, baseline, window)
-    history = source == "history"
+    history = source is NoiseSource.HISTORY
     k = len(ref)
     base_log = sum(s.log_level for s in ref) / k
     within_ref = sum(s.se**2 for s in ref) / k**2
@@ -158,22 +159,22 @@ def compare_levels(
         upper_ratio=_upper_ratio(candidate, ref if history else [latest]),
         df=df if math.isfinite(df) else None,
         noise_source=source,
-        noise_sessions=k if source != "prior" else 0,
+        noise_sessions=k if source is not NoiseSource.PRIOR else 0,
         shown=Shown.LEVEL,
         whole_ratio=None if candidate.whole is None else exp_clamped(candidate.whole - base_log),
     )
     return decided(c, p_worse, p_better, alpha=alpha) if provisional else c
 
 
-def _reference(spec: Metric, baseline: Sequence[Level], window: Sequence[Level]) -> tuple[list[Level], str]:
+def _reference(spec: Metric, baseline: Sequence[Level], window: Sequence[Level]) -> tuple[list[Level], NoiseSource]:
     """The sessions a candidate is compared against, and where the between-session noise comes
-    from: "history" (a window of at least ``WINDOW_MIN_SESSIONS``), else the baseline's recorded
-    sessions ("baseline"; "prior" with only one)."""
+    from: the history (a window of at least ``WINDOW_MIN_SESSIONS``), else the baseline's recorded
+    sessions (the prior with only one)."""
     history = len(window) >= WINDOW_MIN_SESSIONS
     ref = list(window) if history else list(baseline)
     if not ref:
         raise ValueError(f"{spec.name}: the baseline holds no session")
-    return ref, "history" if history else "baseline" if len(ref) >= 2 else "prior"
+    return ref, NoiseSource.HISTORY if history else NoiseSource.BASELINE if len(ref) >= 2 else NoiseSource.PRIOR
 
 
 def _noise_terms(

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -339,6 +339,34 @@ class Verdict(StrEnum):
     MACHINE_SLOWER = "MACHINE_SLOWER"
 
 
+#: Every verdict, the one that names a measurement first (``headline``): a regression, then
+#: what a reader must weigh before it is settled, then what is settled.
+HEADLINE_ORDER = (Verdict.REGRESSION, Verdict.MACHINE_SLOWER, Verdict.INCONCLUSIVE, Verdict.IMPROVED, Verdict.UNCHANGED)
+
+#: The verdict as a comparison's line says it (``Comparison.line``).
+VERDICT_WORDS = {
+    Verdict.REGRESSION: "regression",
+    Verdict.IMPROVED: "improvement",
+    Verdict.UNCHANGED: "unchanged",
+    Verdict.INCONCLUSIVE: "inconclusive",
+    Verdict.MACHINE_SLOWER: "slower machine",
+}
+
+
+def headline(verdicts: Iterable[Verdict]) -> Verdict:
+    """The one verdict of a compared measurement, from its comparisons' (``HEADLINE_ORDER``'s
+    first they hold); INCONCLUSIVE when there are none (nothing could be judged)."""
+    return min(verdicts, key=HEADLINE_ORDER.index, default=Verdict.INCONCLUSIVE)
+
+
+def stored_verdict(word: str | None) -> Verdict | None:
+    """The verdict a stored verdict cell names (``REGRESSION decode``, ``MACHINE_SLOWER``: the
+    ``short`` a session wrote, its history row's ``baseline``); None for a baseline status
+    (``no-baseline``) or none. The one reader of such a cell, where its file is read."""
+    first = (word or "").split(" ", 1)[0]
+    return next((v for v in Verdict if v.value == first), None)
+
+
 class BaselineStatus(StrEnum):
     """What a measurement was held against (``regression.BaselineVerdict``, ``result.VerdictRecord``):
     its comparisons are judged only when COMPARED; the others say why there are none."""
@@ -361,6 +389,19 @@ class Shown(StrEnum):
     #: The medians of each side's runs: against REF, whose change is the pairs' ratio; or a rate
     #: that is not the reciprocal of the figure it mirrors (prefill TPS of TTFT's runs).
     MEDIAN = "median"
+
+
+class NoiseSource(StrEnum):
+    """Where a comparison's between-session sd came from (``Comparison.noise_source``)."""
+
+    #: The stated figure alone (``NoiseModel``: too few sessions to estimate it).
+    PRIOR = "prior"
+    #: The baseline file's recorded sessions, pooled with the prior.
+    BASELINE = "baseline"
+    #: The history's window of sessions.
+    HISTORY = "history"
+    #: The pairs themselves: ``--llmperf-against``'s REF, measured pair by pair in the same session.
+    PAIRED = "paired"
 
 
 @dataclass(frozen=True)
@@ -415,10 +456,8 @@ class Comparison:
     suite_ratio: float | None = None
     #: Degrees of freedom of the t statistic (Welch-Satterthwaite); None: normal.
     df: float | None = None
-    #: Where the between-session sd came from: "prior" (the stated figure alone), "baseline"
-    #: (the baseline file's recorded sessions, pooled with the prior) or "history" (the
-    #: history window), and from how many sessions.
-    noise_source: str = "prior"
+    #: Where the between-session sd came from, and from how many sessions.
+    noise_source: NoiseSource = NoiseSource.PRIOR
     noise_sessions: int = 0
     #: The smallest slowdown (0.14 = 14%) this comparison flags with 80% power, given its
     #: noise estimate, runs and Holm step (``verdict.detectable``); None before it is decided.
@@ -437,6 +476,7 @@ class Comparison:
     def __post_init__(self) -> None:
         if self.shown is not None:
             object.__setattr__(self, "shown", Shown(self.shown))  # a word read from JSON, typed
+        object.__setattr__(self, "noise_source", NoiseSource(self.noise_source))  # the same
 
     @property
     def change_pct(self) -> float:
@@ -464,14 +504,7 @@ class Comparison:
         Every figure in it is one a reader can find, its statistic named (``shown``: the levels
         compared, or the medians of the runs), and the percentage is computed from the figures
         beside it: the two figures shown, or against REF the pairs' ratio shown before it."""
-        word = {
-            Verdict.REGRESSION: "regression",
-            Verdict.IMPROVED: "improvement",
-            Verdict.UNCHANGED: "unchanged",
-            Verdict.INCONCLUSIVE: "inconclusive",
-            Verdict.MACHINE_SLOWER: "slower machine",
-        }[self.verdict]
-        text = f"{self.phase} {word}: {self.label} {self._figures()} ({', '.join(self._statistics())})"
+        text = f"{self.phase} {VERDICT_WORDS[self.verdict]}: {self.label} {self._figures()} ({', '.join(self._statistics())})"
         if (
             self.verdict in (Verdict.INCONCLUSIVE, Verdict.MACHINE_SLOWER) or self.suite_ratio is not None
         ) and self.reason:
@@ -488,7 +521,7 @@ class Comparison:
         if self.reference:
             return f"{text} at {self.reference}, paired ratio {fmt_ratio(self.ratio)}"
         if self.shown is Shown.LEVEL and self.baseline_sessions > 1:
-            where = "sessions in the history" if self.noise_source == "history" else "baseline sessions"
+            where = "sessions in the history" if self.noise_source is NoiseSource.HISTORY else "baseline sessions"
             return f"{text}, the mean of {self.baseline_sessions} {where}"
         return f"{text} baseline"
 
@@ -516,12 +549,13 @@ class Comparison:
         if self.detectable is None and not (self.reason and self.se_log > 0):
             return ""
         head = TOO_FEW_FOR_REACH if self.detectable is None else f"detects >= {self.detectable:.0%} here"
-        if self.noise_source == "paired":
+        if self.noise_source is NoiseSource.PAIRED:
             return f"{head}; from {self.n_candidate} interleaved pairs against {self.reference}"
         source = {
-            "history": f"from {self.noise_sessions} session(s) of the history",
-            "baseline": f"from {self.noise_sessions} recorded baseline session(s) and the prior",
-        }.get(self.noise_source, "the prior (too few sessions to estimate it)")
+            NoiseSource.HISTORY: f"from {self.noise_sessions} session(s) of the history",
+            NoiseSource.BASELINE: f"from {self.noise_sessions} recorded baseline session(s) and the prior",
+            NoiseSource.PRIOR: "the prior (too few sessions to estimate it)",
+        }[self.noise_source]
         return f"{head}; between-session sd {self.between_sd:.1%} {source}"
 
     def _shown_p(self) -> tuple[float | None, bool]:
@@ -698,7 +732,7 @@ def _held_back(c: Comparison, p_adj: float | None, *, alpha: float, m: int) -> t
     give), and the fewest pairs that could decide it (None: more runs need not)."""
     p = "no p-value" if p_adj is None else f"p={fmt_p(p_adj)}"
     held = f"{p} after Holm over {m} comparison(s) does not reach this look's alpha {fmt_p(alpha)}"
-    if c.noise_source != "paired" or c.n_candidate < 1:
+    if c.noise_source is not NoiseSource.PAIRED or c.n_candidate < 1:
         return held, None
     # The signed-rank test's smallest one-sided p-value is 2^-n (every pair one way): with Holm's
     # first step at alpha / m, fewer pairs than log2(m / alpha) cannot decide anything.
@@ -757,8 +791,8 @@ def _what_decides(c: Comparison, need: int | None) -> str:
     """What would decide an inconclusive comparison: about how many more runs (pairs), or, when
     runs cannot, what can."""
     if need is not None:
-        return f"about {need} {'pairs' if c.noise_source == 'paired' else 'runs'} would decide it"
-    if c.noise_source == "history":
+        return f"about {need} {'pairs' if c.noise_source is NoiseSource.PAIRED else 'runs'} would decide it"
+    if c.noise_source is NoiseSource.HISTORY:
         return (
             f"more runs cannot decide it: the between-session noise of the last {c.noise_sessions} sessions "
             f"in the history (about {c.between_sd:.1%} here) leaves too much; compare both sides in one session"

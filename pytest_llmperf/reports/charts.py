@@ -36,6 +36,7 @@ import numpy as np
 
 from ..core import formats as nodeids
 from ..core.errors import LLMPerfError
+from ..judge.verdict import Verdict
 
 if TYPE_CHECKING:
     from ..judge.parts import PartChange
@@ -360,13 +361,14 @@ def trend_chart(trends: Sequence[Mapping[str, Any]]) -> Any:
 
 
 VERDICT_COLOURS = {
-    "REGRESSION": BUDGET,
-    "IMPROVED": "#1e8449",
-    "MACHINE_SLOWER": FIRST_RUN,
-    "INCONCLUSIVE": "#7d3c98",
-    "UNCHANGED": BASELINE,
+    Verdict.REGRESSION: BUDGET,
+    Verdict.IMPROVED: "#1e8449",
+    Verdict.MACHINE_SLOWER: FIRST_RUN,
+    Verdict.INCONCLUSIVE: "#7d3c98",
+    Verdict.UNCHANGED: BASELINE,
 }
-VERDICT_ORDER = ("REGRESSION", "MACHINE_SLOWER", "IMPROVED", "INCONCLUSIVE", "UNCHANGED")
+#: Every verdict, the most notable first (the overview's order).
+VERDICT_ORDER = (Verdict.REGRESSION, Verdict.MACHINE_SLOWER, Verdict.IMPROVED, Verdict.INCONCLUSIVE, Verdict.UNCHANGED)
 OVERVIEW_ROWS = 24
 
 
@@ -395,16 +397,14 @@ def _ranked_comparisons(results: Sequence[MeasurementResult]) -> list[tuple[str,
     rows = []
     for r in results:
         for c in r.verdict.comparisons if r.verdict is not None else ():
-            word = c.verdict.value
-            rank = VERDICT_ORDER.index(word) if word in VERDICT_ORDER else len(VERDICT_ORDER)
-            rows.append((rank, -abs(c.ratio - 1), r.test, c))
+            rows.append((VERDICT_ORDER.index(c.verdict), -abs(c.ratio - 1), r.test, c))
     rows.sort(key=lambda row: row[:2])
     return [(test, c) for _, _, test, c in rows]
 
 
 def _change_row(ax: Any, y: int, c: Comparison) -> None:
     """One comparison's change (%) with its 95% CI, labelled with its verdict on the right."""
-    colour = VERDICT_COLOURS.get(c.verdict.value, BASELINE)
+    colour = VERDICT_COLOURS[c.verdict]
     change = (c.ratio - 1) * 100
     if c.ci_low is not None and c.ci_high is not None:
         ax.hlines(y, (c.ci_low - 1) * 100, (c.ci_high - 1) * 100, color=colour, lw=1.6)

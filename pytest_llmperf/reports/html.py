@@ -32,12 +32,11 @@ from typing import TYPE_CHECKING, Any
 from ..core.catalog import BUDGETS, FIGURES, HEADLINE, is_ceiling
 from ..core.formats import fmt
 from ..core.settings import usable_cpus
-from ..judge.budgets import BudgetState
+from ..judge.budgets import BudgetState, BudgetStatus
 from ..judge.result import MeasurementResult, VerdictRecord
-from ..judge.verdict import BaselineStatus
+from ..judge.verdict import HEADLINE_ORDER, BaselineStatus, Verdict, headline
 from . import charts, record_charts
 from .session_file import (
-    AB_FAILING,
     AB_HEADERS,
     ab_budget_lines,
     ab_rows,
@@ -74,17 +73,37 @@ NOT_COMPARED = VerdictRecord(BaselineStatus.NOT_COMPARED)
 #: The history's recent trend of a test (``history.series.attach``): ``{result.test: [trend_data]}``.
 Trends = Mapping[str, Sequence[Mapping[str, object]]]
 
-#: verdict word -> (css class, symbol); the word is always printed next to the colour.
-STATES = {
-    "REGRESSION": ("bad", "\u25b2"),
-    "OVER BUDGET": ("bad", "\u25b2"),
-    "error": ("bad", "\u2716"),
-    "MACHINE_SLOWER": ("warn", "\u223c"),
-    "INCONCLUSIVE": ("warn", "?"),
-    "IMPROVED": ("good", "\u25bc"),
-    "UNCHANGED": ("same", "="),
-    "ok": ("good", "\u2713"),
+#: A state a badge shows: a test's (a regression, over budget, its verdict against the baseline
+#: or REF, why it was not compared) or an A/B budget's.
+State = Verdict | BudgetStatus | BaselineStatus | BudgetState
+
+#: state -> (css class, symbol), every member of each state type; the word is always printed next
+#: to the colour.
+LOOKS: dict[State, tuple[str, str]] = {
+    Verdict.REGRESSION: ("bad", "\u25b2"),
+    Verdict.MACHINE_SLOWER: ("warn", "\u223c"),
+    Verdict.INCONCLUSIVE: ("warn", "?"),
+    Verdict.IMPROVED: ("good", "\u25bc"),
+    Verdict.UNCHANGED: ("same", "="),
+    BudgetStatus.FAIL: ("bad", "\u25b2"),
+    BudgetStatus.OK: ("good", "\u2713"),
+    BudgetStatus.NONE: ("same", "\u00b7"),
+    BudgetState.BREACHED: ("bad", "\u25b2"),
+    BudgetState.UNAVAILABLE: ("bad", "\u25b2"),
+    BudgetState.UNDECIDED: ("warn", "?"),
+    BudgetState.MET: ("good", "\u2713"),
+    BaselineStatus.ERROR: ("bad", "\u2716"),
+    BaselineStatus.COMPARED: ("same", "\u00b7"),
+    BaselineStatus.NO_BASELINE: ("same", "\u00b7"),
+    BaselineStatus.OTHER_HARDWARE: ("same", "\u00b7"),
+    BaselineStatus.WORKLOAD_CHANGED: ("same", "\u00b7"),
+    BaselineStatus.NOT_COMPARED: ("same", "\u00b7"),
 }
+#: The tests' states counted first, the worst first (``HEADLINE_ORDER`` for the verdicts); the
+#: others follow by their words.
+WORST_FIRST = (Verdict.REGRESSION, BudgetStatus.FAIL, BaselineStatus.ERROR, *HEADLINE_ORDER[1:], BudgetStatus.OK)
+#: A test over budget, as its badge says it.
+OVER_BUDGET = "OVER BUDGET"
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;margin:0;color:#1d1d1f;background:#fafafa}
@@ -111,27 +130,29 @@ def _e(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
-def state_of(result: MeasurementResult) -> str:
-    """One word for a test: REGRESSION, OVER BUDGET, then the baseline verdict's word."""
+def state_of(result: MeasurementResult) -> tuple[State, str]:
+    """A test's state and its word: REGRESSION, OVER BUDGET, then its verdict against the
+    baseline (or REF), or why it was not compared (the verdict's cell)."""
     verdict = result.verdict or NOT_COMPARED
     if verdict.failures:
-        return "REGRESSION"
+        return Verdict.REGRESSION, str(Verdict.REGRESSION)
     if result.over_budget:
-        return "OVER BUDGET"
-    short = verdict.short or "not compared"
-    return short.split()[0] if short.split()[0] in STATES else short
+        return BudgetStatus.FAIL, OVER_BUDGET
+    if verdict.status is BaselineStatus.COMPARED:
+        shown = headline(c.verdict for c in verdict.comparisons)
+        return shown, str(shown)
+    return verdict.status, verdict.short or "not compared"
 
 
-def badge(word: str, text: str | None = None) -> str:
-    css, symbol = STATES.get(word, STATES.get(word.split()[0], ("same", "\u00b7")))
-    return f'<span class="badge {css}">{symbol} {_e(text or word)}</span>'
+def badge(state: State, text: str | None = None) -> str:
+    css, symbol = LOOKS[state]
+    return f'<span class="badge {css}">{symbol} {_e(text or state)}</span>'
 
 
 def test_badge(result: MeasurementResult) -> str:
-    """The test's word, with the verdict's detail when it has one (``REGRESSION decode``)."""
-    word = state_of(result)
-    short = (result.verdict or NOT_COMPARED).short
-    return badge(word, short if short.startswith(word) or word not in ("REGRESSION", "OVER BUDGET") else word)
+    """The test's word, with the verdict's cell when it regressed (``REGRESSION decode``)."""
+    state, word = state_of(result)
+    return badge(state, word if state is BudgetStatus.FAIL else (result.verdict or NOT_COMPARED).short or word)
 
 
 def scope_ids(svg: str, prefix: str) -> str:
@@ -186,7 +207,7 @@ def _budget_badge(result: MeasurementResult, key: str, limit: float, value: floa
         ok = value is not None and key not in result.breached_budgets
     else:
         ok = BUDGETS[key].holds(value, limit)
-    return badge("ok") if ok else (badge("OVER BUDGET", "FAIL") if value is not None else "not in record")
+    return badge(BudgetStatus.OK) if ok else (badge(BudgetStatus.FAIL) if value is not None else "not in record")
 
 
 def _comparison_rows(comparisons: Sequence[Comparison], paired: bool = False) -> list[list[str]]:
@@ -203,7 +224,7 @@ def _comparison_rows(comparisons: Sequence[Comparison], paired: bool = False) ->
                 _e(change),
                 _e(ci),
                 "n/a" if p is None else _e(f"{p:.3g}"),
-                f'<span title="{_e(c.reason)}">{badge(c.verdict.value)}</span>',
+                f'<span title="{_e(c.reason)}">{badge(c.verdict)}</span>',
                 f'<span title="{_e(c.reach())}">{_e(detects_cell(c))}</span>',
             ]
         )
@@ -245,7 +266,7 @@ def test_section(
     record = result.record or {}
     verdict = result.verdict or NOT_COMPARED
     parts = [
-        f'<section class="test" id="test-{index}" data-test="{_e(result.test)}" data-state="{_e(state_of(result))}">',
+        f'<section class="test" id="test-{index}" data-test="{_e(result.test)}" data-state="{_e(state_of(result)[1])}">',
         f"<h2>{_e(result.test)} {test_badge(result)}</h2>",
         _workload_notes(result, against),
     ]
@@ -430,13 +451,11 @@ def summary_section(results: Sequence[MeasurementResult], created_at: str | None
 
 
 def _state_counts(results: Sequence[MeasurementResult]) -> str:
-    """A badge per state with its count, the worst first (``STATES``' order)."""
+    """A badge per state with its count, the worst first (``WORST_FIRST``)."""
     states = Counter(state_of(r) for r in results)
-    order = list(STATES)  # the worst first
-    ranked = sorted(
-        states.items(), key=lambda item: (order.index(item[0]) if item[0] in order else len(order), item[0])
-    )
-    return " ".join(badge(word, f"{n} {word}") for word, n in ranked)
+    rank = {state: i for i, state in enumerate(WORST_FIRST)}
+    ranked = sorted(states.items(), key=lambda item: (rank.get(item[0][0], len(rank)), item[0][1]))
+    return " ".join(badge(state, f"{n} {word}") for (state, word), n in ranked)
 
 
 def _summary_row(i: int, r: MeasurementResult) -> list[str]:
@@ -546,11 +565,9 @@ def _sections_in_worker(start: int, part: Sequence[MeasurementResult], trends: T
     return _sections_here(start, part, trends, against)
 
 
-def _ab_badge(status: str) -> str:
+def _ab_badge(status: BudgetState) -> str:
     """An A/B budget's outcome: FAIL (breached, or agreement not available), met, undecided."""
-    if status in AB_FAILING:
-        return badge("OVER BUDGET", "FAIL")
-    return badge("ok", status) if status == BudgetState.MET else badge("INCONCLUSIVE", status)
+    return badge(status, "FAIL" if status.fails else None)
 
 
 def ab_section(ab: Sequence[Mapping[str, object]]) -> str:
@@ -572,9 +589,7 @@ def _ab_div(n: int, e: Mapping[str, Any]) -> list[str]:
     n_ab = sum(1 for o in orders if o == "AB")
     parts = [
         f'<div class="ab" id="ab-{n}" data-test="{_e(e["test"])}" data-state="{"FAIL" if failing else "ok"}">',
-        f"<h3>{_e(e['test'])}: {_e(ab_title(e))} "
-        + (badge("OVER BUDGET", "FAIL") if failing else badge("ok"))
-        + "</h3>",
+        f"<h3>{_e(e['test'])}: {_e(ab_title(e))} " + badge(BudgetStatus.FAIL if failing else BudgetStatus.OK) + "</h3>",
         f'<p class="notes">{len(orders)} pairs interleaved ({n_ab} AB, {len(orders) - n_ab} BA, seeded); '
         f"A: {_e(e['a'].get('engine', e['a']['name']))}; B: {_e(e['b'].get('engine', e['b']['name']))}</p>",
     ]

@@ -22,9 +22,9 @@ from ..core.catalog import HEADLINE, SUMMARY
 from ..core.documents import RefusedFile, SchemaViolation, loads, read_text, validate
 from ..core.formats import fmt, render_table
 from ..core.settings import COLUMN_SETS, DEFAULT_COMPARISON_COLUMNS
-from ..judge.budgets import FAILING_STATES
+from ..judge.budgets import BudgetState
 from ..judge.result import MeasurementResult, ResultError
-from ..judge.verdict import Comparison, fmt_ratio
+from ..judge.verdict import Comparison, Verdict, fmt_ratio
 from .text import fit_table, short_ids
 from .where import LEGEND, Explained, explained, moved, part_cells
 
@@ -137,7 +137,7 @@ COMPARISON_COLUMNS = {"baseline": 2, "now": 3, "change": 4, "ci": 5, "p": 6, "ve
 #: (else the usual default: the ratio now/REF, its CI and the verdict).
 AGAINST_COLUMNS = ("baseline", "now", "change", "ci", "verdict")
 #: Verdicts that decide; any other one (the cannot-decide verdict) has its reason printed.
-DECIDED = ("REGRESSION", "IMPROVED", "UNCHANGED")
+DECIDED = frozenset({Verdict.REGRESSION, Verdict.IMPROVED, Verdict.UNCHANGED})
 
 
 def metric_label(label: str, phase: str, unit: str) -> str:
@@ -295,7 +295,7 @@ def undecided_lines(results: Iterable[MeasurementResult], *, short: bool = False
         # Metrics that share a reason share a line (side remarks after "; also " aside).
         by_reason: dict[tuple[str, str], list[str]] = {}
         for c in _comparisons(r):
-            if c.verdict.value not in DECIDED and c.reason:
+            if c.verdict not in DECIDED and c.reason:
                 by_reason.setdefault((c.verdict.value, c.reason.split("; also ")[0]), []).append(c.label)
         for (verdict, reason), labels in by_reason.items():
             lines.append(f"{names.get(r.test, r.test)}: {verdict} ({', '.join(labels)}): {reason}")
@@ -654,14 +654,11 @@ def agreement_rows(entry: Mapping[str, Any]) -> list[list[str]]:
     return rows
 
 
-#: The budget outcomes that fail an A/B (``ABResult.failed``).
-AB_FAILING = FAILING_STATES
-
-
-def ab_budget_lines(entry: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """Every relative and agreement budget of an A/B: (outcome, its line, which says it)."""
+def ab_budget_lines(entry: Mapping[str, Any]) -> list[tuple[BudgetState, str]]:
+    """Every relative and agreement budget of an A/B (a session JSON ``ab`` entry, its outcome
+    read here): (outcome, its line, which says it)."""
     every = [*(entry.get("budgets") or []), *(entry.get("agreement_budgets") or [])]
-    return [(str(b["status"]), str(b["line"])) for b in every]
+    return [(BudgetState(b["status"]), str(b["line"])) for b in every]
 
 
 def md_line(text: str) -> str:
@@ -719,5 +716,5 @@ def _ab_entry_lines(e: Mapping[str, Any]) -> list[str]:
         out += ["", *_md_table(("output agreement", "value"), agreement)]
     budgets = ab_budget_lines(e)
     if budgets:
-        out += [""] + [f"- **FAIL** {line}" if status in AB_FAILING else f"- {line}" for status, line in budgets]
+        out += [""] + [f"- **FAIL** {line}" if status.fails else f"- {line}" for status, line in budgets]
     return out

@@ -79,6 +79,8 @@ class Session:
         #: controller, of every worker's; A/B comparisons as JSON.
         self.rows: list[dict[str, Any]] = []
         self.results: list[MeasurementResult] = []
+        #: How many of the measurements (``rows``) went over a budget.
+        self.over_budget = 0
         self.ab_results: list[dict[str, Any]] = []
         #: Tests that will measure (after deselection) and labelled measurements beyond a
         #: test's first seen so far: the size of Holm's family.
@@ -349,6 +351,7 @@ class Session:
         xdist worker's report (``pytest_plugin.plugin``: JSON only on that wire)."""
         for r in shipped:
             self.rows.append(r.summary_row())
+            self.over_budget += r.over_budget
             if r.assessed or r.verdict is not None:  # the session's files and verdicts (against REF: no record)
                 self.results.append(r)
         self.ab_results.extend(dict(r) for r in ab_results)
@@ -407,6 +410,7 @@ class Session:
             width=width,
             notes=notes,
             ab=self.ab_results,
+            over_budget=self.over_budget,
         )
 
     def end(self, environ: Mapping[str, str] | None = None, *, verbosity: int = 0, width: int = 80) -> list[Line]:

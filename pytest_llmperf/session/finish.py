@@ -176,16 +176,28 @@ def summary(
     width: int,
     notes: Sequence[str] = (),
     ab: Sequence[Mapping[str, object]] = (),
+    over_budget: int | None = None,
 ) -> list[Line]:
     """Every line of the llmperf part of the terminal summary, for pytest's ``verbosity``
     (-q: a count, -qq: nothing but errors) and the terminal's ``width``; ``ab``: the session's
-    A/B comparisons (session JSON ``ab`` entries: their parts join the "where it went" block).
+    A/B comparisons (session JSON ``ab`` entries: their parts join the "where it went" block);
+    ``over_budget``: how many of the ``rows`` went over a budget (None: those of ``results``,
+    when each row is one of theirs).
     Every line is at most ``width`` characters: tables fit it, longer lines wrap with a
     hanging indent."""
     return [
         (kind, text if kind != "line" else _wrapped(text, width))
         for kind, text in _summary(
-            s, rows, results, out, suite_failures, verbosity=verbosity, width=width, notes=notes, ab=ab
+            s,
+            rows,
+            results,
+            out,
+            suite_failures,
+            verbosity=verbosity,
+            width=width,
+            notes=notes,
+            ab=ab,
+            over=over_budget,
         )
     ]
 
@@ -207,6 +219,7 @@ def _summary(
     width: int,
     notes: Sequence[str] = (),
     ab: Sequence[Mapping[str, object]] = (),
+    over: int | None = None,
 ) -> list[Line]:
     lines: list[Line] = [("line", note) for note in notes]
     if out is not None:
@@ -225,7 +238,7 @@ def _summary(
             )
         ]
     if verbosity == -1:
-        return lines + quiet_lines(rows, results)
+        return lines + quiet_lines(rows, results, over)
     lines += table_lines(s, rows, results, width)
     lines += comparison_lines(s, results, width, verbosity)
     lines += [("line", note) for note in verdict_notes(s, results)]
@@ -275,12 +288,13 @@ def written_lines(out: Outputs) -> list[Line]:
     return lines
 
 
-def quiet_lines(rows: Sequence[Mapping[str, object]], results: Sequence[MeasurementResult]) -> list[Line]:
-    """-q: how many measurements, how many over budget, and the undecided budgets."""
-    from ..judge.budgets import BudgetStatus
+def quiet_lines(
+    rows: Sequence[Mapping[str, object]], results: Sequence[MeasurementResult], over: int | None = None
+) -> list[Line]:
+    """-q: how many measurements, how many over budget (None: the results'), and the undecided budgets."""
     from ..reports.session_file import against_of, undecided_lines
 
-    over = sum(1 for r in rows if BudgetStatus.of_cell(str(r.get("budget", ""))) is BudgetStatus.FAIL)
+    over = sum(r.over_budget for r in results) if over is None else over
     ref = f", judged against {against_of(results)}" if against_of(results) else ""
     line = f"llmperf: {len(rows)} measurement(s){ref}, {over} over budget (drop -q for the table)"
     return [("line", line)] + [("line", u) for u in undecided_lines(results, short=True)]
