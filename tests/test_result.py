@@ -409,23 +409,23 @@ VARIANTS = [
 def test_a_comparison_reads_back_from_its_json_equal(verdict) -> None:
     """object -> JSON text -> object is the identity, for every verdict and every set of the
     fields written only sometimes (``df``, ``noise_*`` without ``detectable`` used to be lost)."""
-    from pytest_llmperf.judge.result import VerdictRecord, comparison_from_json, comparison_json
+    from pytest_llmperf.judge.result import BaselineVerdict, comparison_from_json, comparison_json
 
     for changes in VARIANTS:
         c = _comparison(verdict, **changes)
         back = comparison_from_json(json.loads(json.dumps(comparison_json(c))))
         assert back == c, (changes, dataclasses.asdict(back), dataclasses.asdict(c))
-    record = VerdictRecord(
+    record = BaselineVerdict(
         "compared", short=verdict.value, comparisons=tuple(_comparison(verdict, **v) for v in VARIANTS)
     )
-    assert VerdictRecord.from_json(json.loads(json.dumps(record.to_json()))) == record
+    assert BaselineVerdict.from_json(json.loads(json.dumps(record.to_json()))) == record
     # A comparison with every later field at its default writes none of them (older files write the same).
     assert not set(comparison_json(_comparison(verdict))) & {"df", "noise_source", "noise_sessions", "detectable"}
 
 
 def test_states_are_typed_and_written_as_the_words_they_replaced() -> None:
     from pytest_llmperf.judge.budgets import BudgetStatus
-    from pytest_llmperf.judge.result import VerdictRecord
+    from pytest_llmperf.judge.result import BaselineVerdict
     from pytest_llmperf.judge.verdict import BaselineStatus
 
     over = MeasurementResult(test="t", budget="FAIL", breached_budgets=("min_tps", "ttft_ms"))  # a word: typed
@@ -439,7 +439,7 @@ def test_states_are_typed_and_written_as_the_words_they_replaced() -> None:
         BudgetStatus.NONE,
         BudgetStatus.NONE,
     ]
-    regressed = MeasurementResult(test="t", verdict=VerdictRecord("compared", failures=("decode slower",)))
+    regressed = MeasurementResult(test="t", verdict=BaselineVerdict("compared", failures=("decode slower",)))
     assert regressed.verdict is not None and regressed.verdict.status is BaselineStatus.COMPARED
     assert regressed.regressed and regressed.failed and not regressed.over_budget
     assert not MeasurementResult(test="t", budget=BudgetStatus.OK).failed

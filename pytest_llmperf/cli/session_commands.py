@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 from .common import add_setting, output_file, positive_int, session_report, write_output
 
 if TYPE_CHECKING:
-    from ..judge.regression import BaselineVerdict, CompareSettings
-    from ..judge.result import MeasurementResult
+    from ..judge.regression import CompareSettings
+    from ..judge.result import BaselineVerdict, MeasurementResult
 
 COMPARE_HELP = "compare two saved session reports (pytest --llmperf-json)"
 
@@ -80,7 +80,6 @@ def run_compare(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace, base: dict, new: list, matched: list) -> int:
     from ..judge.regression import CompareSettings
-    from ..judge.result import VerdictRecord
     from ..judge.rule import JUDGED
 
     settings = CompareSettings(
@@ -100,8 +99,8 @@ def _compare(args: argparse.Namespace, base: dict, new: list, matched: list) -> 
         verdict = _judged(args, r, old, settings)
         if verdict.note:
             notes.append(f"{r.test}: {verdict.note}")
-        results.append(dataclasses.replace(r, verdict=VerdictRecord.of(verdict)))
-        lines = verdict.failure_lines()
+        results.append(dataclasses.replace(r, verdict=verdict))
+        lines = verdict.failures
         regressed += bool(lines)
         failures += [f"{r.test}: {line}" for line in lines]
     notes += [f"{test}: not in {args.new}" for test in sorted(set(base) - {r.test for r in new})]

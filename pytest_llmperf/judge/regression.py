@@ -20,8 +20,8 @@ from ..baselines.records import same_workload
 from ..core.catalog import Metric
 from ..core.fingerprint import hardware_differences, other_hardware_note, subject_changes
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRESHOLD
-from .parts import PartChange, explained_phases, gated, is_headline, prompt_changes, unpaired_parts, why_lines
-from .result import LayerChange, MeasurementResult, compare_layers
+from .parts import PartChange, explained_phases, gated, is_headline, prompt_changes, unpaired_parts
+from .result import BaselineVerdict, LayerChange, MeasurementResult, compare_layers
 from .rule import JUDGED, METRICS, MIN_PEERS, SUITE_ALPHA_SHARE, compare_levels, decide, mirrored, suite_relative
 from .verdict import BaselineStatus, Comparison, Level, NoiseModel, Shown, Verdict, holm, level
 
@@ -62,65 +62,6 @@ class CompareSettings:
     def alpha_per_look(self) -> float:
         """Level of each look of the per-test comparisons against the baseline."""
         return (self.alpha - self.alpha_suite) / max(self.looks, 1)
-
-
-@dataclass(frozen=True)
-class BaselineVerdict:
-    """What the baseline says about one measurement."""
-
-    status: BaselineStatus
-    note: str = ""
-    comparisons: tuple[Comparison, ...] = ()
-    #: What changed in the subject since the baseline (other-hardware: the hardware fields
-    #: that differ from the closest recorded machine).
-    changes: tuple[str, ...] = ()
-    #: Per-layer diff when both records carry layer timing (a diagnosis, not a gate).
-    layer_changes: tuple[LayerChange, ...] = ()
-    #: Machine reference, candidate/baseline (None: not measured on both sides); shown only.
-    machine_ratio: float | None = None
-    #: Why the machine, not the subject, explains a slowdown (``machine_blame``), else "".
-    machine: str = ""
-    #: Memory figures grown beyond ``MEMORY_RULE`` since the baseline, one line each.
-    memory_changes: tuple[str, ...] = ()
-    #: Where the change went: the parts of each phase, compared like the headline (``judge.parts``).
-    parts: tuple[PartChange, ...] = ()
-    #: Where llama.cpp's time went, when both records keep an attribution pass, or both sides
-    #: of ``--llmperf-against`` ran one (``judge.attribution``; a diagnosis, not a gate).
-    attribution: AttributionChange | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "status", BaselineStatus(self.status))  # a word read from JSON, typed
-
-    @property
-    def slower_layers(self) -> tuple[LayerChange, ...]:
-        return tuple(c for c in self.layer_changes if c.slower)
-
-    @property
-    def regressions(self) -> tuple[Comparison, ...]:
-        return tuple(c for c in self.comparisons if c.verdict is Verdict.REGRESSION)
-
-    def failure_lines(self) -> list[str]:
-        suffix = f"; {', '.join(self.changes)}" if self.changes else ""
-        lines = [c.line() + suffix for c in self.regressions] + [m + suffix for m in self.memory_changes]
-        lines += [f"where it went: {line}" for line in why_lines(self.regressions, self.parts)]
-        if self.regressions and self.slower_layers:
-            lines.append("slower layers: " + "; ".join(c.line() for c in self.slower_layers))
-        return lines
-
-    def short(self) -> str:
-        """One cell for the summary table."""
-        if self.status is not BaselineStatus.COMPARED:
-            return str(self.status)
-        if not self.comparisons:
-            return Verdict.INCONCLUSIVE.value  # nothing could be judged (the note says why)
-        if self.regressions or self.memory_changes:
-            phases = {c.phase for c in self.regressions} | ({"memory"} if self.memory_changes else set())
-            return "REGRESSION " + "+".join(sorted(phases))
-        verdicts = {c.verdict for c in self.comparisons}
-        for v in (Verdict.MACHINE_SLOWER, Verdict.INCONCLUSIVE, Verdict.IMPROVED):
-            if v in verdicts:
-                return str(v.value)
-        return Verdict.UNCHANGED.value
 
 
 #: Memory against the baseline: (relative, absolute MiB) growth a figure may show before it
@@ -495,15 +436,17 @@ def judge(
     """Find this hardware's entry among a test's baselines and compare, or say why not.
     ``window(entry)``: the history's sessions of this test since ``entry`` was recorded, per
     judged metric (``compare_records``). Never raises: stored data that cannot be judged is
-    left out with a line saying so, or (as a last resort) the verdict is an "error" naming it."""
+    left out with a line saying so, or (as a last resort) the verdict is an "error" naming it.
+    Decided: its cell and failure lines written (``BaselineVerdict.decided``)."""
     try:
-        return _judge(entries, hardware_key, candidate, settings, window)
+        verdict = _judge(entries, hardware_key, candidate, settings, window)
     except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError) as exc:
-        return BaselineVerdict(
+        verdict = BaselineVerdict(
             BaselineStatus.ERROR,
             f"cannot judge against the stored baseline: {type(exc).__name__}: {exc}; "
             "re-record it with --llmperf-update-baselines",
         )
+    return verdict.decided()
 
 
 def _judge(

@@ -19,7 +19,7 @@ report is serialized with it, the controller rebuilds it with ``from_json``), ea
 ``llmperf compare`` / ``llmperf report``'s. The JUnit properties and the terminal summary rows
 are derived from it (``properties()``, ``summary_row()``), never parsed back.
 
-The verdict is kept as reported (``VerdictRecord``: its short word and failure lines as they
+The verdict is kept as reported (``BaselineVerdict``: its short word and failure lines as they
 were at the time), with its comparisons as ``verdict.Comparison`` objects."""
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ from .verdict import BaselineStatus, Comparison, Verdict, holm
 
 if TYPE_CHECKING:
     from .attribution import AttributionChange
-    from .regression import BaselineVerdict
 
 
 @dataclass(frozen=True)
@@ -183,48 +182,77 @@ def layer_change_from_json(d: Mapping[str, Any]) -> LayerChange:
 
 
 @dataclass(frozen=True)
-class VerdictRecord:
-    """What the baseline said about one measurement, as reported: ``short`` (one cell) and
-    ``failures`` (the regression lines) are kept as they were decided, so a later reader shows
-    what the run showed (``regression.BaselineVerdict`` computes them; see ``of``)."""
+class BaselineVerdict:
+    """What the baseline (or ``--llmperf-against``'s REF) said about one measurement: its
+    comparisons and the diagnoses beside them (``regression.judge`` decides it). ``short`` (one
+    cell) and ``failures`` (the regression lines) are kept as they were decided (``decided()``),
+    so a later reader (the session-end steps, a session file) shows what the run showed."""
 
     status: BaselineStatus
     note: str = ""
-    changes: tuple[str, ...] = ()
-    machine: str = ""
-    short: str = ""
-    failures: tuple[str, ...] = ()
     comparisons: tuple[Comparison, ...] = ()
+    #: What changed in the subject since the baseline (other-hardware: the hardware fields
+    #: that differ from the closest recorded machine).
+    changes: tuple[str, ...] = ()
+    #: Per-layer diff when both records carry layer timing (a diagnosis, not a gate).
     layer_changes: tuple[LayerChange, ...] = ()
+    #: Machine reference, candidate/baseline (None: not measured on both sides); shown only, not stored.
+    machine_ratio: float | None = None
+    #: Why the machine, not the subject, explains a slowdown (``regression.machine_blame``), else "".
+    machine: str = ""
+    #: Memory figures grown beyond ``regression.MEMORY_RULE`` since the baseline, one line each
+    #: (stored as its lines in ``failures`` and its phase in ``short``).
+    memory_changes: tuple[str, ...] = ()
     #: Where the change went: each phase's parts, compared like the headline (``judge.parts``).
     parts: tuple[PartChange, ...] = ()
     #: Where llama.cpp's time went (``judge.attribution``), when both sides had a pass.
     attribution: AttributionChange | None = None
+    short: str = ""
+    failures: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", BaselineStatus(self.status))  # a word read from JSON, typed
+
+    @property
+    def slower_layers(self) -> tuple[LayerChange, ...]:
+        return tuple(c for c in self.layer_changes if c.slower)
+
+    @property
+    def regressions(self) -> tuple[Comparison, ...]:
+        return tuple(c for c in self.comparisons if c.verdict is Verdict.REGRESSION)
+
+    def decided(self) -> BaselineVerdict:
+        """This verdict with its cell and failure lines as they read now (``short``, ``failures``)."""
+        return dataclasses.replace(self, short=self._cell(), failures=tuple(self.failure_lines()))
+
+    def failure_lines(self) -> list[str]:
+        suffix = f"; {', '.join(self.changes)}" if self.changes else ""
+        lines = [c.line() + suffix for c in self.regressions] + [m + suffix for m in self.memory_changes]
+        lines += [f"where it went: {line}" for line in why_lines(self.regressions, self.parts)]
+        if self.regressions and self.slower_layers:
+            lines.append("slower layers: " + "; ".join(c.line() for c in self.slower_layers))
+        return lines
+
+    def _cell(self) -> str:
+        """One cell for the summary table."""
+        if self.status is not BaselineStatus.COMPARED:
+            return str(self.status)
+        if not self.comparisons:
+            return Verdict.INCONCLUSIVE.value  # nothing could be judged (the note says why)
+        if self.regressions or self.memory_changes:
+            phases = {c.phase for c in self.regressions} | ({"memory"} if self.memory_changes else set())
+            return "REGRESSION " + "+".join(sorted(phases))
+        verdicts = {c.verdict for c in self.comparisons}
+        for v in (Verdict.MACHINE_SLOWER, Verdict.INCONCLUSIVE, Verdict.IMPROVED):
+            if v in verdicts:
+                return str(v.value)
+        return Verdict.UNCHANGED.value
 
     def why(self) -> list[str]:
         """One line per phase that moved, naming the parts that moved and those that did not, and
         what changed between the sides (a setting, the prompt's length)."""
         lines = why_lines(self.comparisons, self.parts)
         return [f"{line}; {', '.join(self.changes)}" for line in lines] if self.changes else lines
-
-    @classmethod
-    def of(cls, v: BaselineVerdict) -> VerdictRecord:
-        """From a ``regression.BaselineVerdict``, as it is reported now."""
-        return cls(
-            v.status,
-            v.note,
-            tuple(v.changes),
-            v.machine,
-            v.short(),
-            tuple(v.failure_lines()),
-            tuple(v.comparisons),
-            tuple(v.layer_changes),
-            tuple(v.parts),
-            attribution=v.attribution,
-        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -254,18 +282,18 @@ class VerdictRecord:
         return max((c.n_candidate for c in self.comparisons if c.reference), default=0)
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> VerdictRecord:
+    def from_json(cls, d: Mapping[str, Any]) -> BaselineVerdict:
         return cls(
             d["status"],
             d.get("note", ""),
-            tuple(d.get("changes", ())),
-            d.get("machine", ""),
-            d.get("short", d["status"]),
-            tuple(d.get("failures", ())),
             tuple(comparison_from_json(c) for c in d.get("comparisons", ())),
+            tuple(d.get("changes", ())),
             tuple(layer_change_from_json(c) for c in d.get("layer_changes", ())),
-            tuple(PartChange.from_json(p) for p in d.get("parts", ())),
-            _attribution_of(d.get("attribution")),
+            machine=d.get("machine", ""),
+            parts=tuple(PartChange.from_json(p) for p in d.get("parts", ())),
+            attribution=_attribution_of(d.get("attribution")),
+            short=d.get("short", d["status"]),
+            failures=tuple(d.get("failures", ())),
         )
 
 
@@ -296,7 +324,7 @@ class MeasurementResult:
     baseline_file: str = ""  # relative to the baseline folder
     hardware_key: str = ""
     record: Mapping[str, Any] | None = None  # the baseline record format (schemas/baselines.schema.json)
-    verdict: VerdictRecord | None = None
+    verdict: BaselineVerdict | None = None
     baseline_record: Mapping[str, object] | None = None  # the entry the verdict compared against
     #: One line per budget whose CI straddles its limit (undecided: passes, and says so).
     budget_notes: tuple[str, ...] = ()
@@ -326,7 +354,7 @@ class MeasurementResult:
 
     @property
     def reference(self) -> str:
-        """``--llmperf-against``'s REF this result was judged against, else "" (``VerdictRecord.reference``)."""
+        """``--llmperf-against``'s REF this result was judged against, else "" (``BaselineVerdict.reference``)."""
         return self.verdict.reference if self.verdict is not None else ""
 
     @property
@@ -416,7 +444,7 @@ class MeasurementResult:
             d.get("baseline_file", ""),
             d.get("hardware_key", ""),
             d.get("record"),
-            None if verdict is None else VerdictRecord.from_json(verdict),
+            None if verdict is None else BaselineVerdict.from_json(verdict),
             d.get("baseline_record"),
             tuple(d.get("budget_notes", ())),
             dict(d.get("prompt") or {}),

@@ -340,7 +340,7 @@ class Verdict(StrEnum):
 
 
 class BaselineStatus(StrEnum):
-    """What a measurement was held against (``regression.BaselineVerdict``, ``result.VerdictRecord``):
+    """What a measurement was held against (``result.BaselineVerdict``):
     its comparisons are judged only when COMPARED; the others say why there are none."""
 
     COMPARED = "compared"

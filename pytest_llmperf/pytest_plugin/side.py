@@ -416,8 +416,7 @@ def _assessment(nodeid: str, label: str, verdict: Mapping[str, Any] | None) -> A
         return None
     from ..judge.attribution import AttributionChange
     from ..judge.parts import PartChange
-    from ..judge.regression import BaselineVerdict
-    from ..judge.result import comparison_from_json
+    from ..judge.result import BaselineVerdict, comparison_from_json
     from ..session.assess import Assessment
 
     where = verdict.get("attribution")
@@ -428,7 +427,7 @@ def _assessment(nodeid: str, label: str, verdict: Mapping[str, Any] | None) -> A
         changes=tuple(str(c) for c in verdict.get("changes", ())),
         parts=tuple(PartChange.from_json(p) for p in verdict.get("parts", ())),
         attribution=None if where is None else AttributionChange.from_json(where),
-    )
+    ).decided()
     return Assessment(nodeid + (f"[{label}]" if label else ""), "", "", None, v)
 
 

@@ -33,7 +33,7 @@ from ..core.catalog import BUDGETS, FIGURES, HEADLINE, is_ceiling
 from ..core.formats import fmt
 from ..core.settings import usable_cpus
 from ..judge.budgets import BudgetState
-from ..judge.result import MeasurementResult, VerdictRecord
+from ..judge.result import BaselineVerdict, MeasurementResult
 from ..judge.verdict import BaselineStatus
 from . import charts, record_charts
 from .session_file import (
@@ -69,7 +69,7 @@ if TYPE_CHECKING:
 
 
 #: The verdict of a result that has none (not compared).
-NOT_COMPARED = VerdictRecord(BaselineStatus.NOT_COMPARED)
+NOT_COMPARED = BaselineVerdict(BaselineStatus.NOT_COMPARED)
 
 #: The history's recent trend of a test (``history.series.attach``): ``{result.test: [trend_data]}``.
 Trends = Mapping[str, Sequence[Mapping[str, object]]]
@@ -348,7 +348,7 @@ def _counted(value: object, noun: str, missing: str) -> str:
     return missing if value is None or value == "" else f"{value} {noun}"
 
 
-def _test_notes(verdict: VerdictRecord, record: Mapping[str, Any]) -> list[str]:
+def _test_notes(verdict: BaselineVerdict, record: Mapping[str, Any]) -> list[str]:
     """The verdict's failures and note, what changed since the baseline, each comparison's
     reach, the stability warnings."""
     notes = list(verdict.failures)

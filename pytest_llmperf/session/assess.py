@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from ..core.workload import EngineInfo
     from ..engines import Engine, TokenStream
     from ..history.series import Windows
-    from ..judge.regression import BaselineVerdict, CompareSettings
+    from ..judge.regression import CompareSettings
+    from ..judge.result import BaselineVerdict
     from ..measuring.metrics import Measurement
     from ..measuring.roofline import Peak
     from .options import MarkerConfig
@@ -154,7 +155,8 @@ class Assessor:
         the history's levels of the test beside it, and the entry it was compared against."""
         from ..baselines import store
         from ..baselines.store import BaselineError
-        from ..judge.regression import BaselineVerdict, judge
+        from ..judge.regression import judge
+        from ..judge.result import BaselineVerdict
         from ..judge.verdict import BaselineStatus
 
         windows = self.window(a.hardware_key)
@@ -164,7 +166,7 @@ class Assessor:
             entries = self.baselines(path).get(a.key)
             verdict = judge(entries, a.hardware_key, rec, settings, window)
         except BaselineError as exc:
-            error = BaselineVerdict(BaselineStatus.ERROR, str(exc))
+            error = BaselineVerdict(BaselineStatus.ERROR, str(exc)).decided()
             if self.settings.update_baselines:
                 error = dataclasses.replace(error, note=recording_note(error))
             return dataclasses.replace(a, verdict=error)
@@ -191,7 +193,7 @@ class Assessor:
         lost = None if s.update_baselines else tracked.committed(module, str(where), a.key, a.hardware_key)
         if lost is not None:
             status = BaselineStatus.ERROR if s.lost_baseline == "fail" else BaselineStatus.NO_BASELINE
-            verdict = dataclasses.replace(a.verdict, status=status, note=lost_note(path, lost, s.rootdir))
+            verdict = dataclasses.replace(a.verdict, status=status, note=lost_note(path, lost, s.rootdir)).decided()
             return dataclasses.replace(a, verdict=verdict)
         if rel.startswith("../"):
             note = legacy_note(s.baseline_dir, path, rel, a.verdict.note)
@@ -231,7 +233,7 @@ class Assessor:
             return [f"{assessment.key}: {v.note} (--llmperf-require-baseline)"]
         if v.status == BaselineStatus.OTHER_HARDWARE and s.strict_env:
             return [f"{v.note} (--llmperf-strict-env)"]
-        return v.failure_lines()
+        return list(v.failures)
 
 
 #: What a verdict's note says instead of its advice to record a baseline, in the run that records it.

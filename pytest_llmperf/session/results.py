@@ -88,14 +88,12 @@ class Result:
 
 def _baseline_fields(a: Assessment) -> dict[str, Any]:
     """``MeasurementResult``'s baseline fields: the entry, the record and the verdict as reported."""
-    from ..judge.result import VerdictRecord
-
     return {
         "key": a.key,
         "baseline_file": a.baseline_file,
         "hardware_key": a.hardware_key,
         "record": a.record,
-        "verdict": None if a.verdict is None else VerdictRecord.of(a.verdict),
+        "verdict": a.verdict,
         "baseline_record": a.baseline_record,
     }
 
