@@ -20,7 +20,7 @@ from .common import add_setting, output_file, positive_int, session_report, writ
 
 if TYPE_CHECKING:
     from ..judge.regression import CompareSettings
-    from ..judge.result import BaselineVerdict, MeasurementResult
+    from ..judge.result import BaselineVerdict, Outcome
 
 COMPARE_HELP = "compare two saved session reports (pytest --llmperf-json)"
 
@@ -107,7 +107,7 @@ def _compare(args: argparse.Namespace, base: dict, new: list, matched: list) -> 
     return _print_comparison(args, results, notes, failures, regressed)
 
 
-def _not_compared(args: argparse.Namespace, r: MeasurementResult, old: MeasurementResult | None) -> str | None:
+def _not_compared(args: argparse.Namespace, r: Outcome, old: Outcome | None) -> str | None:
     """Why the new result ``r`` is not compared with the base's ``old``, or None when it is."""
     if old is None:
         return f"{r.test}: not in {args.base}"
@@ -117,9 +117,7 @@ def _not_compared(args: argparse.Namespace, r: MeasurementResult, old: Measureme
     return None
 
 
-def _judged(
-    args: argparse.Namespace, r: MeasurementResult, old: MeasurementResult | None, settings: CompareSettings
-) -> BaselineVerdict:
+def _judged(args: argparse.Namespace, r: Outcome, old: Outcome | None, settings: CompareSettings) -> BaselineVerdict:
     """The new result's record judged against the base's (its hardware's, or any with
     ``--any-hardware``); other hardware named field by field."""
     from ..core.fingerprint import other_hardware_note
@@ -138,7 +136,7 @@ def _judged(
 
 
 def _print_comparison(
-    args: argparse.Namespace, results: list[MeasurementResult], notes: list[str], failures: list[str], regressed: int
+    args: argparse.Namespace, results: list[Outcome], notes: list[str], failures: list[str], regressed: int
 ) -> int:
     """The comparison table, the notes, the undecided and failed comparisons, the count; 1 when
     something regressed."""

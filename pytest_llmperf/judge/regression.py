@@ -21,7 +21,7 @@ from ..core.catalog import Metric
 from ..core.fingerprint import hardware_differences, other_hardware_note, subject_changes
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRESHOLD
 from .parts import PartChange, explained_phases, gated, is_headline, prompt_changes, unpaired_parts
-from .result import BaselineVerdict, LayerChange, MeasurementResult, compare_layers
+from .result import BaselineVerdict, LayerChange, Outcome, compare_layers
 from .rule import JUDGED, METRICS, MIN_PEERS, SUITE_ALPHA_SHARE, compare_levels, decide, mirrored, suite_relative
 from .verdict import BaselineStatus, Comparison, Level, NoiseModel, Shown, Verdict, holm, level
 
@@ -554,12 +554,8 @@ def _attribution(
 
 
 def _with_comparisons(
-    r: MeasurementResult,
-    comparisons: Sequence[Comparison],
-    *,
-    failures: tuple[str, ...] | None = None,
-    short: str | None = None,
-) -> MeasurementResult:
+    r: Outcome, comparisons: Sequence[Comparison], *, failures: tuple[str, ...] | None = None, short: str | None = None
+) -> Outcome:
     v = r.verdict
     assert v is not None
     return dataclasses.replace(
@@ -573,7 +569,7 @@ def _with_comparisons(
     )
 
 
-def session_holm(results: Sequence[MeasurementResult]) -> list[MeasurementResult]:
+def session_holm(results: Sequence[Outcome]) -> list[Outcome]:
     """The results with Holm over every judged comparison of the finished session, so the
     "p (Holm)" reported equals Holm over all the session's p-values. Verdicts stay as decided
     during the session: each was decided against an upper bound of this adjustment (unseen
@@ -596,7 +592,7 @@ def session_holm(results: Sequence[MeasurementResult]) -> list[MeasurementResult
     return out
 
 
-def _session_adjusted(results: Sequence[MeasurementResult]) -> dict[tuple[int, int], tuple[float, float]]:
+def _session_adjusted(results: Sequence[Outcome]) -> dict[tuple[int, int], tuple[float, float]]:
     """Holm over every judged comparison of the session: (worse, better) adjusted p-values by
     (result, comparison) index."""
     judged = _session_family(results)
@@ -607,7 +603,7 @@ def _session_adjusted(results: Sequence[MeasurementResult]) -> dict[tuple[int, i
     return {(i, j): (pw, pb) for (i, j, _), pw, pb in zip(judged, worse, better)}
 
 
-def _session_family(results: Sequence[MeasurementResult]) -> list[tuple[int, int, Comparison]]:
+def _session_family(results: Sequence[Outcome]) -> list[tuple[int, int, Comparison]]:
     """(result index, comparison index, comparison) of each judged comparison of the session
     (mirrors do not count)."""
     return [
@@ -632,9 +628,7 @@ def _mirrors_adjusted(comps: Sequence[Comparison]) -> list[Comparison]:
     ]
 
 
-def suite_check(
-    results: Sequence[MeasurementResult], settings: CompareSettings
-) -> tuple[list[MeasurementResult], list[str]]:
+def suite_check(results: Sequence[Outcome], settings: CompareSettings) -> tuple[list[Outcome], list[str]]:
     """The session-end suite-relative check (``rule.suite_relative``): the results with
     their new verdicts, and the failure line of each new REGRESSION."""
     results = list(results)
@@ -652,7 +646,7 @@ def suite_check(
     return results, lines
 
 
-def _compared(results: Sequence[MeasurementResult]) -> tuple[list[int], list[list[Comparison]]]:
+def _compared(results: Sequence[Outcome]) -> tuple[list[int], list[list[Comparison]]]:
     """The indices of the results compared against a baseline, and their comparisons."""
     compared = [
         i for i, r in enumerate(results) if r.verdict is not None and r.verdict.status is BaselineStatus.COMPARED
@@ -661,9 +655,7 @@ def _compared(results: Sequence[MeasurementResult]) -> tuple[list[int], list[lis
     return compared, before
 
 
-def _suite_verdicts(
-    r: MeasurementResult, old: Sequence[Comparison], new: Sequence[Comparison]
-) -> tuple[MeasurementResult, list[str]]:
+def _suite_verdicts(r: Outcome, old: Sequence[Comparison], new: Sequence[Comparison]) -> tuple[Outcome, list[str]]:
     """``r`` with the comparisons the suite-relative check changed (``old`` -> ``new``), and the
     failure line of each new REGRESSION."""
     v = r.verdict

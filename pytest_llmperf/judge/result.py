@@ -26,18 +26,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 from scipy.stats import mannwhitneyu
 
+from ..baselines.records import prompt_record
 from ..core.documents import SchemaViolation, validate
 from ..core.errors import LLMPerfError
 from ..core.measured import Figures
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_THRESHOLD
-from .budgets import BudgetStatus
+from ..measuring.metrics import Measurement
+from .budgets import BudgetFailure, BudgetStatus
 from .parts import PartChange, part_properties, why_lines
 from .verdict import BaselineStatus, Comparison, Verdict, holm
 
@@ -306,7 +308,7 @@ def _attribution_of(d: Mapping[str, Any] | None) -> AttributionChange | None:
 
 
 @dataclass(frozen=True)
-class MeasurementResult:
+class Outcome:
     """One measurement of one test: its figures and budgets, and (``assessed``) its record, the
     baseline file and entry it belongs to, and the verdict against that entry."""
 
@@ -417,7 +419,7 @@ class MeasurementResult:
         }
 
     @classmethod
-    def from_json(cls, d: Any, where: str = "result", *, check: bool = True) -> MeasurementResult:
+    def from_json(cls, d: Any, where: str = "result", *, check: bool = True) -> Outcome:
         """A result from its JSON data; a ``ResultError`` naming the JSON path (``where`` is
         its root) and the problem when ``d`` does not match the schema (``check=False``: the
         caller validated it already). Keys a session file of an older pytest-llmperf lacks
@@ -449,6 +451,43 @@ class MeasurementResult:
             tuple(d.get("budget_notes", ())),
             dict(d.get("prompt") or {}),
         )
+
+
+def outcome(
+    m: Measurement,
+    test: str,
+    nodeid: str,
+    failure: BudgetFailure | None,
+    n_budgets: int,
+    *,
+    budgets: Mapping[str, float],
+    extra_info: Mapping[str, object],
+    budget_notes: Sequence[str],
+    judged: Outcome | None,
+) -> Outcome:
+    """The outcome of measurement ``m`` of test ``test`` (node ``nodeid``): its figures, its
+    budgets (``failure``: those it broke, of ``n_budgets``; ``budget_notes``: those it could not
+    decide) and, once assessed, what ``judged`` holds: its record, its baseline entry and the
+    verdict against it (``session.assess.Assessor.assess``)."""
+    breaches = failure.breaches if failure is not None else ()
+    return dataclasses.replace(
+        Outcome(test) if judged is None else judged,
+        test=test + (f"[{m.label}]" if m.label else ""),
+        nodeid=nodeid,
+        label=m.label or "",
+        budget=BudgetStatus.of(n_budgets, failure is not None),
+        budget_failures=tuple(b.line() for b in breaches),
+        budget_notes=tuple(budget_notes),
+        breached_budgets=tuple(b.key for b in breaches),
+        budgets=dict(budgets),
+        extra_info=dict(extra_info),
+        figures=Figures.of(m),
+        prompt=prompt_record(m),
+    )
+
+
+#: Its public name before it was the one outcome (``pytest_llmperf.MeasurementResult``, docs/api.md).
+MeasurementResult = Outcome
 
 
 def _state(kind: type[State], word: Any, path: str) -> State:

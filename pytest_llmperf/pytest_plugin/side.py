@@ -62,11 +62,11 @@ from . import marks
 if TYPE_CHECKING:
     from ..core.workload import EngineInfo, RunTrace, Workload
     from ..engines import Engine, TokenStream
+    from ..judge.result import Outcome
     from ..measuring.attribution import Stepping
     from ..measuring.metrics import Measurement
     from ..session import SessionSettings
     from ..session.against import Against
-    from ..session.assess import Assessment
     from ..session.options import MarkerConfig
 
 
@@ -245,7 +245,7 @@ class Link:
 
     def measure(
         self, subject: Engine | TokenStream, config: MarkerConfig, label: str, nodeid: str, *, attribution: bool = False
-    ) -> tuple[Measurement, Assessment | None]:
+    ) -> tuple[Measurement, Outcome | None]:
         """The measurement the controller drives: the runs it asks for, then its verdict
         (``attribution``: the test asks for the attribution pass after the pairs)."""
         from ..core.workload import Workload
@@ -410,14 +410,14 @@ def _token_logits(engine: Any, op: Mapping[str, Any]) -> dict[str, Any]:
     return {"ev": "logits", "got": logits_json(got)}
 
 
-def _assessment(nodeid: str, label: str, verdict: Mapping[str, Any] | None) -> Assessment | None:
-    """The controller's verdict as the session's ``Assessment`` (nothing recorded: no baseline)."""
+def _assessment(nodeid: str, label: str, verdict: Mapping[str, Any] | None) -> Outcome | None:
+    """The controller's verdict as the judged part of the measurement's ``Outcome`` (nothing
+    recorded: no baseline)."""
     if verdict is None:
         return None
     from ..judge.attribution import AttributionChange
     from ..judge.parts import PartChange
-    from ..judge.result import BaselineVerdict, comparison_from_json
-    from ..session.assess import Assessment
+    from ..judge.result import BaselineVerdict, Outcome, comparison_from_json
 
     where = verdict.get("attribution")
     v = BaselineVerdict(
@@ -428,7 +428,8 @@ def _assessment(nodeid: str, label: str, verdict: Mapping[str, Any] | None) -> A
         parts=tuple(PartChange.from_json(p) for p in verdict.get("parts", ())),
         attribution=None if where is None else AttributionChange.from_json(where),
     ).decided()
-    return Assessment(nodeid + (f"[{label}]" if label else ""), "", "", None, v)
+    key = nodeid + (f"[{label}]" if label else "")
+    return Outcome(key, key=key, verdict=v)
 
 
 class SidePlugin:

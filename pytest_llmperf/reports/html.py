@@ -2,7 +2,7 @@
 
 Nothing is fetched at view time: styles sit in one ``<style>`` element and every figure is
 inline SVG whose ids are prefixed per figure (many SVGs share one document). Verdicts carry
-a word and a symbol besides their colour. Input: typed results (``judge.result.MeasurementResult``)
+a word and a symbol besides their colour. Input: typed results (``judge.result.Outcome``)
 and, beside them, the history's recent trend per test, so the plugin (``--llmperf-html``) and
 ``llmperf report`` (results rebuilt from the session file) draw the same page; chart workers
 get the results' JSON and rebuild them. Metric rows and cells are the catalog's.
@@ -33,7 +33,7 @@ from ..core.catalog import BUDGETS, FIGURES, HEADLINE, is_ceiling
 from ..core.formats import fmt
 from ..core.settings import usable_cpus
 from ..judge.budgets import BudgetState
-from ..judge.result import BaselineVerdict, MeasurementResult
+from ..judge.result import BaselineVerdict, Outcome
 from ..judge.verdict import BaselineStatus
 from . import charts, record_charts
 from .session_file import (
@@ -111,7 +111,7 @@ def _e(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
-def state_of(result: MeasurementResult) -> str:
+def state_of(result: Outcome) -> str:
     """One word for a test: REGRESSION, OVER BUDGET, then the baseline verdict's word."""
     verdict = result.verdict or NOT_COMPARED
     if verdict.failures:
@@ -127,7 +127,7 @@ def badge(word: str, text: str | None = None) -> str:
     return f'<span class="badge {css}">{symbol} {_e(text or word)}</span>'
 
 
-def test_badge(result: MeasurementResult) -> str:
+def test_badge(result: Outcome) -> str:
     """The test's word, with the verdict's detail when it has one (``REGRESSION decode``)."""
     word = state_of(result)
     short = (result.verdict or NOT_COMPARED).short
@@ -161,7 +161,7 @@ def budget_value(record: Mapping[str, object], key: str) -> float | None:
 BUDGET_FIGURES = {f.budget_key: name for name, f in FIGURES.items() if f.bound}
 
 
-def _budget_rows(result: MeasurementResult) -> list[list[str]]:
+def _budget_rows(result: Outcome) -> list[list[str]]:
     """One row per budget: its limit, the measured statistic and whether it holds."""
     figures = result.figures.values() if result.figures else {}
     rows = []
@@ -179,7 +179,7 @@ def _budget_rows(result: MeasurementResult) -> list[list[str]]:
     return rows
 
 
-def _budget_badge(result: MeasurementResult, key: str, limit: float, value: float | None) -> str:
+def _budget_badge(result: Outcome, key: str, limit: float, value: float | None) -> str:
     """ok, OVER BUDGET or "not in record": the budget recomputed from the record, else (no
     record, or no value in it) the result's own judgement of it."""
     if value is None or not result.record:
@@ -237,9 +237,7 @@ def _chart_html(fig_id: str, caption: str, svg: str, prefix: str) -> str:
     )
 
 
-def test_section(
-    index: int, result: MeasurementResult, trend: Sequence[Mapping[str, object]] = (), against: str = ""
-) -> str:
+def test_section(index: int, result: Outcome, trend: Sequence[Mapping[str, object]] = (), against: str = "") -> str:
     """One test's section; ``trend``: its recent sessions from the history (``Trends``);
     ``against``: the session's ``--llmperf-against`` REF (a test it could not pair is "not compared")."""
     record = result.record or {}
@@ -322,7 +320,7 @@ def attribution_html(d: Mapping[str, Any] | None) -> list[str]:
     return [*out, "</div>"]
 
 
-def _workload_notes(result: MeasurementResult, against: str) -> str:
+def _workload_notes(result: Outcome, against: str) -> str:
     """What was run (prompt and generated tokens, runs) and what it was judged against."""
     f, ref, verdict = result.figures, result.reference, result.verdict or NOT_COMPARED
     w = (result.record or {}).get("workload") or (
@@ -369,7 +367,7 @@ def _memory_table(record: Mapping[str, Any]) -> list[str]:
     return [_table(("memory and start-up", "unit", "value", "source"), held)] if held else []
 
 
-def _prompt_table(result: MeasurementResult) -> list[str]:
+def _prompt_table(result: Outcome) -> list[str]:
     """A measured callable's prompt as llama.cpp saw it and its stream as the caller got it."""
     from .session_file import PROMPT_COLUMNS, prompt_cell
 
@@ -379,7 +377,7 @@ def _prompt_table(result: MeasurementResult) -> list[str]:
     return [_table(("your code's prompt and stream", "value"), rows)]
 
 
-def _record_plots(index: int, result: MeasurementResult) -> list[str]:
+def _record_plots(index: int, result: Outcome) -> list[str]:
     """The record's charts (``record_charts.charts_for``), each against the baseline and budgets."""
     record = result.record or {}
     plots = []
@@ -407,7 +405,7 @@ def _trend_plot(index: int, trend: Sequence[Mapping[str, object]]) -> list[str]:
     ]
 
 
-def summary_section(results: Sequence[MeasurementResult], created_at: str | None) -> str:
+def summary_section(results: Sequence[Outcome], created_at: str | None) -> str:
     """The session at a glance: how many tests in each state, a row per test, what changed in
     the subject, the environment, the load curve and the largest changes."""
     parts = [
@@ -429,7 +427,7 @@ def summary_section(results: Sequence[MeasurementResult], created_at: str | None
     return "\n".join(parts)
 
 
-def _state_counts(results: Sequence[MeasurementResult]) -> str:
+def _state_counts(results: Sequence[Outcome]) -> str:
     """A badge per state with its count, the worst first (``STATES``' order)."""
     states = Counter(state_of(r) for r in results)
     order = list(STATES)  # the worst first
@@ -439,7 +437,7 @@ def _state_counts(results: Sequence[MeasurementResult]) -> str:
     return " ".join(badge(word, f"{n} {word}") for word, n in ranked)
 
 
-def _summary_row(i: int, r: MeasurementResult) -> list[str]:
+def _summary_row(i: int, r: Outcome) -> list[str]:
     """A test's row of the summary table: link, verdict, budget, headline figures, changes."""
     s = summary_values(r)
     return [
@@ -451,7 +449,7 @@ def _summary_row(i: int, r: MeasurementResult) -> list[str]:
     ]
 
 
-def _changed_list(results: Sequence[MeasurementResult]) -> str:
+def _changed_list(results: Sequence[Outcome]) -> str:
     """What changed in the subject since the baselines, with how many tests saw each change."""
     changes = Counter(c for r in results for c in (r.verdict or NOT_COMPARED).changes)
     if not changes:
@@ -459,7 +457,7 @@ def _changed_list(results: Sequence[MeasurementResult]) -> str:
     return "<ul class='notes'>" + "".join(f"<li>{_e(c)} ({n} test(s))</li>" for c, n in changes.most_common()) + "</ul>"
 
 
-def _summary_charts(results: Sequence[MeasurementResult]) -> list[str]:
+def _summary_charts(results: Sequence[Outcome]) -> list[str]:
     """The session-wide charts: the served load curve and the largest changes, when there are any."""
     from .charts import section as load_curve
 
@@ -484,7 +482,7 @@ def _summary_charts(results: Sequence[MeasurementResult]) -> list[str]:
     return parts
 
 
-def key_chart(results: Sequence[MeasurementResult]) -> str | None:
+def key_chart(results: Sequence[Outcome]) -> str | None:
     """The session at a glance (the Markdown summary's figure); None without comparisons."""
     if not any((r.verdict or NOT_COMPARED).comparisons for r in results):
         return None
@@ -496,7 +494,7 @@ PARALLEL_FROM = 16
 
 
 def test_sections(
-    results: Sequence[MeasurementResult], workers: int | None = None, trends: Trends | None = None, against: str = ""
+    results: Sequence[Outcome], workers: int | None = None, trends: Trends | None = None, against: str = ""
 ) -> list[str]:
     """Every test's section, in order. Big reports are split among fresh ``python -m
     pytest_llmperf.reports.html`` processes (the results' and trends' JSON in, sections out):
@@ -517,12 +515,12 @@ def test_sections(
         return first + [section for sections in others for section in sections]
 
 
-def _sections_here(start: int, part: Sequence[MeasurementResult], trends: Trends, against: str) -> list[str]:
+def _sections_here(start: int, part: Sequence[Outcome], trends: Trends, against: str) -> list[str]:
     """The sections of ``part`` (the tests from ``start`` on), drawn in this process."""
     return [test_section(start + i, r, trends.get(r.test, ()), against) for i, r in enumerate(part)]
 
 
-def _sections_in_worker(start: int, part: Sequence[MeasurementResult], trends: Trends, against: str) -> list[str]:
+def _sections_in_worker(start: int, part: Sequence[Outcome], trends: Trends, against: str) -> list[str]:
     """The sections of ``part`` drawn by a ``--worker`` process; here when the worker fails."""
     job = {
         "start": start,
@@ -597,7 +595,7 @@ def _ab_div(n: int, e: Mapping[str, Any]) -> list[str]:
 
 
 def render_html(
-    results: Sequence[MeasurementResult],
+    results: Sequence[Outcome],
     created_at: str | None = None,
     workers: int | None = None,
     trends: Trends | None = None,
@@ -625,7 +623,7 @@ def render_html(
 
 def write_html(
     path: Path,
-    results: Sequence[MeasurementResult],
+    results: Sequence[Outcome],
     created_at: str | None = None,
     trends: Trends | None = None,
     against: Mapping[str, object] | None = None,
@@ -639,7 +637,7 @@ def write_html(
     return Path(path)
 
 
-def markdown_lines(html_path: Path | None, md_path: Path | None, results: Sequence[MeasurementResult]) -> list[str]:
+def markdown_lines(html_path: Path | None, md_path: Path | None, results: Sequence[Outcome]) -> list[str]:
     """What the Markdown summary says about the HTML report: a link relative to the Markdown
     file and the key figure embedded as an SVG file next to it (Markdown cannot inline SVG).
     Without a Markdown file (e.g. $GITHUB_STEP_SUMMARY, which shows no local files), or when
@@ -669,9 +667,9 @@ def markdown_lines(html_path: Path | None, md_path: Path | None, results: Sequen
 
 def _worker() -> None:
     """``python -m pytest_llmperf.reports.html --worker``: {"start", "results", "trends"} on
-    stdin (``MeasurementResult.to_json()`` each, rebuilt here), the sections as a JSON list on stdout."""
+    stdin (``Outcome.to_json()`` each, rebuilt here), the sections as a JSON list on stdout."""
     job = json.load(sys.stdin)
-    results = [MeasurementResult.from_json(r, check=False) for r in job["results"]]
+    results = [Outcome.from_json(r, check=False) for r in job["results"]]
     trends = job.get("trends") or {}
     against = job.get("against") or ""
     json.dump(
@@ -679,7 +677,7 @@ def _worker() -> None:
     )
 
 
-def against_section(results: Sequence[MeasurementResult], against: Mapping[str, Any] | None = None) -> str:
+def against_section(results: Sequence[Outcome], against: Mapping[str, Any] | None = None) -> str:
     """What ``--llmperf-against`` compared: REF and each side (``Session.against_sides``, or the
     session file's ``against``); "" when nothing was judged against REF."""
     against = against or {}
@@ -711,7 +709,7 @@ def _side_text(side: Mapping[str, Any]) -> str:
     )
 
 
-def _against_agreement(results: Sequence[MeasurementResult]) -> str:
+def _against_agreement(results: Sequence[Outcome]) -> str:
     """The output agreement with REF, when a result has one."""
     headers, agreement = against_agreement_rows(results)
     if not agreement:
