@@ -383,6 +383,33 @@ def test_a_session_file_written_before_the_typed_result_still_loads(tmp_path: Pa
     assert "0 regression(s) in 2 compared measurement(s)" in capsys.readouterr().out
 
 
+def test_a_session_file_written_before_the_one_outcome_reads_back_and_writes_the_same(capsys) -> None:
+    """tests/data/session-before-outcome.json: written by pytest-llmperf before the one
+    ``Outcome`` (a real session through ``session.Session``: a breached budget, a labelled
+    measurement, per-layer timing, the parts of each phase, judged against a recorded
+    baseline), kept as it was: it reads back typed and writes the same bytes."""
+    from pytest_llmperf.cli import main as cli_main
+    from pytest_llmperf.judge.budgets import BudgetStatus
+    from pytest_llmperf.judge.verdict import BaselineStatus
+    from pytest_llmperf.reports.session_file import read_session, session_json
+
+    path = Path(__file__).parent / "data" / "session-before-outcome.json"
+    data, results = read_session(path)
+    assert [r.test for r in results] == [
+        "tests/test_today.py::test_decode",
+        "tests/test_today.py::test_labelled[short]",
+    ]
+    assert [r.budget for r in results] == [BudgetStatus.FAIL, BudgetStatus.NONE]
+    assert results[0].breached_budgets == ("min_tps",) and results[0].over_budget and results[0].failed
+    assert all(r.verdict is not None and r.verdict.status is BaselineStatus.COMPARED for r in results)
+    assert all(r.figures is not None and r.assessed and r.baseline_record is not None for r in results)
+    assert results[0].verdict is not None and results[0].verdict.parts and results[0].verdict.layer_changes
+    assert session_json(results, data["created_at"]) == path.read_text()
+    assert [MeasurementResult.from_json(r.to_json()) for r in results] == results
+    assert cli_main(["compare", str(path), str(path)]) == 0
+    assert "0 regression(s) in 2 compared measurement(s)" in capsys.readouterr().out
+
+
 def _comparison(verdict, **changes) -> Comparison:
     c = Comparison(
         metric="tpot_ms", label="TPOT", phase="decode", unit="ms", higher_is_better=False, threshold=0.05,

@@ -115,7 +115,7 @@ def _phase_rows(phase: str, b: Mapping[str, Any], c: Mapping[str, Any]) -> list[
     return rows
 
 
-def _shares(per_run_ms: Any) -> np.ndarray:
+def _shares(per_run_ms: object) -> np.ndarray:
     runs = np.asarray(per_run_ms, dtype=float)
     shares: np.ndarray = runs / runs.sum(axis=1, keepdims=True)
     return shares
@@ -151,7 +151,7 @@ def _at_default(c: Comparison, name: str) -> bool:
     return bool(getattr(c, name) == f.default)
 
 
-def comparison_json(c: Comparison) -> dict[str, Any]:
+def comparison_json(c: Comparison) -> dict[str, object]:
     """A comparison's fields, with the verdict's name and its line (for people reading the file);
     ``reference`` only for a comparison against ``--llmperf-against``'s REF, ``shown`` only where
     the figures' statistic is named."""
@@ -175,7 +175,7 @@ def comparison_from_json(d: Mapping[str, Any]) -> Comparison:
     return Comparison(**{k: v for k, v in d.items() if k in names and k != "verdict"}, verdict=Verdict(d["verdict"]))
 
 
-def layer_change_json(c: LayerChange) -> dict[str, Any]:
+def layer_change_json(c: LayerChange) -> dict[str, object]:
     return {**{f.name: getattr(c, f.name) for f in dataclasses.fields(c)}, "change_pct": c.change_pct}
 
 
@@ -256,7 +256,7 @@ class BaselineVerdict:
         lines = why_lines(self.comparisons, self.parts)
         return [f"{line}; {', '.join(self.changes)}" for line in lines] if self.changes else lines
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "status": self.status.value,
             "note": self.note,
@@ -364,10 +364,10 @@ class Outcome:
         """Recorded for the baselines (a smoke run or a failed load test is not)."""
         return self.record is not None
 
-    def values(self) -> dict[str, Any]:
+    def values(self) -> dict[str, object]:
         """Name -> value of the flat figures: the measurement's, ``budget`` (``-``, ``ok`` or
         ``FAIL key,key``), a load test's, then ``baseline`` (the verdict's short word)."""
-        out: dict[str, Any] = {}
+        out: dict[str, object] = {}
         if self.figures is not None:
             out.update(self.figures.values())
             out["budget"] = self.budget.cell(self.breached_budgets)
@@ -377,7 +377,7 @@ class Outcome:
             out["baseline"] = self.verdict.short
         return out
 
-    def properties(self) -> list[tuple[str, Any]]:
+    def properties(self) -> list[tuple[str, object]]:
         """``report.user_properties`` (JUnit XML): ``llmperf[label].<name>`` of ``values()``,
         then ``verdict.<metric>`` of each comparison, ``part.<metric>.change``/``.ci``/``.moved`` of
         each part of a phase (``parts.part_properties``), and ``against`` (REF, when judged against
@@ -392,11 +392,11 @@ class Outcome:
         out += [(f"{prefix}prompt.{k}", v) for k, v in self.prompt.items() if v is not None]
         return out
 
-    def summary_row(self) -> dict[str, Any]:
+    def summary_row(self) -> dict[str, object]:
         """The terminal summary's row (``reports.text.summary_table``, ``measuring.served``)."""
         return {"test": self.test, **self.values()}
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         """Plain JSON data (``schemas/session.schema.json#/$defs/result``); ``from_json`` inverts it."""
         return {
             "test": self.test,
@@ -490,7 +490,7 @@ def outcome(
 MeasurementResult = Outcome
 
 
-def _state(kind: type[State], word: Any, path: str) -> State:
+def _state(kind: type[State], word: object, path: str) -> State:
     """``word`` as a state of ``kind``; a ``ResultError`` naming ``path`` when it is none."""
     try:
         return kind(word)

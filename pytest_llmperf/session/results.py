@@ -430,7 +430,7 @@ class CallReport:
     """What the call phase's report gets: ``properties`` go on the item before the report is
     made (JUnit reads them from every later report), the rest on the report itself."""
 
-    properties: list[tuple[str, Any]] = field(default_factory=list)
+    properties: list[tuple[str, object]] = field(default_factory=list)
     sections: list[tuple[str, str]] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)  # non-empty: the test fails with them
     #: The typed results (``judge.result``): in this process as they are; ``to_json()`` only where
