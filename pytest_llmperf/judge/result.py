@@ -1,4 +1,5 @@
-"""One measurement's result, typed, and the per-layer baseline diff it carries.
+"""The one outcome of a test's measurement (``Outcome``), the verdict it carries
+(``BaselineVerdict``), and the per-layer baseline diff in that verdict.
 
 Per-layer diff between two records that both carry layer timing: which layers got slower.
 
@@ -10,17 +11,20 @@ two sessions may run on a machine that got uniformly slower or faster in between
 move every layer's ms and say nothing about which layer changed; a uniform slowdown is the
 phase verdicts' business. This is a diagnosis next to those verdicts, which stay the gate.
 
-One measurement's result, typed: what a test measured, its budgets and what its baseline said.
+One outcome of a test's measurement, typed: its headline figures, its budgets, its record and
+the verdict against its baseline (or ``--llmperf-against``'s REF), built here (``outcome``;
+the assessor builds the judged part: ``session.assess``) and only read above.
 
-The one definition of the result that travels: within one process the object itself (a test's
+The one definition of the outcome that travels: within one process the object itself (a test's
 report carries it to the session); ``to_json()`` is pytest-xdist's wire format (a worker's
 report is serialized with it, the controller rebuilds it with ``from_json``), each entry of the
 ``--llmperf-json`` session file (``schemas/session.schema.json``), the HTML report's input and
 ``llmperf compare`` / ``llmperf report``'s. The JUnit properties and the terminal summary rows
 are derived from it (``properties()``, ``summary_row()``), never parsed back.
 
-The verdict is kept as reported (``BaselineVerdict``: its short word and failure lines as they
-were at the time), with its comparisons as ``verdict.Comparison`` objects."""
+The verdict is the judge's own object (``regression.judge`` decides it), kept as reported
+(``BaselineVerdict.decided``: its short word and failure lines as they were at the time), with
+its comparisons as ``verdict.Comparison`` objects."""
 
 from __future__ import annotations
 
@@ -309,8 +313,9 @@ def _attribution_of(d: Mapping[str, Any] | None) -> AttributionChange | None:
 
 @dataclass(frozen=True)
 class Outcome:
-    """One measurement of one test: its figures and budgets, and (``assessed``) its record, the
-    baseline file and entry it belongs to, and the verdict against that entry."""
+    """The outcome of one measurement of one test: its figures and budgets, and (``assessed``)
+    its record, the baseline file and entry it belongs to, and the verdict against that entry
+    (built by ``outcome``; stored and loaded by ``to_json`` / ``from_json``)."""
 
     test: str  # node id, plus ``[label]`` for a labelled measurement
     nodeid: str = ""

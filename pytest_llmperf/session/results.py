@@ -53,7 +53,7 @@ class Result:
     #: One line per budget its sample could not decide (``judge.budgets.undecided_budgets``).
     budget_notes: tuple[str, ...] = ()
 
-    def typed(self, nodeid: str, test_id: str | None = None) -> Outcome:
+    def outcome(self, nodeid: str, test_id: str | None = None) -> Outcome:
         """The outcome every report reads of this measurement of test ``nodeid`` (named
         ``test_id`` where pytest's id does not name its module: ``core.formats.full_id``)."""
         from ..judge.result import outcome
@@ -433,7 +433,7 @@ class CallReport:
     properties: list[tuple[str, object]] = field(default_factory=list)
     sections: list[tuple[str, str]] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)  # non-empty: the test fails with them
-    #: The typed results (``judge.result``): in this process as they are; ``to_json()`` only where
+    #: The outcomes (``judge.result.Outcome``): in this process as they are; ``to_json()`` only where
     #: a report crosses pytest-xdist's wire (``pytest_plugin.plugin``'s report hooks).
     results: list[Outcome] = field(default_factory=list)
     ab: list[dict[str, Any]] = field(default_factory=list)
@@ -460,10 +460,10 @@ def call_report(
 
         out.properties += ab_properties(ab_results)
         out.ab = [ab_result_of(test_id or nodeid, ab) for ab in ab_results]
-    typed = [r.typed(nodeid, test_id) for r in results]  # what every report reads
-    for t in typed:
+    outcomes = [r.outcome(nodeid, test_id) for r in results]  # what every report reads
+    for t in outcomes:
         out.properties += t.properties()
-    for r, t in zip(results, typed):
+    for r, t in zip(results, outcomes):
         out.sections.append(section_of(r.measurement, t, columns, width))
         out.lines += _failure_lines(r, t, budgets_gate, failure_lines)
         out.results.append(t)
@@ -476,7 +476,7 @@ def _failure_lines(
     """What fails the test on one measurement's account (``t``: its outcome): its budgets (when
     they gate), its baseline."""
     lines = [r.failure.as_longrepr()] if r.failure is not None and budgets_gate else []
-    return lines + (baseline_lines(t) if r.baseline is not None else [])
+    return lines + baseline_lines(t)
 
 
 def _is_engine(subject: object) -> bool:
