@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from pytest_llmperf.judge.regression import CompareSettings, judge
-from pytest_llmperf.judge.result import MeasurementResult, VerdictRecord
+from pytest_llmperf.judge.result import MeasurementResult
 
 SUITE = """
 import pytest
@@ -74,7 +74,7 @@ def resampled(result: dict, index: int, rng: np.random.Generator) -> dict:
         rec["summary"][f"itl_p{q}_ms"] = float(np.percentile(pooled, q))
     if r.get("baseline_record"):  # judged again, so the verdicts vary as a real session's do
         verdict = judge({"hw": r["baseline_record"]}, "hw", rec, CompareSettings(family_size=5 * 200))
-        r["verdict"] = VerdictRecord.of(verdict).to_json()
+        r["verdict"] = verdict.to_json()
     r["test"] = f"tests/test_perf_{index // 10:02d}.py::test_case_{index}"
     return r
 

@@ -202,7 +202,7 @@ def run_scenario(name: str, count: int, measured, base: dict, settings, probe: l
         if name in ("A/A", "busy core") and v.machine_ratio:
             probe.append((v.machine_ratio, ratio(base, cand, "ttft_ms"), ratio(base, cand, "tpot_ms")))
         print(
-            f"  {name:<9} {i + 1:>2}: {v.short():<24} reference {probe_ms(cand):.2f} ms "
+            f"  {name:<9} {i + 1:>2}: {v.short:<24} reference {probe_ms(cand):.2f} ms "
             f"x{v.machine_ratio or float('nan'):.2f}, steal {steal_share(cand) or 0:.1%}, "
             f"{(cand.get('machine') or {}).get('involuntary_switches_per_run', float('nan')):.0f} invol. "
             "switches/run; " + "; ".join(cells),

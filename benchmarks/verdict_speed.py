@@ -19,7 +19,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_llmperf.judge.regression import CompareSettings, judge, suite_check
-from pytest_llmperf.judge.result import MeasurementResult, VerdictRecord
+from pytest_llmperf.judge.result import MeasurementResult
 
 
 def record(rng: np.random.Generator, runs: int) -> dict:
@@ -57,7 +57,7 @@ def main() -> None:
         f"({best / args.tests * 1000:.2f} ms per test)"
     )
     # The session-end step, on the results as the plugin holds them (judge.result).
-    results = [MeasurementResult(test=f"t{i}", verdict=VerdictRecord.of(v)) for i, v in enumerate(verdicts)]
+    results = [MeasurementResult(test=f"t{i}", verdict=v) for i, v in enumerate(verdicts)]
     started = time.perf_counter()
     suite_check(results, settings)
     print(f"session-end suite-relative check over the {args.tests}: {time.perf_counter() - started:.2f} s")

@@ -48,7 +48,7 @@ if TYPE_CHECKING:  # the one list of public names: type checkers read it, and so
     from .engines.servers import serve, tool_path
     from .judge.ab import ABResult, Side, compare_ab
     from .judge.budgets import BudgetFailure, check_budgets
-    from .judge.result import MeasurementResult, ResultError
+    from .judge.result import MeasurementResult, Outcome, ResultError
     from .measuring.metrics import LatencyStats, Measurement, RunMetrics, summarize
     from .measuring.runner import InferenceProfiler, ProfilerStats, measure
     from .models.gguf import PRESETS, ModelSpec, ensure_model, write_gguf

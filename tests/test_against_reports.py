@@ -20,8 +20,7 @@ from pytest_llmperf.core.documents import SchemaViolation, load_schema, validate
 from pytest_llmperf.core.formats import fmt
 from pytest_llmperf.core.workload import EngineInfo, RunTrace, Workload
 from pytest_llmperf.judge.paired import judged_pairs
-from pytest_llmperf.judge.regression import BaselineVerdict
-from pytest_llmperf.judge.result import Figures, MeasurementResult, VerdictRecord
+from pytest_llmperf.judge.result import BaselineVerdict, Figures, MeasurementResult
 from pytest_llmperf.judge.verdict import Verdict
 from pytest_llmperf.measuring.metrics import RunMetrics, summarize
 from pytest_llmperf.reports import session_file
@@ -105,7 +104,7 @@ def paired_result(test: str, slowdown: float = 1.10, seed: int = 7) -> Measureme
         budgets={"tpot_ms": 1000.0},
         figures=Figures.of(m),
         key=test,
-        verdict=VerdictRecord.of(BaselineVerdict("compared", note, tuple(comparisons))),
+        verdict=BaselineVerdict("compared", note, tuple(comparisons)).decided(),
     )
 
 
@@ -120,7 +119,7 @@ def solo_result(test: str) -> MeasurementResult:
         budgets={"tpot_ms": 1000.0},
         figures=Figures.of(m),
         key=test,
-        verdict=VerdictRecord.of(BaselineVerdict("not-compared", NOT_COMPARED)),
+        verdict=BaselineVerdict("not-compared", NOT_COMPARED).decided(),
     )
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pytest_llmperf.judge.regression import CompareSettings, carry_history, judge, session_holm, suite_check
-from pytest_llmperf.judge.result import MeasurementResult, VerdictRecord
+from pytest_llmperf.judge.result import BaselineVerdict, MeasurementResult
 from pytest_llmperf.judge.rule import JUDGED, METRICS, MIN_PEERS, compare_runs, decide, suite_relative
 from pytest_llmperf.judge.verdict import (
     Comparison,
@@ -206,7 +206,7 @@ def test_session_holm_equals_holm_over_all_p_values() -> None:
             record(lognormal(rng, 10.3, 0.02, 20), lognormal(rng, 150, 0.02, 20)),
             CompareSettings(family_size=100),
         )
-        results.append(MeasurementResult(test=f"t{i}", verdict=VerdictRecord.of(v)))
+        results.append(MeasurementResult(test=f"t{i}", verdict=v))
     adjusted = session_holm(results)
     assert [r.verdict.short for r in adjusted] == [r.verdict.short for r in results]  # decided as they were
     judged = [c for r in adjusted for c in r.verdict.comparisons if c.mirror_of is None]
@@ -248,7 +248,7 @@ def test_the_reference_probe_is_shown_but_decides_nothing() -> None:
     base = record(lognormal(rng, 10, 0.02, 20), lognormal(rng, 150, 0.02, 20), reference=ref)
     slow = record(lognormal(rng, 25, 0.02, 20), lognormal(rng, 400, 0.02, 20), reference={**ref, "runs_ms": [2.6] * 5})
     v = judge({"hw": base}, "hw", slow, CompareSettings())
-    assert v.machine_ratio == pytest.approx(2.6) and v.short() == "REGRESSION decode+prefill"
+    assert v.machine_ratio == pytest.approx(2.6) and v.short == "REGRESSION decode+prefill"
 
 
 def test_deterministic() -> None:
@@ -381,7 +381,7 @@ def test_suite_check_updates_the_session_results() -> None:
     rng = np.random.default_rng(25)
     per_test = _session(rng, 12, -0.03, {3: 1.15}, cv=0.02)
     results = [
-        MeasurementResult(test=f"t{i}", verdict=VerdictRecord("compared", short="UNCHANGED", comparisons=tuple(cs)))
+        MeasurementResult(test=f"t{i}", verdict=BaselineVerdict("compared", short="UNCHANGED", comparisons=tuple(cs)))
         for i, cs in enumerate(per_test)
     ]
     checked, lines = suite_check(results, CompareSettings(peers=12))
@@ -397,12 +397,12 @@ def test_steal_time_is_blamed_on_the_machine() -> None:
     base = record(lognormal(rng, 10, 0.01, 20), lognormal(rng, 150, 0.01, 20), machine={"steal_share": 0.001})
     runs = (lognormal(rng, 30, 0.05, 20), lognormal(rng, 400, 0.05, 20))
     stolen = judge({"hw": base}, "hw", record(*runs, machine={"steal_share": 0.15}), CompareSettings())
-    assert stolen.short() == "MACHINE_SLOWER" and not stolen.regressions
+    assert stolen.short == "MACHINE_SLOWER" and not stolen.regressions
     assert all(
         "15% of this VM's CPU time" in c.reason for c in stolen.comparisons if c.verdict is Verdict.MACHINE_SLOWER
     )
     own = judge({"hw": base}, "hw", record(*runs, machine={"steal_share": 0.01}), CompareSettings())
-    assert own.short() == "REGRESSION decode+prefill"
+    assert own.short == "REGRESSION decode+prefill"
     # A baseline recorded under steal says so.
     noisy_base = judge({"hw": {**base, "machine": {"steal_share": 0.3}}}, "hw", record(*runs), CompareSettings())
     assert "30% of the CPU time (steal)" in noisy_base.note and "--llmperf-update-baselines" in noisy_base.note
@@ -417,7 +417,7 @@ def test_other_processes_on_the_engines_cores_are_blamed_on_the_machine() -> Non
     shared = judge(
         {"hw": base}, "hw", record(*runs, machine={"involuntary_switches_per_run": 900.0}), CompareSettings()
     )
-    assert shared.short() == "MACHINE_SLOWER"
+    assert shared.short == "MACHINE_SLOWER"
     assert any("13x as often as at baseline" in c.reason for c in shared.comparisons)
     alone = judge({"hw": base}, "hw", record(*runs, machine={"involuntary_switches_per_run": 90.0}), CompareSettings())
     assert alone.regressions
@@ -439,7 +439,7 @@ def test_a_busy_machine_is_named_by_its_signal_not_called_a_regression(figures: 
     base = record(lognormal(rng, 10, 0.02, 20), lognormal(rng, 150, 0.02, 20), machine=quiet)
     runs = (lognormal(rng, 25, 0.3, 20), lognormal(rng, 400, 0.3, 20))
     busy = judge({"hw": base}, "hw", record(*runs, machine={**quiet, **figures}), CompareSettings())
-    assert busy.short() == "MACHINE_SLOWER" and not busy.regressions
+    assert busy.short == "MACHINE_SLOWER" and not busy.regressions
     assert said in busy.machine and busy.machine.startswith("busy machine: "), busy.machine
     assert all(said in c.reason for c in busy.comparisons if c.verdict is Verdict.MACHINE_SLOWER)
     assert judge({"hw": base}, "hw", record(*runs, machine=quiet), CompareSettings()).regressions
@@ -493,4 +493,4 @@ def test_a_baseline_recorded_once_is_judged_with_a_shared_machines_drift() -> No
         cand = record(lognormal(rng, 10 * (1 + shift), 0.03, 12), lognormal(rng, 150 * (1 + shift), 0.03, 12))
         assert not judge({"hw": base}, "hw", cand, CompareSettings(family_size=3)).regressions
     slow = record(lognormal(rng, 18, 0.03, 12), lognormal(rng, 280, 0.03, 12))
-    assert judge({"hw": base}, "hw", slow, CompareSettings(family_size=3)).short() == "REGRESSION decode+prefill"
+    assert judge({"hw": base}, "hw", slow, CompareSettings(family_size=3)).short == "REGRESSION decode+prefill"

@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pytest_llmperf.judge.paired import judged_pairs
-from pytest_llmperf.judge.regression import BaselineVerdict, CompareSettings, compare_records, judge, suite_check
-from pytest_llmperf.judge.result import MeasurementResult, VerdictRecord
+from pytest_llmperf.judge.regression import CompareSettings, compare_records, judge, suite_check
+from pytest_llmperf.judge.result import BaselineVerdict, MeasurementResult
 from pytest_llmperf.judge.rule import JUDGED, decide, suite_relative
 from pytest_llmperf.judge.verdict import (
     REACH_CAP,
@@ -168,7 +168,7 @@ def test_judge_never_raises_on_a_corrupt_stored_record(base, cand, sessions, mac
     assert v.status in ("compared", "error")
     for c in v.comparisons:
         _readable(c)
-    assert v.short()
+    assert v.short
     v.failure_lines()
     if v.status == "compared" and len([c for c in v.comparisons if c.mirror_of is None]) < len(JUDGED):
         assert "cannot judge" in v.note, v.note  # what was left out is said
@@ -215,7 +215,7 @@ def test_suite_relative_and_session_steps_never_raise(sides) -> None:
             _readable(c)
     results = [
         MeasurementResult(
-            test=f"t{i}", verdict=VerdictRecord(status="compared", comparisons=tuple(cs), short="", failures=())
+            test=f"t{i}", verdict=BaselineVerdict(status="compared", comparisons=tuple(cs), short="", failures=())
         )
         for i, cs in enumerate(tests)
     ]

@@ -24,8 +24,7 @@ from test_metrics import measurement
 
 from pytest_llmperf import cli
 from pytest_llmperf.core.errors import ConfigError, did_you_mean, unknown_name
-from pytest_llmperf.judge.regression import BaselineVerdict
-from pytest_llmperf.judge.result import MeasurementResult, VerdictRecord
+from pytest_llmperf.judge.result import BaselineVerdict, MeasurementResult
 from pytest_llmperf.judge.verdict import BaselineStatus
 from pytest_llmperf.reports import session_file
 from pytest_llmperf.reports.text import fit_table, metrics_table, short_ids, summary_table, wrap, wrapped_table
@@ -161,7 +160,7 @@ def _verdict(test: str) -> MeasurementResult:
     long_note = (
         "INCONCLUSIVE (TTFT): cannot decide: " + "the baseline and the between-session noise leave too much; " * 5
     )
-    v = VerdictRecord(BaselineStatus.COMPARED, note=long_note, short="REGRESSION decode", failures=failures)
+    v = BaselineVerdict(BaselineStatus.COMPARED, note=long_note, short="REGRESSION decode", failures=failures)
     return MeasurementResult(test, test, verdict=v)
 
 

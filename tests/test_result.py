@@ -383,6 +383,33 @@ def test_a_session_file_written_before_the_typed_result_still_loads(tmp_path: Pa
     assert "0 regression(s) in 2 compared measurement(s)" in capsys.readouterr().out
 
 
+def test_a_session_file_written_before_the_one_outcome_reads_back_and_writes_the_same(capsys) -> None:
+    """tests/data/session-before-outcome.json: written by pytest-llmperf before the one
+    ``Outcome`` (a real session through ``session.Session``: a breached budget, a labelled
+    measurement, per-layer timing, the parts of each phase, judged against a recorded
+    baseline), kept as it was: it reads back typed and writes the same bytes."""
+    from pytest_llmperf.cli import main as cli_main
+    from pytest_llmperf.judge.budgets import BudgetStatus
+    from pytest_llmperf.judge.verdict import BaselineStatus
+    from pytest_llmperf.reports.session_file import read_session, session_json
+
+    path = Path(__file__).parent / "data" / "session-before-outcome.json"
+    data, results = read_session(path)
+    assert [r.test for r in results] == [
+        "tests/test_today.py::test_decode",
+        "tests/test_today.py::test_labelled[short]",
+    ]
+    assert [r.budget for r in results] == [BudgetStatus.FAIL, BudgetStatus.NONE]
+    assert results[0].breached_budgets == ("min_tps",) and results[0].over_budget and results[0].failed
+    assert all(r.verdict is not None and r.verdict.status is BaselineStatus.COMPARED for r in results)
+    assert all(r.figures is not None and r.assessed and r.baseline_record is not None for r in results)
+    assert results[0].verdict is not None and results[0].verdict.parts and results[0].verdict.layer_changes
+    assert session_json(results, data["created_at"]) == path.read_text()
+    assert [MeasurementResult.from_json(r.to_json()) for r in results] == results
+    assert cli_main(["compare", str(path), str(path)]) == 0
+    assert "0 regression(s) in 2 compared measurement(s)" in capsys.readouterr().out
+
+
 def _comparison(verdict, **changes) -> Comparison:
     c = Comparison(
         metric="tpot_ms", label="TPOT", phase="decode", unit="ms", higher_is_better=False, threshold=0.05,
@@ -409,23 +436,23 @@ VARIANTS = [
 def test_a_comparison_reads_back_from_its_json_equal(verdict) -> None:
     """object -> JSON text -> object is the identity, for every verdict and every set of the
     fields written only sometimes (``df``, ``noise_*`` without ``detectable`` used to be lost)."""
-    from pytest_llmperf.judge.result import VerdictRecord, comparison_from_json, comparison_json
+    from pytest_llmperf.judge.result import BaselineVerdict, comparison_from_json, comparison_json
 
     for changes in VARIANTS:
         c = _comparison(verdict, **changes)
         back = comparison_from_json(json.loads(json.dumps(comparison_json(c))))
         assert back == c, (changes, dataclasses.asdict(back), dataclasses.asdict(c))
-    record = VerdictRecord(
+    record = BaselineVerdict(
         "compared", short=verdict.value, comparisons=tuple(_comparison(verdict, **v) for v in VARIANTS)
     )
-    assert VerdictRecord.from_json(json.loads(json.dumps(record.to_json()))) == record
+    assert BaselineVerdict.from_json(json.loads(json.dumps(record.to_json()))) == record
     # A comparison with every later field at its default writes none of them (older files write the same).
     assert not set(comparison_json(_comparison(verdict))) & {"df", "noise_source", "noise_sessions", "detectable"}
 
 
 def test_states_are_typed_and_written_as_the_words_they_replaced() -> None:
     from pytest_llmperf.judge.budgets import BudgetStatus
-    from pytest_llmperf.judge.result import VerdictRecord
+    from pytest_llmperf.judge.result import BaselineVerdict
     from pytest_llmperf.judge.verdict import BaselineStatus
 
     over = MeasurementResult(test="t", budget="FAIL", breached_budgets=("min_tps", "ttft_ms"))  # a word: typed
@@ -439,7 +466,7 @@ def test_states_are_typed_and_written_as_the_words_they_replaced() -> None:
         BudgetStatus.NONE,
         BudgetStatus.NONE,
     ]
-    regressed = MeasurementResult(test="t", verdict=VerdictRecord("compared", failures=("decode slower",)))
+    regressed = MeasurementResult(test="t", verdict=BaselineVerdict("compared", failures=("decode slower",)))
     assert regressed.verdict is not None and regressed.verdict.status is BaselineStatus.COMPARED
     assert regressed.regressed and regressed.failed and not regressed.over_budget
     assert not MeasurementResult(test="t", budget=BudgetStatus.OK).failed

@@ -19,7 +19,7 @@ from test_parts import _comparison, _runs
 
 from pytest_llmperf.judge import ab as AB
 from pytest_llmperf.judge import parts as P
-from pytest_llmperf.judge.result import MeasurementResult, VerdictRecord
+from pytest_llmperf.judge.result import BaselineVerdict, MeasurementResult
 from pytest_llmperf.judge.verdict import BaselineStatus, Verdict
 from pytest_llmperf.reports import session_file, where
 from pytest_llmperf.session import SessionSettings
@@ -41,7 +41,7 @@ def _result(
     )
     failures = ("decode TPOT REGRESSION",) if verdict is Verdict.REGRESSION else ()
     short = "REGRESSION decode" if failures else "UNCHANGED"
-    v = VerdictRecord(BaselineStatus.COMPARED, short=short, failures=failures, comparisons=comparisons, parts=parts)
+    v = BaselineVerdict(BaselineStatus.COMPARED, short=short, failures=failures, comparisons=comparisons, parts=parts)
     return MeasurementResult(test, test, verdict=v)
 
 

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 from .common import add_setting, output_file, positive_int, session_report, write_output
 
 if TYPE_CHECKING:
-    from ..judge.regression import BaselineVerdict, CompareSettings
-    from ..judge.result import MeasurementResult
+    from ..judge.regression import CompareSettings
+    from ..judge.result import BaselineVerdict, Outcome
 
 COMPARE_HELP = "compare two saved session reports (pytest --llmperf-json)"
 
@@ -80,7 +80,6 @@ def run_compare(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace, base: dict, new: list, matched: list) -> int:
     from ..judge.regression import CompareSettings
-    from ..judge.result import VerdictRecord
     from ..judge.rule import JUDGED
 
     settings = CompareSettings(
@@ -100,15 +99,15 @@ def _compare(args: argparse.Namespace, base: dict, new: list, matched: list) -> 
         verdict = _judged(args, r, old, settings)
         if verdict.note:
             notes.append(f"{r.test}: {verdict.note}")
-        results.append(dataclasses.replace(r, verdict=VerdictRecord.of(verdict)))
-        lines = verdict.failure_lines()
+        results.append(dataclasses.replace(r, verdict=verdict))
+        lines = verdict.failures
         regressed += bool(lines)
         failures += [f"{r.test}: {line}" for line in lines]
     notes += [f"{test}: not in {args.new}" for test in sorted(set(base) - {r.test for r in new})]
     return _print_comparison(args, results, notes, failures, regressed)
 
 
-def _not_compared(args: argparse.Namespace, r: MeasurementResult, old: MeasurementResult | None) -> str | None:
+def _not_compared(args: argparse.Namespace, r: Outcome, old: Outcome | None) -> str | None:
     """Why the new result ``r`` is not compared with the base's ``old``, or None when it is."""
     if old is None:
         return f"{r.test}: not in {args.base}"
@@ -118,9 +117,7 @@ def _not_compared(args: argparse.Namespace, r: MeasurementResult, old: Measureme
     return None
 
 
-def _judged(
-    args: argparse.Namespace, r: MeasurementResult, old: MeasurementResult | None, settings: CompareSettings
-) -> BaselineVerdict:
+def _judged(args: argparse.Namespace, r: Outcome, old: Outcome | None, settings: CompareSettings) -> BaselineVerdict:
     """The new result's record judged against the base's (its hardware's, or any with
     ``--any-hardware``); other hardware named field by field."""
     from ..core.fingerprint import other_hardware_note
@@ -139,7 +136,7 @@ def _judged(
 
 
 def _print_comparison(
-    args: argparse.Namespace, results: list[MeasurementResult], notes: list[str], failures: list[str], regressed: int
+    args: argparse.Namespace, results: list[Outcome], notes: list[str], failures: list[str], regressed: int
 ) -> int:
     """The comparison table, the notes, the undecided and failed comparisons, the count; 1 when
     something regressed."""

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from .connection import Location
 
 if TYPE_CHECKING:
-    from ..judge.result import MeasurementResult
+    from ..judge.result import Outcome
 
 
 def append_session(
@@ -32,7 +32,7 @@ def append_session(
 
 def keep(
     loc: Location,
-    results: Sequence[MeasurementResult],
+    results: Sequence[Outcome],
     started_at: str,
     rootdir: Path | str,
     compared: bool,

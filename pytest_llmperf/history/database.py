@@ -17,7 +17,7 @@ processes and the schema's creation never interleave: a session's rows land whol
 all. A history written by a newer pytest-llmperf (a higher schema version) is refused with one
 line and never altered.
 
-The rows one session appends are built from the plugin's results (``MeasurementResult.to_json()``
+The rows one session appends are built from the plugin's results (``Outcome.to_json()``
 of judge/result.py: the entries of the JSON report, also what crosses pytest-xdist's wire), so
 the history holds exactly what the session measured and judged.
 

@@ -37,7 +37,7 @@ from . import database as store
 from .connection import Location
 
 if TYPE_CHECKING:
-    from ..judge.result import MeasurementResult
+    from ..judge.result import Outcome
     from .connection import Location
 
 
@@ -438,14 +438,12 @@ def _step_text(st: Step) -> str:
     return f"{st.change:+.1%}" + (f" {named}" if named else "")
 
 
-def attach(
-    results: Sequence[MeasurementResult], loc: Location, last: int = RECENT_SESSIONS
-) -> dict[str, list[dict[str, Any]]]:
+def attach(results: Sequence[Outcome], loc: Location, last: int = RECENT_SESSIONS) -> dict[str, list[dict[str, Any]]]:
     """Each test's recent trend, for the HTML report beside the results: ``{result.test:
     [trend_data of TTFT, of TPOT]}`` over its last ``last`` sessions on this hardware (a test
     with fewer than two sessions has none)."""
 
-    def key_of(r: MeasurementResult) -> tuple[str, str, str]:
+    def key_of(r: Outcome) -> tuple[str, str, str]:
         return (unique_test_id(r.nodeid or r.test, r.baseline_file), r.label, r.hardware_key)
 
     wanted = {key_of(r) for r in results}

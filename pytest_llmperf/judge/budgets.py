@@ -128,7 +128,7 @@ FAILS = {
 
 
 class BudgetStatus(StrEnum):
-    """All of one measurement's budgets together (``result.MeasurementResult.budget``): NONE
+    """All of one measurement's budgets together (``result.Outcome.budget``): NONE
     (``-``: it has none), OK (none breached) or FAIL (some breached: over budget)."""
 
     NONE = "-"

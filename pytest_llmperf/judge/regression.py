@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,10 +20,10 @@ from ..baselines.records import same_workload
 from ..core.catalog import Metric
 from ..core.fingerprint import hardware_differences, other_hardware_note, subject_changes
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRESHOLD
-from .parts import PartChange, explained_phases, gated, is_headline, prompt_changes, unpaired_parts, why_lines
-from .result import LayerChange, MeasurementResult, compare_layers
+from .parts import PartChange, explained_phases, gated, is_headline, prompt_changes, unpaired_parts
+from .result import BaselineVerdict, LayerChange, Outcome, compare_layers
 from .rule import JUDGED, METRICS, MIN_PEERS, SUITE_ALPHA_SHARE, compare_levels, decide, mirrored, suite_relative
-from .verdict import BaselineStatus, Comparison, Level, NoiseModel, Shown, Verdict, headline, holm, level
+from .verdict import BaselineStatus, Comparison, Level, NoiseModel, Shown, Verdict, holm, level, regression_cell
 
 if TYPE_CHECKING:
     from .attribution import AttributionChange
@@ -62,63 +62,6 @@ class CompareSettings:
     def alpha_per_look(self) -> float:
         """Level of each look of the per-test comparisons against the baseline."""
         return (self.alpha - self.alpha_suite) / max(self.looks, 1)
-
-
-@dataclass(frozen=True)
-class BaselineVerdict:
-    """What the baseline says about one measurement."""
-
-    status: BaselineStatus
-    note: str = ""
-    comparisons: tuple[Comparison, ...] = ()
-    #: What changed in the subject since the baseline (other-hardware: the hardware fields
-    #: that differ from the closest recorded machine).
-    changes: tuple[str, ...] = ()
-    #: Per-layer diff when both records carry layer timing (a diagnosis, not a gate).
-    layer_changes: tuple[LayerChange, ...] = ()
-    #: Machine reference, candidate/baseline (None: not measured on both sides); shown only.
-    machine_ratio: float | None = None
-    #: Why the machine, not the subject, explains a slowdown (``machine_blame``), else "".
-    machine: str = ""
-    #: Memory figures grown beyond ``MEMORY_RULE`` since the baseline, one line each.
-    memory_changes: tuple[str, ...] = ()
-    #: Where the change went: the parts of each phase, compared like the headline (``judge.parts``).
-    parts: tuple[PartChange, ...] = ()
-    #: Where llama.cpp's time went, when both records keep an attribution pass, or both sides
-    #: of ``--llmperf-against`` ran one (``judge.attribution``; a diagnosis, not a gate).
-    attribution: AttributionChange | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "status", BaselineStatus(self.status))  # a word read from JSON, typed
-
-    @property
-    def slower_layers(self) -> tuple[LayerChange, ...]:
-        return tuple(c for c in self.layer_changes if c.slower)
-
-    @property
-    def regressions(self) -> tuple[Comparison, ...]:
-        return tuple(c for c in self.comparisons if c.verdict is Verdict.REGRESSION)
-
-    def failure_lines(self) -> list[str]:
-        suffix = f"; {', '.join(self.changes)}" if self.changes else ""
-        lines = [c.line() + suffix for c in self.regressions] + [m + suffix for m in self.memory_changes]
-        lines += [f"where it went: {line}" for line in why_lines(self.regressions, self.parts)]
-        if self.regressions and self.slower_layers:
-            lines.append("slower layers: " + "; ".join(c.line() for c in self.slower_layers))
-        return lines
-
-    def short(self) -> str:
-        """One cell for the summary table."""
-        if self.status is not BaselineStatus.COMPARED:
-            return str(self.status)
-        if self.regressions or (self.memory_changes and self.comparisons):
-            return regression_cell({c.phase for c in self.regressions} | ({"memory"} if self.memory_changes else set()))
-        return headline(c.verdict for c in self.comparisons).value  # none: INCONCLUSIVE (the note says why)
-
-
-def regression_cell(phases: Iterable[str]) -> str:
-    """A regression's cell of the summary table (``BaselineVerdict.short``): ``REGRESSION decode+prefill``."""
-    return f"{Verdict.REGRESSION} " + "+".join(sorted(phases))
 
 
 #: Memory against the baseline: (relative, absolute MiB) growth a figure may show before it
@@ -493,15 +436,17 @@ def judge(
     """Find this hardware's entry among a test's baselines and compare, or say why not.
     ``window(entry)``: the history's sessions of this test since ``entry`` was recorded, per
     judged metric (``compare_records``). Never raises: stored data that cannot be judged is
-    left out with a line saying so, or (as a last resort) the verdict is an "error" naming it."""
+    left out with a line saying so, or (as a last resort) the verdict is an "error" naming it.
+    Decided: its cell and failure lines written (``BaselineVerdict.decided``)."""
     try:
-        return _judge(entries, hardware_key, candidate, settings, window)
+        verdict = _judge(entries, hardware_key, candidate, settings, window)
     except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError) as exc:
-        return BaselineVerdict(
+        verdict = BaselineVerdict(
             BaselineStatus.ERROR,
             f"cannot judge against the stored baseline: {type(exc).__name__}: {exc}; "
             "re-record it with --llmperf-update-baselines",
         )
+    return verdict.decided()
 
 
 def _judge(
@@ -609,12 +554,8 @@ def _attribution(
 
 
 def _with_comparisons(
-    r: MeasurementResult,
-    comparisons: Sequence[Comparison],
-    *,
-    failures: tuple[str, ...] | None = None,
-    short: str | None = None,
-) -> MeasurementResult:
+    r: Outcome, comparisons: Sequence[Comparison], *, failures: tuple[str, ...] | None = None, short: str | None = None
+) -> Outcome:
     v = r.verdict
     assert v is not None
     return dataclasses.replace(
@@ -628,7 +569,7 @@ def _with_comparisons(
     )
 
 
-def session_holm(results: Sequence[MeasurementResult]) -> list[MeasurementResult]:
+def session_holm(results: Sequence[Outcome]) -> list[Outcome]:
     """The results with Holm over every judged comparison of the finished session, so the
     "p (Holm)" reported equals Holm over all the session's p-values. Verdicts stay as decided
     during the session: each was decided against an upper bound of this adjustment (unseen
@@ -651,7 +592,7 @@ def session_holm(results: Sequence[MeasurementResult]) -> list[MeasurementResult
     return out
 
 
-def _session_adjusted(results: Sequence[MeasurementResult]) -> dict[tuple[int, int], tuple[float, float]]:
+def _session_adjusted(results: Sequence[Outcome]) -> dict[tuple[int, int], tuple[float, float]]:
     """Holm over every judged comparison of the session: (worse, better) adjusted p-values by
     (result, comparison) index."""
     judged = _session_family(results)
@@ -662,7 +603,7 @@ def _session_adjusted(results: Sequence[MeasurementResult]) -> dict[tuple[int, i
     return {(i, j): (pw, pb) for (i, j, _), pw, pb in zip(judged, worse, better)}
 
 
-def _session_family(results: Sequence[MeasurementResult]) -> list[tuple[int, int, Comparison]]:
+def _session_family(results: Sequence[Outcome]) -> list[tuple[int, int, Comparison]]:
     """(result index, comparison index, comparison) of each judged comparison of the session
     (mirrors do not count)."""
     return [
@@ -687,9 +628,7 @@ def _mirrors_adjusted(comps: Sequence[Comparison]) -> list[Comparison]:
     ]
 
 
-def suite_check(
-    results: Sequence[MeasurementResult], settings: CompareSettings
-) -> tuple[list[MeasurementResult], list[str]]:
+def suite_check(results: Sequence[Outcome], settings: CompareSettings) -> tuple[list[Outcome], list[str]]:
     """The session-end suite-relative check (``rule.suite_relative``): the results with
     their new verdicts, and the failure line of each new REGRESSION."""
     results = list(results)
@@ -707,7 +646,7 @@ def suite_check(
     return results, lines
 
 
-def _compared(results: Sequence[MeasurementResult]) -> tuple[list[int], list[list[Comparison]]]:
+def _compared(results: Sequence[Outcome]) -> tuple[list[int], list[list[Comparison]]]:
     """The indices of the results compared against a baseline, and their comparisons."""
     compared = [
         i for i, r in enumerate(results) if r.verdict is not None and r.verdict.status is BaselineStatus.COMPARED
@@ -716,9 +655,7 @@ def _compared(results: Sequence[MeasurementResult]) -> tuple[list[int], list[lis
     return compared, before
 
 
-def _suite_verdicts(
-    r: MeasurementResult, old: Sequence[Comparison], new: Sequence[Comparison]
-) -> tuple[MeasurementResult, list[str]]:
+def _suite_verdicts(r: Outcome, old: Sequence[Comparison], new: Sequence[Comparison]) -> tuple[Outcome, list[str]]:
     """``r`` with the comparisons the suite-relative check changed (``old`` -> ``new``), and the
     failure line of each new REGRESSION."""
     v = r.verdict

@@ -1,4 +1,5 @@
-"""One measurement's result, typed, and the per-layer baseline diff it carries.
+"""The one outcome of a test's measurement (``Outcome``), the verdict it carries
+(``BaselineVerdict``), and the per-layer baseline diff in that verdict.
 
 Per-layer diff between two records that both carry layer timing: which layers got slower.
 
@@ -10,40 +11,44 @@ two sessions may run on a machine that got uniformly slower or faster in between
 move every layer's ms and say nothing about which layer changed; a uniform slowdown is the
 phase verdicts' business. This is a diagnosis next to those verdicts, which stay the gate.
 
-One measurement's result, typed: what a test measured, its budgets and what its baseline said.
+One outcome of a test's measurement, typed: its headline figures, its budgets, its record and
+the verdict against its baseline (or ``--llmperf-against``'s REF), built here (``outcome``;
+the assessor builds the judged part: ``session.assess``) and only read above.
 
-The one definition of the result that travels: within one process the object itself (a test's
+The one definition of the outcome that travels: within one process the object itself (a test's
 report carries it to the session); ``to_json()`` is pytest-xdist's wire format (a worker's
 report is serialized with it, the controller rebuilds it with ``from_json``), each entry of the
 ``--llmperf-json`` session file (``schemas/session.schema.json``), the HTML report's input and
 ``llmperf compare`` / ``llmperf report``'s. The JUnit properties and the terminal summary rows
 are derived from it (``properties()``, ``summary_row()``), never parsed back.
 
-The verdict is kept as reported (``VerdictRecord``: its short word and failure lines as they
-were at the time), with its comparisons as ``verdict.Comparison`` objects."""
+The verdict is the judge's own object (``regression.judge`` decides it), kept as reported
+(``BaselineVerdict.decided``: its short word and failure lines as they were at the time), with
+its comparisons as ``verdict.Comparison`` objects."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 from scipy.stats import mannwhitneyu
 
+from ..baselines.records import prompt_record
 from ..core.documents import SchemaViolation, validate
 from ..core.errors import LLMPerfError
 from ..core.measured import Figures
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_THRESHOLD
-from .budgets import BudgetStatus
+from ..measuring.metrics import Measurement
+from .budgets import BudgetFailure, BudgetStatus
 from .parts import PartChange, part_properties, why_lines
-from .verdict import BaselineStatus, Comparison, Verdict, holm
+from .verdict import BaselineStatus, Comparison, Verdict, headline, holm, regression_cell
 
 if TYPE_CHECKING:
     from .attribution import AttributionChange
-    from .regression import BaselineVerdict
 
 
 @dataclass(frozen=True)
@@ -114,7 +119,7 @@ def _phase_rows(phase: str, b: Mapping[str, Any], c: Mapping[str, Any]) -> list[
     return rows
 
 
-def _shares(per_run_ms: Any) -> np.ndarray:
+def _shares(per_run_ms: object) -> np.ndarray:
     runs = np.asarray(per_run_ms, dtype=float)
     shares: np.ndarray = runs / runs.sum(axis=1, keepdims=True)
     return shares
@@ -150,7 +155,7 @@ def _at_default(c: Comparison, name: str) -> bool:
     return bool(getattr(c, name) == f.default)
 
 
-def comparison_json(c: Comparison) -> dict[str, Any]:
+def comparison_json(c: Comparison) -> dict[str, object]:
     """A comparison's fields, with the verdict's name and its line (for people reading the file);
     ``reference`` only for a comparison against ``--llmperf-against``'s REF, ``shown`` only where
     the figures' statistic is named."""
@@ -176,7 +181,7 @@ def comparison_from_json(d: Mapping[str, Any]) -> Comparison:
     return Comparison(**{k: v for k, v in d.items() if k in names and k != "verdict"}, verdict=Verdict(d["verdict"]))
 
 
-def layer_change_json(c: LayerChange) -> dict[str, Any]:
+def layer_change_json(c: LayerChange) -> dict[str, object]:
     return {**{f.name: getattr(c, f.name) for f in dataclasses.fields(c)}, "change_pct": c.change_pct}
 
 
@@ -185,26 +190,64 @@ def layer_change_from_json(d: Mapping[str, Any]) -> LayerChange:
 
 
 @dataclass(frozen=True)
-class VerdictRecord:
-    """What the baseline said about one measurement, as reported: ``short`` (one cell) and
-    ``failures`` (the regression lines) are kept as they were decided, so a later reader shows
-    what the run showed (``regression.BaselineVerdict`` computes them; see ``of``)."""
+class BaselineVerdict:
+    """What the baseline (or ``--llmperf-against``'s REF) said about one measurement: its
+    comparisons and the diagnoses beside them (``regression.judge`` decides it). ``short`` (one
+    cell) and ``failures`` (the regression lines) are kept as they were decided (``decided()``),
+    so a later reader (the session-end steps, a session file) shows what the run showed."""
 
     status: BaselineStatus
     note: str = ""
-    changes: tuple[str, ...] = ()
-    machine: str = ""
-    short: str = ""
-    failures: tuple[str, ...] = ()
     comparisons: tuple[Comparison, ...] = ()
+    #: What changed in the subject since the baseline (other-hardware: the hardware fields
+    #: that differ from the closest recorded machine).
+    changes: tuple[str, ...] = ()
+    #: Per-layer diff when both records carry layer timing (a diagnosis, not a gate).
     layer_changes: tuple[LayerChange, ...] = ()
+    #: Machine reference, candidate/baseline (None: not measured on both sides); shown only, not stored.
+    machine_ratio: float | None = None
+    #: Why the machine, not the subject, explains a slowdown (``regression.machine_blame``), else "".
+    machine: str = ""
+    #: Memory figures grown beyond ``regression.MEMORY_RULE`` since the baseline, one line each
+    #: (stored as its lines in ``failures`` and its phase in ``short``).
+    memory_changes: tuple[str, ...] = ()
     #: Where the change went: each phase's parts, compared like the headline (``judge.parts``).
     parts: tuple[PartChange, ...] = ()
     #: Where llama.cpp's time went (``judge.attribution``), when both sides had a pass.
     attribution: AttributionChange | None = None
+    short: str = ""
+    failures: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", BaselineStatus(self.status))  # a word read from JSON, typed
+
+    @property
+    def slower_layers(self) -> tuple[LayerChange, ...]:
+        return tuple(c for c in self.layer_changes if c.slower)
+
+    @property
+    def regressions(self) -> tuple[Comparison, ...]:
+        return tuple(c for c in self.comparisons if c.verdict is Verdict.REGRESSION)
+
+    def decided(self) -> BaselineVerdict:
+        """This verdict with its cell and failure lines as they read now (``short``, ``failures``)."""
+        return dataclasses.replace(self, short=self._cell(), failures=tuple(self.failure_lines()))
+
+    def failure_lines(self) -> list[str]:
+        suffix = f"; {', '.join(self.changes)}" if self.changes else ""
+        lines = [c.line() + suffix for c in self.regressions] + [m + suffix for m in self.memory_changes]
+        lines += [f"where it went: {line}" for line in why_lines(self.regressions, self.parts)]
+        if self.regressions and self.slower_layers:
+            lines.append("slower layers: " + "; ".join(c.line() for c in self.slower_layers))
+        return lines
+
+    def _cell(self) -> str:
+        """One cell for the summary table."""
+        if self.status is not BaselineStatus.COMPARED:
+            return str(self.status)
+        if self.regressions or (self.memory_changes and self.comparisons):
+            return regression_cell({c.phase for c in self.regressions} | ({"memory"} if self.memory_changes else set()))
+        return headline(c.verdict for c in self.comparisons).value  # none: INCONCLUSIVE (the note says why)
 
     def why(self) -> list[str]:
         """One line per phase that moved, naming the parts that moved and those that did not, and
@@ -212,23 +255,7 @@ class VerdictRecord:
         lines = why_lines(self.comparisons, self.parts)
         return [f"{line}; {', '.join(self.changes)}" for line in lines] if self.changes else lines
 
-    @classmethod
-    def of(cls, v: BaselineVerdict) -> VerdictRecord:
-        """From a ``regression.BaselineVerdict``, as it is reported now."""
-        return cls(
-            v.status,
-            v.note,
-            tuple(v.changes),
-            v.machine,
-            v.short(),
-            tuple(v.failure_lines()),
-            tuple(v.comparisons),
-            tuple(v.layer_changes),
-            tuple(v.parts),
-            attribution=v.attribution,
-        )
-
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "status": self.status.value,
             "note": self.note,
@@ -256,18 +283,18 @@ class VerdictRecord:
         return max((c.n_candidate for c in self.comparisons if c.reference), default=0)
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> VerdictRecord:
+    def from_json(cls, d: Mapping[str, Any]) -> BaselineVerdict:
         return cls(
             d["status"],
             d.get("note", ""),
-            tuple(d.get("changes", ())),
-            d.get("machine", ""),
-            d.get("short", d["status"]),
-            tuple(d.get("failures", ())),
             tuple(comparison_from_json(c) for c in d.get("comparisons", ())),
+            tuple(d.get("changes", ())),
             tuple(layer_change_from_json(c) for c in d.get("layer_changes", ())),
-            tuple(PartChange.from_json(p) for p in d.get("parts", ())),
-            _attribution_of(d.get("attribution")),
+            machine=d.get("machine", ""),
+            parts=tuple(PartChange.from_json(p) for p in d.get("parts", ())),
+            attribution=_attribution_of(d.get("attribution")),
+            short=d.get("short", d["status"]),
+            failures=tuple(d.get("failures", ())),
         )
 
 
@@ -280,9 +307,10 @@ def _attribution_of(d: Mapping[str, Any] | None) -> AttributionChange | None:
 
 
 @dataclass(frozen=True)
-class MeasurementResult:
-    """One measurement of one test: its figures and budgets, and (``assessed``) its record, the
-    baseline file and entry it belongs to, and the verdict against that entry."""
+class Outcome:
+    """The outcome of one measurement of one test: its figures and budgets, and (``assessed``)
+    its record, the baseline file and entry it belongs to, and the verdict against that entry
+    (built by ``outcome``; stored and loaded by ``to_json`` / ``from_json``)."""
 
     test: str  # node id, plus ``[label]`` for a labelled measurement
     nodeid: str = ""
@@ -298,7 +326,7 @@ class MeasurementResult:
     baseline_file: str = ""  # relative to the baseline folder
     hardware_key: str = ""
     record: Mapping[str, Any] | None = None  # the baseline record format (schemas/baselines.schema.json)
-    verdict: VerdictRecord | None = None
+    verdict: BaselineVerdict | None = None
     baseline_record: Mapping[str, object] | None = None  # the entry the verdict compared against
     #: One line per budget whose CI straddles its limit (undecided: passes, and says so).
     budget_notes: tuple[str, ...] = ()
@@ -328,7 +356,7 @@ class MeasurementResult:
 
     @property
     def reference(self) -> str:
-        """``--llmperf-against``'s REF this result was judged against, else "" (``VerdictRecord.reference``)."""
+        """``--llmperf-against``'s REF this result was judged against, else "" (``BaselineVerdict.reference``)."""
         return self.verdict.reference if self.verdict is not None else ""
 
     @property
@@ -336,10 +364,10 @@ class MeasurementResult:
         """Recorded for the baselines (a smoke run or a failed load test is not)."""
         return self.record is not None
 
-    def values(self) -> dict[str, Any]:
+    def values(self) -> dict[str, object]:
         """Name -> value of the flat figures: the measurement's, ``budget`` (``-``, ``ok`` or
         ``FAIL key,key``), a load test's, then ``baseline`` (the verdict's short word)."""
-        out: dict[str, Any] = {}
+        out: dict[str, object] = {}
         if self.figures is not None:
             out.update(self.figures.values())
             out["budget"] = self.budget.cell(self.breached_budgets)
@@ -349,7 +377,7 @@ class MeasurementResult:
             out["baseline"] = self.verdict.short
         return out
 
-    def properties(self) -> list[tuple[str, Any]]:
+    def properties(self) -> list[tuple[str, object]]:
         """``report.user_properties`` (JUnit XML): ``llmperf[label].<name>`` of ``values()``,
         then ``verdict.<metric>`` of each comparison, ``part.<metric>.change``/``.ci``/``.moved`` of
         each part of a phase (``parts.part_properties``), and ``against`` (REF, when judged against
@@ -364,11 +392,11 @@ class MeasurementResult:
         out += [(f"{prefix}prompt.{k}", v) for k, v in self.prompt.items() if v is not None]
         return out
 
-    def summary_row(self) -> dict[str, Any]:
+    def summary_row(self) -> dict[str, object]:
         """The terminal summary's row (``reports.text.summary_table``, ``measuring.served``)."""
         return {"test": self.test, **self.values()}
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         """Plain JSON data (``schemas/session.schema.json#/$defs/result``); ``from_json`` inverts it."""
         return {
             "test": self.test,
@@ -391,7 +419,7 @@ class MeasurementResult:
         }
 
     @classmethod
-    def from_json(cls, d: Any, where: str = "result", *, check: bool = True) -> MeasurementResult:
+    def from_json(cls, d: Any, where: str = "result", *, check: bool = True) -> Outcome:
         """A result from its JSON data; a ``ResultError`` naming the JSON path (``where`` is
         its root) and the problem when ``d`` does not match the schema (``check=False``: the
         caller validated it already). Keys a session file of an older pytest-llmperf lacks
@@ -418,14 +446,51 @@ class MeasurementResult:
             d.get("baseline_file", ""),
             d.get("hardware_key", ""),
             d.get("record"),
-            None if verdict is None else VerdictRecord.from_json(verdict),
+            None if verdict is None else BaselineVerdict.from_json(verdict),
             d.get("baseline_record"),
             tuple(d.get("budget_notes", ())),
             dict(d.get("prompt") or {}),
         )
 
 
-def _state(kind: type[State], word: Any, path: str) -> State:
+def outcome(
+    m: Measurement,
+    test: str,
+    nodeid: str,
+    failure: BudgetFailure | None,
+    n_budgets: int,
+    *,
+    budgets: Mapping[str, float],
+    extra_info: Mapping[str, object],
+    budget_notes: Sequence[str],
+    judged: Outcome | None,
+) -> Outcome:
+    """The outcome of measurement ``m`` of test ``test`` (node ``nodeid``): its figures, its
+    budgets (``failure``: those it broke, of ``n_budgets``; ``budget_notes``: those it could not
+    decide) and, once assessed, what ``judged`` holds: its record, its baseline entry and the
+    verdict against it (``session.assess.Assessor.assess``)."""
+    breaches = failure.breaches if failure is not None else ()
+    return dataclasses.replace(
+        Outcome(test) if judged is None else judged,
+        test=test + (f"[{m.label}]" if m.label else ""),
+        nodeid=nodeid,
+        label=m.label or "",
+        budget=BudgetStatus.of(n_budgets, failure is not None),
+        budget_failures=tuple(b.line() for b in breaches),
+        budget_notes=tuple(budget_notes),
+        breached_budgets=tuple(b.key for b in breaches),
+        budgets=dict(budgets),
+        extra_info=dict(extra_info),
+        figures=Figures.of(m),
+        prompt=prompt_record(m),
+    )
+
+
+#: Its public name before it was the one outcome (``pytest_llmperf.MeasurementResult``, docs/api.md).
+MeasurementResult = Outcome
+
+
+def _state(kind: type[State], word: object, path: str) -> State:
     """``word`` as a state of ``kind``; a ``ResultError`` naming ``path`` when it is none."""
     try:
         return kind(word)

@@ -359,6 +359,11 @@ def headline(verdicts: Iterable[Verdict]) -> Verdict:
     return min(verdicts, key=HEADLINE_ORDER.index, default=Verdict.INCONCLUSIVE)
 
 
+def regression_cell(phases: Iterable[str]) -> str:
+    """A regression's cell of the summary table: ``REGRESSION decode+prefill``."""
+    return f"{Verdict.REGRESSION} " + "+".join(sorted(phases))
+
+
 def stored_verdict(word: str | None) -> Verdict | None:
     """The verdict a stored verdict cell names (``REGRESSION decode``, ``MACHINE_SLOWER``: the
     ``short`` a session wrote, its history row's ``baseline``); None for a baseline status
@@ -368,7 +373,7 @@ def stored_verdict(word: str | None) -> Verdict | None:
 
 
 class BaselineStatus(StrEnum):
-    """What a measurement was held against (``regression.BaselineVerdict``, ``result.VerdictRecord``):
+    """What a measurement was held against (``result.BaselineVerdict``):
     its comparisons are judged only when COMPARED; the others say why there are none."""
 
     COMPARED = "compared"

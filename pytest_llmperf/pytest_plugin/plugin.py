@@ -281,9 +281,9 @@ class LLMPerfHooks:
         report = yield
         shipped = getattr(report, "llmperf", None)
         if shipped:
-            from ..judge.result import MeasurementResult
+            from ..judge.result import Outcome
 
-            report.llmperf = [MeasurementResult.from_json(d, check=False) for d in shipped]
+            report.llmperf = [Outcome.from_json(d, check=False) for d in shipped]
         return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:

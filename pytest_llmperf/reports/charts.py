@@ -12,7 +12,7 @@ history/series.trend_data (drawing only; the history layer reads, this layer dra
 
 The change overview (the HTML report's key figure): the change of every compared metric with
 its CI, most notable first; it draws the whole session (every test's verdicts) at the top of
-the page, from the session's typed results (``judge.result.MeasurementResult``) rather than
+the page, from the session's typed results (``judge.result.Outcome``) rather than
 one record.
 
 The throughput-latency curve of served load tests: each load measurement is one point (output
@@ -40,7 +40,7 @@ from ..judge.verdict import Verdict
 
 if TYPE_CHECKING:
     from ..judge.parts import PartChange
-    from ..judge.result import MeasurementResult
+    from ..judge.result import Outcome
     from ..judge.verdict import Comparison
 
 
@@ -372,7 +372,7 @@ VERDICT_ORDER = (Verdict.REGRESSION, Verdict.MACHINE_SLOWER, Verdict.IMPROVED, V
 OVERVIEW_ROWS = 24
 
 
-def change_overview(results: Sequence[MeasurementResult]) -> Any:
+def change_overview(results: Sequence[Outcome]) -> Any:
     """Change of each compared metric with its 95% CI, the most notable first (capped)."""
     rows = _ranked_comparisons(results)
     shown = rows[:OVERVIEW_ROWS]
@@ -391,7 +391,7 @@ def change_overview(results: Sequence[MeasurementResult]) -> Any:
     return fig
 
 
-def _ranked_comparisons(results: Sequence[MeasurementResult]) -> list[tuple[str, Comparison]]:
+def _ranked_comparisons(results: Sequence[Outcome]) -> list[tuple[str, Comparison]]:
     """Every (test, comparison), the most notable first: by verdict (``VERDICT_ORDER``), then
     by the size of the change."""
     rows = []
@@ -437,7 +437,7 @@ def _threshold_band(ax: Any, shown: Sequence[Comparison]) -> None:
 _PARAMS = re.compile(r"\[.*\]$")
 
 
-def curves(results: Sequence[MeasurementResult]) -> dict[str, list[Mapping[str, object]]]:
+def curves(results: Sequence[Outcome]) -> dict[str, list[Mapping[str, object]]]:
     """``{test function: load records sorted by throughput}`` of the results that have one."""
     groups: dict[str, list[Mapping[str, object]]] = defaultdict(list)
     for r in results:
@@ -447,7 +447,7 @@ def curves(results: Sequence[MeasurementResult]) -> dict[str, list[Mapping[str, 
     return {k: sorted(v, key=lambda d: (d["concurrency"], d["output_tps"])) for k, v in groups.items()}
 
 
-def throughput_latency(results: Sequence[MeasurementResult]) -> Any:
+def throughput_latency(results: Sequence[Outcome]) -> Any:
     """Two panels sharing the x axis (output tok/s): TTFT and TPOT, p50 with p99 whiskers."""
     fig, (left, right) = new_chart(3.4, ncols=2, margins_in=(0.62, 0.95, 0.15, 0.3), wspace=0.45)
     colours = ("#1f5fbf", "#c0392b", "#1e8449", "#7d3c98", "#b9770e", "#2e4053")
@@ -473,7 +473,7 @@ def throughput_latency(results: Sequence[MeasurementResult]) -> Any:
     return fig
 
 
-def section(results: Sequence[MeasurementResult]) -> str | None:
+def section(results: Sequence[Outcome]) -> str | None:
     """The curve's SVG, or None when no result is a load test."""
     if not curves(results):
         return None

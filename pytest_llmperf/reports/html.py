@@ -2,7 +2,7 @@
 
 Nothing is fetched at view time: styles sit in one ``<style>`` element and every figure is
 inline SVG whose ids are prefixed per figure (many SVGs share one document). Verdicts carry
-a word and a symbol besides their colour. Input: typed results (``judge.result.MeasurementResult``)
+a word and a symbol besides their colour. Input: typed results (``judge.result.Outcome``)
 and, beside them, the history's recent trend per test, so the plugin (``--llmperf-html``) and
 ``llmperf report`` (results rebuilt from the session file) draw the same page; chart workers
 get the results' JSON and rebuild them. Metric rows and cells are the catalog's.
@@ -33,7 +33,7 @@ from ..core.catalog import BUDGETS, FIGURES, HEADLINE, is_ceiling
 from ..core.formats import fmt
 from ..core.settings import usable_cpus
 from ..judge.budgets import BudgetState, BudgetStatus
-from ..judge.result import MeasurementResult, VerdictRecord
+from ..judge.result import BaselineVerdict, Outcome
 from ..judge.verdict import HEADLINE_ORDER, BaselineStatus, Verdict, headline
 from . import charts, record_charts
 from .session_file import (
@@ -68,7 +68,7 @@ if TYPE_CHECKING:
 
 
 #: The verdict of a result that has none (not compared).
-NOT_COMPARED = VerdictRecord(BaselineStatus.NOT_COMPARED)
+NOT_COMPARED = BaselineVerdict(BaselineStatus.NOT_COMPARED)
 
 #: The history's recent trend of a test (``history.series.attach``): ``{result.test: [trend_data]}``.
 Trends = Mapping[str, Sequence[Mapping[str, object]]]
@@ -130,7 +130,7 @@ def _e(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
-def state_of(result: MeasurementResult) -> tuple[State, str]:
+def state_of(result: Outcome) -> tuple[State, str]:
     """A test's state and its word: REGRESSION, OVER BUDGET, then its verdict against the
     baseline (or REF), or why it was not compared (the verdict's cell)."""
     verdict = result.verdict or NOT_COMPARED
@@ -149,7 +149,7 @@ def badge(state: State, text: str | None = None) -> str:
     return f'<span class="badge {css}">{symbol} {_e(text or state)}</span>'
 
 
-def test_badge(result: MeasurementResult) -> str:
+def test_badge(result: Outcome) -> str:
     """The test's word, with the verdict's cell when it regressed (``REGRESSION decode``)."""
     state, word = state_of(result)
     return badge(state, word if state is BudgetStatus.FAIL else (result.verdict or NOT_COMPARED).short or word)
@@ -182,7 +182,7 @@ def budget_value(record: Mapping[str, object], key: str) -> float | None:
 BUDGET_FIGURES = {f.budget_key: name for name, f in FIGURES.items() if f.bound}
 
 
-def _budget_rows(result: MeasurementResult) -> list[list[str]]:
+def _budget_rows(result: Outcome) -> list[list[str]]:
     """One row per budget: its limit, the measured statistic and whether it holds."""
     figures = result.figures.values() if result.figures else {}
     rows = []
@@ -200,7 +200,7 @@ def _budget_rows(result: MeasurementResult) -> list[list[str]]:
     return rows
 
 
-def _budget_badge(result: MeasurementResult, key: str, limit: float, value: float | None) -> str:
+def _budget_badge(result: Outcome, key: str, limit: float, value: float | None) -> str:
     """ok, OVER BUDGET or "not in record": the budget recomputed from the record, else (no
     record, or no value in it) the result's own judgement of it."""
     if value is None or not result.record:
@@ -258,9 +258,7 @@ def _chart_html(fig_id: str, caption: str, svg: str, prefix: str) -> str:
     )
 
 
-def test_section(
-    index: int, result: MeasurementResult, trend: Sequence[Mapping[str, object]] = (), against: str = ""
-) -> str:
+def test_section(index: int, result: Outcome, trend: Sequence[Mapping[str, object]] = (), against: str = "") -> str:
     """One test's section; ``trend``: its recent sessions from the history (``Trends``);
     ``against``: the session's ``--llmperf-against`` REF (a test it could not pair is "not compared")."""
     record = result.record or {}
@@ -343,7 +341,7 @@ def attribution_html(d: Mapping[str, Any] | None) -> list[str]:
     return [*out, "</div>"]
 
 
-def _workload_notes(result: MeasurementResult, against: str) -> str:
+def _workload_notes(result: Outcome, against: str) -> str:
     """What was run (prompt and generated tokens, runs) and what it was judged against."""
     f, ref, verdict = result.figures, result.reference, result.verdict or NOT_COMPARED
     w = (result.record or {}).get("workload") or (
@@ -369,7 +367,7 @@ def _counted(value: object, noun: str, missing: str) -> str:
     return missing if value is None or value == "" else f"{value} {noun}"
 
 
-def _test_notes(verdict: VerdictRecord, record: Mapping[str, Any]) -> list[str]:
+def _test_notes(verdict: BaselineVerdict, record: Mapping[str, Any]) -> list[str]:
     """The verdict's failures and note, what changed since the baseline, each comparison's
     reach, the stability warnings."""
     notes = list(verdict.failures)
@@ -390,7 +388,7 @@ def _memory_table(record: Mapping[str, Any]) -> list[str]:
     return [_table(("memory and start-up", "unit", "value", "source"), held)] if held else []
 
 
-def _prompt_table(result: MeasurementResult) -> list[str]:
+def _prompt_table(result: Outcome) -> list[str]:
     """A measured callable's prompt as llama.cpp saw it and its stream as the caller got it."""
     from .session_file import PROMPT_COLUMNS, prompt_cell
 
@@ -400,7 +398,7 @@ def _prompt_table(result: MeasurementResult) -> list[str]:
     return [_table(("your code's prompt and stream", "value"), rows)]
 
 
-def _record_plots(index: int, result: MeasurementResult) -> list[str]:
+def _record_plots(index: int, result: Outcome) -> list[str]:
     """The record's charts (``record_charts.charts_for``), each against the baseline and budgets."""
     record = result.record or {}
     plots = []
@@ -428,7 +426,7 @@ def _trend_plot(index: int, trend: Sequence[Mapping[str, object]]) -> list[str]:
     ]
 
 
-def summary_section(results: Sequence[MeasurementResult], created_at: str | None) -> str:
+def summary_section(results: Sequence[Outcome], created_at: str | None) -> str:
     """The session at a glance: how many tests in each state, a row per test, what changed in
     the subject, the environment, the load curve and the largest changes."""
     parts = [
@@ -450,7 +448,7 @@ def summary_section(results: Sequence[MeasurementResult], created_at: str | None
     return "\n".join(parts)
 
 
-def _state_counts(results: Sequence[MeasurementResult]) -> str:
+def _state_counts(results: Sequence[Outcome]) -> str:
     """A badge per state with its count, the worst first (``WORST_FIRST``)."""
     states = Counter(state_of(r) for r in results)
     rank = {state: i for i, state in enumerate(WORST_FIRST)}
@@ -458,7 +456,7 @@ def _state_counts(results: Sequence[MeasurementResult]) -> str:
     return " ".join(badge(state, f"{n} {word}") for (state, word), n in ranked)
 
 
-def _summary_row(i: int, r: MeasurementResult) -> list[str]:
+def _summary_row(i: int, r: Outcome) -> list[str]:
     """A test's row of the summary table: link, verdict, budget, headline figures, changes."""
     s = summary_values(r)
     return [
@@ -470,7 +468,7 @@ def _summary_row(i: int, r: MeasurementResult) -> list[str]:
     ]
 
 
-def _changed_list(results: Sequence[MeasurementResult]) -> str:
+def _changed_list(results: Sequence[Outcome]) -> str:
     """What changed in the subject since the baselines, with how many tests saw each change."""
     changes = Counter(c for r in results for c in (r.verdict or NOT_COMPARED).changes)
     if not changes:
@@ -478,7 +476,7 @@ def _changed_list(results: Sequence[MeasurementResult]) -> str:
     return "<ul class='notes'>" + "".join(f"<li>{_e(c)} ({n} test(s))</li>" for c, n in changes.most_common()) + "</ul>"
 
 
-def _summary_charts(results: Sequence[MeasurementResult]) -> list[str]:
+def _summary_charts(results: Sequence[Outcome]) -> list[str]:
     """The session-wide charts: the served load curve and the largest changes, when there are any."""
     from .charts import section as load_curve
 
@@ -503,7 +501,7 @@ def _summary_charts(results: Sequence[MeasurementResult]) -> list[str]:
     return parts
 
 
-def key_chart(results: Sequence[MeasurementResult]) -> str | None:
+def key_chart(results: Sequence[Outcome]) -> str | None:
     """The session at a glance (the Markdown summary's figure); None without comparisons."""
     if not any((r.verdict or NOT_COMPARED).comparisons for r in results):
         return None
@@ -515,7 +513,7 @@ PARALLEL_FROM = 16
 
 
 def test_sections(
-    results: Sequence[MeasurementResult], workers: int | None = None, trends: Trends | None = None, against: str = ""
+    results: Sequence[Outcome], workers: int | None = None, trends: Trends | None = None, against: str = ""
 ) -> list[str]:
     """Every test's section, in order. Big reports are split among fresh ``python -m
     pytest_llmperf.reports.html`` processes (the results' and trends' JSON in, sections out):
@@ -536,12 +534,12 @@ def test_sections(
         return first + [section for sections in others for section in sections]
 
 
-def _sections_here(start: int, part: Sequence[MeasurementResult], trends: Trends, against: str) -> list[str]:
+def _sections_here(start: int, part: Sequence[Outcome], trends: Trends, against: str) -> list[str]:
     """The sections of ``part`` (the tests from ``start`` on), drawn in this process."""
     return [test_section(start + i, r, trends.get(r.test, ()), against) for i, r in enumerate(part)]
 
 
-def _sections_in_worker(start: int, part: Sequence[MeasurementResult], trends: Trends, against: str) -> list[str]:
+def _sections_in_worker(start: int, part: Sequence[Outcome], trends: Trends, against: str) -> list[str]:
     """The sections of ``part`` drawn by a ``--worker`` process; here when the worker fails."""
     job = {
         "start": start,
@@ -612,7 +610,7 @@ def _ab_div(n: int, e: Mapping[str, Any]) -> list[str]:
 
 
 def render_html(
-    results: Sequence[MeasurementResult],
+    results: Sequence[Outcome],
     created_at: str | None = None,
     workers: int | None = None,
     trends: Trends | None = None,
@@ -638,7 +636,7 @@ def render_html(
     )
 
 
-def markdown_lines(html_path: Path | str, md_path: Path | None, results: Sequence[MeasurementResult]) -> list[str]:
+def markdown_lines(html_path: Path | str, md_path: Path | None, results: Sequence[Outcome]) -> list[str]:
     """What the Markdown summary says about the HTML report: a link relative to the Markdown
     file and the key figure embedded as an SVG file next to it (Markdown cannot inline SVG).
     Without a Markdown file (e.g. $GITHUB_STEP_SUMMARY, which shows no local files), or when
@@ -666,9 +664,9 @@ def markdown_lines(html_path: Path | str, md_path: Path | None, results: Sequenc
 
 def _worker() -> None:
     """``python -m pytest_llmperf.reports.html --worker``: {"start", "results", "trends"} on
-    stdin (``MeasurementResult.to_json()`` each, rebuilt here), the sections as a JSON list on stdout."""
+    stdin (``Outcome.to_json()`` each, rebuilt here), the sections as a JSON list on stdout."""
     job = json.load(sys.stdin)
-    results = [MeasurementResult.from_json(r, check=False) for r in job["results"]]
+    results = [Outcome.from_json(r, check=False) for r in job["results"]]
     trends = job.get("trends") or {}
     against = job.get("against") or ""
     json.dump(
@@ -676,7 +674,7 @@ def _worker() -> None:
     )
 
 
-def against_section(results: Sequence[MeasurementResult], against: Mapping[str, Any] | None = None) -> str:
+def against_section(results: Sequence[Outcome], against: Mapping[str, Any] | None = None) -> str:
     """What ``--llmperf-against`` compared: REF and each side (``Session.against_sides``, or the
     session file's ``against``); "" when nothing was judged against REF."""
     against = against or {}
@@ -708,7 +706,7 @@ def _side_text(side: Mapping[str, Any]) -> str:
     )
 
 
-def _against_agreement(results: Sequence[MeasurementResult]) -> str:
+def _against_agreement(results: Sequence[Outcome]) -> str:
     """The output agreement with REF, when a result has one."""
     headers, agreement = against_agreement_rows(results)
     if not agreement:

@@ -19,7 +19,7 @@ from ..core.errors import ConfigError
 from ..core.settings import SETTINGS, Setting
 
 if TYPE_CHECKING:
-    from ..judge.result import MeasurementResult
+    from ..judge.result import Outcome
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class SessionEnd:
     gate, the measurements planned, each report's path as given (by setting name), and the
     Markdown lines of the reports written before."""
 
-    results: Sequence[MeasurementResult]
+    results: Sequence[Outcome]
     ab: Sequence[Mapping[str, object]]
     started_at: str
     against: Mapping[str, object] | None

@@ -1,6 +1,6 @@
 """One session's results: baselines to write, the JSON report, the Markdown summary.
 
-Results are ``judge.result.MeasurementResult`` objects (they cross pytest-xdist's wire as their
+Results are ``judge.result.Outcome`` objects (they cross pytest-xdist's wire as their
 ``to_json()``), and only the process that owns the session (the xdist controller, or the single
 process) writes files, so workers never race on a baseline file. The session file's format is
 ``pytest_llmperf/schemas/session.schema.json``; ``read_session`` checks a file against it.
@@ -23,7 +23,7 @@ from ..core.documents import RefusedFile, SchemaViolation, loads, read_text, val
 from ..core.formats import fmt, render_table
 from ..core.settings import COLUMN_SETS, DEFAULT_COMPARISON_COLUMNS
 from ..judge.budgets import BudgetState
-from ..judge.result import MeasurementResult, ResultError
+from ..judge.result import Outcome, ResultError
 from ..judge.verdict import Comparison, Verdict, fmt_ratio
 from .text import fit_table, short_ids
 from .where import LEGEND, Explained, explained, moved, part_cells
@@ -33,7 +33,7 @@ SESSION_SCHEMA_VERSION = 1
 
 
 def write_baselines(
-    baseline_dir: Path, results: Iterable[MeasurementResult], errors: list[str] | None = None
+    baseline_dir: Path, results: Iterable[Outcome], errors: list[str] | None = None
 ) -> list[tuple[Path, Path | None]]:
     """Merge each result's record into its module's file; returns (file, moved-aside corrupt file).
 
@@ -58,7 +58,7 @@ def write_baselines(
 
 
 def session_json(
-    results: Iterable[MeasurementResult],
+    results: Iterable[Outcome],
     created_at: str,
     ab: list[Mapping[str, object]] | None = None,
     against: Mapping[str, object] | None = None,
@@ -83,7 +83,7 @@ def session_json(
 REDO = "write the report again with pytest --llmperf-json"
 
 
-def load_session(path: Path | str) -> list[MeasurementResult]:
+def load_session(path: Path | str) -> list[Outcome]:
     """Results of a saved ``--llmperf-json`` report (``read_session``)."""
     return read_session(path)[1]
 
@@ -92,7 +92,7 @@ def load_session(path: Path | str) -> list[MeasurementResult]:
 SMALLER = "write smaller reports (fewer tests or runs per session)"
 
 
-def read_session(path: Path | str) -> tuple[dict[str, Any], list[MeasurementResult]]:
+def read_session(path: Path | str) -> tuple[dict[str, Any], list[Outcome]]:
     """A saved ``--llmperf-json`` report and its results, checked against
     ``schemas/session.schema.json``; one line naming the file, the place in it and what to do
     if it is not one (the file is only read, and only a regular file within
@@ -100,7 +100,7 @@ def read_session(path: Path | str) -> tuple[dict[str, Any], list[MeasurementResu
     data = _session_document(path)
     try:
         validate(data, "session")
-        results = [MeasurementResult.from_json(r, f"results[{i}]", check=False) for i, r in enumerate(data["results"])]
+        results = [Outcome.from_json(r, f"results[{i}]", check=False) for i, r in enumerate(data["results"])]
     except (SchemaViolation, ResultError) as exc:  # ResultError: a state no pytest-llmperf writes
         raise baseline_store.BaselineError(f"{path}: {exc}; {REDO}") from None
     return data, results
@@ -154,7 +154,7 @@ def detects_cell(c: Comparison) -> str:
     return ">=999%" if c.detectable >= 9.99 else f">={c.detectable:.0%}"
 
 
-def reach_lines(results: Iterable[MeasurementResult], *, short: bool = False) -> list[str]:
+def reach_lines(results: Iterable[Outcome], *, short: bool = False) -> list[str]:
     """Per compared test, what the gate can detect per phase and where its noise estimate came
     from, e.g. ``test_a: prefill detects >= 14% here; between-session sd 6.1% from 10
     session(s) of the history; decode ...``."""
@@ -168,7 +168,7 @@ def reach_lines(results: Iterable[MeasurementResult], *, short: bool = False) ->
     return lines
 
 
-def reach_summary(results: Iterable[MeasurementResult]) -> str | None:
+def reach_summary(results: Iterable[Outcome]) -> str | None:
     """One line: the median reach per phase over the compared tests (the terminal's default)."""
     by_phase: dict[str, list[float | None]] = {}
     for r in results:
@@ -196,18 +196,18 @@ def _median_reach(phase: str, reaches: list[float | None]) -> str:
     return f"{phase}: too few runs to state a reach" if middle is None else f"{phase} >= {middle:.0%}"
 
 
-def _comparisons(r: MeasurementResult) -> tuple[Comparison, ...]:
+def _comparisons(r: Outcome) -> tuple[Comparison, ...]:
     return r.verdict.comparisons if r.verdict is not None else ()
 
 
-def against_of(results: Iterable[MeasurementResult]) -> str:
+def against_of(results: Iterable[Outcome]) -> str:
     """REF (``git:main (3f2a1b9c0d1e)``) when every compared result was judged against
     ``--llmperf-against``'s REF, else "" (stored baselines, or nothing compared)."""
     refs = {r.reference for r in results if _comparisons(r)}
     return next(iter(refs)) if len(refs) == 1 else ""
 
 
-def comparison_headers(results: Iterable[MeasurementResult]) -> tuple[str, ...]:
+def comparison_headers(results: Iterable[Outcome]) -> tuple[str, ...]:
     return AGAINST_HEADERS if against_of(results) else COMPARISON_HEADERS
 
 
@@ -231,13 +231,13 @@ def change_cells(c: Comparison, paired: bool) -> tuple[str, str]:
     return f"{(c.ratio - 1) * 100:+.1f}%", ci
 
 
-def summary_values(r: MeasurementResult) -> Mapping[str, Any]:
+def summary_values(r: Outcome) -> Mapping[str, Any]:
     """The headline figures: the record's ``summary``, or (judged against REF: no record) the
     figures as measured."""
     return (r.record or {}).get("summary") or (r.figures.values() if r.figures is not None else {})
 
 
-def comparison_rows(results: Iterable[MeasurementResult]) -> list[list[str]]:
+def comparison_rows(results: Iterable[Outcome]) -> list[list[str]]:
     results = list(results)
     paired = bool(against_of(results))
     rows = []
@@ -259,9 +259,7 @@ def comparison_rows(results: Iterable[MeasurementResult]) -> list[list[str]]:
     return rows
 
 
-def comparison_table(
-    results: Iterable[MeasurementResult], columns: Sequence[str] | None = None, width: int | None = None
-) -> str:
+def comparison_table(results: Iterable[Outcome], columns: Sequence[str] | None = None, width: int | None = None) -> str:
     """The comparison table; with ``width`` (a terminal's), only ``columns`` (default
     ``DEFAULT_COMPARISON_COLUMNS``; against REF, ``AGAINST_COLUMNS`` where they fit) and test ids
     shortened to fit."""
@@ -285,7 +283,7 @@ def comparison_table(
     return table(chosen)
 
 
-def undecided_lines(results: Iterable[MeasurementResult], *, short: bool = False) -> list[str]:
+def undecided_lines(results: Iterable[Outcome], *, short: bool = False) -> list[str]:
     """Why a comparison could not decide (e.g. the runs needed), one line per test and reason;
     ``short``: test ids as the terminal tables show them."""
     results = list(results)
@@ -302,7 +300,7 @@ def undecided_lines(results: Iterable[MeasurementResult], *, short: bool = False
     return lines
 
 
-def budget_failures(results: Iterable[MeasurementResult]) -> list[str]:
+def budget_failures(results: Iterable[Outcome]) -> list[str]:
     """``test: breach; breach`` for every measurement over one of its budgets."""
     out = []
     for r in results:
@@ -312,12 +310,12 @@ def budget_failures(results: Iterable[MeasurementResult]) -> list[str]:
     return out
 
 
-def regression_lines(results: Iterable[MeasurementResult]) -> list[str]:
+def regression_lines(results: Iterable[Outcome]) -> list[str]:
     """``test: regression line`` for every regression of the session (the test's full id)."""
     return [f"{r.test}: {f}" for r in results if r.verdict is not None for f in r.verdict.failures]
 
 
-def against_line(results: Sequence[MeasurementResult], against: Mapping[str, Any] | None = None) -> str | None:
+def against_line(results: Sequence[Outcome], against: Mapping[str, Any] | None = None) -> str | None:
     """``Judged against REF `git:main (3f2a1b9c0d1e)`: ...`` (the Markdown summary's line), None
     when nothing was judged against ``--llmperf-against``'s REF; ``against``: ``Session.against_sides``."""
     against = against or {}
@@ -371,7 +369,7 @@ PROMPT_COLUMNS = (
 )
 
 
-def prompt_lines(results: Iterable[MeasurementResult]) -> list[str]:
+def prompt_lines(results: Iterable[Outcome]) -> list[str]:
     """A table of each measured callable's prompt as llama.cpp saw it (cold or warm, the tokens
     evaluated and reused) and its stream as the caller got it, when a result has them."""
     rows = [r for r in results if r.prompt]
@@ -391,7 +389,7 @@ def prompt_cell(value: object) -> str:
     return fmt(value) if isinstance(value, float) else str(value)
 
 
-def memory_lines(results: Iterable[MeasurementResult]) -> list[str]:
+def memory_lines(results: Iterable[Outcome]) -> list[str]:
     """A "Memory and start-up" table, when a result has one of those figures."""
     from ..core.catalog import FIGURES
 
@@ -423,7 +421,7 @@ AGAINST_AGREEMENT = (
 )
 
 
-def against_agreement_rows(results: Iterable[MeasurementResult]) -> tuple[list[str], list[list[str]]]:
+def against_agreement_rows(results: Iterable[Outcome]) -> tuple[list[str], list[list[str]]]:
     """(headers, rows) of the output agreement of each result judged against ``--llmperf-against``'s
     REF (A: REF, B: this tree): its figures and how they were computed, or why not."""
     rows = []
@@ -437,7 +435,7 @@ def against_agreement_rows(results: Iterable[MeasurementResult]) -> tuple[list[s
 
 
 def markdown(
-    results: Sequence[MeasurementResult],
+    results: Sequence[Outcome],
     extra: Iterable[str] = (),
     *,
     budgets_gate: bool = True,
@@ -489,7 +487,7 @@ def all_failed_markdown(planned: int) -> str:
 
 
 def _measurements_headline(
-    results: Sequence[MeasurementResult], over: Sequence[str], budgets_gate: bool, ab: Sequence[Mapping[str, object]]
+    results: Sequence[Outcome], over: Sequence[str], budgets_gate: bool, ab: Sequence[Mapping[str, object]]
 ) -> list[str]:
     """``**2 of 5 measurement(s) failed**: 1 over budget, 1 regression(s).``, or that none did."""
     failing = sum(1 for r in results if (r.failed if budgets_gate else r.regressed))
@@ -500,7 +498,7 @@ def _measurements_headline(
     return []
 
 
-def _failed_how(results: Sequence[MeasurementResult], over: Sequence[str]) -> str:
+def _failed_how(results: Sequence[Outcome], over: Sequence[str]) -> str:
     """``1 over budget, 2 regression(s)``: what failed, each kind when there is one."""
     regressions = sum(len(r.verdict.failures) for r in results if r.verdict is not None)
     parts = [f"{len(over)} over budget"] if over else []
@@ -508,7 +506,7 @@ def _failed_how(results: Sequence[MeasurementResult], over: Sequence[str]) -> st
     return ", ".join(parts)
 
 
-def _ab_headline(results: Sequence[MeasurementResult], ab: Sequence[Mapping[str, object]]) -> list[str]:
+def _ab_headline(results: Sequence[Outcome], ab: Sequence[Mapping[str, object]]) -> list[str]:
     """How many A/B comparisons failed a budget (or that none did, when there was nothing else)."""
     ab_failed = sum(1 for e in ab if e.get("failures"))
     if ab_failed:
@@ -523,7 +521,7 @@ def _md_head(headers: Sequence[str]) -> list[str]:
     return ["| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
 
 
-def _results_table(results: Sequence[MeasurementResult], judged: str | None) -> list[str]:
+def _results_table(results: Sequence[Outcome], judged: str | None) -> list[str]:
     """One row per measurement: its headline figures, budget state and verdict (against REF
     when ``judged``)."""
     if not results:
@@ -543,14 +541,14 @@ def _bullets(title: str, items: Sequence[str]) -> list[str]:
     return ["", f"### {title}", ""] + [f"- {md_line(line)}" for line in items] if items else []
 
 
-def _not_compared_lines(results: Sequence[MeasurementResult]) -> list[str]:
+def _not_compared_lines(results: Sequence[Outcome]) -> list[str]:
     """``test: why`` for each measurement not judged against ``--llmperf-against``'s REF."""
     return [
         f"{r.test}: {r.verdict.note if r.verdict is not None else 'not compared'}" for r in results if not r.reference
     ]
 
 
-def _agreement_section(results: Sequence[MeasurementResult]) -> list[str]:
+def _agreement_section(results: Sequence[Outcome]) -> list[str]:
     """The output agreement with REF, when a result has one."""
     headers, agreement = against_agreement_rows(results)
     if not agreement:
@@ -558,7 +556,7 @@ def _agreement_section(results: Sequence[MeasurementResult]) -> list[str]:
     return ["", "### Output agreement with REF (A: REF, B: this tree)", "", *_md_table(headers, agreement)]
 
 
-def _comparisons_section(results: Sequence[MeasurementResult]) -> list[str]:
+def _comparisons_section(results: Sequence[Outcome]) -> list[str]:
     """Every baseline (or REF) comparison, one row each."""
     rows = comparison_rows(results)
     if not rows:

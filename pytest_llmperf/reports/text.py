@@ -1,7 +1,7 @@
 """Plain-text reports: the per-test metrics table and the session summary table, and the rows
 of a served load level (load curve, the server's own figures, what serving adds).
 
-Summary rows are ``judge.result.MeasurementResult.summary_row()``: built from the typed
+Summary rows are ``judge.result.Outcome.summary_row()``: built from the typed
 results that cross pytest-xdist's wire (the JUnit properties come from the same result).
 
 Where the time goes, as tables: per-layer times, the roofline, stability and memory.

@@ -19,7 +19,7 @@ from typing import Any
 from ..core import catalog
 from ..core.formats import render_table
 from ..judge.parts import MATERIAL_SHARE, PartChange
-from ..judge.result import MeasurementResult
+from ..judge.result import Outcome
 from ..judge.verdict import fmt_value
 from .text import short_ids, wrap, wrapped_table
 
@@ -99,7 +99,7 @@ def side_headers(sides: tuple[str, str]) -> tuple[str, str]:
     return (cut[0], cut[1]) if cut[0] != cut[1] else ("A", "B")
 
 
-def explained(results: Iterable[MeasurementResult], ab: Iterable[Mapping[str, Any]] = ()) -> list[Explained]:
+def explained(results: Iterable[Outcome], ab: Iterable[Mapping[str, Any]] = ()) -> list[Explained]:
     """Every comparison of the session with parts (or an attribution pass's comparison): the
     results' verdicts (against a baseline or REF), then the A/B comparisons (session JSON ``ab``
     entries); none without either."""

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.errors import EngineError, LLMPerfError
 from ..core.settings import EngineSettings, threads_warning
-from .assess import Assessment, Assessor, FingerprintHook
+from .assess import Assessor, FingerprintHook
 from .options import SessionSettings
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from ..engines.llama_cpp_native import EngineConfig
     from ..engines.pool import EnginePool
     from ..judge.ab import ABResult
-    from ..judge.result import MeasurementResult
+    from ..judge.result import Outcome
     from ..measuring.metrics import Measurement
     from .against import Against
     from .finish import Line, Outputs
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from .sides import Link
 
 
-__all__ = ["Assessment", "Session", "SessionSettings"]
+__all__ = ["Session", "SessionSettings"]
 
 
 def _no_fingerprint_hook(hardware: dict[str, Any], subject: dict[str, Any], info: EngineInfo) -> None:
@@ -75,10 +75,10 @@ class Session:
         self.engines = Engines(settings.engine, make_engine_hook)
         self.assessor = Assessor(settings, self.started_at, fingerprint_hook)
         #: Summary rows (one per measurement) and the assessed results
-        #: (``judge.result.MeasurementResult``), of this process's tests or, on the xdist
+        #: (``judge.result.Outcome``), of this process's tests or, on the xdist
         #: controller, of every worker's; A/B comparisons as JSON.
         self.rows: list[dict[str, Any]] = []
-        self.results: list[MeasurementResult] = []
+        self.results: list[Outcome] = []
         #: How many of the measurements (``rows``) went over a budget.
         self.over_budget = 0
         self.ab_results: list[dict[str, Any]] = []
@@ -206,7 +206,7 @@ class Session:
 
         return self.planned_measurements * len(JUDGED)
 
-    def assess(self, nodeid: str, module: Path | str, m: Measurement, marker: MarkerConfig) -> Assessment:
+    def assess(self, nodeid: str, module: Path | str, m: Measurement, marker: MarkerConfig) -> Outcome:
         """Record ``m`` and judge it against its baseline. Raises LLMPerfError (one line) when a
         fingerprint hook answers wrongly."""
         labels = self.labels_seen.setdefault(nodeid, set())
@@ -346,7 +346,7 @@ class Session:
             test_id=test_id,
         )
 
-    def collect(self, shipped: Sequence[MeasurementResult], ab_results: Sequence[Mapping[str, object]] = ()) -> None:
+    def collect(self, shipped: Sequence[Outcome], ab_results: Sequence[Mapping[str, object]] = ()) -> None:
         """One test's results and A/B comparisons, made in this process or rebuilt from an
         xdist worker's report (``pytest_plugin.plugin``: JSON only on that wire)."""
         for r in shipped:

@@ -1,5 +1,6 @@
 """A measurement against its baseline: the fingerprint of its engine, the record it makes,
-the stored baselines (read once per file) and the verdict, and the lines that fail a test."""
+the stored baselines (read once per file) and the verdict (the judged part of its
+``judge.result.Outcome``), and the lines that fail a test."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ if TYPE_CHECKING:
     from ..core.workload import EngineInfo
     from ..engines import Engine, TokenStream
     from ..history.series import Windows
-    from ..judge.regression import BaselineVerdict, CompareSettings
+    from ..judge.regression import CompareSettings
+    from ..judge.result import BaselineVerdict, Outcome
     from ..measuring.metrics import Measurement
     from ..measuring.roofline import Peak
     from .options import MarkerConfig
@@ -28,18 +30,6 @@ if TYPE_CHECKING:
 #: ``fn(hardware, subject, engine_info)``: edits the fingerprint in place (the pytest layer's
 #: ``pytest_llmperf_fingerprint``); raises LLMPerfError for a wrong edit.
 FingerprintHook = Callable[[dict[str, Any], dict[str, Any], "EngineInfo"], None]
-
-
-@dataclasses.dataclass(frozen=True)
-class Assessment:
-    """A measurement's record and what its baseline says, ready to travel on the report."""
-
-    key: str
-    baseline_file: str
-    hardware_key: str
-    record: dict[str, Any] | None  # None: a side of --llmperf-against (the controller keeps no record)
-    verdict: BaselineVerdict | None
-    baseline_record: dict[str, Any] | None = None  # the entry the verdict compared against (HTML plots)
 
 
 class Assessor:
@@ -113,12 +103,14 @@ class Assessor:
 
     def assess(
         self, nodeid: str, module: Path, m: Measurement, marker: MarkerConfig, *, family_size: int, peers: int
-    ) -> Assessment:
-        """The record of ``m`` (test ``nodeid`` in file ``module``) and, unless only budgets
-        gate, its verdict against the stored baseline."""
+    ) -> Outcome:
+        """The judged part of the outcome of ``m`` (test ``nodeid`` in file ``module``): its
+        record, baseline file and entry and, unless only budgets gate, its verdict against the
+        stored baseline (``Measurer`` adds its figures and budgets)."""
         from ..baselines import store
         from ..baselines.records import record
         from ..judge.regression import CompareSettings
+        from ..judge.result import Outcome
 
         s = self.settings
         fp = self.fingerprint(m)
@@ -132,7 +124,8 @@ class Assessor:
         rel = module_path(module, s.rootdir)
         path = store.module_file(s.baseline_dir, rel)
         key = store.entry_key(nodeid, m.label)
-        assessment = Assessment(key, path.relative_to(s.baseline_dir).as_posix(), fp.hardware_key, rec, None)
+        baseline_file = path.relative_to(s.baseline_dir).as_posix()
+        assessment = Outcome(key, key=key, baseline_file=baseline_file, hardware_key=fp.hardware_key, record=rec)
         if not s.compare:
             return assessment
         settings = CompareSettings(
@@ -141,20 +134,14 @@ class Assessor:
         return self._judged(assessment, rec, nodeid, m.label or "", path, rel, settings)
 
     def _judged(
-        self,
-        a: Assessment,
-        rec: dict[str, Any],
-        nodeid: str,
-        label: str,
-        path: Path,
-        rel: str,
-        settings: CompareSettings,
-    ) -> Assessment:
+        self, a: Outcome, rec: dict[str, Any], nodeid: str, label: str, path: Path, rel: str, settings: CompareSettings
+    ) -> Outcome:
         """``a`` with its verdict against its entry in the baseline file ``path`` (module ``rel``),
         the history's levels of the test beside it, and the entry it was compared against."""
         from ..baselines import store
         from ..baselines.store import BaselineError
-        from ..judge.regression import BaselineVerdict, judge
+        from ..judge.regression import judge
+        from ..judge.result import BaselineVerdict
         from ..judge.verdict import BaselineStatus
 
         windows = self.window(a.hardware_key)
@@ -164,7 +151,7 @@ class Assessor:
             entries = self.baselines(path).get(a.key)
             verdict = judge(entries, a.hardware_key, rec, settings, window)
         except BaselineError as exc:
-            error = BaselineVerdict(BaselineStatus.ERROR, str(exc))
+            error = BaselineVerdict(BaselineStatus.ERROR, str(exc)).decided()
             if self.settings.update_baselines:
                 error = dataclasses.replace(error, note=recording_note(error))
             return dataclasses.replace(a, verdict=error)
@@ -177,7 +164,7 @@ class Assessor:
             return self._no_baseline(dataclasses.replace(a, verdict=verdict), path, rel)
         return dataclasses.replace(a, verdict=verdict)
 
-    def _no_baseline(self, a: Assessment, path: Path, rel: str) -> Assessment:
+    def _no_baseline(self, a: Outcome, path: Path, rel: str) -> Outcome:
         """A test without a baseline: lost (the last commit holds one for it on this machine: an
         error, the line that fails the test, or under ``--llmperf-lost-baseline=warn`` its note),
         or new (for a module outside the rootdir, the note says where older versions kept it)."""
@@ -191,7 +178,7 @@ class Assessor:
         lost = None if s.update_baselines else tracked.committed(module, str(where), a.key, a.hardware_key)
         if lost is not None:
             status = BaselineStatus.ERROR if s.lost_baseline == "fail" else BaselineStatus.NO_BASELINE
-            verdict = dataclasses.replace(a.verdict, status=status, note=lost_note(path, lost, s.rootdir))
+            verdict = dataclasses.replace(a.verdict, status=status, note=lost_note(path, lost, s.rootdir)).decided()
             return dataclasses.replace(a, verdict=verdict)
         if rel.startswith("../"):
             note = legacy_note(s.baseline_dir, path, rel, a.verdict.note)
@@ -218,7 +205,7 @@ class Assessor:
             peaks = self.peaks
         return {"layers": layers, "attribution": attribution, "peaks": peaks}
 
-    def failure_lines(self, assessment: Assessment) -> list[str]:
+    def failure_lines(self, assessment: Outcome) -> list[str]:
         """What fails the test on its baseline's account (none while updating baselines)."""
         from ..judge.verdict import BaselineStatus
 
@@ -231,7 +218,7 @@ class Assessor:
             return [f"{assessment.key}: {v.note} (--llmperf-require-baseline)"]
         if v.status == BaselineStatus.OTHER_HARDWARE and s.strict_env:
             return [f"{v.note} (--llmperf-strict-env)"]
-        return v.failure_lines()
+        return list(v.failures)
 
 
 #: What a verdict's note says instead of its advice to record a baseline, in the run that records it.

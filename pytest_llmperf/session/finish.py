@@ -22,7 +22,7 @@ from ..reports.reporters import MarkdownSummary, Reporter, SessionEnd, asked, re
 from .options import SessionSettings
 
 if TYPE_CHECKING:
-    from ..judge.result import MeasurementResult
+    from ..judge.result import Outcome
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class Outputs:
 SHOWN_DIFFERENCES = 4
 
 
-def other_hardware_line(s: SessionSettings, results: Sequence[MeasurementResult]) -> tuple[str | None, bool]:
+def other_hardware_line(s: SessionSettings, results: Sequence[Outcome]) -> tuple[str | None, bool]:
     """The one summary line for the measurements whose baselines were all recorded on other
     hardware (how many, and the fingerprint fields that differ), and whether it fails the
     session; (None, False) when there are none or the session records baselines."""
@@ -94,13 +94,13 @@ def shown_differences(differences: Sequence[str]) -> str:
 
 def finish(
     s: SessionSettings,
-    results: Sequence[MeasurementResult],
+    results: Sequence[Outcome],
     ab_results: Sequence[Mapping[str, object]],
     started_at: str,
     step_summary: str | None,
     against: Mapping[str, object] | None = None,
     planned: int = 0,
-) -> tuple[list[MeasurementResult], Outputs]:
+) -> tuple[list[Outcome], Outputs]:
     """Write what the session asked for; ``step_summary``: ``$GITHUB_STEP_SUMMARY``'s file;
     ``against``: what ``--llmperf-against``'s REF and both sides were (``Session.against_sides``).
     ``planned``: the llmperf tests the session meant to measure (none measured: the Markdown
@@ -168,7 +168,7 @@ Line = tuple[str, str]
 def summary(
     s: SessionSettings,
     rows: Sequence[Mapping[str, object]],
-    results: Sequence[MeasurementResult],
+    results: Sequence[Outcome],
     out: Outputs | None,
     suite_failures: Sequence[str],
     *,
@@ -211,7 +211,7 @@ def _wrapped(text: str, width: int) -> str:
 def _summary(
     s: SessionSettings,
     rows: Sequence[Mapping[str, object]],
-    results: Sequence[MeasurementResult],
+    results: Sequence[Outcome],
     out: Outputs | None,
     suite_failures: Sequence[str],
     *,
@@ -289,7 +289,7 @@ def written_lines(out: Outputs) -> list[Line]:
 
 
 def quiet_lines(
-    rows: Sequence[Mapping[str, object]], results: Sequence[MeasurementResult], over: int | None = None
+    rows: Sequence[Mapping[str, object]], results: Sequence[Outcome], over: int | None = None
 ) -> list[Line]:
     """-q: how many measurements, how many over budget (None: the results'), and the undecided budgets."""
     from ..reports.session_file import against_of, undecided_lines
@@ -301,7 +301,7 @@ def quiet_lines(
 
 
 def table_lines(
-    s: SessionSettings, rows: Sequence[Mapping[str, object]], results: Sequence[MeasurementResult], width: int
+    s: SessionSettings, rows: Sequence[Mapping[str, object]], results: Sequence[Outcome], width: int
 ) -> list[Line]:
     """The summary table, what measuring cost, and the budgets left undecided."""
     from ..reports.text import overhead_lines, short_ids, summary_table
@@ -312,9 +312,7 @@ def table_lines(
     return lines + [("line", f"{names[r.test]}: budget undecided: {note}") for r in results for note in r.budget_notes]
 
 
-def comparison_lines(
-    s: SessionSettings, results: Sequence[MeasurementResult], width: int, verbosity: int
-) -> list[Line]:
+def comparison_lines(s: SessionSettings, results: Sequence[Outcome], width: int, verbosity: int) -> list[Line]:
     """The comparison table (against the baselines, or against ``--llmperf-against``'s REF)
     and its notes: undecided budgets, and what each comparison can detect (-v: per metric)."""
     from ..reports.session_file import against_of, comparison_table, reach_lines, reach_summary, undecided_lines
@@ -343,7 +341,7 @@ def comparison_lines(
 
 
 def where_lines(
-    results: Sequence[MeasurementResult], ab: Sequence[Mapping[str, object]], width: int, verbosity: int
+    results: Sequence[Outcome], ab: Sequence[Mapping[str, object]], width: int, verbosity: int
 ) -> list[Line]:
     """The "where it went" block under the comparison table: per comparison whose phase moved
     (a few; -v: all), the parts that moved and those that did not (``reports.where``)."""
@@ -353,7 +351,7 @@ def where_lines(
     return [("sep", "llmperf where it went"), *(("line", line) for line in block)] if block else []
 
 
-def verdict_notes(s: SessionSettings, results: Sequence[MeasurementResult]) -> list[str]:
+def verdict_notes(s: SessionSettings, results: Sequence[Outcome]) -> list[str]:
     """Each verdict's note once, by short test id (none while recording baselines; an error's
     note is the test's failure already)."""
     from ..judge.verdict import BaselineStatus

@@ -3,10 +3,11 @@
 ``Measurer`` owns a measurement's life (pyperf's Runner owns a benchmark's the same way): the
 label, smoke mode, the runs, a load test's failed requests, fresh model loads, the sequential
 looks, the baseline assessment and the budgets, ending in one ``Result`` (what a
-``pytest_llmperf_result`` hook sees). ``call_report`` turns a test's results into its report
-parts: JUnit properties, a text section per measurement, the lines that fail it, and the typed
-results (``judge.result.MeasurementResult``) that the session collects (as JSON only across
-pytest-xdist's wire) and writes to the session JSON.
+``pytest_llmperf_result`` hook sees: the measurement, its budget breaches and the judged part
+of its outcome). ``call_report`` turns a test's results into its report parts: JUnit
+properties, a text section per measurement, the lines that fail it, and the outcomes
+(``judge.result.Outcome``, built by ``judge.result.outcome``) that the session collects (as
+JSON only across pytest-xdist's wire) and writes to the session JSON.
 
 Light: the pytest plugin imports it at every start; numpy, scipy and the runner are imported
 inside the methods that measure."""
@@ -28,9 +29,8 @@ if TYPE_CHECKING:
     from ..engines import CounterSource, Engine, TokenStream
     from ..judge.ab import ABResult, Side
     from ..judge.budgets import BudgetFailure
-    from ..judge.result import MeasurementResult
+    from ..judge.result import Outcome
     from ..measuring.metrics import Measurement
-    from .assess import Assessment
     from .options import MarkerConfig
     from .sides import Link
 
@@ -45,59 +45,30 @@ class Result:
     measurement: Measurement
     failure: BudgetFailure | None
     n_budgets: int
-    baseline: Assessment | None = None  # the session's baseline comparison
+    #: The judged part of its outcome: the record, its baseline entry and the verdict (None: not assessed).
+    baseline: Outcome | None = None
     budgets: Mapping[str, float] = field(default_factory=dict)  # the marker's, drawn as lines in the HTML report
     #: What a ``pytest_llmperf_result`` hook attached (JSON values): the JSON report's ``extra_info``.
     extra_info: Mapping[str, object] = field(default_factory=dict)
     #: One line per budget its sample could not decide (``judge.budgets.undecided_budgets``).
     budget_notes: tuple[str, ...] = ()
 
-    def typed(self, nodeid: str, test_id: str | None = None) -> MeasurementResult:
-        """The typed result every report reads (``judge.result.MeasurementResult``) of this
-        measurement of test ``nodeid`` (named ``test_id`` where pytest's id does not name its
-        module: ``core.formats.full_id``): its figures, budgets and (once assessed) baseline."""
-        from ..baselines.records import prompt_record
-        from ..core.measured import Figures
-        from ..judge.result import MeasurementResult
+    def outcome(self, nodeid: str, test_id: str | None = None) -> Outcome:
+        """The outcome every report reads of this measurement of test ``nodeid`` (named
+        ``test_id`` where pytest's id does not name its module: ``core.formats.full_id``)."""
+        from ..judge.result import outcome
 
-        m = self.measurement
-        result = MeasurementResult(
-            test=(test_id or nodeid) + (f"[{m.label}]" if m.label else ""),
-            nodeid=nodeid,
-            label=m.label or "",
-            **self._budget_fields(),
-            budgets=dict(self.budgets),
-            extra_info=dict(self.extra_info),
-            figures=Figures.of(m),
-            prompt=prompt_record(m),
+        return outcome(
+            self.measurement,
+            test_id or nodeid,
+            nodeid,
+            self.failure,
+            self.n_budgets,
+            budgets=self.budgets,
+            extra_info=self.extra_info,
+            budget_notes=self.budget_notes,
+            judged=self.baseline,
         )
-        return result if self.baseline is None else dataclasses.replace(result, **_baseline_fields(self.baseline))
-
-    def _budget_fields(self) -> dict[str, Any]:
-        """``MeasurementResult``'s budget fields: the state, each breach's line and key, the notes."""
-        from ..judge.budgets import BudgetStatus
-
-        breaches = tuple(self.failure.breaches) if self.failure is not None else ()
-        return {
-            "budget": BudgetStatus.of(self.n_budgets, self.failure is not None),
-            "budget_failures": tuple(b.line() for b in breaches),
-            "budget_notes": tuple(self.budget_notes),
-            "breached_budgets": tuple(b.key for b in breaches),
-        }
-
-
-def _baseline_fields(a: Assessment) -> dict[str, Any]:
-    """``MeasurementResult``'s baseline fields: the entry, the record and the verdict as reported."""
-    from ..judge.result import VerdictRecord
-
-    return {
-        "key": a.key,
-        "baseline_file": a.baseline_file,
-        "hardware_key": a.hardware_key,
-        "record": a.record,
-        "verdict": None if a.verdict is None else VerdictRecord.of(a.verdict),
-        "baseline_record": a.baseline_record,
-    }
 
 
 #: Workload keys ``--llmperf-disable`` overrides: one run, no warm-up (a smoke test).
@@ -110,7 +81,7 @@ def _model_load(config: MarkerConfig) -> str | None:
     return None if kind is None else str(kind)
 
 
-def _undecided(assessment: Assessment | None) -> bool:
+def _undecided(assessment: Outcome | None) -> bool:
     """More runs may decide the baseline comparison: it is undecided, and the machine was not
     busier than at baseline (a busy machine's runs measure its neighbours: more of them cannot
     decide anything about the subject)."""
@@ -141,7 +112,7 @@ class Measurer:
         self,
         marker: MarkerConfig,
         engine_for: Callable[..., Engine],
-        assess: Callable[[Measurement, MarkerConfig], Assessment | None] = lambda m, c: None,
+        assess: Callable[[Measurement, MarkerConfig], Outcome | None] = lambda m, c: None,
         measure_options: Callable[[Subject, MarkerConfig], Mapping[str, Any]] = lambda engine, c: {},
         *,
         smoke: bool = False,
@@ -342,9 +313,7 @@ class Measurer:
             assessment = self.assess(m, config)
         return self._kept(m, config, assessment)
 
-    def _kept(
-        self, m: Measurement, config: MarkerConfig, assessment: Assessment | None, against: bool = False
-    ) -> Result:
+    def _kept(self, m: Measurement, config: MarkerConfig, assessment: Outcome | None, against: bool = False) -> Result:
         """The test's result of one measurement: its budgets checked, its verdict; ``against``
         (judged against ``--llmperf-against``'s REF): the marker's agreement budgets too."""
         from ..judge.budgets import against_agreement, check_budgets, undecided_budgets
@@ -417,30 +386,29 @@ def ab_result_of(nodeid: str, ab: ABResult) -> dict[str, Any]:
     return {"test": nodeid + (f"[{ab.label}]" if ab.label else ""), "nodeid": nodeid, **as_dict(ab)}
 
 
-def section_of(r: Result, t: MeasurementResult, columns: Sequence[str], width: int) -> tuple[str, str]:
-    """The report section of one measurement (``r``, its typed result ``t``): its figures,
-    then its baseline comparison, then its undecided budgets."""
+def section_of(m: Measurement, t: Outcome, columns: Sequence[str], width: int) -> tuple[str, str]:
+    """The report section of one measurement ``m`` (its outcome ``t``): its figures, then its
+    baseline comparison, then its undecided budgets."""
     from ..reports.text import metrics_table, wrap_text
 
-    m, a = r.measurement, r.baseline
     title = "llmperf" + (f" [{m.label}]" if m.label else "")
     detail = metrics_table(m, width)
-    if a is not None and a.verdict is not None:
-        detail += "\n\n" + "\n".join(wrap_text(line, width) for line in _verdict_lines(a, t, columns, width))
+    if t.verdict is not None:
+        detail += "\n\n" + "\n".join(wrap_text(line, width) for line in _verdict_lines(t, columns, width))
     if t.budget_notes:
         detail += "\n\n" + "\n".join(wrap_text(f"budget undecided: {line}", width) for line in t.budget_notes)
     return title, detail.rstrip()
 
 
-def _verdict_lines(a: Assessment, t: MeasurementResult, columns: Sequence[str], width: int) -> list[str]:
+def _verdict_lines(t: Outcome, columns: Sequence[str], width: int) -> list[str]:
     """What the baseline said: its note, what changed, the layers, the comparison table, where
     llama.cpp's time went (both sides' attribution passes) and its undecided comparisons."""
     from ..judge.verdict import BaselineStatus
     from ..reports.session_file import comparison_table, undecided_lines
 
-    v = a.verdict
+    v = t.verdict
     assert v is not None  # only a judged measurement has verdict lines
-    shown = [dataclasses.replace(t, test=a.key)]
+    shown = [dataclasses.replace(t, test=t.key)]
     table = comparison_table(shown, columns, width)
     # An error note is the test's failure line already: not a second copy here.
     lines = [v.note] if v.note and v.status != BaselineStatus.ERROR else []
@@ -462,12 +430,12 @@ class CallReport:
     """What the call phase's report gets: ``properties`` go on the item before the report is
     made (JUnit reads them from every later report), the rest on the report itself."""
 
-    properties: list[tuple[str, Any]] = field(default_factory=list)
+    properties: list[tuple[str, object]] = field(default_factory=list)
     sections: list[tuple[str, str]] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)  # non-empty: the test fails with them
-    #: The typed results (``judge.result``): in this process as they are; ``to_json()`` only where
+    #: The outcomes (``judge.result.Outcome``): in this process as they are; ``to_json()`` only where
     #: a report crosses pytest-xdist's wire (``pytest_plugin.plugin``'s report hooks).
-    results: list[MeasurementResult] = field(default_factory=list)
+    results: list[Outcome] = field(default_factory=list)
     ab: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -479,12 +447,12 @@ def call_report(
     columns: Sequence[str],
     width: int,
     budgets_gate: bool,
-    failure_lines: Callable[[Assessment], list[str]],
+    failure_lines: Callable[[Outcome], list[str]],
     error: str | None = None,
     test_id: str | None = None,
 ) -> CallReport:
     """One test's measurements (after ``pytest_llmperf_result``) and A/B comparisons as report
-    parts; ``failure_lines(assessment)``: the baseline's failure lines of one measurement;
+    parts; ``failure_lines(outcome)``: the baseline's failure lines of one measurement;
     ``error``: the line the test already fails with (a hook's wrong answer, a failed measurement)."""
     out = CallReport(lines=[error] if error else [])
     if ab_results:
@@ -492,20 +460,23 @@ def call_report(
 
         out.properties += ab_properties(ab_results)
         out.ab = [ab_result_of(test_id or nodeid, ab) for ab in ab_results]
-    typed = [r.typed(nodeid, test_id) for r in results]  # what every report reads
-    for t in typed:
+    outcomes = [r.outcome(nodeid, test_id) for r in results]  # what every report reads
+    for t in outcomes:
         out.properties += t.properties()
-    for r, t in zip(results, typed):
-        out.sections.append(section_of(r, t, columns, width))
-        out.lines += _failure_lines(r, budgets_gate, failure_lines)
+    for r, t in zip(results, outcomes):
+        out.sections.append(section_of(r.measurement, t, columns, width))
+        out.lines += _failure_lines(r, t, budgets_gate, failure_lines)
         out.results.append(t)
     return out
 
 
-def _failure_lines(r: Result, budgets_gate: bool, baseline_lines: Callable[[Assessment], list[str]]) -> list[str]:
-    """What fails the test on one measurement's account: its budgets (when they gate), its baseline."""
+def _failure_lines(
+    r: Result, t: Outcome, budgets_gate: bool, baseline_lines: Callable[[Outcome], list[str]]
+) -> list[str]:
+    """What fails the test on one measurement's account (``t``: its outcome): its budgets (when
+    they gate), its baseline."""
     lines = [r.failure.as_longrepr()] if r.failure is not None and budgets_gate else []
-    return lines + (baseline_lines(r.baseline) if r.baseline is not None else [])
+    return lines + baseline_lines(t)
 
 
 def _is_engine(subject: object) -> bool:

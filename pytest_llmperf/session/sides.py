@@ -26,9 +26,9 @@ if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
     from ..engines import Engine, TokenStream
+    from ..judge.result import Outcome
     from ..measuring.interleave import SideRuns
     from ..measuring.metrics import Measurement
-    from .assess import Assessment
     from .options import MarkerConfig
 
 CURRENT, REF = "current", "REF"
@@ -504,7 +504,7 @@ def harness_link(cache_dir: Path) -> Path:
 class Link:
     """A side's end of its channel as its session measures through it (``Measurer``): the runs
     the controller asks for (``measuring.interleave.SideRuns``) with the marker's values, and the
-    controller's verdict as the session's ``Assessment``."""
+    controller's verdict as the judged part of the measurement's ``Outcome``."""
 
     def __init__(self, runs: SideRuns) -> None:
         self.runs = runs
@@ -516,7 +516,7 @@ class Link:
 
     def measure(
         self, subject: Engine | TokenStream, config: MarkerConfig, label: str, nodeid: str, *, attribution: bool = False
-    ) -> tuple[Measurement, Assessment | None]:
+    ) -> tuple[Measurement, Outcome | None]:
         """The measurement the controller drives: the runs it asks for, then its verdict
         (``attribution``: the test asks for the attribution pass after the pairs)."""
         from ..core.workload import Workload
@@ -534,15 +534,14 @@ class Link:
         return m, _assessment(nodeid, label, verdict)
 
 
-def _assessment(nodeid: str, label: str, verdict: Mapping[str, Any] | None) -> Assessment | None:
-    """The controller's verdict as the session's ``Assessment`` (nothing recorded: no baseline)."""
+def _assessment(nodeid: str, label: str, verdict: Mapping[str, Any] | None) -> Outcome | None:
+    """The controller's verdict as the judged part of the measurement's ``Outcome`` (nothing
+    recorded: no baseline)."""
     if verdict is None:
         return None
     from ..judge.attribution import AttributionChange
     from ..judge.parts import PartChange
-    from ..judge.regression import BaselineVerdict
-    from ..judge.result import comparison_from_json
-    from .assess import Assessment
+    from ..judge.result import BaselineVerdict, Outcome, comparison_from_json
 
     where = verdict.get("attribution")
     v = BaselineVerdict(
@@ -552,5 +551,6 @@ def _assessment(nodeid: str, label: str, verdict: Mapping[str, Any] | None) -> A
         changes=tuple(str(c) for c in verdict.get("changes", ())),
         parts=tuple(PartChange.from_json(p) for p in verdict.get("parts", ())),
         attribution=None if where is None else AttributionChange.from_json(where),
-    )
-    return Assessment(nodeid + (f"[{label}]" if label else ""), "", "", None, v)
+    ).decided()
+    key = nodeid + (f"[{label}]" if label else "")
+    return Outcome(key, key=key, verdict=v)
