@@ -16,7 +16,7 @@ from inner import run
 from pytest_llmperf.core.documents import write_output
 from pytest_llmperf.core.errors import ConfigError, LLMPerfError
 from pytest_llmperf.core.settings import SETTINGS, report_file
-from pytest_llmperf.judge.result import MeasurementResult
+from pytest_llmperf.judge.result import Outcome
 from pytest_llmperf.reports.reporters import REPORTERS, Reporter, SessionEnd, register
 from pytest_llmperf.reports.session_file import load_session
 from pytest_llmperf.session import SessionSettings
@@ -75,7 +75,7 @@ def test_two(llmperf):
 """
 
 
-def _reports(root: Path, results: Sequence[MeasurementResult], **paths: str) -> tuple[bytes, bytes]:
+def _reports(root: Path, results: Sequence[Outcome], **paths: str) -> tuple[bytes, bytes]:
     """The JSON and Markdown that ``finish`` writes of ``results`` (and whatever else ``paths`` asks)."""
     s = SessionSettings.of(root, history="off", json=str(root / "s.json"), markdown=str(root / "s.md"), **paths)
     _, out = finish(s, results, [], "2026-12-06T00:00:00+00:00", None)
@@ -160,7 +160,7 @@ class Linked(TtftCsv):
 
 
 def test_a_report_s_lines_reach_the_markdown_and_the_step_summary(tmp_path: Path) -> None:
-    results = [MeasurementResult(test="t.py::test_x")]
+    results = [Outcome(test="t.py::test_x")]
     with registered(Linked()):
         s = SessionSettings.of(
             tmp_path, history="off", ttft_csv=str(tmp_path / "t.csv"), markdown=str(tmp_path / "s.md")

@@ -19,7 +19,7 @@ import pytest
 
 from pytest_llmperf.judge import budgets, regression, verdict
 from pytest_llmperf.judge.budgets import BudgetState, BudgetStatus
-from pytest_llmperf.judge.result import MeasurementResult, VerdictRecord, comparison_from_json, comparison_json
+from pytest_llmperf.judge.result import BaselineVerdict, Outcome, comparison_from_json, comparison_json
 from pytest_llmperf.judge.verdict import BaselineStatus, Comparison, NoiseSource, Shown, Verdict
 from pytest_llmperf.reports import charts, html, session_file
 
@@ -36,10 +36,12 @@ def _comparison(v: Verdict = Verdict.UNCHANGED, shown: Shown | None = Shown.LEVE
     )  # fmt: skip
 
 
-def _result(status: BaselineStatus, *verdicts: Verdict, failures: tuple[str, ...] = ()) -> MeasurementResult:
+def _result(status: BaselineStatus, *verdicts: Verdict, failures: tuple[str, ...] = ()) -> Outcome:
     """A result whose baseline said ``status``, with one comparison per verdict."""
-    record = VerdictRecord(status, short=str(status), failures=failures, comparisons=tuple(map(_comparison, verdicts)))
-    return MeasurementResult(test="t.py::test_a", verdict=record)
+    record = BaselineVerdict(
+        status, short=str(status), failures=failures, comparisons=tuple(map(_comparison, verdicts))
+    )
+    return Outcome(test="t.py::test_a", verdict=record)
 
 
 # --- every member handled ----------------------------------------------------------------------
@@ -88,7 +90,7 @@ def test_every_baseline_status_has_its_badge_and_reads_back(status: BaselineStat
     else:
         assert state is status and word == str(status)
     assert html.LOOKS[status] and f">{html.LOOKS[state][1]} {status}</span>" in html.test_badge(r)
-    back = MeasurementResult.from_json(json.loads(json.dumps(r.to_json())))
+    back = Outcome.from_json(json.loads(json.dumps(r.to_json())))
     assert back.verdict is not None and back.verdict.status is status
 
 
@@ -112,8 +114,8 @@ def _ab_entry() -> dict[str, object]:
 @pytest.mark.parametrize("status", list(BudgetStatus))
 def test_every_budget_status_has_its_cell_and_badge_and_reads_back(status: BudgetStatus) -> None:
     assert status.cell(["min_tps"]).split(" ")[0] == str(status) and html.LOOKS[status]
-    r = MeasurementResult(test="t", budget=status, breached_budgets=("min_tps",) if status is BudgetStatus.FAIL else ())
-    assert MeasurementResult.from_json(json.loads(json.dumps(r.to_json()))).budget is status
+    r = Outcome(test="t", budget=status, breached_budgets=("min_tps",) if status is BudgetStatus.FAIL else ())
+    assert Outcome.from_json(json.loads(json.dumps(r.to_json()))).budget is status
     assert r.over_budget is (status is BudgetStatus.FAIL)
     state, word = html.state_of(r)
     assert (state is BudgetStatus.FAIL) is r.over_budget and (word == html.OVER_BUDGET) is r.over_budget
@@ -143,8 +145,8 @@ def test_every_noise_source_is_said_and_reads_back(source: NoiseSource) -> None:
 def test_a_regression_fails_the_test_and_names_its_phases() -> None:
     r = _result(BaselineStatus.COMPARED, Verdict.REGRESSION, failures=("decode regression",))
     assert html.state_of(r) == (Verdict.REGRESSION, "REGRESSION") and r.regressed
-    v = regression.BaselineVerdict(BaselineStatus.COMPARED, comparisons=(_comparison(Verdict.REGRESSION),))
-    assert v.short() == "REGRESSION decode" and verdict.stored_verdict(v.short()) is Verdict.REGRESSION
+    v = BaselineVerdict(BaselineStatus.COMPARED, comparisons=(_comparison(Verdict.REGRESSION),)).decided()
+    assert v.short == "REGRESSION decode" and verdict.stored_verdict(v.short) is Verdict.REGRESSION
 
 
 def _state_keyed_maps() -> list[tuple[str, str]]:
@@ -256,7 +258,7 @@ def test_the_scan_sees_a_state_read_from_a_word(tmp_path: Path) -> None:
 
 def test_a_record_keeps_its_verdict_typed_through_the_session_file() -> None:
     r = dataclasses.replace(_result(BaselineStatus.COMPARED, Verdict.MACHINE_SLOWER), budget=BudgetStatus.OK)
-    back = MeasurementResult.from_json(json.loads(json.dumps(r.to_json())))
+    back = Outcome.from_json(json.loads(json.dumps(r.to_json())))
     assert back.verdict is not None and back.verdict.comparisons[0].verdict is Verdict.MACHINE_SLOWER
     assert html.state_of(back) == (Verdict.MACHINE_SLOWER, "MACHINE_SLOWER") and back.budget is BudgetStatus.OK
 
@@ -273,8 +275,8 @@ def _plain(value: object) -> bool:
 @pytest.mark.parametrize("source", list(NoiseSource))
 def test_a_result_writes_its_states_as_plain_words(source: NoiseSource) -> None:
     c = dataclasses.replace(_comparison(Verdict.IMPROVED), noise_source=source, detectable=0.1)
-    record = VerdictRecord(BaselineStatus.COMPARED, short="IMPROVED", comparisons=(c,))
-    r = MeasurementResult(test="t", budget=BudgetStatus.FAIL, verdict=record)
+    record = BaselineVerdict(BaselineStatus.COMPARED, short="IMPROVED", comparisons=(c,))
+    r = Outcome(test="t", budget=BudgetStatus.FAIL, verdict=record)
     assert _plain(r.to_json()) and r.to_json()["verdict"]["comparisons"][0]["noise_source"] == source.value
 
 
