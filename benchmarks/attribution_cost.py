@@ -24,9 +24,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pytest_llmperf import LlamaCppEngine, Workload
+from pytest_llmperf.core.measurement import Attribution
 from pytest_llmperf.judge.ab import pass_orders
 from pytest_llmperf.judge.attribution import compare_attributions
-from pytest_llmperf.measuring.attribution import Attribution, AttributionPass, attribute, interleaved
+from pytest_llmperf.measuring.attribution import AttributionPass, attribute, interleaved
 from pytest_llmperf.models.gguf import ModelSpec, ensure_model, model_path
 
 SLOW_LAYER = ModelSpec(name="slow-layer", n_layer=6, n_embd=256, n_ff=512, layer_ff=(512, 512, 512, 8192, 512, 512))

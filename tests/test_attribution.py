@@ -13,6 +13,7 @@ import pytest
 from scipy.stats import mannwhitneyu
 
 from pytest_llmperf import LlamaCppEngine, Workload, measure
+from pytest_llmperf.core.measurement import Attribution
 from pytest_llmperf.judge.ab import pass_orders
 from pytest_llmperf.judge.attribution import (
     AttributionChange,
@@ -31,7 +32,6 @@ from pytest_llmperf.measuring.attribution import (
     MATMUL,
     NORMALISATION,
     ROPE,
-    Attribution,
     AttributionPass,
     attribute,
     group_of,

@@ -22,8 +22,9 @@ from typing import Any
 from ..core import catalog
 from ..core.fingerprint import Fingerprint
 from ..core.formats import sig6
+from ..core.measurement import Measurement
 from ..core.workload import MEMORY_FIELDS
-from ..measuring.metrics import Measurement
+from ..measuring.metrics import diagnose
 
 #: Per-run metric families stored and compared (from the metric catalog).
 RUN_FIELDS = catalog.RUN_FIELDS
@@ -97,7 +98,7 @@ def diagnosis(m: Measurement) -> dict[str, Any]:
     """Where the time went, when known: layers, roofline, stability, memory (optional keys)."""
     from ..measuring.roofline import kv_cache_bytes
 
-    out: dict[str, Any] = {"stability": m.stability.as_dict()}
+    out: dict[str, Any] = {"stability": diagnose(m).as_dict()}
     parts = part_values(m)
     if parts:
         out["parts"] = parts

@@ -25,11 +25,12 @@ import numpy as np
 
 from ..core.errors import ConfigError
 from ..core.formats import sig6
+from ..core.measurement import Agreement, Measurement
 from ..core.progress import task, timed
 from ..core.settings import DEFAULT_ALPHA
 from ..core.workload import Workload
-from ..measuring.agreement import Agreement, compare_outputs
-from ..measuring.metrics import Measurement, RunMetrics, summarize
+from ..measuring.agreement import compare_outputs
+from ..measuring.metrics import run_metrics, summarize
 from ..measuring.runner import as_engine
 from .budgets import (
     AgreementOutcome,
@@ -291,7 +292,7 @@ def _measurement(
     traces: list[RunTrace], warm: list[RunTrace], workload: Workload, engine: Engine, label: str
 ) -> Measurement:
     m = summarize(traces, workload, engine.info(), label=label)
-    return dataclasses.replace(m, warmup_runs=tuple(RunMetrics.of(t) for t in warm))
+    return dataclasses.replace(m, warmup_runs=tuple(run_metrics(t) for t in warm))
 
 
 def properties(results: Sequence[ABResult]) -> list[tuple[str, Any]]:

@@ -60,10 +60,10 @@ from ..session.sides import SIDE_ENV, SideEnv
 from . import marks
 
 if TYPE_CHECKING:
+    from ..core.measurement import Measurement
     from ..core.workload import EngineInfo, RunTrace, Workload
     from ..engines import Engine, TokenStream
     from ..measuring.attribution import Stepping
-    from ..measuring.metrics import Measurement
     from ..session import SessionSettings
     from ..session.against import Against
     from ..session.assess import Assessment
@@ -248,9 +248,9 @@ class Link:
     ) -> tuple[Measurement, Assessment | None]:
         """The measurement the controller drives: the runs it asks for, then its verdict
         (``attribution``: the test asks for the attribution pass after the pairs)."""
+        from ..core.measurement import Agreement
         from ..core.workload import Workload
-        from ..measuring.agreement import Agreement
-        from ..measuring.metrics import RunMetrics, summarize
+        from ..measuring.metrics import run_metrics, summarize
         from ..measuring.runner import as_engine, measure
 
         workload = Workload(**config.workload)
@@ -267,7 +267,7 @@ class Link:
         agreement = (op.get("verdict") or {}).get("agreement")
         m = dataclasses.replace(
             m,
-            warmup_runs=tuple(RunMetrics.of(t) for t in warm),
+            warmup_runs=tuple(run_metrics(t) for t in warm),
             agreement=None if agreement is None else Agreement.from_dict(agreement),
         )
         return m, _assessment(nodeid, label, op.get("verdict"))

@@ -25,11 +25,11 @@ from ..core.progress import current, task
 from ..core.workload import SEQUENTIAL_FACTOR, SEQUENTIAL_TIME_CAP_S, Workload
 
 if TYPE_CHECKING:
+    from ..core.measurement import Measurement
     from ..engines import CounterSource, Engine, TokenStream
     from ..judge.ab import ABResult, Side
     from ..judge.budgets import BudgetFailure
     from ..judge.result import MeasurementResult
-    from ..measuring.metrics import Measurement
     from ..pytest_plugin.side import Link  # the layer above: a type only
     from .assess import Assessment
     from .options import MarkerConfig
