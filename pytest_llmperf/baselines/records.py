@@ -23,6 +23,7 @@ from ..core import catalog
 from ..core.fingerprint import Fingerprint
 from ..core.formats import sig6
 from ..core.measurement import Measurement
+from ..core.record import JsonValue, Record
 from ..core.workload import MEMORY_FIELDS
 from ..measuring.metrics import diagnose
 
@@ -76,22 +77,23 @@ def workload_identity(m: Measurement) -> dict[str, Any]:
     }
 
 
-def record(m: Measurement, fingerprint: Fingerprint, *, commit: str | None, recorded_at: str) -> dict[str, Any]:
-    return {
-        "recorded_at": recorded_at,
-        "commit": commit,
-        "hardware": dict(fingerprint.hardware),
-        "subject": dict(fingerprint.subject),
-        "workload": {**workload_identity(m), "runs": m.workload.runs, "warmup": m.workload.warmup},
-        "runs": run_values(m),
-        "itl_ms": [[sig6(v) for v in r.itl_ms] for r in m.runs],
-        "summary": {
+def record(m: Measurement, fingerprint: Fingerprint, *, commit: str | None, recorded_at: str) -> dict[str, JsonValue]:
+    """``m`` as it is stored (``Record.to_json``): a baseline entry, a session file's record."""
+    return Record(
+        recorded_at=recorded_at,
+        commit=commit,
+        hardware=dict(fingerprint.hardware),
+        subject=dict(fingerprint.subject),
+        workload={**workload_identity(m), "runs": m.workload.runs, "warmup": m.workload.warmup},
+        runs=run_values(m),
+        itl_ms=tuple(tuple(sig6(v) for v in r.itl_ms) for r in m.runs),
+        summary={
             "n_runs": m.n_runs,
             "itl_count": m.itl.count,
             **{key: sig6(field.read(m)) for key, field in catalog.SUMMARY.items()},
         },
         **diagnosis(m),
-    }
+    ).to_json()
 
 
 def diagnosis(m: Measurement) -> dict[str, Any]:
