@@ -22,7 +22,7 @@ from typing import Any
 from ..core import catalog
 from ..core.fingerprint import Fingerprint
 from ..core.formats import sig6
-from ..core.measurement import Measurement
+from ..core.measurement import LoadStats, Measurement
 from ..core.record import JsonValue, Record
 from ..core.workload import MEMORY_FIELDS
 from ..measuring.metrics import diagnose
@@ -54,7 +54,7 @@ def part_values(m: Measurement) -> dict[str, list[float]]:
     return out
 
 
-def workload_identity(m: Measurement) -> dict[str, Any]:
+def workload_identity(m: Measurement) -> dict[str, JsonValue]:
     """What must match for two measurements to be compared (the run count may differ)."""
     w = m.workload
     return {
@@ -129,13 +129,13 @@ def diagnosis(m: Measurement) -> dict[str, Any]:
     return out
 
 
-def prompt_record(m: Measurement) -> dict[str, Any]:
+def prompt_record(m: Measurement) -> dict[str, JsonValue]:
     """A measured callable's prompt as llama.cpp saw it and its stream as the caller got it
     (empty when the engine is the plugin's own, whose prompt is the workload's): the cache state,
     the prompt's tokens (median run), those evaluated and reused, and the delivered figures."""
     if m.prompt_reused_tokens is None and m.delivered_items is None:
         return {}
-    out: dict[str, Any] = {
+    out: dict[str, JsonValue] = {
         "prompt_cache": m.workload.prompt_cache,
         "prompt_tokens": m.prompt_tokens,
         "evaluated_prompt_tokens": m.evaluated_prompt_tokens,
@@ -157,11 +157,11 @@ def prompt_record(m: Measurement) -> dict[str, Any]:
 ENGINE_MEMORY = MEMORY_FIELDS
 
 
-def memory_record(m: Measurement, computed_kv_bytes: int | None) -> dict[str, Any]:
+def memory_record(m: Measurement, computed_kv_bytes: int | None) -> dict[str, JsonValue]:
     """Memory, each figure from its most direct source: peak RSS of the engine's process over
     the runs, llama.cpp's reported buffers (``buffer_source``), the model file's mapping; the KV
     cache computed from the model's shape (``kv_cache_bytes``) only beside them, labelled so."""
-    memory: dict[str, Any] = {"kv_cache_bytes": computed_kv_bytes}
+    memory: dict[str, JsonValue] = {"kv_cache_bytes": computed_kv_bytes}
     if m.peak_rss is not None:
         memory.update(
             peak_rss_bytes=m.peak_rss.bytes, peak_rss_scope=m.peak_rss.scope, rss_mib=sig6(m.peak_rss.bytes / 2**20)
@@ -172,9 +172,9 @@ def memory_record(m: Measurement, computed_kv_bytes: int | None) -> dict[str, An
     return memory
 
 
-def load_record(s: Any) -> dict[str, Any]:
+def load_record(s: LoadStats) -> dict[str, JsonValue]:
     """A load level's figures (the HTML report's throughput-latency curve)."""
-    out = {
+    out: dict[str, JsonValue] = {
         "concurrency": s.concurrency,
         "rate_per_s": s.rate_per_s,
         "n_requests": s.n_requests,
@@ -189,8 +189,11 @@ def load_record(s: Any) -> dict[str, Any]:
         "prompt_cache": s.prompt_cache,
     }
     if s.server is not None:
-        out["server"] = {k: sig6(v) if isinstance(v, float) else v for k, v in vars(s.server).items() if k != "metrics"}
-        out["server"]["metrics"] = dict(s.server.metrics or {})
+        server: dict[str, JsonValue] = {
+            k: sig6(v) if isinstance(v, float) else v for k, v in vars(s.server).items() if k != "metrics"
+        }
+        server["metrics"] = dict(s.server.metrics or {})
+        out["server"] = server
     return out
 
 
@@ -216,7 +219,7 @@ SIZE = 384
 REPS = 61
 
 
-def measure(reps: int = REPS) -> dict[str, Any]:
+def measure(reps: int = REPS) -> dict[str, JsonValue]:
     """Milliseconds per product, ``reps`` times after one warm-up."""
     import numpy as np
 

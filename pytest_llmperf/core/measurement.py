@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .formats import fmt, sig6
+from .record import JsonValue
 from .workload import EngineInfo, Workload
 
 
@@ -150,7 +151,7 @@ class SystemDelta:
             return None
         return min(1.0, max(0.0, (machine - engine - own) / total))
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, JsonValue]:
         share = self.steal_share
         wait, others = self.cpu_wait_share, self.others_cpu_share
         return {
@@ -182,7 +183,7 @@ class Stability:
     def unstable(self) -> bool:
         return bool(self.warnings)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, JsonValue]:
         return {
             "n_runs": self.n_runs,
             "tpot_cv": sig6(self.tpot_cv),
@@ -315,7 +316,7 @@ class ModelLoads:
             text += f"; {EVICTION_FAILED}"
         return text
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, JsonValue]:
         from ..core.formats import sig6
 
         return {
@@ -391,8 +392,8 @@ class Roofline:
     def machine_balance_flop_per_byte(self) -> float:
         return self.peak_tflops.value * 1e12 / (self.peak_bw.value * 1e9)
 
-    def as_dict(self) -> dict[str, Any]:
-        def phase(p: PhaseRoofline | None) -> dict[str, Any] | None:
+    def as_dict(self) -> dict[str, JsonValue]:
+        def phase(p: PhaseRoofline | None) -> dict[str, JsonValue] | None:
             if p is None:
                 return None
             return {k: (v if isinstance(v, str) else sig6(v)) for k, v in p.__dict__.items() if k != "phase"}
@@ -495,10 +496,10 @@ class LayerProfile(InstrumentedCost):
     plain_prefill_ms: float | None  # interleaved plain runs, medians
     plain_tpot_ms: float | None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, JsonValue]:
         """The record's ``layers`` entry (baselines, session reports)."""
 
-        def phase(p: PhaseLayers) -> dict[str, Any]:
+        def phase(p: PhaseLayers) -> dict[str, JsonValue]:
             return {
                 "names": list(p.names),
                 "median_ms": [sig6(v) for v in p.median_ms],
@@ -549,7 +550,7 @@ class Slice:
     median_ms: float
     per_run_ms: tuple[float, ...]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, JsonValue]:
         return {"name": self.name, "median_ms": sig6(self.median_ms), "per_run_ms": [sig6(v) for v in self.per_run_ms]}
 
     @classmethod
@@ -582,8 +583,8 @@ class PhaseAttribution:
         slices: tuple[Slice, ...] = getattr(self, kind)
         return slices
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {k: [s.to_json() for s in self.slices(k)] for k in KINDS}
+    def to_json(self) -> dict[str, JsonValue]:
+        out: dict[str, JsonValue] = {k: [s.to_json() for s in self.slices(k)] for k in KINDS}
         out.update(
             step_ms=sig6(self.step_ms),
             nodes_ms=sig6(self.nodes_ms),
@@ -629,7 +630,7 @@ class Attribution(InstrumentedCost):
     def phase(self, name: str) -> PhaseAttribution:
         return self.prefill if name == "prefill" else self.decode
 
-    def cost(self) -> dict[str, Any]:
+    def cost(self) -> dict[str, JsonValue]:
         """What the pass cost and how its node times add up to the step, per phase."""
         return {
             "wall_s": sig6(self.wall_s),
@@ -639,7 +640,7 @@ class Attribution(InstrumentedCost):
             "decode_coverage": sig6(self.decode.coverage),
         }
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, JsonValue]:
         return {
             "phases": {p: self.phase(p).to_json() for p in PHASES},
             "tpot_ms": sig6(self.tpot_ms),
@@ -744,7 +745,7 @@ class Agreement:
             f"  greedy parity {self.greedy_parity:.4f}; first divergence: {where}",
         ]
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, JsonValue]:
         out = dataclasses.asdict(self)
         out["first_divergence"] = list(self.first_divergence)
         out["available"] = self.available
@@ -810,7 +811,7 @@ class Measurement:
     def n_runs(self) -> int:
         return len(self.runs)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
 
     @property

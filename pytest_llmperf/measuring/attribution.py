@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -355,7 +355,7 @@ def _order(kind: str, keys: Iterable[str]) -> list[str]:
     return sorted(seen)
 
 
-def side_figures(m: Measurement, peaks: tuple[Peak, Peak] | None = None) -> dict[str, Any]:
+def side_figures(m: Measurement, peaks: tuple[Peak, Peak] | None = None) -> dict[str, float]:
     """One side's achieved decode bandwidth and MBU (its roofline: the measurement's own, or
     computed with ``peaks``) and memory figures, where known."""
     r = m.roofline
@@ -363,7 +363,7 @@ def side_figures(m: Measurement, peaks: tuple[Peak, Peak] | None = None) -> dict
         from .roofline import roofline
 
         r = roofline(m, *peaks)
-    out: dict[str, Any] = {}
+    out: dict[str, float | None] = {}
     if r is not None:
         out["decode_bw_gbs"] = sig6(r.decode.achieved_bw_gbs)
         out["decode_mbu"] = None if r.decode.note else sig6(r.decode.mbu)

@@ -167,7 +167,7 @@ def attribution_of(engine: Engine, workload: Workload) -> Attribution:
     return run_pass(pass_of(engine, workload))
 
 
-def traces_figures(engine: object, workload: Workload, traces: Sequence[RunTrace]) -> dict[str, Any]:
+def traces_figures(engine: object, workload: Workload, traces: Sequence[RunTrace]) -> dict[str, float]:
     """A side's roofline and memory figures over its runs (``--llmperf-against``: in the side's
     process, after the pairs; ``attribution.side_figures``, the machine's peaks probed once and cached)."""
     from .attribution import side_figures
