@@ -94,7 +94,7 @@ def test_a_record_is_written_by_the_type_in_todays_order_and_read_back() -> None
     assert {"stability", "memory"} <= set(rec) and not {"layers", "reference", "sessions"} & set(rec)
     r = Record.from_json(rec)
     assert list(r.runs["tpot_ms"]) == rec["runs"]["tpot_ms"] and r.summary is not None and r.summary["n_runs"] == 3
-    assert r.section("memory") == rec["memory"] and r.section("layers") is None and not r.extra
+    assert r.memory == rec["memory"] and r.layers is None and not r.extra
     assert r.to_json() == rec and list(r.to_json()) == list(rec)
 
 
@@ -111,5 +111,5 @@ def test_a_key_of_a_newer_version_is_kept_as_it_came() -> None:
     m = _measurement()
     rec = {**record(m, Fingerprint({}, subject(m.engine)), commit=None, recorded_at="now"), "later": {"x": [1, 2]}}
     r = Record.from_json(rec)
-    assert r.extra == {"later": {"x": [1, 2]}} and r.section("later") == {"x": [1, 2]}
+    assert r.extra == {"later": {"x": [1, 2]}}
     assert r.to_json() == rec

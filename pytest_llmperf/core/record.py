@@ -89,11 +89,6 @@ class Record:
             values["itl_ms"] = tuple(tuple(run) for run in d["itl_ms"])
         return cls(**values, extra={k: v for k, v in d.items() if k not in known})
 
-    def section(self, name: str) -> JsonObject | None:
-        """A section by its stored key (``memory``, ``roofline``...; None: the record has none)."""
-        value = getattr(self, name, None) if name in _SECTIONS else self.extra.get(name)
-        return value if isinstance(value, Mapping) else None
-
 
 def _per_run(d: Mapping[str, Sequence[float]]) -> PerRun:
     return {k: tuple(v) for k, v in d.items()}
@@ -101,7 +96,6 @@ def _per_run(d: Mapping[str, Sequence[float]]) -> PerRun:
 
 #: Written even when None (a record holds ``"commit": null`` outside a git checkout).
 _ALWAYS = frozenset({"commit"})
-_SECTIONS = frozenset(f.name for f in fields(Record)) - {"extra", "runs", "itl_ms"}
 
 
 def _plain(value: object) -> JsonValue:
