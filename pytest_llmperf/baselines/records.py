@@ -22,8 +22,8 @@ from typing import Any
 from ..core import catalog
 from ..core.fingerprint import Fingerprint
 from ..core.formats import sig6
-from ..core.measurement import LoadStats, Measurement
-from ..core.record import JsonValue, Record
+from ..core.measurement import JsonValue, LoadStats, Measurement
+from ..core.record import Record
 from ..core.workload import MEMORY_FIELDS
 from ..measuring.metrics import diagnose
 

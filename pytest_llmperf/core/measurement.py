@@ -15,11 +15,15 @@ import dataclasses
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 from .formats import fmt, sig6
-from .record import JsonValue
 from .workload import EngineInfo, Workload
+
+#: A JSON value as ``json`` reads it.
+JsonValue: TypeAlias = "str | int | float | bool | None | list[JsonValue] | dict[str, JsonValue]"
+#: A JSON object: a stored section read as it came (``Record``'s sections).
+JsonObject: TypeAlias = "Mapping[str, JsonValue]"
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any, TypeAlias
 
 from .documents import validate
+from .measurement import JsonObject, JsonValue
 
-#: A JSON value as ``json`` reads it.
-JsonValue: TypeAlias = "str | int | float | bool | None | list[JsonValue] | dict[str, JsonValue]"
-#: A JSON object: a stored section read as it came (``Record``'s sections).
-JsonObject: TypeAlias = "Mapping[str, JsonValue]"
 #: Per-run values by field (``runs``, ``parts``): one number per run.
 PerRun: TypeAlias = "Mapping[str, Sequence[float]]"
 
