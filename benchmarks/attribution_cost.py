@@ -24,8 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pytest_llmperf import LlamaCppEngine, Workload
+from pytest_llmperf.core.measurement import Attribution
 from pytest_llmperf.judge.attribution import compare_attributions
-from pytest_llmperf.measuring.attribution import Attribution, AttributionPass, attribute, interleaved
+from pytest_llmperf.measuring.attribution import AttributionPass, attribute, interleaved
 from pytest_llmperf.measuring.interleave import pass_orders
 from pytest_llmperf.models.gguf import ModelSpec, ensure_model, model_path
 

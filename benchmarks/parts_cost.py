@@ -26,10 +26,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pytest_llmperf import LlamaCppEngine, Workload
+from pytest_llmperf.core.measurement import RunMetrics
 from pytest_llmperf.engines import CallableEngine
 from pytest_llmperf.engines.llama_cpp import LlamaCounters
 from pytest_llmperf.judge.paired import paired
-from pytest_llmperf.measuring.metrics import RunMetrics
+from pytest_llmperf.measuring.metrics import run_metrics
 from pytest_llmperf.models.gguf import model_path
 
 
@@ -88,7 +89,7 @@ def main() -> int:
                 started = time.perf_counter_ns()
                 trace = side.run(workload, i)
                 wall_ms[name].append((time.perf_counter_ns() - started) / 1e6)
-                runs[name].append(RunMetrics.of(trace))
+                runs[name].append(run_metrics(trace))
                 moved += name == "counted" and trace.native is not None
         one_read = read_cost_us(counters)
     finally:

@@ -284,7 +284,7 @@ def cost(runs: int) -> tuple[float, float, int]:
     from pytest_llmperf import Workload, ensure_model
     from pytest_llmperf.engines import CallableEngine
     from pytest_llmperf.engines.user_llama import LlamaWatch
-    from pytest_llmperf.measuring.metrics import RunMetrics
+    from pytest_llmperf.measuring.metrics import run_metrics
 
     llm = llama_cpp.Llama(model_path=str(ensure_model("small")), n_ctx=512, n_threads=2, verbose=False)
 
@@ -301,7 +301,7 @@ def cost(runs: int) -> tuple[float, float, int]:
         for name, engine in (
             (("watched", watched), ("plain", plain)) if i % 2 else (("plain", plain), ("watched", watched))
         ):
-            m = RunMetrics.of(engine.run(w, i))
+            m = run_metrics(engine.run(w, i))
             if i >= 2:
                 tpot[name].append(m.tpot_ms)
     return statistics.median(tpot["watched"]), statistics.median(tpot["plain"]), runs

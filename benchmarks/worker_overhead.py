@@ -21,9 +21,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pytest_llmperf import LlamaCppEngine, Workload
+from pytest_llmperf.core.measurement import RunMetrics
 from pytest_llmperf.engines.llama_cpp_native import EngineConfig
 from pytest_llmperf.judge.paired import paired
-from pytest_llmperf.measuring.metrics import RunMetrics
+from pytest_llmperf.measuring.metrics import run_metrics
 from pytest_llmperf.measuring.worker import load_worker
 from pytest_llmperf.models.gguf import model_path
 
@@ -50,7 +51,7 @@ def main() -> int:
             if i % 2:
                 order.reverse()
             for name, engine in order:
-                runs[name].append(RunMetrics.of(engine.run(workload, i)))
+                runs[name].append(run_metrics(engine.run(workload, i)))
     finally:
         local.close()
         worker.close()

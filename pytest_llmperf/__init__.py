@@ -24,6 +24,7 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # the one list of public names: type checkers read it, and so does _exports()
     from .core.errors import ConfigError, EngineError, LLMPerfError
+    from .core.measurement import LatencyStats, Measurement, RunMetrics
     from .core.workload import EngineInfo, NativeCounters, RunTrace, Workload
     from .engines import CallableEngine, Engine
     from .engines.capabilities import (
@@ -49,7 +50,7 @@ if TYPE_CHECKING:  # the one list of public names: type checkers read it, and so
     from .judge.ab import ABResult, Side, compare_ab
     from .judge.budgets import BudgetFailure, check_budgets
     from .judge.result import MeasurementResult, Outcome, ResultError
-    from .measuring.metrics import LatencyStats, Measurement, RunMetrics, summarize
+    from .measuring.metrics import summarize
     from .measuring.runner import InferenceProfiler, ProfilerStats, measure
     from .models.gguf import PRESETS, ModelSpec, ensure_model, write_gguf
     from .reports.session_file import load_session

@@ -22,7 +22,7 @@ from pytest_llmperf.core.workload import EngineInfo, RunTrace, Workload
 from pytest_llmperf.judge.paired import judged_pairs
 from pytest_llmperf.judge.result import BaselineVerdict, Figures, MeasurementResult
 from pytest_llmperf.judge.verdict import Verdict
-from pytest_llmperf.measuring.metrics import RunMetrics, summarize
+from pytest_llmperf.measuring.metrics import run_metrics, summarize
 from pytest_llmperf.reports import session_file
 from pytest_llmperf.session import Session, SessionSettings
 from pytest_llmperf.session.finish import summary
@@ -84,8 +84,8 @@ def paired_result(test: str, slowdown: float = 1.10, seed: int = 7) -> Measureme
     drift = 1 + 0.2 * rng.random(PAIRS)  # the machine's speed moves by up to 20% between pairs
     ref, cur = _traces(rng, drift, 30.0, 5.0), _traces(rng, drift, 30.0, 5.0 * slowdown)
     comparisons = judged_pairs(
-        [RunMetrics.of(t) for t in ref],
-        [RunMetrics.of(t) for t in cur],
+        [run_metrics(t) for t in ref],
+        [run_metrics(t) for t in cur],
         alpha=0.01,
         threshold=0.05,
         tail_threshold=0.10,

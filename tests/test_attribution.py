@@ -13,6 +13,7 @@ import pytest
 from scipy.stats import mannwhitneyu
 
 from pytest_llmperf import LlamaCppEngine, Workload, measure
+from pytest_llmperf.core.measurement import Attribution
 from pytest_llmperf.judge.attribution import (
     AttributionChange,
     SliceChange,
@@ -30,7 +31,6 @@ from pytest_llmperf.measuring.attribution import (
     MATMUL,
     NORMALISATION,
     ROPE,
-    Attribution,
     AttributionPass,
     attribute,
     group_of,

@@ -452,7 +452,8 @@ def test_the_run_queue_wait_of_a_thread_sharing_its_cpu_is_measured() -> None:
     import os
     import time
 
-    from pytest_llmperf.measuring.metrics import SystemDelta, sample_system
+    from pytest_llmperf.core.measurement import SystemDelta
+    from pytest_llmperf.measuring.metrics import sample_system
 
     if not hasattr(os, "sched_setaffinity") or sample_system().engine_sched_ns is None:
         pytest.skip("no per-thread scheduler statistics (/proc/PID/task/*/schedstat) here")

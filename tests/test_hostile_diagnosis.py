@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from pytest_llmperf.core.measurement import Attribution, PhaseAttribution, Slice
 from pytest_llmperf.judge.attribution import AttributionChange, compare_phase, compare_records, readable
-from pytest_llmperf.measuring.attribution import Attribution, PhaseAttribution, Slice
 
 RUNS = 8
 

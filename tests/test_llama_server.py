@@ -89,7 +89,7 @@ def test_a_served_measurements_parts_are_the_servers_timings_and_the_rest(small_
     """One request at a time: llama-server's own timings (prompt_ms, predicted_ms / predicted_n)
     are llama.cpp's parts of TTFT and TPOT; the rest (queue, network, the client) is the part
     outside llama.cpp, and the parts add up to what the client saw."""
-    from pytest_llmperf.measuring.metrics import RunMetrics
+    from pytest_llmperf.measuring.metrics import run_metrics
     from pytest_llmperf.reports.text import metrics_table
 
     engine = small_server.engine()
@@ -97,7 +97,7 @@ def test_a_served_measurements_parts_are_the_servers_timings_and_the_rest(small_
     engine.run(w, -1)
     for i in range(w.runs):
         trace = engine.run(w, i)
-        native, r = trace.native, RunMetrics.of(trace)
+        native, r = trace.native, run_metrics(trace)
         assert native is not None and native.source == "llama-server timings"
         assert native.prefill_tokens >= 24 and native.decode_tokens == 16  # no prompt cache, every token
         assert r.native_prefill_ms == native.prefill_ms > 0

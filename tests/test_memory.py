@@ -19,8 +19,9 @@ from inner import run
 from pytest_llmperf import LlamaCppEngine, Workload, measure
 from pytest_llmperf.baselines.records import record
 from pytest_llmperf.core.fingerprint import Fingerprint, subject
+from pytest_llmperf.core.measurement import COLD_RESIDENT_MAX
 from pytest_llmperf.judge.regression import MEMORY_RULE, compare_memory
-from pytest_llmperf.measuring.runner import COLD_RESIDENT_MAX, evict, read_through, resident_share, with_model_loads
+from pytest_llmperf.measuring.runner import evict, read_through, resident_share, with_model_loads
 
 FAST = "max_tokens=4, runs=2, warmup=0, prompt_tokens=8"
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pytest_llmperf import EngineInfo, NativeCounters, RunTrace, Workload, check_budgets, summarize
-from pytest_llmperf.measuring.metrics import LatencyStats, RunMetrics
+from pytest_llmperf.measuring.metrics import latency_stats, run_metrics
 
 MS = 1_000_000  # ns
 
@@ -38,7 +38,7 @@ def trace(
 
 def test_run_metrics_definitions() -> None:
     native = NativeCounters(prefill_ms=19.0, prefill_tokens=10, decode_ms=3 * 1.9, decode_tokens=3)
-    r = RunMetrics.of(trace(20.0, [1.0, 2.0, 3.0], prefill_ms=19.5, tokenize_ms=0.5, native=native))
+    r = run_metrics(trace(20.0, [1.0, 2.0, 3.0], prefill_ms=19.5, tokenize_ms=0.5, native=native))
     assert r.output_tokens == 4
     assert r.tokenize_ms == pytest.approx(0.5)
     assert r.ttft_ms == pytest.approx(20.5)  # tokenization counts: the caller waits for it
@@ -55,11 +55,11 @@ def test_run_metrics_definitions() -> None:
 
 def test_one_token_is_not_a_run() -> None:
     with pytest.raises(ValueError, match="at least 2"):
-        RunMetrics.of(trace(5.0, []))
+        run_metrics(trace(5.0, []))
 
 
 def test_latency_stats_percentiles_interpolate() -> None:
-    s = LatencyStats.of(list(range(1, 101)))
+    s = latency_stats(list(range(1, 101)))
     assert s.count == 100
     assert s.p50_ms == pytest.approx(50.5)
     assert s.p95_ms == pytest.approx(95.05)

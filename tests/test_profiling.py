@@ -15,9 +15,10 @@ from inner import run as run_inner
 
 from pytest_llmperf import InferenceProfiler, Workload, measure
 from pytest_llmperf.cli import main as cli_main
+from pytest_llmperf.core.measurement import SystemDelta, SystemSample
 from pytest_llmperf.judge.result import compare_layers
 from pytest_llmperf.measuring.layers import outlier_layers
-from pytest_llmperf.measuring.metrics import SystemDelta, SystemSample, context_slope, far_off, likely_causes
+from pytest_llmperf.measuring.metrics import context_slope, diagnose, far_off, likely_causes
 from pytest_llmperf.measuring.roofline import kv_cache_bytes, machine_peaks
 from pytest_llmperf.models.gguf import ModelSpec, ensure_model
 
@@ -208,10 +209,10 @@ def test_unstable_measurement_warns_in_plain_words() -> None:
             yield "x"
 
     m = measure(CallableEngine(engine), Workload(prompt="hi", max_tokens=8, runs=6, warmup=0))
-    stab = m.stability
+    stab = diagnose(m)
     assert stab.unstable and stab.warnings[0].startswith("unstable measurement")
     steady = measure(CallableEngine(lambda p, n: iter("x" * n)), Workload(prompt="hi", max_tokens=8, runs=3, warmup=1))
-    assert steady.stability.first_run_slowdown is not None
+    assert diagnose(steady).first_run_slowdown is not None
 
 
 # -- per-layer diff ---------------------------------------------------------------------------
@@ -442,8 +443,9 @@ def test_roofline_says_what_is_true_instead_of_a_utilisation_above_100_percent(m
     from types import SimpleNamespace
 
     import pytest_llmperf.measuring.roofline as machine_peak
+    from pytest_llmperf.core.measurement import Peak
     from pytest_llmperf.core.workload import EngineInfo
-    from pytest_llmperf.measuring.roofline import Peak, roofline
+    from pytest_llmperf.measuring.roofline import roofline
     from pytest_llmperf.reports.text import roofline_text
 
     monkeypatch.setattr(machine_peak, "last_level_cache_bytes", lambda: 32 * 2**20)

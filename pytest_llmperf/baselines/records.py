@@ -22,8 +22,10 @@ from typing import Any
 from ..core import catalog
 from ..core.fingerprint import Fingerprint
 from ..core.formats import sig6
+from ..core.measurement import JsonValue, LoadStats, Measurement
+from ..core.record import Record
 from ..core.workload import MEMORY_FIELDS
-from ..measuring.metrics import Measurement
+from ..measuring.metrics import diagnose
 from ..measuring.roofline import REFERENCE_KIND
 
 #: Per-run metric families stored and compared (from the metric catalog).
@@ -53,7 +55,7 @@ def part_values(m: Measurement) -> dict[str, list[float]]:
     return out
 
 
-def workload_identity(m: Measurement) -> dict[str, Any]:
+def workload_identity(m: Measurement) -> dict[str, JsonValue]:
     """What must match for two measurements to be compared (the run count may differ)."""
     w = m.workload
     return {
@@ -76,29 +78,30 @@ def workload_identity(m: Measurement) -> dict[str, Any]:
     }
 
 
-def record(m: Measurement, fingerprint: Fingerprint, *, commit: str | None, recorded_at: str) -> dict[str, Any]:
-    return {
-        "recorded_at": recorded_at,
-        "commit": commit,
-        "hardware": dict(fingerprint.hardware),
-        "subject": dict(fingerprint.subject),
-        "workload": {**workload_identity(m), "runs": m.workload.runs, "warmup": m.workload.warmup},
-        "runs": run_values(m),
-        "itl_ms": [[sig6(v) for v in r.itl_ms] for r in m.runs],
-        "summary": {
+def record(m: Measurement, fingerprint: Fingerprint, *, commit: str | None, recorded_at: str) -> dict[str, JsonValue]:
+    """``m`` as it is stored (``Record.to_json``): a baseline entry, a session file's record."""
+    return Record(
+        recorded_at=recorded_at,
+        commit=commit,
+        hardware=dict(fingerprint.hardware),
+        subject=dict(fingerprint.subject),
+        workload={**workload_identity(m), "runs": m.workload.runs, "warmup": m.workload.warmup},
+        runs=run_values(m),
+        itl_ms=tuple(tuple(sig6(v) for v in r.itl_ms) for r in m.runs),
+        summary={
             "n_runs": m.n_runs,
             "itl_count": m.itl.count,
             **{key: sig6(field.read(m)) for key, field in catalog.SUMMARY.items()},
         },
         **diagnosis(m),
-    }
+    ).to_json()
 
 
 def diagnosis(m: Measurement) -> dict[str, Any]:
     """Where the time went, when known: layers, roofline, stability, memory (optional keys)."""
     from ..measuring.roofline import kv_cache_bytes
 
-    out: dict[str, Any] = {"stability": m.stability.as_dict()}
+    out: dict[str, Any] = {"stability": diagnose(m).as_dict()}
     parts = part_values(m)
     if parts:
         out["parts"] = parts
@@ -127,13 +130,13 @@ def diagnosis(m: Measurement) -> dict[str, Any]:
     return out
 
 
-def prompt_record(m: Measurement) -> dict[str, Any]:
+def prompt_record(m: Measurement) -> dict[str, JsonValue]:
     """A measured callable's prompt as llama.cpp saw it and its stream as the caller got it
     (empty when the engine is the plugin's own, whose prompt is the workload's): the cache state,
     the prompt's tokens (median run), those evaluated and reused, and the delivered figures."""
     if m.prompt_reused_tokens is None and m.delivered_items is None:
         return {}
-    out: dict[str, Any] = {
+    out: dict[str, JsonValue] = {
         "prompt_cache": m.workload.prompt_cache,
         "prompt_tokens": m.prompt_tokens,
         "evaluated_prompt_tokens": m.evaluated_prompt_tokens,
@@ -155,11 +158,11 @@ def prompt_record(m: Measurement) -> dict[str, Any]:
 ENGINE_MEMORY = MEMORY_FIELDS
 
 
-def memory_record(m: Measurement, computed_kv_bytes: int | None) -> dict[str, Any]:
+def memory_record(m: Measurement, computed_kv_bytes: int | None) -> dict[str, JsonValue]:
     """Memory, each figure from its most direct source: peak RSS of the engine's process over
     the runs, llama.cpp's reported buffers (``buffer_source``), the model file's mapping; the KV
     cache computed from the model's shape (``kv_cache_bytes``) only beside them, labelled so."""
-    memory: dict[str, Any] = {"kv_cache_bytes": computed_kv_bytes}
+    memory: dict[str, JsonValue] = {"kv_cache_bytes": computed_kv_bytes}
     if m.peak_rss is not None:
         memory.update(
             peak_rss_bytes=m.peak_rss.bytes, peak_rss_scope=m.peak_rss.scope, rss_mib=sig6(m.peak_rss.bytes / 2**20)
@@ -170,9 +173,9 @@ def memory_record(m: Measurement, computed_kv_bytes: int | None) -> dict[str, An
     return memory
 
 
-def load_record(s: Any) -> dict[str, Any]:
+def load_record(s: LoadStats) -> dict[str, JsonValue]:
     """A load level's figures (the HTML report's throughput-latency curve)."""
-    out = {
+    out: dict[str, JsonValue] = {
         "concurrency": s.concurrency,
         "rate_per_s": s.rate_per_s,
         "n_requests": s.n_requests,
@@ -187,8 +190,11 @@ def load_record(s: Any) -> dict[str, Any]:
         "prompt_cache": s.prompt_cache,
     }
     if s.server is not None:
-        out["server"] = {k: sig6(v) if isinstance(v, float) else v for k, v in vars(s.server).items() if k != "metrics"}
-        out["server"]["metrics"] = dict(s.server.metrics or {})
+        server: dict[str, JsonValue] = {
+            k: sig6(v) if isinstance(v, float) else v for k, v in vars(s.server).items() if k != "metrics"
+        }
+        server["metrics"] = dict(s.server.metrics or {})
+        out["server"] = server
     return out
 
 

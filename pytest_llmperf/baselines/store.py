@@ -43,6 +43,7 @@ from ..core.documents import (
     validate,
 )
 from ..core.errors import LLMPerfError
+from ..core.record import PerRun, Record
 
 SCHEMA = "pytest-llmperf/baselines"
 SCHEMA_VERSION = 1
@@ -126,9 +127,9 @@ def _violation(path: Path, exc: SchemaViolation) -> BaselineError:
 
 def _check_entry(path: Path, test: str, hw: str, entry: Any) -> None:
     """One record against ``schemas/baselines.schema.json#/$defs/record`` (what the statistics read)."""
+    where = f"tests[{test!r}][{hw!r}]"
     try:
-        validate(entry, "baselines", "record", f"tests[{test!r}][{hw!r}]")
-        _judged_runs(entry, f"tests[{test!r}][{hw!r}]")
+        _judged_runs(Record.from_json(entry, where).runs, where)
     except SchemaViolation as exc:
         raise _violation(path, exc) from None
 
@@ -182,19 +183,19 @@ def _valid_tests(path: Path, data: Mapping[str, Any]) -> dict[str, Any]:
         tests = data["tests"]
         for test, per_hw in tests.items():
             for hw, entry in per_hw.items():
-                _judged_runs(entry, f"tests[{test!r}][{hw!r}]")
+                _judged_runs(entry["runs"], f"tests[{test!r}][{hw!r}]")
     except SchemaViolation as exc:
         raise _violation(path, exc) from None
     return tests
 
 
-def _judged_runs(entry: Mapping[str, Any], where: str) -> None:
+def _judged_runs(runs: PerRun, where: str) -> None:
     """A judged metric's runs are above 0 (its level is taken on the log scale); the schema
     lets other metrics hold a 0."""
     from ..core.catalog import JUDGED
 
     for name in JUDGED:
-        for i, value in enumerate(entry["runs"].get(name) or ()):
+        for i, value in enumerate(runs.get(name) or ()):
             if value <= 0:
                 raise SchemaViolation(f"{where}.runs[{name!r}][{i}]", f"is {value}, not above 0 (a judged metric)")
 

@@ -32,8 +32,7 @@ from .common import add_setting, check_writable, output_file, positive_int, shar
 from .common import model as model_arg
 
 if TYPE_CHECKING:
-    from ..measuring.metrics import Measurement
-    from ..measuring.served import LoadStats
+    from ..core.measurement import LoadStats, Measurement
 
 MODEL_HELP = "write (once) and print the path of a synthetic model"
 

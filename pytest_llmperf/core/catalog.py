@@ -16,9 +16,8 @@ the per-test metrics table, load rows, A/B's paired metrics, ``llmperf profile``
 and the history's labels and default metrics all read it, so a metric cannot mean one thing in
 a budget and another in a report; a test checks the README's marker-key table against it.
 
-Its readers read a ``core.measured.MeasurementShape``: the fields of ``measuring``'s
-Measurement they read, named for the type checker (the one import from the package, for it
-alone). No numpy at import (the plugin stays cheap to load).
+Its readers read a ``core.measurement.Measurement`` (pure data, beside it at the bottom). No
+numpy at import (the plugin stays cheap to load).
 """
 
 from __future__ import annotations
@@ -29,11 +28,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # core.measured reads FIGURES: the shapes are for the type checker alone
-    from .measured import MeasurementShape
+if TYPE_CHECKING:  # the catalog imports nothing from the package at run time (tests/test_catalog.py)
+    from .measurement import Measurement
 
-#: How a figure is read from a measurement (``MeasurementShape``: ``measuring``'s Measurement).
-Reader = Callable[["MeasurementShape"], float | None]
+#: How a figure is read from a measurement.
+Reader = Callable[["Measurement"], float | None]
 #: A headline figure's value: a number, or text (the model, the engine...), or None.
 FigureValue = str | float | None
 
@@ -144,7 +143,7 @@ class SummaryField:
     def header(self) -> str:
         return f"{self.label} {self.unit}"
 
-    def read(self, m: MeasurementShape) -> float | None:
+    def read(self, m: Measurement) -> float | None:
         return (self.reader or METRICS[self.metric].read)(m)
 
 
@@ -200,15 +199,15 @@ def _at(*path: str) -> Callable[[Mapping[str, object]], float | None]:
 # --- readers from a Measurement ---------------------------------------------------------------
 
 
-def _mbu(m: MeasurementShape) -> float | None:
+def _mbu(m: Measurement) -> float | None:
     return m.roofline.decode.mbu if m.roofline is not None else None
 
 
-def _goodput(m: MeasurementShape) -> float | None:
+def _goodput(m: Measurement) -> float | None:
     return m.load.goodput if m.load is not None else None
 
 
-def _rss_mib(m: MeasurementShape) -> float | None:
+def _rss_mib(m: Measurement) -> float | None:
     return m.peak_rss.bytes / 2**20 if m.peak_rss is not None else None
 
 
@@ -227,32 +226,32 @@ def _agreement(field: str) -> Reader:
     return lambda m: getattr(m.agreement, field) if m.agreement is not None and m.agreement.available else None
 
 
-def _memory_sample(metric: str, m: MeasurementShape) -> str:
+def _memory_sample(metric: str, m: Measurement) -> str:
     if metric == "rss_mib":
         whole = m.peak_rss is not None and m.peak_rss.scope != "measurement"
         return f"peak over {m.n_runs} runs" + (", process lifetime" if whole else "")
     return "/proc/self/smaps" if metric == "mapped_mib" else "llama.cpp log"
 
 
-def _startup_sample(metric: str, m: MeasurementShape) -> str:
+def _startup_sample(metric: str, m: Measurement) -> str:
     loads = m.model_loads
     return f"{len(loads.samples)} loads, {loads.page_cache}" if loads is not None else "no fresh loads"
 
 
-def _agreement_sample(metric: str, m: MeasurementShape) -> str:
+def _agreement_sample(metric: str, m: Measurement) -> str:
     g = m.agreement
     return "not compared with REF" if g is None else g.sample if g.available else "not available"
 
 
 #: What a figure of each of these phases comes from: a direct reading, not a statistic.
-_DIRECT_SAMPLES: dict[str, Callable[[str, MeasurementShape], str]] = {
+_DIRECT_SAMPLES: dict[str, Callable[[str, Measurement], str]] = {
     "memory": _memory_sample,
     "startup": _startup_sample,
     "agreement": _agreement_sample,
 }
 
 
-def direct_sample(metric: str, m: MeasurementShape) -> str | None:
+def direct_sample(metric: str, m: Measurement) -> str | None:
     """What a memory or start-up figure comes from (budget lines, the metrics table); None for a
     statistic over runs or tokens."""
     sample = _DIRECT_SAMPLES.get(METRICS[metric].phase)
@@ -485,7 +484,7 @@ class Figure:
     ``label``. With ``bound`` (the help text): also a budget key, ``budget_key``, bounding it."""
 
     name: str
-    read: Callable[[MeasurementShape], FigureValue]
+    read: Callable[[Measurement], FigureValue]
     metric: str | None = None
     label: str = ""  # "TTFT median"
     statistic: str = ""  # "median", "p95"
@@ -510,7 +509,7 @@ class Figure:
             return ""
         return self.key or (f"min_{self.name}" if self.metric and METRICS[self.metric].higher_is_better else self.name)
 
-    def number(self, m: MeasurementShape) -> float | None:
+    def number(self, m: Measurement) -> float | None:
         """The value of a figure of a metric (``read``'s, a number or None, never text)."""
         value = self.read(m)
         if isinstance(value, str):
@@ -540,7 +539,7 @@ def _run_figure(name: str, metric: str, label: str, statistic: str, bound: str =
     field = m.run_field
     q = None if statistic == "median" else float(statistic.removeprefix("p"))
 
-    def read(x: MeasurementShape) -> float | None:
+    def read(x: Measurement) -> float | None:
         return m.read(x) if q is None else _percentile([getattr(r, field) for r in x.runs], q)
 
     def from_record(record: Mapping[str, object]) -> float | None:
@@ -606,7 +605,7 @@ _MEMORY_FIGURES = (
 )
 
 
-def _agreement_method(m: MeasurementShape) -> str | None:
+def _agreement_method(m: Measurement) -> str | None:
     """How the agreement with REF was computed ("exact, full vocabulary"), or why it was not."""
     g = m.agreement
     return None if g is None else g.method if g.available else f"not available: {g.reason}"

@@ -46,6 +46,7 @@ from typing import Any
 from ..baselines.records import RUN_FIELDS
 from ..baselines.store import unique_test_id
 from ..core.catalog import METRICS
+from ..core.record import PerRun, Record
 from ..judge.verdict import level, stored_verdict
 from .connection import Conn, HistoryError, LastingHistoryError, Location, connect, elsewhere, errors_of, transaction
 
@@ -563,7 +564,7 @@ def unit_of(metric: str) -> str:
     return spec.unit if spec else ("t/s" if metric.endswith("_tps") else "ms")
 
 
-def value_rows(runs: Mapping[str, list[float]]) -> list[dict[str, Any]]:
+def value_rows(runs: PerRun) -> list[dict[str, Any]]:
     """Per metric: the per-run values, their median and the session's level (``verdict.level``:
     the robust location on the log scale and its standard error)."""
     out = []
@@ -595,19 +596,19 @@ def value_rows(runs: Mapping[str, list[float]]) -> list[dict[str, Any]]:
 def measurement_rows(results: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for r in results:
-        rec = r["record"]
+        rec = Record.from_json(r["record"])
         verdict = r.get("verdict")
         rows.append(
             {
                 "test": unique_test_id(r.get("nodeid") or r["test"], r.get("baseline_file") or ""),
                 "label": r.get("label") or "",
                 "hardware_key": r["hardware_key"],
-                "hardware": rec.get("hardware", {}),
-                "subject": rec.get("subject", {}),
-                "workload": rec.get("workload", {}),
-                "summary": rec.get("summary", {}),
+                "hardware": dict(rec.hardware),
+                "subject": dict(rec.subject),
+                "workload": dict(rec.workload),
+                "summary": dict(rec.summary or {}),
                 "baseline": None if not verdict else verdict.get("short") or verdict.get("status"),
-                "values": value_rows(rec.get("runs", {})),
+                "values": value_rows(rec.runs),
             }
         )
     return rows

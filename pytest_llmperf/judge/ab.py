@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.errors import ConfigError
 from ..core.formats import sig6
+from ..core.measurement import Agreement, Measurement
 from ..core.settings import DEFAULT_ALPHA
 from ..core.workload import Workload
-from ..measuring.agreement import Agreement, compare_outputs
+from ..measuring.agreement import compare_outputs
 from ..measuring.interleave import interleave, measured, pass_orders
-from ..measuring.metrics import Measurement
 from ..measuring.runner import as_engine
 from .budgets import (
     AgreementOutcome,

@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 
 from ..core.formats import sig6
+from ..core.measurement import KINDS, PHASES, Attribution, PhaseAttribution, Slice
 from ..core.settings import DEFAULT_THRESHOLD
 from ..core.workload import Workload
-from ..measuring.attribution import KINDS, PHASES, Attribution, PhaseAttribution, Slice
 from .parts import PartChange, llama_cpp_moved
 from .verdict import CI_LEVEL, fmt_pct
 

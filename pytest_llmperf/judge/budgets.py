@@ -33,9 +33,8 @@ from typing import Any
 from ..core.catalog import AGREEMENT_BUDGETS, BUDGETS, AgreementBudget, Budget, direct_sample
 from ..core.errors import ConfigError, did_you_mean, unknown_name
 from ..core.formats import StrEnum, fmt, shown
+from ..core.measurement import Agreement, Measurement
 from ..core.values import MAX_NUMBER
-from ..measuring.agreement import Agreement
-from ..measuring.metrics import Measurement
 from .paired import PAIRED_METRICS, PHASE_METRIC, PairedComparison
 
 

@@ -23,7 +23,7 @@ from .verdict import CI_LEVEL, exp_clamped, fmt_p, fmt_value, level, log_level, 
 
 if TYPE_CHECKING:
     from ..core.catalog import Metric
-    from ..measuring.metrics import RunMetrics
+    from ..core.measurement import RunMetrics
     from .verdict import Comparison
 
 #: metric -> (label, phase, unit, higher is better). Times are compared as b/a time ratios.

@@ -41,8 +41,8 @@ from ..baselines.records import prompt_record
 from ..core.documents import SchemaViolation, validate
 from ..core.errors import LLMPerfError
 from ..core.measured import Figures
+from ..core.measurement import Measurement
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_THRESHOLD
-from ..measuring.metrics import Measurement
 from .budgets import BudgetFailure, BudgetStatus
 from .parts import PartChange, part_properties, why_lines
 from .verdict import BaselineStatus, Comparison, Verdict, headline, holm, regression_cell

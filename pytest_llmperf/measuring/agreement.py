@@ -32,12 +32,13 @@ vocabularies or tokenizations likewise. No pytest."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ..core.measurement import EXACT, Agreement
 from ..core.workload import TokenLogits, Workload
 from ..engines import NeedsPromptIds, TokenProbabilities
 
@@ -45,85 +46,6 @@ from ..engines import NeedsPromptIds, TokenProbabilities
 PROMPTS = 4
 #: Generated positions compared per prompt, at most.
 TOKENS = 64
-#: What the figures are when both sides give full-vocabulary logits.
-EXACT = "exact, full vocabulary"
-
-
-@dataclass(frozen=True)
-class Agreement:
-    """B's outputs against A's (module docstring); ``reason`` set: not available, and why."""
-
-    reason: str = ""
-    method: str = EXACT
-    n_prompts: int = 0
-    n_positions: int = 0
-    top1_agreement: float | None = None
-    kl_mean: float | None = None
-    kl_p99: float | None = None
-    kl_max: float | None = None
-    greedy_parity: float | None = None  # share of identical greedy tokens (over every position)
-    #: Positions left out of top-1 and KL: a server sent no probabilities for them (llama-server
-    #: holds back a byte token that leaves the text an incomplete UTF-8 character).
-    n_unscored: int = 0
-    #: Per prompt: the first generated position where B's greedy token differs from A's (None: none).
-    first_divergence: tuple[int | None, ...] = ()
-
-    @property
-    def available(self) -> bool:
-        return not self.reason
-
-    @property
-    def sample(self) -> str:
-        return f"{self.n_positions} positions over {self.n_prompts} prompt{'s' if self.n_prompts != 1 else ''}"
-
-    @property
-    def earliest_divergence(self) -> int | None:
-        return min((d for d in self.first_divergence if d is not None), default=None)
-
-    def divergence(self) -> str:
-        """Where the greedy tokens first part: ``none`` or ``token 3 (2 of 4 prompts part)``."""
-        diverged = sum(d is not None for d in self.first_divergence)
-        first = self.earliest_divergence
-        return "none" if first is None else f"token {first} ({diverged} of {self.n_prompts} prompts part)"
-
-    def against_lines(self) -> list[str]:
-        """Under ``--llmperf-against``, after the metrics table (whose rows hold top-1 and KL;
-        each line within 80 columns but for a long reason)."""
-        if not self.available:
-            return [f"output against REF: not available ({self.reason})"]
-        return [
-            f"output against REF (A: REF, B: this tree; {self.method})",
-            f"  greedy parity {self.greedy_parity:.4f}; first divergence: {self.divergence()}",
-        ]
-
-    def lines(self) -> list[str]:
-        """The report section's lines (each within 80 columns)."""
-        if not self.available:
-            return [f"agreement: not available ({self.reason})"]
-        assert self.kl_mean is not None and self.kl_p99 is not None and self.kl_max is not None
-        where = self.divergence()
-        held = [f"  {self.n_unscored} more positions without a server's probabilities"] if self.n_unscored else []
-        return [
-            f"agreement ({self.method}): {self.sample}",
-            *held,
-            f"  teacher-forced on A's tokens: top-1 {self.top1_agreement:.4f}",
-            f"  KL(A||B) mean {self.kl_mean:.4g}, p99 {self.kl_p99:.4g}, max {self.kl_max:.4g}",
-            f"  greedy parity {self.greedy_parity:.4f}; first divergence: {where}",
-        ]
-
-    def as_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["first_divergence"] = list(self.first_divergence)
-        out["available"] = self.available
-        return out
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Agreement:
-        """``as_dict`` read back (``available`` is computed, not stored)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        fields = {k: v for k, v in d.items() if k in names}
-        fields["first_divergence"] = tuple(d.get("first_divergence") or ())
-        return cls(**fields)
 
 
 def log_softmax(logits: Any) -> Any:

@@ -28,20 +28,20 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from ..core.formats import sig6
+from ..core.measurement import KINDS, Attribution, PhaseAttribution, Slice
 from ..core.progress import task
 from ..core.workload import Workload
-from .layers import InstrumentedCost, LayerTimer, ggml_function, steps_of, tpot_of
+from .layers import LayerTimer, ggml_function, steps_of, tpot_of
+from .metrics import run_metrics
 
 if TYPE_CHECKING:
+    from ..core.measurement import Measurement, Peak
     from ..engines.capabilities import LayerTiming
-    from .metrics import Measurement
-    from .roofline import Peak
 
 #: Ops that compute nothing (ggml skips them): never computed apart (module docstring).
 NO_OPS = frozenset({b"NONE", b"VIEW", b"RESHAPE", b"PERMUTE", b"TRANSPOSE"})
@@ -67,17 +67,6 @@ ELEMENTWISE_OPS = frozenset(
     {"ADD", "ADD1", "ADD_ID", "SUB", "MUL", "DIV", "SCALE", "SQR", "SQRT", "LOG", "CLAMP", "GLU", "UNARY"}
     | {"SWIGLU", "GEGLU", "REGLU", "GEGLU_ERF", "GEGLU_QUICK", "SWIGLU_OAI"}  # ggml_op_desc of a GLU
     | {"SILU", "GELU", "GELU_QUICK", "GELU_ERF", "RELU", "TANH", "SIGMOID", "EXP", "ABS", "NEG", "STEP"}  # unary
-)
-GROUP_RULE = (
-    "attention: SOFT_MAX, FLASH_ATTN_EXT and every node llama.cpp names kq* (K x Q, softmax, x V); "
-    "matrix multiplication: the other MUL_MAT*/OUT_PROD; normalisation: *_NORM ops and the nodes named *norm "
-    "(the norm's weight); rope: ROPE; copies: CPY, CONT, DUP, SET_ROWS (KV cache writes), GET_ROWS, CONCAT; "
-    "elementwise: ADD, MUL, SCALE, GLU and unary ops; other: the rest"
-)
-LAYER_RULE = (
-    "a node's layer is its name's suffix (-N; the KV cache's _lN); an unnamed node (node_N: "
-    "FLASH_ATTN_EXT, the last layer's row selection) is its graph predecessor's; "
-    "result* and the final norm: output; other named nodes (embd, inp_*): input"
 )
 
 _SUFFIX = re.compile(rb"(?:-|_l)(\d+)$")
@@ -142,148 +131,6 @@ def step_times(events: Sequence[NodeEvent]) -> dict[str, dict[str, float]]:
     out["nodes"] = {"ms": total, "count": float(len(events))}
     out["blocks"] = {"blocks": sum(ms for key, ms in out["layers"].items() if key.startswith("layer "))}
     return out
-
-
-@dataclass(frozen=True)
-class Slice:
-    """One layer, op type or group of a phase: median ms per step over all steps, and per run
-    (each run's median over its steps: the unit of comparisons)."""
-
-    name: str
-    median_ms: float
-    per_run_ms: tuple[float, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "median_ms": sig6(self.median_ms), "per_run_ms": [sig6(v) for v in self.per_run_ms]}
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Slice:
-        return cls(str(d["name"]), float(d["median_ms"]), tuple(float(v) for v in d["per_run_ms"]))
-
-
-@dataclass(frozen=True)
-class PhaseAttribution:
-    """One phase (prefill: the prompt's step; decode: per token step): its layers, op types and
-    groups; ``step_ms``: median instrumented step; ``nodes_ms``: median sum of the node times
-    per step; ``coverage``: median over steps of (node times / step time); ``nodes``: nodes
-    computed apart per step (median)."""
-
-    phase: str
-    layers: tuple[Slice, ...]
-    ops: tuple[Slice, ...]
-    groups: tuple[Slice, ...]
-    step_ms: float
-    nodes_ms: float
-    coverage: float
-    nodes: int
-    n_runs: int
-    n_steps: int
-    #: All transformer blocks together, per step (a median of sums, not a sum of medians).
-    blocks: Slice | None = None
-
-    def slices(self, kind: str) -> tuple[Slice, ...]:
-        """``layers``, ``ops`` or ``groups``."""
-        slices: tuple[Slice, ...] = getattr(self, kind)
-        return slices
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {k: [s.to_json() for s in self.slices(k)] for k in KINDS}
-        out.update(
-            step_ms=sig6(self.step_ms),
-            nodes_ms=sig6(self.nodes_ms),
-            coverage=sig6(self.coverage),
-            nodes=self.nodes,
-            n_runs=self.n_runs,
-            n_steps=self.n_steps,
-        )
-        if self.blocks is not None:
-            out["blocks"] = self.blocks.to_json()
-        return out
-
-    @classmethod
-    def from_json(cls, phase: str, d: Mapping[str, Any]) -> PhaseAttribution:
-        kinds = {k: tuple(Slice.from_json(s) for s in d[k]) for k in KINDS}
-        return cls(
-            phase,
-            kinds["layers"],
-            kinds["ops"],
-            kinds["groups"],
-            float(d["step_ms"]),
-            float(d["nodes_ms"]),
-            float(d["coverage"]),
-            int(d["nodes"]),
-            int(d["n_runs"]),
-            int(d["n_steps"]),
-            Slice.from_json(d["blocks"]) if d.get("blocks") else None,
-        )
-
-
-KINDS = ("layers", "ops", "groups")
-PHASES = ("prefill", "decode")
-
-
-@dataclass(frozen=True)
-class Attribution(InstrumentedCost):
-    """Both phases of one side, what the instrumentation cost (interleaved plain runs) and the
-    pass's wall time (warm-up, instrumented and plain runs)."""
-
-    prefill: PhaseAttribution
-    decode: PhaseAttribution
-    tpot_ms: float  # instrumented runs, median
-    plain_prefill_ms: float | None  # interleaved plain runs, medians
-    plain_tpot_ms: float | None
-    wall_s: float
-
-    def phase(self, name: str) -> PhaseAttribution:
-        return self.prefill if name == "prefill" else self.decode
-
-    def cost(self) -> dict[str, Any]:
-        """What the pass cost and how its node times add up to the step, per phase."""
-        return {
-            "wall_s": sig6(self.wall_s),
-            "prefill_overhead_ratio": sig6(self.prefill_overhead_ratio),
-            "decode_overhead_ratio": sig6(self.decode_overhead_ratio),
-            "prefill_coverage": sig6(self.prefill.coverage),
-            "decode_coverage": sig6(self.decode.coverage),
-        }
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "phases": {p: self.phase(p).to_json() for p in PHASES},
-            "tpot_ms": sig6(self.tpot_ms),
-            "plain_prefill_ms": sig6(self.plain_prefill_ms),
-            "plain_tpot_ms": sig6(self.plain_tpot_ms),
-            "wall_s": sig6(self.wall_s),
-            "layer_rule": LAYER_RULE,
-            "group_rule": GROUP_RULE,
-        }
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Attribution:
-        phases = d["phases"]
-
-        def opt(key: str) -> float | None:
-            return None if d.get(key) is None else float(d[key])
-
-        return cls(
-            PhaseAttribution.from_json("prefill", phases["prefill"]),
-            PhaseAttribution.from_json("decode", phases["decode"]),
-            float(d["tpot_ms"]),
-            opt("plain_prefill_ms"),
-            opt("plain_tpot_ms"),
-            float(d["wall_s"]),
-        )
-
-    def lines(self) -> list[str]:
-        """How the node times add up, and what the pass cost (80 columns)."""
-        out = []
-        for p in PHASES:
-            ph = self.phase(p)
-            ratio = self.prefill_overhead_ratio if p == "prefill" else self.decode_overhead_ratio
-            cost = f" (x{ratio:.2f} the plain step)" if ratio else ""
-            out.append(f"{p}: {ph.nodes} nodes timed, {ph.coverage:.0%} of the {ph.step_ms:.3g} ms step{cost}")
-        out.append(f"attribution pass: {self.wall_s:.1f} s ({self.prefill.n_runs} instrumented + plain runs)")
-        return out
 
 
 class NodeTimer(LayerTimer):
@@ -361,7 +208,7 @@ class AttributionPass:
     ``--llmperf-against``'s sides); ``wall_s`` counts this side's own work only."""
 
     def __init__(self, engine: LayerTiming, workload: Workload) -> None:
-        from .metrics import RunMetrics
+        from ..core.measurement import RunMetrics
 
         self._engine, self._workload = engine, workload
         started = time.monotonic()
@@ -385,7 +232,6 @@ class AttributionPass:
 
     def run(self, index: int) -> None:
         """One instrumented run (and ``PREFILL_REPEATS`` prompt steps), then one plain run."""
-        from .metrics import RunMetrics
 
         started = time.monotonic()
         timer = self._live()
@@ -395,7 +241,7 @@ class AttributionPass:
         self._steps["prefill"].append(prefill)
         self._steps["decode"].append(decode)
         self._tpots.append(tpot_ms)
-        self._plain.append(RunMetrics.of(self._engine.run(self._workload, index)))  # type: ignore[attr-defined]
+        self._plain.append(run_metrics(self._engine.run(self._workload, index)))  # type: ignore[attr-defined]
         self.wall_s += time.monotonic() - started
 
     def close(self) -> None:
@@ -509,7 +355,7 @@ def _order(kind: str, keys: Iterable[str]) -> list[str]:
     return sorted(seen)
 
 
-def side_figures(m: Measurement, peaks: tuple[Peak, Peak] | None = None) -> dict[str, Any]:
+def side_figures(m: Measurement, peaks: tuple[Peak, Peak] | None = None) -> dict[str, float]:
     """One side's achieved decode bandwidth and MBU (its roofline: the measurement's own, or
     computed with ``peaks``) and memory figures, where known."""
     r = m.roofline
@@ -517,7 +363,7 @@ def side_figures(m: Measurement, peaks: tuple[Peak, Peak] | None = None) -> dict
         from .roofline import roofline
 
         r = roofline(m, *peaks)
-    out: dict[str, Any] = {}
+    out: dict[str, float | None] = {}
     if r is not None:
         out["decode_bw_gbs"] = sig6(r.decode.achieved_bw_gbs)
         out["decode_mbu"] = None if r.decode.note else sig6(r.decode.mbu)

@@ -28,11 +28,11 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 
 from ..core.errors import LLMPerfError, NotSteppable
+from ..core.measurement import Agreement, Measurement
 from ..core.progress import task, timed
 from ..core.workload import EngineInfo, RunTrace, Workload
 from ..engines import Engine, NeedsPromptIds, SteppedRuns, TokenProbabilities, TokenStream, times_layers
-from .agreement import Agreement
-from .metrics import Measurement, RunMetrics, summarize
+from .metrics import run_metrics, summarize
 from .runner import as_engine, measure, pass_of, traces_figures
 from .worker import logits_json, pin
 
@@ -82,7 +82,7 @@ def measured(
 ) -> Measurement:
     """One side's measurement of its interleaved runs, its warm-up runs with it."""
     m = summarize(traces, workload, info, label=label)
-    return dataclasses.replace(m, warmup_runs=tuple(RunMetrics.of(t) for t in warm))
+    return dataclasses.replace(m, warmup_runs=tuple(run_metrics(t) for t in warm))
 
 
 class SideRuns:

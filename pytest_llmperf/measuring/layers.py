@@ -16,14 +16,14 @@ import ctypes
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from ..core.errors import EngineError
-from ..core.formats import sig6
+from ..core.measurement import HEAD_NAME, OUTLIER_MAD_FACTOR, OUTLIER_MIN_EXCESS, LayerProfile, PhaseLayers
 from ..core.workload import Workload
+from .metrics import run_metrics
 
 if TYPE_CHECKING:
     from ..engines.capabilities import LayerTiming
@@ -31,107 +31,6 @@ if TYPE_CHECKING:
 
 #: What one event of the callback names (a node name; ``measuring.attribution``: the node's op too).
 E = TypeVar("E")
-
-#: Outlier rule: a layer slower than median + OUTLIER_MAD_FACTOR x MAD of the layers (and
-#: at least OUTLIER_MIN_EXCESS above the median, so a model of identical layers with a tiny MAD
-#: does not flag noise).
-OUTLIER_MAD_FACTOR = 5.0
-OUTLIER_MIN_EXCESS = 0.25
-OUTLIER_RULE = (
-    f"median + {OUTLIER_MAD_FACTOR:g} x MAD of layers 1..N-1 (and > {1 + OUTLIER_MIN_EXCESS:g} x median); "
-    "the first segment (embedding, step setup) and the output head are reported apart"
-)
-
-HEAD_NAME = "output"
-
-
-@dataclass(frozen=True)
-class PhaseLayers:
-    """Per-segment medians of one phase (prefill or decode) over the instrumented runs.
-
-    ``names``: "embd+layer 0", "layer 1", ..., "output"; ``median_ms`` per segment (per step
-    for decode); ``step_ms``: median instrumented step, between the engine's timed loop's
-    clock reads (prefill: start to logits ready; decode: token to token, so with sampling
-    inside the loop the sampling is in the step and in no segment);
-    ``per_run_ms``: per run, each segment's median (the sampling unit for comparisons).
-    """
-
-    phase: str
-    names: tuple[str, ...]
-    median_ms: tuple[float, ...]
-    step_ms: float
-    n_runs: int
-    n_steps: int
-    per_run_ms: tuple[tuple[float, ...], ...]
-    outliers: tuple[str, ...]
-    coverage: float  # median over steps of (sum of the step's segments / its step time)
-
-    @property
-    def share(self) -> tuple[float, ...]:
-        total = sum(self.median_ms)
-        return tuple(v / total if total else 0.0 for v in self.median_ms)
-
-    @property
-    def n_layers(self) -> int:
-        """Transformer blocks reported (the head is not one)."""
-        return sum(1 for n in self.names if n != HEAD_NAME)
-
-
-class _Stepped(Protocol):
-    @property
-    def step_ms(self) -> float: ...
-
-
-class InstrumentedCost:
-    """What an instrumented pass cost against interleaved plain runs of the same engine
-    (``LayerProfile``, ``attribution.Attribution``): instrumented / plain, per phase."""
-
-    prefill: _Stepped
-    tpot_ms: float  # instrumented runs, median
-    plain_prefill_ms: float | None  # interleaved plain runs, medians
-    plain_tpot_ms: float | None
-
-    @property
-    def prefill_overhead_ratio(self) -> float | None:
-        return self.prefill.step_ms / self.plain_prefill_ms if self.plain_prefill_ms else None
-
-    @property
-    def decode_overhead_ratio(self) -> float | None:
-        return self.tpot_ms / self.plain_tpot_ms if self.plain_tpot_ms else None
-
-
-@dataclass(frozen=True)
-class LayerProfile(InstrumentedCost):
-    """Both phases, plus what the instrumentation cost against the plain engine."""
-
-    prefill: PhaseLayers
-    decode: PhaseLayers
-    tpot_ms: float  # instrumented runs, median
-    plain_prefill_ms: float | None  # interleaved plain runs, medians
-    plain_tpot_ms: float | None
-
-    def as_dict(self) -> dict[str, Any]:
-        """The record's ``layers`` entry (baselines, session reports)."""
-
-        def phase(p: PhaseLayers) -> dict[str, Any]:
-            return {
-                "names": list(p.names),
-                "median_ms": [sig6(v) for v in p.median_ms],
-                "share": [sig6(v) for v in p.share],
-                "step_ms": sig6(p.step_ms),
-                "n_runs": p.n_runs,
-                "n_steps": p.n_steps,
-                "per_run_ms": [[sig6(v) for v in run] for run in p.per_run_ms],
-                "outliers": list(p.outliers),
-                "coverage": sig6(p.coverage),
-            }
-
-        return {
-            "phases": {"prefill": phase(self.prefill), "decode": phase(self.decode)},
-            "outlier_rule": OUTLIER_RULE,
-            "overhead_ratio": sig6(self.decode_overhead_ratio),
-            "prefill_overhead_ratio": sig6(self.prefill_overhead_ratio),
-        }
 
 
 def outlier_layers(names: Sequence[str], median_ms: Sequence[float]) -> tuple[str, ...]:
@@ -313,7 +212,6 @@ def profile_layers(engine: Any, workload: Workload) -> LayerProfile:
     context, interleaved, so the overhead ratio (instrumented / plain step time, medians) is
     not skewed by drift between two blocks of runs.
     """
-    from .metrics import RunMetrics
 
     n_layer = engine.info().n_layer
     timer = LayerTimer(engine, workload)
@@ -328,7 +226,7 @@ def profile_layers(engine: Any, workload: Workload) -> LayerProfile:
             _check_output_head(prefill, decode)
             prefill_runs.append(prefill)
             decode_runs.append(decode)
-            plain.append(RunMetrics.of(engine.run(workload, i)))
+            plain.append(run_metrics(engine.run(workload, i)))
     finally:
         timer.close()
     prefills = [r.prefill_ms for r in plain if r.prefill_ms is not None]

@@ -16,160 +16,86 @@ says so."""
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import glob
 import os
 import resource
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from ..core.formats import fmt, sig6
+from ..core.measurement import LatencyStats, Measurement, RunMetrics, Stability, SystemDelta, SystemSample
 from ..core.workload import EngineInfo, RunTrace, Workload
-
-if TYPE_CHECKING:
-    from ..core.measured import MeasurementShape
-    from .agreement import Agreement
-    from .attribution import Attribution
-    from .layers import LayerProfile
-    from .roofline import Roofline
-    from .runner import ModelLoads, PeakRss
-    from .served import LoadStats
-
 
 NS_PER_MS = 1e6
 
 
-@dataclass(frozen=True)
-class LatencyStats:
+def latency_stats(samples_ms: Sequence[float]) -> LatencyStats:
     """Distribution summary of latency samples in milliseconds."""
-
-    count: int
-    mean_ms: float
-    stdev_ms: float
-    cv: float
-    min_ms: float
-    max_ms: float
-    p50_ms: float
-    p90_ms: float
-    p95_ms: float
-    p99_ms: float
-
-    @classmethod
-    def of(cls, samples_ms: Sequence[float]) -> LatencyStats:
-        values = np.asarray(samples_ms, dtype=float)
-        if values.size == 0:
-            raise ValueError("no latency samples")
-        mean = float(values.mean())
-        stdev = float(values.std(ddof=1)) if values.size > 1 else 0.0
-        p50, p90, p95, p99 = (float(v) for v in np.percentile(values, [50, 90, 95, 99]))
-        return cls(
-            count=int(values.size),
-            mean_ms=mean,
-            stdev_ms=stdev,
-            cv=stdev / mean if mean > 0 else 0.0,
-            min_ms=float(values.min()),
-            max_ms=float(values.max()),
-            p50_ms=p50,
-            p90_ms=p90,
-            p95_ms=p95,
-            p99_ms=p99,
-        )
+    values = np.asarray(samples_ms, dtype=float)
+    if values.size == 0:
+        raise ValueError("no latency samples")
+    mean = float(values.mean())
+    stdev = float(values.std(ddof=1)) if values.size > 1 else 0.0
+    p50, p90, p95, p99 = (float(v) for v in np.percentile(values, [50, 90, 95, 99]))
+    return LatencyStats(
+        count=int(values.size),
+        mean_ms=mean,
+        stdev_ms=stdev,
+        cv=stdev / mean if mean > 0 else 0.0,
+        min_ms=float(values.min()),
+        max_ms=float(values.max()),
+        p50_ms=p50,
+        p90_ms=p90,
+        p95_ms=p95,
+        p99_ms=p99,
+    )
 
 
-@dataclass(frozen=True)
-class RunMetrics:
-    """One run (one request). ``None`` where the engine cannot observe the quantity."""
-
-    prompt_tokens: int | None
-    output_tokens: int
-    tokenize_ms: float
-    ttft_ms: float
-    prefill_ms: float | None
-    prefill_tps: float | None
-    tpot_ms: float
-    decode_tps: float
-    e2e_ms: float
-    itl_p50_ms: float
-    itl_p95_ms: float
-    itl_ms: tuple[float, ...]
-    native_prefill_ms: float | None = None
-    native_decode_ms_per_token: float | None = None
-    overhead_ms_per_token: float | None = None
-    #: llama.cpp's sampler time per sampled token (inside the decode loop, or timed apart
-    #: after the run when the engine does not sample between clock reads).
-    sampling_ms_per_token: float | None = None
-    #: TTFT less tokenization and llama.cpp's prompt evaluation: before the first token reaches
-    #: the caller, the time outside llama.cpp (the caller's code, Python, a server's queue and
-    #: network, the stream).
-    prefill_outside_ms: float | None = None
-    #: TPOT less llama.cpp's evaluation, the sampling inside the run and the user's Python
-    #: logits processors and stopping criteria, per token: the time between tokens outside
-    #: llama.cpp (never below zero: ``clock_gaps`` says where clock and counters disagree).
-    decode_outside_ms_per_token: float | None = None
-    #: The prompt's tokens llama.cpp did not evaluate (a prompt cache held them); None: unknown.
-    prompt_reused_tokens: int | None = None
-    #: The user's Python logits processors and stopping criteria per generated token.
-    python_sampling_ms_per_token: float | None = None
-    #: What the caller received, where the tokens were stamped where llama.cpp made them (a
-    #: callable on a Llama the plugin sees): items, its TTFT, its E2E, and the most tokens one
-    #: item carried (held-back text released in a burst). None: the items are the tokens.
-    delivered_items: int | None = None
-    delivered_ttft_ms: float | None = None
-    delivered_e2e_ms: float | None = None
-    delivered_burst_tokens: int | None = None
-    #: (part, ms below zero) where llama.cpp's counters exceed the clock's time of a phase.
-    clock_gaps: tuple[tuple[str, float], ...] = ()
-    #: What llama.cpp's sampler chain held beyond the usual ("grammar"; "": nothing more).
-    sampler: str = ""
-
-    @classmethod
-    def of(cls, trace: RunTrace) -> RunMetrics:
-        tokens = trace.token_ns
-        if len(tokens) < 2:
-            raise ValueError(f"a run needs at least 2 generated tokens, got {len(tokens)}")
-        itl = np.diff(np.asarray(tokens, dtype=np.int64)) / NS_PER_MS
-        before_ms = trace.tokenize_ns / NS_PER_MS
-        tokenize_ms = before_ms + trace.tokenize_in_run_ns / NS_PER_MS
-        ttft_ms = before_ms + (tokens[0] - trace.start_ns) / NS_PER_MS
-        e2e_ms = before_ms + (tokens[-1] - trace.start_ns) / NS_PER_MS
-        tpot_ms = (e2e_ms - ttft_ms) / (len(tokens) - 1)
-        prefill_ms, prefill_tps = _prefill(trace)
-        native = trace.native
-        native_decode = native.decode_ms_per_token if native else None
-        python_ms = trace.python_sampling_ns / NS_PER_MS / len(tokens) if trace.python_sampling_ns is not None else None
-        outside = _outside(trace, ttft_ms, tokenize_ms, tpot_ms, python_ms or 0.0)
-        p50, p95 = (float(v) for v in np.percentile(itl, [50, 95]))
-        return cls(
-            prompt_tokens=trace.prompt_tokens,
-            output_tokens=len(tokens),
-            tokenize_ms=tokenize_ms,
-            ttft_ms=ttft_ms,
-            prefill_ms=prefill_ms,
-            prefill_tps=prefill_tps,
-            tpot_ms=tpot_ms,
-            decode_tps=1000.0 / tpot_ms if tpot_ms > 0 else float("inf"),
-            e2e_ms=e2e_ms,
-            itl_p50_ms=p50,
-            itl_p95_ms=p95,
-            itl_ms=tuple(float(v) for v in itl),
-            native_prefill_ms=native.prefill_ms if native else None,
-            native_decode_ms_per_token=native_decode,
-            overhead_ms_per_token=tpot_ms - native_decode if native_decode is not None else None,
-            sampling_ms_per_token=native.sample_ms_per_token if native else None,
-            prefill_outside_ms=outside["prefill_outside_ms"],
-            decode_outside_ms_per_token=outside["decode_outside_ms_per_token"],
-            prompt_reused_tokens=trace.prompt_reused_tokens,
-            python_sampling_ms_per_token=python_ms,
-            **_delivered(trace, before_ms),
-            clock_gaps=tuple((k, v) for k, v in outside.items() if k.endswith("_gap") and v is not None),
-            sampler=native.sampler if native else "",
-        )
+def run_metrics(trace: RunTrace) -> RunMetrics:
+    """One run's metrics from its trace (module docstring)."""
+    tokens = trace.token_ns
+    if len(tokens) < 2:
+        raise ValueError(f"a run needs at least 2 generated tokens, got {len(tokens)}")
+    itl = np.diff(np.asarray(tokens, dtype=np.int64)) / NS_PER_MS
+    before_ms = trace.tokenize_ns / NS_PER_MS
+    tokenize_ms = before_ms + trace.tokenize_in_run_ns / NS_PER_MS
+    ttft_ms = before_ms + (tokens[0] - trace.start_ns) / NS_PER_MS
+    e2e_ms = before_ms + (tokens[-1] - trace.start_ns) / NS_PER_MS
+    tpot_ms = (e2e_ms - ttft_ms) / (len(tokens) - 1)
+    prefill_ms, prefill_tps = _prefill(trace)
+    native = trace.native
+    native_decode = native.decode_ms_per_token if native else None
+    python_ms = trace.python_sampling_ns / NS_PER_MS / len(tokens) if trace.python_sampling_ns is not None else None
+    outside = _outside(trace, ttft_ms, tokenize_ms, tpot_ms, python_ms or 0.0)
+    p50, p95 = (float(v) for v in np.percentile(itl, [50, 95]))
+    return RunMetrics(
+        prompt_tokens=trace.prompt_tokens,
+        output_tokens=len(tokens),
+        tokenize_ms=tokenize_ms,
+        ttft_ms=ttft_ms,
+        prefill_ms=prefill_ms,
+        prefill_tps=prefill_tps,
+        tpot_ms=tpot_ms,
+        decode_tps=1000.0 / tpot_ms if tpot_ms > 0 else float("inf"),
+        e2e_ms=e2e_ms,
+        itl_p50_ms=p50,
+        itl_p95_ms=p95,
+        itl_ms=tuple(float(v) for v in itl),
+        native_prefill_ms=native.prefill_ms if native else None,
+        native_decode_ms_per_token=native_decode,
+        overhead_ms_per_token=tpot_ms - native_decode if native_decode is not None else None,
+        sampling_ms_per_token=native.sample_ms_per_token if native else None,
+        prefill_outside_ms=outside["prefill_outside_ms"],
+        decode_outside_ms_per_token=outside["decode_outside_ms_per_token"],
+        prompt_reused_tokens=trace.prompt_reused_tokens,
+        python_sampling_ms_per_token=python_ms,
+        **_delivered(trace, before_ms),
+        clock_gaps=tuple((k, v) for k, v in outside.items() if k.endswith("_gap") and v is not None),
+        sampler=native.sampler if native else "",
+    )
 
 
 #: Below this many ms (or ms/token), a part's difference is clock resolution, not disagreement.
@@ -236,134 +162,11 @@ def _median(values: Sequence[float | None]) -> float | None:
     return float(statistics.median(present)) if present else None
 
 
-@dataclass(frozen=True)
-class Measurement:
-    """All runs of one workload on one engine, with the summaries budgets and reports use.
-
-    Summaries over runs are medians (``ttft_ms`` is the median TTFT); ``itl`` pools every
-    run's inter-token latencies.
-    """
-
-    label: str
-    workload: Workload
-    engine: EngineInfo
-    runs: tuple[RunMetrics, ...]
-    itl: LatencyStats
-    ttft_ms: float
-    ttft_p95_ms: float
-    tpot_ms: float
-    decode_tps: float
-    e2e_ms: float
-    tokenize_ms: float
-    prefill_ms: float | None
-    prefill_tps: float | None
-    native_prefill_ms: float | None
-    native_decode_ms_per_token: float | None
-    overhead_ms_per_token: float | None
-    prompt_tokens: int | None
-    output_tokens: int
-    sampling_ms_per_token: float | None = None
-    prefill_outside_ms: float | None = None
-    decode_outside_ms_per_token: float | None = None
-    prompt_reused_tokens: int | None = None  # median over runs
-    python_sampling_ms_per_token: float | None = None
-    delivered_items: int | None = None  # the fewest over runs
-    delivered_ttft_ms: float | None = None
-    delivered_e2e_ms: float | None = None
-    delivered_burst_tokens: int | None = None  # the most over runs
-    load: LoadStats | None = None  # a load test's (concurrency/requests/rate), else None
-    # Filled by runner.measure (None / empty when a Measurement is built from traces alone):
-    warmup_runs: tuple[RunMetrics, ...] = ()
-    system: SystemDelta | None = None  # around the runs
-    peak_rss: PeakRss | None = None  # over the runs
-    layers: LayerProfile | None = None  # when per-layer timing was asked for
-    attribution: Attribution | None = None  # when the per-node pass was asked for (``attribution``)
-    roofline: Roofline | None = None  # when peaks were known or asked for
-    model_loads: ModelLoads | None = None  # fresh loads, when asked for (``model_load``)
-    #: Under ``--llmperf-against``: this tree's outputs against REF's (REF is A), after the pairs.
-    agreement: Agreement | None = None
-
-    @property
-    def n_runs(self) -> int:
-        return len(self.runs)
-
-    @functools.cached_property
-    def stability(self) -> Stability:
-        """CV, spread, first-run/first-token effects, context slope."""
-
-        return diagnose(self, self.system, self.warmup_runs)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @property
-    def evaluated_prompt_tokens(self) -> int | None:
-        """The prompt's tokens llama.cpp evaluated (median run), where the reused ones are known."""
-        if self.prompt_tokens is None or self.prompt_reused_tokens is None:
-            return None
-        return self.prompt_tokens - self.prompt_reused_tokens
-
-    @property
-    def token_notes(self) -> list[str]:
-        """One line each where a figure is not what its name says on its face: a cold prompt
-        llama.cpp did not evaluate whole, a warm cache, a stream whose items are not its tokens,
-        llama.cpp's counters above the clock's time."""
-        lines = []
-        cache = self.workload.prompt_cache
-        reused, evaluated = self.prompt_reused_tokens, self.evaluated_prompt_tokens
-        if cache == "warm" and reused is not None:
-            lines.append(
-                f"prompt cache warm (kept between runs): {reused} of {self.prompt_tokens} prompt tokens reused, "
-                f"{evaluated} evaluated (median run); never compared with a cold measurement"
-            )
-        elif reused:
-            lines.append(
-                f"cold, yet llama.cpp evaluated {evaluated} of the {self.prompt_tokens} prompt tokens your code "
-                "passed (median run): your code cached or trimmed the prompt (a LlamaCache, a state it loaded, "
-                "or a second Llama)"
-            )
-        lines += self._delivery_notes()
-        lines += self.clock_gap_lines
-        return lines
-
-    def _delivery_notes(self) -> list[str]:
-        items, asked = self.delivered_items, self.workload.max_tokens
-        if items is not None and (items != self.output_tokens or (self.delivered_burst_tokens or 1) > 1):
-            return [
-                f"tokens timed where llama.cpp made them ({self.output_tokens} per run); your stream delivered "
-                f"{items} items, up to {self.delivered_burst_tokens} tokens in one (held-back text released in "
-                f"bursts): delivered TTFT {fmt(self.delivered_ttft_ms or 0.0)} ms, E2E {fmt(self.delivered_e2e_ms or 0.0)} ms"
-            ]
-        if items is None and self.engine.engine == "callable" and self.output_tokens != asked:
-            return [
-                f"items timed as tokens: the callable yielded {self.output_tokens} items for max_tokens={asked}, "
-                "so its items are chunks, not tokens (ITL and TPOT are per item); it drives no Llama the plugin sees"
-            ]
-        return []
-
-    @property
-    def clock_gap_lines(self) -> list[str]:
-        """Where llama.cpp's counters exceed the clock's time of a phase: which, by how much."""
-        gaps: dict[str, list[float]] = {}
-        for run in self.runs:
-            for part, ms in run.clock_gaps:
-                gaps.setdefault(part, []).append(ms)
-        return [
-            f"{part.removesuffix('_gap')}: llama.cpp's counters exceed the clock's time by "
-            f"{fmt(statistics.median(values))} ms (median of {len(values)} of {self.n_runs} runs); shown as 0"
-            for part, values in gaps.items()
-        ]
-
-
-if TYPE_CHECKING:  # the shape the catalog's readers read (core.measured): mypy names a field it lacks
-    _SHAPE: type[MeasurementShape] = Measurement
-
-
 def summarize(traces: Sequence[RunTrace], workload: Workload, engine: EngineInfo, label: str = "") -> Measurement:
     """Per-run metrics, pooled ITL and medians over runs."""
     if not traces:
         raise ValueError("no runs to summarize")
-    return summarize_runs(tuple(RunMetrics.of(t) for t in traces), workload, engine, label)
+    return summarize_runs(tuple(run_metrics(t) for t in traces), workload, engine, label)
 
 
 def summarize_runs(
@@ -383,7 +186,7 @@ def summarize_runs(
         workload=workload,
         engine=engine,
         runs=runs,
-        itl=LatencyStats.of([v for r in runs for v in r.itl_ms]),
+        itl=latency_stats([v for r in runs for v in r.itl_ms]),
         ttft_ms=float(statistics.median(ttfts)),
         ttft_p95_ms=float(np.percentile(ttfts, 95)),
         tpot_ms=med_all("tpot_ms"),
@@ -420,22 +223,6 @@ def _median_int(values: Sequence[int | None]) -> int | None:
 UNSTABLE_CV = 0.10
 #: A run is "far off" beyond the median + this many MADs of its peers (and 25% off the median).
 FAR_RUN_MAD_FACTOR = 5.0
-
-
-@dataclass(frozen=True)
-class SystemSample:
-    load_1m: float | None
-    cpu_mhz: float | None
-    minor_faults: int
-    major_faults: int
-    involuntary_switches: int
-    #: (steal, total) CPU ticks of the whole machine so far (/proc/stat), None where unknown.
-    cpu_ticks: tuple[int, int] | None = None
-    #: (on-CPU ns, runqueue-wait ns) summed over the engine process's threads
-    #: (/proc/PID/task/*/schedstat), None where the kernel does not say.
-    engine_sched_ns: tuple[int, int] | None = None
-    #: (busy ticks of the whole machine, of the engine process, of this process), None where unknown.
-    busy_ticks: tuple[int, int, int] | None = None
 
 
 #: Steal above this share of the CPU time during the runs is named as a cause (and, beyond the
@@ -536,104 +323,6 @@ def sample_system(engine_pid: int | None = None) -> SystemSample:
     )
 
 
-@dataclass(frozen=True)
-class SystemDelta:
-    before: SystemSample
-    after: SystemSample
-
-    @property
-    def major_faults(self) -> int:
-        return self.after.major_faults - self.before.major_faults
-
-    @property
-    def minor_faults(self) -> int:
-        return self.after.minor_faults - self.before.minor_faults
-
-    @property
-    def involuntary_switches(self) -> int:
-        return self.after.involuntary_switches - self.before.involuntary_switches
-
-    @property
-    def steal_share(self) -> float | None:
-        """Share of all CPUs' time between the samples that the hypervisor gave to others."""
-        if self.before.cpu_ticks is None or self.after.cpu_ticks is None:
-            return None
-        steal = self.after.cpu_ticks[0] - self.before.cpu_ticks[0]
-        total = self.after.cpu_ticks[1] - self.before.cpu_ticks[1]
-        return steal / total if total > 0 and steal >= 0 else None
-
-    @property
-    def cpu_wait_share(self) -> float | None:
-        """Share of the engine threads' runnable time spent waiting for a CPU (the run queue:
-        other processes, or more threads than CPUs) during the runs; None where unknown."""
-        if self.before.engine_sched_ns is None or self.after.engine_sched_ns is None:
-            return None
-        run = self.after.engine_sched_ns[0] - self.before.engine_sched_ns[0]
-        wait = self.after.engine_sched_ns[1] - self.before.engine_sched_ns[1]
-        return wait / (run + wait) if run >= 0 and wait >= 0 and run + wait > 0 else None
-
-    @property
-    def others_cpu_share(self) -> float | None:
-        """Share of the machine's CPU time (all CPUs) that processes other than the engine and
-        this one used during the runs; None where unknown."""
-        if self.before.busy_ticks is None or self.after.busy_ticks is None or self.before.cpu_ticks is None:
-            return None
-        if self.after.cpu_ticks is None:
-            return None
-        machine, engine, own = (a - b for a, b in zip(self.after.busy_ticks, self.before.busy_ticks))
-        total = self.after.cpu_ticks[1] - self.before.cpu_ticks[1]
-        if total <= 0:
-            return None
-        return min(1.0, max(0.0, (machine - engine - own) / total))
-
-    def as_dict(self) -> dict[str, Any]:
-        share = self.steal_share
-        wait, others = self.cpu_wait_share, self.others_cpu_share
-        return {
-            "steal_share": None if share is None else round(share, 5),
-            "load_1m": self.after.load_1m,
-            "involuntary_switches": self.involuntary_switches,
-            "cpu_wait_share": None if wait is None else round(wait, 5),
-            "others_cpu_share": None if others is None else round(others, 5),
-        }
-
-
-@dataclass(frozen=True)
-class Stability:
-    """What the runs say about their own steadiness; ``warnings`` are plain-words sentences."""
-
-    n_runs: int
-    tpot_cv: float
-    tpot_spread_pct: float  # (max - min) / median of per-run TPOT
-    ttft_cv: float
-    first_run_slowdown: float | None  # warm-up run TPOT / median TPOT of the measured runs
-    first_run_ttft_slowdown: float | None
-    first_token_slowdown: float  # median over runs of (first ITL / that run's median ITL)
-    context_slope_us_per_token: float | None  # ITL growth per token of context (decode)
-    context_span: tuple[int, int] | None  # context positions the slope was fitted over
-    far_runs: tuple[int, ...]  # indices of runs far off the others
-    warnings: tuple[str, ...]
-
-    @property
-    def unstable(self) -> bool:
-        return bool(self.warnings)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "n_runs": self.n_runs,
-            "tpot_cv": sig6(self.tpot_cv),
-            "tpot_spread_pct": sig6(self.tpot_spread_pct),
-            "ttft_cv": sig6(self.ttft_cv),
-            "first_run_slowdown": sig6(self.first_run_slowdown),
-            "first_run_ttft_slowdown": sig6(self.first_run_ttft_slowdown),
-            "first_token_slowdown": sig6(self.first_token_slowdown),
-            "context_slope_us_per_token": sig6(self.context_slope_us_per_token),
-            "context_span": list(self.context_span) if self.context_span else None,
-            "far_runs": list(self.far_runs),
-            "warnings": list(self.warnings),
-        }
-
-
 def _cv(values: Sequence[float]) -> float:
     v = np.asarray(values, dtype=float)
     return float(np.std(v, ddof=1) / np.mean(v)) if len(v) > 1 and np.mean(v) else 0.0
@@ -667,9 +356,10 @@ def context_slope(
     return slope_ms * 1e3, (min(xs), max(xs))
 
 
-def diagnose(m: Measurement, system: SystemDelta | None = None, warmup_runs: Sequence[RunMetrics] = ()) -> Stability:
-    """Stability of a Measurement; ``warmup_runs`` (RunMetrics of discarded runs) give the
-    first-run slowdown."""
+def diagnose(m: Measurement) -> Stability:
+    """CV, spread, first-run/first-token effects, context slope of a Measurement; its
+    ``warmup_runs`` (discarded runs) give the first-run slowdown, its ``system`` the causes."""
+    system, warmup_runs = m.system, m.warmup_runs
     tpots = [r.tpot_ms for r in m.runs]
     ttfts = [r.ttft_ms for r in m.runs]
     med_tpot, med_ttft = float(np.median(tpots)), float(np.median(ttfts))

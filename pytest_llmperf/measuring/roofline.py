@@ -28,7 +28,7 @@ import os
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,47 +37,11 @@ import numpy as np
 
 from ..core.documents import RefusedFile, loads, read_text
 from ..core.errors import ConfigError
-from ..core.formats import sig6
+from ..core.measurement import CACHE_RESIDENT, Peak, PhaseRoofline, Roofline
 from ..core.workload import EngineInfo
 
 if TYPE_CHECKING:
-    from .metrics import Measurement
-
-
-@dataclass(frozen=True)
-class PhaseRoofline:
-    phase: str
-    bytes_per_token: float
-    flops_per_token: float
-    intensity_flop_per_byte: float
-    bound_tps: float
-    achieved_tps: float
-    achieved_bw_gbs: float
-    mbu: float
-    mfu: float
-    verdict: str  # "memory-bound" | "compute-bound" | "cache-resident"
-    note: str = ""  # why the DRAM roofline does not apply (cache-resident), else ""
-
-    def line(self) -> str:
-        mbu = (
-            "MBU n/a (fits in cache)"
-            if self.verdict == CACHE_RESIDENT
-            else "MBU n/a"
-            if self.note
-            else f"MBU {self.mbu:.2f}"
-        )
-        text = (
-            f"{self.phase}: {self.verdict} (intensity {self.intensity_flop_per_byte:.3g} FLOP/byte), "
-            f"achieved {self.achieved_tps:.1f} t/s of bound {self.bound_tps:.1f} t/s, "
-            f"{self.achieved_bw_gbs:.1f} GB/s, {mbu}, MFU {self.mfu:.2f}"
-        )
-        return text + (f"; {self.note}" if self.note else "")
-
-
-#: A memory-bound phase that moved its bytes faster than the measured DRAM peak: its working
-#: set (weights + KV) stays in the CPU caches between tokens, so DRAM bandwidth does not bound
-#: it and a "utilisation" above 100% would be no utilisation at all.
-CACHE_RESIDENT = "cache-resident"
+    from ..core.measurement import Measurement
 
 
 def above_peak_note(achieved_gbs: float, peak_gbs: float, bytes_per_token: float, llc_bytes: int | None) -> str:
@@ -92,41 +56,6 @@ def above_peak_note(achieved_gbs: float, peak_gbs: float, bytes_per_token: float
         f"last-level cache yet {moved}; re-probe on a quiet machine (llmperf profile --reprobe-peaks) or "
         f"give --llmperf-peak-bw"
     )
-
-
-@dataclass(frozen=True)
-class Roofline:
-    peak_bw: Peak
-    peak_tflops: Peak
-    context_tokens: float  # mean context position of the decoded tokens
-    weights_bytes: int
-    kv_bytes_per_token_of_context: float
-    decode: PhaseRoofline
-    prefill: PhaseRoofline | None
-
-    @property
-    def machine_balance_flop_per_byte(self) -> float:
-        return self.peak_tflops.value * 1e12 / (self.peak_bw.value * 1e9)
-
-    def as_dict(self) -> dict[str, Any]:
-        def phase(p: PhaseRoofline | None) -> dict[str, Any] | None:
-            if p is None:
-                return None
-            return {k: (v if isinstance(v, str) else sig6(v)) for k, v in p.__dict__.items() if k != "phase"}
-
-        return {
-            "peak_bw_gbs": sig6(self.peak_bw.value),
-            "peak_bw_source": self.peak_bw.source,
-            "peak_bw_detail": self.peak_bw.detail,
-            "peak_tflops": sig6(self.peak_tflops.value),
-            "peak_tflops_source": self.peak_tflops.source,
-            "peak_tflops_detail": self.peak_tflops.detail,
-            "machine_balance_flop_per_byte": sig6(self.machine_balance_flop_per_byte),
-            "context_tokens": sig6(self.context_tokens),
-            "weights_bytes": self.weights_bytes,
-            "decode": phase(self.decode),
-            "prefill": phase(self.prefill),
-        }
 
 
 def kv_bytes_per_position(info: EngineInfo) -> float | None:
@@ -225,15 +154,6 @@ def _prefill_phase(
 
 
 PROBE_VERSION = 2
-
-
-@dataclass(frozen=True)
-class Peak:
-    """A peak figure and where it came from: "measured" (with the probe's details) or "given"."""
-
-    value: float
-    source: str
-    detail: str = ""
 
 
 def probe_bandwidth_gbs(buffer_mib: int = 512, repeats: int = 5, threads: int | None = None) -> Peak:

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..core.errors import ConfigError
+from ..core.measurement import LoadSample, Measurement, ModelLoads, PeakRss, SystemDelta
 from ..core.progress import Progress, task, timed
 from ..core.workload import MODEL_LOAD_KINDS, RunTrace, Workload
 from ..engines import (
@@ -53,12 +54,11 @@ from ..engines import (
     RemoteLayerTiming,
     layer_timing,
 )
-from .metrics import Measurement, RunMetrics, SystemDelta, sample_system, summarize, summarize_runs
+from .metrics import run_metrics, sample_system, summarize, summarize_runs
 
 if TYPE_CHECKING:
-    from .attribution import Attribution, Stepping
-    from .layers import LayerProfile
-    from .roofline import Peak
+    from ..core.measurement import Attribution, LayerProfile, Peak
+    from .attribution import Stepping
 
 
 def as_engine(obj: Any) -> Engine:
@@ -127,7 +127,7 @@ def _measure_runs(engine: Engine, workload: Workload, label: str) -> Measurement
     system = SystemDelta(before, sample_system(pid))
     m = summarize(traces, workload, engine.info(), label=label)
     return dataclasses.replace(
-        m, warmup_runs=tuple(RunMetrics.of(t) for t in warmup), system=system, peak_rss=memory.peak_rss(was_reset)
+        m, warmup_runs=tuple(run_metrics(t) for t in warmup), system=system, peak_rss=memory.peak_rss(was_reset)
     )
 
 
@@ -167,7 +167,7 @@ def attribution_of(engine: Engine, workload: Workload) -> Attribution:
     return run_pass(pass_of(engine, workload))
 
 
-def traces_figures(engine: object, workload: Workload, traces: Sequence[RunTrace]) -> dict[str, Any]:
+def traces_figures(engine: object, workload: Workload, traces: Sequence[RunTrace]) -> dict[str, float]:
     """A side's roofline and memory figures over its runs (``--llmperf-against``: in the side's
     process, after the pairs; ``attribution.side_figures``, the machine's peaks probed once and cached)."""
     from .attribution import side_figures
@@ -202,7 +202,7 @@ def extend(engine: Any, m: Measurement, extra_runs: int) -> Measurement:
     with task("more runs (the verdict or a budget undecided)") as progress:
         traces = counted(progress, "runs", extra_runs, lambda i: engine.run(m.workload, start + i))
     system = SystemDelta(before, sample_system(pid))
-    runs = m.runs + tuple(RunMetrics.of(t) for t in traces)
+    runs = m.runs + tuple(run_metrics(t) for t in traces)
     grown = summarize_runs(runs, dataclasses.replace(m.workload, runs=len(runs)), m.engine, label=m.label)
     return dataclasses.replace(
         grown,
@@ -215,12 +215,6 @@ def extend(engine: Any, m: Measurement, extra_runs: int) -> Measurement:
         # One span over all the runs (steal and load of the whole measurement).
         system=SystemDelta(m.system.before, system.after) if m.system is not None else system,
     )
-
-
-@dataclass(frozen=True)
-class PeakRss:
-    bytes: int
-    scope: str  # "measurement" (peak reset before it) or "process" (lifetime peak)
 
 
 def reset_peak_rss() -> bool:
@@ -269,82 +263,6 @@ def peak_rss(was_reset: bool) -> PeakRss:
 
 #: Fresh loads a test asks for (``model_load``): as many as its runs, at most this many.
 MODEL_LOADS = 5
-#: A load counts as cold when at most this share of the model file was in the page cache just
-#: before it; otherwise it is warm, whatever was asked.
-COLD_RESIDENT_MAX = 0.05
-EVICTION_FAILED = "eviction did not take: another process maps the model file, or the file system keeps it"
-
-
-@dataclass(frozen=True)
-class LoadSample:
-    """One fresh engine: its load (``EngineInfo.load_ms``, llama.cpp's ``t_load_ms``), its time
-    to first token (load + the first, slow evaluation + its first request's TTFT: llama.cpp's
-    start-up, not the engine's own bookkeeping nor a worker process's start), and the share of
-    the model file resident in the page cache just before loading (None: unknown)."""
-
-    load_ms: float
-    native_load_ms: float | None
-    fresh_ttft_ms: float | None
-    resident_share: float | None
-
-    @property
-    def cold(self) -> bool:
-        return self.resident_share is not None and self.resident_share <= COLD_RESIDENT_MAX
-
-
-@dataclass(frozen=True)
-class ModelLoads:
-    asked: str  # "warm" or "cold"
-    samples: tuple[LoadSample, ...]
-
-    @property
-    def page_cache(self) -> str:
-        """What the loads were: "cold" only when every eviction took, "warm" when none did."""
-        cold = sum(s.cold for s in self.samples)
-        if cold == len(self.samples):
-            return "cold"
-        if cold == 0:
-            return "warm"
-        return f"mixed ({cold} of {len(self.samples)} cold)"
-
-    @property
-    def load_ms(self) -> float:
-        return float(np.median([s.load_ms for s in self.samples]))
-
-    @property
-    def fresh_ttft_ms(self) -> float | None:
-        values = [s.fresh_ttft_ms for s in self.samples if s.fresh_ttft_ms is not None]
-        return float(np.median(values)) if values else None
-
-    @property
-    def evidence(self) -> str:
-        """ "at most 0% of the file resident before each load" (mincore)."""
-        shares = [s.resident_share for s in self.samples if s.resident_share is not None]
-        return f"at most {max(shares):.0%} of the file resident before each load" if shares else "residency unknown"
-
-    def describe(self) -> str:
-        """The page-cache state with its evidence: "cold (at most 0% of the file resident before
-        each load)"; a cold load asked for that did not get one says so."""
-        text = f"{self.page_cache} ({self.evidence})"
-        if self.asked == "cold" and self.page_cache != "cold":
-            text += f"; {EVICTION_FAILED}"
-        return text
-
-    def as_dict(self) -> dict[str, Any]:
-        from ..core.formats import sig6
-
-        return {
-            "asked": self.asked,
-            "page_cache": self.page_cache,
-            "evidence": self.evidence,
-            "note": EVICTION_FAILED if self.asked == "cold" and self.page_cache != "cold" else "",
-            "load_ms": sig6(self.load_ms),
-            "fresh_ttft_ms": sig6(self.fresh_ttft_ms),
-            "samples": [
-                {k: sig6(v) if isinstance(v, float) else v for k, v in dataclasses.asdict(s).items()}
-                for s in self.samples
-            ],
-        }
 
 
 def evict(path: str) -> None:
@@ -432,7 +350,7 @@ def _fresh_load(engine: FreshLoads, workload: Workload, path: str, kind: str) ->
     finally:
         loaded.close()
     load_ms = float(info.load_ms or 0.0)
-    first = None if info.first_eval_ms is None else load_ms + info.first_eval_ms + RunMetrics.of(trace).ttft_ms
+    first = None if info.first_eval_ms is None else load_ms + info.first_eval_ms + run_metrics(trace).ttft_ms
     return LoadSample(load_ms, info.native_load_ms, first, share)
 
 

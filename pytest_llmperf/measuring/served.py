@@ -38,45 +38,22 @@ import statistics
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..core import catalog
 from ..core.errors import ConfigError, EngineError, LLMPerfError
+from ..core.measurement import LoadStats, Measurement, RunMetrics, ServerSide
 from ..core.progress import task
 from ..core.workload import NativeCounters, RunTrace, Workload
 from ..engines import AsyncRuns, ConcurrentRuns, Engine, ServerMetrics
 from ..engines.http import delta
-from .metrics import LatencyStats, Measurement, RunMetrics, summarize
+from .metrics import latency_stats, summarize
 
 #: Budget keys that double as per-request SLOs for goodput: each phase's judged time metric.
 SLO_KEYS = tuple(catalog.PHASE_METRIC.values())
 #: The metrics a load test gives per-request percentiles of, with their ``LoadStats`` attribute.
-
-
-@dataclass(frozen=True)
-class LoadStats:
-    """What only a load test shows; ``Measurement.runs`` holds the successful requests."""
-
-    concurrency: int
-    rate_per_s: float | None
-    n_requests: int
-    n_ok: int
-    n_failed: int
-    errors: tuple[str, ...]  # "request 3: <reason>", one per failed request
-    duration_s: float  # first send to last token
-    ttft: LatencyStats
-    tpot: LatencyStats
-    e2e: LatencyStats
-    output_tps: float  # all output tokens / duration
-    output_tps_per_request: float  # median over requests of output tokens / E2E
-    requests_per_s: float  # successful requests / duration
-    goodput: float  # share of all requests meeting the SLOs (and not failed)
-    slo: Mapping[str, float]
-    server: ServerSide | None = None  # llama-server's own timings and /metrics, when it gave them
-    prompt_cache: str | None = None  # served: what the server's prompt cache was allowed to do
 
 
 def arrival_offsets_s(n: int, rate_per_s: float, seed: int) -> np.ndarray:
@@ -142,9 +119,9 @@ def load_stats(
         n_failed=len(errors),
         errors=errors,
         duration_s=duration_s,
-        ttft=LatencyStats.of([r.ttft_ms for r in runs]),
-        tpot=LatencyStats.of([r.tpot_ms for r in runs]),
-        e2e=LatencyStats.of([r.e2e_ms for r in runs]),
+        ttft=latency_stats([r.ttft_ms for r in runs]),
+        tpot=latency_stats([r.tpot_ms for r in runs]),
+        e2e=latency_stats([r.e2e_ms for r in runs]),
         output_tps=sum(r.output_tokens for r in runs) / duration_s,
         output_tps_per_request=float(statistics.median(r.output_tokens / r.e2e_ms * 1000 for r in runs)),
         requests_per_s=len(traces) / duration_s,
@@ -288,31 +265,6 @@ def sweep(
             results.append(measure_load(engine, level, label=f"concurrency {c}", slo=slo, first_index=first))
             first += level.n_requests + level.warmup
     return results
-
-
-@dataclass(frozen=True)
-class ServerSide:
-    """Medians over the requests that carried timings; ``metrics``: /metrics over the level."""
-
-    n_timed: int
-    prompt_tokens_median: float | None  # the prompt's length (usage.prompt_tokens)
-    prompt_n_min: int | None  # prompt tokens the server evaluated (the rest came from its cache)
-    prompt_n_median: float | None
-    prompt_n_max: int | None
-    server_prompt_ms_p50: float | None
-    ttft_gap_ms_p50: float | None  # client TTFT - server prompt_ms
-    server_ms_per_token_p50: float | None  # predicted_ms / predicted_n
-    tpot_gap_ms_p50: float | None  # client TPOT - server ms per predicted token
-    metrics: Mapping[str, float] | None = None  # llamacpp:* counters' change over the level
-    # Sum over requests of prompt length - prompt_n: prompt tokens the server took from its cache.
-    prompt_tokens_from_cache: int | None = None
-
-    @property
-    def tokens_per_decode(self) -> float | None:
-        """Generated tokens per llama_decode call (> 1: requests were batched together)."""
-        m = self.metrics or {}
-        n = m.get("n_decode_total")
-        return m["tokens_predicted_total"] / n if n and "tokens_predicted_total" in m else None
 
 
 def _median(values: Sequence[float]) -> float | None:

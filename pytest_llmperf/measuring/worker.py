@@ -70,10 +70,9 @@ from ..engines.llama_cpp_native import EngineConfig, known_cause, quoted_log, si
 from ..models.gguf import gguf_file_type
 
 if TYPE_CHECKING:
+    from ..core.measurement import Attribution, LayerProfile, PeakRss
     from ..engines.llama_cpp import LlamaCppEngine
-    from .attribution import Attribution, AttributionPass
-    from .layers import LayerProfile
-    from .runner import PeakRss
+    from .attribution import AttributionPass
 
 
 class ChannelClosed(Exception):
@@ -326,7 +325,7 @@ def logits_of(data: Mapping[str, Any]) -> TokenLogits:
 
 
 def layers_of(data: Mapping[str, object]) -> LayerProfile:
-    from .layers import LayerProfile, PhaseLayers
+    from ..core.measurement import LayerProfile, PhaseLayers
 
     profile: LayerProfile = _of(LayerProfile, data, prefill=PhaseLayers, decode=PhaseLayers)
     return profile
@@ -380,7 +379,7 @@ class WorkerEngine(Engine, RemoteLayerTiming, TokenProbabilities, FreshLoads, Pr
         return bool(self._call({"op": "rss", "reset": True}, "reading the memory of")["reset"])
 
     def peak_rss(self, was_reset: bool) -> PeakRss:
-        from .runner import PeakRss
+        from ..core.measurement import PeakRss
 
         peak = self._call({"op": "rss", "reset": False}, "reading the memory of")["peak"]
         return PeakRss(int(peak[0]), peak[1] if was_reset else "process")
@@ -563,7 +562,7 @@ class RemotePass:
         self.worker.attribution_step("run", index=index)
 
     def result(self) -> Attribution:
-        from .attribution import Attribution
+        from ..core.measurement import Attribution
 
         self.open = False
         return Attribution.from_json(self.worker.attribution_step("result")["attribution"])

@@ -24,10 +24,10 @@ if TYPE_CHECKING:
 
     import llama_cpp
 
+    from ..core.measurement import Measurement
     from ..engines import Engine, TokenStream
     from ..engines.servers import Server
     from ..judge.ab import ABResult
-    from ..measuring.metrics import Measurement
     from ..session.results import Measurer, Result
 
     #: What ``measure()`` takes as an engine: any Engine, or ``fn(prompt, max_tokens)``.

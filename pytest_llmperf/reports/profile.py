@@ -19,8 +19,8 @@ from ..core.progress import task
 from . import text as breakdown
 
 if TYPE_CHECKING:
+    from ..core.measurement import Measurement
     from ..core.workload import Workload
-    from ..measuring.metrics import Measurement
 
 PROFILE_SCHEMA = "pytest-llmperf/profile"
 PROFILE_SCHEMA_VERSION = 1

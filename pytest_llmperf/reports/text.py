@@ -20,11 +20,11 @@ from ..core import catalog
 from ..core import formats as nodeids
 from ..core.catalog import FIGURES, METRICS, SUMMARY_COLUMNS
 from ..core.formats import fmt, render_table
+from ..core.measurement import LatencyStats, Measurement
 from ..core.settings import DEFAULT_SUMMARY_COLUMNS
-from ..measuring.metrics import LatencyStats, Measurement
 
 if TYPE_CHECKING:
-    from ..measuring.served import LoadStats, ServerSide
+    from ..core.measurement import LoadStats, ServerSide
 
 
 #: The latency metrics of a served load level (per-request percentiles in the load tables).

@@ -31,13 +31,13 @@ from .assess import Assessor, FingerprintHook
 from .options import SessionSettings
 
 if TYPE_CHECKING:
+    from ..core.measurement import Measurement
     from ..core.workload import EngineInfo
     from ..engines import CounterSource, Engine, TokenStream
     from ..engines.llama_cpp_native import EngineConfig
     from ..engines.pool import EnginePool
     from ..judge.ab import ABResult
     from ..judge.result import Outcome
-    from ..measuring.metrics import Measurement
     from .against import Against
     from .finish import Line, Outputs
     from .options import MarkerConfig

@@ -58,12 +58,10 @@ from .sides import (
 )
 
 if TYPE_CHECKING:
+    from ..core.measurement import Agreement, Attribution, RunMetrics
     from ..core.workload import RunTrace, TokenLogits, Workload
     from ..judge.parts import PartChange
     from ..judge.verdict import Comparison
-    from ..measuring.agreement import Agreement
-    from ..measuring.attribution import Attribution
-    from ..measuring.metrics import RunMetrics
 
 
 @dataclass
@@ -330,7 +328,7 @@ class SidePass:
         self._step("run", index=index)
 
     def result(self) -> Attribution:
-        from ..measuring.attribution import Attribution
+        from ..core.measurement import Attribution
 
         reply = self._step("result")
         self.open = False
@@ -517,7 +515,7 @@ def _looks(pairing: Pairing, workload: Workload, plan: tuple[int, int, int], jud
     from ..judge.paired import judged_pairs, pairs_settled
     from ..judge.parts import explained_phases, gated, paired_parts, prompt_changes
     from ..measuring.interleave import block_orders
-    from ..measuring.metrics import RunMetrics
+    from ..measuring.metrics import run_metrics
 
     cap, looks, step = plan
     orders = block_orders(cap, workload.seed)
@@ -530,7 +528,7 @@ def _looks(pairing: Pairing, workload: Workload, plan: tuple[int, int, int], jud
         progress.step(f"look {look + 1} of at most {looks}: pairs", start, cap)
         for i in range(start, min(start + step, cap)):
             for letter, trace in pairing.pair(i, orders[i]).items():
-                runs[letter].append(RunMetrics.of(trace))
+                runs[letter].append(run_metrics(trace))
             progress.advance(i + 1)
         n, look = len(runs["A"]), look + 1
         comparisons = judged_pairs(runs["A"], runs["B"], looks=looks, **judging)

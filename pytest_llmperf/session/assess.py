@@ -18,13 +18,12 @@ if TYPE_CHECKING:
     from ..baselines.store import BaselineError
     from ..baselines.tracked import Committed
     from ..core.fingerprint import Fingerprint
+    from ..core.measurement import Measurement, Peak
     from ..core.workload import EngineInfo
     from ..engines import Engine, TokenStream
     from ..history.series import Windows
     from ..judge.regression import CompareSettings
     from ..judge.result import BaselineVerdict, Outcome
-    from ..measuring.metrics import Measurement
-    from ..measuring.roofline import Peak
     from .options import MarkerConfig
 
 #: ``fn(hardware, subject, engine_info)``: edits the fingerprint in place (the pytest layer's

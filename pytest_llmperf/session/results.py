@@ -26,11 +26,11 @@ from ..core.progress import current, task
 from ..core.workload import SEQUENTIAL_FACTOR, SEQUENTIAL_TIME_CAP_S, Workload
 
 if TYPE_CHECKING:
+    from ..core.measurement import Measurement
     from ..engines import CounterSource, Engine, TokenStream
     from ..judge.ab import ABResult, Side
     from ..judge.budgets import BudgetFailure
     from ..judge.result import Outcome
-    from ..measuring.metrics import Measurement
     from .options import MarkerConfig
     from .sides import Link
 

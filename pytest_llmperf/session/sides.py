@@ -25,10 +25,10 @@ from ..measuring.worker import Channel
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
+    from ..core.measurement import Measurement
     from ..engines import Engine, TokenStream
     from ..judge.result import Outcome
     from ..measuring.interleave import SideRuns
-    from ..measuring.metrics import Measurement
     from .options import MarkerConfig
 
 CURRENT, REF = "current", "REF"

@@ -1,0 +1,877 @@
+"""One record of a measurement: pure frozen data, at the bottom of the house.
+
+``Measurement`` holds all runs of one workload on one engine (``RunMetrics`` each, pooled ITL
+as ``LatencyStats``) and what was measured around them: a load test's ``LoadStats`` (with the
+server's own ``ServerSide``), the system counters (``SystemDelta``), peak RSS, fresh model
+loads, per-layer timing (``LayerProfile``), the attribution pass (``Attribution``), the
+roofline and the output agreement with REF. Each type holds its fields and the small
+properties that read only them; how they are computed from traces, the machine and the
+engine stays in ``measuring/`` (``measuring.metrics.run_metrics``, ``summarize``,
+``diagnose``...), and no module here imports numpy, so the plugin loads this cheaply."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeAlias
+
+from .formats import fmt, sig6
+from .workload import EngineInfo, Workload
+
+#: A JSON value as ``json`` reads it.
+JsonValue: TypeAlias = "str | int | float | bool | None | list[JsonValue] | dict[str, JsonValue]"
+#: A JSON object: a stored section read as it came (``Record``'s sections).
+JsonObject: TypeAlias = "Mapping[str, JsonValue]"
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    """Distribution summary of latency samples in milliseconds."""
+
+    count: int
+    mean_ms: float
+    stdev_ms: float
+    cv: float
+    min_ms: float
+    max_ms: float
+    p50_ms: float
+    p90_ms: float
+    p95_ms: float
+    p99_ms: float
+
+
+@dataclass(frozen=True)
+class RunMetrics:
+    """One run (one request). ``None`` where the engine cannot observe the quantity."""
+
+    prompt_tokens: int | None
+    output_tokens: int
+    tokenize_ms: float
+    ttft_ms: float
+    prefill_ms: float | None
+    prefill_tps: float | None
+    tpot_ms: float
+    decode_tps: float
+    e2e_ms: float
+    itl_p50_ms: float
+    itl_p95_ms: float
+    itl_ms: tuple[float, ...]
+    native_prefill_ms: float | None = None
+    native_decode_ms_per_token: float | None = None
+    overhead_ms_per_token: float | None = None
+    #: llama.cpp's sampler time per sampled token (inside the decode loop, or timed apart
+    #: after the run when the engine does not sample between clock reads).
+    sampling_ms_per_token: float | None = None
+    #: TTFT less tokenization and llama.cpp's prompt evaluation: before the first token reaches
+    #: the caller, the time outside llama.cpp (the caller's code, Python, a server's queue and
+    #: network, the stream).
+    prefill_outside_ms: float | None = None
+    #: TPOT less llama.cpp's evaluation, the sampling inside the run and the user's Python
+    #: logits processors and stopping criteria, per token: the time between tokens outside
+    #: llama.cpp (never below zero: ``clock_gaps`` says where clock and counters disagree).
+    decode_outside_ms_per_token: float | None = None
+    #: The prompt's tokens llama.cpp did not evaluate (a prompt cache held them); None: unknown.
+    prompt_reused_tokens: int | None = None
+    #: The user's Python logits processors and stopping criteria per generated token.
+    python_sampling_ms_per_token: float | None = None
+    #: What the caller received, where the tokens were stamped where llama.cpp made them (a
+    #: callable on a Llama the plugin sees): items, its TTFT, its E2E, and the most tokens one
+    #: item carried (held-back text released in a burst). None: the items are the tokens.
+    delivered_items: int | None = None
+    delivered_ttft_ms: float | None = None
+    delivered_e2e_ms: float | None = None
+    delivered_burst_tokens: int | None = None
+    #: (part, ms below zero) where llama.cpp's counters exceed the clock's time of a phase.
+    clock_gaps: tuple[tuple[str, float], ...] = ()
+    #: What llama.cpp's sampler chain held beyond the usual ("grammar"; "": nothing more).
+    sampler: str = ""
+
+
+@dataclass(frozen=True)
+class SystemSample:
+    load_1m: float | None
+    cpu_mhz: float | None
+    minor_faults: int
+    major_faults: int
+    involuntary_switches: int
+    #: (steal, total) CPU ticks of the whole machine so far (/proc/stat), None where unknown.
+    cpu_ticks: tuple[int, int] | None = None
+    #: (on-CPU ns, runqueue-wait ns) summed over the engine process's threads
+    #: (/proc/PID/task/*/schedstat), None where the kernel does not say.
+    engine_sched_ns: tuple[int, int] | None = None
+    #: (busy ticks of the whole machine, of the engine process, of this process), None where unknown.
+    busy_ticks: tuple[int, int, int] | None = None
+
+
+@dataclass(frozen=True)
+class SystemDelta:
+    before: SystemSample
+    after: SystemSample
+
+    @property
+    def major_faults(self) -> int:
+        return self.after.major_faults - self.before.major_faults
+
+    @property
+    def minor_faults(self) -> int:
+        return self.after.minor_faults - self.before.minor_faults
+
+    @property
+    def involuntary_switches(self) -> int:
+        return self.after.involuntary_switches - self.before.involuntary_switches
+
+    @property
+    def steal_share(self) -> float | None:
+        """Share of all CPUs' time between the samples that the hypervisor gave to others."""
+        if self.before.cpu_ticks is None or self.after.cpu_ticks is None:
+            return None
+        steal = self.after.cpu_ticks[0] - self.before.cpu_ticks[0]
+        total = self.after.cpu_ticks[1] - self.before.cpu_ticks[1]
+        return steal / total if total > 0 and steal >= 0 else None
+
+    @property
+    def cpu_wait_share(self) -> float | None:
+        """Share of the engine threads' runnable time spent waiting for a CPU (the run queue:
+        other processes, or more threads than CPUs) during the runs; None where unknown."""
+        if self.before.engine_sched_ns is None or self.after.engine_sched_ns is None:
+            return None
+        run = self.after.engine_sched_ns[0] - self.before.engine_sched_ns[0]
+        wait = self.after.engine_sched_ns[1] - self.before.engine_sched_ns[1]
+        return wait / (run + wait) if run >= 0 and wait >= 0 and run + wait > 0 else None
+
+    @property
+    def others_cpu_share(self) -> float | None:
+        """Share of the machine's CPU time (all CPUs) that processes other than the engine and
+        this one used during the runs; None where unknown."""
+        if self.before.busy_ticks is None or self.after.busy_ticks is None or self.before.cpu_ticks is None:
+            return None
+        if self.after.cpu_ticks is None:
+            return None
+        machine, engine, own = (a - b for a, b in zip(self.after.busy_ticks, self.before.busy_ticks))
+        total = self.after.cpu_ticks[1] - self.before.cpu_ticks[1]
+        if total <= 0:
+            return None
+        return min(1.0, max(0.0, (machine - engine - own) / total))
+
+    def as_dict(self) -> dict[str, JsonValue]:
+        share = self.steal_share
+        wait, others = self.cpu_wait_share, self.others_cpu_share
+        return {
+            "steal_share": None if share is None else round(share, 5),
+            "load_1m": self.after.load_1m,
+            "involuntary_switches": self.involuntary_switches,
+            "cpu_wait_share": None if wait is None else round(wait, 5),
+            "others_cpu_share": None if others is None else round(others, 5),
+        }
+
+
+@dataclass(frozen=True)
+class Stability:
+    """What the runs say about their own steadiness; ``warnings`` are plain-words sentences."""
+
+    n_runs: int
+    tpot_cv: float
+    tpot_spread_pct: float  # (max - min) / median of per-run TPOT
+    ttft_cv: float
+    first_run_slowdown: float | None  # warm-up run TPOT / median TPOT of the measured runs
+    first_run_ttft_slowdown: float | None
+    first_token_slowdown: float  # median over runs of (first ITL / that run's median ITL)
+    context_slope_us_per_token: float | None  # ITL growth per token of context (decode)
+    context_span: tuple[int, int] | None  # context positions the slope was fitted over
+    far_runs: tuple[int, ...]  # indices of runs far off the others
+    warnings: tuple[str, ...]
+
+    @property
+    def unstable(self) -> bool:
+        return bool(self.warnings)
+
+    def as_dict(self) -> dict[str, JsonValue]:
+        return {
+            "n_runs": self.n_runs,
+            "tpot_cv": sig6(self.tpot_cv),
+            "tpot_spread_pct": sig6(self.tpot_spread_pct),
+            "ttft_cv": sig6(self.ttft_cv),
+            "first_run_slowdown": sig6(self.first_run_slowdown),
+            "first_run_ttft_slowdown": sig6(self.first_run_ttft_slowdown),
+            "first_token_slowdown": sig6(self.first_token_slowdown),
+            "context_slope_us_per_token": sig6(self.context_slope_us_per_token),
+            "context_span": list(self.context_span) if self.context_span else None,
+            "far_runs": list(self.far_runs),
+            "warnings": list(self.warnings),
+        }
+
+
+@dataclass(frozen=True)
+class LoadStats:
+    """What only a load test shows; ``Measurement.runs`` holds the successful requests."""
+
+    concurrency: int
+    rate_per_s: float | None
+    n_requests: int
+    n_ok: int
+    n_failed: int
+    errors: tuple[str, ...]  # "request 3: <reason>", one per failed request
+    duration_s: float  # first send to last token
+    ttft: LatencyStats
+    tpot: LatencyStats
+    e2e: LatencyStats
+    output_tps: float  # all output tokens / duration
+    output_tps_per_request: float  # median over requests of output tokens / E2E
+    requests_per_s: float  # successful requests / duration
+    goodput: float  # share of all requests meeting the SLOs (and not failed)
+    slo: Mapping[str, float]
+    server: ServerSide | None = None  # llama-server's own timings and /metrics, when it gave them
+    prompt_cache: str | None = None  # served: what the server's prompt cache was allowed to do
+
+
+@dataclass(frozen=True)
+class ServerSide:
+    """Medians over the requests that carried timings; ``metrics``: /metrics over the level."""
+
+    n_timed: int
+    prompt_tokens_median: float | None  # the prompt's length (usage.prompt_tokens)
+    prompt_n_min: int | None  # prompt tokens the server evaluated (the rest came from its cache)
+    prompt_n_median: float | None
+    prompt_n_max: int | None
+    server_prompt_ms_p50: float | None
+    ttft_gap_ms_p50: float | None  # client TTFT - server prompt_ms
+    server_ms_per_token_p50: float | None  # predicted_ms / predicted_n
+    tpot_gap_ms_p50: float | None  # client TPOT - server ms per predicted token
+    metrics: Mapping[str, float] | None = None  # llamacpp:* counters' change over the level
+    # Sum over requests of prompt length - prompt_n: prompt tokens the server took from its cache.
+    prompt_tokens_from_cache: int | None = None
+
+    @property
+    def tokens_per_decode(self) -> float | None:
+        """Generated tokens per llama_decode call (> 1: requests were batched together)."""
+        m = self.metrics or {}
+        n = m.get("n_decode_total")
+        return m["tokens_predicted_total"] / n if n and "tokens_predicted_total" in m else None
+
+
+@dataclass(frozen=True)
+class PeakRss:
+    bytes: int
+    scope: str  # "measurement" (peak reset before it) or "process" (lifetime peak)
+
+
+#: A load counts as cold when at most this share of the model file was in the page cache just
+#: before it; otherwise it is warm, whatever was asked.
+COLD_RESIDENT_MAX = 0.05
+
+
+EVICTION_FAILED = "eviction did not take: another process maps the model file, or the file system keeps it"
+
+
+@dataclass(frozen=True)
+class LoadSample:
+    """One fresh engine: its load (``EngineInfo.load_ms``, llama.cpp's ``t_load_ms``), its time
+    to first token (load + the first, slow evaluation + its first request's TTFT: llama.cpp's
+    start-up, not the engine's own bookkeeping nor a worker process's start), and the share of
+    the model file resident in the page cache just before loading (None: unknown)."""
+
+    load_ms: float
+    native_load_ms: float | None
+    fresh_ttft_ms: float | None
+    resident_share: float | None
+
+    @property
+    def cold(self) -> bool:
+        return self.resident_share is not None and self.resident_share <= COLD_RESIDENT_MAX
+
+
+@dataclass(frozen=True)
+class ModelLoads:
+    asked: str  # "warm" or "cold"
+    samples: tuple[LoadSample, ...]
+
+    @property
+    def page_cache(self) -> str:
+        """What the loads were: "cold" only when every eviction took, "warm" when none did."""
+        cold = sum(s.cold for s in self.samples)
+        if cold == len(self.samples):
+            return "cold"
+        if cold == 0:
+            return "warm"
+        return f"mixed ({cold} of {len(self.samples)} cold)"
+
+    @property
+    def load_ms(self) -> float:
+        return float(statistics.median(s.load_ms for s in self.samples))
+
+    @property
+    def fresh_ttft_ms(self) -> float | None:
+        values = [s.fresh_ttft_ms for s in self.samples if s.fresh_ttft_ms is not None]
+        return float(statistics.median(values)) if values else None
+
+    @property
+    def evidence(self) -> str:
+        """ "at most 0% of the file resident before each load" (mincore)."""
+        shares = [s.resident_share for s in self.samples if s.resident_share is not None]
+        return f"at most {max(shares):.0%} of the file resident before each load" if shares else "residency unknown"
+
+    def describe(self) -> str:
+        """The page-cache state with its evidence: "cold (at most 0% of the file resident before
+        each load)"; a cold load asked for that did not get one says so."""
+        text = f"{self.page_cache} ({self.evidence})"
+        if self.asked == "cold" and self.page_cache != "cold":
+            text += f"; {EVICTION_FAILED}"
+        return text
+
+    def as_dict(self) -> dict[str, JsonValue]:
+        from ..core.formats import sig6
+
+        return {
+            "asked": self.asked,
+            "page_cache": self.page_cache,
+            "evidence": self.evidence,
+            "note": EVICTION_FAILED if self.asked == "cold" and self.page_cache != "cold" else "",
+            "load_ms": sig6(self.load_ms),
+            "fresh_ttft_ms": sig6(self.fresh_ttft_ms),
+            "samples": [
+                {k: sig6(v) if isinstance(v, float) else v for k, v in dataclasses.asdict(s).items()}
+                for s in self.samples
+            ],
+        }
+
+
+@dataclass(frozen=True)
+class Peak:
+    """A peak figure and where it came from: "measured" (with the probe's details) or "given"."""
+
+    value: float
+    source: str
+    detail: str = ""
+
+
+#: A memory-bound phase that moved its bytes faster than the measured DRAM peak: its working
+#: set (weights + KV) stays in the CPU caches between tokens, so DRAM bandwidth does not bound
+#: it and a "utilisation" above 100% would be no utilisation at all.
+CACHE_RESIDENT = "cache-resident"
+
+
+@dataclass(frozen=True)
+class PhaseRoofline:
+    phase: str
+    bytes_per_token: float
+    flops_per_token: float
+    intensity_flop_per_byte: float
+    bound_tps: float
+    achieved_tps: float
+    achieved_bw_gbs: float
+    mbu: float
+    mfu: float
+    verdict: str  # "memory-bound" | "compute-bound" | "cache-resident"
+    note: str = ""  # why the DRAM roofline does not apply (cache-resident), else ""
+
+    def line(self) -> str:
+        mbu = (
+            "MBU n/a (fits in cache)"
+            if self.verdict == CACHE_RESIDENT
+            else "MBU n/a"
+            if self.note
+            else f"MBU {self.mbu:.2f}"
+        )
+        text = (
+            f"{self.phase}: {self.verdict} (intensity {self.intensity_flop_per_byte:.3g} FLOP/byte), "
+            f"achieved {self.achieved_tps:.1f} t/s of bound {self.bound_tps:.1f} t/s, "
+            f"{self.achieved_bw_gbs:.1f} GB/s, {mbu}, MFU {self.mfu:.2f}"
+        )
+        return text + (f"; {self.note}" if self.note else "")
+
+
+@dataclass(frozen=True)
+class Roofline:
+    peak_bw: Peak
+    peak_tflops: Peak
+    context_tokens: float  # mean context position of the decoded tokens
+    weights_bytes: int
+    kv_bytes_per_token_of_context: float
+    decode: PhaseRoofline
+    prefill: PhaseRoofline | None
+
+    @property
+    def machine_balance_flop_per_byte(self) -> float:
+        return self.peak_tflops.value * 1e12 / (self.peak_bw.value * 1e9)
+
+    def as_dict(self) -> dict[str, JsonValue]:
+        def phase(p: PhaseRoofline | None) -> dict[str, JsonValue] | None:
+            if p is None:
+                return None
+            return {k: (v if isinstance(v, str) else sig6(v)) for k, v in p.__dict__.items() if k != "phase"}
+
+        return {
+            "peak_bw_gbs": sig6(self.peak_bw.value),
+            "peak_bw_source": self.peak_bw.source,
+            "peak_bw_detail": self.peak_bw.detail,
+            "peak_tflops": sig6(self.peak_tflops.value),
+            "peak_tflops_source": self.peak_tflops.source,
+            "peak_tflops_detail": self.peak_tflops.detail,
+            "machine_balance_flop_per_byte": sig6(self.machine_balance_flop_per_byte),
+            "context_tokens": sig6(self.context_tokens),
+            "weights_bytes": self.weights_bytes,
+            "decode": phase(self.decode),
+            "prefill": phase(self.prefill),
+        }
+
+
+#: Outlier rule: a layer slower than median + OUTLIER_MAD_FACTOR x MAD of the layers (and
+#: at least OUTLIER_MIN_EXCESS above the median, so a model of identical layers with a tiny MAD
+#: does not flag noise).
+OUTLIER_MAD_FACTOR = 5.0
+
+
+OUTLIER_MIN_EXCESS = 0.25
+
+
+OUTLIER_RULE = (
+    f"median + {OUTLIER_MAD_FACTOR:g} x MAD of layers 1..N-1 (and > {1 + OUTLIER_MIN_EXCESS:g} x median); "
+    "the first segment (embedding, step setup) and the output head are reported apart"
+)
+
+
+HEAD_NAME = "output"
+
+
+@dataclass(frozen=True)
+class PhaseLayers:
+    """Per-segment medians of one phase (prefill or decode) over the instrumented runs.
+
+    ``names``: "embd+layer 0", "layer 1", ..., "output"; ``median_ms`` per segment (per step
+    for decode); ``step_ms``: median instrumented step, between the engine's timed loop's
+    clock reads (prefill: start to logits ready; decode: token to token, so with sampling
+    inside the loop the sampling is in the step and in no segment);
+    ``per_run_ms``: per run, each segment's median (the sampling unit for comparisons).
+    """
+
+    phase: str
+    names: tuple[str, ...]
+    median_ms: tuple[float, ...]
+    step_ms: float
+    n_runs: int
+    n_steps: int
+    per_run_ms: tuple[tuple[float, ...], ...]
+    outliers: tuple[str, ...]
+    coverage: float  # median over steps of (sum of the step's segments / its step time)
+
+    @property
+    def share(self) -> tuple[float, ...]:
+        total = sum(self.median_ms)
+        return tuple(v / total if total else 0.0 for v in self.median_ms)
+
+    @property
+    def n_layers(self) -> int:
+        """Transformer blocks reported (the head is not one)."""
+        return sum(1 for n in self.names if n != HEAD_NAME)
+
+
+class _Stepped(Protocol):
+    @property
+    def step_ms(self) -> float: ...
+
+
+class InstrumentedCost:
+    """What an instrumented pass cost against interleaved plain runs of the same engine
+    (``LayerProfile``, ``attribution.Attribution``): instrumented / plain, per phase."""
+
+    prefill: _Stepped
+    tpot_ms: float  # instrumented runs, median
+    plain_prefill_ms: float | None  # interleaved plain runs, medians
+    plain_tpot_ms: float | None
+
+    @property
+    def prefill_overhead_ratio(self) -> float | None:
+        return self.prefill.step_ms / self.plain_prefill_ms if self.plain_prefill_ms else None
+
+    @property
+    def decode_overhead_ratio(self) -> float | None:
+        return self.tpot_ms / self.plain_tpot_ms if self.plain_tpot_ms else None
+
+
+@dataclass(frozen=True)
+class LayerProfile(InstrumentedCost):
+    """Both phases, plus what the instrumentation cost against the plain engine."""
+
+    prefill: PhaseLayers
+    decode: PhaseLayers
+    tpot_ms: float  # instrumented runs, median
+    plain_prefill_ms: float | None  # interleaved plain runs, medians
+    plain_tpot_ms: float | None
+
+    def as_dict(self) -> dict[str, JsonValue]:
+        """The record's ``layers`` entry (baselines, session reports)."""
+
+        def phase(p: PhaseLayers) -> dict[str, JsonValue]:
+            return {
+                "names": list(p.names),
+                "median_ms": [sig6(v) for v in p.median_ms],
+                "share": [sig6(v) for v in p.share],
+                "step_ms": sig6(p.step_ms),
+                "n_runs": p.n_runs,
+                "n_steps": p.n_steps,
+                "per_run_ms": [[sig6(v) for v in run] for run in p.per_run_ms],
+                "outliers": list(p.outliers),
+                "coverage": sig6(p.coverage),
+            }
+
+        return {
+            "phases": {"prefill": phase(self.prefill), "decode": phase(self.decode)},
+            "outlier_rule": OUTLIER_RULE,
+            "overhead_ratio": sig6(self.decode_overhead_ratio),
+            "prefill_overhead_ratio": sig6(self.prefill_overhead_ratio),
+        }
+
+
+GROUP_RULE = (
+    "attention: SOFT_MAX, FLASH_ATTN_EXT and every node llama.cpp names kq* (K x Q, softmax, x V); "
+    "matrix multiplication: the other MUL_MAT*/OUT_PROD; normalisation: *_NORM ops and the nodes named *norm "
+    "(the norm's weight); rope: ROPE; copies: CPY, CONT, DUP, SET_ROWS (KV cache writes), GET_ROWS, CONCAT; "
+    "elementwise: ADD, MUL, SCALE, GLU and unary ops; other: the rest"
+)
+
+
+LAYER_RULE = (
+    "a node's layer is its name's suffix (-N; the KV cache's _lN); an unnamed node (node_N: "
+    "FLASH_ATTN_EXT, the last layer's row selection) is its graph predecessor's; "
+    "result* and the final norm: output; other named nodes (embd, inp_*): input"
+)
+
+
+KINDS = ("layers", "ops", "groups")
+
+
+PHASES = ("prefill", "decode")
+
+
+@dataclass(frozen=True)
+class Slice:
+    """One layer, op type or group of a phase: median ms per step over all steps, and per run
+    (each run's median over its steps: the unit of comparisons)."""
+
+    name: str
+    median_ms: float
+    per_run_ms: tuple[float, ...]
+
+    def to_json(self) -> dict[str, JsonValue]:
+        return {"name": self.name, "median_ms": sig6(self.median_ms), "per_run_ms": [sig6(v) for v in self.per_run_ms]}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Slice:
+        return cls(str(d["name"]), float(d["median_ms"]), tuple(float(v) for v in d["per_run_ms"]))
+
+
+@dataclass(frozen=True)
+class PhaseAttribution:
+    """One phase (prefill: the prompt's step; decode: per token step): its layers, op types and
+    groups; ``step_ms``: median instrumented step; ``nodes_ms``: median sum of the node times
+    per step; ``coverage``: median over steps of (node times / step time); ``nodes``: nodes
+    computed apart per step (median)."""
+
+    phase: str
+    layers: tuple[Slice, ...]
+    ops: tuple[Slice, ...]
+    groups: tuple[Slice, ...]
+    step_ms: float
+    nodes_ms: float
+    coverage: float
+    nodes: int
+    n_runs: int
+    n_steps: int
+    #: All transformer blocks together, per step (a median of sums, not a sum of medians).
+    blocks: Slice | None = None
+
+    def slices(self, kind: str) -> tuple[Slice, ...]:
+        """``layers``, ``ops`` or ``groups``."""
+        slices: tuple[Slice, ...] = getattr(self, kind)
+        return slices
+
+    def to_json(self) -> dict[str, JsonValue]:
+        out: dict[str, JsonValue] = {k: [s.to_json() for s in self.slices(k)] for k in KINDS}
+        out.update(
+            step_ms=sig6(self.step_ms),
+            nodes_ms=sig6(self.nodes_ms),
+            coverage=sig6(self.coverage),
+            nodes=self.nodes,
+            n_runs=self.n_runs,
+            n_steps=self.n_steps,
+        )
+        if self.blocks is not None:
+            out["blocks"] = self.blocks.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, phase: str, d: Mapping[str, Any]) -> PhaseAttribution:
+        kinds = {k: tuple(Slice.from_json(s) for s in d[k]) for k in KINDS}
+        return cls(
+            phase,
+            kinds["layers"],
+            kinds["ops"],
+            kinds["groups"],
+            float(d["step_ms"]),
+            float(d["nodes_ms"]),
+            float(d["coverage"]),
+            int(d["nodes"]),
+            int(d["n_runs"]),
+            int(d["n_steps"]),
+            Slice.from_json(d["blocks"]) if d.get("blocks") else None,
+        )
+
+
+@dataclass(frozen=True)
+class Attribution(InstrumentedCost):
+    """Both phases of one side, what the instrumentation cost (interleaved plain runs) and the
+    pass's wall time (warm-up, instrumented and plain runs)."""
+
+    prefill: PhaseAttribution
+    decode: PhaseAttribution
+    tpot_ms: float  # instrumented runs, median
+    plain_prefill_ms: float | None  # interleaved plain runs, medians
+    plain_tpot_ms: float | None
+    wall_s: float
+
+    def phase(self, name: str) -> PhaseAttribution:
+        return self.prefill if name == "prefill" else self.decode
+
+    def cost(self) -> dict[str, JsonValue]:
+        """What the pass cost and how its node times add up to the step, per phase."""
+        return {
+            "wall_s": sig6(self.wall_s),
+            "prefill_overhead_ratio": sig6(self.prefill_overhead_ratio),
+            "decode_overhead_ratio": sig6(self.decode_overhead_ratio),
+            "prefill_coverage": sig6(self.prefill.coverage),
+            "decode_coverage": sig6(self.decode.coverage),
+        }
+
+    def to_json(self) -> dict[str, JsonValue]:
+        return {
+            "phases": {p: self.phase(p).to_json() for p in PHASES},
+            "tpot_ms": sig6(self.tpot_ms),
+            "plain_prefill_ms": sig6(self.plain_prefill_ms),
+            "plain_tpot_ms": sig6(self.plain_tpot_ms),
+            "wall_s": sig6(self.wall_s),
+            "layer_rule": LAYER_RULE,
+            "group_rule": GROUP_RULE,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Attribution:
+        phases = d["phases"]
+
+        def opt(key: str) -> float | None:
+            return None if d.get(key) is None else float(d[key])
+
+        return cls(
+            PhaseAttribution.from_json("prefill", phases["prefill"]),
+            PhaseAttribution.from_json("decode", phases["decode"]),
+            float(d["tpot_ms"]),
+            opt("plain_prefill_ms"),
+            opt("plain_tpot_ms"),
+            float(d["wall_s"]),
+        )
+
+    def lines(self) -> list[str]:
+        """How the node times add up, and what the pass cost (80 columns)."""
+        out = []
+        for p in PHASES:
+            ph = self.phase(p)
+            ratio = self.prefill_overhead_ratio if p == "prefill" else self.decode_overhead_ratio
+            cost = f" (x{ratio:.2f} the plain step)" if ratio else ""
+            out.append(f"{p}: {ph.nodes} nodes timed, {ph.coverage:.0%} of the {ph.step_ms:.3g} ms step{cost}")
+        out.append(f"attribution pass: {self.wall_s:.1f} s ({self.prefill.n_runs} instrumented + plain runs)")
+        return out
+
+
+#: What the figures are when both sides give full-vocabulary logits.
+EXACT = "exact, full vocabulary"
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """B's outputs against A's (module docstring); ``reason`` set: not available, and why."""
+
+    reason: str = ""
+    method: str = EXACT
+    n_prompts: int = 0
+    n_positions: int = 0
+    top1_agreement: float | None = None
+    kl_mean: float | None = None
+    kl_p99: float | None = None
+    kl_max: float | None = None
+    greedy_parity: float | None = None  # share of identical greedy tokens (over every position)
+    #: Positions left out of top-1 and KL: a server sent no probabilities for them (llama-server
+    #: holds back a byte token that leaves the text an incomplete UTF-8 character).
+    n_unscored: int = 0
+    #: Per prompt: the first generated position where B's greedy token differs from A's (None: none).
+    first_divergence: tuple[int | None, ...] = ()
+
+    @property
+    def available(self) -> bool:
+        return not self.reason
+
+    @property
+    def sample(self) -> str:
+        return f"{self.n_positions} positions over {self.n_prompts} prompt{'s' if self.n_prompts != 1 else ''}"
+
+    @property
+    def earliest_divergence(self) -> int | None:
+        return min((d for d in self.first_divergence if d is not None), default=None)
+
+    def divergence(self) -> str:
+        """Where the greedy tokens first part: ``none`` or ``token 3 (2 of 4 prompts part)``."""
+        diverged = sum(d is not None for d in self.first_divergence)
+        first = self.earliest_divergence
+        return "none" if first is None else f"token {first} ({diverged} of {self.n_prompts} prompts part)"
+
+    def against_lines(self) -> list[str]:
+        """Under ``--llmperf-against``, after the metrics table (whose rows hold top-1 and KL;
+        each line within 80 columns but for a long reason)."""
+        if not self.available:
+            return [f"output against REF: not available ({self.reason})"]
+        return [
+            f"output against REF (A: REF, B: this tree; {self.method})",
+            f"  greedy parity {self.greedy_parity:.4f}; first divergence: {self.divergence()}",
+        ]
+
+    def lines(self) -> list[str]:
+        """The report section's lines (each within 80 columns)."""
+        if not self.available:
+            return [f"agreement: not available ({self.reason})"]
+        assert self.kl_mean is not None and self.kl_p99 is not None and self.kl_max is not None
+        where = self.divergence()
+        held = [f"  {self.n_unscored} more positions without a server's probabilities"] if self.n_unscored else []
+        return [
+            f"agreement ({self.method}): {self.sample}",
+            *held,
+            f"  teacher-forced on A's tokens: top-1 {self.top1_agreement:.4f}",
+            f"  KL(A||B) mean {self.kl_mean:.4g}, p99 {self.kl_p99:.4g}, max {self.kl_max:.4g}",
+            f"  greedy parity {self.greedy_parity:.4f}; first divergence: {where}",
+        ]
+
+    def as_dict(self) -> dict[str, JsonValue]:
+        out = dataclasses.asdict(self)
+        out["first_divergence"] = list(self.first_divergence)
+        out["available"] = self.available
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Agreement:
+        """``as_dict`` read back (``available`` is computed, not stored)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        fields = {k: v for k, v in d.items() if k in names}
+        fields["first_divergence"] = tuple(d.get("first_divergence") or ())
+        return cls(**fields)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """All runs of one workload on one engine, with the summaries budgets and reports use.
+
+    Summaries over runs are medians (``ttft_ms`` is the median TTFT); ``itl`` pools every
+    run's inter-token latencies.
+    """
+
+    label: str
+    workload: Workload
+    engine: EngineInfo
+    runs: tuple[RunMetrics, ...]
+    itl: LatencyStats
+    ttft_ms: float
+    ttft_p95_ms: float
+    tpot_ms: float
+    decode_tps: float
+    e2e_ms: float
+    tokenize_ms: float
+    prefill_ms: float | None
+    prefill_tps: float | None
+    native_prefill_ms: float | None
+    native_decode_ms_per_token: float | None
+    overhead_ms_per_token: float | None
+    prompt_tokens: int | None
+    output_tokens: int
+    sampling_ms_per_token: float | None = None
+    prefill_outside_ms: float | None = None
+    decode_outside_ms_per_token: float | None = None
+    prompt_reused_tokens: int | None = None  # median over runs
+    python_sampling_ms_per_token: float | None = None
+    delivered_items: int | None = None  # the fewest over runs
+    delivered_ttft_ms: float | None = None
+    delivered_e2e_ms: float | None = None
+    delivered_burst_tokens: int | None = None  # the most over runs
+    load: LoadStats | None = None  # a load test's (concurrency/requests/rate), else None
+    # Filled by runner.measure (None / empty when a Measurement is built from traces alone):
+    warmup_runs: tuple[RunMetrics, ...] = ()
+    system: SystemDelta | None = None  # around the runs
+    peak_rss: PeakRss | None = None  # over the runs
+    layers: LayerProfile | None = None  # when per-layer timing was asked for
+    attribution: Attribution | None = None  # when the per-node pass was asked for (``attribution``)
+    roofline: Roofline | None = None  # when peaks were known or asked for
+    model_loads: ModelLoads | None = None  # fresh loads, when asked for (``model_load``)
+    #: Under ``--llmperf-against``: this tree's outputs against REF's (REF is A), after the pairs.
+    agreement: Agreement | None = None
+
+    @property
+    def n_runs(self) -> int:
+        return len(self.runs)
+
+    def to_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+    @property
+    def evaluated_prompt_tokens(self) -> int | None:
+        """The prompt's tokens llama.cpp evaluated (median run), where the reused ones are known."""
+        if self.prompt_tokens is None or self.prompt_reused_tokens is None:
+            return None
+        return self.prompt_tokens - self.prompt_reused_tokens
+
+    @property
+    def token_notes(self) -> list[str]:
+        """One line each where a figure is not what its name says on its face: a cold prompt
+        llama.cpp did not evaluate whole, a warm cache, a stream whose items are not its tokens,
+        llama.cpp's counters above the clock's time."""
+        lines = []
+        cache = self.workload.prompt_cache
+        reused, evaluated = self.prompt_reused_tokens, self.evaluated_prompt_tokens
+        if cache == "warm" and reused is not None:
+            lines.append(
+                f"prompt cache warm (kept between runs): {reused} of {self.prompt_tokens} prompt tokens reused, "
+                f"{evaluated} evaluated (median run); never compared with a cold measurement"
+            )
+        elif reused:
+            lines.append(
+                f"cold, yet llama.cpp evaluated {evaluated} of the {self.prompt_tokens} prompt tokens your code "
+                "passed (median run): your code cached or trimmed the prompt (a LlamaCache, a state it loaded, "
+                "or a second Llama)"
+            )
+        lines += self._delivery_notes()
+        lines += self.clock_gap_lines
+        return lines
+
+    def _delivery_notes(self) -> list[str]:
+        items, asked = self.delivered_items, self.workload.max_tokens
+        if items is not None and (items != self.output_tokens or (self.delivered_burst_tokens or 1) > 1):
+            return [
+                f"tokens timed where llama.cpp made them ({self.output_tokens} per run); your stream delivered "
+                f"{items} items, up to {self.delivered_burst_tokens} tokens in one (held-back text released in "
+                f"bursts): delivered TTFT {fmt(self.delivered_ttft_ms or 0.0)} ms, E2E {fmt(self.delivered_e2e_ms or 0.0)} ms"
+            ]
+        if items is None and self.engine.engine == "callable" and self.output_tokens != asked:
+            return [
+                f"items timed as tokens: the callable yielded {self.output_tokens} items for max_tokens={asked}, "
+                "so its items are chunks, not tokens (ITL and TPOT are per item); it drives no Llama the plugin sees"
+            ]
+        return []
+
+    @property
+    def clock_gap_lines(self) -> list[str]:
+        """Where llama.cpp's counters exceed the clock's time of a phase: which, by how much."""
+        gaps: dict[str, list[float]] = {}
+        for run in self.runs:
+            for part, ms in run.clock_gaps:
+                gaps.setdefault(part, []).append(ms)
+        return [
+            f"{part.removesuffix('_gap')}: llama.cpp's counters exceed the clock's time by "
+            f"{fmt(statistics.median(values))} ms (median of {len(values)} of {self.n_runs} runs); shown as 0"
+            for part, values in gaps.items()
+        ]

@@ -1,0 +1,115 @@
+"""The stored record of a measurement (core.record.Record): written and read back by its own
+to_json / from_json, checked against the baselines schema, and files written before it existed
+load and write back as they were (tests/data/*-before-record.json: a baseline file and a session
+file written by pytest-llmperf before this type, a measurement with per-layer timing, the
+attribution pass, fresh model loads and a re-recorded baseline's sessions)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pytest_llmperf import EngineInfo, RunTrace, Workload, summarize
+from pytest_llmperf.baselines import store
+from pytest_llmperf.baselines.records import record
+from pytest_llmperf.core.documents import SchemaViolation
+from pytest_llmperf.core.fingerprint import Fingerprint, subject
+from pytest_llmperf.core.record import Record
+from pytest_llmperf.reports.session_file import load_session
+
+DATA = Path(__file__).parent / "data"
+BASELINES = DATA / "baselines-before-record.json"
+SESSION = DATA / "session-before-record.json"
+#: The keys of a record, in the order ``records.record`` has always written them.
+ORDER = [
+    "recorded_at",
+    "commit",
+    "hardware",
+    "subject",
+    "workload",
+    "runs",
+    "itl_ms",
+    "summary",
+    "stability",
+    "parts",
+    "layers",
+    "attribution",
+    "roofline",
+    "memory",
+    "prompt",
+    "model_loads",
+    "agreement",
+    "load",
+    "machine",
+    "reference",
+    "sessions",
+]
+
+
+def _measurement():
+    ms = 1_000_000
+    traces = [
+        RunTrace(
+            start_ns=0, prefill_done_ns=9 * ms, token_ns=tuple((10 + i + k) * ms for k in range(5)), prompt_tokens=7
+        )
+        for i in range(3)
+    ]
+    return summarize(traces, Workload(max_tokens=5, runs=3), EngineInfo(engine="test", model="m"))
+
+
+def test_a_baseline_file_written_before_the_record_type_loads_and_writes_back_byte_identical() -> None:
+    tests = store.load(BASELINES)
+    records = {
+        t: {hw: Record.from_json(e, f"tests[{t!r}][{hw!r}]") for hw, e in per.items()} for t, per in tests.items()
+    }
+    rich = next(iter(records["test_rich"].values()))
+    assert rich.layers is not None and rich.attribution is not None and rich.model_loads is not None
+    assert rich.sessions is not None and rich.itl_ms is not None and len(rich.itl_ms) == len(rich.runs["tpot_ms"]) == 3
+    written = {t: {hw: r.to_json() for hw, r in per.items()} for t, per in records.items()}
+    assert written == tests
+    text = store.dumps({"schema": store.SCHEMA, "schema_version": store.SCHEMA_VERSION, "tests": written})
+    assert text == BASELINES.read_text()
+
+
+def test_a_session_file_written_before_the_record_type_loads_and_compares(capsys) -> None:
+    from pytest_llmperf.cli import main as cli_main
+
+    doc = json.loads(SESSION.read_text())
+    stored = [r[key] for r in doc["results"] for key in ("record", "baseline_record") if r.get(key)]
+    assert len(stored) == 4
+    for d in stored:
+        again = Record.from_json(d).to_json()
+        assert json.dumps(again, sort_keys=True, indent=1) == json.dumps(d, sort_keys=True, indent=1)
+    assert [r.test for r in load_session(SESSION)] == ["test_rich.py::test_rich", "test_rich.py::test_plain"]
+    assert cli_main(["compare", str(SESSION), str(SESSION)]) == 0
+    assert "0 regression(s) in 2 compared measurement(s)" in capsys.readouterr().out
+
+
+def test_a_record_is_written_by_the_type_in_todays_order_and_read_back() -> None:
+    m = _measurement()
+    rec = record(m, Fingerprint({"cpu": "c"}, subject(m.engine)), commit=None, recorded_at="now")
+    assert list(rec) == [k for k in ORDER if k in rec] and rec["commit"] is None
+    assert {"stability", "memory"} <= set(rec) and not {"layers", "reference", "sessions"} & set(rec)
+    r = Record.from_json(rec)
+    assert list(r.runs["tpot_ms"]) == rec["runs"]["tpot_ms"] and r.summary is not None and r.summary["n_runs"] == 3
+    assert r.memory == rec["memory"] and r.layers is None and not r.extra
+    assert r.to_json() == rec and list(r.to_json()) == list(rec)
+
+
+def test_from_json_checks_the_schema_first() -> None:
+    m = _measurement()
+    rec = record(m, Fingerprint({}, subject(m.engine)), commit="abc", recorded_at="now")
+    with pytest.raises(SchemaViolation, match=r"tests\['t'\]\['hw'\]"):
+        Record.from_json({k: v for k, v in rec.items() if k != "runs"}, "tests['t']['hw']")
+    with pytest.raises(SchemaViolation, match="itl_ms"):
+        Record.from_json({**rec, "itl_ms": [[]]})
+
+
+def test_a_key_of_a_newer_version_is_kept_as_it_came() -> None:
+    m = _measurement()
+    rec = {**record(m, Fingerprint({}, subject(m.engine)), commit=None, recorded_at="now"), "later": {"x": [1, 2]}}
+    r = Record.from_json(rec)
+    assert r.extra == {"later": {"x": [1, 2]}}
+    assert r.to_json() == rec
