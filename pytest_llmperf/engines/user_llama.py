@@ -42,16 +42,8 @@ from typing import Any
 from ..core.errors import EngineError
 from ..core.workload import AUTO_CTX_STEP, EngineInfo, LlamaRun, NativeCounters, RunTrace, Workload
 from . import RunWatch, synthetic_text
-from .capabilities import Engine, LayerTiming
-from .llama_cpp import (
-    MODEL_PARAMS_MARK,
-    LlamaCounters,
-    LlamaReading,
-    TimedDecode,
-    sampler_time,
-    timed_decode,
-    with_model_params,
-)
+from .capabilities import Engine, LayerTiming, TimedDecode
+from .llama_cpp import MODEL_PARAMS_MARK, LlamaCounters, LlamaReading, sampler_time, timed_decode, with_model_params
 from .llama_cpp_native import (
     buffer_sizes,
     greedy_sampler,

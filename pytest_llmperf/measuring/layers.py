@@ -26,8 +26,7 @@ from ..core.formats import sig6
 from ..core.workload import Workload
 
 if TYPE_CHECKING:
-    from ..engines.capabilities import LayerTiming
-    from ..engines.llama_cpp import TimedDecode
+    from ..engines.capabilities import LayerTiming, TimedDecode
 
 #: What one event of the callback names (a node name; ``measuring.attribution``: the node's op too).
 E = TypeVar("E")
