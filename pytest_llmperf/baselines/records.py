@@ -19,11 +19,14 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from ..core import catalog
 from ..core.fingerprint import Fingerprint
 from ..core.formats import sig6
 from ..core.workload import MEMORY_FIELDS
 from ..measuring.metrics import Measurement
+from ..measuring.roofline import kv_cache_bytes
 
 #: Per-run metric families stored and compared (from the metric catalog).
 RUN_FIELDS = catalog.RUN_FIELDS
@@ -95,8 +98,6 @@ def record(m: Measurement, fingerprint: Fingerprint, *, commit: str | None, reco
 
 def diagnosis(m: Measurement) -> dict[str, Any]:
     """Where the time went, when known: layers, roofline, stability, memory (optional keys)."""
-    from ..measuring.roofline import kv_cache_bytes
-
     out: dict[str, Any] = {"stability": m.stability.as_dict()}
     parts = part_values(m)
     if parts:
@@ -215,8 +216,6 @@ REPS = 61
 
 def measure(reps: int = REPS) -> dict[str, Any]:
     """Milliseconds per product, ``reps`` times after one warm-up."""
-    import numpy as np
-
     a = np.random.default_rng(0).standard_normal((SIZE, SIZE), dtype=np.float32)
     out = np.empty_like(a)
     np.matmul(a, a, out=out)
