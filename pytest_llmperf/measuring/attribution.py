@@ -37,6 +37,8 @@ from ..core.formats import sig6
 from ..core.progress import task
 from ..core.workload import Workload
 from .layers import InstrumentedCost, LayerTimer, ggml_function, steps_of, tpot_of
+from .metrics import RunMetrics
+from .roofline import roofline
 
 if TYPE_CHECKING:
     from ..engines.capabilities import LayerTiming
@@ -361,8 +363,6 @@ class AttributionPass:
     ``--llmperf-against``'s sides); ``wall_s`` counts this side's own work only."""
 
     def __init__(self, engine: LayerTiming, workload: Workload) -> None:
-        from .metrics import RunMetrics
-
         self._engine, self._workload = engine, workload
         started = time.monotonic()
         self._timer: NodeTimer | None = NodeTimer(engine, workload)
@@ -385,8 +385,6 @@ class AttributionPass:
 
     def run(self, index: int) -> None:
         """One instrumented run (and ``PREFILL_REPEATS`` prompt steps), then one plain run."""
-        from .metrics import RunMetrics
-
         started = time.monotonic()
         timer = self._live()
         prefill, decode, tpot_ms = timer.run_nodes()
@@ -514,8 +512,6 @@ def side_figures(m: Measurement, peaks: tuple[Peak, Peak] | None = None) -> dict
     computed with ``peaks``) and memory figures, where known."""
     r = m.roofline
     if r is None and peaks is not None:
-        from .roofline import roofline
-
         r = roofline(m, *peaks)
     out: dict[str, Any] = {}
     if r is not None:

@@ -24,6 +24,7 @@ import numpy as np
 from ..core.errors import EngineError
 from ..core.formats import sig6
 from ..core.workload import Workload
+from .metrics import RunMetrics
 
 if TYPE_CHECKING:
     from ..engines.capabilities import LayerTiming, TimedDecode
@@ -312,8 +313,6 @@ def profile_layers(engine: Any, workload: Workload) -> LayerProfile:
     context, interleaved, so the overhead ratio (instrumented / plain step time, medians) is
     not skewed by drift between two blocks of runs.
     """
-    from .metrics import RunMetrics
-
     n_layer = engine.info().n_layer
     timer = LayerTimer(engine, workload)
     try:

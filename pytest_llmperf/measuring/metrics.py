@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..core.formats import fmt, sig6
+from ..core.settings import usable_cpus
 from ..core.workload import EngineInfo, RunTrace, Workload
 
 if TYPE_CHECKING:
@@ -756,8 +757,6 @@ def likely_causes(system: SystemDelta | None) -> list[str]:
 
 
 def _other_load(system: SystemDelta) -> str | None:
-    from ..core.settings import usable_cpus
-
     cpus = usable_cpus()
     loads = [x for x in (system.before.load_1m, system.after.load_1m) if x is not None]
     if loads and max(loads) > cpus:
