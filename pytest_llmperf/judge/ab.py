@@ -17,6 +17,7 @@ budget, JUnit properties. Plain attribute work: no pytest import."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -29,8 +30,11 @@ from ..core.progress import task, timed
 from ..core.settings import DEFAULT_ALPHA
 from ..core.workload import Workload
 from ..measuring.agreement import Agreement, compare_outputs
+from ..measuring.attribution import ATTRIBUTION_RUNS, side_figures
 from ..measuring.metrics import Measurement, RunMetrics, summarize
+from ..measuring.roofline import machine_peaks
 from ..measuring.runner import as_engine
+from .attribution import attribute_sides, moved_phases, why
 from .budgets import (
     AgreementOutcome,
     BudgetOutcome,
@@ -163,8 +167,6 @@ def block_orders(n_pairs: int, seed: int) -> tuple[str, ...]:
 def pass_orders(seed: int) -> tuple[str, tuple[str, ...]]:
     """The order of two attribution passes' warm-ups and of each of their runs
     (``measuring.attribution.interleaved``): seeded AB/BA, as the pairs."""
-    from ..measuring.attribution import ATTRIBUTION_RUNS
-
     return block_orders(1, seed + 2)[0], block_orders(ATTRIBUTION_RUNS, seed + 3)
 
 
@@ -236,14 +238,9 @@ def compare_ab(
 def _attributed(result: ABResult, ea: Engine, eb: Engine, workload: Workload, asked: bool | None) -> ABResult:
     """``result`` with both sides' attribution passes compared, when asked or llama.cpp's part of
     a phase moved (``judge.parts.llama_cpp_moved``)."""
-    from .attribution import attribute_sides, moved_phases, why
-
     reason = None if asked is None else why(asked, moved_phases(result.parts))
     if reason is None:
         return result
-    from ..measuring.attribution import side_figures
-    from ..measuring.roofline import machine_peaks
-
     peaks = machine_peaks()  # cached per machine: probed once
     sides = {"A": side_figures(result.a, peaks), "B": side_figures(result.b, peaks)}
     names = {"a_name": result.a_name, "b_name": result.b_name}
@@ -347,7 +344,6 @@ def attach(report: Any, results: Sequence[ABResult]) -> Any:
 def as_dict(r: ABResult) -> dict[str, Any]:
     """One A/B comparison as JSON values (the session JSON's ``ab`` entries): both sides'
     medians, every paired comparison and every relative budget's outcome."""
-    import dataclasses
 
     def side(name: str, m: Any) -> dict[str, Any]:
         figures = {k: _finite(getattr(m, k)) for k in ("ttft_ms", "tpot_ms", "decode_tps", "e2e_ms")}
@@ -392,6 +388,4 @@ def as_dict(r: ABResult) -> dict[str, Any]:
 
 def _finite(value: Any) -> Any:
     """JSON has no NaN or infinity: such a figure is written as null."""
-    import math
-
     return None if isinstance(value, float) and not math.isfinite(value) else value

@@ -37,12 +37,12 @@ from ..core.documents import SchemaViolation, validate
 from ..core.errors import LLMPerfError
 from ..core.measured import Figures
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_THRESHOLD
+from .attribution import AttributionChange
 from .budgets import BudgetStatus
 from .parts import PartChange, part_properties, why_lines
 from .verdict import BaselineStatus, Comparison, Verdict, holm
 
 if TYPE_CHECKING:
-    from .attribution import AttributionChange
     from .regression import BaselineVerdict
 
 
@@ -272,8 +272,6 @@ class VerdictRecord:
 def _attribution_of(d: Mapping[str, Any] | None) -> AttributionChange | None:
     if not d:
         return None
-    from .attribution import AttributionChange
-
     return AttributionChange.from_json(d)
 
 
