@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..core.documents import write_output
 from ..core.errors import LLMPerfError
+from ..history import keep
 from .options import SessionSettings
 
 if TYPE_CHECKING:
@@ -79,8 +81,6 @@ def shown_differences(differences: Sequence[str]) -> str:
 
 
 def write_file(path: Path, text: str, errors: list[str]) -> None:
-    from ..core.documents import write_output
-
     try:
         write_output(path, text)
     except OSError as exc:
@@ -111,8 +111,6 @@ def finish(
         out.written = session_file.write_baselines(s.baseline_dir, results, out.baseline_errors)
     trends: Mapping[str, object] = {}  # each test's recent trend from the history, for the HTML report
     if s.history is not None and results and not s.disable:
-        from ..history import keep
-
         out.history_line, trends = keep(s.history, results, started_at, s.rootdir, s.compare, trends=bool(s.html))
     if s.json:
         text = session_file.session_json(results, started_at, ab=list(ab_results), against=against)
