@@ -54,26 +54,36 @@ from typing import IO, TYPE_CHECKING, Any, Literal
 
 import pytest
 
-from ..core.errors import LLMPerfError
-from ..measuring.worker import pin
+from ..core.errors import LLMPerfError, NotSteppable
+from ..core.workload import Workload
+from ..engines import NeedsPromptIds, SteppedRuns, TokenProbabilities, times_layers
+from ..engines.llama_cpp_native import llama_cpp_version
+from ..measuring.worker import die_with_parent, logits_json, pin
+from ..models.gguf import default_cache_dir
+from ..session.assess import Assessment
+from ..session.refs import (
+    import_failure,
+    install_redirect,
+    locate_project,
+    parse_reference,
+    redirect_problems,
+    resolve_reference,
+)
 from ..session.sides import SIDE_ENV, SideEnv
 from . import marks
 
 if TYPE_CHECKING:
-    from ..core.workload import EngineInfo, RunTrace, Workload
+    from ..core.workload import EngineInfo, RunTrace
     from ..engines import Engine, TokenStream
     from ..measuring.attribution import Stepping
     from ..measuring.metrics import Measurement
     from ..session import SessionSettings
     from ..session.against import Against
-    from ..session.assess import Assessment
     from ..session.options import MarkerConfig
 
 
 class AgainstHooks:
     def __init__(self, config: pytest.Config, session: Any) -> None:
-        from ..session.refs import locate_project, parse_reference, resolve_reference
-
         self.config = config
         self.session = session
         self.text = session.settings.against
@@ -99,7 +109,6 @@ class AgainstHooks:
 
     def _open(self) -> Against | None:
         if self.against is None and self.error is None:
-            from ..models.gguf import default_cache_dir
             from ..session.against import open_against
 
             s = self.session.settings
@@ -248,7 +257,6 @@ class Link:
     ) -> tuple[Measurement, Assessment | None]:
         """The measurement the controller drives: the runs it asks for, then its verdict
         (``attribution``: the test asks for the attribution pass after the pairs)."""
-        from ..core.workload import Workload
         from ..measuring.agreement import Agreement
         from ..measuring.metrics import RunMetrics, summarize
         from ..measuring.runner import as_engine, measure
@@ -277,8 +285,6 @@ class Link:
     ) -> dict[str, Any]:
         """What the side tells the controller it measures: the workload, the settings, the
         engine, its threads, and what the output agreement will need."""
-        from ..engines import NeedsPromptIds, SteppedRuns, TokenProbabilities, times_layers
-
         return {
             "ev": "measure",
             "label": label,
@@ -366,9 +372,6 @@ class Link:
     def _run(self, engine: Engine, workload: Workload, index: int, *, stepped: bool = False) -> RunTrace | None:
         """One run (``stepped``: token by token, each step when the controller says "go"); a
         failed one is one line to the controller (None)."""
-        from ..core.errors import NotSteppable
-        from ..engines import SteppedRuns
-
         try:  # the run's clock reads are all inside engine.run: no pipe, no controller work between them
             if stepped and isinstance(engine, SteppedRuns):
                 return engine.run_stepped(workload, index, self._pause)
@@ -394,9 +397,6 @@ class Called(Exception):
 
 def _token_logits(engine: Any, op: Mapping[str, Any]) -> dict[str, Any]:
     """The reply to a "logits" op: the engine's ``TokenLogits`` (``worker.logits_json``), or one line."""
-    from ..core.workload import Workload
-    from ..measuring.worker import logits_json
-
     try:
         got = engine.token_logits(
             Workload(**op["workload"]),
@@ -418,7 +418,6 @@ def _assessment(nodeid: str, label: str, verdict: Mapping[str, Any] | None) -> A
     from ..judge.parts import PartChange
     from ..judge.regression import BaselineVerdict
     from ..judge.result import comparison_from_json
-    from ..session.assess import Assessment
 
     where = verdict.get("attribution")
     v = BaselineVerdict(
@@ -458,8 +457,6 @@ class SidePlugin:
 
     def pytest_exception_interact(self, node: Any, call: pytest.CallInfo[Any], report: Any) -> None:
         """A collection error raised in the side's code under test (not a name the tests lack)."""
-        from ..session.refs import import_failure
-
         if isinstance(report, pytest.CollectReport) and call.excinfo is not None:
             where = import_failure(call.excinfo.value, Path(self.spec.code_root), self.spec.packages)
             if where:
@@ -479,9 +476,6 @@ class SidePlugin:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
-        from ..engines.llama_cpp_native import llama_cpp_version
-        from ..session.refs import redirect_problems
-
         by_id = {item.nodeid: item for item in session.items}
         problems = redirect_problems(Path(self.spec.code_root), self.spec.packages)
         code = {name: getattr(sys.modules.get(name), "__file__", None) for name in self.spec.packages}
@@ -549,9 +543,6 @@ def side_settings(settings: SessionSettings) -> SessionSettings:
 
 
 def main(argv: list[str]) -> int:
-    from ..measuring.worker import die_with_parent
-    from ..session.refs import install_redirect
-
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controller decides when this ends
     spec = SideEnv.read(os.environ)
