@@ -15,7 +15,9 @@ and numpy, scipy and llama_cpp must cost nothing in a run that collects no llmpe
 
 from __future__ import annotations
 
+import ast
 import importlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 #: The one place the version is written (pyproject.toml reads it; the fingerprint and the
@@ -63,9 +65,6 @@ def _exports() -> dict[str, str]:
     """Public name -> the module that defines it (relative to this package), read once from
     the ``TYPE_CHECKING`` block of this file."""
     if not _FOUND:
-        import ast
-        from pathlib import Path
-
         tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
         block = next(n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING")
         _FOUND.update(

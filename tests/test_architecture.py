@@ -1,8 +1,8 @@
 """The package's shape, as docs/architecture.md draws it: packages named after the layers,
-each importing only from its own layer or the layers below (lazy imports inside functions
-count too), no import circle, pytest imported only by the pytest layer, no private name
-imported from another module. The length of a module is not capped: ruff's complexity rule
-(C901) caps each function instead."""
+each importing only from its own layer or the layers below, no import circle (lazy imports
+inside functions and imports under ``if TYPE_CHECKING:`` count for both), pytest imported only
+by the pytest layer, no private name imported from another module. The length of a module is
+not capped: ruff's complexity rule (C901) caps each function instead."""
 
 from __future__ import annotations
 
@@ -43,31 +43,40 @@ MODULES = _modules()
 
 def _imports(name: str, path: Path) -> set[str]:
     """Every pytest_llmperf module (and 'pytest') this module imports, at any depth of the
-    code; imports only for type checkers are skipped."""
+    code: inside functions and under ``if TYPE_CHECKING:`` too (an import for type checkers
+    is still a dependency, and a circle it closes is still a circle). The one exception is the
+    package root's ``TYPE_CHECKING`` block: it is the public API's list, which the root's
+    ``__getattr__`` reads, each name imported on a user's first use of it, never by a layer."""
     tree = ast.parse(path.read_text())
     skip = {
         id(n)
         for node in ast.walk(tree)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-        for b in node.body
-        for n in ast.walk(b)
+        if name == "pytest_llmperf" and isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+        for n in ast.walk(node)
     }
-    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     found: set[str] = set()
     for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
-        if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                module = ".".join(base + ([node.module] if node.module else []))
-            else:
-                module = node.module or ""
-            subs = {f"{module}.{a.name}" for a in node.names} & set(MODULES)
-            found |= subs if len(subs) == len(node.names) else subs | {module}
+        if id(node) not in skip:
+            found |= _named(name, path, node)
     return found
+
+
+def _named(name: str, path: Path, node: ast.AST) -> set[str]:
+    """The modules one statement imports: a pytest_llmperf module by its full name (a
+    submodule when the names imported are submodules), any other by the name it is imported by;
+    nothing when the statement is no import."""
+    if isinstance(node, ast.Import):
+        return {a.name for a in node.names}
+    if not isinstance(node, ast.ImportFrom):
+        return set()
+    if node.level:
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        base = package.split(".")[: len(package.split(".")) - node.level + 1]
+        module = ".".join(base + ([node.module] if node.module else []))
+    else:
+        module = node.module or ""
+    subs = {f"{module}.{a.name}" for a in node.names} & set(MODULES)
+    return subs if len(subs) == len(node.names) else subs | {module}
 
 
 GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
@@ -123,7 +132,7 @@ def test_no_import_circles():
     for v in sorted(GRAPH):
         if v not in index:
             visit(v)
-    assert circles == []
+    assert circles == [], "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
 
 
 def test_pytest_only_in_the_pytest_layer():
@@ -275,3 +284,134 @@ def test_the_session_never_imports_the_pytest_plugin():
         if _layer(name) == "session"
     }
     assert {name: found for name, found in reached.items() if found} == {}
+
+
+# -- imports inside functions ------------------------------------------------------------------
+
+#: What a function may import inside itself, and why: a heavy dependency (``python -X importtime``,
+#: cumulative, on the CI machine), an optional or platform-bound one, or a module of the
+#: package that imports a heavy one at its top. Every other import sits at the top of its
+#: module. docs/architecture.md ("Imports inside functions") shows the same list.
+LAZY = {
+    "numpy": "75 ms at import: the statistics and the traces' arrays need it, a plain pytest run does not",
+    "scipy": "300 to 650 ms (scipy.special, scipy.stats): only the verdicts' statistics need it",
+    "llama_cpp": "110 ms and llama.cpp's shared library: only an engine that loads a model needs it",
+    "gguf": "145 ms (numpy with it): only writing the embedded model and reading a GGUF file's tensors need it",
+    "httpx": "65 ms: only an HTTP engine's requests and a server's readiness check need it",
+    "anyio": "httpx's async stack, imported ahead of the first timed async request (measuring.served)",
+    "httpcore": "httpx's async stack, imported ahead of the first timed async request (measuring.served)",
+    "psycopg": "the optional [postgres] extra (110 ms): only a postgresql:// history needs it",
+    "matplotlib": "the optional [report] extra (200 to 400 ms): only the HTML report's charts need it",
+    "xdist": "pytest-xdist, an optional plugin (100 ms): only its scheduler hook needs it",
+    "fcntl": "POSIX only: where it is missing (Windows) each lock is skipped, so it is imported where it is used",
+    "_pytest": "pytest's private findpaths, no API: a pytest without it costs only the project-root refinement",
+    "pytest_llmperf.baselines.records": "numpy at its top (measuring.metrics, measuring.roofline)",
+    "pytest_llmperf.engines.llama_cpp": "numpy at its top",
+    "pytest_llmperf.engines.user_llama": "numpy at its top (engines.llama_cpp)",
+    "pytest_llmperf.history.changepoints": "numpy at its top",
+    "pytest_llmperf.history.database": "numpy and scipy at its top (baselines.records, judge.verdict)",
+    "pytest_llmperf.history.series": "numpy and scipy at its top (history.database)",
+    "pytest_llmperf.judge.ab": "numpy and scipy at its top",
+    "pytest_llmperf.judge.attribution": "numpy and scipy at its top",
+    "pytest_llmperf.judge.budgets": "numpy and scipy at its top",
+    "pytest_llmperf.judge.parts": "numpy and scipy at its top",
+    "pytest_llmperf.judge.regression": "numpy and scipy at its top (judge.verdict, judge.parts)",
+    "pytest_llmperf.judge.result": "numpy and scipy at its top",
+    "pytest_llmperf.judge.rule": "numpy and scipy at its top",
+    "pytest_llmperf.judge.verdict": "numpy and scipy at its top",
+    "pytest_llmperf.measuring.agreement": "numpy at its top",
+    "pytest_llmperf.measuring.attribution": "numpy at its top",
+    "pytest_llmperf.measuring.layers": "numpy at its top",
+    "pytest_llmperf.measuring.metrics": "numpy at its top",
+    "pytest_llmperf.measuring.roofline": "numpy at its top",
+    "pytest_llmperf.measuring.runner": "numpy at its top",
+    "pytest_llmperf.measuring.served": "numpy at its top",
+    "pytest_llmperf.reports.charts": "numpy at its top",
+    "pytest_llmperf.reports.html": "numpy and scipy at its top (judge.result, history.series)",
+    "pytest_llmperf.reports.profile": "numpy at its top (measuring.runner)",
+    "pytest_llmperf.reports.session_file": "numpy and scipy at its top (judge.regression, judge.result)",
+    "pytest_llmperf.reports.text": "numpy at its top (measuring.metrics, baselines.records)",
+    "pytest_llmperf.reports.where": "numpy and scipy at its top (judge.parts, judge.result)",
+    "pytest_llmperf.session.against": "numpy and scipy at its top (judge.ab, judge.paired)",
+}
+HEAVY = {name for name in LAZY if not name.startswith("pytest_llmperf")}
+
+
+def _at_top(name: str) -> set[str]:
+    """The modules a module imports when it is imported: its statements outside functions and
+    outside ``if TYPE_CHECKING:`` (a class body runs at import), and its parent packages."""
+    path = MODULES[name]
+    found = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+    todo = list(ast.parse(path.read_text()).body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            todo += node.orelse
+            continue
+        found |= _named(name, path, node)
+        todo += ast.iter_child_nodes(node)
+    return found
+
+
+TOP = {name: _at_top(name) for name in MODULES}
+
+
+def _heavy(module: str, seen: set[str] | None = None) -> set[str]:
+    """The heavy dependencies importing ``module`` pulls in (``HEAVY``, by their top package)."""
+    if module not in MODULES:
+        return {module.split(".")[0]} & HEAVY
+    seen = set() if seen is None else seen
+    seen.add(module)
+    return set().union(*(_heavy(t, seen) for t in TOP[module] if t not in seen))
+
+
+def _inside_functions() -> list[tuple[str, int, str]]:
+    """(module, line, imported module) of every import inside a function of the package."""
+    found = []
+    for name, path in MODULES.items():
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for body in fn.body:
+                    for node in ast.walk(body):
+                        found += [(name, node.lineno, t) for t in sorted(_named(name, path, node))]
+    return sorted(set(found))
+
+
+INSIDE = _inside_functions()
+
+
+def _listed(imported: str) -> str:
+    return imported if imported.startswith("pytest_llmperf") else imported.split(".")[0]
+
+
+def test_imports_inside_functions_are_listed():
+    """An import sits inside a function only where it keeps a heavy dependency lazy: it names a
+    module of ``LAZY``. Any other goes to the top of its module (an import circle or a layer it
+    would break is a design problem to solve, not to hide in a function)."""
+    unlisted = [f"{name}:{line} imports {imported}" for name, line, imported in INSIDE if _listed(imported) not in LAZY]
+    assert unlisted == [], "\n".join(unlisted)
+
+
+def test_an_import_inside_a_function_keeps_something_lazy():
+    """What a function imports inside itself pulls a heavy dependency its module does not pull
+    at its top already (in a module that imports numpy at its top, a numpy-only module is
+    imported at the top too)."""
+    idle = [
+        f"{name}:{line} imports {imported}: {sorted(_heavy(imported))} comes with {name} already"
+        for name, line, imported in INSIDE
+        if _listed(imported) in LAZY and not _heavy(imported) - _heavy(name)
+    ]
+    assert idle == [], "\n".join(idle)
+
+
+def test_the_list_of_lazy_imports_does_not_rot():
+    """Each module of the package in ``LAZY`` imports a heavy dependency at its top, which its
+    line names; each entry is imported inside some function (a heavy dependency, or at the top
+    of a listed module)."""
+    light = [m for m in LAZY if m in MODULES and not any(h in LAZY[m] for h in _heavy(m))]
+    assert light == [], f"listed as heavy, but no heavy dependency named in their line comes at their top: {light}"
+    pulled = set().union(*(_heavy(m) for m in LAZY if m in MODULES))
+    unused = sorted(set(LAZY) - pulled - {_listed(imported) for _, _, imported in INSIDE})
+    assert unused == [], f"listed, but imported inside no function: {unused}"

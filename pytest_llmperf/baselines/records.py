@@ -26,7 +26,7 @@ from ..core.measurement import JsonValue, LoadStats, Measurement
 from ..core.record import Record
 from ..core.workload import MEMORY_FIELDS
 from ..measuring.metrics import diagnose
-from ..measuring.roofline import REFERENCE_KIND
+from ..measuring.roofline import REFERENCE_KIND, kv_cache_bytes
 
 #: Per-run metric families stored and compared (from the metric catalog).
 RUN_FIELDS = catalog.RUN_FIELDS
@@ -99,7 +99,6 @@ def record(m: Measurement, fingerprint: Fingerprint, *, commit: str | None, reco
 
 def diagnosis(m: Measurement) -> dict[str, Any]:
     """Where the time went, when known: layers, roofline, stability, memory (optional keys)."""
-    from ..measuring.roofline import kv_cache_bytes
 
     out: dict[str, Any] = {"stability": diagnose(m).as_dict()}
     parts = part_values(m)

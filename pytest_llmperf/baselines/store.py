@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core import formats as nodeids
+from ..core.catalog import JUDGED
 from ..core.documents import (
     DuplicateKey,
     RefusedFile,
@@ -192,8 +193,6 @@ def _valid_tests(path: Path, data: Mapping[str, Any]) -> dict[str, Any]:
 def _judged_runs(runs: PerRun, where: str) -> None:
     """A judged metric's runs are above 0 (its level is taken on the log scale); the schema
     lets other metrics hold a 0."""
-    from ..core.catalog import JUDGED
-
     for name in JUDGED:
         for i, value in enumerate(runs.get(name) or ()):
             if value <= 0:

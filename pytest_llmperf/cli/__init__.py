@@ -14,6 +14,7 @@ import pkgutil
 import shutil
 import sys
 import typing
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -99,7 +100,5 @@ def _quiet_teardown() -> None:
     """After Ctrl-C the process exits: what the interrupt cut short (an event loop half built,
     a coroutine never awaited) is collected without "Exception ignored" tracebacks or warnings
     after the one line."""
-    import warnings
-
     sys.unraisablehook = lambda unraisable: None
     warnings.simplefilter("ignore")

@@ -7,19 +7,24 @@ is three definitions and one entry. Keep imports of heavy modules inside ``run_<
 ``llmperf --help`` stays fast.
 """
 
+import argparse
+import os
 from typing import Any
 
+from ..core import settings
+from ..core.documents import check_output, check_output_folder, refused_output
+from ..core.documents import write_output as write
+from ..core.errors import ConfigError
+from ..core.settings import RENAMED_SETTINGS, SETTINGS, model_text, renamed_line
 from ..core.settings import alpha_arg as alpha  # noqa: F401  (the argparse types of every command; light)
 from ..core.settings import share_arg as share  # noqa: F401
 from ..core.settings import share_of_one_arg as share_of_one  # noqa: F401
+from ..core.values import arg_type
 
 
 def check_writable(path: str, flag: str, *, folder: bool = False) -> None:
     """Fail now, in one line, when ``path`` (``folder``: a folder of outputs) cannot be
     written (``core.documents.check_output``), before the work that fills it."""
-    from ..core.documents import check_output, check_output_folder, refused_output
-    from ..core.errors import ConfigError
-
     try:
         (check_output_folder if folder else check_output)(path)
     except OSError as exc:
@@ -28,16 +33,11 @@ def check_writable(path: str, flag: str, *, folder: bool = False) -> None:
 
 def output_file(text: str) -> str:
     """An argparse type of an output file's path: never empty (``core.settings.output_file``)."""
-    from ..core.settings import output_file as parse
-    from ..core.values import arg_type
-
-    return arg_type(parse)(text)
+    return arg_type(settings.output_file)(text)
 
 
 def session_report(text: str) -> str:
     """An argparse type of a saved session report's path: never empty (it would read ".")."""
-    import argparse
-
     if not text.strip():
         raise argparse.ArgumentTypeError("is empty; give the path of a session report (pytest --llmperf-json)")
     return text
@@ -45,16 +45,11 @@ def session_report(text: str) -> str:
 
 def model(text: str) -> str:
     """An argparse type of a GGUF path or preset: never empty (``core.settings.model_text``)."""
-    from ..core.settings import model_text
-    from ..core.values import arg_type
-
     return arg_type(model_text)(text)
 
 
 def output_folder(text: str) -> str:
     """An argparse type of a folder of outputs: never empty."""
-    import argparse
-
     if not text.strip():
         raise argparse.ArgumentTypeError("is empty; give a folder (made when missing)")
     return text
@@ -64,9 +59,6 @@ def write_output(path: str, text: str) -> str:
     """``text`` to the output ``path`` (``core.documents.write_output``: a file atomically, a
     device or FIFO in place, ``-`` to standard output); a failed write is one line
     (ConfigError). Returns the kind written ("stdout", "in place", "file")."""
-    from ..core.documents import write_output as write
-    from ..core.errors import ConfigError
-
     try:
         return write(path, text)
     except OSError as exc:
@@ -75,12 +67,8 @@ def write_output(path: str, text: str) -> str:
 
 def positive_int(text: str) -> int:
     """An argparse type for counts that must be >= 1 (threads, runs)."""
-    import argparse
-
-    from ..core.settings import positive_int as parse
-
     try:
-        return parse(text)
+        return settings.positive_int(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -88,10 +76,6 @@ def positive_int(text: str) -> int:
 def add_setting(parser: Any, name: str) -> None:
     """The argument of a setting the command shares with the pytest plugin, from
     ``core.settings.SETTINGS``: its flag, parser, default and help, as pytest shows them."""
-    import os
-
-    from ..core.settings import SETTINGS
-
     s = SETTINGS[name]
     default = (os.environ.get(s.env) or s.default) if s.cli_env and s.env else s.default
     parser.add_argument(
@@ -104,9 +88,6 @@ def add_renamed(parser: Any, name: str) -> None:
     """The setting's old flag (``core.settings.RENAMED``), hidden: using it is one line that
     names the new flag (``llmperf profile: error: option '--n-gpu-layers' was renamed to
     '--gpu-layers'``), exit 2."""
-    import argparse
-
-    from ..core.settings import RENAMED_SETTINGS, renamed_line
 
     class Refuse(argparse.Action):
         def __init__(self, *args: Any, new: str, **kwargs: Any) -> None:

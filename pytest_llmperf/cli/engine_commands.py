@@ -25,9 +25,14 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..core.settings import LLAMA_OPTIONS
+from ..core.errors import ConfigError
+from ..core.settings import LLAMA_OPTIONS, threads_warning
 from ..core.values import COUNT, POSITIVE, TOKENS, Integer, arg_type
-from ..models.gguf import PRESETS, ensure_model
+from ..core.workload import Workload
+from ..engines import servers  # servers.build_tools read on each call (tests/test_native_tools.py replaces it)
+from ..engines.http import HttpEngine
+from ..engines.servers import LLAMA_SERVER_PARALLEL, BuildRoute, serve, serve_llama_server
+from ..models.gguf import PRESETS, ensure_model, model_path
 from .common import add_setting, check_writable, output_file, positive_int, share_of_one, write_output
 from .common import model as model_arg
 
@@ -61,8 +66,6 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_server(args: argparse.Namespace) -> int:
-    from ..engines.servers import BuildRoute, build_tools
-
     tty = sys.stderr.isatty()
 
     def line(text: str) -> None:  # the build's steps, to stderr (a status line first cleared)
@@ -74,7 +77,7 @@ def run_server(args: argparse.Namespace) -> int:
         sys.stderr.flush()
 
     try:
-        tools = build_tools(progress=line, status=status if tty else None)
+        tools = servers.build_tools(progress=line, status=status if tty else None)
     finally:
         if tty:
             sys.stderr.write("\r\x1b[K")
@@ -163,9 +166,6 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_load(args: argparse.Namespace) -> int:
-    from ..core.errors import ConfigError
-    from ..core.workload import Workload
-    from ..engines.http import HttpEngine
     from ..measuring.served import SLO_KEYS, sweep
 
     if not args.endpoint and not args.serve:
@@ -197,9 +197,6 @@ def run_load(args: argparse.Namespace) -> int:
 def _local_server(args: argparse.Namespace, stack: contextlib.ExitStack) -> tuple[str, str | None]:
     """``--serve MODEL``: a llama-server (or llama-cpp-python's server) on loopback until
     ``stack`` closes; its (endpoint, model name)."""
-    from ..engines.servers import LLAMA_SERVER_PARALLEL, serve, serve_llama_server
-    from ..models.gguf import model_path
-
     path, alias = model_path(args.serve)
     if args.server == "llama-server":
         parallel = args.parallel or max(LLAMA_SERVER_PARALLEL, *args.concurrency)
@@ -265,8 +262,6 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_profile(args: argparse.Namespace) -> int:
-    from ..core.settings import threads_warning
-    from ..core.workload import Workload
     from ..reports.profile import profile, render
 
     Workload(prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, runs=args.runs, warmup=args.warmup)

@@ -28,10 +28,16 @@ import shutil
 import statistics
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.catalog import JUDGED
+from ..core.documents import refused_output
+from ..core.errors import ConfigError
 from ..core.progress import task
+from ..core.settings import history_text
+from ..core.values import arg_type
+from ..history.connection import for_cli
 from .common import add_setting, alpha, check_writable, output_file, output_folder, positive_int, share, write_output
 
 if TYPE_CHECKING:
@@ -49,9 +55,6 @@ WINDOW_SESSIONS = 200
 
 def add_history_location(parser: argparse.ArgumentParser) -> None:
     """``--history`` and ``--hardware``: which history, and which machine's sessions in it."""
-    from ..core.settings import history_text
-    from ..core.values import arg_type
-
     parser.add_argument(
         "--history",
         default=None,
@@ -104,8 +107,6 @@ def add_history_arguments(parser: argparse.ArgumentParser) -> None:
 def read(args: argparse.Namespace) -> tuple[list, str]:
     """The series, each cut to its last ``--sessions``, and a line saying how many sessions
     were left out ("" when none were)."""
-    from ..core.errors import ConfigError
-    from ..history.connection import for_cli
     from ..history.series import read_series
 
     loc = for_cli(args.history)
@@ -131,15 +132,11 @@ def read(args: argparse.Namespace) -> tuple[list, str]:
 
 def said(lines: Sequence[str]) -> None:
     """Lines about the history read (unreadable rows left out), on stderr: the tables stay clean."""
-    import sys
-
     for line in lines:
         print(line, file=sys.stderr)
 
 
 def run_history(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from ..history import series as history
 
     if args.csv is not None:  # before the history is read: one line, nothing half written
@@ -158,15 +155,10 @@ def run_history(args: argparse.Namespace) -> int:
             print()
             progress.advance(i + 1)
     if args.csv:
-        from ..history.connection import for_cli
-
         postgres = for_cli(args.history).kind == "postgresql"
         try:
             written = history.export_csv(series, Path(args.csv), postgres=postgres)
         except OSError as exc:
-            from ..core.documents import refused_output
-            from ..core.errors import ConfigError
-
             raise ConfigError(refused_output(args.csv, exc, "--csv")) from None
         extra = " and otava-postgres.yaml" if postgres else ""
         print(
@@ -225,7 +217,6 @@ def add_detect_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_detect(args: argparse.Namespace) -> int:
-    from ..core.errors import ConfigError
     from ..history.series import detect, recent_regressions
 
     if args.min_size < 2:
@@ -367,8 +358,6 @@ def _calibration_row(s: Series, spec: Metric, f: Mapping[str, Any]) -> list[str]
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
-    from ..core.errors import ConfigError
-    from ..history.connection import for_cli
     from ..history.series import read_series
     from ..judge.rule import JUDGED
     from ..reports.text import wrap_text, wrapped_table

@@ -16,6 +16,9 @@ import shutil
 import sys
 from typing import TYPE_CHECKING, Any
 
+from ..core.errors import ConfigError, did_you_mean
+from ..core.fingerprint import other_hardware_note
+from ..core.settings import COMPARISON_COLUMN_NAMES, DEFAULT_COMPARISON_COLUMNS
 from .common import add_setting, output_file, positive_int, session_report, write_output
 
 if TYPE_CHECKING:
@@ -30,8 +33,6 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("new", type=session_report, help="the candidate session report")
     for name in ("alpha", "threshold", "tail_threshold"):  # as the pytest options (core.settings)
         add_setting(parser, name)
-    from ..core.settings import COMPARISON_COLUMN_NAMES, DEFAULT_COMPARISON_COLUMNS
-
     parser.add_argument(  # --llmperf-columns' comparison half, plus 'all'
         "--columns",
         type=_columns,
@@ -46,9 +47,6 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _columns(text: str) -> list[str]:
-    from ..core.errors import did_you_mean
-    from ..core.settings import COMPARISON_COLUMN_NAMES
-
     names = [c.strip() for c in text.split(",") if c.strip()]
     unknown = [c for c in names if c not in COMPARISON_COLUMN_NAMES + ("all",)]
     if unknown or not names:
@@ -61,7 +59,6 @@ def _columns(text: str) -> list[str]:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from ..core.errors import ConfigError
     from ..reports.session_file import load_session
 
     base = {r.test: r for r in load_session(args.base)}
@@ -120,7 +117,6 @@ def _not_compared(args: argparse.Namespace, r: Outcome, old: Outcome | None) -> 
 def _judged(args: argparse.Namespace, r: Outcome, old: Outcome | None, settings: CompareSettings) -> BaselineVerdict:
     """The new result's record judged against the base's (its hardware's, or any with
     ``--any-hardware``); other hardware named field by field."""
-    from ..core.fingerprint import other_hardware_note
     from ..judge.regression import judge
     from ..judge.verdict import BaselineStatus
 
@@ -178,7 +174,6 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from ..core.errors import ConfigError
     from ..reports.charts import require_matplotlib
     from ..reports.html import render_html
     from ..reports.session_file import read_session

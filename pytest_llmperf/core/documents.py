@@ -47,6 +47,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from .catalog import FIGURES
 from .errors import LLMPerfError
 from .formats import shown
 
@@ -320,8 +321,6 @@ def load_schema(name: str) -> Mapping[str, Any]:
     text = resources.files("pytest_llmperf").joinpath("schemas").joinpath(f"{name}.schema.json").read_text("utf-8")
     schema: dict[str, Any] = json.loads(text)
     if name == "session":  # the figures' properties: the metric catalog's
-        from .catalog import FIGURES
-
         figures = schema["$defs"]["figures"]
         figures["properties"] = {
             **{n: {"type": list(f.json) if len(f.json) > 1 else f.json[0]} for n, f in FIGURES.items()},

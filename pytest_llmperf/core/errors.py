@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable
 
 
@@ -49,8 +50,6 @@ def unknown_name(what: str, name: object, known: Iterable[str], where: str = "")
 def did_you_mean(name: object, known: Iterable[str], prefix: str = "") -> str:
     """``; did you mean 'max_rss_mib'?`` for the names of ``known`` close to ``name``, else "";
     ``prefix``: what every name starts with (``llmperf_``), left out of the likeness."""
-    import difflib
-
     tails = {k.removeprefix(prefix): k for k in known}
     close = [tails[t] for t in difflib.get_close_matches(str(name).removeprefix(prefix), list(tails), n=3, cutoff=0.6)]
     if not close:
@@ -61,7 +60,5 @@ def did_you_mean(name: object, known: Iterable[str], prefix: str = "") -> str:
 
 def closest_name(name: str, known: Iterable[str], cutoff: float = 0.8) -> str | None:
     """The one name of ``known`` closest to ``name`` (difflib), or None when none is close."""
-    import difflib
-
     close = difflib.get_close_matches(name, list(known), n=1, cutoff=cutoff)
     return close[0] if close else None

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import __version__
 from .settings import usable_cpus
 from .workload import LLAMA_SETTINGS, EngineInfo
 
@@ -95,8 +96,6 @@ def model_digest(path: str | os.PathLike[str]) -> str:
 
 
 def subject(info: EngineInfo) -> dict[str, Any]:
-    from .. import __version__
-
     return {
         "engine": info.engine,
         "backend_version": info.backend_version,

@@ -13,6 +13,7 @@ themselves with their own clock."""
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -54,8 +55,6 @@ class StreamSink:
 
     def show(self, text: str) -> None:
         if self.live:
-            import shutil
-
             self.stream.write(f"\r\x1b[K{fit(text, shutil.get_terminal_size().columns - 1)}")
         else:
             self.stream.write(f"{text}\n")

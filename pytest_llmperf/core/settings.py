@@ -18,9 +18,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
+from urllib.parse import urlsplit
 
 from .catalog import HEADLINE, SUMMARY_COLUMNS
 from .errors import ConfigError, did_you_mean
+from .redact import Url, display
 from .values import COUNT, FLAG, GPU_LAYERS, LEVEL, POSITIVE, SECONDS, SHARE, THRESHOLD, TOKENS, Choice, Kind, arg_type
 from .workload import LLAMA_SETTINGS, PROMPT_CACHE_MODES, LlamaSetting, ValueKind
 
@@ -163,10 +165,6 @@ def output_file(value: object) -> str:
 def endpoint_url(value: object) -> str:
     """An OpenAI-compatible server's API base URL: ``http(s)://HOST[:PORT][/PATH]``, the one
     check of the endpoint option and of an A/B side's URL (``engines.http``)."""
-    from urllib.parse import urlsplit
-
-    from .redact import Url, display
-
     text = str(value).strip()
     if not text:
         raise ValueError("is empty; give the server's API base URL, e.g. http://127.0.0.1:8000/v1")

@@ -11,6 +11,7 @@ way. Both return the value and raise ``ValueError`` with the end of a one-line m
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -226,7 +227,6 @@ class Choice:
 def arg_type(parse: Callable[[str], T]) -> Callable[[str], T]:
     """``parse`` as an argparse type (pytest options, the CLI): its ValueError is argparse's
     one-line error."""
-    import argparse
 
     def convert(raw: str) -> T:
         try:

@@ -17,12 +17,26 @@ abilities it implements.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from ..core.workload import EngineInfo, RunTrace, TokenLogits, Workload
 
-if TYPE_CHECKING:
-    from .llama_cpp import TimedDecode
+
+@dataclass(frozen=True)
+class TimedDecode:
+    """The clock reads of one run (``time.perf_counter_ns``).
+
+    ``token_ns[i]``: when output token i was available: token 0 when the prompt's logits were
+    ready (fed) or sampled from them (sampling), every later one right after its step (after
+    ``llama_synchronize`` when fed, after sampling otherwise). Step i (i >= 1) of decode runs
+    from ``token_ns[i - 1]`` to ``token_ns[i]``.
+    """
+
+    start_ns: int
+    prefill_done_ns: int
+    token_ns: tuple[int, ...]
+    token_ids: tuple[int, ...]
 
 
 @runtime_checkable

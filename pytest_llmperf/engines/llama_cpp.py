@@ -41,7 +41,16 @@ from ..core.workload import (
 )
 from ..models.gguf import embedding_lookup, gguf_file_type
 from . import CounterSource
-from .capabilities import Closable, Engine, FreshLoads, LayerTiming, LlamaObject, SteppedRuns, TokenProbabilities
+from .capabilities import (
+    Closable,
+    Engine,
+    FreshLoads,
+    LayerTiming,
+    LlamaObject,
+    SteppedRuns,
+    TimedDecode,
+    TokenProbabilities,
+)
 from .llama_cpp_native import (
     EngineConfig,
     buffer_sizes,
@@ -466,22 +475,6 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
             self._sampler = None
         if self.llm is not None:
             self.llm.close()
-
-
-@dataclass(frozen=True)
-class TimedDecode:
-    """The clock reads of one run (``time.perf_counter_ns``).
-
-    ``token_ns[i]``: when output token i was available: token 0 when the prompt's logits were
-    ready (fed) or sampled from them (sampling), every later one right after its step (after
-    ``llama_synchronize`` when fed, after sampling otherwise). Step i (i >= 1) of decode runs
-    from ``token_ns[i - 1]`` to ``token_ns[i]``.
-    """
-
-    start_ns: int
-    prefill_done_ns: int
-    token_ns: tuple[int, ...]
-    token_ids: tuple[int, ...]
 
 
 def _vocab_tables(lib: Any, vocab: Any, n_vocab: int) -> tuple[list[int], np.ndarray]:

@@ -18,6 +18,7 @@ keeps a typed field per entry (tests/test_engine_keys.py names a missing one).""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import os
 import re
@@ -28,9 +29,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ..core.documents import file_kind
 from ..core.errors import ConfigError, EngineError, unknown_name
-from ..core.formats import escaped
-from ..core.settings import CACHE_TYPES, RENAMED, UNQUANTIZED, renamed_line
+from ..core.formats import escaped, human_bytes
+from ..core.settings import CACHE_TYPES, RENAMED, UNQUANTIZED, renamed_line, usable_cpus
 from ..core.settings import ENGINE_DEFAULTS as DEFAULTS
 from ..core.workload import LLAMA_SETTINGS
 
@@ -66,8 +68,6 @@ def context_failure(path: Path, exc: BaseException, log: Sequence[str], n_ctx: i
     the memory available. None for any other load failure."""
     if "llama_context" not in str(exc):
         return None
-    from ..core.formats import human_bytes
-
     text = "".join(log)
     sizes = [int(n) for n in FAILED_ALLOC.findall(text)]
     what = "its KV cache" if "kv cache" in text.lower() else "its context"
@@ -97,8 +97,6 @@ def check_gguf(path: str | os.PathLike[str]) -> Path:
     if not p.exists():
         raise EngineError(f"model file not found: {p}; give a GGUF path or a preset name (tiny, small)")
     if not p.is_file():
-        from ..core.documents import file_kind
-
         kind = file_kind(p.stat().st_mode)
         raise EngineError(
             f"model path {p} is {kind}, not a file; give a GGUF file's path or a preset name (tiny, small)"
@@ -156,8 +154,6 @@ def resolve_repack(repack: bool | None, quantization: str | None) -> tuple[bool,
 
 def default_threads() -> int:
     """All CPUs this process may use (llama-cpp-python's own default is half of them)."""
-    from ..core.settings import usable_cpus
-
     return usable_cpus()
 
 
@@ -366,8 +362,6 @@ def llama_log_capture(llama_cpp: Any) -> Iterator[list[str]]:
     as before (so a verbose engine worker still logs it); that handler is back afterwards.
     Nested captures (a Llama made by the plugin's engine through the hook on ``Llama.__init__``)
     each get the whole text: one callback is installed, by the outermost."""
-    import ctypes
-
     from llama_cpp import _logger
 
     texts: list[str] = []

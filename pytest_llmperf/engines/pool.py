@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 
 from ..core.errors import EngineError
 from ..core.settings import SETTINGS
+from ..models.gguf import model_path
 from .capabilities import Closable, Engine, EngineProcess
 from .llama_cpp_native import EngineConfig
 
@@ -118,7 +119,6 @@ def _died(engine: Engine) -> bool:
 
 def load_config(config: EngineConfig) -> Engine:
     """A LlamaCppEngine for ``config`` (a preset name is written once, then cached)."""
-    from ..models.gguf import model_path
     from .llama_cpp import LlamaCppEngine
 
     path, name = model_path(config.model)

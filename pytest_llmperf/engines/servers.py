@@ -29,6 +29,7 @@ the build log) and seconds are told at least every 10 s."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import enum
 import hashlib
 import os
@@ -40,15 +41,20 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, distribution, version
 from pathlib import Path
 from typing import IO, Any
 
 from ..core.errors import ConfigError, EngineError, ToolBuildError
 from ..core.formats import escaped
 from ..core.settings import ENGINE_DEFAULTS, SERVER_N_CTX
+from ..models.gguf import default_cache_dir
+from .http import HttpEngine
+from .llama_cpp_native import check_gguf, default_threads
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 60.0
@@ -83,8 +89,6 @@ class Server:
 
     def engine(self, **kwargs: Any) -> Any:
         """An HttpEngine on this server (keyword arguments go to HttpEngine)."""
-        from .http import HttpEngine
-
         kwargs.setdefault("model", self.model)
         return HttpEngine(self.url, **kwargs)
 
@@ -152,8 +156,6 @@ def _die_with_parent() -> Callable[[], None] | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
-        import ctypes
-
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None
@@ -211,8 +213,6 @@ def serve(
     start_timeout_s: float = START_TIMEOUT_S,
 ) -> Iterator[Server]:
     """Run llama-cpp-python's server on a free loopback port for the ``with`` block."""
-    from .llama_cpp_native import check_gguf, default_threads
-
     path = check_gguf(model_path)
     threads = threads or default_threads()
     port = free_port()
@@ -274,8 +274,6 @@ def serve_llama_server(
 ) -> Iterator[Server]:
     """Run llama.cpp's ``llama-server`` (of the installed llama-cpp-python's version, built
     once: ``llmperf server build``) on a free loopback port for the ``with`` block."""
-    from .llama_cpp_native import check_gguf, default_threads
-
     if parallel < 1:
         raise ConfigError(f"llama-server needs parallel >= 1 slots, got {parallel}")
     binary = tool_path("llama-server", build=build)
@@ -385,8 +383,6 @@ class NativeTools:
 
 def installed_version() -> str:
     """The installed llama-cpp-python's version (without importing it: no library load)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("llama-cpp-python")
     except PackageNotFoundError:
@@ -394,16 +390,12 @@ def installed_version() -> str:
 
 
 def tools_root(version: str | None = None) -> Path:
-    from ..models.gguf import default_cache_dir
-
     return default_cache_dir() / "native" / f"llama-cpp-python-{version or installed_version()}"
 
 
 def shipped_libraries() -> ShippedLibraries | str:
     """The installed llama-cpp-python's shared libraries (from its file list, nothing loaded),
     or why the tools cannot be linked to them."""
-    from importlib.metadata import PackageNotFoundError, distribution
-
     if not sys.platform.startswith("linux"):
         return f"linking to llama-cpp-python's libraries is done on Linux only (this is {sys.platform})"
     try:
@@ -807,8 +799,6 @@ def _step(
 def _sigterm_raises() -> Iterator[None]:
     """SIGTERM (``timeout``, a CI runner cancelling) as SystemExit while we wait, so the
     build's process group is killed on the way out (main thread only: signals go there)."""
-    import threading
-
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGTERM"):
         yield
         return

@@ -30,6 +30,7 @@ token and the TTFT against the marker-only TTFT)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import gc
 import time
@@ -41,17 +42,10 @@ from typing import Any
 
 from ..core.errors import EngineError
 from ..core.workload import AUTO_CTX_STEP, EngineInfo, LlamaRun, NativeCounters, RunTrace, Workload
+from ..models.gguf import gguf_file_type
 from . import RunWatch, synthetic_text
-from .capabilities import Engine, LayerTiming
-from .llama_cpp import (
-    MODEL_PARAMS_MARK,
-    LlamaCounters,
-    LlamaReading,
-    TimedDecode,
-    sampler_time,
-    timed_decode,
-    with_model_params,
-)
+from .capabilities import Engine, LayerTiming, TimedDecode
+from .llama_cpp import MODEL_PARAMS_MARK, LlamaCounters, LlamaReading, sampler_time, timed_decode, with_model_params
 from .llama_cpp_native import (
     buffer_sizes,
     greedy_sampler,
@@ -119,10 +113,6 @@ def _hook() -> None:
 def _repack_guard(llama_cpp: Any, path: object) -> Any:
     """The plugin engine's protection where llama.cpp is known to die: a quantized model on an
     AMX CPU is loaded with weight repacking off (``resolve_repack``)."""
-    import contextlib
-
-    from ..models.gguf import gguf_file_type
-
     if hasattr(llama_cpp.llama_cpp.llama_model_default_params, MODEL_PARAMS_MARK):
         return contextlib.nullcontext()  # the plugin's engine is loading it, with its own repack setting
     try:
@@ -409,8 +399,6 @@ class LlamaWatch(RunWatch):
     def info(self, base: EngineInfo) -> EngineInfo:
         """``base`` (the callable's) with the facts and settings of the Llama it drove most
         recently (``llamas``: all of them by name)."""
-        import dataclasses
-
         if not self.driven:
             return base
         names = tuple(self.driven)

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import __version__
 from ..baselines.records import RUN_FIELDS
 from ..baselines.store import unique_test_id
 from ..core.catalog import METRICS
@@ -615,8 +616,6 @@ def measurement_rows(results: Iterable[Mapping[str, Any]]) -> list[dict[str, Any
 
 
 def session_row(started_at: str, rootdir: Path | str, compared: bool) -> dict[str, Any]:
-    from .. import __version__
-
     rev = revision(rootdir)
     return {
         "uid": uuid.uuid4().hex,

@@ -31,7 +31,7 @@ from ..core.documents import write_output
 from ..core.fingerprint import subject_changes
 from ..core.formats import render_table
 from ..core.progress import task
-from ..judge.verdict import Level, Verdict
+from ..judge.verdict import WINDOW_SESSIONS, Level, Verdict
 from . import changepoints
 from . import database as store
 from .connection import Location
@@ -208,8 +208,6 @@ class Windows:
         baseline ``entry`` was recorded (its ``recorded_at``), with its subject and workload,
         leaving out measurements judged REGRESSION or MACHINE_SLOWER: the window the verdict
         judges against (docs/verdicts.md)."""
-        from ..judge.verdict import WINDOW_SESSIONS
-
         since = _instant(entry.get("recorded_at") or "")
         out: dict[str, list[Level]] = {}
         same: dict[tuple[int, int], bool] = {}  # rows share their parsed subject and workload
@@ -462,8 +460,6 @@ def attach(results: Sequence[Outcome], loc: Location, last: int = RECENT_SESSION
 
 def metric_order(s: Series) -> int:
     """Prefill first, then decode: the order of ``records.RUN_FIELDS``."""
-    from ..baselines.records import RUN_FIELDS
-
     return RUN_FIELDS.index(s.metric) if s.metric in RUN_FIELDS else len(RUN_FIELDS)
 
 

@@ -23,8 +23,11 @@ from ..core.measurement import Agreement, Measurement
 from ..core.settings import DEFAULT_ALPHA
 from ..core.workload import Workload
 from ..measuring.agreement import compare_outputs
+from ..measuring.attribution import side_figures
 from ..measuring.interleave import interleave, measured, pass_orders
+from ..measuring.roofline import machine_peaks
 from ..measuring.runner import as_engine
+from .attribution import attribute_sides, moved_phases, why
 from .budgets import (
     AgreementOutcome,
     BudgetOutcome,
@@ -191,14 +194,9 @@ def compare_ab(
 def _attributed(result: ABResult, ea: Engine, eb: Engine, workload: Workload, asked: bool | None) -> ABResult:
     """``result`` with both sides' attribution passes compared, when asked or llama.cpp's part of
     a phase moved (``judge.parts.llama_cpp_moved``)."""
-    from .attribution import attribute_sides, moved_phases, why
-
     reason = None if asked is None else why(asked, moved_phases(result.parts))
     if reason is None:
         return result
-    from ..measuring.attribution import side_figures
-    from ..measuring.roofline import machine_peaks
-
     peaks = machine_peaks()  # cached per machine: probed once
     sides = {"A": side_figures(result.a, peaks), "B": side_figures(result.b, peaks)}
     names = {"a_name": result.a_name, "b_name": result.b_name}

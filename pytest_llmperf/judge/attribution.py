@@ -30,11 +30,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from scipy.stats import norm
 
 from ..core.formats import sig6
 from ..core.measurement import KINDS, PHASES, Attribution, PhaseAttribution, Slice
 from ..core.settings import DEFAULT_THRESHOLD
 from ..core.workload import Workload
+from ..engines import times_layers
+from ..measuring.attribution import interleaved
+from ..measuring.runner import pass_of
 from .parts import PartChange, llama_cpp_moved
 from .verdict import CI_LEVEL, fmt_pct
 
@@ -75,8 +79,6 @@ def _rank_k(m: int, n: int, alpha: float) -> int:
     if max(m, n) <= EXACT_UP_TO:
         cdf = _u_cdf(m, n)
         return int(np.searchsorted(cdf, alpha / 2, side="right"))
-    from scipy.stats import norm
-
     z = float(norm.ppf(1 - alpha / 2))
     return max(0, math.floor(m * n / 2 - z * math.sqrt(m * n * (m + n + 1) / 12)))
 
@@ -452,10 +454,6 @@ def attribute_sides(
     """Both engines' passes (interleaved run by run in ``orders``: the warm-ups', each run's;
     ``measuring.interleave.pass_orders``), after every timed run, compared; or, when a side is no in-process llama.cpp engine, the one line why there is none
     (``asked``) or None (due by itself: a callable's test says nothing of a pass it cannot have)."""
-    from ..engines import times_layers
-    from ..measuring.attribution import interleaved
-    from ..measuring.runner import pass_of
-
     for name, engine in (("A", a), ("B", b)):
         if not times_layers(engine):
             return f"attribution not run ({reason}): side {name} is not in-process llama.cpp" if asked else None

@@ -30,11 +30,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.catalog import AGREEMENT_BUDGETS, BUDGETS, AgreementBudget, Budget, direct_sample
+from scipy.stats import binom
+
+from ..core.catalog import AGREEMENT_BUDGETS, BUDGETS, METRICS, AgreementBudget, Budget, direct_sample
 from ..core.errors import ConfigError, did_you_mean, unknown_name
 from ..core.formats import StrEnum, fmt, shown
 from ..core.measurement import Agreement, Measurement
-from ..core.values import MAX_NUMBER
+from ..core.values import MAX_NUMBER, parse_fraction
 from .paired import PAIRED_METRICS, PHASE_METRIC, PairedComparison
 
 
@@ -65,8 +67,6 @@ def values_of(budget: Budget, m: Measurement) -> list[float] | None:
         return None
     if budget.pooled_tokens:
         return [v for r in m.runs for v in r.itl_ms]
-    from ..core.catalog import METRICS
-
     run_field = METRICS[budget.metric].run_field
     if run_field is None:
         return None
@@ -79,8 +79,6 @@ def order_ci(values: list[float], q: float, level: float = BUDGET_CI_LEVEL) -> t
     for independent values): the k-th smallest value bounds it from below where P(Bin(n, q) <
     k) <= (1 - level) / 2, and likewise from above. None on a side the sample cannot bound
     (p99 of 20 runs: the upper bound would lie past the largest run)."""
-    from scipy.stats import binom
-
     n = len(values)
     if n == 0:
         return None, None
@@ -394,8 +392,6 @@ def parse_budgets(max_slowdown: Any = None, min_speedup: Any = None) -> tuple[Re
 
 def _value(kind: str, value: Any) -> float:
     if kind == "max_slowdown":
-        from ..core.values import parse_fraction
-
         try:
             return parse_fraction(value)
         except ValueError as exc:

@@ -17,9 +17,23 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from scipy.special import ndtr, ndtri
+from scipy.stats import rankdata
 
 from ..core import catalog
-from .verdict import CI_LEVEL, exp_clamped, fmt_p, fmt_value, level, log_level, positive_values
+from .rule import JUDGED, METRICS, decide, mirrored
+from .verdict import (
+    CI_LEVEL,
+    Comparison,
+    Shown,
+    Verdict,
+    exp_clamped,
+    fmt_p,
+    fmt_value,
+    level,
+    log_level,
+    positive_values,
+)
 
 if TYPE_CHECKING:
     from ..core.catalog import Metric
@@ -131,8 +145,6 @@ def _lower_index(n: int, alpha: float) -> int:
     P(T+ <= c) <= alpha / 2 (Hollander & Wolfe). Fewer than 6 pairs reach no 95%: then 0, the
     smallest average (the CI is the widest the pairs give)."""
     if n > EXACT_MAX_PAIRS:
-        from scipy.special import ndtri
-
         mean, sd = n * (n + 1) / 4.0, math.sqrt(n * (n + 1) * (2 * n + 1) / 24.0)
         return max(math.floor(mean + float(ndtri(alpha / 2.0)) * sd - 0.5), 0)
     cdf = _null_cdf(n)
@@ -145,13 +157,9 @@ def _signed_rank_p(d: np.ndarray) -> float:
     n = d.size
     if n == 0:
         return 1.0
-    from scipy.stats import rankdata
-
     ranks = rankdata(np.abs(d))
     t = float(ranks[d > 0].sum())
     if n > EXACT_MAX_PAIRS:
-        from scipy.special import ndtr
-
         mean, sd = n * (n + 1) / 4.0, math.sqrt(n * (n + 1) * (2 * n + 1) / 24.0)
         return float(min(1.0, 2.0 * ndtr(-(abs(t - mean) - 0.5) / sd)))
     cdf = _null_cdf(n)
@@ -181,12 +189,8 @@ def _signed_rank_greater(d: np.ndarray) -> float:
     n = d.size
     if n == 0:
         return 1.0
-    from scipy.stats import rankdata
-
     t = float(rankdata(np.abs(d))[d > 0].sum())
     if n > EXACT_MAX_PAIRS:
-        from scipy.special import ndtr
-
         mean, sd = n * (n + 1) / 4.0, math.sqrt(n * (n + 1) * (2 * n + 1) / 24.0)
         return float(ndtr(-(t - mean - 0.5) / sd))
     return min(1.0, _upper_tail(_null_cdf(n), t))
@@ -210,8 +214,6 @@ def judged_pairs(
     Hodges-Lehmann ratio and its Wilcoxon CI (``paired``); the p-values the one-sided signed-rank
     tests; the standard error the pairs' robust spread. Holm over ``family`` (the session's
     judged comparisons, unseen ones counted as p = 1), each look at alpha / ``looks``."""
-    from .rule import JUDGED, METRICS, decide
-
     judged: list[Comparison] = []
     for spec in JUDGED:
         va = [getattr(r, spec.name) for r in a_runs]
@@ -231,8 +233,6 @@ def judged_pairs(
 def _paired_rate(c: Comparison, spec: Metric, va: Sequence[float], vb: Sequence[float]) -> Comparison:
     """The rate that mirrors ``c`` (decode TPS of TPOT's pairs), shown with its own medians and its
     own pairs' ratio and CI (the line's percentage is that ratio's), with ``c``'s verdict."""
-    from .rule import mirrored
-
     estimate, low, high = location_ci(np.log(np.asarray(vb, dtype=float)) - np.log(np.asarray(va, dtype=float)))
     change = (exp_clamped(estimate), exp_clamped(low), exp_clamped(high))
     return mirrored(c, spec, (_median(va), _median(vb)), change=change)
@@ -242,7 +242,7 @@ def _paired_comparison(
     spec: Metric, va: Sequence[float], vb: Sequence[float], threshold: float, reference: str
 ) -> Comparison:
     """One metric's pairs as an undecided ``Comparison`` (``decide`` gives its verdict)."""
-    from .verdict import Comparison, NoiseSource, Shown, Verdict
+    from .verdict import Comparison, NoiseSource, Verdict
 
     pc = paired(spec.name, va, vb)
     d = np.log(np.asarray(vb, dtype=float)) - np.log(np.asarray(va, dtype=float))
@@ -304,8 +304,6 @@ def needs_more_pairs(c: Comparison) -> str | None:
 
     Otherwise (an UNCHANGED whose CI holds 1 and reaches past the threshold: a change of a few
     percent could hide in it; an INCONCLUSIVE that more pairs may decide) it says why."""
-    from .verdict import Verdict
-
     if c.verdict is Verdict.REGRESSION:
         if c.ci_low is None or c.ci_high is None or _worse_bounds(c)[0] > 1.0 + c.threshold:
             return None
@@ -334,8 +332,6 @@ def pairs_settled(comparisons: Sequence[Comparison]) -> str | None:
     or None to take more: a REGRESSION whose whole CI lies beyond the threshold (the test fails,
     and more pairs would not bring the change back within it), or every judged comparison
     settled (``needs_more_pairs``). The cap stops the pairs apart from this."""
-    from .verdict import Verdict
-
     judged = [c for c in comparisons if c.mirror_of is None]
     for c in judged:
         beyond = c.ci_low is not None and c.ci_high is not None and _worse_bounds(c)[0] > 1.0 + c.threshold

@@ -33,8 +33,10 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+from scipy.special import ndtr, ndtri
 
 from ..core import catalog
+from .paired import location_ci, signed_rank_p
 from .verdict import CI_LEVEL, Comparison, Verdict, exp_clamped, fmt_pct, fmt_value, holm
 
 if TYPE_CHECKING:
@@ -130,8 +132,6 @@ class _Estimate:
 
 
 def _paired_estimate(d: np.ndarray) -> _Estimate:
-    from .paired import location_ci, signed_rank_p
-
     value, low, high = location_ci(d)
     return _Estimate(value, low, high, signed_rank_p(d))
 
@@ -140,8 +140,6 @@ def _unpaired_estimate(a: np.ndarray, b: np.ndarray, between_sd: float, scale: f
     """The two-sample Hodges-Lehmann shift b - a, its standard error from the Mann-Whitney CI
     (normal approximation) and the between-session term (``between_sd`` x ``scale``: the log-scale
     sd of a session's level times the part's size), with a normal CI and p."""
-    from scipy.special import ndtr, ndtri
-
     diffs = np.sort(np.subtract.outer(b, a).ravel())
     n, m = a.size, b.size
     z = float(ndtri(1.0 - (1.0 - CI_LEVEL) / 2.0))

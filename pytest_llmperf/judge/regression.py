@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..baselines import records as reference
 from ..baselines.records import same_workload
+from ..core import catalog
 from ..core.catalog import Metric
 from ..core.fingerprint import hardware_differences, other_hardware_note, subject_changes
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRESHOLD
+from . import attribution as attributions
 from .parts import PartChange, explained_phases, gated, is_headline, prompt_changes, unpaired_parts
 from .result import BaselineVerdict, LayerChange, Outcome, compare_layers
 from .rule import JUDGED, METRICS, MIN_PEERS, SUITE_ALPHA_SHARE, compare_levels, decide, mirrored, suite_relative
@@ -82,15 +84,13 @@ MEMORY_RULE: dict[str, tuple[float, float]] = {
 def compare_memory(baseline: Mapping[str, object], candidate: Mapping[str, object]) -> tuple[str, ...]:
     """A line for each memory figure of ``MEMORY_RULE`` that both records carry and that grew
     beyond its rule: "KV buffer 2 -> 4 MiB (+100%; llama.cpp log) since the baseline"."""
-    from ..core.catalog import METRICS
-
     lines = []
     for name, (rel, slack) in MEMORY_RULE.items():
         if name == "rss_mib" and not all(_rss_over_runs(r) for r in (baseline, candidate)):
             continue
         figures = _memory_figures(name, baseline, candidate)
         if figures is not None and _grown(*figures, rel, slack):
-            lines.append(_memory_growth(METRICS[name], *figures))
+            lines.append(_memory_growth(catalog.METRICS[name], *figures))
     return tuple(lines)
 
 
@@ -544,10 +544,8 @@ def _attribution(
     """The attribution diagnosis (``judge.attribution.compare_records``), None when either
     record keeps none (a diagnosis, not a gate); and the line that says the baseline's pass
     cannot be read, else None."""
-    from .attribution import compare_records
-
     try:
-        got = compare_records(baseline, candidate, threshold=settings.threshold)
+        got = attributions.compare_records(baseline, candidate, threshold=settings.threshold)
     except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
         return None, f"the attribution passes could not be compared ({type(exc).__name__}: {exc})"
     return (None, got) if isinstance(got, str) else (got, None)

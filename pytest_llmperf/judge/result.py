@@ -32,7 +32,7 @@ import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 from scipy.stats import mannwhitneyu
@@ -43,12 +43,10 @@ from ..core.errors import LLMPerfError
 from ..core.measured import Figures
 from ..core.measurement import Measurement
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_THRESHOLD
+from .attribution import AttributionChange
 from .budgets import BudgetFailure, BudgetStatus
 from .parts import PartChange, part_properties, why_lines
 from .verdict import BaselineStatus, Comparison, Verdict, headline, holm, regression_cell
-
-if TYPE_CHECKING:
-    from .attribution import AttributionChange
 
 
 @dataclass(frozen=True)
@@ -301,8 +299,6 @@ class BaselineVerdict:
 def _attribution_of(d: Mapping[str, Any] | None) -> AttributionChange | None:
     if not d:
         return None
-    from .attribution import AttributionChange
-
     return AttributionChange.from_json(d)
 
 

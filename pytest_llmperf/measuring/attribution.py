@@ -33,11 +33,12 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from ..core.formats import sig6
-from ..core.measurement import KINDS, Attribution, PhaseAttribution, Slice
+from ..core.measurement import KINDS, Attribution, PhaseAttribution, RunMetrics, Slice
 from ..core.progress import task
 from ..core.workload import Workload
 from .layers import LayerTimer, ggml_function, steps_of, tpot_of
 from .metrics import run_metrics
+from .roofline import roofline
 
 if TYPE_CHECKING:
     from ..core.measurement import Measurement, Peak
@@ -208,8 +209,6 @@ class AttributionPass:
     ``--llmperf-against``'s sides); ``wall_s`` counts this side's own work only."""
 
     def __init__(self, engine: LayerTiming, workload: Workload) -> None:
-        from ..core.measurement import RunMetrics
-
         self._engine, self._workload = engine, workload
         started = time.monotonic()
         self._timer: NodeTimer | None = NodeTimer(engine, workload)
@@ -232,7 +231,6 @@ class AttributionPass:
 
     def run(self, index: int) -> None:
         """One instrumented run (and ``PREFILL_REPEATS`` prompt steps), then one plain run."""
-
         started = time.monotonic()
         timer = self._live()
         prefill, decode, tpot_ms = timer.run_nodes()
@@ -360,8 +358,6 @@ def side_figures(m: Measurement, peaks: tuple[Peak, Peak] | None = None) -> dict
     computed with ``peaks``) and memory figures, where known."""
     r = m.roofline
     if r is None and peaks is not None:
-        from .roofline import roofline
-
         r = roofline(m, *peaks)
     out: dict[str, float | None] = {}
     if r is not None:

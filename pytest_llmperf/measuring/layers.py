@@ -26,8 +26,7 @@ from ..core.workload import Workload
 from .metrics import run_metrics
 
 if TYPE_CHECKING:
-    from ..engines.capabilities import LayerTiming
-    from ..engines.llama_cpp import TimedDecode
+    from ..engines.capabilities import LayerTiming, TimedDecode
 
 #: What one event of the callback names (a node name; ``measuring.attribution``: the node's op too).
 E = TypeVar("E")
@@ -212,7 +211,6 @@ def profile_layers(engine: Any, workload: Workload) -> LayerProfile:
     context, interleaved, so the overhead ratio (instrumented / plain step time, medians) is
     not skewed by drift between two blocks of runs.
     """
-
     n_layer = engine.info().n_layer
     timer = LayerTimer(engine, workload)
     try:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..core.measurement import LatencyStats, Measurement, RunMetrics, Stability, SystemDelta, SystemSample
+from ..core.settings import usable_cpus
 from ..core.workload import EngineInfo, RunTrace, Workload
 
 NS_PER_MS = 1e6
@@ -446,8 +447,6 @@ def likely_causes(system: SystemDelta | None) -> list[str]:
 
 
 def _other_load(system: SystemDelta) -> str | None:
-    from ..core.settings import usable_cpus
-
     cpus = usable_cpus()
     loads = [x for x in (system.before.load_1m, system.after.load_1m) if x is not None]
     if loads and max(loads) > cpus:

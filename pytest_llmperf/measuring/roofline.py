@@ -37,8 +37,11 @@ import numpy as np
 
 from ..core.documents import RefusedFile, loads, read_text
 from ..core.errors import ConfigError
+from ..core.fingerprint import hardware, hardware_key
 from ..core.measurement import CACHE_RESIDENT, Peak, PhaseRoofline, Roofline
 from ..core.workload import EngineInfo
+from ..engines.llama_cpp_native import default_threads
+from ..models.gguf import default_cache_dir
 
 if TYPE_CHECKING:
     from ..core.measurement import Measurement
@@ -158,8 +161,6 @@ PROBE_VERSION = 2
 
 def probe_bandwidth_gbs(buffer_mib: int = 512, repeats: int = 5, threads: int | None = None) -> Peak:
     """Median copy bandwidth (read + write bytes / s) over ``repeats`` parallel buffer copies."""
-    from ..engines.llama_cpp_native import default_threads
-
     threads = threads or default_threads()
     n = buffer_mib * 2**20 // 8
     src = np.ones(n, dtype=np.float64)  # touched: pages are mapped before timing
@@ -221,8 +222,6 @@ def _max_freq_mhz() -> float | None:
 
 def _spec_tflops() -> tuple[float, str] | None:
     """cores x clock x FLOPs/cycle from /proc/cpuinfo: the dense peak a vendor would quote."""
-    from ..engines.llama_cpp_native import default_threads
-
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -288,8 +287,6 @@ def last_level_cache_bytes() -> int | None:
 
 
 def _cache_file() -> Path:
-    from ..models.gguf import default_cache_dir
-
     return default_cache_dir() / "machine-peaks.json"
 
 
@@ -314,8 +311,6 @@ def machine_peaks(
 ) -> tuple[Peak, Peak]:
     """(bandwidth GB/s, TFLOP/s): given values win; else the cached probe for this machine,
     else a fresh probe (a few seconds), stored for next time."""
-    from ..core.fingerprint import hardware, hardware_key
-
     bw = _given("--llmperf-peak-bw", given_bw_gbs)
     fl = _given("--llmperf-peak-tflops", given_tflops)
     if bw and fl:

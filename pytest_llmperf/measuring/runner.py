@@ -28,6 +28,7 @@ just the maximum.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import os
 import resource
@@ -54,7 +55,12 @@ from ..engines import (
     RemoteLayerTiming,
     layer_timing,
 )
+from ..engines.user_llama import watch_llamas
+from .attribution import AttributionPass, run_pass, side_figures
+from .layers import profile_layers
 from .metrics import run_metrics, sample_system, summarize, summarize_runs
+from .roofline import machine_peaks, roofline
+from .served import measure_load
 
 if TYPE_CHECKING:
     from ..core.measurement import Attribution, LayerProfile, Peak
@@ -65,8 +71,6 @@ def as_engine(obj: Any) -> Engine:
     """An Engine as is; a plain callable ``fn(prompt, max_tokens)`` wrapped."""
     if isinstance(obj, Engine):
         return obj
-    from ..engines.user_llama import watch_llamas
-
     return CallableEngine(obj, watch=watch_llamas())
 
 
@@ -97,8 +101,6 @@ def measure(
     workload = workload or Workload()
     engine = as_engine(engine)
     if workload.is_load:
-        from .served import measure_load
-
         return measure_load(engine, workload, label=label, slo=slo)
     m = _measure_runs(engine, workload, label)
     if layers:
@@ -106,8 +108,6 @@ def measure(
     if attribution:
         m = dataclasses.replace(m, attribution=attribution_of(engine, workload))
     if peaks is not None:
-        from .roofline import roofline
-
         m = dataclasses.replace(m, roofline=roofline(m, *peaks))
     if model_load is not None:
         m = with_model_loads(engine, m, model_load)
@@ -152,8 +152,6 @@ def layer_profile(engine: Engine, workload: Workload) -> LayerProfile:
             remote: LayerProfile = timed.profile_layers(workload)  # an engine worker times them in its process
         return remote
     if isinstance(timed, LayerTiming):
-        from .layers import profile_layers
-
         with task("per-layer timing") as progress:
             progress.step("instrumented runs")
             return profile_layers(timed, workload)
@@ -162,17 +160,12 @@ def layer_profile(engine: Engine, workload: Workload) -> LayerProfile:
 
 def attribution_of(engine: Engine, workload: Workload) -> Attribution:
     """Each graph node timed by layer and op type (``measuring.attribution``), after the runs."""
-    from .attribution import run_pass
-
     return run_pass(pass_of(engine, workload))
 
 
 def traces_figures(engine: object, workload: Workload, traces: Sequence[RunTrace]) -> dict[str, float]:
     """A side's roofline and memory figures over its runs (``--llmperf-against``: in the side's
     process, after the pairs; ``attribution.side_figures``, the machine's peaks probed once and cached)."""
-    from .attribution import side_figures
-    from .roofline import machine_peaks
-
     m = summarize(list(traces), dataclasses.replace(workload, runs=len(traces)), as_engine(engine).info())
     return side_figures(m, machine_peaks())
 
@@ -185,8 +178,6 @@ def pass_of(engine: Engine, workload: Workload) -> Stepping:
         remote: Stepping = timed.attribution_pass(workload)
         return remote
     if isinstance(timed, LayerTiming):
-        from .attribution import AttributionPass
-
         return AttributionPass(timed, workload)
     raise ConfigError("the attribution pass (attribution=True) needs the in-process llama.cpp engine (or its worker)")
 
@@ -284,8 +275,6 @@ def read_through(path: str) -> None:
 
 def resident_share(path: str) -> float | None:
     """Share of ``path``'s pages in the page cache (``mincore`` on a mapping that touches none)."""
-    import ctypes
-
     size = os.path.getsize(path)
     if size == 0:
         return None

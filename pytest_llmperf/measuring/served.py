@@ -33,6 +33,7 @@ shows whether a prompt cache answered part of a prompt."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import statistics
 import time
@@ -228,8 +229,6 @@ async def _send_measured(
 def _import_async_stack() -> None:
     """What httpx imports on an async client's first request (anyio's asyncio backend), here
     and not inside the first measured request (with warmup=0 there is no warm-up to pay it)."""
-    import contextlib
-
     with contextlib.suppress(ImportError):
         import anyio._backends._asyncio  # noqa: F401
         import httpcore._backends.anyio  # noqa: F401

@@ -48,7 +48,9 @@ sides of ``--llmperf-against`` (``pytest_plugin/side.py``) are channels too."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import ctypes
 import dataclasses
 import json
 import os
@@ -67,7 +69,7 @@ from ..core.settings import SETTINGS
 from ..core.workload import EngineInfo, NativeCounters, RunTrace, TokenLogits, Workload
 from ..engines import Closable, Engine, EngineProcess, FreshLoads, ProcessMemory, RemoteLayerTiming, TokenProbabilities
 from ..engines.llama_cpp_native import EngineConfig, known_cause, quoted_log, signal_name
-from ..models.gguf import gguf_file_type
+from ..models.gguf import gguf_file_type, model_path
 
 if TYPE_CHECKING:
     from ..core.measurement import Attribution, LayerProfile, PeakRss
@@ -250,8 +252,6 @@ class Channel:
 def die_with_parent() -> None:
     """Linux: SIGKILL this process when the controller dies (prctl PR_SET_PDEATHSIG)."""
     with contextlib.suppress(Exception):
-        import ctypes
-
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
 
 
@@ -288,7 +288,6 @@ def trace_of(data: Mapping[str, object]) -> RunTrace:
 def logits_json(got: TokenLogits) -> dict[str, Any]:
     """A ``TokenLogits`` as JSON (an engine worker's or a side's reply): the arrays as base64 of
     little-endian bytes, float32 logits (or a served side's int64 top ids, float64 log-probabilities)."""
-    import base64
 
     def packed(array: Any, dtype: str) -> dict[str, Any] | None:
         if array is None:
@@ -306,8 +305,6 @@ def logits_json(got: TokenLogits) -> dict[str, Any]:
 
 def logits_of(data: Mapping[str, Any]) -> TokenLogits:
     """``logits_json`` read back."""
-    import base64
-
     import numpy as np
 
     def unpacked(d: Mapping[str, Any] | None, dtype: str) -> Any:
@@ -486,8 +483,6 @@ class WorkerEngine(Engine, RemoteLayerTiming, TokenProbabilities, FreshLoads, Pr
 
 def load_worker(config: EngineConfig, *, timeout_s: float = DEFAULT_TIMEOUT_S, label: str = "") -> WorkerEngine:
     """A WorkerEngine for ``config`` (a preset name is written once, here, then cached)."""
-    from ..models.gguf import model_path
-
     path, name = model_path(config.model)
     return WorkerEngine(
         dataclasses.replace(config, model=str(path)), name=name or path.stem, timeout_s=timeout_s, label=label

@@ -15,11 +15,16 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import os
+import string
+import struct
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+import platformdirs
 
 from ..core.errors import EngineError
 from ..core.formats import human_bytes
@@ -130,9 +135,6 @@ def _vocab(n_vocab: int) -> tuple[list[bytes], list[float], list[int]]:
 
 def _pieces(count: int) -> list[bytes]:
     """Deterministic, unique word pieces: printable characters, then letter pairs, triples."""
-    import itertools
-    import string
-
     space = "\u2581"  # SentencePiece's word-start marker
     letters = string.ascii_lowercase
     out: list[str] = []
@@ -230,8 +232,6 @@ def default_cache_dir() -> Path:
     env = os.environ.get("LLMPERF_CACHE_DIR")
     if env:
         return Path(env)
-    import platformdirs
-
     return Path(platformdirs.user_cache_dir("pytest-llmperf"))
 
 
@@ -330,8 +330,6 @@ def gguf_tensor_sizes(path: str | Path) -> dict[str, tuple[int, int]]:
     gguf's GGUFReader builds arrays for every metadata value (seconds for a 32k vocabulary);
     this reads only what the roofline needs, in milliseconds.
     """
-    import struct
-
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     with open(path, "rb") as fh:

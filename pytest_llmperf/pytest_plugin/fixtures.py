@@ -16,6 +16,9 @@ import pytest
 
 from ..core.errors import LLMPerfError
 from ..core.settings import SERVER_N_CTX
+from ..engines import LlamaObject
+from ..engines.servers import LLAMA_SERVER_PARALLEL, serve, serve_llama_server
+from ..models.gguf import ensure_model
 from ..session.options import MarkerConfig
 from .marks import FIXTURE, MARKER_CONFIG, session_of
 
@@ -75,8 +78,6 @@ def llmperf_engine(pytestconfig: pytest.Config) -> Engine:
 def _serve(
     pytestconfig: pytest.Config, start: Callable[..., AbstractContextManager[Server]], **kwargs: Any
 ) -> Iterator[Server]:
-    from ..models.gguf import ensure_model
-
     s = session_of(pytestconfig).settings.engine
     with _one_line():
         path = ensure_model(s.preset) if s.preset else s.model
@@ -90,8 +91,6 @@ def _serve(
 def llmperf_server(pytestconfig: pytest.Config) -> Iterator[Server]:
     """llama-cpp-python's OpenAI-compatible server on a free loopback port, serving the
     session's model with its thread count; ``.url`` and ``.engine()`` give an HttpEngine."""
-    from ..engines.servers import serve
-
     yield from _serve(pytestconfig, serve)
 
 
@@ -100,16 +99,12 @@ def llmperf_llama_server(pytestconfig: pytest.Config) -> Iterator[Server]:
     """llama.cpp's own ``llama-server`` (continuous batching, ``LLAMA_SERVER_PARALLEL`` slots,
     ``/metrics``) on a free loopback port, serving the session's model; built on first use
     (``llmperf server build``). ``.url`` and ``.engine()`` as for ``llmperf_server``."""
-    from ..engines.servers import LLAMA_SERVER_PARALLEL, serve_llama_server
-
     yield from _serve(pytestconfig, serve_llama_server, parallel=LLAMA_SERVER_PARALLEL)
 
 
 @pytest.fixture(scope="session")
 def llmperf_llm(llmperf_engine: Engine) -> llama_cpp.Llama:
     """The session's ``llama_cpp.Llama`` object: the model the llmperf tests measure."""
-    from ..engines import LlamaObject
-
     llm: llama_cpp.Llama | None = llmperf_engine.llm if isinstance(llmperf_engine, LlamaObject) else None
     if llm is None:
         raise pytest.fail.Exception(

@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 from ..core.errors import ConfigError, EngineError
+from ..engines import CallableEngine, Engine
+from ..session.results import Result
 
 if TYPE_CHECKING:
     import pytest
 
     from ..core.settings import EngineSettings
     from ..core.workload import EngineInfo
-    from ..engines import Engine
     from ..engines.llama_cpp_native import EngineConfig
-    from ..session.results import Result
 
 hookspec = pluggy.HookspecMarker("pytest")
 
@@ -98,8 +98,6 @@ def fingerprint(config: pytest.Config, hardware: dict[str, Any], subject: dict[s
 
 def result(config: pytest.Config, item: pytest.Item, r: Result) -> Result:
     """The result to report: ``pytest_llmperf_result``'s replacement, else ``r``."""
-    from ..session.results import Result
-
     new = config.hook.pytest_llmperf_result(config=config, item=item, result=r)
     if new is None:
         return r
@@ -123,8 +121,6 @@ def make_engine(config: pytest.Config, settings: EngineSettings, engine_config: 
     engine = config.hook.pytest_llmperf_make_engine(config=config, settings=settings, engine_config=engine_config)
     if engine is None:
         return None
-    from ..engines import CallableEngine, Engine
-
     if isinstance(engine, Engine):
         return engine
     if callable(engine):

@@ -15,6 +15,7 @@ after every worker has reported its collection. Ungrouped tests are spread as by
 from __future__ import annotations
 
 import os
+import shutil
 import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from ..core.errors import ConfigError
+from ..core.formats import full_id as named
 from ..session.options import PROMPT_KEYS, MarkerConfig, validate
 
 if TYPE_CHECKING:
@@ -145,8 +147,6 @@ def _same(a: object, b: object) -> bool:
 def full_id(item: pytest.Item, rootdir: Path) -> str:
     """The item's id naming its module by its path from the rootdir (``../a/test_x.py::test_a``
     for a module outside it, whose node id is ``::test_a``): ``core.formats.full_id``."""
-    from ..core.formats import full_id as named
-
     try:
         module = Path(os.path.relpath(item.path, rootdir)).as_posix()
     except ValueError:  # another drive: no relative path
@@ -266,6 +266,4 @@ def terminal_width(config: pytest.Config) -> int:
             return int(tr._tw.fullwidth)
     except (AttributeError, TypeError, ValueError):
         pass
-    import shutil
-
     return shutil.get_terminal_size().columns

@@ -10,30 +10,34 @@ The plugin's command-line options and ini keys, built from ``core.settings.SETTI
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ..core.errors import LLMPerfError
+from ..core.errors import LLMPerfError, closest_name, did_you_mean
 from ..core.progress import Sink, fit, set_sink
 from ..core.settings import RENAMED_SETTINGS, SETTINGS, conflicting_option
 from ..session import Session, SessionSettings
 from ..session.options import marker_help
 from ..session.sides import SIDE_ENV
 from . import hooks as hookcalls
+from . import hooks as hookspecs
 from . import marks
 from .fixtures import llmperf, llmperf_engine, llmperf_llama_server, llmperf_llm, llmperf_server  # noqa: F401 (pytest finds fixtures here)
-from .marks import FIXTURE, MARKER_CONFIG, PLUGIN_NAME, PROJECT, PROPERTIES, SESSION
+from .marks import FIXTURE, MARKER_CONFIG, PLUGIN_NAME, PROJECT, PROPERTIES, SESSION, make_scheduler
 from .project import locate as locate_project
+from .side import AgainstHooks, SidePlugin, side_settings
 
 if TYPE_CHECKING:
     from ..session.results import CallReport
     from .fixtures import LLMPerf
-    from .side import AgainstHooks, SidePlugin
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -41,8 +45,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
-    from . import hooks as hookspecs  # pluggy only: fingerprint, result and engine hooks (docs/hooks.md)
-
     pluginmanager.add_hookspecs(hookspecs)
 
 
@@ -70,8 +72,6 @@ def pytest_configure(config: pytest.Config) -> None:
         hooks.sink = TerminalSink(config)
         hooks.sink_before = set_sink(hooks.sink)
     if settings.against:
-        from .side import AgainstHooks
-
         hooks.against = AgainstHooks(config, config.stash[SESSION])
         config.pluginmanager.register(hooks.against, PLUGIN_NAME + "-against")
 
@@ -79,8 +79,6 @@ def pytest_configure(config: pytest.Config) -> None:
 def _warn_unknown_ini_keys(config: pytest.Config) -> None:
     """An ``llmperf_*`` ini key that is none of the plugin's (a typo would be ignored in
     silence, and its setting with it): one warning with the closest keys."""
-    from ..core.errors import closest_name, did_you_mean
-
     known = [s.ini_key for s in SETTINGS.values() if s.ini_key is not None]
     old = [old.ini_key for old, _ in RENAMED_SETTINGS if old.ini_key is not None]  # settings.resolve's line
     unknown = getattr(config, "_get_unknown_ini_keys", None)  # pytest's own list (it warns without a hint)
@@ -119,8 +117,6 @@ def _settings(config: pytest.Config, on_side: bool, is_worker: bool) -> SessionS
             )
         settings = SessionSettings.from_options(config.getoption, project.getini(config), project.rootdir)
         if on_side:
-            from .side import side_settings
-
             settings = side_settings(settings)
         if not is_worker:
             from ..reports.reporters import asked
@@ -136,8 +132,6 @@ def _side_plugin(config: pytest.Config) -> SidePlugin | None:
     """This process's ``side.SidePlugin`` when it is a side of ``--llmperf-against``, else None."""
     if SIDE_ENV not in os.environ:
         return None
-    from .side import SidePlugin
-
     return next((p for p in config.pluginmanager.get_plugins() if isinstance(p, SidePlugin)), None)
 
 
@@ -177,16 +171,12 @@ class LLMPerfHooks:
         node.workerinput["llmperf_dist"] = dist
         if dist == "loadgroup":
             if self.groups_dir is None:
-                import tempfile
-
                 self.groups_dir = tempfile.mkdtemp(prefix="llmperf-xdist-")
             node.workerinput["llmperf_groups_dir"] = self.groups_dir
 
     @pytest.hookimpl(optionalhook=True, tryfirst=True)
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
         if getattr(config.option, "dist", "no") == "loadgroup" and self.groups_dir is not None:
-            from .marks import make_scheduler
-
             return make_scheduler(config, log, self.groups_dir)
         return None
 
@@ -352,8 +342,6 @@ class LLMPerfHooks:
         if self.against is not None:
             self.against.close()
         if self.groups_dir is not None:
-            import shutil
-
             shutil.rmtree(self.groups_dir, ignore_errors=True)
         self.session.close()
 
@@ -378,8 +366,6 @@ class TerminalSink:
         return bool(getattr(self.reporter, "isatty", False))
 
     def _write(self, text: str, *, last: bool) -> None:
-        import contextlib
-
         reporter = self.reporter
         if reporter is None:
             return

@@ -47,6 +47,17 @@ from typing import TYPE_CHECKING, Any, Literal
 import pytest
 
 from ..core.errors import LLMPerfError
+from ..engines.llama_cpp_native import llama_cpp_version
+from ..measuring.worker import die_with_parent
+from ..models.gguf import default_cache_dir
+from ..session.refs import (
+    import_failure,
+    install_redirect,
+    locate_project,
+    parse_reference,
+    redirect_problems,
+    resolve_reference,
+)
 from ..session.sides import SIDE_ENV, Link, SideEnv
 from . import marks
 
@@ -59,7 +70,6 @@ if TYPE_CHECKING:
 
 class AgainstHooks:
     def __init__(self, config: pytest.Config, session: Session) -> None:
-        from ..session.refs import locate_project, parse_reference, resolve_reference
 
         self.config = config
         self.session = session
@@ -87,7 +97,6 @@ class AgainstHooks:
 
     def _open(self) -> Against | None:
         if self.against is None and self.error is None:
-            from ..models.gguf import default_cache_dir
             from ..session.against import open_against
 
             s = self.session.settings
@@ -221,8 +230,6 @@ class SidePlugin:
         report: pytest.CollectReport | pytest.TestReport,
     ) -> None:
         """A collection error raised in the side's code under test (not a name the tests lack)."""
-        from ..session.refs import import_failure
-
         if isinstance(report, pytest.CollectReport) and call.excinfo is not None:
             where = import_failure(call.excinfo.value, Path(self.spec.code_root), self.spec.packages)
             if where:
@@ -242,9 +249,6 @@ class SidePlugin:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
-        from ..engines.llama_cpp_native import llama_cpp_version
-        from ..session.refs import redirect_problems
-
         by_id = {item.nodeid: item for item in session.items}
         problems = redirect_problems(Path(self.spec.code_root), self.spec.packages)
         code = {name: getattr(sys.modules.get(name), "__file__", None) for name in self.spec.packages}
@@ -313,9 +317,6 @@ def side_settings(settings: SessionSettings) -> SessionSettings:
 
 
 def main(argv: list[str]) -> int:
-    from ..measuring.worker import die_with_parent
-    from ..session.refs import install_redirect
-
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controller decides when this ends
     spec = SideEnv.read(os.environ)

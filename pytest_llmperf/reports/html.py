@@ -30,14 +30,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.catalog import BUDGETS, FIGURES, HEADLINE, is_ceiling
+from ..core.documents import output_kind, write_output
 from ..core.formats import fmt
 from ..core.settings import usable_cpus
+from ..history.series import metric_order, steps, table, title, trend_data
 from ..judge.budgets import BudgetState, BudgetStatus
 from ..judge.result import BaselineVerdict, Outcome
 from ..judge.verdict import HEADLINE_ORDER, BaselineStatus, Verdict, headline
 from . import charts, record_charts
+from .charts import section as load_curve
+from .charts import trend_chart
 from .session_file import (
     AB_HEADERS,
+    PROMPT_COLUMNS,
     ab_budget_lines,
     ab_rows,
     ab_title,
@@ -48,8 +53,10 @@ from .session_file import (
     comparison_headers,
     detects_cell,
     metric_label,
+    prompt_cell,
     summary_values,
 )
+from .text import load_state_rows, memory_rows
 from .where import (
     ATTRIBUTION_HEADERS,
     LEGEND,
@@ -381,8 +388,6 @@ def _test_notes(verdict: BaselineVerdict, record: Mapping[str, Any]) -> list[str
 
 def _memory_table(record: Mapping[str, Any]) -> list[str]:
     """The memory and start-up table (memory held, fresh model loads), when the record has them."""
-    from .text import load_state_rows, memory_rows
-
     held = memory_rows(record.get("memory") or {})
     held += load_state_rows(record["model_loads"], figures=True) if record.get("model_loads") else []
     return [_table(("memory and start-up", "unit", "value", "source"), held)] if held else []
@@ -390,8 +395,6 @@ def _memory_table(record: Mapping[str, Any]) -> list[str]:
 
 def _prompt_table(result: Outcome) -> list[str]:
     """A measured callable's prompt as llama.cpp saw it and its stream as the caller got it."""
-    from .session_file import PROMPT_COLUMNS, prompt_cell
-
     if not result.prompt:
         return []
     rows = [(label, prompt_cell(result.prompt.get(key))) for key, label in PROMPT_COLUMNS]
@@ -414,8 +417,6 @@ def _trend_plot(index: int, trend: Sequence[Mapping[str, object]]) -> list[str]:
     """The history's recent sessions of this test (``history.series.attach``), when there are any."""
     if not trend:
         return []
-    from .charts import trend_chart
-
     return [
         _chart_html(
             "trend",
@@ -478,8 +479,6 @@ def _changed_list(results: Sequence[Outcome]) -> str:
 
 def _summary_charts(results: Sequence[Outcome]) -> list[str]:
     """The session-wide charts: the served load curve and the largest changes, when there are any."""
-    from .charts import section as load_curve
-
     parts = []
     curve = load_curve(results)
     if curve:
@@ -642,7 +641,6 @@ def markdown_lines(html_path: Path | str, md_path: Path | None, results: Sequenc
     Without a Markdown file (e.g. $GITHUB_STEP_SUMMARY, which shows no local files), or when
     either is not a file (standard output, a device, a FIFO: nothing is written beside those)
     only the path is named."""
-    from ..core.documents import output_kind, write_output
 
     def is_file(path: Path | str) -> bool:
         try:
@@ -718,9 +716,6 @@ def _against_agreement(results: Sequence[Outcome]) -> str:
 
 def history_page(series: Sequence[Series]) -> str:
     """``llmperf history --html``: per test and hardware, the trend plots and the tables."""
-    from ..history.series import metric_order, steps, table, title, trend_data
-    from .charts import trend_chart
-
     groups: dict[tuple[str, str], list[Series]] = {}
     for s in sorted(series, key=metric_order):
         groups.setdefault((s.name, s.hardware_key), []).append(s)

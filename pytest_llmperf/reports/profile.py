@@ -13,14 +13,21 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..baselines.records import diagnosis
 from ..core.catalog import METRICS, SUMMARY
-from ..core.formats import fmt
-from ..core.progress import task
+from ..core.formats import fmt, sig6
+from ..core.progress import current, task
+from ..core.settings import DEFAULT_MODEL
+from ..core.workload import Workload
+from ..engines.llama_cpp_native import EngineConfig, check_gguf
+from ..measuring.roofline import machine_peaks
+from ..measuring.runner import measure
+from ..measuring.worker import DEFAULT_TIMEOUT_S, WorkerEngine
+from ..models.gguf import model_path
 from . import text as breakdown
 
 if TYPE_CHECKING:
     from ..core.measurement import Measurement
-    from ..core.workload import Workload
 
 PROFILE_SCHEMA = "pytest-llmperf/profile"
 PROFILE_SCHEMA_VERSION = 1
@@ -34,10 +41,6 @@ def json_schema() -> dict[str, Any]:
 
 def resolve_model(model: str | None) -> tuple[Path, str]:
     """(GGUF path, display name): a preset name (or nothing: the embedded default) is written once."""
-    from ..core.settings import DEFAULT_MODEL
-    from ..engines.llama_cpp_native import check_gguf
-    from ..models.gguf import model_path
-
     path, name = model_path(model or DEFAULT_MODEL)
     if name is None:
         path = check_gguf(str(path))
@@ -61,10 +64,6 @@ def profile(
     ``engine_timeout_s``: how long the model load and each run may take in the engine worker
     (the ``engine_timeout`` setting: ``--engine-timeout``, ``LLMPERF_ENGINE_TIMEOUT``; None: its default).
     Each step is said on the process's progress sink (``core.progress``: the CLI's stderr)."""
-    from ..baselines.records import diagnosis
-    from ..core.settings import DEFAULT_MODEL
-    from ..core.workload import Workload
-
     workload = Workload(prompt_tokens=prompt_tokens, max_tokens=max_tokens, runs=runs, warmup=warmup)
     with task(f"profile {model or DEFAULT_MODEL}") as progress:
         progress.step("preparing the model")
@@ -83,12 +82,6 @@ def _measured(
 ) -> Measurement:
     """The model loaded in an engine worker, the machine's peaks, the plain runs, then the
     instrumented per-layer runs (they perturb timing, so never mixed with the plain ones)."""
-    from ..core.progress import current
-    from ..engines.llama_cpp_native import EngineConfig
-    from ..measuring.roofline import machine_peaks
-    from ..measuring.runner import measure
-    from ..measuring.worker import DEFAULT_TIMEOUT_S, WorkerEngine
-
     progress = current()
     progress.step("loading it into llama.cpp")
     # In an engine worker: a model that crashes llama.cpp ends with the worker's one line.
@@ -107,8 +100,6 @@ def _measured(
 
 def _report(m: Measurement, max_tokens: int, warmup: int, found: dict[str, Any]) -> dict[str, Any]:
     """The report's JSON-ready fields (``schemas/profile.schema.json``)."""
-    from ..core.formats import sig6
-
     info, itl = m.engine, m.itl
     return {
         "schema": PROFILE_SCHEMA,

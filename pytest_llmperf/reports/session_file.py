@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from ..baselines import store as baseline_store
-from ..core.catalog import HEADLINE, SUMMARY
+from ..core.catalog import FIGURES, HEADLINE, SUMMARY
 from ..core.documents import RefusedFile, SchemaViolation, loads, read_text, validate
 from ..core.formats import fmt, render_table
 from ..core.settings import COLUMN_SETS, DEFAULT_COMPARISON_COLUMNS
 from ..judge.budgets import BudgetState
+from ..judge.regression import carry_history
 from ..judge.result import Outcome, ResultError
 from ..judge.verdict import Comparison, Verdict, fmt_ratio
 from .text import fit_table, short_ids
@@ -39,8 +40,6 @@ def write_baselines(
 
     ``errors``: a file that cannot be written adds its one-line reason there and the others
     are still written (without it, the ``BaselineError`` is raised)."""
-    from ..judge.regression import carry_history  # keeps the last sessions' levels (verdict history)
-
     by_file: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
     for r in results:
         if r.record is not None:
@@ -391,8 +390,6 @@ def prompt_cell(value: object) -> str:
 
 def memory_lines(results: Iterable[Outcome]) -> list[str]:
     """A "Memory and start-up" table, when a result has one of those figures."""
-    from ..core.catalog import FIGURES
-
     rows = [(r.test, r.figures.values()) for r in results if r.figures is not None]
     rows = [(t, f) for t, f in rows if any(f.get(k) is not None for k in MEMORY_FIGURES)]
     if not rows:

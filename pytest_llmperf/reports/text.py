@@ -16,6 +16,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..baselines.records import diagnosis
 from ..core import catalog
 from ..core import formats as nodeids
 from ..core.catalog import FIGURES, METRICS, SUMMARY_COLUMNS
@@ -96,8 +97,6 @@ def _shown(m: Measurement, phase: str) -> bool:
 def metrics_table(m: Measurement, width: int | None = None) -> str:
     """The detail section of one measurement: every figure with its sample count; ``width``
     (a terminal's): its table's cells wrapped and its lines wrapped to fit it."""
-    from ..baselines.records import diagnosis
-
     found = diagnosis(m)
     rows = _timing_rows(m) + _serving_rows(m)
     if m.model_loads is not None:

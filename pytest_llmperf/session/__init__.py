@@ -19,6 +19,7 @@ they are without loading anything."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -26,22 +27,29 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import EngineError, LLMPerfError
-from ..core.settings import EngineSettings, threads_warning
+from ..core.redact import Redactor
+from ..core.settings import EngineSettings, threads_warning, usable_cpus
+from ..core.workload import PROMPT_CACHE_NOTE
+from ..engines import Closable, LlamaObject
+from ..engines.http import HttpEngine
+from ..engines.llama_cpp_native import EngineConfig, gpu_offload_missing, llama_cpp_version
+from ..engines.pool import EnginePool, load_config
+from ..measuring.worker import load_worker, preflight
+from ..models.gguf import describe_model, ensure_model
 from .assess import Assessor, FingerprintHook
-from .options import SessionSettings
+from .finish import finish, summary
+from .options import MarkerConfig, SessionSettings, validate
+from .results import Measurer, call_report
 
 if TYPE_CHECKING:
     from ..core.measurement import Measurement
     from ..core.workload import EngineInfo
     from ..engines import CounterSource, Engine, TokenStream
-    from ..engines.llama_cpp_native import EngineConfig
-    from ..engines.pool import EnginePool
     from ..judge.ab import ABResult
     from ..judge.result import Outcome
     from .against import Against
     from .finish import Line, Outputs
-    from .options import MarkerConfig
-    from .results import CallReport, Measurer, Result
+    from .results import CallReport, Result
     from .sides import Link
 
 
@@ -118,8 +126,6 @@ class Session:
         under the rootdir) by its marker (a ``MarkerConfig`` or the marker's keys), as a test
         of the pytest plugin makes it, sequential looks included; its report parts (a
         measurement that failed: its line first in ``lines``), collected for ``end()``."""
-        from .options import MarkerConfig, validate
-
         config = marker if isinstance(marker, MarkerConfig) else validate(marker)
         measurer = self.test(test, config, module)
         error = None
@@ -134,8 +140,6 @@ class Session:
     def test(self, nodeid: str, marker: MarkerConfig, module: Path | str | None = None) -> Measurer:
         """The measurements of one test (``results.Measurer``) with this session's engines,
         assessments and settings."""
-        from .results import Measurer
-
         where = Path(module) if module is not None else self.settings.rootdir / nodeid.split("::")[0]
         return Measurer(
             marker,
@@ -152,8 +156,6 @@ class Session:
 
     def engine(self, overrides: Mapping[str, object] | None = None) -> Engine:
         """The engine a test measures (raises EngineError: one line, no secret in it)."""
-        from ..core.errors import LLMPerfError
-
         try:
             return self.engines.get(overrides)
         except LLMPerfError as exc:
@@ -165,8 +167,6 @@ class Session:
     def redact(self, text: str) -> str:
         """``text`` cleaned of the endpoint URL's and the history location's secrets and of the
         API key (``core.redact``): for lines this layer builds from the settings."""
-        from ..core.redact import Redactor
-
         s = self.settings
         history = s.history.target if s.history is not None and s.history.kind == "postgresql" else None
         return Redactor.of([s.engine.endpoint, history], [os.environ.get(s.engine.api_key_env)]).text(text)
@@ -180,8 +180,6 @@ class Session:
         (``llmperf_llm``, ``llmperf_engine``), which a measured callable may drive: read around
         each of its runs, they split its time as the plugin's engine's is split. None: no
         such Llama was handed out in this process."""
-        from ..engines import LlamaObject
-
         engine = self.engines.handed
         if not isinstance(engine, LlamaObject) or engine.llm is None:
             return None
@@ -229,8 +227,6 @@ class Session:
     def describe(self, engine_note: str | None = None) -> list[str]:
         """The header lines: what the tests measure (``engine_note``: a hook may replace it), and
         a warning for each ``threads`` asked for, by the session or a marker, beyond the CPUs."""
-        from ..core.settings import threads_warning
-
         s = self.settings
         lines = describe(s.engine, s.threads_source, s.disable, engine_note)
         by_threads: dict[int, list[str]] = {}
@@ -255,8 +251,6 @@ class Session:
         ]
         if not asked:
             return []
-        from ..engines.llama_cpp_native import gpu_offload_missing
-
         if not gpu_offload_missing():
             return []
         more = f" and {len(asked) - 1} more" if len(asked) > 1 else ""
@@ -331,8 +325,6 @@ class Session:
     ) -> CallReport:
         """What one test's call report gets (``results.call_report``); ``test_id``: the test's
         full id where pytest's ``nodeid`` does not name its module (``core.formats.full_id``)."""
-        from .results import call_report
-
         s = self.settings
         return call_report(
             nodeid,
@@ -375,12 +367,8 @@ class Session:
         s = self.settings
         if self.is_worker or not (self.results or self.rows or s.reports):
             return None
-        from .finish import finish
-
         env = os.environ if environ is None else environ
         if self.assessor.history_unusable:  # said once (its line names the remedy): not tried again
-            import dataclasses
-
             s = dataclasses.replace(s, history=None)
         self.results, self.outputs = finish(
             s,
@@ -397,8 +385,6 @@ class Session:
         """The terminal summary's llmperf lines (none, and nothing imported, when nothing ran)."""
         if self.outputs is None and not self.rows and not self.suite_failures and not self.ab_results:
             return []
-        from .finish import summary
-
         notes = [self.assessor.history_error] if self.assessor.history_error else []
         return summary(
             self.settings,
@@ -433,11 +419,8 @@ MakeEngineHook = Callable[[EngineSettings, "EngineConfig | None"], "Engine | Non
 def load_engine(settings: EngineSettings) -> Engine:
     """The session's engine by its settings: the endpoint's HttpEngine, else llama.cpp."""
     if settings.endpoint:
-        from ..engines.http import HttpEngine
-
         return HttpEngine.from_settings(settings.endpoint, settings, settings.api_model)
     from ..engines.llama_cpp import LlamaCppEngine
-    from ..models.gguf import ensure_model
 
     path: str | Path = ensure_model(settings.preset) if settings.preset else settings.model
     return LlamaCppEngine(
@@ -453,8 +436,6 @@ def load_engine(settings: EngineSettings) -> Engine:
 def engine_config(settings: EngineSettings, overrides: Mapping[str, object] | None = None) -> EngineConfig:
     """The llama.cpp ``EngineConfig`` of the session's settings with a test's own over them
     (imported here: the engine layer loads once an llmperf test runs)."""
-    from ..engines.llama_cpp_native import EngineConfig
-
     return EngineConfig.from_settings(settings, overrides)
 
 
@@ -515,9 +496,6 @@ class Engines:
             try:
                 self.local_engine = self.make_engine(s, base)
                 if self.local_engine is None:
-                    from ..engines.pool import load_config
-                    from ..measuring.worker import preflight
-
                     preflight(base, timeout_s=s.engine_timeout)
                     self.local_engine = load_config(base)
             except LLMPerfError as exc:
@@ -530,7 +508,6 @@ class Engines:
 
     def engine_pool(self) -> EnginePool:
         if self.pool is None:
-            from ..engines.pool import EnginePool, load_config
 
             def load(config: EngineConfig) -> Engine:  # a conftest's engine first (pytest_llmperf_make_engine)
                 engine = self.make_engine(self.settings, config)
@@ -538,8 +515,6 @@ class Engines:
                     return engine
                 if self.settings.in_process:
                     return load_config(config)
-                from ..measuring.worker import load_worker
-
                 return load_worker(config, timeout_s=self.settings.engine_timeout)
 
             self.pool = EnginePool(load, self.settings.max_engines)
@@ -566,8 +541,6 @@ class Engines:
             self.pool.finished(self.planned_by_id.get(nodeid))
 
     def close(self) -> None:
-        from ..engines import Closable  # a hook's engine may have no close()
-
         if isinstance(self.local_engine, Closable):
             self.local_engine.close()
         self.local_engine = self.handed = None
@@ -582,14 +555,8 @@ class Engines:
 def describe(settings: EngineSettings, threads_source: str, disabled: bool, engine_note: str | None) -> list[str]:
     """What the llmperf tests measure (model or endpoint, threads), and a warning when the
     threads asked for exceed the CPUs usable. Loads nothing but file metadata."""
-    from ..core.settings import usable_cpus
-    from ..engines.llama_cpp_native import llama_cpp_version
-    from ..models.gguf import describe_model
-
     s = settings
     if s.endpoint:
-        from ..core.workload import PROMPT_CACHE_NOTE
-
         lines = [
             f"llmperf: endpoint {s.endpoint} ({s.api}), model {s.api_model or '(server default)'}",
             f"llmperf: {PROMPT_CACHE_NOTE}",

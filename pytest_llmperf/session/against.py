@@ -29,10 +29,18 @@ from typing import TYPE_CHECKING, Any
 from ..core.errors import LLMPerfError
 from ..core.progress import current, task
 from ..core.settings import usable_cpus
-from ..core.workload import SEQUENTIAL_FACTOR
+from ..core.workload import SEQUENTIAL_FACTOR, Workload
 from ..engines import NeedsPromptIds, TokenProbabilities
+from ..judge.attribution import compare_attributions, moved_phases
+from ..judge.attribution import why as why_attribution
+from ..judge.paired import judged_pairs, pairs_settled
+from ..judge.parts import explained_phases, gated, paired_parts, prompt_changes
+from ..judge.result import comparison_json
+from ..judge.rule import JUDGED
 from ..judge.verdict import BaselineStatus
-from ..measuring.worker import idlest_cpus, logits_of
+from ..measuring.agreement import compare_outputs
+from ..measuring.attribution import interleaved
+from ..measuring.worker import idlest_cpus, logits_of, trace_of
 from .refs import Project, Reference, Worktrees, code_packages, resolve_reference
 from .sides import (
     CURRENT,
@@ -59,7 +67,7 @@ from .sides import (
 
 if TYPE_CHECKING:
     from ..core.measurement import Agreement, Attribution, RunMetrics
-    from ..core.workload import RunTrace, TokenLogits, Workload
+    from ..core.workload import RunTrace, TokenLogits
     from ..judge.parts import PartChange
     from ..judge.verdict import Comparison
 
@@ -96,8 +104,6 @@ class Against:
 
     def family_for(self, nodeid: str, label: str) -> int:
         """Holm's family size once this measurement is counted (the session's ``family_size``)."""
-        from ..judge.rule import JUDGED
-
         labels = self.labels_seen.setdefault(nodeid, set())
         if label not in labels:
             labels.add(label)
@@ -207,8 +213,6 @@ class RunFailed(LLMPerfError):
 
 
 def _run(side: Side, index: int, timeout_s: float, cpus: Sequence[int] | None = None) -> RunTrace:
-    from ..measuring.worker import trace_of
-
     side.send({"op": "run", "index": index, "cpus": list(cpus or ())})
     reply = side.receive(timeout_s, f"run {index}" if index >= 0 else f"warm-up run {-index}")
     if isinstance(reply, RunError):
@@ -254,8 +258,6 @@ class SideIdLogits(SideLogits, NeedsPromptIds):
 
 def outputs(ag: Against, events: Mapping[str, Mapping[str, object]], workload: Workload) -> Agreement:
     """This tree's outputs against REF's (``measuring.agreement``, REF is A), after every pair."""
-    from ..measuring.agreement import compare_outputs
-
     ref, cur = (SideLogits.of(ag.sides[name], events[name], ag.timeout_s) for name in (REF, CURRENT))
     return compare_outputs(ref, cur, workload, a_name=f"REF {ag.reference.describe()}", b_name="this tree")
 
@@ -264,8 +266,6 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str) -> 
     """The measurement both sides wait at: warm-ups, then pairs in seeded AB/BA order (A: REF, B:
     the current side), looks until decided or the cap, then the output agreement. Returns
     (where the pairs stopped: comparisons and parts, the note, the ``Agreement``)."""
-    from ..core.workload import Workload
-
     ev = events[CURRENT]
     workload = Workload(**ev["workload"])
     cap, looks, step = looks_for(workload.runs, ev.get("max_runs"))
@@ -349,12 +349,10 @@ def attribution(
     seeded AB/BA order as the pairs were, compared (``judge.attribution``), as the verdict's
     JSON; a line when a side has none (asked, or the pass failed); else None."""
     from ..core.workload import Workload
-    from ..judge.attribution import compare_attributions, moved_phases, why
-    from ..measuring.attribution import interleaved
     from ..measuring.interleave import pass_orders
 
     asked = any(bool(m.data.get("attribution")) for m in measures.values())
-    reason = why(asked, moved_phases(parts))
+    reason = why_attribution(asked, moved_phases(parts))
     able = all(bool(m.data.get("attributable")) for m in measures.values())
     if reason is None or not (asked or able):
         return None  # not due, or due by itself where a side cannot have it (a callable): nothing to say
@@ -458,8 +456,6 @@ class Pairing:
         """A side's answer to a step: False while it waits for its next one; True when its run
         ended (its trace kept). A failed run or one that cannot pause lets the other side's run
         end first, so that both sides wait at their measurement again."""
-        from ..measuring.worker import trace_of
-
         side = self.sides[letter]
         reply = side.receive(self.timeout_s, what)
         waiting.discard(letter)
@@ -512,8 +508,6 @@ class Looked:
 
 def _looks(pairing: Pairing, workload: Workload, plan: tuple[int, int, int], judging: Mapping[str, Any]) -> Looked:
     """Pairs, ``step`` at a time, each batch judged at a look, until settled, the cap or the bound."""
-    from ..judge.paired import judged_pairs, pairs_settled
-    from ..judge.parts import explained_phases, gated, paired_parts, prompt_changes
     from ..measuring.interleave import block_orders
     from ..measuring.metrics import run_metrics
 
@@ -569,8 +563,6 @@ PAIRS_TIME_CAP_S = 900.0
 
 def solo(ag: Against, side: Side, event: Mapping[str, Any]) -> None:
     """A measurement with nothing to pair it with: its runs alone (budgets still apply)."""
-    from ..core.workload import Workload
-
     workload = Workload(**event["workload"])
     with task("measurement alone") as progress:
         progress.step("warm-up runs", 0, workload.warmup)
@@ -704,8 +696,6 @@ class Drive:
 
     def paired(self) -> None:
         """Both sides wait at the measurement: its pairs, judged; the verdict goes to the current side."""
-        from ..judge.result import comparison_json
-
         try:
             events = {name: m.data for name, m in self.measures.items()}
             looked, note, agreement = pairs(self.ag, events, self.nodeid)

@@ -11,13 +11,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..baselines import store, tracked
+from ..baselines.store import BaselineError
+from ..core.fingerprint import Fingerprint, hardware, subject
 from ..core.progress import current
+from ..engines import times_layers
 from .options import SessionSettings
 
 if TYPE_CHECKING:
-    from ..baselines.store import BaselineError
     from ..baselines.tracked import Committed
-    from ..core.fingerprint import Fingerprint
     from ..core.measurement import Measurement, Peak
     from ..core.workload import EngineInfo
     from ..engines import Engine, TokenStream
@@ -75,8 +77,6 @@ class Assessor:
         return self.windows[hardware_key]
 
     def fingerprint(self, m: Measurement) -> Fingerprint:
-        from ..core.fingerprint import Fingerprint, hardware, subject
-
         key = m.engine
         if key not in self.fingerprints:
             if self.hardware is None:
@@ -87,9 +87,6 @@ class Assessor:
         return self.fingerprints[key]
 
     def baselines(self, path: Path) -> dict[str, Any]:
-        from ..baselines import store
-        from ..baselines.store import BaselineError
-
         if path not in self.baselines_read:
             try:
                 self.baselines_read[path] = store.load(path)
@@ -167,7 +164,6 @@ class Assessor:
         """A test without a baseline: lost (the last commit holds one for it on this machine: an
         error, the line that fails the test, or under ``--llmperf-lost-baseline=warn`` its note),
         or new (for a module outside the rootdir, the note says where older versions kept it)."""
-        from ..baselines import tracked
         from ..judge.verdict import BaselineStatus
 
         assert a.verdict is not None
@@ -188,8 +184,6 @@ class Assessor:
         """What to measure besides the runs: per-layer timing, the attribution pass and the
         roofline (in-process only; a marker's ``layers=True`` or ``attribution=True`` on another
         engine is an error the runner reports)."""
-        from ..engines import times_layers
-
         s = self.settings
         in_process = times_layers(engine)  # the engine's declared capability
         layers = marker.options.get("layers", s.layers and in_process)
@@ -279,8 +273,6 @@ def lost_note(path: Path, lost: Committed, rootdir: Path) -> str:
 def legacy_note(baseline_dir: Path, path: Path, rel: str, note: str) -> str:
     """A module outside the rootdir: older versions wrote ``baselines/<file name>.json``
     (shared by same-named modules, so never read now); say where it is when one is there."""
-    from ..baselines import store
-
     old = store.module_file(baseline_dir, Path(rel).name)
     if not old.is_file():
         return note

@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..core.catalog import AGREEMENT_BUDGETS, BUDGETS
+from ..core.documents import check_output, refused_output
 from ..core.errors import ConfigError, unknown_name
 from ..core.settings import RENAMED, SETTINGS, UNQUANTIZED, EngineSettings, Resolved, renamed_line, resolve, value_kind
 from ..core.values import COUNT, FLAG, LEVEL, POSITIVE, SHARE, THRESHOLD, TOKENS, Choice, Integer, Kind
 from ..core.workload import LLAMA_SETTINGS, MAX_TOKENS, MODEL_LOAD_KINDS, PROMPT_CACHE_MODES, Workload
+from ..engines import Engine
 from ..history.connection import Location
 from ..history.connection import default as default_history
 from ..history.connection import parse as parse_history
@@ -171,7 +173,6 @@ class SessionSettings:
 def _check_outputs(r: Mapping[str, Resolved]) -> None:
     """Each report path the end of the session could not write (a directory, a file in the way
     of its folders, a folder not writable...): one line before anything runs, not after it."""
-    from ..core.documents import check_output, refused_output
 
     for name in report_names():
         given = r[name]
@@ -253,8 +254,6 @@ def check_side(name: str, spec: object) -> object:
         return {key: _side_setting(name, key, value) for key, value in spec.items()}
     if isinstance(spec, str) and spec:
         return spec
-    from ..engines import Engine
-
     if callable(spec) or isinstance(spec, Engine):
         return spec
     raise ConfigError(

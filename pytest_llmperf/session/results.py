@@ -21,13 +21,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..core.catalog import AGREEMENT_BUDGETS
 from ..core.errors import ConfigError, LLMPerfError
 from ..core.progress import current, task
+from ..core.redact import display
 from ..core.workload import SEQUENTIAL_FACTOR, SEQUENTIAL_TIME_CAP_S, Workload
+from ..engines import CallableEngine, Engine, SteppedCallableEngine
+from ..engines.http import HttpEngine
+from .options import check_side
 
 if TYPE_CHECKING:
     from ..core.measurement import Measurement
-    from ..engines import CounterSource, Engine, TokenStream
+    from ..engines import CounterSource, TokenStream
     from ..judge.ab import ABResult, Side
     from ..judge.budgets import BudgetFailure
     from ..judge.result import Outcome
@@ -157,8 +162,6 @@ class Measurer:
         watches every ``llama_cpp.Llama`` of the process around each run (``LlamaWatch``: cleared,
         counted, its tokens stamped where made) and pauses token by token with the Llama the
         fixtures handed out (``counters``)."""
-        from ..engines import CallableEngine, Engine, SteppedCallableEngine
-
         if isinstance(subject, Engine):
             return subject
         from ..engines.llama_cpp import LlamaCounters
@@ -246,8 +249,6 @@ class Measurer:
     def _ab_budgets(self, config: MarkerConfig) -> dict[str, Any]:
         """An A/B's relative and agreement budgets, and whether its agreement is computed (in smoke
         mode neither: three pairs decide nothing)."""
-        from ..core.catalog import AGREEMENT_BUDGETS
-
         keys = ("max_slowdown", "min_speedup", *AGREEMENT_BUDGETS)
         return {"agreement": not self.smoke, **{k: None if self.smoke else config.ab.get(k) for k in keys}}
 
@@ -359,9 +360,7 @@ def resolve_side(name: str, spec: Any, engine_for: Callable[[Mapping[str, object
     """What a side of an A/B may be (llama.cpp settings, a model, a callable, an endpoint, an
     engine), as a ``Side`` ready to run; ``engine_for(settings)``: the session's (or the
     caller's) engine for llama.cpp settings over the session's."""
-    from ..engines import Engine
     from ..judge.ab import Side  # numpy and scipy only once a test compares two sides
-    from .options import check_side
 
     spec = check_side(name, spec)
     if isinstance(spec, Mapping):
@@ -369,9 +368,6 @@ def resolve_side(name: str, spec: Any, engine_for: Callable[[Mapping[str, object
         return Side(label, engine_for(spec))
     if isinstance(spec, str):
         if spec.startswith(("http://", "https://")):
-            from ..core.redact import display
-            from ..engines.http import HttpEngine
-
             return Side(display(spec), HttpEngine(spec))  # named as shown: no password, no api_key=
         return Side(spec, engine_for({"model": spec}))
     if isinstance(spec, Engine):
@@ -480,6 +476,4 @@ def _failure_lines(
 
 
 def _is_engine(subject: object) -> bool:
-    from ..engines import Engine
-
     return isinstance(subject, Engine)

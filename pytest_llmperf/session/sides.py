@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..core.errors import ConfigError, LLMPerfError
 from ..core.formats import escaped
-from ..measuring.worker import Channel
+from ..engines.llama_cpp_native import quoted_log, signal_name
+from ..measuring.worker import BadReply, Channel, ChannelClosed
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -354,8 +355,6 @@ class Side:
             raise SideGone(self._died("at work"), self.spec.name)
 
     def receive(self, timeout_s: float, doing: str) -> SideEvent:
-        from ..measuring.worker import BadReply, ChannelClosed
-
         if self.channel is None:
             raise SideGone(f"{self.who} is gone (while {doing})", self.spec.name)
         try:
@@ -383,8 +382,6 @@ class Side:
         return SideGone(f"{line}. {self._log()}", self.spec.name)
 
     def _died(self, doing: str) -> str:
-        from ..engines.llama_cpp_native import signal_name
-
         code = self.channel.wait() if self.channel is not None else None
         where = python_fault(self._text())
         return f"{self.who} died with {signal_name(code)} while {doing}{f' ({where})' if where else ''}. {self._log()}"
@@ -405,8 +402,6 @@ class Side:
         )
 
     def _log(self) -> str:
-        from ..engines.llama_cpp_native import quoted_log
-
         kept = []
         for line in self._text().splitlines():
             line = line.strip()
