@@ -321,7 +321,6 @@ class ModelLoads:
         return text
 
     def as_dict(self) -> dict[str, JsonValue]:
-        from ..core.formats import sig6
 
         return {
             "asked": self.asked,

@@ -25,6 +25,7 @@ from .rule import JUDGED, METRICS, decide, mirrored
 from .verdict import (
     CI_LEVEL,
     Comparison,
+    NoiseSource,
     Shown,
     Verdict,
     exp_clamped,
@@ -38,7 +39,6 @@ from .verdict import (
 if TYPE_CHECKING:
     from ..core.catalog import Metric
     from ..core.measurement import RunMetrics
-    from .verdict import Comparison
 
 #: metric -> (label, phase, unit, higher is better). Times are compared as b/a time ratios.
 PAIRED_METRICS: dict[str, tuple[str, str, str, bool]] = {
@@ -242,7 +242,6 @@ def _paired_comparison(
     spec: Metric, va: Sequence[float], vb: Sequence[float], threshold: float, reference: str
 ) -> Comparison:
     """One metric's pairs as an undecided ``Comparison`` (``decide`` gives its verdict)."""
-    from .verdict import Comparison, NoiseSource, Verdict
 
     pc = paired(spec.name, va, vb)
     d = np.log(np.asarray(vb, dtype=float)) - np.log(np.asarray(va, dtype=float))

@@ -32,6 +32,7 @@ from ..core.measurement import Agreement, Measurement
 from ..core.progress import task, timed
 from ..core.workload import EngineInfo, RunTrace, Workload
 from ..engines import Engine, NeedsPromptIds, SteppedRuns, TokenProbabilities, TokenStream, times_layers
+from .attribution import ATTRIBUTION_RUNS
 from .metrics import run_metrics, summarize
 from .runner import as_engine, measure, pass_of, traces_figures
 from .worker import logits_json, pin
@@ -49,7 +50,6 @@ def block_orders(n_pairs: int, seed: int) -> tuple[str, ...]:
 def pass_orders(seed: int) -> tuple[str, tuple[str, ...]]:
     """The order of two attribution passes' warm-ups and of each of their runs
     (``measuring.attribution.interleaved``): seeded AB/BA, as the pairs."""
-    from .attribution import ATTRIBUTION_RUNS
 
     return block_orders(1, seed + 2)[0], block_orders(ATTRIBUTION_RUNS, seed + 3)
 

@@ -65,6 +65,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from ..core.errors import ConfigError, EngineError, LLMPerfError
+from ..core.measurement import Attribution, LayerProfile, PeakRss, PhaseLayers
 from ..core.settings import SETTINGS
 from ..core.workload import EngineInfo, NativeCounters, RunTrace, TokenLogits, Workload
 from ..engines import Closable, Engine, EngineProcess, FreshLoads, ProcessMemory, RemoteLayerTiming, TokenProbabilities
@@ -72,7 +73,6 @@ from ..engines.llama_cpp_native import EngineConfig, known_cause, quoted_log, si
 from ..models.gguf import gguf_file_type, model_path
 
 if TYPE_CHECKING:
-    from ..core.measurement import Attribution, LayerProfile, PeakRss
     from ..engines.llama_cpp import LlamaCppEngine
     from .attribution import AttributionPass
 
@@ -322,7 +322,6 @@ def logits_of(data: Mapping[str, Any]) -> TokenLogits:
 
 
 def layers_of(data: Mapping[str, object]) -> LayerProfile:
-    from ..core.measurement import LayerProfile, PhaseLayers
 
     profile: LayerProfile = _of(LayerProfile, data, prefill=PhaseLayers, decode=PhaseLayers)
     return profile
@@ -376,7 +375,6 @@ class WorkerEngine(Engine, RemoteLayerTiming, TokenProbabilities, FreshLoads, Pr
         return bool(self._call({"op": "rss", "reset": True}, "reading the memory of")["reset"])
 
     def peak_rss(self, was_reset: bool) -> PeakRss:
-        from ..core.measurement import PeakRss
 
         peak = self._call({"op": "rss", "reset": False}, "reading the memory of")["peak"]
         return PeakRss(int(peak[0]), peak[1] if was_reset else "process")
@@ -557,7 +555,6 @@ class RemotePass:
         self.worker.attribution_step("run", index=index)
 
     def result(self) -> Attribution:
-        from ..core.measurement import Attribution
 
         self.open = False
         return Attribution.from_json(self.worker.attribution_step("result")["attribution"])

@@ -20,7 +20,7 @@ from ..engines import LlamaObject
 from ..engines.servers import LLAMA_SERVER_PARALLEL, serve, serve_llama_server
 from ..models.gguf import ensure_model
 from ..session.options import MarkerConfig
-from .marks import FIXTURE, MARKER_CONFIG, session_of
+from .marks import MARKER_CONFIG, session_of
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -148,3 +148,7 @@ class LLMPerf:
         """Run A and B interleaved and compare them with paired statistics (``Measurer.compare``)."""
         with _one_line():
             return self._measurer.compare(a, b, label=label, **keys)
+
+
+#: The test's llmperf fixture object, on its item (the plugin's report hooks read it).
+FIXTURE = pytest.StashKey[LLMPerf]()

@@ -29,7 +29,6 @@ from ..session.options import PROMPT_KEYS, MarkerConfig, validate
 
 if TYPE_CHECKING:
     from ..session import Session
-    from .fixtures import LLMPerf  # noqa: F401 (named in FIXTURE's StashKey)
     from .project import Project  # noqa: F401 (named in PROJECT's StashKey)
 
 
@@ -81,7 +80,6 @@ MARKER = "llmperf"
 XDIST_GROUP = "llmperf"
 PLUGIN_NAME = "llmperf-manager"
 MARKER_CONFIG = pytest.StashKey[MarkerConfig]()
-FIXTURE = pytest.StashKey["LLMPerf"]()
 SESSION = pytest.StashKey["Session"]()
 #: The session's project folder and ini file (``project.locate``), decided once at configure time.
 PROJECT = pytest.StashKey["Project"]()

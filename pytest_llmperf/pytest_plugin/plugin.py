@@ -24,14 +24,15 @@ import pytest
 from ..core.errors import LLMPerfError, closest_name, did_you_mean
 from ..core.progress import Sink, fit, set_sink
 from ..core.settings import RENAMED_SETTINGS, SETTINGS, conflicting_option
+from ..reports.reporters import asked
 from ..session import Session, SessionSettings
 from ..session.options import marker_help
 from ..session.sides import SIDE_ENV
 from . import hooks as hookcalls
 from . import hooks as hookspecs
 from . import marks
-from .fixtures import llmperf, llmperf_engine, llmperf_llama_server, llmperf_llm, llmperf_server  # noqa: F401 (pytest finds fixtures here)
-from .marks import FIXTURE, MARKER_CONFIG, PLUGIN_NAME, PROJECT, PROPERTIES, SESSION, make_scheduler
+from .fixtures import FIXTURE, llmperf, llmperf_engine, llmperf_llama_server, llmperf_llm, llmperf_server  # noqa: F401 (pytest finds fixtures here)
+from .marks import MARKER_CONFIG, PLUGIN_NAME, PROJECT, PROPERTIES, SESSION, make_scheduler
 from .project import locate as locate_project
 from .side import AgainstHooks, SidePlugin, side_settings
 
@@ -119,8 +120,6 @@ def _settings(config: pytest.Config, on_side: bool, is_worker: bool) -> SessionS
         if on_side:
             settings = side_settings(settings)
         if not is_worker:
-            from ..reports.reporters import asked
-
             for reporter, _ in asked(settings.reports):
                 reporter.ready()  # say what to install now, not after the whole session
     except LLMPerfError as exc:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..core.documents import write_output
 from ..core.errors import ConfigError
 from ..core.settings import SETTINGS, Setting
 
@@ -67,7 +68,6 @@ class JsonReport(Reporter):
     title = "JSON report"
 
     def write(self, path: str, end: SessionEnd) -> Sequence[str]:
-        from ..core.documents import write_output
         from .session_file import session_json
 
         write_output(Path(path), session_json(end.results, end.started_at, ab=list(end.ab), against=end.against))
@@ -85,7 +85,6 @@ class HtmlReport(Reporter):
         require_matplotlib()
 
     def write(self, path: str, end: SessionEnd) -> Sequence[str]:
-        from ..core.documents import write_output
         from .html import markdown_lines, render_html
 
         write_output(
@@ -105,7 +104,6 @@ class MarkdownSummary(Reporter):
     title = "Markdown summary"
 
     def write(self, path: str, end: SessionEnd) -> Sequence[str]:
-        from ..core.documents import write_output
 
         text = self.text(end, end.links)
         if text:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import LLMPerfError
+from ..core.measurement import Attribution
 from ..core.progress import current, task
 from ..core.settings import usable_cpus
 from ..core.workload import SEQUENTIAL_FACTOR, Workload
@@ -40,6 +41,8 @@ from ..judge.rule import JUDGED
 from ..judge.verdict import BaselineStatus
 from ..measuring.agreement import compare_outputs
 from ..measuring.attribution import interleaved
+from ..measuring.interleave import block_orders, pass_orders
+from ..measuring.metrics import run_metrics
 from ..measuring.worker import idlest_cpus, logits_of, trace_of
 from .refs import Project, Reference, Worktrees, code_packages, resolve_reference
 from .sides import (
@@ -66,7 +69,7 @@ from .sides import (
 )
 
 if TYPE_CHECKING:
-    from ..core.measurement import Agreement, Attribution, RunMetrics
+    from ..core.measurement import Agreement, RunMetrics
     from ..core.workload import RunTrace, TokenLogits
     from ..judge.parts import PartChange
     from ..judge.verdict import Comparison
@@ -328,7 +331,6 @@ class SidePass:
         self._step("run", index=index)
 
     def result(self) -> Attribution:
-        from ..core.measurement import Attribution
 
         reply = self._step("result")
         self.open = False
@@ -348,8 +350,6 @@ def attribution(
     both sides' attribution passes, each in its side's process, interleaved run by run in
     seeded AB/BA order as the pairs were, compared (``judge.attribution``), as the verdict's
     JSON; a line when a side has none (asked, or the pass failed); else None."""
-    from ..core.workload import Workload
-    from ..measuring.interleave import pass_orders
 
     asked = any(bool(m.data.get("attribution")) for m in measures.values())
     reason = why_attribution(asked, moved_phases(parts))
@@ -389,7 +389,6 @@ def _judging(ag: Against, ev: Mapping[str, Any], nodeid: str) -> dict[str, Any]:
 
 
 def _warm_up(pairing: Pairing, workload: Workload) -> None:
-    from ..measuring.interleave import block_orders
 
     for i, order in enumerate(block_orders(workload.warmup, workload.seed + 1)):
         pairing.pair(-1 - i, order)
@@ -508,8 +507,6 @@ class Looked:
 
 def _looks(pairing: Pairing, workload: Workload, plan: tuple[int, int, int], judging: Mapping[str, Any]) -> Looked:
     """Pairs, ``step`` at a time, each batch judged at a look, until settled, the cap or the bound."""
-    from ..measuring.interleave import block_orders
-    from ..measuring.metrics import run_metrics
 
     cap, looks, step = plan
     orders = block_orders(cap, workload.seed)

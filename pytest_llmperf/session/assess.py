@@ -103,7 +103,6 @@ class Assessor:
         """The judged part of the outcome of ``m`` (test ``nodeid`` in file ``module``): its
         record, baseline file and entry and, unless only budgets gate, its verdict against the
         stored baseline (``Measurer`` adds its figures and budgets)."""
-        from ..baselines import store
         from ..baselines.records import record
         from ..judge.regression import CompareSettings
         from ..judge.result import Outcome
@@ -134,8 +133,6 @@ class Assessor:
     ) -> Outcome:
         """``a`` with its verdict against its entry in the baseline file ``path`` (module ``rel``),
         the history's levels of the test beside it, and the entry it was compared against."""
-        from ..baselines import store
-        from ..baselines.store import BaselineError
         from ..judge.regression import judge
         from ..judge.result import BaselineVerdict
         from ..judge.verdict import BaselineStatus

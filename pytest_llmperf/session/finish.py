@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..core.errors import LLMPerfError
+from ..history import keep
 from ..reports.reporters import MarkdownSummary, Reporter, SessionEnd, asked, report_names
 from .options import SessionSettings
 
@@ -117,8 +118,6 @@ def finish(
     reports = asked(s.reports)
     trends: Mapping[str, Sequence[Mapping[str, object]]] = {}  # each test's recent trend from the history
     if s.history is not None and results and not s.disable:
-        from ..history import keep
-
         wanted = any(r.needs_trends for r, _ in reports)
         out.history_line, trends = keep(s.history, results, started_at, s.rootdir, s.compare, trends=wanted)
     end = SessionEnd(results, ab_results, started_at, against, trends, s.budgets_gate, planned, s.reports)

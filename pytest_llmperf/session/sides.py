@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..core.errors import ConfigError, LLMPerfError
 from ..core.formats import escaped
+from ..core.workload import Workload
 from ..engines.llama_cpp_native import quoted_log, signal_name
 from ..measuring.worker import BadReply, Channel, ChannelClosed
 
@@ -514,7 +515,6 @@ class Link:
     ) -> tuple[Measurement, Outcome | None]:
         """The measurement the controller drives: the runs it asks for, then its verdict
         (``attribution``: the test asks for the attribution pass after the pairs)."""
-        from ..core.workload import Workload
 
         m, verdict = self.runs.measure(
             subject,
