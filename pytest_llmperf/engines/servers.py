@@ -44,11 +44,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from ..core.errors import ConfigError, EngineError, ToolBuildError
 from ..core.formats import escaped
 from ..core.settings import ENGINE_DEFAULTS, SERVER_N_CTX
+
+if TYPE_CHECKING:
+    from .http import HttpEngine
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 60.0
@@ -81,7 +84,7 @@ class Server:
         """``http://127.0.0.1:PORT``: where ``/health`` and ``/metrics`` are."""
         return self.url.rsplit("/v1", 1)[0]
 
-    def engine(self, **kwargs: Any) -> Any:
+    def engine(self, **kwargs: Any) -> HttpEngine:
         """An HttpEngine on this server (keyword arguments go to HttpEngine)."""
         from .http import HttpEngine
 
