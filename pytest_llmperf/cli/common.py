@@ -7,6 +7,7 @@ is three definitions and one entry. Keep imports of heavy modules inside ``run_<
 ``llmperf --help`` stays fast.
 """
 
+import argparse
 from typing import Any
 
 from ..core.settings import alpha_arg as alpha  # noqa: F401  (the argparse types of every command; light)
@@ -85,7 +86,7 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def add_setting(parser: Any, name: str) -> None:
+def add_setting(parser: argparse._ActionsContainer, name: str) -> None:
     """The argument of a setting the command shares with the pytest plugin, from
     ``core.settings.SETTINGS``: its flag, parser, default and help, as pytest shows them."""
     import os
@@ -93,6 +94,8 @@ def add_setting(parser: Any, name: str) -> None:
     from ..core.settings import SETTINGS
 
     s = SETTINGS[name]
+    if s.cli is None:
+        raise ValueError(f"setting {name!r} has no llmperf flag")
     default = (os.environ.get(s.env) or s.default) if s.cli_env and s.env else s.default
     parser.add_argument(
         s.cli, type=s.arg_type(), default=default, metavar=s.metavar, help=s.help_text(sources=False).replace("%", "%%")
@@ -100,12 +103,10 @@ def add_setting(parser: Any, name: str) -> None:
     add_renamed(parser, name)
 
 
-def add_renamed(parser: Any, name: str) -> None:
+def add_renamed(parser: argparse._ActionsContainer, name: str) -> None:
     """The setting's old flag (``core.settings.RENAMED``), hidden: using it is one line that
     names the new flag (``llmperf profile: error: option '--n-gpu-layers' was renamed to
     '--gpu-layers'``), exit 2."""
-    import argparse
-
     from ..core.settings import RENAMED_SETTINGS, renamed_line
 
     class Refuse(argparse.Action):
@@ -113,7 +114,13 @@ def add_renamed(parser: Any, name: str) -> None:
             super().__init__(*args, **kwargs)
             self.new = new
 
-        def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        def __call__(
+            self,
+            parser: argparse.ArgumentParser,
+            namespace: argparse.Namespace,
+            values: object,
+            option_string: str | None = None,
+        ) -> None:
             parser.error(renamed_line("option", self.option_strings[0], self.new))
 
     for old, new in RENAMED_SETTINGS:
