@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from llama_cpp.llama_cpp import llama_context_p, llama_sampler_p
 
     from .llama_cpp import TimedDecode
+    from .llama_cpp_native import Context, Sampler
 
 
 @runtime_checkable
@@ -79,13 +80,7 @@ class LayerTiming(Protocol):
     def instrumented_context(self, cb_eval: object, tokens: int) -> llama_context_p: ...
 
     def timed_decode(
-        self,
-        ctx: llama_context_p | None,
-        prompt_ids: Sequence[int],
-        max_tokens: int,
-        *,
-        feed: Sequence[int] | None,
-        sampler: llama_sampler_p | None,
+        self, ctx: Context, prompt_ids: Sequence[int], max_tokens: int, *, feed: Sequence[int] | None, sampler: Sampler
     ) -> TimedDecode: ...
 
 

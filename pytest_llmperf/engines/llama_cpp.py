@@ -65,6 +65,8 @@ if TYPE_CHECKING:
     from llama_cpp import Llama
     from llama_cpp.llama_cpp import llama_batch, llama_context_p, llama_model_params, llama_sampler_p, llama_vocab_p
 
+    from .llama_cpp_native import Context, Sampler
+
 #: Sampler calls per run that time sampling apart when the decode loop does not sample.
 SAMPLING_PROBES = 8
 
@@ -120,7 +122,7 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
     # Until __init__ sets them (close() frees what a failed load left).
     llm: Llama | None = None
     _own_ctx = False
-    _sampler: llama_sampler_p | None = None
+    _sampler: Sampler = None
 
     def __init__(
         self, model_path: str | os.PathLike[str], *, name: str | None = None, verbose: bool = False, **settings: object
@@ -307,13 +309,7 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
         )
 
     def timed_decode(
-        self,
-        ctx: llama_context_p | None,
-        prompt_ids: Sequence[int],
-        max_tokens: int,
-        *,
-        feed: Sequence[int] | None,
-        sampler: llama_sampler_p | None,
+        self, ctx: Context, prompt_ids: Sequence[int], max_tokens: int, *, feed: Sequence[int] | None, sampler: Sampler
     ) -> TimedDecode:
         """One timed run on ``ctx``, cleared by the caller: this engine's context (``run``) or
         one from :meth:`instrumented_context` (per-layer timing): the same loop either way.
@@ -551,7 +547,7 @@ def _decode_buffers(
     max_tokens: int,
     n_batch: int,
     feed: Sequence[int] | None,
-    sampler: llama_sampler_p | None,
+    sampler: Sampler,
 ) -> tuple[list[ctypes.Array[ctypes.c_int32]], list[llama_batch], ctypes.Array[ctypes.c_int32], llama_batch, list[int]]:
     """What a timed loop needs made before its first clock read: the prompt's arrays and
     batches (``_prompt_batches``), a one-token array and its batch, and the token ids (the feed's,
@@ -565,7 +561,7 @@ def _decode_buffers(
 
 
 def _timed_prompt(
-    lib: ModuleType, ctx: llama_context_p | None, prompt_batches: Sequence[llama_batch], n_prompt: int
+    lib: ModuleType, ctx: Context, prompt_batches: Sequence[llama_batch], n_prompt: int
 ) -> tuple[int, int]:
     """The prompt's batches evaluated: (the clock before the first, the clock once its logits are ready)."""
     clock = time.perf_counter_ns
@@ -579,13 +575,13 @@ def _timed_prompt(
 
 def timed_decode(
     lib: ModuleType,
-    ctx: llama_context_p | None,
+    ctx: Context,
     prompt_ids: Sequence[int],
     max_tokens: int,
     n_batch: int,
     *,
     feed: Sequence[int] | None,
-    sampler: llama_sampler_p | None = None,
+    sampler: Sampler = None,
     pause: Callable[[], None] | None = None,
 ) -> TimedDecode:
     """Prefill ``prompt_ids`` on ``ctx`` (cleared by the caller), then generate ``max_tokens``.
@@ -633,13 +629,13 @@ def timed_decode(
 
 def _stepped_decode(
     lib: ModuleType,
-    ctx: llama_context_p | None,
+    ctx: Context,
     prompt_ids: Sequence[int],
     max_tokens: int,
     n_batch: int,
     *,
     feed: Sequence[int] | None,
-    sampler: llama_sampler_p | None,
+    sampler: Sampler,
     pause: Callable[[], None],
 ) -> TimedDecode:
     """``timed_decode``'s steps one at a time, ``pause()`` before each (its own loop: the plain

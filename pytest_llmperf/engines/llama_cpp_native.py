@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from ..core.errors import ConfigError, EngineError, unknown_name
 from ..core.formats import escaped
@@ -36,7 +36,11 @@ from ..core.settings import ENGINE_DEFAULTS as DEFAULTS
 from ..core.workload import LLAMA_SETTINGS
 
 if TYPE_CHECKING:
-    from llama_cpp.llama_cpp import llama_context_params, llama_sampler_p
+    from llama_cpp.llama_cpp import llama_context_p, llama_context_params, llama_sampler_p
+
+    #: A llama.cpp context and sampler chain as llama-cpp-python's ctypes give them (None: NULL, freed).
+    Context: TypeAlias = llama_context_p | None
+    Sampler: TypeAlias = llama_sampler_p | None
 
     from ..core.settings import EngineSettings
 

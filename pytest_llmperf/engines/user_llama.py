@@ -75,6 +75,8 @@ if TYPE_CHECKING:
     from llama_cpp.llama_cache import BaseLlamaCache
     from llama_cpp.llama_cpp import llama_context_p, llama_context_params, llama_model_params, llama_sampler_p
 
+    from .llama_cpp_native import Context, Sampler
+
 #: Runs in which the callable made a new Llama before that is one line (the first may be a lazy load).
 MAX_RUNS_WITH_NEW = 2
 
@@ -508,13 +510,7 @@ class DrivenLlamaEngine(Engine, LayerTiming):
         return ctx
 
     def timed_decode(
-        self,
-        ctx: llama_context_p | None,
-        prompt_ids: Sequence[int],
-        max_tokens: int,
-        *,
-        feed: Sequence[int] | None,
-        sampler: llama_sampler_p | None,
+        self, ctx: Context, prompt_ids: Sequence[int], max_tokens: int, *, feed: Sequence[int] | None, sampler: Sampler
     ) -> TimedDecode:
         return timed_decode(self._lib, ctx, prompt_ids, max_tokens, self.n_batch, feed=feed, sampler=sampler)
 
