@@ -95,8 +95,7 @@ class RunWatch(Protocol):
     (``engines.user_llama.LlamaWatch``): ``arm`` before the run's first clock read (cleared when
     ``cold``, instrumented), ``disarm`` after its last (each driven Llama's ``LlamaRun``)."""
 
-    @property
-    def driven(self) -> Mapping[str, object]: ...
+    driven: Mapping[str, object]
 
     def arm(self, cold: bool) -> Sequence[Any]: ...
 
