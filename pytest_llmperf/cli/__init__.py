@@ -15,7 +15,7 @@ import shutil
 import sys
 import typing
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..core.errors import LLMPerfError
@@ -27,10 +27,14 @@ from ..core.settings import conflicting_option
 INTERRUPTED = 130
 
 
-def _commands() -> dict[str, tuple[str, Any, Any]]:
+#: A command: (help line, add its arguments, run it: the exit status).
+Command = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
+
+
+def _commands() -> dict[str, Command]:
     """Name -> (help line, add its arguments, run it) of every command, by name: each
     ``*_commands`` module of this package lists its own in ``COMMANDS``."""
-    found: dict[str, tuple[str, Any, Any]] = {}
+    found: dict[str, Command] = {}
     for info in pkgutil.iter_modules(__path__):
         if info.name.endswith("_commands"):
             found.update(importlib.import_module(f"{__name__}.{info.name}").COMMANDS)

@@ -73,10 +73,12 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def add_setting(parser: Any, name: str) -> None:
+def add_setting(parser: argparse._ActionsContainer, name: str) -> None:
     """The argument of a setting the command shares with the pytest plugin, from
     ``core.settings.SETTINGS``: its flag, parser, default and help, as pytest shows them."""
     s = SETTINGS[name]
+    if s.cli is None:
+        raise ValueError(f"setting {name!r} has no llmperf flag")
     default = (os.environ.get(s.env) or s.default) if s.cli_env and s.env else s.default
     parser.add_argument(
         s.cli, type=s.arg_type(), default=default, metavar=s.metavar, help=s.help_text(sources=False).replace("%", "%%")
@@ -84,7 +86,7 @@ def add_setting(parser: Any, name: str) -> None:
     add_renamed(parser, name)
 
 
-def add_renamed(parser: Any, name: str) -> None:
+def add_renamed(parser: argparse._ActionsContainer, name: str) -> None:
     """The setting's old flag (``core.settings.RENAMED``), hidden: using it is one line that
     names the new flag (``llmperf profile: error: option '--n-gpu-layers' was renamed to
     '--gpu-layers'``), exit 2."""
@@ -94,7 +96,13 @@ def add_renamed(parser: Any, name: str) -> None:
             super().__init__(*args, **kwargs)
             self.new = new
 
-        def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        def __call__(
+            self,
+            parser: argparse.ArgumentParser,
+            namespace: argparse.Namespace,
+            values: object,
+            option_string: str | None = None,
+        ) -> None:
             parser.error(renamed_line("option", self.option_strings[0], self.new))
 
     for old, new in RENAMED_SETTINGS:

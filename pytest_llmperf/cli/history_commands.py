@@ -27,9 +27,9 @@ import math
 import shutil
 import statistics
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from ..core.catalog import JUDGED
 from ..core.documents import refused_output
@@ -267,7 +267,21 @@ def _reach(spec, window, candidate, threshold: float, alpha_: float, m: int) -> 
     return decide([c], alpha=alpha_, m=m)[0].detectable
 
 
-def calibrate(spec, levels: Sequence, *, threshold: float, alpha_: float, m: int) -> dict[str, Any]:
+class Calibration(TypedDict):
+    """One series' figures (``calibrate``): a row of ``llmperf calibrate``'s table."""
+
+    sessions: int
+    runs: int
+    cv: float
+    between: float | None
+    alarms: int
+    replayed: int
+    stored: float | None
+    window: float | None
+    ab: float | None
+
+
+def calibrate(spec, levels: Sequence, *, threshold: float, alpha_: float, m: int) -> Calibration:
     """One series' figures (``levels``: oldest first, one subject)."""
     from ..judge.rule import compare_levels, decide
     from ..judge.verdict import WINDOW_MIN_SESSIONS, WINDOW_SESSIONS, Level, NoiseModel, detectable
@@ -326,7 +340,7 @@ CALIBRATION_HEADERS = (
 )
 
 
-def _calibrated(args: argparse.Namespace, s: Series, spec: Metric, m: int) -> dict[str, Any] | None:
+def _calibrated(args: argparse.Namespace, s: Series, spec: Metric, m: int) -> Calibration | None:
     """``calibrate`` over the series' last ``--sessions`` sessions since its subject last
     changed; None without any."""
     start = max((i for i in range(1, len(s.points)) if s.changes_at(i)), default=0)
@@ -341,7 +355,7 @@ def _pct(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.1%}"
 
 
-def _calibration_row(s: Series, spec: Metric, f: Mapping[str, Any]) -> list[str]:
+def _calibration_row(s: Series, spec: Metric, f: Calibration) -> list[str]:
     """A series' row of ``CALIBRATION_HEADERS``."""
     return [
         s.name,

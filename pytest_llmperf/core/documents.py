@@ -42,10 +42,10 @@ import re
 import stat
 import sys
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias, TypedDict
 
 from .catalog import FIGURES
 from .errors import LLMPerfError
@@ -69,8 +69,8 @@ class DuplicateKey(ValueError):
     leaves such a file). A ValueError, as ``json.JSONDecodeError`` is; one line."""
 
 
-def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    found: dict[str, Any] = {}
+def _unique(pairs: list[tuple[str, JSONValue]]) -> dict[str, JSONValue]:
+    found: dict[str, JSONValue] = {}
     for key, value in pairs:
         if key in found:
             raise DuplicateKey(
@@ -80,7 +80,7 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return found
 
 
-def _brief(value: Any) -> str:
+def _brief(value: object) -> str:
     text = json.dumps(value, default=str)
     return text if len(text) <= 24 else text[:21] + "..."
 
@@ -306,6 +306,36 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _JSON_KINDS = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
 
 
+#: A JSON value as ``json`` reads it, free-form (a document of a fixed shape has its own type).
+JSONValue: TypeAlias = "str | int | float | bool | None | list[JSONValue] | dict[str, JSONValue]"
+
+#: A JSON schema as this validator reads it: ``KEYWORDS`` and ``ANNOTATIONS``.
+Schema = TypedDict(
+    "Schema",
+    {
+        "type": "str | list[str]",
+        "const": JSONValue,
+        "enum": "list[JSONValue]",
+        "properties": "dict[str, Schema]",
+        "required": "list[str]",
+        "additionalProperties": "bool | Schema",
+        "items": "Schema",
+        "minItems": int,
+        "minimum": float,
+        "$ref": str,
+        "anyOf": "list[Schema]",
+        "$schema": str,
+        "$id": str,
+        "$defs": "dict[str, Schema]",
+        "title": str,
+        "description": str,
+        "$comment": str,
+        "default": JSONValue,
+    },
+    total=False,
+)
+
+
 class SchemaViolation(LLMPerfError):
     """A document that does not match its schema: ``path`` (``tests['t']['hw'].runs``) and what is wrong."""
 
@@ -315,11 +345,11 @@ class SchemaViolation(LLMPerfError):
 
 
 @functools.cache
-def load_schema(name: str) -> Mapping[str, Any]:
+def load_schema(name: str) -> Schema:
     """``schemas/<name>.schema.json`` of the installed package."""
     # One name per joinpath: Python 3.10's Traversable takes one (a zip import's path too).
     text = resources.files("pytest_llmperf").joinpath("schemas").joinpath(f"{name}.schema.json").read_text("utf-8")
-    schema: dict[str, Any] = json.loads(text)
+    schema: Schema = json.loads(text)
     if name == "session":  # the figures' properties: the metric catalog's
         figures = schema["$defs"]["figures"]
         figures["properties"] = {
@@ -329,7 +359,7 @@ def load_schema(name: str) -> Mapping[str, Any]:
     return schema
 
 
-def _resolve(ref: str, root: Mapping[str, object]) -> tuple[Mapping[str, object], Mapping[str, object]]:
+def _resolve(ref: str, root: Schema) -> tuple[Schema, Schema]:
     """``#/$defs/x`` in ``root``, or ``other.schema.json#/$defs/x`` beside it: (schema, its root)."""
     file, _, pointer = ref.partition("#")
     if file:
@@ -340,7 +370,7 @@ def _resolve(ref: str, root: Mapping[str, object]) -> tuple[Mapping[str, object]
     return node, root
 
 
-def _kind(value: Any) -> str:
+def _kind(value: object) -> str:
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, int):
@@ -350,7 +380,7 @@ def _kind(value: Any) -> str:
     return _JSON_KINDS.get(type(value), type(value).__name__)
 
 
-def _is(value: Any, kind: str) -> bool:
+def _is(value: object, kind: str) -> bool:
     if kind == "number":
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if kind == "integer":
@@ -373,7 +403,7 @@ def _key(path: str, key: str, named: bool) -> str:
     return f"{path}[{key!r}]"
 
 
-def check(value: Any, schema: Mapping[str, object], root: Mapping[str, object] | None = None, path: str = "") -> None:
+def check(value: object, schema: Schema, root: Schema | None = None, path: str = "") -> None:
     """Raise ``SchemaViolation`` at the first place ``value`` breaks ``schema`` (depth first:
     the keywords in ``KEYWORD_CHECKS``' order)."""
     root = schema if root is None else root
@@ -384,14 +414,14 @@ def check(value: Any, schema: Mapping[str, object], root: Mapping[str, object] |
         keyword_check(value, schema, root, path)
 
 
-def _check_ref(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any], path: str) -> None:
+def _check_ref(value: object, schema: Schema, root: Schema, path: str) -> None:
     """``$ref``: the value against the schema it points to."""
     if "$ref" in schema:
         target, target_root = _resolve(schema["$ref"], root)
         check(value, target, target_root, path)
 
 
-def _check_any_of(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any], path: str) -> None:
+def _check_any_of(value: object, schema: Schema, root: Schema, path: str) -> None:
     """``anyOf``: the value against one option at least; else the error that got furthest
     into the value, which says the most."""
     if "anyOf" not in schema:
@@ -406,7 +436,7 @@ def _check_any_of(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any]
     raise max(errors, key=lambda e: len(e.path))
 
 
-def _check_type(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any], path: str) -> None:
+def _check_type(value: object, schema: Schema, root: Schema, path: str) -> None:
     """``type``: one of the kinds named (a number finite: JSON has no NaN or infinity)."""
     if "type" not in schema:
         return
@@ -417,17 +447,17 @@ def _check_type(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any], 
         raise SchemaViolation(path, f"is {_kind(value)}, not {' or '.join(_article(k) for k in kinds)}")
 
 
-def _check_value(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any], path: str) -> None:
+def _check_value(value: object, schema: Schema, root: Schema, path: str) -> None:
     """``const``, ``enum``, ``minimum``: the value itself."""
     if "const" in schema and not _same(value, schema["const"]):
         raise SchemaViolation(path, f"is {json.dumps(value)[:60]}, not {json.dumps(schema['const'])}")
     if "enum" in schema and not any(_same(value, v) for v in schema["enum"]):
         raise SchemaViolation(path, f"is {json.dumps(value)[:60]}, not one of {json.dumps(schema['enum'])}")
-    if "minimum" in schema and _is(value, "number") and value < schema["minimum"]:
+    if "minimum" in schema and isinstance(value, (int, float)) and _is(value, "number") and value < schema["minimum"]:
         raise SchemaViolation(path, f"is {value}, below the minimum {schema['minimum']}")
 
 
-def _check_array(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any], path: str) -> None:
+def _check_array(value: object, schema: Schema, root: Schema, path: str) -> None:
     """``minItems`` and ``items`` of a list."""
     if not isinstance(value, list):
         return
@@ -440,7 +470,7 @@ def _check_array(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any],
             check(item, schema["items"], root, f"{path}[{i}]")
 
 
-def _check_object(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any], path: str) -> None:
+def _check_object(value: object, schema: Schema, root: Schema, path: str) -> None:
     """``required``, ``properties`` and ``additionalProperties`` of a dict."""
     if not isinstance(value, dict):
         return
@@ -459,7 +489,7 @@ def _check_object(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any]
 
 
 #: ``check``'s keyword checks, in the order a value meets them.
-KEYWORD_CHECKS: tuple[Callable[[Any, Mapping[str, object], Mapping[str, object], str], None], ...] = (
+KEYWORD_CHECKS: tuple[Callable[[object, Schema, Schema, str], None], ...] = (
     _check_ref,
     _check_any_of,
     _check_type,
@@ -473,11 +503,11 @@ def _article(kind: str) -> str:
     return {"object": "an object", "array": "an array", "integer": "an integer", "null": "null"}.get(kind, f"a {kind}")
 
 
-def _same(a: Any, b: Any) -> bool:
+def _same(a: object, b: object) -> bool:
     return type(a) is type(b) and a == b if isinstance(a, bool) or isinstance(b, bool) else a == b
 
 
-def validate(value: Any, name: str, definition: str | None = None, path: str = "") -> None:
+def validate(value: object, name: str, definition: str | None = None, path: str = "") -> None:
     """``value`` against schema ``name`` (``schemas/<name>.schema.json``), or against its
     ``$defs/<definition>``; ``path`` names where ``value`` sits in its file."""
     root = load_schema(name)

@@ -17,10 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from .errors import ConfigError
 from .formats import human_bytes, shown
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 #: A sequential measurement (runs added while its verdict is undecided, against a baseline or
 #: --llmperf-against's REF) stops at this many times its ``runs`` (``max_runs`` overrides); one
@@ -291,9 +295,9 @@ class TokenLogits:
 
     prompt_ids: tuple[int, ...]
     greedy_ids: tuple[int, ...]
-    logits: Any  # numpy float32 (n, n_vocab); numpy is not imported here
-    top_ids: Any = None  # numpy int64 (n, k)
-    top_logprobs: Any = None  # numpy float64 (n, k)
+    logits: npt.NDArray[np.float32] | None  # (n, n_vocab); numpy is not imported here
+    top_ids: npt.NDArray[np.int64] | None = None  # (n, k)
+    top_logprobs: npt.NDArray[np.float64] | None = None  # (n, k)
 
 
 #: ``EngineInfo``'s memory figures, MiB: llama.cpp's reported buffers (its log) and the model
@@ -404,11 +408,11 @@ class LlamaSetting:
 
     name: str
     kind: ValueKind
-    default: Any
+    default: object
     help: str  # the marker key's help
     llama: tuple[str, ...] = ()  # the ``llama_cpp.Llama(...)`` keywords it sets
     model_param: str | None = None  # a ``llama_model_params`` field ``Llama(...)`` has no keyword for
-    to_llama: Callable[[Any, Mapping[str, object]], Any] | None = None  # (value, all settings) -> llama.cpp's
+    to_llama: Callable[[object, Mapping[str, object]], object] | None = None  # (value, all settings) -> llama.cpp's
     not_llama: str | None = None  # why it sets nothing of llama.cpp's (the engine itself reads it)
     stored: str | None = None  # its key in the subject fingerprint (stored records), if not ``name``
     label: str | None = None  # how a changed subject names it, if not ``name``
@@ -421,7 +425,7 @@ class LlamaSetting:
     def subject_key(self) -> str:
         return self.stored or self.name
 
-    def llama_value(self, settings: Mapping[str, object]) -> Any:
+    def llama_value(self, settings: Mapping[str, object]) -> object:
         """The value llama.cpp is given, from every setting's value (``settings``)."""
         value = settings[self.name]
         return self.to_llama(value, settings) if self.to_llama is not None else value
@@ -484,7 +488,7 @@ LLAMA_SETTINGS: dict[str, LlamaSetting] = {
             "f16",
             "K cache type: f16, q8_0, q4_0...",
             llama=("type_k",),
-            to_llama=lambda value, _: ggml_type(value),
+            to_llama=lambda value, _: ggml_type(str(value)),
             label="K cache type",
         ),
         LlamaSetting(
@@ -493,7 +497,7 @@ LLAMA_SETTINGS: dict[str, LlamaSetting] = {
             "f16",
             "V cache type (quantized needs flash_attn=True)",
             llama=("type_v",),
-            to_llama=lambda value, _: ggml_type(value),
+            to_llama=lambda value, _: ggml_type(str(value)),
             label="V cache type",
         ),
         LlamaSetting(
@@ -543,11 +547,11 @@ LLAMA_SETTINGS: dict[str, LlamaSetting] = {
 }
 
 
-def llama_arguments(settings: Mapping[str, object]) -> tuple[dict[str, Any], dict[str, Any]]:
+def llama_arguments(settings: Mapping[str, object]) -> tuple[dict[str, object], dict[str, object]]:
     """The ``llama_cpp.Llama(...)`` keywords and the ``llama_model_params`` fields that every
     setting's value (``settings``, by name, as the engine resolved them) sets."""
-    keywords: dict[str, Any] = {}
-    model_params: dict[str, Any] = {}
+    keywords: dict[str, object] = {}
+    model_params: dict[str, object] = {}
     for s in LLAMA_SETTINGS.values():
         value = s.llama_value(settings)
         keywords.update(dict.fromkeys(s.llama, value))

@@ -69,7 +69,7 @@ __all__ = [
 ]
 
 
-TokenStream = Callable[[str, int], Iterable[Any]]
+TokenStream = Callable[[str, int], Iterable[object]]
 
 Reading = TypeVar("Reading")
 
@@ -95,7 +95,7 @@ class RunWatch(Protocol):
     (``engines.user_llama.LlamaWatch``): ``arm`` before the run's first clock read (cleared when
     ``cold``, instrumented), ``disarm`` after its last (each driven Llama's ``LlamaRun``)."""
 
-    driven: Mapping[str, Any]
+    driven: Mapping[str, object]
 
     def arm(self, cold: bool) -> Sequence[Any]: ...
 
@@ -103,7 +103,7 @@ class RunWatch(Protocol):
 
     def info(self, base: EngineInfo) -> EngineInfo: ...
 
-    def driven_llama(self) -> Any: ...
+    def driven_llama(self) -> LayerTiming | None: ...
 
 
 def synthetic_text(n_words: int, seed: int) -> str:
@@ -152,7 +152,7 @@ class CallableEngine(Engine, DrivenLlama):
         memory: dict[str, Any] = dict(self.counters.memory())  # MEMORY_FIELDS: MiB figures
         return dataclasses.replace(self._info, **memory)
 
-    def driven_llama(self) -> Any:
+    def driven_llama(self) -> LayerTiming | None:
         """The Llama the callable drove most recently, as an in-process llama.cpp engine
         (``DrivenLlama``; None: no watch, or no run drove a Llama)."""
         return self.watch.driven_llama() if self.watch is not None else None

@@ -18,9 +18,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from ..core.workload import EngineInfo, RunTrace, TokenLogits, Workload
+
+if TYPE_CHECKING:
+    import httpx
+    from llama_cpp import Llama
+    from llama_cpp.llama_cpp import llama_context_p, llama_sampler_p
+
+    from .llama_cpp_native import Context, Sampler
 
 
 @dataclass(frozen=True)
@@ -75,20 +83,20 @@ class LayerTiming(Protocol):
     loop, so the instrumented runs time what the plain runs time."""
 
     @property
-    def lib(self) -> Any:
+    def lib(self) -> ModuleType:
         """llama-cpp-python's low-level bindings (``llama_cpp``)."""
         ...
 
-    def make_sampler(self) -> Any: ...
+    def make_sampler(self) -> llama_sampler_p: ...
 
     def prompt_ids(self, workload: Workload) -> list[int]: ...
 
     def decode_feed(self, workload: Workload) -> list[int] | None: ...
 
-    def instrumented_context(self, cb_eval: Any, tokens: int) -> Any: ...
+    def instrumented_context(self, cb_eval: object, tokens: int) -> llama_context_p: ...
 
     def timed_decode(
-        self, ctx: Any, prompt_ids: Sequence[int], max_tokens: int, *, feed: Sequence[int] | None, sampler: Any
+        self, ctx: Context, prompt_ids: Sequence[int], max_tokens: int, *, feed: Sequence[int] | None, sampler: Sampler
     ) -> TimedDecode: ...
 
 
@@ -111,7 +119,7 @@ class DrivenLlama(Protocol):
     settings, the prompt as the code built it) once a run drove one, else None. The attribution
     pass and per-layer timing then time the user's Llama."""
 
-    def driven_llama(self) -> Any: ...
+    def driven_llama(self) -> LayerTiming | None: ...
 
 
 def layer_timing(engine: object) -> object | None:
@@ -176,9 +184,9 @@ class AsyncRuns(Protocol):
     """``run`` as a coroutine on a client of one event loop: a load test runs every request as
     a task of that loop instead of a thread each."""
 
-    def async_client(self) -> Any: ...
+    def async_client(self) -> httpx.AsyncClient: ...
 
-    async def arun(self, workload: Workload, run_index: int, client: Any) -> RunTrace: ...
+    async def arun(self, workload: Workload, run_index: int, client: httpx.AsyncClient) -> RunTrace: ...
 
 
 @runtime_checkable
@@ -216,7 +224,7 @@ class ProcessMemory(Protocol):
 class LlamaObject(Protocol):
     """The ``llama_cpp.Llama`` object of the engine's model, for tests (``llmperf_llm``)."""
 
-    llm: Any
+    llm: Llama | None
 
 
 #: Every ability, in the order docs/api.md lists them.

@@ -53,7 +53,15 @@ from .capabilities import AsyncRuns, Closable, ConcurrentRuns, Engine, NeedsProm
 from .sse import MAX_ERROR_BODY_BYTES, EventReader, Head, StreamState, status_error
 
 if TYPE_CHECKING:
+    import argparse
+    import ssl
+
+    import httpcore
     import httpx
+    import numpy as np
+    import numpy.typing as npt
+
+    from ..core.settings import EngineSettings
 
 DEFAULT_API_KEY_ENV: str = SETTINGS["api_key_env"].default
 #: Top log-probabilities asked per position for output agreement (OpenAI's top_logprobs cap).
@@ -96,7 +104,7 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
         token_timeout_s: float = SETTINGS["token_timeout"].default,
         request_timeout_s: float = SETTINGS["request_timeout"].default,
         ignore_eos: bool = True,
-        extra_body: dict[str, Any] | None = None,
+        extra_body: dict[str, object] | None = None,
         prompt_salt: int | None = None,
     ) -> None:
         import httpx
@@ -156,7 +164,9 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
             raise ConfigError(f"endpoint {self.endpoint!r} is not a valid URL ({redact(str(exc))}); fix it") from None
 
     @classmethod
-    def from_settings(cls, endpoint: str, settings: Any, model: str | None) -> HttpEngine:
+    def from_settings(
+        cls, endpoint: str, settings: EngineSettings | argparse.Namespace, model: str | None
+    ) -> HttpEngine:
         """The engine the endpoint settings describe (``api``, ``api_key_env``,
         ``request_timeout``, ``token_timeout``: the settings table's names), read from the
         pytest session's settings or the ``llmperf load`` arguments alike."""
@@ -182,7 +192,7 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
             token_count="+".join(sorted(self._token_count)) or None,
         )
 
-    def body(self, workload: Workload, run_index: int) -> dict[str, Any]:
+    def body(self, workload: Workload, run_index: int) -> dict[str, object]:
         """The request. A synthetic prompt differs per request (seeded by the engine's salt,
         the workload's seed and the request index) so no server can answer from a cached
         prefix; with ``shared_prefix_tokens`` its first words are the same in every request."""
@@ -195,7 +205,7 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
             if shared:
                 prompt = synthetic_text(shared, seed=base) + " " + prompt
         n = workload.max_tokens
-        body: dict[str, Any] = {
+        body: dict[str, object] = {
             "max_tokens": n,
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -430,7 +440,7 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
         character (a byte token): its list is empty (the generated ids come from ``tokens``)."""
         import httpx
 
-        body: dict[str, Any] = {
+        body: dict[str, object] = {
             "prompt": list(ids),
             "n_predict": n,
             "temperature": 0.0,
@@ -487,7 +497,9 @@ def _aligned(
     return out
 
 
-def _top_arrays(rows: Sequence[Sequence[tuple[int, float]]], n: int) -> tuple[Any, Any]:
+def _top_arrays(
+    rows: Sequence[Sequence[tuple[int, float]]], n: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
     """(ids, log-probabilities) arrays of ``n`` rows of the widest row's width: the top ids and
     their log-probabilities per position, padded with -1 and -inf."""
     import numpy as np
@@ -525,7 +537,7 @@ def _clamp(timeout: float | None) -> float | None:
 class _DeadlineStream:
     """A network stream whose every read and write waits at most until the request's deadline."""
 
-    def __init__(self, stream: Any) -> None:
+    def __init__(self, stream: httpcore.NetworkStream) -> None:
         self._stream = stream
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
@@ -537,30 +549,36 @@ class _DeadlineStream:
     def close(self) -> None:
         self._stream.close()
 
-    def start_tls(self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None) -> Any:
+    def start_tls(
+        self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
+    ) -> _DeadlineStream:
         return _DeadlineStream(self._stream.start_tls(ssl_context, server_hostname, _clamp(timeout)))
 
-    def get_extra_info(self, info: str) -> Any:
+    def get_extra_info(self, info: str) -> object:
         return self._stream.get_extra_info(info)
 
 
 class _DeadlineBackend:
     """httpcore's network backend, with streams and connects bounded by the deadline."""
 
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: httpcore.NetworkBackend) -> None:
         self._backend = backend
 
-    def connect_tcp(self, host: str, port: int, timeout: float | None = None, *args: Any, **kwargs: Any) -> Any:
+    def connect_tcp(
+        self, host: str, port: int, timeout: float | None = None, *args: Any, **kwargs: Any
+    ) -> _DeadlineStream:
         return _DeadlineStream(self._backend.connect_tcp(host, port, _clamp(timeout), *args, **kwargs))
 
-    def connect_unix_socket(self, path: str, timeout: float | None = None, *args: Any, **kwargs: Any) -> Any:
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, *args: Any, **kwargs: Any
+    ) -> _DeadlineStream:
         return _DeadlineStream(self._backend.connect_unix_socket(path, _clamp(timeout), *args, **kwargs))
 
     def sleep(self, seconds: float) -> None:
         self._backend.sleep(seconds)
 
 
-def _deadline_transport(transport: Any) -> Any:
+def _deadline_transport(transport: httpx.HTTPTransport) -> httpx.HTTPTransport:
     """``transport`` with its connection pool's network backend wrapped in ``_DeadlineBackend``.
 
     httpx has no public hook for this; its pool keeps the backend in ``_network_backend``

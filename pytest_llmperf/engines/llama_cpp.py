@@ -24,7 +24,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
@@ -67,6 +68,14 @@ from .llama_cpp_native import (
     resolve_repack,
 )
 
+if TYPE_CHECKING:
+    import ctypes
+
+    from llama_cpp import Llama
+    from llama_cpp.llama_cpp import llama_batch, llama_context_p, llama_model_params, llama_sampler_p, llama_vocab_p
+
+    from .llama_cpp_native import Context, Sampler
+
 #: Sampler calls per run that time sampling apart when the decode loop does not sample.
 SAMPLING_PROBES = 8
 
@@ -76,14 +85,14 @@ MODEL_PARAMS_MARK = "llmperf_model_params"
 
 
 @contextlib.contextmanager
-def with_model_params(llama_cpp: Any, **fields: Any) -> Iterator[None]:
+def with_model_params(llama_cpp: ModuleType, **fields: object) -> Iterator[None]:
     """``llama_cpp.Llama`` builds its model parameters from ``llama_model_default_params()``
     and takes no keyword for some of them (``use_extra_bufts``): set them on the defaults
     while one ``Llama`` is constructed."""
     module = llama_cpp.llama_cpp
     default = module.llama_model_default_params
 
-    def with_fields() -> Any:
+    def with_fields() -> llama_model_params:
         params = default()
         for name, value in fields.items():
             setattr(params, name, value)
@@ -95,6 +104,17 @@ def with_model_params(llama_cpp: Any, **fields: Any) -> Iterator[None]:
         yield
     finally:
         module.llama_model_default_params = default
+
+
+class MemoryFields(TypedDict, total=False):
+    """``EngineInfo``'s memory fields (``MEMORY_FIELDS``) as an engine reads them."""
+
+    kv_mib: float | None
+    compute_mib: float | None
+    output_mib: float | None
+    model_buffer_mib: float | None
+    mapped_mib: float | None
+    mapped_resident_mib: float | None
 
 
 class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaObject, SteppedRuns, Closable):
@@ -109,12 +129,12 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
     """
 
     # Until __init__ sets them (close() frees what a failed load left).
-    llm: Any = None  # llama_cpp.Llama
+    llm: Llama | None = None
     _own_ctx = False
-    _sampler: Any = None
+    _sampler: Sampler = None
 
     def __init__(
-        self, model_path: str | os.PathLike[str], *, name: str | None = None, verbose: bool = False, **settings: Any
+        self, model_path: str | os.PathLike[str], *, name: str | None = None, verbose: bool = False, **settings: object
     ) -> None:
         """``settings``: llama.cpp settings by name (``core.workload.LLAMA_SETTINGS``; unset: the default)."""
         path = check_gguf(model_path)
@@ -208,17 +228,18 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
         return total if asked < 0 else min(asked, total)
 
     @property
-    def lib(self) -> Any:
+    def lib(self) -> ModuleType:
         """llama-cpp-python's low-level bindings (``llama_cpp``), for callers driving a context."""
         return self._lib
 
-    def make_sampler(self) -> Any:
+    def make_sampler(self) -> llama_sampler_p:
         """Greedy sampling with every end-of-generation token banned: runs have equal length.
         The caller owns it (``lib.llama_sampler_free``)."""
         return greedy_sampler(self._lib, self.n_vocab, self._eog_ids)
 
     def _clear(self) -> None:
         lib = self._lib
+        assert self.llm is not None  # loaded: __init__ finished
         lib.llama_memory_clear(lib.llama_get_memory(self._ctx), True)
         self.llm.reset()  # keep the Llama object's own token bookkeeping in step
         lib.llama_sampler_reset(self._sampler)
@@ -297,7 +318,7 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
         )
 
     def timed_decode(
-        self, ctx: Any, prompt_ids: Sequence[int], max_tokens: int, *, feed: Sequence[int] | None, sampler: Any
+        self, ctx: Context, prompt_ids: Sequence[int], max_tokens: int, *, feed: Sequence[int] | None, sampler: Sampler
     ) -> TimedDecode:
         """One timed run on ``ctx``, cleared by the caller: this engine's context (``run``) or
         one from :meth:`instrumented_context` (per-layer timing): the same loop either way.
@@ -312,7 +333,7 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
         for _ in range(min(max_tokens, SAMPLING_PROBES)):
             lib.llama_sampler_sample(self._sampler, self._ctx, -1)
 
-    def instrumented_context(self, cb_eval: Any, tokens: int) -> Any:
+    def instrumented_context(self, cb_eval: object, tokens: int) -> llama_context_p:
         """A second context on this engine's model with the plain one's parameters (threads,
         batch, cache types, attention kernel), ``cb_eval`` installed, and room for ``tokens``:
         only the callback differs from what ``run`` measures. The caller frees it
@@ -330,6 +351,7 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
         """The prompt's token ids and the ns spent tokenizing a literal prompt (timed apart)."""
         if workload.prompt is not None:
             text = workload.prompt.encode("utf-8")
+            assert self.llm is not None  # loaded: __init__ finished
             before = time.perf_counter_ns()
             ids = self.llm.tokenize(text, add_bos=True, special=False)
             return ids, time.perf_counter_ns() - before
@@ -361,6 +383,7 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
         if want == self.n_ctx or tokens > self._n_ctx_train():
             return  # beyond the model's training context: check_fits says so
         lib = self._lib
+        assert self.llm is not None  # loaded: __init__ finished
         params = type(self.llm.context_params).from_buffer_copy(self.llm.context_params)
         params.n_ctx = want
         params.n_batch = min(self.config.n_batch, want)
@@ -378,20 +401,22 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
         self._evaluate_once()
         self._info = dataclasses.replace(self._info, n_ctx=self.n_ctx, n_batch=self.n_batch, **self._memory())
 
-    def _memory(self, path: Path | None = None, mapped_before: tuple[float, float] | None = None) -> dict[str, Any]:
+    def _memory(self, path: Path | None = None, mapped_before: tuple[float, float] | None = None) -> MemoryFields:
         """EngineInfo's memory fields: llama.cpp's reported buffers of the model and of the
         context in use, and (``path``: after load) the model file's mapping that this load made:
         the process's mappings of the file less those it had before (``mapped_before``)."""
         b = self._buffers
-        out = {"kv_mib": b.get("kv"), "compute_mib": b.get("compute"), "output_mib": b.get("output")}
+        out: MemoryFields = {"kv_mib": b.get("kv"), "compute_mib": b.get("compute"), "output_mib": b.get("output")}
         if path is not None:
             mapped = mapped_file_mib(path)
             if mapped is not None and mapped_before is not None:
                 mapped = (mapped[0] - mapped_before[0], max(mapped[1] - mapped_before[1], 0.0))
             out.update(
-                model_buffer_mib=b.get("model"),
-                mapped_mib=mapped[0] if mapped and mapped[0] > 0 else None,
-                mapped_resident_mib=mapped[1] if mapped and mapped[0] > 0 else None,
+                {
+                    "model_buffer_mib": b.get("model"),
+                    "mapped_mib": mapped[0] if mapped and mapped[0] > 0 else None,
+                    "mapped_resident_mib": mapped[1] if mapped and mapped[0] > 0 else None,
+                }
             )
         return out
 
@@ -477,7 +502,7 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
             self.llm.close()
 
 
-def _vocab_tables(lib: Any, vocab: Any, n_vocab: int) -> tuple[list[int], np.ndarray]:
+def _vocab_tables(lib: ModuleType, vocab: llama_vocab_p, n_vocab: int) -> tuple[list[int], np.ndarray]:
     """The vocabulary's end-of-generation ids, and the ids a synthetic prompt may use (neither
     control nor end-of-generation tokens)."""
     eog_ids = [t for t in range(n_vocab) if lib.llama_vocab_is_eog(vocab, t)]
@@ -500,7 +525,9 @@ def split_prompt(n_tokens: int, n_batch: int) -> list[tuple[int, int]]:
     return chunks
 
 
-def _prompt_batches(lib: Any, prompt_ids: Sequence[int], n_batch: int) -> tuple[list[Any], list[Any]]:
+def _prompt_batches(
+    lib: ModuleType, prompt_ids: Sequence[int], n_batch: int
+) -> tuple[list[ctypes.Array[ctypes.c_int32]], list[llama_batch]]:
     """The prompt's token arrays (``split_prompt``'s chunks) and a batch over each: the arrays
     must outlive the batches that point into them."""
     arrays = [(lib.llama_token * n)(*prompt_ids[s : s + n]) for s, n in split_prompt(len(prompt_ids), n_batch)]
@@ -508,8 +535,13 @@ def _prompt_batches(lib: Any, prompt_ids: Sequence[int], n_batch: int) -> tuple[
 
 
 def _decode_buffers(
-    lib: Any, prompt_ids: Sequence[int], max_tokens: int, n_batch: int, feed: Sequence[int] | None, sampler: Any
-) -> tuple[list[Any], list[Any], Any, Any, list[int]]:
+    lib: ModuleType,
+    prompt_ids: Sequence[int],
+    max_tokens: int,
+    n_batch: int,
+    feed: Sequence[int] | None,
+    sampler: Sampler,
+) -> tuple[list[ctypes.Array[ctypes.c_int32]], list[llama_batch], ctypes.Array[ctypes.c_int32], llama_batch, list[int]]:
     """What a timed loop needs made before its first clock read: the prompt's arrays and
     batches (``_prompt_batches``), a one-token array and its batch, and the token ids (the feed's,
     or zeros the sampler fills)."""
@@ -521,7 +553,9 @@ def _decode_buffers(
     return arrays, prompt_batches, one, lib.llama_batch_get_one(one, 1), token_ids
 
 
-def _timed_prompt(lib: Any, ctx: Any, prompt_batches: Sequence[Any], n_prompt: int) -> tuple[int, int]:
+def _timed_prompt(
+    lib: ModuleType, ctx: Context, prompt_batches: Sequence[llama_batch], n_prompt: int
+) -> tuple[int, int]:
     """The prompt's batches evaluated: (the clock before the first, the clock once its logits are ready)."""
     clock = time.perf_counter_ns
     start = clock()
@@ -533,14 +567,14 @@ def _timed_prompt(lib: Any, ctx: Any, prompt_batches: Sequence[Any], n_prompt: i
 
 
 def timed_decode(
-    lib: Any,
-    ctx: Any,
+    lib: ModuleType,
+    ctx: Context,
     prompt_ids: Sequence[int],
     max_tokens: int,
     n_batch: int,
     *,
     feed: Sequence[int] | None,
-    sampler: Any = None,
+    sampler: Sampler = None,
     pause: Callable[[], None] | None = None,
 ) -> TimedDecode:
     """Prefill ``prompt_ids`` on ``ctx`` (cleared by the caller), then generate ``max_tokens``.
@@ -587,14 +621,14 @@ def timed_decode(
 
 
 def _stepped_decode(
-    lib: Any,
-    ctx: Any,
+    lib: ModuleType,
+    ctx: Context,
     prompt_ids: Sequence[int],
     max_tokens: int,
     n_batch: int,
     *,
     feed: Sequence[int] | None,
-    sampler: Any,
+    sampler: Sampler,
     pause: Callable[[], None],
 ) -> TimedDecode:
     """``timed_decode``'s steps one at a time, ``pause()`` before each (its own loop: the plain
@@ -639,7 +673,7 @@ class LlamaReading:
     prefill_tokens: int
     decode_ms: float
     decode_tokens: int
-    sampler: Any = None  # llama-cpp-python's LlamaSampler (kept: compared by identity)
+    sampler: object = None  # llama-cpp-python's LlamaSampler (kept: compared by identity)
     sample_ms: float = 0.0
     sample_count: int = 0
 
@@ -659,7 +693,7 @@ class LlamaCounters(CounterSource["LlamaReading | None"]):
 
     SOURCE = "llama_perf_context (the fixtures' Llama)"
 
-    def __init__(self, llm: Any, info: EngineInfo | None = None) -> None:
+    def __init__(self, llm: Llama, info: EngineInfo | None = None) -> None:
         self.llm = llm
         self._lib = import_llama_cpp()
         self.info = info

@@ -27,7 +27,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from ..core.documents import file_kind
 from ..core.errors import ConfigError, EngineError, unknown_name
@@ -36,10 +37,19 @@ from ..core.settings import CACHE_TYPES, RENAMED, UNQUANTIZED, renamed_line, usa
 from ..core.settings import ENGINE_DEFAULTS as DEFAULTS
 from ..core.workload import LLAMA_SETTINGS
 
+if TYPE_CHECKING:
+    from llama_cpp.llama_cpp import llama_context_p, llama_context_params, llama_sampler_p
+
+    #: A llama.cpp context and sampler chain as llama-cpp-python's ctypes give them (None: NULL, freed).
+    Context: TypeAlias = llama_context_p | None
+    Sampler: TypeAlias = llama_sampler_p | None
+
+    from ..core.settings import EngineSettings
+
 GGUF_MAGIC = b"GGUF"
 
 
-def import_llama_cpp() -> Any:
+def import_llama_cpp() -> ModuleType:
     try:
         import llama_cpp
     except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -157,7 +167,7 @@ def default_threads() -> int:
     return usable_cpus()
 
 
-def greedy_sampler(lib: Any, n_vocab: int, banned: Sequence[int]) -> Any:
+def greedy_sampler(lib: ModuleType, n_vocab: int, banned: Sequence[int]) -> llama_sampler_p:
     """Greedy sampling with every ``banned`` (end-of-generation) token banned: runs have equal
     length. The caller owns it (``lib.llama_sampler_free``)."""
     params = lib.llama_sampler_chain_default_params()
@@ -173,7 +183,7 @@ def greedy_sampler(lib: Any, n_vocab: int, banned: Sequence[int]) -> Any:
     return chain
 
 
-def kv_bytes_per_element(params: Any) -> float | None:
+def kv_bytes_per_element(params: llama_context_params) -> float | None:
     """Mean bytes per K/V cache element, from the context's cache types (F16 by default)."""
     try:
         from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -304,7 +314,7 @@ class EngineConfig:
         return self.n_ubatch or self.n_batch
 
     @classmethod
-    def from_settings(cls, settings: Any, overrides: Mapping[str, object] | None = None) -> EngineConfig:
+    def from_settings(cls, settings: EngineSettings, overrides: Mapping[str, object] | None = None) -> EngineConfig:
         """The session's llama.cpp settings (``settings.EngineSettings``) with a test's own
         (marker keys) over them."""
         session = {s.name: getattr(settings, s.name) for s in LLAMA_SETTINGS.values() if s.option is not None}
@@ -332,7 +342,7 @@ class EngineConfig:
         """Every llama.cpp setting by name (``LLAMA_SETTINGS``'s order), without the model."""
         return {name: getattr(self, name) for name in LLAMA_SETTINGS}
 
-    def differences(self, base: EngineConfig) -> dict[str, Any]:
+    def differences(self, base: EngineConfig) -> dict[str, object]:
         """The fields that differ from ``base`` (a table row's or a side's short label)."""
         return {
             f.name: getattr(self, f.name)
@@ -357,7 +367,7 @@ BUFFER_SOURCE = "llama.cpp log"
 
 
 @contextlib.contextmanager
-def llama_log_capture(llama_cpp: Any) -> Iterator[list[str]]:
+def llama_log_capture(llama_cpp: ModuleType) -> Iterator[list[str]]:
     """llama.cpp's log text while the block runs, passed on to llama-cpp-python's own handler
     as before (so a verbose engine worker still logs it); that handler is back afterwards.
     Nested captures (a Llama made by the plugin's engine through the hook on ``Llama.__init__``)
@@ -375,7 +385,7 @@ def llama_log_capture(llama_cpp: Any) -> Iterator[list[str]]:
     previous = _logger.llama_log_callback
 
     @llama_cpp.llama_log_callback
-    def capture(level: int, text: bytes, user_data: Any) -> None:
+    def capture(level: int, text: bytes, user_data: object) -> None:
         line = text.decode("utf-8", "replace") if text else ""
         for into in _CAPTURING:
             into.append(line)

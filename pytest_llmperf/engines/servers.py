@@ -87,7 +87,7 @@ class Server:
         """``http://127.0.0.1:PORT``: where ``/health`` and ``/metrics`` are."""
         return self.url.rsplit("/v1", 1)[0]
 
-    def engine(self, **kwargs: Any) -> Any:
+    def engine(self, **kwargs: Any) -> HttpEngine:
         """An HttpEngine on this server (keyword arguments go to HttpEngine)."""
         kwargs.setdefault("model", self.model)
         return HttpEngine(self.url, **kwargs)

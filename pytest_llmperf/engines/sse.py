@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, TypeGuard
 
-from ..core.documents import DuplicateKey, loads
+from ..core.documents import DuplicateKey, JSONValue, loads
 from ..core.errors import EngineError
 from ..core.formats import escaped
 from ..core.workload import NativeCounters, RunTrace
@@ -49,11 +49,11 @@ def status_error(url: str, status: int, body: bytes, location: str | None) -> En
     return EngineError(f"HTTP {status} from {url}: {short(body.decode('utf-8', 'replace')) or '(empty body)'}")
 
 
-def is_count(value: Any) -> bool:
+def is_count(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _is_ms(value: Any) -> bool:
+def _is_ms(value: object) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1e9
 
 
@@ -63,8 +63,8 @@ class StreamState:
     def __init__(self, url: str, api: str, max_tokens: int) -> None:
         self.url, self.api, self.max_tokens = url, api, max_tokens
         self.stamps: list[int] = []
-        self.usage: dict[str, Any] | None = None
-        self.timings: dict[str, Any] | None = None
+        self.usage: dict[str, JSONValue] | None = None
+        self.timings: dict[str, JSONValue] | None = None
         self.finish: str | None = None
         self.done = False
         self.model: str | None = None
@@ -106,7 +106,7 @@ class StreamState:
             raise self._conflict(f"model {short(self.model, 40)!r}, then {short(model, 40)!r}")
         self.model = model
 
-    def _check_usage(self, usage: dict[str, Any]) -> None:
+    def _check_usage(self, usage: dict[str, JSONValue]) -> None:
         """A later usage (a server may send one per event) keeps the prompt's count and never
         counts fewer generated tokens than an earlier one."""
         if self.usage is None:
@@ -114,8 +114,7 @@ class StreamState:
         before, now = self.usage.get("prompt_tokens"), usage.get("prompt_tokens")
         if is_count(before) and is_count(now) and before != now:
             raise self._conflict(f"usage.prompt_tokens {before}, then {now}")
-        counted: Any = self.usage.get("completion_tokens")
-        later: Any = usage.get("completion_tokens")
+        counted, later = self.usage.get("completion_tokens"), usage.get("completion_tokens")
         if is_count(counted) and is_count(later) and later < counted:
             raise self._conflict(f"usage.completion_tokens {counted}, then {later}")
 
@@ -124,12 +123,10 @@ class StreamState:
         t = self.timings
         if not t:
             return None
-        keys = ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms")
-        if not (is_count(t.get("prompt_n")) and is_count(t.get("predicted_n"))):
+        prompt_n, prompt_ms = t.get("prompt_n"), t.get("prompt_ms")
+        predicted_n, predicted_ms = t.get("predicted_n"), t.get("predicted_ms")
+        if not (is_count(prompt_n) and is_count(predicted_n) and _is_ms(prompt_ms) and _is_ms(predicted_ms)):
             return None
-        if not (_is_ms(t.get("prompt_ms")) and _is_ms(t.get("predicted_ms"))):
-            return None
-        prompt_n, prompt_ms, predicted_n, predicted_ms = (t[k] for k in keys)
         return NativeCounters(
             prefill_ms=float(prompt_ms),
             prefill_tokens=prompt_n,
@@ -295,7 +292,7 @@ class EventReader:
         return [data for line in self.lines.end() for data in self.events.feed(line)] + self.events.end()
 
 
-def parse_event(data: str, url: str) -> dict[str, Any]:
+def parse_event(data: str, url: str) -> dict[str, JSONValue]:
     try:
         event = loads(data)
     except json.JSONDecodeError:

@@ -38,7 +38,8 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, NoReturn, TypedDict
 
 from ..core.errors import EngineError
 from ..core.workload import AUTO_CTX_STEP, EngineInfo, LlamaRun, NativeCounters, RunTrace, Workload
@@ -58,29 +59,40 @@ from .llama_cpp_native import (
     resolve_repack,
 )
 
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    import numpy as np
+    import numpy.typing as npt
+    from llama_cpp import Llama
+    from llama_cpp.llama_cache import BaseLlamaCache
+    from llama_cpp.llama_cpp import llama_context_p, llama_context_params, llama_model_params, llama_sampler_p
+
+    from .llama_cpp_native import Context, Sampler
+
 #: Runs in which the callable made a new Llama before that is one line (the first may be a lazy load).
 MAX_RUNS_WITH_NEW = 2
 
 #: The instance methods wrapped for a run (removed after it).
 WRAPPED = ("generate", "eval", "sample", "tokenize", "_init_sampler")
 
-_SEEN: weakref.WeakSet[Any] = weakref.WeakSet()
+_SEEN: weakref.WeakSet[Llama] = weakref.WeakSet()
 #: llama.cpp's buffers (MiB by kind, from its log while the Llama loaded) of each Llama made
 #: after the hook, or handed over by the engine that made it (``LlamaWatch.know``).
-_BUFFERS: weakref.WeakKeyDictionary[Any, dict[str, float]] = weakref.WeakKeyDictionary()
+_BUFFERS: weakref.WeakKeyDictionary[Llama, dict[str, float]] = weakref.WeakKeyDictionary()
 #: llama.cpp's buffer kinds (``buffer_sizes``) and the ``EngineInfo`` field of each.
 BUFFER_FIELDS = {"kv": "kv_mib", "compute": "compute_mib", "output": "output_mib", "model": "model_buffer_mib"}
 _MADE = [0]  # Llamas made since the hook (a run that made one is told: ``LlamaWatch``)
-_HOOKED: list[Any] = []  # the Llama classes whose __init__ is wrapped
+_HOOKED: list[type[Llama]] = []  # the Llama classes whose __init__ is wrapped
 
 
-def live_llamas() -> list[Any]:
+def live_llamas() -> list[Llama]:
     """Every open ``llama_cpp.Llama`` of this process (in no particular order)."""
     _hook()
     return [llm for llm in list(_SEEN) if _is_open(llm)]
 
 
-def _is_open(llm: Any) -> bool:
+def _is_open(llm: Llama) -> bool:
     return getattr(getattr(llm, "_ctx", None), "ctx", None) is not None
 
 
@@ -98,7 +110,7 @@ def _hook() -> None:
     original = cls.__init__
 
     @functools.wraps(original)
-    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+    def init(self: Llama, *args: object, **kwargs: object) -> None:
         path = kwargs.get("model_path", args[0] if args else None)
         with _repack_guard(llama_cpp, path), llama_log_capture(llama_cpp) as log:
             original(self, *args, **kwargs)
@@ -110,7 +122,7 @@ def _hook() -> None:
     _HOOKED.append(cls)
 
 
-def _repack_guard(llama_cpp: Any, path: object) -> Any:
+def _repack_guard(llama_cpp: ModuleType, path: object) -> AbstractContextManager[object]:
     """The plugin engine's protection where llama.cpp is known to die: a quantized model on an
     AMX CPU is loaded with weight repacking off (``resolve_repack``)."""
     if hasattr(llama_cpp.llama_cpp.llama_model_default_params, MODEL_PARAMS_MARK):
@@ -143,11 +155,11 @@ class _Log:
 class _Probe:
     """One Llama during one run: cleared (cold), counters read, methods wrapped."""
 
-    def __init__(self, llm: Any, name: str, lib: Any) -> None:
+    def __init__(self, llm: Llama, name: str, lib: ModuleType) -> None:
         self.llm, self.name, self.lib = llm, name, lib
         self.counters = LlamaCounters(llm)
         self.log = _Log()
-        self.saved_cache: Any = None
+        self.saved_cache: BaseLlamaCache | None = None
         self.before: LlamaReading | None = None
         self.prompt_ids: list[int] = []  # as the code gave them to ``generate``, after the run
 
@@ -216,7 +228,7 @@ class _Probe:
             sampler=_sampler_words(log),
         )
 
-    def _wrappers(self) -> dict[str, Callable[..., Any]]:
+    def _wrappers(self) -> dict[str, Callable[..., object]]:
         llm, log, clock = self.llm, self.log, time.perf_counter_ns
         cls = type(llm)
         generate, evaluate = cls.generate.__get__(llm), cls.eval.__get__(llm)
@@ -224,7 +236,7 @@ class _Probe:
         init_sampler = cls._init_sampler.__get__(llm)
         read, sync, ctx = self.counters.read, self.lib.llama_synchronize, llm._ctx.ctx
 
-        def wrapped_generate(tokens: Sequence[int], *args: Any, **kwargs: Any) -> Any:
+        def wrapped_generate(tokens: Sequence[int], *args: object, **kwargs: object) -> object:
             if log.prompt_tokens is None:
                 log.prompt_tokens = len(tokens)
                 log.prompt_ids = tokens  # the caller's sequence: copied after the run
@@ -241,7 +253,7 @@ class _Probe:
                 log.evaluated = len(tokens)
                 log.after_prompt = read()
 
-        def wrapped_sample(*args: Any, **kwargs: Any) -> int:
+        def wrapped_sample(*args: object, **kwargs: object) -> int:
             began = clock()
             token: int = sample(*args, **kwargs)
             made = clock()
@@ -249,12 +261,12 @@ class _Probe:
             log.made.append((made, token))
             return token
 
-        def wrapped_init_sampler(*args: Any, **kwargs: Any) -> Any:
+        def wrapped_init_sampler(*args: object, **kwargs: object) -> object:
             # llama-cpp-python makes its chain with llama.cpp's default params (no_perf): timed here.
             with _timed_chains(self.lib):
                 return init_sampler(*args, **kwargs)
 
-        def wrapped_tokenize(*args: Any, **kwargs: Any) -> list[int]:
+        def wrapped_tokenize(*args: object, **kwargs: object) -> list[int]:
             began = clock()
             ids: list[int] = tokenize(*args, **kwargs)
             if log.evaluated is None:
@@ -270,13 +282,13 @@ class _Probe:
 
 
 @contextlib.contextmanager
-def _timed_chains(lib: Any) -> Iterator[None]:
+def _timed_chains(lib: ModuleType) -> Iterator[None]:
     """Sampler chains made in the block keep llama.cpp's own counters (``no_perf`` off), so
     ``llama_perf_sampler`` times the chain per token inside llama.cpp."""
     module = lib.llama_cpp
     default = module.llama_sampler_chain_default_params
 
-    def timed() -> Any:
+    def timed() -> object:
         params = default()
         params.no_perf = False
         return params
@@ -301,21 +313,23 @@ def _sampler_words(log: _Log) -> str:
     return "grammar" if log.grammar else ""
 
 
-def _time_hooks(kwargs: dict[str, Any], log: _Log) -> None:
+def _time_hooks(kwargs: dict[str, object], log: _Log) -> None:
     """The user's logits processors and stopping criteria, each call timed (their time is
     Python's, though the processors run inside llama.cpp's sampler call)."""
     log.grammar = log.grammar or kwargs.get("grammar") is not None
     for keyword, field_name in (("logits_processor", "processors_ns"), ("stopping_criteria", "stopping_ns")):
         calls = kwargs.get(keyword)
-        if calls:
+        if calls and isinstance(calls, list):  # llama-cpp-python's LogitsProcessorList, StoppingCriteriaList
             kwargs[keyword] = type(calls)([_timed_call(call, log, field_name) for call in calls])
 
 
-def _timed_call(fn: Callable[..., Any], log: _Log, field_name: str) -> Callable[..., Any]:
+def _timed_call(
+    fn: Callable[[npt.NDArray[np.intc], npt.NDArray[np.single]], object], log: _Log, field_name: str
+) -> Callable[[npt.NDArray[np.intc], npt.NDArray[np.single]], object]:
     """``fn(ids, values)`` with its time added to ``log``'s ``field_name`` (ns)."""
     clock = time.perf_counter_ns
 
-    def run(ids: Any, values: Any) -> Any:
+    def run(ids: npt.NDArray[np.intc], values: npt.NDArray[np.single]) -> object:
         began = clock()
         out = fn(ids, values)
         setattr(log, field_name, getattr(log, field_name) + clock() - began)
@@ -339,12 +353,12 @@ class LlamaWatch(RunWatch):
     def __init__(self) -> None:
         self._lib = import_llama_cpp()
         self._names: dict[int, str] = {}
-        self.driven: dict[str, Any] = {}  # name -> Llama, the ones that worked in some run
+        self.driven: dict[str, Llama] = {}  # name -> Llama, the ones that worked in some run
         self.runs_with_new = 0  # runs during which a new Llama was made
         self._prompts: dict[str, list[int]] = {}  # name -> its last run's prompt ids
         self._made_before = 0
 
-    def know(self, llm: Any, info: EngineInfo) -> None:
+    def know(self, llm: Llama, info: EngineInfo) -> None:
         """``llm`` was made by an engine of the plugin (the fixtures' ``llmperf_llm``): its memory
         figures are that engine's (llama.cpp's log of its load)."""
         _SEEN.add(llm)
@@ -352,7 +366,7 @@ class LlamaWatch(RunWatch):
             kind: value for kind, name in BUFFER_FIELDS.items() if (value := getattr(info, name)) is not None
         }
 
-    def name(self, llm: Any) -> str:
+    def name(self, llm: Llama) -> str:
         """A Llama's name in reports: its model file's stem, numbered when several share it."""
         key = id(llm)
         if key not in self._names:
@@ -405,7 +419,7 @@ class LlamaWatch(RunWatch):
         llm = list(self.driven.values())[-1]
         if not _is_open(llm):
             return dataclasses.replace(base, llamas=names)
-        return dataclasses.replace(base, llamas=names, **llama_facts(self._lib, llm))
+        return llama_facts(self._lib, llm, dataclasses.replace(base, llamas=names))
 
     def driven_llama(self) -> DrivenLlamaEngine | None:
         """The Llama driven most recently, as an in-process llama.cpp engine (``DrivenLlama``)."""
@@ -424,10 +438,10 @@ class LlamaWatch(RunWatch):
 CLOSED_GUARDED = ("tokenize", "detokenize", "generate", "eval", "sample")
 
 
-def _guard_closed(llm: Any, name: str) -> None:
+def _guard_closed(llm: Llama, name: str) -> None:
     """A closed Llama (``close()``, a ``with`` block ended) answers a call with one line."""
 
-    def refuse(*args: Any, **kwargs: Any) -> Any:
+    def refuse(*args: object, **kwargs: object) -> NoReturn:
         raise EngineError(
             f"the callable drove llama_cpp.Llama {name!r} after it was closed (Llama.close() or the end of its "
             "with-block); keep it open while it is measured"
@@ -444,7 +458,7 @@ class DrivenLlamaEngine(Engine, LayerTiming):
     banned (runs of equal length). Its plain runs use the Llama's own context, cleared before and
     after each (llama-cpp-python's bookkeeping reset too), so the user's next run starts cold."""
 
-    def __init__(self, llm: Any, info: EngineInfo, prompt_ids: Sequence[int]) -> None:
+    def __init__(self, llm: Llama, info: EngineInfo, prompt_ids: Sequence[int]) -> None:
         self.llm, self._info, self._prompt = llm, info, list(prompt_ids)
         self._lib = import_llama_cpp()
         vocab = llm._model.vocab
@@ -454,13 +468,13 @@ class DrivenLlamaEngine(Engine, LayerTiming):
         self.n_batch = int(self._lib.llama_n_batch(llm._ctx.ctx))
 
     @property
-    def lib(self) -> Any:
+    def lib(self) -> ModuleType:
         return self._lib
 
     def info(self) -> EngineInfo:
         return self._info
 
-    def make_sampler(self) -> Any:
+    def make_sampler(self) -> llama_sampler_p:
         return greedy_sampler(self._lib, self._n_vocab, self._eog)
 
     def prompt_ids(self, workload: Workload) -> list[int]:
@@ -474,7 +488,7 @@ class DrivenLlamaEngine(Engine, LayerTiming):
     def decode_feed(self, workload: Workload) -> list[int] | None:
         return None  # sampled, greedy, in the loop
 
-    def instrumented_context(self, cb_eval: Any, tokens: int) -> Any:
+    def instrumented_context(self, cb_eval: object, tokens: int) -> llama_context_p:
         params = type(self.llm.context_params).from_buffer_copy(self.llm.context_params)
         params.n_ctx = max(int(params.n_ctx), -(-tokens // AUTO_CTX_STEP) * AUTO_CTX_STEP)
         params.cb_eval = cb_eval
@@ -485,7 +499,7 @@ class DrivenLlamaEngine(Engine, LayerTiming):
         return ctx
 
     def timed_decode(
-        self, ctx: Any, prompt_ids: Sequence[int], max_tokens: int, *, feed: Sequence[int] | None, sampler: Any
+        self, ctx: Context, prompt_ids: Sequence[int], max_tokens: int, *, feed: Sequence[int] | None, sampler: Sampler
     ) -> TimedDecode:
         return timed_decode(self._lib, ctx, prompt_ids, max_tokens, self.n_batch, feed=feed, sampler=sampler)
 
@@ -520,8 +534,8 @@ class DrivenLlamaEngine(Engine, LayerTiming):
         self._lib.llama_memory_clear(self._lib.llama_get_memory(self.llm._ctx.ctx), True)
 
 
-def llama_facts(lib: Any, llm: Any) -> dict[str, Any]:
-    """A user's Llama as ``EngineInfo`` fields: its model, its llama.cpp settings (the
+def llama_facts(lib: ModuleType, llm: Llama, base: EngineInfo) -> EngineInfo:
+    """``base`` with a user's Llama's ``EngineInfo`` fields: its model, its llama.cpp settings (the
     fingerprint's), its memory (the KV cache from its size, the model file's mapping)."""
     model, ctx = llm._model.model, llm._ctx.ctx
     cparams, mparams = llm.context_params, llm.model_params
@@ -535,36 +549,44 @@ def llama_facts(lib: Any, llm: Any) -> dict[str, Any]:
     path = str(getattr(llm, "model_path", "") or "")
     mapped = mapped_file_mib(path) if path else None
     logged = _BUFFERS.get(llm, {})
-    return {
-        "model_path": path or None,
-        "model_size_bytes": int(lib.llama_model_size(model)),
-        "n_params": int(lib.llama_model_n_params(model)),
-        "quantization": quantization(dict(getattr(llm, "metadata", {}) or {})),
-        "n_layer": n_layer,
-        "n_embd": n_embd,
-        "n_head": n_head,
-        "n_head_kv": n_head_kv,
-        "kv_bytes_per_element": per_element,
-        "threads": int(cparams.n_threads),
-        "n_ctx": n_ctx,
-        "n_batch": int(lib.llama_n_batch(ctx)),
-        "n_ubatch": int(cparams.n_ubatch),
-        "flash_attn": _flash_attn(cparams),
-        "type_k": _type_name(cparams.type_k),
-        "type_v": _type_name(cparams.type_v),
+    return dataclasses.replace(
+        base,
+        model_path=path or None,
+        model_size_bytes=int(lib.llama_model_size(model)),
+        n_params=int(lib.llama_model_n_params(model)),
+        quantization=quantization(dict(getattr(llm, "metadata", {}) or {})),
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        kv_bytes_per_element=per_element,
+        threads=int(cparams.n_threads),
+        n_ctx=n_ctx,
+        n_batch=int(lib.llama_n_batch(ctx)),
+        n_ubatch=int(cparams.n_ubatch),
+        flash_attn=_flash_attn(cparams),
+        type_k=_type_name(cparams.type_k),
+        type_v=_type_name(cparams.type_v),
         **_load_mode(lib, mparams),
-        "offload_kqv": bool(cparams.offload_kqv),
-        "gpu_layers": 0 if not lib.llama_supports_gpu_offload() else int(mparams.n_gpu_layers),
-        "repack": bool(getattr(mparams, "use_extra_bufts", True)),
-        "backend_version": llama_cpp_version(),
-        **{name: logged.get(kind) for kind, name in BUFFER_FIELDS.items()},
-        "kv_mib": logged.get("kv", kv_mib),
-        "mapped_mib": mapped[0] if mapped else None,
-        "mapped_resident_mib": mapped[1] if mapped else None,
-    }
+        offload_kqv=bool(cparams.offload_kqv),
+        gpu_layers=0 if not lib.llama_supports_gpu_offload() else int(mparams.n_gpu_layers),
+        repack=bool(getattr(mparams, "use_extra_bufts", True)),
+        backend_version=llama_cpp_version(),
+        compute_mib=logged.get("compute"),
+        output_mib=logged.get("output"),
+        model_buffer_mib=logged.get("model"),
+        kv_mib=logged.get("kv", kv_mib),
+        mapped_mib=mapped[0] if mapped else None,
+        mapped_resident_mib=mapped[1] if mapped else None,
+    )
 
 
-def _load_mode(lib: Any, mparams: Any) -> dict[str, bool | None]:
+class _LoadMode(TypedDict):
+    mmap: bool | None
+    mlock: bool | None
+
+
+def _load_mode(lib: ModuleType, mparams: llama_model_params) -> _LoadMode:
     """mmap and mlock as the model was loaded (``load_mode``; older bindings: ``use_mmap``/``use_mlock``)."""
     mode = getattr(mparams, "load_mode", None)
     if mode is None:
@@ -574,7 +596,7 @@ def _load_mode(lib: Any, mparams: Any) -> dict[str, bool | None]:
     return {"mmap": "MMAP" in name, "mlock": "MLOCK" in name}
 
 
-def _flash_attn(cparams: Any) -> bool | None:
+def _flash_attn(cparams: llama_context_params) -> bool | None:
     """llama.cpp's flash attention as asked: on (1) or off; auto (-1) as llama.cpp decides is None."""
     value = getattr(cparams, "flash_attn_type", getattr(cparams, "flash_attn", None))
     if value is None or int(value) < 0:

@@ -35,13 +35,17 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from ..core.documents import file_kind
 from ..core.errors import ConfigError, LLMPerfError
 from ..core.progress import task
 from ..core.redact import Redactor, Url, display, is_dsn
 from ..core.settings import SETTINGS
+
+if TYPE_CHECKING:
+    import psycopg
+    from psycopg.rows import TupleRow
 
 _env = SETTINGS["history"].env
 assert _env is not None  # the history setting has an environment variable
@@ -317,7 +321,7 @@ class HistoryInterrupted(KeyboardInterrupt):
     """Ctrl-C while waiting for the history: still an interrupt; ``str()`` is its one line."""
 
 
-def first_line(exc: BaseException, loc: Any = None) -> str:
+def first_line(exc: BaseException, loc: Location | None = None) -> str:
     """The driver's message, first line, cleaned of the location's secrets (libpq may quote
     a piece of a connection string it cannot parse)."""
     line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
@@ -336,7 +340,7 @@ class Deadline:
     """Cuts a PostgreSQL connection whose statement went ``limit_s`` unanswered (one thread
     per connection; ``statement()`` around each statement, ``stop()`` when done)."""
 
-    def __init__(self, raw: Any, limit_s: float) -> None:
+    def __init__(self, raw: psycopg.Connection[TupleRow], limit_s: float) -> None:
         self.raw, self.limit_s, self.fd = raw, limit_s, raw.fileno()
         self.fired = False
         self._since: float | None = None
@@ -379,14 +383,26 @@ class Deadline:
                 return
 
 
+#: A statement's parameters, for its ``?`` placeholders in order.
+SQLParams = Sequence[object]
+
+
+class Cursor(Protocol):
+    """What a statement gives back on either backend (sqlite3's and psycopg's cursors)."""
+
+    def fetchone(self) -> TupleRow | None: ...
+
+    def fetchall(self) -> list[TupleRow]: ...
+
+
 class Conn:
     """A DB-API connection with ``?`` placeholders on both backends, whose waits all end."""
 
-    def __init__(self, kind: str, raw: Any, loc: Location) -> None:
+    def __init__(self, kind: str, raw: sqlite3.Connection | psycopg.Connection[TupleRow], loc: Location) -> None:
         self.kind, self.raw, self.loc = kind, raw, loc
-        self.deadline = Deadline(raw, ANSWER_WAIT_S) if kind == "postgresql" else None
+        self.deadline = Deadline(raw, ANSWER_WAIT_S) if not isinstance(raw, sqlite3.Connection) else None
 
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+    def execute(self, sql: str, params: SQLParams = ()) -> Cursor:
         if self.deadline is not None:
             with self.deadline.statement():
                 cur = self.raw.cursor()
@@ -399,7 +415,14 @@ class Conn:
                 raise
         return self._wait_for_lock(sql, params)
 
-    def _wait_for_lock(self, sql: str, params: Sequence[Any]) -> Any:
+    def one(self, sql: str, params: SQLParams = ()) -> TupleRow:
+        """The row of a statement that returns one (``RETURNING``, ``COUNT(*)``)."""
+        row = self.execute(sql, params).fetchone()
+        if row is None:
+            raise TypeError(f"no row from {sql.split()[0]}")
+        return row
+
+    def _wait_for_lock(self, sql: str, params: SQLParams) -> Cursor:
         """Tries until the lock is free, ``LOCK_WAIT_S`` at most: then one line naming the
         holder, lasting (the session does not wait a second time)."""
         started = time.monotonic()
@@ -413,7 +436,7 @@ class Conn:
                 f"{self.loc.display}, locked by {sqlite_holder(self.loc.target)}; nothing was written to it"
             ) from None
 
-    def _tries(self, sql: str, params: Sequence[Any], started: float) -> Any:
+    def _tries(self, sql: str, params: SQLParams, started: float) -> Cursor:
         while True:
             time.sleep(SQLITE_TRY_S)
             try:

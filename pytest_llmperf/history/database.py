@@ -41,7 +41,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from .. import __version__
 from ..baselines.records import RUN_FIELDS
@@ -50,6 +50,9 @@ from ..core.catalog import METRICS
 from ..core.record import PerRun, Record
 from ..judge.verdict import level, stored_verdict
 from .connection import Conn, HistoryError, LastingHistoryError, Location, connect, elsewhere, errors_of, transaction
+
+if TYPE_CHECKING:
+    from psycopg.rows import TupleRow
 
 SCHEMA_VERSION = 1
 #: Upgrades from an older schema version: version -> statements that bring it to version + 1.
@@ -241,13 +244,57 @@ def ensure_schema(conn: Conn, loc: Location) -> None:
 # Writing
 
 
-def _time(conn: Conn, iso: str) -> Any:
+class SessionRow(TypedDict):
+    """One session as ``append`` writes it (``session_row``)."""
+
+    uid: str
+    started_at: str
+    finished_at: str
+    commit: str | None
+    dirty: bool | None
+    branch: str | None
+    host: str
+    compared: bool
+    llmperf_version: str
+
+
+class ValueRow(TypedDict):
+    """One metric of a measurement as ``append`` writes it (``value_rows``)."""
+
+    metric: str
+    phase: str
+    unit: str
+    n: int
+    median: float
+    log_level: float
+    se: float
+    spread: float
+    upper: float | None
+    runs: list[float]
+
+
+class MeasurementRow(TypedDict):
+    """One measurement as ``append`` writes it (``measurement_rows``): its JSON columns as read
+    from the result's record."""
+
+    test: str
+    label: str
+    hardware_key: str
+    hardware: object
+    subject: object
+    workload: object
+    summary: object
+    baseline: str | None
+    values: list[ValueRow]
+
+
+def _time(conn: Conn, iso: str) -> str | datetime.datetime:
     if conn.kind == "sqlite":
         return iso
     return datetime.datetime.fromisoformat(iso)
 
 
-def append(loc: Location, session: Mapping[str, Any], measurements: Sequence[Mapping[str, Any]]) -> int:
+def append(loc: Location, session: SessionRow, measurements: Sequence[MeasurementRow]) -> int:
     """Append one session and its measurements (see ``database.session_rows``) in one
     transaction; returns the session's id. A session whose ``uid`` is stored already is not
     written twice."""
@@ -258,7 +305,7 @@ def append(loc: Location, session: Mapping[str, Any], measurements: Sequence[Map
             found = conn.execute("SELECT id FROM llmperf_sessions WHERE uid = ?", (session["uid"],)).fetchone()
             if found:
                 return int(found[0])
-            session_id = conn.execute(
+            session_id = conn.one(
                 "INSERT INTO llmperf_sessions (uid, started_at, finished_at, commit_sha, dirty, branch, host, "
                 "compared, llmperf_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
                 (
@@ -266,15 +313,15 @@ def append(loc: Location, session: Mapping[str, Any], measurements: Sequence[Map
                     _time(conn, session["started_at"]),
                     _time(conn, session["finished_at"]),
                     session.get("commit"),
-                    None if session.get("dirty") is None else int(session["dirty"]),
+                    None if session["dirty"] is None else int(session["dirty"]),
                     session.get("branch"),
                     session.get("host"),
                     int(bool(session.get("compared"))),
                     session.get("llmperf_version"),
                 ),
-            ).fetchone()[0]
+            )[0]
             for m in measurements:
-                mid = conn.execute(
+                mid = conn.one(
                     "INSERT INTO llmperf_measurements (session_id, test, label, hardware_key, hardware, subject, "
                     "workload, summary, baseline) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
                     (
@@ -288,7 +335,7 @@ def append(loc: Location, session: Mapping[str, Any], measurements: Sequence[Map
                         _json(m["summary"]),
                         m.get("baseline"),
                     ),
-                ).fetchone()[0]
+                )[0]
                 for v in m["values"]:
                     conn.execute(
                         "INSERT INTO llmperf_values (measurement_id, metric, phase, unit, n, median, level, log_level, "
@@ -315,7 +362,7 @@ def append(loc: Location, session: Mapping[str, Any], measurements: Sequence[Map
         conn.close()
 
 
-def _json(value: Any) -> str:
+def _json(value: object) -> str:
     return json.dumps(value, sort_keys=True, allow_nan=False, separators=(",", ":"))
 
 
@@ -421,13 +468,13 @@ def _filters(
 
 
 def _sound_rows(
-    loc: Location, rows: Sequence[Sequence[Any]], runs: bool, skipped: list[str] | None, uses: str
+    loc: Location, rows: Sequence[TupleRow], runs: bool, skipped: list[str] | None, uses: str
 ) -> list[dict[str, Any]]:
     """The rows read, each checked (``_sound``); a measurement with a bad row is left out whole,
     and ``skipped`` gets the line that names them (``bad_rows_line``)."""
     out = []
-    parsed: dict[Any, Any] = {}  # most rows share their subject and workload: parse each text once
-    bad: dict[int, tuple[Any, Any, str]] = {}  # measurement id -> (session id, test, what is wrong)
+    parsed: dict[object, object] = {}  # most rows share their subject and workload: parse each text once
+    bad: dict[int, tuple[object, object, str]] = {}  # measurement id -> (session id, test, what is wrong)
     for row in rows:
         d = dict(zip(COLUMNS, row))
         try:
@@ -445,7 +492,7 @@ class BadRow(ValueError):
     """A stored row that cannot be used as it is (what is wrong with it, in a few words)."""
 
 
-def _number(d: dict[str, Any], key: str, *, low: float | None = None, whole: bool = False) -> float:
+def _number(d: Mapping[str, object], key: str, *, low: float | None = None, whole: bool = False) -> float:
     value = d[key]
     number = _as_float(key, value)
     if not math.isfinite(number) or (low is not None and number < low) or (whole and number != int(number)):
@@ -454,7 +501,7 @@ def _number(d: dict[str, Any], key: str, *, low: float | None = None, whole: boo
     return number
 
 
-def _as_float(key: str, value: Any) -> float:
+def _as_float(key: str, value: object) -> float:
     """A stored number (or its text) as a float; ``BadRow`` when it is none."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise BadRow(f"{key} {value!r} is not a number")
@@ -464,7 +511,7 @@ def _as_float(key: str, value: Any) -> float:
         raise BadRow(f"{key} {str(value)[:40]!r} is not a number") from None
 
 
-def _object(d: dict[str, Any], key: str, parsed: dict[Any, Any], kind: type) -> Any:
+def _object(d: Mapping[str, object], key: str, parsed: dict[object, object], kind: type) -> Any:
     text = d[key]
     if text not in parsed:
         try:
@@ -477,7 +524,7 @@ def _object(d: dict[str, Any], key: str, parsed: dict[Any, Any], kind: type) -> 
     return value
 
 
-def _sound(d: dict[str, Any], parsed: dict[Any, Any], runs: bool) -> dict[str, Any]:
+def _sound(d: dict[str, Any], parsed: dict[object, object], runs: bool) -> dict[str, Any]:
     """One stored row as the readers use it, or ``BadRow``: every figure a finite number in
     its range, the subject and workload JSON objects, the runs a JSON list of numbers."""
     _sound_texts(d)
@@ -493,7 +540,7 @@ def _sound(d: dict[str, Any], parsed: dict[Any, Any], runs: bool) -> dict[str, A
     return d
 
 
-def _runs(d: dict[str, Any]) -> list[float]:
+def _runs(d: Mapping[str, object]) -> list[float]:
     """The row's per-run values: a JSON list of finite numbers, else ``BadRow``."""
     values: list[float] = _object(d, "runs", {}, list)
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
@@ -501,7 +548,7 @@ def _runs(d: dict[str, Any]) -> list[float]:
     return values
 
 
-def _sound_texts(d: dict[str, Any]) -> None:
+def _sound_texts(d: dict[str, object]) -> None:
     """The row's start time as ISO text (UTC), its names text (else ``BadRow``), its optional
     texts and flags normalised."""
     if isinstance(d["started_at"], datetime.datetime):
@@ -512,7 +559,8 @@ def _sound_texts(d: dict[str, Any]) -> None:
             raise BadRow(f"{key} {d[key]!r} is not text")
     for key in ("commit_sha", "branch", "baseline"):
         d[key] = None if d[key] is None else str(d[key])
-    d["verdict"] = stored_verdict(d["baseline"])  # the verdict its word names, read here once
+    baseline = d["baseline"]
+    d["verdict"] = stored_verdict(baseline if isinstance(baseline, str) else None)  # its word's verdict, read once
     d["dirty"] = None if d["dirty"] is None else bool(d["dirty"])
     d["compared"] = bool(d["compared"])
 
@@ -521,7 +569,7 @@ def _sound_texts(d: dict[str, Any]) -> None:
 SHOWN_BAD = 3
 
 
-def bad_rows_line(loc: Location, bad: Mapping[int, tuple[Any, Any, str]], uses: str = "") -> str:
+def bad_rows_line(loc: Location, bad: Mapping[int, tuple[object, object, str]], uses: str = "") -> str:
     """The one line for stored measurements left out: which (id, session, test), what is wrong,
     and the statement that deletes them."""
     ids = sorted(bad)
@@ -546,7 +594,7 @@ def counts(loc: Location) -> dict[str, int]:
         if not _tables(conn, loc, reading=True):
             return {"sessions": 0, "measurements": 0, "values": 0}
         return {
-            name: int(conn.execute(f"SELECT COUNT(*) FROM llmperf_{name}").fetchone()[0])
+            name: int(conn.one(f"SELECT COUNT(*) FROM llmperf_{name}")[0])
             for name in ("sessions", "measurements", "values")
         }
     except errors_of(conn.kind) as exc:
@@ -565,10 +613,10 @@ def unit_of(metric: str) -> str:
     return spec.unit if spec else ("t/s" if metric.endswith("_tps") else "ms")
 
 
-def value_rows(runs: PerRun) -> list[dict[str, Any]]:
+def value_rows(runs: PerRun) -> list[ValueRow]:
     """Per metric: the per-run values, their median and the session's level (``verdict.level``:
     the robust location on the log scale and its standard error)."""
-    out = []
+    out: list[ValueRow] = []
     for metric in RUN_FIELDS:
         values = runs.get(metric)
         if not values:
@@ -594,8 +642,8 @@ def value_rows(runs: PerRun) -> list[dict[str, Any]]:
     return out
 
 
-def measurement_rows(results: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    rows = []
+def measurement_rows(results: Iterable[Mapping[str, Any]]) -> list[MeasurementRow]:
+    rows: list[MeasurementRow] = []
     for r in results:
         rec = Record.from_json(r["record"])
         verdict = r.get("verdict")
@@ -615,7 +663,8 @@ def measurement_rows(results: Iterable[Mapping[str, Any]]) -> list[dict[str, Any
     return rows
 
 
-def session_row(started_at: str, rootdir: Path | str, compared: bool) -> dict[str, Any]:
+def session_row(started_at: str, rootdir: Path | str, compared: bool) -> SessionRow:
+
     rev = revision(rootdir)
     return {
         "uid": uuid.uuid4().hex,

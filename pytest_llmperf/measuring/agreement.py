@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ..core.measurement import EXACT, Agreement
 from ..core.workload import TokenLogits, Workload
@@ -48,19 +49,21 @@ PROMPTS = 4
 TOKENS = 64
 
 
-def log_softmax(logits: Any) -> Any:
+def log_softmax(logits: npt.ArrayLike) -> npt.NDArray[np.float64]:
     """Row-wise log-softmax in float64."""
     x = np.asarray(logits, dtype=np.float64)
     top = x.max(axis=-1, keepdims=True)
     shifted = x - top
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    out: npt.NDArray[np.float64] = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    return out
 
 
-def kl_rows(logits_a: Any, logits_b: Any) -> Any:
+def kl_rows(logits_a: npt.ArrayLike, logits_b: npt.ArrayLike) -> npt.NDArray[np.float64]:
     """KL(P_A || P_B) per row (A the base), float64, >= 0."""
     la, lb = log_softmax(logits_a), log_softmax(logits_b)
     kl = (np.exp(la) * (la - lb)).sum(axis=-1)
-    return np.maximum(kl, 0.0)  # Gibbs: KL >= 0; only rounding goes below
+    out: npt.NDArray[np.float64] = np.maximum(kl, 0.0)  # Gibbs: KL >= 0; only rounding goes below
+    return out
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -75,20 +78,29 @@ def prompts(workload: Workload, n_prompts: int = PROMPTS, n_tokens: int = TOKENS
     return [dataclasses.replace(base, seed=workload.seed + k) for k in range(count)]
 
 
-def _row(t: TokenLogits, full: Any, i: int) -> dict[int, float] | None:
+def _row(t: TokenLogits, full: npt.NDArray[np.float64] | None, i: int) -> dict[int, float] | None:
     """Row i's known log-probabilities by token id (None: the whole vocabulary, in ``full``)."""
     if t.logits is not None:
         return None
-    return {int(k): float(lp) for k, lp in zip(t.top_ids[i], t.top_logprobs[i]) if k >= 0}
+    ids, logprobs = _top_k(t)
+    return {int(k): float(lp) for k, lp in zip(ids[i], logprobs[i]) if k >= 0}
 
 
-def _top(t: TokenLogits, full: Any, i: int) -> int:
+def _top(t: TokenLogits, full: npt.NDArray[np.float64] | None, i: int) -> int:
     if full is not None:
         return int(np.argmax(full[i]))
-    return int(t.top_ids[i][int(np.argmax(t.top_logprobs[i]))])
+    ids, logprobs = _top_k(t)
+    return int(ids[i][int(np.argmax(logprobs[i]))])
 
 
-def approx_kl_rows(pa: TokenLogits, pb: TokenLogits) -> tuple[Any, Any]:
+def _top_k(t: TokenLogits) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """The top-k of a side without ``logits`` (a served model sends them instead)."""
+    if t.top_ids is None or t.top_logprobs is None:
+        raise TypeError("token probabilities without logits or top-k")
+    return t.top_ids, t.top_logprobs
+
+
+def approx_kl_rows(pa: TokenLogits, pb: TokenLogits) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     """(KL(P_A || P_B) per row, top-1 equal per row) where a side gave only its top-k: over the
     tokens known on both sides plus one bucket for the rest (module docstring). A row a side
     sent nothing for (llama-server holds back a byte token's probabilities) is NaN in both."""
@@ -108,8 +120,12 @@ def approx_kl_rows(pa: TokenLogits, pb: TokenLogits) -> tuple[Any, Any]:
 
 
 def _known_logprobs(
-    ka: dict[int, float] | None, kb: dict[int, float] | None, la: Any, lb: Any, i: int
-) -> tuple[Any, Any]:
+    ka: dict[int, float] | None,
+    kb: dict[int, float] | None,
+    la: Any,  # NDArray[float64] where ka is None (the caller's pairing), else None
+    lb: Any,
+    i: int,
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     """Both sides' log-probabilities at row ``i`` of the tokens both gave (``ka``/``kb``: a
     side's top-k by token id; None: the side gave the whole vocabulary, in ``la``/``lb``)."""
     common = list(kb or {}) if ka is None else [t for t in ka if kb is None or t in kb]
@@ -118,7 +134,7 @@ def _known_logprobs(
     return lpa, lpb
 
 
-def _bucketed_kl(lpa: Any, lpb: Any) -> float:
+def _bucketed_kl(lpa: npt.NDArray[np.float64], lpb: npt.NDArray[np.float64]) -> float:
     """KL over the known tokens plus one bucket for the rest of each distribution."""
     rest_a = max(1.0 - float(np.exp(lpa).sum()), 0.0)
     rest_b = max(1.0 - float(np.exp(lpb).sum()), 1e-12)
@@ -212,7 +228,7 @@ class Scored:
             rows, same = approx_kl_rows(pa, pb)
             scored = np.isfinite(rows)
             kl, top1, unscored = rows[scored], int(same[scored].sum()), int((~scored).sum())
-            k = max(t.top_ids.shape[1] for t in (pa, pb) if t.logits is None)
+            k = max(_top_k(t)[0].shape[1] for t in (pa, pb) if t.logits is None)
         return cls(
             kl,
             top1,

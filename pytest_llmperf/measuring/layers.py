@@ -27,6 +27,7 @@ from .metrics import run_metrics
 
 if TYPE_CHECKING:
     from ..engines.capabilities import LayerTiming, TimedDecode
+    from ..engines.llama_cpp_native import Context
 
 #: What one event of the callback names (a node name; ``measuring.attribution``: the node's op too).
 E = TypeVar("E")
@@ -85,7 +86,7 @@ class LayerTimer:
         self._callback = lib.ggml_backend_sched_eval_callback(self._make_callback())  # kept referenced
         self._prompt_ids = engine.prompt_ids(workload)
         self._feed = engine.decode_feed(workload)
-        self._ctx = engine.instrumented_context(self._callback, len(self._prompt_ids) + workload.max_tokens)
+        self._ctx: Context = engine.instrumented_context(self._callback, len(self._prompt_ids) + workload.max_tokens)
         self._sampler = engine.make_sampler() if self._feed is None else None
 
     def _make_callback(self) -> Callable[[int, bool, int], bool]:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..core.documents import RefusedFile, loads, read_text
+from ..core.documents import JSONValue, RefusedFile, loads, read_text
 from ..core.errors import ConfigError
 from ..core.fingerprint import hardware, hardware_key
 from ..core.measurement import CACHE_RESIDENT, Peak, PhaseRoofline, Roofline
@@ -297,11 +297,12 @@ def _given(option: str, value: float | None) -> Peak | None:
     return Peak(float(value), "given") if value else None
 
 
-def _read_cache(path: Path) -> Any:
+def _read_cache(path: Path) -> JSONValue:
     """The peaks cache's JSON; ``{}`` for anything but a small regular JSON file (our own
     cache: it is probed again, and replaced)."""
     try:
-        return loads(read_text(path, "peak cache file", "delete it", limit_mib=1))
+        cached: JSONValue = loads(read_text(path, "peak cache file", "delete it", limit_mib=1))
+        return cached
     except (OSError, ValueError, RefusedFile):
         return {}
 

@@ -37,9 +37,9 @@ import contextlib
 import dataclasses
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
@@ -51,6 +51,11 @@ from ..core.workload import NativeCounters, RunTrace, Workload
 from ..engines import AsyncRuns, ConcurrentRuns, Engine, ServerMetrics
 from ..engines.http import delta
 from .metrics import latency_stats, summarize
+
+if TYPE_CHECKING:
+    import httpx
+
+T = TypeVar("T")
 
 #: Budget keys that double as per-request SLOs for goodput: each phase's judged time metric.
 SLO_KEYS = tuple(catalog.PHASE_METRIC.values())
@@ -157,7 +162,9 @@ def _send(
     return outcomes, server_before
 
 
-def _send_threads(engine: Engine, workload: Workload, n: int, workers: int, first: int, outcomes: list[Any]) -> None:
+def _send_threads(
+    engine: Engine, workload: Workload, n: int, workers: int, first: int, outcomes: list[RunTrace | str | None]
+) -> None:
     def one(i: int) -> None:
         try:
             outcomes[i] = engine.run(workload, first + i)
@@ -181,7 +188,7 @@ def _send_threads(engine: Engine, workload: Workload, n: int, workers: int, firs
 
 
 async def _send_async(
-    engine: AsyncRuns, workload: Workload, n: int, workers: int, first: int, outcomes: list[Any]
+    engine: AsyncRuns, workload: Workload, n: int, workers: int, first: int, outcomes: list[RunTrace | str | None]
 ) -> dict[str, float] | None:
     """Warm-ups one by one, then all requests as tasks of this loop, at most ``workers`` in
     flight (a semaphore). The warm-ups run on the same client: the lazy imports of its first
@@ -201,7 +208,13 @@ async def _send_async(
 
 
 async def _send_measured(
-    engine: AsyncRuns, workload: Workload, n: int, first: int, outcomes: list[Any], slots: Any, client: Any
+    engine: AsyncRuns,
+    workload: Workload,
+    n: int,
+    first: int,
+    outcomes: list[RunTrace | str | None],
+    slots: asyncio.Semaphore,
+    client: httpx.AsyncClient,
 ) -> None:
     async def one(i: int) -> None:
         async with slots:
@@ -234,7 +247,7 @@ def _import_async_stack() -> None:
         import httpcore._backends.anyio  # noqa: F401
 
 
-def _run_loop(coro: Any) -> Any:
+def _run_loop(coro: Coroutine[object, object, T]) -> T:
     """``asyncio.run``; in a helper thread when this thread already runs a loop (Jupyter)."""
     try:
         asyncio.get_running_loop()

@@ -62,7 +62,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from ..core.errors import ConfigError, EngineError, LLMPerfError
 from ..core.measurement import Attribution, LayerProfile, PeakRss, PhaseLayers
@@ -73,6 +73,9 @@ from ..engines.llama_cpp_native import EngineConfig, known_cause, quoted_log, si
 from ..models.gguf import gguf_file_type, model_path
 
 if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
     from ..engines.llama_cpp import LlamaCppEngine
     from .attribution import AttributionPass
 
@@ -267,12 +270,15 @@ class EngineCrash(EngineError):
     """The worker died or stopped answering: the engine is gone (``WorkerEngine.alive``)."""
 
 
-def _tuples(value: Any) -> Any:
+def _tuples(value: object) -> object:
     """JSON arrays back to the tuples the frozen results hold."""
     return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 
-def _of(cls: Any, data: Mapping[str, Any], **nested: Any) -> Any:
+T = TypeVar("T")
+
+
+def _of(cls: Callable[..., T], data: Mapping[str, Any], **nested: Callable[..., object]) -> T:
     fields = {k: _tuples(v) for k, v in data.items()}
     for name, kind in nested.items():
         if fields.get(name) is not None:
@@ -285,11 +291,11 @@ def trace_of(data: Mapping[str, object]) -> RunTrace:
     return trace
 
 
-def logits_json(got: TokenLogits) -> dict[str, Any]:
+def logits_json(got: TokenLogits) -> dict[str, object]:
     """A ``TokenLogits`` as JSON (an engine worker's or a side's reply): the arrays as base64 of
     little-endian bytes, float32 logits (or a served side's int64 top ids, float64 log-probabilities)."""
 
-    def packed(array: Any, dtype: str) -> dict[str, Any] | None:
+    def packed(array: npt.NDArray[np.generic] | None, dtype: str) -> dict[str, object] | None:
         if array is None:
             return None
         return {"b64": base64.b64encode(array.astype(dtype).tobytes()).decode("ascii"), "shape": list(array.shape)}
@@ -515,12 +521,12 @@ def _fault(op: str, model: str, replies: IO[bytes]) -> None:
     os.kill(os.getpid(), getattr(signal, what))
 
 
-def _run(engine: LlamaCppEngine, message: Mapping[str, Any]) -> dict[str, Any]:
+def _run(engine: LlamaCppEngine, message: Mapping[str, Any]) -> dict[str, object]:
     trace = engine.run(Workload(**message["workload"]), int(message["run_index"]))
     return {"ok": True, "trace": dataclasses.asdict(trace), "info": dataclasses.asdict(engine.info())}
 
 
-def _rss(engine: LlamaCppEngine, message: Mapping[str, object]) -> dict[str, Any]:
+def _rss(engine: LlamaCppEngine, message: Mapping[str, object]) -> dict[str, object]:
     from .runner import peak_rss, reset_peak_rss
 
     reset = reset_peak_rss() if message["reset"] else False
@@ -528,12 +534,12 @@ def _rss(engine: LlamaCppEngine, message: Mapping[str, object]) -> dict[str, Any
     return {"ok": True, "reset": reset, "peak": [peak.bytes, peak.scope]}
 
 
-def _logits(engine: LlamaCppEngine, message: Mapping[str, Any]) -> dict[str, Any]:
+def _logits(engine: LlamaCppEngine, message: Mapping[str, Any]) -> dict[str, object]:
     got = engine.token_logits(Workload(**message["workload"]), message.get("forced"), message.get("prompt_ids"))
     return {"ok": True, "got": logits_json(got)}
 
 
-def _layers(engine: LlamaCppEngine, message: Mapping[str, Any]) -> dict[str, Any]:
+def _layers(engine: LlamaCppEngine, message: Mapping[str, Any]) -> dict[str, object]:
     from .layers import profile_layers
 
     profile = profile_layers(engine, Workload(**message["workload"]))
@@ -569,7 +575,7 @@ class RemotePass:
 _PASS: list[AttributionPass] = []
 
 
-def _attribute(engine: LlamaCppEngine, message: Mapping[str, Any]) -> dict[str, Any]:
+def _attribute(engine: LlamaCppEngine, message: Mapping[str, Any]) -> dict[str, object]:
     from .attribution import AttributionPass
 
     step = message["step"]
@@ -595,7 +601,7 @@ def _attribute(engine: LlamaCppEngine, message: Mapping[str, Any]) -> dict[str, 
 
 #: The requests a loaded engine answers (``load`` and ``close`` are ``serve``'s own): each
 #: takes the engine and the request, and returns the reply.
-REQUESTS: dict[str, Callable[[LlamaCppEngine, Mapping[str, object]], dict[str, Any]]] = {
+REQUESTS: dict[str, Callable[[LlamaCppEngine, Mapping[str, object]], dict[str, object]]] = {
     "run": _run,
     "rss": _rss,
     "logits": _logits,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 import pytest
 
@@ -46,10 +46,14 @@ def _one_line() -> Iterator[None]:
         raise pytest.fail.Exception(str(exc), pytrace=False) from None  # no chained second copy
 
 
-def _fail(call: Callable[..., Any]) -> Callable[..., Any]:
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _fail(call: Callable[P, R]) -> Callable[P, R]:
     """``call`` with an LLMPerfError raised as the test's one failure line."""
 
-    def run(*args: Any, **kwargs: Any) -> Any:
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
         with _one_line():
             return call(*args, **kwargs)
 
@@ -76,7 +80,7 @@ def llmperf_engine(pytestconfig: pytest.Config) -> Engine:
 
 
 def _serve(
-    pytestconfig: pytest.Config, start: Callable[..., AbstractContextManager[Server]], **kwargs: Any
+    pytestconfig: pytest.Config, start: Callable[..., AbstractContextManager[Server]], **kwargs: object
 ) -> Iterator[Server]:
     s = session_of(pytestconfig).settings.engine
     with _one_line():
@@ -140,11 +144,11 @@ class LLMPerf:
     def measurements(self) -> list[Measurement]:
         return [r.measurement for r in self.results]
 
-    def measure(self, engine: Subject | None = None, *, label: str = "", **overrides: Any) -> Measurement:
+    def measure(self, engine: Subject | None = None, *, label: str = "", **overrides: object) -> Measurement:
         with _one_line():
             return self._measurer.measure(engine, label=label, **overrides).measurement
 
-    def compare(self, a: Any = None, b: Any = None, *, label: str = "", **keys: Any) -> ABResult:
+    def compare(self, a: object = None, b: object = None, *, label: str = "", **keys: object) -> ABResult:
         """Run A and B interleaved and compare them with paired statistics (``Measurer.compare``)."""
         with _one_line():
             return self._measurer.compare(a, b, label=label, **keys)

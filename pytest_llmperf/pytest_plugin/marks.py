@@ -19,7 +19,7 @@ import shutil
 import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -61,7 +61,7 @@ def read_groups(folder: str) -> dict[str, str]:
     return groups
 
 
-def make_scheduler(config: Any, log: Any, folder: str) -> Any:
+def make_scheduler(config: pytest.Config, log: object, folder: str) -> object:
     from xdist.scheduler import LoadGroupScheduling
 
     class GroupFileScheduling(LoadGroupScheduling):
@@ -98,10 +98,10 @@ def marker_config(item: pytest.Item) -> MarkerConfig | None:
     levels = _levels(item)
     if not levels:
         return None
-    kwargs: dict[str, Any] = {}
-    args: tuple[Any, ...] = ()
+    kwargs: dict[str, object] = {}
+    args: tuple[object, ...] = ()
     for where, marks in reversed(levels):
-        level: dict[str, Any] = {}
+        level: dict[str, object] = {}
         for mark in marks:
             _refuse_conflicts(where, level, mark.kwargs)
             level.update(mark.kwargs)
@@ -126,7 +126,7 @@ def _levels(item: pytest.Item) -> list[tuple[str, list[pytest.Mark]]]:
     return list(levels.values())
 
 
-def _refuse_conflicts(where: str, level: Mapping[str, Any], given: Mapping[str, Any]) -> None:
+def _refuse_conflicts(where: str, level: Mapping[str, object], given: Mapping[str, object]) -> None:
     for key, value in given.items():
         if key in level and not _same(level[key], value):
             raise ConfigError(
@@ -233,7 +233,7 @@ def group_on_worker(config: pytest.Config, items: list[pytest.Item], perf: list[
         )
 
 
-def planned(items: list[pytest.Item]) -> tuple[int, dict[str, Any]]:
+def planned(items: list[pytest.Item]) -> tuple[int, dict[str, Mapping[str, object]]]:
     """(tests that will measure, ``{nodeid: llama.cpp keys}`` their markers name)."""
     running = [i for i in items if is_perf(i) and not i.get_closest_marker("skip")]
     engines = {}

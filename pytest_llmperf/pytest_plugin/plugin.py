@@ -17,7 +17,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Generator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 
@@ -164,7 +164,7 @@ class LLMPerfHooks:
         return lines
 
     @pytest.hookimpl(optionalhook=True)
-    def pytest_configure_node(self, node: Any) -> None:
+    def pytest_configure_node(self, node: _WorkerNode) -> None:
         """Controller: tell each worker the distribution mode and where to write its groups."""
         dist = getattr(self.config.option, "dist", "no")
         node.workerinput["llmperf_dist"] = dist
@@ -174,13 +174,15 @@ class LLMPerfHooks:
             node.workerinput["llmperf_groups_dir"] = self.groups_dir
 
     @pytest.hookimpl(optionalhook=True, tryfirst=True)
-    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: object) -> object:
         if getattr(config.option, "dist", "no") == "loadgroup" and self.groups_dir is not None:
             return make_scheduler(config, log, self.groups_dir)
         return None
 
     @pytest.hookimpl(wrapper=True)
-    def pytest_make_collect_report(self, collector: pytest.Collector) -> Generator[None, Any, Any]:
+    def pytest_make_collect_report(
+        self, collector: pytest.Collector
+    ) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
         report = yield
         if report.passed:
             marks.stash_markers(report)
@@ -197,7 +199,7 @@ class LLMPerfHooks:
         self.session.plan(*marks.planned(session.items))
 
     @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, Any, Any]:
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
         result = yield  # raises if the test body failed: then nothing is measured
         fixture = item.stash.get(FIXTURE, None)
         if fixture is not None and not fixture.results and not fixture.ab_results and MARKER_CONFIG in item.stash:
@@ -263,7 +265,9 @@ class LLMPerfHooks:
         return data
 
     @pytest.hookimpl(wrapper=True)
-    def pytest_report_from_serializable(self, config: pytest.Config, data: Any) -> Generator[None, Any, Any]:
+    def pytest_report_from_serializable(
+        self, config: pytest.Config, data: dict[str, object]
+    ) -> Generator[None, Any, Any]:
         """A worker's report arriving: its results rebuilt once, here (written by ``to_json``
         of this same package: not re-validated, so the controller's work stays small while a
         worker may be measuring on the next core)."""
@@ -302,7 +306,7 @@ class LLMPerfHooks:
         self.session.engines.finished(nodeid)
 
     @pytest.hookimpl(wrapper=True)
-    def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, Any, Any]:
+    def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, object, object]:
         result = yield
         self._collect(*list(self.pending))  # a teardown never reported (interrupted): its call's results
         # Every result is in (with pytest-xdist, from every worker): the suite-relative check.
@@ -357,7 +361,7 @@ class TerminalSink:
         self.nodeid: str | None = None  # the test that runs (``pytest_runtest_logstart``)
 
     @property
-    def reporter(self) -> Any:
+    def reporter(self) -> pytest.TerminalReporter | None:
         return self.config.pluginmanager.get_plugin("terminalreporter")
 
     @property
@@ -385,7 +389,7 @@ class TerminalSink:
                 self._resume(reporter)
             reporter.flush()
 
-    def _resume(self, reporter: Any) -> None:
+    def _resume(self, reporter: pytest.TerminalReporter) -> None:
         """Our line ends and pytest's goes on: the test file's name again where pytest shows it
         before its result letters (else a newline: -v writes the test's name again itself)."""
         self.open = False
@@ -399,6 +403,12 @@ class TerminalSink:
 
     def end(self, text: str) -> None:
         self._write(text, last=True)
+
+
+class _WorkerNode(Protocol):
+    """pytest-xdist's controller of one worker, as ``pytest_configure_node`` gets it."""
+
+    workerinput: dict[str, object]
 
 
 def _fitted(lines: list[str], config: pytest.Config) -> list[str]:

@@ -32,7 +32,7 @@ class Project:
     rootdir: Path
     inipath: Path | None
     #: The project's ini values where pytest read another ini file (or none), else empty.
-    ini: Mapping[str, Any] = field(default_factory=dict)
+    ini: Mapping[str, object] = field(default_factory=dict)
     #: One line when an option's value moved pytest's rootdir or ini file, else None.
     moved: str | None = None
     #: Other lines for the header, once (an option given twice: which value counts).
@@ -46,7 +46,7 @@ class Project:
         return lambda key: _ini_text(self.ini.get(key))
 
 
-def _ini_text(value: Any) -> Any:
+def _ini_text(value: object) -> str | list[object]:
     value = getattr(value, "value", value)  # pytest >= 9: a ConfigValue
     if value is None:
         return ""
@@ -80,7 +80,7 @@ def _test_paths(config: pytest.Config, args: list[str]) -> list[str] | None:
     return [str(a) for a in getattr(namespace, "file_or_dir", None) or []]
 
 
-def _setup(config: pytest.Config, paths: list[str]) -> tuple[Path, Path | None, Mapping[str, Any]] | None:
+def _setup(config: pytest.Config, paths: list[str]) -> tuple[Path, Path | None, Mapping[str, object]] | None:
     """pytest's own rule (``findpaths.determine_setup``) on the test paths alone."""
     try:
         from _pytest.config.findpaths import determine_setup

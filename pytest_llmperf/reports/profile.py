@@ -27,13 +27,16 @@ from ..models.gguf import model_path
 from . import text as breakdown
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from ..core.documents import JSONValue
     from ..core.measurement import Measurement
 
 PROFILE_SCHEMA = "pytest-llmperf/profile"
 PROFILE_SCHEMA_VERSION = 1
 
 
-def json_schema() -> dict[str, Any]:
+def json_schema() -> dict[str, JSONValue]:
     """The JSON Schema of the report (documented fields)."""
     text = resources.files("pytest_llmperf").joinpath("schemas/profile.schema.json").read_text(encoding="utf-8")
     return json.loads(text)
@@ -58,7 +61,7 @@ def profile(
     peak_tflops: float | None = None,
     reprobe_peaks: bool = False,
     engine_timeout_s: float | None = None,
-    **settings: Any,
+    **settings: object,
 ) -> dict[str, Any]:
     """``settings``: llama.cpp settings by name (``core.workload.LLAMA_SETTINGS``: threads, n_ctx...).
     ``engine_timeout_s``: how long the model load and each run may take in the engine worker
@@ -76,7 +79,7 @@ def _measured(
     path: Path,
     name: str,
     workload: Workload,
-    settings: dict[str, Any],
+    settings: dict[str, object],
     engine_timeout_s: float | None,
     peaks_given: tuple[float | None, float | None, bool],
 ) -> Measurement:
@@ -98,7 +101,7 @@ def _measured(
         engine.close()
 
 
-def _report(m: Measurement, max_tokens: int, warmup: int, found: dict[str, Any]) -> dict[str, Any]:
+def _report(m: Measurement, max_tokens: int, warmup: int, found: Mapping[str, object]) -> dict[str, Any]:
     """The report's JSON-ready fields (``schemas/profile.schema.json``)."""
     info, itl = m.engine, m.itl
     return {
