@@ -150,15 +150,22 @@ class SummaryField:
 # --- readers from a stored record (numpy imported only when a percentile is needed) ---------
 
 
-def _get(value: object, *path: str) -> object:
-    """The value at ``path`` in nested mappings (None: a step is missing or not a mapping)."""
+def stored_at(value: object, *path: str) -> object:
+    """The value at ``path`` in a stored record's nested mappings (None: a step is missing or
+    not a mapping): ``stored_at(record, "memory", "rss_mib")``."""
     for part in path:
         value = value.get(part) if isinstance(value, Mapping) else None
     return value
 
 
+def stored_section(value: object, *path: str) -> Mapping[str, object]:
+    """The mapping at ``path`` (``stored_at``), or an empty one where there is none."""
+    section = stored_at(value, *path)
+    return section if isinstance(section, Mapping) else {}
+
+
 def _runs(record: Mapping[str, object], field: str, section: str = "runs") -> Sequence[float]:
-    values = _get(record, section, field)
+    values = stored_at(record, section, field)
     return values if isinstance(values, Sequence) and values else []
 
 
@@ -180,7 +187,7 @@ def _percentile(values: Sequence[float], q: float) -> float | None:
 
 def pooled_itl(record: Mapping[str, object] | None) -> list[float]:
     """Every run's inter-token latencies of a record, pooled."""
-    runs = _get(record, "itl_ms")
+    runs = stored_at(record, "itl_ms")
     return [float(v) for run in runs or [] for v in run or []] if isinstance(runs, Sequence) else []
 
 
@@ -190,7 +197,7 @@ def _pooled_percentile(q: float) -> Callable[[Mapping[str, object]], float | Non
 
 def _at(*path: str) -> Callable[[Mapping[str, object]], float | None]:
     def read(record: Mapping[str, object]) -> float | None:
-        value = _get(record, *path)
+        value = stored_at(record, *path)
         return value if isinstance(value, (int, float)) else None
 
     return read
