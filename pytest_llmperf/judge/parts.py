@@ -268,8 +268,8 @@ def paired_parts(a_runs: Sequence[RunMetrics], b_runs: Sequence[RunMetrics], *, 
 
 
 def unpaired_parts(
-    baseline: Mapping[str, Sequence[float]],
-    candidate: Mapping[str, Sequence[float]],
+    baseline: Mapping[str, object],
+    candidate: Mapping[str, object],
     phase_ms: Mapping[str, float],
     *,
     alpha: float,

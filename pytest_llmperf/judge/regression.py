@@ -509,8 +509,8 @@ def _judge(
 
 
 def _parts(
-    baseline: Mapping[str, Any],
-    candidate: Mapping[str, Any],
+    baseline: Mapping[str, object],
+    candidate: Mapping[str, object],
     comparisons: Sequence[Comparison],
     settings: CompareSettings,
 ) -> tuple[PartChange, ...]:
@@ -522,8 +522,8 @@ def _parts(
     between = {phase: c.between_sd for phase, c in headline.items()}
     try:
         parts = unpaired_parts(
-            baseline.get("parts") or {},
-            candidate.get("parts") or {},
+            stored_section(baseline, "parts"),
+            stored_section(candidate, "parts"),
             phase_ms,
             alpha=settings.alpha,
             between_sd=between,
