@@ -197,7 +197,7 @@ def load_record(s: LoadStats) -> dict[str, JsonValue]:
     return out
 
 
-def same_workload(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+def same_workload(a: Mapping[str, object], b: Mapping[str, object]) -> list[str]:
     """Differences between two records' workloads, as ``key a -> b`` strings."""
     keys = (
         "prompt",
@@ -209,7 +209,7 @@ def same_workload(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
         "shared_prefix_tokens",
         "prompt_cache",
     )
-    wa, wb = a.get("workload", {}), b.get("workload", {})
+    wa, wb = catalog.stored_section(a, "workload"), catalog.stored_section(b, "workload")
     return [f"{k} {wa.get(k)!r} -> {wb.get(k)!r}" for k in keys if wa.get(k) != wb.get(k)]
 
 
@@ -226,7 +226,7 @@ def _figure(runs_ms: list[float]) -> float:
     return s[int(QUANTILE * (len(s) - 1))]
 
 
-def slowdown(baseline: Mapping[str, Any] | None, candidate: Mapping[str, Any] | None) -> float | None:
+def slowdown(baseline: object, candidate: object) -> float | None:
     """Candidate/baseline ratio of the reference's figure (``QUANTILE`` of its times); None
     when either lacks one of the same kind or the data are not usable."""
     if not isinstance(baseline, Mapping) or not isinstance(candidate, Mapping):

@@ -29,12 +29,13 @@ import json
 import os
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from ..core import formats as nodeids
 from ..core.catalog import JUDGED
 from ..core.documents import (
     DuplicateKey,
+    JSONValue,
     RefusedFile,
     SchemaViolation,
     atomic_write,
@@ -45,6 +46,9 @@ from ..core.documents import (
 )
 from ..core.errors import LLMPerfError
 from ..core.record import PerRun, Record
+
+#: A baseline file's ``tests``: test key -> hardware key -> stored record (``Record.to_json``).
+Tests: TypeAlias = "dict[str, dict[str, dict[str, JSONValue]]]"
 
 SCHEMA = "pytest-llmperf/baselines"
 SCHEMA_VERSION = 1
@@ -135,7 +139,7 @@ def _check_entry(path: Path, test: str, hw: str, entry: Any) -> None:
         raise _violation(path, exc) from None
 
 
-def load(path: Path) -> dict[str, Any]:
+def load(path: Path) -> Tests:
     """The file's ``tests`` mapping; empty when the file does not exist."""
     try:
         text = _read(path).decode("utf-8")
@@ -161,7 +165,7 @@ def load(path: Path) -> dict[str, Any]:
     return _valid_tests(path, data)
 
 
-def _check_header(path: Path, data: Any) -> None:
+def _check_header(path: Path, data: object) -> None:
     """A baseline file of a schema version this pytest-llmperf reads."""
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise BaselineError(f'{path} is not a pytest-llmperf baseline file (no "schema": "{SCHEMA}")')
@@ -176,7 +180,7 @@ def _check_header(path: Path, data: Any) -> None:
         )
 
 
-def _valid_tests(path: Path, data: Mapping[str, Any]) -> dict[str, Any]:
+def _valid_tests(path: Path, data: Mapping[str, Any]) -> Tests:
     """The ``tests`` of a baseline file that holds to its schema: the whole file against
     schemas/baselines.schema.json, one line at the first problem."""
     try:
@@ -199,10 +203,10 @@ def _judged_runs(runs: PerRun, where: str) -> None:
                 raise SchemaViolation(f"{where}.runs[{name!r}][{i}]", f"is {value}, not above 0 (a judged metric)")
 
 
-def dumps(data: Any) -> str:
+def dumps(data: object) -> str:
     """Stable, reviewable JSON: sorted keys, two-space indent, lists of numbers on one line."""
 
-    def render(value: Any, indent: int) -> str:
+    def render(value: object, indent: int) -> str:
         pad = "  " * (indent + 1)
         if isinstance(value, dict):
             if not value:
@@ -260,7 +264,7 @@ def _keep_aside(path: Path) -> Path:
     raise BaselineError(f"{path}: 10000 .corrupt copies beside it already; clean them up")
 
 
-def _salvage(path: Path) -> dict[str, Any]:
+def _salvage(path: Path) -> Tests:
     """The valid entries of a file that does not load as a whole (e.g. one entry with no runs)."""
     try:
         data = loads(_read(path).decode("utf-8"))
@@ -268,7 +272,7 @@ def _salvage(path: Path) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("tests"), dict):
         return {}
-    kept: dict[str, Any] = {}
+    kept: Tests = {}
     for test, per_hw in data["tests"].items():
         for hw, entry in per_hw.items() if isinstance(per_hw, dict) else ():
             try:
@@ -281,8 +285,8 @@ def _salvage(path: Path) -> dict[str, Any]:
 
 def update(
     path: Path,
-    entries: Mapping[str, Mapping[str, Any]],
-    merge: Callable[[Mapping[str, object] | None, dict[str, Any]], dict[str, Any]] | None = None,
+    entries: Mapping[str, Mapping[str, Mapping[str, JSONValue]]],
+    merge: Callable[[Mapping[str, object] | None, dict[str, JSONValue]], dict[str, JSONValue]] | None = None,
 ) -> Path | None:
     """Merge ``{test key: {hardware key: entry}}`` into ``path``; other entries stay as they are.
 
@@ -302,7 +306,7 @@ def update(
                 stored = tests.setdefault(test, {})
                 for hw, entry in per_hw.items():
                     # ``merge`` sees the entry it replaces (read under the lock): baseline history.
-                    stored[hw] = merge(stored.get(hw), dict(entry)) if merge else entry
+                    stored[hw] = merge(stored.get(hw), dict(entry)) if merge else dict(entry)
             atomic_write(target, dumps({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "tests": tests}))
             return moved
     except OSError as exc:
@@ -310,7 +314,7 @@ def update(
         raise BaselineError(f"cannot write baseline file {path}: {why}; the file is unchanged") from None
 
 
-def _stored_for_update(path: Path) -> tuple[dict[str, Any], Path | None]:
+def _stored_for_update(path: Path) -> tuple[Tests, Path | None]:
     """The entries an update starts from, and where an unreadable file was kept aside (None:
     it loaded): its valid entries are carried over. A newer schema's or a refused file stays
     as it is (the error says so)."""

@@ -26,7 +26,7 @@ import dataclasses
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the catalog imports nothing from the package at run time (tests/test_catalog.py)
     from .measurement import Measurement
@@ -112,10 +112,10 @@ class Metric:
     def from_record(self, record: Mapping[str, object]) -> float | None:
         """The value ``read`` gives, from a stored record (None: the record lacks it)."""
         if self.part_of is not None:
-            values = (record.get("parts") or {}).get(self.name)  # type: ignore[attr-defined]
+            values = _runs(record, self.name, "parts")
             return float(statistics.median(values)) if values else None
         if self.summary_key is not None:
-            return _summary(self.summary_key)(record)
+            return _at("summary", self.summary_key)(record)
         if self.run_field is not None:
             return _median_of(self.run_field)(record)
         return _at(*self.record_path)(record) if self.record_path else None
@@ -150,8 +150,23 @@ class SummaryField:
 # --- readers from a stored record (numpy imported only when a percentile is needed) ---------
 
 
-def _runs(record: Mapping[str, Any], field: str) -> Sequence[float]:
-    return (record.get("runs") or {}).get(field) or []
+def stored_at(value: object, *path: str) -> object:
+    """The value at ``path`` in a stored record's nested mappings (None: a step is missing or
+    not a mapping): ``stored_at(record, "memory", "rss_mib")``."""
+    for part in path:
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return value
+
+
+def stored_section(value: object, *path: str) -> Mapping[str, object]:
+    """The mapping at ``path`` (``stored_at``), or an empty one where there is none."""
+    section = stored_at(value, *path)
+    return section if isinstance(section, Mapping) else {}
+
+
+def _runs(record: Mapping[str, object], field: str, section: str = "runs") -> Sequence[float]:
+    values = stored_at(record, section, field)
+    return values if isinstance(values, Sequence) and values else []
 
 
 def _median_of(field: str) -> Callable[[Mapping[str, object]], float | None]:
@@ -170,28 +185,20 @@ def _percentile(values: Sequence[float], q: float) -> float | None:
     return float(np.percentile(np.asarray(values, dtype=float), q))
 
 
-def pooled_itl(record: Mapping[str, Any] | None) -> list[float]:
+def pooled_itl(record: Mapping[str, object] | None) -> list[float]:
     """Every run's inter-token latencies of a record, pooled."""
-    if not record:
-        return []
-    return [float(v) for run in record.get("itl_ms") or [] for v in run or []]
+    runs = stored_at(record, "itl_ms")
+    return [float(v) for run in runs or [] for v in run or []] if isinstance(runs, Sequence) else []
 
 
 def _pooled_percentile(q: float) -> Callable[[Mapping[str, object]], float | None]:
     return lambda record: _percentile(pooled_itl(record), q)
 
 
-def _summary(key: str) -> Callable[[Mapping[str, Any]], float | None]:
-    return lambda record: (record.get("summary") or {}).get(key)
-
-
 def _at(*path: str) -> Callable[[Mapping[str, object]], float | None]:
     def read(record: Mapping[str, object]) -> float | None:
-        value: Any = record
-        for part in path:
-            value = (value or {}).get(part)
-        figure: float | None = value
-        return figure
+        value = stored_at(record, *path)
+        return value if isinstance(value, (int, float)) else None
 
     return read
 
@@ -650,7 +657,7 @@ FIGURES: dict[str, Figure] = {
             "E2E median",
             "median",
             bound="max median end-to-end request time (ms)",
-            from_record=_summary("e2e_ms"),
+            from_record=_at("summary", "e2e_ms"),
         ),
         dataclasses.replace(
             _run_figure(

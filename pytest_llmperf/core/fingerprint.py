@@ -17,9 +17,9 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .. import __version__
+from .documents import JSONValue
 from .settings import usable_cpus
 from .workload import LLAMA_SETTINGS, EngineInfo
 
@@ -65,7 +65,7 @@ def _gpu_model() -> str | None:
     return ", ".join(names) or None
 
 
-def hardware() -> dict[str, Any]:
+def hardware() -> dict[str, JSONValue]:
     return {
         "cpu": _cpu_model(),
         "logical_cpus": usable_cpus(),
@@ -76,10 +76,10 @@ def hardware() -> dict[str, Any]:
     }
 
 
-def hardware_key(hw: Mapping[str, Any]) -> str:
+def hardware_key(hw: Mapping[str, object]) -> str:
     """A short, readable key: several machines' baselines live side by side under these."""
     digest = hashlib.sha256(repr(sorted(hw.items())).encode()).hexdigest()[:8]
-    return f"{hw.get('os', '?').lower()}-{hw.get('arch', '?')}-{hw.get('logical_cpus', '?')}cpu-{digest}"
+    return f"{str(hw.get('os', '?')).lower()}-{hw.get('arch', '?')}-{hw.get('logical_cpus', '?')}cpu-{digest}"
 
 
 def model_digest(path: str | os.PathLike[str]) -> str:
@@ -95,7 +95,7 @@ def model_digest(path: str | os.PathLike[str]) -> str:
     return h.hexdigest()[:16]
 
 
-def subject(info: EngineInfo) -> dict[str, Any]:
+def subject(info: EngineInfo) -> dict[str, JSONValue]:
     return {
         "engine": info.engine,
         "backend_version": info.backend_version,
@@ -148,8 +148,8 @@ def subject_changes(before: Mapping[str, object], after: Mapping[str, object]) -
 
 @dataclass(frozen=True)
 class Fingerprint:
-    hardware: dict[str, Any]
-    subject: dict[str, Any]
+    hardware: dict[str, JSONValue]
+    subject: dict[str, JSONValue]
 
     @property
     def hardware_key(self) -> str:
@@ -180,24 +180,24 @@ def hardware_differences(before: Mapping[str, object], after: Mapping[str, objec
 def other_hardware_note(
     entries: Mapping[str, Mapping[str, object]],
     hardware_key: str,
-    candidate: Mapping[str, Any],
+    candidate: Mapping[str, object],
     hint: str = "record one with --llmperf-update-baselines",
 ) -> str:
     """The "not comparable here" note, naming the fingerprint fields that differ between this
     machine and the recorded one closest to it (fewest differing fields)."""
-    here = candidate.get("hardware") or {}
-    differs = _closest_differences(entries, here) if here else ""
+    here = candidate.get("hardware")
+    differs = _closest_differences(entries, here) if isinstance(here, Mapping) and here else ""
     return (
         f"not comparable here: baselines exist only for other hardware ({', '.join(sorted(entries))}); "
         f"this machine is {hardware_key}{differs}; {hint}"
     )
 
 
-def _closest_differences(entries: Mapping[str, Mapping[str, Any]], here: Mapping[str, Any]) -> str:
+def _closest_differences(entries: Mapping[str, Mapping[str, object]], here: Mapping[str, object]) -> str:
     """``; differs from KEY (closest of N recorded): cpu 'a' -> 'b'; ...``: the recorded hardware
     with the fewest fields unlike ``here``, and those fields; "" when none is recorded."""
     diffs = {
-        key: hardware_differences((entry or {}).get("hardware") or {}, here)
+        key: hardware_differences(hw if isinstance(hw := entry.get("hardware"), Mapping) else {}, here)
         for key, entry in entries.items()
         if isinstance(entry, Mapping)
     }

@@ -22,7 +22,9 @@ import math
 import re
 import sys
 from collections.abc import Iterable, Sequence
-from typing import overload
+from typing import TypeVar, overload
+
+_T = TypeVar("_T")
 
 if sys.version_info >= (3, 11):
     from enum import StrEnum
@@ -51,6 +53,11 @@ def sig6(value: float | None) -> float | None:
 
 #: From this magnitude on a figure is written with an exponent (``1.23e+07``), not its digits.
 EXPONENT_FROM = 1e7
+
+
+def finite(value: _T) -> _T | None:
+    """A value as JSON holds it: JSON has no NaN or infinity, so such a figure is None (null)."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def fmt(value: float) -> str:

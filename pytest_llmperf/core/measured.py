@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .catalog import FIGURES
+from .documents import JSONValue
 from .measurement import LoadStats, Measurement
 
 
@@ -89,15 +90,15 @@ class Figures:
         """Flat name -> value of every figure but ``load``, in the catalog's order."""
         return {name: getattr(self, name) for name in FIGURES}
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, JSONValue]:
         return {**self.values(), "load": None if self.load is None else dataclasses.asdict(self.load)}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Figures:
+    def from_json(cls, d: Mapping[str, object]) -> Figures:
         """A figure a session file of an older pytest-llmperf lacks (added to the catalog since)
         reads as None."""
         load = d.get("load")
         figures: dict[str, Any] = {k: d.get(k) for k in FIGURES}
-        if load is None:
+        if not isinstance(load, Mapping):
             return cls(**figures)
         return cls(**figures, load=LoadFigures(**{f.name: load[f.name] for f in dataclasses.fields(LoadFigures)}))

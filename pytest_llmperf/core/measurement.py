@@ -633,7 +633,7 @@ class Attribution(InstrumentedCost):
     def phase(self, name: str) -> PhaseAttribution:
         return self.prefill if name == "prefill" else self.decode
 
-    def cost(self) -> dict[str, JsonValue]:
+    def cost(self) -> dict[str, float | None]:
         """What the pass cost and how its node times add up to the step, per phase."""
         return {
             "wall_s": sig6(self.wall_s),

@@ -627,7 +627,7 @@ class Resolved:
     source: str
 
 
-def _refuse_renamed(getoption: Callable[[str], Any], getini: Callable[[str], Any]) -> None:
+def _refuse_renamed(getoption: Callable[[str], object], getini: Callable[[str], str]) -> None:
     """An old spelling of a setting given: one line naming the new one."""
     for old, new in RENAMED_SETTINGS:
         if getoption(old.dest) is not None:
@@ -636,7 +636,7 @@ def _refuse_renamed(getoption: Callable[[str], Any], getini: Callable[[str], Any
             raise ConfigError("llmperf: " + renamed_line("ini key", old.ini_key, new.ini_key))
 
 
-def _text_of(s: Setting, getini: Callable[[str], Any], environ: Mapping[str, str]) -> tuple[Any, str] | None:
+def _text_of(s: Setting, getini: Callable[[str], str], environ: Mapping[str, str]) -> tuple[str, str] | None:
     """A setting's text from the environment or else the ini file, and where it came from
     (``$LLMPERF_THREADS``, ``ini llmperf_threads``); None: neither gives it."""
     if s.env and environ.get(s.env):
@@ -647,7 +647,7 @@ def _text_of(s: Setting, getini: Callable[[str], Any], environ: Mapping[str, str
 
 
 def _resolve_one(
-    s: Setting, getoption: Callable[[str], Any], getini: Callable[[str], Any], environ: Mapping[str, str]
+    s: Setting, getoption: Callable[[str], object], getini: Callable[[str], str], environ: Mapping[str, str]
 ) -> Resolved:
     given = getoption(s.dest)
     if s.switch:
@@ -665,7 +665,7 @@ def _resolve_one(
 
 
 def resolve(
-    getoption: Callable[[str], Any], getini: Callable[[str], Any], environ: Mapping[str, str] | None = None
+    getoption: Callable[[str], object], getini: Callable[[str], str], environ: Mapping[str, str] | None = None
 ) -> dict[str, Resolved]:
     """Every setting, read once each: command line > environment > ini > default. A value
     from the command line is already parsed (argparse type); the others are parsed here.

@@ -129,7 +129,7 @@ def _percent(raw: str) -> float | None:
         return None
 
 
-def parse_fraction(text: str | float, *, high: float = 10.0) -> float:
+def parse_fraction(text: object, *, high: float = 10.0) -> float:
     """A share written ``5%`` or ``0.05`` (the same everywhere a threshold is given).
 
     Raises ValueError with a one-line message for anything else, or a value outside

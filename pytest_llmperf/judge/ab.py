@@ -12,13 +12,13 @@ budget, JUnit properties. Plain attribute work: no pytest import."""
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..core.documents import JSONValue
 from ..core.errors import ConfigError
-from ..core.formats import sig6
+from ..core.formats import finite, sig6
 from ..core.measurement import Agreement, Measurement
 from ..core.settings import DEFAULT_ALPHA
 from ..core.workload import Workload
@@ -49,6 +49,7 @@ from .parts import (
 )
 
 if TYPE_CHECKING:
+    from ..engines import TokenStream
     from ..engines.capabilities import Engine
     from .attribution import AttributionChange
 
@@ -68,7 +69,7 @@ __all__ = [
 @dataclass(frozen=True)
 class Side:
     name: str
-    engine: Any
+    engine: Engine | TokenStream
 
 
 @dataclass(frozen=True)
@@ -154,12 +155,12 @@ def compare_ab(
     b: Side,
     workload: Workload,
     *,
-    max_slowdown: Any = None,
-    min_speedup: Any = None,
+    max_slowdown: object = None,
+    min_speedup: object = None,
     label: str = "",
-    min_top1_agreement: Any = None,
-    max_kl: Any = None,
-    max_kl_p99: Any = None,
+    min_top1_agreement: object = None,
+    max_kl: object = None,
+    max_kl_p99: object = None,
     agreement: bool = True,
     attribution: bool | None = False,
 ) -> ABResult:
@@ -240,8 +241,8 @@ def _judged_budgets(budgets: Sequence[RelativeBudget], comparisons: Sequence[Pai
     return outcomes
 
 
-def properties(results: Sequence[ABResult]) -> list[tuple[str, Any]]:
-    out: list[tuple[str, Any]] = []
+def properties(results: Sequence[ABResult]) -> list[tuple[str, object]]:
+    out: list[tuple[str, object]] = []
     for r in results:
         prefix = f"llmperf.ab[{r.label}]." if r.label else "llmperf.ab."
         for c in r.comparisons:
@@ -259,11 +260,11 @@ def properties(results: Sequence[ABResult]) -> list[tuple[str, Any]]:
     return out
 
 
-def _agreement_properties(prefix: str, g: Agreement) -> list[tuple[str, Any]]:
+def _agreement_properties(prefix: str, g: Agreement) -> list[tuple[str, object]]:
     """The output agreement's figures as properties, or why it is not available."""
     if not g.available:
         return [(f"{prefix}agreement", f"not available ({g.reason})")]
-    out: list[tuple[str, Any]] = [
+    out: list[tuple[str, object]] = [
         (f"{prefix}agreement.{name}", sig6(value))
         for name, value in (
             ("top1_agreement", g.top1_agreement),
@@ -290,12 +291,12 @@ def attach(report: Any, results: Sequence[ABResult]) -> Any:
     return report
 
 
-def as_dict(r: ABResult) -> dict[str, Any]:
+def as_dict(r: ABResult) -> dict[str, object]:
     """One A/B comparison as JSON values (the session JSON's ``ab`` entries): both sides'
     medians, every paired comparison and every relative budget's outcome."""
 
-    def side(name: str, m: Any) -> dict[str, Any]:
-        figures = {k: _finite(getattr(m, k)) for k in ("ttft_ms", "tpot_ms", "decode_tps", "e2e_ms")}
+    def side(name: str, m: Measurement) -> dict[str, JSONValue]:
+        figures = {k: finite(getattr(m, k)) for k in ("ttft_ms", "tpot_ms", "decode_tps", "e2e_ms")}
         return {"name": name, "engine": m.engine.describe(), "runs": m.n_runs, **figures}
 
     return {
@@ -303,7 +304,7 @@ def as_dict(r: ABResult) -> dict[str, Any]:
         "a": side(r.a_name, r.a),
         "b": side(r.b_name, r.b),
         "orders": list(r.orders),
-        "comparisons": [{k: _finite(v) for k, v in dataclasses.asdict(c).items()} for c in r.comparisons],
+        "comparisons": [{k: finite(v) for k, v in dataclasses.asdict(c).items()} for c in r.comparisons],
         "budgets": [
             {
                 "kind": o.budget.kind,
@@ -315,13 +316,13 @@ def as_dict(r: ABResult) -> dict[str, Any]:
             }
             for o in r.budgets
         ],
-        "agreement": None if r.agreement is None else {k: _finite(v) for k, v in r.agreement.as_dict().items()},
+        "agreement": None if r.agreement is None else {k: finite(v) for k, v in r.agreement.as_dict().items()},
         "agreement_budgets": [
             {
                 "key": o.budget.key,
                 "figure": o.budget.figure,
                 "value": o.limit,
-                "measured": _finite(o.measured),
+                "measured": finite(o.measured),
                 "status": o.status.value,  # plain data (xdist's wire takes no enum)
                 "line": o.line(r.a_name, r.b_name),
             }
@@ -333,8 +334,3 @@ def as_dict(r: ABResult) -> dict[str, Any]:
         "attribution": None if r.attribution is None else r.attribution.to_json(),
         "attribution_note": r.attribution_note,
     }
-
-
-def _finite(value: Any) -> Any:
-    """JSON has no NaN or infinity: such a figure is written as null."""
-    return None if isinstance(value, float) and not math.isfinite(value) else value

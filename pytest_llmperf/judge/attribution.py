@@ -32,6 +32,8 @@ from typing import Any
 import numpy as np
 from scipy.stats import norm
 
+from ..core.catalog import stored_at
+from ..core.documents import JSONValue
 from ..core.formats import sig6
 from ..core.measurement import KINDS, PHASES, Attribution, PhaseAttribution, Slice
 from ..core.settings import DEFAULT_THRESHOLD
@@ -127,7 +129,7 @@ class SliceChange:
     def excludes(self, value: float) -> bool:
         return self.ci_low is not None and self.ci_high is not None and (self.ci_low > value or self.ci_high < value)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, JSONValue]:
         return {
             "name": self.name,
             "a_ms": sig6(self.a_ms),
@@ -174,7 +176,7 @@ class PhaseChange:
         got: tuple[SliceChange, ...] = getattr(self, kind)
         return got
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, JSONValue]:
         return {
             **{k: [c.to_json() for c in self.changes(k)] for k in KINDS},
             "reading": self.reading,
@@ -303,15 +305,15 @@ class AttributionChange:
     b_name: str
     prefill: PhaseChange
     decode: PhaseChange
-    cost: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # "A"/"B": Attribution.cost()
-    sides: Mapping[str, Mapping[str, Any]] = field(
+    cost: Mapping[str, Mapping[str, float | None]] = field(default_factory=dict)  # "A"/"B": Attribution.cost()
+    sides: Mapping[str, Mapping[str, float]] = field(
         default_factory=dict
     )  # "A"/"B": measuring.attribution.side_figures()
 
     def phase(self, name: str) -> PhaseChange:
         return self.prefill if name == "prefill" else self.decode
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, JSONValue]:
         return {
             "reason": self.reason,
             "a": self.a_name,
@@ -374,17 +376,17 @@ def _ms(c: SliceChange, side: str) -> str:
     return f"{c.a_ms if side == 'A' else c.b_ms:.3g}"
 
 
-def _side_line(who: str, cost: Mapping[str, Any], figures: Mapping[str, Any]) -> str:
+def _side_line(who: str, cost: Mapping[str, float | None], figures: Mapping[str, float]) -> str:
     parts = []
-    if cost.get("wall_s") is not None:
-        parts.append(f"pass {float(cost['wall_s']):.1f} s")
+    if (wall_s := cost.get("wall_s")) is not None:
+        parts.append(f"pass {float(wall_s):.1f} s")
     for p in PHASES:
         ratio, cover = cost.get(f"{p}_overhead_ratio"), cost.get(f"{p}_coverage")
         if ratio is not None and cover is not None:
             parts.append(f"{p} x{float(ratio):.2f} instrumented, nodes {float(cover):.0%}")
     for key, label, unit in SIDE_FIGURES:
-        if figures.get(key) is not None:
-            parts.append(f"{label} {float(figures[key]):.3g}{unit}")
+        if (value := figures.get(key)) is not None:
+            parts.append(f"{label} {float(value):.3g}{unit}")
     return f"{who}: " + "; ".join(parts) if parts else ""
 
 
@@ -406,7 +408,7 @@ def compare_attributions(
     a_name: str = "A",
     b_name: str = "B",
     threshold: float = DEFAULT_THRESHOLD,
-    sides: Mapping[str, Mapping[str, Any]] | None = None,
+    sides: Mapping[str, Mapping[str, float]] | None = None,
 ) -> AttributionChange:
     """B against A, both phases."""
     return AttributionChange(
@@ -448,7 +450,7 @@ def attribute_sides(
     reason: str,
     a_name: str,
     b_name: str,
-    sides: Mapping[str, Any],
+    sides: Mapping[str, Mapping[str, float]],
     orders: tuple[str, Sequence[str]],
 ) -> AttributionChange | str | None:
     """Both engines' passes (interleaved run by run in ``orders``: the warm-ups', each run's;
@@ -467,17 +469,16 @@ def attribute_sides(
     return compare_attributions(got["A"], got["B"], reason=reason, a_name=a_name, b_name=b_name, sides=sides)
 
 
-def record_figures(record: Mapping[str, Any]) -> dict[str, Any]:
+def record_figures(record: Mapping[str, object]) -> dict[str, float]:
     """A stored record's roofline and memory figures, as ``measuring.attribution.side_figures``
     names them."""
-    decode = (record.get("roofline") or {}).get("decode") or {}
-    memory = record.get("memory") or {}
+    decode = stored_at(record, "roofline", "decode")
     out = {
-        "decode_bw_gbs": decode.get("achieved_bw_gbs"),
-        "decode_mbu": None if decode.get("note") else decode.get("mbu"),
-        "peak_rss_mib": memory.get("rss_mib"),
-        "kv_mib": memory.get("kv_mib"),
-        "compute_mib": memory.get("compute_mib"),
+        "decode_bw_gbs": stored_at(decode, "achieved_bw_gbs"),
+        "decode_mbu": None if stored_at(decode, "note") else stored_at(decode, "mbu"),
+        "peak_rss_mib": stored_at(record, "memory", "rss_mib"),
+        "kv_mib": stored_at(record, "memory", "kv_mib"),
+        "compute_mib": stored_at(record, "memory", "compute_mib"),
     }
     return {k: v for k, v in out.items() if isinstance(v, (int, float))}
 
@@ -487,13 +488,13 @@ UNREADABLE_FIX = "not compared (a diagnosis, never a gate); re-record the baseli
 
 
 def compare_records(
-    baseline: Mapping[str, Any], candidate: Mapping[str, Any], threshold: float = DEFAULT_THRESHOLD
+    baseline: Mapping[str, object], candidate: Mapping[str, object], threshold: float = DEFAULT_THRESHOLD
 ) -> AttributionChange | str | None:
     """The baseline's attribution against now's, when both records keep one (a test that asks
     for it: ``attribution=True``); else None; the line why not when the baseline's cannot be
     read (``readable``). A diagnosis beside the verdict, never a gate."""
     a, b = baseline.get("attribution"), candidate.get("attribution")
-    if "attribution" not in baseline or not b:
+    if "attribution" not in baseline or not isinstance(b, Mapping) or not b:
         return None
     base = readable(a)
     if isinstance(base, str):

@@ -28,7 +28,6 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from scipy.stats import binom
 
@@ -372,7 +371,7 @@ class BudgetOutcome:
         return f"{b.target}: B [{b_name}] vs A [{a_name}]: {shown}: {word} {b.describe()}"
 
 
-def parse_budgets(max_slowdown: Any = None, min_speedup: Any = None) -> tuple[RelativeBudget, ...]:
+def parse_budgets(max_slowdown: object = None, min_speedup: object = None) -> tuple[RelativeBudget, ...]:
     """The budgets as given to ``compare()`` or the marker; a ConfigError names what is wrong."""
     out: list[RelativeBudget] = []
     for kind, given in (("max_slowdown", max_slowdown), ("min_speedup", min_speedup)):
@@ -390,7 +389,7 @@ def parse_budgets(max_slowdown: Any = None, min_speedup: Any = None) -> tuple[Re
     return tuple(out)
 
 
-def _value(kind: str, value: Any) -> float:
+def _value(kind: str, value: object) -> float:
     if kind == "max_slowdown":
         try:
             return parse_fraction(value)
@@ -433,7 +432,7 @@ class AgreementOutcome:
         return f"{b.label} of B [{b_name}] with A [{a_name}] {shown} {op} {key} ({self.agreement.sample}){verdict}"
 
 
-def parse_agreement_budgets(**given: Any) -> tuple[tuple[AgreementBudget, float], ...]:
+def parse_agreement_budgets(**given: object) -> tuple[tuple[AgreementBudget, float], ...]:
     """The output-agreement budgets given to ``compare()`` or the marker (None: not set); a
     ConfigError names what is wrong."""
     out = []

@@ -14,7 +14,7 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy.special import ndtr, ndtri
@@ -282,11 +282,11 @@ def _values(runs: Sequence[RunMetrics], metric: str) -> list[float]:
     return [float(getattr(r, metric)) for r in runs]
 
 
-def _worse_bounds(c: Any) -> tuple[float, float]:
-    """The CI of the change in the worse direction (a rate's CI turned over): (low, high)."""
-    if c.higher_is_better:
-        return 1.0 / c.ci_high, 1.0 / c.ci_low
-    return c.ci_low, c.ci_high
+def _worse_low(c: Comparison) -> float | None:
+    """The low end of the change's CI in the worse direction (a rate's CI turned over); None: no CI."""
+    if c.ci_low is None or c.ci_high is None:
+        return None
+    return 1.0 / c.ci_high if c.higher_is_better else c.ci_low
 
 
 def needs_more_pairs(c: Comparison) -> str | None:
@@ -304,7 +304,7 @@ def needs_more_pairs(c: Comparison) -> str | None:
     Otherwise (an UNCHANGED whose CI holds 1 and reaches past the threshold: a change of a few
     percent could hide in it; an INCONCLUSIVE that more pairs may decide) it says why."""
     if c.verdict is Verdict.REGRESSION:
-        if c.ci_low is None or c.ci_high is None or _worse_bounds(c)[0] > 1.0 + c.threshold:
+        if (low := _worse_low(c)) is None or low > 1.0 + c.threshold:
             return None
         return "a REGRESSION whose CI reaches into the threshold"
     if c.verdict is Verdict.IMPROVED:
@@ -313,15 +313,15 @@ def needs_more_pairs(c: Comparison) -> str | None:
         return None if not c.worth_more_runs else "undecided"
     if c.verdict is not Verdict.UNCHANGED or c.ci_low is None or c.ci_high is None:
         return None
-    return _unchanged_needs_more(c)
+    return _unchanged_needs_more(c.ci_low, c.ci_high, c.threshold)
 
 
-def _unchanged_needs_more(c: Any) -> str | None:
-    """An UNCHANGED needs more pairs while its CI holds 1 and reaches past the threshold."""
-    if c.ci_low > 1.0 or c.ci_high < 1.0:
+def _unchanged_needs_more(low: float, high: float, threshold: float) -> str | None:
+    """An UNCHANGED needs more pairs while its CI (``low``..``high``) holds 1 and reaches past the threshold."""
+    if low > 1.0 or high < 1.0:
         return None
-    bound = 1.0 + c.threshold
-    if c.ci_high < bound and c.ci_low > 1.0 / bound:
+    bound = 1.0 + threshold
+    if high < bound and low > 1.0 / bound:
         return None
     return "its CI holds 1 and reaches past the threshold"
 
@@ -333,7 +333,7 @@ def pairs_settled(comparisons: Sequence[Comparison]) -> str | None:
     settled (``needs_more_pairs``). The cap stops the pairs apart from this."""
     judged = [c for c in comparisons if c.mirror_of is None]
     for c in judged:
-        beyond = c.ci_low is not None and c.ci_high is not None and _worse_bounds(c)[0] > 1.0 + c.threshold
+        beyond = (low := _worse_low(c)) is not None and low > 1.0 + c.threshold
         if c.verdict is Verdict.REGRESSION and beyond:
             return f"{c.phase} {c.label} REGRESSION, its whole CI beyond {c.threshold:.0%}"
     if any(needs_more_pairs(c) for c in judged):

@@ -36,6 +36,9 @@ import numpy as np
 from scipy.special import ndtr, ndtri
 
 from ..core import catalog
+from ..core.documents import JSONValue
+from ..core.formats import finite
+from ..core.measurement import RunMetrics
 from .paired import location_ci, signed_rank_p
 from .verdict import CI_LEVEL, Comparison, Verdict, exp_clamped, fmt_pct, fmt_value, holm
 
@@ -102,8 +105,8 @@ class PartChange:
     def _sample(self) -> str:
         return f"{self.n_b} pairs" if self.paired else f"{self.n_b} vs {self.n_a} runs"
 
-    def to_json(self) -> dict[str, Any]:
-        return {f.name: _finite(getattr(self, f.name)) for f in fields(self)}
+    def to_json(self) -> dict[str, JSONValue]:
+        return {f.name: finite(getattr(self, f.name)) for f in fields(self)}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> PartChange:
@@ -112,10 +115,6 @@ class PartChange:
 
 def _signed(x: float) -> str:
     return f"{x:+.3g}"
-
-
-def _finite(value: Any) -> Any:
-    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 # --- one part: paired and unpaired -----------------------------------------------------------------
@@ -169,12 +168,12 @@ class _Raw:
     material: bool
 
 
-def _phase_ms(runs: Sequence[Any], phase_metric: str) -> float:
+def _phase_ms(runs: Sequence[RunMetrics], phase_metric: str) -> float:
     values = [getattr(r, phase_metric) for r in runs]
     return float(np.median(values)) if values else 0.0
 
 
-def _observed(runs: Sequence[Any], name: str) -> np.ndarray | None:
+def _observed(runs: Sequence[RunMetrics], name: str) -> np.ndarray | None:
     values = [getattr(r, name, None) for r in runs]
     if not values or any(v is None or not math.isfinite(v) for v in values):
         return None
@@ -254,7 +253,7 @@ def _changes(raws: Sequence[_Raw], alpha: float, paired: bool, sampler: str = ""
     return tuple(out)
 
 
-def paired_parts(a_runs: Sequence[Any], b_runs: Sequence[Any], *, alpha: float) -> tuple[PartChange, ...]:
+def paired_parts(a_runs: Sequence[RunMetrics], b_runs: Sequence[RunMetrics], *, alpha: float) -> tuple[PartChange, ...]:
     """Every part both sides observed in every run, pair by pair (``measuring.metrics.RunMetrics``;
     pair i = A's run i and B's run i)."""
     if len(a_runs) != len(b_runs):
@@ -269,8 +268,8 @@ def paired_parts(a_runs: Sequence[Any], b_runs: Sequence[Any], *, alpha: float) 
 
 
 def unpaired_parts(
-    baseline: Mapping[str, Sequence[float]],
-    candidate: Mapping[str, Sequence[float]],
+    baseline: Mapping[str, object],
+    candidate: Mapping[str, object],
     phase_ms: Mapping[str, float],
     *,
     alpha: float,
@@ -350,7 +349,7 @@ def why_line(c: Headline, parts: Sequence[PartChange]) -> str | None:
     return f"{head}: {'; '.join(said)}"
 
 
-def prompt_changes(a_tokens: int | None, b_tokens: int | None) -> tuple[str, ...]:
+def prompt_changes(a_tokens: object, b_tokens: object) -> tuple[str, ...]:
     """``("prompt tokens 22 -> 170",)`` where the two sides gave llama.cpp prompts of different
     lengths (a wrapper that builds a longer prompt: its TTFT's change is that prompt's), else ()."""
     if a_tokens is None or b_tokens is None or a_tokens == b_tokens:
@@ -405,11 +404,11 @@ def paired_why_lines(comparisons: Sequence[Headline], parts: Sequence[PartChange
     return _why_lines(comparisons, parts, paired_explained_phases(comparisons))
 
 
-def part_properties(prefix: str, parts: Sequence[PartChange]) -> list[tuple[str, Any]]:
+def part_properties(prefix: str, parts: Sequence[PartChange]) -> list[tuple[str, object]]:
     """JUnit properties (``report.user_properties``) of each part, as every report shows it:
     ``<prefix>part.<metric>.change`` (``x1.01``, ``+0.903 ms/token``), ``.ci`` (its 95% CI) and
     ``.moved`` (``true`` or ``false``)."""
-    out: list[tuple[str, Any]] = []
+    out: list[tuple[str, object]] = []
     for p in parts:
         name = f"{prefix}part.{p.metric}"
         out += [

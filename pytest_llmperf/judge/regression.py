@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 from ..baselines import records as reference
 from ..baselines.records import same_workload
 from ..core import catalog
-from ..core.catalog import Metric
+from ..core.catalog import Metric, stored_at, stored_section
+from ..core.documents import JSONValue
 from ..core.fingerprint import hardware_differences, other_hardware_note, subject_changes
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRESHOLD
 from . import attribution as attributions
@@ -94,18 +95,20 @@ def compare_memory(baseline: Mapping[str, object], candidate: Mapping[str, objec
     return tuple(lines)
 
 
-def _rss_over_runs(rec: Mapping[str, Any]) -> bool:
+def _rss_over_runs(rec: Mapping[str, object]) -> bool:
     """The record's peak RSS covers its runs alone (the engine's process, over the measurement).
     A measured callable's is the pytest process's, which holds whatever the session imported and
     made: not that test's figure (its Llamas' own memory is: llama.cpp's buffers)."""
-    if (rec.get("subject") or {}).get("engine") == "callable":
+    if stored_at(rec, "subject", "engine") == "callable":
         return False
-    return bool((rec.get("memory") or {}).get("peak_rss_scope") == "measurement")
+    return stored_at(rec, "memory", "peak_rss_scope") == "measurement"
 
 
-def _memory_figures(name: str, baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> tuple[float, float] | None:
+def _memory_figures(
+    name: str, baseline: Mapping[str, object], candidate: Mapping[str, object]
+) -> tuple[float, float] | None:
     """Both records' memory figure ``name`` (MiB), when both carry it as a number."""
-    b, c = ((r.get("memory") or {}).get(name) for r in (baseline, candidate))
+    b, c = (stored_at(r, "memory", name) for r in (baseline, candidate))
     if not isinstance(b, (int, float)) or not isinstance(c, (int, float)):
         return None
     return b, c
@@ -139,11 +142,17 @@ def history(rec: Mapping[str, Any]) -> dict[str, list[Level]]:
     return {name: [Level.from_json(d) for d in stored.get(name, [])] for name in (s.name for s in JUDGED)}
 
 
-def carry_history(old: Mapping[str, Any] | None, new: dict[str, Any], keep: int = HISTORY_SESSIONS) -> dict[str, Any]:
+def carry_history(
+    old: Mapping[str, object] | None, new: dict[str, JSONValue], keep: int = HISTORY_SESSIONS
+) -> dict[str, JSONValue]:
     """The record to store when ``new`` replaces ``old``: ``new`` with the levels of the last
     ``keep - 1`` sessions before it, when ``old`` measured the same subject and workload (a
     baseline re-recorded after a change starts its history anew)."""
-    if not old or same_workload(old, new) or subject_changes(old.get("subject", {}), new.get("subject", {})):
+    if (
+        not old
+        or same_workload(old, new)
+        or subject_changes(stored_section(old, "subject"), stored_section(new, "subject"))
+    ):
         return new
     try:
         older = history(old)
@@ -154,12 +163,10 @@ def carry_history(old: Mapping[str, Any] | None, new: dict[str, Any], keep: int 
     return {**new, "sessions": sessions} if sessions else new
 
 
-def _kept_sessions(
-    older: Mapping[str, list[Level]], own: Mapping[str, Level], keep: int
-) -> dict[str, list[dict[str, float | int | None]]]:
+def _kept_sessions(older: Mapping[str, list[Level]], own: Mapping[str, Level], keep: int) -> dict[str, JSONValue]:
     """Per judged metric, the last ``keep - 1`` session levels of a replaced record (its older
     ones, then its own), as stored."""
-    sessions = {}
+    sessions: dict[str, JSONValue] = {}
     for name, levels in older.items():
         chain = levels + ([own[name]] if name in own else [])
         if chain and keep > 1:
@@ -258,8 +265,7 @@ def _with_rates(
 
 def _run_values(rec: Mapping[str, object], name: str) -> list[float] | None:
     """The record's per-run values of ``name``, when they are all finite positive numbers."""
-    runs = rec.get("runs")
-    values = runs.get(name) if isinstance(runs, Mapping) else None
+    values = stored_at(rec, "runs", name)
     if not isinstance(values, list) or not values:
         return None
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf for v in values):
@@ -323,8 +329,7 @@ OTHERS_CPU_SHARE = 0.25
 
 
 def _machine_figure(rec: Mapping[str, object], key: str, upper: float = math.inf) -> float | None:
-    machine = rec.get("machine")
-    value = machine.get(key) if isinstance(machine, Mapping) else None
+    value = stored_at(rec, "machine", key)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value) if 0 <= value <= upper else None
@@ -414,16 +419,18 @@ def blame_machine(comparisons: list[Comparison], why: str | None) -> list[Compar
     ]
 
 
-def closest_hardware_differences(entries: Mapping[str, Any], candidate: Mapping[str, Any]) -> list[str]:
+def closest_hardware_differences(entries: Mapping[str, object], candidate: Mapping[str, object]) -> list[str]:
     """The fingerprint fields in which this machine differs from the closest recorded one (the
     fewest differing fields), as ``other_hardware_note`` names them."""
-    here = candidate.get("hardware") or {}
+    here = candidate.get("hardware")
+    if not isinstance(here, Mapping) or not here:
+        return []
     diffs = [
-        hardware_differences((e or {}).get("hardware") or {}, here)
+        hardware_differences(hw if isinstance(hw := e.get("hardware"), Mapping) else {}, here)
         for _, e in sorted(entries.items())
         if isinstance(e, Mapping)
     ]
-    return min(diffs, key=len) if diffs and here else []
+    return min(diffs, key=len) if diffs else []
 
 
 def judge(
@@ -450,9 +457,9 @@ def judge(
 
 
 def _judge(
-    entries: Mapping[str, Mapping[str, Any]] | None,
+    entries: Mapping[str, Mapping[str, object]] | None,
     hardware_key: str,
-    candidate: Mapping[str, Any],
+    candidate: Mapping[str, object],
     settings: CompareSettings,
     window: Callable[[Mapping[str, object]], Mapping[str, Sequence[Level]]] | None,
 ) -> BaselineVerdict:
@@ -472,8 +479,8 @@ def _judge(
             f"not comparable: the workload changed since the baseline ({', '.join(changed)}); "
             "re-record with --llmperf-update-baselines",
         )
-    changes = tuple(subject_changes(baseline.get("subject", {}), candidate.get("subject", {})))
-    changes += prompt_changes(*((r.get("prompt") or {}).get("prompt_tokens") for r in (baseline, candidate)))
+    changes = tuple(subject_changes(stored_section(baseline, "subject"), stored_section(candidate, "subject")))
+    changes += prompt_changes(*(stored_at(r, "prompt", "prompt_tokens") for r in (baseline, candidate)))
     machine = reference.slowdown(baseline.get("reference"), candidate.get("reference"))
     steal = (steal_share(baseline), steal_share(candidate))
     notes = []
@@ -502,8 +509,8 @@ def _judge(
 
 
 def _parts(
-    baseline: Mapping[str, Any],
-    candidate: Mapping[str, Any],
+    baseline: Mapping[str, object],
+    candidate: Mapping[str, object],
     comparisons: Sequence[Comparison],
     settings: CompareSettings,
 ) -> tuple[PartChange, ...]:
@@ -515,12 +522,12 @@ def _parts(
     between = {phase: c.between_sd for phase, c in headline.items()}
     try:
         parts = unpaired_parts(
-            baseline.get("parts") or {},
-            candidate.get("parts") or {},
+            stored_section(baseline, "parts"),
+            stored_section(candidate, "parts"),
             phase_ms,
             alpha=settings.alpha,
             between_sd=between,
-            sampler=next((str(s) for r in (candidate, baseline) if (s := (r.get("prompt") or {}).get("sampler"))), ""),
+            sampler=next((str(s) for r in (candidate, baseline) if (s := stored_at(r, "prompt", "sampler"))), ""),
         )
         return gated(parts, explained_phases(comparisons))
     except (ArithmeticError, TypeError, ValueError):

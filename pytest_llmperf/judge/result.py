@@ -296,8 +296,8 @@ class BaselineVerdict:
         )
 
 
-def _attribution_of(d: Mapping[str, Any] | None) -> AttributionChange | None:
-    if not d:
+def _attribution_of(d: object) -> AttributionChange | None:
+    if not isinstance(d, Mapping) or not d:
         return None
     return AttributionChange.from_json(d)
 
@@ -329,7 +329,7 @@ class Outcome:
     #: A measured callable's prompt as llama.cpp saw it and its stream as the caller received it
     #: (``baselines.records.prompt_record``: the cache state, prompt tokens evaluated and reused,
     #: the delivered figures); empty for the plugin's own engine.
-    prompt: Mapping[str, Any] = field(default_factory=dict)
+    prompt: Mapping[str, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "budget", BudgetStatus(self.budget))  # a word read from JSON, typed

@@ -36,6 +36,7 @@ import numpy as np
 from scipy.special import ndtri, stdtrit
 
 from ..core.catalog import METRICS
+from ..core.documents import JSONValue
 from ..core.formats import EXPONENT_FROM, StrEnum
 
 #: Relative efficiency factor of the Hodges-Lehmann location: se = this * sigma / sqrt(n).
@@ -106,7 +107,7 @@ class Level:
     def value(self) -> float:
         return exp_clamped(self.log_level)
 
-    def to_json(self) -> dict[str, float | int | None]:
+    def to_json(self) -> dict[str, JSONValue]:
         return {
             "log_level": round(self.log_level, 9),
             "se": round(self.se, 9),
