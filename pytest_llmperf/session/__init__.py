@@ -42,6 +42,7 @@ from .options import MarkerConfig, SessionSettings, validate
 from .results import Measurer, call_report
 
 if TYPE_CHECKING:
+    from ..core.documents import JSONValue
     from ..core.measurement import Measurement
     from ..core.workload import EngineInfo
     from ..engines import CounterSource, Engine, TokenStream
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
 __all__ = ["Session", "SessionSettings"]
 
 
-def _no_fingerprint_hook(hardware: dict[str, Any], subject: dict[str, Any], info: EngineInfo) -> None:
+def _no_fingerprint_hook(hardware: dict[str, JSONValue], subject: dict[str, JSONValue], info: EngineInfo) -> None:
     return None
 
 

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from ..judge.ab import ABResult, Side
     from ..judge.budgets import BudgetFailure
     from ..judge.result import Outcome
+    from .assess import MeasureOptions
     from .options import MarkerConfig
     from .sides import Link
 
@@ -118,7 +119,7 @@ class Measurer:
         marker: MarkerConfig,
         engine_for: Callable[..., Engine],
         assess: Callable[[Measurement, MarkerConfig], Outcome | None] = lambda m, c: None,
-        measure_options: Callable[[Subject, MarkerConfig], Mapping[str, Any]] = lambda engine, c: {},
+        measure_options: Callable[[Subject, MarkerConfig], MeasureOptions] = lambda engine, c: {},
         *,
         smoke: bool = False,
         side: Link | None = None,
