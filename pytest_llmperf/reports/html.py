@@ -133,7 +133,7 @@ code{font-size:12px}a{color:#1f5fbf}
 """
 
 
-def _e(value: Any) -> str:
+def _e(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
@@ -333,7 +333,7 @@ def _sourced(rows: Sequence[Sequence[str]], parts: Sequence[PartChange]) -> list
     ]
 
 
-def attribution_html(d: Mapping[str, Any] | None) -> list[str]:
+def attribution_html(d: Mapping[str, object] | None) -> list[str]:
     """Where llama.cpp's time went, per layer and op (an attribution pass's comparison:
     ``judge.attribution.AttributionChange.to_json()``, a verdict's or an A/B entry's
     ``attribution``): its reason, each phase's reading and its top changes; nothing without one."""

@@ -282,7 +282,7 @@ def _summary_columns(columns: Sequence[str] | None) -> list[tuple[str, str, str]
     return [SUMMARY_COLUMNS[0]] + [by_name[name] for name in dict.fromkeys(wanted)]
 
 
-def _summary_cell(value: Any) -> str:
+def _summary_cell(value: object) -> str:
     """A summary cell: n/a for none, a float rounded for display, anything else as it is."""
     if value is None:
         return "n/a"
@@ -608,7 +608,7 @@ def overhead_lines(rows: Iterable[Mapping[str, object]]) -> list[str]:
     return lines
 
 
-def _by_test_function(rows: Iterable[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+def _by_test_function(rows: Iterable[Mapping[str, object]]) -> dict[str, list[Mapping[str, Any]]]:
     """Summary rows by their test function (the test id without its parameters)."""
     by_test: dict[str, list[Mapping[str, object]]] = defaultdict(list)
     for row in rows:

@@ -107,7 +107,7 @@ class Session:
         self.against_sides: dict[str, Any] | None = None
 
     @classmethod
-    def of(cls, rootdir: Path | str, environ: Mapping[str, str] | None = None, **values: Any) -> Session:
+    def of(cls, rootdir: Path | str, environ: Mapping[str, str] | None = None, **values: object) -> Session:
         """A script's session: ``SessionSettings.of``'s settings, no hooks."""
         return cls(SessionSettings.of(rootdir, environ, **values))
 

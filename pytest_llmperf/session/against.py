@@ -633,7 +633,7 @@ class Drive:
         self.lost[side.spec.name] = line
         side.close()
 
-    def finish(self, side: Side, **done: Any) -> None:
+    def finish(self, side: Side, **done: object) -> None:
         """The side's measurement ends (``fail``: not measured; ``verdict``: its judgement)."""
         if "fail" in done:
             self.failed_by_us.add(side.spec.name)

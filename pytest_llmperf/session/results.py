@@ -176,7 +176,7 @@ class Measurer:
             return CallableEngine(subject, watch=watch)
         return SteppedCallableEngine(subject, counters=counters, watch=watch)
 
-    def measure(self, engine: Subject | None = None, *, label: str = "", **overrides: Any) -> Result:
+    def measure(self, engine: Subject | None = None, *, label: str = "", **overrides: object) -> Result:
         """One measurement of ``engine`` (default: the marker's), its budgets and verdict; kept
         in ``results`` (a load test with failed requests too, before its error is raised)."""
         label = self._label(label)
@@ -209,7 +209,7 @@ class Measurer:
         progress.step("judging")
         return self._judged(subject, m, config)
 
-    def compare(self, a: Any = None, b: Any = None, *, label: str = "", **keys: Any) -> ABResult:
+    def compare(self, a: object = None, b: object = None, *, label: str = "", **keys: object) -> ABResult:
         """Run A and B interleaved (``runs`` pairs in seeded AB/BA order, warm-ups for both) and
         compare them with paired statistics (``ab.ABResult``). A side: llama.cpp settings
         (``{"threads": 1}``, over the session's), a model (path or preset), a callable
@@ -357,7 +357,7 @@ class Measurer:
         return result
 
 
-def resolve_side(name: str, spec: Any, engine_for: Callable[[Mapping[str, object]], Any]) -> Side:
+def resolve_side(name: str, spec: object, engine_for: Callable[[Mapping[str, object]], Any]) -> Side:
     """What a side of an A/B may be (llama.cpp settings, a model, a callable, an endpoint, an
     engine), as a ``Side`` ready to run; ``engine_for(settings)``: the session's (or the
     caller's) engine for llama.cpp settings over the session's."""
