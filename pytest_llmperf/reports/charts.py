@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
     from matplotlib.ticker import Locator
 
+    from ..history.series import Trend
     from ..judge.parts import PartChange
     from ..judge.result import Outcome
     from ..judge.verdict import Comparison
@@ -343,7 +344,7 @@ def budget_label(key: str, value: float, unit: str) -> str:
     return f"budget {key}={value:g} {unit}"
 
 
-def trend_chart(trends: Sequence[Mapping[str, Any]]) -> Figure:
+def trend_chart(trends: Sequence[Trend]) -> Figure:
     """Value per session with its 95% CI, one axes per series; change points dashed, labelled
     with the step and the coinciding subject change; the latest session filled."""
     fig, axes = chart_row(
