@@ -540,7 +540,7 @@ def export_csv(series: Sequence[Series], folder: Path, postgres: bool = False) -
 
 def _write_csv(path: Path, members: Sequence[Series]) -> None:
     """One test's CSV: a row per session (time, commit, branch, subject), a column per metric."""
-    rows: dict[int, dict[str, Any]] = {}
+    rows: dict[int, dict[str, object]] = {}
     for s in members:
         for p in s.points:
             row = rows.setdefault(

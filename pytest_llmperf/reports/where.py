@@ -63,7 +63,7 @@ class Explained:
     sides: tuple[str, str] = ("A", "B")
     #: Where llama.cpp's time went, per layer and op (``judge.attribution``'s JSON), when its
     #: pass ran; else None.
-    attribution: Mapping[str, Any] | None = None
+    attribution: Mapping[str, object] | None = None
     #: Why a pass that was due did not run (an A/B's ``attribution_note``), else "".
     attribution_note: str = ""
 

@@ -86,11 +86,11 @@ class Session:
         #: Summary rows (one per measurement) and the assessed results
         #: (``judge.result.Outcome``), of this process's tests or, on the xdist
         #: controller, of every worker's; A/B comparisons as JSON.
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[dict[str, object]] = []
         self.results: list[Outcome] = []
         #: How many of the measurements (``rows``) went over a budget.
         self.over_budget = 0
-        self.ab_results: list[dict[str, Any]] = []
+        self.ab_results: list[dict[str, object]] = []
         #: Tests that will measure (after deselection) and labelled measurements beyond a
         #: test's first seen so far: the size of Holm's family.
         self.measuring_tests = 0

@@ -433,7 +433,7 @@ class CallReport:
     #: The outcomes (``judge.result.Outcome``): in this process as they are; ``to_json()`` only where
     #: a report crosses pytest-xdist's wire (``pytest_plugin.plugin``'s report hooks).
     results: list[Outcome] = field(default_factory=list)
-    ab: list[dict[str, Any]] = field(default_factory=list)
+    ab: list[dict[str, object]] = field(default_factory=list)
 
 
 def call_report(
