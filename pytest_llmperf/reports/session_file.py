@@ -582,7 +582,7 @@ def where_markdown_lines(entries: Sequence[Explained]) -> list[str]:
 AB_HEADERS = ("metric", "A", "B", "B/A", "95% CI", "p", "pairs", "difference", "budget")
 
 
-def _ab_num(value: Any, spec: str = "") -> str:
+def _ab_num(value: float | None, spec: str = "") -> str:
     """A figure as ``spec`` formats it (default: ``ratio_text``); n/a where JSON holds none."""
     return "n/a" if value is None else format(value, spec) if spec else ratio_text(value)
 

@@ -124,8 +124,8 @@ class SessionSettings:
     @classmethod
     def from_options(
         cls,
-        getoption: Callable[[str], Any],
-        getini: Callable[[str], Any],
+        getoption: Callable[[str], object],
+        getini: Callable[[str], object],
         rootdir: Path | str,
         environ: Mapping[str, str] | None = None,
     ) -> SessionSettings:

@@ -357,7 +357,7 @@ class Measurer:
         return result
 
 
-def resolve_side(name: str, spec: object, engine_for: Callable[[Mapping[str, object]], Any]) -> Side:
+def resolve_side(name: str, spec: object, engine_for: Callable[[Mapping[str, object]], Engine]) -> Side:
     """What a side of an A/B may be (llama.cpp settings, a model, a callable, an endpoint, an
     engine), as a ``Side`` ready to run; ``engine_for(settings)``: the session's (or the
     caller's) engine for llama.cpp settings over the session's."""
@@ -376,7 +376,7 @@ def resolve_side(name: str, spec: object, engine_for: Callable[[Mapping[str, obj
     return Side(getattr(spec, "__name__", repr(spec)), spec)
 
 
-def ab_result_of(nodeid: str, ab: ABResult) -> dict[str, Any]:
+def ab_result_of(nodeid: str, ab: ABResult) -> dict[str, object]:
     """The session JSON's entry of one A/B comparison."""
     from ..judge.ab import as_dict
 
