@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .connection import Location
 
 if TYPE_CHECKING:
     from ..judge.result import Outcome
+    from .series import Trend
 
 
 def append_session(
@@ -38,7 +39,7 @@ def keep(
     compared: bool,
     *,
     trends: bool = False,
-) -> tuple[str, dict[str, list[dict[str, Any]]]]:
+) -> tuple[str, dict[str, list[Trend]]]:
     """The plugin's end-of-session step: append, then (``trends``) read each test's recent
     trend back for the HTML report. Returns the line to print and the trends (``{result.test:
     [trends.trend_data]}``, empty when not read); a history that cannot be written costs that

@@ -20,7 +20,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
@@ -419,14 +419,33 @@ def table(s: Series, found: Sequence[Step] = ()) -> str:
     return render_table(("#", "started", "commit", "branch", "level", "95% CI", "runs", "baseline", "change"), rows)
 
 
-def trend_data(s: Series, found: Sequence[Step] = ()) -> dict[str, Any]:
+class TrendStep(TypedDict):
+    """A change point on a trend chart: the segment's first point, its label, a regression or not."""
+
+    index: int
+    text: str
+    regression: bool
+
+
+class Trend(TypedDict):
+    """One series as plain data for the HTML report's trend chart (``trend_data``)."""
+
+    test: str
+    metric: str
+    label: str
+    unit: str
+    points: list[tuple[float, float, float, str]]  # value, 95% CI low and high, short commit
+    steps: list[TrendStep]
+
+
+def trend_data(s: Series, found: Sequence[Step] = ()) -> Trend:
     """One series as plain data (crosses to the HTML report's drawing processes as JSON)."""
     return {
         "test": s.name,
         "metric": s.metric,
         "label": f"{s.phase} {label_of(s.metric)}",
         "unit": s.unit,
-        "points": [[p.value, *p.ci, p.short_commit] for p in s.points],
+        "points": [(p.value, *p.ci, p.short_commit) for p in s.points],
         "steps": [{"index": st.index, "text": _step_text(st), "regression": st.regression} for st in found],
     }
 
@@ -436,7 +455,7 @@ def _step_text(st: Step) -> str:
     return f"{st.change:+.1%}" + (f" {named}" if named else "")
 
 
-def attach(results: Sequence[Outcome], loc: Location, last: int = RECENT_SESSIONS) -> dict[str, list[dict[str, Any]]]:
+def attach(results: Sequence[Outcome], loc: Location, last: int = RECENT_SESSIONS) -> dict[str, list[Trend]]:
     """Each test's recent trend, for the HTML report beside the results: ``{result.test:
     [trend_data of TTFT, of TPOT]}`` over its last ``last`` sessions on this hardware (a test
     with fewer than two sessions has none)."""
@@ -445,7 +464,7 @@ def attach(results: Sequence[Outcome], loc: Location, last: int = RECENT_SESSION
         return (unique_test_id(r.nodeid or r.test, r.baseline_file), r.label, r.hardware_key)
 
     wanted = {key_of(r) for r in results}
-    found: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    found: dict[tuple[str, str, str], list[Trend]] = {}
     for s in read_series(loc, metrics=("ttft_ms", "tpot_ms"), last=last):
         key = (s.test, s.label, s.hardware_key)
         if key in wanted and len(s.points) >= 2:
@@ -521,7 +540,7 @@ def export_csv(series: Sequence[Series], folder: Path, postgres: bool = False) -
 
 def _write_csv(path: Path, members: Sequence[Series]) -> None:
     """One test's CSV: a row per session (time, commit, branch, subject), a column per metric."""
-    rows: dict[int, dict[str, Any]] = {}
+    rows: dict[int, dict[str, object]] = {}
     for s in members:
         for p in s.points:
             row = rows.setdefault(

@@ -210,7 +210,7 @@ class Scored:
     side held back, the top-k of a side that gave only that (0: both gave the whole
     vocabulary), equal greedy tokens of how many, and where the greedy tokens first part."""
 
-    kl: Any
+    kl: npt.NDArray[np.float64]  # KL per scored position
     top1: int
     unscored: int
     k: int

@@ -202,7 +202,7 @@ class SideRuns:
 
     def _attribute(
         self, engine: Engine, workload: Workload, traces: list[RunTrace], op: Mapping[str, Any]
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         """One step of this side's attribution pass (open, warm, run, result, close), its result
         with this side's roofline and memory figures, or one line why it has none."""
         step, one = op.get("step"), self.attribution
@@ -263,7 +263,7 @@ class Called(Exception):
         self.op = op
 
 
-def _token_logits(engine: Any, op: Mapping[str, Any]) -> dict[str, Any]:
+def _token_logits(engine: Any, op: Mapping[str, Any]) -> dict[str, object]:
     """The reply to a "logits" op: the engine's ``TokenLogits`` (``worker.logits_json``), or one line."""
     try:
         got = engine.token_logits(

@@ -22,7 +22,7 @@ import resource
 import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 
@@ -129,7 +129,16 @@ def _outside(
     return out
 
 
-def _delivered(trace: RunTrace, before_ms: float) -> dict[str, Any]:
+class Delivered(TypedDict, total=False):
+    """A run's stream as the caller received it (``RunMetrics``' ``delivered_*`` fields)."""
+
+    delivered_items: int
+    delivered_ttft_ms: float
+    delivered_e2e_ms: float
+    delivered_burst_tokens: int | None
+
+
+def _delivered(trace: RunTrace, before_ms: float) -> Delivered:
     """The stream as the caller received it, beside the tokens as made (``RunTrace.delivered_ns``)."""
     items = trace.delivered_ns
     if not items:

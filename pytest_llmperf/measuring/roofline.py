@@ -257,7 +257,7 @@ REFERENCE_SIZE = 384
 REFERENCE_REPS = 61
 
 
-def probe_reference(reps: int = REFERENCE_REPS) -> dict[str, Any]:
+def probe_reference(reps: int = REFERENCE_REPS) -> dict[str, JSONValue]:
     """The machine's reference figure's runs: milliseconds per float32 product, ``reps`` times
     after one warm-up (taken after a measurement's runs, never inside its timed region)."""
     a = np.random.default_rng(0).standard_normal((REFERENCE_SIZE, REFERENCE_SIZE), dtype=np.float32)

@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -64,10 +64,11 @@ from .served import measure_load
 
 if TYPE_CHECKING:
     from ..core.measurement import Attribution, LayerProfile, Peak
+    from ..engines import TokenStream
     from .attribution import Stepping
 
 
-def as_engine(obj: Any) -> Engine:
+def as_engine(obj: Engine | TokenStream) -> Engine:
     """An Engine as is; a plain callable ``fn(prompt, max_tokens)`` wrapped."""
     if isinstance(obj, Engine):
         return obj
@@ -80,7 +81,7 @@ def engine_pid(engine: object) -> int | None:
 
 
 def measure(
-    engine: Any,
+    engine: Engine | TokenStream,
     workload: Workload | None = None,
     label: str = "",
     slo: Mapping[str, float] | None = None,
@@ -163,7 +164,7 @@ def attribution_of(engine: Engine, workload: Workload) -> Attribution:
     return run_pass(pass_of(engine, workload))
 
 
-def traces_figures(engine: object, workload: Workload, traces: Sequence[RunTrace]) -> dict[str, float]:
+def traces_figures(engine: Engine | TokenStream, workload: Workload, traces: Sequence[RunTrace]) -> dict[str, float]:
     """A side's roofline and memory figures over its runs (``--llmperf-against``: in the side's
     process, after the pairs; ``attribution.side_figures``, the machine's peaks probed once and cached)."""
     m = summarize(list(traces), dataclasses.replace(workload, runs=len(traces)), as_engine(engine).info())
@@ -182,7 +183,7 @@ def pass_of(engine: Engine, workload: Workload) -> Stepping:
     raise ConfigError("the attribution pass (attribution=True) needs the in-process llama.cpp engine (or its worker)")
 
 
-def extend(engine: Any, m: Measurement, extra_runs: int) -> Measurement:
+def extend(engine: Engine | TokenStream, m: Measurement, extra_runs: int) -> Measurement:
     """``m`` with ``extra_runs`` more measured runs of its workload (no warm-up: the engine is
     warm), for a sequential measurement. Per-layer timing and the roofline stay those of the
     first runs; system counters and peak RSS cover the added runs too."""

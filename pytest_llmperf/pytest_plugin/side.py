@@ -40,9 +40,9 @@ import dataclasses
 import os
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import pytest
 
@@ -88,7 +88,7 @@ class AgainstHooks:
         self.not_compared: str | None = None  # the line that fails a session that compared nothing
         self.error: str | None = None
         self.next_perf: dict[str, str | None] = {}
-        self.old_sigterm: Any = None
+        self.old_sigterm: Callable[[int, FrameType | None], object] | int | None = None
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
@@ -207,7 +207,7 @@ class SidePlugin:
         self.spec = spec
         self.errors: dict[str, str] = {}
         self.broken: dict[str, str] = {}  # collection errors in the code under test: where it failed
-        self.reports: list[dict[str, Any]] = []
+        self.reports: list[Mapping[str, object]] = []
         self.config: pytest.Config | None = None
 
     @pytest.hookimpl(tryfirst=True)
@@ -226,7 +226,7 @@ class SidePlugin:
     def pytest_exception_interact(
         self,
         node: pytest.Item | pytest.Collector,
-        call: pytest.CallInfo[Any],
+        call: pytest.CallInfo[object],
         report: pytest.CollectReport | pytest.TestReport,
     ) -> None:
         """A collection error raised in the side's code under test (not a name the tests lack)."""
@@ -276,7 +276,7 @@ class SidePlugin:
             )
 
 
-def _failure_line(reports: list[dict[str, Any]]) -> str:
+def _failure_line(reports: Sequence[Mapping[str, object]]) -> str:
     """The first failure's message in one line (a serialized report's ``longrepr``)."""
     for r in reports:
         if r.get("outcome") != "failed":
@@ -293,7 +293,7 @@ def _failure_line(reports: list[dict[str, Any]]) -> str:
     return ""
 
 
-def _raised_at(crash: Mapping[str, Any]) -> str:
+def _raised_at(crash: Mapping[str, object]) -> str:
     """`` (raised at tests/test_x.py:12)``: where the failure was raised, as a path from this
     process's folder (the tests' checkout) where it is under it, so a reader tells the tests'
     code from the code under test (``code_root``); "" when pytest did not say."""

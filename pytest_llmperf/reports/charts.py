@@ -30,6 +30,7 @@ import itertools
 import re
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -39,6 +40,14 @@ from ..core.errors import LLMPerfError
 from ..judge.verdict import Verdict
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from matplotlib.axes import Axes
+    from matplotlib.axis import XAxis, YAxis
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import Locator
+
+    from ..history.series import Trend
     from ..judge.parts import PartChange
     from ..judge.result import Outcome
     from ..judge.verdict import Comparison
@@ -76,7 +85,7 @@ class ReportError(LLMPerfError):
     """The HTML report cannot be drawn (matplotlib, the ``report`` extra, is not installed)."""
 
 
-def require_matplotlib() -> Any:
+def require_matplotlib() -> ModuleType:
     """The matplotlib module, or a one-line error that says what to install."""
     try:
         import matplotlib
@@ -88,10 +97,10 @@ def require_matplotlib() -> Any:
 
 #: Blank charts kept for reuse, by shape: creating axes and their ticks is half the cost of
 #: drawing one, and every test of a report draws the same few shapes.
-_BLANK: dict[tuple[Any, ...], Any] = {}
+_BLANK: dict[tuple[object, ...], Figure] = {}
 
 
-def _reset(fig: Any) -> None:
+def _reset(fig: Figure) -> None:
     """Back to blank: the data artists, legends and limits go; axes and ticks stay."""
     fig.legends.clear()
     for ax in fig.axes:
@@ -112,25 +121,35 @@ def _reset(fig: Any) -> None:
 
 def new_chart(
     height_in: float,
-    ncols: int = 1,
+    width_in: float = WIDTH_IN,
+    margins_in: tuple[float, float, float, float] = (0.62, 0.5, 0.15, 0.3),
+    reuse: bool = False,
+) -> tuple[Figure, Axes]:
+    """A figure of one axes (``chart_row``)."""
+    fig, (ax,) = chart_row(height_in, 1, width_in, margins_in, reuse=reuse)
+    return fig, ax
+
+
+def chart_row(
+    height_in: float,
+    ncols: int,
     width_in: float = WIDTH_IN,
     margins_in: tuple[float, float, float, float] = (0.62, 0.5, 0.15, 0.3),
     wspace: float = 0.3,
     reuse: bool = False,
-    **kw: Any,
-) -> tuple[Any, Any]:
-    """A figure with fixed margins (left, bottom, right, top in inches): a constrained layout
-    would draw every chart twice, and 200 tests x 4 charts must render in seconds.
+) -> tuple[Figure, list[Axes]]:
+    """A figure with fixed margins (left, bottom, right, top in inches) and its row of
+    ``ncols`` axes: a constrained layout would draw every chart twice, and 200 tests x 4
+    charts must render in seconds.
 
     ``reuse``: hand out the same blank figure again for the same shape (only for figure
     functions that set every property they change, whatever the data)."""
     from matplotlib.figure import Figure
 
-    key = (height_in, ncols, width_in, margins_in, wspace, tuple(sorted(kw.items())))
+    key = (height_in, ncols, width_in, margins_in, wspace)
     if reuse and key in _BLANK:
         fig = _BLANK[key]
         _reset(fig)
-        axes = fig.axes[0] if ncols == 1 and kw.get("squeeze", True) else np.array(fig.axes)
     else:
         fig = Figure(figsize=(width_in, height_in))
         left, bottom, right, top = margins_in
@@ -141,12 +160,12 @@ def new_chart(
             top=1 - top / height_in,
             wspace=wspace,
         )
-        axes = fig.subplots(1, ncols, **kw)
+        fig.subplots(1, ncols, squeeze=False)
         if reuse:
             _BLANK[key] = fig
-    for ax in np.ravel(axes):
+    for ax in fig.axes:
         ax.locator_params(nbins=4)
-    return fig, axes
+    return fig, fig.axes
 
 
 _NUMBER = re.compile(r"(\d+\.\d)\d+")
@@ -180,14 +199,14 @@ def minify(svg: str) -> str:
     return svg.replace(' style=""', "").strip()
 
 
-def _svg(fig: Any) -> str:
+def _svg(fig: Figure) -> str:
     """The figure as a minified SVG element: no XML prolog, DOCTYPE, comment or metadata."""
     buf = io.StringIO()
     fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
     return minify(buf.getvalue())
 
 
-def plain_log(axis: Any) -> None:
+def plain_log(axis: XAxis | YAxis) -> None:
     """Log axis with plain tick labels (0.5, 1, 2) instead of 10^x, as many as fit without
     overlapping (``log_ticks``, at draw time: the axis's limits and length then)."""
     from matplotlib.ticker import FuncFormatter, NullFormatter, NullLocator
@@ -267,10 +286,10 @@ def _apart(ticks: Sequence[float], span: float, length_in: float, horizontal: bo
     return True
 
 
-_LOCATOR: list[Any] = []
+_LOCATOR: list[Callable[[bool], Locator]] = []
 
 
-def _spaced_log_locator() -> Any:
+def _spaced_log_locator() -> Callable[[bool], Locator]:
     """The class of a log axis's major locator that places ``log_ticks`` (made once: it
     subclasses matplotlib's Locator, imported only when a chart is drawn)."""
     if _LOCATOR:
@@ -299,7 +318,7 @@ def _spaced_log_locator() -> Any:
     return SpacedLogLocator
 
 
-def _place_axis_labels(fig: Any) -> None:
+def _place_axis_labels(fig: Figure) -> None:
     """Axis labels at fixed distances from the axes (inches): matplotlib would otherwise
     measure every tick label of every axes to place them, a third of the drawing time."""
     width_in, height_in = fig.get_size_inches()
@@ -311,7 +330,7 @@ def _place_axis_labels(fig: Any) -> None:
             ax.yaxis.set_label_coords(-0.4 / (box.width * width_in), 0.5)
 
 
-def render(fn: Any, *args: Any) -> str:
+def render(fn: Callable[..., Figure], *args: object) -> str:
     """Draw with the report's style and return the SVG."""
     matplotlib = require_matplotlib()
     with matplotlib.rc_context(RC):
@@ -325,13 +344,13 @@ def budget_label(key: str, value: float, unit: str) -> str:
     return f"budget {key}={value:g} {unit}"
 
 
-def trend_chart(trends: Sequence[Mapping[str, Any]]) -> Any:
+def trend_chart(trends: Sequence[Trend]) -> Figure:
     """Value per session with its 95% CI, one axes per series; change points dashed, labelled
     with the step and the coinciding subject change; the latest session filled."""
-    fig, axes = new_chart(
-        2.3, ncols=len(trends), width_in=max(5.4, 3.2 * len(trends)), squeeze=False, margins_in=(0.62, 0.45, 0.15, 0.3)
+    fig, axes = chart_row(
+        2.3, ncols=len(trends), width_in=max(5.4, 3.2 * len(trends)), margins_in=(0.62, 0.45, 0.15, 0.3)
     )
-    for ax, t in zip(axes[0], trends):
+    for ax, t in zip(axes, trends):
         pts = t["points"]
         x = list(range(1, len(pts) + 1))
         y = [p[0] for p in pts]
@@ -372,7 +391,7 @@ VERDICT_ORDER = (Verdict.REGRESSION, Verdict.MACHINE_SLOWER, Verdict.IMPROVED, V
 OVERVIEW_ROWS = 24
 
 
-def change_overview(results: Sequence[Outcome]) -> Any:
+def change_overview(results: Sequence[Outcome]) -> Figure:
     """Change of each compared metric with its 95% CI, the most notable first (capped)."""
     rows = _ranked_comparisons(results)
     shown = rows[:OVERVIEW_ROWS]
@@ -402,7 +421,7 @@ def _ranked_comparisons(results: Sequence[Outcome]) -> list[tuple[str, Compariso
     return [(test, c) for _, _, test, c in rows]
 
 
-def _change_row(ax: Any, y: int, c: Comparison) -> None:
+def _change_row(ax: Axes, y: int, c: Comparison) -> None:
     """One comparison's change (%) with its 95% CI, labelled with its verdict on the right."""
     colour = VERDICT_COLOURS[c.verdict]
     change = (c.ratio - 1) * 100
@@ -422,7 +441,7 @@ def _change_row(ax: Any, y: int, c: Comparison) -> None:
     )
 
 
-def _threshold_band(ax: Any, shown: Sequence[Comparison]) -> None:
+def _threshold_band(ax: Axes, shown: Sequence[Comparison]) -> None:
     """The most common threshold as a grey band, the others named in its legend entry."""
     thresholds = Counter(c.threshold for c in shown if c.threshold)
     if not thresholds:
@@ -447,16 +466,16 @@ def curves(results: Sequence[Outcome]) -> dict[str, list[Mapping[str, object]]]:
     return {k: sorted(v, key=lambda d: (d["concurrency"], d["output_tps"])) for k, v in groups.items()}
 
 
-def throughput_latency(results: Sequence[Outcome]) -> Any:
+def throughput_latency(results: Sequence[Outcome]) -> Figure:
     """Two panels sharing the x axis (output tok/s): TTFT and TPOT, p50 with p99 whiskers."""
-    fig, (left, right) = new_chart(3.4, ncols=2, margins_in=(0.62, 0.95, 0.15, 0.3), wspace=0.45)
+    fig, (left, right) = chart_row(3.4, ncols=2, margins_in=(0.62, 0.95, 0.15, 0.3), wspace=0.45)
     colours = ("#1f5fbf", "#c0392b", "#1e8449", "#7d3c98", "#b9770e", "#2e4053")
     for n, (test, points) in enumerate(sorted(curves(results).items())):
         colour = colours[n % len(colours)]
-        x = [p["output_tps"] for p in points]
+        x = np.array([p["output_tps"] for p in points], dtype=float)
         for ax, key in ((left, "ttft"), (right, "tpot")):
-            p50 = [p[f"{key}_p50_ms"] for p in points]
-            p99 = [p[f"{key}_p99_ms"] for p in points]
+            p50 = np.array([p[f"{key}_p50_ms"] for p in points], dtype=float)
+            p99 = np.array([p[f"{key}_p99_ms"] for p in points], dtype=float)
             ax.plot(x, p50, "o-", color=colour, ms=5, lw=1.2, label=nodeids.last(test) if key == "ttft" else None)
             ax.vlines(x, p50, p99, color=colour, lw=0.8, alpha=0.6)
             for xi, yi, p in zip(x, p50, points):
@@ -495,20 +514,18 @@ PART_COLOURS = {
 OTHER_PART_COLOURS = ("#2e4053", "#c0392b", "#16a085")
 
 
-def parts_chart(parts: Sequence[PartChange], sides: tuple[str, str] = ("A", "B")) -> Any:
+def parts_chart(parts: Sequence[PartChange], sides: tuple[str, str] = ("A", "B")) -> Figure:
     """The parts of each phase side by side (``judge.parts``): per phase a panel of two stacked
     bars, A's medians and B's, one segment per part in the catalog's order; a part that moved
     is hatched on B's bar and marked in the legend with its change."""
     phases = list(dict.fromkeys(p.phase for p in parts))
-    fig, axes = new_chart(
-        2.3, ncols=len(phases), width_in=2 * WIDTH_IN, margins_in=(0.8, 1.05, 0.2, 0.3), wspace=0.35, squeeze=False
-    )
-    for ax, phase in zip(axes[0], phases):
+    fig, axes = chart_row(2.3, ncols=len(phases), width_in=2 * WIDTH_IN, margins_in=(0.8, 1.05, 0.2, 0.3), wspace=0.35)
+    for ax, phase in zip(axes, phases):
         _parts_panel(ax, [p for p in parts if p.phase == phase], sides)
     return fig
 
 
-def _parts_panel(ax: Any, parts: Sequence[PartChange], sides: tuple[str, str]) -> None:
+def _parts_panel(ax: Axes, parts: Sequence[PartChange], sides: tuple[str, str]) -> None:
     """One phase: A's bar above B's, each part a segment; its total at the end of each bar."""
     left = np.zeros(2)
     others = iter(OTHER_PART_COLOURS * len(parts))

@@ -33,7 +33,7 @@ from ..core.catalog import BUDGETS, FIGURES, HEADLINE, is_ceiling
 from ..core.documents import output_kind, write_output
 from ..core.formats import fmt
 from ..core.settings import usable_cpus
-from ..history.series import metric_order, steps, table, title, trend_data
+from ..history.series import Trend, metric_order, steps, table, title, trend_data
 from ..judge.budgets import BudgetState, BudgetStatus
 from ..judge.result import BaselineVerdict, Outcome
 from ..judge.verdict import HEADLINE_ORDER, BaselineStatus, Verdict, headline
@@ -78,7 +78,7 @@ if TYPE_CHECKING:
 NOT_COMPARED = BaselineVerdict(BaselineStatus.NOT_COMPARED)
 
 #: The history's recent trend of a test (``history.series.attach``): ``{result.test: [trend_data]}``.
-Trends = Mapping[str, Sequence[Mapping[str, object]]]
+Trends = Mapping[str, Sequence[Trend]]
 
 #: A state a badge shows: a test's (a regression, over budget, its verdict against the baseline
 #: or REF, why it was not compared) or an A/B budget's.
@@ -133,7 +133,7 @@ code{font-size:12px}a{color:#1f5fbf}
 """
 
 
-def _e(value: Any) -> str:
+def _e(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
@@ -333,7 +333,7 @@ def _sourced(rows: Sequence[Sequence[str]], parts: Sequence[PartChange]) -> list
     ]
 
 
-def attribution_html(d: Mapping[str, Any] | None) -> list[str]:
+def attribution_html(d: Mapping[str, object] | None) -> list[str]:
     """Where llama.cpp's time went, per layer and op (an attribution pass's comparison:
     ``judge.attribution.AttributionChange.to_json()``, a verdict's or an A/B entry's
     ``attribution``): its reason, each phase's reading and its top changes; nothing without one."""

@@ -11,15 +11,20 @@ pieces (colours, sizes, a new chart) are ``charts``'."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..core.catalog import BUDGETS, METRICS, pooled_itl
-from .charts import BASELINE, BUDGET, FIRST_RUN, NOW, WIDTH_IN, budget_label, new_chart, plain_log
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+from .charts import BASELINE, BUDGET, FIRST_RUN, NOW, WIDTH_IN, budget_label, chart_row, new_chart, plain_log
 
 
-def layer_bars(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, budgets: Mapping[str, float]) -> Any:
+def layer_bars(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, budgets: Mapping[str, float]) -> Figure:
     """Median time per layer and phase, now vs baseline; outlier layers named in red."""
     phases = record["layers"]["phases"]
     names = [p for p in ("prefill", "decode") if p in phases]
@@ -28,23 +33,18 @@ def layer_bars(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, bu
     width = 2 * WIDTH_IN  # the page shows it across both columns
     label_in = 0.15 + 0.075 * longest
     axes_in = (width - label_in - 0.2 - label_in * (len(names) - 1)) / len(names)
-    fig, axes = new_chart(
-        1.2 + 0.2 * n_rows,
-        len(names),
-        width_in=width,
-        margins_in=(label_in, 0.8, 0.2, 0.3),
-        wspace=label_in / axes_in,
-        squeeze=False,
+    fig, axes = chart_row(
+        1.2 + 0.2 * n_rows, len(names), width_in=width, margins_in=(label_in, 0.8, 0.2, 0.3), wspace=label_in / axes_in
     )
     base_phases = ((baseline or {}).get("layers") or {}).get("phases", {})
-    for ax, phase in zip(axes[0], names):
+    for ax, phase in zip(axes, names):
         _layer_panel(ax, phase, phases[phase], base_phases.get(phase))
-    handles, labels = axes[0][0].get_legend_handles_labels()
+    handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncols=2)
     return fig
 
 
-def _layer_panel(ax: Any, phase: str, now: Mapping[str, Any], base: Mapping[str, Any] | None) -> None:
+def _layer_panel(ax: Axes, phase: str, now: Mapping[str, Any], base: Mapping[str, Any] | None) -> None:
     """One phase's bars: each layer's median now (and the baseline's beside it), outliers in red."""
     y = np.arange(len(now["names"]))
     height = 0.4 if base else 0.7
@@ -64,7 +64,7 @@ def _layer_panel(ax: Any, phase: str, now: Mapping[str, Any], base: Mapping[str,
     ax.grid(axis="y", visible=False)
 
 
-def roofline(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, budgets: Mapping[str, float]) -> Any:
+def roofline(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, budgets: Mapping[str, float]) -> Figure:
     """Achieved vs attainable performance per phase on the machine's roofline."""
     rf = record["roofline"]
     fig, ax = new_chart(3.6, margins_in=(0.62, 1.2, 0.15, 0.3))
@@ -104,7 +104,7 @@ def roofline(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, budg
     return fig
 
 
-def _roofline_phase(ax: Any, phase: str, d: Mapping[str, Any], b: Any) -> None:
+def _roofline_phase(ax: Axes, phase: str, d: Mapping[str, Any], b: Any) -> None:
     """One phase on the roofline: achieved now (filled), its bound (hollow black) and the
     baseline's achieved (hollow, when ``b`` is the baseline's phase)."""
     marker = "o" if phase == "decode" else "^"
@@ -161,7 +161,9 @@ def _ecdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ordered, fraction
 
 
-def itl_ecdf(record: Mapping[str, object], baseline: Mapping[str, object] | None, budgets: Mapping[str, float]) -> Any:
+def itl_ecdf(
+    record: Mapping[str, object], baseline: Mapping[str, object] | None, budgets: Mapping[str, float]
+) -> Figure:
     """Pooled decode ITL, ECDF now vs baseline, p50/p95/p99 marked on each curve."""
     fig, ax = new_chart(2.7, reuse=True)
     sides = [("baseline", baseline, BASELINE, "s"), ("now", record, NOW, "o")]
@@ -185,7 +187,7 @@ def itl_ecdf(record: Mapping[str, object], baseline: Mapping[str, object] | None
     return fig
 
 
-def _ecdf_side(ax: Any, name: str, values: np.ndarray, colour: str, marker: str) -> None:
+def _ecdf_side(ax: Axes, name: str, values: np.ndarray, colour: str, marker: str) -> None:
     """One side's ECDF with its p50/p95/p99 marked (and, for now, their values written)."""
     x, y = _ecdf(values)
     steps = "steps-post" if x.size < ECDF_POINTS else "default"  # quantiles of a big sample: a line
@@ -207,7 +209,7 @@ def _ecdf_side(ax: Any, name: str, values: np.ndarray, colour: str, marker: str)
         )
 
 
-def _latency_axis(ax: Any, low: float, top: float) -> bool:
+def _latency_axis(ax: Axes, low: float, top: float) -> bool:
     """The latency axis from ``low`` to ``top``: logarithmic (returns True) when they are over
     8x apart, else linear from 0."""
     log = low > 0 and top / low > 8
@@ -220,7 +222,7 @@ def _latency_axis(ax: Any, low: float, top: float) -> bool:
     return log
 
 
-def _strip(ax: Any, runs: Sequence[Sequence[float] | None], colours: Sequence[str], names: Sequence[str]) -> None:
+def _strip(ax: Axes, runs: Sequence[Sequence[float] | None], colours: Sequence[str], names: Sequence[str]) -> None:
     rng = np.random.default_rng(0)
     for i, (values, colour) in enumerate(zip(runs, colours)):
         if not values:
@@ -232,9 +234,9 @@ def _strip(ax: Any, runs: Sequence[Sequence[float] | None], colours: Sequence[st
     ax.set_xlim(-0.6, len(names) - 0.4)
 
 
-def run_strips(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, budgets: Mapping[str, float]) -> Any:
+def run_strips(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, budgets: Mapping[str, float]) -> Figure:
     """Per-run TTFT and TPOT, baseline vs now (dots = runs, bar = median)."""
-    fig, (left, right) = new_chart(2.6, 2, margins_in=(0.62, 0.45, 0.1, 0.3), wspace=0.45, reuse=True)
+    fig, (left, right) = chart_row(2.6, 2, margins_in=(0.62, 0.45, 0.1, 0.3), wspace=0.45, reuse=True)
     base = (baseline or {}).get("runs", {})
     now = record.get("runs", {})
     names = ["baseline", "now"] if baseline else ["now"]
@@ -255,7 +257,7 @@ def run_strips(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, bu
     return fig
 
 
-def _budget_lines(ax: Any, keys: Sequence[str], rates: Sequence[str], budgets: Mapping[str, float]) -> None:
+def _budget_lines(ax: Axes, keys: Sequence[str], rates: Sequence[str], budgets: Mapping[str, float]) -> None:
     """The panel's budgets: its metric's (``keys``) and the rate floors drawn as ceilings on
     it (``rates``: at 1000 / the rate)."""
     for key in (k for k in (*keys, *rates) if k in budgets):
@@ -263,7 +265,7 @@ def _budget_lines(ax: Any, keys: Sequence[str], rates: Sequence[str], budgets: M
         _budget_line(ax, key, value, 1000 / value if key in rates else value)
 
 
-def _budget_line(ax: Any, key: str, value: float, y: float) -> None:
+def _budget_line(ax: Axes, key: str, value: float, y: float) -> None:
     """A budget at ``y``, labelled on the line: a legend per axes costs more than the plot."""
     ax.axhline(y, color=BUDGET, ls="-.", lw=1.2)
     ax.annotate(
@@ -282,7 +284,7 @@ def _budget_line(ax: Any, key: str, value: float, y: float) -> None:
 
 def token_timeline(
     record: Mapping[str, object], baseline: Mapping[str, object] | None, budgets: Mapping[str, float]
-) -> Any:
+) -> Figure:
     """Latency of every output token by position: token 1 is the TTFT, then the ITLs.
 
     The first token (prefill) and the first measured run (warm-up effects) stand out; the
@@ -306,7 +308,7 @@ def token_timeline(
     return fig
 
 
-def _timeline_side(ax: Any, name: str, rec: Mapping[str, Any], colour: str) -> None:
+def _timeline_side(ax: Axes, name: str, rec: Mapping[str, Any], colour: str) -> None:
     """One side's median latency by position (with its slope) and its TTFT marker; for now,
     also the p10-p90 band of its runs and its first measured run."""
     runs = [np.asarray(r, dtype=float) for r in rec["itl_ms"]]

@@ -20,6 +20,7 @@ from ..core.errors import ConfigError
 from ..core.settings import SETTINGS, Setting
 
 if TYPE_CHECKING:
+    from ..history.series import Trend
     from ..judge.result import Outcome
 
 
@@ -35,7 +36,7 @@ class SessionEnd:
     ab: Sequence[Mapping[str, object]]
     started_at: str
     against: Mapping[str, object] | None
-    trends: Mapping[str, Sequence[Mapping[str, object]]]
+    trends: Mapping[str, Sequence[Trend]]
     budgets_gate: bool
     planned: int
     paths: Mapping[str, str]

@@ -40,7 +40,7 @@ def write_baselines(
 
     ``errors``: a file that cannot be written adds its one-line reason there and the others
     are still written (without it, the ``BaselineError`` is raised)."""
-    by_file: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    by_file: dict[str, dict[str, dict[str, object]]] = defaultdict(dict)
     for r in results:
         if r.record is not None:
             by_file[r.baseline_file].setdefault(r.key, {})[r.hardware_key] = dict(r.record)
@@ -65,7 +65,7 @@ def session_json(
     """The ``--llmperf-json`` file; ``ab``: the A/B comparisons (``llmperf.compare()``), under
     their own key (written only when the session ran one); ``against``: what ``--llmperf-against``'s
     REF and both sides were (``Session.against_sides``; written only under that option)."""
-    data: dict[str, Any] = {
+    data: dict[str, object] = {
         "schema": SESSION_SCHEMA,
         "schema_version": SESSION_SCHEMA_VERSION,
         "created_at": created_at,
@@ -582,7 +582,7 @@ def where_markdown_lines(entries: Sequence[Explained]) -> list[str]:
 AB_HEADERS = ("metric", "A", "B", "B/A", "95% CI", "p", "pairs", "difference", "budget")
 
 
-def _ab_num(value: Any, spec: str = "") -> str:
+def _ab_num(value: float | None, spec: str = "") -> str:
     """A figure as ``spec`` formats it (default: ``ratio_text``); n/a where JSON holds none."""
     return "n/a" if value is None else format(value, spec) if spec else ratio_text(value)
 

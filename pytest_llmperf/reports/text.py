@@ -282,7 +282,7 @@ def _summary_columns(columns: Sequence[str] | None) -> list[tuple[str, str, str]
     return [SUMMARY_COLUMNS[0]] + [by_name[name] for name in dict.fromkeys(wanted)]
 
 
-def _summary_cell(value: Any) -> str:
+def _summary_cell(value: object) -> str:
     """A summary cell: n/a for none, a float rounded for display, anything else as it is."""
     if value is None:
         return "n/a"
@@ -523,7 +523,7 @@ def server_rows(server: ServerSide | None) -> list[tuple[str, str, str, str]]:
     if server is None:
         return []
 
-    def opt(v: Any) -> str:
+    def opt(v: float | None) -> str:
         return "-" if v is None else fmt(v)
 
     reqs = f"{server.n_timed} requests"
@@ -564,16 +564,17 @@ def server_rows(server: ServerSide | None) -> list[tuple[str, str, str, str]]:
     return out
 
 
-def curve_lines(measurements: Sequence[Any]) -> list[str]:
+def curve_lines(measurements: Sequence[Measurement]) -> list[str]:
     """One line per load level with the server's own figures beside the client's."""
 
-    def opt(v: Any) -> str:
+    def opt(v: float | None) -> str:
         return "-" if v is None else fmt(v)
 
     out = []
     for m in measurements:
-        s = m.load.server if m.load is not None else None
-        if s is None:
+        load = m.load
+        s = load.server if load is not None else None
+        if load is None or s is None:
             continue
         parts = []
         if s.n_timed:
@@ -581,11 +582,11 @@ def curve_lines(measurements: Sequence[Any]) -> list[str]:
                 f"server evaluated {opt(s.prompt_n_median)} of {opt(s.prompt_tokens_median)} prompt tokens (p50), "
                 f"{opt(s.prompt_tokens_from_cache)} from its cache in all",
                 f"TTFT - server prompt {opt(s.ttft_gap_ms_p50)} ms",
-                f"TPOT {opt(m.load.tpot.p50_ms)} vs server {opt(s.server_ms_per_token_p50)} ms/token",
+                f"TPOT {opt(load.tpot.p50_ms)} vs server {opt(s.server_ms_per_token_p50)} ms/token",
             ]
         if s.tokens_per_decode is not None:
             parts.append(f"{fmt(s.tokens_per_decode)} tokens per decode call")
-        out.append(f"server side, concurrency {m.load.concurrency}: " + "; ".join(parts))
+        out.append(f"server side, concurrency {load.concurrency}: " + "; ".join(parts))
     return out
 
 
@@ -608,7 +609,7 @@ def overhead_lines(rows: Iterable[Mapping[str, object]]) -> list[str]:
     return lines
 
 
-def _by_test_function(rows: Iterable[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+def _by_test_function(rows: Iterable[Mapping[str, object]]) -> dict[str, list[Mapping[str, Any]]]:
     """Summary rows by their test function (the test id without its parameters)."""
     by_test: dict[str, list[Mapping[str, object]]] = defaultdict(list)
     for row in rows:

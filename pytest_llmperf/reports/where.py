@@ -63,7 +63,7 @@ class Explained:
     sides: tuple[str, str] = ("A", "B")
     #: Where llama.cpp's time went, per layer and op (``judge.attribution``'s JSON), when its
     #: pass ran; else None.
-    attribution: Mapping[str, Any] | None = None
+    attribution: Mapping[str, object] | None = None
     #: Why a pass that was due did not run (an A/B's ``attribution_note``), else "".
     attribution_note: str = ""
 
@@ -287,12 +287,12 @@ def _slice_cells(label: str, s: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def attribution_title(d: Mapping[str, Any]) -> str:
+def attribution_title(d: Mapping[str, object]) -> str:
     """``Where llama.cpp's time went (llama.cpp's decode time moved): A REF, B this tree``."""
     return f"Where llama.cpp's time went ({d.get('reason') or 'asked'}): A {d.get('a', 'A')}, B {d.get('b', 'B')}"
 
 
-def attribution_lines(d: Mapping[str, Any] | None) -> list[str]:
+def attribution_lines(d: Mapping[str, object] | None) -> list[str]:
     """The attribution's title and each phase's reading, one line each (the Markdown's)."""
     phases = attribution_phases(d)
     if d is None or not phases:

@@ -42,6 +42,7 @@ from .options import MarkerConfig, SessionSettings, validate
 from .results import Measurer, call_report
 
 if TYPE_CHECKING:
+    from ..core.documents import JSONValue
     from ..core.measurement import Measurement
     from ..core.workload import EngineInfo
     from ..engines import CounterSource, Engine, TokenStream
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
 __all__ = ["Session", "SessionSettings"]
 
 
-def _no_fingerprint_hook(hardware: dict[str, Any], subject: dict[str, Any], info: EngineInfo) -> None:
+def _no_fingerprint_hook(hardware: dict[str, JSONValue], subject: dict[str, JSONValue], info: EngineInfo) -> None:
     return None
 
 
@@ -85,11 +86,11 @@ class Session:
         #: Summary rows (one per measurement) and the assessed results
         #: (``judge.result.Outcome``), of this process's tests or, on the xdist
         #: controller, of every worker's; A/B comparisons as JSON.
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[dict[str, object]] = []
         self.results: list[Outcome] = []
         #: How many of the measurements (``rows``) went over a budget.
         self.over_budget = 0
-        self.ab_results: list[dict[str, Any]] = []
+        self.ab_results: list[dict[str, object]] = []
         #: Tests that will measure (after deselection) and labelled measurements beyond a
         #: test's first seen so far: the size of Holm's family.
         self.measuring_tests = 0
@@ -106,7 +107,7 @@ class Session:
         self.against_sides: dict[str, Any] | None = None
 
     @classmethod
-    def of(cls, rootdir: Path | str, environ: Mapping[str, str] | None = None, **values: Any) -> Session:
+    def of(cls, rootdir: Path | str, environ: Mapping[str, str] | None = None, **values: object) -> Session:
         """A script's session: ``SessionSettings.of``'s settings, no hooks."""
         return cls(SessionSettings.of(rootdir, environ, **values))
 

@@ -80,7 +80,7 @@ class TestOutcome:
     """What the controller knows of one test: the current side's serialized reports (empty when
     it crashed: ``failure`` says why), and the lines for its report."""
 
-    reports: list[dict[str, Any]] = field(default_factory=list)
+    reports: list[dict[str, object]] = field(default_factory=list)
     failure: str | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -103,7 +103,7 @@ class Against:
     extra_measurements: int = 0
     #: Per measurement compared, what its decision cost: test, pairs, seconds of pairs (warm-ups
     #: excluded), the look it stopped at of how many, and why (``pairs``).
-    decisions: list[dict[str, Any]] = field(default_factory=list)
+    decisions: list[dict[str, object]] = field(default_factory=list)
 
     def family_for(self, nodeid: str, label: str) -> int:
         """Holm's family size once this measurement is counted (the session's ``family_size``)."""
@@ -309,7 +309,7 @@ class SidePass:
 
     def __init__(self, side: Side, timeout_s: float, workload: Workload) -> None:
         self.side, self.timeout_s = side, timeout_s * ATTRIBUTION_STEP_RUNS
-        self.figures: dict[str, Any] = {}
+        self.figures: dict[str, object] = {}
         self.open = False
         self._step("open")
         self.open = True
@@ -633,7 +633,7 @@ class Drive:
         self.lost[side.spec.name] = line
         side.close()
 
-    def finish(self, side: Side, **done: Any) -> None:
+    def finish(self, side: Side, **done: object) -> None:
         """The side's measurement ends (``fail``: not measured; ``verdict``: its judgement)."""
         if "fail" in done:
             self.failed_by_us.add(side.spec.name)

@@ -9,10 +9,11 @@ import functools
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..baselines import store, tracked
 from ..baselines.store import BaselineError
+from ..core.documents import JSONValue
 from ..core.fingerprint import Fingerprint, hardware, subject
 from ..core.progress import current
 from ..engines import times_layers
@@ -30,7 +31,15 @@ if TYPE_CHECKING:
 
 #: ``fn(hardware, subject, engine_info)``: edits the fingerprint in place (the pytest layer's
 #: ``pytest_llmperf_fingerprint``); raises LLMPerfError for a wrong edit.
-FingerprintHook = Callable[[dict[str, Any], dict[str, Any], "EngineInfo"], None]
+FingerprintHook = Callable[[dict[str, JSONValue], dict[str, JSONValue], "EngineInfo"], None]
+
+
+class MeasureOptions(TypedDict, total=False):
+    """What to measure besides the runs (``runner.measure``'s keywords)."""
+
+    layers: bool
+    attribution: bool
+    peaks: tuple[Peak, Peak] | None
 
 
 class Assessor:
@@ -40,9 +49,9 @@ class Assessor:
         self.settings = settings
         self.started_at = started_at
         self.fingerprint_hook = fingerprint_hook
-        self.baselines_read: dict[Path, dict[str, Any] | BaselineError] = {}
-        self.fingerprints: dict[Any, Fingerprint] = {}
-        self.hardware: dict[str, Any] | None = None
+        self.baselines_read: dict[Path, dict[str, object] | BaselineError] = {}
+        self.fingerprints: dict[EngineInfo, Fingerprint] = {}
+        self.hardware: dict[str, JSONValue] | None = None
         self.peaks: tuple[Peak, Peak] | None = None
         #: The history's recent sessions per hardware key, read once (None: it cannot be read).
         self.windows: dict[str, Windows | None] = {}
@@ -177,7 +186,7 @@ class Assessor:
             return dataclasses.replace(a, verdict=dataclasses.replace(a.verdict, note=note))
         return a
 
-    def measure_options(self, engine: Engine | TokenStream, marker: MarkerConfig) -> dict[str, Any]:
+    def measure_options(self, engine: Engine | TokenStream, marker: MarkerConfig) -> MeasureOptions:
         """What to measure besides the runs: per-layer timing, the attribution pass and the
         roofline (in-process only; a marker's ``layers=True`` or ``attribution=True`` on another
         engine is an error the runner reports)."""

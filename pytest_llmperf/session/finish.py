@@ -23,6 +23,7 @@ from ..reports.reporters import MarkdownSummary, Reporter, SessionEnd, asked, re
 from .options import SessionSettings
 
 if TYPE_CHECKING:
+    from ..history.series import Trend
     from ..judge.result import Outcome
 
 
@@ -116,7 +117,7 @@ def finish(
     if s.update_baselines and results:
         out.written = session_file.write_baselines(s.baseline_dir, results, out.baseline_errors)
     reports = asked(s.reports)
-    trends: Mapping[str, Sequence[Mapping[str, object]]] = {}  # each test's recent trend from the history
+    trends: Mapping[str, Sequence[Trend]] = {}  # each test's recent trend from the history
     if s.history is not None and results and not s.disable:
         wanted = any(r.needs_trends for r, _ in reports)
         out.history_line, trends = keep(s.history, results, started_at, s.rootdir, s.compare, trends=wanted)

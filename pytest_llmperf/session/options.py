@@ -124,8 +124,8 @@ class SessionSettings:
     @classmethod
     def from_options(
         cls,
-        getoption: Callable[[str], Any],
-        getini: Callable[[str], Any],
+        getoption: Callable[[str], object],
+        getini: Callable[[str], object],
         rootdir: Path | str,
         environ: Mapping[str, str] | None = None,
     ) -> SessionSettings:
@@ -133,7 +133,7 @@ class SessionSettings:
         return cls.from_resolved(resolve(getoption, getini, environ), rootdir)
 
     @classmethod
-    def of(cls, rootdir: Path | str, environ: Mapping[str, str] | None = None, **values: Any) -> SessionSettings:
+    def of(cls, rootdir: Path | str, environ: Mapping[str, str] | None = None, **values: object) -> SessionSettings:
         """Settings for a script (no pytest): ``SessionSettings.of(".", model="tiny", threads=1)``;
         values as the command line would give them (parsed again), the rest from env and defaults."""
         for name in values:
@@ -416,7 +416,7 @@ class MarkerConfig:
 MARKER_KEYS_AT = "pytest --markers, or README.md's marker keys"
 
 
-def validate(kwargs: Mapping[str, object], args: tuple[Any, ...] = (), *, together: bool = True) -> MarkerConfig:
+def validate(kwargs: Mapping[str, object], args: tuple[object, ...] = (), *, together: bool = True) -> MarkerConfig:
     """Check marker keys and values; a ConfigError names the key and the allowed keys. With
     ``together`` (a whole marker, not overrides still to be merged), keys that contradict each
     other too (``check_together``)."""

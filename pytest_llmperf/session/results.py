@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from ..judge.ab import ABResult, Side
     from ..judge.budgets import BudgetFailure
     from ..judge.result import Outcome
+    from .assess import MeasureOptions
     from .options import MarkerConfig
     from .sides import Link
 
@@ -118,7 +119,7 @@ class Measurer:
         marker: MarkerConfig,
         engine_for: Callable[..., Engine],
         assess: Callable[[Measurement, MarkerConfig], Outcome | None] = lambda m, c: None,
-        measure_options: Callable[[Subject, MarkerConfig], Mapping[str, Any]] = lambda engine, c: {},
+        measure_options: Callable[[Subject, MarkerConfig], MeasureOptions] = lambda engine, c: {},
         *,
         smoke: bool = False,
         side: Link | None = None,
@@ -175,7 +176,7 @@ class Measurer:
             return CallableEngine(subject, watch=watch)
         return SteppedCallableEngine(subject, counters=counters, watch=watch)
 
-    def measure(self, engine: Subject | None = None, *, label: str = "", **overrides: Any) -> Result:
+    def measure(self, engine: Subject | None = None, *, label: str = "", **overrides: object) -> Result:
         """One measurement of ``engine`` (default: the marker's), its budgets and verdict; kept
         in ``results`` (a load test with failed requests too, before its error is raised)."""
         label = self._label(label)
@@ -208,7 +209,7 @@ class Measurer:
         progress.step("judging")
         return self._judged(subject, m, config)
 
-    def compare(self, a: Any = None, b: Any = None, *, label: str = "", **keys: Any) -> ABResult:
+    def compare(self, a: object = None, b: object = None, *, label: str = "", **keys: object) -> ABResult:
         """Run A and B interleaved (``runs`` pairs in seeded AB/BA order, warm-ups for both) and
         compare them with paired statistics (``ab.ABResult``). A side: llama.cpp settings
         (``{"threads": 1}``, over the session's), a model (path or preset), a callable
@@ -356,7 +357,7 @@ class Measurer:
         return result
 
 
-def resolve_side(name: str, spec: Any, engine_for: Callable[[Mapping[str, object]], Any]) -> Side:
+def resolve_side(name: str, spec: object, engine_for: Callable[[Mapping[str, object]], Engine]) -> Side:
     """What a side of an A/B may be (llama.cpp settings, a model, a callable, an endpoint, an
     engine), as a ``Side`` ready to run; ``engine_for(settings)``: the session's (or the
     caller's) engine for llama.cpp settings over the session's."""
@@ -375,7 +376,7 @@ def resolve_side(name: str, spec: Any, engine_for: Callable[[Mapping[str, object
     return Side(getattr(spec, "__name__", repr(spec)), spec)
 
 
-def ab_result_of(nodeid: str, ab: ABResult) -> dict[str, Any]:
+def ab_result_of(nodeid: str, ab: ABResult) -> dict[str, object]:
     """The session JSON's entry of one A/B comparison."""
     from ..judge.ab import as_dict
 
@@ -432,7 +433,7 @@ class CallReport:
     #: The outcomes (``judge.result.Outcome``): in this process as they are; ``to_json()`` only where
     #: a report crosses pytest-xdist's wire (``pytest_plugin.plugin``'s report hooks).
     results: list[Outcome] = field(default_factory=list)
-    ab: list[dict[str, Any]] = field(default_factory=list)
+    ab: list[dict[str, object]] = field(default_factory=list)
 
 
 def call_report(

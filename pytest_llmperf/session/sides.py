@@ -241,7 +241,7 @@ class Report(SideEvent):
     failure's line."""
 
     EV = "report"
-    reports: list[dict[str, Any]] = field(default_factory=list)
+    reports: list[dict[str, object]] = field(default_factory=list)
     outcome: str = "passed"  # passed | failed
     line: str | None = None
 
