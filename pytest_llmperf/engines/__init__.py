@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeGuard, TypeVar
 
 from ..core.errors import EngineError, NotSteppable
 from ..core.workload import EngineInfo, LlamaRun, NativeCounters, RunTrace, Workload
@@ -70,6 +70,12 @@ __all__ = [
 
 
 TokenStream = Callable[[str, int], Iterable[object]]
+
+
+def is_token_stream(value: object) -> TypeGuard[TokenStream]:
+    """A callable measured as ``fn(prompt, max_tokens)`` (what it yields is read when it runs)."""
+    return callable(value)
+
 
 Reading = TypeVar("Reading")
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..baselines import store as baseline_store
 from ..core.catalog import FIGURES, HEADLINE, SUMMARY
-from ..core.documents import RefusedFile, SchemaViolation, loads, read_text, validate
+from ..core.documents import JSONValue, RefusedFile, SchemaViolation, loads, read_text, validate
 from ..core.formats import fmt, render_table
 from ..core.settings import COLUMN_SETS, DEFAULT_COMPARISON_COLUMNS
 from ..judge.budgets import BudgetState
@@ -40,7 +40,7 @@ def write_baselines(
 
     ``errors``: a file that cannot be written adds its one-line reason there and the others
     are still written (without it, the ``BaselineError`` is raised)."""
-    by_file: dict[str, dict[str, dict[str, object]]] = defaultdict(dict)
+    by_file: dict[str, dict[str, dict[str, dict[str, JSONValue]]]] = defaultdict(dict)
     for r in results:
         if r.record is not None:
             by_file[r.baseline_file].setdefault(r.key, {})[r.hardware_key] = dict(r.record)

@@ -309,7 +309,7 @@ class SidePass:
 
     def __init__(self, side: Side, timeout_s: float, workload: Workload) -> None:
         self.side, self.timeout_s = side, timeout_s * ATTRIBUTION_STEP_RUNS
-        self.figures: dict[str, object] = {}
+        self.figures: dict[str, float] = {}
         self.open = False
         self._step("open")
         self.open = True

@@ -49,7 +49,7 @@ class Assessor:
         self.settings = settings
         self.started_at = started_at
         self.fingerprint_hook = fingerprint_hook
-        self.baselines_read: dict[Path, dict[str, object] | BaselineError] = {}
+        self.baselines_read: dict[Path, store.Tests | BaselineError] = {}
         self.fingerprints: dict[EngineInfo, Fingerprint] = {}
         self.hardware: dict[str, JSONValue] | None = None
         self.peaks: tuple[Peak, Peak] | None = None

@@ -125,7 +125,7 @@ class SessionSettings:
     def from_options(
         cls,
         getoption: Callable[[str], object],
-        getini: Callable[[str], object],
+        getini: Callable[[str], str],
         rootdir: Path | str,
         environ: Mapping[str, str] | None = None,
     ) -> SessionSettings:

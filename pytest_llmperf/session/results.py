@@ -26,7 +26,7 @@ from ..core.errors import ConfigError, LLMPerfError
 from ..core.progress import current, task
 from ..core.redact import display
 from ..core.workload import SEQUENTIAL_FACTOR, SEQUENTIAL_TIME_CAP_S, Workload
-from ..engines import CallableEngine, Engine, SteppedCallableEngine
+from ..engines import CallableEngine, Engine, SteppedCallableEngine, is_token_stream
 from ..engines.http import HttpEngine
 from .options import check_side
 
@@ -373,6 +373,8 @@ def resolve_side(name: str, spec: object, engine_for: Callable[[Mapping[str, obj
         return Side(spec, engine_for({"model": spec}))
     if isinstance(spec, Engine):
         return Side(spec.info().model, spec)
+    if not is_token_stream(spec):  # check_side let through nothing else
+        raise TypeError(f"A/B side {name!r}: {spec!r} is no side")
     return Side(getattr(spec, "__name__", repr(spec)), spec)
 
 
