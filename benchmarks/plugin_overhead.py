@@ -7,6 +7,14 @@ Each repeat runs both variants back to back (alternating which goes first), so a
 slows both alike; the figure is the difference of the medians. The budget (issue 10) is
 0.15 s per run. The checkout's code is measured (its root goes first on PYTHONPATH); when the
 package is not installed as a pytest plugin, ``-p pytest_llmperf.pytest_plugin.plugin`` loads it.
+
+Then the plugin's own import: CPU time of ``import pytest_llmperf.pytest_plugin.plugin`` after
+``import pytest``, one fresh process each, the lowest of ``--repeats`` (CPU time, so a busy
+machine barely moves it), and how many of the package's modules it loads. Issue 48 on a
+2-core machine, compiled bytecode as here (source only, PYTHONDONTWRITEBYTECODE=1, in
+brackets): 42 to 49 ms [105] and 30 modules before it, 89 to 98 ms [197] and 46 once the imports
+moved to the tops of their modules, 54 to 61 ms [149] and 40 once the measuring session's
+modules (asyncio, core.measurement, measuring.*) stayed out of pytest's start.
 """
 
 from __future__ import annotations
@@ -43,6 +51,26 @@ def run_once(project: Path, args: list[str], env: dict[str, str]) -> tuple[float
     if proc.returncode != 0:
         raise SystemExit(f"pytest failed ({' '.join(args) or 'plugin on'}):\n{out.decode()[-3000:]}")
     return elapsed, usage.ru_utime + usage.ru_stime
+
+
+IMPORT_COST = """
+import resource, sys
+import pytest
+before = resource.getrusage(resource.RUSAGE_SELF)
+import pytest_llmperf.pytest_plugin.plugin
+after = resource.getrusage(resource.RUSAGE_SELF)
+cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+print(cpu, sum(m.startswith("pytest_llmperf.") for m in sys.modules))
+"""
+
+
+def import_cost(env: dict[str, str], repeats: int) -> tuple[float, int]:
+    """(lowest CPU seconds, modules of the package) of importing the plugin after pytest."""
+    cmd = [sys.executable, "-c", IMPORT_COST]
+    figures = [
+        subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout.split() for _ in range(repeats)
+    ]
+    return min(float(cpu) for cpu, _ in figures), int(figures[0][1])
 
 
 def main() -> int:
@@ -87,6 +115,10 @@ def main() -> int:
             f"  {kind:4} overhead: {overhead:+.3f} s per run (budget {BUDGET_S:.2f} s): "
             f"{'ok' if overhead <= BUDGET_S else 'OVER'}"
         )
+    cpu, modules = import_cost(env, args.repeats)
+    print(
+        f"  plugin import after pytest: {cpu * 1e3:.0f} ms CPU (lowest of {args.repeats}), {modules} modules of the package"
+    )
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"  load average {load:.1f} on {os.cpu_count()} CPUs (wall time is only meaningful on a quiet machine)")
     return 0 if verdicts[0] else 1

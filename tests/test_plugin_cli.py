@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 from importlib import metadata
 from pathlib import Path
 
@@ -102,6 +104,33 @@ def test_plain_project_imports_no_heavy_module_and_prints_no_model(
     assert loaded["heavy"] == [], "a plain test run imported " + ", ".join(loaded["heavy"])
     assert "pytest_llmperf.pytest_plugin.plugin" in loaded["ours"]  # the plugin was loaded, just cheaply
     assert not [l for l in result.stdout.lines if l.startswith("llmperf")], result.stdout.str()
+
+
+#: What pytest's start-up must not import with the plugin, and why: each is needed only once a
+#: session measures (tests/test_architecture.py's ``LAZY`` says what each costs).
+NOT_AT_START = {
+    "numpy": "the statistics and the traces' arrays",
+    "scipy": "the verdicts' statistics",
+    "llama_cpp": "an engine that loads a model",
+    "asyncio": "an HTTP engine's requests (ssl with it)",
+    "ssl": "an HTTP engine's requests",
+    "pytest_llmperf.core.measurement": "a measurement's record (its own import is heavy)",
+    "pytest_llmperf.measuring": "the timed runs (measuring.*)",
+}
+
+
+def test_loading_the_plugin_imports_nothing_a_measuring_session_needs() -> None:
+    """The plugin's import path at pytest start (options, hooks, the marker, the session's
+    settings) stays clear of what only measuring needs: counted in a fresh interpreter."""
+    code = "import sys, pytest, pytest_llmperf.pytest_plugin.plugin; print(' '.join(sorted(sys.modules)))"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    loaded = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    modules = loaded.stdout.split()
+    assert "pytest_llmperf.pytest_plugin.plugin" in modules  # the plugin was imported
+    early = {
+        name: why for name, why in NOT_AT_START.items() if any(m == name or m.startswith(name + ".") for m in modules)
+    }
+    assert early == {}, f"imported at pytest start, needed only for: {early}"
 
 
 def test_model_line_comes_once_an_llmperf_test_is_collected(pytester: pytest.Pytester) -> None:

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from .documents import validate
-from .measurement import JsonObject, JsonValue
+
+if TYPE_CHECKING:
+    from .measurement import JsonObject, JsonValue
 
 #: Per-run values by field (``runs``, ``parts``): one number per run.
 PerRun: TypeAlias = "Mapping[str, Sequence[float]]"

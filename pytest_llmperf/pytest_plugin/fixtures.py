@@ -17,7 +17,6 @@ import pytest
 from ..core.errors import LLMPerfError
 from ..core.settings import SERVER_N_CTX
 from ..engines import LlamaObject
-from ..engines.servers import LLAMA_SERVER_PARALLEL, serve, serve_llama_server
 from ..models.gguf import ensure_model
 from ..session.options import MarkerConfig
 from .marks import MARKER_CONFIG, session_of
@@ -95,6 +94,8 @@ def _serve(
 def llmperf_server(pytestconfig: pytest.Config) -> Iterator[Server]:
     """llama-cpp-python's OpenAI-compatible server on a free loopback port, serving the
     session's model with its thread count; ``.url`` and ``.engine()`` give an HttpEngine."""
+    from ..engines.servers import serve  # asyncio (engines.http): only a test that uses a server
+
     yield from _serve(pytestconfig, serve)
 
 
@@ -103,6 +104,8 @@ def llmperf_llama_server(pytestconfig: pytest.Config) -> Iterator[Server]:
     """llama.cpp's own ``llama-server`` (continuous batching, ``LLAMA_SERVER_PARALLEL`` slots,
     ``/metrics``) on a free loopback port, serving the session's model; built on first use
     (``llmperf server build``). ``.url`` and ``.engine()`` as for ``llmperf_server``."""
+    from ..engines.servers import LLAMA_SERVER_PARALLEL, serve_llama_server
+
     yield from _serve(pytestconfig, serve_llama_server, parallel=LLAMA_SERVER_PARALLEL)
 
 

@@ -1,8 +1,8 @@
 """pytest hooks, calling the pytest-free ``session.Session`` (engines, assessments, reports,
 files); the marker's handling in ``marks``, the fixtures in ``fixtures``. A budget breach fails
 *that* test (as pytest-memray does), through ``pytest_runtest_makereport``. Loaded by every
-pytest run: numpy, scipy, llama_cpp and the reports are imported only once an llmperf test
-is collected (tests/test_plugin_cli.py checks).
+pytest run: numpy, scipy, llama_cpp, asyncio, the measuring modules and the reports are
+imported only once an llmperf test is collected (tests/test_plugin_cli.py checks).
 
 The plugin's command-line options and ini keys, built from ``core.settings.SETTINGS``
 (the one declaration of every setting: parser, default, help, env, ini)."""

@@ -48,7 +48,6 @@ import pytest
 
 from ..core.errors import LLMPerfError
 from ..engines.llama_cpp_native import llama_cpp_version
-from ..measuring.worker import die_with_parent
 from ..models.gguf import default_cache_dir
 from ..session.refs import (
     import_failure,
@@ -317,6 +316,8 @@ def side_settings(settings: SessionSettings) -> SessionSettings:
 
 
 def main(argv: list[str]) -> int:
+    from ..measuring.worker import die_with_parent  # core.measurement: only a side's process
+
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controller decides when this ends
     spec = SideEnv.read(os.environ)

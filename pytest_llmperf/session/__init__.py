@@ -31,10 +31,8 @@ from ..core.redact import Redactor
 from ..core.settings import EngineSettings, threads_warning, usable_cpus
 from ..core.workload import PROMPT_CACHE_NOTE
 from ..engines import Closable, LlamaObject
-from ..engines.http import HttpEngine
 from ..engines.llama_cpp_native import EngineConfig, gpu_offload_missing, llama_cpp_version
 from ..engines.pool import EnginePool, load_config
-from ..measuring.worker import load_worker, preflight
 from ..models.gguf import describe_model, ensure_model
 from .assess import Assessor, FingerprintHook
 from .finish import finish, summary
@@ -420,6 +418,8 @@ MakeEngineHook = Callable[[EngineSettings, "EngineConfig | None"], "Engine | Non
 def load_engine(settings: EngineSettings) -> Engine:
     """The session's engine by its settings: the endpoint's HttpEngine, else llama.cpp."""
     if settings.endpoint:
+        from ..engines.http import HttpEngine  # asyncio: only an endpoint's session
+
         return HttpEngine.from_settings(settings.endpoint, settings, settings.api_model)
     from ..engines.llama_cpp import LlamaCppEngine
 
@@ -493,6 +493,8 @@ class Engines:
             self.handed = self.get()
             return self.handed
         if self.local_engine is None and self.local_error is None:
+            from ..measuring.worker import preflight  # core.measurement: once a test holds the engine
+
             base = engine_config(s)
             try:
                 self.local_engine = self.make_engine(s, base)
@@ -509,6 +511,7 @@ class Engines:
 
     def engine_pool(self) -> EnginePool:
         if self.pool is None:
+            from ..measuring.worker import load_worker  # core.measurement: once a test measures
 
             def load(config: EngineConfig) -> Engine:  # a conftest's engine first (pytest_llmperf_make_engine)
                 engine = self.make_engine(self.settings, config)

@@ -27,7 +27,6 @@ from ..core.progress import current, task
 from ..core.redact import display
 from ..core.workload import SEQUENTIAL_FACTOR, SEQUENTIAL_TIME_CAP_S, Workload
 from ..engines import CallableEngine, Engine, SteppedCallableEngine, is_token_stream
-from ..engines.http import HttpEngine
 from .options import check_side
 
 if TYPE_CHECKING:
@@ -361,6 +360,7 @@ def resolve_side(name: str, spec: object, engine_for: Callable[[Mapping[str, obj
     """What a side of an A/B may be (llama.cpp settings, a model, a callable, an endpoint, an
     engine), as a ``Side`` ready to run; ``engine_for(settings)``: the session's (or the
     caller's) engine for llama.cpp settings over the session's."""
+    from ..engines.http import HttpEngine  # asyncio only for an endpoint's side
     from ..judge.ab import Side  # numpy and scipy only once a test compares two sides
 
     spec = check_side(name, spec)

@@ -22,7 +22,6 @@ from ..core.errors import ConfigError, LLMPerfError
 from ..core.formats import escaped
 from ..core.workload import Workload
 from ..engines.llama_cpp_native import quoted_log, signal_name
-from ..measuring.worker import BadReply, Channel, ChannelClosed
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -31,6 +30,7 @@ if TYPE_CHECKING:
     from ..engines import Engine, TokenStream
     from ..judge.result import Outcome
     from ..measuring.interleave import SideRuns
+    from ..measuring.worker import Channel
     from .options import MarkerConfig
 
 CURRENT, REF = "current", "REF"
@@ -311,6 +311,8 @@ class Side:
 
     def spawn(self) -> None:
         """Start the process unless it runs (or cannot start); ``await_ready`` waits for it."""
+        from ..measuring.worker import Channel  # core.measurement: only a session under --llmperf-against
+
         if self.broken or (self.channel is not None and self.channel.alive):
             return
         self.close()
@@ -356,6 +358,8 @@ class Side:
             raise SideGone(self._died("at work"), self.spec.name)
 
     def receive(self, timeout_s: float, doing: str) -> SideEvent:
+        from ..measuring.worker import BadReply, ChannelClosed
+
         if self.channel is None:
             raise SideGone(f"{self.who} is gone (while {doing})", self.spec.name)
         try:
@@ -471,6 +475,8 @@ def python_fault(text: str) -> str | None:
 
 def wait_any(sides: Sequence[Side], timeout_s: float) -> list[Side]:
     """The sides with a message waiting (at most ``timeout_s``)."""
+    from ..measuring.worker import Channel
+
     ready = set(map(id, Channel.wait_any([s.channel for s in sides if s.channel is not None], timeout_s)))
     return [s for s in sides if id(s.channel) in ready]
 
