@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import time
 
 import pytest
@@ -19,6 +20,7 @@ from test_against import Runner, make_repo
 from test_refs import _git_identity  # noqa: F401  (an autouse fixture, here too)
 
 from pytest_llmperf import Workload, measure
+from pytest_llmperf.core import progress
 from pytest_llmperf.engines import CallableEngine, synthetic_text
 from pytest_llmperf.engines.llama_cpp import LlamaCounters
 from pytest_llmperf.engines.user_llama import LlamaWatch
@@ -207,12 +209,23 @@ def test_no_llama(llmperf, llmperf_llm):
 """
 
 
-def test_the_plugin_hands_the_fixtures_llama_to_a_measured_callable(pytester: pytest.Pytester) -> None:
+def passed_section(lines: list[str], test: str) -> str:
+    """``test``'s block of ``-rA``'s passes: from its ``____ test ____`` line to the next such
+    line (a progress line that names the test, ``llmperf: ...::test: judging [2 s]``, is not it)."""
+    start = lines.index(next(line for line in lines if re.fullmatch(rf"_+ {test} _+", line)))
+    ends = [i for i, line in enumerate(lines) if i > start and re.fullmatch(r"_+ \S+ _+", line)]
+    return "\n".join(lines[start : ends[0] if ends else len(lines)])
+
+
+def test_the_plugin_hands_the_fixtures_llama_to_a_measured_callable(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(progress, "QUIET_S", 0.0)  # every step's progress line, as under load
     pytester.makepyfile(test_inner_callable_parts=LLAMA_TESTS)
     result = run(pytester, "-rA", "--llmperf-json", "session.json")
     result.assert_outcomes(passed=2)
     out = result.stdout.str()
-    wrapper_section = out.split("test_wrapper")[1].split("test_no_llama")[0]
+    wrapper_section = passed_section(result.stdout.lines, "test_wrapper")
     assert "decode outside llama.cpp median" in wrapper_section and "parts: not measured" not in wrapper_section
     assert out.count(NOT_MEASURED) == 1
     results = {r["test"].split("::")[1]: r for r in json.loads((pytester.path / "session.json").read_text())["results"]}
