@@ -68,3 +68,27 @@ def test_bad_spec() -> None:
         ModelSpec(name="x", dtype="Q4_K")
     with pytest.raises(ValueError, match="n_head"):
         ModelSpec(name="x", n_embd=100, n_head=3)
+
+
+def test_greedy_output_never_holds_back_incomplete_utf8(tiny_engine) -> None:
+    """The non-ASCII byte tokens' output rows are zero (their logits exactly 0, below the
+    largest random one): greedy decoding never emits a lone UTF-8 lead byte that a server
+    holds back, so a served stream has its token gaps (tests/test_llama_server.py)."""
+    import gguf
+    import numpy as np
+
+    from pytest_llmperf.engines import synthetic_text
+    from pytest_llmperf.models.gguf import NON_ASCII_BYTE_IDS
+
+    reader = gguf.GGUFReader(str(ensure_model("tiny")))
+    (output,) = [t for t in reader.tensors if t.name == "output.weight"]
+    rows = np.asarray(output.data).reshape(PRESETS["tiny"].n_vocab, -1)
+    assert not rows[NON_ASCII_BYTE_IDS].any() and rows[NON_ASCII_BYTE_IDS.stop :].any()
+    llm = tiny_engine.llm
+    generated: list[int] = []
+    for seed in range(40):
+        llm.create_completion(synthetic_text(16, seed=seed), max_tokens=16, temperature=0.0)
+        generated += list(llm._input_ids[-15:])
+    byte_ids = range(NON_ASCII_BYTE_IDS.start, NON_ASCII_BYTE_IDS.stop)
+    assert not [t for t in generated if t in byte_ids]
+    assert any(3 <= t < NON_ASCII_BYTE_IDS.start for t in generated)  # ASCII bytes still come
