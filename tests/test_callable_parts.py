@@ -166,6 +166,36 @@ def test_a_stream_that_holds_text_back_is_timed_by_its_tokens_and_its_delivery_i
         assert r.delivered_items is not None and r.delivered_e2e_ms >= r.e2e_ms
 
 
+def test_a_stream_that_holds_text_back_on_purpose_is_named_with_its_bursts(tiny_engine) -> None:
+    """A wrapper that buffers its stream and hands chunks on two at a time (as a detokenizer that
+    waits for a word's end does): the tokens are still timed where llama.cpp made them, and what
+    the caller received is said once, with the items and the largest burst."""
+    llm = tiny_engine.llm
+    items: list[int] = []  # per call, the items handed on
+
+    def pairs(prompt: str, max_tokens: int):
+        held = []
+        items.append(0)
+        for chunk in stream(llm)(prompt, max_tokens):
+            held.append(chunk)
+            if len(held) == 2:
+                items[-1] += 1
+                yield held
+                held = []
+        if held:
+            items[-1] += 1
+            yield held
+
+    m = measure(watched(pairs), W)
+    assert m.output_tokens == W.max_tokens  # tokens, not items
+    # Each item but a last odd one holds two of the 8 tokens (a stream's closing chunk holds none).
+    assert all(W.max_tokens // 2 <= n <= W.max_tokens // 2 + 1 for n in items)
+    assert m.delivered_items in set(items) and m.delivered_burst_tokens == 2
+    assert sum("your stream delivered" in line for line in m.token_notes) == 1
+    for r in m.runs:
+        assert r.delivered_items in set(items) and r.delivered_e2e_ms >= r.e2e_ms
+
+
 def test_a_callable_that_yields_chunks_of_no_llama_is_told_its_items_are_not_tokens() -> None:
     def chunks(prompt: str, max_tokens: int):
         yield from ["ab"] * (max_tokens // 2)
