@@ -19,12 +19,12 @@ modules the test ran, with their step counts.
 
 The same trace counts the *shapes* one measurement takes on its way from the marker to the
 report, read from the code as it runs, not from a list: every object a ``pytest_llmperf``
-function is given or returns (a dict or a ``pytest_llmperf`` dataclass) is kept, and after the
-session the ones that hold the test's workload (a field ``max_tokens`` equal to the
-marker's, theirs or one field deep), a run's raw clock readings (a field of one nanosecond
-reading per generated token) or its measured TTFT (the ``Measurement``'s median or a run's, exact or rounded
-by ``sig6``; one to three fields deep) are grouped by their type (a ``pytest_llmperf`` class,
-or a dict by its keys). ``--list`` prints them in the order they first appeared, each with
+function is given (its parameters' values) or returns (a dict or a ``pytest_llmperf``
+dataclass) is kept, and after the session the ones that hold the test's workload (a field
+``max_tokens`` equal to the marker's, theirs or one field deep), a run's raw clock readings (a
+field of one nanosecond reading per generated token) or its measured TTFT (the
+``Measurement``'s median or a run's, exact or rounded by ``sig6``; one to three fields deep)
+are grouped by their type (a ``pytest_llmperf`` class, or a dict by its keys). ``--list`` prints them in the order they first appeared, each with
 the function that first returned it (or was given it).
 
 Rules, each read from the code, none a list of shapes kept by hand:
