@@ -19,14 +19,35 @@ modules the test ran, with their step counts.
 
 The same trace counts the *shapes* one measurement takes on its way from the marker to the
 report, read from the code as it runs, not from a list: every object a ``pytest_llmperf``
-function is given or returns (a dict or a ``pytest_llmperf`` dataclass) is kept, and after the
-session the ones that hold the test's workload (a field ``max_tokens`` equal to the
-marker's, theirs or one field deep), a run's raw clock readings (a field of one nanosecond
-reading per generated token) or its measured TTFT (the ``Measurement``'s median or a run's, exact or rounded
-by ``sig6``; one to three fields deep) are grouped by their type (a ``pytest_llmperf`` class,
-or a dict by its keys). Left out: what ``reports/`` functions see (a report's own view is the
-report's business) and what a ``to_json`` / ``as_dict`` returns (the record's own stored form). ``--list`` prints them in the order they first appeared, each with
-the function that first returned it.
+function is given (its parameters' values) or returns (a dict or a ``pytest_llmperf``
+dataclass) is kept, and after the session the ones that hold the test's workload (a field
+``max_tokens`` equal to the marker's, theirs or one field deep), a run's raw clock readings (a
+field of one nanosecond reading per generated token) or its measured TTFT (the
+``Measurement``'s median or a run's, exact or rounded by ``sig6``; one to three fields deep)
+are grouped by their type (a ``pytest_llmperf`` class, or a dict by its keys). ``--list`` prints them in the order they first appeared, each with
+the function that first returned it (or was given it).
+
+Rules, each read from the code, none a list of shapes kept by hand:
+
+- A shape's *parts* count with it, not as shapes of their own: the dataclass types its class
+  declares as its fields' types (inside ``X | None``, ``tuple[X, ...]``...) that are defined in
+  the same module as the class, and their parts in turn (``RunMetrics`` in
+  ``Measurement.runs``, ``BaselineVerdict`` in ``Outcome.verdict``: a record's own pieces live
+  beside it). A type from another module is a shape the record holds, not a piece of it (the
+  ``Workload`` in ``Measurement.workload`` is what was measured, a shape before it on the line).
+- A record's *stored form* is its own while it only travels as JSON: a dict a ``to_json`` /
+  ``as_dict`` wrote that ``json.dumps`` makes text (a request on a worker's pipe), or one
+  ``json.loads`` parsed that a ``from_json`` reads (a run's trace back from the worker), no
+  package function given it on the way (a function's arguments are looked at, not what a tuple
+  or list holds). Everything seen inside a ``to_json`` / ``from_json`` is its writing and
+  reading. A dict that holds the workload or a TTFT built outside them, or a stored form some
+  function is given and reads (a record read as a dict), still counts.
+- The marker's keywords (``MARKER``, the dict the test's ``@pytest.mark.llmperf(...)`` is
+  written from; the plugin merges the levels' ``Mark.kwargs`` into one such dict) are the
+  user's input, where the line starts: a dict of them, or of some of them with the values the
+  test gave (``MarkerConfig``'s field of their kind), is not a shape.
+- What ``reports/`` functions see, and the classes ``reports/`` defines, are left out: a
+  report's own view is the report's business.
 """
 
 from __future__ import annotations
@@ -34,6 +55,8 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import inspect
+import json
 import os
 import statistics
 import sys
@@ -43,6 +66,7 @@ from collections import Counter
 from importlib import metadata
 from itertools import pairwise
 from pathlib import Path
+from types import FrameType
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path and "PYTHONPATH" not in os.environ:
@@ -54,11 +78,14 @@ import pytest_llmperf
 
 PACKAGE = Path(pytest_llmperf.__file__).resolve().parent
 
-TEST = """
+#: The marker-only test's keywords: the user's input, where a measurement's line starts.
+MARKER: dict[str, object] = {"prompt_tokens": 16, "max_tokens": 8, "runs": 3, "warmup": 1}
+
+TEST = f"""
 import pytest
 
 
-@pytest.mark.llmperf(prompt_tokens=16, max_tokens=8, runs=3, warmup=1)
+@pytest.mark.llmperf({", ".join(f"{k}={v!r}" for k, v in MARKER.items())})
 def test_marker_only():
     pass
 """
@@ -117,9 +144,10 @@ def layer_of(module: str) -> str:
 
 
 #: The marker's ``max_tokens`` (TEST): the value a workload-carrying shape holds.
-MAX_TOKENS = 8
-#: Functions whose return is a record's own stored form, not a shape on the main line.
-STORED_FORMS = frozenset({"to_json", "as_dict", "_as_json", "to_dict"})
+MAX_TOKENS = MARKER["max_tokens"]
+#: Functions that write or read a record's own stored form: what they return or are given, and
+#: what is seen inside them, is that form, not a shape on the main line.
+STORED_FORMS = frozenset({"to_json", "as_dict", "_as_json", "to_dict", "from_json"})
 
 
 @dataclasses.dataclass
@@ -131,7 +159,80 @@ class Seen:
     inputs: list[object]
 
 
-def run_test(folder: Path, trace: bool) -> tuple[int, list[str], list[Seen]]:
+@dataclasses.dataclass
+class Traced:
+    """What one traced session saw: the package's steps (their files), every package function's
+    data (``Seen``), and the stored forms' ends: the dicts a ``to_json`` & co. returned
+    (``written``) and ``json.dumps`` was given (``dumped``), those ``json.loads`` returned
+    (``parsed``) and a ``from_json`` was given (``read``)."""
+
+    steps: list[str] = dataclasses.field(default_factory=list)
+    seen: list[Seen] = dataclasses.field(default_factory=list)
+    _given: dict[int, list[object]] = dataclasses.field(default_factory=dict)  # by frame, until it returns
+    _depth: dict[int, int] = dataclasses.field(default_factory=dict)  # per thread: STORED_FORMS calls under way
+    written: list[object] = dataclasses.field(default_factory=list)
+    dumped: list[object] = dataclasses.field(default_factory=list)
+    parsed: list[object] = dataclasses.field(default_factory=list)
+    read: list[object] = dataclasses.field(default_factory=list)
+
+    def stored(self) -> set[int]:
+        """Ids of the stored forms that only travel (the docstring's rule): written by a to_json
+        and made JSON text, or parsed from JSON text and read by a from_json, and no package
+        function given them on the way."""
+        given = {id(v) for s in self.seen for v in s.inputs}
+        dumped, parsed = {id(v) for v in self.dumped}, {id(v) for v in self.parsed}
+        ends = {id(v) for v in self.written if id(v) in dumped} | {id(v) for v in self.read if id(v) in parsed}
+        return ends - given
+
+    def profile(self, frame: FrameType, event: str, arg: object) -> None:
+        """``sys.setprofile``'s hook: a package function's call and return, ``json``'s ends."""
+        name = frame.f_code.co_filename
+        if name == JSON_FILE and event == "call" and frame.f_code.co_name == "dumps":
+            self.dumped.append(frame.f_locals.get("obj"))
+        elif name == JSON_FILE and event == "return" and frame.f_code.co_name == "loads":
+            self.parsed.append(arg)
+        elif name.startswith(PREFIX) and event == "call":
+            self.steps.append(name)
+            stored_form = frame.f_code.co_name in STORED_FORMS
+            thread = threading.get_ident()
+            self._depth[thread] = self._depth.get(thread, 0) + stored_form
+            if self._depth[thread] == stored_form:  # outside a stored form, or the outermost one
+                self._given[id(frame)] = [v for v in arguments(frame) if is_shape_candidate(v)]
+        elif name.startswith(PREFIX) and event == "return":
+            self._returned(frame, arg)
+
+    def _returned(self, frame: FrameType, arg: object) -> None:
+        stored_form = frame.f_code.co_name in STORED_FORMS
+        thread = threading.get_ident()
+        self._depth[thread] = self._depth.get(thread, 0) - stored_form
+        inputs = self._given.pop(id(frame), None)
+        if inputs is None:
+            return
+        if frame.f_code.co_name == "from_json":
+            self.read += inputs
+        elif stored_form:
+            self.written.append(arg)
+        else:
+            value = arg if is_shape_candidate(arg) else None
+            self.seen.append(Seen(f"{module_of(frame.f_code.co_filename)}.{frame.f_code.co_name}", value, inputs))
+
+
+def arguments(frame: FrameType) -> list[object]:
+    """What a function was given: its parameters' values (``*args`` as one tuple, ``**kwargs``
+    as one dict), not its other locals (a generator resumed has bound some)."""
+    code = frame.f_code
+    varargs = bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount + varargs]
+    return [frame.f_locals[n] for n in names if n in frame.f_locals]
+
+
+#: Where ``json.dumps`` and ``json.loads`` are defined (their calls are traced too).
+JSON_FILE = json.__file__
+#: A package function's file starts so.
+PREFIX = str(PACKAGE) + os.sep
+
+
+def run_test(folder: Path, trace: bool) -> tuple[int, Traced]:
     installed = any(ep.name == "llmperf" for ep in metadata.entry_points(group="pytest11"))
     args = [
         str(folder / "test_marker_only.py"),
@@ -149,29 +250,13 @@ def run_test(folder: Path, trace: bool) -> tuple[int, list[str], list[Seen]]:
     ]
     if not installed:
         args += ["-p", "pytest_llmperf.pytest_plugin.plugin"]
-    steps: list[str] = []
-    returned: list[Seen] = []
-    given: dict[int, list[object]] = {}
-    prefix = str(PACKAGE) + os.sep
-
-    def profile(frame, event, arg):
-        name = frame.f_code.co_filename
-        if not name.startswith(prefix):
-            return
-        if event == "call":
-            steps.append(name)
-            given[id(frame)] = [v for v in frame.f_locals.values() if is_shape_candidate(v)]
-        elif event == "return":
-            inputs = given.pop(id(frame), [])
-            if is_shape_candidate(arg):
-                returned.append(Seen(f"{module_of(name)}.{frame.f_code.co_name}", arg, inputs))
-
+    traced = Traced()
     cwd = os.getcwd()
     os.chdir(folder)
     try:
         if trace:
-            threading.setprofile(profile)
-            sys.setprofile(profile)
+            threading.setprofile(traced.profile)
+            sys.setprofile(traced.profile)
         try:
             code = pytest.main(args)
         finally:
@@ -179,7 +264,7 @@ def run_test(folder: Path, trace: bool) -> tuple[int, list[str], list[Seen]]:
             threading.setprofile(None)  # type: ignore[arg-type]
     finally:
         os.chdir(cwd)
-    return int(code), steps, returned
+    return int(code), traced
 
 
 def is_shape_candidate(value: object) -> bool:
@@ -248,19 +333,63 @@ def measured_ttfts(returned: list[Seen]) -> set[float]:
     return values | {sig6(v) for v in values}
 
 
-def shapes(returned: list[Seen]) -> dict[str, str]:
-    """{shape: the function that first returned it (or was given it)}, in the order they
-    appeared."""
+def parts_of(cls: type, found: set[type] | None = None) -> set[type]:
+    """The dataclass types ``cls`` declares as its fields' types that are defined in its own
+    module, and their parts in turn (the docstring's rule)."""
+    found = set() if found is None else found
+    module = sys.modules[cls.__module__]
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        text = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+        for node in ast.walk(ast.parse(text, mode="eval")):
+            kind = getattr(module, node.id, None) if isinstance(node, ast.Name) else None
+            if (
+                isinstance(kind, type)
+                and dataclasses.is_dataclass(kind)
+                and kind.__module__ == cls.__module__
+                and kind is not cls
+                and kind not in found
+            ):
+                found.add(kind)
+                parts_of(kind, found)
+    return found
+
+
+def is_marker(value: object) -> bool:
+    """The marker's keywords, or some of them (a ``MarkerConfig`` field): what the test wrote."""
+    return isinstance(value, dict) and value.items() <= MARKER.items()
+
+
+#: A class defined here is a report's own view of the results.
+REPORTS = "pytest_llmperf.reports"
+
+
+def shapes(traced: Traced) -> dict[str, tuple[str, list[str]]]:
+    """{shape: (the function that first returned it or was given it, the parts seen with it)},
+    in the order they appeared."""
+    returned = traced.seen
     ttfts = measured_ttfts(returned)
+    stored = traced.stored()
     found: dict[str, str] = {}
+    kinds: dict[str, type] = {}
     for seen in returned:
         for value in [*seen.inputs, seen.value]:
-            function = seen.where.rsplit(".", 1)
-            if layer_of(function[0]) == "reports" or function[1] in STORED_FORMS:
+            if value is None or is_marker(value) or id(value) in stored or type(value).__module__.startswith(REPORTS):
                 continue
-            if shape_key(value) not in found and carries(value, ttfts):
+            if (
+                layer_of(seen.where.rsplit(".", 1)[0]) != "reports"
+                and shape_key(value) not in found
+                and carries(value, ttfts)
+            ):
                 found[shape_key(value)] = seen.where
-    return found
+                if not isinstance(value, dict):
+                    kinds[shape_key(value)] = type(value)
+    parts = {key: parts_of(kind) for key, kind in kinds.items()}
+    whole = {part: key for key, of in parts.items() for part in of}
+    return {
+        key: (where, [k.rsplit(".", 1)[1] for k, kind in kinds.items() if whole.get(kind) == key])
+        for key, where in found.items()
+        if key not in kinds or kinds[key] not in whole
+    }
 
 
 def main() -> int:
@@ -279,7 +408,8 @@ def main() -> int:
         folder = Path(tmp)
         (folder / "test_marker_only.py").write_text(TEST)
         run_test(folder, trace=False)
-        code, steps, returned = run_test(folder, trace=True)
+        code, traced = run_test(folder, trace=True)
+    steps = traced.steps
     if code != 0:
         print(f"the marker-only test's session exited {code}", file=sys.stderr)
         return 1
@@ -294,11 +424,11 @@ def main() -> int:
     if args.list:
         for name, n in sorted(ran.items()):
             print(f"  {n:6d}  {name}")
-    found = shapes(returned)
+    found = shapes(traced)
     print(f"shapes of one measurement, marker to report (reports' own views left out): {len(found)}")
     if args.list:
-        for key, where in found.items():
-            print(f"  {key}  (first from {where})")
+        for key, (where, parts) in found.items():
+            print(f"  {key}  (first from {where}{'; with its parts ' + ', '.join(parts) if parts else ''})")
     return 0
 
 

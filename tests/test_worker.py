@@ -8,6 +8,8 @@ too many layers is llama.cpp's real abort.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import re
 import signal
@@ -15,13 +17,15 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
 from pytest_llmperf import LlamaCppEngine, ModelSpec, Workload, ensure_model, measure
+from pytest_llmperf.core.workload import NativeCounters, RunTrace
 from pytest_llmperf.engines.llama_cpp_native import AMX_ISSUE, EngineConfig, cpu_has_amx
-from pytest_llmperf.measuring.worker import FAULT_ENV, EngineCrash, WorkerEngine
+from pytest_llmperf.measuring.worker import FAULT_ENV, Channel, EngineCrash, WorkerEngine
 
 AMX = cpu_has_amx()
 WORKLOAD = Workload(prompt_tokens=8, max_tokens=4, runs=2, warmup=0)
@@ -233,3 +237,48 @@ def test_idlest_cpus_avoid_busy_cores() -> None:
     if len(allowed) >= 2:
         chosen = idlest_cpus(1, sample_s=0.05)
         assert chosen is not None and len(chosen) == 1 and chosen[0] in allowed
+
+
+def test_stored_forms_read_back_through_json() -> None:
+    trace = RunTrace(
+        start_ns=1,
+        prefill_done_ns=2,
+        token_ns=(3, 4),
+        prompt_tokens=8,
+        native=NativeCounters(1.0, 8, 2.0, 2),
+        token_ids=(5, 6),
+    )
+    assert RunTrace.from_json(json.loads(json.dumps(trace.to_json()))) == trace
+    assert RunTrace.from_json(json.loads(json.dumps(dataclasses.replace(trace, native=None).to_json()))).native is None
+    assert Workload.from_json(json.loads(json.dumps(WORKLOAD.to_json()))) == WORKLOAD
+    # What an older side sends (every field, ``dataclasses.asdict``) is the stored form.
+    assert trace.to_json() == dataclasses.asdict(trace) and WORKLOAD.to_json() == dataclasses.asdict(WORKLOAD)
+
+
+def test_no_message_holds_the_workload_or_the_trace(tiny_model_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The workload's stored form follows its request on a line of its own, the trace its reply."""
+    sent: list[Mapping[str, object]] = []
+    received: list[Mapping[str, object] | None] = []
+    send, receive = Channel.send, Channel.receive
+
+    def sending(self: Channel, *messages: Mapping[str, object]) -> bool:
+        sent.extend(messages)
+        return send(self, *messages)
+
+    def receiving(self: Channel, timeout_s: float) -> dict | None:
+        received.append(receive(self, timeout_s))
+        return received[-1]
+
+    monkeypatch.setattr(Channel, "send", sending)
+    monkeypatch.setattr(Channel, "receive", receiving)
+    worker = WorkerEngine(config(tiny_model_path))
+    try:
+        trace = worker.run(WORKLOAD, 0)
+    finally:
+        worker.close()
+    at = next(i for i, m in enumerate(sent) if m.get("op") == "run")
+    assert sent[at] == {"op": "run", "run_index": 0, "workload": True}
+    assert [m for m in sent if "max_tokens" in m] == [sent[at + 1]] == [WORKLOAD.to_json()]
+    assert len(trace.token_ns) == WORKLOAD.max_tokens and trace.native is not None
+    assert [m for m in received if m and "token_ns" in m] == [received[-1]]
+    assert RunTrace.from_json(received[-1] or {}) == trace and received[-2] is not None and received[-2]["ok"]

@@ -15,9 +15,10 @@ are derived."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from .errors import ConfigError
 from .formats import human_bytes, shown
@@ -32,6 +33,23 @@ if TYPE_CHECKING:
 #: own bound, ``session.against.PAIRS_TIME_CAP_S``).
 SEQUENTIAL_FACTOR = 3
 SEQUENTIAL_TIME_CAP_S = 120.0
+
+T = TypeVar("T")
+
+
+def _tuples(value: object) -> object:
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def from_stored(cls: Callable[..., T], data: Mapping[str, object], **nested: Callable[..., object]) -> T:
+    """A frozen dataclass from ``dataclasses.asdict`` of it through JSON: arrays back to tuples,
+    the ``nested`` fields read by their own types."""
+    fields = {k: _tuples(v) for k, v in data.items()}
+    for name, kind in nested.items():
+        value = data.get(name)
+        if isinstance(value, Mapping):
+            fields[name] = from_stored(kind, value)
+    return cls(**fields)
 
 
 @dataclass(frozen=True)
@@ -61,6 +79,14 @@ class Workload:
     # A measured callable's Llamas between runs (``PROMPT_CACHE_MODES``): "cold" clears what the
     # previous run left (every run a new request), "warm" keeps it (measures what the cache gives).
     prompt_cache: str = "cold"
+
+    def to_json(self) -> dict[str, object]:
+        """Every field (what an engine worker or a side is sent); ``from_json`` reads it."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> Workload:
+        return from_stored(cls, data)
 
     def __post_init__(self) -> None:
         if self.prompt_cache not in PROMPT_CACHE_MODES:
@@ -258,6 +284,14 @@ class RunTrace:
     tokenize_in_run_ns: int = 0
     #: The user's Python logits processors and stopping criteria, ns in all (None: none ran or unknown).
     python_sampling_ns: int | None = None
+
+    def to_json(self) -> dict[str, object]:
+        """Every field (what an engine worker or a side sends back); ``from_json`` reads it."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> RunTrace:
+        return from_stored(cls, data, native=NativeCounters)
 
 
 @dataclass(frozen=True)

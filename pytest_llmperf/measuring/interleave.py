@@ -149,7 +149,7 @@ class SideRuns:
             {  # what it measures: the workload, the settings, the engine, its threads, its abilities
                 "ev": "measure",
                 "label": label,
-                "workload": dataclasses.asdict(workload),
+                "workload": workload.to_json(),
                 "settings": dict(settings),
                 "max_runs": max_runs,
                 "engine": info.describe(),
@@ -198,7 +198,7 @@ class SideRuns:
                 return called.op, warm, traces
             if trace is not None:
                 (warm if op["index"] < 0 else traces).append(trace)
-                self.send({"ev": "trace", "trace": dataclasses.asdict(trace)})
+                self.send({"ev": "trace", "trace": trace.to_json()})
 
     def _attribute(
         self, engine: Engine, workload: Workload, traces: list[RunTrace], op: Mapping[str, Any]
@@ -267,7 +267,7 @@ def _token_logits(engine: Any, op: Mapping[str, Any]) -> dict[str, object]:
     """The reply to a "logits" op: the engine's ``TokenLogits`` (``worker.logits_json``), or one line."""
     try:
         got = engine.token_logits(
-            Workload(**op["workload"]),
+            Workload.from_json(op["workload"]),
             op.get("forced"),
             **({"prompt_ids": op["prompt_ids"]} if op.get("prompt_ids") is not None else {}),
         )

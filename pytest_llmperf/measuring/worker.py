@@ -1,8 +1,5 @@
 """The engine worker: llama.cpp in a child process (JSON lines over pipes, the Channel both
---llmperf-against sides use too), so a crash, abort or hang fails one test.
-
-A child process that answers JSON lines over two pipes: the one mechanism behind the engine
-worker (``measuring.worker``) and the sides of ``--llmperf-against`` (``pytest_plugin.side``).
+--llmperf-against sides use too), so a crash, abort, OOM kill or hang fails one test.
 
 The child is ``python -m MODULE FD_IN FD_OUT ARGS...``: it reads one JSON object per line from
 FD_IN and writes one per line to FD_OUT; its stdout and stderr go to a temporary log file (so
@@ -11,40 +8,37 @@ crash line); it runs in a session of its own (Ctrl-C reaches the controller, whi
 ``kill`` takes its threads and children with it) and, with ``die_with_parent``, dies with a
 controller killed by SIGKILL. Every ``receive`` has a deadline.
 
-llama.cpp in a worker process: a native crash, abort, OOM kill or hang costs one test.
-
 ``WorkerEngine`` is an Engine (``info``, ``run``, ``close``) whose llama.cpp lives in a child
 process, ``python -m pytest_llmperf.measuring.worker``, one per engine setting. The child loads
 the model once (``LlamaCppEngine``, the same class and timed loop as in process), then answers
-one request at a time. The protocol is one JSON object per line over two pipes (the child's
-stdout and stderr are its log file, so nothing llama.cpp prints can corrupt a message):
+one request at a time, one JSON object per line:
 
     controller -> worker                                worker -> controller
     {"op": "load", "config": EngineConfig fields}       {"ok": true, "info": EngineInfo fields}
-    {"op": "run", "workload": Workload fields,          {"ok": true, "trace": RunTrace fields,
-     "run_index": i}                                     "info": EngineInfo fields (the context in use)}
-    {"op": "layers", "workload": Workload fields}       {"ok": true, "layers": LayerProfile fields}
-    {"op": "attribute", "step": "open", "workload": ...} {"ok": true}  (the attribution pass, step by step:
-    {"op": "attribute", "step": "warm" | "close"}         {"ok": true}   one warm-up; close drops it)
+    {"op": "run", "run_index": i, "workload": true}     {"ok": true, "info": EngineInfo fields (the context
+     + Workload.to_json()                                in use)} + RunTrace.to_json()
+    {"op": "layers", "workload": true} + the workload   {"ok": true, "layers": LayerProfile fields}
+    {"op": "attribute", "step": "open", "workload": true} {"ok": true}  (the attribution pass, step by step:
+     + the workload                                       one warm-up; close drops it)
+    {"op": "attribute", "step": "warm" | "close"}       {"ok": true}
     {"op": "attribute", "step": "run", "index": i}      {"ok": true}
     {"op": "attribute", "step": "result"}               {"ok": true, "attribution": Attribution.to_json()}
     {"op": "rss", "reset": bool}                        {"ok": true, "reset": bool, "peak": [bytes, scope]}
-    {"op": "logits", "workload": Workload fields,       {"ok": true, "got": logits_json(TokenLogits):
+    {"op": "logits", "workload": true,                  {"ok": true, "got": logits_json(TokenLogits):
      "forced": [ids] | null, "prompt_ids": ...}          ids, logits as base64 float32 with their shape}
+     + the workload
     {"op": "close"}                                     (exits)
                                                         {"ok": false, "error": "one line",
                                                          "kind": "EngineError" | "ConfigError"}
 
-What crosses the boundary is the workload, the engine settings and one run's clock readings:
-the clock is read in the worker (``time.perf_counter_ns``, CLOCK_MONOTONIC, the same clock in
-every process), so the pipe and the JSON lie outside every timed region. Each call has a
-deadline (``timeout_s``); past it, or when the child dies, the worker is killed and the call
-raises ``EngineCrash``: the signal, the model, the settings, llama.cpp's last log lines and,
-for a known cause, what to do. The child exits when the controller goes away (its request pipe
-closes, and Linux's parent-death signal covers a controller killed mid-run).
-
-``Channel`` is the mechanism (a child answering JSON lines, its log, deadlines, kill): the
-sides of ``--llmperf-against`` (``pytest_plugin/side.py``) are channels too."""
+What crosses the boundary is the workload, the engine settings and one run's clock readings (the
+workload and the trace as their own stored forms, ``to_json`` / ``from_json``, each on the line
+after its message: "+" above): the clock is read in the worker (``time.perf_counter_ns``,
+CLOCK_MONOTONIC, the same clock in every process), so the pipe and the JSON lie outside every
+timed region. Each call has a deadline (``timeout_s``); past it, or when the child dies, the
+worker is killed and the call raises ``EngineCrash``: the signal, the model, the settings,
+llama.cpp's last log lines and, for a known cause, what to do. The child exits when the controller goes away (its request pipe
+closes, and Linux's parent-death signal covers a controller killed mid-run)."""
 
 from __future__ import annotations
 
@@ -62,12 +56,12 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any
 
 from ..core.errors import ConfigError, EngineError, LLMPerfError
 from ..core.measurement import Attribution, LayerProfile, PeakRss, PhaseLayers
 from ..core.settings import SETTINGS
-from ..core.workload import EngineInfo, NativeCounters, RunTrace, TokenLogits, Workload
+from ..core.workload import EngineInfo, RunTrace, TokenLogits, Workload, from_stored
 from ..engines import Closable, Engine, EngineProcess, FreshLoads, ProcessMemory, RemoteLayerTiming, TokenProbabilities
 from ..engines.llama_cpp_native import EngineConfig, known_cause, quoted_log, signal_name
 from ..models.gguf import gguf_file_type, model_path
@@ -153,10 +147,10 @@ class Channel:
         assert self.process is not None
         return self.process.pid
 
-    def send(self, message: Mapping[str, object]) -> bool:
-        """False when the child is gone (its request pipe is closed)."""
+    def send(self, *messages: Mapping[str, object]) -> bool:
+        """One line each; False when the child is gone (its request pipe is closed)."""
         try:
-            os.write(self._req_w, (json.dumps(message) + "\n").encode())
+            os.write(self._req_w, "".join(json.dumps(m) + "\n" for m in messages).encode())
         except OSError:
             return False
         return True
@@ -270,27 +264,6 @@ class EngineCrash(EngineError):
     """The worker died or stopped answering: the engine is gone (``WorkerEngine.alive``)."""
 
 
-def _tuples(value: object) -> object:
-    """JSON arrays back to the tuples the frozen results hold."""
-    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
-
-
-T = TypeVar("T")
-
-
-def _of(cls: Callable[..., T], data: Mapping[str, Any], **nested: Callable[..., object]) -> T:
-    fields = {k: _tuples(v) for k, v in data.items()}
-    for name, kind in nested.items():
-        if fields.get(name) is not None:
-            fields[name] = _of(kind, data[name])
-    return cls(**fields)
-
-
-def trace_of(data: Mapping[str, object]) -> RunTrace:
-    trace: RunTrace = _of(RunTrace, data, native=NativeCounters)
-    return trace
-
-
 def logits_json(got: TokenLogits) -> dict[str, object]:
     """A ``TokenLogits`` as JSON (an engine worker's or a side's reply): the arrays as base64 of
     little-endian bytes, float32 logits (or a served side's int64 top ids, float64 log-probabilities)."""
@@ -327,12 +300,6 @@ def logits_of(data: Mapping[str, Any]) -> TokenLogits:
     )
 
 
-def layers_of(data: Mapping[str, object]) -> LayerProfile:
-
-    profile: LayerProfile = _of(LayerProfile, data, prefill=PhaseLayers, decode=PhaseLayers)
-    return profile
-
-
 class WorkerEngine(Engine, RemoteLayerTiming, TokenProbabilities, FreshLoads, ProcessMemory, EngineProcess, Closable):
     """An engine whose llama.cpp runs in a worker process (module docstring): per-layer timing,
     token probabilities and peak RSS are read in the worker, by ``profile_layers``,
@@ -367,10 +334,10 @@ class WorkerEngine(Engine, RemoteLayerTiming, TokenProbabilities, FreshLoads, Pr
         return self._info
 
     def run(self, workload: Workload, run_index: int) -> RunTrace:
-        reply = self._call({"op": "run", "workload": dataclasses.asdict(workload), "run_index": run_index}, "running")
-        if "info" in reply:  # a context fitted to the workload: its n_ctx and buffers
-            self._info = EngineInfo(**reply["info"])
-        return trace_of(reply["trace"])
+        reply = self._call({"op": "run", "run_index": run_index}, "running", workload)
+        trace = RunTrace.from_json(self._receive("running"))  # the line after the reply
+        self._info = EngineInfo(**reply["info"])  # a context fitted to the workload: its n_ctx and buffers
+        return trace
 
     def fresh(self) -> WorkerEngine:
         """Another worker of the same settings, loaded now (a model-load sample)."""
@@ -391,24 +358,23 @@ class WorkerEngine(Engine, RemoteLayerTiming, TokenProbabilities, FreshLoads, Pr
         """``LlamaCppEngine.token_logits`` in the worker; the logits cross as float32 bytes."""
         message = {
             "op": "logits",
-            "workload": dataclasses.asdict(workload),
             "forced": None if forced is None else list(forced),
             "prompt_ids": None if prompt_ids is None else list(prompt_ids),
         }
-        return logits_of(self._call(message, "reading token probabilities of")["got"])
+        return logits_of(self._call(message, "reading token probabilities of", workload)["got"])
 
     def profile_layers(self, workload: Workload) -> LayerProfile:
         """``measuring.layers.profile_layers`` of this engine, run in the worker."""
-        reply = self._call({"op": "layers", "workload": dataclasses.asdict(workload)}, "timing the layers of")
-        return layers_of(reply["layers"])
+        reply = self._call({"op": "layers"}, "timing the layers of", workload)
+        return from_stored(LayerProfile, reply["layers"], prefill=PhaseLayers, decode=PhaseLayers)
 
     def attribution_pass(self, workload: Workload) -> RemotePass:
         """``measuring.attribution.AttributionPass`` of this engine, in the worker, run by run."""
         return RemotePass(self, workload)
 
-    def attribution_step(self, step: str, **more: object) -> dict[str, Any]:
+    def attribution_step(self, step: str, workload: Workload | None = None, **more: object) -> dict[str, Any]:
         """One step of the worker's attribution pass ("attribute" op: open, warm, run, result, close)."""
-        return self._call({"op": "attribute", "step": step, **more}, "timing the nodes of")
+        return self._call({"op": "attribute", "step": step, **more}, "timing the nodes of", workload)
 
     @property
     def alive(self) -> bool:
@@ -430,12 +396,25 @@ class WorkerEngine(Engine, RemoteLayerTiming, TokenProbabilities, FreshLoads, Pr
     def _who(self) -> str:
         return f"[{self.label}] " if self.label else ""
 
-    def _call(self, message: Mapping[str, object], doing: str) -> dict[str, Any]:
+    def _call(self, message: Mapping[str, object], doing: str, workload: Workload | None = None) -> dict[str, Any]:
+        """The worker's reply to ``message`` (and ``workload``'s stored form on the line after it)."""
         channel = self.channel
         if channel is None or not channel.alive:
             raise EngineCrash(f"{self._who()}the engine worker for {self._model()} is gone (it crashed earlier)")
-        if not channel.send(message):
+        lines = (message,) if workload is None else ({**message, "workload": True}, workload.to_json())
+        if not channel.send(*lines):
             raise self._crash(doing)
+        reply = self._receive(doing)
+        if not reply.get("ok"):
+            kind = ConfigError if reply.get("kind") == "ConfigError" else EngineError
+            raise kind(f"{self._who()}{reply['error']}")
+        return reply
+
+    def _receive(self, doing: str) -> dict[str, Any]:
+        """The worker's next line; EngineCrash when it died, wrote something else than JSON, or
+        did not answer within ``timeout_s``."""
+        channel = self.channel
+        assert channel is not None
         try:
             reply = channel.receive(self.timeout_s)
         except BadReply as exc:
@@ -454,9 +433,6 @@ class WorkerEngine(Engine, RemoteLayerTiming, TokenProbabilities, FreshLoads, Pr
                 "Raise the engine timeout (--llmperf-engine-timeout; llmperf --engine-timeout; LLMPERF_ENGINE_TIMEOUT) "
                 "or shorten the workload"
             )
-        if not reply.get("ok"):
-            kind = ConfigError if reply.get("kind") == "ConfigError" else EngineError
-            raise kind(f"{self._who()}{reply['error']}")
         return reply
 
     def _crash(self, doing: str) -> EngineCrash:
@@ -521,29 +497,34 @@ def _fault(op: str, model: str, replies: IO[bytes]) -> None:
     os.kill(os.getpid(), getattr(signal, what))
 
 
-def _run(engine: LlamaCppEngine, message: Mapping[str, Any]) -> dict[str, object]:
-    trace = engine.run(Workload(**message["workload"]), int(message["run_index"]))
-    return {"ok": True, "trace": dataclasses.asdict(trace), "info": dataclasses.asdict(engine.info())}
+def _given(workload: Workload | None) -> Workload:
+    if workload is None:
+        raise EngineError("the engine worker was sent a request without its workload")
+    return workload
 
 
-def _rss(engine: LlamaCppEngine, message: Mapping[str, object]) -> dict[str, object]:
+def _run(engine: LlamaCppEngine, message: Mapping[str, Any], workload: Workload | None) -> list[dict[str, object]]:
+    trace = engine.run(_given(workload), int(message["run_index"]))
+    return [{"ok": True, "info": dataclasses.asdict(engine.info())}, trace.to_json()]
+
+
+def _rss(engine: LlamaCppEngine, message: Mapping[str, object], workload: Workload | None) -> list[dict[str, object]]:
     from .runner import peak_rss, reset_peak_rss
 
     reset = reset_peak_rss() if message["reset"] else False
     peak = peak_rss(True)
-    return {"ok": True, "reset": reset, "peak": [peak.bytes, peak.scope]}
+    return [{"ok": True, "reset": reset, "peak": [peak.bytes, peak.scope]}]
 
 
-def _logits(engine: LlamaCppEngine, message: Mapping[str, Any]) -> dict[str, object]:
-    got = engine.token_logits(Workload(**message["workload"]), message.get("forced"), message.get("prompt_ids"))
-    return {"ok": True, "got": logits_json(got)}
+def _logits(engine: LlamaCppEngine, message: Mapping[str, Any], workload: Workload | None) -> list[dict[str, object]]:
+    got = engine.token_logits(_given(workload), message.get("forced"), message.get("prompt_ids"))
+    return [{"ok": True, "got": logits_json(got)}]
 
 
-def _layers(engine: LlamaCppEngine, message: Mapping[str, Any]) -> dict[str, object]:
+def _layers(engine: LlamaCppEngine, message: Mapping[str, Any], workload: Workload | None) -> list[dict[str, object]]:
     from .layers import profile_layers
 
-    profile = profile_layers(engine, Workload(**message["workload"]))
-    return {"ok": True, "layers": dataclasses.asdict(profile)}
+    return [{"ok": True, "layers": dataclasses.asdict(profile_layers(engine, _given(workload)))}]
 
 
 class RemotePass:
@@ -551,7 +532,7 @@ class RemotePass:
 
     def __init__(self, worker: WorkerEngine, workload: Workload) -> None:
         self.worker = worker
-        worker.attribution_step("open", workload=dataclasses.asdict(workload))
+        worker.attribution_step("open", workload)
         self.open = True
 
     def warm_up(self) -> None:
@@ -575,15 +556,17 @@ class RemotePass:
 _PASS: list[AttributionPass] = []
 
 
-def _attribute(engine: LlamaCppEngine, message: Mapping[str, Any]) -> dict[str, object]:
+def _attribute(
+    engine: LlamaCppEngine, message: Mapping[str, Any], workload: Workload | None
+) -> list[dict[str, object]]:
     from .attribution import AttributionPass
 
     step = message["step"]
     if step == "open":
         while _PASS:
             _PASS.pop().close()
-        _PASS.append(AttributionPass(engine, Workload(**message["workload"])))
-        return {"ok": True}
+        _PASS.append(AttributionPass(engine, _given(workload)))
+        return [{"ok": True}]
     if not _PASS:
         raise EngineError(f"attribution step {step!r} without an open pass")
     one = _PASS[-1]
@@ -593,21 +576,17 @@ def _attribute(engine: LlamaCppEngine, message: Mapping[str, Any]) -> dict[str, 
         one.run(int(message["index"]))
     elif step == "result":
         _PASS.pop()
-        return {"ok": True, "attribution": one.result().to_json()}
+        return [{"ok": True, "attribution": one.result().to_json()}]
     else:
         _PASS.pop().close()
-    return {"ok": True}
+    return [{"ok": True}]
 
 
 #: The requests a loaded engine answers (``load`` and ``close`` are ``serve``'s own): each
-#: takes the engine and the request, and returns the reply.
-REQUESTS: dict[str, Callable[[LlamaCppEngine, Mapping[str, object]], dict[str, object]]] = {
-    "run": _run,
-    "rss": _rss,
-    "logits": _logits,
-    "layers": _layers,
-    "attribute": _attribute,
-}
+#: takes the engine, the request and the workload sent after it (None: none was), and returns
+#: the lines of the reply.
+Request = Callable[["LlamaCppEngine", Mapping[str, object], Workload | None], list[dict[str, object]]]
+REQUESTS: dict[str, Request] = {"run": _run, "rss": _rss, "logits": _logits, "layers": _layers, "attribute": _attribute}
 
 
 def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
@@ -617,12 +596,13 @@ def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
     engine: LlamaCppEngine | None = None
     model = ""
 
-    def answer(reply: Mapping[str, object]) -> None:
-        replies.write((json.dumps(reply) + "\n").encode())
+    def answer(*lines: Mapping[str, object]) -> None:
+        replies.write("".join(json.dumps(line) + "\n" for line in lines).encode())
         replies.flush()
 
     for line in requests:
         message = json.loads(line)
+        stored = requests.readline() if message.get("workload") else None  # the workload's line
         op = message["op"]
         if op == "close":
             break
@@ -637,7 +617,8 @@ def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
             elif engine is None:
                 raise EngineError("the engine worker has no model loaded")
             elif op in REQUESTS:
-                answer(REQUESTS[op](engine, message))
+                workload = None if stored is None else Workload.from_json(json.loads(stored))
+                answer(*REQUESTS[op](engine, message, workload))
             else:
                 raise EngineError(f"the engine worker does not know the request {op!r}")
         except LLMPerfError as exc:

@@ -30,7 +30,7 @@ from ..core.errors import LLMPerfError
 from ..core.measurement import Attribution
 from ..core.progress import current, task
 from ..core.settings import usable_cpus
-from ..core.workload import SEQUENTIAL_FACTOR, Workload
+from ..core.workload import SEQUENTIAL_FACTOR, RunTrace, Workload
 from ..engines import NeedsPromptIds, TokenProbabilities
 from ..judge.attribution import compare_attributions, moved_phases
 from ..judge.attribution import why as why_attribution
@@ -43,7 +43,7 @@ from ..measuring.agreement import compare_outputs
 from ..measuring.attribution import interleaved
 from ..measuring.interleave import block_orders, pass_orders
 from ..measuring.metrics import run_metrics
-from ..measuring.worker import idlest_cpus, logits_of, trace_of
+from ..measuring.worker import idlest_cpus, logits_of
 from .refs import Project, Reference, Worktrees, code_packages, resolve_reference
 from .sides import (
     CURRENT,
@@ -70,7 +70,7 @@ from .sides import (
 
 if TYPE_CHECKING:
     from ..core.measurement import Agreement, RunMetrics
-    from ..core.workload import RunTrace, TokenLogits
+    from ..core.workload import TokenLogits
     from ..judge.parts import PartChange
     from ..judge.verdict import Comparison
 
@@ -222,7 +222,7 @@ def _run(side: Side, index: int, timeout_s: float, cpus: Sequence[int] | None = 
         raise RunFailed(f"{side.who}: {reply.line}")
     if not isinstance(reply, Trace):
         raise side.kill(f"{side.who} answered {reply.ev!r} to a run: it left its measurement; it was killed")
-    return trace_of(reply.trace)
+    return RunTrace.from_json(reply.trace)
 
 
 class SideLogits(TokenProbabilities):
@@ -461,7 +461,7 @@ class Pairing:
         if isinstance(reply, Paused):
             return False
         if isinstance(reply, Trace):
-            traces[letter] = trace_of(reply.trace)
+            traces[letter] = RunTrace.from_json(reply.trace)
             return True
         if isinstance(reply, (RunError, Unstepped)):
             for other in self.sides:

@@ -204,10 +204,15 @@ def _history(r: Mapping[str, Resolved], root: Path) -> Location | None:
     return default_history(root) if given.value is None else parse_history(given.value, given.source, root)
 
 
+#: The kinds of marker key ("engine": llama.cpp settings, "setting": the comparison's), in the
+#: order of ``MarkerConfig``'s fields, one each.
+KINDS = ("budget", "workload", "setting", "option", "engine", "ab")
+
+
 @dataclass(frozen=True)
 class Key:
     name: str
-    kind: str  # "budget", "workload", "engine" (llama.cpp settings), "setting" (comparison), "option", "ab"
+    kind: str  # one of KINDS
     help: str
     #: The value as the marker gives it (any Python value) -> the value kept, or a ConfigError.
     check: Callable[[str, object], object]
@@ -395,22 +400,14 @@ class MarkerConfig:
 
     def merged(self, overrides: Mapping[str, object]) -> MarkerConfig:
         extra = validate(overrides, together=False)
-        workload = dict(self.workload)
         # A prompt given here replaces the marker's prompt of either kind.
-        if PROMPT_KEYS & extra.workload.keys():
-            for key in PROMPT_KEYS:
-                workload.pop(key, None)
-        return check_together(
-            MarkerConfig(
-                budgets={**self.budgets, **extra.budgets},
-                workload={**workload, **extra.workload},
-                settings={**self.settings, **extra.settings},
-                options={**self.options, **extra.options},
-                engine={**self.engine, **extra.engine},
-                ab={**self.ab, **extra.ab},
-            )
-        )
+        dropped = PROMPT_KEYS if PROMPT_KEYS & extra.workload.keys() else frozenset()
+        mine = dataclasses.replace(self, workload={k: v for k, v in self.workload.items() if k not in dropped})
+        # Each field: the marker's keys of its kind, then the overrides'.
+        return check_together(MarkerConfig(*({**getattr(mine, f.name), **getattr(extra, f.name)} for f in FIELDS)))
 
+
+FIELDS = dataclasses.fields(MarkerConfig)
 
 #: Where every marker key is listed (a bad key's line points there).
 MARKER_KEYS_AT = "pytest --markers, or README.md's marker keys"
@@ -424,32 +421,22 @@ def validate(kwargs: Mapping[str, object], args: tuple[object, ...] = (), *, tog
         raise ConfigError(
             f"llmperf marker takes keyword arguments only, got positional {args!r}; its keys: {MARKER_KEYS_AT}"
         )
-    by_kind: dict[str, dict[str, Any]] = {
-        "budget": {},
-        "workload": {},
-        "setting": {},
-        "option": {},
-        "engine": {},
-        "ab": {},
-    }
-    for name, value in kwargs.items():
-        key = KEYS.get(name)
-        if key is None and name in RENAMED:
-            raise ConfigError("llmperf: " + renamed_line("marker key", name, RENAMED[name]))
-        if key is None:
-            raise ConfigError(unknown_name("llmperf marker key", name, KEYS, MARKER_KEYS_AT))
-        by_kind[key.kind][name] = key.check(name, value)
-    if "prompt" in by_kind["workload"] and "prompt_tokens" in by_kind["workload"]:
+    checked: list[tuple[str, Any]] = [(name, _key(name).check(name, value)) for name, value in kwargs.items()]
+    if PROMPT_KEYS <= kwargs.keys():
         raise ConfigError("llmperf marker: give either 'prompt' or 'prompt_tokens', not both")
-    config = MarkerConfig(
-        budgets=by_kind["budget"],
-        workload=by_kind["workload"],
-        settings=by_kind["setting"],
-        options=by_kind["option"],
-        engine=by_kind["engine"],
-        ab=by_kind["ab"],
-    )
+    # Each key checked into its kind's field.
+    config = MarkerConfig(*({n: v for n, v in checked if KEYS[n].kind == kind} for kind in KINDS))
     return check_together(config) if together else config
+
+
+def _key(name: str) -> Key:
+    """The marker key ``name``, or a ConfigError (a renamed key's new name, or the keys there are)."""
+    key = KEYS.get(name)
+    if key is None and name in RENAMED:
+        raise ConfigError("llmperf: " + renamed_line("marker key", name, RENAMED[name]))
+    if key is None:
+        raise ConfigError(unknown_name("llmperf marker key", name, KEYS, MARKER_KEYS_AT))
+    return key
 
 
 def _max_runs_below_runs(c: MarkerConfig) -> str | None:

@@ -149,7 +149,7 @@ class Measure(DataEvent):
 
 @dataclass(frozen=True)
 class Trace(SideEvent):
-    """One run's clock readings and counters (``measuring.worker.trace_of`` reads them)."""
+    """One run's clock readings and counters (``RunTrace.from_json`` reads them)."""
 
     EV = "trace"
     trace: Any = None
