@@ -60,8 +60,9 @@ class StoredWorkload(TypedDict, total=False):
 
 
 class StoredMemory(TypedDict, total=False):
-    """Memory, each figure from its most direct source (``Record.of``); the engine's figures
-    (``MEMORY_FIELDS``, MiB) with ``buffer_source``."""
+    """Memory, each figure from its most direct source: peak RSS of the engine's process over
+    the runs, llama.cpp's reported buffers (``MEMORY_FIELDS``, MiB, with ``buffer_source``),
+    the model file's mapping; the KV cache computed from the model's shape beside them."""
 
     kv_cache_bytes: int | None
     peak_rss_bytes: int
@@ -77,7 +78,8 @@ class StoredMemory(TypedDict, total=False):
 
 
 class StoredPrompt(TypedDict, total=False):
-    """A measured callable's prompt as llama.cpp saw it and its stream as the caller got it."""
+    """A measured callable's prompt as llama.cpp saw it (the cache state, its tokens in the
+    median run, those evaluated and reused) and its stream as the caller got it."""
 
     prompt_cache: str
     prompt_tokens: int | None
@@ -300,9 +302,7 @@ def _workload_identity(m: Measurement) -> StoredWorkload:
 
 
 def stored_prompt(m: Measurement) -> StoredPrompt:
-    """A measured callable's prompt as llama.cpp saw it and its stream as the caller got it
-    (empty when the engine is the plugin's own, whose prompt is the workload's): the cache state,
-    the prompt's tokens (median run), those evaluated and reused, and the delivered figures."""
+    """Empty when the engine is the plugin's own (its prompt is the workload's)."""
     if m.prompt_reused_tokens is None and m.delivered_items is None:
         return {}
     out: StoredPrompt = {
@@ -325,9 +325,6 @@ def stored_prompt(m: Measurement) -> StoredPrompt:
 
 
 def _memory(m: Measurement, computed_kv_bytes: int | None) -> StoredMemory:
-    """Memory, each figure from its most direct source: peak RSS of the engine's process over
-    the runs, llama.cpp's reported buffers (``buffer_source``), the model file's mapping; the KV
-    cache computed from the model's shape only beside them, labelled so."""
     memory: StoredMemory = {"kv_cache_bytes": computed_kv_bytes}
     if m.peak_rss is not None:
         rss = m.peak_rss
@@ -340,7 +337,6 @@ def _memory(m: Measurement, computed_kv_bytes: int | None) -> StoredMemory:
 
 
 def _load(s: LoadStats) -> StoredLoad:
-    """A load level's figures (the HTML report's throughput-latency curve)."""
     out: StoredLoad = {
         "concurrency": s.concurrency,
         "rate_per_s": s.rate_per_s,
