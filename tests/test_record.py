@@ -7,6 +7,7 @@ attribution pass, fresh model loads and a re-recorded baseline's sessions)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -144,8 +145,12 @@ def test_the_stored_form_types_name_every_key_of_the_files_earlier_versions_wrot
     }
     assert all(Record.__annotations__[name].startswith(kind.__name__) for name, kind in typed.items())
     nested = {"layers": ms.PhaseLayersJson, "roofline": ms.PhaseRooflineJson}
-    m = _measurement()
+    from pytest_llmperf.core.workload import MEMORY_FIELDS
+
+    m = _measurement()  # and every memory figure the engine may report
+    m = replace(m, engine=replace(m.engine, **dict.fromkeys(MEMORY_FIELDS, 1.5)), peak_rss=ms.PeakRss(2**20, "process"))
     records = [*_stored_records(), record(m, Fingerprint({}, subject(m.engine)), commit=None, recorded_at="now")]
+    assert set(MEMORY_FIELDS) <= set(records[-1]["memory"])
     assert len(records) > 20
     for rec in records:
         for name, kind in typed.items():
