@@ -7,6 +7,7 @@ attribution pass, fresh model loads and a re-recorded baseline's sessions)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,51 @@ def test_a_key_of_a_newer_version_is_kept_as_it_came() -> None:
     r = Record.from_json(rec)
     assert r.extra == {"later": {"x": [1, 2]}}
     assert r.to_json() == rec
+
+
+def _stored_records() -> list[dict]:
+    """Every record of the files earlier versions wrote (tests/data)."""
+    out = []
+    for path in [*DATA.glob("*.json"), *DATA.glob("release-0.1/**/*.json")]:
+        doc = json.loads(path.read_text())
+        out += [e for per in (doc.get("tests") or {}).values() for e in per.values()]
+        out += [r[k] for r in doc.get("results") or [] for k in ("record", "baseline_record") if r.get(k)]
+    return out
+
+
+def test_the_stored_form_types_name_every_key_of_the_files_earlier_versions_wrote() -> None:
+    """A section's type (``Record``'s field) names each key a stored record holds there, and
+    ``Record.of`` writes no key its type does not name."""
+    from pytest_llmperf.core import measurement as ms
+    from pytest_llmperf.core import record as rs
+
+    typed = {
+        "workload": rs.StoredWorkload,
+        "stability": ms.StabilityJson,
+        "layers": ms.LayersJson,
+        "roofline": ms.RooflineJson,
+        "memory": rs.StoredMemory,
+        "prompt": rs.StoredPrompt,
+        "model_loads": ms.ModelLoadsJson,
+        "load": rs.StoredLoad,
+        "machine": ms.MachineJson,
+    }
+    assert all(Record.__annotations__[name].startswith(kind.__name__) for name, kind in typed.items())
+    nested = {"layers": ms.PhaseLayersJson, "roofline": ms.PhaseRooflineJson}
+    from pytest_llmperf.core.workload import MEMORY_FIELDS
+
+    m = _measurement()  # and every memory figure the engine may report
+    m = replace(m, engine=replace(m.engine, **dict.fromkeys(MEMORY_FIELDS, 1.5)), peak_rss=ms.PeakRss(2**20, "process"))
+    records = [*_stored_records(), record(m, Fingerprint({}, subject(m.engine)), commit=None, recorded_at="now")]
+    assert set(MEMORY_FIELDS) <= set(records[-1]["memory"])
+    assert len(records) > 20
+    for rec in records:
+        for name, kind in typed.items():
+            section = rec.get(name) or {}
+            assert set(section) <= set(kind.__annotations__), (name, set(section) - set(kind.__annotations__))
+            if name == "layers":
+                phases = section.get("phases", {}).values()
+            else:
+                phases = [section[p] for p in ("prefill", "decode") if name in nested and section.get(p)]
+            for phase in phases:
+                assert set(phase) <= set(nested[name].__annotations__), (name, set(phase))

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
-from ..core.catalog import JUDGED
+from ..core.catalog import JUDGED, RUN_FIELDS
 from ..core.documents import refused_output
 from ..core.errors import ConfigError
 from ..core.progress import task
@@ -68,8 +68,6 @@ def add_history_location(parser: argparse.ArgumentParser) -> None:
 
 def add_history_source_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments ``history`` and ``detect`` share."""
-    from ..baselines.records import RUN_FIELDS
-
     parser.add_argument("test", nargs="?", default=None, help="only tests whose id contains this")
     parser.add_argument(
         "--metric",

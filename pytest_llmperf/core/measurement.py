@@ -15,7 +15,7 @@ import dataclasses
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Protocol, TypeAlias, TypedDict
 
 from .formats import fmt, sig6
 from .workload import EngineInfo, Workload
@@ -105,6 +105,17 @@ class SystemSample:
     busy_ticks: tuple[int, int, int] | None = None
 
 
+class MachineJson(TypedDict, total=False):
+    """``SystemDelta`` as a record stores it (``machine``), with its preemptions per run."""
+
+    steal_share: float | None
+    load_1m: float | None
+    involuntary_switches: int
+    cpu_wait_share: float | None
+    others_cpu_share: float | None
+    involuntary_switches_per_run: float
+
+
 @dataclass(frozen=True)
 class SystemDelta:
     before: SystemSample
@@ -155,7 +166,7 @@ class SystemDelta:
             return None
         return min(1.0, max(0.0, (machine - engine - own) / total))
 
-    def as_dict(self) -> dict[str, JsonValue]:
+    def as_dict(self) -> MachineJson:
         share = self.steal_share
         wait, others = self.cpu_wait_share, self.others_cpu_share
         return {
@@ -165,6 +176,22 @@ class SystemDelta:
             "cpu_wait_share": None if wait is None else round(wait, 5),
             "others_cpu_share": None if others is None else round(others, 5),
         }
+
+
+class StabilityJson(TypedDict):
+    """``Stability`` as a record stores it."""
+
+    n_runs: int
+    tpot_cv: float
+    tpot_spread_pct: float
+    ttft_cv: float
+    first_run_slowdown: float | None
+    first_run_ttft_slowdown: float | None
+    first_token_slowdown: float
+    context_slope_us_per_token: float | None
+    context_span: list[int] | None
+    far_runs: list[int]
+    warnings: list[str]
 
 
 @dataclass(frozen=True)
@@ -187,7 +214,7 @@ class Stability:
     def unstable(self) -> bool:
         return bool(self.warnings)
 
-    def as_dict(self) -> dict[str, JsonValue]:
+    def as_dict(self) -> StabilityJson:
         return {
             "n_runs": self.n_runs,
             "tpot_cv": sig6(self.tpot_cv),
@@ -282,6 +309,18 @@ class LoadSample:
         return self.resident_share is not None and self.resident_share <= COLD_RESIDENT_MAX
 
 
+class ModelLoadsJson(TypedDict):
+    """``ModelLoads`` as a record stores it (``samples``: each ``LoadSample``'s fields)."""
+
+    asked: str
+    page_cache: str
+    evidence: str
+    note: str
+    load_ms: float
+    fresh_ttft_ms: float | None
+    samples: list[dict[str, JsonValue]]
+
+
 @dataclass(frozen=True)
 class ModelLoads:
     asked: str  # "warm" or "cold"
@@ -320,8 +359,7 @@ class ModelLoads:
             text += f"; {EVICTION_FAILED}"
         return text
 
-    def as_dict(self) -> dict[str, JsonValue]:
-
+    def as_dict(self) -> ModelLoadsJson:
         return {
             "asked": self.asked,
             "page_cache": self.page_cache,
@@ -380,6 +418,51 @@ class PhaseRoofline:
         )
         return text + (f"; {self.note}" if self.note else "")
 
+    def as_dict(self) -> PhaseRooflineJson:
+        return {
+            "bytes_per_token": sig6(self.bytes_per_token),
+            "flops_per_token": sig6(self.flops_per_token),
+            "intensity_flop_per_byte": sig6(self.intensity_flop_per_byte),
+            "bound_tps": sig6(self.bound_tps),
+            "achieved_tps": sig6(self.achieved_tps),
+            "achieved_bw_gbs": sig6(self.achieved_bw_gbs),
+            "mbu": sig6(self.mbu),
+            "mfu": sig6(self.mfu),
+            "verdict": self.verdict,
+            "note": self.note,
+        }
+
+
+class PhaseRooflineJson(TypedDict):
+    """A ``PhaseRoofline`` as a record stores it (without its phase: its key)."""
+
+    bytes_per_token: float
+    flops_per_token: float
+    intensity_flop_per_byte: float
+    bound_tps: float
+    achieved_tps: float
+    achieved_bw_gbs: float
+    mbu: float
+    mfu: float
+    verdict: str
+    note: str
+
+
+class RooflineJson(TypedDict):
+    """``Roofline`` as a record stores it."""
+
+    peak_bw_gbs: float
+    peak_bw_source: str
+    peak_bw_detail: str
+    peak_tflops: float
+    peak_tflops_source: str
+    peak_tflops_detail: str
+    machine_balance_flop_per_byte: float
+    context_tokens: float
+    weights_bytes: int
+    decode: PhaseRooflineJson | None
+    prefill: PhaseRooflineJson | None
+
 
 @dataclass(frozen=True)
 class Roofline:
@@ -395,12 +478,7 @@ class Roofline:
     def machine_balance_flop_per_byte(self) -> float:
         return self.peak_tflops.value * 1e12 / (self.peak_bw.value * 1e9)
 
-    def as_dict(self) -> dict[str, JsonValue]:
-        def phase(p: PhaseRoofline | None) -> dict[str, JsonValue] | None:
-            if p is None:
-                return None
-            return {k: (v if isinstance(v, str) else sig6(v)) for k, v in p.__dict__.items() if k != "phase"}
-
+    def as_dict(self) -> RooflineJson:
         return {
             "peak_bw_gbs": sig6(self.peak_bw.value),
             "peak_bw_source": self.peak_bw.source,
@@ -411,8 +489,8 @@ class Roofline:
             "machine_balance_flop_per_byte": sig6(self.machine_balance_flop_per_byte),
             "context_tokens": sig6(self.context_tokens),
             "weights_bytes": self.weights_bytes,
-            "decode": phase(self.decode),
-            "prefill": phase(self.prefill),
+            "decode": self.decode.as_dict(),
+            "prefill": self.prefill.as_dict() if self.prefill is not None else None,
         }
 
 
@@ -465,6 +543,42 @@ class PhaseLayers:
         """Transformer blocks reported (the head is not one)."""
         return sum(1 for n in self.names if n != HEAD_NAME)
 
+    def as_dict(self) -> PhaseLayersJson:
+        return {
+            "names": list(self.names),
+            "median_ms": [sig6(v) for v in self.median_ms],
+            "share": [sig6(v) for v in self.share],
+            "step_ms": sig6(self.step_ms),
+            "n_runs": self.n_runs,
+            "n_steps": self.n_steps,
+            "per_run_ms": [[sig6(v) for v in run] for run in self.per_run_ms],
+            "outliers": list(self.outliers),
+            "coverage": sig6(self.coverage),
+        }
+
+
+class PhaseLayersJson(TypedDict):
+    """A ``PhaseLayers`` as a record stores it (without its phase: its key)."""
+
+    names: list[str]
+    median_ms: list[float]
+    share: list[float]
+    step_ms: float
+    n_runs: int
+    n_steps: int
+    per_run_ms: list[list[float]]
+    outliers: list[str]
+    coverage: float
+
+
+class LayersJson(TypedDict):
+    """``LayerProfile`` as a record stores it."""
+
+    phases: dict[str, PhaseLayersJson]
+    outlier_rule: str
+    overhead_ratio: float | None
+    prefill_overhead_ratio: float | None
+
 
 class _Stepped(Protocol):
     @property
@@ -499,24 +613,10 @@ class LayerProfile(InstrumentedCost):
     plain_prefill_ms: float | None  # interleaved plain runs, medians
     plain_tpot_ms: float | None
 
-    def as_dict(self) -> dict[str, JsonValue]:
+    def as_dict(self) -> LayersJson:
         """The record's ``layers`` entry (baselines, session reports)."""
-
-        def phase(p: PhaseLayers) -> dict[str, JsonValue]:
-            return {
-                "names": list(p.names),
-                "median_ms": [sig6(v) for v in p.median_ms],
-                "share": [sig6(v) for v in p.share],
-                "step_ms": sig6(p.step_ms),
-                "n_runs": p.n_runs,
-                "n_steps": p.n_steps,
-                "per_run_ms": [[sig6(v) for v in run] for run in p.per_run_ms],
-                "outliers": list(p.outliers),
-                "coverage": sig6(p.coverage),
-            }
-
         return {
-            "phases": {"prefill": phase(self.prefill), "decode": phase(self.decode)},
+            "phases": {"prefill": self.prefill.as_dict(), "decode": self.decode.as_dict()},
             "outlier_rule": OUTLIER_RULE,
             "overhead_ratio": sig6(self.decode_overhead_ratio),
             "prefill_overhead_ratio": sig6(self.prefill_overhead_ratio),

@@ -1,10 +1,12 @@
 """A measurement as it is stored: a baseline file's entry, a session file's ``record``.
 
-``Record`` is what ``baselines/records.py`` writes (``record``) and what a baseline or session
-file holds: fewer per-run fields than a fresh ``core.measurement.Measurement`` (each run's
-judged metrics, ITL samples and parts, no traces, no E2E per run), the summary, and the
-sections of where the time went. ``to_json`` writes the stored form (the keys of today's
-entries, in their order) and ``from_json`` reads it back, checked against
+``Record`` is what a baseline or session file holds, written by ``Record.of`` from a
+``core.measurement.Measurement`` (the one place a measurement becomes its stored form): fewer
+per-run fields than a fresh measurement (each run's judged metrics, ITL samples and parts, no
+traces, no E2E per run), the summary, and the sections of where the time went, each typed by its
+stored form (``StoredWorkload``, ``StoredMemory``... here, ``StabilityJson``, ``LayersJson``...
+beside the Measurement's section classes that write them). ``to_json`` writes the stored form
+(the keys of today's entries, in their order) and ``from_json`` reads it back, checked against
 ``schemas/baselines.schema.json#/$defs/record`` first: the one place a stored record's JSON is
 read as a mapping. A key this version does not know (a newer pytest-llmperf's) is kept as it
 came, in ``extra``, so a record read and written again is the record that was read (but for a
@@ -14,15 +16,99 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict
 
+from . import catalog
 from .documents import validate
+from .formats import sig6
+from .workload import MEMORY_FIELDS
 
 if TYPE_CHECKING:
-    from .measurement import JsonObject, JsonValue
+    from .fingerprint import Fingerprint
+    from .measurement import (
+        JsonObject,
+        JsonValue,
+        LayersJson,
+        LoadStats,
+        MachineJson,
+        Measurement,
+        ModelLoadsJson,
+        RooflineJson,
+        Stability,
+        StabilityJson,
+    )
 
 #: Per-run values by field (``runs``, ``parts``): one number per run.
 PerRun: TypeAlias = "Mapping[str, Sequence[float]]"
+
+
+class StoredWorkload(TypedDict, total=False):
+    """What must match for two records to be compared (``WORKLOAD_KEYS``), with the run and
+    warm-up counts (which may differ). ``shared_prefix_tokens`` and ``prompt_cache`` only when
+    set (so older baselines keep matching)."""
+
+    prompt: str | None
+    prompt_tokens: int | None
+    max_tokens: int
+    seed: int | None
+    concurrency: int | None
+    rate: float | None
+    shared_prefix_tokens: int
+    prompt_cache: str
+    runs: int
+    warmup: int
+
+
+class StoredMemory(TypedDict, total=False):
+    """Memory, each figure from its most direct source: peak RSS of the engine's process over
+    the runs, llama.cpp's reported buffers (``MEMORY_FIELDS``, MiB, with ``buffer_source``),
+    the model file's mapping; the KV cache computed from the model's shape beside them."""
+
+    kv_cache_bytes: int | None
+    peak_rss_bytes: int
+    peak_rss_scope: str
+    rss_mib: float
+    kv_mib: float
+    compute_mib: float
+    output_mib: float
+    model_buffer_mib: float
+    mapped_mib: float
+    mapped_resident_mib: float
+    buffer_source: str
+
+
+class StoredPrompt(TypedDict, total=False):
+    """A measured callable's prompt as llama.cpp saw it (the cache state, its tokens in the
+    median run, those evaluated and reused) and its stream as the caller got it."""
+
+    prompt_cache: str
+    prompt_tokens: int | None
+    evaluated_prompt_tokens: int | None
+    prompt_reused_tokens: int | None
+    sampler: str
+    delivered_items: int
+    delivered_ttft_ms: float | None
+    delivered_e2e_ms: float | None
+    delivered_burst_tokens: int | None
+
+
+class StoredLoad(TypedDict, total=False):
+    """A load level's figures (the HTML report's throughput-latency curve); ``server``: the
+    server's own (``ServerSide``'s fields, ``metrics`` as a plain object)."""
+
+    concurrency: int
+    rate_per_s: float | None
+    n_requests: int
+    n_ok: int
+    output_tps: float
+    requests_per_s: float
+    goodput: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    tpot_p50_ms: float
+    tpot_p99_ms: float
+    prompt_cache: str | None
+    server: dict[str, JsonValue]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,34 +120,91 @@ class Record:
     commit: str | None = None
     hardware: JsonObject
     subject: JsonObject
-    #: What must match for two records to be compared (``records.workload_identity``), with
-    #: the run and warm-up counts.
-    workload: JsonObject
+    #: What must match for two records to be compared, with the run and warm-up counts.
+    workload: StoredWorkload
     #: Per-run values of the judged metrics (the statistics' sampling unit), by run field.
     runs: PerRun
     #: Each run's inter-token latencies (ms).
     itl_ms: tuple[tuple[float, ...], ...] | None = None
     #: ``n_runs``, ``itl_count`` and the catalog's ``SUMMARY`` figures (six significant figures).
     summary: Mapping[str, float | None] | None = None
-    stability: JsonObject | None = None
+    stability: StabilityJson | None = None
     #: Per-run values of each phase's parts (``catalog.PARTS``), by part.
     parts: PerRun | None = None
-    layers: JsonObject | None = None
-    attribution: JsonObject | None = None
-    roofline: JsonObject | None = None
-    memory: JsonObject | None = None
-    prompt: JsonObject | None = None
-    model_loads: JsonObject | None = None
+    layers: LayersJson | None = None
+    #: ``Attribution.to_json`` (any value is accepted here: ``judge.attribution.readable``).
+    attribution: JsonValue = None
+    roofline: RooflineJson | None = None
+    memory: StoredMemory | None = None
+    prompt: StoredPrompt | None = None
+    model_loads: ModelLoadsJson | None = None
     agreement: JsonObject | None = None
-    load: JsonObject | None = None
-    machine: JsonObject | None = None
-    #: The machine's reference figure (``records.measure``), taken after the runs.
+    load: StoredLoad | None = None
+    machine: MachineJson | None = None
+    #: The machine's reference figure (``measuring.roofline.probe_reference``), after the runs.
     reference: JsonObject | None = None
     #: The levels of the baseline's last recorded sessions, per judged metric (a re-recorded
     #: baseline keeps them: the verdict's between-session noise).
     sessions: JsonObject | None = None
     #: Stored keys this version does not know, as they came.
     extra: JsonObject = field(default_factory=dict)
+
+    @classmethod
+    def of(
+        cls,
+        m: Measurement,
+        stability: Stability,
+        kv_cache_bytes: int | None,
+        fingerprint: Fingerprint | None = None,
+        *,
+        commit: str | None = None,
+        recorded_at: str | None = None,
+    ) -> Record:
+        """``m`` as it is stored, with what ``measuring`` computed from it: its ``stability``
+        (``measuring.metrics.diagnose``) and the KV cache from the model's shape."""
+        loads, agreement, system = m.model_loads, m.agreement, m.system
+        return cls(
+            recorded_at=recorded_at,
+            commit=commit,
+            hardware=dict(fingerprint.hardware) if fingerprint else {},
+            subject=dict(fingerprint.subject) if fingerprint else {},
+            workload={**_workload_identity(m), "runs": m.workload.runs, "warmup": m.workload.warmup},
+            runs=_per_run_values(m, catalog.RUN_FIELDS, whole=False),
+            itl_ms=tuple(tuple(sig6(v) for v in r.itl_ms) for r in m.runs),
+            summary={
+                "n_runs": m.n_runs,
+                "itl_count": m.itl.count,
+                **{key: sig6(f.read(m)) for key, f in catalog.SUMMARY.items()},
+            },
+            stability=stability.as_dict(),
+            parts=_per_run_values(m, tuple(p.name for p in catalog.PARTS), whole=True) or None,
+            layers=m.layers.as_dict() if m.layers is not None else None,
+            # Asked for (``attribution=True``): compared when the baseline has one.
+            attribution=m.attribution.to_json() if m.attribution is not None else None,
+            roofline=m.roofline.as_dict() if m.roofline is not None else None,
+            memory=_memory(m, kv_cache_bytes),
+            prompt=stored_prompt(m) or None,
+            model_loads=loads.as_dict() if loads is not None else None,
+            agreement=agreement.as_dict() if agreement is not None else None,  # against --llmperf-against's REF
+            load=_load(m.load) if m.load is not None else None,
+            machine=(
+                {
+                    **system.as_dict(),
+                    "involuntary_switches_per_run": round(
+                        system.involuntary_switches / max(1, len(m.runs) + len(m.warmup_runs)), 2
+                    ),
+                }
+                if system is not None
+                else None
+            ),
+        )
+
+    def diagnosis(self) -> dict[str, JsonValue]:
+        """Where the time went (the sections from ``stability`` to ``machine`` this record
+        has): ``llmperf profile``'s JSON beside its figures."""
+        names = [f.name for f in fields(self)]
+        first, last = names.index("stability"), names.index("machine")
+        return {k: v for k, v in self.to_json().items() if k in names[first : last + 1]}
 
     def to_json(self) -> dict[str, JsonValue]:
         """The stored form: every field that is not None, in order, then ``extra``."""
@@ -106,3 +249,112 @@ def _plain(value: object) -> JsonValue:
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
     raise TypeError(f"not a JSON value: {value!r}")
+
+
+def _per_run_values(m: Measurement, names: Sequence[str], *, whole: bool) -> dict[str, tuple[float, ...]]:
+    """Per-run values by field, six significant figures; a field some run lacks (None: the
+    engine cannot observe it) is left out; ``whole``: also one no run has (a part)."""
+    out: dict[str, tuple[float, ...]] = {}
+    for name in names:
+        values = [getattr(r, name) for r in m.runs]
+        if (values or not whole) and all(v is not None for v in values):
+            out[name] = tuple(sig6(v) for v in values)
+    return out
+
+
+#: What must match for two records' workloads to be compared (the run counts may differ).
+WORKLOAD_KEYS = (
+    "prompt",
+    "prompt_tokens",
+    "max_tokens",
+    "seed",
+    "concurrency",
+    "rate",
+    "shared_prefix_tokens",
+    "prompt_cache",
+)
+
+
+def workload_changes(a: Mapping[str, object], b: Mapping[str, object]) -> list[str]:
+    """Differences between two records' workloads (``WORKLOAD_KEYS``), as ``key a -> b``."""
+    return [f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in WORKLOAD_KEYS if a.get(k) != b.get(k)]
+
+
+def _workload_identity(m: Measurement) -> StoredWorkload:
+    w = m.workload
+    out: StoredWorkload = {
+        "prompt": w.prompt,
+        # The workload's prompt as the engine tokenized it; a measured callable's is the one the
+        # test gives it (what the callable builds from it, a system prompt added, is the user's
+        # code under test: a change of it is judged and named, not a new workload).
+        "prompt_tokens": w.prompt_tokens if m.engine.engine == "callable" else m.prompt_tokens,
+        "max_tokens": w.max_tokens,
+        "seed": w.seed,
+        # Load tests: a run under concurrency 4 is not comparable with one under concurrency 1.
+        "concurrency": w.concurrency,
+        "rate": w.rate,
+    }
+    if w.shared_prefix_tokens:  # served: a shared prompt prefix measures the prompt cache
+        out["shared_prefix_tokens"] = w.shared_prefix_tokens
+    if w.prompt_cache != "cold":  # a callable's warm prompt cache measures the cache
+        out["prompt_cache"] = w.prompt_cache
+    return out
+
+
+def stored_prompt(m: Measurement) -> StoredPrompt:
+    """Empty when the engine is the plugin's own (its prompt is the workload's)."""
+    if m.prompt_reused_tokens is None and m.delivered_items is None:
+        return {}
+    out: StoredPrompt = {
+        "prompt_cache": m.workload.prompt_cache,
+        "prompt_tokens": m.prompt_tokens,
+        "evaluated_prompt_tokens": m.evaluated_prompt_tokens,
+        "prompt_reused_tokens": m.prompt_reused_tokens,
+        "sampler": next((r.sampler for r in m.runs if r.sampler), ""),
+    }
+    if m.delivered_items is not None:
+        out.update(
+            {
+                "delivered_items": m.delivered_items,
+                "delivered_ttft_ms": sig6(m.delivered_ttft_ms),
+                "delivered_e2e_ms": sig6(m.delivered_e2e_ms),
+                "delivered_burst_tokens": m.delivered_burst_tokens,
+            }
+        )
+    return out
+
+
+def _memory(m: Measurement, computed_kv_bytes: int | None) -> StoredMemory:
+    memory: StoredMemory = {"kv_cache_bytes": computed_kv_bytes}
+    if m.peak_rss is not None:
+        rss = m.peak_rss
+        memory.update({"peak_rss_bytes": rss.bytes, "peak_rss_scope": rss.scope, "rss_mib": sig6(rss.bytes / 2**20)})
+    reported = {k: sig6(v) for k in MEMORY_FIELDS if (v := getattr(m.engine, k)) is not None}
+    if reported:
+        memory.update(reported)  # type: ignore[typeddict-item]
+        memory["buffer_source"] = "llama.cpp log"
+    return memory
+
+
+def _load(s: LoadStats) -> StoredLoad:
+    out: StoredLoad = {
+        "concurrency": s.concurrency,
+        "rate_per_s": s.rate_per_s,
+        "n_requests": s.n_requests,
+        "n_ok": s.n_ok,
+        "output_tps": sig6(s.output_tps),
+        "requests_per_s": sig6(s.requests_per_s),
+        "goodput": sig6(s.goodput),
+        "ttft_p50_ms": sig6(s.ttft.p50_ms),
+        "ttft_p99_ms": sig6(s.ttft.p99_ms),
+        "tpot_p50_ms": sig6(s.tpot.p50_ms),
+        "tpot_p99_ms": sig6(s.tpot.p99_ms),
+        "prompt_cache": s.prompt_cache,
+    }
+    if s.server is not None:
+        server: dict[str, JsonValue] = {
+            k: sig6(v) if isinstance(v, float) else v for k, v in vars(s.server).items() if k != "metrics"
+        }
+        server["metrics"] = dict(s.server.metrics or {})
+        out["server"] = server
+    return out

@@ -44,9 +44,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from .. import __version__
-from ..baselines.records import RUN_FIELDS
 from ..baselines.store import unique_test_id
-from ..core.catalog import METRICS
+from ..core.catalog import METRICS, RUN_FIELDS
 from ..core.record import PerRun, Record
 from ..judge.verdict import level, stored_verdict
 from .connection import Conn, HistoryError, LastingHistoryError, Location, connect, elsewhere, errors_of, transaction

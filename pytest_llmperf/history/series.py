@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
-from ..baselines.records import RUN_FIELDS, same_workload
 from ..baselines.store import unique_test_id
-from ..core.catalog import METRICS
+from ..core.catalog import METRICS, RUN_FIELDS
 from ..core.documents import write_output
 from ..core.fingerprint import subject_changes
 from ..core.formats import render_table
 from ..core.progress import task
+from ..core.record import workload_changes
 from ..judge.verdict import WINDOW_SESSIONS, Level, Verdict
 from . import changepoints
 from . import database as store
@@ -105,7 +105,7 @@ class Series:
         if index <= 0 or index >= len(self.points):
             return []
         a, b = self.points[index - 1], self.points[index]
-        return subject_changes(a.subject, b.subject) + same_workload({"workload": a.workload}, {"workload": b.workload})
+        return subject_changes(a.subject, b.subject) + workload_changes(a.workload, b.workload)
 
 
 def group(rows: Sequence[Mapping[str, Any]]) -> list[Series]:
@@ -224,8 +224,8 @@ def _same_subject_and_workload(
     row's parsed subject and workload objects, which rows share)."""
     key = id(r["subject"]), id(r["workload"])
     if key not in memo:
-        memo[key] = not subject_changes(entry.get("subject") or {}, r["subject"]) and not same_workload(
-            {"workload": entry.get("workload") or {}}, {"workload": r["workload"]}
+        memo[key] = not subject_changes(entry.get("subject") or {}, r["subject"]) and not workload_changes(
+            entry.get("workload") or {}, r["workload"]
         )
     return memo[key]
 
@@ -478,7 +478,7 @@ def attach(results: Sequence[Outcome], loc: Location, last: int = RECENT_SESSION
 
 
 def metric_order(s: Series) -> int:
-    """Prefill first, then decode: the order of ``records.RUN_FIELDS``."""
+    """Prefill first, then decode: the order of ``catalog.RUN_FIELDS``."""
     return RUN_FIELDS.index(s.metric) if s.metric in RUN_FIELDS else len(RUN_FIELDS)
 
 

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..baselines import records as reference
-from ..baselines.records import same_workload
 from ..core import catalog
 from ..core.catalog import Metric, stored_at, stored_section
 from ..core.documents import JSONValue
 from ..core.fingerprint import hardware_differences, other_hardware_note, subject_changes
+from ..core.record import workload_changes
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRESHOLD
 from . import attribution as attributions
 from .parts import PartChange, explained_phases, gated, is_headline, prompt_changes, unpaired_parts
@@ -150,7 +150,7 @@ def carry_history(
     baseline re-recorded after a change starts its history anew)."""
     if (
         not old
-        or same_workload(old, new)
+        or workload_changes(stored_section(old, "workload"), stored_section(new, "workload"))
         or subject_changes(stored_section(old, "subject"), stored_section(new, "subject"))
     ):
         return new
@@ -472,7 +472,7 @@ def _judge(
             other_hardware_note(entries, hardware_key, candidate),
             changes=tuple(closest_hardware_differences(entries, candidate)),
         )
-    changed = same_workload(baseline, candidate)
+    changed = workload_changes(stored_section(baseline, "workload"), stored_section(candidate, "workload"))
     if changed:
         return BaselineVerdict(
             BaselineStatus.WORKLOAD_CHANGED,

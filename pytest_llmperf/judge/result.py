@@ -37,11 +37,11 @@ from typing import Any, TypeVar
 import numpy as np
 from scipy.stats import mannwhitneyu
 
-from ..baselines.records import prompt_record
 from ..core.documents import SchemaViolation, validate
 from ..core.errors import LLMPerfError
 from ..core.measured import Figures
 from ..core.measurement import Measurement
+from ..core.record import stored_prompt
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from .attribution import AttributionChange
 from .budgets import BudgetFailure, BudgetStatus
@@ -327,7 +327,7 @@ class Outcome:
     #: One line per budget whose CI straddles its limit (undecided: passes, and says so).
     budget_notes: tuple[str, ...] = ()
     #: A measured callable's prompt as llama.cpp saw it and its stream as the caller received it
-    #: (``baselines.records.prompt_record``: the cache state, prompt tokens evaluated and reused,
+    #: (``core.record.stored_prompt``: the cache state, prompt tokens evaluated and reused,
     #: the delivered figures); empty for the plugin's own engine.
     prompt: Mapping[str, object] = field(default_factory=dict)
 
@@ -478,7 +478,7 @@ def outcome(
         budgets=dict(budgets),
         extra_info=dict(extra_info),
         figures=Figures.of(m),
-        prompt=prompt_record(m),
+        prompt=stored_prompt(m),
     )
 
 

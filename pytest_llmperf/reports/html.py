@@ -388,7 +388,7 @@ def _test_notes(verdict: BaselineVerdict, record: Mapping[str, Any]) -> list[str
 
 def _memory_table(record: Mapping[str, Any]) -> list[str]:
     """The memory and start-up table (memory held, fresh model loads), when the record has them."""
-    held = memory_rows(record.get("memory") or {})
+    held = memory_rows(record["memory"]) if record.get("memory") else []
     held += load_state_rows(record["model_loads"], figures=True) if record.get("model_loads") else []
     return [_table(("memory and start-up", "unit", "value", "source"), held)] if held else []
 

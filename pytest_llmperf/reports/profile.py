@@ -13,7 +13,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..baselines.records import diagnosis
+from ..baselines.records import stored
 from ..core.catalog import METRICS, SUMMARY
 from ..core.formats import fmt, sig6
 from ..core.progress import current, task
@@ -72,7 +72,7 @@ def profile(
         progress.step("preparing the model")
         path, name = resolve_model(model)
         m = _measured(path, name, workload, settings, engine_timeout_s, (peak_bw_gbs, peak_tflops, reprobe_peaks))
-    return _report(m, max_tokens, warmup, diagnosis(m))
+    return _report(m, max_tokens, warmup, stored(m).diagnosis())
 
 
 def _measured(

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
+    from ..core.measurement import PhaseLayersJson, PhaseRooflineJson
+
 from .charts import BASELINE, BUDGET, FIRST_RUN, NOW, WIDTH_IN, budget_label, chart_row, new_chart, plain_log
 
 
@@ -44,7 +46,7 @@ def layer_bars(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, bu
     return fig
 
 
-def _layer_panel(ax: Axes, phase: str, now: Mapping[str, Any], base: Mapping[str, Any] | None) -> None:
+def _layer_panel(ax: Axes, phase: str, now: PhaseLayersJson, base: PhaseLayersJson | None) -> None:
     """One phase's bars: each layer's median now (and the baseline's beside it), outliers in red."""
     y = np.arange(len(now["names"]))
     height = 0.4 if base else 0.7
@@ -53,7 +55,7 @@ def _layer_panel(ax: Axes, phase: str, now: Mapping[str, Any], base: Mapping[str
         by_name = dict(zip(base["names"], base["median_ms"]))
         ax.barh(y + height / 2, [by_name.get(n, 0.0) for n in now["names"]], height, color=BASELINE, label="baseline")
     ax.set_yticks(y, now["names"])
-    outliers = set(now.get("outliers", ()))
+    outliers = set(now.get("outliers") or ())
     for tick, name in zip(ax.get_yticklabels(), now["names"]):
         if name in outliers:
             tick.set_color(BUDGET)
@@ -104,7 +106,7 @@ def roofline(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, budg
     return fig
 
 
-def _roofline_phase(ax: Axes, phase: str, d: Mapping[str, Any], b: Any) -> None:
+def _roofline_phase(ax: Axes, phase: str, d: PhaseRooflineJson, b: PhaseRooflineJson | None) -> None:
     """One phase on the roofline: achieved now (filled), its bound (hollow black) and the
     baseline's achieved (hollow, when ``b`` is the baseline's phase)."""
     marker = "o" if phase == "decode" else "^"
@@ -121,7 +123,7 @@ def _roofline_phase(ax: Axes, phase: str, d: Mapping[str, Any], b: Any) -> None:
         label=f"{phase} now: {d['achieved_tps']:.4g} t/s of {d['bound_tps']:.4g} bound "
         f"({_bandwidth_use(d)}, MFU {d['mfu']:.1%}, {d['verdict']})",
     )
-    if isinstance(b, Mapping):
+    if isinstance(b, Mapping):  # a stored baseline's phase (none: null)
         ax.plot(
             b["intensity_flop_per_byte"],
             b["achieved_tps"] * b["flops_per_token"] / 1e9,
@@ -134,7 +136,7 @@ def _roofline_phase(ax: Axes, phase: str, d: Mapping[str, Any], b: Any) -> None:
         )
 
 
-def _bandwidth_use(d: Mapping[str, object]) -> str:
+def _bandwidth_use(d: PhaseRooflineJson) -> str:
     """``MBU 55%``; ``fits in cache`` or ``MBU n/a`` where the MBU means nothing."""
     if d["verdict"] == "cache-resident":
         return "fits in cache"

@@ -6,8 +6,9 @@ results that cross pytest-xdist's wire (the JUnit properties come from the same 
 
 Where the time goes, as tables: per-layer times, the roofline, stability and memory.
 
-Everything renders from the record-shaped dicts (``records.diagnosis``), so the test report's
-detail section, ``llmperf profile`` (text, Markdown) and its JSON show the same figures."""
+Everything renders from the measurement's stored sections (``core.record.Record``, typed by
+their stored form), so the test report's detail section, ``llmperf profile`` (text, Markdown)
+and its JSON show the same figures."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..baselines.records import diagnosis
+from ..baselines.records import stored
 from ..core import catalog
 from ..core import formats as nodeids
 from ..core.catalog import FIGURES, METRICS, SUMMARY_COLUMNS
@@ -25,7 +26,16 @@ from ..core.measurement import LatencyStats, Measurement
 from ..core.settings import DEFAULT_SUMMARY_COLUMNS
 
 if TYPE_CHECKING:
-    from ..core.measurement import LoadStats, ServerSide
+    from ..core.measurement import (
+        LayersJson,
+        LoadStats,
+        ModelLoadsJson,
+        PhaseRooflineJson,
+        RooflineJson,
+        ServerSide,
+        StabilityJson,
+    )
+    from ..core.record import Record, StoredMemory
 
 
 #: The latency metrics of a served load level (per-request percentiles in the load tables).
@@ -97,11 +107,12 @@ def _shown(m: Measurement, phase: str) -> bool:
 def metrics_table(m: Measurement, width: int | None = None) -> str:
     """The detail section of one measurement: every figure with its sample count; ``width``
     (a terminal's): its table's cells wrapped and its lines wrapped to fit it."""
-    found = diagnosis(m)
+    found = stored(m)
     rows = _timing_rows(m) + _serving_rows(m)
-    if m.model_loads is not None:
-        rows += load_state_rows(m.model_loads.as_dict())
-    rows += stability_rows(found["stability"]) + memory_rows(found["memory"], figures=False)
+    if found.model_loads is not None:
+        rows += load_state_rows(found.model_loads)
+    assert found.stability is not None and found.memory is not None  # ``Record.of`` writes both
+    rows += stability_rows(found.stability) + memory_rows(found.memory, figures=False)
     head = _engine_head(m) if width is None else wrap_text(_engine_head(m), width) + "\n"
     text = head + wrapped_table(("metric", "unit", "value", "sample"), rows, width)
     notes = [n for n in (parts_note(m), *m.token_notes) if n]
@@ -242,16 +253,16 @@ def _serving_rows(m: Measurement) -> list[tuple[str, str, str, str]]:
     return rows
 
 
-def _breakdowns(m: Measurement, found: Mapping[str, Any], width: int | None = None) -> str:
+def _breakdowns(m: Measurement, found: Record, width: int | None = None) -> str:
     """What follows the metrics table: per-layer time, the roofline, the agreement with REF,
     the stability warnings; ``width``: tables and lines fitted to it."""
     text = ""
-    if "layers" in found:
-        text += "\n\nper-layer time:\n" + layers_text(found["layers"], width=width)
-    if "roofline" in found:
-        text += "\n\nroofline:\n" + roofline_text(found["roofline"], width=width)
+    if found.layers is not None:
+        text += "\n\nper-layer time:\n" + layers_text(found.layers, width=width)
+    if found.roofline is not None:
+        text += "\n\nroofline:\n" + roofline_text(found.roofline, width=width)
     prose = list(m.agreement.against_lines()) if m.agreement is not None else []  # A is REF, B this tree
-    warnings = list(found["stability"]["warnings"])
+    warnings = list(found.stability["warnings"]) if found.stability is not None else []
     for block in (prose, warnings):
         if block:
             text += "\n\n" + "\n".join(block if width is None else [wrap_text(line, width) for line in block])
@@ -640,7 +651,7 @@ def _bar(share: float, widest: float, markdown: bool) -> str:
     return ("█" if markdown else "#") * n
 
 
-def layer_rows(layers: Mapping[str, Any], markdown: bool = False) -> tuple[list[str], list[list[str]]]:
+def layer_rows(layers: LayersJson, markdown: bool = False) -> tuple[list[str], list[list[str]]]:
     """One row per segment: prefill and decode median ms and share, a bar of the decode share,
     and OUTLIER where the robust rule flags it."""
     pre, dec = layers["phases"]["prefill"], layers["phases"]["decode"]
@@ -663,7 +674,7 @@ def layer_rows(layers: Mapping[str, Any], markdown: bool = False) -> tuple[list[
     return headers, rows
 
 
-def layer_summary(layers: Mapping[str, Any]) -> list[str]:
+def layer_summary(layers: LayersJson) -> list[str]:
     lines = []
     for phase in ("prefill", "decode"):
         p = layers["phases"][phase]
@@ -672,11 +683,8 @@ def layer_summary(layers: Mapping[str, Any]) -> list[str]:
             f"instrumented step (median over {p['n_steps']} steps in {p['n_runs']} runs; step median "
             f"{fmt(p['step_ms'])} ms, segment medians sum to {fmt(sum(p['median_ms']))} ms)"
         )
-    ratios = [
-        f"{name} {layers[key]:.3f}x"
-        for name, key in (("prefill", "prefill_overhead_ratio"), ("decode", "overhead_ratio"))
-        if layers.get(key) is not None
-    ]
+    pairs = (("prefill", layers.get("prefill_overhead_ratio")), ("decode", layers.get("overhead_ratio")))
+    ratios = [f"{name} {ratio:.3f}x" for name, ratio in pairs if ratio is not None]
     if ratios:
         lines.append(
             "instrumentation cost (instrumented / plain, interleaved runs; prefill time, TPOT): " + ", ".join(ratios)
@@ -685,7 +693,7 @@ def layer_summary(layers: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def layers_text(layers: Mapping[str, object], markdown: bool = False, width: int | None = None) -> str:
+def layers_text(layers: LayersJson, markdown: bool = False, width: int | None = None) -> str:
     headers, rows = layer_rows(layers, markdown)
     return _table_with_notes(headers, rows, layer_summary(layers), markdown, width)
 
@@ -706,13 +714,19 @@ def _table_with_notes(
     return wrapped_table(headers, rows, width) + "\n" + "\n".join(wrap_text(n, width) for n in notes)
 
 
-def roofline_text(roof: Mapping[str, Any], markdown: bool = False, width: int | None = None) -> str:
+def roofline_text(roof: RooflineJson, markdown: bool = False, width: int | None = None) -> str:
     headers = ["phase", "verdict", "FLOP/byte", "bound t/s", "achieved t/s", "achieved GB/s", "MBU", "MFU"]
-    rows = [_roofline_row(phase, roof[phase]) for phase in ("prefill", "decode") if roof.get(phase)]
+    rows = [_roofline_row(phase, p) for phase, p in _roofline_phases(roof)]
     return _table_with_notes(headers, rows, _roofline_notes(roof), markdown, width)
 
 
-def _roofline_row(phase: str, p: Mapping[str, Any]) -> list[str]:
+def _roofline_phases(roof: RooflineJson) -> list[tuple[str, PhaseRooflineJson]]:
+    """The phases the roofline has, prefill first."""
+    phases = (("prefill", roof.get("prefill")), ("decode", roof.get("decode")))
+    return [(phase, p) for phase, p in phases if p]
+
+
+def _roofline_row(phase: str, p: PhaseRooflineJson) -> list[str]:
     """One phase's roofline: its bound, intensity, achieved rate and bandwidth, MBU and MFU."""
     return [
         phase,
@@ -726,7 +740,7 @@ def _roofline_row(phase: str, p: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def _roofline_notes(roof: Mapping[str, Any]) -> list[str]:
+def _roofline_notes(roof: RooflineJson) -> list[str]:
     """The machine's peaks and balance, and each phase's note."""
     return [
         f"peak bandwidth {fmt(roof['peak_bw_gbs'])} GB/s ({roof['peak_bw_source']}"
@@ -735,10 +749,10 @@ def _roofline_notes(roof: Mapping[str, Any]) -> list[str]:
         + (f": {roof['peak_tflops_detail']})" if roof.get("peak_tflops_detail") else ")"),
         f"machine balance {fmt(roof['machine_balance_flop_per_byte'])} FLOP/byte; below it a phase is "
         f"memory-bound; decode at mean context {fmt(roof['context_tokens'])} tokens",
-    ] + [f"{phase}: {roof[phase]['note']}" for phase in ("prefill", "decode") if (roof.get(phase) or {}).get("note")]
+    ] + [f"{phase}: {p['note']}" for phase, p in _roofline_phases(roof) if p.get("note")]
 
 
-def stability_rows(stab: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
+def stability_rows(stab: StabilityJson) -> list[tuple[str, str, str, str]]:
     n = f"{stab['n_runs']} runs"
     rows = [
         ("TPOT CV / spread", "", f"{stab['tpot_cv']:.1%} / {stab['tpot_spread_pct']:.1f}%", n),
@@ -747,15 +761,14 @@ def stability_rows(stab: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
     ]
     if stab.get("first_run_slowdown") is not None:
         rows.append(("warm-up run / median TPOT", "x", f"{stab['first_run_slowdown']:.2f}", "1 warm-up run"))
-    if stab.get("context_slope_us_per_token") is not None:
-        lo, hi = stab["context_span"]
-        rows.append(
-            ("ITL slope vs context", "us/token", f"{stab['context_slope_us_per_token']:+.3g}", f"positions {lo}-{hi}")
-        )
+    slope, span = stab.get("context_slope_us_per_token"), stab.get("context_span")
+    if slope is not None and span is not None:
+        lo, hi = span
+        rows.append(("ITL slope vs context", "us/token", f"{slope:+.3g}", f"positions {lo}-{hi}"))
     return rows
 
 
-def load_state_rows(loads: Mapping[str, Any], figures: bool = False) -> list[tuple[str, str, str, str]]:
+def load_state_rows(loads: ModelLoadsJson, figures: bool = False) -> list[tuple[str, str, str, str]]:
     """A record's fresh model loads (``model_loads``): what they were and how that was checked;
     ``figures``: with the load and fresh-engine TTFT medians."""
     n = len(loads.get("samples") or [])
@@ -771,13 +784,13 @@ def load_state_rows(loads: Mapping[str, Any], figures: bool = False) -> list[tup
     return rows
 
 
-def memory_rows(memory: Mapping[str, Any], figures: bool = True) -> list[tuple[str, str, str, str]]:
+def memory_rows(memory: StoredMemory, figures: bool = True) -> list[tuple[str, str, str, str]]:
     """A record's memory, each figure with its source; ``figures=False``: without the catalog's
     memory figures (the metrics table shows them as figure rows)."""
     return [
-        (label, "MiB", fmt(memory[key] / 2**20 if in_bytes else memory[key]), source(memory))
+        (label, "MiB", fmt(value / 2**20 if in_bytes else value), source(memory))
         for key, label, in_bytes, figure, source in MEMORY_ROWS
-        if memory.get(key) is not None and (figures or not figure)
+        if isinstance(value := memory.get(key), (int, float)) and (figures or not figure)
     ]
 
 
@@ -785,13 +798,13 @@ def _rss_scope(memory: Mapping[str, object]) -> str:
     return "during the runs" if memory.get("peak_rss_scope") == "measurement" else "process lifetime"
 
 
-def _buffer_source(memory: Mapping[str, object]) -> Any:
-    return memory.get("buffer_source", "")
+def _buffer_source(memory: Mapping[str, object]) -> str:
+    return str(memory.get("buffer_source", ""))
 
 
 #: ``memory_rows``' rows in order: (the record's memory key, label, in bytes (shown in MiB), a
 #: catalog figure (the metrics table shows those as figure rows), where the figure comes from).
-MEMORY_ROWS: tuple[tuple[str, str, bool, bool, Callable[[Mapping[str, object]], Any]], ...] = (
+MEMORY_ROWS: tuple[tuple[str, str, bool, bool, Callable[[Mapping[str, object]], str]], ...] = (
     ("peak_rss_bytes", "peak RSS", True, True, _rss_scope),
     ("kv_mib", "KV buffer", False, True, _buffer_source),
     ("compute_mib", "compute buffer", False, True, _buffer_source),
