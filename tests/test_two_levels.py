@@ -1,0 +1,154 @@
+"""The two levels of ``--llmperf-against``'s pairs (issue 50): process pairs, and the pairs of runs
+within them. Properties of the hierarchical bootstrap (``judge.paired.two_level_ci``) and of the
+levels' sds (``judge.paired.levels``) for any log ratios a session can give, and what it changes:
+with a between-process offset of 1.5% over 2 process pairs, the single-level CI excludes 1 and the
+two-level one does not. Seeded; nothing timed."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pytest_llmperf.judge.paired import judged_pairs, levels, location_ci, two_level_ci
+from pytest_llmperf.judge.rule import JUDGED
+from pytest_llmperf.judge.verdict import Verdict
+
+SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+#: A pair's log ratio B/A: from identical to a thousandfold either way.
+log_ratio = st.floats(min_value=-7.0, max_value=7.0, allow_nan=False, allow_infinity=False)
+#: 2 to 5 process pairs, 1 to 20 pairs each (unequal: a process pair added at a later look has fewer).
+process_pairs = st.lists(st.lists(log_ratio, min_size=1, max_size=20), min_size=2, max_size=5)
+
+
+def _arrays(parts: list[list[float]]) -> list[np.ndarray]:
+    return [np.asarray(p, dtype=float) for p in parts]
+
+
+@SETTINGS
+@given(parts=process_pairs)
+def test_the_ci_holds_the_estimate_and_is_finite(parts) -> None:
+    t = two_level_ci(_arrays(parts), resamples=200)
+    assert all(math.isfinite(x) for x in (t.estimate, t.low, t.high, t.se))
+    assert t.low <= t.estimate <= t.high
+    assert t.se >= 0
+    assert 0.0 <= t.greater <= 1.0 and 0.0 <= t.less <= 1.0
+    lo, hi = min(min(p) for p in parts), max(max(p) for p in parts)
+    assert lo - 1e-9 <= t.low and t.high <= hi + 1e-9  # within the pairs' range
+
+
+@SETTINGS
+@given(parts=process_pairs, shift=st.floats(min_value=-1.0, max_value=1.0))
+def test_a_shift_of_every_pair_shifts_the_ci(parts, shift) -> None:
+    """The same resamples (seeded): B uniformly slower by ``shift`` moves estimate and bounds by it."""
+    a = two_level_ci(_arrays(parts), resamples=200)
+    b = two_level_ci([p + shift for p in _arrays(parts)], resamples=200)
+    for x, y in ((a.estimate, b.estimate), (a.low, b.low), (a.high, b.high)):
+        assert math.isclose(y, x + shift, abs_tol=1e-9)
+
+
+@SETTINGS
+@given(parts=process_pairs)
+def test_swapping_the_sides_turns_the_ci_over(parts) -> None:
+    a = two_level_ci(_arrays(parts), resamples=200)
+    b = two_level_ci([-p for p in _arrays(parts)], resamples=200)
+    assert math.isclose(b.estimate, -a.estimate, abs_tol=1e-9)
+    assert math.isclose(b.low, -a.high, abs_tol=1e-9) and math.isclose(b.high, -a.low, abs_tol=1e-9)
+
+
+@SETTINGS
+@given(parts=process_pairs)
+def test_the_same_pairs_give_the_same_ci(parts) -> None:
+    assert two_level_ci(_arrays(parts), resamples=200) == two_level_ci(_arrays(parts), resamples=200)
+
+
+@SETTINGS
+@given(parts=process_pairs)
+def test_the_levels_sds_are_finite_and_not_negative(parts) -> None:
+    d = np.concatenate(_arrays(parts))
+    groups = [g for g, p in enumerate(parts) for _ in p]
+    got = levels("tpot_ms", d, groups)
+    assert got.process_pairs == len(parts) and got.pairs == d.size
+    assert got.between_sd >= 0 and got.within_sd >= 0 and 0.0 <= got.share <= 1.0
+    assert "process pairs" in got.line() and len(got.line()) < 300
+
+
+def test_process_pairs_alike_have_no_between_level() -> None:
+    part = [0.01, -0.02, 0.005, 0.0, 0.015]
+    got = levels("tpot_ms", np.array(part * 3), [0] * 5 + [1] * 5 + [2] * 5)
+    assert got.between_sd == 0.0 and got.within_sd > 0
+
+
+def test_an_offset_between_processes_is_the_between_level() -> None:
+    rng = np.random.default_rng(7)
+    parts = [rng.normal(mu, 0.005, 40) for mu in (0.02, -0.02, 0.02, -0.02)]
+    got = levels("tpot_ms", np.concatenate(parts), [g for g in range(4) for _ in range(40)])
+    assert 0.015 < got.between_sd < 0.03 and got.within_sd < 0.007 and got.share > 0.9
+
+
+def _synthetic(offsets: tuple[float, ...], n: int = 20, within_sd: float = 0.01, seed: int = 50) -> list[np.ndarray]:
+    """Per process pair, ``n`` pairs' log ratios of unchanged code: the process pair's offset
+    (its processes' placement) plus each pair's own noise."""
+    rng = np.random.default_rng(seed)
+    return [rng.normal(math.log1p(off), within_sd, n) for off in offsets]
+
+
+def test_an_offset_of_one_and_a_half_percent_between_two_process_pairs() -> None:
+    """Unchanged code whose two process pairs differ by 1.5% (one at +1.5%, one at 0): pairs
+    within a pair of processes cannot see that offset, and their CI excludes 1 (a false
+    statement); the two-level CI holds 1."""
+    parts = _synthetic((0.015, 0.0))
+    _, low, _ = location_ci(np.concatenate(parts))
+    assert low > 0.0  # the old single-level CI: "slower", for unchanged code
+    t = two_level_ci(parts)
+    assert t.low < 0.0 < t.high
+
+
+def _runs(values: np.ndarray) -> list[SimpleNamespace]:
+    return [SimpleNamespace(**{s.name: v for s in JUDGED}, decode_tps=1 / v, prefill_tps=1 / v) for v in values]
+
+
+def test_the_offset_is_no_regression_at_a_1_percent_threshold() -> None:
+    """The same session judged at ``--llmperf-threshold=1%``: one level calls unchanged code
+    slower (its CI above 1); the two levels hold 1, and no REGRESSION."""
+    parts = _synthetic((0.015, 0.0))
+    b = np.exp(np.concatenate(parts)) * 10.0
+    a = np.full(b.size, 10.0)
+    groups = [0] * 20 + [1] * 20
+    judging = {"alpha": 0.01, "threshold": 0.01, "tail_threshold": 0.01, "family": 3}
+    one = {c.metric: c for c in judged_pairs(_runs(a), _runs(b), **judging)}
+    two = {c.metric: c for c in judged_pairs(_runs(a), _runs(b), **judging, groups=groups)}
+    assert one["tpot_ms"].ci_low > 1.0
+    assert two["tpot_ms"].verdict is not Verdict.REGRESSION
+    assert two["tpot_ms"].ci_low < 1.0 < two["tpot_ms"].ci_high
+
+
+def test_a_change_every_process_pair_shows_is_still_found() -> None:
+    """+4% in both process pairs (each with its own 0.5% offset): the two-level CI lies above 1."""
+    parts = _synthetic((0.045, 0.035))
+    t = two_level_ci(parts)
+    assert t.low > 0.0
+
+
+@SETTINGS
+@given(parts=process_pairs, looks=st.integers(1, 6))
+def test_grouped_paired_judgement_never_raises(parts, looks) -> None:
+    b = np.exp(np.concatenate(_arrays(parts)))
+    groups = [g for g, p in enumerate(parts) for _ in p]
+    for c in judged_pairs(
+        _runs(np.ones(b.size)),
+        _runs(b),
+        alpha=0.01,
+        threshold=0.01,
+        tail_threshold=0.1,
+        family=3,
+        looks=looks,
+        groups=groups,
+    ):
+        assert isinstance(c.verdict, Verdict) and math.isfinite(c.ratio) and c.ratio > 0
+        assert c.ci_low is not None and c.ci_high is not None and c.ci_low <= c.ratio <= c.ci_high
+        assert len(c.line()) < 1000
