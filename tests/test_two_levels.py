@@ -13,9 +13,10 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_llmperf.judge.paired import judged_pairs, levels, location_ci, two_level_ci
+from pytest_llmperf.judge.paired import judged_pairs, levels, location_ci, needs_more_pairs, pair_levels, two_level_ci
 from pytest_llmperf.judge.rule import JUDGED
 from pytest_llmperf.judge.verdict import Verdict
+from pytest_llmperf.session.against import ADDED, Processes, held_by_budget
 
 SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -152,3 +153,75 @@ def test_grouped_paired_judgement_never_raises(parts, looks) -> None:
         assert isinstance(c.verdict, Verdict) and math.isfinite(c.ratio) and c.ratio > 0
         assert c.ci_low is not None and c.ci_high is not None and c.ci_low <= c.ratio <= c.ci_high
         assert len(c.line()) < 1000
+
+
+def _processes(k: int, budget: int = 4) -> Processes:
+    """A measurement's ``Processes`` with ``k`` process pairs and no sides behind them."""
+    got = Processes(SimpleNamespace(), "t", "", SimpleNamespace(), budget)  # type: ignore[arg-type]
+    got.pairs = [SimpleNamespace()] * k  # type: ignore[list-item]
+    return got
+
+
+@given(k=st.integers(1, 6), since=st.integers(0, 40))
+def test_the_pairs_go_in_turn_and_back_over_the_process_pairs(k, since) -> None:
+    """ABBA over process pairs: each one in every 2k pairs twice, once in each half-turn, so a
+    drift of the machine over the session is shared by all of them."""
+    p = _processes(k)
+    p.since = since
+    order = [p.schedule(i) for i in range(since, since + 4 * k)]
+    assert order[: 2 * k] == [*range(k), *reversed(range(k))] == order[2 * k :]
+
+
+def test_at_the_budget_a_comparison_more_pairs_could_move_is_inconclusive() -> None:
+    """The process budget stopped the pairs: what was not decided yet says so, and what can
+    decide it (never a silent cap); the rest is left as it was."""
+    parts = _synthetic((0.02, -0.02), n=10, within_sd=0.002)
+    b = np.exp(np.concatenate(parts)) * 10.0
+    comparisons = judged_pairs(
+        _runs(np.full(b.size, 10.0)),
+        _runs(b),
+        alpha=0.01,
+        threshold=0.01,
+        tail_threshold=0.01,
+        family=3,
+        groups=[0] * 10 + [1] * 10,
+    )
+    tpot = next(c for c in comparisons if c.metric == "tpot_ms")
+    assert tpot.verdict is Verdict.INCONCLUSIVE and "more processes per side can (max_processes)" in tpot.reason
+    undecided = {c.metric for c in comparisons if needs_more_pairs(c) or c.verdict is Verdict.INCONCLUSIVE}
+    held = held_by_budget(comparisons, "the budget of 2 process pairs (max_processes) reached")
+    for before, after in zip(comparisons, held):
+        if before.metric in undecided or before.mirror_of in undecided:
+            assert after.verdict is Verdict.INCONCLUSIVE and "raise max_processes" in after.reason
+        else:
+            assert after == before
+    settled = judged_pairs(
+        _runs(np.full(20, 10.0)),
+        _runs(np.full(20, 10.0) * 1.5),
+        alpha=0.01,
+        threshold=0.01,
+        tail_threshold=0.01,
+        family=3,
+        groups=[0] * 10 + [1] * 10,
+    )
+    assert held_by_budget(settled, "x") == settled  # REGRESSIONs beyond the threshold: nothing held
+
+
+def test_a_process_pair_is_added_while_the_offsets_dominate_and_the_budget_stops_the_pairs() -> None:
+    parts = _synthetic((0.02, -0.02), n=10, within_sd=0.002)
+    d = np.concatenate(parts)
+    groups = [0] * 10 + [1] * 10
+    b = np.exp(d) * 10.0
+    comparisons = judged_pairs(
+        _runs(np.full(b.size, 10.0)), _runs(b), alpha=0.01, threshold=0.01, tail_threshold=0.01, family=3, groups=groups
+    )
+    found = pair_levels(_runs(np.full(b.size, 10.0)), _runs(b), groups)
+    assert all(one.share > 0.9 for one in found)
+    added: list[int] = []
+    grows = _processes(2)
+    grows.add = lambda workload, at: added.append(at) or True  # type: ignore[method-assign]
+    assert grows.after_look(comparisons, found, None, 20) == ADDED and added == [20]  # type: ignore[arg-type]
+    full = _processes(2, budget=2)
+    why = full.after_look(comparisons, found, None, 20)  # type: ignore[arg-type]
+    assert why is not None and "the budget of 2 process pairs (max_processes) reached" in why
+    assert _processes(1, budget=1).after_look(comparisons, found, None, 20) is None  # type: ignore[arg-type]

@@ -52,6 +52,9 @@ LLAMA_OPTIONS = tuple(s.name for s in LLAMA_SETTINGS.values() if s.option is not
 DEFAULT_ALPHA = 0.01
 DEFAULT_THRESHOLD = 0.05
 DEFAULT_TAIL_THRESHOLD = 0.10
+#: ``--llmperf-against``'s budget of processes per side (``max_processes``): a measurement starts
+#: on 2 process pairs and adds one while the processes' offsets dominate its CI, up to this many.
+DEFAULT_MAX_PROCESSES = 4
 
 #: ``--llmperf-columns`` names: summary table (the catalog's), then comparison table (``test``
 #: and ``metric`` always shown). The defaults fit 80 columns; JSON, HTML and Markdown keep every column.
@@ -580,6 +583,17 @@ SETTINGS: dict[str, Setting] = {
         ),
         Setting(
             "allow_not_compared", "pass a --llmperf-against session that compared nothing with REF", False, switch=True
+        ),
+        Setting(
+            "max_processes",
+            "--llmperf-against: the most processes per side a measurement's pairs run in (fresh processes, "
+            "fresh placement; 2 at first, more while the processes' offsets dominate the CI; 1 turns the "
+            "process level off); a marker's max_processes wins",
+            DEFAULT_MAX_PROCESSES,
+            COUNT.parse,
+            env="LLMPERF_MAX_PROCESSES",
+            ini=True,
+            metavar="N",
         ),
         report_file("json", "write the session's results as JSON to this file"),
         report_file("markdown", "write a Markdown summary (also appended to $GITHUB_STEP_SUMMARY when set)"),

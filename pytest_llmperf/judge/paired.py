@@ -266,6 +266,20 @@ def levels(metric: str, d: np.ndarray, groups: Sequence[int]) -> Levels:
     return Levels(metric, len(parts), int(d.size), math.sqrt(between_var), math.sqrt(within_var))
 
 
+def pair_levels(
+    a_runs: Sequence[RunMetrics], b_runs: Sequence[RunMetrics], groups: Sequence[int]
+) -> tuple[Levels, ...]:
+    """Each judged metric's two levels over pairs of runs (``levels``; pair i in process pair
+    ``groups[i]``), the metrics a run did not observe left out."""
+    out = []
+    for spec in JUDGED:
+        va = [getattr(r, spec.name) for r in a_runs]
+        vb = [getattr(r, spec.name) for r in b_runs]
+        if va and all(v is not None and 0 < v < math.inf for v in va + vb):
+            out.append(levels(spec.name, _log_ratios(va, vb), groups))
+    return tuple(out)
+
+
 def two_level_ci(parts: Sequence[np.ndarray], *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> TwoLevel:
     """The log ratio's location over process pairs ``parts`` (each its pairs' log ratios) and its
     hierarchical bootstrap CI at ``CI_LEVEL`` (Kalibera & Jones): each resample draws the process
@@ -345,7 +359,24 @@ def judged_pairs(
         for m in METRICS.values()
         if m.mirror_of in by_metric and all(0 < (getattr(r, m.name) or 0) < math.inf for r in [*a_runs, *b_runs])
     ]
-    return decide([*judged, *rates], alpha=alpha / max(looks, 1), m=max(family, len(judged)))
+    out = decide([*judged, *rates], alpha=alpha / max(looks, 1), m=max(family, len(judged)))
+    if not two:
+        return out
+    between = {one.metric: one for one in pair_levels(a_runs, b_runs, groups)}
+    return [_process_held(c, between.get(c.mirror_of or c.metric)) for c in out]
+
+
+def _process_held(c: Comparison, level: Levels | None) -> Comparison:
+    """An INCONCLUSIVE of two levels that more pairs cannot decide says what can: more processes
+    (the rule's words name a baseline's sessions, which pairs against REF have none of)."""
+    if c.verdict is not Verdict.INCONCLUSIVE or c.runs_needed is not None or level is None:
+        return c
+    head = c.reason.split("; more runs cannot decide it", 1)[0]
+    why = (
+        f"{head}; more pairs cannot decide it: the processes' offsets (between {level.process_pairs} process "
+        f"pairs sd {level.between_sd:.1%}) leave too much; more processes per side can (max_processes)"
+    )
+    return dataclasses.replace(c, reason=why)
 
 
 def _log_ratios(va: Sequence[float], vb: Sequence[float]) -> np.ndarray:
@@ -471,6 +502,10 @@ def _unchanged_needs_more(low: float, high: float, threshold: float) -> str | No
     return "its CI holds 1 and reaches past the threshold"
 
 
+#: ``pairs_settled``'s word when every judged comparison is settled (none needs more pairs).
+SETTLED = "every comparison decided"
+
+
 def pairs_settled(comparisons: Sequence[Comparison]) -> str | None:
     """Why the pairs of one measurement may stop at this look (``judged_pairs``' comparisons),
     or None to take more: a REGRESSION whose whole CI lies beyond the threshold (the test fails,
@@ -483,4 +518,4 @@ def pairs_settled(comparisons: Sequence[Comparison]) -> str | None:
             return f"{c.phase} {c.label} REGRESSION, its whole CI beyond {c.threshold:.0%}"
     if any(needs_more_pairs(c) for c in judged):
         return None
-    return "every comparison decided"
+    return SETTLED
