@@ -225,3 +225,17 @@ def test_a_process_pair_is_added_while_the_offsets_dominate_and_the_budget_stops
     why = full.after_look(comparisons, found, None, 20)  # type: ignore[arg-type]
     assert why is not None and "the budget of 2 process pairs (max_processes) reached" in why
     assert _processes(1, budget=1).after_look(comparisons, found, None, 20) is None  # type: ignore[arg-type]
+
+
+def test_two_levels_are_never_bolder_than_the_pairs_own_test() -> None:
+    """10 pairs over 2 process pairs, every one 30% slower: the bootstrap alone would call it at
+    once, but the signed-rank test's floor (2^-10 at 10 pairs, Holm over 3 at alpha / 6 looks)
+    keeps the first look from a REGRESSION, as with one process pair; the CI spans the pairs' own."""
+    b = np.exp(np.concatenate(_synthetic((0.30, 0.28), n=5, within_sd=0.01)))
+    a_runs, b_runs = _runs(np.ones(10)), _runs(b)
+    judging = {"alpha": 0.01, "threshold": 0.01, "tail_threshold": 0.01, "family": 3, "looks": 6}
+    one = {c.metric: c for c in judged_pairs(a_runs, b_runs, **judging)}
+    two = {c.metric: c for c in judged_pairs(a_runs, b_runs, **judging, groups=[0] * 5 + [1] * 5)}
+    assert one["tpot_ms"].verdict is not Verdict.REGRESSION and two["tpot_ms"].verdict is not Verdict.REGRESSION
+    assert two["tpot_ms"].p_value >= one["tpot_ms"].p_value
+    assert two["tpot_ms"].ci_low <= one["tpot_ms"].ci_low and two["tpot_ms"].ci_high >= one["tpot_ms"].ci_high

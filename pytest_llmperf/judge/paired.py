@@ -385,17 +385,20 @@ def _log_ratios(va: Sequence[float], vb: Sequence[float]) -> np.ndarray:
 
 
 def _two_levels(c: Comparison, va: Sequence[float], vb: Sequence[float], groups: Sequence[int]) -> Comparison:
-    """``c`` with the two-level model's estimate, CI, p-values and standard error (``two_level_ci``)."""
+    """``c`` with the two-level model's estimate, CI, p-values and standard error (``two_level_ci``),
+    never bolder than the pairs' own signed-rank ones (``c``'s): the CI spans both, each p-value
+    is the larger. A bootstrap of a few pairs per process pair is too narrow, and the signed-rank
+    test's floor (2^-n) is what keeps a look at 10 pairs from deciding a REGRESSION."""
     t = two_level_ci(grouped(_log_ratios(va, vb), groups))
     worse, better = (t.less, t.greater) if c.higher_is_better else (t.greater, t.less)
     return dataclasses.replace(
         c,
         ratio=exp_clamped(t.estimate),
-        ci_low=exp_clamped(t.low),
-        ci_high=exp_clamped(t.high),
-        p_value=worse,
-        p_value_better=better,
-        se_log=t.se,
+        ci_low=min(exp_clamped(t.low), c.ci_low if c.ci_low is not None else math.inf),
+        ci_high=max(exp_clamped(t.high), c.ci_high if c.ci_high is not None else 0.0),
+        p_value=max(worse, c.p_value if c.p_value is not None else 0.0),
+        p_value_better=max(better, c.p_value_better if c.p_value_better is not None else 0.0),
+        se_log=max(t.se, c.se_log),
     )
 
 
@@ -405,11 +408,10 @@ def _paired_rate(
     """The rate that mirrors ``c`` (decode TPS of TPOT's pairs), shown with its own medians and its
     own pairs' ratio and CI (the line's percentage is that ratio's; ``groups``: the two-level
     model's), with ``c``'s verdict."""
-    if groups:
+    estimate, low, high = location_ci(_log_ratios(va, vb))
+    if groups:  # as ``_two_levels``: the model's estimate, its CI spanning the pairs' own too
         t = two_level_ci(grouped(_log_ratios(va, vb), groups))
-        estimate, low, high = t.estimate, t.low, t.high
-    else:
-        estimate, low, high = location_ci(_log_ratios(va, vb))
+        estimate, low, high = t.estimate, min(t.low, low), max(t.high, high)
     change = (exp_clamped(estimate), exp_clamped(low), exp_clamped(high))
     return mirrored(c, spec, (_median(va), _median(vb)), change=change)
 
