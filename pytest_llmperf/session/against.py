@@ -9,7 +9,9 @@ its first measurement and waits; then the controller asks for the warm-ups and t
 side at a time (step by step where both sides' engines can pause between tokens: ``Pairing``),
 in seeded AB/BA order per pair, adds pairs while the verdict is undecided (up to
 the cap, every look at alpha / looks), judges them (``judge.paired.judged_pairs``) and hands
-each side its measurement's end. The current side's reports become the test's.
+each side its measurement's end. The current side's reports become the test's. A measurement's
+pairs run over 2 or more process pairs (``Processes``: fresh processes of both sides, started for
+it and closed after it), judged by a model of both levels (``judge.paired.two_level_ci``).
 
 The sides' processes and their events are ``session/sides.py``'s; ``drive`` steps one test
 through each side's ``SideState`` on those events."""
@@ -190,14 +192,13 @@ def describe_sides(against: Mapping[str, Any] | None, *, verbose: bool = False) 
     return lines
 
 
-def _levels_line(one: Mapping[str, Any]) -> str:
+def _levels_line(one: Mapping[str, object]) -> str:
     """A decision's stored levels of one metric (``Levels.to_json``) as ``Levels.line`` says them."""
     try:
-        got = Levels(
-            str(one["metric"]), int(one["process_pairs"]), int(one["pairs"]), one["between_sd"], one["within_sd"]
-        )
-        return got.line()
-    except (KeyError, TypeError, ValueError):
+        counts = (int(str(one["process_pairs"])), int(str(one["pairs"])))
+        sds = (float(str(one["between_sd"])), float(str(one["within_sd"])))
+        return Levels(str(one["metric"]), *counts, *sds).line()
+    except (KeyError, ValueError):
         return f"levels not readable: {one!r}"[:200]
 
 
@@ -454,7 +455,7 @@ def _undecided(c: Comparison) -> bool:
     return bool(needs_more_pairs(c)) or c.verdict is Verdict.INCONCLUSIVE
 
 
-def _reach(side: Side, label: str, timeout_s: float) -> Mapping[str, Any]:
+def _reach(side: Side, label: str, timeout_s: float) -> Mapping[str, object]:
     """Run a fresh side's test up to the measurement labelled ``label`` (an exclusive turn on the
     way is granted, an earlier measurement ended unjudged): its "measure" event's data."""
     while True:
