@@ -354,6 +354,42 @@ def test_ahead(llmperf, llmperf_llm):
 """
 
 
+def test_each_side_runs_in_two_processes_and_what_each_level_contributed_is_kept(
+    runner: Runner, verdict_repo: Path, tmp_path: Path
+) -> None:
+    """The process as a level (issue 50): A/A with a budget of 4, each side's runs in 2 fresh
+    processes (4 side processes for one test), the pairs in turn over them; their start-up said
+    and kept apart from the pairs' seconds; the levels printed with -v and kept in the session file."""
+    runner.env["LLMPERF_MAX_PROCESSES"] = "4"
+    report = tmp_path / "session.json"
+    inner = runner.run(
+        verdict_repo, "tests", "-rA", "-v", "-k", "marker", "--llmperf-against", "git:HEAD", f"--llmperf-json={report}"
+    )
+    assert inner.ret == 0, inner.out
+    (decision,) = json.loads(report.read_text())["against"]["decisions"]
+    k = decision["processes"]  # 2 at first, more while the processes' offsets dominate (at most 4)
+    assert 2 <= k <= 4 and decision["start_s"] > 0, decision
+    assert len(inner.pids) == 2 * k, inner.pids  # the test's own pair of sides, and k - 1 more for its measurement
+    assert {one["metric"] for one in decision["levels"]} >= {"ttft_ms", "tpot_ms"}, decision
+    for one in decision["levels"]:
+        assert one["process_pairs"] == k and one["pairs"] == decision["pairs"] and 0 <= one["between_share"] <= 1
+    assert re.search(
+        rf"^test_marker_only: against .*; {k} process pair\(s\) of at most 4, .* start \d+\.\d s",
+        inner.out,
+        re.MULTILINE,
+    )
+    test = decision["test"]
+    assert f"llmperf: against: {test}: {decision['pairs']} pairs in " in inner.out
+    assert f"; {k} process pairs, the extra ones started in {decision['start_s']:.1f} s" in inner.out
+    assert re.search(
+        rf"^llmperf: against: {re.escape(test)}: decode TPOT: between {k} process pairs sd ", inner.out, re.MULTILINE
+    )
+    from pytest_llmperf.reports.session_file import load_session
+
+    assert len(load_session(report)) == 1  # validated against the schema
+    runner.check_clean(verdict_repo, inner.pids)
+
+
 def test_a_wrapper_that_makes_tokens_ahead_of_its_reader_is_paired_run_by_run(runner: Runner, tmp_path: Path) -> None:
     """Token by token needs an engine that computes nothing while paused: a wrapper whose thread
     makes the tokens (as a server streams them) shows that it did at its first stepped run (the

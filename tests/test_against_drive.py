@@ -221,3 +221,34 @@ def test_the_failure_line_says_where_it_was_raised() -> None:
     reports = [{"outcome": "passed"}, {"outcome": "failed", "longrepr": {"reprcrash": crash}}]
     assert _failure_line(reports) == "ZeroDivisionError: division by zero (raised at tests/test_x.py:7)"
     assert _failure_line([{"outcome": "failed", "longrepr": "E boom"}]) == "E boom"
+
+
+def test_a_fresh_process_pair_runs_the_test_up_to_the_same_measurement() -> None:
+    """An extra process pair (issue 50) reaches the measurement the test's own sides wait at: an
+    earlier measurement of the test ends unjudged, an exclusive turn on the way is granted."""
+    side = FakeSide(REF, [Measure({"label": "first"}), Turn(), Released(), Measure({"label": "second", "x": 1})])
+    assert against._reach(side, "second", 5.0) == {"label": "second", "x": 1}  # type: ignore[arg-type]
+    assert side.sent == [{"op": "done"}, {"op": "go"}]
+
+
+def test_a_fresh_process_that_ends_the_test_first_is_no_process_pair(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It says why, its processes are closed, and the measurement goes on with the pairs it has."""
+    with pytest.raises(SideGone, match="ended the test before this measurement"):
+        against._reach(FakeSide(REF, [Report([], "failed", "E")]), "", 5.0)  # type: ignore[arg-type]
+    made: list[FakeSide] = []
+
+    def fresh(spec: SideSpec, *rest: object) -> FakeSide:
+        made.append(FakeSide(spec.name, [Report([], "failed", "E")]))
+        return made[-1]
+
+    monkeypatch.setattr(against, "Side", fresh)
+    monkeypatch.setattr(against, "start_all", lambda sides: None)
+    cur, ref = FakeSide(CURRENT, []), FakeSide(REF, [])
+    for one in (cur, ref):
+        one.args, one.cwd, one.harness, one.timeout_s = [], "", "", 5.0  # type: ignore[attr-defined]
+    first = SimpleNamespace(cpus=None)
+    processes = against.Processes(_ag(cur, ref), "t", "", first, 4)  # type: ignore[arg-type]
+    assert processes.add(SimpleNamespace(warmup=0, seed=0), 0) is False  # type: ignore[arg-type]
+    assert processes.unavailable is not None and "process pair 2 did not start" in processes.unavailable
+    assert len(made) == 2 and all(one.closed for one in made) and processes.pairs == [first]
+    assert processes.add(SimpleNamespace(warmup=0, seed=0), 0) is False and len(made) == 2  # not tried again

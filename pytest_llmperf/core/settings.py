@@ -52,6 +52,10 @@ LLAMA_OPTIONS = tuple(s.name for s in LLAMA_SETTINGS.values() if s.option is not
 DEFAULT_ALPHA = 0.01
 DEFAULT_THRESHOLD = 0.05
 DEFAULT_TAIL_THRESHOLD = 0.10
+#: ``--llmperf-against``'s budget of processes per side (``max_processes``): 2 or more starts a
+#: measurement on 2 process pairs and adds one while the processes' offsets dominate its CI, up
+#: to this many. 1 by default (one process per side) until its calibration is shown (issue 50).
+DEFAULT_MAX_PROCESSES = 1
 
 #: ``--llmperf-columns`` names: summary table (the catalog's), then comparison table (``test``
 #: and ``metric`` always shown). The defaults fit 80 columns; JSON, HTML and Markdown keep every column.
@@ -580,6 +584,17 @@ SETTINGS: dict[str, Setting] = {
         ),
         Setting(
             "allow_not_compared", "pass a --llmperf-against session that compared nothing with REF", False, switch=True
+        ),
+        Setting(
+            "max_processes",
+            "--llmperf-against: the most processes per side a measurement's pairs run in (fresh processes, "
+            "fresh placement; with 2 or more: 2 at first, more while the processes' offsets dominate the CI; "
+            "1: one process per side); a marker's max_processes wins",
+            DEFAULT_MAX_PROCESSES,
+            COUNT.parse,
+            env="LLMPERF_MAX_PROCESSES",
+            ini=True,
+            metavar="N",
         ),
         report_file("json", "write the session's results as JSON to this file"),
         report_file("markdown", "write a Markdown summary (also appended to $GITHUB_STEP_SUMMARY when set)"),

@@ -10,6 +10,7 @@ the CI instead of narrowing it as a trimmed spread would (docs/ab.md)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Sequence
@@ -196,6 +197,132 @@ def _signed_rank_greater(d: np.ndarray) -> float:
     return min(1.0, _upper_tail(_null_cdf(n), t))
 
 
+#: Resamples of the hierarchical bootstrap (``two_level_ci``): its percentile bounds move by about
+#: 0.05% of a ratio between seeds at 2000.
+BOOTSTRAP_RESAMPLES = 2000
+
+
+@dataclass(frozen=True)
+class Levels:
+    """What each level of a session's pairs contributed to one metric's log ratio B/A
+    (``levels``): the process pairs (each side's fresh process, its own placement in memory and
+    on the cores) and the pairs of runs within them. ``between_sd``: the sd of a process pair's
+    true log ratio around the session's (what its pairs' own spread does not explain, never
+    below 0); ``within_sd``: the sd of one pair's log ratio within its process pair. ``share``:
+    the between level's part of the estimate's variance (1/P of between, 1/N of within)."""
+
+    metric: str
+    process_pairs: int
+    pairs: int
+    between_sd: float
+    within_sd: float
+
+    @property
+    def share(self) -> float:
+        between = self.between_sd**2 / max(self.process_pairs, 1)
+        total = between + self.within_sd**2 / max(self.pairs, 1)
+        return between / total if total > 0 else 0.0
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "metric": self.metric,
+            "process_pairs": self.process_pairs,
+            "pairs": self.pairs,
+            "between_sd": round(self.between_sd, 6),
+            "within_sd": round(self.within_sd, 6),
+            "between_share": round(self.share, 4),
+        }
+
+    def line(self) -> str:
+        """``decode TPOT: between 2 process pairs sd 0.81%, within their 40 pairs sd 2.10% (the process
+        level 62% of the CI's variance)``."""
+        label, phase, _, _ = PAIRED_METRICS[self.metric]
+        return (
+            f"{phase} {label}: between {self.process_pairs} process pairs sd {self.between_sd:.2%}, "
+            f"within their {self.pairs} pairs sd {self.within_sd:.2%} "
+            f"(the process level {self.share:.0%} of the CI's variance)"
+        )
+
+
+def grouped(d: np.ndarray, groups: Sequence[int]) -> list[np.ndarray]:
+    """The log ratios ``d`` by process pair (``groups[i]``: pair i's), in order of first appearance."""
+    keys = list(dict.fromkeys(groups))
+    g = np.asarray(groups)
+    return [d[g == k] for k in keys]
+
+
+def levels(metric: str, d: np.ndarray, groups: Sequence[int]) -> Levels:
+    """The two levels' sds of one metric's log ratios ``d`` (method of moments, one-way random
+    effects): within, the pooled sd about each process pair's mean; between, the variance of the
+    process pairs' means less what their pairs' spread puts there."""
+    parts = grouped(d, groups)
+    sizes = np.array([p.size for p in parts], dtype=float)
+    dof = float((sizes - 1).sum())
+    within_var = sum(float(((p - p.mean()) ** 2).sum()) for p in parts) / dof if dof > 0 else 0.0
+    means = np.array([p.mean() for p in parts])
+    between_var = 0.0
+    if means.size > 1:
+        between_var = max(float(means.var(ddof=1)) - within_var * float(np.mean(1.0 / sizes)), 0.0)
+    return Levels(metric, len(parts), int(d.size), math.sqrt(between_var), math.sqrt(within_var))
+
+
+def pair_levels(
+    a_runs: Sequence[RunMetrics], b_runs: Sequence[RunMetrics], groups: Sequence[int]
+) -> tuple[Levels, ...]:
+    """Each judged metric's two levels over pairs of runs (``levels``; pair i in process pair
+    ``groups[i]``), the metrics a run did not observe left out."""
+    out = []
+    for spec in JUDGED:
+        va = [getattr(r, spec.name) for r in a_runs]
+        vb = [getattr(r, spec.name) for r in b_runs]
+        if va and all(v is not None and 0 < v < math.inf for v in va + vb):
+            out.append(levels(spec.name, _log_ratios(va, vb), groups))
+    return tuple(out)
+
+
+def two_level_ci(parts: Sequence[np.ndarray], *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> TwoLevel:
+    """The log ratio's location over process pairs ``parts`` (each its pairs' log ratios) and its
+    hierarchical bootstrap CI at ``CI_LEVEL`` (Kalibera & Jones): each resample draws the process
+    pairs with replacement, then each drawn one's pairs with replacement, and averages the drawn
+    process pairs' means (each process pair weighs alike: a fresh process is the unit a change's
+    effect is replicated over). The percentile bounds; the one-sided p-values from the
+    resamples' normal approximation (their sd the standard error), so that Holm's small levels
+    are reachable. Seeded: the same pairs give the same CI."""
+    rng = np.random.default_rng([seed, 0x2B])
+    k = len(parts)
+    chosen = rng.integers(0, k, size=(resamples, k))
+    means = np.empty((resamples, k))
+    for g, part in enumerate(parts):
+        slots = chosen == g
+        count = int(slots.sum())
+        if count:
+            draws = rng.integers(0, part.size, size=(count, part.size))
+            means[slots] = part[draws].mean(axis=1)
+    stats = means.mean(axis=1)
+    estimate = float(np.mean([p.mean() for p in parts]))
+    tail = (1.0 - CI_LEVEL) / 2.0
+    low, high = (float(q) for q in np.quantile(stats, [tail, 1.0 - tail]))
+    se = float(stats.std(ddof=1)) if resamples > 1 else 0.0
+    if se > 0:
+        greater, less = float(ndtr(-estimate / se)), float(ndtr(estimate / se))
+    else:
+        greater, less = (0.0, 1.0) if estimate > 0 else (1.0, 0.0) if estimate < 0 else (1.0, 1.0)
+    return TwoLevel(estimate, min(low, estimate), max(high, estimate), se, greater, less)
+
+
+@dataclass(frozen=True)
+class TwoLevel:
+    """``two_level_ci``'s answer, on the log scale: the estimate, its CI, its standard error and
+    the one-sided p-values of "B slower" (``greater``) and "B faster" (``less``)."""
+
+    estimate: float
+    low: float
+    high: float
+    se: float
+    greater: float
+    less: float
+
+
 def judged_pairs(
     a_runs: Sequence[RunMetrics],
     b_runs: Sequence[RunMetrics],
@@ -206,6 +333,7 @@ def judged_pairs(
     family: int,
     looks: int = 1,
     reference: str = "",
+    groups: Sequence[int] = (),
 ) -> list[Comparison]:
     """B (the current side) judged against A (``--llmperf-against``'s REF) from interleaved pairs
     of runs (``measuring.metrics.RunMetrics``; pair i = A's run i and B's run i), with the
@@ -213,27 +341,77 @@ def judged_pairs(
     the decode tail (ITL p95), the rates mirroring them. The estimate and CI are the paired
     Hodges-Lehmann ratio and its Wilcoxon CI (``paired``); the p-values the one-sided signed-rank
     tests; the standard error the pairs' robust spread. Holm over ``family`` (the session's
-    judged comparisons, unseen ones counted as p = 1), each look at alpha / ``looks``."""
+    judged comparisons, unseen ones counted as p = 1), each look at alpha / ``looks``. ``groups``:
+    each pair's process pair; with two or more, the estimate, CI, p-values and standard error are
+    the two-level model's (``two_level_ci``), whose CI carries the processes' offsets."""
+    two = len(set(groups)) > 1
     judged: list[Comparison] = []
     for spec in JUDGED:
         va = [getattr(r, spec.name) for r in a_runs]
         vb = [getattr(r, spec.name) for r in b_runs]
         if any(v is None or not 0 < v < math.inf for v in va + vb):
             continue  # not observed for this subject (a callable's prefill)
-        judged.append(_paired_comparison(spec, va, vb, tail_threshold if spec.tail else threshold, reference))
+        c = _paired_comparison(spec, va, vb, tail_threshold if spec.tail else threshold, reference)
+        judged.append(_two_levels(c, va, vb, groups) if two else c)
     by_metric = {c.metric: c for c in judged}
     rates = [
-        _paired_rate(by_metric[m.mirror_of], m, _values(a_runs, m.name), _values(b_runs, m.name))
+        _paired_rate(by_metric[m.mirror_of], m, _values(a_runs, m.name), _values(b_runs, m.name), groups if two else ())
         for m in METRICS.values()
         if m.mirror_of in by_metric and all(0 < (getattr(r, m.name) or 0) < math.inf for r in [*a_runs, *b_runs])
     ]
-    return decide([*judged, *rates], alpha=alpha / max(looks, 1), m=max(family, len(judged)))
+    out = decide([*judged, *rates], alpha=alpha / max(looks, 1), m=max(family, len(judged)))
+    if not two:
+        return out
+    between = {one.metric: one for one in pair_levels(a_runs, b_runs, groups)}
+    return [_process_held(c, between.get(c.mirror_of or c.metric)) for c in out]
 
 
-def _paired_rate(c: Comparison, spec: Metric, va: Sequence[float], vb: Sequence[float]) -> Comparison:
+def _process_held(c: Comparison, level: Levels | None) -> Comparison:
+    """An INCONCLUSIVE of two levels that more pairs cannot decide says what can: more processes
+    (the rule's words name a baseline's sessions, which pairs against REF have none of)."""
+    if c.verdict is not Verdict.INCONCLUSIVE or c.runs_needed is not None or level is None:
+        return c
+    head = c.reason.split("; more runs cannot decide it", 1)[0]
+    why = (
+        f"{head}; more pairs cannot decide it: the processes' offsets (between {level.process_pairs} process "
+        f"pairs sd {level.between_sd:.1%}) leave too much; more processes per side can (max_processes)"
+    )
+    return dataclasses.replace(c, reason=why)
+
+
+def _log_ratios(va: Sequence[float], vb: Sequence[float]) -> np.ndarray:
+    d: np.ndarray = np.log(np.asarray(vb, dtype=float)) - np.log(np.asarray(va, dtype=float))
+    return d
+
+
+def _two_levels(c: Comparison, va: Sequence[float], vb: Sequence[float], groups: Sequence[int]) -> Comparison:
+    """``c`` with the two-level model's estimate, CI, p-values and standard error (``two_level_ci``),
+    never bolder than the pairs' own signed-rank ones (``c``'s): the CI spans both, each p-value
+    is the larger. A bootstrap of a few pairs per process pair is too narrow, and the signed-rank
+    test's floor (2^-n) is what keeps a look at 10 pairs from deciding a REGRESSION."""
+    t = two_level_ci(grouped(_log_ratios(va, vb), groups))
+    worse, better = (t.less, t.greater) if c.higher_is_better else (t.greater, t.less)
+    return dataclasses.replace(
+        c,
+        ratio=exp_clamped(t.estimate),
+        ci_low=min(exp_clamped(t.low), c.ci_low if c.ci_low is not None else math.inf),
+        ci_high=max(exp_clamped(t.high), c.ci_high if c.ci_high is not None else 0.0),
+        p_value=max(worse, c.p_value if c.p_value is not None else 0.0),
+        p_value_better=max(better, c.p_value_better if c.p_value_better is not None else 0.0),
+        se_log=max(t.se, c.se_log),
+    )
+
+
+def _paired_rate(
+    c: Comparison, spec: Metric, va: Sequence[float], vb: Sequence[float], groups: Sequence[int] = ()
+) -> Comparison:
     """The rate that mirrors ``c`` (decode TPS of TPOT's pairs), shown with its own medians and its
-    own pairs' ratio and CI (the line's percentage is that ratio's), with ``c``'s verdict."""
-    estimate, low, high = location_ci(np.log(np.asarray(vb, dtype=float)) - np.log(np.asarray(va, dtype=float)))
+    own pairs' ratio and CI (the line's percentage is that ratio's; ``groups``: the two-level
+    model's), with ``c``'s verdict."""
+    estimate, low, high = location_ci(_log_ratios(va, vb))
+    if groups:  # as ``_two_levels``: the model's estimate, its CI spanning the pairs' own too
+        t = two_level_ci(grouped(_log_ratios(va, vb), groups))
+        estimate, low, high = t.estimate, min(t.low, low), max(t.high, high)
     change = (exp_clamped(estimate), exp_clamped(low), exp_clamped(high))
     return mirrored(c, spec, (_median(va), _median(vb)), change=change)
 
@@ -326,6 +504,10 @@ def _unchanged_needs_more(low: float, high: float, threshold: float) -> str | No
     return "its CI holds 1 and reaches past the threshold"
 
 
+#: ``pairs_settled``'s word when every judged comparison is settled (none needs more pairs).
+SETTLED = "every comparison decided"
+
+
 def pairs_settled(comparisons: Sequence[Comparison]) -> str | None:
     """Why the pairs of one measurement may stop at this look (``judged_pairs``' comparisons),
     or None to take more: a REGRESSION whose whole CI lies beyond the threshold (the test fails,
@@ -338,4 +520,4 @@ def pairs_settled(comparisons: Sequence[Comparison]) -> str | None:
             return f"{c.phase} {c.label} REGRESSION, its whole CI beyond {c.threshold:.0%}"
     if any(needs_more_pairs(c) for c in judged):
         return None
-    return "every comparison decided"
+    return SETTLED

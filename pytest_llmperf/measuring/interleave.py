@@ -133,11 +133,12 @@ class SideRuns:
         settings: Mapping[str, float],
         max_runs: object,
         threads: object,
+        max_processes: object = None,
         slo: Mapping[str, float],
         attribution: bool = False,
     ) -> tuple[Measurement, Mapping[str, Any] | None]:
         """The measurement the controller drives: the runs it asks for, then its verdict's JSON
-        (``settings``, ``max_runs``: the marker's, which the controller reads; ``threads``: the
+        (``settings``, ``max_runs``, ``max_processes``: the marker's, which the controller reads; ``threads``: the
         llama.cpp threads of a callable, whose own are unknown; ``slo``: a load test's budgets;
         ``attribution``: the test asks for the attribution pass after the pairs)."""
         engine = as_engine(subject)
@@ -152,6 +153,7 @@ class SideRuns:
                 "workload": workload.to_json(),
                 "settings": dict(settings),
                 "max_runs": max_runs,
+                "max_processes": max_processes,
                 "engine": info.describe(),
                 # A callable's own threads are unknown: the session's (its llmperf_llm's) stand in.
                 "threads": info.threads or threads,

@@ -115,6 +115,7 @@ class AgainstHooks:
                     tail_threshold=s.tail_threshold,
                     family=max(self.session.family_size, 1),
                     timeout_s=s.engine.engine_timeout,
+                    max_processes=s.max_processes,
                 )
             except LLMPerfError as exc:
                 self.error = str(exc)
@@ -180,7 +181,7 @@ class AgainstHooks:
         from ..session.against import describe_sides
 
         if not self.session.is_worker:
-            for line in describe_sides(self.session.against_sides):
+            for line in describe_sides(self.session.against_sides, verbose=terminalreporter.verbosity > 0):
                 terminalreporter.write_line(self.session.redact(line))
         if self.not_compared:
             terminalreporter.write_line(self.session.redact(self.not_compared), red=True)

@@ -9,7 +9,9 @@ its first measurement and waits; then the controller asks for the warm-ups and t
 side at a time (step by step where both sides' engines can pause between tokens: ``Pairing``),
 in seeded AB/BA order per pair, adds pairs while the verdict is undecided (up to
 the cap, every look at alpha / looks), judges them (``judge.paired.judged_pairs``) and hands
-each side its measurement's end. The current side's reports become the test's.
+each side its measurement's end. The current side's reports become the test's. A measurement's
+pairs run over 2 or more process pairs (``Processes``: fresh processes of both sides, started for
+it and closed after it), judged by a model of both levels (``judge.paired.two_level_ci``).
 
 The sides' processes and their events are ``session/sides.py``'s; ``drive`` steps one test
 through each side's ``SideState`` on those events."""
@@ -17,6 +19,7 @@ through each side's ``SideState`` on those events."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import math
 import sys
@@ -29,16 +32,16 @@ from typing import TYPE_CHECKING, Any
 from ..core.errors import LLMPerfError
 from ..core.measurement import Attribution
 from ..core.progress import current, task
-from ..core.settings import usable_cpus
+from ..core.settings import DEFAULT_MAX_PROCESSES, usable_cpus
 from ..core.workload import SEQUENTIAL_FACTOR, RunTrace, Workload
 from ..engines import NeedsPromptIds, TokenProbabilities
 from ..judge.attribution import compare_attributions, moved_phases
 from ..judge.attribution import why as why_attribution
-from ..judge.paired import judged_pairs, pairs_settled
+from ..judge.paired import SETTLED, Levels, judged_pairs, needs_more_pairs, pair_levels, pairs_settled
 from ..judge.parts import explained_phases, gated, paired_parts, prompt_changes
 from ..judge.result import comparison_json
 from ..judge.rule import JUDGED
-from ..judge.verdict import BaselineStatus
+from ..judge.verdict import BaselineStatus, Verdict
 from ..measuring.agreement import compare_outputs
 from ..measuring.attribution import interleaved
 from ..measuring.interleave import block_orders, pass_orders
@@ -54,6 +57,7 @@ from .sides import (
     Measure,
     Missing,
     Paused,
+    Released,
     Report,
     RunError,
     Side,
@@ -97,6 +101,9 @@ class Against:
     family: int
     timeout_s: float
     worktrees: Worktrees | None = None  # holds REF's worktree (a lease) until closed
+    #: The most processes per side a measurement's pairs run in (``--llmperf-max-processes``;
+    #: a marker's ``max_processes`` wins): ``Processes``.
+    max_processes: int = DEFAULT_MAX_PROCESSES
     #: The labels of each test's measurements met so far: a test's second and later labelled
     #: measurement is one more member of Holm's family (``family`` counts each test once).
     labels_seen: dict[str, set[str]] = field(default_factory=dict)
@@ -146,6 +153,7 @@ def open_against(
     tail_threshold: float,
     family: int,
     timeout_s: float,
+    max_processes: int = DEFAULT_MAX_PROCESSES,
 ) -> Against:
     """Resolve REF (a ConfigError names what is wrong), check out its worktree (the project's
     folder mapped into it, its submodules filled), and set up both sides (their processes start
@@ -167,15 +175,31 @@ def open_against(
         REF: SideSpec(REF, reference.describe(), reference.python or sys.executable, str(ref_root), packages),
     }
     sides = {name: Side(spec, args, cwd, str(harness), timeout_s) for name, spec in specs.items()}
-    return Against(reference, sides, alpha, threshold, tail_threshold, family, timeout_s, worktrees)
+    return Against(reference, sides, alpha, threshold, tail_threshold, family, timeout_s, worktrees, max_processes)
 
 
-def describe_sides(against: Mapping[str, Any] | None) -> list[str]:
+def describe_sides(against: Mapping[str, Any] | None, *, verbose: bool = False) -> list[str]:
     """The session's last lines: what each side was (``Session.against_sides``: the controller's,
-    or an xdist worker's shipped on its reports)."""
+    or an xdist worker's shipped on its reports); ``verbose`` (``-v``): what each level of each
+    decision's pairs contributed."""
     sides = ((against or {}).get("sides") or {}).items()
     decisions = (against or {}).get("decisions") or ()
-    return [_side_line(name, side) for name, side in sides] + [_decision_line(d) for d in decisions]
+    lines = [_side_line(name, side) for name, side in sides]
+    for d in decisions:
+        lines.append(_decision_line(d))
+        if verbose:
+            lines += [f"llmperf: against: {d.get('test')}: {_levels_line(one)}" for one in d.get("levels") or ()]
+    return lines
+
+
+def _levels_line(one: Mapping[str, object]) -> str:
+    """A decision's stored levels of one metric (``Levels.to_json``) as ``Levels.line`` says them."""
+    try:
+        counts = (int(str(one["process_pairs"])), int(str(one["pairs"])))
+        sds = (float(str(one["between_sd"])), float(str(one["within_sd"])))
+        return Levels(str(one["metric"]), *counts, *sds).line()
+    except (KeyError, ValueError):
+        return f"levels not readable: {one!r}"[:200]
 
 
 def _side_line(name: str, side: Mapping[str, Any]) -> str:
@@ -187,9 +211,11 @@ def _side_line(name: str, side: Mapping[str, Any]) -> str:
 
 
 def _decision_line(d: Mapping[str, Any]) -> str:
+    processes = int(d.get("processes") or 1)
+    started = f"; {processes} process pairs, the extra ones started in {float(d.get('start_s') or 0):.1f} s"
     return (
         f"llmperf: against: {d.get('test')}: {d.get('pairs')} pairs in {float(d.get('seconds') or 0):.1f} s "
-        f"(look {d.get('look')} of {d.get('looks')}: {d.get('stopped')})"
+        f"(look {d.get('look')} of {d.get('looks')}: {d.get('stopped')}){started if processes > 1 else ''}"
     )
 
 
@@ -267,8 +293,9 @@ def outputs(ag: Against, events: Mapping[str, Mapping[str, object]], workload: W
 
 def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str) -> tuple[Looked, str, Agreement]:
     """The measurement both sides wait at: warm-ups, then pairs in seeded AB/BA order (A: REF, B:
-    the current side), looks until decided or the cap, then the output agreement. Returns
-    (where the pairs stopped: comparisons and parts, the note, the ``Agreement``)."""
+    the current side) over the measurement's process pairs (``Processes``), looks until decided
+    or the cap, then the output agreement. Returns (where the pairs stopped: comparisons and
+    parts, the note, the ``Agreement``)."""
     ev = events[CURRENT]
     workload = Workload(**ev["workload"])
     cap, looks, step = looks_for(workload.runs, ev.get("max_runs"))
@@ -276,21 +303,184 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str) -> 
     threads = max(int(events[name].get("threads") or usable_cpus()) for name in (CURRENT, REF))
     cpus = idlest_cpus(threads)  # the same CPUs for both sides (idlest_cpus says why)
     pairing = Pairing(by_letter, ag.timeout_s, cpus, all(events[name].get("stepped") for name in (CURRENT, REF)))
-    with task(f"measurement {ev['label']}" if ev.get("label") else "measurement") as progress:
-        progress.step("warm-up pairs", 0, workload.warmup)
-        _warm_up(pairing, workload)
-        looked = _looks(pairing, workload, (cap, looks, step), _judging(ag, ev, nodeid))
-        progress.step("output agreement")
-        agreement = outputs(ag, events, workload)
+    budget = int(ev.get("max_processes") or ag.max_processes)
+    processes = Processes(ag, nodeid, str(ev.get("label") or ""), pairing, budget)
+    try:
+        with task(f"measurement {ev['label']}" if ev.get("label") else "measurement") as progress:
+            progress.step("warm-up pairs", 0, workload.warmup)
+            _warm_up(pairing, workload)
+            processes.start(workload)
+            looked = _looks(processes, workload, (cap, looks, step), _judging(ag, ev, nodeid))
+            progress.step("output agreement")
+            agreement = outputs(ag, events, workload)
+    finally:
+        processes.close()
     test = nodeid + (f"[{ev['label']}]" if ev.get("label") else "")
     ag.decisions.append(
         {"test": test, "pairs": looked.n, "seconds": round(looked.seconds, 3), "look": looked.look, "looks": looks}
     )
     ag.decisions[-1]["stopped"] = looked.why
-    ag.decisions[-1]["interleaved"] = pairing.interleaved.value
+    ag.decisions[-1]["interleaved"] = processes.interleaved.value
+    if len(processes.pairs) > 1:
+        ag.decisions[-1].update(
+            processes=len(processes.pairs),
+            start_s=round(processes.start_s, 3),
+            levels=[one.to_json() for one in looked.levels],
+        )
     same = "" if events[REF]["workload"] == ev["workload"] else "; REF's workload differs from this tree's"
-    note = _pairs_note(ag, workload, looked, (cap, looks, step), pairing) + same
+    note = _pairs_note(ag, workload, looked, (cap, looks, step), processes) + same
     return looked, note, agreement
+
+
+#: A measurement's pairs start on this many process pairs (issue 50; fewer only where its budget,
+#: ``max_processes``, is smaller): two processes of the same code differ by 1-2% for their whole
+#: life (placement in memory, on the cores), which pairs within one pair of processes cannot see.
+MIN_PROCESS_PAIRS = 2
+#: A look that did not settle adds a process pair (within the budget) when the processes' offsets
+#: are at least this share of an unsettled comparison's CI variance: more pairs would mostly
+#: narrow the other level.
+ADD_SHARE = 0.5
+#: At the budget, an unsettled comparison whose CI variance is at least this much the processes'
+#: stops the pairs: more pairs cannot narrow it enough; its verdict says the budget held it.
+STOP_SHARE = 0.8
+
+
+class Processes:
+    """A measurement's process pairs (docs/against.md, "Processes"): the test's own pair of
+    sides, and more started for the measurement, each a fresh process per side that runs the test
+    up to the same measurement and waits there (its start-up, warm-ups included, lies outside
+    every timed region, and is counted: ``start_s``). Pair i of the measurement runs on the
+    process pair ``schedule(i)`` says: in turn and back (ABBA over process pairs), so a drift of
+    the machine is shared by all of them. The extra processes are closed after the measurement."""
+
+    def __init__(self, ag: Against, nodeid: str, label: str, first: Pairing, budget: int) -> None:
+        self.ag, self.nodeid, self.label, self.budget = ag, nodeid, label, max(budget, 1)
+        self.pairs: list[Pairing] = [first]
+        self.extra: list[Side] = []
+        self.start_s = 0.0
+        self.since = 0  # the first pair of the schedule over the current process pairs
+        self.unavailable: str | None = None  # why no more process pairs could start
+
+    @property
+    def interleaved(self) -> Interleaved:
+        turns = {p.interleaved for p in self.pairs}
+        return Interleaved.RUN if Interleaved.RUN in turns else Interleaved.TOKEN
+
+    @property
+    def unstepped(self) -> str | None:
+        return next((p.unstepped for p in self.pairs if p.unstepped is not None), None)
+
+    def schedule(self, i: int) -> int:
+        """The process pair of pair ``i``: 0, 1, .., k-1, k-1, .., 0, 0, 1, .. from ``since``."""
+        k = len(self.pairs)
+        block, pos = divmod(i - self.since, k)
+        return pos if block % 2 == 0 else k - 1 - pos
+
+    def pair(self, i: int, order: str) -> dict[str, RunTrace]:
+        k = self.schedule(i)
+        if k == 0:
+            return self.pairs[0].pair(i, order)
+        try:  # an extra process lost: the pairs stop, the test's own sides go on
+            return self.pairs[k].pair(i, order)
+        except SideGone as exc:
+            raise RunFailed(f"process pair {k + 1}: {exc}") from None
+
+    def start(self, workload: Workload) -> None:
+        """The process pairs a measurement starts on (``MIN_PROCESS_PAIRS``, within the budget)."""
+        while len(self.pairs) < min(MIN_PROCESS_PAIRS, self.budget) and self.add(workload, 0):
+            pass
+
+    def add(self, workload: Workload, at: int) -> bool:
+        """Start one more process pair and warm it up, its schedule from pair ``at``; False when
+        it could not start (``unavailable`` says why)."""
+        if self.unavailable is not None:
+            return False
+        current().step(f"starting process pair {len(self.pairs) + 1}")
+        started = time.monotonic()
+        first = self.pairs[0]
+        sides = {name: Side(s.spec, s.args, s.cwd, s.harness, s.timeout_s) for name, s in self.ag.sides.items()}
+        self.extra += sides.values()
+        try:
+            start_all(list(sides.values()))
+            for side in sides.values():
+                if (missing := side.missing(self.nodeid)) is not None:
+                    raise SideGone(missing.line, side.spec.name)
+                side.send({"op": "test", "nodeid": self.nodeid, "next": None})
+            stepped = all(bool(_reach(side, self.label, self.ag.timeout_s).get("stepped")) for side in sides.values())
+            pairing = Pairing({"A": sides[REF], "B": sides[CURRENT]}, self.ag.timeout_s, first.cpus, stepped)
+            _warm_up(pairing, workload)
+        except (SideGone, RunFailed) as exc:
+            self.unavailable = f"process pair {len(self.pairs) + 1} did not start: {exc}"
+            for side in sides.values():
+                side.close()
+            return False
+        self.start_s += time.monotonic() - started
+        self.pairs.append(pairing)
+        self.since = at
+        return True
+
+    def after_look(
+        self, comparisons: Sequence[Comparison], levels: Sequence[Levels], workload: Workload, n: int
+    ) -> str | None:
+        """After a look: one more process pair (``ADDED``) while the processes' offsets dominate
+        the CI of a comparison not decided yet (one that needs more pairs, or an INCONCLUSIVE) and
+        the budget allows; at the budget, why the pairs stop when those offsets are nearly all of
+        it; else None (the look's own answer stands)."""
+        if len(self.pairs) < 2:
+            return None
+        unsettled = {c.metric for c in comparisons if c.mirror_of is None and _undecided(c)}
+        share = max((one.share for one in levels if one.metric in unsettled), default=0.0)
+        if share < ADD_SHARE:
+            return None
+        if len(self.pairs) < self.budget and self.add(workload, n):
+            return ADDED
+        if share < STOP_SHARE:
+            return None
+        return (
+            f"the budget of {self.budget} process pairs (max_processes) reached: the processes' offsets are "
+            f"{share:.0%} of the CI's variance, which more pairs cannot narrow"
+        )
+
+    def close(self) -> None:
+        for side in self.extra:
+            side.close()
+
+
+#: ``Processes.after_look``'s answer when it started one more process pair: the pairs go on.
+ADDED = "added a process pair"
+
+
+def _undecided(c: Comparison) -> bool:
+    """Not decided yet: more pairs may move it (``needs_more_pairs``), or INCONCLUSIVE."""
+    return bool(needs_more_pairs(c)) or c.verdict is Verdict.INCONCLUSIVE
+
+
+def _reach(side: Side, label: str, timeout_s: float) -> Mapping[str, object]:
+    """Run a fresh side's test up to the measurement labelled ``label`` (an exclusive turn on the
+    way is granted, an earlier measurement ended unjudged): its "measure" event's data."""
+    while True:
+        event = side.receive(timeout_s, "reaching the measurement")
+        if isinstance(event, Measure) and str(event.data.get("label") or "") == label:
+            return event.data
+        if isinstance(event, Measure):
+            side.send({"op": "done"})
+        elif isinstance(event, Turn):
+            side.send({"op": "go"})
+        elif not isinstance(event, Released):
+            raise SideGone(f"{side.who} ended the test before this measurement ({event.ev})", side.spec.name)
+
+
+def held_by_budget(comparisons: Sequence[Comparison], why: str) -> list[Comparison]:
+    """The comparisons of pairs the process budget stopped: each one more pairs could still have
+    moved is INCONCLUSIVE, its reason the budget's (its reach the one it got), its rate too."""
+    held = {c.metric for c in comparisons if c.mirror_of is None and _undecided(c)}
+    reason = f"cannot decide: {why}; raise max_processes (--llmperf-max-processes)"
+    return [
+        dataclasses.replace(c, verdict=Verdict.INCONCLUSIVE, reason=reason, runs_needed=None)
+        if c.metric in held or c.mirror_of in held
+        else c
+        for c in comparisons
+    ]
 
 
 #: A step of a side's attribution pass (an instrumented run, its prompt steps and a plain run)
@@ -503,42 +693,57 @@ class Looked:
     parts: tuple[PartChange, ...] = ()
     #: What differs between the sides' requests beyond the timings ("prompt tokens 22 -> 170").
     changes: tuple[str, ...] = ()
+    #: What each level contributed per judged metric (two process pairs or more; ``judge.paired.Levels``).
+    levels: tuple[Levels, ...] = ()
 
 
-def _looks(pairing: Pairing, workload: Workload, plan: tuple[int, int, int], judging: Mapping[str, Any]) -> Looked:
-    """Pairs, ``step`` at a time, each batch judged at a look, until settled, the cap or the bound."""
+def _looks(processes: Processes, workload: Workload, plan: tuple[int, int, int], judging: Mapping[str, Any]) -> Looked:
+    """Pairs, ``step`` at a time over the process pairs, each batch judged at a look, until
+    settled, the cap, the bound or the process budget (``Processes.after_look``)."""
 
     cap, looks, step = plan
     orders = block_orders(cap, workload.seed)
     runs: dict[str, list[RunMetrics]] = {"A": [], "B": []}
-    started = time.monotonic()
+    groups: list[int] = []  # each pair's process pair
+    started, start_s = time.monotonic(), processes.start_s
     look = 0
     progress = current()
     while True:
         start = len(runs["A"])
         progress.step(f"look {look + 1} of at most {looks}: pairs", start, cap)
         for i in range(start, min(start + step, cap)):
-            for letter, trace in pairing.pair(i, orders[i]).items():
+            groups.append(processes.schedule(i))
+            for letter, trace in processes.pair(i, orders[i]).items():
                 runs[letter].append(run_metrics(trace))
             progress.advance(i + 1)
         n, look = len(runs["A"]), look + 1
-        comparisons = judged_pairs(runs["A"], runs["B"], looks=looks, **judging)
+        two = groups if len(set(groups)) > 1 else []
+        comparisons = judged_pairs(runs["A"], runs["B"], looks=looks, groups=two, **judging)
+        levels = pair_levels(runs["A"], runs["B"], two) if two else ()
         why = pairs_settled(comparisons) or (f"the cap of {cap} pairs" if n >= cap else None)
         if why is None and time.monotonic() - started > PAIRS_TIME_CAP_S:
             why = f"the {PAIRS_TIME_CAP_S:.0f} s bound"
+        if why in (None, SETTLED) and n < cap:  # more process pairs may decide what more pairs cannot
+            turn = processes.after_look(comparisons, levels, workload, n)
+            if turn == ADDED:
+                why = None
+            elif turn is not None:
+                why, comparisons = turn, held_by_budget(comparisons, turn)
         if why is not None:
-            seconds = time.monotonic() - started
+            seconds = time.monotonic() - started - (processes.start_s - start_s)  # a process pair's start: not pairs
             parts = gated(paired_parts(runs["A"], runs["B"], alpha=judging["alpha"]), explained_phases(comparisons))
             changes = prompt_changes(runs["A"][0].prompt_tokens, runs["B"][0].prompt_tokens)
-            return Looked(comparisons, n, look, why, seconds, orders, parts, changes)
+            return Looked(comparisons, n, look, why, seconds, orders, parts, changes, levels)
 
 
-def _pairs_note(ag: Against, workload: Workload, looked: Looked, plan: tuple[int, int, int], pairing: Pairing) -> str:
+def _pairs_note(
+    ag: Against, workload: Workload, looked: Looked, plan: tuple[int, int, int], processes: Processes
+) -> str:
     cap, looks, step = plan
-    cpus = pairing.cpus
-    turns = "token by token" if pairing.interleaved is Interleaved.TOKEN else "run by run"
-    if pairing.unstepped is not None:
-        turns += f" (not token by token: {pairing.unstepped})"
+    cpus = processes.pairs[0].cpus
+    turns = "token by token" if processes.interleaved is Interleaved.TOKEN else "run by run"
+    if processes.unstepped is not None:
+        turns += f" (not token by token: {processes.unstepped})"
     n = looked.n
     n_ab = sum(1 for o in looked.orders[:n] if o == "AB")
     ref, cur = ag.sides[REF].ready, ag.sides[CURRENT].ready
@@ -548,7 +753,21 @@ def _pairs_note(ag: Against, workload: Workload, looked: Looked, plan: tuple[int
         f"after {workload.warmup} warm-up run(s) each"
         f"{'' if cpus is None else '; both on CPU ' + ','.join(map(str, cpus))}; llama-cpp-python "
         f"{ref.get('llama_cpp') or '?'} (REF) vs {cur.get('llama_cpp') or '?'} (this tree)"
+        f"{_processes_note(processes)}"
     )
+
+
+def _processes_note(processes: Processes) -> str:
+    """The process level in the pairs' note: how many process pairs, their start-up's seconds
+    (outside every timed region), why no more could start; nothing with a budget of 1."""
+    if processes.budget < 2:
+        return ""
+    k = len(processes.pairs)
+    note = (
+        f"; {k} process pair(s) of at most {processes.budget}, pairs in turn over them, the extra ones' "
+        f"start {processes.start_s:.1f} s (outside the timed runs)"
+    )
+    return note + (f"; {processes.unavailable}" if processes.unavailable else "")
 
 
 #: The pairs of one measurement stop at the run cap; this bound is for tests whose runs take

@@ -19,7 +19,17 @@ from typing import Any, TypeVar
 from ..core.catalog import AGREEMENT_BUDGETS, BUDGETS
 from ..core.documents import check_output, refused_output
 from ..core.errors import ConfigError, unknown_name
-from ..core.settings import RENAMED, SETTINGS, UNQUANTIZED, EngineSettings, Resolved, renamed_line, resolve, value_kind
+from ..core.settings import (
+    DEFAULT_MAX_PROCESSES,
+    RENAMED,
+    SETTINGS,
+    UNQUANTIZED,
+    EngineSettings,
+    Resolved,
+    renamed_line,
+    resolve,
+    value_kind,
+)
 from ..core.values import COUNT, FLAG, LEVEL, POSITIVE, SHARE, THRESHOLD, TOKENS, Choice, Integer, Kind
 from ..core.workload import LLAMA_SETTINGS, MAX_TOKENS, MODEL_LOAD_KINDS, PROMPT_CACHE_MODES, Workload
 from ..engines import Engine
@@ -93,6 +103,8 @@ class SessionSettings:
     against: str | None = None
     #: ``--llmperf-allow-not-compared``: a session of ``--llmperf-against`` that compared nothing passes.
     allow_not_compared: bool = False
+    #: ``--llmperf-max-processes``: ``--llmperf-against``'s budget of processes per side.
+    max_processes: int = DEFAULT_MAX_PROCESSES
     #: ``--llmperf-prompt-cache``: a measured callable's Llamas between runs (cold | warm).
     prompt_cache: str = "cold"
     #: ``--llmperf-lost-baseline``: a test whose committed baseline is not found fails or warns (fail | warn).
@@ -350,6 +362,14 @@ KEYS: dict[str, Key] = {
             "option",
             "measure more runs, `runs` at a time, while a baseline verdict is INCONCLUSIVE or a "
             "budget's CI straddles its limit, up to this many (default 3 x runs; = runs turns it off)",
+            _marker(COUNT),
+        ),
+        Key(
+            "max_processes",
+            "option",
+            "--llmperf-against: the most processes per side this test's pairs run in (2 at first, more while "
+            "the processes' offsets dominate the CI; 1 turns the process level off; default "
+            "--llmperf-max-processes)",
             _marker(COUNT),
         ),
         Key("layers", "option", "also time each layer (llama.cpp eval callback; in-process only)", _marker(FLAG)),

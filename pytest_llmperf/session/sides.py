@@ -528,6 +528,7 @@ class Link:
             label,
             settings=config.settings,
             max_runs=config.options.get("max_runs"),
+            max_processes=config.options.get("max_processes"),
             threads=config.engine.get("threads") or self.threads,
             slo=config.budgets,
             attribution=attribution,

@@ -1,0 +1,187 @@
+"""The 1% gate of ``--llmperf-against`` (issue 50): separate pytest sessions of A/A, +2% and +1%
+per-token work, each side's runs over process pairs (``--llmperf-max-processes``), judged at
+``--llmperf-threshold`` (1% by default). Prints, per case: how often the decode and TTFT CIs
+cover 1 (A/A: the calibration; a change: how often the CI missed it), the REGRESSION counts,
+how often the decode CI lies above 1, how many TTFT and decode comparisons were decided (not
+INCONCLUSIVE), the median pairs and process pairs, and the seconds per decision (the pairs'
+seconds, and with the extra processes' start-up, which lies outside every timed region).
+
+The test repository and the user's streaming wrapper are ``benchmarks/against_sessions.py``'s
+(a ``git:HEAD~1`` REF one commit back: an empty commit for A/A, the wrapper's extra work per
+token for a change). The cases alternate session by session so that a drift of the machine
+falls on all of them alike.
+
+    .venv/bin/python benchmarks/gate_sessions.py --sessions 40            # the issue's figures: 40 A/A, 10 each change
+    .venv/bin/python benchmarks/gate_sessions.py --sessions 2 --changes 0,0.02   # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from against_sessions import load, make_repo  # a script beside this one
+
+
+def session(root: Path, args: argparse.Namespace, out: Path) -> dict:
+    """One ``pytest --llmperf-against git:HEAD~1`` session of ``root``; its session file."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "tests",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--llmperf-model",
+        args.preset,
+        "--llmperf-threads",
+        str(args.threads),
+        f"--llmperf-threshold={args.threshold}",
+        f"--llmperf-max-processes={args.max_processes}",
+        f"--llmperf-json={out}",
+        "--llmperf-against",
+        "git:HEAD~1",
+    ]
+    started = time.monotonic()
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=3600, check=False)
+    if not out.exists():
+        print(proc.stdout[-3000:], proc.stderr[-3000:])
+        raise SystemExit(f"session wrote no JSON (exit {proc.returncode})")
+    doc = json.loads(out.read_text())
+    doc["_exit"], doc["_wall_s"] = proc.returncode, time.monotonic() - started
+    return doc
+
+
+def row_of(doc: dict, change: float, index: int) -> dict | None:
+    """The session's one measurement as a row: TTFT and TPOT comparisons, pairs, seconds."""
+    for r in doc["results"]:
+        comps = {c["metric"]: c for c in (r.get("verdict") or {}).get("comparisons", [])}
+        if "tpot_ms" not in comps:
+            continue
+        decisions = (doc.get("against") or {}).get("decisions") or []
+        d = next((x for x in decisions if x["test"] == r["test"]), decisions[-1] if decisions else {})
+        return {
+            "change": change,
+            "session": index,
+            "ttft": comps.get("ttft_ms"),
+            "tpot": comps["tpot_ms"],
+            "pairs": d.get("pairs"),
+            "pairs_s": d.get("seconds") or 0.0,
+            "start_s": d.get("start_s") or 0.0,
+            "processes": d.get("processes") or 1,
+            "levels": d.get("levels") or [],
+            "stopped": d.get("stopped"),
+            "wall_s": doc["_wall_s"],
+            "load": load(),
+        }
+    return None
+
+
+def _ci(c: dict | None) -> str:
+    if c is None:
+        return "-"
+    return f"{c['ratio']:.3f} ({c['ci_low']:.3f}..{c['ci_high']:.3f}) {c['verdict']}"
+
+
+def show(row: dict) -> None:
+    shares = ", ".join(f"{lv['metric']} {lv['between_share']:.0%}" for lv in row["levels"])
+    print(
+        f"  {row['change']:+.0%} session {row['session']}: TTFT {_ci(row['ttft'])}, TPOT {_ci(row['tpot'])}; "
+        f"{row['pairs']} pairs over {row['processes']} process pair(s) in {row['pairs_s']:.1f} s "
+        f"(+{row['start_s']:.1f} s start; {row['stopped']}); process level {shares or '-'}; "
+        f"{row['wall_s']:.0f} s; load {row['load']}",
+        flush=True,
+    )
+
+
+def _covers(c: dict | None) -> bool:
+    return c is not None and c["ci_low"] <= 1.0 <= c["ci_high"]
+
+
+def summary(rows: list[dict], threshold: float) -> None:
+    for change in sorted({r["change"] for r in rows}):
+        mine = [r for r in rows if r["change"] == change]
+        n = len(mine)
+        count = {
+            "decode covers 1": sum(_covers(r["tpot"]) for r in mine),
+            "TTFT covers 1": sum(_covers(r["ttft"]) for r in mine),
+            "decode REGRESSION": sum(r["tpot"]["verdict"] == "REGRESSION" for r in mine),
+            "TTFT REGRESSION": sum((r["ttft"] or {}).get("verdict") == "REGRESSION" for r in mine),
+            "decode CI above 1": sum(r["tpot"]["ci_low"] > 1.0 for r in mine),
+            "decode decided": sum(r["tpot"]["verdict"] != "INCONCLUSIVE" for r in mine),
+            "TTFT decided": sum((r["ttft"] or {}).get("verdict", "INCONCLUSIVE") != "INCONCLUSIVE" for r in mine),
+        }
+        pairs = [r["pairs"] for r in mine if r["pairs"]]
+        decision_s = [r["pairs_s"] + r["start_s"] for r in mine]
+        print(
+            f"{'A/A' if change == 0 else f'{change:+.0%} per token'} at threshold {threshold:.0%}, {n} sessions: "
+            + ", ".join(f"{k} {v}/{n}" for k, v in count.items())
+            + f"; pairs median {statistics.median(pairs):g} ({min(pairs)}-{max(pairs)}); process pairs median "
+            f"{statistics.median(r['processes'] for r in mine):g}; seconds per decision median "
+            f"{statistics.median(decision_s):.1f} (pairs {statistics.median(r['pairs_s'] for r in mine):.1f} + "
+            f"start {statistics.median(r['start_s'] for r in mine):.1f}); session wall median "
+            f"{statistics.median(r['wall_s'] for r in mine):.0f} s",
+            flush=True,
+        )
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sessions", type=int, default=10, help="sessions per case (A/A gets --aa-factor times as many)")
+    p.add_argument("--aa-factor", type=int, default=1)
+    p.add_argument("--changes", default="0,0.02,0.01", help="per-token work of each case (0: A/A)")
+    p.add_argument("--threshold", type=float, default=0.01)
+    p.add_argument("--max-processes", type=int, default=4)
+    p.add_argument("--preset", default="small")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--prompt-tokens", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--jsonl", type=Path, help="append each session's row to this file")
+    p.add_argument("--summary-of", type=Path, help="print the summary of a --jsonl file and run nothing")
+    args = p.parse_args()
+    if args.summary_of:
+        summary([json.loads(x) for x in args.summary_of.read_text().splitlines() if x.strip()], args.threshold)
+        return 0
+    changes = [float(x) for x in args.changes.split(",")]
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="llmperf-gate-bench-") as tmp:
+        roots = {}
+        for change in changes:
+            root = Path(tmp) / f"repo-{change:g}"
+            case = "aa" if change == 0 else "change"
+            make_repo(root, case, change, args.prompt_tokens, args.max_tokens, args.preset)
+            roots[change] = root
+        print(
+            f"threshold {args.threshold:.0%}, max_processes {args.max_processes}, {args.preset} preset, threads "
+            f"{args.threads}, pp{args.prompt_tokens} tg{args.max_tokens}; cases {changes}; load {load()}; "
+            f"pid {os.getpid()}",
+            flush=True,
+        )
+        plan = [(c, s) for s in range(args.sessions * max(args.aa_factor, 1)) for c in changes]
+        plan = [(c, s) for c, s in plan if c == 0 or s < args.sessions]
+        for change, s in plan:
+            doc = session(roots[change], args, Path(tmp) / f"s-{change:g}-{s}.json")
+            row = row_of(doc, change, s + 1)
+            if row is None:
+                print(f"  {change:+.0%} session {s + 1}: nothing compared (exit {doc['_exit']})", flush=True)
+                continue
+            rows.append(row)
+            show(row)
+            if args.jsonl:
+                with args.jsonl.open("a") as fh:
+                    fh.write(json.dumps(row) + "\n")
+    summary(rows, args.threshold)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
