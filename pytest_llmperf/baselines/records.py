@@ -16,7 +16,8 @@ llama.cpp's (docs/verdicts.md). Steal time and context switches name a busy mach
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..core import catalog
@@ -24,7 +25,7 @@ from ..core.fingerprint import Fingerprint
 from ..core.formats import sig6
 from ..core.measurement import JsonValue, LoadStats, Measurement
 from ..core.record import Record
-from ..core.workload import MEMORY_FIELDS
+from ..core.workload import MEMORY_FIELDS, ChatMessage
 from ..measuring.metrics import diagnose
 from ..measuring.roofline import REFERENCE_KIND, kv_cache_bytes
 
@@ -75,7 +76,14 @@ def workload_identity(m: Measurement) -> dict[str, JsonValue]:
         # A callable's warm prompt cache measures the cache: never the same workload as cold
         # (only present when warm, so older baselines keep matching).
         **({"prompt_cache": w.prompt_cache} if w.prompt_cache != "cold" else {}),
+        # A chat request: its messages as the test gives them, one JSON text (only present when set).
+        **({"messages": chat_identity(w.messages)} if w.messages is not None else {}),
     }
+
+
+def chat_identity(messages: Sequence[ChatMessage]) -> str:
+    """Chat messages as a workload's identity holds them: ``[[role, content], ...]`` as JSON."""
+    return json.dumps([[m.role, m.content] for m in messages], ensure_ascii=False)
 
 
 def record(m: Measurement, fingerprint: Fingerprint, *, commit: str | None, recorded_at: str) -> dict[str, JsonValue]:
@@ -208,6 +216,7 @@ def same_workload(a: Mapping[str, object], b: Mapping[str, object]) -> list[str]
         "rate",
         "shared_prefix_tokens",
         "prompt_cache",
+        "messages",
     )
     wa, wb = catalog.stored_section(a, "workload"), catalog.stored_section(b, "workload")
     return [f"{k} {wa.get(k)!r} -> {wb.get(k)!r}" for k in keys if wa.get(k) != wb.get(k)]

@@ -35,6 +35,7 @@ best-effort with a short deadline, and done outside every timed region."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import os
 import secrets
@@ -196,8 +197,13 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
         """The request. A synthetic prompt differs per request (seeded by the engine's salt,
         the workload's seed and the request index) so no server can answer from a cached
         prefix; with ``shared_prefix_tokens`` its first words are the same in every request."""
+        if workload.messages is not None and self.api != "chat":
+            raise ConfigError(
+                f"messages are a chat request: {self.url} is the completions API; "
+                "send them to /v1/chat/completions with --llmperf-api chat"
+            )
         prompt = workload.prompt
-        if prompt is None:
+        if prompt is None and workload.messages is None:
             words = workload.synthetic_prompt_tokens or 0
             base = (self.prompt_salt * 1_000_003 + workload.seed) % 2**62
             shared = workload.shared_prefix_tokens or 0
@@ -215,7 +221,9 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
         }
         if self.model:
             body["model"] = self.model
-        if self.api == "completions":
+        if workload.messages is not None:  # as they are: the server renders its model's template
+            body["messages"] = [dataclasses.asdict(m) for m in workload.messages]
+        elif self.api == "completions":
             body["prompt"] = prompt
         else:
             body["messages"] = [{"role": "user", "content": prompt}]
