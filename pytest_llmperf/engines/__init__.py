@@ -69,7 +69,9 @@ __all__ = [
 ]
 
 
-TokenStream = Callable[[str, int], Iterable[object]]
+#: What a measured callable is given first: the prompt's text, or a chat request's messages.
+Request = str | list[dict[str, str]]
+TokenStream = Callable[[Request, int], Iterable[object]]
 
 
 def is_token_stream(value: object) -> TypeGuard[TokenStream]:
@@ -208,7 +210,11 @@ class CallableEngine(Engine, DrivenLlama):
             python_sampling_ns=main.python_sampling_ns,
         )
 
-    def _prompt(self, workload: Workload) -> str:
+    def _prompt(self, workload: Workload) -> Request:
+        """What ``fn`` is given as its prompt: the text, or a chat request's messages
+        (``[{"role": ..., "content": ...}, ...]``, for ``Llama.create_chat_completion``)."""
+        if workload.messages is not None:
+            return [dataclasses.asdict(m) for m in workload.messages]
         if workload.prompt is not None:
             return workload.prompt
         return synthetic_text(workload.synthetic_prompt_tokens or 0, workload.seed)
