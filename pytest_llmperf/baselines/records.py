@@ -83,7 +83,7 @@ def workload_identity(m: Measurement) -> dict[str, JsonValue]:
 
 def chat_identity(messages: Sequence[ChatMessage]) -> str:
     """Chat messages as a workload's identity holds them: ``[[role, content], ...]`` as JSON."""
-    return json.dumps([[m.role, m.content] for m in messages], ensure_ascii=False)
+    return json.dumps([list(m) for m in messages], ensure_ascii=False)
 
 
 def record(m: Measurement, fingerprint: Fingerprint, *, commit: str | None, recorded_at: str) -> dict[str, JsonValue]:

@@ -56,26 +56,27 @@ def from_stored(cls: Callable[..., T], data: Mapping[str, object], **nested: Cal
 CHAT_ROLES = ("system", "user", "assistant")
 
 
-@dataclass(frozen=True)
-class ChatMessage:
-    """One message of a chat request (``Workload.messages``)."""
-
-    role: str
-    content: str
+#: One message of a chat request (``Workload.messages``): (role, content).
+ChatMessage = tuple[str, str]
 
 
 def chat_messages(value: object) -> tuple[ChatMessage, ...]:
-    """Chat messages as a test gives them (``[{"role": ..., "content": ...}, ...]``, or
-    ``ChatMessage``s) checked: a non-empty list, each a known role with text content; else a
-    ConfigError, one line naming the message."""
+    """Chat messages as a test gives them (``[{"role": ..., "content": ...}, ...]``; (role,
+    content) pairs as a stored workload holds them) checked: a non-empty list, each a known role
+    with text content; else a ConfigError, one line naming the message."""
     if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or not value:
         raise ConfigError(f"messages must be a non-empty list of {{'role': ..., 'content': ...}}, got {value!r}")
     return tuple(_chat_message(i, m) for i, m in enumerate(value))
 
 
+def chat_dicts(messages: tuple[ChatMessage, ...]) -> list[dict[str, str]]:
+    """The messages as a chat API takes them: ``[{"role": ..., "content": ...}, ...]``."""
+    return [{"role": role, "content": content} for role, content in messages]
+
+
 def _chat_message(index: int, message: object) -> ChatMessage:
-    if isinstance(message, ChatMessage):
-        message = dataclasses.asdict(message)
+    if isinstance(message, tuple) and len(message) == 2:  # stored: (role, content)
+        message = dict(zip(("role", "content"), message))
     if not isinstance(message, Mapping) or set(message) != {"role", "content"}:
         raise ConfigError(f"messages[{index}] must be {{'role': ..., 'content': ...}}, got {message!r}")
     role, content = message["role"], message["content"]
@@ -84,7 +85,7 @@ def _chat_message(index: int, message: object) -> ChatMessage:
     if not isinstance(content, str):
         raise ConfigError(f"messages[{index}] content must be a string, got {content!r}")
     _check_encodable(content)
-    return ChatMessage(str(role), content)
+    return (str(role), content)
 
 
 @dataclass(frozen=True)

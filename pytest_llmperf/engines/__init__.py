@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeGuard, TypeVar
 
 from ..core.errors import EngineError, NotSteppable
-from ..core.workload import EngineInfo, LlamaRun, NativeCounters, RunTrace, Workload
+from ..core.workload import EngineInfo, LlamaRun, NativeCounters, RunTrace, Workload, chat_dicts
 from .capabilities import (
     CAPABILITIES,
     AsyncRuns,
@@ -214,7 +214,7 @@ class CallableEngine(Engine, DrivenLlama):
         """What ``fn`` is given as its prompt: the text, or a chat request's messages
         (``[{"role": ..., "content": ...}, ...]``, for ``Llama.create_chat_completion``)."""
         if workload.messages is not None:
-            return [dataclasses.asdict(m) for m in workload.messages]
+            return chat_dicts(workload.messages)
         if workload.prompt is not None:
             return workload.prompt
         return synthetic_text(workload.synthetic_prompt_tokens or 0, workload.seed)

@@ -35,7 +35,6 @@ best-effort with a short deadline, and done outside every timed region."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import math
 import os
 import secrets
@@ -48,7 +47,7 @@ from ..core.documents import DuplicateKey, loads
 from ..core.errors import ConfigError, EngineError
 from ..core.redact import Redactor, Url, redact
 from ..core.settings import APIS, SETTINGS, endpoint_url
-from ..core.workload import EngineInfo, RunTrace, TokenLogits, Workload
+from ..core.workload import EngineInfo, RunTrace, TokenLogits, Workload, chat_dicts
 from . import synthetic_text
 from .capabilities import AsyncRuns, Closable, ConcurrentRuns, Engine, NeedsPromptIds, ServerMetrics
 from .sse import MAX_ERROR_BODY_BYTES, EventReader, Head, StreamState, status_error
@@ -222,7 +221,7 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
         if self.model:
             body["model"] = self.model
         if workload.messages is not None:  # as they are: the server renders its model's template
-            body["messages"] = [dataclasses.asdict(m) for m in workload.messages]
+            body["messages"] = chat_dicts(workload.messages)
         elif self.api == "completions":
             body["prompt"] = prompt
         else:

@@ -38,6 +38,7 @@ from ..core.workload import (
     RunTrace,
     TokenLogits,
     Workload,
+    chat_dicts,
     llama_arguments,
 )
 from ..models.gguf import embedding_lookup, gguf_file_type
@@ -356,7 +357,7 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
         assert self.llm is not None  # loaded: __init__ finished
         if workload.messages is not None:
             render = self._chat_formatter()
-            messages = cast("list[ChatCompletionRequestMessage]", [dataclasses.asdict(m) for m in workload.messages])
+            messages = cast("list[ChatCompletionRequestMessage]", chat_dicts(workload.messages))
             before = time.perf_counter_ns()
             # As llama-cpp-python's create_chat_completion: the template writes the BOS, and
             # its special tokens' text is read as the tokens.
