@@ -9,6 +9,7 @@ No timing is asserted: the parts add up to TTFT by construction (checked to floa
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 from types import SimpleNamespace
@@ -132,10 +133,18 @@ def test_a_changed_conversation_is_a_workload_change() -> None:
     assert "messages" not in stored(Workload())["workload"]  # a prompt's identity as before
 
 
-def test_a_served_chat_request_sends_the_messages_as_they_are() -> None:
-    chat = HttpEngine("http://127.0.0.1:9/v1", api="chat")
-    body = chat.body(W, 0)
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_a_served_chat_request_sends_the_messages_as_they_are_to_chat_completions(api) -> None:
+    """Whatever the engine's API for prompts, a chat request goes to /v1/chat/completions."""
+    engine = HttpEngine("http://127.0.0.1:9/v1", api=api)
+    body = engine.body(W, 0)
     assert body["messages"] == MESSAGES and "prompt" not in body
-    assert chat.url.endswith("/v1/chat/completions")
-    with pytest.raises(ConfigError, match=r"messages are a chat request: .* --llmperf-api chat"):
-        HttpEngine("http://127.0.0.1:9/v1", api="completions").body(W, 0)
+    assert engine._target(W) == ("chat", "http://127.0.0.1:9/v1/chat/completions", engine._urls["chat"][1])
+    assert engine._target(Workload(prompt="hi"))[0] == api
+
+
+def test_a_stored_workloads_messages_read_back() -> None:
+    """As a side's or a worker's JSON holds them: (role, content) pairs as lists."""
+    stored = json.loads(json.dumps(W.to_json()))
+    assert stored["messages"][0] == ["system", "Answer in one word."]
+    assert Workload(**stored) == Workload.from_json(stored) == W

@@ -75,7 +75,7 @@ def chat_dicts(messages: tuple[ChatMessage, ...]) -> list[dict[str, str]]:
 
 
 def _chat_message(index: int, message: object) -> ChatMessage:
-    if isinstance(message, tuple) and len(message) == 2:  # stored: (role, content)
+    if isinstance(message, (tuple, list)) and len(message) == 2:  # stored: (role, content), JSON's list
         message = dict(zip(("role", "content"), message))
     if not isinstance(message, Mapping) or set(message) != {"role", "content"}:
         raise ConfigError(f"messages[{index}] must be {{'role': ..., 'content': ...}}, got {message!r}")
