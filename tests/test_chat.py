@@ -15,6 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from inner import run
 
 from pytest_llmperf import LlamaCppEngine, Workload, measure
 from pytest_llmperf.baselines.records import same_workload, workload_identity
@@ -148,3 +149,28 @@ def test_a_stored_workloads_messages_read_back() -> None:
     stored = json.loads(json.dumps(W.to_json()))
     assert stored["messages"][0] == ["system", "Answer in one word."]
     assert Workload(**stored) == Workload.from_json(stored) == W
+
+
+CHAT_SUITE = """
+import pytest
+
+@pytest.mark.llmperf(messages=[{"role": "user", "content": "What colour is the sky?"}], max_tokens=4, runs=3)
+def test_chat():
+    pass
+"""
+
+
+def test_a_changed_conversation_is_not_judged_against_the_baseline(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_suite=CHAT_SUITE)
+    run(pytester, "--llmperf-update-baselines").assert_outcomes(passed=1)
+    pytester.makepyfile(test_suite=CHAT_SUITE.replace("the sky", "grass"))
+    result = run(pytester)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*not comparable: the workload changed since the baseline (*messages*grass*"])
+
+
+def test_a_markers_bad_messages_fail_collection_in_one_line(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_suite=CHAT_SUITE.replace('"role": "user"', '"role": "robot"'))
+    result = run(pytester)
+    line = "test_suite.py::test_chat: llmperf marker key 'messages': messages[0] has role 'robot'; roles: system, user, assistant"
+    assert line in result.stdout.lines and result.ret != 0
