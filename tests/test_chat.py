@@ -151,8 +151,11 @@ def test_a_stored_workloads_messages_read_back() -> None:
     assert Workload(**stored) == Workload.from_json(stored) == W
 
 
+#: The module's prompt_tokens: the test's messages replace it (one choice, as prompt and prompt_tokens).
 CHAT_SUITE = """
 import pytest
+
+pytestmark = pytest.mark.llmperf(prompt_tokens=16, max_tokens=8)
 
 @pytest.mark.llmperf(messages=[{"role": "user", "content": "What colour is the sky?"}], max_tokens=4, runs=3)
 def test_chat():
