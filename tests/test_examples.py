@@ -29,3 +29,19 @@ def test_example_suite_runs(pytester: pytest.Pytester) -> None:
         assert r.passed or (isinstance(r.longrepr, str) and "budget" in r.longrepr), (r.nodeid, str(r.longrepr))
     errors = [r for r in result.reprec.getreports("pytest_runtest_logreport") if r.when != "call" and r.failed]
     assert not errors, [str(e.longrepr) for e in errors]
+
+
+CHAT = EXAMPLE.with_name("test_chat_perf.py")
+
+
+def test_chat_example_runs(pytester: pytest.Pytester) -> None:
+    """The chat example (README's first page): a marker's messages on the plugin's engine, and a
+    wrapper calling ``create_chat_completion`` on ``llmperf_llm``."""
+    pytester.makepyfile(test_chat_perf=CHAT.read_text(encoding="utf-8"))
+    result = run(pytester)
+    reports = [r for r in result.reprec.getreports("pytest_runtest_logreport") if r.when == "call"]
+    assert {r.nodeid.split("::")[1] for r in reports} == {"test_chat_request", "test_chat_through_my_code"}
+    for r in reports:
+        assert r.passed or (isinstance(r.longrepr, str) and "budget" in r.longrepr), (r.nodeid, str(r.longrepr))
+    errors = [r for r in result.reprec.getreports("pytest_runtest_logreport") if r.when != "call" and r.failed]
+    assert not errors, [str(e.longrepr) for e in errors]

@@ -83,3 +83,17 @@ def test_report_shows_both_and_the_overhead(pytester):
             "server overhead * ms/token*",
         ]
     )
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_a_chat_request_is_served_through_chat_completions(llmperf_server, api):
+    """Messages go to /v1/chat/completions as they are, whatever the engine's API for prompts:
+    the server renders the embedded model's own chat template, and the stream is measured."""
+    engine = llmperf_server.engine(api=api)
+    messages = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": PROMPT}]
+    try:
+        m = measure(engine, Workload(messages=messages, max_tokens=8, runs=2, warmup=0))
+    finally:
+        engine.close()
+    assert m.output_tokens == 8 and all(r.output_tokens == 8 for r in m.runs)
+    assert 0 < m.ttft_ms < m.e2e_ms

@@ -14,6 +14,7 @@ hand-made one without ``commit``: it is written ``null``)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict
 from . import catalog
 from .documents import validate
 from .formats import sig6
-from .workload import MEMORY_FIELDS
+from .workload import MEMORY_FIELDS, ChatMessage
 
 if TYPE_CHECKING:
     from .fingerprint import Fingerprint
@@ -45,7 +46,7 @@ PerRun: TypeAlias = "Mapping[str, Sequence[float]]"
 class StoredWorkload(TypedDict, total=False):
     """What must match for two records to be compared (``WORKLOAD_KEYS``), with the run and
     warm-up counts (which may differ). ``shared_prefix_tokens`` and ``prompt_cache`` only when
-    set (so older baselines keep matching)."""
+    set, ``messages`` (a chat request's, as JSON text) too (so older baselines keep matching)."""
 
     prompt: str | None
     prompt_tokens: int | None
@@ -55,6 +56,7 @@ class StoredWorkload(TypedDict, total=False):
     rate: float | None
     shared_prefix_tokens: int
     prompt_cache: str
+    messages: str
     runs: int
     warmup: int
 
@@ -168,7 +170,7 @@ class Record:
             commit=commit,
             hardware=dict(fingerprint.hardware) if fingerprint else {},
             subject=dict(fingerprint.subject) if fingerprint else {},
-            workload={**_workload_identity(m), "runs": m.workload.runs, "warmup": m.workload.warmup},
+            workload={**workload_identity(m), "runs": m.workload.runs, "warmup": m.workload.warmup},
             runs=_per_run_values(m, catalog.RUN_FIELDS, whole=False),
             itl_ms=tuple(tuple(sig6(v) for v in r.itl_ms) for r in m.runs),
             summary={
@@ -272,6 +274,7 @@ WORKLOAD_KEYS = (
     "rate",
     "shared_prefix_tokens",
     "prompt_cache",
+    "messages",
 )
 
 
@@ -280,7 +283,7 @@ def workload_changes(a: Mapping[str, object], b: Mapping[str, object]) -> list[s
     return [f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in WORKLOAD_KEYS if a.get(k) != b.get(k)]
 
 
-def _workload_identity(m: Measurement) -> StoredWorkload:
+def workload_identity(m: Measurement) -> StoredWorkload:
     w = m.workload
     out: StoredWorkload = {
         "prompt": w.prompt,
@@ -298,7 +301,14 @@ def _workload_identity(m: Measurement) -> StoredWorkload:
         out["shared_prefix_tokens"] = w.shared_prefix_tokens
     if w.prompt_cache != "cold":  # a callable's warm prompt cache measures the cache
         out["prompt_cache"] = w.prompt_cache
+    if w.messages is not None:  # a chat request: its messages as the test gives them
+        out["messages"] = chat_identity(w.messages)
     return out
+
+
+def chat_identity(messages: Sequence[ChatMessage]) -> str:
+    """Chat messages as a workload's identity holds them: ``[[role, content], ...]`` as JSON."""
+    return json.dumps([list(m) for m in messages], ensure_ascii=False)
 
 
 def stored_prompt(m: Measurement) -> StoredPrompt:

@@ -52,17 +52,56 @@ def from_stored(cls: Callable[..., T], data: Mapping[str, object], **nested: Cal
     return cls(**fields)
 
 
+#: The roles a chat message may have (``messages``).
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+#: One message of a chat request (``Workload.messages``): (role, content).
+ChatMessage = tuple[str, str]
+
+
+def chat_messages(value: object) -> tuple[ChatMessage, ...]:
+    """Chat messages as a test gives them (``[{"role": ..., "content": ...}, ...]``; (role,
+    content) pairs as a stored workload holds them) checked: a non-empty list, each a known role
+    with text content; else a ConfigError, one line naming the message."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or not value:
+        raise ConfigError(f"messages must be a non-empty list of {{'role': ..., 'content': ...}}, got {value!r}")
+    return tuple(_chat_message(i, m) for i, m in enumerate(value))
+
+
+def chat_dicts(messages: tuple[ChatMessage, ...]) -> list[dict[str, str]]:
+    """The messages as a chat API takes them: ``[{"role": ..., "content": ...}, ...]``."""
+    return [{"role": role, "content": content} for role, content in messages]
+
+
+def _chat_message(index: int, message: object) -> ChatMessage:
+    if isinstance(message, (tuple, list)) and len(message) == 2:  # stored: (role, content), JSON's list
+        message = dict(zip(("role", "content"), message))
+    if not isinstance(message, Mapping) or set(message) != {"role", "content"}:
+        raise ConfigError(f"messages[{index}] must be {{'role': ..., 'content': ...}}, got {message!r}")
+    role, content = message["role"], message["content"]
+    if role not in CHAT_ROLES:
+        raise ConfigError(f"messages[{index}] has role {role!r}; roles: {', '.join(CHAT_ROLES)}")
+    if not isinstance(content, str):
+        raise ConfigError(f"messages[{index}] content must be a string, got {content!r}")
+    _check_encodable(content)
+    return (str(role), content)
+
+
 @dataclass(frozen=True)
 class Workload:
     """One measurement's request shape and repetition.
 
-    Exactly one of ``prompt`` (literal text, tokenized by the engine) and ``prompt_tokens``
-    (a synthetic prompt of exactly that many tokens, seeded) is used; with neither, the default
-    is a synthetic prompt of ``DEFAULT_PROMPT_TOKENS``.
+    Exactly one of ``prompt`` (literal text, tokenized by the engine), ``messages`` (a chat
+    request: rendered through the model's chat template, or sent to a server's
+    ``/v1/chat/completions``) and ``prompt_tokens`` (a synthetic prompt of exactly that many
+    tokens, seeded) is used; with none, the default is a synthetic prompt of
+    ``DEFAULT_PROMPT_TOKENS``.
     """
 
     prompt: str | None = None
     prompt_tokens: int | None = None
+    messages: tuple[ChatMessage, ...] | None = None
     max_tokens: int = 64
     runs: int = 20
     warmup: int = 1
@@ -89,6 +128,8 @@ class Workload:
         return from_stored(cls, data)
 
     def __post_init__(self) -> None:
+        if self.messages is not None:  # a list of dicts from a marker or JSON: checked, then hashable
+            object.__setattr__(self, "messages", chat_messages(self.messages))
         if self.prompt_cache not in PROMPT_CACHE_MODES:
             raise ConfigError(f"prompt_cache must be one of {', '.join(PROMPT_CACHE_MODES)}, got {self.prompt_cache!r}")
         self._check_prompt()
@@ -100,6 +141,8 @@ class Workload:
         """A literal prompt (not empty, encodable) or a synthetic prompt's length, not both."""
         if self.prompt is not None and self.prompt_tokens is not None:
             raise ConfigError("give either prompt or prompt_tokens, not both")
+        if self.messages is not None and (self.prompt is not None or self.prompt_tokens is not None):
+            raise ConfigError("give either messages or a prompt (prompt, prompt_tokens), not both")
         if self.prompt_tokens is not None and self.prompt_tokens < 1:
             raise ConfigError(f"prompt_tokens must be >= 1, got {self.prompt_tokens}")
         if self.prompt is not None and not self.prompt:
@@ -142,8 +185,8 @@ class Workload:
 
     @property
     def synthetic_prompt_tokens(self) -> int | None:
-        """Token count of the synthetic prompt, or None for a literal prompt."""
-        if self.prompt is not None:
+        """Token count of the synthetic prompt, or None for a literal prompt or chat messages."""
+        if self.prompt is not None or self.messages is not None:
             return None
         return self.prompt_tokens if self.prompt_tokens is not None else DEFAULT_PROMPT_TOKENS
 
@@ -152,16 +195,17 @@ class Workload:
         """What a served measurement lets the server's prompt cache do (said in reports)."""
         if self.shared_prefix_tokens:
             return f"shared {self.shared_prefix_tokens}-token prefix, prompt cache on (measures prefix caching)"
-        if self.prompt is not None:
+        if self.prompt is not None or self.messages is not None:
             return "same literal prompt every request, prompt cache off (cache_prompt=false)"
         return "unique prompts, prompt cache off (cache_prompt=false)"
 
     def describe(self) -> str:
-        source = (
-            f"prompt {len(self.prompt)} chars"
-            if self.prompt is not None
-            else f"{self.synthetic_prompt_tokens} prompt tokens"
-        )
+        if self.messages is not None:
+            source = f"chat {len(self.messages)} messages"
+        elif self.prompt is not None:
+            source = f"prompt {len(self.prompt)} chars"
+        else:
+            source = f"{self.synthetic_prompt_tokens} prompt tokens"
         if self.shared_prefix_tokens:
             source += f" ({self.shared_prefix_tokens} shared)"
         if self.is_load:

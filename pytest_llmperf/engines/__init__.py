@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeGuard, TypeVar
 
 from ..core.errors import EngineError, NotSteppable
-from ..core.workload import EngineInfo, LlamaRun, NativeCounters, RunTrace, Workload
+from ..core.workload import EngineInfo, LlamaRun, NativeCounters, RunTrace, Workload, chat_dicts
 from .capabilities import (
     CAPABILITIES,
     AsyncRuns,
@@ -69,7 +69,9 @@ __all__ = [
 ]
 
 
-TokenStream = Callable[[str, int], Iterable[object]]
+#: What a measured callable is given first: the prompt's text, or a chat request's messages.
+Request = str | list[dict[str, str]]
+TokenStream = Callable[[Request, int], Iterable[object]]
 
 
 def is_token_stream(value: object) -> TypeGuard[TokenStream]:
@@ -208,7 +210,11 @@ class CallableEngine(Engine, DrivenLlama):
             python_sampling_ns=main.python_sampling_ns,
         )
 
-    def _prompt(self, workload: Workload) -> str:
+    def _prompt(self, workload: Workload) -> Request:
+        """What ``fn`` is given as its prompt: the text, or a chat request's messages
+        (``[{"role": ..., "content": ...}, ...]``, for ``Llama.create_chat_completion``)."""
+        if workload.messages is not None:
+            return chat_dicts(workload.messages)
         if workload.prompt is not None:
             return workload.prompt
         return synthetic_text(workload.synthetic_prompt_tokens or 0, workload.seed)

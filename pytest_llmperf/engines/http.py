@@ -47,7 +47,7 @@ from ..core.documents import DuplicateKey, loads
 from ..core.errors import ConfigError, EngineError
 from ..core.redact import Redactor, Url, redact
 from ..core.settings import APIS, SETTINGS, endpoint_url
-from ..core.workload import EngineInfo, RunTrace, TokenLogits, Workload
+from ..core.workload import EngineInfo, RunTrace, TokenLogits, Workload, chat_dicts
 from . import synthetic_text
 from .capabilities import AsyncRuns, Closable, ConcurrentRuns, Engine, NeedsPromptIds, ServerMetrics
 from .sse import MAX_ERROR_BODY_BYTES, EventReader, Head, StreamState, status_error
@@ -137,7 +137,7 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
         self._metrics_missing = False
 
     def _routes(self, endpoint: str, api: str) -> None:
-        """The URLs this engine sends to (``_request_url``, llama-server's own ``/completion``
+        """The URLs this engine sends to (``_urls``, llama-server's own ``/completion``
         and ``/metrics``) and shows (``url``, ``endpoint``: no credentials), from ``endpoint``."""
         import httpx
 
@@ -150,8 +150,10 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
         parts = Url.split(endpoint.strip())
         assert parts is not None  # an http(s):// URL, checked above
         path = parts.path.rstrip("/") or "/v1"  # the query (an API key in it) stays after the path
-        route = path + ("/completions" if api == "completions" else "/chat/completions")
-        self._request_url, self.url = parts.at(route).sent(), parts.at(route).shown()  # sent vs shown
+        routes = {"completions": path + "/completions", "chat": path + "/chat/completions"}
+        #: Sent vs shown, by API: a chat request (``Workload.messages``) goes to chat/completions.
+        self._urls = {name: (parts.at(route).sent(), parts.at(route).shown()) for name, route in routes.items()}
+        self.url = self._urls[api][1]
         # Token probabilities (llama-server's own route, beside /v1): token-id prompts, ids in the reply.
         self._native_completion_url = parts.at(path.rsplit("/v1", 1)[0] + "/completion").sent()
         self._metrics_url, self.endpoint = (
@@ -159,7 +161,7 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
             parts.at(path).shown(),
         )
         try:
-            httpx.URL(self._request_url)
+            httpx.URL(self._urls[api][0])
         except (httpx.InvalidURL, ValueError, TypeError) as exc:
             raise ConfigError(f"endpoint {self.endpoint!r} is not a valid URL ({redact(str(exc))}); fix it") from None
 
@@ -197,7 +199,7 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
         the workload's seed and the request index) so no server can answer from a cached
         prefix; with ``shared_prefix_tokens`` its first words are the same in every request."""
         prompt = workload.prompt
-        if prompt is None:
+        if prompt is None and workload.messages is None:
             words = workload.synthetic_prompt_tokens or 0
             base = (self.prompt_salt * 1_000_003 + workload.seed) % 2**62
             shared = workload.shared_prefix_tokens or 0
@@ -215,7 +217,9 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
         }
         if self.model:
             body["model"] = self.model
-        if self.api == "completions":
+        if workload.messages is not None:  # as they are: the server renders its model's template
+            body["messages"] = chat_dicts(workload.messages)
+        elif self.api == "completions":
             body["prompt"] = prompt
         else:
             body["messages"] = [{"role": "user", "content": prompt}]
@@ -224,6 +228,11 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
             body["min_tokens"] = n
         body.update(self.extra_body)
         return body
+
+    def _target(self, workload: Workload) -> tuple[str, str, str]:
+        """Where a request goes: (API, URL sent, URL shown); chat messages to chat/completions."""
+        api = "chat" if workload.messages is not None else self.api
+        return (api, *self._urls[api])
 
     def run(self, workload: Workload, run_index: int) -> RunTrace:
         _DEADLINE.at, _DEADLINE.hit = time.monotonic() + self.request_timeout_s, False
@@ -258,15 +267,16 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
 
         body = self.body(workload, run_index)
         clock = time.perf_counter_ns
-        state = StreamState(self.url, self.api, workload.max_tokens)
+        api, url, shown = self._target(workload)
+        state = StreamState(shown, api, workload.max_tokens)
         deadline = _DEADLINE.at
         assert deadline is not None  # run() sets it
         start = clock()
         try:
-            with self._client.stream("POST", self._request_url, json=body) as response:
+            with self._client.stream("POST", url, json=body) as response:
                 if response.status_code >= 300:  # an error, or a redirect (not followed)
-                    raise self._refused(response)
-                reader = EventReader(self.url)
+                    raise self._refused(response, shown)
+                reader = EventReader(shown)
                 for chunk in response.iter_bytes():
                     now = clock()  # first: parsing below is not part of this chunk's arrival
                     if time.monotonic() > deadline:
@@ -280,13 +290,13 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
             raise self._transport_error(exc, state, _DEADLINE.hit) from None
         return self._finish(state, start)
 
-    def _refused(self, response: httpx.Response) -> EngineError:
+    def _refused(self, response: httpx.Response, shown: str) -> EngineError:
         """The error for a response of status >= 300, with the head of its body."""
         head = Head(MAX_ERROR_BODY_BYTES)
         for chunk in response.iter_bytes():
             if head.add(chunk):
                 break
-        return status_error(self.url, response.status_code, head.text(), response.headers.get("location"))
+        return status_error(shown, response.status_code, head.text(), response.headers.get("location"))
 
     # -- asynchronous client (load tests) --------------------------------------------------------
 
@@ -302,7 +312,8 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
 
     async def arun(self, workload: Workload, run_index: int, client: httpx.AsyncClient) -> RunTrace:
         """``run`` on ``client`` (from ``async_client``); cancelled at the request's deadline."""
-        state = StreamState(self.url, self.api, workload.max_tokens)
+        api, _, shown = self._target(workload)
+        state = StreamState(shown, api, workload.max_tokens)
         try:
             return await asyncio.wait_for(self._arun(workload, run_index, client, state), self.request_timeout_s)
         except asyncio.TimeoutError:
@@ -320,12 +331,13 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
 
         body = self.body(workload, run_index)
         clock = time.perf_counter_ns
-        reader = EventReader(self.url)
+        _, url, shown = self._target(workload)
+        reader = EventReader(shown)
         start = clock()
         try:
-            async with client.stream("POST", self._request_url, json=body) as response:
+            async with client.stream("POST", url, json=body) as response:
                 if response.status_code >= 300:
-                    raise await self._arefused(response)
+                    raise await self._arefused(response, shown)
                 async for chunk in response.aiter_bytes():
                     now = clock()  # first: parsing below is not part of this chunk's arrival
                     if any(state.feed(data, now) for data in reader.feed(chunk)):
@@ -336,13 +348,13 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
             raise self._transport_error(exc, state, False) from None
         return self._finish(state, start)
 
-    async def _arefused(self, response: httpx.Response) -> EngineError:
+    async def _arefused(self, response: httpx.Response, shown: str) -> EngineError:
         """``_refused`` for an asynchronous response."""
         head = Head(MAX_ERROR_BODY_BYTES)
         async for chunk in response.aiter_bytes():
             if head.add(chunk):
                 break
-        return status_error(self.url, response.status_code, head.text(), response.headers.get("location"))
+        return status_error(shown, response.status_code, head.text(), response.headers.get("location"))
 
     # -- errors ----------------------------------------------------------------------------------
 

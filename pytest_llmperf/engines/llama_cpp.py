@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, TypedDict, cast
 
 import numpy as np
 
@@ -38,6 +38,7 @@ from ..core.workload import (
     RunTrace,
     TokenLogits,
     Workload,
+    chat_dicts,
     llama_arguments,
 )
 from ..models.gguf import embedding_lookup, gguf_file_type
@@ -72,7 +73,9 @@ if TYPE_CHECKING:
     import ctypes
 
     from llama_cpp import Llama
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
     from llama_cpp.llama_cpp import llama_batch, llama_context_p, llama_model_params, llama_sampler_p, llama_vocab_p
+    from llama_cpp.llama_types import ChatCompletionRequestMessage
 
     from .llama_cpp_native import Context, Sampler
 
@@ -131,6 +134,7 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
     # Until __init__ sets them (close() frees what a failed load left).
     llm: Llama | None = None
     _own_ctx = False
+    _chat: Jinja2ChatFormatter | None = None  # the model's chat template, once messages need it
     _sampler: Sampler = None
 
     def __init__(
@@ -348,16 +352,34 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
         return ctx
 
     def _prompt(self, workload: Workload) -> tuple[list[int], int]:
-        """The prompt's token ids and the ns spent tokenizing a literal prompt (timed apart)."""
+        """The prompt's token ids and the ns spent making them from text (timed apart): a literal
+        prompt tokenized, chat messages rendered through the model's template and tokenized."""
+        assert self.llm is not None  # loaded: __init__ finished
+        if workload.messages is not None:
+            render = self._chat_formatter()
+            messages = cast("list[ChatCompletionRequestMessage]", chat_dicts(workload.messages))
+            before = time.perf_counter_ns()
+            # As llama-cpp-python's create_chat_completion: the template writes the BOS, and
+            # its special tokens' text is read as the tokens.
+            ids = self.llm.tokenize(render(messages=messages).prompt.encode("utf-8"), add_bos=False, special=True)
+            return ids, time.perf_counter_ns() - before
         if workload.prompt is not None:
             text = workload.prompt.encode("utf-8")
-            assert self.llm is not None  # loaded: __init__ finished
             before = time.perf_counter_ns()
             ids = self.llm.tokenize(text, add_bos=True, special=False)
             return ids, time.perf_counter_ns() - before
         n_prompt = workload.synthetic_prompt_tokens or 0
         self.check_fits(n_prompt, workload.max_tokens)  # before building the prompt: it may be huge
         return self.synthetic_prompt(n_prompt, workload.seed), 0
+
+    def _chat_formatter(self) -> Jinja2ChatFormatter:
+        """The model's chat template (GGUF ``tokenizer.chat_template``) as llama-cpp-python's
+        ``create_chat_completion`` renders it, compiled once; a ConfigError naming the model
+        when it has none."""
+        if self._chat is None:
+            assert self.llm is not None
+            self._chat = chat_formatter(self.llm, self._info.model)
+        return self._chat
 
     def prompt_ids(self, workload: Workload) -> list[int]:
         """The prompt's token ids as ``run`` builds them (checked against the context first)."""
@@ -500,6 +522,25 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
             self._sampler = None
         if self.llm is not None:
             self.llm.close()
+
+
+def chat_formatter(llm: Llama, model: str) -> Jinja2ChatFormatter:
+    """``llm``'s chat template (GGUF ``tokenizer.chat_template``) with its BOS and EOS text, as
+    llama-cpp-python builds its handler; a model without one: a ConfigError, one line."""
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    template = llm.metadata.get("tokenizer.chat_template")
+    if not template:
+        raise ConfigError(
+            f"the model {model} has no chat template (tokenizer.chat_template in its GGUF): messages are "
+            "rendered through it; give a prompt instead, or a model with a chat template"
+        )
+    vocab = llm._model
+    return Jinja2ChatFormatter(
+        template=template,
+        eos_token=vocab.token_get_text(llm.token_eos()),
+        bos_token=vocab.token_get_text(llm.token_bos()),
+    )
 
 
 def _vocab_tables(lib: ModuleType, vocab: llama_vocab_p, n_vocab: int) -> tuple[list[int], np.ndarray]:

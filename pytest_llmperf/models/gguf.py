@@ -31,7 +31,8 @@ from ..core.formats import human_bytes
 from ..core.settings import EngineSettings
 
 #: Bump when the generator's output changes for an unchanged spec (invalidates cached files).
-GENERATOR_VERSION = 3
+#: 4: the chat template (``CHAT_TEMPLATE``).
+GENERATOR_VERSION = 4
 
 DTYPES = ("F32", "F16", "Q8_0")
 
@@ -41,6 +42,15 @@ N_BYTE_TOKENS = 256
 FIRST_NORMAL_ID = 3 + N_BYTE_TOKENS
 #: The byte tokens <0x80>..<0xFF>: never generated (their output rows are zero).
 NON_ASCII_BYTE_IDS = slice(3 + 0x80, FIRST_NORMAL_ID)
+
+#: The embedded model's ``tokenizer.chat_template``: ChatML-like, in the Jinja that llama.cpp,
+#: llama-cpp-python and llama-server render (the BOS first: llama-cpp-python's chat handler adds
+#: none). Its markers are no special tokens of the vocabulary: they tokenize as plain text.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,8 @@ class ModelSpec:
     #: Per-block FFN widths (None: every block ``n_ff``). A non-uniform list is written as the
     #: ``deci`` architecture, llama's graph with per-layer widths: the llama arch rejects them.
     layer_ff: tuple[int, ...] | None = None
+    #: Written as ``tokenizer.chat_template`` (False: a model without one).
+    chat_template: bool = True
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -98,7 +110,11 @@ class ModelSpec:
         return 2 * self.n_vocab * e + e + self.n_layer * per_layer_fixed + ffn
 
     def digest(self) -> str:
-        fields = {k: v for k, v in dataclasses.asdict(self).items() if not (k == "layer_ff" and v is None)}
+        fields = {
+            k: v
+            for k, v in dataclasses.asdict(self).items()
+            if not (k == "layer_ff" and v is None) and not (k == "chat_template" and v)
+        }
         payload = json.dumps({**fields, "generator": GENERATOR_VERSION}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
@@ -187,6 +203,8 @@ def write_gguf(spec: ModelSpec, path: str | os.PathLike[str]) -> Path:
     writer.add_eos_token_id(EOS_ID)
     writer.add_unk_token_id(UNK_ID)
     writer.add_add_bos_token(True)
+    if spec.chat_template:
+        writer.add_chat_template(CHAT_TEMPLATE)
 
     def matrix(name: str, n_out: int, n_in: int, zero_rows: slice | None = None) -> None:
         weights = rng.standard_normal((n_out, n_in), dtype=np.float32) * np.float32(0.02)

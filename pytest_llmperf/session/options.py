@@ -31,7 +31,16 @@ from ..core.settings import (
     value_kind,
 )
 from ..core.values import COUNT, FLAG, LEVEL, POSITIVE, SHARE, THRESHOLD, TOKENS, Choice, Integer, Kind
-from ..core.workload import LLAMA_SETTINGS, MAX_TOKENS, MODEL_LOAD_KINDS, PROMPT_CACHE_MODES, Workload
+from ..core.workload import (
+    CHAT_ROLES,
+    LLAMA_SETTINGS,
+    MAX_TOKENS,
+    MODEL_LOAD_KINDS,
+    PROMPT_CACHE_MODES,
+    ChatMessage,
+    Workload,
+    chat_messages,
+)
 from ..engines import Engine
 from ..history.connection import Location
 from ..history.connection import default as default_history
@@ -254,6 +263,13 @@ def _text(name: str, value: object) -> str:
     return value
 
 
+def _messages(name: str, value: object) -> tuple[ChatMessage, ...]:
+    try:
+        return chat_messages(value)
+    except ConfigError as exc:
+        raise ConfigError(f"llmperf marker key {name!r}: {exc}") from None
+
+
 def _model_load(name: str, value: object) -> str:
     if value not in MODEL_LOAD_KINDS:
         raise ConfigError(f"llmperf marker key {name!r} must be one of {', '.join(MODEL_LOAD_KINDS)}, got {value!r}")
@@ -313,6 +329,13 @@ KEYS: dict[str, Key] = {
         *(Key(b.key, "budget", b.help, _marker(SHARE if b.share else POSITIVE)) for b in BUDGETS.values()),
         Key("prompt", "workload", "literal prompt text", _text),
         Key("prompt_tokens", "workload", "synthetic prompt of exactly N tokens", _marker(TOKENS)),
+        Key(
+            "messages",
+            "workload",
+            f"chat request [{{'role': ..., 'content': ...}}, ...] (roles {', '.join(CHAT_ROLES)}): rendered "
+            "through the model's chat template (served: sent to /v1/chat/completions)",
+            _messages,
+        ),
         Key(
             "max_tokens",
             "workload",
@@ -398,7 +421,7 @@ KEYS: dict[str, Key] = {
 BUDGET_KEYS = tuple(k for k, v in KEYS.items() if v.kind == "budget")
 #: One choice, not two keys: a closer marker's (or ``measure()``'s) prompt of either kind
 #: replaces a farther one's.
-PROMPT_KEYS = frozenset({"prompt", "prompt_tokens"})
+PROMPT_KEYS = frozenset({"prompt", "prompt_tokens", "messages"})
 
 
 @dataclass(frozen=True)
@@ -442,7 +465,7 @@ def validate(kwargs: Mapping[str, object], args: tuple[object, ...] = (), *, tog
             f"llmperf marker takes keyword arguments only, got positional {args!r}; its keys: {MARKER_KEYS_AT}"
         )
     checked: list[tuple[str, Any]] = [(name, _key(name).check(name, value)) for name, value in kwargs.items()]
-    if PROMPT_KEYS <= kwargs.keys():
+    if {"prompt", "prompt_tokens"} <= kwargs.keys():
         raise ConfigError("llmperf marker: give either 'prompt' or 'prompt_tokens', not both")
     # Each key checked into its kind's field.
     config = MarkerConfig(*({n: v for n, v in checked if KEYS[n].kind == kind} for kind in KINDS))
