@@ -31,8 +31,8 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from dataclasses import InitVar, dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 from scipy.stats import mannwhitneyu
@@ -330,9 +330,40 @@ class Outcome:
     #: (``baselines.records.prompt_record``: the cache state, prompt tokens evaluated and reused,
     #: the delivered figures); empty for the plugin's own engine.
     prompt: Mapping[str, object] = field(default_factory=dict)
+    # While it is live (``pytest_llmperf_result``'s view, the test's text section): the measurement
+    # and the budgets it broke (``budgets.check_budgets``) of its ``n_budgets``; its budget words
+    # are then its ``failure``'s (a hook's ``failure=None`` waives them). Not stored (its fields are
+    # the schema's ``result``): init-only at run time, kept as attributes that ``dataclasses.replace``
+    # carries over; None and 0 when read from a file.
+    if TYPE_CHECKING:
+        measurement: Measurement | None = None
+        failure: BudgetFailure | None = None
+        n_budgets: int = 0
+    else:
+        measurement: InitVar[Measurement | None] = None
+        failure: InitVar[BudgetFailure | None] = None
+        n_budgets: InitVar[int] = 0
 
-    def __post_init__(self) -> None:
+    def __post_init__(  # the type checker sees no init-only variables, so they take its defaults
+        self,
+        measurement: Measurement | None = None,  # noqa: RUF033
+        failure: BudgetFailure | None = None,  # noqa: RUF033
+        n_budgets: int = 0,  # noqa: RUF033
+    ) -> None:
         object.__setattr__(self, "budget", BudgetStatus(self.budget))  # a word read from JSON, typed
+        for name, value in (("measurement", measurement), ("failure", failure), ("n_budgets", n_budgets)):
+            object.__setattr__(self, name, value)
+        if measurement is not None:
+            breaches = failure.breaches if failure is not None else ()
+            object.__setattr__(self, "budget", BudgetStatus.of(n_budgets, failure is not None))
+            object.__setattr__(self, "budget_failures", tuple(b.line() for b in breaches))
+            object.__setattr__(self, "breached_budgets", tuple(b.key for b in breaches))
+
+    @property
+    def baseline(self) -> Outcome | None:
+        """The judged part (its record, key and verdict), as a ``pytest_llmperf_result`` hook
+        read it before it was this outcome; None: not judged (``--llmperf-disable``)."""
+        return self if self.assessed or self.verdict is not None else None
 
     @property
     def over_budget(self) -> bool:
@@ -456,34 +487,32 @@ def outcome(
     failure: BudgetFailure | None,
     n_budgets: int,
     *,
-    budgets: Mapping[str, float],
-    extra_info: Mapping[str, object],
-    budget_notes: Sequence[str],
-    judged: Outcome | None,
+    budgets: Mapping[str, float] | None = None,
+    budget_notes: Sequence[str] = (),
+    judged: Outcome | None = None,
 ) -> Outcome:
     """The outcome of measurement ``m`` of test ``test`` (node ``nodeid``): its figures, its
     budgets (``failure``: those it broke, of ``n_budgets``; ``budget_notes``: those it could not
     decide) and, once assessed, what ``judged`` holds: its record, its baseline entry and the
     verdict against it (``session.assess.Assessor.assess``)."""
-    breaches = failure.breaches if failure is not None else ()
     return dataclasses.replace(
-        Outcome(test) if judged is None else judged,
+        judged if isinstance(judged, Outcome) else Outcome(test),
         test=test + (f"[{m.label}]" if m.label else ""),
         nodeid=nodeid,
         label=m.label or "",
-        budget=BudgetStatus.of(n_budgets, failure is not None),
-        budget_failures=tuple(b.line() for b in breaches),
         budget_notes=tuple(budget_notes),
-        breached_budgets=tuple(b.key for b in breaches),
-        budgets=dict(budgets),
-        extra_info=dict(extra_info),
+        budgets=dict(budgets or {}),
         figures=Figures.of(m),
         prompt=prompt_record(m),
+        measurement=m,
+        failure=failure,
+        n_budgets=n_budgets,
     )
 
 
-#: Its public name before it was the one outcome (``pytest_llmperf.MeasurementResult``, docs/api.md).
-MeasurementResult = Outcome
+#: Its public names before it was the one outcome: ``pytest_llmperf.MeasurementResult`` (docs/api.md)
+#: and ``pytest_llmperf.Result``, what a ``pytest_llmperf_result`` hook received (docs/hooks.md).
+MeasurementResult = Result = Outcome
 
 
 def _state(kind: type[State], word: object, path: str) -> State:

@@ -18,7 +18,6 @@ import pluggy
 
 from ..core.errors import ConfigError, EngineError
 from ..engines import CallableEngine, Engine
-from ..session.results import Result
 
 if TYPE_CHECKING:
     import pytest
@@ -26,6 +25,7 @@ if TYPE_CHECKING:
     from ..core.settings import EngineSettings
     from ..core.workload import EngineInfo
     from ..engines.llama_cpp_native import EngineConfig
+    from ..judge.result import Outcome
 
 hookspec = pluggy.HookspecMarker("pytest")
 
@@ -54,8 +54,9 @@ def pytest_llmperf_result(config: Any, item: Any, result: Any) -> Any:
     Called once per measurement (each ``llmperf.measure()``, the automatic one included) when
     the test's call report is made: after its budgets and baseline verdict are known, before
     the terminal section, JUnit properties, ``--llmperf-json``/HTML/Markdown reports and
-    ``--llmperf-update-baselines`` see it. ``result`` is a frozen ``session.results.Result``
-    (``measurement``, ``failure``, ``baseline``, ``budgets``, ``extra_info``).
+    ``--llmperf-update-baselines`` see it. ``result`` is the measurement's frozen
+    ``judge.result.Outcome`` (``pytest_llmperf.Result``): ``measurement``, ``failure``,
+    ``baseline``, ``budgets``, ``extra_info``, and everything a report reads.
 
     Return None to keep it, or a replacement (``dataclasses.replace(result, ...)``): e.g.
     ``extra_info={...}`` (JSON values, written to the JSON report's entry) or ``failure=None``
@@ -96,12 +97,12 @@ def fingerprint(config: pytest.Config, hardware: dict[str, Any], subject: dict[s
                 )
 
 
-def result(config: pytest.Config, item: pytest.Item, r: Result) -> Result:
-    """The result to report: ``pytest_llmperf_result``'s replacement, else ``r``."""
+def result(config: pytest.Config, item: pytest.Item, r: Outcome) -> Outcome:
+    """The outcome to report: ``pytest_llmperf_result``'s replacement, else ``r``."""
     new = config.hook.pytest_llmperf_result(config=config, item=item, result=r)
     if new is None:
         return r
-    if not isinstance(new, Result):
+    if not isinstance(new, type(r)):
         raise ConfigError(
             f"pytest_llmperf_result ({_who(config, 'pytest_llmperf_result')}) returned {type(new).__name__}; "
             "return None or a Result (dataclasses.replace(result, ...))"

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from ..judge.result import Outcome
     from .against import Against
     from .finish import Line, Outputs
-    from .results import CallReport, Result
+    from .results import CallReport
     from .sides import Link
 
 
@@ -136,9 +136,10 @@ class Session:
         self.collect(report.results)
         return report
 
-    def test(self, nodeid: str, marker: MarkerConfig, module: Path | str | None = None) -> Measurer:
+    def test(self, nodeid: str, marker: MarkerConfig, module: Path | str | None = None, test_id: str = "") -> Measurer:
         """The measurements of one test (``results.Measurer``) with this session's engines,
-        assessments and settings."""
+        assessments and settings; ``test_id``: its full id where ``nodeid`` does not name its
+        module (``core.formats.full_id``)."""
         where = Path(module) if module is not None else self.settings.rootdir / nodeid.split("::")[0]
         return Measurer(
             marker,
@@ -151,6 +152,7 @@ class Session:
             release=self.release_model,
             counters=self.handed_counters,
             prompt_cache=self.settings.prompt_cache,
+            test_id=test_id,
         )
 
     def engine(self, overrides: Mapping[str, object] | None = None) -> Engine:
@@ -316,7 +318,7 @@ class Session:
     def call_report(
         self,
         nodeid: str,
-        results: Sequence[Result],
+        results: Sequence[Outcome],
         ab_results: Sequence[ABResult],
         width: int,
         error: str | None = None,

@@ -2,12 +2,12 @@
 
 ``Measurer`` owns a measurement's life (pyperf's Runner owns a benchmark's the same way): the
 label, smoke mode, the runs, a load test's failed requests, fresh model loads, the sequential
-looks, the baseline assessment and the budgets, ending in one ``Result`` (what a
-``pytest_llmperf_result`` hook sees: the measurement, its budget breaches and the judged part
-of its outcome). ``call_report`` turns a test's results into its report parts: JUnit
-properties, a text section per measurement, the lines that fail it, and the outcomes
-(``judge.result.Outcome``, built by ``judge.result.outcome``) that the session collects (as
-JSON only across pytest-xdist's wire) and writes to the session JSON.
+looks, the baseline assessment and the budgets, ending in one ``judge.result.Outcome`` (built
+by ``judge.result.outcome``; what a ``pytest_llmperf_result`` hook sees, the live measurement
+and its budget breaches with it). ``call_report`` turns a test's outcomes into its report
+parts: JUnit properties, a text section per measurement, the lines that fail it, and the
+outcomes that the session collects (as JSON only across pytest-xdist's wire) and writes to
+the session JSON.
 
 Light: the pytest plugin imports it at every start; numpy, scipy and the runner are imported
 inside the methods that measure."""
@@ -43,39 +43,6 @@ if TYPE_CHECKING:
     Subject = Engine | TokenStream
 
 
-@dataclass(frozen=True)
-class Result:
-    """One measurement of a test, as ``pytest_llmperf_result`` sees it."""
-
-    measurement: Measurement
-    failure: BudgetFailure | None
-    n_budgets: int
-    #: The judged part of its outcome: the record, its baseline entry and the verdict (None: not assessed).
-    baseline: Outcome | None = None
-    budgets: Mapping[str, float] = field(default_factory=dict)  # the marker's, drawn as lines in the HTML report
-    #: What a ``pytest_llmperf_result`` hook attached (JSON values): the JSON report's ``extra_info``.
-    extra_info: Mapping[str, object] = field(default_factory=dict)
-    #: One line per budget its sample could not decide (``judge.budgets.undecided_budgets``).
-    budget_notes: tuple[str, ...] = ()
-
-    def outcome(self, nodeid: str, test_id: str | None = None) -> Outcome:
-        """The outcome every report reads of this measurement of test ``nodeid`` (named
-        ``test_id`` where pytest's id does not name its module: ``core.formats.full_id``)."""
-        from ..judge.result import outcome
-
-        return outcome(
-            self.measurement,
-            test_id or nodeid,
-            nodeid,
-            self.failure,
-            self.n_budgets,
-            budgets=self.budgets,
-            extra_info=self.extra_info,
-            budget_notes=self.budget_notes,
-            judged=self.baseline,
-        )
-
-
 #: Workload keys ``--llmperf-disable`` overrides: one run, no warm-up (a smoke test).
 SMOKE = {"runs": 1, "warmup": 0}
 
@@ -100,7 +67,7 @@ def _undecided(assessment: Outcome | None) -> bool:
 
 class Measurer:
     """One test's measurements (one attempt of it): ``measure()`` takes the marker (and a
-    call's overrides: marker keys) to one ``Result``, kept in ``results``.
+    call's overrides: marker keys) to one ``Outcome``, kept in ``results``.
 
     ``engine_for(settings)``: the engine for llama.cpp settings over the session's (none: the
     session's own); ``assess(measurement, marker)``: the baseline assessment (None: none);
@@ -111,7 +78,8 @@ class Measurer:
     ``counters()``: the llama.cpp counters of the Llama the fixtures handed out, read around
     each run of a measured callable (``engines.CallableEngine``; None: none handed out);
     ``prompt_cache``: the session's ``--llmperf-prompt-cache`` for measured callables (a marker's
-    ``prompt_cache`` wins). Every error is one ``LLMPerfError`` line."""
+    ``prompt_cache`` wins); ``test_id``: the test's full id where ``nodeid`` does not name its
+    module (``core.formats.full_id``). Every error is one ``LLMPerfError`` line."""
 
     def __init__(
         self,
@@ -126,6 +94,7 @@ class Measurer:
         release: Callable[[str], None] = lambda path: None,
         counters: Callable[[], CounterSource[Any] | None] = lambda: None,
         prompt_cache: str = "cold",
+        test_id: str = "",
     ) -> None:
         self.marker = marker
         self.prompt_cache = prompt_cache
@@ -135,9 +104,10 @@ class Measurer:
         self.smoke = smoke
         self.side = side
         self.nodeid = nodeid
+        self.test_id = test_id or nodeid
         self.release = release
         self.counters = counters
-        self.results: list[Result] = []
+        self.results: list[Outcome] = []
         self.ab_results: list[ABResult] = []  # of each compare()
 
     def engine(self, config: MarkerConfig | None = None) -> Engine:
@@ -175,7 +145,7 @@ class Measurer:
             return CallableEngine(subject, watch=watch)
         return SteppedCallableEngine(subject, counters=counters, watch=watch)
 
-    def measure(self, engine: Subject | None = None, *, label: str = "", **overrides: object) -> Result:
+    def measure(self, engine: Subject | None = None, *, label: str = "", **overrides: object) -> Outcome:
         """One measurement of ``engine`` (default: the marker's), its budgets and verdict; kept
         in ``results`` (a load test with failed requests too, before its error is raised)."""
         label = self._label(label)
@@ -185,7 +155,7 @@ class Measurer:
         with task(self.nodeid + (f"[{label}]" if label else "")):  # its waits said on one line (core.progress)
             return self._measured(engine, config, label)
 
-    def _measured(self, engine: Subject | None, config: MarkerConfig, label: str) -> Result:
+    def _measured(self, engine: Subject | None, config: MarkerConfig, label: str) -> Outcome:
         progress = current()
         progress.step("its engine")  # loaded on first use
         workload = Workload(**config.workload)
@@ -258,7 +228,7 @@ class Measurer:
         call = f"llmperf.measure(label={label!r}): label" if label else "llmperf.measure(): its automatic label"
         if not label and self.results:
             label = f"#{len(self.results) + 1}"
-        if label in {r.measurement.label for r in self.results}:
+        if label in {r.label for r in self.results}:
             raise ConfigError(
                 f"{call} {label!r} is taken by an earlier measurement of this test; "
                 "give each measurement of a test a distinct label"
@@ -273,7 +243,7 @@ class Measurer:
             return
         from ..judge.budgets import check_budgets
 
-        self.results.append(Result(m, check_budgets(m, config.budgets), len(config.budgets)))
+        self._keep(m, check_budgets(m, config.budgets), len(config.budgets))
         prefix = f"[{m.label}] " if m.label else ""
         raise LLMPerfError(f"{prefix}{load.n_failed} of {load.n_requests} requests failed; {load.errors[0]}")
 
@@ -291,7 +261,7 @@ class Measurer:
                 again.run(workload, -1 - i)
         return again
 
-    def _judged(self, subject: Subject, m: Measurement, config: MarkerConfig) -> Result:
+    def _judged(self, subject: Subject, m: Measurement, config: MarkerConfig) -> Outcome:
         """Assess; while the baseline comparison is INCONCLUSIVE or a budget's CI straddles its
         limit, measure ``runs`` more, up to ``max_runs`` or ``SEQUENTIAL_TIME_CAP_S``. Every look
         tests at alpha / looks (``CompareSettings.looks``), so stopping early keeps the error rate."""
@@ -314,24 +284,34 @@ class Measurer:
             assessment = self.assess(m, config)
         return self._kept(m, config, assessment)
 
-    def _kept(self, m: Measurement, config: MarkerConfig, assessment: Outcome | None, against: bool = False) -> Result:
-        """The test's result of one measurement: its budgets checked, its verdict; ``against``
+    def _kept(self, m: Measurement, config: MarkerConfig, assessment: Outcome | None, against: bool = False) -> Outcome:
+        """The test's outcome of one measurement: its budgets checked, its verdict; ``against``
         (judged against ``--llmperf-against``'s REF): the marker's agreement budgets too."""
         from ..judge.budgets import against_agreement, check_budgets, undecided_budgets
 
         also, n_agreement = against_agreement(m, config.ab) if against else ((), 0)
-        result = Result(
-            m,
-            check_budgets(m, config.budgets, also),
-            len(config.budgets) + n_agreement,
-            assessment,
-            dict(config.budgets),
-            budget_notes=tuple(b.line() for b in undecided_budgets(m, config.budgets)),
+        failure = check_budgets(m, config.budgets, also)
+        notes = tuple(b.line() for b in undecided_budgets(m, config.budgets))
+        return self._keep(m, failure, len(config.budgets) + n_agreement, config.budgets, notes, assessment)
+
+    def _keep(
+        self,
+        m: Measurement,
+        failure: BudgetFailure | None,
+        n_budgets: int,
+        budgets: Mapping[str, float] | None = None,
+        notes: tuple[str, ...] = (),
+        judged: Outcome | None = None,
+    ) -> Outcome:
+        from ..judge.result import outcome
+
+        result = outcome(
+            m, self.test_id, self.nodeid, failure, n_budgets, budgets=budgets, budget_notes=notes, judged=judged
         )
         self.results.append(result)
         return result
 
-    def _driven(self, subject: Subject, config: MarkerConfig, label: str) -> Result:
+    def _driven(self, subject: Subject, config: MarkerConfig, label: str) -> Outcome:
         """On a side of ``--llmperf-against``: the runs the controller asks for, its verdict."""
         assert self.side is not None  # measure() drives only on a side
         asked = bool(self.measure_options(subject, config).get("attribution"))
@@ -342,7 +322,7 @@ class Measurer:
         # Judged against REF on this tree's side only (REF's side gets no verdict: no assessment).
         return self._kept(m, config, assessment, against=assessment is not None)
 
-    def _smoke(self, engine: Subject | None, config: MarkerConfig, label: str) -> Result:
+    def _smoke(self, engine: Subject | None, config: MarkerConfig, label: str) -> Outcome:
         """Once, with no warm-up; a load workload sends one request per slot. Recorded with no
         budgets and no assessment: one run is no statistic."""
         from ..measuring.runner import measure
@@ -351,9 +331,7 @@ class Measurer:
         if "requests" in workload or "concurrency" in workload or "rate" in workload:
             workload["requests"] = workload.get("concurrency", 1)
         subject = self.subject(engine, config)
-        result = Result(measure(subject, Workload(**workload), label=label), None, 0)
-        self.results.append(result)
-        return result
+        return self._keep(measure(subject, Workload(**workload), label=label), None, 0)
 
 
 def resolve_side(name: str, spec: object, engine_for: Callable[[Mapping[str, object]], Engine]) -> Side:
@@ -440,7 +418,7 @@ class CallReport:
 
 def call_report(
     nodeid: str,
-    results: Sequence[Result],
+    results: Sequence[Outcome],
     ab_results: Sequence[ABResult],
     *,
     columns: Sequence[str],
@@ -459,23 +437,15 @@ def call_report(
 
         out.properties += ab_properties(ab_results)
         out.ab = [ab_result_of(test_id or nodeid, ab) for ab in ab_results]
-    outcomes = [r.outcome(nodeid, test_id) for r in results]  # what every report reads
-    for t in outcomes:
+    for t in results:
         out.properties += t.properties()
-    for r, t in zip(results, outcomes):
-        out.sections.append(section_of(r.measurement, t, columns, width))
-        out.lines += _failure_lines(r, t, budgets_gate, failure_lines)
+    for t in results:
+        assert t.measurement is not None  # made in this process: live
+        out.sections.append(section_of(t.measurement, t, columns, width))
+        out.lines += [t.failure.as_longrepr()] if t.failure is not None and budgets_gate else []
+        out.lines += failure_lines(t)
         out.results.append(t)
     return out
-
-
-def _failure_lines(
-    r: Result, t: Outcome, budgets_gate: bool, baseline_lines: Callable[[Outcome], list[str]]
-) -> list[str]:
-    """What fails the test on one measurement's account (``t``: its outcome): its budgets (when
-    they gate), its baseline."""
-    lines = [r.failure.as_longrepr()] if r.failure is not None and budgets_gate else []
-    return lines + baseline_lines(t)
 
 
 def _is_engine(subject: object) -> bool:
