@@ -20,7 +20,7 @@ report carries it to the session); ``to_json()`` is pytest-xdist's wire format (
 report is serialized with it, the controller rebuilds it with ``from_json``), each entry of the
 ``--llmperf-json`` session file (``schemas/session.schema.json``), the HTML report's input and
 ``llmperf compare`` / ``llmperf report``'s. The JUnit properties and the terminal summary rows
-are derived from it (``properties()``, ``summary_row()``), never parsed back.
+are the reports' views of it (``reports.session_file``), never parsed back.
 
 The verdict is the judge's own object (``regression.judge`` decides it), kept as reported
 (``BaselineVerdict.decided``: its short word and failure lines as they were at the time), with
@@ -45,7 +45,7 @@ from ..core.measurement import Measurement
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from .attribution import AttributionChange
 from .budgets import BudgetFailure, BudgetStatus
-from .parts import PartChange, part_properties, why_lines
+from .parts import PartChange, why_lines
 from .verdict import BaselineStatus, Comparison, Verdict, headline, holm, regression_cell
 
 
@@ -390,38 +390,6 @@ class Outcome:
     def assessed(self) -> bool:
         """Recorded for the baselines (a smoke run or a failed load test is not)."""
         return self.record is not None
-
-    def values(self) -> dict[str, object]:
-        """Name -> value of the flat figures: the measurement's, ``budget`` (``-``, ``ok`` or
-        ``FAIL key,key``), a load test's, then ``baseline`` (the verdict's short word)."""
-        out: dict[str, object] = {}
-        if self.figures is not None:
-            out.update(self.figures.values())
-            out["budget"] = self.budget.cell(self.breached_budgets)
-            if self.figures.load is not None:
-                out.update(dataclasses.asdict(self.figures.load))
-        if self.verdict is not None:
-            out["baseline"] = self.verdict.short
-        return out
-
-    def properties(self) -> list[tuple[str, object]]:
-        """``report.user_properties`` (JUnit XML): ``llmperf[label].<name>`` of ``values()``,
-        then ``verdict.<metric>`` of each comparison, ``part.<metric>.change``/``.ci``/``.moved`` of
-        each part of a phase (``parts.part_properties``), and ``against`` (REF, when judged against
-        ``--llmperf-against``'s)."""
-        prefix = f"llmperf[{self.label}]." if self.label else "llmperf."
-        out = [(prefix + k, v) for k, v in self.values().items()]
-        if self.verdict is not None:
-            out += [(f"{prefix}verdict.{c.metric}", c.verdict.value) for c in self.verdict.comparisons]
-            out += part_properties(prefix, self.verdict.parts)
-        if self.reference:
-            out.append((prefix + "against", self.reference))
-        out += [(f"{prefix}prompt.{k}", v) for k, v in self.prompt.items() if v is not None]
-        return out
-
-    def summary_row(self) -> dict[str, object]:
-        """The terminal summary's row (``reports.text.summary_table``, ``measuring.served``)."""
-        return {"test": self.test, **self.values()}
 
     def to_json(self) -> dict[str, object]:
         """Plain JSON data (``schemas/session.schema.json#/$defs/result``); ``from_json`` inverts it."""

@@ -37,7 +37,7 @@ from .project import locate as locate_project
 from .side import AgainstHooks, SidePlugin, side_settings
 
 if TYPE_CHECKING:
-    from ..session.results import CallReport
+    from ..reports.session_file import CallReport
     from .fixtures import LLMPerf
 
 

@@ -37,7 +37,7 @@ from ..models.gguf import describe_model, ensure_model
 from .assess import Assessor, FingerprintHook
 from .finish import finish, summary
 from .options import MarkerConfig, SessionSettings, validate
-from .results import Measurer, call_report
+from .results import Measurer
 
 if TYPE_CHECKING:
     from ..core.documents import JSONValue
@@ -46,9 +46,9 @@ if TYPE_CHECKING:
     from ..engines import CounterSource, Engine, TokenStream
     from ..judge.ab import ABResult
     from ..judge.result import Outcome
+    from ..reports.session_file import CallReport
     from .against import Against
     from .finish import Line, Outputs
-    from .results import CallReport
     from .sides import Link
 
 
@@ -326,6 +326,8 @@ class Session:
     ) -> CallReport:
         """What one test's call report gets (``results.call_report``); ``test_id``: the test's
         full id where pytest's ``nodeid`` does not name its module (``core.formats.full_id``)."""
+        from ..reports.session_file import call_report
+
         s = self.settings
         return call_report(
             nodeid,
@@ -342,8 +344,10 @@ class Session:
     def collect(self, shipped: Sequence[Outcome], ab_results: Sequence[Mapping[str, object]] = ()) -> None:
         """One test's results and A/B comparisons, made in this process or rebuilt from an
         xdist worker's report (``pytest_plugin.plugin``: JSON only on that wire)."""
+        from ..reports.session_file import summary_row
+
         for r in shipped:
-            self.rows.append(r.summary_row())
+            self.rows.append(summary_row(r))
             self.over_budget += r.over_budget
             if r.assessed or r.verdict is not None:  # the session's files and verdicts (against REF: no record)
                 self.results.append(r)

@@ -17,8 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..core.catalog import AGREEMENT_BUDGETS
@@ -354,98 +353,6 @@ def resolve_side(name: str, spec: object, engine_for: Callable[[Mapping[str, obj
     if not is_token_stream(spec):  # check_side let through nothing else
         raise TypeError(f"A/B side {name!r}: {spec!r} is no side")
     return Side(getattr(spec, "__name__", repr(spec)), spec)
-
-
-def ab_result_of(nodeid: str, ab: ABResult) -> dict[str, object]:
-    """The session JSON's entry of one A/B comparison."""
-    from ..judge.ab import as_dict
-
-    return {"test": nodeid + (f"[{ab.label}]" if ab.label else ""), "nodeid": nodeid, **as_dict(ab)}
-
-
-def section_of(m: Measurement, t: Outcome, columns: Sequence[str], width: int) -> tuple[str, str]:
-    """The report section of one measurement ``m`` (its outcome ``t``): its figures, then its
-    baseline comparison, then its undecided budgets."""
-    from ..reports.text import metrics_table, wrap_text
-
-    title = "llmperf" + (f" [{m.label}]" if m.label else "")
-    detail = metrics_table(m, width)
-    if t.verdict is not None:
-        detail += "\n\n" + "\n".join(wrap_text(line, width) for line in _verdict_lines(t, columns, width))
-    if t.budget_notes:
-        detail += "\n\n" + "\n".join(wrap_text(f"budget undecided: {line}", width) for line in t.budget_notes)
-    return title, detail.rstrip()
-
-
-def _verdict_lines(t: Outcome, columns: Sequence[str], width: int) -> list[str]:
-    """What the baseline said: its note, what changed, the layers, the comparison table, where
-    llama.cpp's time went (both sides' attribution passes) and its undecided comparisons."""
-    from ..judge.verdict import BaselineStatus
-    from ..reports.session_file import comparison_table, undecided_lines
-
-    v = t.verdict
-    assert v is not None  # only a judged measurement has verdict lines
-    shown = [dataclasses.replace(t, test=t.key)]
-    table = comparison_table(shown, columns, width)
-    # An error note is the test's failure line already: not a second copy here.
-    lines = [v.note] if v.note and v.status != BaselineStatus.ERROR else []
-    if v.changes:
-        lines.append("changed since the baseline: " + ", ".join(v.changes))
-    if v.layer_changes:
-        slower = v.slower_layers
-        lines.append(
-            "slower layers: " + "; ".join(c.line() for c in slower)
-            if slower
-            else f"per-layer diff: no layer significantly slower ({len(v.layer_changes)} compared)"
-        )
-    where = v.attribution.lines() if v.attribution is not None else []  # under the table
-    return lines + ([table] if table else []) + where + undecided_lines(shown)
-
-
-@dataclass
-class CallReport:
-    """What the call phase's report gets: ``properties`` go on the item before the report is
-    made (JUnit reads them from every later report), the rest on the report itself."""
-
-    properties: list[tuple[str, object]] = field(default_factory=list)
-    sections: list[tuple[str, str]] = field(default_factory=list)
-    lines: list[str] = field(default_factory=list)  # non-empty: the test fails with them
-    #: The outcomes (``judge.result.Outcome``): in this process as they are; ``to_json()`` only where
-    #: a report crosses pytest-xdist's wire (``pytest_plugin.plugin``'s report hooks).
-    results: list[Outcome] = field(default_factory=list)
-    ab: list[dict[str, object]] = field(default_factory=list)
-
-
-def call_report(
-    nodeid: str,
-    results: Sequence[Outcome],
-    ab_results: Sequence[ABResult],
-    *,
-    columns: Sequence[str],
-    width: int,
-    budgets_gate: bool,
-    failure_lines: Callable[[Outcome], list[str]],
-    error: str | None = None,
-    test_id: str | None = None,
-) -> CallReport:
-    """One test's measurements (after ``pytest_llmperf_result``) and A/B comparisons as report
-    parts; ``failure_lines(outcome)``: the baseline's failure lines of one measurement;
-    ``error``: the line the test already fails with (a hook's wrong answer, a failed measurement)."""
-    out = CallReport(lines=[error] if error else [])
-    if ab_results:
-        from ..judge.ab import properties as ab_properties
-
-        out.properties += ab_properties(ab_results)
-        out.ab = [ab_result_of(test_id or nodeid, ab) for ab in ab_results]
-    for t in results:
-        out.properties += t.properties()
-    for t in results:
-        assert t.measurement is not None  # made in this process: live
-        out.sections.append(section_of(t.measurement, t, columns, width))
-        out.lines += [t.failure.as_longrepr()] if t.failure is not None and budgets_gate else []
-        out.lines += failure_lines(t)
-        out.results.append(t)
-    return out
 
 
 def _is_engine(subject: object) -> bool:
