@@ -1,30 +1,28 @@
 """The one outcome of a test's measurement (``Outcome``), the verdict it carries
 (``BaselineVerdict``), and the per-layer baseline diff in that verdict.
 
-Per-layer diff between two records that both carry layer timing: which layers got slower.
-
-A layer counts as slower when its share of the step grew: each run's per-layer medians divided
-by their sum are the samples (runs are independent, tokens within a run are not), a one-sided
-Mann-Whitney U test on them (exact up to 50 runs a side) is significant at ``alpha`` after Holm
-over all layers of both phases, and the median share grew by more than ``threshold`` (relative). Shares, not ms: the
-two sessions may run on a machine that got uniformly slower or faster in between, which would
-move every layer's ms and say nothing about which layer changed; a uniform slowdown is the
-phase verdicts' business. This is a diagnosis next to those verdicts, which stay the gate.
-
-One outcome of a test's measurement, typed: its headline figures, its budgets, its record and
-the verdict against its baseline (or ``--llmperf-against``'s REF), built here (``outcome``;
-the assessor builds the judged part: ``session.assess``) and only read above.
-
-The one definition of the outcome that travels: within one process the object itself (a test's
-report carries it to the session); ``to_json()`` is pytest-xdist's wire format (a worker's
-report is serialized with it, the controller rebuilds it with ``from_json``), each entry of the
-``--llmperf-json`` session file (``schemas/session.schema.json``), the HTML report's input and
-``llmperf compare`` / ``llmperf report``'s. The JUnit properties and the terminal summary rows
-are the reports' views of it (``reports.session_file``), never parsed back.
+An ``Outcome`` is typed: its headline figures, its budgets, its record and the verdict against
+its baseline (or ``--llmperf-against``'s REF), built here (``outcome``; the assessor builds the
+judged part: ``session.assess``) and only read above. While it is live it also carries its
+measurement and budget failure (what a ``pytest_llmperf_result`` hook sees). It travels as
+itself within one process; ``to_json()`` is pytest-xdist's wire format (``from_json`` rebuilds
+it), each entry of the ``--llmperf-json`` session file (``schemas/session.schema.json``), the
+HTML report's input and ``llmperf compare`` / ``llmperf report``'s. The JUnit properties and the
+terminal summary rows are the reports' views of it (``reports.session_file``), never parsed back.
 
 The verdict is the judge's own object (``regression.judge`` decides it), kept as reported
 (``BaselineVerdict.decided``: its short word and failure lines as they were at the time), with
-its comparisons as ``verdict.Comparison`` objects."""
+its comparisons as ``verdict.Comparison`` objects.
+
+Per-layer diff between two records that both carry layer timing: which layers got slower. A
+layer counts as slower when its share of the step grew: each run's per-layer medians divided by
+their sum are the samples (runs are independent, tokens within a run are not), a one-sided
+Mann-Whitney U test on them (exact up to 50 runs a side) is significant at ``alpha`` after Holm
+over all layers of both phases, and the median share grew by more than ``threshold``
+(relative). Shares, not ms: the two sessions may run on a machine that got uniformly slower or
+faster in between, which would move every layer's ms and say nothing about which layer changed;
+a uniform slowdown is the phase verdicts' business. This is a diagnosis next to those verdicts,
+which stay the gate."""
 
 from __future__ import annotations
 

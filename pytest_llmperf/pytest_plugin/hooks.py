@@ -12,7 +12,7 @@ wrong answer into one line that names the hook, not a traceback deep in a report
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pluggy
 
@@ -22,6 +22,7 @@ from ..engines import CallableEngine, Engine
 if TYPE_CHECKING:
     import pytest
 
+    from ..core.documents import JSONValue
     from ..core.settings import EngineSettings
     from ..core.workload import EngineInfo
     from ..engines.llama_cpp_native import EngineConfig
@@ -31,7 +32,9 @@ hookspec = pluggy.HookspecMarker("pytest")
 
 
 @hookspec
-def pytest_llmperf_fingerprint(config: Any, hardware: dict[str, Any], subject: dict[str, Any], info: Any) -> None:
+def pytest_llmperf_fingerprint(
+    config: pytest.Config, hardware: dict[str, JSONValue], subject: dict[str, JSONValue], info: EngineInfo
+) -> None:
     """Add, change or remove environment fingerprint keys, in place (the return is ignored).
 
     Called once per engine the session measures, when its fingerprint is first built: before
@@ -48,7 +51,7 @@ def pytest_llmperf_fingerprint(config: Any, hardware: dict[str, Any], subject: d
 
 
 @hookspec(firstresult=True)
-def pytest_llmperf_result(config: Any, item: Any, result: Any) -> Any:
+def pytest_llmperf_result(config: pytest.Config, item: pytest.Item, result: Outcome) -> Outcome | None:
     """See, or replace, each measurement's result before anything reports it.
 
     Called once per measurement (each ``llmperf.measure()``, the automatic one included) when
@@ -66,7 +69,9 @@ def pytest_llmperf_result(config: Any, item: Any, result: Any) -> Any:
 
 
 @hookspec(firstresult=True)
-def pytest_llmperf_make_engine(config: Any, settings: Any, engine_config: Any) -> Any:
+def pytest_llmperf_make_engine(
+    config: pytest.Config, settings: EngineSettings, engine_config: EngineConfig | None
+) -> object:
     """Provide the engine the llmperf tests measure; None: the default one.
 
     Called when an engine is first needed: once for the session's engine, and once per
@@ -84,7 +89,9 @@ def _who(config: pytest.Config, name: str) -> str:
     return ", ".join(sorted({getattr(i.plugin, "__file__", None) or i.plugin_name for i in impls})) or "?"
 
 
-def fingerprint(config: pytest.Config, hardware: dict[str, Any], subject: dict[str, Any], info: EngineInfo) -> None:
+def fingerprint(
+    config: pytest.Config, hardware: dict[str, JSONValue], subject: dict[str, JSONValue], info: EngineInfo
+) -> None:
     """Let ``pytest_llmperf_fingerprint`` edit both halves in place; JSON scalars only (they
     are stored in the baseline file and compared with ``!=``)."""
     config.hook.pytest_llmperf_fingerprint(config=config, hardware=hardware, subject=subject, info=info)

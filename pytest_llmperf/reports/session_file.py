@@ -24,7 +24,6 @@ from ..baselines import store as baseline_store
 from ..core.catalog import FIGURES, HEADLINE, SUMMARY
 from ..core.documents import JSONValue, RefusedFile, SchemaViolation, loads, read_text, validate
 from ..core.formats import fmt, render_table
-from ..core.measurement import Measurement
 from ..core.settings import COLUMN_SETS, DEFAULT_COMPARISON_COLUMNS
 from ..judge.ab import ABResult
 from ..judge.ab import as_dict as ab_dict
@@ -761,23 +760,21 @@ def summary_row(t: Outcome) -> dict[str, object]:
     return {"test": t.test, **outcome_values(t)}
 
 
-def section_of(m: Measurement, t: Outcome, columns: Sequence[str], width: int) -> tuple[str, str]:
-    """The report section of one measurement ``m`` (its outcome ``t``): its figures, then its
-    baseline comparison, then its undecided budgets."""
-
-    title = "llmperf" + (f" [{m.label}]" if m.label else "")
-    detail = metrics_table(m, width)
+def section_of(t: Outcome, columns: Sequence[str], width: int) -> tuple[str, str]:
+    """The report section of one measurement (made in this process: ``t.measurement``): its
+    figures, then its baseline comparison, then its undecided budgets."""
+    assert t.measurement is not None  # live
+    detail = metrics_table(t.measurement, width)
     if t.verdict is not None:
         detail += "\n\n" + "\n".join(wrap_text(line, width) for line in _verdict_lines(t, columns, width))
     if t.budget_notes:
         detail += "\n\n" + "\n".join(wrap_text(f"budget undecided: {line}", width) for line in t.budget_notes)
-    return title, detail.rstrip()
+    return "llmperf" + (f" [{t.label}]" if t.label else ""), detail.rstrip()
 
 
 def _verdict_lines(t: Outcome, columns: Sequence[str], width: int) -> list[str]:
     """What the baseline said: its note, what changed, the layers, the comparison table, where
     llama.cpp's time went (both sides' attribution passes) and its undecided comparisons."""
-
     v = t.verdict
     assert v is not None  # only a judged measurement has verdict lines
     shown = [dataclasses.replace(t, test=t.key)]
@@ -826,21 +823,16 @@ def call_report(
     """One test's measurements (after ``pytest_llmperf_result``) and A/B comparisons as report
     parts; ``failure_lines(outcome)``: the baseline's failure lines of one measurement;
     ``error``: the line the test already fails with (a hook's wrong answer, a failed measurement)."""
-    out = CallReport(lines=[error] if error else [])
+    out = CallReport(lines=[error] if error else [], results=list(results))
     if ab_results:
+        test = test_id or nodeid  # the session JSON's entry of each A/B comparison:
+        out.ab = [
+            {"test": test + (f"[{ab.label}]" if ab.label else ""), "nodeid": test, **ab_dict(ab)} for ab in ab_results
+        ]
         out.properties += ab_properties(ab_results)
-        out.ab = [ab_result_of(test_id or nodeid, ab) for ab in ab_results]
     for t in results:
         out.properties += junit_properties(t)
-    for t in results:
-        assert t.measurement is not None  # made in this process: live
-        out.sections.append(section_of(t.measurement, t, columns, width))
+        out.sections.append(section_of(t, columns, width))
         out.lines += [t.failure.as_longrepr()] if t.failure is not None and budgets_gate else []
         out.lines += failure_lines(t)
-        out.results.append(t)
     return out
-
-
-def ab_result_of(nodeid: str, ab: ABResult) -> dict[str, object]:
-    """The session JSON's entry of one A/B comparison."""
-    return {"test": nodeid + (f"[{ab.label}]" if ab.label else ""), "nodeid": nodeid, **ab_dict(ab)}

@@ -160,7 +160,7 @@ class Measurer:
         workload = Workload(**config.workload)
         subject = self.subject(engine, config)
         progress.step("measuring")
-        if engine is not None and not _is_engine(engine) and "prompt_cache" not in config.workload:
+        if engine is not None and not isinstance(engine, Engine) and "prompt_cache" not in config.workload:
             workload = dataclasses.replace(workload, prompt_cache=self.prompt_cache)
         if self.side is not None:
             return self._driven(subject, config, label)
@@ -291,24 +291,25 @@ class Measurer:
         also, n_agreement = against_agreement(m, config.ab) if against else ((), 0)
         failure = check_budgets(m, config.budgets, also)
         notes = tuple(b.line() for b in undecided_budgets(m, config.budgets))
-        return self._keep(m, failure, len(config.budgets) + n_agreement, config.budgets, notes, assessment)
+        n = len(config.budgets) + n_agreement
+        return self._keep(m, failure, n, config.budgets, notes, assessment)
 
     def _keep(
         self,
         m: Measurement,
         failure: BudgetFailure | None,
-        n_budgets: int,
+        n: int,
         budgets: Mapping[str, float] | None = None,
         notes: tuple[str, ...] = (),
         judged: Outcome | None = None,
     ) -> Outcome:
+        """``m``'s outcome (``judge.result.outcome``), kept in ``results``."""
         from ..judge.result import outcome
 
-        result = outcome(
-            m, self.test_id, self.nodeid, failure, n_budgets, budgets=budgets, budget_notes=notes, judged=judged
+        self.results.append(
+            outcome(m, self.test_id, self.nodeid, failure, n, budgets=budgets, budget_notes=notes, judged=judged)
         )
-        self.results.append(result)
-        return result
+        return self.results[-1]
 
     def _driven(self, subject: Subject, config: MarkerConfig, label: str) -> Outcome:
         """On a side of ``--llmperf-against``: the runs the controller asks for, its verdict."""
@@ -353,7 +354,3 @@ def resolve_side(name: str, spec: object, engine_for: Callable[[Mapping[str, obj
     if not is_token_stream(spec):  # check_side let through nothing else
         raise TypeError(f"A/B side {name!r}: {spec!r} is no side")
     return Side(getattr(spec, "__name__", repr(spec)), spec)
-
-
-def _is_engine(subject: object) -> bool:
-    return isinstance(subject, Engine)
