@@ -328,11 +328,9 @@ class Outcome:
     #: (``baselines.records.prompt_record``: the cache state, prompt tokens evaluated and reused,
     #: the delivered figures); empty for the plugin's own engine.
     prompt: Mapping[str, object] = field(default_factory=dict)
-    # While it is live (``pytest_llmperf_result``'s view, the test's text section): the measurement
-    # and the budgets it broke (``budgets.check_budgets``) of its ``n_budgets``; its budget words
-    # are then its ``failure``'s (a hook's ``failure=None`` waives them). Not stored (its fields are
-    # the schema's ``result``): init-only at run time, kept as attributes that ``dataclasses.replace``
-    # carries over; None and 0 when read from a file.
+    # Live only (a hook's view): the measurement and the budgets it broke of its ``n_budgets``, whose
+    # lines its budget words then are (``failure=None`` waives them). Init-only, so the fields stay
+    # the schema's; kept as attributes that ``dataclasses.replace`` carries over; unset when read.
     if TYPE_CHECKING:
         measurement: Measurement | None = None
         failure: BudgetFailure | None = None
@@ -359,8 +357,7 @@ class Outcome:
 
     @property
     def baseline(self) -> Outcome | None:
-        """The judged part (its record, key and verdict), as a ``pytest_llmperf_result`` hook
-        read it before it was this outcome; None: not judged (``--llmperf-disable``)."""
+        """The judged part (record, key, verdict) as hooks read it before; None: not judged."""
         return self if self.assessed or self.verdict is not None else None
 
     @property

@@ -67,8 +67,8 @@ def llmperf(request: pytest.FixtureRequest) -> LLMPerf:
 
     item = request.node
     config = item.stash.get(MARKER_CONFIG, None) or MarkerConfig({}, {})
-    test_id = full_id(item, request.config.rootpath)
-    fixture = LLMPerf(session_of(request.config).test(item.nodeid, config, item.path, test_id))
+    session = session_of(request.config)
+    fixture = LLMPerf(session.test(item.nodeid, config, item.path, full_id(item, request.config.rootpath)))
     item.stash[FIXTURE] = fixture
     return fixture
 

@@ -809,7 +809,7 @@ class CallReport:
 
 
 def call_report(
-    nodeid: str,
+    test: str,
     results: Sequence[Outcome],
     ab_results: Sequence[ABResult],
     *,
@@ -818,15 +818,14 @@ def call_report(
     budgets_gate: bool,
     failure_lines: Callable[[Outcome], list[str]],
     error: str | None = None,
-    test_id: str | None = None,
 ) -> CallReport:
     """One test's measurements (after ``pytest_llmperf_result``) and A/B comparisons as report
-    parts; ``failure_lines(outcome)``: the baseline's failure lines of one measurement;
-    ``error``: the line the test already fails with (a hook's wrong answer, a failed measurement)."""
+    parts (``test``: its full id, ``core.formats.full_id``); ``failure_lines(outcome)``: the
+    baseline's failure lines of one measurement; ``error``: the line the test already fails
+    with (a hook's wrong answer, a failed measurement)."""
     out = CallReport(lines=[error] if error else [], results=list(results))
     if ab_results:
-        test = test_id or nodeid  # the session JSON's entry of each A/B comparison:
-        out.ab = [
+        out.ab = [  # the session JSON's entry of each A/B comparison
             {"test": test + (f"[{ab.label}]" if ab.label else ""), "nodeid": test, **ab_dict(ab)} for ab in ab_results
         ]
         out.properties += ab_properties(ab_results)

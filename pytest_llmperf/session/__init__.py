@@ -138,8 +138,7 @@ class Session:
 
     def test(self, nodeid: str, marker: MarkerConfig, module: Path | str | None = None, test_id: str = "") -> Measurer:
         """The measurements of one test (``results.Measurer``) with this session's engines,
-        assessments and settings; ``test_id``: its full id where ``nodeid`` does not name its
-        module (``core.formats.full_id``)."""
+        assessments and settings; ``test_id``: its full id (``core.formats.full_id``)."""
         where = Path(module) if module is not None else self.settings.rootdir / nodeid.split("::")[0]
         return Measurer(
             marker,
@@ -317,20 +316,19 @@ class Session:
 
     def call_report(
         self,
-        nodeid: str,
+        test: str,
         results: Sequence[Outcome],
         ab_results: Sequence[ABResult],
         width: int,
         error: str | None = None,
-        test_id: str | None = None,
     ) -> CallReport:
-        """What one test's call report gets (``results.call_report``); ``test_id``: the test's
-        full id where pytest's ``nodeid`` does not name its module (``core.formats.full_id``)."""
+        """What one test's call report gets (``reports.session_file.call_report``); ``test``: its
+        full id (``core.formats.full_id``)."""
         from ..reports.session_file import call_report
 
         s = self.settings
         return call_report(
-            nodeid,
+            test,
             results,
             ab_results,
             columns=s.columns,
@@ -338,7 +336,6 @@ class Session:
             budgets_gate=s.budgets_gate,
             failure_lines=self.assessor.failure_lines,
             error=error,
-            test_id=test_id,
         )
 
     def collect(self, shipped: Sequence[Outcome], ab_results: Sequence[Mapping[str, object]] = ()) -> None:

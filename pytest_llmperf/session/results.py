@@ -77,8 +77,8 @@ class Measurer:
     ``counters()``: the llama.cpp counters of the Llama the fixtures handed out, read around
     each run of a measured callable (``engines.CallableEngine``; None: none handed out);
     ``prompt_cache``: the session's ``--llmperf-prompt-cache`` for measured callables (a marker's
-    ``prompt_cache`` wins); ``test_id``: the test's full id where ``nodeid`` does not name its
-    module (``core.formats.full_id``). Every error is one ``LLMPerfError`` line."""
+    ``prompt_cache`` wins); ``test_id``: its full id (default ``nodeid``). Every error is one
+    ``LLMPerfError`` line."""
 
     def __init__(
         self,
