@@ -730,7 +730,7 @@ def outcome_values(t: Outcome) -> dict[str, object]:
     or ``FAIL key,key``), a load test's, then ``baseline`` (the verdict's short word)."""
     out: dict[str, object] = {}
     if t.figures is not None:
-        out.update(t.figures.values())
+        out.update((name, getattr(t.figures, name)) for name in FIGURES)  # its typed fields, the catalog's order
         out["budget"] = t.budget.cell(t.breached_budgets)
         if t.figures.load is not None:
             out.update(dataclasses.asdict(t.figures.load))
