@@ -4,10 +4,8 @@
 label, smoke mode, the runs, a load test's failed requests, fresh model loads, the sequential
 looks, the baseline assessment and the budgets, ending in one ``judge.result.Outcome`` (built
 by ``judge.result.outcome``; what a ``pytest_llmperf_result`` hook sees, the live measurement
-and its budget breaches with it). ``call_report`` turns a test's outcomes into its report
-parts: JUnit properties, a text section per measurement, the lines that fail it, and the
-outcomes that the session collects (as JSON only across pytest-xdist's wire) and writes to
-the session JSON.
+and its budget breaches with it); ``reports.session_file.call_report`` turns a test's outcomes
+into its report parts.
 
 Light: the pytest plugin imports it at every start; numpy, scipy and the runner are imported
 inside the methods that measure."""
