@@ -51,12 +51,11 @@ if TYPE_CHECKING:  # the one list of public names: type checkers read it, and so
     from .engines.servers import serve, tool_path
     from .judge.ab import ABResult, Side, compare_ab
     from .judge.budgets import BudgetFailure, check_budgets
-    from .judge.result import MeasurementResult, Outcome, ResultError
+    from .judge.result import MeasurementResult, Outcome, Result, ResultError
     from .measuring.metrics import summarize
     from .measuring.runner import InferenceProfiler, ProfilerStats, measure
     from .models.gguf import PRESETS, ModelSpec, ensure_model, write_gguf
     from .reports.session_file import load_session
-    from .session.results import Result
 
 _FOUND: dict[str, str] = {}
 

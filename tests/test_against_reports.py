@@ -159,7 +159,7 @@ def _row(text: str, *cells: str) -> bool:
 
 def test_terminal_names_ref_and_shows_both_sides_and_the_ratio(results: list[MeasurementResult]) -> None:
     settings = SessionSettings.of(".", against="git:main")
-    rows = [r.summary_row() for r in results]
+    rows = [session_file.summary_row(r) for r in results]
     ref_value, now_value, ratio, ci = _cells(_decode(results[0]))
     for width in (80, 160):
         lines = summary(settings, rows, results, None, [], verbosity=0, width=width)
@@ -186,11 +186,13 @@ def test_a_baseline_comparison_keeps_its_words(results: list[MeasurementResult])
 
     baseline = tuple(dataclasses.replace(c, reference="") for c in results[0].verdict.comparisons)
     plain = [dataclasses.replace(results[0], verdict=dataclasses.replace(results[0].verdict, comparisons=baseline))]
-    lines = summary(SessionSettings.of("."), [r.summary_row() for r in plain], plain, None, [], verbosity=0, width=160)
+    lines = summary(
+        SessionSettings.of("."), [session_file.summary_row(r) for r in plain], plain, None, [], verbosity=0, width=160
+    )
     assert ("sep", "llmperf baseline comparison") in lines
     table = session_file.comparison_table(plain, None, 160)
     assert "REF" not in table and "change" in table and f"{(_decode(plain[0]).ratio - 1) * 100:+.1f}%" in table
-    assert ("llmperf.against", REF) not in plain[0].properties()
+    assert ("llmperf.against", REF) not in session_file.junit_properties(plain[0])
     assert "Judged against REF" not in session_file.markdown(plain)
 
 
@@ -275,11 +277,11 @@ def test_html_names_ref_in_the_header_and_per_test(results: list[MeasurementResu
 
 
 def test_junit_properties_name_ref(results: list[MeasurementResult]) -> None:
-    props = results[0].properties()
+    props = session_file.junit_properties(results[0])
     assert ("llmperf.against", REF) in props
     assert ("llmperf.verdict.tpot_ms", "REGRESSION") in props
     assert ("llmperf.tpot_ms", results[0].figures.tpot_ms) in props
-    assert not any(k == "llmperf.against" for k, _ in results[1].properties())  # not compared: no REF
+    assert not any(k == "llmperf.against" for k, _ in session_file.junit_properties(results[1]))  # not compared: no REF
 
 
 def _git(cwd: Path, *args: str) -> None:

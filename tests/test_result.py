@@ -17,6 +17,7 @@ from pytest_llmperf.core import catalog
 from pytest_llmperf.core.documents import ANNOTATIONS, KEYWORDS, SchemaViolation, load_schema, validate
 from pytest_llmperf.judge.result import Figures, LayerChange, MeasurementResult, ResultError
 from pytest_llmperf.judge.verdict import Comparison, Verdict
+from pytest_llmperf.reports import session_file
 from pytest_llmperf.reports.session_file import load_session
 
 #: Two measurements (one labelled, one a load test) on a callable engine: fast and real.
@@ -474,7 +475,7 @@ def test_states_are_typed_and_written_as_the_words_they_replaced() -> None:
     # What leaves the process is plain data: xdist's wire (execnet) takes no str subclass.
     plain = (str, int, float, bool, type(None))
     for r in (over, regressed):
-        assert type(r.to_json()["budget"]) is str and all(type(v) in plain for _, v in r.properties())
+        assert type(r.to_json()["budget"]) is str and all(type(v) in plain for _, v in session_file.junit_properties(r))
     assert type(regressed.to_json()["verdict"]["status"]) is str
 
 
@@ -501,3 +502,27 @@ def test_a_state_no_pytest_llmperf_writes_is_one_line(tmp_path: Path, edit, line
     path.write_text(json.dumps({"schema": "pytest-llmperf/session", "schema_version": 1, "results": [d]}))
     with pytest.raises(BaselineError, match="results\\[0\\]"):
         load_session(path)
+
+
+def test_a_live_outcome_carries_its_measurement_and_budget_failure_and_stores_neither() -> None:
+    """What ``pytest_llmperf_result`` sees is the Outcome itself: the live measurement and its
+    budget failure (a hook's ``failure=None`` waives it, and the budget words follow), neither
+    of them stored, so what a file gives back equals it."""
+    from pytest_llmperf.judge.budgets import BudgetStatus
+    from pytest_llmperf.session.options import validate
+    from pytest_llmperf.session.results import Measurer
+
+    def tokens(prompt: str, max_tokens: int):
+        yield from range(max_tokens)
+
+    marker = validate({"runs": 3, "warmup": 0, "max_tokens": 3, "prompt": "x", "max_runs": 3, "tpot_ms": 1e-6})
+    r = Measurer(marker, lambda: None, nodeid="t.py::test_a", test_id="sub/t.py::test_a").measure(tokens)
+    assert isinstance(r, MeasurementResult) and r.measurement is not None and r.failure is not None
+    assert (r.test, r.nodeid, r.n_budgets, r.baseline) == ("sub/t.py::test_a", "t.py::test_a", 1, None)
+    assert r.budget is BudgetStatus.FAIL and r.breached_budgets == ("tpot_ms",) and r.budget_failures
+    waived = dataclasses.replace(r, extra_info={"cost": 1}, failure=None)
+    assert waived.measurement is r.measurement and waived.budget is BudgetStatus.OK and waived.budget_failures == ()
+    d = waived.to_json()
+    assert not {"measurement", "failure", "n_budgets"} & set(d) and d["budget"] == "ok" and d["breached_budgets"] == []
+    back = MeasurementResult.from_json(json.loads(json.dumps(d)))
+    assert back == waived and back.measurement is None and back.failure is None and back.to_json() == d

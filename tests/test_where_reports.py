@@ -84,7 +84,7 @@ def _block(lines: list[tuple[str, str]]) -> list[str]:
 def test_the_terminal_shows_where_it_went_under_the_comparison_table_in_80_columns() -> None:
     results = [_result("tests/perf/test_chat.py::test_answer_stream"), _unmoved("tests/perf/test_chat.py::test_quiet")]
     results.append(_plain("tests/perf/test_chat.py::test_without_parts"))
-    rows = [r.summary_row() for r in results]
+    rows = [session_file.summary_row(r) for r in results]
     lines = summary(SessionSettings.of("."), rows, results, None, [], verbosity=0, width=80)
     seps = [t for k, t in lines if k == "sep"]
     assert seps.index("llmperf where it went") == seps.index("llmperf baseline comparison") + 1
@@ -143,7 +143,13 @@ def test_an_ab_entry_gets_its_block_with_its_sides_named() -> None:
 def test_nothing_moved_no_block() -> None:
     results = [_unmoved("tests/test_a.py::test_a"), _plain("tests/test_a.py::test_b")]
     lines = summary(
-        SessionSettings.of("."), [r.summary_row() for r in results], results, None, [], verbosity=0, width=80
+        SessionSettings.of("."),
+        [session_file.summary_row(r) for r in results],
+        results,
+        None,
+        [],
+        verbosity=0,
+        width=80,
     )
     assert ("sep", "llmperf where it went") not in lines
     assert "### Where it went" not in session_file.markdown(results)
@@ -226,7 +232,7 @@ def test_llmperf_compare_shows_where_it_went_and_report_draws_it(
 
 def test_junit_properties_carry_each_part() -> None:
     r = _result("tests/test_a.py::test_a")
-    props = dict(r.properties())
+    props = dict(session_file.junit_properties(r))
     (p,) = [p for p in r.verdict.parts if p.metric == "decode_outside_ms_per_token"]  # type: ignore[union-attr]
     assert props["llmperf.part.decode_outside_ms_per_token.change"] == p.change_text()
     assert props["llmperf.part.decode_outside_ms_per_token.ci"] == p.ci_text()
@@ -234,9 +240,9 @@ def test_junit_properties_carry_each_part() -> None:
     assert props["llmperf.part.native_decode_ms_per_token.change"].startswith("x")
     assert props["llmperf.part.native_decode_ms_per_token.moved"] == "false"
     assert props["llmperf.verdict.tpot_ms"] == "REGRESSION"
-    labelled = dict(dataclasses.replace(r, label="q8").properties())
+    labelled = dict(session_file.junit_properties(dataclasses.replace(r, label="q8")))
     assert "llmperf[q8].part.sampling_ms_per_token.ci" in labelled
-    assert not any(".part." in k for k, _ in _plain("tests/test_a.py::test_b").properties())
+    assert not any(".part." in k for k, _ in session_file.junit_properties(_plain("tests/test_a.py::test_b")))
     ab = dataclasses.replace(simulated(3), parts=r.verdict.parts, label="")  # type: ignore[union-attr]
     ab_props = dict(AB.properties([ab]))
     assert ab_props["llmperf.ab.part.decode_outside_ms_per_token.moved"] == "true"

@@ -82,9 +82,10 @@ class Figures:
 
     @classmethod
     def of(cls, m: Measurement) -> Figures:
-        """From a ``Measurement``, each figure read as the catalog says."""
-        figures: dict[str, Any] = {name: f.read(m) for name, f in FIGURES.items()}
-        return cls(**figures, load=None if m.load is None else LoadFigures.of(m.load))
+        """From a ``Measurement``, each figure read as the catalog says (the fields are in its order)."""
+        load = None if m.load is None else LoadFigures.of(m.load)
+        figures: list[Any] = [*(f.read(m) for f in FIGURES.values()), load]  # each of its field's type
+        return cls(*figures)
 
     def values(self) -> dict[str, Any]:
         """Flat name -> value of every figure but ``load``, in the catalog's order."""

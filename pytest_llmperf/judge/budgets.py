@@ -1,10 +1,9 @@
 """Budgets: absolute ones on a Measurement (the marker's min_tps, p95_ms...) and relative ones on
 an interleaved A/B's paired comparison (max_slowdown, min_speedup).
 
-Budgets: the marker's ceilings and floors checked against a Measurement.
-
 Like pytest-memray's markers: ``check_budgets`` returns None when every budget holds, and a
-small result object with ``as_longrepr()`` (the one-line reason) when one does not.
+``BudgetFailure`` with ``as_longrepr()`` (the one-line reason) when one does not; the test's
+``result.Outcome`` holds it while it is live.
 
 Relative budgets: B against A, measured side by side ("Q8_0 decode at least 1.2x F16's",
 "flash attention must not slow prefill by more than 3%").

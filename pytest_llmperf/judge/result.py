@@ -1,38 +1,36 @@
 """The one outcome of a test's measurement (``Outcome``), the verdict it carries
 (``BaselineVerdict``), and the per-layer baseline diff in that verdict.
 
-Per-layer diff between two records that both carry layer timing: which layers got slower.
-
-A layer counts as slower when its share of the step grew: each run's per-layer medians divided
-by their sum are the samples (runs are independent, tokens within a run are not), a one-sided
-Mann-Whitney U test on them (exact up to 50 runs a side) is significant at ``alpha`` after Holm
-over all layers of both phases, and the median share grew by more than ``threshold`` (relative). Shares, not ms: the
-two sessions may run on a machine that got uniformly slower or faster in between, which would
-move every layer's ms and say nothing about which layer changed; a uniform slowdown is the
-phase verdicts' business. This is a diagnosis next to those verdicts, which stay the gate.
-
-One outcome of a test's measurement, typed: its headline figures, its budgets, its record and
-the verdict against its baseline (or ``--llmperf-against``'s REF), built here (``outcome``;
-the assessor builds the judged part: ``session.assess``) and only read above.
-
-The one definition of the outcome that travels: within one process the object itself (a test's
-report carries it to the session); ``to_json()`` is pytest-xdist's wire format (a worker's
-report is serialized with it, the controller rebuilds it with ``from_json``), each entry of the
-``--llmperf-json`` session file (``schemas/session.schema.json``), the HTML report's input and
-``llmperf compare`` / ``llmperf report``'s. The JUnit properties and the terminal summary rows
-are derived from it (``properties()``, ``summary_row()``), never parsed back.
+An ``Outcome`` is typed: its headline figures, its budgets, its record and the verdict against
+its baseline (or ``--llmperf-against``'s REF), built here (``outcome``; the assessor builds the
+judged part: ``session.assess``) and only read above. While it is live it also carries its
+measurement and budget failure (what a ``pytest_llmperf_result`` hook sees). It travels as
+itself within one process; ``to_json()`` is pytest-xdist's wire format (``from_json`` rebuilds
+it), each entry of the ``--llmperf-json`` session file (``schemas/session.schema.json``), the
+HTML report's input and ``llmperf compare`` / ``llmperf report``'s. The JUnit properties and the
+terminal summary rows are the reports' views of it (``reports.session_file``), never parsed back.
 
 The verdict is the judge's own object (``regression.judge`` decides it), kept as reported
 (``BaselineVerdict.decided``: its short word and failure lines as they were at the time), with
-its comparisons as ``verdict.Comparison`` objects."""
+its comparisons as ``verdict.Comparison`` objects.
+
+Per-layer diff between two records that both carry layer timing: which layers got slower. A
+layer counts as slower when its share of the step grew: each run's per-layer medians divided by
+their sum are the samples (runs are independent, tokens within a run are not), a one-sided
+Mann-Whitney U test on them (exact up to 50 runs a side) is significant at ``alpha`` after Holm
+over all layers of both phases, and the median share grew by more than ``threshold``
+(relative). Shares, not ms: the two sessions may run on a machine that got uniformly slower or
+faster in between, which would move every layer's ms and say nothing about which layer changed;
+a uniform slowdown is the phase verdicts' business. This is a diagnosis next to those verdicts,
+which stay the gate."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from dataclasses import InitVar, dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 from scipy.stats import mannwhitneyu
@@ -45,7 +43,7 @@ from ..core.record import stored_prompt
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from .attribution import AttributionChange
 from .budgets import BudgetFailure, BudgetStatus
-from .parts import PartChange, part_properties, why_lines
+from .parts import PartChange, why_lines
 from .verdict import BaselineStatus, Comparison, Verdict, headline, holm, regression_cell
 
 
@@ -330,9 +328,37 @@ class Outcome:
     #: (``core.record.stored_prompt``: the cache state, prompt tokens evaluated and reused,
     #: the delivered figures); empty for the plugin's own engine.
     prompt: Mapping[str, object] = field(default_factory=dict)
+    # Live only (a hook's view): the measurement and the budgets it broke of its ``n_budgets``, whose
+    # lines its budget words then are (``failure=None`` waives them). Init-only, so the fields stay
+    # the schema's; kept as attributes that ``dataclasses.replace`` carries over; unset when read.
+    if TYPE_CHECKING:
+        measurement: Measurement | None = None
+        failure: BudgetFailure | None = None
+        n_budgets: int = 0
+    else:
+        measurement: InitVar[Measurement | None] = None
+        failure: InitVar[BudgetFailure | None] = None
+        n_budgets: InitVar[int] = 0
 
-    def __post_init__(self) -> None:
+    def __post_init__(  # the type checker sees no init-only variables, so they take its defaults
+        self,
+        measurement: Measurement | None = None,  # noqa: RUF033
+        failure: BudgetFailure | None = None,  # noqa: RUF033
+        n_budgets: int = 0,  # noqa: RUF033
+    ) -> None:
         object.__setattr__(self, "budget", BudgetStatus(self.budget))  # a word read from JSON, typed
+        for name, value in (("measurement", measurement), ("failure", failure), ("n_budgets", n_budgets)):
+            object.__setattr__(self, name, value)
+        if measurement is not None:
+            breaches = failure.breaches if failure is not None else ()
+            object.__setattr__(self, "budget", BudgetStatus.of(n_budgets, failure is not None))
+            object.__setattr__(self, "budget_failures", tuple(b.line() for b in breaches))
+            object.__setattr__(self, "breached_budgets", tuple(b.key for b in breaches))
+
+    @property
+    def baseline(self) -> Outcome | None:
+        """The judged part (record, key, verdict) as hooks read it before; None: not judged."""
+        return self if self.assessed or self.verdict is not None else None
 
     @property
     def over_budget(self) -> bool:
@@ -359,38 +385,6 @@ class Outcome:
     def assessed(self) -> bool:
         """Recorded for the baselines (a smoke run or a failed load test is not)."""
         return self.record is not None
-
-    def values(self) -> dict[str, object]:
-        """Name -> value of the flat figures: the measurement's, ``budget`` (``-``, ``ok`` or
-        ``FAIL key,key``), a load test's, then ``baseline`` (the verdict's short word)."""
-        out: dict[str, object] = {}
-        if self.figures is not None:
-            out.update(self.figures.values())
-            out["budget"] = self.budget.cell(self.breached_budgets)
-            if self.figures.load is not None:
-                out.update(dataclasses.asdict(self.figures.load))
-        if self.verdict is not None:
-            out["baseline"] = self.verdict.short
-        return out
-
-    def properties(self) -> list[tuple[str, object]]:
-        """``report.user_properties`` (JUnit XML): ``llmperf[label].<name>`` of ``values()``,
-        then ``verdict.<metric>`` of each comparison, ``part.<metric>.change``/``.ci``/``.moved`` of
-        each part of a phase (``parts.part_properties``), and ``against`` (REF, when judged against
-        ``--llmperf-against``'s)."""
-        prefix = f"llmperf[{self.label}]." if self.label else "llmperf."
-        out = [(prefix + k, v) for k, v in self.values().items()]
-        if self.verdict is not None:
-            out += [(f"{prefix}verdict.{c.metric}", c.verdict.value) for c in self.verdict.comparisons]
-            out += part_properties(prefix, self.verdict.parts)
-        if self.reference:
-            out.append((prefix + "against", self.reference))
-        out += [(f"{prefix}prompt.{k}", v) for k, v in self.prompt.items() if v is not None]
-        return out
-
-    def summary_row(self) -> dict[str, object]:
-        """The terminal summary's row (``reports.text.summary_table``, ``measuring.served``)."""
-        return {"test": self.test, **self.values()}
 
     def to_json(self) -> dict[str, object]:
         """Plain JSON data (``schemas/session.schema.json#/$defs/result``); ``from_json`` inverts it."""
@@ -456,34 +450,32 @@ def outcome(
     failure: BudgetFailure | None,
     n_budgets: int,
     *,
-    budgets: Mapping[str, float],
-    extra_info: Mapping[str, object],
-    budget_notes: Sequence[str],
-    judged: Outcome | None,
+    budgets: Mapping[str, float] | None = None,
+    budget_notes: Sequence[str] = (),
+    judged: Outcome | None = None,
 ) -> Outcome:
     """The outcome of measurement ``m`` of test ``test`` (node ``nodeid``): its figures, its
     budgets (``failure``: those it broke, of ``n_budgets``; ``budget_notes``: those it could not
     decide) and, once assessed, what ``judged`` holds: its record, its baseline entry and the
     verdict against it (``session.assess.Assessor.assess``)."""
-    breaches = failure.breaches if failure is not None else ()
     return dataclasses.replace(
-        Outcome(test) if judged is None else judged,
+        judged if isinstance(judged, Outcome) else Outcome(test),
         test=test + (f"[{m.label}]" if m.label else ""),
         nodeid=nodeid,
         label=m.label or "",
-        budget=BudgetStatus.of(n_budgets, failure is not None),
-        budget_failures=tuple(b.line() for b in breaches),
         budget_notes=tuple(budget_notes),
-        breached_budgets=tuple(b.key for b in breaches),
-        budgets=dict(budgets),
-        extra_info=dict(extra_info),
+        budgets=dict(budgets or {}),
         figures=Figures.of(m),
         prompt=stored_prompt(m),
+        measurement=m,
+        failure=failure,
+        n_budgets=n_budgets,
     )
 
 
-#: Its public name before it was the one outcome (``pytest_llmperf.MeasurementResult``, docs/api.md).
-MeasurementResult = Outcome
+#: Its public names before it was the one outcome: ``pytest_llmperf.MeasurementResult`` (docs/api.md)
+#: and ``pytest_llmperf.Result``, what a ``pytest_llmperf_result`` hook received (docs/hooks.md).
+MeasurementResult = Result = Outcome
 
 
 def _state(kind: type[State], word: object, path: str) -> State:

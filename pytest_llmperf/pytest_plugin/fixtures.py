@@ -19,7 +19,7 @@ from ..core.settings import SERVER_N_CTX
 from ..engines import LlamaObject
 from ..models.gguf import ensure_model
 from ..session.options import MarkerConfig
-from .marks import MARKER_CONFIG, session_of
+from .marks import MARKER_CONFIG, full_id, session_of
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from ..engines import Engine, TokenStream
     from ..engines.servers import Server
     from ..judge.ab import ABResult
-    from ..session.results import Measurer, Result
+    from ..judge.result import Outcome
+    from ..session.results import Measurer
 
     #: What ``measure()`` takes as an engine: any Engine, or ``fn(prompt, max_tokens)``.
     Subject = Engine | TokenStream
@@ -66,7 +67,8 @@ def llmperf(request: pytest.FixtureRequest) -> LLMPerf:
 
     item = request.node
     config = item.stash.get(MARKER_CONFIG, None) or MarkerConfig({}, {})
-    fixture = LLMPerf(session_of(request.config).test(item.nodeid, config, item.path))
+    session = session_of(request.config)
+    fixture = LLMPerf(session.test(item.nodeid, config, item.path, full_id(item, request.config.rootpath)))
     item.stash[FIXTURE] = fixture
     return fixture
 
@@ -132,8 +134,8 @@ class LLMPerf:
 
     def __init__(self, measurer: Measurer) -> None:
         self._measurer = measurer
-        #: Each ``measure()``'s result (``session.results.Result``) and each ``compare()``'s, in order.
-        self.results: list[Result] = measurer.results
+        #: Each ``measure()``'s outcome (``judge.result.Outcome``) and each ``compare()``'s, in order.
+        self.results: list[Outcome] = measurer.results
         self.ab_results: list[ABResult] = measurer.ab_results
 
     @property
@@ -145,11 +147,13 @@ class LLMPerf:
 
     @property
     def measurements(self) -> list[Measurement]:
-        return [r.measurement for r in self.results]
+        return [r.measurement for r in self.results if r.measurement is not None]  # all: live
 
     def measure(self, engine: Subject | None = None, *, label: str = "", **overrides: object) -> Measurement:
         with _one_line():
-            return self._measurer.measure(engine, label=label, **overrides).measurement
+            m = self._measurer.measure(engine, label=label, **overrides).measurement
+        assert m is not None  # measured here: live
+        return m
 
     def compare(self, a: object = None, b: object = None, *, label: str = "", **keys: object) -> ABResult:
         """Run A and B interleaved and compare them with paired statistics (``Measurer.compare``)."""

@@ -12,26 +12,29 @@ wrong answer into one line that names the hook, not a traceback deep in a report
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pluggy
 
 from ..core.errors import ConfigError, EngineError
 from ..engines import CallableEngine, Engine
-from ..session.results import Result
 
 if TYPE_CHECKING:
     import pytest
 
+    from ..core.documents import JSONValue
     from ..core.settings import EngineSettings
     from ..core.workload import EngineInfo
     from ..engines.llama_cpp_native import EngineConfig
+    from ..judge.result import Outcome
 
 hookspec = pluggy.HookspecMarker("pytest")
 
 
 @hookspec
-def pytest_llmperf_fingerprint(config: Any, hardware: dict[str, Any], subject: dict[str, Any], info: Any) -> None:
+def pytest_llmperf_fingerprint(
+    config: pytest.Config, hardware: dict[str, JSONValue], subject: dict[str, JSONValue], info: EngineInfo
+) -> None:
     """Add, change or remove environment fingerprint keys, in place (the return is ignored).
 
     Called once per engine the session measures, when its fingerprint is first built: before
@@ -48,14 +51,15 @@ def pytest_llmperf_fingerprint(config: Any, hardware: dict[str, Any], subject: d
 
 
 @hookspec(firstresult=True)
-def pytest_llmperf_result(config: Any, item: Any, result: Any) -> Any:
+def pytest_llmperf_result(config: pytest.Config, item: pytest.Item, result: Outcome) -> Outcome | None:
     """See, or replace, each measurement's result before anything reports it.
 
     Called once per measurement (each ``llmperf.measure()``, the automatic one included) when
     the test's call report is made: after its budgets and baseline verdict are known, before
     the terminal section, JUnit properties, ``--llmperf-json``/HTML/Markdown reports and
-    ``--llmperf-update-baselines`` see it. ``result`` is a frozen ``session.results.Result``
-    (``measurement``, ``failure``, ``baseline``, ``budgets``, ``extra_info``).
+    ``--llmperf-update-baselines`` see it. ``result`` is the measurement's frozen
+    ``judge.result.Outcome`` (``pytest_llmperf.Result``): ``measurement``, ``failure``,
+    ``baseline``, ``budgets``, ``extra_info``, and everything a report reads.
 
     Return None to keep it, or a replacement (``dataclasses.replace(result, ...)``): e.g.
     ``extra_info={...}`` (JSON values, written to the JSON report's entry) or ``failure=None``
@@ -65,7 +69,9 @@ def pytest_llmperf_result(config: Any, item: Any, result: Any) -> Any:
 
 
 @hookspec(firstresult=True)
-def pytest_llmperf_make_engine(config: Any, settings: Any, engine_config: Any) -> Any:
+def pytest_llmperf_make_engine(
+    config: pytest.Config, settings: EngineSettings, engine_config: EngineConfig | None
+) -> object:
     """Provide the engine the llmperf tests measure; None: the default one.
 
     Called when an engine is first needed: once for the session's engine, and once per
@@ -83,7 +89,9 @@ def _who(config: pytest.Config, name: str) -> str:
     return ", ".join(sorted({getattr(i.plugin, "__file__", None) or i.plugin_name for i in impls})) or "?"
 
 
-def fingerprint(config: pytest.Config, hardware: dict[str, Any], subject: dict[str, Any], info: EngineInfo) -> None:
+def fingerprint(
+    config: pytest.Config, hardware: dict[str, JSONValue], subject: dict[str, JSONValue], info: EngineInfo
+) -> None:
     """Let ``pytest_llmperf_fingerprint`` edit both halves in place; JSON scalars only (they
     are stored in the baseline file and compared with ``!=``)."""
     config.hook.pytest_llmperf_fingerprint(config=config, hardware=hardware, subject=subject, info=info)
@@ -96,12 +104,12 @@ def fingerprint(config: pytest.Config, hardware: dict[str, Any], subject: dict[s
                 )
 
 
-def result(config: pytest.Config, item: pytest.Item, r: Result) -> Result:
-    """The result to report: ``pytest_llmperf_result``'s replacement, else ``r``."""
+def result(config: pytest.Config, item: pytest.Item, r: Outcome) -> Outcome:
+    """The outcome to report: ``pytest_llmperf_result``'s replacement, else ``r``."""
     new = config.hook.pytest_llmperf_result(config=config, item=item, result=r)
     if new is None:
         return r
-    if not isinstance(new, Result):
+    if not isinstance(new, type(r)):
         raise ConfigError(
             f"pytest_llmperf_result ({_who(config, 'pytest_llmperf_result')}) returned {type(new).__name__}; "
             "return None or a Result (dataclasses.replace(result, ...))"

@@ -37,7 +37,7 @@ from .project import locate as locate_project
 from .side import AgainstHooks, SidePlugin, side_settings
 
 if TYPE_CHECKING:
-    from ..session.results import CallReport
+    from ..reports.session_file import CallReport
     from .fixtures import LLMPerf
 
 
@@ -241,13 +241,9 @@ class LLMPerfHooks:
             results = [hookcalls.result(self.config, item, r) for r in results]
         except LLMPerfError as exc:
             hook_error = str(exc)
+        test = marks.full_id(item, self.config.rootpath)
         parts = self.session.call_report(
-            item.nodeid,
-            results,
-            fixture.ab_results,
-            marks.terminal_width(self.config),
-            hook_error,
-            test_id=marks.full_id(item, self.config.rootpath),
+            test, results, fixture.ab_results, marks.terminal_width(self.config), hook_error
         )
         for prop in item.stash.get(PROPERTIES, []):
             if prop in item.user_properties:

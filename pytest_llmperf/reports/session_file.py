@@ -1,4 +1,5 @@
-"""One session's results: baselines to write, the JSON report, the Markdown summary.
+"""One session's results: baselines to write, the JSON report, the Markdown summary; one test's
+report parts (``call_report``) and the views of an outcome that the summary and JUnit show.
 
 Results are ``judge.result.Outcome`` objects (they cross pytest-xdist's wire as their
 ``to_json()``), and only the process that owns the session (the xdist controller, or the single
@@ -8,12 +9,14 @@ process) writes files, so workers never race on a baseline file. The session fil
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +25,15 @@ from ..core.catalog import FIGURES, HEADLINE, SUMMARY
 from ..core.documents import JSONValue, RefusedFile, SchemaViolation, loads, read_text, validate
 from ..core.formats import fmt, render_table
 from ..core.settings import COLUMN_SETS, DEFAULT_COMPARISON_COLUMNS
+from ..judge.ab import ABResult
+from ..judge.ab import as_dict as ab_dict
+from ..judge.ab import properties as ab_properties
 from ..judge.budgets import BudgetState
+from ..judge.parts import part_properties
 from ..judge.regression import carry_history
 from ..judge.result import Outcome, ResultError
-from ..judge.verdict import Comparison, Verdict, fmt_ratio
-from .text import fit_table, short_ids
+from ..judge.verdict import BaselineStatus, Comparison, Verdict, fmt_ratio
+from .text import fit_table, metrics_table, short_ids, wrap_text
 from .where import LEGEND, Explained, explained, moved, part_cells
 
 SESSION_SCHEMA = "pytest-llmperf/session"
@@ -712,4 +719,119 @@ def _ab_entry_lines(e: Mapping[str, Any]) -> list[str]:
     budgets = ab_budget_lines(e)
     if budgets:
         out += [""] + [f"- **FAIL** {line}" if status.fails else f"- {line}" for status, line in budgets]
+    return out
+
+
+# --- one test's report parts, and the views of an outcome the reports show -------------------
+
+
+def outcome_values(t: Outcome) -> dict[str, object]:
+    """Name -> value of an outcome's flat figures: the measurement's, ``budget`` (``-``, ``ok``
+    or ``FAIL key,key``), a load test's, then ``baseline`` (the verdict's short word)."""
+    out: dict[str, object] = {}
+    if t.figures is not None:
+        out.update((name, getattr(t.figures, name)) for name in FIGURES)  # its typed fields, the catalog's order
+        out["budget"] = t.budget.cell(t.breached_budgets)
+        if t.figures.load is not None:
+            out.update(dataclasses.asdict(t.figures.load))
+    if t.verdict is not None:
+        out["baseline"] = t.verdict.short
+    return out
+
+
+def junit_properties(t: Outcome) -> list[tuple[str, object]]:
+    """``report.user_properties`` (JUnit XML): ``llmperf[label].<name>`` of ``outcome_values``,
+    then ``verdict.<metric>`` of each comparison, ``part.<metric>.change``/``.ci``/``.moved`` of
+    each part of a phase (``parts.part_properties``), and ``against`` (REF, when judged against
+    ``--llmperf-against``'s)."""
+    prefix = f"llmperf[{t.label}]." if t.label else "llmperf."
+    out = [(prefix + k, v) for k, v in outcome_values(t).items()]
+    if t.verdict is not None:
+        out += [(f"{prefix}verdict.{c.metric}", c.verdict.value) for c in t.verdict.comparisons]
+        out += part_properties(prefix, t.verdict.parts)
+    if t.reference:
+        out.append((prefix + "against", t.reference))
+    out += [(f"{prefix}prompt.{k}", v) for k, v in t.prompt.items() if v is not None]
+    return out
+
+
+def summary_row(t: Outcome) -> dict[str, object]:
+    """The terminal summary's row (``reports.text.summary_table``)."""
+    return {"test": t.test, **outcome_values(t)}
+
+
+def section_of(t: Outcome, columns: Sequence[str], width: int) -> tuple[str, str]:
+    """The report section of one measurement (made in this process: ``t.measurement``): its
+    figures, then its baseline comparison, then its undecided budgets."""
+    assert t.measurement is not None  # live
+    detail = metrics_table(t.measurement, width)
+    if t.verdict is not None:
+        detail += "\n\n" + "\n".join(wrap_text(line, width) for line in _verdict_lines(t, columns, width))
+    if t.budget_notes:
+        detail += "\n\n" + "\n".join(wrap_text(f"budget undecided: {line}", width) for line in t.budget_notes)
+    return "llmperf" + (f" [{t.label}]" if t.label else ""), detail.rstrip()
+
+
+def _verdict_lines(t: Outcome, columns: Sequence[str], width: int) -> list[str]:
+    """What the baseline said: its note, what changed, the layers, the comparison table, where
+    llama.cpp's time went (both sides' attribution passes) and its undecided comparisons."""
+    v = t.verdict
+    assert v is not None  # only a judged measurement has verdict lines
+    shown = [dataclasses.replace(t, test=t.key)]
+    table = comparison_table(shown, columns, width)
+    # An error note is the test's failure line already: not a second copy here.
+    lines = [v.note] if v.note and v.status != BaselineStatus.ERROR else []
+    if v.changes:
+        lines.append("changed since the baseline: " + ", ".join(v.changes))
+    if v.layer_changes:
+        slower = v.slower_layers
+        lines.append(
+            "slower layers: " + "; ".join(c.line() for c in slower)
+            if slower
+            else f"per-layer diff: no layer significantly slower ({len(v.layer_changes)} compared)"
+        )
+    where = v.attribution.lines() if v.attribution is not None else []  # under the table
+    return lines + ([table] if table else []) + where + undecided_lines(shown)
+
+
+@dataclass
+class CallReport:
+    """What the call phase's report gets: ``properties`` go on the item before the report is
+    made (JUnit reads them from every later report), the rest on the report itself."""
+
+    properties: list[tuple[str, object]] = field(default_factory=list)
+    sections: list[tuple[str, str]] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)  # non-empty: the test fails with them
+    #: The outcomes (``judge.result.Outcome``): in this process as they are; ``to_json()`` only where
+    #: a report crosses pytest-xdist's wire (``pytest_plugin.plugin``'s report hooks).
+    results: list[Outcome] = field(default_factory=list)
+    ab: list[dict[str, object]] = field(default_factory=list)
+
+
+def call_report(
+    test: str,
+    results: Sequence[Outcome],
+    ab_results: Sequence[ABResult],
+    *,
+    columns: Sequence[str],
+    width: int,
+    budgets_gate: bool,
+    failure_lines: Callable[[Outcome], list[str]],
+    error: str | None = None,
+) -> CallReport:
+    """One test's measurements (after ``pytest_llmperf_result``) and A/B comparisons as report
+    parts (``test``: its full id, ``core.formats.full_id``); ``failure_lines(outcome)``: the
+    baseline's failure lines of one measurement; ``error``: the line the test already fails
+    with (a hook's wrong answer, a failed measurement)."""
+    out = CallReport(lines=[error] if error else [], results=list(results))
+    if ab_results:
+        out.ab = [  # the session JSON's entry of each A/B comparison
+            {"test": test + (f"[{ab.label}]" if ab.label else ""), "nodeid": test, **ab_dict(ab)} for ab in ab_results
+        ]
+        out.properties += ab_properties(ab_results)
+    for t in results:
+        out.properties += junit_properties(t)
+        out.sections.append(section_of(t, columns, width))
+        out.lines += [t.failure.as_longrepr()] if t.failure is not None and budgets_gate else []
+        out.lines += failure_lines(t)
     return out

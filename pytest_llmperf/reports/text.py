@@ -1,8 +1,8 @@
 """Plain-text reports: the per-test metrics table and the session summary table, and the rows
 of a served load level (load curve, the server's own figures, what serving adds).
 
-Summary rows are ``judge.result.Outcome.summary_row()``: built from the typed
-results that cross pytest-xdist's wire (the JUnit properties come from the same result).
+Summary rows are ``reports.session_file.summary_row``: built from the typed outcomes that
+cross pytest-xdist's wire (the JUnit properties come from the same outcome).
 
 Where the time goes, as tables: per-layer times, the roofline, stability and memory.
 

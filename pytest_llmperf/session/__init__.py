@@ -37,7 +37,7 @@ from ..models.gguf import describe_model, ensure_model
 from .assess import Assessor, FingerprintHook
 from .finish import finish, summary
 from .options import MarkerConfig, SessionSettings, validate
-from .results import Measurer, call_report
+from .results import Measurer
 
 if TYPE_CHECKING:
     from ..core.documents import JSONValue
@@ -46,9 +46,9 @@ if TYPE_CHECKING:
     from ..engines import CounterSource, Engine, TokenStream
     from ..judge.ab import ABResult
     from ..judge.result import Outcome
+    from ..reports.session_file import CallReport
     from .against import Against
     from .finish import Line, Outputs
-    from .results import CallReport, Result
     from .sides import Link
 
 
@@ -136,9 +136,9 @@ class Session:
         self.collect(report.results)
         return report
 
-    def test(self, nodeid: str, marker: MarkerConfig, module: Path | str | None = None) -> Measurer:
+    def test(self, nodeid: str, marker: MarkerConfig, module: Path | str | None = None, test_id: str = "") -> Measurer:
         """The measurements of one test (``results.Measurer``) with this session's engines,
-        assessments and settings."""
+        assessments and settings; ``test_id``: its full id (``core.formats.full_id``)."""
         where = Path(module) if module is not None else self.settings.rootdir / nodeid.split("::")[0]
         return Measurer(
             marker,
@@ -151,6 +151,7 @@ class Session:
             release=self.release_model,
             counters=self.handed_counters,
             prompt_cache=self.settings.prompt_cache,
+            test_id=test_id,
         )
 
     def engine(self, overrides: Mapping[str, object] | None = None) -> Engine:
@@ -315,18 +316,19 @@ class Session:
 
     def call_report(
         self,
-        nodeid: str,
-        results: Sequence[Result],
+        test: str,
+        results: Sequence[Outcome],
         ab_results: Sequence[ABResult],
         width: int,
         error: str | None = None,
-        test_id: str | None = None,
     ) -> CallReport:
-        """What one test's call report gets (``results.call_report``); ``test_id``: the test's
-        full id where pytest's ``nodeid`` does not name its module (``core.formats.full_id``)."""
+        """What one test's call report gets (``reports.session_file.call_report``); ``test``: its
+        full id (``core.formats.full_id``)."""
+        from ..reports.session_file import call_report
+
         s = self.settings
         return call_report(
-            nodeid,
+            test,
             results,
             ab_results,
             columns=s.columns,
@@ -334,14 +336,15 @@ class Session:
             budgets_gate=s.budgets_gate,
             failure_lines=self.assessor.failure_lines,
             error=error,
-            test_id=test_id,
         )
 
     def collect(self, shipped: Sequence[Outcome], ab_results: Sequence[Mapping[str, object]] = ()) -> None:
         """One test's results and A/B comparisons, made in this process or rebuilt from an
         xdist worker's report (``pytest_plugin.plugin``: JSON only on that wire)."""
+        from ..reports.session_file import summary_row
+
         for r in shipped:
-            self.rows.append(r.summary_row())
+            self.rows.append(summary_row(r))
             self.over_budget += r.over_budget
             if r.assessed or r.verdict is not None:  # the session's files and verdicts (against REF: no record)
                 self.results.append(r)

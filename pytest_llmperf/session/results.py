@@ -2,12 +2,10 @@
 
 ``Measurer`` owns a measurement's life (pyperf's Runner owns a benchmark's the same way): the
 label, smoke mode, the runs, a load test's failed requests, fresh model loads, the sequential
-looks, the baseline assessment and the budgets, ending in one ``Result`` (what a
-``pytest_llmperf_result`` hook sees: the measurement, its budget breaches and the judged part
-of its outcome). ``call_report`` turns a test's results into its report parts: JUnit
-properties, a text section per measurement, the lines that fail it, and the outcomes
-(``judge.result.Outcome``, built by ``judge.result.outcome``) that the session collects (as
-JSON only across pytest-xdist's wire) and writes to the session JSON.
+looks, the baseline assessment and the budgets, ending in one ``judge.result.Outcome`` (built
+by ``judge.result.outcome``; what a ``pytest_llmperf_result`` hook sees, the live measurement
+and its budget breaches with it); ``reports.session_file.call_report`` turns a test's outcomes
+into its report parts.
 
 Light: the pytest plugin imports it at every start; numpy, scipy and the runner are imported
 inside the methods that measure."""
@@ -17,8 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..core.catalog import AGREEMENT_BUDGETS
@@ -41,39 +38,6 @@ if TYPE_CHECKING:
 
     #: What ``measure()`` takes as an engine: any Engine, or ``fn(prompt, max_tokens)``.
     Subject = Engine | TokenStream
-
-
-@dataclass(frozen=True)
-class Result:
-    """One measurement of a test, as ``pytest_llmperf_result`` sees it."""
-
-    measurement: Measurement
-    failure: BudgetFailure | None
-    n_budgets: int
-    #: The judged part of its outcome: the record, its baseline entry and the verdict (None: not assessed).
-    baseline: Outcome | None = None
-    budgets: Mapping[str, float] = field(default_factory=dict)  # the marker's, drawn as lines in the HTML report
-    #: What a ``pytest_llmperf_result`` hook attached (JSON values): the JSON report's ``extra_info``.
-    extra_info: Mapping[str, object] = field(default_factory=dict)
-    #: One line per budget its sample could not decide (``judge.budgets.undecided_budgets``).
-    budget_notes: tuple[str, ...] = ()
-
-    def outcome(self, nodeid: str, test_id: str | None = None) -> Outcome:
-        """The outcome every report reads of this measurement of test ``nodeid`` (named
-        ``test_id`` where pytest's id does not name its module: ``core.formats.full_id``)."""
-        from ..judge.result import outcome
-
-        return outcome(
-            self.measurement,
-            test_id or nodeid,
-            nodeid,
-            self.failure,
-            self.n_budgets,
-            budgets=self.budgets,
-            extra_info=self.extra_info,
-            budget_notes=self.budget_notes,
-            judged=self.baseline,
-        )
 
 
 #: Workload keys ``--llmperf-disable`` overrides: one run, no warm-up (a smoke test).
@@ -100,7 +64,7 @@ def _undecided(assessment: Outcome | None) -> bool:
 
 class Measurer:
     """One test's measurements (one attempt of it): ``measure()`` takes the marker (and a
-    call's overrides: marker keys) to one ``Result``, kept in ``results``.
+    call's overrides: marker keys) to one ``Outcome``, kept in ``results``.
 
     ``engine_for(settings)``: the engine for llama.cpp settings over the session's (none: the
     session's own); ``assess(measurement, marker)``: the baseline assessment (None: none);
@@ -111,7 +75,8 @@ class Measurer:
     ``counters()``: the llama.cpp counters of the Llama the fixtures handed out, read around
     each run of a measured callable (``engines.CallableEngine``; None: none handed out);
     ``prompt_cache``: the session's ``--llmperf-prompt-cache`` for measured callables (a marker's
-    ``prompt_cache`` wins). Every error is one ``LLMPerfError`` line."""
+    ``prompt_cache`` wins); ``test_id``: its full id (default ``nodeid``). Every error is one
+    ``LLMPerfError`` line."""
 
     def __init__(
         self,
@@ -126,6 +91,7 @@ class Measurer:
         release: Callable[[str], None] = lambda path: None,
         counters: Callable[[], CounterSource[Any] | None] = lambda: None,
         prompt_cache: str = "cold",
+        test_id: str = "",
     ) -> None:
         self.marker = marker
         self.prompt_cache = prompt_cache
@@ -135,9 +101,10 @@ class Measurer:
         self.smoke = smoke
         self.side = side
         self.nodeid = nodeid
+        self.test_id = test_id or nodeid
         self.release = release
         self.counters = counters
-        self.results: list[Result] = []
+        self.results: list[Outcome] = []
         self.ab_results: list[ABResult] = []  # of each compare()
 
     def engine(self, config: MarkerConfig | None = None) -> Engine:
@@ -175,7 +142,7 @@ class Measurer:
             return CallableEngine(subject, watch=watch)
         return SteppedCallableEngine(subject, counters=counters, watch=watch)
 
-    def measure(self, engine: Subject | None = None, *, label: str = "", **overrides: object) -> Result:
+    def measure(self, engine: Subject | None = None, *, label: str = "", **overrides: object) -> Outcome:
         """One measurement of ``engine`` (default: the marker's), its budgets and verdict; kept
         in ``results`` (a load test with failed requests too, before its error is raised)."""
         label = self._label(label)
@@ -185,13 +152,13 @@ class Measurer:
         with task(self.nodeid + (f"[{label}]" if label else "")):  # its waits said on one line (core.progress)
             return self._measured(engine, config, label)
 
-    def _measured(self, engine: Subject | None, config: MarkerConfig, label: str) -> Result:
+    def _measured(self, engine: Subject | None, config: MarkerConfig, label: str) -> Outcome:
         progress = current()
         progress.step("its engine")  # loaded on first use
         workload = Workload(**config.workload)
         subject = self.subject(engine, config)
         progress.step("measuring")
-        if engine is not None and not _is_engine(engine) and "prompt_cache" not in config.workload:
+        if engine is not None and not isinstance(engine, Engine) and "prompt_cache" not in config.workload:
             workload = dataclasses.replace(workload, prompt_cache=self.prompt_cache)
         if self.side is not None:
             return self._driven(subject, config, label)
@@ -258,7 +225,7 @@ class Measurer:
         call = f"llmperf.measure(label={label!r}): label" if label else "llmperf.measure(): its automatic label"
         if not label and self.results:
             label = f"#{len(self.results) + 1}"
-        if label in {r.measurement.label for r in self.results}:
+        if label in {r.label for r in self.results}:
             raise ConfigError(
                 f"{call} {label!r} is taken by an earlier measurement of this test; "
                 "give each measurement of a test a distinct label"
@@ -273,7 +240,7 @@ class Measurer:
             return
         from ..judge.budgets import check_budgets
 
-        self.results.append(Result(m, check_budgets(m, config.budgets), len(config.budgets)))
+        self._keep(m, check_budgets(m, config.budgets), len(config.budgets))
         prefix = f"[{m.label}] " if m.label else ""
         raise LLMPerfError(f"{prefix}{load.n_failed} of {load.n_requests} requests failed; {load.errors[0]}")
 
@@ -291,7 +258,7 @@ class Measurer:
                 again.run(workload, -1 - i)
         return again
 
-    def _judged(self, subject: Subject, m: Measurement, config: MarkerConfig) -> Result:
+    def _judged(self, subject: Subject, m: Measurement, config: MarkerConfig) -> Outcome:
         """Assess; while the baseline comparison is INCONCLUSIVE or a budget's CI straddles its
         limit, measure ``runs`` more, up to ``max_runs`` or ``SEQUENTIAL_TIME_CAP_S``. Every look
         tests at alpha / looks (``CompareSettings.looks``), so stopping early keeps the error rate."""
@@ -314,24 +281,35 @@ class Measurer:
             assessment = self.assess(m, config)
         return self._kept(m, config, assessment)
 
-    def _kept(self, m: Measurement, config: MarkerConfig, assessment: Outcome | None, against: bool = False) -> Result:
-        """The test's result of one measurement: its budgets checked, its verdict; ``against``
+    def _kept(self, m: Measurement, config: MarkerConfig, assessment: Outcome | None, against: bool = False) -> Outcome:
+        """The test's outcome of one measurement: its budgets checked, its verdict; ``against``
         (judged against ``--llmperf-against``'s REF): the marker's agreement budgets too."""
         from ..judge.budgets import against_agreement, check_budgets, undecided_budgets
 
         also, n_agreement = against_agreement(m, config.ab) if against else ((), 0)
-        result = Result(
-            m,
-            check_budgets(m, config.budgets, also),
-            len(config.budgets) + n_agreement,
-            assessment,
-            dict(config.budgets),
-            budget_notes=tuple(b.line() for b in undecided_budgets(m, config.budgets)),
-        )
-        self.results.append(result)
-        return result
+        failure = check_budgets(m, config.budgets, also)
+        notes = tuple(b.line() for b in undecided_budgets(m, config.budgets))
+        n = len(config.budgets) + n_agreement
+        return self._keep(m, failure, n, config.budgets, notes, assessment)
 
-    def _driven(self, subject: Subject, config: MarkerConfig, label: str) -> Result:
+    def _keep(
+        self,
+        m: Measurement,
+        failure: BudgetFailure | None,
+        n: int,
+        budgets: Mapping[str, float] | None = None,
+        notes: tuple[str, ...] = (),
+        judged: Outcome | None = None,
+    ) -> Outcome:
+        """``m``'s outcome (``judge.result.outcome``), kept in ``results``."""
+        from ..judge.result import outcome
+
+        self.results.append(
+            outcome(m, self.test_id, self.nodeid, failure, n, budgets=budgets, budget_notes=notes, judged=judged)
+        )
+        return self.results[-1]
+
+    def _driven(self, subject: Subject, config: MarkerConfig, label: str) -> Outcome:
         """On a side of ``--llmperf-against``: the runs the controller asks for, its verdict."""
         assert self.side is not None  # measure() drives only on a side
         asked = bool(self.measure_options(subject, config).get("attribution"))
@@ -342,7 +320,7 @@ class Measurer:
         # Judged against REF on this tree's side only (REF's side gets no verdict: no assessment).
         return self._kept(m, config, assessment, against=assessment is not None)
 
-    def _smoke(self, engine: Subject | None, config: MarkerConfig, label: str) -> Result:
+    def _smoke(self, engine: Subject | None, config: MarkerConfig, label: str) -> Outcome:
         """Once, with no warm-up; a load workload sends one request per slot. Recorded with no
         budgets and no assessment: one run is no statistic."""
         from ..measuring.runner import measure
@@ -351,9 +329,7 @@ class Measurer:
         if "requests" in workload or "concurrency" in workload or "rate" in workload:
             workload["requests"] = workload.get("concurrency", 1)
         subject = self.subject(engine, config)
-        result = Result(measure(subject, Workload(**workload), label=label), None, 0)
-        self.results.append(result)
-        return result
+        return self._keep(measure(subject, Workload(**workload), label=label), None, 0)
 
 
 def resolve_side(name: str, spec: object, engine_for: Callable[[Mapping[str, object]], Engine]) -> Side:
@@ -376,107 +352,3 @@ def resolve_side(name: str, spec: object, engine_for: Callable[[Mapping[str, obj
     if not is_token_stream(spec):  # check_side let through nothing else
         raise TypeError(f"A/B side {name!r}: {spec!r} is no side")
     return Side(getattr(spec, "__name__", repr(spec)), spec)
-
-
-def ab_result_of(nodeid: str, ab: ABResult) -> dict[str, object]:
-    """The session JSON's entry of one A/B comparison."""
-    from ..judge.ab import as_dict
-
-    return {"test": nodeid + (f"[{ab.label}]" if ab.label else ""), "nodeid": nodeid, **as_dict(ab)}
-
-
-def section_of(m: Measurement, t: Outcome, columns: Sequence[str], width: int) -> tuple[str, str]:
-    """The report section of one measurement ``m`` (its outcome ``t``): its figures, then its
-    baseline comparison, then its undecided budgets."""
-    from ..reports.text import metrics_table, wrap_text
-
-    title = "llmperf" + (f" [{m.label}]" if m.label else "")
-    detail = metrics_table(m, width)
-    if t.verdict is not None:
-        detail += "\n\n" + "\n".join(wrap_text(line, width) for line in _verdict_lines(t, columns, width))
-    if t.budget_notes:
-        detail += "\n\n" + "\n".join(wrap_text(f"budget undecided: {line}", width) for line in t.budget_notes)
-    return title, detail.rstrip()
-
-
-def _verdict_lines(t: Outcome, columns: Sequence[str], width: int) -> list[str]:
-    """What the baseline said: its note, what changed, the layers, the comparison table, where
-    llama.cpp's time went (both sides' attribution passes) and its undecided comparisons."""
-    from ..judge.verdict import BaselineStatus
-    from ..reports.session_file import comparison_table, undecided_lines
-
-    v = t.verdict
-    assert v is not None  # only a judged measurement has verdict lines
-    shown = [dataclasses.replace(t, test=t.key)]
-    table = comparison_table(shown, columns, width)
-    # An error note is the test's failure line already: not a second copy here.
-    lines = [v.note] if v.note and v.status != BaselineStatus.ERROR else []
-    if v.changes:
-        lines.append("changed since the baseline: " + ", ".join(v.changes))
-    if v.layer_changes:
-        slower = v.slower_layers
-        lines.append(
-            "slower layers: " + "; ".join(c.line() for c in slower)
-            if slower
-            else f"per-layer diff: no layer significantly slower ({len(v.layer_changes)} compared)"
-        )
-    where = v.attribution.lines() if v.attribution is not None else []  # under the table
-    return lines + ([table] if table else []) + where + undecided_lines(shown)
-
-
-@dataclass
-class CallReport:
-    """What the call phase's report gets: ``properties`` go on the item before the report is
-    made (JUnit reads them from every later report), the rest on the report itself."""
-
-    properties: list[tuple[str, object]] = field(default_factory=list)
-    sections: list[tuple[str, str]] = field(default_factory=list)
-    lines: list[str] = field(default_factory=list)  # non-empty: the test fails with them
-    #: The outcomes (``judge.result.Outcome``): in this process as they are; ``to_json()`` only where
-    #: a report crosses pytest-xdist's wire (``pytest_plugin.plugin``'s report hooks).
-    results: list[Outcome] = field(default_factory=list)
-    ab: list[dict[str, object]] = field(default_factory=list)
-
-
-def call_report(
-    nodeid: str,
-    results: Sequence[Result],
-    ab_results: Sequence[ABResult],
-    *,
-    columns: Sequence[str],
-    width: int,
-    budgets_gate: bool,
-    failure_lines: Callable[[Outcome], list[str]],
-    error: str | None = None,
-    test_id: str | None = None,
-) -> CallReport:
-    """One test's measurements (after ``pytest_llmperf_result``) and A/B comparisons as report
-    parts; ``failure_lines(outcome)``: the baseline's failure lines of one measurement;
-    ``error``: the line the test already fails with (a hook's wrong answer, a failed measurement)."""
-    out = CallReport(lines=[error] if error else [])
-    if ab_results:
-        from ..judge.ab import properties as ab_properties
-
-        out.properties += ab_properties(ab_results)
-        out.ab = [ab_result_of(test_id or nodeid, ab) for ab in ab_results]
-    outcomes = [r.outcome(nodeid, test_id) for r in results]  # what every report reads
-    for t in outcomes:
-        out.properties += t.properties()
-    for r, t in zip(results, outcomes):
-        out.sections.append(section_of(r.measurement, t, columns, width))
-        out.lines += _failure_lines(r, t, budgets_gate, failure_lines)
-        out.results.append(t)
-    return out
-
-
-def _failure_lines(
-    r: Result, t: Outcome, budgets_gate: bool, baseline_lines: Callable[[Outcome], list[str]]
-) -> list[str]:
-    """What fails the test on one measurement's account (``t``: its outcome): its budgets (when
-    they gate), its baseline."""
-    lines = [r.failure.as_longrepr()] if r.failure is not None and budgets_gate else []
-    return lines + baseline_lines(t)
-
-
-def _is_engine(subject: object) -> bool:
-    return isinstance(subject, Engine)
