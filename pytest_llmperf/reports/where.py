@@ -3,11 +3,9 @@ comparisons, gathered once and shown by the terminal summary (a block of at most
 terminal's width under the comparison table), the Markdown summary (``session_file``'s "Where
 it went" section) and the HTML report (its tables; its chart is ``charts.parts_chart``).
 
-A comparison is a test against its stored baseline or ``--llmperf-against``'s REF (the
-verdict's ``parts``) or an in-process A/B (a session JSON ``ab`` entry's ``parts`` and
-``why``). A is the baseline, REF or the A/B's A; B is this run, this tree or its B. Its why
-lines name the phases that moved; the terminal and the Markdown show those phases' parts, the
-HTML report and the JSON every part."""
+A is the baseline, REF or the A/B's A; B is this run, this tree or its B. The why lines name
+the phases that moved; the terminal and the Markdown show those phases' parts, the HTML report
+and the JSON every part."""
 
 from __future__ import annotations
 

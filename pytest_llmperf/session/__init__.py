@@ -11,11 +11,8 @@ calls (docs/api.md)::
     lines = session.end()
 
 Light: imported at every pytest start, so numpy, scipy, llama_cpp and the reports are
-imported inside the methods that need them.
-
-The engines a session measures: the session's own (loaded once), one per llama.cpp setting
-a test names (``engines.llama_cpp_native``), or what a hook provides; and the header lines that say what
-they are without loading anything."""
+imported inside the methods that need them. The engines a session measures: its own (loaded
+once), one per llama.cpp setting a test names, or what a hook provides."""
 
 from __future__ import annotations
 
