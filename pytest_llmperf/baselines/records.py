@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..core.fingerprint import Fingerprint
-from ..core.measurement import JsonValue, Measurement
+from ..core.formats import JSONValue
+from ..core.measurement import Measurement
 from ..core.record import Record
 from ..measuring.metrics import diagnose
 from ..measuring.roofline import REFERENCE_KIND, kv_cache_bytes
@@ -26,7 +27,7 @@ def stored(
     return Record.of(m, diagnose(m), kv_cache_bytes(m.engine), fingerprint, commit=commit, recorded_at=recorded_at)
 
 
-def record(m: Measurement, fingerprint: Fingerprint, *, commit: str | None, recorded_at: str) -> dict[str, JsonValue]:
+def record(m: Measurement, fingerprint: Fingerprint, *, commit: str | None, recorded_at: str) -> dict[str, JSONValue]:
     """``m``'s stored form (``Record.to_json``): a baseline entry, a session file's record."""
     return stored(m, fingerprint, commit=commit, recorded_at=recorded_at).to_json()
 

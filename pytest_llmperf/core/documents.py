@@ -40,10 +40,11 @@ import tempfile
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any, TypeAlias, TypedDict
+from typing import Any, TypedDict
 
 from .catalog import FIGURES
 from .errors import LLMPerfError
+from .formats import JSONValue as JSONValue  # noqa: PLC0414 (the documents' JSON value, read from here too)
 from .formats import shown
 
 #: The largest baseline file or session report read, in MiB.
@@ -300,9 +301,6 @@ ANNOTATIONS = frozenset({"$schema", "$id", "$defs", "title", "description", "$co
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _JSON_KINDS = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
 
-
-#: A JSON value as ``json`` reads it, free-form (a document of a fixed shape has its own type).
-JSONValue: TypeAlias = "str | int | float | bool | None | list[JSONValue] | dict[str, JSONValue]"
 
 #: A JSON schema as this validator reads it: ``KEYWORDS`` and ``ANNOTATIONS``.
 Schema = TypedDict(

@@ -16,7 +16,7 @@ import math
 import re
 import sys
 from collections.abc import Iterable, Sequence
-from typing import TypeVar, overload
+from typing import TypeAlias, TypeVar, overload
 
 _T = TypeVar("_T")
 
@@ -34,6 +34,10 @@ else:
 
         def __format__(self, spec: str) -> str:
             return format(str(self.value), spec)
+
+
+#: A JSON value as ``json`` reads it, free-form (a document of a fixed shape has its own type).
+JSONValue: TypeAlias = "str | int | float | bool | None | list[JSONValue] | dict[str, JSONValue]"
 
 
 @overload
