@@ -208,10 +208,6 @@ class Stability:
     far_runs: tuple[int, ...]  # indices of runs far off the others
     warnings: tuple[str, ...]
 
-    @property
-    def unstable(self) -> bool:
-        return bool(self.warnings)
-
     def as_dict(self) -> StabilityJson:
         return {
             "n_runs": self.n_runs,

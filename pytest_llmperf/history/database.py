@@ -17,9 +17,8 @@ processes and the schema's creation never interleave: a session's rows land whol
 all. A history written by a newer pytest-llmperf (a higher schema version) is refused with one
 line and never altered.
 
-The rows one session appends are built from the plugin's results (``Outcome.to_json()``
-of judge/result.py: the entries of the JSON report, also what crosses pytest-xdist's wire), so
-the history holds exactly what the session measured and judged.
+The rows one session appends are built from its ``Outcome.to_json()`` entries (the JSON
+report's), so the history holds exactly what the session measured and judged.
 
 The version-control facts (the commit under test, whether the work tree had uncommitted
 changes, the branch) come from CI variables first (a CI checkout is often a detached HEAD),

@@ -2,13 +2,8 @@
 hardware, oldest session first. ``llmperf history``, ``llmperf detect``, the HTML report's
 trends and the verdicts' between-session spread (``levels``) all read through here.
 
-Change points of stored series, named: the session, its commit and branch, the subject or
-workload change that coincides (``threads 2 -> 1``), the step's size (median before vs after
-and the Hodges-Lehmann shift with its distribution-free 95% CI) and its significance.
-
-The history shown: terminal tables, trend plots (value per session with its 95% CI, change
-points marked with the subject change that coincides), the HTML report's recent trend per
-test, and a CSV export that Apache Otava reads."""
+Change points are named here (session, commit, the subject change that coincides, step size
+and significance); the history is shown as terminal tables, trend data and Otava's CSV."""
 
 from __future__ import annotations
 

@@ -195,15 +195,9 @@ def _phase_table(headers: Sequence[str], parts: Sequence[PartChange], width: int
     """A phase's parts table; without the unit in its change cells when that is too wide
     (the first header names it), then with its labels cut to fit."""
     table = render_table(headers, [part_cells(p) for p in parts])
-    if _widest(table) <= width:
+    if all(len(line) <= width for line in table.splitlines()):
         return table
-    rows = [part_cells(p, unit=False) for p in parts]
-    table = render_table(headers, rows)
-    return wrapped_table(headers, rows, width)  # the part labels wrapped, never cut
-
-
-def _widest(text: str) -> int:
-    return max(map(len, text.splitlines()), default=0)
+    return wrapped_table(headers, [part_cells(p, unit=False) for p in parts], width)  # labels wrapped, never cut
 
 
 def _wrap(text: str, width: int, indent: str, subsequent: str | None = None) -> list[str]:

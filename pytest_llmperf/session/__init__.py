@@ -245,9 +245,7 @@ class Session:
         asked += [
             f"{n}: marker gpu_layers={k['gpu_layers']}" for n, k in self.planned_engines.items() if k.get("gpu_layers")
         ]
-        if not asked:
-            return []
-        if not gpu_offload_missing():
+        if not asked or not gpu_offload_missing():
             return []
         more = f" and {len(asked) - 1} more" if len(asked) > 1 else ""
         return [
