@@ -477,10 +477,6 @@ def metric_order(s: Series) -> int:
     return RUN_FIELDS.index(s.metric) if s.metric in RUN_FIELDS else len(RUN_FIELDS)
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")[:120] or "test"
-
-
 #: Otava's PostgreSQL source: one row per session, one column per metric (the stored level), of
 #: the branch given to ``otava analyze --branch`` (Otava 0.8.0 with its pg8000 fails on a query
 #: without the ``%{BRANCH}`` parameter: "object of type 'NoneType' has no len()").
@@ -510,7 +506,7 @@ def export_csv(series: Sequence[Series], folder: Path, postgres: bool = False) -
         groups.setdefault((s.name, s.hardware_key), []).append(s)
     written, tests, pg_tests = [], [], []
     for (name, hw), members in groups.items():
-        slug = _slug(f"{name}-{hw}")
+        slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{name}-{hw}").strip("_")[:120] or "test"
         path = folder / f"{slug}.csv"
         _write_csv(path, members)
         written.append(path)

@@ -282,10 +282,6 @@ def last_level_cache_bytes() -> int | None:
     return max(sizes) if sizes else None
 
 
-def _cache_file() -> Path:
-    return default_cache_dir() / "machine-peaks.json"
-
-
 def _given(option: str, value: float | None) -> Peak | None:
     """A peak given on the command line (``option``), None when not given."""
     if value is not None and not value > 0:
@@ -313,7 +309,7 @@ def machine_peaks(
     if bw and fl:
         return bw, fl
     key = f"{hardware_key(hardware())}-v{PROBE_VERSION}"
-    path = _cache_file()
+    path = default_cache_dir() / "machine-peaks.json"
     cached = _read_cache(path)
     entry: Any = cached.get(key) if isinstance(cached, dict) and not refresh else None  # None: probed below
     try:

@@ -138,11 +138,8 @@ def moved(entries: Iterable[Explained]) -> list[Explained]:
 def part_cells(p: PartChange, unit: bool = True) -> list[str]:
     """A part's row: its label, A's and B's medians, the change (``x1.01`` or ``+0.903 ms/token``;
     ``unit=False``: ``+0.903``), its 95% CI, and whether it moved."""
-    return [p.label, fmt_value(p.a_median), fmt_value(p.b_median), p.change_text(unit), p.ci_text(), _moved(p)]
-
-
-def _moved(p: PartChange) -> str:
-    return "moved" if p.moved else "-"
+    mark = "moved" if p.moved else "-"
+    return [p.label, fmt_value(p.a_median), fmt_value(p.b_median), p.change_text(unit), p.ci_text(), mark]
 
 
 def phase_header(phase: str, parts: Sequence[PartChange]) -> str:
