@@ -526,14 +526,10 @@ def _parts_panel(ax: Axes, parts: Sequence[PartChange], sides: tuple[str, str]) 
         left += widths
     for y, total in enumerate(left):
         ax.annotate(f"{total:.3g}", (total, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=7)
-    ax.set_yticks([0, 1], [_clip_label(s) for s in sides])
+    ax.set_yticks([0, 1], [s if len(s) <= 12 else s[:11] + "\u2026" for s in sides])
     ax.invert_yaxis()
     ax.set_xlim(0, max(float(left.max()), 1e-9) * 1.15)
     ax.grid(axis="y", visible=False)
     ax.set_xlabel(f"median {parts[0].unit}")
     ax.set_title(f"{parts[0].phase}: where the time went")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), ncols=1, fontsize=6.5)
-
-
-def _clip_label(text: str, width: int = 12) -> str:
-    return text if len(text) <= width else text[: width - 1] + "\u2026"
