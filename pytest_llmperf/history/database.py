@@ -1,9 +1,6 @@
 """The history database: the store (SQLite / PostgreSQL), the rows a session is collected into, and
 the version-control facts recorded with it.
 
-One schema, two backends: SQLite (stdlib ``sqlite3``, the embedded default) and PostgreSQL
-(psycopg 3, for a fleet of CI runners writing to one place).
-
 Tables (the same names, columns and meaning on both; only the column types are spelled per
 backend): ``llmperf_schema`` (one row: the schema version), ``llmperf_sessions`` (one row per
 pytest session), ``llmperf_measurements`` (per test and label: fingerprints, workload,
@@ -20,10 +17,8 @@ line and never altered.
 The rows one session appends are built from its ``Outcome.to_json()`` entries (the JSON
 report's), so the history holds exactly what the session measured and judged.
 
-The version-control facts (the commit under test, whether the work tree had uncommitted
-changes, the branch) come from CI variables first (a CI checkout is often a detached HEAD),
-then ``git`` with a deadline; no git, no repository: None (a history row without a commit is
-still a row)."""
+The version-control facts (``revision``) come from CI variables first (a CI checkout is often
+a detached HEAD), then ``git`` with a deadline; unknown: None (the row is still a row)."""
 
 from __future__ import annotations
 
