@@ -107,7 +107,7 @@ def test_profile_defaults_validate_against_the_schema() -> None:
     """Every default but the thread count: with all CPUs' threads and another process busy,
     this run of the tiny model took more than 300 s on 2 cores (tests/conftest.py)."""
     jsonschema = pytest.importorskip("jsonschema")  # in the test extra
-    from pytest_llmperf.reports.profile import json_schema
+    from pytest_llmperf.core.documents import load_schema
 
     out = subprocess.run(
         [sys.executable, "-m", "pytest_llmperf.cli", "profile", "--format", "json", "--threads", "1"],
@@ -122,7 +122,7 @@ def test_profile_defaults_validate_against_the_schema() -> None:
     assert all(line.startswith("llmperf: profile tiny: ") for line in out.stderr.splitlines()), out.stderr
     assert "\r" not in out.stderr
     report = json.loads(out.stdout)
-    jsonschema.validate(report, json_schema())
+    jsonschema.validate(report, load_schema("profile"))
     assert report["model"]["name"] == "synthetic-tiny"
     assert report["workload"]["runs"] == 10 and report["itl_ms"]["count"] == 10 * 63
 
@@ -205,7 +205,7 @@ def test_unstable_measurement_warns_in_plain_words() -> None:
 
     m = measure(CallableEngine(engine), Workload(prompt="hi", max_tokens=8, runs=6, warmup=0))
     stab = diagnose(m)
-    assert stab.unstable and stab.warnings[0].startswith("unstable measurement")
+    assert stab.warnings and stab.warnings[0].startswith("unstable measurement")
     steady = measure(CallableEngine(lambda p, n: iter("x" * n)), Workload(prompt="hi", max_tokens=8, runs=3, warmup=1))
     assert diagnose(steady).first_run_slowdown is not None
 

@@ -16,17 +16,12 @@ from pathlib import Path
 import pytest
 
 from pytest_llmperf.core.errors import ConfigError
+from pytest_llmperf.core.settings import SETTINGS
 from pytest_llmperf.session import refs
-from pytest_llmperf.session.refs import (
-    REF_HELP,
-    Reference,
-    Worktrees,
-    code_packages,
-    parse_reference,
-    resolve_reference,
-)
+from pytest_llmperf.session.refs import Reference, Worktrees, code_packages, parse_reference, resolve_reference
 
 CHECKOUT = Path(__file__).resolve().parent.parent
+REF_HELP = SETTINGS["against"].help  # what --llmperf-against's help says
 FORMS = "git:REV, python:PATH or git:REV,python:PATH"
 
 

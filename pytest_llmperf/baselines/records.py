@@ -1,23 +1,20 @@
 """A measurement's stored record (``core.record.Record.of``) with what ``measuring`` computes
 for it, and the machine-speed reference beside it.
 
-A machine-speed reference that does not depend on the subject under test.
-
-A float32 matrix product through numpy's BLAS, on all usable cores like the engine's threads,
-timed 61 times (``measuring.roofline.probe_reference``); its figure is the fast end of those
-times (``QUANTILE``): the machine's speed
-when it gets its cores (a slower host CPU, a lower clock), not how busy it is. It shares
-nothing with llama.cpp, so a llama.cpp or model regression can never move it. Taken after
-each measurement, outside its timed region; stored with every record and shown beside a
-comparison, but it decides no verdict: on this project's VM its drift did not follow
-llama.cpp's (docs/verdicts.md). Steal time and context switches name a busy machine."""
+The reference: a float32 matrix product through numpy's BLAS on all usable cores, timed 61
+times (``measuring.roofline.probe_reference``); its figure is the fast end of those times
+(``QUANTILE``): the machine's speed when it gets its cores, not how busy it is. It shares
+nothing with llama.cpp, so a llama.cpp or model regression can never move it. Stored with every
+record and shown beside a comparison, it decides no verdict: on this project's VM its drift did
+not follow llama.cpp's (docs/verdicts.md)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 from ..core.fingerprint import Fingerprint
-from ..core.measurement import JsonValue, Measurement
+from ..core.formats import JSONValue
+from ..core.measurement import Measurement
 from ..core.record import Record
 from ..measuring.metrics import diagnose
 from ..measuring.roofline import REFERENCE_KIND, kv_cache_bytes
@@ -30,7 +27,7 @@ def stored(
     return Record.of(m, diagnose(m), kv_cache_bytes(m.engine), fingerprint, commit=commit, recorded_at=recorded_at)
 
 
-def record(m: Measurement, fingerprint: Fingerprint, *, commit: str | None, recorded_at: str) -> dict[str, JsonValue]:
+def record(m: Measurement, fingerprint: Fingerprint, *, commit: str | None, recorded_at: str) -> dict[str, JSONValue]:
     """``m``'s stored form (``Record.to_json``): a baseline entry, a session file's record."""
     return stored(m, fingerprint, commit=commit, recorded_at=recorded_at).to_json()
 

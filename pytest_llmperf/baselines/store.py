@@ -10,16 +10,11 @@ measurements) -> hardware key -> entry. Several machines' baselines sit side by 
 Safety: files are parsed as data only (``json``), checked against the published JSON Schema
 (``pytest_llmperf/schemas/baselines.schema.json``), and a problem is a ``BaselineError``: one
 line naming the file, the place in it and what to do. Writes go to a temporary file in the
-same folder, are fsynced and renamed over the old file, so a crash at any moment leaves either
-the old or the new file; a baseline file that is a symlink is written through (its target is
-replaced that way, in the target's folder, and the link stays a link). Writers serialize on a
-lock of the folder. An update over a file it cannot read keeps that file as ``<name>.corrupt``
-(then ``.corrupt.1``, ``.corrupt.2``...: a copy is never overwritten) and carries its valid
-entries over; a file of a newer schema is never touched (the update fails with a
-``NewerSchemaError``), nor is a path that is not a regular file or a file over
-``core.documents.MAX_DOCUMENT_MIB`` (``RefusedBaselineError``: it is never read, so never
-truncated). A write that fails (read-only folder, disk full) is a ``BaselineError`` and leaves
-the old file as it was.
+same folder, are fsynced and renamed over the old file (a symlink's target, the link staying a
+link), so a crash at any moment leaves either the old or the new file; writers serialize on a
+lock of the folder. What an update keeps when the old file is unreadable, newer or refused:
+``update``. A path that is not a regular file or a file over
+``core.documents.MAX_DOCUMENT_MIB`` is never read (``RefusedBaselineError``), so never truncated.
 """
 
 from __future__ import annotations

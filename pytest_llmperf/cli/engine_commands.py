@@ -6,13 +6,9 @@ served load curve, a model's profile.
 ``llmperf server build``: llama.cpp's llama-server (and llama-bench) of the installed
 llama-cpp-python's version, built once per version into the user cache.
 
-``llmperf load``: the latency-throughput curve of a served model, one row per concurrency.
-
-Measures ``--endpoint`` (an OpenAI-compatible API base URL), or with ``--serve MODEL`` starts
-a server on loopback for the run (a preset name or a GGUF path): llama.cpp's ``llama-server``
-with ``--parallel`` slots (built once per llama-cpp-python version), or with ``--server
-llama-cpp-python`` the lighter one-request-at-a-time server. Exit 1 when ``--min-goodput`` is
-given and a level misses it.
+``llmperf load``: the latency-throughput curve of a served model (``--endpoint``, or a server
+on loopback started with ``--serve MODEL``), one row per concurrency; exit 1 when
+``--min-goodput`` is given and a level misses it.
 
 ``llmperf profile [MODEL]``: where one model's inference time goes, in one report."""
 

@@ -10,14 +10,8 @@ step size and significance; exits 1 when a regression change point lies within t
 sessions of its series, so it can gate CI on its own.
 
 ``llmperf calibrate``: what the gate can do on this machine, from the A/A sessions in the
-history (run the suite N times unchanged first, e.g. ``for i in $(seq 10); do pytest; done``).
-
-Per test and judged metric: the runner's within-session spread (the runs' CV) and
-between-session sd, the false alarms of the current rule replayed over the stored sessions
-(each judged, as the plugin would, against the window of the sessions before it), and the
-minimum detectable effect (80% power, the session's Holm step) for a baseline file recorded
-once, for the history window, and for both sides measured in one session (A/B). This is what
-a team runs once on a new CI runner type (docs/verdicts.md)."""
+history (run the suite N times unchanged first): per test and judged metric the spreads, the
+false alarms of the rule replayed and the minimum detectable effect (docs/verdicts.md)."""
 
 from __future__ import annotations
 

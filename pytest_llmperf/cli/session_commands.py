@@ -2,11 +2,11 @@
 report.
 
 ``llmperf compare BASE.json NEW.json``: the plugin's statistics between two saved session
-reports (``pytest --llmperf-json``); exit 1 on any regression, 2 on unusable input or when no
+reports; exit 1 on any regression, 2 on unusable input or when no
 test is in both reports (a CI gate must not pass on nothing compared).
 
-``llmperf report SESSION.json -o PATH``: the HTML report (plots, tables, verdicts) of a
-saved session report (``pytest --llmperf-json``), as ``--llmperf-html`` writes it."""
+``llmperf report SESSION.json -o PATH``: the HTML report of a saved session report, as
+``--llmperf-html`` writes it."""
 
 from __future__ import annotations
 

@@ -4,20 +4,13 @@ Each metric: its name, label, unit, phase, direction (``higher_is_better``), the
 that bound it (``BUDGETS``), how it is read from a measurement and from a stored record, and
 whether the baseline comparison judges it (``judged``, ``tail``, ``mirror_of``). ``SUMMARY``:
 the figures of a measurement's summary (a record's ``summary``, the session table's columns).
-``FIGURES``: a measurement's headline figures (the JUnit properties, in order, the fields of
-the typed result's ``core.measured.Figures``, the session schema's ``figures``, filled in from
-it, and the per-test metrics table's rows); a budgeted figure (``Figure.bound``) is also its
-budget key, so a new headline figure with its budget is one entry here plus its field in
-``Figures`` and its row in docs/report.md's figure table (and, for a budget, the README's
-marker-key table), which tests/test_catalog.py checks against it. The schema (budget keys and
-their help), budgets, the comparison, the HTML budget table, the figures' budget lines, the
-stored record, the session table and the Markdown summary (``SUMMARY_COLUMNS``, ``HEADLINE``),
-the per-test metrics table, load rows, A/B's paired metrics, ``llmperf profile``'s speed rows
-and the history's labels and default metrics all read it, so a metric cannot mean one thing in
-a budget and another in a report; a test checks the README's marker-key table against it.
-
-Its readers read a ``core.measurement.Measurement`` (pure data, beside it at the bottom). No
-numpy at import (the plugin stays cheap to load).
+``FIGURES``: a measurement's headline figures (the JUnit properties, ``core.measured.Figures``,
+the session schema's ``figures``, the per-test metrics table); a budgeted figure
+(``Figure.bound``) is also its budget key, so a new headline figure with its budget is one
+entry here plus its field in ``Figures`` and its row in docs/report.md's figure table (and the
+README's marker-key table), which tests/test_catalog.py checks. Every budget, comparison,
+report, table and history label reads it, so a metric cannot mean one thing in a budget and
+another in a report. No numpy at import (the plugin stays cheap to load).
 """
 
 from __future__ import annotations

@@ -1,13 +1,12 @@
 """Documents a user hands us: the one reader of user-given files, the one writer of the
 outputs a user names, and the check of a document against a published JSON Schema.
 
-The one reader of the files a user hands us (baseline files, saved session reports): a
-path that is not a regular file (a FIFO, ``/dev/zero``, a directory) is refused before it is
+The reader (baseline files, saved session reports): a path that is not a regular file (a FIFO, ``/dev/zero``, a directory) is refused before it is
 read, and so is a file over its size limit, each in one line, so no read waits on a writer
 that never comes or reads without end.
 
-The one writer of the outputs a user names (``--llmperf-json``/``-markdown``/``-html``,
-``llmperf report -o``, ``profile -o``, ``history --html``): ``write_output``. A regular file is
+The writer (``--llmperf-json``/``-markdown``/``-html``, ``llmperf report -o``, ``profile
+-o``, ``history --html``): ``write_output``. A regular file is
 written atomically (a temporary file renamed over it); what is not a regular file is never
 renamed over: a character device or FIFO (``/dev/null``, a named pipe) is written in place,
 ``-`` and ``/dev/stdout`` are standard output, and a directory, block device or socket is
@@ -19,11 +18,7 @@ bounds a load at about 7 s (docs/baselines.md). A baseline entry of 20 runs of 6
 about 15 KiB: the limit holds some 2000 entries, e.g. 100 tests on 20 machines, in one test
 module's file.
 
-The package's JSON Schemas (``pytest_llmperf/schemas/*.schema.json``, draft 2020-12) and a
-small validator that reads them, so the session and baseline readers check exactly what the
-published schemas say without a runtime dependency.
-
-Why not the ``jsonschema`` library: it would add four packages (one a compiled Rust wheel) to
+The schemas are ``pytest_llmperf/schemas/*.schema.json`` (draft 2020-12). Why not the ``jsonschema`` library: it would add four packages (one a compiled Rust wheel) to
 every install of a pytest plugin, for the handful of keywords these schemas use. The keywords
 understood are listed in ``KEYWORDS``; a schema using another one fails loudly (the tests also
 check every shipped schema against ``jsonschema`` itself, and that both agree on bad files).
@@ -45,10 +40,11 @@ import tempfile
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any, TypeAlias, TypedDict
+from typing import Any, TypedDict
 
 from .catalog import FIGURES
 from .errors import LLMPerfError
+from .formats import JSONValue as JSONValue  # noqa: PLC0414 (the documents' JSON value, read from here too)
 from .formats import shown
 
 #: The largest baseline file or session report read, in MiB.
@@ -305,9 +301,6 @@ ANNOTATIONS = frozenset({"$schema", "$id", "$defs", "title", "description", "$co
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _JSON_KINDS = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
 
-
-#: A JSON value as ``json`` reads it, free-form (a document of a fixed shape has its own type).
-JSONValue: TypeAlias = "str | int | float | bool | None | list[JSONValue] | dict[str, JSONValue]"
 
 #: A JSON schema as this validator reads it: ``KEYWORDS`` and ``ANNOTATIONS``.
 Schema = TypedDict(

@@ -1,18 +1,12 @@
 """How things are written: stored and displayed numbers, text tables, pytest node ids.
 
-How figures are stored: six significant figures, one definition for every JSON writer
-(records, per-layer profiles, diagnostics), so a value read back compares equal.
+Stored figures have six significant figures (one definition for every JSON writer, so a value
+read back compares equal); one renderer draws every plain-text table; a state (``StrEnum``) is
+one of a few words, typed, and written as its word.
 
-Plain-text tables: one renderer for every table the plugin prints (summary, comparison,
-load curves, breakdowns, history), so columns line up the same way everywhere.
-
-States (``StrEnum``): a state is one of a few words, typed, and written as its word.
-
-pytest node ids taken apart: the one place that knows where a ``::`` separates parts.
-
-A node id is ``path::Class::name[params]``. The parameter id is free text and may hold
-``::`` itself (``test_a[x::y]``), so only the ``::`` before the first ``[`` after the path
-separate parts (a name never holds ``[``). A label (``[#2]``, ``llmperf.measure(label=...)``)
+A node id, taken apart only here, is ``path::Class::name[params]``. The parameter id is free
+text and may hold ``::`` itself (``test_a[x::y]``), so only the ``::`` before the first ``[``
+after the path separate parts (a name never holds ``[``). A label (``[#2]``, ``llmperf.measure(label=...)``)
 is appended like a parameter id and stays with the last part too."""
 
 from __future__ import annotations
@@ -22,7 +16,7 @@ import math
 import re
 import sys
 from collections.abc import Iterable, Sequence
-from typing import TypeVar, overload
+from typing import TypeAlias, TypeVar, overload
 
 _T = TypeVar("_T")
 
@@ -40,6 +34,10 @@ else:
 
         def __format__(self, spec: str) -> str:
             return format(str(self.value), spec)
+
+
+#: A JSON value as ``json`` reads it, free-form (a document of a fixed shape has its own type).
+JSONValue: TypeAlias = "str | int | float | bool | None | list[JSONValue] | dict[str, JSONValue]"
 
 
 @overload

@@ -17,13 +17,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias, TypedDict
 
-from .formats import fmt, sig6
+from .formats import JSONValue, fmt, sig6
 from .workload import EngineInfo, Workload
 
-#: A JSON value as ``json`` reads it.
-JsonValue: TypeAlias = "str | int | float | bool | None | list[JsonValue] | dict[str, JsonValue]"
 #: A JSON object: a stored section read as it came (``Record``'s sections).
-JsonObject: TypeAlias = "Mapping[str, JsonValue]"
+JsonObject: TypeAlias = "Mapping[str, JSONValue]"
 
 
 @dataclass(frozen=True)
@@ -210,10 +208,6 @@ class Stability:
     far_runs: tuple[int, ...]  # indices of runs far off the others
     warnings: tuple[str, ...]
 
-    @property
-    def unstable(self) -> bool:
-        return bool(self.warnings)
-
     def as_dict(self) -> StabilityJson:
         return {
             "n_runs": self.n_runs,
@@ -318,7 +312,7 @@ class ModelLoadsJson(TypedDict):
     note: str
     load_ms: float
     fresh_ttft_ms: float | None
-    samples: list[dict[str, JsonValue]]
+    samples: list[dict[str, JSONValue]]
 
 
 @dataclass(frozen=True)
@@ -653,7 +647,7 @@ class Slice:
     median_ms: float
     per_run_ms: tuple[float, ...]
 
-    def to_json(self) -> dict[str, JsonValue]:
+    def to_json(self) -> dict[str, JSONValue]:
         return {"name": self.name, "median_ms": sig6(self.median_ms), "per_run_ms": [sig6(v) for v in self.per_run_ms]}
 
     @classmethod
@@ -686,8 +680,8 @@ class PhaseAttribution:
         slices: tuple[Slice, ...] = getattr(self, kind)
         return slices
 
-    def to_json(self) -> dict[str, JsonValue]:
-        out: dict[str, JsonValue] = {k: [s.to_json() for s in self.slices(k)] for k in KINDS}
+    def to_json(self) -> dict[str, JSONValue]:
+        out: dict[str, JSONValue] = {k: [s.to_json() for s in self.slices(k)] for k in KINDS}
         out.update(
             step_ms=sig6(self.step_ms),
             nodes_ms=sig6(self.nodes_ms),
@@ -743,7 +737,7 @@ class Attribution(InstrumentedCost):
             "decode_coverage": sig6(self.decode.coverage),
         }
 
-    def to_json(self) -> dict[str, JsonValue]:
+    def to_json(self) -> dict[str, JSONValue]:
         return {
             "phases": {p: self.phase(p).to_json() for p in PHASES},
             "tpot_ms": sig6(self.tpot_ms),
@@ -848,7 +842,7 @@ class Agreement:
             f"  greedy parity {self.greedy_parity:.4f}; first divergence: {where}",
         ]
 
-    def as_dict(self) -> dict[str, JsonValue]:
+    def as_dict(self) -> dict[str, JSONValue]:
         out = dataclasses.asdict(self)
         out["first_divergence"] = list(self.first_divergence)
         out["available"] = self.available

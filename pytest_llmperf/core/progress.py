@@ -2,14 +2,11 @@
 place on a terminal, a plain line per step when the output is piped, and a line at least every
 ``LINE_EVERY_S`` while one step waits; a task quicker than ``QUIET_S`` says nothing.
 
-A ``Progress`` is one task (what, its step, n of N, the seconds so far); a task opened while
-another runs on the same thread is a part of it, shown on its line ("against REF:
-tests/t.py::test_a: attribution pass: instrumented runs 3 of 8"); one task at a time has the
-line (another thread's meanwhile is silent). Where the lines go is the front end's choice, made once per process
-(``set_sink``): the pytest plugin's terminal (``pytest_plugin/plugin.py``), the CLI's stderr
-(``StreamSink``); none set (a script, a library call), a task is silent. The heartbeat is a
-thread that reads the clock against the task's deadline (``beat``); the tests call ``beat``
-themselves with their own clock."""
+A task opened inside another on the same thread is a part of it, shown on its line ("against
+REF: tests/t.py::test_a: attribution pass: instrumented runs 3 of 8"); another thread's task
+meanwhile is silent. Where the lines go is the front end's choice, made once per process
+(``set_sink``: the plugin's terminal, the CLI's ``StreamSink``; none: silent). The tests call
+``beat`` themselves with their own clock."""
 
 from __future__ import annotations
 

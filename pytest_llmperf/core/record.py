@@ -21,14 +21,13 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict
 
 from . import catalog
 from .documents import validate
-from .formats import sig6
+from .formats import JSONValue, sig6
 from .workload import MEMORY_FIELDS, ChatMessage
 
 if TYPE_CHECKING:
     from .fingerprint import Fingerprint
     from .measurement import (
         JsonObject,
-        JsonValue,
         LayersJson,
         LoadStats,
         MachineJson,
@@ -110,7 +109,7 @@ class StoredLoad(TypedDict, total=False):
     tpot_p50_ms: float
     tpot_p99_ms: float
     prompt_cache: str | None
-    server: dict[str, JsonValue]
+    server: dict[str, JSONValue]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,7 +134,7 @@ class Record:
     parts: PerRun | None = None
     layers: LayersJson | None = None
     #: ``Attribution.to_json`` (any value is accepted here: ``judge.attribution.readable``).
-    attribution: JsonValue = None
+    attribution: JSONValue = None
     roofline: RooflineJson | None = None
     memory: StoredMemory | None = None
     prompt: StoredPrompt | None = None
@@ -201,16 +200,16 @@ class Record:
             ),
         )
 
-    def diagnosis(self) -> dict[str, JsonValue]:
+    def diagnosis(self) -> dict[str, JSONValue]:
         """Where the time went (the sections from ``stability`` to ``machine`` this record
         has): ``llmperf profile``'s JSON beside its figures."""
         names = [f.name for f in fields(self)]
         first, last = names.index("stability"), names.index("machine")
         return {k: v for k, v in self.to_json().items() if k in names[first : last + 1]}
 
-    def to_json(self) -> dict[str, JsonValue]:
+    def to_json(self) -> dict[str, JSONValue]:
         """The stored form: every field that is not None, in order, then ``extra``."""
-        out: dict[str, JsonValue] = {}
+        out: dict[str, JSONValue] = {}
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "extra" or (value is None and f.name not in _ALWAYS):
@@ -242,7 +241,7 @@ def _per_run(d: Mapping[str, Sequence[float]]) -> PerRun:
 _ALWAYS = frozenset({"commit"})
 
 
-def _plain(value: object) -> JsonValue:
+def _plain(value: object) -> JSONValue:
     """A field's value as JSON: tuples as lists, mappings as dicts."""
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
@@ -362,7 +361,7 @@ def _load(s: LoadStats) -> StoredLoad:
         "prompt_cache": s.prompt_cache,
     }
     if s.server is not None:
-        server: dict[str, JsonValue] = {
+        server: dict[str, JSONValue] = {
             k: sig6(v) if isinstance(v, float) else v for k, v in vars(s.server).items() if k != "metrics"
         }
         server["metrics"] = dict(s.server.metrics or {})

@@ -1,11 +1,8 @@
 """Every session's results kept, per test, label, phase and metric; change points found in
 the series (``llmperf history``, ``llmperf detect``, the HTML report's trends).
 
-Modules: ``connection`` (where the history lives, and a connection on which every wait ends),
-``database`` (SQLite / PostgreSQL, one schema; the rows a session appends; git facts),
-``series`` (the one reader: stored rows -> per-series points, also the between-session levels
-the verdicts can use; change points named: session, commit, subject change, step size; trend
-tables and CSV for Otava), ``changepoints`` (E-divisive means).
+Modules: ``connection`` (where it lives), ``database`` (the store and what a session appends),
+``series`` (the one reader), ``changepoints`` (E-divisive means).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """The history database: the store (SQLite / PostgreSQL), the rows a session is collected into, and
 the version-control facts recorded with it.
 
-One schema, two backends: SQLite (stdlib ``sqlite3``, the embedded default) and PostgreSQL
-(psycopg 3, for a fleet of CI runners writing to one place).
-
 Tables (the same names, columns and meaning on both; only the column types are spelled per
 backend): ``llmperf_schema`` (one row: the schema version), ``llmperf_sessions`` (one row per
 pytest session), ``llmperf_measurements`` (per test and label: fingerprints, workload,
@@ -17,14 +14,11 @@ processes and the schema's creation never interleave: a session's rows land whol
 all. A history written by a newer pytest-llmperf (a higher schema version) is refused with one
 line and never altered.
 
-The rows one session appends are built from the plugin's results (``Outcome.to_json()``
-of judge/result.py: the entries of the JSON report, also what crosses pytest-xdist's wire), so
-the history holds exactly what the session measured and judged.
+The rows one session appends are built from its ``Outcome.to_json()`` entries (the JSON
+report's), so the history holds exactly what the session measured and judged.
 
-The version-control facts (the commit under test, whether the work tree had uncommitted
-changes, the branch) come from CI variables first (a CI checkout is often a detached HEAD),
-then ``git`` with a deadline; no git, no repository: None (a history row without a commit is
-still a row)."""
+The version-control facts (``revision``) come from CI variables first (a CI checkout is often
+a detached HEAD), then ``git`` with a deadline; unknown: None (the row is still a row)."""
 
 from __future__ import annotations
 

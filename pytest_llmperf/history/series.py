@@ -2,13 +2,8 @@
 hardware, oldest session first. ``llmperf history``, ``llmperf detect``, the HTML report's
 trends and the verdicts' between-session spread (``levels``) all read through here.
 
-Change points of stored series, named: the session, its commit and branch, the subject or
-workload change that coincides (``threads 2 -> 1``), the step's size (median before vs after
-and the Hodges-Lehmann shift with its distribution-free 95% CI) and its significance.
-
-The history shown: terminal tables, trend plots (value per session with its 95% CI, change
-points marked with the subject change that coincides), the HTML report's recent trend per
-test, and a CSV export that Apache Otava reads."""
+Change points are named here (session, commit, the subject change that coincides, step size
+and significance); the history is shown as terminal tables, trend data and Otava's CSV."""
 
 from __future__ import annotations
 
@@ -482,10 +477,6 @@ def metric_order(s: Series) -> int:
     return RUN_FIELDS.index(s.metric) if s.metric in RUN_FIELDS else len(RUN_FIELDS)
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")[:120] or "test"
-
-
 #: Otava's PostgreSQL source: one row per session, one column per metric (the stored level), of
 #: the branch given to ``otava analyze --branch`` (Otava 0.8.0 with its pg8000 fails on a query
 #: without the ``%{BRANCH}`` parameter: "object of type 'NoneType' has no len()").
@@ -515,7 +506,7 @@ def export_csv(series: Sequence[Series], folder: Path, postgres: bool = False) -
         groups.setdefault((s.name, s.hardware_key), []).append(s)
     written, tests, pg_tests = [], [], []
     for (name, hw), members in groups.items():
-        slug = _slug(f"{name}-{hw}")
+        slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{name}-{hw}").strip("_")[:120] or "test"
         path = folder / f"{slug}.csv"
         _write_csv(path, members)
         written.append(path)

@@ -1,8 +1,6 @@
 """The rule: estimate a change against the noise model and decide a verdict; the session-end suite-
 relative check.
 
-Regression or noise: the statistics that compare a candidate measurement with its baseline.
-
 Pure numpy/scipy, analytic (no resampling: 1,000 comparisons take well under a second, and the
 same inputs always give the same verdict). The model and the rule are explained, with the
 measurements behind them, in ``docs/verdicts.md``; in short:
@@ -41,29 +39,20 @@ mirror those verdicts, so each phase counts once in the family):
 * MACHINE_SLOWER: set by ``regression.judge`` when steal time or context switches show the
   machine was not the engine's during the runs; a slowdown is then not blamed on the subject.
 
-At the end of a session, ``rule.suite_relative`` also judges each measurement against the
-median shift of the others (the shared part of the session's drift), and adds REGRESSION
-verdicts for those significantly slower than the rest of the suite.
-
 No dispersion flag overrides a verdict: noise widens the standard error, so noisy data end
 INCONCLUSIVE unless the effect is larger than the noise can explain.
 
-This module holds the estimate (one metric, candidate level against the baseline's), the
-session's family (Holm over the judged metrics, mirrors following them) and the session-end
-suite-relative check; what it builds on is ``verdict`` (one session's level, the noise
-between sessions, the result and the rule).
-
-The session-end check: each measurement against the median shift of the rest of the suite.
-
-Apart from the per-test comparison because it needs the whole session's comparisons at once
-(it runs after every test's verdict, in the controller under pytest-xdist) and spends its own
-share of the session's alpha; it only ever adds REGRESSION verdicts (docs/verdicts.md)."""
+At the end of a session, ``suite_relative`` also judges each measurement against the median
+shift of the others (the shared part of the session's drift): it needs the whole session's
+comparisons at once (in the controller under pytest-xdist), spends its own share of the
+session's alpha and only ever adds REGRESSION verdicts. What this builds on is ``verdict`` (one
+session's level, the noise between sessions, the result and the rule)."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from scipy.special import ndtr, ndtri, stdtr, stdtrit
@@ -341,11 +330,6 @@ def decide(comparisons: Sequence[Comparison], *, alpha: float, m: int | None = N
         out.append(c)
     # Mirrors follow their judged metric (computed from the same runs).
     return [followed(by_metric[c.mirror_of], c) if c.mirror_of in by_metric else c for c in out]
-
-
-def judged_family(comparisons: Iterable[Comparison]) -> int:
-    """How many comparisons count in Holm's family (mirrors do not)."""
-    return sum(1 for c in comparisons if c.mirror_of is None and c.p_value is not None)
 
 
 #: Suite-relative check (:func:`suite_relative`): with at least this many compared

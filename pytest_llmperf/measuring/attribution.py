@@ -166,13 +166,7 @@ class NodeTimer(LayerTimer):
 
     def prefill_nodes(self) -> list[tuple[int, list[NodeEvent], int]]:
         """The prompt's step alone (the same timed loop, one token): a further prefill sample."""
-        lib = self._lib
-        lib.llama_memory_clear(lib.llama_get_memory(self._ctx), True)
-        if self._sampler is not None:
-            lib.llama_sampler_reset(self._sampler)
-        self._events.clear()
-        feed = None if self._feed is None else self._feed[:1]
-        timed = self._engine.timed_decode(self._ctx, self._prompt_ids, 1, feed=feed, sampler=self._sampler)
+        timed = self.timed(1)
         events: list[NodeEvent] = list(self._events)
         return steps_of(timed.start_ns, timed.prefill_done_ns, timed.token_ns, events)[0]
 

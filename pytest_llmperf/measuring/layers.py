@@ -119,17 +119,17 @@ class LayerTimer:
         timed = self.timed()
         return (*steps_of(timed.start_ns, timed.prefill_done_ns, timed.token_ns, self._events), tpot_of(timed))
 
-    def timed(self) -> TimedDecode:
-        """One run of the engine's timed loop on the instrumented context (cleared first); the
-        callback's events of the run are in ``_events``."""
+    def timed(self, tokens: int | None = None) -> TimedDecode:
+        """One run of the engine's timed loop on the instrumented context (cleared first), of the
+        workload's tokens or the first ``tokens``; the callback's events of the run are in ``_events``."""
         lib = self._lib
         lib.llama_memory_clear(lib.llama_get_memory(self._ctx), True)
         if self._sampler is not None:
             lib.llama_sampler_reset(self._sampler)
         self._events.clear()
-        return self._engine.timed_decode(
-            self._ctx, self._prompt_ids, self._workload.max_tokens, feed=self._feed, sampler=self._sampler
-        )
+        feed = self._feed if tokens is None or self._feed is None else self._feed[:tokens]
+        n = self._workload.max_tokens if tokens is None else tokens
+        return self._engine.timed_decode(self._ctx, self._prompt_ids, n, feed=feed, sampler=self._sampler)
 
 
 def tpot_of(timed: TimedDecode) -> float:

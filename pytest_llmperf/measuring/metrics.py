@@ -6,13 +6,10 @@ percentiles. Percentiles interpolate linearly between order statistics (numpy's 
 The run, not the token, is the sampling unit for statistics; pooled ITL is for display and
 budgets.
 
-Jitter and stability: is a measurement steady, and if not, what the machine says about why.
-
-System counters are sampled just before the first and after the last run (never inside a
-timed region): load average, CPU clock, page faults and involuntary context switches of this
-process, and the CPU time the hypervisor gave to other guests (steal: on a shared VM the
-largest cause of slow sessions seen on this project's machines). A cause is named only when its signal is there; an unstable measurement with no signal
-says so."""
+Stability (``diagnose``): is a measurement steady, and if not, what the system counters,
+sampled before the first and after the last run (never inside a timed region), say about why
+(steal time is the largest cause of slow sessions on a shared VM). A cause is named only when
+its signal is there; an unstable measurement with no signal says so."""
 
 from __future__ import annotations
 

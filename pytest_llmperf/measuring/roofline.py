@@ -11,14 +11,10 @@ whose arithmetic intensity (FLOPs / byte) is below the machine balance (peak FLO
 bytes/s) is memory-bound; above it, compute-bound. The bound TPS is the rate at which the
 binding resource would be fully used.
 
-The machine's peak memory bandwidth and FLOP rate: measured once, cached, or given.
-
-No API reports either, and the roofline needs both. The bandwidth probe copies a buffer much
-larger than any cache with one numpy copy per core in parallel (numpy releases the GIL while it
-copies), counting read + write bytes (median of a few repeats). The FLOP peak is the larger of the
-CPU's spec figure (cores x clock x vector FLOPs per cycle) and a timed float32 matrix product. Results are cached per machine (hardware
-fingerprint) in the model cache folder, and every report says whether a figure was measured or
-given by the user."""
+The machine's peak memory bandwidth and FLOP rate (no API reports either) are given, or probed
+once (``probe_bandwidth_gbs``: a buffer much larger than any cache copied by one thread per
+core, as numpy releases the GIL; ``probe_tflops``) and cached per machine in the model cache folder; every report says whether
+a figure was measured or given."""
 
 from __future__ import annotations
 
@@ -286,10 +282,6 @@ def last_level_cache_bytes() -> int | None:
     return max(sizes) if sizes else None
 
 
-def _cache_file() -> Path:
-    return default_cache_dir() / "machine-peaks.json"
-
-
 def _given(option: str, value: float | None) -> Peak | None:
     """A peak given on the command line (``option``), None when not given."""
     if value is not None and not value > 0:
@@ -317,7 +309,7 @@ def machine_peaks(
     if bw and fl:
         return bw, fl
     key = f"{hardware_key(hardware())}-v{PROBE_VERSION}"
-    path = _cache_file()
+    path = default_cache_dir() / "machine-peaks.json"
     cached = _read_cache(path)
     entry: Any = cached.get(key) if isinstance(cached, dict) and not refresh else None  # None: probed below
     try:

@@ -1,20 +1,14 @@
 """workload -> engine -> traces -> Measurement: the measuring path, without pytest.
 
-Peak resident memory of this process over a measurement.
-
-Linux keeps the peak (VmHWM) and lets a process reset it (write "5" to /proc/self/clear_refs),
+Peak resident memory over a measurement: Linux keeps the peak (VmHWM) and lets a process reset it (write "5" to /proc/self/clear_refs),
 so the peak can be taken over the measurement alone; elsewhere, or when the reset is refused,
 the process-lifetime peak from getrusage is reported, and ``scope`` says which. An engine that
 runs llama.cpp in another process (the engine worker) reads its own process's peak.
 
-Model loads (``model_load``): fresh engines of the same settings loaded after the runs, each
-timed (``EngineInfo.load_ms``) and asked for one request (a fresh engine's time to first token);
-"cold" evicts the model file from the page cache before each load and checks with ``mincore``
-how much of it was still resident: a load counts as cold only when the eviction took.
+Model loads (``model_load``): fresh engines loaded after the runs (``with_model_loads``).
 
-A production profiler for services: rolling-window token latencies and TTFTs, no pytest.
-
-Memory is fixed by the window sizes (preallocated ring buffers, O(1) in the number of
+``InferenceProfiler``, a production profiler for services: rolling-window token latencies and
+TTFTs. Memory is fixed by the window sizes (preallocated ring buffers, O(1) in the number of
 recordings); recording is thread-safe (one lock, held only to store a value); percentiles are
 linearly interpolated over the window (numpy's default method), so p99 of 50 samples is not
 just the maximum.

@@ -1,27 +1,14 @@
 """The HTML report's chart primitives (style, colours, blank charts, SVG output) and the
 session-wide charts: the trend plot, the change overview, the served-load curve.
 
-Matplotlib Figure objects (no pyplot, no GUI backend) saved as SVG text. Every plot shares the
-primitives: one style and one colour per side (now, baseline, budget) on every chart, fixed
-margins instead of a layout pass, blank charts kept for reuse, and the SVG made small. The
-charts of one test's record are ``record_charts``. ("Figure": a number, as ``catalog.FIGURES``;
-matplotlib's ``Figure`` and HTML's ``<figure>`` keep their names.)
+Matplotlib Figure objects (no pyplot, no GUI backend) saved as SVG text, all sharing one style,
+one colour per side (now, baseline, budget), fixed margins instead of a layout pass, blank
+charts kept for reuse and small SVG. The charts of one test's record are ``record_charts``.
+("Figure": a number, as ``catalog.FIGURES``; matplotlib's ``Figure`` keeps its name.)
 
-The trend plot (the HTML report's and ``llmperf history --html``'s): one series per axes from
-history/series.trend_data (drawing only; the history layer reads, this layer draws).
-
-The change overview (the HTML report's key figure): the change of every compared metric with
-its CI, most notable first; it draws the whole session (every test's verdicts) at the top of
-the page, from the session's typed results (``judge.result.Outcome``) rather than
-one record.
-
-The throughput-latency curve of served load tests: each load measurement is one point (output
-tokens/s overall against per-request TTFT and TPOT p50, p99 as a whisker), labelled with its
-concurrency; points of one test function (parametrized over concurrency, or measured with
-several labels) are joined into a curve.
-
-The parts chart (``parts_chart``): where each phase's time went, A's parts and B's side by
-side (``judge.parts.PartChange``: both sides' medians), for a test or an A/B with parts."""
+The change overview is the HTML report's key figure, the whole session at the top of the page.
+A served load curve joins the points of one test function (one per concurrency or label).
+The parts chart: where each phase's time went, A's parts and B's side by side."""
 
 from __future__ import annotations
 
@@ -539,14 +526,10 @@ def _parts_panel(ax: Axes, parts: Sequence[PartChange], sides: tuple[str, str]) 
         left += widths
     for y, total in enumerate(left):
         ax.annotate(f"{total:.3g}", (total, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=7)
-    ax.set_yticks([0, 1], [_clip_label(s) for s in sides])
+    ax.set_yticks([0, 1], [s if len(s) <= 12 else s[:11] + "\u2026" for s in sides])
     ax.invert_yaxis()
     ax.set_xlim(0, max(float(left.max()), 1e-9) * 1.15)
     ax.grid(axis="y", visible=False)
     ax.set_xlabel(f"median {parts[0].unit}")
     ax.set_title(f"{parts[0].phase}: where the time went")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), ncols=1, fontsize=6.5)
-
-
-def _clip_label(text: str, width: int = 12) -> str:
-    return text if len(text) <= width else text[: width - 1] + "\u2026"

@@ -3,15 +3,8 @@
 Nothing is fetched at view time: styles sit in one ``<style>`` element and every figure is
 inline SVG whose ids are prefixed per figure (many SVGs share one document). Verdicts carry
 a word and a symbol besides their colour. Input: typed results (``judge.result.Outcome``)
-and, beside them, the history's recent trend per test, so the plugin (``--llmperf-html``) and
-``llmperf report`` (results rebuilt from the session file) draw the same page; chart workers
-get the results' JSON and rebuild them. Metric rows and cells are the catalog's.
-
-The HTML report's section on ``--llmperf-against``: REF, and what each side was (interpreter,
-llama-cpp-python, where the code under test came from).
-
-``llmperf history --html``: one self-contained page of the history's trends, per test and
-hardware (the session report's styles, inline SVG)."""
+and the history's recent trend per test, so the plugin (``--llmperf-html``) and ``llmperf
+report`` draw the same page. Also ``llmperf history --html``'s page of trends."""
 
 from __future__ import annotations
 

@@ -9,7 +9,6 @@ and memory. The report is a JSON-ready dict whose fields are fixed by
 from __future__ import annotations
 
 import json
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,17 +28,10 @@ from . import text as breakdown
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from ..core.documents import JSONValue
     from ..core.measurement import Measurement
 
 PROFILE_SCHEMA = "pytest-llmperf/profile"
 PROFILE_SCHEMA_VERSION = 1
-
-
-def json_schema() -> dict[str, JSONValue]:
-    """The JSON Schema of the report (documented fields)."""
-    text = resources.files("pytest_llmperf").joinpath("schemas/profile.schema.json").read_text(encoding="utf-8")
-    return json.loads(text)
 
 
 def resolve_model(model: str | None) -> tuple[Path, str]:

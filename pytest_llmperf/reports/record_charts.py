@@ -4,9 +4,7 @@ per-token timeline and, for a profiled test (``layers=True``: ``record["layers"]
 
 Each function takes the session report's plain dicts (a record, its baseline record, the
 marker's budgets) and returns a matplotlib Figure, so ``llmperf report`` draws from a saved
-``--llmperf-json`` file exactly what the plugin draws at the end of a session. Now and
-baseline share one axis and keep one colour each; budgets are red dash-dot lines. The shared
-pieces (colours, sizes, a new chart) are ``charts``'."""
+``--llmperf-json`` file exactly what the plugin draws. Budgets are red dash-dot lines."""
 
 from __future__ import annotations
 

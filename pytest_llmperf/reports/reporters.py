@@ -27,10 +27,9 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class SessionEnd:
     """What the end of a session gives its reports: the results (session-wide Holm p-values in),
-    the A/B comparisons (session JSON ``ab`` entries), when it started, what ``--llmperf-against``
-    compared, each test's recent trend (read when a reporter ``needs_trends``), whether budgets
-    gate, the measurements planned, each report's path as given (by setting name), and the
-    Markdown lines of the reports written before."""
+    the A/B comparisons (session JSON ``ab`` entries), trends (read when a reporter
+    ``needs_trends``), each report's path by setting name, and ``links``: the Markdown lines of
+    the reports written before."""
 
     results: Sequence[Outcome]
     ab: Sequence[Mapping[str, object]]
@@ -105,7 +104,6 @@ class MarkdownSummary(Reporter):
     title = "Markdown summary"
 
     def write(self, path: str, end: SessionEnd) -> Sequence[str]:
-
         text = self.text(end, end.links)
         if text:
             write_output(Path(path), text)

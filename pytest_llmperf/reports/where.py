@@ -3,11 +3,9 @@ comparisons, gathered once and shown by the terminal summary (a block of at most
 terminal's width under the comparison table), the Markdown summary (``session_file``'s "Where
 it went" section) and the HTML report (its tables; its chart is ``charts.parts_chart``).
 
-A comparison is a test against its stored baseline or ``--llmperf-against``'s REF (the
-verdict's ``parts``) or an in-process A/B (a session JSON ``ab`` entry's ``parts`` and
-``why``). A is the baseline, REF or the A/B's A; B is this run, this tree or its B. Its why
-lines name the phases that moved; the terminal and the Markdown show those phases' parts, the
-HTML report and the JSON every part."""
+A is the baseline, REF or the A/B's A; B is this run, this tree or its B. The why lines name
+the phases that moved; the terminal and the Markdown show those phases' parts, the HTML report
+and the JSON every part."""
 
 from __future__ import annotations
 
@@ -140,11 +138,8 @@ def moved(entries: Iterable[Explained]) -> list[Explained]:
 def part_cells(p: PartChange, unit: bool = True) -> list[str]:
     """A part's row: its label, A's and B's medians, the change (``x1.01`` or ``+0.903 ms/token``;
     ``unit=False``: ``+0.903``), its 95% CI, and whether it moved."""
-    return [p.label, fmt_value(p.a_median), fmt_value(p.b_median), p.change_text(unit), p.ci_text(), _moved(p)]
-
-
-def _moved(p: PartChange) -> str:
-    return "moved" if p.moved else "-"
+    mark = "moved" if p.moved else "-"
+    return [p.label, fmt_value(p.a_median), fmt_value(p.b_median), p.change_text(unit), p.ci_text(), mark]
 
 
 def phase_header(phase: str, parts: Sequence[PartChange]) -> str:
@@ -197,15 +192,9 @@ def _phase_table(headers: Sequence[str], parts: Sequence[PartChange], width: int
     """A phase's parts table; without the unit in its change cells when that is too wide
     (the first header names it), then with its labels cut to fit."""
     table = render_table(headers, [part_cells(p) for p in parts])
-    if _widest(table) <= width:
+    if all(len(line) <= width for line in table.splitlines()):
         return table
-    rows = [part_cells(p, unit=False) for p in parts]
-    table = render_table(headers, rows)
-    return wrapped_table(headers, rows, width)  # the part labels wrapped, never cut
-
-
-def _widest(text: str) -> int:
-    return max(map(len, text.splitlines()), default=0)
+    return wrapped_table(headers, [part_cells(p, unit=False) for p in parts], width)  # labels wrapped, never cut
 
 
 def _wrap(text: str, width: int, indent: str, subsequent: str | None = None) -> list[str]:

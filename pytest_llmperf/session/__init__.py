@@ -11,11 +11,8 @@ calls (docs/api.md)::
     lines = session.end()
 
 Light: imported at every pytest start, so numpy, scipy, llama_cpp and the reports are
-imported inside the methods that need them.
-
-The engines a session measures: the session's own (loaded once), one per llama.cpp setting
-a test names (``engines.llama_cpp_native``), or what a hook provides; and the header lines that say what
-they are without loading anything."""
+imported inside the methods that need them. The engines a session measures: its own (loaded
+once), one per llama.cpp setting a test names, or what a hook provides."""
 
 from __future__ import annotations
 
@@ -249,9 +246,7 @@ class Session:
         asked += [
             f"{n}: marker gpu_layers={k['gpu_layers']}" for n, k in self.planned_engines.items() if k.get("gpu_layers")
         ]
-        if not asked:
-            return []
-        if not gpu_offload_missing():
+        if not asked or not gpu_offload_missing():
             return []
         more = f" and {len(asked) - 1} more" if len(asked) > 1 else ""
         return [

@@ -29,10 +29,6 @@ from ..core.redact import redact
 if TYPE_CHECKING:
     from importlib.machinery import ModuleSpec
 
-REF_HELP = (
-    "measure each llmperf test against a reference too, interleaved pair by pair: git:REV (a commit, "
-    "branch or tag of this repository), python:PATH (another interpreter), or both as git:REV,python:PATH"
-)
 FORMS = "git:REV, python:PATH or git:REV,python:PATH"
 GIT_TIMEOUT_S = 60.0
 CHECKOUT_TIMEOUT_S = 300.0
