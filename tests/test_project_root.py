@@ -177,7 +177,9 @@ def test_the_second_run_with_a_report_path_still_compares(tmp_path: Path) -> Non
     report = out / "s.json"
     for _ in range(2):
         run = pytest_in(proj, tmp_path, "tests/test_x.py", "--llmperf-json", str(report), **history)
-        assert run.returncode == 0 and "no baseline" not in run.stdout, run.stdout + run.stderr
+        # Compared: passed, or failed on a verdict (a loaded machine's noise can be a REGRESSION
+        # of 3 runs against 3); never "no baseline", never an error.
+        assert run.returncode in (0, 1) and "no baseline" not in run.stdout, run.stdout + run.stderr
         statuses = [r["verdict"]["status"] for r in json.loads(report.read_text())["results"]]
         assert statuses == ["compared"], statuses
 
