@@ -506,6 +506,7 @@ class DrivenLlamaEngine(Engine, LayerTiming):
     def run(self, workload: Workload, run_index: int) -> RunTrace:
         lib, llm = self._lib, self.llm
         ctx = llm._ctx.ctx
+        workload = workload.request(run_index)  # a prompt set's request of this run
         prompt = self.prompt_ids(workload)
         sampler = self.make_sampler()
         try:
