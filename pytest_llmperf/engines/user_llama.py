@@ -480,6 +480,7 @@ class DrivenLlamaEngine(Engine, LayerTiming):
     def prompt_ids(self, workload: Workload) -> list[int]:
         if self._prompt:
             return list(self._prompt)
+        workload = workload.request(0)  # a prompt set: its first run's request
         text = (
             workload.prompt if workload.prompt is not None else synthetic_text(workload.synthetic_prompt_tokens or 0, 0)
         )
