@@ -246,3 +246,20 @@ def test_a_markers_bad_file_fails_collection_in_one_line_and_writes_nothing(pyte
     )
     assert line in result.stdout.lines and result.ret != 0
     assert sorted(os.listdir(pytester.path)) == before  # no baseline, no report
+
+
+AB_SUITE = """
+import pytest
+
+REQUESTS = {requests!r}
+
+def test_ab(llmperf):
+    res = llmperf.compare(a={{"n_batch": 64}}, b={{"n_batch": 128}}, prompt_set=REQUESTS, max_tokens=4, runs=4, warmup=1)
+    a, b = [r.prompt_tokens for r in res.a.runs], [r.prompt_tokens for r in res.b.runs]
+    assert a == b and len(set(a)) > 1, (a, b)  # every pair: one request, the same on both sides
+"""
+
+
+def test_both_sides_of_an_ab_pair_send_the_same_request(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_suite=AB_SUITE.format(requests=REQUESTS))
+    run(pytester).assert_outcomes(passed=1)
