@@ -21,7 +21,7 @@ from inner import run
 
 from pytest_llmperf import Workload, measure
 from pytest_llmperf.core.documents import MAX_DOCUMENT_MIB
-from pytest_llmperf.core.errors import ConfigError
+from pytest_llmperf.core.errors import ConfigError, EngineError
 from pytest_llmperf.core.prompt_sets import parse_prompt_set, prompt_set, read_prompt_set
 from pytest_llmperf.core.record import workload_changes, workload_identity
 from pytest_llmperf.core.workload import SetRequest, prompt_set_digest, prompt_set_requests
@@ -263,3 +263,12 @@ def test_ab(llmperf):
 def test_both_sides_of_an_ab_pair_send_the_same_request(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_suite=AB_SUITE.format(requests=REQUESTS))
     run(pytester).assert_outcomes(passed=1)
+
+
+def test_a_request_beyond_the_context_fails_the_first_run(tiny_engine) -> None:
+    """Every request of the set is checked at the set's first run (a warm-up), not when it is drawn."""
+    train = tiny_engine._n_ctx_train()
+    huge = Workload(prompt_set=prompt_set_requests([{"prompt": "a"}, {"prompt": "b", "max_tokens": train}]), runs=1)
+    assert huge.request(-1).prompt == "a"  # the run that fails sends the short request
+    with pytest.raises(EngineError, match=r"context too small: \d+ prompt \+ \d+ generated tokens > n_ctx"):
+        tiny_engine.run(huge, -1)

@@ -378,12 +378,15 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
 
     def _set_need(self, workload: Workload) -> int | None:
         """A prompt set's largest request, prompt + generated tokens (None: no set), so that an
-        auto n_ctx is one context for every run of the set (counted once per set)."""
+        auto n_ctx is one context for every run of the set; counted once per set, at its first
+        run, when every request is checked against the context (``check_fits``)."""
         if workload.prompt_set is None:
             return None
         if self._set_need_of is None or self._set_need_of[0] != workload.prompt_set:
-            sizes = (len(self._prompt(w)[0]) + w.max_tokens for w in workload.each_request())
-            self._set_need_of = (workload.prompt_set, max(sizes))
+            sizes = [(len(self._prompt(w)[0]), w.max_tokens) for w in workload.each_request()]
+            for prompt_tokens, max_tokens in sizes:
+                self.check_fits(prompt_tokens, max_tokens)
+            self._set_need_of = (workload.prompt_set, max(p + n for p, n in sizes))
         return self._set_need_of[1]
 
     def _chat_formatter(self) -> Jinja2ChatFormatter:
