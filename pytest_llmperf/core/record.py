@@ -45,7 +45,8 @@ PerRun: TypeAlias = "Mapping[str, Sequence[float]]"
 class StoredWorkload(TypedDict, total=False):
     """What must match for two records to be compared (``WORKLOAD_KEYS``), with the run and
     warm-up counts (which may differ). ``shared_prefix_tokens`` and ``prompt_cache`` only when
-    set, ``messages`` (a chat request's, as JSON text) and ``prompt_set`` (its content hash) too (so older baselines keep matching)."""
+    set, ``messages`` (a chat request's, as JSON text) and ``prompt_set`` (its content hash) too
+    (so older baselines keep matching)."""
 
     prompt: str | None
     prompt_tokens: int | None
@@ -292,7 +293,9 @@ def workload_identity(m: Measurement) -> StoredWorkload:
         # test gives it (what the callable builds from it, a system prompt added, is the user's
         # code under test: a change of it is judged and named, not a new workload). A prompt set's
         # lengths vary by run: its content hash names its prompts (none here, whatever the run count).
-        "prompt_tokens": w.prompt_tokens if m.engine.engine == "callable" or w.prompt_set else m.prompt_tokens,
+        "prompt_tokens": w.prompt_tokens
+        if m.engine.engine == "callable" or w.prompt_set is not None
+        else m.prompt_tokens,
         "max_tokens": w.max_tokens,
         "seed": w.seed,
         # Load tests: a run under concurrency 4 is not comparable with one under concurrency 1.
