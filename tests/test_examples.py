@@ -45,3 +45,22 @@ def test_chat_example_runs(pytester: pytest.Pytester) -> None:
         assert r.passed or (isinstance(r.longrepr, str) and "budget" in r.longrepr), (r.nodeid, str(r.longrepr))
     errors = [r for r in result.reprec.getreports("pytest_runtest_logreport") if r.when != "call" and r.failed]
     assert not errors, [str(e.longrepr) for e in errors]
+
+
+PROMPT_SET = EXAMPLE.with_name("test_prompt_set_perf.py")
+
+
+def test_prompt_set_example_runs(pytester: pytest.Pytester) -> None:
+    """The prompt set example: a marker's JSONL file on the plugin's engine, and the same file
+    given to ``llmperf.measure()`` with a callable on ``llmperf_llm``."""
+    pytester.makepyfile(test_prompt_set_perf=PROMPT_SET.read_text(encoding="utf-8"))
+    (pytester.path / "prompts.jsonl").write_text(
+        EXAMPLE.with_name("prompts.jsonl").read_text(encoding="utf-8"), encoding="utf-8"
+    )
+    result = run(pytester)
+    reports = [r for r in result.reprec.getreports("pytest_runtest_logreport") if r.when == "call"]
+    assert {r.nodeid.split("::")[1] for r in reports} == {"test_my_traffic", "test_my_traffic_through_my_code"}
+    for r in reports:
+        assert r.passed or (isinstance(r.longrepr, str) and "budget" in r.longrepr), (r.nodeid, str(r.longrepr))
+    errors = [r for r in result.reprec.getreports("pytest_runtest_logreport") if r.when != "call" and r.failed]
+    assert not errors, [str(e.longrepr) for e in errors]

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict
 from . import catalog
 from .documents import validate
 from .formats import JSONValue, sig6
-from .workload import MEMORY_FIELDS, ChatMessage
+from .workload import MEMORY_FIELDS, ChatMessage, prompt_set_digest
 
 if TYPE_CHECKING:
     from .fingerprint import Fingerprint
@@ -45,7 +45,8 @@ PerRun: TypeAlias = "Mapping[str, Sequence[float]]"
 class StoredWorkload(TypedDict, total=False):
     """What must match for two records to be compared (``WORKLOAD_KEYS``), with the run and
     warm-up counts (which may differ). ``shared_prefix_tokens`` and ``prompt_cache`` only when
-    set, ``messages`` (a chat request's, as JSON text) too (so older baselines keep matching)."""
+    set, ``messages`` (a chat request's, as JSON text) and ``prompt_set`` (its content hash) too
+    (so older baselines keep matching)."""
 
     prompt: str | None
     prompt_tokens: int | None
@@ -56,6 +57,7 @@ class StoredWorkload(TypedDict, total=False):
     shared_prefix_tokens: int
     prompt_cache: str
     messages: str
+    prompt_set: str
     runs: int
     warmup: int
 
@@ -274,6 +276,7 @@ WORKLOAD_KEYS = (
     "shared_prefix_tokens",
     "prompt_cache",
     "messages",
+    "prompt_set",
 )
 
 
@@ -288,8 +291,11 @@ def workload_identity(m: Measurement) -> StoredWorkload:
         "prompt": w.prompt,
         # The workload's prompt as the engine tokenized it; a measured callable's is the one the
         # test gives it (what the callable builds from it, a system prompt added, is the user's
-        # code under test: a change of it is judged and named, not a new workload).
-        "prompt_tokens": w.prompt_tokens if m.engine.engine == "callable" else m.prompt_tokens,
+        # code under test: a change of it is judged and named, not a new workload). A prompt set's
+        # lengths vary by run: its content hash names its prompts (none here, whatever the run count).
+        "prompt_tokens": w.prompt_tokens
+        if m.engine.engine == "callable" or w.prompt_set is not None
+        else m.prompt_tokens,
         "max_tokens": w.max_tokens,
         "seed": w.seed,
         # Load tests: a run under concurrency 4 is not comparable with one under concurrency 1.
@@ -302,6 +308,8 @@ def workload_identity(m: Measurement) -> StoredWorkload:
         out["prompt_cache"] = w.prompt_cache
     if w.messages is not None:  # a chat request: its messages as the test gives them
         out["messages"] = chat_identity(w.messages)
+    if w.prompt_set is not None:  # a prompt set: its content hash
+        out["prompt_set"] = prompt_set_digest(w.prompt_set)
     return out
 
 

@@ -16,9 +16,14 @@ are derived."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import itertools
+import json
+import math
+from bisect import bisect_right
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, NamedTuple, TypeVar
 
 from .errors import ConfigError
 from .formats import human_bytes, shown
@@ -88,6 +93,89 @@ def _chat_message(index: int, message: object) -> ChatMessage:
     return (str(role), content)
 
 
+#: What one request of a prompt set may give (``SetRequest``): a prompt or messages, the rest optional.
+SET_REQUEST_KEYS = ("prompt", "messages", "max_tokens", "weight")
+
+
+class SetRequest(NamedTuple):
+    """One request of a prompt set (``Workload.prompt_set``): literal prompt text or chat
+    messages, its own ``max_tokens`` (None: the workload's) and its ``weight`` (its share of the
+    draws, relative to the others'). A tuple, as ``ChatMessage`` is (no new shape): a stored
+    workload holds it as ``[prompt, messages, max_tokens, weight]``."""
+
+    prompt: str | None = None
+    messages: tuple[ChatMessage, ...] | None = None
+    max_tokens: int | None = None
+    weight: float = 1.0
+
+    def to_line(self) -> dict[str, object]:
+        """The request as a JSONL line gives it (``set_request`` reads it back): only what is set."""
+        line: dict[str, object] = (
+            {"messages": chat_dicts(self.messages)} if self.messages is not None else {"prompt": self.prompt}
+        )
+        if self.max_tokens is not None:
+            line["max_tokens"] = self.max_tokens
+        if self.weight != 1.0:
+            line["weight"] = self.weight
+        return line
+
+
+def set_request(value: object) -> SetRequest:
+    """One request of a prompt set as a file's line or an inline list gives it (keys
+    ``SET_REQUEST_KEYS``; null as absent) checked; else a ConfigError, one line."""
+    if isinstance(value, (tuple, list)) and len(value) == len(SET_REQUEST_KEYS):  # stored: JSON's list
+        value = dict(zip(SET_REQUEST_KEYS, value))
+    if not isinstance(value, Mapping):
+        raise ConfigError(f'a request must be an object such as {{"prompt": ...}}, got {value!r}')
+    unknown = [k for k in value if k not in SET_REQUEST_KEYS]
+    if unknown:
+        raise ConfigError(f"unknown key {unknown[0]!r}; a request's keys: {', '.join(SET_REQUEST_KEYS)}")
+    given = {k: v for k, v in value.items() if v is not None}
+    if ("prompt" in given) == ("messages" in given):
+        raise ConfigError("a request needs either a prompt or messages (one of them)")
+    prompt = given.get("prompt")
+    if prompt is not None and (not isinstance(prompt, str) or not prompt):
+        raise ConfigError(f"prompt must be a non-empty string, got {prompt!r}")
+    if prompt is not None:
+        _check_encodable(prompt)
+    max_tokens, weight = given.get("max_tokens"), given.get("weight", 1.0)
+    if max_tokens is not None and (type(max_tokens) is not int or not 2 <= max_tokens <= MAX_TOKENS):
+        raise ConfigError(f"max_tokens must be an integer from 2 to {MAX_TOKENS}, got {max_tokens!r}")
+    if type(weight) not in (int, float) or not (math.isfinite(weight) and weight > 0):
+        raise ConfigError(f"weight must be a number > 0, got {weight!r}")
+    messages = chat_messages(given["messages"]) if "messages" in given else None
+    return SetRequest(prompt=prompt, messages=messages, max_tokens=max_tokens, weight=float(weight))
+
+
+def prompt_set_requests(value: object) -> tuple[SetRequest, ...]:
+    """A prompt set given inline (a list of requests; as stored: ``SetRequest``s or JSON's lists)
+    checked; else a ConfigError, one line naming the request by its index."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or not value:
+        raise ConfigError(f"a prompt set must be a non-empty list of requests (or a JSONL file), got {value!r}")
+    out = []
+    for i, item in enumerate(value):
+        try:
+            out.append(set_request(item))
+        except ConfigError as exc:
+            raise ConfigError(f"prompt_set[{i}]: {exc}") from None
+    return tuple(out)
+
+
+def prompt_set_digest(requests: tuple[SetRequest, ...]) -> str:
+    """The set's content hash: sha256 of the canonical JSON of its requests (``to_line``)."""
+    text = json.dumps([r.to_line() for r in requests], sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def drawn(requests: tuple[SetRequest, ...], seed: int, run_index: int) -> int:
+    """The index of the request run ``run_index`` sends: a draw by the requests' weights, a pure
+    function of (set, seed, run index), so every side and session sees the same order."""
+    cumulative = list(itertools.accumulate(r.weight for r in requests))
+    digest = hashlib.sha256(f"{seed}:{run_index}".encode()).digest()
+    point = int.from_bytes(digest[:8], "big") / 2**64 * cumulative[-1]
+    return min(bisect_right(cumulative, point), len(requests) - 1)
+
+
 @dataclass(frozen=True)
 class Workload:
     """One measurement's request shape and repetition.
@@ -96,12 +184,14 @@ class Workload:
     request: rendered through the model's chat template, or sent to a server's
     ``/v1/chat/completions``) and ``prompt_tokens`` (a synthetic prompt of exactly that many
     tokens, seeded) is used; with none, the default is a synthetic prompt of
-    ``DEFAULT_PROMPT_TOKENS``.
+    ``DEFAULT_PROMPT_TOKENS``. A ``prompt_set`` instead: each run sends one of its requests,
+    drawn by ``request(run_index)``.
     """
 
     prompt: str | None = None
     prompt_tokens: int | None = None
     messages: tuple[ChatMessage, ...] | None = None
+    prompt_set: tuple[SetRequest, ...] | None = None
     max_tokens: int = 64
     runs: int = 20
     warmup: int = 1
@@ -130,6 +220,8 @@ class Workload:
     def __post_init__(self) -> None:
         if self.messages is not None:  # a list of dicts from a marker or JSON: checked, then hashable
             object.__setattr__(self, "messages", chat_messages(self.messages))
+        if self.prompt_set is not None:  # requests as dicts (JSON): checked, then SetRequests
+            object.__setattr__(self, "prompt_set", prompt_set_requests(self.prompt_set))
         if self.prompt_cache not in PROMPT_CACHE_MODES:
             raise ConfigError(f"prompt_cache must be one of {', '.join(PROMPT_CACHE_MODES)}, got {self.prompt_cache!r}")
         self._check_prompt()
@@ -143,6 +235,8 @@ class Workload:
             raise ConfigError("give either prompt or prompt_tokens, not both")
         if self.messages is not None and (self.prompt is not None or self.prompt_tokens is not None):
             raise ConfigError("give either messages or a prompt (prompt, prompt_tokens), not both")
+        if self.prompt_set is not None and (self.prompt, self.prompt_tokens, self.messages) != (None, None, None):
+            raise ConfigError("give either a prompt_set or one prompt (prompt, prompt_tokens, messages), not both")
         if self.prompt_tokens is not None and self.prompt_tokens < 1:
             raise ConfigError(f"prompt_tokens must be >= 1, got {self.prompt_tokens}")
         if self.prompt is not None and not self.prompt:
@@ -174,6 +268,24 @@ class Workload:
                 f"shared_prefix_tokens must be between 1 and prompt_tokens - 1 ({total - 1}), got {shared}"
             )
 
+    def request(self, run_index: int) -> Workload:
+        """The workload run ``run_index`` sends (warm-ups: negative indexes): with a prompt set,
+        its drawn request's prompt or messages and max_tokens (``drawn``); else this one."""
+        if self.prompt_set is None:
+            return self
+        return self._sending(self.prompt_set[drawn(self.prompt_set, self.seed, run_index)])
+
+    def each_request(self) -> tuple[Workload, ...]:
+        """Each request of the prompt set as a run sends it (without a set: this one)."""
+        if self.prompt_set is None:
+            return (self,)
+        return tuple(self._sending(r) for r in self.prompt_set)
+
+    def _sending(self, r: SetRequest) -> Workload:
+        return dataclasses.replace(
+            self, prompt_set=None, prompt=r.prompt, messages=r.messages, max_tokens=r.max_tokens or self.max_tokens
+        )
+
     @property
     def is_load(self) -> bool:
         """A load test: several requests, possibly concurrent, summarized per request."""
@@ -185,8 +297,8 @@ class Workload:
 
     @property
     def synthetic_prompt_tokens(self) -> int | None:
-        """Token count of the synthetic prompt, or None for a literal prompt or chat messages."""
-        if self.prompt is not None or self.messages is not None:
+        """Token count of the synthetic prompt, or None for a literal prompt, chat messages or a set."""
+        if self.prompt is not None or self.messages is not None or self.prompt_set is not None:
             return None
         return self.prompt_tokens if self.prompt_tokens is not None else DEFAULT_PROMPT_TOKENS
 
@@ -195,12 +307,16 @@ class Workload:
         """What a served measurement lets the server's prompt cache do (said in reports)."""
         if self.shared_prefix_tokens:
             return f"shared {self.shared_prefix_tokens}-token prefix, prompt cache on (measures prefix caching)"
+        if self.prompt_set is not None:
+            return "the prompt set's requests, prompt cache off (cache_prompt=false)"
         if self.prompt is not None or self.messages is not None:
             return "same literal prompt every request, prompt cache off (cache_prompt=false)"
         return "unique prompts, prompt cache off (cache_prompt=false)"
 
     def describe(self) -> str:
-        if self.messages is not None:
+        if self.prompt_set is not None:
+            source = f"prompt set of {len(self.prompt_set)} requests"
+        elif self.messages is not None:
             source = f"chat {len(self.messages)} messages"
         elif self.prompt is not None:
             source = f"prompt {len(self.prompt)} chars"

@@ -166,6 +166,7 @@ class CallableEngine(Engine, DrivenLlama):
         return self.watch.driven_llama() if self.watch is not None else None
 
     def run(self, workload: Workload, run_index: int) -> RunTrace:
+        workload = workload.request(run_index)  # a prompt set's request of this run
         prompt = self._prompt(workload)
         counters, watch = self.counters, self.watch
         cold = workload.prompt_cache == "cold"
@@ -236,6 +237,7 @@ class SteppedCallableEngine(CallableEngine, SteppedRuns):
         super().__init__(fn, name, counters=counters, watch=watch)
 
     def run_stepped(self, workload: Workload, run_index: int, pause: Callable[[], None]) -> RunTrace:
+        workload = workload.request(run_index)
         prompt = self._prompt(workload)
         counters, watch = self.counters, self.watch
         cold = workload.prompt_cache == "cold"

@@ -237,7 +237,7 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
     def run(self, workload: Workload, run_index: int) -> RunTrace:
         _DEADLINE.at, _DEADLINE.hit = time.monotonic() + self.request_timeout_s, False
         try:
-            return self._run(workload, run_index)
+            return self._run(workload.request(run_index), run_index)  # a prompt set's request of this run
         except EngineError as exc:
             message = self.redact(str(exc))
             if message != str(exc):
@@ -312,6 +312,7 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
 
     async def arun(self, workload: Workload, run_index: int, client: httpx.AsyncClient) -> RunTrace:
         """``run`` on ``client`` (from ``async_client``); cancelled at the request's deadline."""
+        workload = workload.request(run_index)
         api, _, shown = self._target(workload)
         state = StreamState(shown, api, workload.max_tokens)
         try:

@@ -36,6 +36,7 @@ from ..core.workload import (
     EngineInfo,
     NativeCounters,
     RunTrace,
+    SetRequest,
     TokenLogits,
     Workload,
     chat_dicts,
@@ -135,6 +136,7 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
     llm: Llama | None = None
     _own_ctx = False
     _chat: Jinja2ChatFormatter | None = None  # the model's chat template, once messages need it
+    _set_need_of: tuple[tuple[SetRequest, ...], int] | None = None  # the last prompt set and its need
     _sampler: Sampler = None
 
     def __init__(
@@ -272,14 +274,14 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
         return self._info
 
     def run(self, workload: Workload, run_index: int) -> RunTrace:
-        return self._run(workload, None)
+        return self._run(workload, run_index, None)
 
     def run_stepped(self, workload: Workload, run_index: int, pause: Callable[[], None]) -> RunTrace:
         """``run``, pausing before the prompt and after each token (``SteppedRuns``): nothing
         runs in llama.cpp between this loop's steps, so a pause moves no work out of a step."""
-        return self._run(workload, pause)
+        return self._run(workload, run_index, pause)
 
-    def _run(self, workload: Workload, pause: Callable[[], None] | None) -> RunTrace:
+    def _run(self, workload: Workload, run_index: int, pause: Callable[[], None] | None) -> RunTrace:
         if workload.shared_prefix_tokens:  # this engine clears its KV cache before every run
             raise ConfigError("shared_prefix_tokens measures a server's prompt cache: use a served model (an endpoint)")
         if workload.prompt_cache != "cold":
@@ -288,9 +290,11 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
                 "engine evaluates every prompt (a served model's prefix cache: shared_prefix_tokens)"
             )
         lib = self._lib
+        need = self._set_need(workload)
+        workload = workload.request(run_index)  # a prompt set's request of this run
         max_tokens = workload.max_tokens
         prompt_ids, tokenize_ns = self._prompt(workload)
-        self.fit_context(len(prompt_ids) + max_tokens)
+        self.fit_context(need or len(prompt_ids) + max_tokens)
         self.check_fits(len(prompt_ids), max_tokens)
         # As llama-bench's tg unless the engine samples: each step feeds a seeded token, no
         # sampler runs between the clock reads (sampling is timed apart: ``_time_sampling``).
@@ -372,6 +376,19 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
         self.check_fits(n_prompt, workload.max_tokens)  # before building the prompt: it may be huge
         return self.synthetic_prompt(n_prompt, workload.seed), 0
 
+    def _set_need(self, workload: Workload) -> int | None:
+        """A prompt set's largest request, prompt + generated tokens (None: no set), so that an
+        auto n_ctx is one context for every run of the set; counted once per set, at its first
+        run, when every request is checked against the context (``check_fits``)."""
+        if workload.prompt_set is None:
+            return None
+        if self._set_need_of is None or self._set_need_of[0] != workload.prompt_set:
+            sizes = [(len(self._prompt(w)[0]), w.max_tokens) for w in workload.each_request()]
+            for prompt_tokens, max_tokens in sizes:
+                self.check_fits(prompt_tokens, max_tokens)
+            self._set_need_of = (workload.prompt_set, max(p + n for p, n in sizes))
+        return self._set_need_of[1]
+
     def _chat_formatter(self) -> Jinja2ChatFormatter:
         """The model's chat template (GGUF ``tokenizer.chat_template``) as llama-cpp-python's
         ``create_chat_completion`` renders it, compiled once; a ConfigError naming the model
@@ -382,7 +399,9 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
         return self._chat
 
     def prompt_ids(self, workload: Workload) -> list[int]:
-        """The prompt's token ids as ``run`` builds them (checked against the context first)."""
+        """The prompt's token ids as ``run`` builds them (checked against the context first); a
+        prompt set's first run's."""
+        workload = workload.request(0)
         ids = self._prompt(workload)[0]
         self.check_fits(len(ids), workload.max_tokens)
         return ids

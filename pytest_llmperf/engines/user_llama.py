@@ -480,6 +480,7 @@ class DrivenLlamaEngine(Engine, LayerTiming):
     def prompt_ids(self, workload: Workload) -> list[int]:
         if self._prompt:
             return list(self._prompt)
+        workload = workload.request(0)  # a prompt set: its first run's request
         text = (
             workload.prompt if workload.prompt is not None else synthetic_text(workload.synthetic_prompt_tokens or 0, 0)
         )
@@ -506,6 +507,7 @@ class DrivenLlamaEngine(Engine, LayerTiming):
     def run(self, workload: Workload, run_index: int) -> RunTrace:
         lib, llm = self._lib, self.llm
         ctx = llm._ctx.ctx
+        workload = workload.request(run_index)  # a prompt set's request of this run
         prompt = self.prompt_ids(workload)
         sampler = self.make_sampler()
         try:

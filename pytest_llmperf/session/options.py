@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from ..core.catalog import AGREEMENT_BUDGETS, BUDGETS
 from ..core.documents import check_output, refused_output
 from ..core.errors import ConfigError, unknown_name
+from ..core.prompt_sets import prompt_set
 from ..core.settings import (
     DEFAULT_MAX_PROCESSES,
     RENAMED,
@@ -38,6 +39,7 @@ from ..core.workload import (
     MODEL_LOAD_KINDS,
     PROMPT_CACHE_MODES,
     ChatMessage,
+    SetRequest,
     Workload,
     chat_messages,
 )
@@ -270,6 +272,13 @@ def _messages(name: str, value: object) -> tuple[ChatMessage, ...]:
         raise ConfigError(f"llmperf marker key {name!r}: {exc}") from None
 
 
+def _prompt_set(name: str, value: object) -> tuple[SetRequest, ...]:
+    try:
+        return prompt_set(value)
+    except ConfigError as exc:
+        raise ConfigError(f"llmperf marker key {name!r}: {exc}") from None
+
+
 def _model_load(name: str, value: object) -> str:
     if value not in MODEL_LOAD_KINDS:
         raise ConfigError(f"llmperf marker key {name!r} must be one of {', '.join(MODEL_LOAD_KINDS)}, got {value!r}")
@@ -335,6 +344,13 @@ KEYS: dict[str, Key] = {
             f"chat request [{{'role': ..., 'content': ...}}, ...] (roles {', '.join(CHAT_ROLES)}): rendered "
             "through the model's chat template (served: sent to /v1/chat/completions)",
             _messages,
+        ),
+        Key(
+            "prompt_set",
+            "workload",
+            "requests the runs draw from (seeded, by weight): a JSONL file's path, one "
+            '{"prompt": ...} or {"messages": [...]} a line (optional max_tokens, weight), or a list of them',
+            _prompt_set,
         ),
         Key(
             "max_tokens",
@@ -421,7 +437,7 @@ KEYS: dict[str, Key] = {
 BUDGET_KEYS = tuple(k for k, v in KEYS.items() if v.kind == "budget")
 #: One choice, not two keys: a closer marker's (or ``measure()``'s) prompt of either kind
 #: replaces a farther one's.
-PROMPT_KEYS = frozenset({"prompt", "prompt_tokens", "messages"})
+PROMPT_KEYS = frozenset({"prompt", "prompt_tokens", "messages", "prompt_set"})
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,59 @@
+"""A prompt set as a test names it (the ``prompt_set`` marker key, ``llmperf.measure()``
+keyword): a JSONL file, one request a line (``{"prompt": ...}`` or ``{"messages": [...]}``,
+optional ``max_tokens`` and ``weight``), or an inline list of the same objects. Read once,
+through the one reader of user-given files (``documents.read_text``: regular files only, its
+size limit), and checked whole before anything is measured: a problem is one line naming the
+file and line. What a request is and how runs draw from a set: ``core.workload``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .documents import RefusedFile, loads, read_text
+from .errors import ConfigError
+from .workload import SetRequest, prompt_set_requests, set_request
+
+#: What ``read_text`` says a set file is, and what to do about one too big.
+WHAT = "prompt set (JSONL)"
+TOO_BIG = "split the set or sample it"
+
+
+def prompt_set(value: object) -> tuple[SetRequest, ...]:
+    """The set a test gives: a JSONL file's path (str or path object) or an inline list."""
+    if isinstance(value, (str, os.PathLike)):
+        return read_prompt_set(Path(value))
+    return prompt_set_requests(value)
+
+
+def read_prompt_set(path: Path) -> tuple[SetRequest, ...]:
+    """The requests of the JSONL file ``path``; a ConfigError naming the file (and the line)."""
+    try:
+        text = read_text(path, WHAT, TOO_BIG)
+    except FileNotFoundError:
+        raise ConfigError(f"prompt set {path}: no such file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"prompt set {path}: not UTF-8 text (byte {exc.start})") from None
+    except (OSError, RefusedFile) as exc:
+        raise ConfigError(f"prompt set {path}: {exc}") from None
+    return parse_prompt_set(text, str(path))
+
+
+def parse_prompt_set(text: str, source: str) -> tuple[SetRequest, ...]:
+    """JSONL text's requests, one a line (blank lines skipped); a ConfigError ``source:line: ...``
+    for the first bad line, or naming ``source`` when it holds no request."""
+    requests = []
+    for number, line in enumerate(text.split("\n"), 1):  # JSONL's lines: not splitlines' (U+2028, \x85 in a text)
+        if not line.strip():
+            continue
+        try:
+            value = loads(line)
+        except ValueError as exc:
+            raise ConfigError(f"{source}:{number}: not JSON ({exc})") from None
+        try:
+            requests.append(set_request(value))
+        except ConfigError as exc:
+            raise ConfigError(f"{source}:{number}: {exc}") from None
+    if not requests:
+        raise ConfigError(f'prompt set {source} is empty: give one request a line, such as {{"prompt": "..."}}')
+    return tuple(requests)
