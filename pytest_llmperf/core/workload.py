@@ -176,6 +176,10 @@ def drawn(requests: tuple[SetRequest, ...], seed: int, run_index: int) -> int:
     return min(bisect_right(cumulative, point), len(requests) - 1)
 
 
+#: Workload fields newer than the stored form's first version: left out of ``to_json`` when None.
+LATER_FIELDS = frozenset({"messages", "prompt_set"})
+
+
 @dataclass(frozen=True)
 class Workload:
     """One measurement's request shape and repetition.
@@ -210,8 +214,10 @@ class Workload:
     prompt_cache: str = "cold"
 
     def to_json(self) -> dict[str, object]:
-        """Every field (what an engine worker or a side is sent); ``from_json`` reads it."""
-        return dataclasses.asdict(self)
+        """Every field (what an engine worker or a side is sent), but the newer request forms
+        when unset (``LATER_FIELDS``: a ``--llmperf-against`` REF of an older version reads the
+        rest); ``from_json`` reads it."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if not (k in LATER_FIELDS and v is None)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, object]) -> Workload:
