@@ -18,9 +18,9 @@ from pytest_llmperf import Workload, measure
 from pytest_llmperf.baselines.records import record
 from pytest_llmperf.core import catalog
 from pytest_llmperf.core.fingerprint import Fingerprint, subject
-from pytest_llmperf.core.measured import Figures
 from pytest_llmperf.core.measurement import Peak, RunMetrics
 from pytest_llmperf.judge import rule as compare
+from pytest_llmperf.judge.result import Figures
 from pytest_llmperf.measuring.agreement import compare_outputs
 from pytest_llmperf.reports.html import _budget_rows, budget_value
 from pytest_llmperf.session.options import BUDGET_KEYS, KEYS
@@ -133,7 +133,7 @@ def test_figures_declares_each_catalog_figure_with_its_type() -> None:
     assert declared.pop("load") == "LoadFigures | None"
     fields = "\n".join(f"    {name}: {kind}" for name, kind in expected.items())
     assert declared == expected and list(declared) == list(expected), (
-        f"core/measured.py's Figures must declare the catalog's figures, in this order:\n{fields}"
+        f"judge/result.py's Figures must declare the catalog's figures, in this order:\n{fields}"
     )
     # Real types, too (each value is of its JSON type: test_the_session_schema_has_every_figure).
     assert typing.get_type_hints(Figures)["prompt_tokens"] == int | None

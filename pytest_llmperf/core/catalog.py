@@ -4,7 +4,7 @@ Each metric: its name, label, unit, phase, direction (``higher_is_better``), the
 that bound it (``BUDGETS``), how it is read from a measurement and from a stored record, and
 whether the baseline comparison judges it (``judged``, ``tail``, ``mirror_of``). ``SUMMARY``:
 the figures of a measurement's summary (a record's ``summary``, the session table's columns).
-``FIGURES``: a measurement's headline figures (the JUnit properties, ``core.measured.Figures``,
+``FIGURES``: a measurement's headline figures (the JUnit properties, ``judge.result.Figures``,
 the session schema's ``figures``, the per-test metrics table); a budgeted figure
 (``Figure.bound``) is also its budget key, so a new headline figure with its budget is one
 entry here plus its field in ``Figures`` and its row in docs/report.md's figure table (and the
