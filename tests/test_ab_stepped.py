@@ -156,6 +156,13 @@ def test_a_side_that_cannot_pause_runs_whole_runs_and_is_named() -> None:
     r = compare_ab(Side("a", SteppedEngine(machine, "a")), Side("plain", WholeEngine(machine, "b")), W, agreement=False)
     assert r.interleaved is Interleaved.RUN
     assert r.unstepped == "side B [plain] cannot pause between tokens"
+
+    class Counted(SteppedEngine):
+        def run(self, workload: Workload, run_index: int) -> RunTrace:
+            return super().run(workload, run_index)
+
+    r = compare_ab(Side("a", SteppedEngine(machine, "a")), Side("own", Counted(machine, "b")), W, agreement=False)
+    assert r.unstepped == "side B [own] has a run of its own (Counted.run) that its steps would leave out"
     one = SteppedEngine(machine, "same")
     r = compare_ab(Side("a", one), Side("b", one), W, agreement=False)
     assert r.unstepped == "both sides are one engine, which holds one run at a time"

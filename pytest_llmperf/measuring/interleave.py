@@ -114,15 +114,16 @@ def interleave(a: Engine, b: Engine, workload: Workload, seed: int, names: tuple
                 traces[side][0 if index < 0 else 1].append(trace)
             if index >= 0:
                 progress.advance(index + 1)
-    turns = Interleaved.RUN if unstepped is not None else Interleaved.TOKEN
-    return Pairs(traces["A"][1], traces["B"][1], traces["A"][0], traces["B"][0], orders, turns, unstepped)
+    how = Interleaved.RUN if unstepped is not None else Interleaved.TOKEN
+    return Pairs(traces["A"][1], traces["B"][1], traces["A"][0], traces["B"][0], orders, how, unstepped)
 
 
 def stepped_sides(engines: Mapping[str, Engine], names: Mapping[str, str]) -> str | None:
     """Why two engines of this process cannot take turns token by token, or None when they can:
-    both pause between tokens (``SteppedRuns``), each holds its own run (not one engine on both
-    sides), and neither is a callable on the process's Llamas (a callable's run watches every
-    ``llama_cpp.Llama`` of the process, one run at a time)."""
+    both pause between tokens (``SteppedRuns``, its ``run_stepped`` no further from the engine's
+    class than its ``run``: a subclass that makes ``run`` its own would be left out), each holds
+    its own run (not one engine on both sides), and neither is a callable on the process's Llamas
+    (a callable's run watches every ``llama_cpp.Llama`` of the process, one run at a time)."""
     a, b = engines["A"], engines["B"]
     if a is b:
         return "both sides are one engine, which holds one run at a time"
@@ -132,9 +133,16 @@ def stepped_sides(engines: Mapping[str, Engine], names: Mapping[str, str]) -> st
             return f"{side} runs in an engine worker, which cannot pause between tokens (--llmperf-in-process can)"
         if not isinstance(engine, SteppedRuns):
             return f"{side} cannot pause between tokens"
+        if _defined_in(engine, "run") < _defined_in(engine, "run_stepped"):
+            return f"{side} has a run of its own ({type(engine).__name__}.run) that its steps would leave out"
         if isinstance(engine, DrivenLlama):
             return f"{side} is a callable: its runs watch the process's llama_cpp.Llama objects one run at a time"
     return None
+
+
+def _defined_in(engine: Engine, name: str) -> int:
+    """How far down ``engine``'s class hierarchy ``name`` is defined (0: its own class)."""
+    return next(i for i, cls in enumerate(type(engine).__mro__) if name in vars(cls))
 
 
 def _stepped_pair(
