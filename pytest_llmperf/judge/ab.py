@@ -24,7 +24,7 @@ from ..core.settings import DEFAULT_ALPHA
 from ..core.workload import Workload
 from ..measuring.agreement import compare_outputs
 from ..measuring.attribution import side_figures
-from ..measuring.interleave import interleave, measured, pass_orders
+from ..measuring.interleave import Interleaved, interleave, measured, pass_orders, turns
 from ..measuring.roofline import machine_peaks
 from ..measuring.runner import as_engine
 from .attribution import attribute_sides, moved_phases, why
@@ -94,6 +94,9 @@ class ABResult:
     #: (``judge.attribution``): when asked, or when llama.cpp's part of a phase moved; else None.
     attribution: AttributionChange | None = None
     attribution_note: str = ""  # why the pass that was due did not run
+    #: How the pairs' runs took turns: token by token where both engines pause between tokens.
+    interleaved: Interleaved = Interleaved.RUN
+    unstepped: str | None = None  # run by run: why not token by token
 
     def why(self) -> list[str]:
         """One line per phase whose headline moved, naming the parts that moved and did not."""
@@ -135,7 +138,7 @@ class ABResult:
             f"A: {self.a_name}",
             f"B: {self.b_name}",
             f"{len(self.orders)} pairs interleaved ({n_ab} AB, {len(self.orders) - n_ab} BA, seeded) "
-            f"after {self.a.workload.warmup} warm-up run(s) each; {self.a.workload.describe()}",
+            f"{turns(self.interleaved, self.unstepped)} after {self.a.workload.warmup} warm-up run(s) each; {self.a.workload.describe()}",
         ]
         out += [c.line() for c in self.comparisons]
         out += [f"where it went: {line}" for line in self.why()]
@@ -177,17 +180,20 @@ def compare_ab(
     if agreement_budgets and not agreement:
         raise ConfigError(f"{agreement_budgets[0][0].key} needs the output agreement (agreement=True)")
     ea, eb = as_engine(a.engine), as_engine(b.engine)
-    ta, tb, wa, wb, orders = interleave(ea, eb, workload, workload.seed)
+    pairs = interleave(ea, eb, workload, workload.seed, (a.name, b.name))
     # Every timed run is done: the outputs are compared on the same engines, untimed.
     outputs = compare_outputs(ea, eb, workload, a_name=a.name, b_name=b.name) if agreement else None
-    ma = measured(ta, wa, workload, ea.info(), "A")
-    mb = measured(tb, wb, workload, eb.info(), "B")
+    ma = measured(pairs.a, pairs.a_warm, workload, ea.info(), "A")
+    mb = measured(pairs.b, pairs.b_warm, workload, eb.info(), "B")
     comparisons = _paired_comparisons(ma, mb)
     outcomes = _judged_budgets(budgets, comparisons)
     judged = tuple(judge_agreement(budget, limit, outputs) for budget, limit in agreement_budgets if outputs)
     parts = gated(paired_parts(ma.runs, mb.runs, alpha=DEFAULT_ALPHA), paired_explained_phases(comparisons))
     result = ABResult(
-        label, a.name, b.name, orders, ma, mb, tuple(comparisons), tuple(outcomes), outputs, judged, parts=parts
+        *(label, a.name, b.name, pairs.orders, ma, mb, tuple(comparisons), tuple(outcomes), outputs, judged),
+        parts=parts,
+        interleaved=pairs.interleaved,
+        unstepped=pairs.unstepped,
     )
     return _attributed(result, ea, eb, workload, attribution)
 
@@ -250,6 +256,7 @@ def properties(results: Sequence[ABResult]) -> list[tuple[str, object]]:
                 (f"{prefix}{c.metric}.ratio", round(c.ratio, 6)),
                 (f"{prefix}{c.metric}.ci", f"{c.ci_low:.6g}..{c.ci_high:.6g}"),
             ]
+        out.append((f"{prefix}interleaved", r.interleaved.value))
         out += part_properties(prefix, r.parts)
         out += [(f"{prefix}budget.{o.budget.kind}.{o.budget.target}", o.status.value) for o in r.budgets]
         if r.agreement is not None:
@@ -304,6 +311,8 @@ def as_dict(r: ABResult) -> dict[str, object]:
         "a": side(r.a_name, r.a),
         "b": side(r.b_name, r.b),
         "orders": list(r.orders),
+        "interleaved": r.interleaved.value,  # token or run (plain data: xdist's wire takes no enum)
+        "unstepped": r.unstepped,
         "comparisons": [{k: finite(v) for k, v in dataclasses.asdict(c).items()} for c in r.comparisons],
         "budgets": [
             {

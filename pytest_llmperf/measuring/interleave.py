@@ -20,9 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import json
 import os
+import queue
+import threading
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
@@ -31,11 +35,11 @@ from ..core.errors import LLMPerfError, NotSteppable
 from ..core.measurement import Agreement, Measurement
 from ..core.progress import task, timed
 from ..core.workload import EngineInfo, RunTrace, Workload
-from ..engines import Engine, NeedsPromptIds, SteppedRuns, TokenProbabilities, TokenStream, times_layers
+from ..engines import DrivenLlama, Engine, NeedsPromptIds, SteppedRuns, TokenProbabilities, TokenStream, times_layers
 from .attribution import ATTRIBUTION_RUNS
 from .metrics import run_metrics, summarize
 from .runner import as_engine, measure, pass_of, traces_figures
-from .worker import logits_json, pin
+from .worker import WorkerEngine, logits_json, pin
 
 if TYPE_CHECKING:
     from .attribution import Stepping
@@ -54,27 +58,162 @@ def pass_orders(seed: int) -> tuple[str, tuple[str, ...]]:
     return block_orders(1, seed + 2)[0], block_orders(ATTRIBUTION_RUNS, seed + 3)
 
 
-def interleave(
-    a: Engine, b: Engine, workload: Workload, seed: int
-) -> tuple[list[RunTrace], list[RunTrace], list[RunTrace], list[RunTrace], tuple[str, ...]]:
-    """(A traces, B traces, A warm-up traces, B warm-up traces, orders)."""
-    runs: dict[str, tuple[Engine, list[RunTrace], list[RunTrace]]] = {"A": (a, [], []), "B": (b, [], [])}
+class Interleaved(enum.Enum):
+    """How the two runs of a pair take turns (docs/against.md, "Token by token"; docs/ab.md)."""
+
+    TOKEN = "token"  # each side's step in turn: prompt, prompt, token, token, ...
+    RUN = "run"  # one side's whole run, then the other's
+
+
+def turns(interleaved: Interleaved, unstepped: str | None) -> str:
+    """How a pair's runs took turns, for a report line: ``token by token``, or ``run by run``
+    with why not token by token (``unstepped``)."""
+    if interleaved is Interleaved.TOKEN:
+        return "token by token"
+    return "run by run" + (f" (not token by token: {unstepped})" if unstepped else "")
+
+
+@dataclass(frozen=True)
+class Pairs:
+    """An in-process A/B's runs (``interleave``): each side's timed and warm-up traces, the
+    AB/BA order of each pair, how the pairs' runs took turns and, run by run, why not token by
+    token (None: token by token)."""
+
+    a: list[RunTrace]
+    b: list[RunTrace]
+    a_warm: list[RunTrace]
+    b_warm: list[RunTrace]
+    orders: tuple[str, ...]
+    interleaved: Interleaved
+    unstepped: str | None
+
+
+def interleave(a: Engine, b: Engine, workload: Workload, seed: int, names: tuple[str, str] = ("A", "B")) -> Pairs:
+    """``workload.runs`` pairs of A and B (after ``workload.warmup`` warm-up pairs), each in its
+    seeded order: token by token where both engines can pause between tokens (``stepped_sides``),
+    else, and from the first run that could not pause (``NotSteppable``: that pair taken again
+    whole), run by run. ``names``: the sides' names, for the line that says why not token by token."""
+    engines: dict[str, Engine] = {"A": a, "B": b}
+    traces: dict[str, tuple[list[RunTrace], list[RunTrace]]] = {"A": ([], []), "B": ([], [])}
+    named = dict(zip("AB", names, strict=True))
+    unstepped = stepped_sides(engines, named)
     orders = block_orders(workload.runs, seed)
     with task("interleaved pairs") as progress:
         progress.step("warm-up pairs", 0, workload.warmup)
-        for i, order in enumerate(block_orders(workload.warmup, seed + 1)):
-            for side in order:
-                engine, warm, _ = runs[side]
-                with timed():  # the heartbeat says nothing inside a run
-                    warm.append(engine.run(workload, -1 - i))
-        progress.step("pairs", 0, workload.runs)
-        for i, order in enumerate(orders):
-            for side in order:
-                engine, _, traces = runs[side]
-                with timed():
-                    traces.append(engine.run(workload, i))
-            progress.advance(i + 1)
-    return runs["A"][2], runs["B"][2], runs["A"][1], runs["B"][1], orders
+        schedule = [(-1 - i, order) for i, order in enumerate(block_orders(workload.warmup, seed + 1))]
+        for n, (index, order) in enumerate([*schedule, *enumerate(orders)]):
+            if n == len(schedule):
+                progress.step("pairs", 0, workload.runs)
+            with timed():  # the heartbeat says nothing inside a run
+                pair = None if unstepped is not None else _stepped_pair(engines, named, workload, index, order)
+                if isinstance(pair, str):
+                    unstepped, pair = pair, None
+                if pair is None:
+                    pair = {side: engines[side].run(workload, index) for side in order}
+            for side, trace in pair.items():
+                traces[side][0 if index < 0 else 1].append(trace)
+            if index >= 0:
+                progress.advance(index + 1)
+    how = Interleaved.RUN if unstepped is not None else Interleaved.TOKEN
+    return Pairs(traces["A"][1], traces["B"][1], traces["A"][0], traces["B"][0], orders, how, unstepped)
+
+
+def stepped_sides(engines: Mapping[str, Engine], names: Mapping[str, str]) -> str | None:
+    """Why two engines of this process cannot take turns token by token, or None when they can:
+    both pause between tokens (``SteppedRuns``, its ``run_stepped`` no further from the engine's
+    class than its ``run``: a subclass that makes ``run`` its own would be left out), each holds
+    its own run (not one engine on both sides), and neither is a callable on the process's Llamas
+    (a callable's run watches every ``llama_cpp.Llama`` of the process, one run at a time)."""
+    a, b = engines["A"], engines["B"]
+    if a is b:
+        return "both sides are one engine, which holds one run at a time"
+    for letter, engine in engines.items():
+        side = f"side {letter} [{names[letter]}]"
+        if isinstance(engine, WorkerEngine):
+            return f"{side} runs in an engine worker, which cannot pause between tokens (--llmperf-in-process can)"
+        if not isinstance(engine, SteppedRuns):
+            return f"{side} cannot pause between tokens"
+        if _defined_in(engine, "run") < _defined_in(engine, "run_stepped"):
+            return f"{side} has a run of its own ({type(engine).__name__}.run) that its steps would leave out"
+        if isinstance(engine, DrivenLlama):
+            return f"{side} is a callable: its runs watch the process's llama_cpp.Llama objects one run at a time"
+    return None
+
+
+def _defined_in(engine: Engine, name: str) -> int:
+    """How far down ``engine``'s class hierarchy ``name`` is defined (0: its own class)."""
+    return next(i for i, cls in enumerate(type(engine).__mro__) if name in vars(cls))
+
+
+def _stepped_pair(
+    engines: Mapping[str, Engine], names: Mapping[str, str], workload: Workload, index: int, order: str
+) -> dict[str, RunTrace] | str:
+    """One pair token by token, each side's run in a thread of its own that runs only between a
+    "go" and its next pause: both runs start paused (one after the other); then each side takes
+    one step (the prompt, then one token) in turn, the first side of the pair's order first, the
+    order turning at every step; a side whose run has ended is passed over. Each side's trace by
+    its letter, or the line of a side that could not pause (``NotSteppable``: the other side's
+    run is let end and both traces dropped)."""
+    runs = {letter: _SteppedRun(engines[letter], workload, index) for letter in order}
+    answers = {letter: runs[letter].start() for letter in order}
+    step = 0
+    while True:
+        failed = [(letter, got) for letter, got in answers.items() if isinstance(got, Exception)]
+        if failed:
+            for letter, run in runs.items():
+                run.finish(answers[letter])
+            letter, exc = failed[0]
+            if isinstance(exc, NotSteppable):
+                return f"side {letter} [{names[letter]}]: {exc}"
+            raise exc
+        open_ = [letter for letter in (order if step % 2 == 0 else order[::-1]) if answers[letter] is _PAUSED]
+        if not open_:
+            return {letter: got for letter, got in answers.items() if isinstance(got, RunTrace)}
+        for letter in open_:
+            answers[letter] = runs[letter].go()
+            if isinstance(answers[letter], Exception):
+                break
+        step += 1
+
+
+_PAUSED = object()  # a stepped run's answer while it waits for its next step
+
+
+class _SteppedRun:
+    """One side's stepped run (``SteppedRuns.run_stepped``) in a thread of its own: each answer
+    (paused, its trace, its error) is read by the scheduler, which alone lets it on ("go")."""
+
+    def __init__(self, engine: Engine, workload: Workload, index: int) -> None:
+        self.answers: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self.going = threading.Semaphore(0)
+        self.thread = threading.Thread(target=self._main, args=(engine, workload, index), daemon=True)
+
+    def start(self) -> object:
+        """The run up to its first pause (before its first clock read): that answer."""
+        self.thread.start()
+        return self.answers.get()
+
+    def go(self) -> object:
+        """One step: the answer at its next pause or its end."""
+        self.going.release()
+        return self.answers.get()
+
+    def finish(self, answer: object) -> None:
+        """Steps until the run ends (its trace dropped), from its last ``answer``."""
+        while answer is _PAUSED:
+            answer = self.go()
+        self.thread.join()
+
+    def _pause(self) -> None:
+        self.answers.put(_PAUSED)
+        self.going.acquire()
+
+    def _main(self, engine: Engine, workload: Workload, index: int) -> None:
+        assert isinstance(engine, SteppedRuns)  # ``stepped_sides`` let only these through
+        try:
+            self.answers.put(engine.run_stepped(workload, index, self._pause))
+        except Exception as exc:  # noqa: BLE001 - handed to the scheduler, which raises it
+            self.answers.put(exc)
 
 
 def measured(

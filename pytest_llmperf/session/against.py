@@ -44,7 +44,7 @@ from ..judge.rule import JUDGED
 from ..judge.verdict import BaselineStatus, Verdict
 from ..measuring.agreement import compare_outputs
 from ..measuring.attribution import interleaved
-from ..measuring.interleave import block_orders, pass_orders
+from ..measuring.interleave import Interleaved, block_orders, pass_orders, turns
 from ..measuring.metrics import run_metrics
 from ..measuring.worker import idlest_cpus, logits_of
 from .refs import Project, Reference, Worktrees, code_packages, resolve_reference
@@ -585,13 +585,6 @@ def _warm_up(pairing: Pairing, workload: Workload) -> None:
         current().advance(i + 1)
 
 
-class Interleaved(enum.Enum):
-    """How the two runs of a pair take turns (docs/against.md, "Token by token")."""
-
-    TOKEN = "token"  # each side's step in turn: prompt, prompt, token, token, ...
-    RUN = "run"  # one side's whole run, then the other's
-
-
 class Pairing:
     """How one measurement's pairs run on the two sides (``by_letter``: A is REF, B this tree).
 
@@ -741,14 +734,12 @@ def _pairs_note(
 ) -> str:
     cap, looks, step = plan
     cpus = processes.pairs[0].cpus
-    turns = "token by token" if processes.interleaved is Interleaved.TOKEN else "run by run"
-    if processes.unstepped is not None:
-        turns += f" (not token by token: {processes.unstepped})"
+    how = turns(processes.interleaved, processes.unstepped)
     n = looked.n
     n_ab = sum(1 for o in looked.orders[:n] if o == "AB")
     ref, cur = ag.sides[REF].ready, ag.sides[CURRENT].ready
     return (
-        f"against {ag.reference.describe()}: {n} pairs interleaved {turns} ({n_ab} AB, {n - n_ab} BA, seeded; "
+        f"against {ag.reference.describe()}: {n} pairs interleaved {how} ({n_ab} AB, {n - n_ab} BA, seeded; "
         f"{looked.seconds:.1f} s; look {looked.look} of {looks}, a look every {step} pairs up to {cap}: {looked.why}) "
         f"after {workload.warmup} warm-up run(s) each"
         f"{'' if cpus is None else '; both on CPU ' + ','.join(map(str, cpus))}; llama-cpp-python "
