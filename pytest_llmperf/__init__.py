@@ -41,6 +41,7 @@ if TYPE_CHECKING:  # the one list of public names: type checkers read it, and so
         NeedsPromptIds,
         ProcessMemory,
         RemoteLayerTiming,
+        SentRequests,
         ServerMetrics,
         SteppedRuns,
         TokenProbabilities,

@@ -246,6 +246,22 @@ def real_path(path: Path | str) -> Path:
     return Path(os.path.realpath(path))
 
 
+def write_new(path: Path, text: str) -> None:
+    """``text`` into a new regular file ``path``, never over anything there (``FileExistsError``,
+    one line): created exclusively, written whole, or removed again on a failed write."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except FileExistsError:
+        raise FileExistsError(errno.EEXIST, "it exists; a file written new is never overwritten") from None
+    try:
+        with open(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+
+
 def atomic_write(path: Path, text: str) -> None:
     """``text`` into the regular file ``path`` (through a symlink, into its target): a
     temporary file in the target's folder, fsynced, renamed over the target; on any failure

@@ -245,6 +245,25 @@ class LoadStats:
     slo: Mapping[str, float]
     server: ServerSide | None = None  # llama-server's own timings and /metrics, when it gave them
     prompt_cache: str | None = None  # served: what the server's prompt cache was allowed to do
+    trace: TraceReplay | None = None  # a trace replay's schedule and how late the client sent
+
+
+@dataclass(frozen=True)
+class TraceReplay:
+    """A replayed trace (``Workload.trace``): its length and pace, and when each request was
+    sent against its schedule, seconds from the first send's planned time. The lag (sent -
+    scheduled) is the client's own: a request sent late is this process's delay, not the
+    server's (every request is sent at its time whatever the server's backlog)."""
+
+    n_requests: int
+    span_s: float  # the trace's arrival span on its own clock (last t_s - first t_s)
+    speed: float  # replayed ``speed`` times faster than recorded
+    scheduled_s: tuple[float, ...]  # each request's send time (its t_s from the first, / speed)
+    sent_s: tuple[float, ...]  # when the client began each request, on the same clock
+
+    @property
+    def lags_ms(self) -> tuple[float, ...]:
+        return tuple((sent - due) * 1000 for sent, due in zip(self.sent_s, self.scheduled_s))
 
 
 @dataclass(frozen=True)

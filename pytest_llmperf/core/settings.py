@@ -166,6 +166,14 @@ def output_file(value: object) -> str:
     return str(value)
 
 
+def new_file(value: object) -> str:
+    """A file the session creates (``--llmperf-write-trace``): a path, never empty; one that
+    exists is refused before anything runs (``session.options``), never overwritten."""
+    if not str(value).strip():
+        raise ValueError("is empty; give the path of a new file")
+    return str(value)
+
+
 def endpoint_url(value: object) -> str:
     """An OpenAI-compatible server's API base URL: ``http(s)://HOST[:PORT][/PATH]``, the one
     check of the endpoint option and of an A/B side's URL (``engines.http``)."""
@@ -224,6 +232,7 @@ PATH_PARSERS: tuple[Callable[[object], str], ...] = (
     reference,
     history_text,
     folder,
+    new_file,
 )
 
 
@@ -600,6 +609,15 @@ SETTINGS: dict[str, Setting] = {
         report_file("markdown", "write a Markdown summary (also appended to $GITHUB_STEP_SUMMARY when set)"),
         report_file(
             "html", 'write a self-contained HTML report with plots (needs pip install "pytest-llmperf[report]")'
+        ),
+        Setting(
+            "write_trace",
+            "write every served request the session sent to this new file as a trace a test can replay "
+            "(JSONL: arrival offsets, prompt or messages, max_tokens; never a header or API key)",
+            None,
+            new_file,
+            shown="not written",
+            metavar="FILE",
         ),
         Setting(
             "history",

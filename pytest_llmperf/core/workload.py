@@ -176,8 +176,85 @@ def drawn(requests: tuple[SetRequest, ...], seed: int, run_index: int) -> int:
     return min(bisect_right(cumulative, point), len(requests) - 1)
 
 
+#: What one line of a trace may give (``TraceRequest``): its arrival time, then a request's keys
+#: (``SET_REQUEST_KEYS`` but ``weight``: a trace's requests are sent once each, in order).
+TRACE_KEYS = ("t_s", "prompt", "messages", "max_tokens")
+
+
+class TraceRequest(NamedTuple):
+    """One request of a trace (``Workload.trace``): when it arrived, in seconds on the trace's
+    own clock (``t_s``; replayed as offsets from the first line's), and the request (a
+    ``SetRequest``, read by ``set_request``: prompt or messages, optional ``max_tokens``). A
+    tuple, as ``SetRequest`` is: a stored workload holds it as ``[t_s, [prompt, messages,
+    max_tokens, weight]]``."""
+
+    t_s: float
+    request: SetRequest
+
+    def to_line(self) -> dict[str, object]:
+        """The request as a trace's JSONL line gives it (``trace_request`` reads it back)."""
+        return {"t_s": self.t_s, **self.request.to_line()}
+
+
+def trace_request(value: object) -> TraceRequest:
+    """One line of a trace (keys ``TRACE_KEYS``; as stored: ``[t_s, request]``) checked; else a
+    ConfigError, one line."""
+    if isinstance(value, (tuple, list)) and len(value) == 2:  # stored: JSON's list
+        value = {"t_s": value[0], **set_request(value[1]).to_line()}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f'a trace line must be an object such as {{"t_s": 0.0, "prompt": ...}}, got {value!r}')
+    unknown = [k for k in value if k not in TRACE_KEYS]
+    if unknown:
+        raise ConfigError(f"unknown key {unknown[0]!r}; a trace line's keys: {', '.join(TRACE_KEYS)}")
+    if "t_s" not in value:
+        raise ConfigError('a trace line needs its arrival time "t_s" (seconds)')
+    t_s = value["t_s"]
+    if type(t_s) not in (int, float) or not math.isfinite(t_s) or t_s < 0:
+        raise ConfigError(f"t_s must be a number of seconds >= 0, got {t_s!r}")
+    return TraceRequest(float(t_s), set_request({k: v for k, v in value.items() if k != "t_s"}))
+
+
+def trace_requests(value: object) -> tuple[TraceRequest, ...]:
+    """A trace given inline (a list of lines; as stored: ``TraceRequest``s or JSON's lists)
+    checked, its arrival times in order; else a ConfigError naming the line by its index."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or not value:
+        raise ConfigError(f"a trace must be a non-empty list of requests with t_s (or a JSONL file), got {value!r}")
+    out: list[TraceRequest] = []
+    for i, item in enumerate(value):
+        try:
+            out.append(trace_request(item))
+            check_arrival(out)
+        except ConfigError as exc:
+            raise ConfigError(f"trace[{i}]: {exc}") from None
+    return tuple(out)
+
+
+def check_arrival(lines: list[TraceRequest]) -> None:
+    """The last line's arrival time is not before the one before it (a trace is replayed in
+    its order, never re-sorted: request i is line i); else a ConfigError."""
+    if len(lines) > 1 and lines[-1].t_s < lines[-2].t_s:
+        raise ConfigError(
+            f"t_s {lines[-1].t_s:g} goes backwards (the line before: {lines[-2].t_s:g}); "
+            "a trace's lines are in arrival order: sort it by t_s"
+        )
+
+
+class SentRequest(NamedTuple):
+    """One request an engine sent to its server (``engines.SentRequests``): when the client
+    began it (``time.perf_counter_ns``) and what it asked, as a trace's line holds it."""
+
+    sent_ns: int
+    request: SetRequest
+
+
+def trace_digest(lines: tuple[TraceRequest, ...]) -> str:
+    """The trace's content hash: sha256 of the canonical JSON of its lines (``to_line``)."""
+    text = json.dumps([r.to_line() for r in lines], sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
 #: Workload fields newer than the stored form's first version: left out of ``to_json`` when None.
-LATER_FIELDS = frozenset({"messages", "prompt_set"})
+LATER_FIELDS = frozenset({"messages", "prompt_set", "trace", "trace_speed"})
 
 
 @dataclass(frozen=True)
@@ -212,6 +289,10 @@ class Workload:
     # A measured callable's Llamas between runs (``PROMPT_CACHE_MODES``): "cold" clears what the
     # previous run left (every run a new request), "warm" keeps it (measures what the cache gives).
     prompt_cache: str = "cold"
+    # Served: a trace replayed at its recorded pace (``trace_speed`` times faster; None: 1.0),
+    # each request sent at its arrival time whatever the server's backlog (open loop).
+    trace: tuple[TraceRequest, ...] | None = None
+    trace_speed: float | None = None
 
     def to_json(self) -> dict[str, object]:
         """Every field (what an engine worker or a side is sent), but the newer request forms
@@ -228,6 +309,11 @@ class Workload:
             object.__setattr__(self, "messages", chat_messages(self.messages))
         if self.prompt_set is not None:  # requests as dicts (JSON): checked, then SetRequests
             object.__setattr__(self, "prompt_set", prompt_set_requests(self.prompt_set))
+        if self.trace is not None:  # lines as dicts (JSON): checked, then TraceRequests
+            object.__setattr__(self, "trace", trace_requests(self.trace))
+            self._check_trace()
+        elif self.trace_speed is not None:
+            raise ConfigError("trace_speed scales a trace's arrival times: give a trace too")
         if self.prompt_cache not in PROMPT_CACHE_MODES:
             raise ConfigError(f"prompt_cache must be one of {', '.join(PROMPT_CACHE_MODES)}, got {self.prompt_cache!r}")
         self._check_prompt()
@@ -249,6 +335,30 @@ class Workload:
             raise ConfigError("prompt must not be empty")
         if self.prompt is not None:
             _check_encodable(self.prompt)
+
+    def _check_trace(self) -> None:
+        """A trace is the whole request stream: no prompt of another kind, no load keys of its
+        own (its lines give the requests and their arrivals), a positive speed."""
+        if (self.prompt, self.prompt_tokens, self.messages, self.prompt_set) != (None, None, None, None):
+            raise ConfigError("give either a trace or a prompt (prompt, prompt_tokens, messages, prompt_set), not both")
+        given = [k for k in ("concurrency", "requests", "rate") if getattr(self, k) is not None]
+        if given:
+            raise ConfigError(
+                f"a trace gives its own requests and arrival times: drop {', '.join(given)} "
+                "(trace_speed scales its pace)"
+            )
+        speed = self.trace_speed
+        if speed is not None and (type(speed) not in (int, float) or not (math.isfinite(speed) and speed > 0)):
+            raise ConfigError(f"trace_speed must be a number > 0 (2.0: twice as fast), got {speed!r}")
+
+    @property
+    def trace_offsets_s(self) -> tuple[float, ...]:
+        """When each request of the trace is sent, seconds after the first: its arrival times
+        from the first line's, divided by ``trace_speed``."""
+        if self.trace is None:
+            return ()
+        first, speed = self.trace[0].t_s, self.trace_speed or 1.0
+        return tuple((r.t_s - first) / speed for r in self.trace)
 
     def _check_counts(self) -> None:
         """Token counts within ``MAX_TOKENS``, every count at its floor (``COUNT_FLOORS``), a
@@ -277,34 +387,52 @@ class Workload:
     def request(self, run_index: int) -> Workload:
         """The workload run ``run_index`` sends (warm-ups: negative indexes): with a prompt set,
         its drawn request's prompt or messages and max_tokens (``drawn``); else this one."""
+        if self.trace is not None:  # request i is line i; warm-up k (index -1 - k) sends line k
+            i = run_index if run_index >= 0 else -1 - run_index
+            return self._sending(self.trace[i % len(self.trace)].request)
         if self.prompt_set is None:
             return self
         return self._sending(self.prompt_set[drawn(self.prompt_set, self.seed, run_index)])
 
     def each_request(self) -> tuple[Workload, ...]:
         """Each request of the prompt set as a run sends it (without a set: this one)."""
+        if self.trace is not None:
+            return tuple(self._sending(r.request) for r in self.trace)
         if self.prompt_set is None:
             return (self,)
         return tuple(self._sending(r) for r in self.prompt_set)
 
     def _sending(self, r: SetRequest) -> Workload:
         return dataclasses.replace(
-            self, prompt_set=None, prompt=r.prompt, messages=r.messages, max_tokens=r.max_tokens or self.max_tokens
+            self,
+            prompt_set=None,
+            trace=None,
+            trace_speed=None,
+            prompt=r.prompt,
+            messages=r.messages,
+            max_tokens=r.max_tokens or self.max_tokens,
         )
 
     @property
     def is_load(self) -> bool:
         """A load test: several requests, possibly concurrent, summarized per request."""
-        return self.concurrency is not None or self.requests is not None or self.rate is not None
+        return self.concurrency is not None or self.requests is not None or self.rate is not None or self.is_trace
+
+    @property
+    def is_trace(self) -> bool:
+        """A trace replay: a load test whose requests and arrival times are the trace's."""
+        return self.trace is not None
 
     @property
     def n_requests(self) -> int:
+        if self.trace is not None:
+            return len(self.trace)
         return self.requests if self.requests is not None else self.runs
 
     @property
     def synthetic_prompt_tokens(self) -> int | None:
         """Token count of the synthetic prompt, or None for a literal prompt, chat messages or a set."""
-        if self.prompt is not None or self.messages is not None or self.prompt_set is not None:
+        if self.prompt is not None or self.messages is not None or self.prompt_set is not None or self.is_trace:
             return None
         return self.prompt_tokens if self.prompt_tokens is not None else DEFAULT_PROMPT_TOKENS
 
@@ -315,11 +443,15 @@ class Workload:
             return f"shared {self.shared_prefix_tokens}-token prefix, prompt cache on (measures prefix caching)"
         if self.prompt_set is not None:
             return "the prompt set's requests, prompt cache off (cache_prompt=false)"
+        if self.trace is not None:
+            return "the trace's requests, prompt cache off (cache_prompt=false)"
         if self.prompt is not None or self.messages is not None:
             return "same literal prompt every request, prompt cache off (cache_prompt=false)"
         return "unique prompts, prompt cache off (cache_prompt=false)"
 
     def describe(self) -> str:
+        if self.trace is not None:
+            return self._describe_trace(self.trace)
         if self.prompt_set is not None:
             source = f"prompt set of {len(self.prompt_set)} requests"
         elif self.messages is not None:
@@ -337,6 +469,13 @@ class Workload:
                 f"concurrency {self.concurrency or 1}, {pace} (+{self.warmup} warm-up)"
             )
         return f"{source}, {self.max_tokens} generated, {self.runs} runs (+{self.warmup} warm-up)"
+
+    def _describe_trace(self, trace: tuple[TraceRequest, ...]) -> str:
+        span_s = self.trace_offsets_s[-1]
+        return (
+            f"trace of {len(trace)} requests over {span_s:.3g} s, replayed at {self.trace_speed or 1.0:g}x "
+            f"its pace, open loop (+{self.warmup} warm-up)"
+        )
 
 
 DEFAULT_PROMPT_TOKENS = 64

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-from ..core.workload import EngineInfo, RunTrace, TokenLogits, Workload
+from ..core.workload import EngineInfo, RunTrace, SentRequest, TokenLogits, Workload
 
 if TYPE_CHECKING:
     import httpx
@@ -198,6 +198,15 @@ class ServerMetrics(Protocol):
 
 
 @runtime_checkable
+class SentRequests(Protocol):
+    """The requests the engine sent to its server, each with when the client began it
+    (``time.perf_counter_ns``), taken once (the list is emptied): what ``--llmperf-write-trace``
+    writes as a trace."""
+
+    def take_sent(self) -> list[SentRequest]: ...
+
+
+@runtime_checkable
 class EngineProcess(Protocol):
     """llama.cpp runs in a process of its own (the engine worker): its ``pid`` (the system
     counters of a measurement are that process's) and whether it is still ``alive`` (the
@@ -238,6 +247,7 @@ CAPABILITIES: tuple[type, ...] = (
     ConcurrentRuns,
     AsyncRuns,
     ServerMetrics,
+    SentRequests,
     EngineProcess,
     ProcessMemory,
     LlamaObject,

@@ -47,9 +47,9 @@ from ..core.documents import DuplicateKey, loads
 from ..core.errors import ConfigError, EngineError
 from ..core.redact import Redactor, Url, redact
 from ..core.settings import APIS, SETTINGS, endpoint_url
-from ..core.workload import EngineInfo, RunTrace, TokenLogits, Workload, chat_dicts
+from ..core.workload import EngineInfo, RunTrace, SentRequest, SetRequest, TokenLogits, Workload, chat_dicts
 from . import synthetic_text
-from .capabilities import AsyncRuns, Closable, ConcurrentRuns, Engine, NeedsPromptIds, ServerMetrics
+from .capabilities import AsyncRuns, Closable, ConcurrentRuns, Engine, NeedsPromptIds, SentRequests, ServerMetrics
 from .sse import MAX_ERROR_BODY_BYTES, EventReader, Head, StreamState, status_error
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ def _api_key(api_key_env: str) -> str | None:
     return key
 
 
-class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptIds, Closable):
+class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptIds, SentRequests, Closable):
     """One OpenAI-compatible endpoint; ``run`` is safe to call from several threads, ``arun``
     from many tasks of one event loop (load tests).
 
@@ -135,6 +135,8 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
         self._lock = threading.Lock()
         self._token_count: set[str] = set()
         self._metrics_missing = False
+        #: Every request sent (``take_sent``): when the client began it, and what it asked.
+        self._sent: list[SentRequest] = []
 
     def _routes(self, endpoint: str, api: str) -> None:
         """The URLs this engine sends to (``_urls``, llama-server's own ``/completion``
@@ -229,6 +231,27 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
         body.update(self.extra_body)
         return body
 
+    def _note_sent(self, workload: Workload, body: dict[str, object]) -> None:
+        """The request about to be sent, as a trace's line holds it (``take_sent``): its prompt
+        as sent (a synthetic one's text too) or its messages, and max_tokens; never a header.
+        Before the request's first clock read."""
+        messages = workload.messages
+        prompt = body.get("prompt")
+        if messages is None and prompt is None:  # the chat API: the prompt as the user's message
+            chat = body["messages"]
+            assert isinstance(chat, list)
+            prompt = chat[0]["content"]
+        request = SetRequest(prompt=None if messages is not None else str(prompt), messages=messages)
+        sent = SentRequest(time.perf_counter_ns(), request._replace(max_tokens=workload.max_tokens))
+        with self._lock:
+            self._sent.append(sent)
+
+    def take_sent(self) -> list[SentRequest]:
+        """The requests sent since the last call, in the order they were begun."""
+        with self._lock:
+            sent, self._sent = self._sent, []
+        return sorted(sent, key=lambda r: r.sent_ns)
+
     def _target(self, workload: Workload) -> tuple[str, str, str]:
         """Where a request goes: (API, URL sent, URL shown); chat messages to chat/completions."""
         api = "chat" if workload.messages is not None else self.api
@@ -266,6 +289,7 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
         import httpx
 
         body = self.body(workload, run_index)
+        self._note_sent(workload, body)
         clock = time.perf_counter_ns
         api, url, shown = self._target(workload)
         state = StreamState(shown, api, workload.max_tokens)
@@ -331,6 +355,7 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
         import httpx
 
         body = self.body(workload, run_index)
+        self._note_sent(workload, body)
         clock = time.perf_counter_ns
         _, url, shown = self._target(workload)
         reader = EventReader(shown)

@@ -45,7 +45,7 @@ import numpy as np
 
 from ..core import catalog
 from ..core.errors import ConfigError, EngineError, LLMPerfError
-from ..core.measurement import LoadStats, Measurement, RunMetrics, ServerSide
+from ..core.measurement import LoadStats, Measurement, RunMetrics, ServerSide, TraceReplay
 from ..core.progress import task
 from ..core.workload import NativeCounters, RunTrace, Workload
 from ..engines import AsyncRuns, ConcurrentRuns, Engine, ServerMetrics
@@ -69,12 +69,27 @@ def arrival_offsets_s(n: int, rate_per_s: float, seed: int) -> np.ndarray:
     return np.cumsum(gaps)
 
 
+def schedule_s(workload: Workload, n: int) -> Sequence[float] | None:
+    """When each of the ``n`` requests is sent, seconds after the first: a trace's arrival
+    times (scaled by its speed), Poisson arrivals at ``rate``, or None (closed loop)."""
+    if workload.trace is not None:
+        return workload.trace_offsets_s
+    if workload.rate:
+        return [float(x) for x in arrival_offsets_s(n, workload.rate, workload.seed)]
+    return None
+
+
 def meets_slo(run: RunMetrics, slo: Mapping[str, float]) -> bool:
     return all(getattr(run, key) <= limit for key, limit in slo.items() if key in SLO_KEYS)
 
 
-def _check_engine(engine: Engine, workers: int, rate: float | None) -> None:
+def _check_engine(engine: Engine, workers: int, rate: float | None, trace: bool = False) -> None:
     # A user's engine may match the protocol by its member alone and still say False.
+    if trace and not (isinstance(engine, ConcurrentRuns) and engine.concurrent_safe is True):
+        raise ConfigError(
+            "a trace is replayed against a served model (an HTTP endpoint: --llmperf-endpoint, or an "
+            "HttpEngine), its requests sent at their arrival times; this engine runs one request at a time"
+        )
     if workers > 1 and not (isinstance(engine, ConcurrentRuns) and engine.concurrent_safe is True):
         what = f"concurrency {workers}" if not rate else f"rate {rate:g}/s with up to {workers} requests in flight"
         raise ConfigError(
@@ -90,9 +105,10 @@ def measure_load(
     request indices ``first_index``, ``first_index + 1``... (warm-ups: negative ones)."""
     slo = {k: float(v) for k, v in (slo or {}).items() if k in SLO_KEYS}
     n = workload.n_requests
-    workers = workload.concurrency or (n if workload.rate else 1)
-    _check_engine(engine, workers, workload.rate if not workload.concurrency else None)
-    outcomes, server_before = _send(engine, workload, n, workers, first_index)
+    workers = workload.concurrency or (n if workload.rate or workload.is_trace else 1)
+    _check_engine(engine, workers, workload.rate if not workload.concurrency else None, workload.is_trace)
+    sent_ns: list[int] = [0] * n
+    outcomes, server_before, begin_ns = _send(engine, workload, n, workers, first_index, sent_ns)
     server_after = _server_metrics(engine)
     traces, errors = _outcomes(outcomes)
     m = summarize(traces, workload, engine.info(), label=label)
@@ -100,8 +116,22 @@ def measure_load(
         load_stats(traces, m.runs, errors, workers, workload.rate, slo),
         server=server_side(traces, m.runs, server_before, server_after),
         prompt_cache=workload.served_cache_note if m.engine.endpoint else None,
+        trace=trace_replay(workload, begin_ns, sent_ns),
     )
     return dataclasses.replace(m, load=stats)
+
+
+def trace_replay(workload: Workload, begin_ns: int, sent_ns: Sequence[int]) -> TraceReplay | None:
+    """A trace replay's schedule beside when the client began each request (None: no trace)."""
+    if workload.trace is None:
+        return None
+    return TraceReplay(
+        n_requests=len(workload.trace),
+        span_s=workload.trace[-1].t_s - workload.trace[0].t_s,
+        speed=workload.trace_speed or 1.0,
+        scheduled_s=workload.trace_offsets_s,
+        sent_s=tuple((t - begin_ns) / 1e9 for t in sent_ns),
+    )
 
 
 def load_stats(
@@ -147,25 +177,34 @@ def _outcomes(outcomes: Sequence[RunTrace | str | None]) -> tuple[list[RunTrace]
 
 
 def _send(
-    engine: Engine, workload: Workload, n: int, workers: int, first: int
-) -> tuple[list[RunTrace | str | None], dict[str, float] | None]:
+    engine: Engine, workload: Workload, n: int, workers: int, first: int, sent_ns: list[int]
+) -> tuple[list[RunTrace | str | None], dict[str, float] | None, int]:
     """The warm-ups (discarded), then the ``n`` requests: each one's trace or why it failed;
-    and the server's metrics read between the two. An engine with ``AsyncRuns`` sends them
-    as tasks of one event loop, any other from a thread pool."""
+    the server's metrics read between the two; the clock when the first was due (``sent_ns``:
+    when the client began each one). An engine with ``AsyncRuns`` sends them as tasks of one
+    event loop, any other from a thread pool."""
     outcomes: list[RunTrace | str | None] = [None] * n
     if isinstance(engine, AsyncRuns):
-        return outcomes, _run_loop(_send_async(engine, workload, n, workers, first, outcomes))
+        server_before, begin = _run_loop(_send_async(engine, workload, n, workers, first, outcomes, sent_ns))
+        return outcomes, server_before, begin
     for i in range(workload.warmup):
         engine.run(workload, -1 - first - i)
     server_before = _server_metrics(engine)
-    _send_threads(engine, workload, n, workers, first, outcomes)
-    return outcomes, server_before
+    begin = _send_threads(engine, workload, n, workers, first, outcomes, sent_ns)
+    return outcomes, server_before, begin
 
 
 def _send_threads(
-    engine: Engine, workload: Workload, n: int, workers: int, first: int, outcomes: list[RunTrace | str | None]
-) -> None:
+    engine: Engine,
+    workload: Workload,
+    n: int,
+    workers: int,
+    first: int,
+    outcomes: list[RunTrace | str | None],
+    sent_ns: list[int],
+) -> int:
     def one(i: int) -> None:
+        sent_ns[i] = time.perf_counter_ns()  # the client begins it: outside the request's own clock reads
         try:
             outcomes[i] = engine.run(workload, first + i)
         except LLMPerfError as exc:
@@ -174,10 +213,11 @@ def _send_threads(
             outcomes[i] = f"{type(exc).__name__}: {exc}"
 
     clock = time.perf_counter_ns
+    schedule = schedule_s(workload, n)
     begin = clock()
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="llmperf-load") as pool:
-        if workload.rate:
-            for i, offset in enumerate(arrival_offsets_s(n, workload.rate, workload.seed)):
+        if schedule is not None:
+            for i, offset in enumerate(schedule):
                 delay = begin / 1e9 + offset - clock() / 1e9
                 if delay > 0:
                     time.sleep(delay)
@@ -185,11 +225,18 @@ def _send_threads(
         else:
             for i in range(n):
                 pool.submit(one, i)
+    return begin
 
 
 async def _send_async(
-    engine: AsyncRuns, workload: Workload, n: int, workers: int, first: int, outcomes: list[RunTrace | str | None]
-) -> dict[str, float] | None:
+    engine: AsyncRuns,
+    workload: Workload,
+    n: int,
+    workers: int,
+    first: int,
+    outcomes: list[RunTrace | str | None],
+    sent_ns: list[int],
+) -> tuple[dict[str, float] | None, int]:
     """Warm-ups one by one, then all requests as tasks of this loop, at most ``workers`` in
     flight (a semaphore). The warm-ups run on the same client: the lazy imports of its first
     request and its first connection fall outside the measured requests. Returns the
@@ -201,10 +248,10 @@ async def _send_async(
         for i in range(workload.warmup):
             await engine.arun(workload, -1 - first - i, client)
         server_before = _server_metrics(engine)  # blocking, but nothing else runs on the loop yet
-        await _send_measured(engine, workload, n, first, outcomes, slots, client)
+        begin = await _send_measured(engine, workload, n, first, (outcomes, sent_ns), slots, client)
     finally:
         await client.aclose()
-    return server_before
+    return server_before, begin
 
 
 async def _send_measured(
@@ -212,12 +259,17 @@ async def _send_measured(
     workload: Workload,
     n: int,
     first: int,
-    outcomes: list[RunTrace | str | None],
+    got: tuple[list[RunTrace | str | None], list[int]],
     slots: asyncio.Semaphore,
     client: httpx.AsyncClient,
-) -> None:
+) -> int:
+    """The requests as tasks, at their scheduled times (``schedule_s``) or all at once; fills
+    ``got`` (each one's outcome, and when the client began it); returns when the first was due."""
+    outcomes, sent_ns = got
+
     async def one(i: int) -> None:
         async with slots:
+            sent_ns[i] = time.perf_counter_ns()  # the client begins it: outside the request's own clock reads
             try:
                 outcomes[i] = await engine.arun(workload, first + i, client)
             except LLMPerfError as exc:
@@ -226,10 +278,11 @@ async def _send_measured(
                 outcomes[i] = f"{type(exc).__name__}: {exc}"
 
     clock = time.perf_counter_ns
+    schedule = schedule_s(workload, n)
     begin = clock()
     tasks = []
-    if workload.rate:
-        for i, offset in enumerate(arrival_offsets_s(n, workload.rate, workload.seed)):
+    if schedule is not None:
+        for i, offset in enumerate(schedule):
             delay = begin / 1e9 + offset - clock() / 1e9
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -237,6 +290,7 @@ async def _send_measured(
     else:
         tasks = [asyncio.ensure_future(one(i)) for i in range(n)]
     await asyncio.gather(*tasks)
+    return begin
 
 
 def _import_async_stack() -> None:

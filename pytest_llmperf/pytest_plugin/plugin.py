@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 
-from ..core.errors import LLMPerfError, closest_name, did_you_mean
+from ..core.errors import ConfigError, LLMPerfError, closest_name, did_you_mean
 from ..core.progress import Sink, fit, set_sink
 from ..core.settings import RENAMED_SETTINGS, SETTINGS, conflicting_option
 from ..reports.reporters import asked
@@ -119,6 +119,11 @@ def _settings(config: pytest.Config, on_side: bool, is_worker: bool) -> SessionS
         settings = SessionSettings.from_options(config.getoption, project.getini(config), project.rootdir)
         if on_side:
             settings = side_settings(settings)
+        if settings.write_trace and (is_worker or getattr(config.option, "numprocesses", None)):
+            raise ConfigError(
+                "llmperf: --llmperf-write-trace writes the requests of one process: run the session without "
+                "pytest-xdist's -n (its workers' requests would be left out)"
+            )
         if not is_worker:
             for reporter, _ in asked(settings.reports):
                 reporter.ready()  # say what to install now, not after the whole session

@@ -12,6 +12,7 @@ and its JSON show the same figures."""
 
 from __future__ import annotations
 
+import statistics
 import textwrap
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
         RooflineJson,
         ServerSide,
         StabilityJson,
+        TraceReplay,
     )
     from ..core.record import Record, StoredMemory
 
@@ -509,8 +511,10 @@ def load_rows(m: Measurement) -> list[tuple[str, str, str, str]]:
         return f"{fmt(st.p50_ms)} / {fmt(st.p90_ms)} / {fmt(st.p95_ms)} / {fmt(st.p99_ms)}"
 
     reqs = f"{s.n_ok} requests"
+    pace = f", Poisson {s.rate_per_s:g}/s" if s.rate_per_s else ""
     rows = [
-        ("load", "", f"concurrency {s.concurrency}" + (f", Poisson {s.rate_per_s:g}/s" if s.rate_per_s else ""), ""),
+        ("load", "", "trace replay, open loop" if s.trace else f"concurrency {s.concurrency}{pace}", ""),
+        *trace_rows(s.trace),
         ("requests ok / failed", "", f"{s.n_ok} / {s.n_failed}", f"{s.n_requests} requests"),
         *((f"{x.label} p50/p90/p95/p99", x.unit, pct(_load_stat(s, x)), reqs) for x in LOAD_METRICS),
         ("output tokens/s overall", "t/s", fmt(s.output_tps), f"{fmt(s.duration_s)} s"),
@@ -526,6 +530,20 @@ def load_rows(m: Measurement) -> list[tuple[str, str, str, str]]:
             (f"{goodput} (no SLO: requests that succeeded)", "", f"{s.goodput:.1%}", f"{s.n_requests} requests")
         )
     return rows + server_rows(s.server)
+
+
+def trace_rows(trace: TraceReplay | None) -> list[tuple[str, str, str, str]]:
+    """A trace replay's length and pace, and how late the client sent its requests against
+    their schedule (the client's own lag): rows for the per-test table."""
+    if trace is None:
+        return []
+    lags = trace.lags_ms
+    n = f"{trace.n_requests} requests"
+    return [
+        ("trace", "", f"{trace.n_requests} requests over {fmt(trace.span_s)} s", f"replayed at {trace.speed:g}x"),
+        ("trace replayed over", "s", fmt(trace.scheduled_s[-1]), n),
+        ("client send lag p50 / max (sent - scheduled)", "ms", f"{fmt(statistics.median(lags))} / {fmt(max(lags))}", n),
+    ]
 
 
 def server_rows(server: ServerSide | None) -> list[tuple[str, str, str, str]]:

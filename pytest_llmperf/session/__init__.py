@@ -27,19 +27,19 @@ from ..core.errors import EngineError, LLMPerfError
 from ..core.redact import Redactor
 from ..core.settings import EngineSettings, threads_warning, usable_cpus
 from ..core.workload import PROMPT_CACHE_NOTE
-from ..engines import Closable, LlamaObject
+from ..engines import Closable, LlamaObject, SentRequests
 from ..engines.llama_cpp_native import EngineConfig, gpu_offload_missing, llama_cpp_version
 from ..engines.pool import EnginePool, load_config
 from ..models.gguf import describe_model, ensure_model
 from .assess import Assessor, FingerprintHook
-from .finish import finish, summary
+from .finish import finish, summary, write_trace
 from .options import MarkerConfig, SessionSettings, validate
 from .results import Measurer
 
 if TYPE_CHECKING:
     from ..core.documents import JSONValue
     from ..core.measurement import Measurement
-    from ..core.workload import EngineInfo
+    from ..core.workload import EngineInfo, SentRequest
     from ..engines import CounterSource, Engine, TokenStream
     from ..judge.ab import ABResult
     from ..judge.result import Outcome
@@ -149,6 +149,7 @@ class Session:
             counters=self.handed_counters,
             prompt_cache=self.settings.prompt_cache,
             test_id=test_id,
+            seen=self.engines.seen,
         )
 
     def engine(self, overrides: Mapping[str, object] | None = None) -> Engine:
@@ -362,7 +363,7 @@ class Session:
         """Write baselines, history and reports (not on a worker; nothing when no llmperf test
         ran and no report was asked for). ``outputs.failed``: the session must fail."""
         s = self.settings
-        if self.is_worker or not (self.results or self.rows or s.reports):
+        if self.is_worker or not (self.results or self.rows or s.reports or s.write_trace):
             return None
         env = os.environ if environ is None else environ
         if self.assessor.history_unusable:  # said once (its line names the remedy): not tried again
@@ -376,6 +377,10 @@ class Session:
             self.against_sides,
             planned=self.planned_measurements,
         )
+        if s.write_trace:
+            self.outputs.trace_line, self.outputs.trace_failed = write_trace(
+                s.write_trace, self.engines.sent_requests()
+            )
         return self.outputs
 
     def summary(self, verbosity: int, width: int) -> list[Line]:
@@ -452,6 +457,22 @@ class Engines:
         self.local_error: str | None = None
         #: The engine ``local()`` handed out (to the llmperf_engine and llmperf_llm fixtures), if any.
         self.handed: Engine | None = None
+        #: The requests the session's served engines sent (``--llmperf-write-trace``), taken from
+        #: each engine a test measured with (``seen``) after the test and at the end.
+        self.sent: list[SentRequest] = []
+        self._senders: list[SentRequests] = []
+
+    def seen(self, engine: object) -> None:
+        """An engine a test measures with: one that sends requests to a server is asked for
+        them at the end (``sent_requests``)."""
+        if isinstance(engine, SentRequests) and not any(engine is e for e in self._senders):
+            self._senders.append(engine)
+
+    def sent_requests(self) -> list[SentRequest]:
+        """Every request the engines a test measured with sent, in the order they were begun."""
+        for engine in self._senders:
+            self.sent.extend(engine.take_sent())
+        return sorted(self.sent, key=lambda r: r.sent_ns)
 
     def get(self, overrides: Mapping[str, object] | None = None) -> Engine:
         """The engine a test measures: the session's, or with a test's own llama.cpp settings

@@ -23,6 +23,7 @@ from ..reports.reporters import MarkdownSummary, Reporter, SessionEnd, asked, re
 from .options import SessionSettings
 
 if TYPE_CHECKING:
+    from ..core.workload import SentRequest
     from ..history.series import Trend
     from ..judge.result import Outcome
 
@@ -50,6 +51,10 @@ class Outputs:
     #: summary line, and whether it fails the session (``--llmperf-fail-other-hardware``).
     other_hardware_line: str | None = None
     other_hardware_fails: bool = False
+    #: ``--llmperf-write-trace``: the line saying where the trace went (or why it was not
+    #: written), and whether that fails the session (a file asked for, not written).
+    trace_line: str | None = None
+    trace_failed: bool = False
 
     @property
     def report_errors(self) -> list[str]:
@@ -59,7 +64,7 @@ class Outputs:
     def failed(self) -> bool:
         """A file asked for was not written, or (when asked) a test was not compared: the
         session fails."""
-        return bool(self.baseline_errors or self.report_errors or self.other_hardware_fails)
+        return bool(self.baseline_errors or self.report_errors or self.other_hardware_fails or self.trace_failed)
 
 
 #: How many differing fingerprint fields the other-hardware line names before "...".
@@ -129,6 +134,26 @@ def finish(
         if md:
             append_step_summary(step_summary, md, out.write_errors)
     return results, out
+
+
+def write_trace(path: str, sent: Sequence[SentRequest]) -> tuple[str, bool]:
+    """``--llmperf-write-trace``: the session's served requests as a trace (arrival offsets from
+    the first, in microseconds' precision) into the new file ``path``, never over one that
+    exists; the summary's line, and whether the file asked for is missing (the session fails).
+    No request sent: nothing written, and the line says so."""
+    from ..core.documents import write_new
+    from ..core.traces import trace_text
+    from ..core.workload import TraceRequest
+
+    if not sent:
+        return f"llmperf: no served request was sent: no trace written to {path}", False
+    first = sent[0].sent_ns
+    lines = [TraceRequest(round((r.sent_ns - first) / 1e9, 6), r.request) for r in sent]
+    try:
+        write_new(Path(path), trace_text(lines))
+    except OSError as exc:
+        return f"llmperf: cannot write the trace {path}: {exc.strerror or exc}", True
+    return f"llmperf: trace of {len(lines)} served requests written to {path}", False
 
 
 def write_reports(reports: Sequence[tuple[Reporter, str]], end: SessionEnd) -> list[Written]:
@@ -262,6 +287,8 @@ def outputs_lines(out: Outputs, verbosity: int) -> list[Line]:
         lines.append(("line", out.history_line))
     if out.other_hardware_line:
         lines.append(("line", out.other_hardware_line))
+    if out.trace_line:
+        lines.append(("line", out.trace_line))
     return lines
 
 

@@ -11,6 +11,7 @@ option's text is parsed by."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ from ..core.settings import (
     resolve,
     value_kind,
 )
+from ..core.traces import trace
 from ..core.values import COUNT, FLAG, LEVEL, POSITIVE, SHARE, THRESHOLD, TOKENS, Choice, Integer, Kind
 from ..core.workload import (
     CHAT_ROLES,
@@ -40,6 +42,7 @@ from ..core.workload import (
     PROMPT_CACHE_MODES,
     ChatMessage,
     SetRequest,
+    TraceRequest,
     Workload,
     chat_messages,
 )
@@ -69,6 +72,12 @@ EXCLUSIVE = (
         "against",
         "disable",
         "--llmperf-disable measures once without statistics: it cannot judge against REF (drop one of them)",
+    ),
+    (
+        "against",
+        "write_trace",
+        "--llmperf-against runs the tests in processes of each side, whose requests this process does not "
+        "send: write a trace in a session of its own (drop one of --llmperf-against, --llmperf-write-trace)",
     ),
     (
         "disable",
@@ -120,6 +129,8 @@ class SessionSettings:
     prompt_cache: str = "cold"
     #: ``--llmperf-lost-baseline``: a test whose committed baseline is not found fails or warns (fail | warn).
     lost_baseline: str = "fail"
+    #: ``--llmperf-write-trace``: the new file every served request the session sent is written to.
+    write_trace: str | None = None
     #: The paths of the reports registered from outside (``reports.reporters.register``), by setting name.
     registered_reports: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
@@ -174,6 +185,7 @@ class SessionSettings:
             if r[one].value and r[other].value:
                 raise ConfigError(line)
         _check_outputs(r)
+        _check_new_trace(r)
         _check_timeouts(r)
         root = Path(rootdir)
         engine_fields = [f.name for f in dataclasses.fields(EngineSettings)]
@@ -205,6 +217,21 @@ def _check_outputs(r: Mapping[str, Resolved]) -> None:
             check_output(given.value)
         except OSError as exc:
             raise ConfigError(f"{given.source}: {refused_output(given.value, exc, 'it')}") from None
+
+
+def _check_new_trace(r: Mapping[str, Resolved]) -> None:
+    """``--llmperf-write-trace``'s file: refused before anything runs when something is there
+    already (a trace is never overwritten) or its folder is missing."""
+    given = r["write_trace"]
+    if given.value is None:
+        return
+    path = Path(given.value)
+    if os.path.lexists(path):
+        raise ConfigError(
+            f"llmperf: {given.source} {path} exists: a trace is never overwritten; give a new path or remove it"
+        )
+    if not path.absolute().parent.is_dir():
+        raise ConfigError(f"llmperf: {given.source} {path}: its folder {path.absolute().parent} does not exist")
 
 
 def _check_timeouts(r: Mapping[str, Resolved]) -> None:
@@ -275,6 +302,13 @@ def _messages(name: str, value: object) -> tuple[ChatMessage, ...]:
 def _prompt_set(name: str, value: object) -> tuple[SetRequest, ...]:
     try:
         return prompt_set(value)
+    except ConfigError as exc:
+        raise ConfigError(f"llmperf marker key {name!r}: {exc}") from None
+
+
+def _trace(name: str, value: object) -> tuple[TraceRequest, ...]:
+    try:
+        return trace(value)
     except ConfigError as exc:
         raise ConfigError(f"llmperf marker key {name!r}: {exc}") from None
 
@@ -352,6 +386,14 @@ KEYS: dict[str, Key] = {
             '{"prompt": ...} or {"messages": [...]} a line (optional max_tokens, weight), or a list of them',
             _prompt_set,
         ),
+        Key(
+            "trace",
+            "workload",
+            "served: requests replayed at their arrival times, open loop: a JSONL file's path, one "
+            '{"t_s": 0.25, "prompt": ...} (or "messages") a line (optional max_tokens), or a list of them',
+            _trace,
+        ),
+        Key("trace_speed", "workload", "a trace's pace: 2.0 replays it twice as fast (default 1.0)", _marker(POSITIVE)),
         Key(
             "max_tokens",
             "workload",
@@ -437,7 +479,7 @@ KEYS: dict[str, Key] = {
 BUDGET_KEYS = tuple(k for k, v in KEYS.items() if v.kind == "budget")
 #: One choice, not two keys: a closer marker's (or ``measure()``'s) prompt of either kind
 #: replaces a farther one's.
-PROMPT_KEYS = frozenset({"prompt", "prompt_tokens", "messages", "prompt_set"})
+PROMPT_KEYS = frozenset({"prompt", "prompt_tokens", "messages", "prompt_set", "trace"})
 
 
 @dataclass(frozen=True)
@@ -460,7 +502,7 @@ class MarkerConfig:
     def merged(self, overrides: Mapping[str, object]) -> MarkerConfig:
         extra = validate(overrides, together=False)
         # A prompt given here replaces the marker's prompt of either kind.
-        dropped = PROMPT_KEYS if PROMPT_KEYS & extra.workload.keys() else frozenset()
+        dropped = PROMPT_KEYS | {"trace_speed"} if PROMPT_KEYS & extra.workload.keys() else frozenset()
         mine = dataclasses.replace(self, workload={k: v for k, v in self.workload.items() if k not in dropped})
         # Each field: the marker's keys of its kind, then the overrides'.
         return check_together(MarkerConfig(*({**getattr(mine, f.name), **getattr(extra, f.name)} for f in FIELDS)))

@@ -92,8 +92,10 @@ class Measurer:
         counters: Callable[[], CounterSource[Any] | None] = lambda: None,
         prompt_cache: str = "cold",
         test_id: str = "",
+        seen: Callable[[object], None] = lambda engine: None,
     ) -> None:
         self.marker = marker
+        self.seen = seen
         self.prompt_cache = prompt_cache
         self.engine_for = engine_for
         self.assess = assess
@@ -114,15 +116,19 @@ class Measurer:
         return self.engine_for(dict(config.engine)) if config.engine else self.engine_for()
 
     def subject(self, engine: Subject | None, config: MarkerConfig) -> Engine:
-        """What a measurement runs: ``engine`` as given (a callable: ``counted``), else the marker's."""
+        """What a measurement runs: ``engine`` as given (a callable: ``counted``), else the
+        marker's; told to ``seen`` (the session keeps the engines its tests sent requests with)."""
         if engine is None:
-            return self.engine(config)
-        if config.engine:
+            chosen = self.engine(config)
+        elif config.engine:
             raise ConfigError(
                 f"llama.cpp settings ({', '.join(config.engine)}) apply to the plugin's engine, not to the "
                 "engine passed to measure(); drop one of them"
             )
-        return self.counted(engine)
+        else:
+            chosen = self.counted(engine)
+        self.seen(chosen)
+        return chosen
 
     def counted(self, subject: Subject) -> Engine:
         """An engine as is; a callable ``fn(prompt, max_tokens)`` as a ``CallableEngine`` that
@@ -202,6 +208,8 @@ class Measurer:
             dataclasses.replace(side, engine=self.counted(side.engine))
             for side in (resolve_side(name, config.ab[name], engine_for) for name in ("a", "b"))
         )
+        self.seen(side_a.engine)
+        self.seen(side_b.engine)
         # The attribution pass: the marker's key or the session's option (``measure_options``).
         # In smoke mode never (three pairs decide nothing, so nothing moved either).
         asked = None if self.smoke else bool(self.measure_options(side_a.engine, config).get("attribution"))
