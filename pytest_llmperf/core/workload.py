@@ -471,7 +471,7 @@ class Workload:
         return f"{source}, {self.max_tokens} generated, {self.runs} runs (+{self.warmup} warm-up)"
 
     def _describe_trace(self, trace: tuple[TraceRequest, ...]) -> str:
-        span_s = self.trace_offsets_s[-1]
+        span_s = trace[-1].t_s - trace[0].t_s  # on the trace's own clock
         return (
             f"trace of {len(trace)} requests over {span_s:.3g} s, replayed at {self.trace_speed or 1.0:g}x "
             f"its pace, open loop (+{self.warmup} warm-up)"

@@ -17,13 +17,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..core.documents import write_new
 from ..core.errors import LLMPerfError
+from ..core.traces import trace_text
+from ..core.workload import SentRequest, TraceRequest
 from ..history import keep
 from ..reports.reporters import MarkdownSummary, Reporter, SessionEnd, asked, report_names
 from .options import SessionSettings
 
 if TYPE_CHECKING:
-    from ..core.workload import SentRequest
     from ..history.series import Trend
     from ..judge.result import Outcome
 
@@ -141,10 +143,6 @@ def write_trace(path: str, sent: Sequence[SentRequest]) -> tuple[str, bool]:
     the first, in microseconds' precision) into the new file ``path``, never over one that
     exists; the summary's line, and whether the file asked for is missing (the session fails).
     No request sent: nothing written, and the line says so."""
-    from ..core.documents import write_new
-    from ..core.traces import trace_text
-    from ..core.workload import TraceRequest
-
     if not sent:
         return f"llmperf: no served request was sent: no trace written to {path}", False
     first = sent[0].sent_ns
