@@ -262,6 +262,9 @@ def test_the_engine_keeps_what_it_sent_without_its_headers(fake: str, monkeypatc
     engine = HttpEngine(fake + "/v1", ignore_eos=False, api="chat")
     w = Workload(prompt="hello there", max_tokens=3, runs=2, warmup=1)
     measure(engine, w)
+    assert engine.take_sent() == []  # kept only when asked (the session asks under --llmperf-write-trace)
+    engine.keep_sent = True
+    measure(engine, w)
     sent = engine.take_sent()
     assert [r.request for r in sent] == [SetRequest(prompt="hello there", max_tokens=3)] * 3
     assert [r.sent_ns for r in sent] == sorted(r.sent_ns for r in sent)
@@ -329,7 +332,20 @@ def test_a_sessions_requests_written_as_a_trace_replay(
     assert f"--llmperf-write-trace {out} exists: a trace is never overwritten" in again.stderr.str()
     assert out.read_text(encoding="utf-8") == text
     # Replayed: the same prompts reach the server in the same order.
-    engine = tiny_server.engine()
+    engine = tiny_server.engine(keep_sent=True)
     m = measure(engine, Workload(trace=lines, warmup=0), slo={"ttft_ms": 60_000})
     assert (m.load.n_ok, m.load.goodput) == (4, 1.0)
     assert [r.request for r in engine.take_sent()] == [r.request for r in lines]
+
+
+def test_a_session_that_sent_no_served_request_writes_no_trace(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    pytester.makepyfile(test_plain="def test_a():\n    pass\n")
+    out = tmp_path / "none.jsonl"
+    result = run(pytester, f"--llmperf-write-trace={out}", "-p", "no:randomly")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([f"*llmperf: no served request was sent: no trace written to {out}*"])
+    assert not out.exists()
+    # pytest-xdist's workers send their own requests: one line, before anything runs.
+    spread = run(pytester, f"--llmperf-write-trace={out}", "-n", "2")
+    assert spread.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--llmperf-write-trace writes the requests of one process" in spread.stderr.str()

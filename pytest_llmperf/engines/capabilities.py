@@ -199,9 +199,11 @@ class ServerMetrics(Protocol):
 
 @runtime_checkable
 class SentRequests(Protocol):
-    """The requests the engine sent to its server, each with when the client began it
-    (``time.perf_counter_ns``), taken once (the list is emptied): what ``--llmperf-write-trace``
-    writes as a trace."""
+    """The requests the engine sent to its server while ``keep_sent`` is True (the session
+    sets it under ``--llmperf-write-trace``), each with when the client began it
+    (``time.perf_counter_ns``), taken once (the list is emptied): written as a trace."""
+
+    keep_sent: bool
 
     def take_sent(self) -> list[SentRequest]: ...
 

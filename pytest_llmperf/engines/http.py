@@ -92,6 +92,8 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
     """
 
     concurrent_safe: Literal[True] = True
+    #: Keep every request sent for ``take_sent`` (the session sets it under ``--llmperf-write-trace``).
+    keep_sent: bool = False
 
     def __init__(
         self,
@@ -106,6 +108,7 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
         ignore_eos: bool = True,
         extra_body: dict[str, object] | None = None,
         prompt_salt: int | None = None,
+        keep_sent: bool = False,
     ) -> None:
         import httpx
 
@@ -135,7 +138,8 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
         self._lock = threading.Lock()
         self._token_count: set[str] = set()
         self._metrics_missing = False
-        #: Every request sent (``take_sent``): when the client began it, and what it asked.
+        #: While ``keep_sent``: every request sent (``take_sent``), when the client began it and what it asked.
+        self.keep_sent = keep_sent
         self._sent: list[SentRequest] = []
 
     def _routes(self, endpoint: str, api: str) -> None:
@@ -234,7 +238,9 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
     def _note_sent(self, workload: Workload, body: dict[str, object]) -> None:
         """The request about to be sent, as a trace's line holds it (``take_sent``): its prompt
         as sent (a synthetic one's text too) or its messages, and max_tokens; never a header.
-        Before the request's first clock read."""
+        Before the request's first clock read; nothing unless ``keep_sent``."""
+        if not self.keep_sent:
+            return
         messages = workload.messages
         prompt = body.get("prompt")
         if messages is None and prompt is None:  # the chat API: the prompt as the user's message

@@ -219,7 +219,7 @@ def _attributed(result: ABResult, ea: Engine, eb: Engine, workload: Workload, as
 def _check_workload(workload: Workload) -> None:
     """A workload an A/B comparison can run: one request at a time, at least 3 pairs."""
     if workload.is_load:
-        raise ConfigError("an A/B comparison runs one request at a time; drop concurrency/requests/rate")
+        raise ConfigError("an A/B comparison runs one request at a time; drop concurrency/requests/rate/trace")
     if workload.runs < 3:
         raise ConfigError(f"an A/B comparison needs runs >= 3 pairs for a CI, got {workload.runs}")
 

@@ -149,7 +149,7 @@ class Session:
             counters=self.handed_counters,
             prompt_cache=self.settings.prompt_cache,
             test_id=test_id,
-            seen=self.engines.seen,
+            seen=self.engines.seen if self.settings.write_trace else lambda engine: None,
         )
 
     def engine(self, overrides: Mapping[str, object] | None = None) -> Engine:
@@ -463,9 +463,11 @@ class Engines:
         self._senders: list[SentRequests] = []
 
     def seen(self, engine: object) -> None:
-        """An engine a test measures with: one that sends requests to a server is asked for
-        them at the end (``sent_requests``)."""
+        """An engine a test measures with, under ``--llmperf-write-trace``: one that sends
+        requests to a server keeps them from now on, and is asked for them at the end
+        (``sent_requests``)."""
         if isinstance(engine, SentRequests) and not any(engine is e for e in self._senders):
+            engine.keep_sent = True
             self._senders.append(engine)
 
     def sent_requests(self) -> list[SentRequest]:
