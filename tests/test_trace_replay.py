@@ -285,10 +285,12 @@ def tiny_server(llama_server_binary):
 
 
 def test_a_trace_replayed_on_llama_server(tiny_server, tmp_path: Path) -> None:
-    lines = "".join(
-        json.dumps({"t_s": 0.1 * i, "prompt": f"request number {i} of the replayed trace", "max_tokens": 4 + i}) + "\n"
-        for i in range(6)
-    )
+    def line(i: int) -> dict[str, object]:
+        text = f"request number {i} of the replayed trace"
+        ask = {"messages": [{"role": "user", "content": text}]} if i == 2 else {"prompt": text}  # chat: its template
+        return {"t_s": 0.1 * i, **ask, "max_tokens": 4 + i}
+
+    lines = "".join(json.dumps(line(i)) + "\n" for i in range(6))
     engine = tiny_server.engine()
     w = Workload(trace=read_trace(write(tmp_path, lines)), warmup=1)
     m = measure(engine, w, slo={"ttft_ms": 60_000, "tpot_ms": 60_000})
@@ -349,3 +351,28 @@ def test_a_session_that_sent_no_served_request_writes_no_trace(pytester: pytest.
     spread = run(pytester, f"--llmperf-write-trace={out}", "-n", "2")
     assert spread.ret == pytest.ExitCode.USAGE_ERROR
     assert "--llmperf-write-trace writes the requests of one process" in spread.stderr.str()
+
+
+REPLAY = """
+import pytest
+
+@pytest.mark.llmperf(trace="trace.jsonl", trace_speed=4.0, max_tokens=4, ttft_ms=60000, tpot_ms=60000,
+                     min_goodput=0.9)
+def test_marker_trace():
+    pass
+
+
+@pytest.mark.llmperf(max_tokens=4, ttft_ms=0.000001, min_goodput=0.5)
+def test_keyword_trace(llmperf):
+    m = llmperf.measure(trace="trace.jsonl", trace_speed=4.0)
+    assert m.load.trace.n_requests == 4
+"""
+
+
+def test_a_trace_in_a_marker_and_in_measure(fake: str, pytester: pytest.Pytester) -> None:
+    write(pytester.path)
+    pytester.makepyfile(test_replay=REPLAY)
+    result = run(pytester, f"--llmperf-endpoint={fake}/v1", "-p", "no:randomly")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*goodput 0 share < budget 0.5 share*"])  # the keyword's: an SLO none meets
+    assert len(Recording.received) == 2 * (1 + 4)  # each test: its warm-up and the trace's 4 requests
