@@ -457,9 +457,8 @@ class Engines:
         self.local_error: str | None = None
         #: The engine ``local()`` handed out (to the llmperf_engine and llmperf_llm fixtures), if any.
         self.handed: Engine | None = None
-        #: The requests the session's served engines sent (``--llmperf-write-trace``), taken from
-        #: each engine a test measured with (``seen``) after the test and at the end.
-        self.sent: list[SentRequest] = []
+        #: The engines a test measured with that send requests to a server (``seen``), asked for
+        #: what they sent at the end (``--llmperf-write-trace``).
         self._senders: list[SentRequests] = []
 
     def seen(self, engine: object) -> None:
@@ -472,9 +471,7 @@ class Engines:
 
     def sent_requests(self) -> list[SentRequest]:
         """Every request the engines a test measured with sent, in the order they were begun."""
-        for engine in self._senders:
-            self.sent.extend(engine.take_sent())
-        return sorted(self.sent, key=lambda r: r.sent_ns)
+        return sorted((r for engine in self._senders for r in engine.take_sent()), key=lambda r: r.sent_ns)
 
     def get(self, overrides: Mapping[str, object] | None = None) -> Engine:
         """The engine a test measures: the session's, or with a test's own llama.cpp settings
