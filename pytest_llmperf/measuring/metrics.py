@@ -457,8 +457,7 @@ def diagnose(m: Measurement) -> Stability:
     """CV, spread, first-run/first-token effects, context slope of a Measurement; its
     ``warmup_runs`` (discarded runs) give the first-run slowdown, its ``system`` the causes."""
     system, warmup_runs = m.system, m.warmup_runs
-    tpots = [r.tpot_ms for r in m.runs]
-    ttfts = [r.ttft_ms for r in m.runs]
+    tpots, ttfts = _within_lengths(m, "tpot_ms"), _within_lengths(m, "ttft_ms")
     med_tpot, med_ttft = float(np.median(tpots)), float(np.median(ttfts))
     first_run, first_ttft = _first_run(warmup_runs, med_tpot, med_ttft)
     slope, span = context_slope([r.itl_ms for r in m.runs], m.prompt_tokens)
@@ -478,6 +477,23 @@ def diagnose(m: Measurement) -> Stability:
         far_runs=far,
         warnings=tuple(warnings),
     )
+
+
+def _within_lengths(m: Measurement, field: str) -> list[float]:
+    """Each run's ``field``; where the prompts' lengths vary (``m.prompt_lengths``), each against
+    the median of its length bucket's runs, times the median over all runs: how steady the runs
+    were, not how much the mix of lengths spreads them (a set's long prompts are no unstable runs)."""
+    values = [float(getattr(r, field)) for r in m.runs]
+    if m.prompt_lengths is None:
+        return values
+    whole = float(np.median(values))
+    out = list(values)
+    for b in m.prompt_lengths.buckets:
+        members = [i for i, r in enumerate(m.runs) if b.low_tokens <= (r.prompt_tokens or 0) <= b.high_tokens]
+        median = float(np.median([values[i] for i in members])) if members else 0.0
+        for i in members:
+            out[i] = values[i] / median * whole if median > 0 else values[i]
+    return out
 
 
 def _first_run(
