@@ -66,7 +66,7 @@ def test_buckets_and_their_counts_from_a_real_run_over_a_set(tiny_engine, measur
     assert Record.from_json(stored).to_json() == stored  # schema-checked, read and written again alike
     table = metrics_table(m)
     for b in pl.buckets:
-        assert f"TTFT median / p95, prompt {b.name} tokens" in table and f"{b.n_runs} runs" in table
+        assert f"TTFT median / p95, prompt {b.low_tokens} tokens" in table and f"{b.n_runs} runs" in table
     assert "prefill per prompt token median" in table and "by prompt length: one bucket per prompt length" in table
 
 
@@ -245,6 +245,7 @@ def test_the_html_report_shows_ttft_against_prompt_length_for_both_sides(pyteste
     result.assert_outcomes(passed=1)
     page = (pytester.path / "r.html").read_text(encoding="utf-8")
     assert "TTFT against prompt length, now vs baseline" in page
+    assert "<th>by prompt length</th>" in page and "by prompt length: one bucket per prompt length" in page
     session = json.loads((pytester.path / "r.json").read_text(encoding="utf-8"))
     record = next(iter(session["results"]))["record"]
     n = record["summary"]["n_runs"]  # 6, or more where the verdict asked for more runs

@@ -880,11 +880,6 @@ class LengthBucket:
     ttft_p95_ms: float
     prefill_p50_ms: float | None
 
-    @property
-    def name(self) -> str:
-        """``64`` for one length, ``64-127`` for a range."""
-        return str(self.low_tokens) if self.low_tokens == self.high_tokens else f"{self.low_tokens}-{self.high_tokens}"
-
     def as_dict(self) -> LengthBucketJson:
         return {
             "low_tokens": self.low_tokens,
