@@ -876,6 +876,80 @@ class Agreement:
         return cls(**fields)
 
 
+class LengthBucketJson(TypedDict):
+    """``LengthBucket`` as a record stores it."""
+
+    low_tokens: int
+    high_tokens: int
+    n_runs: int
+    ttft_p50_ms: float | None
+    ttft_p95_ms: float | None
+    prefill_p50_ms: float | None
+
+
+@dataclass(frozen=True)
+class LengthBucket:
+    """The runs whose prompts had ``low_tokens`` to ``high_tokens`` tokens (both included): their
+    count, TTFT median and p95, prefill median (None: the engine does not see the prefill end)."""
+
+    low_tokens: int
+    high_tokens: int
+    n_runs: int
+    ttft_p50_ms: float
+    ttft_p95_ms: float
+    prefill_p50_ms: float | None
+
+    def as_dict(self) -> LengthBucketJson:
+        return {
+            "low_tokens": self.low_tokens,
+            "high_tokens": self.high_tokens,
+            "n_runs": self.n_runs,
+            "ttft_p50_ms": sig6(self.ttft_p50_ms),
+            "ttft_p95_ms": sig6(self.ttft_p95_ms),
+            "prefill_p50_ms": sig6(self.prefill_p50_ms),
+        }
+
+
+class PromptLengthsJson(TypedDict):
+    """``PromptLengths`` as a record stores it (``prompt_lengths``)."""
+
+    rule: str
+    n_runs: int
+    buckets: list[LengthBucketJson]
+    ms_per_prompt_token: float | None
+    native_ms_per_prompt_token: float | None
+    slope_ms_per_token: float | None
+    intercept_ms: float | None
+
+
+@dataclass(frozen=True)
+class PromptLengths:
+    """A measurement whose runs' prompts had different lengths (a prompt set), by length:
+    ``buckets`` (``measuring.metrics.length_buckets``' ``rule``), and the prefill per evaluated
+    prompt token over all ``n_runs``: the median of each run's prefill / its tokens, the same
+    from llama.cpp's own counters, and the least-squares line of prefill against tokens (slope
+    ms per token, intercept ms). None where the engine does not see it."""
+
+    rule: str
+    n_runs: int
+    buckets: tuple[LengthBucket, ...]
+    ms_per_prompt_token: float | None
+    native_ms_per_prompt_token: float | None
+    slope_ms_per_token: float | None
+    intercept_ms: float | None
+
+    def as_dict(self) -> PromptLengthsJson:
+        return {
+            "rule": self.rule,
+            "n_runs": self.n_runs,
+            "buckets": [b.as_dict() for b in self.buckets],
+            "ms_per_prompt_token": sig6(self.ms_per_prompt_token),
+            "native_ms_per_prompt_token": sig6(self.native_ms_per_prompt_token),
+            "slope_ms_per_token": sig6(self.slope_ms_per_token),
+            "intercept_ms": sig6(self.intercept_ms),
+        }
+
+
 @dataclass(frozen=True)
 class Measurement:
     """All runs of one workload on one engine, with the summaries budgets and reports use.
@@ -922,6 +996,8 @@ class Measurement:
     model_loads: ModelLoads | None = None  # fresh loads, when asked for (``model_load``)
     #: Under ``--llmperf-against``: this tree's outputs against REF's (REF is A), after the pairs.
     agreement: Agreement | None = None
+    #: Where the runs' prompts had different lengths (a prompt set): the figures by length.
+    prompt_lengths: PromptLengths | None = None
 
     @property
     def n_runs(self) -> int:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict
 from . import catalog
 from .documents import validate
 from .formats import JSONValue, sig6
-from .workload import MEMORY_FIELDS, ChatMessage, prompt_set_digest, trace_digest
+from .workload import MEMORY_FIELDS, ChatMessage, drawn, prompt_set_digest, trace_digest
 
 if TYPE_CHECKING:
     from .fingerprint import Fingerprint
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         MachineJson,
         Measurement,
         ModelLoadsJson,
+        PromptLengthsJson,
         RooflineJson,
         Stability,
         StabilityJson,
@@ -116,6 +117,14 @@ class StoredLoad(TypedDict, total=False):
     server: dict[str, JSONValue]
 
 
+class StoredRequests(TypedDict):
+    """A prompt set's runs as pairing reads them (``requests``): run i's request (its index in
+    the set, ``workload.drawn``) and its prompt's tokens."""
+
+    request: list[int]
+    prompt_tokens: list[int]
+
+
 @dataclass(frozen=True, kw_only=True)
 class Record:
     """One stored measurement (module docstring). The fields are the stored keys in the order
@@ -146,6 +155,12 @@ class Record:
     agreement: JsonObject | None = None
     load: StoredLoad | None = None
     machine: MachineJson | None = None
+    # (before ``reference`` and ``sessions``, which are added to the stored dict after ``to_json``,
+    # so a record read and written again keeps its keys' order)
+    #: A prompt set's: each run's request and prompt tokens (a comparison pairs runs of the same request).
+    requests: StoredRequests | None = None
+    #: Where the runs' prompts had different lengths: the figures by length (``PromptLengths``).
+    prompt_lengths: PromptLengthsJson | None = None
     #: The machine's reference figure (``measuring.roofline.probe_reference``), after the runs.
     reference: JsonObject | None = None
     #: The levels of the baseline's last recorded sessions, per judged metric (a re-recorded
@@ -202,6 +217,8 @@ class Record:
                 if system is not None
                 else None
             ),
+            requests=stored_requests(m),
+            prompt_lengths=m.prompt_lengths.as_dict() if m.prompt_lengths is not None else None,
         )
 
     def diagnosis(self) -> dict[str, JSONValue]:
@@ -323,6 +340,20 @@ def workload_identity(m: Measurement) -> StoredWorkload:
 def chat_identity(messages: Sequence[ChatMessage]) -> str:
     """Chat messages as a workload's identity holds them: ``[[role, content], ...]`` as JSON."""
     return json.dumps([list(m) for m in messages], ensure_ascii=False)
+
+
+def stored_requests(m: Measurement) -> StoredRequests | None:
+    """A prompt set's runs (not a load test's: its requests overlap): run i's request, as
+    ``Workload.request(i)`` drew it, and its prompt's tokens; None without a set, or where a
+    run's prompt tokens are unknown."""
+    w = m.workload
+    lengths = [r.prompt_tokens for r in m.runs]
+    if w.prompt_set is None or w.is_load or any(n is None for n in lengths):
+        return None
+    return {
+        "request": [drawn(w.prompt_set, w.seed, i) for i in range(len(m.runs))],
+        "prompt_tokens": [n for n in lengths if n is not None],
+    }
 
 
 def stored_prompt(m: Measurement) -> StoredPrompt:

@@ -26,7 +26,18 @@ from . import attribution as attributions
 from .parts import PartChange, explained_phases, gated, is_headline, prompt_changes, unpaired_parts
 from .result import BaselineVerdict, LayerChange, Outcome, compare_layers
 from .rule import JUDGED, METRICS, MIN_PEERS, SUITE_ALPHA_SHARE, compare_levels, decide, mirrored, suite_relative
-from .verdict import BaselineStatus, Comparison, Level, NoiseModel, Shown, Verdict, holm, level, regression_cell
+from .verdict import (
+    BaselineStatus,
+    Comparison,
+    Level,
+    NoiseModel,
+    Shown,
+    Verdict,
+    holm,
+    level,
+    log_level,
+    regression_cell,
+)
 
 if TYPE_CHECKING:
     from .attribution import AttributionChange
@@ -220,6 +231,8 @@ def judged_records(
     because its values are not finite positive numbers: "cannot judge ...: why; what to do"."""
     judged: dict[str, Comparison] = {}
     notes: list[str] = []
+    pairs = request_pairs(baseline, candidate)
+    by_request: list[str] = []
     for spec in JUDGED:
         base, older, base_notes = _sound(baseline, spec.name, "baseline")
         cand, _, cand_notes = _sound(candidate, spec.name, "measurement")
@@ -227,6 +240,9 @@ def judged_records(
         notes += [f"cannot judge {spec.label}: {n}" for n in cand_notes]
         if base is None or cand is None:
             continue
+        paired = _by_request(baseline, candidate, spec.name, pairs, base)
+        if paired is not None:
+            (base, cand), by_request = paired, [*by_request, spec.label]
         judged[spec.name] = compare_levels(
             spec,
             [*older, base],
@@ -237,9 +253,56 @@ def judged_records(
             provisional=False,
             window=(window or {}).get(spec.name, ()),
         )
+    if by_request:
+        notes.append(
+            f"{', '.join(by_request)} compared run by run over {len(pairs)} runs that sent the same request "
+            "on both sides (a prompt set: paired by request, so the mix of prompt lengths cancels)"
+        )
     comparisons = _with_rates(judged, baseline, candidate)
     family = max(settings.family_size or 0, len(judged)) or None
     return decide(comparisons, alpha=settings.alpha_per_look, m=family), notes
+
+
+#: The fewest runs of the same request on both sides that a comparison pairs (fewer: unpaired).
+MIN_REQUEST_PAIRS = 3
+
+
+def request_pairs(baseline: Mapping[str, object], candidate: Mapping[str, object]) -> tuple[int, ...]:
+    """The runs i at which both records' run i sent the same request of a prompt set with the
+    same prompt tokens (``requests``: run i sends ``drawn(set, seed, i)`` on every side, so all
+    runs both have, unless the tokenizer changed); none when either record keeps no requests
+    or fewer than ``MIN_REQUEST_PAIRS`` match."""
+    b, c = _sent(baseline), _sent(candidate)
+    if b is None or c is None:
+        return ()
+    same = tuple(i for i, (x, y) in enumerate(zip(b, c)) if x == y)
+    return same if len(same) >= MIN_REQUEST_PAIRS else ()
+
+
+def _sent(rec: Mapping[str, object]) -> list[tuple[object, object]] | None:
+    """A record's (request, prompt tokens) of each run, where it keeps them."""
+    sent, lengths = stored_at(rec, "requests", "request"), stored_at(rec, "requests", "prompt_tokens")
+    if not isinstance(sent, list) or not isinstance(lengths, list):
+        return None
+    return list(zip(sent, lengths))
+
+
+def _by_request(
+    baseline: Mapping[str, object], candidate: Mapping[str, object], name: str, pairs: Sequence[int], base: Level
+) -> tuple[Level, Level] | None:
+    """(the baseline's level, the candidate's) of ``name`` where runs ``pairs`` sent the same
+    request on both sides: the candidate's is the baseline's moved by the level of the pairs'
+    log ratios, with those ratios' standard error (both sessions' run-to-run error, the mix's
+    differences between requests cancelled), so the baseline's own carries none; the recorded
+    sessions' between-session noise still applies. None: no pairs, or values not judged."""
+    b, c = _run_values(baseline, name), _run_values(candidate, name)
+    if not pairs or b is None or c is None or max(pairs) >= min(len(b), len(c)):
+        return None
+    change = log_level([math.log(c[i]) - math.log(b[i]) for i in pairs])
+    return (
+        Level(base.log_level, 0.0, base.n, base.spread),
+        Level(base.log_level + change.log_level, change.se, change.n, change.spread),
+    )
 
 
 def _with_rates(

@@ -23,7 +23,16 @@ from typing import TypedDict
 
 import numpy as np
 
-from ..core.measurement import LatencyStats, Measurement, RunMetrics, Stability, SystemDelta, SystemSample
+from ..core.measurement import (
+    LatencyStats,
+    LengthBucket,
+    Measurement,
+    PromptLengths,
+    RunMetrics,
+    Stability,
+    SystemDelta,
+    SystemSample,
+)
 from ..core.settings import usable_cpus
 from ..core.workload import EngineInfo, RunTrace, Workload
 
@@ -218,7 +227,88 @@ def summarize_runs(
         delivered_burst_tokens=max(
             (r.delivered_burst_tokens for r in runs if r.delivered_burst_tokens is not None), default=None
         ),
+        prompt_lengths=prompt_lengths(runs) if workload.prompt_set is not None else None,
     )
+
+
+#: Up to this many distinct prompt lengths, each is its own bucket; beyond, powers of two.
+MAX_LENGTH_BUCKETS = 8
+
+
+def length_buckets(lengths: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """The buckets (lowest, highest tokens, both included) that prompt ``lengths`` (each >= 1)
+    fall into, in order, none empty: each distinct length its own where there are at most
+    ``MAX_LENGTH_BUCKETS`` (a set of a few prompts: one bucket per prompt length), else the powers
+    of two they reach (2^k to 2^(k+1) - 1: TTFT grows with the prompt, so each bucket spans one
+    doubling of it)."""
+    distinct = sorted(set(lengths))
+    if len(distinct) <= MAX_LENGTH_BUCKETS:
+        return tuple((n, n) for n in distinct)
+    return tuple((1 << k, (2 << k) - 1) for k in sorted({n.bit_length() - 1 for n in distinct}))
+
+
+#: ``PromptLengths.rule``: how ``length_buckets`` chose.
+LENGTH_RULES = ("one bucket per prompt length", "prompt lengths by powers of two")
+
+
+def prompt_lengths(runs: Sequence[RunMetrics]) -> PromptLengths | None:
+    """The figures of ``runs`` by prompt length (``PromptLengths``), where their prompts had at
+    least two different known lengths; else None (one length: the measurement's own figures)."""
+    lengths = [r.prompt_tokens for r in runs]
+    known = [n for n in lengths if n is not None and n > 0]
+    if len(known) < len(lengths) or len(set(known)) < 2:
+        return None
+    bounds = length_buckets(known)
+    buckets = tuple(
+        _bucket(low, high, [r for r in runs if low <= (r.prompt_tokens or 0) <= high]) for low, high in bounds
+    )
+    per_token = _per_prompt_token(runs, "prefill_ms")
+    fit = _prefill_line(runs)
+    return PromptLengths(
+        rule=LENGTH_RULES[len(set(known)) > MAX_LENGTH_BUCKETS],
+        n_runs=len(runs),
+        buckets=buckets,
+        ms_per_prompt_token=per_token,
+        native_ms_per_prompt_token=_per_prompt_token(runs, "native_prefill_ms"),
+        slope_ms_per_token=fit[0] if fit else None,
+        intercept_ms=fit[1] if fit else None,
+    )
+
+
+def _bucket(low: int, high: int, runs: Sequence[RunMetrics]) -> LengthBucket:
+    ttfts = [r.ttft_ms for r in runs]
+    return LengthBucket(
+        low_tokens=low,
+        high_tokens=high,
+        n_runs=len(runs),
+        ttft_p50_ms=float(np.percentile(ttfts, 50)),
+        ttft_p95_ms=float(np.percentile(ttfts, 95)),
+        prefill_p50_ms=_median([r.prefill_ms for r in runs]) if all(r.prefill_ms is not None for r in runs) else None,
+    )
+
+
+def _evaluated(r: RunMetrics) -> int:
+    """The prompt's tokens llama.cpp evaluated in run ``r`` (a cached part is not prefill)."""
+    return (r.prompt_tokens or 0) - (r.prompt_reused_tokens or 0)
+
+
+def _per_prompt_token(runs: Sequence[RunMetrics], field: str) -> float | None:
+    """The median over runs of ``field`` (ms) per evaluated prompt token; None unless every run has it."""
+    values = [getattr(r, field) for r in runs]
+    if any(v is None for v in values) or any(_evaluated(r) <= 0 for r in runs):
+        return None
+    return float(statistics.median(v / _evaluated(r) for v, r in zip(values, runs)))
+
+
+def _prefill_line(runs: Sequence[RunMetrics]) -> tuple[float, float] | None:
+    """(slope ms per token, intercept ms) of the least-squares line of prefill against evaluated
+    tokens, where every run has its prefill and there are two lengths at least."""
+    xs = [_evaluated(r) for r in runs]
+    ys = [r.prefill_ms for r in runs]
+    if len(set(xs)) < 2 or any(y is None for y in ys):
+        return None
+    slope, intercept = np.polyfit(np.asarray(xs, float), np.asarray(ys, float), 1)
+    return float(slope), float(intercept)
 
 
 def _median_int(values: Sequence[int | None]) -> int | None:
@@ -367,8 +457,7 @@ def diagnose(m: Measurement) -> Stability:
     """CV, spread, first-run/first-token effects, context slope of a Measurement; its
     ``warmup_runs`` (discarded runs) give the first-run slowdown, its ``system`` the causes."""
     system, warmup_runs = m.system, m.warmup_runs
-    tpots = [r.tpot_ms for r in m.runs]
-    ttfts = [r.ttft_ms for r in m.runs]
+    tpots, ttfts = _within_lengths(m, "tpot_ms"), _within_lengths(m, "ttft_ms")
     med_tpot, med_ttft = float(np.median(tpots)), float(np.median(ttfts))
     first_run, first_ttft = _first_run(warmup_runs, med_tpot, med_ttft)
     slope, span = context_slope([r.itl_ms for r in m.runs], m.prompt_tokens)
@@ -388,6 +477,23 @@ def diagnose(m: Measurement) -> Stability:
         far_runs=far,
         warnings=tuple(warnings),
     )
+
+
+def _within_lengths(m: Measurement, field: str) -> list[float]:
+    """Each run's ``field``; where the prompts' lengths vary (``m.prompt_lengths``), each against
+    the median of its length bucket's runs, times the median over all runs: how steady the runs
+    were, not how much the mix of lengths spreads them (a set's long prompts are no unstable runs)."""
+    values = [float(getattr(r, field)) for r in m.runs]
+    if m.prompt_lengths is None:
+        return values
+    whole = float(np.median(values))
+    out = list(values)
+    for b in m.prompt_lengths.buckets:
+        members = [i for i, r in enumerate(m.runs) if b.low_tokens <= (r.prompt_tokens or 0) <= b.high_tokens]
+        median = float(np.median([values[i] for i in members])) if members else 0.0
+        for i in members:
+            out[i] = values[i] / median * whole if median > 0 else values[i]
+    return out
 
 
 def _first_run(

@@ -49,7 +49,7 @@ from .session_file import (
     prompt_cell,
     summary_values,
 )
-from .text import load_state_rows, memory_rows
+from .text import length_note, length_rows, load_state_rows, memory_rows
 from .where import (
     ATTRIBUTION_HEADERS,
     LEGEND,
@@ -281,6 +281,7 @@ def test_section(index: int, result: Outcome, trend: Sequence[Mapping[str, objec
     if budget_rows:
         parts.append(_table(("budget", "limit", "measured", "status"), budget_rows, raw=True))
     parts += _memory_table(record)
+    parts += _lengths_table(record)
     parts += _prompt_table(result)
     plots = _record_plots(index, result) + _trend_plot(index, trend)
     parts.append('<div class="plots">' + "".join(plots) + "</div></section>")
@@ -384,6 +385,18 @@ def _memory_table(record: Mapping[str, Any]) -> list[str]:
     held = memory_rows(record["memory"]) if record.get("memory") else []
     held += load_state_rows(record["model_loads"], figures=True) if record.get("model_loads") else []
     return [_table(("memory and start-up", "unit", "value", "source"), held)] if held else []
+
+
+def _lengths_table(record: Mapping[str, Any]) -> list[str]:
+    """TTFT and prefill by prompt length (a prompt set whose lengths vary), with its rule's line."""
+    lengths = record.get("prompt_lengths")
+    rows = length_rows(lengths)
+    note = length_note(lengths)
+    return (
+        [_table(("by prompt length", "unit", "value", "sample"), rows), f'<ul class="notes"><li>{_e(note)}</li></ul>']
+        if rows and note
+        else []
+    )
 
 
 def _prompt_table(result: Outcome) -> list[str]:

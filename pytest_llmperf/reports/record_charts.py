@@ -337,6 +337,48 @@ def _timeline_side(ax: Axes, name: str, rec: Mapping[str, Any], colour: str) -> 
         )
 
 
+def _by_length(rec: Mapping[str, Any] | None) -> tuple[np.ndarray, np.ndarray] | None:
+    """A record's (prompt tokens, TTFT ms) of each run, where it keeps both for every run (a prompt set's)."""
+    lengths = ((rec or {}).get("requests") or {}).get("prompt_tokens")
+    ttft = ((rec or {}).get("runs") or {}).get("ttft_ms")
+    if not lengths or not ttft or len(lengths) != len(ttft):
+        return None
+    return np.asarray(lengths, dtype=float), np.asarray(ttft, dtype=float)
+
+
+def ttft_by_length(
+    record: Mapping[str, object], baseline: Mapping[str, object] | None, budgets: Mapping[str, float]
+) -> Figure:
+    """TTFT of every run against its prompt's length, baseline and now (a prompt set: TTFT grows
+    with the prompt), each side's median per length joined; axes logarithmic where they span
+    over 8x, else linear from 0."""
+    fig, ax = new_chart(2.9, reuse=True)
+    sides = [
+        (n, got, c, mk)
+        for n, r, c, mk in (("baseline", baseline, BASELINE, "s"), ("now", record, NOW, "o"))
+        if (got := _by_length(r))
+    ]
+    for name, (x, y), colour, marker in sides:
+        ax.plot(x, y, marker, color=colour, ms=4, alpha=0.7, mew=0, label=f"{name} ({x.size} runs)")
+        lengths = np.unique(x)
+        ax.plot(lengths, [float(np.median(y[x == n])) for n in lengths], color=colour, lw=1.3)
+    limits = [budgets[key] for key in METRICS["ttft_ms"].budget_keys if key in budgets]
+    for key in (k for k in METRICS["ttft_ms"].budget_keys if k in budgets):
+        _budget_line(ax, key, budgets[key], budgets[key])
+    xs = np.concatenate([x for _, (x, _), _, _ in sides])
+    ys = np.concatenate([*(y for _, (_, y), _, _ in sides), limits])  # the axis reaches the budgets
+    for axis, values, scale in ((ax.xaxis, xs, ax.set_xscale), (ax.yaxis, ys, ax.set_yscale)):
+        if values.min() > 0 and values.max() / values.min() > 8:
+            scale("log")
+            plain_log(axis)
+    ax.set_ylim(0 if ax.get_yscale() == "linear" else ys.min() / 1.2, ys.max() * 1.2)
+    ax.set_xlabel(f"prompt tokens{', log' if ax.get_xscale() == 'log' else ''}")
+    ax.set_ylabel(f"TTFT (ms{', log' if ax.get_yscale() == 'log' else ''})")
+    ax.set_title("TTFT against prompt length, now vs baseline")
+    ax.legend(loc="lower right")
+    return fig
+
+
 #: (id, caption, function, needs): the charts of one test, in page order.
 CHARTS = (
     ("itl-ecdf", "Decode ITL distribution now vs baseline, p50/p95/p99 marked", itl_ecdf, "itl_ms"),
@@ -347,6 +389,12 @@ CHARTS = (
         "now, square baseline), then each inter-token latency; shaded: p10-p90 of now's runs",
         token_timeline,
         "itl_ms",
+    ),
+    (
+        "ttft-by-length",
+        "TTFT of each run against its prompt's length (a prompt set), now vs baseline; line: the median per length",
+        ttft_by_length,
+        "prompt_lengths",
     ),
     ("layer-bars", "Time per layer now vs baseline", layer_bars, "layers"),
     ("roofline", "Roofline: achieved vs bound", roofline, "roofline"),

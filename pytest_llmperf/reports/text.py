@@ -29,9 +29,11 @@ from ..core.settings import DEFAULT_SUMMARY_COLUMNS
 if TYPE_CHECKING:
     from ..core.measurement import (
         LayersJson,
+        LengthBucketJson,
         LoadStats,
         ModelLoadsJson,
         PhaseRooflineJson,
+        PromptLengthsJson,
         RooflineJson,
         ServerSide,
         StabilityJson,
@@ -110,14 +112,14 @@ def metrics_table(m: Measurement, width: int | None = None) -> str:
     """The detail section of one measurement: every figure with its sample count; ``width``
     (a terminal's): its table's cells wrapped and its lines wrapped to fit it."""
     found = stored(m)
-    rows = _timing_rows(m) + _serving_rows(m)
+    rows = _timing_rows(m) + length_rows(found.prompt_lengths) + _serving_rows(m)
     if found.model_loads is not None:
         rows += load_state_rows(found.model_loads)
     assert found.stability is not None and found.memory is not None  # ``Record.of`` writes both
     rows += stability_rows(found.stability) + memory_rows(found.memory, figures=False)
     head = _engine_head(m) if width is None else wrap_text(_engine_head(m), width) + "\n"
     text = head + wrapped_table(("metric", "unit", "value", "sample"), rows, width)
-    notes = [n for n in (parts_note(m), *m.token_notes) if n]
+    notes = [n for n in (parts_note(m), length_note(found.prompt_lengths), *m.token_notes) if n]
     text += "".join(f"\n{n}" if width is None else "\n" + wrap_text(n, width) for n in notes)
     return text + _breakdowns(m, found, width)
 
@@ -130,6 +132,9 @@ def _engine_head(m: Measurement) -> str:
         if m.prompt_tokens is not None
         else "a prompt whose tokens this engine does not count"
     )
+    if m.prompt_lengths is not None:  # a prompt set: its runs' lengths vary
+        sizes = m.prompt_lengths.buckets
+        prompt = f"prompts within {sizes[0].low_tokens} to {sizes[-1].high_tokens} tokens (a prompt set)"
     return (
         f"{m.engine.engine}: {m.engine.describe()}"
         + (f"; threads {m.engine.threads}" if m.engine.threads is not None else "")
@@ -241,6 +246,49 @@ def parts_note(m: Measurement) -> str | None:
     else:
         why = "the engine reports no llama.cpp counters"
     return f"parts: not measured: {why}"
+
+
+def length_rows(lengths: PromptLengthsJson | None) -> list[Row]:
+    """Where the runs' prompts had different lengths (a prompt set; the record's
+    ``prompt_lengths``): TTFT and prefill per prompt-length bucket, each with its runs, then the
+    prefill per prompt token over all runs (a figure the engine does not see has no row:
+    ``length_note`` says why)."""
+    if lengths is None:
+        return []
+    rows: list[Row] = []
+    for b in lengths["buckets"]:
+        runs, name = f"{b['n_runs']} runs", _bucket_name(b)
+        ttft = f"{_opt(b['ttft_p50_ms'])} / {_opt(b['ttft_p95_ms'])}"
+        rows.append((f"TTFT median / p95, prompt {name} tokens", "ms", ttft, runs))
+        if b["prefill_p50_ms"] is not None:
+            rows.append((f"prefill median, prompt {name} tokens", "ms", fmt(b["prefill_p50_ms"]), runs))
+    all_runs = f"{lengths['n_runs']} runs"
+    per_token = (
+        ("prefill per prompt token median", lengths["ms_per_prompt_token"], all_runs),
+        ("prefill per prompt token (llama.cpp) median", lengths["native_ms_per_prompt_token"], all_runs),
+        (
+            "prefill per prompt token (slope of a fitted line)",
+            lengths["slope_ms_per_token"],
+            f"{all_runs}, {len(lengths['buckets'])} buckets",
+        ),
+    )
+    return rows + [(label, "ms/token", fmt(value), sample) for label, value, sample in per_token if value is not None]
+
+
+def _bucket_name(b: LengthBucketJson) -> str:
+    """``64`` for one length, ``64-127`` for a range."""
+    low, high = b["low_tokens"], b["high_tokens"]
+    return str(low) if low == high else f"{low}-{high}"
+
+
+def length_note(lengths: PromptLengthsJson | None) -> str | None:
+    """The line a measurement by prompt length gets for its rule, and for a prefill it cannot see."""
+    if lengths is None:
+        return None
+    note = f"by prompt length: {lengths['rule']}"
+    if lengths["ms_per_prompt_token"] is None:
+        note += "; prefill per prompt token: not measured: the engine does not see where the prefill ends"
+    return note
 
 
 def _serving_rows(m: Measurement) -> list[tuple[str, str, str, str]]:
