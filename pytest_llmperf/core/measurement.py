@@ -85,6 +85,8 @@ class RunMetrics:
     clock_gaps: tuple[tuple[str, float], ...] = ()
     #: What llama.cpp's sampler chain held beyond the usual ("grammar"; "": nothing more).
     sampler: str = ""
+    #: Which turn of a conversation this run is (1-based; None: not a conversation).
+    turn: int | None = None
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict
 from . import catalog
 from .documents import validate
 from .formats import JSONValue, sig6
-from .workload import MEMORY_FIELDS, ChatMessage, prompt_set_digest
+from .workload import MEMORY_FIELDS, ChatMessage, conversation_digest, prompt_set_digest
 
 if TYPE_CHECKING:
     from .fingerprint import Fingerprint
@@ -45,8 +45,8 @@ PerRun: TypeAlias = "Mapping[str, Sequence[float]]"
 class StoredWorkload(TypedDict, total=False):
     """What must match for two records to be compared (``WORKLOAD_KEYS``), with the run and
     warm-up counts (which may differ). ``shared_prefix_tokens`` and ``prompt_cache`` only when
-    set, ``messages`` (a chat request's, as JSON text) and ``prompt_set`` (its content hash) too
-    (so older baselines keep matching)."""
+    set, ``messages`` (a chat request's, as JSON text), ``prompt_set`` and ``conversation`` (their
+    content hashes) too (so older baselines keep matching)."""
 
     prompt: str | None
     prompt_tokens: int | None
@@ -58,6 +58,8 @@ class StoredWorkload(TypedDict, total=False):
     prompt_cache: str
     messages: str
     prompt_set: str
+    conversation: str
+    turn: int
     runs: int
     warmup: int
 
@@ -277,6 +279,8 @@ WORKLOAD_KEYS = (
     "prompt_cache",
     "messages",
     "prompt_set",
+    "conversation",
+    "turn",
 )
 
 
@@ -294,7 +298,7 @@ def workload_identity(m: Measurement) -> StoredWorkload:
         # code under test: a change of it is judged and named, not a new workload). A prompt set's
         # lengths vary by run: its content hash names its prompts (none here, whatever the run count).
         "prompt_tokens": w.prompt_tokens
-        if m.engine.engine == "callable" or w.prompt_set is not None
+        if m.engine.engine == "callable" or w.prompt_set is not None or w.conversation is not None
         else m.prompt_tokens,
         "max_tokens": w.max_tokens,
         "seed": w.seed,
@@ -310,6 +314,10 @@ def workload_identity(m: Measurement) -> StoredWorkload:
         out["messages"] = chat_identity(w.messages)
     if w.prompt_set is not None:  # a prompt set: its content hash
         out["prompt_set"] = prompt_set_digest(w.prompt_set)
+    if w.conversation is not None:  # a conversation: its content hash
+        out["conversation"] = conversation_digest(w.conversation)
+    if w.turn is not None:  # a conversation judged on one turn
+        out["turn"] = w.turn
     return out
 
 

@@ -235,6 +235,11 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
         return (api, *self._urls[api])
 
     def run(self, workload: Workload, run_index: int) -> RunTrace:
+        if workload.conversation is not None:
+            raise ConfigError(
+                "a conversation on a served model is not supported yet: measure it on the plugin's engine "
+                "or through llmperf.measure(fn, conversation=...)"
+            )
         _DEADLINE.at, _DEADLINE.hit = time.monotonic() + self.request_timeout_s, False
         try:
             return self._run(workload.request(run_index), run_index)  # a prompt set's request of this run

@@ -24,6 +24,7 @@ from ..core.catalog import FIGURES, METRICS, SUMMARY_COLUMNS
 from ..core.formats import fmt, render_table
 from ..core.measurement import LatencyStats, Measurement
 from ..core.settings import DEFAULT_SUMMARY_COLUMNS
+from ..measuring.metrics import turn_figures
 
 if TYPE_CHECKING:
     from ..core.measurement import (
@@ -209,7 +210,9 @@ def _part_rows(m: Measurement) -> tuple[list[Row], list[Row]]:
 
 def _prompt_rows(m: Measurement) -> list[Row]:
     """A callable's prompt on a Llama the plugin sees: the cache state, the tokens llama.cpp
-    evaluated and those it reused (its own counters)."""
+    evaluated and those it reused (its own counters); a conversation's figures turn by turn."""
+    if m.workload.conversation is not None:
+        return turn_rows(m)
     if m.prompt_reused_tokens is None:
         return []
     runs = f"{m.n_runs} runs"
@@ -217,6 +220,34 @@ def _prompt_rows(m: Measurement) -> list[Row]:
         ("prompt cache", "", f"{m.workload.prompt_cache} (--llmperf-prompt-cache / prompt_cache)", ""),
         ("prompt tokens evaluated / reused", "tokens", f"{m.evaluated_prompt_tokens} / {m.prompt_reused_tokens}", runs),
     ]
+
+
+def turn_rows(m: Measurement) -> list[Row]:
+    """A conversation's figures per turn (``measuring.metrics.turn_figures``): the prompt's
+    tokens llama.cpp evaluated and reused (its counters), TTFT p50 / p95, decode per token."""
+    rows: list[Row] = []
+    for t in turn_figures(m.runs):
+        runs = f"{t.runs} runs"
+        if t.evaluated_tokens is not None:
+            tokens = (
+                f"turn {t.turn} prompt tokens evaluated / reused",
+                "tokens",
+                f"{t.evaluated_tokens} / {t.reused_tokens}",
+                runs,
+            )
+        else:
+            tokens = (
+                f"turn {t.turn} prompt tokens",
+                "tokens",
+                "not counted: the callable drove no llama_cpp.Llama of this process",
+                "",
+            )
+        rows += [
+            tokens,
+            (f"turn {t.turn} TTFT p50 / p95", "ms", f"{fmt(t.ttft_p50_ms)} / {fmt(t.ttft_p95_ms)}", runs),
+            (f"turn {t.turn} decode median", "ms/token", fmt(t.tpot_ms), runs),
+        ]
+    return rows
 
 
 def _untimed_sampling(m: Measurement) -> str:

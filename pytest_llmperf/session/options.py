@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..core.catalog import AGREEMENT_BUDGETS, BUDGETS
+from ..core.conversations import conversation
 from ..core.documents import check_output, refused_output
 from ..core.errors import ConfigError, unknown_name
 from ..core.prompt_sets import prompt_set
@@ -39,6 +40,7 @@ from ..core.workload import (
     MODEL_LOAD_KINDS,
     PROMPT_CACHE_MODES,
     ChatMessage,
+    Conversation,
     SetRequest,
     Workload,
     chat_messages,
@@ -279,6 +281,13 @@ def _prompt_set(name: str, value: object) -> tuple[SetRequest, ...]:
         raise ConfigError(f"llmperf marker key {name!r}: {exc}") from None
 
 
+def _conversation(name: str, value: object) -> Conversation:
+    try:
+        return conversation(value)
+    except ConfigError as exc:
+        raise ConfigError(f"llmperf marker key {name!r}: {exc}") from None
+
+
 def _model_load(name: str, value: object) -> str:
     if value not in MODEL_LOAD_KINDS:
         raise ConfigError(f"llmperf marker key {name!r} must be one of {', '.join(MODEL_LOAD_KINDS)}, got {value!r}")
@@ -351,6 +360,19 @@ KEYS: dict[str, Key] = {
             "requests the runs draw from (seeded, by weight): a JSONL file's path, one "
             '{"prompt": ...} or {"messages": [...]} a line (optional max_tokens, weight), or a list of them',
             _prompt_set,
+        ),
+        Key(
+            "conversation",
+            "workload",
+            "a multi-turn conversation each run sends turn by turn (the model's replies fed back, the prompt "
+            'cache kept between turns): a JSON file\'s path or inline, {"system": ..., "turns": [...]} or a list of turns',
+            _conversation,
+        ),
+        Key(
+            "turn",
+            "workload",
+            "a conversation's budgets and judged figures on this turn alone (1-based; default: all turns pooled)",
+            _marker(COUNT),
         ),
         Key(
             "max_tokens",
@@ -437,7 +459,7 @@ KEYS: dict[str, Key] = {
 BUDGET_KEYS = tuple(k for k, v in KEYS.items() if v.kind == "budget")
 #: One choice, not two keys: a closer marker's (or ``measure()``'s) prompt of either kind
 #: replaces a farther one's.
-PROMPT_KEYS = frozenset({"prompt", "prompt_tokens", "messages", "prompt_set"})
+PROMPT_KEYS = frozenset({"prompt", "prompt_tokens", "messages", "prompt_set", "conversation"})
 
 
 @dataclass(frozen=True)
@@ -543,6 +565,31 @@ def _quantized_v_without_flash_attn(c: MarkerConfig) -> str | None:
     return f"type_v={type_v!r} (a quantized V cache) needs flash_attn=True in llama.cpp, and flash_attn=False is given"
 
 
+#: What a conversation is not measured with yet: (key, why), in the order they are checked.
+NOT_WITH_CONVERSATION = (
+    ("a", "an A/B compares single requests"),
+    ("concurrency", "a load test sends single requests"),
+    ("requests", "a load test sends single requests"),
+    ("rate", "a load test sends single requests"),
+    ("layers", "per-layer timing times one request"),
+    ("attribution", "the attribution pass times one request"),
+    ("model_load", "model loads are timed on one request"),
+)
+
+
+def _conversation_alone(config: MarkerConfig) -> str | None:
+    """A conversation with a key whose measurement sends single requests: not supported yet."""
+    if "conversation" not in config.workload:
+        if "turn" in config.workload:
+            return "turn names a turn of a conversation: give a conversation too"
+        return None
+    given = {**config.workload, **config.options, **config.ab}
+    for key, why in NOT_WITH_CONVERSATION:
+        if given.get(key) not in (None, False):
+            return f"a conversation with {key} is not supported yet ({why}); measure the conversation alone"
+    return None
+
+
 #: Marker keys that contradict each other: each rule says so in one line, or None.
 CONTRADICTIONS: tuple[Callable[[MarkerConfig], str | None], ...] = (
     _max_runs_below_runs,
@@ -550,6 +597,7 @@ CONTRADICTIONS: tuple[Callable[[MarkerConfig], str | None], ...] = (
     _context_below_workload,
     _ubatch_above_batch,
     _quantized_v_without_flash_attn,
+    _conversation_alone,
 )
 
 
