@@ -223,3 +223,20 @@ def test_a_changed_conversation_is_not_judged_against_the_baseline(pytester: pyt
     result = run(pytester)
     result.assert_outcomes(passed=1)
     assert "conversation 'sha256:" in result.stdout.str()
+
+
+def test_the_session_files_have_the_turns(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_suite=SUITE)
+    (pytester.path / "talk.json").write_text(json.dumps(TALK), encoding="utf-8")
+    result = run(pytester, "-rA", "--llmperf-json", "s.json", "--junitxml", "j.xml", "--llmperf-markdown", "s.md")
+    result.assert_outcomes(passed=1)
+    (stored,) = json.loads((pytester.path / "s.json").read_text())["results"]
+    turns = stored["prompt"]["turns"]
+    assert [t["turn"] for t in turns] == [1, 2, 3] and all(t["runs"] == 2 for t in turns)
+    assert turns[0]["prompt_reused_tokens"] == 0 and turns[1]["prompt_reused_tokens"] >= turns[0]["prompt_tokens"]
+    assert stored["record"]["prompt"] == stored["prompt"]
+    assert stored["record"]["workload"]["conversation"].startswith("sha256:")
+    assert "### Conversations, turn by turn" in (pytester.path / "s.md").read_text()
+    assert "llmperf.turn2.prompt_reused_tokens" in (pytester.path / "j.xml").read_text()
+    out = result.stdout.str()
+    assert "turn 3 prompt tokens evaluated / reused" in out and "cold, yet llama.cpp" not in out

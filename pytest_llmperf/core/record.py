@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         RooflineJson,
         Stability,
         StabilityJson,
+        TurnFigures,
     )
 
 #: Per-run values by field (``runs``, ``parts``): one number per run.
@@ -95,6 +96,20 @@ class StoredPrompt(TypedDict, total=False):
     delivered_ttft_ms: float | None
     delivered_e2e_ms: float | None
     delivered_burst_tokens: int | None
+    turns: list[StoredTurn]
+
+
+class StoredTurn(TypedDict):
+    """One turn of a conversation over the runs (``Measurement.turns``)."""
+
+    turn: int
+    runs: int
+    prompt_tokens: int | None
+    evaluated_prompt_tokens: int | None
+    prompt_reused_tokens: int | None
+    ttft_p50_ms: float
+    ttft_p95_ms: float
+    tpot_ms: float
 
 
 class StoredLoad(TypedDict, total=False):
@@ -326,9 +341,23 @@ def chat_identity(messages: Sequence[ChatMessage]) -> str:
     return json.dumps([list(m) for m in messages], ensure_ascii=False)
 
 
+def stored_turn(t: TurnFigures) -> StoredTurn:
+    return {
+        "turn": t.turn,
+        "runs": t.runs,
+        "prompt_tokens": t.prompt_tokens,
+        "evaluated_prompt_tokens": t.evaluated_tokens,
+        "prompt_reused_tokens": t.reused_tokens,
+        "ttft_p50_ms": sig6(t.ttft_p50_ms),
+        "ttft_p95_ms": sig6(t.ttft_p95_ms),
+        "tpot_ms": sig6(t.tpot_ms),
+    }
+
+
 def stored_prompt(m: Measurement) -> StoredPrompt:
-    """Empty when the engine is the plugin's own (its prompt is the workload's)."""
-    if m.prompt_reused_tokens is None and m.delivered_items is None:
+    """Empty when the engine is the plugin's own (its prompt is the workload's), but for a
+    conversation (its reuse and its turns)."""
+    if m.prompt_reused_tokens is None and m.delivered_items is None and not m.turns:
         return {}
     out: StoredPrompt = {
         "prompt_cache": m.workload.prompt_cache,
@@ -337,6 +366,8 @@ def stored_prompt(m: Measurement) -> StoredPrompt:
         "prompt_reused_tokens": m.prompt_reused_tokens,
         "sampler": next((r.sampler for r in m.runs if r.sampler), ""),
     }
+    if m.turns:  # a conversation: its figures turn by turn
+        out["turns"] = [stored_turn(t) for t in m.turns]
     if m.delivered_items is not None:
         out.update(
             {

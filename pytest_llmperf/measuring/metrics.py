@@ -20,11 +20,11 @@ import resource
 import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NamedTuple, TypedDict
+from typing import TypedDict
 
 import numpy as np
 
-from ..core.measurement import LatencyStats, Measurement, RunMetrics, Stability, SystemDelta, SystemSample
+from ..core.measurement import LatencyStats, Measurement, RunMetrics, Stability, SystemDelta, SystemSample, TurnFigures
 from ..core.settings import usable_cpus
 from ..core.workload import EngineInfo, RunTrace, Workload
 
@@ -220,22 +220,8 @@ def summarize_runs(
         delivered_burst_tokens=max(
             (r.delivered_burst_tokens for r in runs if r.delivered_burst_tokens is not None), default=None
         ),
+        turns=turn_figures(runs),
     )
-
-
-class TurnFigures(NamedTuple):
-    """One turn of a conversation over a measurement's runs (``turn_figures``): how many runs,
-    the prompt's tokens, those llama.cpp evaluated and reused (medians; None: not counted), TTFT
-    p50 and p95, and the decode time per token (median TPOT)."""
-
-    turn: int
-    runs: int
-    prompt_tokens: int | None
-    evaluated_tokens: int | None
-    reused_tokens: int | None
-    ttft_p50_ms: float
-    ttft_p95_ms: float
-    tpot_ms: float
 
 
 def turn_figures(runs: Sequence[RunMetrics]) -> tuple[TurnFigures, ...]:

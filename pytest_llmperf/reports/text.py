@@ -24,7 +24,6 @@ from ..core.catalog import FIGURES, METRICS, SUMMARY_COLUMNS
 from ..core.formats import fmt, render_table
 from ..core.measurement import LatencyStats, Measurement
 from ..core.settings import DEFAULT_SUMMARY_COLUMNS
-from ..measuring.metrics import turn_figures
 
 if TYPE_CHECKING:
     from ..core.measurement import (
@@ -223,10 +222,10 @@ def _prompt_rows(m: Measurement) -> list[Row]:
 
 
 def turn_rows(m: Measurement) -> list[Row]:
-    """A conversation's figures per turn (``measuring.metrics.turn_figures``): the prompt's
+    """A conversation's figures per turn (``Measurement.turns``): the prompt's
     tokens llama.cpp evaluated and reused (its counters), TTFT p50 / p95, decode per token."""
     rows: list[Row] = []
-    for t in turn_figures(m.runs):
+    for t in m.turns:
         runs = f"{t.runs} runs"
         if t.evaluated_tokens is not None:
             tokens = (
