@@ -25,7 +25,6 @@ from pytest_llmperf.core.conversations import conversation, parse_conversation
 from pytest_llmperf.core.errors import ConfigError, EngineError
 from pytest_llmperf.core.record import workload_changes, workload_identity
 from pytest_llmperf.core.workload import Conversation, conversation_digest
-from pytest_llmperf.engines.http import HttpEngine
 from pytest_llmperf.measuring.metrics import turn_figures
 from pytest_llmperf.reports.text import turn_rows
 from pytest_llmperf.session.options import validate
@@ -165,11 +164,28 @@ def test_what_a_conversation_is_not_measured_with_yet() -> None:
         validate({"turn": 2})
     with pytest.raises(ConfigError, match="turn 4 needs a conversation of at least 4 turns"):
         validate({"conversation": TALK, "turn": 4})
-    with pytest.raises(ConfigError, match="a conversation on a served model is not supported yet"):
-        HttpEngine("http://127.0.0.1:9").run(W.at_turn(1), 0)
 
 
 # -- the user path: a callable on a Llama --------------------------------------------------------
+
+
+def test_a_served_model_gets_each_turns_chat_and_reuses_its_slots_cache(llmperf_llama_server) -> None:
+    engine = llmperf_llama_server.engine(api="completions")  # a conversation goes to chat/completions
+    sent: list[dict] = []
+    body = engine.body
+    engine.body = lambda w, i: sent.append(body(w, i)) or sent[-1]
+    try:
+        m = measure(engine, W)
+    finally:
+        engine.close()
+    assert [r.turn for r in m.runs] == [1, 2, 3] * 2
+    first, second = sent[3], sent[4]  # the first measured run's turns 1 and 2 (3 warm-up turns before)
+    assert first["cache_prompt"] is False and second["cache_prompt"] is True
+    assert [x["role"] for x in second["messages"]] == ["system", "user", "assistant", "user"]
+    assert second["messages"][:2] == first["messages"] and second["messages"][2]["content"]
+    # llama-server's own figures: usage's prompt tokens less those its timings say it evaluated.
+    assert all(r.native_prefill_ms is not None for r in m.runs)
+    _reuse_is_measured(m)
 
 
 def test_a_callable_is_given_each_turns_messages_with_its_replies_fed_back(tiny_model_path) -> None:

@@ -402,6 +402,8 @@ class Workload:
         """What a served measurement lets the server's prompt cache do (said in reports)."""
         if self.shared_prefix_tokens:
             return f"shared {self.shared_prefix_tokens}-token prefix, prompt cache on (measures prefix caching)"
+        if self.conversation is not None:
+            return "a conversation: turn 1 cache_prompt=false, later turns cache_prompt=true (reuse measured)"
         if self.prompt_set is not None:
             return "the prompt set's requests, prompt cache off (cache_prompt=false)"
         if self.prompt is not None or self.messages is not None:
