@@ -26,6 +26,7 @@ from pytest_llmperf.core.errors import ConfigError, EngineError
 from pytest_llmperf.core.record import workload_changes, workload_identity
 from pytest_llmperf.core.workload import Conversation, conversation_digest
 from pytest_llmperf.measuring.metrics import turn_figures
+from pytest_llmperf.measuring.runner import extend
 from pytest_llmperf.reports.text import turn_rows
 from pytest_llmperf.session.options import validate
 
@@ -90,6 +91,16 @@ def test_turn_judges_one_turn_and_names_it_in_the_identity(tiny_engine) -> None:
     assert pooled.n_runs == 6  # budgets read every turn pooled: p95 over all turns
     stored = workload_identity(m)
     assert stored["turn"] == 2 and "turn" not in workload_identity(pooled)
+
+
+def test_more_runs_are_whole_conversations(tiny_engine) -> None:
+    """A sequential measurement (``max_runs``) adds whole conversations, each from its turn 1."""
+    m = extend(tiny_engine, measure(tiny_engine, W), 1)
+    assert m.workload.runs == 3 and m.n_runs == 9
+    _reuse_is_measured(m)
+    one = extend(tiny_engine, measure(tiny_engine, dataclasses.replace(W, turn=3)), 2)
+    assert one.workload.runs == 4 and [r.turn for r in one.runs] == [3] * 4
+    assert [t.turn for t in one.turns] == [3] and one.turns[0].runs == 4
 
 
 def test_the_conversations_content_hash_is_the_workloads_identity() -> None:
