@@ -64,6 +64,12 @@ def test_a_turn_out_of_order_is_refused(tiny_engine) -> None:
         tiny_engine.run(W.at_turn(3), 0)
     with pytest.raises(EngineError, match="turn 2 of run 5"):
         tiny_engine.run(W.at_turn(2), 5)
+    tiny_engine.run(W.at_turn(1), 0)
+    tiny_engine.run(Workload(prompt_tokens=8, max_tokens=2), 0)  # another request: the cache cleared
+    with pytest.raises(EngineError, match="turn 2 of run 0 asked without its turn 1"):
+        tiny_engine.run(W.at_turn(2), 0)
+    with pytest.raises(EngineError, match="a conversation is sent turn by turn"):
+        tiny_engine.run(W, 0)
 
 
 def test_per_turn_figures_and_rows(tiny_engine) -> None:

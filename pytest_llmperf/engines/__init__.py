@@ -168,7 +168,7 @@ class CallableEngine(Engine, DrivenLlama):
 
     def run(self, workload: Workload, run_index: int) -> RunTrace:
         workload = workload.request(run_index)  # a prompt set's request of this run
-        prompt = self._prompt(workload)
+        prompt = self._turn_messages(workload, run_index) if workload.turn is not None else self._prompt(workload)
         counters, watch = self.counters, self.watch
         # A conversation's later turns keep what the run's earlier turns left (its prompt cache).
         cold = workload.prompt_cache == "cold" and (workload.turn or 1) == 1
@@ -225,26 +225,30 @@ class CallableEngine(Engine, DrivenLlama):
     def _replied(self, turn: int, run_index: int, reply: str) -> None:
         self._talk = (run_index, [*self._talk[1], reply] if turn > 1 else [reply])
 
-    def _turn_messages(self, workload: Workload) -> list[dict[str, str]]:
+    def _turn_messages(self, workload: Workload, run_index: int) -> list[dict[str, str]]:
         """A conversation turn's chat: the system message, the user turns so far and the
         callable's replies to the earlier ones (kept from the run's earlier turns)."""
         assert workload.conversation is not None and workload.turn is not None
         k = workload.turn
         replies = self._talk[1] if k > 1 else []
-        if k > 1 and len(replies) != k - 1:
-            raise EngineError(f"conversation turn {k} asked without its turn {k - 1} just before")
+        if k > 1 and (self._talk[0], len(replies)) != (run_index, k - 1):
+            raise EngineError(f"conversation turn {k} of run {run_index} asked without its turn {k - 1} just before")
         return chat_dicts(workload.conversation.messages(replies))
 
     def _prompt(self, workload: Workload) -> Request:
         """What ``fn`` is given as its prompt: the text, or a chat request's messages
         (``[{"role": ..., "content": ...}, ...]``, for ``Llama.create_chat_completion``)."""
-        if workload.turn is not None:
-            return self._turn_messages(workload)
+        if workload.conversation is not None:
+            raise EngineError(NOT_ONE_REQUEST)
         if workload.messages is not None:
             return chat_dicts(workload.messages)
         if workload.prompt is not None:
             return workload.prompt
         return synthetic_text(workload.synthetic_prompt_tokens or 0, workload.seed)
+
+
+#: What an engine says when asked for a conversation's prompt outside its turns (``whole_run``).
+NOT_ONE_REQUEST = "a conversation is sent turn by turn (Workload.at_turn), not as one request"
 
 
 def item_text(item: object) -> str:

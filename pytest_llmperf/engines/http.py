@@ -49,7 +49,7 @@ from ..core.errors import ConfigError, EngineError
 from ..core.redact import Redactor, Url, redact
 from ..core.settings import APIS, SETTINGS, endpoint_url
 from ..core.workload import ChatMessage, EngineInfo, RunTrace, TokenLogits, Workload, chat_dicts
-from . import synthetic_text
+from . import NOT_ONE_REQUEST, synthetic_text
 from .capabilities import AsyncRuns, Closable, ConcurrentRuns, Engine, NeedsPromptIds, ServerMetrics
 from .sse import MAX_ERROR_BODY_BYTES, EventReader, Head, StreamState, status_error
 
@@ -200,6 +200,8 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
         """The request. A synthetic prompt differs per request (seeded by the engine's salt,
         the workload's seed and the request index) so no server can answer from a cached
         prefix; with ``shared_prefix_tokens`` its first words are the same in every request."""
+        if workload.conversation is not None and workload.turn is None:
+            raise EngineError(NOT_ONE_REQUEST)
         prompt = workload.prompt
         if prompt is None and workload.messages is None:
             words = workload.synthetic_prompt_tokens or 0

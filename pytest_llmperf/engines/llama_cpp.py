@@ -44,7 +44,7 @@ from ..core.workload import (
     llama_arguments,
 )
 from ..models.gguf import embedding_lookup, gguf_file_type
-from . import CounterSource
+from . import NOT_ONE_REQUEST, CounterSource
 from .capabilities import (
     Closable,
     Engine,
@@ -247,6 +247,7 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
         return greedy_sampler(self._lib, self.n_vocab, self._eog_ids)
 
     def _clear(self) -> None:
+        self._talk = None  # a conversation's turns go on only from what its previous turn left
         lib = self._lib
         assert self.llm is not None  # loaded: __init__ finished
         lib.llama_memory_clear(lib.llama_get_memory(self._ctx), True)
@@ -353,10 +354,11 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
         assert workload.conversation is not None and workload.turn is not None
         k, talk = workload.turn, self._talk
         need = self._talk_need(workload)
+        whole = dataclasses.replace(workload, turn=None)
         if k == 1:
             self.fit_context(need)
-            talk = Talk(run_index, [], [])
-        elif talk is None or talk.run_index != run_index or len(talk.replies) != k - 1:
+            talk = Talk(whole, run_index, (), ())
+        elif talk is None or (talk.workload, talk.run_index, len(talk.replies)) != (whole, run_index, k - 1):
             raise EngineError(
                 f"conversation turn {k} of run {run_index} asked without its turn {k - 1} just before on this engine"
             )
@@ -380,7 +382,7 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
         assert self.llm is not None
         reply = self.llm.detokenize(list(timed.token_ids)).decode("utf-8", errors="replace")
         # The KV cache now holds the prompt and every generated token but the last (never decoded).
-        self._talk = Talk(run_index, [*talk.replies, reply], [*prompt_ids, *timed.token_ids[:-1]])
+        self._talk = Talk(whole, run_index, (*talk.replies, reply), (*prompt_ids, *timed.token_ids[:-1]))
         return self._trace(timed, len(prompt_ids), tokenize_ns, feed, reused)
 
     def _keep(self, tokens: int) -> None:
@@ -405,7 +407,7 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
     def _talk_need(self, workload: Workload) -> int:
         """A conversation's context need (its last turn: the whole chat, each reply at most twice
         its ``max_tokens`` as text tokenized again, and its reply), checked against the context
-        once per conversation, before its first run (a ConfigError-like EngineError, one line)."""
+        once per conversation, before its first run (an EngineError, one line)."""
         c = workload.conversation
         assert c is not None
         if self._talk_need_of is None or self._talk_need_of[0] != workload:
@@ -466,6 +468,8 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
         """The prompt's token ids and the ns spent making them from text (timed apart): a literal
         prompt tokenized, chat messages rendered through the model's template and tokenized."""
         assert self.llm is not None  # loaded: __init__ finished
+        if workload.conversation is not None:
+            raise EngineError(NOT_ONE_REQUEST)
         if workload.messages is not None:
             return self._chat_ids(workload.messages)
         if workload.prompt is not None:
@@ -665,12 +669,13 @@ def chat_formatter(llm: Llama, model: str) -> Jinja2ChatFormatter:
 
 @dataclass(frozen=True)
 class Talk:
-    """A conversation's run on the engine so far: its run index, the replies made to its turns
-    and the token ids the KV cache holds (the last turn's prompt and reply)."""
+    """A conversation's run on the engine so far: its workload and run index, the replies made
+    to its turns and the token ids the KV cache holds (the last turn's prompt and reply)."""
 
+    workload: Workload
     run_index: int
-    replies: list[str]
-    cached: list[int]
+    replies: tuple[str, ...]
+    cached: tuple[int, ...]
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
