@@ -412,7 +412,9 @@ class Workload:
 
     def describe(self) -> str:
         if self.conversation is not None:
-            source = f"conversation of {len(self.conversation.turns)} turns"
+            source = f"conversation of {len(self.conversation.turns)} turns" + (
+                f" (turn {self.turn} judged)" if self.turn is not None else ""
+            )
         elif self.prompt_set is not None:
             source = f"prompt set of {len(self.prompt_set)} requests"
         elif self.messages is not None:
