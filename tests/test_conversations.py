@@ -226,6 +226,21 @@ def test_a_callable_is_given_each_turns_messages_with_its_replies_fed_back(tiny_
     assert all(r.native_prefill_ms is not None for r in m.runs)
 
 
+def test_a_conversation_beyond_a_callables_llama_is_one_line(tiny_model_path) -> None:
+    import llama_cpp
+
+    llm = llama_cpp.Llama(str(tiny_model_path), n_ctx=256, n_threads=1, verbose=False)
+
+    def reply(messages, max_tokens):
+        yield from llm.create_chat_completion(messages, max_tokens=max_tokens, stream=True)
+
+    try:
+        with pytest.raises(EngineError, match=r"^conversation turn 3: Requested tokens \(\d+\) exceed context window"):
+            measure(reply, dataclasses.replace(W, max_tokens=40, warmup=1))
+    finally:
+        llm.close()
+
+
 SUITE = """
 import pytest
 

@@ -188,6 +188,10 @@ class CallableEngine(Engine, DrivenLlama):
                 for item in self._fn(prompt, workload.max_tokens):
                     append(clock())
                     keep(item)
+        except ValueError as exc:  # llama-cpp-python's "Requested tokens (N) exceed context window of M"
+            if keep is not None and "context window" in str(exc):
+                raise EngineError(f"conversation turn {workload.turn}: {exc}; {CONTEXT_TODO}") from None
+            raise
         finally:
             llamas = watch.disarm(probes, cold) if watch is not None else []  # after the last
         if workload.turn is not None:
@@ -246,6 +250,9 @@ class CallableEngine(Engine, DrivenLlama):
             return workload.prompt
         return synthetic_text(workload.synthetic_prompt_tokens or 0, workload.seed)
 
+
+#: What to do about a conversation beyond the context of the Llama a callable drives.
+CONTEXT_TODO = "give that Llama a larger n_ctx (llmperf_llm: --llmperf-n-ctx) or shorten the conversation"
 
 #: What an engine says when asked for a conversation's prompt outside its turns (``whole_run``).
 NOT_ONE_REQUEST = "a conversation is sent turn by turn (Workload.at_turn), not as one request"
