@@ -24,7 +24,7 @@ from pytest_llmperf import Workload, measure
 from pytest_llmperf.core.conversations import conversation, parse_conversation
 from pytest_llmperf.core.errors import ConfigError, EngineError
 from pytest_llmperf.core.record import workload_changes, workload_identity
-from pytest_llmperf.core.workload import Conversation, conversation_digest
+from pytest_llmperf.core.workload import Conversation, RunTrace, conversation_digest
 from pytest_llmperf.measuring.metrics import turn_figures
 from pytest_llmperf.measuring.runner import extend
 from pytest_llmperf.reports.text import turn_rows
@@ -123,6 +123,11 @@ def test_the_conversations_content_hash_is_the_workloads_identity() -> None:
     assert workload_changes(stored(W), stored(dataclasses.replace(W, runs=9))) == []
     assert "conversation" not in stored(Workload()) and "conversation" not in Workload().to_json()
     assert Workload.from_json(json.loads(json.dumps(W.at_turn(2).to_json()))) == W.at_turn(2)
+    trace = RunTrace(start_ns=0, prefill_done_ns=None, token_ns=(1, 2), prompt_tokens=None)
+    older = {k: v for k, v in trace.to_json().items() if k != "turn"}  # what an older side sends
+    assert RunTrace.from_json(older) == trace and trace.turn is None
+    turned = dataclasses.replace(trace, turn=2)
+    assert RunTrace.from_json(json.loads(json.dumps(turned.to_json()))) == turned
 
 
 def test_forms_of_a_conversation(tmp_path: Path) -> None:
