@@ -64,3 +64,27 @@ def test_prompt_set_example_runs(pytester: pytest.Pytester) -> None:
         assert r.passed or (isinstance(r.longrepr, str) and "budget" in r.longrepr), (r.nodeid, str(r.longrepr))
     errors = [r for r in result.reprec.getreports("pytest_runtest_logreport") if r.when != "call" and r.failed]
     assert not errors, [str(e.longrepr) for e in errors]
+
+
+CONVERSATION = EXAMPLE.with_name("test_conversation_perf.py")
+
+
+def test_conversation_example_runs(pytester: pytest.Pytester) -> None:
+    """The conversation example: a marker's JSON conversation on the plugin's engine (all turns
+    pooled, and turn 3 alone), and the same file given to ``llmperf.measure()`` with a callable
+    on ``llmperf_llm``."""
+    pytester.makepyfile(test_conversation_perf=CONVERSATION.read_text(encoding="utf-8"))
+    (pytester.path / "conversation.json").write_text(
+        EXAMPLE.with_name("conversation.json").read_text(encoding="utf-8"), encoding="utf-8"
+    )
+    result = run(pytester)
+    reports = [r for r in result.reprec.getreports("pytest_runtest_logreport") if r.when == "call"]
+    assert {r.nodeid.split("::")[1] for r in reports} == {
+        "test_conversation",
+        "test_conversation_last_turn",
+        "test_conversation_through_my_code",
+    }
+    for r in reports:
+        assert r.passed or (isinstance(r.longrepr, str) and "budget" in r.longrepr), (r.nodeid, str(r.longrepr))
+    errors = [r for r in result.reprec.getreports("pytest_runtest_logreport") if r.when != "call" and r.failed]
+    assert not errors, [str(e.longrepr) for e in errors]

@@ -97,6 +97,10 @@ CONTRADICTORY = {
     "_context_below_workload": ({"prompt_tokens": 100, "max_tokens": 64, "n_ctx": 128}, "n_ctx 128 is below"),
     "_ubatch_above_batch": ({"n_batch": 64, "n_ubatch": 128}, "n_ubatch 128 is above n_batch 64"),
     "_quantized_v_without_flash_attn": ({"type_v": "q8_0", "flash_attn": False}, "needs flash_attn=True"),
+    "_conversation_alone": (
+        {"conversation": ["Hi.", "Why?"], "rate": 2.0},
+        "a conversation with rate is not supported",
+    ),
 }
 
 

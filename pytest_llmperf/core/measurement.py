@@ -15,7 +15,7 @@ import dataclasses
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeAlias, TypedDict
+from typing import Any, NamedTuple, Protocol, TypeAlias, TypedDict
 
 from .formats import JSONValue, fmt, sig6
 from .workload import EngineInfo, Workload
@@ -85,6 +85,8 @@ class RunMetrics:
     clock_gaps: tuple[tuple[str, float], ...] = ()
     #: What llama.cpp's sampler chain held beyond the usual ("grammar"; "": nothing more).
     sampler: str = ""
+    #: Which turn of a conversation this run is (1-based; None: not a conversation).
+    turn: int | None = None
 
 
 @dataclass(frozen=True)
@@ -950,6 +952,21 @@ class PromptLengths:
         }
 
 
+class TurnFigures(NamedTuple):
+    """One turn of a conversation over a measurement's runs (``measuring.metrics.turn_figures``): how many runs,
+    the prompt's tokens, those llama.cpp evaluated and reused (medians; None: not counted), TTFT
+    p50 and p95, and the decode time per token (median TPOT)."""
+
+    turn: int
+    runs: int
+    prompt_tokens: int | None
+    evaluated_tokens: int | None
+    reused_tokens: int | None
+    ttft_p50_ms: float
+    ttft_p95_ms: float
+    tpot_ms: float
+
+
 @dataclass(frozen=True)
 class Measurement:
     """All runs of one workload on one engine, with the summaries budgets and reports use.
@@ -998,6 +1015,8 @@ class Measurement:
     agreement: Agreement | None = None
     #: Where the runs' prompts had different lengths (a prompt set): the figures by length.
     prompt_lengths: PromptLengths | None = None
+    #: A conversation's figures turn by turn (``measuring.metrics.turn_figures``); empty: not one.
+    turns: tuple[TurnFigures, ...] = ()
 
     @property
     def n_runs(self) -> int:
@@ -1026,7 +1045,7 @@ class Measurement:
                 f"prompt cache warm (kept between runs): {reused} of {self.prompt_tokens} prompt tokens reused, "
                 f"{evaluated} evaluated (median run); never compared with a cold measurement"
             )
-        elif reused:
+        elif reused and self.workload.conversation is None:  # a conversation's turns reuse on purpose
             lines.append(
                 f"cold, yet llama.cpp evaluated {evaluated} of the {self.prompt_tokens} prompt tokens your code "
                 "passed (median run): your code cached or trimmed the prompt (a LlamaCache, a state it loaded, "

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict
 from . import catalog
 from .documents import validate
 from .formats import JSONValue, sig6
-from .workload import MEMORY_FIELDS, ChatMessage, drawn, prompt_set_digest, trace_digest
+from .workload import MEMORY_FIELDS, ChatMessage, conversation_digest, drawn, prompt_set_digest, trace_digest
 
 if TYPE_CHECKING:
     from .fingerprint import Fingerprint
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
         RooflineJson,
         Stability,
         StabilityJson,
+        TurnFigures,
     )
 
 #: Per-run values by field (``runs``, ``parts``): one number per run.
@@ -46,8 +47,9 @@ PerRun: TypeAlias = "Mapping[str, Sequence[float]]"
 class StoredWorkload(TypedDict, total=False):
     """What must match for two records to be compared (``WORKLOAD_KEYS``), with the run and
     warm-up counts (which may differ). ``shared_prefix_tokens`` and ``prompt_cache`` only when
-    set, ``messages`` (a chat request's, as JSON text), ``prompt_set`` and ``trace`` (their
-    content hashes, a trace with its ``trace_speed``) too (so older baselines keep matching)."""
+    set, ``messages`` (a chat request's, as JSON text), ``prompt_set``, ``trace`` and
+    ``conversation`` (their content hashes, a trace with its ``trace_speed``, a conversation with
+    its judged ``turn``) too (so older baselines keep matching)."""
 
     prompt: str | None
     prompt_tokens: int | None
@@ -61,6 +63,8 @@ class StoredWorkload(TypedDict, total=False):
     prompt_set: str
     trace: str
     trace_speed: float
+    conversation: str
+    turn: int
     runs: int
     warmup: int
 
@@ -96,6 +100,20 @@ class StoredPrompt(TypedDict, total=False):
     delivered_ttft_ms: float | None
     delivered_e2e_ms: float | None
     delivered_burst_tokens: int | None
+    turns: list[StoredTurn]
+
+
+class StoredTurn(TypedDict):
+    """One turn of a conversation over the runs (``Measurement.turns``)."""
+
+    turn: int
+    runs: int
+    prompt_tokens: int | None
+    evaluated_prompt_tokens: int | None
+    prompt_reused_tokens: int | None
+    ttft_p50_ms: float
+    ttft_p95_ms: float
+    tpot_ms: float
 
 
 class StoredLoad(TypedDict, total=False):
@@ -298,6 +316,8 @@ WORKLOAD_KEYS = (
     "prompt_set",
     "trace",
     "trace_speed",
+    "conversation",
+    "turn",
 )
 
 
@@ -315,7 +335,7 @@ def workload_identity(m: Measurement) -> StoredWorkload:
         # code under test: a change of it is judged and named, not a new workload). A prompt set's
         # lengths vary by run: its content hash names its prompts (none here, whatever the run count).
         "prompt_tokens": w.prompt_tokens
-        if m.engine.engine == "callable" or w.prompt_set is not None or w.trace is not None
+        if m.engine.engine == "callable" or (w.prompt_set, w.trace, w.conversation) != (None, None, None)
         else m.prompt_tokens,
         "max_tokens": w.max_tokens,
         "seed": w.seed,
@@ -334,6 +354,10 @@ def workload_identity(m: Measurement) -> StoredWorkload:
     if w.trace is not None:  # a trace: its content hash and the pace it is replayed at
         out["trace"] = trace_digest(w.trace)
         out["trace_speed"] = w.trace_speed or 1.0
+    if w.conversation is not None:  # a conversation: its content hash
+        out["conversation"] = conversation_digest(w.conversation)
+    if w.turn is not None:  # a conversation judged on one turn
+        out["turn"] = w.turn
     return out
 
 
@@ -356,9 +380,23 @@ def stored_requests(m: Measurement) -> StoredRequests | None:
     }
 
 
+def stored_turn(t: TurnFigures) -> StoredTurn:
+    return {
+        "turn": t.turn,
+        "runs": t.runs,
+        "prompt_tokens": t.prompt_tokens,
+        "evaluated_prompt_tokens": t.evaluated_tokens,
+        "prompt_reused_tokens": t.reused_tokens,
+        "ttft_p50_ms": sig6(t.ttft_p50_ms),
+        "ttft_p95_ms": sig6(t.ttft_p95_ms),
+        "tpot_ms": sig6(t.tpot_ms),
+    }
+
+
 def stored_prompt(m: Measurement) -> StoredPrompt:
-    """Empty when the engine is the plugin's own (its prompt is the workload's)."""
-    if m.prompt_reused_tokens is None and m.delivered_items is None:
+    """Empty when the engine is the plugin's own (its prompt is the workload's), but for a
+    conversation (its reuse and its turns)."""
+    if m.prompt_reused_tokens is None and m.delivered_items is None and not m.turns:
         return {}
     out: StoredPrompt = {
         "prompt_cache": m.workload.prompt_cache,
@@ -367,6 +405,8 @@ def stored_prompt(m: Measurement) -> StoredPrompt:
         "prompt_reused_tokens": m.prompt_reused_tokens,
         "sampler": next((r.sampler for r in m.runs if r.sampler), ""),
     }
+    if m.turns:  # a conversation: its figures turn by turn
+        out["turns"] = [stored_turn(t) for t in m.turns]
     if m.delivered_items is not None:
         out.update(
             {

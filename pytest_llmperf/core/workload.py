@@ -253,8 +253,73 @@ def trace_digest(lines: tuple[TraceRequest, ...]) -> str:
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+#: What a conversation given as an object may hold (``Conversation``): its user turns, and
+#: optionally the system message every turn's chat starts with.
+CONVERSATION_KEYS = ("system", "turns")
+
+
+class Conversation(NamedTuple):
+    """A multi-turn conversation (``Workload.conversation``): the user's turns, in order, and
+    an optional system message. One run sends every turn, turn k's chat being the system
+    message, the user turns 1..k and the replies the model made to turns 1..k-1 (``messages``).
+    A tuple, as ``SetRequest`` is (no new shape): stored as ``[turns, system]``."""
+
+    turns: tuple[str, ...]
+    system: str | None = None
+
+    def messages(self, replies: tuple[str, ...] | list[str]) -> tuple[ChatMessage, ...]:
+        """Turn ``len(replies) + 1``'s chat: the system message, each earlier user turn and its
+        reply, then this turn's user message."""
+        k = len(replies) + 1
+        if k > len(self.turns):
+            raise ValueError(f"a conversation of {len(self.turns)} turns has no turn {k}")
+        out: list[ChatMessage] = [("system", self.system)] if self.system is not None else []
+        for turn, reply in zip(self.turns, replies):
+            out += [("user", turn), ("assistant", reply)]
+        return (*out, ("user", self.turns[k - 1]))
+
+    def to_line(self) -> dict[str, object]:
+        """The conversation as a file gives it (``conversation_of`` reads it back)."""
+        out: dict[str, object] = {"turns": list(self.turns)}
+        if self.system is not None:
+            out["system"] = self.system
+        return out
+
+
+def conversation_of(value: object) -> Conversation:
+    """A conversation as a test gives it inline: a list of user turns (strings) or an object
+    ``{"system": ..., "turns": [...]}`` (as stored: a ``Conversation`` or JSON's ``[turns,
+    system]``) checked; else a ConfigError, one line naming the turn by its index."""
+    if isinstance(value, (tuple, list)) and len(value) == 2 and isinstance(value[0], (tuple, list)):
+        value = dict(zip(("turns", "system"), value))  # stored
+    if isinstance(value, Mapping):
+        unknown = [k for k in value if k not in CONVERSATION_KEYS]
+        if unknown:
+            raise ConfigError(f"unknown key {unknown[0]!r}; a conversation's keys: {', '.join(CONVERSATION_KEYS)}")
+        system, turns = value.get("system"), value.get("turns")
+        if system is not None and not isinstance(system, str):
+            raise ConfigError(f"a conversation's system message must be a string, got {system!r}")
+        if system is not None:
+            _check_encodable(system)
+    else:
+        system, turns = None, value
+    if isinstance(turns, (str, bytes)) or not isinstance(turns, (list, tuple)) or not turns:
+        raise ConfigError(f"a conversation's turns must be a non-empty list of user messages (strings), got {turns!r}")
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, str) or not turn:
+            raise ConfigError(f"turns[{i}] must be a non-empty string (a user message), got {turn!r}")
+        _check_encodable(turn)
+    return Conversation(turns=tuple(turns), system=system)
+
+
+def conversation_digest(conversation: Conversation) -> str:
+    """The conversation's content hash: sha256 of its canonical JSON (``to_line``)."""
+    text = json.dumps(conversation.to_line(), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
 #: Workload fields newer than the stored form's first version: left out of ``to_json`` when None.
-LATER_FIELDS = frozenset({"messages", "prompt_set", "trace", "trace_speed"})
+LATER_FIELDS = frozenset({"messages", "prompt_set", "trace", "trace_speed", "conversation", "turn"})
 
 
 @dataclass(frozen=True)
@@ -293,6 +358,12 @@ class Workload:
     # each request sent at its arrival time whatever the server's backlog (open loop).
     trace: tuple[TraceRequest, ...] | None = None
     trace_speed: float | None = None
+    #: A multi-turn conversation instead of one prompt: each run sends its turns in order, the
+    #: model's replies fed back and the prompt cache kept between them (cleared before turn 1).
+    conversation: Conversation | None = None
+    #: One turn of ``conversation`` (1-based): the one a test's budgets and judged figures read
+    #: (the ``turn`` key; None: every turn pooled), and the one an engine is asked for (``at_turn``).
+    turn: int | None = None
 
     def to_json(self) -> dict[str, object]:
         """Every field (what an engine worker or a side is sent), but the newer request forms
@@ -314,6 +385,10 @@ class Workload:
             self._check_trace()
         elif self.trace_speed is not None:
             raise ConfigError("trace_speed scales a trace's arrival times: give a trace too")
+        if self.conversation is not None:  # a list or object (JSON): checked, then a Conversation
+            object.__setattr__(self, "conversation", conversation_of(self.conversation))
+        if self.turn is not None and not (self.conversation is not None and 1 <= self.turn <= self.turns):
+            raise ConfigError(f"turn {self.turn} needs a conversation of at least {self.turn} turns")
         if self.prompt_cache not in PROMPT_CACHE_MODES:
             raise ConfigError(f"prompt_cache must be one of {', '.join(PROMPT_CACHE_MODES)}, got {self.prompt_cache!r}")
         self._check_prompt()
@@ -329,6 +404,12 @@ class Workload:
             raise ConfigError("give either messages or a prompt (prompt, prompt_tokens), not both")
         if self.prompt_set is not None and (self.prompt, self.prompt_tokens, self.messages) != (None, None, None):
             raise ConfigError("give either a prompt_set or one prompt (prompt, prompt_tokens, messages), not both")
+        if self.conversation is not None and (
+            (self.prompt, self.prompt_tokens, self.messages, self.prompt_set, self.trace) != (None,) * 5
+        ):
+            raise ConfigError(
+                "give either a conversation or a prompt (prompt, prompt_tokens, messages, prompt_set, trace)"
+            )
         if self.prompt_tokens is not None and self.prompt_tokens < 1:
             raise ConfigError(f"prompt_tokens must be >= 1, got {self.prompt_tokens}")
         if self.prompt is not None and not self.prompt:
@@ -413,6 +494,16 @@ class Workload:
             max_tokens=r.max_tokens or self.max_tokens,
         )
 
+    def at_turn(self, turn: int) -> Workload:
+        """What an engine is sent for turn ``turn`` (1-based) of a conversation: the whole
+        conversation and the turn (an engine keeps the replies it made to the run's earlier turns)."""
+        return dataclasses.replace(self, turn=turn)
+
+    @property
+    def turns(self) -> int:
+        """Requests one run sends: a conversation's turns, else 1."""
+        return len(self.conversation.turns) if self.conversation is not None else 1
+
     @property
     def is_load(self) -> bool:
         """A load test: several requests, possibly concurrent, summarized per request."""
@@ -432,7 +523,7 @@ class Workload:
     @property
     def synthetic_prompt_tokens(self) -> int | None:
         """Token count of the synthetic prompt, or None for a literal prompt, chat messages or a set."""
-        if self.prompt is not None or self.messages is not None or self.prompt_set is not None or self.is_trace:
+        if (self.prompt, self.messages, self.prompt_set, self.trace, self.conversation) != (None,) * 5:
             return None
         return self.prompt_tokens if self.prompt_tokens is not None else DEFAULT_PROMPT_TOKENS
 
@@ -441,6 +532,8 @@ class Workload:
         """What a served measurement lets the server's prompt cache do (said in reports)."""
         if self.shared_prefix_tokens:
             return f"shared {self.shared_prefix_tokens}-token prefix, prompt cache on (measures prefix caching)"
+        if self.conversation is not None:
+            return "a conversation: turn 1 cache_prompt=false, later turns cache_prompt=true (reuse measured)"
         if self.prompt_set is not None:
             return "the prompt set's requests, prompt cache off (cache_prompt=false)"
         if self.trace is not None:
@@ -452,7 +545,11 @@ class Workload:
     def describe(self) -> str:
         if self.trace is not None:
             return self._describe_trace(self.trace)
-        if self.prompt_set is not None:
+        if self.conversation is not None:
+            source = f"conversation of {len(self.conversation.turns)} turns" + (
+                f" (turn {self.turn} judged)" if self.turn is not None else ""
+            )
+        elif self.prompt_set is not None:
             source = f"prompt set of {len(self.prompt_set)} requests"
         elif self.messages is not None:
             source = f"chat {len(self.messages)} messages"
@@ -589,6 +686,8 @@ class RunTrace:
     tokenize_in_run_ns: int = 0
     #: The user's Python logits processors and stopping criteria, ns in all (None: none ran or unknown).
     python_sampling_ns: int | None = None
+    #: Which turn of a conversation this run is (1-based; None: not a conversation).
+    turn: int | None = None
 
     def to_json(self) -> dict[str, object]:
         """Every field (what an engine worker or a side sends back); ``from_json`` reads it."""

@@ -151,6 +151,7 @@ class CallableEngine(Engine, DrivenLlama):
         self.counters = counters
         self.watch = watch
         self._info = EngineInfo(engine="callable", model=name or str(getattr(fn, "__name__", "callable")))
+        self._talk: tuple[int, list[str]] = (0, [])  # a conversation's run: its replies so far
 
     def info(self) -> EngineInfo:
         """The callable's name; with a watch, the facts, settings and memory of the Llamas it
@@ -169,20 +170,34 @@ class CallableEngine(Engine, DrivenLlama):
 
     def run(self, workload: Workload, run_index: int) -> RunTrace:
         workload = workload.request(run_index)  # a prompt set's request of this run
-        prompt = self._prompt(workload)
+        prompt = self._turn_messages(workload, run_index) if workload.turn is not None else self._prompt(workload)
         counters, watch = self.counters, self.watch
-        cold = workload.prompt_cache == "cold"
+        # A conversation's later turns keep what the run's earlier turns left (its prompt cache).
+        cold = workload.prompt_cache == "cold" and (workload.turn or 1) == 1
         probes = watch.arm(cold) if watch is not None else ()  # before the first clock read
         before = counters.read() if counters is not None and watch is None else None
         clock = time.perf_counter_ns
         stamps: list[int] = []
         append = stamps.append
+        items: list[object] = []  # a conversation's reply, fed back to its next turn
+        keep = items.append if workload.turn is not None else None
         start = clock()
         try:
-            for _ in self._fn(prompt, workload.max_tokens):
-                append(clock())
+            if keep is None:
+                for _ in self._fn(prompt, workload.max_tokens):
+                    append(clock())
+            else:
+                for item in self._fn(prompt, workload.max_tokens):
+                    append(clock())
+                    keep(item)
+        except ValueError as exc:  # llama-cpp-python's "Requested tokens (N) exceed context window of M"
+            if keep is not None and "context window" in str(exc):
+                raise EngineError(f"conversation turn {workload.turn}: {exc}; {CONTEXT_TODO}") from None
+            raise
         finally:
             llamas = watch.disarm(probes, cold) if watch is not None else []  # after the last
+        if workload.turn is not None:
+            self._replied(workload.turn, run_index, "".join(item_text(i) for i in items))
         if watch is not None:
             return self._watched(start, stamps, llamas)
         native = counters.between(before, counters.read()) if counters is not None else None
@@ -213,14 +228,51 @@ class CallableEngine(Engine, DrivenLlama):
             python_sampling_ns=main.python_sampling_ns,
         )
 
+    def _replied(self, turn: int, run_index: int, reply: str) -> None:
+        self._talk = (run_index, [*self._talk[1], reply] if turn > 1 else [reply])
+
+    def _turn_messages(self, workload: Workload, run_index: int) -> list[dict[str, str]]:
+        """A conversation turn's chat: the system message, the user turns so far and the
+        callable's replies to the earlier ones (kept from the run's earlier turns)."""
+        assert workload.conversation is not None and workload.turn is not None
+        k = workload.turn
+        replies = self._talk[1] if k > 1 else []
+        if k > 1 and (self._talk[0], len(replies)) != (run_index, k - 1):
+            raise EngineError(f"conversation turn {k} of run {run_index} asked without its turn {k - 1} just before")
+        return chat_dicts(workload.conversation.messages(replies))
+
     def _prompt(self, workload: Workload) -> Request:
         """What ``fn`` is given as its prompt: the text, or a chat request's messages
         (``[{"role": ..., "content": ...}, ...]``, for ``Llama.create_chat_completion``)."""
+        if workload.conversation is not None:
+            raise EngineError(NOT_ONE_REQUEST)
         if workload.messages is not None:
             return chat_dicts(workload.messages)
         if workload.prompt is not None:
             return workload.prompt
         return synthetic_text(workload.synthetic_prompt_tokens or 0, workload.seed)
+
+
+#: What to do about a conversation beyond the context of the Llama a callable drives.
+CONTEXT_TODO = "give that Llama a larger n_ctx (llmperf_llm: --llmperf-n-ctx) or shorten the conversation"
+
+#: What an engine says when asked for a conversation's prompt outside its turns (``whole_run``).
+NOT_ONE_REQUEST = "a conversation is sent turn by turn (Workload.at_turn), not as one request"
+
+
+def item_text(item: object) -> str:
+    """The text one item of a callable's stream carries: a string, or a completion chunk's
+    (``choices[0]``'s ``delta.content`` or ``text``, as llama-cpp-python and OpenAI stream them)."""
+    if isinstance(item, str):
+        return item
+    if isinstance(item, Mapping):
+        choices = item.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], Mapping):
+            choice = choices[0]
+            delta = choice.get("delta")
+            text = delta.get("content") if isinstance(delta, Mapping) else choice.get("text")
+            return text if isinstance(text, str) else ""
+    return ""
 
 
 class SteppedCallableEngine(CallableEngine, SteppedRuns):

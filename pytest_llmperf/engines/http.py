@@ -35,6 +35,7 @@ best-effort with a short deadline, and done outside every timed region."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import os
 import secrets
@@ -47,8 +48,17 @@ from ..core.documents import DuplicateKey, loads
 from ..core.errors import ConfigError, EngineError
 from ..core.redact import Redactor, Url, redact
 from ..core.settings import APIS, SETTINGS, endpoint_url
-from ..core.workload import EngineInfo, RunTrace, SentRequest, SetRequest, TokenLogits, Workload, chat_dicts
-from . import synthetic_text
+from ..core.workload import (
+    ChatMessage,
+    EngineInfo,
+    RunTrace,
+    SentRequest,
+    SetRequest,
+    TokenLogits,
+    Workload,
+    chat_dicts,
+)
+from . import NOT_ONE_REQUEST, synthetic_text
 from .capabilities import AsyncRuns, Closable, ConcurrentRuns, Engine, NeedsPromptIds, SentRequests, ServerMetrics
 from .sse import MAX_ERROR_BODY_BYTES, EventReader, Head, StreamState, status_error
 
@@ -137,6 +147,7 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
         )
         self._lock = threading.Lock()
         self._token_count: set[str] = set()
+        self._talk: tuple[int, list[str]] = (0, [])  # a conversation's run: its replies so far
         self._metrics_missing = False
         #: While ``keep_sent``: every request sent (``take_sent``), when the client began it and what it asked.
         self.keep_sent = keep_sent
@@ -204,6 +215,8 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
         """The request. A synthetic prompt differs per request (seeded by the engine's salt,
         the workload's seed and the request index) so no server can answer from a cached
         prefix; with ``shared_prefix_tokens`` its first words are the same in every request."""
+        if workload.conversation is not None and workload.turn is None:
+            raise EngineError(NOT_ONE_REQUEST)
         prompt = workload.prompt
         if prompt is None and workload.messages is None:
             words = workload.synthetic_prompt_tokens or 0
@@ -223,7 +236,10 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
         }
         if self.model:
             body["model"] = self.model
-        if workload.messages is not None:  # as they are: the server renders its model's template
+        if workload.turn is not None:  # a conversation's turn: its chat so far, the replies fed back
+            body["messages"] = chat_dicts(self._turn_messages(workload, run_index))
+            body["cache_prompt"] = workload.turn > 1  # what the run's earlier turns left, reused
+        elif workload.messages is not None:  # as they are: the server renders its model's template
             body["messages"] = chat_dicts(workload.messages)
         elif self.api == "completions":
             body["prompt"] = prompt
@@ -258,9 +274,20 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
             sent, self._sent = self._sent, []
         return sorted(sent, key=lambda r: r.sent_ns)
 
+    def _turn_messages(self, workload: Workload, run_index: int) -> tuple[ChatMessage, ...]:
+        """A conversation turn's chat: the system message, the user turns so far and the
+        server's replies to the run's earlier turns (kept by ``_run``)."""
+        assert workload.conversation is not None and workload.turn is not None
+        k = workload.turn
+        if k == 1:
+            return workload.conversation.messages([])
+        if self._talk[0] != run_index or len(self._talk[1]) != k - 1:
+            raise EngineError(f"conversation turn {k} of run {run_index} asked without its turn {k - 1} just before")
+        return workload.conversation.messages(self._talk[1])
+
     def _target(self, workload: Workload) -> tuple[str, str, str]:
         """Where a request goes: (API, URL sent, URL shown); chat messages to chat/completions."""
-        api = "chat" if workload.messages is not None else self.api
+        api = "chat" if workload.messages is not None or workload.turn is not None else self.api
         return (api, *self._urls[api])
 
     def run(self, workload: Workload, run_index: int) -> RunTrace:
@@ -298,7 +325,7 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
         self._note_sent(workload, body)
         clock = time.perf_counter_ns
         api, url, shown = self._target(workload)
-        state = StreamState(shown, api, workload.max_tokens)
+        state = StreamState(shown, api, workload.max_tokens, keep_text=workload.turn is not None)
         deadline = _DEADLINE.at
         assert deadline is not None  # run() sets it
         start = clock()
@@ -318,7 +345,19 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
                         state.feed(data, clock())
         except httpx.HTTPError as exc:
             raise self._transport_error(exc, state, _DEADLINE.hit) from None
-        return self._finish(state, start)
+        trace = self._finish(state, start)
+        return trace if workload.turn is None else self._replied(workload.turn, run_index, state, trace)
+
+    def _replied(self, turn: int, run_index: int, state: StreamState, trace: RunTrace) -> RunTrace:
+        """A conversation turn's trace with the prompt tokens the server reused (its usage's
+        prompt tokens less those its timings say it evaluated; None when it sent either not),
+        its reply kept for the run's next turn."""
+        reply = "".join(state.text or ())
+        self._talk = (run_index, [*self._talk[1], reply] if turn > 1 else [reply])
+        native, total = trace.native, trace.prompt_tokens
+        if native is None or total is None:
+            return trace
+        return dataclasses.replace(trace, prompt_reused_tokens=max(total - native.prefill_tokens, 0))
 
     def _refused(self, response: httpx.Response, shown: str) -> EngineError:
         """The error for a response of status >= 300, with the head of its body."""

@@ -33,6 +33,7 @@ from ..core.errors import ConfigError, EngineError
 from ..core.workload import (
     AUTO_CTX_STEP,
     MEMORY_FIELDS,
+    ChatMessage,
     EngineInfo,
     NativeCounters,
     RunTrace,
@@ -43,7 +44,7 @@ from ..core.workload import (
     llama_arguments,
 )
 from ..models.gguf import embedding_lookup, gguf_file_type
-from . import CounterSource
+from . import NOT_ONE_REQUEST, CounterSource
 from .capabilities import (
     Closable,
     Engine,
@@ -138,6 +139,8 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
     _chat: Jinja2ChatFormatter | None = None  # the model's chat template, once messages need it
     _set_need_of: tuple[tuple[SetRequest, ...], int] | None = None  # the last prompt set and its need
     _sampler: Sampler = None
+    _talk: Talk | None = None  # the conversation run under way: its replies and what the KV cache holds
+    _talk_need_of: tuple[Workload, int] | None = None  # the last conversation and its need
 
     def __init__(
         self, model_path: str | os.PathLike[str], *, name: str | None = None, verbose: bool = False, **settings: object
@@ -244,6 +247,7 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
         return greedy_sampler(self._lib, self.n_vocab, self._eog_ids)
 
     def _clear(self) -> None:
+        self._talk = None  # a conversation's turns go on only from what its previous turn left
         lib = self._lib
         assert self.llm is not None  # loaded: __init__ finished
         lib.llama_memory_clear(lib.llama_get_memory(self._ctx), True)
@@ -289,6 +293,8 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
                 "prompt_cache='warm' measures the Llama your own code drives (llmperf.measure(fn)); the plugin's "
                 "engine evaluates every prompt (a served model's prefix cache: shared_prefix_tokens)"
             )
+        if workload.turn is not None:
+            return self._turn(workload, run_index, pause)
         lib = self._lib
         need = self._set_need(workload)
         workload = workload.request(run_index)  # a prompt set's request of this run
@@ -303,16 +309,29 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
         timed = timed_decode(
             lib, self._ctx, prompt_ids, max_tokens, self.n_batch, feed=feed, sampler=self._sampler, pause=pause
         )
+        return self._trace(timed, len(prompt_ids), tokenize_ns, feed)
+
+    def _trace(
+        self,
+        timed: TimedDecode,
+        prompt_tokens: int,
+        tokenize_ns: int,
+        feed: list[int] | None,
+        reused: int | None = None,
+    ) -> RunTrace:
+        """A run's trace from its timed loop and llama.cpp's counters (read after it)."""
+        lib = self._lib
         perf = lib.llama_perf_context(self._ctx)
         if feed is not None:
-            self._time_sampling(max_tokens)
+            self._time_sampling(len(timed.token_ns))
         sampled = lib.llama_perf_sampler(self._sampler)
         return RunTrace(
             start_ns=timed.start_ns,
             prefill_done_ns=timed.prefill_done_ns,
             token_ns=timed.token_ns,
-            prompt_tokens=len(prompt_ids),
+            prompt_tokens=prompt_tokens,
             tokenize_ns=tokenize_ns,
+            prompt_reused_tokens=reused,
             native=NativeCounters(
                 prefill_ms=float(perf.t_p_eval_ms),
                 prefill_tokens=int(perf.n_p_eval),
@@ -324,6 +343,96 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
             ),
             token_ids=timed.token_ids,
         )
+
+    # -- conversations: turn by turn, the KV cache kept between the turns of a run --------------
+
+    def _turn(self, workload: Workload, run_index: int, pause: Callable[[], None] | None) -> RunTrace:
+        """Turn ``workload.turn`` of run ``run_index`` of a conversation: the chat of the system
+        message, the user turns so far and this engine's replies to the earlier ones, rendered
+        through the model's template; the KV cache holds the previous turn's prompt and reply, so
+        only the tokens past their common prefix are evaluated (turn 1: cleared first)."""
+        assert workload.conversation is not None and workload.turn is not None
+        k, talk = workload.turn, self._talk
+        need = self._talk_need(workload)
+        whole = dataclasses.replace(workload, turn=None)
+        if k == 1:
+            self.fit_context(need)
+            talk = Talk(whole, run_index, (), ())
+        elif talk is None or (talk.workload, talk.run_index, len(talk.replies)) != (whole, run_index, k - 1):
+            raise EngineError(
+                f"conversation turn {k} of run {run_index} asked without its turn {k - 1} just before on this engine"
+            )
+        prompt_ids, tokenize_ns = self._chat_ids(workload.conversation.messages(talk.replies))
+        self.check_fits(len(prompt_ids), workload.max_tokens)
+        # At least two tokens evaluated: the last prompt token's logits, and never a one-token
+        # prompt (llama.cpp books it as decode, ``split_prompt``).
+        reused = max(min(common_prefix(talk.cached, prompt_ids), len(prompt_ids) - 2), 0)
+        feed = self._turn_feed(workload, k)
+        self._keep(reused)
+        timed = timed_decode(
+            self._lib,
+            self._ctx,
+            prompt_ids[reused:],
+            workload.max_tokens,
+            self.n_batch,
+            feed=feed,
+            sampler=self._sampler,
+            pause=pause,
+        )
+        assert self.llm is not None
+        reply = self.llm.detokenize(list(timed.token_ids)).decode("utf-8", errors="replace")
+        # The KV cache now holds the prompt and every generated token but the last (never decoded).
+        self._talk = Talk(whole, run_index, (*talk.replies, reply), (*prompt_ids, *timed.token_ids[:-1]))
+        return self._trace(timed, len(prompt_ids), tokenize_ns, feed, reused)
+
+    def _keep(self, tokens: int) -> None:
+        """The KV cache's first ``tokens`` positions kept, the rest dropped (0: cleared), and the
+        counters and sampler reset for the run."""
+        if tokens == 0:
+            self._clear()
+            return
+        lib = self._lib
+        if not lib.llama_memory_seq_rm(lib.llama_get_memory(self._ctx), 0, tokens, -1):
+            raise EngineError(f"llama.cpp could not drop the KV cache past position {tokens}")
+        lib.llama_sampler_reset(self._sampler)
+        lib.llama_perf_context_reset(self._ctx)
+        lib.llama_perf_sampler_reset(self._sampler)
+
+    def _turn_feed(self, workload: Workload, turn: int) -> list[int] | None:
+        """A turn's seeded decode feed (``decode_feed``), a different reply each turn."""
+        if self.sample:
+            return None
+        return self.synthetic_prompt(workload.max_tokens + 1, workload.seed + 1 + turn)[1:]
+
+    def _talk_need(self, workload: Workload) -> int:
+        """A conversation's context need (its last turn: the whole chat, each reply at most twice
+        its ``max_tokens`` as text tokenized again, and its reply), checked against the context
+        once per conversation, before its first run (an EngineError, one line)."""
+        c = workload.conversation
+        assert c is not None
+        if self._talk_need_of is None or self._talk_need_of[0] != workload:
+            t = len(c.turns)
+            chat = len(self._chat_ids(c.messages([""] * (t - 1)))[0])
+            replies = 2 * workload.max_tokens * (t - 1)
+            try:
+                self.check_fits(chat + replies, workload.max_tokens)
+            except EngineError as exc:
+                raise EngineError(
+                    f"conversation of {t} turns (its chat {chat} tokens, up to {replies} for its replies): {exc}"
+                ) from None
+            self._talk_need_of = (workload, chat + replies + workload.max_tokens)
+        return self._talk_need_of[1]
+
+    def _chat_ids(self, messages: tuple[ChatMessage, ...]) -> tuple[list[int], int]:
+        """Chat messages rendered through the model's template and tokenized, and the ns spent."""
+        assert self.llm is not None  # loaded: __init__ finished
+        render = self._chat_formatter()
+        chat = cast("list[ChatCompletionRequestMessage]", chat_dicts(messages))
+        before = time.perf_counter_ns()
+        # As llama-cpp-python's create_chat_completion: the template writes the BOS, and
+        # its special tokens' text is read as the tokens.
+        ids = self.llm.tokenize(render(messages=chat).prompt.encode("utf-8"), add_bos=False, special=True)
+        return ids, time.perf_counter_ns() - before
 
     def timed_decode(
         self, ctx: Context, prompt_ids: Sequence[int], max_tokens: int, *, feed: Sequence[int] | None, sampler: Sampler
@@ -359,14 +468,10 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
         """The prompt's token ids and the ns spent making them from text (timed apart): a literal
         prompt tokenized, chat messages rendered through the model's template and tokenized."""
         assert self.llm is not None  # loaded: __init__ finished
+        if workload.conversation is not None:
+            raise EngineError(NOT_ONE_REQUEST)
         if workload.messages is not None:
-            render = self._chat_formatter()
-            messages = cast("list[ChatCompletionRequestMessage]", chat_dicts(workload.messages))
-            before = time.perf_counter_ns()
-            # As llama-cpp-python's create_chat_completion: the template writes the BOS, and
-            # its special tokens' text is read as the tokens.
-            ids = self.llm.tokenize(render(messages=messages).prompt.encode("utf-8"), add_bos=False, special=True)
-            return ids, time.perf_counter_ns() - before
+            return self._chat_ids(workload.messages)
         if workload.prompt is not None:
             text = workload.prompt.encode("utf-8")
             before = time.perf_counter_ns()
@@ -560,6 +665,23 @@ def chat_formatter(llm: Llama, model: str) -> Jinja2ChatFormatter:
         eos_token=vocab.token_get_text(llm.token_eos()),
         bos_token=vocab.token_get_text(llm.token_bos()),
     )
+
+
+@dataclass(frozen=True)
+class Talk:
+    """A conversation's run on the engine so far: its workload and run index, the replies made
+    to its turns and the token ids the KV cache holds (the last turn's prompt and reply)."""
+
+    workload: Workload
+    run_index: int
+    replies: tuple[str, ...]
+    cached: tuple[int, ...]
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading ids ``a`` and ``b`` share."""
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
 
 
 def _vocab_tables(lib: ModuleType, vocab: llama_vocab_p, n_vocab: int) -> tuple[list[int], np.ndarray]:

@@ -60,9 +60,11 @@ def _is_ms(value: object) -> TypeGuard[int | float]:
 class StreamState:
     """What one request's stream said so far; ``feed`` each event's data with its arrival time."""
 
-    def __init__(self, url: str, api: str, max_tokens: int) -> None:
+    def __init__(self, url: str, api: str, max_tokens: int, *, keep_text: bool = False) -> None:
         self.url, self.api, self.max_tokens = url, api, max_tokens
         self.stamps: list[int] = []
+        #: The reply's text pieces, kept when asked (a conversation's reply, fed back to its next turn).
+        self.text: list[str] | None = [] if keep_text else None
         self.usage: dict[str, JSONValue] | None = None
         self.timings: dict[str, JSONValue] | None = None
         self.finish: str | None = None
@@ -92,6 +94,9 @@ class StreamState:
         tokens, reason = tokens_in(event, self.api)
         if tokens:
             self.stamps.append(now)
+            if self.text is not None:
+                text = event_text(event, self.api)
+                self.text.append(text if isinstance(text, str) else "")
         self.finish = reason if isinstance(reason, str) and reason else self.finish
         return False
 
@@ -308,6 +313,21 @@ def parse_event(data: str, url: str) -> dict[str, JSONValue]:
     return event
 
 
+def event_text(event: dict[str, Any], api: str) -> object:
+    """The text field of an event's first choice (``text``, or ``delta.content`` for chat) as
+    sent, or None."""
+    choices = event.get("choices") or []
+    if not choices or not isinstance(choices[0], dict):
+        return None
+    choice = choices[0]
+    if api == "completions":
+        text = choice.get("text")
+    else:
+        delta = choice.get("delta") or {}
+        text = delta.get("content") if isinstance(delta, dict) else None
+    return text
+
+
 def tokens_in(event: dict[str, Any], api: str) -> tuple[bool, str | None]:
     """Whether this event carries a generated token, and its finish_reason.
 
@@ -318,13 +338,8 @@ def tokens_in(event: dict[str, Any], api: str) -> tuple[bool, str | None]:
     choices = event.get("choices") or []
     if not choices or not isinstance(choices[0], dict):
         return False, None
-    choice = choices[0]
-    reason = choice.get("finish_reason")
-    if api == "completions":
-        text = choice.get("text")
-    else:
-        delta = choice.get("delta") or {}
-        text = delta.get("content") if isinstance(delta, dict) else None
+    reason = choices[0].get("finish_reason")
+    text = event_text(event, api)
     if text is None:
         return False, reason
     return bool(text) or reason is None, reason

@@ -13,6 +13,7 @@ its signal is there; an unstable measurement with no signal says so."""
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import resource
@@ -32,6 +33,7 @@ from ..core.measurement import (
     Stability,
     SystemDelta,
     SystemSample,
+    TurnFigures,
 )
 from ..core.settings import usable_cpus
 from ..core.workload import EngineInfo, RunTrace, Workload
@@ -102,6 +104,7 @@ def run_metrics(trace: RunTrace) -> RunMetrics:
         **_delivered(trace, before_ms),
         clock_gaps=tuple((k, v) for k, v in outside.items() if k.endswith("_gap") and v is not None),
         sampler=native.sampler if native else "",
+        turn=trace.turn,
     )
 
 
@@ -228,6 +231,44 @@ def summarize_runs(
             (r.delivered_burst_tokens for r in runs if r.delivered_burst_tokens is not None), default=None
         ),
         prompt_lengths=prompt_lengths(runs) if workload.prompt_set is not None else None,
+        turns=turn_figures(runs),
+    )
+
+
+def turn_figures(runs: Sequence[RunMetrics]) -> tuple[TurnFigures, ...]:
+    """Each turn's figures, in turn order (empty: not a conversation)."""
+    turns = sorted({r.turn for r in runs if r.turn is not None})
+    return tuple(_turn(k, [r for r in runs if r.turn == k]) for k in turns)
+
+
+def _turn(turn: int, runs: Sequence[RunMetrics]) -> TurnFigures:
+    ttfts = [r.ttft_ms for r in runs]
+    evaluated = [
+        r.prompt_tokens - r.prompt_reused_tokens
+        for r in runs
+        if r.prompt_tokens is not None and r.prompt_reused_tokens is not None
+    ]
+    return TurnFigures(
+        turn=turn,
+        runs=len(runs),
+        prompt_tokens=_median_int([r.prompt_tokens for r in runs]),
+        evaluated_tokens=_median_int(list(evaluated)) if evaluated else None,
+        reused_tokens=_median_int([r.prompt_reused_tokens for r in runs]),
+        ttft_p50_ms=float(np.percentile(ttfts, 50)),
+        ttft_p95_ms=float(np.percentile(ttfts, 95)),
+        tpot_ms=float(statistics.median(r.tpot_ms for r in runs)),
+    )
+
+
+def of_turn(m: Measurement, turn: int) -> Measurement:
+    """``m`` judged on one turn of its conversation (the ``turn`` key): that turn's runs, the
+    workload naming the turn (part of its identity); the process's figures as measured."""
+    runs = tuple(r for r in m.runs if r.turn == turn)
+    if not runs:
+        raise ValueError(f"no run of turn {turn}")
+    one = summarize_runs(runs, dataclasses.replace(m.workload, turn=turn), m.engine, label=m.label)
+    return dataclasses.replace(
+        one, warmup_runs=tuple(r for r in m.warmup_runs if r.turn == turn), system=m.system, peak_rss=m.peak_rss
     )
 
 

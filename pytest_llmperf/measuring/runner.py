@@ -52,7 +52,7 @@ from ..engines import (
 from ..engines.user_llama import watch_llamas
 from .attribution import AttributionPass, run_pass, side_figures
 from .layers import profile_layers
-from .metrics import run_metrics, sample_system, summarize, summarize_runs
+from .metrics import of_turn, run_metrics, sample_system, summarize, summarize_runs
 from .roofline import machine_peaks, roofline
 from .served import measure_load
 
@@ -98,6 +98,8 @@ def measure(
     if workload.is_load:
         return measure_load(engine, workload, label=label, slo=slo)
     m = _measure_runs(engine, workload, label)
+    if workload.turn is not None:  # a conversation judged on one turn (the ``turn`` key)
+        m = of_turn(m, workload.turn)
     if layers:
         m = dataclasses.replace(m, layers=layer_profile(engine, workload))
     if attribution:
@@ -117,8 +119,9 @@ def _measure_runs(engine: Engine, workload: Workload, label: str) -> Measurement
     pid = engine_pid(engine)
     before = sample_system(pid)
     with task("timed runs") as progress:
-        warmup = counted(progress, "warm-up runs", workload.warmup, lambda i: engine.run(workload, -1 - i))
-        traces = counted(progress, "runs", workload.runs, lambda i: engine.run(workload, i))
+        one = whole_run(engine, workload)
+        warmup = counted(progress, "warm-up runs", workload.warmup, lambda i: one(-1 - i))
+        traces = counted(progress, "runs", workload.runs, lambda i: one(i))
     system = SystemDelta(before, sample_system(pid))
     m = summarize(traces, workload, engine.info(), label=label)
     return dataclasses.replace(
@@ -126,15 +129,26 @@ def _measure_runs(engine: Engine, workload: Workload, label: str) -> Measurement
     )
 
 
-def counted(progress: Progress, name: str, n: int, one: Callable[[int], RunTrace]) -> list[RunTrace]:
-    """``one(i)`` for i in 0..n-1, each counted on the task's line (between runs, never inside one)."""
+def counted(progress: Progress, name: str, n: int, one: Callable[[int], list[RunTrace]]) -> list[RunTrace]:
+    """``one(i)``'s traces for i in 0..n-1, each run counted on the task's line (between runs,
+    never inside one)."""
     progress.step(name, 0, n)
     got = []
     for i in range(n):
         with timed():  # the heartbeat says nothing inside a run
-            got.append(one(i))
+            got.extend(one(i))
         progress.advance(i + 1)
     return got
+
+
+def whole_run(engine: Engine, workload: Workload) -> Callable[[int], list[RunTrace]]:
+    """Run ``i``'s traces: the engine's one run, or a conversation's turns in order, turn k
+    sent ``workload.at_turn(k)`` and its trace marked with its turn (the engine keeps its
+    replies and its prompt cache between the turns of a run)."""
+    if workload.conversation is None:
+        return lambda i: [engine.run(workload, i)]
+    turns = [workload.at_turn(k) for k in range(1, workload.turns + 1)]
+    return lambda i: [dataclasses.replace(engine.run(w, i), turn=k) for k, w in enumerate(turns, 1)]
 
 
 def layer_profile(engine: Engine, workload: Workload) -> LayerProfile:
@@ -184,12 +198,15 @@ def extend(engine: Engine | TokenStream, m: Measurement, extra_runs: int) -> Mea
     engine = as_engine(engine)
     pid = engine_pid(engine)
     before = sample_system(pid)
-    start = m.n_runs
+    # Runs so far (a conversation's run: a trace per turn, or its judged turn's only).
+    start = m.workload.runs if m.workload.conversation is not None else m.n_runs
+    one = whole_run(engine, m.workload)
     with task("more runs (the verdict or a budget undecided)") as progress:
-        traces = counted(progress, "runs", extra_runs, lambda i: engine.run(m.workload, start + i))
+        traces = counted(progress, "runs", extra_runs, lambda i: one(start + i))
     system = SystemDelta(before, sample_system(pid))
-    runs = m.runs + tuple(run_metrics(t) for t in traces)
-    grown = summarize_runs(runs, dataclasses.replace(m.workload, runs=len(runs)), m.engine, label=m.label)
+    turn = m.workload.turn  # judged on one turn: that turn's runs
+    runs = m.runs + tuple(run_metrics(t) for t in traces if turn is None or t.turn == turn)
+    grown = summarize_runs(runs, dataclasses.replace(m.workload, runs=start + extra_runs), m.engine, label=m.label)
     return dataclasses.replace(
         grown,
         warmup_runs=m.warmup_runs,

@@ -388,6 +388,34 @@ def prompt_lines(results: Iterable[Outcome]) -> list[str]:
     ]
 
 
+#: The "Conversations, turn by turn" table's columns: a conversation's ``prompt.turns`` figures.
+TURN_COLUMNS = (
+    ("turn", "turn"),
+    ("runs", "runs"),
+    ("evaluated_prompt_tokens", "prompt tokens evaluated"),
+    ("prompt_reused_tokens", "reused"),
+    ("ttft_p50_ms", "TTFT p50 ms"),
+    ("ttft_p95_ms", "TTFT p95 ms"),
+    ("tpot_ms", "decode ms/token"),
+)
+
+
+def turn_lines(results: Iterable[Outcome]) -> list[str]:
+    """A table of each conversation's figures turn by turn (its ``prompt.turns``), when a result has them."""
+    rows = [(r.test, t) for r in results for t in _turns(r.prompt.get("turns"))]
+    if not rows:
+        return []
+    out = ["", "### Conversations, turn by turn", "", *_md_head(["test", *(label for _, label in TURN_COLUMNS)])]
+    return out + [
+        "| " + " | ".join([md_code(test), *(prompt_cell(t.get(key)) for key, _ in TURN_COLUMNS)]) + " |"
+        for test, t in rows
+    ]
+
+
+def _turns(value: object) -> list[Mapping[str, object]]:
+    return [t for t in value if isinstance(t, Mapping)] if isinstance(value, list) else []
+
+
 def prompt_cell(value: object) -> str:
     """A prompt figure as the tables show it: a word or a count as it is, a time rounded, "-" where none."""
     if value is None:
@@ -471,6 +499,7 @@ def markdown(
     lines += _bullets("What this gate detects here (80% power)", reach_lines(results))
     lines += memory_lines(results)
     lines += prompt_lines(results)
+    lines += turn_lines(results)
     lines += _agreement_section(results)
     lines += _comparisons_section(results)
     lines += where_markdown_lines(explained(results, ab))
@@ -751,7 +780,9 @@ def junit_properties(t: Outcome) -> list[tuple[str, object]]:
         out += part_properties(prefix, t.verdict.parts)
     if t.reference:
         out.append((prefix + "against", t.reference))
-    out += [(f"{prefix}prompt.{k}", v) for k, v in t.prompt.items() if v is not None]
+    out += [(f"{prefix}prompt.{k}", v) for k, v in t.prompt.items() if v is not None and k != "turns"]
+    for turn in _turns(t.prompt.get("turns")):  # a conversation's: one property per figure and turn
+        out += [(f"{prefix}turn{turn.get('turn')}.{k}", v) for k, v in turn.items() if k != "turn" and v is not None]
     return out
 
 

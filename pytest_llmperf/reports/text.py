@@ -216,7 +216,9 @@ def _part_rows(m: Measurement) -> tuple[list[Row], list[Row]]:
 
 def _prompt_rows(m: Measurement) -> list[Row]:
     """A callable's prompt on a Llama the plugin sees: the cache state, the tokens llama.cpp
-    evaluated and those it reused (its own counters)."""
+    evaluated and those it reused (its own counters); a conversation's figures turn by turn."""
+    if m.workload.conversation is not None:
+        return turn_rows(m)
     if m.prompt_reused_tokens is None:
         return []
     runs = f"{m.n_runs} runs"
@@ -224,6 +226,34 @@ def _prompt_rows(m: Measurement) -> list[Row]:
         ("prompt cache", "", f"{m.workload.prompt_cache} (--llmperf-prompt-cache / prompt_cache)", ""),
         ("prompt tokens evaluated / reused", "tokens", f"{m.evaluated_prompt_tokens} / {m.prompt_reused_tokens}", runs),
     ]
+
+
+def turn_rows(m: Measurement) -> list[Row]:
+    """A conversation's figures per turn (``Measurement.turns``): the prompt's
+    tokens llama.cpp evaluated and reused (its counters), TTFT p50 / p95, decode per token."""
+    rows: list[Row] = []
+    for t in m.turns:
+        runs = f"{t.runs} runs"
+        if t.evaluated_tokens is not None:
+            tokens = (
+                f"turn {t.turn} prompt tokens evaluated / reused",
+                "tokens",
+                f"{t.evaluated_tokens} / {t.reused_tokens}",
+                runs,
+            )
+        else:
+            tokens = (
+                f"turn {t.turn} prompt tokens",
+                "tokens",
+                "not counted: the callable drove no llama_cpp.Llama of this process",
+                "",
+            )
+        rows += [
+            tokens,
+            (f"turn {t.turn} TTFT p50 / p95", "ms", f"{fmt(t.ttft_p50_ms)} / {fmt(t.ttft_p95_ms)}", runs),
+            (f"turn {t.turn} decode median", "ms/token", fmt(t.tpot_ms), runs),
+        ]
+    return rows
 
 
 def _untimed_sampling(m: Measurement) -> str:

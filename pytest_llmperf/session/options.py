@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..core.catalog import AGREEMENT_BUDGETS, BUDGETS
+from ..core.conversations import conversation
 from ..core.documents import check_output, refused_output
 from ..core.errors import ConfigError, unknown_name
 from ..core.prompt_sets import prompt_set
@@ -41,6 +42,7 @@ from ..core.workload import (
     MODEL_LOAD_KINDS,
     PROMPT_CACHE_MODES,
     ChatMessage,
+    Conversation,
     SetRequest,
     TraceRequest,
     Workload,
@@ -313,6 +315,13 @@ def _trace(name: str, value: object) -> tuple[TraceRequest, ...]:
         raise ConfigError(f"llmperf marker key {name!r}: {exc}") from None
 
 
+def _conversation(name: str, value: object) -> Conversation:
+    try:
+        return conversation(value)
+    except ConfigError as exc:
+        raise ConfigError(f"llmperf marker key {name!r}: {exc}") from None
+
+
 def _model_load(name: str, value: object) -> str:
     if value not in MODEL_LOAD_KINDS:
         raise ConfigError(f"llmperf marker key {name!r} must be one of {', '.join(MODEL_LOAD_KINDS)}, got {value!r}")
@@ -394,6 +403,19 @@ KEYS: dict[str, Key] = {
             _trace,
         ),
         Key("trace_speed", "workload", "a trace's pace: 2.0 replays it twice as fast (default 1.0)", _marker(POSITIVE)),
+        Key(
+            "conversation",
+            "workload",
+            "a multi-turn conversation each run sends turn by turn (the model's replies fed back, the prompt "
+            'cache kept between turns): a JSON file\'s path or inline, {"system": ..., "turns": [...]} or a list of turns',
+            _conversation,
+        ),
+        Key(
+            "turn",
+            "workload",
+            "a conversation's budgets and judged figures on this turn alone (1-based; default: all turns pooled)",
+            _marker(COUNT),
+        ),
         Key(
             "max_tokens",
             "workload",
@@ -479,7 +501,7 @@ KEYS: dict[str, Key] = {
 BUDGET_KEYS = tuple(k for k, v in KEYS.items() if v.kind == "budget")
 #: One choice, not two keys: a closer marker's (or ``measure()``'s) prompt of either kind
 #: replaces a farther one's.
-PROMPT_KEYS = frozenset({"prompt", "prompt_tokens", "messages", "prompt_set", "trace"})
+PROMPT_KEYS = frozenset({"prompt", "prompt_tokens", "messages", "prompt_set", "trace", "conversation"})
 
 
 @dataclass(frozen=True)
@@ -585,6 +607,31 @@ def _quantized_v_without_flash_attn(c: MarkerConfig) -> str | None:
     return f"type_v={type_v!r} (a quantized V cache) needs flash_attn=True in llama.cpp, and flash_attn=False is given"
 
 
+#: What a conversation is not measured with yet: (key, why), in the order they are checked.
+NOT_WITH_CONVERSATION = (
+    ("a", "an A/B compares single requests"),
+    ("concurrency", "a load test sends single requests"),
+    ("requests", "a load test sends single requests"),
+    ("rate", "a load test sends single requests"),
+    ("layers", "per-layer timing times one request"),
+    ("attribution", "the attribution pass times one request"),
+    ("model_load", "model loads are timed on one request"),
+)
+
+
+def _conversation_alone(config: MarkerConfig) -> str | None:
+    """A conversation with a key whose measurement sends single requests: not supported yet."""
+    if "conversation" not in config.workload:
+        if "turn" in config.workload:
+            return "turn names a turn of a conversation: give a conversation too"
+        return None
+    given = {**config.workload, **config.options, **config.ab}
+    for key, why in NOT_WITH_CONVERSATION:
+        if given.get(key) not in (None, False):
+            return f"a conversation with {key} is not supported yet ({why}); measure the conversation alone"
+    return None
+
+
 #: Marker keys that contradict each other: each rule says so in one line, or None.
 CONTRADICTIONS: tuple[Callable[[MarkerConfig], str | None], ...] = (
     _max_runs_below_runs,
@@ -592,6 +639,7 @@ CONTRADICTIONS: tuple[Callable[[MarkerConfig], str | None], ...] = (
     _context_below_workload,
     _ubatch_above_batch,
     _quantized_v_without_flash_attn,
+    _conversation_alone,
 )
 
 

@@ -167,6 +167,8 @@ class Measurer:
         if engine is not None and not isinstance(engine, Engine) and "prompt_cache" not in config.workload:
             workload = dataclasses.replace(workload, prompt_cache=self.prompt_cache)
         if self.side is not None:
+            if workload.conversation is not None:
+                raise ConfigError("--llmperf-against pairs single requests: a conversation is not supported there yet")
             return self._driven(subject, config, label)
         from ..measuring.runner import measure
 
