@@ -32,7 +32,7 @@ from ..judge.budgets import BudgetState
 from ..judge.parts import part_properties
 from ..judge.regression import carry_history
 from ..judge.result import Outcome, ResultError
-from ..judge.verdict import BaselineStatus, Comparison, Verdict, fmt_ratio
+from ..judge.verdict import BaselineStatus, Comparison, Shown, Verdict, fmt_ratio
 from .text import fit_table, metrics_table, short_ids, wrap_text
 from .where import LEGEND, Explained, explained, moved, part_cells
 
@@ -224,17 +224,15 @@ def ratio_text(x: float) -> str:
 
 def change_cells(c: Comparison, paired: bool) -> tuple[str, str]:
     """The change and its 95% CI: ``+7.2%``, ``+3.1..+11.4%``; ``paired`` (against REF): the ratio
-    this tree / REF and its CI, ``1.072``, ``1.031..1.114``."""
+    this tree / REF and its CI, ``1.072``, ``1.031..1.114``. A change of medians with no CI of its
+    own (a rate that is not the reciprocal of the time it mirrors: prefill TPS over a prompt
+    set's lengths) says so (``medians only``), as does one with no CI at all (``no CI``)."""
+    if c.ci_low is None or c.ci_high is None:
+        no_ci = "medians only" if c.shown is Shown.MEDIAN else "no CI"
+        return (ratio_text(c.ratio) if paired else f"{(c.ratio - 1) * 100:+.1f}%"), no_ci
     if paired:
-        if c.ci_low is None or c.ci_high is None:
-            return ratio_text(c.ratio), "n/a"
         return ratio_text(c.ratio), f"{ratio_text(c.ci_low)}..{ratio_text(c.ci_high)}"
-    ci = (
-        f"{(c.ci_low - 1) * 100:+.1f}..{(c.ci_high - 1) * 100:+.1f}%"
-        if c.ci_low is not None and c.ci_high is not None
-        else "n/a"
-    )
-    return f"{(c.ratio - 1) * 100:+.1f}%", ci
+    return f"{(c.ratio - 1) * 100:+.1f}%", f"{(c.ci_low - 1) * 100:+.1f}..{(c.ci_high - 1) * 100:+.1f}%"
 
 
 def summary_values(r: Outcome) -> Mapping[str, Any]:
