@@ -332,5 +332,7 @@ def test_fit_handed_sizes_the_llamas_own_context_and_the_engine_follows(tiny_mod
         with pytest.raises(EngineError, match=r"context too small: \d+ prompt \+ \d+ generated tokens > n_ctx 2048"):
             engine.fit_handed(Workload(prompt=LONG, max_tokens=2000))
         assert llm.n_ctx() == 256  # nothing changed
+        engine.close()
+        engine.fit_handed(long)  # closed (a cold load released it): left alone, nothing read
     finally:
         engine.close()

@@ -447,14 +447,15 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
         context (``check_fits``: a set n_ctx names the option to raise), and under auto n_ctx the
         Llama's own context made as large as the largest needs (rounded up to ``AUTO_CTX_STEP``,
         never below it: what it was loaded with), as ``fit_context`` sizes this engine's. Outside
-        every timed region."""
+        every timed region. A closed engine (a cold load released it) is left alone."""
+        if self.llm is None or getattr(self.llm._ctx, "ctx", None) is None:
+            return  # closed: its Llama's memory is freed, and the callable cannot drive it either
         need = 0
         for request in workload.each_request():
             prompt_tokens = self._given_tokens(request)
             self.check_fits(prompt_tokens, request.max_tokens)
             need = max(need, prompt_tokens + request.max_tokens)
         want = max(-(-need // AUTO_CTX_STEP), 1) * AUTO_CTX_STEP
-        assert self.llm is not None  # loaded: __init__ finished
         if self._auto_ctx and want != self.llm.n_ctx():
             self._refit_llm(want)
 
