@@ -27,8 +27,7 @@ def test_conversation_through_my_code(llmperf, llmperf_llm):
     def reply(messages, max_tokens):  # turn k's messages, the earlier replies fed back
         yield from llmperf_llm.create_chat_completion(messages, max_tokens=max_tokens, stream=True)
 
-    # Inline, short: llmperf_llm's context is the session's (--llmperf-n-ctx; 256 tokens by default).
-    turns = ["Hi.", "Why?", "Thanks."]
-    m = llmperf.measure(reply, conversation=turns, max_tokens=4, runs=3, ttft_p95_ms=250)
+    # llmperf_llm's context is fitted to the conversation's last turn before anything runs.
+    m = llmperf.measure(reply, conversation=CONVERSATION, max_tokens=8, runs=3, ttft_p95_ms=250)
     assert {r.turn for r in m.runs} == {1, 2, 3}
     assert all(r.prompt_reused_tokens > 0 for r in m.runs if r.turn > 1)  # the prompt cache kept between turns

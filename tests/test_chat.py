@@ -177,3 +177,15 @@ def test_a_markers_bad_messages_fail_collection_in_one_line(pytester: pytest.Pyt
     result = run(pytester)
     line = "test_suite.py::test_chat: llmperf marker key 'messages': messages[0] has role 'robot'; roles: system, user, assistant"
     assert line in result.stdout.lines and result.ret != 0
+
+
+def test_the_users_llama_driven_by_the_plugin_renders_a_chat_request(tiny_engine) -> None:
+    """Per-layer timing and attribution on the user's Llama (``DrivenLlamaEngine``) when its code
+    left no prompt behind: messages rendered through the model's chat template, as
+    ``create_chat_completion`` does, not read as a synthetic prompt."""
+    from pytest_llmperf.engines.user_llama import DrivenLlamaEngine
+
+    llm = tiny_engine.llm
+    driven = DrivenLlamaEngine(llm, tiny_engine.info(), [])
+    assert driven.prompt_ids(W) == llm.tokenize(RENDERED.encode(), add_bos=False, special=True)
+    assert driven.prompt_ids(Workload(prompt="hello", max_tokens=2)) == llm.tokenize(b"hello")

@@ -97,3 +97,19 @@ def test_a_chat_request_is_served_through_chat_completions(llmperf_server, api):
         engine.close()
     assert m.output_tokens == 8 and all(r.output_tokens == 8 for r in m.runs)
     assert 0 < m.ttft_ms < m.e2e_ms
+
+
+def test_a_load_request_finds_where_it_goes_once(llmperf_server, monkeypatch):
+    """A load test's request (``arun``) computes its target (API, URL) once, and a chat
+    request of a load test still goes to /v1/chat/completions."""
+    engine = llmperf_server.engine(api="completions")
+    targets = []
+    found = engine._target
+    monkeypatch.setattr(engine, "_target", lambda workload: targets.append(workload) or found(workload))
+    messages = [{"role": "user", "content": PROMPT}]
+    try:
+        m = measure(engine, Workload(messages=messages, max_tokens=4, requests=3, concurrency=1, warmup=0))
+    finally:
+        engine.close()
+    assert m.load is not None and m.load.n_ok == 3
+    assert len(targets) == 3

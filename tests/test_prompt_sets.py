@@ -272,3 +272,67 @@ def test_a_request_beyond_the_context_fails_the_first_run(tiny_engine) -> None:
     assert huge.request(-1).prompt == "a"  # the run that fails sends the short request
     with pytest.raises(EngineError, match=r"context too small: \d+ prompt \+ \d+ generated tokens > n_ctx"):
         tiny_engine.run(huge, -1)
+
+
+# -- llmperf_llm's context fitted to a callable's workload (every request of the set) ----------
+
+#: A long request: 312 tokens on the embedded model, beyond the 256 llmperf_llm is loaded with.
+LONG = "the lighthouse keeper watched the sea " * 10
+
+CALLABLE_SUITE = """
+import pytest
+
+REQUESTS = [{{"prompt": "Hello"}}, {{"prompt": {long!r}}}]
+
+def test_mine(llmperf, llmperf_llm):
+    def reply(request, max_tokens):
+        yield from llmperf_llm.create_completion(request, max_tokens=max_tokens, stream=True)
+
+    m = llmperf.measure(reply, prompt_set=REQUESTS, max_tokens=4, runs=6, warmup=1)
+    assert max(r.prompt_tokens for r in m.runs) > 256 and llmperf_llm.n_ctx() >= 512, m.runs
+"""
+
+
+def test_a_callables_long_request_fits_llmperf_llm_context(pytester: pytest.Pytester, tiny_engine) -> None:
+    assert len(tiny_engine.llm.tokenize(LONG.encode())) > 256
+    pytester.makepyfile(test_suite=CALLABLE_SUITE.format(long=LONG))
+    run(pytester).assert_outcomes(passed=1)
+
+
+def test_a_set_n_ctx_too_small_for_a_callables_request_is_one_line_before_any_run(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_suite=CALLABLE_SUITE.format(long=LONG))
+    result = run(pytester, "--llmperf-n-ctx=256")
+    result.assert_outcomes(failed=1)
+    lines = [ln for ln in result.stdout.lines if "context too small" in ln]
+    assert lines and "generated tokens > n_ctx 256; raise --llmperf-n-ctx or shorten the workload" in lines[0]
+    assert "exceed context window" not in result.stdout.str()  # never llama-cpp-python's, inside a run
+
+
+def test_fit_handed_sizes_the_llamas_own_context_and_the_engine_follows(tiny_model_path: Path) -> None:
+    """Auto n_ctx: the handed Llama's context is each callable workload's largest request rounded
+    up to 256 (never below what it was loaded with), messages counted as rendered; the engine's
+    own runs, on that context until they need their own, still measure."""
+    from pytest_llmperf import LlamaCppEngine
+
+    engine = LlamaCppEngine(tiny_model_path, threads=1)
+    try:
+        llm = engine.llm
+        assert llm is not None and llm.n_ctx() == 256
+        long = Workload(prompt_set=prompt_set_requests([{"prompt": "Hi"}, {"prompt": LONG}]), max_tokens=4)
+        engine.fit_handed(long)
+        assert llm.n_ctx() == 512 == engine.info().n_ctx
+        out = llm.create_completion(LONG, max_tokens=4)
+        assert out["usage"]["prompt_tokens"] > 256
+        assert measure(engine, Workload(prompt_tokens=16, max_tokens=4, runs=2, warmup=0)).output_tokens == 4
+        chat = [{"role": "user", "content": LONG}]
+        engine.fit_handed(Workload(messages=chat, max_tokens=200))
+        assert llm.n_ctx() == 768  # the rendered chat prompt + 200 tokens
+        engine.fit_handed(Workload(prompt="Hi", max_tokens=4))
+        assert llm.n_ctx() == 256
+        with pytest.raises(EngineError, match=r"context too small: \d+ prompt \+ \d+ generated tokens > n_ctx 2048"):
+            engine.fit_handed(Workload(prompt=LONG, max_tokens=2000))
+        assert llm.n_ctx() == 256  # nothing changed
+        engine.close()
+        engine.fit_handed(long)  # closed (a cold load released it): left alone, nothing read
+    finally:
+        engine.close()

@@ -382,10 +382,10 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
     async def arun(self, workload: Workload, run_index: int, client: httpx.AsyncClient) -> RunTrace:
         """``run`` on ``client`` (from ``async_client``); cancelled at the request's deadline."""
         workload = workload.request(run_index)
-        api, _, shown = self._target(workload)
+        api, url, shown = self._target(workload)
         state = StreamState(shown, api, workload.max_tokens)
         try:
-            return await asyncio.wait_for(self._arun(workload, run_index, client, state), self.request_timeout_s)
+            return await asyncio.wait_for(self._arun(workload, run_index, client, url, state), self.request_timeout_s)
         except asyncio.TimeoutError:
             raise EngineError(self.redact(str(self._too_long(len(state.stamps))))) from None
         except EngineError as exc:
@@ -395,14 +395,15 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
             raise
 
     async def _arun(
-        self, workload: Workload, run_index: int, client: httpx.AsyncClient, state: StreamState
+        self, workload: Workload, run_index: int, client: httpx.AsyncClient, url: str, state: StreamState
     ) -> RunTrace:
+        """``arun``'s request to ``url`` (``_target``'s, computed there once), read into ``state``."""
         import httpx
 
         body = self.body(workload, run_index)
         self._note_sent(workload, body)
         clock = time.perf_counter_ns
-        _, url, shown = self._target(workload)
+        shown = state.url  # the URL shown (``_target``'s third)
         reader = EventReader(shown)
         start = clock()
         try:

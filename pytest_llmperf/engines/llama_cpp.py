@@ -44,7 +44,7 @@ from ..core.workload import (
     llama_arguments,
 )
 from ..models.gguf import embedding_lookup, gguf_file_type
-from . import NOT_ONE_REQUEST, CounterSource
+from . import NOT_ONE_REQUEST, CounterSource, synthetic_text
 from .capabilities import (
     Closable,
     Engine,
@@ -429,9 +429,7 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
         render = self._chat_formatter()
         chat = cast("list[ChatCompletionRequestMessage]", chat_dicts(messages))
         before = time.perf_counter_ns()
-        # As llama-cpp-python's create_chat_completion: the template writes the BOS, and
-        # its special tokens' text is read as the tokens.
-        ids = self.llm.tokenize(render(messages=chat).prompt.encode("utf-8"), add_bos=False, special=True)
+        ids = chat_prompt_ids(self.llm, render, chat)
         return ids, time.perf_counter_ns() - before
 
     def timed_decode(
@@ -547,6 +545,74 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
         self._evaluate_once()
         self._info = dataclasses.replace(self._info, n_ctx=self.n_ctx, n_batch=self.n_batch, **self._memory())
 
+    def fit_handed(self, workload: Workload) -> None:
+        """Before a callable measures ``workload`` on the Llama this engine hands out
+        (``llmperf_llm``): every request's prompt as the callable is given it (text tokenized,
+        messages rendered through the chat template; a conversation's last turn, ``_talk_need``)
+        plus its ``max_tokens`` checked against the
+        context (``check_fits``: a set n_ctx names the option to raise), and under auto n_ctx the
+        Llama's own context made as large as the largest needs (rounded up to ``AUTO_CTX_STEP``,
+        never below it: what it was loaded with), as ``fit_context`` sizes this engine's. Outside
+        every timed region. A closed engine (a cold load released it) is left alone."""
+        if self.llm is None or getattr(self.llm._ctx, "ctx", None) is None:
+            return  # closed: its Llama's memory is freed, and the callable cannot drive it either
+        need = 0
+        for request in workload.each_request():
+            if request.conversation is not None:  # its last turn: the whole chat and the replies
+                need = max(need, self._talk_need(request))
+                continue
+            prompt_tokens = self._given_tokens(request)
+            self.check_fits(prompt_tokens, request.max_tokens)
+            need = max(need, prompt_tokens + request.max_tokens)
+        want = max(-(-need // AUTO_CTX_STEP), 1) * AUTO_CTX_STEP
+        if self._auto_ctx and want != self.llm.n_ctx():
+            self._refit_llm(want)
+
+    def _given_tokens(self, workload: Workload) -> int:
+        """The prompt tokens of what a callable is given for ``workload`` (``CallableEngine``):
+        its messages or prompt as this engine reads them, a synthetic prompt's text tokenized."""
+        assert self.llm is not None
+        if workload.messages is not None and not self.llm.metadata.get("tokenizer.chat_template"):
+            # The callable renders them its own way (the model has no template): their text, at least.
+            text = "\n".join(content for _, content in workload.messages)
+        elif workload.messages is not None or workload.prompt is not None:
+            return len(self._prompt(workload)[0])
+        else:
+            text = synthetic_text(workload.synthetic_prompt_tokens or 0, workload.seed)
+        return len(self.llm.tokenize(text.encode("utf-8")))
+
+    def _refit_llm(self, n_ctx: int) -> None:
+        """The Llama's own context replaced by one of ``n_ctx`` tokens (its other parameters
+        kept), llama-cpp-python's bookkeeping sized to it, the old one freed; this engine's runs
+        follow it where they used the Llama's context. One throw-away evaluation, as a load."""
+        from llama_cpp import _internals
+
+        llm, lib = self.llm, self._lib
+        assert llm is not None
+        was, llm.context_params.n_ctx = llm.context_params.n_ctx, n_ctx
+        with llama_log_capture(lib) as log:
+            try:
+                made = _internals.LlamaContext(model=llm._model, params=llm.context_params, verbose=llm.verbose)
+            except ValueError:
+                llm.context_params.n_ctx = was
+                raise EngineError(f"llama.cpp could not make a context of {n_ctx} tokens") from None
+        old, llm._ctx = llm._ctx, llm._stack.enter_context(contextlib.closing(made))
+        n_rows = n_ctx if llm._logits_all else llm.n_batch
+        llm.input_ids = np.ndarray((n_ctx,), dtype=np.intc)
+        llm.scores = np.ndarray((n_rows, llm._n_vocab), dtype=np.single)
+        llm._n_ctx = llm.n_ctx()
+        if not self._own_ctx:  # this engine's runs were on the Llama's context
+            self._ctx, self.n_ctx = made.ctx, lib.llama_n_ctx(made.ctx)
+            self._buffers = {**self._buffers, **buffer_sizes(log)}
+            self._info = dataclasses.replace(self._info, n_ctx=self.n_ctx, **self._memory())
+        old.close()
+        ids = (lib.llama_token * 2)(*self.synthetic_prompt(2, seed=0))
+        if lib.llama_decode(made.ctx, lib.llama_batch_get_one(ids, 2)) != 0:
+            raise EngineError("llama.cpp failed its first evaluation of the refitted context")
+        lib.llama_synchronize(made.ctx)
+        lib.llama_memory_clear(lib.llama_get_memory(made.ctx), True)
+        llm.reset()
+
     def _memory(self, path: Path | None = None, mapped_before: tuple[float, float] | None = None) -> MemoryFields:
         """EngineInfo's memory fields: llama.cpp's reported buffers of the model and of the
         context in use, and (``path``: after load) the model file's mapping that this load made:
@@ -646,6 +712,13 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
             self._sampler = None
         if self.llm is not None:
             self.llm.close()
+
+
+def chat_prompt_ids(llm: Llama, render: Jinja2ChatFormatter, messages: list[ChatCompletionRequestMessage]) -> list[int]:
+    """Chat messages' prompt ids as llama-cpp-python's ``create_chat_completion`` makes them:
+    rendered through ``render`` (``chat_formatter``'s), the template writing the BOS, its special
+    tokens' text read as the tokens."""
+    return llm.tokenize(render(messages=messages).prompt.encode("utf-8"), add_bos=False, special=True)
 
 
 def chat_formatter(llm: Llama, model: str) -> Jinja2ChatFormatter:

@@ -39,14 +39,23 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, NoReturn, TypedDict
+from typing import TYPE_CHECKING, NoReturn, TypedDict, cast
 
 from ..core.errors import EngineError
-from ..core.workload import AUTO_CTX_STEP, EngineInfo, LlamaRun, NativeCounters, RunTrace, Workload
+from ..core.workload import AUTO_CTX_STEP, EngineInfo, LlamaRun, NativeCounters, RunTrace, Workload, chat_dicts
 from ..models.gguf import gguf_file_type
 from . import RunWatch, synthetic_text
 from .capabilities import Engine, LayerTiming, TimedDecode
-from .llama_cpp import MODEL_PARAMS_MARK, LlamaCounters, LlamaReading, sampler_time, timed_decode, with_model_params
+from .llama_cpp import (
+    MODEL_PARAMS_MARK,
+    LlamaCounters,
+    LlamaReading,
+    chat_formatter,
+    chat_prompt_ids,
+    sampler_time,
+    timed_decode,
+    with_model_params,
+)
 from .llama_cpp_native import (
     buffer_sizes,
     greedy_sampler,
@@ -67,6 +76,7 @@ if TYPE_CHECKING:
     from llama_cpp import Llama
     from llama_cpp.llama_cache import BaseLlamaCache
     from llama_cpp.llama_cpp import llama_context_p, llama_context_params, llama_model_params, llama_sampler_p
+    from llama_cpp.llama_types import ChatCompletionRequestMessage
 
     from .llama_cpp_native import Context, Sampler
 
@@ -478,9 +488,16 @@ class DrivenLlamaEngine(Engine, LayerTiming):
         return greedy_sampler(self._lib, self._n_vocab, self._eog)
 
     def prompt_ids(self, workload: Workload) -> list[int]:
+        """The prompt as the user's code built it (its last run's); else the workload's as the
+        callable was given it: a chat request's messages rendered through the model's chat
+        template as ``create_chat_completion`` renders them, a prompt's text tokenized."""
         if self._prompt:
             return list(self._prompt)
         workload = workload.request(0)  # a prompt set: its first run's request
+        if workload.messages is not None:
+            render = chat_formatter(self.llm, self._info.model)
+            messages = cast("list[ChatCompletionRequestMessage]", chat_dicts(workload.messages))
+            return chat_prompt_ids(self.llm, render, messages)
         text = (
             workload.prompt if workload.prompt is not None else synthetic_text(workload.synthetic_prompt_tokens or 0, 0)
         )

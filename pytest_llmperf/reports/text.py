@@ -135,13 +135,22 @@ def _engine_head(m: Measurement) -> str:
     if m.prompt_lengths is not None:  # a prompt set: its runs' lengths vary
         sizes = m.prompt_lengths.buckets
         prompt = f"prompts within {sizes[0].low_tokens} to {sizes[-1].high_tokens} tokens (a prompt set)"
+    runs = f"{m.n_runs} runs"
+    w = m.workload
+    if w.conversation is not None:  # a run is each of its turns (or the judged one); the prompt grows
+        known = [t.prompt_tokens for t in m.turns if t.prompt_tokens is not None]
+        prompt = (f"turn {w.turn} of " if w.turn is not None else "") + f"a conversation of {w.turns} turns"
+        prompt += f", prompts {min(known)} to {max(known)} tokens" if len(set(known)) > 1 else ""
+        prompt += f", {known[0]} prompt tokens" if len(set(known)) == 1 else ""
+        if w.turn is None:
+            runs = f"{m.n_runs} turns ({m.n_runs // w.turns} conversations)"
     return (
         f"{m.engine.engine}: {m.engine.describe()}"
         + (f"; threads {m.engine.threads}" if m.engine.threads is not None else "")
         + drives
         + "\n"
         f"workload: {prompt}, "
-        f"{m.output_tokens} generated per run, {m.n_runs} runs (+{m.workload.warmup} warm-up discarded)\n"
+        f"{m.output_tokens} generated per run, {runs} (+{m.workload.warmup} warm-up discarded)\n"
     )
 
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from ..core.errors import EngineError, LLMPerfError
 from ..core.redact import Redactor
 from ..core.settings import EngineSettings, threads_warning, usable_cpus
-from ..core.workload import PROMPT_CACHE_NOTE
+from ..core.workload import PROMPT_CACHE_NOTE, Workload
 from ..engines import Closable, LlamaObject, SentRequests
 from ..engines.llama_cpp_native import EngineConfig, gpu_offload_missing, llama_cpp_version
 from ..engines.pool import EnginePool, load_config
@@ -150,6 +150,7 @@ class Session:
             prompt_cache=self.settings.prompt_cache,
             test_id=test_id,
             seen=self.engines.seen if self.settings.write_trace else lambda engine: None,
+            fit_handed=self.fit_handed,
         )
 
     def engine(self, overrides: Mapping[str, object] | None = None) -> Engine:
@@ -184,6 +185,17 @@ class Session:
         from ..engines.llama_cpp import LlamaCounters
 
         return LlamaCounters(engine.llm, engine.info())
+
+    def fit_handed(self, workload: Workload) -> None:
+        """The ``llama_cpp.Llama`` the fixtures handed out (``llmperf_llm``), which a measured
+        callable may drive, made ready for ``workload`` before it runs: its context fitted to
+        every request (``LlamaCppEngine.fit_handed``), or one line naming what to set. Nothing
+        when no such Llama was handed out in this process."""
+        from ..engines.llama_cpp import LlamaCppEngine
+
+        engine = self.engines.handed
+        if isinstance(engine, LlamaCppEngine):
+            engine.fit_handed(workload)
 
     def release_model(self, path: str) -> None:
         """Close the pool's engines that map the model file ``path`` (a cold load needs the file

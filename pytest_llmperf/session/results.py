@@ -75,8 +75,9 @@ class Measurer:
     ``counters()``: the llama.cpp counters of the Llama the fixtures handed out, read around
     each run of a measured callable (``engines.CallableEngine``; None: none handed out);
     ``prompt_cache``: the session's ``--llmperf-prompt-cache`` for measured callables (a marker's
-    ``prompt_cache`` wins); ``test_id``: its full id (default ``nodeid``). Every error is one
-    ``LLMPerfError`` line."""
+    ``prompt_cache`` wins); ``test_id``: its full id (default ``nodeid``); ``fit_handed(workload)``:
+    the Llama the fixtures handed out made ready for a callable's workload before it runs (its
+    context fitted to every request, or one line). Every error is one ``LLMPerfError`` line."""
 
     def __init__(
         self,
@@ -93,7 +94,9 @@ class Measurer:
         prompt_cache: str = "cold",
         test_id: str = "",
         seen: Callable[[object], None] = lambda engine: None,
+        fit_handed: Callable[[Workload], None] = lambda workload: None,
     ) -> None:
+        self.fit_handed = fit_handed
         self.marker = marker
         self.seen = seen
         self.prompt_cache = prompt_cache
@@ -126,17 +129,19 @@ class Measurer:
                 "engine passed to measure(); drop one of them"
             )
         else:
-            chosen = self.counted(engine)
+            chosen = self.counted(engine, Workload(**config.workload))
         self.seen(chosen)
         return chosen
 
-    def counted(self, subject: Subject) -> Engine:
+    def counted(self, subject: Subject, workload: Workload) -> Engine:
         """An engine as is; a callable ``fn(prompt, max_tokens)`` as a ``CallableEngine`` that
         watches every ``llama_cpp.Llama`` of the process around each run (``LlamaWatch``: cleared,
         counted, its tokens stamped where made) and pauses token by token with the Llama the
-        fixtures handed out (``counters``)."""
+        fixtures handed out (``counters``), that Llama first made ready for ``workload``
+        (``fit_handed``)."""
         if isinstance(subject, Engine):
             return subject
+        self.fit_handed(workload)
         from ..engines.llama_cpp import LlamaCounters
         from ..engines.user_llama import watch_llamas
 
@@ -207,7 +212,7 @@ class Measurer:
             return self.engine_for(merged) if merged else self.engine_for()
 
         side_a, side_b = (
-            dataclasses.replace(side, engine=self.counted(side.engine))
+            dataclasses.replace(side, engine=self.counted(side.engine, Workload(**workload)))
             for side in (resolve_side(name, config.ab[name], engine_for) for name in ("a", "b"))
         )
         self.seen(side_a.engine)
