@@ -48,6 +48,7 @@ from .session_file import (
     metric_label,
     prompt_cell,
     summary_values,
+    turns_of,
 )
 from .text import length_note, length_rows, load_state_rows, memory_rows
 from .where import (
@@ -281,8 +282,10 @@ def test_section(index: int, result: Outcome, trend: Sequence[Mapping[str, objec
     if budget_rows:
         parts.append(_table(("budget", "limit", "measured", "status"), budget_rows, raw=True))
     parts += _memory_table(record)
+    parts += _trace_table(record)
     parts += _lengths_table(record)
     parts += _prompt_table(result)
+    parts += _turns_table(record.get("prompt") or result.prompt)
     plots = _record_plots(index, result) + _trend_plot(index, trend)
     parts.append('<div class="plots">' + "".join(plots) + "</div></section>")
     return "\n".join(parts)
@@ -387,6 +390,25 @@ def _memory_table(record: Mapping[str, Any]) -> list[str]:
     return [_table(("memory and start-up", "unit", "value", "source"), held)] if held else []
 
 
+def _trace_table(record: Mapping[str, Any]) -> list[str]:
+    """A replayed trace's summary (the stored ``load.trace``): its requests, span and pace, and
+    how late the client sent them against their schedule (its own lag)."""
+    t = (record.get("load") or {}).get("trace")
+    if not t:
+        return []
+    n = f"{t['requests']} requests"
+    rows = [
+        ("trace", "", f"{n} over {fmt(t['span_s'])} s", f"replayed at {t['speed']:g}x"),
+        (
+            "client send lag p50 / max (sent - scheduled)",
+            "ms",
+            f"{fmt(t['send_lag_p50_ms'])} / {fmt(t['send_lag_max_ms'])}",
+            n,
+        ),
+    ]
+    return [_table(("trace replay, open loop", "unit", "value", "sample"), rows)]
+
+
 def _lengths_table(record: Mapping[str, Any]) -> list[str]:
     """TTFT and prefill by prompt length (a prompt set whose lengths vary), with its rule's line."""
     lengths = record.get("prompt_lengths")
@@ -405,6 +427,34 @@ def _prompt_table(result: Outcome) -> list[str]:
         return []
     rows = [(label, prompt_cell(result.prompt.get(key))) for key, label in PROMPT_COLUMNS]
     return [_table(("your code's prompt and stream", "value"), rows)]
+
+
+#: The "turn by turn" table's columns (a conversation's ``prompt.turns``, ``core.record.StoredTurn``).
+TURN_HEADERS = ("turn", "prompt tokens evaluated / reused", "TTFT p50 / p95 ms", "decode ms/token", "runs")
+
+
+def _turns_table(prompt: Mapping[str, Any]) -> list[str]:
+    """A conversation's figures turn by turn (the stored ``prompt.turns``): the prompt tokens
+    llama.cpp evaluated and reused (its counters), TTFT p50 / p95, decode per token, runs."""
+    rows = [
+        [
+            str(t.get("turn")),
+            _turn_tokens(t),
+            f"{prompt_cell(t.get('ttft_p50_ms'))} / {prompt_cell(t.get('ttft_p95_ms'))}",
+            prompt_cell(t.get("tpot_ms")),
+            str(t.get("runs")),
+        ]
+        for t in turns_of(prompt.get("turns"))
+    ]
+    return [f'<div class="turns"><h3>Conversation, turn by turn</h3>{_table(TURN_HEADERS, rows)}</div>'] if rows else []
+
+
+def _turn_tokens(t: Mapping[str, object]) -> str:
+    """A turn's prompt tokens evaluated / reused, or why they were not counted."""
+    evaluated, reused = t.get("evaluated_prompt_tokens"), t.get("prompt_reused_tokens")
+    if evaluated is None or reused is None:
+        return "not counted: the callable drove no llama_cpp.Llama of this process"
+    return f"{evaluated} / {reused}"
 
 
 def _record_plots(index: int, result: Outcome) -> list[str]:
