@@ -192,6 +192,38 @@ def test_only_runs_of_the_same_request_and_length_are_paired() -> None:
     assert request_pairs(baseline, hand_made(1.0, 1, by_request=False)) == ()
 
 
+def parted(slower: float, seed: int, *, by_request: bool = True) -> dict[str, object]:
+    """``hand_made`` with its prefill's parts: tokenization (by length, the same every session),
+    llama.cpp's prompt eval (the TTFT's change: ``slower`` is all there) and 1 ms outside it."""
+    rec = hand_made(slower, seed, by_request=by_request)
+    length = np.asarray([TOKENS[drawn(SET, 0, i)] for i in range(20)], dtype=float)
+    ttft = np.asarray(rec["runs"]["ttft_ms"])  # type: ignore[index]
+    tokenize = 0.002 * length
+    rec["parts"] = {
+        "tokenize_ms": tokenize.round(5).tolist(),
+        "native_prefill_ms": (ttft - 1.0 - tokenize).round(5).tolist(),
+        "prefill_outside_ms": [1.0] * 20,
+    }
+    return rec
+
+
+def test_a_prompt_sets_parts_are_compared_on_the_same_requests() -> None:
+    """Both records keep their requests: each part is compared pair by pair on the runs that sent
+    the same request, so llama.cpp's prompt eval 10% slower on every request is the part that
+    moved (over the whole mix its spread hides it) and the unchanged parts stay unchanged."""
+    v = judge({"hw": parted(1.0, 0)}, "hw", parted(1.10, 1), QUIET)
+    assert {c.metric: c.verdict for c in v.comparisons}["ttft_ms"] is Verdict.REGRESSION
+    parts = {p.metric: p for p in v.parts}
+    eval_ = parts["native_prefill_ms"]
+    assert eval_.moved and eval_.paired and (eval_.n_a, eval_.n_b) == (20, 20)
+    assert eval_.ratio_low < 1.10 < eval_.ratio_high and eval_.ratio_low > 1.0
+    assert not parts["tokenize_ms"].moved and not parts["prefill_outside_ms"].moved
+    assert "moved: llama.cpp prompt eval x1.1" in next(line for line in v.why() if line.startswith("prefill"))
+    # Records without their requests (today's): the parts unpaired over the mix, as before.
+    old = judge({"hw": parted(1.0, 0, by_request=False)}, "hw", parted(1.10, 1, by_request=False), QUIET)
+    assert old.parts and not any(p.paired or p.moved for p in old.parts)
+
+
 # -- both sides of an in-process pairing: run i of each sends the same request -----------------
 
 
