@@ -844,3 +844,42 @@ def test_sigkill_of_the_controller_takes_its_sides_with_it(runner: Runner, slow_
     # The plugin's link for the sides lives in the cache, made once: nothing of it left in $TMPDIR.
     assert not list(runner.tmp.glob("llmperf-harness-*")), list(runner.tmp.iterdir())
     assert (runner.cache / "harness").is_dir()
+
+
+SET_TESTS = """
+import pytest
+
+SET = [{"prompt": " ".join(["word"] * n)} for n in (4, 30, 120)]
+
+
+@pytest.mark.llmperf(prompt_set=SET, max_tokens=4, runs=6, warmup=1, max_runs=6)
+def test_set():
+    pass
+"""
+
+
+def test_a_prompt_sets_pairs_are_kept_and_drawn_against_ref(runner: Runner, tmp_path: Path) -> None:
+    """A prompt set against REF: the decision keeps each side's runs by request (its prompt tokens
+    and TTFT, run i of each the same request), and the HTML report draws REF's beside this tree's
+    TTFT against prompt length (neither side keeps a record there)."""
+    from pytest_llmperf.core.workload import Workload, drawn, prompt_set_requests
+    from pytest_llmperf.reports.session_file import load_session
+
+    root = tmp_path / "repo"
+    make_repo(root, [("base", {"conftest.py": CONFTEST, "tests/test_set.py": SET_TESTS})])
+    runner.env["LLMPERF_MAX_PROCESSES"] = "1"
+    args = ("--llmperf-json", "s.json", "--llmperf-html", "s.html")
+    inner = runner.run(root, "tests", "-rA", "--llmperf-against", "git:HEAD", *args)
+    assert inner.ret == 0, inner.out
+    (decision,) = json.loads((root / "s.json").read_text())["against"]["decisions"]
+    kept, n = decision["by_request"], decision["pairs"]
+    w = Workload(prompt_set=prompt_set_requests([{"prompt": " ".join(["word"] * k)} for k in (4, 30, 120)]))
+    assert kept["request"] == [drawn(w.prompt_set, w.seed, i) for i in range(n)]
+    lengths = kept["REF"]["prompt_tokens"]
+    assert lengths == kept["current"]["prompt_tokens"] and len(lengths) == n and len(set(lengths)) > 1
+    assert all(len(kept[side]["ttft_ms"]) == n and min(kept[side]["ttft_ms"]) > 0 for side in ("REF", "current"))
+    assert len(load_session(root / "s.json")) == 1  # validated against the schema
+    page = (root / "s.html").read_text(encoding="utf-8")
+    assert "TTFT against prompt length, this tree vs REF" in page
+    assert f"REF ({n} runs)" in page and f"this tree ({n} runs)" in page
+    runner.check_clean(root, inner.pids)

@@ -23,10 +23,13 @@ from inner import run
 from pytest_llmperf import Workload, measure
 from pytest_llmperf.core.conversations import conversation, parse_conversation
 from pytest_llmperf.core.errors import ConfigError, EngineError
-from pytest_llmperf.core.record import workload_changes, workload_identity
+from pytest_llmperf.core.formats import fmt
+from pytest_llmperf.core.record import Record, workload_changes, workload_identity
 from pytest_llmperf.core.workload import Conversation, RunTrace, conversation_digest
-from pytest_llmperf.measuring.metrics import turn_figures
+from pytest_llmperf.judge.result import Outcome, outcome
+from pytest_llmperf.measuring.metrics import diagnose, turn_figures
 from pytest_llmperf.measuring.runner import extend
+from pytest_llmperf.reports import html as html_report
 from pytest_llmperf.reports.text import turn_rows
 from pytest_llmperf.session.options import validate
 
@@ -87,6 +90,26 @@ def test_per_turn_figures_and_rows(tiny_engine) -> None:
     ]
     assert len(rows) == 9 and all(r[3] == "2 runs" for r in rows)
     assert "conversation of 3 turns" in W.describe()
+
+
+def test_the_html_section_has_the_turn_by_turn_table_of_the_stored_record(tiny_engine) -> None:
+    """The HTML report's section of a conversation test: one row per turn, read from the stored
+    record's ``prompt.turns`` (llama.cpp's counters, TTFT p50 / p95, decode, runs)."""
+    m = measure(tiny_engine, W)
+    record = json.loads(json.dumps(Record.of(m, diagnose(m), None).to_json()))
+    page = html_report.test_section(
+        0, outcome(m, "t.py::test_talk", "t.py::test_talk", None, 0, judged=Outcome("t", record=record))
+    )
+    table = page.split("<h3>Conversation, turn by turn</h3>", 1)[1].split("</table>", 1)[0]
+    assert re.findall(r"<th>(.*?)</th>", table) == list(html_report.TURN_HEADERS)
+    rows = [re.findall(r"<td>(.*?)</td>", row) for row in re.findall(r"<tr><td>.*?</tr>", table)]
+    assert [r[0] for r in rows] == ["1", "2", "3"] and all(r[4] == "2" for r in rows)
+    for row, t in zip(rows, record["prompt"]["turns"]):
+        assert row[1] == f"{t['evaluated_prompt_tokens']} / {t['prompt_reused_tokens']}"
+        assert row[2] == f"{fmt(t['ttft_p50_ms'])} / {fmt(t['ttft_p95_ms'])}" and row[3] == fmt(t["tpot_ms"])
+    assert rows[0][1].endswith(" / 0") and int(rows[1][1].split(" / ")[1]) >= m.turns[0].prompt_tokens
+    plain = measure(tiny_engine, Workload(prompt_tokens=8, max_tokens=2, runs=2, warmup=0))
+    assert "turn by turn" not in html_report.test_section(0, outcome(plain, "t", "t", None, 0))
 
 
 def test_turn_judges_one_turn_and_names_it_in_the_identity(tiny_engine) -> None:

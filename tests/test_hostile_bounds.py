@@ -144,7 +144,7 @@ def test_report_jobs_are_bounded_by_the_cpus(monkeypatch: pytest.MonkeyPatch) ->
         return subprocess.CompletedProcess(argv, 0, stdout=json.dumps(["s"] * len(job["results"])), stderr="")
 
     monkeypatch.setattr(html.subprocess, "run", fake_run)
-    monkeypatch.setattr(html, "test_section", lambda i, r, trend, against: "s")
+    monkeypatch.setattr(html, "test_section", lambda i, r, trend, against, by_request: "s")
     monkeypatch.setattr(html, "usable_cpus", lambda: 3)
     results = [Result()] * 40
     for workers, processes in ((100000, 2), (None, 2), (2, 1), (1, 0)):

@@ -24,14 +24,18 @@ from hypothesis import strategies as st
 from inner import run
 
 from pytest_llmperf import LlamaCppEngine, Workload, measure
+from pytest_llmperf.core.formats import sig6
 from pytest_llmperf.core.record import Record
 from pytest_llmperf.core.workload import drawn, prompt_set_requests
 from pytest_llmperf.judge.regression import CompareSettings, judge, request_pairs
+from pytest_llmperf.judge.result import Outcome
 from pytest_llmperf.judge.verdict import NoiseModel, Verdict
 from pytest_llmperf.measuring.interleave import SideRuns
 from pytest_llmperf.measuring.metrics import MAX_LENGTH_BUCKETS, diagnose, length_buckets, summarize, summarize_runs
 from pytest_llmperf.reports import charts, record_charts
+from pytest_llmperf.reports import html as html_report
 from pytest_llmperf.reports.text import metrics_table
+from pytest_llmperf.session.against import by_request
 
 #: Four prompts of clearly different lengths (the tiny model's tokenizer: a few tokens a word).
 REQUESTS = [{"prompt": " ".join(["word"] * n)} for n in (4, 30, 120, 300)]
@@ -192,6 +196,38 @@ def test_only_runs_of_the_same_request_and_length_are_paired() -> None:
     assert request_pairs(baseline, hand_made(1.0, 1, by_request=False)) == ()
 
 
+def parted(slower: float, seed: int, *, by_request: bool = True) -> dict[str, object]:
+    """``hand_made`` with its prefill's parts: tokenization (by length, the same every session),
+    llama.cpp's prompt eval (the TTFT's change: ``slower`` is all there) and 1 ms outside it."""
+    rec = hand_made(slower, seed, by_request=by_request)
+    length = np.asarray([TOKENS[drawn(SET, 0, i)] for i in range(20)], dtype=float)
+    ttft = np.asarray(rec["runs"]["ttft_ms"])  # type: ignore[index]
+    tokenize = 0.002 * length
+    rec["parts"] = {
+        "tokenize_ms": tokenize.round(5).tolist(),
+        "native_prefill_ms": (ttft - 1.0 - tokenize).round(5).tolist(),
+        "prefill_outside_ms": [1.0] * 20,
+    }
+    return rec
+
+
+def test_a_prompt_sets_parts_are_compared_on_the_same_requests() -> None:
+    """Both records keep their requests: each part is compared pair by pair on the runs that sent
+    the same request, so llama.cpp's prompt eval 10% slower on every request is the part that
+    moved (over the whole mix its spread hides it) and the unchanged parts stay unchanged."""
+    v = judge({"hw": parted(1.0, 0)}, "hw", parted(1.10, 1), QUIET)
+    assert {c.metric: c.verdict for c in v.comparisons}["ttft_ms"] is Verdict.REGRESSION
+    parts = {p.metric: p for p in v.parts}
+    eval_ = parts["native_prefill_ms"]
+    assert eval_.moved and eval_.paired and (eval_.n_a, eval_.n_b) == (20, 20)
+    assert eval_.ratio_low < 1.10 < eval_.ratio_high and eval_.ratio_low > 1.0
+    assert not parts["tokenize_ms"].moved and not parts["prefill_outside_ms"].moved
+    assert "moved: llama.cpp prompt eval x1.1" in next(line for line in v.why() if line.startswith("prefill"))
+    # Records without their requests (today's): the parts unpaired over the mix, as before.
+    old = judge({"hw": parted(1.0, 0, by_request=False)}, "hw", parted(1.10, 1, by_request=False), QUIET)
+    assert old.parts and not any(p.paired or p.moved for p in old.parts)
+
+
 # -- both sides of an in-process pairing: run i of each sends the same request -----------------
 
 
@@ -252,3 +288,21 @@ def test_the_html_report_shows_ttft_against_prompt_length_for_both_sides(pyteste
     assert sum(b["n_runs"] for b in record["prompt_lengths"]["buckets"]) == n >= 6
     assert "baseline (6 runs)" in page and f"now ({n} runs)" in page
     result.stdout.fnmatch_lines(["*TTFT median / p95, prompt * tokens*"])
+
+
+def test_against_ref_the_chart_draws_refs_runs_kept_in_the_decision(measured) -> None:
+    """Under --llmperf-against neither side keeps a record: the decision's ``by_request`` (each
+    side's runs of a prompt set, pair by pair) is what the HTML report draws, REF and this tree."""
+    runs = {"A": measured.runs, "B": measured.runs[::-1]}  # two sides' runs, as the pairs hand them
+    kept = by_request(W, runs)
+    assert kept is not None and kept["request"] == [drawn(W.prompt_set, W.seed, i) for i in range(W.runs)]
+    assert kept["REF"]["prompt_tokens"] == [r.prompt_tokens for r in measured.runs]
+    assert kept["current"]["ttft_ms"] == [sig6(r.ttft_ms) for r in measured.runs[::-1]]
+    assert by_request(Workload(prompt_tokens=8, runs=2), {"A": measured.runs[:2], "B": measured.runs[:2]}) is None
+    test = "t.py::test_set"
+    against = {"ref": "git:HEAD", "described": "git:HEAD (abc)", "decisions": [{"test": test, "by_request": kept}]}
+    result = Outcome(test, budgets={"ttft_p95_ms": 1000.0})
+    page = html_report.render_html([result], workers=1, against=json.loads(json.dumps(against)))
+    assert "TTFT against prompt length, this tree vs REF" in page
+    assert f"REF ({W.runs} runs)" in page and f"this tree ({W.runs} runs)" in page
+    assert "TTFT against prompt length" not in html_report.render_html([result], workers=1, against={})

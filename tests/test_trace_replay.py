@@ -11,6 +11,7 @@ against the schedule (never early), counts, and llama-server's own counters are.
 from __future__ import annotations
 
 import json
+import statistics
 import threading
 from pathlib import Path
 from typing import ClassVar
@@ -20,11 +21,13 @@ from fakeserver import Streaming, event, serving
 from inner import run
 
 from pytest_llmperf import ConfigError, Workload, measure
-from pytest_llmperf.core.documents import MAX_DOCUMENT_MIB
-from pytest_llmperf.core.record import workload_changes, workload_identity
+from pytest_llmperf.core.documents import MAX_DOCUMENT_MIB, SchemaViolation
+from pytest_llmperf.core.formats import fmt
+from pytest_llmperf.core.record import Record, workload_changes, workload_identity
 from pytest_llmperf.core.traces import parse_trace, read_trace, trace_text
 from pytest_llmperf.core.workload import SetRequest, TraceRequest, trace_digest, trace_requests
 from pytest_llmperf.engines.http import HttpEngine
+from pytest_llmperf.measuring.metrics import diagnose
 from pytest_llmperf.reports.text import metrics_table
 
 STOP = threading.Event()
@@ -376,3 +379,42 @@ def test_a_trace_in_a_marker_and_in_measure(fake: str, pytester: pytest.Pytester
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*goodput 0 share < budget 0.5 share*"])  # the keyword's: an SLO none meets
     assert len(Recording.received) == 2 * (1 + 4)  # each test: its warm-up and the trace's 4 requests
+
+
+# -- the replay's figures kept: the record, the session JSON, the HTML report -------------------
+
+
+def test_the_replays_summary_is_stored_in_the_records_load_section(fake: str, tmp_path: Path) -> None:
+    engine = HttpEngine(fake + "/v1", model="m", ignore_eos=False)
+    w = Workload(trace=read_trace(write(tmp_path)), max_tokens=4, warmup=0, trace_speed=2.0)
+    m = measure(engine, w, slo={"ttft_ms": 60_000})
+    t = m.load.trace
+    stored = json.loads(json.dumps(Record.of(m, diagnose(m), None).to_json()))
+    assert Record.from_json(stored).load == stored["load"]  # the schema takes it
+    lags = t.lags_ms
+    assert stored["load"]["trace"] == {
+        "requests": 4,
+        "span_s": pytest.approx(0.9),
+        "speed": 2.0,
+        "send_lag_p50_ms": pytest.approx(statistics.median(lags), rel=1e-5),
+        "send_lag_max_ms": pytest.approx(max(lags), rel=1e-5),
+    }
+    assert 0 <= stored["load"]["trace"]["send_lag_p50_ms"] <= stored["load"]["trace"]["send_lag_max_ms"]
+    plain = measure(engine, Workload(prompt_tokens=4, max_tokens=4, requests=2, warmup=0))
+    assert "trace" not in Record.of(plain, diagnose(plain), None).to_json()["load"]  # stored as before
+    broken = {**stored, "load": {**stored["load"], "trace": {"requests": 4}}}
+    with pytest.raises(SchemaViolation, match="trace"):
+        Record.from_json(broken)
+
+
+def test_the_session_json_and_html_report_have_the_replays_summary(fake: str, pytester: pytest.Pytester) -> None:
+    write(pytester.path)
+    pytester.makepyfile(test_replay=REPLAY.split("@pytest.mark.llmperf(max_tokens=4, ttft_ms=0.000001")[0])
+    result = run(pytester, f"--llmperf-endpoint={fake}/v1", "--llmperf-json", "s.json", "--llmperf-html", "r.html")
+    result.assert_outcomes(passed=1)
+    (stored,) = json.loads((pytester.path / "s.json").read_text())["results"]
+    trace = stored["record"]["load"]["trace"]
+    assert (trace["requests"], trace["speed"], trace["span_s"]) == (4, 4.0, pytest.approx(0.9))
+    page = (pytester.path / "r.html").read_text(encoding="utf-8")
+    assert "<th>trace replay, open loop</th>" in page and "4 requests over 0.9 s" in page
+    assert "replayed at 4x" in page and f"{fmt(trace['send_lag_p50_ms'])} / {fmt(trace['send_lag_max_ms'])}" in page

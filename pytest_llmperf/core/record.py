@@ -15,6 +15,7 @@ hand-made one without ``commit``: it is written ``null``)."""
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
         RooflineJson,
         Stability,
         StabilityJson,
+        TraceReplay,
         TurnFigures,
     )
 
@@ -133,6 +135,19 @@ class StoredLoad(TypedDict, total=False):
     tpot_p99_ms: float
     prompt_cache: str | None
     server: dict[str, JSONValue]
+    trace: StoredTrace
+
+
+class StoredTrace(TypedDict):
+    """A replayed trace (``TraceReplay``), only where one was: its requests, its arrival span on
+    its own clock, the pace it was replayed at, and how late the client sent its requests
+    against their schedule (sent - scheduled: the client's own lag), median and worst."""
+
+    requests: int
+    span_s: float
+    speed: float
+    send_lag_p50_ms: float
+    send_lag_max_ms: float
 
 
 class StoredRequests(TypedDict):
@@ -452,4 +467,17 @@ def _load(s: LoadStats) -> StoredLoad:
         }
         server["metrics"] = dict(s.server.metrics or {})
         out["server"] = server
+    if s.trace is not None:  # a trace replay: its summary (other load tests store as before)
+        out["trace"] = stored_trace(s.trace)
     return out
+
+
+def stored_trace(t: TraceReplay) -> StoredTrace:
+    lags = t.lags_ms
+    return {
+        "requests": t.n_requests,
+        "span_s": sig6(t.span_s),
+        "speed": t.speed,
+        "send_lag_p50_ms": sig6(statistics.median(lags)),
+        "send_lag_max_ms": sig6(max(lags)),
+    }

@@ -152,6 +152,19 @@ def _unpaired_estimate(a: np.ndarray, b: np.ndarray, between_sd: float, scale: f
     return _Estimate(value, value - z * se, value + z * se, p)
 
 
+def _by_request_estimate(d: np.ndarray, between: float) -> _Estimate:
+    """Per-pair differences ``d`` of runs that sent the same request in two sessions: their
+    Hodges-Lehmann location with the standard error its signed-rank CI implies, widened by the
+    between-session term ``between`` (in ``d``'s unit), a normal CI and p; without that term
+    the exact paired statistics (``_paired_estimate``)."""
+    if between <= 0:
+        return _paired_estimate(d)
+    value, low, high = location_ci(d)
+    z = float(ndtri(1.0 - (1.0 - CI_LEVEL) / 2.0))
+    se = math.hypot((high - low) / (2.0 * z), between)
+    return _Estimate(value, value - z * se, value + z * se, float(2.0 * ndtr(-abs(value) / se)))
+
+
 def _ratio_of(estimate: _Estimate) -> tuple[float, float, float]:
     return exp_clamped(estimate.value), exp_clamped(estimate.low), exp_clamped(estimate.high)
 
@@ -166,6 +179,8 @@ class _Raw:
     delta: _Estimate
     ratio: tuple[float, float, float] | None
     material: bool
+    #: Compared pair by pair on the runs that sent the same request (``_raw_by_request``).
+    by_request: bool = False
 
 
 def _phase_ms(runs: Sequence[RunMetrics], phase_metric: str) -> float:
@@ -201,6 +216,24 @@ def _raw_unpaired(spec: Metric, a: np.ndarray, b: np.ndarray, phase_ms: float, b
     if spec.inside_llama_cpp and (a > 0).all() and (b > 0).all():
         ratio = _ratio_of(_unpaired_estimate(np.log(a), np.log(b), between_sd, 1.0))
     return _Raw(spec, a, b, delta, ratio, abs(delta.value) >= MATERIAL_SHARE * phase_ms)
+
+
+def _raw_by_request(spec: Metric, a: np.ndarray, b: np.ndarray, phase_ms: float, between_sd: float) -> _Raw:
+    """A part of two sessions' runs paired by request (pair i: both sent the same request), so
+    the mix of prompt lengths cancels: where every value is positive, B / A pair by pair (a part
+    of a long prompt and of a short one change by the same factor, not by the same ms), the
+    between-session sd on its log scale, its change in ms at A's median (that ratio applied to
+    it); else B - A pair by pair, the between-session term scaled to the part as unpaired."""
+    scale = abs(float(np.median(a)))
+    if (a > 0).all() and (b > 0).all():
+        log = _by_request_estimate(np.log(b) - np.log(a), between_sd)
+        ratio = _ratio_of(log)
+        value, low, high = (scale * (r - 1.0) for r in ratio)
+        delta = _Estimate(value, low, high, log.p)
+        kept = ratio if spec.inside_llama_cpp else None
+    else:
+        delta, kept = _by_request_estimate(b - a, between_sd * scale), None
+    return _Raw(spec, a, b, delta, kept, abs(delta.value) >= MATERIAL_SHARE * phase_ms, by_request=True)
 
 
 def _holm_by_phase(raws: Sequence[_Raw]) -> list[float]:
@@ -246,7 +279,7 @@ def _changes(raws: Sequence[_Raw], alpha: float, paired: bool, sampler: str = ""
                 p_value=float(p),
                 n_a=int(r.a.size),
                 n_b=int(r.b.size),
-                paired=paired,
+                paired=paired or r.by_request,
                 moved=bool(p < alpha and r.material),
             )
         )
@@ -275,11 +308,15 @@ def unpaired_parts(
     alpha: float,
     between_sd: Mapping[str, float],
     sampler: str = "",
+    pairs: Sequence[int] = (),
 ) -> tuple[PartChange, ...]:
     """Every part both records hold (``record["parts"]``: part -> per-run values), the candidate
     against the baseline's runs, with each phase's between-session sd (``between_sd``: phase ->
     log-scale sd, the headline comparison's) and A's phase time (``phase_ms``: judged metric ->
-    median ms); ``sampler``: what either side's sampler chain held (``sampler_label``)."""
+    median ms); ``sampler``: what either side's sampler chain held (``sampler_label``).
+    ``pairs``: the runs that sent the same request on both sides (a prompt set's,
+    ``regression.request_pairs``): each part is then compared on those runs pair by pair, so a
+    phase's "where the time went" is not the mix of prompt lengths; none: unpaired."""
     raws = []
     for spec in catalog.PARTS:
         a, b = baseline.get(spec.name), candidate.get(spec.name)
@@ -288,9 +325,18 @@ def unpaired_parts(
         va, vb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
         if not (np.isfinite(va).all() and np.isfinite(vb).all() and _measured(va, vb)):
             continue
-        ms = phase_ms.get(spec.part_of or "", 0.0)
-        raws.append(_raw_unpaired(spec, va, vb, ms, between_sd.get(spec.phase, 0.0)))
+        ms, between = phase_ms.get(spec.part_of or "", 0.0), between_sd.get(spec.phase, 0.0)
+        if _pairable(pairs, va, vb):
+            at = np.asarray(pairs)
+            raws.append(_raw_by_request(spec, va[at], vb[at], ms, between))
+        else:
+            raws.append(_raw_unpaired(spec, va, vb, ms, between))
     return _changes(raws, alpha, paired=False, sampler=sampler)
+
+
+def _pairable(pairs: Sequence[int], a: np.ndarray, b: np.ndarray) -> bool:
+    """Both sides hold a value at every paired run (at least 2 pairs)."""
+    return len(pairs) >= 2 and max(pairs) < min(a.size, b.size)
 
 
 # --- what the parts say about a phase -------------------------------------------------------------

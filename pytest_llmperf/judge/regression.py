@@ -577,8 +577,9 @@ def _parts(
     comparisons: Sequence[Comparison],
     settings: CompareSettings,
 ) -> tuple[PartChange, ...]:
-    """The parts of each phase against the baseline's runs (``parts.unpaired_parts``), with the
-    between-session sd each phase's headline comparison used, tested only in the phases whose
+    """The parts of each phase against the baseline's runs (``parts.unpaired_parts``; where both
+    records keep their requests, on the runs that sent the same request: ``request_pairs``), with
+    the between-session sd each phase's headline comparison used, tested only in the phases whose
     verdict moved (``parts.gated``); none when either record lacks them."""
     headline = {c.phase: c for c in comparisons if is_headline(c)}
     phase_ms = {c.metric: c.baseline_value for c in headline.values()}
@@ -591,6 +592,7 @@ def _parts(
             alpha=settings.alpha,
             between_sd=between,
             sampler=next((str(s) for r in (candidate, baseline) if (s := stored_at(r, "prompt", "sampler"))), ""),
+            pairs=request_pairs(baseline, candidate),  # a prompt set's: each part on the same requests
         )
         return gated(parts, explained_phases(comparisons))
     except (ArithmeticError, TypeError, ValueError):

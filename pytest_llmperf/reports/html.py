@@ -48,6 +48,7 @@ from .session_file import (
     metric_label,
     prompt_cell,
     summary_values,
+    turns_of,
 )
 from .text import length_note, length_rows, load_state_rows, memory_rows
 from .where import (
@@ -72,6 +73,9 @@ NOT_COMPARED = BaselineVerdict(BaselineStatus.NOT_COMPARED)
 
 #: The history's recent trend of a test (``history.series.attach``): ``{result.test: [trend_data]}``.
 Trends = Mapping[str, Sequence[Trend]]
+#: Under ``--llmperf-against``, a prompt set's pairs by test (its decision's ``by_request``:
+#: ``session.against.by_request``): ``{result.test: by_request}``.
+ByRequest = Mapping[str, Mapping[str, Any]]
 
 #: A state a badge shows: a test's (a regression, over budget, its verdict against the baseline
 #: or REF, why it was not compared) or an A/B budget's.
@@ -258,9 +262,16 @@ def _chart_html(fig_id: str, caption: str, svg: str, prefix: str) -> str:
     )
 
 
-def test_section(index: int, result: Outcome, trend: Sequence[Mapping[str, object]] = (), against: str = "") -> str:
+def test_section(
+    index: int,
+    result: Outcome,
+    trend: Sequence[Mapping[str, object]] = (),
+    against: str = "",
+    by_request: Mapping[str, Any] | None = None,
+) -> str:
     """One test's section; ``trend``: its recent sessions from the history (``Trends``);
-    ``against``: the session's ``--llmperf-against`` REF (a test it could not pair is "not compared")."""
+    ``against``: the session's ``--llmperf-against`` REF (a test it could not pair is "not compared");
+    ``by_request``: its decision's pairs of a prompt set there (``ByRequest``)."""
     record = result.record or {}
     verdict = result.verdict or NOT_COMPARED
     parts = [
@@ -281,9 +292,11 @@ def test_section(index: int, result: Outcome, trend: Sequence[Mapping[str, objec
     if budget_rows:
         parts.append(_table(("budget", "limit", "measured", "status"), budget_rows, raw=True))
     parts += _memory_table(record)
+    parts += _trace_table(record)
     parts += _lengths_table(record)
     parts += _prompt_table(result)
-    plots = _record_plots(index, result) + _trend_plot(index, trend)
+    parts += _turns_table(record.get("prompt") or result.prompt)
+    plots = _record_plots(index, result) + _by_request_plot(index, result, by_request) + _trend_plot(index, trend)
     parts.append('<div class="plots">' + "".join(plots) + "</div></section>")
     return "\n".join(parts)
 
@@ -387,6 +400,25 @@ def _memory_table(record: Mapping[str, Any]) -> list[str]:
     return [_table(("memory and start-up", "unit", "value", "source"), held)] if held else []
 
 
+def _trace_table(record: Mapping[str, Any]) -> list[str]:
+    """A replayed trace's summary (the stored ``load.trace``): its requests, span and pace, and
+    how late the client sent them against their schedule (its own lag)."""
+    t = (record.get("load") or {}).get("trace")
+    if not t:
+        return []
+    n = f"{t['requests']} requests"
+    rows = [
+        ("trace", "", f"{n} over {fmt(t['span_s'])} s", f"replayed at {t['speed']:g}x"),
+        (
+            "client send lag p50 / max (sent - scheduled)",
+            "ms",
+            f"{fmt(t['send_lag_p50_ms'])} / {fmt(t['send_lag_max_ms'])}",
+            n,
+        ),
+    ]
+    return [_table(("trace replay, open loop", "unit", "value", "sample"), rows)]
+
+
 def _lengths_table(record: Mapping[str, Any]) -> list[str]:
     """TTFT and prefill by prompt length (a prompt set whose lengths vary), with its rule's line."""
     lengths = record.get("prompt_lengths")
@@ -407,6 +439,34 @@ def _prompt_table(result: Outcome) -> list[str]:
     return [_table(("your code's prompt and stream", "value"), rows)]
 
 
+#: The "turn by turn" table's columns (a conversation's ``prompt.turns``, ``core.record.StoredTurn``).
+TURN_HEADERS = ("turn", "prompt tokens evaluated / reused", "TTFT p50 / p95 ms", "decode ms/token", "runs")
+
+
+def _turns_table(prompt: Mapping[str, Any]) -> list[str]:
+    """A conversation's figures turn by turn (the stored ``prompt.turns``): the prompt tokens
+    llama.cpp evaluated and reused (its counters), TTFT p50 / p95, decode per token, runs."""
+    rows = [
+        [
+            str(t.get("turn")),
+            _turn_tokens(t),
+            f"{prompt_cell(t.get('ttft_p50_ms'))} / {prompt_cell(t.get('ttft_p95_ms'))}",
+            prompt_cell(t.get("tpot_ms")),
+            str(t.get("runs")),
+        ]
+        for t in turns_of(prompt.get("turns"))
+    ]
+    return [f'<div class="turns"><h3>Conversation, turn by turn</h3>{_table(TURN_HEADERS, rows)}</div>'] if rows else []
+
+
+def _turn_tokens(t: Mapping[str, object]) -> str:
+    """A turn's prompt tokens evaluated / reused, or why they were not counted."""
+    evaluated, reused = t.get("evaluated_prompt_tokens"), t.get("prompt_reused_tokens")
+    if evaluated is None or reused is None:
+        return "not counted: the callable drove no llama_cpp.Llama of this process"
+    return f"{evaluated} / {reused}"
+
+
 def _record_plots(index: int, result: Outcome) -> list[str]:
     """The record's charts (``record_charts.charts_for``), each against the baseline and budgets."""
     record = result.record or {}
@@ -417,6 +477,15 @@ def _record_plots(index: int, result: Outcome) -> list[str]:
             caption += f"; outlier layers in red: {record['layers']['outlier_rule']}"
         plots.append(_chart_html(fig_id, caption, svg, f"t{index}f{n}-"))
     return plots
+
+
+def _by_request_plot(index: int, result: Outcome, by_request: Mapping[str, Any] | None) -> list[str]:
+    """Under ``--llmperf-against``, a prompt set's TTFT against prompt length, REF and this tree
+    (``record_charts.ttft_by_request``), when its decision kept the pairs' runs."""
+    if not record_charts.draws_by_request(by_request):
+        return []
+    svg = charts.render(record_charts.ttft_by_request, by_request, result.budgets)
+    return [_chart_html("ttft-by-length", record_charts.TTFT_BY_REQUEST, svg, f"t{index}r-")]
 
 
 def _trend_plot(index: int, trend: Sequence[Mapping[str, object]]) -> list[str]:
@@ -518,39 +587,54 @@ PARALLEL_FROM = 16
 
 
 def test_sections(
-    results: Sequence[Outcome], workers: int | None = None, trends: Trends | None = None, against: str = ""
+    results: Sequence[Outcome],
+    workers: int | None = None,
+    trends: Trends | None = None,
+    against: str = "",
+    by_request: ByRequest | None = None,
 ) -> list[str]:
     """Every test's section, in order. Big reports are split among fresh ``python -m
     pytest_llmperf.reports.html`` processes (the results' and trends' JSON in, sections out):
     nothing of the session's process (llama.cpp threads) is forked, and no caller needs a
     ``__main__`` guard as multiprocessing's spawn would. A chunk whose worker fails is drawn
     here instead. ``against``: the session's ``--llmperf-against`` REF, described. ``workers``:
-    at most the usable CPUs (more would only time-slice, and start a process per chunk at once)."""
+    at most the usable CPUs (more would only time-slice, and start a process per chunk at once);
+    ``by_request``: a prompt set's pairs against REF, by test."""
     trends = trends or {}  # a test without a trend: no trend figure
+    by_request = by_request or {}
     workers = min(usable_cpus(), len(results), 8 if workers is None else max(1, workers))
     if workers <= 1 or len(results) < PARALLEL_FROM:
-        return _sections_here(0, results, trends, against)
+        return _sections_here(0, results, trends, against, by_request)
     bounds = [round(len(results) * k / workers) for k in range(workers + 1)]
     chunks = [(lo, list(results[lo:hi])) for lo, hi in pairwise(bounds)]
     # This process draws the first chunk itself (matplotlib is loaded here already).
     with ThreadPoolExecutor(workers - 1) as pool:
-        others = pool.map(lambda chunk: _sections_in_worker(chunk[0], chunk[1], trends, against), chunks[1:])
-        first = _sections_here(chunks[0][0], chunks[0][1], trends, against)
+        others = pool.map(
+            lambda chunk: _sections_in_worker(chunk[0], chunk[1], trends, against, by_request), chunks[1:]
+        )
+        first = _sections_here(chunks[0][0], chunks[0][1], trends, against, by_request)
         return first + [section for sections in others for section in sections]
 
 
-def _sections_here(start: int, part: Sequence[Outcome], trends: Trends, against: str) -> list[str]:
+def _sections_here(
+    start: int, part: Sequence[Outcome], trends: Trends, against: str, by_request: ByRequest
+) -> list[str]:
     """The sections of ``part`` (the tests from ``start`` on), drawn in this process."""
-    return [test_section(start + i, r, trends.get(r.test, ()), against) for i, r in enumerate(part)]
+    return [
+        test_section(start + i, r, trends.get(r.test, ()), against, by_request.get(r.test)) for i, r in enumerate(part)
+    ]
 
 
-def _sections_in_worker(start: int, part: Sequence[Outcome], trends: Trends, against: str) -> list[str]:
+def _sections_in_worker(
+    start: int, part: Sequence[Outcome], trends: Trends, against: str, by_request: ByRequest
+) -> list[str]:
     """The sections of ``part`` drawn by a ``--worker`` process; here when the worker fails."""
     job = {
         "start": start,
         "results": [r.to_json() for r in part],
         "against": against,
         "trends": {r.test: trends[r.test] for r in part if r.test in trends},
+        "by_request": {r.test: by_request[r.test] for r in part if r.test in by_request},
     }
     try:
         proc = subprocess.run(
@@ -565,7 +649,7 @@ def _sections_in_worker(start: int, part: Sequence[Outcome], trends: Trends, aga
             return sections
     except (OSError, subprocess.CalledProcessError, ValueError):
         pass
-    return _sections_here(start, part, trends, against)
+    return _sections_here(start, part, trends, against, by_request)
 
 
 def _ab_badge(status: BudgetState) -> str:
@@ -630,7 +714,9 @@ def render_html(
     ref = (against or {}).get("described") or against_of(results)
     title = f"pytest-llmperf report against {ref}" if ref else "pytest-llmperf report"
     body = [against_section(results, against), summary_section(results, created_at), ab_section(ab)]
-    body += test_sections(results, workers, trends, ref)
+    decisions = (against or {}).get("decisions") or ()
+    pairs = {str(d.get("test")): d["by_request"] for d in decisions if isinstance(d, Mapping) and d.get("by_request")}
+    body += test_sections(results, workers, trends, ref, pairs)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
@@ -673,8 +759,13 @@ def _worker() -> None:
     results = [Outcome.from_json(r, check=False) for r in job["results"]]
     trends = job.get("trends") or {}
     against = job.get("against") or ""
+    pairs = job.get("by_request") or {}
     json.dump(
-        [test_section(job["start"] + i, r, trends.get(r.test, ()), against) for i, r in enumerate(results)], sys.stdout
+        [
+            test_section(job["start"] + i, r, trends.get(r.test, ()), against, pairs.get(r.test))
+            for i, r in enumerate(results)
+        ],
+        sys.stdout,
     )
 
 

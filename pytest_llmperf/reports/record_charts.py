@@ -347,15 +347,18 @@ def _by_length(rec: Mapping[str, Any] | None) -> tuple[np.ndarray, np.ndarray] |
 
 
 def ttft_by_length(
-    record: Mapping[str, object], baseline: Mapping[str, object] | None, budgets: Mapping[str, float]
+    record: Mapping[str, object],
+    baseline: Mapping[str, object] | None,
+    budgets: Mapping[str, float],
+    names: tuple[str, str] = ("baseline", "now"),
 ) -> Figure:
     """TTFT of every run against its prompt's length, baseline and now (a prompt set: TTFT grows
     with the prompt), each side's median per length joined; axes logarithmic where they span
-    over 8x, else linear from 0."""
+    over 8x, else linear from 0. ``names``: the sides' (``ttft_by_request``: REF, this tree)."""
     fig, ax = new_chart(2.9, reuse=True)
     sides = [
         (n, got, c, mk)
-        for n, r, c, mk in (("baseline", baseline, BASELINE, "s"), ("now", record, NOW, "o"))
+        for n, r, c, mk in ((names[0], baseline, BASELINE, "s"), (names[1], record, NOW, "o"))
         if (got := _by_length(r))
     ]
     for name, (x, y), colour, marker in sides:
@@ -374,9 +377,37 @@ def ttft_by_length(
     ax.set_ylim(0 if ax.get_yscale() == "linear" else ys.min() / 1.2, ys.max() * 1.2)
     ax.set_xlabel(f"prompt tokens{', log' if ax.get_xscale() == 'log' else ''}")
     ax.set_ylabel(f"TTFT (ms{', log' if ax.get_yscale() == 'log' else ''})")
-    ax.set_title("TTFT against prompt length, now vs baseline")
+    ax.set_title(f"TTFT against prompt length, {names[1]} vs {names[0]}")
     ax.legend(loc="lower right")
     return fig
+
+
+def ttft_by_request(pairs: Mapping[str, Any], budgets: Mapping[str, float]) -> Figure:
+    """``ttft_by_length`` of a prompt set's pairs under ``--llmperf-against`` (the session's
+    ``against`` decision's ``by_request``: each side's runs' prompt tokens and TTFT), REF and
+    this tree: neither side keeps a record there."""
+    ref, current = request_sides(pairs)
+    return ttft_by_length(current, ref, budgets, names=("REF", "this tree"))
+
+
+def request_sides(pairs: Mapping[str, Any] | None) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """REF's and this tree's runs of ``by_request`` as records' ``requests`` and ``runs`` (what
+    ``ttft_by_length`` reads)."""
+    sides = [(pairs or {}).get(name) for name in ("REF", "current")]
+    ref, current = ({"requests": side, "runs": side} if isinstance(side, Mapping) else {} for side in sides)
+    return ref, current
+
+
+def draws_by_request(pairs: Mapping[str, Any] | None) -> bool:
+    """``by_request`` keeps each run's prompt tokens and TTFT of a side at least."""
+    return any(_by_length(side) is not None for side in request_sides(pairs))
+
+
+#: The caption of ``ttft_by_request``'s chart.
+TTFT_BY_REQUEST = (
+    "TTFT of each run against its prompt's length (a prompt set), this tree vs REF, run i of each side "
+    "the same request; line: the median per length"
+)
 
 
 #: (id, caption, function, needs): the charts of one test, in page order.

@@ -400,7 +400,7 @@ TURN_COLUMNS = (
 
 def turn_lines(results: Iterable[Outcome]) -> list[str]:
     """A table of each conversation's figures turn by turn (its ``prompt.turns``), when a result has them."""
-    rows = [(r.test, t) for r in results for t in _turns(r.prompt.get("turns"))]
+    rows = [(r.test, t) for r in results for t in turns_of(r.prompt.get("turns"))]
     if not rows:
         return []
     out = ["", "### Conversations, turn by turn", "", *_md_head(["test", *(label for _, label in TURN_COLUMNS)])]
@@ -410,7 +410,8 @@ def turn_lines(results: Iterable[Outcome]) -> list[str]:
     ]
 
 
-def _turns(value: object) -> list[Mapping[str, object]]:
+def turns_of(value: object) -> list[Mapping[str, object]]:
+    """A stored conversation's ``prompt.turns``, each turn's figures (none where it holds none)."""
     return [t for t in value if isinstance(t, Mapping)] if isinstance(value, list) else []
 
 
@@ -779,7 +780,7 @@ def junit_properties(t: Outcome) -> list[tuple[str, object]]:
     if t.reference:
         out.append((prefix + "against", t.reference))
     out += [(f"{prefix}prompt.{k}", v) for k, v in t.prompt.items() if v is not None and k != "turns"]
-    for turn in _turns(t.prompt.get("turns")):  # a conversation's: one property per figure and turn
+    for turn in turns_of(t.prompt.get("turns")):  # a conversation's: one property per figure and turn
         out += [(f"{prefix}turn{turn.get('turn')}.{k}", v) for k, v in turn.items() if k != "turn" and v is not None]
     return out
 

@@ -30,10 +30,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import LLMPerfError
+from ..core.formats import sig6
 from ..core.measurement import Attribution
 from ..core.progress import current, task
 from ..core.settings import DEFAULT_MAX_PROCESSES, usable_cpus
-from ..core.workload import SEQUENTIAL_FACTOR, RunTrace, Workload
+from ..core.workload import SEQUENTIAL_FACTOR, RunTrace, Workload, drawn
 from ..engines import NeedsPromptIds, TokenProbabilities
 from ..judge.attribution import compare_attributions, moved_phases
 from ..judge.attribution import why as why_attribution
@@ -327,9 +328,28 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str) -> 
             start_s=round(processes.start_s, 3),
             levels=[one.to_json() for one in looked.levels],
         )
+    kept = by_request(workload, looked.runs)
+    if kept is not None:  # a prompt set: each side's TTFT by the request each run sent (the HTML chart)
+        ag.decisions[-1]["by_request"] = kept
     same = "" if events[REF]["workload"] == ev["workload"] else "; REF's workload differs from this tree's"
     note = _pairs_note(ag, workload, looked, (cap, looks, step), processes) + same
     return looked, note, agreement
+
+
+def by_request(workload: Workload, runs: Mapping[str, Sequence[RunMetrics]]) -> dict[str, Any] | None:
+    """A prompt set's pairs as the HTML report draws them (TTFT against prompt length, REF and
+    this tree): the request each pair's runs sent (run i sends ``drawn(set, seed, i)`` on both
+    sides), and per side each run's prompt tokens and TTFT; None without a set, or where a
+    side's run did not count its prompt's tokens."""
+    if workload.prompt_set is None:
+        return None
+    out: dict[str, Any] = {"request": [drawn(workload.prompt_set, workload.seed, i) for i in range(len(runs["B"]))]}
+    for letter, name in (("A", REF), ("B", CURRENT)):
+        lengths = [r.prompt_tokens for r in runs[letter]]
+        if any(n is None for n in lengths):
+            return None
+        out[name] = {"prompt_tokens": lengths, "ttft_ms": [sig6(r.ttft_ms) for r in runs[letter]]}
+    return out
 
 
 #: A measurement's pairs start on this many process pairs (issue 50; fewer only where its budget,
@@ -688,6 +708,8 @@ class Looked:
     changes: tuple[str, ...] = ()
     #: What each level contributed per judged metric (two process pairs or more; ``judge.paired.Levels``).
     levels: tuple[Levels, ...] = ()
+    #: Each side's runs of the pairs by letter (A: REF, B: this tree), pair i's run i of each.
+    runs: Mapping[str, Sequence[RunMetrics]] = field(default_factory=dict)
 
 
 def _looks(processes: Processes, workload: Workload, plan: tuple[int, int, int], judging: Mapping[str, Any]) -> Looked:
@@ -726,7 +748,7 @@ def _looks(processes: Processes, workload: Workload, plan: tuple[int, int, int],
             seconds = time.monotonic() - started - (processes.start_s - start_s)  # a process pair's start: not pairs
             parts = gated(paired_parts(runs["A"], runs["B"], alpha=judging["alpha"]), explained_phases(comparisons))
             changes = prompt_changes(runs["A"][0].prompt_tokens, runs["B"][0].prompt_tokens)
-            return Looked(comparisons, n, look, why, seconds, orders, parts, changes, levels)
+            return Looked(comparisons, n, look, why, seconds, orders, parts, changes, levels, runs)
 
 
 def _pairs_note(
