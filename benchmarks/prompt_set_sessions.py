@@ -4,13 +4,14 @@ under A/A while it flags +8% per-token work.
 
 ``--part mix`` (in this process, the plugin's engine on the ``--preset`` model, 1 thread, one
 context that holds the longest request): a set of literal prompts of ``--lengths`` tokens; the
-fixed part and the per-token prefill are fitted from the median TTFT of the set's shortest and
-longest prompt sent alone; each mix (the same requests, other weights) is the set drawn
-``--runs`` times. The five cases (two fitting prompts, three mixes) run in turn, run by run, so a
+fixed part and the per-token prefill (at the prompt's start, and its growth with the context:
+attention reads every earlier token) are fitted from the median TTFT of the set's shortest, middle
+and longest prompt sent alone (TTFT = fixed + n x per-token + n^2 x growth); each mix (the same requests, other weights) is the set drawn
+``--runs`` times. The six cases (three fitting prompts, three mixes) run in turn, run by run, so a
 change of the machine's load falls on all of them alike. Printed per mix: the predicted TTFT p95
-(the p95 over the mix's drawn requests of fixed part + length x per-token prefill) beside the
+(the p95 over the mix's drawn requests of the fit at their lengths) beside the
 measured p95 (as ``Measurement.ttft_p95_ms``) and their ratio; the p95 predicted with the noise
-one prompt carries (every drawn request's fixed part + length x per-token prefill times every
+one prompt carries (every drawn request's fitted TTFT times every
 fitting run's TTFT over its prompt's median) and its ratio; the same for p50 (lengths only);
 each mix's p95 relative to the first mix's, predicted and measured; then each fitting prompt's
 p95/median alone.
@@ -136,7 +137,8 @@ def part_mix(args: argparse.Namespace) -> None:
         probe.close()
     n_ctx = -(-(max(sizes) + args.max_tokens) // AUTO_CTX_STEP) * AUTO_CTX_STEP
     engine = LlamaCppEngine(ensure_model(args.preset), threads=args.threads, n_ctx=n_ctx)
-    cases = {f"fit {sizes[k]}": Workload(prompt=prompts[k], max_tokens=args.max_tokens) for k in (0, -1)}
+    fitting = sorted({0, len(sizes) // 2, len(sizes) - 1})  # the shortest, a middle and the longest prompt
+    cases = {f"fit {sizes[k]}": Workload(prompt=prompts[k], max_tokens=args.max_tokens) for k in fitting}
     for name, weights in MIXES.items():
         requests = [{"prompt": p, "weight": w} for p, w in zip(prompts, weights)]
         cases[name] = Workload(prompt_set=requests, max_tokens=args.max_tokens, runs=args.runs)
@@ -158,22 +160,25 @@ def part_mix(args: argparse.Namespace) -> None:
                 tokens[name].append(r.prompt_tokens)
     finally:
         engine.close()
-    (n0, short), (n1, long) = ((sizes[k], ttft[f"fit {sizes[k]}"]) for k in (0, -1))
-    t0, t1 = statistics.median(short), statistics.median(long)
-    per_token_ms = (t1 - t0) / (n1 - n0)
-    fixed_ms = t0 - per_token_ms * n0
+    lengths = [sizes[k] for k in fitting]
+    medians = [statistics.median(ttft[f"fit {n}"]) for n in lengths]
+    # The prefill per token grows with the position (attention reads every earlier token): TTFT =
+    # fixed + n x (per-token prefill at the start) + n^2 x (its growth), through the fitting medians.
+    growth_ms, per_token_ms, fixed_ms = (float(c) for c in np.polyfit(lengths, medians, 2))
     print(
-        f"fit: TTFT median {t0:.2f} ms at {n0} tokens, {t1:.2f} ms at {n1} tokens ({args.runs} runs each): per-token "
-        f"prefill {per_token_ms * 1000:.1f} us, fixed part {fixed_ms:.2f} ms; load {load()}",
+        "fit: TTFT median "
+        + ", ".join(f"{t:.2f} ms at {n} tokens" for n, t in zip(lengths, medians))
+        + f" ({args.runs} runs each): per-token prefill {per_token_ms * 1000:.1f} us at the start, growing "
+        f"{growth_ms * 2e3:.4f} us per token of context; fixed part {fixed_ms:.2f} ms; load {load()}",
         flush=True,
     )
-    # The noise one prompt carries: each fitting run's TTFT over its prompt's median, both prompts.
-    noise = np.array([t / statistics.median(ttft[k]) for k in (f"fit {n0}", f"fit {n1}") for t in ttft[k]])
+    # The noise one prompt carries: each fitting run's TTFT over its prompt's median, every fitting prompt.
+    noise = np.array([t / statistics.median(ttft[f"fit {n}"]) for n in lengths for t in ttft[f"fit {n}"]])
     first: tuple[float, float] | None = None
     for name, weights in MIXES.items():
         drawn = [sizes[prompts.index(cases[name].request(i).prompt or "")] for i in range(args.runs)]
         assert drawn == tokens[name]  # the engine ran the drawn requests
-        model = np.array([fixed_ms + per_token_ms * n for n in drawn])
+        model = np.array([fixed_ms + per_token_ms * n + growth_ms * n * n for n in drawn])
         predicted = {q: float(np.percentile(model, q)) for q in (50, 95)}
         noisy = float(np.percentile(np.outer(model, noise), 95))  # each drawn request under each run's noise
         got = {q: float(np.percentile(ttft[name], q)) for q in (50, 95)}  # as Measurement.ttft_p95_ms
@@ -187,9 +192,9 @@ def part_mix(args: argparse.Namespace) -> None:
             f"measured x{got[95] / first[1]:.2f}",
             flush=True,
         )
-    for k, name in ((0, f"fit {n0}"), (-1, f"fit {n1}")):
-        spread = float(np.percentile(ttft[name], 95)) / statistics.median(ttft[name])
-        print(f"  the {sizes[k]}-token prompt alone: TTFT p95/median {spread:.3f} (the noise a p95 carries)")
+    for n in lengths:
+        spread = float(np.percentile(ttft[f"fit {n}"], 95)) / statistics.median(ttft[f"fit {n}"])
+        print(f"  the {n}-token prompt alone: TTFT p95/median {spread:.3f} (the noise a p95 carries)")
 
 
 def make_repo(root: Path, change: float, lengths: list[int], max_tokens: int, preset: str) -> None:
