@@ -1,7 +1,7 @@
 """A conversation as a test names it (the ``conversation`` marker key, ``llmperf.measure()``
 keyword): a JSON file holding ``{"system": "...", "turns": ["...", "..."]}`` (``system``
 optional) or just the list of user turns, or the same given inline. Read once, through the one
-reader of user-given files (``documents.read_text``: regular files only, its size limit), and
+reader of user-given files (``documents.read_workload_file``: regular files only, its size limit), and
 checked whole before anything is measured: a problem is one line naming the file (and the line
 of a JSON syntax error, or the turn by its index). What a conversation is and how a run sends
 it: ``core.workload.Conversation``."""
@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from .documents import RefusedFile, loads, read_text
+from .documents import loads, read_workload_file
 from .errors import ConfigError
 from .workload import Conversation, conversation_of
 
@@ -30,15 +30,7 @@ def conversation(value: object) -> Conversation:
 
 def read_conversation(path: Path) -> Conversation:
     """The conversation of the JSON file ``path``; a ConfigError naming the file."""
-    try:
-        text = read_text(path, WHAT, TOO_BIG)
-    except FileNotFoundError:
-        raise ConfigError(f"conversation {path}: no such file") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"conversation {path}: not UTF-8 text (byte {exc.start})") from None
-    except (OSError, RefusedFile) as exc:
-        raise ConfigError(f"conversation {path}: {exc}") from None
-    return parse_conversation(text, str(path))
+    return parse_conversation(read_workload_file(path, "conversation", WHAT, TOO_BIG), str(path))
 
 
 def parse_conversation(text: str, source: str) -> Conversation:

@@ -37,13 +37,13 @@ import re
 import stat
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypedDict
 
 from .catalog import FIGURES
-from .errors import LLMPerfError
+from .errors import ConfigError, LLMPerfError
 from .formats import JSONValue as JSONValue  # noqa: PLC0414 (the documents' JSON value, read from here too)
 from .formats import shown
 
@@ -122,6 +122,32 @@ def read_bytes(path: Path | str, what: str, todo: str, limit_mib: float = MAX_DO
 def read_text(path: Path | str, what: str, todo: str, limit_mib: float = MAX_DOCUMENT_MIB) -> str:
     """``read_bytes`` decoded as UTF-8 (``UnicodeDecodeError`` for other bytes)."""
     return read_bytes(path, what, todo, limit_mib).decode("utf-8")
+
+
+def read_workload_file(path: Path, noun: str, what: str, todo: str) -> str:
+    """A workload's file (a prompt set, a conversation, a trace: ``noun``) as text; what stops
+    it (missing, not UTF-8, refused by ``read_bytes``) one ConfigError line naming the file."""
+    try:
+        return read_text(path, what, todo)
+    except FileNotFoundError:
+        raise ConfigError(f"{noun} {path}: no such file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{noun} {path}: not UTF-8 text (byte {exc.start})") from None
+    except (OSError, RefusedFile) as exc:
+        raise ConfigError(f"{noun} {path}: {exc}") from None
+
+
+def jsonl_values(text: str, source: str) -> Iterator[tuple[int, object]]:
+    """JSONL text's values with their line numbers, blank lines skipped; a ConfigError
+    ``source:line: not JSON (...)`` for a line that is not. JSONL's lines are split at ``\n``
+    only (not ``splitlines``': U+2028 or ``\x85`` may stand inside a text)."""
+    for number, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            yield number, loads(line)
+        except ValueError as exc:
+            raise ConfigError(f"{source}:{number}: not JSON ({exc})") from None
 
 
 #: Output paths that mean this process's standard output (``--llmperf-json=-``, ``-o -``).

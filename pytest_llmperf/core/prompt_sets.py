@@ -1,7 +1,7 @@
 """A prompt set as a test names it (the ``prompt_set`` marker key, ``llmperf.measure()``
 keyword): a JSONL file, one request a line (``{"prompt": ...}`` or ``{"messages": [...]}``,
 optional ``max_tokens`` and ``weight``), or an inline list of the same objects. Read once,
-through the one reader of user-given files (``documents.read_text``: regular files only, its
+through the one reader of user-given files (``documents.read_workload_file``: regular files only, its
 size limit), and checked whole before anything is measured: a problem is one line naming the
 file and line. What a request is and how runs draw from a set: ``core.workload``."""
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .documents import RefusedFile, loads, read_text
+from .documents import jsonl_values, read_workload_file
 from .errors import ConfigError
 from .workload import SetRequest, prompt_set_requests, set_request
 
@@ -28,28 +28,14 @@ def prompt_set(value: object) -> tuple[SetRequest, ...]:
 
 def read_prompt_set(path: Path) -> tuple[SetRequest, ...]:
     """The requests of the JSONL file ``path``; a ConfigError naming the file (and the line)."""
-    try:
-        text = read_text(path, WHAT, TOO_BIG)
-    except FileNotFoundError:
-        raise ConfigError(f"prompt set {path}: no such file") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"prompt set {path}: not UTF-8 text (byte {exc.start})") from None
-    except (OSError, RefusedFile) as exc:
-        raise ConfigError(f"prompt set {path}: {exc}") from None
-    return parse_prompt_set(text, str(path))
+    return parse_prompt_set(read_workload_file(path, "prompt set", WHAT, TOO_BIG), str(path))
 
 
 def parse_prompt_set(text: str, source: str) -> tuple[SetRequest, ...]:
     """JSONL text's requests, one a line (blank lines skipped); a ConfigError ``source:line: ...``
     for the first bad line, or naming ``source`` when it holds no request."""
     requests = []
-    for number, line in enumerate(text.split("\n"), 1):  # JSONL's lines: not splitlines' (U+2028, \x85 in a text)
-        if not line.strip():
-            continue
-        try:
-            value = loads(line)
-        except ValueError as exc:
-            raise ConfigError(f"{source}:{number}: not JSON ({exc})") from None
+    for number, value in jsonl_values(text, source):
         try:
             requests.append(set_request(value))
         except ConfigError as exc:

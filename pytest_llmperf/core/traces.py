@@ -2,7 +2,7 @@
 file, one request a line with its arrival time (``{"t_s": 0.25, "prompt": ...}`` or
 ``{"t_s": 0.25, "messages": [...]}``, optional ``max_tokens``), or an inline list of the same
 objects; and the same file written from a session's served requests (``trace_text``). Read once,
-through the one reader of user-given files (``documents.read_text``: regular files only, its size
+through the one reader of user-given files (``documents.read_workload_file``: regular files only, its size
 limit), and checked whole before anything is measured: a problem is one line naming the file and
 line. Arrival times are numbers of seconds >= 0, never going backwards (a trace is replayed in its
 order, never re-sorted). What a line is and how a trace is replayed: ``core.workload``
@@ -14,7 +14,7 @@ import json
 import os
 from pathlib import Path
 
-from .documents import RefusedFile, loads, read_text
+from .documents import jsonl_values, read_workload_file
 from .errors import ConfigError
 from .workload import TraceRequest, check_arrival, trace_request, trace_requests
 
@@ -32,28 +32,14 @@ def trace(value: object) -> tuple[TraceRequest, ...]:
 
 def read_trace(path: Path) -> tuple[TraceRequest, ...]:
     """The lines of the JSONL file ``path``; a ConfigError naming the file (and the line)."""
-    try:
-        text = read_text(path, WHAT, TOO_BIG)
-    except FileNotFoundError:
-        raise ConfigError(f"trace {path}: no such file") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"trace {path}: not UTF-8 text (byte {exc.start})") from None
-    except (OSError, RefusedFile) as exc:
-        raise ConfigError(f"trace {path}: {exc}") from None
-    return parse_trace(text, str(path))
+    return parse_trace(read_workload_file(path, "trace", WHAT, TOO_BIG), str(path))
 
 
 def parse_trace(text: str, source: str) -> tuple[TraceRequest, ...]:
     """JSONL text's requests, one a line (blank lines skipped); a ConfigError ``source:line: ...``
     for the first bad line, or naming ``source`` when it holds no request."""
     lines: list[TraceRequest] = []
-    for number, line in enumerate(text.split("\n"), 1):  # JSONL's lines: not splitlines' (U+2028 in a text)
-        if not line.strip():
-            continue
-        try:
-            value = loads(line)
-        except ValueError as exc:
-            raise ConfigError(f"{source}:{number}: not JSON ({exc})") from None
+    for number, value in jsonl_values(text, source):
         try:
             lines.append(trace_request(value))
             check_arrival(lines)
