@@ -174,13 +174,18 @@ def main() -> int:
             if row is None:
                 print(f"  {change:+.0%} session {s + 1}: nothing compared (exit {doc['_exit']})", flush=True)
                 continue
-            rows.append(row)
-            show(row)
-            if args.jsonl:
-                with args.jsonl.open("a") as fh:
-                    fh.write(json.dumps(row) + "\n")
+            keep(row, rows, args.jsonl)
     summary(rows, args.threshold)
     return 0
+
+
+def keep(row: dict, rows: list[dict], jsonl: Path | None) -> None:
+    """A session's row kept: in ``rows``, printed, and appended to the ``--jsonl`` file if any."""
+    rows.append(row)
+    show(row)
+    if jsonl:
+        with jsonl.open("a") as fh:
+            fh.write(json.dumps(row) + "\n")
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from against_sessions import git, load, pytest_command  # scripts beside this one
-from gate_sessions import row_of, show, summary
+from gate_sessions import keep, row_of, summary
 from gate_sessions import session as gate_session
 
 from pytest_llmperf import Workload, ensure_model
@@ -268,11 +268,7 @@ def part_gate(args: argparse.Namespace) -> None:
                 if row is None:
                     print(f"  {change:+.0%} session {s + 1}: nothing compared", flush=True)
                     continue
-                rows.append(row)
-                show(row)
-                if args.jsonl:
-                    with args.jsonl.open("a") as fh:
-                        fh.write(json.dumps(row) + "\n")
+                keep(row, rows, args.jsonl)
     summary(rows, args.threshold)
     flagged(rows)
 
