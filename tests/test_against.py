@@ -357,9 +357,9 @@ def test_ahead(llmperf, llmperf_llm):
 def test_each_side_runs_in_two_processes_and_what_each_level_contributed_is_kept(
     runner: Runner, verdict_repo: Path, tmp_path: Path
 ) -> None:
-    """The process as a level (issue 50): A/A with a budget of 4, each side's runs in 2 fresh
-    processes (4 side processes for one test), the pairs in turn over them; their start-up said
-    and kept apart from the pairs' seconds; the levels printed with -v and kept in the session file."""
+    """The process as a level (issue 50): A/A with a budget of 4, the pairs in blocks, each block
+    on a fresh pair of side processes (the first on the test's own); their start-up said and kept
+    apart from the pairs' seconds; the levels printed with -v and kept in the session file."""
     runner.env["LLMPERF_MAX_PROCESSES"] = "4"
     report = tmp_path / "session.json"
     inner = runner.run(
@@ -367,7 +367,7 @@ def test_each_side_runs_in_two_processes_and_what_each_level_contributed_is_kept
     )
     assert inner.ret == 0, inner.out
     (decision,) = json.loads(report.read_text())["against"]["decisions"]
-    k = decision["processes"]  # 2 at first, more while the processes' offsets dominate (at most 4)
+    k = decision["processes"]  # a block on each: 2 or more, at most the budget of 4
     assert 2 <= k <= 4 and decision["start_s"] > 0, decision
     assert len(inner.pids) == 2 * k, inner.pids  # the test's own pair of sides, and k - 1 more for its measurement
     assert {one["metric"] for one in decision["levels"]} >= {"ttft_ms", "tpot_ms"}, decision

@@ -246,9 +246,11 @@ def test_a_fresh_process_that_ends_the_test_first_is_no_process_pair(monkeypatch
     cur, ref = FakeSide(CURRENT, []), FakeSide(REF, [])
     for one in (cur, ref):
         one.args, one.cwd, one.harness, one.timeout_s = [], "", "", 5.0  # type: ignore[attr-defined]
-    first = SimpleNamespace(cpus=None)
+    first = SimpleNamespace(cpus=None, interleaved=against.Interleaved.TOKEN)
     processes = against.Processes(_ag(cur, ref), "t", "", first, 4)  # type: ignore[arg-type]
-    assert processes.add(SimpleNamespace(warmup=0, seed=0), 0) is False  # type: ignore[arg-type]
+    workload = SimpleNamespace(warmup=0, seed=0)
+    assert processes.next_block(workload, first=True) == 0 and not made  # type: ignore[arg-type]
+    assert processes.next_block(workload, first=False) == 0  # type: ignore[arg-type]  # its block on the test's own sides
     assert processes.unavailable is not None and "process pair 2 did not start" in processes.unavailable
-    assert len(made) == 2 and all(one.closed for one in made) and processes.pairs == [first]
-    assert processes.add(SimpleNamespace(warmup=0, seed=0), 0) is False and len(made) == 2  # not tried again
+    assert len(made) == 2 and all(one.closed for one in made) and processes.live is first and processes.started == 1
+    assert processes.next_block(workload, first=False) == 0 and len(made) == 2  # type: ignore[arg-type]  # not tried again

@@ -52,10 +52,11 @@ LLAMA_OPTIONS = tuple(s.name for s in LLAMA_SETTINGS.values() if s.option is not
 DEFAULT_ALPHA = 0.01
 DEFAULT_THRESHOLD = 0.05
 DEFAULT_TAIL_THRESHOLD = 0.10
-#: ``--llmperf-against``'s budget of processes per side (``max_processes``): 2 or more starts a
-#: measurement on 2 process pairs and adds one while the processes' offsets dominate its CI, up
-#: to this many. 1 by default (one process per side) until its calibration is shown (issue 50).
-DEFAULT_MAX_PROCESSES = 1
+#: ``--llmperf-against``'s budget of processes per side (``max_processes``): a measurement's pairs
+#: run in blocks, each on a fresh process pair, the blocks' size chosen from the measured levels
+#: (docs/against.md, "Processes"); 60 pairs of at least 3 per block fit in 20. 1: one process per
+#: side, every pair on the test's own sides.
+DEFAULT_MAX_PROCESSES = 20
 
 #: ``--llmperf-columns`` names: summary table (the catalog's), then comparison table (``test``
 #: and ``metric`` always shown). The defaults fit 80 columns; JSON, HTML and Markdown keep every column.
@@ -596,8 +597,8 @@ SETTINGS: dict[str, Setting] = {
         ),
         Setting(
             "max_processes",
-            "--llmperf-against: the most processes per side a measurement's pairs run in (fresh processes, "
-            "fresh placement; with 2 or more: 2 at first, more while the processes' offsets dominate the CI; "
+            "--llmperf-against: the most processes per side a measurement's pairs run in (the pairs in "
+            "blocks, each on fresh processes, fresh placement, the blocks' size from the measured levels; "
             "1: one process per side); a marker's max_processes wins",
             DEFAULT_MAX_PROCESSES,
             COUNT.parse,

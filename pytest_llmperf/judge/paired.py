@@ -18,13 +18,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.special import ndtr, ndtri
+from scipy.special import ndtr, ndtri, stdtr
 from scipy.stats import rankdata
 
 from ..core import catalog
 from .rule import JUDGED, METRICS, decide, mirrored
 from .verdict import (
     CI_LEVEL,
+    HL_SE_FACTOR,
     Comparison,
     NoiseSource,
     Shown,
@@ -35,6 +36,7 @@ from .verdict import (
     level,
     log_level,
     positive_values,
+    t_quantile,
 )
 
 if TYPE_CHECKING:
@@ -114,11 +116,19 @@ def paired(metric: str, a: Sequence[float], b: Sequence[float]) -> PairedCompari
 def location_ci(d: np.ndarray) -> tuple[float, float, float]:
     """The Hodges-Lehmann location of per-pair differences ``d`` (the median of their Walsh
     averages) and its exact Wilcoxon signed-rank CI at ``CI_LEVEL``: (estimate, low, high)."""
-    n = d.size
-    i, j = np.triu_indices(n)
-    walsh = np.sort((d[i] + d[j]) / 2.0)
-    c = _lower_index(n, 1.0 - CI_LEVEL)
+    walsh = _walsh(d)
+    c = _lower_index(d.size, 1.0 - CI_LEVEL)
     return float(np.median(walsh)), float(walsh[c]), float(walsh[walsh.size - 1 - c])
+
+
+def hodges_lehmann(d: np.ndarray) -> float:
+    """The Hodges-Lehmann location of ``d``: the median of its Walsh averages."""
+    return float(np.median(_walsh(d)))
+
+
+def _walsh(d: np.ndarray) -> np.ndarray:
+    i, j = np.triu_indices(d.size)
+    return np.sort((d[i] + d[j]) / 2.0)
 
 
 def signed_rank_p(d: np.ndarray) -> float:
@@ -195,11 +205,6 @@ def _signed_rank_greater(d: np.ndarray) -> float:
         mean, sd = n * (n + 1) / 4.0, math.sqrt(n * (n + 1) * (2 * n + 1) / 24.0)
         return float(ndtr(-(t - mean - 0.5) / sd))
     return min(1.0, _upper_tail(_null_cdf(n), t))
-
-
-#: Resamples of the hierarchical bootstrap (``two_level_ci``): its percentile bounds move by about
-#: 0.05% of a ratio between seeds at 2000.
-BOOTSTRAP_RESAMPLES = 2000
 
 
 @dataclass(frozen=True)
@@ -280,40 +285,36 @@ def pair_levels(
     return tuple(out)
 
 
-def two_level_ci(parts: Sequence[np.ndarray], *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> TwoLevel:
+def two_level_ci(parts: Sequence[np.ndarray]) -> TwoLevel:
     """The log ratio's location over process pairs ``parts`` (each its pairs' log ratios) and its
-    hierarchical bootstrap CI at ``CI_LEVEL`` (Kalibera & Jones): each resample draws the process
-    pairs with replacement, then each drawn one's pairs with replacement, and averages the drawn
-    process pairs' means (each process pair weighs alike: a fresh process is the unit a change's
-    effect is replicated over). The percentile bounds; the one-sided p-values from the
-    resamples' normal approximation (their sd the standard error), so that Holm's small levels
-    are reachable. Seeded: the same pairs give the same CI."""
-    rng = np.random.default_rng([seed, 0x2B])
-    k = len(parts)
-    chosen = rng.integers(0, k, size=(resamples, k))
-    means = np.empty((resamples, k))
-    for g, part in enumerate(parts):
-        slots = chosen == g
-        count = int(slots.sum())
-        if count:
-            draws = rng.integers(0, part.size, size=(count, part.size))
-            means[slots] = part[draws].mean(axis=1)
-    stats = means.mean(axis=1)
-    estimate = float(np.mean([p.mean() for p in parts]))
-    tail = (1.0 - CI_LEVEL) / 2.0
-    low, high = (float(q) for q in np.quantile(stats, [tail, 1.0 - tail]))
-    se = float(stats.std(ddof=1)) if resamples > 1 else 0.0
-    if se > 0:
-        greater, less = float(ndtr(-estimate / se)), float(ndtr(estimate / se))
-    else:
+    CI at ``CI_LEVEL`` from the top level of a two-level random-effects model (Kalibera & Jones,
+    "Rigorous benchmarking in reasonable time"): each process pair's Hodges-Lehmann location is
+    one observation of the change plus its processes' offset plus its pairs' noise, so the CI is
+    Student's t over those k locations (k - 1 degrees of freedom), whatever share each level has.
+    Each process pair weighs alike: a fresh process is the unit a change's effect is replicated
+    over. (A bootstrap over 2-4 process pairs was too narrow: its decode CI held 1 in 18 of 20
+    A/A sessions at 4; t over k locations is exact for normal offsets.) The one-sided p-values
+    are the same t's."""
+    values = np.array([hodges_lehmann(p) for p in parts if p.size], dtype=float)
+    k = values.size
+    estimate = float(values.mean()) if k else 0.0
+    se = float(values.std(ddof=1)) / math.sqrt(k) if k > 1 else 0.0
+    df = float(k - 1)
+    if not se > 0:  # one process pair, or all alike: the pairs' own test (``_two_levels``) is the bound
         greater, less = (0.0, 1.0) if estimate > 0 else (1.0, 0.0) if estimate < 0 else (1.0, 1.0)
-    return TwoLevel(estimate, min(low, estimate), max(high, estimate), se, greater, less)
+        return TwoLevel(estimate, estimate, estimate, 0.0, greater, less, df)
+    q = t_quantile(df, 1.0 - (1.0 - CI_LEVEL) / 2.0)
+    score = estimate / se
+    return TwoLevel(
+        estimate, estimate - q * se, estimate + q * se, se, float(stdtr(df, -score)), float(stdtr(df, score)), df
+    )
 
 
 @dataclass(frozen=True)
 class TwoLevel:
-    """``two_level_ci``'s answer, on the log scale: the estimate, its CI, its standard error and
-    the one-sided p-values of "B slower" (``greater``) and "B faster" (``less``)."""
+    """``two_level_ci``'s answer, on the log scale: the estimate, its CI, its standard error, the
+    one-sided p-values of "B slower" (``greater``) and "B faster" (``less``), and the degrees of
+    freedom (process pairs less one)."""
 
     estimate: float
     low: float
@@ -321,6 +322,28 @@ class TwoLevel:
     se: float
     greater: float
     less: float
+    df: float
+
+
+def pairs_per_process(levels: Sequence[Levels], start_s: float, pair_s: float) -> int:
+    """How many pairs the next process pair should run (Kalibera & Jones' optimum for a
+    two-level experiment): sqrt(c_process / c_pair x within variance / between variance), the
+    cost of a process pair's start-up (``start_s``, warm-ups included) against one pair's
+    (``pair_s``), for each metric in ``levels`` (those not decided yet), the smallest (the most
+    process pairs: the level a few of them cannot see is the one that makes a CI too narrow),
+    within ``PAIRS_PER_PROCESS``. No between level measured: the most."""
+    low, high = PAIRS_PER_PROCESS
+    best = high
+    for one in levels:
+        if one.between_sd > 0 and pair_s > 0:
+            n = math.sqrt(max(start_s, 0.0) / pair_s) * one.within_sd / one.between_sd
+            best = min(best, round(n))
+    return max(low, min(high, best))
+
+
+#: The range of ``pairs_per_process``: at least 3 pairs (a process pair's location needs a
+#: few), at most 8 (a measurement's 60 pairs then still run over 8 process pairs or more).
+PAIRS_PER_PROCESS = (3, 8)
 
 
 def judged_pairs(
@@ -385,12 +408,15 @@ def _log_ratios(va: Sequence[float], vb: Sequence[float]) -> np.ndarray:
 
 
 def _two_levels(c: Comparison, va: Sequence[float], vb: Sequence[float], groups: Sequence[int]) -> Comparison:
-    """``c`` with the two-level model's estimate, CI, p-values and standard error (``two_level_ci``),
-    never bolder than the pairs' own signed-rank ones (``c``'s): the CI spans both, each p-value
-    is the larger. A bootstrap of a few pairs per process pair is too narrow, and the signed-rank
-    test's floor (2^-n) is what keeps a look at 10 pairs from deciding a REGRESSION."""
+    """``c`` with the two-level model's estimate, CI, p-values, standard error and degrees of
+    freedom (``two_level_ci``), never bolder than the pairs' own signed-rank ones (``c``'s): the
+    CI spans both, each p-value is the larger. The signed-rank test's floor (2^-n) is what keeps
+    a look at 10 pairs from deciding a REGRESSION. ``cv_candidate`` becomes the spread one pair
+    would need to give that standard error alone (sqrt(pairs) x se, on the Hodges-Lehmann scale),
+    so that "about N pairs would decide it" counts the process pairs the next pairs start too."""
     t = two_level_ci(grouped(_log_ratios(va, vb), groups))
     worse, better = (t.less, t.greater) if c.higher_is_better else (t.greater, t.less)
+    se = max(t.se, c.se_log)
     return dataclasses.replace(
         c,
         ratio=exp_clamped(t.estimate),
@@ -398,7 +424,9 @@ def _two_levels(c: Comparison, va: Sequence[float], vb: Sequence[float], groups:
         ci_high=max(exp_clamped(t.high), c.ci_high if c.ci_high is not None else 0.0),
         p_value=max(worse, c.p_value if c.p_value is not None else 0.0),
         p_value_better=max(better, c.p_value_better if c.p_value_better is not None else 0.0),
-        se_log=max(t.se, c.se_log),
+        se_log=se,
+        df=min(t.df, c.df) if c.df is not None else t.df,
+        cv_candidate=se * math.sqrt(len(va)) / HL_SE_FACTOR,
     )
 
 
@@ -467,7 +495,7 @@ def _worse_low(c: Comparison) -> float | None:
     return 1.0 / c.ci_high if c.higher_is_better else c.ci_low
 
 
-def needs_more_pairs(c: Comparison) -> str | None:
+def needs_more_pairs(c: Comparison, cap: int | None = None) -> str | None:
     """Why one judged comparison of a look (``judged_pairs``) needs more pairs, or None when more
     pairs would not change what it says (docs/against.md, "When the pairs stop"):
 
@@ -477,7 +505,11 @@ def needs_more_pairs(c: Comparison) -> str | None:
     - UNCHANGED with its 95% CI within +-the threshold: equivalence shown at the threshold (a
       change of the threshold's size is ruled out at 97.5% one-sided, each look);
     - INCONCLUSIVE that more pairs would not decide (``worth_more_runs``: leaning faster, or level
-      with pairs that cannot decide).
+      with pairs that cannot decide), nor the pairs left before the ``cap`` (it needs more pairs
+      than the cap, and leans slower by less than half the threshold: a slowdown is not in
+      sight, and the cap would end it INCONCLUSIVE all the same: futility);
+    - UNCHANGED whose CI, narrowed as the square root of the pairs, would still reach past the
+      threshold at the ``cap``: the verdict stands, and the pairs left cannot show more (futility).
 
     Otherwise (an UNCHANGED whose CI holds 1 and reaches past the threshold: a change of a few
     percent could hide in it; an INCONCLUSIVE that more pairs may decide) it says why."""
@@ -488,10 +520,21 @@ def needs_more_pairs(c: Comparison) -> str | None:
     if c.verdict is Verdict.IMPROVED:
         return None
     if c.verdict is Verdict.INCONCLUSIVE:
-        return None if not c.worth_more_runs else "undecided"
+        futile = cap is not None and c.runs_needed is not None and c.runs_needed > cap and not _leans_slower(c)
+        return None if not c.worth_more_runs or futile else "undecided"
     if c.verdict is not Verdict.UNCHANGED or c.ci_low is None or c.ci_high is None:
         return None
-    return _unchanged_needs_more(c.ci_low, c.ci_high, c.threshold)
+    why = _unchanged_needs_more(c.ci_low, c.ci_high, c.threshold)
+    if why is not None and cap is not None and not _within_by(c, cap):
+        return None  # the CI would still reach past the threshold at the cap: futility
+    return why
+
+
+def _within_by(c: Comparison, cap: int) -> bool:
+    """Whether ``c``'s CI, narrowed as sqrt(pairs) until the ``cap``, would lie within the threshold."""
+    assert c.ci_low is not None and c.ci_high is not None
+    half = (math.log(c.ci_high) - math.log(c.ci_low)) / 2.0 * math.sqrt(c.n_candidate / max(cap, c.n_candidate, 1))
+    return abs(math.log(c.ratio)) + half < math.log1p(c.threshold)
 
 
 def _unchanged_needs_more(low: float, high: float, threshold: float) -> str | None:
@@ -508,16 +551,23 @@ def _unchanged_needs_more(low: float, high: float, threshold: float) -> str | No
 SETTLED = "every comparison decided"
 
 
-def pairs_settled(comparisons: Sequence[Comparison]) -> str | None:
+def _leans_slower(c: Comparison) -> bool:
+    """Its estimate is slower by half the threshold or more."""
+    worse = -math.log(c.ratio) if c.higher_is_better else math.log(c.ratio)
+    return worse >= math.log1p(c.threshold / 2)
+
+
+def pairs_settled(comparisons: Sequence[Comparison], cap: int | None = None) -> str | None:
     """Why the pairs of one measurement may stop at this look (``judged_pairs``' comparisons),
     or None to take more: a REGRESSION whose whole CI lies beyond the threshold (the test fails,
     and more pairs would not bring the change back within it), or every judged comparison
-    settled (``needs_more_pairs``). The cap stops the pairs apart from this."""
+    settled (``needs_more_pairs``, with the measurement's ``cap`` of pairs). The cap stops the
+    pairs apart from this."""
     judged = [c for c in comparisons if c.mirror_of is None]
     for c in judged:
         beyond = (low := _worse_low(c)) is not None and low > 1.0 + c.threshold
         if c.verdict is Verdict.REGRESSION and beyond:
             return f"{c.phase} {c.label} REGRESSION, its whole CI beyond {c.threshold:.0%}"
-    if any(needs_more_pairs(c) for c in judged):
+    if any(needs_more_pairs(c, cap) for c in judged):
         return None
     return SETTLED

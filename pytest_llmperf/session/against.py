@@ -38,7 +38,7 @@ from ..core.workload import SEQUENTIAL_FACTOR, RunTrace, Workload, drawn
 from ..engines import NeedsPromptIds, TokenProbabilities
 from ..judge.attribution import compare_attributions, moved_phases
 from ..judge.attribution import why as why_attribution
-from ..judge.paired import SETTLED, Levels, judged_pairs, needs_more_pairs, pair_levels, pairs_settled
+from ..judge.paired import Levels, judged_pairs, needs_more_pairs, pair_levels, pairs_per_process, pairs_settled
 from ..judge.parts import explained_phases, gated, paired_parts, prompt_changes
 from ..judge.result import comparison_json
 from ..judge.rule import JUDGED
@@ -310,7 +310,6 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str) -> 
         with task(f"measurement {ev['label']}" if ev.get("label") else "measurement") as progress:
             progress.step("warm-up pairs", 0, workload.warmup)
             _warm_up(pairing, workload)
-            processes.start(workload)
             looked = _looks(processes, workload, (cap, looks, step), _judging(ag, ev, nodeid))
             progress.step("output agreement")
             agreement = outputs(ag, events, workload)
@@ -322,9 +321,9 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str) -> 
     )
     ag.decisions[-1]["stopped"] = looked.why
     ag.decisions[-1]["interleaved"] = processes.interleaved.value
-    if len(processes.pairs) > 1:
+    if processes.started > 1:
         ag.decisions[-1].update(
-            processes=len(processes.pairs),
+            processes=processes.started,
             start_s=round(processes.start_s, 3),
             levels=[one.to_json() for one in looked.levels],
         )
@@ -352,127 +351,101 @@ def by_request(workload: Workload, runs: Mapping[str, Sequence[RunMetrics]]) -> 
     return out
 
 
-#: A measurement's pairs start on this many process pairs (issue 50; fewer only where its budget,
-#: ``max_processes``, is smaller): two processes of the same code differ by 1-2% for their whole
-#: life (placement in memory, on the cores), which pairs within one pair of processes cannot see.
-MIN_PROCESS_PAIRS = 2
-#: A look that did not settle adds a process pair (within the budget) when the processes' offsets
-#: are at least this share of an unsettled comparison's CI variance: more pairs would mostly
-#: narrow the other level.
-ADD_SHARE = 0.5
-#: At the budget, an unsettled comparison whose CI variance is at least this much the processes'
-#: stops the pairs: more pairs cannot narrow it enough; its verdict says the budget held it.
-STOP_SHARE = 0.8
+#: The pairs on each of a measurement's first two process pairs, before the levels are measured
+#: (two of them make the first look's 10 pairs); after them ``judge.paired.pairs_per_process``.
+FIRST_BLOCK = 5
 
 
 class Processes:
-    """A measurement's process pairs (docs/against.md, "Processes"): the test's own pair of
-    sides, and more started for the measurement, each a fresh process per side that runs the test
-    up to the same measurement and waits there (its start-up, warm-ups included, lies outside
-    every timed region, and is counted: ``start_s``). Pair i of the measurement runs on the
-    process pair ``schedule(i)`` says: in turn and back (ABBA over process pairs), so a drift of
-    the machine is shared by all of them. The extra processes are closed after the measurement."""
+    """A measurement's process pairs (docs/against.md, "Processes"): the pairs run in blocks,
+    each block on a fresh pair of side processes (fresh placement in memory and on the cores),
+    the first on the test's own pair of sides. A block's process pair is started for it, runs
+    the test up to the same measurement, warms up, runs its pairs, and is closed before the next
+    one starts; its start-up and close lie outside every timed region and are counted
+    (``start_s``). The block sizes: ``FIRST_BLOCK`` for the first two, then chosen from the
+    measured levels and costs (``judge.paired.pairs_per_process``). A budget of 1: every pair on
+    the test's own sides (one level). At most the test's own sides and one block's are alive."""
 
     def __init__(self, ag: Against, nodeid: str, label: str, first: Pairing, budget: int) -> None:
         self.ag, self.nodeid, self.label, self.budget = ag, nodeid, label, max(budget, 1)
-        self.pairs: list[Pairing] = [first]
-        self.extra: list[Side] = []
+        self.own = first
+        self.live = first  # the process pair the current block runs on
+        self.group = 0  # its number: 0 for the test's own sides
+        self.started = 1  # process pairs used so far, the test's own one included
+        self.live_sides: list[Side] = []  # the current block's sides when they are not the test's
+        self.turns = {first.interleaved}
+        self.unstepped: str | None = None
         self.start_s = 0.0
-        self.since = 0  # the first pair of the schedule over the current process pairs
         self.unavailable: str | None = None  # why no more process pairs could start
 
     @property
     def interleaved(self) -> Interleaved:
-        turns = {p.interleaved for p in self.pairs}
-        return Interleaved.RUN if Interleaved.RUN in turns else Interleaved.TOKEN
+        return Interleaved.RUN if Interleaved.RUN in self.turns else Interleaved.TOKEN
 
     @property
-    def unstepped(self) -> str | None:
-        return next((p.unstepped for p in self.pairs if p.unstepped is not None), None)
+    def cpus(self) -> Sequence[int] | None:
+        return self.own.cpus
 
-    def schedule(self, i: int) -> int:
-        """The process pair of pair ``i``: 0, 1, .., k-1, k-1, .., 0, 0, 1, .. from ``since``."""
-        k = len(self.pairs)
-        block, pos = divmod(i - self.since, k)
-        return pos if block % 2 == 0 else k - 1 - pos
+    @property
+    def full(self) -> bool:
+        """No fresh process pair may start: the budget is used (a budget of 1 never is)."""
+        return self.budget > 1 and self.started >= self.budget
 
     def pair(self, i: int, order: str) -> dict[str, RunTrace]:
-        k = self.schedule(i)
-        if k == 0:
-            return self.pairs[0].pair(i, order)
-        try:  # an extra process lost: the pairs stop, the test's own sides go on
-            return self.pairs[k].pair(i, order)
+        try:  # a block's process pair lost: the pairs stop, the test's own sides go on
+            traces = self.live.pair(i, order)
         except SideGone as exc:
-            raise RunFailed(f"process pair {k + 1}: {exc}") from None
+            if self.live is self.own:
+                raise
+            raise RunFailed(f"process pair {self.group + 1}: {exc}") from None
+        self.turns.add(self.live.interleaved)
+        self.unstepped = self.unstepped or self.live.unstepped
+        return traces
 
-    def start(self, workload: Workload) -> None:
-        """The process pairs a measurement starts on (``MIN_PROCESS_PAIRS``, within the budget)."""
-        while len(self.pairs) < min(MIN_PROCESS_PAIRS, self.budget) and self.add(workload, 0):
-            pass
-
-    def add(self, workload: Workload, at: int) -> bool:
-        """Start one more process pair and warm it up, its schedule from pair ``at``; False when
-        it could not start (``unavailable`` says why)."""
-        if self.unavailable is not None:
-            return False
-        current().step(f"starting process pair {len(self.pairs) + 1}")
-        started = time.monotonic()
-        first = self.pairs[0]
+    def next_block(self, workload: Workload, first: bool) -> int:
+        """Start the next block's process pair (the test's own for the first block, and for
+        every block with a budget of 1 or when no fresh one can start): its group number."""
+        if first or self.budget < 2 or self.unavailable is not None:
+            self._retire()
+            self.live, self.group = self.own, 0
+            return 0
+        began = time.monotonic()
+        self._retire()
         sides = {name: Side(s.spec, s.args, s.cwd, s.harness, s.timeout_s) for name, s in self.ag.sides.items()}
-        self.extra += sides.values()
+        current().step(f"starting process pair {self.started + 1}")
         try:
-            start_all(list(sides.values()))
-            for side in sides.values():
-                if (missing := side.missing(self.nodeid)) is not None:
-                    raise SideGone(missing.line, side.spec.name)
-                side.send({"op": "test", "nodeid": self.nodeid, "next": None})
-            stepped = all(bool(_reach(side, self.label, self.ag.timeout_s).get("stepped")) for side in sides.values())
-            pairing = Pairing({"A": sides[REF], "B": sides[CURRENT]}, self.ag.timeout_s, first.cpus, stepped)
-            _warm_up(pairing, workload)
+            pairing = self._start(sides, workload)
         except (SideGone, RunFailed) as exc:
-            self.unavailable = f"process pair {len(self.pairs) + 1} did not start: {exc}"
+            self.unavailable = f"process pair {self.started + 1} did not start: {exc}"
             for side in sides.values():
                 side.close()
-            return False
-        self.start_s += time.monotonic() - started
-        self.pairs.append(pairing)
-        self.since = at
-        return True
+            self.live, self.group = self.own, 0
+            return 0
+        finally:
+            self.start_s += time.monotonic() - began
+        self.live_sides = list(sides.values())
+        self.live, self.group = pairing, self.started
+        self.started += 1
+        return self.group
 
-    def after_look(
-        self, comparisons: Sequence[Comparison], levels: Sequence[Levels], workload: Workload, n: int
-    ) -> str | None:
-        """After a look: one more process pair (``ADDED``) while the processes' offsets dominate
-        the CI of a comparison not decided yet (one that needs more pairs, or an INCONCLUSIVE) and
-        the budget allows; at the budget, why the pairs stop when those offsets are nearly all of
-        it; else None (the look's own answer stands)."""
-        if len(self.pairs) < 2:
-            return None
-        unsettled = {c.metric for c in comparisons if c.mirror_of is None and _undecided(c)}
-        share = max((one.share for one in levels if one.metric in unsettled), default=0.0)
-        if share < ADD_SHARE:
-            return None
-        if len(self.pairs) < self.budget and self.add(workload, n):
-            return ADDED
-        if share < STOP_SHARE:
-            return None
-        return (
-            f"the budget of {self.budget} process pairs (max_processes) reached: the processes' offsets are "
-            f"{share:.0%} of the CI's variance, which more pairs cannot narrow"
-        )
+    def _start(self, sides: Mapping[str, Side], workload: Workload) -> Pairing:
+        start_all(list(sides.values()))
+        for side in sides.values():
+            if (missing := side.missing(self.nodeid)) is not None:
+                raise SideGone(missing.line, side.spec.name)
+            side.send({"op": "test", "nodeid": self.nodeid, "next": None})
+        stepped = all(bool(_reach(side, self.label, self.ag.timeout_s).get("stepped")) for side in sides.values())
+        pairing = Pairing({"A": sides[REF], "B": sides[CURRENT]}, self.ag.timeout_s, self.own.cpus, stepped)
+        _warm_up(pairing, workload)
+        return pairing
+
+    def _retire(self) -> None:
+        for side in self.live_sides:
+            side.close()
+        self.live_sides = []
 
     def close(self) -> None:
-        for side in self.extra:
-            side.close()
-
-
-#: ``Processes.after_look``'s answer when it started one more process pair: the pairs go on.
-ADDED = "added a process pair"
-
-
-def _undecided(c: Comparison) -> bool:
-    """Not decided yet: more pairs may move it (``needs_more_pairs``), or INCONCLUSIVE."""
-    return bool(needs_more_pairs(c)) or c.verdict is Verdict.INCONCLUSIVE
+        self._retire()
 
 
 def _reach(side: Side, label: str, timeout_s: float) -> Mapping[str, object]:
@@ -488,6 +461,11 @@ def _reach(side: Side, label: str, timeout_s: float) -> Mapping[str, object]:
             side.send({"op": "go"})
         elif not isinstance(event, Released):
             raise SideGone(f"{side.who} ended the test before this measurement ({event.ev})", side.spec.name)
+
+
+def _undecided(c: Comparison) -> bool:
+    """Not decided yet: more pairs may move it (``needs_more_pairs``), or INCONCLUSIVE."""
+    return bool(needs_more_pairs(c)) or c.verdict is Verdict.INCONCLUSIVE
 
 
 def held_by_budget(comparisons: Sequence[Comparison], why: str) -> list[Comparison]:
@@ -713,49 +691,61 @@ class Looked:
 
 
 def _looks(processes: Processes, workload: Workload, plan: tuple[int, int, int], judging: Mapping[str, Any]) -> Looked:
-    """Pairs, ``step`` at a time over the process pairs, each batch judged at a look, until
-    settled, the cap, the bound or the process budget (``Processes.after_look``)."""
-
+    """Pairs in blocks, each block on a fresh process pair (``Processes``), a look at the first
+    block's end at or past every ``step`` pairs, until settled, the cap, the bound or the process
+    budget."""
     cap, looks, step = plan
     orders = block_orders(cap, workload.seed)
     runs: dict[str, list[RunMetrics]] = {"A": [], "B": []}
     groups: list[int] = []  # each pair's process pair
     started, start_s = time.monotonic(), processes.start_s
-    look = 0
+    look, size = 0, FIRST_BLOCK
+    levels: tuple[Levels, ...] = ()
     progress = current()
     while True:
-        start = len(runs["A"])
-        progress.step(f"look {look + 1} of at most {looks}: pairs", start, cap)
-        for i in range(start, min(start + step, cap)):
-            groups.append(processes.schedule(i))
+        n = len(runs["A"])
+        group = processes.next_block(workload, first=n == 0)
+        progress.step(f"look {look + 1} of at most {looks}: pairs on process pair {processes.started}", n, cap)
+        for i in range(n, min(n + size, cap)):
+            groups.append(group)
             for letter, trace in processes.pair(i, orders[i]).items():
                 runs[letter].append(run_metrics(trace))
             progress.advance(i + 1)
-        n, look = len(runs["A"]), look + 1
+        n = len(runs["A"])
+        if n < cap and n < step * (look + 1):
+            continue  # the next look comes at a later block's end
+        look += 1
         two = groups if len(set(groups)) > 1 else []
         comparisons = judged_pairs(runs["A"], runs["B"], looks=looks, groups=two, **judging)
         levels = pair_levels(runs["A"], runs["B"], two) if two else ()
-        why = pairs_settled(comparisons) or (f"the cap of {cap} pairs" if n >= cap else None)
+        why = pairs_settled(comparisons, cap) or (f"the cap of {cap} pairs" if n >= cap else None)
         if why is None and time.monotonic() - started > PAIRS_TIME_CAP_S:
             why = f"the {PAIRS_TIME_CAP_S:.0f} s bound"
-        if why in (None, SETTLED) and n < cap:  # more process pairs may decide what more pairs cannot
-            turn = processes.after_look(comparisons, levels, workload, n)
-            if turn == ADDED:
-                why = None
-            elif turn is not None:
-                why, comparisons = turn, held_by_budget(comparisons, turn)
+        if why is None and processes.full:
+            why = f"the budget of {processes.budget} process pairs (max_processes) reached"
+            comparisons = held_by_budget(comparisons, why)
         if why is not None:
             seconds = time.monotonic() - started - (processes.start_s - start_s)  # a process pair's start: not pairs
             parts = gated(paired_parts(runs["A"], runs["B"], alpha=judging["alpha"]), explained_phases(comparisons))
             changes = prompt_changes(runs["A"][0].prompt_tokens, runs["B"][0].prompt_tokens)
             return Looked(comparisons, n, look, why, seconds, orders, parts, changes, levels, runs)
+        if len(set(groups)) > 1:  # the next blocks' size from the levels of what is not decided yet
+            unsettled = {c.metric for c in comparisons if c.mirror_of is None and _undecided(c)}
+            costs = _block_costs(processes, time.monotonic() - started - (processes.start_s - start_s), n)
+            size = pairs_per_process([one for one in levels if one.metric in unsettled], *costs)
+
+
+def _block_costs(processes: Processes, pairs_s: float, n: int) -> tuple[float, float]:
+    """(a fresh process pair's start-up, one pair) in seconds, as measured so far."""
+    fresh = max(processes.started - 1, 1)
+    return processes.start_s / fresh, pairs_s / max(n, 1)
 
 
 def _pairs_note(
     ag: Against, workload: Workload, looked: Looked, plan: tuple[int, int, int], processes: Processes
 ) -> str:
     cap, looks, step = plan
-    cpus = processes.pairs[0].cpus
+    cpus = processes.cpus
     how = turns(processes.interleaved, processes.unstepped)
     n = looked.n
     n_ab = sum(1 for o in looked.orders[:n] if o == "AB")
@@ -775,10 +765,9 @@ def _processes_note(processes: Processes) -> str:
     (outside every timed region), why no more could start; nothing with a budget of 1."""
     if processes.budget < 2:
         return ""
-    k = len(processes.pairs)
     note = (
-        f"; {k} process pair(s) of at most {processes.budget}, pairs in turn over them, the extra ones' "
-        f"start {processes.start_s:.1f} s (outside the timed runs)"
+        f"; {processes.started} process pair(s) of at most {processes.budget}, the pairs in blocks, each "
+        f"block on a fresh one, their start {processes.start_s:.1f} s (outside the timed runs)"
     )
     return note + (f"; {processes.unavailable}" if processes.unavailable else "")
 
