@@ -11,7 +11,7 @@ The test repository and the user's streaming wrapper are ``benchmarks/against_se
 token for a change). The cases alternate session by session so that a drift of the machine
 falls on all of them alike.
 
-    .venv/bin/python benchmarks/gate_sessions.py --sessions 40            # the issue's figures: 40 A/A, 10 each change
+    .venv/bin/python benchmarks/gate_sessions.py --sessions 10 --aa-factor 4   # the issue's figures: 40 A/A, 10 each change
     .venv/bin/python benchmarks/gate_sessions.py --sessions 2 --changes 0,0.02   # a quick look
 """
 
@@ -29,6 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from against_sessions import load, make_repo  # a script beside this one
+
+from pytest_llmperf.core.settings import DEFAULT_MAX_PROCESSES
 
 
 def session(root: Path, args: argparse.Namespace, out: Path) -> dict:
@@ -140,7 +142,7 @@ def main() -> int:
     p.add_argument("--aa-factor", type=int, default=1)
     p.add_argument("--changes", default="0,0.02,0.01", help="per-token work of each case (0: A/A)")
     p.add_argument("--threshold", type=float, default=0.01)
-    p.add_argument("--max-processes", type=int, default=4)
+    p.add_argument("--max-processes", type=int, default=DEFAULT_MAX_PROCESSES, help="the plugin's default unless given")
     p.add_argument("--preset", default="small")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--prompt-tokens", type=int, default=32)

@@ -470,9 +470,9 @@ KEYS: dict[str, Key] = {
         Key(
             "max_processes",
             "option",
-            "--llmperf-against: the most processes per side this test's pairs run in (2 at first, more while "
-            "the processes' offsets dominate the CI; 1 turns the process level off; default "
-            "--llmperf-max-processes)",
+            "--llmperf-against: the most processes per side this test's pairs run in (the pairs in blocks, "
+            "each on fresh processes, the blocks' size from the measured levels; 1 turns the process level "
+            "off; default --llmperf-max-processes)",
             _marker(COUNT),
         ),
         Key("layers", "option", "also time each layer (llama.cpp eval callback; in-process only)", _marker(FLAG)),
