@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from pytest_llmperf.judge.paired import (
     PAIRS_PER_PROCESS,
     Levels,
+    hodges_lehmann,
     judged_pairs,
     levels,
     location_ci,
@@ -251,3 +252,24 @@ def test_two_levels_are_never_bolder_than_the_pairs_own_test() -> None:
     assert one["tpot_ms"].verdict is not Verdict.REGRESSION and two["tpot_ms"].verdict is not Verdict.REGRESSION
     assert two["tpot_ms"].p_value >= one["tpot_ms"].p_value
     assert two["tpot_ms"].ci_low <= one["tpot_ms"].ci_low and two["tpot_ms"].ci_high >= one["tpot_ms"].ci_high
+
+
+def test_the_worked_example_of_docs_against() -> None:
+    """docs/against.md's worked example, its figures as printed there."""
+    rng = np.random.default_rng(7)
+    one = rng.normal(0.012, 0.014, 24)  # one process pair whose placement costs +1.2%
+    estimate, low, high = (round(math.exp(x), 3) for x in location_ci(one))
+    assert (estimate, low, high) == (1.007, 1.001, 1.012)
+    offsets = (0.012, -0.004, 0.009, 0.002, 0.011, -0.008)
+    parts = [rng.normal(off, 0.014, 4) for off in offsets]
+    assert [round(hodges_lehmann(p) * 100, 2) for p in parts] == [0.57, -0.92, -0.23, 0.13, 1.19, -0.37]
+    t = two_level_ci(parts)
+    assert round(t.estimate * 100, 2) == 0.06 and round(t.se * 100, 2) == 0.30 and t.df == 5
+    assert round(t.se * math.sqrt(6) * 100, 2) == 0.75
+    assert (round(math.exp(t.low), 3), round(math.exp(t.high), 3)) == (0.993, 1.008)
+    groups = [g for g, p in enumerate(parts) for _ in p]
+    got = levels("tpot_ms", np.concatenate(parts), groups)
+    assert got.line() == (
+        "decode TPOT: between 6 process pairs sd 0.10%, within their 24 pairs sd 1.32% "
+        "(the process level 2% of the CI's variance)"
+    )

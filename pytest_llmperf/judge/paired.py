@@ -337,7 +337,7 @@ def pairs_per_process(levels: Sequence[Levels], start_s: float, pair_s: float) -
     for one in levels:
         if one.between_sd > 0 and pair_s > 0:
             n = math.sqrt(max(start_s, 0.0) / pair_s) * one.within_sd / one.between_sd
-            best = min(best, round(n))
+            best = min(best, round(n)) if n < high else best
     return max(low, min(high, best))
 
 
