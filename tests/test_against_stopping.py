@@ -185,3 +185,44 @@ def test_a_a_under_run_level_noise_rarely_flags_at_any_look(sd: float) -> None:
         _, _, comps = sequential(d[0], ttft=d[1], itl=d[2])
         alarms += any(c.verdict is Verdict.REGRESSION for c in comps.values())
     assert alarms <= 2
+
+
+def _futile_case(verdict: Verdict, ratio: float, se: float, df: float, n: int, runs_needed: int | None = None):
+    """A TTFT comparison at a 1% threshold: its ratio, standard error (its CI +-2 se), degrees of freedom and pairs."""
+    half = math.exp(2.0 * se)
+    return SimpleNamespace(
+        verdict=verdict,
+        ci_low=ratio / half,
+        ci_high=ratio * half,
+        threshold=0.01,
+        worth_more_runs=verdict is Verdict.INCONCLUSIVE,
+        mirror_of=None,
+        higher_is_better=False,
+        phase="prefill",
+        label="TTFT",
+        ratio=ratio,
+        se_log=se,
+        df=df,
+        n_candidate=n,
+        runs_needed=runs_needed,
+    )
+
+
+def test_futility_stops_what_the_cap_cannot_settle_once_the_spread_is_known() -> None:
+    """At a 1% threshold, a TTFT whose 95% CI would still reach past 1% at the cap of 60 pairs
+    (UNCHANGED), or that needs more pairs than the cap and leans slower by less than half the
+    threshold (INCONCLUSIVE), stops the pairs; not while its spread rests on a few process
+    pairs (df below 4: the t quantile of 2 process pairs is 12.7), not without a cap, and never
+    one that leans slower (+1% may be a REGRESSION: the pairs go on)."""
+    u, i = Verdict.UNCHANGED, Verdict.INCONCLUSIVE
+    wide = _futile_case(u, 1.002, 0.008, 9, 30)  # 0.8% at 30 pairs: about 0.57% at 60, t 2.0: past 1%
+    assert needs_more_pairs(wide) is not None and needs_more_pairs(wide, 60) is None
+    narrowing = _futile_case(u, 1.002, 0.0045, 9, 30)  # CI past 1% at 30 pairs; about 0.66% + 0.2% at 60: within
+    assert needs_more_pairs(narrowing, 60) is not None
+    early = _futile_case(u, 1.002, 0.02, 1, 10)  # 2 process pairs: nothing known yet
+    assert needs_more_pairs(early, 60) is not None
+    hopeless = _futile_case(i, 1.003, 0.01, 9, 30, runs_needed=150)
+    assert needs_more_pairs(hopeless) == "undecided" and needs_more_pairs(hopeless, 60) is None
+    assert needs_more_pairs(_futile_case(i, 1.003, 0.01, 9, 30, runs_needed=45), 60) == "undecided"
+    assert needs_more_pairs(_futile_case(i, 1.003, 0.01, 2, 30, runs_needed=150), 60) == "undecided"
+    assert needs_more_pairs(_futile_case(i, 1.008, 0.01, 9, 30, runs_needed=150), 60) == "undecided"  # leans slower

@@ -520,20 +520,33 @@ def needs_more_pairs(c: Comparison, cap: int | None = None) -> str | None:
     if c.verdict is Verdict.IMPROVED:
         return None
     if c.verdict is Verdict.INCONCLUSIVE:
-        futile = cap is not None and c.runs_needed is not None and c.runs_needed > cap and not _leans_slower(c)
+        futile = cap is not None and _known(c) and c.runs_needed is not None and c.runs_needed > cap
+        futile = futile and not _leans_slower(c)
         return None if not c.worth_more_runs or futile else "undecided"
     if c.verdict is not Verdict.UNCHANGED or c.ci_low is None or c.ci_high is None:
         return None
     why = _unchanged_needs_more(c.ci_low, c.ci_high, c.threshold)
-    if why is not None and cap is not None and not _within_by(c, cap):
+    if why is not None and cap is not None and _known(c) and not _within_by(c, cap):
         return None  # the CI would still reach past the threshold at the cap: futility
     return why
 
 
+#: Futility (``needs_more_pairs``) needs a spread known to this many degrees of freedom: the
+#: spread of two or three process pairs' locations (1 or 2) can be anything.
+FUTILITY_MIN_DF = 4
+
+
+def _known(c: Comparison) -> bool:
+    """Whether futility may be judged: ``c``'s spread known well enough."""
+    return c.df is None or c.df >= FUTILITY_MIN_DF
+
+
 def _within_by(c: Comparison, cap: int) -> bool:
-    """Whether ``c``'s CI, narrowed as sqrt(pairs) until the ``cap``, would lie within the threshold."""
-    assert c.ci_low is not None and c.ci_high is not None
-    half = (math.log(c.ci_high) - math.log(c.ci_low)) / 2.0 * math.sqrt(c.n_candidate / max(cap, c.n_candidate, 1))
+    """Whether ``c``'s 95% CI at the ``cap`` would lie within the threshold: its standard error
+    narrowed as sqrt(pairs), its degrees of freedom grown with them (a process pair per block)."""
+    n = max(c.n_candidate, 1)
+    df = (c.df if c.df is not None else math.inf) + 1.0
+    half = t_quantile(df * max(cap, n) / n - 1.0, 1.0 - (1.0 - CI_LEVEL) / 2.0) * c.se_log * math.sqrt(n / max(cap, n))
     return abs(math.log(c.ratio)) + half < math.log1p(c.threshold)
 
 
