@@ -158,11 +158,14 @@ def session(a: Any, b: Any, case: str, way: str, workload: Workload, args: argpa
         "wall_s": wall_s,
         "load": load(),
         "spread": float(np.std(d, ddof=1)),
+        "threshold": args.threshold,
     }
 
 
 def summaries(rows: list[dict], threshold: float) -> None:
-    """``gate_sessions.summary`` per way, and each case's median decode pair sd."""
+    """``gate_sessions.summary`` per way, and each case's median decode pair sd; ``threshold``:
+    the rows' own where they keep it."""
+    threshold = next((r["threshold"] for r in rows if "threshold" in r), threshold)
     for way in WAYS:
         mine = [r for r in rows if r.get("way", "token") == way]
         if not mine:
