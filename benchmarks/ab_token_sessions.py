@@ -20,12 +20,16 @@ stopped at, the pairs and seconds per decision those pairs' (the session's secon
 
 A/A gets ``--aa-factor`` times ``--sessions`` sessions. Each session's row is printed and, with
 ``--jsonl``, appended to that file in ``gate_sessions.py``'s shape (one process pair, no start:
-both sides are in this process), with its case, way and the median sd of its pairs' decode log
+both sides are in this process), with its case, way and the sd of its pairs' decode log
 ratios; the summary per way is ``gate_sessions.summary``'s: decode and TTFT CI coverage of 1,
-REGRESSION counts, decode CI above 1, decided counts, the median pairs and seconds per decision.
+REGRESSION counts, decode CI above 1, decided counts, the median pairs and seconds per decision;
+then per case the coverage of the A/B's own 95% CIs (``compare_ab``'s, over all the session's
+pairs: what an A/B's report shows) and the median sd of a pair's decode log ratio.
 ``--summary-of FILE`` reprints the summary of a ``--jsonl`` file and runs nothing.
 
     .venv/bin/python benchmarks/ab_token_sessions.py --sessions 1 --aa-factor 1 --pairs 10 --ways token  # a look
+    # the issue's figures (40 A/A, 10 +2%, 10 +1%, token by token; all 60 pairs of each session
+    # measured, about 1 s a pair here: about an hour; both ways about twice that)
     .venv/bin/python benchmarks/ab_token_sessions.py --sessions 10 --aa-factor 4 --ways token --jsonl ab.jsonl
     .venv/bin/python benchmarks/ab_token_sessions.py --summary-of ab.jsonl
 """
@@ -56,6 +60,7 @@ from pytest_llmperf.judge.paired import judged_pairs, pairs_settled
 from pytest_llmperf.judge.result import comparison_json
 from pytest_llmperf.judge.rule import JUDGED
 from pytest_llmperf.judge.verdict import Comparison
+from pytest_llmperf.measuring.interleave import Interleaved, turns
 from pytest_llmperf.session.against import looks_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -63,6 +68,8 @@ from against_sessions import load  # scripts beside this one
 from gate_sessions import keep, summary
 
 WAYS = ("token", "run")
+#: The metrics whose CIs are counted: TTFT (prefill) and TPOT (decode).
+METRICS = ("ttft_ms", "tpot_ms")
 
 
 class SlowerDecode:
@@ -158,7 +165,10 @@ def session(a: Any, b: Any, case: str, way: str, workload: Workload, args: argpa
         "wall_s": wall_s,
         "load": load(),
         "spread": float(np.std(d, ddof=1)),
+        "ab_pairs": workload.runs,
         "threshold": args.threshold,
+        # compare_ab's own 95% CIs over all the session's pairs (what the A/B's report shows).
+        "ab": {m: {"ratio": r.get(m).ratio, "ci_low": r.get(m).ci_low, "ci_high": r.get(m).ci_high} for m in METRICS},
     }
 
 
@@ -170,10 +180,24 @@ def summaries(rows: list[dict], threshold: float) -> None:
         mine = [r for r in rows if r.get("way", "token") == way]
         if not mine:
             continue
-        print(f"\n{'token by token' if way == 'token' else 'whole runs'} ({way}):")
+        print(f"\n{turns(Interleaved(way), None)}, --llmperf-against's looks:")
         summary(mine, threshold)
-        spreads = {r["case"]: statistics.median(x["spread"] for x in mine if x["case"] == r["case"]) for r in mine}
-        print("median decode pair sd: " + ", ".join(f"{case} {sd:.1%}" for case, sd in spreads.items()))
+        print("the A/B's own 95% CIs over all its pairs, and the median sd of a pair's decode log ratio:")
+        for case in dict.fromkeys(r["case"] for r in mine if "ab" in r):
+            print("  " + own_cis([r for r in mine if r["case"] == case and "ab" in r]))
+
+
+def own_cis(rows: list[dict]) -> str:
+    """One case's A/B CIs (``compare_ab``'s, over every pair of a session): how many cover 1 and
+    lie above 1, and the median sd of a pair's decode log ratio."""
+    n = len(rows)
+    covers = {m: sum(r["ab"][m]["ci_low"] <= 1.0 <= r["ab"][m]["ci_high"] for r in rows) for m in METRICS}
+    above = sum(r["ab"]["tpot_ms"]["ci_low"] > 1.0 for r in rows)
+    return (
+        f"{rows[0]['case']}, {n} sessions of {rows[0]['ab_pairs']} pairs: decode covers 1 {covers['tpot_ms']}/{n}, "
+        f"TTFT covers 1 {covers['ttft_ms']}/{n}, decode CI above 1 {above}/{n}; decode pair sd "
+        f"{statistics.median(r['spread'] for r in rows):.1%}"
+    )
 
 
 def run_all(args: argparse.Namespace, cases: list[str], ways: list[str]) -> list[dict]:
