@@ -4,11 +4,13 @@ for ``compare_ab`` / ``llmperf.compare()``.
 
 Each session is one ``compare_ab`` of two in-process llama.cpp engines of the same model (1
 thread each, a synthetic prompt, ``--pairs`` pairs after 1 warm-up pair, seeded by the session).
-Its pairs are judged as ``--llmperf-against`` judges a measurement's (``replay``: the plan of
-``session.against.looks_for`` for ``--runs``, a look every 10 pairs up to ``--pairs``, each look
-``judge.paired.judged_pairs`` at alpha / looks and ``--threshold``, stopping at the first look
-``pairs_settled`` settles, else at the cap): the verdicts and CIs are those of the look it
-stopped at, the pairs and seconds per decision those pairs' (the session's seconds per pair).
+Its pairs are judged as ``--llmperf-against`` judges a measurement's, replayed by
+``against_stopping.stopped``'s ``after`` rule (the plan of ``session.against.looks_for`` for
+``--runs``: a look every 10 pairs up to 3 x runs, each look ``judge.paired.judged_pairs`` at alpha
+/ looks and ``--threshold``, stopping at the first look ``pairs_settled`` settles, else at the
+cap or the session's last pair; without against's time bound, one process pair): the verdicts
+and CIs are those of the look it stopped at, the pairs and seconds per decision those pairs'
+(the session's seconds per pair).
 
 - cases (``--cases``): ``aa`` (B identical to A) and ``+N%`` (B spends N% of the time llama.cpp
   took for each generated token after the first on extra work, a spin on the clock right after
@@ -43,7 +45,6 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -51,20 +52,16 @@ from typing import Any
 import numpy as np
 
 from pytest_llmperf import Workload, ensure_model
-from pytest_llmperf.core.measurement import RunMetrics
-from pytest_llmperf.core.settings import DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD
 from pytest_llmperf.core.workload import EngineInfo, RunTrace
 from pytest_llmperf.engines.llama_cpp import LlamaCppEngine
 from pytest_llmperf.judge.ab import Side, compare_ab
-from pytest_llmperf.judge.paired import judged_pairs, pairs_settled
+from pytest_llmperf.judge.paired import pairs_settled
 from pytest_llmperf.judge.result import comparison_json
-from pytest_llmperf.judge.rule import JUDGED
-from pytest_llmperf.judge.verdict import Comparison
 from pytest_llmperf.measuring.interleave import Interleaved, turns
-from pytest_llmperf.session.against import looks_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from against_sessions import load  # scripts beside this one
+from against_stopping import stopped
 from gate_sessions import keep, summary
 
 WAYS = ("token", "run")
@@ -115,39 +112,15 @@ def change_of(case: str) -> float:
     return float(case[1:-1]) / 100.0
 
 
-def replay(
-    a: Sequence[RunMetrics], b: Sequence[RunMetrics], plan: tuple[int, int, int], threshold: float
-) -> tuple[list[Comparison], int, str]:
-    """``--llmperf-against``'s looks on a session's pairs (``session.against._looks`` without
-    its time bound and process pairs): (the comparisons of the look that stopped, its pairs, why
-    it stopped)."""
-    cap, looks, step = plan
-    n = 0
-    while True:
-        n = min(n + step, cap, len(a))
-        got = judged_pairs(
-            a[:n],
-            b[:n],
-            alpha=DEFAULT_ALPHA,
-            threshold=threshold,
-            tail_threshold=DEFAULT_TAIL_THRESHOLD,
-            family=len(JUDGED),
-            looks=looks,
-        )
-        why = pairs_settled(got) or (f"the cap of {cap} pairs" if n >= min(cap, len(a)) else None)
-        if why is not None:
-            return got, n, why
-
-
 def session(a: Any, b: Any, case: str, way: str, workload: Workload, args: argparse.Namespace, index: int) -> dict:
     """One A/B session of a case and way, judged as ``--llmperf-against`` would: its row."""
     started = time.monotonic()
     r = compare_ab(Side("a", a), Side(case, b), workload, agreement=False, attribution=None)
     wall_s = time.monotonic() - started
     assert r.interleaved.value == way, (r.interleaved, r.unstepped)
-    plan = looks_for(min(args.runs, workload.runs), workload.runs)
-    got, n, why = replay(r.a.runs, r.b.runs, plan, args.threshold)
-    by_metric = {c.metric: comparison_json(c) for c in got if c.mirror_of is None}
+    n, judged, _ = stopped("after", r.a.runs, r.b.runs, args.runs, threshold=args.threshold)
+    why = pairs_settled(list(judged.values())) or f"the cap of {n} pairs"
+    by_metric = {metric: comparison_json(c) for metric, c in judged.items()}
     d = np.log([x.tpot_ms for x in r.b.runs]) - np.log([x.tpot_ms for x in r.a.runs])
     return {
         "case": case,
@@ -234,7 +207,12 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sessions", type=int, default=2, help="sessions per case (A/A gets --aa-factor times as many)")
     p.add_argument("--aa-factor", type=int, default=1)
-    p.add_argument("--pairs", type=int, default=60, help="pairs a session: the looks' cap")
+    p.add_argument(
+        "--pairs",
+        type=int,
+        default=60,
+        help="pairs a session (the looks stop at 3 x --runs, as --llmperf-against's cap)",
+    )
     p.add_argument("--runs", type=int, default=Workload.runs, help="the marker's runs: a look every half of it")
     p.add_argument("--threshold", type=float, default=0.01)
     p.add_argument("--prompt-tokens", type=int, default=32)
