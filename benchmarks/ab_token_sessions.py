@@ -1,47 +1,72 @@
-"""The in-process A/B token by token against whole runs, on real llama.cpp (issue 50 point 4).
+"""The in-process A/B at ``--llmperf-against``'s gate, token by token and in whole runs, on real
+llama.cpp (issue 50 points 4 and 6): the calibration figures of ``benchmarks/gate_sessions.py``
+for ``compare_ab`` / ``llmperf.compare()``.
 
-Per session (one ``compare_ab`` of two in-process llama.cpp engines of the same model, 1 thread
-each, synthetic prompt, ``--pairs`` pairs after 1 warm-up each), for each case and each way of
-taking turns, alternately in the same run (so the machine's load falls on both ways alike):
+Each session is one ``compare_ab`` of two in-process llama.cpp engines of the same model (1
+thread each, a synthetic prompt, ``--pairs`` pairs after 1 warm-up pair, seeded by the session).
+Its pairs are judged as ``--llmperf-against`` judges a measurement's, replayed by
+``against_stopping.stopped``'s ``after`` rule (the plan of ``session.against.looks_for`` for
+``--runs``: a look every 10 pairs up to 3 x runs, each look ``judge.paired.judged_pairs`` at alpha
+/ looks and ``--threshold``, stopping at the first look ``pairs_settled`` settles, else at the
+cap or the session's last pair; without against's time bound, one process pair): the verdicts
+and CIs are those of the look it stopped at, the pairs and seconds per decision those pairs'
+(the session's seconds per pair).
 
-- cases: ``aa`` (B identical to A), ``+2%`` and ``+8%`` (B spends that share of the time
-  llama.cpp took for each generated token after the first on extra work, a spin on the clock
-  right after llama.cpp's step: decode work, not prefill, as ``against_sessions.py``'s wrapper);
-- ways: ``token`` (both engines pause between tokens: each pair's runs take turns step by step)
-  and ``run`` (the same engines behind a wrapper without ``SteppedRuns``: whole runs).
+- cases (``--cases``): ``aa`` (B identical to A) and ``+N%`` (B spends N% of the time llama.cpp
+  took for each generated token after the first on extra work, a spin on the clock right after
+  llama.cpp's step: decode work, not prefill, as ``against_sessions.py``'s wrapper);
+- ways (``--ways``): ``token`` (both engines pause between tokens: each pair's runs take turns
+  step by step) and ``run`` (the same engines behind a wrapper without ``SteppedRuns``: whole
+  runs). A session's ways run one after the other on the same engines, so the machine's load
+  falls on both alike; the cases alternate session by session.
 
-Printed per case and way: how many sessions' decode and TTFT 95% CIs cover 1 (A/A) or lie
-above 1, the REGRESSION count and median pairs and seconds per decision under
-``--llmperf-against``'s rule (``judge.paired.judged_pairs`` at the 5% threshold, a look every 10
-pairs, ``pairs_settled``; replayed on the session's pairs, a session that no look settles counts
-as all its pairs), and the median sd of a pair's decode log ratio.
+A/A gets ``--aa-factor`` times ``--sessions`` sessions. Each session's row is printed and, with
+``--jsonl``, appended to that file in ``gate_sessions.py``'s shape (one process pair, no start:
+both sides are in this process), with its case, way and the sd of its pairs' decode log
+ratios; the summary per way is ``gate_sessions.summary``'s: decode and TTFT CI coverage of 1,
+REGRESSION counts, decode CI above 1, decided counts, the median pairs and seconds per decision;
+then per case the coverage of the A/B's own 95% CIs (``compare_ab``'s, over all the session's
+pairs: what an A/B's report shows) and the median sd of a pair's decode log ratio.
+``--summary-of FILE`` reprints the summary of a ``--jsonl`` file and runs nothing.
 
-    .venv/bin/python benchmarks/ab_token_sessions.py --sessions 2 --pairs 20       # ~6 min here
-    .venv/bin/python benchmarks/ab_token_sessions.py --sessions 20 --pairs 60      # the full run
+    .venv/bin/python benchmarks/ab_token_sessions.py --sessions 1 --aa-factor 1 --pairs 10 --ways token  # a look
+    # the issue's figures (40 A/A, 10 +2%, 10 +1%, token by token; all 60 pairs of each session
+    # measured, about 1 s a pair here: about an hour; both ways about twice that)
+    .venv/bin/python benchmarks/ab_token_sessions.py --sessions 10 --aa-factor 4 --ways token --jsonl ab.jsonl
+    .venv/bin/python benchmarks/ab_token_sessions.py --summary-of ab.jsonl
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
 import statistics
+import sys
 import time
-from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from pytest_llmperf import Workload, ensure_model
-from pytest_llmperf.core.settings import DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRESHOLD
 from pytest_llmperf.core.workload import EngineInfo, RunTrace
 from pytest_llmperf.engines.llama_cpp import LlamaCppEngine
-from pytest_llmperf.judge.ab import ABResult, Side, compare_ab
-from pytest_llmperf.judge.paired import judged_pairs, pairs_settled
-from pytest_llmperf.judge.verdict import Verdict
+from pytest_llmperf.judge.ab import Side, compare_ab
+from pytest_llmperf.judge.paired import pairs_settled
+from pytest_llmperf.judge.result import comparison_json
+from pytest_llmperf.measuring.interleave import Interleaved, turns
 
-LOOK_EVERY = 10
-LOOKS = 6  # against's default plan: a look every 10 pairs up to 60
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from against_sessions import load  # scripts beside this one
+from against_stopping import stopped
+from gate_sessions import keep, summary
+
+WAYS = ("token", "run")
+#: The metrics whose CIs are counted: TTFT (prefill) and TPOT (decode).
+METRICS = ("ttft_ms", "tpot_ms")
 
 
 class SlowerDecode:
@@ -78,119 +103,136 @@ class WholeRuns:
         return self.engine.run(workload, run_index)
 
 
-@dataclass
-class Row:
-    case: str
-    way: str
-    decode: tuple[float, float, float]
-    ttft: tuple[float, float, float]
-    verdict: str
-    pairs: int
-    seconds: float
-    spread: float
+def change_of(case: str) -> float:
+    """A case's per-token work: ``aa`` 0, ``+2%`` 0.02."""
+    if case == "aa":
+        return 0.0
+    if not (case.startswith("+") and case.endswith("%")):
+        raise SystemExit(f"--cases: {case!r} is neither aa nor +N%")
+    return float(case[1:-1]) / 100.0
 
 
-def decided(r: ABResult) -> tuple[str, int]:
-    """The verdict (REGRESSION if any judged metric's, else decode TPOT's) and the pairs
-    ``--llmperf-against``'s rule would have stopped at ("(unsettled)": no look settled)."""
-    n_all = len(r.a.runs)
-    for n in range(LOOK_EVERY, n_all + 1, LOOK_EVERY):
-        got = judged_pairs(
-            r.a.runs[:n],
-            r.b.runs[:n],
-            alpha=DEFAULT_ALPHA,
-            threshold=DEFAULT_THRESHOLD,
-            tail_threshold=DEFAULT_TAIL_THRESHOLD,
-            family=1,
-            looks=LOOKS,
-        )
-        if pairs_settled(got) is not None or n + LOOK_EVERY > n_all:
-            judged = {c.metric: c.verdict for c in got if c.mirror_of is None}
-            verdict = Verdict.REGRESSION if Verdict.REGRESSION in judged.values() else judged["tpot_ms"]
-            settled = pairs_settled(got) is not None
-            return (verdict.value if settled else f"{verdict.value} (unsettled)"), n
-    return "none", n_all
-
-
-def session(a: Any, b: Any, case: str, way: str, workload: Workload) -> Row:
+def session(a: Any, b: Any, case: str, way: str, workload: Workload, args: argparse.Namespace, index: int) -> dict:
+    """One A/B session of a case and way, judged as ``--llmperf-against`` would: its row."""
     started = time.monotonic()
     r = compare_ab(Side("a", a), Side(case, b), workload, agreement=False, attribution=None)
-    per_pair = (time.monotonic() - started) / (workload.runs + workload.warmup)
+    wall_s = time.monotonic() - started
     assert r.interleaved.value == way, (r.interleaved, r.unstepped)
-    verdict, n = decided(r)
+    n, judged, _ = stopped("after", r.a.runs, r.b.runs, args.runs, threshold=args.threshold)
+    why = pairs_settled(list(judged.values())) or f"the cap of {n} pairs"
+    by_metric = {metric: comparison_json(c) for metric, c in judged.items()}
     d = np.log([x.tpot_ms for x in r.b.runs]) - np.log([x.tpot_ms for x in r.a.runs])
-    c, t = r.decode, r.prefill
-    return Row(
-        case,
-        way,
-        (c.ratio, c.ci_low, c.ci_high),
-        (t.ratio, t.ci_low, t.ci_high),
-        verdict,
-        n,
-        n * per_pair,
-        float(np.std(d, ddof=1)),
-    )
+    return {
+        "case": case,
+        "change": change_of(case),
+        "way": way,
+        "session": index,
+        "ttft": by_metric.get("ttft_ms"),
+        "tpot": by_metric["tpot_ms"],
+        "pairs": n,
+        "pairs_s": n * wall_s / (workload.runs + workload.warmup),
+        "start_s": 0.0,
+        "processes": 1,
+        "levels": [],
+        "stopped": why,
+        "wall_s": wall_s,
+        "load": load(),
+        "spread": float(np.std(d, ddof=1)),
+        "ab_pairs": workload.runs,
+        "threshold": args.threshold,
+        # compare_ab's own 95% CIs over all the session's pairs (what the A/B's report shows).
+        "ab": {m: {"ratio": r.get(m).ratio, "ci_low": r.get(m).ci_low, "ci_high": r.get(m).ci_high} for m in METRICS},
+    }
 
 
-def summary(rows: list[Row], case: str, way: str) -> str:
-    mine = [x for x in rows if x.case == case and x.way == way]
-    k = len(mine)
-    covers = sum(1 for x in mine if x.decode[1] <= 1.0 <= x.decode[2])
-    above = sum(1 for x in mine if x.decode[1] > 1.0)
-    ttft_covers = sum(1 for x in mine if x.ttft[1] <= 1.0 <= x.ttft[2])
-    regressions = sum(1 for x in mine if x.verdict.startswith("REGRESSION"))
+def summaries(rows: list[dict], threshold: float) -> None:
+    """``gate_sessions.summary`` per way, and each case's median decode pair sd; ``threshold``:
+    the rows' own where they keep it."""
+    threshold = next((r["threshold"] for r in rows if "threshold" in r), threshold)
+    for way in WAYS:
+        mine = [r for r in rows if r.get("way", "token") == way]
+        if not mine:
+            continue
+        print(f"\n{turns(Interleaved(way), None)}, --llmperf-against's looks:")
+        summary(mine, threshold)
+        print("the A/B's own 95% CIs over all its pairs, and the median sd of a pair's decode log ratio:")
+        for case in dict.fromkeys(r["case"] for r in mine if "ab" in r):
+            print("  " + own_cis([r for r in mine if r["case"] == case and "ab" in r]))
+
+
+def own_cis(rows: list[dict]) -> str:
+    """One case's A/B CIs (``compare_ab``'s, over every pair of a session): how many cover 1 and
+    lie above 1, and the median sd of a pair's decode log ratio."""
+    n = len(rows)
+    covers = {m: sum(r["ab"][m]["ci_low"] <= 1.0 <= r["ab"][m]["ci_high"] for r in rows) for m in METRICS}
+    above = sum(r["ab"]["tpot_ms"]["ci_low"] > 1.0 for r in rows)
     return (
-        f"{case:>4} {way:>5}: decode CI covers 1 {covers}/{k}, above 1 {above}/{k}; TTFT CI covers 1 "
-        f"{ttft_covers}/{k}; REGRESSION {regressions}/{k}; median {statistics.median(x.pairs for x in mine):.0f} "
-        f"pairs, {statistics.median(x.seconds for x in mine):.1f} s per decision; decode pair sd "
-        f"{statistics.median(x.spread for x in mine):.1%}"
+        f"{rows[0]['case']}, {n} sessions of {rows[0]['ab_pairs']} pairs: decode covers 1 {covers['tpot_ms']}/{n}, "
+        f"TTFT covers 1 {covers['ttft_ms']}/{n}, decode CI above 1 {above}/{n}; decode pair sd "
+        f"{statistics.median(r['spread'] for r in rows):.1%}"
     )
+
+
+def run_all(args: argparse.Namespace, cases: list[str], ways: list[str]) -> list[dict]:
+    path = ensure_model(args.preset)
+    a = LlamaCppEngine(path, threads=1, name="a")
+    bs: dict[str, LlamaCppEngine] = {}
+    for case in cases:
+        bs[case] = LlamaCppEngine(path, threads=1, name=case)
+        if change_of(case):
+            bs[case]._lib = SlowerDecode(bs[case]._lib, change_of(case))  # type: ignore[assignment]
+    print(
+        f"threshold {args.threshold:.0%}, {args.pairs} pairs a session (looks of --llmperf-against's plan for "
+        f"runs={args.runs}), {args.preset} preset, threads 1, pp{args.prompt_tokens} tg{args.max_tokens}; cases "
+        f"{cases}, ways {ways}; load {load()}; pid {os.getpid()}",
+        flush=True,
+    )
+    plan = [(c, s) for s in range(args.sessions * max(args.aa_factor, 1)) for c in cases]
+    rows: list[dict] = []
+    for case, s in [(c, s) for c, s in plan if c == "aa" or s < args.sessions]:
+        for way in ways:
+            w = Workload(
+                prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, runs=args.pairs, warmup=1, seed=s
+            )
+            sa, sb = (a, bs[case]) if way == "token" else (WholeRuns(a), WholeRuns(bs[case]))
+            row = session(sa, sb, case, way, w, args, s + 1)
+            print(f"{way:>5}", end="")
+            keep(row, rows, args.jsonl)
+    for engine in (a, *bs.values()):
+        engine.close()
+    return rows
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sessions", type=int, default=2, help="sessions per case and way")
-    p.add_argument("--pairs", type=int, default=20, help="pairs per session (the rule's looks replayed on them)")
-    p.add_argument("--prompt-tokens", type=int, default=32)
-    p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--preset", default="small")
-    p.add_argument("--cases", default="aa,+2%,+8%")
-    args = p.parse_args()
-
-    path = ensure_model(args.preset)
-    a = LlamaCppEngine(path, threads=1, name="a")
-    cases = [c.strip() for c in args.cases.split(",")]
-    bs: dict[str, LlamaCppEngine] = {}
-    for case in cases:
-        bs[case] = LlamaCppEngine(path, threads=1, name=case)
-        if case != "aa":
-            bs[case]._lib = SlowerDecode(bs[case]._lib, float(case.strip("+%")) / 100.0)  # type: ignore[assignment]
-    rows: list[Row] = []
-    for s in range(args.sessions):
-        for case in cases:
-            for way in ("token", "run"):
-                w = Workload(
-                    prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, runs=args.pairs, warmup=1, seed=s
-                )
-                sa, sb = (a, bs[case]) if way == "token" else (WholeRuns(a), WholeRuns(bs[case]))
-                row = session(sa, sb, case, way, w)
-                rows.append(row)
-                print(
-                    f"session {s} {case:>4} {way:>5}: decode x{row.decode[0]:.3f} ({row.decode[1]:.3f}..{row.decode[2]:.3f}) "
-                    f"TTFT x{row.ttft[0]:.3f} ({row.ttft[1]:.3f}..{row.ttft[2]:.3f}) {row.verdict} at {row.pairs} pairs "
-                    f"({row.seconds:.1f} s); pair sd {row.spread:.1%}",
-                    flush=True,
-                )
-    print()
-    for case in cases:
-        for way in ("token", "run"):
-            print(summary(rows, case, way))
-    print(
-        f"\n{args.preset} preset, {args.prompt_tokens} + {args.max_tokens} tokens, {args.pairs} pairs a session, "
-        f"{args.sessions} session(s) a case and way; full run: .venv/bin/python benchmarks/ab_token_sessions.py "
-        "--sessions 20 --pairs 60"
+    p.add_argument("--sessions", type=int, default=2, help="sessions per case (A/A gets --aa-factor times as many)")
+    p.add_argument("--aa-factor", type=int, default=1)
+    p.add_argument(
+        "--pairs",
+        type=int,
+        default=60,
+        help="pairs a session (the looks stop at 3 x --runs, as --llmperf-against's cap)",
     )
-    return 0 if all(math.isfinite(x.decode[0]) for x in rows) else 1
+    p.add_argument("--runs", type=int, default=Workload.runs, help="the marker's runs: a look every half of it")
+    p.add_argument("--threshold", type=float, default=0.01)
+    p.add_argument("--prompt-tokens", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--preset", default="small")
+    p.add_argument("--cases", default="aa,+2%,+1%", help="aa and +N%% (N%% extra work per token)")
+    p.add_argument("--ways", default="token,run", help="token, run or both")
+    p.add_argument("--jsonl", type=Path, help="append each session's row to this file")
+    p.add_argument("--summary-of", type=Path, help="print the summary of a --jsonl file and run nothing")
+    args = p.parse_args()
+    if args.summary_of:
+        summaries([json.loads(x) for x in args.summary_of.read_text().splitlines() if x.strip()], args.threshold)
+        return 0
+    cases = [c.strip() for c in args.cases.split(",")]
+    ways = [w.strip() for w in args.ways.split(",")]
+    if not set(ways) <= set(WAYS) or args.pairs < 3:
+        raise SystemExit(f"--ways: token and/or run, got {args.ways!r}; --pairs: at least 3")
+    rows = run_all(args, cases, ways)
+    summaries(rows, args.threshold)
+    return 0 if all(math.isfinite(r["tpot"]["ratio"]) for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -90,9 +90,10 @@ def session(rng: np.random.Generator, rule: str, change: float, spread: float, r
     return n, judged
 
 
-def stopped(rule: str, a: list, b: list, runs: int = 20) -> tuple[int, dict, list[str]]:
-    """Where ``rule`` stops on the pairs (a, b): the pairs taken, the judged comparisons there,
-    and, per look that did not stop, the metrics that kept it going."""
+def stopped(rule: str, a: list, b: list, runs: int = 20, threshold: float = 0.05) -> tuple[int, dict, list[str]]:
+    """Where ``rule`` stops on the pairs (a, b) at ``threshold`` (the ITL p95's stays 10%): the
+    pairs taken, the judged comparisons there, and, per look that did not stop, the metrics that
+    kept it going. ``benchmarks/ab_token_sessions.py`` replays ``after`` on an A/B's pairs."""
     if rule == "before":
         cap, looks, step = SEQUENTIAL * runs, SEQUENTIAL, runs
     else:
@@ -102,7 +103,7 @@ def stopped(rule: str, a: list, b: list, runs: int = 20) -> tuple[int, dict, lis
     open_by: list[str] = []
     while True:
         n = min(n + step, cap)
-        comps = judged_pairs(a[:n], b[:n], alpha=0.01, threshold=0.05, tail_threshold=0.10, family=3, looks=looks)
+        comps = judged_pairs(a[:n], b[:n], alpha=0.01, threshold=threshold, tail_threshold=0.10, family=3, looks=looks)
         judged = [c for c in comps if c.mirror_of is None]
         if rule == "before":
             stop = not any(_before_open(c) for c in judged)

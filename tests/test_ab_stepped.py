@@ -9,7 +9,9 @@ step."""
 
 from __future__ import annotations
 
+import html
 import json
+import re
 import threading
 from collections.abc import Callable
 
@@ -23,6 +25,8 @@ from pytest_llmperf.core.workload import EngineInfo, RunTrace
 from pytest_llmperf.engines import SteppedRuns
 from pytest_llmperf.judge.ab import Side, as_dict, compare_ab, properties
 from pytest_llmperf.measuring.interleave import Interleaved, interleave
+from pytest_llmperf.reports.html import ab_section
+from pytest_llmperf.reports.session_file import ab_markdown_lines, ab_pairs_line
 
 W = Workload(prompt_tokens=32, max_tokens=12, runs=16, warmup=1, seed=7)
 
@@ -196,7 +200,8 @@ def test_two_llama_cpp_engines_in_process_pair_token_by_token(tiny_model_path) -
 def test_the_marker_form_says_how_its_pairs_took_turns(pytester: pytest.Pytester, in_process: bool) -> None:
     """llama.cpp settings as sides: in the engine workers (the default) whole runs, and the line
     says why and what can; in this process (``--llmperf-in-process``) token by token. The session
-    JSON's ``ab`` entry and the JUnit properties say it too."""
+    JSON's ``ab`` entry, the JUnit properties, the Markdown summary and the HTML report say it too
+    (the last two in the terminal line's words, from the entry)."""
     pytester.makepyfile(
         """
         import pytest
@@ -207,7 +212,8 @@ def test_the_marker_form_says_how_its_pairs_took_turns(pytester: pytest.Pytester
         """
     )
     flags = ["--llmperf-in-process"] if in_process else []
-    result = run(pytester, "-rA", "--llmperf-json", "session.json", "--junitxml", "junit.xml", *flags)
+    reports = ["--llmperf-json", "session.json", "--llmperf-markdown", "s.md", "--llmperf-html", "s.html"]
+    result = run(pytester, "-rA", *reports, "--junitxml", "junit.xml", *flags)
     result.assert_outcomes(passed=1)
     turns = (
         "token by token"
@@ -222,3 +228,25 @@ def test_the_marker_form_says_how_its_pairs_took_turns(pytester: pytest.Pytester
     assert (entry["unstepped"] is None) is in_process
     junit = (pytester.path / "junit.xml").read_text()
     assert f'name="llmperf.ab.interleaved" value="{entry["interleaved"]}"' in junit
+    said = re.search(
+        r"^3 pairs interleaved \(\d AB, \d BA, seeded\) (.*)\.$", (pytester.path / "s.md").read_text(), re.MULTILINE
+    )
+    assert said is not None and said.group(1) == turns
+    page = (pytester.path / "s.html").read_text()
+    assert f"BA, seeded) {html.escape(turns)}; A: " in page
+    assert ab_section([entry]) in page  # from the session JSON's entry alone
+
+
+def test_an_older_ab_entry_says_nothing_of_how_its_runs_took_turns() -> None:
+    """A session file of before token-by-token A/Bs (no ``interleaved``): its Markdown and HTML
+    lines stop at the pairs, claiming neither way; the same entry with each way says it."""
+    machine = StepMachine(6)
+    r = compare_ab(Side("a", SteppedEngine(machine, "a")), Side("b", WholeEngine(machine, "b")), W, agreement=False)
+    entry = {"test": "t.py::test_ab", **json.loads(json.dumps(as_dict(r)))}
+    older = {k: v for k, v in entry.items() if k not in ("interleaved", "unstepped")}
+    head = f"{W.runs} pairs interleaved ({r.orders.count('AB')} AB, {r.orders.count('BA')} BA, seeded)"
+    assert ab_pairs_line(older) == head
+    assert f"\n{head}.\n" in "\n".join(ab_markdown_lines([older]))
+    assert f"{head}; A: " in ab_section([older])
+    assert ab_pairs_line(entry) == f"{head} run by run (not token by token: side B [b] cannot pause between tokens)"
+    assert ab_pairs_line({**entry, "interleaved": "token", "unstepped": None}) == f"{head} token by token"

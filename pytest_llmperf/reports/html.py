@@ -37,6 +37,7 @@ from .session_file import (
     AB_HEADERS,
     PROMPT_COLUMNS,
     ab_budget_lines,
+    ab_pairs_line,
     ab_rows,
     ab_title,
     against_agreement_rows,
@@ -672,12 +673,10 @@ def ab_section(ab: Sequence[Mapping[str, object]]) -> str:
 def _ab_div(n: int, e: Mapping[str, Any]) -> list[str]:
     """One A/B comparison: its sides and pairs, the paired ratios, the output agreement, the budgets."""
     failing = bool(e.get("failures"))
-    orders = e.get("orders") or []
-    n_ab = sum(1 for o in orders if o == "AB")
     parts = [
         f'<div class="ab" id="ab-{n}" data-test="{_e(e["test"])}" data-state="{"FAIL" if failing else "ok"}">',
         f"<h3>{_e(e['test'])}: {_e(ab_title(e))} " + badge(BudgetStatus.FAIL if failing else BudgetStatus.OK) + "</h3>",
-        f'<p class="notes">{len(orders)} pairs interleaved ({n_ab} AB, {len(orders) - n_ab} BA, seeded); '
+        f'<p class="notes">{_e(ab_pairs_line(e))}; '
         f"A: {_e(e['a'].get('engine', e['a']['name']))}; B: {_e(e['b'].get('engine', e['b']['name']))}</p>",
     ]
     rows = ab_rows(e)

@@ -33,6 +33,7 @@ from ..judge.parts import part_properties
 from ..judge.regression import carry_history
 from ..judge.result import Outcome, ResultError
 from ..judge.verdict import BaselineStatus, Comparison, Shown, Verdict, fmt_ratio
+from ..measuring.interleave import Interleaved, turns
 from .text import fit_table, metrics_table, short_ids, wrap_text
 from .where import LEGEND, Explained, explained, moved, part_cells
 
@@ -627,6 +628,18 @@ def ab_title(entry: Mapping[str, Any]) -> str:
     return f"B [{entry['b']['name']}] vs A [{entry['a']['name']}]"
 
 
+def ab_pairs_line(entry: Mapping[str, Any]) -> str:
+    """How an A/B's pairs ran (a session JSON ``ab`` entry, its ``interleaved`` read here):
+    ``20 pairs interleaved (9 AB, 11 BA, seeded) token by token``, or run by run and why not token
+    by token, in the words of the A/B's own line (``measuring.interleave.turns``); an entry of an
+    older file, which does not say, says nothing of how its runs took turns."""
+    orders = entry.get("orders") or []
+    n_ab = sum(1 for o in orders if o == "AB")
+    line = f"{len(orders)} pairs interleaved ({n_ab} AB, {len(orders) - n_ab} BA, seeded)"
+    how = entry.get("interleaved")
+    return line if how is None else f"{line} {turns(Interleaved(how), entry.get('unstepped'))}"
+
+
 def ab_rows(entry: Mapping[str, Any]) -> list[list[str]]:
     """One row per paired comparison of an A/B (a session JSON ``ab`` entry): both medians, the
     ratio B/A with its 95% CI, p, whether the CI shows a difference, the relative budgets on it."""
@@ -734,10 +747,8 @@ def ab_markdown_lines(ab: Sequence[Mapping[str, object]]) -> list[str]:
 
 def _ab_entry_lines(e: Mapping[str, Any]) -> list[str]:
     """One A/B comparison: its sides and pairs, the paired ratios, the output agreement, the budgets."""
-    orders = e.get("orders") or []
-    n_ab = sum(1 for o in orders if o == "AB")
     out = ["", f"#### `{e['test']}`: {ab_title(e)}", ""]
-    out.append(f"{len(orders)} pairs interleaved ({n_ab} AB, {len(orders) - n_ab} BA, seeded).")
+    out.append(md_line(ab_pairs_line(e)) + ".")
     rows = ab_rows(e)
     if rows:
         out += ["", *_md_table(AB_HEADERS, rows)]
