@@ -38,7 +38,15 @@ from ..core.workload import SEQUENTIAL_FACTOR, RunTrace, Workload, drawn
 from ..engines import NeedsPromptIds, TokenProbabilities
 from ..judge.attribution import compare_attributions, moved_phases
 from ..judge.attribution import why as why_attribution
-from ..judge.paired import Levels, judged_pairs, needs_more_pairs, pair_levels, pairs_per_process, pairs_settled
+from ..judge.paired import (
+    PAIRS_PER_PROCESS,
+    Levels,
+    judged_pairs,
+    needs_more_pairs,
+    pair_levels,
+    pairs_per_process,
+    pairs_settled,
+)
 from ..judge.parts import explained_phases, gated, paired_parts, prompt_changes
 from ..judge.result import comparison_json
 from ..judge.rule import JUDGED
@@ -352,7 +360,8 @@ def by_request(workload: Workload, runs: Mapping[str, Sequence[RunMetrics]]) -> 
 
 
 #: The pairs on each of a measurement's first two process pairs, before the levels are measured
-#: (two of them make the first look's 10 pairs); after them ``judge.paired.pairs_per_process``.
+#: (two of them make the first look's 10 pairs; half a smaller look's, at least 3); after them
+#: ``judge.paired.pairs_per_process``, at most a look's pairs (each look sees a fresh process pair).
 FIRST_BLOCK = 5
 
 
@@ -434,7 +443,8 @@ class Processes:
             if (missing := side.missing(self.nodeid)) is not None:
                 raise SideGone(missing.line, side.spec.name)
             side.send({"op": "test", "nodeid": self.nodeid, "next": None})
-        stepped = all(bool(_reach(side, self.label, self.ag.timeout_s).get("stepped")) for side in sides.values())
+        reached = [_reach(side, self.label, self.ag.timeout_s) for side in sides.values()]  # every side, always
+        stepped = all(bool(event.get("stepped")) for event in reached)
         pairing = Pairing({"A": sides[REF], "B": sides[CURRENT]}, self.ag.timeout_s, self.own.cpus, stepped)
         _warm_up(pairing, workload)
         return pairing
@@ -699,7 +709,7 @@ def _looks(processes: Processes, workload: Workload, plan: tuple[int, int, int],
     runs: dict[str, list[RunMetrics]] = {"A": [], "B": []}
     groups: list[int] = []  # each pair's process pair
     started, start_s = time.monotonic(), processes.start_s
-    look, size = 0, FIRST_BLOCK
+    look, size = 0, min(FIRST_BLOCK, max(PAIRS_PER_PROCESS[0], step // 2))
     levels: tuple[Levels, ...] = ()
     progress = current()
     while True:
@@ -732,7 +742,7 @@ def _looks(processes: Processes, workload: Workload, plan: tuple[int, int, int],
         if len(set(groups)) > 1:  # the next blocks' size from the levels of what is not decided yet
             unsettled = {c.metric for c in comparisons if c.mirror_of is None and _undecided(c)}
             costs = _block_costs(processes, time.monotonic() - started - (processes.start_s - start_s), n)
-            size = pairs_per_process([one for one in levels if one.metric in unsettled], *costs)
+            size = min(pairs_per_process([one for one in levels if one.metric in unsettled], *costs), step)
 
 
 def _block_costs(processes: Processes, pairs_s: float, n: int) -> tuple[float, float]:
