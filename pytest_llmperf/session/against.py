@@ -715,7 +715,7 @@ def _looks(processes: Processes, workload: Workload, plan: tuple[int, int, int],
     while True:
         n = len(runs["A"])
         group = processes.next_block(workload, first=n == 0)
-        progress.step(f"look {look + 1} of at most {looks}: pairs on process pair {processes.started}", n, cap)
+        progress.step(f"look {look + 1} of at most {looks}: pairs", n, cap)
         for i in range(n, min(n + size, cap)):
             groups.append(group)
             for letter, trace in processes.pair(i, orders[i]).items():
