@@ -193,13 +193,22 @@ def other_hardware_note(
     )
 
 
+def closest_hardware(
+    recorded: Mapping[str, Mapping[str, object]], here: Mapping[str, object]
+) -> tuple[str, list[str]] | None:
+    """The recorded hardware key with the fewest fingerprint fields unlike ``here`` (the first
+    by key among equals) and those fields; None when none is recorded."""
+    diffs = {key: hardware_differences(hw, here) for key, hw in recorded.items()}
+    key = min(diffs, key=lambda k: (len(diffs[k]), k), default=None)
+    return None if key is None else (key, diffs[key])
+
+
 def _closest_differences(recorded: Mapping[str, Mapping[str, object]], here: Mapping[str, object]) -> str:
     """``; differs from KEY (closest of N recorded): cpu 'a' -> 'b'; ...``: the recorded hardware
     with the fewest fields unlike ``here``, and those fields; "" when none is recorded."""
-    diffs = {key: hardware_differences(hw, here) for key, hw in recorded.items()}
-    if not diffs:
+    closest = closest_hardware(recorded, here)
+    if closest is None:
         return ""
-    closest = min(diffs, key=lambda k: (len(diffs[k]), k))
-    fields = "; ".join(diffs[closest]) or "no recorded field (hardware keys differ)"
-    others = f" (closest of {len(diffs)} recorded)" if len(diffs) > 1 else ""
-    return f"; differs from {closest}{others}: {fields}"
+    fields = "; ".join(closest[1]) or "no recorded field (hardware keys differ)"
+    others = f" (closest of {len(recorded)} recorded)" if len(recorded) > 1 else ""
+    return f"; differs from {closest[0]}{others}: {fields}"

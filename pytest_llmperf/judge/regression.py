@@ -19,7 +19,7 @@ from ..baselines import records as reference
 from ..core import catalog
 from ..core.catalog import Metric
 from ..core.documents import JSONValue
-from ..core.fingerprint import hardware_differences, other_hardware_note, subject_changes
+from ..core.fingerprint import closest_hardware, other_hardware_note, subject_changes
 from ..core.record import Record, workload_changes
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRESHOLD
 from . import attribution as attributions
@@ -462,15 +462,6 @@ def blame_machine(comparisons: list[Comparison], why: str | None) -> list[Compar
     ]
 
 
-def closest_hardware_differences(entries: Mapping[str, Record], candidate: Record) -> list[str]:
-    """The fingerprint fields in which this machine differs from the closest recorded one (the
-    fewest differing fields), as ``other_hardware_note`` names them."""
-    if not candidate.hardware:
-        return []
-    diffs = [hardware_differences(e.hardware, candidate.hardware) for _, e in sorted(entries.items())]
-    return min(diffs, key=len) if diffs else []
-
-
 def judge(
     entries: Mapping[str, Record] | None,
     hardware_key: str,
@@ -505,10 +496,12 @@ def _judge(
         return BaselineVerdict(BaselineStatus.NO_BASELINE, "no baseline: run with --llmperf-update-baselines")
     baseline = entries.get(hardware_key)
     if baseline is None:
+        recorded = {k: e.hardware for k, e in entries.items()}
+        closest = closest_hardware(recorded, candidate.hardware) if candidate.hardware else None
         return BaselineVerdict(
             BaselineStatus.OTHER_HARDWARE,
-            other_hardware_note({k: e.hardware for k, e in entries.items()}, hardware_key, candidate.hardware),
-            changes=tuple(closest_hardware_differences(entries, candidate)),
+            other_hardware_note(recorded, hardware_key, candidate.hardware),
+            changes=tuple(closest[1]) if closest else (),
         )
     changed = workload_changes(baseline.workload, candidate.workload)
     if changed:
