@@ -49,7 +49,7 @@ import json, sys
 from pytest_llmperf import LlamaCppEngine, Workload, measure
 from pytest_llmperf.models.gguf import PRESETS, ensure_model
 from pytest_llmperf.core.fingerprint import Fingerprint, hardware, subject
-from pytest_llmperf.baselines.records import record
+from pytest_llmperf.baselines.records import stored
 from pytest_llmperf.measuring.roofline import probe_reference
 import dataclasses
 preset, dtype, threads, runs, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
@@ -58,7 +58,7 @@ if dtype != spec.dtype:
     spec = dataclasses.replace(spec, dtype=dtype, name=f"{spec.name}-{dtype.lower()}")
 engine = LlamaCppEngine(ensure_model(spec), threads=threads or None)
 m = measure(engine, Workload(prompt_tokens=128, max_tokens=48, runs=runs, warmup=1))
-rec = record(m, Fingerprint(hardware(), subject(m.engine)), commit=None, recorded_at="")
+rec = stored(m, Fingerprint(hardware(), subject(m.engine)), commit=None, recorded_at="").to_json()
 rec["reference"] = probe_reference()
 open(out, "w").write(json.dumps(rec))
 """

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pytest_llmperf import Workload, measure
-from pytest_llmperf.baselines.records import record
+from pytest_llmperf.baselines.records import stored
 from pytest_llmperf.core import catalog
 from pytest_llmperf.core.fingerprint import Fingerprint, subject
 from pytest_llmperf.core.measurement import Peak, RunMetrics
@@ -61,7 +61,8 @@ def measured(tiny_engine):
 
     user = measure(with_processor, Workload(prompt_tokens=8, max_tokens=6, runs=3, warmup=0))
     return [
-        (m, record(m, Fingerprint({}, subject(m.engine)), commit=None, recorded_at="now")) for m in (plain, load, user)
+        (m, stored(m, Fingerprint({}, subject(m.engine)), commit=None, recorded_at="now").to_json())
+        for m in (plain, load, user)
     ]
 
 
