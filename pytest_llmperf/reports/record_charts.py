@@ -68,11 +68,17 @@ def _layer_panel(ax: Axes, phase: str, now: PhaseLayersJson, base: PhaseLayersJs
 
 def roofline(record: Record, baseline: Record | None, budgets: Mapping[str, float]) -> Figure:
     """Achieved vs attainable performance per phase on the machine's roofline."""
-    rf: Mapping[str, Any] = record.roofline or {}
+    rf = record.roofline
+    assert rf is not None  # charts_for: only a record with a roofline
     fig, ax = new_chart(3.6, margins_in=(0.62, 1.2, 0.15, 0.3))
     bw, peak = rf["peak_bw_gbs"], rf["peak_tflops"] * 1000  # GB/s, GFLOP/s
-    points = [(p, rf[p]) for p in ("prefill", "decode") if isinstance(rf.get(p), Mapping)]
-    intensities = [d["intensity_flop_per_byte"] for _, d in points] + [peak / bw]
+    base = baseline.roofline if baseline is not None else None
+    phases = (
+        ("prefill", rf.get("prefill"), base.get("prefill") if base else None),
+        ("decode", rf.get("decode"), base.get("decode") if base else None),
+    )
+    points = [(p, d, b) for p, d, b in phases if isinstance(d, Mapping)]
+    intensities = [d["intensity_flop_per_byte"] for _, d, _ in points] + [peak / bw]
     x = np.logspace(np.log10(min(intensities) / 4), np.log10(max(intensities) * 4), 200)
     ax.plot(
         x,
@@ -92,9 +98,8 @@ def roofline(record: Record, baseline: Record | None, budgets: Mapping[str, floa
             lw=1.2,
             label=budget_label("min_mbu", budgets["min_mbu"], "of peak bandwidth"),
         )
-    base_rf: Mapping[str, Any] = (baseline.roofline if baseline is not None else None) or {}
-    for phase, d in points:
-        _roofline_phase(ax, phase, d, base_rf.get(phase))
+    for phase, d, b in points:
+        _roofline_phase(ax, phase, d, b)
     ax.set_xscale("log")
     ax.set_yscale("log")
     plain_log(ax.xaxis)
