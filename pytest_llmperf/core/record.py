@@ -198,7 +198,7 @@ class Record:
     reference: JsonObject | None = None
     #: The levels of the baseline's last recorded sessions, per judged metric (a re-recorded
     #: baseline keeps them: the verdict's between-session noise).
-    sessions: JsonObject | None = None
+    sessions: Mapping[str, Sequence[JsonObject]] | None = None
     #: Stored keys this version does not know, as they came.
     extra: JsonObject = field(default_factory=dict)
 

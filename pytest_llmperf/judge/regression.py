@@ -147,13 +147,8 @@ def session_levels(rec: Record) -> dict[str, Level]:
 
 def history(rec: Record) -> dict[str, list[Level]]:
     """Older recorded sessions' levels (oldest first), without the record's own session."""
-    out = {}
-    for name in (s.name for s in JUDGED):
-        stored = (rec.sessions or {}).get(name, [])
-        if not isinstance(stored, list):
-            raise TypeError(f"the recorded sessions of {name} are not a list")
-        out[name] = [Level.from_json(d) for d in stored]
-    return out
+    stored = rec.sessions or {}
+    return {name: [Level.from_json(d) for d in stored.get(name, [])] for name in (s.name for s in JUDGED)}
 
 
 def carry_history(old: Record | None, new: Record, keep: int = HISTORY_SESSIONS) -> Record:
@@ -171,10 +166,12 @@ def carry_history(old: Record | None, new: Record, keep: int = HISTORY_SESSIONS)
     return dataclasses.replace(new, sessions=sessions) if sessions else new
 
 
-def _kept_sessions(older: Mapping[str, list[Level]], own: Mapping[str, Level], keep: int) -> dict[str, JSONValue]:
+def _kept_sessions(
+    older: Mapping[str, list[Level]], own: Mapping[str, Level], keep: int
+) -> dict[str, list[dict[str, JSONValue]]]:
     """Per judged metric, the last ``keep - 1`` session levels of a replaced record (its older
     ones, then its own), as stored."""
-    sessions: dict[str, JSONValue] = {}
+    sessions: dict[str, list[dict[str, JSONValue]]] = {}
     for name, levels in older.items():
         chain = levels + ([own[name]] if name in own else [])
         if chain and keep > 1:

@@ -117,11 +117,9 @@ class Level:
         }
 
     @classmethod
-    def from_json(cls, d: object) -> Level:
+    def from_json(cls, d: Mapping[str, Any]) -> Level:
+        upper = d.get("upper")
         try:
-            if not isinstance(d, Mapping):
-                raise TypeError("not an object")  # named below, as any other damage
-            upper = d.get("upper")
             return cls(
                 float(d["log_level"]),
                 float(d["se"]),
