@@ -521,9 +521,9 @@ class Outcome:
             d.get("key", ""),
             d.get("baseline_file", ""),
             d.get("hardware_key", ""),
-            _record(d.get("record")),
+            None if (record := d.get("record")) is None else Record.read(record),
             None if verdict is None else BaselineVerdict.from_json(verdict),
-            _record(d.get("baseline_record")),
+            None if (base := d.get("baseline_record")) is None else Record.read(base),
             tuple(d.get("budget_notes", ())),
             dict(d.get("prompt") or {}),
         )
@@ -562,11 +562,6 @@ def outcome(
 #: Its public names before it was the one outcome: ``pytest_llmperf.MeasurementResult`` (docs/api.md)
 #: and ``pytest_llmperf.Result``, what a ``pytest_llmperf_result`` hook received (docs/hooks.md).
 MeasurementResult = Result = Outcome
-
-
-def _record(d: Mapping[str, object] | None) -> Record | None:
-    """A session file's record (checked by the session's schema): ``Record.read``."""
-    return None if d is None else Record.read(d)
 
 
 def _state(kind: type[State], word: object, path: str) -> State:

@@ -470,10 +470,8 @@ def _turn_tokens(t: Mapping[str, object]) -> str:
 
 def _record_plots(index: int, result: Outcome) -> list[str]:
     """The record's charts (``record_charts.charts_for``), each against the baseline and budgets."""
-    record = result.record
-    plots: list[str] = []
-    if record is None:
-        return plots
+    record = result.record or Record.read({})
+    plots = []
     for n, (fig_id, caption, fn) in enumerate(record_charts.charts_for(record)):
         svg = charts.render(fn, record, result.baseline_record, result.budgets)
         if fig_id == "layer-bars" and record.layers and record.layers.get("outlier_rule"):
