@@ -7,8 +7,10 @@ traces, no E2E per run), the summary, and the sections of where the time went, e
 stored form (``StoredWorkload``, ``StoredMemory``... here, ``StabilityJson``, ``LayersJson``...
 beside the Measurement's section classes that write them). ``to_json`` writes the stored form
 (the keys of today's entries, in their order) and ``from_json`` reads it back, checked against
-``schemas/baselines.schema.json#/$defs/record`` first: the one place a stored record's JSON is
-read as a mapping. A key this version does not know (a newer pytest-llmperf's) is kept as it
+``schemas/baselines.schema.json#/$defs/record`` first; ``read`` is that reader without the check
+(a hand-made record, a damaged one the judge judges in part): the one place a stored record's
+JSON is read as a mapping. The judge, the baselines, the history and the reports read the
+``Record``. A key this version does not know (a newer pytest-llmperf's) is kept as it
 came, in ``extra``, so a record read and written again is the record that was read (but for a
 hand-made one without ``commit``: it is written ``null``)."""
 
