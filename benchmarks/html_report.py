@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pytest_llmperf.core.record import Record
 from pytest_llmperf.judge.regression import CompareSettings, judge
 from pytest_llmperf.judge.result import MeasurementResult
 
@@ -73,7 +74,9 @@ def resampled(result: dict, index: int, rng: np.random.Generator) -> dict:
     for q in (50, 95, 99):
         rec["summary"][f"itl_p{q}_ms"] = float(np.percentile(pooled, q))
     if r.get("baseline_record"):  # judged again, so the verdicts vary as a real session's do
-        verdict = judge({"hw": r["baseline_record"]}, "hw", rec, CompareSettings(family_size=5 * 200))
+        verdict = judge(
+            {"hw": Record.read(r["baseline_record"])}, "hw", Record.read(rec), CompareSettings(family_size=5 * 200)
+        )
         r["verdict"] = verdict.to_json()
     r["test"] = f"tests/test_perf_{index // 10:02d}.py::test_case_{index}"
     return r

@@ -41,6 +41,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pytest_llmperf.core.record import Record
 from pytest_llmperf.judge.regression import STEAL_MACHINE_SHARE, CompareSettings, carry_history, judge, steal_share
 
 SESSION = r"""
@@ -48,7 +49,7 @@ import json, sys
 from pytest_llmperf import LlamaCppEngine, Workload, measure
 from pytest_llmperf.models.gguf import PRESETS, ensure_model
 from pytest_llmperf.core.fingerprint import Fingerprint, hardware, subject
-from pytest_llmperf.baselines.records import record
+from pytest_llmperf.baselines.records import stored
 from pytest_llmperf.measuring.roofline import probe_reference
 import dataclasses
 preset, dtype, threads, runs, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
@@ -57,7 +58,7 @@ if dtype != spec.dtype:
     spec = dataclasses.replace(spec, dtype=dtype, name=f"{spec.name}-{dtype.lower()}")
 engine = LlamaCppEngine(ensure_model(spec), threads=threads or None)
 m = measure(engine, Workload(prompt_tokens=128, max_tokens=48, runs=runs, warmup=1))
-rec = record(m, Fingerprint(hardware(), subject(m.engine)), commit=None, recorded_at="")
+rec = stored(m, Fingerprint(hardware(), subject(m.engine)), commit=None, recorded_at="").to_json()
 rec["reference"] = probe_reference()
 open(out, "w").write(json.dumps(rec))
 """
@@ -145,7 +146,7 @@ def main() -> None:
         f"baseline: {args.baseline_sessions} session(s), {args.preset} F16, threads {base['subject'].get('n_threads')}, "
         f"{len(base['runs']['ttft_ms'])} runs; "
         f"TTFT {np.median(base['runs']['ttft_ms']):.1f} ms, TPOT {np.median(base['runs']['tpot_ms']):.2f} ms, "
-        f"reference {probe_ms(base):.2f} ms, steal {steal_share(base) or 0:.1%}"
+        f"reference {probe_ms(base):.2f} ms, steal {steal_share(Record.read(base)) or 0:.1%}"
     )
     scenarios = [
         ("A/A", "F16", 0, False, args.aa),
@@ -174,11 +175,11 @@ def record_baseline(args: argparse.Namespace, measured, rejudging: bool) -> dict
     for k in range(0 if args.baseline else args.baseline_sessions):
         for attempt in range(5):
             rec = measured("F16", 0)
-            stolen = steal_share(rec) or 0.0
+            stolen = steal_share(Record.read(rec)) or 0.0
             if stolen < STEAL_MACHINE_SHARE:
                 break
             print(f"baseline attempt {attempt + 1}: steal {stolen:.0%} during its runs; re-recording", flush=True)
-        base = carry_history(base, rec)
+        base = carry_history(base and Record.read(base), Record.read(rec)).to_json()
         if k == 0 and rejudging and args.baseline_sessions > 1:
             args.aa -= args.baseline_sessions - 1  # the saved A/A sessions that became baseline sessions
     return base
@@ -190,7 +191,7 @@ def run_scenario(name: str, count: int, measured, base: dict, settings, probe: l
     tally: collections.Counter[str] = collections.Counter()
     for i in range(count):
         cand = measured()
-        v = judge({"hw": base}, "hw", cand, settings)
+        v = judge({"hw": Record.read(base)}, "hw", Record.read(cand), settings)
         by = {c.metric: c for c in v.comparisons}
         cells = [
             f"{m} {by[m].verdict.value} {by[m].change_pct:+.1f}%"
@@ -203,7 +204,7 @@ def run_scenario(name: str, count: int, measured, base: dict, settings, probe: l
             probe.append((v.machine_ratio, ratio(base, cand, "ttft_ms"), ratio(base, cand, "tpot_ms")))
         print(
             f"  {name:<9} {i + 1:>2}: {v.short:<24} reference {probe_ms(cand):.2f} ms "
-            f"x{v.machine_ratio or float('nan'):.2f}, steal {steal_share(cand) or 0:.1%}, "
+            f"x{v.machine_ratio or float('nan'):.2f}, steal {steal_share(Record.read(cand)) or 0:.1%}, "
             f"{(cand.get('machine') or {}).get('involuntary_switches_per_run', float('nan')):.0f} invol. "
             "switches/run; " + "; ".join(cells),
             flush=True,

@@ -98,7 +98,7 @@ def test_the_html_section_has_the_turn_by_turn_table_of_the_stored_record(tiny_e
     m = measure(tiny_engine, W)
     record = json.loads(json.dumps(Record.of(m, diagnose(m), None).to_json()))
     page = html_report.test_section(
-        0, outcome(m, "t.py::test_talk", "t.py::test_talk", None, 0, judged=Outcome("t", record=record))
+        0, outcome(m, "t.py::test_talk", "t.py::test_talk", None, 0, judged=Outcome("t", record=Record.read(record)))
     )
     table = page.split("<h3>Conversation, turn by turn</h3>", 1)[1].split("</table>", 1)[0]
     assert re.findall(r"<th>(.*?)</th>", table) == list(html_report.TURN_HEADERS)

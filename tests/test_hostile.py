@@ -27,6 +27,7 @@ from inner import run
 
 from pytest_llmperf.baselines import store as baseline_store
 from pytest_llmperf.cli import main as cli_main
+from pytest_llmperf.core.record import Record
 
 API_KEY = "sk-hostile-7f3a9c2e51"
 STOP = threading.Event()
@@ -470,7 +471,8 @@ def session_file(path: Path, tests: list[str], edit: Callable[[dict], None] | No
     from pytest_llmperf.reports.session_file import session_json
 
     results = [
-        MeasurementResult(test=t, key=t, baseline_file="x.json", hardware_key="hw", record=entry()) for t in tests
+        MeasurementResult(test=t, key=t, baseline_file="x.json", hardware_key="hw", record=Record.read(entry()))
+        for t in tests
     ]
     data = json.loads(session_json(results, "2026-12-01T00:00:00+00:00"))
     if edit is not None:

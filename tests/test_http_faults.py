@@ -216,14 +216,14 @@ def test_fewer_tokens_than_asked(faulty):
 
 
 def test_api_key_sent_but_never_recorded(faulty, monkeypatch):
-    from pytest_llmperf.baselines.records import record
+    from pytest_llmperf.baselines.records import stored
     from pytest_llmperf.core.fingerprint import Fingerprint, subject
 
     monkeypatch.setenv("LLMPERF_TEST_KEY", "sk-secret-123")
     engine = HttpEngine(f"{faulty}/ok/v1", api_key_env="LLMPERF_TEST_KEY")
     m = measure(engine, WL)
     assert Faulty.seen_auth[-1] == "Bearer sk-secret-123"
-    rec = record(m, Fingerprint({}, subject(m.engine)), commit=None, recorded_at="now")
+    rec = stored(m, Fingerprint({}, subject(m.engine)), commit=None, recorded_at="now").to_json()
     assert "sk-secret" not in json.dumps(rec) + repr(engine) + repr(m.engine)
 
 

@@ -160,7 +160,7 @@ def hand_made(slower: float, seed: int, *, by_request: bool = True, n: int = 20)
 
 
 def verdicts(baseline: dict[str, object], candidate: dict[str, object]) -> dict[str, Verdict]:
-    v = judge({"hw": baseline}, "hw", candidate, QUIET)
+    v = judge({"hw": Record.read(baseline)}, "hw", Record.read(candidate), QUIET)
     return {c.metric: c.verdict for c in v.comparisons if c.mirror_of is None}
 
 
@@ -180,20 +180,20 @@ def test_unpaired_the_mix_hides_the_same_slowdown() -> None:
     """Records without their requests (today's) are compared as today: run values unpaired,
     where the spread of the mix leaves a 10% slowdown of every request undecided."""
     baseline, candidate = hand_made(1.0, 0, by_request=False), hand_made(1.10, 1, by_request=False)
-    verdict = judge({"hw": baseline}, "hw", candidate, QUIET)
+    verdict = judge({"hw": Record.read(baseline)}, "hw", Record.read(candidate), QUIET)
     assert "run by run" not in verdict.note
     assert verdicts(baseline, candidate)["ttft_ms"] is not Verdict.REGRESSION
-    paired = judge({"hw": hand_made(1.0, 0)}, "hw", hand_made(1.10, 1), QUIET)
+    paired = judge({"hw": Record.read(hand_made(1.0, 0))}, "hw", Record.read(hand_made(1.10, 1)), QUIET)
     assert "compared run by run over 20 runs that sent the same request" in paired.note
 
 
 def test_only_runs_of_the_same_request_and_length_are_paired() -> None:
     baseline, candidate = hand_made(1.0, 0), hand_made(1.0, 1, n=12)
-    assert request_pairs(baseline, candidate) == tuple(range(12))  # the shorter side's runs
+    assert request_pairs(Record.read(baseline), Record.read(candidate)) == tuple(range(12))  # the shorter side's runs
     lengths = candidate["requests"]["prompt_tokens"]  # type: ignore[index]
     lengths[3] += 1  # a tokenizer that changed: that run's request is no longer the same prompt
-    assert request_pairs(baseline, candidate) == tuple(i for i in range(12) if i != 3)
-    assert request_pairs(baseline, hand_made(1.0, 1, by_request=False)) == ()
+    assert request_pairs(Record.read(baseline), Record.read(candidate)) == tuple(i for i in range(12) if i != 3)
+    assert request_pairs(Record.read(baseline), Record.read(hand_made(1.0, 1, by_request=False))) == ()
 
 
 def parted(slower: float, seed: int, *, by_request: bool = True) -> dict[str, object]:
@@ -215,7 +215,7 @@ def test_a_prompt_sets_parts_are_compared_on_the_same_requests() -> None:
     """Both records keep their requests: each part is compared pair by pair on the runs that sent
     the same request, so llama.cpp's prompt eval 10% slower on every request is the part that
     moved (over the whole mix its spread hides it) and the unchanged parts stay unchanged."""
-    v = judge({"hw": parted(1.0, 0)}, "hw", parted(1.10, 1), QUIET)
+    v = judge({"hw": Record.read(parted(1.0, 0))}, "hw", Record.read(parted(1.10, 1)), QUIET)
     assert {c.metric: c.verdict for c in v.comparisons}["ttft_ms"] is Verdict.REGRESSION
     parts = {p.metric: p for p in v.parts}
     eval_ = parts["native_prefill_ms"]
@@ -224,7 +224,12 @@ def test_a_prompt_sets_parts_are_compared_on_the_same_requests() -> None:
     assert not parts["tokenize_ms"].moved and not parts["prefill_outside_ms"].moved
     assert "moved: llama.cpp prompt eval x1.1" in next(line for line in v.why() if line.startswith("prefill"))
     # Records without their requests (today's): the parts unpaired over the mix, as before.
-    old = judge({"hw": parted(1.0, 0, by_request=False)}, "hw", parted(1.10, 1, by_request=False), QUIET)
+    old = judge(
+        {"hw": Record.read(parted(1.0, 0, by_request=False))},
+        "hw",
+        Record.read(parted(1.10, 1, by_request=False)),
+        QUIET,
+    )
     assert old.parts and not any(p.paired or p.moved for p in old.parts)
 
 
@@ -256,12 +261,12 @@ def test_both_sides_of_llmperf_against_send_the_same_request_at_each_run(tiny_mo
 
 def test_the_chart_draws_both_sides_and_only_where_prompts_vary(measured) -> None:
     now = Record.of(measured, diagnose(measured), None).to_json()
-    assert "ttft-by-length" in [fig_id for fig_id, _, _ in record_charts.charts_for(now)]
+    assert "ttft-by-length" in [fig_id for fig_id, _, _ in record_charts.charts_for(Record.read(now))]
     base = json.loads(json.dumps(now))
-    svg = charts.render(record_charts.ttft_by_length, now, base, {"ttft_p95_ms": 1000.0})
+    svg = charts.render(record_charts.ttft_by_length, Record.read(now), Record.read(base), {"ttft_p95_ms": 1000.0})
     assert f"baseline ({W.runs} runs)" in svg and f"now ({W.runs} runs)" in svg and "prompt tokens" in svg
     assert "ttft-by-length" not in [
-        fig_id for fig_id, _, _ in record_charts.charts_for({**now, "prompt_lengths": None})
+        fig_id for fig_id, _, _ in record_charts.charts_for(Record.read({**now, "prompt_lengths": None}))
     ]
 
 

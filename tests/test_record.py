@@ -14,7 +14,7 @@ import pytest
 
 from pytest_llmperf import EngineInfo, RunTrace, Workload, summarize
 from pytest_llmperf.baselines import store
-from pytest_llmperf.baselines.records import record
+from pytest_llmperf.baselines.records import stored
 from pytest_llmperf.core.documents import SchemaViolation
 from pytest_llmperf.core.fingerprint import Fingerprint, subject
 from pytest_llmperf.core.record import Record
@@ -23,7 +23,7 @@ from pytest_llmperf.reports.session_file import load_session
 DATA = Path(__file__).parent / "data"
 BASELINES = DATA / "baselines-before-record.json"
 SESSION = DATA / "session-before-record.json"
-#: The keys of a record, in the order ``records.record`` has always written them.
+#: The keys of a record, in the order ``records.stored`` has always written them.
 ORDER = [
     "recorded_at",
     "commit",
@@ -90,7 +90,7 @@ def test_a_session_file_written_before_the_record_type_loads_and_compares(capsys
 
 def test_a_record_is_written_by_the_type_in_todays_order_and_read_back() -> None:
     m = _measurement()
-    rec = record(m, Fingerprint({"cpu": "c"}, subject(m.engine)), commit=None, recorded_at="now")
+    rec = stored(m, Fingerprint({"cpu": "c"}, subject(m.engine)), commit=None, recorded_at="now").to_json()
     assert list(rec) == [k for k in ORDER if k in rec] and rec["commit"] is None
     assert {"stability", "memory"} <= set(rec) and not {"layers", "reference", "sessions"} & set(rec)
     r = Record.from_json(rec)
@@ -101,7 +101,7 @@ def test_a_record_is_written_by_the_type_in_todays_order_and_read_back() -> None
 
 def test_from_json_checks_the_schema_first() -> None:
     m = _measurement()
-    rec = record(m, Fingerprint({}, subject(m.engine)), commit="abc", recorded_at="now")
+    rec = stored(m, Fingerprint({}, subject(m.engine)), commit="abc", recorded_at="now").to_json()
     with pytest.raises(SchemaViolation, match=r"tests\['t'\]\['hw'\]"):
         Record.from_json({k: v for k, v in rec.items() if k != "runs"}, "tests['t']['hw']")
     with pytest.raises(SchemaViolation, match="itl_ms"):
@@ -110,7 +110,10 @@ def test_from_json_checks_the_schema_first() -> None:
 
 def test_a_key_of_a_newer_version_is_kept_as_it_came() -> None:
     m = _measurement()
-    rec = {**record(m, Fingerprint({}, subject(m.engine)), commit=None, recorded_at="now"), "later": {"x": [1, 2]}}
+    rec = {
+        **stored(m, Fingerprint({}, subject(m.engine)), commit=None, recorded_at="now").to_json(),
+        "later": {"x": [1, 2]},
+    }
     r = Record.from_json(rec)
     assert r.extra == {"later": {"x": [1, 2]}}
     assert r.to_json() == rec
@@ -149,7 +152,10 @@ def test_the_stored_form_types_name_every_key_of_the_files_earlier_versions_wrot
 
     m = _measurement()  # and every memory figure the engine may report
     m = replace(m, engine=replace(m.engine, **dict.fromkeys(MEMORY_FIELDS, 1.5)), peak_rss=ms.PeakRss(2**20, "process"))
-    records = [*_stored_records(), record(m, Fingerprint({}, subject(m.engine)), commit=None, recorded_at="now")]
+    records = [
+        *_stored_records(),
+        stored(m, Fingerprint({}, subject(m.engine)), commit=None, recorded_at="now").to_json(),
+    ]
     assert set(MEMORY_FIELDS) <= set(records[-1]["memory"])
     assert len(records) > 20
     for rec in records:

@@ -17,6 +17,7 @@ import pytest
 from test_ab import simulated
 from test_parts import _comparison, _runs
 
+from pytest_llmperf.core.record import Record
 from pytest_llmperf.judge import ab as AB
 from pytest_llmperf.judge import parts as P
 from pytest_llmperf.judge.result import BaselineVerdict, MeasurementResult
@@ -174,7 +175,7 @@ def _recorded(test: str, outside_ms: float, seed: int) -> MeasurementResult:
     """A measured result with its record, from runs whose llama.cpp counters are read (so the
     record stores each run's parts): 10 ms/token in llama.cpp's eval, 0.5 in the sampler,
     ``outside_ms`` outside llama.cpp."""
-    from pytest_llmperf.baselines.records import record
+    from pytest_llmperf.baselines.records import stored
     from pytest_llmperf.core.fingerprint import Fingerprint, subject
     from pytest_llmperf.core.workload import EngineInfo, NativeCounters, RunTrace, Workload
     from pytest_llmperf.judge.result import Figures
@@ -191,9 +192,9 @@ def _recorded(test: str, outside_ms: float, seed: int) -> MeasurementResult:
         native = NativeCounters(25.0, 16, float(eval_ms.sum()), 11, float(sample_ms.sum()), 11)
         traces.append(RunTrace(start, start + int(26e6), tuple(int(t) for t in tokens), 16, native=native))
     m = summarize(traces, Workload(prompt_tokens=16, max_tokens=12, runs=12), EngineInfo("llama.cpp", "synthetic"))
-    rec = record(m, Fingerprint({}, subject(m.engine)), commit=None, recorded_at=CREATED)
+    rec = stored(m, Fingerprint({}, subject(m.engine)), commit=None, recorded_at=CREATED).to_json()
     assert set(rec["parts"]) >= {"native_decode_ms_per_token", "decode_outside_ms_per_token"}
-    return MeasurementResult(test, test, figures=Figures.of(m), key=test, record=rec)
+    return MeasurementResult(test, test, figures=Figures.of(m), key=test, record=Record.read(rec))
 
 
 def test_llmperf_compare_shows_where_it_went_and_report_draws_it(

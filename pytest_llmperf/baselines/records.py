@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..core.fingerprint import Fingerprint
-from ..core.formats import JSONValue
 from ..core.measurement import Measurement
 from ..core.record import Record
 from ..measuring.metrics import diagnose
@@ -25,11 +24,6 @@ def stored(
 ) -> Record:
     """``m`` as it is stored (``Record.of``), with its stability and KV cache computed."""
     return Record.of(m, diagnose(m), kv_cache_bytes(m.engine), fingerprint, commit=commit, recorded_at=recorded_at)
-
-
-def record(m: Measurement, fingerprint: Fingerprint, *, commit: str | None, recorded_at: str) -> dict[str, JSONValue]:
-    """``m``'s stored form (``Record.to_json``): a baseline entry, a session file's record."""
-    return stored(m, fingerprint, commit=commit, recorded_at=recorded_at).to_json()
 
 
 #: The probe's figure is this low quantile of its products' times: the machine's speed when

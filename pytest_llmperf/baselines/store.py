@@ -160,6 +160,11 @@ def load(path: Path) -> Tests:
     return _valid_tests(path, data)
 
 
+def load_records(path: Path) -> dict[str, dict[str, Record]]:
+    """``load``'s entries as records (each checked by ``load``)."""
+    return {test: {hw: Record.read(e) for hw, e in per_hw.items()} for test, per_hw in load(path).items()}
+
+
 def _check_header(path: Path, data: object) -> None:
     """A baseline file of a schema version this pytest-llmperf reads."""
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
@@ -281,7 +286,7 @@ def _salvage(path: Path) -> Tests:
 def update(
     path: Path,
     entries: Mapping[str, Mapping[str, Mapping[str, JSONValue]]],
-    merge: Callable[[Mapping[str, object] | None, dict[str, JSONValue]], dict[str, JSONValue]] | None = None,
+    merge: Callable[[Record | None, Record], Record] | None = None,
 ) -> Path | None:
     """Merge ``{test key: {hardware key: entry}}`` into ``path``; other entries stay as they are.
 
@@ -301,12 +306,19 @@ def update(
                 stored = tests.setdefault(test, {})
                 for hw, entry in per_hw.items():
                     # ``merge`` sees the entry it replaces (read under the lock): baseline history.
-                    stored[hw] = merge(stored.get(hw), dict(entry)) if merge else dict(entry)
+                    stored[hw] = _merged(merge, stored.get(hw), entry) if merge else dict(entry)
             atomic_write(target, dumps({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "tests": tests}))
             return moved
     except OSError as exc:
         why = _in_the_way(path) if isinstance(exc, (NotADirectoryError, FileExistsError)) else exc.strerror or exc
         raise BaselineError(f"cannot write baseline file {path}: {why}; the file is unchanged") from None
+
+
+def _merged(
+    merge: Callable[[Record | None, Record], Record], old: Mapping[str, JSONValue] | None, new: Mapping[str, JSONValue]
+) -> dict[str, JSONValue]:
+    """``merge`` of the stored entry ``old`` (checked by ``load``) and ``new``, as stored."""
+    return merge(None if old is None else Record.read(old), Record.read(new)).to_json()
 
 
 def _stored_for_update(path: Path) -> tuple[Tests, Path | None]:

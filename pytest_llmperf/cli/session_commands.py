@@ -125,7 +125,7 @@ def _judged(args: argparse.Namespace, r: Outcome, old: Outcome | None, settings:
     verdict = judge({hw_key: old.record}, r.hardware_key, r.record, settings)
     if verdict.status == BaselineStatus.OTHER_HARDWARE:  # name the fields that differ
         note = other_hardware_note(
-            {hw_key: old.record}, r.hardware_key, r.record, hint="compare anyway with --any-hardware"
+            {hw_key: old.record.hardware}, r.hardware_key, r.record.hardware, hint="compare anyway with --any-hardware"
         )
         verdict = dataclasses.replace(verdict, note=note)
     return verdict

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # the catalog imports nothing from the package at run time (tests/test_catalog.py)
     from .measurement import Measurement
@@ -43,7 +43,7 @@ class Budget:
     help: str  # the marker key's help text (``pytest --markers``, error messages)
     #: The statistic, read from a Measurement / recomputed from a stored record.
     read: Reader
-    from_record: Callable[[Mapping[str, object]], float | None]
+    from_record: Callable[[Stored], float | None]
     pooled_tokens: bool = False  # the sample is pooled tokens (ITL), not runs
     share: bool = False  # the value is a share in (0, 1]
     statistic: str = "median"  # which statistic of the metric: "median", "p95", ...
@@ -102,7 +102,7 @@ class Metric:
         """Key of a record's ``summary`` that holds ``read``'s value (None: not in the summary)."""
         return next((f.key for f in SUMMARY.values() if f.metric == self.name and f.reader is None), None)
 
-    def from_record(self, record: Mapping[str, object]) -> float | None:
+    def from_record(self, record: Stored) -> float | None:
         """The value ``read`` gives, from a stored record (None: the record lacks it)."""
         if self.part_of is not None:
             values = _runs(record, self.name, "parts")
@@ -143,27 +143,20 @@ class SummaryField:
 # --- readers from a stored record (numpy imported only when a percentile is needed) ---------
 
 
-def stored_at(value: object, *path: str) -> object:
-    """The value at ``path`` in a stored record's nested mappings (None: a step is missing or
-    not a mapping): ``stored_at(record, "memory", "rss_mib")``."""
-    for part in path:
-        value = value.get(part) if isinstance(value, Mapping) else None
-    return value
+class Stored(Protocol):
+    """A stored record as the catalog's readers take it (``core.record.Record``, which imports
+    the catalog): the value at a path of its sections."""
+
+    def at(self, *path: str) -> object: ...
 
 
-def stored_section(value: object, *path: str) -> Mapping[str, object]:
-    """The mapping at ``path`` (``stored_at``), or an empty one where there is none."""
-    section = stored_at(value, *path)
-    return section if isinstance(section, Mapping) else {}
+def _runs(record: Stored, field: str, section: str = "runs") -> Sequence[float]:
+    values = record.at(section, field)
+    return values if isinstance(values, Sequence) and not isinstance(values, str) and values else []
 
 
-def _runs(record: Mapping[str, object], field: str, section: str = "runs") -> Sequence[float]:
-    values = stored_at(record, section, field)
-    return values if isinstance(values, Sequence) and values else []
-
-
-def _median_of(field: str) -> Callable[[Mapping[str, object]], float | None]:
-    def read(record: Mapping[str, object]) -> float | None:
+def _median_of(field: str) -> Callable[[Stored], float | None]:
+    def read(record: Stored) -> float | None:
         values = _runs(record, field)
         return float(statistics.median(values)) if values else None
 
@@ -178,19 +171,19 @@ def _percentile(values: Sequence[float], q: float) -> float | None:
     return float(np.percentile(np.asarray(values, dtype=float), q))
 
 
-def pooled_itl(record: Mapping[str, object] | None) -> list[float]:
+def pooled_itl(record: Stored | None) -> list[float]:
     """Every run's inter-token latencies of a record, pooled."""
-    runs = stored_at(record, "itl_ms")
+    runs = record.at("itl_ms") if record is not None else None
     return [float(v) for run in runs or [] for v in run or []] if isinstance(runs, Sequence) else []
 
 
-def _pooled_percentile(q: float) -> Callable[[Mapping[str, object]], float | None]:
+def _pooled_percentile(q: float) -> Callable[[Stored], float | None]:
     return lambda record: _percentile(pooled_itl(record), q)
 
 
-def _at(*path: str) -> Callable[[Mapping[str, object]], float | None]:
-    def read(record: Mapping[str, object]) -> float | None:
-        value = stored_at(record, *path)
+def _at(*path: str) -> Callable[[Stored], float | None]:
+    def read(record: Stored) -> float | None:
+        value = record.at(*path)
         return value if isinstance(value, (int, float)) else None
 
     return read
@@ -494,7 +487,7 @@ class Figure:
     #: A budget: its marker key's help text, how a stored record recomputes the figure, and
     #: its key when not the default (the name for a ceiling, ``min_<name>`` for a floor).
     bound: str = ""
-    from_record: Callable[[Mapping[str, object]], float | None] | None = None
+    from_record: Callable[[Stored], float | None] | None = None
     key: str = ""
     budget_label: str = ""  # as a budget breach prints it, when not ``label``
 
@@ -542,7 +535,7 @@ def _run_figure(name: str, metric: str, label: str, statistic: str, bound: str =
     def read(x: Measurement) -> float | None:
         return m.read(x) if q is None else _percentile([getattr(r, field) for r in x.runs], q)
 
-    def from_record(record: Mapping[str, object]) -> float | None:
+    def from_record(record: Stored) -> float | None:
         return _median_of(field)(record) if q is None else _percentile(_runs(record, field), q)
 
     return Figure(name, read, metric, label, statistic, bound=bound, from_record=from_record, key=key)

@@ -178,32 +178,37 @@ def hardware_differences(before: Mapping[str, object], after: Mapping[str, objec
 
 
 def other_hardware_note(
-    entries: Mapping[str, Mapping[str, object]],
+    recorded: Mapping[str, Mapping[str, object]],
     hardware_key: str,
-    candidate: Mapping[str, object],
+    here: Mapping[str, object],
     hint: str = "record one with --llmperf-update-baselines",
 ) -> str:
     """The "not comparable here" note, naming the fingerprint fields that differ between this
-    machine and the recorded one closest to it (fewest differing fields)."""
-    here = candidate.get("hardware")
-    differs = _closest_differences(entries, here) if isinstance(here, Mapping) and here else ""
+    machine (``here``: its hardware fingerprint) and the recorded one closest to it (fewest
+    differing fields; ``recorded``: each recorded hardware key's fingerprint)."""
+    differs = _closest_differences(recorded, here) if here else ""
     return (
-        f"not comparable here: baselines exist only for other hardware ({', '.join(sorted(entries))}); "
+        f"not comparable here: baselines exist only for other hardware ({', '.join(sorted(recorded))}); "
         f"this machine is {hardware_key}{differs}; {hint}"
     )
 
 
-def _closest_differences(entries: Mapping[str, Mapping[str, object]], here: Mapping[str, object]) -> str:
+def closest_hardware(
+    recorded: Mapping[str, Mapping[str, object]], here: Mapping[str, object]
+) -> tuple[str, list[str]] | None:
+    """The recorded hardware key with the fewest fingerprint fields unlike ``here`` (the first
+    by key among equals) and those fields; None when none is recorded."""
+    diffs = {key: hardware_differences(hw, here) for key, hw in recorded.items()}
+    key = min(diffs, key=lambda k: (len(diffs[k]), k), default=None)
+    return None if key is None else (key, diffs[key])
+
+
+def _closest_differences(recorded: Mapping[str, Mapping[str, object]], here: Mapping[str, object]) -> str:
     """``; differs from KEY (closest of N recorded): cpu 'a' -> 'b'; ...``: the recorded hardware
     with the fewest fields unlike ``here``, and those fields; "" when none is recorded."""
-    diffs = {
-        key: hardware_differences(hw if isinstance(hw := entry.get("hardware"), Mapping) else {}, here)
-        for key, entry in entries.items()
-        if isinstance(entry, Mapping)
-    }
-    if not diffs:
+    closest = closest_hardware(recorded, here)
+    if closest is None:
         return ""
-    closest = min(diffs, key=lambda k: (len(diffs[k]), k))
-    fields = "; ".join(diffs[closest]) or "no recorded field (hardware keys differ)"
-    others = f" (closest of {len(diffs)} recorded)" if len(diffs) > 1 else ""
-    return f"; differs from {closest}{others}: {fields}"
+    fields = "; ".join(closest[1]) or "no recorded field (hardware keys differ)"
+    others = f" (closest of {len(recorded)} recorded)" if len(recorded) > 1 else ""
+    return f"; differs from {closest[0]}{others}: {fields}"

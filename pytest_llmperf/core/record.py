@@ -7,8 +7,10 @@ traces, no E2E per run), the summary, and the sections of where the time went, e
 stored form (``StoredWorkload``, ``StoredMemory``... here, ``StabilityJson``, ``LayersJson``...
 beside the Measurement's section classes that write them). ``to_json`` writes the stored form
 (the keys of today's entries, in their order) and ``from_json`` reads it back, checked against
-``schemas/baselines.schema.json#/$defs/record`` first: the one place a stored record's JSON is
-read as a mapping. A key this version does not know (a newer pytest-llmperf's) is kept as it
+``schemas/baselines.schema.json#/$defs/record`` first; ``read`` is that reader without the check
+(a hand-made record, a damaged one the judge judges in part): the one place a stored record's
+JSON is read as a mapping. The judge, the baselines, the history and the reports read the
+``Record``. A key this version does not know (a newer pytest-llmperf's) is kept as it
 came, in ``extra``, so a record read and written again is the record that was read (but for a
 hand-made one without ``commit``: it is written ``null``)."""
 
@@ -18,7 +20,7 @@ import json
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict
+from typing import TYPE_CHECKING, TypeAlias, TypedDict
 
 from . import catalog
 from .documents import validate
@@ -198,7 +200,7 @@ class Record:
     reference: JsonObject | None = None
     #: The levels of the baseline's last recorded sessions, per judged metric (a re-recorded
     #: baseline keeps them: the verdict's between-session noise).
-    sessions: JsonObject | None = None
+    sessions: Mapping[str, Sequence[JsonObject]] | None = None
     #: Stored keys this version does not know, as they came.
     extra: JsonObject = field(default_factory=dict)
 
@@ -273,22 +275,52 @@ class Record:
         return out
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any], where: str = "record") -> Record:
+    def from_json(cls, d: Mapping[str, object], where: str = "record") -> Record:
         """A stored record, checked against the schema first (``where``: its place in its file,
         for the one-line ``SchemaViolation``)."""
         validate(d, "baselines", "record", where)
-        known = {f.name for f in fields(cls)} - {"extra"}
-        values = {k: v for k, v in d.items() if k in known and v is not None}
-        values["runs"] = _per_run(d["runs"])
-        if "parts" in values:
-            values["parts"] = _per_run(d["parts"])
-        if "itl_ms" in values:
-            values["itl_ms"] = tuple(tuple(run) for run in d["itl_ms"])
-        return cls(**values, extra={k: v for k, v in d.items() if k not in known})
+        return cls.read(d)
+
+    @classmethod
+    def read(cls, d: Mapping[str, object]) -> Record:
+        """A record as it came, unchecked (a hand-made one, a session file's checked by its own
+        schema): a section of the wrong kind (not an object where one belongs) reads as None (an
+        empty object for the four every record has), so the judge judges what it can and names
+        the rest; the values inside a section are the judge's to check. Keys this version does
+        not know are kept in ``extra``."""
+        values = {k: _section(k, v) for k, v in d.items() if k in _NAMES}
+        values.update({k: values.get(k) or {} for k in _REQUIRED})
+        extra = {k: v for k, v in d.items() if k not in _NAMES}
+        return cls(**{k: v for k, v in values.items() if v is not None}, extra=extra)  # type: ignore[arg-type]
+
+    def at(self, *path: str) -> object:
+        """The stored value at ``path`` (a section, then keys inside it), None where a step is
+        missing or not an object: ``record.at("memory", "rss_mib")`` (the catalog's readers)."""
+        value: object = getattr(self, path[0], None) if path[0] in _NAMES else self.extra.get(path[0])
+        for part in path[1:]:
+            value = value.get(part) if isinstance(value, Mapping) else None
+        return value
 
 
-def _per_run(d: Mapping[str, Sequence[float]]) -> PerRun:
-    return {k: tuple(v) for k, v in d.items()}
+#: The sections every record has (an empty object where a hand-made one lacks it).
+_REQUIRED = ("hardware", "subject", "workload", "runs")
+#: The sections stored as text (else an object), and the one that takes any value.
+_TEXT = frozenset({"recorded_at", "commit"})
+_NAMES = frozenset(f.name for f in fields(Record)) - {"extra"}
+
+
+def _section(name: str, value: object) -> object:
+    """A stored section as ``Record`` holds it, None where it is of the wrong kind: per-run
+    lists as tuples (``runs``, ``parts``, ``itl_ms``)."""
+    if name == "attribution":
+        return value
+    if name in _TEXT:
+        return value if isinstance(value, str) else None
+    if name == "itl_ms":
+        return tuple(tuple(run) if isinstance(run, list) else run for run in value) if isinstance(value, list) else None
+    if not isinstance(value, Mapping):
+        return None
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in value.items()} if name in ("runs", "parts") else value
 
 
 #: Written even when None (a record holds ``"commit": null`` outside a git checkout).

@@ -25,7 +25,7 @@ from ..core.documents import write_output
 from ..core.fingerprint import subject_changes
 from ..core.formats import render_table
 from ..core.progress import task
-from ..core.record import workload_changes
+from ..core.record import Record, workload_changes
 from ..judge.verdict import WINDOW_SESSIONS, Level, Verdict
 from . import changepoints
 from . import database as store
@@ -198,12 +198,12 @@ class Windows:
     #: The line about unreadable rows left out of the windows (``store.read``), else None.
     skipped: str | None = None
 
-    def levels(self, test: str, label: str, entry: Mapping[str, Any]) -> dict[str, list[Level]]:
+    def levels(self, test: str, label: str, entry: Record) -> dict[str, list[Level]]:
         """Per metric, the last ``verdict.WINDOW_SESSIONS`` sessions of this test since the
         baseline ``entry`` was recorded (its ``recorded_at``), with its subject and workload,
         leaving out measurements judged REGRESSION or MACHINE_SLOWER: the window the verdict
         judges against (docs/verdicts.md)."""
-        since = _instant(entry.get("recorded_at") or "")
+        since = _instant(entry.recorded_at or "")
         out: dict[str, list[Level]] = {}
         same: dict[tuple[int, int], bool] = {}  # rows share their parsed subject and workload
         for r in self.rows.get((test, label), ()):
@@ -212,15 +212,13 @@ class Windows:
         return {metric: lv[-WINDOW_SESSIONS:] for metric, lv in out.items()}
 
 
-def _same_subject_and_workload(
-    entry: Mapping[str, Any], r: Mapping[str, Any], memo: dict[tuple[int, int], bool]
-) -> bool:
+def _same_subject_and_workload(entry: Record, r: Mapping[str, Any], memo: dict[tuple[int, int], bool]) -> bool:
     """Whether the row measured the baseline ``entry``'s subject and workload (``memo``: by the
     row's parsed subject and workload objects, which rows share)."""
     key = id(r["subject"]), id(r["workload"])
     if key not in memo:
-        memo[key] = not subject_changes(entry.get("subject") or {}, r["subject"]) and not workload_changes(
-            entry.get("workload") or {}, r["workload"]
+        memo[key] = not subject_changes(entry.subject, r["subject"]) and not workload_changes(
+            entry.workload, r["workload"]
         )
     return memo[key]
 

@@ -32,10 +32,10 @@ from typing import Any
 import numpy as np
 from scipy.stats import norm
 
-from ..core.catalog import stored_at
 from ..core.documents import JSONValue
 from ..core.formats import sig6
 from ..core.measurement import KINDS, PHASES, Attribution, PhaseAttribution, Slice
+from ..core.record import Record
 from ..core.settings import DEFAULT_THRESHOLD
 from ..core.workload import Workload
 from ..engines import times_layers
@@ -469,16 +469,15 @@ def attribute_sides(
     return compare_attributions(got["A"], got["B"], reason=reason, a_name=a_name, b_name=b_name, sides=sides)
 
 
-def record_figures(record: Mapping[str, object]) -> dict[str, float]:
+def record_figures(record: Record) -> dict[str, float]:
     """A stored record's roofline and memory figures, as ``measuring.attribution.side_figures``
     names them."""
-    decode = stored_at(record, "roofline", "decode")
     out = {
-        "decode_bw_gbs": stored_at(decode, "achieved_bw_gbs"),
-        "decode_mbu": None if stored_at(decode, "note") else stored_at(decode, "mbu"),
-        "peak_rss_mib": stored_at(record, "memory", "rss_mib"),
-        "kv_mib": stored_at(record, "memory", "kv_mib"),
-        "compute_mib": stored_at(record, "memory", "compute_mib"),
+        "decode_bw_gbs": record.at("roofline", "decode", "achieved_bw_gbs"),
+        "decode_mbu": None if record.at("roofline", "decode", "note") else record.at("roofline", "decode", "mbu"),
+        "peak_rss_mib": record.at("memory", "rss_mib"),
+        "kv_mib": record.at("memory", "kv_mib"),
+        "compute_mib": record.at("memory", "compute_mib"),
     }
     return {k: v for k, v in out.items() if isinstance(v, (int, float))}
 
@@ -488,13 +487,13 @@ UNREADABLE_FIX = "not compared (a diagnosis, never a gate); re-record the baseli
 
 
 def compare_records(
-    baseline: Mapping[str, object], candidate: Mapping[str, object], threshold: float = DEFAULT_THRESHOLD
+    baseline: Record, candidate: Record, threshold: float = DEFAULT_THRESHOLD
 ) -> AttributionChange | str | None:
     """The baseline's attribution against now's, when both records keep one (a test that asks
     for it: ``attribution=True``); else None; the line why not when the baseline's cannot be
     read (``readable``). A diagnosis beside the verdict, never a gate."""
-    a, b = baseline.get("attribution"), candidate.get("attribution")
-    if "attribution" not in baseline or not isinstance(b, Mapping) or not b:
+    a, b = baseline.attribution, candidate.attribution
+    if a is None or not isinstance(b, Mapping) or not b:
         return None
     base = readable(a)
     if isinstance(base, str):

@@ -13,14 +13,14 @@ import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..baselines import records as reference
 from ..core import catalog
-from ..core.catalog import Metric, stored_at, stored_section
+from ..core.catalog import Metric
 from ..core.documents import JSONValue
-from ..core.fingerprint import hardware_differences, other_hardware_note, subject_changes
-from ..core.record import workload_changes
+from ..core.fingerprint import closest_hardware, other_hardware_note, subject_changes
+from ..core.record import Record, workload_changes
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRESHOLD
 from . import attribution as attributions
 from .parts import PartChange, explained_phases, gated, is_headline, prompt_changes, unpaired_parts
@@ -93,7 +93,7 @@ MEMORY_RULE: dict[str, tuple[float, float]] = {
 }
 
 
-def compare_memory(baseline: Mapping[str, object], candidate: Mapping[str, object]) -> tuple[str, ...]:
+def compare_memory(baseline: Record, candidate: Record) -> tuple[str, ...]:
     """A line for each memory figure of ``MEMORY_RULE`` that both records carry and that grew
     beyond its rule: "KV buffer 2 -> 4 MiB (+100%; llama.cpp log) since the baseline"."""
     lines = []
@@ -106,20 +106,18 @@ def compare_memory(baseline: Mapping[str, object], candidate: Mapping[str, objec
     return tuple(lines)
 
 
-def _rss_over_runs(rec: Mapping[str, object]) -> bool:
+def _rss_over_runs(rec: Record) -> bool:
     """The record's peak RSS covers its runs alone (the engine's process, over the measurement).
     A measured callable's is the pytest process's, which holds whatever the session imported and
     made: not that test's figure (its Llamas' own memory is: llama.cpp's buffers)."""
-    if stored_at(rec, "subject", "engine") == "callable":
+    if rec.subject.get("engine") == "callable":
         return False
-    return stored_at(rec, "memory", "peak_rss_scope") == "measurement"
+    return (rec.memory or {}).get("peak_rss_scope") == "measurement"
 
 
-def _memory_figures(
-    name: str, baseline: Mapping[str, object], candidate: Mapping[str, object]
-) -> tuple[float, float] | None:
+def _memory_figures(name: str, baseline: Record, candidate: Record) -> tuple[float, float] | None:
     """Both records' memory figure ``name`` (MiB), when both carry it as a number."""
-    b, c = (stored_at(r, "memory", name) for r in (baseline, candidate))
+    b, c = (r.at("memory", name) for r in (baseline, candidate))
     if not isinstance(b, (int, float)) or not isinstance(c, (int, float)):
         return None
     return b, c
@@ -137,33 +135,27 @@ def _memory_growth(metric: Metric, b: float, c: float) -> str:
     return f"{metric.label} {b:.6g} -> {c:.6g} MiB ({change}; {source}) since the baseline"
 
 
-def session_levels(rec: Mapping[str, Any]) -> dict[str, Level]:
+def session_levels(rec: Record) -> dict[str, Level]:
     """The record's own session level of each judged metric it carries."""
     out = {}
     for spec in JUDGED:
-        values = rec.get("runs", {}).get(spec.name)
+        values = rec.runs.get(spec.name)
         if values:
             out[spec.name] = level(values, f"{spec.name} of a record")
     return out
 
 
-def history(rec: Mapping[str, Any]) -> dict[str, list[Level]]:
+def history(rec: Record) -> dict[str, list[Level]]:
     """Older recorded sessions' levels (oldest first), without the record's own session."""
-    stored = rec.get("sessions") or {}
+    stored = rec.sessions or {}
     return {name: [Level.from_json(d) for d in stored.get(name, [])] for name in (s.name for s in JUDGED)}
 
 
-def carry_history(
-    old: Mapping[str, object] | None, new: dict[str, JSONValue], keep: int = HISTORY_SESSIONS
-) -> dict[str, JSONValue]:
+def carry_history(old: Record | None, new: Record, keep: int = HISTORY_SESSIONS) -> Record:
     """The record to store when ``new`` replaces ``old``: ``new`` with the levels of the last
     ``keep - 1`` sessions before it, when ``old`` measured the same subject and workload (a
     baseline re-recorded after a change starts its history anew)."""
-    if (
-        not old
-        or workload_changes(stored_section(old, "workload"), stored_section(new, "workload"))
-        or subject_changes(stored_section(old, "subject"), stored_section(new, "subject"))
-    ):
+    if old is None or workload_changes(old.workload, new.workload) or subject_changes(old.subject, new.subject):
         return new
     try:
         older = history(old)
@@ -171,13 +163,15 @@ def carry_history(
     except (KeyError, TypeError, ValueError):
         return new  # an unreadable history is dropped, never guessed
     sessions = _kept_sessions(older, own, keep)
-    return {**new, "sessions": sessions} if sessions else new
+    return dataclasses.replace(new, sessions=sessions) if sessions else new
 
 
-def _kept_sessions(older: Mapping[str, list[Level]], own: Mapping[str, Level], keep: int) -> dict[str, JSONValue]:
+def _kept_sessions(
+    older: Mapping[str, list[Level]], own: Mapping[str, Level], keep: int
+) -> dict[str, list[dict[str, JSONValue]]]:
     """Per judged metric, the last ``keep - 1`` session levels of a replaced record (its older
     ones, then its own), as stored."""
-    sessions: dict[str, JSONValue] = {}
+    sessions: dict[str, list[dict[str, JSONValue]]] = {}
     for name, levels in older.items():
         chain = levels + ([own[name]] if name in own else [])
         if chain and keep > 1:
@@ -186,10 +180,7 @@ def _kept_sessions(older: Mapping[str, list[Level]], own: Mapping[str, Level], k
 
 
 def compare_records(
-    baseline: Mapping[str, object],
-    candidate: Mapping[str, object],
-    settings: CompareSettings,
-    window: Mapping[str, Sequence[Level]] | None = None,
+    baseline: Record, candidate: Record, settings: CompareSettings, window: Mapping[str, Sequence[Level]] | None = None
 ) -> list[Comparison]:
     """Every judged metric both records carry (plus the rate mirrors), decided with Holm over
     ``family_size``. ``window``: per judged metric, the history's sessions of this test since
@@ -198,21 +189,19 @@ def compare_records(
     return judged_records(baseline, candidate, settings, window)[0]
 
 
-def _sound(rec: Mapping[str, object], name: str, side: str) -> tuple[Level | None, list[Level], list[str]]:
+def _sound(rec: Record, name: str, side: str) -> tuple[Level | None, list[Level], list[str]]:
     """One record's session level of ``name`` and its older recorded levels, each only if it is
     one (finite, positive values; a stored level that is a level), and a note per part left out."""
     notes: list[str] = []
-    runs = rec.get("runs")
     own = None
-    if isinstance(runs, Mapping) and name in runs:  # measured: its runs are judged, or named
-        values = runs[name]
+    if name in rec.runs:  # measured: its runs are judged, or named
+        values = rec.runs[name]
         try:
             own = level(values, f"{name} of the {side}")
         except (TypeError, ValueError) as exc:
             notes.append(f"{exc}")
     older: list[Level] = []
-    sessions = rec.get("sessions")
-    stored = sessions.get(name, []) if isinstance(sessions, Mapping) else []
+    stored = (rec.sessions or {}).get(name, [])
     for i, d in enumerate(stored if isinstance(stored, list) else []):
         try:
             older.append(Level.from_json(d))
@@ -222,10 +211,7 @@ def _sound(rec: Mapping[str, object], name: str, side: str) -> tuple[Level | Non
 
 
 def judged_records(
-    baseline: Mapping[str, object],
-    candidate: Mapping[str, object],
-    settings: CompareSettings,
-    window: Mapping[str, Sequence[Level]] | None = None,
+    baseline: Record, candidate: Record, settings: CompareSettings, window: Mapping[str, Sequence[Level]] | None = None
 ) -> tuple[list[Comparison], list[str]]:
     """``compare_records``'s comparisons, and one line per metric (or stored session) left out
     because its values are not finite positive numbers: "cannot judge ...: why; what to do"."""
@@ -267,7 +253,7 @@ def judged_records(
 MIN_REQUEST_PAIRS = 3
 
 
-def request_pairs(baseline: Mapping[str, object], candidate: Mapping[str, object]) -> tuple[int, ...]:
+def request_pairs(baseline: Record, candidate: Record) -> tuple[int, ...]:
     """The runs i at which both records' run i sent the same request of a prompt set with the
     same prompt tokens (``requests``: run i sends ``drawn(set, seed, i)`` on every side, so all
     runs both have, unless the tokenizer changed); none when either record keeps no requests
@@ -279,16 +265,16 @@ def request_pairs(baseline: Mapping[str, object], candidate: Mapping[str, object
     return same if len(same) >= MIN_REQUEST_PAIRS else ()
 
 
-def _sent(rec: Mapping[str, object]) -> list[tuple[object, object]] | None:
+def _sent(rec: Record) -> list[tuple[object, object]] | None:
     """A record's (request, prompt tokens) of each run, where it keeps them."""
-    sent, lengths = stored_at(rec, "requests", "request"), stored_at(rec, "requests", "prompt_tokens")
+    sent, lengths = rec.at("requests", "request"), rec.at("requests", "prompt_tokens")
     if not isinstance(sent, list) or not isinstance(lengths, list):
         return None
     return list(zip(sent, lengths))
 
 
 def _by_request(
-    baseline: Mapping[str, object], candidate: Mapping[str, object], name: str, pairs: Sequence[int], base: Level
+    baseline: Record, candidate: Record, name: str, pairs: Sequence[int], base: Level
 ) -> tuple[Level, Level] | None:
     """(the baseline's level, the candidate's) of ``name`` where runs ``pairs`` sent the same
     request on both sides: the candidate's is the baseline's moved by the level of the pairs'
@@ -305,9 +291,7 @@ def _by_request(
     )
 
 
-def _with_rates(
-    judged: dict[str, Comparison], baseline: Mapping[str, object], candidate: Mapping[str, object]
-) -> list[Comparison]:
+def _with_rates(judged: dict[str, Comparison], baseline: Record, candidate: Record) -> list[Comparison]:
     """The judged comparisons in the catalog's order, each followed where it comes by the rate
     that mirrors it, shown with the rate's own figures (``_rate_figures``), when both records
     carry the rate."""
@@ -326,10 +310,10 @@ def _with_rates(
     return comparisons
 
 
-def _run_values(rec: Mapping[str, object], name: str) -> list[float] | None:
+def _run_values(rec: Record, name: str) -> list[float] | None:
     """The record's per-run values of ``name``, when they are all finite positive numbers."""
-    values = stored_at(rec, "runs", name)
-    if not isinstance(values, list) or not values:
+    values = rec.runs.get(name)
+    if not isinstance(values, tuple) or not values:
         return None
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf for v in values):
         return None
@@ -341,9 +325,7 @@ def _run_values(rec: Mapping[str, object], name: str) -> list[float] | None:
 RECIPROCAL_TOLERANCE = 1e-4
 
 
-def _reciprocal_scale(
-    baseline: Mapping[str, object], candidate: Mapping[str, object], rate: str, time: str
-) -> float | None:
+def _reciprocal_scale(baseline: Record, candidate: Record, rate: str, time: str) -> float | None:
     """``k`` where every run of both records has ``rate = k / time`` (decode TPS = 1000 / TPOT):
     then the rate's level is ``k`` / the time's level, on either side; None where it is not so
     (prefill TPS counts the prompt's tokens over the prefill alone, not over TTFT)."""
@@ -357,7 +339,7 @@ def _reciprocal_scale(
     return k if all(abs(p / k - 1.0) <= RECIPROCAL_TOLERANCE for p in products) else None
 
 
-def _medians(baseline: Mapping[str, object], candidate: Mapping[str, object], name: str) -> tuple[float, float] | None:
+def _medians(baseline: Record, candidate: Record, name: str) -> tuple[float, float] | None:
     """Both records' median of ``name`` (a rate shown beside the metric it mirrors), if both
     carry finite positive numbers for it."""
     out = []
@@ -391,25 +373,25 @@ CPU_WAIT_SHARE = 0.05
 OTHERS_CPU_SHARE = 0.25
 
 
-def _machine_figure(rec: Mapping[str, object], key: str, upper: float = math.inf) -> float | None:
-    value = stored_at(rec, "machine", key)
+def _machine_figure(rec: Record, key: str, upper: float = math.inf) -> float | None:
+    value = rec.at("machine", key)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value) if 0 <= value <= upper else None
 
 
-def steal_share(rec: Mapping[str, object]) -> float | None:
+def steal_share(rec: Record) -> float | None:
     return _machine_figure(rec, "steal_share", 1.0)
 
 
-def machine_signals(baseline: Mapping[str, object], candidate: Mapping[str, object]) -> list[str]:
+def machine_signals(baseline: Record, candidate: Record) -> list[str]:
     """Each sign that the machine, not the subject, was busier during the candidate's runs than
     during the baseline's, as a phrase naming its figure on both sides (none: the machine was
     no busier by anything it reports)."""
     return [phrase for phrase in (sign(baseline, candidate) for sign in MACHINE_SIGNS) if phrase is not None]
 
 
-def _preempted(baseline: Mapping[str, object], candidate: Mapping[str, object]) -> str | None:
+def _preempted(baseline: Record, candidate: Record) -> str | None:
     base_sw, cand_sw = (_machine_figure(r, "involuntary_switches_per_run") for r in (baseline, candidate))
     if cand_sw is None or base_sw is None or cand_sw < CONTENTION_FACTOR * max(base_sw, 1.0):
         return None
@@ -419,7 +401,7 @@ def _preempted(baseline: Mapping[str, object], candidate: Mapping[str, object]) 
     )
 
 
-def _waited_for_cpu(baseline: Mapping[str, object], candidate: Mapping[str, object]) -> str | None:
+def _waited_for_cpu(baseline: Record, candidate: Record) -> str | None:
     base_wait, cand_wait = (_machine_figure(r, "cpu_wait_share", 1.0) for r in (baseline, candidate))
     if cand_wait is None or cand_wait < CPU_WAIT_SHARE or cand_wait - (base_wait or 0.0) < CPU_WAIT_SHARE:
         return None
@@ -429,7 +411,7 @@ def _waited_for_cpu(baseline: Mapping[str, object], candidate: Mapping[str, obje
     )
 
 
-def _others_busy(baseline: Mapping[str, object], candidate: Mapping[str, object]) -> str | None:
+def _others_busy(baseline: Record, candidate: Record) -> str | None:
     base_others, cand_others = (_machine_figure(r, "others_cpu_share", 1.0) for r in (baseline, candidate))
     if cand_others is None or cand_others < OTHERS_CPU_SHARE or cand_others - (base_others or 0.0) < OTHERS_CPU_SHARE:
         return None
@@ -439,7 +421,7 @@ def _others_busy(baseline: Mapping[str, object], candidate: Mapping[str, object]
     )
 
 
-def _stolen(baseline: Mapping[str, object], candidate: Mapping[str, object]) -> str | None:
+def _stolen(baseline: Record, candidate: Record) -> str | None:
     base_steal, cand_steal = steal_share(baseline), steal_share(candidate)
     if cand_steal is None or cand_steal - (base_steal or 0.0) < STEAL_MACHINE_SHARE:
         return None
@@ -451,15 +433,10 @@ def _stolen(baseline: Mapping[str, object], candidate: Mapping[str, object]) -> 
 
 #: The signs ``machine_signals`` reads, in the order it names them: each a phrase naming its
 #: figure on both sides, or None where the figure does not show the machine busier.
-MACHINE_SIGNS: tuple[Callable[[Mapping[str, object], Mapping[str, object]], str | None], ...] = (
-    _preempted,
-    _waited_for_cpu,
-    _others_busy,
-    _stolen,
-)
+MACHINE_SIGNS: tuple[Callable[[Record, Record], str | None], ...] = (_preempted, _waited_for_cpu, _others_busy, _stolen)
 
 
-def machine_blame(baseline: Mapping[str, object], candidate: Mapping[str, object]) -> str | None:
+def machine_blame(baseline: Record, candidate: Record) -> str | None:
     """Why a slowdown is the machine's, not the subject's (None: nothing says so): the signals of
     ``machine_signals``. The reference probe is recorded beside them but decides nothing: on
     this project's VM its drift did not follow llama.cpp's (correlation about 0 over 20 A/A
@@ -482,26 +459,12 @@ def blame_machine(comparisons: list[Comparison], why: str | None) -> list[Compar
     ]
 
 
-def closest_hardware_differences(entries: Mapping[str, object], candidate: Mapping[str, object]) -> list[str]:
-    """The fingerprint fields in which this machine differs from the closest recorded one (the
-    fewest differing fields), as ``other_hardware_note`` names them."""
-    here = candidate.get("hardware")
-    if not isinstance(here, Mapping) or not here:
-        return []
-    diffs = [
-        hardware_differences(hw if isinstance(hw := e.get("hardware"), Mapping) else {}, here)
-        for _, e in sorted(entries.items())
-        if isinstance(e, Mapping)
-    ]
-    return min(diffs, key=len) if diffs else []
-
-
 def judge(
-    entries: Mapping[str, Mapping[str, object]] | None,
+    entries: Mapping[str, Record] | None,
     hardware_key: str,
-    candidate: Mapping[str, object],
+    candidate: Record,
     settings: CompareSettings,
-    window: Callable[[Mapping[str, object]], Mapping[str, Sequence[Level]]] | None = None,
+    window: Callable[[Record], Mapping[str, Sequence[Level]]] | None = None,
 ) -> BaselineVerdict:
     """Find this hardware's entry among a test's baselines and compare, or say why not.
     ``window(entry)``: the history's sessions of this test since ``entry`` was recorded, per
@@ -520,31 +483,33 @@ def judge(
 
 
 def _judge(
-    entries: Mapping[str, Mapping[str, object]] | None,
+    entries: Mapping[str, Record] | None,
     hardware_key: str,
-    candidate: Mapping[str, object],
+    candidate: Record,
     settings: CompareSettings,
-    window: Callable[[Mapping[str, object]], Mapping[str, Sequence[Level]]] | None,
+    window: Callable[[Record], Mapping[str, Sequence[Level]]] | None,
 ) -> BaselineVerdict:
     if not entries:
         return BaselineVerdict(BaselineStatus.NO_BASELINE, "no baseline: run with --llmperf-update-baselines")
     baseline = entries.get(hardware_key)
     if baseline is None:
+        recorded = {k: e.hardware for k, e in entries.items()}
+        closest = closest_hardware(recorded, candidate.hardware) if candidate.hardware else None
         return BaselineVerdict(
             BaselineStatus.OTHER_HARDWARE,
-            other_hardware_note(entries, hardware_key, candidate),
-            changes=tuple(closest_hardware_differences(entries, candidate)),
+            other_hardware_note(recorded, hardware_key, candidate.hardware),
+            changes=tuple(closest[1]) if closest else (),
         )
-    changed = workload_changes(stored_section(baseline, "workload"), stored_section(candidate, "workload"))
+    changed = workload_changes(baseline.workload, candidate.workload)
     if changed:
         return BaselineVerdict(
             BaselineStatus.WORKLOAD_CHANGED,
             f"not comparable: the workload changed since the baseline ({', '.join(changed)}); "
             "re-record with --llmperf-update-baselines",
         )
-    changes = tuple(subject_changes(stored_section(baseline, "subject"), stored_section(candidate, "subject")))
-    changes += prompt_changes(*(stored_at(r, "prompt", "prompt_tokens") for r in (baseline, candidate)))
-    machine = reference.slowdown(baseline.get("reference"), candidate.get("reference"))
+    changes = tuple(subject_changes(baseline.subject, candidate.subject))
+    changes += prompt_changes(*(r.at("prompt", "prompt_tokens") for r in (baseline, candidate)))
+    machine = reference.slowdown(baseline.reference, candidate.reference)
     steal = (steal_share(baseline), steal_share(candidate))
     notes = []
     if steal[0] is not None and steal[0] >= STEAL_MACHINE_SHARE:
@@ -572,10 +537,7 @@ def _judge(
 
 
 def _parts(
-    baseline: Mapping[str, object],
-    candidate: Mapping[str, object],
-    comparisons: Sequence[Comparison],
-    settings: CompareSettings,
+    baseline: Record, candidate: Record, comparisons: Sequence[Comparison], settings: CompareSettings
 ) -> tuple[PartChange, ...]:
     """The parts of each phase against the baseline's runs (``parts.unpaired_parts``; where both
     records keep their requests, on the runs that sent the same request: ``request_pairs``), with
@@ -586,12 +548,12 @@ def _parts(
     between = {phase: c.between_sd for phase, c in headline.items()}
     try:
         parts = unpaired_parts(
-            stored_section(baseline, "parts"),
-            stored_section(candidate, "parts"),
+            baseline.parts or {},
+            candidate.parts or {},
             phase_ms,
             alpha=settings.alpha,
             between_sd=between,
-            sampler=next((str(s) for r in (candidate, baseline) if (s := stored_at(r, "prompt", "sampler"))), ""),
+            sampler=next((str(s) for r in (candidate, baseline) if (s := r.at("prompt", "sampler"))), ""),
             pairs=request_pairs(baseline, candidate),  # a prompt set's: each part on the same requests
         )
         return gated(parts, explained_phases(comparisons))
@@ -599,9 +561,7 @@ def _parts(
         return ()
 
 
-def _layers(
-    baseline: Mapping[str, object], candidate: Mapping[str, object], settings: CompareSettings
-) -> tuple[LayerChange, ...]:
+def _layers(baseline: Record, candidate: Record, settings: CompareSettings) -> tuple[LayerChange, ...]:
     """The per-layer diagnosis (``compare_layers``); none when either record's layer data is not
     numbers that diagnose anything (a diagnosis, not a gate)."""
     try:
@@ -611,7 +571,7 @@ def _layers(
 
 
 def _attribution(
-    baseline: Mapping[str, object], candidate: Mapping[str, object], settings: CompareSettings
+    baseline: Record, candidate: Record, settings: CompareSettings
 ) -> tuple[AttributionChange | None, str | None]:
     """The attribution diagnosis (``judge.attribution.compare_records``), None when either
     record keeps none (a diagnosis, not a gate); and the line that says the baseline's pass

@@ -39,7 +39,7 @@ from ..core.catalog import FIGURES
 from ..core.documents import JSONValue, SchemaViolation, validate
 from ..core.errors import LLMPerfError
 from ..core.measurement import LoadStats, Measurement
-from ..core.record import stored_prompt
+from ..core.record import Record, stored_prompt
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from .attribution import AttributionChange
 from .budgets import BudgetFailure, BudgetStatus
@@ -71,11 +71,7 @@ class LayerChange:
 
 
 def compare_layers(
-    baseline: Mapping[str, object],
-    candidate: Mapping[str, object],
-    *,
-    alpha: float = DEFAULT_ALPHA,
-    threshold: float = DEFAULT_THRESHOLD,
+    baseline: Record, candidate: Record, *, alpha: float = DEFAULT_ALPHA, threshold: float = DEFAULT_THRESHOLD
 ) -> tuple[LayerChange, ...]:
     """Every layer of both phases, baseline vs now; () when either record has no layer data or
     the models' layers differ."""
@@ -87,10 +83,10 @@ def compare_layers(
     )
 
 
-def _matched_phases(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+def _matched_phases(baseline: Record, candidate: Record) -> list[tuple[str, Any, Any]]:
     """(phase, baseline's, candidate's layer timing) of both phases; none when either record has
     no layer data, or a phase's layers differ."""
-    base, cand = baseline.get("layers"), candidate.get("layers")
+    base, cand = baseline.layers, candidate.layers
     if not base or not cand:
         return []
     phases = [(phase, base["phases"].get(phase), cand["phases"].get(phase)) for phase in ("prefill", "decode")]
@@ -409,9 +405,9 @@ class Outcome:
     key: str = ""  # the baseline entry's key, e.g. ``test_decode[q4]#warm``
     baseline_file: str = ""  # relative to the baseline folder
     hardware_key: str = ""
-    record: Mapping[str, Any] | None = None  # the baseline record format (schemas/baselines.schema.json)
+    record: Record | None = None  # the stored record (schemas/baselines.schema.json)
     verdict: BaselineVerdict | None = None
-    baseline_record: Mapping[str, object] | None = None  # the entry the verdict compared against
+    baseline_record: Record | None = None  # the entry the verdict compared against
     #: One line per budget whose CI straddles its limit (undecided: passes, and says so).
     budget_notes: tuple[str, ...] = ()
     #: A measured callable's prompt as llama.cpp saw it and its stream as the caller received it
@@ -485,13 +481,13 @@ class Outcome:
             "key": self.key,
             "baseline_file": self.baseline_file,
             "hardware_key": self.hardware_key,
-            "record": None if self.record is None else dict(self.record),
+            "record": None if self.record is None else self.record.to_json(),
             "budget": self.budget.value,
             "budget_failures": list(self.budget_failures),
             "budget_notes": list(self.budget_notes),
             "breached_budgets": list(self.breached_budgets),
             "verdict": None if self.verdict is None else self.verdict.to_json(),
-            "baseline_record": None if self.baseline_record is None else dict(self.baseline_record),
+            "baseline_record": None if self.baseline_record is None else self.baseline_record.to_json(),
             "budgets": dict(self.budgets),
             "extra_info": dict(self.extra_info),
             "figures": None if self.figures is None else self.figures.to_json(),
@@ -525,9 +521,9 @@ class Outcome:
             d.get("key", ""),
             d.get("baseline_file", ""),
             d.get("hardware_key", ""),
-            d.get("record"),
+            None if (record := d.get("record")) is None else Record.read(record),
             None if verdict is None else BaselineVerdict.from_json(verdict),
-            d.get("baseline_record"),
+            None if (base := d.get("baseline_record")) is None else Record.read(base),
             tuple(d.get("budget_notes", ())),
             dict(d.get("prompt") or {}),
         )

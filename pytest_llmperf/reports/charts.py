@@ -447,7 +447,7 @@ def curves(results: Sequence[Outcome]) -> dict[str, list[Mapping[str, object]]]:
     """``{test function: load records sorted by throughput}`` of the results that have one."""
     groups: dict[str, list[Mapping[str, object]]] = defaultdict(list)
     for r in results:
-        load = (r.record or {}).get("load")
+        load = r.record.load if r.record else None
         if load and load.get("output_tps") is not None:
             groups[_PARAMS.sub("", r.test)].append(load)
     return {k: sorted(v, key=lambda d: (d["concurrency"], d["output_tps"])) for k, v in groups.items()}

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ..core.catalog import BUDGETS, FIGURES, HEADLINE, is_ceiling
 from ..core.documents import output_kind, write_output
 from ..core.formats import fmt
+from ..core.record import Record
 from ..core.settings import usable_cpus
 from ..history.series import Trend, metric_order, steps, table, title, trend_data
 from ..judge.budgets import BudgetState, BudgetStatus
@@ -176,7 +177,7 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], raw: bool = Fa
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def budget_value(record: Mapping[str, object], key: str) -> float | None:
+def budget_value(record: Record, key: str) -> float | None:
     """The statistic a budget key bounds, recomputed from the record (None: not in records)."""
     budget = BUDGETS.get(key)
     return None if budget is None else budget.from_record(record)
@@ -245,13 +246,13 @@ def _now_rows(s: Mapping[str, Any]) -> list[list[str]]:
     return [[FIGURES[k].label, FIGURES[k].unit, "n/a" if s.get(k) is None else fmt(s[k])] for k in NOW_FIGURES]
 
 
-def _env(record: Mapping[str, Any]) -> str:
-    hw, subj = record.get("hardware", {}), record.get("subject", {})
+def _env(record: Record) -> str:
+    hw, subj = record.hardware, record.subject
     items = [
         ("hardware", ", ".join(f"{k} {v}" for k, v in sorted(hw.items()) if v is not None)),
         ("subject", ", ".join(f"{k} {v}" for k, v in sorted(subj.items()) if v is not None)),
-        ("commit", record.get("commit") or "unknown"),
-        ("recorded at", record.get("recorded_at", "?")),
+        ("commit", record.commit or "unknown"),
+        ("recorded at", record.recorded_at if record.recorded_at is not None else "?"),
     ]
     return "<dl>" + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in items) + "</dl>"
 
@@ -273,7 +274,7 @@ def test_section(
     """One test's section; ``trend``: its recent sessions from the history (``Trends``);
     ``against``: the session's ``--llmperf-against`` REF (a test it could not pair is "not compared");
     ``by_request``: its decision's pairs of a prompt set there (``ByRequest``)."""
-    record = result.record or {}
+    record = result.record or Record.read({})
     verdict = result.verdict or NOT_COMPARED
     parts = [
         f'<section class="test" id="test-{index}" data-test="{_e(result.test)}" data-state="{_e(state_of(result)[1])}">',
@@ -296,7 +297,7 @@ def test_section(
     parts += _trace_table(record)
     parts += _lengths_table(record)
     parts += _prompt_table(result)
-    parts += _turns_table(record.get("prompt") or result.prompt)
+    parts += _turns_table(record.prompt or result.prompt)
     plots = _record_plots(index, result) + _by_request_plot(index, result, by_request) + _trend_plot(index, trend)
     parts.append('<div class="plots">' + "".join(plots) + "</div></section>")
     return "\n".join(parts)
@@ -359,7 +360,7 @@ def attribution_html(d: Mapping[str, object] | None) -> list[str]:
 def _workload_notes(result: Outcome, against: str) -> str:
     """What was run (prompt and generated tokens, runs) and what it was judged against."""
     f, ref, verdict = result.figures, result.reference, result.verdict or NOT_COMPARED
-    w = (result.record or {}).get("workload") or (
+    w: Mapping[str, object] = (result.record.workload if result.record else None) or (
         {"prompt_tokens": f.prompt_tokens, "max_tokens": f.output_tokens} if f else {}
     )
     if ref:
@@ -382,7 +383,7 @@ def _counted(value: object, noun: str, missing: str) -> str:
     return missing if value is None or value == "" else f"{value} {noun}"
 
 
-def _test_notes(verdict: BaselineVerdict, record: Mapping[str, Any]) -> list[str]:
+def _test_notes(verdict: BaselineVerdict, record: Record) -> list[str]:
     """The verdict's failures and note, what changed since the baseline, each comparison's
     reach, the stability warnings."""
     notes = list(verdict.failures)
@@ -391,20 +392,20 @@ def _test_notes(verdict: BaselineVerdict, record: Mapping[str, Any]) -> list[str
     if verdict.changes and verdict.status is not BaselineStatus.OTHER_HARDWARE:  # other hardware: the note names them
         notes.append("changed since the baseline: " + ", ".join(verdict.changes))
     notes += [f"{c.phase} {c.label}: {c.reach()}" for c in verdict.comparisons if c.mirror_of is None and c.reach()]
-    return notes + list((record.get("stability") or {}).get("warnings") or [])
+    return notes + list((record.stability.get("warnings") if record.stability else None) or [])
 
 
-def _memory_table(record: Mapping[str, Any]) -> list[str]:
+def _memory_table(record: Record) -> list[str]:
     """The memory and start-up table (memory held, fresh model loads), when the record has them."""
-    held = memory_rows(record["memory"]) if record.get("memory") else []
-    held += load_state_rows(record["model_loads"], figures=True) if record.get("model_loads") else []
+    held = memory_rows(record.memory) if record.memory else []
+    held += load_state_rows(record.model_loads, figures=True) if record.model_loads else []
     return [_table(("memory and start-up", "unit", "value", "source"), held)] if held else []
 
 
-def _trace_table(record: Mapping[str, Any]) -> list[str]:
+def _trace_table(record: Record) -> list[str]:
     """A replayed trace's summary (the stored ``load.trace``): its requests, span and pace, and
     how late the client sent them against their schedule (its own lag)."""
-    t = (record.get("load") or {}).get("trace")
+    t = (record.load or {}).get("trace")
     if not t:
         return []
     n = f"{t['requests']} requests"
@@ -420,9 +421,9 @@ def _trace_table(record: Mapping[str, Any]) -> list[str]:
     return [_table(("trace replay, open loop", "unit", "value", "sample"), rows)]
 
 
-def _lengths_table(record: Mapping[str, Any]) -> list[str]:
+def _lengths_table(record: Record) -> list[str]:
     """TTFT and prefill by prompt length (a prompt set whose lengths vary), with its rule's line."""
-    lengths = record.get("prompt_lengths")
+    lengths = record.prompt_lengths
     rows = length_rows(lengths)
     note = length_note(lengths)
     return (
@@ -470,12 +471,12 @@ def _turn_tokens(t: Mapping[str, object]) -> str:
 
 def _record_plots(index: int, result: Outcome) -> list[str]:
     """The record's charts (``record_charts.charts_for``), each against the baseline and budgets."""
-    record = result.record or {}
+    record = result.record or Record.read({})
     plots = []
     for n, (fig_id, caption, fn) in enumerate(record_charts.charts_for(record)):
         svg = charts.render(fn, record, result.baseline_record, result.budgets)
-        if fig_id == "layer-bars" and record["layers"].get("outlier_rule"):
-            caption += f"; outlier layers in red: {record['layers']['outlier_rule']}"
+        if fig_id == "layer-bars" and record.layers and record.layers.get("outlier_rule"):
+            caption += f"; outlier layers in red: {record.layers['outlier_rule']}"
         plots.append(_chart_html(fig_id, caption, svg, f"t{index}f{n}-"))
     return plots
 

@@ -2,8 +2,8 @@
 per-token timeline and, for a profiled test (``layers=True``: ``record["layers"]``,
 ``record["roofline"]``), time per layer and the roofline; ``charts_for`` lists them in page order.
 
-Each function takes the session report's plain dicts (a record, its baseline record, the
-marker's budgets) and returns a matplotlib Figure, so ``llmperf report`` draws from a saved
+Each function takes a test's record and its baseline's (``core.record.Record``) and the
+marker's budgets and returns a matplotlib Figure, so ``llmperf report`` draws from a saved
 ``--llmperf-json`` file exactly what the plugin draws. Budgets are red dash-dot lines."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..core.catalog import BUDGETS, METRICS, pooled_itl
+from ..core.record import Record
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -24,9 +25,10 @@ if TYPE_CHECKING:
 from .charts import BASELINE, BUDGET, FIRST_RUN, NOW, WIDTH_IN, budget_label, chart_row, new_chart, plain_log
 
 
-def layer_bars(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, budgets: Mapping[str, float]) -> Figure:
+def layer_bars(record: Record, baseline: Record | None, budgets: Mapping[str, float]) -> Figure:
     """Median time per layer and phase, now vs baseline; outlier layers named in red."""
-    phases = record["layers"]["phases"]
+    assert record.layers is not None  # charts_for: only a record with layers
+    phases = record.layers["phases"]
     names = [p for p in ("prefill", "decode") if p in phases]
     n_rows = max(len(phases[p]["names"]) for p in names)
     longest = max(len(n) for p in names for n in phases[p]["names"])
@@ -36,7 +38,7 @@ def layer_bars(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, bu
     fig, axes = chart_row(
         1.2 + 0.2 * n_rows, len(names), width_in=width, margins_in=(label_in, 0.8, 0.2, 0.3), wspace=label_in / axes_in
     )
-    base_phases = ((baseline or {}).get("layers") or {}).get("phases", {})
+    base_phases = baseline.layers["phases"] if baseline is not None and baseline.layers else {}
     for ax, phase in zip(axes, names):
         _layer_panel(ax, phase, phases[phase], base_phases.get(phase))
     handles, labels = axes[0].get_legend_handles_labels()
@@ -64,13 +66,19 @@ def _layer_panel(ax: Axes, phase: str, now: PhaseLayersJson, base: PhaseLayersJs
     ax.grid(axis="y", visible=False)
 
 
-def roofline(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, budgets: Mapping[str, float]) -> Figure:
+def roofline(record: Record, baseline: Record | None, budgets: Mapping[str, float]) -> Figure:
     """Achieved vs attainable performance per phase on the machine's roofline."""
-    rf = record["roofline"]
+    rf = record.roofline
+    assert rf is not None  # charts_for: only a record with a roofline
     fig, ax = new_chart(3.6, margins_in=(0.62, 1.2, 0.15, 0.3))
     bw, peak = rf["peak_bw_gbs"], rf["peak_tflops"] * 1000  # GB/s, GFLOP/s
-    points = [(p, rf[p]) for p in ("prefill", "decode") if isinstance(rf.get(p), Mapping)]
-    intensities = [d["intensity_flop_per_byte"] for _, d in points] + [peak / bw]
+    base = baseline.roofline if baseline is not None else None
+    phases = (
+        ("prefill", rf.get("prefill"), base.get("prefill") if base else None),
+        ("decode", rf.get("decode"), base.get("decode") if base else None),
+    )
+    points = [(p, d, b) for p, d, b in phases if isinstance(d, Mapping)]
+    intensities = [d["intensity_flop_per_byte"] for _, d, _ in points] + [peak / bw]
     x = np.logspace(np.log10(min(intensities) / 4), np.log10(max(intensities) * 4), 200)
     ax.plot(
         x,
@@ -90,9 +98,8 @@ def roofline(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, budg
             lw=1.2,
             label=budget_label("min_mbu", budgets["min_mbu"], "of peak bandwidth"),
         )
-    base_rf = (baseline or {}).get("roofline") or {}
-    for phase, d in points:
-        _roofline_phase(ax, phase, d, base_rf.get(phase))
+    for phase, d, b in points:
+        _roofline_phase(ax, phase, d, b)
     ax.set_xscale("log")
     ax.set_yscale("log")
     plain_log(ax.xaxis)
@@ -148,7 +155,7 @@ ECDF_POINTS = 160
 ITL_BUDGETS = {b.key: b.statistic for b in BUDGETS.values() if b.metric == "itl_ms"}
 
 
-def _pooled(record: Mapping[str, object] | None) -> np.ndarray:
+def _pooled(record: Record | None) -> np.ndarray:
     return np.asarray(pooled_itl(record), dtype=float)
 
 
@@ -161,9 +168,7 @@ def _ecdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ordered, fraction
 
 
-def itl_ecdf(
-    record: Mapping[str, object], baseline: Mapping[str, object] | None, budgets: Mapping[str, float]
-) -> Figure:
+def itl_ecdf(record: Record, baseline: Record | None, budgets: Mapping[str, float]) -> Figure:
     """Pooled decode ITL, ECDF now vs baseline, p50/p95/p99 marked on each curve."""
     fig, ax = new_chart(2.7, reuse=True)
     sides = [("baseline", baseline, BASELINE, "s"), ("now", record, NOW, "o")]
@@ -234,11 +239,11 @@ def _strip(ax: Axes, runs: Sequence[Sequence[float] | None], colours: Sequence[s
     ax.set_xlim(-0.6, len(names) - 0.4)
 
 
-def run_strips(record: Mapping[str, Any], baseline: Mapping[str, Any] | None, budgets: Mapping[str, float]) -> Figure:
+def run_strips(record: Record, baseline: Record | None, budgets: Mapping[str, float]) -> Figure:
     """Per-run TTFT and TPOT, baseline vs now (dots = runs, bar = median)."""
     fig, (left, right) = chart_row(2.6, 2, margins_in=(0.62, 0.45, 0.1, 0.3), wspace=0.45, reuse=True)
-    base = (baseline or {}).get("runs", {})
-    now = record.get("runs", {})
+    base = baseline.runs if baseline is not None else {}
+    now = record.runs
     names = ["baseline", "now"] if baseline else ["now"]
     colours = [BASELINE, NOW] if baseline else [NOW]
     # Each panel: a metric's runs and every budget bounding it; a decode TPS floor is a TPOT
@@ -282,9 +287,7 @@ def _budget_line(ax: Axes, key: str, value: float, y: float) -> None:
     )
 
 
-def token_timeline(
-    record: Mapping[str, object], baseline: Mapping[str, object] | None, budgets: Mapping[str, float]
-) -> Figure:
+def token_timeline(record: Record, baseline: Record | None, budgets: Mapping[str, float]) -> Figure:
     """Latency of every output token by position: token 1 is the TTFT, then the ITLs.
 
     The first token (prefill) and the first measured run (warm-up effects) stand out; the
@@ -292,7 +295,7 @@ def token_timeline(
     """
     fig, ax = new_chart(3.2, margins_in=(0.62, 0.9, 0.15, 0.3), reuse=True)
     for name, rec, colour in (("baseline", baseline, BASELINE), ("now", record, NOW)):
-        if rec and rec.get("itl_ms"):
+        if rec is not None and rec.itl_ms:
             _timeline_side(ax, name, rec, colour)
     for key in ITL_BUDGETS:
         if key in budgets:
@@ -308,12 +311,12 @@ def token_timeline(
     return fig
 
 
-def _timeline_side(ax: Axes, name: str, rec: Mapping[str, Any], colour: str) -> None:
+def _timeline_side(ax: Axes, name: str, rec: Record, colour: str) -> None:
     """One side's median latency by position (with its slope) and its TTFT marker; for now,
     also the p10-p90 band of its runs and its first measured run."""
-    runs = [np.asarray(r, dtype=float) for r in rec["itl_ms"]]
+    runs = [np.asarray(r, dtype=float) for r in rec.itl_ms or ()]
     n = min(len(r) for r in runs)
-    ttft = rec.get("runs", {}).get("ttft_ms")
+    ttft = rec.runs.get("ttft_ms")
     matrix = np.stack([r[:n] for r in runs])
     position = np.arange(2, n + 2)
     median = np.median(matrix, axis=0)
@@ -337,20 +340,17 @@ def _timeline_side(ax: Axes, name: str, rec: Mapping[str, Any], colour: str) -> 
         )
 
 
-def _by_length(rec: Mapping[str, Any] | None) -> tuple[np.ndarray, np.ndarray] | None:
+def _by_length(rec: Record | None) -> tuple[np.ndarray, np.ndarray] | None:
     """A record's (prompt tokens, TTFT ms) of each run, where it keeps both for every run (a prompt set's)."""
-    lengths = ((rec or {}).get("requests") or {}).get("prompt_tokens")
-    ttft = ((rec or {}).get("runs") or {}).get("ttft_ms")
-    if not lengths or not ttft or len(lengths) != len(ttft):
+    lengths = rec.at("requests", "prompt_tokens") if rec is not None else None
+    ttft = rec.runs.get("ttft_ms") if rec is not None else None
+    if not isinstance(lengths, list) or not lengths or not ttft or len(lengths) != len(ttft):
         return None
     return np.asarray(lengths, dtype=float), np.asarray(ttft, dtype=float)
 
 
 def ttft_by_length(
-    record: Mapping[str, object],
-    baseline: Mapping[str, object] | None,
-    budgets: Mapping[str, float],
-    names: tuple[str, str] = ("baseline", "now"),
+    record: Record, baseline: Record | None, budgets: Mapping[str, float], names: tuple[str, str] = ("baseline", "now")
 ) -> Figure:
     """TTFT of every run against its prompt's length, baseline and now (a prompt set: TTFT grows
     with the prompt), each side's median per length joined; axes logarithmic where they span
@@ -390,11 +390,13 @@ def ttft_by_request(pairs: Mapping[str, Any], budgets: Mapping[str, float]) -> F
     return ttft_by_length(current, ref, budgets, names=("REF", "this tree"))
 
 
-def request_sides(pairs: Mapping[str, Any] | None) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+def request_sides(pairs: Mapping[str, Any] | None) -> tuple[Record, Record]:
     """REF's and this tree's runs of ``by_request`` as records' ``requests`` and ``runs`` (what
     ``ttft_by_length`` reads)."""
     sides = [(pairs or {}).get(name) for name in ("REF", "current")]
-    ref, current = ({"requests": side, "runs": side} if isinstance(side, Mapping) else {} for side in sides)
+    ref, current = (
+        Record.read({"requests": side, "runs": side} if isinstance(side, Mapping) else {}) for side in sides
+    )
     return ref, current
 
 
@@ -432,8 +434,8 @@ CHARTS = (
 )
 
 
-def charts_for(record: Mapping[str, object]) -> Iterator[tuple[str, str, Any]]:
+def charts_for(record: Record) -> Iterator[tuple[str, str, Any]]:
     """The charts a record has data for: (id, caption, function)."""
     for fig_id, caption, fn, needs in CHARTS:
-        if record.get(needs):
+        if record.at(needs):
             yield fig_id, caption, fn

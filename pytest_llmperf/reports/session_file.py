@@ -51,7 +51,7 @@ def write_baselines(
     by_file: dict[str, dict[str, dict[str, dict[str, JSONValue]]]] = defaultdict(dict)
     for r in results:
         if r.record is not None:
-            by_file[r.baseline_file].setdefault(r.key, {})[r.hardware_key] = dict(r.record)
+            by_file[r.baseline_file].setdefault(r.key, {})[r.hardware_key] = r.record.to_json()
     written = []
     for rel, entries in sorted(by_file.items()):
         path = baseline_dir / rel
@@ -239,7 +239,7 @@ def change_cells(c: Comparison, paired: bool) -> tuple[str, str]:
 def summary_values(r: Outcome) -> Mapping[str, Any]:
     """The headline figures: the record's ``summary``, or (judged against REF: no record) the
     figures as measured."""
-    return (r.record or {}).get("summary") or (r.figures.values() if r.figures is not None else {})
+    return (r.record.summary if r.record else None) or (r.figures.values() if r.figures is not None else {})
 
 
 def comparison_rows(results: Iterable[Outcome]) -> list[list[str]]:

@@ -9,13 +9,14 @@ import functools
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from ..baselines import store, tracked
 from ..baselines.store import BaselineError
 from ..core.documents import JSONValue
 from ..core.fingerprint import Fingerprint, hardware, subject
 from ..core.progress import current
+from ..core.record import Record
 from ..engines import times_layers
 from .options import SessionSettings
 
@@ -49,7 +50,7 @@ class Assessor:
         self.settings = settings
         self.started_at = started_at
         self.fingerprint_hook = fingerprint_hook
-        self.baselines_read: dict[Path, store.Tests | BaselineError] = {}
+        self.baselines_read: dict[Path, dict[str, dict[str, Record]] | BaselineError] = {}
         self.fingerprints: dict[EngineInfo, Fingerprint] = {}
         self.hardware: dict[str, JSONValue] | None = None
         self.peaks: tuple[Peak, Peak] | None = None
@@ -95,10 +96,10 @@ class Assessor:
             self.fingerprints[key] = Fingerprint(hw, subj)
         return self.fingerprints[key]
 
-    def baselines(self, path: Path) -> dict[str, Any]:
+    def baselines(self, path: Path) -> dict[str, dict[str, Record]]:
         if path not in self.baselines_read:
             try:
-                self.baselines_read[path] = store.load(path)
+                self.baselines_read[path] = store.load_records(path)
             except BaselineError as exc:
                 self.baselines_read[path] = exc
         loaded = self.baselines_read[path]
@@ -112,18 +113,18 @@ class Assessor:
         """The judged part of the outcome of ``m`` (test ``nodeid`` in file ``module``): its
         record, baseline file and entry and, unless only budgets gate, its verdict against the
         stored baseline (``Measurer`` adds its figures and budgets)."""
-        from ..baselines.records import record
+        from ..baselines.records import stored
         from ..judge.regression import CompareSettings
         from ..judge.result import Outcome
 
         s = self.settings
         fp = self.fingerprint(m)
-        rec = record(m, fp, commit=commit(s.rootdir), recorded_at=self.started_at)
+        rec = stored(m, fp, commit=commit(s.rootdir), recorded_at=self.started_at)
         if s.compare or s.update_baselines:
             from ..measuring.roofline import probe_reference
 
             current().step("the machine's reference figure (a BLAS probe)")
-            rec["reference"] = probe_reference()  # after the runs: never inside a timed region
+            rec = dataclasses.replace(rec, reference=probe_reference())  # after the runs: never inside a timed region
             current().step("judging")
         rel = module_path(module, s.rootdir)
         path = store.module_file(s.baseline_dir, rel)
@@ -138,7 +139,7 @@ class Assessor:
         return self._judged(assessment, rec, nodeid, m.label or "", path, rel, settings)
 
     def _judged(
-        self, a: Outcome, rec: dict[str, Any], nodeid: str, label: str, path: Path, rel: str, settings: CompareSettings
+        self, a: Outcome, rec: Record, nodeid: str, label: str, path: Path, rel: str, settings: CompareSettings
     ) -> Outcome:
         """``a`` with its verdict against its entry in the baseline file ``path`` (module ``rel``),
         the history's levels of the test beside it, and the entry it was compared against."""
