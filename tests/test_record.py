@@ -99,6 +99,18 @@ def test_a_record_is_written_by_the_type_in_todays_order_and_read_back() -> None
     assert r.to_json() == rec and list(r.to_json()) == list(rec)
 
 
+def test_a_record_reads_as_the_mapping_a_hook_read_before_it_was_typed() -> None:
+    """``result.record["summary"]`` in a ``pytest_llmperf_result`` hook (a dict before the
+    record was typed) reads the stored form still: a read-only mapping of ``to_json``."""
+    m = _measurement()
+    r = stored(m, Fingerprint({"cpu": "c"}, subject(m.engine)), commit=None, recorded_at="now")
+    rec = r.to_json()
+    assert dict(r) == rec and list(r) == list(rec) and len(r) == len(rec)
+    assert r["summary"] == rec["summary"] and r.get("layers") is None and "memory" in r
+    with pytest.raises(KeyError):
+        r["no such section"]
+
+
 def test_from_json_checks_the_schema_first() -> None:
     m = _measurement()
     rec = stored(m, Fingerprint({}, subject(m.engine)), commit="abc", recorded_at="now").to_json()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, TypeAlias, TypedDict
 
@@ -161,9 +161,12 @@ class StoredRequests(TypedDict):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Record:
+class Record(Mapping[str, JSONValue]):
     """One stored measurement (module docstring). The fields are the stored keys in the order
-    they are written; a section the measurement did not have is None (and not written)."""
+    they are written; a section the measurement did not have is None (and not written). It is
+    also a read-only mapping of its stored form (``record["summary"]``, ``dict(record)``: what
+    ``to_json`` gives), as a ``pytest_llmperf_result`` hook read ``result.record`` before it was
+    typed."""
 
     recorded_at: str | None = None
     commit: str | None = None
@@ -262,6 +265,15 @@ class Record:
         names = [f.name for f in fields(self)]
         first, last = names.index("stability"), names.index("machine")
         return {k: v for k, v in self.to_json().items() if k in names[first : last + 1]}
+
+    def __getitem__(self, key: str) -> JSONValue:
+        return self.to_json()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_json())
+
+    def __len__(self) -> int:
+        return len(self.to_json())
 
     def to_json(self) -> dict[str, JSONValue]:
         """The stored form: every field that is not None, in order, then ``extra``."""
