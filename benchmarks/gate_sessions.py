@@ -55,9 +55,9 @@ def session(root: Path, args: argparse.Namespace, out: Path) -> dict:
     ]
     started = time.monotonic()
     proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=3600, check=False)
-    if not out.exists():
-        print(proc.stdout[-3000:], proc.stderr[-3000:])
-        raise SystemExit(f"session wrote no JSON (exit {proc.returncode})")
+    if not out.exists():  # said, and the next session goes on (a crashed session is not a row)
+        print(proc.stdout[-3000:], proc.stderr[-3000:], f"session wrote no JSON (exit {proc.returncode})")
+        return {"results": [], "_exit": proc.returncode, "_wall_s": time.monotonic() - started}
     doc = json.loads(out.read_text())
     doc["_exit"], doc["_wall_s"] = proc.returncode, time.monotonic() - started
     return doc
