@@ -62,7 +62,7 @@ from pytest_llmperf.measuring.interleave import Interleaved, turns
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from against_sessions import load  # scripts beside this one
 from against_stopping import stopped
-from gate_sessions import keep, summary
+from gate_sessions import keep, session_plan, summary
 
 WAYS = ("token", "run")
 #: The metrics whose CIs are counted: TTFT (prefill) and TPOT (decode).
@@ -187,9 +187,8 @@ def run_all(args: argparse.Namespace, cases: list[str], ways: list[str]) -> list
         f"{cases}, ways {ways}; load {load()}; pid {os.getpid()}",
         flush=True,
     )
-    plan = [(c, s) for s in range(args.sessions * max(args.aa_factor, 1)) for c in cases]
     rows: list[dict] = []
-    for case, s in [(c, s) for c, s in plan if c == "aa" or s < args.sessions]:
+    for case, s in session_plan(cases, args.sessions, args.aa_factor, aa="aa"):
         for way in ways:
             w = Workload(
                 prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, runs=args.pairs, warmup=1, seed=s

@@ -168,9 +168,7 @@ def main() -> int:
             f"pid {os.getpid()}",
             flush=True,
         )
-        plan = [(c, s) for s in range(args.sessions * max(args.aa_factor, 1)) for c in changes]
-        plan = [(c, s) for c, s in plan if c == 0 or s < args.sessions]
-        for change, s in plan:
+        for change, s in session_plan(changes, args.sessions, args.aa_factor, aa=0.0):
             doc = session(roots[change], args, Path(tmp) / f"s-{change:g}-{s}.json")
             row = row_of(doc, change, s + 1)
             if row is None:
@@ -179,6 +177,13 @@ def main() -> int:
             keep(row, rows, args.jsonl)
     summary(rows, args.threshold)
     return 0
+
+
+def session_plan(cases: list, sessions: int, aa_factor: int, aa: object) -> list[tuple]:
+    """(case, session index) in the order they run: the cases alternating session by session, the
+    A/A case (``aa``) ``aa_factor`` times as many sessions as each change."""
+    plan = [(c, s) for s in range(sessions * max(aa_factor, 1)) for c in cases]
+    return [(c, s) for c, s in plan if c == aa or s < sessions]
 
 
 def keep(row: dict, rows: list[dict], jsonl: Path | None) -> None:
