@@ -209,8 +209,8 @@ def _futile_case(verdict: Verdict, ratio: float, se: float, df: float, n: int, r
 
 
 def test_futility_stops_what_the_cap_cannot_settle_once_the_spread_is_known() -> None:
-    """At a 1% threshold, a TTFT whose 95% CI would still reach past 1% at the cap of 60 pairs
-    (UNCHANGED), or that needs more pairs than the cap and leans slower by less than half the
+    """At a 1% threshold, a TTFT whose 95% CI would still reach past 1% and hold 1 at the cap of
+    60 pairs (UNCHANGED; one whose CI there would exclude 1 goes on), or that needs more pairs than the cap and leans slower by less than half the
     threshold (INCONCLUSIVE), stops the pairs; not while its spread rests on a few process
     pairs (df below 4: the t quantile of 2 process pairs is 12.7), not without a cap, and never
     one that leans slower (+1% may be a REGRESSION: the pairs go on)."""
@@ -219,6 +219,8 @@ def test_futility_stops_what_the_cap_cannot_settle_once_the_spread_is_known() ->
     assert needs_more_pairs(wide) is not None and needs_more_pairs(wide, 60) is None
     narrowing = _futile_case(u, 1.002, 0.0045, 9, 30)  # CI past 1% at 30 pairs; about 0.66% + 0.2% at 60: within
     assert needs_more_pairs(narrowing, 60) is not None
+    found = _futile_case(u, 1.006, 0.004, 9, 30)  # +0.6%: past 1% at 60 pairs, but its CI there excludes 1
+    assert needs_more_pairs(found, 60) is not None  # a change within the threshold, found at the cap: go on
     early = _futile_case(u, 1.002, 0.02, 1, 10)  # 2 process pairs: nothing known yet
     assert needs_more_pairs(early, 60) is not None
     hopeless = _futile_case(i, 1.003, 0.01, 9, 30, runs_needed=150)

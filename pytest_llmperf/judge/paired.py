@@ -508,8 +508,10 @@ def needs_more_pairs(c: Comparison, cap: int | None = None) -> str | None:
       with pairs that cannot decide), nor the pairs left before the ``cap`` (it needs more pairs
       than the cap, and leans slower by less than half the threshold: a slowdown is not in
       sight, and the cap would end it INCONCLUSIVE all the same: futility);
-    - UNCHANGED whose CI, narrowed as the square root of the pairs, would still reach past the
-      threshold at the ``cap``: the verdict stands, and the pairs left cannot show more (futility).
+    - UNCHANGED whose CI, narrowed as the square root of the pairs, would at the ``cap`` still
+      reach past the threshold and still hold 1: the verdict stands, and the pairs left can show
+      neither equivalence nor a change within the threshold (futility). One whose CI at the cap
+      would exclude 1 goes on: a +1% change at a 1% threshold is found there, not hidden.
 
     Otherwise (an UNCHANGED whose CI holds 1 and reaches past the threshold: a change of a few
     percent could hide in it; an INCONCLUSIVE that more pairs may decide) it says why."""
@@ -526,8 +528,10 @@ def needs_more_pairs(c: Comparison, cap: int | None = None) -> str | None:
     if c.verdict is not Verdict.UNCHANGED or c.ci_low is None or c.ci_high is None:
         return None
     why = _unchanged_needs_more(c.ci_low, c.ci_high, c.threshold)
-    if why is not None and cap is not None and _known(c) and not _within_by(c, cap):
-        return None  # the CI would still reach past the threshold at the cap: futility
+    if why is not None and cap is not None and _known(c):
+        half, estimate = _half_at(c, cap), abs(math.log(c.ratio))
+        if estimate + half >= math.log1p(c.threshold) and estimate <= half:
+            return None  # at the cap the CI would still reach past the threshold and hold 1: futility
     return why
 
 
@@ -541,13 +545,12 @@ def _known(c: Comparison) -> bool:
     return c.df is None or c.df >= FUTILITY_MIN_DF
 
 
-def _within_by(c: Comparison, cap: int) -> bool:
-    """Whether ``c``'s 95% CI at the ``cap`` would lie within the threshold: its standard error
+def _half_at(c: Comparison, cap: int) -> float:
+    """The half-width (log scale) ``c``'s 95% CI would have at the ``cap``: its standard error
     narrowed as sqrt(pairs), its degrees of freedom grown with them (a process pair per block)."""
     n = max(c.n_candidate, 1)
     df = (c.df if c.df is not None else math.inf) + 1.0
-    half = t_quantile(df * max(cap, n) / n - 1.0, 1.0 - (1.0 - CI_LEVEL) / 2.0) * c.se_log * math.sqrt(n / max(cap, n))
-    return abs(math.log(c.ratio)) + half < math.log1p(c.threshold)
+    return t_quantile(df * max(cap, n) / n - 1.0, 1.0 - (1.0 - CI_LEVEL) / 2.0) * c.se_log * math.sqrt(n / max(cap, n))
 
 
 def _unchanged_needs_more(low: float, high: float, threshold: float) -> str | None:
