@@ -114,7 +114,7 @@ def judged_pairs(a_runs, b_runs, **kw):
 
 paired.judged_pairs = judged_pairs
 if os.environ.get("LLMPERF_BENCH_ALL_PAIRS") == "1":
-    paired.pairs_settled = lambda comparisons: None
+    paired.pairs_settled = lambda comparisons, *rest: None
 """
 TEST_MODEL = """import pytest
 

@@ -108,7 +108,7 @@ def stopped(rule: str, a: list, b: list, runs: int = 20, threshold: float = 0.05
         if rule == "before":
             stop = not any(_before_open(c) for c in judged)
         else:
-            stop = pairs_settled(comps) is not None or (rule == "early" and _early_regression(judged))
+            stop = pairs_settled(comps, cap, looks) is not None or (rule == "early" and _early_regression(judged))
         if stop or n >= cap:
             return n, {c.metric: c for c in judged}, open_by
         test = _before_open if rule == "before" else needs_more_pairs

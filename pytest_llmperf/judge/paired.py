@@ -88,15 +88,16 @@ class PairedComparison:
         )
 
 
-def paired(metric: str, a: Sequence[float], b: Sequence[float]) -> PairedComparison:
-    """B against A from per-pair values (same length, pair i = A's run i and B's run i)."""
+def paired(metric: str, a: Sequence[float], b: Sequence[float], ci_level: float = CI_LEVEL) -> PairedComparison:
+    """B against A from per-pair values (same length, pair i = A's run i and B's run i); the CI at
+    ``ci_level`` (``repeated_level`` where the pairs are looked at more than once)."""
     if len(a) != len(b):
         raise ValueError(f"{metric}: {len(a)} A runs but {len(b)} B runs; pairs need both")
     label, phase, unit, _ = PAIRED_METRICS[metric]
     # The log ratio of each pair (a difference of logs: a quotient of extreme values overflows).
     d = np.log(positive_values(f"{metric} B", b)) - np.log(positive_values(f"{metric} A", a))
     spread = log_level(d).spread
-    estimate, low, high = location_ci(d)
+    estimate, low, high = location_ci(d, ci_level)
     return PairedComparison(
         metric=metric,
         label=label,
@@ -113,11 +114,11 @@ def paired(metric: str, a: Sequence[float], b: Sequence[float]) -> PairedCompari
     )
 
 
-def location_ci(d: np.ndarray) -> tuple[float, float, float]:
+def location_ci(d: np.ndarray, ci_level: float = CI_LEVEL) -> tuple[float, float, float]:
     """The Hodges-Lehmann location of per-pair differences ``d`` (the median of their Walsh
-    averages) and its exact Wilcoxon signed-rank CI at ``CI_LEVEL``: (estimate, low, high)."""
+    averages) and its exact Wilcoxon signed-rank CI at ``ci_level``: (estimate, low, high)."""
     walsh = _walsh(d)
-    c = _lower_index(d.size, 1.0 - CI_LEVEL)
+    c = _lower_index(d.size, 1.0 - ci_level)
     return float(np.median(walsh)), float(walsh[c]), float(walsh[walsh.size - 1 - c])
 
 
@@ -160,6 +161,27 @@ def _lower_index(n: int, alpha: float) -> int:
         return max(math.floor(mean + float(ndtri(alpha / 2.0)) * sd - 0.5), 0)
     cdf = _null_cdf(n)
     return max(int(np.searchsorted(cdf, alpha / 2.0, side="right")) - 1, 0)
+
+
+#: Pocock's constants for a 95% level (Jennison & Turnbull, "Group Sequential Methods with
+#: Applications to Clinical Trials", 2000, table 2.1; checked by tests/test_against_stopping.py
+#: against the multivariate normal): the z that a normal statistic looked at K times, at equally
+#: spaced information, stays within at all K looks with probability 95% (K = 1, 2, ...).
+POCOCK_95 = (1.960, 2.178, 2.289, 2.361, 2.413, 2.453, 2.485, 2.512, 2.535, 2.555, 2.572, 2.588)
+
+
+def repeated_level(looks: int) -> float:
+    """The level each look's CI is taken at so that the CIs of all ``looks`` looks hold the true
+    ratio together with probability ``CI_LEVEL`` (95%): a repeated confidence interval (Jennison &
+    Turnbull 1989) with Pocock's constant, so the CI of the look the pairs stopped at is a 95% CI
+    whichever look that was (6 looks: 98.6% each). A 95% CI at every look would not be: a stop
+    when the CI first lies within the threshold picks the looks whose spread came out small, and
+    unchanged code then ended with a CI excluding 1 in about 8% of sessions. More looks than the
+    table: Bonferroni's z (wider, never narrower). One look: ``CI_LEVEL``."""
+    if looks <= 1:
+        return CI_LEVEL
+    z = POCOCK_95[looks - 1] if looks <= len(POCOCK_95) else float(ndtri(1.0 - (1.0 - CI_LEVEL) / (2.0 * looks)))
+    return float(2.0 * ndtr(z) - 1.0)
 
 
 def _signed_rank_p(d: np.ndarray) -> float:
@@ -285,9 +307,9 @@ def pair_levels(
     return tuple(out)
 
 
-def two_level_ci(parts: Sequence[np.ndarray]) -> TwoLevel:
+def two_level_ci(parts: Sequence[np.ndarray], ci_level: float = CI_LEVEL) -> TwoLevel:
     """The log ratio's location over process pairs ``parts`` (each its pairs' log ratios) and its
-    CI at ``CI_LEVEL`` from the top level of a two-level random-effects model (Kalibera & Jones,
+    CI at ``ci_level`` from the top level of a two-level random-effects model (Kalibera & Jones,
     "Rigorous benchmarking in reasonable time"): each process pair's Hodges-Lehmann location is
     one observation of the change plus its processes' offset plus its pairs' noise, so the CI is
     Student's t over those k locations (k - 1 degrees of freedom), whatever share each level has.
@@ -303,7 +325,7 @@ def two_level_ci(parts: Sequence[np.ndarray]) -> TwoLevel:
     if not se > 0:  # one process pair, or all alike: the pairs' own test (``_two_levels``) is the bound
         greater, less = (0.0, 1.0) if estimate > 0 else (1.0, 0.0) if estimate < 0 else (1.0, 1.0)
         return TwoLevel(estimate, estimate, estimate, 0.0, greater, less, df)
-    q = t_quantile(df, 1.0 - (1.0 - CI_LEVEL) / 2.0)
+    q = t_quantile(df, 1.0 - (1.0 - ci_level) / 2.0)
     score = estimate / se
     return TwoLevel(
         estimate, estimate - q * se, estimate + q * se, se, float(stdtr(df, -score)), float(stdtr(df, score)), df
@@ -366,19 +388,24 @@ def judged_pairs(
     tests; the standard error the pairs' robust spread. Holm over ``family`` (the session's
     judged comparisons, unseen ones counted as p = 1), each look at alpha / ``looks``. ``groups``:
     each pair's process pair; with two or more, the estimate, CI, p-values and standard error are
-    the two-level model's (``two_level_ci``), whose CI carries the processes' offsets."""
+    the two-level model's (``two_level_ci``), whose CI carries the processes' offsets. Every CI
+    is a repeated CI over the ``looks`` (``repeated_level``): whichever look the pairs stop at,
+    it held the true ratio with 95% probability."""
     two = len(set(groups)) > 1
+    ci = repeated_level(looks)
     judged: list[Comparison] = []
     for spec in JUDGED:
         va = [getattr(r, spec.name) for r in a_runs]
         vb = [getattr(r, spec.name) for r in b_runs]
         if any(v is None or not 0 < v < math.inf for v in va + vb):
             continue  # not observed for this subject (a callable's prefill)
-        c = _paired_comparison(spec, va, vb, tail_threshold if spec.tail else threshold, reference)
-        judged.append(_two_levels(c, va, vb, groups) if two else c)
+        c = _paired_comparison(spec, va, vb, tail_threshold if spec.tail else threshold, reference, ci)
+        judged.append(_two_levels(c, va, vb, groups, ci) if two else c)
     by_metric = {c.metric: c for c in judged}
     rates = [
-        _paired_rate(by_metric[m.mirror_of], m, _values(a_runs, m.name), _values(b_runs, m.name), groups if two else ())
+        _paired_rate(
+            by_metric[m.mirror_of], m, _values(a_runs, m.name), _values(b_runs, m.name), groups if two else (), ci
+        )
         for m in METRICS.values()
         if m.mirror_of in by_metric and all(0 < (getattr(r, m.name) or 0) < math.inf for r in [*a_runs, *b_runs])
     ]
@@ -407,14 +434,16 @@ def _log_ratios(va: Sequence[float], vb: Sequence[float]) -> np.ndarray:
     return d
 
 
-def _two_levels(c: Comparison, va: Sequence[float], vb: Sequence[float], groups: Sequence[int]) -> Comparison:
+def _two_levels(
+    c: Comparison, va: Sequence[float], vb: Sequence[float], groups: Sequence[int], ci_level: float = CI_LEVEL
+) -> Comparison:
     """``c`` with the two-level model's estimate, CI, p-values, standard error and degrees of
     freedom (``two_level_ci``), never bolder than the pairs' own signed-rank ones (``c``'s): the
     CI spans both, each p-value is the larger. The signed-rank test's floor (2^-n) is what keeps
     a look at 10 pairs from deciding a REGRESSION. ``cv_candidate`` becomes the spread one pair
     would need to give that standard error alone (sqrt(pairs) x se, on the Hodges-Lehmann scale),
     so that "about N pairs would decide it" counts the process pairs the next pairs start too."""
-    t = two_level_ci(grouped(_log_ratios(va, vb), groups))
+    t = two_level_ci(grouped(_log_ratios(va, vb), groups), ci_level)
     worse, better = (t.less, t.greater) if c.higher_is_better else (t.greater, t.less)
     se = max(t.se, c.se_log)
     return dataclasses.replace(
@@ -431,25 +460,30 @@ def _two_levels(c: Comparison, va: Sequence[float], vb: Sequence[float], groups:
 
 
 def _paired_rate(
-    c: Comparison, spec: Metric, va: Sequence[float], vb: Sequence[float], groups: Sequence[int] = ()
+    c: Comparison,
+    spec: Metric,
+    va: Sequence[float],
+    vb: Sequence[float],
+    groups: Sequence[int] = (),
+    ci_level: float = CI_LEVEL,
 ) -> Comparison:
     """The rate that mirrors ``c`` (decode TPS of TPOT's pairs), shown with its own medians and its
     own pairs' ratio and CI (the line's percentage is that ratio's; ``groups``: the two-level
     model's), with ``c``'s verdict."""
-    estimate, low, high = location_ci(_log_ratios(va, vb))
+    estimate, low, high = location_ci(_log_ratios(va, vb), ci_level)
     if groups:  # as ``_two_levels``: the model's estimate, its CI spanning the pairs' own too
-        t = two_level_ci(grouped(_log_ratios(va, vb), groups))
+        t = two_level_ci(grouped(_log_ratios(va, vb), groups), ci_level)
         estimate, low, high = t.estimate, min(t.low, low), max(t.high, high)
     change = (exp_clamped(estimate), exp_clamped(low), exp_clamped(high))
     return mirrored(c, spec, (_median(va), _median(vb)), change=change)
 
 
 def _paired_comparison(
-    spec: Metric, va: Sequence[float], vb: Sequence[float], threshold: float, reference: str
+    spec: Metric, va: Sequence[float], vb: Sequence[float], threshold: float, reference: str, ci_level: float
 ) -> Comparison:
-    """One metric's pairs as an undecided ``Comparison`` (``decide`` gives its verdict)."""
+    """One metric's pairs as an undecided ``Comparison`` (``decide`` gives its verdict), its CI at ``ci_level``."""
 
-    pc = paired(spec.name, va, vb)
+    pc = paired(spec.name, va, vb, ci_level)
     d = np.log(np.asarray(vb, dtype=float)) - np.log(np.asarray(va, dtype=float))
     ratios = log_level(d)
     greater, less = _signed_rank_greater(d), _signed_rank_greater(-d)
@@ -495,7 +529,7 @@ def _worse_low(c: Comparison) -> float | None:
     return 1.0 / c.ci_high if c.higher_is_better else c.ci_low
 
 
-def needs_more_pairs(c: Comparison, cap: int | None = None) -> str | None:
+def needs_more_pairs(c: Comparison, cap: int | None = None, looks: int = 1) -> str | None:
     """Why one judged comparison of a look (``judged_pairs``) needs more pairs, or None when more
     pairs would not change what it says (docs/against.md, "When the pairs stop"):
 
@@ -514,7 +548,8 @@ def needs_more_pairs(c: Comparison, cap: int | None = None) -> str | None:
       would exclude 1 goes on: a +1% change at a 1% threshold is found there, not hidden.
 
     Otherwise (an UNCHANGED whose CI holds 1 and reaches past the threshold: a change of a few
-    percent could hide in it; an INCONCLUSIVE that more pairs may decide) it says why."""
+    percent could hide in it; an INCONCLUSIVE that more pairs may decide) it says why. ``looks``:
+    the measurement's looks, whose repeated CI (``repeated_level``) the projection to the cap takes."""
     if c.verdict is Verdict.REGRESSION:
         if (low := _worse_low(c)) is None or low > 1.0 + c.threshold:
             return None
@@ -529,7 +564,7 @@ def needs_more_pairs(c: Comparison, cap: int | None = None) -> str | None:
         return None
     why = _unchanged_needs_more(c.ci_low, c.ci_high, c.threshold)
     if why is not None and cap is not None and _known(c):
-        half, estimate = _half_at(c, cap), abs(math.log(c.ratio))
+        half, estimate = _half_at(c, cap, repeated_level(looks)), abs(math.log(c.ratio))
         if estimate + half >= math.log1p(c.threshold) and estimate <= half:
             return None  # at the cap the CI would still reach past the threshold and hold 1: futility
     return why
@@ -545,12 +580,12 @@ def _known(c: Comparison) -> bool:
     return c.df is None or c.df >= FUTILITY_MIN_DF
 
 
-def _half_at(c: Comparison, cap: int) -> float:
-    """The half-width (log scale) ``c``'s 95% CI would have at the ``cap``: its standard error
-    narrowed as sqrt(pairs), its degrees of freedom grown with them (a process pair per block)."""
+def _half_at(c: Comparison, cap: int, ci_level: float) -> float:
+    """The half-width (log scale) ``c``'s CI at ``ci_level`` would have at the ``cap``: its standard
+    error narrowed as sqrt(pairs), its degrees of freedom grown with them (a process pair per block)."""
     n = max(c.n_candidate, 1)
     df = (c.df if c.df is not None else math.inf) + 1.0
-    return t_quantile(df * max(cap, n) / n - 1.0, 1.0 - (1.0 - CI_LEVEL) / 2.0) * c.se_log * math.sqrt(n / max(cap, n))
+    return t_quantile(df * max(cap, n) / n - 1.0, 1.0 - (1.0 - ci_level) / 2.0) * c.se_log * math.sqrt(n / max(cap, n))
 
 
 def _unchanged_needs_more(low: float, high: float, threshold: float) -> str | None:
@@ -573,7 +608,7 @@ def _leans_slower(c: Comparison) -> bool:
     return worse >= math.log1p(c.threshold / 2)
 
 
-def pairs_settled(comparisons: Sequence[Comparison], cap: int | None = None) -> str | None:
+def pairs_settled(comparisons: Sequence[Comparison], cap: int | None = None, looks: int = 1) -> str | None:
     """Why the pairs of one measurement may stop at this look (``judged_pairs``' comparisons),
     or None to take more: a REGRESSION whose whole CI lies beyond the threshold (the test fails,
     and more pairs would not bring the change back within it), or every judged comparison
@@ -584,6 +619,6 @@ def pairs_settled(comparisons: Sequence[Comparison], cap: int | None = None) -> 
         beyond = (low := _worse_low(c)) is not None and low > 1.0 + c.threshold
         if c.verdict is Verdict.REGRESSION and beyond:
             return f"{c.phase} {c.label} REGRESSION, its whole CI beyond {c.threshold:.0%}"
-    if any(needs_more_pairs(c, cap) for c in judged):
+    if any(needs_more_pairs(c, cap, looks) for c in judged):
         return None
     return SETTLED

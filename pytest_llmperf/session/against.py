@@ -728,7 +728,7 @@ def _looks(processes: Processes, workload: Workload, plan: tuple[int, int, int],
         two = groups if len(set(groups)) > 1 else []
         comparisons = judged_pairs(runs["A"], runs["B"], looks=looks, groups=two, **judging)
         levels = pair_levels(runs["A"], runs["B"], two) if two else ()
-        why = pairs_settled(comparisons, cap) or (f"the cap of {cap} pairs" if n >= cap else None)
+        why = pairs_settled(comparisons, cap, looks) or (f"the cap of {cap} pairs" if n >= cap else None)
         if why is None and time.monotonic() - started > PAIRS_TIME_CAP_S:
             why = f"the {PAIRS_TIME_CAP_S:.0f} s bound"
         if why is None and processes.full:
