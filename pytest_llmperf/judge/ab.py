@@ -41,12 +41,12 @@ from .budgets import (
     parse_budgets,
 )
 from .paired import (
+    FIRST_BLOCK,
     PAIRED_METRICS,
     PAIRS_PER_PROCESS,
     PHASE_METRIC,
     Levels,
     PairedComparison,
-    first_block,
     grouped,
     levels,
     paired,
@@ -207,15 +207,22 @@ def levels_line(one: Levels) -> str:
     )
 
 
+def first_blocks(runs: int) -> int:
+    """The pairs of each of an A/B's first two blocks: a third of its ``runs``, within 3
+    (``PAIRS_PER_PROCESS``' least) and ``FIRST_BLOCK`` (5, as ``--llmperf-against``'s), so that
+    10 pairs run on three instance pairs: over two, Student's t has one degree of freedom and the
+    CI is 12.7 standard errors wide on each side."""
+    return min(FIRST_BLOCK, max(PAIRS_PER_PROCESS[0], runs // 3))
+
+
 def block_size(so_far: SoFar) -> int:
     """The next block's pairs (``measuring.interleave.interleave``'s ``sizes``): the first two
-    blocks ``judge.paired.first_block`` of the A/B's runs, each later one Kalibera-Jones' optimum
-    from the levels measured so far and the costs (``pairs_per_process``: a fresh instance
-    pair's build against a pair); a block that would leave fewer pairs than a block's least
-    takes them too."""
+    blocks ``first_blocks`` of the A/B's runs, each later one Kalibera-Jones' optimum from the
+    levels measured so far and the costs (``pairs_per_process``: a fresh instance pair's build
+    against a pair); a block that would leave fewer pairs than a block's least takes them too."""
     low = PAIRS_PER_PROCESS[0]
     n = len(so_far.groups)
-    size = first_block(so_far.runs)
+    size = first_blocks(so_far.runs)
     if len(set(so_far.groups)) > 1:
         a = [run_metrics(t) for t in so_far.a]
         b = [run_metrics(t) for t in so_far.b]
@@ -295,10 +302,11 @@ def compare_ab(
     outputs = compare_outputs(ea, eb, workload, a_name=a.name, b_name=b.name) if agreement else None
     ma = measured(pairs.a, pairs.a_warm, workload, ea.info(), "A")
     mb = measured(pairs.b, pairs.b_warm, workload, eb.info(), "B")
-    comparisons, second = _instance_levels(ma, mb, pairs)
+    own = _paired_comparisons(ma, mb)  # the pairs' own (one level): the parts' gate, as before
+    comparisons, second = _instance_levels(ma, mb, pairs, own)
     outcomes = _judged_budgets(budgets, comparisons)
     judged = tuple(judge_agreement(budget, limit, outputs) for budget, limit in agreement_budgets if outputs)
-    parts = gated(paired_parts(ma.runs, mb.runs, alpha=DEFAULT_ALPHA), paired_explained_phases(comparisons))
+    parts = gated(paired_parts(ma.runs, mb.runs, alpha=DEFAULT_ALPHA), paired_explained_phases(own))
     result = ABResult(
         *(label, a.name, b.name, pairs.orders, ma, mb, tuple(comparisons), tuple(outcomes), outputs, judged),
         parts=parts,
@@ -309,17 +317,18 @@ def compare_ab(
     return _attributed(result, ea, eb, workload, attribution)
 
 
-def _instance_levels(ma: Measurement, mb: Measurement, pairs: Pairs) -> tuple[list[PairedComparison], dict[str, Any]]:
-    """The paired comparisons (over two or more instance pairs: the two-level model's) and the
-    ``ABResult``'s second-level fields."""
-    comparisons = _paired_comparisons(ma, mb)
+def _instance_levels(
+    ma: Measurement, mb: Measurement, pairs: Pairs, own: list[PairedComparison]
+) -> tuple[list[PairedComparison], dict[str, Any]]:
+    """The paired comparisons: the pairs' own (``own``), or over two or more instance pairs the
+    two-level model's; and the ``ABResult``'s second-level fields."""
     groups = pairs.groups
     blocks = tuple(len(g) for g in grouped(np.asarray(groups), groups)) if groups else ()
     second: dict[str, Any] = {"instance_pairs": pairs.instance_pairs, "build_s": pairs.build_s, "blocks": blocks}
     if pairs.instance_pairs < 2:
         why = pairs.single or f"its {len(groups)} pairs are one block"
-        return comparisons, {**second, "one_instance": why}
-    comparisons = [two_level(c, ma.runs, mb.runs, groups) for c in comparisons]
+        return own, {**second, "one_instance": why}
+    comparisons = [two_level(c, ma.runs, mb.runs, groups) for c in own]
     compared = {c.metric for c in comparisons}
     kept = tuple(one for one in instance_levels(ma.runs, mb.runs, groups) if one.metric in compared)
     return comparisons, {**second, "levels": kept}

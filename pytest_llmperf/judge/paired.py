@@ -586,13 +586,7 @@ def pairs_settled(comparisons: Sequence[Comparison], cap: int | None = None) -> 
     return SETTLED
 
 
-#: The pairs on each of a measurement's first two blocks (process pairs of ``--llmperf-against``,
-#: engine instance pairs of an in-process A/B), before the levels are measured: half a look's
-#: pairs, within 3 (``PAIRS_PER_PROCESS``' least) and this (``first_block``).
+#: The most pairs on each of a measurement's first two blocks (process pairs of
+#: ``--llmperf-against``, engine instance pairs of an in-process A/B), before the levels are
+#: measured; the least is ``PAIRS_PER_PROCESS``' (3).
 FIRST_BLOCK = 5
-
-
-def first_block(step: int) -> int:
-    """The pairs of each of the first two blocks for ``step`` pairs a look (an A/B: its runs):
-    ``min(FIRST_BLOCK, max(3, step // 2))``."""
-    return min(FIRST_BLOCK, max(PAIRS_PER_PROCESS[0], step // 2))
