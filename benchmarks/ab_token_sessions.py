@@ -35,7 +35,8 @@ pairs: what an A/B's report shows) and the median sd of a pair's decode log rati
 
     .venv/bin/python benchmarks/ab_token_sessions.py --sessions 1 --aa-factor 1 --pairs 10 --ways token  # a look
     # the issue's figures (40 A/A, 10 +2%, 10 +1%, token by token; all 60 pairs of each session
-    # measured, about 1 s a pair here: about an hour; both ways about twice that)
+    # measured over 8-14 instance pairs: 70-100 s of pairs and 45-75 s of builds a session at
+    # load 4 on 2 cores, about 150 s: about 2.5 hours; both ways about twice that)
     .venv/bin/python benchmarks/ab_token_sessions.py --sessions 10 --aa-factor 4 --ways token --jsonl ab.jsonl
     .venv/bin/python benchmarks/ab_token_sessions.py --summary-of ab.jsonl
 """
