@@ -3,12 +3,15 @@ llama.cpp (issue 50 points 4 and 6): the calibration figures of ``benchmarks/gat
 for ``compare_ab`` / ``llmperf.compare()``.
 
 Each session is one ``compare_ab`` of two in-process llama.cpp engines of the same model (1
-thread each, a synthetic prompt, ``--pairs`` pairs after 1 warm-up pair, seeded by the session).
-Its pairs are judged as ``--llmperf-against`` judges a measurement's, replayed by
+thread each, a synthetic prompt, ``--pairs`` pairs after 1 warm-up pair, seeded by the session),
+its pairs in blocks over fresh engine instance pairs (docs/ab.md, "Instances: the second level":
+each later block on a fresh pair of the session's engines, the case's per-token work kept), its
+CIs the two-level model's. Its pairs are judged as ``--llmperf-against`` judges a measurement's, replayed by
 ``against_stopping.stopped``'s ``after`` rule (the plan of ``session.against.looks_for`` for
 ``--runs``: a look every 10 pairs up to 3 x runs, each look ``judge.paired.judged_pairs`` at alpha
 / looks and ``--threshold``, stopping at the first look ``pairs_settled`` settles, else at the
-cap or the session's last pair; without against's time bound, one process pair): the verdicts
+cap or the session's last pair; without against's time bound; a look over two or more instance
+pairs judged with the two-level model, as against's over its process pairs): the verdicts
 and CIs are those of the look it stopped at, the pairs and seconds per decision those pairs'
 (the session's seconds per pair).
 
@@ -21,9 +24,10 @@ and CIs are those of the look it stopped at, the pairs and seconds per decision 
   falls on both alike; the cases alternate session by session.
 
 A/A gets ``--aa-factor`` times ``--sessions`` sessions. Each session's row is printed and, with
-``--jsonl``, appended to that file in ``gate_sessions.py``'s shape (one process pair, no start:
-both sides are in this process), with its case, way and the sd of its pairs' decode log
-ratios; the summary per way is ``gate_sessions.summary``'s: decode and TTFT CI coverage of 1,
+``--jsonl``, appended to that file in ``gate_sessions.py``'s shape (its ``processes`` and
+``start_s``: the instance pairs the stopping look used and their build seconds; ``levels``: the
+A/B's own over all its pairs), with its case, way, instance pairs, blocks, build seconds and the
+sd of its pairs' decode log ratios, and a line of its instance pairs and levels; the summary per way is ``gate_sessions.summary``'s: decode and TTFT CI coverage of 1,
 REGRESSION counts, decode CI above 1, decided counts, the median pairs and seconds per decision;
 then per case the coverage of the A/B's own 95% CIs (``compare_ab``'s, over all the session's
 pairs: what an A/B's report shows) and the median sd of a pair's decode log ratio.
@@ -31,7 +35,8 @@ pairs: what an A/B's report shows) and the median sd of a pair's decode log rati
 
     .venv/bin/python benchmarks/ab_token_sessions.py --sessions 1 --aa-factor 1 --pairs 10 --ways token  # a look
     # the issue's figures (40 A/A, 10 +2%, 10 +1%, token by token; all 60 pairs of each session
-    # measured, about 1 s a pair here: about an hour; both ways about twice that)
+    # measured over 8-14 instance pairs: 70-100 s of pairs and 45-75 s of builds a session at
+    # load 4 on 2 cores, about 150 s: about 2.5 hours; both ways about twice that)
     .venv/bin/python benchmarks/ab_token_sessions.py --sessions 10 --aa-factor 4 --ways token --jsonl ab.jsonl
     .venv/bin/python benchmarks/ab_token_sessions.py --summary-of ab.jsonl
 """
@@ -90,8 +95,23 @@ class SlowerDecode:
         return rc
 
 
+class CaseEngine(LlamaCppEngine):
+    """llama.cpp in this process with a case's per-token work (``SlowerDecode``; none for A/A),
+    which its fresh instances (the A/B's later blocks) keep."""
+
+    def __init__(self, path: str | os.PathLike[str], extra: float, **settings: Any) -> None:
+        super().__init__(path, **settings)
+        self.extra = extra
+        if extra:
+            self._lib = SlowerDecode(self._lib, extra)  # type: ignore[assignment]
+
+    def fresh_instance(self) -> CaseEngine:
+        return CaseEngine(self.config.model, self.extra, name=self.info().model, **self.config.settings())
+
+
 class WholeRuns:
-    """An engine's ``run`` and ``info`` only: no ``SteppedRuns``, so an A/B takes whole runs."""
+    """An engine's ``run`` and ``info`` only: no ``SteppedRuns``, so an A/B takes whole runs; its
+    fresh instances (``FreshInstances``) are the engine's, as whole runs too."""
 
     def __init__(self, engine: LlamaCppEngine) -> None:
         self.engine = engine
@@ -101,6 +121,12 @@ class WholeRuns:
 
     def run(self, workload: Workload, run_index: int) -> RunTrace:
         return self.engine.run(workload, run_index)
+
+    def fresh_instance(self) -> WholeRuns:
+        return WholeRuns(self.engine.fresh_instance())
+
+    def close(self) -> None:
+        self.engine.close()
 
 
 def change_of(case: str) -> float:
@@ -118,7 +144,8 @@ def session(a: Any, b: Any, case: str, way: str, workload: Workload, args: argpa
     r = compare_ab(Side("a", a), Side(case, b), workload, agreement=False, attribution=None)
     wall_s = time.monotonic() - started
     assert r.interleaved.value == way, (r.interleaved, r.unstepped)
-    n, judged, _ = stopped("after", r.a.runs, r.b.runs, args.runs, threshold=args.threshold)
+    groups = [k for k, size in enumerate(r.blocks) for _ in range(size)]
+    n, judged, _ = stopped("after", r.a.runs, r.b.runs, args.runs, threshold=args.threshold, groups=groups)
     why = pairs_settled(list(judged.values())) or f"the cap of {n} pairs"
     by_metric = {metric: comparison_json(c) for metric, c in judged.items()}
     d = np.log([x.tpot_ms for x in r.b.runs]) - np.log([x.tpot_ms for x in r.a.runs])
@@ -130,10 +157,14 @@ def session(a: Any, b: Any, case: str, way: str, workload: Workload, args: argpa
         "ttft": by_metric.get("ttft_ms"),
         "tpot": by_metric["tpot_ms"],
         "pairs": n,
-        "pairs_s": n * wall_s / (workload.runs + workload.warmup),
-        "start_s": 0.0,
-        "processes": 1,
-        "levels": [],
+        # The pairs' seconds (the builds left out) and the builds of the instance pairs the look used.
+        "pairs_s": n * (wall_s - r.build_s) / (workload.runs + workload.warmup),
+        "start_s": r.build_s * (len(set(groups[:n])) - 1) / max(r.instance_pairs - 1, 1),
+        "processes": len(set(groups[:n])),
+        "levels": [one.to_json() for one in r.levels],
+        "instance_pairs": r.instance_pairs,
+        "blocks": list(r.blocks),
+        "build_s": r.build_s,
         "stopped": why,
         "wall_s": wall_s,
         "load": load(),
@@ -143,6 +174,20 @@ def session(a: Any, b: Any, case: str, way: str, workload: Workload, args: argpa
         # compare_ab's own 95% CIs over all the session's pairs (what the A/B's report shows).
         "ab": {m: {"ratio": r.get(m).ratio, "ci_low": r.get(m).ci_low, "ci_high": r.get(m).ci_high} for m in METRICS},
     }
+
+
+def instances(row: dict) -> str:
+    """A session's second level: its engine instance pairs, their blocks and build seconds, and
+    what each level contributed to the A/B's own CIs (``Levels.to_json``)."""
+    shares = "; ".join(
+        f"{lv['metric']} between sd {lv['between_sd']:.2%}, within sd {lv['within_sd']:.2%}, "
+        f"instance level {lv['between_share']:.0%}"
+        for lv in row.get("levels") or ()
+    )
+    return (
+        f"{row.get('instance_pairs', 1)} instance pairs (blocks {row.get('blocks')}, built in "
+        f"{row.get('build_s', 0.0):.1f} s); levels: {shares or '-'}"
+    )
 
 
 def summaries(rows: list[dict], threshold: float) -> None:
@@ -175,12 +220,8 @@ def own_cis(rows: list[dict]) -> str:
 
 def run_all(args: argparse.Namespace, cases: list[str], ways: list[str]) -> list[dict]:
     path = ensure_model(args.preset)
-    a = LlamaCppEngine(path, threads=1, name="a")
-    bs: dict[str, LlamaCppEngine] = {}
-    for case in cases:
-        bs[case] = LlamaCppEngine(path, threads=1, name=case)
-        if change_of(case):
-            bs[case]._lib = SlowerDecode(bs[case]._lib, change_of(case))  # type: ignore[assignment]
+    a = CaseEngine(path, 0.0, threads=1, name="a")
+    bs = {case: CaseEngine(path, change_of(case), threads=1, name=case) for case in cases}
     print(
         f"threshold {args.threshold:.0%}, {args.pairs} pairs a session (looks of --llmperf-against's plan for "
         f"runs={args.runs}), {args.preset} preset, threads 1, pp{args.prompt_tokens} tg{args.max_tokens}; cases "
@@ -197,6 +238,7 @@ def run_all(args: argparse.Namespace, cases: list[str], ways: list[str]) -> list
             row = session(sa, sb, case, way, w, args, s + 1)
             print(f"{way:>5}", end="")
             keep(row, rows, args.jsonl)
+            print(f"        {instances(row)}", flush=True)
     for engine in (a, *bs.values()):
         engine.close()
     return rows

@@ -41,6 +41,7 @@ import collections
 import math
 import statistics
 import sys
+from collections.abc import Sequence
 from types import SimpleNamespace
 
 import numpy as np
@@ -90,10 +91,14 @@ def session(rng: np.random.Generator, rule: str, change: float, spread: float, r
     return n, judged
 
 
-def stopped(rule: str, a: list, b: list, runs: int = 20, threshold: float = 0.05) -> tuple[int, dict, list[str]]:
+def stopped(
+    rule: str, a: list, b: list, runs: int = 20, threshold: float = 0.05, groups: Sequence[int] = ()
+) -> tuple[int, dict, list[str]]:
     """Where ``rule`` stops on the pairs (a, b) at ``threshold`` (the ITL p95's stays 10%): the
     pairs taken, the judged comparisons there, and, per look that did not stop, the metrics that
-    kept it going. ``benchmarks/ab_token_sessions.py`` replays ``after`` on an A/B's pairs."""
+    kept it going. ``benchmarks/ab_token_sessions.py`` replays ``after`` on an A/B's pairs, with
+    ``groups`` (each pair's engine instance pair): a look over two or more of them is judged with
+    the two-level model, as ``--llmperf-against``'s over its process pairs."""
     if rule == "before":
         cap, looks, step = SEQUENTIAL * runs, SEQUENTIAL, runs
     else:
@@ -103,7 +108,10 @@ def stopped(rule: str, a: list, b: list, runs: int = 20, threshold: float = 0.05
     open_by: list[str] = []
     while True:
         n = min(n + step, cap)
-        comps = judged_pairs(a[:n], b[:n], alpha=0.01, threshold=threshold, tail_threshold=0.10, family=3, looks=looks)
+        two = list(groups[:n]) if len(set(groups[:n])) > 1 else []
+        comps = judged_pairs(
+            a[:n], b[:n], alpha=0.01, threshold=threshold, tail_threshold=0.10, family=3, looks=looks, groups=two
+        )
         judged = [c for c in comps if c.mirror_of is None]
         if rule == "before":
             stop = not any(_before_open(c) for c in judged)

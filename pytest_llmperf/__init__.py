@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # the one list of public names: type checkers read it, and so
         ConcurrentRuns,
         DrivenLlama,
         EngineProcess,
+        FreshInstances,
         FreshLoads,
         LayerTiming,
         LlamaObject,

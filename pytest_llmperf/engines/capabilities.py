@@ -77,6 +77,17 @@ class FreshLoads(Protocol):
 
 
 @runtime_checkable
+class FreshInstances(Protocol):
+    """An A/B's second level (``measuring.interleave``, docs/ab.md "Instances: the second
+    level"): ``fresh_instance()`` is a new instance of this engine with the same settings (its
+    model loaded again, a fresh context: its own placement in memory), which the caller runs,
+    warms up and closes; this engine is left as it is. A user's object or callable without it
+    runs every pair of an A/B on the one instance it is."""
+
+    def fresh_instance(self) -> FreshEngine: ...
+
+
+@runtime_checkable
 class LayerTiming(Protocol):
     """Per-layer timing in this process (``measuring.layers`` drives it): a second context on
     the engine's model with llama.cpp's eval callback installed, run by the engine's own timed
@@ -255,4 +266,5 @@ CAPABILITIES: tuple[type, ...] = (
     LlamaObject,
     SteppedRuns,
     DrivenLlama,
+    FreshInstances,
 )

@@ -48,6 +48,7 @@ from . import NOT_ONE_REQUEST, CounterSource, synthetic_text
 from .capabilities import (
     Closable,
     Engine,
+    FreshInstances,
     FreshLoads,
     LayerTiming,
     LlamaObject,
@@ -122,7 +123,9 @@ class MemoryFields(TypedDict, total=False):
     mapped_resident_mib: float | None
 
 
-class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaObject, SteppedRuns, Closable):
+class LlamaCppEngine(
+    Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaObject, SteppedRuns, Closable, FreshInstances
+):
     """One loaded model and context; each ``run`` is an independent request.
 
     ``llm`` is the ``llama_cpp.Llama`` object, available to tests; the engine clears the KV
@@ -225,6 +228,11 @@ class LlamaCppEngine(Engine, LayerTiming, TokenProbabilities, FreshLoads, LlamaO
     def fresh(self) -> LlamaCppEngine:
         """Another engine of the same settings, loaded now (a model-load sample)."""
         return LlamaCppEngine.from_config(self.config, name=self._info.model)
+
+    def fresh_instance(self) -> LlamaCppEngine:
+        """Another instance of the same settings (an A/B's next block): the model loaded again,
+        a fresh context (``fresh``)."""
+        return self.fresh()
 
     # -- setup -------------------------------------------------------------------------------
 

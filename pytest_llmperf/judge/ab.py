@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ..core.documents import JSONValue
 from ..core.errors import ConfigError
 from ..core.formats import finite, sig6
@@ -24,7 +26,8 @@ from ..core.settings import DEFAULT_ALPHA
 from ..core.workload import Workload
 from ..measuring.agreement import compare_outputs
 from ..measuring.attribution import side_figures
-from ..measuring.interleave import Interleaved, interleave, measured, pass_orders, turns
+from ..measuring.interleave import Interleaved, Pairs, SoFar, interleave, measured, pass_orders, turns
+from ..measuring.metrics import run_metrics
 from ..measuring.roofline import machine_peaks
 from ..measuring.runner import as_engine
 from .attribution import attribute_sides, moved_phases, why
@@ -37,7 +40,19 @@ from .budgets import (
     parse_agreement_budgets,
     parse_budgets,
 )
-from .paired import PAIRED_METRICS, PHASE_METRIC, PairedComparison, paired
+from .paired import (
+    FIRST_BLOCK,
+    PAIRED_METRICS,
+    PAIRS_PER_PROCESS,
+    PHASE_METRIC,
+    Levels,
+    PairedComparison,
+    grouped,
+    levels,
+    paired,
+    pairs_per_process,
+    two_level_ci,
+)
 from .parts import (
     PartChange,
     gated,
@@ -47,8 +62,10 @@ from .parts import (
     part_properties,
     prompt_changes,
 )
+from .verdict import exp_clamped
 
 if TYPE_CHECKING:
+    from ..core.measurement import RunMetrics
     from ..engines import TokenStream
     from ..engines.capabilities import Engine
     from .attribution import AttributionChange
@@ -97,6 +114,16 @@ class ABResult:
     #: How the pairs' runs took turns: token by token where both engines pause between tokens.
     interleaved: Interleaved = Interleaved.RUN
     unstepped: str | None = None  # run by run: why not token by token
+    #: The second level (docs/ab.md, "Instances: the second level"): the engine instance pairs
+    #: the pairs ran on (each later block on a fresh pair), their build seconds (outside every
+    #: timed region, not in the pairs'), the pairs of each block, what each level contributed to
+    #: each comparison (two or more instance pairs: the comparisons are the two-level model's),
+    #: and why one instance pair only (a side that cannot be built again, or one block).
+    instance_pairs: int = 1
+    build_s: float = 0.0
+    blocks: tuple[int, ...] = ()
+    levels: tuple[Levels, ...] = ()
+    one_instance: str = ""
 
     def why(self) -> list[str]:
         """One line per phase whose headline moved, naming the parts that moved and did not."""
@@ -131,8 +158,9 @@ class ABResult:
         prefix = f"[{self.label}] " if self.label else ""
         return [prefix + o.line(self.a_name, self.b_name) for o in self.failed]
 
-    def lines(self) -> list[str]:
-        """The report section: the sides, every comparison, every budget."""
+    def lines(self, verbose: bool = False) -> list[str]:
+        """The report section: the sides, every comparison, every budget; ``verbose`` (``-v``):
+        what each level of the pairs contributed to each comparison."""
         n_ab = sum(1 for o in self.orders if o == "AB")
         out = [
             f"A: {self.a_name}",
@@ -140,6 +168,7 @@ class ABResult:
             f"{len(self.orders)} pairs interleaved ({n_ab} AB, {len(self.orders) - n_ab} BA, seeded) "
             f"{turns(self.interleaved, self.unstepped)} after {self.a.workload.warmup} warm-up run(s) each; {self.a.workload.describe()}",
         ]
+        out += self.instances_lines(verbose)
         out += [c.line() for c in self.comparisons]
         out += [f"where it went: {line}" for line in self.why()]
         out += [o.line(self.a_name, self.b_name) for o in self.budgets]
@@ -151,6 +180,94 @@ class ABResult:
         elif self.attribution_note:
             out.append(self.attribution_note)
         return out
+
+    def instances_lines(self, verbose: bool = False) -> list[str]:
+        """The second level: how many instance pairs and their build seconds, or why one; with
+        ``verbose``, each comparison's levels (``Levels``, in instance pairs)."""
+        if self.instance_pairs < 2:
+            return (
+                [f"the CI holds one instance pair (no second level): {self.one_instance}"] if self.one_instance else []
+            )
+        head = (
+            f"{self.instance_pairs} engine instance pairs (blocks of {', '.join(map(str, self.blocks))} pairs, "
+            f"each block after the first on a fresh pair built in {self.build_s:.1f} s in all, outside the timed "
+            "runs); each CI from the two-level model over them"
+        )
+        return [head, *(levels_line(one) for one in self.levels)] if verbose else [head]
+
+
+def levels_line(one: Levels) -> str:
+    """What each level contributed to one comparison (``Levels``, its upper level here the engine
+    instance pair), in ``Levels.line``'s words: ``levels: decode TPOT: between 3 instance pairs sd
+    0.81%, within their 20 pairs sd 2.10% (the instance level 40% of the CI's variance)``."""
+    label, phase, _, _ = PAIRED_METRICS[one.metric]
+    return (
+        f"levels: {phase} {label}: between {one.process_pairs} instance pairs sd {one.between_sd:.2%}, "
+        f"within their {one.pairs} pairs sd {one.within_sd:.2%} (the instance level {one.share:.0%} of the CI's variance)"
+    )
+
+
+def first_blocks(runs: int) -> int:
+    """The pairs of each of an A/B's first two blocks: a third of its ``runs``, within 3
+    (``PAIRS_PER_PROCESS``' least) and ``FIRST_BLOCK`` (5, as ``--llmperf-against``'s), so that
+    10 pairs run on three instance pairs: over two, Student's t has one degree of freedom and the
+    CI is 12.7 standard errors wide on each side."""
+    return min(FIRST_BLOCK, max(PAIRS_PER_PROCESS[0], runs // 3))
+
+
+def block_size(so_far: SoFar) -> int:
+    """The next block's pairs (``measuring.interleave.interleave``'s ``sizes``): the first two
+    blocks ``first_blocks`` of the A/B's runs, each later one Kalibera-Jones' optimum from the
+    levels measured so far and the costs (``pairs_per_process``: a fresh instance pair's build
+    against a pair); a block that would leave fewer pairs than a block's least takes them too."""
+    low = PAIRS_PER_PROCESS[0]
+    n = len(so_far.groups)
+    size = first_blocks(so_far.runs)
+    if len(set(so_far.groups)) > 1:
+        a = [run_metrics(t) for t in so_far.a]
+        b = [run_metrics(t) for t in so_far.b]
+        costs = so_far.build_s / max(so_far.fresh, 1), so_far.pairs_s / max(n, 1)
+        size = pairs_per_process(instance_levels(a, b, so_far.groups), *costs)
+    left = so_far.runs - n
+    return left if left - size < low else size
+
+
+def instance_levels(a: Sequence[RunMetrics], b: Sequence[RunMetrics], groups: Sequence[int]) -> tuple[Levels, ...]:
+    """Each paired metric's two levels (``judge.paired.levels``) over the instance pairs
+    ``groups``, the metrics a run did not observe left out."""
+    out = []
+    for metric in PAIRED_METRICS:
+        d = _log_ratios(a, b, metric)
+        if d is not None:
+            out.append(levels(metric, d, groups))
+    return tuple(out)
+
+
+def _log_ratios(a: Sequence[RunMetrics], b: Sequence[RunMetrics], metric: str) -> np.ndarray | None:
+    va = [getattr(r, metric) for r in a]
+    vb = [getattr(r, metric) for r in b]
+    if not va or any(v is None or not 0 < v < float("inf") for v in va + vb):
+        return None
+    d: np.ndarray = np.log(np.asarray(vb, dtype=float)) - np.log(np.asarray(va, dtype=float))
+    return d
+
+
+def two_level(
+    c: PairedComparison, a: Sequence[RunMetrics], b: Sequence[RunMetrics], groups: Sequence[int]
+) -> PairedComparison:
+    """``c`` with the two-level model's estimate, CI and p (``judge.paired.two_level_ci`` over
+    the instance pairs), as ``--llmperf-against`` judges its process pairs: never bolder than the
+    pairs' own signed-rank CI and p (the CI spans both, p is the larger)."""
+    d = _log_ratios(a, b, c.metric)
+    assert d is not None  # ``c`` was compared: every run observed it
+    t = two_level_ci(grouped(d, groups))
+    return dataclasses.replace(
+        c,
+        ratio=exp_clamped(t.estimate),
+        ci_low=min(exp_clamped(t.low), c.ci_low),
+        ci_high=max(exp_clamped(t.high), c.ci_high),
+        p_value=max(min(1.0, 2.0 * min(t.greater, t.less)), c.p_value),
+    )
 
 
 def compare_ab(
@@ -180,22 +297,41 @@ def compare_ab(
     if agreement_budgets and not agreement:
         raise ConfigError(f"{agreement_budgets[0][0].key} needs the output agreement (agreement=True)")
     ea, eb = as_engine(a.engine), as_engine(b.engine)
-    pairs = interleave(ea, eb, workload, workload.seed, (a.name, b.name))
+    pairs = interleave(ea, eb, workload, workload.seed, (a.name, b.name), sizes=block_size)
     # Every timed run is done: the outputs are compared on the same engines, untimed.
     outputs = compare_outputs(ea, eb, workload, a_name=a.name, b_name=b.name) if agreement else None
     ma = measured(pairs.a, pairs.a_warm, workload, ea.info(), "A")
     mb = measured(pairs.b, pairs.b_warm, workload, eb.info(), "B")
-    comparisons = _paired_comparisons(ma, mb)
+    own = _paired_comparisons(ma, mb)  # the pairs' own (one level): the parts' gate, as before
+    comparisons, second = _instance_levels(ma, mb, pairs, own)
     outcomes = _judged_budgets(budgets, comparisons)
     judged = tuple(judge_agreement(budget, limit, outputs) for budget, limit in agreement_budgets if outputs)
-    parts = gated(paired_parts(ma.runs, mb.runs, alpha=DEFAULT_ALPHA), paired_explained_phases(comparisons))
+    parts = gated(paired_parts(ma.runs, mb.runs, alpha=DEFAULT_ALPHA), paired_explained_phases(own))
     result = ABResult(
         *(label, a.name, b.name, pairs.orders, ma, mb, tuple(comparisons), tuple(outcomes), outputs, judged),
         parts=parts,
         interleaved=pairs.interleaved,
         unstepped=pairs.unstepped,
+        **second,
     )
     return _attributed(result, ea, eb, workload, attribution)
+
+
+def _instance_levels(
+    ma: Measurement, mb: Measurement, pairs: Pairs, own: list[PairedComparison]
+) -> tuple[list[PairedComparison], dict[str, Any]]:
+    """The paired comparisons: the pairs' own (``own``), or over two or more instance pairs the
+    two-level model's; and the ``ABResult``'s second-level fields."""
+    groups = pairs.groups
+    blocks = tuple(len(g) for g in grouped(np.asarray(groups), groups)) if groups else ()
+    second: dict[str, Any] = {"instance_pairs": pairs.instance_pairs, "build_s": pairs.build_s, "blocks": blocks}
+    if pairs.instance_pairs < 2:
+        why = pairs.single or f"its {len(groups)} pairs are one block"
+        return own, {**second, "one_instance": why}
+    comparisons = [two_level(c, ma.runs, mb.runs, groups) for c in own]
+    compared = {c.metric for c in comparisons}
+    kept = tuple(one for one in instance_levels(ma.runs, mb.runs, groups) if one.metric in compared)
+    return comparisons, {**second, "levels": kept}
 
 
 def _attributed(result: ABResult, ea: Engine, eb: Engine, workload: Workload, asked: bool | None) -> ABResult:
@@ -257,6 +393,7 @@ def properties(results: Sequence[ABResult]) -> list[tuple[str, object]]:
                 (f"{prefix}{c.metric}.ci", f"{c.ci_low:.6g}..{c.ci_high:.6g}"),
             ]
         out.append((f"{prefix}interleaved", r.interleaved.value))
+        out += _instance_properties(prefix, r)
         out += part_properties(prefix, r.parts)
         out += [(f"{prefix}budget.{o.budget.kind}.{o.budget.target}", o.status.value) for o in r.budgets]
         if r.agreement is not None:
@@ -264,6 +401,23 @@ def properties(results: Sequence[ABResult]) -> list[tuple[str, object]]:
         out += [(f"{prefix}budget.{o.budget.key}", o.status.value) for o in r.agreement_budgets]
         if r.attribution is not None:
             out += [(f"{prefix}attribution.{p}", r.attribution.phase(p).reading) for p in ("prefill", "decode")]
+    return out
+
+
+def _instance_properties(prefix: str, r: ABResult) -> list[tuple[str, object]]:
+    """The second level as properties: the instance pairs, their build seconds, each level's sds
+    (only where it ran on two or more instance pairs)."""
+    if r.instance_pairs < 2:
+        return []
+    out: list[tuple[str, object]] = [
+        (f"{prefix}instance_pairs", r.instance_pairs),
+        (f"{prefix}build_s", round(r.build_s, 3)),
+    ]
+    for one in r.levels:
+        out += [
+            (f"{prefix}{one.metric}.between_sd", round(one.between_sd, 6)),
+            (f"{prefix}{one.metric}.within_sd", round(one.within_sd, 6)),
+        ]
     return out
 
 
@@ -284,11 +438,13 @@ def _agreement_properties(prefix: str, g: Agreement) -> list[tuple[str, object]]
     return [*out, (f"{prefix}agreement.positions", g.n_positions), (f"{prefix}agreement.method", g.method)]
 
 
-def attach(report: Any, results: Sequence[ABResult]) -> Any:
-    """Sections and failure lines on ``report`` (a pytest TestReport of the call phase)."""
+def attach(report: Any, results: Sequence[ABResult], verbose: bool = False) -> Any:
+    """Sections and failure lines on ``report`` (a pytest TestReport of the call phase);
+    ``verbose`` (``-v``): each comparison's levels in the section."""
     lines: list[str] = []
     for r in results:
-        report.sections.append(("llmperf A/B" + (f" [{r.label}]" if r.label else ""), "\n".join(r.lines())))
+        section = "\n".join(r.lines(verbose))
+        report.sections.append(("llmperf A/B" + (f" [{r.label}]" if r.label else ""), section))
         lines += r.failure_lines()
     if lines and report.passed:
         report.outcome = "failed"
@@ -342,4 +498,10 @@ def as_dict(r: ABResult) -> dict[str, object]:
         "failures": r.failure_lines(),
         "attribution": None if r.attribution is None else r.attribution.to_json(),
         "attribution_note": r.attribution_note,
+        # The second level (docs/ab.md): levels' "process_pairs" count instance pairs here.
+        "instance_pairs": r.instance_pairs,
+        "build_s": round(r.build_s, 3),
+        "blocks": list(r.blocks),
+        "levels": [one.to_json() for one in r.levels],
+        "one_instance": r.one_instance,
     }

@@ -622,3 +622,9 @@ def pairs_settled(comparisons: Sequence[Comparison], cap: int | None = None, loo
     if any(needs_more_pairs(c, cap, looks) for c in judged):
         return None
     return SETTLED
+
+
+#: The most pairs on each of a measurement's first two blocks (process pairs of
+#: ``--llmperf-against``, engine instance pairs of an in-process A/B), before the levels are
+#: measured; the least is ``PAIRS_PER_PROCESS``' (3).
+FIRST_BLOCK = 5

@@ -25,7 +25,8 @@ import json
 import os
 import queue
 import threading
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
@@ -35,7 +36,17 @@ from ..core.errors import LLMPerfError, NotSteppable
 from ..core.measurement import Agreement, Measurement
 from ..core.progress import task, timed
 from ..core.workload import EngineInfo, RunTrace, Workload
-from ..engines import DrivenLlama, Engine, NeedsPromptIds, SteppedRuns, TokenProbabilities, TokenStream, times_layers
+from ..engines import (
+    DrivenLlama,
+    Engine,
+    FreshEngine,
+    FreshInstances,
+    NeedsPromptIds,
+    SteppedRuns,
+    TokenProbabilities,
+    TokenStream,
+    times_layers,
+)
 from .attribution import ATTRIBUTION_RUNS
 from .metrics import run_metrics, summarize
 from .runner import as_engine, measure, pass_of, traces_figures
@@ -77,7 +88,10 @@ def turns(interleaved: Interleaved, unstepped: str | None) -> str:
 class Pairs:
     """An in-process A/B's runs (``interleave``): each side's timed and warm-up traces, the
     AB/BA order of each pair, how the pairs' runs took turns and, run by run, why not token by
-    token (None: token by token)."""
+    token (None: token by token). The second level: each pair's instance pair (``groups``: 0 for
+    the given engines, k for the k-th fresh pair), the fresh pairs' build seconds (their load,
+    warm-ups and the old pair's close: outside every timed region), the pairs' own seconds, and
+    why every pair ran on one instance pair where a side cannot be built again (``single``)."""
 
     a: list[RunTrace]
     b: list[RunTrace]
@@ -86,36 +100,170 @@ class Pairs:
     orders: tuple[str, ...]
     interleaved: Interleaved
     unstepped: str | None
+    groups: tuple[int, ...] = ()
+    build_s: float = 0.0
+    pairs_s: float = 0.0
+    single: str | None = None
+
+    @property
+    def instance_pairs(self) -> int:
+        """The engine instance pairs the pairs ran on (1: the given engines only)."""
+        return len(set(self.groups)) or 1
 
 
-def interleave(a: Engine, b: Engine, workload: Workload, seed: int, names: tuple[str, str] = ("A", "B")) -> Pairs:
+@dataclass(frozen=True)
+class SoFar:
+    """An A/B's pairs so far, where the next block's size is chosen (``interleave``'s
+    ``sizes``): each side's timed traces, each pair's instance pair, the fresh instance pairs
+    built and their seconds (warm-ups included), the pairs' own seconds, the pairs planned."""
+
+    a: tuple[RunTrace, ...]
+    b: tuple[RunTrace, ...]
+    groups: tuple[int, ...]
+    fresh: int
+    build_s: float
+    pairs_s: float
+    runs: int
+
+
+#: The next block's pairs from what has run (``judge.ab.block_size``).
+BlockSizes = Callable[[SoFar], int]
+
+
+def interleave(
+    a: Engine,
+    b: Engine,
+    workload: Workload,
+    seed: int,
+    names: tuple[str, str] = ("A", "B"),
+    sizes: BlockSizes | None = None,
+) -> Pairs:
     """``workload.runs`` pairs of A and B (after ``workload.warmup`` warm-up pairs), each in its
     seeded order: token by token where both engines can pause between tokens (``stepped_sides``),
     else, and from the first run that could not pause (``NotSteppable``: that pair taken again
-    whole), run by run. ``names``: the sides' names, for the line that says why not token by token."""
-    engines: dict[str, Engine] = {"A": a, "B": b}
-    traces: dict[str, tuple[list[RunTrace], list[RunTrace]]] = {"A": ([], []), "B": ([], [])}
+    whole), run by run. ``names``: the sides' names, for the line that says why not token by token.
+    ``sizes`` (None: every pair on ``a`` and ``b``): the pairs in blocks of the sizes it gives, the
+    first block on ``a`` and ``b``, each later one on a fresh instance pair (``FreshInstances``),
+    built, warmed up and the previous fresh pair closed between blocks, outside every timed
+    region; where a side cannot be built again, every pair on ``a`` and ``b`` (``Pairs.single``)."""
     named = dict(zip("AB", names, strict=True))
-    unstepped = stepped_sides(engines, named)
+    pairing = _Pairing({"A": a, "B": b}, named, workload)
+    single = None if sizes is None else one_instance(pairing.engines, named)
     orders = block_orders(workload.runs, seed)
-    with task("interleaved pairs") as progress:
+    groups: list[int] = []
+    build_s = pairs_s = 0.0
+    with task("interleaved pairs") as progress, contextlib.closing(_Instances(a, b)) as instances:
         progress.step("warm-up pairs", 0, workload.warmup)
-        schedule = [(-1 - i, order) for i, order in enumerate(block_orders(workload.warmup, seed + 1))]
-        for n, (index, order) in enumerate([*schedule, *enumerate(orders)]):
-            if n == len(schedule):
-                progress.step("pairs", 0, workload.runs)
-            with timed():  # the heartbeat says nothing inside a run
-                pair = None if unstepped is not None else _stepped_pair(engines, named, workload, index, order)
-                if isinstance(pair, str):
-                    unstepped, pair = pair, None
-                if pair is None:
-                    pair = {side: engines[side].run(workload, index) for side in order}
-            for side, trace in pair.items():
-                traces[side][0 if index < 0 else 1].append(trace)
-            if index >= 0:
-                progress.advance(index + 1)
-    how = Interleaved.RUN if unstepped is not None else Interleaved.TOKEN
-    return Pairs(traces["A"][1], traces["B"][1], traces["A"][0], traces["B"][0], orders, how, unstepped)
+        pairing.warm_up(seed, keep=True)
+        while len(groups) < workload.runs:
+            n = len(groups)
+            so_far = SoFar(*pairing.timed(), tuple(groups), instances.built, build_s, pairs_s, workload.runs)
+            size = workload.runs if sizes is None or single is not None else sizes(so_far)
+            if n:  # a later block: a fresh instance pair, warmed up, outside every timed region
+                progress.step(f"building instance pair {instances.built + 2}")
+                began = time.perf_counter()
+                pairing.engines = instances.fresh()
+                pairing.warm_up(seed, keep=False)
+                build_s += time.perf_counter() - began
+            progress.step("pairs", n, workload.runs)
+            began = time.perf_counter()
+            for i in range(n, min(n + max(size, 1), workload.runs)):
+                pairing.pair(i, orders[i])
+                groups.append(instances.built)
+                progress.advance(i + 1)
+            pairs_s += time.perf_counter() - began
+    how = Interleaved.RUN if pairing.unstepped is not None else Interleaved.TOKEN
+    (a_runs, b_runs), (a_warm, b_warm) = pairing.timed(), pairing.warm
+    return Pairs(
+        *(list(a_runs), list(b_runs), a_warm, b_warm, orders, how, pairing.unstepped),
+        groups=tuple(groups),
+        build_s=build_s,
+        pairs_s=pairs_s,
+        single=single,
+    )
+
+
+class _Pairing:
+    """The pairs of an A/B on its current engines (``engines``, by letter): the traces by side,
+    how their runs take turns (``unstepped``: why not token by token, once a run or a side showed it)."""
+
+    def __init__(self, engines: dict[str, Engine], names: Mapping[str, str], workload: Workload) -> None:
+        self.engines, self.names, self.workload = engines, names, workload
+        self.unstepped = stepped_sides(engines, names)
+        self.runs: dict[str, list[RunTrace]] = {"A": [], "B": []}
+        self.warm: tuple[list[RunTrace], list[RunTrace]] = ([], [])
+
+    def timed(self) -> tuple[tuple[RunTrace, ...], tuple[RunTrace, ...]]:
+        return tuple(self.runs["A"]), tuple(self.runs["B"])
+
+    def warm_up(self, seed: int, *, keep: bool) -> None:
+        """The workload's warm-up pairs on the current engines (``keep``: their traces kept, the
+        given engines'; a fresh pair's are dropped, its warm-up is part of its build)."""
+        for i, order in enumerate(block_orders(self.workload.warmup, seed + 1)):
+            pair = self._pair(-1 - i, order)
+            if keep:
+                self.warm[0].append(pair["A"])
+                self.warm[1].append(pair["B"])
+
+    def pair(self, index: int, order: str) -> None:
+        for side, trace in self._pair(index, order).items():
+            self.runs[side].append(trace)
+
+    def _pair(self, index: int, order: str) -> dict[str, RunTrace]:
+        with timed():  # the heartbeat says nothing inside a run
+            pair = None
+            if self.unstepped is None:
+                pair = _stepped_pair(self.engines, self.names, self.workload, index, order)
+            if isinstance(pair, str):
+                self.unstepped, pair = pair, None
+            if pair is None:
+                pair = {side: self.engines[side].run(self.workload, index) for side in order}
+        return pair
+
+
+def one_instance(engines: Mapping[str, Engine], names: Mapping[str, str]) -> str | None:
+    """Why an A/B's pairs run on one instance pair (no second level): a side that cannot give a
+    fresh instance of itself (``FreshInstances``); None when both can."""
+    for letter, engine in engines.items():
+        if isinstance(engine, FreshInstances):
+            continue
+        side = f"side {letter} [{names[letter]}]"
+        if isinstance(engine, DrivenLlama):
+            return f"{side} is a callable, which llmperf cannot build again"
+        return f"{side} ({type(engine).__name__}) cannot give a fresh instance of itself (FreshInstances)"
+    return None
+
+
+class _Instances:
+    """An A/B's fresh instance pairs (``interleave``): each built when its block starts, the
+    previous one closed first, the last at ``close``; the given engines are never closed (the
+    session's pool, or the user's). One engine on both sides gets one fresh engine on both."""
+
+    def __init__(self, a: Engine, b: Engine) -> None:
+        self.given = {"A": a, "B": b}
+        self.live: list[FreshEngine] = []
+        self.built = 0  # fresh pairs so far
+
+    def close(self) -> None:
+        self._close()
+
+    def fresh(self) -> dict[str, Engine]:
+        self._close()
+        a, b = self.given["A"], self.given["B"]
+        assert isinstance(a, FreshInstances) and isinstance(
+            b, FreshInstances
+        )  # ``one_instance`` let only these through
+        fa = a.fresh_instance()
+        self.live.append(fa)
+        fb = fa if b is a else b.fresh_instance()
+        if fb is not fa:
+            self.live.append(fb)
+        self.built += 1
+        return {"A": fa, "B": fb}
+
+    def _close(self) -> None:
+        while self.live:
+            self.live.pop().close()
 
 
 def stepped_sides(engines: Mapping[str, Engine], names: Mapping[str, str]) -> str | None:

@@ -62,7 +62,16 @@ from ..core.errors import ConfigError, EngineError, LLMPerfError
 from ..core.measurement import Attribution, LayerProfile, PeakRss, PhaseLayers
 from ..core.settings import SETTINGS
 from ..core.workload import EngineInfo, RunTrace, TokenLogits, Workload, from_stored
-from ..engines import Closable, Engine, EngineProcess, FreshLoads, ProcessMemory, RemoteLayerTiming, TokenProbabilities
+from ..engines import (
+    Closable,
+    Engine,
+    EngineProcess,
+    FreshInstances,
+    FreshLoads,
+    ProcessMemory,
+    RemoteLayerTiming,
+    TokenProbabilities,
+)
 from ..engines.llama_cpp_native import EngineConfig, known_cause, quoted_log, signal_name
 from ..models.gguf import gguf_file_type, model_path
 
@@ -300,7 +309,9 @@ def logits_of(data: Mapping[str, Any]) -> TokenLogits:
     )
 
 
-class WorkerEngine(Engine, RemoteLayerTiming, TokenProbabilities, FreshLoads, ProcessMemory, EngineProcess, Closable):
+class WorkerEngine(
+    Engine, RemoteLayerTiming, TokenProbabilities, FreshLoads, ProcessMemory, EngineProcess, Closable, FreshInstances
+):
     """An engine whose llama.cpp runs in a worker process (module docstring): per-layer timing,
     token probabilities and peak RSS are read in the worker, by ``profile_layers``,
     ``token_logits`` and ``peak_rss`` below."""
@@ -342,6 +353,10 @@ class WorkerEngine(Engine, RemoteLayerTiming, TokenProbabilities, FreshLoads, Pr
     def fresh(self) -> WorkerEngine:
         """Another worker of the same settings, loaded now (a model-load sample)."""
         return WorkerEngine(self.config, name=self.info().model, timeout_s=self.timeout_s, label=self.label)
+
+    def fresh_instance(self) -> WorkerEngine:
+        """Another worker of the same settings (an A/B's next block: a fresh process, ``fresh``)."""
+        return self.fresh()
 
     # Peak RSS of the worker's process, where llama.cpp's memory is (``runner.measure``).
     def reset_peak_rss(self) -> bool:

@@ -234,7 +234,7 @@ class LLMPerfHooks:
         if fixture.ab_results:
             from ..judge.ab import attach
 
-            attach(report, fixture.ab_results)
+            attach(report, fixture.ab_results, verbose=self.config.get_verbosity() > 0)
         return report
 
     def _call_report(self, item: pytest.Item, fixture: LLMPerf) -> CallReport:
