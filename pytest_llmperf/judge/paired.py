@@ -625,6 +625,7 @@ def pairs_settled(comparisons: Sequence[Comparison], cap: int | None = None, loo
 
 
 #: The most pairs on each of a measurement's first two blocks (process pairs of
-#: ``--llmperf-against``, engine instance pairs of an in-process A/B), before the levels are
-#: measured; the least is ``PAIRS_PER_PROCESS``' (3).
+#: ``--llmperf-against``: two of them make the first look's 10 pairs, half a smaller look's;
+#: engine instance pairs of an in-process A/B), before the levels are measured; the least is
+#: ``PAIRS_PER_PROCESS``' (3). After them ``pairs_per_process``.
 FIRST_BLOCK = 5

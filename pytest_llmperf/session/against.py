@@ -39,6 +39,7 @@ from ..engines import NeedsPromptIds, TokenProbabilities
 from ..judge.attribution import compare_attributions, moved_phases
 from ..judge.attribution import why as why_attribution
 from ..judge.paired import (
+    FIRST_BLOCK,
     PAIRS_PER_PROCESS,
     Levels,
     judged_pairs,
@@ -357,12 +358,6 @@ def by_request(workload: Workload, runs: Mapping[str, Sequence[RunMetrics]]) -> 
             return None
         out[name] = {"prompt_tokens": lengths, "ttft_ms": [sig6(r.ttft_ms) for r in runs[letter]]}
     return out
-
-
-#: The pairs on each of a measurement's first two process pairs, before the levels are measured
-#: (two of them make the first look's 10 pairs; half a smaller look's, at least 3); after them
-#: ``judge.paired.pairs_per_process``, at most a look's pairs (each look sees a fresh process pair).
-FIRST_BLOCK = 5
 
 
 class Processes:
