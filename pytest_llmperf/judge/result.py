@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 from scipy.stats import mannwhitneyu
 
-from ..core.catalog import FIGURES
+from ..core.catalog import FIGURES, HeadlineFigures
 from ..core.documents import JSONValue, SchemaViolation, validate
 from ..core.errors import LLMPerfError
 from ..core.measurement import LoadStats, Measurement
@@ -313,52 +313,12 @@ class LoadFigures:
 
 
 @dataclass(frozen=True)
-class Figures:
-    """A measurement's headline figures, the Outcome's: one field per ``catalog.FIGURES`` entry,
-    in its order, of the Python type of its JSON type (``Figure.json``; or None too where the
-    session schema does not require it: an older session file may lack it; tests/test_catalog.py
-    checks this declaration against the catalog and the schema and names a missing field),
-    unrounded, as the JUnit properties and the terminal summary show them (the record's
-    ``summary`` is the rounded subset kept in files), then ``load``."""
+class Figures(HeadlineFigures):
+    """A measurement's headline figures, the Outcome's: the catalog's ``HeadlineFigures`` (one
+    field per ``catalog.FIGURES`` entry, in its order, declared beside it), unrounded, as the
+    JUnit properties and the terminal summary show them (the record's ``summary`` is the rounded
+    subset kept in files), then ``load``."""
 
-    model: str
-    engine: str
-    prompt_tokens: int | None
-    output_tokens: int
-    runs: int
-    ttft_ms: float
-    ttft_p95_ms: float
-    prefill_ms: float | None
-    prefill_tps: float | None
-    tpot_ms: float
-    tpot_p99_ms: float | None
-    decode_tps: float
-    e2e_ms: float
-    delivered_ttft_ms: float | None
-    itl_count: int
-    itl_p50_ms: float
-    itl_p90_ms: float
-    itl_p95_ms: float
-    itl_p99_ms: float
-    itl_cv: float
-    native_prefill_ms: float | None
-    native_decode_ms_per_token: float | None
-    overhead_ms_per_token: float | None
-    rss_mib: float | None
-    kv_mib: float | None
-    compute_mib: float | None
-    model_buffer_mib: float | None
-    mapped_mib: float | None
-    load_ms: float | None
-    load_page_cache: str | None
-    load_samples: int | None
-    fresh_ttft_ms: float | None
-    top1_agreement: float | None
-    kl_mean: float | None
-    kl_p99: float | None
-    greedy_parity: float | None
-    agreement_positions: int | None
-    agreement: str | None
     load: LoadFigures | None = None
 
     @classmethod
