@@ -7,10 +7,11 @@ the figures of a measurement's summary (a record's ``summary``, the session tabl
 ``FIGURES``: a measurement's headline figures (the JUnit properties, ``judge.result.Figures``,
 the session schema's ``figures``, the per-test metrics table), each declared with its type in
 ``HeadlineFigures`` beside them; a budgeted figure (``Figure.bound``) is also its budget key, so
-a new headline figure with its budget, read from what a Measurement holds, touches two package
-files: its entry and its field here, and its property in ``schemas/session.schema.json``'s
-``figures`` (then its rows in docs/report.md's figure table and the README's marker-key table),
-each of which tests/test_catalog.py checks and names when missing. Every budget, comparison,
+a new headline figure with its budget, read from what a Measurement holds, is its entry and
+its field here, in this one package file (the session schema's ``figures`` are filled in from
+``FIGURES`` when the package loads it; an older session file without it writes back as it was),
+then its rows in docs/report.md's figure table and the README's marker-key table, each of which
+tests/test_catalog.py checks and names when missing. Every budget, comparison,
 report, table and history label reads it, so a metric cannot mean one thing in a budget and
 another in a report. No numpy at import (the plugin stays cheap to load).
 """

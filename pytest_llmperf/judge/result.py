@@ -30,7 +30,7 @@ import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import InitVar, dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 from scipy.stats import mannwhitneyu
@@ -317,9 +317,19 @@ class Figures(HeadlineFigures):
     """A measurement's headline figures, the Outcome's: the catalog's ``HeadlineFigures`` (one
     field per ``catalog.FIGURES`` entry, in its order, declared beside it), unrounded, as the
     JUnit properties and the terminal summary show them (the record's ``summary`` is the rounded
-    subset kept in files), then ``load``."""
+    subset kept in files), then ``load``. ``absent``: the figures a stored ``figures`` lacked (an
+    older session file's, added to the catalog since): None here, and not written back, so the
+    file is written as it was read."""
 
     load: LoadFigures | None = None
+    absent: InitVar[frozenset[str]] = frozenset()
+    #: ``absent`` as given (a fresh one's: none); not a field, so two Figures of the same values
+    #: are equal however they were read.
+    absent_figures: ClassVar[frozenset[str]] = frozenset()
+
+    def __post_init__(self, absent: frozenset[str]) -> None:
+        if absent:
+            object.__setattr__(self, "absent_figures", absent)
 
     @classmethod
     def of(cls, m: Measurement) -> Figures:
@@ -333,17 +343,20 @@ class Figures(HeadlineFigures):
         return {name: getattr(self, name) for name in FIGURES}
 
     def to_json(self) -> dict[str, JSONValue]:
-        return {**self.values(), "load": None if self.load is None else dataclasses.asdict(self.load)}
+        figures = {k: v for k, v in self.values().items() if k not in self.absent_figures}
+        return {**figures, "load": None if self.load is None else dataclasses.asdict(self.load)}
 
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> Figures:
         """A figure a session file of an older pytest-llmperf lacks (added to the catalog since)
-        reads as None."""
+        reads as None (and is not written back: ``absent``)."""
         load = d.get("load")
         figures: dict[str, Any] = {k: d.get(k) for k in FIGURES}
+        absent = frozenset(FIGURES) - set(d)
         if not isinstance(load, Mapping):
-            return cls(**figures)
-        return cls(**figures, load=LoadFigures(**{f.name: load[f.name] for f in dataclasses.fields(LoadFigures)}))
+            return cls(**figures, absent=absent)
+        loads = LoadFigures(**{f.name: load[f.name] for f in dataclasses.fields(LoadFigures)})
+        return cls(**figures, load=loads, absent=absent)
 
 
 @dataclass(frozen=True)
