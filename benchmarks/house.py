@@ -48,6 +48,9 @@ Rules, each read from the code, none a list of shapes kept by hand:
   test gave (``MarkerConfig``'s field of their kind), is not a shape.
 - What ``reports/`` functions see, and the classes ``reports/`` defines, are left out: a
   report's own view is the report's business.
+- A list, dict or set comprehension is an expression of the function that holds it, not a
+  function (Python 3.12 runs it inline, PEP 709; 3.10 and 3.11 give it a frame of its own): what
+  it builds is seen where that function gives or returns it (its steps still count).
 """
 
 from __future__ import annotations
@@ -148,6 +151,8 @@ MAX_TOKENS = MARKER["max_tokens"]
 #: Functions that write or read a record's own stored form: what they return or are given, and
 #: what is seen inside them, is that form, not a shape on the main line.
 STORED_FORMS = frozenset({"to_json", "as_dict", "_as_json", "to_dict", "from_json"})
+#: The frames of comprehensions before Python 3.12 (the docstring's rule: not functions).
+COMPREHENSIONS = frozenset({"<listcomp>", "<dictcomp>", "<setcomp>"})
 
 
 @dataclasses.dataclass
@@ -196,7 +201,8 @@ class Traced:
             stored_form = frame.f_code.co_name in STORED_FORMS
             thread = threading.get_ident()
             self._depth[thread] = self._depth.get(thread, 0) + stored_form
-            if self._depth[thread] == stored_form:  # outside a stored form, or the outermost one
+            if self._depth[thread] == stored_form and frame.f_code.co_name not in COMPREHENSIONS:
+                # outside a stored form, or the outermost one
                 self._given[id(frame)] = [v for v in arguments(frame) if is_shape_candidate(v)]
         elif name.startswith(PREFIX) and event == "return":
             self._returned(frame, arg)

@@ -135,7 +135,7 @@ def test_figures_declares_each_catalog_figure_with_its_type() -> None:
     assert declared.pop("load") == "LoadFigures | None"
     fields = "\n".join(f"    {name}: {kind}" for name, kind in expected.items())
     assert declared == expected and list(declared) == list(expected), (
-        f"judge/result.py's Figures must declare the catalog's figures, in this order:\n{fields}"
+        f"core/catalog.py's HeadlineFigures (judge/result.py's Figures) must declare the catalog's figures, in this order:\n{fields}"
     )
     # Real types, too (each value is of its JSON type: test_the_session_schema_has_every_figure).
     assert typing.get_type_hints(Figures)["prompt_tokens"] == int | None

@@ -527,3 +527,27 @@ def test_a_live_outcome_carries_its_measurement_and_budget_failure_and_stores_ne
     assert not {"measurement", "failure", "n_budgets"} & set(d) and d["budget"] == "ok" and d["breached_budgets"] == []
     back = MeasurementResult.from_json(json.loads(json.dumps(d)))
     assert back == waived and back.measurement is None and back.failure is None and back.to_json() == d
+
+
+def test_a_figure_an_older_session_file_lacks_reads_as_none_and_is_not_written_back(tmp_path) -> None:
+    """A figure added to the catalog after a session file was written (here: the file's
+    ``tpot_p99_ms`` and ``delivered_ttft_ms`` taken out, as a file from before them) reads as
+    None and the file writes back as it was: a new figure leaves older session files as they are."""
+    from pytest_llmperf.reports.session_file import read_session, session_json
+
+    doc = json.loads((Path(__file__).parent / "data" / "session-before-outcome.json").read_text())
+    later = {"tpot_p99_ms", "delivered_ttft_ms"}
+    assert not later & set(load_schema("session")["$defs"]["figures"]["required"])
+    older = set(catalog.FIGURES) - set(doc["results"][0]["figures"])  # any added since the file
+    for r in doc["results"]:
+        r["figures"] = {k: v for k, v in r["figures"].items() if k not in later}
+    path = tmp_path / "older.json"
+    path.write_text(json.dumps(doc, indent=1, sort_keys=True, allow_nan=False))
+    data, results = read_session(path)
+    assert all(r.figures is not None and r.figures.tpot_p99_ms is None for r in results)
+    assert all(r.figures is not None and r.figures.absent_figures == later | older for r in results)
+    assert session_json(results, data["created_at"]) == path.read_text()
+    # A fresh one's figures are all written, None too (today's files).
+    assert results[0].figures is not None
+    fresh = dataclasses.replace(results[0].figures)
+    assert fresh.absent_figures == frozenset() and set(later) <= set(fresh.to_json())

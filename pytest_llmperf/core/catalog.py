@@ -5,10 +5,13 @@ that bound it (``BUDGETS``), how it is read from a measurement and from a stored
 whether the baseline comparison judges it (``judged``, ``tail``, ``mirror_of``). ``SUMMARY``:
 the figures of a measurement's summary (a record's ``summary``, the session table's columns).
 ``FIGURES``: a measurement's headline figures (the JUnit properties, ``judge.result.Figures``,
-the session schema's ``figures``, the per-test metrics table); a budgeted figure
-(``Figure.bound``) is also its budget key, so a new headline figure with its budget is one
-entry here plus its field in ``Figures`` and its row in docs/report.md's figure table (and the
-README's marker-key table), which tests/test_catalog.py checks. Every budget, comparison,
+the session schema's ``figures``, the per-test metrics table), each declared with its type in
+``HeadlineFigures`` beside them; a budgeted figure (``Figure.bound``) is also its budget key, so
+a new headline figure with its budget, read from what a Measurement holds, is its entry and
+its field here, in this one package file (the session schema's ``figures`` are filled in from
+``FIGURES`` when the package loads it; an older session file without it writes back as it was),
+then its rows in docs/report.md's figure table and the README's marker-key table, each of which
+tests/test_catalog.py checks and names when missing. Every budget, comparison,
 report, table and history label reads it, so a metric cannot mean one thing in a budget and
 another in a report. No numpy at import (the plugin stays cheap to load).
 """
@@ -687,6 +690,56 @@ FIGURES: dict[str, Figure] = {
         Figure("agreement", _agreement_method, json=("string", "null")),
     )
 }
+
+
+@dataclass(frozen=True)
+class HeadlineFigures:
+    """The headline figures' declaration: one field per ``FIGURES`` entry, in its order, of the
+    Python type of its JSON type (``Figure.json``; or None too where the session schema does not
+    require it: an older session file may lack it), so that mypy reads each figure's type. The
+    Outcome's ``judge.result.Figures`` is these with a load test's, and what reads and writes
+    them; tests/test_catalog.py checks this declaration against ``FIGURES`` and the session
+    schema and names a missing field."""
+
+    model: str
+    engine: str
+    prompt_tokens: int | None
+    output_tokens: int
+    runs: int
+    ttft_ms: float
+    ttft_p95_ms: float
+    prefill_ms: float | None
+    prefill_tps: float | None
+    tpot_ms: float
+    tpot_p99_ms: float | None
+    decode_tps: float
+    e2e_ms: float
+    delivered_ttft_ms: float | None
+    itl_count: int
+    itl_p50_ms: float
+    itl_p90_ms: float
+    itl_p95_ms: float
+    itl_p99_ms: float
+    itl_cv: float
+    native_prefill_ms: float | None
+    native_decode_ms_per_token: float | None
+    overhead_ms_per_token: float | None
+    rss_mib: float | None
+    kv_mib: float | None
+    compute_mib: float | None
+    model_buffer_mib: float | None
+    mapped_mib: float | None
+    load_ms: float | None
+    load_page_cache: str | None
+    load_samples: int | None
+    fresh_ttft_ms: float | None
+    top1_agreement: float | None
+    kl_mean: float | None
+    kl_p99: float | None
+    greedy_parity: float | None
+    agreement_positions: int | None
+    agreement: str | None
+
 
 #: Every budget key, in the order the marker's help lists them: the pooled ITL percentiles,
 #: the other figures' (``Figure.bound``), then a load test's and the roofline's.

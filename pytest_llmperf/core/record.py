@@ -3,9 +3,11 @@
 ``Record`` is what a baseline or session file holds, written by ``Record.of`` from a
 ``core.measurement.Measurement`` (the one place a measurement becomes its stored form): fewer
 per-run fields than a fresh measurement (each run's judged metrics, ITL samples and parts, no
-traces, no E2E per run), the summary, and the sections of where the time went, each typed by its
-stored form (``StoredWorkload``, ``StoredMemory``... here, ``StabilityJson``, ``LayersJson``...
-beside the Measurement's section classes that write them). ``to_json`` writes the stored form
+traces, no E2E per run), the summary, and the sections of where the time went. The workload
+identity and the summary are typed parts of the Record (``StoredWorkload``, ``Summary``: frozen
+dataclasses that write and read their own stored form, and read as its mapping too); the other
+sections are typed by their stored form (``StoredMemory``... here, ``StabilityJson``,
+``LayersJson``... beside the Measurement's section classes that write them). ``to_json`` writes the stored form
 (the keys of today's entries, in their order) and ``from_json`` reads it back, checked against
 ``schemas/baselines.schema.json#/$defs/record`` first; ``read`` is that reader without the check
 (a hand-made record, a damaged one the judge judges in part): the one place a stored record's
@@ -18,8 +20,9 @@ from __future__ import annotations
 
 import json
 import statistics
+from abc import abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, TypeAlias, TypedDict
 
 from . import catalog
@@ -48,29 +51,109 @@ if TYPE_CHECKING:
 PerRun: TypeAlias = "Mapping[str, Sequence[float]]"
 
 
-class StoredWorkload(TypedDict, total=False):
+class StoredForm(Mapping[str, JSONValue]):
+    """A typed stored form that also reads as the read-only mapping of what its ``to_json``
+    writes (``record["summary"]``, ``dict(record)``, ``"turn" in record.workload``): how a
+    hook and the catalog's readers read a record before it was typed."""
+
+    @abstractmethod
+    def to_json(self) -> dict[str, JSONValue]: ...
+
+    def __getitem__(self, key: str) -> JSONValue:
+        return self.to_json()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_json())
+
+    def __len__(self) -> int:
+        return len(self.to_json())
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoredWorkload(StoredForm):
     """What must match for two records to be compared (``WORKLOAD_KEYS``), with the run and
     warm-up counts (which may differ). ``shared_prefix_tokens`` and ``prompt_cache`` only when
     set, ``messages`` (a chat request's, as JSON text), ``prompt_set``, ``trace`` and
     ``conversation`` (their content hashes, a trace with its ``trace_speed``, a conversation with
-    its judged ``turn``) too (so older baselines keep matching)."""
+    its judged ``turn``) too (so older baselines keep matching). The first six keys are written
+    even where None (``null``); the others only where set. Read back by ``from_json``: a key of
+    the wrong kind, or one this version does not know, is kept as it came in ``extra``, and a
+    first-six key the stored workload lacked (a hand-made record's) in ``absent``, so it is
+    written again as it was read."""
 
-    prompt: str | None
-    prompt_tokens: int | None
-    max_tokens: int
-    seed: int | None
-    concurrency: int | None
-    rate: float | None
-    shared_prefix_tokens: int
-    prompt_cache: str
-    messages: str
-    prompt_set: str
-    trace: str
-    trace_speed: float
-    conversation: str
-    turn: int
-    runs: int
-    warmup: int
+    prompt: str | None = None
+    prompt_tokens: int | None = None
+    max_tokens: int | None = None
+    seed: int | None = None
+    concurrency: int | None = None
+    rate: float | None = None
+    shared_prefix_tokens: int | None = None
+    prompt_cache: str | None = None
+    messages: str | None = None
+    prompt_set: str | None = None
+    trace: str | None = None
+    trace_speed: float | None = None
+    conversation: str | None = None
+    turn: int | None = None
+    runs: int | None = None
+    warmup: int | None = None
+    #: Keys written even where None that the stored workload lacked.
+    absent: frozenset[str] = frozenset()
+    #: Stored keys of the wrong kind or that this version does not know, as they came.
+    extra: JsonObject = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, JSONValue]:
+        out: dict[str, JSONValue] = {}
+        for name in _WORKLOAD_FIELDS:
+            value = getattr(self, name)
+            if value is not None or (name in _NULLABLE_IDENTITY and name not in self.absent):
+                out[name] = value
+        out.update(self.extra)
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> StoredWorkload:
+        typed = {k: v for k, v in d.items() if k in _WORKLOAD_FIELDS and _holds(_WORKLOAD_FIELDS[k], v, k)}
+        return cls(
+            **typed,  # type: ignore[arg-type]  # each of its field's kind (_holds)
+            absent=_NULLABLE_IDENTITY - set(d),
+            extra={k: v for k, v in d.items() if k not in typed},  # type: ignore[misc]  # JSON as it came
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Summary(StoredForm):
+    """A record's ``summary``: ``n_runs``, ``itl_count`` and the catalog's ``SUMMARY`` figures
+    (``figures``, by key, six significant figures; None where the measurement has none), written
+    in this order. Read back by ``from_json``: a value of the wrong kind, or a key this version
+    does not know, is kept as it came in ``extra``; a key the stored summary lacked (an older
+    record's) is not written."""
+
+    n_runs: int | None = None
+    itl_count: int | None = None
+    figures: Mapping[str, float | None] = field(default_factory=dict)
+    #: Stored keys of the wrong kind or that this version does not know, as they came.
+    extra: JsonObject = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, m: Measurement) -> Summary:
+        return cls(
+            n_runs=m.n_runs, itl_count=m.itl.count, figures={key: sig6(f.read(m)) for key, f in catalog.SUMMARY.items()}
+        )
+
+    def to_json(self) -> dict[str, JSONValue]:
+        counts = {"n_runs": self.n_runs, "itl_count": self.itl_count}
+        return {**{k: v for k, v in counts.items() if v is not None}, **self.figures, **self.extra}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> Summary:
+        counts = {k: v for k, v in d.items() if k in ("n_runs", "itl_count") and _holds("int", v, k)}
+        figures = {k: v for k, v in d.items() if k in catalog.SUMMARY and (v is None or _holds("float", v, k))}
+        return cls(
+            **counts,  # type: ignore[arg-type]  # ints (_holds)
+            figures=figures,  # type: ignore[arg-type]  # numbers or None (_holds)
+            extra={k: v for k, v in d.items() if k not in counts and k not in figures},  # type: ignore[misc]
+        )
 
 
 class StoredMemory(TypedDict, total=False):
@@ -161,7 +244,7 @@ class StoredRequests(TypedDict):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Record(Mapping[str, JSONValue]):
+class Record(StoredForm):
     """One stored measurement (module docstring). The fields are the stored keys in the order
     they are written; a section the measurement did not have is None (and not written). It is
     also a read-only mapping of its stored form (``record["summary"]``, ``dict(record)``: what
@@ -178,8 +261,7 @@ class Record(Mapping[str, JSONValue]):
     runs: PerRun
     #: Each run's inter-token latencies (ms).
     itl_ms: tuple[tuple[float, ...], ...] | None = None
-    #: ``n_runs``, ``itl_count`` and the catalog's ``SUMMARY`` figures (six significant figures).
-    summary: Mapping[str, float | None] | None = None
+    summary: Summary | None = None
     stability: StabilityJson | None = None
     #: Per-run values of each phase's parts (``catalog.PARTS``), by part.
     parts: PerRun | None = None
@@ -226,14 +308,10 @@ class Record(Mapping[str, JSONValue]):
             commit=commit,
             hardware=dict(fingerprint.hardware) if fingerprint else {},
             subject=dict(fingerprint.subject) if fingerprint else {},
-            workload={**workload_identity(m), "runs": m.workload.runs, "warmup": m.workload.warmup},
+            workload=replace(workload_identity(m), runs=m.workload.runs, warmup=m.workload.warmup),
             runs=_per_run_values(m, catalog.RUN_FIELDS, whole=False),
             itl_ms=tuple(tuple(sig6(v) for v in r.itl_ms) for r in m.runs),
-            summary={
-                "n_runs": m.n_runs,
-                "itl_count": m.itl.count,
-                **{key: sig6(f.read(m)) for key, f in catalog.SUMMARY.items()},
-            },
+            summary=Summary.of(m),
             stability=stability.as_dict(),
             parts=_per_run_values(m, tuple(p.name for p in catalog.PARTS), whole=True) or None,
             layers=m.layers.as_dict() if m.layers is not None else None,
@@ -266,15 +344,6 @@ class Record(Mapping[str, JSONValue]):
         first, last = names.index("stability"), names.index("machine")
         return {k: v for k, v in self.to_json().items() if k in names[first : last + 1]}
 
-    def __getitem__(self, key: str) -> JSONValue:
-        return self.to_json()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.to_json())
-
-    def __len__(self) -> int:
-        return len(self.to_json())
-
     def to_json(self) -> dict[str, JSONValue]:
         """The stored form: every field that is not None, in order, then ``extra``."""
         out: dict[str, JSONValue] = {}
@@ -301,7 +370,7 @@ class Record(Mapping[str, JSONValue]):
         the rest; the values inside a section are the judge's to check. Keys this version does
         not know are kept in ``extra``."""
         values = {k: _section(k, v) for k, v in d.items() if k in _NAMES}
-        values.update({k: values.get(k) or {} for k in _REQUIRED})
+        values.update({k: _section(k, {}) for k in _REQUIRED if values.get(k) is None})
         extra = {k: v for k, v in d.items() if k not in _NAMES}
         return cls(**{k: v for k, v in values.items() if v is not None}, extra=extra)  # type: ignore[arg-type]
 
@@ -332,7 +401,13 @@ def _section(name: str, value: object) -> object:
         return tuple(tuple(run) if isinstance(run, list) else run for run in value) if isinstance(value, list) else None
     if not isinstance(value, Mapping):
         return None
+    if name in _TYPED:
+        return _TYPED[name](value)
     return {k: tuple(v) if isinstance(v, list) else v for k, v in value.items()} if name in ("runs", "parts") else value
+
+
+#: The sections typed by their own stored form, each read by its ``from_json``.
+_TYPED = {"workload": StoredWorkload.from_json, "summary": Summary.from_json}
 
 
 #: Written even when None (a record holds ``"commit": null`` outside a git checkout).
@@ -340,7 +415,9 @@ _ALWAYS = frozenset({"commit"})
 
 
 def _plain(value: object) -> JSONValue:
-    """A field's value as JSON: tuples as lists, mappings as dicts."""
+    """A field's value as JSON: a typed section as it writes itself, tuples as lists, mappings as dicts."""
+    if isinstance(value, StoredForm):
+        return value.to_json()
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (tuple, list)):
@@ -361,23 +438,22 @@ def _per_run_values(m: Measurement, names: Sequence[str], *, whole: bool) -> dic
     return out
 
 
+#: ``StoredWorkload``'s stored keys and the kind each holds (its field's annotation), in the
+#: order they are written.
+_WORKLOAD_FIELDS = {f.name: str(f.type) for f in fields(StoredWorkload) if f.name not in ("absent", "extra")}
 #: What must match for two records' workloads to be compared (the run counts may differ).
-WORKLOAD_KEYS = (
-    "prompt",
-    "prompt_tokens",
-    "max_tokens",
-    "seed",
-    "concurrency",
-    "rate",
-    "shared_prefix_tokens",
-    "prompt_cache",
-    "messages",
-    "prompt_set",
-    "trace",
-    "trace_speed",
-    "conversation",
-    "turn",
-)
+WORKLOAD_KEYS = tuple(k for k in _WORKLOAD_FIELDS if k not in ("runs", "warmup"))
+#: The identity's keys a record writes even where None (``null``).
+_NULLABLE_IDENTITY = frozenset(WORKLOAD_KEYS[:6])
+_KINDS: dict[str, tuple[type, ...]] = {"str": (str,), "int": (int,), "float": (int, float)}
+
+
+def _holds(annotation: str, value: object, key: str) -> bool:
+    """Whether ``value`` is of the kind a field annotated ``annotation`` (``int | None``...)
+    holds (a bool is no number); None only where it is written as ``null``."""
+    if value is None:
+        return key in _NULLABLE_IDENTITY
+    return isinstance(value, _KINDS.get(annotation.split(" ")[0], ())) and not isinstance(value, bool)
 
 
 def workload_changes(a: Mapping[str, object], b: Mapping[str, object]) -> list[str]:
@@ -387,37 +463,31 @@ def workload_changes(a: Mapping[str, object], b: Mapping[str, object]) -> list[s
 
 def workload_identity(m: Measurement) -> StoredWorkload:
     w = m.workload
-    out: StoredWorkload = {
-        "prompt": w.prompt,
+    return StoredWorkload(
+        prompt=w.prompt,
         # The workload's prompt as the engine tokenized it; a measured callable's is the one the
         # test gives it (what the callable builds from it, a system prompt added, is the user's
         # code under test: a change of it is judged and named, not a new workload). A prompt set's
         # lengths vary by run: its content hash names its prompts (none here, whatever the run count).
-        "prompt_tokens": w.prompt_tokens
+        prompt_tokens=w.prompt_tokens
         if m.engine.engine == "callable" or (w.prompt_set, w.trace, w.conversation) != (None, None, None)
         else m.prompt_tokens,
-        "max_tokens": w.max_tokens,
-        "seed": w.seed,
+        max_tokens=w.max_tokens,
+        seed=w.seed,
         # Load tests: a run under concurrency 4 is not comparable with one under concurrency 1.
-        "concurrency": w.concurrency,
-        "rate": w.rate,
-    }
-    if w.shared_prefix_tokens:  # served: a shared prompt prefix measures the prompt cache
-        out["shared_prefix_tokens"] = w.shared_prefix_tokens
-    if w.prompt_cache != "cold":  # a callable's warm prompt cache measures the cache
-        out["prompt_cache"] = w.prompt_cache
-    if w.messages is not None:  # a chat request: its messages as the test gives them
-        out["messages"] = chat_identity(w.messages)
-    if w.prompt_set is not None:  # a prompt set: its content hash
-        out["prompt_set"] = prompt_set_digest(w.prompt_set)
-    if w.trace is not None:  # a trace: its content hash and the pace it is replayed at
-        out["trace"] = trace_digest(w.trace)
-        out["trace_speed"] = w.trace_speed or 1.0
-    if w.conversation is not None:  # a conversation: its content hash
-        out["conversation"] = conversation_digest(w.conversation)
-    if w.turn is not None:  # a conversation judged on one turn
-        out["turn"] = w.turn
-    return out
+        concurrency=w.concurrency,
+        rate=w.rate,
+        # Each of the rest only where set, so older baselines keep matching.
+        shared_prefix_tokens=w.shared_prefix_tokens or None,  # served: a shared prefix measures the prompt cache
+        prompt_cache=w.prompt_cache if w.prompt_cache != "cold" else None,  # a callable's warm prompt cache
+        messages=chat_identity(w.messages) if w.messages is not None else None,  # a chat request's messages
+        prompt_set=prompt_set_digest(w.prompt_set) if w.prompt_set is not None else None,  # its content hash
+        # A trace: its content hash and the pace it is replayed at.
+        trace=trace_digest(w.trace) if w.trace is not None else None,
+        trace_speed=(w.trace_speed or 1.0) if w.trace is not None else None,
+        conversation=conversation_digest(w.conversation) if w.conversation is not None else None,
+        turn=w.turn,  # a conversation judged on one turn
+    )
 
 
 def chat_identity(messages: Sequence[ChatMessage]) -> str:

@@ -30,12 +30,12 @@ import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import InitVar, dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 from scipy.stats import mannwhitneyu
 
-from ..core.catalog import FIGURES
+from ..core.catalog import FIGURES, HeadlineFigures
 from ..core.documents import JSONValue, SchemaViolation, validate
 from ..core.errors import LLMPerfError
 from ..core.measurement import LoadStats, Measurement
@@ -313,53 +313,23 @@ class LoadFigures:
 
 
 @dataclass(frozen=True)
-class Figures:
-    """A measurement's headline figures, the Outcome's: one field per ``catalog.FIGURES`` entry,
-    in its order, of the Python type of its JSON type (``Figure.json``; or None too where the
-    session schema does not require it: an older session file may lack it; tests/test_catalog.py
-    checks this declaration against the catalog and the schema and names a missing field),
-    unrounded, as the JUnit properties and the terminal summary show them (the record's
-    ``summary`` is the rounded subset kept in files), then ``load``."""
+class Figures(HeadlineFigures):
+    """A measurement's headline figures, the Outcome's: the catalog's ``HeadlineFigures`` (one
+    field per ``catalog.FIGURES`` entry, in its order, declared beside it), unrounded, as the
+    JUnit properties and the terminal summary show them (the record's ``summary`` is the rounded
+    subset kept in files), then ``load``. ``absent``: the figures a stored ``figures`` lacked (an
+    older session file's, added to the catalog since): None here, and not written back, so the
+    file is written as it was read."""
 
-    model: str
-    engine: str
-    prompt_tokens: int | None
-    output_tokens: int
-    runs: int
-    ttft_ms: float
-    ttft_p95_ms: float
-    prefill_ms: float | None
-    prefill_tps: float | None
-    tpot_ms: float
-    tpot_p99_ms: float | None
-    decode_tps: float
-    e2e_ms: float
-    delivered_ttft_ms: float | None
-    itl_count: int
-    itl_p50_ms: float
-    itl_p90_ms: float
-    itl_p95_ms: float
-    itl_p99_ms: float
-    itl_cv: float
-    native_prefill_ms: float | None
-    native_decode_ms_per_token: float | None
-    overhead_ms_per_token: float | None
-    rss_mib: float | None
-    kv_mib: float | None
-    compute_mib: float | None
-    model_buffer_mib: float | None
-    mapped_mib: float | None
-    load_ms: float | None
-    load_page_cache: str | None
-    load_samples: int | None
-    fresh_ttft_ms: float | None
-    top1_agreement: float | None
-    kl_mean: float | None
-    kl_p99: float | None
-    greedy_parity: float | None
-    agreement_positions: int | None
-    agreement: str | None
     load: LoadFigures | None = None
+    absent: InitVar[frozenset[str]] = frozenset()
+    #: ``absent`` as given (a fresh one's: none); not a field, so two Figures of the same values
+    #: are equal however they were read.
+    absent_figures: ClassVar[frozenset[str]] = frozenset()
+
+    def __post_init__(self, absent: frozenset[str]) -> None:
+        if absent:
+            object.__setattr__(self, "absent_figures", absent)
 
     @classmethod
     def of(cls, m: Measurement) -> Figures:
@@ -373,17 +343,20 @@ class Figures:
         return {name: getattr(self, name) for name in FIGURES}
 
     def to_json(self) -> dict[str, JSONValue]:
-        return {**self.values(), "load": None if self.load is None else dataclasses.asdict(self.load)}
+        figures = {k: v for k, v in self.values().items() if k not in self.absent_figures}
+        return {**figures, "load": None if self.load is None else dataclasses.asdict(self.load)}
 
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> Figures:
         """A figure a session file of an older pytest-llmperf lacks (added to the catalog since)
-        reads as None."""
+        reads as None (and is not written back: ``absent``)."""
         load = d.get("load")
         figures: dict[str, Any] = {k: d.get(k) for k in FIGURES}
+        absent = frozenset(FIGURES) - set(d)
         if not isinstance(load, Mapping):
-            return cls(**figures)
-        return cls(**figures, load=LoadFigures(**{f.name: load[f.name] for f in dataclasses.fields(LoadFigures)}))
+            return cls(**figures, absent=absent)
+        loads = LoadFigures(**{f.name: load[f.name] for f in dataclasses.fields(LoadFigures)})
+        return cls(**figures, load=loads, absent=absent)
 
 
 @dataclass(frozen=True)
