@@ -200,11 +200,7 @@ def levels_line(one: Levels) -> str:
     """What each level contributed to one comparison (``Levels``, its upper level here the engine
     instance pair), in ``Levels.line``'s words: ``levels: decode TPOT: between 3 instance pairs sd
     0.81%, within their 20 pairs sd 2.10% (the instance level 40% of the CI's variance)``."""
-    label, phase, _, _ = PAIRED_METRICS[one.metric]
-    return (
-        f"levels: {phase} {label}: between {one.process_pairs} instance pairs sd {one.between_sd:.2%}, "
-        f"within their {one.pairs} pairs sd {one.within_sd:.2%} (the instance level {one.share:.0%} of the CI's variance)"
-    )
+    return f"levels: {one.line('instance')}"
 
 
 def first_blocks(runs: int) -> int:

@@ -260,14 +260,15 @@ class Levels:
             "between_share": round(self.share, 4),
         }
 
-    def line(self) -> str:
+    def line(self, unit: str = "process") -> str:
         """``decode TPOT: between 2 process pairs sd 0.81%, within their 40 pairs sd 2.10% (the process
-        level 62% of the CI's variance)``."""
+        level 62% of the CI's variance)``; ``unit``: what the upper level's pairs are (an in-process
+        A/B's: "instance")."""
         label, phase, _, _ = PAIRED_METRICS[self.metric]
         return (
-            f"{phase} {label}: between {self.process_pairs} process pairs sd {self.between_sd:.2%}, "
+            f"{phase} {label}: between {self.process_pairs} {unit} pairs sd {self.between_sd:.2%}, "
             f"within their {self.pairs} pairs sd {self.within_sd:.2%} "
-            f"(the process level {self.share:.0%} of the CI's variance)"
+            f"(the {unit} level {self.share:.0%} of the CI's variance)"
         )
 
 
