@@ -8,8 +8,8 @@ its pairs in blocks over fresh engine instance pairs (docs/ab.md, "Instances: th
 each later block on a fresh pair of the session's engines, the case's per-token work kept), its
 CIs the two-level model's. Its pairs are judged as ``--llmperf-against`` judges a measurement's, replayed by
 ``against_stopping.stopped``'s ``after`` rule (the plan of ``session.against.looks_for`` for
-``--runs``: a look every 10 pairs up to 3 x runs, each look ``judge.paired.judged_pairs`` at alpha
-/ looks and ``--threshold``, stopping at the first look ``pairs_settled`` settles, else at the
+``--runs``: a look every 10 pairs up to 3 x runs, each look ``judge.paired.look`` at alpha
+/ looks and ``--threshold``, stopping at the first look that settles, else at the
 cap or the session's last pair; without against's time bound; a look over two or more instance
 pairs judged with the two-level model, as against's over its process pairs): the verdicts
 and CIs are those of the look it stopped at, the pairs and seconds per decision those pairs'
@@ -60,7 +60,6 @@ from pytest_llmperf import Workload, ensure_model
 from pytest_llmperf.core.workload import EngineInfo, RunTrace
 from pytest_llmperf.engines.llama_cpp import LlamaCppEngine
 from pytest_llmperf.judge.ab import Side, compare_ab
-from pytest_llmperf.judge.paired import pairs_settled
 from pytest_llmperf.judge.result import comparison_json
 from pytest_llmperf.measuring.interleave import Interleaved, turns
 
@@ -145,8 +144,7 @@ def session(a: Any, b: Any, case: str, way: str, workload: Workload, args: argpa
     wall_s = time.monotonic() - started
     assert r.interleaved.value == way, (r.interleaved, r.unstepped)
     groups = [k for k, size in enumerate(r.blocks) for _ in range(size)]
-    n, judged, _ = stopped("after", r.a.runs, r.b.runs, args.runs, threshold=args.threshold, groups=groups)
-    why = pairs_settled(list(judged.values())) or f"the cap of {n} pairs"
+    n, judged, _, why = stopped("after", r.a.runs, r.b.runs, args.runs, threshold=args.threshold, groups=groups)
     by_metric = {metric: comparison_json(c) for metric, c in judged.items()}
     d = np.log([x.tpot_ms for x in r.b.runs]) - np.log([x.tpot_ms for x in r.a.runs])
     return {

@@ -1,7 +1,7 @@
 """When ``--llmperf-against``'s pairs stop, on synthetic pairs (issue 37.3; docs/against.md, "When
 the pairs stop"): the pairs each rule takes and what it decides, for an unchanged subject, +4%
 and +8% in decode, at a given spread of the per-pair log ratios. No llama.cpp: the same
-``judge.paired.judged_pairs`` as a session, on pairs drawn here, so a rule can be measured over
+``judge.paired.look`` as a session, on pairs drawn here, so a rule can be measured over
 hundreds of sessions in seconds (``benchmarks/against_sessions.py`` measures real ones).
 
 Rules:
@@ -9,7 +9,7 @@ Rules:
   pairs while a comparison is INCONCLUSIVE and more pairs could decide it, or UNCHANGED with a
   95% CI that holds 1 and reaches past half the threshold;
 - ``after``: ``session.against.looks_for`` (a look every 10 pairs, 6 looks) and
-  ``judge.paired.pairs_settled``;
+  ``judge.paired.look`` (``pairs_settled`` with the look's 95% CIs for the equivalence stop);
 - ``early`` (a candidate, not the plugin's): ``after``, and also stop at a REGRESSION whose CI
   lies beyond half the threshold (``after`` waits until the whole CI lies beyond the threshold).
   It never stops later than ``after``, so it can be replayed on sessions recorded without
@@ -46,7 +46,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from pytest_llmperf.judge.paired import judged_pairs, needs_more_pairs, pairs_settled
+from pytest_llmperf.judge.paired import look, needs_more_pairs
 from pytest_llmperf.judge.verdict import Verdict, log_level
 from pytest_llmperf.session.against import looks_for
 
@@ -87,16 +87,16 @@ def _before_open(c) -> bool:
 def session(rng: np.random.Generator, rule: str, change: float, spread: float, runs: int = 20) -> tuple[int, dict]:
     cap = looks_for(runs, None)[0] if rule != "before" else SEQUENTIAL * runs
     a, b = pairs(rng, cap, change, spread)
-    n, judged, _ = stopped(rule, a, b, runs)
+    n, judged, *_ = stopped(rule, a, b, runs)
     return n, judged
 
 
 def stopped(
     rule: str, a: list, b: list, runs: int = 20, threshold: float = 0.05, groups: Sequence[int] = ()
-) -> tuple[int, dict, list[str]]:
+) -> tuple[int, dict, list[str], str]:
     """Where ``rule`` stops on the pairs (a, b) at ``threshold`` (the ITL p95's stays 10%): the
-    pairs taken, the judged comparisons there, and, per look that did not stop, the metrics that
-    kept it going. ``benchmarks/ab_token_sessions.py`` replays ``after`` on an A/B's pairs, with
+    pairs taken, the judged comparisons there, per look that did not stop the metrics that
+    kept it going, and why it stopped. ``benchmarks/ab_token_sessions.py`` replays ``after`` on an A/B's pairs, with
     ``groups`` (each pair's engine instance pair): a look over two or more of them is judged with
     the two-level model, as ``--llmperf-against``'s over its process pairs."""
     if rule == "before":
@@ -108,17 +108,20 @@ def stopped(
     open_by: list[str] = []
     while True:
         n = min(n + step, cap)
-        two = list(groups[:n]) if len(set(groups[:n])) > 1 else []
-        comps = judged_pairs(
-            a[:n], b[:n], alpha=0.01, threshold=threshold, tail_threshold=0.10, family=3, looks=looks, groups=two
-        )
-        judged = [c for c in comps if c.mirror_of is None]
+        judging = {"alpha": 0.01, "threshold": threshold, "tail_threshold": 0.10, "family": 3}
+        seen = look(a[:n], b[:n], cap=cap, looks=looks, groups=groups[:n], **judging)
+        judged = [c for c in seen.comparisons if c.mirror_of is None]
         if rule == "before":
             stop = not any(_before_open(c) for c in judged)
         else:
-            stop = pairs_settled(comps, cap, looks) is not None or (rule == "early" and _early_regression(judged))
+            stop = (seen.why is not None and n < cap) or (rule == "early" and _early_regression(judged))
         if stop or n >= cap:
-            return n, {c.metric: c for c in judged}, open_by
+            return (
+                n,
+                {c.metric: c for c in judged},
+                open_by,
+                seen.why or ("settled" if stop else f"the cap of {cap} pairs"),
+            )
         test = _before_open if rule == "before" else needs_more_pairs
         open_by += [c.metric for c in judged if test(c)]
 

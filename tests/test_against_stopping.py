@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_llmperf.judge.paired import judged_pairs, needs_more_pairs, pairs_settled
+from pytest_llmperf.judge.paired import SETTLED, judged_pairs, needs_more_pairs, pairs_settled
 from pytest_llmperf.judge.verdict import Verdict
 from pytest_llmperf.session.against import looks_for
 
@@ -129,6 +129,27 @@ def test_which_comparisons_need_more_pairs() -> None:
     assert pairs_settled([comparison(Verdict.REGRESSION, 1.06, 1.12), still]) is not None
     rate = comparison(Verdict.REGRESSION, 1 / 1.12, 1 / 1.06, better=True)  # a rate: lower is worse
     assert pairs_settled([rate, still]) is not None
+
+
+def test_an_equivalence_shown_by_the_looks_95_percent_ci_stops_the_pairs() -> None:
+    """The equivalence stop reads the look's 95% CI, not the repeated one printed (6 looks: 98.6%,
+    wider): an UNCHANGED whose printed CI reaches past 5% but whose 95% CI lies within +-5% and
+    holds 1 is settled; one whose 95% CI also reaches past 5%, or excludes 1 (a change within the
+    threshold, which the printed CI must show first), is not; nor an INCONCLUSIVE."""
+    u = Verdict.UNCHANGED
+
+    def named(c, metric: str = "tpot_ms"):
+        c.metric = metric
+        return c
+
+    printed = named(comparison(u, 0.96, 1.055))
+    assert pairs_settled([printed]) is None
+    assert pairs_settled([printed], at_95=[named(comparison(u, 0.97, 1.04))]) == SETTLED
+    assert pairs_settled([printed], at_95=[named(comparison(u, 0.97, 1.051))]) is None
+    assert pairs_settled([printed], at_95=[named(comparison(u, 1.002, 1.04))]) is None  # excludes 1
+    assert pairs_settled([printed], at_95=[named(comparison(u, 0.97, 1.04), "ttft_ms")]) is None  # another metric's
+    inconclusive = named(comparison(Verdict.INCONCLUSIVE, 0.96, 1.055, worth=True))
+    assert pairs_settled([inconclusive], at_95=[named(comparison(u, 0.97, 1.04))]) is None
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -380,6 +380,7 @@ def judged_pairs(
     looks: int = 1,
     reference: str = "",
     groups: Sequence[int] = (),
+    ci_level: float | None = None,
 ) -> list[Comparison]:
     """B (the current side) judged against A (``--llmperf-against``'s REF) from interleaved pairs
     of runs (``measuring.metrics.RunMetrics``; pair i = A's run i and B's run i), with the
@@ -391,9 +392,10 @@ def judged_pairs(
     each pair's process pair; with two or more, the estimate, CI, p-values and standard error are
     the two-level model's (``two_level_ci``), whose CI carries the processes' offsets. Every CI
     is a repeated CI over the ``looks`` (``repeated_level``): whichever look the pairs stop at,
-    it held the true ratio with 95% probability."""
+    it held the true ratio with 95% probability; ``ci_level`` another level (``look``'s 95% CIs
+    of each look, which its equivalence stop reads)."""
     two = len(set(groups)) > 1
-    ci = repeated_level(looks)
+    ci = repeated_level(looks) if ci_level is None else ci_level
     judged: list[Comparison] = []
     for spec in JUDGED:
         va = [getattr(r, spec.name) for r in a_runs]
@@ -609,20 +611,75 @@ def _leans_slower(c: Comparison) -> bool:
     return worse >= math.log1p(c.threshold / 2)
 
 
-def pairs_settled(comparisons: Sequence[Comparison], cap: int | None = None, looks: int = 1) -> str | None:
+def pairs_settled(
+    comparisons: Sequence[Comparison], cap: int | None = None, looks: int = 1, at_95: Sequence[Comparison] = ()
+) -> str | None:
     """Why the pairs of one measurement may stop at this look (``judged_pairs``' comparisons),
     or None to take more: a REGRESSION whose whole CI lies beyond the threshold (the test fails,
     and more pairs would not bring the change back within it), or every judged comparison
-    settled (``needs_more_pairs``, with the measurement's ``cap`` of pairs). The cap stops the
-    pairs apart from this."""
+    settled (``needs_more_pairs``, with the measurement's ``cap`` of pairs; an UNCHANGED also
+    when its 95% CI of this look in ``at_95`` lies within the threshold: ``equivalent``). The cap
+    stops the pairs apart from this."""
     judged = [c for c in comparisons if c.mirror_of is None]
     for c in judged:
         beyond = (low := _worse_low(c)) is not None and low > 1.0 + c.threshold
         if c.verdict is Verdict.REGRESSION and beyond:
             return f"{c.phase} {c.label} REGRESSION, its whole CI beyond {c.threshold:.0%}"
-    if any(needs_more_pairs(c, cap, looks) for c in judged):
+    shown = {c.metric: c for c in at_95}
+    if any(needs_more_pairs(c, cap, looks) and not (shown and equivalent(c, shown.get(c.metric))) for c in judged):
         return None
     return SETTLED
+
+
+def equivalent(c: Comparison, at_95: Comparison | None) -> bool:
+    """An UNCHANGED whose 95% CI of this look (``at_95``: the same pairs judged at 95%, not at
+    the repeated level) holds 1 and lies within the threshold either way: equivalence shown by
+    two one-sided tests at 2.5% each (TOST), a stop of the pairs. The CI printed stays the
+    repeated one, which holds the true ratio at whichever look the pairs stop, however the stop
+    was chosen (Jennison & Turnbull 1989); the equivalence stop need not be as wide (at the
+    repeated level it took a median of 40 pairs where TTFT's pairs spread 2%, docs/against.md).
+    One whose 95% CI excludes 1 goes on: a change within the threshold, shown when the printed
+    CI shows it (or futility stops it)."""
+    if at_95 is None or c.verdict is not Verdict.UNCHANGED or at_95.ci_low is None or at_95.ci_high is None:
+        return False
+    bound = 1.0 + c.threshold
+    return 1.0 / bound < at_95.ci_low <= 1.0 <= at_95.ci_high < bound
+
+
+@dataclass(frozen=True)
+class Look:
+    """One look at a measurement's pairs (``look``): the comparisons judged there (each CI the
+    repeated one) and why the pairs stop there (None: they go on)."""
+
+    comparisons: list[Comparison]
+    why: str | None
+
+
+def look(
+    a_runs: Sequence[RunMetrics],
+    b_runs: Sequence[RunMetrics],
+    *,
+    cap: int,
+    looks: int,
+    alpha: float,
+    threshold: float,
+    tail_threshold: float,
+    family: int,
+    reference: str = "",
+    groups: Sequence[int] = (),
+) -> Look:
+    """One look of ``--llmperf-against``'s sequential pairs (and of their replays in benchmarks
+    and tests): the pairs judged (``judged_pairs``: repeated CIs, alpha / ``looks``), and whether
+    they stop (``pairs_settled``, with the same pairs' 95% CIs for the equivalence stop) or the
+    ``cap`` is reached. ``groups``: each pair's process pair (one only: the pairs' own model)."""
+    two = groups if len(set(groups)) > 1 else ()
+    judge = functools.partial(
+        judged_pairs, a_runs, b_runs, alpha=alpha, threshold=threshold, tail_threshold=tail_threshold, family=family
+    )
+    comparisons = judge(looks=looks, reference=reference, groups=two)
+    at_95 = judge(looks=looks, groups=two, ci_level=CI_LEVEL) if looks > 1 else comparisons
+    capped = f"the cap of {cap} pairs" if len(a_runs) >= cap else None
+    return Look(comparisons, pairs_settled(comparisons, cap, looks, at_95) or capped)
 
 
 #: The most pairs on each of a measurement's first two blocks (process pairs of

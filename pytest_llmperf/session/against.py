@@ -38,16 +38,8 @@ from ..core.workload import SEQUENTIAL_FACTOR, RunTrace, Workload, drawn
 from ..engines import NeedsPromptIds, TokenProbabilities
 from ..judge.attribution import compare_attributions, moved_phases
 from ..judge.attribution import why as why_attribution
-from ..judge.paired import (
-    FIRST_BLOCK,
-    PAIRS_PER_PROCESS,
-    Levels,
-    judged_pairs,
-    needs_more_pairs,
-    pair_levels,
-    pairs_per_process,
-    pairs_settled,
-)
+from ..judge.paired import FIRST_BLOCK, PAIRS_PER_PROCESS, Levels, needs_more_pairs, pair_levels, pairs_per_process
+from ..judge.paired import look as at_look
 from ..judge.parts import explained_phases, gated, paired_parts, prompt_changes
 from ..judge.result import comparison_json
 from ..judge.rule import JUDGED
@@ -721,9 +713,9 @@ def _looks(processes: Processes, workload: Workload, plan: tuple[int, int, int],
             continue  # the next look comes at a later block's end
         look += 1
         two = groups if len(set(groups)) > 1 else []
-        comparisons = judged_pairs(runs["A"], runs["B"], looks=looks, groups=two, **judging)
+        seen = at_look(runs["A"], runs["B"], cap=cap, looks=looks, groups=two, **judging)
+        comparisons, why = seen.comparisons, seen.why
         levels = pair_levels(runs["A"], runs["B"], two) if two else ()
-        why = pairs_settled(comparisons, cap, looks) or (f"the cap of {cap} pairs" if n >= cap else None)
         if why is None and time.monotonic() - started > PAIRS_TIME_CAP_S:
             why = f"the {PAIRS_TIME_CAP_S:.0f} s bound"
         if why is None and processes.full:
