@@ -8,6 +8,7 @@ Real llama.cpp (the tiny preset); nothing here asserts a time."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 from inner import run
 
 from pytest_llmperf import LlamaCppEngine, Workload
+from pytest_llmperf.core.workload import RunTrace
 from pytest_llmperf.engines import FreshInstances
 from pytest_llmperf.judge.ab import Side, as_dict, block_size, compare_ab, first_blocks, properties
 from pytest_llmperf.judge.paired import FIRST_BLOCK, PAIRS_PER_PROCESS, paired
@@ -170,3 +172,36 @@ def test_a_callable_side_in_a_session_says_one_instance_pair_and_v_prints_levels
     assert (callable_["instance_pairs"], callable_["levels"]) == (1, [])
     assert "is a callable" in callable_["one_instance"]
     assert np.isfinite([c["ratio"] for c in settings["comparisons"]]).all()
+
+
+class Placed(LlamaCppEngine):
+    """llama.cpp in this process that notes the CPUs its runs' threads may use."""
+
+    cpus: ClassVar[list[frozenset[int]]] = []
+
+    def fresh_instance(self) -> Placed:
+        return Placed.from_config(self.config, name=self.info().model)
+
+    def run_stepped(self, workload: Workload, run_index: int, pause) -> RunTrace:
+        Placed.cpus.append(frozenset(os.sched_getaffinity(0)))  # the stepped run's own thread
+        return super().run_stepped(workload, run_index, pause)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="CPU affinity is Linux's")
+def test_both_engines_run_on_the_same_cpus_and_the_process_gets_its_own_back(tiny_model_path: Path) -> None:
+    """As ``--llmperf-against`` puts both sides' processes on the same idlest CPUs, an in-process
+    A/B puts both engines' threads there for its pairs (``measuring.interleave.same_cpus``): every
+    run of both sides, on every instance pair, on the same CPUs, as many as the engines' threads
+    (1 here, where the machine has more); after the A/B this process may use what it had."""
+    before = os.sched_getaffinity(0)
+    Placed.cpus = []
+    a, b = Placed(tiny_model_path, threads=1, name="a"), Placed(tiny_model_path, threads=1, name="b")
+    try:
+        r = compare_ab(Side("a", a), Side("b", b), W, agreement=False, attribution=None)
+    finally:
+        a.close()
+        b.close()
+    assert r.instance_pairs >= 2 and len(Placed.cpus) == 2 * (W.runs + W.warmup * r.instance_pairs)
+    assert len(set(Placed.cpus)) == 1  # one placement for every run of both sides
+    assert len(Placed.cpus[0]) == 1 and Placed.cpus[0] <= before
+    assert os.sched_getaffinity(0) == before

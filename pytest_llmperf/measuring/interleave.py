@@ -26,7 +26,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
@@ -35,6 +35,7 @@ import numpy as np
 from ..core.errors import LLMPerfError, NotSteppable
 from ..core.measurement import Agreement, Measurement
 from ..core.progress import task, timed
+from ..core.settings import usable_cpus
 from ..core.workload import EngineInfo, RunTrace, Workload
 from ..engines import (
     DrivenLlama,
@@ -50,7 +51,7 @@ from ..engines import (
 from .attribution import ATTRIBUTION_RUNS
 from .metrics import run_metrics, summarize
 from .runner import as_engine, measure, pass_of, traces_figures
-from .worker import WorkerEngine, logits_json, pin
+from .worker import WorkerEngine, idlest_cpus, logits_json, pin
 
 if TYPE_CHECKING:
     from .attribution import Stepping
@@ -152,7 +153,11 @@ def interleave(
     orders = block_orders(workload.runs, seed)
     groups: list[int] = []
     build_s = pairs_s = 0.0
-    with task("interleaved pairs") as progress, contextlib.closing(_Instances(a, b)) as instances:
+    with (
+        task("interleaved pairs") as progress,
+        contextlib.closing(_Instances(a, b)) as instances,
+        same_cpus(pairing.engines.values()),
+    ):
         progress.step("warm-up pairs", 0, workload.warmup)
         pairing.warm_up(seed, keep=True)
         while len(groups) < workload.runs:
@@ -181,6 +186,28 @@ def interleave(
         pairs_s=pairs_s,
         single=single,
     )
+
+
+@contextlib.contextmanager
+def same_cpus(engines: Iterable[Engine]) -> Iterator[tuple[int, ...] | None]:
+    """This process's threads (both engines' runs, their stepped threads, llama.cpp's pool) on
+    the idlest CPUs their threads need, as ``--llmperf-against`` puts both sides' processes
+    (``worker.idlest_cpus``), for an in-process A/B's pairs; the affinity this process had is
+    given back after. Left to the scheduler, the two engines' threads of a token-by-token pair
+    took turns on whichever core was free, each step on a core whose caches held the other
+    engine's work. No pinning where the threads need every CPU or the kernel does not say (the
+    CPUs pinned, or None)."""
+    threads = max((e.info().threads or usable_cpus() for e in engines), default=usable_cpus())
+    cpus = idlest_cpus(threads)
+    if cpus is None:
+        yield None
+        return
+    before = tuple(sorted(os.sched_getaffinity(0)))
+    pin(cpus)
+    try:
+        yield cpus
+    finally:
+        pin(before)
 
 
 class _Pairing:
