@@ -377,14 +377,8 @@ PROMPT_COLUMNS = (
 def prompt_lines(results: Iterable[Outcome]) -> list[str]:
     """A table of each measured callable's prompt as llama.cpp saw it (cold or warm, the tokens
     evaluated and reused) and its stream as the caller got it, when a result has them."""
-    rows = [r for r in results if r.prompt]
-    if not rows:
-        return []
-    out = ["", "### Your code's prompt and stream", "", *_md_head(["test", *(label for _, label in PROMPT_COLUMNS)])]
-    return out + [
-        "| " + " | ".join([md_code(r.test), *(prompt_cell(r.prompt.get(key)) for key, _ in PROMPT_COLUMNS)]) + " |"
-        for r in rows
-    ]
+    rows = [(r.test, r.prompt) for r in results if r.prompt]
+    return _figures_table("Your code's prompt and stream", PROMPT_COLUMNS, rows)
 
 
 #: The "Conversations, turn by turn" table's columns: a conversation's ``prompt.turns`` figures.
@@ -402,12 +396,18 @@ TURN_COLUMNS = (
 def turn_lines(results: Iterable[Outcome]) -> list[str]:
     """A table of each conversation's figures turn by turn (its ``prompt.turns``), when a result has them."""
     rows = [(r.test, t) for r in results for t in turns_of(r.prompt.get("turns"))]
+    return _figures_table("Conversations, turn by turn", TURN_COLUMNS, rows)
+
+
+def _figures_table(
+    title: str, columns: Sequence[tuple[str, str]], rows: Sequence[tuple[str, Mapping[str, object]]]
+) -> list[str]:
+    """The section ``title``: a row per (test, its figures), a column per (key, label) of ``columns``."""
     if not rows:
         return []
-    out = ["", "### Conversations, turn by turn", "", *_md_head(["test", *(label for _, label in TURN_COLUMNS)])]
+    out = ["", f"### {title}", "", *_md_head(["test", *(label for _, label in columns)])]
     return out + [
-        "| " + " | ".join([md_code(test), *(prompt_cell(t.get(key)) for key, _ in TURN_COLUMNS)]) + " |"
-        for test, t in rows
+        "| " + " | ".join([md_code(test), *(prompt_cell(f.get(key)) for key, _ in columns)]) + " |" for test, f in rows
     ]
 
 
