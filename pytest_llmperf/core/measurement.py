@@ -15,27 +15,13 @@ import dataclasses
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeAlias, TypedDict, cast
+from typing import Any, NamedTuple, Protocol, TypeAlias, TypedDict, cast
 
-from .formats import JSONValue, fmt, sig6
+from .formats import JSONValue, fmt, sig6, stored_fields
 from .workload import EngineInfo, Workload
-
-if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
 
 #: A JSON object: a stored section read as it came (``Record``'s sections).
 JsonObject: TypeAlias = "Mapping[str, JSONValue]"
-
-
-def _stored(section: DataclassInstance, *left_out: str) -> dict[str, object]:
-    """A section's fields as a record stores them, in their order (but ``left_out``): a ``float``
-    field to six significant figures (``sig6``), a tuple as a list, the rest as they are."""
-    return {
-        f.name: sig6(value) if str(f.type).startswith("float") else list(value) if isinstance(value, tuple) else value
-        for f in dataclasses.fields(section)
-        if f.name not in left_out
-        for value in (getattr(section, f.name),)
-    }
 
 
 @dataclass(frozen=True)
@@ -225,7 +211,7 @@ class Stability:
     warnings: tuple[str, ...]
 
     def as_dict(self) -> StabilityJson:
-        return cast("StabilityJson", _stored(self))
+        return cast("StabilityJson", stored_fields(self))
 
 
 @dataclass(frozen=True)
@@ -436,7 +422,7 @@ class PhaseRoofline:
         return text + (f"; {self.note}" if self.note else "")
 
     def as_dict(self) -> PhaseRooflineJson:
-        return cast("PhaseRooflineJson", _stored(self, "phase"))
+        return cast("PhaseRooflineJson", stored_fields(self, "phase"))
 
 
 class PhaseRooflineJson(TypedDict):
@@ -893,7 +879,7 @@ class LengthBucket:
     prefill_p50_ms: float | None
 
     def as_dict(self) -> LengthBucketJson:
-        return cast("LengthBucketJson", _stored(self))
+        return cast("LengthBucketJson", stored_fields(self))
 
 
 class PromptLengthsJson(TypedDict):
@@ -925,7 +911,7 @@ class PromptLengths:
     intercept_ms: float | None
 
     def as_dict(self) -> PromptLengthsJson:
-        return cast("PromptLengthsJson", {**_stored(self), "buckets": [b.as_dict() for b in self.buckets]})
+        return cast("PromptLengthsJson", {**stored_fields(self), "buckets": [b.as_dict() for b in self.buckets]})
 
 
 class TurnFigures(NamedTuple):

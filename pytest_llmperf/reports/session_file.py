@@ -23,7 +23,7 @@ from typing import Any
 from ..baselines import store as baseline_store
 from ..core.catalog import FIGURES, HEADLINE, SUMMARY
 from ..core.documents import JSONValue, RefusedFile, SchemaViolation, loads, read_text, validate
-from ..core.formats import fmt, render_table
+from ..core.formats import fmt, fmt_or, render_table
 from ..core.settings import COLUMN_SETS, DEFAULT_COMPARISON_COLUMNS
 from ..judge.ab import ABResult
 from ..judge.ab import as_dict as ab_dict
@@ -352,11 +352,6 @@ def _sides_text(sides: Mapping[str, Mapping[str, object]]) -> str:
     )
 
 
-def _cell(value: float | None) -> str:
-    """A headline figure; n/a where there is none (no ITL, or a session file without figures)."""
-    return "n/a" if value is None else fmt(value)
-
-
 #: The Markdown summary's memory and start-up table: the terminal's memory column set
 #: (``settings.COLUMN_SETS["memory"]``), then what the fresh loads found in the page cache.
 MEMORY_FIGURES = (*(f.key for f in SUMMARY.values() if f.column in COLUMN_SETS["memory"]), "load_page_cache")
@@ -437,7 +432,7 @@ def memory_lines(results: Iterable[Outcome]) -> list[str]:
 
 def _memory_cells(f: Mapping[str, Any]) -> list[str]:
     """One measurement's memory figures (``MEMORY_FIGURES``); the model loads with their sample count."""
-    cells = [_cell(f.get(k)) if k != "load_page_cache" else str(f.get(k) or "-") for k in MEMORY_FIGURES]
+    cells = [fmt_or(f.get(k)) if k != "load_page_cache" else str(f.get(k) or "-") for k in MEMORY_FIGURES]
     if f.get("load_samples"):
         cells[-1] += f" ({f['load_samples']})"
     return cells
@@ -564,7 +559,7 @@ def _results_table(results: Sequence[Outcome], judged: str | None) -> list[str]:
     for r in results:
         s = summary_values(r)
         short = "not compared" if r.verdict is None or (judged and not r.reference) else r.verdict.short
-        cells = [md_code(r.test), *(_cell(s.get(f.key)) for f in HEADLINE), r.budget, short]
+        cells = [md_code(r.test), *(fmt_or(s.get(f.key)) for f in HEADLINE), r.budget, short]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
