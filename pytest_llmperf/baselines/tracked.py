@@ -32,10 +32,11 @@ class Committed:
     path: str  # the file, relative to ``top`` (POSIX form), as git names it
 
 
-def _git(cwd: Path, *args: str) -> bytes | None:
+def git_output(cwd: Path, *args: str, timeout_s: float = GIT_TIMEOUT_S) -> bytes | None:
+    """git's stdout in ``cwd``; None where git fails, is missing or takes over ``timeout_s``."""
     try:
         out = subprocess.run(
-            ["git", *args], cwd=cwd, capture_output=True, timeout=GIT_TIMEOUT_S, stdin=subprocess.DEVNULL, check=False
+            ["git", *args], cwd=cwd, capture_output=True, timeout=timeout_s, stdin=subprocess.DEVNULL, check=False
         )
     except (OSError, subprocess.SubprocessError):
         return None
@@ -43,7 +44,7 @@ def _git(cwd: Path, *args: str) -> bytes | None:
 
 
 def _top(folder: Path) -> Path | None:
-    out = _git(folder, "rev-parse", "--show-toplevel")
+    out = git_output(folder, "rev-parse", "--show-toplevel")
     return Path(out.decode(errors="replace").strip()).resolve() if out else None
 
 
@@ -66,14 +67,14 @@ def candidates(module: Path, baseline_dir: str, top: Path) -> list[str]:
 
 def _tracked(top: Path, paths: list[str]) -> list[str]:
     """Those of ``paths`` that HEAD holds, in the order given."""
-    out = _git(top, "ls-tree", "-z", "--name-only", "--full-tree", "HEAD", "--", *paths)
+    out = git_output(top, "ls-tree", "-z", "--name-only", "--full-tree", "HEAD", "--", *paths)
     held = set(out.decode(errors="replace").split("\0")) if out else set()
     return [p for p in paths if p in held]
 
 
 def _tests(top: Path, path: str) -> dict[str, object]:
     """The ``tests`` of HEAD's ``path`` (empty where it is not a baseline file git can show)."""
-    out = _git(top, "cat-file", "blob", f"HEAD:{path}")
+    out = git_output(top, "cat-file", "blob", f"HEAD:{path}")
     try:
         tests = json.loads(out or b"{}").get("tests")
     except (ValueError, AttributeError):

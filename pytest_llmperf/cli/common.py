@@ -31,28 +31,12 @@ def check_writable(path: str, flag: str, *, folder: bool = False) -> None:
         raise ConfigError(refused_output(path, exc, flag)) from None
 
 
-def output_file(text: str) -> str:
-    """An argparse type of an output file's path: never empty (``core.settings.output_file``)."""
-    return arg_type(settings.output_file)(text)
-
-
-def session_report(text: str) -> str:
-    """An argparse type of a saved session report's path: never empty (it would read ".")."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("is empty; give the path of a session report (pytest --llmperf-json)")
-    return text
-
-
-def model(text: str) -> str:
-    """An argparse type of a GGUF path or preset: never empty (``core.settings.model_text``)."""
-    return arg_type(model_text)(text)
-
-
-def output_folder(text: str) -> str:
-    """An argparse type of a folder of outputs: never empty."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("is empty; give a folder (made when missing)")
-    return text
+#: argparse types (``core.values.arg_type``) of an output file's path, a saved session report's, a
+#: GGUF path or preset and a folder of outputs: never empty (a session report's would read ".").
+output_file = arg_type(settings.output_file)
+session_report = arg_type(settings.not_empty("is empty; give the path of a session report (pytest --llmperf-json)"))
+model = arg_type(model_text)
+output_folder = arg_type(settings.not_empty("is empty; give a folder (made when missing)"))
 
 
 def write_output(path: str, text: str) -> str:
@@ -65,12 +49,8 @@ def write_output(path: str, text: str) -> str:
         raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
-def positive_int(text: str) -> int:
-    """An argparse type for counts that must be >= 1 (threads, runs)."""
-    try:
-        return settings.positive_int(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+#: An argparse type for counts that must be >= 1 (threads, runs).
+positive_int = arg_type(settings.positive_int)
 
 
 def add_setting(parser: argparse._ActionsContainer, name: str) -> None:

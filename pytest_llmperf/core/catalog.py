@@ -222,11 +222,15 @@ def _agreement(field: str) -> Reader:
     return lambda m: getattr(m.agreement, field) if m.agreement is not None and m.agreement.available else None
 
 
+#: What llama.cpp's buffer sizes are read from, as records and reports name it.
+BUFFER_SOURCE = "llama.cpp log"
+
+
 def _memory_sample(metric: str, m: Measurement) -> str:
     if metric == "rss_mib":
         whole = m.peak_rss is not None and m.peak_rss.scope != "measurement"
         return f"peak over {m.n_runs} runs" + (", process lifetime" if whole else "")
-    return "/proc/self/smaps" if metric == "mapped_mib" else "llama.cpp log"
+    return "/proc/self/smaps" if metric == "mapped_mib" else BUFFER_SOURCE
 
 
 def _startup_sample(metric: str, m: Measurement) -> str:

@@ -11,12 +11,16 @@ is appended like a parameter id and stays with the last part too."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 import re
 import sys
 from collections.abc import Iterable, Sequence
-from typing import TypeAlias, TypeVar, overload
+from typing import TYPE_CHECKING, TypeAlias, TypeVar, overload
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 _T = TypeVar("_T")
 
@@ -49,6 +53,18 @@ def sig6(value: float | None) -> float | None:
     return None if value is None else float(f"{value:.6g}")
 
 
+def stored_fields(section: DataclassInstance, *left_out: str) -> dict[str, object]:
+    """A section's fields as a record stores them, in their order (but ``left_out``): a ``float``
+    field to six significant figures (``sig6``), a tuple as a list, the rest as they are. The
+    section's module writes its annotations as text (``from __future__ import annotations``)."""
+    return {
+        f.name: sig6(value) if str(f.type).startswith("float") else list(value) if isinstance(value, tuple) else value
+        for f in dataclasses.fields(section)
+        if f.name not in left_out
+        for value in (getattr(section, f.name),)
+    }
+
+
 #: From this magnitude on a figure is written with an exponent (``1.23e+07``), not its digits.
 EXPONENT_FROM = 1e7
 
@@ -70,6 +86,11 @@ def fmt(value: float) -> str:
     if value >= 1:
         return f"{value:.2f}"
     return f"{value:.3g}"
+
+
+def fmt_or(value: float | None, missing: str = "n/a") -> str:
+    """``fmt(value)``, or ``missing`` where there is no value."""
+    return missing if value is None else fmt(value)
 
 
 #: The longest text a message quotes whole.

@@ -15,9 +15,9 @@ import dataclasses
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol, TypeAlias, TypedDict
+from typing import Any, NamedTuple, Protocol, TypeAlias, TypedDict, cast
 
-from .formats import JSONValue, fmt, sig6
+from .formats import JSONValue, fmt, sig6, stored_fields
 from .workload import EngineInfo, Workload
 
 #: A JSON object: a stored section read as it came (``Record``'s sections).
@@ -211,19 +211,7 @@ class Stability:
     warnings: tuple[str, ...]
 
     def as_dict(self) -> StabilityJson:
-        return {
-            "n_runs": self.n_runs,
-            "tpot_cv": sig6(self.tpot_cv),
-            "tpot_spread_pct": sig6(self.tpot_spread_pct),
-            "ttft_cv": sig6(self.ttft_cv),
-            "first_run_slowdown": sig6(self.first_run_slowdown),
-            "first_run_ttft_slowdown": sig6(self.first_run_ttft_slowdown),
-            "first_token_slowdown": sig6(self.first_token_slowdown),
-            "context_slope_us_per_token": sig6(self.context_slope_us_per_token),
-            "context_span": list(self.context_span) if self.context_span else None,
-            "far_runs": list(self.far_runs),
-            "warnings": list(self.warnings),
-        }
+        return cast("StabilityJson", stored_fields(self))
 
 
 @dataclass(frozen=True)
@@ -434,18 +422,7 @@ class PhaseRoofline:
         return text + (f"; {self.note}" if self.note else "")
 
     def as_dict(self) -> PhaseRooflineJson:
-        return {
-            "bytes_per_token": sig6(self.bytes_per_token),
-            "flops_per_token": sig6(self.flops_per_token),
-            "intensity_flop_per_byte": sig6(self.intensity_flop_per_byte),
-            "bound_tps": sig6(self.bound_tps),
-            "achieved_tps": sig6(self.achieved_tps),
-            "achieved_bw_gbs": sig6(self.achieved_bw_gbs),
-            "mbu": sig6(self.mbu),
-            "mfu": sig6(self.mfu),
-            "verdict": self.verdict,
-            "note": self.note,
-        }
+        return cast("PhaseRooflineJson", stored_fields(self, "phase"))
 
 
 class PhaseRooflineJson(TypedDict):
@@ -902,14 +879,7 @@ class LengthBucket:
     prefill_p50_ms: float | None
 
     def as_dict(self) -> LengthBucketJson:
-        return {
-            "low_tokens": self.low_tokens,
-            "high_tokens": self.high_tokens,
-            "n_runs": self.n_runs,
-            "ttft_p50_ms": sig6(self.ttft_p50_ms),
-            "ttft_p95_ms": sig6(self.ttft_p95_ms),
-            "prefill_p50_ms": sig6(self.prefill_p50_ms),
-        }
+        return cast("LengthBucketJson", stored_fields(self))
 
 
 class PromptLengthsJson(TypedDict):
@@ -941,15 +911,7 @@ class PromptLengths:
     intercept_ms: float | None
 
     def as_dict(self) -> PromptLengthsJson:
-        return {
-            "rule": self.rule,
-            "n_runs": self.n_runs,
-            "buckets": [b.as_dict() for b in self.buckets],
-            "ms_per_prompt_token": sig6(self.ms_per_prompt_token),
-            "native_ms_per_prompt_token": sig6(self.native_ms_per_prompt_token),
-            "slope_ms_per_token": sig6(self.slope_ms_per_token),
-            "intercept_ms": sig6(self.intercept_ms),
-        }
+        return cast("PromptLengthsJson", {**stored_fields(self), "buckets": [b.as_dict() for b in self.buckets]})
 
 
 class TurnFigures(NamedTuple):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .documents import jsonl_values, read_workload_file
 from .errors import ConfigError
-from .workload import SetRequest, prompt_set_requests, set_request
+from .workload import SetRequest, prompt_set_requests, read_each, set_request
 
 #: What ``read_text`` says a set file is, and what to do about one too big.
 WHAT = "prompt set (JSONL)"
@@ -34,12 +34,7 @@ def read_prompt_set(path: Path) -> tuple[SetRequest, ...]:
 def parse_prompt_set(text: str, source: str) -> tuple[SetRequest, ...]:
     """JSONL text's requests, one a line (blank lines skipped); a ConfigError ``source:line: ...``
     for the first bad line, or naming ``source`` when it holds no request."""
-    requests = []
-    for number, value in jsonl_values(text, source):
-        try:
-            requests.append(set_request(value))
-        except ConfigError as exc:
-            raise ConfigError(f"{source}:{number}: {exc}") from None
+    requests = read_each(((f"{source}:{n}", value) for n, value in jsonl_values(text, source)), set_request)
     if not requests:
         raise ConfigError(f'prompt set {source} is empty: give one request a line, such as {{"prompt": "..."}}')
     return tuple(requests)

@@ -556,7 +556,7 @@ def _memory(m: Measurement, computed_kv_bytes: int | None) -> StoredMemory:
     reported = {k: sig6(v) for k in MEMORY_FIELDS if (v := getattr(m.engine, k)) is not None}
     if reported:
         memory.update(reported)  # type: ignore[typeddict-item]
-        memory["buffer_source"] = "llama.cpp log"
+        memory["buffer_source"] = catalog.BUFFER_SOURCE
     return memory
 
 

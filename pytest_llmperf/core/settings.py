@@ -159,20 +159,23 @@ def text(value: object) -> str:
     return str(value)
 
 
-def output_file(value: object) -> str:
-    """A file an output is written to (``core.documents.write_output``): a path, a device or
-    FIFO, or ``-`` (standard output); never empty (before, an empty value wrote nothing, silently)."""
-    if not str(value).strip():
-        raise ValueError("is empty; give a file path, or - for standard output")
-    return str(value)
+def not_empty(problem: str) -> Callable[[object], str]:
+    """A path's or a URL's parser: the value as text; an empty one is a ValueError, ``problem``."""
+
+    def parse(value: object) -> str:
+        if not str(value).strip():
+            raise ValueError(problem)
+        return str(value)
+
+    return parse
 
 
-def new_file(value: object) -> str:
-    """A file the session creates (``--llmperf-write-trace``): a path, never empty; one that
-    exists is refused before anything runs (``session.options``), never overwritten."""
-    if not str(value).strip():
-        raise ValueError("is empty; give the path of a new file")
-    return str(value)
+#: A file an output is written to (``core.documents.write_output``): a path, a device or FIFO, or
+#: ``-`` (standard output); never empty (before, an empty value wrote nothing, silently).
+output_file = not_empty("is empty; give a file path, or - for standard output")
+#: A file the session creates (``--llmperf-write-trace``): a path, never empty; one that exists
+#: is refused before anything runs (``session.options``), never overwritten.
+new_file = not_empty("is empty; give the path of a new file")
 
 
 def endpoint_url(value: object) -> str:
@@ -195,33 +198,15 @@ def endpoint_url(value: object) -> str:
     return text
 
 
-def model_text(value: object) -> str:
-    """A GGUF path or a preset's name, never empty (it would be the current folder)."""
-    if not str(value).strip():
-        raise ValueError(f"is empty; give a GGUF path or a preset: {', '.join(PRESET_NAMES)}")
-    return str(value)
-
-
-def reference(value: object) -> str:
-    """``--llmperf-against``'s REF, never empty (before, an empty one measured one side, silently);
-    its parts are read by ``session.refs.parse_reference``."""
-    if not str(value).strip():
-        raise ValueError("is empty; give git:REV, python:PATH or git:REV,python:PATH (docs/against.md)")
-    return str(value)
-
-
-def history_text(value: object) -> str:
-    """``--llmperf-history``'s value, never empty (``history.connection.parse`` reads the rest)."""
-    if not str(value).strip():
-        raise ValueError("is empty; give a SQLite file path, a postgresql:// URL or off")
-    return str(value)
-
-
-def folder(value: object) -> str:
-    """A folder under the rootdir; an empty value would be the rootdir itself."""
-    if not str(value).strip():
-        raise ValueError("is empty (that would be the rootdir itself); give a folder, e.g. baselines")
-    return str(value)
+#: A GGUF path or a preset's name, never empty (it would be the current folder).
+model_text = not_empty(f"is empty; give a GGUF path or a preset: {', '.join(PRESET_NAMES)}")
+#: ``--llmperf-against``'s REF, never empty (before, an empty one measured one side, silently);
+#: its parts are read by ``session.refs.parse_reference``.
+reference = not_empty("is empty; give git:REV, python:PATH or git:REV,python:PATH (docs/against.md)")
+#: ``--llmperf-history``'s value, never empty (``history.connection.parse`` reads the rest).
+history_text = not_empty("is empty; give a SQLite file path, a postgresql:// URL or off")
+#: A folder under the rootdir; an empty value would be the rootdir itself.
+folder = not_empty("is empty (that would be the rootdir itself); give a folder, e.g. baselines")
 
 
 #: The parsers of settings whose value is a path or a URL: each refuses the empty value in one

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .documents import jsonl_values, read_workload_file
 from .errors import ConfigError
-from .workload import TraceRequest, check_arrival, trace_request, trace_requests
+from .workload import TraceRequest, check_arrival, read_each, trace_request, trace_requests
 
 #: What ``read_text`` says a trace file is, and what to do about one too big.
 WHAT = "trace (JSONL)"
@@ -38,13 +38,9 @@ def read_trace(path: Path) -> tuple[TraceRequest, ...]:
 def parse_trace(text: str, source: str) -> tuple[TraceRequest, ...]:
     """JSONL text's requests, one a line (blank lines skipped); a ConfigError ``source:line: ...``
     for the first bad line, or naming ``source`` when it holds no request."""
-    lines: list[TraceRequest] = []
-    for number, value in jsonl_values(text, source):
-        try:
-            lines.append(trace_request(value))
-            check_arrival(lines)
-        except ConfigError as exc:
-            raise ConfigError(f"{source}:{number}: {exc}") from None
+    lines = read_each(
+        ((f"{source}:{n}", value) for n, value in jsonl_values(text, source)), trace_request, check_arrival
+    )
     if not lines:
         raise ConfigError(f'trace {source} is empty: give one request a line, such as {{"t_s": 0.0, "prompt": "..."}}')
     return tuple(lines)

@@ -21,7 +21,7 @@ import itertools
 import json
 import math
 from bisect import bisect_right
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, NamedTuple, TypeVar
 
@@ -152,12 +152,22 @@ def prompt_set_requests(value: object) -> tuple[SetRequest, ...]:
     checked; else a ConfigError, one line naming the request by its index."""
     if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or not value:
         raise ConfigError(f"a prompt set must be a non-empty list of requests (or a JSONL file), got {value!r}")
-    out = []
-    for i, item in enumerate(value):
+    return read_each(((f"prompt_set[{i}]", item) for i, item in enumerate(value)), set_request)
+
+
+def read_each(
+    items: Iterable[tuple[str, object]], read: Callable[[object], T], check: Callable[[list[T]], None] | None = None
+) -> tuple[T, ...]:
+    """Each ``(where, value)`` of ``items`` read by ``read``, the values so far checked by ``check``
+    after each: a ConfigError of one is ``where: ...`` (a set's or a trace's lines, inline or JSONL)."""
+    out: list[T] = []
+    for where, value in items:
         try:
-            out.append(set_request(item))
+            out.append(read(value))
+            if check is not None:
+                check(out)
         except ConfigError as exc:
-            raise ConfigError(f"prompt_set[{i}]: {exc}") from None
+            raise ConfigError(f"{where}: {exc}") from None
     return tuple(out)
 
 
@@ -219,14 +229,7 @@ def trace_requests(value: object) -> tuple[TraceRequest, ...]:
     checked, its arrival times in order; else a ConfigError naming the line by its index."""
     if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or not value:
         raise ConfigError(f"a trace must be a non-empty list of requests with t_s (or a JSONL file), got {value!r}")
-    out: list[TraceRequest] = []
-    for i, item in enumerate(value):
-        try:
-            out.append(trace_request(item))
-            check_arrival(out)
-        except ConfigError as exc:
-            raise ConfigError(f"trace[{i}]: {exc}") from None
-    return tuple(out)
+    return read_each(((f"trace[{i}]", item) for i, item in enumerate(value)), trace_request, check_arrival)
 
 
 def check_arrival(lines: list[TraceRequest]) -> None:

@@ -362,8 +362,6 @@ class EngineConfig:
 #: 8.00 MiB``, ``llama_context: CPU compute buffer size = ...``, ``load_tensors: CPU_Mapped model
 #: buffer size = ...``); there is no C API for them (``llama_get_memory_breakdown`` is C++ only).
 BUFFER_LINE = re.compile(r"^\w+:\s+(\S+)\s+(KV|compute|output|model) buffer size =\s*([\d.]+) MiB", re.MULTILINE)
-#: What the buffer sizes are read from, as reports name it.
-BUFFER_SOURCE = "llama.cpp log"
 
 
 @contextlib.contextmanager

@@ -43,7 +43,7 @@ import tarfile
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, distribution, version
 from pathlib import Path
@@ -104,31 +104,24 @@ def server_command(
 ) -> list[str]:
     # interrupt_requests off: by default a new request cuts the running stream short, which
     # would turn every concurrent request but the last into an early-ended run.
-    return [
-        sys.executable,
-        "-m",
-        "llama_cpp.server",
-        "--model",
-        str(model_path),
-        "--model_alias",
-        alias or Path(model_path).stem,
-        "--host",
-        HOST,
-        "--port",
-        str(port),
-        "--n_threads",
-        str(threads),
-        "--n_threads_batch",
-        str(threads),
-        "--n_ctx",
-        str(n_ctx),
-        "--n_batch",
-        str(n_batch),
-        "--interrupt_requests",
-        "False",
-        "--verbose",
-        "False",
-    ]
+    flags = {
+        "--model": model_path,
+        "--model_alias": alias or Path(model_path).stem,
+        "--host": HOST,
+        "--port": port,
+        "--n_threads": threads,
+        "--n_threads_batch": threads,
+        "--n_ctx": n_ctx,
+        "--n_batch": n_batch,
+        "--interrupt_requests": False,
+        "--verbose": False,
+    }
+    return [sys.executable, "-m", "llama_cpp.server", *_flags(flags)]
+
+
+def _flags(values: Mapping[str, object]) -> list[str]:
+    """A command's flags with their values: ``{"--port": 8080}`` is ``["--port", "8080"]``."""
+    return [word for flag, value in values.items() for word in (flag, str(value))]
 
 
 def _ready(url: str, timeout_s: float) -> bool:
@@ -235,29 +228,18 @@ def llama_server_command(
 ) -> list[str]:
     """llama.cpp's server with ``parallel`` slots of ``n_ctx`` tokens each (continuous
     batching is its default) and the Prometheus ``/metrics`` endpoint."""
-    return [
-        str(binary),
-        "--model",
-        str(model_path),
-        "--alias",
-        alias or Path(model_path).stem,
-        "--host",
-        HOST,
-        "--port",
-        str(port),
-        "--threads",
-        str(threads),
-        "--threads-batch",
-        str(threads),
-        "--ctx-size",
-        str(n_ctx * parallel),
-        "--batch-size",
-        str(n_batch),
-        "--parallel",
-        str(parallel),
-        "--metrics",
-        "--no-webui",
-    ]
+    flags = {
+        "--model": model_path,
+        "--alias": alias or Path(model_path).stem,
+        "--host": HOST,
+        "--port": port,
+        "--threads": threads,
+        "--threads-batch": threads,
+        "--ctx-size": n_ctx * parallel,
+        "--batch-size": n_batch,
+        "--parallel": parallel,
+    }
+    return [str(binary), *_flags(flags), "--metrics", "--no-webui"]
 
 
 @contextlib.contextmanager

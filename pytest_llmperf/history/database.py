@@ -30,7 +30,6 @@ import re
 import shlex
 import socket
 import statistics
-import subprocess
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from .. import __version__
 from ..baselines.store import unique_test_id
+from ..baselines.tracked import git_output
 from ..core.catalog import METRICS, RUN_FIELDS
 from ..core.record import PerRun, Record
 from ..judge.verdict import level, stored_verdict
@@ -683,19 +683,8 @@ class Revision:
 
 
 def _git(root: Path, *args: str) -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", *args],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=GIT_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
+    out = git_output(root, *args, timeout_s=GIT_TIMEOUT_S)
+    return None if out is None else out.decode().strip()
 
 
 def commit_sha(root: Path | str) -> str | None:

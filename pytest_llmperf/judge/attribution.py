@@ -27,13 +27,13 @@ import math
 import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from scipy.stats import norm
 
 from ..core.documents import JSONValue
-from ..core.formats import sig6
+from ..core.formats import sig6, stored_fields
 from ..core.measurement import KINDS, PHASES, Attribution, PhaseAttribution, Slice
 from ..core.record import Record
 from ..core.settings import DEFAULT_THRESHOLD
@@ -130,15 +130,7 @@ class SliceChange:
         return self.ci_low is not None and self.ci_high is not None and (self.ci_low > value or self.ci_high < value)
 
     def to_json(self) -> dict[str, JSONValue]:
-        return {
-            "name": self.name,
-            "a_ms": sig6(self.a_ms),
-            "b_ms": sig6(self.b_ms),
-            "ratio": sig6(self.ratio),
-            "ci_low": sig6(self.ci_low),
-            "ci_high": sig6(self.ci_high),
-            "moved": self.moved,
-        }
+        return cast("dict[str, JSONValue]", stored_fields(self))
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> SliceChange:

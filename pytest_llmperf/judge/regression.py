@@ -131,7 +131,7 @@ def _grown(b: float, c: float, rel: float, slack: float) -> bool:
 def _memory_growth(metric: Metric, b: float, c: float) -> str:
     """The line for a memory figure grown from ``b`` to ``c`` MiB since the baseline."""
     change = f"+{(c - b) / b:.0%}" if b > 0 else f"+{c - b:.3g} MiB"
-    source = "engine process, over the runs" if metric.name == "rss_mib" else "llama.cpp log"
+    source = "engine process, over the runs" if metric.name == "rss_mib" else catalog.BUFFER_SOURCE
     return f"{metric.label} {b:.6g} -> {c:.6g} MiB ({change}; {source}) since the baseline"
 
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.catalog import BUDGETS, FIGURES, HEADLINE, is_ceiling
 from ..core.documents import output_kind, write_output
-from ..core.formats import fmt
+from ..core.formats import fmt, fmt_or
 from ..core.record import Record
 from ..core.settings import usable_cpus
 from ..history.series import Trend, metric_order, steps, table, title, trend_data
@@ -243,7 +243,7 @@ NOW_FIGURES = ("ttft_ms", "prefill_tps", "tpot_ms", "decode_tps", "itl_p50_ms", 
 
 
 def _now_rows(s: Mapping[str, Any]) -> list[list[str]]:
-    return [[FIGURES[k].label, FIGURES[k].unit, "n/a" if s.get(k) is None else fmt(s[k])] for k in NOW_FIGURES]
+    return [[FIGURES[k].label, FIGURES[k].unit, fmt_or(s.get(k))] for k in NOW_FIGURES]
 
 
 def _env(record: Record) -> str:

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
 PROFILE_SCHEMA = "pytest-llmperf/profile"
 PROFILE_SCHEMA_VERSION = 1
+#: The pooled ITL's statistics a profile reports, in their order (``LatencyStats``' ``<name>_ms``).
+ITL_STATISTICS = ("p50", "p90", "p95", "p99", "mean", "stdev")
 
 
 def resolve_model(model: str | None) -> tuple[Path, str]:
@@ -132,15 +134,7 @@ def _report(m: Measurement, max_tokens: int, warmup: int, found: Mapping[str, ob
             "native_ms_per_token": sig6(m.native_decode_ms_per_token),
         },
         "ttft_ms": {"p50": sig6(m.ttft_ms), "p95": sig6(m.ttft_p95_ms)},
-        "itl_ms": {
-            "count": itl.count,
-            "p50": sig6(itl.p50_ms),
-            "p90": sig6(itl.p90_ms),
-            "p95": sig6(itl.p95_ms),
-            "p99": sig6(itl.p99_ms),
-            "mean": sig6(itl.mean_ms),
-            "stdev": sig6(itl.stdev_ms),
-        },
+        "itl_ms": {"count": itl.count, **{k: sig6(getattr(itl, f"{k}_ms")) for k in ITL_STATISTICS}},
         **found,
     }
 

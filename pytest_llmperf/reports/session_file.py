@@ -23,7 +23,7 @@ from typing import Any
 from ..baselines import store as baseline_store
 from ..core.catalog import FIGURES, HEADLINE, SUMMARY
 from ..core.documents import JSONValue, RefusedFile, SchemaViolation, loads, read_text, validate
-from ..core.formats import fmt, render_table
+from ..core.formats import fmt, fmt_or, render_table
 from ..core.settings import COLUMN_SETS, DEFAULT_COMPARISON_COLUMNS
 from ..judge.ab import ABResult
 from ..judge.ab import as_dict as ab_dict
@@ -352,11 +352,6 @@ def _sides_text(sides: Mapping[str, Mapping[str, object]]) -> str:
     )
 
 
-def _cell(value: float | None) -> str:
-    """A headline figure; n/a where there is none (no ITL, or a session file without figures)."""
-    return "n/a" if value is None else fmt(value)
-
-
 #: The Markdown summary's memory and start-up table: the terminal's memory column set
 #: (``settings.COLUMN_SETS["memory"]``), then what the fresh loads found in the page cache.
 MEMORY_FIGURES = (*(f.key for f in SUMMARY.values() if f.column in COLUMN_SETS["memory"]), "load_page_cache")
@@ -377,14 +372,8 @@ PROMPT_COLUMNS = (
 def prompt_lines(results: Iterable[Outcome]) -> list[str]:
     """A table of each measured callable's prompt as llama.cpp saw it (cold or warm, the tokens
     evaluated and reused) and its stream as the caller got it, when a result has them."""
-    rows = [r for r in results if r.prompt]
-    if not rows:
-        return []
-    out = ["", "### Your code's prompt and stream", "", *_md_head(["test", *(label for _, label in PROMPT_COLUMNS)])]
-    return out + [
-        "| " + " | ".join([md_code(r.test), *(prompt_cell(r.prompt.get(key)) for key, _ in PROMPT_COLUMNS)]) + " |"
-        for r in rows
-    ]
+    rows = [(r.test, r.prompt) for r in results if r.prompt]
+    return _figures_table("Your code's prompt and stream", PROMPT_COLUMNS, rows)
 
 
 #: The "Conversations, turn by turn" table's columns: a conversation's ``prompt.turns`` figures.
@@ -402,12 +391,18 @@ TURN_COLUMNS = (
 def turn_lines(results: Iterable[Outcome]) -> list[str]:
     """A table of each conversation's figures turn by turn (its ``prompt.turns``), when a result has them."""
     rows = [(r.test, t) for r in results for t in turns_of(r.prompt.get("turns"))]
+    return _figures_table("Conversations, turn by turn", TURN_COLUMNS, rows)
+
+
+def _figures_table(
+    title: str, columns: Sequence[tuple[str, str]], rows: Sequence[tuple[str, Mapping[str, object]]]
+) -> list[str]:
+    """The section ``title``: a row per (test, its figures), a column per (key, label) of ``columns``."""
     if not rows:
         return []
-    out = ["", "### Conversations, turn by turn", "", *_md_head(["test", *(label for _, label in TURN_COLUMNS)])]
+    out = ["", f"### {title}", "", *_md_head(["test", *(label for _, label in columns)])]
     return out + [
-        "| " + " | ".join([md_code(test), *(prompt_cell(t.get(key)) for key, _ in TURN_COLUMNS)]) + " |"
-        for test, t in rows
+        "| " + " | ".join([md_code(test), *(prompt_cell(f.get(key)) for key, _ in columns)]) + " |" for test, f in rows
     ]
 
 
@@ -437,7 +432,7 @@ def memory_lines(results: Iterable[Outcome]) -> list[str]:
 
 def _memory_cells(f: Mapping[str, Any]) -> list[str]:
     """One measurement's memory figures (``MEMORY_FIGURES``); the model loads with their sample count."""
-    cells = [_cell(f.get(k)) if k != "load_page_cache" else str(f.get(k) or "-") for k in MEMORY_FIGURES]
+    cells = [fmt_or(f.get(k)) if k != "load_page_cache" else str(f.get(k) or "-") for k in MEMORY_FIGURES]
     if f.get("load_samples"):
         cells[-1] += f" ({f['load_samples']})"
     return cells
@@ -564,7 +559,7 @@ def _results_table(results: Sequence[Outcome], judged: str | None) -> list[str]:
     for r in results:
         s = summary_values(r)
         short = "not compared" if r.verdict is None or (judged and not r.reference) else r.verdict.short
-        cells = [md_code(r.test), *(_cell(s.get(f.key)) for f in HEADLINE), r.budget, short]
+        cells = [md_code(r.test), *(fmt_or(s.get(f.key)) for f in HEADLINE), r.budget, short]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 

@@ -22,7 +22,7 @@ from ..baselines.records import stored
 from ..core import catalog
 from ..core import formats as nodeids
 from ..core.catalog import FIGURES, METRICS, SUMMARY_COLUMNS
-from ..core.formats import fmt, render_table
+from ..core.formats import fmt, fmt_or, render_table
 from ..core.measurement import LatencyStats, Measurement
 from ..core.settings import DEFAULT_SUMMARY_COLUMNS
 
@@ -53,17 +53,13 @@ def _load_stat(s: LoadStats, metric: catalog.Metric) -> LatencyStats:
     return stats
 
 
-def _opt(value: float | None) -> str:
-    return "n/a" if value is None else fmt(value)
-
-
 def _figure_row(m: Measurement, first: str, *more: str) -> tuple[str, str, str, str]:
     """A metrics-table row of catalog figures of one metric: ``TTFT median / p95``."""
     figures = [FIGURES[first], *(FIGURES[name] for name in more)]
     label = " / ".join([figures[0].label, *(f.statistic for f in figures[1:])])
     direct = catalog.direct_sample(figures[0].metric, m) if figures[0].metric else None
     sample = f"{m.itl.count} tokens" if figures[0].pooled_tokens else direct or f"{m.n_runs} runs"
-    return label, figures[0].unit, " / ".join(_opt(f.number(m)) for f in figures), sample
+    return label, figures[0].unit, " / ".join(fmt_or(f.number(m)) for f in figures), sample
 
 
 #: The metrics table's rows of catalog figures, each named by its figures, in the table's order.
@@ -203,13 +199,13 @@ def _part_rows(m: Measurement) -> tuple[list[Row], list[Row]]:
     runs = f"{m.n_runs} runs"
     sampling = "" if m.engine.sample is None or m.engine.sample else ", timed apart"
     rows = [
-        ("decode (llama.cpp) median", "ms/token", _opt(m.native_decode_ms_per_token), runs),
-        ("engine overhead median", "ms/token", _opt(m.overhead_ms_per_token), runs),
-        ("decode outside llama.cpp median", "ms/token", _opt(m.decode_outside_ms_per_token), runs),
+        ("decode (llama.cpp) median", "ms/token", fmt_or(m.native_decode_ms_per_token), runs),
+        ("engine overhead median", "ms/token", fmt_or(m.overhead_ms_per_token), runs),
+        ("decode outside llama.cpp median", "ms/token", fmt_or(m.decode_outside_ms_per_token), runs),
         (
             "sampling (llama.cpp sampler)" + sampling,
             "ms/token",
-            _opt(m.sampling_ms_per_token),
+            fmt_or(m.sampling_ms_per_token),
             runs if m.sampling_ms_per_token is not None else _untimed_sampling(m),
         ),
     ]
@@ -218,8 +214,8 @@ def _part_rows(m: Measurement) -> tuple[list[Row], list[Row]]:
             ("logits processors / stopping criteria (Python)", "ms/token", fmt(m.python_sampling_ms_per_token), runs)
         )
     return [
-        ("prefill (llama.cpp) median", "ms", _opt(m.native_prefill_ms), runs),
-        ("prefill outside llama.cpp median", "ms", _opt(m.prefill_outside_ms), runs),
+        ("prefill (llama.cpp) median", "ms", fmt_or(m.native_prefill_ms), runs),
+        ("prefill outside llama.cpp median", "ms", fmt_or(m.prefill_outside_ms), runs),
     ], rows
 
 
@@ -297,7 +293,7 @@ def length_rows(lengths: PromptLengthsJson | None) -> list[Row]:
     rows: list[Row] = []
     for b in lengths["buckets"]:
         runs, name = f"{b['n_runs']} runs", _bucket_name(b)
-        ttft = f"{_opt(b['ttft_p50_ms'])} / {_opt(b['ttft_p95_ms'])}"
+        ttft = f"{fmt_or(b['ttft_p50_ms'])} / {fmt_or(b['ttft_p95_ms'])}"
         rows.append((f"TTFT median / p95, prompt {name} tokens", "ms", ttft, runs))
         if b["prefill_p50_ms"] is not None:
             rows.append((f"prefill median, prompt {name} tokens", "ms", fmt(b["prefill_p50_ms"]), runs))
@@ -633,14 +629,15 @@ def trace_rows(trace: TraceReplay | None) -> list[tuple[str, str, str, str]]:
     ]
 
 
+def _dash(value: float | None) -> str:
+    return fmt_or(value, "-")
+
+
 def server_rows(server: ServerSide | None) -> list[tuple[str, str, str, str]]:
     """The server's own figures beside the client's: rows for the per-test table (same columns
     as ``metrics_table``)."""
     if server is None:
         return []
-
-    def opt(v: float | None) -> str:
-        return "-" if v is None else fmt(v)
 
     reqs = f"{server.n_timed} requests"
     out = []
@@ -649,14 +646,14 @@ def server_rows(server: ServerSide | None) -> list[tuple[str, str, str, str]]:
             (
                 "server prompt tokens evaluated min/p50/max",
                 "tokens",
-                f"{server.prompt_n_min} / {opt(server.prompt_n_median)} / {server.prompt_n_max}",
-                f"prompt {opt(server.prompt_tokens_median)} tokens",
+                f"{server.prompt_n_min} / {_dash(server.prompt_n_median)} / {server.prompt_n_max}",
+                f"prompt {_dash(server.prompt_tokens_median)} tokens",
             ),
-            ("prompt tokens the server took from its cache", "tokens", opt(server.prompt_tokens_from_cache), reqs),
-            ("server prompt time p50 (timings)", "ms", opt(server.server_prompt_ms_p50), reqs),
-            ("client TTFT - server prompt time p50", "ms", opt(server.ttft_gap_ms_p50), reqs),
-            ("server time per token p50 (timings)", "ms", opt(server.server_ms_per_token_p50), reqs),
-            ("client TPOT - server time per token p50", "ms", opt(server.tpot_gap_ms_p50), reqs),
+            ("prompt tokens the server took from its cache", "tokens", _dash(server.prompt_tokens_from_cache), reqs),
+            ("server prompt time p50 (timings)", "ms", _dash(server.server_prompt_ms_p50), reqs),
+            ("client TTFT - server prompt time p50", "ms", _dash(server.ttft_gap_ms_p50), reqs),
+            ("server time per token p50 (timings)", "ms", _dash(server.server_ms_per_token_p50), reqs),
+            ("client TPOT - server time per token p50", "ms", _dash(server.tpot_gap_ms_p50), reqs),
         ]
     m = server.metrics or {}
     if "prompt_tokens_total" in m and "tokens_predicted_total" in m:
@@ -683,9 +680,6 @@ def server_rows(server: ServerSide | None) -> list[tuple[str, str, str, str]]:
 def curve_lines(measurements: Sequence[Measurement]) -> list[str]:
     """One line per load level with the server's own figures beside the client's."""
 
-    def opt(v: float | None) -> str:
-        return "-" if v is None else fmt(v)
-
     out = []
     for m in measurements:
         load = m.load
@@ -695,10 +689,10 @@ def curve_lines(measurements: Sequence[Measurement]) -> list[str]:
         parts = []
         if s.n_timed:
             parts += [
-                f"server evaluated {opt(s.prompt_n_median)} of {opt(s.prompt_tokens_median)} prompt tokens (p50), "
-                f"{opt(s.prompt_tokens_from_cache)} from its cache in all",
-                f"TTFT - server prompt {opt(s.ttft_gap_ms_p50)} ms",
-                f"TPOT {opt(load.tpot.p50_ms)} vs server {opt(s.server_ms_per_token_p50)} ms/token",
+                f"server evaluated {_dash(s.prompt_n_median)} of {_dash(s.prompt_tokens_median)} prompt tokens (p50), "
+                f"{_dash(s.prompt_tokens_from_cache)} from its cache in all",
+                f"TTFT - server prompt {_dash(s.ttft_gap_ms_p50)} ms",
+                f"TPOT {_dash(load.tpot.p50_ms)} vs server {_dash(s.server_ms_per_token_p50)} ms/token",
             ]
         if s.tokens_per_decode is not None:
             parts.append(f"{fmt(s.tokens_per_decode)} tokens per decode call")
@@ -880,8 +874,8 @@ def load_state_rows(loads: ModelLoadsJson, figures: bool = False) -> list[tuple[
     rows = []
     if figures:
         rows += [
-            ("model load median", "ms", _opt(loads.get("load_ms")), f"{n} loads, {loads.get('page_cache')}"),
-            ("fresh-engine TTFT median", "ms", _opt(loads.get("fresh_ttft_ms")), f"{n} loads"),
+            ("model load median", "ms", fmt_or(loads.get("load_ms")), f"{n} loads, {loads.get('page_cache')}"),
+            ("fresh-engine TTFT median", "ms", fmt_or(loads.get("fresh_ttft_ms")), f"{n} loads"),
         ]
     rows.append(("fresh model loads", "", str(loads.get("page_cache")), f"{n} loads; {loads.get('evidence', '')}"))
     if loads.get("note"):

@@ -208,21 +208,8 @@ def summary(
     when each row is one of theirs).
     Every line is at most ``width`` characters: tables fit it, longer lines wrap with a
     hanging indent."""
-    return [
-        (kind, text if kind != "line" else _wrapped(text, width))
-        for kind, text in _summary(
-            s,
-            rows,
-            results,
-            out,
-            suite_failures,
-            verbosity=verbosity,
-            width=width,
-            notes=notes,
-            ab=ab,
-            over=over_budget,
-        )
-    ]
+    lines = _summary(s, rows, results, out, suite_failures, verbosity, width, notes, ab, over_budget)
+    return [(kind, text if kind != "line" else _wrapped(text, width)) for kind, text in lines]
 
 
 def _wrapped(text: str, width: int) -> str:
@@ -237,12 +224,11 @@ def _summary(
     results: Sequence[Outcome],
     out: Outputs | None,
     suite_failures: Sequence[str],
-    *,
     verbosity: int,
     width: int,
-    notes: Sequence[str] = (),
-    ab: Sequence[Mapping[str, object]] = (),
-    over: int | None = None,
+    notes: Sequence[str],
+    ab: Sequence[Mapping[str, object]],
+    over: int | None,
 ) -> list[Line]:
     lines: list[Line] = [("line", note) for note in notes]
     if out is not None:

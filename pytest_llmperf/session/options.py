@@ -41,10 +41,6 @@ from ..core.workload import (
     MAX_TOKENS,
     MODEL_LOAD_KINDS,
     PROMPT_CACHE_MODES,
-    ChatMessage,
-    Conversation,
-    SetRequest,
-    TraceRequest,
     Workload,
     chat_messages,
 )
@@ -294,42 +290,23 @@ def _text(name: str, value: object) -> str:
     return value
 
 
-def _messages(name: str, value: object) -> tuple[ChatMessage, ...]:
-    try:
-        return chat_messages(value)
-    except ConfigError as exc:
-        raise ConfigError(f"llmperf marker key {name!r}: {exc}") from None
+def _read_by(read: Callable[[object], T]) -> Callable[[str, object], T]:
+    """A marker key read by ``read`` (a chat request, a prompt set, a trace, a conversation): its
+    ConfigError names the key."""
 
+    def check(name: str, value: object) -> T:
+        try:
+            return read(value)
+        except ConfigError as exc:
+            raise ConfigError(f"llmperf marker key {name!r}: {exc}") from None
 
-def _prompt_set(name: str, value: object) -> tuple[SetRequest, ...]:
-    try:
-        return prompt_set(value)
-    except ConfigError as exc:
-        raise ConfigError(f"llmperf marker key {name!r}: {exc}") from None
-
-
-def _trace(name: str, value: object) -> tuple[TraceRequest, ...]:
-    try:
-        return trace(value)
-    except ConfigError as exc:
-        raise ConfigError(f"llmperf marker key {name!r}: {exc}") from None
-
-
-def _conversation(name: str, value: object) -> Conversation:
-    try:
-        return conversation(value)
-    except ConfigError as exc:
-        raise ConfigError(f"llmperf marker key {name!r}: {exc}") from None
+    return check
 
 
 def _model_load(name: str, value: object) -> str:
     if value not in MODEL_LOAD_KINDS:
         raise ConfigError(f"llmperf marker key {name!r} must be one of {', '.join(MODEL_LOAD_KINDS)}, got {value!r}")
     return str(value)
-
-
-def _side(name: str, value: object) -> object:
-    return check_side(name, value)
 
 
 def check_side(name: str, spec: object) -> object:
@@ -386,21 +363,21 @@ KEYS: dict[str, Key] = {
             "workload",
             f"chat request [{{'role': ..., 'content': ...}}, ...] (roles {', '.join(CHAT_ROLES)}): rendered "
             "through the model's chat template (served: sent to /v1/chat/completions)",
-            _messages,
+            _read_by(chat_messages),
         ),
         Key(
             "prompt_set",
             "workload",
             "requests the runs draw from (seeded, by weight): a JSONL file's path, one "
             '{"prompt": ...} or {"messages": [...]} a line (optional max_tokens, weight), or a list of them',
-            _prompt_set,
+            _read_by(prompt_set),
         ),
         Key(
             "trace",
             "workload",
             "served: requests replayed at their arrival times, open loop: a JSONL file's path, one "
             '{"t_s": 0.25, "prompt": ...} (or "messages") a line (optional max_tokens), or a list of them',
-            _trace,
+            _read_by(trace),
         ),
         Key("trace_speed", "workload", "a trace's pace: 2.0 replays it twice as fast (default 1.0)", _marker(POSITIVE)),
         Key(
@@ -408,7 +385,7 @@ KEYS: dict[str, Key] = {
             "workload",
             "a multi-turn conversation each run sends turn by turn (the model's replies fed back, the prompt "
             'cache kept between turns): a JSON file\'s path or inline, {"system": ..., "turns": [...]} or a list of turns',
-            _conversation,
+            _read_by(conversation),
         ),
         Key(
             "turn",
@@ -449,9 +426,9 @@ KEYS: dict[str, Key] = {
             "a",
             "ab",
             "A/B: side A (llama.cpp settings dict, model, callable or endpoint URL); runs interleave with b",
-            _side,
+            check_side,
         ),
-        Key("b", "ab", "A/B: side B, compared with A by paired statistics", _side),
+        Key("b", "ab", "A/B: side B, compared with A by paired statistics", check_side),
         Key(
             "max_slowdown",
             "ab",
