@@ -48,7 +48,8 @@ from .paired import (
     Levels,
     PairedComparison,
     grouped,
-    levels,
+    observed_log_ratios,
+    pair_levels,
     paired,
     pairs_per_process,
     two_level_ci,
@@ -223,29 +224,9 @@ def block_size(so_far: SoFar) -> int:
         a = [run_metrics(t) for t in so_far.a]
         b = [run_metrics(t) for t in so_far.b]
         costs = so_far.build_s / max(so_far.fresh, 1), so_far.pairs_s / max(n, 1)
-        size = pairs_per_process(instance_levels(a, b, so_far.groups), *costs)
+        size = pairs_per_process(pair_levels(a, b, so_far.groups, PAIRED_METRICS), *costs)
     left = so_far.runs - n
     return left if left - size < low else size
-
-
-def instance_levels(a: Sequence[RunMetrics], b: Sequence[RunMetrics], groups: Sequence[int]) -> tuple[Levels, ...]:
-    """Each paired metric's two levels (``judge.paired.levels``) over the instance pairs
-    ``groups``, the metrics a run did not observe left out."""
-    out = []
-    for metric in PAIRED_METRICS:
-        d = _log_ratios(a, b, metric)
-        if d is not None:
-            out.append(levels(metric, d, groups))
-    return tuple(out)
-
-
-def _log_ratios(a: Sequence[RunMetrics], b: Sequence[RunMetrics], metric: str) -> np.ndarray | None:
-    va = [getattr(r, metric) for r in a]
-    vb = [getattr(r, metric) for r in b]
-    if not va or any(v is None or not 0 < v < float("inf") for v in va + vb):
-        return None
-    d: np.ndarray = np.log(np.asarray(vb, dtype=float)) - np.log(np.asarray(va, dtype=float))
-    return d
 
 
 def two_level(
@@ -254,7 +235,7 @@ def two_level(
     """``c`` with the two-level model's estimate, CI and p (``judge.paired.two_level_ci`` over
     the instance pairs), as ``--llmperf-against`` judges its process pairs: never bolder than the
     pairs' own signed-rank CI and p (the CI spans both, p is the larger)."""
-    d = _log_ratios(a, b, c.metric)
+    d = observed_log_ratios(a, b, c.metric)
     assert d is not None  # ``c`` was compared: every run observed it
     t = two_level_ci(grouped(d, groups))
     return dataclasses.replace(
@@ -326,7 +307,7 @@ def _instance_levels(
         return own, {**second, "one_instance": why}
     comparisons = [two_level(c, ma.runs, mb.runs, groups) for c in own]
     compared = {c.metric for c in comparisons}
-    kept = tuple(one for one in instance_levels(ma.runs, mb.runs, groups) if one.metric in compared)
+    kept = tuple(one for one in pair_levels(ma.runs, mb.runs, groups, PAIRED_METRICS) if one.metric in compared)
     return comparisons, {**second, "levels": kept}
 
 

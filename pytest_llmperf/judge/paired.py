@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -295,17 +295,29 @@ def levels(metric: str, d: np.ndarray, groups: Sequence[int]) -> Levels:
 
 
 def pair_levels(
-    a_runs: Sequence[RunMetrics], b_runs: Sequence[RunMetrics], groups: Sequence[int]
+    a_runs: Sequence[RunMetrics],
+    b_runs: Sequence[RunMetrics],
+    groups: Sequence[int],
+    metrics: Iterable[str] = catalog.JUDGED,
 ) -> tuple[Levels, ...]:
-    """Each judged metric's two levels over pairs of runs (``levels``; pair i in process pair
-    ``groups[i]``), the metrics a run did not observe left out."""
+    """Each of ``metrics``' two levels over pairs of runs (``levels``; pair i in process pair,
+    or an A/B's instance pair, ``groups[i]``), the metrics a run did not observe left out.
+    ``metrics``: the judged ones (``--llmperf-against``), or an A/B's ``PAIRED_METRICS``."""
     out = []
-    for spec in JUDGED:
-        va = [getattr(r, spec.name) for r in a_runs]
-        vb = [getattr(r, spec.name) for r in b_runs]
-        if va and all(v is not None and 0 < v < math.inf for v in va + vb):
-            out.append(levels(spec.name, _log_ratios(va, vb), groups))
+    for metric in metrics:
+        d = observed_log_ratios(a_runs, b_runs, metric)
+        if d is not None:
+            out.append(levels(metric, d, groups))
     return tuple(out)
+
+
+def observed_log_ratios(a_runs: Sequence[RunMetrics], b_runs: Sequence[RunMetrics], metric: str) -> np.ndarray | None:
+    """The pairs' log ratios b/a of ``metric``; None where a run did not observe it."""
+    va = [getattr(r, metric) for r in a_runs]
+    vb = [getattr(r, metric) for r in b_runs]
+    if not va or any(v is None or not 0 < v < math.inf for v in va + vb):
+        return None
+    return _log_ratios(va, vb)
 
 
 def two_level_ci(parts: Sequence[np.ndarray], ci_level: float = CI_LEVEL) -> TwoLevel:
