@@ -92,6 +92,11 @@ def test_the_counters_of_one_run_are_llama_cpps_own(tiny_engine) -> None:
     assert len(trace.token_ns) == W.max_tokens and trace.prefill_done_ns <= trace.token_ns[0]
     # llama.cpp reports a count of 0 as 1: read as 0, a run after a reset counts from nothing.
     assert LlamaCounters(llm).between(LlamaCounters(llm).read(), LlamaCounters(llm).read()) is None
+    # Sampling: the run's chain (llama-cpp-python makes one per generate call) kept llama.cpp's own
+    # time, one sample per token, and that is the run's sampling, not a clock around ``sample``.
+    chain = lib.llama_perf_sampler(llm._sampler.sampler)
+    assert chain.n_sample == native.sample_count == W.max_tokens and chain.t_sample_ms > 0
+    assert native.sample_ms == pytest.approx(chain.t_sample_ms)
 
 
 def test_every_cold_run_evaluates_the_whole_prompt_and_warm_says_what_the_cache_gave(tiny_engine) -> None:

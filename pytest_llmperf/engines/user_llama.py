@@ -288,6 +288,7 @@ class _Probe:
             "eval": wrapped_eval,
             "sample": wrapped_sample,
             "tokenize": wrapped_tokenize,
+            "_init_sampler": wrapped_init_sampler,
         }
 
 
