@@ -198,6 +198,26 @@ def test_a_part_is_tested_only_in_a_phase_whose_headline_moved() -> None:
     assert P.paired_explained_phases([moved, prefill]) == {"decode"}
 
 
+def test_a_tail_regression_opens_its_phases_parts_while_the_headline_is_undecided() -> None:
+    """``--llmperf-against``'s pairs stop on an ITL p95 REGRESSION whose whole CI lies beyond the
+    tail threshold while TPOT may still be INCONCLUSIVE (10 pairs over 2 process pairs): the red
+    run still says where decode's time went (its parts tested, TPOT's line naming them); a
+    mirrored rate opens nothing of its own, and an UNCHANGED tail none."""
+    a = _runs(20, 16)
+    b = _runs(20, 17, eval_ms=10.4)
+    raw = tuple(P.paired_parts(a, b, alpha=0.01))
+    tpot = _comparison("decode", "tpot_ms", "TPOT", 1.03, Verdict.INCONCLUSIVE)
+    tail = _comparison("decode", "itl_p95_ms", "ITL p95", 1.3, Verdict.REGRESSION)
+    assert P.explained_phases([tpot, tail]) == {"decode"}
+    kept = P.gated(raw, P.explained_phases([tpot, tail]))
+    assert _by(kept)["native_decode_ms_per_token"].moved
+    (line,) = P.why_lines([tpot, tail], kept)
+    assert line.startswith("decode TPOT +3.0%") and "moved: llama.cpp eval x1.0" in line
+    assert P.explained_phases([tpot, dataclasses.replace(tail, verdict=Verdict.UNCHANGED)]) == frozenset()
+    rate = dataclasses.replace(tail, metric="decode_tps", mirror_of="tpot_ms")
+    assert P.explained_phases([tpot, rate]) == frozenset()
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     st.integers(min_value=6, max_value=30),

@@ -14,8 +14,9 @@ compared like the headline, on the same runs:
   baseline's sessions or the history window), scaled to the part: a whole session that ran
   slower moves every part by the same factor, and that must not read as a part that moved.
 
-A part **moved** when its phase's headline moved (``explained_phases``: the verdict is
-REGRESSION, IMPROVED or MACHINE_SLOWER; an A/B's ``paired_explained_phases``: its CI excludes 1),
+A part **moved** when its phase moved (``explained_phases``: the verdict of its headline or of
+the decode tail is REGRESSION, IMPROVED or MACHINE_SLOWER; an A/B's ``paired_explained_phases``:
+its headline's CI excludes 1),
 its two-sided p-value, Holm-adjusted over its phase's parts (a phase's line is one family), is
 under alpha, and the change is material: at least ``MATERIAL_SHARE`` of A's phase time (a part
 that moved 0.01 ms of a 20 ms TPOT explains nothing). The headline is the gate (a fixed
@@ -409,9 +410,13 @@ def is_headline(c: Headline) -> bool:
 
 
 def explained_phases(comparisons: Sequence[Comparison]) -> frozenset[str]:
-    """The phases whose judged comparison moved (its verdict in ``EXPLAINED``): a baseline's or
-    REF's. Their parts are tested and named; the other phases' parts are not (``gated``)."""
-    return frozenset(c.phase for c in comparisons if is_headline(c) and c.verdict in EXPLAINED)
+    """The phases one of whose judged comparisons moved (its verdict in ``EXPLAINED``): a
+    baseline's or REF's, the headline or the decode tail (each one test of its phase in Holm's
+    family, so either is a gate at alpha; mirrored rates follow their headline). Their parts are
+    tested and named; the other phases' parts are not (``gated``). A tail REGRESSION whose whole
+    CI lies beyond its threshold stops ``--llmperf-against``'s pairs while TPOT may still be
+    INCONCLUSIVE: its red line says where decode's time went all the same."""
+    return frozenset(c.phase for c in comparisons if c.mirror_of is None and c.verdict in EXPLAINED)
 
 
 def paired_explained_phases(comparisons: Sequence[Headline]) -> frozenset[str]:
