@@ -95,11 +95,13 @@ def _ci(c: dict | None) -> str:
 
 
 def show(row: dict) -> None:
+    """One session's row; an in-process A/B's (``way`` in the row) over engine instance pairs."""
+    unit = "instance" if "way" in row else "process"
     shares = ", ".join(f"{lv['metric']} {lv['between_share']:.0%}" for lv in row["levels"])
     print(
         f"  {row['change']:+.0%} session {row['session']}: TTFT {_ci(row['ttft'])}, TPOT {_ci(row['tpot'])}; "
-        f"{row['pairs']} pairs over {row['processes']} process pair(s) in {row['pairs_s']:.1f} s "
-        f"(+{row['start_s']:.1f} s start; {row['stopped']}); process level {shares or '-'}; "
+        f"{row['pairs']} pairs over {row['processes']} {unit} pair(s) in {row['pairs_s']:.1f} s "
+        f"(+{row['start_s']:.1f} s start; {row['stopped']}); {unit} level {shares or '-'}; "
         f"{row['wall_s']:.0f} s; load {row['load']}",
         flush=True,
     )
