@@ -166,7 +166,8 @@ class SystemDelta:
             return None
         return min(1.0, max(0.0, (machine - engine - own) / total))
 
-    def as_dict(self) -> MachineJson:
+    def as_dict(self, runs: int) -> MachineJson:
+        """As a record stores it, with its preemptions per run over ``runs`` (warm-ups included)."""
         share = self.steal_share
         wait, others = self.cpu_wait_share, self.others_cpu_share
         return {
@@ -175,6 +176,7 @@ class SystemDelta:
             "involuntary_switches": self.involuntary_switches,
             "cpu_wait_share": None if wait is None else round(wait, 5),
             "others_cpu_share": None if others is None else round(others, 5),
+            "involuntary_switches_per_run": round(self.involuntary_switches / max(1, runs), 2),
         }
 
 

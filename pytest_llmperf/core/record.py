@@ -302,16 +302,7 @@ class Record(StoredForm):
             model_loads=loads.as_dict() if loads is not None else None,
             agreement=agreement.as_dict() if agreement is not None else None,  # against --llmperf-against's REF
             load=_load(m.load) if m.load is not None else None,
-            machine=(
-                {
-                    **system.as_dict(),
-                    "involuntary_switches_per_run": round(
-                        system.involuntary_switches / max(1, len(m.runs) + len(m.warmup_runs)), 2
-                    ),
-                }
-                if system is not None
-                else None
-            ),
+            machine=system.as_dict(len(m.runs) + len(m.warmup_runs)) if system is not None else None,
             requests=stored_requests(m),
             prompt_lengths=m.prompt_lengths.as_dict() if m.prompt_lengths is not None else None,
         )
