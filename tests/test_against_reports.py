@@ -138,7 +138,7 @@ def _cells(c) -> tuple[str, str, str, str]:
 
 
 def test_a_ratio_far_from_one_keeps_its_digits() -> None:
-    shown = [session_file.ratio_text(x) for x in (1.0724, 0.9, 340.069, 0.0029412)]
+    shown = [session_file.fmt_ratio(x) for x in (1.0724, 0.9, 340.069, 0.0029412)]
     assert shown == ["1.072", "0.900", "340", "0.00294"]
 
 

@@ -18,10 +18,11 @@ from pytest_llmperf import InferenceProfiler, Workload, measure
 from pytest_llmperf.cli import main as cli_main
 from pytest_llmperf.core.measurement import SystemDelta, SystemSample
 from pytest_llmperf.core.record import Record
+from pytest_llmperf.core.workload import kv_cache_bytes
 from pytest_llmperf.judge.result import compare_layers
 from pytest_llmperf.measuring.layers import outlier_layers
 from pytest_llmperf.measuring.metrics import context_slope, diagnose, far_off, likely_causes
-from pytest_llmperf.measuring.roofline import kv_cache_bytes, machine_peaks
+from pytest_llmperf.measuring.roofline import machine_peaks
 from pytest_llmperf.models.gguf import ModelSpec, ensure_model
 
 #: A model with one block much wider than the others: block 3's FFN is 16x as wide.

@@ -15,8 +15,9 @@ from collections.abc import Mapping
 from ..core.fingerprint import Fingerprint
 from ..core.measurement import Measurement
 from ..core.record import Record
+from ..core.workload import kv_cache_bytes
 from ..measuring.metrics import diagnose
-from ..measuring.roofline import REFERENCE_KIND, kv_cache_bytes
+from ..measuring.roofline import REFERENCE_KIND
 
 
 def stored(

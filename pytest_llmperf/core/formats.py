@@ -93,6 +93,14 @@ def fmt_or(value: float | None, missing: str = "n/a") -> str:
     return missing if value is None else fmt(value)
 
 
+def cell(value: object, missing: str = "-") -> str:
+    """A table cell: ``missing`` for none, a float rounded for display (``fmt``), anything else
+    (a word, a count) as it is."""
+    if value is None:
+        return missing
+    return fmt(value) if isinstance(value, float) else str(value)
+
+
 #: The longest text a message quotes whole.
 SHOWN_TEXT_MAX = 32
 

@@ -166,16 +166,21 @@ class SystemDelta:
             return None
         return min(1.0, max(0.0, (machine - engine - own) / total))
 
-    def as_dict(self) -> MachineJson:
+    def as_dict(self, runs: int | None = None) -> MachineJson:
+        """As a record stores it (``machine``); ``runs`` given (warm-ups included): with its
+        preemptions per run."""
         share = self.steal_share
         wait, others = self.cpu_wait_share, self.others_cpu_share
-        return {
+        out: MachineJson = {
             "steal_share": None if share is None else round(share, 5),
             "load_1m": self.after.load_1m,
             "involuntary_switches": self.involuntary_switches,
             "cpu_wait_share": None if wait is None else round(wait, 5),
             "others_cpu_share": None if others is None else round(others, 5),
         }
+        if runs is not None:
+            out["involuntary_switches_per_run"] = round(self.involuntary_switches / max(1, runs), 2)
+        return out
 
 
 class StabilityJson(TypedDict):

@@ -187,20 +187,7 @@ class StoredPrompt(TypedDict, total=False):
     delivered_ttft_ms: float | None
     delivered_e2e_ms: float | None
     delivered_burst_tokens: int | None
-    turns: list[StoredTurn]
-
-
-class StoredTurn(TypedDict):
-    """One turn of a conversation over the runs (``Measurement.turns``)."""
-
-    turn: int
-    runs: int
-    prompt_tokens: int | None
-    evaluated_prompt_tokens: int | None
-    prompt_reused_tokens: int | None
-    ttft_p50_ms: float
-    ttft_p95_ms: float
-    tpot_ms: float
+    turns: list[dict[str, JSONValue]]
 
 
 class StoredLoad(TypedDict, total=False):
@@ -233,14 +220,6 @@ class StoredTrace(TypedDict):
     speed: float
     send_lag_p50_ms: float
     send_lag_max_ms: float
-
-
-class StoredRequests(TypedDict):
-    """A prompt set's runs as pairing reads them (``requests``): run i's request (its index in
-    the set, ``workload.drawn``) and its prompt's tokens."""
-
-    request: list[int]
-    prompt_tokens: list[int]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -278,7 +257,7 @@ class Record(StoredForm):
     # (before ``reference`` and ``sessions``, which are added to the stored dict after ``to_json``,
     # so a record read and written again keeps its keys' order)
     #: A prompt set's: each run's request and prompt tokens (a comparison pairs runs of the same request).
-    requests: StoredRequests | None = None
+    requests: JsonObject | None = None
     #: Where the runs' prompts had different lengths: the figures by length (``PromptLengths``).
     prompt_lengths: PromptLengthsJson | None = None
     #: The machine's reference figure (``measuring.roofline.probe_reference``), after the runs.
@@ -323,16 +302,7 @@ class Record(StoredForm):
             model_loads=loads.as_dict() if loads is not None else None,
             agreement=agreement.as_dict() if agreement is not None else None,  # against --llmperf-against's REF
             load=_load(m.load) if m.load is not None else None,
-            machine=(
-                {
-                    **system.as_dict(),
-                    "involuntary_switches_per_run": round(
-                        system.involuntary_switches / max(1, len(m.runs) + len(m.warmup_runs)), 2
-                    ),
-                }
-                if system is not None
-                else None
-            ),
+            machine=system.as_dict(len(m.runs) + len(m.warmup_runs)) if system is not None else None,
             requests=stored_requests(m),
             prompt_lengths=m.prompt_lengths.as_dict() if m.prompt_lengths is not None else None,
         )
@@ -495,7 +465,7 @@ def chat_identity(messages: Sequence[ChatMessage]) -> str:
     return json.dumps([list(m) for m in messages], ensure_ascii=False)
 
 
-def stored_requests(m: Measurement) -> StoredRequests | None:
+def stored_requests(m: Measurement) -> dict[str, JSONValue] | None:
     """A prompt set's runs (not a load test's: its requests overlap): run i's request, as
     ``Workload.request(i)`` drew it, and its prompt's tokens; None without a set, or where a
     run's prompt tokens are unknown."""
@@ -509,7 +479,7 @@ def stored_requests(m: Measurement) -> StoredRequests | None:
     }
 
 
-def stored_turn(t: TurnFigures) -> StoredTurn:
+def stored_turn(t: TurnFigures) -> dict[str, JSONValue]:
     return {
         "turn": t.turn,
         "runs": t.runs,

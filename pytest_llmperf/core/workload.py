@@ -818,6 +818,20 @@ class EngineInfo:
             parts.append(f"tokens counted from {self.token_count}")
         return ", ".join(parts)
 
+    def kv_bytes_per_position(self) -> float | None:
+        """Bytes of K and V cache one context position takes across all layers (None: the
+        engine does not say the model's shape)."""
+        n_layer, n_kv, per_element = self.n_layer, self.n_head_kv, self.kv_bytes_per_element
+        if n_layer is None or not self.n_head or n_kv is None or self.n_embd is None or per_element is None:
+            return None
+        return 2 * n_layer * n_kv * (self.n_embd // self.n_head) * per_element
+
+
+def kv_cache_bytes(info: EngineInfo) -> int | None:
+    """The KV cache llama.cpp allocates for the whole context (n_ctx positions)."""
+    per_pos = info.kv_bytes_per_position()
+    return None if per_pos is None or info.n_ctx is None else int(per_pos * info.n_ctx)
+
 
 # -- the llama.cpp settings: one entry each ----------------------------------------------------
 

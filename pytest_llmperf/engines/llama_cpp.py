@@ -64,12 +64,11 @@ from .llama_cpp_native import (
     default_threads,
     greedy_sampler,
     import_llama_cpp,
-    kv_bytes_per_element,
     llama_cpp_version,
     llama_log_capture,
     mapped_file_mib,
-    quantization,
     resolve_repack,
+    with_model_facts,
 )
 
 if TYPE_CHECKING:
@@ -190,18 +189,10 @@ class LlamaCppEngine(
         native_load_ms = llama_cpp.llama_perf_context(self._ctx).t_load_ms
 
         lookup = embedding_lookup(path) or (None, None)
-        self._info = EngineInfo(
+        info = EngineInfo(
             engine="llama.cpp",
             model=name or path.stem,
             model_path=str(path),
-            model_size_bytes=int(llama_cpp.llama_model_size(self._model)),
-            n_params=int(llama_cpp.llama_model_n_params(self._model)),
-            quantization=quantization(self.llm.metadata),
-            n_layer=int(llama_cpp.llama_model_n_layer(self._model)),
-            n_embd=int(llama_cpp.llama_model_n_embd(self._model)),
-            n_head=int(llama_cpp.llama_model_n_head(self._model)),
-            n_head_kv=int(llama_cpp.llama_model_n_head_kv(self._model)),
-            kv_bytes_per_element=kv_bytes_per_element(self.llm.context_params),
             embedding_lookup_params=lookup[0],
             embedding_lookup_bytes=lookup[1],
             **{  # every setting as llama.cpp got it, some as llama.cpp reports them
@@ -218,6 +209,7 @@ class LlamaCppEngine(
             backend_version=llama_cpp_version(),
             **self._memory(path, mapped_before),
         )
+        self._info = with_model_facts(llama_cpp, self.llm, info)
 
     @classmethod
     def from_config(cls, config: EngineConfig, *, name: str | None = None, verbose: bool = False) -> LlamaCppEngine:

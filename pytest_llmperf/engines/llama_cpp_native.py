@@ -35,9 +35,10 @@ from ..core.errors import ConfigError, EngineError, unknown_name
 from ..core.formats import escaped, human_bytes
 from ..core.settings import CACHE_TYPES, RENAMED, UNQUANTIZED, renamed_line, usable_cpus
 from ..core.settings import ENGINE_DEFAULTS as DEFAULTS
-from ..core.workload import LLAMA_SETTINGS
+from ..core.workload import LLAMA_SETTINGS, EngineInfo
 
 if TYPE_CHECKING:
+    from llama_cpp import Llama
     from llama_cpp.llama_cpp import llama_context_p, llama_context_params, llama_sampler_p
 
     #: A llama.cpp context and sampler chain as llama-cpp-python's ctypes give them (None: NULL, freed).
@@ -192,6 +193,24 @@ def kv_bytes_per_element(params: llama_context_params) -> float | None:
     except (ImportError, ValueError, KeyError):
         return None
     return sum(type_size / block for block, type_size in sizes) / 2
+
+
+def with_model_facts(lib: ModuleType, llm: Llama, info: EngineInfo) -> EngineInfo:
+    """``info`` with a loaded ``llm``'s model facts as llama.cpp reads them (the one reader of
+    them): its size and parameters, its quantization, its shape and its KV cache's bytes per
+    element (of the context's cache types)."""
+    model = llm._model.model
+    return dataclasses.replace(
+        info,
+        model_size_bytes=int(lib.llama_model_size(model)),
+        n_params=int(lib.llama_model_n_params(model)),
+        quantization=quantization(dict(getattr(llm, "metadata", {}) or {})),
+        n_layer=int(lib.llama_model_n_layer(model)),
+        n_embd=int(lib.llama_model_n_embd(model)),
+        n_head=int(lib.llama_model_n_head(model)),
+        n_head_kv=int(lib.llama_model_n_head_kv(model)),
+        kv_bytes_per_element=kv_bytes_per_element(llm.context_params),
+    )
 
 
 def quantization(meta: dict[str, str]) -> str | None:

@@ -60,12 +60,11 @@ from .llama_cpp_native import (
     buffer_sizes,
     greedy_sampler,
     import_llama_cpp,
-    kv_bytes_per_element,
     llama_cpp_version,
     llama_log_capture,
     mapped_file_mib,
-    quantization,
     resolve_repack,
+    with_model_facts,
 )
 
 if TYPE_CHECKING:
@@ -557,29 +556,16 @@ class DrivenLlamaEngine(Engine, LayerTiming):
 def llama_facts(lib: ModuleType, llm: Llama, base: EngineInfo) -> EngineInfo:
     """``base`` with a user's Llama's ``EngineInfo`` fields: its model, its llama.cpp settings (the
     fingerprint's), its memory (the KV cache from its size, the model file's mapping)."""
-    model, ctx = llm._model.model, llm._ctx.ctx
-    cparams, mparams = llm.context_params, llm.model_params
-    n_ctx, n_layer = int(lib.llama_n_ctx(ctx)), int(lib.llama_model_n_layer(model))
-    n_embd, n_head = int(lib.llama_model_n_embd(model)), int(lib.llama_model_n_head(model))
-    n_head_kv = int(lib.llama_model_n_head_kv(model))
-    per_element = kv_bytes_per_element(cparams)
-    kv_mib = None
-    if per_element is not None and n_head:
-        kv_mib = 2 * n_layer * n_ctx * (n_embd // n_head) * n_head_kv * per_element / 2**20
+    ctx, cparams, mparams = llm._ctx.ctx, llm.context_params, llm.model_params
+    n_ctx, facts = int(lib.llama_n_ctx(ctx)), with_model_facts(lib, llm, base)
+    per_position = facts.kv_bytes_per_position()
+    kv_mib = None if per_position is None else per_position * n_ctx / 2**20
     path = str(getattr(llm, "model_path", "") or "")
     mapped = mapped_file_mib(path) if path else None
     logged = _BUFFERS.get(llm, {})
     return dataclasses.replace(
-        base,
+        facts,
         model_path=path or None,
-        model_size_bytes=int(lib.llama_model_size(model)),
-        n_params=int(lib.llama_model_n_params(model)),
-        quantization=quantization(dict(getattr(llm, "metadata", {}) or {})),
-        n_layer=n_layer,
-        n_embd=n_embd,
-        n_head=n_head,
-        n_head_kv=n_head_kv,
-        kv_bytes_per_element=per_element,
         threads=int(cparams.n_threads),
         n_ctx=n_ctx,
         n_batch=int(lib.llama_n_batch(ctx)),

@@ -388,7 +388,13 @@ def machine_signals(baseline: Record, candidate: Record) -> list[str]:
     """Each sign that the machine, not the subject, was busier during the candidate's runs than
     during the baseline's, as a phrase naming its figure on both sides (none: the machine was
     no busier by anything it reports)."""
-    return [phrase for phrase in (sign(baseline, candidate) for sign in MACHINE_SIGNS) if phrase is not None]
+    preempted = _preempted(baseline, candidate)
+    signs = [preempted] if preempted is not None else []
+    for key, rise, phrase, prefix in SHARE_SIGNS:
+        base, now = (_machine_figure(r, key, 1.0) or 0.0 for r in (baseline, candidate))
+        if now - base >= rise:
+            signs.append(f"{phrase.format(now)} ({prefix}{base:.0%} at baseline)")
+    return signs
 
 
 def _preempted(baseline: Record, candidate: Record) -> str | None:
@@ -401,39 +407,24 @@ def _preempted(baseline: Record, candidate: Record) -> str | None:
     )
 
 
-def _waited_for_cpu(baseline: Record, candidate: Record) -> str | None:
-    base_wait, cand_wait = (_machine_figure(r, "cpu_wait_share", 1.0) for r in (baseline, candidate))
-    if cand_wait is None or cand_wait < CPU_WAIT_SHARE or cand_wait - (base_wait or 0.0) < CPU_WAIT_SHARE:
-        return None
-    return (
-        f"the engine's threads waited for a CPU {cand_wait:.0%} of their runnable time "
-        f"(run queue; {(base_wait or 0.0):.0%} at baseline)"
-    )
-
-
-def _others_busy(baseline: Record, candidate: Record) -> str | None:
-    base_others, cand_others = (_machine_figure(r, "others_cpu_share", 1.0) for r in (baseline, candidate))
-    if cand_others is None or cand_others < OTHERS_CPU_SHARE or cand_others - (base_others or 0.0) < OTHERS_CPU_SHARE:
-        return None
-    return (
-        f"other processes used {cand_others:.0%} of the machine's CPU time during the runs "
-        f"({(base_others or 0.0):.0%} at baseline)"
-    )
-
-
-def _stolen(baseline: Record, candidate: Record) -> str | None:
-    base_steal, cand_steal = steal_share(baseline), steal_share(candidate)
-    if cand_steal is None or cand_steal - (base_steal or 0.0) < STEAL_MACHINE_SHARE:
-        return None
-    return (
-        f"the hypervisor gave {cand_steal:.0%} of this VM's CPU time to other guests during the runs "
-        f"(steal; {(base_steal or 0.0):.0%} at baseline)"
-    )
-
-
-#: The signs ``machine_signals`` reads, in the order it names them: each a phrase naming its
-#: figure on both sides, or None where the figure does not show the machine busier.
-MACHINE_SIGNS: tuple[Callable[[Record, Record], str | None], ...] = (_preempted, _waited_for_cpu, _others_busy, _stolen)
+#: The machine's shares (0..1, ``machine``) whose rise from the baseline's (none there: 0) to
+#: the candidate's by at least its threshold is a sign: (key, threshold, the phrase, the
+#: baseline's figure's prefix).
+SHARE_SIGNS = (
+    (
+        "cpu_wait_share",
+        CPU_WAIT_SHARE,
+        "the engine's threads waited for a CPU {:.0%} of their runnable time",
+        "run queue; ",
+    ),
+    ("others_cpu_share", OTHERS_CPU_SHARE, "other processes used {:.0%} of the machine's CPU time during the runs", ""),
+    (
+        "steal_share",
+        STEAL_MACHINE_SHARE,
+        "the hypervisor gave {:.0%} of this VM's CPU time to other guests during the runs",
+        "steal; ",
+    ),
+)
 
 
 def machine_blame(baseline: Record, candidate: Record) -> str | None:

@@ -57,26 +57,6 @@ def above_peak_note(achieved_gbs: float, peak_gbs: float, bytes_per_token: float
     )
 
 
-def kv_bytes_per_position(info: EngineInfo) -> float | None:
-    """Bytes of K and V cache one context position takes across all layers."""
-    n_layer, n_head, n_head_kv, n_embd, per_element = (
-        info.n_layer,
-        info.n_head,
-        info.n_head_kv,
-        info.n_embd,
-        info.kv_bytes_per_element,
-    )
-    if n_layer is None or n_head is None or n_head_kv is None or n_embd is None or per_element is None:
-        return None
-    return 2 * n_layer * n_head_kv * (n_embd // n_head) * per_element
-
-
-def kv_cache_bytes(info: EngineInfo) -> int | None:
-    """The KV cache llama.cpp allocates for the whole context (n_ctx positions)."""
-    per_pos = kv_bytes_per_position(info)
-    return None if per_pos is None or info.n_ctx is None else int(per_pos * info.n_ctx)
-
-
 def _phase(
     name: str, bytes_moved: float, flops: float, tokens: int, seconds: float, bw: Peak, fl: Peak
 ) -> PhaseRoofline:
@@ -110,7 +90,7 @@ def roofline(measurement: Measurement, bw: Peak, tflops: Peak) -> Roofline | Non
     """The roofline of a Measurement; None when the engine does not expose the model facts
     (e.g. a served model) or nothing was decoded."""
     info: EngineInfo = measurement.engine
-    per_pos = kv_bytes_per_position(info)
+    per_pos = info.kv_bytes_per_position()
     if per_pos is None or info.model_size_bytes is None or info.n_params is None or not measurement.tpot_ms:
         return None
     w, n = _matmul_weights(info, info.model_size_bytes, info.n_params)

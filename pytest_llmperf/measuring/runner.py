@@ -220,24 +220,24 @@ def extend(engine: Engine | TokenStream, m: Measurement, extra_runs: int) -> Mea
     )
 
 
-def reset_peak_rss() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-        return True
-    except OSError:
-        return False
-
-
 class _ThisProcess(ProcessMemory):
     """The peak RSS of this process: where an engine's model lives unless the engine says
     otherwise (``ProcessMemory``)."""
 
     def reset_peak_rss(self) -> bool:
-        return reset_peak_rss()
+        try:
+            with open("/proc/self/clear_refs", "w") as fh:
+                fh.write("5")
+            return True
+        except OSError:
+            return False
 
     def peak_rss(self, was_reset: bool) -> PeakRss:
-        return peak_rss(was_reset)
+        hwm = _vm_hwm_bytes()
+        if hwm is not None:
+            return PeakRss(hwm, "measurement" if was_reset else "process")
+        maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return PeakRss(maxrss if sys.platform == "darwin" else maxrss * 1024, "process")
 
 
 THIS_PROCESS = _ThisProcess()
@@ -252,14 +252,6 @@ def _vm_hwm_bytes() -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
-
-
-def peak_rss(was_reset: bool) -> PeakRss:
-    hwm = _vm_hwm_bytes()
-    if hwm is not None:
-        return PeakRss(hwm, "measurement" if was_reset else "process")
-    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return PeakRss(maxrss if sys.platform == "darwin" else maxrss * 1024, "process")
 
 
 # -- model loads: warm and cold, each load checked ----------------------------------------------

@@ -524,10 +524,10 @@ def _run(engine: LlamaCppEngine, message: Mapping[str, Any], workload: Workload 
 
 
 def _rss(engine: LlamaCppEngine, message: Mapping[str, object], workload: Workload | None) -> list[dict[str, object]]:
-    from .runner import peak_rss, reset_peak_rss
+    from .runner import THIS_PROCESS
 
-    reset = reset_peak_rss() if message["reset"] else False
-    peak = peak_rss(True)
+    reset = THIS_PROCESS.reset_peak_rss() if message["reset"] else False
+    peak = THIS_PROCESS.peak_rss(True)
     return [{"ok": True, "reset": reset, "peak": [peak.bytes, peak.scope]}]
 
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.catalog import BUDGETS, FIGURES, HEADLINE, is_ceiling
 from ..core.documents import output_kind, write_output
-from ..core.formats import fmt, fmt_or
+from ..core.formats import cell, fmt, fmt_or
 from ..core.record import Record
 from ..core.settings import usable_cpus
 from ..history.series import Trend, metric_order, steps, table, title, trend_data
@@ -48,7 +48,6 @@ from .session_file import (
     comparison_headers,
     detects_cell,
     metric_label,
-    prompt_cell,
     summary_values,
     turns_of,
 )
@@ -437,11 +436,11 @@ def _prompt_table(result: Outcome) -> list[str]:
     """A measured callable's prompt as llama.cpp saw it and its stream as the caller got it."""
     if not result.prompt:
         return []
-    rows = [(label, prompt_cell(result.prompt.get(key))) for key, label in PROMPT_COLUMNS]
+    rows = [(label, cell(result.prompt.get(key))) for key, label in PROMPT_COLUMNS]
     return [_table(("your code's prompt and stream", "value"), rows)]
 
 
-#: The "turn by turn" table's columns (a conversation's ``prompt.turns``, ``core.record.StoredTurn``).
+#: The "turn by turn" table's columns (a conversation's ``prompt.turns``, ``core.record.stored_turn``).
 TURN_HEADERS = ("turn", "prompt tokens evaluated / reused", "TTFT p50 / p95 ms", "decode ms/token", "runs")
 
 
@@ -452,8 +451,8 @@ def _turns_table(prompt: Mapping[str, Any]) -> list[str]:
         [
             str(t.get("turn")),
             _turn_tokens(t),
-            f"{prompt_cell(t.get('ttft_p50_ms'))} / {prompt_cell(t.get('ttft_p95_ms'))}",
-            prompt_cell(t.get("tpot_ms")),
+            f"{cell(t.get('ttft_p50_ms'))} / {cell(t.get('ttft_p95_ms'))}",
+            cell(t.get("tpot_ms")),
             str(t.get("runs")),
         ]
         for t in turns_of(prompt.get("turns"))

@@ -23,7 +23,7 @@ from typing import Any
 from ..baselines import store as baseline_store
 from ..core.catalog import FIGURES, HEADLINE, SUMMARY
 from ..core.documents import JSONValue, RefusedFile, SchemaViolation, loads, read_text, validate
-from ..core.formats import fmt, fmt_or, render_table
+from ..core.formats import cell, fmt, fmt_or, render_table
 from ..core.settings import COLUMN_SETS, DEFAULT_COMPARISON_COLUMNS
 from ..judge.ab import ABResult
 from ..judge.ab import as_dict as ab_dict
@@ -218,11 +218,6 @@ def comparison_headers(results: Iterable[Outcome]) -> tuple[str, ...]:
     return AGAINST_HEADERS if against_of(results) else COMPARISON_HEADERS
 
 
-def ratio_text(x: float) -> str:
-    """A ratio as a verdict line shows it (``verdict.fmt_ratio``): ``1.072``, ``340``, ``0.00294``."""
-    return fmt_ratio(x)
-
-
 def change_cells(c: Comparison, paired: bool) -> tuple[str, str]:
     """The change and its 95% CI: ``+7.2%``, ``+3.1..+11.4%``; ``paired`` (against REF): the ratio
     this tree / REF and its CI, ``1.072``, ``1.031..1.114``. A change of medians with no CI of its
@@ -230,9 +225,9 @@ def change_cells(c: Comparison, paired: bool) -> tuple[str, str]:
     set's lengths) says so (``medians only``), as does one with no CI at all (``no CI``)."""
     if c.ci_low is None or c.ci_high is None:
         no_ci = "medians only" if c.shown is Shown.MEDIAN else "no CI"
-        return (ratio_text(c.ratio) if paired else f"{(c.ratio - 1) * 100:+.1f}%"), no_ci
+        return (fmt_ratio(c.ratio) if paired else f"{(c.ratio - 1) * 100:+.1f}%"), no_ci
     if paired:
-        return ratio_text(c.ratio), f"{ratio_text(c.ci_low)}..{ratio_text(c.ci_high)}"
+        return fmt_ratio(c.ratio), f"{fmt_ratio(c.ci_low)}..{fmt_ratio(c.ci_high)}"
     return f"{(c.ratio - 1) * 100:+.1f}%", f"{(c.ci_low - 1) * 100:+.1f}..{(c.ci_high - 1) * 100:+.1f}%"
 
 
@@ -402,20 +397,13 @@ def _figures_table(
         return []
     out = ["", f"### {title}", "", *_md_head(["test", *(label for _, label in columns)])]
     return out + [
-        "| " + " | ".join([md_code(test), *(prompt_cell(f.get(key)) for key, _ in columns)]) + " |" for test, f in rows
+        "| " + " | ".join([md_code(test), *(cell(f.get(key)) for key, _ in columns)]) + " |" for test, f in rows
     ]
 
 
 def turns_of(value: object) -> list[Mapping[str, object]]:
     """A stored conversation's ``prompt.turns``, each turn's figures (none where it holds none)."""
     return [t for t in value if isinstance(t, Mapping)] if isinstance(value, list) else []
-
-
-def prompt_cell(value: object) -> str:
-    """A prompt figure as the tables show it: a word or a count as it is, a time rounded, "-" where none."""
-    if value is None:
-        return "-"
-    return fmt(value) if isinstance(value, float) else str(value)
 
 
 def memory_lines(results: Iterable[Outcome]) -> list[str]:
@@ -614,8 +602,8 @@ AB_HEADERS = ("metric", "A", "B", "B/A", "95% CI", "p", "pairs", "difference", "
 
 
 def _ab_num(value: float | None, spec: str = "") -> str:
-    """A figure as ``spec`` formats it (default: ``ratio_text``); n/a where JSON holds none."""
-    return "n/a" if value is None else format(value, spec) if spec else ratio_text(value)
+    """A figure as ``spec`` formats it (default: ``fmt_ratio``); n/a where JSON holds none."""
+    return "n/a" if value is None else format(value, spec) if spec else fmt_ratio(value)
 
 
 def ab_title(entry: Mapping[str, Any]) -> str:

@@ -22,7 +22,7 @@ from ..baselines.records import stored
 from ..core import catalog
 from ..core import formats as nodeids
 from ..core.catalog import FIGURES, METRICS, SUMMARY_COLUMNS
-from ..core.formats import fmt, fmt_or, render_table
+from ..core.formats import cell, fmt, fmt_or, render_table
 from ..core.measurement import LatencyStats, Measurement
 from ..core.settings import DEFAULT_SUMMARY_COLUMNS
 
@@ -365,7 +365,7 @@ def summary_table(
     ``DEFAULT_SUMMARY_COLUMNS``), test ids shortened to fit; None: every column, full ids."""
     chosen = list(SUMMARY_COLUMNS) if width is None else _summary_columns(columns)
     headers = [h for _, h, _ in chosen]
-    body = [[_summary_cell(r.get(f)) for _, _, f in chosen] for r in rows]
+    body = [[cell(r.get(f), "n/a") for _, _, f in chosen] for r in rows]
     return render_table(headers, body) if width is None else fit_table(headers, body, width)
 
 
@@ -376,15 +376,6 @@ def _summary_columns(columns: Sequence[str] | None) -> list[tuple[str, str, str]
     wanted = [c for c in (columns or ()) if c in names and c != "test"] or list(DEFAULT_SUMMARY_COLUMNS)
     by_name = {col[0]: col for col in SUMMARY_COLUMNS}
     return [SUMMARY_COLUMNS[0]] + [by_name[name] for name in dict.fromkeys(wanted)]
-
-
-def _summary_cell(value: object) -> str:
-    """A summary cell: n/a for none, a float rounded for display, anything else as it is."""
-    if value is None:
-        return "n/a"
-    if isinstance(value, float):
-        return fmt(value)
-    return str(value)
 
 
 def short_ids(ids: Sequence[str]) -> dict[str, str]:

@@ -37,9 +37,8 @@ from .options import MarkerConfig, SessionSettings, validate
 from .results import Measurer
 
 if TYPE_CHECKING:
-    from ..core.documents import JSONValue
     from ..core.measurement import Measurement
-    from ..core.workload import EngineInfo, SentRequest
+    from ..core.workload import SentRequest
     from ..engines import CounterSource, Engine, TokenStream
     from ..judge.ab import ABResult
     from ..judge.result import Outcome
@@ -52,14 +51,6 @@ if TYPE_CHECKING:
 __all__ = ["Session", "SessionSettings"]
 
 
-def _no_fingerprint_hook(hardware: dict[str, JSONValue], subject: dict[str, JSONValue], info: EngineInfo) -> None:
-    return None
-
-
-def _no_engine_hook(settings: EngineSettings, engine_config: EngineConfig | None) -> Engine | None:
-    return None
-
-
 class Session:
     """State of one session. ``is_worker``: a pytest-xdist worker, which measures and ships its
     results to the controller but writes no file."""
@@ -68,8 +59,8 @@ class Session:
         self,
         settings: SessionSettings,
         *,
-        fingerprint_hook: FingerprintHook = _no_fingerprint_hook,
-        make_engine_hook: MakeEngineHook = _no_engine_hook,
+        fingerprint_hook: FingerprintHook = lambda *_: None,
+        make_engine_hook: MakeEngineHook = lambda *_: None,
         is_worker: bool = False,
         started_at: str | None = None,
     ) -> None:

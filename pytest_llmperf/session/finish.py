@@ -208,51 +208,39 @@ def summary(
     when each row is one of theirs).
     Every line is at most ``width`` characters: tables fit it, longer lines wrap with a
     hanging indent."""
-    lines = _summary(s, rows, results, out, suite_failures, verbosity, width, notes, ab, over_budget)
-    return [(kind, text if kind != "line" else _wrapped(text, width)) for kind, text in lines]
+
+    def lines_of() -> list[Line]:
+        lines: list[Line] = [("line", note) for note in notes]
+        if out is not None:
+            lines += outputs_lines(out, verbosity)
+        lines += suite_lines(suite_failures)
+        if verbosity <= -2:
+            return lines
+        if not rows:  # a session of A/Bs alone
+            return lines + (where_lines(results, ab, width, verbosity) if verbosity >= 0 else [])
+        if s.disable:
+            return lines + [
+                (
+                    "line",
+                    f"llmperf: {len(rows)} measurement(s) run once (--llmperf-disable): "
+                    "no budgets, statistics or baselines",
+                )
+            ]
+        if verbosity == -1:
+            return lines + quiet_lines(rows, results, over_budget)
+        lines += table_lines(s, rows, results, width)
+        lines += comparison_lines(s, results, width, verbosity)
+        lines += [("line", note) for note in verdict_notes(s, results)]
+        lines += where_lines(results, ab, width, verbosity)
+        return lines + (written_lines(out) if out is not None else [])
+
+    return [(kind, text if kind != "line" else _wrapped(text, width)) for kind, text in lines_of()]
 
 
 def _wrapped(text: str, width: int) -> str:
     from ..reports.text import wrap_text
 
     return wrap_text(text, width) if any(len(line) > width for line in text.splitlines()) else text
-
-
-def _summary(
-    s: SessionSettings,
-    rows: Sequence[Mapping[str, object]],
-    results: Sequence[Outcome],
-    out: Outputs | None,
-    suite_failures: Sequence[str],
-    verbosity: int,
-    width: int,
-    notes: Sequence[str],
-    ab: Sequence[Mapping[str, object]],
-    over: int | None,
-) -> list[Line]:
-    lines: list[Line] = [("line", note) for note in notes]
-    if out is not None:
-        lines += outputs_lines(out, verbosity)
-    lines += suite_lines(suite_failures)
-    if verbosity <= -2:
-        return lines
-    if not rows:  # a session of A/Bs alone
-        return lines + (where_lines(results, ab, width, verbosity) if verbosity >= 0 else [])
-    if s.disable:
-        return lines + [
-            (
-                "line",
-                f"llmperf: {len(rows)} measurement(s) run once (--llmperf-disable): "
-                "no budgets, statistics or baselines",
-            )
-        ]
-    if verbosity == -1:
-        return lines + quiet_lines(rows, results, over)
-    lines += table_lines(s, rows, results, width)
-    lines += comparison_lines(s, results, width, verbosity)
-    lines += [("line", note) for note in verdict_notes(s, results)]
-    lines += where_lines(results, ab, width, verbosity)
-    return lines + (written_lines(out) if out is not None else [])
 
 
 def suite_lines(suite_failures: Sequence[str]) -> list[Line]:
