@@ -132,8 +132,8 @@ def test_which_comparisons_need_more_pairs() -> None:
 
 
 def test_an_equivalence_shown_by_the_looks_95_percent_ci_stops_the_pairs() -> None:
-    """The equivalence stop reads the look's 95% CI, not the repeated one printed (wider at every
-    look but the cap): an UNCHANGED whose printed CI reaches past 5% but whose 95% CI lies within +-5% and
+    """The equivalence stop reads the look's 95% CI, not the repeated one printed (6 looks: 98.6%,
+    wider): an UNCHANGED whose printed CI reaches past 5% but whose 95% CI lies within +-5% and
     holds 1 is settled; one whose 95% CI also reaches past 5%, or excludes 1 (a change within the
     threshold, which the printed CI must show first), is not; nor an INCONCLUSIVE."""
     u = Verdict.UNCHANGED

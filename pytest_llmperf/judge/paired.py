@@ -163,32 +163,24 @@ def _lower_index(n: int, alpha: float) -> int:
     return max(int(np.searchsorted(cdf, alpha / 2.0, side="right")) - 1, 0)
 
 
-#: O'Brien & Fleming's constants for a 95% level (Jennison & Turnbull, "Group Sequential Methods
-#: with Applications to Clinical Trials", 2000, table 2.3; checked by tests/test_two_levels.py
-#: against the multivariate normal): the C such that a normal statistic looked at K times, at
-#: equally spaced information, stays within +-C x sqrt(K / k) at every look k with probability
-#: 95% (K = 1, 2, ...).
-OBRIEN_FLEMING_95 = (1.960, 1.977, 2.004, 2.024, 2.040, 2.053, 2.063, 2.072, 2.080, 2.087, 2.092, 2.098)
+#: Pocock's constants for a 95% level (Jennison & Turnbull, "Group Sequential Methods with
+#: Applications to Clinical Trials", 2000, table 2.1; checked by tests/test_against_stopping.py
+#: against the multivariate normal): the z that a normal statistic looked at K times, at equally
+#: spaced information, stays within at all K looks with probability 95% (K = 1, 2, ...).
+POCOCK_95 = (1.960, 2.178, 2.289, 2.361, 2.413, 2.453, 2.485, 2.512, 2.535, 2.555, 2.572, 2.588)
 
 
-def repeated_level(looks: int, share: float = 1.0) -> float:
-    """The level a look at ``share`` of the cap's pairs (its information fraction; 1: the last
-    look) takes its CI at so that the CIs of all ``looks`` looks hold the true ratio together
-    with probability ``CI_LEVEL`` (95%): a repeated confidence interval (Jennison & Turnbull
-    1989) with O'Brien & Fleming's boundary, C x sqrt(1 / share), so the CI of the look the pairs
-    stopped at is a 95% CI whichever look that was, however the stop was chosen. The boundary is
-    wide early and close to 95% at the cap (6 looks of 10 pairs up to 60: 99.99995% at 10 pairs,
-    99.6% at 30, 96.0% at 60), where a change near the threshold is found: the early
-    looks' stops read p-values at alpha / looks and the plain 95% CI (``equivalent``), not this
-    CI (Pocock's constant, 98.6% at every look of 6, left a +1% change at a 1% threshold
-    INCONCLUSIVE at the cap in 3 of 10 sessions). More looks than the table: Bonferroni's z at
-    every look (wider at the cap, never narrower). One look: ``CI_LEVEL``."""
+def repeated_level(looks: int) -> float:
+    """The level each look's CI is taken at so that the CIs of all ``looks`` looks hold the true
+    ratio together with probability ``CI_LEVEL`` (95%): a repeated confidence interval (Jennison &
+    Turnbull 1989) with Pocock's constant, so the CI of the look the pairs stopped at is a 95% CI
+    whichever look that was (6 looks: 98.6% each). A 95% CI at every look would not be: a stop
+    when the CI first lies within the threshold picks the looks whose spread came out small, and
+    unchanged code then ended with a CI excluding 1 in about 8% of sessions. More looks than the
+    table: Bonferroni's z (wider, never narrower). One look: ``CI_LEVEL``."""
     if looks <= 1:
         return CI_LEVEL
-    if looks > len(OBRIEN_FLEMING_95):
-        z = float(ndtri(1.0 - (1.0 - CI_LEVEL) / (2.0 * looks)))
-    else:
-        z = OBRIEN_FLEMING_95[looks - 1] / math.sqrt(min(max(share, 1e-6), 1.0))
+    z = POCOCK_95[looks - 1] if looks <= len(POCOCK_95) else float(ndtri(1.0 - (1.0 - CI_LEVEL) / (2.0 * looks)))
     return float(2.0 * ndtr(z) - 1.0)
 
 
@@ -401,7 +393,6 @@ def judged_pairs(
     reference: str = "",
     groups: Sequence[int] = (),
     ci_level: float | None = None,
-    share: float = 1.0,
 ) -> list[Comparison]:
     """B (the current side) judged against A (``--llmperf-against``'s REF) from interleaved pairs
     of runs (``measuring.metrics.RunMetrics``; pair i = A's run i and B's run i), with the
@@ -412,11 +403,11 @@ def judged_pairs(
     judged comparisons, unseen ones counted as p = 1), each look at alpha / ``looks``. ``groups``:
     each pair's process pair; with two or more, the estimate, CI, p-values and standard error are
     the two-level model's (``two_level_ci``), whose CI carries the processes' offsets. Every CI
-    is a repeated CI over the ``looks`` (``repeated_level`` at ``share`` of the cap's pairs):
-    whichever look the pairs stop at, it held the true ratio with 95% probability; ``ci_level``
-    another level (``look``'s 95% CIs of each look, which its equivalence stop reads)."""
+    is a repeated CI over the ``looks`` (``repeated_level``): whichever look the pairs stop at,
+    it held the true ratio with 95% probability; ``ci_level`` another level (``look``'s 95% CIs
+    of each look, which its equivalence stop reads)."""
     two = len(set(groups)) > 1
-    ci = repeated_level(looks, share) if ci_level is None else ci_level
+    ci = repeated_level(looks) if ci_level is None else ci_level
     judged: list[Comparison] = []
     for spec in JUDGED:
         va = [getattr(r, spec.name) for r in a_runs]
@@ -697,7 +688,7 @@ def look(
     judge = functools.partial(
         judged_pairs, a_runs, b_runs, alpha=alpha, threshold=threshold, tail_threshold=tail_threshold, family=family
     )
-    comparisons = judge(looks=looks, reference=reference, groups=two, share=len(a_runs) / max(cap, 1))
+    comparisons = judge(looks=looks, reference=reference, groups=two)
     at_95 = judge(looks=looks, groups=two, ci_level=CI_LEVEL) if looks > 1 else comparisons
     capped = f"the cap of {cap} pairs" if len(a_runs) >= cap else None
     return Look(comparisons, pairs_settled(comparisons, cap, looks, at_95) or capped)
