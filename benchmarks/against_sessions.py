@@ -59,17 +59,21 @@ WRAPPER = """import time
 
 #: Extra work per token, as a share of the time llama.cpp took for that token.
 EXTRA = {extra!r}
+#: Extra work before the first token, as a share of the time it took (tokenize and prefill).
+PREFILL = {prefill!r}
 
 
 def make_stream(llm):
     def stream(prompt, max_tokens):
+        begun = time.perf_counter()
         tokens = llm.tokenize(prompt.encode())
         llm.reset()
         last = time.perf_counter()
         for n, token in enumerate(llm.generate(tokens, temp=0.0), 1):
             now = time.perf_counter()
-            if EXTRA and n > 1:  # per generated token after the first: decode work, not prefill
-                end = now + EXTRA * (now - last)
+            share, since = (EXTRA, last) if n > 1 else (PREFILL, begun)  # decode work, or prefill work
+            if share:
+                end = now + share * (now - since)
                 while time.perf_counter() < end:
                     pass
             yield token
@@ -78,6 +82,14 @@ def make_stream(llm):
             last = time.perf_counter()
     return stream
 """
+
+
+def wrapper_source(extra: float, prefill: float = 0.0) -> str:
+    """The wrapper's module: ``extra`` of llama.cpp's time per token after the first spent on
+    extra work (decode), ``prefill`` of the time to the first token (TTFT)."""
+    return WRAPPER.format(extra=extra, prefill=prefill)
+
+
 TEST_WRAPPER = """import pytest
 from wrapper import make_stream
 
@@ -134,12 +146,15 @@ def git(root: Path, *args: str) -> None:
     )
 
 
-def make_repo(root: Path, case: str, change: float, prompt_tokens: int, max_tokens: int, preset: str) -> str:
-    """The test repository; returns the REF to judge against."""
+def make_repo(
+    root: Path, case: str, change: float, prompt_tokens: int, max_tokens: int, preset: str, prefill: float = 0.0
+) -> str:
+    """The test repository; returns the REF to judge against (``case`` "change": ``change`` of
+    llama.cpp's time per token and ``prefill`` of the time to the first token on extra work)."""
     (root / "wrapper").mkdir(parents=True)
     (root / "tests").mkdir()
     keys = {"prompt_tokens": prompt_tokens, "max_tokens": max_tokens}
-    (root / "wrapper" / "__init__.py").write_text(WRAPPER.format(extra=0.0))
+    (root / "wrapper" / "__init__.py").write_text(wrapper_source(0.0))
     models: dict[str, str] = {}
     if case == "quant":
         import dataclasses
@@ -162,8 +177,8 @@ def make_repo(root: Path, case: str, change: float, prompt_tokens: int, max_toke
     git(root, "add", "-A")
     git(root, "commit", "-qm", "base")
     if case == "change":
-        (root / "wrapper" / "__init__.py").write_text(WRAPPER.format(extra=change))
-        git(root, "commit", "-qam", f"+{change:.0%} work per token")
+        (root / "wrapper" / "__init__.py").write_text(wrapper_source(change, prefill))
+        git(root, "commit", "-qam", f"+{change:.0%} work per token, +{prefill:.0%} before the first")
     elif case == "aa":
         git(root, "commit", "-q", "--allow-empty", "-m", "nothing changed")
     elif case == "quant":

@@ -13,6 +13,11 @@ falls on all of them alike.
 
     .venv/bin/python benchmarks/gate_sessions.py --sessions 10 --aa-factor 4   # the issue's figures: 40 A/A, 10 each change
     .venv/bin/python benchmarks/gate_sessions.py --sessions 2 --changes 0,0.02   # a quick look
+    .venv/bin/python benchmarks/gate_sessions.py --sessions 10 --changes p0.05,p0.02   # prefill changes: TTFT
+
+A change ``pN`` spends N of the time to the first token (the wrapper's tokenize and llama.cpp's
+prefill) on extra work before yielding it: a TTFT change, decode untouched; its row says
+``phase: prefill``.
 """
 
 from __future__ import annotations
@@ -63,8 +68,9 @@ def session(root: Path, args: argparse.Namespace, out: Path) -> dict:
     return doc
 
 
-def row_of(doc: dict, change: float, index: int) -> dict | None:
-    """The session's one measurement as a row: TTFT and TPOT comparisons, pairs, seconds."""
+def row_of(doc: dict, change: float, index: int, phase: str = "decode") -> dict | None:
+    """The session's one measurement as a row: TTFT and TPOT comparisons, pairs, seconds (``phase``:
+    where the change's extra work goes; a prefill change's row says so)."""
     for r in doc["results"]:
         comps = {c["metric"]: c for c in (r.get("verdict") or {}).get("comparisons", [])}
         if "tpot_ms" not in comps:
@@ -73,6 +79,7 @@ def row_of(doc: dict, change: float, index: int) -> dict | None:
         d = next((x for x in decisions if x["test"] == r["test"]), decisions[-1] if decisions else {})
         return {
             "change": change,
+            **({"phase": phase} if phase != "decode" else {}),
             "session": index,
             "ttft": comps.get("ttft_ms"),
             "tpot": comps["tpot_ms"],
@@ -99,7 +106,7 @@ def show(row: dict) -> None:
     unit = "instance" if "way" in row else "process"
     shares = ", ".join(f"{lv['metric']} {lv['between_share']:.0%}" for lv in row["levels"])
     print(
-        f"  {row['change']:+.0%} session {row['session']}: TTFT {_ci(row['ttft'])}, TPOT {_ci(row['tpot'])}; "
+        f"  {case_label(row)} session {row['session']}: TTFT {_ci(row['ttft'])}, TPOT {_ci(row['tpot'])}; "
         f"{row['pairs']} pairs over {row['processes']} {unit} pair(s) in {row['pairs_s']:.1f} s "
         f"(+{row['start_s']:.1f} s start; {row['stopped']}); {unit} level {shares or '-'}; "
         f"{row['wall_s']:.0f} s; load {row['load']}",
@@ -111,9 +118,15 @@ def _covers(c: dict | None) -> bool:
     return c is not None and c["ci_low"] <= 1.0 <= c["ci_high"]
 
 
+def case_label(row: dict) -> str:
+    """``+2%`` (per token, decode) or ``+5% prefill`` (before the first token)."""
+    return f"{row['change']:+.0%}" + (" prefill" if row.get("phase") == "prefill" else "")
+
+
 def summary(rows: list[dict], threshold: float) -> None:
-    for change in sorted({r["change"] for r in rows}):
-        mine = [r for r in rows if r["change"] == change]
+    for label in sorted({case_label(r) for r in rows}, key=lambda x: (x.endswith("prefill"), x)):
+        mine = [r for r in rows if case_label(r) == label]
+        change = mine[0]["change"]
         n = len(mine)
         count = {
             "decode covers 1": sum(_covers(r["tpot"]) for r in mine),
@@ -122,12 +135,13 @@ def summary(rows: list[dict], threshold: float) -> None:
             "TTFT REGRESSION": sum((r["ttft"] or {}).get("verdict") == "REGRESSION" for r in mine),
             "decode CI above 1": sum(r["tpot"]["ci_low"] > 1.0 for r in mine),
             "decode decided": sum(r["tpot"]["verdict"] != "INCONCLUSIVE" for r in mine),
+            "TTFT CI above 1": sum((r["ttft"] or {}).get("ci_low", 0.0) > 1.0 for r in mine),
             "TTFT decided": sum((r["ttft"] or {}).get("verdict", "INCONCLUSIVE") != "INCONCLUSIVE" for r in mine),
         }
         pairs = [r["pairs"] for r in mine if r["pairs"]]
         decision_s = [r["pairs_s"] + r["start_s"] for r in mine]
         print(
-            f"{'A/A' if change == 0 else f'{change:+.0%} per token'} at threshold {threshold:.0%}, {n} sessions: "
+            f"{'A/A' if change == 0 else label if label.endswith('prefill') else f'{label} per token'} at threshold {threshold:.0%}, {n} sessions: "
             + ", ".join(f"{k} {v}/{n}" for k, v in count.items())
             + f"; pairs median {statistics.median(pairs):g} ({min(pairs)}-{max(pairs)}); process pairs median "
             f"{statistics.median(r['processes'] for r in mine):g}; seconds per decision median "
@@ -142,7 +156,11 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sessions", type=int, default=10, help="sessions per case (A/A gets --aa-factor times as many)")
     p.add_argument("--aa-factor", type=int, default=1)
-    p.add_argument("--changes", default="0,0.02,0.01", help="per-token work of each case (0: A/A)")
+    p.add_argument(
+        "--changes",
+        default="0,0.02,0.01",
+        help="each case's extra work: per token (0.02; 0: A/A), or before the first token with a p (p0.05: TTFT)",
+    )
     p.add_argument("--threshold", type=float, default=0.01)
     p.add_argument("--max-processes", type=int, default=DEFAULT_MAX_PROCESSES, help="the plugin's default unless given")
     p.add_argument("--preset", default="small")
@@ -155,14 +173,16 @@ def main() -> int:
     if args.summary_of:
         summary([json.loads(x) for x in args.summary_of.read_text().splitlines() if x.strip()], args.threshold)
         return 0
-    changes = [float(x) for x in args.changes.split(",")]
+    changes = [x.strip() for x in args.changes.split(",")]
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="llmperf-gate-bench-") as tmp:
         roots = {}
         for change in changes:
-            root = Path(tmp) / f"repo-{change:g}"
-            case = "aa" if change == 0 else "change"
-            make_repo(root, case, change, args.prompt_tokens, args.max_tokens, args.preset)
+            root = Path(tmp) / f"repo-{change}"
+            prefill = float(change[1:]) if change.startswith("p") else 0.0
+            per_token = 0.0 if prefill else float(change)
+            case = "aa" if per_token == prefill == 0 else "change"
+            make_repo(root, case, per_token, args.prompt_tokens, args.max_tokens, args.preset, prefill=prefill)
             roots[change] = root
         print(
             f"threshold {args.threshold:.0%}, max_processes {args.max_processes}, {args.preset} preset, threads "
@@ -170,11 +190,13 @@ def main() -> int:
             f"pid {os.getpid()}",
             flush=True,
         )
-        for change, s in session_plan(changes, args.sessions, args.aa_factor, aa=0.0):
-            doc = session(roots[change], args, Path(tmp) / f"s-{change:g}-{s}.json")
-            row = row_of(doc, change, s + 1)
+        aa = next((c for c in changes if float(c.lstrip("p")) == 0), None)
+        for change, s in session_plan(changes, args.sessions, args.aa_factor, aa=aa):
+            doc = session(roots[change], args, Path(tmp) / f"s-{change}-{s}.json")
+            phase = "prefill" if change.startswith("p") else "decode"
+            row = row_of(doc, float(change.lstrip("p")), s + 1, phase)
             if row is None:
-                print(f"  {change:+.0%} session {s + 1}: nothing compared (exit {doc['_exit']})", flush=True)
+                print(f"  {change} session {s + 1}: nothing compared (exit {doc['_exit']})", flush=True)
                 continue
             keep(row, rows, args.jsonl)
     summary(rows, args.threshold)
