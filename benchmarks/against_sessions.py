@@ -59,23 +59,31 @@ WRAPPER = """import time
 
 #: Extra work per token, as a share of the time llama.cpp took for that token.
 EXTRA = {extra!r}
-#: Extra work before the first token, as a share of the time it took (tokenize and prefill).
+#: Extra work before the prompt is evaluated, as a share of the time to the first token (the
+#: previous run's): prompt work, in TTFT (work after the first token is made is decode's).
 PREFILL = {prefill!r}
+_FIRST = [0.0]
+
+
+def _spin(seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 def make_stream(llm):
     def stream(prompt, max_tokens):
+        _spin(PREFILL * _FIRST[0])
         begun = time.perf_counter()
         tokens = llm.tokenize(prompt.encode())
         llm.reset()
         last = time.perf_counter()
         for n, token in enumerate(llm.generate(tokens, temp=0.0), 1):
             now = time.perf_counter()
-            share, since = (EXTRA, last) if n > 1 else (PREFILL, begun)  # decode work, or prefill work
-            if share:
-                end = now + share * (now - since)
-                while time.perf_counter() < end:
-                    pass
+            if n == 1:
+                _FIRST[0] = now - begun
+            elif EXTRA:  # per generated token after the first: decode work, not prefill
+                _spin(EXTRA * (now - last))
             yield token
             if n >= max_tokens:
                 break
@@ -86,7 +94,9 @@ def make_stream(llm):
 
 def wrapper_source(extra: float, prefill: float = 0.0) -> str:
     """The wrapper's module: ``extra`` of llama.cpp's time per token after the first spent on
-    extra work (decode), ``prefill`` of the time to the first token (TTFT)."""
+    extra work (decode), ``prefill`` of the time to the first token (its previous run's) before the
+    prompt goes to llama.cpp (TTFT: the plugin stamps a watched Llama's tokens when it makes them,
+    so work between making the first token and yielding it is the next token's, and delivery's)."""
     return WRAPPER.format(extra=extra, prefill=prefill)
 
 

@@ -15,9 +15,9 @@ falls on all of them alike.
     .venv/bin/python benchmarks/gate_sessions.py --sessions 2 --changes 0,0.02   # a quick look
     .venv/bin/python benchmarks/gate_sessions.py --sessions 10 --changes p0.05,p0.02   # prefill changes: TTFT
 
-A change ``pN`` spends N of the time to the first token (the wrapper's tokenize and llama.cpp's
-prefill) on extra work before yielding it: a TTFT change, decode untouched; its row says
-``phase: prefill``.
+A change ``pN`` spends N of the time to the first token (the previous run's) on extra work before
+the wrapper hands llama.cpp the prompt: a TTFT change, decode untouched; its row says ``phase:
+prefill``.
 """
 
 from __future__ import annotations
