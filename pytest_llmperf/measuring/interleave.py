@@ -37,7 +37,8 @@ from ..core.measurement import Agreement, Measurement
 from ..core.progress import task, timed
 from ..core.settings import usable_cpus
 from ..core.workload import EngineInfo, RunTrace, Workload
-from ..engines import (
+from ..engines import TokenStream
+from ..engines.capabilities import (
     DrivenLlama,
     Engine,
     FreshEngine,
@@ -45,7 +46,6 @@ from ..engines import (
     NeedsPromptIds,
     SteppedRuns,
     TokenProbabilities,
-    TokenStream,
     times_layers,
 )
 from .attribution import ATTRIBUTION_RUNS

@@ -35,7 +35,7 @@ from ..core.measurement import Attribution
 from ..core.progress import current, task
 from ..core.settings import DEFAULT_MAX_PROCESSES, usable_cpus
 from ..core.workload import SEQUENTIAL_FACTOR, RunTrace, Workload, drawn
-from ..engines import NeedsPromptIds, TokenProbabilities
+from ..engines.capabilities import NeedsPromptIds, TokenProbabilities
 from ..judge.attribution import compare_attributions, moved_phases
 from ..judge.attribution import why as why_attribution
 from ..judge.paired import FIRST_BLOCK, PAIRS_PER_PROCESS, Levels, needs_more_pairs, pair_levels, pairs_per_process
