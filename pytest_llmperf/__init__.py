@@ -28,12 +28,13 @@ if TYPE_CHECKING:  # the one list of public names: type checkers read it, and so
     from .core.errors import ConfigError, EngineError, LLMPerfError
     from .core.measurement import LatencyStats, Measurement, RunMetrics
     from .core.workload import EngineInfo, NativeCounters, RunTrace, Workload
-    from .engines import CallableEngine, Engine
+    from .engines import CallableEngine
     from .engines.capabilities import (
         AsyncRuns,
         Closable,
         ConcurrentRuns,
         DrivenLlama,
+        Engine,
         EngineProcess,
         FreshInstances,
         FreshLoads,

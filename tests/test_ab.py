@@ -14,7 +14,9 @@ from inner import run
 
 from pytest_llmperf.core.errors import ConfigError
 from pytest_llmperf.core.workload import EngineInfo, RunTrace, Workload
-from pytest_llmperf.judge.ab import Side, compare_ab, paired, parse_budgets
+from pytest_llmperf.judge.ab import Side, compare_ab
+from pytest_llmperf.judge.budgets import parse_budgets
+from pytest_llmperf.judge.paired import paired
 from pytest_llmperf.measuring.interleave import block_orders
 from pytest_llmperf.reports.session_file import load_session
 
@@ -243,12 +245,12 @@ def test_bad_side_fails_collection_with_one_line(pytester: pytest.Pytester) -> N
 def test_signed_rank_p_agrees_with_scipy_exact_and_approximate() -> None:
     from scipy.stats import wilcoxon
 
-    from pytest_llmperf.judge.paired import _signed_rank_p
+    from pytest_llmperf.judge.paired import signed_rank_p
 
     rng = np.random.default_rng(0)
     for n in (8, 20, 200):
         d = rng.normal(0.01, 0.05, n)
-        assert _signed_rank_p(d) == pytest.approx(wilcoxon(d).pvalue, rel=0.01, abs=1e-6), n
+        assert signed_rank_p(d) == pytest.approx(wilcoxon(d).pvalue, rel=0.01, abs=1e-6), n
 
 
 def test_every_pair_one_way_gives_exact_p_values_up_to_the_cap() -> None:
@@ -257,12 +259,12 @@ def test_every_pair_one_way_gives_exact_p_values_up_to_the_cap() -> None:
     its 60-pair cap with an INTERNALERROR (three of ten +8% sessions, 2026-12-02)."""
     from types import SimpleNamespace
 
-    from pytest_llmperf.judge.paired import EXACT_MAX_PAIRS, _signed_rank_greater, _signed_rank_p, judged_pairs
+    from pytest_llmperf.judge.paired import EXACT_MAX_PAIRS, _signed_rank_greater, judged_pairs, signed_rank_p
 
     for n in (6, 20, 59, EXACT_MAX_PAIRS):
         d = np.linspace(0.01, 0.2, n)
         assert _signed_rank_greater(d) == pytest.approx(2.0**-n, rel=1e-9), n
-        assert _signed_rank_p(d) == pytest.approx(2.0 ** (1 - n), rel=1e-9), n
+        assert signed_rank_p(d) == pytest.approx(2.0 ** (1 - n), rel=1e-9), n
         assert 0.0 <= _signed_rank_greater(-d) <= 1.0
 
     def runs(ttft: float, tpot: float) -> list[SimpleNamespace]:

@@ -20,7 +20,7 @@ from inner import run
 
 from pytest_llmperf import LlamaCppEngine, Workload
 from pytest_llmperf.core.workload import RunTrace
-from pytest_llmperf.engines import FreshInstances
+from pytest_llmperf.engines.capabilities import FreshInstances
 from pytest_llmperf.judge.ab import Side, as_dict, block_size, compare_ab, first_blocks, properties
 from pytest_llmperf.judge.paired import FIRST_BLOCK, PAIRS_PER_PROCESS, paired
 from pytest_llmperf.measuring.interleave import SoFar

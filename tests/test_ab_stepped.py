@@ -22,7 +22,7 @@ from inner import run
 from pytest_llmperf import LlamaCppEngine, Workload
 from pytest_llmperf.core.errors import EngineError, NotSteppable
 from pytest_llmperf.core.workload import EngineInfo, RunTrace
-from pytest_llmperf.engines import SteppedRuns
+from pytest_llmperf.engines.capabilities import SteppedRuns
 from pytest_llmperf.judge.ab import Side, as_dict, compare_ab, properties
 from pytest_llmperf.measuring.interleave import Interleaved, interleave
 from pytest_llmperf.reports.html import ab_section

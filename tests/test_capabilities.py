@@ -12,10 +12,10 @@ import pytest
 
 import pytest_llmperf
 from pytest_llmperf.core.workload import EngineInfo, RunTrace
-from pytest_llmperf.engines import (
+from pytest_llmperf.engines import CallableEngine, SteppedCallableEngine
+from pytest_llmperf.engines.capabilities import (
     CAPABILITIES,
     AsyncRuns,
-    CallableEngine,
     Closable,
     ConcurrentRuns,
     DrivenLlama,
@@ -30,7 +30,6 @@ from pytest_llmperf.engines import (
     RemoteLayerTiming,
     SentRequests,
     ServerMetrics,
-    SteppedCallableEngine,
     SteppedRuns,
     TokenProbabilities,
     times_layers,

@@ -21,7 +21,8 @@ import pytest
 
 from pytest_llmperf import LlamaCppEngine, Workload
 from pytest_llmperf.core.errors import NotSteppable
-from pytest_llmperf.engines import CallableEngine, SteppedCallableEngine, SteppedRuns
+from pytest_llmperf.engines import CallableEngine, SteppedCallableEngine
+from pytest_llmperf.engines.capabilities import SteppedRuns
 from pytest_llmperf.engines.llama_cpp import LlamaCounters
 
 W = Workload(prompt_tokens=16, max_tokens=8)

@@ -207,7 +207,7 @@ def test_a_closed_llama_is_not_watched(tiny_model_path) -> None:
 def test_the_attribution_pass_times_the_llama_a_callable_built_with_the_prompt_it_built(tiny_model_path) -> None:
     import llama_cpp
 
-    from pytest_llmperf.engines import times_layers
+    from pytest_llmperf.engines.capabilities import times_layers
     from pytest_llmperf.engines.user_llama import DrivenLlamaEngine
     from pytest_llmperf.measuring.runner import attribution_of
 

@@ -243,7 +243,7 @@ def check_arrival(lines: list[TraceRequest]) -> None:
 
 
 class SentRequest(NamedTuple):
-    """One request an engine sent to its server (``engines.SentRequests``): when the client
+    """One request an engine sent to its server (``engines.capabilities.SentRequests``): when the client
     began it (``time.perf_counter_ns``) and what it asked, as a trace's line holds it."""
 
     sent_ns: int

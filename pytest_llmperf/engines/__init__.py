@@ -1,7 +1,7 @@
 """Engines turn a workload into run traces. They know nothing of pytest.
 
 What an engine is and what it may offer: ``capabilities`` (the ``Engine`` protocol and one
-protocol per further ability), named here too.
+protocol per further ability), imported from there.
 
 Measure any token stream: a callable ``fn(prompt, max_tokens)`` returning an iterable.
 
@@ -20,58 +20,7 @@ from typing import Any, Protocol, TypeGuard, TypeVar
 
 from ..core.errors import EngineError, NotSteppable
 from ..core.workload import EngineInfo, LlamaRun, NativeCounters, RunTrace, Workload, chat_dicts
-from .capabilities import (
-    CAPABILITIES,
-    AsyncRuns,
-    Closable,
-    ConcurrentRuns,
-    DrivenLlama,
-    Engine,
-    EngineProcess,
-    FreshEngine,
-    FreshInstances,
-    FreshLoads,
-    LayerTiming,
-    LlamaObject,
-    NeedsPromptIds,
-    ProcessMemory,
-    RemoteLayerTiming,
-    SentRequests,
-    ServerMetrics,
-    SteppedRuns,
-    TokenProbabilities,
-    layer_timing,
-    times_layers,
-)
-
-__all__ = [
-    "CAPABILITIES",
-    "AsyncRuns",
-    "CallableEngine",
-    "Closable",
-    "ConcurrentRuns",
-    "CounterSource",
-    "DrivenLlama",
-    "Engine",
-    "EngineProcess",
-    "FreshEngine",
-    "FreshInstances",
-    "FreshLoads",
-    "LayerTiming",
-    "LlamaObject",
-    "NeedsPromptIds",
-    "ProcessMemory",
-    "RemoteLayerTiming",
-    "RunWatch",
-    "SentRequests",
-    "ServerMetrics",
-    "SteppedCallableEngine",
-    "SteppedRuns",
-    "TokenProbabilities",
-    "layer_timing",
-    "times_layers",
-]
-
+from .capabilities import DrivenLlama, Engine, LayerTiming, SteppedRuns
 
 #: What a measured callable is given first: the prompt's text, or a chat request's messages.
 Request = str | list[dict[str, str]]

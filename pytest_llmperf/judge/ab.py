@@ -27,7 +27,6 @@ from ..core.workload import Workload
 from ..measuring.agreement import compare_outputs
 from ..measuring.attribution import side_figures
 from ..measuring.interleave import Interleaved, Pairs, SoFar, interleave, measured, pass_orders, turns
-from ..measuring.metrics import run_metrics
 from ..measuring.roofline import machine_peaks
 from ..measuring.runner import as_engine
 from .attribution import attribute_sides, moved_phases, why
@@ -70,18 +69,6 @@ if TYPE_CHECKING:
     from ..engines import TokenStream
     from ..engines.capabilities import Engine
     from .attribution import AttributionChange
-
-__all__ = [
-    "ABResult",
-    "Agreement",
-    "BudgetOutcome",
-    "PairedComparison",
-    "RelativeBudget",
-    "Side",
-    "compare_ab",
-    "paired",
-    "parse_budgets",
-]
 
 
 @dataclass(frozen=True)
@@ -184,7 +171,9 @@ class ABResult:
 
     def instances_lines(self, verbose: bool = False) -> list[str]:
         """The second level: how many instance pairs and their build seconds, or why one; with
-        ``verbose``, each comparison's levels (``Levels``, in instance pairs)."""
+        ``verbose``, what each level contributed to each comparison (``Levels.line``'s words, its
+        upper level the engine instance pair: ``levels: decode TPOT: between 3 instance pairs sd
+        0.81%, within their 20 pairs sd 2.10% (the instance level 40% of the CI's variance)``)."""
         if self.instance_pairs < 2:
             return (
                 [f"the CI holds one instance pair (no second level): {self.one_instance}"] if self.one_instance else []
@@ -194,14 +183,7 @@ class ABResult:
             f"each block after the first on a fresh pair built in {self.build_s:.1f} s in all, outside the timed "
             "runs); each CI from the two-level model over them"
         )
-        return [head, *(levels_line(one) for one in self.levels)] if verbose else [head]
-
-
-def levels_line(one: Levels) -> str:
-    """What each level contributed to one comparison (``Levels``, its upper level here the engine
-    instance pair), in ``Levels.line``'s words: ``levels: decode TPOT: between 3 instance pairs sd
-    0.81%, within their 20 pairs sd 2.10% (the instance level 40% of the CI's variance)``."""
-    return f"levels: {one.line('instance')}"
+        return [head, *(f"levels: {one.line('instance')}" for one in self.levels)] if verbose else [head]
 
 
 def first_blocks(runs: int) -> int:
@@ -221,10 +203,8 @@ def block_size(so_far: SoFar) -> int:
     n = len(so_far.groups)
     size = first_blocks(so_far.runs)
     if len(set(so_far.groups)) > 1:
-        a = [run_metrics(t) for t in so_far.a]
-        b = [run_metrics(t) for t in so_far.b]
         costs = so_far.build_s / max(so_far.fresh, 1), so_far.pairs_s / max(n, 1)
-        size = pairs_per_process(pair_levels(a, b, so_far.groups, PAIRED_METRICS), *costs)
+        size = pairs_per_process(pair_levels(so_far.a, so_far.b, so_far.groups, PAIRED_METRICS), *costs)
     left = so_far.runs - n
     return left if left - size < low else size
 
@@ -306,9 +286,7 @@ def _instance_levels(
         why = pairs.single or f"its {len(groups)} pairs are one block"
         return own, {**second, "one_instance": why}
     comparisons = [two_level(c, ma.runs, mb.runs, groups) for c in own]
-    compared = {c.metric for c in comparisons}
-    kept = tuple(one for one in pair_levels(ma.runs, mb.runs, groups, PAIRED_METRICS) if one.metric in compared)
-    return comparisons, {**second, "levels": kept}
+    return comparisons, {**second, "levels": pair_levels(ma.runs, mb.runs, groups, [c.metric for c in own])}
 
 
 def _attributed(result: ABResult, ea: Engine, eb: Engine, workload: Workload, asked: bool | None) -> ABResult:

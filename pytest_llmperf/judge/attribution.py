@@ -38,7 +38,7 @@ from ..core.measurement import KINDS, PHASES, Attribution, PhaseAttribution, Sli
 from ..core.record import Record
 from ..core.settings import DEFAULT_THRESHOLD
 from ..core.workload import Workload
-from ..engines import times_layers
+from ..engines.capabilities import times_layers
 from ..measuring.attribution import interleaved
 from ..measuring.runner import pass_of
 from .parts import PartChange, llama_cpp_moved

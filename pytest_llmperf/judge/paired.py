@@ -43,11 +43,8 @@ if TYPE_CHECKING:
     from ..core.catalog import Metric
     from ..core.measurement import RunMetrics
 
-#: metric -> (label, phase, unit, higher is better). Times are compared as b/a time ratios.
-PAIRED_METRICS: dict[str, tuple[str, str, str, bool]] = {
-    name: (m.label, m.phase, m.unit, m.higher_is_better)
-    for name, m in ((n, catalog.METRICS[n]) for n in catalog.PAIRED)
-}
+#: metric -> its catalog entry (label, phase, unit...). Times are compared as b/a time ratios.
+PAIRED_METRICS: dict[str, Metric] = {name: catalog.METRICS[name] for name in catalog.PAIRED}
 #: What a phase budget (``max_slowdown={"decode": 0.05}``) reads: the phase's time metric.
 PHASE_METRIC = catalog.PHASE_METRIC
 
@@ -93,24 +90,23 @@ def paired(metric: str, a: Sequence[float], b: Sequence[float], ci_level: float 
     ``ci_level`` (``repeated_level`` where the pairs are looked at more than once)."""
     if len(a) != len(b):
         raise ValueError(f"{metric}: {len(a)} A runs but {len(b)} B runs; pairs need both")
-    label, phase, unit, _ = PAIRED_METRICS[metric]
+    m = PAIRED_METRICS[metric]
     # The log ratio of each pair (a difference of logs: a quotient of extreme values overflows).
     d = np.log(positive_values(f"{metric} B", b)) - np.log(positive_values(f"{metric} A", a))
-    spread = log_level(d).spread
     estimate, low, high = location_ci(d, ci_level)
     return PairedComparison(
         metric=metric,
-        label=label,
-        phase=phase,
-        unit=unit,
+        label=m.label,
+        phase=m.phase,
+        unit=m.unit,
         a_median=_median(a),
         b_median=_median(b),
         ratio=exp_clamped(estimate),
         ci_low=exp_clamped(low),
         ci_high=exp_clamped(high),
-        p_value=_signed_rank_p(d),
+        p_value=signed_rank_p(d),
         n_pairs=d.size,
-        spread=spread,
+        spread=log_level(d).spread,
     )
 
 
@@ -130,11 +126,6 @@ def hodges_lehmann(d: np.ndarray) -> float:
 def _walsh(d: np.ndarray) -> np.ndarray:
     i, j = np.triu_indices(d.size)
     return np.sort((d[i] + d[j]) / 2.0)
-
-
-def signed_rank_p(d: np.ndarray) -> float:
-    """Two-sided exact Wilcoxon signed-rank p-value of per-pair differences ``d`` (zeros dropped)."""
-    return _signed_rank_p(d)
 
 
 @functools.lru_cache(maxsize=128)
@@ -184,21 +175,11 @@ def repeated_level(looks: int) -> float:
     return float(2.0 * ndtr(z) - 1.0)
 
 
-def _signed_rank_p(d: np.ndarray) -> float:
-    """Two-sided exact Wilcoxon signed-rank p-value (zero differences dropped)."""
-    d = d[d != 0]
-    n = d.size
-    if n == 0:
-        return 1.0
-    ranks = rankdata(np.abs(d))
-    t = float(ranks[d > 0].sum())
-    if n > EXACT_MAX_PAIRS:
-        mean, sd = n * (n + 1) / 4.0, math.sqrt(n * (n + 1) * (2 * n + 1) / 24.0)
-        return float(min(1.0, 2.0 * ndtr(-(abs(t - mean) - 0.5) / sd)))
-    cdf = _null_cdf(n)
-    lo = cdf[min(math.floor(t), cdf.size - 1)]
-    hi = _upper_tail(cdf, t)
-    return float(min(1.0, 2.0 * min(lo, hi)))
+def signed_rank_p(d: np.ndarray) -> float:
+    """Two-sided exact Wilcoxon signed-rank p-value of per-pair differences ``d`` (zeros dropped):
+    twice the smaller one-sided one (``_signed_rank_greater`` of ``d`` and of ``-d``: T- = N - T+,
+    so P(T- >= N - t) = P(T+ <= t)), at most 1."""
+    return min(1.0, 2.0 * min(_signed_rank_greater(d), _signed_rank_greater(-d)))
 
 
 def _upper_tail(cdf: np.ndarray, t: float) -> float:
@@ -264,9 +245,9 @@ class Levels:
         """``decode TPOT: between 2 process pairs sd 0.81%, within their 40 pairs sd 2.10% (the process
         level 62% of the CI's variance)``; ``unit``: what the upper level's pairs are (an in-process
         A/B's: "instance")."""
-        label, phase, _, _ = PAIRED_METRICS[self.metric]
+        m = PAIRED_METRICS[self.metric]
         return (
-            f"{phase} {label}: between {self.process_pairs} {unit} pairs sd {self.between_sd:.2%}, "
+            f"{m.phase} {m.label}: between {self.process_pairs} {unit} pairs sd {self.between_sd:.2%}, "
             f"within their {self.pairs} pairs sd {self.within_sd:.2%} "
             f"(the {unit} level {self.share:.0%} of the CI's variance)"
         )
@@ -313,11 +294,18 @@ def pair_levels(
 
 def observed_log_ratios(a_runs: Sequence[RunMetrics], b_runs: Sequence[RunMetrics], metric: str) -> np.ndarray | None:
     """The pairs' log ratios b/a of ``metric``; None where a run did not observe it."""
+    seen = _observed(a_runs, b_runs, metric)
+    return None if not a_runs or seen is None else _log_ratios(*seen)
+
+
+def _observed(
+    a_runs: Sequence[RunMetrics], b_runs: Sequence[RunMetrics], metric: str
+) -> tuple[list[float], list[float]] | None:
+    """Each side's values of ``metric`` over the pairs; None where a run did not observe it
+    (a callable's prefill)."""
     va = [getattr(r, metric) for r in a_runs]
     vb = [getattr(r, metric) for r in b_runs]
-    if not va or any(v is None or not 0 < v < math.inf for v in va + vb):
-        return None
-    return _log_ratios(va, vb)
+    return None if any(v is None or not 0 < v < math.inf for v in va + vb) else (va, vb)
 
 
 def two_level_ci(parts: Sequence[np.ndarray], ci_level: float = CI_LEVEL) -> TwoLevel:
@@ -393,6 +381,7 @@ def judged_pairs(
     reference: str = "",
     groups: Sequence[int] = (),
     ci_level: float | None = None,
+    levels: Sequence[Levels] | None = None,
 ) -> list[Comparison]:
     """B (the current side) judged against A (``--llmperf-against``'s REF) from interleaved pairs
     of runs (``measuring.metrics.RunMetrics``; pair i = A's run i and B's run i), with the
@@ -405,29 +394,29 @@ def judged_pairs(
     the two-level model's (``two_level_ci``), whose CI carries the processes' offsets. Every CI
     is a repeated CI over the ``looks`` (``repeated_level``): whichever look the pairs stop at,
     it held the true ratio with 95% probability; ``ci_level`` another level (``look``'s 95% CIs
-    of each look, which its equivalence stop reads)."""
+    of each look, which its equivalence stop reads); ``levels``: the pairs' ``pair_levels`` where
+    they are known already (None: computed here)."""
     two = len(set(groups)) > 1
     ci = repeated_level(looks) if ci_level is None else ci_level
     judged: list[Comparison] = []
     for spec in JUDGED:
-        va = [getattr(r, spec.name) for r in a_runs]
-        vb = [getattr(r, spec.name) for r in b_runs]
-        if any(v is None or not 0 < v < math.inf for v in va + vb):
+        if (seen := _observed(a_runs, b_runs, spec.name)) is None:
             continue  # not observed for this subject (a callable's prefill)
+        va, vb = seen
         c = _paired_comparison(spec, va, vb, tail_threshold if spec.tail else threshold, reference, ci)
         judged.append(_two_levels(c, va, vb, groups, ci) if two else c)
     by_metric = {c.metric: c for c in judged}
     rates = [
         _paired_rate(
-            by_metric[m.mirror_of], m, _values(a_runs, m.name), _values(b_runs, m.name), groups if two else (), ci
+            by_metric[m.mirror_of], m, list(map(float, rate[0])), list(map(float, rate[1])), groups if two else (), ci
         )
         for m in METRICS.values()
-        if m.mirror_of in by_metric and all(0 < (getattr(r, m.name) or 0) < math.inf for r in [*a_runs, *b_runs])
+        if m.mirror_of in by_metric and (rate := _observed(a_runs, b_runs, m.name)) is not None
     ]
     out = decide([*judged, *rates], alpha=alpha / max(looks, 1), m=max(family, len(judged)))
     if not two:
         return out
-    between = {one.metric: one for one in pair_levels(a_runs, b_runs, groups)}
+    between = {one.metric: one for one in (pair_levels(a_runs, b_runs, groups) if levels is None else levels)}
     return [_process_held(c, between.get(c.mirror_of or c.metric)) for c in out]
 
 
@@ -531,10 +520,6 @@ def _paired_comparison(
         reference=reference,
         shown=Shown.MEDIAN,
     )
-
-
-def _values(runs: Sequence[RunMetrics], metric: str) -> list[float]:
-    return [float(getattr(r, metric)) for r in runs]
 
 
 def _worse_low(c: Comparison) -> float | None:
@@ -665,6 +650,8 @@ class Look:
 
     comparisons: list[Comparison]
     why: str | None
+    #: What each level contributed per judged metric (``pair_levels``; two process pairs or more).
+    levels: tuple[Levels, ...] = ()
 
 
 def look(
@@ -683,15 +670,17 @@ def look(
     """One look of ``--llmperf-against``'s sequential pairs (and of their replays in benchmarks
     and tests): the pairs judged (``judged_pairs``: repeated CIs, alpha / ``looks``), and whether
     they stop (``pairs_settled``, with the same pairs' 95% CIs for the equivalence stop) or the
-    ``cap`` is reached. ``groups``: each pair's process pair (one only: the pairs' own model)."""
+    ``cap`` is reached. ``groups``: each pair's process pair (one only: the pairs' own model);
+    their levels computed once, for both judgements and the ``Look``."""
     two = groups if len(set(groups)) > 1 else ()
+    between = pair_levels(a_runs, b_runs, two) if two else ()
     judge = functools.partial(
         judged_pairs, a_runs, b_runs, alpha=alpha, threshold=threshold, tail_threshold=tail_threshold, family=family
     )
-    comparisons = judge(looks=looks, reference=reference, groups=two)
-    at_95 = judge(looks=looks, groups=two, ci_level=CI_LEVEL) if looks > 1 else comparisons
+    comparisons = judge(looks=looks, reference=reference, groups=two, levels=between)
+    at_95 = judge(looks=looks, groups=two, ci_level=CI_LEVEL, levels=between) if looks > 1 else comparisons
     capped = f"the cap of {cap} pairs" if len(a_runs) >= cap else None
-    return Look(comparisons, pairs_settled(comparisons, cap, looks, at_95) or capped)
+    return Look(comparisons, pairs_settled(comparisons, cap, looks, at_95) or capped, between)
 
 
 #: The most pairs on each of a measurement's first two blocks (process pairs of

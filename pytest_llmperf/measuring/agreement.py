@@ -26,7 +26,7 @@ is a lower bound of the full-vocabulary KL; top-1 agreement stays exact (each si
 is its first).
 
 A side that cannot expose token probabilities (a callable, an engine that is no
-``engines.TokenProbabilities``) gives an ``Agreement`` that says so; sides with different
+``engines.capabilities.TokenProbabilities``) gives an ``Agreement`` that says so; sides with different
 vocabularies or tokenizations likewise. No pytest."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import numpy.typing as npt
 
 from ..core.measurement import EXACT, Agreement
 from ..core.workload import TokenLogits, Workload
-from ..engines import NeedsPromptIds, TokenProbabilities
+from ..engines.capabilities import NeedsPromptIds, TokenProbabilities
 
 #: Prompts compared for a synthetic prompt (the workload's and further seeds); a literal one: 1.
 PROMPTS = 4

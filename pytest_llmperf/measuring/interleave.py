@@ -33,11 +33,12 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 
 from ..core.errors import LLMPerfError, NotSteppable
-from ..core.measurement import Agreement, Measurement
+from ..core.measurement import Agreement, Measurement, RunMetrics
 from ..core.progress import task, timed
 from ..core.settings import usable_cpus
 from ..core.workload import EngineInfo, RunTrace, Workload
-from ..engines import (
+from ..engines import TokenStream
+from ..engines.capabilities import (
     DrivenLlama,
     Engine,
     FreshEngine,
@@ -45,7 +46,6 @@ from ..engines import (
     NeedsPromptIds,
     SteppedRuns,
     TokenProbabilities,
-    TokenStream,
     times_layers,
 )
 from .attribution import ATTRIBUTION_RUNS
@@ -115,11 +115,12 @@ class Pairs:
 @dataclass(frozen=True)
 class SoFar:
     """An A/B's pairs so far, where the next block's size is chosen (``interleave``'s
-    ``sizes``): each side's timed traces, each pair's instance pair, the fresh instance pairs
-    built and their seconds (warm-ups included), the pairs' own seconds, the pairs planned."""
+    ``sizes``): each side's timed runs (``RunMetrics``), each pair's instance pair, the fresh
+    instance pairs built and their seconds (warm-ups included), the pairs' own seconds, the
+    pairs planned."""
 
-    a: tuple[RunTrace, ...]
-    b: tuple[RunTrace, ...]
+    a: tuple[RunMetrics, ...]
+    b: tuple[RunMetrics, ...]
     groups: tuple[int, ...]
     fresh: int
     build_s: float
@@ -178,9 +179,8 @@ def interleave(
                 progress.advance(i + 1)
             pairs_s += time.perf_counter() - began
     how = Interleaved.RUN if pairing.unstepped is not None else Interleaved.TOKEN
-    (a_runs, b_runs), (a_warm, b_warm) = pairing.timed(), pairing.warm
     return Pairs(
-        *(list(a_runs), list(b_runs), a_warm, b_warm, orders, how, pairing.unstepped),
+        *(pairing.runs["A"], pairing.runs["B"], *pairing.warm, orders, how, pairing.unstepped),
         groups=tuple(groups),
         build_s=build_s,
         pairs_s=pairs_s,
@@ -211,17 +211,19 @@ def same_cpus(engines: Iterable[Engine]) -> Iterator[tuple[int, ...] | None]:
 
 
 class _Pairing:
-    """The pairs of an A/B on its current engines (``engines``, by letter): the traces by side,
-    how their runs take turns (``unstepped``: why not token by token, once a run or a side showed it)."""
+    """The pairs of an A/B on its current engines (``engines``, by letter): the traces by side
+    (and their ``RunMetrics``, each read once, for the block sizes), how their runs take turns
+    (``unstepped``: why not token by token, once a run or a side showed it)."""
 
     def __init__(self, engines: dict[str, Engine], names: Mapping[str, str], workload: Workload) -> None:
         self.engines, self.names, self.workload = engines, names, workload
         self.unstepped = stepped_sides(engines, names)
         self.runs: dict[str, list[RunTrace]] = {"A": [], "B": []}
+        self.metrics: dict[str, list[RunMetrics]] = {"A": [], "B": []}
         self.warm: tuple[list[RunTrace], list[RunTrace]] = ([], [])
 
-    def timed(self) -> tuple[tuple[RunTrace, ...], tuple[RunTrace, ...]]:
-        return tuple(self.runs["A"]), tuple(self.runs["B"])
+    def timed(self) -> tuple[tuple[RunMetrics, ...], tuple[RunMetrics, ...]]:
+        return tuple(self.metrics["A"]), tuple(self.metrics["B"])
 
     def warm_up(self, seed: int, *, keep: bool) -> None:
         """The workload's warm-up pairs on the current engines (``keep``: their traces kept, the
@@ -235,6 +237,7 @@ class _Pairing:
     def pair(self, index: int, order: str) -> None:
         for side, trace in self._pair(index, order).items():
             self.runs[side].append(trace)
+            self.metrics[side].append(run_metrics(trace))
 
     def _pair(self, index: int, order: str) -> dict[str, RunTrace]:
         with timed():  # the heartbeat says nothing inside a run
@@ -271,11 +274,8 @@ class _Instances:
         self.live: list[FreshEngine] = []
         self.built = 0  # fresh pairs so far
 
-    def close(self) -> None:
-        self._close()
-
     def fresh(self) -> dict[str, Engine]:
-        self._close()
+        self.close()
         a, b = self.given["A"], self.given["B"]
         assert isinstance(a, FreshInstances) and isinstance(
             b, FreshInstances
@@ -288,7 +288,7 @@ class _Instances:
         self.built += 1
         return {"A": fa, "B": fb}
 
-    def _close(self) -> None:
+    def close(self) -> None:
         while self.live:
             self.live.pop().close()
 

@@ -39,8 +39,8 @@ from ..core.errors import ConfigError
 from ..core.measurement import LoadSample, Measurement, ModelLoads, PeakRss, SystemDelta
 from ..core.progress import Progress, task, timed
 from ..core.workload import MODEL_LOAD_KINDS, RunTrace, Workload
-from ..engines import (
-    CallableEngine,
+from ..engines import CallableEngine
+from ..engines.capabilities import (
     Engine,
     EngineProcess,
     FreshLoads,

@@ -48,7 +48,7 @@ from ..core.errors import ConfigError, EngineError, LLMPerfError
 from ..core.measurement import LoadStats, Measurement, RunMetrics, ServerSide, TraceReplay
 from ..core.progress import task
 from ..core.workload import NativeCounters, RunTrace, Workload
-from ..engines import AsyncRuns, ConcurrentRuns, Engine, ServerMetrics
+from ..engines.capabilities import AsyncRuns, ConcurrentRuns, Engine, ServerMetrics
 from ..engines.http import delta
 from .metrics import latency_stats, summarize
 

@@ -62,7 +62,7 @@ from ..core.errors import ConfigError, EngineError, LLMPerfError
 from ..core.measurement import Attribution, LayerProfile, PeakRss, PhaseLayers
 from ..core.settings import SETTINGS
 from ..core.workload import EngineInfo, RunTrace, TokenLogits, Workload, from_stored
-from ..engines import (
+from ..engines.capabilities import (
     Closable,
     Engine,
     EngineProcess,

@@ -16,7 +16,7 @@ import pytest
 
 from ..core.errors import LLMPerfError
 from ..core.settings import SERVER_N_CTX
-from ..engines import LlamaObject
+from ..engines.capabilities import LlamaObject
 from ..models.gguf import ensure_model
 from ..session.options import MarkerConfig
 from .marks import MARKER_CONFIG, full_id, session_of
@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     import llama_cpp
 
     from ..core.measurement import Measurement
-    from ..engines import Engine, TokenStream
+    from ..engines import TokenStream
+    from ..engines.capabilities import Engine
     from ..engines.servers import Server
     from ..judge.ab import ABResult
     from ..judge.result import Outcome

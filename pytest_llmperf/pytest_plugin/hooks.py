@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 import pluggy
 
 from ..core.errors import ConfigError, EngineError
-from ..engines import CallableEngine, Engine
+from ..engines import CallableEngine
+from ..engines.capabilities import Engine
 
 if TYPE_CHECKING:
     import pytest

@@ -27,7 +27,7 @@ from ..core.errors import EngineError, LLMPerfError
 from ..core.redact import Redactor
 from ..core.settings import EngineSettings, threads_warning, usable_cpus
 from ..core.workload import PROMPT_CACHE_NOTE, Workload
-from ..engines import Closable, LlamaObject, SentRequests
+from ..engines.capabilities import Closable, LlamaObject, SentRequests
 from ..engines.llama_cpp_native import EngineConfig, gpu_offload_missing, llama_cpp_version
 from ..engines.pool import EnginePool, load_config
 from ..models.gguf import describe_model, ensure_model
@@ -39,7 +39,8 @@ from .results import Measurer
 if TYPE_CHECKING:
     from ..core.measurement import Measurement
     from ..core.workload import SentRequest
-    from ..engines import CounterSource, Engine, TokenStream
+    from ..engines import CounterSource, TokenStream
+    from ..engines.capabilities import Engine
     from ..judge.ab import ABResult
     from ..judge.result import Outcome
     from ..reports.session_file import CallReport

@@ -35,10 +35,10 @@ from ..core.measurement import Attribution
 from ..core.progress import current, task
 from ..core.settings import DEFAULT_MAX_PROCESSES, usable_cpus
 from ..core.workload import SEQUENTIAL_FACTOR, RunTrace, Workload, drawn
-from ..engines import NeedsPromptIds, TokenProbabilities
+from ..engines.capabilities import NeedsPromptIds, TokenProbabilities
 from ..judge.attribution import compare_attributions, moved_phases
 from ..judge.attribution import why as why_attribution
-from ..judge.paired import FIRST_BLOCK, PAIRS_PER_PROCESS, Levels, needs_more_pairs, pair_levels, pairs_per_process
+from ..judge.paired import FIRST_BLOCK, PAIRS_PER_PROCESS, Levels, needs_more_pairs, pairs_per_process
 from ..judge.paired import look as at_look
 from ..judge.parts import explained_phases, gated, paired_parts, prompt_changes
 from ..judge.result import comparison_json
@@ -287,12 +287,6 @@ class SideIdLogits(SideLogits, NeedsPromptIds):
     needs_prompt_ids = True  # the side's engine takes the prompt as the other side's token ids (an endpoint)
 
 
-def outputs(ag: Against, events: Mapping[str, Mapping[str, object]], workload: Workload) -> Agreement:
-    """This tree's outputs against REF's (``measuring.agreement``, REF is A), after every pair."""
-    ref, cur = (SideLogits.of(ag.sides[name], events[name], ag.timeout_s) for name in (REF, CURRENT))
-    return compare_outputs(ref, cur, workload, a_name=f"REF {ag.reference.describe()}", b_name="this tree")
-
-
 def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str) -> tuple[Looked, str, Agreement]:
     """The measurement both sides wait at: warm-ups, then pairs in seeded AB/BA order (A: REF, B:
     the current side) over the measurement's process pairs (``Processes``), looks until decided
@@ -312,8 +306,9 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str) -> 
             progress.step("warm-up pairs", 0, workload.warmup)
             _warm_up(pairing, workload)
             looked = _looks(processes, workload, (cap, looks, step), _judging(ag, ev, nodeid))
-            progress.step("output agreement")
-            agreement = outputs(ag, events, workload)
+            progress.step("output agreement")  # this tree's outputs against REF's (REF is A), after every pair
+            ref, cur = (SideLogits.of(ag.sides[name], events[name], ag.timeout_s) for name in (REF, CURRENT))
+            agreement = compare_outputs(ref, cur, workload, a_name=f"REF {ag.reference.describe()}", b_name="this tree")
     finally:
         processes.close()
     test = nodeid + (f"[{ev['label']}]" if ev.get("label") else "")
@@ -379,10 +374,6 @@ class Processes:
         return Interleaved.RUN if Interleaved.RUN in self.turns else Interleaved.TOKEN
 
     @property
-    def cpus(self) -> Sequence[int] | None:
-        return self.own.cpus
-
-    @property
     def full(self) -> bool:
         """No fresh process pair may start: the budget is used (a budget of 1 never is)."""
         return self.budget > 1 and self.started >= self.budget
@@ -402,11 +393,11 @@ class Processes:
         """Start the next block's process pair (the test's own for the first block, and for
         every block with a budget of 1 or when no fresh one can start): its group number."""
         if first or self.budget < 2 or self.unavailable is not None:
-            self._retire()
+            self.close()
             self.live, self.group = self.own, 0
             return 0
         began = time.monotonic()
-        self._retire()
+        self.close()
         sides = {name: Side(s.spec, s.args, s.cwd, s.harness, s.timeout_s) for name, s in self.ag.sides.items()}
         current().step(f"starting process pair {self.started + 1}")
         try:
@@ -436,13 +427,11 @@ class Processes:
         _warm_up(pairing, workload)
         return pairing
 
-    def _retire(self) -> None:
+    def close(self) -> None:
+        """The current block's process pair closed (never the test's own sides)."""
         for side in self.live_sides:
             side.close()
         self.live_sides = []
-
-    def close(self) -> None:
-        self._retire()
 
 
 def _reach(side: Side, label: str, timeout_s: float) -> Mapping[str, object]:
@@ -712,37 +701,30 @@ def _looks(processes: Processes, workload: Workload, plan: tuple[int, int, int],
         if n < cap and n < step * (look + 1):
             continue  # the next look comes at a later block's end
         look += 1
-        two = groups if len(set(groups)) > 1 else []
-        seen = at_look(runs["A"], runs["B"], cap=cap, looks=looks, groups=two, **judging)
-        comparisons, why = seen.comparisons, seen.why
-        levels = pair_levels(runs["A"], runs["B"], two) if two else ()
+        seen = at_look(runs["A"], runs["B"], cap=cap, looks=looks, groups=groups, **judging)
+        comparisons, why, levels = seen.comparisons, seen.why, seen.levels
         if why is None and time.monotonic() - started > PAIRS_TIME_CAP_S:
             why = f"the {PAIRS_TIME_CAP_S:.0f} s bound"
         if why is None and processes.full:
             why = f"the budget of {processes.budget} process pairs (max_processes) reached"
             comparisons = held_by_budget(comparisons, why)
+        seconds = time.monotonic() - started - (processes.start_s - start_s)  # a process pair's start: not pairs
         if why is not None:
-            seconds = time.monotonic() - started - (processes.start_s - start_s)  # a process pair's start: not pairs
             parts = gated(paired_parts(runs["A"], runs["B"], alpha=judging["alpha"]), explained_phases(comparisons))
             changes = prompt_changes(runs["A"][0].prompt_tokens, runs["B"][0].prompt_tokens)
             return Looked(comparisons, n, look, why, seconds, orders, parts, changes, levels, runs)
         if len(set(groups)) > 1:  # the next blocks' size from the levels of what is not decided yet
             unsettled = {c.metric for c in comparisons if c.mirror_of is None and _undecided(c)}
-            costs = _block_costs(processes, time.monotonic() - started - (processes.start_s - start_s), n)
+            # The costs as measured so far: a fresh process pair's start-up, one pair (seconds).
+            costs = processes.start_s / max(processes.started - 1, 1), seconds / max(n, 1)
             size = min(pairs_per_process([one for one in levels if one.metric in unsettled], *costs), step)
-
-
-def _block_costs(processes: Processes, pairs_s: float, n: int) -> tuple[float, float]:
-    """(a fresh process pair's start-up, one pair) in seconds, as measured so far."""
-    fresh = max(processes.started - 1, 1)
-    return processes.start_s / fresh, pairs_s / max(n, 1)
 
 
 def _pairs_note(
     ag: Against, workload: Workload, looked: Looked, plan: tuple[int, int, int], processes: Processes
 ) -> str:
     cap, looks, step = plan
-    cpus = processes.cpus
+    cpus = processes.own.cpus
     how = turns(processes.interleaved, processes.unstepped)
     n = looked.n
     n_ab = sum(1 for o in looked.orders[:n] if o == "AB")

@@ -17,14 +17,15 @@ from ..core.documents import JSONValue
 from ..core.fingerprint import Fingerprint, hardware, subject
 from ..core.progress import current
 from ..core.record import Record
-from ..engines import times_layers
+from ..engines.capabilities import times_layers
 from .options import SessionSettings
 
 if TYPE_CHECKING:
     from ..baselines.tracked import Committed
     from ..core.measurement import Measurement, Peak
     from ..core.workload import EngineInfo
-    from ..engines import Engine, TokenStream
+    from ..engines import TokenStream
+    from ..engines.capabilities import Engine
     from ..history.series import Windows
     from ..judge.regression import CompareSettings
     from ..judge.result import BaselineVerdict, Outcome

@@ -44,7 +44,7 @@ from ..core.workload import (
     Workload,
     chat_messages,
 )
-from ..engines import Engine
+from ..engines.capabilities import Engine
 from ..history.connection import Location
 from ..history.connection import default as default_history
 from ..history.connection import parse as parse_history

@@ -23,7 +23,8 @@ from ..core.errors import ConfigError, LLMPerfError
 from ..core.progress import current, task
 from ..core.redact import display
 from ..core.workload import SEQUENTIAL_FACTOR, SEQUENTIAL_TIME_CAP_S, Workload
-from ..engines import CallableEngine, Engine, SteppedCallableEngine, is_token_stream
+from ..engines import CallableEngine, SteppedCallableEngine, is_token_stream
+from ..engines.capabilities import Engine
 from .options import check_side
 
 if TYPE_CHECKING:

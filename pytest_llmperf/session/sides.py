@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
     from ..core.measurement import Measurement
-    from ..engines import Engine, TokenStream
+    from ..engines import TokenStream
+    from ..engines.capabilities import Engine
     from ..judge.result import Outcome
     from ..measuring.interleave import SideRuns
     from ..measuring.worker import Channel
