@@ -212,8 +212,9 @@ def same_cpus(engines: Iterable[Engine]) -> Iterator[tuple[int, ...] | None]:
 
 class _Pairing:
     """The pairs of an A/B on its current engines (``engines``, by letter): the traces by side
-    (and their ``RunMetrics``, each read once, for the block sizes), how their runs take turns
-    (``unstepped``: why not token by token, once a run or a side showed it)."""
+    (and their ``RunMetrics`` for the block sizes, each read once, between blocks: outside the
+    pairs' clock), how their runs take turns (``unstepped``: why not token by token, once a run
+    or a side showed it)."""
 
     def __init__(self, engines: dict[str, Engine], names: Mapping[str, str], workload: Workload) -> None:
         self.engines, self.names, self.workload = engines, names, workload
@@ -223,6 +224,9 @@ class _Pairing:
         self.warm: tuple[list[RunTrace], list[RunTrace]] = ([], [])
 
     def timed(self) -> tuple[tuple[RunMetrics, ...], tuple[RunMetrics, ...]]:
+        """Each side's timed runs so far as ``RunMetrics`` (the runs since the last call read now)."""
+        for side, done in self.metrics.items():
+            done.extend(run_metrics(t) for t in self.runs[side][len(done) :])
         return tuple(self.metrics["A"]), tuple(self.metrics["B"])
 
     def warm_up(self, seed: int, *, keep: bool) -> None:
@@ -237,7 +241,6 @@ class _Pairing:
     def pair(self, index: int, order: str) -> None:
         for side, trace in self._pair(index, order).items():
             self.runs[side].append(trace)
-            self.metrics[side].append(run_metrics(trace))
 
     def _pair(self, index: int, order: str) -> dict[str, RunTrace]:
         with timed():  # the heartbeat says nothing inside a run
