@@ -73,7 +73,8 @@ def _spin(seconds):
 
 def make_stream(llm):
     def stream(prompt, max_tokens):
-        _spin(PREFILL * _FIRST[0])
+        if PREFILL:  # before the clock's first token: in TTFT
+            _spin(PREFILL * _FIRST[0])
         begun = time.perf_counter()
         tokens = llm.tokenize(prompt.encode())
         llm.reset()
