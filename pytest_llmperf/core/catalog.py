@@ -470,6 +470,9 @@ PHASE_METRIC: dict[str, str] = {m.phase: n for n, m in METRICS.items() if m.judg
 #: The parts of each phase, prefill first (``Metric.part_of``): compared beside the judged
 #: metric they are a part of, never deciding a verdict.
 PARTS: tuple[Metric, ...] = tuple(m for m in METRICS.values() if m.part_of)
+#: Each phase's part that is llama.cpp's graph evaluation on all its threads (they meet at a
+#: barrier every node, so a busy machine slows it most: ``judge.parts.beyond_the_machine``).
+EVAL_PARTS: dict[str, str] = {"prefill": "native_prefill_ms", "decode": "native_decode_ms_per_token"}
 
 #: What an interleaved A/B compares pair by pair, in its report's order (times: b/a ratios).
 PAIRED: tuple[str, ...] = ("ttft_ms", "tpot_ms", "e2e_ms", "itl_p95_ms", "prefill_ms")

@@ -356,6 +356,32 @@ def llama_cpp_moved(parts: Sequence[PartChange], phase: str | None = None) -> bo
     return any(p.moved and p.inside_llama_cpp and (phase is None or p.phase == phase) for p in parts)
 
 
+def beyond_the_machine(parts: Sequence[PartChange], phase: str, phase_ms: float, threshold: float) -> str | None:
+    """Why a busy machine does not explain ``phase``'s slowdown, else None: a part of it other
+    than llama.cpp's evaluation (``catalog.EVAL_PARTS``) that moved and rose, at the low end of
+    its CI, by more than the machine explains by at least ``threshold`` of the phase's time
+    (``phase_ms``). The machine explains a part's rise up to the factor by which it slowed
+    llama.cpp's evaluation in the same runs (the high end of that ratio's CI): those threads
+    meet at a barrier every node, so a neighbour costs them more than it costs one thread of
+    the code around them (a spinner here: llama.cpp eval x2.6-3.7, outside llama.cpp x1.5-1.6)."""
+    mine = of_phase(parts, phase)
+    gauge = next((p for p in mine if p.metric == catalog.EVAL_PARTS.get(phase) and p.ratio_high is not None), None)
+    if gauge is None or gauge.ratio_high is None:
+        return None
+    allowed = max(gauge.ratio_high - 1.0, 0.0)
+    over = [
+        p for p in mine if p.moved and p is not gauge and p.delta_low - allowed * p.a_median >= threshold * phase_ms
+    ]
+    if not over:
+        return None
+    worst = max(over, key=lambda p: p.delta_low - allowed * p.a_median)
+    return (
+        f"{worst.text()} is more than the machine explains: it slowed {gauge.text()}, which takes "
+        f"{worst.label} from {fmt_value(worst.a_median)} to {fmt_value(worst.a_median * (1.0 + allowed))} "
+        f"{worst.unit} at most"
+    )
+
+
 class Headline(Protocol):
     """A phase's headline comparison, B against A: a ``verdict.Comparison`` (baseline, REF) or a
     ``paired.PairedComparison`` (an in-process A/B)."""

@@ -23,7 +23,7 @@ from ..core.fingerprint import closest_hardware, other_hardware_note, subject_ch
 from ..core.record import Record, workload_changes
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRESHOLD
 from . import attribution as attributions
-from .parts import PartChange, explained_phases, gated, is_headline, prompt_changes, unpaired_parts
+from .parts import PartChange, beyond_the_machine, explained_phases, gated, is_headline, prompt_changes, unpaired_parts
 from .result import BaselineVerdict, LayerChange, Outcome, compare_layers
 from .rule import JUDGED, METRICS, MIN_PEERS, SUITE_ALPHA_SHARE, compare_levels, decide, mirrored, suite_relative
 from .verdict import (
@@ -439,15 +439,31 @@ def machine_blame(baseline: Record, candidate: Record) -> str | None:
     return f"busy machine: {'; '.join(signals)}: not blamed on the subject; re-run on an idle machine"
 
 
-def blame_machine(comparisons: list[Comparison], why: str | None) -> list[Comparison]:
+def blame_machine(comparisons: list[Comparison], why: str | None, kept: Mapping[str, str] = {}) -> list[Comparison]:
     """A slowdown the machine explains (``machine_blame``) says nothing about the subject:
-    REGRESSION becomes MACHINE_SLOWER."""
+    REGRESSION becomes MACHINE_SLOWER, but in the phases of ``kept`` (``beyond_machine``)."""
     if why is None:
         return comparisons
     return [
-        dataclasses.replace(c, verdict=Verdict.MACHINE_SLOWER, reason=why) if c.verdict is Verdict.REGRESSION else c
+        dataclasses.replace(c, verdict=Verdict.MACHINE_SLOWER, reason=why)
+        if c.verdict is Verdict.REGRESSION and c.phase not in kept
+        else c
         for c in comparisons
     ]
+
+
+def beyond_machine(comparisons: Sequence[Comparison], parts: Sequence[PartChange]) -> dict[str, str]:
+    """Each phase whose REGRESSION a busy machine does not explain, with the line that says why:
+    a part of it outside llama.cpp's evaluation rose beyond what the machine's slowing of that
+    evaluation explains (``parts.beyond_the_machine``), by the headline's threshold of its time."""
+    regressed = {c.phase for c in comparisons if c.verdict is Verdict.REGRESSION}
+    out = {}
+    for c in comparisons:
+        if is_headline(c) and c.phase in regressed:
+            why = beyond_the_machine(parts, c.phase, c.baseline_value, c.threshold)
+            if why is not None:
+                out[c.phase] = f"{c.phase} {c.label} REGRESSION on a busy machine: {why}"
+    return out
 
 
 def judge(
@@ -512,10 +528,12 @@ def _judge(
     notes += [unreadable] if unreadable else []
     why = machine_blame(baseline, candidate)
     judged, left_out = judged_records(baseline, candidate, settings, window(baseline) if window else None)
-    comparisons = tuple(blame_machine(judged, why))
+    parts = _parts(baseline, candidate, judged, settings)  # the phases that moved are the same after the blame
+    kept = beyond_machine(judged, parts) if why else {}
+    comparisons = tuple(blame_machine(judged, why, kept))
     return BaselineVerdict(
         BaselineStatus.COMPARED,
-        note="; ".join(notes + left_out),
+        note="; ".join([*kept.values(), *notes, *left_out]),
         machine=why or "",
         comparisons=comparisons,
         changes=changes,
@@ -523,7 +541,7 @@ def _judge(
         attribution=attribution,
         machine_ratio=machine,
         memory_changes=compare_memory(baseline, candidate),
-        parts=_parts(baseline, candidate, comparisons, settings),
+        parts=parts,
     )
 
 
@@ -681,7 +699,7 @@ def _suite_verdicts(r: Outcome, old: Sequence[Comparison], new: Sequence[Compari
     failure line of each new REGRESSION."""
     v = r.verdict
     assert v is not None
-    new = blame_machine(list(new), v.machine or None)  # a busy machine during this test's runs
+    new = blame_machine(list(new), v.machine or None, beyond_machine(new, v.parts))  # a busy machine during its runs
     suffix = f"; {', '.join(v.changes)}" if v.changes else ""
     fresh = [c.line() + suffix for o, c in zip(old, new) if _newly_regressed(o, c)]
     phases = {c.phase for c in new if c.verdict is Verdict.REGRESSION}
