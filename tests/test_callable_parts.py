@@ -401,3 +401,59 @@ def test_the_paired_parts_name_a_grammars_sampling() -> None:
 
     parts = paired_parts(runs("", 0.01), runs("grammar", 2.0), alpha=0.01)
     assert [p.label for p in parts if p.metric == "sampling_ms_per_token"] == ["sampling (llama.cpp: grammar)"]
+
+
+def pipeline(llm, *, before: int = 0, after: int = 0):
+    """A pipeline's callable: ``before`` tokens of a router's generation on the same Llama first
+    (``create_completion``, not streamed), then the answer streamed, then ``after`` tokens of a
+    follow-up generation (a summary the caller never sees)."""
+
+    def fn(prompt: str, max_tokens: int):
+        if before:
+            llm.create_completion("Classify this request: " + prompt, max_tokens=before, temperature=0.0)
+        yield from llm.create_completion(prompt, max_tokens=max_tokens, stream=True, temperature=0.0)
+        if after:
+            llm.create_completion("Summarize: " + prompt, max_tokens=after, temperature=0.0)
+
+    return fn
+
+
+@pytest.mark.parametrize(("before", "after"), [(4, 0), (0, 4), (3, 3)])
+def test_a_pipeline_of_generations_is_timed_by_the_one_that_made_the_most(tiny_engine, before, after) -> None:
+    """A router's generation before the answer, or a follow-up after it, on the same Llama: the
+    run's tokens, prompt and counters are the answer's (12 tokens asked, its own prompt), the
+    router's time inside its TTFT (its llama.cpp time in the prompt eval, read from the counters),
+    never its tokens among the answer's; the measurement says so in one line."""
+    llm, lib = tiny_engine.llm, tiny_engine.lib
+    w = dataclasses.replace(W, max_tokens=12)
+    engine = watched(pipeline(llm, before=before, after=after))
+    engine.run(w, -1)
+    lib.llama_perf_context_reset(llm._ctx.ctx)
+    trace = engine.run(w, 0)
+    perf = lib.llama_perf_context(llm._ctx.ctx)
+    native = trace.native
+    assert native is not None and trace.generations == 1 + bool(before) + bool(after)
+    answer = llm.tokenize(synthetic_text(16, w.seed).encode())
+    assert len(trace.token_ns) == w.max_tokens and trace.prompt_tokens == len(answer)
+    # Decode: the answer's steps alone (the last token is not evaluated), whatever ran around it.
+    assert native.decode_tokens == w.max_tokens - 1
+    # Before the answer's first token: every evaluation of the run so far (the router's prompt and
+    # its decode steps, then what the answer's prompt did not find in the KV cache).
+    evaluated = len(answer) - (trace.prompt_reused_tokens or 0)
+    router = len(llm.tokenize(("Classify this request: " + synthetic_text(16, w.seed)).encode()))
+    assert native.prefill_tokens == evaluated + (router + before - 1 if before else 0)
+    # After its last token: the follow-up's evaluations, in the run's counters but in no figure.
+    later = perf.n_p_eval + perf.n_eval - native.prefill_tokens - native.decode_tokens
+    assert (later > 0) == bool(after), later
+    assert trace.prefill_done_ns is not None and trace.prefill_done_ns <= trace.token_ns[0]
+    m = measure(engine, w)
+    assert m.output_tokens == w.max_tokens and all(r.generations == trace.generations for r in m.runs)
+    notes = [n for n in m.token_notes if "llama.cpp generations per run" in n]
+    assert len(notes) == 1 and f"{trace.generations} llama.cpp generations per run" in notes[0]
+    assert notes[0] in metrics_table(m)
+
+
+def test_one_generation_per_run_says_nothing_of_generations(tiny_engine) -> None:
+    m = measure(watched(stream(tiny_engine.llm)), W)
+    assert all(r.generations == 1 for r in m.runs)
+    assert not any("generations" in n for n in m.token_notes)

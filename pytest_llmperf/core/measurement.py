@@ -87,6 +87,9 @@ class RunMetrics:
     sampler: str = ""
     #: Which turn of a conversation this run is (1-based; None: not a conversation).
     turn: int | None = None
+    #: llama.cpp generations the run made tokens in (``RunTrace.generations``): its figures are
+    #: the one's that made the most.
+    generations: int = 1
 
 
 @dataclass(frozen=True)
@@ -1013,22 +1016,45 @@ class Measurement:
                 f"{evaluated} evaluated (median run); never compared with a cold measurement"
             )
         elif reused and self.workload.conversation is None:  # a conversation's turns reuse on purpose
+            why = (
+                "an earlier generation of the same run left them in the KV cache (llama-cpp-python reuses a "
+                "prompt's prefix that is still there)"
+                if max(r.generations for r in self.runs) > 1
+                else "your code cached or trimmed the prompt (a LlamaCache, a state it loaded, or a second Llama)"
+            )
             lines.append(
                 f"cold, yet llama.cpp evaluated {evaluated} of the {self.prompt_tokens} prompt tokens your code "
-                "passed (median run): your code cached or trimmed the prompt (a LlamaCache, a state it loaded, "
-                "or a second Llama)"
+                f"passed (median run): {why}"
             )
+        lines += self._generation_notes()
         lines += self._delivery_notes()
         lines += self.clock_gap_lines
         return lines
 
+    def _generation_notes(self) -> list[str]:
+        counts = sorted(r.generations for r in self.runs)
+        if counts[-1] <= 1:
+            return []
+        many = f"{counts[0]}" if counts[0] == counts[-1] else f"{counts[0]} to {counts[-1]}"
+        return [
+            f"your code ran {many} llama.cpp generations per run: TTFT, TPOT and ITL are the one that made the most "
+            f"tokens ({self.output_tokens} per run, its prompt {self.prompt_tokens} tokens); llama.cpp's time in the "
+            "others before its first token is in its prompt eval, the rest of theirs outside llama.cpp"
+        ]
+
     def _delivery_notes(self) -> list[str]:
         items, asked = self.delivered_items, self.workload.max_tokens
         if items is not None and (items != self.output_tokens or (self.delivered_burst_tokens or 1) > 1):
+            burst = self.delivered_burst_tokens or 1
+            how = (
+                f"up to {burst} tokens in one (held-back text released in bursts)"
+                if burst > 1
+                else "one token or none in each (a last chunk with no new token)"
+            )
             return [
                 f"tokens timed where llama.cpp made them ({self.output_tokens} per run); your stream delivered "
-                f"{items} items, up to {self.delivered_burst_tokens} tokens in one (held-back text released in "
-                f"bursts): delivered TTFT {fmt(self.delivered_ttft_ms or 0.0)} ms, E2E {fmt(self.delivered_e2e_ms or 0.0)} ms"
+                f"{items} items, {how}: delivered TTFT {fmt(self.delivered_ttft_ms or 0.0)} ms, "
+                f"E2E {fmt(self.delivered_e2e_ms or 0.0)} ms"
             ]
         if items is None and self.engine.engine == "callable" and self.output_tokens != asked:
             return [

@@ -691,6 +691,9 @@ class RunTrace:
     python_sampling_ns: int | None = None
     #: Which turn of a conversation this run is (1-based; None: not a conversation).
     turn: int | None = None
+    #: llama.cpp generations in the run that made tokens (a callable's pipeline: a router's call,
+    #: then the answer's): ``token_ns`` are the one's that made the most, the others inside them.
+    generations: int = 1
 
     def to_json(self) -> dict[str, object]:
         """Every field (what an engine worker or a side sends back); ``from_json`` reads it."""
@@ -714,6 +717,9 @@ class LlamaRun:
     native: NativeCounters | None
     python_sampling_ns: int  # the user's logits processors and stopping criteria
     tokenize_ns: int  # tokenization inside the run, before the prompt's evaluation
+    #: Generations (``generate`` calls) in the run that made tokens: the one that made the most
+    #: is the one above (its prompt, tokens and counters), the others' work inside its clock.
+    generations: int = 1
 
     @property
     def reused_prompt_tokens(self) -> int | None:

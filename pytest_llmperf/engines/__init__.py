@@ -177,6 +177,7 @@ class CallableEngine(Engine, DrivenLlama):
             prompt_reused_tokens=main.reused_prompt_tokens,
             tokenize_in_run_ns=main.tokenize_ns,
             python_sampling_ns=main.python_sampling_ns,
+            generations=sum(run.generations for run in llamas),
         )
 
     def _replied(self, turn: int, run_index: int, reply: str) -> None:

@@ -146,9 +146,11 @@ def _repack_guard(llama_cpp: ModuleType, path: object) -> AbstractContextManager
 
 @dataclass
 class _Log:
-    """What one Llama did during one run (filled by the wrappers, in the timed region)."""
+    """What one generation (one ``generate`` call) of one Llama did during one run (filled by
+    the wrappers, in the timed region). A run's first log also takes what comes before any
+    ``generate`` (an ``eval`` the code calls itself)."""
 
-    prompt_tokens: int | None = None  # as ``generate`` was first given them
+    prompt_tokens: int | None = None  # as ``generate`` was given them
     evaluated: int | None = None  # the first ``eval``'s tokens: the prompt's evaluated part
     prefill_done_ns: int | None = None
     after_prompt: LlamaReading | None = None
@@ -156,9 +158,10 @@ class _Log:
     sample_ns: int = 0
     processors_ns: int = 0
     stopping_ns: int = 0
-    tokenize_ns: int = 0
     grammar: bool = False
     prompt_ids: Sequence[int] = ()
+    #: llama.cpp's counters when its ``generate`` was called (a run's later generations).
+    began: LlamaReading | None = None
 
 
 class _Probe:
@@ -167,7 +170,8 @@ class _Probe:
     def __init__(self, llm: Llama, name: str, lib: ModuleType) -> None:
         self.llm, self.name, self.lib = llm, name, lib
         self.counters = LlamaCounters(llm)
-        self.log = _Log()
+        self.logs = [_Log()]  # one per generation, the current one last
+        self.tokenized: list[tuple[int, int]] = []  # (clock at its end, ns) per tokenize call
         self.saved_cache: BaseLlamaCache | None = None
         self.before: LlamaReading | None = None
         self.prompt_ids: list[int] = []  # as the code gave them to ``generate``, after the run
@@ -189,19 +193,27 @@ class _Probe:
             llm.__dict__.pop(name, None)
         if cold and self.saved_cache is not None:
             llm.cache = self.saved_cache
-        log = self.log
-        if not log.made and log.evaluated is None:
+        logs = self.logs
+        driven = [i for i, g in enumerate(logs) if g.made or g.evaluated is not None]
+        if not driven:
             return None  # this Llama was not driven in the run
+        # The generation that made the most tokens (the last of equals) is the run's: the others'
+        # work lies inside its clock readings (before its first token: in its TTFT).
+        at = max(driven, key=lambda i: (len(logs[i].made), i))
+        log = logs[at]
+        end = logs[at + 1].began if at + 1 < len(logs) else after
+        first_eval = log.prefill_done_ns
         self.prompt_ids = [int(t) for t in log.prompt_ids]
         return LlamaRun(
             name=self.name,
             prompt_tokens=log.prompt_tokens,
             evaluated_prompt_tokens=log.evaluated,
-            prefill_done_ns=log.prefill_done_ns,
+            prefill_done_ns=first_eval,
             made_ns=self._generated(log.made),
-            native=self._native(self.before, log.after_prompt, after),
+            native=self._native(self.before, log, end),
             python_sampling_ns=log.processors_ns + log.stopping_ns,
-            tokenize_ns=log.tokenize_ns,
+            tokenize_ns=sum(ns for done, ns in self.tokenized if first_eval is None or done <= first_eval),
+            generations=sum(1 for g in logs if g.made),
         )
 
     def _generated(self, made: Sequence[tuple[int, int]]) -> tuple[int, ...]:
@@ -209,16 +221,15 @@ class _Probe:
         vocab, is_eog = self.llm._model.vocab, self.lib.llama_vocab_is_eog
         return tuple(ns for ns, token in made if not is_eog(vocab, token))
 
-    def _native(
-        self, before: LlamaReading | None, prompt: LlamaReading | None, after: LlamaReading | None
-    ) -> NativeCounters | None:
-        """llama.cpp's counters over the prompt's evaluation (before -> its logits) and over the
-        decode steps after it; a one-token prompt evaluation (a cached prompt's replayed token)
-        counts as the prompt's, as it is, though llama.cpp books it as decode."""
+    def _native(self, before: LlamaReading | None, log: _Log, after: LlamaReading | None) -> NativeCounters | None:
+        """llama.cpp's counters over the prompt's evaluation (before -> its logits: with the
+        run's earlier generations, all of llama.cpp's evaluations before this one's first token)
+        and over the decode steps after it, up to ``after`` (the next generation's start, or the
+        run's end); a one-token prompt evaluation (a cached prompt's replayed token) counts as
+        the prompt's, as it is, though llama.cpp books it as decode."""
         if before is None or after is None:
             return None
-        prompt = prompt or before
-        log = self.log
+        prompt = log.after_prompt or before
         decode_tokens = _evals(after) - _evals(prompt)
         chain_ms, chain_count = sampler_time(before, after)  # llama.cpp's own time of the run's chain
         if chain_ms is not None and chain_count:
@@ -238,22 +249,26 @@ class _Probe:
         )
 
     def _wrappers(self) -> dict[str, Callable[..., object]]:
-        llm, log, clock = self.llm, self.log, time.perf_counter_ns
+        llm, logs, clock = self.llm, self.logs, time.perf_counter_ns
         cls = type(llm)
         generate, evaluate = cls.generate.__get__(llm), cls.eval.__get__(llm)
         sample, tokenize = cls.sample.__get__(llm), cls.tokenize.__get__(llm)
         init_sampler = cls._init_sampler.__get__(llm)
         read, sync, ctx = self.counters.read, self.lib.llama_synchronize, llm._ctx.ctx
+        tokenized = self.tokenized.append
 
         def wrapped_generate(tokens: Sequence[int], *args: object, **kwargs: object) -> object:
-            if log.prompt_tokens is None:
-                log.prompt_tokens = len(tokens)
-                log.prompt_ids = tokens  # the caller's sequence: copied after the run
+            if logs[-1].prompt_tokens is not None or logs[-1].made:  # the run's next generation
+                logs.append(_Log(began=read()))
+            log = logs[-1]
+            log.prompt_tokens = len(tokens)
+            log.prompt_ids = tokens  # the caller's sequence: copied after the run
             _time_hooks(kwargs, log)
             return generate(tokens, *args, **kwargs)
 
         def wrapped_eval(tokens: Sequence[int]) -> None:
             evaluate(tokens)
+            log = logs[-1]
             if log.evaluated is None:
                 # llama.cpp books an evaluation's time at the next synchronize (the sampler's, a
                 # moment later): here, so the prompt's logits are ready and its counters read.
@@ -266,6 +281,7 @@ class _Probe:
             began = clock()
             token: int = sample(*args, **kwargs)
             made = clock()
+            log = logs[-1]
             log.sample_ns += made - began
             log.made.append((made, token))
             return token
@@ -278,8 +294,8 @@ class _Probe:
         def wrapped_tokenize(*args: object, **kwargs: object) -> list[int]:
             began = clock()
             ids: list[int] = tokenize(*args, **kwargs)
-            if log.evaluated is None:
-                log.tokenize_ns += clock() - began
+            done = clock()
+            tokenized((done, done - began))
             return ids
 
         return {

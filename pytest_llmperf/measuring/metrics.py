@@ -105,6 +105,7 @@ def run_metrics(trace: RunTrace) -> RunMetrics:
         clock_gaps=tuple((k, v) for k, v in outside.items() if k.endswith("_gap") and v is not None),
         sampler=native.sampler if native else "",
         turn=trace.turn,
+        generations=trace.generations,
     )
 
 
