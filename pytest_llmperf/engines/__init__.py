@@ -13,9 +13,12 @@ and the rest (the parts of each phase) as for the plugin's own engine."""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import dataclasses
+import inspect
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeGuard, TypeVar
 
 from ..core.errors import EngineError, NotSteppable
@@ -24,6 +27,7 @@ from .capabilities import DrivenLlama, Engine, LayerTiming, SteppedRuns
 
 #: What a measured callable is given first: the prompt's text, or a chat request's messages.
 Request = str | list[dict[str, str]]
+#: A measured callable (an ``async def`` one that yields is driven on an event loop of its own).
 TokenStream = Callable[[Request, int], Iterable[object]]
 
 
@@ -98,7 +102,14 @@ class CallableEngine(Engine, DrivenLlama):
     ) -> None:
         if not callable(fn):
             raise EngineError(f"engine must be callable as fn(prompt, max_tokens), got {fn!r}")
+        if _returns_once(fn):
+            raise EngineError(
+                f"{getattr(fn, '__name__', fn)!r} is an async function that returns once: yield each token "
+                "(async def fn(prompt, max_tokens): ... yield text), so its tokens can be timed"
+            )
         self._fn = fn
+        #: An async generator function: each run drives it on an event loop of its own.
+        self._async = _is_async_stream(fn)
         self.counters = counters
         self.watch = watch
         self._info = EngineInfo(engine="callable", model=name or str(getattr(fn, "__name__", "callable")))
@@ -134,7 +145,9 @@ class CallableEngine(Engine, DrivenLlama):
         keep = items.append if workload.turn is not None else None
         start = clock()
         try:
-            if keep is None:
+            if self._async:
+                start = self._drive(prompt, workload.max_tokens, stamps, keep)
+            elif keep is None:
                 for _ in self._fn(prompt, workload.max_tokens):
                     append(clock())
             else:
@@ -153,6 +166,29 @@ class CallableEngine(Engine, DrivenLlama):
             return self._watched(start, stamps, llamas)
         native = counters.between(before, counters.read()) if counters is not None else None
         return self._trace(start, stamps, native)
+
+    def _drive(self, prompt: Request, max_tokens: int, stamps: list[int], keep: Callable[[object], None] | None) -> int:
+        """An async generator's run on an event loop of its own (in a thread of its own where
+        this thread runs one already): its clock readings, the first (returned) the moment the
+        loop runs it, are taken in that loop."""
+        clock = time.perf_counter_ns
+
+        async def drain() -> int:
+            start = clock()
+            stream: object = self._fn(prompt, max_tokens)
+            assert isinstance(stream, AsyncIterable)  # _is_async_stream
+            async for item in stream:
+                stamps.append(clock())
+                if keep is not None:
+                    keep(item)
+            return start
+
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(drain())
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="llmperf-async-run") as apart:
+            return apart.submit(asyncio.run, drain()).result()
 
     def _trace(self, start: int, stamps: list[int], native: NativeCounters | None) -> RunTrace:
         if len(stamps) < 2:
@@ -243,6 +279,10 @@ class SteppedCallableEngine(CallableEngine, SteppedRuns):
         super().__init__(fn, name, counters=counters, watch=watch)
 
     def run_stepped(self, workload: Workload, run_index: int, pause: Callable[[], None]) -> RunTrace:
+        if self._async:
+            raise NotSteppable(
+                f"{self._info.model!r} is an async generator: its event loop cannot pause between tokens"
+            )
         workload = workload.request(run_index)
         prompt = self._prompt(workload)
         counters, watch = self.counters, self.watch
@@ -282,6 +322,16 @@ class SteppedCallableEngine(CallableEngine, SteppedRuns):
                 f"{self._info.model!r} ran llama.cpp while paused between tokens (its tokens are made ahead "
                 "of the reader: a thread or a server)"
             )
+
+
+def _is_async_stream(fn: object) -> bool:
+    """``fn`` (or its ``__call__``) is an async generator function."""
+    return inspect.isasyncgenfunction(fn) or inspect.isasyncgenfunction(type(fn).__dict__.get("__call__"))
+
+
+def _returns_once(fn: object) -> bool:
+    """``fn`` (or its ``__call__``) is an ``async def`` without ``yield``: a coroutine, no stream."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__dict__.get("__call__"))
 
 
 def _without_pauses(made_ns: Sequence[int], pauses: Sequence[tuple[int, int]]) -> tuple[int, ...]:

@@ -23,7 +23,9 @@ its last), for each open ``Llama``:
 
 Inside the timed region this adds, per token, one Python call frame and two clock reads around
 ``sample``, one frame around ``eval``; once per run, inside TTFT, a synchronize llama.cpp's sampler
-would make a moment later anyway and one reading of llama.cpp's counters (microseconds), so the
+would make a moment later anyway and one reading of llama.cpp's counters (microseconds; one more
+per other Llama the process holds, whose evaluations before the first token are llama.cpp's time
+too), so the
 prompt's and the decode's counters are apart (``benchmarks/user_path.py`` prints the cost per
 token and the TTFT against the marker-only TTFT)."""
 
@@ -162,6 +164,9 @@ class _Log:
     prompt_ids: Sequence[int] = ()
     #: llama.cpp's counters when its ``generate`` was called (a run's later generations).
     began: LlamaReading | None = None
+    #: The other watched Llamas' counters when this prompt's logits were ready (an embedding
+    #: model's evaluations before the first token are llama.cpp's time, not the code's).
+    others_at_prompt: list[tuple[_Probe, LlamaReading | None]] = field(default_factory=list)
 
 
 class _Probe:
@@ -175,6 +180,7 @@ class _Probe:
         self.saved_cache: BaseLlamaCache | None = None
         self.before: LlamaReading | None = None
         self.prompt_ids: list[int] = []  # as the code gave them to ``generate``, after the run
+        self.siblings: Sequence[_Probe] = ()  # the run's other watched Llamas
 
     def arm(self, cold: bool) -> None:
         llm, lib = self.llm, self.lib
@@ -223,13 +229,17 @@ class _Probe:
 
     def _native(self, before: LlamaReading | None, log: _Log, after: LlamaReading | None) -> NativeCounters | None:
         """llama.cpp's counters over the prompt's evaluation (before -> its logits: with the
-        run's earlier generations, all of llama.cpp's evaluations before this one's first token)
+        run's earlier generations and the other watched Llamas' evaluations before it, an
+        embedding model's, all of llama.cpp's evaluations before this one's first token)
         and over the decode steps after it, up to ``after`` (the next generation's start, or the
         run's end); a one-token prompt evaluation (a cached prompt's replayed token) counts as
         the prompt's, as it is, though llama.cpp books it as decode."""
         if before is None or after is None:
             return None
         prompt = log.after_prompt or before
+        others = [(o.before, r) for o, r in log.others_at_prompt if o.before is not None and r is not None]
+        others_ms = sum(_ms(r) - _ms(b) for b, r in others)
+        others_evals = sum(_evals(r) - _evals(b) for b, r in others)
         decode_tokens = _evals(after) - _evals(prompt)
         chain_ms, chain_count = sampler_time(before, after)  # llama.cpp's own time of the run's chain
         if chain_ms is not None and chain_count:
@@ -237,8 +247,8 @@ class _Probe:
         else:  # the chain kept no time: the clock around llama-cpp-python's sample call
             sample_ms = (log.sample_ns - log.processors_ns) / 1e6 if log.made else None
         return NativeCounters(
-            prefill_ms=_ms(prompt) - _ms(before),
-            prefill_tokens=_evals(prompt) - _evals(before),
+            prefill_ms=_ms(prompt) - _ms(before) + others_ms,
+            prefill_tokens=_evals(prompt) - _evals(before) + others_evals,
             decode_ms=_ms(after) - _ms(prompt),
             decode_tokens=max(decode_tokens, 0),
             sample_ms=max(sample_ms, 0.0) if sample_ms is not None else None,
@@ -255,7 +265,7 @@ class _Probe:
         sample, tokenize = cls.sample.__get__(llm), cls.tokenize.__get__(llm)
         init_sampler = cls._init_sampler.__get__(llm)
         read, sync, ctx = self.counters.read, self.lib.llama_synchronize, llm._ctx.ctx
-        tokenized = self.tokenized.append
+        tokenized, siblings = self.tokenized.append, self.siblings
 
         def wrapped_generate(tokens: Sequence[int], *args: object, **kwargs: object) -> object:
             if logs[-1].prompt_tokens is not None or logs[-1].made:  # the run's next generation
@@ -276,6 +286,7 @@ class _Probe:
                 log.prefill_done_ns = clock()
                 log.evaluated = len(tokens)
                 log.after_prompt = read()
+                log.others_at_prompt = [(other, other.counters.read()) for other in siblings]
 
         def wrapped_sample(*args: object, **kwargs: object) -> int:
             began = clock()
@@ -407,6 +418,8 @@ class LlamaWatch(RunWatch):
             if not _is_open(llm) and "tokenize" not in vars(llm):  # closed, not guarded yet
                 _guard_closed(llm, self.name(llm))
         probes = [_Probe(llm, self.name(llm), self._lib) for llm in live_llamas()]
+        for probe in probes:
+            probe.siblings = [other for other in probes if other is not probe]
         self._made_before = _MADE[0]
         for probe in probes:
             probe.arm(cold)
