@@ -539,3 +539,70 @@ def test_another_llamas_evaluations_before_the_first_token_are_llama_cpps_prefil
         assert trace.generations == 1 and len(trace.token_ns) == W.max_tokens
     finally:
         embedder.close()
+
+
+def test_speculative_decoding_splits_llama_cpps_time_per_generated_token(tiny_model_path) -> None:
+    """A draft model's guesses (llama-cpp-python's prompt lookup) make llama.cpp evaluate several
+    tokens in one decode step: its decode time is then per generated token, the unit TPOT has
+    (per evaluated token it read lower, and the rest was called outside llama.cpp)."""
+    import llama_cpp
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    llm = llama_cpp.Llama(
+        model_path=str(tiny_model_path),
+        n_ctx=512,
+        n_threads=1,
+        verbose=False,
+        draft_model=LlamaPromptLookupDecoding(num_pred_tokens=4),
+    )
+    try:
+        counters = LlamaCounters(llm)
+
+        def fn(prompt: str, max_tokens: int):
+            yield from llm.create_completion(prompt, max_tokens=max_tokens, stream=True, temperature=0.0)
+
+        w = Workload(prompt="one two three " * 6, max_tokens=24, runs=2, warmup=0)
+        engine = watched(fn)
+        engine.run(w, -1)
+        first = counters.read()
+        trace = engine.run(w, 0)
+        last = counters.read()
+        assert first is not None and last is not None and trace.native is not None
+        evaluated = (last.prefill_tokens + last.decode_tokens) - (first.prefill_tokens + first.decode_tokens)
+        evaluated -= trace.native.prefill_tokens
+        assert evaluated > len(trace.token_ns) - 1, "the draft model guessed no token: nothing to split"
+        assert trace.native.decode_tokens == len(trace.token_ns) - 1
+    finally:
+        llm.close()
+
+
+def test_a_prompt_beyond_the_users_llamas_context_is_one_line_saying_what_to_do(tiny_model_path) -> None:
+    import llama_cpp
+
+    from pytest_llmperf.core.errors import EngineError
+
+    llm = llama_cpp.Llama(model_path=str(tiny_model_path), n_ctx=64, n_threads=1, verbose=False)
+    try:
+        engine = watched(stream(llm))
+        with pytest.raises(
+            EngineError, match=r"^Requested tokens \(\d+\) exceed context window of \d+; give that Llama"
+        ):
+            engine.run(dataclasses.replace(W, prompt_tokens=400), 0)
+    finally:
+        llm.close()
+
+
+def test_a_llama_that_made_one_token_is_one_line_not_its_chunks_timed_as_tokens(tiny_engine) -> None:
+    """The code asks its Llama for 1 token (or a stop sequence ends it): its stream's two chunks
+    (the token, the finish) were timed as 2 tokens, and the line said it drove no Llama."""
+    from pytest_llmperf.core.errors import EngineError
+
+    llm = tiny_engine.llm
+
+    def one(prompt: str, max_tokens: int):
+        yield from llm.create_completion(prompt, max_tokens=1, stream=True, temperature=0.0)
+
+    with pytest.raises(
+        EngineError, match=r"drove llama_cpp.Llama .* but it made 1 token per run: decode needs at least 2"
+    ):
+        watched(one).run(W, 0)

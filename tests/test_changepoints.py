@@ -99,3 +99,47 @@ def test_shift_ci_covers_the_step() -> None:
         assert lo <= shift <= hi
         covered += lo < math.log(1.10) < hi
     assert 180 <= covered <= 200  # a 95% interval: 190 expected
+
+
+def _series(logs, busy=()):
+    from pytest_llmperf.history.series import Point, Series
+    from pytest_llmperf.judge.verdict import Verdict
+
+    points = tuple(
+        Point(
+            i,
+            f"2026-12-07T00:{i:02d}:00+00:00",
+            None,
+            None,
+            None,
+            10,
+            math.exp(x),
+            float(x),
+            0.01,
+            0.01,
+            None,
+            "MACHINE_SLOWER" if i in busy else None,
+            verdict=Verdict.MACHINE_SLOWER if i in busy else None,
+        )
+        for i, x in enumerate(logs)
+    )
+    return Series("t.py::test_a", "", "tpot_ms", "decode", "ms", "hw", points)
+
+
+def test_a_run_of_busy_sessions_is_no_change_point_and_a_real_step_keeps_its_session() -> None:
+    """Sessions whose verdict blamed the machine (MACHINE_SLOWER: x3 here, a neighbour on the
+    cores) measured the neighbour: ``llmperf detect`` leaves them out, so the last five busy
+    sessions do not fail a CI job that gates on it; a real step after them is found at the
+    session where it happened, numbered in the whole series."""
+    from pytest_llmperf.history.series import recent_regressions, steps
+
+    logs = drifting(3, n=30)
+    logs[25:] += math.log(3.0)
+    busy = _series(logs, busy=range(25, 30))
+    assert not recent_regressions(steps(busy), 5)
+    with_busy = _series(logs)  # the same levels, not blamed on the machine: a step, and it gates
+    assert [s.index for s in recent_regressions(steps(with_busy), 5)] == [25]
+    stepped = drifting(4, n=40)
+    stepped[30:] += math.log(1.2)
+    found = steps(_series(stepped, busy=range(10, 15)))
+    assert [s.index for s in found] == [30] and found[0].regression

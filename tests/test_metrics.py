@@ -53,6 +53,15 @@ def test_run_metrics_definitions() -> None:
     assert r.overhead_ms_per_token == pytest.approx(0.1)
 
 
+def test_engine_overhead_is_never_below_zero_and_the_gap_is_said() -> None:
+    """llama.cpp's decode counters above the clock's TPOT (2.0 ms): the overhead is 0, not
+    -0.5 ms/token, and the decode part's clock gap says by how much."""
+    native = NativeCounters(prefill_ms=19.0, prefill_tokens=10, decode_ms=3 * 2.5, decode_tokens=3)
+    r = run_metrics(trace(20.0, [1.0, 2.0, 3.0], prefill_ms=19.5, native=native))
+    assert r.overhead_ms_per_token == 0.0 and r.decode_outside_ms_per_token == 0.0
+    assert dict(r.clock_gaps)["decode_outside_ms_per_token_gap"] == pytest.approx(0.5)
+
+
 def test_one_token_is_not_a_run() -> None:
     with pytest.raises(ValueError, match="at least 2"):
         run_metrics(trace(5.0, []))

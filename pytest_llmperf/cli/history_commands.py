@@ -219,9 +219,11 @@ def run_detect(args: argparse.Namespace) -> int:
         print(step.line())
     gate = recent_regressions(found, args.last, args.min_change or 0.0)
     sessions = max(len(s.points) for s in series)
+    busy = sum(p.busy for s in series for p in s.points)
     print(
-        f"{len(found)} change point(s) in {len(series)} series (up to {sessions} sessions each); "
-        f"{len(gate)} regression(s) in the last {args.last} session(s)"
+        f"{len(found)} change point(s) in {len(series)} series (up to {sessions} sessions each"
+        + (f"; {busy} judged MACHINE_SLOWER left out: a busy machine" if busy else "")
+        + f"); {len(gate)} regression(s) in the last {args.last} session(s)"
     )
     if note:
         print(note)

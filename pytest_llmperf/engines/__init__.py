@@ -155,8 +155,9 @@ class CallableEngine(Engine, DrivenLlama):
                     append(clock())
                     keep(item)
         except ValueError as exc:  # llama-cpp-python's "Requested tokens (N) exceed context window of M"
-            if keep is not None and "context window" in str(exc):
-                raise EngineError(f"conversation turn {workload.turn}: {exc}; {CONTEXT_TODO}") from None
+            if "context window" in str(exc):
+                where = f"conversation turn {workload.turn}: " if keep is not None else ""
+                raise EngineError(f"{where}{exc}; {CONTEXT_TODO}") from None
             raise
         finally:
             llamas = watch.disarm(probes, cold) if watch is not None else []  # after the last
@@ -199,6 +200,12 @@ class CallableEngine(Engine, DrivenLlama):
         """A run's trace from the Llama that made its tokens (the one that made the most: the
         others' work is inside its clock readings), or from the stream's items when none did."""
         made = [run for run in llamas if len(run.made_ns) >= 2]
+        if not made and any(run.made_ns for run in llamas):
+            raise EngineError(
+                f"{self._info.model!r} drove llama_cpp.Llama {', '.join(r.name for r in llamas)} but it made "
+                f"{max(len(r.made_ns) for r in llamas)} token per run: decode needs at least 2; pass max_tokens "
+                "on to the Llama and let no stop sequence end the run early"
+            )
         if not made:
             trace = self._trace(start, stamps, None)
             return trace if not llamas else dataclasses.replace(trace, native=llamas[0].native)
@@ -242,7 +249,7 @@ class CallableEngine(Engine, DrivenLlama):
 
 
 #: What to do about a conversation beyond the context of the Llama a callable drives.
-CONTEXT_TODO = "give that Llama a larger n_ctx (llmperf_llm: --llmperf-n-ctx) or shorten the conversation"
+CONTEXT_TODO = "give that Llama a larger n_ctx (llmperf_llm: --llmperf-n-ctx) or shorten the prompt or conversation"
 
 #: What an engine says when asked for a conversation's prompt outside its turns (``whole_run``).
 NOT_ONE_REQUEST = "a conversation is sent turn by turn (Workload.at_turn), not as one request"

@@ -167,6 +167,8 @@ class _Log:
     #: The other watched Llamas' counters when this prompt's logits were ready (an embedding
     #: model's evaluations before the first token are llama.cpp's time, not the code's).
     others_at_prompt: list[tuple[_Probe, LlamaReading | None]] = field(default_factory=list)
+    #: A decode step evaluated several tokens (speculative decoding: a draft model's guesses).
+    drafted: bool = False
 
 
 class _Probe:
@@ -241,6 +243,8 @@ class _Probe:
         others_ms = sum(_ms(r) - _ms(b) for b, r in others)
         others_evals = sum(_evals(r) - _evals(b) for b, r in others)
         decode_tokens = _evals(after) - _evals(prompt)
+        if log.drafted and len(log.made) >= 2:  # llama.cpp's time per generated token, not per guess
+            decode_tokens = len(self._generated(log.made)) - 1
         chain_ms, chain_count = sampler_time(before, after)  # llama.cpp's own time of the run's chain
         if chain_ms is not None and chain_count:
             sample_ms: float | None = chain_ms - log.processors_ns / 1e6
@@ -287,6 +291,8 @@ class _Probe:
                 log.evaluated = len(tokens)
                 log.after_prompt = read()
                 log.others_at_prompt = [(other, other.counters.read()) for other in siblings]
+            elif len(tokens) > 1:  # several tokens in one decode step: a draft model's guesses
+                log.drafted = True
 
         def wrapped_sample(*args: object, **kwargs: object) -> int:
             began = clock()

@@ -59,6 +59,13 @@ class Point:
     subject: Mapping[str, object] = field(default_factory=dict, compare=False)
     workload: Mapping[str, object] = field(default_factory=dict, compare=False)
     runs: tuple[float, ...] = field(default=(), compare=False)
+    #: The metric's verdict in that session (None: not compared).
+    verdict: Verdict | None = field(default=None, compare=False)
+
+    @property
+    def busy(self) -> bool:
+        """The verdict blamed the machine (MACHINE_SLOWER): the level measured its neighbours."""
+        return self.verdict is Verdict.MACHINE_SLOWER
 
     @property
     def value(self) -> float:
@@ -127,6 +134,7 @@ def group(rows: Sequence[Mapping[str, Any]]) -> list[Series]:
                 r["subject"],
                 r["workload"],
                 tuple(r["runs"]),
+                r.get("verdict"),
             )
             for r in rs
         )
@@ -325,7 +333,10 @@ def steps(
     min_size: int = changepoints.MIN_SIZE,
     seed: int = changepoints.SEED,
 ) -> list[Step]:
-    logs = np.array([p.log_level for p in series.points])
+    # A session whose verdict blamed the machine (MACHINE_SLOWER) measured its neighbours: a run
+    # of them is no change of the subject, so the detector never sees them.
+    kept = [i for i, p in enumerate(series.points) if not p.busy]
+    logs = np.array([series.points[i].log_level for i in kept])
     found = changepoints.e_divisive(logs, alpha=alpha, permutations=permutations, min_size=min_size, seed=seed)
     bounds = [0] + [c.index for c in found] + [logs.size]
     out = []
@@ -335,14 +346,14 @@ def steps(
         out.append(
             Step(
                 series,
-                c.index,
+                kept[c.index],
                 c.p_value,
                 float(np.exp(np.median(before))),
                 float(np.exp(np.median(after))),
                 math.expm1(shift),
                 math.expm1(lo),
                 math.expm1(hi),
-                coinciding(series, c.index),
+                coinciding(series, kept[c.index]),
             )
         )
     return out

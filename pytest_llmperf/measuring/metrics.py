@@ -95,7 +95,8 @@ def run_metrics(trace: RunTrace) -> RunMetrics:
         itl_ms=tuple(float(v) for v in itl),
         native_prefill_ms=native.prefill_ms if native else None,
         native_decode_ms_per_token=native_decode,
-        overhead_ms_per_token=tpot_ms - native_decode if native_decode is not None else None,
+        # never below zero: where llama.cpp's counters exceed the clock, ``clock_gaps`` says by how much
+        overhead_ms_per_token=max(tpot_ms - native_decode, 0.0) if native_decode is not None else None,
         sampling_ms_per_token=native.sample_ms_per_token if native else None,
         prefill_outside_ms=outside["prefill_outside_ms"],
         decode_outside_ms_per_token=outside["decode_outside_ms_per_token"],
