@@ -13,7 +13,6 @@ and the rest (the parts of each phase) as for the plugin's own engine."""
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import dataclasses
 import inspect
@@ -172,6 +171,8 @@ class CallableEngine(Engine, DrivenLlama):
         """An async generator's run on an event loop of its own (in a thread of its own where
         this thread runs one already): its clock readings, the first (returned) the moment the
         loop runs it, are taken in that loop."""
+        import asyncio  # an HTTP engine's stack: lazy (a plain pytest run needs none of it)
+
         clock = time.perf_counter_ns
 
         async def drain() -> int:
