@@ -126,3 +126,22 @@ def test_budget_on_unmeasured_statistic_fails_clearly() -> None:
     failure = check_budgets(m, {"min_prefill_tps": 1.0})
     assert failure is not None
     assert "prefill TPS median was not measured by this engine" in failure.as_longrepr()
+
+
+def test_preemptions_with_no_other_process_are_the_engines_own_threads() -> None:
+    """Involuntary switches while other processes used none of the CPUs: the engine's threads took
+    turns with each other (more threads than cores), not "other processes took these cores"."""
+    from pytest_llmperf.core.measurement import SystemDelta, SystemSample
+    from pytest_llmperf.measuring.metrics import likely_causes
+
+    def delta(others_ticks: int) -> SystemDelta:
+        before = SystemSample(0.1, None, 0, 0, 0, cpu_ticks=(0, 0), busy_ticks=(0, 0, 0))
+        after = SystemSample(0.1, None, 0, 0, 43, cpu_ticks=(0, 1000), busy_ticks=(600 + others_ticks, 590, 10))
+        return SystemDelta(before, after)
+
+    alone = likely_causes(delta(0))
+    assert alone == [
+        "43 involuntary context switches while no other process used the CPUs (the engine's own threads "
+        "outnumber the cores)"
+    ]
+    assert likely_causes(delta(300)) == ["43 involuntary context switches (other processes took these cores)"]

@@ -119,6 +119,14 @@ class MachineJson(TypedDict, total=False):
     involuntary_switches_per_run: float
 
 
+#: The engine's threads waiting for a CPU, or preempted, are other processes' doing only where
+#: those used at least this share of the machine's CPU time (more than at baseline, for a
+#: verdict); where none did, the engine's threads took turns with each other: more threads than
+#: cores is the subject's setting (threads 2 -> 4 on 2 cores: TPOT x2.2, the run queue 42%,
+#: others 0%), never a busy machine.
+OTHERS_PRESENT = 0.05
+
+
 @dataclass(frozen=True)
 class SystemDelta:
     before: SystemSample

@@ -20,6 +20,7 @@ from ..core import catalog
 from ..core.catalog import Metric
 from ..core.documents import JSONValue
 from ..core.fingerprint import closest_hardware, other_hardware_note, subject_changes
+from ..core.measurement import OTHERS_PRESENT
 from ..core.record import Record, workload_changes
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRESHOLD
 from . import attribution as attributions
@@ -388,13 +389,34 @@ def machine_signals(baseline: Record, candidate: Record) -> list[str]:
     """Each sign that the machine, not the subject, was busier during the candidate's runs than
     during the baseline's, as a phrase naming its figure on both sides (none: the machine was
     no busier by anything it reports)."""
-    preempted = _preempted(baseline, candidate)
+    others = _others_present(baseline, candidate)
+    preempted = _preempted(baseline, candidate) if others else None
     signs = [preempted] if preempted is not None else []
     for key, rise, phrase, prefix in SHARE_SIGNS:
         base, now = (_machine_figure(r, key, 1.0) or 0.0 for r in (baseline, candidate))
-        if now - base >= rise:
+        if now - base >= rise and (others or key != "cpu_wait_share"):
             signs.append(f"{phrase.format(now)} ({prefix}{base:.0%} at baseline)")
     return signs
+
+
+def _others_present(baseline: Record, candidate: Record) -> bool:
+    """Other processes used the CPUs during the candidate's runs (``OTHERS_PRESENT``), or their
+    share is unknown: the engine's threads waiting or preempted may then be the machine's."""
+    now = _machine_figure(candidate, "others_cpu_share", 1.0)
+    return now is None or now - (_machine_figure(baseline, "others_cpu_share", 1.0) or 0.0) >= OTHERS_PRESENT
+
+
+def self_contention(baseline: Record, candidate: Record) -> str | None:
+    """The line that says the engine's threads waited for each other (the run queue rose as for
+    a busy machine, but no other process used the CPUs), else None."""
+    base, now = (_machine_figure(r, "cpu_wait_share", 1.0) or 0.0 for r in (baseline, candidate))
+    if now - base < CPU_WAIT_SHARE or _others_present(baseline, candidate):
+        return None
+    return (
+        f"the engine's threads waited for a CPU {now:.0%} of their runnable time ({base:.0%} at baseline) while "
+        "no other process used the CPUs: its own threads outnumber the cores (llama.cpp's threads setting, "
+        "and a measured callable's own threads): the subject's, not a busy machine"
+    )
 
 
 def _preempted(baseline: Record, candidate: Record) -> str | None:
@@ -526,6 +548,7 @@ def _judge(
         )
     attribution, unreadable = _attribution(baseline, candidate, settings)
     notes += [unreadable] if unreadable else []
+    notes += [line] if (line := self_contention(baseline, candidate)) else []
     why = machine_blame(baseline, candidate)
     judged, left_out = judged_records(baseline, candidate, settings, window(baseline) if window else None)
     parts = _parts(baseline, candidate, judged, settings)  # the phases that moved are the same after the blame

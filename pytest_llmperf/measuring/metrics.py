@@ -25,6 +25,7 @@ from typing import TypedDict
 import numpy as np
 
 from ..core.measurement import (
+    OTHERS_PRESENT,
     LatencyStats,
     LengthBucket,
     Measurement,
@@ -617,9 +618,15 @@ def _steal(system: SystemDelta) -> str | None:
 
 
 def _preemptions(system: SystemDelta) -> str | None:
-    if system.involuntary_switches > 0:
-        return f"{system.involuntary_switches} involuntary context switches (other processes took these cores)"
-    return None
+    if system.involuntary_switches <= 0:
+        return None
+    others = system.others_cpu_share
+    if others is not None and others < OTHERS_PRESENT:  # no one else ran: the engine's threads took turns
+        return (
+            f"{system.involuntary_switches} involuntary context switches while no other process used the CPUs "
+            "(the engine's own threads outnumber the cores)"
+        )
+    return f"{system.involuntary_switches} involuntary context switches (other processes took these cores)"
 
 
 def _page_faults(system: SystemDelta) -> str | None:
