@@ -357,7 +357,12 @@ KEYS: dict[str, Key] = {
         # Budget keys and their help come from the metric catalog.
         *(Key(b.key, "budget", b.help, _marker(SHARE if b.share else POSITIVE)) for b in BUDGETS.values()),
         Key("prompt", "workload", "literal prompt text", _text),
-        Key("prompt_tokens", "workload", "synthetic prompt of exactly N tokens", _marker(TOKENS)),
+        Key(
+            "prompt_tokens",
+            "workload",
+            "synthetic prompt of exactly N tokens (a measured callable or a served model: N short words)",
+            _marker(TOKENS),
+        ),
         Key(
             "messages",
             "workload",
