@@ -618,15 +618,14 @@ def _steal(system: SystemDelta) -> str | None:
 
 
 def _preemptions(system: SystemDelta) -> str | None:
-    if system.involuntary_switches <= 0:
+    n = system.involuntary_switches
+    if n <= 0:
         return None
+    switches = f"{n} involuntary context switch{'' if n == 1 else 'es'}"
     others = system.others_cpu_share
     if others is not None and others < OTHERS_PRESENT:  # no one else ran: the engine's threads took turns
-        return (
-            f"{system.involuntary_switches} involuntary context switches while no other process used the CPUs "
-            "(the engine's own threads outnumber the cores)"
-        )
-    return f"{system.involuntary_switches} involuntary context switches (other processes took these cores)"
+        return f"{switches} while no other process used the CPUs (the engine's own threads outnumber the cores)"
+    return f"{switches} (other processes took these cores)"
 
 
 def _page_faults(system: SystemDelta) -> str | None:
