@@ -606,3 +606,25 @@ def test_a_llama_that_made_one_token_is_one_line_not_its_chunks_timed_as_tokens(
         EngineError, match=r"drove llama_cpp.Llama .* but it made 1 token per run: decode needs at least 2"
     ):
         watched(one).run(W, 0)
+
+
+def test_runs_that_end_early_are_said_with_their_token_counts(tiny_engine) -> None:
+    """The code's own stop ends some runs early (here every other run asks half the tokens): the
+    header says the runs' range, not the fewest as if every run made them, and one line says how
+    many ended early (E2E follows the count)."""
+    llm = tiny_engine.llm
+    calls = [0]
+
+    def stops(prompt: str, max_tokens: int):
+        calls[0] += 1
+        n = max_tokens if calls[0] % 2 else max_tokens // 2
+        yield from llm.create_completion(prompt, max_tokens=n, stream=True, temperature=0.0)
+
+    m = measure(watched(stops), W)
+    assert sorted({r.output_tokens for r in m.runs}) == [W.max_tokens // 2, W.max_tokens]
+    assert m.tokens_per_run == f"{W.max_tokens // 2} to {W.max_tokens}"
+    text = metrics_table(m)
+    assert f"{W.max_tokens // 2} to {W.max_tokens} generated per run" in text
+    early = [n for n in m.token_notes if "runs made fewer than the" in n]
+    assert len(early) == 1 and early[0].startswith(f"2 of 4 runs made fewer than the {W.max_tokens} tokens asked")
+    assert not any("runs made fewer" in n for n in measure(watched(stream(llm)), W).token_notes)

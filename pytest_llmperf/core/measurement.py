@@ -1004,6 +1004,12 @@ class Measurement:
         return dataclasses.asdict(self)
 
     @property
+    def tokens_per_run(self) -> str:
+        """The runs' generated tokens: ``32``, or ``4 to 32`` where they differ."""
+        counts = sorted(r.output_tokens for r in self.runs) or [self.output_tokens]
+        return f"{counts[0]}" if counts[0] == counts[-1] else f"{counts[0]} to {counts[-1]}"
+
+    @property
     def evaluated_prompt_tokens(self) -> int | None:
         """The prompt's tokens llama.cpp evaluated (median run), where the reused ones are known."""
         if self.prompt_tokens is None or self.prompt_reused_tokens is None:
@@ -1035,9 +1041,23 @@ class Measurement:
                 f"passed (median run): {why}"
             )
         lines += self._generation_notes()
+        lines += self._early_notes()
         lines += self._delivery_notes()
         lines += self.clock_gap_lines
         return lines
+
+    def _early_notes(self) -> list[str]:
+        """Where a callable's Llama made fewer tokens than asked in some runs (its stop sequences,
+        the end of its text): how many, since E2E follows the count (TPOT and ITL are per token)."""
+        asked = self.workload.max_tokens
+        short = sum(1 for r in self.runs if r.output_tokens < asked)
+        if not short or self.delivered_items is None:
+            return []
+        return [
+            f"{short} of {self.n_runs} runs made fewer than the {asked} tokens asked ({self.tokens_per_run} per run): "
+            "your code's stop sequences or the end of its text ended them; TPOT and ITL are per token, E2E "
+            "follows the count"
+        ]
 
     def _generation_notes(self) -> list[str]:
         counts = sorted(r.generations for r in self.runs)
@@ -1046,7 +1066,7 @@ class Measurement:
         many = f"{counts[0]}" if counts[0] == counts[-1] else f"{counts[0]} to {counts[-1]}"
         return [
             f"your code ran {many} llama.cpp generations per run: TTFT, TPOT and ITL are the one that made the most "
-            f"tokens ({self.output_tokens} per run, its prompt {self.prompt_tokens} tokens); llama.cpp's time in the "
+            f"tokens ({self.tokens_per_run} per run, its prompt {self.prompt_tokens} tokens); llama.cpp's time in the "
             "others before its first token is in its prompt eval, the rest of theirs outside llama.cpp"
         ]
 
@@ -1060,7 +1080,7 @@ class Measurement:
                 else "one token or none in each (a last chunk with no new token)"
             )
             return [
-                f"tokens timed where llama.cpp made them ({self.output_tokens} per run); your stream delivered "
+                f"tokens timed where llama.cpp made them ({self.tokens_per_run} per run); your stream delivered "
                 f"{items} items, {how}: delivered TTFT {fmt(self.delivered_ttft_ms or 0.0)} ms, "
                 f"E2E {fmt(self.delivered_e2e_ms or 0.0)} ms"
             ]

@@ -146,7 +146,7 @@ def _engine_head(m: Measurement) -> str:
         + drives
         + "\n"
         f"workload: {prompt}, "
-        f"{m.output_tokens} generated per run, {runs} (+{m.workload.warmup} warm-up discarded)\n"
+        f"{m.tokens_per_run} generated per run, {runs} (+{m.workload.warmup} warm-up discarded)\n"
     )
 
 
