@@ -8,6 +8,7 @@ in a wrapper lands outside llama.cpp (a margin far above any noise)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -66,6 +67,28 @@ def tokens(llm, busy_ms: float = 0.0):
                 return
 
     return fn
+
+
+@contextlib.contextmanager
+def own_llama(model_path, **settings):
+    """A ``Llama`` the test builds itself (one thread, quiet), closed after the block."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=str(model_path), n_threads=1, verbose=False, **settings)
+    try:
+        yield llm
+    finally:
+        llm.close()
+
+
+def counted_run(engine: CallableEngine, counters: LlamaCounters, w: Workload):
+    """A first run (warm), then one run between two readings of ``counters``: (before, trace, after)."""
+    engine.run(w, -1)
+    before = counters.read()
+    trace = engine.run(w, 0)
+    after = counters.read()
+    assert before is not None and after is not None and trace.native is not None
+    return before, trace, after
 
 
 def no_llama(prompt: str, max_tokens: int):
@@ -514,82 +537,50 @@ def test_another_llamas_evaluations_before_the_first_token_are_llama_cpps_prefil
     """A retrieval step on an embedding model (a second Llama, ``embed``) before the answer: its
     evaluations are llama.cpp's time in the answer's TTFT, read from its own counters, not time
     outside llama.cpp (they were: 5.7 of a 7.7 ms TTFT called "outside llama.cpp")."""
-    import llama_cpp
-
-    embedder = llama_cpp.Llama(model_path=str(tiny_model_path), embedding=True, n_ctx=256, n_threads=1, verbose=False)
-    try:
+    with own_llama(tiny_model_path, embedding=True, n_ctx=256) as embedder:
         llm = tiny_engine.llm
-        emb = LlamaCounters(embedder)
 
         def rag(prompt: str, max_tokens: int):
             embedder.embed(prompt * 4)
             yield from llm.create_completion(prompt, max_tokens=max_tokens, stream=True, temperature=0.0)
 
-        engine = watched(rag)
-        engine.run(W, -1)
-        before = emb.read()
-        trace = engine.run(W, 0)
-        after = emb.read()
-        assert before is not None and after is not None and trace.native is not None
+        before, trace, after = counted_run(watched(rag), LlamaCounters(embedder), W)
         embedded = after.prefill_tokens - before.prefill_tokens
         assert embedded > 0 and after.prefill_ms > before.prefill_ms
         answer = len(llm.tokenize(synthetic_text(16, W.seed).encode())) - (trace.prompt_reused_tokens or 0)
         assert trace.native.prefill_tokens == answer + embedded
         assert trace.native.prefill_ms >= after.prefill_ms - before.prefill_ms
         assert trace.generations == 1 and len(trace.token_ns) == W.max_tokens
-    finally:
-        embedder.close()
 
 
 def test_speculative_decoding_splits_llama_cpps_time_per_generated_token(tiny_model_path) -> None:
     """A draft model's guesses (llama-cpp-python's prompt lookup) make llama.cpp evaluate several
     tokens in one decode step: its decode time is then per generated token, the unit TPOT has
     (per evaluated token it read lower, and the rest was called outside llama.cpp)."""
-    import llama_cpp
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-    llm = llama_cpp.Llama(
-        model_path=str(tiny_model_path),
-        n_ctx=512,
-        n_threads=1,
-        verbose=False,
-        draft_model=LlamaPromptLookupDecoding(num_pred_tokens=4),
-    )
-    try:
-        counters = LlamaCounters(llm)
+    with own_llama(tiny_model_path, n_ctx=512, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=4)) as llm:
 
         def fn(prompt: str, max_tokens: int):
             yield from llm.create_completion(prompt, max_tokens=max_tokens, stream=True, temperature=0.0)
 
         w = Workload(prompt="one two three " * 6, max_tokens=24, runs=2, warmup=0)
-        engine = watched(fn)
-        engine.run(w, -1)
-        first = counters.read()
-        trace = engine.run(w, 0)
-        last = counters.read()
-        assert first is not None and last is not None and trace.native is not None
+        first, trace, last = counted_run(watched(fn), LlamaCounters(llm), w)
         evaluated = (last.prefill_tokens + last.decode_tokens) - (first.prefill_tokens + first.decode_tokens)
         evaluated -= trace.native.prefill_tokens
         assert evaluated > len(trace.token_ns) - 1, "the draft model guessed no token: nothing to split"
         assert trace.native.decode_tokens == len(trace.token_ns) - 1
-    finally:
-        llm.close()
 
 
 def test_a_prompt_beyond_the_users_llamas_context_is_one_line_saying_what_to_do(tiny_model_path) -> None:
-    import llama_cpp
-
     from pytest_llmperf.core.errors import EngineError
 
-    llm = llama_cpp.Llama(model_path=str(tiny_model_path), n_ctx=64, n_threads=1, verbose=False)
-    try:
+    with own_llama(tiny_model_path, n_ctx=64) as llm:
         engine = watched(stream(llm))
         with pytest.raises(
             EngineError, match=r"^Requested tokens \(\d+\) exceed context window of \d+; give that Llama"
         ):
             engine.run(dataclasses.replace(W, prompt_tokens=400), 0)
-    finally:
-        llm.close()
 
 
 def test_a_llama_that_made_one_token_is_one_line_not_its_chunks_timed_as_tokens(tiny_engine) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, TypeAlias, TypedDict, cast
 
@@ -1006,8 +1006,7 @@ class Measurement:
     @property
     def tokens_per_run(self) -> str:
         """The runs' generated tokens: ``32``, or ``4 to 32`` where they differ."""
-        counts = sorted(r.output_tokens for r in self.runs) or [self.output_tokens]
-        return f"{counts[0]}" if counts[0] == counts[-1] else f"{counts[0]} to {counts[-1]}"
+        return _span([r.output_tokens for r in self.runs] or [self.output_tokens])
 
     @property
     def evaluated_prompt_tokens(self) -> int | None:
@@ -1060,12 +1059,11 @@ class Measurement:
         ]
 
     def _generation_notes(self) -> list[str]:
-        counts = sorted(r.generations for r in self.runs)
-        if counts[-1] <= 1:
+        counts = [r.generations for r in self.runs]
+        if max(counts, default=1) <= 1:
             return []
-        many = f"{counts[0]}" if counts[0] == counts[-1] else f"{counts[0]} to {counts[-1]}"
         return [
-            f"your code ran {many} llama.cpp generations per run: TTFT, TPOT and ITL are the one that made the most "
+            f"your code ran {_span(counts)} llama.cpp generations per run: TTFT, TPOT and ITL are the one that made the most "
             f"tokens ({self.tokens_per_run} per run, its prompt {self.prompt_tokens} tokens); llama.cpp's time in the "
             "others before its first token is in its prompt eval, the rest of theirs outside llama.cpp"
         ]
@@ -1103,3 +1101,9 @@ class Measurement:
             f"{fmt(statistics.median(values))} ms (median of {len(values)} of {self.n_runs} runs); shown as 0"
             for part, values in gaps.items()
         ]
+
+
+def _span(counts: Sequence[int]) -> str:
+    """``32``, or ``4 to 32`` where the counts differ."""
+    low, high = min(counts), max(counts)
+    return f"{low}" if low == high else f"{low} to {high}"

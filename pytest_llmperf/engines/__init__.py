@@ -334,12 +334,16 @@ class SteppedCallableEngine(CallableEngine, SteppedRuns):
 
 def _is_async_stream(fn: object) -> bool:
     """``fn`` (or its ``__call__``) is an async generator function."""
-    return inspect.isasyncgenfunction(fn) or inspect.isasyncgenfunction(type(fn).__dict__.get("__call__"))
+    return _defined_as(fn, inspect.isasyncgenfunction)
 
 
 def _returns_once(fn: object) -> bool:
     """``fn`` (or its ``__call__``) is an ``async def`` without ``yield``: a coroutine, no stream."""
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__dict__.get("__call__"))
+    return _defined_as(fn, inspect.iscoroutinefunction)
+
+
+def _defined_as(fn: object, kind: Callable[[object], bool]) -> bool:
+    return kind(fn) or kind(type(fn).__dict__.get("__call__"))
 
 
 def _without_pauses(made_ns: Sequence[int], pauses: Sequence[tuple[int, int]]) -> tuple[int, ...]:

@@ -722,7 +722,8 @@ def _suite_verdicts(r: Outcome, old: Sequence[Comparison], new: Sequence[Compari
     failure line of each new REGRESSION."""
     v = r.verdict
     assert v is not None
-    new = blame_machine(list(new), v.machine or None, beyond_machine(new, v.parts))  # a busy machine during its runs
+    kept = beyond_machine(new, v.parts) if v.machine else {}
+    new = blame_machine(list(new), v.machine or None, kept)  # a busy machine during this test's runs
     suffix = f"; {', '.join(v.changes)}" if v.changes else ""
     fresh = [c.line() + suffix for o, c in zip(old, new) if _newly_regressed(o, c)]
     phases = {c.phase for c in new if c.verdict is Verdict.REGRESSION}
