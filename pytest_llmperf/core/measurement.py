@@ -12,16 +12,47 @@ engine stays in ``measuring/`` (``measuring.metrics.run_metrics``, ``summarize``
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
+import math
 import statistics
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from abc import abstractmethod
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple, Protocol, TypeAlias, TypedDict, cast
 
 from .formats import JSONValue, fmt, sig6, stored_fields
-from .workload import EngineInfo, Workload
+from .schemas import validate_schema_file
+from .workload import (
+    MEMORY_FIELDS,
+    ChatMessage,
+    EngineInfo,
+    Workload,
+    conversation_digest,
+    prompt_set_digest,
+    trace_digest,
+)
 
 #: A JSON object: a stored section read as it came (``Record``'s sections).
 JsonObject: TypeAlias = "Mapping[str, JSONValue]"
+
+
+class StoredForm(Mapping[str, JSONValue]):
+    """A typed stored form that also reads as the read-only mapping of what its ``to_json``
+    writes (``record["summary"]``, ``dict(record)``, ``"turn" in record.identity``): how a
+    hook read a record before it was typed."""
+
+    @abstractmethod
+    def to_json(self) -> dict[str, JSONValue]: ...
+
+    def __getitem__(self, key: str) -> JSONValue:
+        return self.to_json()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_json())
+
+    def __len__(self) -> int:
+        return len(self.to_json())
 
 
 @dataclass(frozen=True)
@@ -42,7 +73,10 @@ class LatencyStats:
 
 @dataclass(frozen=True)
 class RunMetrics:
-    """One run (one request). ``None`` where the engine cannot observe the quantity."""
+    """One run (one request). ``None`` where the engine cannot observe the quantity, Read from a file
+    (``Measurement.read``): a record keeps each run's ``RUN_COLUMNS``, ``PART_COLUMNS`` and ITLs
+    (its output tokens and E2E follow from them); a value it does not keep is None, or NaN for the
+    figures every fresh run has (0 output tokens without ITLs), and is not written back."""
 
     prompt_tokens: int | None
     output_tokens: int
@@ -945,16 +979,25 @@ class TurnFigures(NamedTuple):
     tpot_ms: float
 
 
-@dataclass(frozen=True)
-class Measurement:
-    """All runs of one workload on one engine, with the summaries budgets and reports use.
+@dataclass(frozen=True, kw_only=True)
+class Measurement(StoredForm):
+    """All runs of one workload on one engine, with the summaries budgets and reports use: the
+    one record of a measurement, written and read back by its own ``to_json`` / ``from_json``.
 
     Summaries over runs are medians (``ttft_ms`` is the median TTFT); ``itl`` pools every
-    run's inter-token latencies.
+    run's inter-token latencies. What storing adds (the machine and subject it ran on, the
+    commit, its stability, memory, summary... : ``baselines.records.stored``) are its fields
+    too, None until then. A record keeps less than a fresh measurement has (``to_json``):
+    read from a file (``read``), the fields it does not keep are None (``workload``, ``itl``,
+    a run's prefill, the warm-up runs, the system's samples...), the engine is what its
+    ``subject`` and ``memory`` say, and the medians are its ``summary``'s (NaN where a
+    hand-made record has none). It also reads as the read-only mapping of its stored form
+    (``record["summary"]``: what a ``pytest_llmperf_result`` hook read before it was typed).
     """
 
-    label: str
-    workload: Workload
+    label: str = ""
+    #: What was measured; None: read from a file (``identity`` is what a file keeps of it).
+    workload: Workload | None = None
     engine: EngineInfo
     runs: tuple[RunMetrics, ...]
     itl: LatencyStats
@@ -995,13 +1038,123 @@ class Measurement:
     prompt_lengths: PromptLengths | None = None
     #: A conversation's figures turn by turn (``measuring.metrics.turn_figures``); empty: not one.
     turns: tuple[TurnFigures, ...] = ()
+    # What storing adds (``baselines.records.stored``; read back from a file):
+    recorded_at: str | None = None
+    commit: str | None = None
+    #: The fingerprint's halves (``core.fingerprint``): what must match, and what is judged.
+    hardware: JsonObject = field(default_factory=dict)
+    subject: JsonObject = field(default_factory=dict)
+    #: What must match for two records to be compared, with the run and warm-up counts.
+    identity: StoredWorkload | None = None
+    summary: Summary | None = None
+    stability: JsonObject | None = None
+    memory: JsonObject | None = None
+    prompt: JsonObject | None = None
+    machine: JsonObject | None = None
+    #: A prompt set's: each run's request and prompt tokens (a comparison pairs runs of the same request).
+    requests: JsonObject | None = None
+    #: The machine's reference figure (``measuring.roofline.probe_reference``), after the runs.
+    reference: JsonObject | None = None
+    #: The levels of the baseline's last recorded sessions, per judged metric (a re-recorded
+    #: baseline keeps them: the verdict's between-session noise).
+    sessions: Mapping[str, Sequence[JsonObject]] | None = None
+    #: What a file held that this version does not read into the fields above, as it came: keys it
+    #: does not know (a newer pytest-llmperf's), per-run values of the wrong kind (``unread_runs``)...
+    extra: JsonObject = field(default_factory=dict)
+    unread_runs: JsonObject = field(default_factory=dict)
+    unread_parts: JsonObject = field(default_factory=dict)
+    #: Sections a file held whose insides this version cannot read, as they came (the judge names them).
+    unread: JsonObject = field(default_factory=dict)
 
     @property
     def n_runs(self) -> int:
         return len(self.runs)
 
+    # --- the stored form -----------------------------------------------------------------------
+
+    @property
+    def run_columns(self) -> PerRun:
+        """Each run's value of every ``RUN_COLUMNS`` field all runs have (six significant
+        figures), then the per-run values a file held that are not numbers, as they came."""
+        return {**_columns(self.runs, RUN_COLUMNS), **self.unread_runs}  # type: ignore[dict-item]  # as it came
+
+    @property
+    def part_columns(self) -> PerRun:
+        """Each run's value of every part (``PART_COLUMNS``) all runs have, as ``run_columns``."""
+        return {**_columns(self.runs, PART_COLUMNS), **self.unread_parts}  # type: ignore[dict-item]  # as it came
+
+    def to_json(self) -> dict[str, JSONValue]:
+        """The stored form (``schemas/baselines.schema.json#/$defs/record``): each section this
+        measurement has, in the order records have always been written, then ``extra``."""
+        itl = [[_sig(v) for v in r.itl_ms] for r in self.runs]
+        sections: dict[str, object] = {
+            "recorded_at": self.recorded_at,
+            "commit": self.commit,
+            "hardware": self.hardware,
+            "subject": self.subject,
+            "workload": self.identity if self.identity is not None else StoredWorkload.from_json({}),
+            "runs": self.run_columns,
+            "itl_ms": itl if any(itl) else None,
+            "summary": self.summary,
+            "stability": self.stability,
+            "parts": self.part_columns or None,
+            "layers": self.layers,
+            "attribution": self.attribution,
+            "roofline": self.roofline,
+            "memory": self.memory,
+            "prompt": self.prompt,
+            "model_loads": self.model_loads,
+            "agreement": self.agreement,
+            "load": self.load,
+            "machine": self.machine,
+            "requests": self.requests,
+            "prompt_lengths": self.prompt_lengths,
+            "reference": self.reference,
+            "sessions": self.sessions,
+        }
+        out = {k: _plain(self.unread.get(k, v)) for k, v in sections.items() if v is not None or k in _ALWAYS}
+        out.update({k: _plain(v) for k, v in self.unread.items() if k not in out})
+        out.update({k: _plain(v) for k, v in self.extra.items()})
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object], where: str = "record") -> Measurement:
+        """A stored record, checked against the schema first (``where``: its place in its file,
+        for the one-line ``SchemaViolation``)."""
+        validate_schema_file(d, "baselines", "record", where)
+        return cls.read(d)
+
+    @classmethod
+    def read(cls, d: Mapping[str, object]) -> Measurement:
+        """A record as it came, unchecked (a hand-made one, a session file's checked by its own
+        schema): what it does not hold reads as None, a section or per-run value of the wrong
+        kind is kept as it came (``unread``, ``unread_runs``...; written back so, and the judge
+        names what it cannot judge), a key this version does not know in ``extra``."""
+        return _read(cls, d)
+
+    def at(self, *path: str) -> object:
+        """The stored value at ``path`` (a section, then keys inside it), None where a step is
+        missing or not an object: ``record.at("memory", "rss_mib")`` (the catalog's readers)."""
+        value: object = self.to_json().get(path[0])
+        for part in path[1:]:
+            value = value.get(part) if isinstance(value, Mapping) else None
+        return value
+
+    def diagnosis(self) -> dict[str, JSONValue]:
+        """Where the time went (the sections from ``stability`` to ``machine`` this record
+        has): ``llmperf profile``'s JSON beside its figures."""
+        return {k: v for k, v in self.to_json().items() if k in DIAGNOSIS}
+
     def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
+
+    @property
+    def asked(self) -> Workload:
+        """The workload a fresh measurement ran (``ValueError`` for one read from a file, which
+        keeps its ``identity``, not its prompts)."""
+        if self.workload is None:
+            raise ValueError("a measurement read from a file keeps its workload's identity, not the workload")
+        return self.workload
 
     @property
     def tokens_per_run(self) -> str:
@@ -1021,14 +1174,14 @@ class Measurement:
         llama.cpp did not evaluate whole, a warm cache, a stream whose items are not its tokens,
         llama.cpp's counters above the clock's time."""
         lines = []
-        cache = self.workload.prompt_cache
+        cache = self.asked.prompt_cache
         reused, evaluated = self.prompt_reused_tokens, self.evaluated_prompt_tokens
         if cache == "warm" and reused is not None:
             lines.append(
                 f"prompt cache warm (kept between runs): {reused} of {self.prompt_tokens} prompt tokens reused, "
                 f"{evaluated} evaluated (median run); never compared with a cold measurement"
             )
-        elif reused and self.workload.conversation is None:  # a conversation's turns reuse on purpose
+        elif reused and self.asked.conversation is None:  # a conversation's turns reuse on purpose
             why = (
                 "an earlier generation of the same run left them in the KV cache (llama-cpp-python reuses a "
                 "prompt's prefix that is still there)"
@@ -1048,7 +1201,7 @@ class Measurement:
     def _early_notes(self) -> list[str]:
         """Where a callable's Llama made fewer tokens than asked in some runs (its stop sequences,
         the end of its text): how many, since E2E follows the count (TPOT and ITL are per token)."""
-        asked = self.workload.max_tokens
+        asked = self.asked.max_tokens
         short = sum(1 for r in self.runs if r.output_tokens < asked)
         if not short or self.delivered_items is None:
             return []
@@ -1069,7 +1222,7 @@ class Measurement:
         ]
 
     def _delivery_notes(self) -> list[str]:
-        items, asked = self.delivered_items, self.workload.max_tokens
+        items, asked = self.delivered_items, self.asked.max_tokens
         if items is not None and (items != self.output_tokens or (self.delivered_burst_tokens or 1) > 1):
             burst = self.delivered_burst_tokens or 1
             how = (
@@ -1101,6 +1254,450 @@ class Measurement:
             f"{fmt(statistics.median(values))} ms (median of {len(values)} of {self.n_runs} runs); shown as 0"
             for part, values in gaps.items()
         ]
+
+
+#: Per-run values by field (``Measurement.run_columns``, ``part_columns``): one number per run.
+PerRun: TypeAlias = "Mapping[str, Sequence[float]]"
+
+#: The per-run fields a record keeps (its ``runs``), in the order it writes them: the metrics
+#: with a per-run value (``catalog.RUN_FIELDS``, which tests/test_catalog.py holds to these).
+RUN_COLUMNS = ("ttft_ms", "prefill_tps", "tpot_ms", "decode_tps", "itl_p50_ms", "itl_p95_ms", "delivered_ttft_ms")
+#: Each phase's parts a record keeps per run (its ``parts``), prefill first (``catalog.PARTS``).
+PART_COLUMNS = (
+    "tokenize_ms",
+    "native_prefill_ms",
+    "prefill_outside_ms",
+    "native_decode_ms_per_token",
+    "sampling_ms_per_token",
+    "python_sampling_ms_per_token",
+    "decode_outside_ms_per_token",
+)
+#: The sections of where the time went (``Measurement.diagnosis``: ``llmperf profile``'s JSON).
+DIAGNOSIS = frozenset(
+    (
+        "stability",
+        "parts",
+        "layers",
+        "attribution",
+        "roofline",
+        "memory",
+        "prompt",
+        "model_loads",
+        "agreement",
+        "load",
+        "machine",
+    )
+)
+#: Written even when None (a record holds ``"commit": null`` outside a git checkout), and the
+#: per-run values every record has.
+_ALWAYS = frozenset({"commit", "runs"})
+
+
+def _sig(value: float) -> float:
+    """A stored number: a float to six significant figures, an integer a file held as it was."""
+    return value if isinstance(value, int) else sig6(value)
+
+
+def _columns(runs: Sequence[RunMetrics], names: Sequence[str]) -> dict[str, tuple[float, ...]]:
+    """Per-run values by field, six significant figures; a field some run lacks is left out."""
+    out: dict[str, tuple[float, ...]] = {}
+    for name in names:
+        values = [getattr(r, name) for r in runs]
+        if values and all(v is not None and not (isinstance(v, float) and math.isnan(v)) for v in values):
+            out[name] = tuple(_sig(v) for v in values)
+    return out
+
+
+def _plain(value: object) -> JSONValue:
+    """A section's value as JSON: a typed section as it writes itself, tuples as lists, mappings as dicts."""
+    if isinstance(value, StoredForm) or hasattr(value, "to_json"):
+        return cast("JSONValue", value.to_json())  # type: ignore[union-attr]  # a section's own stored form
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    raise TypeError(f"not a JSON value: {value!r}")
+
+
+def _numbers(value: object, n: int | None) -> tuple[float, ...] | None:
+    """A stored list of ``n`` numbers (any length for None) as a tuple, else None (a bool is no number)."""
+    if not isinstance(value, list) or (n is not None and len(value) != n):
+        return None
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        return None
+    return tuple(value)
+
+
+def _itls(value: object) -> tuple[tuple[float, ...], ...] | None:
+    """A record's ``itl_ms``: a list per run of numbers, else None."""
+    if not isinstance(value, list) or not value:
+        return None
+    runs = [_numbers(run, None) for run in value]
+    return None if any(r is None for r in runs) else tuple(r for r in runs if r is not None)
+
+
+def _typed_columns(
+    stored: object, names: Sequence[str], n: int
+) -> tuple[dict[str, tuple[float, ...]], dict[str, JSONValue]]:
+    """A stored ``runs`` or ``parts``: the known fields held as ``n`` numbers each, and the rest as they came."""
+    typed: dict[str, tuple[float, ...]] = {}
+    unread: dict[str, JSONValue] = {}
+    for name, value in stored.items() if isinstance(stored, Mapping) else ():
+        numbers = _numbers(value, n) if n else None
+        if name in names and numbers is not None:
+            typed[name] = numbers
+        else:
+            unread[name] = value
+    return typed, unread
+
+
+def _run_count(d: Mapping[str, object], itl: tuple[tuple[float, ...], ...] | None) -> int:
+    """How many runs a record holds: its ITL lists', else its longest list of per-run values."""
+    if itl is not None:
+        return len(itl)
+    columns = [c for k in ("runs", "parts") if isinstance(c := d.get(k), Mapping)]
+    return max((len(v) for c in columns for v in c.values() if isinstance(v, list)), default=0)
+
+
+def _stored_run(i: int, columns: Mapping[str, tuple[float, ...]], itl: tuple[float, ...]) -> RunMetrics:
+    """Run ``i`` of a record: its kept values (None, or NaN for a figure every fresh run has, where
+    the record has none), its output tokens and E2E from its ITLs (one between each two tokens)."""
+
+    def at(name: str) -> float | None:
+        column = columns.get(name)
+        return None if column is None else column[i]
+
+    def known(name: str) -> float:
+        value = at(name)
+        return math.nan if value is None else value
+
+    return RunMetrics(
+        prompt_tokens=None,
+        output_tokens=len(itl) + 1 if itl else 0,
+        tokenize_ms=known("tokenize_ms"),
+        ttft_ms=known("ttft_ms"),
+        prefill_ms=None,
+        prefill_tps=at("prefill_tps"),
+        tpot_ms=known("tpot_ms"),
+        decode_tps=known("decode_tps"),
+        e2e_ms=known("ttft_ms") + sum(itl) if itl else math.nan,
+        itl_p50_ms=known("itl_p50_ms"),
+        itl_p95_ms=known("itl_p95_ms"),
+        itl_ms=itl,
+        **{name: at(name) for name in (*PART_COLUMNS[1:], "delivered_ttft_ms")},  # type: ignore[arg-type]
+    )
+
+
+def _stored_runs(d: Mapping[str, object]) -> tuple[tuple[RunMetrics, ...], dict[str, JSONValue], dict[str, JSONValue]]:
+    """A record's runs, and the per-run values of ``runs`` and ``parts`` it holds that are not ``n`` numbers."""
+    itl = _itls(d.get("itl_ms"))
+    n = _run_count(d, itl)
+    runs, unread_runs = _typed_columns(d.get("runs"), RUN_COLUMNS, n)
+    parts, unread_parts = _typed_columns(d.get("parts"), PART_COLUMNS, n)
+    columns = {**runs, **parts}
+    return tuple(_stored_run(i, columns, itl[i] if itl else ()) for i in range(n)), unread_runs, unread_parts
+
+
+def _stored_median(d: Mapping[str, object], summary: Summary, name: str, runs: Sequence[RunMetrics]) -> float:
+    """A median a record keeps in its ``summary``, else its runs' median, else NaN (a hand-made record)."""
+    value = summary.figures.get(name)
+    if value is not None:
+        return value
+    values = [v for r in runs if (v := getattr(r, name, None)) is not None and not math.isnan(v)]
+    return float(statistics.median(values)) if values else math.nan
+
+
+def _stored_engine(subject: JsonObject, memory: JsonObject | None) -> EngineInfo:
+    """The engine as a record's ``subject`` (its fingerprint) and ``memory`` name it."""
+
+    def text(key: str) -> str | None:
+        value = subject.get(key)
+        return value if isinstance(value, str) else None
+
+    mib = {
+        k: v for k in MEMORY_FIELDS if isinstance(v := (memory or {}).get(k), (int, float)) and not isinstance(v, bool)
+    }
+    return EngineInfo(
+        engine=text("engine") or "",
+        model=text("model") or "",
+        quantization=text("quantization"),
+        backend_version=text("backend_version"),
+        **mib,  # type: ignore[arg-type]  # numbers (checked above)
+    )
+
+
+#: The sections a record holds as they are (objects; text for the first two), and those a section
+#: class reads (``_SECTION_READERS``).
+_TEXT = ("recorded_at", "commit")
+_OBJECTS = ("hardware", "subject", "stability", "memory", "prompt", "machine", "requests", "reference", "sessions")
+
+
+def _section_readers() -> dict[str, Callable[[Mapping[str, object]], object]]:
+    return {
+        "workload": StoredWorkload.from_json,
+        "summary": Summary.from_json,
+        "layers": LayerProfile.from_json,
+        "attribution": Attribution.from_json,
+        "roofline": Roofline.from_json,
+        "model_loads": ModelLoads.from_json,
+        "agreement": Agreement.from_json,
+        "load": LoadStats.from_json,
+        "prompt_lengths": PromptLengths.from_json,
+    }
+
+
+def _stored_sections(d: Mapping[str, object]) -> tuple[dict[str, object], dict[str, JSONValue]]:
+    """A record's sections as the Measurement's fields hold them, and those it cannot read, as they came."""
+    readers = _section_readers()
+    fields_: dict[str, object] = {}
+    unread: dict[str, JSONValue] = {}
+    for name, value in d.items():
+        try:
+            if name in _TEXT and (isinstance(value, str) or value is None):
+                fields_[name] = value
+            elif name in _OBJECTS and isinstance(value, Mapping):
+                fields_[name] = value
+            elif name in readers and isinstance(value, Mapping):
+                fields_[name] = readers[name](value)
+            elif name in _TEXT or name in _OBJECTS or name in readers:
+                unread[name] = cast("JSONValue", value)  # of the wrong kind: as it came
+        except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError, IndexError):
+            unread[name] = cast("JSONValue", value)  # damaged inside: as it came
+    return fields_, unread
+
+
+_STORED = frozenset(
+    (
+        *_TEXT,
+        *_OBJECTS,
+        "workload",
+        "summary",
+        "layers",
+        "attribution",
+        "roofline",
+        "model_loads",
+        "agreement",
+        "load",
+        "prompt_lengths",
+        "runs",
+        "parts",
+        "itl_ms",
+    )
+)
+
+
+def _read(cls: type[Measurement], d: Mapping[str, object]) -> Measurement:
+    """``Measurement.read``."""
+    sections, unread = _stored_sections(d)
+    runs, unread_runs, unread_parts = _stored_runs(d)
+    summary = sections.get("summary") or Summary.from_json({})
+    assert isinstance(summary, Summary)
+    identity = sections.pop("workload", None)
+    if not isinstance(identity, StoredWorkload):
+        identity = StoredWorkload.from_json({})
+    median = functools.partial(_stored_median, d, summary, runs=runs)
+    ttfts = sorted(r.ttft_ms for r in runs if not math.isnan(r.ttft_ms))
+    return cls(
+        engine=_stored_engine(
+            cast("JsonObject", sections.get("subject") or {}), cast("JsonObject | None", sections.get("memory"))
+        ),
+        runs=runs,
+        itl=_stored_itl([v for r in runs for v in r.itl_ms], summary),
+        ttft_ms=median("ttft_ms"),
+        ttft_p95_ms=_percentile(ttfts, 95),
+        tpot_ms=median("tpot_ms"),
+        decode_tps=median("decode_tps"),
+        e2e_ms=median("e2e_ms"),
+        tokenize_ms=median("tokenize_ms"),
+        prefill_ms=summary.figures.get("prefill_ms"),
+        prefill_tps=summary.figures.get("prefill_tps"),
+        native_prefill_ms=_optional(median("native_prefill_ms")),
+        native_decode_ms_per_token=_optional(median("native_decode_ms_per_token")),
+        overhead_ms_per_token=None,
+        prompt_tokens=identity.prompt_tokens,
+        output_tokens=min((r.output_tokens for r in runs), default=0),
+        identity=identity,
+        unread_runs=unread_runs,
+        unread_parts=unread_parts,
+        unread=unread,
+        extra={k: v for k, v in d.items() if k not in _STORED},  # type: ignore[misc]  # JSON as it came
+        **sections,  # type: ignore[arg-type]  # each of its field's kind (_stored_sections)
+    )
+
+
+def _stored_itl(samples: Sequence[float], summary: Summary) -> LatencyStats:
+    """The pooled ITLs a record keeps, summarized as ``measuring.metrics.latency_stats`` does (its
+    percentiles the summary's where it holds them); NaN for a record without any."""
+    values = sorted(samples)
+    mean = statistics.fmean(values) if values else math.nan
+    stdev = statistics.stdev(values) if len(values) > 1 else 0.0 if values else math.nan
+    p50, p90, p95, p99 = (summary.figures.get(f"itl_p{q}_ms") or _percentile(values, q) for q in (50, 90, 95, 99))
+    return LatencyStats(
+        count=len(values),
+        mean_ms=mean,
+        stdev_ms=stdev,
+        cv=stdev / mean if mean > 0 else 0.0,
+        min_ms=values[0] if values else math.nan,
+        max_ms=values[-1] if values else math.nan,
+        p50_ms=p50,
+        p90_ms=p90,
+        p95_ms=p95,
+        p99_ms=p99,
+    )
+
+
+def _optional(value: float) -> float | None:
+    return None if math.isnan(value) else value
+
+
+def _percentile(ordered: Sequence[float], q: float) -> float:
+    """The linear-interpolation percentile (numpy's default) of sorted values; NaN for none."""
+    if not ordered:
+        return math.nan
+    h = (len(ordered) - 1) * q / 100
+    lo = int(h)
+    hi = min(lo + 1, len(ordered) - 1)
+    return float(ordered[lo] + (h - lo) * (ordered[hi] - ordered[lo]))
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoredWorkload(StoredForm):
+    """What must match for two records to be compared (``WORKLOAD_KEYS``), with the run and
+    warm-up counts (which may differ). ``shared_prefix_tokens`` and ``prompt_cache`` only when
+    set, ``messages`` (a chat request's, as JSON text), ``prompt_set``, ``trace`` and
+    ``conversation`` (their content hashes, a trace with its ``trace_speed``, a conversation with
+    its judged ``turn``) too (so older baselines keep matching). The first six keys are written
+    even where None (``null``); the others only where set. Read back by ``from_json``: a key of
+    the wrong kind, or one this version does not know, is kept as it came in ``extra``, and a
+    first-six key the stored workload lacked (a hand-made record's) in ``absent``, so it is
+    written again as it was read."""
+
+    prompt: str | None = None
+    prompt_tokens: int | None = None
+    max_tokens: int | None = None
+    seed: int | None = None
+    concurrency: int | None = None
+    rate: float | None = None
+    shared_prefix_tokens: int | None = None
+    prompt_cache: str | None = None
+    messages: str | None = None
+    prompt_set: str | None = None
+    trace: str | None = None
+    trace_speed: float | None = None
+    conversation: str | None = None
+    turn: int | None = None
+    runs: int | None = None
+    warmup: int | None = None
+    #: Keys written even where None that the stored workload lacked.
+    absent: frozenset[str] = frozenset()
+    #: Stored keys of the wrong kind or that this version does not know, as they came.
+    extra: JsonObject = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, JSONValue]:
+        out: dict[str, JSONValue] = {}
+        for name in _WORKLOAD_FIELDS:
+            value = getattr(self, name)
+            if value is not None or (name in _NULLABLE_IDENTITY and name not in self.absent):
+                out[name] = value
+        out.update(self.extra)
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> StoredWorkload:
+        typed = {k: v for k, v in d.items() if k in _WORKLOAD_FIELDS and _holds(_WORKLOAD_FIELDS[k], v, k)}
+        return cls(
+            **typed,  # type: ignore[arg-type]  # each of its field's kind (_holds)
+            absent=_NULLABLE_IDENTITY - set(d),
+            extra={k: v for k, v in d.items() if k not in typed},  # type: ignore[misc]  # JSON as it came
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Summary(StoredForm):
+    """A record's ``summary``: ``n_runs``, ``itl_count`` and the catalog's ``SUMMARY`` figures
+    (``figures``, by key, six significant figures; None where the measurement has none; written
+    by ``baselines.records.stored``), in this order. Read back by ``from_json``: a figure is a
+    number (or null) by key; a value of the wrong kind is kept as it came in ``extra``; a key the
+    stored summary lacked (an older record's) is not written."""
+
+    n_runs: int | None = None
+    itl_count: int | None = None
+    figures: Mapping[str, float | None] = field(default_factory=dict)
+    #: Stored keys of the wrong kind or that this version does not know, as they came.
+    extra: JsonObject = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, JSONValue]:
+        counts = {"n_runs": self.n_runs, "itl_count": self.itl_count}
+        return {**{k: v for k, v in counts.items() if v is not None}, **self.figures, **self.extra}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> Summary:
+        counts = {k: v for k, v in d.items() if k in ("n_runs", "itl_count") and _holds("int", v, k)}
+        figures = {k: v for k, v in d.items() if k not in counts and (v is None or _holds("float", v, k))}
+        return cls(
+            **counts,  # type: ignore[arg-type]  # ints (_holds)
+            figures=figures,  # type: ignore[arg-type]  # numbers or None (_holds)
+            extra={k: v for k, v in d.items() if k not in counts and k not in figures},  # type: ignore[misc]
+        )
+
+
+#: ``StoredWorkload``'s stored keys and the kind each holds (its field's annotation), in the
+#: order they are written.
+_WORKLOAD_FIELDS = {f.name: str(f.type) for f in fields(StoredWorkload) if f.name not in ("absent", "extra")}
+#: What must match for two records' workloads to be compared (the run counts may differ).
+WORKLOAD_KEYS = tuple(k for k in _WORKLOAD_FIELDS if k not in ("runs", "warmup"))
+#: The identity's keys a record writes even where None (``null``).
+_NULLABLE_IDENTITY = frozenset(WORKLOAD_KEYS[:6])
+_KINDS: dict[str, tuple[type, ...]] = {"str": (str,), "int": (int,), "float": (int, float)}
+
+
+def _holds(annotation: str, value: object, key: str) -> bool:
+    """Whether ``value`` is of the kind a field annotated ``annotation`` (``int | None``...)
+    holds (a bool is no number); None only where it is written as ``null``."""
+    if value is None:
+        return key in _NULLABLE_IDENTITY
+    return isinstance(value, _KINDS.get(annotation.split(" ")[0], ())) and not isinstance(value, bool)
+
+
+def workload_changes(a: Mapping[str, object], b: Mapping[str, object]) -> list[str]:
+    """Differences between two records' workloads (``WORKLOAD_KEYS``), as ``key a -> b``."""
+    return [f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in WORKLOAD_KEYS if a.get(k) != b.get(k)]
+
+
+def workload_identity(m: Measurement) -> StoredWorkload:
+    w = m.asked
+    return StoredWorkload(
+        prompt=w.prompt,
+        # The workload's prompt as the engine tokenized it; a measured callable's is the one the
+        # test gives it (what the callable builds from it, a system prompt added, is the user's
+        # code under test: a change of it is judged and named, not a new workload). A prompt set's
+        # lengths vary by run: its content hash names its prompts (none here, whatever the run count).
+        prompt_tokens=w.prompt_tokens
+        if m.engine.engine == "callable" or (w.prompt_set, w.trace, w.conversation) != (None, None, None)
+        else m.prompt_tokens,
+        max_tokens=w.max_tokens,
+        seed=w.seed,
+        # Load tests: a run under concurrency 4 is not comparable with one under concurrency 1.
+        concurrency=w.concurrency,
+        rate=w.rate,
+        # Each of the rest only where set, so older baselines keep matching.
+        shared_prefix_tokens=w.shared_prefix_tokens or None,  # served: a shared prefix measures the prompt cache
+        prompt_cache=w.prompt_cache if w.prompt_cache != "cold" else None,  # a callable's warm prompt cache
+        messages=chat_identity(w.messages) if w.messages is not None else None,  # a chat request's messages
+        prompt_set=prompt_set_digest(w.prompt_set) if w.prompt_set is not None else None,  # its content hash
+        # A trace: its content hash and the pace it is replayed at.
+        trace=trace_digest(w.trace) if w.trace is not None else None,
+        trace_speed=(w.trace_speed or 1.0) if w.trace is not None else None,
+        conversation=conversation_digest(w.conversation) if w.conversation is not None else None,
+        turn=w.turn,  # a conversation judged on one turn
+    )
+
+
+def chat_identity(messages: Sequence[ChatMessage]) -> str:
+    """Chat messages as a workload's identity holds them: ``[[role, content], ...]`` as JSON."""
+    return json.dumps([list(m) for m in messages], ensure_ascii=False)
 
 
 def _span(counts: Sequence[int]) -> str:

@@ -18,17 +18,16 @@ hand-made one without ``commit``: it is written ``null``)."""
 
 from __future__ import annotations
 
-import json
 import statistics
-from abc import abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, TypeAlias, TypedDict
 
 from . import catalog
 from .documents import validate
 from .formats import JSONValue, sig6
-from .workload import MEMORY_FIELDS, ChatMessage, conversation_digest, drawn, prompt_set_digest, trace_digest
+from .measurement import StoredForm, StoredWorkload, Summary, workload_identity
+from .workload import MEMORY_FIELDS, drawn
 
 if TYPE_CHECKING:
     from .fingerprint import Fingerprint
@@ -49,111 +48,6 @@ if TYPE_CHECKING:
 
 #: Per-run values by field (``runs``, ``parts``): one number per run.
 PerRun: TypeAlias = "Mapping[str, Sequence[float]]"
-
-
-class StoredForm(Mapping[str, JSONValue]):
-    """A typed stored form that also reads as the read-only mapping of what its ``to_json``
-    writes (``record["summary"]``, ``dict(record)``, ``"turn" in record.workload``): how a
-    hook and the catalog's readers read a record before it was typed."""
-
-    @abstractmethod
-    def to_json(self) -> dict[str, JSONValue]: ...
-
-    def __getitem__(self, key: str) -> JSONValue:
-        return self.to_json()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.to_json())
-
-    def __len__(self) -> int:
-        return len(self.to_json())
-
-
-@dataclass(frozen=True, kw_only=True)
-class StoredWorkload(StoredForm):
-    """What must match for two records to be compared (``WORKLOAD_KEYS``), with the run and
-    warm-up counts (which may differ). ``shared_prefix_tokens`` and ``prompt_cache`` only when
-    set, ``messages`` (a chat request's, as JSON text), ``prompt_set``, ``trace`` and
-    ``conversation`` (their content hashes, a trace with its ``trace_speed``, a conversation with
-    its judged ``turn``) too (so older baselines keep matching). The first six keys are written
-    even where None (``null``); the others only where set. Read back by ``from_json``: a key of
-    the wrong kind, or one this version does not know, is kept as it came in ``extra``, and a
-    first-six key the stored workload lacked (a hand-made record's) in ``absent``, so it is
-    written again as it was read."""
-
-    prompt: str | None = None
-    prompt_tokens: int | None = None
-    max_tokens: int | None = None
-    seed: int | None = None
-    concurrency: int | None = None
-    rate: float | None = None
-    shared_prefix_tokens: int | None = None
-    prompt_cache: str | None = None
-    messages: str | None = None
-    prompt_set: str | None = None
-    trace: str | None = None
-    trace_speed: float | None = None
-    conversation: str | None = None
-    turn: int | None = None
-    runs: int | None = None
-    warmup: int | None = None
-    #: Keys written even where None that the stored workload lacked.
-    absent: frozenset[str] = frozenset()
-    #: Stored keys of the wrong kind or that this version does not know, as they came.
-    extra: JsonObject = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, JSONValue]:
-        out: dict[str, JSONValue] = {}
-        for name in _WORKLOAD_FIELDS:
-            value = getattr(self, name)
-            if value is not None or (name in _NULLABLE_IDENTITY and name not in self.absent):
-                out[name] = value
-        out.update(self.extra)
-        return out
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, object]) -> StoredWorkload:
-        typed = {k: v for k, v in d.items() if k in _WORKLOAD_FIELDS and _holds(_WORKLOAD_FIELDS[k], v, k)}
-        return cls(
-            **typed,  # type: ignore[arg-type]  # each of its field's kind (_holds)
-            absent=_NULLABLE_IDENTITY - set(d),
-            extra={k: v for k, v in d.items() if k not in typed},  # type: ignore[misc]  # JSON as it came
-        )
-
-
-@dataclass(frozen=True, kw_only=True)
-class Summary(StoredForm):
-    """A record's ``summary``: ``n_runs``, ``itl_count`` and the catalog's ``SUMMARY`` figures
-    (``figures``, by key, six significant figures; None where the measurement has none), written
-    in this order. Read back by ``from_json``: a value of the wrong kind, or a key this version
-    does not know, is kept as it came in ``extra``; a key the stored summary lacked (an older
-    record's) is not written."""
-
-    n_runs: int | None = None
-    itl_count: int | None = None
-    figures: Mapping[str, float | None] = field(default_factory=dict)
-    #: Stored keys of the wrong kind or that this version does not know, as they came.
-    extra: JsonObject = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, m: Measurement) -> Summary:
-        return cls(
-            n_runs=m.n_runs, itl_count=m.itl.count, figures={key: sig6(f.read(m)) for key, f in catalog.SUMMARY.items()}
-        )
-
-    def to_json(self) -> dict[str, JSONValue]:
-        counts = {"n_runs": self.n_runs, "itl_count": self.itl_count}
-        return {**{k: v for k, v in counts.items() if v is not None}, **self.figures, **self.extra}
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, object]) -> Summary:
-        counts = {k: v for k, v in d.items() if k in ("n_runs", "itl_count") and _holds("int", v, k)}
-        figures = {k: v for k, v in d.items() if k in catalog.SUMMARY and (v is None or _holds("float", v, k))}
-        return cls(
-            **counts,  # type: ignore[arg-type]  # ints (_holds)
-            figures=figures,  # type: ignore[arg-type]  # numbers or None (_holds)
-            extra={k: v for k, v in d.items() if k not in counts and k not in figures},  # type: ignore[misc]
-        )
 
 
 class StoredMemory(TypedDict, total=False):
@@ -287,10 +181,10 @@ class Record(StoredForm):
             commit=commit,
             hardware=dict(fingerprint.hardware) if fingerprint else {},
             subject=dict(fingerprint.subject) if fingerprint else {},
-            workload=replace(workload_identity(m), runs=m.workload.runs, warmup=m.workload.warmup),
+            workload=replace(workload_identity(m), runs=m.asked.runs, warmup=m.asked.warmup),
             runs=_per_run_values(m, catalog.RUN_FIELDS, whole=False),
             itl_ms=tuple(tuple(sig6(v) for v in r.itl_ms) for r in m.runs),
-            summary=Summary.of(m),
+            summary=summary_of(m),
             stability=stability.as_dict(),
             parts=_per_run_values(m, tuple(p.name for p in catalog.PARTS), whole=True) or None,
             layers=m.layers.as_dict() if m.layers is not None else None,
@@ -408,68 +302,11 @@ def _per_run_values(m: Measurement, names: Sequence[str], *, whole: bool) -> dic
     return out
 
 
-#: ``StoredWorkload``'s stored keys and the kind each holds (its field's annotation), in the
-#: order they are written.
-_WORKLOAD_FIELDS = {f.name: str(f.type) for f in fields(StoredWorkload) if f.name not in ("absent", "extra")}
-#: What must match for two records' workloads to be compared (the run counts may differ).
-WORKLOAD_KEYS = tuple(k for k in _WORKLOAD_FIELDS if k not in ("runs", "warmup"))
-#: The identity's keys a record writes even where None (``null``).
-_NULLABLE_IDENTITY = frozenset(WORKLOAD_KEYS[:6])
-_KINDS: dict[str, tuple[type, ...]] = {"str": (str,), "int": (int,), "float": (int, float)}
-
-
-def _holds(annotation: str, value: object, key: str) -> bool:
-    """Whether ``value`` is of the kind a field annotated ``annotation`` (``int | None``...)
-    holds (a bool is no number); None only where it is written as ``null``."""
-    if value is None:
-        return key in _NULLABLE_IDENTITY
-    return isinstance(value, _KINDS.get(annotation.split(" ")[0], ())) and not isinstance(value, bool)
-
-
-def workload_changes(a: Mapping[str, object], b: Mapping[str, object]) -> list[str]:
-    """Differences between two records' workloads (``WORKLOAD_KEYS``), as ``key a -> b``."""
-    return [f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in WORKLOAD_KEYS if a.get(k) != b.get(k)]
-
-
-def workload_identity(m: Measurement) -> StoredWorkload:
-    w = m.workload
-    return StoredWorkload(
-        prompt=w.prompt,
-        # The workload's prompt as the engine tokenized it; a measured callable's is the one the
-        # test gives it (what the callable builds from it, a system prompt added, is the user's
-        # code under test: a change of it is judged and named, not a new workload). A prompt set's
-        # lengths vary by run: its content hash names its prompts (none here, whatever the run count).
-        prompt_tokens=w.prompt_tokens
-        if m.engine.engine == "callable" or (w.prompt_set, w.trace, w.conversation) != (None, None, None)
-        else m.prompt_tokens,
-        max_tokens=w.max_tokens,
-        seed=w.seed,
-        # Load tests: a run under concurrency 4 is not comparable with one under concurrency 1.
-        concurrency=w.concurrency,
-        rate=w.rate,
-        # Each of the rest only where set, so older baselines keep matching.
-        shared_prefix_tokens=w.shared_prefix_tokens or None,  # served: a shared prefix measures the prompt cache
-        prompt_cache=w.prompt_cache if w.prompt_cache != "cold" else None,  # a callable's warm prompt cache
-        messages=chat_identity(w.messages) if w.messages is not None else None,  # a chat request's messages
-        prompt_set=prompt_set_digest(w.prompt_set) if w.prompt_set is not None else None,  # its content hash
-        # A trace: its content hash and the pace it is replayed at.
-        trace=trace_digest(w.trace) if w.trace is not None else None,
-        trace_speed=(w.trace_speed or 1.0) if w.trace is not None else None,
-        conversation=conversation_digest(w.conversation) if w.conversation is not None else None,
-        turn=w.turn,  # a conversation judged on one turn
-    )
-
-
-def chat_identity(messages: Sequence[ChatMessage]) -> str:
-    """Chat messages as a workload's identity holds them: ``[[role, content], ...]`` as JSON."""
-    return json.dumps([list(m) for m in messages], ensure_ascii=False)
-
-
 def stored_requests(m: Measurement) -> dict[str, JSONValue] | None:
     """A prompt set's runs (not a load test's: its requests overlap): run i's request, as
     ``Workload.request(i)`` drew it, and its prompt's tokens; None without a set, or where a
     run's prompt tokens are unknown."""
-    w = m.workload
+    w = m.asked
     lengths = [r.prompt_tokens for r in m.runs]
     if w.prompt_set is None or w.is_load or any(n is None for n in lengths):
         return None
@@ -498,7 +335,7 @@ def stored_prompt(m: Measurement) -> StoredPrompt:
     if m.prompt_reused_tokens is None and m.delivered_items is None and not m.turns:
         return {}
     out: StoredPrompt = {
-        "prompt_cache": m.workload.prompt_cache,
+        "prompt_cache": m.asked.prompt_cache,
         "prompt_tokens": m.prompt_tokens,
         "evaluated_prompt_tokens": m.evaluated_prompt_tokens,
         "prompt_reused_tokens": m.prompt_reused_tokens,
@@ -565,3 +402,11 @@ def stored_trace(t: TraceReplay) -> StoredTrace:
         "send_lag_p50_ms": sig6(statistics.median(lags)),
         "send_lag_max_ms": sig6(max(lags)),
     }
+
+
+def summary_of(m: Measurement) -> Summary:
+    return Summary(
+        n_runs=m.n_runs,
+        itl_count=m.itl.count if m.itl else None,
+        figures={key: sig6(f.read(m)) for key, f in catalog.SUMMARY.items()},
+    )

@@ -25,7 +25,8 @@ from ..core.documents import write_output
 from ..core.fingerprint import subject_changes
 from ..core.formats import render_table
 from ..core.progress import task
-from ..core.record import Record, workload_changes
+from ..core.measurement import workload_changes
+from ..core.record import Record
 from ..judge.verdict import WINDOW_SESSIONS, Level, Verdict
 from . import changepoints
 from . import database as store

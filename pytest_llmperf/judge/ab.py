@@ -154,7 +154,7 @@ class ABResult:
             f"A: {self.a_name}",
             f"B: {self.b_name}",
             f"{len(self.orders)} pairs interleaved ({n_ab} AB, {len(self.orders) - n_ab} BA, seeded) "
-            f"{turns(self.interleaved, self.unstepped)} after {self.a.workload.warmup} warm-up run(s) each; {self.a.workload.describe()}",
+            f"{turns(self.interleaved, self.unstepped)} after {self.a.asked.warmup} warm-up run(s) each; {self.a.asked.describe()}",
         ]
         out += self.instances_lines(verbose)
         out += [c.line() for c in self.comparisons]

@@ -21,7 +21,8 @@ from ..core.catalog import Metric
 from ..core.documents import JSONValue
 from ..core.fingerprint import closest_hardware, other_hardware_note, subject_changes
 from ..core.measurement import OTHERS_PRESENT
-from ..core.record import Record, workload_changes
+from ..core.measurement import workload_changes
+from ..core.record import Record
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRESHOLD
 from . import attribution as attributions
 from .parts import PartChange, beyond_the_machine, explained_phases, gated, is_headline, prompt_changes, unpaired_parts

@@ -269,7 +269,7 @@ def of_turn(m: Measurement, turn: int) -> Measurement:
     runs = tuple(r for r in m.runs if r.turn == turn)
     if not runs:
         raise ValueError(f"no run of turn {turn}")
-    one = summarize_runs(runs, dataclasses.replace(m.workload, turn=turn), m.engine, label=m.label)
+    one = summarize_runs(runs, dataclasses.replace(m.asked, turn=turn), m.engine, label=m.label)
     return dataclasses.replace(
         one, warmup_runs=tuple(r for r in m.warmup_runs if r.turn == turn), system=m.system, peak_rss=m.peak_rss
     )

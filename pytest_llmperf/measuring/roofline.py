@@ -97,7 +97,7 @@ def roofline(measurement: Measurement, bw: Peak, tflops: Peak) -> Roofline | Non
     layers, embd = info.n_layer, info.n_embd
     assert layers is not None and embd is not None  # kv_bytes_per_position needs both
     p = measurement.prompt_tokens or 0
-    c_decode = p + (measurement.workload.max_tokens - 1) / 2
+    c_decode = p + (measurement.asked.max_tokens - 1) / 2
     decode = _phase(
         "decode", w + per_pos * c_decode, 2 * n + 4 * layers * embd * c_decode, 1, measurement.tpot_ms / 1e3, bw, tflops
     )

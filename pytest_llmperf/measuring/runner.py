@@ -199,14 +199,14 @@ def extend(engine: Engine | TokenStream, m: Measurement, extra_runs: int) -> Mea
     pid = engine_pid(engine)
     before = sample_system(pid)
     # Runs so far (a conversation's run: a trace per turn, or its judged turn's only).
-    start = m.workload.runs if m.workload.conversation is not None else m.n_runs
-    one = whole_run(engine, m.workload)
+    start = m.asked.runs if m.asked.conversation is not None else m.n_runs
+    one = whole_run(engine, m.asked)
     with task("more runs (the verdict or a budget undecided)") as progress:
         traces = counted(progress, "runs", extra_runs, lambda i: one(start + i))
     system = SystemDelta(before, sample_system(pid))
-    turn = m.workload.turn  # judged on one turn: that turn's runs
+    turn = m.asked.turn  # judged on one turn: that turn's runs
     runs = m.runs + tuple(run_metrics(t) for t in traces if turn is None or t.turn == turn)
-    grown = summarize_runs(runs, dataclasses.replace(m.workload, runs=start + extra_runs), m.engine, label=m.label)
+    grown = summarize_runs(runs, dataclasses.replace(m.asked, runs=start + extra_runs), m.engine, label=m.label)
     return dataclasses.replace(
         grown,
         warmup_runs=m.warmup_runs,
@@ -320,11 +320,11 @@ def with_model_loads(
     if kind == "cold" and release is not None:
         release(path)
     samples = []
-    n = min(m.workload.runs, MODEL_LOADS)
+    n = min(m.asked.runs, MODEL_LOADS)
     with task(f"{kind} model loads") as progress:
         progress.step("loads", 0, n)
         for i in range(n):
-            samples.append(_fresh_load(engine, m.workload, path, kind))
+            samples.append(_fresh_load(engine, m.asked, path, kind))
             progress.advance(i + 1)
     return dataclasses.replace(m, model_loads=ModelLoads(kind, tuple(samples)))
 

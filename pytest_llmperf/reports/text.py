@@ -132,7 +132,7 @@ def _engine_head(m: Measurement) -> str:
         sizes = m.prompt_lengths.buckets
         prompt = f"prompts within {sizes[0].low_tokens} to {sizes[-1].high_tokens} tokens (a prompt set)"
     runs = f"{m.n_runs} runs"
-    w = m.workload
+    w = m.asked
     if w.conversation is not None:  # a run is each of its turns (or the judged one); the prompt grows
         known = [t.prompt_tokens for t in m.turns if t.prompt_tokens is not None]
         prompt = (f"turn {w.turn} of " if w.turn is not None else "") + f"a conversation of {w.turns} turns"
@@ -146,7 +146,7 @@ def _engine_head(m: Measurement) -> str:
         + drives
         + "\n"
         f"workload: {prompt}, "
-        f"{m.tokens_per_run} generated per run, {runs} (+{m.workload.warmup} warm-up discarded)\n"
+        f"{m.tokens_per_run} generated per run, {runs} (+{m.asked.warmup} warm-up discarded)\n"
     )
 
 
@@ -222,13 +222,13 @@ def _part_rows(m: Measurement) -> tuple[list[Row], list[Row]]:
 def _prompt_rows(m: Measurement) -> list[Row]:
     """A callable's prompt on a Llama the plugin sees: the cache state, the tokens llama.cpp
     evaluated and those it reused (its own counters); a conversation's figures turn by turn."""
-    if m.workload.conversation is not None:
+    if m.asked.conversation is not None:
         return turn_rows(m)
     if m.prompt_reused_tokens is None:
         return []
     runs = f"{m.n_runs} runs"
     return [
-        ("prompt cache", "", f"{m.workload.prompt_cache} (--llmperf-prompt-cache / prompt_cache)", ""),
+        ("prompt cache", "", f"{m.asked.prompt_cache} (--llmperf-prompt-cache / prompt_cache)", ""),
         ("prompt tokens evaluated / reused", "tokens", f"{m.evaluated_prompt_tokens} / {m.prompt_reused_tokens}", runs),
     ]
 
@@ -330,7 +330,7 @@ def _serving_rows(m: Measurement) -> list[tuple[str, str, str, str]]:
     """A load level's rows, the served prompt cache, and this engine's model load."""
     rows = load_rows(m) if m.load is not None else []
     if m.engine.endpoint:  # served: what the server's prompt cache was allowed to do
-        rows.append(("prompt cache", "", m.workload.served_cache_note, ""))
+        rows.append(("prompt cache", "", m.asked.served_cache_note, ""))
     if m.engine.load_ms is not None:
         rows.append(("model load (wall)", "ms", fmt(m.engine.load_ms), "this engine's 1 load"))
     if m.engine.native_load_ms is not None:

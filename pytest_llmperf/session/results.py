@@ -281,7 +281,7 @@ class Measurer:
         from ..judge.budgets import budgets_worth_more_runs
         from ..measuring.runner import extend
 
-        step = m.workload.runs
+        step = m.asked.runs
         max_runs = int(config.options.get("max_runs", SEQUENTIAL_FACTOR * step))
         looks = max(1, -(-max(max_runs, step) // step)) if m.load is None else 1
         config = dataclasses.replace(config, settings={**config.settings, "looks": looks})
