@@ -69,7 +69,7 @@ def test_every_record_earlier_versions_wrote_reads_into_a_measurement_and_writes
     assert len(records) > 20
     for rec in records:
         m = Measurement.from_json(rec)
-        assert json.dumps(m.to_json()) == json.dumps(rec)
+        assert json.dumps(m.to_json(), sort_keys=True) == json.dumps(rec, sort_keys=True)
         assert not m.unread and not m.unread_runs and not m.unread_parts, (m.unread, m.unread_runs)
         assert len(m.runs) == rec["summary"]["n_runs"]
 

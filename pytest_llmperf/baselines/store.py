@@ -129,7 +129,7 @@ def _check_entry(path: Path, test: str, hw: str, entry: Any) -> None:
     """One record against ``schemas/baselines.schema.json#/$defs/record`` (what the statistics read)."""
     where = f"tests[{test!r}][{hw!r}]"
     try:
-        _judged_runs(Record.from_json(entry, where).runs, where)
+        _judged_runs(Record.from_json(entry, where).run_columns, where)
     except SchemaViolation as exc:
         raise _violation(path, exc) from None
 

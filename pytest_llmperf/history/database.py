@@ -647,10 +647,10 @@ def measurement_rows(results: Iterable[Mapping[str, Any]]) -> list[MeasurementRo
                 "hardware_key": r["hardware_key"],
                 "hardware": dict(rec.hardware),
                 "subject": dict(rec.subject),
-                "workload": dict(rec.workload),
+                "workload": dict(rec.identity or {}),
                 "summary": dict(rec.summary or {}),
                 "baseline": None if not verdict else verdict.get("short") or verdict.get("status"),
-                "values": value_rows(rec.runs),
+                "values": value_rows(rec.run_columns),
             }
         )
     return rows

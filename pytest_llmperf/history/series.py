@@ -108,7 +108,7 @@ class Series:
         if index <= 0 or index >= len(self.points):
             return []
         a, b = self.points[index - 1], self.points[index]
-        return subject_changes(a.subject, b.subject) + workload_changes(a.workload, b.workload)
+        return subject_changes(a.subject, b.subject) + workload_changes(a.identity or {}, b.identity or {})
 
 
 def group(rows: Sequence[Mapping[str, Any]]) -> list[Series]:
@@ -227,7 +227,7 @@ def _same_subject_and_workload(entry: Record, r: Mapping[str, Any], memo: dict[t
     key = id(r["subject"]), id(r["workload"])
     if key not in memo:
         memo[key] = not subject_changes(entry.subject, r["subject"]) and not workload_changes(
-            entry.workload, r["workload"]
+            entry.identity or {}, r["workload"]
         )
     return memo[key]
 

@@ -141,7 +141,7 @@ def session_levels(rec: Record) -> dict[str, Level]:
     """The record's own session level of each judged metric it carries."""
     out = {}
     for spec in JUDGED:
-        values = rec.runs.get(spec.name)
+        values = rec.run_columns.get(spec.name)
         if values:
             out[spec.name] = level(values, f"{spec.name} of a record")
     return out
@@ -157,7 +157,7 @@ def carry_history(old: Record | None, new: Record, keep: int = HISTORY_SESSIONS)
     """The record to store when ``new`` replaces ``old``: ``new`` with the levels of the last
     ``keep - 1`` sessions before it, when ``old`` measured the same subject and workload (a
     baseline re-recorded after a change starts its history anew)."""
-    if old is None or workload_changes(old.workload, new.workload) or subject_changes(old.subject, new.subject):
+    if old is None or workload_changes(old.identity or {}, new.identity or {}) or subject_changes(old.subject, new.subject):
         return new
     try:
         older = history(old)
@@ -196,8 +196,8 @@ def _sound(rec: Record, name: str, side: str) -> tuple[Level | None, list[Level]
     one (finite, positive values; a stored level that is a level), and a note per part left out."""
     notes: list[str] = []
     own = None
-    if name in rec.runs:  # measured: its runs are judged, or named
-        values = rec.runs[name]
+    if name in rec.run_columns:  # measured: its runs are judged, or named
+        values = rec.run_columns[name]
         try:
             own = level(values, f"{name} of the {side}")
         except (TypeError, ValueError) as exc:
@@ -314,7 +314,7 @@ def _with_rates(judged: dict[str, Comparison], baseline: Record, candidate: Reco
 
 def _run_values(rec: Record, name: str) -> list[float] | None:
     """The record's per-run values of ``name``, when they are all finite positive numbers."""
-    values = rec.runs.get(name)
+    values = rec.run_columns.get(name)
     if not isinstance(values, tuple) or not values:
         return None
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf for v in values):
@@ -530,7 +530,7 @@ def _judge(
             other_hardware_note(recorded, hardware_key, candidate.hardware),
             changes=tuple(closest[1]) if closest else (),
         )
-    changed = workload_changes(baseline.workload, candidate.workload)
+    changed = workload_changes(baseline.identity or {}, candidate.identity or {})
     if changed:
         return BaselineVerdict(
             BaselineStatus.WORKLOAD_CHANGED,
@@ -581,8 +581,8 @@ def _parts(
     between = {phase: c.between_sd for phase, c in headline.items()}
     try:
         parts = unpaired_parts(
-            baseline.parts or {},
-            candidate.parts or {},
+            baseline.part_columns,
+            candidate.part_columns,
             phase_ms,
             alpha=settings.alpha,
             between_sd=between,

@@ -359,7 +359,7 @@ def attribution_html(d: Mapping[str, object] | None) -> list[str]:
 def _workload_notes(result: Outcome, against: str) -> str:
     """What was run (prompt and generated tokens, runs) and what it was judged against."""
     f, ref, verdict = result.figures, result.reference, result.verdict or NOT_COMPARED
-    w: Mapping[str, object] = (result.record.workload if result.record else None) or (
+    w: Mapping[str, object] = (result.record.identity if result.record else None) or (
         {"prompt_tokens": f.prompt_tokens, "max_tokens": f.output_tokens} if f else {}
     )
     if ref:

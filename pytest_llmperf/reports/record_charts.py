@@ -295,7 +295,7 @@ def token_timeline(record: Record, baseline: Record | None, budgets: Mapping[str
     """
     fig, ax = new_chart(3.2, margins_in=(0.62, 0.9, 0.15, 0.3), reuse=True)
     for name, rec, colour in (("baseline", baseline, BASELINE), ("now", record, NOW)):
-        if rec is not None and rec.itl_ms:
+        if rec is not None and any(r.itl_ms for r in rec.runs):
             _timeline_side(ax, name, rec, colour)
     for key in ITL_BUDGETS:
         if key in budgets:
@@ -314,9 +314,9 @@ def token_timeline(record: Record, baseline: Record | None, budgets: Mapping[str
 def _timeline_side(ax: Axes, name: str, rec: Record, colour: str) -> None:
     """One side's median latency by position (with its slope) and its TTFT marker; for now,
     also the p10-p90 band of its runs and its first measured run."""
-    runs = [np.asarray(r, dtype=float) for r in rec.itl_ms or ()]
+    runs = [np.asarray(r.itl_ms, dtype=float) for r in rec.runs]
     n = min(len(r) for r in runs)
-    ttft = rec.runs.get("ttft_ms")
+    ttft = rec.run_columns.get("ttft_ms")
     matrix = np.stack([r[:n] for r in runs])
     position = np.arange(2, n + 2)
     median = np.median(matrix, axis=0)
@@ -343,7 +343,7 @@ def _timeline_side(ax: Axes, name: str, rec: Record, colour: str) -> None:
 def _by_length(rec: Record | None) -> tuple[np.ndarray, np.ndarray] | None:
     """A record's (prompt tokens, TTFT ms) of each run, where it keeps both for every run (a prompt set's)."""
     lengths = rec.at("requests", "prompt_tokens") if rec is not None else None
-    ttft = rec.runs.get("ttft_ms") if rec is not None else None
+    ttft = rec.run_columns.get("ttft_ms") if rec is not None else None
     if not isinstance(lengths, list) or not lengths or not ttft or len(lengths) != len(ttft):
         return None
     return np.asarray(lengths, dtype=float), np.asarray(ttft, dtype=float)
