@@ -226,8 +226,77 @@ class Stability:
     far_runs: tuple[int, ...]  # indices of runs far off the others
     warnings: tuple[str, ...]
 
-    def as_dict(self) -> StabilityJson:
+    def to_json(self) -> StabilityJson:
         return cast("StabilityJson", stored_fields(self))
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> Stability:
+        """``to_json`` read back; KeyError, TypeError or ValueError where a key is missing or of
+        the wrong kind."""
+        span = d["context_span"]
+        return cls(
+            n_runs=_sec_int(d["n_runs"]),
+            tpot_cv=_sec_float(d["tpot_cv"]),
+            tpot_spread_pct=_sec_float(d["tpot_spread_pct"]),
+            ttft_cv=_sec_float(d["ttft_cv"]),
+            first_run_slowdown=_sec_opt_float(d["first_run_slowdown"]),
+            first_run_ttft_slowdown=_sec_opt_float(d["first_run_ttft_slowdown"]),
+            first_token_slowdown=_sec_float(d["first_token_slowdown"]),
+            context_slope_us_per_token=_sec_opt_float(d["context_slope_us_per_token"]),
+            context_span=None if span is None else _sec_span(span),
+            far_runs=tuple(_sec_int(i) for i in _sec_list(d["far_runs"])),
+            warnings=tuple(_sec_str(w) for w in _sec_list(d["warnings"])),
+        )
+
+
+# -- reading a stored section back (``from_json``): each value of its kind, else TypeError ------
+
+
+def _sec_obj(value: object) -> Mapping[str, object]:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"not an object: {type(value).__name__}")
+    return value
+
+
+def _sec_list(value: object) -> list[object]:
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"not an array: {type(value).__name__}")
+    return list(value)
+
+
+def _sec_float(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"not a number: {type(value).__name__}")
+    return float(value)
+
+
+def _sec_opt_float(value: object) -> float | None:
+    return None if value is None else _sec_float(value)
+
+
+def _sec_int(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"not an integer: {type(value).__name__}")
+    return value
+
+
+def _sec_str(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"not a string: {type(value).__name__}")
+    return value
+
+
+def _sec_span(value: object) -> tuple[int, int]:
+    lo, hi = _sec_list(value)
+    return _sec_int(lo), _sec_int(hi)
+
+
+def _sec_floats(value: object) -> tuple[float, ...]:
+    return tuple(_sec_float(v) for v in _sec_list(value))
+
+
+def _sec_strs(value: object) -> tuple[str, ...]:
+    return tuple(_sec_str(v) for v in _sec_list(value))
 
 
 @dataclass(frozen=True)
@@ -421,6 +490,8 @@ class PhaseRoofline:
     mfu: float
     verdict: str  # "memory-bound" | "compute-bound" | "cache-resident"
     note: str = ""  # why the DRAM roofline does not apply (cache-resident), else ""
+    #: Stored keys the stored phase lacked (a hand-made record's ``note``): not written.
+    absent: tuple[str, ...] = ()
 
     def line(self) -> str:
         mbu = (
@@ -437,8 +508,33 @@ class PhaseRoofline:
         )
         return text + (f"; {self.note}" if self.note else "")
 
-    def as_dict(self) -> PhaseRooflineJson:
-        return cast("PhaseRooflineJson", stored_fields(self, "phase"))
+    def to_json(self) -> PhaseRooflineJson:
+        out = stored_fields(self, "phase", "absent")
+        return cast("PhaseRooflineJson", {k: v for k, v in out.items() if k not in self.absent})
+
+    @classmethod
+    def from_json(cls, phase: str, d: Mapping[str, object]) -> PhaseRoofline:
+        """``to_json`` read back (``phase``: its key); only ``note`` may be missing."""
+        figures = {k: _sec_float(d[k]) for k in _ROOFLINE_FIGURES}
+        note = _sec_str(d.get("note", ""))
+        return cls(phase, **figures, verdict=_sec_str(d["verdict"]), note=note, absent=_absent(d, ("note",)))
+
+
+_ROOFLINE_FIGURES = (
+    "bytes_per_token",
+    "flops_per_token",
+    "intensity_flop_per_byte",
+    "bound_tps",
+    "achieved_tps",
+    "achieved_bw_gbs",
+    "mbu",
+    "mfu",
+)
+
+
+def _absent(d: Mapping[str, object], optional: Sequence[str]) -> tuple[str, ...]:
+    """The ``optional`` keys a stored section lacks (a hand-made record's), in order."""
+    return tuple(k for k in optional if k not in d)
 
 
 class PhaseRooflineJson(TypedDict):
@@ -472,22 +568,46 @@ class RooflineJson(TypedDict):
     prefill: PhaseRooflineJson | None
 
 
+#: ``Roofline``'s stored keys a hand-made record may lack (read as "", 0 or None; not written).
+ROOFLINE_OPTIONAL = (
+    "peak_bw_source",
+    "peak_bw_detail",
+    "peak_tflops_source",
+    "peak_tflops_detail",
+    "machine_balance_flop_per_byte",
+    "context_tokens",
+    "weights_bytes",
+    "prefill",
+)
+
+
 @dataclass(frozen=True)
 class Roofline:
     peak_bw: Peak
     peak_tflops: Peak
     context_tokens: float  # mean context position of the decoded tokens
     weights_bytes: int
-    kv_bytes_per_token_of_context: float
+    #: Not stored: None when read from a file.
+    kv_bytes_per_token_of_context: float | None
     decode: PhaseRoofline
     prefill: PhaseRoofline | None
+    #: The machine balance as stored (read from a file); None: computed from the peaks.
+    stored_balance: float | None = None
+    #: Stored keys the stored roofline lacked (``ROOFLINE_OPTIONAL``, a hand-made record's): not written.
+    absent: tuple[str, ...] = ()
 
     @property
     def machine_balance_flop_per_byte(self) -> float:
+        if self.stored_balance is not None:
+            return self.stored_balance
         return self.peak_tflops.value * 1e12 / (self.peak_bw.value * 1e9)
 
-    def as_dict(self) -> RooflineJson:
-        return {
+    def has(self, key: str) -> bool:
+        """Whether the stored form holds ``key`` (a hand-made record's may lack one)."""
+        return key not in self.absent
+
+    def to_json(self) -> RooflineJson:
+        out = {
             "peak_bw_gbs": sig6(self.peak_bw.value),
             "peak_bw_source": self.peak_bw.source,
             "peak_bw_detail": self.peak_bw.detail,
@@ -497,9 +617,37 @@ class Roofline:
             "machine_balance_flop_per_byte": sig6(self.machine_balance_flop_per_byte),
             "context_tokens": sig6(self.context_tokens),
             "weights_bytes": self.weights_bytes,
-            "decode": self.decode.as_dict(),
-            "prefill": self.prefill.as_dict() if self.prefill is not None else None,
+            "decode": self.decode.to_json(),
+            "prefill": self.prefill.to_json() if self.prefill is not None else None,
         }
+        return cast("RooflineJson", {k: v for k, v in out.items() if k not in self.absent})
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> Roofline:
+        """``to_json`` read back (the peaks and the decode phase at least: ``ROOFLINE_OPTIONAL``
+        may be missing); KeyError, TypeError or ValueError where a value is missing or of the
+        wrong kind."""
+        prefill = d.get("prefill")
+        balance = d.get("machine_balance_flop_per_byte")
+        return cls(
+            Peak(
+                _sec_float(d["peak_bw_gbs"]),
+                _sec_str(d.get("peak_bw_source", "")),
+                _sec_str(d.get("peak_bw_detail", "")),
+            ),
+            Peak(
+                _sec_float(d["peak_tflops"]),
+                _sec_str(d.get("peak_tflops_source", "")),
+                _sec_str(d.get("peak_tflops_detail", "")),
+            ),
+            _sec_float(d.get("context_tokens", 0.0)),
+            _sec_int(d.get("weights_bytes", 0)),
+            None,
+            PhaseRoofline.from_json("decode", _sec_obj(d["decode"])),
+            None if prefill is None else PhaseRoofline.from_json("prefill", _sec_obj(prefill)),
+            stored_balance=None if balance is None else _sec_float(balance),
+            absent=_absent(d, ROOFLINE_OPTIONAL),
+        )
 
 
 #: Outlier rule: a layer slower than median + OUTLIER_MAD_FACTOR x MAD of the layers (and
@@ -540,9 +688,15 @@ class PhaseLayers:
     per_run_ms: tuple[tuple[float, ...], ...]
     outliers: tuple[str, ...]
     coverage: float  # median over steps of (sum of the step's segments / its step time)
+    #: Each segment's share as stored (read from a file); None: computed from ``median_ms``.
+    stored_share: tuple[float, ...] | None = None
+    #: Stored keys the stored phase lacked (``LAYERS_PHASE_OPTIONAL``, a hand-made record's): not written.
+    absent: tuple[str, ...] = ()
 
     @property
     def share(self) -> tuple[float, ...]:
+        if self.stored_share is not None:
+            return self.stored_share
         total = sum(self.median_ms)
         return tuple(v / total if total else 0.0 for v in self.median_ms)
 
@@ -551,8 +705,12 @@ class PhaseLayers:
         """Transformer blocks reported (the head is not one)."""
         return sum(1 for n in self.names if n != HEAD_NAME)
 
-    def as_dict(self) -> PhaseLayersJson:
-        return {
+    def has(self, key: str) -> bool:
+        """Whether the stored form holds ``key`` (a hand-made record's may lack one)."""
+        return key not in self.absent
+
+    def to_json(self) -> PhaseLayersJson:
+        out = {
             "names": list(self.names),
             "median_ms": [sig6(v) for v in self.median_ms],
             "share": [sig6(v) for v in self.share],
@@ -563,6 +721,35 @@ class PhaseLayers:
             "outliers": list(self.outliers),
             "coverage": sig6(self.coverage),
         }
+        return cast("PhaseLayersJson", {k: v for k, v in out.items() if k not in self.absent})
+
+    @classmethod
+    def from_json(cls, phase: str, d: Mapping[str, object]) -> PhaseLayers:
+        """``to_json`` read back (``phase``: its key); ``names`` and ``median_ms`` at least
+        (``LAYERS_PHASE_OPTIONAL`` may be missing: 0 or empty); KeyError, TypeError or ValueError
+        where a value is missing or of the wrong kind."""
+        names, share = _sec_strs(d["names"]), d.get("share")
+        median_ms, shares = _sec_floats(d["median_ms"]), None if share is None else _sec_floats(share)
+        per_run_ms = tuple(_sec_floats(run) for run in _sec_list(d.get("per_run_ms", [])))
+        if any(len(v) != len(names) for v in (median_ms, shares or names, *per_run_ms)):
+            raise ValueError("a segment's figures do not match its names")
+        return cls(
+            phase,
+            names,
+            median_ms,
+            _sec_float(d.get("step_ms", 0.0)),
+            _sec_int(d.get("n_runs", 0)),
+            _sec_int(d.get("n_steps", 0)),
+            per_run_ms,
+            _sec_strs(d.get("outliers", [])),
+            _sec_float(d.get("coverage", 0.0)),
+            stored_share=shares,
+            absent=_absent(d, LAYERS_PHASE_OPTIONAL),
+        )
+
+
+#: ``PhaseLayers``' stored keys a hand-made record may lack.
+LAYERS_PHASE_OPTIONAL = ("share", "step_ms", "n_runs", "n_steps", "per_run_ms", "outliers", "coverage")
 
 
 class PhaseLayersJson(TypedDict):
@@ -595,7 +782,7 @@ class _Stepped(Protocol):
 
 class InstrumentedCost:
     """What an instrumented pass cost against interleaved plain runs of the same engine
-    (``LayerProfile``, ``attribution.Attribution``): instrumented / plain, per phase."""
+    (``attribution.Attribution``): instrumented / plain, per phase."""
 
     prefill: _Stepped
     tpot_ms: float  # instrumented runs, median
@@ -611,24 +798,68 @@ class InstrumentedCost:
         return self.tpot_ms / self.plain_tpot_ms if self.plain_tpot_ms else None
 
 
+#: ``LayerProfile``'s stored keys a hand-made record may lack.
+LAYERS_OPTIONAL = ("outlier_rule", "overhead_ratio", "prefill_overhead_ratio")
+
+
 @dataclass(frozen=True)
-class LayerProfile(InstrumentedCost):
-    """Both phases, plus what the instrumentation cost against the plain engine."""
+class LayerProfile:
+    """Both phases, plus what the instrumentation cost against the plain engine (instrumented /
+    plain, per phase: computed from the medians when measured, as stored when read)."""
 
     prefill: PhaseLayers
     decode: PhaseLayers
-    tpot_ms: float  # instrumented runs, median
-    plain_prefill_ms: float | None  # interleaved plain runs, medians
-    plain_tpot_ms: float | None
+    #: Instrumented runs' median TPOT. Not stored: None when read from a file.
+    tpot_ms: float | None = None
+    #: Interleaved plain runs, medians. Not stored: None when read from a file.
+    plain_prefill_ms: float | None = None
+    plain_tpot_ms: float | None = None
+    #: The overhead ratios as stored (decode, prefill: read from a file; None when measured).
+    stored_ratios: tuple[float | None, float | None] | None = None
+    #: The outlier rule as stored (a hand-made record may name another).
+    outlier_rule: str = OUTLIER_RULE
+    #: Stored keys the stored profile lacked (``LAYERS_OPTIONAL``, a hand-made record's): not written.
+    absent: tuple[str, ...] = ()
 
-    def as_dict(self) -> LayersJson:
+    @property
+    def prefill_overhead_ratio(self) -> float | None:
+        if self.stored_ratios is not None:
+            return self.stored_ratios[1]
+        return self.prefill.step_ms / self.plain_prefill_ms if self.plain_prefill_ms else None
+
+    @property
+    def decode_overhead_ratio(self) -> float | None:
+        if self.stored_ratios is not None:
+            return self.stored_ratios[0]
+        return self.tpot_ms / self.plain_tpot_ms if self.plain_tpot_ms and self.tpot_ms is not None else None
+
+    def has(self, key: str) -> bool:
+        """Whether the stored form holds ``key`` (a hand-made record's may lack one)."""
+        return key not in self.absent
+
+    def to_json(self) -> LayersJson:
         """The record's ``layers`` entry (baselines, session reports)."""
-        return {
-            "phases": {"prefill": self.prefill.as_dict(), "decode": self.decode.as_dict()},
-            "outlier_rule": OUTLIER_RULE,
+        out = {
+            "phases": {"prefill": self.prefill.to_json(), "decode": self.decode.to_json()},
+            "outlier_rule": self.outlier_rule,
             "overhead_ratio": sig6(self.decode_overhead_ratio),
             "prefill_overhead_ratio": sig6(self.prefill_overhead_ratio),
         }
+        return cast("LayersJson", {k: v for k, v in out.items() if k not in self.absent})
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> LayerProfile:
+        """``to_json`` read back (both phases at least: ``LAYERS_OPTIONAL`` may be missing);
+        KeyError, TypeError or ValueError where a value is missing or of the wrong kind."""
+        phases = _sec_obj(d["phases"])
+        ratios = _sec_opt_float(d.get("overhead_ratio")), _sec_opt_float(d.get("prefill_overhead_ratio"))
+        return cls(
+            PhaseLayers.from_json("prefill", _sec_obj(phases["prefill"])),
+            PhaseLayers.from_json("decode", _sec_obj(phases["decode"])),
+            stored_ratios=ratios,
+            outlier_rule=_sec_str(d.get("outlier_rule", OUTLIER_RULE)),
+            absent=_absent(d, LAYERS_OPTIONAL),
+        )
 
 
 GROUP_RULE = (

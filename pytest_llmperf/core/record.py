@@ -6,8 +6,10 @@ per-run fields than a fresh measurement (each run's judged metrics, ITL samples 
 traces, no E2E per run), the summary, and the sections of where the time went. The workload
 identity and the summary are typed parts of the Record (``StoredWorkload``, ``Summary``: frozen
 dataclasses that write and read their own stored form, and read as its mapping too); the other
-sections are typed by their stored form (``StoredMemory``... here, ``StabilityJson``,
-``LayersJson``... beside the Measurement's section classes that write them). ``to_json`` writes the stored form
+sections are typed by their stored form (``StoredMemory``... here, ``ModelLoadsJson``... beside
+the Measurement's section classes that write them), or are those classes themselves
+(``Stability``, ``LayerProfile``, ``Roofline``, ``Attribution``: read by their ``from_json``;
+one that cannot be read is kept as it came in ``unread``). ``to_json`` writes the stored form
 (the keys of today's entries, in their order) and ``from_json`` reads it back, checked against
 ``schemas/baselines.schema.json#/$defs/record`` first; ``read`` is that reader without the check
 (a hand-made record, a damaged one the judge judges in part): the one place a stored record's
@@ -21,9 +23,9 @@ from __future__ import annotations
 import json
 import statistics
 from abc import abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, TypeAlias, TypedDict
+from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict, TypeVar
 
 from . import catalog
 from .documents import validate
@@ -33,16 +35,16 @@ from .workload import MEMORY_FIELDS, ChatMessage, conversation_digest, drawn, pr
 if TYPE_CHECKING:
     from .fingerprint import Fingerprint
     from .measurement import (
+        Attribution,
         JsonObject,
-        LayersJson,
+        LayerProfile,
         LoadStats,
         MachineJson,
         Measurement,
         ModelLoadsJson,
         PromptLengthsJson,
-        RooflineJson,
+        Roofline,
         Stability,
-        StabilityJson,
         TraceReplay,
         TurnFigures,
     )
@@ -241,13 +243,14 @@ class Record(StoredForm):
     #: Each run's inter-token latencies (ms).
     itl_ms: tuple[tuple[float, ...], ...] | None = None
     summary: Summary | None = None
-    stability: StabilityJson | None = None
+    stability: Stability | None = None
     #: Per-run values of each phase's parts (``catalog.PARTS``), by part.
     parts: PerRun | None = None
-    layers: LayersJson | None = None
-    #: ``Attribution.to_json`` (any value is accepted here: ``judge.attribution.readable``).
-    attribution: JSONValue = None
-    roofline: RooflineJson | None = None
+    layers: LayerProfile | None = None
+    #: The attribution pass (a stored one that cannot be read is in ``unread``: any value is
+    #: accepted there, ``judge.attribution.readable`` names it).
+    attribution: Attribution | None = None
+    roofline: Roofline | None = None
     memory: StoredMemory | None = None
     prompt: StoredPrompt | None = None
     model_loads: ModelLoadsJson | None = None
@@ -267,6 +270,10 @@ class Record(StoredForm):
     sessions: Mapping[str, Sequence[JsonObject]] | None = None
     #: Stored keys this version does not know, as they came.
     extra: JsonObject = field(default_factory=dict)
+    #: Typed sections (``_READERS``) stored as an object their class cannot read (a value
+    #: missing or of the wrong kind; the attribution: any value), as they came: their field is
+    #: None, they are written back where they were, and ``at`` reads them.
+    unread: JsonObject = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -291,12 +298,12 @@ class Record(StoredForm):
             runs=_per_run_values(m, catalog.RUN_FIELDS, whole=False),
             itl_ms=tuple(tuple(sig6(v) for v in r.itl_ms) for r in m.runs),
             summary=Summary.of(m),
-            stability=stability.as_dict(),
+            stability=_as_stored(stability),
             parts=_per_run_values(m, tuple(p.name for p in catalog.PARTS), whole=True) or None,
-            layers=m.layers.as_dict() if m.layers is not None else None,
+            layers=_as_stored(m.layers),
             # Asked for (``attribution=True``): compared when the baseline has one.
-            attribution=m.attribution.to_json() if m.attribution is not None else None,
-            roofline=m.roofline.as_dict() if m.roofline is not None else None,
+            attribution=_as_stored(m.attribution),
+            roofline=_as_stored(m.roofline),
             memory=_memory(m, kv_cache_bytes),
             prompt=stored_prompt(m) or None,
             model_loads=loads.as_dict() if loads is not None else None,
@@ -318,8 +325,8 @@ class Record(StoredForm):
         """The stored form: every field that is not None, in order, then ``extra``."""
         out: dict[str, JSONValue] = {}
         for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "extra" or (value is None and f.name not in _ALWAYS):
+            value = getattr(self, f.name) if f.name not in self.unread else self.unread[f.name]
+            if f.name in ("extra", "unread") or (value is None and f.name not in _ALWAYS):
                 continue
             out[f.name] = _plain(value)
         out.update({k: _plain(v) for k, v in self.extra.items()})
@@ -342,12 +349,17 @@ class Record(StoredForm):
         values = {k: _section(k, v) for k, v in d.items() if k in _NAMES}
         values.update({k: _section(k, {}) for k in _REQUIRED if values.get(k) is None})
         extra = {k: v for k, v in d.items() if k not in _NAMES}
-        return cls(**{k: v for k, v in values.items() if v is not None}, extra=extra)  # type: ignore[arg-type]
+        unread = {k: v for k, v in values.items() if isinstance(v, _Unread)}
+        typed = {k: v for k, v in values.items() if v is not None and k not in unread}
+        return cls(**typed, extra=extra, unread={k: v.value for k, v in unread.items()})  # type: ignore[arg-type]
 
     def at(self, *path: str) -> object:
         """The stored value at ``path`` (a section, then keys inside it), None where a step is
         missing or not an object: ``record.at("memory", "rss_mib")`` (the catalog's readers)."""
         value: object = getattr(self, path[0], None) if path[0] in _NAMES else self.extra.get(path[0])
+        value = self.unread.get(path[0], value)
+        if not isinstance(value, Mapping) and callable(to_json := getattr(value, "to_json", None)):
+            value = to_json()  # a typed section (``_READERS``) as stored: its keys are the path's
         for part in path[1:]:
             value = value.get(part) if isinstance(value, Mapping) else None
         return value
@@ -357,14 +369,64 @@ class Record(StoredForm):
 _REQUIRED = ("hardware", "subject", "workload", "runs")
 #: The sections stored as text (else an object), and the one that takes any value.
 _TEXT = frozenset({"recorded_at", "commit"})
-_NAMES = frozenset(f.name for f in fields(Record)) - {"extra"}
+_NAMES = frozenset(f.name for f in fields(Record)) - {"extra", "unread"}
+
+
+@dataclass(frozen=True)
+class _Unread:
+    """A typed section its class could not read (``Record.unread``), as it came."""
+
+    value: JSONValue
+
+
+#: The sections read into their class by its ``from_json`` (``_reader``).
+_READERS = ("stability", "layers", "roofline", "attribution")
+#: What a damaged section's reader raises (a value missing, of the wrong kind or shape).
+_DAMAGED = (ArithmeticError, AttributeError, KeyError, TypeError, ValueError, IndexError)
+
+
+_Section = TypeVar("_Section", "Stability", "LayerProfile", "Roofline", "Attribution")
+
+
+def _reader(name: str) -> Callable[[Mapping[str, object]], object]:
+    """The ``from_json`` of a ``_READERS`` section's class (``core.measurement`` is imported where
+    a record holds one: a record read without them does not load it)."""
+    from .measurement import Attribution, LayerProfile, Roofline, Stability
+
+    classes: dict[str, Any] = {
+        "stability": Stability,
+        "layers": LayerProfile,
+        "roofline": Roofline,
+        "attribution": Attribution,
+    }
+    read: Callable[[Mapping[str, object]], object] = classes[name].from_json
+    return read
+
+
+def _as_stored(section: _Section | None) -> _Section | None:
+    """A typed section as a file holds it (its figures to six significant figures, what is not
+    stored None): what the judge and the reports read of a fresh record and of a stored one alike."""
+    return None if section is None else type(section).from_json(section.to_json())
+
+
+def _typed_section(name: str, value: object) -> object:
+    """A section ``_READERS`` reads: its class, None where it is no object (the attribution:
+    null), ``_Unread`` where its class cannot read it (the attribution: any other value)."""
+    if value is None or (name != "attribution" and not isinstance(value, Mapping)):
+        return None
+    try:
+        if not isinstance(value, Mapping):
+            raise TypeError(type(value).__name__)
+        return _reader(name)(value)
+    except _DAMAGED:
+        return _Unread(value)  # type: ignore[arg-type]  # JSON as it came
 
 
 def _section(name: str, value: object) -> object:
     """A stored section as ``Record`` holds it, None where it is of the wrong kind: per-run
     lists as tuples (``runs``, ``parts``, ``itl_ms``)."""
-    if name == "attribution":
-        return value
+    if name in _READERS:
+        return _typed_section(name, value)
     if name in _TEXT:
         return value if isinstance(value, str) else None
     if name == "itl_ms":
@@ -388,6 +450,8 @@ def _plain(value: object) -> JSONValue:
     """A field's value as JSON: a typed section as it writes itself, tuples as lists, mappings as dicts."""
     if isinstance(value, StoredForm):
         return value.to_json()
+    if callable(to_json := getattr(value, "to_json", None)):  # a typed section (``_READERS``)
+        return _plain(to_json())
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (tuple, list)):

@@ -464,9 +464,10 @@ def attribute_sides(
 def record_figures(record: Record) -> dict[str, float]:
     """A stored record's roofline and memory figures, as ``measuring.attribution.side_figures``
     names them."""
+    decode = record.roofline.decode if record.roofline is not None else None
     out = {
-        "decode_bw_gbs": record.at("roofline", "decode", "achieved_bw_gbs"),
-        "decode_mbu": None if record.at("roofline", "decode", "note") else record.at("roofline", "decode", "mbu"),
+        "decode_bw_gbs": decode.achieved_bw_gbs if decode is not None else None,
+        "decode_mbu": decode.mbu if decode is not None and not decode.note else None,
         "peak_rss_mib": record.at("memory", "rss_mib"),
         "kv_mib": record.at("memory", "kv_mib"),
         "compute_mib": record.at("memory", "compute_mib"),
@@ -484,15 +485,15 @@ def compare_records(
     """The baseline's attribution against now's, when both records keep one (a test that asks
     for it: ``attribution=True``); else None; the line why not when the baseline's cannot be
     read (``readable``). A diagnosis beside the verdict, never a gate."""
-    a, b = baseline.attribution, candidate.attribution
-    if a is None or not isinstance(b, Mapping) or not b:
+    a, b = baseline.attribution or baseline.unread.get("attribution"), candidate.attribution
+    if a is None or b is None:
         return None
-    base = readable(a)
+    base = a if isinstance(a, Attribution) else readable(a)
     if isinstance(base, str):
         return base
     return compare_attributions(
         base,
-        Attribution.from_json(b),
+        b,
         reason="asked: attribution=True",
         a_name="baseline",
         b_name="now",

@@ -28,15 +28,15 @@ from ..core.settings import DEFAULT_SUMMARY_COLUMNS
 
 if TYPE_CHECKING:
     from ..core.measurement import (
-        LayersJson,
+        LayerProfile,
         LengthBucketJson,
         LoadStats,
         ModelLoadsJson,
-        PhaseRooflineJson,
+        PhaseRoofline,
         PromptLengthsJson,
-        RooflineJson,
+        Roofline,
         ServerSide,
-        StabilityJson,
+        Stability,
         TraceReplay,
     )
     from ..core.record import Record, StoredMemory
@@ -347,7 +347,7 @@ def _breakdowns(m: Measurement, found: Record, width: int | None = None) -> str:
     if found.roofline is not None:
         text += "\n\nroofline:\n" + roofline_text(found.roofline, width=width)
     prose = list(m.agreement.against_lines()) if m.agreement is not None else []  # A is REF, B this tree
-    warnings = list(found.stability["warnings"]) if found.stability is not None else []
+    warnings = list(found.stability.warnings) if found.stability is not None else []
     for block in (prose, warnings):
         if block:
             text += "\n\n" + "\n".join(block if width is None else [wrap_text(line, width) for line in block])
@@ -741,22 +741,22 @@ def _bar(share: float, widest: float, markdown: bool) -> str:
     return ("█" if markdown else "#") * n
 
 
-def layer_rows(layers: LayersJson, markdown: bool = False) -> tuple[list[str], list[list[str]]]:
+def layer_rows(layers: LayerProfile, markdown: bool = False) -> tuple[list[str], list[list[str]]]:
     """One row per segment: prefill and decode median ms and share, a bar of the decode share,
     and OUTLIER where the robust rule flags it."""
-    pre, dec = layers["phases"]["prefill"], layers["phases"]["decode"]
-    widest = max(dec["share"]) if dec["share"] else 0.0
-    outliers = set(pre["outliers"]) | set(dec["outliers"])
+    pre, dec = layers.prefill, layers.decode
+    widest = max(dec.share) if dec.share else 0.0
+    outliers = set(pre.outliers) | set(dec.outliers)
     rows = []
-    for i, name in enumerate(dec["names"]):
+    for i, name in enumerate(dec.names):
         rows.append(
             [
                 name,
-                fmt(pre["median_ms"][i]),
-                f"{pre['share'][i]:.1%}",
-                fmt(dec["median_ms"][i]),
-                f"{dec['share'][i]:.1%}",
-                _bar(dec["share"][i], widest, markdown),
+                fmt(pre.median_ms[i]),
+                f"{pre.share[i]:.1%}",
+                fmt(dec.median_ms[i]),
+                f"{dec.share[i]:.1%}",
+                _bar(dec.share[i], widest, markdown),
                 "OUTLIER" if name in outliers else "",
             ]
         )
@@ -764,26 +764,25 @@ def layer_rows(layers: LayersJson, markdown: bool = False) -> tuple[list[str], l
     return headers, rows
 
 
-def layer_summary(layers: LayersJson) -> list[str]:
+def layer_summary(layers: LayerProfile) -> list[str]:
     lines = []
-    for phase in ("prefill", "decode"):
-        p = layers["phases"][phase]
+    for p in (layers.prefill, layers.decode):
         lines.append(
-            f"{phase}: {len(p['names']) - 1} layers + output head cover {p['coverage']:.1%} of the "
-            f"instrumented step (median over {p['n_steps']} steps in {p['n_runs']} runs; step median "
-            f"{fmt(p['step_ms'])} ms, segment medians sum to {fmt(sum(p['median_ms']))} ms)"
+            f"{p.phase}: {len(p.names) - 1} layers + output head cover {p.coverage:.1%} of the "
+            f"instrumented step (median over {p.n_steps} steps in {p.n_runs} runs; step median "
+            f"{fmt(p.step_ms)} ms, segment medians sum to {fmt(sum(p.median_ms))} ms)"
         )
-    pairs = (("prefill", layers.get("prefill_overhead_ratio")), ("decode", layers.get("overhead_ratio")))
+    pairs = (("prefill", layers.prefill_overhead_ratio), ("decode", layers.decode_overhead_ratio))
     ratios = [f"{name} {ratio:.3f}x" for name, ratio in pairs if ratio is not None]
     if ratios:
         lines.append(
             "instrumentation cost (instrumented / plain, interleaved runs; prefill time, TPOT): " + ", ".join(ratios)
         )
-    lines.append(f"outlier rule: {layers['outlier_rule']}")
+    lines.append(f"outlier rule: {layers.outlier_rule}")
     return lines
 
 
-def layers_text(layers: LayersJson, markdown: bool = False, width: int | None = None) -> str:
+def layers_text(layers: LayerProfile, markdown: bool = False, width: int | None = None) -> str:
     headers, rows = layer_rows(layers, markdown)
     return _table_with_notes(headers, rows, layer_summary(layers), markdown, width)
 
@@ -804,54 +803,52 @@ def _table_with_notes(
     return wrapped_table(headers, rows, width) + "\n" + "\n".join(wrap_text(n, width) for n in notes)
 
 
-def roofline_text(roof: RooflineJson, markdown: bool = False, width: int | None = None) -> str:
+def roofline_text(roof: Roofline, markdown: bool = False, width: int | None = None) -> str:
     headers = ["phase", "verdict", "FLOP/byte", "bound t/s", "achieved t/s", "achieved GB/s", "MBU", "MFU"]
-    rows = [_roofline_row(phase, p) for phase, p in _roofline_phases(roof)]
+    rows = [_roofline_row(p) for p in _roofline_phases(roof)]
     return _table_with_notes(headers, rows, _roofline_notes(roof), markdown, width)
 
 
-def _roofline_phases(roof: RooflineJson) -> list[tuple[str, PhaseRooflineJson]]:
+def _roofline_phases(roof: Roofline) -> list[PhaseRoofline]:
     """The phases the roofline has, prefill first."""
-    phases = (("prefill", roof.get("prefill")), ("decode", roof.get("decode")))
-    return [(phase, p) for phase, p in phases if p]
+    return [p for p in (roof.prefill, roof.decode) if p is not None]
 
 
-def _roofline_row(phase: str, p: PhaseRooflineJson) -> list[str]:
+def _roofline_row(p: PhaseRoofline) -> list[str]:
     """One phase's roofline: its bound, intensity, achieved rate and bandwidth, MBU and MFU."""
     return [
-        phase,
-        p["verdict"],
-        fmt(p["intensity_flop_per_byte"]),
-        fmt(p["bound_tps"]),
-        fmt(p["achieved_tps"]),
-        fmt(p["achieved_bw_gbs"]),
-        "n/a" if p.get("note") else f"{p['mbu']:.2f}",
-        f"{p['mfu']:.2f}",
+        p.phase,
+        p.verdict,
+        fmt(p.intensity_flop_per_byte),
+        fmt(p.bound_tps),
+        fmt(p.achieved_tps),
+        fmt(p.achieved_bw_gbs),
+        "n/a" if p.note else f"{p.mbu:.2f}",
+        f"{p.mfu:.2f}",
     ]
 
 
-def _roofline_notes(roof: RooflineJson) -> list[str]:
+def _roofline_notes(roof: Roofline) -> list[str]:
     """The machine's peaks and balance, and each phase's note."""
+    bw, fl = roof.peak_bw, roof.peak_tflops
     return [
-        f"peak bandwidth {fmt(roof['peak_bw_gbs'])} GB/s ({roof['peak_bw_source']}"
-        + (f": {roof['peak_bw_detail']})" if roof.get("peak_bw_detail") else ")"),
-        f"peak compute {fmt(roof['peak_tflops'] * 1e3)} GFLOP/s ({roof['peak_tflops_source']}"
-        + (f": {roof['peak_tflops_detail']})" if roof.get("peak_tflops_detail") else ")"),
-        f"machine balance {fmt(roof['machine_balance_flop_per_byte'])} FLOP/byte; below it a phase is "
-        f"memory-bound; decode at mean context {fmt(roof['context_tokens'])} tokens",
-    ] + [f"{phase}: {p['note']}" for phase, p in _roofline_phases(roof) if p.get("note")]
+        f"peak bandwidth {fmt(bw.value)} GB/s ({bw.source}" + (f": {bw.detail})" if bw.detail else ")"),
+        f"peak compute {fmt(fl.value * 1e3)} GFLOP/s ({fl.source}" + (f": {fl.detail})" if fl.detail else ")"),
+        f"machine balance {fmt(roof.machine_balance_flop_per_byte)} FLOP/byte; below it a phase is "
+        f"memory-bound; decode at mean context {fmt(roof.context_tokens)} tokens",
+    ] + [f"{p.phase}: {p.note}" for p in _roofline_phases(roof) if p.note]
 
 
-def stability_rows(stab: StabilityJson) -> list[tuple[str, str, str, str]]:
-    n = f"{stab['n_runs']} runs"
+def stability_rows(stab: Stability) -> list[tuple[str, str, str, str]]:
+    n = f"{stab.n_runs} runs"
     rows = [
-        ("TPOT CV / spread", "", f"{stab['tpot_cv']:.1%} / {stab['tpot_spread_pct']:.1f}%", n),
-        ("TTFT CV", "", f"{stab['ttft_cv']:.1%}", n),
-        ("first token / median ITL", "x", f"{stab['first_token_slowdown']:.2f}", n),
+        ("TPOT CV / spread", "", f"{stab.tpot_cv:.1%} / {stab.tpot_spread_pct:.1f}%", n),
+        ("TTFT CV", "", f"{stab.ttft_cv:.1%}", n),
+        ("first token / median ITL", "x", f"{stab.first_token_slowdown:.2f}", n),
     ]
-    if stab.get("first_run_slowdown") is not None:
-        rows.append(("warm-up run / median TPOT", "x", f"{stab['first_run_slowdown']:.2f}", "1 warm-up run"))
-    slope, span = stab.get("context_slope_us_per_token"), stab.get("context_span")
+    if stab.first_run_slowdown is not None:
+        rows.append(("warm-up run / median TPOT", "x", f"{stab.first_run_slowdown:.2f}", "1 warm-up run"))
+    slope, span = stab.context_slope_us_per_token, stab.context_span
     if slope is not None and span is not None:
         lo, hi = span
         rows.append(("ITL slope vs context", "us/token", f"{slope:+.3g}", f"positions {lo}-{hi}"))
