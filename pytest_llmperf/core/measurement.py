@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, TypeAlias, TypedDict, cast
 
@@ -259,7 +259,8 @@ def _sec_obj(value: object) -> Mapping[str, object]:
 
 
 def _sec_list(value: object) -> list[object]:
-    if not isinstance(value, (list, tuple)):
+    """An array (a hand-made record's may be any iterable of values: a numpy array)."""
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
         raise TypeError(f"not an array: {type(value).__name__}")
     return list(value)
 
