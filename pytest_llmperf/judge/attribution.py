@@ -464,10 +464,17 @@ def attribute_sides(
 def record_figures(record: Record) -> dict[str, float]:
     """A stored record's roofline and memory figures, as ``measuring.attribution.side_figures``
     names them."""
-    decode = record.roofline.decode if record.roofline is not None else None
+    bw: object
+    mbu: object
+    if record.roofline is not None:
+        decode = record.roofline.decode
+        bw, mbu = decode.achieved_bw_gbs, None if decode.note else decode.mbu
+    else:  # none, or one its class cannot read (``Record.unread``): its figures as they came
+        bw = record.at("roofline", "decode", "achieved_bw_gbs")
+        mbu = None if record.at("roofline", "decode", "note") else record.at("roofline", "decode", "mbu")
     out = {
-        "decode_bw_gbs": decode.achieved_bw_gbs if decode is not None else None,
-        "decode_mbu": decode.mbu if decode is not None and not decode.note else None,
+        "decode_bw_gbs": bw,
+        "decode_mbu": mbu,
         "peak_rss_mib": record.at("memory", "rss_mib"),
         "kv_mib": record.at("memory", "kv_mib"),
         "compute_mib": record.at("memory", "compute_mib"),

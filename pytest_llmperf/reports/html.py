@@ -391,7 +391,9 @@ def _test_notes(verdict: BaselineVerdict, record: Record) -> list[str]:
     if verdict.changes and verdict.status is not BaselineStatus.OTHER_HARDWARE:  # other hardware: the note names them
         notes.append("changed since the baseline: " + ", ".join(verdict.changes))
     notes += [f"{c.phase} {c.label}: {c.reach()}" for c in verdict.comparisons if c.mirror_of is None and c.reach()]
-    return notes + list(record.stability.warnings if record.stability is not None else ())
+    # (a stored stability its class cannot read: its warnings as they came, ``Record.unread``)
+    warnings = record.stability.warnings if record.stability is not None else record.at("stability", "warnings")
+    return notes + list(warnings or [])  # type: ignore[call-overload]  # a stored value as it came
 
 
 def _memory_table(record: Record) -> list[str]:
@@ -474,7 +476,12 @@ def _record_plots(index: int, result: Outcome) -> list[str]:
     plots = []
     for n, (fig_id, caption, fn) in enumerate(record_charts.charts_for(record)):
         svg = charts.render(fn, record, result.baseline_record, result.budgets)
-        if fig_id == "layer-bars" and record.layers is not None and record.layers.outlier_rule:
+        if (
+            fig_id == "layer-bars"
+            and record.layers is not None
+            and record.layers.has("outlier_rule")
+            and record.layers.outlier_rule
+        ):
             caption += f"; outlier layers in red: {record.layers.outlier_rule}"
         plots.append(_chart_html(fig_id, caption, svg, f"t{index}f{n}-"))
     return plots
