@@ -271,3 +271,19 @@ def test_a_record_holds_the_typed_sections_and_keeps_an_unreadable_one_as_it_cam
     whole = Record.read({"layers": {"phases": {"prefill": phase, "decode": phase}}})
     assert isinstance(whole.layers, LayerProfile) and whole.layers.decode.per_run_ms == ((1.0, 0.5),)
     assert Record.read({"layers": "x", "roofline": [1]}).to_json().keys().isdisjoint({"layers", "roofline"})
+
+
+@SETTINGS
+@given(attributions)
+def test_a_malformed_attribution_raises(a: Attribution) -> None:
+    good = json.loads(_dumped(a.to_json()))
+    decode = good["phases"]["decode"]
+    for bad in (
+        {**good, "tpot_ms": "fast"},
+        {**good, "phases": []},
+        {**good, "phases": {**good["phases"], "decode": {**decode, "nodes": 1.5}}},
+        {**good, "phases": {**good["phases"], "decode": {**decode, "layers": [{"name": 1}]}}},
+        {**good, "phases": {**good["phases"], "decode": {**decode, "ops": "MUL_MAT"}}},
+    ):
+        with pytest.raises((KeyError, TypeError, ValueError)):
+            Attribution.from_json(bad)

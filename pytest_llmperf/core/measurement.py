@@ -265,9 +265,16 @@ def _sec_list(value: object) -> list[object]:
     return list(value)
 
 
+def _wrong_kind(value: object, what: str) -> Exception:
+    """A text where a number belongs is a ValueError (as ``float("fast")``), another kind a TypeError."""
+    if isinstance(value, str):
+        return ValueError(f"not {what}: {value[:40]!r}")
+    return TypeError(f"not {what}: {type(value).__name__}")
+
+
 def _sec_float(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"not a number: {type(value).__name__}")
+        raise _wrong_kind(value, "a number")
     return float(value)
 
 
@@ -277,7 +284,7 @@ def _sec_opt_float(value: object) -> float | None:
 
 def _sec_int(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"not an integer: {type(value).__name__}")
+        raise _wrong_kind(value, "an integer")
     return value
 
 
@@ -898,7 +905,8 @@ class Slice:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Slice:
-        return cls(str(d["name"]), float(d["median_ms"]), tuple(float(v) for v in d["per_run_ms"]))
+        d = _sec_obj(d)
+        return cls(_sec_str(d["name"]), _sec_float(d["median_ms"]), _sec_floats(d["per_run_ms"]))
 
 
 @dataclass(frozen=True)
@@ -942,19 +950,20 @@ class PhaseAttribution:
 
     @classmethod
     def from_json(cls, phase: str, d: Mapping[str, Any]) -> PhaseAttribution:
-        kinds = {k: tuple(Slice.from_json(s) for s in d[k]) for k in KINDS}
+        d = _sec_obj(d)
+        kinds = {k: tuple(Slice.from_json(_sec_obj(s)) for s in _sec_list(d[k])) for k in KINDS}
         return cls(
             phase,
             kinds["layers"],
             kinds["ops"],
             kinds["groups"],
-            float(d["step_ms"]),
-            float(d["nodes_ms"]),
-            float(d["coverage"]),
-            int(d["nodes"]),
-            int(d["n_runs"]),
-            int(d["n_steps"]),
-            Slice.from_json(d["blocks"]) if d.get("blocks") else None,
+            _sec_float(d["step_ms"]),
+            _sec_float(d["nodes_ms"]),
+            _sec_float(d["coverage"]),
+            _sec_int(d["nodes"]),
+            _sec_int(d["n_runs"]),
+            _sec_int(d["n_steps"]),
+            Slice.from_json(_sec_obj(d["blocks"])) if d.get("blocks") else None,
         )
 
 
@@ -996,18 +1005,16 @@ class Attribution(InstrumentedCost):
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Attribution:
-        phases = d["phases"]
-
-        def opt(key: str) -> float | None:
-            return None if d.get(key) is None else float(d[key])
-
+        """``to_json`` read back; KeyError, TypeError or ValueError where a value is missing or
+        of the wrong kind (a text where a number belongs: ValueError)."""
+        phases = _sec_obj(_sec_obj(d)["phases"])
         return cls(
-            PhaseAttribution.from_json("prefill", phases["prefill"]),
-            PhaseAttribution.from_json("decode", phases["decode"]),
-            float(d["tpot_ms"]),
-            opt("plain_prefill_ms"),
-            opt("plain_tpot_ms"),
-            float(d["wall_s"]),
+            PhaseAttribution.from_json("prefill", _sec_obj(phases["prefill"])),
+            PhaseAttribution.from_json("decode", _sec_obj(phases["decode"])),
+            _sec_float(d["tpot_ms"]),
+            _sec_opt_float(d.get("plain_prefill_ms")),
+            _sec_opt_float(d.get("plain_tpot_ms")),
+            _sec_float(d["wall_s"]),
         )
 
     def lines(self) -> list[str]:
