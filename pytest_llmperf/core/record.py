@@ -19,11 +19,10 @@ hand-made one without ``commit``: it is written ``null``)."""
 from __future__ import annotations
 
 import json
-import statistics
 from abc import abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, TypeAlias, TypedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from typing import TYPE_CHECKING, TypeAlias, TypedDict, TypeVar
 
 from . import catalog
 from .documents import validate
@@ -33,19 +32,22 @@ from .workload import MEMORY_FIELDS, ChatMessage, conversation_digest, drawn, pr
 if TYPE_CHECKING:
     from .fingerprint import Fingerprint
     from .measurement import (
+        Agreement,
         JsonObject,
         LayersJson,
         LoadStats,
         MachineJson,
         Measurement,
-        ModelLoadsJson,
-        PromptLengthsJson,
+        ModelLoads,
+        PromptLengths,
         RooflineJson,
         Stability,
         StabilityJson,
-        TraceReplay,
         TurnFigures,
     )
+
+#: A section ``Record`` holds typed (each reads and writes its stored form).
+_Section = TypeVar("_Section", "ModelLoads", "Agreement", "LoadStats", "PromptLengths")
 
 #: Per-run values by field (``runs``, ``parts``): one number per run.
 PerRun: TypeAlias = "Mapping[str, Sequence[float]]"
@@ -190,38 +192,6 @@ class StoredPrompt(TypedDict, total=False):
     turns: list[dict[str, JSONValue]]
 
 
-class StoredLoad(TypedDict, total=False):
-    """A load level's figures (the HTML report's throughput-latency curve); ``server``: the
-    server's own (``ServerSide``'s fields, ``metrics`` as a plain object)."""
-
-    concurrency: int
-    rate_per_s: float | None
-    n_requests: int
-    n_ok: int
-    output_tps: float
-    requests_per_s: float
-    goodput: float
-    ttft_p50_ms: float
-    ttft_p99_ms: float
-    tpot_p50_ms: float
-    tpot_p99_ms: float
-    prompt_cache: str | None
-    server: dict[str, JSONValue]
-    trace: StoredTrace
-
-
-class StoredTrace(TypedDict):
-    """A replayed trace (``TraceReplay``), only where one was: its requests, its arrival span on
-    its own clock, the pace it was replayed at, and how late the client sent its requests
-    against their schedule (sent - scheduled: the client's own lag), median and worst."""
-
-    requests: int
-    span_s: float
-    speed: float
-    send_lag_p50_ms: float
-    send_lag_max_ms: float
-
-
 @dataclass(frozen=True, kw_only=True)
 class Record(StoredForm):
     """One stored measurement (module docstring). The fields are the stored keys in the order
@@ -250,21 +220,24 @@ class Record(StoredForm):
     roofline: RooflineJson | None = None
     memory: StoredMemory | None = None
     prompt: StoredPrompt | None = None
-    model_loads: ModelLoadsJson | None = None
-    agreement: JsonObject | None = None
-    load: StoredLoad | None = None
+    model_loads: ModelLoads | None = None
+    agreement: Agreement | None = None
+    load: LoadStats | None = None
     machine: MachineJson | None = None
     # (before ``reference`` and ``sessions``, which are added to the stored dict after ``to_json``,
     # so a record read and written again keeps its keys' order)
     #: A prompt set's: each run's request and prompt tokens (a comparison pairs runs of the same request).
     requests: JsonObject | None = None
     #: Where the runs' prompts had different lengths: the figures by length (``PromptLengths``).
-    prompt_lengths: PromptLengthsJson | None = None
+    prompt_lengths: PromptLengths | None = None
     #: The machine's reference figure (``measuring.roofline.probe_reference``), after the runs.
     reference: JsonObject | None = None
     #: The levels of the baseline's last recorded sessions, per judged metric (a re-recorded
     #: baseline keeps them: the verdict's between-session noise).
     sessions: Mapping[str, Sequence[JsonObject]] | None = None
+    #: Sections that did not read into their type (``_TYPED``), as they came, written in their
+    #: place (the judge names what it cannot judge in them: ``at`` reads them).
+    unread: JsonObject = field(default_factory=dict)
     #: Stored keys this version does not know, as they came.
     extra: JsonObject = field(default_factory=dict)
 
@@ -299,12 +272,12 @@ class Record(StoredForm):
             roofline=m.roofline.as_dict() if m.roofline is not None else None,
             memory=_memory(m, kv_cache_bytes),
             prompt=stored_prompt(m) or None,
-            model_loads=loads.as_dict() if loads is not None else None,
-            agreement=agreement.as_dict() if agreement is not None else None,  # against --llmperf-against's REF
-            load=_load(m.load) if m.load is not None else None,
+            model_loads=_stored(loads),
+            agreement=_stored(agreement),  # against --llmperf-against's REF
+            load=_stored(m.load),
             machine=system.as_dict(len(m.runs) + len(m.warmup_runs)) if system is not None else None,
             requests=stored_requests(m),
-            prompt_lengths=m.prompt_lengths.as_dict() if m.prompt_lengths is not None else None,
+            prompt_lengths=_stored(m.prompt_lengths),
         )
 
     def diagnosis(self) -> dict[str, JSONValue]:
@@ -318,8 +291,8 @@ class Record(StoredForm):
         """The stored form: every field that is not None, in order, then ``extra``."""
         out: dict[str, JSONValue] = {}
         for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "extra" or (value is None and f.name not in _ALWAYS):
+            value = self.unread.get(f.name, getattr(self, f.name))
+            if f.name in ("unread", "extra") or (value is None and f.name not in _ALWAYS):
                 continue
             out[f.name] = _plain(value)
         out.update({k: _plain(v) for k, v in self.extra.items()})
@@ -339,25 +312,45 @@ class Record(StoredForm):
         empty object for the four every record has), so the judge judges what it can and names
         the rest; the values inside a section are the judge's to check. Keys this version does
         not know are kept in ``extra``."""
-        values = {k: _section(k, v) for k, v in d.items() if k in _NAMES}
+        values, unread = {}, {}
+        for k, v in d.items():
+            if k in _NAMES:
+                try:
+                    values[k] = _section(k, v)
+                except (KeyError, TypeError, ValueError):  # a typed section it cannot read: kept as it came
+                    unread[k] = v
         values.update({k: _section(k, {}) for k in _REQUIRED if values.get(k) is None})
         extra = {k: v for k, v in d.items() if k not in _NAMES}
-        return cls(**{k: v for k, v in values.items() if v is not None}, extra=extra)  # type: ignore[arg-type]
+        kept = {k: v for k, v in values.items() if v is not None}
+        return cls(**kept, unread=unread, extra=extra)  # type: ignore[arg-type]
 
     def at(self, *path: str) -> object:
         """The stored value at ``path`` (a section, then keys inside it), None where a step is
         missing or not an object: ``record.at("memory", "rss_mib")`` (the catalog's readers)."""
-        value: object = getattr(self, path[0], None) if path[0] in _NAMES else self.extra.get(path[0])
+        if path[0] in self.unread:
+            value: object = self.unread[path[0]]
+        else:
+            value = getattr(self, path[0], None) if path[0] in _NAMES else self.extra.get(path[0])
         for part in path[1:]:
-            value = value.get(part) if isinstance(value, Mapping) else None
+            value = value.get(part) if isinstance(value, Mapping) else _attribute(value, part)
         return value
+
+
+def _attribute(value: object, name: str) -> object:
+    """A typed section's field (or property) ``name``, None where it has none (or is not one)."""
+    return getattr(value, name, None) if is_dataclass(value) and not isinstance(value, type) else None
+
+
+def _stored(section: _Section | None) -> _Section | None:
+    """A Measurement's section as a record holds it: as its stored form reads back (rounded)."""
+    return None if section is None else type(section).from_json(section.to_json())
 
 
 #: The sections every record has (an empty object where a hand-made one lacks it).
 _REQUIRED = ("hardware", "subject", "workload", "runs")
 #: The sections stored as text (else an object), and the one that takes any value.
 _TEXT = frozenset({"recorded_at", "commit"})
-_NAMES = frozenset(f.name for f in fields(Record)) - {"extra"}
+_NAMES = frozenset(f.name for f in fields(Record)) - {"unread", "extra"}
 
 
 def _section(name: str, value: object) -> object:
@@ -373,11 +366,30 @@ def _section(name: str, value: object) -> object:
         return None
     if name in _TYPED:
         return _TYPED[name](value)
+    if name in _SECTIONS:
+        return _section_reader(name)(value)
     return {k: tuple(v) if isinstance(v, list) else v for k, v in value.items()} if name in ("runs", "parts") else value
 
 
 #: The sections typed by their own stored form, each read by its ``from_json``.
 _TYPED = {"workload": StoredWorkload.from_json, "summary": Summary.from_json}
+#: The sections typed by a Measurement's section class, each read by its ``from_json``
+#: (``_section_reader``); KeyError, TypeError, ValueError: it does not read (``Record.unread``).
+_SECTIONS = frozenset({"model_loads", "agreement", "load", "prompt_lengths"})
+
+
+def _section_reader(name: str) -> Callable[[Mapping[str, object]], object]:
+    """The ``from_json`` of one of ``_SECTIONS``: imported here, as a record is read, so that
+    importing this module does not import ``core.measurement`` (tests/test_architecture.py)."""
+    from . import measurement
+
+    readers: dict[str, Callable[[Mapping[str, object]], object]] = {
+        "model_loads": measurement.ModelLoads.from_json,
+        "agreement": measurement.Agreement.from_json,
+        "load": measurement.LoadStats.from_json,
+        "prompt_lengths": measurement.PromptLengths.from_json,
+    }
+    return readers[name]
 
 
 #: Written even when None (a record holds ``"commit": null`` outside a git checkout).
@@ -388,6 +400,8 @@ def _plain(value: object) -> JSONValue:
     """A field's value as JSON: a typed section as it writes itself, tuples as lists, mappings as dicts."""
     if isinstance(value, StoredForm):
         return value.to_json()
+    if is_dataclass(value) and hasattr(value, "to_json"):  # a Measurement's section class (``_SECTIONS``)
+        return _plain(value.to_json())
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (tuple, list)):
@@ -528,40 +542,3 @@ def _memory(m: Measurement, computed_kv_bytes: int | None) -> StoredMemory:
         memory.update(reported)  # type: ignore[typeddict-item]
         memory["buffer_source"] = catalog.BUFFER_SOURCE
     return memory
-
-
-def _load(s: LoadStats) -> StoredLoad:
-    out: StoredLoad = {
-        "concurrency": s.concurrency,
-        "rate_per_s": s.rate_per_s,
-        "n_requests": s.n_requests,
-        "n_ok": s.n_ok,
-        "output_tps": sig6(s.output_tps),
-        "requests_per_s": sig6(s.requests_per_s),
-        "goodput": sig6(s.goodput),
-        "ttft_p50_ms": sig6(s.ttft.p50_ms),
-        "ttft_p99_ms": sig6(s.ttft.p99_ms),
-        "tpot_p50_ms": sig6(s.tpot.p50_ms),
-        "tpot_p99_ms": sig6(s.tpot.p99_ms),
-        "prompt_cache": s.prompt_cache,
-    }
-    if s.server is not None:
-        server: dict[str, JSONValue] = {
-            k: sig6(v) if isinstance(v, float) else v for k, v in vars(s.server).items() if k != "metrics"
-        }
-        server["metrics"] = dict(s.server.metrics or {})
-        out["server"] = server
-    if s.trace is not None:  # a trace replay: its summary (other load tests store as before)
-        out["trace"] = stored_trace(s.trace)
-    return out
-
-
-def stored_trace(t: TraceReplay) -> StoredTrace:
-    lags = t.lags_ms
-    return {
-        "requests": t.n_requests,
-        "span_s": sig6(t.span_s),
-        "speed": t.speed,
-        "send_lag_p50_ms": sig6(statistics.median(lags)),
-        "send_lag_max_ms": sig6(max(lags)),
-    }
