@@ -116,7 +116,14 @@ agreements = st.one_of(
 )
 buckets = st.builds(LengthBucket, count, count, count, ms, ms, maybe)
 prompt_lengths = st.builds(
-    PromptLengths, text, count, st.lists(buckets, max_size=5).map(tuple), maybe, maybe, st.one_of(st.none(), signed), maybe
+    PromptLengths,
+    text,
+    count,
+    st.lists(buckets, max_size=5).map(tuple),
+    maybe,
+    maybe,
+    st.one_of(st.none(), signed),
+    maybe,
 )
 
 SECTIONS: dict[str, tuple[Any, Any]] = {
@@ -195,7 +202,12 @@ def _records(doc: object) -> Iterator[Mapping[str, Any]]:
 
 def _files() -> list[Path]:
     release = DATA / "release-0.1"
-    return [*sorted((release / "baselines").glob("*.json")), release / "s2.json", release / "s3.json", *DATA.glob("*.json")]
+    return [
+        *sorted((release / "baselines").glob("*.json")),
+        release / "s2.json",
+        release / "s3.json",
+        *DATA.glob("*.json"),
+    ]
 
 
 def test_every_stored_section_of_the_files_reads_and_writes_back_as_it_was() -> None:

@@ -1035,6 +1035,8 @@ class Agreement:
         """``to_json`` read back (``available`` is computed, and checked against ``reason``);
         KeyError, TypeError, ValueError: not an agreement."""
         firsts = _listed(d["first_divergence"], "first_divergence")
+        if any(v is not None and (isinstance(v, bool) or not isinstance(v, int)) for v in firsts):
+            raise TypeError(f"first_divergence: {firsts!r} holds more than positions and None")
         out = cls(
             reason=_held(d, "reason", str),
             method=_held(d, "method", str),
@@ -1042,7 +1044,7 @@ class Agreement:
             n_positions=_held(d, "n_positions", int),
             **{k: _held(d, k, float, none=True) for k in _AGREEMENT_FIGURES},
             n_unscored=_held(d, "n_unscored", int),
-            first_divergence=tuple(_held({"first_divergence": v}, "first_divergence", int, none=True) for v in firsts),
+            first_divergence=tuple(cast("list[int | None]", firsts)),
         )
         if d["available"] is not out.available:
             raise ValueError(f"available: {d['available']!r} with reason {out.reason!r}")

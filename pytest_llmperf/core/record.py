@@ -5,7 +5,9 @@
 per-run fields than a fresh measurement (each run's judged metrics, ITL samples and parts, no
 traces, no E2E per run), the summary, and the sections of where the time went. The workload
 identity and the summary are typed parts of the Record (``StoredWorkload``, ``Summary``: frozen
-dataclasses that write and read their own stored form, and read as its mapping too); the other
+dataclasses that write and read their own stored form, and read as its mapping too); the load
+level, the model loads, the agreement and the figures by prompt length are the Measurement's
+section classes (``LoadStats``... each writes and reads its stored form); the other
 sections are typed by their stored form (``StoredMemory``... here, ``StabilityJson``,
 ``LayersJson``... beside the Measurement's section classes that write them). ``to_json`` writes the stored form
 (the keys of today's entries, in their order) and ``from_json`` reads it back, checked against
@@ -235,8 +237,9 @@ class Record(StoredForm):
     #: The levels of the baseline's last recorded sessions, per judged metric (a re-recorded
     #: baseline keeps them: the verdict's between-session noise).
     sessions: Mapping[str, Sequence[JsonObject]] | None = None
-    #: Sections that did not read into their type (``_TYPED``), as they came, written in their
-    #: place (the judge names what it cannot judge in them: ``at`` reads them).
+    #: Sections of a Measurement's section class (``_SECTIONS``) that did not read into it, as
+    #: they came, written in their place (the judge names what it cannot judge in them: ``at``
+    #: reads them).
     unread: JsonObject = field(default_factory=dict)
     #: Stored keys this version does not know, as they came.
     extra: JsonObject = field(default_factory=dict)
@@ -310,7 +313,8 @@ class Record(StoredForm):
         """A record as it came, unchecked (a hand-made one, a session file's checked by its own
         schema): a section of the wrong kind (not an object where one belongs) reads as None (an
         empty object for the four every record has), so the judge judges what it can and names
-        the rest; the values inside a section are the judge's to check. Keys this version does
+        the rest; the values inside a section are the judge's to check (a typed section that
+        does not read, ``_SECTIONS``, is kept as it came in ``unread``). Keys this version does
         not know are kept in ``extra``."""
         values, unread = {}, {}
         for k, v in d.items():
