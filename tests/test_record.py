@@ -154,8 +154,8 @@ def test_the_stored_form_types_name_every_key_of_the_files_earlier_versions_wrot
         "roofline": ms.RooflineJson,
         "memory": rs.StoredMemory,
         "prompt": rs.StoredPrompt,
-        "model_loads": ms.ModelLoadsJson,
-        "load": rs.StoredLoad,
+        "model_loads": ms.ModelLoads,
+        "load": ms.LoadStats,
         "machine": ms.MachineJson,
     }
     # A section typed by its class holds it (the class's ``to_json`` writes the stored form named here).

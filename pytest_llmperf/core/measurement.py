@@ -15,7 +15,7 @@ import dataclasses
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol, TypeAlias, TypedDict, cast
+from typing import Any, Literal, NamedTuple, Protocol, TypeAlias, TypedDict, TypeVar, cast, overload
 
 from .formats import JSONValue, fmt, sig6, stored_fields
 from .workload import EngineInfo, Workload
@@ -307,28 +307,119 @@ def _sec_strs(value: object) -> tuple[str, ...]:
     return tuple(_sec_str(v) for v in _sec_list(value))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LoadStats:
-    """What only a load test shows; ``Measurement.runs`` holds the successful requests."""
+    """What only a load test shows; ``Measurement.runs`` holds the successful requests. The
+    fields down to ``trace`` are what a record stores (``to_json``: a level's figures, the HTML
+    report's throughput-latency curve); the rest are not stored: None (``errors``: empty) when
+    read from a file (``from_json``). It is also equal to its stored form (a mapping)."""
 
     concurrency: int
     rate_per_s: float | None
     n_requests: int
     n_ok: int
-    n_failed: int
-    errors: tuple[str, ...]  # "request 3: <reason>", one per failed request
-    duration_s: float  # first send to last token
-    ttft: LatencyStats
-    tpot: LatencyStats
-    e2e: LatencyStats
     output_tps: float  # all output tokens / duration
-    output_tps_per_request: float  # median over requests of output tokens / E2E
     requests_per_s: float  # successful requests / duration
     goodput: float  # share of all requests meeting the SLOs (and not failed)
-    slo: Mapping[str, float]
-    server: ServerSide | None = None  # llama-server's own timings and /metrics, when it gave them
+    ttft_p50_ms: float  # the successful requests' TTFT median and p99 (``ttft``'s)
+    ttft_p99_ms: float
+    tpot_p50_ms: float  # ... and their TPOT's (``tpot``'s)
+    tpot_p99_ms: float
     prompt_cache: str | None = None  # served: what the server's prompt cache was allowed to do
+    server: ServerSide | None = None  # llama-server's own timings and /metrics, when it gave them
     trace: TraceReplay | None = None  # a trace replay's schedule and how late the client sent
+    # Not stored: None (``errors``: empty) when read from a file.
+    errors: tuple[str, ...] = ()  # "request 3: <reason>", one per failed request
+    duration_s: float | None = None  # first send to last token
+    ttft: LatencyStats | None = None
+    tpot: LatencyStats | None = None
+    e2e: LatencyStats | None = None
+    output_tps_per_request: float | None = None  # median over requests of output tokens / E2E
+    slo: Mapping[str, float] | None = None
+
+    @property
+    def n_failed(self) -> int:
+        return self.n_requests - self.n_ok
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to a ``LoadStats`` of equal fields, or to its stored form (``to_json``)."""
+        if isinstance(other, Mapping):
+            return self.to_json() == other
+        if not isinstance(other, LoadStats):
+            return NotImplemented
+        return all(getattr(self, f.name) == getattr(other, f.name) for f in dataclasses.fields(self))
+
+    def to_json(self) -> dict[str, JSONValue]:
+        out: dict[str, JSONValue] = {
+            "concurrency": self.concurrency,
+            "rate_per_s": self.rate_per_s,
+            "n_requests": self.n_requests,
+            "n_ok": self.n_ok,
+            **{k: sig6(getattr(self, k)) for k in _LOAD_FIGURES},
+            "prompt_cache": self.prompt_cache,
+        }
+        if self.server is not None:
+            out["server"] = self.server.to_json()
+        if self.trace is not None:  # a trace replay: its summary (other load tests store as before)
+            out["trace"] = self.trace.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> LoadStats:
+        """A stored load level (``to_json``); KeyError, TypeError: not one."""
+        server, trace = d.get("server"), d.get("trace")
+        return cls(
+            concurrency=_held(d, "concurrency", int),
+            rate_per_s=_held(d, "rate_per_s", float, none=True),
+            n_requests=_held(d, "n_requests", int),
+            n_ok=_held(d, "n_ok", int),
+            output_tps=_held(d, "output_tps", float),
+            requests_per_s=_held(d, "requests_per_s", float),
+            goodput=_held(d, "goodput", float),
+            ttft_p50_ms=_held(d, "ttft_p50_ms", float),
+            ttft_p99_ms=_held(d, "ttft_p99_ms", float),
+            tpot_p50_ms=_held(d, "tpot_p50_ms", float),
+            tpot_p99_ms=_held(d, "tpot_p99_ms", float),
+            prompt_cache=_held(d, "prompt_cache", str, none=True),
+            server=None if server is None else ServerSide.from_json(_object(server, "server")),
+            trace=None if trace is None else TraceReplay.from_json(_object(trace, "trace")),
+        )
+
+
+#: ``LoadStats``' stored figures (six significant figures), in their order.
+_LOAD_FIGURES = ("output_tps", "requests_per_s", "goodput", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms")
+
+_Held = TypeVar("_Held", int, float, str)
+
+
+@overload
+def _held(d: Mapping[str, object], key: str, kind: type[_Held], *, none: Literal[False] = False) -> _Held: ...
+@overload
+def _held(d: Mapping[str, object], key: str, kind: type[_Held], *, none: Literal[True]) -> _Held | None: ...
+def _held(d: Mapping[str, object], key: str, kind: type[_Held], *, none: bool = False) -> _Held | None:
+    """``d[key]``, checked to be a ``kind`` (a float: any number, kept as it came, so it is
+    written back as it was; never a bool), or None where ``none``; KeyError, TypeError: not."""
+    value = d[key]
+    if value is None and none:
+        return None
+    kinds: tuple[type, ...] = (int, float) if kind is float else (kind,)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise TypeError(f"{key}: {value!r} is not {'a number' if kind is float else kind.__name__}")
+    return cast("_Held", value)
+
+
+def _object(value: object, key: str) -> Mapping[str, object]:
+    """``value``, checked to be a JSON object; TypeError: not."""
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{key}: {value!r} is not an object")
+    return value
+
+
+def _listed(value: object, key: str) -> list[object]:
+    """``value``, checked to be a JSON array; TypeError: not."""
+    if not isinstance(value, list):
+        raise TypeError(f"{key}: {value!r} is not a list")
+    return value
 
 
 @dataclass(frozen=True)
@@ -336,17 +427,51 @@ class TraceReplay:
     """A replayed trace (``Workload.trace``): its length and pace, and when each request was
     sent against its schedule, seconds from the first send's planned time. The lag (sent -
     scheduled) is the client's own: a request sent late is this process's delay, not the
-    server's (every request is sent at its time whatever the server's backlog)."""
+    server's (every request is sent at its time whatever the server's backlog). A record
+    stores the lag's median and worst (``send_lag_p50_ms``, ``send_lag_max_ms``: computed when
+    built, ``of``), not the schedule: ``scheduled_s`` and ``sent_s`` are not stored (empty when
+    read from a file)."""
 
     n_requests: int
     span_s: float  # the trace's arrival span on its own clock (last t_s - first t_s)
     speed: float  # replayed ``speed`` times faster than recorded
-    scheduled_s: tuple[float, ...]  # each request's send time (its t_s from the first, / speed)
-    sent_s: tuple[float, ...]  # when the client began each request, on the same clock
+    send_lag_p50_ms: float
+    send_lag_max_ms: float
+    scheduled_s: tuple[float, ...] = ()  # each request's send time (its t_s from the first, / speed)
+    sent_s: tuple[float, ...] = ()  # when the client began each request, on the same clock
+
+    @classmethod
+    def of(
+        cls, n_requests: int, span_s: float, speed: float, scheduled_s: Sequence[float], sent_s: Sequence[float]
+    ) -> TraceReplay:
+        lags = [(sent - due) * 1000 for sent, due in zip(sent_s, scheduled_s)]
+        return cls(
+            n_requests, span_s, speed, float(statistics.median(lags)), max(lags), tuple(scheduled_s), tuple(sent_s)
+        )
 
     @property
     def lags_ms(self) -> tuple[float, ...]:
         return tuple((sent - due) * 1000 for sent, due in zip(self.sent_s, self.scheduled_s))
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {
+            "requests": self.n_requests,
+            "span_s": sig6(self.span_s),
+            "speed": self.speed,
+            "send_lag_p50_ms": sig6(self.send_lag_p50_ms),
+            "send_lag_max_ms": sig6(self.send_lag_max_ms),
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> TraceReplay:
+        """A stored trace replay's summary (``to_json``); KeyError, TypeError: not one."""
+        return cls(
+            _held(d, "requests", int),
+            _held(d, "span_s", float),
+            _held(d, "speed", float),
+            _held(d, "send_lag_p50_ms", float),
+            _held(d, "send_lag_max_ms", float),
+        )
 
 
 @dataclass(frozen=True)
@@ -372,6 +497,32 @@ class ServerSide:
         m = self.metrics or {}
         n = m.get("n_decode_total")
         return m["tokens_predicted_total"] / n if n and "tokens_predicted_total" in m else None
+
+    def to_json(self) -> dict[str, JSONValue]:
+        """Each field (a float to six significant figures), ``metrics`` last, as a plain object."""
+        out: dict[str, JSONValue] = {
+            k: sig6(v) if isinstance(v, float) else v for k, v in vars(self).items() if k != "metrics"
+        }
+        out["metrics"] = dict(self.metrics or {})
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> ServerSide:
+        """A stored server side (``to_json``); KeyError, TypeError: not one."""
+        metrics = _object(d["metrics"], "metrics")
+        return cls(
+            _held(d, "n_timed", int),
+            _held(d, "prompt_tokens_median", float, none=True),
+            _held(d, "prompt_n_min", int, none=True),
+            _held(d, "prompt_n_median", float, none=True),
+            _held(d, "prompt_n_max", int, none=True),
+            _held(d, "server_prompt_ms_p50", float, none=True),
+            _held(d, "ttft_gap_ms_p50", float, none=True),
+            _held(d, "server_ms_per_token_p50", float, none=True),
+            _held(d, "tpot_gap_ms_p50", float, none=True),
+            metrics={k: _held(metrics, k, float) for k in metrics},
+            prompt_tokens_from_cache=_held(d, "prompt_tokens_from_cache", int, none=True),
+        )
 
 
 @dataclass(frozen=True)
@@ -404,48 +555,55 @@ class LoadSample:
     def cold(self) -> bool:
         return self.resident_share is not None and self.resident_share <= COLD_RESIDENT_MAX
 
+    def to_json(self) -> dict[str, JSONValue]:
+        """Each field, a float to six significant figures."""
+        return {k: sig6(v) if isinstance(v, float) else v for k, v in dataclasses.asdict(self).items()}
 
-class ModelLoadsJson(TypedDict):
-    """``ModelLoads`` as a record stores it (``samples``: each ``LoadSample``'s fields)."""
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> LoadSample:
+        """A stored sample (``to_json``); KeyError, TypeError: not one."""
+        return cls(
+            _held(d, "load_ms", float),
+            _held(d, "native_load_ms", float, none=True),
+            _held(d, "fresh_ttft_ms", float, none=True),
+            _held(d, "resident_share", float, none=True),
+        )
+
+
+@dataclass(frozen=True)
+class ModelLoads:
+    """Fresh loads of the engine's model (``asked``: "warm" or "cold") and what they were,
+    computed from the samples when built (``of``) and stored as they are (a median of rounded
+    samples is not the rounded median): ``page_cache`` "cold" only when every eviction took,
+    "warm" when none did; ``evidence`` ("at most 0% of the file resident before each load",
+    mincore); ``note``: a cold load asked for that did not get one; the load and fresh-engine
+    TTFT medians."""
 
     asked: str
+    samples: tuple[LoadSample, ...]
     page_cache: str
     evidence: str
     note: str
     load_ms: float
     fresh_ttft_ms: float | None
-    samples: list[dict[str, JSONValue]]
 
-
-@dataclass(frozen=True)
-class ModelLoads:
-    asked: str  # "warm" or "cold"
-    samples: tuple[LoadSample, ...]
-
-    @property
-    def page_cache(self) -> str:
-        """What the loads were: "cold" only when every eviction took, "warm" when none did."""
-        cold = sum(s.cold for s in self.samples)
-        if cold == len(self.samples):
-            return "cold"
-        if cold == 0:
-            return "warm"
-        return f"mixed ({cold} of {len(self.samples)} cold)"
-
-    @property
-    def load_ms(self) -> float:
-        return float(statistics.median(s.load_ms for s in self.samples))
-
-    @property
-    def fresh_ttft_ms(self) -> float | None:
-        values = [s.fresh_ttft_ms for s in self.samples if s.fresh_ttft_ms is not None]
-        return float(statistics.median(values)) if values else None
-
-    @property
-    def evidence(self) -> str:
-        """ "at most 0% of the file resident before each load" (mincore)."""
-        shares = [s.resident_share for s in self.samples if s.resident_share is not None]
-        return f"at most {max(shares):.0%} of the file resident before each load" if shares else "residency unknown"
+    @classmethod
+    def of(cls, asked: str, samples: Sequence[LoadSample]) -> ModelLoads:
+        cold = sum(s.cold for s in samples)
+        page_cache = (
+            "cold" if cold == len(samples) else "warm" if cold == 0 else f"mixed ({cold} of {len(samples)} cold)"
+        )
+        shares = [s.resident_share for s in samples if s.resident_share is not None]
+        ttfts = [s.fresh_ttft_ms for s in samples if s.fresh_ttft_ms is not None]
+        return cls(
+            asked,
+            tuple(samples),
+            page_cache,
+            f"at most {max(shares):.0%} of the file resident before each load" if shares else "residency unknown",
+            EVICTION_FAILED if asked == "cold" and page_cache != "cold" else "",
+            float(statistics.median(s.load_ms for s in samples)),
+            float(statistics.median(ttfts)) if ttfts else None,
+        )
 
     def describe(self) -> str:
         """The page-cache state with its evidence: "cold (at most 0% of the file resident before
@@ -455,19 +613,29 @@ class ModelLoads:
             text += f"; {EVICTION_FAILED}"
         return text
 
-    def as_dict(self) -> ModelLoadsJson:
+    def to_json(self) -> dict[str, JSONValue]:
         return {
             "asked": self.asked,
             "page_cache": self.page_cache,
             "evidence": self.evidence,
-            "note": EVICTION_FAILED if self.asked == "cold" and self.page_cache != "cold" else "",
+            "note": self.note,
             "load_ms": sig6(self.load_ms),
             "fresh_ttft_ms": sig6(self.fresh_ttft_ms),
-            "samples": [
-                {k: sig6(v) if isinstance(v, float) else v for k, v in dataclasses.asdict(s).items()}
-                for s in self.samples
-            ],
+            "samples": [s.to_json() for s in self.samples],
         }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> ModelLoads:
+        """Stored model loads (``to_json``); KeyError, TypeError: not."""
+        return cls(
+            _held(d, "asked", str),
+            tuple(LoadSample.from_json(_object(s, "samples")) for s in _listed(d["samples"], "samples")),
+            _held(d, "page_cache", str),
+            _held(d, "evidence", str),
+            _held(d, "note", str),
+            _held(d, "load_ms", float),
+            _held(d, "fresh_ttft_ms", float, none=True),
+        )
 
 
 @dataclass(frozen=True)
@@ -1095,19 +1263,35 @@ class Agreement:
             f"  greedy parity {self.greedy_parity:.4f}; first divergence: {where}",
         ]
 
-    def as_dict(self) -> dict[str, JSONValue]:
+    def to_json(self) -> dict[str, JSONValue]:
         out = dataclasses.asdict(self)
         out["first_divergence"] = list(self.first_divergence)
         out["available"] = self.available
         return out
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Agreement:
-        """``as_dict`` read back (``available`` is computed, not stored)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        fields = {k: v for k, v in d.items() if k in names}
-        fields["first_divergence"] = tuple(d.get("first_divergence") or ())
-        return cls(**fields)
+    def from_json(cls, d: Mapping[str, object]) -> Agreement:
+        """``to_json`` read back (``available`` is computed, and checked against ``reason``);
+        KeyError, TypeError, ValueError: not an agreement."""
+        firsts = _listed(d["first_divergence"], "first_divergence")
+        if any(v is not None and (isinstance(v, bool) or not isinstance(v, int)) for v in firsts):
+            raise TypeError(f"first_divergence: {firsts!r} holds more than positions and None")
+        out = cls(
+            reason=_held(d, "reason", str),
+            method=_held(d, "method", str),
+            n_prompts=_held(d, "n_prompts", int),
+            n_positions=_held(d, "n_positions", int),
+            **{k: _held(d, k, float, none=True) for k in _AGREEMENT_FIGURES},
+            n_unscored=_held(d, "n_unscored", int),
+            first_divergence=tuple(cast("list[int | None]", firsts)),
+        )
+        if d["available"] is not out.available:
+            raise ValueError(f"available: {d['available']!r} with reason {out.reason!r}")
+        return out
+
+
+#: ``Agreement``'s figures (None: not available), in their order.
+_AGREEMENT_FIGURES = ("top1_agreement", "kl_mean", "kl_p99", "kl_max", "greedy_parity")
 
 
 class LengthBucketJson(TypedDict):
@@ -1133,8 +1317,20 @@ class LengthBucket:
     ttft_p95_ms: float
     prefill_p50_ms: float | None
 
-    def as_dict(self) -> LengthBucketJson:
+    def to_json(self) -> LengthBucketJson:
         return cast("LengthBucketJson", stored_fields(self))
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> LengthBucket:
+        """A stored bucket (``to_json``); KeyError, TypeError: not one."""
+        return cls(
+            _held(d, "low_tokens", int),
+            _held(d, "high_tokens", int),
+            _held(d, "n_runs", int),
+            _held(d, "ttft_p50_ms", float),
+            _held(d, "ttft_p95_ms", float),
+            _held(d, "prefill_p50_ms", float, none=True),
+        )
 
 
 class PromptLengthsJson(TypedDict):
@@ -1165,8 +1361,23 @@ class PromptLengths:
     slope_ms_per_token: float | None
     intercept_ms: float | None
 
-    def as_dict(self) -> PromptLengthsJson:
-        return cast("PromptLengthsJson", {**stored_fields(self), "buckets": [b.as_dict() for b in self.buckets]})
+    def to_json(self) -> PromptLengthsJson:
+        return cast("PromptLengthsJson", {**stored_fields(self), "buckets": [b.to_json() for b in self.buckets]})
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> PromptLengths:
+        """Stored figures by prompt length (``to_json``); KeyError, TypeError: not."""
+        buckets = _listed(d["buckets"], "buckets")
+        return cls(
+            _held(d, "rule", str),
+            _held(d, "n_runs", int),
+            tuple(LengthBucket.from_json(_object(b, "buckets")) for b in buckets),
+            *(_held(d, k, float, none=True) for k in _PER_TOKEN),
+        )
+
+
+#: ``PromptLengths``' prefill per prompt token figures (None: not seen), in their order.
+_PER_TOKEN = ("ms_per_prompt_token", "native_ms_per_prompt_token", "slope_ms_per_token", "intercept_ms")
 
 
 class TurnFigures(NamedTuple):

@@ -406,16 +406,16 @@ def _memory_table(record: Record) -> list[str]:
 def _trace_table(record: Record) -> list[str]:
     """A replayed trace's summary (the stored ``load.trace``): its requests, span and pace, and
     how late the client sent them against their schedule (its own lag)."""
-    t = (record.load or {}).get("trace")
-    if not t:
+    t = record.load.trace if record.load is not None else None
+    if t is None:
         return []
-    n = f"{t['requests']} requests"
+    n = f"{t.n_requests} requests"
     rows = [
-        ("trace", "", f"{n} over {fmt(t['span_s'])} s", f"replayed at {t['speed']:g}x"),
+        ("trace", "", f"{n} over {fmt(t.span_s)} s", f"replayed at {t.speed:g}x"),
         (
             "client send lag p50 / max (sent - scheduled)",
             "ms",
-            f"{fmt(t['send_lag_p50_ms'])} / {fmt(t['send_lag_max_ms'])}",
+            f"{fmt(t.send_lag_p50_ms)} / {fmt(t.send_lag_max_ms)}",
             n,
         ),
     ]

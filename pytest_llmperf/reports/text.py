@@ -12,7 +12,6 @@ and its JSON show the same figures."""
 
 from __future__ import annotations
 
-import statistics
 import textwrap
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -29,11 +28,11 @@ from ..core.settings import DEFAULT_SUMMARY_COLUMNS
 if TYPE_CHECKING:
     from ..core.measurement import (
         LayerProfile,
-        LengthBucketJson,
+        LengthBucket,
         LoadStats,
-        ModelLoadsJson,
+        ModelLoads,
         PhaseRoofline,
-        PromptLengthsJson,
+        PromptLengths,
         Roofline,
         ServerSide,
         Stability,
@@ -46,11 +45,21 @@ if TYPE_CHECKING:
 LOAD_METRICS = tuple(m for m in catalog.METRICS.values() if m.load_stat)
 
 
-def _load_stat(s: LoadStats, metric: catalog.Metric) -> LatencyStats:
-    """The load test's latency statistics of one of ``LOAD_METRICS``."""
+def _load_stat(s: LoadStats, metric: catalog.Metric) -> LatencyStats | None:
+    """The load test's latency statistics of one of ``LOAD_METRICS`` (None: a level read from a
+    file, which keeps its p50 and p99 only: ``_p50_p99``)."""
     assert metric.load_stat is not None
-    stats: LatencyStats = getattr(s, metric.load_stat)
+    stats: LatencyStats | None = getattr(s, metric.load_stat)
     return stats
+
+
+def _p50_p99(s: LoadStats, metric: catalog.Metric) -> str:
+    """``p50 / p99`` of one of ``LOAD_METRICS``: its statistics', else the stored figures (``-``: none)."""
+    st = _load_stat(s, metric)
+    if st is not None:
+        return f"{fmt(st.p50_ms)} / {fmt(st.p99_ms)}"
+    p50, p99 = (getattr(s, f"{metric.load_stat}_{p}_ms", None) for p in ("p50", "p99"))
+    return f"{_dash(p50)} / {_dash(p99)}"
 
 
 def _figure_row(m: Measurement, first: str, *more: str) -> tuple[str, str, str, str]:
@@ -283,7 +292,7 @@ def parts_note(m: Measurement) -> str | None:
     return f"parts: not measured: {why}"
 
 
-def length_rows(lengths: PromptLengthsJson | None) -> list[Row]:
+def length_rows(lengths: PromptLengths | None) -> list[Row]:
     """Where the runs' prompts had different lengths (a prompt set; the record's
     ``prompt_lengths``): TTFT and prefill per prompt-length bucket, each with its runs, then the
     prefill per prompt token over all runs (a figure the engine does not see has no row:
@@ -291,37 +300,37 @@ def length_rows(lengths: PromptLengthsJson | None) -> list[Row]:
     if lengths is None:
         return []
     rows: list[Row] = []
-    for b in lengths["buckets"]:
-        runs, name = f"{b['n_runs']} runs", _bucket_name(b)
-        ttft = f"{fmt_or(b['ttft_p50_ms'])} / {fmt_or(b['ttft_p95_ms'])}"
+    for b in lengths.buckets:
+        runs, name = f"{b.n_runs} runs", _bucket_name(b)
+        ttft = f"{fmt_or(b.ttft_p50_ms)} / {fmt_or(b.ttft_p95_ms)}"
         rows.append((f"TTFT median / p95, prompt {name} tokens", "ms", ttft, runs))
-        if b["prefill_p50_ms"] is not None:
-            rows.append((f"prefill median, prompt {name} tokens", "ms", fmt(b["prefill_p50_ms"]), runs))
-    all_runs = f"{lengths['n_runs']} runs"
+        if b.prefill_p50_ms is not None:
+            rows.append((f"prefill median, prompt {name} tokens", "ms", fmt(b.prefill_p50_ms), runs))
+    all_runs = f"{lengths.n_runs} runs"
     per_token = (
-        ("prefill per prompt token median", lengths["ms_per_prompt_token"], all_runs),
-        ("prefill per prompt token (llama.cpp) median", lengths["native_ms_per_prompt_token"], all_runs),
+        ("prefill per prompt token median", lengths.ms_per_prompt_token, all_runs),
+        ("prefill per prompt token (llama.cpp) median", lengths.native_ms_per_prompt_token, all_runs),
         (
             "prefill per prompt token (slope of a fitted line)",
-            lengths["slope_ms_per_token"],
-            f"{all_runs}, {len(lengths['buckets'])} buckets",
+            lengths.slope_ms_per_token,
+            f"{all_runs}, {len(lengths.buckets)} buckets",
         ),
     )
     return rows + [(label, "ms/token", fmt(value), sample) for label, value, sample in per_token if value is not None]
 
 
-def _bucket_name(b: LengthBucketJson) -> str:
+def _bucket_name(b: LengthBucket) -> str:
     """``64`` for one length, ``64-127`` for a range."""
-    low, high = b["low_tokens"], b["high_tokens"]
+    low, high = b.low_tokens, b.high_tokens
     return str(low) if low == high else f"{low}-{high}"
 
 
-def length_note(lengths: PromptLengthsJson | None) -> str | None:
+def length_note(lengths: PromptLengths | None) -> str | None:
     """The line a measurement by prompt length gets for its rule, and for a prefill it cannot see."""
     if lengths is None:
         return None
-    note = f"by prompt length: {lengths['rule']}"
-    if lengths["ms_per_prompt_token"] is None:
+    note = f"by prompt length: {lengths.rule}"
+    if lengths.ms_per_prompt_token is None:
         note += "; prefill per prompt token: not measured: the engine does not see where the prefill ends"
     return note
 
@@ -556,8 +565,8 @@ def curve_table(measurements: Sequence[Measurement], width: int | None = None) -
                 f"{s.n_ok}/{s.n_requests}",
                 fmt(s.requests_per_s),
                 fmt(s.output_tps),
-                fmt(s.output_tps_per_request),
-                *(f"{fmt(st.p50_ms)} / {fmt(st.p99_ms)}" for st in (_load_stat(s, x) for x in LOAD_METRICS)),
+                _dash(s.output_tps_per_request),
+                *(_p50_p99(s, x) for x in LOAD_METRICS),
                 f"{s.goodput:.0%}" if s.slo else "-",
             ]
         )
@@ -581,7 +590,10 @@ def load_rows(m: Measurement) -> list[tuple[str, str, str, str]]:
     s = m.load
     assert s is not None  # called for a load test's measurement
 
-    def pct(st: LatencyStats) -> str:
+    def pct(metric: catalog.Metric) -> str:
+        st = _load_stat(s, metric)
+        if st is None:  # read from a file: its p50 and p99 only
+            return _p50_p99(s, metric)
         return f"{fmt(st.p50_ms)} / {fmt(st.p90_ms)} / {fmt(st.p95_ms)} / {fmt(st.p99_ms)}"
 
     reqs = f"{s.n_ok} requests"
@@ -590,10 +602,10 @@ def load_rows(m: Measurement) -> list[tuple[str, str, str, str]]:
         ("load", "", "trace replay, open loop" if s.trace else f"concurrency {s.concurrency}{pace}", ""),
         *trace_rows(s.trace),
         ("requests ok / failed", "", f"{s.n_ok} / {s.n_failed}", f"{s.n_requests} requests"),
-        *((f"{x.label} p50/p90/p95/p99", x.unit, pct(_load_stat(s, x)), reqs) for x in LOAD_METRICS),
-        ("output tokens/s overall", "t/s", fmt(s.output_tps), f"{fmt(s.duration_s)} s"),
-        ("output tokens/s per request", "t/s", fmt(s.output_tps_per_request), reqs),
-        ("requests/s", "req/s", fmt(s.requests_per_s), f"{fmt(s.duration_s)} s"),
+        *((f"{x.label} p50/p90/p95/p99", x.unit, pct(x), reqs) for x in LOAD_METRICS),
+        ("output tokens/s overall", "t/s", fmt(s.output_tps), f"{_dash(s.duration_s)} s"),
+        ("output tokens/s per request", "t/s", _dash(s.output_tps_per_request), reqs),
+        ("requests/s", "req/s", fmt(s.requests_per_s), f"{_dash(s.duration_s)} s"),
     ]
     goodput = catalog.METRICS["goodput"].label
     if s.slo:
@@ -611,12 +623,12 @@ def trace_rows(trace: TraceReplay | None) -> list[tuple[str, str, str, str]]:
     their schedule (the client's own lag): rows for the per-test table."""
     if trace is None:
         return []
-    lags = trace.lags_ms
     n = f"{trace.n_requests} requests"
+    lag = f"{fmt(trace.send_lag_p50_ms)} / {fmt(trace.send_lag_max_ms)}"
     return [
         ("trace", "", f"{trace.n_requests} requests over {fmt(trace.span_s)} s", f"replayed at {trace.speed:g}x"),
-        ("trace replayed over", "s", fmt(trace.scheduled_s[-1]), n),
-        ("client send lag p50 / max (sent - scheduled)", "ms", f"{fmt(statistics.median(lags))} / {fmt(max(lags))}", n),
+        *([("trace replayed over", "s", fmt(trace.scheduled_s[-1]), n)] if trace.scheduled_s else []),
+        ("client send lag p50 / max (sent - scheduled)", "ms", lag, n),
     ]
 
 
@@ -683,7 +695,7 @@ def curve_lines(measurements: Sequence[Measurement]) -> list[str]:
                 f"server evaluated {_dash(s.prompt_n_median)} of {_dash(s.prompt_tokens_median)} prompt tokens (p50), "
                 f"{_dash(s.prompt_tokens_from_cache)} from its cache in all",
                 f"TTFT - server prompt {_dash(s.ttft_gap_ms_p50)} ms",
-                f"TPOT {_dash(load.tpot.p50_ms)} vs server {_dash(s.server_ms_per_token_p50)} ms/token",
+                f"TPOT {_dash(load.tpot_p50_ms)} vs server {_dash(s.server_ms_per_token_p50)} ms/token",
             ]
         if s.tokens_per_decode is not None:
             parts.append(f"{fmt(s.tokens_per_decode)} tokens per decode call")
@@ -855,19 +867,19 @@ def stability_rows(stab: Stability) -> list[tuple[str, str, str, str]]:
     return rows
 
 
-def load_state_rows(loads: ModelLoadsJson, figures: bool = False) -> list[tuple[str, str, str, str]]:
+def load_state_rows(loads: ModelLoads, figures: bool = False) -> list[tuple[str, str, str, str]]:
     """A record's fresh model loads (``model_loads``): what they were and how that was checked;
     ``figures``: with the load and fresh-engine TTFT medians."""
-    n = len(loads.get("samples") or [])
+    n = len(loads.samples)
     rows = []
     if figures:
         rows += [
-            ("model load median", "ms", fmt_or(loads.get("load_ms")), f"{n} loads, {loads.get('page_cache')}"),
-            ("fresh-engine TTFT median", "ms", fmt_or(loads.get("fresh_ttft_ms")), f"{n} loads"),
+            ("model load median", "ms", fmt_or(loads.load_ms), f"{n} loads, {loads.page_cache}"),
+            ("fresh-engine TTFT median", "ms", fmt_or(loads.fresh_ttft_ms), f"{n} loads"),
         ]
-    rows.append(("fresh model loads", "", str(loads.get("page_cache")), f"{n} loads; {loads.get('evidence', '')}"))
-    if loads.get("note"):
-        rows.append(("", "", "cold asked", str(loads["note"])))
+    rows.append(("fresh model loads", "", loads.page_cache, f"{n} loads; {loads.evidence}"))
+    if loads.note:
+        rows.append(("", "", "cold asked", loads.note))
     return rows
 
 
