@@ -152,11 +152,11 @@ def test_the_stored_form_types_name_every_key_of_the_files_earlier_versions_wrot
         "stability": ms.StabilityJson,
         "layers": ms.LayersJson,
         "roofline": ms.RooflineJson,
-        "memory": rs.StoredMemory,
-        "prompt": rs.StoredPrompt,
+        "memory": ms.Memory,
+        "prompt": ms.PromptSeen,
         "model_loads": ms.ModelLoadsJson,
         "load": rs.StoredLoad,
-        "machine": ms.MachineJson,
+        "machine": ms.Machine,
     }
     assert all(Record.__annotations__[name].startswith(kind.__name__) for name, kind in typed.items())
     nested = {"layers": ms.PhaseLayersJson, "roofline": ms.PhaseRooflineJson}

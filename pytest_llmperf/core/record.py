@@ -6,8 +6,10 @@ per-run fields than a fresh measurement (each run's judged metrics, ITL samples 
 traces, no E2E per run), the summary, and the sections of where the time went. The workload
 identity and the summary are typed parts of the Record (``StoredWorkload``, ``Summary``: frozen
 dataclasses that write and read their own stored form, and read as its mapping too); the other
-sections are typed by their stored form (``StoredMemory``... here, ``StabilityJson``,
-``LayersJson``... beside the Measurement's section classes that write them). ``to_json`` writes the stored form
+sections are typed by their stored form (``StoredLoad`` here, ``StabilityJson``,
+``LayersJson``... beside the Measurement's section classes that write them), but for those a
+record computes from the Measurement (``Machine``, ``Memory``, ``PromptSeen``, ``Requests``:
+typed parts of ``core.measurement``, each read by its lenient ``read``). ``to_json`` writes the stored form
 (the keys of today's entries, in their order) and ``from_json`` reads it back, checked against
 ``schemas/baselines.schema.json#/$defs/record`` first; ``read`` is that reader without the check
 (a hand-made record, a damaged one the judge judges in part): the one place a stored record's
@@ -21,14 +23,14 @@ from __future__ import annotations
 import json
 import statistics
 from abc import abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, TypeAlias, TypedDict
 
 from . import catalog
 from .documents import validate
 from .formats import JSONValue, sig6
-from .workload import MEMORY_FIELDS, ChatMessage, conversation_digest, drawn, prompt_set_digest, trace_digest
+from .workload import ChatMessage, conversation_digest, prompt_set_digest, trace_digest
 
 if TYPE_CHECKING:
     from .fingerprint import Fingerprint
@@ -36,15 +38,17 @@ if TYPE_CHECKING:
         JsonObject,
         LayersJson,
         LoadStats,
-        MachineJson,
+        Machine,
         Measurement,
+        Memory,
         ModelLoadsJson,
         PromptLengthsJson,
+        PromptSeen,
+        Requests,
         RooflineJson,
         Stability,
         StabilityJson,
         TraceReplay,
-        TurnFigures,
     )
 
 #: Per-run values by field (``runs``, ``parts``): one number per run.
@@ -156,40 +160,6 @@ class Summary(StoredForm):
         )
 
 
-class StoredMemory(TypedDict, total=False):
-    """Memory, each figure from its most direct source: peak RSS of the engine's process over
-    the runs, llama.cpp's reported buffers (``MEMORY_FIELDS``, MiB, with ``buffer_source``),
-    the model file's mapping; the KV cache computed from the model's shape beside them."""
-
-    kv_cache_bytes: int | None
-    peak_rss_bytes: int
-    peak_rss_scope: str
-    rss_mib: float
-    kv_mib: float
-    compute_mib: float
-    output_mib: float
-    model_buffer_mib: float
-    mapped_mib: float
-    mapped_resident_mib: float
-    buffer_source: str
-
-
-class StoredPrompt(TypedDict, total=False):
-    """A measured callable's prompt as llama.cpp saw it (the cache state, its tokens in the
-    median run, those evaluated and reused) and its stream as the caller got it."""
-
-    prompt_cache: str
-    prompt_tokens: int | None
-    evaluated_prompt_tokens: int | None
-    prompt_reused_tokens: int | None
-    sampler: str
-    delivered_items: int
-    delivered_ttft_ms: float | None
-    delivered_e2e_ms: float | None
-    delivered_burst_tokens: int | None
-    turns: list[dict[str, JSONValue]]
-
-
 class StoredLoad(TypedDict, total=False):
     """A load level's figures (the HTML report's throughput-latency curve); ``server``: the
     server's own (``ServerSide``'s fields, ``metrics`` as a plain object)."""
@@ -248,16 +218,16 @@ class Record(StoredForm):
     #: ``Attribution.to_json`` (any value is accepted here: ``judge.attribution.readable``).
     attribution: JSONValue = None
     roofline: RooflineJson | None = None
-    memory: StoredMemory | None = None
-    prompt: StoredPrompt | None = None
+    memory: Memory | None = None
+    prompt: PromptSeen | None = None
     model_loads: ModelLoadsJson | None = None
     agreement: JsonObject | None = None
     load: StoredLoad | None = None
-    machine: MachineJson | None = None
+    machine: Machine | None = None
     # (before ``reference`` and ``sessions``, which are added to the stored dict after ``to_json``,
     # so a record read and written again keeps its keys' order)
     #: A prompt set's: each run's request and prompt tokens (a comparison pairs runs of the same request).
-    requests: JsonObject | None = None
+    requests: Requests | None = None
     #: Where the runs' prompts had different lengths: the figures by length (``PromptLengths``).
     prompt_lengths: PromptLengthsJson | None = None
     #: The machine's reference figure (``measuring.roofline.probe_reference``), after the runs.
@@ -281,6 +251,8 @@ class Record(StoredForm):
     ) -> Record:
         """``m`` as it is stored, with what ``measuring`` computed from it: its ``stability``
         (``measuring.metrics.diagnose``) and the KV cache from the model's shape."""
+        from .measurement import Machine, Memory, PromptSeen, Requests
+
         loads, agreement, system = m.model_loads, m.agreement, m.system
         return cls(
             recorded_at=recorded_at,
@@ -297,13 +269,13 @@ class Record(StoredForm):
             # Asked for (``attribution=True``): compared when the baseline has one.
             attribution=m.attribution.to_json() if m.attribution is not None else None,
             roofline=m.roofline.as_dict() if m.roofline is not None else None,
-            memory=_memory(m, kv_cache_bytes),
-            prompt=stored_prompt(m) or None,
+            memory=Memory.of(m, kv_cache_bytes, catalog.BUFFER_SOURCE),
+            prompt=PromptSeen.of(m),
             model_loads=loads.as_dict() if loads is not None else None,
             agreement=agreement.as_dict() if agreement is not None else None,  # against --llmperf-against's REF
             load=_load(m.load) if m.load is not None else None,
-            machine=system.as_dict(len(m.runs) + len(m.warmup_runs)) if system is not None else None,
-            requests=stored_requests(m),
+            machine=Machine.of(system, len(m.runs) + len(m.warmup_runs)) if system is not None else None,
+            requests=Requests.of(m),
             prompt_lengths=m.prompt_lengths.as_dict() if m.prompt_lengths is not None else None,
         )
 
@@ -373,11 +345,28 @@ def _section(name: str, value: object) -> object:
         return None
     if name in _TYPED:
         return _TYPED[name](value)
+    if name in _MEASURED:
+        return _measured_section(name, value)
     return {k: tuple(v) if isinstance(v, list) else v for k, v in value.items()} if name in ("runs", "parts") else value
 
 
 #: The sections typed by their own stored form, each read by its ``from_json``.
 _TYPED = {"workload": StoredWorkload.from_json, "summary": Summary.from_json}
+#: The sections ``core.measurement`` types (``Machine``...), each read by its ``read``: a damaged
+#: one as it came, a value of the wrong kind or a key this version does not know in its ``extra``.
+_MEASURED = frozenset({"machine", "memory", "prompt", "requests"})
+
+
+def _measured_section(name: str, value: Mapping[str, object]) -> object:
+    from . import measurement  # lazy: only a record that holds such a section needs it
+
+    readers: dict[str, Callable[[Mapping[str, object]], object]] = {
+        "machine": measurement.Machine.read,
+        "memory": measurement.Memory.read,
+        "prompt": measurement.PromptSeen.read,
+        "requests": measurement.Requests.read,
+    }
+    return readers[name](value)
 
 
 #: Written even when None (a record holds ``"commit": null`` outside a git checkout).
@@ -463,71 +452,6 @@ def workload_identity(m: Measurement) -> StoredWorkload:
 def chat_identity(messages: Sequence[ChatMessage]) -> str:
     """Chat messages as a workload's identity holds them: ``[[role, content], ...]`` as JSON."""
     return json.dumps([list(m) for m in messages], ensure_ascii=False)
-
-
-def stored_requests(m: Measurement) -> dict[str, JSONValue] | None:
-    """A prompt set's runs (not a load test's: its requests overlap): run i's request, as
-    ``Workload.request(i)`` drew it, and its prompt's tokens; None without a set, or where a
-    run's prompt tokens are unknown."""
-    w = m.workload
-    lengths = [r.prompt_tokens for r in m.runs]
-    if w.prompt_set is None or w.is_load or any(n is None for n in lengths):
-        return None
-    return {
-        "request": [drawn(w.prompt_set, w.seed, i) for i in range(len(m.runs))],
-        "prompt_tokens": [n for n in lengths if n is not None],
-    }
-
-
-def stored_turn(t: TurnFigures) -> dict[str, JSONValue]:
-    return {
-        "turn": t.turn,
-        "runs": t.runs,
-        "prompt_tokens": t.prompt_tokens,
-        "evaluated_prompt_tokens": t.evaluated_tokens,
-        "prompt_reused_tokens": t.reused_tokens,
-        "ttft_p50_ms": sig6(t.ttft_p50_ms),
-        "ttft_p95_ms": sig6(t.ttft_p95_ms),
-        "tpot_ms": sig6(t.tpot_ms),
-    }
-
-
-def stored_prompt(m: Measurement) -> StoredPrompt:
-    """Empty when the engine is the plugin's own (its prompt is the workload's), but for a
-    conversation (its reuse and its turns)."""
-    if m.prompt_reused_tokens is None and m.delivered_items is None and not m.turns:
-        return {}
-    out: StoredPrompt = {
-        "prompt_cache": m.workload.prompt_cache,
-        "prompt_tokens": m.prompt_tokens,
-        "evaluated_prompt_tokens": m.evaluated_prompt_tokens,
-        "prompt_reused_tokens": m.prompt_reused_tokens,
-        "sampler": next((r.sampler for r in m.runs if r.sampler), ""),
-    }
-    if m.turns:  # a conversation: its figures turn by turn
-        out["turns"] = [stored_turn(t) for t in m.turns]
-    if m.delivered_items is not None:
-        out.update(
-            {
-                "delivered_items": m.delivered_items,
-                "delivered_ttft_ms": sig6(m.delivered_ttft_ms),
-                "delivered_e2e_ms": sig6(m.delivered_e2e_ms),
-                "delivered_burst_tokens": m.delivered_burst_tokens,
-            }
-        )
-    return out
-
-
-def _memory(m: Measurement, computed_kv_bytes: int | None) -> StoredMemory:
-    memory: StoredMemory = {"kv_cache_bytes": computed_kv_bytes}
-    if m.peak_rss is not None:
-        rss = m.peak_rss
-        memory.update({"peak_rss_bytes": rss.bytes, "peak_rss_scope": rss.scope, "rss_mib": sig6(rss.bytes / 2**20)})
-    reported = {k: sig6(v) for k in MEMORY_FIELDS if (v := getattr(m.engine, k)) is not None}
-    if reported:
-        memory.update(reported)  # type: ignore[typeddict-item]
-        memory["buffer_source"] = catalog.BUFFER_SOURCE
-    return memory
 
 
 def _load(s: LoadStats) -> StoredLoad:

@@ -467,9 +467,9 @@ def record_figures(record: Record) -> dict[str, float]:
     out = {
         "decode_bw_gbs": record.at("roofline", "decode", "achieved_bw_gbs"),
         "decode_mbu": None if record.at("roofline", "decode", "note") else record.at("roofline", "decode", "mbu"),
-        "peak_rss_mib": record.at("memory", "rss_mib"),
-        "kv_mib": record.at("memory", "kv_mib"),
-        "compute_mib": record.at("memory", "compute_mib"),
+        "peak_rss_mib": memory.rss_mib if (memory := record.memory) is not None else None,
+        "kv_mib": memory.kv_mib if memory is not None else None,
+        "compute_mib": memory.compute_mib if memory is not None else None,
     }
     return {k: v for k, v in out.items() if isinstance(v, (int, float))}
 

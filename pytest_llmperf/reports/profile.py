@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..baselines.records import stored
 from ..core.catalog import METRICS, SUMMARY
 from ..core.formats import fmt, sig6
+from ..core.measurement import Memory
 from ..core.progress import current, task
 from ..core.settings import DEFAULT_MODEL
 from ..core.workload import Workload
@@ -176,7 +177,7 @@ def render(r: dict[str, Any], form: str = "table", width: int | None = None) -> 
     )
     w = r["workload"]
     work = f"{w['prompt_tokens']} prompt tokens, {w['max_tokens']} generated, {w['runs']} runs (+{w['warmup']} warm-up)"
-    rows = _summary_rows(r) + breakdown.stability_rows(r["stability"]) + breakdown.memory_rows(r["memory"])
+    rows = _summary_rows(r) + breakdown.stability_rows(r["stability"]) + breakdown.memory_rows(Memory.read(r["memory"]))
     headers = ("metric", "unit", "value", "sample")
     fit = None if md else width
     parts: list[tuple[str, str]] = [
