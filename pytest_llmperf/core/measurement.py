@@ -1143,6 +1143,9 @@ class _StoredSection(Mapping[str, JSONValue]):
     absent: frozenset[str] = frozenset()
     #: Stored values of the wrong kind, or keys this version does not know, as they came.
     extra: JsonObject = dataclasses.field(default_factory=dict)
+    #: Not stored: the stored keys in the order they came (a section read is written again in
+    #: it, byte for byte); empty for a fresh one (the fields' order).
+    order: tuple[str, ...] = ()
 
     KINDS: ClassVar[Mapping[str, Callable[[object], object]]] = {}
     NULLABLE: ClassVar[frozenset[str]] = frozenset()
@@ -1154,7 +1157,7 @@ class _StoredSection(Mapping[str, JSONValue]):
             if value is not None or (name in self.NULLABLE and name not in self.absent):
                 out[name] = _section_json(value)
         out.update(self.extra)
-        return out
+        return {k: out[k] for k in self.order if k in out} | out if self.order else out
 
     def __getitem__(self, key: str) -> JSONValue:
         return self.to_json()[key]
@@ -1179,7 +1182,7 @@ class _StoredSection(Mapping[str, JSONValue]):
                 typed[key] = None if value is None and key in cls.NULLABLE else cls.KINDS[key](value)
             except (KeyError, TypeError, ValueError):
                 extra[key] = cast("JSONValue", value)
-        return cls(**typed, absent=cls.NULLABLE - set(d), extra=extra)
+        return cls(**typed, absent=cls.NULLABLE - set(d), extra=extra, order=tuple(d))
 
     @classmethod
     def from_json(cls: type[_S], d: Mapping[str, object]) -> _S:  # noqa: PYI019 (typing.Self: Python 3.11)
