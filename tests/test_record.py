@@ -152,11 +152,11 @@ def test_the_stored_form_types_name_every_key_of_the_files_earlier_versions_wrot
         "stability": ms.StabilityJson,
         "layers": ms.LayersJson,
         "roofline": ms.RooflineJson,
-        "memory": rs.StoredMemory,
-        "prompt": rs.StoredPrompt,
+        "memory": ms.Memory,
+        "prompt": ms.PromptSeen,
         "model_loads": ms.ModelLoads,
         "load": ms.LoadStats,
-        "machine": ms.MachineJson,
+        "machine": ms.Machine,
     }
     # A section typed by its class holds it (the class's ``to_json`` writes the stored form named here).
     classes = {"stability": ms.Stability, "layers": ms.LayerProfile, "roofline": ms.Roofline}

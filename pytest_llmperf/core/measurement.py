@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple, Protocol, TypeAlias, TypedDict, TypeVar, cast, overload
+from typing import Any, ClassVar, Literal, NamedTuple, Protocol, TypeAlias, TypedDict, TypeVar, cast, overload
 
 from .formats import JSONValue, fmt, sig6, stored_fields
-from .workload import EngineInfo, Workload
+from .workload import MEMORY_FIELDS, EngineInfo, Workload, drawn
 
 #: A JSON object: a stored section read as it came (``Record``'s sections).
 JsonObject: TypeAlias = "Mapping[str, JSONValue]"
@@ -108,17 +108,6 @@ class SystemSample:
     busy_ticks: tuple[int, int, int] | None = None
 
 
-class MachineJson(TypedDict, total=False):
-    """``SystemDelta`` as a record stores it (``machine``), with its preemptions per run."""
-
-    steal_share: float | None
-    load_1m: float | None
-    involuntary_switches: int
-    cpu_wait_share: float | None
-    others_cpu_share: float | None
-    involuntary_switches_per_run: float
-
-
 #: The engine's threads waiting for a CPU, or preempted, are other processes' doing only where
 #: those used at least this share of the machine's CPU time (more than at baseline, for a
 #: verdict); where none did, the engine's threads took turns with each other: more threads than
@@ -176,22 +165,6 @@ class SystemDelta:
         if total <= 0:
             return None
         return min(1.0, max(0.0, (machine - engine - own) / total))
-
-    def as_dict(self, runs: int | None = None) -> MachineJson:
-        """As a record stores it (``machine``); ``runs`` given (warm-ups included): with its
-        preemptions per run."""
-        share = self.steal_share
-        wait, others = self.cpu_wait_share, self.others_cpu_share
-        out: MachineJson = {
-            "steal_share": None if share is None else round(share, 5),
-            "load_1m": self.after.load_1m,
-            "involuntary_switches": self.involuntary_switches,
-            "cpu_wait_share": None if wait is None else round(wait, 5),
-            "others_cpu_share": None if others is None else round(others, 5),
-        }
-        if runs is not None:
-            out["involuntary_switches_per_run"] = round(self.involuntary_switches / max(1, runs), 2)
-        return out
 
 
 class StabilityJson(TypedDict):
@@ -1557,3 +1530,334 @@ def _span(counts: Sequence[int]) -> str:
     """``32``, or ``4 to 32`` where the counts differ."""
     low, high = min(counts), max(counts)
     return f"{low}" if low == high else f"{low} to {high}"
+
+
+# --- the sections a record computes from the Measurement when it is stored --------------------
+#
+# ``Machine``, ``Memory``, ``PromptSeen`` (with its ``Turn``s) and ``Requests``: each holds the
+# figures as they are stored, written by ``to_json`` in the order the fields are declared, and read
+# back by ``from_json`` (every value of its kind, else KeyError/TypeError/ValueError) or by ``read``
+# (a hand-made or damaged section, the judge's to judge in part: a value of the wrong kind, or a key
+# this version does not know, is kept as it came in ``extra`` and written again after the fields).
+# A key written even where None (``NULLABLE``) that the stored section lacked is in ``absent``, so
+# it is not written; any other field is written only where it is not None.
+
+
+def _number(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"not a number: {value!r}")
+    return value
+
+
+def _count(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"not an integer: {value!r}")
+    return value
+
+
+def _text(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"not a string: {value!r}")
+    return value
+
+
+def _counts(value: object) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise TypeError(f"not a list: {value!r}")
+    return tuple(_count(v) for v in value)
+
+
+def _turns(value: object) -> tuple[Turn, ...]:
+    if not isinstance(value, list):
+        raise TypeError(f"not a list: {value!r}")
+    return tuple(Turn.from_json(t) for t in value)
+
+
+def _section_json(value: object) -> JSONValue:
+    """A field's value as it is stored: a typed part as it writes itself, a tuple as a list."""
+    if isinstance(value, tuple):
+        return [_section_json(v) for v in value]
+    if isinstance(value, _StoredSection):
+        return value.to_json()
+    return cast("JSONValue", value)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class _StoredSection(Mapping[str, JSONValue]):
+    """What the four sections share: ``to_json``, ``from_json`` and ``read`` by ``KINDS`` (each
+    stored key's reader: its value of its kind, else TypeError) and ``NULLABLE``. Each also reads
+    as the read-only mapping of what its ``to_json`` writes, and equals it (``record["memory"]``,
+    ``record.memory == {"kv_cache_bytes": None}``: how a hook read a record before it was typed)."""
+
+    #: Keys written even where None that the stored section lacked.
+    absent: frozenset[str] = frozenset()
+    #: Stored values of the wrong kind, or keys this version does not know, as they came.
+    extra: JsonObject = dataclasses.field(default_factory=dict)
+    #: Not stored: the stored keys in the order they came (a section read is written again in
+    #: it, byte for byte); empty for a fresh one (the fields' order).
+    order: tuple[str, ...] = ()
+
+    KINDS: ClassVar[Mapping[str, Callable[[object], object]]] = {}
+    NULLABLE: ClassVar[frozenset[str]] = frozenset()
+
+    def to_json(self) -> dict[str, JSONValue]:
+        out: dict[str, JSONValue] = {}
+        for name in self.KINDS:
+            value = getattr(self, name)
+            if value is not None or (name in self.NULLABLE and name not in self.absent):
+                out[name] = _section_json(value)
+        out.update(self.extra)
+        return {k: out[k] for k in self.order if k in out} | out if self.order else out
+
+    def __getitem__(self, key: str) -> JSONValue:
+        return self.to_json()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_json())
+
+    def __len__(self) -> int:
+        return len(self.to_json())
+
+    @classmethod
+    def read(cls: type[_S], d: Mapping[str, object]) -> _S:  # noqa: PYI019 (typing.Self: Python 3.11)
+        """``d`` as it came: a value of the wrong kind, or a key this version does not know, in ``extra``."""
+        if not isinstance(d, Mapping):
+            raise TypeError(f"not an object: {d!r}")
+        typed: dict[str, object] = {}
+        extra: dict[str, JSONValue] = {}
+        for key, value in d.items():
+            try:
+                if key not in cls.KINDS:
+                    raise KeyError(key)
+                typed[key] = None if value is None and key in cls.NULLABLE else cls.KINDS[key](value)
+            except (KeyError, TypeError, ValueError):
+                extra[key] = cast("JSONValue", value)
+        return cls(**typed, absent=cls.NULLABLE - set(d), extra=extra, order=tuple(d))
+
+    @classmethod
+    def from_json(cls: type[_S], d: Mapping[str, object]) -> _S:  # noqa: PYI019 (typing.Self: Python 3.11)
+        """``d`` as ``to_json`` writes it; KeyError/TypeError where it holds what this section does not."""
+        read = cls.read(d)
+        if read.extra:
+            raise TypeError(f"{cls.__name__}: not of its kind or not known: {', '.join(map(str, read.extra))}")
+        return read
+
+
+_S = TypeVar("_S", bound=_StoredSection)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Machine(_StoredSection):
+    """The machine around the runs (``SystemDelta``) as a record stores it (``machine``): the
+    shares of CPU time (five decimals), the load, the engine's involuntary context switches and,
+    where the run count was given (warm-ups included), their count per run (two decimals)."""
+
+    steal_share: float | None = None
+    load_1m: float | None = None
+    involuntary_switches: int | None = None
+    cpu_wait_share: float | None = None
+    others_cpu_share: float | None = None
+    involuntary_switches_per_run: float | None = None
+
+    KINDS: ClassVar[Mapping[str, Callable[[object], object]]] = {
+        "steal_share": _number,
+        "load_1m": _number,
+        "involuntary_switches": _count,
+        "cpu_wait_share": _number,
+        "others_cpu_share": _number,
+        "involuntary_switches_per_run": _number,
+    }
+    NULLABLE: ClassVar[frozenset[str]] = frozenset({"steal_share", "load_1m", "cpu_wait_share", "others_cpu_share"})
+
+    @classmethod
+    def of(cls, system: SystemDelta, runs: int | None = None) -> Machine:
+        share, wait, others = system.steal_share, system.cpu_wait_share, system.others_cpu_share
+        switches = system.involuntary_switches
+        return cls(
+            steal_share=None if share is None else round(share, 5),
+            load_1m=system.after.load_1m,
+            involuntary_switches=switches,
+            cpu_wait_share=None if wait is None else round(wait, 5),
+            others_cpu_share=None if others is None else round(others, 5),
+            involuntary_switches_per_run=None if runs is None else round(switches / max(1, runs), 2),
+        )
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Memory(_StoredSection):
+    """Memory as a record stores it (``memory``), each figure from its most direct source: peak
+    RSS of the engine's process over the runs (bytes, its scope, MiB), llama.cpp's reported
+    buffers (``MEMORY_FIELDS``, MiB, with ``buffer_source``), the model file's mapping; the KV
+    cache computed from the model's shape beside them (``kv_cache_bytes``, written even where None)."""
+
+    kv_cache_bytes: int | None = None
+    peak_rss_bytes: int | None = None
+    peak_rss_scope: str | None = None
+    rss_mib: float | None = None
+    kv_mib: float | None = None
+    compute_mib: float | None = None
+    output_mib: float | None = None
+    model_buffer_mib: float | None = None
+    mapped_mib: float | None = None
+    mapped_resident_mib: float | None = None
+    buffer_source: str | None = None
+
+    KINDS: ClassVar[Mapping[str, Callable[[object], object]]] = {
+        "kv_cache_bytes": _count,
+        "peak_rss_bytes": _count,
+        "peak_rss_scope": _text,
+        "rss_mib": _number,
+        **{name: _number for name in MEMORY_FIELDS},
+        "buffer_source": _text,
+    }
+    NULLABLE: ClassVar[frozenset[str]] = frozenset({"kv_cache_bytes"})
+
+    @classmethod
+    def of(cls, m: Measurement, kv_cache_bytes: int | None, buffer_source: str) -> Memory:
+        """``m``'s memory with the KV cache computed from the model's shape; ``buffer_source``:
+        where llama.cpp's buffers come from (``catalog.BUFFER_SOURCE``), stored where it reported one."""
+        rss = m.peak_rss
+        reported = {k: sig6(v) for k in MEMORY_FIELDS if (v := getattr(m.engine, k)) is not None}
+        return cls(
+            kv_cache_bytes=kv_cache_bytes,
+            peak_rss_bytes=rss.bytes if rss is not None else None,
+            peak_rss_scope=rss.scope if rss is not None else None,
+            rss_mib=sig6(rss.bytes / 2**20) if rss is not None else None,
+            **reported,
+            buffer_source=buffer_source if reported else None,
+        )
+
+    def figure(self, name: str) -> float | None:
+        """The figure ``name`` (a field: ``rss_mib``, ``kv_mib``...), where it is a number."""
+        value = getattr(self, name, None) if name in self.KINDS else None
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Turn(_StoredSection):
+    """One turn of a conversation as a record stores it (``prompt.turns``, ``TurnFigures``):
+    its runs, the prompt's tokens, those llama.cpp evaluated and reused (None: not counted),
+    TTFT p50 and p95 and the decode time per token, six significant figures."""
+
+    turn: int | None = None
+    runs: int | None = None
+    prompt_tokens: int | None = None
+    evaluated_prompt_tokens: int | None = None
+    prompt_reused_tokens: int | None = None
+    ttft_p50_ms: float | None = None
+    ttft_p95_ms: float | None = None
+    tpot_ms: float | None = None
+
+    KINDS: ClassVar[Mapping[str, Callable[[object], object]]] = {
+        "turn": _count,
+        "runs": _count,
+        "prompt_tokens": _count,
+        "evaluated_prompt_tokens": _count,
+        "prompt_reused_tokens": _count,
+        "ttft_p50_ms": _number,
+        "ttft_p95_ms": _number,
+        "tpot_ms": _number,
+    }
+    NULLABLE: ClassVar[frozenset[str]] = frozenset({"prompt_tokens", "evaluated_prompt_tokens", "prompt_reused_tokens"})
+
+    @classmethod
+    def of(cls, t: TurnFigures) -> Turn:
+        return cls(
+            turn=t.turn,
+            runs=t.runs,
+            prompt_tokens=t.prompt_tokens,
+            evaluated_prompt_tokens=t.evaluated_tokens,
+            prompt_reused_tokens=t.reused_tokens,
+            ttft_p50_ms=sig6(t.ttft_p50_ms),
+            ttft_p95_ms=sig6(t.ttft_p95_ms),
+            tpot_ms=sig6(t.tpot_ms),
+        )
+
+
+#: ``PromptSeen``'s delivered figures: written, None too, where the stream's items were counted.
+_DELIVERED = frozenset({"delivered_ttft_ms", "delivered_e2e_ms", "delivered_burst_tokens"})
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class PromptSeen(_StoredSection):
+    """A measured callable's prompt as llama.cpp saw it (``prompt``): the cache state, its
+    tokens in the median run, those evaluated and reused, the sampler's extras; a conversation's
+    figures turn by turn; and its stream as the caller got it (``delivered_*``, where counted)."""
+
+    prompt_cache: str | None = None
+    prompt_tokens: int | None = None
+    evaluated_prompt_tokens: int | None = None
+    prompt_reused_tokens: int | None = None
+    sampler: str | None = None
+    turns: tuple[Turn, ...] | None = None
+    delivered_items: int | None = None
+    delivered_ttft_ms: float | None = None
+    delivered_e2e_ms: float | None = None
+    delivered_burst_tokens: int | None = None
+
+    KINDS: ClassVar[Mapping[str, Callable[[object], object]]] = {
+        "prompt_cache": _text,
+        "prompt_tokens": _count,
+        "evaluated_prompt_tokens": _count,
+        "prompt_reused_tokens": _count,
+        "sampler": _text,
+        "turns": _turns,
+        "delivered_items": _count,
+        "delivered_ttft_ms": _number,
+        "delivered_e2e_ms": _number,
+        "delivered_burst_tokens": _count,
+    }
+    NULLABLE: ClassVar[frozenset[str]] = (
+        frozenset({"prompt_tokens", "evaluated_prompt_tokens", "prompt_reused_tokens"}) | _DELIVERED
+    )
+
+    @classmethod
+    def of(cls, m: Measurement) -> PromptSeen | None:
+        """None when the engine is the plugin's own (its prompt is the workload's), but for a
+        conversation (its reuse and its turns)."""
+        if m.prompt_reused_tokens is None and m.delivered_items is None and not m.turns:
+            return None
+        return cls(
+            prompt_cache=m.workload.prompt_cache,
+            prompt_tokens=m.prompt_tokens,
+            evaluated_prompt_tokens=m.evaluated_prompt_tokens,
+            prompt_reused_tokens=m.prompt_reused_tokens,
+            sampler=next((r.sampler for r in m.runs if r.sampler), ""),
+            turns=tuple(Turn.of(t) for t in m.turns) or None,  # a conversation: its figures turn by turn
+            delivered_items=m.delivered_items,
+            delivered_ttft_ms=sig6(m.delivered_ttft_ms),
+            delivered_e2e_ms=sig6(m.delivered_e2e_ms),
+            delivered_burst_tokens=m.delivered_burst_tokens,
+            absent=_DELIVERED if m.delivered_items is None else frozenset(),
+        )
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Requests(_StoredSection):
+    """A prompt set's runs as a record stores them (``requests``; not a load test's: its
+    requests overlap): run i's request, as ``Workload.request(i)`` drew it (its index in the
+    set), and its prompt's tokens (a comparison pairs the runs of the same request)."""
+
+    request: tuple[int, ...] | None = None
+    prompt_tokens: tuple[int, ...] | None = None
+
+    KINDS: ClassVar[Mapping[str, Callable[[object], object]]] = {"request": _counts, "prompt_tokens": _counts}
+
+    @classmethod
+    def of(cls, m: Measurement) -> Requests | None:
+        """None without a prompt set, for a load test, or where a run's prompt tokens are unknown."""
+        w = m.workload
+        lengths = tuple(r.prompt_tokens for r in m.runs)
+        if w.prompt_set is None or w.is_load or any(n is None for n in lengths):
+            return None
+        return cls(
+            request=tuple(drawn(w.prompt_set, w.seed, i) for i in range(len(m.runs))),
+            prompt_tokens=tuple(n for n in lengths if n is not None),
+        )
+
+    @property
+    def sent(self) -> tuple[tuple[int, int], ...] | None:
+        """Each run's (request, prompt tokens), where both are kept."""
+        if self.request is None or self.prompt_tokens is None:
+            return None
+        return tuple(zip(self.request, self.prompt_tokens))

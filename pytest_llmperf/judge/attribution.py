@@ -475,9 +475,9 @@ def record_figures(record: Record) -> dict[str, float]:
     out = {
         "decode_bw_gbs": bw,
         "decode_mbu": mbu,
-        "peak_rss_mib": record.at("memory", "rss_mib"),
-        "kv_mib": record.at("memory", "kv_mib"),
-        "compute_mib": record.at("memory", "compute_mib"),
+        "peak_rss_mib": memory.rss_mib if (memory := record.memory) is not None else None,
+        "kv_mib": memory.kv_mib if memory is not None else None,
+        "compute_mib": memory.compute_mib if memory is not None else None,
     }
     return {k: v for k, v in out.items() if isinstance(v, (int, float))}
 

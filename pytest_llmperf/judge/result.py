@@ -38,8 +38,8 @@ from scipy.stats import mannwhitneyu
 from ..core.catalog import FIGURES, HeadlineFigures
 from ..core.documents import JSONValue, SchemaViolation, validate
 from ..core.errors import LLMPerfError
-from ..core.measurement import LoadStats, Measurement, PhaseLayers
-from ..core.record import Record, stored_prompt
+from ..core.measurement import LoadStats, Measurement, PhaseLayers, PromptSeen
+from ..core.record import Record
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from .attribution import AttributionChange
 from .budgets import BudgetFailure, BudgetStatus
@@ -384,7 +384,7 @@ class Outcome:
     #: One line per budget whose CI straddles its limit (undecided: passes, and says so).
     budget_notes: tuple[str, ...] = ()
     #: A measured callable's prompt as llama.cpp saw it and its stream as the caller received it
-    #: (``core.record.stored_prompt``: the cache state, prompt tokens evaluated and reused,
+    #: (``core.measurement.PromptSeen``: the cache state, prompt tokens evaluated and reused,
     #: the delivered figures); empty for the plugin's own engine.
     prompt: Mapping[str, object] = field(default_factory=dict)
     # Live only (a hook's view): the measurement and the budgets it broke of its ``n_budgets``, whose
@@ -525,7 +525,7 @@ def outcome(
         budget_notes=tuple(budget_notes),
         budgets=dict(budgets or {}),
         figures=Figures.of(m),
-        prompt=stored_prompt(m),
+        prompt=p.to_json() if (p := PromptSeen.of(m)) is not None else {},
         measurement=m,
         failure=failure,
         n_budgets=n_budgets,

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ..core.catalog import BUDGETS, FIGURES, HEADLINE, is_ceiling
 from ..core.documents import output_kind, write_output
 from ..core.formats import cell, fmt, fmt_or
+from ..core.measurement import PromptSeen, Turn
 from ..core.record import Record
 from ..core.settings import usable_cpus
 from ..history.series import Trend, metric_order, steps, table, title, trend_data
@@ -49,7 +50,6 @@ from .session_file import (
     detects_cell,
     metric_label,
     summary_values,
-    turns_of,
 )
 from .text import length_note, length_rows, load_state_rows, memory_rows
 from .where import (
@@ -296,7 +296,7 @@ def test_section(
     parts += _trace_table(record)
     parts += _lengths_table(record)
     parts += _prompt_table(result)
-    parts += _turns_table(record.prompt or result.prompt)
+    parts += _turns_table(record.prompt or PromptSeen.read(result.prompt))
     plots = _record_plots(index, result) + _by_request_plot(index, result, by_request) + _trend_plot(index, trend)
     parts.append('<div class="plots">' + "".join(plots) + "</div></section>")
     return "\n".join(parts)
@@ -442,29 +442,23 @@ def _prompt_table(result: Outcome) -> list[str]:
     return [_table(("your code's prompt and stream", "value"), rows)]
 
 
-#: The "turn by turn" table's columns (a conversation's ``prompt.turns``, ``core.record.stored_turn``).
+#: The "turn by turn" table's columns (a conversation's ``prompt.turns``, ``core.measurement.Turn``).
 TURN_HEADERS = ("turn", "prompt tokens evaluated / reused", "TTFT p50 / p95 ms", "decode ms/token", "runs")
 
 
-def _turns_table(prompt: Mapping[str, Any]) -> list[str]:
+def _turns_table(prompt: PromptSeen) -> list[str]:
     """A conversation's figures turn by turn (the stored ``prompt.turns``): the prompt tokens
     llama.cpp evaluated and reused (its counters), TTFT p50 / p95, decode per token, runs."""
     rows = [
-        [
-            str(t.get("turn")),
-            _turn_tokens(t),
-            f"{cell(t.get('ttft_p50_ms'))} / {cell(t.get('ttft_p95_ms'))}",
-            cell(t.get("tpot_ms")),
-            str(t.get("runs")),
-        ]
-        for t in turns_of(prompt.get("turns"))
+        [str(t.turn), _turn_tokens(t), f"{cell(t.ttft_p50_ms)} / {cell(t.ttft_p95_ms)}", cell(t.tpot_ms), str(t.runs)]
+        for t in prompt.turns or ()
     ]
     return [f'<div class="turns"><h3>Conversation, turn by turn</h3>{_table(TURN_HEADERS, rows)}</div>'] if rows else []
 
 
-def _turn_tokens(t: Mapping[str, object]) -> str:
+def _turn_tokens(t: Turn) -> str:
     """A turn's prompt tokens evaluated / reused, or why they were not counted."""
-    evaluated, reused = t.get("evaluated_prompt_tokens"), t.get("prompt_reused_tokens")
+    evaluated, reused = t.evaluated_prompt_tokens, t.prompt_reused_tokens
     if evaluated is None or reused is None:
         return "not counted: the callable drove no llama_cpp.Llama of this process"
     return f"{evaluated} / {reused}"

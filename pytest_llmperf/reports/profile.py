@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..baselines.records import stored
 from ..core.catalog import METRICS, SUMMARY
 from ..core.formats import fmt, sig6
-from ..core.measurement import LayerProfile, Roofline, Stability
+from ..core.measurement import LayerProfile, Memory, Roofline, Stability
 from ..core.progress import current, task
 from ..core.settings import DEFAULT_MODEL
 from ..core.workload import Workload
@@ -178,7 +178,7 @@ def render(r: dict[str, Any], form: str = "table", width: int | None = None) -> 
     w = r["workload"]
     work = f"{w['prompt_tokens']} prompt tokens, {w['max_tokens']} generated, {w['runs']} runs (+{w['warmup']} warm-up)"
     stability = Stability.from_json(r["stability"])
-    rows = _summary_rows(r) + breakdown.stability_rows(stability) + breakdown.memory_rows(r["memory"])
+    rows = _summary_rows(r) + breakdown.stability_rows(stability) + breakdown.memory_rows(Memory.read(r["memory"]))
     headers = ("metric", "unit", "value", "sample")
     fit = None if md else width
     parts: list[tuple[str, str]] = [

@@ -342,9 +342,9 @@ def _timeline_side(ax: Axes, name: str, rec: Record, colour: str) -> None:
 
 def _by_length(rec: Record | None) -> tuple[np.ndarray, np.ndarray] | None:
     """A record's (prompt tokens, TTFT ms) of each run, where it keeps both for every run (a prompt set's)."""
-    lengths = rec.at("requests", "prompt_tokens") if rec is not None else None
+    lengths = rec.requests.prompt_tokens if rec is not None and rec.requests is not None else None
     ttft = rec.runs.get("ttft_ms") if rec is not None else None
-    if not isinstance(lengths, list) or not lengths or not ttft or len(lengths) != len(ttft):
+    if not lengths or not ttft or len(lengths) != len(ttft):
         return None
     return np.asarray(lengths, dtype=float), np.asarray(ttft, dtype=float)
 

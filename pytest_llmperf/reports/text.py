@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         LayerProfile,
         LengthBucket,
         LoadStats,
+        Memory,
         ModelLoads,
         PhaseRoofline,
         PromptLengths,
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
         Stability,
         TraceReplay,
     )
-    from ..core.record import Record, StoredMemory
+    from ..core.record import Record
 
 
 #: The latency metrics of a served load level (per-request percentiles in the load tables).
@@ -883,27 +884,27 @@ def load_state_rows(loads: ModelLoads, figures: bool = False) -> list[tuple[str,
     return rows
 
 
-def memory_rows(memory: StoredMemory, figures: bool = True) -> list[tuple[str, str, str, str]]:
+def memory_rows(memory: Memory, figures: bool = True) -> list[tuple[str, str, str, str]]:
     """A record's memory, each figure with its source; ``figures=False``: without the catalog's
     memory figures (the metrics table shows them as figure rows)."""
     return [
         (label, "MiB", fmt(value / 2**20 if in_bytes else value), source(memory))
         for key, label, in_bytes, figure, source in MEMORY_ROWS
-        if isinstance(value := memory.get(key), (int, float)) and (figures or not figure)
+        if isinstance(value := getattr(memory, key), (int, float)) and (figures or not figure)
     ]
 
 
-def _rss_scope(memory: Mapping[str, object]) -> str:
-    return "during the runs" if memory.get("peak_rss_scope") == "measurement" else "process lifetime"
+def _rss_scope(memory: Memory) -> str:
+    return "during the runs" if memory.peak_rss_scope == "measurement" else "process lifetime"
 
 
-def _buffer_source(memory: Mapping[str, object]) -> str:
-    return str(memory.get("buffer_source", ""))
+def _buffer_source(memory: Memory) -> str:
+    return memory.buffer_source or ""
 
 
 #: ``memory_rows``' rows in order: (the record's memory key, label, in bytes (shown in MiB), a
 #: catalog figure (the metrics table shows those as figure rows), where the figure comes from).
-MEMORY_ROWS: tuple[tuple[str, str, bool, bool, Callable[[Mapping[str, object]], str]], ...] = (
+MEMORY_ROWS: tuple[tuple[str, str, bool, bool, Callable[[Memory], str]], ...] = (
     ("peak_rss_bytes", "peak RSS", True, True, _rss_scope),
     ("kv_mib", "KV buffer", False, True, _buffer_source),
     ("compute_mib", "compute buffer", False, True, _buffer_source),
