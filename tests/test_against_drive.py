@@ -142,7 +142,7 @@ def test_both_sides_at_the_measurement_are_paired_and_the_current_side_gets_the_
     def pairs(ag: Any, events: Any, nodeid: str) -> Any:
         seen.append(events)
         looked = SimpleNamespace(comparisons=[], parts=(), changes=())
-        return looked, "against REF: 10 pairs", SimpleNamespace(as_dict=lambda: {"top1": 1.0})
+        return looked, "against REF: 10 pairs", SimpleNamespace(to_json=lambda: {"top1": 1.0})
 
     monkeypatch.setattr(against, "pairs", pairs)
     cur = FakeSide(CURRENT, [Measure({"label": "c"}), Report([{"r": 1}], "passed")])

@@ -503,7 +503,7 @@ def test_the_run_queue_wait_of_a_thread_sharing_its_cpu_is_measured() -> None:
     import os
     import time
 
-    from pytest_llmperf.core.measurement import SystemDelta
+    from pytest_llmperf.core.measurement import Machine, SystemDelta
     from pytest_llmperf.measuring.metrics import sample_system
 
     if not hasattr(os, "sched_setaffinity") or sample_system().engine_sched_ns is None:
@@ -525,7 +525,7 @@ def test_the_run_queue_wait_of_a_thread_sharing_its_cpu_is_measured() -> None:
         spinner.terminate()
         spinner.join()
     assert delta.cpu_wait_share is not None and delta.cpu_wait_share > 0.2, delta.cpu_wait_share
-    assert delta.as_dict()["cpu_wait_share"] == round(delta.cpu_wait_share, 5)
+    assert Machine.of(delta).to_json()["cpu_wait_share"] == round(delta.cpu_wait_share, 5)
 
 
 def _spin_on(cpu: int) -> None:  # pragma: no cover - runs in the spinner process

@@ -473,7 +473,7 @@ def test_roofline_says_what_is_true_instead_of_a_utilisation_above_100_percent(m
     assert fast.verdict == "cache-resident" and fast.mbu > 1
     assert "working set fits in cache; the DRAM roofline does not bound it" in fast.line()
     assert "MBU n/a (fits in cache)" in fast.line() and f"MBU {fast.mbu:.2f}" not in fast.line()
-    text = roofline_text(at(0.2).as_dict())
+    text = roofline_text(at(0.2))
     assert "decode   cache-resident" in text and "decode: working set fits in cache" in text
     big = at(4.0, 256 * 2**20).decode  # 67 GB/s from 256 MiB: no cache holds it
     assert big.verdict == "memory-bound" and big.mbu > 1

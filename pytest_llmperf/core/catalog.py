@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # the catalog imports nothing from the package at run time (tests/test_catalog.py)
-    from .measurement import Measurement
+    from .measurement import Measurement, Memory
 
 #: How a figure is read from a measurement.
 Reader = Callable[["Measurement"], float | None]
@@ -114,7 +114,7 @@ class Metric:
             return _at("summary", self.summary_key)(record)
         if self.run_field is not None:
             return _median_of(self.run_field)(record)
-        return _at(*self.record_path)(record) if self.record_path else None
+        return _stored(*self.record_path)(record) if self.record_path else None
 
 
 @dataclass(frozen=True)
@@ -151,6 +151,9 @@ class Stored(Protocol):
     the catalog): the value at a path of its sections."""
 
     def at(self, *path: str) -> object: ...
+
+    @property
+    def memory(self) -> Memory | None: ...
 
 
 def _runs(record: Stored, field: str, section: str = "runs") -> Sequence[float]:
@@ -190,6 +193,15 @@ def _at(*path: str) -> Callable[[Stored], float | None]:
         return value if isinstance(value, (int, float)) else None
 
     return read
+
+
+def _stored(*path: str) -> Callable[[Stored], float | None]:
+    """The reader of the figure at ``path`` of a stored record: a memory figure from its typed
+    ``memory`` (``Memory.figure``), any other by its key path."""
+    if path[0] == "memory" and len(path) == 2:
+        name = path[1]
+        return lambda record: record.memory.figure(name) if record.memory is not None else None
+    return _at(*path)
 
 
 # --- readers from a Measurement ---------------------------------------------------------------
@@ -581,7 +593,7 @@ def _memory_figure(
         statistic,
         json=_NULLABLE,
         bound=bound,
-        from_record=_at(*path, name),
+        from_record=_stored(*path, name),
         key=key,
     )
 

@@ -17,9 +17,9 @@ import json
 import math
 import statistics
 from abc import abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, NamedTuple, Protocol, TypeAlias, TypedDict, cast
+from typing import Any, ClassVar, Literal, NamedTuple, Protocol, TypeAlias, TypedDict, TypeVar, cast, overload
 
 from .formats import JSONValue, fmt, sig6, stored_fields
 from .schemas import validate_schema_file
@@ -29,6 +29,7 @@ from .workload import (
     EngineInfo,
     Workload,
     conversation_digest,
+    drawn,
     prompt_set_digest,
     trace_digest,
 )
@@ -142,17 +143,6 @@ class SystemSample:
     busy_ticks: tuple[int, int, int] | None = None
 
 
-class MachineJson(TypedDict, total=False):
-    """``SystemDelta`` as a record stores it (``machine``), with its preemptions per run."""
-
-    steal_share: float | None
-    load_1m: float | None
-    involuntary_switches: int
-    cpu_wait_share: float | None
-    others_cpu_share: float | None
-    involuntary_switches_per_run: float
-
-
 #: The engine's threads waiting for a CPU, or preempted, are other processes' doing only where
 #: those used at least this share of the machine's CPU time (more than at baseline, for a
 #: verdict); where none did, the engine's threads took turns with each other: more threads than
@@ -211,22 +201,6 @@ class SystemDelta:
             return None
         return min(1.0, max(0.0, (machine - engine - own) / total))
 
-    def as_dict(self, runs: int | None = None) -> MachineJson:
-        """As a record stores it (``machine``); ``runs`` given (warm-ups included): with its
-        preemptions per run."""
-        share = self.steal_share
-        wait, others = self.cpu_wait_share, self.others_cpu_share
-        out: MachineJson = {
-            "steal_share": None if share is None else round(share, 5),
-            "load_1m": self.after.load_1m,
-            "involuntary_switches": self.involuntary_switches,
-            "cpu_wait_share": None if wait is None else round(wait, 5),
-            "others_cpu_share": None if others is None else round(others, 5),
-        }
-        if runs is not None:
-            out["involuntary_switches_per_run"] = round(self.involuntary_switches / max(1, runs), 2)
-        return out
-
 
 class StabilityJson(TypedDict):
     """``Stability`` as a record stores it."""
@@ -260,32 +234,200 @@ class Stability:
     far_runs: tuple[int, ...]  # indices of runs far off the others
     warnings: tuple[str, ...]
 
-    def as_dict(self) -> StabilityJson:
+    def to_json(self) -> StabilityJson:
         return cast("StabilityJson", stored_fields(self))
 
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> Stability:
+        """``to_json`` read back; KeyError, TypeError or ValueError where a key is missing or of
+        the wrong kind."""
+        span = d["context_span"]
+        return cls(
+            n_runs=_sec_int(d["n_runs"]),
+            tpot_cv=_sec_float(d["tpot_cv"]),
+            tpot_spread_pct=_sec_float(d["tpot_spread_pct"]),
+            ttft_cv=_sec_float(d["ttft_cv"]),
+            first_run_slowdown=_sec_opt_float(d["first_run_slowdown"]),
+            first_run_ttft_slowdown=_sec_opt_float(d["first_run_ttft_slowdown"]),
+            first_token_slowdown=_sec_float(d["first_token_slowdown"]),
+            context_slope_us_per_token=_sec_opt_float(d["context_slope_us_per_token"]),
+            context_span=None if span is None else _sec_span(span),
+            far_runs=tuple(_sec_int(i) for i in _sec_list(d["far_runs"])),
+            warnings=tuple(_sec_str(w) for w in _sec_list(d["warnings"])),
+        )
 
-@dataclass(frozen=True)
+
+# -- reading a stored section back (``from_json``): each value of its kind, else TypeError ------
+
+
+def _sec_obj(value: object) -> Mapping[str, object]:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"not an object: {type(value).__name__}")
+    return value
+
+
+def _sec_list(value: object) -> list[object]:
+    """An array (a hand-made record's may be any iterable of values: a numpy array)."""
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        raise TypeError(f"not an array: {type(value).__name__}")
+    return list(value)
+
+
+def _wrong_kind(value: object, what: str) -> Exception:
+    """A text where a number belongs is a ValueError (as ``float("fast")``), another kind a TypeError."""
+    if isinstance(value, str):
+        return ValueError(f"not {what}: {value[:40]!r}")
+    return TypeError(f"not {what}: {type(value).__name__}")
+
+
+def _sec_float(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _wrong_kind(value, "a number")
+    return float(value)
+
+
+def _sec_opt_float(value: object) -> float | None:
+    return None if value is None else _sec_float(value)
+
+
+def _sec_int(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _wrong_kind(value, "an integer")
+    return value
+
+
+def _sec_str(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"not a string: {type(value).__name__}")
+    return value
+
+
+def _sec_span(value: object) -> tuple[int, int]:
+    lo, hi = _sec_list(value)
+    return _sec_int(lo), _sec_int(hi)
+
+
+def _sec_floats(value: object) -> tuple[float, ...]:
+    return tuple(_sec_float(v) for v in _sec_list(value))
+
+
+def _sec_strs(value: object) -> tuple[str, ...]:
+    return tuple(_sec_str(v) for v in _sec_list(value))
+
+
+@dataclass(frozen=True, kw_only=True)
 class LoadStats:
-    """What only a load test shows; ``Measurement.runs`` holds the successful requests."""
+    """What only a load test shows; ``Measurement.runs`` holds the successful requests. The
+    fields down to ``trace`` are what a record stores (``to_json``: a level's figures, the HTML
+    report's throughput-latency curve); the rest are not stored: None (``errors``: empty) when
+    read from a file (``from_json``). It is also equal to its stored form (a mapping)."""
 
     concurrency: int
     rate_per_s: float | None
     n_requests: int
     n_ok: int
-    n_failed: int
-    errors: tuple[str, ...]  # "request 3: <reason>", one per failed request
-    duration_s: float  # first send to last token
-    ttft: LatencyStats
-    tpot: LatencyStats
-    e2e: LatencyStats
     output_tps: float  # all output tokens / duration
-    output_tps_per_request: float  # median over requests of output tokens / E2E
     requests_per_s: float  # successful requests / duration
     goodput: float  # share of all requests meeting the SLOs (and not failed)
-    slo: Mapping[str, float]
-    server: ServerSide | None = None  # llama-server's own timings and /metrics, when it gave them
+    ttft_p50_ms: float  # the successful requests' TTFT median and p99 (``ttft``'s)
+    ttft_p99_ms: float
+    tpot_p50_ms: float  # ... and their TPOT's (``tpot``'s)
+    tpot_p99_ms: float
     prompt_cache: str | None = None  # served: what the server's prompt cache was allowed to do
+    server: ServerSide | None = None  # llama-server's own timings and /metrics, when it gave them
     trace: TraceReplay | None = None  # a trace replay's schedule and how late the client sent
+    # Not stored: None (``errors``: empty) when read from a file.
+    errors: tuple[str, ...] = ()  # "request 3: <reason>", one per failed request
+    duration_s: float | None = None  # first send to last token
+    ttft: LatencyStats | None = None
+    tpot: LatencyStats | None = None
+    e2e: LatencyStats | None = None
+    output_tps_per_request: float | None = None  # median over requests of output tokens / E2E
+    slo: Mapping[str, float] | None = None
+
+    @property
+    def n_failed(self) -> int:
+        return self.n_requests - self.n_ok
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to a ``LoadStats`` of equal fields, or to its stored form (``to_json``)."""
+        if isinstance(other, Mapping):
+            return self.to_json() == other
+        if not isinstance(other, LoadStats):
+            return NotImplemented
+        return all(getattr(self, f.name) == getattr(other, f.name) for f in dataclasses.fields(self))
+
+    def to_json(self) -> dict[str, JSONValue]:
+        out: dict[str, JSONValue] = {
+            "concurrency": self.concurrency,
+            "rate_per_s": self.rate_per_s,
+            "n_requests": self.n_requests,
+            "n_ok": self.n_ok,
+            **{k: sig6(getattr(self, k)) for k in _LOAD_FIGURES},
+            "prompt_cache": self.prompt_cache,
+        }
+        if self.server is not None:
+            out["server"] = self.server.to_json()
+        if self.trace is not None:  # a trace replay: its summary (other load tests store as before)
+            out["trace"] = self.trace.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> LoadStats:
+        """A stored load level (``to_json``); KeyError, TypeError: not one."""
+        server, trace = d.get("server"), d.get("trace")
+        return cls(
+            concurrency=_held(d, "concurrency", int),
+            rate_per_s=_held(d, "rate_per_s", float, none=True),
+            n_requests=_held(d, "n_requests", int),
+            n_ok=_held(d, "n_ok", int),
+            output_tps=_held(d, "output_tps", float),
+            requests_per_s=_held(d, "requests_per_s", float),
+            goodput=_held(d, "goodput", float),
+            ttft_p50_ms=_held(d, "ttft_p50_ms", float),
+            ttft_p99_ms=_held(d, "ttft_p99_ms", float),
+            tpot_p50_ms=_held(d, "tpot_p50_ms", float),
+            tpot_p99_ms=_held(d, "tpot_p99_ms", float),
+            prompt_cache=_held(d, "prompt_cache", str, none=True),
+            server=None if server is None else ServerSide.from_json(_object(server, "server")),
+            trace=None if trace is None else TraceReplay.from_json(_object(trace, "trace")),
+        )
+
+
+#: ``LoadStats``' stored figures (six significant figures), in their order.
+_LOAD_FIGURES = ("output_tps", "requests_per_s", "goodput", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms")
+
+_Held = TypeVar("_Held", int, float, str)
+
+
+@overload
+def _held(d: Mapping[str, object], key: str, kind: type[_Held], *, none: Literal[False] = False) -> _Held: ...
+@overload
+def _held(d: Mapping[str, object], key: str, kind: type[_Held], *, none: Literal[True]) -> _Held | None: ...
+def _held(d: Mapping[str, object], key: str, kind: type[_Held], *, none: bool = False) -> _Held | None:
+    """``d[key]``, checked to be a ``kind`` (a float: any number, kept as it came, so it is
+    written back as it was; never a bool), or None where ``none``; KeyError, TypeError: not."""
+    value = d[key]
+    if value is None and none:
+        return None
+    kinds: tuple[type, ...] = (int, float) if kind is float else (kind,)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise TypeError(f"{key}: {value!r} is not {'a number' if kind is float else kind.__name__}")
+    return cast("_Held", value)
+
+
+def _object(value: object, key: str) -> Mapping[str, object]:
+    """``value``, checked to be a JSON object; TypeError: not."""
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{key}: {value!r} is not an object")
+    return value
+
+
+def _listed(value: object, key: str) -> list[object]:
+    """``value``, checked to be a JSON array; TypeError: not."""
+    if not isinstance(value, list):
+        raise TypeError(f"{key}: {value!r} is not a list")
+    return value
 
 
 @dataclass(frozen=True)
@@ -293,17 +435,51 @@ class TraceReplay:
     """A replayed trace (``Workload.trace``): its length and pace, and when each request was
     sent against its schedule, seconds from the first send's planned time. The lag (sent -
     scheduled) is the client's own: a request sent late is this process's delay, not the
-    server's (every request is sent at its time whatever the server's backlog)."""
+    server's (every request is sent at its time whatever the server's backlog). A record
+    stores the lag's median and worst (``send_lag_p50_ms``, ``send_lag_max_ms``: computed when
+    built, ``of``), not the schedule: ``scheduled_s`` and ``sent_s`` are not stored (empty when
+    read from a file)."""
 
     n_requests: int
     span_s: float  # the trace's arrival span on its own clock (last t_s - first t_s)
     speed: float  # replayed ``speed`` times faster than recorded
-    scheduled_s: tuple[float, ...]  # each request's send time (its t_s from the first, / speed)
-    sent_s: tuple[float, ...]  # when the client began each request, on the same clock
+    send_lag_p50_ms: float
+    send_lag_max_ms: float
+    scheduled_s: tuple[float, ...] = ()  # each request's send time (its t_s from the first, / speed)
+    sent_s: tuple[float, ...] = ()  # when the client began each request, on the same clock
+
+    @classmethod
+    def of(
+        cls, n_requests: int, span_s: float, speed: float, scheduled_s: Sequence[float], sent_s: Sequence[float]
+    ) -> TraceReplay:
+        lags = [(sent - due) * 1000 for sent, due in zip(sent_s, scheduled_s)]
+        return cls(
+            n_requests, span_s, speed, float(statistics.median(lags)), max(lags), tuple(scheduled_s), tuple(sent_s)
+        )
 
     @property
     def lags_ms(self) -> tuple[float, ...]:
         return tuple((sent - due) * 1000 for sent, due in zip(self.sent_s, self.scheduled_s))
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {
+            "requests": self.n_requests,
+            "span_s": sig6(self.span_s),
+            "speed": self.speed,
+            "send_lag_p50_ms": sig6(self.send_lag_p50_ms),
+            "send_lag_max_ms": sig6(self.send_lag_max_ms),
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> TraceReplay:
+        """A stored trace replay's summary (``to_json``); KeyError, TypeError: not one."""
+        return cls(
+            _held(d, "requests", int),
+            _held(d, "span_s", float),
+            _held(d, "speed", float),
+            _held(d, "send_lag_p50_ms", float),
+            _held(d, "send_lag_max_ms", float),
+        )
 
 
 @dataclass(frozen=True)
@@ -329,6 +505,32 @@ class ServerSide:
         m = self.metrics or {}
         n = m.get("n_decode_total")
         return m["tokens_predicted_total"] / n if n and "tokens_predicted_total" in m else None
+
+    def to_json(self) -> dict[str, JSONValue]:
+        """Each field (a float to six significant figures), ``metrics`` last, as a plain object."""
+        out: dict[str, JSONValue] = {
+            k: sig6(v) if isinstance(v, float) else v for k, v in vars(self).items() if k != "metrics"
+        }
+        out["metrics"] = dict(self.metrics or {})
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> ServerSide:
+        """A stored server side (``to_json``); KeyError, TypeError: not one."""
+        metrics = _object(d["metrics"], "metrics")
+        return cls(
+            _held(d, "n_timed", int),
+            _held(d, "prompt_tokens_median", float, none=True),
+            _held(d, "prompt_n_min", int, none=True),
+            _held(d, "prompt_n_median", float, none=True),
+            _held(d, "prompt_n_max", int, none=True),
+            _held(d, "server_prompt_ms_p50", float, none=True),
+            _held(d, "ttft_gap_ms_p50", float, none=True),
+            _held(d, "server_ms_per_token_p50", float, none=True),
+            _held(d, "tpot_gap_ms_p50", float, none=True),
+            metrics={k: _held(metrics, k, float) for k in metrics},
+            prompt_tokens_from_cache=_held(d, "prompt_tokens_from_cache", int, none=True),
+        )
 
 
 @dataclass(frozen=True)
@@ -361,48 +563,55 @@ class LoadSample:
     def cold(self) -> bool:
         return self.resident_share is not None and self.resident_share <= COLD_RESIDENT_MAX
 
+    def to_json(self) -> dict[str, JSONValue]:
+        """Each field, a float to six significant figures."""
+        return {k: sig6(v) if isinstance(v, float) else v for k, v in dataclasses.asdict(self).items()}
 
-class ModelLoadsJson(TypedDict):
-    """``ModelLoads`` as a record stores it (``samples``: each ``LoadSample``'s fields)."""
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> LoadSample:
+        """A stored sample (``to_json``); KeyError, TypeError: not one."""
+        return cls(
+            _held(d, "load_ms", float),
+            _held(d, "native_load_ms", float, none=True),
+            _held(d, "fresh_ttft_ms", float, none=True),
+            _held(d, "resident_share", float, none=True),
+        )
+
+
+@dataclass(frozen=True)
+class ModelLoads:
+    """Fresh loads of the engine's model (``asked``: "warm" or "cold") and what they were,
+    computed from the samples when built (``of``) and stored as they are (a median of rounded
+    samples is not the rounded median): ``page_cache`` "cold" only when every eviction took,
+    "warm" when none did; ``evidence`` ("at most 0% of the file resident before each load",
+    mincore); ``note``: a cold load asked for that did not get one; the load and fresh-engine
+    TTFT medians."""
 
     asked: str
+    samples: tuple[LoadSample, ...]
     page_cache: str
     evidence: str
     note: str
     load_ms: float
     fresh_ttft_ms: float | None
-    samples: list[dict[str, JSONValue]]
 
-
-@dataclass(frozen=True)
-class ModelLoads:
-    asked: str  # "warm" or "cold"
-    samples: tuple[LoadSample, ...]
-
-    @property
-    def page_cache(self) -> str:
-        """What the loads were: "cold" only when every eviction took, "warm" when none did."""
-        cold = sum(s.cold for s in self.samples)
-        if cold == len(self.samples):
-            return "cold"
-        if cold == 0:
-            return "warm"
-        return f"mixed ({cold} of {len(self.samples)} cold)"
-
-    @property
-    def load_ms(self) -> float:
-        return float(statistics.median(s.load_ms for s in self.samples))
-
-    @property
-    def fresh_ttft_ms(self) -> float | None:
-        values = [s.fresh_ttft_ms for s in self.samples if s.fresh_ttft_ms is not None]
-        return float(statistics.median(values)) if values else None
-
-    @property
-    def evidence(self) -> str:
-        """ "at most 0% of the file resident before each load" (mincore)."""
-        shares = [s.resident_share for s in self.samples if s.resident_share is not None]
-        return f"at most {max(shares):.0%} of the file resident before each load" if shares else "residency unknown"
+    @classmethod
+    def of(cls, asked: str, samples: Sequence[LoadSample]) -> ModelLoads:
+        cold = sum(s.cold for s in samples)
+        page_cache = (
+            "cold" if cold == len(samples) else "warm" if cold == 0 else f"mixed ({cold} of {len(samples)} cold)"
+        )
+        shares = [s.resident_share for s in samples if s.resident_share is not None]
+        ttfts = [s.fresh_ttft_ms for s in samples if s.fresh_ttft_ms is not None]
+        return cls(
+            asked,
+            tuple(samples),
+            page_cache,
+            f"at most {max(shares):.0%} of the file resident before each load" if shares else "residency unknown",
+            EVICTION_FAILED if asked == "cold" and page_cache != "cold" else "",
+            float(statistics.median(s.load_ms for s in samples)),
+            float(statistics.median(ttfts)) if ttfts else None,
+        )
 
     def describe(self) -> str:
         """The page-cache state with its evidence: "cold (at most 0% of the file resident before
@@ -412,19 +621,29 @@ class ModelLoads:
             text += f"; {EVICTION_FAILED}"
         return text
 
-    def as_dict(self) -> ModelLoadsJson:
+    def to_json(self) -> dict[str, JSONValue]:
         return {
             "asked": self.asked,
             "page_cache": self.page_cache,
             "evidence": self.evidence,
-            "note": EVICTION_FAILED if self.asked == "cold" and self.page_cache != "cold" else "",
+            "note": self.note,
             "load_ms": sig6(self.load_ms),
             "fresh_ttft_ms": sig6(self.fresh_ttft_ms),
-            "samples": [
-                {k: sig6(v) if isinstance(v, float) else v for k, v in dataclasses.asdict(s).items()}
-                for s in self.samples
-            ],
+            "samples": [s.to_json() for s in self.samples],
         }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> ModelLoads:
+        """Stored model loads (``to_json``); KeyError, TypeError: not."""
+        return cls(
+            _held(d, "asked", str),
+            tuple(LoadSample.from_json(_object(s, "samples")) for s in _listed(d["samples"], "samples")),
+            _held(d, "page_cache", str),
+            _held(d, "evidence", str),
+            _held(d, "note", str),
+            _held(d, "load_ms", float),
+            _held(d, "fresh_ttft_ms", float, none=True),
+        )
 
 
 @dataclass(frozen=True)
@@ -455,6 +674,8 @@ class PhaseRoofline:
     mfu: float
     verdict: str  # "memory-bound" | "compute-bound" | "cache-resident"
     note: str = ""  # why the DRAM roofline does not apply (cache-resident), else ""
+    #: Stored keys the stored phase lacked (a hand-made record's ``note``): not written.
+    absent: tuple[str, ...] = ()
 
     def line(self) -> str:
         mbu = (
@@ -471,8 +692,33 @@ class PhaseRoofline:
         )
         return text + (f"; {self.note}" if self.note else "")
 
-    def as_dict(self) -> PhaseRooflineJson:
-        return cast("PhaseRooflineJson", stored_fields(self, "phase"))
+    def to_json(self) -> PhaseRooflineJson:
+        out = stored_fields(self, "phase", "absent")
+        return cast("PhaseRooflineJson", {k: v for k, v in out.items() if k not in self.absent})
+
+    @classmethod
+    def from_json(cls, phase: str, d: Mapping[str, object]) -> PhaseRoofline:
+        """``to_json`` read back (``phase``: its key); only ``note`` may be missing."""
+        figures = {k: _sec_float(d[k]) for k in _ROOFLINE_FIGURES}
+        note = _sec_str(d.get("note", ""))
+        return cls(phase, **figures, verdict=_sec_str(d["verdict"]), note=note, absent=_absent(d, ("note",)))
+
+
+_ROOFLINE_FIGURES = (
+    "bytes_per_token",
+    "flops_per_token",
+    "intensity_flop_per_byte",
+    "bound_tps",
+    "achieved_tps",
+    "achieved_bw_gbs",
+    "mbu",
+    "mfu",
+)
+
+
+def _absent(d: Mapping[str, object], optional: Sequence[str]) -> tuple[str, ...]:
+    """The ``optional`` keys a stored section lacks (a hand-made record's), in order."""
+    return tuple(k for k in optional if k not in d)
 
 
 class PhaseRooflineJson(TypedDict):
@@ -506,22 +752,46 @@ class RooflineJson(TypedDict):
     prefill: PhaseRooflineJson | None
 
 
+#: ``Roofline``'s stored keys a hand-made record may lack (read as "", 0 or None; not written).
+ROOFLINE_OPTIONAL = (
+    "peak_bw_source",
+    "peak_bw_detail",
+    "peak_tflops_source",
+    "peak_tflops_detail",
+    "machine_balance_flop_per_byte",
+    "context_tokens",
+    "weights_bytes",
+    "prefill",
+)
+
+
 @dataclass(frozen=True)
 class Roofline:
     peak_bw: Peak
     peak_tflops: Peak
     context_tokens: float  # mean context position of the decoded tokens
     weights_bytes: int
-    kv_bytes_per_token_of_context: float
+    #: Not stored: None when read from a file.
+    kv_bytes_per_token_of_context: float | None
     decode: PhaseRoofline
     prefill: PhaseRoofline | None
+    #: The machine balance as stored (read from a file); None: computed from the peaks.
+    stored_balance: float | None = None
+    #: Stored keys the stored roofline lacked (``ROOFLINE_OPTIONAL``, a hand-made record's): not written.
+    absent: tuple[str, ...] = ()
 
     @property
     def machine_balance_flop_per_byte(self) -> float:
+        if self.stored_balance is not None:
+            return self.stored_balance
         return self.peak_tflops.value * 1e12 / (self.peak_bw.value * 1e9)
 
-    def as_dict(self) -> RooflineJson:
-        return {
+    def has(self, key: str) -> bool:
+        """Whether the stored form holds ``key`` (a hand-made record's may lack one)."""
+        return key not in self.absent
+
+    def to_json(self) -> RooflineJson:
+        out = {
             "peak_bw_gbs": sig6(self.peak_bw.value),
             "peak_bw_source": self.peak_bw.source,
             "peak_bw_detail": self.peak_bw.detail,
@@ -531,9 +801,37 @@ class Roofline:
             "machine_balance_flop_per_byte": sig6(self.machine_balance_flop_per_byte),
             "context_tokens": sig6(self.context_tokens),
             "weights_bytes": self.weights_bytes,
-            "decode": self.decode.as_dict(),
-            "prefill": self.prefill.as_dict() if self.prefill is not None else None,
+            "decode": self.decode.to_json(),
+            "prefill": self.prefill.to_json() if self.prefill is not None else None,
         }
+        return cast("RooflineJson", {k: v for k, v in out.items() if k not in self.absent})
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> Roofline:
+        """``to_json`` read back (the peaks and the decode phase at least: ``ROOFLINE_OPTIONAL``
+        may be missing); KeyError, TypeError or ValueError where a value is missing or of the
+        wrong kind."""
+        prefill = d.get("prefill")
+        balance = d.get("machine_balance_flop_per_byte")
+        return cls(
+            Peak(
+                _sec_float(d["peak_bw_gbs"]),
+                _sec_str(d.get("peak_bw_source", "")),
+                _sec_str(d.get("peak_bw_detail", "")),
+            ),
+            Peak(
+                _sec_float(d["peak_tflops"]),
+                _sec_str(d.get("peak_tflops_source", "")),
+                _sec_str(d.get("peak_tflops_detail", "")),
+            ),
+            _sec_float(d.get("context_tokens", 0.0)),
+            _sec_int(d.get("weights_bytes", 0)),
+            None,
+            PhaseRoofline.from_json("decode", _sec_obj(d["decode"])),
+            None if prefill is None else PhaseRoofline.from_json("prefill", _sec_obj(prefill)),
+            stored_balance=None if balance is None else _sec_float(balance),
+            absent=_absent(d, ROOFLINE_OPTIONAL),
+        )
 
 
 #: Outlier rule: a layer slower than median + OUTLIER_MAD_FACTOR x MAD of the layers (and
@@ -574,9 +872,15 @@ class PhaseLayers:
     per_run_ms: tuple[tuple[float, ...], ...]
     outliers: tuple[str, ...]
     coverage: float  # median over steps of (sum of the step's segments / its step time)
+    #: Each segment's share as stored (read from a file); None: computed from ``median_ms``.
+    stored_share: tuple[float, ...] | None = None
+    #: Stored keys the stored phase lacked (``LAYERS_PHASE_OPTIONAL``, a hand-made record's): not written.
+    absent: tuple[str, ...] = ()
 
     @property
     def share(self) -> tuple[float, ...]:
+        if self.stored_share is not None:
+            return self.stored_share
         total = sum(self.median_ms)
         return tuple(v / total if total else 0.0 for v in self.median_ms)
 
@@ -585,8 +889,12 @@ class PhaseLayers:
         """Transformer blocks reported (the head is not one)."""
         return sum(1 for n in self.names if n != HEAD_NAME)
 
-    def as_dict(self) -> PhaseLayersJson:
-        return {
+    def has(self, key: str) -> bool:
+        """Whether the stored form holds ``key`` (a hand-made record's may lack one)."""
+        return key not in self.absent
+
+    def to_json(self) -> PhaseLayersJson:
+        out = {
             "names": list(self.names),
             "median_ms": [sig6(v) for v in self.median_ms],
             "share": [sig6(v) for v in self.share],
@@ -597,6 +905,35 @@ class PhaseLayers:
             "outliers": list(self.outliers),
             "coverage": sig6(self.coverage),
         }
+        return cast("PhaseLayersJson", {k: v for k, v in out.items() if k not in self.absent})
+
+    @classmethod
+    def from_json(cls, phase: str, d: Mapping[str, object]) -> PhaseLayers:
+        """``to_json`` read back (``phase``: its key); ``names`` and ``median_ms`` at least
+        (``LAYERS_PHASE_OPTIONAL`` may be missing: 0 or empty); KeyError, TypeError or ValueError
+        where a value is missing or of the wrong kind."""
+        names, share = _sec_strs(d["names"]), d.get("share")
+        median_ms, shares = _sec_floats(d["median_ms"]), None if share is None else _sec_floats(share)
+        per_run_ms = tuple(_sec_floats(run) for run in _sec_list(d.get("per_run_ms", [])))
+        if any(len(v) != len(names) for v in (median_ms, shares or names, *per_run_ms)):
+            raise ValueError("a segment's figures do not match its names")
+        return cls(
+            phase,
+            names,
+            median_ms,
+            _sec_float(d.get("step_ms", 0.0)),
+            _sec_int(d.get("n_runs", 0)),
+            _sec_int(d.get("n_steps", 0)),
+            per_run_ms,
+            _sec_strs(d.get("outliers", [])),
+            _sec_float(d.get("coverage", 0.0)),
+            stored_share=shares,
+            absent=_absent(d, LAYERS_PHASE_OPTIONAL),
+        )
+
+
+#: ``PhaseLayers``' stored keys a hand-made record may lack.
+LAYERS_PHASE_OPTIONAL = ("share", "step_ms", "n_runs", "n_steps", "per_run_ms", "outliers", "coverage")
 
 
 class PhaseLayersJson(TypedDict):
@@ -629,7 +966,7 @@ class _Stepped(Protocol):
 
 class InstrumentedCost:
     """What an instrumented pass cost against interleaved plain runs of the same engine
-    (``LayerProfile``, ``attribution.Attribution``): instrumented / plain, per phase."""
+    (``attribution.Attribution``): instrumented / plain, per phase."""
 
     prefill: _Stepped
     tpot_ms: float  # instrumented runs, median
@@ -645,24 +982,68 @@ class InstrumentedCost:
         return self.tpot_ms / self.plain_tpot_ms if self.plain_tpot_ms else None
 
 
+#: ``LayerProfile``'s stored keys a hand-made record may lack.
+LAYERS_OPTIONAL = ("outlier_rule", "overhead_ratio", "prefill_overhead_ratio")
+
+
 @dataclass(frozen=True)
-class LayerProfile(InstrumentedCost):
-    """Both phases, plus what the instrumentation cost against the plain engine."""
+class LayerProfile:
+    """Both phases, plus what the instrumentation cost against the plain engine (instrumented /
+    plain, per phase: computed from the medians when measured, as stored when read)."""
 
     prefill: PhaseLayers
     decode: PhaseLayers
-    tpot_ms: float  # instrumented runs, median
-    plain_prefill_ms: float | None  # interleaved plain runs, medians
-    plain_tpot_ms: float | None
+    #: Instrumented runs' median TPOT. Not stored: None when read from a file.
+    tpot_ms: float | None = None
+    #: Interleaved plain runs, medians. Not stored: None when read from a file.
+    plain_prefill_ms: float | None = None
+    plain_tpot_ms: float | None = None
+    #: The overhead ratios as stored (decode, prefill: read from a file; None when measured).
+    stored_ratios: tuple[float | None, float | None] | None = None
+    #: The outlier rule as stored (a hand-made record may name another).
+    outlier_rule: str = OUTLIER_RULE
+    #: Stored keys the stored profile lacked (``LAYERS_OPTIONAL``, a hand-made record's): not written.
+    absent: tuple[str, ...] = ()
 
-    def as_dict(self) -> LayersJson:
+    @property
+    def prefill_overhead_ratio(self) -> float | None:
+        if self.stored_ratios is not None:
+            return self.stored_ratios[1]
+        return self.prefill.step_ms / self.plain_prefill_ms if self.plain_prefill_ms else None
+
+    @property
+    def decode_overhead_ratio(self) -> float | None:
+        if self.stored_ratios is not None:
+            return self.stored_ratios[0]
+        return self.tpot_ms / self.plain_tpot_ms if self.plain_tpot_ms and self.tpot_ms is not None else None
+
+    def has(self, key: str) -> bool:
+        """Whether the stored form holds ``key`` (a hand-made record's may lack one)."""
+        return key not in self.absent
+
+    def to_json(self) -> LayersJson:
         """The record's ``layers`` entry (baselines, session reports)."""
-        return {
-            "phases": {"prefill": self.prefill.as_dict(), "decode": self.decode.as_dict()},
-            "outlier_rule": OUTLIER_RULE,
+        out = {
+            "phases": {"prefill": self.prefill.to_json(), "decode": self.decode.to_json()},
+            "outlier_rule": self.outlier_rule,
             "overhead_ratio": sig6(self.decode_overhead_ratio),
             "prefill_overhead_ratio": sig6(self.prefill_overhead_ratio),
         }
+        return cast("LayersJson", {k: v for k, v in out.items() if k not in self.absent})
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> LayerProfile:
+        """``to_json`` read back (both phases at least: ``LAYERS_OPTIONAL`` may be missing);
+        KeyError, TypeError or ValueError where a value is missing or of the wrong kind."""
+        phases = _sec_obj(d["phases"])
+        ratios = _sec_opt_float(d.get("overhead_ratio")), _sec_opt_float(d.get("prefill_overhead_ratio"))
+        return cls(
+            PhaseLayers.from_json("prefill", _sec_obj(phases["prefill"])),
+            PhaseLayers.from_json("decode", _sec_obj(phases["decode"])),
+            stored_ratios=ratios,
+            outlier_rule=_sec_str(d.get("outlier_rule", OUTLIER_RULE)),
+            absent=_absent(d, LAYERS_OPTIONAL),
+        )
 
 
 GROUP_RULE = (
@@ -700,7 +1081,8 @@ class Slice:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Slice:
-        return cls(str(d["name"]), float(d["median_ms"]), tuple(float(v) for v in d["per_run_ms"]))
+        d = _sec_obj(d)
+        return cls(_sec_str(d["name"]), _sec_float(d["median_ms"]), _sec_floats(d["per_run_ms"]))
 
 
 @dataclass(frozen=True)
@@ -744,19 +1126,20 @@ class PhaseAttribution:
 
     @classmethod
     def from_json(cls, phase: str, d: Mapping[str, Any]) -> PhaseAttribution:
-        kinds = {k: tuple(Slice.from_json(s) for s in d[k]) for k in KINDS}
+        d = _sec_obj(d)
+        kinds = {k: tuple(Slice.from_json(_sec_obj(s)) for s in _sec_list(d[k])) for k in KINDS}
         return cls(
             phase,
             kinds["layers"],
             kinds["ops"],
             kinds["groups"],
-            float(d["step_ms"]),
-            float(d["nodes_ms"]),
-            float(d["coverage"]),
-            int(d["nodes"]),
-            int(d["n_runs"]),
-            int(d["n_steps"]),
-            Slice.from_json(d["blocks"]) if d.get("blocks") else None,
+            _sec_float(d["step_ms"]),
+            _sec_float(d["nodes_ms"]),
+            _sec_float(d["coverage"]),
+            _sec_int(d["nodes"]),
+            _sec_int(d["n_runs"]),
+            _sec_int(d["n_steps"]),
+            Slice.from_json(_sec_obj(d["blocks"])) if d.get("blocks") else None,
         )
 
 
@@ -798,18 +1181,16 @@ class Attribution(InstrumentedCost):
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Attribution:
-        phases = d["phases"]
-
-        def opt(key: str) -> float | None:
-            return None if d.get(key) is None else float(d[key])
-
+        """``to_json`` read back; KeyError, TypeError or ValueError where a value is missing or
+        of the wrong kind (a text where a number belongs: ValueError)."""
+        phases = _sec_obj(_sec_obj(d)["phases"])
         return cls(
-            PhaseAttribution.from_json("prefill", phases["prefill"]),
-            PhaseAttribution.from_json("decode", phases["decode"]),
-            float(d["tpot_ms"]),
-            opt("plain_prefill_ms"),
-            opt("plain_tpot_ms"),
-            float(d["wall_s"]),
+            PhaseAttribution.from_json("prefill", _sec_obj(phases["prefill"])),
+            PhaseAttribution.from_json("decode", _sec_obj(phases["decode"])),
+            _sec_float(d["tpot_ms"]),
+            _sec_opt_float(d.get("plain_prefill_ms")),
+            _sec_opt_float(d.get("plain_tpot_ms")),
+            _sec_float(d["wall_s"]),
         )
 
     def lines(self) -> list[str]:
@@ -890,19 +1271,35 @@ class Agreement:
             f"  greedy parity {self.greedy_parity:.4f}; first divergence: {where}",
         ]
 
-    def as_dict(self) -> dict[str, JSONValue]:
+    def to_json(self) -> dict[str, JSONValue]:
         out = dataclasses.asdict(self)
         out["first_divergence"] = list(self.first_divergence)
         out["available"] = self.available
         return out
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Agreement:
-        """``as_dict`` read back (``available`` is computed, not stored)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        fields = {k: v for k, v in d.items() if k in names}
-        fields["first_divergence"] = tuple(d.get("first_divergence") or ())
-        return cls(**fields)
+    def from_json(cls, d: Mapping[str, object]) -> Agreement:
+        """``to_json`` read back (``available`` is computed, and checked against ``reason``);
+        KeyError, TypeError, ValueError: not an agreement."""
+        firsts = _listed(d["first_divergence"], "first_divergence")
+        if any(v is not None and (isinstance(v, bool) or not isinstance(v, int)) for v in firsts):
+            raise TypeError(f"first_divergence: {firsts!r} holds more than positions and None")
+        out = cls(
+            reason=_held(d, "reason", str),
+            method=_held(d, "method", str),
+            n_prompts=_held(d, "n_prompts", int),
+            n_positions=_held(d, "n_positions", int),
+            **{k: _held(d, k, float, none=True) for k in _AGREEMENT_FIGURES},
+            n_unscored=_held(d, "n_unscored", int),
+            first_divergence=tuple(cast("list[int | None]", firsts)),
+        )
+        if d["available"] is not out.available:
+            raise ValueError(f"available: {d['available']!r} with reason {out.reason!r}")
+        return out
+
+
+#: ``Agreement``'s figures (None: not available), in their order.
+_AGREEMENT_FIGURES = ("top1_agreement", "kl_mean", "kl_p99", "kl_max", "greedy_parity")
 
 
 class LengthBucketJson(TypedDict):
@@ -928,8 +1325,20 @@ class LengthBucket:
     ttft_p95_ms: float
     prefill_p50_ms: float | None
 
-    def as_dict(self) -> LengthBucketJson:
+    def to_json(self) -> LengthBucketJson:
         return cast("LengthBucketJson", stored_fields(self))
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> LengthBucket:
+        """A stored bucket (``to_json``); KeyError, TypeError: not one."""
+        return cls(
+            _held(d, "low_tokens", int),
+            _held(d, "high_tokens", int),
+            _held(d, "n_runs", int),
+            _held(d, "ttft_p50_ms", float),
+            _held(d, "ttft_p95_ms", float),
+            _held(d, "prefill_p50_ms", float, none=True),
+        )
 
 
 class PromptLengthsJson(TypedDict):
@@ -960,8 +1369,23 @@ class PromptLengths:
     slope_ms_per_token: float | None
     intercept_ms: float | None
 
-    def as_dict(self) -> PromptLengthsJson:
-        return cast("PromptLengthsJson", {**stored_fields(self), "buckets": [b.as_dict() for b in self.buckets]})
+    def to_json(self) -> PromptLengthsJson:
+        return cast("PromptLengthsJson", {**stored_fields(self), "buckets": [b.to_json() for b in self.buckets]})
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> PromptLengths:
+        """Stored figures by prompt length (``to_json``); KeyError, TypeError: not."""
+        buckets = _listed(d["buckets"], "buckets")
+        return cls(
+            _held(d, "rule", str),
+            _held(d, "n_runs", int),
+            tuple(LengthBucket.from_json(_object(b, "buckets")) for b in buckets),
+            *(_held(d, k, float, none=True) for k in _PER_TOKEN),
+        )
+
+
+#: ``PromptLengths``' prefill per prompt token figures (None: not seen), in their order.
+_PER_TOKEN = ("ms_per_prompt_token", "native_ms_per_prompt_token", "slope_ms_per_token", "intercept_ms")
 
 
 class TurnFigures(NamedTuple):
@@ -1704,3 +2128,334 @@ def _span(counts: Sequence[int]) -> str:
     """``32``, or ``4 to 32`` where the counts differ."""
     low, high = min(counts), max(counts)
     return f"{low}" if low == high else f"{low} to {high}"
+
+
+# --- the sections a record computes from the Measurement when it is stored --------------------
+#
+# ``Machine``, ``Memory``, ``PromptSeen`` (with its ``Turn``s) and ``Requests``: each holds the
+# figures as they are stored, written by ``to_json`` in the order the fields are declared, and read
+# back by ``from_json`` (every value of its kind, else KeyError/TypeError/ValueError) or by ``read``
+# (a hand-made or damaged section, the judge's to judge in part: a value of the wrong kind, or a key
+# this version does not know, is kept as it came in ``extra`` and written again after the fields).
+# A key written even where None (``NULLABLE``) that the stored section lacked is in ``absent``, so
+# it is not written; any other field is written only where it is not None.
+
+
+def _number(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"not a number: {value!r}")
+    return value
+
+
+def _count(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"not an integer: {value!r}")
+    return value
+
+
+def _text(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"not a string: {value!r}")
+    return value
+
+
+def _counts(value: object) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise TypeError(f"not a list: {value!r}")
+    return tuple(_count(v) for v in value)
+
+
+def _turns(value: object) -> tuple[Turn, ...]:
+    if not isinstance(value, list):
+        raise TypeError(f"not a list: {value!r}")
+    return tuple(Turn.from_json(t) for t in value)
+
+
+def _section_json(value: object) -> JSONValue:
+    """A field's value as it is stored: a typed part as it writes itself, a tuple as a list."""
+    if isinstance(value, tuple):
+        return [_section_json(v) for v in value]
+    if isinstance(value, _StoredSection):
+        return value.to_json()
+    return cast("JSONValue", value)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class _StoredSection(Mapping[str, JSONValue]):
+    """What the four sections share: ``to_json``, ``from_json`` and ``read`` by ``KINDS`` (each
+    stored key's reader: its value of its kind, else TypeError) and ``NULLABLE``. Each also reads
+    as the read-only mapping of what its ``to_json`` writes, and equals it (``record["memory"]``,
+    ``record.memory == {"kv_cache_bytes": None}``: how a hook read a record before it was typed)."""
+
+    #: Keys written even where None that the stored section lacked.
+    absent: frozenset[str] = frozenset()
+    #: Stored values of the wrong kind, or keys this version does not know, as they came.
+    extra: JsonObject = dataclasses.field(default_factory=dict)
+    #: Not stored: the stored keys in the order they came (a section read is written again in
+    #: it, byte for byte); empty for a fresh one (the fields' order).
+    order: tuple[str, ...] = ()
+
+    KINDS: ClassVar[Mapping[str, Callable[[object], object]]] = {}
+    NULLABLE: ClassVar[frozenset[str]] = frozenset()
+
+    def to_json(self) -> dict[str, JSONValue]:
+        out: dict[str, JSONValue] = {}
+        for name in self.KINDS:
+            value = getattr(self, name)
+            if value is not None or (name in self.NULLABLE and name not in self.absent):
+                out[name] = _section_json(value)
+        out.update(self.extra)
+        return {k: out[k] for k in self.order if k in out} | out if self.order else out
+
+    def __getitem__(self, key: str) -> JSONValue:
+        return self.to_json()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_json())
+
+    def __len__(self) -> int:
+        return len(self.to_json())
+
+    @classmethod
+    def read(cls: type[_S], d: Mapping[str, object]) -> _S:  # noqa: PYI019 (typing.Self: Python 3.11)
+        """``d`` as it came: a value of the wrong kind, or a key this version does not know, in ``extra``."""
+        if not isinstance(d, Mapping):
+            raise TypeError(f"not an object: {d!r}")
+        typed: dict[str, object] = {}
+        extra: dict[str, JSONValue] = {}
+        for key, value in d.items():
+            try:
+                if key not in cls.KINDS:
+                    raise KeyError(key)
+                typed[key] = None if value is None and key in cls.NULLABLE else cls.KINDS[key](value)
+            except (KeyError, TypeError, ValueError):
+                extra[key] = cast("JSONValue", value)
+        return cls(**typed, absent=cls.NULLABLE - set(d), extra=extra, order=tuple(d))
+
+    @classmethod
+    def from_json(cls: type[_S], d: Mapping[str, object]) -> _S:  # noqa: PYI019 (typing.Self: Python 3.11)
+        """``d`` as ``to_json`` writes it; KeyError/TypeError where it holds what this section does not."""
+        read = cls.read(d)
+        if read.extra:
+            raise TypeError(f"{cls.__name__}: not of its kind or not known: {', '.join(map(str, read.extra))}")
+        return read
+
+
+_S = TypeVar("_S", bound=_StoredSection)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Machine(_StoredSection):
+    """The machine around the runs (``SystemDelta``) as a record stores it (``machine``): the
+    shares of CPU time (five decimals), the load, the engine's involuntary context switches and,
+    where the run count was given (warm-ups included), their count per run (two decimals)."""
+
+    steal_share: float | None = None
+    load_1m: float | None = None
+    involuntary_switches: int | None = None
+    cpu_wait_share: float | None = None
+    others_cpu_share: float | None = None
+    involuntary_switches_per_run: float | None = None
+
+    KINDS: ClassVar[Mapping[str, Callable[[object], object]]] = {
+        "steal_share": _number,
+        "load_1m": _number,
+        "involuntary_switches": _count,
+        "cpu_wait_share": _number,
+        "others_cpu_share": _number,
+        "involuntary_switches_per_run": _number,
+    }
+    NULLABLE: ClassVar[frozenset[str]] = frozenset({"steal_share", "load_1m", "cpu_wait_share", "others_cpu_share"})
+
+    @classmethod
+    def of(cls, system: SystemDelta, runs: int | None = None) -> Machine:
+        share, wait, others = system.steal_share, system.cpu_wait_share, system.others_cpu_share
+        switches = system.involuntary_switches
+        return cls(
+            steal_share=None if share is None else round(share, 5),
+            load_1m=system.after.load_1m,
+            involuntary_switches=switches,
+            cpu_wait_share=None if wait is None else round(wait, 5),
+            others_cpu_share=None if others is None else round(others, 5),
+            involuntary_switches_per_run=None if runs is None else round(switches / max(1, runs), 2),
+        )
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Memory(_StoredSection):
+    """Memory as a record stores it (``memory``), each figure from its most direct source: peak
+    RSS of the engine's process over the runs (bytes, its scope, MiB), llama.cpp's reported
+    buffers (``MEMORY_FIELDS``, MiB, with ``buffer_source``), the model file's mapping; the KV
+    cache computed from the model's shape beside them (``kv_cache_bytes``, written even where None)."""
+
+    kv_cache_bytes: int | None = None
+    peak_rss_bytes: int | None = None
+    peak_rss_scope: str | None = None
+    rss_mib: float | None = None
+    kv_mib: float | None = None
+    compute_mib: float | None = None
+    output_mib: float | None = None
+    model_buffer_mib: float | None = None
+    mapped_mib: float | None = None
+    mapped_resident_mib: float | None = None
+    buffer_source: str | None = None
+
+    KINDS: ClassVar[Mapping[str, Callable[[object], object]]] = {
+        "kv_cache_bytes": _count,
+        "peak_rss_bytes": _count,
+        "peak_rss_scope": _text,
+        "rss_mib": _number,
+        **{name: _number for name in MEMORY_FIELDS},
+        "buffer_source": _text,
+    }
+    NULLABLE: ClassVar[frozenset[str]] = frozenset({"kv_cache_bytes"})
+
+    @classmethod
+    def of(cls, m: Measurement, kv_cache_bytes: int | None, buffer_source: str) -> Memory:
+        """``m``'s memory with the KV cache computed from the model's shape; ``buffer_source``:
+        where llama.cpp's buffers come from (``catalog.BUFFER_SOURCE``), stored where it reported one."""
+        rss = m.peak_rss
+        reported = {k: sig6(v) for k in MEMORY_FIELDS if (v := getattr(m.engine, k)) is not None}
+        return cls(
+            kv_cache_bytes=kv_cache_bytes,
+            peak_rss_bytes=rss.bytes if rss is not None else None,
+            peak_rss_scope=rss.scope if rss is not None else None,
+            rss_mib=sig6(rss.bytes / 2**20) if rss is not None else None,
+            **reported,
+            buffer_source=buffer_source if reported else None,
+        )
+
+    def figure(self, name: str) -> float | None:
+        """The figure ``name`` (a field: ``rss_mib``, ``kv_mib``...), where it is a number."""
+        value = getattr(self, name, None) if name in self.KINDS else None
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Turn(_StoredSection):
+    """One turn of a conversation as a record stores it (``prompt.turns``, ``TurnFigures``):
+    its runs, the prompt's tokens, those llama.cpp evaluated and reused (None: not counted),
+    TTFT p50 and p95 and the decode time per token, six significant figures."""
+
+    turn: int | None = None
+    runs: int | None = None
+    prompt_tokens: int | None = None
+    evaluated_prompt_tokens: int | None = None
+    prompt_reused_tokens: int | None = None
+    ttft_p50_ms: float | None = None
+    ttft_p95_ms: float | None = None
+    tpot_ms: float | None = None
+
+    KINDS: ClassVar[Mapping[str, Callable[[object], object]]] = {
+        "turn": _count,
+        "runs": _count,
+        "prompt_tokens": _count,
+        "evaluated_prompt_tokens": _count,
+        "prompt_reused_tokens": _count,
+        "ttft_p50_ms": _number,
+        "ttft_p95_ms": _number,
+        "tpot_ms": _number,
+    }
+    NULLABLE: ClassVar[frozenset[str]] = frozenset({"prompt_tokens", "evaluated_prompt_tokens", "prompt_reused_tokens"})
+
+    @classmethod
+    def of(cls, t: TurnFigures) -> Turn:
+        return cls(
+            turn=t.turn,
+            runs=t.runs,
+            prompt_tokens=t.prompt_tokens,
+            evaluated_prompt_tokens=t.evaluated_tokens,
+            prompt_reused_tokens=t.reused_tokens,
+            ttft_p50_ms=sig6(t.ttft_p50_ms),
+            ttft_p95_ms=sig6(t.ttft_p95_ms),
+            tpot_ms=sig6(t.tpot_ms),
+        )
+
+
+#: ``PromptSeen``'s delivered figures: written, None too, where the stream's items were counted.
+_DELIVERED = frozenset({"delivered_ttft_ms", "delivered_e2e_ms", "delivered_burst_tokens"})
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class PromptSeen(_StoredSection):
+    """A measured callable's prompt as llama.cpp saw it (``prompt``): the cache state, its
+    tokens in the median run, those evaluated and reused, the sampler's extras; a conversation's
+    figures turn by turn; and its stream as the caller got it (``delivered_*``, where counted)."""
+
+    prompt_cache: str | None = None
+    prompt_tokens: int | None = None
+    evaluated_prompt_tokens: int | None = None
+    prompt_reused_tokens: int | None = None
+    sampler: str | None = None
+    turns: tuple[Turn, ...] | None = None
+    delivered_items: int | None = None
+    delivered_ttft_ms: float | None = None
+    delivered_e2e_ms: float | None = None
+    delivered_burst_tokens: int | None = None
+
+    KINDS: ClassVar[Mapping[str, Callable[[object], object]]] = {
+        "prompt_cache": _text,
+        "prompt_tokens": _count,
+        "evaluated_prompt_tokens": _count,
+        "prompt_reused_tokens": _count,
+        "sampler": _text,
+        "turns": _turns,
+        "delivered_items": _count,
+        "delivered_ttft_ms": _number,
+        "delivered_e2e_ms": _number,
+        "delivered_burst_tokens": _count,
+    }
+    NULLABLE: ClassVar[frozenset[str]] = (
+        frozenset({"prompt_tokens", "evaluated_prompt_tokens", "prompt_reused_tokens"}) | _DELIVERED
+    )
+
+    @classmethod
+    def of(cls, m: Measurement) -> PromptSeen | None:
+        """None when the engine is the plugin's own (its prompt is the workload's), but for a
+        conversation (its reuse and its turns)."""
+        if m.prompt_reused_tokens is None and m.delivered_items is None and not m.turns:
+            return None
+        return cls(
+            prompt_cache=m.workload.prompt_cache,
+            prompt_tokens=m.prompt_tokens,
+            evaluated_prompt_tokens=m.evaluated_prompt_tokens,
+            prompt_reused_tokens=m.prompt_reused_tokens,
+            sampler=next((r.sampler for r in m.runs if r.sampler), ""),
+            turns=tuple(Turn.of(t) for t in m.turns) or None,  # a conversation: its figures turn by turn
+            delivered_items=m.delivered_items,
+            delivered_ttft_ms=sig6(m.delivered_ttft_ms),
+            delivered_e2e_ms=sig6(m.delivered_e2e_ms),
+            delivered_burst_tokens=m.delivered_burst_tokens,
+            absent=_DELIVERED if m.delivered_items is None else frozenset(),
+        )
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Requests(_StoredSection):
+    """A prompt set's runs as a record stores them (``requests``; not a load test's: its
+    requests overlap): run i's request, as ``Workload.request(i)`` drew it (its index in the
+    set), and its prompt's tokens (a comparison pairs the runs of the same request)."""
+
+    request: tuple[int, ...] | None = None
+    prompt_tokens: tuple[int, ...] | None = None
+
+    KINDS: ClassVar[Mapping[str, Callable[[object], object]]] = {"request": _counts, "prompt_tokens": _counts}
+
+    @classmethod
+    def of(cls, m: Measurement) -> Requests | None:
+        """None without a prompt set, for a load test, or where a run's prompt tokens are unknown."""
+        w = m.workload
+        lengths = tuple(r.prompt_tokens for r in m.runs)
+        if w.prompt_set is None or w.is_load or any(n is None for n in lengths):
+            return None
+        return cls(
+            request=tuple(drawn(w.prompt_set, w.seed, i) for i in range(len(m.runs))),
+            prompt_tokens=tuple(n for n in lengths if n is not None),
+        )
+
+    @property
+    def sent(self) -> tuple[tuple[int, int], ...] | None:
+        """Each run's (request, prompt tokens), where both are kept."""
+        if self.request is None or self.prompt_tokens is None:
+            return None
+        return tuple(zip(self.request, self.prompt_tokens))

@@ -436,7 +436,7 @@ def as_dict(r: ABResult) -> dict[str, object]:
             }
             for o in r.budgets
         ],
-        "agreement": None if r.agreement is None else {k: finite(v) for k, v in r.agreement.as_dict().items()},
+        "agreement": None if r.agreement is None else {k: finite(v) for k, v in r.agreement.to_json().items()},
         "agreement_budgets": [
             {
                 "key": o.budget.key,

@@ -464,12 +464,20 @@ def attribute_sides(
 def record_figures(record: Record) -> dict[str, float]:
     """A stored record's roofline and memory figures, as ``measuring.attribution.side_figures``
     names them."""
+    bw: object
+    mbu: object
+    if record.roofline is not None:
+        decode = record.roofline.decode
+        bw, mbu = decode.achieved_bw_gbs, None if decode.note else decode.mbu
+    else:  # none, or one its class cannot read (``Record.unread``): its figures as they came
+        bw = record.at("roofline", "decode", "achieved_bw_gbs")
+        mbu = None if record.at("roofline", "decode", "note") else record.at("roofline", "decode", "mbu")
     out = {
-        "decode_bw_gbs": record.at("roofline", "decode", "achieved_bw_gbs"),
-        "decode_mbu": None if record.at("roofline", "decode", "note") else record.at("roofline", "decode", "mbu"),
-        "peak_rss_mib": record.at("memory", "rss_mib"),
-        "kv_mib": record.at("memory", "kv_mib"),
-        "compute_mib": record.at("memory", "compute_mib"),
+        "decode_bw_gbs": bw,
+        "decode_mbu": mbu,
+        "peak_rss_mib": memory.rss_mib if (memory := record.memory) is not None else None,
+        "kv_mib": memory.kv_mib if memory is not None else None,
+        "compute_mib": memory.compute_mib if memory is not None else None,
     }
     return {k: v for k, v in out.items() if isinstance(v, (int, float))}
 
@@ -484,15 +492,15 @@ def compare_records(
     """The baseline's attribution against now's, when both records keep one (a test that asks
     for it: ``attribution=True``); else None; the line why not when the baseline's cannot be
     read (``readable``). A diagnosis beside the verdict, never a gate."""
-    a, b = baseline.attribution, candidate.attribution
-    if a is None or not isinstance(b, Mapping) or not b:
+    a, b = baseline.attribution or baseline.unread.get("attribution"), candidate.attribution
+    if a is None or b is None:
         return None
-    base = readable(a)
+    base = a if isinstance(a, Attribution) else readable(a)
     if isinstance(base, str):
         return base
     return compare_attributions(
         base,
-        Attribution.from_json(b),
+        b,
         reason="asked: attribution=True",
         a_name="baseline",
         b_name="now",

@@ -114,15 +114,13 @@ def _rss_over_runs(rec: Record) -> bool:
     made: not that test's figure (its Llamas' own memory is: llama.cpp's buffers)."""
     if rec.subject.get("engine") == "callable":
         return False
-    return (rec.memory or {}).get("peak_rss_scope") == "measurement"
+    return rec.memory is not None and rec.memory.peak_rss_scope == "measurement"
 
 
 def _memory_figures(name: str, baseline: Record, candidate: Record) -> tuple[float, float] | None:
     """Both records' memory figure ``name`` (MiB), when both carry it as a number."""
-    b, c = (r.at("memory", name) for r in (baseline, candidate))
-    if not isinstance(b, (int, float)) or not isinstance(c, (int, float)):
-        return None
-    return b, c
+    b, c = (r.memory.figure(name) if r.memory is not None else None for r in (baseline, candidate))
+    return (b, c) if b is not None and c is not None else None
 
 
 def _grown(b: float, c: float, rel: float, slack: float) -> bool:
@@ -267,12 +265,9 @@ def request_pairs(baseline: Record, candidate: Record) -> tuple[int, ...]:
     return same if len(same) >= MIN_REQUEST_PAIRS else ()
 
 
-def _sent(rec: Record) -> list[tuple[object, object]] | None:
+def _sent(rec: Record) -> tuple[tuple[int, int], ...] | None:
     """A record's (request, prompt tokens) of each run, where it keeps them."""
-    sent, lengths = rec.at("requests", "request"), rec.at("requests", "prompt_tokens")
-    if not isinstance(sent, list) or not isinstance(lengths, list):
-        return None
-    return list(zip(sent, lengths))
+    return rec.requests.sent if rec.requests is not None else None
 
 
 def _by_request(
@@ -376,7 +371,7 @@ OTHERS_CPU_SHARE = 0.25
 
 
 def _machine_figure(rec: Record, key: str, upper: float = math.inf) -> float | None:
-    value = rec.at("machine", key)
+    value = getattr(rec.machine, key) if rec.machine is not None else None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value) if 0 <= value <= upper else None
@@ -538,7 +533,7 @@ def _judge(
             "re-record with --llmperf-update-baselines",
         )
     changes = tuple(subject_changes(baseline.subject, candidate.subject))
-    changes += prompt_changes(*(r.at("prompt", "prompt_tokens") for r in (baseline, candidate)))
+    changes += prompt_changes(*(r.prompt.prompt_tokens if r.prompt else None for r in (baseline, candidate)))
     machine = reference.slowdown(baseline.reference, candidate.reference)
     steal = (steal_share(baseline), steal_share(candidate))
     notes = []
@@ -586,7 +581,7 @@ def _parts(
             phase_ms,
             alpha=settings.alpha,
             between_sd=between,
-            sampler=next((str(s) for r in (candidate, baseline) if (s := r.at("prompt", "sampler"))), ""),
+            sampler=next((s for r in (candidate, baseline) if r.prompt and (s := r.prompt.sampler)), ""),
             pairs=request_pairs(baseline, candidate),  # a prompt set's: each part on the same requests
         )
         return gated(parts, explained_phases(comparisons))

@@ -38,8 +38,8 @@ from scipy.stats import mannwhitneyu
 from ..core.catalog import FIGURES, HeadlineFigures
 from ..core.documents import JSONValue, SchemaViolation, validate
 from ..core.errors import LLMPerfError
-from ..core.measurement import LoadStats, Measurement
-from ..core.record import Record, stored_prompt
+from ..core.measurement import LoadStats, Measurement, PhaseLayers, PromptSeen
+from ..core.record import Record
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from .attribution import AttributionChange
 from .budgets import BudgetFailure, BudgetStatus
@@ -83,31 +83,31 @@ def compare_layers(
     )
 
 
-def _matched_phases(baseline: Record, candidate: Record) -> list[tuple[str, Any, Any]]:
+def _matched_phases(baseline: Record, candidate: Record) -> list[tuple[str, PhaseLayers, PhaseLayers]]:
     """(phase, baseline's, candidate's layer timing) of both phases; none when either record has
-    no layer data, or a phase's layers differ."""
+    no layer data (or none per run), or a phase's layers differ."""
     base, cand = baseline.layers, candidate.layers
-    if not base or not cand:
+    if base is None or cand is None:
         return []
-    phases = [(phase, base["phases"].get(phase), cand["phases"].get(phase)) for phase in ("prefill", "decode")]
-    if any(not b or not c or b["names"] != c["names"] for _, b, c in phases):
+    phases = [(phase, getattr(base, phase), getattr(cand, phase)) for phase in ("prefill", "decode")]
+    if any(not b.per_run_ms or not c.per_run_ms or b.names != c.names for _, b, c in phases):
         return []
     return phases
 
 
-def _phase_rows(phase: str, b: Mapping[str, Any], c: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+def _phase_rows(phase: str, b: PhaseLayers, c: PhaseLayers) -> list[tuple[Any, ...]]:
     """Each layer of one phase: (phase, name, baseline ms, now ms, baseline share, now share,
     the one-sided p-value that its share grew, before Holm)."""
-    b_share, c_share = _shares(b["per_run_ms"]), _shares(c["per_run_ms"])
+    b_share, c_share = _shares(b.per_run_ms), _shares(c.per_run_ms)
     rows = []
-    for i, name in enumerate(b["names"]):
+    for i, name in enumerate(b.names):
         if len(b_share) > 1 and len(c_share) > 1:
             method = _method(b_share, c_share)
             p = float(mannwhitneyu(c_share[:, i], b_share[:, i], alternative="greater", method=method).pvalue)
         else:
             p = 1.0
         shares = float(np.median(b_share[:, i])), float(np.median(c_share[:, i]))
-        rows.append((phase, name, float(b["median_ms"][i]), float(c["median_ms"][i]), *shares, p))
+        rows.append((phase, name, float(b.median_ms[i]), float(c.median_ms[i]), *shares, p))
     return rows
 
 
@@ -384,7 +384,7 @@ class Outcome:
     #: One line per budget whose CI straddles its limit (undecided: passes, and says so).
     budget_notes: tuple[str, ...] = ()
     #: A measured callable's prompt as llama.cpp saw it and its stream as the caller received it
-    #: (``core.record.stored_prompt``: the cache state, prompt tokens evaluated and reused,
+    #: (``core.measurement.PromptSeen``: the cache state, prompt tokens evaluated and reused,
     #: the delivered figures); empty for the plugin's own engine.
     prompt: Mapping[str, object] = field(default_factory=dict)
     # Live only (a hook's view): the measurement and the budgets it broke of its ``n_budgets``, whose
@@ -525,7 +525,7 @@ def outcome(
         budget_notes=tuple(budget_notes),
         budgets=dict(budgets or {}),
         figures=Figures.of(m),
-        prompt=stored_prompt(m),
+        prompt=p.to_json() if (p := PromptSeen.of(m)) is not None else {},
         measurement=m,
         failure=failure,
         n_budgets=n_budgets,

@@ -490,7 +490,7 @@ class SideRuns:
         m = measured(traces, warm, dataclasses.replace(workload, runs=len(traces)), info, label)
         verdict = op.get("verdict")
         agreement = (verdict or {}).get("agreement")
-        return dataclasses.replace(m, agreement=None if agreement is None else Agreement.from_dict(agreement)), verdict
+        return dataclasses.replace(m, agreement=None if agreement is None else Agreement.from_json(agreement)), verdict
 
     def _runs(self, engine: Engine, workload: Workload) -> tuple[dict[str, Any], list[RunTrace], list[RunTrace]]:
         """The runs the controller asks for (each answered with its trace or its error line) and

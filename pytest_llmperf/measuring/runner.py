@@ -326,7 +326,7 @@ def with_model_loads(
         for i in range(n):
             samples.append(_fresh_load(engine, m.asked, path, kind))
             progress.advance(i + 1)
-    return dataclasses.replace(m, model_loads=ModelLoads(kind, tuple(samples)))
+    return dataclasses.replace(m, model_loads=ModelLoads.of(kind, samples))
 
 
 def _fresh_load(engine: FreshLoads, workload: Workload, path: str, kind: str) -> LoadSample:

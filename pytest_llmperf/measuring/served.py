@@ -125,7 +125,7 @@ def trace_replay(workload: Workload, begin_ns: int, sent_ns: Sequence[int]) -> T
     """A trace replay's schedule beside when the client began each request (None: no trace)."""
     if workload.trace is None:
         return None
-    return TraceReplay(
+    return TraceReplay.of(
         n_requests=len(workload.trace),
         span_s=workload.trace[-1].t_s - workload.trace[0].t_s,
         speed=workload.trace_speed or 1.0,
@@ -147,21 +147,25 @@ def load_stats(
     n = len(traces) + len(errors)
     end = max(t.token_ns[-1] for t in traces)
     duration_s = max((end - min(t.start_ns for t in traces)) / 1e9, 1e-9)
+    ttft, tpot = latency_stats([r.ttft_ms for r in runs]), latency_stats([r.tpot_ms for r in runs])
     return LoadStats(
         concurrency=workers,
         rate_per_s=rate,
         n_requests=n,
         n_ok=len(traces),
-        n_failed=len(errors),
-        errors=errors,
-        duration_s=duration_s,
-        ttft=latency_stats([r.ttft_ms for r in runs]),
-        tpot=latency_stats([r.tpot_ms for r in runs]),
-        e2e=latency_stats([r.e2e_ms for r in runs]),
         output_tps=sum(r.output_tokens for r in runs) / duration_s,
-        output_tps_per_request=float(statistics.median(r.output_tokens / r.e2e_ms * 1000 for r in runs)),
         requests_per_s=len(traces) / duration_s,
         goodput=sum(1 for r in runs if meets_slo(r, slo)) / n,
+        ttft_p50_ms=ttft.p50_ms,
+        ttft_p99_ms=ttft.p99_ms,
+        tpot_p50_ms=tpot.p50_ms,
+        tpot_p99_ms=tpot.p99_ms,
+        errors=errors,
+        duration_s=duration_s,
+        ttft=ttft,
+        tpot=tpot,
+        e2e=latency_stats([r.e2e_ms for r in runs]),
+        output_tps_per_request=float(statistics.median(r.output_tokens / r.e2e_ms * 1000 for r in runs)),
         slo=slo,
     )
 

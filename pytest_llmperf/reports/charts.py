@@ -16,7 +16,7 @@ import io
 import itertools
 import re
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
     from matplotlib.ticker import Locator
 
+    from ..core.measurement import LoadStats
     from ..history.series import Trend
     from ..judge.parts import PartChange
     from ..judge.result import Outcome
@@ -443,14 +444,14 @@ def _threshold_band(ax: Axes, shown: Sequence[Comparison]) -> None:
 _PARAMS = re.compile(r"\[.*\]$")
 
 
-def curves(results: Sequence[Outcome]) -> dict[str, list[Mapping[str, object]]]:
+def curves(results: Sequence[Outcome]) -> dict[str, list[LoadStats]]:
     """``{test function: load records sorted by throughput}`` of the results that have one."""
-    groups: dict[str, list[Mapping[str, object]]] = defaultdict(list)
+    groups: dict[str, list[LoadStats]] = defaultdict(list)
     for r in results:
         load = r.record.load if r.record else None
-        if load and load.get("output_tps") is not None:
+        if load is not None:
             groups[_PARAMS.sub("", r.test)].append(load)
-    return {k: sorted(v, key=lambda d: (d["concurrency"], d["output_tps"])) for k, v in groups.items()}
+    return {k: sorted(v, key=lambda d: (d.concurrency, d.output_tps)) for k, v in groups.items()}
 
 
 def throughput_latency(results: Sequence[Outcome]) -> Figure:
@@ -459,14 +460,14 @@ def throughput_latency(results: Sequence[Outcome]) -> Figure:
     colours = ("#1f5fbf", "#c0392b", "#1e8449", "#7d3c98", "#b9770e", "#2e4053")
     for n, (test, points) in enumerate(sorted(curves(results).items())):
         colour = colours[n % len(colours)]
-        x = np.array([p["output_tps"] for p in points], dtype=float)
+        x = np.array([p.output_tps for p in points], dtype=float)
         for ax, key in ((left, "ttft"), (right, "tpot")):
-            p50 = np.array([p[f"{key}_p50_ms"] for p in points], dtype=float)
-            p99 = np.array([p[f"{key}_p99_ms"] for p in points], dtype=float)
+            p50 = np.array([getattr(p, f"{key}_p50_ms") for p in points], dtype=float)
+            p99 = np.array([getattr(p, f"{key}_p99_ms") for p in points], dtype=float)
             ax.plot(x, p50, "o-", color=colour, ms=5, lw=1.2, label=nodeids.last(test) if key == "ttft" else None)
             ax.vlines(x, p50, p99, color=colour, lw=0.8, alpha=0.6)
             for xi, yi, p in zip(x, p50, points):
-                label = f"c{p['concurrency']}" + (f"@{p['rate_per_s']:g}/s" if p.get("rate_per_s") else "")
+                label = f"c{p.concurrency}" + (f"@{p.rate_per_s:g}/s" if p.rate_per_s else "")
                 ax.annotate(label, (xi, yi), textcoords="offset points", xytext=(3, 4), fontsize=6.5, color=colour)
     left.set_ylabel("TTFT p50 (ms), whisker to p99")
     right.set_ylabel("TPOT p50 (ms), whisker to p99")

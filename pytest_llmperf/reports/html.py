@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ..core.catalog import BUDGETS, FIGURES, HEADLINE, is_ceiling
 from ..core.documents import output_kind, write_output
 from ..core.formats import cell, fmt, fmt_or
+from ..core.measurement import PromptSeen, Turn
 from ..core.record import Record
 from ..core.settings import usable_cpus
 from ..history.series import Trend, metric_order, steps, table, title, trend_data
@@ -49,7 +50,6 @@ from .session_file import (
     detects_cell,
     metric_label,
     summary_values,
-    turns_of,
 )
 from .text import length_note, length_rows, load_state_rows, memory_rows
 from .where import (
@@ -296,7 +296,7 @@ def test_section(
     parts += _trace_table(record)
     parts += _lengths_table(record)
     parts += _prompt_table(result)
-    parts += _turns_table(record.prompt or result.prompt)
+    parts += _turns_table(record.prompt or PromptSeen.read(result.prompt))
     plots = _record_plots(index, result) + _by_request_plot(index, result, by_request) + _trend_plot(index, trend)
     parts.append('<div class="plots">' + "".join(plots) + "</div></section>")
     return "\n".join(parts)
@@ -391,7 +391,9 @@ def _test_notes(verdict: BaselineVerdict, record: Record) -> list[str]:
     if verdict.changes and verdict.status is not BaselineStatus.OTHER_HARDWARE:  # other hardware: the note names them
         notes.append("changed since the baseline: " + ", ".join(verdict.changes))
     notes += [f"{c.phase} {c.label}: {c.reach()}" for c in verdict.comparisons if c.mirror_of is None and c.reach()]
-    return notes + list((record.stability.get("warnings") if record.stability else None) or [])
+    # (a stored stability its class cannot read: its warnings as they came, ``Record.unread``)
+    warnings = record.stability.warnings if record.stability is not None else record.at("stability", "warnings")
+    return notes + list(warnings or [])  # type: ignore[call-overload]  # a stored value as it came
 
 
 def _memory_table(record: Record) -> list[str]:
@@ -404,16 +406,16 @@ def _memory_table(record: Record) -> list[str]:
 def _trace_table(record: Record) -> list[str]:
     """A replayed trace's summary (the stored ``load.trace``): its requests, span and pace, and
     how late the client sent them against their schedule (its own lag)."""
-    t = (record.load or {}).get("trace")
-    if not t:
+    t = record.load.trace if record.load is not None else None
+    if t is None:
         return []
-    n = f"{t['requests']} requests"
+    n = f"{t.n_requests} requests"
     rows = [
-        ("trace", "", f"{n} over {fmt(t['span_s'])} s", f"replayed at {t['speed']:g}x"),
+        ("trace", "", f"{n} over {fmt(t.span_s)} s", f"replayed at {t.speed:g}x"),
         (
             "client send lag p50 / max (sent - scheduled)",
             "ms",
-            f"{fmt(t['send_lag_p50_ms'])} / {fmt(t['send_lag_max_ms'])}",
+            f"{fmt(t.send_lag_p50_ms)} / {fmt(t.send_lag_max_ms)}",
             n,
         ),
     ]
@@ -440,29 +442,23 @@ def _prompt_table(result: Outcome) -> list[str]:
     return [_table(("your code's prompt and stream", "value"), rows)]
 
 
-#: The "turn by turn" table's columns (a conversation's ``prompt.turns``, ``core.record.stored_turn``).
+#: The "turn by turn" table's columns (a conversation's ``prompt.turns``, ``core.measurement.Turn``).
 TURN_HEADERS = ("turn", "prompt tokens evaluated / reused", "TTFT p50 / p95 ms", "decode ms/token", "runs")
 
 
-def _turns_table(prompt: Mapping[str, Any]) -> list[str]:
+def _turns_table(prompt: PromptSeen) -> list[str]:
     """A conversation's figures turn by turn (the stored ``prompt.turns``): the prompt tokens
     llama.cpp evaluated and reused (its counters), TTFT p50 / p95, decode per token, runs."""
     rows = [
-        [
-            str(t.get("turn")),
-            _turn_tokens(t),
-            f"{cell(t.get('ttft_p50_ms'))} / {cell(t.get('ttft_p95_ms'))}",
-            cell(t.get("tpot_ms")),
-            str(t.get("runs")),
-        ]
-        for t in turns_of(prompt.get("turns"))
+        [str(t.turn), _turn_tokens(t), f"{cell(t.ttft_p50_ms)} / {cell(t.ttft_p95_ms)}", cell(t.tpot_ms), str(t.runs)]
+        for t in prompt.turns or ()
     ]
     return [f'<div class="turns"><h3>Conversation, turn by turn</h3>{_table(TURN_HEADERS, rows)}</div>'] if rows else []
 
 
-def _turn_tokens(t: Mapping[str, object]) -> str:
+def _turn_tokens(t: Turn) -> str:
     """A turn's prompt tokens evaluated / reused, or why they were not counted."""
-    evaluated, reused = t.get("evaluated_prompt_tokens"), t.get("prompt_reused_tokens")
+    evaluated, reused = t.evaluated_prompt_tokens, t.prompt_reused_tokens
     if evaluated is None or reused is None:
         return "not counted: the callable drove no llama_cpp.Llama of this process"
     return f"{evaluated} / {reused}"
@@ -474,8 +470,13 @@ def _record_plots(index: int, result: Outcome) -> list[str]:
     plots = []
     for n, (fig_id, caption, fn) in enumerate(record_charts.charts_for(record)):
         svg = charts.render(fn, record, result.baseline_record, result.budgets)
-        if fig_id == "layer-bars" and record.layers and record.layers.get("outlier_rule"):
-            caption += f"; outlier layers in red: {record.layers['outlier_rule']}"
+        if (
+            fig_id == "layer-bars"
+            and record.layers is not None
+            and record.layers.has("outlier_rule")
+            and record.layers.outlier_rule
+        ):
+            caption += f"; outlier layers in red: {record.layers.outlier_rule}"
         plots.append(_chart_html(fig_id, caption, svg, f"t{index}f{n}-"))
     return plots
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..baselines.records import stored
 from ..core.catalog import METRICS, SUMMARY
 from ..core.formats import fmt, sig6
+from ..core.measurement import LayerProfile, Memory, Roofline, Stability
 from ..core.progress import current, task
 from ..core.settings import DEFAULT_MODEL
 from ..core.workload import Workload
@@ -176,16 +177,17 @@ def render(r: dict[str, Any], form: str = "table", width: int | None = None) -> 
     )
     w = r["workload"]
     work = f"{w['prompt_tokens']} prompt tokens, {w['max_tokens']} generated, {w['runs']} runs (+{w['warmup']} warm-up)"
-    rows = _summary_rows(r) + breakdown.stability_rows(r["stability"]) + breakdown.memory_rows(r["memory"])
+    stability = Stability.from_json(r["stability"])
+    rows = _summary_rows(r) + breakdown.stability_rows(stability) + breakdown.memory_rows(Memory.read(r["memory"]))
     headers = ("metric", "unit", "value", "sample")
     fit = None if md else width
     parts: list[tuple[str, str]] = [
         ("speed", breakdown.table(headers, rows, md) if fit is None else breakdown.wrapped_table(headers, rows, fit)),
-        ("per-layer time", breakdown.layers_text(r["layers"], md, width=fit)),
+        ("per-layer time", breakdown.layers_text(LayerProfile.from_json(r["layers"]), md, width=fit)),
     ]
     if r.get("roofline"):
-        parts.append(("roofline", breakdown.roofline_text(r["roofline"], md, width=fit)))
-    warnings = r["stability"]["warnings"] or ["stable: no run far off, CV within 10%"]
+        parts.append(("roofline", breakdown.roofline_text(Roofline.from_json(r["roofline"]), md, width=fit)))
+    warnings = list(stability.warnings) or ["stable: no run far off, CV within 10%"]
     parts.append(("stability", "\n".join(("- " if md else "") + w for w in warnings)))
     if fit is not None:
         parts = [(t, breakdown.wrap_text(b, fit) if t == "stability" else b) for t, b in parts]

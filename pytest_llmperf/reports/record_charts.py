@@ -1,6 +1,6 @@
 """The HTML report's charts of one test: its decode ITL distribution (ECDF), its runs, its
-per-token timeline and, for a profiled test (``layers=True``: ``record["layers"]``,
-``record["roofline"]``), time per layer and the roofline; ``charts_for`` lists them in page order.
+per-token timeline and, for a profiled test (``layers=True``: ``record.layers``,
+``record.roofline``), time per layer and the roofline; ``charts_for`` lists them in page order.
 
 Each function takes a test's record and its baseline's (``core.record.Record``) and the
 marker's budgets and returns a matplotlib Figure, so ``llmperf report`` draws from a saved
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from ..core.measurement import PhaseLayersJson, PhaseRooflineJson
+    from ..core.measurement import PhaseLayers, PhaseRoofline
 
 from .charts import BASELINE, BUDGET, FIRST_RUN, NOW, WIDTH_IN, budget_label, chart_row, new_chart, plain_log
 
@@ -28,41 +28,41 @@ from .charts import BASELINE, BUDGET, FIRST_RUN, NOW, WIDTH_IN, budget_label, ch
 def layer_bars(record: Record, baseline: Record | None, budgets: Mapping[str, float]) -> Figure:
     """Median time per layer and phase, now vs baseline; outlier layers named in red."""
     assert record.layers is not None  # charts_for: only a record with layers
-    phases = record.layers["phases"]
-    names = [p for p in ("prefill", "decode") if p in phases]
-    n_rows = max(len(phases[p]["names"]) for p in names)
-    longest = max(len(n) for p in names for n in phases[p]["names"])
+    phases = {"prefill": record.layers.prefill, "decode": record.layers.decode}
+    names = list(phases)
+    n_rows = max(len(phases[p].names) for p in names)
+    longest = max(len(n) for p in names for n in phases[p].names)
     width = 2 * WIDTH_IN  # the page shows it across both columns
     label_in = 0.15 + 0.075 * longest
     axes_in = (width - label_in - 0.2 - label_in * (len(names) - 1)) / len(names)
     fig, axes = chart_row(
         1.2 + 0.2 * n_rows, len(names), width_in=width, margins_in=(label_in, 0.8, 0.2, 0.3), wspace=label_in / axes_in
     )
-    base_phases = baseline.layers["phases"] if baseline is not None and baseline.layers else {}
+    base = baseline.layers if baseline is not None else None
     for ax, phase in zip(axes, names):
-        _layer_panel(ax, phase, phases[phase], base_phases.get(phase))
+        _layer_panel(ax, phase, phases[phase], getattr(base, phase) if base is not None else None)
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncols=2)
     return fig
 
 
-def _layer_panel(ax: Axes, phase: str, now: PhaseLayersJson, base: PhaseLayersJson | None) -> None:
+def _layer_panel(ax: Axes, phase: str, now: PhaseLayers, base: PhaseLayers | None) -> None:
     """One phase's bars: each layer's median now (and the baseline's beside it), outliers in red."""
-    y = np.arange(len(now["names"]))
+    y = np.arange(len(now.names))
     height = 0.4 if base else 0.7
-    ax.barh(y - (height / 2 if base else 0), now["median_ms"], height, color=NOW, label="now")
+    ax.barh(y - (height / 2 if base else 0), now.median_ms, height, color=NOW, label="now")
     if base:
-        by_name = dict(zip(base["names"], base["median_ms"]))
-        ax.barh(y + height / 2, [by_name.get(n, 0.0) for n in now["names"]], height, color=BASELINE, label="baseline")
-    ax.set_yticks(y, now["names"])
-    outliers = set(now.get("outliers") or ())
-    for tick, name in zip(ax.get_yticklabels(), now["names"]):
+        by_name = dict(zip(base.names, base.median_ms))
+        ax.barh(y + height / 2, [by_name.get(n, 0.0) for n in now.names], height, color=BASELINE, label="baseline")
+    ax.set_yticks(y, now.names)
+    outliers = set(now.outliers)
+    for tick, name in zip(ax.get_yticklabels(), now.names):
         if name in outliers:
             tick.set_color(BUDGET)
             tick.set_fontweight("bold")
     ax.invert_yaxis()
     ax.set_xlabel("median time (ms)")
-    ax.set_title(f"{phase}: step {now.get('step_ms', 0):.3g} ms, {now.get('n_runs', '?')} runs")
+    ax.set_title(f"{phase}: step {now.step_ms:.3g} ms, {now.n_runs if now.has('n_runs') else '?'} runs")
     ax.grid(axis="y", visible=False)
 
 
@@ -71,22 +71,22 @@ def roofline(record: Record, baseline: Record | None, budgets: Mapping[str, floa
     rf = record.roofline
     assert rf is not None  # charts_for: only a record with a roofline
     fig, ax = new_chart(3.6, margins_in=(0.62, 1.2, 0.15, 0.3))
-    bw, peak = rf["peak_bw_gbs"], rf["peak_tflops"] * 1000  # GB/s, GFLOP/s
+    bw, peak = rf.peak_bw.value, rf.peak_tflops.value * 1000  # GB/s, GFLOP/s
     base = baseline.roofline if baseline is not None else None
     phases = (
-        ("prefill", rf.get("prefill"), base.get("prefill") if base else None),
-        ("decode", rf.get("decode"), base.get("decode") if base else None),
+        ("prefill", rf.prefill, base.prefill if base else None),
+        ("decode", rf.decode, base.decode if base else None),
     )
-    points = [(p, d, b) for p, d, b in phases if isinstance(d, Mapping)]
-    intensities = [d["intensity_flop_per_byte"] for _, d, _ in points] + [peak / bw]
+    points = [(p, d, b) for p, d, b in phases if d is not None]
+    intensities = [d.intensity_flop_per_byte for _, d, _ in points] + [peak / bw]
     x = np.logspace(np.log10(min(intensities) / 4), np.log10(max(intensities) * 4), 200)
     ax.plot(
         x,
         np.minimum(peak, x * bw),
         color="black",
         lw=1.4,
-        label=f"roof: {bw:.3g} GB/s ({rf.get('peak_bw_source', '?')}), {peak:.3g} GFLOP/s "
-        f"({rf.get('peak_tflops_source', '?')})",
+        label=f"roof: {bw:.3g} GB/s ({rf.peak_bw.source if rf.has('peak_bw_source') else '?'}), "
+        f"{peak:.3g} GFLOP/s ({rf.peak_tflops.source if rf.has('peak_tflops_source') else '?'})",
     )
     if "min_mbu" in budgets:  # an MBU floor: achieved bytes/s >= min_mbu x peak, i.e. GFLOP/s >= that x intensity
         floor = budgets["min_mbu"] * bw * x
@@ -111,41 +111,41 @@ def roofline(record: Record, baseline: Record | None, budgets: Mapping[str, floa
     return fig
 
 
-def _roofline_phase(ax: Axes, phase: str, d: PhaseRooflineJson, b: PhaseRooflineJson | None) -> None:
+def _roofline_phase(ax: Axes, phase: str, d: PhaseRoofline, b: PhaseRoofline | None) -> None:
     """One phase on the roofline: achieved now (filled), its bound (hollow black) and the
     baseline's achieved (hollow, when ``b`` is the baseline's phase)."""
     marker = "o" if phase == "decode" else "^"
-    gflops = d["achieved_tps"] * d["flops_per_token"] / 1e9
-    bound = d["bound_tps"] * d["flops_per_token"] / 1e9
-    ax.plot([d["intensity_flop_per_byte"]] * 2, [gflops, bound], color=NOW, lw=0.8, ls=":")
-    ax.plot(d["intensity_flop_per_byte"], bound, marker, color="black", mfc="white", ms=6)
+    gflops = d.achieved_tps * d.flops_per_token / 1e9
+    bound = d.bound_tps * d.flops_per_token / 1e9
+    ax.plot([d.intensity_flop_per_byte] * 2, [gflops, bound], color=NOW, lw=0.8, ls=":")
+    ax.plot(d.intensity_flop_per_byte, bound, marker, color="black", mfc="white", ms=6)
     ax.plot(
-        d["intensity_flop_per_byte"],
+        d.intensity_flop_per_byte,
         gflops,
         marker,
         color=NOW,
         ms=7,
-        label=f"{phase} now: {d['achieved_tps']:.4g} t/s of {d['bound_tps']:.4g} bound "
-        f"({_bandwidth_use(d)}, MFU {d['mfu']:.1%}, {d['verdict']})",
+        label=f"{phase} now: {d.achieved_tps:.4g} t/s of {d.bound_tps:.4g} bound "
+        f"({_bandwidth_use(d)}, MFU {d.mfu:.1%}, {d.verdict})",
     )
-    if isinstance(b, Mapping):  # a stored baseline's phase (none: null)
+    if b is not None:  # a stored baseline's phase (none: null)
         ax.plot(
-            b["intensity_flop_per_byte"],
-            b["achieved_tps"] * b["flops_per_token"] / 1e9,
+            b.intensity_flop_per_byte,
+            b.achieved_tps * b.flops_per_token / 1e9,
             marker,
             color=BASELINE,
             mfc="none",
             ms=8,
             mew=1.5,
-            label=f"{phase} baseline: {b['achieved_tps']:.4g} t/s",
+            label=f"{phase} baseline: {b.achieved_tps:.4g} t/s",
         )
 
 
-def _bandwidth_use(d: PhaseRooflineJson) -> str:
+def _bandwidth_use(d: PhaseRoofline) -> str:
     """``MBU 55%``; ``fits in cache`` or ``MBU n/a`` where the MBU means nothing."""
-    if d["verdict"] == "cache-resident":
+    if d.verdict == "cache-resident":
         return "fits in cache"
-    return "MBU n/a" if d.get("note") else "MBU " + format(d["mbu"], ".0%")
+    return "MBU n/a" if d.note else "MBU " + format(d.mbu, ".0%")
 
 
 #: ECDFs are drawn through at most this many quantiles per side (size, not shape, changes).
@@ -342,9 +342,9 @@ def _timeline_side(ax: Axes, name: str, rec: Record, colour: str) -> None:
 
 def _by_length(rec: Record | None) -> tuple[np.ndarray, np.ndarray] | None:
     """A record's (prompt tokens, TTFT ms) of each run, where it keeps both for every run (a prompt set's)."""
-    lengths = rec.at("requests", "prompt_tokens") if rec is not None else None
+    lengths = rec.requests.prompt_tokens if rec is not None and rec.requests is not None else None
     ttft = rec.run_columns.get("ttft_ms") if rec is not None else None
-    if not isinstance(lengths, list) or not lengths or not ttft or len(lengths) != len(ttft):
+    if not lengths or not ttft or len(lengths) != len(ttft):
         return None
     return np.asarray(lengths, dtype=float), np.asarray(ttft, dtype=float)
 
@@ -437,5 +437,5 @@ CHARTS = (
 def charts_for(record: Record) -> Iterator[tuple[str, str, Any]]:
     """The charts a record has data for: (id, caption, function)."""
     for fig_id, caption, fn, needs in CHARTS:
-        if record.at(needs):
+        if (getattr(record, needs) is not None) if needs in ("layers", "roofline") else record.at(needs):
             yield fig_id, caption, fn

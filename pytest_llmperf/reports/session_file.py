@@ -24,6 +24,7 @@ from ..baselines import store as baseline_store
 from ..core.catalog import FIGURES, HEADLINE, SUMMARY
 from ..core.documents import JSONValue, RefusedFile, SchemaViolation, loads, read_text, validate
 from ..core.formats import cell, fmt, fmt_or, render_table
+from ..core.measurement import PromptSeen, Turn
 from ..core.settings import COLUMN_SETS, DEFAULT_COMPARISON_COLUMNS
 from ..judge.ab import ABResult
 from ..judge.ab import as_dict as ab_dict
@@ -385,7 +386,7 @@ TURN_COLUMNS = (
 
 def turn_lines(results: Iterable[Outcome]) -> list[str]:
     """A table of each conversation's figures turn by turn (its ``prompt.turns``), when a result has them."""
-    rows = [(r.test, t) for r in results for t in turns_of(r.prompt.get("turns"))]
+    rows = [(r.test, t.to_json()) for r in results for t in turns_of(r.prompt)]
     return _figures_table("Conversations, turn by turn", TURN_COLUMNS, rows)
 
 
@@ -401,9 +402,9 @@ def _figures_table(
     ]
 
 
-def turns_of(value: object) -> list[Mapping[str, object]]:
+def turns_of(prompt: Mapping[str, object]) -> tuple[Turn, ...]:
     """A stored conversation's ``prompt.turns``, each turn's figures (none where it holds none)."""
-    return [t for t in value if isinstance(t, Mapping)] if isinstance(value, list) else []
+    return PromptSeen.read(prompt).turns or ()
 
 
 def memory_lines(results: Iterable[Outcome]) -> list[str]:
@@ -774,8 +775,8 @@ def junit_properties(t: Outcome) -> list[tuple[str, object]]:
     if t.reference:
         out.append((prefix + "against", t.reference))
     out += [(f"{prefix}prompt.{k}", v) for k, v in t.prompt.items() if v is not None and k != "turns"]
-    for turn in turns_of(t.prompt.get("turns")):  # a conversation's: one property per figure and turn
-        out += [(f"{prefix}turn{turn.get('turn')}.{k}", v) for k, v in turn.items() if k != "turn" and v is not None]
+    for turn in turns_of(t.prompt):  # a conversation's: one property per figure and turn
+        out += [(f"{prefix}turn{turn.turn}.{k}", v) for k, v in turn.to_json().items() if k != "turn" and v is not None]
     return out
 
 

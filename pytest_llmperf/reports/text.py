@@ -12,7 +12,6 @@ and its JSON show the same figures."""
 
 from __future__ import annotations
 
-import statistics
 import textwrap
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -28,29 +27,40 @@ from ..core.settings import DEFAULT_SUMMARY_COLUMNS
 
 if TYPE_CHECKING:
     from ..core.measurement import (
-        LayersJson,
-        LengthBucketJson,
+        LayerProfile,
+        LengthBucket,
         LoadStats,
-        ModelLoadsJson,
-        PhaseRooflineJson,
-        PromptLengthsJson,
-        RooflineJson,
+        Memory,
+        ModelLoads,
+        PhaseRoofline,
+        PromptLengths,
+        Roofline,
         ServerSide,
-        StabilityJson,
+        Stability,
         TraceReplay,
     )
-    from ..core.record import Record, StoredMemory
+    from ..core.record import Record
 
 
 #: The latency metrics of a served load level (per-request percentiles in the load tables).
 LOAD_METRICS = tuple(m for m in catalog.METRICS.values() if m.load_stat)
 
 
-def _load_stat(s: LoadStats, metric: catalog.Metric) -> LatencyStats:
-    """The load test's latency statistics of one of ``LOAD_METRICS``."""
+def _load_stat(s: LoadStats, metric: catalog.Metric) -> LatencyStats | None:
+    """The load test's latency statistics of one of ``LOAD_METRICS`` (None: a level read from a
+    file, which keeps its p50 and p99 only: ``_p50_p99``)."""
     assert metric.load_stat is not None
-    stats: LatencyStats = getattr(s, metric.load_stat)
+    stats: LatencyStats | None = getattr(s, metric.load_stat)
     return stats
+
+
+def _p50_p99(s: LoadStats, metric: catalog.Metric) -> str:
+    """``p50 / p99`` of one of ``LOAD_METRICS``: its statistics', else the stored figures (``-``: none)."""
+    st = _load_stat(s, metric)
+    if st is not None:
+        return f"{fmt(st.p50_ms)} / {fmt(st.p99_ms)}"
+    p50, p99 = (getattr(s, f"{metric.load_stat}_{p}_ms", None) for p in ("p50", "p99"))
+    return f"{_dash(p50)} / {_dash(p99)}"
 
 
 def _figure_row(m: Measurement, first: str, *more: str) -> tuple[str, str, str, str]:
@@ -283,7 +293,7 @@ def parts_note(m: Measurement) -> str | None:
     return f"parts: not measured: {why}"
 
 
-def length_rows(lengths: PromptLengthsJson | None) -> list[Row]:
+def length_rows(lengths: PromptLengths | None) -> list[Row]:
     """Where the runs' prompts had different lengths (a prompt set; the record's
     ``prompt_lengths``): TTFT and prefill per prompt-length bucket, each with its runs, then the
     prefill per prompt token over all runs (a figure the engine does not see has no row:
@@ -291,37 +301,37 @@ def length_rows(lengths: PromptLengthsJson | None) -> list[Row]:
     if lengths is None:
         return []
     rows: list[Row] = []
-    for b in lengths["buckets"]:
-        runs, name = f"{b['n_runs']} runs", _bucket_name(b)
-        ttft = f"{fmt_or(b['ttft_p50_ms'])} / {fmt_or(b['ttft_p95_ms'])}"
+    for b in lengths.buckets:
+        runs, name = f"{b.n_runs} runs", _bucket_name(b)
+        ttft = f"{fmt_or(b.ttft_p50_ms)} / {fmt_or(b.ttft_p95_ms)}"
         rows.append((f"TTFT median / p95, prompt {name} tokens", "ms", ttft, runs))
-        if b["prefill_p50_ms"] is not None:
-            rows.append((f"prefill median, prompt {name} tokens", "ms", fmt(b["prefill_p50_ms"]), runs))
-    all_runs = f"{lengths['n_runs']} runs"
+        if b.prefill_p50_ms is not None:
+            rows.append((f"prefill median, prompt {name} tokens", "ms", fmt(b.prefill_p50_ms), runs))
+    all_runs = f"{lengths.n_runs} runs"
     per_token = (
-        ("prefill per prompt token median", lengths["ms_per_prompt_token"], all_runs),
-        ("prefill per prompt token (llama.cpp) median", lengths["native_ms_per_prompt_token"], all_runs),
+        ("prefill per prompt token median", lengths.ms_per_prompt_token, all_runs),
+        ("prefill per prompt token (llama.cpp) median", lengths.native_ms_per_prompt_token, all_runs),
         (
             "prefill per prompt token (slope of a fitted line)",
-            lengths["slope_ms_per_token"],
-            f"{all_runs}, {len(lengths['buckets'])} buckets",
+            lengths.slope_ms_per_token,
+            f"{all_runs}, {len(lengths.buckets)} buckets",
         ),
     )
     return rows + [(label, "ms/token", fmt(value), sample) for label, value, sample in per_token if value is not None]
 
 
-def _bucket_name(b: LengthBucketJson) -> str:
+def _bucket_name(b: LengthBucket) -> str:
     """``64`` for one length, ``64-127`` for a range."""
-    low, high = b["low_tokens"], b["high_tokens"]
+    low, high = b.low_tokens, b.high_tokens
     return str(low) if low == high else f"{low}-{high}"
 
 
-def length_note(lengths: PromptLengthsJson | None) -> str | None:
+def length_note(lengths: PromptLengths | None) -> str | None:
     """The line a measurement by prompt length gets for its rule, and for a prefill it cannot see."""
     if lengths is None:
         return None
-    note = f"by prompt length: {lengths['rule']}"
-    if lengths["ms_per_prompt_token"] is None:
+    note = f"by prompt length: {lengths.rule}"
+    if lengths.ms_per_prompt_token is None:
         note += "; prefill per prompt token: not measured: the engine does not see where the prefill ends"
     return note
 
@@ -347,7 +357,7 @@ def _breakdowns(m: Measurement, found: Record, width: int | None = None) -> str:
     if found.roofline is not None:
         text += "\n\nroofline:\n" + roofline_text(found.roofline, width=width)
     prose = list(m.agreement.against_lines()) if m.agreement is not None else []  # A is REF, B this tree
-    warnings = list(found.stability["warnings"]) if found.stability is not None else []
+    warnings = list(found.stability.warnings) if found.stability is not None else []
     for block in (prose, warnings):
         if block:
             text += "\n\n" + "\n".join(block if width is None else [wrap_text(line, width) for line in block])
@@ -556,8 +566,8 @@ def curve_table(measurements: Sequence[Measurement], width: int | None = None) -
                 f"{s.n_ok}/{s.n_requests}",
                 fmt(s.requests_per_s),
                 fmt(s.output_tps),
-                fmt(s.output_tps_per_request),
-                *(f"{fmt(st.p50_ms)} / {fmt(st.p99_ms)}" for st in (_load_stat(s, x) for x in LOAD_METRICS)),
+                _dash(s.output_tps_per_request),
+                *(_p50_p99(s, x) for x in LOAD_METRICS),
                 f"{s.goodput:.0%}" if s.slo else "-",
             ]
         )
@@ -581,7 +591,10 @@ def load_rows(m: Measurement) -> list[tuple[str, str, str, str]]:
     s = m.load
     assert s is not None  # called for a load test's measurement
 
-    def pct(st: LatencyStats) -> str:
+    def pct(metric: catalog.Metric) -> str:
+        st = _load_stat(s, metric)
+        if st is None:  # read from a file: its p50 and p99 only
+            return _p50_p99(s, metric)
         return f"{fmt(st.p50_ms)} / {fmt(st.p90_ms)} / {fmt(st.p95_ms)} / {fmt(st.p99_ms)}"
 
     reqs = f"{s.n_ok} requests"
@@ -590,10 +603,10 @@ def load_rows(m: Measurement) -> list[tuple[str, str, str, str]]:
         ("load", "", "trace replay, open loop" if s.trace else f"concurrency {s.concurrency}{pace}", ""),
         *trace_rows(s.trace),
         ("requests ok / failed", "", f"{s.n_ok} / {s.n_failed}", f"{s.n_requests} requests"),
-        *((f"{x.label} p50/p90/p95/p99", x.unit, pct(_load_stat(s, x)), reqs) for x in LOAD_METRICS),
-        ("output tokens/s overall", "t/s", fmt(s.output_tps), f"{fmt(s.duration_s)} s"),
-        ("output tokens/s per request", "t/s", fmt(s.output_tps_per_request), reqs),
-        ("requests/s", "req/s", fmt(s.requests_per_s), f"{fmt(s.duration_s)} s"),
+        *((f"{x.label} p50/p90/p95/p99", x.unit, pct(x), reqs) for x in LOAD_METRICS),
+        ("output tokens/s overall", "t/s", fmt(s.output_tps), f"{_dash(s.duration_s)} s"),
+        ("output tokens/s per request", "t/s", _dash(s.output_tps_per_request), reqs),
+        ("requests/s", "req/s", fmt(s.requests_per_s), f"{_dash(s.duration_s)} s"),
     ]
     goodput = catalog.METRICS["goodput"].label
     if s.slo:
@@ -611,12 +624,12 @@ def trace_rows(trace: TraceReplay | None) -> list[tuple[str, str, str, str]]:
     their schedule (the client's own lag): rows for the per-test table."""
     if trace is None:
         return []
-    lags = trace.lags_ms
     n = f"{trace.n_requests} requests"
+    lag = f"{fmt(trace.send_lag_p50_ms)} / {fmt(trace.send_lag_max_ms)}"
     return [
         ("trace", "", f"{trace.n_requests} requests over {fmt(trace.span_s)} s", f"replayed at {trace.speed:g}x"),
-        ("trace replayed over", "s", fmt(trace.scheduled_s[-1]), n),
-        ("client send lag p50 / max (sent - scheduled)", "ms", f"{fmt(statistics.median(lags))} / {fmt(max(lags))}", n),
+        *([("trace replayed over", "s", fmt(trace.scheduled_s[-1]), n)] if trace.scheduled_s else []),
+        ("client send lag p50 / max (sent - scheduled)", "ms", lag, n),
     ]
 
 
@@ -683,7 +696,7 @@ def curve_lines(measurements: Sequence[Measurement]) -> list[str]:
                 f"server evaluated {_dash(s.prompt_n_median)} of {_dash(s.prompt_tokens_median)} prompt tokens (p50), "
                 f"{_dash(s.prompt_tokens_from_cache)} from its cache in all",
                 f"TTFT - server prompt {_dash(s.ttft_gap_ms_p50)} ms",
-                f"TPOT {_dash(load.tpot.p50_ms)} vs server {_dash(s.server_ms_per_token_p50)} ms/token",
+                f"TPOT {_dash(load.tpot_p50_ms)} vs server {_dash(s.server_ms_per_token_p50)} ms/token",
             ]
         if s.tokens_per_decode is not None:
             parts.append(f"{fmt(s.tokens_per_decode)} tokens per decode call")
@@ -741,22 +754,22 @@ def _bar(share: float, widest: float, markdown: bool) -> str:
     return ("█" if markdown else "#") * n
 
 
-def layer_rows(layers: LayersJson, markdown: bool = False) -> tuple[list[str], list[list[str]]]:
+def layer_rows(layers: LayerProfile, markdown: bool = False) -> tuple[list[str], list[list[str]]]:
     """One row per segment: prefill and decode median ms and share, a bar of the decode share,
     and OUTLIER where the robust rule flags it."""
-    pre, dec = layers["phases"]["prefill"], layers["phases"]["decode"]
-    widest = max(dec["share"]) if dec["share"] else 0.0
-    outliers = set(pre["outliers"]) | set(dec["outliers"])
+    pre, dec = layers.prefill, layers.decode
+    widest = max(dec.share) if dec.share else 0.0
+    outliers = set(pre.outliers) | set(dec.outliers)
     rows = []
-    for i, name in enumerate(dec["names"]):
+    for i, name in enumerate(dec.names):
         rows.append(
             [
                 name,
-                fmt(pre["median_ms"][i]),
-                f"{pre['share'][i]:.1%}",
-                fmt(dec["median_ms"][i]),
-                f"{dec['share'][i]:.1%}",
-                _bar(dec["share"][i], widest, markdown),
+                fmt(pre.median_ms[i]),
+                f"{pre.share[i]:.1%}",
+                fmt(dec.median_ms[i]),
+                f"{dec.share[i]:.1%}",
+                _bar(dec.share[i], widest, markdown),
                 "OUTLIER" if name in outliers else "",
             ]
         )
@@ -764,26 +777,25 @@ def layer_rows(layers: LayersJson, markdown: bool = False) -> tuple[list[str], l
     return headers, rows
 
 
-def layer_summary(layers: LayersJson) -> list[str]:
+def layer_summary(layers: LayerProfile) -> list[str]:
     lines = []
-    for phase in ("prefill", "decode"):
-        p = layers["phases"][phase]
+    for p in (layers.prefill, layers.decode):
         lines.append(
-            f"{phase}: {len(p['names']) - 1} layers + output head cover {p['coverage']:.1%} of the "
-            f"instrumented step (median over {p['n_steps']} steps in {p['n_runs']} runs; step median "
-            f"{fmt(p['step_ms'])} ms, segment medians sum to {fmt(sum(p['median_ms']))} ms)"
+            f"{p.phase}: {len(p.names) - 1} layers + output head cover {p.coverage:.1%} of the "
+            f"instrumented step (median over {p.n_steps} steps in {p.n_runs} runs; step median "
+            f"{fmt(p.step_ms)} ms, segment medians sum to {fmt(sum(p.median_ms))} ms)"
         )
-    pairs = (("prefill", layers.get("prefill_overhead_ratio")), ("decode", layers.get("overhead_ratio")))
+    pairs = (("prefill", layers.prefill_overhead_ratio), ("decode", layers.decode_overhead_ratio))
     ratios = [f"{name} {ratio:.3f}x" for name, ratio in pairs if ratio is not None]
     if ratios:
         lines.append(
             "instrumentation cost (instrumented / plain, interleaved runs; prefill time, TPOT): " + ", ".join(ratios)
         )
-    lines.append(f"outlier rule: {layers['outlier_rule']}")
+    lines.append(f"outlier rule: {layers.outlier_rule}")
     return lines
 
 
-def layers_text(layers: LayersJson, markdown: bool = False, width: int | None = None) -> str:
+def layers_text(layers: LayerProfile, markdown: bool = False, width: int | None = None) -> str:
     headers, rows = layer_rows(layers, markdown)
     return _table_with_notes(headers, rows, layer_summary(layers), markdown, width)
 
@@ -804,97 +816,95 @@ def _table_with_notes(
     return wrapped_table(headers, rows, width) + "\n" + "\n".join(wrap_text(n, width) for n in notes)
 
 
-def roofline_text(roof: RooflineJson, markdown: bool = False, width: int | None = None) -> str:
+def roofline_text(roof: Roofline, markdown: bool = False, width: int | None = None) -> str:
     headers = ["phase", "verdict", "FLOP/byte", "bound t/s", "achieved t/s", "achieved GB/s", "MBU", "MFU"]
-    rows = [_roofline_row(phase, p) for phase, p in _roofline_phases(roof)]
+    rows = [_roofline_row(p) for p in _roofline_phases(roof)]
     return _table_with_notes(headers, rows, _roofline_notes(roof), markdown, width)
 
 
-def _roofline_phases(roof: RooflineJson) -> list[tuple[str, PhaseRooflineJson]]:
+def _roofline_phases(roof: Roofline) -> list[PhaseRoofline]:
     """The phases the roofline has, prefill first."""
-    phases = (("prefill", roof.get("prefill")), ("decode", roof.get("decode")))
-    return [(phase, p) for phase, p in phases if p]
+    return [p for p in (roof.prefill, roof.decode) if p is not None]
 
 
-def _roofline_row(phase: str, p: PhaseRooflineJson) -> list[str]:
+def _roofline_row(p: PhaseRoofline) -> list[str]:
     """One phase's roofline: its bound, intensity, achieved rate and bandwidth, MBU and MFU."""
     return [
-        phase,
-        p["verdict"],
-        fmt(p["intensity_flop_per_byte"]),
-        fmt(p["bound_tps"]),
-        fmt(p["achieved_tps"]),
-        fmt(p["achieved_bw_gbs"]),
-        "n/a" if p.get("note") else f"{p['mbu']:.2f}",
-        f"{p['mfu']:.2f}",
+        p.phase,
+        p.verdict,
+        fmt(p.intensity_flop_per_byte),
+        fmt(p.bound_tps),
+        fmt(p.achieved_tps),
+        fmt(p.achieved_bw_gbs),
+        "n/a" if p.note else f"{p.mbu:.2f}",
+        f"{p.mfu:.2f}",
     ]
 
 
-def _roofline_notes(roof: RooflineJson) -> list[str]:
+def _roofline_notes(roof: Roofline) -> list[str]:
     """The machine's peaks and balance, and each phase's note."""
+    bw, fl = roof.peak_bw, roof.peak_tflops
     return [
-        f"peak bandwidth {fmt(roof['peak_bw_gbs'])} GB/s ({roof['peak_bw_source']}"
-        + (f": {roof['peak_bw_detail']})" if roof.get("peak_bw_detail") else ")"),
-        f"peak compute {fmt(roof['peak_tflops'] * 1e3)} GFLOP/s ({roof['peak_tflops_source']}"
-        + (f": {roof['peak_tflops_detail']})" if roof.get("peak_tflops_detail") else ")"),
-        f"machine balance {fmt(roof['machine_balance_flop_per_byte'])} FLOP/byte; below it a phase is "
-        f"memory-bound; decode at mean context {fmt(roof['context_tokens'])} tokens",
-    ] + [f"{phase}: {p['note']}" for phase, p in _roofline_phases(roof) if p.get("note")]
+        f"peak bandwidth {fmt(bw.value)} GB/s ({bw.source}" + (f": {bw.detail})" if bw.detail else ")"),
+        f"peak compute {fmt(fl.value * 1e3)} GFLOP/s ({fl.source}" + (f": {fl.detail})" if fl.detail else ")"),
+        f"machine balance {fmt(roof.machine_balance_flop_per_byte)} FLOP/byte; below it a phase is "
+        f"memory-bound; decode at mean context {fmt(roof.context_tokens)} tokens",
+    ] + [f"{p.phase}: {p.note}" for p in _roofline_phases(roof) if p.note]
 
 
-def stability_rows(stab: StabilityJson) -> list[tuple[str, str, str, str]]:
-    n = f"{stab['n_runs']} runs"
+def stability_rows(stab: Stability) -> list[tuple[str, str, str, str]]:
+    n = f"{stab.n_runs} runs"
     rows = [
-        ("TPOT CV / spread", "", f"{stab['tpot_cv']:.1%} / {stab['tpot_spread_pct']:.1f}%", n),
-        ("TTFT CV", "", f"{stab['ttft_cv']:.1%}", n),
-        ("first token / median ITL", "x", f"{stab['first_token_slowdown']:.2f}", n),
+        ("TPOT CV / spread", "", f"{stab.tpot_cv:.1%} / {stab.tpot_spread_pct:.1f}%", n),
+        ("TTFT CV", "", f"{stab.ttft_cv:.1%}", n),
+        ("first token / median ITL", "x", f"{stab.first_token_slowdown:.2f}", n),
     ]
-    if stab.get("first_run_slowdown") is not None:
-        rows.append(("warm-up run / median TPOT", "x", f"{stab['first_run_slowdown']:.2f}", "1 warm-up run"))
-    slope, span = stab.get("context_slope_us_per_token"), stab.get("context_span")
+    if stab.first_run_slowdown is not None:
+        rows.append(("warm-up run / median TPOT", "x", f"{stab.first_run_slowdown:.2f}", "1 warm-up run"))
+    slope, span = stab.context_slope_us_per_token, stab.context_span
     if slope is not None and span is not None:
         lo, hi = span
         rows.append(("ITL slope vs context", "us/token", f"{slope:+.3g}", f"positions {lo}-{hi}"))
     return rows
 
 
-def load_state_rows(loads: ModelLoadsJson, figures: bool = False) -> list[tuple[str, str, str, str]]:
+def load_state_rows(loads: ModelLoads, figures: bool = False) -> list[tuple[str, str, str, str]]:
     """A record's fresh model loads (``model_loads``): what they were and how that was checked;
     ``figures``: with the load and fresh-engine TTFT medians."""
-    n = len(loads.get("samples") or [])
+    n = len(loads.samples)
     rows = []
     if figures:
         rows += [
-            ("model load median", "ms", fmt_or(loads.get("load_ms")), f"{n} loads, {loads.get('page_cache')}"),
-            ("fresh-engine TTFT median", "ms", fmt_or(loads.get("fresh_ttft_ms")), f"{n} loads"),
+            ("model load median", "ms", fmt_or(loads.load_ms), f"{n} loads, {loads.page_cache}"),
+            ("fresh-engine TTFT median", "ms", fmt_or(loads.fresh_ttft_ms), f"{n} loads"),
         ]
-    rows.append(("fresh model loads", "", str(loads.get("page_cache")), f"{n} loads; {loads.get('evidence', '')}"))
-    if loads.get("note"):
-        rows.append(("", "", "cold asked", str(loads["note"])))
+    rows.append(("fresh model loads", "", loads.page_cache, f"{n} loads; {loads.evidence}"))
+    if loads.note:
+        rows.append(("", "", "cold asked", loads.note))
     return rows
 
 
-def memory_rows(memory: StoredMemory, figures: bool = True) -> list[tuple[str, str, str, str]]:
+def memory_rows(memory: Memory, figures: bool = True) -> list[tuple[str, str, str, str]]:
     """A record's memory, each figure with its source; ``figures=False``: without the catalog's
     memory figures (the metrics table shows them as figure rows)."""
     return [
         (label, "MiB", fmt(value / 2**20 if in_bytes else value), source(memory))
         for key, label, in_bytes, figure, source in MEMORY_ROWS
-        if isinstance(value := memory.get(key), (int, float)) and (figures or not figure)
+        if isinstance(value := getattr(memory, key), (int, float)) and (figures or not figure)
     ]
 
 
-def _rss_scope(memory: Mapping[str, object]) -> str:
-    return "during the runs" if memory.get("peak_rss_scope") == "measurement" else "process lifetime"
+def _rss_scope(memory: Memory) -> str:
+    return "during the runs" if memory.peak_rss_scope == "measurement" else "process lifetime"
 
 
-def _buffer_source(memory: Mapping[str, object]) -> str:
-    return str(memory.get("buffer_source", ""))
+def _buffer_source(memory: Memory) -> str:
+    return memory.buffer_source or ""
 
 
 #: ``memory_rows``' rows in order: (the record's memory key, label, in bytes (shown in MiB), a
 #: catalog figure (the metrics table shows those as figure rows), where the figure comes from).
-MEMORY_ROWS: tuple[tuple[str, str, bool, bool, Callable[[Mapping[str, object]], str]], ...] = (
+MEMORY_ROWS: tuple[tuple[str, str, bool, bool, Callable[[Memory], str]], ...] = (
     ("peak_rss_bytes", "peak RSS", True, True, _rss_scope),
     ("kv_mib", "KV buffer", False, True, _buffer_source),
     ("compute_mib", "compute buffer", False, True, _buffer_source),

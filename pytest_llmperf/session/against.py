@@ -906,7 +906,7 @@ class Drive:
             "note": note,
             "comparisons": [comparison_json(c) for c in looked.comparisons],
             "parts": [p.to_json() for p in looked.parts],
-            "agreement": agreement.as_dict(),
+            "agreement": agreement.to_json(),
         }
         if looked.changes:  # what differs between the sides' requests ("prompt tokens 22 -> 170")
             verdict["changes"] = list(looked.changes)
