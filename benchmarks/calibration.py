@@ -41,7 +41,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_llmperf.core.record import Record
+from pytest_llmperf.core.measurement import Measurement
 from pytest_llmperf.judge.regression import CompareSettings, carry_history, judge
 from pytest_llmperf.judge.rule import JUDGED, suite_relative
 from pytest_llmperf.judge.verdict import Verdict, level, lognormal_sigma
@@ -93,20 +93,20 @@ class Machine:
         return out
 
 
-def as_record(values: dict[str, np.ndarray]) -> Record:
+def as_record(values: dict[str, np.ndarray]) -> Measurement:
     runs = {k: [float(v) for v in values[k]] for k in BASE_MS}
     runs["prefill_tps"] = [PROMPT_TOKENS * 1000.0 / v for v in runs["ttft_ms"]]
     runs["decode_tps"] = [1000.0 / v for v in runs["tpot_ms"]]
-    return Record.read({"workload": WORKLOAD, "subject": SUBJECT, "hardware": {}, "runs": runs})
+    return Measurement.read({"workload": WORKLOAD, "subject": SUBJECT, "hardware": {}, "runs": runs})
 
 
 def concat(a: dict, b: dict) -> dict:
     return {k: (np.concatenate([a[k], b[k]]) if k != "_ramp" else a[k]) for k in a}
 
 
-def baseline(machine: Machine, tests: int, k: int) -> list[Record]:
+def baseline(machine: Machine, tests: int, k: int) -> list[Measurement]:
     """K recorded sessions folded into one stored entry per test, as the plugin stores them."""
-    stored: list[Record | None] = [None] * tests
+    stored: list[Measurement | None] = [None] * tests
     for _ in range(k):
         offsets = machine.session(tests)
         for t in range(tests):
@@ -114,10 +114,10 @@ def baseline(machine: Machine, tests: int, k: int) -> list[Record]:
     return stored  # type: ignore[return-value]
 
 
-def history_window(machine: Machine, tests: int, sessions: int) -> tuple[list[Record], list[dict]]:
+def history_window(machine: Machine, tests: int, sessions: int) -> tuple[list[Measurement], list[dict]]:
     """A baseline recorded once and, per test, the levels of ``sessions`` sessions of the
     history since (the recording session first), as ``history.series.Windows.levels`` gives."""
-    stored: list[Record] = [None] * tests  # type: ignore[list-item]
+    stored: list[Measurement] = [None] * tests  # type: ignore[list-item]
     windows: list[dict] = [{spec.name: [] for spec in JUDGED} for _ in range(tests)]
     for s in range(sessions):
         offsets = machine.session(tests)
@@ -130,7 +130,7 @@ def history_window(machine: Machine, tests: int, sessions: int) -> tuple[list[Re
     return stored, windows
 
 
-def judge_test(base: Record, cand_values: dict, settings: CompareSettings, window: dict | None = None):
+def judge_test(base: Measurement, cand_values: dict, settings: CompareSettings, window: dict | None = None):
     return judge({"hw": base}, "hw", as_record(cand_values), settings, (lambda entry: window) if window else None)
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pytest_llmperf.core.record import Record
+from pytest_llmperf.core.measurement import Measurement
 from pytest_llmperf.judge.regression import CompareSettings, judge
 from pytest_llmperf.judge.result import MeasurementResult
 
@@ -75,7 +75,10 @@ def resampled(result: dict, index: int, rng: np.random.Generator) -> dict:
         rec["summary"][f"itl_p{q}_ms"] = float(np.percentile(pooled, q))
     if r.get("baseline_record"):  # judged again, so the verdicts vary as a real session's do
         verdict = judge(
-            {"hw": Record.read(r["baseline_record"])}, "hw", Record.read(rec), CompareSettings(family_size=5 * 200)
+            {"hw": Measurement.read(r["baseline_record"])},
+            "hw",
+            Measurement.read(rec),
+            CompareSettings(family_size=5 * 200),
         )
         r["verdict"] = verdict.to_json()
     r["test"] = f"tests/test_perf_{index // 10:02d}.py::test_case_{index}"

@@ -41,7 +41,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pytest_llmperf.core.record import Record
+from pytest_llmperf.core.measurement import Measurement
 from pytest_llmperf.judge.regression import STEAL_MACHINE_SHARE, CompareSettings, carry_history, judge, steal_share
 
 SESSION = r"""
@@ -146,7 +146,7 @@ def main() -> None:
         f"baseline: {args.baseline_sessions} session(s), {args.preset} F16, threads {base['subject'].get('n_threads')}, "
         f"{len(base['runs']['ttft_ms'])} runs; "
         f"TTFT {np.median(base['runs']['ttft_ms']):.1f} ms, TPOT {np.median(base['runs']['tpot_ms']):.2f} ms, "
-        f"reference {probe_ms(base):.2f} ms, steal {steal_share(Record.read(base)) or 0:.1%}"
+        f"reference {probe_ms(base):.2f} ms, steal {steal_share(Measurement.read(base)) or 0:.1%}"
     )
     scenarios = [
         ("A/A", "F16", 0, False, args.aa),
@@ -175,11 +175,11 @@ def record_baseline(args: argparse.Namespace, measured, rejudging: bool) -> dict
     for k in range(0 if args.baseline else args.baseline_sessions):
         for attempt in range(5):
             rec = measured("F16", 0)
-            stolen = steal_share(Record.read(rec)) or 0.0
+            stolen = steal_share(Measurement.read(rec)) or 0.0
             if stolen < STEAL_MACHINE_SHARE:
                 break
             print(f"baseline attempt {attempt + 1}: steal {stolen:.0%} during its runs; re-recording", flush=True)
-        base = carry_history(base and Record.read(base), Record.read(rec)).to_json()
+        base = carry_history(base and Measurement.read(base), Measurement.read(rec)).to_json()
         if k == 0 and rejudging and args.baseline_sessions > 1:
             args.aa -= args.baseline_sessions - 1  # the saved A/A sessions that became baseline sessions
     return base
@@ -191,7 +191,7 @@ def run_scenario(name: str, count: int, measured, base: dict, settings, probe: l
     tally: collections.Counter[str] = collections.Counter()
     for i in range(count):
         cand = measured()
-        v = judge({"hw": Record.read(base)}, "hw", Record.read(cand), settings)
+        v = judge({"hw": Measurement.read(base)}, "hw", Measurement.read(cand), settings)
         by = {c.metric: c for c in v.comparisons}
         cells = [
             f"{m} {by[m].verdict.value} {by[m].change_pct:+.1f}%"
@@ -204,7 +204,7 @@ def run_scenario(name: str, count: int, measured, base: dict, settings, probe: l
             probe.append((v.machine_ratio, ratio(base, cand, "ttft_ms"), ratio(base, cand, "tpot_ms")))
         print(
             f"  {name:<9} {i + 1:>2}: {v.short:<24} reference {probe_ms(cand):.2f} ms "
-            f"x{v.machine_ratio or float('nan'):.2f}, steal {steal_share(Record.read(cand)) or 0:.1%}, "
+            f"x{v.machine_ratio or float('nan'):.2f}, steal {steal_share(Measurement.read(cand)) or 0:.1%}, "
             f"{(cand.get('machine') or {}).get('involuntary_switches_per_run', float('nan')):.0f} invol. "
             "switches/run; " + "; ".join(cells),
             flush=True,

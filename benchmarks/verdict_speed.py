@@ -18,7 +18,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_llmperf.core.record import Record
+from pytest_llmperf.core.measurement import Measurement
 from pytest_llmperf.judge.regression import CompareSettings, judge, suite_check
 from pytest_llmperf.judge.result import MeasurementResult
 
@@ -46,7 +46,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20)
     args = parser.parse_args()
     rng = np.random.default_rng(0)
-    pairs = [(Record.read(record(rng, args.runs)), Record.read(record(rng, args.runs))) for _ in range(args.tests)]
+    pairs = [
+        (Measurement.read(record(rng, args.runs)), Measurement.read(record(rng, args.runs))) for _ in range(args.tests)
+    ]
     settings = CompareSettings(family_size=3 * args.tests, peers=args.tests)
     best = float("inf")
     for _ in range(3):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pytest_llmperf.core.record import Record
+from pytest_llmperf.core.measurement import Measurement
 from pytest_llmperf.judge.regression import CompareSettings, judge
 from pytest_llmperf.judge.verdict import Verdict
 
@@ -60,7 +60,7 @@ def record(rng: np.random.Generator, machine: dict, *, eval_x: float = 1.0, cv: 
 
 def _judged(candidate: dict, seed: int = 5):
     base = record(np.random.default_rng(seed), QUIET)
-    return judge({"hw": Record.read(base)}, "hw", Record.read(candidate), CompareSettings())
+    return judge({"hw": Measurement.read(base)}, "hw", Measurement.read(candidate), CompareSettings())
 
 
 @pytest.mark.parametrize(

@@ -18,8 +18,7 @@ from pytest_llmperf import Workload, measure
 from pytest_llmperf.baselines.records import stored
 from pytest_llmperf.core import catalog
 from pytest_llmperf.core.fingerprint import Fingerprint, subject
-from pytest_llmperf.core.measurement import Peak, RunMetrics
-from pytest_llmperf.core.record import Record
+from pytest_llmperf.core.measurement import Measurement, Peak, RunMetrics
 from pytest_llmperf.judge import rule as compare
 from pytest_llmperf.judge.result import Figures
 from pytest_llmperf.measuring.agreement import compare_outputs
@@ -163,7 +162,7 @@ def _agree(measured, name: str, read, from_record) -> None:
 
 def test_every_metric_reads_from_a_measurement_and_its_record(measured) -> None:
     for metric in catalog.METRICS.values():
-        _agree(measured, metric.name, metric.read, lambda rec, metric=metric: metric.from_record(Record.read(rec)))
+        _agree(measured, metric.name, metric.read, lambda rec, metric=metric: metric.from_record(Measurement.read(rec)))
 
 
 def test_every_summary_field_is_stored_in_the_record(measured) -> None:
@@ -175,13 +174,15 @@ def test_every_summary_field_is_stored_in_the_record(measured) -> None:
 
 def test_html_budget_value_is_the_measured_value_for_every_budget_key(measured) -> None:
     for key, budget in catalog.BUDGETS.items():
-        _agree(measured, key, budget.read, lambda rec, key=key: budget_value(Record.read(rec), key))
+        _agree(measured, key, budget.read, lambda rec, key=key: budget_value(Measurement.read(rec), key))
     # The table itself: e2e_ms and min_goodput used to show "not in record".
     _, rec = measured[1]
     from pytest_llmperf.judge.result import MeasurementResult
 
     rows = _budget_rows(
-        MeasurementResult("t", budgets={"e2e_ms": 1e9, "min_goodput": 0.5, "ttft_ms": 1e9}, record=Record.read(rec))
+        MeasurementResult(
+            "t", budgets={"e2e_ms": 1e9, "min_goodput": 0.5, "ttft_ms": 1e9}, record=Measurement.read(rec)
+        )
     )
     assert all("not in record" not in cell for row in rows for cell in row), rows
     assert all("ok" in row[-1] for row in rows), rows
@@ -352,4 +353,4 @@ def test_tpot_p99_is_a_figure_a_json_field_a_table_row_and_a_budget(measured) ->
     failure = check_budgets(m, marker.budgets)
     assert failure is not None and [b.key for b in failure.breaches] == ["tpot_p99_ms"]
     assert check_budgets(m, validate_marker({"tpot_p99_ms": p99 * 2}).budgets) is None
-    assert _close(catalog.BUDGETS["tpot_p99_ms"].from_record(Record.read(rec)), p99)
+    assert _close(catalog.BUDGETS["tpot_p99_ms"].from_record(Measurement.read(rec)), p99)

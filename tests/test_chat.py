@@ -19,7 +19,7 @@ from inner import run
 
 from pytest_llmperf import LlamaCppEngine, Workload, measure
 from pytest_llmperf.core.errors import ConfigError
-from pytest_llmperf.core.record import workload_changes, workload_identity
+from pytest_llmperf.core.measurement import workload_changes, workload_identity
 from pytest_llmperf.engines import CallableEngine
 from pytest_llmperf.engines.http import HttpEngine
 from pytest_llmperf.engines.user_llama import LlamaWatch

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from pytest_llmperf.core.record import Record
+from pytest_llmperf.core.measurement import Measurement
 from pytest_llmperf.judge.regression import CompareSettings, carry_history, judge, session_holm, suite_check
 from pytest_llmperf.judge.result import BaselineVerdict, MeasurementResult
 from pytest_llmperf.judge.rule import JUDGED, METRICS, MIN_PEERS, compare_runs, decide, suite_relative
@@ -160,9 +160,9 @@ def test_tps_mirrors_tpot() -> None:
     rng = np.random.default_rng(7)
     tpot_b, tpot_c = lognormal(rng, 10.0, 0.02, 20), lognormal(rng, 11.5, 0.02, 20)
     v = judge(
-        {"hw": Record.read(record(tpot_b, lognormal(rng, 150, 0.02, 20)))},
+        {"hw": Measurement.read(record(tpot_b, lognormal(rng, 150, 0.02, 20)))},
         "hw",
-        Record.read(record(tpot_c, lognormal(rng, 150, 0.02, 20))),
+        Measurement.read(record(tpot_c, lognormal(rng, 150, 0.02, 20))),
         CompareSettings(family_size=2, noise=DRIFT),
     )
     by = {c.metric: c for c in v.comparisons}
@@ -186,9 +186,9 @@ def test_holm_bound_for_unseen_comparisons() -> None:
 def test_family_counts_judged_metrics_only() -> None:
     rng = np.random.default_rng(8)
     v = judge(
-        {"hw": Record.read(record(lognormal(rng, 10, 0.02, 20), lognormal(rng, 150, 0.02, 20)))},
+        {"hw": Measurement.read(record(lognormal(rng, 10, 0.02, 20), lognormal(rng, 150, 0.02, 20)))},
         "hw",
-        Record.read(record(lognormal(rng, 10, 0.02, 20), lognormal(rng, 150, 0.02, 20))),
+        Measurement.read(record(lognormal(rng, 10, 0.02, 20), lognormal(rng, 150, 0.02, 20))),
         CompareSettings(),
     )
     judged = [c for c in v.comparisons if c.mirror_of is None]
@@ -202,9 +202,9 @@ def test_session_holm_equals_holm_over_all_p_values() -> None:
     results = []
     for i in range(5):
         v = judge(
-            {"hw": Record.read(record(lognormal(rng, 10, 0.02, 20), lognormal(rng, 150, 0.02, 20)))},
+            {"hw": Measurement.read(record(lognormal(rng, 10, 0.02, 20), lognormal(rng, 150, 0.02, 20)))},
             "hw",
-            Record.read(record(lognormal(rng, 10.3, 0.02, 20), lognormal(rng, 150, 0.02, 20))),
+            Measurement.read(record(lognormal(rng, 10.3, 0.02, 20), lognormal(rng, 150, 0.02, 20))),
             CompareSettings(family_size=100),
         )
         results.append(MeasurementResult(test=f"t{i}", verdict=v))
@@ -223,18 +223,18 @@ def test_history_keeps_the_last_sessions_and_restarts_on_a_subject_change() -> N
     stored = None
     for _ in range(14):
         stored = carry_history(
-            stored and Record.read(stored),
-            Record.read(record(lognormal(rng, 10, 0.02, 20), lognormal(rng, 150, 0.02, 20))),
+            stored and Measurement.read(stored),
+            Measurement.read(record(lognormal(rng, 10, 0.02, 20), lognormal(rng, 150, 0.02, 20))),
         ).to_json()
     assert len(stored["sessions"]["tpot_ms"]) == 9  # plus the record's own session: 10
     Level.from_json(stored["sessions"]["tpot_ms"][0])
     changed = record(lognormal(rng, 10, 0.02, 20), lognormal(rng, 150, 0.02, 20))
     changed["subject"] = {"backend_version": "0.3.17"}
-    assert "sessions" not in carry_history(Record.read(stored), Record.read(changed)).to_json()
+    assert "sessions" not in carry_history(Measurement.read(stored), Measurement.read(changed)).to_json()
     v = judge(
-        {"hw": Record.read(stored)},
+        {"hw": Measurement.read(stored)},
         "hw",
-        Record.read(record(lognormal(rng, 10, 0.02, 20), lognormal(rng, 150, 0.02, 20))),
+        Measurement.read(record(lognormal(rng, 10, 0.02, 20), lognormal(rng, 150, 0.02, 20))),
         CompareSettings(),
     )
     assert all(c.baseline_sessions == 10 for c in v.comparisons)
@@ -254,7 +254,7 @@ def test_the_reference_probe_is_shown_but_decides_nothing() -> None:
     ref = {"kind": "numpy-sgemm-384", "runs_ms": [1.0] * 5}
     base = record(lognormal(rng, 10, 0.02, 20), lognormal(rng, 150, 0.02, 20), reference=ref)
     slow = record(lognormal(rng, 25, 0.02, 20), lognormal(rng, 400, 0.02, 20), reference={**ref, "runs_ms": [2.6] * 5})
-    v = judge({"hw": Record.read(base)}, "hw", Record.read(slow), CompareSettings())
+    v = judge({"hw": Measurement.read(base)}, "hw", Measurement.read(slow), CompareSettings())
     assert v.machine_ratio == pytest.approx(2.6) and v.short == "REGRESSION decode+prefill"
 
 
@@ -324,7 +324,7 @@ def _session(
         cand = record(
             lognormal(rng, 10 * factor, cv, 20, shared + rng.normal(0, 0.005)), lognormal(rng, 150, cv, 20, shared)
         )
-        per_test.append(list(judge({"hw": Record.read(base)}, "hw", Record.read(cand), settings).comparisons))
+        per_test.append(list(judge({"hw": Measurement.read(base)}, "hw", Measurement.read(cand), settings).comparisons))
     return per_test
 
 
@@ -404,21 +404,27 @@ def test_steal_time_is_blamed_on_the_machine() -> None:
     base = record(lognormal(rng, 10, 0.01, 20), lognormal(rng, 150, 0.01, 20), machine={"steal_share": 0.001})
     runs = (lognormal(rng, 30, 0.05, 20), lognormal(rng, 400, 0.05, 20))
     stolen = judge(
-        {"hw": Record.read(base)}, "hw", Record.read(record(*runs, machine={"steal_share": 0.15})), CompareSettings()
+        {"hw": Measurement.read(base)},
+        "hw",
+        Measurement.read(record(*runs, machine={"steal_share": 0.15})),
+        CompareSettings(),
     )
     assert stolen.short == "MACHINE_SLOWER" and not stolen.regressions
     assert all(
         "15% of this VM's CPU time" in c.reason for c in stolen.comparisons if c.verdict is Verdict.MACHINE_SLOWER
     )
     own = judge(
-        {"hw": Record.read(base)}, "hw", Record.read(record(*runs, machine={"steal_share": 0.01})), CompareSettings()
+        {"hw": Measurement.read(base)},
+        "hw",
+        Measurement.read(record(*runs, machine={"steal_share": 0.01})),
+        CompareSettings(),
     )
     assert own.short == "REGRESSION decode+prefill"
     # A baseline recorded under steal says so.
     noisy_base = judge(
-        {"hw": Record.read({**base, "machine": {"steal_share": 0.3}})},
+        {"hw": Measurement.read({**base, "machine": {"steal_share": 0.3}})},
         "hw",
-        Record.read(record(*runs)),
+        Measurement.read(record(*runs)),
         CompareSettings(),
     )
     assert "30% of the CPU time (steal)" in noisy_base.note and "--llmperf-update-baselines" in noisy_base.note
@@ -431,17 +437,17 @@ def test_other_processes_on_the_engines_cores_are_blamed_on_the_machine() -> Non
     )
     runs = (lognormal(rng, 25, 0.8, 20), lognormal(rng, 400, 0.5, 20))
     shared = judge(
-        {"hw": Record.read(base)},
+        {"hw": Measurement.read(base)},
         "hw",
-        Record.read(record(*runs, machine={"involuntary_switches_per_run": 900.0})),
+        Measurement.read(record(*runs, machine={"involuntary_switches_per_run": 900.0})),
         CompareSettings(),
     )
     assert shared.short == "MACHINE_SLOWER"
     assert any("13x as often as at baseline" in c.reason for c in shared.comparisons)
     alone = judge(
-        {"hw": Record.read(base)},
+        {"hw": Measurement.read(base)},
         "hw",
-        Record.read(record(*runs, machine={"involuntary_switches_per_run": 90.0})),
+        Measurement.read(record(*runs, machine={"involuntary_switches_per_run": 90.0})),
         CompareSettings(),
     )
     assert alone.regressions
@@ -467,13 +473,16 @@ def test_a_busy_machine_is_named_by_its_signal_not_called_a_regression(figures: 
     base = record(lognormal(rng, 10, 0.02, 20), lognormal(rng, 150, 0.02, 20), machine=quiet)
     runs = (lognormal(rng, 25, 0.3, 20), lognormal(rng, 400, 0.3, 20))
     busy = judge(
-        {"hw": Record.read(base)}, "hw", Record.read(record(*runs, machine={**quiet, **figures})), CompareSettings()
+        {"hw": Measurement.read(base)},
+        "hw",
+        Measurement.read(record(*runs, machine={**quiet, **figures})),
+        CompareSettings(),
     )
     assert busy.short == "MACHINE_SLOWER" and not busy.regressions
     assert said in busy.machine and busy.machine.startswith("busy machine: "), busy.machine
     assert all(said in c.reason for c in busy.comparisons if c.verdict is Verdict.MACHINE_SLOWER)
     assert judge(
-        {"hw": Record.read(base)}, "hw", Record.read(record(*runs, machine=quiet)), CompareSettings()
+        {"hw": Measurement.read(base)}, "hw", Measurement.read(record(*runs, machine=quiet)), CompareSettings()
     ).regressions
 
 
@@ -487,12 +496,16 @@ def test_threads_that_outnumber_the_cores_are_the_subjects_not_a_busy_machine() 
     base = record(lognormal(rng, 6.3, 0.02, 10), lognormal(rng, 40, 0.02, 10), machine=quiet)
     runs = (lognormal(rng, 13.9, 0.03, 10), lognormal(rng, 60, 0.03, 10))
     crowded = {**quiet, "cpu_wait_share": 0.42, "involuntary_switches_per_run": 40.0}
-    own = judge({"hw": Record.read(base)}, "hw", Record.read(record(*runs, machine=crowded)), CompareSettings())
+    own = judge(
+        {"hw": Measurement.read(base)}, "hw", Measurement.read(record(*runs, machine=crowded)), CompareSettings()
+    )
     assert own.regressions and not own.machine, own.short
     assert "waited for a CPU 42% of their runnable time (0% at baseline) while no other process" in own.note
     assert "its own threads outnumber the cores" in own.note
     neighbour = {**crowded, "others_cpu_share": 0.36}
-    busy = judge({"hw": Record.read(base)}, "hw", Record.read(record(*runs, machine=neighbour)), CompareSettings())
+    busy = judge(
+        {"hw": Measurement.read(base)}, "hw", Measurement.read(record(*runs, machine=neighbour)), CompareSettings()
+    )
     assert busy.short == "MACHINE_SLOWER" and "outnumber" not in busy.note
 
 
@@ -543,9 +556,11 @@ def test_a_baseline_recorded_once_is_judged_with_a_shared_machines_drift() -> No
     base = record(lognormal(rng, 10, 0.03, 12), lognormal(rng, 150, 0.03, 12))
     for shift in (0.01, 0.08, 0.13, 0.19, 0.25):
         cand = record(lognormal(rng, 10 * (1 + shift), 0.03, 12), lognormal(rng, 150 * (1 + shift), 0.03, 12))
-        assert not judge({"hw": Record.read(base)}, "hw", Record.read(cand), CompareSettings(family_size=3)).regressions
+        assert not judge(
+            {"hw": Measurement.read(base)}, "hw", Measurement.read(cand), CompareSettings(family_size=3)
+        ).regressions
     slow = record(lognormal(rng, 18, 0.03, 12), lognormal(rng, 280, 0.03, 12))
     assert (
-        judge({"hw": Record.read(base)}, "hw", Record.read(slow), CompareSettings(family_size=3)).short
+        judge({"hw": Measurement.read(base)}, "hw", Measurement.read(slow), CompareSettings(family_size=3)).short
         == "REGRESSION decode+prefill"
     )

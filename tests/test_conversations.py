@@ -24,7 +24,7 @@ from pytest_llmperf import Workload, measure
 from pytest_llmperf.core.conversations import conversation, parse_conversation
 from pytest_llmperf.core.errors import ConfigError, EngineError
 from pytest_llmperf.core.formats import fmt
-from pytest_llmperf.core.record import Record, workload_changes, workload_identity
+from pytest_llmperf.core.measurement import Measurement, workload_changes, workload_identity
 from pytest_llmperf.core.workload import Conversation, RunTrace, conversation_digest
 from pytest_llmperf.judge.result import Outcome, outcome
 from pytest_llmperf.measuring.metrics import diagnose, turn_figures
@@ -96,9 +96,10 @@ def test_the_html_section_has_the_turn_by_turn_table_of_the_stored_record(tiny_e
     """The HTML report's section of a conversation test: one row per turn, read from the stored
     record's ``prompt.turns`` (llama.cpp's counters, TTFT p50 / p95, decode, runs)."""
     m = measure(tiny_engine, W)
-    record = json.loads(json.dumps(Record.of(m, diagnose(m), None).to_json()))
+    record = json.loads(json.dumps(Measurement.of(m, diagnose(m), None).to_json()))
     page = html_report.test_section(
-        0, outcome(m, "t.py::test_talk", "t.py::test_talk", None, 0, judged=Outcome("t", record=Record.read(record)))
+        0,
+        outcome(m, "t.py::test_talk", "t.py::test_talk", None, 0, judged=Outcome("t", record=Measurement.read(record))),
     )
     table = page.split("<h3>Conversation, turn by turn</h3>", 1)[1].split("</table>", 1)[0]
     assert re.findall(r"<th>(.*?)</th>", table) == list(html_report.TURN_HEADERS)

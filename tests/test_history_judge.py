@@ -18,7 +18,7 @@ from inner import run
 from test_history import location, pg_server, result, stamp  # noqa: F401  (fixtures: both backends)
 
 from pytest_llmperf.core.catalog import METRICS
-from pytest_llmperf.core.record import Record
+from pytest_llmperf.core.measurement import Measurement
 from pytest_llmperf.history import append_session
 from pytest_llmperf.history.connection import parse
 from pytest_llmperf.history.series import WINDOW_READ_SESSIONS, read_windows
@@ -139,19 +139,20 @@ def test_the_window_holds_the_sessions_since_the_baseline_of_its_subject(locatio
         tpots.append((i, r))
     recorded = tpots[2][1]
     windows = read_windows(loc, recorded["hardware_key"], ["ttft_ms", "tpot_ms", "itl_p95_ms"])
-    got = windows.levels(test, "", Record.read(entry_of(recorded, stamp(2))))
+    got = windows.levels(test, "", Measurement.read(entry_of(recorded, stamp(2))))
     kept = [i for i in range(2, 16) if i not in (9, 11)][-WINDOW_SESSIONS:]
     assert len(got["tpot_ms"]) == WINDOW_SESSIONS
     want = [level(tpots[i][1]["record"]["runs"]["tpot_ms"]).log_level for i in kept]
     assert [lv.log_level for lv in got["tpot_ms"]] == pytest.approx(want)
     assert set(got) == {"ttft_ms", "tpot_ms", "itl_p95_ms"}
     late = windows.levels(
-        test, "", Record.read(entry_of(recorded, stamp(13)))
+        test, "", Measurement.read(entry_of(recorded, stamp(13)))
     )  # re-recorded at 13: the window starts anew
     assert len(late["tpot_ms"]) == 3
-    assert windows.levels(test, "other-label", Record.read(entry_of(recorded, stamp(2)))) == {}
+    assert windows.levels(test, "other-label", Measurement.read(entry_of(recorded, stamp(2)))) == {}
     assert (
-        windows.levels(test, "", Record.read({**entry_of(recorded, stamp(2)), "workload": {"prompt_tokens": 1}})) == {}
+        windows.levels(test, "", Measurement.read({**entry_of(recorded, stamp(2)), "workload": {"prompt_tokens": 1}}))
+        == {}
     )
 
 

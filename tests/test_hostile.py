@@ -27,7 +27,7 @@ from inner import run
 
 from pytest_llmperf.baselines import store as baseline_store
 from pytest_llmperf.cli import main as cli_main
-from pytest_llmperf.core.record import Record
+from pytest_llmperf.core.measurement import Measurement
 
 API_KEY = "sk-hostile-7f3a9c2e51"
 STOP = threading.Event()
@@ -471,7 +471,7 @@ def session_file(path: Path, tests: list[str], edit: Callable[[dict], None] | No
     from pytest_llmperf.reports.session_file import session_json
 
     results = [
-        MeasurementResult(test=t, key=t, baseline_file="x.json", hardware_key="hw", record=Record.read(entry()))
+        MeasurementResult(test=t, key=t, baseline_file="x.json", hardware_key="hw", record=Measurement.read(entry()))
         for t in tests
     ]
     data = json.loads(session_json(results, "2026-12-01T00:00:00+00:00"))

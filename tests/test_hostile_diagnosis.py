@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_llmperf.core.measurement import Attribution, PhaseAttribution, Slice
-from pytest_llmperf.core.record import Record
+from pytest_llmperf.core.measurement import Attribution, Measurement, PhaseAttribution, Slice
 from pytest_llmperf.judge.attribution import AttributionChange, compare_phase, compare_records, readable
 
 RUNS = 8
@@ -104,7 +103,7 @@ GOOD = _attribution(2).to_json()
     ],
 )
 def test_a_damaged_attribution_in_a_baseline_is_named_in_one_line(stored, says) -> None:
-    line = compare_records(Record.read({"attribution": stored}), Record.read({"attribution": GOOD}))
+    line = compare_records(Measurement.read({"attribution": stored}), Measurement.read({"attribution": GOOD}))
     assert isinstance(line, str) and line.startswith(says), line
     assert line.endswith("re-record the baseline with --llmperf-update-baselines") and "\n" not in line
     assert readable(stored) == line
@@ -112,11 +111,12 @@ def test_a_damaged_attribution_in_a_baseline_is_named_in_one_line(stored, says) 
 
 def test_a_readable_attribution_is_compared_and_none_when_either_keeps_none() -> None:
     assert isinstance(
-        compare_records(Record.read({"attribution": GOOD}), Record.read({"attribution": GOOD})), AttributionChange
+        compare_records(Measurement.read({"attribution": GOOD}), Measurement.read({"attribution": GOOD})),
+        AttributionChange,
     )
-    assert compare_records(Record.read({}), Record.read({"attribution": GOOD})) is None
+    assert compare_records(Measurement.read({}), Measurement.read({"attribution": GOOD})) is None
     assert (
-        compare_records(Record.read({"attribution": "damaged"}), Record.read({})) is None
+        compare_records(Measurement.read({"attribution": "damaged"}), Measurement.read({})) is None
     )  # not asked now: nothing to say
 
 
@@ -132,9 +132,9 @@ def test_a_damaged_attribution_is_a_note_of_the_verdict_and_the_file_stays_valid
     runs = {name: [10.0, 10.2, 9.9, 10.1, 10.0] for name in ("ttft_ms", "tpot_ms", "itl_p95_ms")}
     record = {"workload": {"max_tokens": 8, "prompt_tokens": 4}, "subject": {}, "hardware": {}, "runs": runs}
     v = judge(
-        {"hw": Record.read({**record, "attribution": stored})},
+        {"hw": Measurement.read({**record, "attribution": stored})},
         "hw",
-        Record.read({**record, "attribution": GOOD}),
+        Measurement.read({**record, "attribution": GOOD}),
         CompareSettings(),
     )
     assert v.status == "compared" and v.comparisons and v.attribution is None

@@ -22,7 +22,7 @@ import pytest
 from inner import busiest_baseline, chromium, outpace
 
 from pytest_llmperf.cli import main as cli_main
-from pytest_llmperf.core.record import Record
+from pytest_llmperf.core.measurement import Measurement
 from pytest_llmperf.judge.result import MeasurementResult
 from pytest_llmperf.reports import charts
 from pytest_llmperf.reports import html as html_report
@@ -301,8 +301,8 @@ def _record(scale: float = 1.0) -> dict:
 def test_layer_and_roofline_figures_when_the_record_has_them() -> None:
     result = MeasurementResult(
         "t.py::test_layers",
-        record=Record.read(_record(1.3)),
-        baseline_record=Record.read(_record()),
+        record=Measurement.read(_record(1.3)),
+        baseline_record=Measurement.read(_record()),
         budget="ok",
         budgets={"p99_ms": 2.0, "tpot_ms": 1.0, "min_mbu": 0.5},
     )
@@ -313,7 +313,10 @@ def test_layer_and_roofline_figures_when_the_record_has_them() -> None:
     assert "MBU 80%" in section and "memory-bound" in section and "budget p99_ms=2 ms" in section
     assert "budget min_mbu=0.5 of peak bandwidth" in section  # the MBU floor on the roofline
     without = html_report.test_section(
-        0, replace(result, record=Record.read({k: v for k, v in _record().items() if k not in ("layers", "roofline")}))
+        0,
+        replace(
+            result, record=Measurement.read({k: v for k, v in _record().items() if k not in ("layers", "roofline")})
+        ),
     )
     assert outline(without).sections["t.py::test_layers"] == PER_TEST_FIGURES
 
@@ -322,7 +325,7 @@ def test_parallel_sections_match_sequential(monkeypatch: pytest.MonkeyPatch) -> 
     """Big reports draw in worker processes; the page must not depend on it."""
     results = [
         MeasurementResult(
-            f"t.py::test_{i}", record=Record.read(_record(1 + i / 10)), baseline_record=Record.read(_record())
+            f"t.py::test_{i}", record=Measurement.read(_record(1 + i / 10)), baseline_record=Measurement.read(_record())
         )
         for i in range(3)
     ]

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_llmperf.core.record import Record
+from pytest_llmperf.core.measurement import Measurement
 from pytest_llmperf.judge.paired import judged_pairs
 from pytest_llmperf.judge.regression import CompareSettings, compare_records, judge, suite_check
 from pytest_llmperf.judge.result import BaselineVerdict, MeasurementResult
@@ -137,8 +137,8 @@ def test_compare_records_decides_any_runs(base, cand, older, window, m) -> None:
     sessions = {spec.name: [level(o).to_json() for o in older] for spec in JUDGED}
     windows = {spec.name: [level(w) for w in window] for spec in JUDGED}
     out = compare_records(
-        Record.read(_record(values, sessions)),
-        Record.read(_record({s.name: cand for s in JUDGED})),
+        Measurement.read(_record(values, sessions)),
+        Measurement.read(_record({s.name: cand for s in JUDGED})),
         CompareSettings(family_size=m),
         windows,
     )
@@ -167,7 +167,7 @@ def test_judge_never_raises_on_a_corrupt_stored_record(base, cand, sessions, mac
     candidate = _record({s.name: cand for s in JUDGED}, None, machines[1])
     if layers is not None:
         baseline["layers"] = candidate["layers"] = layers
-    v = judge({"hw": Record.read(baseline)}, "hw", Record.read(candidate), CompareSettings())
+    v = judge({"hw": Measurement.read(baseline)}, "hw", Measurement.read(candidate), CompareSettings())
     assert isinstance(v, BaselineVerdict)
     assert v.status in ("compared", "error")
     for c in v.comparisons:
@@ -182,7 +182,7 @@ def test_a_nan_in_a_stored_baseline_is_named_and_the_rest_is_judged() -> None:
     good = [10.0, 10.2, 9.9, 10.1, 10.0]
     baseline = _record({"ttft_ms": [10.0, float("nan"), 10.1], "tpot_ms": good, "itl_p95_ms": good})
     candidate = _record({s.name: good for s in JUDGED})
-    v = judge({"hw": Record.read(baseline)}, "hw", Record.read(candidate), CompareSettings())
+    v = judge({"hw": Measurement.read(baseline)}, "hw", Measurement.read(candidate), CompareSettings())
     assert v.status == "compared"
     assert {c.metric for c in v.comparisons if c.mirror_of is None} == {"tpot_ms", "itl_p95_ms"}
     assert "cannot judge TTFT: ttft_ms of the baseline: values must be finite and positive" in v.note
@@ -247,7 +247,9 @@ def test_a_thousand_history_sessions_are_judged() -> None:
 
     window = [level([10.0 + (i % 7) * 0.01, 10.1, 9.9]) for i in range(1000)]
     base = _record({s.name: [10.0, 10.1, 9.9] for s in JUDGED})
-    out = compare_records(Record.read(base), Record.read(base), CompareSettings(), {s.name: window for s in JUDGED})
+    out = compare_records(
+        Measurement.read(base), Measurement.read(base), CompareSettings(), {s.name: window for s in JUDGED}
+    )
     assert all(c.verdict in (Verdict.UNCHANGED, Verdict.INCONCLUSIVE) for c in out)
 
 

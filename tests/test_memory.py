@@ -19,8 +19,7 @@ from inner import run
 from pytest_llmperf import LlamaCppEngine, Workload, measure
 from pytest_llmperf.baselines.records import stored
 from pytest_llmperf.core.fingerprint import Fingerprint, subject
-from pytest_llmperf.core.measurement import COLD_RESIDENT_MAX
-from pytest_llmperf.core.record import Record
+from pytest_llmperf.core.measurement import COLD_RESIDENT_MAX, Measurement
 from pytest_llmperf.judge.regression import MEMORY_RULE, compare_memory
 from pytest_llmperf.measuring.runner import evict, read_through, resident_share, with_model_loads
 
@@ -149,14 +148,17 @@ def test_cold_is_claimed_only_when_the_eviction_took(tiny_model_path, tmp_path) 
 def test_memory_grown_since_the_baseline_is_named_and_rss_noise_is_not(tiny_engine) -> None:
     m = measure(tiny_engine, Workload(prompt_tokens=8, max_tokens=4, runs=2, warmup=0))
     base = stored(m, Fingerprint({}, subject(m.engine)), commit=None, recorded_at="now").to_json()
-    assert compare_memory(Record.read(base), Record.read(copy.deepcopy(base))) == ()
+    assert compare_memory(Measurement.read(base), Measurement.read(copy.deepcopy(base))) == ()
     grown = copy.deepcopy(base)
     grown["memory"]["kv_mib"] = base["memory"]["kv_mib"] * 2
     grown["memory"]["rss_mib"] = base["memory"]["rss_mib"] * (1 + MEMORY_RULE["rss_mib"][0] / 2)
-    lines = compare_memory(Record.read(base), Record.read(grown))
+    lines = compare_memory(Measurement.read(base), Measurement.read(grown))
     assert len(lines) == 1 and lines[0].startswith("KV buffer ") and "(+100%; llama.cpp log)" in lines[0]
     grown["memory"]["rss_mib"] = base["memory"]["rss_mib"] * 2 + 100
-    assert [line.split()[0] for line in compare_memory(Record.read(base), Record.read(grown))] == ["KV", "peak"]
+    assert [line.split()[0] for line in compare_memory(Measurement.read(base), Measurement.read(grown))] == [
+        "KV",
+        "peak",
+    ]
 
 
 def test_memory_and_load_budgets_fail_with_one_line(pytester: pytest.Pytester) -> None:

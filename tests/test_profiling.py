@@ -16,8 +16,7 @@ from inner import run as run_inner
 
 from pytest_llmperf import InferenceProfiler, Workload, measure
 from pytest_llmperf.cli import main as cli_main
-from pytest_llmperf.core.measurement import SystemDelta, SystemSample
-from pytest_llmperf.core.record import Record
+from pytest_llmperf.core.measurement import Measurement, SystemDelta, SystemSample
 from pytest_llmperf.core.workload import kv_cache_bytes
 from pytest_llmperf.judge.result import compare_layers
 from pytest_llmperf.measuring.layers import outlier_layers
@@ -226,13 +225,15 @@ def test_layer_diff_names_the_slower_layer() -> None:
     rng = np.random.default_rng(0)
     base = [[1.0, 1.0, 1.0, 0.2] + rng.normal(0, 0.01, 4) for _ in range(12)]
     slower = [[1.0, 1.0, 1.3, 0.2] + rng.normal(0, 0.01, 4) for _ in range(12)]
-    changes = compare_layers(Record.read(_layers(base)), Record.read(_layers(slower)))
+    changes = compare_layers(Measurement.read(_layers(base)), Measurement.read(_layers(slower)))
     assert {(c.phase, c.name) for c in changes if c.slower} == {("prefill", "layer 2"), ("decode", "layer 2")}
-    assert not any(c.slower for c in compare_layers(Record.read(_layers(base)), Record.read(_layers(base))))
+    assert not any(c.slower for c in compare_layers(Measurement.read(_layers(base)), Measurement.read(_layers(base))))
     # The whole machine 30% slower: every layer's ms grows, no layer's share does.
     uniform = [[v * 1.3 for v in run] for run in base]
-    assert not any(c.slower for c in compare_layers(Record.read(_layers(base)), Record.read(_layers(uniform))))
-    assert compare_layers(Record.read({}), Record.read(_layers(base))) == ()
+    assert not any(
+        c.slower for c in compare_layers(Measurement.read(_layers(base)), Measurement.read(_layers(uniform)))
+    )
+    assert compare_layers(Measurement.read({}), Measurement.read(_layers(base))) == ()
 
 
 def test_layer_diff_holds_on_a_busy_machine() -> None:
@@ -262,9 +263,13 @@ def test_layer_diff_holds_on_a_busy_machine() -> None:
         rng = np.random.default_rng(seed)
         base, now, again = runs(rng, equal), runs(rng, wider), runs(rng, equal)
         named += {
-            (c.phase, c.name) for c in compare_layers(Record.read(record(base)), Record.read(record(now))) if c.slower
+            (c.phase, c.name)
+            for c in compare_layers(Measurement.read(record(base)), Measurement.read(record(now)))
+            if c.slower
         } == {("prefill", "layer 3"), ("decode", "layer 3")}
-        false_alarms += any(c.slower for c in compare_layers(Record.read(record(base)), Record.read(record(again))))
+        false_alarms += any(
+            c.slower for c in compare_layers(Measurement.read(record(base)), Measurement.read(record(again)))
+        )
     assert named >= 197 and false_alarms <= 2, (named, false_alarms)  # the normal approximation: 195
 
 

@@ -25,7 +25,7 @@ from inner import run
 
 from pytest_llmperf import LlamaCppEngine, Workload, measure
 from pytest_llmperf.core.formats import sig6
-from pytest_llmperf.core.record import Record
+from pytest_llmperf.core.measurement import Measurement
 from pytest_llmperf.core.workload import drawn, prompt_set_requests
 from pytest_llmperf.judge.regression import CompareSettings, judge, request_pairs
 from pytest_llmperf.judge.result import Outcome
@@ -61,13 +61,13 @@ def test_buckets_and_their_counts_from_a_real_run_over_a_set(tiny_engine, measur
         assert min(ttfts) <= b.ttft_p95_ms <= max(ttfts)
         assert b.prefill_p50_ms is not None and 0 < b.prefill_p50_ms <= b.ttft_p50_ms
     # stored: each run's request and length (what pairing reads), the figures by length
-    stored = Record.of(m, diagnose(m), None).to_json()
+    stored = Measurement.of(m, diagnose(m), None).to_json()
     assert stored["requests"] == {
         "request": [drawn(W.prompt_set, W.seed, i) for i in range(W.runs)],
         "prompt_tokens": lengths,
     }
     assert [b["n_runs"] for b in stored["prompt_lengths"]["buckets"]] == [b.n_runs for b in pl.buckets]
-    assert Record.from_json(stored).to_json() == stored  # schema-checked, read and written again alike
+    assert Measurement.from_json(stored).to_json() == stored  # schema-checked, read and written again alike
     table = metrics_table(m)
     for b in pl.buckets:
         assert f"TTFT median / p95, prompt {b.low_tokens} tokens" in table and f"{b.n_runs} runs" in table
@@ -92,12 +92,12 @@ def test_ms_per_prompt_token_agrees_with_llama_cpps_counters(tiny_engine) -> Non
 def test_one_length_or_no_set_keeps_the_record_as_today(tiny_engine) -> None:
     plain = measure(tiny_engine, Workload(prompt_tokens=8, max_tokens=4, runs=3, warmup=0))
     assert plain.prompt_lengths is None
-    stored = Record.of(plain, diagnose(plain), None).to_json()
+    stored = Measurement.of(plain, diagnose(plain), None).to_json()
     assert "requests" not in stored and "prompt_lengths" not in stored
     one = Workload(prompt_set=prompt_set_requests([{"prompt": "a b c"}, {"prompt": "a b c"}]), max_tokens=4, runs=3)
     m = measure(tiny_engine, one)
     assert m.prompt_lengths is None  # one length: the measurement's own figures say it
-    assert Record.of(m, diagnose(m), None).to_json()["requests"]["request"] == [
+    assert Measurement.of(m, diagnose(m), None).to_json()["requests"]["request"] == [
         drawn(one.prompt_set, 0, i) for i in range(3)
     ]
 
@@ -160,7 +160,7 @@ def hand_made(slower: float, seed: int, *, by_request: bool = True, n: int = 20)
 
 
 def verdicts(baseline: dict[str, object], candidate: dict[str, object]) -> dict[str, Verdict]:
-    v = judge({"hw": Record.read(baseline)}, "hw", Record.read(candidate), QUIET)
+    v = judge({"hw": Measurement.read(baseline)}, "hw", Measurement.read(candidate), QUIET)
     return {c.metric: c.verdict for c in v.comparisons if c.mirror_of is None}
 
 
@@ -180,20 +180,24 @@ def test_unpaired_the_mix_hides_the_same_slowdown() -> None:
     """Records without their requests (today's) are compared as today: run values unpaired,
     where the spread of the mix leaves a 10% slowdown of every request undecided."""
     baseline, candidate = hand_made(1.0, 0, by_request=False), hand_made(1.10, 1, by_request=False)
-    verdict = judge({"hw": Record.read(baseline)}, "hw", Record.read(candidate), QUIET)
+    verdict = judge({"hw": Measurement.read(baseline)}, "hw", Measurement.read(candidate), QUIET)
     assert "run by run" not in verdict.note
     assert verdicts(baseline, candidate)["ttft_ms"] is not Verdict.REGRESSION
-    paired = judge({"hw": Record.read(hand_made(1.0, 0))}, "hw", Record.read(hand_made(1.10, 1)), QUIET)
+    paired = judge({"hw": Measurement.read(hand_made(1.0, 0))}, "hw", Measurement.read(hand_made(1.10, 1)), QUIET)
     assert "compared run by run over 20 runs that sent the same request" in paired.note
 
 
 def test_only_runs_of_the_same_request_and_length_are_paired() -> None:
     baseline, candidate = hand_made(1.0, 0), hand_made(1.0, 1, n=12)
-    assert request_pairs(Record.read(baseline), Record.read(candidate)) == tuple(range(12))  # the shorter side's runs
+    assert request_pairs(Measurement.read(baseline), Measurement.read(candidate)) == tuple(
+        range(12)
+    )  # the shorter side's runs
     lengths = candidate["requests"]["prompt_tokens"]  # type: ignore[index]
     lengths[3] += 1  # a tokenizer that changed: that run's request is no longer the same prompt
-    assert request_pairs(Record.read(baseline), Record.read(candidate)) == tuple(i for i in range(12) if i != 3)
-    assert request_pairs(Record.read(baseline), Record.read(hand_made(1.0, 1, by_request=False))) == ()
+    assert request_pairs(Measurement.read(baseline), Measurement.read(candidate)) == tuple(
+        i for i in range(12) if i != 3
+    )
+    assert request_pairs(Measurement.read(baseline), Measurement.read(hand_made(1.0, 1, by_request=False))) == ()
 
 
 def parted(slower: float, seed: int, *, by_request: bool = True) -> dict[str, object]:
@@ -215,7 +219,7 @@ def test_a_prompt_sets_parts_are_compared_on_the_same_requests() -> None:
     """Both records keep their requests: each part is compared pair by pair on the runs that sent
     the same request, so llama.cpp's prompt eval 10% slower on every request is the part that
     moved (over the whole mix its spread hides it) and the unchanged parts stay unchanged."""
-    v = judge({"hw": Record.read(parted(1.0, 0))}, "hw", Record.read(parted(1.10, 1)), QUIET)
+    v = judge({"hw": Measurement.read(parted(1.0, 0))}, "hw", Measurement.read(parted(1.10, 1)), QUIET)
     assert {c.metric: c.verdict for c in v.comparisons}["ttft_ms"] is Verdict.REGRESSION
     parts = {p.metric: p for p in v.parts}
     eval_ = parts["native_prefill_ms"]
@@ -225,9 +229,9 @@ def test_a_prompt_sets_parts_are_compared_on_the_same_requests() -> None:
     assert "moved: llama.cpp prompt eval x1.1" in next(line for line in v.why() if line.startswith("prefill"))
     # Records without their requests (today's): the parts unpaired over the mix, as before.
     old = judge(
-        {"hw": Record.read(parted(1.0, 0, by_request=False))},
+        {"hw": Measurement.read(parted(1.0, 0, by_request=False))},
         "hw",
-        Record.read(parted(1.10, 1, by_request=False)),
+        Measurement.read(parted(1.10, 1, by_request=False)),
         QUIET,
     )
     assert old.parts and not any(p.paired or p.moved for p in old.parts)
@@ -260,13 +264,15 @@ def test_both_sides_of_llmperf_against_send_the_same_request_at_each_run(tiny_mo
 
 
 def test_the_chart_draws_both_sides_and_only_where_prompts_vary(measured) -> None:
-    now = Record.of(measured, diagnose(measured), None).to_json()
-    assert "ttft-by-length" in [fig_id for fig_id, _, _ in record_charts.charts_for(Record.read(now))]
+    now = Measurement.of(measured, diagnose(measured), None).to_json()
+    assert "ttft-by-length" in [fig_id for fig_id, _, _ in record_charts.charts_for(Measurement.read(now))]
     base = json.loads(json.dumps(now))
-    svg = charts.render(record_charts.ttft_by_length, Record.read(now), Record.read(base), {"ttft_p95_ms": 1000.0})
+    svg = charts.render(
+        record_charts.ttft_by_length, Measurement.read(now), Measurement.read(base), {"ttft_p95_ms": 1000.0}
+    )
     assert f"baseline ({W.runs} runs)" in svg and f"now ({W.runs} runs)" in svg and "prompt tokens" in svg
     assert "ttft-by-length" not in [
-        fig_id for fig_id, _, _ in record_charts.charts_for(Record.read({**now, "prompt_lengths": None}))
+        fig_id for fig_id, _, _ in record_charts.charts_for(Measurement.read({**now, "prompt_lengths": None}))
     ]
 
 

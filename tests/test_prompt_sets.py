@@ -22,8 +22,8 @@ from inner import run
 from pytest_llmperf import Workload, measure
 from pytest_llmperf.core.documents import MAX_DOCUMENT_MIB
 from pytest_llmperf.core.errors import ConfigError, EngineError
+from pytest_llmperf.core.measurement import workload_changes, workload_identity
 from pytest_llmperf.core.prompt_sets import parse_prompt_set, prompt_set, read_prompt_set
-from pytest_llmperf.core.record import workload_changes, workload_identity
 from pytest_llmperf.core.workload import SetRequest, prompt_set_digest, prompt_set_requests
 from pytest_llmperf.engines import CallableEngine
 from pytest_llmperf.session.options import validate

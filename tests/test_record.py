@@ -1,4 +1,4 @@
-"""The stored record of a measurement (core.record.Record): written and read back by its own
+"""The stored record of a measurement (core.record.Measurement): written and read back by its own
 to_json / from_json, checked against the baselines schema, and files written before it existed
 load and write back as they were (tests/data/*-before-record.json: a baseline file and a session
 file written by pytest-llmperf before this type, a measurement with per-layer timing, the
@@ -17,10 +17,13 @@ from pytest_llmperf.baselines import store
 from pytest_llmperf.baselines.records import stored
 from pytest_llmperf.core.documents import SchemaViolation
 from pytest_llmperf.core.fingerprint import Fingerprint, subject
-from pytest_llmperf.core.record import Record
+from pytest_llmperf.core.measurement import Measurement
 from pytest_llmperf.reports.session_file import load_session
 
 DATA = Path(__file__).parent / "data"
+#: The Measurement's field that holds a stored section, where it is not the section's key (the
+#: workload's identity: ``Measurement.workload`` is the workload itself, None read from a file).
+FIELD = {"workload": "identity"}
 BASELINES = DATA / "baselines-before-record.json"
 SESSION = DATA / "session-before-record.json"
 #: The keys of a record, in the order ``records.stored`` has always written them.
@@ -63,11 +66,15 @@ def _measurement():
 def test_a_baseline_file_written_before_the_record_type_loads_and_writes_back_byte_identical() -> None:
     tests = store.load(BASELINES)
     records = {
-        t: {hw: Record.from_json(e, f"tests[{t!r}][{hw!r}]") for hw, e in per.items()} for t, per in tests.items()
+        t: {hw: Measurement.from_json(e, f"tests[{t!r}][{hw!r}]") for hw, e in per.items()} for t, per in tests.items()
     }
     rich = next(iter(records["test_rich"].values()))
     assert rich.layers is not None and rich.attribution is not None and rich.model_loads is not None
-    assert rich.sessions is not None and rich.itl_ms is not None and len(rich.itl_ms) == len(rich.runs["tpot_ms"]) == 3
+    assert (
+        rich.sessions is not None
+        and rich.itl_ms is not None
+        and len(rich.itl_ms) == len(rich.run_columns["tpot_ms"]) == 3
+    )
     written = {t: {hw: r.to_json() for hw, r in per.items()} for t, per in records.items()}
     assert written == tests
     text = store.dumps({"schema": store.SCHEMA, "schema_version": store.SCHEMA_VERSION, "tests": written})
@@ -81,7 +88,7 @@ def test_a_session_file_written_before_the_record_type_loads_and_compares(capsys
     stored = [r[key] for r in doc["results"] for key in ("record", "baseline_record") if r.get(key)]
     assert len(stored) == 4
     for d in stored:
-        again = Record.from_json(d).to_json()
+        again = Measurement.from_json(d).to_json()
         assert json.dumps(again, sort_keys=True, indent=1) == json.dumps(d, sort_keys=True, indent=1)
     assert [r.test for r in load_session(SESSION)] == ["test_rich.py::test_rich", "test_rich.py::test_plain"]
     assert cli_main(["compare", str(SESSION), str(SESSION)]) == 0
@@ -93,8 +100,10 @@ def test_a_record_is_written_by_the_type_in_todays_order_and_read_back() -> None
     rec = stored(m, Fingerprint({"cpu": "c"}, subject(m.engine)), commit=None, recorded_at="now").to_json()
     assert list(rec) == [k for k in ORDER if k in rec] and rec["commit"] is None
     assert {"stability", "memory"} <= set(rec) and not {"layers", "reference", "sessions"} & set(rec)
-    r = Record.from_json(rec)
-    assert list(r.runs["tpot_ms"]) == rec["runs"]["tpot_ms"] and r.summary is not None and r.summary["n_runs"] == 3
+    r = Measurement.from_json(rec)
+    assert (
+        list(r.run_columns["tpot_ms"]) == rec["runs"]["tpot_ms"] and r.summary is not None and r.summary["n_runs"] == 3
+    )
     assert r.memory == rec["memory"] and r.layers is None and not r.extra
     assert r.to_json() == rec and list(r.to_json()) == list(rec)
 
@@ -115,9 +124,9 @@ def test_from_json_checks_the_schema_first() -> None:
     m = _measurement()
     rec = stored(m, Fingerprint({}, subject(m.engine)), commit="abc", recorded_at="now").to_json()
     with pytest.raises(SchemaViolation, match=r"tests\['t'\]\['hw'\]"):
-        Record.from_json({k: v for k, v in rec.items() if k != "runs"}, "tests['t']['hw']")
+        Measurement.from_json({k: v for k, v in rec.items() if k != "runs"}, "tests['t']['hw']")
     with pytest.raises(SchemaViolation, match="itl_ms"):
-        Record.from_json({**rec, "itl_ms": [[]]})
+        Measurement.from_json({**rec, "itl_ms": [[]]})
 
 
 def test_a_key_of_a_newer_version_is_kept_as_it_came() -> None:
@@ -126,7 +135,7 @@ def test_a_key_of_a_newer_version_is_kept_as_it_came() -> None:
         **stored(m, Fingerprint({}, subject(m.engine)), commit=None, recorded_at="now").to_json(),
         "later": {"x": [1, 2]},
     }
-    r = Record.from_json(rec)
+    r = Measurement.from_json(rec)
     assert r.extra == {"later": {"x": [1, 2]}}
     assert r.to_json() == rec
 
@@ -142,13 +151,12 @@ def _stored_records() -> list[dict]:
 
 
 def test_the_stored_form_types_name_every_key_of_the_files_earlier_versions_wrote() -> None:
-    """A section's type (``Record``'s field) names each key a stored record holds there, and
-    ``Record.of`` writes no key its type does not name."""
+    """A section's type (``Measurement``'s field) names each key a stored record holds there, and
+    ``Measurement.of`` writes no key its type does not name."""
     from pytest_llmperf.core import measurement as ms
-    from pytest_llmperf.core import record as rs
 
     typed = {
-        "workload": rs.StoredWorkload,
+        "workload": ms.StoredWorkload,
         "stability": ms.StabilityJson,
         "layers": ms.LayersJson,
         "roofline": ms.RooflineJson,
@@ -161,7 +169,8 @@ def test_the_stored_form_types_name_every_key_of_the_files_earlier_versions_wrot
     # A section typed by its class holds it (the class's ``to_json`` writes the stored form named here).
     classes = {"stability": ms.Stability, "layers": ms.LayerProfile, "roofline": ms.Roofline}
     assert all(
-        Record.__annotations__[name].startswith(classes.get(name, kind).__name__) for name, kind in typed.items()
+        Measurement.__annotations__[FIELD.get(name, name)].startswith(classes.get(name, kind).__name__)
+        for name, kind in typed.items()
     )
     nested = {"layers": ms.PhaseLayersJson, "roofline": ms.PhaseRooflineJson}
     from pytest_llmperf.core.workload import MEMORY_FIELDS
@@ -187,20 +196,20 @@ def test_the_stored_form_types_name_every_key_of_the_files_earlier_versions_wrot
 
 
 def test_every_record_earlier_versions_wrote_reads_into_typed_parts_and_writes_back_as_it_was() -> None:
-    """The workload identity and the summary are typed parts of the Record (``StoredWorkload``,
+    """The workload identity and the summary are typed parts of the Measurement (``StoredWorkload``,
     ``Summary``), each reading and writing its own stored form: every record of the files
     earlier versions wrote comes back through both readers as the JSON it was, and its typed
     fields hold the stored values."""
-    from pytest_llmperf.core.record import StoredWorkload, Summary
+    from pytest_llmperf.core.measurement import StoredWorkload, Summary
 
     records = _stored_records()
     assert len(records) > 20
     for rec in records:
-        for read in (Record.read, Record.from_json):
+        for read in (Measurement.read, Measurement.from_json):
             r = read(rec)
-            assert isinstance(r.workload, StoredWorkload) and isinstance(r.summary, Summary)
+            assert isinstance(r.identity, StoredWorkload) and isinstance(r.summary, Summary)
             assert json.dumps(r.to_json(), sort_keys=True) == json.dumps(rec, sort_keys=True)
-        assert r.workload.max_tokens == rec["workload"]["max_tokens"] and not r.workload.extra
+        assert r.identity.max_tokens == rec["workload"]["max_tokens"] and not r.identity.extra
         assert (
             r.summary.n_runs == rec["summary"]["n_runs"] and r.summary.figures["ttft_ms"] == rec["summary"]["ttft_ms"]
         )
@@ -212,15 +221,15 @@ def test_a_fresh_records_typed_parts_hold_the_measurements_figures() -> None:
 
     m = _measurement()
     r = stored(m, Fingerprint({}, subject(m.engine)), commit=None, recorded_at="now")
-    assert (r.workload.max_tokens, r.workload.runs, r.workload.warmup) == (
+    assert (r.identity.max_tokens, r.identity.runs, r.identity.warmup) == (
         m.workload.max_tokens,
         m.workload.runs,
         m.workload.warmup,
     )
-    assert r.workload.absent == frozenset() and "prompt" in r.workload and "turn" not in r.workload
+    assert r.identity.absent == frozenset() and "prompt" in r.identity and "turn" not in r.identity
     assert r.summary is not None and r.summary.n_runs == m.n_runs and r.summary.itl_count == m.itl.count
     assert r.summary.figures == {k: sig6(f.read(m)) for k, f in catalog.SUMMARY.items()}
-    assert Record.from_json(json.loads(json.dumps(r.to_json()))) == r
+    assert Measurement.from_json(json.loads(json.dumps(r.to_json()))) == r
 
 
 @pytest.mark.parametrize(
@@ -239,9 +248,9 @@ def test_a_hand_made_section_is_written_back_as_it_came(section: str, value: dic
     """A hand-made record's workload or summary (the judge reads it in part) keeps each key as it
     came, the absent ones absent and those of the wrong kind as they were (in ``extra``, out of
     the typed fields), so the baselines store rewrites it unchanged."""
-    r = Record.read({section: value})
-    assert dict(getattr(r, section)) == value and r.to_json()[section] == value
-    typed = getattr(r, section)
+    r = Measurement.read({section: value})
+    assert dict(getattr(r, FIELD.get(section, section))) == value and r.to_json()[section] == value
+    typed = getattr(r, FIELD.get(section, section))
     for name in ("prompt_tokens", "max_tokens", "n_runs", "itl_count"):
         held = getattr(typed, name, None)
         assert held is None or (isinstance(held, int) and not isinstance(held, bool)), (name, held)

@@ -24,7 +24,7 @@ from test_metrics import measurement
 
 from pytest_llmperf import cli
 from pytest_llmperf.core.errors import ConfigError, did_you_mean, unknown_name
-from pytest_llmperf.core.record import Record
+from pytest_llmperf.core.measurement import Measurement
 from pytest_llmperf.judge.result import BaselineVerdict, MeasurementResult
 from pytest_llmperf.judge.verdict import BaselineStatus
 from pytest_llmperf.reports import session_file
@@ -262,7 +262,7 @@ def test_the_html_workload_line_never_says_none() -> None:
     r = MeasurementResult(
         "t.py::test_x",
         "t.py::test_x",
-        record=Record.read({"workload": {"prompt_tokens": None, "max_tokens": 4}, "summary": {}}),
+        record=Measurement.read({"workload": {"prompt_tokens": None, "max_tokens": 4}, "summary": {}}),
     )
     text = _workload_notes(r, "")
     assert "None" not in text and "a prompt whose tokens the engine does not count" in text

@@ -15,7 +15,7 @@ import pytest
 from pytest_llmperf.baselines import store
 from pytest_llmperf.core import catalog
 from pytest_llmperf.core.documents import ANNOTATIONS, KEYWORDS, SchemaViolation, load_schema, validate
-from pytest_llmperf.core.record import Record
+from pytest_llmperf.core.measurement import Measurement
 from pytest_llmperf.judge.result import Figures, LayerChange, MeasurementResult, ResultError
 from pytest_llmperf.judge.verdict import Comparison, Verdict
 from pytest_llmperf.reports import session_file
@@ -323,7 +323,7 @@ def test_a_hostile_baseline_file_is_one_line_and_stays_as_it_was(tmp_path: Path,
 
 
 def test_from_json_gives_one_line_for_a_bad_document() -> None:
-    good = MeasurementResult(test="t::a", record=Record.read(entry()), hardware_key="hw")
+    good = MeasurementResult(test="t::a", record=Measurement.read(entry()), hardware_key="hw")
     assert MeasurementResult.from_json(good.to_json()) == good
     bad = good.to_json()
     bad["figures"] = {"model": "m"}

@@ -1,7 +1,7 @@
 """Issue 48, point 1: the stability, per-layer timing, roofline and attribution sections are
 typed end to end. Each class writes its stored form (``to_json``) and reads it back
 (``from_json``) byte for byte, for any object the measuring code can build and for every stored
-form the files earlier versions wrote; a malformed section raises, and a ``Record`` holds the
+form the files earlier versions wrote; a malformed section raises, and a ``Measurement`` holds the
 typed object (one its class cannot read is kept as it came, and written back as it was)."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pytest_llmperf.core.measurement import (
     HEAD_NAME,
     Attribution,
     LayerProfile,
+    Measurement,
     Peak,
     PhaseAttribution,
     PhaseLayers,
@@ -26,7 +27,6 @@ from pytest_llmperf.core.measurement import (
     Slice,
     Stability,
 )
-from pytest_llmperf.core.record import Record
 
 RELEASE = Path(__file__).resolve().parent / "data" / "release-0.1"
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -205,7 +205,7 @@ def test_the_release_files_sections_read_and_write_back_as_they_were() -> None:
                 # (the files are written with their keys sorted)
                 assert _dumped(cls.from_json(rec[name]).to_json(), True) == _dumped(rec[name], True), name
                 seen += 1
-        read = Record.read(rec)
+        read = Measurement.read(rec)
         assert isinstance(read.stability, Stability) and not read.unread
         assert _dumped(read.to_json(), True) == _dumped(rec, True)
     assert seen >= 10
@@ -259,7 +259,7 @@ def test_a_record_holds_the_typed_sections_and_keeps_an_unreadable_one_as_it_cam
     phase = {"names": ["layer 0", "output"], "median_ms": [1.0, 0.5], "per_run_ms": [[1.0, 0.5]]}
     damaged = {"phases": {"decode": phase}}
     stored = {"stability": GOOD_STABILITY, "layers": damaged, "attribution": "damaged"}
-    r = Record.read(stored)
+    r = Measurement.read(stored)
     assert isinstance(r.stability, Stability) and r.stability.context_span == (10, 40)
     assert r.layers is None and r.attribution is None
     assert r.unread == {"layers": damaged, "attribution": "damaged"}
@@ -268,9 +268,9 @@ def test_a_record_holds_the_typed_sections_and_keeps_an_unreadable_one_as_it_cam
     assert {k: written[k] for k in stored} == stored and list(written).index("layers") < list(written).index(
         "attribution"
     )
-    whole = Record.read({"layers": {"phases": {"prefill": phase, "decode": phase}}})
+    whole = Measurement.read({"layers": {"phases": {"prefill": phase, "decode": phase}}})
     assert isinstance(whole.layers, LayerProfile) and whole.layers.decode.per_run_ms == ((1.0, 0.5),)
-    assert Record.read({"layers": "x", "roofline": [1]}).to_json().keys().isdisjoint({"layers", "roofline"})
+    assert Measurement.read({"layers": "x", "roofline": [1]}).to_json().keys().isdisjoint({"layers", "roofline"})
 
 
 @SETTINGS

@@ -1,7 +1,7 @@
 """Issue 48: the load, model loads, agreement and prompt-length sections write and read their own
 stored form (``to_json`` / ``from_json``): what the measuring code builds comes back from its
 JSON as it was written, byte for byte, every stored form of the files earlier versions wrote
-reads and writes back as it was, and a malformed one raises (a Record keeps it as it came)."""
+reads and writes back as it was, and a malformed one raises (a Measurement keeps it as it came)."""
 
 from __future__ import annotations
 
@@ -20,12 +20,12 @@ from pytest_llmperf.core.measurement import (
     LengthBucket,
     LoadSample,
     LoadStats,
+    Measurement,
     ModelLoads,
     PromptLengths,
     ServerSide,
     TraceReplay,
 )
-from pytest_llmperf.core.record import Record
 
 DATA = Path(__file__).parent / "data"
 
@@ -218,7 +218,7 @@ def test_every_stored_section_of_the_files_reads_and_writes_back_as_it_was() -> 
                 if isinstance(rec.get(name), Mapping):
                     assert cls.from_json(rec[name]).to_json() == rec[name], (path, name)
                     read += 1
-            back = Record.read(rec)
+            back = Measurement.read(rec)
             assert not back.unread and back.to_json() == rec
     assert read >= 3  # the model loads of the files before the record type
 
@@ -236,7 +236,7 @@ def test_a_record_keeps_a_section_it_cannot_read_as_it_came(
     name: str, damaged: dict[str, object], path: tuple[str, ...], value: object
 ) -> None:
     rec = {"commit": None, "hardware": {}, "subject": {}, "workload": {}, "runs": {}, name: damaged, "reference": {}}
-    r = Record.read(rec)
+    r = Measurement.read(rec)
     assert getattr(r, name) is None and r.unread == {name: damaged}
     assert r.at(*path) == value
     assert list(r.to_json()) == list(rec) and r.to_json() == rec
@@ -251,7 +251,7 @@ def test_a_record_holds_each_section_typed_and_reads_it_by_attribute(data: st.Da
     x = data.draw(SECTIONS[name][1])
     rec = {"commit": None, "hardware": {}, "subject": {}, "workload": {}, "runs": {}, name: x.to_json()}
     rec = json.loads(json.dumps(rec))
-    r = Record.read(rec)
+    r = Measurement.read(rec)
     held = getattr(r, name)
     assert isinstance(held, SECTIONS[name][0]) and not r.unread
     assert json.dumps(r.to_json()) == json.dumps(rec)

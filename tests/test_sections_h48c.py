@@ -32,7 +32,6 @@ from pytest_llmperf.core.measurement import (
     Turn,
     TurnFigures,
 )
-from pytest_llmperf.core.record import Record
 from pytest_llmperf.core.workload import MEMORY_FIELDS, drawn, prompt_set_requests
 
 RELEASE = Path(__file__).parent / "data" / "release-0.1"
@@ -209,7 +208,7 @@ def test_every_section_release_0_1_wrote_reads_and_writes_back_as_it_was() -> No
             section = kind.from_json(rec[name])
             assert section.to_json() == rec[name] and not section.extra
             assert json.dumps(section.to_json(), sort_keys=True) == json.dumps(rec[name], sort_keys=True)
-            assert getattr(Record.read(rec), name) == section
+            assert getattr(Measurement.read(rec), name) == section
     assert found["machine"] > 4 and found["memory"] > 4
 
 
@@ -252,7 +251,7 @@ def test_a_damaged_record_keeps_its_sections_readable_values() -> None:
         "prompt": {"prompt_tokens": 9, "sampler": 3},
         "requests": {"request": [0, 1], "prompt_tokens": {"a": 1}},
     }
-    rec = Record.read(stored)
+    rec = Measurement.read(stored)
     assert rec.machine is not None and rec.machine.steal_share is None and rec.machine.others_cpu_share == 0.5
     assert rec.memory is not None and rec.memory.figure("rss_mib") == 12.5 and rec.memory.figure("kv_mib") is None
     assert rec.prompt is not None and rec.prompt.prompt_tokens == 9 and rec.prompt.sampler is None

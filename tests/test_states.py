@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmperf.core.record import Record
+from pytest_llmperf.core.measurement import Measurement
 from pytest_llmperf.judge import budgets, regression, verdict
 from pytest_llmperf.judge.budgets import BudgetState, BudgetStatus
 from pytest_llmperf.judge.result import BaselineVerdict, Outcome, comparison_from_json, comparison_json
@@ -301,5 +301,5 @@ def test_the_history_reads_a_rows_verdict_once_and_keeps_noise_in_its_window(v: 
     rows = read_windows(loc, r["hardware_key"], ["tpot_ms"]).rows[("t.py::test_a", "")]
     assert [row["verdict"] for row in rows] == [v]
     entry = {"recorded_at": stamp(0), "subject": r["record"]["subject"], "workload": r["record"]["workload"]}
-    window = read_windows(loc, r["hardware_key"], ["tpot_ms"]).levels("t.py::test_a", "", Record.read(entry))
+    window = read_windows(loc, r["hardware_key"], ["tpot_ms"]).levels("t.py::test_a", "", Measurement.read(entry))
     assert bool(window) is (v not in NOT_NOISE)

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_llmperf.core.record import Record
+from pytest_llmperf.core.measurement import Measurement
 from pytest_llmperf.judge.paired import judged_pairs
 from pytest_llmperf.judge.regression import CompareSettings, carry_history, judge
 from pytest_llmperf.judge.verdict import Comparison, NoiseModel, Shown, Verdict, fmt_ratio, level
@@ -55,7 +55,7 @@ def test_the_reported_mixed_baseline_is_no_regression_and_shows_its_median() -> 
     """Reproduced with the judge's own API, one recorded baseline session: was REGRESSION,
     ``TPOT 0.974 ms vs 0.624 ms baseline (+56.1%...)``; the level is now the bulk of the runs."""
     base, new = n9_06(np.random.default_rng(0))
-    v = judge({"hw": Record.read(base)}, "hw", Record.read(new), CompareSettings())
+    v = judge({"hw": Measurement.read(base)}, "hw", Measurement.read(new), CompareSettings())
     c = by_metric(v.comparisons)
     assert c["tpot_ms"].verdict is not Verdict.REGRESSION, c["tpot_ms"].line()
     assert c["tpot_ms"].baseline_value == pytest.approx(statistics.median(base["runs"]["tpot_ms"]), rel=0.005)
@@ -78,12 +78,12 @@ def test_the_reported_mixed_baseline_is_unchanged_where_the_noise_allows_it(refe
     if reference == "recorded sessions":
         stored = None
         for rec in [*steady, base]:
-            stored = carry_history(stored and Record.read(stored), Record.read(rec)).to_json()
+            stored = carry_history(stored and Measurement.read(stored), Measurement.read(rec)).to_json()
         base = stored
     else:
         levels = {name: [level(r["runs"][name]) for r in [base, *steady]] for name in ("tpot_ms", "ttft_ms")}
         window = lambda entry: levels
-    v = judge({"hw": Record.read(base)}, "hw", Record.read(new), CompareSettings(family_size=3), window)
+    v = judge({"hw": Measurement.read(base)}, "hw", Measurement.read(new), CompareSettings(family_size=3), window)
     c = by_metric(v.comparisons)
     assert c["tpot_ms"].verdict is Verdict.UNCHANGED, c["tpot_ms"].line()
     assert c["decode_tps"].verdict is Verdict.UNCHANGED
@@ -96,7 +96,9 @@ def test_a_candidate_with_a_few_fast_runs_is_not_an_improvement() -> None:
     rng = np.random.default_rng(2)
     base = record(SLOW * np.exp(rng.normal(0, 0.002, 5)), 50 * np.exp(rng.normal(0, 0.01, 5)))
     new = record([FAST, FAST * 1.003, SLOW, SLOW * 0.998, SLOW * 1.003], 50 * np.exp(rng.normal(0, 0.01, 5)))
-    c = by_metric(judge({"hw": Record.read(base)}, "hw", Record.read(new), CompareSettings()).comparisons)["tpot_ms"]
+    c = by_metric(judge({"hw": Measurement.read(base)}, "hw", Measurement.read(new), CompareSettings()).comparisons)[
+        "tpot_ms"
+    ]
     assert c.verdict is not Verdict.IMPROVED and abs(c.ratio - 1) < 0.01, c.line()
 
 
@@ -111,15 +113,15 @@ def test_a_candidate_with_a_third_of_its_runs_slower_is_never_unchanged() -> Non
     stored = None
     for tpot in [*sessions, latest]:
         stored = carry_history(
-            stored and Record.read(stored), Record.read(record(tpot, 50 * np.exp(rng.normal(0, 0.01, 20))))
+            stored and Measurement.read(stored), Measurement.read(record(tpot, 50 * np.exp(rng.normal(0, 0.01, 20))))
         ).to_json()
     new = 10 * np.exp(rng.normal(0, 0.02, 20))
     new[:7] *= 1.5
     c = by_metric(
         judge(
-            {"hw": Record.read(stored)},
+            {"hw": Measurement.read(stored)},
             "hw",
-            Record.read(record(new, 50 * np.exp(rng.normal(0, 0.01, 20)))),
+            Measurement.read(record(new, 50 * np.exp(rng.normal(0, 0.01, 20)))),
             CompareSettings(),
         ).comparisons
     )
@@ -145,7 +147,7 @@ def test_a_rate_that_is_not_the_reciprocal_shows_its_medians_and_says_whose_verd
     tpot = 10 * np.exp(rng.normal(0, 0.01, 10))
     base = record(tpot, 50 * np.exp(rng.normal(0, 0.01, 10)))
     new = record(tpot, 60 * np.exp(rng.normal(0, 0.01, 10)))
-    c = by_metric(judge({"hw": Record.read(base)}, "hw", Record.read(new), CompareSettings()).comparisons)[
+    c = by_metric(judge({"hw": Measurement.read(base)}, "hw", Measurement.read(new), CompareSettings()).comparisons)[
         "prefill_tps"
     ]
     medians = [statistics.median(r["runs"]["prefill_tps"]) for r in (base, new)]
@@ -234,9 +236,9 @@ def test_every_line_shows_figures_whose_percentage_it_states(c, change, base_sha
     base = record(base_t, ttft[0][: base_t.size] if ttft[0].size >= base_t.size else np.resize(ttft[0], base_t.size))
     new = record(new_t, ttft[1][: new_t.size] if ttft[1].size >= new_t.size else np.resize(ttft[1], new_t.size))
     v = judge(
-        {"hw": Record.read(base)},
+        {"hw": Measurement.read(base)},
         "hw",
-        Record.read(new),
+        Measurement.read(new),
         CompareSettings(family_size=max(m, 3), noise=NoiseModel(0.02, 8)),
     )
     for comp in v.comparisons:

@@ -17,7 +17,7 @@ import pytest
 from test_ab import simulated
 from test_parts import _comparison, _runs
 
-from pytest_llmperf.core.record import Record
+from pytest_llmperf.core.measurement import Measurement
 from pytest_llmperf.judge import ab as AB
 from pytest_llmperf.judge import parts as P
 from pytest_llmperf.judge.result import BaselineVerdict, MeasurementResult
@@ -194,7 +194,7 @@ def _recorded(test: str, outside_ms: float, seed: int) -> MeasurementResult:
     m = summarize(traces, Workload(prompt_tokens=16, max_tokens=12, runs=12), EngineInfo("llama.cpp", "synthetic"))
     rec = stored(m, Fingerprint({}, subject(m.engine)), commit=None, recorded_at=CREATED).to_json()
     assert set(rec["parts"]) >= {"native_decode_ms_per_token", "decode_outside_ms_per_token"}
-    return MeasurementResult(test, test, figures=Figures.of(m), key=test, record=Record.read(rec))
+    return MeasurementResult(test, test, figures=Figures.of(m), key=test, record=Measurement.read(rec))
 
 
 def test_llmperf_compare_shows_where_it_went_and_report_draws_it(

@@ -1,5 +1,6 @@
-"""A measurement's stored record (``core.record.Record.of``) with what ``measuring`` computes
-for it, and the machine-speed reference beside it.
+"""A measurement as it is stored (``stored``: what storing adds, computed by ``measuring`` and
+read from the catalog, then the record as its file holds it), and the machine-speed reference
+beside it.
 
 The reference: a float32 matrix product through numpy's BLAS on all usable cores, timed 61
 times (``measuring.roofline.probe_reference``); its figure is the fast end of those times
@@ -10,11 +11,22 @@ not follow llama.cpp's (docs/verdicts.md)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
+from ..core import catalog
 from ..core.fingerprint import Fingerprint
-from ..core.measurement import Measurement
-from ..core.record import Record
+from ..core.formats import sig6
+from ..core.measurement import (
+    Machine,
+    Measurement,
+    Memory,
+    PromptSeen,
+    Requests,
+    Summary,
+    stored_run,
+    workload_identity,
+)
 from ..core.workload import kv_cache_bytes
 from ..measuring.metrics import diagnose
 from ..measuring.roofline import REFERENCE_KIND
@@ -22,9 +34,30 @@ from ..measuring.roofline import REFERENCE_KIND
 
 def stored(
     m: Measurement, fingerprint: Fingerprint | None = None, *, commit: str | None = None, recorded_at: str | None = None
-) -> Record:
-    """``m`` as it is stored (``Record.of``), with its stability and KV cache computed."""
-    return Record.of(m, diagnose(m), kv_cache_bytes(m.engine), fingerprint, commit=commit, recorded_at=recorded_at)
+) -> Measurement:
+    """``m`` as it is stored: with what storing adds (the fingerprint, the commit, its stability
+    (``measuring.metrics.diagnose``), its memory with the KV cache from the model's shape, the
+    catalog's summary figures...), then read back from its stored form (``Measurement.to_json``),
+    so what the judge and the reports read is what a file holds, six significant figures."""
+    w = m.asked
+    record = dataclasses.replace(
+        m,
+        runs=tuple(stored_run(r) for r in m.runs),
+        recorded_at=recorded_at,
+        commit=commit,
+        hardware=dict(fingerprint.hardware) if fingerprint else {},
+        subject=dict(fingerprint.subject) if fingerprint else {},
+        identity=dataclasses.replace(workload_identity(m), runs=w.runs, warmup=w.warmup),
+        summary=Summary(
+            n_runs=m.n_runs, itl_count=m.itl.count, figures={key: sig6(f.read(m)) for key, f in catalog.SUMMARY.items()}
+        ),
+        stability=diagnose(m),
+        memory=Memory.of(m, kv_cache_bytes(m.engine), catalog.BUFFER_SOURCE),
+        prompt=PromptSeen.of(m),
+        machine=Machine.of(m.system, len(m.runs) + len(m.warmup_runs)) if m.system is not None else None,
+        requests=Requests.of(m),
+    )
+    return Measurement.read(record.to_json())
 
 
 #: The probe's figure is this low quantile of its products' times: the machine's speed when

@@ -24,7 +24,7 @@ import json
 import os
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from ..core import formats as nodeids
 from ..core.catalog import JUDGED
@@ -40,9 +40,11 @@ from ..core.documents import (
     validate,
 )
 from ..core.errors import LLMPerfError
-from ..core.record import PerRun, Record
 
-#: A baseline file's ``tests``: test key -> hardware key -> stored record (``Record.to_json``).
+if TYPE_CHECKING:  # the record's module is heavy (tests/test_architecture.py): read records import it
+    from ..core.measurement import Measurement, PerRun
+
+#: A baseline file's ``tests``: test key -> hardware key -> stored record (``Measurement.to_json``).
 Tests: TypeAlias = "dict[str, dict[str, dict[str, JSONValue]]]"
 
 SCHEMA = "pytest-llmperf/baselines"
@@ -129,7 +131,9 @@ def _check_entry(path: Path, test: str, hw: str, entry: Any) -> None:
     """One record against ``schemas/baselines.schema.json#/$defs/record`` (what the statistics read)."""
     where = f"tests[{test!r}][{hw!r}]"
     try:
-        _judged_runs(Record.from_json(entry, where).run_columns, where)
+        from ..core.measurement import Measurement
+
+        _judged_runs(Measurement.from_json(entry, where).run_columns, where)
     except SchemaViolation as exc:
         raise _violation(path, exc) from None
 
@@ -160,9 +164,11 @@ def load(path: Path) -> Tests:
     return _valid_tests(path, data)
 
 
-def load_records(path: Path) -> dict[str, dict[str, Record]]:
+def load_records(path: Path) -> dict[str, dict[str, Measurement]]:
     """``load``'s entries as records (each checked by ``load``)."""
-    return {test: {hw: Record.read(e) for hw, e in per_hw.items()} for test, per_hw in load(path).items()}
+    from ..core.measurement import Measurement
+
+    return {test: {hw: Measurement.read(e) for hw, e in per_hw.items()} for test, per_hw in load(path).items()}
 
 
 def _check_header(path: Path, data: object) -> None:
@@ -286,7 +292,7 @@ def _salvage(path: Path) -> Tests:
 def update(
     path: Path,
     entries: Mapping[str, Mapping[str, Mapping[str, JSONValue]]],
-    merge: Callable[[Record | None, Record], Record] | None = None,
+    merge: Callable[[Measurement | None, Measurement], Measurement] | None = None,
 ) -> Path | None:
     """Merge ``{test key: {hardware key: entry}}`` into ``path``; other entries stay as they are.
 
@@ -315,10 +321,14 @@ def update(
 
 
 def _merged(
-    merge: Callable[[Record | None, Record], Record], old: Mapping[str, JSONValue] | None, new: Mapping[str, JSONValue]
+    merge: Callable[[Measurement | None, Measurement], Measurement],
+    old: Mapping[str, JSONValue] | None,
+    new: Mapping[str, JSONValue],
 ) -> dict[str, JSONValue]:
     """``merge`` of the stored entry ``old`` (checked by ``load``) and ``new``, as stored."""
-    return merge(None if old is None else Record.read(old), Record.read(new)).to_json()
+    from ..core.measurement import Measurement
+
+    return merge(None if old is None else Measurement.read(old), Measurement.read(new)).to_json()
 
 
 def _stored_for_update(path: Path) -> tuple[Tests, Path | None]:

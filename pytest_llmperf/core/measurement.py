@@ -1471,12 +1471,14 @@ class Measurement(StoredForm):
     #: What must match for two records to be compared, with the run and warm-up counts.
     identity: StoredWorkload | None = None
     summary: Summary | None = None
-    stability: JsonObject | None = None
-    memory: JsonObject | None = None
-    prompt: JsonObject | None = None
-    machine: JsonObject | None = None
+    stability: Stability | None = None
+    memory: Memory | None = None
+    #: A measured callable's prompt as llama.cpp saw it and its stream as the caller got it.
+    prompt: PromptSeen | None = None
+    #: The machine around the runs (``system``'s shares), with its preemptions per run.
+    machine: Machine | None = None
     #: A prompt set's: each run's request and prompt tokens (a comparison pairs runs of the same request).
-    requests: JsonObject | None = None
+    requests: Requests | None = None
     #: The machine's reference figure (``measuring.roofline.probe_reference``), after the runs.
     reference: JsonObject | None = None
     #: The levels of the baseline's last recorded sessions, per judged metric (a re-recorded
@@ -1507,10 +1509,15 @@ class Measurement(StoredForm):
         """Each run's value of every part (``PART_COLUMNS``) all runs have, as ``run_columns``."""
         return {**_columns(self.runs, PART_COLUMNS), **self.unread_parts}  # type: ignore[dict-item]  # as it came
 
+    @property
+    def itl_ms(self) -> tuple[tuple[float, ...], ...] | None:
+        """Each run's inter-token latencies (ms), as a record keeps them; None: no run has any."""
+        itl = tuple(r.itl_ms for r in self.runs)
+        return itl if any(itl) else None
+
     def to_json(self) -> dict[str, JSONValue]:
         """The stored form (``schemas/baselines.schema.json#/$defs/record``): each section this
         measurement has, in the order records have always been written, then ``extra``."""
-        itl = [[_sig(v) for v in r.itl_ms] for r in self.runs]
         sections: dict[str, object] = {
             "recorded_at": self.recorded_at,
             "commit": self.commit,
@@ -1518,7 +1525,7 @@ class Measurement(StoredForm):
             "subject": self.subject,
             "workload": self.identity if self.identity is not None else StoredWorkload.from_json({}),
             "runs": self.run_columns,
-            "itl_ms": itl if any(itl) else None,
+            "itl_ms": self.itl_ms,
             "summary": self.summary,
             "stability": self.stability,
             "parts": self.part_columns or None,
@@ -1536,7 +1543,11 @@ class Measurement(StoredForm):
             "reference": self.reference,
             "sessions": self.sessions,
         }
-        out = {k: _plain(self.unread.get(k, v)) for k, v in sections.items() if v is not None or k in _ALWAYS}
+        out = {
+            k: _plain(self.unread.get(k, v))
+            for k, v in sections.items()
+            if v is not None or k in _ALWAYS or k in self.unread
+        }
         out.update({k: _plain(v) for k, v in self.unread.items() if k not in out})
         out.update({k: _plain(v) for k, v in self.extra.items()})
         return out
@@ -1717,25 +1728,27 @@ DIAGNOSIS = frozenset(
 _ALWAYS = frozenset({"commit", "runs"})
 
 
-def _sig(value: float) -> float:
-    """A stored number: a float to six significant figures, an integer a file held as it was."""
-    return value if isinstance(value, int) else sig6(value)
-
-
 def _columns(runs: Sequence[RunMetrics], names: Sequence[str]) -> dict[str, tuple[float, ...]]:
-    """Per-run values by field, six significant figures; a field some run lacks is left out."""
+    """Per-run values by field; a field some run lacks (None, or NaN: a record without it) is left out."""
     out: dict[str, tuple[float, ...]] = {}
     for name in names:
         values = [getattr(r, name) for r in runs]
-        if values and all(v is not None and not (isinstance(v, float) and math.isnan(v)) for v in values):
-            out[name] = tuple(_sig(v) for v in values)
+        if values and all(v is not None and v is not math.nan for v in values):
+            out[name] = tuple(values)
     return out
+
+
+def stored_run(run: RunMetrics) -> RunMetrics:
+    """``run`` as a record keeps it: its kept values (``RUN_COLUMNS``, ``PART_COLUMNS``, ITLs) to
+    six significant figures (``baselines.records.stored``, before it is written)."""
+    kept = {name: sig6(v) for name in (*RUN_COLUMNS, *PART_COLUMNS) if (v := getattr(run, name)) is not None}
+    return dataclasses.replace(run, itl_ms=tuple(sig6(v) for v in run.itl_ms), **kept)
 
 
 def _plain(value: object) -> JSONValue:
     """A section's value as JSON: a typed section as it writes itself, tuples as lists, mappings as dicts."""
-    if isinstance(value, StoredForm) or hasattr(value, "to_json"):
-        return cast("JSONValue", value.to_json())  # type: ignore[union-attr]  # a section's own stored form
+    if hasattr(value, "to_json"):  # a section's own stored form
+        return cast("JSONValue", value.to_json())
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (tuple, list)):
@@ -1749,7 +1762,7 @@ def _numbers(value: object, n: int | None) -> tuple[float, ...] | None:
     """A stored list of ``n`` numbers (any length for None) as a tuple, else None (a bool is no number)."""
     if not isinstance(value, list) or (n is not None and len(value) != n):
         return None
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value):
         return None
     return tuple(value)
 
@@ -1806,7 +1819,7 @@ def _stored_run(i: int, columns: Mapping[str, tuple[float, ...]], itl: tuple[flo
         prefill_tps=at("prefill_tps"),
         tpot_ms=known("tpot_ms"),
         decode_tps=known("decode_tps"),
-        e2e_ms=known("ttft_ms") + sum(itl) if itl else math.nan,
+        e2e_ms=ttft + sum(itl) if (ttft := at("ttft_ms")) is not None and itl else math.nan,
         itl_p50_ms=known("itl_p50_ms"),
         itl_p95_ms=known("itl_p95_ms"),
         itl_ms=itl,
@@ -1833,83 +1846,70 @@ def _stored_median(d: Mapping[str, object], summary: Summary, name: str, runs: S
     return float(statistics.median(values)) if values else math.nan
 
 
-def _stored_engine(subject: JsonObject, memory: JsonObject | None) -> EngineInfo:
+def _stored_engine(subject: JsonObject, memory: Memory | None) -> EngineInfo:
     """The engine as a record's ``subject`` (its fingerprint) and ``memory`` name it."""
 
     def text(key: str) -> str | None:
         value = subject.get(key)
         return value if isinstance(value, str) else None
 
-    mib = {
-        k: v for k in MEMORY_FIELDS if isinstance(v := (memory or {}).get(k), (int, float)) and not isinstance(v, bool)
-    }
+    mib = {k: v for k in MEMORY_FIELDS if memory is not None and (v := memory.figure(k)) is not None}
     return EngineInfo(
         engine=text("engine") or "",
         model=text("model") or "",
         quantization=text("quantization"),
         backend_version=text("backend_version"),
-        **mib,  # type: ignore[arg-type]  # numbers (checked above)
+        **mib,  # type: ignore[arg-type]  # the memory figures, numbers
     )
 
 
-#: The sections a record holds as they are (objects; text for the first two), and those a section
-#: class reads (``_SECTION_READERS``).
+#: The sections of per-run values (``_stored_runs``).
+_PER_RUN = ("runs", "parts", "itl_ms")
+#: The sections a record holds as they are: text, and objects.
 _TEXT = ("recorded_at", "commit")
-_OBJECTS = ("hardware", "subject", "stability", "memory", "prompt", "machine", "requests", "reference", "sessions")
+_OBJECTS = ("hardware", "subject", "reference", "sessions")
 
 
 def _section_readers() -> dict[str, Callable[[Mapping[str, object]], object]]:
+    """Each typed section's reader: strict (a damaged section is kept as it came, in ``unread``),
+    but the four a record computes when it is stored, whose readers keep what they cannot read
+    inside the section (``_StoredSection.read``)."""
     return {
         "workload": StoredWorkload.from_json,
         "summary": Summary.from_json,
+        "stability": Stability.from_json,
         "layers": LayerProfile.from_json,
         "attribution": Attribution.from_json,
         "roofline": Roofline.from_json,
+        "memory": Memory.read,
+        "prompt": PromptSeen.read,
         "model_loads": ModelLoads.from_json,
         "agreement": Agreement.from_json,
         "load": LoadStats.from_json,
+        "machine": Machine.read,
+        "requests": Requests.read,
         "prompt_lengths": PromptLengths.from_json,
     }
 
 
 def _stored_sections(d: Mapping[str, object]) -> tuple[dict[str, object], dict[str, JSONValue]]:
-    """A record's sections as the Measurement's fields hold them, and those it cannot read, as they came."""
+    """A record's sections as the Measurement's fields hold them, and those its section classes
+    cannot read, as they came; a section of the wrong kind (not an object where one belongs) is
+    left out, but an attribution pass (kept as it came: the judge names why it cannot read it)."""
     readers = _section_readers()
     fields_: dict[str, object] = {}
     unread: dict[str, JSONValue] = {}
     for name, value in d.items():
-        try:
-            if name in _TEXT and (isinstance(value, str) or value is None):
-                fields_[name] = value
-            elif name in _OBJECTS and isinstance(value, Mapping):
-                fields_[name] = value
-            elif name in readers and isinstance(value, Mapping):
+        if name in _TEXT and isinstance(value, str) or name in _OBJECTS and isinstance(value, Mapping):
+            fields_[name] = value
+        elif name in readers and isinstance(value, Mapping) and (name != "attribution" or value):
+            try:
                 fields_[name] = readers[name](value)
-            elif name in _TEXT or name in _OBJECTS or name in readers:
-                unread[name] = cast("JSONValue", value)  # of the wrong kind: as it came
-        except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError, IndexError):
-            unread[name] = cast("JSONValue", value)  # damaged inside: as it came
+            except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError, IndexError):
+                unread[name] = cast("JSONValue", value)  # damaged inside: as it came
+        elif name == "attribution" and value is not None:
+            unread[name] = cast("JSONValue", value)
     return fields_, unread
-
-
-_STORED = frozenset(
-    (
-        *_TEXT,
-        *_OBJECTS,
-        "workload",
-        "summary",
-        "layers",
-        "attribution",
-        "roofline",
-        "model_loads",
-        "agreement",
-        "load",
-        "prompt_lengths",
-        "runs",
-        "parts",
-        "itl_ms",
-    )
-)
 
 
 def _read(cls: type[Measurement], d: Mapping[str, object]) -> Measurement:
@@ -1925,7 +1925,7 @@ def _read(cls: type[Measurement], d: Mapping[str, object]) -> Measurement:
     ttfts = sorted(r.ttft_ms for r in runs if not math.isnan(r.ttft_ms))
     return cls(
         engine=_stored_engine(
-            cast("JsonObject", sections.get("subject") or {}), cast("JsonObject | None", sections.get("memory"))
+            cast("JsonObject", sections.get("subject") or {}), cast("Memory | None", sections.get("memory"))
         ),
         runs=runs,
         itl=_stored_itl([v for r in runs for v in r.itl_ms], summary),
@@ -1946,7 +1946,7 @@ def _read(cls: type[Measurement], d: Mapping[str, object]) -> Measurement:
         unread_runs=unread_runs,
         unread_parts=unread_parts,
         unread=unread,
-        extra={k: v for k, v in d.items() if k not in _STORED},  # type: ignore[misc]  # JSON as it came
+        extra={k: v for k, v in d.items() if k not in {*_TEXT, *_OBJECTS, *_section_readers(), *_PER_RUN}},  # type: ignore[misc]  # JSON as it came
         **sections,  # type: ignore[arg-type]  # each of its field's kind (_stored_sections)
     )
 
@@ -2416,7 +2416,7 @@ class PromptSeen(_StoredSection):
         if m.prompt_reused_tokens is None and m.delivered_items is None and not m.turns:
             return None
         return cls(
-            prompt_cache=m.workload.prompt_cache,
+            prompt_cache=m.asked.prompt_cache,
             prompt_tokens=m.prompt_tokens,
             evaluated_prompt_tokens=m.evaluated_prompt_tokens,
             prompt_reused_tokens=m.prompt_reused_tokens,
@@ -2444,7 +2444,7 @@ class Requests(_StoredSection):
     @classmethod
     def of(cls, m: Measurement) -> Requests | None:
         """None without a prompt set, for a load test, or where a run's prompt tokens are unknown."""
-        w = m.workload
+        w = m.asked
         lengths = tuple(r.prompt_tokens for r in m.runs)
         if w.prompt_set is None or w.is_load or any(n is None for n in lengths):
             return None

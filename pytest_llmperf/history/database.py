@@ -40,7 +40,7 @@ from .. import __version__
 from ..baselines.store import unique_test_id
 from ..baselines.tracked import git_output
 from ..core.catalog import METRICS, RUN_FIELDS
-from ..core.record import PerRun, Record
+from ..core.measurement import Measurement, PerRun
 from ..judge.verdict import level, stored_verdict
 from .connection import Conn, HistoryError, LastingHistoryError, Location, connect, elsewhere, errors_of, transaction
 
@@ -638,7 +638,7 @@ def value_rows(runs: PerRun) -> list[ValueRow]:
 def measurement_rows(results: Iterable[Mapping[str, Any]]) -> list[MeasurementRow]:
     rows: list[MeasurementRow] = []
     for r in results:
-        rec = Record.from_json(r["record"])
+        rec = Measurement.from_json(r["record"])
         verdict = r.get("verdict")
         rows.append(
             {

@@ -24,9 +24,8 @@ from ..core.catalog import METRICS, RUN_FIELDS
 from ..core.documents import write_output
 from ..core.fingerprint import subject_changes
 from ..core.formats import render_table
+from ..core.measurement import Measurement, workload_changes
 from ..core.progress import task
-from ..core.measurement import workload_changes
-from ..core.record import Record
 from ..judge.verdict import WINDOW_SESSIONS, Level, Verdict
 from . import changepoints
 from . import database as store
@@ -108,7 +107,7 @@ class Series:
         if index <= 0 or index >= len(self.points):
             return []
         a, b = self.points[index - 1], self.points[index]
-        return subject_changes(a.subject, b.subject) + workload_changes(a.identity or {}, b.identity or {})
+        return subject_changes(a.subject, b.subject) + workload_changes(a.workload, b.workload)
 
 
 def group(rows: Sequence[Mapping[str, Any]]) -> list[Series]:
@@ -207,7 +206,7 @@ class Windows:
     #: The line about unreadable rows left out of the windows (``store.read``), else None.
     skipped: str | None = None
 
-    def levels(self, test: str, label: str, entry: Record) -> dict[str, list[Level]]:
+    def levels(self, test: str, label: str, entry: Measurement) -> dict[str, list[Level]]:
         """Per metric, the last ``verdict.WINDOW_SESSIONS`` sessions of this test since the
         baseline ``entry`` was recorded (its ``recorded_at``), with its subject and workload,
         leaving out measurements judged REGRESSION or MACHINE_SLOWER: the window the verdict
@@ -221,7 +220,7 @@ class Windows:
         return {metric: lv[-WINDOW_SESSIONS:] for metric, lv in out.items()}
 
 
-def _same_subject_and_workload(entry: Record, r: Mapping[str, Any], memo: dict[tuple[int, int], bool]) -> bool:
+def _same_subject_and_workload(entry: Measurement, r: Mapping[str, Any], memo: dict[tuple[int, int], bool]) -> bool:
     """Whether the row measured the baseline ``entry``'s subject and workload (``memo``: by the
     row's parsed subject and workload objects, which rows share)."""
     key = id(r["subject"]), id(r["workload"])

@@ -34,8 +34,7 @@ from scipy.stats import norm
 
 from ..core.documents import JSONValue
 from ..core.formats import sig6, stored_fields
-from ..core.measurement import KINDS, PHASES, Attribution, PhaseAttribution, Slice
-from ..core.record import Record
+from ..core.measurement import KINDS, PHASES, Attribution, Measurement, PhaseAttribution, Slice
 from ..core.settings import DEFAULT_THRESHOLD
 from ..core.workload import Workload
 from ..engines.capabilities import times_layers
@@ -461,7 +460,7 @@ def attribute_sides(
     return compare_attributions(got["A"], got["B"], reason=reason, a_name=a_name, b_name=b_name, sides=sides)
 
 
-def record_figures(record: Record) -> dict[str, float]:
+def record_figures(record: Measurement) -> dict[str, float]:
     """A stored record's roofline and memory figures, as ``measuring.attribution.side_figures``
     names them."""
     bw: object
@@ -469,7 +468,7 @@ def record_figures(record: Record) -> dict[str, float]:
     if record.roofline is not None:
         decode = record.roofline.decode
         bw, mbu = decode.achieved_bw_gbs, None if decode.note else decode.mbu
-    else:  # none, or one its class cannot read (``Record.unread``): its figures as they came
+    else:  # none, or one its class cannot read (``Measurement.unread``): its figures as they came
         bw = record.at("roofline", "decode", "achieved_bw_gbs")
         mbu = None if record.at("roofline", "decode", "note") else record.at("roofline", "decode", "mbu")
     out = {
@@ -487,7 +486,7 @@ UNREADABLE_FIX = "not compared (a diagnosis, never a gate); re-record the baseli
 
 
 def compare_records(
-    baseline: Record, candidate: Record, threshold: float = DEFAULT_THRESHOLD
+    baseline: Measurement, candidate: Measurement, threshold: float = DEFAULT_THRESHOLD
 ) -> AttributionChange | str | None:
     """The baseline's attribution against now's, when both records keep one (a test that asks
     for it: ``attribution=True``); else None; the line why not when the baseline's cannot be

@@ -20,9 +20,7 @@ from ..core import catalog
 from ..core.catalog import Metric
 from ..core.documents import JSONValue
 from ..core.fingerprint import closest_hardware, other_hardware_note, subject_changes
-from ..core.measurement import OTHERS_PRESENT
-from ..core.measurement import workload_changes
-from ..core.record import Record
+from ..core.measurement import OTHERS_PRESENT, Measurement, workload_changes
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRESHOLD
 from . import attribution as attributions
 from .parts import PartChange, beyond_the_machine, explained_phases, gated, is_headline, prompt_changes, unpaired_parts
@@ -95,7 +93,7 @@ MEMORY_RULE: dict[str, tuple[float, float]] = {
 }
 
 
-def compare_memory(baseline: Record, candidate: Record) -> tuple[str, ...]:
+def compare_memory(baseline: Measurement, candidate: Measurement) -> tuple[str, ...]:
     """A line for each memory figure of ``MEMORY_RULE`` that both records carry and that grew
     beyond its rule: "KV buffer 2 -> 4 MiB (+100%; llama.cpp log) since the baseline"."""
     lines = []
@@ -108,7 +106,7 @@ def compare_memory(baseline: Record, candidate: Record) -> tuple[str, ...]:
     return tuple(lines)
 
 
-def _rss_over_runs(rec: Record) -> bool:
+def _rss_over_runs(rec: Measurement) -> bool:
     """The record's peak RSS covers its runs alone (the engine's process, over the measurement).
     A measured callable's is the pytest process's, which holds whatever the session imported and
     made: not that test's figure (its Llamas' own memory is: llama.cpp's buffers)."""
@@ -117,7 +115,7 @@ def _rss_over_runs(rec: Record) -> bool:
     return rec.memory is not None and rec.memory.peak_rss_scope == "measurement"
 
 
-def _memory_figures(name: str, baseline: Record, candidate: Record) -> tuple[float, float] | None:
+def _memory_figures(name: str, baseline: Measurement, candidate: Measurement) -> tuple[float, float] | None:
     """Both records' memory figure ``name`` (MiB), when both carry it as a number."""
     b, c = (r.memory.figure(name) if r.memory is not None else None for r in (baseline, candidate))
     return (b, c) if b is not None and c is not None else None
@@ -135,7 +133,7 @@ def _memory_growth(metric: Metric, b: float, c: float) -> str:
     return f"{metric.label} {b:.6g} -> {c:.6g} MiB ({change}; {source}) since the baseline"
 
 
-def session_levels(rec: Record) -> dict[str, Level]:
+def session_levels(rec: Measurement) -> dict[str, Level]:
     """The record's own session level of each judged metric it carries."""
     out = {}
     for spec in JUDGED:
@@ -145,17 +143,21 @@ def session_levels(rec: Record) -> dict[str, Level]:
     return out
 
 
-def history(rec: Record) -> dict[str, list[Level]]:
+def history(rec: Measurement) -> dict[str, list[Level]]:
     """Older recorded sessions' levels (oldest first), without the record's own session."""
     stored = rec.sessions or {}
     return {name: [Level.from_json(d) for d in stored.get(name, [])] for name in (s.name for s in JUDGED)}
 
 
-def carry_history(old: Record | None, new: Record, keep: int = HISTORY_SESSIONS) -> Record:
+def carry_history(old: Measurement | None, new: Measurement, keep: int = HISTORY_SESSIONS) -> Measurement:
     """The record to store when ``new`` replaces ``old``: ``new`` with the levels of the last
     ``keep - 1`` sessions before it, when ``old`` measured the same subject and workload (a
     baseline re-recorded after a change starts its history anew)."""
-    if old is None or workload_changes(old.identity or {}, new.identity or {}) or subject_changes(old.subject, new.subject):
+    if (
+        old is None
+        or workload_changes(old.identity or {}, new.identity or {})
+        or subject_changes(old.subject, new.subject)
+    ):
         return new
     try:
         older = history(old)
@@ -180,7 +182,10 @@ def _kept_sessions(
 
 
 def compare_records(
-    baseline: Record, candidate: Record, settings: CompareSettings, window: Mapping[str, Sequence[Level]] | None = None
+    baseline: Measurement,
+    candidate: Measurement,
+    settings: CompareSettings,
+    window: Mapping[str, Sequence[Level]] | None = None,
 ) -> list[Comparison]:
     """Every judged metric both records carry (plus the rate mirrors), decided with Holm over
     ``family_size``. ``window``: per judged metric, the history's sessions of this test since
@@ -189,7 +194,7 @@ def compare_records(
     return judged_records(baseline, candidate, settings, window)[0]
 
 
-def _sound(rec: Record, name: str, side: str) -> tuple[Level | None, list[Level], list[str]]:
+def _sound(rec: Measurement, name: str, side: str) -> tuple[Level | None, list[Level], list[str]]:
     """One record's session level of ``name`` and its older recorded levels, each only if it is
     one (finite, positive values; a stored level that is a level), and a note per part left out."""
     notes: list[str] = []
@@ -211,7 +216,10 @@ def _sound(rec: Record, name: str, side: str) -> tuple[Level | None, list[Level]
 
 
 def judged_records(
-    baseline: Record, candidate: Record, settings: CompareSettings, window: Mapping[str, Sequence[Level]] | None = None
+    baseline: Measurement,
+    candidate: Measurement,
+    settings: CompareSettings,
+    window: Mapping[str, Sequence[Level]] | None = None,
 ) -> tuple[list[Comparison], list[str]]:
     """``compare_records``'s comparisons, and one line per metric (or stored session) left out
     because its values are not finite positive numbers: "cannot judge ...: why; what to do"."""
@@ -253,7 +261,7 @@ def judged_records(
 MIN_REQUEST_PAIRS = 3
 
 
-def request_pairs(baseline: Record, candidate: Record) -> tuple[int, ...]:
+def request_pairs(baseline: Measurement, candidate: Measurement) -> tuple[int, ...]:
     """The runs i at which both records' run i sent the same request of a prompt set with the
     same prompt tokens (``requests``: run i sends ``drawn(set, seed, i)`` on every side, so all
     runs both have, unless the tokenizer changed); none when either record keeps no requests
@@ -265,13 +273,13 @@ def request_pairs(baseline: Record, candidate: Record) -> tuple[int, ...]:
     return same if len(same) >= MIN_REQUEST_PAIRS else ()
 
 
-def _sent(rec: Record) -> tuple[tuple[int, int], ...] | None:
+def _sent(rec: Measurement) -> tuple[tuple[int, int], ...] | None:
     """A record's (request, prompt tokens) of each run, where it keeps them."""
     return rec.requests.sent if rec.requests is not None else None
 
 
 def _by_request(
-    baseline: Record, candidate: Record, name: str, pairs: Sequence[int], base: Level
+    baseline: Measurement, candidate: Measurement, name: str, pairs: Sequence[int], base: Level
 ) -> tuple[Level, Level] | None:
     """(the baseline's level, the candidate's) of ``name`` where runs ``pairs`` sent the same
     request on both sides: the candidate's is the baseline's moved by the level of the pairs'
@@ -288,7 +296,7 @@ def _by_request(
     )
 
 
-def _with_rates(judged: dict[str, Comparison], baseline: Record, candidate: Record) -> list[Comparison]:
+def _with_rates(judged: dict[str, Comparison], baseline: Measurement, candidate: Measurement) -> list[Comparison]:
     """The judged comparisons in the catalog's order, each followed where it comes by the rate
     that mirrors it, shown with the rate's own figures (``_rate_figures``), when both records
     carry the rate."""
@@ -307,7 +315,7 @@ def _with_rates(judged: dict[str, Comparison], baseline: Record, candidate: Reco
     return comparisons
 
 
-def _run_values(rec: Record, name: str) -> list[float] | None:
+def _run_values(rec: Measurement, name: str) -> list[float] | None:
     """The record's per-run values of ``name``, when they are all finite positive numbers."""
     values = rec.run_columns.get(name)
     if not isinstance(values, tuple) or not values:
@@ -322,7 +330,7 @@ def _run_values(rec: Record, name: str) -> list[float] | None:
 RECIPROCAL_TOLERANCE = 1e-4
 
 
-def _reciprocal_scale(baseline: Record, candidate: Record, rate: str, time: str) -> float | None:
+def _reciprocal_scale(baseline: Measurement, candidate: Measurement, rate: str, time: str) -> float | None:
     """``k`` where every run of both records has ``rate = k / time`` (decode TPS = 1000 / TPOT):
     then the rate's level is ``k`` / the time's level, on either side; None where it is not so
     (prefill TPS counts the prompt's tokens over the prefill alone, not over TTFT)."""
@@ -336,7 +344,7 @@ def _reciprocal_scale(baseline: Record, candidate: Record, rate: str, time: str)
     return k if all(abs(p / k - 1.0) <= RECIPROCAL_TOLERANCE for p in products) else None
 
 
-def _medians(baseline: Record, candidate: Record, name: str) -> tuple[float, float] | None:
+def _medians(baseline: Measurement, candidate: Measurement, name: str) -> tuple[float, float] | None:
     """Both records' median of ``name`` (a rate shown beside the metric it mirrors), if both
     carry finite positive numbers for it."""
     out = []
@@ -370,18 +378,18 @@ CPU_WAIT_SHARE = 0.05
 OTHERS_CPU_SHARE = 0.25
 
 
-def _machine_figure(rec: Record, key: str, upper: float = math.inf) -> float | None:
+def _machine_figure(rec: Measurement, key: str, upper: float = math.inf) -> float | None:
     value = getattr(rec.machine, key) if rec.machine is not None else None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value) if 0 <= value <= upper else None
 
 
-def steal_share(rec: Record) -> float | None:
+def steal_share(rec: Measurement) -> float | None:
     return _machine_figure(rec, "steal_share", 1.0)
 
 
-def machine_signals(baseline: Record, candidate: Record) -> list[str]:
+def machine_signals(baseline: Measurement, candidate: Measurement) -> list[str]:
     """Each sign that the machine, not the subject, was busier during the candidate's runs than
     during the baseline's, as a phrase naming its figure on both sides (none: the machine was
     no busier by anything it reports)."""
@@ -395,14 +403,14 @@ def machine_signals(baseline: Record, candidate: Record) -> list[str]:
     return signs
 
 
-def _others_present(baseline: Record, candidate: Record) -> bool:
+def _others_present(baseline: Measurement, candidate: Measurement) -> bool:
     """Other processes used the CPUs during the candidate's runs (``OTHERS_PRESENT``), or their
     share is unknown: the engine's threads waiting or preempted may then be the machine's."""
     now = _machine_figure(candidate, "others_cpu_share", 1.0)
     return now is None or now - (_machine_figure(baseline, "others_cpu_share", 1.0) or 0.0) >= OTHERS_PRESENT
 
 
-def self_contention(baseline: Record, candidate: Record) -> str | None:
+def self_contention(baseline: Measurement, candidate: Measurement) -> str | None:
     """The line that says the engine's threads waited for each other (the run queue rose as for
     a busy machine, but no other process used the CPUs), else None."""
     base, now = (_machine_figure(r, "cpu_wait_share", 1.0) or 0.0 for r in (baseline, candidate))
@@ -415,7 +423,7 @@ def self_contention(baseline: Record, candidate: Record) -> str | None:
     )
 
 
-def _preempted(baseline: Record, candidate: Record) -> str | None:
+def _preempted(baseline: Measurement, candidate: Measurement) -> str | None:
     base_sw, cand_sw = (_machine_figure(r, "involuntary_switches_per_run") for r in (baseline, candidate))
     if cand_sw is None or base_sw is None or cand_sw < CONTENTION_FACTOR * max(base_sw, 1.0):
         return None
@@ -445,7 +453,7 @@ SHARE_SIGNS = (
 )
 
 
-def machine_blame(baseline: Record, candidate: Record) -> str | None:
+def machine_blame(baseline: Measurement, candidate: Measurement) -> str | None:
     """Why a slowdown is the machine's, not the subject's (None: nothing says so): the signals of
     ``machine_signals``. The reference probe is recorded beside them but decides nothing: on
     this project's VM its drift did not follow llama.cpp's (correlation about 0 over 20 A/A
@@ -485,11 +493,11 @@ def beyond_machine(comparisons: Sequence[Comparison], parts: Sequence[PartChange
 
 
 def judge(
-    entries: Mapping[str, Record] | None,
+    entries: Mapping[str, Measurement] | None,
     hardware_key: str,
-    candidate: Record,
+    candidate: Measurement,
     settings: CompareSettings,
-    window: Callable[[Record], Mapping[str, Sequence[Level]]] | None = None,
+    window: Callable[[Measurement], Mapping[str, Sequence[Level]]] | None = None,
 ) -> BaselineVerdict:
     """Find this hardware's entry among a test's baselines and compare, or say why not.
     ``window(entry)``: the history's sessions of this test since ``entry`` was recorded, per
@@ -508,11 +516,11 @@ def judge(
 
 
 def _judge(
-    entries: Mapping[str, Record] | None,
+    entries: Mapping[str, Measurement] | None,
     hardware_key: str,
-    candidate: Record,
+    candidate: Measurement,
     settings: CompareSettings,
-    window: Callable[[Record], Mapping[str, Sequence[Level]]] | None,
+    window: Callable[[Measurement], Mapping[str, Sequence[Level]]] | None,
 ) -> BaselineVerdict:
     if not entries:
         return BaselineVerdict(BaselineStatus.NO_BASELINE, "no baseline: run with --llmperf-update-baselines")
@@ -565,7 +573,7 @@ def _judge(
 
 
 def _parts(
-    baseline: Record, candidate: Record, comparisons: Sequence[Comparison], settings: CompareSettings
+    baseline: Measurement, candidate: Measurement, comparisons: Sequence[Comparison], settings: CompareSettings
 ) -> tuple[PartChange, ...]:
     """The parts of each phase against the baseline's runs (``parts.unpaired_parts``; where both
     records keep their requests, on the runs that sent the same request: ``request_pairs``), with
@@ -589,7 +597,7 @@ def _parts(
         return ()
 
 
-def _layers(baseline: Record, candidate: Record, settings: CompareSettings) -> tuple[LayerChange, ...]:
+def _layers(baseline: Measurement, candidate: Measurement, settings: CompareSettings) -> tuple[LayerChange, ...]:
     """The per-layer diagnosis (``compare_layers``); none when either record's layer data is not
     numbers that diagnose anything (a diagnosis, not a gate)."""
     try:
@@ -599,7 +607,7 @@ def _layers(baseline: Record, candidate: Record, settings: CompareSettings) -> t
 
 
 def _attribution(
-    baseline: Record, candidate: Record, settings: CompareSettings
+    baseline: Measurement, candidate: Measurement, settings: CompareSettings
 ) -> tuple[AttributionChange | None, str | None]:
     """The attribution diagnosis (``judge.attribution.compare_records``), None when either
     record keeps none (a diagnosis, not a gate); and the line that says the baseline's pass

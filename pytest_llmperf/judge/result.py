@@ -39,7 +39,6 @@ from ..core.catalog import FIGURES, HeadlineFigures
 from ..core.documents import JSONValue, SchemaViolation, validate
 from ..core.errors import LLMPerfError
 from ..core.measurement import LoadStats, Measurement, PhaseLayers, PromptSeen
-from ..core.record import Record
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 from .attribution import AttributionChange
 from .budgets import BudgetFailure, BudgetStatus
@@ -71,7 +70,7 @@ class LayerChange:
 
 
 def compare_layers(
-    baseline: Record, candidate: Record, *, alpha: float = DEFAULT_ALPHA, threshold: float = DEFAULT_THRESHOLD
+    baseline: Measurement, candidate: Measurement, *, alpha: float = DEFAULT_ALPHA, threshold: float = DEFAULT_THRESHOLD
 ) -> tuple[LayerChange, ...]:
     """Every layer of both phases, baseline vs now; () when either record has no layer data or
     the models' layers differ."""
@@ -83,7 +82,7 @@ def compare_layers(
     )
 
 
-def _matched_phases(baseline: Record, candidate: Record) -> list[tuple[str, PhaseLayers, PhaseLayers]]:
+def _matched_phases(baseline: Measurement, candidate: Measurement) -> list[tuple[str, PhaseLayers, PhaseLayers]]:
     """(phase, baseline's, candidate's layer timing) of both phases; none when either record has
     no layer data (or none per run), or a phase's layers differ."""
     base, cand = baseline.layers, candidate.layers
@@ -378,9 +377,9 @@ class Outcome:
     key: str = ""  # the baseline entry's key, e.g. ``test_decode[q4]#warm``
     baseline_file: str = ""  # relative to the baseline folder
     hardware_key: str = ""
-    record: Record | None = None  # the stored record (schemas/baselines.schema.json)
+    record: Measurement | None = None  # the stored record (schemas/baselines.schema.json)
     verdict: BaselineVerdict | None = None
-    baseline_record: Record | None = None  # the entry the verdict compared against
+    baseline_record: Measurement | None = None  # the entry the verdict compared against
     #: One line per budget whose CI straddles its limit (undecided: passes, and says so).
     budget_notes: tuple[str, ...] = ()
     #: A measured callable's prompt as llama.cpp saw it and its stream as the caller received it
@@ -494,9 +493,9 @@ class Outcome:
             d.get("key", ""),
             d.get("baseline_file", ""),
             d.get("hardware_key", ""),
-            None if (record := d.get("record")) is None else Record.read(record),
+            None if (record := d.get("record")) is None else Measurement.read(record),
             None if verdict is None else BaselineVerdict.from_json(verdict),
-            None if (base := d.get("baseline_record")) is None else Record.read(base),
+            None if (base := d.get("baseline_record")) is None else Measurement.read(base),
             tuple(d.get("budget_notes", ())),
             dict(d.get("prompt") or {}),
         )

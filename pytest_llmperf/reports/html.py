@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ..core.catalog import BUDGETS, FIGURES, HEADLINE, is_ceiling
 from ..core.documents import output_kind, write_output
 from ..core.formats import cell, fmt, fmt_or
-from ..core.measurement import PromptSeen, Turn
-from ..core.record import Record
+from ..core.measurement import Measurement, PromptSeen, Turn
 from ..core.settings import usable_cpus
 from ..history.series import Trend, metric_order, steps, table, title, trend_data
 from ..judge.budgets import BudgetState, BudgetStatus
@@ -176,7 +175,7 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], raw: bool = Fa
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def budget_value(record: Record, key: str) -> float | None:
+def budget_value(record: Measurement, key: str) -> float | None:
     """The statistic a budget key bounds, recomputed from the record (None: not in records)."""
     budget = BUDGETS.get(key)
     return None if budget is None else budget.from_record(record)
@@ -245,7 +244,7 @@ def _now_rows(s: Mapping[str, Any]) -> list[list[str]]:
     return [[FIGURES[k].label, FIGURES[k].unit, fmt_or(s.get(k))] for k in NOW_FIGURES]
 
 
-def _env(record: Record) -> str:
+def _env(record: Measurement) -> str:
     hw, subj = record.hardware, record.subject
     items = [
         ("hardware", ", ".join(f"{k} {v}" for k, v in sorted(hw.items()) if v is not None)),
@@ -273,7 +272,7 @@ def test_section(
     """One test's section; ``trend``: its recent sessions from the history (``Trends``);
     ``against``: the session's ``--llmperf-against`` REF (a test it could not pair is "not compared");
     ``by_request``: its decision's pairs of a prompt set there (``ByRequest``)."""
-    record = result.record or Record.read({})
+    record = result.record or Measurement.read({})
     verdict = result.verdict or NOT_COMPARED
     parts = [
         f'<section class="test" id="test-{index}" data-test="{_e(result.test)}" data-state="{_e(state_of(result)[1])}">',
@@ -382,7 +381,7 @@ def _counted(value: object, noun: str, missing: str) -> str:
     return missing if value is None or value == "" else f"{value} {noun}"
 
 
-def _test_notes(verdict: BaselineVerdict, record: Record) -> list[str]:
+def _test_notes(verdict: BaselineVerdict, record: Measurement) -> list[str]:
     """The verdict's failures and note, what changed since the baseline, each comparison's
     reach, the stability warnings."""
     notes = list(verdict.failures)
@@ -391,19 +390,19 @@ def _test_notes(verdict: BaselineVerdict, record: Record) -> list[str]:
     if verdict.changes and verdict.status is not BaselineStatus.OTHER_HARDWARE:  # other hardware: the note names them
         notes.append("changed since the baseline: " + ", ".join(verdict.changes))
     notes += [f"{c.phase} {c.label}: {c.reach()}" for c in verdict.comparisons if c.mirror_of is None and c.reach()]
-    # (a stored stability its class cannot read: its warnings as they came, ``Record.unread``)
+    # (a stored stability its class cannot read: its warnings as they came, ``Measurement.unread``)
     warnings = record.stability.warnings if record.stability is not None else record.at("stability", "warnings")
     return notes + list(warnings or [])  # type: ignore[call-overload]  # a stored value as it came
 
 
-def _memory_table(record: Record) -> list[str]:
+def _memory_table(record: Measurement) -> list[str]:
     """The memory and start-up table (memory held, fresh model loads), when the record has them."""
     held = memory_rows(record.memory) if record.memory else []
     held += load_state_rows(record.model_loads, figures=True) if record.model_loads else []
     return [_table(("memory and start-up", "unit", "value", "source"), held)] if held else []
 
 
-def _trace_table(record: Record) -> list[str]:
+def _trace_table(record: Measurement) -> list[str]:
     """A replayed trace's summary (the stored ``load.trace``): its requests, span and pace, and
     how late the client sent them against their schedule (its own lag)."""
     t = record.load.trace if record.load is not None else None
@@ -422,7 +421,7 @@ def _trace_table(record: Record) -> list[str]:
     return [_table(("trace replay, open loop", "unit", "value", "sample"), rows)]
 
 
-def _lengths_table(record: Record) -> list[str]:
+def _lengths_table(record: Measurement) -> list[str]:
     """TTFT and prefill by prompt length (a prompt set whose lengths vary), with its rule's line."""
     lengths = record.prompt_lengths
     rows = length_rows(lengths)
@@ -466,7 +465,7 @@ def _turn_tokens(t: Turn) -> str:
 
 def _record_plots(index: int, result: Outcome) -> list[str]:
     """The record's charts (``record_charts.charts_for``), each against the baseline and budgets."""
-    record = result.record or Record.read({})
+    record = result.record or Measurement.read({})
     plots = []
     for n, (fig_id, caption, fn) in enumerate(record_charts.charts_for(record)):
         svg = charts.render(fn, record, result.baseline_record, result.budgets)

@@ -2,7 +2,7 @@
 per-token timeline and, for a profiled test (``layers=True``: ``record.layers``,
 ``record.roofline``), time per layer and the roofline; ``charts_for`` lists them in page order.
 
-Each function takes a test's record and its baseline's (``core.record.Record``) and the
+Each function takes a test's record and its baseline's (``core.record.Measurement``) and the
 marker's budgets and returns a matplotlib Figure, so ``llmperf report`` draws from a saved
 ``--llmperf-json`` file exactly what the plugin draws. Budgets are red dash-dot lines."""
 
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..core.catalog import BUDGETS, METRICS, pooled_itl
-from ..core.record import Record
+from ..core.measurement import Measurement
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 from .charts import BASELINE, BUDGET, FIRST_RUN, NOW, WIDTH_IN, budget_label, chart_row, new_chart, plain_log
 
 
-def layer_bars(record: Record, baseline: Record | None, budgets: Mapping[str, float]) -> Figure:
+def layer_bars(record: Measurement, baseline: Measurement | None, budgets: Mapping[str, float]) -> Figure:
     """Median time per layer and phase, now vs baseline; outlier layers named in red."""
     assert record.layers is not None  # charts_for: only a record with layers
     phases = {"prefill": record.layers.prefill, "decode": record.layers.decode}
@@ -66,7 +66,7 @@ def _layer_panel(ax: Axes, phase: str, now: PhaseLayers, base: PhaseLayers | Non
     ax.grid(axis="y", visible=False)
 
 
-def roofline(record: Record, baseline: Record | None, budgets: Mapping[str, float]) -> Figure:
+def roofline(record: Measurement, baseline: Measurement | None, budgets: Mapping[str, float]) -> Figure:
     """Achieved vs attainable performance per phase on the machine's roofline."""
     rf = record.roofline
     assert rf is not None  # charts_for: only a record with a roofline
@@ -155,7 +155,7 @@ ECDF_POINTS = 160
 ITL_BUDGETS = {b.key: b.statistic for b in BUDGETS.values() if b.metric == "itl_ms"}
 
 
-def _pooled(record: Record | None) -> np.ndarray:
+def _pooled(record: Measurement | None) -> np.ndarray:
     return np.asarray(pooled_itl(record), dtype=float)
 
 
@@ -168,7 +168,7 @@ def _ecdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ordered, fraction
 
 
-def itl_ecdf(record: Record, baseline: Record | None, budgets: Mapping[str, float]) -> Figure:
+def itl_ecdf(record: Measurement, baseline: Measurement | None, budgets: Mapping[str, float]) -> Figure:
     """Pooled decode ITL, ECDF now vs baseline, p50/p95/p99 marked on each curve."""
     fig, ax = new_chart(2.7, reuse=True)
     sides = [("baseline", baseline, BASELINE, "s"), ("now", record, NOW, "o")]
@@ -239,11 +239,11 @@ def _strip(ax: Axes, runs: Sequence[Sequence[float] | None], colours: Sequence[s
     ax.set_xlim(-0.6, len(names) - 0.4)
 
 
-def run_strips(record: Record, baseline: Record | None, budgets: Mapping[str, float]) -> Figure:
+def run_strips(record: Measurement, baseline: Measurement | None, budgets: Mapping[str, float]) -> Figure:
     """Per-run TTFT and TPOT, baseline vs now (dots = runs, bar = median)."""
     fig, (left, right) = chart_row(2.6, 2, margins_in=(0.62, 0.45, 0.1, 0.3), wspace=0.45, reuse=True)
-    base = baseline.runs if baseline is not None else {}
-    now = record.runs
+    base = baseline.run_columns if baseline is not None else {}
+    now = record.run_columns
     names = ["baseline", "now"] if baseline else ["now"]
     colours = [BASELINE, NOW] if baseline else [NOW]
     # Each panel: a metric's runs and every budget bounding it; a decode TPS floor is a TPOT
@@ -287,7 +287,7 @@ def _budget_line(ax: Axes, key: str, value: float, y: float) -> None:
     )
 
 
-def token_timeline(record: Record, baseline: Record | None, budgets: Mapping[str, float]) -> Figure:
+def token_timeline(record: Measurement, baseline: Measurement | None, budgets: Mapping[str, float]) -> Figure:
     """Latency of every output token by position: token 1 is the TTFT, then the ITLs.
 
     The first token (prefill) and the first measured run (warm-up effects) stand out; the
@@ -311,7 +311,7 @@ def token_timeline(record: Record, baseline: Record | None, budgets: Mapping[str
     return fig
 
 
-def _timeline_side(ax: Axes, name: str, rec: Record, colour: str) -> None:
+def _timeline_side(ax: Axes, name: str, rec: Measurement, colour: str) -> None:
     """One side's median latency by position (with its slope) and its TTFT marker; for now,
     also the p10-p90 band of its runs and its first measured run."""
     runs = [np.asarray(r.itl_ms, dtype=float) for r in rec.runs]
@@ -340,7 +340,7 @@ def _timeline_side(ax: Axes, name: str, rec: Record, colour: str) -> None:
         )
 
 
-def _by_length(rec: Record | None) -> tuple[np.ndarray, np.ndarray] | None:
+def _by_length(rec: Measurement | None) -> tuple[np.ndarray, np.ndarray] | None:
     """A record's (prompt tokens, TTFT ms) of each run, where it keeps both for every run (a prompt set's)."""
     lengths = rec.requests.prompt_tokens if rec is not None and rec.requests is not None else None
     ttft = rec.run_columns.get("ttft_ms") if rec is not None else None
@@ -350,7 +350,10 @@ def _by_length(rec: Record | None) -> tuple[np.ndarray, np.ndarray] | None:
 
 
 def ttft_by_length(
-    record: Record, baseline: Record | None, budgets: Mapping[str, float], names: tuple[str, str] = ("baseline", "now")
+    record: Measurement,
+    baseline: Measurement | None,
+    budgets: Mapping[str, float],
+    names: tuple[str, str] = ("baseline", "now"),
 ) -> Figure:
     """TTFT of every run against its prompt's length, baseline and now (a prompt set: TTFT grows
     with the prompt), each side's median per length joined; axes logarithmic where they span
@@ -390,12 +393,12 @@ def ttft_by_request(pairs: Mapping[str, Any], budgets: Mapping[str, float]) -> F
     return ttft_by_length(current, ref, budgets, names=("REF", "this tree"))
 
 
-def request_sides(pairs: Mapping[str, Any] | None) -> tuple[Record, Record]:
+def request_sides(pairs: Mapping[str, Any] | None) -> tuple[Measurement, Measurement]:
     """REF's and this tree's runs of ``by_request`` as records' ``requests`` and ``runs`` (what
     ``ttft_by_length`` reads)."""
     sides = [(pairs or {}).get(name) for name in ("REF", "current")]
     ref, current = (
-        Record.read({"requests": side, "runs": side} if isinstance(side, Mapping) else {}) for side in sides
+        Measurement.read({"requests": side, "runs": side} if isinstance(side, Mapping) else {}) for side in sides
     )
     return ref, current
 
@@ -434,7 +437,7 @@ CHARTS = (
 )
 
 
-def charts_for(record: Record) -> Iterator[tuple[str, str, Any]]:
+def charts_for(record: Measurement) -> Iterator[tuple[str, str, Any]]:
     """The charts a record has data for: (id, caption, function)."""
     for fig_id, caption, fn, needs in CHARTS:
         if (getattr(record, needs) is not None) if needs in ("layers", "roofline") else record.at(needs):

@@ -6,7 +6,7 @@ cross pytest-xdist's wire (the JUnit properties come from the same outcome).
 
 Where the time goes, as tables: per-layer times, the roofline, stability and memory.
 
-Everything renders from the measurement's stored sections (``core.record.Record``, typed by
+Everything renders from the measurement's stored sections (``core.record.Measurement``, typed by
 their stored form), so the test report's detail section, ``llmperf profile`` (text, Markdown)
 and its JSON show the same figures."""
 
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         LayerProfile,
         LengthBucket,
         LoadStats,
+        Measurement,
         Memory,
         ModelLoads,
         PhaseRoofline,
@@ -39,7 +40,6 @@ if TYPE_CHECKING:
         Stability,
         TraceReplay,
     )
-    from ..core.record import Record
 
 
 #: The latency metrics of a served load level (per-request percentiles in the load tables).
@@ -121,7 +121,7 @@ def metrics_table(m: Measurement, width: int | None = None) -> str:
     rows = _timing_rows(m) + length_rows(found.prompt_lengths) + _serving_rows(m)
     if found.model_loads is not None:
         rows += load_state_rows(found.model_loads)
-    assert found.stability is not None and found.memory is not None  # ``Record.of`` writes both
+    assert found.stability is not None and found.memory is not None  # ``Measurement.of`` writes both
     rows += stability_rows(found.stability) + memory_rows(found.memory, figures=False)
     head = _engine_head(m) if width is None else wrap_text(_engine_head(m), width) + "\n"
     text = head + wrapped_table(("metric", "unit", "value", "sample"), rows, width)
@@ -348,7 +348,7 @@ def _serving_rows(m: Measurement) -> list[tuple[str, str, str, str]]:
     return rows
 
 
-def _breakdowns(m: Measurement, found: Record, width: int | None = None) -> str:
+def _breakdowns(m: Measurement, found: Measurement, width: int | None = None) -> str:
     """What follows the metrics table: per-layer time, the roofline, the agreement with REF,
     the stability warnings; ``width``: tables and lines fitted to it."""
     text = ""

@@ -16,7 +16,6 @@ from ..baselines.store import BaselineError
 from ..core.documents import JSONValue
 from ..core.fingerprint import Fingerprint, hardware, subject
 from ..core.progress import current
-from ..core.record import Record
 from ..engines.capabilities import times_layers
 from .options import SessionSettings
 
@@ -51,7 +50,7 @@ class Assessor:
         self.settings = settings
         self.started_at = started_at
         self.fingerprint_hook = fingerprint_hook
-        self.baselines_read: dict[Path, dict[str, dict[str, Record]] | BaselineError] = {}
+        self.baselines_read: dict[Path, dict[str, dict[str, Measurement]] | BaselineError] = {}
         self.fingerprints: dict[EngineInfo, Fingerprint] = {}
         self.hardware: dict[str, JSONValue] | None = None
         self.peaks: tuple[Peak, Peak] | None = None
@@ -97,7 +96,7 @@ class Assessor:
             self.fingerprints[key] = Fingerprint(hw, subj)
         return self.fingerprints[key]
 
-    def baselines(self, path: Path) -> dict[str, dict[str, Record]]:
+    def baselines(self, path: Path) -> dict[str, dict[str, Measurement]]:
         if path not in self.baselines_read:
             try:
                 self.baselines_read[path] = store.load_records(path)
@@ -140,7 +139,7 @@ class Assessor:
         return self._judged(assessment, rec, nodeid, m.label or "", path, rel, settings)
 
     def _judged(
-        self, a: Outcome, rec: Record, nodeid: str, label: str, path: Path, rel: str, settings: CompareSettings
+        self, a: Outcome, rec: Measurement, nodeid: str, label: str, path: Path, rel: str, settings: CompareSettings
     ) -> Outcome:
         """``a`` with its verdict against its entry in the baseline file ``path`` (module ``rel``),
         the history's levels of the test beside it, and the entry it was compared against."""
