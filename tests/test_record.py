@@ -1,4 +1,4 @@
-"""The stored record of a measurement (core.record.Measurement): written and read back by its own
+"""The stored record of a measurement (core.measurement.Measurement): written and read back by its own
 to_json / from_json, checked against the baselines schema, and files written before it existed
 load and write back as they were (tests/data/*-before-record.json: a baseline file and a session
 file written by pytest-llmperf before this type, a measurement with per-layer timing, the

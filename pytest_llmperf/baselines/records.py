@@ -37,7 +37,7 @@ def stored(
 ) -> Measurement:
     """``m`` as it is stored: with what storing adds (the fingerprint, the commit, its stability
     (``measuring.metrics.diagnose``), its memory with the KV cache from the model's shape, the
-    catalog's summary figures...), then read back from its stored form (``Measurement.to_json``),
+    catalog's summary figures...), then read back from its stored form (``to_json``, ``from_json``),
     so what the judge and the reports read is what a file holds, six significant figures."""
     w = m.asked
     record = dataclasses.replace(
@@ -57,7 +57,7 @@ def stored(
         machine=Machine.of(m.system, len(m.runs) + len(m.warmup_runs)) if m.system is not None else None,
         requests=Requests.of(m),
     )
-    return Measurement.read(record.to_json())
+    return Measurement.from_json(record.to_json())
 
 
 #: The probe's figure is this low quantile of its products' times: the machine's speed when

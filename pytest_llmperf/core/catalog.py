@@ -22,10 +22,10 @@ import dataclasses
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the catalog imports nothing from the package at run time (tests/test_catalog.py)
-    from .measurement import Measurement, Memory
+    from .measurement import Measurement
 
 #: How a figure is read from a measurement.
 Reader = Callable[["Measurement"], float | None]
@@ -46,7 +46,7 @@ class Budget:
     help: str  # the marker key's help text (``pytest --markers``, error messages)
     #: The statistic, read from a Measurement / recomputed from a stored record.
     read: Reader
-    from_record: Callable[[Stored], float | None]
+    from_record: Callable[[Measurement], float | None]
     pooled_tokens: bool = False  # the sample is pooled tokens (ITL), not runs
     share: bool = False  # the value is a share in (0, 1]
     statistic: str = "median"  # which statistic of the metric: "median", "p95", ...
@@ -105,7 +105,7 @@ class Metric:
         """Key of a record's ``summary`` that holds ``read``'s value (None: not in the summary)."""
         return next((f.key for f in SUMMARY.values() if f.metric == self.name and f.reader is None), None)
 
-    def from_record(self, record: Stored) -> float | None:
+    def from_record(self, record: Measurement) -> float | None:
         """The value ``read`` gives, from a stored record (None: the record lacks it)."""
         if self.part_of is not None:
             values = _runs(record, self.name, "parts")
@@ -143,26 +143,17 @@ class SummaryField:
         return (self.reader or METRICS[self.metric].read)(m)
 
 
-# --- readers from a stored record (numpy imported only when a percentile is needed) ---------
+# --- readers from a stored record (a Measurement read from a file: its per-run values and
+# sections; numpy imported only when a percentile is needed) ----------------------------------
 
 
-class Stored(Protocol):
-    """A stored record as the catalog's readers take it (``core.record.Record``, which imports
-    the catalog): the value at a path of its sections."""
-
-    def at(self, *path: str) -> object: ...
-
-    @property
-    def memory(self) -> Memory | None: ...
-
-
-def _runs(record: Stored, field: str, section: str = "runs") -> Sequence[float]:
-    values = record.at(section, field)
+def _runs(record: Measurement, field: str, section: str = "runs") -> Sequence[float]:
+    values = (record.run_columns if section == "runs" else record.part_columns).get(field)
     return values if isinstance(values, Sequence) and not isinstance(values, str) and values else []
 
 
-def _median_of(field: str) -> Callable[[Stored], float | None]:
-    def read(record: Stored) -> float | None:
+def _median_of(field: str) -> Callable[[Measurement], float | None]:
+    def read(record: Measurement) -> float | None:
         values = _runs(record, field)
         return float(statistics.median(values)) if values else None
 
@@ -177,25 +168,24 @@ def _percentile(values: Sequence[float], q: float) -> float | None:
     return float(np.percentile(np.asarray(values, dtype=float), q))
 
 
-def pooled_itl(record: Stored | None) -> list[float]:
+def pooled_itl(record: Measurement | None) -> list[float]:
     """Every run's inter-token latencies of a record, pooled."""
-    runs = record.at("itl_ms") if record is not None else None
-    return [float(v) for run in runs or [] for v in run or []] if isinstance(runs, Sequence) else []
+    return [float(v) for run in record.runs for v in run.itl_ms] if record is not None else []
 
 
-def _pooled_percentile(q: float) -> Callable[[Stored], float | None]:
+def _pooled_percentile(q: float) -> Callable[[Measurement], float | None]:
     return lambda record: _percentile(pooled_itl(record), q)
 
 
-def _at(*path: str) -> Callable[[Stored], float | None]:
-    def read(record: Stored) -> float | None:
+def _at(*path: str) -> Callable[[Measurement], float | None]:
+    def read(record: Measurement) -> float | None:
         value = record.at(*path)
         return value if isinstance(value, (int, float)) else None
 
     return read
 
 
-def _stored(*path: str) -> Callable[[Stored], float | None]:
+def _stored(*path: str) -> Callable[[Measurement], float | None]:
     """The reader of the figure at ``path`` of a stored record: a memory figure from its typed
     ``memory`` (``Memory.figure``), any other by its key path."""
     if path[0] == "memory" and len(path) == 2:
@@ -509,7 +499,7 @@ class Figure:
     #: A budget: its marker key's help text, how a stored record recomputes the figure, and
     #: its key when not the default (the name for a ceiling, ``min_<name>`` for a floor).
     bound: str = ""
-    from_record: Callable[[Stored], float | None] | None = None
+    from_record: Callable[[Measurement], float | None] | None = None
     key: str = ""
     budget_label: str = ""  # as a budget breach prints it, when not ``label``
 
@@ -557,7 +547,7 @@ def _run_figure(name: str, metric: str, label: str, statistic: str, bound: str =
     def read(x: Measurement) -> float | None:
         return m.read(x) if q is None else _percentile([getattr(r, field) for r in x.runs], q)
 
-    def from_record(record: Stored) -> float | None:
+    def from_record(record: Measurement) -> float | None:
         return _median_of(field)(record) if q is None else _percentile(_runs(record, field), q)
 
     return Figure(name, read, metric, label, statistic, bound=bound, from_record=from_record, key=key)

@@ -34,7 +34,8 @@ from .workload import (
     trace_digest,
 )
 
-#: A JSON object: a stored section read as it came (``Record``'s sections).
+#: A JSON object: a stored section held as it came (the fingerprint's halves, what a file holds
+#: that this version cannot read).
 JsonObject: TypeAlias = "Mapping[str, JSONValue]"
 
 
@@ -1733,7 +1734,7 @@ def _columns(runs: Sequence[RunMetrics], names: Sequence[str]) -> dict[str, tupl
     out: dict[str, tuple[float, ...]] = {}
     for name in names:
         values = [getattr(r, name) for r in runs]
-        if values and all(v is not None and v is not math.nan for v in values):
+        if values and all(v is not None and not math.isnan(v) for v in values):
             out[name] = tuple(values)
     return out
 
@@ -2091,7 +2092,11 @@ def workload_changes(a: Mapping[str, object], b: Mapping[str, object]) -> list[s
 
 
 def workload_identity(m: Measurement) -> StoredWorkload:
-    w = m.asked
+    """What must match for ``m`` to be compared with a record (``WORKLOAD_KEYS``); one read from
+    a file: the identity it keeps."""
+    w = m.workload
+    if w is None:
+        return m.identity or StoredWorkload.from_json({})
     return StoredWorkload(
         prompt=w.prompt,
         # The workload's prompt as the engine tokenized it; a measured callable's is the one the
@@ -2181,7 +2186,7 @@ def _section_json(value: object) -> JSONValue:
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
-class _StoredSection(Mapping[str, JSONValue]):
+class _StoredSection(StoredForm):
     """What the four sections share: ``to_json``, ``from_json`` and ``read`` by ``KINDS`` (each
     stored key's reader: its value of its kind, else TypeError) and ``NULLABLE``. Each also reads
     as the read-only mapping of what its ``to_json`` writes, and equals it (``record["memory"]``,
@@ -2206,15 +2211,6 @@ class _StoredSection(Mapping[str, JSONValue]):
                 out[name] = _section_json(value)
         out.update(self.extra)
         return {k: out[k] for k in self.order if k in out} | out if self.order else out
-
-    def __getitem__(self, key: str) -> JSONValue:
-        return self.to_json()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.to_json())
-
-    def __len__(self) -> int:
-        return len(self.to_json())
 
     @classmethod
     def read(cls: type[_S], d: Mapping[str, object]) -> _S:  # noqa: PYI019 (typing.Self: Python 3.11)

@@ -2,7 +2,7 @@
 per-token timeline and, for a profiled test (``layers=True``: ``record.layers``,
 ``record.roofline``), time per layer and the roofline; ``charts_for`` lists them in page order.
 
-Each function takes a test's record and its baseline's (``core.record.Measurement``) and the
+Each function takes a test's record and its baseline's (``core.measurement.Measurement``, as stored) and the
 marker's budgets and returns a matplotlib Figure, so ``llmperf report`` draws from a saved
 ``--llmperf-json`` file exactly what the plugin draws. Budgets are red dash-dot lines."""
 

@@ -6,8 +6,8 @@ cross pytest-xdist's wire (the JUnit properties come from the same outcome).
 
 Where the time goes, as tables: per-layer times, the roofline, stability and memory.
 
-Everything renders from the measurement's stored sections (``core.record.Measurement``, typed by
-their stored form), so the test report's detail section, ``llmperf profile`` (text, Markdown)
+Everything renders from the measurement as stored (``baselines.records.stored``: the Measurement
+as its file holds it, its sections typed), so the test report's detail section, ``llmperf profile`` (text, Markdown)
 and its JSON show the same figures."""
 
 from __future__ import annotations
