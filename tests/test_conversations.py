@@ -21,13 +21,14 @@ import pytest
 from inner import run
 
 from pytest_llmperf import Workload, measure
+from pytest_llmperf.baselines.records import stored as record_of
 from pytest_llmperf.core.conversations import conversation, parse_conversation
 from pytest_llmperf.core.errors import ConfigError, EngineError
 from pytest_llmperf.core.formats import fmt
 from pytest_llmperf.core.measurement import Measurement, workload_changes, workload_identity
 from pytest_llmperf.core.workload import Conversation, RunTrace, conversation_digest
 from pytest_llmperf.judge.result import Outcome, outcome
-from pytest_llmperf.measuring.metrics import diagnose, turn_figures
+from pytest_llmperf.measuring.metrics import turn_figures
 from pytest_llmperf.measuring.runner import extend
 from pytest_llmperf.reports import html as html_report
 from pytest_llmperf.reports.text import turn_rows
@@ -96,7 +97,7 @@ def test_the_html_section_has_the_turn_by_turn_table_of_the_stored_record(tiny_e
     """The HTML report's section of a conversation test: one row per turn, read from the stored
     record's ``prompt.turns`` (llama.cpp's counters, TTFT p50 / p95, decode, runs)."""
     m = measure(tiny_engine, W)
-    record = json.loads(json.dumps(Measurement.of(m, diagnose(m), None).to_json()))
+    record = json.loads(json.dumps(record_of(m).to_json()))
     page = html_report.test_section(
         0,
         outcome(m, "t.py::test_talk", "t.py::test_talk", None, 0, judged=Outcome("t", record=Measurement.read(record))),

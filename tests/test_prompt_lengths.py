@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from inner import run
 
 from pytest_llmperf import LlamaCppEngine, Workload, measure
+from pytest_llmperf.baselines.records import stored as record_of
 from pytest_llmperf.core.formats import sig6
 from pytest_llmperf.core.measurement import Measurement
 from pytest_llmperf.core.workload import drawn, prompt_set_requests
@@ -61,7 +62,7 @@ def test_buckets_and_their_counts_from_a_real_run_over_a_set(tiny_engine, measur
         assert min(ttfts) <= b.ttft_p95_ms <= max(ttfts)
         assert b.prefill_p50_ms is not None and 0 < b.prefill_p50_ms <= b.ttft_p50_ms
     # stored: each run's request and length (what pairing reads), the figures by length
-    stored = Measurement.of(m, diagnose(m), None).to_json()
+    stored = record_of(m).to_json()
     assert stored["requests"] == {
         "request": [drawn(W.prompt_set, W.seed, i) for i in range(W.runs)],
         "prompt_tokens": lengths,
@@ -92,14 +93,12 @@ def test_ms_per_prompt_token_agrees_with_llama_cpps_counters(tiny_engine) -> Non
 def test_one_length_or_no_set_keeps_the_record_as_today(tiny_engine) -> None:
     plain = measure(tiny_engine, Workload(prompt_tokens=8, max_tokens=4, runs=3, warmup=0))
     assert plain.prompt_lengths is None
-    stored = Measurement.of(plain, diagnose(plain), None).to_json()
+    stored = record_of(plain).to_json()
     assert "requests" not in stored and "prompt_lengths" not in stored
     one = Workload(prompt_set=prompt_set_requests([{"prompt": "a b c"}, {"prompt": "a b c"}]), max_tokens=4, runs=3)
     m = measure(tiny_engine, one)
     assert m.prompt_lengths is None  # one length: the measurement's own figures say it
-    assert Measurement.of(m, diagnose(m), None).to_json()["requests"]["request"] == [
-        drawn(one.prompt_set, 0, i) for i in range(3)
-    ]
+    assert record_of(m).to_json()["requests"]["request"] == [drawn(one.prompt_set, 0, i) for i in range(3)]
 
 
 def test_the_mix_of_lengths_is_no_instability(measured) -> None:
@@ -264,7 +263,7 @@ def test_both_sides_of_llmperf_against_send_the_same_request_at_each_run(tiny_mo
 
 
 def test_the_chart_draws_both_sides_and_only_where_prompts_vary(measured) -> None:
-    now = Measurement.of(measured, diagnose(measured), None).to_json()
+    now = record_of(measured).to_json()
     assert "ttft-by-length" in [fig_id for fig_id, _, _ in record_charts.charts_for(Measurement.read(now))]
     base = json.loads(json.dumps(now))
     svg = charts.render(

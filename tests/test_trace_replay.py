@@ -21,13 +21,13 @@ from fakeserver import Streaming, event, serving
 from inner import run
 
 from pytest_llmperf import ConfigError, Workload, measure
+from pytest_llmperf.baselines.records import stored as record_of
 from pytest_llmperf.core.documents import MAX_DOCUMENT_MIB, SchemaViolation
 from pytest_llmperf.core.formats import fmt
 from pytest_llmperf.core.measurement import Measurement, workload_changes, workload_identity
 from pytest_llmperf.core.traces import parse_trace, read_trace, trace_text
 from pytest_llmperf.core.workload import SetRequest, TraceRequest, trace_digest, trace_requests
 from pytest_llmperf.engines.http import HttpEngine
-from pytest_llmperf.measuring.metrics import diagnose
 from pytest_llmperf.reports.text import metrics_table
 
 STOP = threading.Event()
@@ -389,7 +389,7 @@ def test_the_replays_summary_is_stored_in_the_records_load_section(fake: str, tm
     w = Workload(trace=read_trace(write(tmp_path)), max_tokens=4, warmup=0, trace_speed=2.0)
     m = measure(engine, w, slo={"ttft_ms": 60_000})
     t = m.load.trace
-    stored = json.loads(json.dumps(Measurement.of(m, diagnose(m), None).to_json()))
+    stored = json.loads(json.dumps(record_of(m).to_json()))
     assert Measurement.from_json(stored).load == stored["load"]  # the schema takes it
     lags = t.lags_ms
     assert stored["load"]["trace"] == {
@@ -401,7 +401,7 @@ def test_the_replays_summary_is_stored_in_the_records_load_section(fake: str, tm
     }
     assert 0 <= stored["load"]["trace"]["send_lag_p50_ms"] <= stored["load"]["trace"]["send_lag_max_ms"]
     plain = measure(engine, Workload(prompt_tokens=4, max_tokens=4, requests=2, warmup=0))
-    assert "trace" not in Measurement.of(plain, diagnose(plain), None).to_json()["load"]  # stored as before
+    assert "trace" not in record_of(plain).to_json()["load"]  # stored as before
     broken = {**stored, "load": {**stored["load"], "trace": {"requests": 4}}}
     with pytest.raises(SchemaViolation, match="trace"):
         Measurement.from_json(broken)

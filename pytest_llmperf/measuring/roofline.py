@@ -87,17 +87,19 @@ def _phase(
 
 
 def roofline(measurement: Measurement, bw: Peak, tflops: Peak) -> Roofline | None:
-    """The roofline of a Measurement; None when the engine does not expose the model facts
-    (e.g. a served model) or nothing was decoded."""
+    """The roofline of a fresh Measurement; None when the engine does not expose the model facts
+    (e.g. a served model), nothing was decoded, or it was read from a file (no workload)."""
     info: EngineInfo = measurement.engine
-    per_pos = info.kv_bytes_per_position()
+    per_pos, asked = info.kv_bytes_per_position(), measurement.workload
     if per_pos is None or info.model_size_bytes is None or info.n_params is None or not measurement.tpot_ms:
+        return None
+    if asked is None:
         return None
     w, n = _matmul_weights(info, info.model_size_bytes, info.n_params)
     layers, embd = info.n_layer, info.n_embd
     assert layers is not None and embd is not None  # kv_bytes_per_position needs both
     p = measurement.prompt_tokens or 0
-    c_decode = p + (measurement.asked.max_tokens - 1) / 2
+    c_decode = p + (asked.max_tokens - 1) / 2
     decode = _phase(
         "decode", w + per_pos * c_decode, 2 * n + 4 * layers * embd * c_decode, 1, measurement.tpot_ms / 1e3, bw, tflops
     )
