@@ -263,7 +263,7 @@ def test_a_record_holds_the_typed_sections_and_keeps_an_unreadable_one_as_it_cam
     assert isinstance(r.stability, Stability) and r.stability.context_span == (10, 40)
     assert r.layers is None and r.attribution is None
     assert r.unread == {"layers": damaged, "attribution": "damaged"}
-    assert r.at("layers", "phases", "decode") == phase and r.at("stability", "n_runs") == 3
+    assert r.to_json()["layers"]["phases"]["decode"] == phase and r.stability.n_runs == 3
     written = r.to_json()
     assert {k: written[k] for k in stored} == stored and list(written).index("layers") < list(written).index(
         "attribution"

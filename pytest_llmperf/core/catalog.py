@@ -111,10 +111,10 @@ class Metric:
             values = _runs(record, self.name, "parts")
             return float(statistics.median(values)) if values else None
         if self.summary_key is not None:
-            return _at("summary", self.summary_key)(record)
+            return _summary(self.summary_key)(record)
         if self.run_field is not None:
             return _median_of(self.run_field)(record)
-        return _stored(*self.record_path)(record) if self.record_path else None
+        return _at(*self.record_path)(record) if self.record_path else None
 
 
 @dataclass(frozen=True)
@@ -177,21 +177,22 @@ def _pooled_percentile(q: float) -> Callable[[Measurement], float | None]:
     return lambda record: _percentile(pooled_itl(record), q)
 
 
+def _summary(key: str) -> Callable[[Measurement], float | None]:
+    """The reader of a record's summary figure ``key``."""
+    return lambda record: record.summary.figures.get(key) if record.summary is not None else None
+
+
 def _at(*path: str) -> Callable[[Measurement], float | None]:
+    """The reader of the figure a record's typed sections hold at ``path`` (``("roofline",
+    "decode", "mbu")``: ``record.roofline.decode.mbu``), where it is a number."""
+
     def read(record: Measurement) -> float | None:
-        value = record.at(*path)
-        return value if isinstance(value, (int, float)) else None
+        value: object = record
+        for name in path:
+            value = getattr(value, name, None)
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
     return read
-
-
-def _stored(*path: str) -> Callable[[Measurement], float | None]:
-    """The reader of the figure at ``path`` of a stored record: a memory figure from its typed
-    ``memory`` (``Memory.figure``), any other by its key path."""
-    if path[0] == "memory" and len(path) == 2:
-        name = path[1]
-        return lambda record: record.memory.figure(name) if record.memory is not None else None
-    return _at(*path)
 
 
 # --- readers from a Measurement ---------------------------------------------------------------
@@ -583,7 +584,7 @@ def _memory_figure(
         statistic,
         json=_NULLABLE,
         bound=bound,
-        from_record=_stored(*path, name),
+        from_record=_at(*path, name),
         key=key,
     )
 
@@ -655,7 +656,7 @@ FIGURES: dict[str, Figure] = {
             "E2E median",
             "median",
             bound="max median end-to-end request time (ms)",
-            from_record=_at("summary", "e2e_ms"),
+            from_record=_summary("e2e_ms"),
         ),
         dataclasses.replace(
             _run_figure(

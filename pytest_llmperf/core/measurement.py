@@ -1568,14 +1568,6 @@ class Measurement(StoredForm):
         names what it cannot judge), a key this version does not know in ``extra``."""
         return _read(cls, d)
 
-    def at(self, *path: str) -> object:
-        """The stored value at ``path`` (a section, then keys inside it), None where a step is
-        missing or not an object: ``record.at("memory", "rss_mib")`` (the catalog's readers)."""
-        value: object = self.to_json().get(path[0])
-        for part in path[1:]:
-            value = value.get(part) if isinstance(value, Mapping) else None
-        return value
-
     def diagnosis(self) -> dict[str, JSONValue]:
         """Where the time went (the sections from ``stability`` to ``machine`` this record
         has): ``llmperf profile``'s JSON beside its figures."""

@@ -463,14 +463,11 @@ def attribute_sides(
 def record_figures(record: Measurement) -> dict[str, float]:
     """A stored record's roofline and memory figures, as ``measuring.attribution.side_figures``
     names them."""
-    bw: object
-    mbu: object
+    bw: float | None = None
+    mbu: float | None = None
     if record.roofline is not None:
         decode = record.roofline.decode
         bw, mbu = decode.achieved_bw_gbs, None if decode.note else decode.mbu
-    else:  # none, or one its class cannot read (``Measurement.unread``): its figures as they came
-        bw = record.at("roofline", "decode", "achieved_bw_gbs")
-        mbu = None if record.at("roofline", "decode", "note") else record.at("roofline", "decode", "mbu")
     out = {
         "decode_bw_gbs": bw,
         "decode_mbu": mbu,

@@ -390,9 +390,7 @@ def _test_notes(verdict: BaselineVerdict, record: Measurement) -> list[str]:
     if verdict.changes and verdict.status is not BaselineStatus.OTHER_HARDWARE:  # other hardware: the note names them
         notes.append("changed since the baseline: " + ", ".join(verdict.changes))
     notes += [f"{c.phase} {c.label}: {c.reach()}" for c in verdict.comparisons if c.mirror_of is None and c.reach()]
-    # (a stored stability its class cannot read: its warnings as they came, ``Measurement.unread``)
-    warnings = record.stability.warnings if record.stability is not None else record.at("stability", "warnings")
-    return notes + list(warnings or [])  # type: ignore[call-overload]  # a stored value as it came
+    return notes + list(record.stability.warnings if record.stability is not None else ())
 
 
 def _memory_table(record: Measurement) -> list[str]:

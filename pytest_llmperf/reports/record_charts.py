@@ -440,5 +440,5 @@ CHARTS = (
 def charts_for(record: Measurement) -> Iterator[tuple[str, str, Any]]:
     """The charts a record has data for: (id, caption, function)."""
     for fig_id, caption, fn, needs in CHARTS:
-        if (getattr(record, needs) is not None) if needs in ("layers", "roofline") else record.at(needs):
+        if getattr(record, needs):
             yield fig_id, caption, fn
