@@ -384,8 +384,8 @@ class Outcome:
     budget_notes: tuple[str, ...] = ()
     #: A measured callable's prompt as llama.cpp saw it and its stream as the caller received it
     #: (``core.measurement.PromptSeen``: the cache state, prompt tokens evaluated and reused,
-    #: the delivered figures); empty for the plugin's own engine.
-    prompt: Mapping[str, object] = field(default_factory=dict)
+    #: the delivered figures); None for the plugin's own engine.
+    prompt: PromptSeen | None = None
     # Live only (a hook's view): the measurement and the budgets it broke of its ``n_budgets``, whose
     # lines its budget words then are (``failure=None`` waives them). Init-only, so the fields stay
     # the schema's; kept as attributes that ``dataclasses.replace`` carries over; unset when read.
@@ -463,7 +463,7 @@ class Outcome:
             "budgets": dict(self.budgets),
             "extra_info": dict(self.extra_info),
             "figures": None if self.figures is None else self.figures.to_json(),
-            **({"prompt": dict(self.prompt)} if self.prompt else {}),
+            **({"prompt": self.prompt.to_json()} if self.prompt else {}),
         }
 
     @classmethod
@@ -497,7 +497,7 @@ class Outcome:
             None if verdict is None else BaselineVerdict.from_json(verdict),
             None if (base := d.get("baseline_record")) is None else Measurement.read(base),
             tuple(d.get("budget_notes", ())),
-            dict(d.get("prompt") or {}),
+            PromptSeen.read(p) if isinstance(p := d.get("prompt"), Mapping) and p else None,
         )
 
 
@@ -524,7 +524,7 @@ def outcome(
         budget_notes=tuple(budget_notes),
         budgets=dict(budgets or {}),
         figures=Figures.of(m),
-        prompt=p.to_json() if (p := PromptSeen.of(m)) is not None else {},
+        prompt=PromptSeen.of(m),
         measurement=m,
         failure=failure,
         n_budgets=n_budgets,

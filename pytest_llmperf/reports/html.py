@@ -295,7 +295,7 @@ def test_section(
     parts += _trace_table(record)
     parts += _lengths_table(record)
     parts += _prompt_table(result)
-    parts += _turns_table(record.prompt or PromptSeen.read(result.prompt))
+    parts += _turns_table(record.prompt or result.prompt)
     plots = _record_plots(index, result) + _by_request_plot(index, result, by_request) + _trend_plot(index, trend)
     parts.append('<div class="plots">' + "".join(plots) + "</div></section>")
     return "\n".join(parts)
@@ -443,12 +443,12 @@ def _prompt_table(result: Outcome) -> list[str]:
 TURN_HEADERS = ("turn", "prompt tokens evaluated / reused", "TTFT p50 / p95 ms", "decode ms/token", "runs")
 
 
-def _turns_table(prompt: PromptSeen) -> list[str]:
+def _turns_table(prompt: PromptSeen | None) -> list[str]:
     """A conversation's figures turn by turn (the stored ``prompt.turns``): the prompt tokens
     llama.cpp evaluated and reused (its counters), TTFT p50 / p95, decode per token, runs."""
     rows = [
         [str(t.turn), _turn_tokens(t), f"{cell(t.ttft_p50_ms)} / {cell(t.ttft_p95_ms)}", cell(t.tpot_ms), str(t.runs)]
-        for t in prompt.turns or ()
+        for t in (prompt.turns if prompt is not None else None) or ()
     ]
     return [f'<div class="turns"><h3>Conversation, turn by turn</h3>{_table(TURN_HEADERS, rows)}</div>'] if rows else []
 

@@ -402,9 +402,9 @@ def _figures_table(
     ]
 
 
-def turns_of(prompt: Mapping[str, object]) -> tuple[Turn, ...]:
+def turns_of(prompt: PromptSeen | None) -> tuple[Turn, ...]:
     """A stored conversation's ``prompt.turns``, each turn's figures (none where it holds none)."""
-    return PromptSeen.read(prompt).turns or ()
+    return (prompt.turns or ()) if prompt is not None else ()
 
 
 def memory_lines(results: Iterable[Outcome]) -> list[str]:
@@ -774,7 +774,8 @@ def junit_properties(t: Outcome) -> list[tuple[str, object]]:
         out += part_properties(prefix, t.verdict.parts)
     if t.reference:
         out.append((prefix + "against", t.reference))
-    out += [(f"{prefix}prompt.{k}", v) for k, v in t.prompt.items() if v is not None and k != "turns"]
+    prompt = t.prompt.to_json() if t.prompt is not None else {}
+    out += [(f"{prefix}prompt.{k}", v) for k, v in prompt.items() if v is not None and k != "turns"]
     for turn in turns_of(t.prompt):  # a conversation's: one property per figure and turn
         out += [(f"{prefix}turn{turn.turn}.{k}", v) for k, v in turn.to_json().items() if k != "turn" and v is not None]
     return out
