@@ -19,7 +19,7 @@ import statistics
 from abc import abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Literal, NamedTuple, Protocol, TypeAlias, TypedDict, TypeVar, cast, overload
+from typing import Any, ClassVar, NamedTuple, Protocol, TypeAlias, TypedDict, TypeVar, cast
 
 from .formats import JSONValue, fmt, sig6, stored_fields
 from .schemas import validate_schema_file
@@ -244,30 +244,30 @@ class Stability:
         the wrong kind."""
         span = d["context_span"]
         return cls(
-            n_runs=_sec_int(d["n_runs"]),
-            tpot_cv=_sec_float(d["tpot_cv"]),
-            tpot_spread_pct=_sec_float(d["tpot_spread_pct"]),
-            ttft_cv=_sec_float(d["ttft_cv"]),
-            first_run_slowdown=_sec_opt_float(d["first_run_slowdown"]),
-            first_run_ttft_slowdown=_sec_opt_float(d["first_run_ttft_slowdown"]),
-            first_token_slowdown=_sec_float(d["first_token_slowdown"]),
-            context_slope_us_per_token=_sec_opt_float(d["context_slope_us_per_token"]),
-            context_span=None if span is None else _sec_span(span),
-            far_runs=tuple(_sec_int(i) for i in _sec_list(d["far_runs"])),
-            warnings=tuple(_sec_str(w) for w in _sec_list(d["warnings"])),
+            n_runs=_count(d["n_runs"]),
+            tpot_cv=_number(d["tpot_cv"]),
+            tpot_spread_pct=_number(d["tpot_spread_pct"]),
+            ttft_cv=_number(d["ttft_cv"]),
+            first_run_slowdown=_maybe(_number, d["first_run_slowdown"]),
+            first_run_ttft_slowdown=_maybe(_number, d["first_run_ttft_slowdown"]),
+            first_token_slowdown=_number(d["first_token_slowdown"]),
+            context_slope_us_per_token=_maybe(_number, d["context_slope_us_per_token"]),
+            context_span=None if span is None else _pair(span),
+            far_runs=tuple(_count(i) for i in _array(d["far_runs"])),
+            warnings=tuple(_text(w) for w in _array(d["warnings"])),
         )
 
 
 # -- reading a stored section back (``from_json``): each value of its kind, else TypeError ------
 
 
-def _sec_obj(value: object) -> Mapping[str, object]:
+def _object(value: object) -> Mapping[str, object]:
     if not isinstance(value, Mapping):
         raise TypeError(f"not an object: {type(value).__name__}")
     return value
 
 
-def _sec_list(value: object) -> list[object]:
+def _array(value: object) -> list[object]:
     """An array (a hand-made record's may be any iterable of values: a numpy array)."""
     if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
         raise TypeError(f"not an array: {type(value).__name__}")
@@ -281,39 +281,44 @@ def _wrong_kind(value: object, what: str) -> Exception:
     return TypeError(f"not {what}: {type(value).__name__}")
 
 
-def _sec_float(value: object) -> float:
+def _number(value: object) -> float:
+    """A stored number, kept as it came (an integer stays one, so it is written back as it was)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _wrong_kind(value, "a number")
-    return float(value)
+    return value
 
 
-def _sec_opt_float(value: object) -> float | None:
-    return None if value is None else _sec_float(value)
-
-
-def _sec_int(value: object) -> int:
+def _count(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise _wrong_kind(value, "an integer")
     return value
 
 
-def _sec_str(value: object) -> str:
+def _text(value: object) -> str:
     if not isinstance(value, str):
         raise TypeError(f"not a string: {type(value).__name__}")
     return value
 
 
-def _sec_span(value: object) -> tuple[int, int]:
-    lo, hi = _sec_list(value)
-    return _sec_int(lo), _sec_int(hi)
+_Kind = TypeVar("_Kind")
 
 
-def _sec_floats(value: object) -> tuple[float, ...]:
-    return tuple(_sec_float(v) for v in _sec_list(value))
+def _maybe(read: Callable[[object], _Kind], value: object) -> _Kind | None:
+    """``read(value)``, or None where it is null."""
+    return None if value is None else read(value)
 
 
-def _sec_strs(value: object) -> tuple[str, ...]:
-    return tuple(_sec_str(v) for v in _sec_list(value))
+def _pair(value: object) -> tuple[int, int]:
+    lo, hi = _array(value)
+    return _count(lo), _count(hi)
+
+
+def _floats(value: object) -> tuple[float, ...]:
+    return tuple(_number(v) for v in _array(value))
+
+
+def _texts(value: object) -> tuple[str, ...]:
+    return tuple(_text(v) for v in _array(value))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -378,57 +383,25 @@ class LoadStats:
         """A stored load level (``to_json``); KeyError, TypeError: not one."""
         server, trace = d.get("server"), d.get("trace")
         return cls(
-            concurrency=_held(d, "concurrency", int),
-            rate_per_s=_held(d, "rate_per_s", float, none=True),
-            n_requests=_held(d, "n_requests", int),
-            n_ok=_held(d, "n_ok", int),
-            output_tps=_held(d, "output_tps", float),
-            requests_per_s=_held(d, "requests_per_s", float),
-            goodput=_held(d, "goodput", float),
-            ttft_p50_ms=_held(d, "ttft_p50_ms", float),
-            ttft_p99_ms=_held(d, "ttft_p99_ms", float),
-            tpot_p50_ms=_held(d, "tpot_p50_ms", float),
-            tpot_p99_ms=_held(d, "tpot_p99_ms", float),
-            prompt_cache=_held(d, "prompt_cache", str, none=True),
-            server=None if server is None else ServerSide.from_json(_object(server, "server")),
-            trace=None if trace is None else TraceReplay.from_json(_object(trace, "trace")),
+            concurrency=_count(d["concurrency"]),
+            rate_per_s=_maybe(_number, d["rate_per_s"]),
+            n_requests=_count(d["n_requests"]),
+            n_ok=_count(d["n_ok"]),
+            output_tps=_number(d["output_tps"]),
+            requests_per_s=_number(d["requests_per_s"]),
+            goodput=_number(d["goodput"]),
+            ttft_p50_ms=_number(d["ttft_p50_ms"]),
+            ttft_p99_ms=_number(d["ttft_p99_ms"]),
+            tpot_p50_ms=_number(d["tpot_p50_ms"]),
+            tpot_p99_ms=_number(d["tpot_p99_ms"]),
+            prompt_cache=_maybe(_text, d["prompt_cache"]),
+            server=None if server is None else ServerSide.from_json(_object(server)),
+            trace=None if trace is None else TraceReplay.from_json(_object(trace)),
         )
 
 
 #: ``LoadStats``' stored figures (six significant figures), in their order.
 _LOAD_FIGURES = ("output_tps", "requests_per_s", "goodput", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms")
-
-_Held = TypeVar("_Held", int, float, str)
-
-
-@overload
-def _held(d: Mapping[str, object], key: str, kind: type[_Held], *, none: Literal[False] = False) -> _Held: ...
-@overload
-def _held(d: Mapping[str, object], key: str, kind: type[_Held], *, none: Literal[True]) -> _Held | None: ...
-def _held(d: Mapping[str, object], key: str, kind: type[_Held], *, none: bool = False) -> _Held | None:
-    """``d[key]``, checked to be a ``kind`` (a float: any number, kept as it came, so it is
-    written back as it was; never a bool), or None where ``none``; KeyError, TypeError: not."""
-    value = d[key]
-    if value is None and none:
-        return None
-    kinds: tuple[type, ...] = (int, float) if kind is float else (kind,)
-    if isinstance(value, bool) or not isinstance(value, kinds):
-        raise TypeError(f"{key}: {value!r} is not {'a number' if kind is float else kind.__name__}")
-    return cast("_Held", value)
-
-
-def _object(value: object, key: str) -> Mapping[str, object]:
-    """``value``, checked to be a JSON object; TypeError: not."""
-    if not isinstance(value, Mapping):
-        raise TypeError(f"{key}: {value!r} is not an object")
-    return value
-
-
-def _listed(value: object, key: str) -> list[object]:
-    """``value``, checked to be a JSON array; TypeError: not."""
-    if not isinstance(value, list):
-        raise TypeError(f"{key}: {value!r} is not a list")
-    return value
 
 
 @dataclass(frozen=True)
@@ -475,11 +448,11 @@ class TraceReplay:
     def from_json(cls, d: Mapping[str, object]) -> TraceReplay:
         """A stored trace replay's summary (``to_json``); KeyError, TypeError: not one."""
         return cls(
-            _held(d, "requests", int),
-            _held(d, "span_s", float),
-            _held(d, "speed", float),
-            _held(d, "send_lag_p50_ms", float),
-            _held(d, "send_lag_max_ms", float),
+            _count(d["requests"]),
+            _number(d["span_s"]),
+            _number(d["speed"]),
+            _number(d["send_lag_p50_ms"]),
+            _number(d["send_lag_max_ms"]),
         )
 
 
@@ -518,19 +491,19 @@ class ServerSide:
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> ServerSide:
         """A stored server side (``to_json``); KeyError, TypeError: not one."""
-        metrics = _object(d["metrics"], "metrics")
+        metrics = _object(d["metrics"])
         return cls(
-            _held(d, "n_timed", int),
-            _held(d, "prompt_tokens_median", float, none=True),
-            _held(d, "prompt_n_min", int, none=True),
-            _held(d, "prompt_n_median", float, none=True),
-            _held(d, "prompt_n_max", int, none=True),
-            _held(d, "server_prompt_ms_p50", float, none=True),
-            _held(d, "ttft_gap_ms_p50", float, none=True),
-            _held(d, "server_ms_per_token_p50", float, none=True),
-            _held(d, "tpot_gap_ms_p50", float, none=True),
-            metrics={k: _held(metrics, k, float) for k in metrics},
-            prompt_tokens_from_cache=_held(d, "prompt_tokens_from_cache", int, none=True),
+            _count(d["n_timed"]),
+            _maybe(_number, d["prompt_tokens_median"]),
+            _maybe(_count, d["prompt_n_min"]),
+            _maybe(_number, d["prompt_n_median"]),
+            _maybe(_count, d["prompt_n_max"]),
+            _maybe(_number, d["server_prompt_ms_p50"]),
+            _maybe(_number, d["ttft_gap_ms_p50"]),
+            _maybe(_number, d["server_ms_per_token_p50"]),
+            _maybe(_number, d["tpot_gap_ms_p50"]),
+            metrics={k: _number(metrics[k]) for k in metrics},
+            prompt_tokens_from_cache=_maybe(_count, d["prompt_tokens_from_cache"]),
         )
 
 
@@ -572,10 +545,10 @@ class LoadSample:
     def from_json(cls, d: Mapping[str, object]) -> LoadSample:
         """A stored sample (``to_json``); KeyError, TypeError: not one."""
         return cls(
-            _held(d, "load_ms", float),
-            _held(d, "native_load_ms", float, none=True),
-            _held(d, "fresh_ttft_ms", float, none=True),
-            _held(d, "resident_share", float, none=True),
+            _number(d["load_ms"]),
+            _maybe(_number, d["native_load_ms"]),
+            _maybe(_number, d["fresh_ttft_ms"]),
+            _maybe(_number, d["resident_share"]),
         )
 
 
@@ -637,13 +610,13 @@ class ModelLoads:
     def from_json(cls, d: Mapping[str, object]) -> ModelLoads:
         """Stored model loads (``to_json``); KeyError, TypeError: not."""
         return cls(
-            _held(d, "asked", str),
-            tuple(LoadSample.from_json(_object(s, "samples")) for s in _listed(d["samples"], "samples")),
-            _held(d, "page_cache", str),
-            _held(d, "evidence", str),
-            _held(d, "note", str),
-            _held(d, "load_ms", float),
-            _held(d, "fresh_ttft_ms", float, none=True),
+            _text(d["asked"]),
+            tuple(LoadSample.from_json(_object(s)) for s in _array(d["samples"])),
+            _text(d["page_cache"]),
+            _text(d["evidence"]),
+            _text(d["note"]),
+            _number(d["load_ms"]),
+            _maybe(_number, d["fresh_ttft_ms"]),
         )
 
 
@@ -700,9 +673,9 @@ class PhaseRoofline:
     @classmethod
     def from_json(cls, phase: str, d: Mapping[str, object]) -> PhaseRoofline:
         """``to_json`` read back (``phase``: its key); only ``note`` may be missing."""
-        figures = {k: _sec_float(d[k]) for k in _ROOFLINE_FIGURES}
-        note = _sec_str(d.get("note", ""))
-        return cls(phase, **figures, verdict=_sec_str(d["verdict"]), note=note, absent=_absent(d, ("note",)))
+        figures = {k: _number(d[k]) for k in _ROOFLINE_FIGURES}
+        note = _text(d.get("note", ""))
+        return cls(phase, **figures, verdict=_text(d["verdict"]), note=note, absent=_absent(d, ("note",)))
 
 
 _ROOFLINE_FIGURES = (
@@ -815,22 +788,18 @@ class Roofline:
         prefill = d.get("prefill")
         balance = d.get("machine_balance_flop_per_byte")
         return cls(
+            Peak(_number(d["peak_bw_gbs"]), _text(d.get("peak_bw_source", "")), _text(d.get("peak_bw_detail", ""))),
             Peak(
-                _sec_float(d["peak_bw_gbs"]),
-                _sec_str(d.get("peak_bw_source", "")),
-                _sec_str(d.get("peak_bw_detail", "")),
+                _number(d["peak_tflops"]),
+                _text(d.get("peak_tflops_source", "")),
+                _text(d.get("peak_tflops_detail", "")),
             ),
-            Peak(
-                _sec_float(d["peak_tflops"]),
-                _sec_str(d.get("peak_tflops_source", "")),
-                _sec_str(d.get("peak_tflops_detail", "")),
-            ),
-            _sec_float(d.get("context_tokens", 0.0)),
-            _sec_int(d.get("weights_bytes", 0)),
+            _number(d.get("context_tokens", 0.0)),
+            _count(d.get("weights_bytes", 0)),
             None,
-            PhaseRoofline.from_json("decode", _sec_obj(d["decode"])),
-            None if prefill is None else PhaseRoofline.from_json("prefill", _sec_obj(prefill)),
-            stored_balance=None if balance is None else _sec_float(balance),
+            PhaseRoofline.from_json("decode", _object(d["decode"])),
+            None if prefill is None else PhaseRoofline.from_json("prefill", _object(prefill)),
+            stored_balance=None if balance is None else _number(balance),
             absent=_absent(d, ROOFLINE_OPTIONAL),
         )
 
@@ -913,21 +882,21 @@ class PhaseLayers:
         """``to_json`` read back (``phase``: its key); ``names`` and ``median_ms`` at least
         (``LAYERS_PHASE_OPTIONAL`` may be missing: 0 or empty); KeyError, TypeError or ValueError
         where a value is missing or of the wrong kind."""
-        names, share = _sec_strs(d["names"]), d.get("share")
-        median_ms, shares = _sec_floats(d["median_ms"]), None if share is None else _sec_floats(share)
-        per_run_ms = tuple(_sec_floats(run) for run in _sec_list(d.get("per_run_ms", [])))
+        names, share = _texts(d["names"]), d.get("share")
+        median_ms, shares = _floats(d["median_ms"]), None if share is None else _floats(share)
+        per_run_ms = tuple(_floats(run) for run in _array(d.get("per_run_ms", [])))
         if any(len(v) != len(names) for v in (median_ms, shares or names, *per_run_ms)):
             raise ValueError("a segment's figures do not match its names")
         return cls(
             phase,
             names,
             median_ms,
-            _sec_float(d.get("step_ms", 0.0)),
-            _sec_int(d.get("n_runs", 0)),
-            _sec_int(d.get("n_steps", 0)),
+            _number(d.get("step_ms", 0.0)),
+            _count(d.get("n_runs", 0)),
+            _count(d.get("n_steps", 0)),
             per_run_ms,
-            _sec_strs(d.get("outliers", [])),
-            _sec_float(d.get("coverage", 0.0)),
+            _texts(d.get("outliers", [])),
+            _number(d.get("coverage", 0.0)),
             stored_share=shares,
             absent=_absent(d, LAYERS_PHASE_OPTIONAL),
         )
@@ -1036,13 +1005,13 @@ class LayerProfile:
     def from_json(cls, d: Mapping[str, object]) -> LayerProfile:
         """``to_json`` read back (both phases at least: ``LAYERS_OPTIONAL`` may be missing);
         KeyError, TypeError or ValueError where a value is missing or of the wrong kind."""
-        phases = _sec_obj(d["phases"])
-        ratios = _sec_opt_float(d.get("overhead_ratio")), _sec_opt_float(d.get("prefill_overhead_ratio"))
+        phases = _object(d["phases"])
+        ratios = _maybe(_number, d.get("overhead_ratio")), _maybe(_number, d.get("prefill_overhead_ratio"))
         return cls(
-            PhaseLayers.from_json("prefill", _sec_obj(phases["prefill"])),
-            PhaseLayers.from_json("decode", _sec_obj(phases["decode"])),
+            PhaseLayers.from_json("prefill", _object(phases["prefill"])),
+            PhaseLayers.from_json("decode", _object(phases["decode"])),
             stored_ratios=ratios,
-            outlier_rule=_sec_str(d.get("outlier_rule", OUTLIER_RULE)),
+            outlier_rule=_text(d.get("outlier_rule", OUTLIER_RULE)),
             absent=_absent(d, LAYERS_OPTIONAL),
         )
 
@@ -1082,8 +1051,8 @@ class Slice:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Slice:
-        d = _sec_obj(d)
-        return cls(_sec_str(d["name"]), _sec_float(d["median_ms"]), _sec_floats(d["per_run_ms"]))
+        d = _object(d)
+        return cls(_text(d["name"]), _number(d["median_ms"]), _floats(d["per_run_ms"]))
 
 
 @dataclass(frozen=True)
@@ -1127,20 +1096,20 @@ class PhaseAttribution:
 
     @classmethod
     def from_json(cls, phase: str, d: Mapping[str, Any]) -> PhaseAttribution:
-        d = _sec_obj(d)
-        kinds = {k: tuple(Slice.from_json(_sec_obj(s)) for s in _sec_list(d[k])) for k in KINDS}
+        d = _object(d)
+        kinds = {k: tuple(Slice.from_json(_object(s)) for s in _array(d[k])) for k in KINDS}
         return cls(
             phase,
             kinds["layers"],
             kinds["ops"],
             kinds["groups"],
-            _sec_float(d["step_ms"]),
-            _sec_float(d["nodes_ms"]),
-            _sec_float(d["coverage"]),
-            _sec_int(d["nodes"]),
-            _sec_int(d["n_runs"]),
-            _sec_int(d["n_steps"]),
-            Slice.from_json(_sec_obj(d["blocks"])) if d.get("blocks") else None,
+            _number(d["step_ms"]),
+            _number(d["nodes_ms"]),
+            _number(d["coverage"]),
+            _count(d["nodes"]),
+            _count(d["n_runs"]),
+            _count(d["n_steps"]),
+            Slice.from_json(_object(d["blocks"])) if d.get("blocks") else None,
         )
 
 
@@ -1184,14 +1153,14 @@ class Attribution(InstrumentedCost):
     def from_json(cls, d: Mapping[str, Any]) -> Attribution:
         """``to_json`` read back; KeyError, TypeError or ValueError where a value is missing or
         of the wrong kind (a text where a number belongs: ValueError)."""
-        phases = _sec_obj(_sec_obj(d)["phases"])
+        phases = _object(_object(d)["phases"])
         return cls(
-            PhaseAttribution.from_json("prefill", _sec_obj(phases["prefill"])),
-            PhaseAttribution.from_json("decode", _sec_obj(phases["decode"])),
-            _sec_float(d["tpot_ms"]),
-            _sec_opt_float(d.get("plain_prefill_ms")),
-            _sec_opt_float(d.get("plain_tpot_ms")),
-            _sec_float(d["wall_s"]),
+            PhaseAttribution.from_json("prefill", _object(phases["prefill"])),
+            PhaseAttribution.from_json("decode", _object(phases["decode"])),
+            _number(d["tpot_ms"]),
+            _maybe(_number, d.get("plain_prefill_ms")),
+            _maybe(_number, d.get("plain_tpot_ms")),
+            _number(d["wall_s"]),
         )
 
     def lines(self) -> list[str]:
@@ -1282,16 +1251,16 @@ class Agreement:
     def from_json(cls, d: Mapping[str, object]) -> Agreement:
         """``to_json`` read back (``available`` is computed, and checked against ``reason``);
         KeyError, TypeError, ValueError: not an agreement."""
-        firsts = _listed(d["first_divergence"], "first_divergence")
+        firsts = _array(d["first_divergence"])
         if any(v is not None and (isinstance(v, bool) or not isinstance(v, int)) for v in firsts):
             raise TypeError(f"first_divergence: {firsts!r} holds more than positions and None")
         out = cls(
-            reason=_held(d, "reason", str),
-            method=_held(d, "method", str),
-            n_prompts=_held(d, "n_prompts", int),
-            n_positions=_held(d, "n_positions", int),
-            **{k: _held(d, k, float, none=True) for k in _AGREEMENT_FIGURES},
-            n_unscored=_held(d, "n_unscored", int),
+            reason=_text(d["reason"]),
+            method=_text(d["method"]),
+            n_prompts=_count(d["n_prompts"]),
+            n_positions=_count(d["n_positions"]),
+            **{k: _maybe(_number, d[k]) for k in _AGREEMENT_FIGURES},
+            n_unscored=_count(d["n_unscored"]),
             first_divergence=tuple(cast("list[int | None]", firsts)),
         )
         if d["available"] is not out.available:
@@ -1333,12 +1302,12 @@ class LengthBucket:
     def from_json(cls, d: Mapping[str, object]) -> LengthBucket:
         """A stored bucket (``to_json``); KeyError, TypeError: not one."""
         return cls(
-            _held(d, "low_tokens", int),
-            _held(d, "high_tokens", int),
-            _held(d, "n_runs", int),
-            _held(d, "ttft_p50_ms", float),
-            _held(d, "ttft_p95_ms", float),
-            _held(d, "prefill_p50_ms", float, none=True),
+            _count(d["low_tokens"]),
+            _count(d["high_tokens"]),
+            _count(d["n_runs"]),
+            _number(d["ttft_p50_ms"]),
+            _number(d["ttft_p95_ms"]),
+            _maybe(_number, d["prefill_p50_ms"]),
         )
 
 
@@ -1376,12 +1345,12 @@ class PromptLengths:
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> PromptLengths:
         """Stored figures by prompt length (``to_json``); KeyError, TypeError: not."""
-        buckets = _listed(d["buckets"], "buckets")
+        buckets = _array(d["buckets"])
         return cls(
-            _held(d, "rule", str),
-            _held(d, "n_runs", int),
-            tuple(LengthBucket.from_json(_object(b, "buckets")) for b in buckets),
-            *(_held(d, k, float, none=True) for k in _PER_TOKEN),
+            _text(d["rule"]),
+            _count(d["n_runs"]),
+            tuple(LengthBucket.from_json(_object(b)) for b in buckets),
+            *(_maybe(_number, d[k]) for k in _PER_TOKEN),
         )
 
 
@@ -2136,24 +2105,6 @@ def _span(counts: Sequence[int]) -> str:
 # this version does not know, is kept as it came in ``extra`` and written again after the fields).
 # A key written even where None (``NULLABLE``) that the stored section lacked is in ``absent``, so
 # it is not written; any other field is written only where it is not None.
-
-
-def _number(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"not a number: {value!r}")
-    return value
-
-
-def _count(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"not an integer: {value!r}")
-    return value
-
-
-def _text(value: object) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"not a string: {value!r}")
-    return value
 
 
 def _counts(value: object) -> tuple[int, ...]:
