@@ -1,13 +1,18 @@
-"""One record of a measurement: pure frozen data, at the bottom of the house.
+"""The one record of a measurement: pure frozen data, at the bottom of the house.
 
 ``Measurement`` holds all runs of one workload on one engine (``RunMetrics`` each, pooled ITL
 as ``LatencyStats``) and what was measured around them: a load test's ``LoadStats`` (with the
 server's own ``ServerSide``), the system counters (``SystemDelta``), peak RSS, fresh model
 loads, per-layer timing (``LayerProfile``), the attribution pass (``Attribution``), the
-roofline and the output agreement with REF. Each type holds its fields and the small
-properties that read only them; how they are computed from traces, the machine and the
-engine stays in ``measuring/`` (``measuring.metrics.run_metrics``, ``summarize``,
-``diagnose``...), and no module here imports numpy, so the plugin loads this cheaply."""
+roofline and the output agreement with REF; and what storing adds (``baselines.records.stored``:
+the fingerprint, the workload's identity ``StoredWorkload``, the ``Summary``, ``Stability``,
+``Memory``, ``PromptSeen``, ``Machine``, ``Requests``). It writes its stored form itself
+(``Measurement.to_json``: a baseline file's entry, a session file's record) and reads it back
+(``from_json``, checked against ``schemas/baselines.schema.json``; ``read``, lenient), each
+section by its own class's ``to_json`` / ``from_json``. Each type holds its fields and the small
+properties that read only them; how they are computed from traces, the machine and the engine
+stays in ``measuring/`` (``measuring.metrics.run_metrics``, ``summarize``, ``diagnose``...), and
+no module here imports numpy, so the plugin loads this cheaply."""
 
 from __future__ import annotations
 
