@@ -247,20 +247,7 @@ class Stability:
     def from_json(cls, d: Mapping[str, object]) -> Stability:
         """``to_json`` read back; KeyError, TypeError or ValueError where a key is missing or of
         the wrong kind."""
-        span = d["context_span"]
-        return cls(
-            n_runs=_count(d["n_runs"]),
-            tpot_cv=_number(d["tpot_cv"]),
-            tpot_spread_pct=_number(d["tpot_spread_pct"]),
-            ttft_cv=_number(d["ttft_cv"]),
-            first_run_slowdown=_maybe(_number, d["first_run_slowdown"]),
-            first_run_ttft_slowdown=_maybe(_number, d["first_run_ttft_slowdown"]),
-            first_token_slowdown=_number(d["first_token_slowdown"]),
-            context_slope_us_per_token=_maybe(_number, d["context_slope_us_per_token"]),
-            context_span=None if span is None else _pair(span),
-            far_runs=tuple(_count(i) for i in _array(d["far_runs"])),
-            warnings=tuple(_text(w) for w in _array(d["warnings"])),
-        )
+        return _stored_section(cls, d)
 
 
 # -- reading a stored section back (``from_json``): each value of its kind, else TypeError ------
@@ -326,6 +313,42 @@ def _texts(value: object) -> tuple[str, ...]:
     return tuple(_text(v) for v in _array(value))
 
 
+#: A stored scalar's reader by the annotation of the field that holds it.
+_SCALARS: dict[str, Callable[[object], object]] = {"int": _count, "float": _number, "str": _text}
+
+
+def _as(annotation: str, value: object) -> object:
+    """A stored value as a field annotated ``annotation`` holds it (this module writes its
+    annotations as text): ``X | None``, ``tuple[X, ...]``, ``tuple[int, int]``, ``Mapping[str, X]``,
+    a scalar, or a section class of this module read by its ``from_json``."""
+    if annotation.endswith(" | None"):
+        return None if value is None else _as(annotation.removesuffix(" | None"), value)
+    if annotation.startswith("tuple[") and annotation.endswith(", ...]"):
+        return tuple(_as(annotation[6:-6], v) for v in _array(value))
+    if annotation == "tuple[int, int]":
+        return _pair(value)
+    if annotation.startswith("Mapping[str, "):
+        return {str(k): _as(annotation[13:-1], v) for k, v in _object(value).items()}
+    if annotation in _SCALARS:
+        return _SCALARS[annotation](value)
+    return globals()[annotation].from_json(_object(value))
+
+
+_D = TypeVar("_D")
+
+
+def _stored_section(cls: type[_D], d: Mapping[str, object], **keys: str) -> _D:
+    """A section class from its stored form ``d``: each field from its key (``keys``: where that is
+    not the field's name), read as its annotation says (``_as``); a field with a default (one a
+    record does not keep) may be absent. KeyError, TypeError or ValueError where ``d`` is not one."""
+    values: dict[str, object] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]  # a dataclass of this module
+        key = keys.get(f.name, f.name)
+        if key in d or (f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING):
+            values[f.name] = _as(str(f.type), d[key])
+    return cls(**values)
+
+
 @dataclass(frozen=True, kw_only=True)
 class LoadStats:
     """What only a load test shows; ``Measurement.runs`` holds the successful requests. The
@@ -386,23 +409,7 @@ class LoadStats:
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> LoadStats:
         """A stored load level (``to_json``); KeyError, TypeError: not one."""
-        server, trace = d.get("server"), d.get("trace")
-        return cls(
-            concurrency=_count(d["concurrency"]),
-            rate_per_s=_maybe(_number, d["rate_per_s"]),
-            n_requests=_count(d["n_requests"]),
-            n_ok=_count(d["n_ok"]),
-            output_tps=_number(d["output_tps"]),
-            requests_per_s=_number(d["requests_per_s"]),
-            goodput=_number(d["goodput"]),
-            ttft_p50_ms=_number(d["ttft_p50_ms"]),
-            ttft_p99_ms=_number(d["ttft_p99_ms"]),
-            tpot_p50_ms=_number(d["tpot_p50_ms"]),
-            tpot_p99_ms=_number(d["tpot_p99_ms"]),
-            prompt_cache=_maybe(_text, d["prompt_cache"]),
-            server=None if server is None else ServerSide.from_json(_object(server)),
-            trace=None if trace is None else TraceReplay.from_json(_object(trace)),
-        )
+        return _stored_section(cls, d)
 
 
 #: ``LoadStats``' stored figures (six significant figures), in their order.
@@ -452,13 +459,7 @@ class TraceReplay:
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> TraceReplay:
         """A stored trace replay's summary (``to_json``); KeyError, TypeError: not one."""
-        return cls(
-            _count(d["requests"]),
-            _number(d["span_s"]),
-            _number(d["speed"]),
-            _number(d["send_lag_p50_ms"]),
-            _number(d["send_lag_max_ms"]),
-        )
+        return _stored_section(cls, d, n_requests="requests")
 
 
 @dataclass(frozen=True)
@@ -496,20 +497,7 @@ class ServerSide:
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> ServerSide:
         """A stored server side (``to_json``); KeyError, TypeError: not one."""
-        metrics = _object(d["metrics"])
-        return cls(
-            _count(d["n_timed"]),
-            _maybe(_number, d["prompt_tokens_median"]),
-            _maybe(_count, d["prompt_n_min"]),
-            _maybe(_number, d["prompt_n_median"]),
-            _maybe(_count, d["prompt_n_max"]),
-            _maybe(_number, d["server_prompt_ms_p50"]),
-            _maybe(_number, d["ttft_gap_ms_p50"]),
-            _maybe(_number, d["server_ms_per_token_p50"]),
-            _maybe(_number, d["tpot_gap_ms_p50"]),
-            metrics={k: _number(metrics[k]) for k in metrics},
-            prompt_tokens_from_cache=_maybe(_count, d["prompt_tokens_from_cache"]),
-        )
+        return _stored_section(cls, d)
 
 
 @dataclass(frozen=True)
@@ -549,12 +537,7 @@ class LoadSample:
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> LoadSample:
         """A stored sample (``to_json``); KeyError, TypeError: not one."""
-        return cls(
-            _number(d["load_ms"]),
-            _maybe(_number, d["native_load_ms"]),
-            _maybe(_number, d["fresh_ttft_ms"]),
-            _maybe(_number, d["resident_share"]),
-        )
+        return _stored_section(cls, d)
 
 
 @dataclass(frozen=True)
@@ -614,15 +597,7 @@ class ModelLoads:
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> ModelLoads:
         """Stored model loads (``to_json``); KeyError, TypeError: not."""
-        return cls(
-            _text(d["asked"]),
-            tuple(LoadSample.from_json(_object(s)) for s in _array(d["samples"])),
-            _text(d["page_cache"]),
-            _text(d["evidence"]),
-            _text(d["note"]),
-            _number(d["load_ms"]),
-            _maybe(_number, d["fresh_ttft_ms"]),
-        )
+        return _stored_section(cls, d)
 
 
 @dataclass(frozen=True)
@@ -1306,14 +1281,7 @@ class LengthBucket:
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> LengthBucket:
         """A stored bucket (``to_json``); KeyError, TypeError: not one."""
-        return cls(
-            _count(d["low_tokens"]),
-            _count(d["high_tokens"]),
-            _count(d["n_runs"]),
-            _number(d["ttft_p50_ms"]),
-            _number(d["ttft_p95_ms"]),
-            _maybe(_number, d["prefill_p50_ms"]),
-        )
+        return _stored_section(cls, d)
 
 
 class PromptLengthsJson(TypedDict):
@@ -1350,17 +1318,7 @@ class PromptLengths:
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> PromptLengths:
         """Stored figures by prompt length (``to_json``); KeyError, TypeError: not."""
-        buckets = _array(d["buckets"])
-        return cls(
-            _text(d["rule"]),
-            _count(d["n_runs"]),
-            tuple(LengthBucket.from_json(_object(b)) for b in buckets),
-            *(_maybe(_number, d[k]) for k in _PER_TOKEN),
-        )
-
-
-#: ``PromptLengths``' prefill per prompt token figures (None: not seen), in their order.
-_PER_TOKEN = ("ms_per_prompt_token", "native_ms_per_prompt_token", "slope_ms_per_token", "intercept_ms")
+        return _stored_section(cls, d)
 
 
 class TurnFigures(NamedTuple):
@@ -2112,18 +2070,6 @@ def _span(counts: Sequence[int]) -> str:
 # it is not written; any other field is written only where it is not None.
 
 
-def _counts(value: object) -> tuple[int, ...]:
-    if not isinstance(value, list):
-        raise TypeError(f"not a list: {value!r}")
-    return tuple(_count(v) for v in value)
-
-
-def _turns(value: object) -> tuple[Turn, ...]:
-    if not isinstance(value, list):
-        raise TypeError(f"not a list: {value!r}")
-    return tuple(Turn.from_json(t) for t in value)
-
-
 def _section_json(value: object) -> JSONValue:
     """A field's value as it is stored: a typed part as it writes itself, a tuple as a list."""
     if isinstance(value, tuple):
@@ -2135,8 +2081,8 @@ def _section_json(value: object) -> JSONValue:
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class _StoredSection(StoredForm):
-    """What the four sections share: ``to_json``, ``from_json`` and ``read`` by ``KINDS`` (each
-    stored key's reader: its value of its kind, else TypeError) and ``NULLABLE``. Each also reads
+    """What the four sections share: ``to_json``, ``from_json`` and ``read`` by their fields
+    (``stored_keys``: each value read as its field's annotation says, ``_as``) and ``NULLABLE``. Each also reads
     as the read-only mapping of what its ``to_json`` writes, and equals it (``record["memory"]``,
     ``record.memory == {"kv_cache_bytes": None}``: how a hook read a record before it was typed)."""
 
@@ -2148,12 +2094,18 @@ class _StoredSection(StoredForm):
     #: it, byte for byte); empty for a fresh one (the fields' order).
     order: tuple[str, ...] = ()
 
-    KINDS: ClassVar[Mapping[str, Callable[[object], object]]] = {}
     NULLABLE: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def stored_keys(cls) -> dict[str, str]:
+        """Each stored key (a field but ``absent``, ``extra`` and ``order``), in order, and the kind
+        its value reads as (its field's annotation, a null apart: ``NULLABLE``)."""
+        skip = {"absent", "extra", "order"}
+        return {f.name: str(f.type).removesuffix(" | None") for f in dataclasses.fields(cls) if f.name not in skip}
 
     def to_json(self) -> dict[str, JSONValue]:
         out: dict[str, JSONValue] = {}
-        for name in self.KINDS:
+        for name in self.stored_keys():
             value = getattr(self, name)
             if value is not None or (name in self.NULLABLE and name not in self.absent):
                 out[name] = _section_json(value)
@@ -2169,9 +2121,9 @@ class _StoredSection(StoredForm):
         extra: dict[str, JSONValue] = {}
         for key, value in d.items():
             try:
-                if key not in cls.KINDS:
+                if key not in cls.stored_keys():
                     raise KeyError(key)
-                typed[key] = None if value is None and key in cls.NULLABLE else cls.KINDS[key](value)
+                typed[key] = None if value is None and key in cls.NULLABLE else _as(cls.stored_keys()[key], value)
             except (KeyError, TypeError, ValueError):
                 extra[key] = cast("JSONValue", value)
         return cls(**typed, absent=cls.NULLABLE - set(d), extra=extra, order=tuple(d))
@@ -2201,14 +2153,6 @@ class Machine(_StoredSection):
     others_cpu_share: float | None = None
     involuntary_switches_per_run: float | None = None
 
-    KINDS: ClassVar[Mapping[str, Callable[[object], object]]] = {
-        "steal_share": _number,
-        "load_1m": _number,
-        "involuntary_switches": _count,
-        "cpu_wait_share": _number,
-        "others_cpu_share": _number,
-        "involuntary_switches_per_run": _number,
-    }
     NULLABLE: ClassVar[frozenset[str]] = frozenset({"steal_share", "load_1m", "cpu_wait_share", "others_cpu_share"})
 
     @classmethod
@@ -2244,14 +2188,6 @@ class Memory(_StoredSection):
     mapped_resident_mib: float | None = None
     buffer_source: str | None = None
 
-    KINDS: ClassVar[Mapping[str, Callable[[object], object]]] = {
-        "kv_cache_bytes": _count,
-        "peak_rss_bytes": _count,
-        "peak_rss_scope": _text,
-        "rss_mib": _number,
-        **{name: _number for name in MEMORY_FIELDS},
-        "buffer_source": _text,
-    }
     NULLABLE: ClassVar[frozenset[str]] = frozenset({"kv_cache_bytes"})
 
     @classmethod
@@ -2271,7 +2207,7 @@ class Memory(_StoredSection):
 
     def figure(self, name: str) -> float | None:
         """The figure ``name`` (a field: ``rss_mib``, ``kv_mib``...), where it is a number."""
-        value = getattr(self, name, None) if name in self.KINDS else None
+        value = getattr(self, name, None) if name in self.stored_keys() else None
         return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
@@ -2290,16 +2226,6 @@ class Turn(_StoredSection):
     ttft_p95_ms: float | None = None
     tpot_ms: float | None = None
 
-    KINDS: ClassVar[Mapping[str, Callable[[object], object]]] = {
-        "turn": _count,
-        "runs": _count,
-        "prompt_tokens": _count,
-        "evaluated_prompt_tokens": _count,
-        "prompt_reused_tokens": _count,
-        "ttft_p50_ms": _number,
-        "ttft_p95_ms": _number,
-        "tpot_ms": _number,
-    }
     NULLABLE: ClassVar[frozenset[str]] = frozenset({"prompt_tokens", "evaluated_prompt_tokens", "prompt_reused_tokens"})
 
     @classmethod
@@ -2337,18 +2263,6 @@ class PromptSeen(_StoredSection):
     delivered_e2e_ms: float | None = None
     delivered_burst_tokens: int | None = None
 
-    KINDS: ClassVar[Mapping[str, Callable[[object], object]]] = {
-        "prompt_cache": _text,
-        "prompt_tokens": _count,
-        "evaluated_prompt_tokens": _count,
-        "prompt_reused_tokens": _count,
-        "sampler": _text,
-        "turns": _turns,
-        "delivered_items": _count,
-        "delivered_ttft_ms": _number,
-        "delivered_e2e_ms": _number,
-        "delivered_burst_tokens": _count,
-    }
     NULLABLE: ClassVar[frozenset[str]] = (
         frozenset({"prompt_tokens", "evaluated_prompt_tokens", "prompt_reused_tokens"}) | _DELIVERED
     )
@@ -2382,8 +2296,6 @@ class Requests(_StoredSection):
 
     request: tuple[int, ...] | None = None
     prompt_tokens: tuple[int, ...] | None = None
-
-    KINDS: ClassVar[Mapping[str, Callable[[object], object]]] = {"request": _counts, "prompt_tokens": _counts}
 
     @classmethod
     def of(cls, m: Measurement) -> Requests | None:
