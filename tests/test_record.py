@@ -157,7 +157,7 @@ def test_the_stored_form_types_name_every_key_of_the_files_earlier_versions_wrot
 
     typed = {
         "workload": ms.StoredWorkload,
-        "stability": ms.StabilityJson,
+        "stability": ms.Stability,
         "layers": ms.LayersJson,
         "roofline": ms.RooflineJson,
         "memory": ms.Memory,

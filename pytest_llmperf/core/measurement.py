@@ -208,22 +208,6 @@ class SystemDelta:
         return min(1.0, max(0.0, (machine - engine - own) / total))
 
 
-class StabilityJson(TypedDict):
-    """``Stability`` as a record stores it."""
-
-    n_runs: int
-    tpot_cv: float
-    tpot_spread_pct: float
-    ttft_cv: float
-    first_run_slowdown: float | None
-    first_run_ttft_slowdown: float | None
-    first_token_slowdown: float
-    context_slope_us_per_token: float | None
-    context_span: list[int] | None
-    far_runs: list[int]
-    warnings: list[str]
-
-
 @dataclass(frozen=True)
 class Stability:
     """What the runs say about their own steadiness; ``warnings`` are plain-words sentences."""
@@ -240,8 +224,8 @@ class Stability:
     far_runs: tuple[int, ...]  # indices of runs far off the others
     warnings: tuple[str, ...]
 
-    def to_json(self) -> StabilityJson:
-        return cast("StabilityJson", stored_fields(self))
+    def to_json(self) -> dict[str, JSONValue]:
+        return cast("dict[str, JSONValue]", stored_fields(self))
 
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> Stability:
@@ -1077,20 +1061,7 @@ class PhaseAttribution:
     @classmethod
     def from_json(cls, phase: str, d: Mapping[str, Any]) -> PhaseAttribution:
         d = _object(d)
-        kinds = {k: tuple(Slice.from_json(_object(s)) for s in _array(d[k])) for k in KINDS}
-        return cls(
-            phase,
-            kinds["layers"],
-            kinds["ops"],
-            kinds["groups"],
-            _number(d["step_ms"]),
-            _number(d["nodes_ms"]),
-            _number(d["coverage"]),
-            _count(d["nodes"]),
-            _count(d["n_runs"]),
-            _count(d["n_steps"]),
-            Slice.from_json(_object(d["blocks"])) if d.get("blocks") else None,
-        )
+        return _stored_section(cls, {**d, "phase": phase, "blocks": d.get("blocks") or None})
 
 
 @dataclass(frozen=True)
@@ -1252,17 +1223,6 @@ class Agreement:
 _AGREEMENT_FIGURES = ("top1_agreement", "kl_mean", "kl_p99", "kl_max", "greedy_parity")
 
 
-class LengthBucketJson(TypedDict):
-    """``LengthBucket`` as a record stores it."""
-
-    low_tokens: int
-    high_tokens: int
-    n_runs: int
-    ttft_p50_ms: float | None
-    ttft_p95_ms: float | None
-    prefill_p50_ms: float | None
-
-
 @dataclass(frozen=True)
 class LengthBucket:
     """The runs whose prompts had ``low_tokens`` to ``high_tokens`` tokens (both included): their
@@ -1275,25 +1235,13 @@ class LengthBucket:
     ttft_p95_ms: float
     prefill_p50_ms: float | None
 
-    def to_json(self) -> LengthBucketJson:
-        return cast("LengthBucketJson", stored_fields(self))
+    def to_json(self) -> dict[str, JSONValue]:
+        return cast("dict[str, JSONValue]", stored_fields(self))
 
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> LengthBucket:
         """A stored bucket (``to_json``); KeyError, TypeError: not one."""
         return _stored_section(cls, d)
-
-
-class PromptLengthsJson(TypedDict):
-    """``PromptLengths`` as a record stores it (``prompt_lengths``)."""
-
-    rule: str
-    n_runs: int
-    buckets: list[LengthBucketJson]
-    ms_per_prompt_token: float | None
-    native_ms_per_prompt_token: float | None
-    slope_ms_per_token: float | None
-    intercept_ms: float | None
 
 
 @dataclass(frozen=True)
@@ -1312,8 +1260,8 @@ class PromptLengths:
     slope_ms_per_token: float | None
     intercept_ms: float | None
 
-    def to_json(self) -> PromptLengthsJson:
-        return cast("PromptLengthsJson", {**stored_fields(self), "buckets": [b.to_json() for b in self.buckets]})
+    def to_json(self) -> dict[str, JSONValue]:
+        return cast("dict[str, JSONValue]", {**stored_fields(self), "buckets": [b.to_json() for b in self.buckets]})
 
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> PromptLengths:
