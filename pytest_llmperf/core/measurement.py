@@ -1381,8 +1381,8 @@ class Measurement(StoredForm):
 
     @property
     def run_columns(self) -> PerRun:
-        """Each run's value of every ``RUN_COLUMNS`` field all runs have (six significant
-        figures), then the per-run values a file held that are not numbers, as they came."""
+        """Each run's value of every ``RUN_COLUMNS`` field all runs have, then the per-run values a
+        file held that are not finite numbers, as they came."""
         return {**_columns(self.runs, RUN_COLUMNS), **self.unread_runs}  # type: ignore[dict-item]  # as it came
 
     @property
@@ -1429,7 +1429,6 @@ class Measurement(StoredForm):
             for k, v in sections.items()
             if v is not None or k in _ALWAYS or k in self.unread
         }
-        out.update({k: _plain(v) for k, v in self.unread.items() if k not in out})
         out.update({k: _plain(v) for k, v in self.extra.items()})
         return out
 
@@ -1710,7 +1709,7 @@ def _stored_runs(d: Mapping[str, object]) -> tuple[tuple[RunMetrics, ...], dict[
     return tuple(_stored_run(i, columns, itl[i] if itl else ()) for i in range(n)), unread_runs, unread_parts
 
 
-def _stored_median(d: Mapping[str, object], summary: Summary, name: str, runs: Sequence[RunMetrics]) -> float:
+def _stored_median(summary: Summary, name: str, runs: Sequence[RunMetrics]) -> float:
     """A median a record keeps in its ``summary``, else its runs' median, else NaN (a hand-made record)."""
     value = summary.figures.get(name)
     if value is not None:
@@ -1794,7 +1793,7 @@ def _read(cls: type[Measurement], d: Mapping[str, object]) -> Measurement:
     identity = sections.pop("workload", None)
     if not isinstance(identity, StoredWorkload):
         identity = StoredWorkload.from_json({})
-    median = functools.partial(_stored_median, d, summary, runs=runs)
+    median = functools.partial(_stored_median, summary, runs=runs)
     ttfts = sorted(r.ttft_ms for r in runs if not math.isnan(r.ttft_ms))
     return cls(
         engine=_stored_engine(
@@ -1947,7 +1946,6 @@ _WORKLOAD_FIELDS = {f.name: str(f.type) for f in fields(StoredWorkload) if f.nam
 WORKLOAD_KEYS = tuple(k for k in _WORKLOAD_FIELDS if k not in ("runs", "warmup"))
 #: The identity's keys a record writes even where None (``null``).
 _NULLABLE_IDENTITY = frozenset(WORKLOAD_KEYS[:6])
-_KINDS: dict[str, tuple[type, ...]] = {"str": (str,), "int": (int,), "float": (int, float)}
 
 
 def _holds(annotation: str, value: object, key: str) -> bool:
@@ -1955,7 +1953,11 @@ def _holds(annotation: str, value: object, key: str) -> bool:
     holds (a bool is no number); None only where it is written as ``null``."""
     if value is None:
         return key in _NULLABLE_IDENTITY
-    return isinstance(value, _KINDS.get(annotation.split(" ")[0], ())) and not isinstance(value, bool)
+    try:
+        _SCALARS[annotation.split(" ")[0]](value)
+    except (KeyError, TypeError, ValueError):
+        return False
+    return True
 
 
 def workload_changes(a: Mapping[str, object], b: Mapping[str, object]) -> list[str]:
