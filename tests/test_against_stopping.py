@@ -131,6 +131,21 @@ def test_which_comparisons_need_more_pairs() -> None:
     assert pairs_settled([rate, still]) is not None
 
 
+def test_a_tail_regression_does_not_stop_a_time_metric_that_more_pairs_would_decide() -> None:
+    """ITL p95 REGRESSION with its whole CI beyond, and TPOT INCONCLUSIVE at 7.4x with its whole
+    CI beyond 5% (its p short of this look's alpha): the pairs go on until TPOT is decided too (a
+    shared runner's fresh-clone run, the wrapper's test in tests/test_against.py)."""
+    itl = comparison(Verdict.REGRESSION, 4.6, 8.9)
+    tpot = comparison(Verdict.INCONCLUSIVE, 4.5, 12.2, worth=True)
+    assert pairs_settled([tpot, itl]) is None
+    decided = comparison(Verdict.REGRESSION, 4.5, 12.2)
+    assert pairs_settled([decided, itl]) == "decode TPOT REGRESSION, its whole CI beyond 5%"
+    # An INCONCLUSIVE that more pairs would not decide does not hold the stop back.
+    assert pairs_settled([comparison(Verdict.INCONCLUSIVE, 4.5, 12.2), itl]) is not None
+    # Nor does an INCONCLUSIVE whose CI reaches into the threshold.
+    assert pairs_settled([comparison(Verdict.INCONCLUSIVE, 0.9, 1.2, worth=True), itl]) is not None
+
+
 def test_an_equivalence_shown_by_the_looks_95_percent_ci_stops_the_pairs() -> None:
     """The equivalence stop reads the look's 95% CI, not the repeated one printed (6 looks: 98.6%,
     wider): an UNCHANGED whose printed CI reaches past 5% but whose 95% CI lies within +-5% and

@@ -529,6 +529,11 @@ def _worse_low(c: Comparison) -> float | None:
     return 1.0 / c.ci_high if c.higher_is_better else c.ci_low
 
 
+def _beyond(c: Comparison) -> bool:
+    """Its whole CI lies beyond its threshold, in the worse direction."""
+    return (low := _worse_low(c)) is not None and low > 1.0 + c.threshold
+
+
 def needs_more_pairs(c: Comparison, cap: int | None = None, looks: int = 1) -> str | None:
     """Why one judged comparison of a look (``judged_pairs``) needs more pairs, or None when more
     pairs would not change what it says (docs/against.md, "When the pairs stop"):
@@ -551,7 +556,7 @@ def needs_more_pairs(c: Comparison, cap: int | None = None, looks: int = 1) -> s
     percent could hide in it; an INCONCLUSIVE that more pairs may decide) it says why. ``looks``:
     the measurement's looks, whose repeated CI (``repeated_level``) the projection to the cap takes."""
     if c.verdict is Verdict.REGRESSION:
-        if (low := _worse_low(c)) is None or low > 1.0 + c.threshold:
+        if _worse_low(c) is None or _beyond(c):
             return None
         return "a REGRESSION whose CI reaches into the threshold"
     if c.verdict is Verdict.IMPROVED:
@@ -616,11 +621,13 @@ def pairs_settled(
     and more pairs would not bring the change back within it), or every judged comparison
     settled (``needs_more_pairs``, with the measurement's ``cap`` of pairs; an UNCHANGED also
     when its 95% CI of this look in ``at_95`` lies within the threshold: ``equivalent``). The cap
-    stops the pairs apart from this."""
+    stops the pairs apart from this. A REGRESSION does not stop them while another comparison is
+    INCONCLUSIVE with its whole CI beyond its threshold and more pairs may decide it (its p short
+    of this look's alpha): the ITL p95's REGRESSION would leave the TPOT it names undecided."""
     judged = [c for c in comparisons if c.mirror_of is None]
+    pending = any(c.verdict is Verdict.INCONCLUSIVE and _beyond(c) and needs_more_pairs(c, cap, looks) for c in judged)
     for c in judged:
-        beyond = (low := _worse_low(c)) is not None and low > 1.0 + c.threshold
-        if c.verdict is Verdict.REGRESSION and beyond:
+        if c.verdict is Verdict.REGRESSION and _beyond(c) and not pending:
             return f"{c.phase} {c.label} REGRESSION, its whole CI beyond {c.threshold:.0%}"
     shown = {c.metric: c for c in at_95}
     if any(needs_more_pairs(c, cap, looks) and not (shown and equivalent(c, shown.get(c.metric))) for c in judged):
