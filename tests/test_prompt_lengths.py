@@ -287,7 +287,10 @@ def test_set():
 def test_the_html_report_shows_ttft_against_prompt_length_for_both_sides(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_suite=SUITE.format(requests=REQUESTS))
     run(pytester, "--llmperf-update-baselines").assert_outcomes(passed=1)
-    result = run(pytester, "--llmperf-html", "r.html", "--llmperf-json", "r.json", "-rP")
+    # The chart is what this test is about: two sessions' noise on a busy machine (ITL p95 of
+    # 3-token runs read +45% between two sessions of the same code) is the gate's tests' concern.
+    wide = ("--llmperf-threshold=0.5", "--llmperf-tail-threshold=2.0")
+    result = run(pytester, "--llmperf-html", "r.html", "--llmperf-json", "r.json", "-rP", *wide)
     result.assert_outcomes(passed=1)
     page = (pytester.path / "r.html").read_text(encoding="utf-8")
     assert "TTFT against prompt length, now vs baseline" in page
