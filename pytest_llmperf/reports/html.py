@@ -17,7 +17,6 @@ import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from html import escape
 from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,13 +43,12 @@ from .session_file import (
     against_agreement_rows,
     against_of,
     agreement_rows,
-    change_cells,
+    comparison_cells,
     comparison_headers,
     detects_cell,
-    metric_label,
     summary_values,
 )
-from .text import length_note, length_rows, load_state_rows, memory_rows
+from .text import REPLAYED_OVER, length_note, length_rows, load_state_rows, memory_rows, trace_rows
 from .where import (
     ATTRIBUTION_HEADERS,
     LEGEND,
@@ -216,23 +214,14 @@ def _budget_badge(result: Outcome, key: str, limit: float, value: float | None) 
 
 def _comparison_rows(comparisons: Sequence[Comparison], paired: bool = False) -> list[list[str]]:
     """``paired`` (against ``--llmperf-against``'s REF): the ratio this tree / REF and its CI."""
-    rows = []
-    for c in comparisons:
-        change, ci = change_cells(c, paired)
-        p = c.p_adjusted if c.p_adjusted is not None else c.p_value
-        rows.append(
-            [
-                _e(metric_label(c.label, c.phase, c.unit)),
-                _e(fmt(c.baseline_value)),
-                _e(fmt(c.candidate_value)),
-                _e(change),
-                _e(ci),
-                "n/a" if p is None else _e(f"{p:.3g}"),
-                f'<span title="{_e(c.reason)}">{badge(c.verdict)}</span>',
-                f'<span title="{_e(c.reach())}">{_e(detects_cell(c))}</span>',
-            ]
-        )
-    return rows
+    return [
+        [
+            *map(_e, comparison_cells(c, paired)),
+            f'<span title="{_e(c.reason)}">{badge(c.verdict)}</span>',
+            f'<span title="{_e(c.reach())}">{_e(detects_cell(c))}</span>',
+        ]
+        for c in comparisons
+    ]
 
 
 #: The figures (``catalog.FIGURES``: label, unit; values from the record's ``summary``) of an
@@ -403,20 +392,8 @@ def _memory_table(record: Measurement) -> list[str]:
 def _trace_table(record: Measurement) -> list[str]:
     """A replayed trace's summary (the stored ``load.trace``): its requests, span and pace, and
     how late the client sent them against their schedule (its own lag)."""
-    t = record.load.trace if record.load is not None else None
-    if t is None:
-        return []
-    n = f"{t.n_requests} requests"
-    rows = [
-        ("trace", "", f"{n} over {fmt(t.span_s)} s", f"replayed at {t.speed:g}x"),
-        (
-            "client send lag p50 / max (sent - scheduled)",
-            "ms",
-            f"{fmt(t.send_lag_p50_ms)} / {fmt(t.send_lag_max_ms)}",
-            n,
-        ),
-    ]
-    return [_table(("trace replay, open loop", "unit", "value", "sample"), rows)]
+    rows = [r for r in trace_rows(record.load.trace if record.load is not None else None) if r[0] != REPLAYED_OVER]
+    return [_table(("trace replay, open loop", "unit", "value", "sample"), rows)] if rows else []
 
 
 def _lengths_table(record: Measurement) -> list[str]:
@@ -489,16 +466,8 @@ def _by_request_plot(index: int, result: Outcome, by_request: Mapping[str, Any] 
 
 def _trend_plot(index: int, trend: Sequence[Mapping[str, object]]) -> list[str]:
     """The history's recent sessions of this test (``history.series.attach``), when there are any."""
-    if not trend:
-        return []
-    return [
-        _chart_html(
-            "trend",
-            "Recent trend: level per session with its 95% CI (the last is this session); dashed: change points",
-            charts.render(trend_chart, trend),
-            f"t{index}tr-",
-        )
-    ]
+    caption = "Recent trend: level per session with its 95% CI (the last is this session); dashed: change points"
+    return [_chart_html("trend", caption, charts.render(trend_chart, trend), f"t{index}tr-")] if trend else []
 
 
 def summary_section(results: Sequence[Outcome], created_at: str | None) -> str:
@@ -538,7 +507,7 @@ def _summary_row(i: int, r: Outcome) -> list[str]:
         f'<a href="#test-{i}">{_e(r.test)}</a>',
         test_badge(r),
         _e(r.budget),
-        *("n/a" if s.get(f.key) is None else _e(fmt(s[f.key])) for f in HEADLINE),
+        *(_e(fmt_or(s.get(f.key))) for f in HEADLINE),
         _e(", ".join((r.verdict or NOT_COMPARED).changes)) or "-",
     ]
 
@@ -553,25 +522,16 @@ def _changed_list(results: Sequence[Outcome]) -> str:
 
 def _summary_charts(results: Sequence[Outcome]) -> list[str]:
     """The session-wide charts: the served load curve and the largest changes, when there are any."""
-    parts = []
-    curve = load_curve(results)
-    if curve:
-        parts.append(
-            _chart_html(
-                "load-curve",
-                "Served load: throughput against per-request latency, one point per load level (label: concurrency)",
-                curve,
-                "load-",
-            )
-        )
-    overview = key_chart(results)
-    if overview:
-        parts.append(
-            _chart_html(
-                "change-overview", "Largest changes with 95% CI (colour and label: verdict)", overview, "summary-"
-            )
-        )
-    return parts
+    drawn = (
+        (
+            "load-curve",
+            "Served load: throughput against per-request latency, one point per load level (label: concurrency)",
+            load_curve(results),
+            "load-",
+        ),
+        ("change-overview", "Largest changes with 95% CI (colour and label: verdict)", key_chart(results), "summary-"),
+    )
+    return [_chart_html(fig_id, caption, svg, prefix) for fig_id, caption, svg, prefix in drawn if svg]
 
 
 def key_chart(results: Sequence[Outcome]) -> str | None:
@@ -757,13 +717,7 @@ def _worker() -> None:
     trends = job.get("trends") or {}
     against = job.get("against") or ""
     pairs = job.get("by_request") or {}
-    json.dump(
-        [
-            test_section(job["start"] + i, r, trends.get(r.test, ()), against, pairs.get(r.test))
-            for i, r in enumerate(results)
-        ],
-        sys.stdout,
-    )
+    json.dump(_sections_here(job["start"], results, trends, against, pairs), sys.stdout)
 
 
 def against_section(results: Sequence[Outcome], against: Mapping[str, Any] | None = None) -> str:
@@ -778,11 +732,11 @@ def against_section(results: Sequence[Outcome], against: Mapping[str, Any] | Non
     pairs = [r for r in results if r.reference and r.verdict is not None]
     outputs = _against_agreement(results)
     return (
-        '<section id="against">' + f"<h2>Judged against REF {escape(described)}</h2>"
+        '<section id="against">' + f"<h2>Judged against REF {_e(described)}</h2>"
         f'<p class="notes">{len(pairs)} of {len(results)} measurement(s) compared with REF\'s runs interleaved '
         "pair by pair in this session (seeded AB/BA order, warm-ups on both sides); each ratio is this tree / "
         "REF with its 95% CI (Wilcoxon); baselines were neither read nor written.</p><dl>"
-        + "".join(f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>" for k, v in items)
+        + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in items)
         + "</dl>"
         + outputs
         + "</section>"

@@ -35,7 +35,7 @@ from ..judge.regression import carry_history
 from ..judge.result import Outcome, ResultError
 from ..judge.verdict import BaselineStatus, Comparison, Shown, Verdict, fmt_ratio
 from ..measuring.interleave import Interleaved, turns
-from .text import fit_table, metrics_table, short_ids, wrap_text
+from .text import fit_table, metrics_table, short_ids, span_text, wrap_text
 from .where import LEGEND, Explained, explained, moved, part_cells
 
 SESSION_SCHEMA = "pytest-llmperf/session"
@@ -238,26 +238,22 @@ def summary_values(r: Outcome) -> Mapping[str, Any]:
     return (r.record.summary if r.record else None) or (r.figures.values() if r.figures is not None else {})
 
 
+def comparison_cells(c: Comparison, paired: bool) -> list[str]:
+    """A comparison's cells from its metric to p (the terminal, Markdown and HTML tables'):
+    both sides' figures, the change and its CI (``change_cells``), p (Holm's where adjusted)."""
+    p = c.p_adjusted if c.p_adjusted is not None else c.p_value
+    figures = [metric_label(c.label, c.phase, c.unit), fmt(c.baseline_value), fmt(c.candidate_value)]
+    return [*figures, *change_cells(c, paired), "n/a" if p is None else f"{p:.3g}"]
+
+
 def comparison_rows(results: Iterable[Outcome]) -> list[list[str]]:
     results = list(results)
     paired = bool(against_of(results))
-    rows = []
-    for r in results:
-        for c in _comparisons(r):
-            p = c.p_adjusted if c.p_adjusted is not None else c.p_value
-            rows.append(
-                [
-                    r.test,
-                    metric_label(c.label, c.phase, c.unit),
-                    fmt(c.baseline_value),
-                    fmt(c.candidate_value),
-                    *change_cells(c, paired),
-                    "n/a" if p is None else f"{p:.3g}",
-                    c.verdict.value,
-                    detects_cell(c),
-                ]
-            )
-    return rows
+    return [
+        [r.test, *comparison_cells(c, paired), c.verdict.value, detects_cell(c)]
+        for r in results
+        for c in _comparisons(r)
+    ]
 
 
 def comparison_table(results: Iterable[Outcome], columns: Sequence[str] | None = None, width: int | None = None) -> str:
@@ -324,7 +320,7 @@ def against_line(results: Sequence[Outcome], against: Mapping[str, Any] | None =
     if not described:
         return None
     pairs = sorted(r.verdict.pairs for r in results if r.reference and r.verdict is not None)
-    span = "no" if not pairs else _span(pairs[0], pairs[-1])
+    span = "no" if not pairs else span_text(pairs[0], pairs[-1])
     who = _sides_text(against.get("sides") or {})
     return (
         f"Judged against REF `{described}`: {len(pairs)} of {len(results)} measurement(s) compared with REF's "
@@ -332,11 +328,6 @@ def against_line(results: Sequence[Outcome], against: Mapping[str, Any] | None =
         + (f"; {who}" if who else "")
         + ". Baselines were neither read nor written."
     )
-
-
-def _span(low: int, high: int) -> str:
-    """``12`` or ``8-20``: how many pairs the compared measurements took."""
-    return str(low) if low == high else f"{low}-{high}"
 
 
 def _sides_text(sides: Mapping[str, Mapping[str, object]]) -> str:

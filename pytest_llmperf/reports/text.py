@@ -28,7 +28,6 @@ from ..core.settings import DEFAULT_SUMMARY_COLUMNS
 if TYPE_CHECKING:
     from ..core.measurement import (
         LayerProfile,
-        LengthBucket,
         LoadStats,
         Measurement,
         Memory,
@@ -49,9 +48,7 @@ LOAD_METRICS = tuple(m for m in catalog.METRICS.values() if m.load_stat)
 def _load_stat(s: LoadStats, metric: catalog.Metric) -> LatencyStats | None:
     """The load test's latency statistics of one of ``LOAD_METRICS`` (None: a level read from a
     file, which keeps its p50 and p99 only: ``_p50_p99``)."""
-    assert metric.load_stat is not None
-    stats: LatencyStats | None = getattr(s, metric.load_stat)
-    return stats
+    return getattr(s, metric.load_stat or "")
 
 
 def _p50_p99(s: LoadStats, metric: catalog.Metric) -> str:
@@ -93,16 +90,9 @@ def figure_rows() -> dict[str, tuple[str, ...]]:
     placed = {name for r in FIGURE_ROWS for name in r}
     for name, f in FIGURES.items():
         if f.metric is not None and name not in placed:
-            rows.setdefault(_host_row(rows, name), []).append(name)
+            same = (k for k in rows if (FIGURES[k].metric, FIGURES[k].pooled_tokens) == (f.metric, f.pooled_tokens))
+            rows.setdefault(next(same, name), []).append(name)
     return {k: tuple(v) for k, v in rows.items()}
-
-
-def _host_row(rows: Mapping[str, Sequence[str]], name: str) -> str:
-    """The first row of the figure's metric and sample (runs or pooled tokens); the figure's
-    own name (a row of its own) when there is none."""
-    f = FIGURES[name]
-    same = (k for k in rows if (FIGURES[k].metric, FIGURES[k].pooled_tokens) == (f.metric, f.pooled_tokens))
-    return next(same, name)
 
 
 def _shown(m: Measurement, phase: str) -> bool:
@@ -302,7 +292,7 @@ def length_rows(lengths: PromptLengths | None) -> list[Row]:
         return []
     rows: list[Row] = []
     for b in lengths.buckets:
-        runs, name = f"{b.n_runs} runs", _bucket_name(b)
+        runs, name = f"{b.n_runs} runs", span_text(b.low_tokens, b.high_tokens)
         ttft = f"{fmt_or(b.ttft_p50_ms)} / {fmt_or(b.ttft_p95_ms)}"
         rows.append((f"TTFT median / p95, prompt {name} tokens", "ms", ttft, runs))
         if b.prefill_p50_ms is not None:
@@ -320,9 +310,8 @@ def length_rows(lengths: PromptLengths | None) -> list[Row]:
     return rows + [(label, "ms/token", fmt(value), sample) for label, value, sample in per_token if value is not None]
 
 
-def _bucket_name(b: LengthBucket) -> str:
-    """``64`` for one length, ``64-127`` for a range."""
-    low, high = b.low_tokens, b.high_tokens
+def span_text(low: int, high: int) -> str:
+    """``64`` for one value (a prompt length, a count of pairs), ``64-127`` for a range."""
     return str(low) if low == high else f"{low}-{high}"
 
 
@@ -619,6 +608,10 @@ def load_rows(m: Measurement) -> list[tuple[str, str, str, str]]:
     return rows + server_rows(s.server)
 
 
+#: ``trace_rows``' row of the schedule's length (the HTML report's trace table has none).
+REPLAYED_OVER = "trace replayed over"
+
+
 def trace_rows(trace: TraceReplay | None) -> list[tuple[str, str, str, str]]:
     """A trace replay's length and pace, and how late the client sent its requests against
     their schedule (the client's own lag): rows for the per-test table."""
@@ -628,7 +621,7 @@ def trace_rows(trace: TraceReplay | None) -> list[tuple[str, str, str, str]]:
     lag = f"{fmt(trace.send_lag_p50_ms)} / {fmt(trace.send_lag_max_ms)}"
     return [
         ("trace", "", f"{trace.n_requests} requests over {fmt(trace.span_s)} s", f"replayed at {trace.speed:g}x"),
-        *([("trace replayed over", "s", fmt(trace.scheduled_s[-1]), n)] if trace.scheduled_s else []),
+        *([(REPLAYED_OVER, "s", fmt(trace.scheduled_s[-1]), n)] if trace.scheduled_s else []),
         ("client send lag p50 / max (sent - scheduled)", "ms", lag, n),
     ]
 
@@ -661,23 +654,11 @@ def server_rows(server: ServerSide | None) -> list[tuple[str, str, str, str]]:
         ]
     m = server.metrics or {}
     if "prompt_tokens_total" in m and "tokens_predicted_total" in m:
-        out.append(
-            (
-                "server /metrics: prompt / generated tokens",
-                "tokens",
-                f"{m['prompt_tokens_total']:.0f} / {m['tokens_predicted_total']:.0f}",
-                "this level",
-            )
-        )
+        tokens = f"{m['prompt_tokens_total']:.0f} / {m['tokens_predicted_total']:.0f}"
+        out.append(("server /metrics: prompt / generated tokens", "tokens", tokens, "this level"))
     if server.tokens_per_decode is not None:
-        out.append(
-            (
-                "server /metrics: tokens per decode call",
-                "",
-                fmt(server.tokens_per_decode),
-                f"{m['n_decode_total']:.0f} decode calls",
-            )
-        )
+        calls = f"{m['n_decode_total']:.0f} decode calls"
+        out.append(("server /metrics: tokens per decode call", "", fmt(server.tokens_per_decode), calls))
     return out
 
 
@@ -709,8 +690,11 @@ def overhead_lines(rows: Iterable[Mapping[str, object]]) -> list[str]:
     (report rows) in the session summary: both TTFT and TPOT medians and the server's added
     latency per token (TPOT served minus TPOT in process), the figure users ask for."""
     ttft, tpot = METRICS["ttft_ms"], METRICS["tpot_ms"]
+    by_test: dict[str, list[Mapping[str, Any]]] = defaultdict(list)  # by test function: the id without parameters
+    for row in rows:
+        by_test[str(row.get("test", "")).split("[", 1)[0]].append(row)
     lines = []
-    for test, group in _by_test_function(rows).items():
+    for test, group in by_test.items():
         local = [r for r in group if r.get("engine") == "llama.cpp" and r.get(tpot.name) is not None]
         served = [r for r in group if str(r.get("engine", "")).startswith("http") and r.get(tpot.name) is not None]
         if local and served:
@@ -721,14 +705,6 @@ def overhead_lines(rows: Iterable[Mapping[str, object]]) -> list[str]:
                 f"{b[ttft.name] - a[ttft.name]:+.3g} {ttft.unit} {ttft.label}"
             )
     return lines
-
-
-def _by_test_function(rows: Iterable[Mapping[str, object]]) -> dict[str, list[Mapping[str, Any]]]:
-    """Summary rows by their test function (the test id without its parameters)."""
-    by_test: dict[str, list[Mapping[str, object]]] = defaultdict(list)
-    for row in rows:
-        by_test[str(row.get("test", "")).split("[", 1)[0]].append(row)
-    return by_test
 
 
 def _ttft_tpot(r: Mapping[str, Any]) -> str:
@@ -760,31 +736,21 @@ def layer_rows(layers: LayerProfile, markdown: bool = False) -> tuple[list[str],
     pre, dec = layers.prefill, layers.decode
     widest = max(dec.share) if dec.share else 0.0
     outliers = set(pre.outliers) | set(dec.outliers)
-    rows = []
-    for i, name in enumerate(dec.names):
-        rows.append(
-            [
-                name,
-                fmt(pre.median_ms[i]),
-                f"{pre.share[i]:.1%}",
-                fmt(dec.median_ms[i]),
-                f"{dec.share[i]:.1%}",
-                _bar(dec.share[i], widest, markdown),
-                "OUTLIER" if name in outliers else "",
-            ]
-        )
-    headers = ["segment", "prefill ms", "share", "decode ms/token", "share", "decode share", "flag"]
-    return headers, rows
+    rows = [
+        [name, fmt(pre.median_ms[i]), f"{pre.share[i]:.1%}", fmt(dec.median_ms[i]), f"{dec.share[i]:.1%}"]
+        + [_bar(dec.share[i], widest, markdown), "OUTLIER" if name in outliers else ""]
+        for i, name in enumerate(dec.names)
+    ]
+    return ["segment", "prefill ms", "share", "decode ms/token", "share", "decode share", "flag"], rows
 
 
 def layer_summary(layers: LayerProfile) -> list[str]:
-    lines = []
-    for p in (layers.prefill, layers.decode):
-        lines.append(
-            f"{p.phase}: {len(p.names) - 1} layers + output head cover {p.coverage:.1%} of the "
-            f"instrumented step (median over {p.n_steps} steps in {p.n_runs} runs; step median "
-            f"{fmt(p.step_ms)} ms, segment medians sum to {fmt(sum(p.median_ms))} ms)"
-        )
+    lines = [
+        f"{p.phase}: {len(p.names) - 1} layers + output head cover {p.coverage:.1%} of the "
+        f"instrumented step (median over {p.n_steps} steps in {p.n_runs} runs; step median "
+        f"{fmt(p.step_ms)} ms, segment medians sum to {fmt(sum(p.median_ms))} ms)"
+        for p in (layers.prefill, layers.decode)
+    ]
     pairs = (("prefill", layers.prefill_overhead_ratio), ("decode", layers.decode_overhead_ratio))
     ratios = [f"{name} {ratio:.3f}x" for name, ratio in pairs if ratio is not None]
     if ratios:
