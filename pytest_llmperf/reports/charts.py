@@ -401,12 +401,8 @@ def change_overview(results: Sequence[Outcome]) -> Figure:
 def _ranked_comparisons(results: Sequence[Outcome]) -> list[tuple[str, Comparison]]:
     """Every (test, comparison), the most notable first: by verdict (``VERDICT_ORDER``), then
     by the size of the change."""
-    rows = []
-    for r in results:
-        for c in r.verdict.comparisons if r.verdict is not None else ():
-            rows.append((VERDICT_ORDER.index(c.verdict), -abs(c.ratio - 1), r.test, c))
-    rows.sort(key=lambda row: row[:2])
-    return [(test, c) for _, _, test, c in rows]
+    rows = [(r.test, c) for r in results for c in (r.verdict.comparisons if r.verdict is not None else ())]
+    return sorted(rows, key=lambda row: (VERDICT_ORDER.index(row[1].verdict), -abs(row[1].ratio - 1)))
 
 
 def _change_row(ax: Axes, y: int, c: Comparison) -> None:
@@ -482,9 +478,7 @@ def throughput_latency(results: Sequence[Outcome]) -> Figure:
 
 def section(results: Sequence[Outcome]) -> str | None:
     """The curve's SVG, or None when no result is a load test."""
-    if not curves(results):
-        return None
-    return render(throughput_latency, results)
+    return render(throughput_latency, results) if curves(results) else None
 
 
 #: A part's colour on the parts chart, by what it is (``catalog.PARTS``): tokenization,

@@ -190,15 +190,8 @@ def _budget_rows(result: Outcome) -> list[list[str]]:
     rows = []
     for key, limit in sorted(result.budgets.items()):
         value = budget_value(result.record, key) if result.record else figures.get(BUDGET_FIGURES.get(key, ""))
-        floor = key in BUDGETS and not is_ceiling(key)
-        rows.append(
-            [
-                _e(key),
-                ("&ge; " if floor else "&le; ") + _e(fmt(limit)),
-                "n/a" if value is None else _e(fmt(value)),
-                _budget_badge(result, key, limit, value),
-            ]
-        )
+        bound = "&ge; " if key in BUDGETS and not is_ceiling(key) else "&le; "  # a floor, else a ceiling
+        rows.append([_e(key), bound + _e(fmt(limit)), _e(fmt_or(value)), _budget_badge(result, key, limit, value)])
     return rows
 
 
@@ -621,11 +614,8 @@ def ab_section(ab: Sequence[Mapping[str, object]]) -> str:
     the paired ratios, the output agreement and every budget's outcome; "" without any."""
     if not ab:
         return ""
-    parts = ['<section id="ab">', "<h2>A/B comparisons</h2>"]
-    for n, e in enumerate(ab):
-        parts += _ab_div(n, e)
-    parts.append("</section>")
-    return "\n".join(parts)
+    divs = [line for n, e in enumerate(ab) for line in _ab_div(n, e)]
+    return "\n".join(['<section id="ab">', "<h2>A/B comparisons</h2>", *divs, "</section>"])
 
 
 def _ab_div(n: int, e: Mapping[str, Any]) -> list[str]:
@@ -646,11 +636,8 @@ def _ab_div(n: int, e: Mapping[str, Any]) -> list[str]:
         parts.append(_table(("output agreement", "value"), agreement))
     budgets = ab_budget_lines(e)
     if budgets:
-        parts.append(
-            '<ul class="notes">'
-            + "".join(f"<li>{_ab_badge(status)} {_e(line)}</li>" for status, line in budgets)
-            + "</ul>"
-        )
+        items = "".join(f"<li>{_ab_badge(status)} {_e(line)}</li>" for status, line in budgets)
+        parts.append(f'<ul class="notes">{items}</ul>')
     parts.append("</div>")
     return parts
 
@@ -674,10 +661,14 @@ def render_html(
     decisions = (against or {}).get("decisions") or ()
     pairs = {str(d.get("test")): d["by_request"] for d in decisions if isinstance(d, Mapping) and d.get("by_request")}
     body += test_sections(results, workers, trends, ref, pairs)
+    return _page(title, body, '<meta name="viewport" content="width=device-width, initial-scale=1">')
+
+
+def _page(title: str, body: Iterable[str], head: str = "") -> str:
+    """A whole page: ``title`` its title and heading, ``head`` more of its head, the non-empty
+    parts of ``body`` a line each."""
     return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{_e(title)}</title>"
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">{head}<title>{_e(title)}</title>'
         f"<style>{CSS}</style></head><body><main><h1>{_e(title)}</h1>\n"
         + "\n".join(filter(None, body))
         + "\n</main></body></html>\n"
@@ -782,12 +773,7 @@ def history_page(series: Sequence[Series]) -> str:
             + "".join(f"<pre>{html.escape(title(s))}\n{html.escape(table(s, found[id(s)]))}</pre>" for s in members)
             + "</section>"
         )
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>pytest-llmperf history</title>'
-        f"<style>{CSS}</style></head><body><main><h1>pytest-llmperf history</h1>\n"
-        + "\n".join(body)
-        + "\n</main></body></html>\n"
-    )
+    return _page("pytest-llmperf history", body)
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--worker"]:

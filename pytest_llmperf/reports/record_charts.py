@@ -369,8 +369,7 @@ def ttft_by_length(
         lengths = np.unique(x)
         ax.plot(lengths, [float(np.median(y[x == n])) for n in lengths], color=colour, lw=1.3)
     limits = [budgets[key] for key in METRICS["ttft_ms"].budget_keys if key in budgets]
-    for key in (k for k in METRICS["ttft_ms"].budget_keys if k in budgets):
-        _budget_line(ax, key, budgets[key], budgets[key])
+    _budget_lines(ax, METRICS["ttft_ms"].budget_keys, (), budgets)
     xs = np.concatenate([x for _, (x, _), _, _ in sides])
     ys = np.concatenate([*(y for _, (_, y), _, _ in sides), limits])  # the axis reaches the budgets
     for axis, values, scale in ((ax.xaxis, xs, ax.set_xscale), (ax.yaxis, ys, ax.set_yscale)):
@@ -396,9 +395,9 @@ def ttft_by_request(pairs: Mapping[str, Any], budgets: Mapping[str, float]) -> F
 def request_sides(pairs: Mapping[str, Any] | None) -> tuple[Measurement, Measurement]:
     """REF's and this tree's runs of ``by_request`` as records' ``requests`` and ``runs`` (what
     ``ttft_by_length`` reads)."""
-    sides = [(pairs or {}).get(name) for name in ("REF", "current")]
     ref, current = (
-        Measurement.read({"requests": side, "runs": side} if isinstance(side, Mapping) else {}) for side in sides
+        Measurement.read({"requests": side, "runs": side} if isinstance(side, Mapping) else {})
+        for side in ((pairs or {}).get(name) for name in ("REF", "current"))
     )
     return ref, current
 

@@ -299,12 +299,7 @@ def undecided_lines(results: Iterable[Outcome], *, short: bool = False) -> list[
 
 def budget_failures(results: Iterable[Outcome]) -> list[str]:
     """``test: breach; breach`` for every measurement over one of its budgets."""
-    out = []
-    for r in results:
-        if r.over_budget:
-            detail = "; ".join(r.budget_failures) or "over budget"
-            out.append(f"{r.test}: {detail}")
-    return out
+    return [f"{r.test}: {'; '.join(r.budget_failures) or 'over budget'}" for r in results if r.over_budget]
 
 
 def regression_lines(results: Iterable[Outcome]) -> list[str]:
@@ -388,9 +383,7 @@ def _figures_table(
     if not rows:
         return []
     out = ["", f"### {title}", "", *_md_head(["test", *(label for _, label in columns)])]
-    return out + [
-        "| " + " | ".join([md_code(test), *(cell(f.get(key)) for key, _ in columns)]) + " |" for test, f in rows
-    ]
+    return out + [_md_row([md_code(test), *(cell(f.get(key)) for key, _ in columns)]) for test, f in rows]
 
 
 def turns_of(prompt: PromptSeen | None) -> tuple[Turn, ...]:
@@ -407,7 +400,7 @@ def memory_lines(results: Iterable[Outcome]) -> list[str]:
     headers = ["test", *(f"{FIGURES[k].label} {FIGURES[k].unit}".strip() or k for k in MEMORY_FIGURES)]
     headers[-1] = "model loads"
     out = ["", "### Memory and start-up", "", *_md_head(headers)]
-    return out + ["| " + " | ".join([md_code(test), *_memory_cells(f)]) + " |" for test, f in rows]
+    return out + [_md_row([md_code(test), *_memory_cells(f)]) for test, f in rows]
 
 
 def _memory_cells(f: Mapping[str, Any]) -> list[str]:
@@ -526,7 +519,7 @@ def _ab_headline(results: Sequence[Outcome], ab: Sequence[Mapping[str, object]])
 
 def _md_head(headers: Sequence[str]) -> list[str]:
     """A Markdown table's header and rule (the headers as they are)."""
-    return ["| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
+    return [_md_row(headers), "|" + " --- |" * len(headers)]
 
 
 def _results_table(results: Sequence[Outcome], judged: str | None) -> list[str]:
@@ -540,7 +533,7 @@ def _results_table(results: Sequence[Outcome], judged: str | None) -> list[str]:
         s = summary_values(r)
         short = "not compared" if r.verdict is None or (judged and not r.reference) else r.verdict.short
         cells = [md_code(r.test), *(fmt_or(s.get(f.key)) for f in HEADLINE), r.budget, short]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(_md_row(cells))
     return lines
 
 
@@ -567,10 +560,7 @@ def _agreement_section(results: Sequence[Outcome]) -> list[str]:
 def _comparisons_section(results: Sequence[Outcome]) -> list[str]:
     """Every baseline (or REF) comparison, one row each."""
     rows = comparison_rows(results)
-    if not rows:
-        return []
-    lines = ["", "### Comparisons", "", *_md_head(list(comparison_headers(results)))]
-    return lines + ["| " + " | ".join(md_cell(c) for c in row) + " |" for row in rows]
+    return ["", "### Comparisons", "", *_md_table(comparison_headers(results), rows)] if rows else []
 
 
 def where_markdown_lines(entries: Sequence[Explained]) -> list[str]:
@@ -627,8 +617,8 @@ def _ab_row(c: Mapping[str, Any], budgets: Sequence[Mapping[str, Any]]) -> list[
     p = c.get("p_value")
     return [
         metric_label(c["label"], c["phase"], c["unit"]),
-        "n/a" if c.get("a_median") is None else fmt(c["a_median"]),
-        "n/a" if c.get("b_median") is None else fmt(c["b_median"]),
+        fmt_or(c.get("a_median")),
+        fmt_or(c.get("b_median")),
         _ab_num(c.get("ratio")),
         f"{_ab_num(lo)}..{_ab_num(hi)}",
         "n/a" if p is None else f"{p:.3g}",
@@ -699,13 +689,13 @@ def md_code(text: str) -> str:
 
 
 def _md_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    cell = md_cell
+    """A Markdown table, every cell escaped (``md_cell``)."""
+    return [*_md_head(list(map(md_cell, headers))), *(_md_row(map(md_cell, row)) for row in rows)]
 
-    return [
-        "| " + " | ".join(cell(h) for h in headers) + " |",
-        "|" + " --- |" * len(headers),
-        *("| " + " | ".join(cell(c) for c in row) + " |" for row in rows),
-    ]
+
+def _md_row(cells: Iterable[str]) -> str:
+    """A Markdown table's row of ``cells`` as they are."""
+    return "| " + " | ".join(cells) + " |"
 
 
 def ab_markdown_lines(ab: Sequence[Mapping[str, object]]) -> list[str]:

@@ -330,11 +330,8 @@ def _serving_rows(m: Measurement) -> list[tuple[str, str, str, str]]:
     rows = load_rows(m) if m.load is not None else []
     if m.engine.endpoint:  # served: what the server's prompt cache was allowed to do
         rows.append(("prompt cache", "", m.asked.served_cache_note, ""))
-    if m.engine.load_ms is not None:
-        rows.append(("model load (wall)", "ms", fmt(m.engine.load_ms), "this engine's 1 load"))
-    if m.engine.native_load_ms is not None:
-        rows.append(("model load (llama.cpp)", "ms", fmt(m.engine.native_load_ms), "this engine's 1 load"))
-    return rows
+    loads = (("model load (wall)", m.engine.load_ms), ("model load (llama.cpp)", m.engine.native_load_ms))
+    return rows + [(label, "ms", fmt(ms), "this engine's 1 load") for label, ms in loads if ms is not None]
 
 
 def _breakdowns(m: Measurement, found: Measurement, width: int | None = None) -> str:
