@@ -222,10 +222,6 @@ def _comparison_rows(comparisons: Sequence[Comparison], paired: bool = False) ->
 NOW_FIGURES = ("ttft_ms", "prefill_tps", "tpot_ms", "decode_tps", "itl_p50_ms", "itl_p95_ms", "itl_p99_ms")
 
 
-def _now_rows(s: Mapping[str, Any]) -> list[list[str]]:
-    return [[FIGURES[k].label, FIGURES[k].unit, fmt_or(s.get(k))] for k in NOW_FIGURES]
-
-
 def _env(record: Measurement) -> str:
     hw, subj = record.hardware, record.subject
     items = [
@@ -268,7 +264,9 @@ def test_section(
     if rows:
         parts.append(_table(comparison_headers([result])[1:], rows, raw=True))
     else:
-        parts.append(_table(("metric", "unit", "now"), _now_rows(summary_values(result))))
+        s = summary_values(result)
+        now = [[FIGURES[k].label, FIGURES[k].unit, fmt_or(s.get(k))] for k in NOW_FIGURES]
+        parts.append(_table(("metric", "unit", "now"), now))
     parts += where_html(explained([result]), f"t{index}w-")
     budget_rows = _budget_rows(result)
     if budget_rows:
@@ -434,16 +432,13 @@ def _turn_tokens(t: Turn) -> str:
 def _record_plots(index: int, result: Outcome) -> list[str]:
     """The record's charts (``record_charts.charts_for``), each against the baseline and budgets."""
     record = result.record or Measurement.read({})
+    layers = record.layers
+    rule = layers.outlier_rule if layers is not None and layers.has("outlier_rule") else ""
     plots = []
     for n, (fig_id, caption, fn) in enumerate(record_charts.charts_for(record)):
         svg = charts.render(fn, record, result.baseline_record, result.budgets)
-        if (
-            fig_id == "layer-bars"
-            and record.layers is not None
-            and record.layers.has("outlier_rule")
-            and record.layers.outlier_rule
-        ):
-            caption += f"; outlier layers in red: {record.layers.outlier_rule}"
+        if fig_id == "layer-bars" and rule:
+            caption += f"; outlier layers in red: {rule}"
         plots.append(_chart_html(fig_id, caption, svg, f"t{index}f{n}-"))
     return plots
 
@@ -529,9 +524,8 @@ def _summary_charts(results: Sequence[Outcome]) -> list[str]:
 
 def key_chart(results: Sequence[Outcome]) -> str | None:
     """The session at a glance (the Markdown summary's figure); None without comparisons."""
-    if not any((r.verdict or NOT_COMPARED).comparisons for r in results):
-        return None
-    return charts.render(charts.change_overview, results)
+    compared = any((r.verdict or NOT_COMPARED).comparisons for r in results)
+    return charts.render(charts.change_overview, results) if compared else None
 
 
 #: From this many tests on, sections are drawn in worker processes (matplotlib is single-threaded).
@@ -721,7 +715,6 @@ def against_section(results: Sequence[Outcome], against: Mapping[str, Any] | Non
     sides = sorted((against.get("sides") or {}).items(), key=lambda kv: kv[0] != "REF")
     items = [("REF", described), *((f"side {name}", _side_text(side)) for name, side in sides)]
     pairs = [r for r in results if r.reference and r.verdict is not None]
-    outputs = _against_agreement(results)
     return (
         '<section id="against">' + f"<h2>Judged against REF {_e(described)}</h2>"
         f'<p class="notes">{len(pairs)} of {len(results)} measurement(s) compared with REF\'s runs interleaved '
@@ -729,7 +722,7 @@ def against_section(results: Sequence[Outcome], against: Mapping[str, Any] | Non
         "REF with its 95% CI (Wilcoxon); baselines were neither read nor written.</p><dl>"
         + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in items)
         + "</dl>"
-        + outputs
+        + _against_agreement(results)
         + "</section>"
     )
 

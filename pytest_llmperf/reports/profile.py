@@ -174,7 +174,7 @@ def render(r: dict[str, Any], form: str = "table", width: int | None = None) -> 
     headers = ("metric", "unit", "value", "sample")
     fit = None if md else width
     parts: list[tuple[str, str]] = [
-        ("speed", breakdown.table(headers, rows, md) if fit is None else breakdown.wrapped_table(headers, rows, fit)),
+        ("speed", breakdown.markdown_table(headers, rows) if md else breakdown.wrapped_table(headers, rows, fit)),
         ("per-layer time", breakdown.layers_text(LayerProfile.from_json(r["layers"]), md, width=fit)),
     ]
     if r.get("roofline"):

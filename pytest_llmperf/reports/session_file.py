@@ -424,13 +424,12 @@ AGAINST_AGREEMENT = (
 def against_agreement_rows(results: Iterable[Outcome]) -> tuple[list[str], list[list[str]]]:
     """(headers, rows) of the output agreement of each result judged against ``--llmperf-against``'s
     REF (A: REF, B: this tree): its figures and how they were computed, or why not."""
-    rows = []
-    for r in results:
-        f = r.figures.values() if r.figures is not None else {}
-        if not f.get("agreement"):
-            continue
-        cells = [_ab_num(f.get(key), spec) for _, key, spec in AGAINST_AGREEMENT]
-        rows.append([f"`{r.test}`", *cells, str(f["agreement"])])
+    figures = [(r.test, r.figures.values()) for r in results if r.figures is not None]
+    rows = [
+        [f"`{test}`", *(_ab_num(f.get(key), spec) for _, key, spec in AGAINST_AGREEMENT), str(f["agreement"])]
+        for test, f in figures
+        if f.get("agreement")
+    ]
     return ["test", *(h for h, _, _ in AGAINST_AGREEMENT), "method"], rows
 
 
@@ -712,8 +711,7 @@ def ab_markdown_lines(ab: Sequence[Mapping[str, object]]) -> list[str]:
 
 def _ab_entry_lines(e: Mapping[str, Any]) -> list[str]:
     """One A/B comparison: its sides and pairs, the paired ratios, the output agreement, the budgets."""
-    out = ["", f"#### `{e['test']}`: {ab_title(e)}", ""]
-    out.append(md_line(ab_pairs_line(e)) + ".")
+    out = ["", f"#### `{e['test']}`: {ab_title(e)}", "", md_line(ab_pairs_line(e)) + "."]
     rows = ab_rows(e)
     if rows:
         out += ["", *_md_table(AB_HEADERS, rows)]

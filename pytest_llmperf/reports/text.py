@@ -718,10 +718,6 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str
     return "\n".join(out)
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]], markdown: bool) -> str:
-    return markdown_table(headers, rows) if markdown else render_table(headers, rows)
-
-
 def _bar(share: float, widest: float, markdown: bool) -> str:
     n = round(BAR_WIDTH * share / widest) if widest else 0
     return ("█" if markdown else "#") * n
@@ -773,10 +769,9 @@ def _table_with_notes(
     """A table and its notes under it (Markdown: the notes as a list after a blank line);
     ``width`` (a terminal's): the table's cells and the notes wrapped to it."""
     if markdown:
-        return table(headers, rows, True) + "\n\n" + "\n".join(f"- {n}" for n in notes)
-    if width is None:
-        return table(headers, rows, False) + "\n" + "\n".join(notes)
-    return wrapped_table(headers, rows, width) + "\n" + "\n".join(wrap_text(n, width) for n in notes)
+        return markdown_table(headers, rows) + "\n\n" + "\n".join(f"- {n}" for n in notes)
+    notes = notes if width is None else [wrap_text(n, width) for n in notes]
+    return wrapped_table(headers, rows, width) + "\n" + "\n".join(notes)
 
 
 def roofline_text(roof: Roofline, markdown: bool = False, width: int | None = None) -> str:
@@ -826,8 +821,7 @@ def stability_rows(stab: Stability) -> list[tuple[str, str, str, str]]:
         rows.append(("warm-up run / median TPOT", "x", f"{stab.first_run_slowdown:.2f}", "1 warm-up run"))
     slope, span = stab.context_slope_us_per_token, stab.context_span
     if slope is not None and span is not None:
-        lo, hi = span
-        rows.append(("ITL slope vs context", "us/token", f"{slope:+.3g}", f"positions {lo}-{hi}"))
+        rows.append(("ITL slope vs context", "us/token", f"{slope:+.3g}", f"positions {span[0]}-{span[1]}"))
     return rows
 
 

@@ -113,11 +113,10 @@ def explained(results: Iterable[Outcome], ab: Iterable[Mapping[str, Any]] = ()) 
         if parts or e.get("attribution") or e.get("attribution_note"):
             a, b = e["a"]["name"], e["b"]["name"]
             failed = bool(e.get("failures"))
-            title = f"B [{b}] vs A [{a}]"
             out.append(
                 Explained(
                     str(e.get("test", "")),
-                    title,
+                    f"B [{b}] vs A [{a}]",
                     "FAIL" if failed else "",
                     tuple(e.get("why") or ()),
                     parts,
