@@ -180,9 +180,8 @@ def render(r: dict[str, Any], form: str = "table", width: int | None = None) -> 
     if r.get("roofline"):
         parts.append(("roofline", breakdown.roofline_text(Roofline.from_json(r["roofline"]), md, width=fit)))
     warnings = list(stability.warnings) or ["stable: no run far off, CV within 10%"]
-    parts.append(("stability", "\n".join(("- " if md else "") + w for w in warnings)))
-    if fit is not None:
-        parts = [(t, breakdown.wrap_text(b, fit) if t == "stability" else b) for t, b in parts]
+    stable = "\n".join(("- " if md else "") + w for w in warnings)
+    parts.append(("stability", stable if fit is None else breakdown.wrap_text(stable, fit)))
     if md:
         return (
             "\n\n".join([f"# llmperf profile: {mdl['name']}", facts, work] + [f"## {t}\n\n{b}" for t, b in parts])

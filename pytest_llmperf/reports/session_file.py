@@ -273,11 +273,9 @@ def comparison_table(results: Iterable[Outcome], columns: Sequence[str] | None =
         return fit_table([headers[i] for i in keep], [[row[i] for i in keep] for row in rows], width, keyed)
 
     chosen = tuple(dict.fromkeys(c for c in (columns or ()) if c in COMPARISON_COLUMNS)) or DEFAULT_COMPARISON_COLUMNS
-    if against_of(results) and chosen == DEFAULT_COMPARISON_COLUMNS:
-        wide = table(AGAINST_COLUMNS, keyed=False)  # both sides' figures only where they fit as they are
-        if wide:
-            return wide
-    return table(chosen)
+    # Against REF by default: both sides' figures too, only where they fit as they are.
+    wide = table(AGAINST_COLUMNS, keyed=False) if against_of(results) and chosen == DEFAULT_COMPARISON_COLUMNS else ""
+    return wide or table(chosen)
 
 
 def undecided_lines(results: Iterable[Outcome], *, short: bool = False) -> list[str]:

@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from ..core.measurement import (
         LayerProfile,
         LoadStats,
-        Measurement,
         Memory,
         ModelLoads,
         PhaseRoofline,
@@ -368,9 +367,8 @@ def summary_table(
 def _summary_columns(columns: Sequence[str] | None) -> list[tuple[str, str, str]]:
     """The test column, then ``columns`` in the order given (unknown names dropped; none:
     ``DEFAULT_SUMMARY_COLUMNS``)."""
-    names = {name for name, _, _ in SUMMARY_COLUMNS}
-    wanted = [c for c in (columns or ()) if c in names and c != "test"] or list(DEFAULT_SUMMARY_COLUMNS)
     by_name = {col[0]: col for col in SUMMARY_COLUMNS}
+    wanted = [c for c in (columns or ()) if c in by_name and c != "test"] or list(DEFAULT_SUMMARY_COLUMNS)
     return [SUMMARY_COLUMNS[0]] + [by_name[name] for name in dict.fromkeys(wanted)]
 
 
