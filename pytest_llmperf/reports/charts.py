@@ -12,6 +12,7 @@ The parts chart: where each phase's time went, A's parts and B's side by side.""
 
 from __future__ import annotations
 
+import functools
 import io
 import itertools
 import re
@@ -274,14 +275,10 @@ def _apart(ticks: Sequence[float], span: float, length_in: float, horizontal: bo
     return True
 
 
-_LOCATOR: list[Callable[[bool], Locator]] = []
-
-
+@functools.cache
 def _spaced_log_locator() -> Callable[[bool], Locator]:
     """The class of a log axis's major locator that places ``log_ticks`` (made once: it
     subclasses matplotlib's Locator, imported only when a chart is drawn)."""
-    if _LOCATOR:
-        return _LOCATOR[0]
     from matplotlib.ticker import Locator
 
     class SpacedLogLocator(Locator):
@@ -302,7 +299,6 @@ def _spaced_log_locator() -> Callable[[bool], Locator]:
             length = box.width * width_in if self.horizontal else box.height * height_in
             return log_ticks(min(vmin, vmax), max(vmin, vmax), float(length), self.horizontal)
 
-    _LOCATOR.append(SpacedLogLocator)
     return SpacedLogLocator
 
 

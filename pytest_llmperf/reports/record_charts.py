@@ -178,10 +178,9 @@ def itl_ecdf(record: Measurement, baseline: Measurement | None, budgets: Mapping
         if values.size:
             _ecdf_side(ax, name, values, colour, marker)
             top = max(top, float(np.percentile(values, 99.9)))
-    for key in ITL_BUDGETS:
-        if key in budgets:
-            ax.axvline(budgets[key], color=BUDGET, ls="-.", lw=1.2, label=budget_label(key, budgets[key], "ms"))
-            top = max(top, budgets[key])
+    for key in (k for k in ITL_BUDGETS if k in budgets):
+        ax.axvline(budgets[key], color=BUDGET, ls="-.", lw=1.2, label=budget_label(key, budgets[key], "ms"))
+        top = max(top, budgets[key])
     low = min((float(np.percentile(_pooled(r), 0.1)) for _, r, _, _ in sides if _pooled(r).size), default=0.0)
     log = _latency_axis(ax, low, top)
     ax.set_ylim(0, 1.02)
@@ -297,9 +296,8 @@ def token_timeline(record: Measurement, baseline: Measurement | None, budgets: M
     for name, rec, colour in (("baseline", baseline, BASELINE), ("now", record, NOW)):
         if rec is not None and any(r.itl_ms for r in rec.runs):
             _timeline_side(ax, name, rec, colour)
-    for key in ITL_BUDGETS:
-        if key in budgets:
-            ax.axhline(budgets[key], color=BUDGET, ls="-.", lw=1.2, label=budget_label(key, budgets[key], "ms"))
+    for key in (k for k in ITL_BUDGETS if k in budgets):
+        ax.axhline(budgets[key], color=BUDGET, ls="-.", lw=1.2, label=budget_label(key, budgets[key], "ms"))
     ax.set_yscale("log")
     bottom, top = ax.get_ylim()
     ax.set_ylim(bottom, top * 1.4)  # room for the first-token marker

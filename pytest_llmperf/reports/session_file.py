@@ -640,8 +640,7 @@ def agreement_rows(entry: Mapping[str, Any]) -> list[list[str]]:
         return []
     if not g.get("available"):
         return [["agreement", f"not available: {g.get('reason') or 'unknown'}"]]
-    firsts = g.get("first_divergence") or []
-    parted = [d for d in firsts if d is not None]
+    parted = [d for d in g.get("first_divergence") or [] if d is not None]
     first = "none" if not parted else f"token {min(parted)} ({len(parted)} of {g.get('n_prompts')} prompts part)"
     n_prompts = g.get("n_prompts", 0)
     rows = [

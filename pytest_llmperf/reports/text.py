@@ -47,7 +47,9 @@ LOAD_METRICS = tuple(m for m in catalog.METRICS.values() if m.load_stat)
 def _load_stat(s: LoadStats, metric: catalog.Metric) -> LatencyStats | None:
     """The load test's latency statistics of one of ``LOAD_METRICS`` (None: a level read from a
     file, which keeps its p50 and p99 only: ``_p50_p99``)."""
-    return getattr(s, metric.load_stat or "")
+    assert metric.load_stat is not None
+    stats: LatencyStats | None = getattr(s, metric.load_stat)
+    return stats
 
 
 def _p50_p99(s: LoadStats, metric: catalog.Metric) -> str:
