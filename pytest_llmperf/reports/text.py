@@ -557,19 +557,9 @@ def curve_table(measurements: Sequence[Measurement], width: int | None = None) -
                 f"{s.goodput:.0%}" if s.slo else "-",
             ]
         )
-    return wrapped_table(
-        (
-            "concurrency",
-            "ok",
-            "req/s",
-            "out tok/s",
-            "tok/s per req",
-            *(f"{x.label} p50/p99 {x.unit}" for x in LOAD_METRICS),
-            catalog.METRICS["goodput"].label,
-        ),
-        rows,
-        width,
-    )
+    fixed = ("concurrency", "ok", "req/s", "out tok/s", "tok/s per req")
+    headers = (*fixed, *(f"{x.label} p50/p99 {x.unit}" for x in LOAD_METRICS), catalog.METRICS["goodput"].label)
+    return wrapped_table(headers, rows, width)
 
 
 def load_rows(m: Measurement) -> list[tuple[str, str, str, str]]:
@@ -594,14 +584,12 @@ def load_rows(m: Measurement) -> list[tuple[str, str, str, str]]:
         ("output tokens/s per request", "t/s", _dash(s.output_tps_per_request), reqs),
         ("requests/s", "req/s", fmt(s.requests_per_s), f"{_dash(s.duration_s)} s"),
     ]
-    goodput = catalog.METRICS["goodput"].label
+    goodput, share = catalog.METRICS["goodput"].label, f"{s.goodput:.1%}"
     if s.slo:
         slo = ", ".join(f"{k} <= {fmt(v)}" for k, v in s.slo.items())
-        rows.append((goodput, "", f"{s.goodput:.1%} ({slo})", f"{s.n_requests} requests"))
+        rows.append((goodput, "", f"{share} ({slo})", f"{s.n_requests} requests"))
     else:
-        rows.append(
-            (f"{goodput} (no SLO: requests that succeeded)", "", f"{s.goodput:.1%}", f"{s.n_requests} requests")
-        )
+        rows.append((f"{goodput} (no SLO: requests that succeeded)", "", share, f"{s.n_requests} requests"))
     return rows + server_rows(s.server)
 
 
