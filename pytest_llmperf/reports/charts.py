@@ -12,6 +12,7 @@ The parts chart: where each phase's time went, A's parts and B's side by side.""
 
 from __future__ import annotations
 
+import functools
 import io
 import itertools
 import re
@@ -274,14 +275,10 @@ def _apart(ticks: Sequence[float], span: float, length_in: float, horizontal: bo
     return True
 
 
-_LOCATOR: list[Callable[[bool], Locator]] = []
-
-
+@functools.cache
 def _spaced_log_locator() -> Callable[[bool], Locator]:
     """The class of a log axis's major locator that places ``log_ticks`` (made once: it
     subclasses matplotlib's Locator, imported only when a chart is drawn)."""
-    if _LOCATOR:
-        return _LOCATOR[0]
     from matplotlib.ticker import Locator
 
     class SpacedLogLocator(Locator):
@@ -302,7 +299,6 @@ def _spaced_log_locator() -> Callable[[bool], Locator]:
             length = box.width * width_in if self.horizontal else box.height * height_in
             return log_ticks(min(vmin, vmax), max(vmin, vmax), float(length), self.horizontal)
 
-    _LOCATOR.append(SpacedLogLocator)
     return SpacedLogLocator
 
 
@@ -401,12 +397,8 @@ def change_overview(results: Sequence[Outcome]) -> Figure:
 def _ranked_comparisons(results: Sequence[Outcome]) -> list[tuple[str, Comparison]]:
     """Every (test, comparison), the most notable first: by verdict (``VERDICT_ORDER``), then
     by the size of the change."""
-    rows = []
-    for r in results:
-        for c in r.verdict.comparisons if r.verdict is not None else ():
-            rows.append((VERDICT_ORDER.index(c.verdict), -abs(c.ratio - 1), r.test, c))
-    rows.sort(key=lambda row: row[:2])
-    return [(test, c) for _, _, test, c in rows]
+    rows = [(r.test, c) for r in results for c in (r.verdict.comparisons if r.verdict is not None else ())]
+    return sorted(rows, key=lambda row: (VERDICT_ORDER.index(row[1].verdict), -abs(row[1].ratio - 1)))
 
 
 def _change_row(ax: Axes, y: int, c: Comparison) -> None:
@@ -482,9 +474,7 @@ def throughput_latency(results: Sequence[Outcome]) -> Figure:
 
 def section(results: Sequence[Outcome]) -> str | None:
     """The curve's SVG, or None when no result is a load test."""
-    if not curves(results):
-        return None
-    return render(throughput_latency, results)
+    return render(throughput_latency, results) if curves(results) else None
 
 
 #: A part's colour on the parts chart, by what it is (``catalog.PARTS``): tokenization,

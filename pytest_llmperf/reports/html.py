@@ -17,7 +17,6 @@ import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from html import escape
 from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,13 +43,12 @@ from .session_file import (
     against_agreement_rows,
     against_of,
     agreement_rows,
-    change_cells,
+    comparison_cells,
     comparison_headers,
     detects_cell,
-    metric_label,
     summary_values,
 )
-from .text import length_note, length_rows, load_state_rows, memory_rows
+from .text import REPLAYED_OVER, length_note, length_rows, load_state_rows, memory_rows, trace_rows
 from .where import (
     ATTRIBUTION_HEADERS,
     LEGEND,
@@ -192,15 +190,8 @@ def _budget_rows(result: Outcome) -> list[list[str]]:
     rows = []
     for key, limit in sorted(result.budgets.items()):
         value = budget_value(result.record, key) if result.record else figures.get(BUDGET_FIGURES.get(key, ""))
-        floor = key in BUDGETS and not is_ceiling(key)
-        rows.append(
-            [
-                _e(key),
-                ("&ge; " if floor else "&le; ") + _e(fmt(limit)),
-                "n/a" if value is None else _e(fmt(value)),
-                _budget_badge(result, key, limit, value),
-            ]
-        )
+        bound = "&ge; " if key in BUDGETS and not is_ceiling(key) else "&le; "  # a floor, else a ceiling
+        rows.append([_e(key), bound + _e(fmt(limit)), _e(fmt_or(value)), _budget_badge(result, key, limit, value)])
     return rows
 
 
@@ -216,32 +207,19 @@ def _budget_badge(result: Outcome, key: str, limit: float, value: float | None) 
 
 def _comparison_rows(comparisons: Sequence[Comparison], paired: bool = False) -> list[list[str]]:
     """``paired`` (against ``--llmperf-against``'s REF): the ratio this tree / REF and its CI."""
-    rows = []
-    for c in comparisons:
-        change, ci = change_cells(c, paired)
-        p = c.p_adjusted if c.p_adjusted is not None else c.p_value
-        rows.append(
-            [
-                _e(metric_label(c.label, c.phase, c.unit)),
-                _e(fmt(c.baseline_value)),
-                _e(fmt(c.candidate_value)),
-                _e(change),
-                _e(ci),
-                "n/a" if p is None else _e(f"{p:.3g}"),
-                f'<span title="{_e(c.reason)}">{badge(c.verdict)}</span>',
-                f'<span title="{_e(c.reach())}">{_e(detects_cell(c))}</span>',
-            ]
-        )
-    return rows
+    return [
+        [
+            *map(_e, comparison_cells(c, paired)),
+            f'<span title="{_e(c.reason)}">{badge(c.verdict)}</span>',
+            f'<span title="{_e(c.reach())}">{_e(detects_cell(c))}</span>',
+        ]
+        for c in comparisons
+    ]
 
 
 #: The figures (``catalog.FIGURES``: label, unit; values from the record's ``summary``) of an
 #: uncompared test's "now" table; the session summary's row shows ``catalog.HEADLINE``.
 NOW_FIGURES = ("ttft_ms", "prefill_tps", "tpot_ms", "decode_tps", "itl_p50_ms", "itl_p95_ms", "itl_p99_ms")
-
-
-def _now_rows(s: Mapping[str, Any]) -> list[list[str]]:
-    return [[FIGURES[k].label, FIGURES[k].unit, fmt_or(s.get(k))] for k in NOW_FIGURES]
 
 
 def _env(record: Measurement) -> str:
@@ -286,7 +264,9 @@ def test_section(
     if rows:
         parts.append(_table(comparison_headers([result])[1:], rows, raw=True))
     else:
-        parts.append(_table(("metric", "unit", "now"), _now_rows(summary_values(result))))
+        s = summary_values(result)
+        now = [[FIGURES[k].label, FIGURES[k].unit, fmt_or(s.get(k))] for k in NOW_FIGURES]
+        parts.append(_table(("metric", "unit", "now"), now))
     parts += where_html(explained([result]), f"t{index}w-")
     budget_rows = _budget_rows(result)
     if budget_rows:
@@ -403,20 +383,8 @@ def _memory_table(record: Measurement) -> list[str]:
 def _trace_table(record: Measurement) -> list[str]:
     """A replayed trace's summary (the stored ``load.trace``): its requests, span and pace, and
     how late the client sent them against their schedule (its own lag)."""
-    t = record.load.trace if record.load is not None else None
-    if t is None:
-        return []
-    n = f"{t.n_requests} requests"
-    rows = [
-        ("trace", "", f"{n} over {fmt(t.span_s)} s", f"replayed at {t.speed:g}x"),
-        (
-            "client send lag p50 / max (sent - scheduled)",
-            "ms",
-            f"{fmt(t.send_lag_p50_ms)} / {fmt(t.send_lag_max_ms)}",
-            n,
-        ),
-    ]
-    return [_table(("trace replay, open loop", "unit", "value", "sample"), rows)]
+    rows = [r for r in trace_rows(record.load.trace if record.load is not None else None) if r[0] != REPLAYED_OVER]
+    return [_table(("trace replay, open loop", "unit", "value", "sample"), rows)] if rows else []
 
 
 def _lengths_table(record: Measurement) -> list[str]:
@@ -464,16 +432,13 @@ def _turn_tokens(t: Turn) -> str:
 def _record_plots(index: int, result: Outcome) -> list[str]:
     """The record's charts (``record_charts.charts_for``), each against the baseline and budgets."""
     record = result.record or Measurement.read({})
+    layers = record.layers
+    rule = layers.outlier_rule if layers is not None and layers.has("outlier_rule") else ""
     plots = []
     for n, (fig_id, caption, fn) in enumerate(record_charts.charts_for(record)):
         svg = charts.render(fn, record, result.baseline_record, result.budgets)
-        if (
-            fig_id == "layer-bars"
-            and record.layers is not None
-            and record.layers.has("outlier_rule")
-            and record.layers.outlier_rule
-        ):
-            caption += f"; outlier layers in red: {record.layers.outlier_rule}"
+        if fig_id == "layer-bars" and rule:
+            caption += f"; outlier layers in red: {rule}"
         plots.append(_chart_html(fig_id, caption, svg, f"t{index}f{n}-"))
     return plots
 
@@ -489,16 +454,8 @@ def _by_request_plot(index: int, result: Outcome, by_request: Mapping[str, Any] 
 
 def _trend_plot(index: int, trend: Sequence[Mapping[str, object]]) -> list[str]:
     """The history's recent sessions of this test (``history.series.attach``), when there are any."""
-    if not trend:
-        return []
-    return [
-        _chart_html(
-            "trend",
-            "Recent trend: level per session with its 95% CI (the last is this session); dashed: change points",
-            charts.render(trend_chart, trend),
-            f"t{index}tr-",
-        )
-    ]
+    caption = "Recent trend: level per session with its 95% CI (the last is this session); dashed: change points"
+    return [_chart_html("trend", caption, charts.render(trend_chart, trend), f"t{index}tr-")] if trend else []
 
 
 def summary_section(results: Sequence[Outcome], created_at: str | None) -> str:
@@ -538,7 +495,7 @@ def _summary_row(i: int, r: Outcome) -> list[str]:
         f'<a href="#test-{i}">{_e(r.test)}</a>',
         test_badge(r),
         _e(r.budget),
-        *("n/a" if s.get(f.key) is None else _e(fmt(s[f.key])) for f in HEADLINE),
+        *(_e(fmt_or(s.get(f.key))) for f in HEADLINE),
         _e(", ".join((r.verdict or NOT_COMPARED).changes)) or "-",
     ]
 
@@ -553,32 +510,22 @@ def _changed_list(results: Sequence[Outcome]) -> str:
 
 def _summary_charts(results: Sequence[Outcome]) -> list[str]:
     """The session-wide charts: the served load curve and the largest changes, when there are any."""
-    parts = []
-    curve = load_curve(results)
-    if curve:
-        parts.append(
-            _chart_html(
-                "load-curve",
-                "Served load: throughput against per-request latency, one point per load level (label: concurrency)",
-                curve,
-                "load-",
-            )
-        )
-    overview = key_chart(results)
-    if overview:
-        parts.append(
-            _chart_html(
-                "change-overview", "Largest changes with 95% CI (colour and label: verdict)", overview, "summary-"
-            )
-        )
-    return parts
+    drawn = (
+        (
+            "load-curve",
+            "Served load: throughput against per-request latency, one point per load level (label: concurrency)",
+            load_curve(results),
+            "load-",
+        ),
+        ("change-overview", "Largest changes with 95% CI (colour and label: verdict)", key_chart(results), "summary-"),
+    )
+    return [_chart_html(fig_id, caption, svg, prefix) for fig_id, caption, svg, prefix in drawn if svg]
 
 
 def key_chart(results: Sequence[Outcome]) -> str | None:
     """The session at a glance (the Markdown summary's figure); None without comparisons."""
-    if not any((r.verdict or NOT_COMPARED).comparisons for r in results):
-        return None
-    return charts.render(charts.change_overview, results)
+    compared = any((r.verdict or NOT_COMPARED).comparisons for r in results)
+    return charts.render(charts.change_overview, results) if compared else None
 
 
 #: From this many tests on, sections are drawn in worker processes (matplotlib is single-threaded).
@@ -661,11 +608,8 @@ def ab_section(ab: Sequence[Mapping[str, object]]) -> str:
     the paired ratios, the output agreement and every budget's outcome; "" without any."""
     if not ab:
         return ""
-    parts = ['<section id="ab">', "<h2>A/B comparisons</h2>"]
-    for n, e in enumerate(ab):
-        parts += _ab_div(n, e)
-    parts.append("</section>")
-    return "\n".join(parts)
+    divs = [line for n, e in enumerate(ab) for line in _ab_div(n, e)]
+    return "\n".join(['<section id="ab">', "<h2>A/B comparisons</h2>", *divs, "</section>"])
 
 
 def _ab_div(n: int, e: Mapping[str, Any]) -> list[str]:
@@ -686,11 +630,8 @@ def _ab_div(n: int, e: Mapping[str, Any]) -> list[str]:
         parts.append(_table(("output agreement", "value"), agreement))
     budgets = ab_budget_lines(e)
     if budgets:
-        parts.append(
-            '<ul class="notes">'
-            + "".join(f"<li>{_ab_badge(status)} {_e(line)}</li>" for status, line in budgets)
-            + "</ul>"
-        )
+        items = "".join(f"<li>{_ab_badge(status)} {_e(line)}</li>" for status, line in budgets)
+        parts.append(f'<ul class="notes">{items}</ul>')
     parts.append("</div>")
     return parts
 
@@ -714,10 +655,14 @@ def render_html(
     decisions = (against or {}).get("decisions") or ()
     pairs = {str(d.get("test")): d["by_request"] for d in decisions if isinstance(d, Mapping) and d.get("by_request")}
     body += test_sections(results, workers, trends, ref, pairs)
+    return _page(title, body, '<meta name="viewport" content="width=device-width, initial-scale=1">')
+
+
+def _page(title: str, body: Iterable[str], head: str = "") -> str:
+    """A whole page: ``title`` its title and heading, ``head`` more of its head, the non-empty
+    parts of ``body`` a line each."""
     return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{_e(title)}</title>"
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">{head}<title>{_e(title)}</title>'
         f"<style>{CSS}</style></head><body><main><h1>{_e(title)}</h1>\n"
         + "\n".join(filter(None, body))
         + "\n</main></body></html>\n"
@@ -757,13 +702,7 @@ def _worker() -> None:
     trends = job.get("trends") or {}
     against = job.get("against") or ""
     pairs = job.get("by_request") or {}
-    json.dump(
-        [
-            test_section(job["start"] + i, r, trends.get(r.test, ()), against, pairs.get(r.test))
-            for i, r in enumerate(results)
-        ],
-        sys.stdout,
-    )
+    json.dump(_sections_here(job["start"], results, trends, against, pairs), sys.stdout)
 
 
 def against_section(results: Sequence[Outcome], against: Mapping[str, Any] | None = None) -> str:
@@ -776,15 +715,14 @@ def against_section(results: Sequence[Outcome], against: Mapping[str, Any] | Non
     sides = sorted((against.get("sides") or {}).items(), key=lambda kv: kv[0] != "REF")
     items = [("REF", described), *((f"side {name}", _side_text(side)) for name, side in sides)]
     pairs = [r for r in results if r.reference and r.verdict is not None]
-    outputs = _against_agreement(results)
     return (
-        '<section id="against">' + f"<h2>Judged against REF {escape(described)}</h2>"
+        '<section id="against">' + f"<h2>Judged against REF {_e(described)}</h2>"
         f'<p class="notes">{len(pairs)} of {len(results)} measurement(s) compared with REF\'s runs interleaved '
         "pair by pair in this session (seeded AB/BA order, warm-ups on both sides); each ratio is this tree / "
         "REF with its 95% CI (Wilcoxon); baselines were neither read nor written.</p><dl>"
-        + "".join(f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>" for k, v in items)
+        + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in items)
         + "</dl>"
-        + outputs
+        + _against_agreement(results)
         + "</section>"
     )
 
@@ -828,12 +766,7 @@ def history_page(series: Sequence[Series]) -> str:
             + "".join(f"<pre>{html.escape(title(s))}\n{html.escape(table(s, found[id(s)]))}</pre>" for s in members)
             + "</section>"
         )
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>pytest-llmperf history</title>'
-        f"<style>{CSS}</style></head><body><main><h1>pytest-llmperf history</h1>\n"
-        + "\n".join(body)
-        + "\n</main></body></html>\n"
-    )
+    return _page("pytest-llmperf history", body)
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--worker"]:

@@ -35,6 +35,9 @@ PROFILE_SCHEMA = "pytest-llmperf/profile"
 PROFILE_SCHEMA_VERSION = 1
 #: The pooled ITL's statistics a profile reports, in their order (``LatencyStats``' ``<name>_ms``).
 ITL_STATISTICS = ("p50", "p90", "p95", "p99", "mean", "stdev")
+#: The engine's facts a profile's ``model`` and ``settings`` report under their own names.
+MODEL_FIELDS = ("n_params", "quantization", "n_layer", "n_embd", "n_head", "n_head_kv")
+SETTINGS_FIELDS = ("threads", "n_ctx", "n_batch", "gpu_layers")
 
 
 def resolve_model(model: str | None) -> tuple[Path, str]:
@@ -106,22 +109,11 @@ def _report(m: Measurement, max_tokens: int, warmup: int, found: Mapping[str, ob
             "name": info.model,
             "path": info.model_path,
             "size_bytes": info.model_size_bytes,
-            "n_params": info.n_params,
-            "quantization": info.quantization,
-            "n_layer": info.n_layer,
-            "n_embd": info.n_embd,
-            "n_head": info.n_head,
-            "n_head_kv": info.n_head_kv,
+            **{k: getattr(info, k) for k in MODEL_FIELDS},
             "load_ms": sig6(info.load_ms),
             "native_load_ms": sig6(info.native_load_ms),
         },
-        "settings": {
-            "threads": info.threads,
-            "n_ctx": info.n_ctx,
-            "n_batch": info.n_batch,
-            "gpu_layers": info.gpu_layers,
-            "llama_cpp_python": info.backend_version,
-        },
+        "settings": {**{k: getattr(info, k) for k in SETTINGS_FIELDS}, "llama_cpp_python": info.backend_version},
         "workload": {"prompt_tokens": m.prompt_tokens, "max_tokens": max_tokens, "runs": m.n_runs, "warmup": warmup},
         "prefill": {
             "ms": sig6(m.prefill_ms),
@@ -182,15 +174,14 @@ def render(r: dict[str, Any], form: str = "table", width: int | None = None) -> 
     headers = ("metric", "unit", "value", "sample")
     fit = None if md else width
     parts: list[tuple[str, str]] = [
-        ("speed", breakdown.table(headers, rows, md) if fit is None else breakdown.wrapped_table(headers, rows, fit)),
+        ("speed", breakdown.markdown_table(headers, rows) if md else breakdown.wrapped_table(headers, rows, fit)),
         ("per-layer time", breakdown.layers_text(LayerProfile.from_json(r["layers"]), md, width=fit)),
     ]
     if r.get("roofline"):
         parts.append(("roofline", breakdown.roofline_text(Roofline.from_json(r["roofline"]), md, width=fit)))
     warnings = list(stability.warnings) or ["stable: no run far off, CV within 10%"]
-    parts.append(("stability", "\n".join(("- " if md else "") + w for w in warnings)))
-    if fit is not None:
-        parts = [(t, breakdown.wrap_text(b, fit) if t == "stability" else b) for t, b in parts]
+    stable = "\n".join(("- " if md else "") + w for w in warnings)
+    parts.append(("stability", stable if fit is None else breakdown.wrap_text(stable, fit)))
     if md:
         return (
             "\n\n".join([f"# llmperf profile: {mdl['name']}", facts, work] + [f"## {t}\n\n{b}" for t, b in parts])

@@ -178,10 +178,9 @@ def itl_ecdf(record: Measurement, baseline: Measurement | None, budgets: Mapping
         if values.size:
             _ecdf_side(ax, name, values, colour, marker)
             top = max(top, float(np.percentile(values, 99.9)))
-    for key in ITL_BUDGETS:
-        if key in budgets:
-            ax.axvline(budgets[key], color=BUDGET, ls="-.", lw=1.2, label=budget_label(key, budgets[key], "ms"))
-            top = max(top, budgets[key])
+    for key in (k for k in ITL_BUDGETS if k in budgets):
+        ax.axvline(budgets[key], color=BUDGET, ls="-.", lw=1.2, label=budget_label(key, budgets[key], "ms"))
+        top = max(top, budgets[key])
     low = min((float(np.percentile(_pooled(r), 0.1)) for _, r, _, _ in sides if _pooled(r).size), default=0.0)
     log = _latency_axis(ax, low, top)
     ax.set_ylim(0, 1.02)
@@ -297,9 +296,8 @@ def token_timeline(record: Measurement, baseline: Measurement | None, budgets: M
     for name, rec, colour in (("baseline", baseline, BASELINE), ("now", record, NOW)):
         if rec is not None and any(r.itl_ms for r in rec.runs):
             _timeline_side(ax, name, rec, colour)
-    for key in ITL_BUDGETS:
-        if key in budgets:
-            ax.axhline(budgets[key], color=BUDGET, ls="-.", lw=1.2, label=budget_label(key, budgets[key], "ms"))
+    for key in (k for k in ITL_BUDGETS if k in budgets):
+        ax.axhline(budgets[key], color=BUDGET, ls="-.", lw=1.2, label=budget_label(key, budgets[key], "ms"))
     ax.set_yscale("log")
     bottom, top = ax.get_ylim()
     ax.set_ylim(bottom, top * 1.4)  # room for the first-token marker
@@ -369,8 +367,7 @@ def ttft_by_length(
         lengths = np.unique(x)
         ax.plot(lengths, [float(np.median(y[x == n])) for n in lengths], color=colour, lw=1.3)
     limits = [budgets[key] for key in METRICS["ttft_ms"].budget_keys if key in budgets]
-    for key in (k for k in METRICS["ttft_ms"].budget_keys if k in budgets):
-        _budget_line(ax, key, budgets[key], budgets[key])
+    _budget_lines(ax, METRICS["ttft_ms"].budget_keys, (), budgets)
     xs = np.concatenate([x for _, (x, _), _, _ in sides])
     ys = np.concatenate([*(y for _, (_, y), _, _ in sides), limits])  # the axis reaches the budgets
     for axis, values, scale in ((ax.xaxis, xs, ax.set_xscale), (ax.yaxis, ys, ax.set_yscale)):
@@ -396,9 +393,9 @@ def ttft_by_request(pairs: Mapping[str, Any], budgets: Mapping[str, float]) -> F
 def request_sides(pairs: Mapping[str, Any] | None) -> tuple[Measurement, Measurement]:
     """REF's and this tree's runs of ``by_request`` as records' ``requests`` and ``runs`` (what
     ``ttft_by_length`` reads)."""
-    sides = [(pairs or {}).get(name) for name in ("REF", "current")]
     ref, current = (
-        Measurement.read({"requests": side, "runs": side} if isinstance(side, Mapping) else {}) for side in sides
+        Measurement.read({"requests": side, "runs": side} if isinstance(side, Mapping) else {})
+        for side in ((pairs or {}).get(name) for name in ("REF", "current"))
     )
     return ref, current
 

@@ -35,7 +35,7 @@ from ..judge.regression import carry_history
 from ..judge.result import Outcome, ResultError
 from ..judge.verdict import BaselineStatus, Comparison, Shown, Verdict, fmt_ratio
 from ..measuring.interleave import Interleaved, turns
-from .text import fit_table, metrics_table, short_ids, wrap_text
+from .text import fit_table, metrics_table, short_ids, span_text, wrap_text
 from .where import LEGEND, Explained, explained, moved, part_cells
 
 SESSION_SCHEMA = "pytest-llmperf/session"
@@ -238,26 +238,22 @@ def summary_values(r: Outcome) -> Mapping[str, Any]:
     return (r.record.summary if r.record else None) or (r.figures.values() if r.figures is not None else {})
 
 
+def comparison_cells(c: Comparison, paired: bool) -> list[str]:
+    """A comparison's cells from its metric to p (the terminal, Markdown and HTML tables'):
+    both sides' figures, the change and its CI (``change_cells``), p (Holm's where adjusted)."""
+    p = c.p_adjusted if c.p_adjusted is not None else c.p_value
+    figures = [metric_label(c.label, c.phase, c.unit), fmt(c.baseline_value), fmt(c.candidate_value)]
+    return [*figures, *change_cells(c, paired), "n/a" if p is None else f"{p:.3g}"]
+
+
 def comparison_rows(results: Iterable[Outcome]) -> list[list[str]]:
     results = list(results)
     paired = bool(against_of(results))
-    rows = []
-    for r in results:
-        for c in _comparisons(r):
-            p = c.p_adjusted if c.p_adjusted is not None else c.p_value
-            rows.append(
-                [
-                    r.test,
-                    metric_label(c.label, c.phase, c.unit),
-                    fmt(c.baseline_value),
-                    fmt(c.candidate_value),
-                    *change_cells(c, paired),
-                    "n/a" if p is None else f"{p:.3g}",
-                    c.verdict.value,
-                    detects_cell(c),
-                ]
-            )
-    return rows
+    return [
+        [r.test, *comparison_cells(c, paired), c.verdict.value, detects_cell(c)]
+        for r in results
+        for c in _comparisons(r)
+    ]
 
 
 def comparison_table(results: Iterable[Outcome], columns: Sequence[str] | None = None, width: int | None = None) -> str:
@@ -277,11 +273,9 @@ def comparison_table(results: Iterable[Outcome], columns: Sequence[str] | None =
         return fit_table([headers[i] for i in keep], [[row[i] for i in keep] for row in rows], width, keyed)
 
     chosen = tuple(dict.fromkeys(c for c in (columns or ()) if c in COMPARISON_COLUMNS)) or DEFAULT_COMPARISON_COLUMNS
-    if against_of(results) and chosen == DEFAULT_COMPARISON_COLUMNS:
-        wide = table(AGAINST_COLUMNS, keyed=False)  # both sides' figures only where they fit as they are
-        if wide:
-            return wide
-    return table(chosen)
+    # Against REF by default: both sides' figures too, only where they fit as they are.
+    wide = table(AGAINST_COLUMNS, keyed=False) if against_of(results) and chosen == DEFAULT_COMPARISON_COLUMNS else ""
+    return wide or table(chosen)
 
 
 def undecided_lines(results: Iterable[Outcome], *, short: bool = False) -> list[str]:
@@ -303,12 +297,7 @@ def undecided_lines(results: Iterable[Outcome], *, short: bool = False) -> list[
 
 def budget_failures(results: Iterable[Outcome]) -> list[str]:
     """``test: breach; breach`` for every measurement over one of its budgets."""
-    out = []
-    for r in results:
-        if r.over_budget:
-            detail = "; ".join(r.budget_failures) or "over budget"
-            out.append(f"{r.test}: {detail}")
-    return out
+    return [f"{r.test}: {'; '.join(r.budget_failures) or 'over budget'}" for r in results if r.over_budget]
 
 
 def regression_lines(results: Iterable[Outcome]) -> list[str]:
@@ -324,7 +313,7 @@ def against_line(results: Sequence[Outcome], against: Mapping[str, Any] | None =
     if not described:
         return None
     pairs = sorted(r.verdict.pairs for r in results if r.reference and r.verdict is not None)
-    span = "no" if not pairs else _span(pairs[0], pairs[-1])
+    span = "no" if not pairs else span_text(pairs[0], pairs[-1])
     who = _sides_text(against.get("sides") or {})
     return (
         f"Judged against REF `{described}`: {len(pairs)} of {len(results)} measurement(s) compared with REF's "
@@ -332,11 +321,6 @@ def against_line(results: Sequence[Outcome], against: Mapping[str, Any] | None =
         + (f"; {who}" if who else "")
         + ". Baselines were neither read nor written."
     )
-
-
-def _span(low: int, high: int) -> str:
-    """``12`` or ``8-20``: how many pairs the compared measurements took."""
-    return str(low) if low == high else f"{low}-{high}"
 
 
 def _sides_text(sides: Mapping[str, Mapping[str, object]]) -> str:
@@ -397,9 +381,7 @@ def _figures_table(
     if not rows:
         return []
     out = ["", f"### {title}", "", *_md_head(["test", *(label for _, label in columns)])]
-    return out + [
-        "| " + " | ".join([md_code(test), *(cell(f.get(key)) for key, _ in columns)]) + " |" for test, f in rows
-    ]
+    return out + [_md_row([md_code(test), *(cell(f.get(key)) for key, _ in columns)]) for test, f in rows]
 
 
 def turns_of(prompt: PromptSeen | None) -> tuple[Turn, ...]:
@@ -416,7 +398,7 @@ def memory_lines(results: Iterable[Outcome]) -> list[str]:
     headers = ["test", *(f"{FIGURES[k].label} {FIGURES[k].unit}".strip() or k for k in MEMORY_FIGURES)]
     headers[-1] = "model loads"
     out = ["", "### Memory and start-up", "", *_md_head(headers)]
-    return out + ["| " + " | ".join([md_code(test), *_memory_cells(f)]) + " |" for test, f in rows]
+    return out + [_md_row([md_code(test), *_memory_cells(f)]) for test, f in rows]
 
 
 def _memory_cells(f: Mapping[str, Any]) -> list[str]:
@@ -440,13 +422,12 @@ AGAINST_AGREEMENT = (
 def against_agreement_rows(results: Iterable[Outcome]) -> tuple[list[str], list[list[str]]]:
     """(headers, rows) of the output agreement of each result judged against ``--llmperf-against``'s
     REF (A: REF, B: this tree): its figures and how they were computed, or why not."""
-    rows = []
-    for r in results:
-        f = r.figures.values() if r.figures is not None else {}
-        if not f.get("agreement"):
-            continue
-        cells = [_ab_num(f.get(key), spec) for _, key, spec in AGAINST_AGREEMENT]
-        rows.append([f"`{r.test}`", *cells, str(f["agreement"])])
+    figures = [(r.test, r.figures.values()) for r in results if r.figures is not None]
+    rows = [
+        [f"`{test}`", *(_ab_num(f.get(key), spec) for _, key, spec in AGAINST_AGREEMENT), str(f["agreement"])]
+        for test, f in figures
+        if f.get("agreement")
+    ]
     return ["test", *(h for h, _, _ in AGAINST_AGREEMENT), "method"], rows
 
 
@@ -535,7 +516,7 @@ def _ab_headline(results: Sequence[Outcome], ab: Sequence[Mapping[str, object]])
 
 def _md_head(headers: Sequence[str]) -> list[str]:
     """A Markdown table's header and rule (the headers as they are)."""
-    return ["| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
+    return [_md_row(headers), "|" + " --- |" * len(headers)]
 
 
 def _results_table(results: Sequence[Outcome], judged: str | None) -> list[str]:
@@ -549,7 +530,7 @@ def _results_table(results: Sequence[Outcome], judged: str | None) -> list[str]:
         s = summary_values(r)
         short = "not compared" if r.verdict is None or (judged and not r.reference) else r.verdict.short
         cells = [md_code(r.test), *(fmt_or(s.get(f.key)) for f in HEADLINE), r.budget, short]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(_md_row(cells))
     return lines
 
 
@@ -576,10 +557,7 @@ def _agreement_section(results: Sequence[Outcome]) -> list[str]:
 def _comparisons_section(results: Sequence[Outcome]) -> list[str]:
     """Every baseline (or REF) comparison, one row each."""
     rows = comparison_rows(results)
-    if not rows:
-        return []
-    lines = ["", "### Comparisons", "", *_md_head(list(comparison_headers(results)))]
-    return lines + ["| " + " | ".join(md_cell(c) for c in row) + " |" for row in rows]
+    return ["", "### Comparisons", "", *_md_table(comparison_headers(results), rows)] if rows else []
 
 
 def where_markdown_lines(entries: Sequence[Explained]) -> list[str]:
@@ -636,8 +614,8 @@ def _ab_row(c: Mapping[str, Any], budgets: Sequence[Mapping[str, Any]]) -> list[
     p = c.get("p_value")
     return [
         metric_label(c["label"], c["phase"], c["unit"]),
-        "n/a" if c.get("a_median") is None else fmt(c["a_median"]),
-        "n/a" if c.get("b_median") is None else fmt(c["b_median"]),
+        fmt_or(c.get("a_median")),
+        fmt_or(c.get("b_median")),
         _ab_num(c.get("ratio")),
         f"{_ab_num(lo)}..{_ab_num(hi)}",
         "n/a" if p is None else f"{p:.3g}",
@@ -662,8 +640,7 @@ def agreement_rows(entry: Mapping[str, Any]) -> list[list[str]]:
         return []
     if not g.get("available"):
         return [["agreement", f"not available: {g.get('reason') or 'unknown'}"]]
-    firsts = g.get("first_divergence") or []
-    parted = [d for d in firsts if d is not None]
+    parted = [d for d in g.get("first_divergence") or [] if d is not None]
     first = "none" if not parted else f"token {min(parted)} ({len(parted)} of {g.get('n_prompts')} prompts part)"
     n_prompts = g.get("n_prompts", 0)
     rows = [
@@ -708,13 +685,13 @@ def md_code(text: str) -> str:
 
 
 def _md_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    cell = md_cell
+    """A Markdown table, every cell escaped (``md_cell``)."""
+    return [*_md_head(list(map(md_cell, headers))), *(_md_row(map(md_cell, row)) for row in rows)]
 
-    return [
-        "| " + " | ".join(cell(h) for h in headers) + " |",
-        "|" + " --- |" * len(headers),
-        *("| " + " | ".join(cell(c) for c in row) + " |" for row in rows),
-    ]
+
+def _md_row(cells: Iterable[str]) -> str:
+    """A Markdown table's row of ``cells`` as they are."""
+    return "| " + " | ".join(cells) + " |"
 
 
 def ab_markdown_lines(ab: Sequence[Mapping[str, object]]) -> list[str]:
@@ -731,8 +708,7 @@ def ab_markdown_lines(ab: Sequence[Mapping[str, object]]) -> list[str]:
 
 def _ab_entry_lines(e: Mapping[str, Any]) -> list[str]:
     """One A/B comparison: its sides and pairs, the paired ratios, the output agreement, the budgets."""
-    out = ["", f"#### `{e['test']}`: {ab_title(e)}", ""]
-    out.append(md_line(ab_pairs_line(e)) + ".")
+    out = ["", f"#### `{e['test']}`: {ab_title(e)}", "", md_line(ab_pairs_line(e)) + "."]
     rows = ab_rows(e)
     if rows:
         out += ["", *_md_table(AB_HEADERS, rows)]

@@ -28,9 +28,7 @@ from ..core.settings import DEFAULT_SUMMARY_COLUMNS
 if TYPE_CHECKING:
     from ..core.measurement import (
         LayerProfile,
-        LengthBucket,
         LoadStats,
-        Measurement,
         Memory,
         ModelLoads,
         PhaseRoofline,
@@ -93,16 +91,9 @@ def figure_rows() -> dict[str, tuple[str, ...]]:
     placed = {name for r in FIGURE_ROWS for name in r}
     for name, f in FIGURES.items():
         if f.metric is not None and name not in placed:
-            rows.setdefault(_host_row(rows, name), []).append(name)
+            same = (k for k in rows if (FIGURES[k].metric, FIGURES[k].pooled_tokens) == (f.metric, f.pooled_tokens))
+            rows.setdefault(next(same, name), []).append(name)
     return {k: tuple(v) for k, v in rows.items()}
-
-
-def _host_row(rows: Mapping[str, Sequence[str]], name: str) -> str:
-    """The first row of the figure's metric and sample (runs or pooled tokens); the figure's
-    own name (a row of its own) when there is none."""
-    f = FIGURES[name]
-    same = (k for k in rows if (FIGURES[k].metric, FIGURES[k].pooled_tokens) == (f.metric, f.pooled_tokens))
-    return next(same, name)
 
 
 def _shown(m: Measurement, phase: str) -> bool:
@@ -302,7 +293,7 @@ def length_rows(lengths: PromptLengths | None) -> list[Row]:
         return []
     rows: list[Row] = []
     for b in lengths.buckets:
-        runs, name = f"{b.n_runs} runs", _bucket_name(b)
+        runs, name = f"{b.n_runs} runs", span_text(b.low_tokens, b.high_tokens)
         ttft = f"{fmt_or(b.ttft_p50_ms)} / {fmt_or(b.ttft_p95_ms)}"
         rows.append((f"TTFT median / p95, prompt {name} tokens", "ms", ttft, runs))
         if b.prefill_p50_ms is not None:
@@ -320,9 +311,8 @@ def length_rows(lengths: PromptLengths | None) -> list[Row]:
     return rows + [(label, "ms/token", fmt(value), sample) for label, value, sample in per_token if value is not None]
 
 
-def _bucket_name(b: LengthBucket) -> str:
-    """``64`` for one length, ``64-127`` for a range."""
-    low, high = b.low_tokens, b.high_tokens
+def span_text(low: int, high: int) -> str:
+    """``64`` for one value (a prompt length, a count of pairs), ``64-127`` for a range."""
     return str(low) if low == high else f"{low}-{high}"
 
 
@@ -341,11 +331,8 @@ def _serving_rows(m: Measurement) -> list[tuple[str, str, str, str]]:
     rows = load_rows(m) if m.load is not None else []
     if m.engine.endpoint:  # served: what the server's prompt cache was allowed to do
         rows.append(("prompt cache", "", m.asked.served_cache_note, ""))
-    if m.engine.load_ms is not None:
-        rows.append(("model load (wall)", "ms", fmt(m.engine.load_ms), "this engine's 1 load"))
-    if m.engine.native_load_ms is not None:
-        rows.append(("model load (llama.cpp)", "ms", fmt(m.engine.native_load_ms), "this engine's 1 load"))
-    return rows
+    loads = (("model load (wall)", m.engine.load_ms), ("model load (llama.cpp)", m.engine.native_load_ms))
+    return rows + [(label, "ms", fmt(ms), "this engine's 1 load") for label, ms in loads if ms is not None]
 
 
 def _breakdowns(m: Measurement, found: Measurement, width: int | None = None) -> str:
@@ -382,9 +369,8 @@ def summary_table(
 def _summary_columns(columns: Sequence[str] | None) -> list[tuple[str, str, str]]:
     """The test column, then ``columns`` in the order given (unknown names dropped; none:
     ``DEFAULT_SUMMARY_COLUMNS``)."""
-    names = {name for name, _, _ in SUMMARY_COLUMNS}
-    wanted = [c for c in (columns or ()) if c in names and c != "test"] or list(DEFAULT_SUMMARY_COLUMNS)
     by_name = {col[0]: col for col in SUMMARY_COLUMNS}
+    wanted = [c for c in (columns or ()) if c in by_name and c != "test"] or list(DEFAULT_SUMMARY_COLUMNS)
     return [SUMMARY_COLUMNS[0]] + [by_name[name] for name in dict.fromkeys(wanted)]
 
 
@@ -571,19 +557,9 @@ def curve_table(measurements: Sequence[Measurement], width: int | None = None) -
                 f"{s.goodput:.0%}" if s.slo else "-",
             ]
         )
-    return wrapped_table(
-        (
-            "concurrency",
-            "ok",
-            "req/s",
-            "out tok/s",
-            "tok/s per req",
-            *(f"{x.label} p50/p99 {x.unit}" for x in LOAD_METRICS),
-            catalog.METRICS["goodput"].label,
-        ),
-        rows,
-        width,
-    )
+    fixed = ("concurrency", "ok", "req/s", "out tok/s", "tok/s per req")
+    headers = (*fixed, *(f"{x.label} p50/p99 {x.unit}" for x in LOAD_METRICS), catalog.METRICS["goodput"].label)
+    return wrapped_table(headers, rows, width)
 
 
 def load_rows(m: Measurement) -> list[tuple[str, str, str, str]]:
@@ -608,15 +584,17 @@ def load_rows(m: Measurement) -> list[tuple[str, str, str, str]]:
         ("output tokens/s per request", "t/s", _dash(s.output_tps_per_request), reqs),
         ("requests/s", "req/s", fmt(s.requests_per_s), f"{_dash(s.duration_s)} s"),
     ]
-    goodput = catalog.METRICS["goodput"].label
+    goodput, share = catalog.METRICS["goodput"].label, f"{s.goodput:.1%}"
     if s.slo:
         slo = ", ".join(f"{k} <= {fmt(v)}" for k, v in s.slo.items())
-        rows.append((goodput, "", f"{s.goodput:.1%} ({slo})", f"{s.n_requests} requests"))
+        rows.append((goodput, "", f"{share} ({slo})", f"{s.n_requests} requests"))
     else:
-        rows.append(
-            (f"{goodput} (no SLO: requests that succeeded)", "", f"{s.goodput:.1%}", f"{s.n_requests} requests")
-        )
+        rows.append((f"{goodput} (no SLO: requests that succeeded)", "", share, f"{s.n_requests} requests"))
     return rows + server_rows(s.server)
+
+
+#: ``trace_rows``' row of the schedule's length (the HTML report's trace table has none).
+REPLAYED_OVER = "trace replayed over"
 
 
 def trace_rows(trace: TraceReplay | None) -> list[tuple[str, str, str, str]]:
@@ -628,7 +606,7 @@ def trace_rows(trace: TraceReplay | None) -> list[tuple[str, str, str, str]]:
     lag = f"{fmt(trace.send_lag_p50_ms)} / {fmt(trace.send_lag_max_ms)}"
     return [
         ("trace", "", f"{trace.n_requests} requests over {fmt(trace.span_s)} s", f"replayed at {trace.speed:g}x"),
-        *([("trace replayed over", "s", fmt(trace.scheduled_s[-1]), n)] if trace.scheduled_s else []),
+        *([(REPLAYED_OVER, "s", fmt(trace.scheduled_s[-1]), n)] if trace.scheduled_s else []),
         ("client send lag p50 / max (sent - scheduled)", "ms", lag, n),
     ]
 
@@ -661,23 +639,11 @@ def server_rows(server: ServerSide | None) -> list[tuple[str, str, str, str]]:
         ]
     m = server.metrics or {}
     if "prompt_tokens_total" in m and "tokens_predicted_total" in m:
-        out.append(
-            (
-                "server /metrics: prompt / generated tokens",
-                "tokens",
-                f"{m['prompt_tokens_total']:.0f} / {m['tokens_predicted_total']:.0f}",
-                "this level",
-            )
-        )
+        tokens = f"{m['prompt_tokens_total']:.0f} / {m['tokens_predicted_total']:.0f}"
+        out.append(("server /metrics: prompt / generated tokens", "tokens", tokens, "this level"))
     if server.tokens_per_decode is not None:
-        out.append(
-            (
-                "server /metrics: tokens per decode call",
-                "",
-                fmt(server.tokens_per_decode),
-                f"{m['n_decode_total']:.0f} decode calls",
-            )
-        )
+        calls = f"{m['n_decode_total']:.0f} decode calls"
+        out.append(("server /metrics: tokens per decode call", "", fmt(server.tokens_per_decode), calls))
     return out
 
 
@@ -709,8 +675,11 @@ def overhead_lines(rows: Iterable[Mapping[str, object]]) -> list[str]:
     (report rows) in the session summary: both TTFT and TPOT medians and the server's added
     latency per token (TPOT served minus TPOT in process), the figure users ask for."""
     ttft, tpot = METRICS["ttft_ms"], METRICS["tpot_ms"]
+    by_test: dict[str, list[Mapping[str, Any]]] = defaultdict(list)  # by test function: the id without parameters
+    for row in rows:
+        by_test[str(row.get("test", "")).split("[", 1)[0]].append(row)
     lines = []
-    for test, group in _by_test_function(rows).items():
+    for test, group in by_test.items():
         local = [r for r in group if r.get("engine") == "llama.cpp" and r.get(tpot.name) is not None]
         served = [r for r in group if str(r.get("engine", "")).startswith("http") and r.get(tpot.name) is not None]
         if local and served:
@@ -721,14 +690,6 @@ def overhead_lines(rows: Iterable[Mapping[str, object]]) -> list[str]:
                 f"{b[ttft.name] - a[ttft.name]:+.3g} {ttft.unit} {ttft.label}"
             )
     return lines
-
-
-def _by_test_function(rows: Iterable[Mapping[str, object]]) -> dict[str, list[Mapping[str, Any]]]:
-    """Summary rows by their test function (the test id without its parameters)."""
-    by_test: dict[str, list[Mapping[str, object]]] = defaultdict(list)
-    for row in rows:
-        by_test[str(row.get("test", "")).split("[", 1)[0]].append(row)
-    return by_test
 
 
 def _ttft_tpot(r: Mapping[str, Any]) -> str:
@@ -745,10 +706,6 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str
     return "\n".join(out)
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]], markdown: bool) -> str:
-    return markdown_table(headers, rows) if markdown else render_table(headers, rows)
-
-
 def _bar(share: float, widest: float, markdown: bool) -> str:
     n = round(BAR_WIDTH * share / widest) if widest else 0
     return ("█" if markdown else "#") * n
@@ -760,31 +717,21 @@ def layer_rows(layers: LayerProfile, markdown: bool = False) -> tuple[list[str],
     pre, dec = layers.prefill, layers.decode
     widest = max(dec.share) if dec.share else 0.0
     outliers = set(pre.outliers) | set(dec.outliers)
-    rows = []
-    for i, name in enumerate(dec.names):
-        rows.append(
-            [
-                name,
-                fmt(pre.median_ms[i]),
-                f"{pre.share[i]:.1%}",
-                fmt(dec.median_ms[i]),
-                f"{dec.share[i]:.1%}",
-                _bar(dec.share[i], widest, markdown),
-                "OUTLIER" if name in outliers else "",
-            ]
-        )
-    headers = ["segment", "prefill ms", "share", "decode ms/token", "share", "decode share", "flag"]
-    return headers, rows
+    rows = [
+        [name, fmt(pre.median_ms[i]), f"{pre.share[i]:.1%}", fmt(dec.median_ms[i]), f"{dec.share[i]:.1%}"]
+        + [_bar(dec.share[i], widest, markdown), "OUTLIER" if name in outliers else ""]
+        for i, name in enumerate(dec.names)
+    ]
+    return ["segment", "prefill ms", "share", "decode ms/token", "share", "decode share", "flag"], rows
 
 
 def layer_summary(layers: LayerProfile) -> list[str]:
-    lines = []
-    for p in (layers.prefill, layers.decode):
-        lines.append(
-            f"{p.phase}: {len(p.names) - 1} layers + output head cover {p.coverage:.1%} of the "
-            f"instrumented step (median over {p.n_steps} steps in {p.n_runs} runs; step median "
-            f"{fmt(p.step_ms)} ms, segment medians sum to {fmt(sum(p.median_ms))} ms)"
-        )
+    lines = [
+        f"{p.phase}: {len(p.names) - 1} layers + output head cover {p.coverage:.1%} of the "
+        f"instrumented step (median over {p.n_steps} steps in {p.n_runs} runs; step median "
+        f"{fmt(p.step_ms)} ms, segment medians sum to {fmt(sum(p.median_ms))} ms)"
+        for p in (layers.prefill, layers.decode)
+    ]
     pairs = (("prefill", layers.prefill_overhead_ratio), ("decode", layers.decode_overhead_ratio))
     ratios = [f"{name} {ratio:.3f}x" for name, ratio in pairs if ratio is not None]
     if ratios:
@@ -810,10 +757,9 @@ def _table_with_notes(
     """A table and its notes under it (Markdown: the notes as a list after a blank line);
     ``width`` (a terminal's): the table's cells and the notes wrapped to it."""
     if markdown:
-        return table(headers, rows, True) + "\n\n" + "\n".join(f"- {n}" for n in notes)
-    if width is None:
-        return table(headers, rows, False) + "\n" + "\n".join(notes)
-    return wrapped_table(headers, rows, width) + "\n" + "\n".join(wrap_text(n, width) for n in notes)
+        return markdown_table(headers, rows) + "\n\n" + "\n".join(f"- {n}" for n in notes)
+    notes = notes if width is None else [wrap_text(n, width) for n in notes]
+    return wrapped_table(headers, rows, width) + "\n" + "\n".join(notes)
 
 
 def roofline_text(roof: Roofline, markdown: bool = False, width: int | None = None) -> str:
@@ -863,8 +809,7 @@ def stability_rows(stab: Stability) -> list[tuple[str, str, str, str]]:
         rows.append(("warm-up run / median TPOT", "x", f"{stab.first_run_slowdown:.2f}", "1 warm-up run"))
     slope, span = stab.context_slope_us_per_token, stab.context_span
     if slope is not None and span is not None:
-        lo, hi = span
-        rows.append(("ITL slope vs context", "us/token", f"{slope:+.3g}", f"positions {lo}-{hi}"))
+        rows.append(("ITL slope vs context", "us/token", f"{slope:+.3g}", f"positions {span[0]}-{span[1]}"))
     return rows
 
 

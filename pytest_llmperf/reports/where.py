@@ -113,11 +113,10 @@ def explained(results: Iterable[Outcome], ab: Iterable[Mapping[str, Any]] = ()) 
         if parts or e.get("attribution") or e.get("attribution_note"):
             a, b = e["a"]["name"], e["b"]["name"]
             failed = bool(e.get("failures"))
-            title = f"B [{b}] vs A [{a}]"
             out.append(
                 Explained(
                     str(e.get("test", "")),
-                    title,
+                    f"B [{b}] vs A [{a}]",
                     "FAIL" if failed else "",
                     tuple(e.get("why") or ()),
                     parts,
@@ -160,9 +159,7 @@ def terminal_lines(entries: Sequence[Explained], width: int, *, verbose: bool = 
         return []
     names = short_ids([e.test for e in shown_moved])
     chosen = shown_moved if verbose else shown_moved[:TERMINAL_SHOWN]
-    lines = []
-    for e in chosen:
-        lines += _entry_lines(e, names, width)
+    lines = [line for e in chosen for line in _entry_lines(e, names, width)]
     rest = len(shown_moved) - len(chosen)
     if rest:
         lines += _wrap(
@@ -225,11 +222,7 @@ def html_headers(e: Explained) -> tuple[str, ...]:
 def html_rows(parts: Sequence[PartChange]) -> list[list[str]]:
     """Every part's row of the HTML report's table (plain text; the caller escapes, and shows
     the part's ``source`` on its label)."""
-    rows = []
-    for p in parts:
-        label, a, b, change, ci, was = part_cells(p)
-        rows.append([p.phase, label, a, b, change, ci, f"{p.p_value:.3g}", was])
-    return rows
+    return [[p.phase, *c[:-1], f"{p.p_value:.3g}", c[-1]] for p, c in zip(parts, map(part_cells, parts))]
 
 
 # --- where llama.cpp's time went: the attribution pass (judge.attribution's JSON) --------------
