@@ -137,12 +137,10 @@ def cpu_has_amx() -> bool:
     for it runs quantized weights through its AMX kernels when repacking is on."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
-            for line in fh:
-                if line.startswith("flags"):
-                    return "amx_int8" in line.split()
+            flags = next((line for line in fh if line.startswith("flags")), "")
     except OSError:
         return False
-    return False
+    return "amx_int8" in flags.split()
 
 
 def resolve_repack(repack: bool | None, quantization: str | None) -> tuple[bool, str | None]:
@@ -362,17 +360,12 @@ class EngineConfig:
         return {name: getattr(self, name) for name in LLAMA_SETTINGS}
 
     def differences(self, base: EngineConfig) -> dict[str, object]:
-        """The fields that differ from ``base`` (a table row's or a side's short label)."""
+        """The fields that differ from ``base``."""
         return {
             f.name: getattr(self, f.name)
             for f in dataclasses.fields(self)
             if getattr(self, f.name) != getattr(base, f.name)
         }
-
-    def short(self, base: EngineConfig | None = None) -> str:
-        """``threads=1 flash_attn=True``: what sets this engine apart (all fields without base)."""
-        fields = self.differences(base) if base is not None else dataclasses.asdict(self)
-        return " ".join(f"{k}={v}" for k, v in fields.items()) or "defaults"
 
 
 # -- memory: llama.cpp's own buffer-size reports, the model file's mapping -----------------------
