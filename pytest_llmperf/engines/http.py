@@ -162,12 +162,10 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
         #: Sent vs shown, by API: a chat request (``Workload.messages``) goes to chat/completions.
         self._urls = {name: (parts.at(route).sent(), parts.at(route).shown()) for name, route in routes.items()}
         self.url = self._urls[api][1]
-        # Token probabilities (llama-server's own route, beside /v1): token-id prompts, ids in the reply.
-        self._native_completion_url = parts.at(path.rsplit("/v1", 1)[0] + "/completion").sent()
-        self._metrics_url, self.endpoint = (
-            parts.at(path.rsplit("/v1", 1)[0] + "/metrics").sent(),
-            parts.at(path).shown(),
-        )
+        native = path.rsplit("/v1", 1)[0]  # llama-server's own routes, beside /v1
+        # Token probabilities: token-id prompts, ids in the reply.
+        self._native_completion_url = parts.at(native + "/completion").sent()
+        self._metrics_url, self.endpoint = parts.at(native + "/metrics").sent(), parts.at(path).shown()
         try:
             httpx.URL(self._urls[api][0])
         except (httpx.InvalidURL, ValueError, TypeError) as exc:

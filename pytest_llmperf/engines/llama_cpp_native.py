@@ -246,21 +246,15 @@ def signal_name(returncode: int | None) -> str:
     return f"exit status {returncode}"
 
 
-def _amx_crash(sig: int | None, config: EngineConfig, quantization: str | None) -> bool:
-    """The crash is llama.cpp's AMX kernel's (``AMX_ISSUE``): a signal it dies with, on a CPU
-    with AMX, with repacked quantized weights."""
-    amx_death = sig in AMX_SIGNALS and cpu_has_amx()
-    repack_on = config.repack is not False
-    return amx_death and repack_on and (quantization or "").upper() not in UNPACKED_TYPES
-
-
 def known_cause(
     returncode: int | None, log: Sequence[str], config: EngineConfig, quantization: str | None
 ) -> str | None:
     """What a crash is known to mean, and what to do; None when it is not known."""
     sig = -returncode if returncode is not None and returncode < 0 else None
     text = "\n".join(log)
-    if _amx_crash(sig, config, quantization):
+    # llama.cpp's AMX kernel's crash: a signal it dies with, on a CPU with AMX, repacked quantized weights.
+    repacked = config.repack is not False and (quantization or "").upper() not in UNPACKED_TYPES
+    if sig in AMX_SIGNALS and cpu_has_amx() and repacked:
         return (
             f"known cause: llama.cpp's AMX kernel for quantized weights on this Intel CPU with AMX ({AMX_ISSUE}); "
             "set repack=False (marker key, or leave repack unset: auto turns it off here) to run it without AMX"
