@@ -21,7 +21,7 @@ from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeGuard, TypeVar
 
 from ..core.errors import EngineError, NotSteppable
-from ..core.workload import EngineInfo, LlamaRun, NativeCounters, RunTrace, Workload, chat_dicts
+from ..core.workload import ChatMessage, EngineInfo, LlamaRun, NativeCounters, RunTrace, Workload, chat_dicts
 from .capabilities import DrivenLlama, Engine, LayerTiming, SteppedRuns
 
 #: What a measured callable is given first: the prompt's text, or a chat request's messages.
@@ -131,7 +131,10 @@ class CallableEngine(Engine, DrivenLlama):
 
     def run(self, workload: Workload, run_index: int) -> RunTrace:
         workload = workload.request(run_index)  # a prompt set's request of this run
-        prompt = self._turn_messages(workload, run_index) if workload.turn is not None else self._prompt(workload)
+        if workload.turn is not None:
+            prompt: Request = chat_dicts(turn_chat(self._talk, workload, run_index))
+        else:
+            prompt = self._prompt(workload)
         counters, watch = self.counters, self.watch
         # A conversation's later turns keep what the run's earlier turns left (its prompt cache).
         cold = workload.prompt_cache == "cold" and (workload.turn or 1) == 1
@@ -227,16 +230,6 @@ class CallableEngine(Engine, DrivenLlama):
     def _replied(self, turn: int, run_index: int, reply: str) -> None:
         self._talk = (run_index, [*self._talk[1], reply] if turn > 1 else [reply])
 
-    def _turn_messages(self, workload: Workload, run_index: int) -> list[dict[str, str]]:
-        """A conversation turn's chat: the system message, the user turns so far and the
-        callable's replies to the earlier ones (kept from the run's earlier turns)."""
-        assert workload.conversation is not None and workload.turn is not None
-        k = workload.turn
-        replies = self._talk[1] if k > 1 else []
-        if k > 1 and (self._talk[0], len(replies)) != (run_index, k - 1):
-            raise EngineError(f"conversation turn {k} of run {run_index} asked without its turn {k - 1} just before")
-        return chat_dicts(workload.conversation.messages(replies))
-
     def _prompt(self, workload: Workload) -> Request:
         """What ``fn`` is given as its prompt: the text, or a chat request's messages
         (``[{"role": ..., "content": ...}, ...]``, for ``Llama.create_chat_completion``)."""
@@ -254,6 +247,17 @@ CONTEXT_TODO = "give that Llama a larger n_ctx (llmperf_llm: --llmperf-n-ctx) or
 
 #: What an engine says when asked for a conversation's prompt outside its turns (``whole_run``).
 NOT_ONE_REQUEST = "a conversation is sent turn by turn (Workload.at_turn), not as one request"
+
+
+def turn_chat(talk: tuple[int, list[str]], workload: Workload, run_index: int) -> tuple[ChatMessage, ...]:
+    """A conversation turn's chat: the system message, the user turns so far and the replies to
+    the run's earlier turns, kept by an engine that sends each turn its whole chat (``talk``:
+    the run index and its replies so far)."""
+    assert workload.conversation is not None and workload.turn is not None
+    k = workload.turn
+    if k > 1 and (talk[0], len(talk[1])) != (run_index, k - 1):
+        raise EngineError(f"conversation turn {k} of run {run_index} asked without its turn {k - 1} just before")
+    return workload.conversation.messages(talk[1] if k > 1 else [])
 
 
 def item_text(item: object) -> str:
@@ -349,8 +353,4 @@ def _defined_as(fn: object, kind: Callable[[object], bool]) -> bool:
 def _without_pauses(made_ns: Sequence[int], pauses: Sequence[tuple[int, int]]) -> tuple[int, ...]:
     """Token stamps with the time of every pause that ended before each taken out (a stepped
     run: ``pauses`` as (began, ended) clock readings)."""
-    out = []
-    for stamp in made_ns:
-        paused = sum(end - began for began, end in pauses if end <= stamp)
-        out.append(stamp - paused)
-    return tuple(out)
+    return tuple(stamp - sum(end - began for began, end in pauses if end <= stamp) for stamp in made_ns)

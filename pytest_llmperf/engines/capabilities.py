@@ -138,10 +138,7 @@ def layer_timing(engine: object) -> object | None:
     worker), the Llama a callable drove (``DrivenLlama``), or None."""
     if isinstance(engine, (LayerTiming, RemoteLayerTiming)):
         return engine
-    if isinstance(engine, DrivenLlama):
-        driven: object | None = engine.driven_llama()
-        return driven
-    return None
+    return engine.driven_llama() if isinstance(engine, DrivenLlama) else None
 
 
 def times_layers(engine: object) -> bool:

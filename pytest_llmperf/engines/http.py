@@ -48,19 +48,10 @@ from ..core.documents import DuplicateKey, loads
 from ..core.errors import ConfigError, EngineError
 from ..core.redact import Redactor, Url, redact
 from ..core.settings import APIS, SETTINGS, endpoint_url
-from ..core.workload import (
-    ChatMessage,
-    EngineInfo,
-    RunTrace,
-    SentRequest,
-    SetRequest,
-    TokenLogits,
-    Workload,
-    chat_dicts,
-)
-from . import NOT_ONE_REQUEST, synthetic_text
+from ..core.workload import EngineInfo, RunTrace, SentRequest, SetRequest, TokenLogits, Workload, chat_dicts
+from . import NOT_ONE_REQUEST, synthetic_text, turn_chat
 from .capabilities import AsyncRuns, Closable, ConcurrentRuns, Engine, NeedsPromptIds, SentRequests, ServerMetrics
-from .sse import MAX_ERROR_BODY_BYTES, EventReader, Head, StreamState, status_error
+from .sse import MAX_ERROR_BODY_BYTES, EventReader, StreamState, status_error
 
 if TYPE_CHECKING:
     import argparse
@@ -171,12 +162,10 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
         #: Sent vs shown, by API: a chat request (``Workload.messages``) goes to chat/completions.
         self._urls = {name: (parts.at(route).sent(), parts.at(route).shown()) for name, route in routes.items()}
         self.url = self._urls[api][1]
-        # Token probabilities (llama-server's own route, beside /v1): token-id prompts, ids in the reply.
-        self._native_completion_url = parts.at(path.rsplit("/v1", 1)[0] + "/completion").sent()
-        self._metrics_url, self.endpoint = (
-            parts.at(path.rsplit("/v1", 1)[0] + "/metrics").sent(),
-            parts.at(path).shown(),
-        )
+        native = path.rsplit("/v1", 1)[0]  # llama-server's own routes, beside /v1
+        # Token probabilities: token-id prompts, ids in the reply.
+        self._native_completion_url = parts.at(native + "/completion").sent()
+        self._metrics_url, self.endpoint = parts.at(native + "/metrics").sent(), parts.at(path).shown()
         try:
             httpx.URL(self._urls[api][0])
         except (httpx.InvalidURL, ValueError, TypeError) as exc:
@@ -237,7 +226,7 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
         if self.model:
             body["model"] = self.model
         if workload.turn is not None:  # a conversation's turn: its chat so far, the replies fed back
-            body["messages"] = chat_dicts(self._turn_messages(workload, run_index))
+            body["messages"] = chat_dicts(turn_chat(self._talk, workload, run_index))
             body["cache_prompt"] = workload.turn > 1  # what the run's earlier turns left, reused
         elif workload.messages is not None:  # as they are: the server renders its model's template
             body["messages"] = chat_dicts(workload.messages)
@@ -273,17 +262,6 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
         with self._lock:
             sent, self._sent = self._sent, []
         return sorted(sent, key=lambda r: r.sent_ns)
-
-    def _turn_messages(self, workload: Workload, run_index: int) -> tuple[ChatMessage, ...]:
-        """A conversation turn's chat: the system message, the user turns so far and the
-        server's replies to the run's earlier turns (kept by ``_run``)."""
-        assert workload.conversation is not None and workload.turn is not None
-        k = workload.turn
-        if k == 1:
-            return workload.conversation.messages([])
-        if self._talk[0] != run_index or len(self._talk[1]) != k - 1:
-            raise EngineError(f"conversation turn {k} of run {run_index} asked without its turn {k - 1} just before")
-        return workload.conversation.messages(self._talk[1])
 
     def _target(self, workload: Workload) -> tuple[str, str, str]:
         """Where a request goes: (API, URL sent, URL shown); chat messages to chat/completions."""
@@ -361,11 +339,12 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
 
     def _refused(self, response: httpx.Response, shown: str) -> EngineError:
         """The error for a response of status >= 300, with the head of its body."""
-        head = Head(MAX_ERROR_BODY_BYTES)
+        head = b""  # an error page can be of any size: its first MAX_ERROR_BODY_BYTES
         for chunk in response.iter_bytes():
-            if head.add(chunk):
+            head += chunk
+            if len(head) >= MAX_ERROR_BODY_BYTES:
                 break
-        return status_error(shown, response.status_code, head.text(), response.headers.get("location"))
+        return status_error(shown, response.status_code, head[:MAX_ERROR_BODY_BYTES], response.headers.get("location"))
 
     # -- asynchronous client (load tests) --------------------------------------------------------
 
@@ -422,11 +401,12 @@ class HttpEngine(Engine, ConcurrentRuns, AsyncRuns, ServerMetrics, NeedsPromptId
 
     async def _arefused(self, response: httpx.Response, shown: str) -> EngineError:
         """``_refused`` for an asynchronous response."""
-        head = Head(MAX_ERROR_BODY_BYTES)
+        head = b""
         async for chunk in response.aiter_bytes():
-            if head.add(chunk):
+            head += chunk
+            if len(head) >= MAX_ERROR_BODY_BYTES:
                 break
-        return status_error(shown, response.status_code, head.text(), response.headers.get("location"))
+        return status_error(shown, response.status_code, head[:MAX_ERROR_BODY_BYTES], response.headers.get("location"))
 
     # -- errors ----------------------------------------------------------------------------------
 
@@ -572,10 +552,7 @@ def _aligned(
     order, less the byte tokens held back (those get an empty list); or why they do not fit."""
     out: list[tuple[int, list[tuple[int, float]]]] = []
     for token in tokens:
-        if entries and entries[0][0] == token:
-            out.append((token, entries.pop(0)[1]))
-        else:
-            out.append((token, []))
+        out.append((token, entries.pop(0)[1] if entries and entries[0][0] == token else []))
     if not out or entries:
         return "the endpoint's log-probabilities do not follow its tokens"
     return out
@@ -712,19 +689,15 @@ def read(client: httpx.Client, metrics_url: str) -> dict[str, float] | None:
         return None
     if response.status_code != 200:
         return None
-    values = parse(response.text[: 1 << 20])
-    return values or None
+    return parse(response.text[: 1 << 20]) or None
 
 
 def delta(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float] | None:
     """Counters (``*_total``) as after minus before; gauges as read after."""
     if not before or not after:
         return None
-    out = {}
-    for name, value in after.items():
-        if name.endswith("_total"):
-            if name in before:
-                out[name] = value - before[name]
-        else:
-            out[name] = value
-    return out
+    return {
+        name: value - before[name] if name.endswith("_total") else value
+        for name, value in after.items()
+        if name in before or not name.endswith("_total")
+    }

@@ -76,7 +76,7 @@ if TYPE_CHECKING:
 
     from llama_cpp import Llama
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-    from llama_cpp.llama_cpp import llama_batch, llama_context_p, llama_model_params, llama_sampler_p, llama_vocab_p
+    from llama_cpp.llama_cpp import llama_batch, llama_context_p, llama_sampler_p, llama_vocab_p
     from llama_cpp.llama_types import ChatCompletionRequestMessage
 
     from .llama_cpp_native import Context, Sampler
@@ -85,30 +85,31 @@ if TYPE_CHECKING:
 SAMPLING_PROBES = 8
 
 
-#: The attribute ``with_model_params`` marks its replacement of llama-cpp-python's defaults with.
+#: The attribute ``with_default_params`` marks its replacement of llama-cpp-python's defaults with.
 MODEL_PARAMS_MARK = "llmperf_model_params"
 
 
 @contextlib.contextmanager
-def with_model_params(llama_cpp: ModuleType, **fields: object) -> Iterator[None]:
-    """``llama_cpp.Llama`` builds its model parameters from ``llama_model_default_params()``
-    and takes no keyword for some of them (``use_extra_bufts``): set them on the defaults
-    while one ``Llama`` is constructed."""
+def with_default_params(llama_cpp: ModuleType, factory: str, **fields: object) -> Iterator[None]:
+    """llama-cpp-python builds some parameters from llama.cpp's defaults (``factory``:
+    ``llama_model_default_params``, ``llama_sampler_chain_default_params``) and takes no keyword
+    for some of them (``use_extra_bufts``, the chain's ``no_perf``): set them on the defaults
+    while the block runs (one ``Llama`` constructed, one sampler chain made)."""
     module = llama_cpp.llama_cpp
-    default = module.llama_model_default_params
+    default = getattr(module, factory)
 
-    def with_fields() -> llama_model_params:
+    def with_fields() -> object:
         params = default()
         for name, value in fields.items():
             setattr(params, name, value)
         return params
 
     setattr(with_fields, MODEL_PARAMS_MARK, dict(fields))  # a load under way sets its own parameters
-    module.llama_model_default_params = with_fields
+    setattr(module, factory, with_fields)
     try:
         yield
     finally:
-        module.llama_model_default_params = default
+        setattr(module, factory, default)
 
 
 class MemoryFields(TypedDict, total=False):
@@ -162,7 +163,10 @@ class LlamaCppEngine(
         started = time.perf_counter_ns()
         log: list[str] = []
         try:
-            with with_model_params(llama_cpp, **model_params), llama_log_capture(llama_cpp) as log:
+            with (
+                with_default_params(llama_cpp, "llama_model_default_params", **model_params),
+                llama_log_capture(llama_cpp) as log,
+            ):
                 self.llm = llama_cpp.Llama(model_path=str(path), **keywords, no_perf=False, verbose=verbose)
         except (ValueError, RuntimeError, OSError) as exc:
             line = context_failure(path, exc, log, self.config.n_ctx)
@@ -247,14 +251,7 @@ class LlamaCppEngine(
         return greedy_sampler(self._lib, self.n_vocab, self._eog_ids)
 
     def _clear(self) -> None:
-        self._talk = None  # a conversation's turns go on only from what its previous turn left
-        lib = self._lib
-        assert self.llm is not None  # loaded: __init__ finished
-        lib.llama_memory_clear(lib.llama_get_memory(self._ctx), True)
-        self.llm.reset()  # keep the Llama object's own token bookkeeping in step
-        lib.llama_sampler_reset(self._sampler)
-        lib.llama_perf_context_reset(self._ctx)
-        lib.llama_perf_sampler_reset(self._sampler)
+        self._keep(0)
 
     def _evaluate_once(self) -> None:
         ids = (self._lib.llama_token * 2)(*self.synthetic_prompt(2, seed=0))
@@ -367,7 +364,7 @@ class LlamaCppEngine(
         # At least two tokens evaluated: the last prompt token's logits, and never a one-token
         # prompt (llama.cpp books it as decode, ``split_prompt``).
         reused = max(min(common_prefix(talk.cached, prompt_ids), len(prompt_ids) - 2), 0)
-        feed = self._turn_feed(workload, k)
+        feed = self.decode_feed(workload, k)
         self._keep(reused)
         timed = timed_decode(
             self._lib,
@@ -388,21 +385,17 @@ class LlamaCppEngine(
     def _keep(self, tokens: int) -> None:
         """The KV cache's first ``tokens`` positions kept, the rest dropped (0: cleared), and the
         counters and sampler reset for the run."""
-        if tokens == 0:
-            self._clear()
-            return
         lib = self._lib
-        if not lib.llama_memory_seq_rm(lib.llama_get_memory(self._ctx), 0, tokens, -1):
+        if tokens == 0:
+            self._talk = None  # a conversation's turns go on only from what its previous turn left
+            assert self.llm is not None  # loaded: __init__ finished
+            lib.llama_memory_clear(lib.llama_get_memory(self._ctx), True)
+            self.llm.reset()  # keep the Llama object's own token bookkeeping in step
+        elif not lib.llama_memory_seq_rm(lib.llama_get_memory(self._ctx), 0, tokens, -1):
             raise EngineError(f"llama.cpp could not drop the KV cache past position {tokens}")
         lib.llama_sampler_reset(self._sampler)
         lib.llama_perf_context_reset(self._ctx)
         lib.llama_perf_sampler_reset(self._sampler)
-
-    def _turn_feed(self, workload: Workload, turn: int) -> list[int] | None:
-        """A turn's seeded decode feed (``decode_feed``), a different reply each turn."""
-        if self.sample:
-            return None
-        return self.synthetic_prompt(workload.max_tokens + 1, workload.seed + 1 + turn)[1:]
 
     def _talk_need(self, workload: Workload) -> int:
         """A conversation's context need (its last turn: the whole chat, each reply at most twice
@@ -509,12 +502,13 @@ class LlamaCppEngine(
         self.check_fits(len(ids), workload.max_tokens)
         return ids
 
-    def decode_feed(self, workload: Workload) -> list[int] | None:
+    def decode_feed(self, workload: Workload, turn: int = 0) -> list[int] | None:
         """The seeded tokens ``run`` feeds to decode when it does not sample (``sample=False``,
-        as llama-bench's tg), or None when it samples inside the timed loop."""
+        as llama-bench's tg; a conversation's ``turn``: a different reply each turn), or None
+        when it samples inside the timed loop."""
         if self.sample:
             return None
-        return self.synthetic_prompt(workload.max_tokens + 1, workload.seed + 1)[1:]
+        return self.synthetic_prompt(workload.max_tokens + 1, workload.seed + 1 + turn)[1:]
 
     def fit_context(self, tokens: int) -> None:
         """Auto n_ctx: make the context exactly as large as the workload needs (rounded up to
@@ -637,15 +631,12 @@ class LlamaCppEngine(
 
     def check_fits(self, prompt_tokens: int, max_tokens: int) -> None:
         """A one-line EngineError when the workload cannot fit the context."""
-        if self._auto_ctx and prompt_tokens + max_tokens > self._n_ctx_train():
+        n_ctx = self._n_ctx_train() if self._auto_ctx else self.n_ctx
+        if prompt_tokens + max_tokens > n_ctx:
+            todo = " (the model's training context);" if self._auto_ctx else "; raise --llmperf-n-ctx or"
             raise EngineError(
-                f"context too small: {prompt_tokens} prompt + {max_tokens} generated tokens > n_ctx "
-                f"{self._n_ctx_train()} (the model's training context); shorten the workload"
-            )
-        if not self._auto_ctx and prompt_tokens + max_tokens > self.n_ctx:
-            raise EngineError(
-                f"context too small: {prompt_tokens} prompt + {max_tokens} generated tokens > "
-                f"n_ctx {self.n_ctx}; raise --llmperf-n-ctx or shorten the workload"
+                f"context too small: {prompt_tokens} prompt + {max_tokens} generated tokens > n_ctx {n_ctx}{todo} "
+                "shorten the workload"
             )
 
     # -- token probabilities (output agreement, measuring.agreement): never inside a timed run --
@@ -780,15 +771,6 @@ def split_prompt(n_tokens: int, n_batch: int) -> list[tuple[int, int]]:
     return chunks
 
 
-def _prompt_batches(
-    lib: ModuleType, prompt_ids: Sequence[int], n_batch: int
-) -> tuple[list[ctypes.Array[ctypes.c_int32]], list[llama_batch]]:
-    """The prompt's token arrays (``split_prompt``'s chunks) and a batch over each: the arrays
-    must outlive the batches that point into them."""
-    arrays = [(lib.llama_token * n)(*prompt_ids[s : s + n]) for s, n in split_prompt(len(prompt_ids), n_batch)]
-    return arrays, [lib.llama_batch_get_one(a, len(a)) for a in arrays]
-
-
 def _decode_buffers(
     lib: ModuleType,
     prompt_ids: Sequence[int],
@@ -797,12 +779,14 @@ def _decode_buffers(
     feed: Sequence[int] | None,
     sampler: Sampler,
 ) -> tuple[list[ctypes.Array[ctypes.c_int32]], list[llama_batch], ctypes.Array[ctypes.c_int32], llama_batch, list[int]]:
-    """What a timed loop needs made before its first clock read: the prompt's arrays and
-    batches (``_prompt_batches``), a one-token array and its batch, and the token ids (the feed's,
-    or zeros the sampler fills)."""
+    """What a timed loop needs made before its first clock read: the prompt's token arrays
+    (``split_prompt``'s chunks) and a batch over each (the arrays must outlive the batches that
+    point into them), a one-token array and its batch, and the token ids (the feed's, or zeros
+    the sampler fills)."""
     if feed is None and sampler is None:
         raise ValueError("timed_decode needs a feed or a sampler")
-    arrays, prompt_batches = _prompt_batches(lib, prompt_ids, n_batch)
+    arrays = [(lib.llama_token * n)(*prompt_ids[s : s + n]) for s, n in split_prompt(len(prompt_ids), n_batch)]
+    prompt_batches = [lib.llama_batch_get_one(a, len(a)) for a in arrays]
     one = (lib.llama_token * 1)()
     token_ids = list(feed) if feed is not None else [0] * max_tokens
     return arrays, prompt_batches, one, lib.llama_batch_get_one(one, 1), token_ids

@@ -137,12 +137,10 @@ def cpu_has_amx() -> bool:
     for it runs quantized weights through its AMX kernels when repacking is on."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
-            for line in fh:
-                if line.startswith("flags"):
-                    return "amx_int8" in line.split()
+            flags = next((line for line in fh if line.startswith("flags")), "")
     except OSError:
         return False
-    return False
+    return "amx_int8" in flags.split()
 
 
 def resolve_repack(repack: bool | None, quantization: str | None) -> tuple[bool, str | None]:
@@ -248,21 +246,15 @@ def signal_name(returncode: int | None) -> str:
     return f"exit status {returncode}"
 
 
-def _amx_crash(sig: int | None, config: EngineConfig, quantization: str | None) -> bool:
-    """The crash is llama.cpp's AMX kernel's (``AMX_ISSUE``): a signal it dies with, on a CPU
-    with AMX, with repacked quantized weights."""
-    amx_death = sig in AMX_SIGNALS and cpu_has_amx()
-    repack_on = config.repack is not False
-    return amx_death and repack_on and (quantization or "").upper() not in UNPACKED_TYPES
-
-
 def known_cause(
     returncode: int | None, log: Sequence[str], config: EngineConfig, quantization: str | None
 ) -> str | None:
     """What a crash is known to mean, and what to do; None when it is not known."""
     sig = -returncode if returncode is not None and returncode < 0 else None
     text = "\n".join(log)
-    if _amx_crash(sig, config, quantization):
+    # llama.cpp's AMX kernel's crash: a signal it dies with, on a CPU with AMX, repacked quantized weights.
+    repacked = config.repack is not False and (quantization or "").upper() not in UNPACKED_TYPES
+    if sig in AMX_SIGNALS and cpu_has_amx() and repacked:
         return (
             f"known cause: llama.cpp's AMX kernel for quantized weights on this Intel CPU with AMX ({AMX_ISSUE}); "
             "set repack=False (marker key, or leave repack unset: auto turns it off here) to run it without AMX"
@@ -362,17 +354,12 @@ class EngineConfig:
         return {name: getattr(self, name) for name in LLAMA_SETTINGS}
 
     def differences(self, base: EngineConfig) -> dict[str, object]:
-        """The fields that differ from ``base`` (a table row's or a side's short label)."""
+        """The fields that differ from ``base``."""
         return {
             f.name: getattr(self, f.name)
             for f in dataclasses.fields(self)
             if getattr(self, f.name) != getattr(base, f.name)
         }
-
-    def short(self, base: EngineConfig | None = None) -> str:
-        """``threads=1 flash_attn=True``: what sets this engine apart (all fields without base)."""
-        fields = self.differences(base) if base is not None else dataclasses.asdict(self)
-        return " ".join(f"{k}={v}" for k, v in fields.items()) or "defaults"
 
 
 # -- memory: llama.cpp's own buffer-size reports, the model file's mapping -----------------------

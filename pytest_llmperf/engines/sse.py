@@ -146,7 +146,6 @@ class StreamState:
             raise EngineError(
                 f"stream from {self.url} ended without [DONE] after {len(self.stamps)} tokens (truncated)"
             )
-        stamps = self.stamps
         native = self.native()
         counted, source = self._counted(native)
         self._check_complete(counted, source)
@@ -154,7 +153,7 @@ class StreamState:
         trace = RunTrace(
             start_ns=start_ns,
             prefill_done_ns=None,
-            token_ns=tuple(fit_stamps(stamps, counted)),
+            token_ns=tuple(fit_stamps(self.stamps, counted)),
             prompt_tokens=prompt_tokens if is_count(prompt_tokens) else None,
             native=native,
         )
@@ -209,35 +208,21 @@ class StreamState:
             )
 
 
-class Head:
-    """The first ``limit`` bytes of a body (an error page can be of any size), chunk by chunk:
-    the same for the synchronous and the asynchronous client."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.data = b""
-
-    def add(self, chunk: bytes) -> bool:
-        """Keep ``chunk``; True once ``limit`` bytes are in (read no further)."""
-        self.data += chunk
-        return len(self.data) >= self.limit
-
-    def text(self) -> bytes:
-        return self.data[: self.limit]
-
-
 _EOL = re.compile(rb"\r\n|\r|\n")
 
 
-class LineSplitter:
-    """Bytes in, complete lines out (ended by CRLF, LF or CR, as SSE allows), as UTF-8 text;
-    a line over ``MAX_LINE_BYTES`` is an error. Used by both clients, chunk by chunk."""
+class EventReader:
+    """Bytes in, the ``data`` of each server-sent event out (multi-line data joined; None for a
+    comment), one chunk at a time: a client reads its clock when a chunk arrives and only then
+    parses it, so parsing is never part of an arrival time (both clients). Lines end with CRLF,
+    LF or CR, as SSE allows; a line over ``MAX_LINE_BYTES`` is an error."""
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.pending = b""
+        self.buffer: list[str] = []
 
-    def feed(self, chunk: bytes) -> list[str]:
+    def feed(self, chunk: bytes) -> list[str | None]:
         pending = self.pending + chunk
         held = pending.endswith(b"\r")  # maybe the first half of a CRLF split across chunks
         parts = _EOL.split(pending[:-1] if held else pending)
@@ -246,22 +231,15 @@ class LineSplitter:
             raise EngineError(
                 f"malformed stream from {self.url}: a line longer than {MAX_LINE_BYTES} bytes without a line end"
             )
-        return [part.decode("utf-8", "replace") for part in parts]
+        return [data for part in parts for data in self._line(part.decode("utf-8", "replace"))]
 
-    def end(self) -> list[str]:
+    def end(self) -> list[str | None]:
         rest = self.pending.rstrip(b"\r")
         self.pending = b""
-        return [rest.decode("utf-8", "replace")] if rest else []
+        return (self._line(rest.decode("utf-8", "replace")) if rest else []) + self._line("")
 
-
-class EventSplitter:
-    """Lines in, the ``data`` of each server-sent event out (multi-line data joined); None for
-    a comment."""
-
-    def __init__(self) -> None:
-        self.buffer: list[str] = []
-
-    def feed(self, line: str) -> list[str | None]:
+    def _line(self, line: str) -> list[str | None]:
+        """One line's events: an empty line ends the event under way."""
         if not line:
             if self.buffer:
                 data, self.buffer = "\n".join(self.buffer), []
@@ -273,28 +251,6 @@ class EventSplitter:
         if field == "data":
             self.buffer.append(value.removeprefix(" "))
         return []
-
-    def end(self) -> list[str | None]:
-        if self.buffer:
-            data, self.buffer = "\n".join(self.buffer), []
-            return [data]
-        return []
-
-
-class EventReader:
-    """Bytes in, the ``data`` of each server-sent event out, one chunk at a time: a client reads
-    its clock when a chunk arrives and only then parses it, so parsing is never part of an
-    arrival time (both clients)."""
-
-    def __init__(self, url: str) -> None:
-        self.lines = LineSplitter(url)
-        self.events = EventSplitter()
-
-    def feed(self, chunk: bytes) -> list[str | None]:
-        return [data for line in self.lines.feed(chunk) for data in self.events.feed(line)]
-
-    def end(self) -> list[str | None]:
-        return [data for line in self.lines.end() for data in self.events.feed(line)] + self.events.end()
 
 
 def parse_event(data: str, url: str) -> dict[str, JSONValue]:
@@ -321,11 +277,9 @@ def event_text(event: dict[str, Any], api: str) -> object:
         return None
     choice = choices[0]
     if api == "completions":
-        text = choice.get("text")
-    else:
-        delta = choice.get("delta") or {}
-        text = delta.get("content") if isinstance(delta, dict) else None
-    return text
+        return choice.get("text")
+    delta = choice.get("delta") or {}
+    return delta.get("content") if isinstance(delta, dict) else None
 
 
 def tokens_in(event: dict[str, Any], api: str) -> tuple[bool, str | None]:

@@ -37,7 +37,7 @@ import functools
 import gc
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -56,7 +56,7 @@ from .llama_cpp import (
     chat_prompt_ids,
     sampler_time,
     timed_decode,
-    with_model_params,
+    with_default_params,
 )
 from .llama_cpp_native import (
     buffer_sizes,
@@ -115,9 +115,7 @@ def _hook() -> None:
     cls = llama_cpp.Llama
     if any(hooked is cls for hooked in _HOOKED):
         return
-    for obj in gc.get_objects():
-        if isinstance(obj, cls):
-            _SEEN.add(obj)
+    _SEEN.update(obj for obj in gc.get_objects() if isinstance(obj, cls))
     original = cls.__init__
 
     @functools.wraps(original)
@@ -143,7 +141,9 @@ def _repack_guard(llama_cpp: ModuleType, path: object) -> AbstractContextManager
     except (OSError, ValueError):
         file_type = None
     use_repack, _note = resolve_repack(None, file_type)
-    return contextlib.nullcontext() if use_repack else with_model_params(llama_cpp, use_extra_bufts=False)
+    if use_repack:
+        return contextlib.nullcontext()
+    return with_default_params(llama_cpp, "llama_model_default_params", use_extra_bufts=False)
 
 
 @dataclass
@@ -259,7 +259,7 @@ class _Probe:
             sample_count=chain_count or len(log.made),
             sampled_in_run=True,
             source=f"llama_perf_context ({self.name})",
-            sampler=_sampler_words(log),
+            sampler="grammar" if log.grammar else "",  # the chain beyond the usual, as a why line names it
         )
 
     def _wrappers(self) -> dict[str, Callable[..., object]]:
@@ -304,8 +304,9 @@ class _Probe:
             return token
 
         def wrapped_init_sampler(*args: object, **kwargs: object) -> object:
-            # llama-cpp-python makes its chain with llama.cpp's default params (no_perf): timed here.
-            with _timed_chains(self.lib):
+            # llama-cpp-python makes its chain with llama.cpp's default params (no_perf): with no_perf
+            # off, llama_perf_sampler times the chain per token inside llama.cpp.
+            with with_default_params(self.lib, "llama_sampler_chain_default_params", no_perf=False):
                 return init_sampler(*args, **kwargs)
 
         def wrapped_tokenize(*args: object, **kwargs: object) -> list[int]:
@@ -324,36 +325,12 @@ class _Probe:
         }
 
 
-@contextlib.contextmanager
-def _timed_chains(lib: ModuleType) -> Iterator[None]:
-    """Sampler chains made in the block keep llama.cpp's own counters (``no_perf`` off), so
-    ``llama_perf_sampler`` times the chain per token inside llama.cpp."""
-    module = lib.llama_cpp
-    default = module.llama_sampler_chain_default_params
-
-    def timed() -> object:
-        params = default()
-        params.no_perf = False
-        return params
-
-    module.llama_sampler_chain_default_params = timed
-    try:
-        yield
-    finally:
-        module.llama_sampler_chain_default_params = default
-
-
 def _evals(r: LlamaReading) -> int:
     return r.prefill_tokens + r.decode_tokens
 
 
 def _ms(r: LlamaReading) -> float:
     return r.prefill_ms + r.decode_ms
-
-
-def _sampler_words(log: _Log) -> str:
-    """What llama.cpp's sampler chain held beyond the usual, as a why line names it."""
-    return "grammar" if log.grammar else ""
 
 
 def _time_hooks(kwargs: dict[str, object], log: _Log) -> None:
@@ -460,11 +437,9 @@ class LlamaWatch(RunWatch):
         recently (``llamas``: all of them by name)."""
         if not self.driven:
             return base
-        names = tuple(self.driven)
+        named = dataclasses.replace(base, llamas=tuple(self.driven))
         llm = list(self.driven.values())[-1]
-        if not _is_open(llm):
-            return dataclasses.replace(base, llamas=names)
-        return llama_facts(self._lib, llm, dataclasses.replace(base, llamas=names))
+        return llama_facts(self._lib, llm, named) if _is_open(llm) else named
 
     def driven_llama(self) -> DrivenLlamaEngine | None:
         """The Llama driven most recently, as an in-process llama.cpp engine (``DrivenLlama``)."""

@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 import os
 import string
 import struct
@@ -162,9 +163,7 @@ def _pieces(count: int) -> list[bytes]:
             out += [space + word, word]
             if len(out) >= count:
                 return [p.encode() for p in out[:count]]
-    if len(out) < count:
-        raise ValueError(f"cannot make {count} distinct pieces")
-    return [p.encode() for p in out[:count]]
+    raise ValueError(f"cannot make {count} distinct pieces")
 
 
 def write_gguf(spec: ModelSpec, path: str | os.PathLike[str]) -> Path:
@@ -247,10 +246,7 @@ def write_gguf(spec: ModelSpec, path: str | os.PathLike[str]) -> Path:
 
 def default_cache_dir() -> Path:
     """``$LLMPERF_CACHE_DIR``, else the user cache dir: models are shared across projects."""
-    env = os.environ.get("LLMPERF_CACHE_DIR")
-    if env:
-        return Path(env)
-    return Path(platformdirs.user_cache_dir("pytest-llmperf"))
+    return Path(os.environ.get("LLMPERF_CACHE_DIR") or platformdirs.user_cache_dir("pytest-llmperf"))
 
 
 def preset_of(model: str) -> str | None:
@@ -296,7 +292,6 @@ def _write_cached(spec: ModelSpec, folder: Path, target: Path, *, default_folder
     tmp = None
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        # Write beside the target and rename: readers never see a half-written model.
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".gguf", dir=folder)
         os.close(fd)
         write_gguf(spec, tmp)
@@ -389,9 +384,7 @@ def gguf_tensor_sizes(path: str | Path) -> dict[str, tuple[int, int]]:
         pos += 4 + 8 * n_dims
         ttype, _offset = struct.unpack_from("<IQ", data, pos)
         pos += 12
-        elements = 1
-        for d in dims:
-            elements *= d
+        elements = math.prod(dims)
         block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ttype)]
         sizes[name] = (elements, elements // block * type_size)
     return sizes
