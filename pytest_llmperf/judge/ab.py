@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..core.catalog import PHASE_METRIC
 from ..core.documents import JSONValue
 from ..core.errors import ConfigError
 from ..core.formats import finite, sig6
@@ -43,7 +44,6 @@ from .paired import (
     FIRST_BLOCK,
     PAIRED_METRICS,
     PAIRS_PER_PROCESS,
-    PHASE_METRIC,
     Levels,
     PairedComparison,
     grouped,

@@ -30,12 +30,12 @@ from dataclasses import dataclass
 
 from scipy.stats import binom
 
-from ..core.catalog import AGREEMENT_BUDGETS, BUDGETS, METRICS, AgreementBudget, Budget, direct_sample
+from ..core.catalog import AGREEMENT_BUDGETS, BUDGETS, METRICS, PHASE_METRIC, AgreementBudget, Budget, direct_sample
 from ..core.errors import ConfigError, did_you_mean, unknown_name
 from ..core.formats import StrEnum, fmt, shown
 from ..core.measurement import Agreement, Measurement
 from ..core.values import MAX_NUMBER, parse_fraction
-from .paired import PAIRED_METRICS, PHASE_METRIC, PairedComparison
+from .paired import PAIRED_METRICS, PairedComparison
 
 
 def sample(budget: Budget, m: Measurement) -> str:
