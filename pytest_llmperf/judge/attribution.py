@@ -446,14 +446,10 @@ def attribute_sides(
 def record_figures(record: Measurement) -> dict[str, float]:
     """A stored record's roofline and memory figures, as ``measuring.attribution.side_figures``
     names them."""
-    bw: float | None = None
-    mbu: float | None = None
-    if record.roofline is not None:
-        decode = record.roofline.decode
-        bw, mbu = decode.achieved_bw_gbs, None if decode.note else decode.mbu
+    decode = record.roofline.decode if record.roofline is not None else None
     out = {
-        "decode_bw_gbs": bw,
-        "decode_mbu": mbu,
+        "decode_bw_gbs": decode.achieved_bw_gbs if decode is not None else None,
+        "decode_mbu": None if decode is None or decode.note else decode.mbu,
         "peak_rss_mib": memory.rss_mib if (memory := record.memory) is not None else None,
         "kv_mib": memory.kv_mib if memory is not None else None,
         "compute_mib": memory.compute_mib if memory is not None else None,

@@ -121,18 +121,6 @@ def _memory_growth(metric: Metric, b: float, c: float) -> str:
     return f"{metric.label} {b:.6g} -> {c:.6g} MiB ({change}; {source}) since the baseline"
 
 
-def session_levels(rec: Measurement) -> dict[str, Level]:
-    """The record's own session level of each judged metric it carries."""
-    columns = rec.run_columns
-    return {s.name: level(columns[s.name], f"{s.name} of a record") for s in JUDGED if columns.get(s.name)}
-
-
-def history(rec: Measurement) -> dict[str, list[Level]]:
-    """Older recorded sessions' levels (oldest first), without the record's own session."""
-    stored = rec.sessions or {}
-    return {name: [Level.from_json(d) for d in stored.get(name, [])] for name in (s.name for s in JUDGED)}
-
-
 def carry_history(old: Measurement | None, new: Measurement, keep: int = HISTORY_SESSIONS) -> Measurement:
     """The record to store when ``new`` replaces ``old``: ``new`` with the levels of the last
     ``keep - 1`` sessions before it, when ``old`` measured the same subject and workload (a
@@ -143,9 +131,10 @@ def carry_history(old: Measurement | None, new: Measurement, keep: int = HISTORY
         or subject_changes(old.subject, new.subject)
     ):
         return new
-    try:
-        older = history(old)
-        own = session_levels(old)
+    stored, columns = old.sessions or {}, old.run_columns
+    try:  # per judged metric, its older recorded sessions' levels (oldest first), and its own session's
+        older = {s.name: [Level.from_json(d) for d in stored.get(s.name, [])] for s in JUDGED}
+        own = {s.name: level(columns[s.name], f"{s.name} of a record") for s in JUDGED if columns.get(s.name)}
     except (KeyError, TypeError, ValueError):
         return new  # an unreadable history is dropped, never guessed
     chains = {name: levels + ([own[name]] if name in own else []) for name, levels in older.items()}

@@ -343,11 +343,9 @@ class Figures(HeadlineFigures):
         reads as None (and is not written back: ``absent``)."""
         load = d.get("load")
         figures: dict[str, Any] = {k: d.get(k) for k in FIGURES}
-        absent = frozenset(FIGURES) - set(d)
-        if not isinstance(load, Mapping):
-            return cls(**figures, absent=absent)
-        loads = LoadFigures(**{f.name: load[f.name] for f in dataclasses.fields(LoadFigures)})
-        return cls(**figures, load=loads, absent=absent)
+        if isinstance(load, Mapping):
+            figures["load"] = LoadFigures(**{f.name: load[f.name] for f in dataclasses.fields(LoadFigures)})
+        return cls(**figures, absent=frozenset(FIGURES) - set(d))
 
 
 @dataclass(frozen=True)

@@ -550,8 +550,9 @@ class Comparison:
         parts.append(f"{self.n_candidate} pairs" if self.reference else f"{self.n_candidate} vs {self.n_baseline} runs")
         if self.shown is None and self.baseline_sessions > 1:  # a file written before ``shown``
             parts.append(f"{self.baseline_sessions} baseline sessions")
-        if self.mirror_of is not None:
-            parts[-1] += f"; {_label(self.mirror_of)}'s verdict"
+        if self.mirror_of is not None:  # named by its label (``tpot_ms``: ``TPOT``)
+            spec = METRICS.get(self.mirror_of)
+            parts[-1] += f"; {self.mirror_of if spec is None else spec.label}'s verdict"
         return parts
 
     def reach(self) -> str:
@@ -596,12 +597,6 @@ def fmt_ratio(x: float) -> str:
     """A ratio near 1 to 3 decimals (``1.072``), one far from it to 3 significant digits
     (``340``, ``0.00294``)."""
     return f"{x:.3f}" if 0.1 <= x < 10 else f"{x:.3g}"
-
-
-def _label(metric: str) -> str:
-    """The label a person reads for a metric's name (``tpot_ms``: ``TPOT``)."""
-    spec = METRICS.get(metric)
-    return spec.label if spec is not None else metric
 
 
 #: A change beyond this many percent is shown as beyond it: no reader needs the digits.
@@ -687,26 +682,26 @@ def decided(
     ``fields``: more fields to set in the same copy."""
     if c.p_value is None or p_adj is None:
         return dataclasses.replace(c, **fields, verdict=Verdict.INCONCLUSIVE, reason=c.reason or "no p-value")
+    m = max(m, 1)
     if c.se_log > 0:
-        fields.setdefault(
-            "detectable",
-            detectable(c.se_log, math.inf if c.df is None else c.df, alpha=alpha / max(m, 1), threshold=c.threshold),
-        )
+        df = math.inf if c.df is None else c.df
+        fields.setdefault("detectable", detectable(c.se_log, df, alpha=alpha / m, threshold=c.threshold))
     shown = _shown(c, p_adj, p_adj_better, alpha=alpha)
     beyond = _ci_beyond(c)
+    held, fewest = (
+        _held_back(c, p_adj if beyond == "slower" else p_adj_better, alpha=alpha, m=m) if beyond else ("", None)
+    )
     if shown is not None and shown[0] is Verdict.INCONCLUSIVE and beyond is not None:  # part of the runs slower
-        held, _ = _held_back(c, p_adj if beyond == "slower" else p_adj_better, alpha=alpha, m=max(m, 1))
         reason = f"{shown[1]}; also its {CI_LEVEL:.0%} CI lies wholly beyond {c.threshold:.0%} {beyond} but {held}"
         return dataclasses.replace(c, **fields, verdict=shown[0], reason=reason)
     if shown is not None:
         return dataclasses.replace(c, **fields, verdict=shown[0], reason=shown[1])
     lean = "slower" if c.worse_log > 0 else "faster"
-    need = _runs_needed(c, alpha / max(m, 1))
+    need = _runs_needed(c, alpha / m)
     change = f"{c.label} {fmt_pct(abs(c.change_pct)).lstrip('+>')} {lean}"
     if beyond is None:
         why = f"{change}, not shown beyond or within {c.threshold:.0%}"
     else:
-        held, fewest = _held_back(c, p_adj if beyond == "slower" else p_adj_better, alpha=alpha, m=max(m, 1))
         need = None if need is None and fewest is None else max(need or 0, fewest or 0)
         why = f"{change}, its {CI_LEVEL:.0%} CI wholly beyond {c.threshold:.0%} {beyond} but {held}"
     return dataclasses.replace(
