@@ -582,10 +582,8 @@ def _half_at(c: Comparison, cap: int, ci_level: float) -> float:
 
 def _unchanged_needs_more(low: float, high: float, threshold: float) -> str | None:
     """An UNCHANGED needs more pairs while its CI (``low``..``high``) holds 1 and reaches past the threshold."""
-    if low > 1.0 or high < 1.0:
-        return None
     bound = 1.0 + threshold
-    if high < bound and low > 1.0 / bound:
+    if low > 1.0 or high < 1.0 or (high < bound and low > 1.0 / bound):
         return None
     return "its CI holds 1 and reaches past the threshold"
 

@@ -31,7 +31,7 @@ import dataclasses
 import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy.special import ndtr, ndtri
@@ -40,7 +40,7 @@ from ..core import catalog
 from ..core.documents import JSONValue
 from ..core.formats import finite
 from ..core.measurement import RunMetrics
-from .paired import location_ci, signed_rank_p
+from .paired import PairedComparison, location_ci, signed_rank_p
 from .verdict import CI_LEVEL, Comparison, Verdict, exp_clamped, fmt_pct, fmt_value, holm
 
 if TYPE_CHECKING:
@@ -372,22 +372,9 @@ def beyond_the_machine(parts: Sequence[PartChange], phase: str, phase_ms: float,
     )
 
 
-class Headline(Protocol):
-    """A phase's headline comparison, B against A: a ``verdict.Comparison`` (baseline, REF) or a
-    ``paired.PairedComparison`` (an in-process A/B)."""
-
-    @property
-    def metric(self) -> str: ...
-    @property
-    def phase(self) -> str: ...
-    @property
-    def label(self) -> str: ...
-    @property
-    def ratio(self) -> float: ...
-    @property
-    def ci_low(self) -> float | None: ...
-    @property
-    def ci_high(self) -> float | None: ...
+#: A phase's headline comparison, B against A: a ``verdict.Comparison`` (baseline, REF) or a
+#: ``paired.PairedComparison`` (an in-process A/B).
+Headline = Comparison | PairedComparison
 
 
 #: The verdicts whose line names the parts: the phase moved.

@@ -720,11 +720,7 @@ def _ci_beyond(c: Comparison) -> str | None:
         return None
     low, high = (1.0 / c.ci_high, 1.0 / c.ci_low) if c.higher_is_better else (c.ci_low, c.ci_high)
     bound = 1.0 + c.threshold
-    if low > bound:
-        return "slower"
-    if high < 1.0 / bound:
-        return "faster"
-    return None
+    return "slower" if low > bound else "faster" if high < 1.0 / bound else None
 
 
 def _held_back(c: Comparison, p_adj: float | None, *, alpha: float, m: int) -> tuple[str, int | None]:
