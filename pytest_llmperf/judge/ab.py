@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..core.catalog import PHASE_METRIC
 from ..core.documents import JSONValue
 from ..core.errors import ConfigError
 from ..core.formats import finite, sig6
@@ -43,7 +44,6 @@ from .paired import (
     FIRST_BLOCK,
     PAIRED_METRICS,
     PAIRS_PER_PROCESS,
-    PHASE_METRIC,
     Levels,
     PairedComparison,
     grouped,
@@ -316,15 +316,9 @@ def _check_workload(workload: Workload) -> None:
 
 
 def _paired_comparisons(ma: Measurement, mb: Measurement) -> list[PairedComparison]:
-    """A against B per paired metric both sides observed in every run."""
-    comparisons = []
-    for metric in PAIRED_METRICS:
-        va = [getattr(r, metric) for r in ma.runs]
-        vb = [getattr(r, metric) for r in mb.runs]
-        if any(v is None or not v > 0 for v in va + vb):
-            continue  # e.g. prefill time of a callable: not observed
-        comparisons.append(paired(metric, va, vb))
-    return comparisons
+    """A against B per paired metric both sides observed in every run (a callable's prefill time is not)."""
+    values = {m: ([getattr(r, m) for r in ma.runs], [getattr(r, m) for r in mb.runs]) for m in PAIRED_METRICS}
+    return [paired(m, va, vb) for m, (va, vb) in values.items() if all(v is not None and v > 0 for v in va + vb)]
 
 
 def _judged_budgets(budgets: Sequence[RelativeBudget], comparisons: Sequence[PairedComparison]) -> list[BudgetOutcome]:
@@ -364,16 +358,12 @@ def _instance_properties(prefix: str, r: ABResult) -> list[tuple[str, object]]:
     (only where it ran on two or more instance pairs)."""
     if r.instance_pairs < 2:
         return []
-    out: list[tuple[str, object]] = [
-        (f"{prefix}instance_pairs", r.instance_pairs),
-        (f"{prefix}build_s", round(r.build_s, 3)),
+    sds = [
+        (f"{prefix}{one.metric}.{name}", round(sd, 6))
+        for one in r.levels
+        for name, sd in (("between_sd", one.between_sd), ("within_sd", one.within_sd))
     ]
-    for one in r.levels:
-        out += [
-            (f"{prefix}{one.metric}.between_sd", round(one.between_sd, 6)),
-            (f"{prefix}{one.metric}.within_sd", round(one.within_sd, 6)),
-        ]
-    return out
+    return [(f"{prefix}instance_pairs", r.instance_pairs), (f"{prefix}build_s", round(r.build_s, 3)), *sds]
 
 
 def _agreement_properties(prefix: str, g: Agreement) -> list[tuple[str, object]]:

@@ -178,15 +178,8 @@ class PhaseChange:
     @classmethod
     def from_json(cls, phase: str, d: Mapping[str, Any]) -> PhaseChange:
         kinds = {k: tuple(SliceChange.from_json(c) for c in d.get(k, ())) for k in KINDS}
-        return cls(
-            phase,
-            kinds["layers"],
-            kinds["ops"],
-            kinds["groups"],
-            str(d.get("reading", "")),
-            float(d.get("a_step_ms") or 0.0),
-            float(d.get("b_step_ms") or 0.0),
-        )
+        a_ms, b_ms = (float(d.get(k) or 0.0) for k in ("a_step_ms", "b_step_ms"))
+        return cls(phase, **kinds, reading=str(d.get("reading", "")), a_step_ms=a_ms, b_step_ms=b_ms)
 
 
 def compare_phase(a: PhaseAttribution, b: PhaseAttribution, threshold: float = DEFAULT_THRESHOLD) -> PhaseChange:
@@ -204,15 +197,8 @@ def compare_phase(a: PhaseAttribution, b: PhaseAttribution, threshold: float = D
         kinds[kind] = tuple(slice_change(by_a.get(n), by_b.get(n), threshold) for n in names)
     blocks = None if mismatch else slice_change(_blocks(a), _blocks(b), threshold)
     read = reading(kinds["layers"], kinds["groups"], kinds["ops"], threshold, blocks)
-    return PhaseChange(
-        a.phase,
-        kinds["layers"],
-        kinds["ops"],
-        kinds["groups"],
-        f"{mismatch}; {read}" if mismatch else read,
-        a.step_ms,
-        b.step_ms,
-    )
+    read = f"{mismatch}; {read}" if mismatch else read
+    return PhaseChange(a.phase, **kinds, reading=read, a_step_ms=a.step_ms, b_step_ms=b.step_ms)
 
 
 def _is_block(name: str) -> bool:
@@ -237,7 +223,7 @@ def _blocks(p: PhaseAttribution) -> Slice:
     or, from a pass that kept none, the sum of the blocks' per-run values."""
     if p.blocks is not None:
         return p.blocks
-    blocks = [s for s in p.layers if s.name.startswith("layer ")]
+    blocks = [s for s in p.layers if _is_block(s.name)]
     per_run = tuple(float(v) for v in np.sum([s.per_run_ms for s in blocks], axis=0)) if blocks else ()
     return Slice("blocks", sum(s.median_ms for s in blocks), per_run)
 
@@ -256,7 +242,7 @@ def reading(
 def layer_reading(layers: Sequence[SliceChange], threshold: float, together: SliceChange | None = None) -> str:
     """``together``: the blocks' sum compared (the uniform change's ratio and CI); None: the
     blocks' median ratio, moved when most blocks moved."""
-    blocks = [c for c in layers if c.name.startswith("layer ") and c.ratio is not None]
+    blocks = [c for c in layers if _is_block(c.name) and c.ratio is not None]
     if not blocks:
         return ""
     m = float(np.median([c.ratio for c in blocks]))
@@ -330,20 +316,17 @@ class AttributionChange:
     def lines(self) -> list[str]:
         """The terminal's block (80 columns): each phase's reading and its largest changes,
         each side's cost and roofline."""
-        out = textwrap.wrap(
-            f"where llama.cpp's time went ({self.reason}): A {self.a_name}, B {self.b_name}",
-            WIDTH,
-            subsequent_indent="  ",
-            break_on_hyphens=False,
-        )
+        out = _wrapped(f"where llama.cpp's time went ({self.reason}): A {self.a_name}, B {self.b_name}")
         for p in PHASES:
-            ph = self.phase(p)
-            out += textwrap.wrap(f"{p}: {ph.reading}", WIDTH, subsequent_indent="  ", break_on_hyphens=False)
-            out += _table(ph)
+            out += [*_wrapped(f"{p}: {self.phase(p).reading}"), *_table(self.phase(p))]
         for who in ("A", "B"):
-            line = _side_line(who, self.cost.get(who) or {}, self.sides.get(who) or {})
-            out += textwrap.wrap(line, WIDTH, subsequent_indent="  ", break_on_hyphens=False) if line else []
+            out += _wrapped(_side_line(who, self.cost.get(who) or {}, self.sides.get(who) or {}))
         return out
+
+
+def _wrapped(text: str) -> list[str]:
+    """``text`` in lines of the terminal's width, the later ones indented; none for ''."""
+    return textwrap.wrap(text, WIDTH, subsequent_indent="  ", break_on_hyphens=False)
 
 
 def _table(ph: PhaseChange) -> list[str]:
@@ -463,14 +446,10 @@ def attribute_sides(
 def record_figures(record: Measurement) -> dict[str, float]:
     """A stored record's roofline and memory figures, as ``measuring.attribution.side_figures``
     names them."""
-    bw: float | None = None
-    mbu: float | None = None
-    if record.roofline is not None:
-        decode = record.roofline.decode
-        bw, mbu = decode.achieved_bw_gbs, None if decode.note else decode.mbu
+    decode = record.roofline.decode if record.roofline is not None else None
     out = {
-        "decode_bw_gbs": bw,
-        "decode_mbu": mbu,
+        "decode_bw_gbs": decode.achieved_bw_gbs if decode is not None else None,
+        "decode_mbu": None if decode is None or decode.note else decode.mbu,
         "peak_rss_mib": memory.rss_mib if (memory := record.memory) is not None else None,
         "kv_mib": memory.kv_mib if memory is not None else None,
         "compute_mib": memory.compute_mib if memory is not None else None,

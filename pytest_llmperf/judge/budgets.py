@@ -30,12 +30,12 @@ from dataclasses import dataclass
 
 from scipy.stats import binom
 
-from ..core.catalog import AGREEMENT_BUDGETS, BUDGETS, METRICS, AgreementBudget, Budget, direct_sample
+from ..core.catalog import AGREEMENT_BUDGETS, BUDGETS, METRICS, PHASE_METRIC, AgreementBudget, Budget, direct_sample
 from ..core.errors import ConfigError, did_you_mean, unknown_name
 from ..core.formats import StrEnum, fmt, shown
 from ..core.measurement import Agreement, Measurement
 from ..core.values import MAX_NUMBER, parse_fraction
-from .paired import PAIRED_METRICS, PHASE_METRIC, PairedComparison
+from .paired import PAIRED_METRICS, PairedComparison
 
 
 def sample(budget: Budget, m: Measurement) -> str:
@@ -186,10 +186,8 @@ class BudgetBreach:
         q = self.quantile
         need = max(runs_to_bound(q), runs_to_bound(1.0 - q))
         name = "median" if q == 0.5 else f"p{q * 100:g}"
-        return f"; {self.n} {self._what()} cannot estimate a {name} at {BUDGET_CI_LEVEL:.0%} (about {need} bound it)"
-
-    def _what(self) -> str:
-        return "tokens" if "tokens" in self.sample else "runs"
+        what = "tokens" if "tokens" in self.sample else "runs"
+        return f"; {self.n} {what} cannot estimate a {name} at {BUDGET_CI_LEVEL:.0%} (about {need} bound it)"
 
     @property
     def worth_more_runs(self) -> bool:
@@ -335,11 +333,8 @@ class RelativeBudget:
 
     def describe(self) -> str:
         if self.kind == "max_slowdown":
-            return (
-                f"max_slowdown {self.value:.0%}"
-                if self.value * 100 == round(self.value * 100)
-                else f"max_slowdown {self.value:.1%}"
-            )
+            digits = ".0%" if self.value * 100 == round(self.value * 100) else ".1%"
+            return f"max_slowdown {self.value:{digits}}"
         return f"min_speedup {self.value:g}x"
 
 
@@ -456,6 +451,5 @@ def parse_agreement_budgets(**given: object) -> tuple[tuple[AgreementBudget, flo
 def judge_agreement(budget: AgreementBudget, limit: float, agreement: Agreement) -> AgreementOutcome:
     if not agreement.available:
         return AgreementOutcome(budget, limit, agreement, BudgetState.UNAVAILABLE)
-    measured = getattr(agreement, budget.figure)
-    state = BudgetState.MET if budget.holds(measured, limit) else BudgetState.BREACHED
+    state = BudgetState.MET if budget.holds(getattr(agreement, budget.figure), limit) else BudgetState.BREACHED
     return AgreementOutcome(budget, limit, agreement, state)

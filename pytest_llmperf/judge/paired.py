@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -45,8 +46,6 @@ if TYPE_CHECKING:
 
 #: metric -> its catalog entry (label, phase, unit...). Times are compared as b/a time ratios.
 PAIRED_METRICS: dict[str, Metric] = {name: catalog.METRICS[name] for name in catalog.PAIRED}
-#: What a phase budget (``max_slowdown={"decode": 0.05}``) reads: the phase's time metric.
-PHASE_METRIC = catalog.PHASE_METRIC
 
 
 @dataclass(frozen=True)
@@ -99,8 +98,8 @@ def paired(metric: str, a: Sequence[float], b: Sequence[float], ci_level: float 
         label=m.label,
         phase=m.phase,
         unit=m.unit,
-        a_median=_median(a),
-        b_median=_median(b),
+        a_median=statistics.median(a),
+        b_median=statistics.median(b),
         ratio=exp_clamped(estimate),
         ci_low=exp_clamped(low),
         ci_high=exp_clamped(high),
@@ -191,12 +190,6 @@ def _upper_tail(cdf: np.ndarray, t: float) -> float:
     return float(cdf[k]) if k >= 0 else 0.0
 
 
-def _median(values: Sequence[float]) -> float:
-    s = sorted(values)
-    k = len(s)
-    return s[k // 2] if k % 2 else (s[k // 2 - 1] + s[k // 2]) / 2
-
-
 def _signed_rank_greater(d: np.ndarray) -> float:
     """One-sided exact Wilcoxon signed-rank p-value of "the differences lean positive"."""
     d = d[d != 0]
@@ -284,12 +277,11 @@ def pair_levels(
     """Each of ``metrics``' two levels over pairs of runs (``levels``; pair i in process pair,
     or an A/B's instance pair, ``groups[i]``), the metrics a run did not observe left out.
     ``metrics``: the judged ones (``--llmperf-against``), or an A/B's ``PAIRED_METRICS``."""
-    out = []
-    for metric in metrics:
-        d = observed_log_ratios(a_runs, b_runs, metric)
-        if d is not None:
-            out.append(levels(metric, d, groups))
-    return tuple(out)
+    return tuple(
+        levels(metric, d, groups)
+        for metric in metrics
+        if (d := observed_log_ratios(a_runs, b_runs, metric)) is not None
+    )
 
 
 def observed_log_ratios(a_runs: Sequence[RunMetrics], b_runs: Sequence[RunMetrics], metric: str) -> np.ndarray | None:
@@ -474,21 +466,21 @@ def _paired_rate(
     """The rate that mirrors ``c`` (decode TPS of TPOT's pairs), shown with its own medians and its
     own pairs' ratio and CI (the line's percentage is that ratio's; ``groups``: the two-level
     model's), with ``c``'s verdict."""
-    estimate, low, high = location_ci(_log_ratios(va, vb), ci_level)
+    d = _log_ratios(va, vb)
+    estimate, low, high = location_ci(d, ci_level)
     if groups:  # as ``_two_levels``: the model's estimate, its CI spanning the pairs' own too
-        t = two_level_ci(grouped(_log_ratios(va, vb), groups), ci_level)
+        t = two_level_ci(grouped(d, groups), ci_level)
         estimate, low, high = t.estimate, min(t.low, low), max(t.high, high)
     change = (exp_clamped(estimate), exp_clamped(low), exp_clamped(high))
-    return mirrored(c, spec, (_median(va), _median(vb)), change=change)
+    return mirrored(c, spec, (statistics.median(va), statistics.median(vb)), change=change)
 
 
 def _paired_comparison(
     spec: Metric, va: Sequence[float], vb: Sequence[float], threshold: float, reference: str, ci_level: float
 ) -> Comparison:
     """One metric's pairs as an undecided ``Comparison`` (``decide`` gives its verdict), its CI at ``ci_level``."""
-
     pc = paired(spec.name, va, vb, ci_level)
-    d = np.log(np.asarray(vb, dtype=float)) - np.log(np.asarray(va, dtype=float))
+    d = _log_ratios(va, vb)
     ratios = log_level(d)
     greater, less = _signed_rank_greater(d), _signed_rank_greater(-d)
     worse, better = (less, greater) if spec.higher_is_better else (greater, less)
@@ -595,10 +587,8 @@ def _half_at(c: Comparison, cap: int, ci_level: float) -> float:
 
 def _unchanged_needs_more(low: float, high: float, threshold: float) -> str | None:
     """An UNCHANGED needs more pairs while its CI (``low``..``high``) holds 1 and reaches past the threshold."""
-    if low > 1.0 or high < 1.0:
-        return None
     bound = 1.0 + threshold
-    if high < bound and low > 1.0 / bound:
+    if low > 1.0 or high < 1.0 or (high < bound and low > 1.0 / bound):
         return None
     return "its CI holds 1 and reaches past the threshold"
 

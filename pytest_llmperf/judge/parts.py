@@ -31,7 +31,7 @@ import dataclasses
 import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy.special import ndtr, ndtri
@@ -40,7 +40,7 @@ from ..core import catalog
 from ..core.documents import JSONValue
 from ..core.formats import finite
 from ..core.measurement import RunMetrics
-from .paired import location_ci, signed_rank_p
+from .paired import PairedComparison, location_ci, signed_rank_p
 from .verdict import CI_LEVEL, Comparison, Verdict, exp_clamped, fmt_pct, fmt_value, holm
 
 if TYPE_CHECKING:
@@ -247,17 +247,12 @@ def _holm_by_phase(raws: Sequence[_Raw]) -> list[float]:
     return adjusted
 
 
-def sampler_label(sampler: str) -> str | None:
-    """The sampling part's label where llama.cpp's sampler chain held more than the usual
-    samplers (``"sampling (llama.cpp: grammar)"``), else None (the catalog's)."""
-    return f"sampling (llama.cpp: {sampler})" if sampler else None
-
-
 def _changes(raws: Sequence[_Raw], alpha: float, paired: bool, sampler: str = "") -> tuple[PartChange, ...]:
     """The parts with their p-values Holm-adjusted over their phase's parts; ``sampler``: what
-    the sampling part's chain held (``sampler_label``)."""
+    the sampling part's chain held, named in its label where it held more than the usual
+    samplers (``"sampling (llama.cpp: grammar)"``; else the catalog's label)."""
     adjusted = _holm_by_phase(raws)
-    named = sampler_label(sampler)
+    named = f"sampling (llama.cpp: {sampler})" if sampler else None
     out = []
     for r, p in zip(raws, adjusted):
         ratio, low, high = r.ratio if r.ratio is not None else (None, None, None)
@@ -314,7 +309,7 @@ def unpaired_parts(
     """Every part both records hold (``record["parts"]``: part -> per-run values), the candidate
     against the baseline's runs, with each phase's between-session sd (``between_sd``: phase ->
     log-scale sd, the headline comparison's) and A's phase time (``phase_ms``: judged metric ->
-    median ms); ``sampler``: what either side's sampler chain held (``sampler_label``).
+    median ms); ``sampler``: what either side's sampler chain held (``_changes``).
     ``pairs``: the runs that sent the same request on both sides (a prompt set's,
     ``regression.request_pairs``): each part is then compared on those runs pair by pair, so a
     phase's "where the time went" is not the mix of prompt lengths; none: unpaired."""
@@ -327,17 +322,12 @@ def unpaired_parts(
         if not (np.isfinite(va).all() and np.isfinite(vb).all() and _measured(va, vb)):
             continue
         ms, between = phase_ms.get(spec.part_of or "", 0.0), between_sd.get(spec.phase, 0.0)
-        if _pairable(pairs, va, vb):
+        if len(pairs) >= 2 and max(pairs) < min(va.size, vb.size):  # a value at every paired run
             at = np.asarray(pairs)
             raws.append(_raw_by_request(spec, va[at], vb[at], ms, between))
         else:
             raws.append(_raw_unpaired(spec, va, vb, ms, between))
     return _changes(raws, alpha, paired=False, sampler=sampler)
-
-
-def _pairable(pairs: Sequence[int], a: np.ndarray, b: np.ndarray) -> bool:
-    """Both sides hold a value at every paired run (at least 2 pairs)."""
-    return len(pairs) >= 2 and max(pairs) < min(a.size, b.size)
 
 
 # --- what the parts say about a phase -------------------------------------------------------------
@@ -382,22 +372,9 @@ def beyond_the_machine(parts: Sequence[PartChange], phase: str, phase_ms: float,
     )
 
 
-class Headline(Protocol):
-    """A phase's headline comparison, B against A: a ``verdict.Comparison`` (baseline, REF) or a
-    ``paired.PairedComparison`` (an in-process A/B)."""
-
-    @property
-    def metric(self) -> str: ...
-    @property
-    def phase(self) -> str: ...
-    @property
-    def label(self) -> str: ...
-    @property
-    def ratio(self) -> float: ...
-    @property
-    def ci_low(self) -> float | None: ...
-    @property
-    def ci_high(self) -> float | None: ...
+#: A phase's headline comparison, B against A: a ``verdict.Comparison`` (baseline, REF) or a
+#: ``paired.PairedComparison`` (an in-process A/B).
+Headline = Comparison | PairedComparison
 
 
 #: The verdicts whose line names the parts: the phase moved.
@@ -462,13 +439,8 @@ def gated(parts: Sequence[PartChange], phases: Collection[str]) -> tuple[PartCha
 
 
 def _why_lines(comparisons: Sequence[Headline], parts: Sequence[PartChange], phases: Collection[str]) -> list[str]:
-    lines = []
-    for c in comparisons:
-        if is_headline(c) and c.phase in phases:
-            line = why_line(c, parts)
-            if line is not None:
-                lines.append(line)
-    return lines
+    lines = (why_line(c, parts) for c in comparisons if is_headline(c) and c.phase in phases)
+    return [line for line in lines if line is not None]
 
 
 def why_lines(comparisons: Sequence[Comparison], parts: Sequence[PartChange]) -> list[str]:

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 from ..baselines import records as reference
 from ..core import catalog
 from ..core.catalog import Metric
-from ..core.documents import JSONValue
 from ..core.fingerprint import closest_hardware, other_hardware_note, subject_changes
 from ..core.measurement import OTHERS_PRESENT, Measurement, workload_changes
 from ..core.settings import DEFAULT_ALPHA, DEFAULT_TAIL_THRESHOLD, DEFAULT_THRESHOLD
@@ -100,9 +99,9 @@ def compare_memory(baseline: Measurement, candidate: Measurement) -> tuple[str, 
     for name, (rel, slack) in MEMORY_RULE.items():
         if name == "rss_mib" and not all(_rss_over_runs(r) for r in (baseline, candidate)):
             continue
-        figures = _memory_figures(name, baseline, candidate)
-        if figures is not None and _grown(*figures, rel, slack):
-            lines.append(_memory_growth(catalog.METRICS[name], *figures))
+        b, c = (r.memory.figure(name) if r.memory is not None else None for r in (baseline, candidate))
+        if b is not None and c is not None and c - b > slack and c > b * (1 + rel):  # beyond both
+            lines.append(_memory_growth(catalog.METRICS[name], b, c))
     return tuple(lines)
 
 
@@ -115,38 +114,11 @@ def _rss_over_runs(rec: Measurement) -> bool:
     return rec.memory is not None and rec.memory.peak_rss_scope == "measurement"
 
 
-def _memory_figures(name: str, baseline: Measurement, candidate: Measurement) -> tuple[float, float] | None:
-    """Both records' memory figure ``name`` (MiB), when both carry it as a number."""
-    b, c = (r.memory.figure(name) if r.memory is not None else None for r in (baseline, candidate))
-    return (b, c) if b is not None and c is not None else None
-
-
-def _grown(b: float, c: float, rel: float, slack: float) -> bool:
-    """``c`` exceeds ``b`` by more than both the absolute ``slack`` (MiB) and the relative ``rel``."""
-    return c - b > slack and c > b * (1 + rel)
-
-
 def _memory_growth(metric: Metric, b: float, c: float) -> str:
     """The line for a memory figure grown from ``b`` to ``c`` MiB since the baseline."""
     change = f"+{(c - b) / b:.0%}" if b > 0 else f"+{c - b:.3g} MiB"
     source = "engine process, over the runs" if metric.name == "rss_mib" else catalog.BUFFER_SOURCE
     return f"{metric.label} {b:.6g} -> {c:.6g} MiB ({change}; {source}) since the baseline"
-
-
-def session_levels(rec: Measurement) -> dict[str, Level]:
-    """The record's own session level of each judged metric it carries."""
-    out = {}
-    for spec in JUDGED:
-        values = rec.run_columns.get(spec.name)
-        if values:
-            out[spec.name] = level(values, f"{spec.name} of a record")
-    return out
-
-
-def history(rec: Measurement) -> dict[str, list[Level]]:
-    """Older recorded sessions' levels (oldest first), without the record's own session."""
-    stored = rec.sessions or {}
-    return {name: [Level.from_json(d) for d in stored.get(name, [])] for name in (s.name for s in JUDGED)}
 
 
 def carry_history(old: Measurement | None, new: Measurement, keep: int = HISTORY_SESSIONS) -> Measurement:
@@ -159,26 +131,17 @@ def carry_history(old: Measurement | None, new: Measurement, keep: int = HISTORY
         or subject_changes(old.subject, new.subject)
     ):
         return new
-    try:
-        older = history(old)
-        own = session_levels(old)
+    stored, columns = old.sessions or {}, old.run_columns
+    try:  # per judged metric, its older recorded sessions' levels (oldest first), and its own session's
+        older = {s.name: [Level.from_json(d) for d in stored.get(s.name, [])] for s in JUDGED}
+        own = {s.name: level(columns[s.name], f"{s.name} of a record") for s in JUDGED if columns.get(s.name)}
     except (KeyError, TypeError, ValueError):
         return new  # an unreadable history is dropped, never guessed
-    sessions = _kept_sessions(older, own, keep)
+    chains = {name: levels + ([own[name]] if name in own else []) for name, levels in older.items()}
+    sessions = {
+        name: [lv.to_json() for lv in chain[-(keep - 1) :]] for name, chain in chains.items() if chain and keep > 1
+    }
     return dataclasses.replace(new, sessions=sessions) if sessions else new
-
-
-def _kept_sessions(
-    older: Mapping[str, list[Level]], own: Mapping[str, Level], keep: int
-) -> dict[str, list[dict[str, JSONValue]]]:
-    """Per judged metric, the last ``keep - 1`` session levels of a replaced record (its older
-    ones, then its own), as stored."""
-    sessions: dict[str, list[dict[str, JSONValue]]] = {}
-    for name, levels in older.items():
-        chain = levels + ([own[name]] if name in own else [])
-        if chain and keep > 1:
-            sessions[name] = [lv.to_json() for lv in chain[-(keep - 1) :]]
-    return sessions
 
 
 def compare_records(
@@ -200,9 +163,8 @@ def _sound(rec: Measurement, name: str, side: str) -> tuple[Level | None, list[L
     notes: list[str] = []
     own = None
     if name in rec.run_columns:  # measured: its runs are judged, or named
-        values = rec.run_columns[name]
         try:
-            own = level(values, f"{name} of the {side}")
+            own = level(rec.run_columns[name], f"{name} of the {side}")
         except (TypeError, ValueError) as exc:
             notes.append(f"{exc}")
     older: list[Level] = []
@@ -266,16 +228,11 @@ def request_pairs(baseline: Measurement, candidate: Measurement) -> tuple[int, .
     same prompt tokens (``requests``: run i sends ``drawn(set, seed, i)`` on every side, so all
     runs both have, unless the tokenizer changed); none when either record keeps no requests
     or fewer than ``MIN_REQUEST_PAIRS`` match."""
-    b, c = _sent(baseline), _sent(candidate)
+    b, c = (r.requests.sent if r.requests is not None else None for r in (baseline, candidate))
     if b is None or c is None:
         return ()
     same = tuple(i for i, (x, y) in enumerate(zip(b, c)) if x == y)
     return same if len(same) >= MIN_REQUEST_PAIRS else ()
-
-
-def _sent(rec: Measurement) -> tuple[tuple[int, int], ...] | None:
-    """A record's (request, prompt tokens) of each run, where it keeps them."""
-    return rec.requests.sent if rec.requests is not None else None
 
 
 def _by_request(
@@ -347,13 +304,8 @@ def _reciprocal_scale(baseline: Measurement, candidate: Measurement, rate: str, 
 def _medians(baseline: Measurement, candidate: Measurement, name: str) -> tuple[float, float] | None:
     """Both records' median of ``name`` (a rate shown beside the metric it mirrors), if both
     carry finite positive numbers for it."""
-    out = []
-    for rec in (baseline, candidate):
-        values = _run_values(rec, name)
-        if values is None:
-            return None
-        out.append(float(statistics.median(values)))
-    return out[0], out[1]
+    b, c = _run_values(baseline, name), _run_values(candidate, name)
+    return None if b is None or c is None else (float(statistics.median(b)), float(statistics.median(c)))
 
 
 #: The hypervisor took this much more of the CPU time (steal) during the candidate's runs than
@@ -483,13 +435,13 @@ def beyond_machine(comparisons: Sequence[Comparison], parts: Sequence[PartChange
     a part of it outside llama.cpp's evaluation rose beyond what the machine's slowing of that
     evaluation explains (``parts.beyond_the_machine``), by the headline's threshold of its time."""
     regressed = {c.phase for c in comparisons if c.verdict is Verdict.REGRESSION}
-    out = {}
-    for c in comparisons:
-        if is_headline(c) and c.phase in regressed:
-            why = beyond_the_machine(parts, c.phase, c.baseline_value, c.threshold)
-            if why is not None:
-                out[c.phase] = f"{c.phase} {c.label} REGRESSION on a busy machine: {why}"
-    return out
+    return {
+        c.phase: f"{c.phase} {c.label} REGRESSION on a busy machine: {why}"
+        for c in comparisons
+        if is_headline(c)
+        and c.phase in regressed
+        and (why := beyond_the_machine(parts, c.phase, c.baseline_value, c.threshold)) is not None
+    }
 
 
 def judge(
@@ -543,11 +495,11 @@ def _judge(
     changes = tuple(subject_changes(baseline.subject, candidate.subject))
     changes += prompt_changes(*(r.prompt.prompt_tokens if r.prompt else None for r in (baseline, candidate)))
     machine = reference.slowdown(baseline.reference, candidate.reference)
-    steal = (steal_share(baseline), steal_share(candidate))
+    steal = steal_share(baseline)
     notes = []
-    if steal[0] is not None and steal[0] >= STEAL_MACHINE_SHARE:
+    if steal is not None and steal >= STEAL_MACHINE_SHARE:
         notes.append(
-            f"the baseline was recorded while the hypervisor took {steal[0]:.0%} of the CPU time (steal): "
+            f"the baseline was recorded while the hypervisor took {steal:.0%} of the CPU time (steal): "
             "it may be too slow to catch a regression; re-record it with --llmperf-update-baselines"
         )
     attribution, unreadable = _attribution(baseline, candidate, settings)
@@ -659,26 +611,20 @@ def session_holm(results: Sequence[Outcome]) -> list[Outcome]:
 
 
 def _session_adjusted(results: Sequence[Outcome]) -> dict[tuple[int, int], tuple[float, float]]:
-    """Holm over every judged comparison of the session: (worse, better) adjusted p-values by
-    (result, comparison) index."""
-    judged = _session_family(results)
-    if not judged:
-        return {}
-    worse = holm([c.p_value for _, _, c in judged if c.p_value is not None])
-    better = holm([c.p_value_better if c.p_value_better is not None else 1.0 for _, _, c in judged])
-    return {(i, j): (pw, pb) for (i, j, _), pw, pb in zip(judged, worse, better)}
-
-
-def _session_family(results: Sequence[Outcome]) -> list[tuple[int, int, Comparison]]:
-    """(result index, comparison index, comparison) of each judged comparison of the session
-    (mirrors do not count)."""
-    return [
+    """Holm over every judged comparison of the session (mirrors do not count): (worse, better)
+    adjusted p-values by (result, comparison) index."""
+    judged = [
         (i, j, c)
         for i, r in enumerate(results)
         if r.verdict is not None
         for j, c in enumerate(r.verdict.comparisons)
         if c.mirror_of is None and c.p_value is not None
     ]
+    if not judged:
+        return {}
+    worse = holm([c.p_value for _, _, c in judged if c.p_value is not None])
+    better = holm([c.p_value_better if c.p_value_better is not None else 1.0 for _, _, c in judged])
+    return {(i, j): (pw, pb) for (i, j, _), pw, pb in zip(judged, worse, better)}
 
 
 def _mirrors_adjusted(comps: Sequence[Comparison]) -> list[Comparison]:
@@ -700,7 +646,10 @@ def suite_check(results: Sequence[Outcome], settings: CompareSettings) -> tuple[
     results = list(results)
     if not settings.suite_check:
         return results, []
-    compared, before = _compared(results)
+    compared = [
+        i for i, r in enumerate(results) if r.verdict is not None and r.verdict.status is BaselineStatus.COMPARED
+    ]
+    before = [list(v.comparisons) for v in (results[i].verdict for i in compared) if v is not None]
     after = suite_relative(before, alpha=settings.alpha_suite)
     lines = []
     for i, old, new in zip(compared, before, after):
@@ -712,15 +661,6 @@ def suite_check(results: Sequence[Outcome], settings: CompareSettings) -> tuple[
     return results, lines
 
 
-def _compared(results: Sequence[Outcome]) -> tuple[list[int], list[list[Comparison]]]:
-    """The indices of the results compared against a baseline, and their comparisons."""
-    compared = [
-        i for i, r in enumerate(results) if r.verdict is not None and r.verdict.status is BaselineStatus.COMPARED
-    ]
-    before = [list(v.comparisons) for v in (results[i].verdict for i in compared) if v is not None]
-    return compared, before
-
-
 def _suite_verdicts(r: Outcome, old: Sequence[Comparison], new: Sequence[Comparison]) -> tuple[Outcome, list[str]]:
     """``r`` with the comparisons the suite-relative check changed (``old`` -> ``new``), and the
     failure line of each new REGRESSION."""
@@ -729,17 +669,11 @@ def _suite_verdicts(r: Outcome, old: Sequence[Comparison], new: Sequence[Compari
     kept = beyond_machine(new, v.parts) if v.machine else {}
     new = blame_machine(list(new), v.machine or None, kept)  # a busy machine during this test's runs
     suffix = f"; {', '.join(v.changes)}" if v.changes else ""
-    fresh = [c.line() + suffix for o, c in zip(old, new) if _newly_regressed(o, c)]
+    fresh = [
+        c.line() + suffix
+        for o, c in zip(old, new)
+        if c.verdict is Verdict.REGRESSION and o.verdict is not Verdict.REGRESSION and c.mirror_of is None
+    ]
     phases = {c.phase for c in new if c.verdict is Verdict.REGRESSION}
-    result = _with_comparisons(
-        r,
-        new,
-        failures=v.failures + tuple(fresh),
-        short=regression_cell(phases) if phases else Verdict.MACHINE_SLOWER.value,
-    )
-    return result, fresh
-
-
-def _newly_regressed(old: Comparison, new: Comparison) -> bool:
-    """``new`` is a judged comparison that became a REGRESSION (``old``: what it was)."""
-    return new.verdict is Verdict.REGRESSION and old.verdict is not Verdict.REGRESSION and new.mirror_of is None
+    short = regression_cell(phases) if phases else Verdict.MACHINE_SLOWER.value
+    return _with_comparisons(r, new, failures=v.failures + tuple(fresh), short=short), fresh

@@ -101,7 +101,7 @@ def _phase_rows(phase: str, b: PhaseLayers, c: PhaseLayers) -> list[tuple[Any, .
     rows = []
     for i, name in enumerate(b.names):
         if len(b_share) > 1 and len(c_share) > 1:
-            method = _method(b_share, c_share)
+            method = "exact" if max(len(b_share), len(c_share)) <= EXACT_UP_TO_RUNS else "asymptotic"
             p = float(mannwhitneyu(c_share[:, i], b_share[:, i], alternative="greater", method=method).pvalue)
         else:
             p = 1.0
@@ -116,16 +116,12 @@ def _shares(per_run_ms: object) -> np.ndarray:
     return shares
 
 
-#: Up to this many runs on a side the U test's p-value is computed exactly (milliseconds).
+#: Up to this many runs on a side the U test's p-value is computed exactly (milliseconds): the
+#: run counts tests use. The normal approximation overstates small p-values about tenfold at 10
+#: runs a side (9e-5 against the exact 5e-6 for complete separation), and with Holm over every
+#: layer of both phases a layer that clearly got slower would then miss ``alpha`` whenever a
+#: busy machine lets one or two runs overlap.
 EXACT_UP_TO_RUNS = 50
-
-
-def _method(a: np.ndarray, b: np.ndarray) -> str:
-    """Exact for the run counts tests use: the normal approximation overstates small p-values
-    about tenfold at 10 runs a side (9e-5 against the exact 5e-6 for complete separation), and
-    with Holm over every layer of both phases a layer that clearly got slower would then miss
-    ``alpha`` whenever a busy machine lets one or two runs overlap."""
-    return "exact" if max(len(a), len(b)) <= EXACT_UP_TO_RUNS else "asymptotic"
 
 
 State = TypeVar("State", BaselineStatus, BudgetStatus)
@@ -283,16 +279,12 @@ class BaselineVerdict:
             tuple(layer_change_from_json(c) for c in d.get("layer_changes", ())),
             machine=d.get("machine", ""),
             parts=tuple(PartChange.from_json(p) for p in d.get("parts", ())),
-            attribution=_attribution_of(d.get("attribution")),
+            attribution=AttributionChange.from_json(a)
+            if isinstance(a := d.get("attribution"), Mapping) and a
+            else None,
             short=d.get("short", d["status"]),
             failures=tuple(d.get("failures", ())),
         )
-
-
-def _attribution_of(d: object) -> AttributionChange | None:
-    if not isinstance(d, Mapping) or not d:
-        return None
-    return AttributionChange.from_json(d)
 
 
 @dataclass(frozen=True)
@@ -351,11 +343,9 @@ class Figures(HeadlineFigures):
         reads as None (and is not written back: ``absent``)."""
         load = d.get("load")
         figures: dict[str, Any] = {k: d.get(k) for k in FIGURES}
-        absent = frozenset(FIGURES) - set(d)
-        if not isinstance(load, Mapping):
-            return cls(**figures, absent=absent)
-        loads = LoadFigures(**{f.name: load[f.name] for f in dataclasses.fields(LoadFigures)})
-        return cls(**figures, load=loads, absent=absent)
+        if isinstance(load, Mapping):
+            figures["load"] = LoadFigures(**{f.name: load[f.name] for f in dataclasses.fields(LoadFigures)})
+        return cls(**figures, absent=frozenset(FIGURES) - set(d))
 
 
 @dataclass(frozen=True)

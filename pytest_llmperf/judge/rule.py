@@ -55,7 +55,7 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.special import ndtr, ndtri, stdtr, stdtrit
+from scipy.special import ndtr, stdtr
 
 from ..core import catalog
 from ..core.catalog import Metric
@@ -75,6 +75,7 @@ from .verdict import (
     fmt_pct,
     holm,
     level,
+    t_quantile,
 )
 
 #: The compared metrics (from the catalog: those judged, and the rates that mirror them).
@@ -119,7 +120,7 @@ def compare_levels(
     d = candidate.log_level - base_log
     worse = -d if spec.higher_is_better else d
     p_worse, p_better = _p_values(worse, se, df)
-    z = float(stdtrit(df, 0.5 + CI_LEVEL / 2)) if math.isfinite(df) else float(ndtri(0.5 + CI_LEVEL / 2))
+    z = t_quantile(df, 0.5 + CI_LEVEL / 2)
     latest = ref[-1]
     c = Comparison(
         metric=spec.name,
@@ -424,8 +425,7 @@ def _slower_than_suite(
     """``c`` as a suite-relative REGRESSION, when its departure is significant (Holm-adjusted
     ``p_adj``), beyond the threshold and itself a slowdown, and no verdict already stands for
     it (REGRESSION, MACHINE_SLOWER, IMPROVED); else None."""
-    own = -math.log(c.ratio) if c.higher_is_better else math.log(c.ratio)
-    if p_adj >= alpha or departure <= math.log1p(c.threshold) or own <= 0:
+    if p_adj >= alpha or departure <= math.log1p(c.threshold) or c.worse_log <= 0:
         return None
     if c.verdict in (Verdict.REGRESSION, Verdict.MACHINE_SLOWER, Verdict.IMPROVED):
         return None
@@ -445,12 +445,4 @@ def _slower_than_suite(
 def _with_mirrors(comparisons: Sequence[Comparison], i: int, new: Comparison) -> list[Comparison]:
     """One measurement's comparisons with the ``i``-th replaced by ``new``, and the rates that
     mirror it following it."""
-    out = []
-    for k, m in enumerate(comparisons):
-        if k == i:
-            out.append(new)
-        elif m.mirror_of == new.metric:
-            out.append(followed(new, m))
-        else:
-            out.append(m)
-    return out
+    return [new if k == i else followed(new, m) if m.mirror_of == new.metric else m for k, m in enumerate(comparisons)]

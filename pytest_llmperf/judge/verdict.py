@@ -230,14 +230,10 @@ class NoiseModel:
         """Estimated between-session sd: the prior, pooled with the stored levels' spread beyond
         what their own runs explain."""
         k = len(sessions)
-        prior = self.prior_sessions * self.between_sd**2
         if k < 2:
             return self.between_sd
-        levels = [s.log_level for s in sessions]
-        mean = sum(levels) / k
-        within = sum(s.se**2 for s in sessions) / k
-        excess = max(0.0, sum((v - mean) ** 2 for v in levels) / (k - 1) - within)
-        return math.sqrt((prior + (k - 1) * excess) / (self.prior_sessions + k - 1))
+        prior = self.prior_sessions * self.between_sd**2
+        return math.sqrt((prior + (k - 1) * _excess(sessions)) / (self.prior_sessions + k - 1))
 
     def window(self, sessions: Sequence[Level]) -> tuple[float, float]:
         """Between-session sd and its degrees of freedom from a history window of
@@ -247,10 +243,16 @@ class NoiseModel:
         k = len(sessions)
         if k < WINDOW_MIN_SESSIONS:
             return self.between(sessions), self.between_df(k)
-        levels = [s.log_level for s in sessions]
-        mean = sum(levels) / k
-        within = sum(s.se**2 for s in sessions) / k
-        return math.sqrt(max(0.0, sum((v - mean) ** 2 for v in levels) / (k - 1) - within)), float(k - 1)
+        return math.sqrt(_excess(sessions)), float(k - 1)
+
+
+def _excess(sessions: Sequence[Level]) -> float:
+    """The variance of two or more sessions' levels beyond what their own runs explain (never below 0)."""
+    k = len(sessions)
+    levels = [s.log_level for s in sessions]
+    mean = sum(levels) / k
+    within = sum(s.se**2 for s in sessions) / k
+    return max(0.0, sum((v - mean) ** 2 for v in levels) / (k - 1) - within)
 
 
 #: A reach beyond this (as a change: 99.99 = +9999%, a 100x slowdown) is not a figure a person
@@ -493,6 +495,11 @@ class Comparison:
         return self.verdict is Verdict.REGRESSION
 
     @property
+    def worse_log(self) -> float:
+        """The change on the log scale, in the worse direction (> 0: slower)."""
+        return -math.log(self.ratio) if self.higher_is_better else math.log(self.ratio)
+
+    @property
     def worth_more_runs(self) -> bool:
         """INCONCLUSIVE and more runs may decide it: the runs alone would (``runs_needed``), or
         it leans slower by half the threshold or more (more runs sharpen the shape check and
@@ -500,8 +507,7 @@ class Comparison:
         decide: stop, a slowdown is not in sight."""
         if self.verdict is not Verdict.INCONCLUSIVE:
             return False
-        worse = -math.log(self.ratio) if self.higher_is_better else math.log(self.ratio)
-        return self.runs_needed is not None or worse >= math.log1p(self.threshold / 2)
+        return self.runs_needed is not None or self.worse_log >= math.log1p(self.threshold / 2)
 
     def line(self) -> str:
         """One line for a failure message or a log, e.g. ``decode regression: TPOT level 7.41 ms
@@ -544,8 +550,9 @@ class Comparison:
         parts.append(f"{self.n_candidate} pairs" if self.reference else f"{self.n_candidate} vs {self.n_baseline} runs")
         if self.shown is None and self.baseline_sessions > 1:  # a file written before ``shown``
             parts.append(f"{self.baseline_sessions} baseline sessions")
-        if self.mirror_of is not None:
-            parts[-1] += f"; {_label(self.mirror_of)}'s verdict"
+        if self.mirror_of is not None:  # named by its label (``tpot_ms``: ``TPOT``)
+            spec = METRICS.get(self.mirror_of)
+            parts[-1] += f"; {self.mirror_of if spec is None else spec.label}'s verdict"
         return parts
 
     def reach(self) -> str:
@@ -592,12 +599,6 @@ def fmt_ratio(x: float) -> str:
     return f"{x:.3f}" if 0.1 <= x < 10 else f"{x:.3g}"
 
 
-def _label(metric: str) -> str:
-    """The label a person reads for a metric's name (``tpot_ms``: ``TPOT``)."""
-    spec = METRICS.get(metric)
-    return spec.label if spec is not None else metric
-
-
 #: A change beyond this many percent is shown as beyond it: no reader needs the digits.
 PCT_SHOWN_MAX = 9999.0
 
@@ -641,16 +642,12 @@ def _runs_needed(c: Comparison, alpha_step: float) -> int | None:
     None when the between-session part alone leaves it undecided."""
     d = abs(math.log(c.ratio))
     t = math.log1p(c.threshold)
-    rest = c.se_log**2 - (HL_SE_FACTOR * (c.cv_candidate or 0.0)) ** 2 / max(c.n_candidate, 1)
-    rest = max(rest, 0.0)
-    if d > t:
-        target = d / z_one_sided(alpha_step)
-    else:
-        target = (t - d) / z_one_sided(1.0 - EQUIVALENCE_CONFIDENCE)
+    spread = c.cv_candidate or 0.0
+    rest = max(c.se_log**2 - (HL_SE_FACTOR * spread) ** 2 / max(c.n_candidate, 1), 0.0)
+    target = d / z_one_sided(alpha_step) if d > t else (t - d) / z_one_sided(1.0 - EQUIVALENCE_CONFIDENCE)
     room = target**2 - rest
     if not room > 0:
         return None
-    spread = c.cv_candidate or 0.0
     runs = (HL_SE_FACTOR * spread) ** 2 / room
     if not runs < RUNS_NEEDED_CAP:
         return None  # runs cannot decide it in any practical number
@@ -685,28 +682,26 @@ def decided(
     ``fields``: more fields to set in the same copy."""
     if c.p_value is None or p_adj is None:
         return dataclasses.replace(c, **fields, verdict=Verdict.INCONCLUSIVE, reason=c.reason or "no p-value")
+    m = max(m, 1)
     if c.se_log > 0:
-        fields.setdefault(
-            "detectable",
-            detectable(c.se_log, math.inf if c.df is None else c.df, alpha=alpha / max(m, 1), threshold=c.threshold),
-        )
+        df = math.inf if c.df is None else c.df
+        fields.setdefault("detectable", detectable(c.se_log, df, alpha=alpha / m, threshold=c.threshold))
     shown = _shown(c, p_adj, p_adj_better, alpha=alpha)
     beyond = _ci_beyond(c)
+    held, fewest = (
+        _held_back(c, p_adj if beyond == "slower" else p_adj_better, alpha=alpha, m=m) if beyond else ("", None)
+    )
     if shown is not None and shown[0] is Verdict.INCONCLUSIVE and beyond is not None:  # part of the runs slower
-        held, _ = _held_back(c, p_adj if beyond == "slower" else p_adj_better, alpha=alpha, m=max(m, 1))
         reason = f"{shown[1]}; also its {CI_LEVEL:.0%} CI lies wholly beyond {c.threshold:.0%} {beyond} but {held}"
         return dataclasses.replace(c, **fields, verdict=shown[0], reason=reason)
     if shown is not None:
         return dataclasses.replace(c, **fields, verdict=shown[0], reason=shown[1])
-    log_ratio = math.log(c.ratio)
-    worse = -log_ratio if c.higher_is_better else log_ratio
-    lean = "slower" if worse > 0 else "faster"
-    need = _runs_needed(c, alpha / max(m, 1))
+    lean = "slower" if c.worse_log > 0 else "faster"
+    need = _runs_needed(c, alpha / m)
     change = f"{c.label} {fmt_pct(abs(c.change_pct)).lstrip('+>')} {lean}"
     if beyond is None:
         why = f"{change}, not shown beyond or within {c.threshold:.0%}"
     else:
-        held, fewest = _held_back(c, p_adj if beyond == "slower" else p_adj_better, alpha=alpha, m=max(m, 1))
         need = None if need is None and fewest is None else max(need or 0, fewest or 0)
         why = f"{change}, its {CI_LEVEL:.0%} CI wholly beyond {c.threshold:.0%} {beyond} but {held}"
     return dataclasses.replace(
@@ -725,11 +720,7 @@ def _ci_beyond(c: Comparison) -> str | None:
         return None
     low, high = (1.0 / c.ci_high, 1.0 / c.ci_low) if c.higher_is_better else (c.ci_low, c.ci_high)
     bound = 1.0 + c.threshold
-    if low > bound:
-        return "slower"
-    if high < 1.0 / bound:
-        return "faster"
-    return None
+    return "slower" if low > bound else "faster" if high < 1.0 / bound else None
 
 
 def _held_back(c: Comparison, p_adj: float | None, *, alpha: float, m: int) -> tuple[str, int | None]:
@@ -773,9 +764,7 @@ def _shown(c: Comparison, p_adj: float, p_adj_better: float | None, *, alpha: fl
 def _significant_beyond(c: Comparison, p_adj: float, p_adj_better: float | None, *, alpha: float) -> Verdict | None:
     """REGRESSION (IMPROVED) when the change is significant in the worse (better) direction
     and beyond the threshold; else None."""
-    t = math.log1p(c.threshold)
-    log_ratio = math.log(c.ratio)
-    worse = -log_ratio if c.higher_is_better else log_ratio
+    t, worse = math.log1p(c.threshold), c.worse_log
     if p_adj < alpha and worse > t:
         return Verdict.REGRESSION
     if p_adj_better is not None and p_adj_better < alpha and -worse > t:
