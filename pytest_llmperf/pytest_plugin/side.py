@@ -69,7 +69,6 @@ if TYPE_CHECKING:
 
 class AgainstHooks:
     def __init__(self, config: pytest.Config, session: Session) -> None:
-
         self.config = config
         self.session = session
         assert session.settings.against is not None  # made only under --llmperf-against (``plugin``)

@@ -312,11 +312,8 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str) -> 
     finally:
         processes.close()
     test = nodeid + (f"[{ev['label']}]" if ev.get("label") else "")
-    ag.decisions.append(
-        {"test": test, "pairs": looked.n, "seconds": round(looked.seconds, 3), "look": looked.look, "looks": looks}
-    )
-    ag.decisions[-1]["stopped"] = looked.why
-    ag.decisions[-1]["interleaved"] = processes.interleaved.value
+    ag.decisions.append({"test": test, "pairs": looked.n, "seconds": round(looked.seconds, 3), "look": looked.look})
+    ag.decisions[-1].update(looks=looks, stopped=looked.why, interleaved=processes.interleaved.value)
     if processes.started > 1:
         ag.decisions[-1].update(
             processes=processes.started,
