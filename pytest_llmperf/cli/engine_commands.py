@@ -166,15 +166,8 @@ def run_load(args: argparse.Namespace) -> int:
 
     if not args.endpoint and not args.serve:
         raise ConfigError("give --endpoint URL (or set LLMPERF_ENDPOINT), or --serve MODEL to start a local server")
-    workload = Workload(
-        prompt_tokens=args.prompt_tokens,
-        max_tokens=args.max_tokens,
-        requests=args.requests,
-        rate=args.rate,
-        warmup=args.warmup,
-        seed=args.seed,
-        shared_prefix_tokens=args.shared_prefix_tokens,
-    )
+    fields = ("prompt_tokens", "max_tokens", "requests", "rate", "warmup", "seed", "shared_prefix_tokens")
+    workload = Workload(**{name: getattr(args, name) for name in fields})  # each argument named as its field
     slo = {k: getattr(args, k) for k in SLO_KEYS if getattr(args, k) is not None}
     with contextlib.ExitStack() as stack:
         endpoint, model = _local_server(args, stack) if args.serve else (args.endpoint, args.model)
@@ -260,7 +253,8 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
 def run_profile(args: argparse.Namespace) -> int:
     from ..reports.profile import profile, render
 
-    Workload(prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, runs=args.runs, warmup=args.warmup)
+    sizes = {name: getattr(args, name) for name in ("prompt_tokens", "max_tokens", "runs", "warmup")}
+    Workload(**sizes)  # checked before the model loads
     if args.output:
         check_writable(args.output, "-o")  # before minutes of profiling, not after
     warning = threads_warning(args.threads, "--threads")
@@ -268,10 +262,7 @@ def run_profile(args: argparse.Namespace) -> int:
         print(warning, file=sys.stderr)
     report = profile(
         args.model,
-        prompt_tokens=args.prompt_tokens,
-        max_tokens=args.max_tokens,
-        runs=args.runs,
-        warmup=args.warmup,
+        **sizes,
         **{name: getattr(args, name) for name in LLAMA_OPTIONS},
         peak_bw_gbs=args.peak_bw,
         peak_tflops=args.peak_tflops,

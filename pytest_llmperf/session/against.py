@@ -389,12 +389,11 @@ class Processes:
     def next_block(self, workload: Workload, first: bool) -> int:
         """Start the next block's process pair (the test's own for the first block, and for
         every block with a budget of 1 or when no fresh one can start): its group number."""
-        if first or self.budget < 2 or self.unavailable is not None:
-            self.close()
-            self.live, self.group = self.own, 0
-            return 0
-        began = time.monotonic()
+        began = time.monotonic()  # the last block's close counts as this one's start
         self.close()
+        self.live, self.group = self.own, 0
+        if first or self.budget < 2 or self.unavailable is not None:
+            return 0
         sides = {name: Side(s.spec, s.args, s.cwd, s.harness, s.timeout_s) for name, s in self.ag.sides.items()}
         current().step(f"starting process pair {self.started + 1}")
         try:
@@ -403,7 +402,6 @@ class Processes:
             self.unavailable = f"process pair {self.started + 1} did not start: {exc}"
             for side in sides.values():
                 side.close()
-            self.live, self.group = self.own, 0
             return 0
         finally:
             self.start_s += time.monotonic() - began

@@ -257,11 +257,7 @@ def outputs_lines(out: Outputs, verbosity: int) -> list[Line]:
     lines = unwritten_lines(out)
     if out.history_line and (verbosity >= 0 or "not written" in out.history_line):
         lines.append(("line", out.history_line))
-    if out.other_hardware_line:
-        lines.append(("line", out.other_hardware_line))
-    if out.trace_line:
-        lines.append(("line", out.trace_line))
-    return lines
+    return lines + [("line", line) for line in (out.other_hardware_line, out.trace_line) if line]
 
 
 def unwritten_lines(out: Outputs) -> list[Line]:
