@@ -23,7 +23,7 @@ import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING
 
 from ..core.catalog import JUDGED, RUN_FIELDS
 from ..core.documents import refused_output
@@ -255,7 +255,8 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-class Calibration(TypedDict):
+@dataclasses.dataclass(frozen=True)
+class Calibration:
     """One series' figures (``calibrate``): a row of ``llmperf calibrate``'s table."""
 
     sessions: int
@@ -296,17 +297,7 @@ def calibrate(spec, levels: Sequence, *, threshold: float, alpha_: float, m: int
     in_window = judged(window[:1], Level(mean, se, n, cv), window).detectable if enough else None
     # Both sides in one session: no between-session term, the two sides' runs only.
     ab = detectable(math.sqrt(2.0) * se, 2.0 * n - 2.0, alpha=alpha_ / m, threshold=threshold)
-    return {
-        "sessions": k,
-        "runs": n,
-        "cv": cv,
-        "between": between,
-        "alarms": alarms,
-        "replayed": replayed,
-        "stored": stored,
-        "window": in_window,
-        "ab": ab,
-    }
+    return Calibration(k, n, cv, between, alarms, replayed, stored, in_window, ab)
 
 
 #: ``llmperf calibrate``'s table: one row per series (``_calibration_row``).
@@ -344,14 +335,14 @@ def _calibration_row(s: Series, spec: Metric, f: Calibration) -> list[str]:
     return [
         s.name,
         f"{s.phase} {spec.label}",
-        str(f["sessions"]),
-        str(f["runs"]),
-        _pct(f["cv"]),
-        _pct(f["between"]),
-        f"{f['alarms']} of {f['replayed']}",
-        _pct(f["stored"]),
-        _pct(f["window"]),
-        _pct(f["ab"]),
+        str(f.sessions),
+        str(f.runs),
+        _pct(f.cv),
+        _pct(f.between),
+        f"{f.alarms} of {f.replayed}",
+        _pct(f.stored),
+        _pct(f.window),
+        _pct(f.ab),
     ]
 
 
@@ -372,8 +363,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
             f = _calibrated(args, s, spec, m)
             if f is None:
                 continue
-            alarms += int(f["alarms"])
-            replayed += int(f["replayed"])
+            alarms += f.alarms
+            replayed += f.replayed
             rows.append(_calibration_row(s, spec, f))
     width = shutil.get_terminal_size().columns
     print(wrapped_table(CALIBRATION_HEADERS, rows, width))

@@ -181,8 +181,10 @@ def select(config: pytest.Config, items: list[pytest.Item], skip: bool, only: bo
     """The perf items to run: a marker-only test gets the ``llmperf`` fixture (requested here,
     not by an autouse fixture every plain test pays for); ``--llmperf-skip``/``-only`` skip."""
     perf = [i for i in items if is_perf(i)]
-    for item in perf:
-        _request_fixture(item)
+    for item in perf:  # a marked test measures through the ``llmperf`` fixture, asked for or not
+        names = getattr(item, "fixturenames", None)
+        if MARKER_CONFIG in item.stash and names is not None and "llmperf" not in names:
+            names.append("llmperf")
     if skip:
         _skip(perf, "llmperf test (--llmperf-skip)")
         return []
@@ -190,13 +192,6 @@ def select(config: pytest.Config, items: list[pytest.Item], skip: bool, only: bo
         perf_ids = {id(i) for i in perf}
         _skip([i for i in items if id(i) not in perf_ids], "not an llmperf test (--llmperf-only)")
     return perf
-
-
-def _request_fixture(item: pytest.Item) -> None:
-    """A marked test measures through the ``llmperf`` fixture, asked for or not."""
-    names = getattr(item, "fixturenames", None)
-    if MARKER_CONFIG in item.stash and names is not None and "llmperf" not in names:
-        names.append("llmperf")
 
 
 def _skip(items: list[pytest.Item], reason: str) -> None:

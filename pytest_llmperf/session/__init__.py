@@ -206,10 +206,9 @@ class Session:
         """Record ``m`` and judge it against its baseline. Raises LLMPerfError (one line) when a
         fingerprint hook answers wrongly."""
         labels = self.labels_seen.setdefault(nodeid, set())
-        if m.label not in labels:  # a sequential measurement's later looks are not new members
-            labels.add(m.label)
-            if len(labels) > 1:
-                self.extra_measurements += 1
+        # A test's second label is one more member; a sequential measurement's later looks are not.
+        self.extra_measurements += bool(labels) and m.label not in labels
+        labels.add(m.label)
         return self.assessor.assess(
             nodeid, Path(module), m, marker, family_size=self.family_size, peers=self.planned_measurements
         )

@@ -117,10 +117,8 @@ class Against:
     def family_for(self, nodeid: str, label: str) -> int:
         """Holm's family size once this measurement is counted (the session's ``family_size``)."""
         labels = self.labels_seen.setdefault(nodeid, set())
-        if label not in labels:
-            labels.add(label)
-            if len(labels) > 1:
-                self.extra_measurements += 1
+        self.extra_measurements += bool(labels) and label not in labels  # a test's later labels: new members
+        labels.add(label)
         return self.family + self.extra_measurements * len(JUDGED)
 
     def start(self) -> None:
