@@ -9,7 +9,6 @@ is three definitions and one entry. Keep imports of heavy modules inside ``run_<
 
 import argparse
 import os
-from typing import Any
 
 from ..core import settings
 from ..core.documents import check_output, check_output_folder, refused_output
@@ -72,10 +71,6 @@ def add_renamed(parser: argparse._ActionsContainer, name: str) -> None:
     '--gpu-layers'``), exit 2."""
 
     class Refuse(argparse.Action):
-        def __init__(self, *args: Any, new: str, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self.new = new
-
         def __call__(
             self,
             parser: argparse.ArgumentParser,
@@ -83,10 +78,10 @@ def add_renamed(parser: argparse._ActionsContainer, name: str) -> None:
             values: object,
             option_string: str | None = None,
         ) -> None:
-            parser.error(renamed_line("option", self.option_strings[0], self.new))
+            parser.error(renamed_line("option", self.option_strings[0], str(self.const)))  # const: the new flag
 
     for old, new in RENAMED_SETTINGS:
         if new.name == name and old.cli is not None and new.cli is not None:
             parser.add_argument(
-                old.cli, action=Refuse, new=new.cli, nargs="?", dest=argparse.SUPPRESS, help=argparse.SUPPRESS
+                old.cli, action=Refuse, const=new.cli, nargs="?", dest=argparse.SUPPRESS, help=argparse.SUPPRESS
             )

@@ -33,7 +33,7 @@ from .common import add_setting, check_writable, output_file, positive_int, shar
 from .common import model as model_arg
 
 if TYPE_CHECKING:
-    from ..core.measurement import LoadStats, Measurement
+    from ..core.measurement import Measurement
 
 MODEL_HELP = "write (once) and print the path of a synthetic model"
 
@@ -166,15 +166,8 @@ def run_load(args: argparse.Namespace) -> int:
 
     if not args.endpoint and not args.serve:
         raise ConfigError("give --endpoint URL (or set LLMPERF_ENDPOINT), or --serve MODEL to start a local server")
-    workload = Workload(
-        prompt_tokens=args.prompt_tokens,
-        max_tokens=args.max_tokens,
-        requests=args.requests,
-        rate=args.rate,
-        warmup=args.warmup,
-        seed=args.seed,
-        shared_prefix_tokens=args.shared_prefix_tokens,
-    )
+    fields = ("prompt_tokens", "max_tokens", "requests", "rate", "warmup", "seed", "shared_prefix_tokens")
+    workload = Workload(**{name: getattr(args, name) for name in fields})  # each argument named as its field
     slo = {k: getattr(args, k) for k in SLO_KEYS if getattr(args, k) is not None}
     with contextlib.ExitStack() as stack:
         endpoint, model = _local_server(args, stack) if args.serve else (args.endpoint, args.model)
@@ -226,13 +219,9 @@ def _sweep_report(args: argparse.Namespace, results: Sequence[Measurement]) -> i
     failed = [e for s in levels for e in s.errors]
     for line in failed[:5]:
         print(line)
-    return 0 if args.min_goodput is None else _goodput_gate(levels, args.min_goodput)
-
-
-def _goodput_gate(levels: Sequence[LoadStats], floor: float) -> int:
-    """1 (each named) when a level's goodput is under ``floor`` (``--min-goodput``), else 0."""
-    low = [s for s in levels if s.goodput < floor]
-    for s in low:
+    floor = args.min_goodput
+    low = [] if floor is None else [s for s in levels if s.goodput < floor]
+    for s in low:  # each level named
         print(f"goodput {s.goodput:.1%} < {floor:.1%} at concurrency {s.concurrency}")
     return 1 if low else 0
 
@@ -260,7 +249,8 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
 def run_profile(args: argparse.Namespace) -> int:
     from ..reports.profile import profile, render
 
-    Workload(prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, runs=args.runs, warmup=args.warmup)
+    sizes = {name: getattr(args, name) for name in ("prompt_tokens", "max_tokens", "runs", "warmup")}
+    Workload(**sizes)  # checked before the model loads
     if args.output:
         check_writable(args.output, "-o")  # before minutes of profiling, not after
     warning = threads_warning(args.threads, "--threads")
@@ -268,10 +258,7 @@ def run_profile(args: argparse.Namespace) -> int:
         print(warning, file=sys.stderr)
     report = profile(
         args.model,
-        prompt_tokens=args.prompt_tokens,
-        max_tokens=args.max_tokens,
-        runs=args.runs,
-        warmup=args.warmup,
+        **sizes,
         **{name: getattr(args, name) for name in LLAMA_OPTIONS},
         peak_bw_gbs=args.peak_bw,
         peak_tflops=args.peak_tflops,

@@ -23,7 +23,7 @@ import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING
 
 from ..core.catalog import JUDGED, RUN_FIELDS
 from ..core.documents import refused_output
@@ -37,6 +37,7 @@ from .common import add_setting, alpha, check_writable, output_file, output_fold
 if TYPE_CHECKING:
     from ..core.catalog import Metric
     from ..history.series import Series
+    from ..judge.verdict import Comparison
 
 HISTORY_HELP = "show the session history of each test and metric (tables, --html plots, --csv for Otava)"
 #: Shown unless --metric says otherwise: the judged metric of each phase and the decode tail.
@@ -99,17 +100,7 @@ def add_history_arguments(parser: argparse.ArgumentParser) -> None:
 def read(args: argparse.Namespace) -> tuple[list, str]:
     """The series, each cut to its last ``--sessions``, and a line saying how many sessions
     were left out ("" when none were)."""
-    from ..history.series import read_series
-
-    loc = for_cli(args.history)
-    skipped: list[str] = []
-    series = read_series(
-        loc, test=args.test, metrics=args.metric or DEFAULT_METRICS, hardware_key=args.hardware, skipped=skipped
-    )
-    said(skipped)
-    if not series:
-        what = f" for tests matching {args.test!r}" if args.test else ""
-        raise ConfigError(f"no stored sessions{what} in {loc.display}")
+    series = _stored(args, args.metric or DEFAULT_METRICS)
     longest = max(len(s.points) for s in series)
     cut = sum(len(s.points) > args.sessions for s in series)
     series = [dataclasses.replace(s, points=s.points[-args.sessions :]) for s in series]
@@ -122,10 +113,20 @@ def read(args: argparse.Namespace) -> tuple[list, str]:
     return series, note
 
 
-def said(lines: Sequence[str]) -> None:
-    """Lines about the history read (unreadable rows left out), on stderr: the tables stay clean."""
-    for line in lines:
+def _stored(args: argparse.Namespace, metrics: Sequence[str]) -> list[Series]:
+    """The stored series of ``metrics`` that ``--history``, ``--hardware`` and TEST select (never
+    none); the lines about the history read (unreadable rows left out) on stderr: the tables stay clean."""
+    from ..history.series import read_series
+
+    loc = for_cli(args.history)
+    skipped: list[str] = []
+    series = read_series(loc, test=args.test, metrics=metrics, hardware_key=args.hardware, skipped=skipped)
+    for line in skipped:
         print(line, file=sys.stderr)
+    if not series:
+        what = f" for tests matching {args.test!r}" if args.test else ""
+        raise ConfigError(f"no stored sessions{what} in {loc.display}")
+    return series
 
 
 def run_history(args: argparse.Namespace) -> int:
@@ -254,14 +255,8 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _reach(spec, window, candidate, threshold: float, alpha_: float, m: int) -> float | None:
-    from ..judge.rule import compare_levels, decide
-
-    c = compare_levels(spec, window[:1], candidate, threshold=threshold, alpha=alpha_, provisional=False, window=window)
-    return decide([c], alpha=alpha_, m=m)[0].detectable
-
-
-class Calibration(TypedDict):
+@dataclasses.dataclass(frozen=True)
+class Calibration:
     """One series' figures (``calibrate``): a row of ``llmperf calibrate``'s table."""
 
     sessions: int
@@ -280,6 +275,10 @@ def calibrate(spec, levels: Sequence, *, threshold: float, alpha_: float, m: int
     from ..judge.rule import compare_levels, decide
     from ..judge.verdict import WINDOW_MIN_SESSIONS, WINDOW_SESSIONS, Level, NoiseModel, detectable
 
+    def judged(past: Sequence[Level], candidate: Level, window: Sequence[Level] = ()) -> Comparison:
+        c = compare_levels(spec, past, candidate, threshold=threshold, alpha=alpha_, provisional=False, window=window)
+        return decide([c], alpha=alpha_, m=m)[0]
+
     k = len(levels)
     n = int(statistics.median(lv.n for lv in levels))
     cv = float(statistics.median(lv.spread for lv in levels))
@@ -290,33 +289,15 @@ def calibrate(spec, levels: Sequence, *, threshold: float, alpha_: float, m: int
     alarms = replayed = 0
     for i in range(WINDOW_MIN_SESSIONS, k):
         past = list(levels[max(0, i - WINDOW_SESSIONS) : i])
-        c = compare_levels(spec, past[:1], levels[i], threshold=threshold, alpha=alpha_, provisional=False, window=past)
-        alarms += decide([c], alpha=alpha_, m=m)[0].failed
+        alarms += judged(past[:1], levels[i], past).failed
         replayed += 1
-    stored = decide(
-        [compare_levels(spec, [typical], typical, threshold=threshold, alpha=alpha_, provisional=False)],
-        alpha=alpha_,
-        m=m,
-    )[0].detectable
+    stored = judged([typical], typical).detectable
     mean = sum(lv.log_level for lv in window) / len(window)
-    in_window = (
-        _reach(spec, window, Level(mean, se, n, cv), threshold, alpha_, m)
-        if len(window) >= WINDOW_MIN_SESSIONS
-        else None
-    )
+    enough = len(window) >= WINDOW_MIN_SESSIONS
+    in_window = judged(window[:1], Level(mean, se, n, cv), window).detectable if enough else None
     # Both sides in one session: no between-session term, the two sides' runs only.
     ab = detectable(math.sqrt(2.0) * se, 2.0 * n - 2.0, alpha=alpha_ / m, threshold=threshold)
-    return {
-        "sessions": k,
-        "runs": n,
-        "cv": cv,
-        "between": between,
-        "alarms": alarms,
-        "replayed": replayed,
-        "stored": stored,
-        "window": in_window,
-        "ab": ab,
-    }
+    return Calibration(k, n, cv, between, alarms, replayed, stored, in_window, ab)
 
 
 #: ``llmperf calibrate``'s table: one row per series (``_calibration_row``).
@@ -354,31 +335,22 @@ def _calibration_row(s: Series, spec: Metric, f: Calibration) -> list[str]:
     return [
         s.name,
         f"{s.phase} {spec.label}",
-        str(f["sessions"]),
-        str(f["runs"]),
-        _pct(f["cv"]),
-        _pct(f["between"]),
-        f"{f['alarms']} of {f['replayed']}",
-        _pct(f["stored"]),
-        _pct(f["window"]),
-        _pct(f["ab"]),
+        str(f.sessions),
+        str(f.runs),
+        _pct(f.cv),
+        _pct(f.between),
+        f"{f.alarms} of {f.replayed}",
+        _pct(f.stored),
+        _pct(f.window),
+        _pct(f.ab),
     ]
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
-    from ..history.series import read_series
     from ..judge.rule import JUDGED
     from ..reports.text import wrap_text, wrapped_table
 
-    loc = for_cli(args.history)
-    skipped: list[str] = []
-    series = read_series(
-        loc, test=args.test, metrics=[s.name for s in JUDGED], hardware_key=args.hardware, skipped=skipped
-    )
-    said(skipped)
-    if not series:
-        what = f" for tests matching {args.test!r}" if args.test else ""
-        raise ConfigError(f"no stored sessions{what} in {loc.display}")
+    series = _stored(args, [s.name for s in JUDGED])
     tests = args.tests or len({(s.test, s.label, s.hardware_key) for s in series})
     m = tests * len(JUDGED)
     specs = {s.name: s for s in JUDGED}
@@ -391,8 +363,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
             f = _calibrated(args, s, spec, m)
             if f is None:
                 continue
-            alarms += int(f["alarms"])
-            replayed += int(f["replayed"])
+            alarms += f.alarms
+            replayed += f.replayed
             rows.append(_calibration_row(s, spec, f))
     width = shutil.get_terminal_size().columns
     print(wrapped_table(CALIBRATION_HEADERS, rows, width))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, ParamSpec, TypeVar
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -19,7 +19,7 @@ from ..core.settings import SERVER_N_CTX
 from ..engines.capabilities import LlamaObject
 from ..models.gguf import ensure_model
 from ..session.options import MarkerConfig
-from .marks import MARKER_CONFIG, full_id, session_of
+from .marks import MARKER_CONFIG, SESSION, full_id
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -47,20 +47,6 @@ def _one_line() -> Iterator[None]:
         raise pytest.fail.Exception(str(exc), pytrace=False) from None  # no chained second copy
 
 
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def _fail(call: Callable[P, R]) -> Callable[P, R]:
-    """``call`` with an LLMPerfError raised as the test's one failure line."""
-
-    def run(*args: P.args, **kwargs: P.kwargs) -> R:
-        with _one_line():
-            return call(*args, **kwargs)
-
-    return run
-
-
 @pytest.fixture
 def llmperf(request: pytest.FixtureRequest) -> LLMPerf:
     """Measures the ``llmperf`` marker's workload; call ``llmperf.measure()`` (or let the
@@ -68,7 +54,7 @@ def llmperf(request: pytest.FixtureRequest) -> LLMPerf:
 
     item = request.node
     config = item.stash.get(MARKER_CONFIG, None) or MarkerConfig({}, {})
-    session = session_of(request.config)
+    session = request.config.stash[SESSION]
     fixture = LLMPerf(session.test(item.nodeid, config, item.path, full_id(item, request.config.rootpath)))
     item.stash[FIXTURE] = fixture
     return fixture
@@ -77,14 +63,14 @@ def llmperf(request: pytest.FixtureRequest) -> LLMPerf:
 @pytest.fixture(scope="session")
 def llmperf_engine(pytestconfig: pytest.Config) -> Engine:
     """The session's engine (in-process llama.cpp unless an endpoint or a hook says otherwise; loaded once)."""
-    engine: Engine = _fail(session_of(pytestconfig).local_engine)()
-    return engine
+    with _one_line():
+        return pytestconfig.stash[SESSION].engines.local()
 
 
 def _serve(
     pytestconfig: pytest.Config, start: Callable[..., AbstractContextManager[Server]], **kwargs: object
 ) -> Iterator[Server]:
-    s = session_of(pytestconfig).settings.engine
+    s = pytestconfig.stash[SESSION].settings.engine
     with _one_line():
         path = ensure_model(s.preset) if s.preset else s.model
         with start(

@@ -77,7 +77,6 @@ def make_scheduler(config: pytest.Config, log: object, folder: str) -> object:
 
 
 MARKER = "llmperf"
-XDIST_GROUP = "llmperf"
 PLUGIN_NAME = "llmperf-manager"
 MARKER_CONFIG = pytest.StashKey[MarkerConfig]()
 SESSION = pytest.StashKey["Session"]()
@@ -85,10 +84,6 @@ SESSION = pytest.StashKey["Session"]()
 PROJECT = pytest.StashKey["Project"]()
 #: The JUnit properties the plugin put on an item (replaced when pytest-rerunfailures runs it again).
 PROPERTIES = pytest.StashKey[list]()
-
-
-def session_of(config: pytest.Config) -> Session:
-    return config.stash[SESSION]
 
 
 def marker_config(item: pytest.Item) -> MarkerConfig | None:
@@ -186,8 +181,10 @@ def select(config: pytest.Config, items: list[pytest.Item], skip: bool, only: bo
     """The perf items to run: a marker-only test gets the ``llmperf`` fixture (requested here,
     not by an autouse fixture every plain test pays for); ``--llmperf-skip``/``-only`` skip."""
     perf = [i for i in items if is_perf(i)]
-    for item in perf:
-        _request_fixture(item)
+    for item in perf:  # a marked test measures through the ``llmperf`` fixture, asked for or not
+        names = getattr(item, "fixturenames", None)
+        if MARKER_CONFIG in item.stash and names is not None and "llmperf" not in names:
+            names.append("llmperf")
     if skip:
         _skip(perf, "llmperf test (--llmperf-skip)")
         return []
@@ -195,13 +192,6 @@ def select(config: pytest.Config, items: list[pytest.Item], skip: bool, only: bo
         perf_ids = {id(i) for i in perf}
         _skip([i for i in items if id(i) not in perf_ids], "not an llmperf test (--llmperf-only)")
     return perf
-
-
-def _request_fixture(item: pytest.Item) -> None:
-    """A marked test measures through the ``llmperf`` fixture, asked for or not."""
-    names = getattr(item, "fixturenames", None)
-    if MARKER_CONFIG in item.stash and names is not None and "llmperf" not in names:
-        names.append("llmperf")
 
 
 def _skip(items: list[pytest.Item], reason: str) -> None:
@@ -219,7 +209,7 @@ def group_on_worker(config: pytest.Config, items: list[pytest.Item], perf: list[
     if dist == "loadgroup":
         perf_ids = {id(i) for i in perf}
         for item in perf:
-            item.add_marker(pytest.mark.xdist_group(XDIST_GROUP))
+            item.add_marker(pytest.mark.xdist_group(GROUP))
         groups = [(i.nodeid, item_group(i, id(i) in perf_ids)) for i in items]
         folder = workerinput.get("llmperf_groups_dir")
         if folder:
@@ -236,12 +226,8 @@ def group_on_worker(config: pytest.Config, items: list[pytest.Item], perf: list[
 def planned(items: list[pytest.Item]) -> tuple[int, dict[str, Mapping[str, object]]]:
     """(tests that will measure, ``{nodeid: llama.cpp keys}`` their markers name)."""
     running = [i for i in items if is_perf(i) and not i.get_closest_marker("skip")]
-    engines = {}
-    for item in running:
-        config = item.stash.get(MARKER_CONFIG, None)
-        if config is not None and config.engine:
-            engines[item.nodeid] = config.engine
-    return len(running), engines
+    configs = {i.nodeid: i.stash.get(MARKER_CONFIG, None) for i in running}
+    return len(running), {nodeid: c.engine for nodeid, c in configs.items() if c is not None and c.engine}
 
 
 def header(config: pytest.Config, session: Session, engine_note: str | None) -> list[str]:

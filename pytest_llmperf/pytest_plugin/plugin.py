@@ -42,7 +42,20 @@ if TYPE_CHECKING:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    add_options(parser)
+    """Every ``--llmperf-*`` option and ``llmperf_*`` ini key. A value left out is None here:
+    ``settings.resolve`` then looks at the environment, the ini file and the default."""
+    group = parser.getgroup("llmperf", "LLM inference performance (pytest-llmperf)")
+    for s in SETTINGS.values():
+        # argparse %-formats help strings: a literal ``%`` must be written ``%%``.
+        kind = {"action": "store_true"} if s.switch else {"default": None, "type": s.arg_type(), "metavar": s.metavar}
+        group.addoption(s.option, dest=s.dest, help=s.help_text().replace("%", "%%"), **kind)
+        if s.ini_key is not None:
+            parser.addini(s.ini_key, f"{s.help} (default {s.default_text()})")
+    # The old spellings (settings.RENAMED), hidden: taken, then refused by settings.resolve in one line.
+    for old, new in RENAMED_SETTINGS:
+        group.addoption(old.option, dest=old.dest, default=None, help=argparse.SUPPRESS)
+        if old.ini_key is not None:
+            parser.addini(old.ini_key, f"renamed to {new.ini_key}")
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -420,28 +433,3 @@ def _fitted(lines: list[str], config: pytest.Config) -> list[str]:
     from ..reports.text import wrap_text
 
     return [wrap_text(line, width) for line in lines]
-
-
-def add_options(parser: pytest.Parser) -> None:
-    """Every ``--llmperf-*`` option and ``llmperf_*`` ini key. A value left out is None here:
-    ``settings.resolve`` then looks at the environment, the ini file and the default."""
-    group = parser.getgroup("llmperf", "LLM inference performance (pytest-llmperf)")
-    for s in SETTINGS.values():
-        if s.switch:
-            group.addoption(s.option, dest=s.dest, action="store_true", help=_escape(s.help_text()))
-        else:
-            group.addoption(
-                s.option, dest=s.dest, default=None, type=s.arg_type(), metavar=s.metavar, help=_escape(s.help_text())
-            )
-        if s.ini_key is not None:
-            parser.addini(s.ini_key, f"{s.help} (default {s.default_text()})")
-    # The old spellings (settings.RENAMED), hidden: taken, then refused by settings.resolve in one line.
-    for old, new in RENAMED_SETTINGS:
-        group.addoption(old.option, dest=old.dest, default=None, help=argparse.SUPPRESS)
-        if old.ini_key is not None:
-            parser.addini(old.ini_key, f"renamed to {new.ini_key}")
-
-
-def _escape(text: str) -> str:
-    """argparse %-formats help strings: a literal ``%`` must be written ``%%``."""
-    return text.replace("%", "%%")

@@ -69,7 +69,6 @@ if TYPE_CHECKING:
 
 class AgainstHooks:
     def __init__(self, config: pytest.Config, session: Session) -> None:
-
         self.config = config
         self.session = session
         assert session.settings.against is not None  # made only under --llmperf-against (``plugin``)
@@ -278,19 +277,12 @@ class SidePlugin:
 
 def _failure_line(reports: Sequence[Mapping[str, object]]) -> str:
     """The first failure's message in one line (a serialized report's ``longrepr``)."""
-    for r in reports:
-        if r.get("outcome") != "failed":
-            continue
-        longrepr = r.get("longrepr")
-        where = ""
-        if isinstance(longrepr, dict):
-            crash = longrepr.get("reprcrash") or {}
-            text = str(crash.get("message") or longrepr)
-            where = _raised_at(crash)
-        else:
-            text = str(longrepr)
-        return " ".join(text.split())[:400] + where
-    return ""
+    failed = next((r for r in reports if r.get("outcome") == "failed"), None)
+    if failed is None:
+        return ""
+    longrepr = failed.get("longrepr")
+    crash = (longrepr.get("reprcrash") or {}) if isinstance(longrepr, dict) else {}
+    return " ".join(str(crash.get("message") or longrepr).split())[:400] + _raised_at(crash)
 
 
 def _raised_at(crash: Mapping[str, object]) -> str:

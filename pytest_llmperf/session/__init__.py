@@ -162,10 +162,6 @@ class Session:
         history = s.history.target if s.history is not None and s.history.kind == "postgresql" else None
         return Redactor.of([s.engine.endpoint, history], [os.environ.get(s.engine.api_key_env)]).text(text)
 
-    def local_engine(self) -> Engine:
-        """The session's engine in this process, for tests that hold it (``Engines.local``)."""
-        return self.engines.local()
-
     def handed_counters(self) -> CounterSource[Any] | None:
         """The llama.cpp counters of the ``llama_cpp.Llama`` the fixtures handed out
         (``llmperf_llm``, ``llmperf_engine``), which a measured callable may drive: read around
@@ -210,10 +206,9 @@ class Session:
         """Record ``m`` and judge it against its baseline. Raises LLMPerfError (one line) when a
         fingerprint hook answers wrongly."""
         labels = self.labels_seen.setdefault(nodeid, set())
-        if m.label not in labels:  # a sequential measurement's later looks are not new members
-            labels.add(m.label)
-            if len(labels) > 1:
-                self.extra_measurements += 1
+        # A test's second label is one more member; a sequential measurement's later looks are not.
+        self.extra_measurements += bool(labels) and m.label not in labels
+        labels.add(m.label)
         return self.assessor.assess(
             nodeid, Path(module), m, marker, family_size=self.family_size, peers=self.planned_measurements
         )
@@ -294,23 +289,18 @@ class Session:
         ran, or each failed), on an xdist worker, and without ``--llmperf-against``."""
         from ..judge.verdict import BaselineStatus
 
+        s = self.settings
         verdicts = [r.verdict for r in self.results if r.verdict is not None]
-        if not self._gates_against() or not verdicts or any(v.status == BaselineStatus.COMPARED for v in verdicts):
+        if not s.against or s.allow_not_compared or self.is_worker or not verdicts:
+            return None
+        if any(v.status == BaselineStatus.COMPARED for v in verdicts):
             return None
         first = next((f" ({v.note})" for v in verdicts if v.note), "")
+        ref = (self.against_sides or {}).get("described") or s.against  # as the controller described it
         return (
-            f"llmperf: --llmperf-against {self._reference()}: none of the {len(verdicts)} measurement(s) could be "
+            f"llmperf: --llmperf-against {ref}: none of the {len(verdicts)} measurement(s) could be "
             f"compared with REF, so the session fails{first}; --llmperf-allow-not-compared lets it pass"
         )
-
-    def _gates_against(self) -> bool:
-        """This process fails a session that compared nothing with ``--llmperf-against``'s REF."""
-        s = self.settings
-        return bool(s.against) and not s.allow_not_compared and not self.is_worker
-
-    def _reference(self) -> str:
-        """``--llmperf-against``'s REF as the controller described it, else as given."""
-        return str((self.against_sides or {}).get("described") or self.settings.against)
 
     # -- reporting ---------------------------------------------------------------------------
 
@@ -441,12 +431,6 @@ def load_engine(settings: EngineSettings) -> Engine:
     )
 
 
-def engine_config(settings: EngineSettings, overrides: Mapping[str, object] | None = None) -> EngineConfig:
-    """The llama.cpp ``EngineConfig`` of the session's settings with a test's own over them
-    (imported here: the engine layer loads once an llmperf test runs)."""
-    return EngineConfig.from_settings(settings, overrides)
-
-
 class Engines:
     """The session's engines, each loaded on first use; ``close`` frees them all."""
 
@@ -488,7 +472,7 @@ class Engines:
                     f"llama.cpp settings ({', '.join(overrides)}) need the in-process engine; this session "
                     f"measures the endpoint {s.endpoint}"
                 )
-            return self.engine_pool().get(engine_config(s, overrides))
+            return self.engine_pool().get(EngineConfig.from_settings(s, overrides))
         if s.endpoint:
             if self.endpoint_engine is None and self.endpoint_error is None:
                 try:
@@ -499,7 +483,7 @@ class Engines:
                 raise EngineError(self.endpoint_error)
             assert self.endpoint_engine is not None  # loaded, or endpoint_error says why not
             return self.endpoint_engine
-        base = engine_config(s)
+        base = EngineConfig.from_settings(s)
         pool = self.engine_pool()
         pool.pin(base)  # the llmperf_engine fixture may hold it for the whole session
         return pool.get(base)
@@ -517,7 +501,7 @@ class Engines:
         if self.local_engine is None and self.local_error is None:
             from ..measuring.worker import preflight  # core.measurement: once a test holds the engine
 
-            base = engine_config(s)
+            base = EngineConfig.from_settings(s)
             try:
                 self.local_engine = self.make_engine(s, base)
                 if self.local_engine is None:
@@ -556,7 +540,7 @@ class Engines:
         self.planned_by_id = {}
         for nodeid, overrides in planned.items():
             try:
-                self.planned_by_id[nodeid] = engine_config(self.settings, overrides)
+                self.planned_by_id[nodeid] = EngineConfig.from_settings(self.settings, overrides)
             except LLMPerfError:
                 continue
         if self.pool is not None:

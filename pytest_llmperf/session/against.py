@@ -117,10 +117,8 @@ class Against:
     def family_for(self, nodeid: str, label: str) -> int:
         """Holm's family size once this measurement is counted (the session's ``family_size``)."""
         labels = self.labels_seen.setdefault(nodeid, set())
-        if label not in labels:
-            labels.add(label)
-            if len(labels) > 1:
-                self.extra_measurements += 1
+        self.extra_measurements += bool(labels) and label not in labels  # a test's later labels: new members
+        labels.add(label)
         return self.family + self.extra_measurements * len(JUDGED)
 
     def start(self) -> None:
@@ -312,11 +310,8 @@ def pairs(ag: Against, events: Mapping[str, Mapping[str, Any]], nodeid: str) -> 
     finally:
         processes.close()
     test = nodeid + (f"[{ev['label']}]" if ev.get("label") else "")
-    ag.decisions.append(
-        {"test": test, "pairs": looked.n, "seconds": round(looked.seconds, 3), "look": looked.look, "looks": looks}
-    )
-    ag.decisions[-1]["stopped"] = looked.why
-    ag.decisions[-1]["interleaved"] = processes.interleaved.value
+    ag.decisions.append({"test": test, "pairs": looked.n, "seconds": round(looked.seconds, 3), "look": looked.look})
+    ag.decisions[-1].update(looks=looks, stopped=looked.why, interleaved=processes.interleaved.value)
     if processes.started > 1:
         ag.decisions[-1].update(
             processes=processes.started,
@@ -392,12 +387,11 @@ class Processes:
     def next_block(self, workload: Workload, first: bool) -> int:
         """Start the next block's process pair (the test's own for the first block, and for
         every block with a budget of 1 or when no fresh one can start): its group number."""
-        if first or self.budget < 2 or self.unavailable is not None:
-            self.close()
-            self.live, self.group = self.own, 0
-            return 0
-        began = time.monotonic()
+        began = time.monotonic()  # the last block's close counts as this one's start
         self.close()
+        self.live, self.group = self.own, 0
+        if first or self.budget < 2 or self.unavailable is not None:
+            return 0
         sides = {name: Side(s.spec, s.args, s.cwd, s.harness, s.timeout_s) for name, s in self.ag.sides.items()}
         current().step(f"starting process pair {self.started + 1}")
         try:
@@ -406,7 +400,6 @@ class Processes:
             self.unavailable = f"process pair {self.started + 1} did not start: {exc}"
             for side in sides.values():
                 side.close()
-            self.live, self.group = self.own, 0
             return 0
         finally:
             self.start_s += time.monotonic() - began

@@ -87,14 +87,13 @@ class Assessor:
         return self.windows[hardware_key]
 
     def fingerprint(self, m: Measurement) -> Fingerprint:
-        key = m.engine
-        if key not in self.fingerprints:
+        if m.engine not in self.fingerprints:
             if self.hardware is None:
                 self.hardware = hardware()
             hw, subj = dict(self.hardware), subject(m.engine)
             self.fingerprint_hook(hw, subj, m.engine)  # conftest/plugins add their keys
-            self.fingerprints[key] = Fingerprint(hw, subj)
-        return self.fingerprints[key]
+            self.fingerprints[m.engine] = Fingerprint(hw, subj)
+        return self.fingerprints[m.engine]
 
     def baselines(self, path: Path) -> dict[str, dict[str, Measurement]]:
         if path not in self.baselines_read:

@@ -84,21 +84,15 @@ def other_hardware_line(s: SessionSettings, results: Sequence[Outcome]) -> tuple
     other = [r.verdict for r in results if r.verdict is not None and r.verdict.status is BaselineStatus.OTHER_HARDWARE]
     if not other:
         return None, False
-    why = shown_differences([d for v in other for d in v.changes])
-    fails = s.fail_other_hardware
+    fields = list(dict.fromkeys(d for v in other for d in v.changes))  # each once
+    why = "; ".join(fields[:SHOWN_DIFFERENCES]) + ("; ..." if len(fields) > SHOWN_DIFFERENCES else "")
     line = (
         f"llmperf: {len(other)} of {len(results)} measurement(s) not compared: their baselines were recorded on "
         f"other hardware ({why or 'hardware keys differ'}); record them here with --llmperf-update-baselines, "
         "or run both sides in one session on a runner that changes CPU (docs/ab.md)"
-        + ("; the session fails (--llmperf-fail-other-hardware)" if fails else "")
+        + ("; the session fails (--llmperf-fail-other-hardware)" if s.fail_other_hardware else "")
     )
-    return line, fails
-
-
-def shown_differences(differences: Sequence[str]) -> str:
-    """The differing fingerprint fields, each once, the first ``SHOWN_DIFFERENCES`` of them."""
-    fields = list(dict.fromkeys(differences))
-    return "; ".join(fields[:SHOWN_DIFFERENCES]) + ("; ..." if len(fields) > SHOWN_DIFFERENCES else "")
+    return line, s.fail_other_hardware
 
 
 def finish(
@@ -219,13 +213,8 @@ def summary(
         if not rows:  # a session of A/Bs alone
             return lines + (where_lines(results, ab, width, verbosity) if verbosity >= 0 else [])
         if s.disable:
-            return lines + [
-                (
-                    "line",
-                    f"llmperf: {len(rows)} measurement(s) run once (--llmperf-disable): "
-                    "no budgets, statistics or baselines",
-                )
-            ]
+            once = f"llmperf: {len(rows)} measurement(s) run once (--llmperf-disable)"
+            return lines + [("line", f"{once}: no budgets, statistics or baselines")]
         if verbosity == -1:
             return lines + quiet_lines(rows, results, over_budget)
         lines += table_lines(s, rows, results, width)
@@ -257,11 +246,7 @@ def outputs_lines(out: Outputs, verbosity: int) -> list[Line]:
     lines = unwritten_lines(out)
     if out.history_line and (verbosity >= 0 or "not written" in out.history_line):
         lines.append(("line", out.history_line))
-    if out.other_hardware_line:
-        lines.append(("line", out.other_hardware_line))
-    if out.trace_line:
-        lines.append(("line", out.trace_line))
-    return lines
+    return lines + [("line", line) for line in (out.other_hardware_line, out.trace_line) if line]
 
 
 def unwritten_lines(out: Outputs) -> list[Line]:
@@ -325,13 +310,8 @@ def comparison_lines(s: SessionSettings, results: Sequence[Outcome], width: int,
         ("line", table),
     ]
     if against and " REF " not in table.splitlines()[0] + " ":
-        lines.append(
-            (
-                "line",
-                "llmperf: both sides' figures: a wider terminal or --llmperf-columns "
-                "baseline,now,change,ci,verdict (the JSON, Markdown and HTML reports have them)",
-            )
-        )
+        hidden = "llmperf: both sides' figures: a wider terminal or --llmperf-columns baseline,now,change,ci,verdict"
+        lines.append(("line", hidden + " (the JSON, Markdown and HTML reports have them)"))
     lines += [("line", line) for line in undecided_lines(results, short=True)]
     if verbosity >= 1:  # the "detects" column's figures, with where the noise estimate came from
         return lines + [("line", line) for line in reach_lines(results, short=True)]

@@ -186,7 +186,6 @@ class SessionSettings:
         _check_new_trace(r)
         _check_timeouts(r)
         root = Path(rootdir)
-        engine_fields = [f.name for f in dataclasses.fields(EngineSettings)]
         own = {
             f.name: r[f.name].value
             for f in dataclasses.fields(cls)
@@ -194,7 +193,7 @@ class SessionSettings:
         }
         return cls(
             rootdir=root,
-            engine=EngineSettings(**{name: r[name].value for name in engine_fields}),
+            engine=EngineSettings(**{f.name: r[f.name].value for f in dataclasses.fields(EngineSettings)}),
             threads_source=r["threads"].source,
             baseline_dir=root / r["baseline_dir"].value,
             history=_history(r, root),
@@ -337,17 +336,12 @@ def _side_setting(side: str, key: str, value: object) -> object:
     return k.check(key, value)
 
 
-def _relative(name: str, value: object) -> object:
-    from ..judge.budgets import parse_budgets
+def _ab_budget(name: str, value: object) -> object:
+    """An A/B's relative or agreement budget, as ``judge.budgets`` reads it (a ConfigError says
+    what is wrong)."""
+    from ..judge.budgets import parse_agreement_budgets, parse_budgets
 
-    parse_budgets(**{name: value})  # raises a ConfigError naming what is wrong
-    return value
-
-
-def _agreement(name: str, value: object) -> object:
-    from ..judge.budgets import parse_agreement_budgets
-
-    parse_agreement_budgets(**{name: value})  # raises a ConfigError naming what is wrong
+    (parse_agreement_budgets if name in AGREEMENT_BUDGETS else parse_budgets)(**{name: value})
     return value
 
 
@@ -438,10 +432,10 @@ KEYS: dict[str, Key] = {
             "max_slowdown",
             "ab",
             "A/B: max B/A time ratio - 1 per phase, e.g. 0.05, '5%' or {'prefill': 0.03}",
-            _relative,
+            _ab_budget,
         ),
-        Key("min_speedup", "ab", "A/B: min B/A speed ratio per phase, e.g. 1.5 or {'decode': 1.2}", _relative),
-        *(Key(b.key, "ab", b.help, _agreement) for b in AGREEMENT_BUDGETS.values()),
+        Key("min_speedup", "ab", "A/B: min B/A speed ratio per phase, e.g. 1.5 or {'decode': 1.2}", _ab_budget),
+        *(Key(b.key, "ab", b.help, _ab_budget) for b in AGREEMENT_BUDGETS.values()),
         Key(
             "max_runs",
             "option",

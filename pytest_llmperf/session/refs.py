@@ -164,8 +164,9 @@ def _why_no_commit(rootdir: Path, rev: str) -> str:
     )
 
 
-def _interpreter(path: str) -> str:
-    """The interpreter's absolute path (symlinks kept); a bare name is looked up on PATH."""
+def _python_version(path: str) -> tuple[str, str]:
+    """The interpreter's absolute path (symlinks kept; a bare name is looked up on PATH) and the
+    version it reports."""
     bare = not any(s in path for s in (os.sep, os.altsep) if s)
     absolute = os.path.abspath((shutil.which(path) if bare else None) or path)
     say = f"llmperf: --llmperf-against python:{path}"
@@ -173,13 +174,6 @@ def _interpreter(path: str) -> str:
         raise ConfigError(f"{say}: {f'no {path} on PATH' if bare else f'{absolute} does not exist'}")
     if not os.path.isfile(absolute) or not os.access(absolute, os.X_OK):
         raise ConfigError(f"{say}: {absolute} is not an executable file")
-    return absolute
-
-
-def _python_version(path: str) -> tuple[str, str]:
-    """The interpreter's absolute path (``_interpreter``) and the version it reports."""
-    absolute = _interpreter(path)
-    say = f"llmperf: --llmperf-against python:{path}"
     code = "import sys; print(sys.version.split()[0])"
     try:
         out = _run([absolute, "-c", code], None, PYTHON_CHECK_TIMEOUT_S)

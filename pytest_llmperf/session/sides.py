@@ -14,7 +14,7 @@ import os
 import re
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -68,9 +68,7 @@ class SideEnv:
     packages: tuple[str, ...]
 
     def dumps(self) -> str:
-        return json.dumps(
-            {"name": self.name, "args": list(self.args), "code_root": self.code_root, "packages": list(self.packages)}
-        )
+        return json.dumps(asdict(self))
 
     @classmethod
     def read(cls, environ: Mapping[str, str]) -> SideEnv | None:
@@ -393,9 +391,7 @@ class Side:
         return f"{self.who} died with {signal_name(code)} while {doing}{f' ({where})' if where else ''}. {self._log()}"
 
     def _text(self) -> str:
-        if self.channel is None:
-            return ""
-        return self.channel.log_tail(65536)
+        return "" if self.channel is None else self.channel.log_tail(65536)
 
     def _cause(self) -> str:
         """pytest's words for what stopped it (``ImportError while loading conftest ...: E ...``)."""
