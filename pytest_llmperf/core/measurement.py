@@ -24,9 +24,9 @@ import statistics
 from abc import abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, NamedTuple, Protocol, TypeAlias, TypedDict, TypeVar, cast
+from typing import ClassVar, NamedTuple, Protocol, TypeAlias, TypedDict, TypeVar, cast
 
-from .formats import JSONValue, fmt, sig6, stored_fields
+from .formats import JSONValue, fmt, sig6
 from .schemas import validate_schema_file
 from .workload import (
     MEMORY_FIELDS,
@@ -208,32 +208,6 @@ class SystemDelta:
         return min(1.0, max(0.0, (machine - engine - own) / total))
 
 
-@dataclass(frozen=True)
-class Stability:
-    """What the runs say about their own steadiness; ``warnings`` are plain-words sentences."""
-
-    n_runs: int
-    tpot_cv: float
-    tpot_spread_pct: float  # (max - min) / median of per-run TPOT
-    ttft_cv: float
-    first_run_slowdown: float | None  # warm-up run TPOT / median TPOT of the measured runs
-    first_run_ttft_slowdown: float | None
-    first_token_slowdown: float  # median over runs of (first ITL / that run's median ITL)
-    context_slope_us_per_token: float | None  # ITL growth per token of context (decode)
-    context_span: tuple[int, int] | None  # context positions the slope was fitted over
-    far_runs: tuple[int, ...]  # indices of runs far off the others
-    warnings: tuple[str, ...]
-
-    def to_json(self) -> dict[str, JSONValue]:
-        return cast("dict[str, JSONValue]", stored_fields(self))
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, object]) -> Stability:
-        """``to_json`` read back; KeyError, TypeError or ValueError where a key is missing or of
-        the wrong kind."""
-        return _stored_section(cls, d)
-
-
 # -- reading a stored section back (``from_json``): each value of its kind, else TypeError ------
 
 
@@ -333,8 +307,68 @@ def _stored_section(cls: type[_D], d: Mapping[str, object], **keys: str) -> _D:
     return cls(**values)
 
 
+def _written(annotation: str, value: object) -> JSONValue:
+    """A field's value as a record stores it, as its annotation ``annotation`` says (``_as`` reads
+    it back): a float to six significant figures, a tuple as a list, a section by its ``to_json``."""
+    annotation = annotation.removesuffix(" | None")
+    if value is not None and annotation == "float":
+        return sig6(cast("float", value))
+    if value is not None and annotation.startswith("tuple[") and annotation.endswith(", ...]"):
+        return [_written(annotation[6:-6], v) for v in cast("tuple[object, ...]", value)]
+    return _plain(value)
+
+
+_F = TypeVar("_F", bound="_Fields")
+
+
+class _Fields:
+    """A section whose stored form is its fields in order: ``to_json`` writes each as its annotation
+    says (``_written``), ``from_json`` reads them back (``_stored_section``). ``KEYS``: a field's
+    stored key where it is not its name; ``UNSTORED``: the fields not written (a record read back
+    holds their defaults); ``EXACT``: numbers written as they are (not to six significant figures);
+    ``WHERE_SET``: the fields written only where they are not None."""
+
+    KEYS: ClassVar[Mapping[str, str]] = {}
+    UNSTORED: ClassVar[frozenset[str]] = frozenset()
+    EXACT: ClassVar[frozenset[str]] = frozenset()
+    WHERE_SET: ClassVar[frozenset[str]] = frozenset()
+
+    def to_json(self) -> dict[str, JSONValue]:
+        out: dict[str, JSONValue] = {}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]  # a dataclass of this module
+            value = getattr(self, f.name)
+            if f.name not in self.UNSTORED and (value is not None or f.name not in self.WHERE_SET):
+                out[self.KEYS.get(f.name, f.name)] = (
+                    _plain(value) if f.name in self.EXACT else _written(str(f.type), value)
+                )
+        return out
+
+    @classmethod
+    def from_json(cls: type[_F], d: Mapping[str, object]) -> _F:  # noqa: PYI019 (typing.Self: Python 3.11)
+        """``to_json`` read back; KeyError, TypeError or ValueError where a key is missing or of
+        the wrong kind."""
+        return _stored_section(cls, d, **cls.KEYS)
+
+
+@dataclass(frozen=True)
+class Stability(_Fields):
+    """What the runs say about their own steadiness; ``warnings`` are plain-words sentences."""
+
+    n_runs: int
+    tpot_cv: float
+    tpot_spread_pct: float  # (max - min) / median of per-run TPOT
+    ttft_cv: float
+    first_run_slowdown: float | None  # warm-up run TPOT / median TPOT of the measured runs
+    first_run_ttft_slowdown: float | None
+    first_token_slowdown: float  # median over runs of (first ITL / that run's median ITL)
+    context_slope_us_per_token: float | None  # ITL growth per token of context (decode)
+    context_span: tuple[int, int] | None  # context positions the slope was fitted over
+    far_runs: tuple[int, ...]  # indices of runs far off the others
+    warnings: tuple[str, ...]
+
+
 @dataclass(frozen=True, kw_only=True)
-class LoadStats:
+class LoadStats(_Fields):
     """What only a load test shows; ``Measurement.runs`` holds the successful requests. The
     fields down to ``trace`` are what a record stores (``to_json``: a level's figures, the HTML
     report's throughput-latency curve); the rest are not stored: None (``errors``: empty) when
@@ -363,6 +397,10 @@ class LoadStats:
     output_tps_per_request: float | None = None  # median over requests of output tokens / E2E
     slo: Mapping[str, float] | None = None
 
+    UNSTORED = frozenset({"errors", "duration_s", "ttft", "tpot", "e2e", "output_tps_per_request", "slo"})
+    EXACT = frozenset({"rate_per_s"})
+    WHERE_SET = frozenset({"server", "trace"})  # a trace replay: its summary (other load tests store as before)
+
     @property
     def n_failed(self) -> int:
         return self.n_requests - self.n_ok
@@ -375,33 +413,9 @@ class LoadStats:
             return NotImplemented
         return all(getattr(self, f.name) == getattr(other, f.name) for f in dataclasses.fields(self))
 
-    def to_json(self) -> dict[str, JSONValue]:
-        out: dict[str, JSONValue] = {
-            "concurrency": self.concurrency,
-            "rate_per_s": self.rate_per_s,
-            "n_requests": self.n_requests,
-            "n_ok": self.n_ok,
-            **{k: sig6(getattr(self, k)) for k in _LOAD_FIGURES},
-            "prompt_cache": self.prompt_cache,
-        }
-        if self.server is not None:
-            out["server"] = self.server.to_json()
-        if self.trace is not None:  # a trace replay: its summary (other load tests store as before)
-            out["trace"] = self.trace.to_json()
-        return out
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, object]) -> LoadStats:
-        """A stored load level (``to_json``); KeyError, TypeError: not one."""
-        return _stored_section(cls, d)
-
-
-#: ``LoadStats``' stored figures (six significant figures), in their order.
-_LOAD_FIGURES = ("output_tps", "requests_per_s", "goodput", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms")
-
 
 @dataclass(frozen=True)
-class TraceReplay:
+class TraceReplay(_Fields):
     """A replayed trace (``Workload.trace``): its length and pace, and when each request was
     sent against its schedule, seconds from the first send's planned time. The lag (sent -
     scheduled) is the client's own: a request sent late is this process's delay, not the
@@ -418,6 +432,10 @@ class TraceReplay:
     scheduled_s: tuple[float, ...] = ()  # each request's send time (its t_s from the first, / speed)
     sent_s: tuple[float, ...] = ()  # when the client began each request, on the same clock
 
+    KEYS: ClassVar[Mapping[str, str]] = {"n_requests": "requests"}
+    UNSTORED = frozenset({"scheduled_s", "sent_s"})
+    EXACT = frozenset({"speed"})
+
     @classmethod
     def of(
         cls, n_requests: int, span_s: float, speed: float, scheduled_s: Sequence[float], sent_s: Sequence[float]
@@ -430,20 +448,6 @@ class TraceReplay:
     @property
     def lags_ms(self) -> tuple[float, ...]:
         return tuple((sent - due) * 1000 for sent, due in zip(self.sent_s, self.scheduled_s))
-
-    def to_json(self) -> dict[str, JSONValue]:
-        return {
-            "requests": self.n_requests,
-            "span_s": sig6(self.span_s),
-            "speed": self.speed,
-            "send_lag_p50_ms": sig6(self.send_lag_p50_ms),
-            "send_lag_max_ms": sig6(self.send_lag_max_ms),
-        }
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, object]) -> TraceReplay:
-        """A stored trace replay's summary (``to_json``); KeyError, TypeError: not one."""
-        return _stored_section(cls, d, n_requests="requests")
 
 
 @dataclass(frozen=True)
@@ -525,7 +529,7 @@ class LoadSample:
 
 
 @dataclass(frozen=True)
-class ModelLoads:
+class ModelLoads(_Fields):
     """Fresh loads of the engine's model (``asked``: "warm" or "cold") and what they were,
     computed from the samples when built (``of``) and stored as they are (a median of rounded
     samples is not the rounded median): ``page_cache`` "cold" only when every eviction took,
@@ -534,12 +538,12 @@ class ModelLoads:
     TTFT medians."""
 
     asked: str
-    samples: tuple[LoadSample, ...]
     page_cache: str
     evidence: str
     note: str
     load_ms: float
     fresh_ttft_ms: float | None
+    samples: tuple[LoadSample, ...]
 
     @classmethod
     def of(cls, asked: str, samples: Sequence[LoadSample]) -> ModelLoads:
@@ -551,12 +555,12 @@ class ModelLoads:
         ttfts = [s.fresh_ttft_ms for s in samples if s.fresh_ttft_ms is not None]
         return cls(
             asked,
-            tuple(samples),
             page_cache,
             f"at most {max(shares):.0%} of the file resident before each load" if shares else "residency unknown",
             EVICTION_FAILED if asked == "cold" and page_cache != "cold" else "",
             float(statistics.median(s.load_ms for s in samples)),
             float(statistics.median(ttfts)) if ttfts else None,
+            tuple(samples),
         )
 
     def describe(self) -> str:
@@ -566,22 +570,6 @@ class ModelLoads:
         if self.asked == "cold" and self.page_cache != "cold":
             text += f"; {EVICTION_FAILED}"
         return text
-
-    def to_json(self) -> dict[str, JSONValue]:
-        return {
-            "asked": self.asked,
-            "page_cache": self.page_cache,
-            "evidence": self.evidence,
-            "note": self.note,
-            "load_ms": sig6(self.load_ms),
-            "fresh_ttft_ms": sig6(self.fresh_ttft_ms),
-            "samples": [s.to_json() for s in self.samples],
-        }
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, object]) -> ModelLoads:
-        """Stored model loads (``to_json``); KeyError, TypeError: not."""
-        return _stored_section(cls, d)
 
 
 @dataclass(frozen=True)
@@ -600,7 +588,7 @@ CACHE_RESIDENT = "cache-resident"
 
 
 @dataclass(frozen=True)
-class PhaseRoofline:
+class PhaseRoofline(_Fields):
     phase: str
     bytes_per_token: float
     flops_per_token: float
@@ -614,6 +602,8 @@ class PhaseRoofline:
     note: str = ""  # why the DRAM roofline does not apply (cache-resident), else ""
     #: Stored keys the stored phase lacked (a hand-made record's ``note``): not written.
     absent: tuple[str, ...] = ()
+
+    UNSTORED = frozenset({"phase", "absent"})  # phase: its key
 
     def line(self) -> str:
         mbu = (
@@ -630,28 +620,13 @@ class PhaseRoofline:
         )
         return text + (f"; {self.note}" if self.note else "")
 
-    def to_json(self) -> PhaseRooflineJson:
-        out = stored_fields(self, "phase", "absent")
-        return cast("PhaseRooflineJson", {k: v for k, v in out.items() if k not in self.absent})
+    def to_json(self) -> dict[str, JSONValue]:
+        return {k: v for k, v in super().to_json().items() if k not in self.absent}
 
     @classmethod
-    def from_json(cls, phase: str, d: Mapping[str, object]) -> PhaseRoofline:
-        """``to_json`` read back (``phase``: its key); only ``note`` may be missing."""
-        figures = {k: _number(d[k]) for k in _ROOFLINE_FIGURES}
-        note = _text(d.get("note", ""))
-        return cls(phase, **figures, verdict=_text(d["verdict"]), note=note, absent=_absent(d, ("note",)))
-
-
-_ROOFLINE_FIGURES = (
-    "bytes_per_token",
-    "flops_per_token",
-    "intensity_flop_per_byte",
-    "bound_tps",
-    "achieved_tps",
-    "achieved_bw_gbs",
-    "mbu",
-    "mfu",
-)
+    def from_json(cls, d: Mapping[str, object]) -> PhaseRoofline:
+        """``to_json`` read back, with its ``phase`` (its key); only ``note`` may be missing."""
+        return _stored_section(cls, {**d, "absent": _absent(d, ("note",))})
 
 
 def _absent(d: Mapping[str, object], optional: Sequence[str]) -> tuple[str, ...]:
@@ -761,8 +736,8 @@ class Roofline:
             _number(d.get("context_tokens", 0.0)),
             _count(d.get("weights_bytes", 0)),
             None,
-            PhaseRoofline.from_json("decode", _object(d["decode"])),
-            None if prefill is None else PhaseRoofline.from_json("prefill", _object(prefill)),
+            PhaseRoofline.from_json({**_object(d["decode"]), "phase": "decode"}),
+            None if prefill is None else PhaseRoofline.from_json({**_object(prefill), "phase": "prefill"}),
             stored_balance=None if balance is None else _number(balance),
             absent=_absent(d, ROOFLINE_OPTIONAL),
         )
@@ -1002,7 +977,7 @@ PHASES = ("prefill", "decode")
 
 
 @dataclass(frozen=True)
-class Slice:
+class Slice(_Fields):
     """One layer, op type or group of a phase: median ms per step over all steps, and per run
     (each run's median over its steps: the unit of comparisons)."""
 
@@ -1010,17 +985,9 @@ class Slice:
     median_ms: float
     per_run_ms: tuple[float, ...]
 
-    def to_json(self) -> dict[str, JSONValue]:
-        return {"name": self.name, "median_ms": sig6(self.median_ms), "per_run_ms": [sig6(v) for v in self.per_run_ms]}
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Slice:
-        d = _object(d)
-        return cls(_text(d["name"]), _number(d["median_ms"]), _floats(d["per_run_ms"]))
-
 
 @dataclass(frozen=True)
-class PhaseAttribution:
+class PhaseAttribution(_Fields):
     """One phase (prefill: the prompt's step; decode: per token step): its layers, op types and
     groups; ``step_ms``: median instrumented step; ``nodes_ms``: median sum of the node times
     per step; ``coverage``: median over steps of (node times / step time); ``nodes``: nodes
@@ -1039,33 +1006,17 @@ class PhaseAttribution:
     #: All transformer blocks together, per step (a median of sums, not a sum of medians).
     blocks: Slice | None = None
 
+    UNSTORED = frozenset({"phase"})  # its key
+    WHERE_SET = frozenset({"blocks"})
+
     def slices(self, kind: str) -> tuple[Slice, ...]:
         """``layers``, ``ops`` or ``groups``."""
         slices: tuple[Slice, ...] = getattr(self, kind)
         return slices
 
-    def to_json(self) -> dict[str, JSONValue]:
-        out: dict[str, JSONValue] = {k: [s.to_json() for s in self.slices(k)] for k in KINDS}
-        out.update(
-            step_ms=sig6(self.step_ms),
-            nodes_ms=sig6(self.nodes_ms),
-            coverage=sig6(self.coverage),
-            nodes=self.nodes,
-            n_runs=self.n_runs,
-            n_steps=self.n_steps,
-        )
-        if self.blocks is not None:
-            out["blocks"] = self.blocks.to_json()
-        return out
-
-    @classmethod
-    def from_json(cls, phase: str, d: Mapping[str, Any]) -> PhaseAttribution:
-        d = _object(d)
-        return _stored_section(cls, {**d, "phase": phase, "blocks": d.get("blocks") or None})
-
 
 @dataclass(frozen=True)
-class Attribution(InstrumentedCost):
+class Attribution(InstrumentedCost, _Fields):
     """Both phases of one side, what the instrumentation cost (interleaved plain runs) and the
     pass's wall time (warm-up, instrumented and plain runs)."""
 
@@ -1075,6 +1026,8 @@ class Attribution(InstrumentedCost):
     plain_prefill_ms: float | None  # interleaved plain runs, medians
     plain_tpot_ms: float | None
     wall_s: float
+
+    UNSTORED = frozenset(PHASES)  # in ``phases``
 
     def phase(self, name: str) -> PhaseAttribution:
         return self.prefill if name == "prefill" else self.decode
@@ -1090,29 +1043,17 @@ class Attribution(InstrumentedCost):
         }
 
     def to_json(self) -> dict[str, JSONValue]:
-        return {
-            "phases": {p: self.phase(p).to_json() for p in PHASES},
-            "tpot_ms": sig6(self.tpot_ms),
-            "plain_prefill_ms": sig6(self.plain_prefill_ms),
-            "plain_tpot_ms": sig6(self.plain_tpot_ms),
-            "wall_s": sig6(self.wall_s),
-            "layer_rule": LAYER_RULE,
-            "group_rule": GROUP_RULE,
-        }
+        phases: dict[str, JSONValue] = {p: self.phase(p).to_json() for p in PHASES}
+        return {"phases": phases, **super().to_json(), "layer_rule": LAYER_RULE, "group_rule": GROUP_RULE}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Attribution:
-        """``to_json`` read back; KeyError, TypeError or ValueError where a value is missing or
-        of the wrong kind (a text where a number belongs: ValueError)."""
+    def from_json(cls, d: Mapping[str, object]) -> Attribution:
+        """``to_json`` read back (the plain runs' medians may be missing: None); KeyError, TypeError
+        or ValueError where a value is missing or of the wrong kind (a text where a number belongs:
+        ValueError)."""
         phases = _object(_object(d)["phases"])
-        return cls(
-            PhaseAttribution.from_json("prefill", _object(phases["prefill"])),
-            PhaseAttribution.from_json("decode", _object(phases["decode"])),
-            _number(d["tpot_ms"]),
-            _maybe(_number, d.get("plain_prefill_ms")),
-            _maybe(_number, d.get("plain_tpot_ms")),
-            _number(d["wall_s"]),
-        )
+        read = {p: {**(ph := _object(phases[p])), "phase": p, "blocks": ph.get("blocks") or None} for p in PHASES}
+        return _stored_section(cls, {"plain_prefill_ms": None, "plain_tpot_ms": None, **d, **read})
 
     def lines(self) -> list[str]:
         """How the node times add up, and what the pass cost (80 columns)."""
@@ -1201,30 +1142,15 @@ class Agreement:
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> Agreement:
         """``to_json`` read back (``available`` is computed, and checked against ``reason``);
-        KeyError, TypeError, ValueError: not an agreement."""
-        firsts = _array(d["first_divergence"])
-        if any(v is not None and (isinstance(v, bool) or not isinstance(v, int)) for v in firsts):
-            raise TypeError(f"first_divergence: {firsts!r} holds more than positions and None")
-        out = cls(
-            reason=_text(d["reason"]),
-            method=_text(d["method"]),
-            n_prompts=_count(d["n_prompts"]),
-            n_positions=_count(d["n_positions"]),
-            **{k: _maybe(_number, d[k]) for k in _AGREEMENT_FIGURES},
-            n_unscored=_count(d["n_unscored"]),
-            first_divergence=tuple(cast("list[int | None]", firsts)),
-        )
+        KeyError, TypeError, ValueError: not an agreement (every key is written)."""
+        out = _stored_section(cls, {f.name: d[f.name] for f in fields(cls)})
         if d["available"] is not out.available:
             raise ValueError(f"available: {d['available']!r} with reason {out.reason!r}")
         return out
 
 
-#: ``Agreement``'s figures (None: not available), in their order.
-_AGREEMENT_FIGURES = ("top1_agreement", "kl_mean", "kl_p99", "kl_max", "greedy_parity")
-
-
 @dataclass(frozen=True)
-class LengthBucket:
+class LengthBucket(_Fields):
     """The runs whose prompts had ``low_tokens`` to ``high_tokens`` tokens (both included): their
     count, TTFT median and p95, prefill median (None: the engine does not see the prefill end)."""
 
@@ -1235,17 +1161,9 @@ class LengthBucket:
     ttft_p95_ms: float
     prefill_p50_ms: float | None
 
-    def to_json(self) -> dict[str, JSONValue]:
-        return cast("dict[str, JSONValue]", stored_fields(self))
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, object]) -> LengthBucket:
-        """A stored bucket (``to_json``); KeyError, TypeError: not one."""
-        return _stored_section(cls, d)
-
 
 @dataclass(frozen=True)
-class PromptLengths:
+class PromptLengths(_Fields):
     """A measurement whose runs' prompts had different lengths (a prompt set), by length:
     ``buckets`` (``measuring.metrics.length_buckets``' ``rule``), and the prefill per evaluated
     prompt token over all ``n_runs``: the median of each run's prefill / its tokens, the same
@@ -1259,14 +1177,6 @@ class PromptLengths:
     native_ms_per_prompt_token: float | None
     slope_ms_per_token: float | None
     intercept_ms: float | None
-
-    def to_json(self) -> dict[str, JSONValue]:
-        return cast("dict[str, JSONValue]", {**stored_fields(self), "buckets": [b.to_json() for b in self.buckets]})
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, object]) -> PromptLengths:
-        """Stored figures by prompt length (``to_json``); KeyError, TypeError: not."""
-        return _stored_section(cls, d)
 
 
 class TurnFigures(NamedTuple):
