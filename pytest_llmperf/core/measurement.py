@@ -451,7 +451,7 @@ class TraceReplay(_Fields):
 
 
 @dataclass(frozen=True)
-class ServerSide:
+class ServerSide(_Fields):
     """Medians over the requests that carried timings; ``metrics``: /metrics over the level."""
 
     n_timed: int
@@ -482,11 +482,6 @@ class ServerSide:
         out["metrics"] = dict(self.metrics or {})
         return out
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, object]) -> ServerSide:
-        """A stored server side (``to_json``); KeyError, TypeError: not one."""
-        return _stored_section(cls, d)
-
 
 @dataclass(frozen=True)
 class PeakRss:
@@ -503,7 +498,7 @@ EVICTION_FAILED = "eviction did not take: another process maps the model file, o
 
 
 @dataclass(frozen=True)
-class LoadSample:
+class LoadSample(_Fields):
     """One fresh engine: its load (``EngineInfo.load_ms``, llama.cpp's ``t_load_ms``), its time
     to first token (load + the first, slow evaluation + its first request's TTFT: llama.cpp's
     start-up, not the engine's own bookkeeping nor a worker process's start), and the share of
@@ -521,11 +516,6 @@ class LoadSample:
     def to_json(self) -> dict[str, JSONValue]:
         """Each field, a float to six significant figures."""
         return {k: sig6(v) if isinstance(v, float) else v for k, v in dataclasses.asdict(self).items()}
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, object]) -> LoadSample:
-        """A stored sample (``to_json``); KeyError, TypeError: not one."""
-        return _stored_section(cls, d)
 
 
 @dataclass(frozen=True)
@@ -775,12 +765,13 @@ class PhaseLayers:
     phase: str
     names: tuple[str, ...]
     median_ms: tuple[float, ...]
-    step_ms: float
-    n_runs: int
-    n_steps: int
-    per_run_ms: tuple[tuple[float, ...], ...]
-    outliers: tuple[str, ...]
-    coverage: float  # median over steps of (sum of the step's segments / its step time)
+    # 0 or empty where a hand-made record lacks them (``LAYERS_PHASE_OPTIONAL``):
+    step_ms: float = 0.0
+    n_runs: int = 0
+    n_steps: int = 0
+    per_run_ms: tuple[tuple[float, ...], ...] = ()
+    outliers: tuple[str, ...] = ()
+    coverage: float = 0.0  # median over steps of (sum of the step's segments / its step time)
     #: Each segment's share as stored (read from a file); None: computed from ``median_ms``.
     stored_share: tuple[float, ...] | None = None
     #: Stored keys the stored phase lacked (``LAYERS_PHASE_OPTIONAL``, a hand-made record's): not written.
@@ -821,24 +812,11 @@ class PhaseLayers:
         """``to_json`` read back (``phase``: its key); ``names`` and ``median_ms`` at least
         (``LAYERS_PHASE_OPTIONAL`` may be missing: 0 or empty); KeyError, TypeError or ValueError
         where a value is missing or of the wrong kind."""
-        names, share = _texts(d["names"]), d.get("share")
-        median_ms, shares = _floats(d["median_ms"]), None if share is None else _floats(share)
-        per_run_ms = tuple(_floats(run) for run in _array(d.get("per_run_ms", [])))
-        if any(len(v) != len(names) for v in (median_ms, shares or names, *per_run_ms)):
+        absent = _absent(d, LAYERS_PHASE_OPTIONAL)
+        read = _stored_section(cls, {**d, "phase": phase, "stored_share": d.get("share"), "absent": absent})
+        if any(len(v) != len(read.names) for v in (read.median_ms, read.stored_share or read.names, *read.per_run_ms)):
             raise ValueError("a segment's figures do not match its names")
-        return cls(
-            phase,
-            names,
-            median_ms,
-            _number(d.get("step_ms", 0.0)),
-            _count(d.get("n_runs", 0)),
-            _count(d.get("n_steps", 0)),
-            per_run_ms,
-            _texts(d.get("outliers", [])),
-            _number(d.get("coverage", 0.0)),
-            stored_share=shares,
-            absent=_absent(d, LAYERS_PHASE_OPTIONAL),
-        )
+        return read
 
 
 #: ``PhaseLayers``' stored keys a hand-made record may lack.
@@ -875,10 +853,10 @@ class _Stepped(Protocol):
 
 class InstrumentedCost:
     """What an instrumented pass cost against interleaved plain runs of the same engine
-    (``attribution.Attribution``): instrumented / plain, per phase."""
+    (``Attribution``, ``LayerProfile``): instrumented / plain, per phase."""
 
     prefill: _Stepped
-    tpot_ms: float  # instrumented runs, median
+    tpot_ms: float | None  # instrumented runs, median
     plain_prefill_ms: float | None  # interleaved plain runs, medians
     plain_tpot_ms: float | None
 
@@ -888,7 +866,7 @@ class InstrumentedCost:
 
     @property
     def decode_overhead_ratio(self) -> float | None:
-        return self.tpot_ms / self.plain_tpot_ms if self.plain_tpot_ms else None
+        return self.tpot_ms / self.plain_tpot_ms if self.plain_tpot_ms and self.tpot_ms is not None else None
 
 
 #: ``LayerProfile``'s stored keys a hand-made record may lack.
@@ -896,7 +874,7 @@ LAYERS_OPTIONAL = ("outlier_rule", "overhead_ratio", "prefill_overhead_ratio")
 
 
 @dataclass(frozen=True)
-class LayerProfile:
+class LayerProfile(InstrumentedCost):
     """Both phases, plus what the instrumentation cost against the plain engine (instrumented /
     plain, per phase: computed from the medians when measured, as stored when read)."""
 
@@ -916,15 +894,11 @@ class LayerProfile:
 
     @property
     def prefill_overhead_ratio(self) -> float | None:
-        if self.stored_ratios is not None:
-            return self.stored_ratios[1]
-        return self.prefill.step_ms / self.plain_prefill_ms if self.plain_prefill_ms else None
+        return super().prefill_overhead_ratio if self.stored_ratios is None else self.stored_ratios[1]
 
     @property
     def decode_overhead_ratio(self) -> float | None:
-        if self.stored_ratios is not None:
-            return self.stored_ratios[0]
-        return self.tpot_ms / self.plain_tpot_ms if self.plain_tpot_ms and self.tpot_ms is not None else None
+        return super().decode_overhead_ratio if self.stored_ratios is None else self.stored_ratios[0]
 
     def has(self, key: str) -> bool:
         """Whether the stored form holds ``key`` (a hand-made record's may lack one)."""
@@ -1355,7 +1329,41 @@ class Measurement(StoredForm):
         schema): what it does not hold reads as None, a section or per-run value of the wrong
         kind is kept as it came (``unread``, ``unread_runs``...; written back so, and the judge
         names what it cannot judge), a key this version does not know in ``extra``."""
-        return _read(cls, d)
+        sections, unread = _stored_sections(d)
+        runs, unread_runs, unread_parts = _stored_runs(d)
+        summary = sections.get("summary") or Summary.from_json({})
+        assert isinstance(summary, Summary)
+        identity = sections.pop("workload", None)
+        if not isinstance(identity, StoredWorkload):
+            identity = StoredWorkload.from_json({})
+        median = functools.partial(_stored_median, summary, runs=runs)
+        ttfts = sorted(r.ttft_ms for r in runs if not math.isnan(r.ttft_ms))
+        return cls(
+            engine=_stored_engine(
+                cast("JsonObject", sections.get("subject") or {}), cast("Memory | None", sections.get("memory"))
+            ),
+            runs=runs,
+            itl=_stored_itl([v for r in runs for v in r.itl_ms], summary),
+            ttft_ms=median("ttft_ms"),
+            ttft_p95_ms=_percentile(ttfts, 95),
+            tpot_ms=median("tpot_ms"),
+            decode_tps=median("decode_tps"),
+            e2e_ms=median("e2e_ms"),
+            tokenize_ms=median("tokenize_ms"),
+            prefill_ms=summary.figures.get("prefill_ms"),
+            prefill_tps=summary.figures.get("prefill_tps"),
+            native_prefill_ms=_optional(median("native_prefill_ms")),
+            native_decode_ms_per_token=_optional(median("native_decode_ms_per_token")),
+            overhead_ms_per_token=None,
+            prompt_tokens=identity.prompt_tokens,
+            output_tokens=min((r.output_tokens for r in runs), default=0),
+            identity=identity,
+            unread_runs=unread_runs,
+            unread_parts=unread_parts,
+            unread=unread,
+            extra={k: v for k, v in d.items() if k not in {*_TEXT, *_OBJECTS, *_section_readers(), *_PER_RUN}},  # type: ignore[misc]  # JSON as it came
+            **sections,  # type: ignore[arg-type]  # each of its field's kind (_stored_sections)
+        )
 
     def diagnosis(self) -> dict[str, JSONValue]:
         """Where the time went (the sections from ``stability`` to ``machine`` this record
@@ -1694,45 +1702,6 @@ def _stored_sections(d: Mapping[str, object]) -> tuple[dict[str, object], dict[s
     return fields_, unread
 
 
-def _read(cls: type[Measurement], d: Mapping[str, object]) -> Measurement:
-    """``Measurement.read``."""
-    sections, unread = _stored_sections(d)
-    runs, unread_runs, unread_parts = _stored_runs(d)
-    summary = sections.get("summary") or Summary.from_json({})
-    assert isinstance(summary, Summary)
-    identity = sections.pop("workload", None)
-    if not isinstance(identity, StoredWorkload):
-        identity = StoredWorkload.from_json({})
-    median = functools.partial(_stored_median, summary, runs=runs)
-    ttfts = sorted(r.ttft_ms for r in runs if not math.isnan(r.ttft_ms))
-    return cls(
-        engine=_stored_engine(
-            cast("JsonObject", sections.get("subject") or {}), cast("Memory | None", sections.get("memory"))
-        ),
-        runs=runs,
-        itl=_stored_itl([v for r in runs for v in r.itl_ms], summary),
-        ttft_ms=median("ttft_ms"),
-        ttft_p95_ms=_percentile(ttfts, 95),
-        tpot_ms=median("tpot_ms"),
-        decode_tps=median("decode_tps"),
-        e2e_ms=median("e2e_ms"),
-        tokenize_ms=median("tokenize_ms"),
-        prefill_ms=summary.figures.get("prefill_ms"),
-        prefill_tps=summary.figures.get("prefill_tps"),
-        native_prefill_ms=_optional(median("native_prefill_ms")),
-        native_decode_ms_per_token=_optional(median("native_decode_ms_per_token")),
-        overhead_ms_per_token=None,
-        prompt_tokens=identity.prompt_tokens,
-        output_tokens=min((r.output_tokens for r in runs), default=0),
-        identity=identity,
-        unread_runs=unread_runs,
-        unread_parts=unread_parts,
-        unread=unread,
-        extra={k: v for k, v in d.items() if k not in {*_TEXT, *_OBJECTS, *_section_readers(), *_PER_RUN}},  # type: ignore[misc]  # JSON as it came
-        **sections,  # type: ignore[arg-type]  # each of its field's kind (_stored_sections)
-    )
-
-
 def _stored_itl(samples: Sequence[float], summary: Summary) -> LatencyStats:
     """The pooled ITLs a record keeps, summarized as ``measuring.metrics.latency_stats`` does (its
     percentiles the summary's where it holds them); NaN for a record without any."""
@@ -1930,15 +1899,6 @@ def _span(counts: Sequence[int]) -> str:
 # it is not written; any other field is written only where it is not None.
 
 
-def _section_json(value: object) -> JSONValue:
-    """A field's value as it is stored: a typed part as it writes itself, a tuple as a list."""
-    if isinstance(value, tuple):
-        return [_section_json(v) for v in value]
-    if isinstance(value, _StoredSection):
-        return value.to_json()
-    return cast("JSONValue", value)
-
-
 @dataclass(frozen=True, kw_only=True, eq=False)
 class _StoredSection(StoredForm):
     """What the four sections share: ``to_json``, ``from_json`` and ``read`` by their fields
@@ -1968,7 +1928,7 @@ class _StoredSection(StoredForm):
         for name in self.stored_keys():
             value = getattr(self, name)
             if value is not None or (name in self.NULLABLE and name not in self.absent):
-                out[name] = _section_json(value)
+                out[name] = _plain(value)
         out.update(self.extra)
         return {k: out[k] for k in self.order if k in out} | out if self.order else out
 
