@@ -794,18 +794,10 @@ class PhaseLayers:
         return key not in self.absent
 
     def to_json(self) -> PhaseLayersJson:
-        out = {
-            "names": list(self.names),
-            "median_ms": [sig6(v) for v in self.median_ms],
-            "share": [sig6(v) for v in self.share],
-            "step_ms": sig6(self.step_ms),
-            "n_runs": self.n_runs,
-            "n_steps": self.n_steps,
-            "per_run_ms": [[sig6(v) for v in run] for run in self.per_run_ms],
-            "outliers": list(self.outliers),
-            "coverage": sig6(self.coverage),
-        }
-        return cast("PhaseLayersJson", {k: v for k, v in out.items() if k not in self.absent})
+        """``PhaseLayersJson``'s keys (``share`` computed where not stored) but those ``absent``."""
+        kinds = {f.name: str(f.type) for f in fields(self)} | {"share": "tuple[float, ...]"}
+        out = {k: _written(kinds[k], getattr(self, k)) for k in PhaseLayersJson.__annotations__ if k not in self.absent}
+        return cast("PhaseLayersJson", out)
 
     @classmethod
     def from_json(cls, phase: str, d: Mapping[str, object]) -> PhaseLayers:
@@ -1737,161 +1729,10 @@ def _percentile(ordered: Sequence[float], q: float) -> float:
     return float(ordered[lo] + (h - lo) * (ordered[hi] - ordered[lo]))
 
 
-@dataclass(frozen=True, kw_only=True)
-class StoredWorkload(StoredForm):
-    """What must match for two records to be compared (``WORKLOAD_KEYS``), with the run and
-    warm-up counts (which may differ). ``shared_prefix_tokens`` and ``prompt_cache`` only when
-    set, ``messages`` (a chat request's, as JSON text), ``prompt_set``, ``trace`` and
-    ``conversation`` (their content hashes, a trace with its ``trace_speed``, a conversation with
-    its judged ``turn``) too (so older baselines keep matching). The first six keys are written
-    even where None (``null``); the others only where set. Read back by ``from_json``: a key of
-    the wrong kind, or one this version does not know, is kept as it came in ``extra``, and a
-    first-six key the stored workload lacked (a hand-made record's) in ``absent``, so it is
-    written again as it was read."""
-
-    prompt: str | None = None
-    prompt_tokens: int | None = None
-    max_tokens: int | None = None
-    seed: int | None = None
-    concurrency: int | None = None
-    rate: float | None = None
-    shared_prefix_tokens: int | None = None
-    prompt_cache: str | None = None
-    messages: str | None = None
-    prompt_set: str | None = None
-    trace: str | None = None
-    trace_speed: float | None = None
-    conversation: str | None = None
-    turn: int | None = None
-    runs: int | None = None
-    warmup: int | None = None
-    #: Keys written even where None that the stored workload lacked.
-    absent: frozenset[str] = frozenset()
-    #: Stored keys of the wrong kind or that this version does not know, as they came.
-    extra: JsonObject = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, JSONValue]:
-        out: dict[str, JSONValue] = {}
-        for name in _WORKLOAD_FIELDS:
-            value = getattr(self, name)
-            if value is not None or (name in _NULLABLE_IDENTITY and name not in self.absent):
-                out[name] = value
-        out.update(self.extra)
-        return out
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, object]) -> StoredWorkload:
-        typed = {k: v for k, v in d.items() if k in _WORKLOAD_FIELDS and _holds(_WORKLOAD_FIELDS[k], v, k)}
-        return cls(
-            **typed,  # type: ignore[arg-type]  # each of its field's kind (_holds)
-            absent=_NULLABLE_IDENTITY - set(d),
-            extra={k: v for k, v in d.items() if k not in typed},  # type: ignore[misc]  # JSON as it came
-        )
-
-
-@dataclass(frozen=True, kw_only=True)
-class Summary(StoredForm):
-    """A record's ``summary``: ``n_runs``, ``itl_count`` and the catalog's ``SUMMARY`` figures
-    (``figures``, by key, six significant figures; None where the measurement has none; written
-    by ``baselines.records.stored``), in this order. Read back by ``from_json``: a figure is a
-    number (or null) by key; a value of the wrong kind is kept as it came in ``extra``; a key the
-    stored summary lacked (an older record's) is not written."""
-
-    n_runs: int | None = None
-    itl_count: int | None = None
-    figures: Mapping[str, float | None] = field(default_factory=dict)
-    #: Stored keys of the wrong kind or that this version does not know, as they came.
-    extra: JsonObject = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, JSONValue]:
-        counts = {"n_runs": self.n_runs, "itl_count": self.itl_count}
-        return {**{k: v for k, v in counts.items() if v is not None}, **self.figures, **self.extra}
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, object]) -> Summary:
-        counts = {k: v for k, v in d.items() if k in ("n_runs", "itl_count") and _holds("int", v, k)}
-        figures = {k: v for k, v in d.items() if k not in counts and (v is None or _holds("float", v, k))}
-        return cls(
-            **counts,  # type: ignore[arg-type]  # ints (_holds)
-            figures=figures,  # type: ignore[arg-type]  # numbers or None (_holds)
-            extra={k: v for k, v in d.items() if k not in counts and k not in figures},  # type: ignore[misc]
-        )
-
-
-#: ``StoredWorkload``'s stored keys and the kind each holds (its field's annotation), in the
-#: order they are written.
-_WORKLOAD_FIELDS = {f.name: str(f.type) for f in fields(StoredWorkload) if f.name not in ("absent", "extra")}
-#: What must match for two records' workloads to be compared (the run counts may differ).
-WORKLOAD_KEYS = tuple(k for k in _WORKLOAD_FIELDS if k not in ("runs", "warmup"))
-#: The identity's keys a record writes even where None (``null``).
-_NULLABLE_IDENTITY = frozenset(WORKLOAD_KEYS[:6])
-
-
-def _holds(annotation: str, value: object, key: str) -> bool:
-    """Whether ``value`` is of the kind a field annotated ``annotation`` (``int | None``...)
-    holds (a bool is no number); None only where it is written as ``null``."""
-    if value is None:
-        return key in _NULLABLE_IDENTITY
-    try:
-        _SCALARS[annotation.split(" ")[0]](value)
-    except (KeyError, TypeError, ValueError):
-        return False
-    return True
-
-
-def workload_changes(a: Mapping[str, object], b: Mapping[str, object]) -> list[str]:
-    """Differences between two records' workloads (``WORKLOAD_KEYS``), as ``key a -> b``."""
-    return [f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in WORKLOAD_KEYS if a.get(k) != b.get(k)]
-
-
-def workload_identity(m: Measurement) -> StoredWorkload:
-    """What must match for ``m`` to be compared with a record (``WORKLOAD_KEYS``); one read from
-    a file: the identity it keeps."""
-    w = m.workload
-    if w is None:
-        return m.identity or StoredWorkload.from_json({})
-    return StoredWorkload(
-        prompt=w.prompt,
-        # The workload's prompt as the engine tokenized it; a measured callable's is the one the
-        # test gives it (what the callable builds from it, a system prompt added, is the user's
-        # code under test: a change of it is judged and named, not a new workload). A prompt set's
-        # lengths vary by run: its content hash names its prompts (none here, whatever the run count).
-        prompt_tokens=w.prompt_tokens
-        if m.engine.engine == "callable" or (w.prompt_set, w.trace, w.conversation) != (None, None, None)
-        else m.prompt_tokens,
-        max_tokens=w.max_tokens,
-        seed=w.seed,
-        # Load tests: a run under concurrency 4 is not comparable with one under concurrency 1.
-        concurrency=w.concurrency,
-        rate=w.rate,
-        # Each of the rest only where set, so older baselines keep matching.
-        shared_prefix_tokens=w.shared_prefix_tokens or None,  # served: a shared prefix measures the prompt cache
-        prompt_cache=w.prompt_cache if w.prompt_cache != "cold" else None,  # a callable's warm prompt cache
-        messages=chat_identity(w.messages) if w.messages is not None else None,  # a chat request's messages
-        prompt_set=prompt_set_digest(w.prompt_set) if w.prompt_set is not None else None,  # its content hash
-        # A trace: its content hash and the pace it is replayed at.
-        trace=trace_digest(w.trace) if w.trace is not None else None,
-        trace_speed=(w.trace_speed or 1.0) if w.trace is not None else None,
-        conversation=conversation_digest(w.conversation) if w.conversation is not None else None,
-        turn=w.turn,  # a conversation judged on one turn
-    )
-
-
-def chat_identity(messages: Sequence[ChatMessage]) -> str:
-    """Chat messages as a workload's identity holds them: ``[[role, content], ...]`` as JSON."""
-    return json.dumps([list(m) for m in messages], ensure_ascii=False)
-
-
-def _span(counts: Sequence[int]) -> str:
-    """``32``, or ``4 to 32`` where the counts differ."""
-    low, high = min(counts), max(counts)
-    return f"{low}" if low == high else f"{low} to {high}"
-
-
 # --- the sections a record computes from the Measurement when it is stored --------------------
 #
-# ``Machine``, ``Memory``, ``PromptSeen`` (with its ``Turn``s) and ``Requests``: each holds the
-# figures as they are stored, written by ``to_json`` in the order the fields are declared, and read
+# ``Machine``, ``Memory``, ``PromptSeen`` (with its ``Turn``s) and ``Requests``, and the workload's
+# identity (``StoredWorkload``, written by ``stored`` too): each holds the figures as they are stored, written by ``to_json`` in the order the fields are declared, and read
 # back by ``from_json`` (every value of its kind, else KeyError/TypeError/ValueError) or by ``read``
 # (a hand-made or damaged section, the judge's to judge in part: a value of the wrong kind, or a key
 # this version does not know, is kept as it came in ``extra`` and written again after the fields).
@@ -1901,7 +1742,7 @@ def _span(counts: Sequence[int]) -> str:
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class _StoredSection(StoredForm):
-    """What the four sections share: ``to_json``, ``from_json`` and ``read`` by their fields
+    """What the sections share: ``to_json``, ``from_json`` and ``read`` by their fields
     (``stored_keys``: each value read as its field's annotation says, ``_as``) and ``NULLABLE``. Each also reads
     as the read-only mapping of what its ``to_json`` writes, and equals it (``record["memory"]``,
     ``record.memory == {"kv_cache_bytes": None}``: how a hook read a record before it was typed)."""
@@ -1958,6 +1799,135 @@ class _StoredSection(StoredForm):
 
 
 _S = TypeVar("_S", bound=_StoredSection)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class StoredWorkload(_StoredSection):
+    """What must match for two records to be compared (``WORKLOAD_KEYS``), with the run and
+    warm-up counts (which may differ). ``shared_prefix_tokens`` and ``prompt_cache`` only when
+    set, ``messages`` (a chat request's, as JSON text), ``prompt_set``, ``trace`` and
+    ``conversation`` (their content hashes, a trace with its ``trace_speed``, a conversation with
+    its judged ``turn``) too (so older baselines keep matching). The first six keys are written
+    even where None (``null``); the others only where set. Read back by ``from_json`` (as ``read``,
+    but written again in its fields' order): a key of the wrong kind, or one this version does not
+    know, is kept as it came in ``extra``, and a first-six key the stored workload lacked (a
+    hand-made record's) in ``absent``, so it is written again as it was read."""
+
+    prompt: str | None = None
+    prompt_tokens: int | None = None
+    max_tokens: int | None = None
+    seed: int | None = None
+    concurrency: int | None = None
+    rate: float | None = None
+    shared_prefix_tokens: int | None = None
+    prompt_cache: str | None = None
+    messages: str | None = None
+    prompt_set: str | None = None
+    trace: str | None = None
+    trace_speed: float | None = None
+    conversation: str | None = None
+    turn: int | None = None
+    runs: int | None = None
+    warmup: int | None = None
+
+    NULLABLE: ClassVar[frozenset[str]] = frozenset(
+        {"prompt", "prompt_tokens", "max_tokens", "seed", "concurrency", "rate"}
+    )
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> StoredWorkload:
+        return dataclasses.replace(cls.read(d), order=())
+
+
+@dataclass(frozen=True, kw_only=True)
+class Summary(StoredForm):
+    """A record's ``summary``: ``n_runs``, ``itl_count`` and the catalog's ``SUMMARY`` figures
+    (``figures``, by key, six significant figures; None where the measurement has none; written
+    by ``baselines.records.stored``), in this order. Read back by ``from_json``: a figure is a
+    number (or null) by key; a value of the wrong kind is kept as it came in ``extra``; a key the
+    stored summary lacked (an older record's) is not written."""
+
+    n_runs: int | None = None
+    itl_count: int | None = None
+    figures: Mapping[str, float | None] = field(default_factory=dict)
+    #: Stored keys of the wrong kind or that this version does not know, as they came.
+    extra: JsonObject = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, JSONValue]:
+        counts = {"n_runs": self.n_runs, "itl_count": self.itl_count}
+        return {**{k: v for k, v in counts.items() if v is not None}, **self.figures, **self.extra}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> Summary:
+        counts = {k: v for k, v in d.items() if k in ("n_runs", "itl_count") and _holds("int", v)}
+        figures = {k: v for k, v in d.items() if k not in counts and (v is None or _holds("float", v))}
+        return cls(
+            **counts,  # type: ignore[arg-type]  # ints (_holds)
+            figures=figures,  # type: ignore[arg-type]  # numbers or None (_holds)
+            extra={k: v for k, v in d.items() if k not in counts and k not in figures},  # type: ignore[misc]
+        )
+
+
+#: What must match for two records' workloads to be compared (the run counts may differ).
+WORKLOAD_KEYS = tuple(k for k in StoredWorkload.stored_keys() if k not in ("runs", "warmup"))
+
+
+def _holds(kind: str, value: object) -> bool:
+    """Whether ``value`` is of ``kind`` (``int``, ``float``: a bool is no number; None is not)."""
+    try:
+        _SCALARS[kind](value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def workload_changes(a: Mapping[str, object], b: Mapping[str, object]) -> list[str]:
+    """Differences between two records' workloads (``WORKLOAD_KEYS``), as ``key a -> b``."""
+    return [f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in WORKLOAD_KEYS if a.get(k) != b.get(k)]
+
+
+def workload_identity(m: Measurement) -> StoredWorkload:
+    """What must match for ``m`` to be compared with a record (``WORKLOAD_KEYS``); one read from
+    a file: the identity it keeps."""
+    w = m.workload
+    if w is None:
+        return m.identity or StoredWorkload.from_json({})
+    return StoredWorkload(
+        prompt=w.prompt,
+        # The workload's prompt as the engine tokenized it; a measured callable's is the one the
+        # test gives it (what the callable builds from it, a system prompt added, is the user's
+        # code under test: a change of it is judged and named, not a new workload). A prompt set's
+        # lengths vary by run: its content hash names its prompts (none here, whatever the run count).
+        prompt_tokens=w.prompt_tokens
+        if m.engine.engine == "callable" or (w.prompt_set, w.trace, w.conversation) != (None, None, None)
+        else m.prompt_tokens,
+        max_tokens=w.max_tokens,
+        seed=w.seed,
+        # Load tests: a run under concurrency 4 is not comparable with one under concurrency 1.
+        concurrency=w.concurrency,
+        rate=w.rate,
+        # Each of the rest only where set, so older baselines keep matching.
+        shared_prefix_tokens=w.shared_prefix_tokens or None,  # served: a shared prefix measures the prompt cache
+        prompt_cache=w.prompt_cache if w.prompt_cache != "cold" else None,  # a callable's warm prompt cache
+        messages=chat_identity(w.messages) if w.messages is not None else None,  # a chat request's messages
+        prompt_set=prompt_set_digest(w.prompt_set) if w.prompt_set is not None else None,  # its content hash
+        # A trace: its content hash and the pace it is replayed at.
+        trace=trace_digest(w.trace) if w.trace is not None else None,
+        trace_speed=(w.trace_speed or 1.0) if w.trace is not None else None,
+        conversation=conversation_digest(w.conversation) if w.conversation is not None else None,
+        turn=w.turn,  # a conversation judged on one turn
+    )
+
+
+def chat_identity(messages: Sequence[ChatMessage]) -> str:
+    """Chat messages as a workload's identity holds them: ``[[role, content], ...]`` as JSON."""
+    return json.dumps([list(m) for m in messages], ensure_ascii=False)
+
+
+def _span(counts: Sequence[int]) -> str:
+    """``32``, or ``4 to 32`` where the counts differ."""
+    low, high = min(counts), max(counts)
+    return f"{low}" if low == high else f"{low} to {high}"
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
