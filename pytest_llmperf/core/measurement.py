@@ -250,25 +250,9 @@ def _text(value: object) -> str:
     return value
 
 
-_Kind = TypeVar("_Kind")
-
-
-def _maybe(read: Callable[[object], _Kind], value: object) -> _Kind | None:
-    """``read(value)``, or None where it is null."""
-    return None if value is None else read(value)
-
-
 def _pair(value: object) -> tuple[int, int]:
     lo, hi = _array(value)
     return _count(lo), _count(hi)
-
-
-def _floats(value: object) -> tuple[float, ...]:
-    return tuple(_number(v) for v in _array(value))
-
-
-def _texts(value: object) -> tuple[str, ...]:
-    return tuple(_text(v) for v in _array(value))
 
 
 #: A stored scalar's reader by the annotation of the field that holds it.
@@ -345,8 +329,11 @@ class _Fields:
 
     @classmethod
     def from_json(cls: type[_F], d: Mapping[str, object]) -> _F:  # noqa: PYI019 (typing.Self: Python 3.11)
-        """``to_json`` read back; KeyError, TypeError or ValueError where a key is missing or of
-        the wrong kind."""
+        """``to_json`` read back (every key it writes, but ``WHERE_SET``'s where None); KeyError,
+        TypeError or ValueError where a key is missing or of the wrong kind."""
+        written = {f.name for f in dataclasses.fields(cls)} - cls.UNSTORED - cls.WHERE_SET  # type: ignore[arg-type]
+        if missing := [key for name in written if (key := cls.KEYS.get(name, name)) not in d]:
+            raise KeyError(", ".join(sorted(missing)))
         return _stored_section(cls, d, **cls.KEYS)
 
 
@@ -911,11 +898,11 @@ class LayerProfile(InstrumentedCost):
         """``to_json`` read back (both phases at least: ``LAYERS_OPTIONAL`` may be missing);
         KeyError, TypeError or ValueError where a value is missing or of the wrong kind."""
         phases = _object(d["phases"])
-        ratios = _maybe(_number, d.get("overhead_ratio")), _maybe(_number, d.get("prefill_overhead_ratio"))
+        ratios = tuple(_as("float | None", d.get(k)) for k in ("overhead_ratio", "prefill_overhead_ratio"))
         return cls(
             PhaseLayers.from_json("prefill", _object(phases["prefill"])),
             PhaseLayers.from_json("decode", _object(phases["decode"])),
-            stored_ratios=ratios,
+            stored_ratios=cast("tuple[float | None, float | None]", ratios),
             outlier_rule=_text(d.get("outlier_rule", OUTLIER_RULE)),
             absent=_absent(d, LAYERS_OPTIONAL),
         )
@@ -1100,10 +1087,8 @@ class Agreement:
         ]
 
     def to_json(self) -> dict[str, JSONValue]:
-        out = dataclasses.asdict(self)
-        out["first_divergence"] = list(self.first_divergence)
-        out["available"] = self.available
-        return out
+        """Each field as it is (nothing rounded), then ``available``."""
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)} | {"available": self.available}
 
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> Agreement:
