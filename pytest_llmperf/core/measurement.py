@@ -642,17 +642,9 @@ class RooflineJson(TypedDict):
     prefill: PhaseRooflineJson | None
 
 
-#: ``Roofline``'s stored keys a hand-made record may lack (read as "", 0 or None; not written).
-ROOFLINE_OPTIONAL = (
-    "peak_bw_source",
-    "peak_bw_detail",
-    "peak_tflops_source",
-    "peak_tflops_detail",
-    "machine_balance_flop_per_byte",
-    "context_tokens",
-    "weights_bytes",
-    "prefill",
-)
+#: ``Roofline``'s stored keys a hand-made record may lack (read as "", 0 or None; not written):
+#: all but the peaks and the decode phase.
+ROOFLINE_OPTIONAL = tuple(k for k in RooflineJson.__annotations__ if k not in ("peak_bw_gbs", "peak_tflops", "decode"))
 
 
 @dataclass(frozen=True)
@@ -1259,32 +1251,13 @@ class Measurement(StoredForm):
 
     def to_json(self) -> dict[str, JSONValue]:
         """The stored form (``schemas/baselines.schema.json#/$defs/record``): each section this
-        measurement has, in the order records have always been written, then ``extra``."""
-        sections: dict[str, object] = {
-            "recorded_at": self.recorded_at,
-            "commit": self.commit,
-            "hardware": self.hardware,
-            "subject": self.subject,
+        measurement has (``_SECTIONS``: the attribute of its name, but these three), then ``extra``."""
+        held = {
             "workload": self.identity if self.identity is not None else StoredWorkload.from_json({}),
             "runs": self.run_columns,
-            "itl_ms": self.itl_ms,
-            "summary": self.summary,
-            "stability": self.stability,
             "parts": self.part_columns or None,
-            "layers": self.layers,
-            "attribution": self.attribution,
-            "roofline": self.roofline,
-            "memory": self.memory,
-            "prompt": self.prompt,
-            "model_loads": self.model_loads,
-            "agreement": self.agreement,
-            "load": self.load,
-            "machine": self.machine,
-            "requests": self.requests,
-            "prompt_lengths": self.prompt_lengths,
-            "reference": self.reference,
-            "sessions": self.sessions,
         }
+        sections = {k: held[k] if k in held else getattr(self, k) for k in _SECTIONS}
         out = {
             k: _plain(self.unread.get(k, v))
             for k, v in sections.items()
@@ -1338,7 +1311,7 @@ class Measurement(StoredForm):
             unread_runs=unread_runs,
             unread_parts=unread_parts,
             unread=unread,
-            extra={k: v for k, v in d.items() if k not in {*_TEXT, *_OBJECTS, *_section_readers(), *_PER_RUN}},  # type: ignore[misc]  # JSON as it came
+            extra={k: v for k, v in d.items() if k not in _SECTIONS},  # type: ignore[misc]  # JSON as it came
             **sections,  # type: ignore[arg-type]  # each of its field's kind (_stored_sections)
         )
 
@@ -1474,22 +1447,35 @@ PART_COLUMNS = (
     "python_sampling_ms_per_token",
     "decode_outside_ms_per_token",
 )
-#: The sections of where the time went (``Measurement.diagnosis``: ``llmperf profile``'s JSON).
-DIAGNOSIS = frozenset(
-    (
-        "stability",
-        "parts",
-        "layers",
-        "attribution",
-        "roofline",
-        "memory",
-        "prompt",
-        "model_loads",
-        "agreement",
-        "load",
-        "machine",
-    )
+#: A record's sections, in the order records have always been written (``Measurement.to_json``).
+_SECTIONS = (
+    "recorded_at",
+    "commit",
+    "hardware",
+    "subject",
+    "workload",
+    "runs",
+    "itl_ms",
+    "summary",
+    "stability",
+    "parts",
+    "layers",
+    "attribution",
+    "roofline",
+    "memory",
+    "prompt",
+    "model_loads",
+    "agreement",
+    "load",
+    "machine",
+    "requests",
+    "prompt_lengths",
+    "reference",
+    "sessions",
 )
+#: The sections of where the time went, ``stability`` to ``machine`` (``Measurement.diagnosis``:
+#: ``llmperf profile``'s JSON).
+DIAGNOSIS = frozenset(_SECTIONS[_SECTIONS.index("stability") : _SECTIONS.index("machine") + 1])
 #: Written even when None (a record holds ``"commit": null`` outside a git checkout), and the
 #: per-run values every record has.
 _ALWAYS = frozenset({"commit", "runs"})
@@ -1630,8 +1616,6 @@ def _stored_engine(subject: JsonObject, memory: Memory | None) -> EngineInfo:
     )
 
 
-#: The sections of per-run values (``_stored_runs``).
-_PER_RUN = ("runs", "parts", "itl_ms")
 #: The sections a record holds as they are: text, and objects.
 _TEXT = ("recorded_at", "commit")
 _OBJECTS = ("hardware", "subject", "reference", "sessions")
@@ -1763,13 +1747,12 @@ class _StoredSection(StoredForm):
         """``d`` as it came: a value of the wrong kind, or a key this version does not know, in ``extra``."""
         if not isinstance(d, Mapping):
             raise TypeError(f"not an object: {d!r}")
+        kinds = cls.stored_keys()
         typed: dict[str, object] = {}
         extra: dict[str, JSONValue] = {}
         for key, value in d.items():
-            try:
-                if key not in cls.stored_keys():
-                    raise KeyError(key)
-                typed[key] = None if value is None and key in cls.NULLABLE else _as(cls.stored_keys()[key], value)
+            try:  # KeyError: a key this version does not know
+                typed[key] = None if value is None and key in cls.NULLABLE else _as(kinds[key], value)
             except (KeyError, TypeError, ValueError):
                 extra[key] = cast("JSONValue", value)
         return cls(**typed, absent=cls.NULLABLE - set(d), extra=extra, order=tuple(d))
