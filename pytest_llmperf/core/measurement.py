@@ -24,9 +24,9 @@ import statistics
 from abc import abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, NamedTuple, Protocol, TypeAlias, TypedDict, TypeVar, cast
+from typing import ClassVar, NamedTuple, Protocol, TypeAlias, TypedDict, TypeVar, cast
 
-from .formats import JSONValue, fmt, sig6, stored_fields
+from .formats import JSONValue, fmt, sig6
 from .schemas import validate_schema_file
 from .workload import (
     MEMORY_FIELDS,
@@ -208,32 +208,6 @@ class SystemDelta:
         return min(1.0, max(0.0, (machine - engine - own) / total))
 
 
-@dataclass(frozen=True)
-class Stability:
-    """What the runs say about their own steadiness; ``warnings`` are plain-words sentences."""
-
-    n_runs: int
-    tpot_cv: float
-    tpot_spread_pct: float  # (max - min) / median of per-run TPOT
-    ttft_cv: float
-    first_run_slowdown: float | None  # warm-up run TPOT / median TPOT of the measured runs
-    first_run_ttft_slowdown: float | None
-    first_token_slowdown: float  # median over runs of (first ITL / that run's median ITL)
-    context_slope_us_per_token: float | None  # ITL growth per token of context (decode)
-    context_span: tuple[int, int] | None  # context positions the slope was fitted over
-    far_runs: tuple[int, ...]  # indices of runs far off the others
-    warnings: tuple[str, ...]
-
-    def to_json(self) -> dict[str, JSONValue]:
-        return cast("dict[str, JSONValue]", stored_fields(self))
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, object]) -> Stability:
-        """``to_json`` read back; KeyError, TypeError or ValueError where a key is missing or of
-        the wrong kind."""
-        return _stored_section(cls, d)
-
-
 # -- reading a stored section back (``from_json``): each value of its kind, else TypeError ------
 
 
@@ -276,25 +250,9 @@ def _text(value: object) -> str:
     return value
 
 
-_Kind = TypeVar("_Kind")
-
-
-def _maybe(read: Callable[[object], _Kind], value: object) -> _Kind | None:
-    """``read(value)``, or None where it is null."""
-    return None if value is None else read(value)
-
-
 def _pair(value: object) -> tuple[int, int]:
     lo, hi = _array(value)
     return _count(lo), _count(hi)
-
-
-def _floats(value: object) -> tuple[float, ...]:
-    return tuple(_number(v) for v in _array(value))
-
-
-def _texts(value: object) -> tuple[str, ...]:
-    return tuple(_text(v) for v in _array(value))
 
 
 #: A stored scalar's reader by the annotation of the field that holds it.
@@ -333,8 +291,71 @@ def _stored_section(cls: type[_D], d: Mapping[str, object], **keys: str) -> _D:
     return cls(**values)
 
 
+def _written(annotation: str, value: object) -> JSONValue:
+    """A field's value as a record stores it, as its annotation ``annotation`` says (``_as`` reads
+    it back): a float to six significant figures, a tuple as a list, a section by its ``to_json``."""
+    annotation = annotation.removesuffix(" | None")
+    if value is not None and annotation == "float":
+        return sig6(cast("float", value))
+    if value is not None and annotation.startswith("tuple[") and annotation.endswith(", ...]"):
+        return [_written(annotation[6:-6], v) for v in cast("tuple[object, ...]", value)]
+    return _plain(value)
+
+
+_F = TypeVar("_F", bound="_Fields")
+
+
+class _Fields:
+    """A section whose stored form is its fields in order: ``to_json`` writes each as its annotation
+    says (``_written``), ``from_json`` reads them back (``_stored_section``). ``KEYS``: a field's
+    stored key where it is not its name; ``UNSTORED``: the fields not written (a record read back
+    holds their defaults); ``EXACT``: numbers written as they are (not to six significant figures);
+    ``WHERE_SET``: the fields written only where they are not None."""
+
+    KEYS: ClassVar[Mapping[str, str]] = {}
+    UNSTORED: ClassVar[frozenset[str]] = frozenset()
+    EXACT: ClassVar[frozenset[str]] = frozenset()
+    WHERE_SET: ClassVar[frozenset[str]] = frozenset()
+
+    def to_json(self) -> dict[str, JSONValue]:
+        out: dict[str, JSONValue] = {}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]  # a dataclass of this module
+            value = getattr(self, f.name)
+            if f.name not in self.UNSTORED and (value is not None or f.name not in self.WHERE_SET):
+                out[self.KEYS.get(f.name, f.name)] = (
+                    _plain(value) if f.name in self.EXACT else _written(str(f.type), value)
+                )
+        return out
+
+    @classmethod
+    def from_json(cls: type[_F], d: Mapping[str, object]) -> _F:  # noqa: PYI019 (typing.Self: Python 3.11)
+        """``to_json`` read back (every key it writes, but ``WHERE_SET``'s where None); KeyError,
+        TypeError or ValueError where a key is missing or of the wrong kind."""
+        written = {f.name for f in dataclasses.fields(cls)} - cls.UNSTORED - cls.WHERE_SET  # type: ignore[arg-type]
+        if missing := [key for name in written if (key := cls.KEYS.get(name, name)) not in d]:
+            raise KeyError(", ".join(sorted(missing)))
+        return _stored_section(cls, d, **cls.KEYS)
+
+
+@dataclass(frozen=True)
+class Stability(_Fields):
+    """What the runs say about their own steadiness; ``warnings`` are plain-words sentences."""
+
+    n_runs: int
+    tpot_cv: float
+    tpot_spread_pct: float  # (max - min) / median of per-run TPOT
+    ttft_cv: float
+    first_run_slowdown: float | None  # warm-up run TPOT / median TPOT of the measured runs
+    first_run_ttft_slowdown: float | None
+    first_token_slowdown: float  # median over runs of (first ITL / that run's median ITL)
+    context_slope_us_per_token: float | None  # ITL growth per token of context (decode)
+    context_span: tuple[int, int] | None  # context positions the slope was fitted over
+    far_runs: tuple[int, ...]  # indices of runs far off the others
+    warnings: tuple[str, ...]
+
+
 @dataclass(frozen=True, kw_only=True)
-class LoadStats:
+class LoadStats(_Fields):
     """What only a load test shows; ``Measurement.runs`` holds the successful requests. The
     fields down to ``trace`` are what a record stores (``to_json``: a level's figures, the HTML
     report's throughput-latency curve); the rest are not stored: None (``errors``: empty) when
@@ -363,6 +384,10 @@ class LoadStats:
     output_tps_per_request: float | None = None  # median over requests of output tokens / E2E
     slo: Mapping[str, float] | None = None
 
+    UNSTORED = frozenset({"errors", "duration_s", "ttft", "tpot", "e2e", "output_tps_per_request", "slo"})
+    EXACT = frozenset({"rate_per_s"})
+    WHERE_SET = frozenset({"server", "trace"})  # a trace replay: its summary (other load tests store as before)
+
     @property
     def n_failed(self) -> int:
         return self.n_requests - self.n_ok
@@ -375,33 +400,9 @@ class LoadStats:
             return NotImplemented
         return all(getattr(self, f.name) == getattr(other, f.name) for f in dataclasses.fields(self))
 
-    def to_json(self) -> dict[str, JSONValue]:
-        out: dict[str, JSONValue] = {
-            "concurrency": self.concurrency,
-            "rate_per_s": self.rate_per_s,
-            "n_requests": self.n_requests,
-            "n_ok": self.n_ok,
-            **{k: sig6(getattr(self, k)) for k in _LOAD_FIGURES},
-            "prompt_cache": self.prompt_cache,
-        }
-        if self.server is not None:
-            out["server"] = self.server.to_json()
-        if self.trace is not None:  # a trace replay: its summary (other load tests store as before)
-            out["trace"] = self.trace.to_json()
-        return out
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, object]) -> LoadStats:
-        """A stored load level (``to_json``); KeyError, TypeError: not one."""
-        return _stored_section(cls, d)
-
-
-#: ``LoadStats``' stored figures (six significant figures), in their order.
-_LOAD_FIGURES = ("output_tps", "requests_per_s", "goodput", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms")
-
 
 @dataclass(frozen=True)
-class TraceReplay:
+class TraceReplay(_Fields):
     """A replayed trace (``Workload.trace``): its length and pace, and when each request was
     sent against its schedule, seconds from the first send's planned time. The lag (sent -
     scheduled) is the client's own: a request sent late is this process's delay, not the
@@ -418,6 +419,10 @@ class TraceReplay:
     scheduled_s: tuple[float, ...] = ()  # each request's send time (its t_s from the first, / speed)
     sent_s: tuple[float, ...] = ()  # when the client began each request, on the same clock
 
+    KEYS: ClassVar[Mapping[str, str]] = {"n_requests": "requests"}
+    UNSTORED = frozenset({"scheduled_s", "sent_s"})
+    EXACT = frozenset({"speed"})
+
     @classmethod
     def of(
         cls, n_requests: int, span_s: float, speed: float, scheduled_s: Sequence[float], sent_s: Sequence[float]
@@ -431,23 +436,9 @@ class TraceReplay:
     def lags_ms(self) -> tuple[float, ...]:
         return tuple((sent - due) * 1000 for sent, due in zip(self.sent_s, self.scheduled_s))
 
-    def to_json(self) -> dict[str, JSONValue]:
-        return {
-            "requests": self.n_requests,
-            "span_s": sig6(self.span_s),
-            "speed": self.speed,
-            "send_lag_p50_ms": sig6(self.send_lag_p50_ms),
-            "send_lag_max_ms": sig6(self.send_lag_max_ms),
-        }
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, object]) -> TraceReplay:
-        """A stored trace replay's summary (``to_json``); KeyError, TypeError: not one."""
-        return _stored_section(cls, d, n_requests="requests")
-
 
 @dataclass(frozen=True)
-class ServerSide:
+class ServerSide(_Fields):
     """Medians over the requests that carried timings; ``metrics``: /metrics over the level."""
 
     n_timed: int
@@ -478,11 +469,6 @@ class ServerSide:
         out["metrics"] = dict(self.metrics or {})
         return out
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, object]) -> ServerSide:
-        """A stored server side (``to_json``); KeyError, TypeError: not one."""
-        return _stored_section(cls, d)
-
 
 @dataclass(frozen=True)
 class PeakRss:
@@ -499,7 +485,7 @@ EVICTION_FAILED = "eviction did not take: another process maps the model file, o
 
 
 @dataclass(frozen=True)
-class LoadSample:
+class LoadSample(_Fields):
     """One fresh engine: its load (``EngineInfo.load_ms``, llama.cpp's ``t_load_ms``), its time
     to first token (load + the first, slow evaluation + its first request's TTFT: llama.cpp's
     start-up, not the engine's own bookkeeping nor a worker process's start), and the share of
@@ -518,14 +504,9 @@ class LoadSample:
         """Each field, a float to six significant figures."""
         return {k: sig6(v) if isinstance(v, float) else v for k, v in dataclasses.asdict(self).items()}
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, object]) -> LoadSample:
-        """A stored sample (``to_json``); KeyError, TypeError: not one."""
-        return _stored_section(cls, d)
-
 
 @dataclass(frozen=True)
-class ModelLoads:
+class ModelLoads(_Fields):
     """Fresh loads of the engine's model (``asked``: "warm" or "cold") and what they were,
     computed from the samples when built (``of``) and stored as they are (a median of rounded
     samples is not the rounded median): ``page_cache`` "cold" only when every eviction took,
@@ -534,12 +515,12 @@ class ModelLoads:
     TTFT medians."""
 
     asked: str
-    samples: tuple[LoadSample, ...]
     page_cache: str
     evidence: str
     note: str
     load_ms: float
     fresh_ttft_ms: float | None
+    samples: tuple[LoadSample, ...]
 
     @classmethod
     def of(cls, asked: str, samples: Sequence[LoadSample]) -> ModelLoads:
@@ -551,12 +532,12 @@ class ModelLoads:
         ttfts = [s.fresh_ttft_ms for s in samples if s.fresh_ttft_ms is not None]
         return cls(
             asked,
-            tuple(samples),
             page_cache,
             f"at most {max(shares):.0%} of the file resident before each load" if shares else "residency unknown",
             EVICTION_FAILED if asked == "cold" and page_cache != "cold" else "",
             float(statistics.median(s.load_ms for s in samples)),
             float(statistics.median(ttfts)) if ttfts else None,
+            tuple(samples),
         )
 
     def describe(self) -> str:
@@ -566,22 +547,6 @@ class ModelLoads:
         if self.asked == "cold" and self.page_cache != "cold":
             text += f"; {EVICTION_FAILED}"
         return text
-
-    def to_json(self) -> dict[str, JSONValue]:
-        return {
-            "asked": self.asked,
-            "page_cache": self.page_cache,
-            "evidence": self.evidence,
-            "note": self.note,
-            "load_ms": sig6(self.load_ms),
-            "fresh_ttft_ms": sig6(self.fresh_ttft_ms),
-            "samples": [s.to_json() for s in self.samples],
-        }
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, object]) -> ModelLoads:
-        """Stored model loads (``to_json``); KeyError, TypeError: not."""
-        return _stored_section(cls, d)
 
 
 @dataclass(frozen=True)
@@ -600,7 +565,7 @@ CACHE_RESIDENT = "cache-resident"
 
 
 @dataclass(frozen=True)
-class PhaseRoofline:
+class PhaseRoofline(_Fields):
     phase: str
     bytes_per_token: float
     flops_per_token: float
@@ -614,6 +579,8 @@ class PhaseRoofline:
     note: str = ""  # why the DRAM roofline does not apply (cache-resident), else ""
     #: Stored keys the stored phase lacked (a hand-made record's ``note``): not written.
     absent: tuple[str, ...] = ()
+
+    UNSTORED = frozenset({"phase", "absent"})  # phase: its key
 
     def line(self) -> str:
         mbu = (
@@ -630,28 +597,13 @@ class PhaseRoofline:
         )
         return text + (f"; {self.note}" if self.note else "")
 
-    def to_json(self) -> PhaseRooflineJson:
-        out = stored_fields(self, "phase", "absent")
-        return cast("PhaseRooflineJson", {k: v for k, v in out.items() if k not in self.absent})
+    def to_json(self) -> dict[str, JSONValue]:
+        return {k: v for k, v in super().to_json().items() if k not in self.absent}
 
     @classmethod
-    def from_json(cls, phase: str, d: Mapping[str, object]) -> PhaseRoofline:
-        """``to_json`` read back (``phase``: its key); only ``note`` may be missing."""
-        figures = {k: _number(d[k]) for k in _ROOFLINE_FIGURES}
-        note = _text(d.get("note", ""))
-        return cls(phase, **figures, verdict=_text(d["verdict"]), note=note, absent=_absent(d, ("note",)))
-
-
-_ROOFLINE_FIGURES = (
-    "bytes_per_token",
-    "flops_per_token",
-    "intensity_flop_per_byte",
-    "bound_tps",
-    "achieved_tps",
-    "achieved_bw_gbs",
-    "mbu",
-    "mfu",
-)
+    def from_json(cls, d: Mapping[str, object]) -> PhaseRoofline:
+        """``to_json`` read back, with its ``phase`` (its key); only ``note`` may be missing."""
+        return _stored_section(cls, {**d, "absent": _absent(d, ("note",))})
 
 
 def _absent(d: Mapping[str, object], optional: Sequence[str]) -> tuple[str, ...]:
@@ -690,17 +642,9 @@ class RooflineJson(TypedDict):
     prefill: PhaseRooflineJson | None
 
 
-#: ``Roofline``'s stored keys a hand-made record may lack (read as "", 0 or None; not written).
-ROOFLINE_OPTIONAL = (
-    "peak_bw_source",
-    "peak_bw_detail",
-    "peak_tflops_source",
-    "peak_tflops_detail",
-    "machine_balance_flop_per_byte",
-    "context_tokens",
-    "weights_bytes",
-    "prefill",
-)
+#: ``Roofline``'s stored keys a hand-made record may lack (read as "", 0 or None; not written):
+#: all but the peaks and the decode phase.
+ROOFLINE_OPTIONAL = tuple(k for k in RooflineJson.__annotations__ if k not in ("peak_bw_gbs", "peak_tflops", "decode"))
 
 
 @dataclass(frozen=True)
@@ -761,8 +705,8 @@ class Roofline:
             _number(d.get("context_tokens", 0.0)),
             _count(d.get("weights_bytes", 0)),
             None,
-            PhaseRoofline.from_json("decode", _object(d["decode"])),
-            None if prefill is None else PhaseRoofline.from_json("prefill", _object(prefill)),
+            PhaseRoofline.from_json({**_object(d["decode"]), "phase": "decode"}),
+            None if prefill is None else PhaseRoofline.from_json({**_object(prefill), "phase": "prefill"}),
             stored_balance=None if balance is None else _number(balance),
             absent=_absent(d, ROOFLINE_OPTIONAL),
         )
@@ -800,12 +744,13 @@ class PhaseLayers:
     phase: str
     names: tuple[str, ...]
     median_ms: tuple[float, ...]
-    step_ms: float
-    n_runs: int
-    n_steps: int
-    per_run_ms: tuple[tuple[float, ...], ...]
-    outliers: tuple[str, ...]
-    coverage: float  # median over steps of (sum of the step's segments / its step time)
+    # 0 or empty where a hand-made record lacks them (``LAYERS_PHASE_OPTIONAL``):
+    step_ms: float = 0.0
+    n_runs: int = 0
+    n_steps: int = 0
+    per_run_ms: tuple[tuple[float, ...], ...] = ()
+    outliers: tuple[str, ...] = ()
+    coverage: float = 0.0  # median over steps of (sum of the step's segments / its step time)
     #: Each segment's share as stored (read from a file); None: computed from ``median_ms``.
     stored_share: tuple[float, ...] | None = None
     #: Stored keys the stored phase lacked (``LAYERS_PHASE_OPTIONAL``, a hand-made record's): not written.
@@ -828,42 +773,21 @@ class PhaseLayers:
         return key not in self.absent
 
     def to_json(self) -> PhaseLayersJson:
-        out = {
-            "names": list(self.names),
-            "median_ms": [sig6(v) for v in self.median_ms],
-            "share": [sig6(v) for v in self.share],
-            "step_ms": sig6(self.step_ms),
-            "n_runs": self.n_runs,
-            "n_steps": self.n_steps,
-            "per_run_ms": [[sig6(v) for v in run] for run in self.per_run_ms],
-            "outliers": list(self.outliers),
-            "coverage": sig6(self.coverage),
-        }
-        return cast("PhaseLayersJson", {k: v for k, v in out.items() if k not in self.absent})
+        """``PhaseLayersJson``'s keys (``share`` computed where not stored) but those ``absent``."""
+        kinds = {f.name: str(f.type) for f in fields(self)} | {"share": "tuple[float, ...]"}
+        out = {k: _written(kinds[k], getattr(self, k)) for k in PhaseLayersJson.__annotations__ if k not in self.absent}
+        return cast("PhaseLayersJson", out)
 
     @classmethod
     def from_json(cls, phase: str, d: Mapping[str, object]) -> PhaseLayers:
         """``to_json`` read back (``phase``: its key); ``names`` and ``median_ms`` at least
         (``LAYERS_PHASE_OPTIONAL`` may be missing: 0 or empty); KeyError, TypeError or ValueError
         where a value is missing or of the wrong kind."""
-        names, share = _texts(d["names"]), d.get("share")
-        median_ms, shares = _floats(d["median_ms"]), None if share is None else _floats(share)
-        per_run_ms = tuple(_floats(run) for run in _array(d.get("per_run_ms", [])))
-        if any(len(v) != len(names) for v in (median_ms, shares or names, *per_run_ms)):
+        absent = _absent(d, LAYERS_PHASE_OPTIONAL)
+        read = _stored_section(cls, {**d, "phase": phase, "stored_share": d.get("share"), "absent": absent})
+        if any(len(v) != len(read.names) for v in (read.median_ms, read.stored_share or read.names, *read.per_run_ms)):
             raise ValueError("a segment's figures do not match its names")
-        return cls(
-            phase,
-            names,
-            median_ms,
-            _number(d.get("step_ms", 0.0)),
-            _count(d.get("n_runs", 0)),
-            _count(d.get("n_steps", 0)),
-            per_run_ms,
-            _texts(d.get("outliers", [])),
-            _number(d.get("coverage", 0.0)),
-            stored_share=shares,
-            absent=_absent(d, LAYERS_PHASE_OPTIONAL),
-        )
+        return read
 
 
 #: ``PhaseLayers``' stored keys a hand-made record may lack.
@@ -900,10 +824,10 @@ class _Stepped(Protocol):
 
 class InstrumentedCost:
     """What an instrumented pass cost against interleaved plain runs of the same engine
-    (``attribution.Attribution``): instrumented / plain, per phase."""
+    (``Attribution``, ``LayerProfile``): instrumented / plain, per phase."""
 
     prefill: _Stepped
-    tpot_ms: float  # instrumented runs, median
+    tpot_ms: float | None  # instrumented runs, median
     plain_prefill_ms: float | None  # interleaved plain runs, medians
     plain_tpot_ms: float | None
 
@@ -913,7 +837,7 @@ class InstrumentedCost:
 
     @property
     def decode_overhead_ratio(self) -> float | None:
-        return self.tpot_ms / self.plain_tpot_ms if self.plain_tpot_ms else None
+        return self.tpot_ms / self.plain_tpot_ms if self.plain_tpot_ms and self.tpot_ms is not None else None
 
 
 #: ``LayerProfile``'s stored keys a hand-made record may lack.
@@ -921,7 +845,7 @@ LAYERS_OPTIONAL = ("outlier_rule", "overhead_ratio", "prefill_overhead_ratio")
 
 
 @dataclass(frozen=True)
-class LayerProfile:
+class LayerProfile(InstrumentedCost):
     """Both phases, plus what the instrumentation cost against the plain engine (instrumented /
     plain, per phase: computed from the medians when measured, as stored when read)."""
 
@@ -941,15 +865,11 @@ class LayerProfile:
 
     @property
     def prefill_overhead_ratio(self) -> float | None:
-        if self.stored_ratios is not None:
-            return self.stored_ratios[1]
-        return self.prefill.step_ms / self.plain_prefill_ms if self.plain_prefill_ms else None
+        return super().prefill_overhead_ratio if self.stored_ratios is None else self.stored_ratios[1]
 
     @property
     def decode_overhead_ratio(self) -> float | None:
-        if self.stored_ratios is not None:
-            return self.stored_ratios[0]
-        return self.tpot_ms / self.plain_tpot_ms if self.plain_tpot_ms and self.tpot_ms is not None else None
+        return super().decode_overhead_ratio if self.stored_ratios is None else self.stored_ratios[0]
 
     def has(self, key: str) -> bool:
         """Whether the stored form holds ``key`` (a hand-made record's may lack one)."""
@@ -970,11 +890,11 @@ class LayerProfile:
         """``to_json`` read back (both phases at least: ``LAYERS_OPTIONAL`` may be missing);
         KeyError, TypeError or ValueError where a value is missing or of the wrong kind."""
         phases = _object(d["phases"])
-        ratios = _maybe(_number, d.get("overhead_ratio")), _maybe(_number, d.get("prefill_overhead_ratio"))
+        ratios = tuple(_as("float | None", d.get(k)) for k in ("overhead_ratio", "prefill_overhead_ratio"))
         return cls(
             PhaseLayers.from_json("prefill", _object(phases["prefill"])),
             PhaseLayers.from_json("decode", _object(phases["decode"])),
-            stored_ratios=ratios,
+            stored_ratios=cast("tuple[float | None, float | None]", ratios),
             outlier_rule=_text(d.get("outlier_rule", OUTLIER_RULE)),
             absent=_absent(d, LAYERS_OPTIONAL),
         )
@@ -1002,7 +922,7 @@ PHASES = ("prefill", "decode")
 
 
 @dataclass(frozen=True)
-class Slice:
+class Slice(_Fields):
     """One layer, op type or group of a phase: median ms per step over all steps, and per run
     (each run's median over its steps: the unit of comparisons)."""
 
@@ -1010,17 +930,9 @@ class Slice:
     median_ms: float
     per_run_ms: tuple[float, ...]
 
-    def to_json(self) -> dict[str, JSONValue]:
-        return {"name": self.name, "median_ms": sig6(self.median_ms), "per_run_ms": [sig6(v) for v in self.per_run_ms]}
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Slice:
-        d = _object(d)
-        return cls(_text(d["name"]), _number(d["median_ms"]), _floats(d["per_run_ms"]))
-
 
 @dataclass(frozen=True)
-class PhaseAttribution:
+class PhaseAttribution(_Fields):
     """One phase (prefill: the prompt's step; decode: per token step): its layers, op types and
     groups; ``step_ms``: median instrumented step; ``nodes_ms``: median sum of the node times
     per step; ``coverage``: median over steps of (node times / step time); ``nodes``: nodes
@@ -1039,33 +951,17 @@ class PhaseAttribution:
     #: All transformer blocks together, per step (a median of sums, not a sum of medians).
     blocks: Slice | None = None
 
+    UNSTORED = frozenset({"phase"})  # its key
+    WHERE_SET = frozenset({"blocks"})
+
     def slices(self, kind: str) -> tuple[Slice, ...]:
         """``layers``, ``ops`` or ``groups``."""
         slices: tuple[Slice, ...] = getattr(self, kind)
         return slices
 
-    def to_json(self) -> dict[str, JSONValue]:
-        out: dict[str, JSONValue] = {k: [s.to_json() for s in self.slices(k)] for k in KINDS}
-        out.update(
-            step_ms=sig6(self.step_ms),
-            nodes_ms=sig6(self.nodes_ms),
-            coverage=sig6(self.coverage),
-            nodes=self.nodes,
-            n_runs=self.n_runs,
-            n_steps=self.n_steps,
-        )
-        if self.blocks is not None:
-            out["blocks"] = self.blocks.to_json()
-        return out
-
-    @classmethod
-    def from_json(cls, phase: str, d: Mapping[str, Any]) -> PhaseAttribution:
-        d = _object(d)
-        return _stored_section(cls, {**d, "phase": phase, "blocks": d.get("blocks") or None})
-
 
 @dataclass(frozen=True)
-class Attribution(InstrumentedCost):
+class Attribution(InstrumentedCost, _Fields):
     """Both phases of one side, what the instrumentation cost (interleaved plain runs) and the
     pass's wall time (warm-up, instrumented and plain runs)."""
 
@@ -1075,6 +971,8 @@ class Attribution(InstrumentedCost):
     plain_prefill_ms: float | None  # interleaved plain runs, medians
     plain_tpot_ms: float | None
     wall_s: float
+
+    UNSTORED = frozenset(PHASES)  # in ``phases``
 
     def phase(self, name: str) -> PhaseAttribution:
         return self.prefill if name == "prefill" else self.decode
@@ -1090,29 +988,17 @@ class Attribution(InstrumentedCost):
         }
 
     def to_json(self) -> dict[str, JSONValue]:
-        return {
-            "phases": {p: self.phase(p).to_json() for p in PHASES},
-            "tpot_ms": sig6(self.tpot_ms),
-            "plain_prefill_ms": sig6(self.plain_prefill_ms),
-            "plain_tpot_ms": sig6(self.plain_tpot_ms),
-            "wall_s": sig6(self.wall_s),
-            "layer_rule": LAYER_RULE,
-            "group_rule": GROUP_RULE,
-        }
+        phases: dict[str, JSONValue] = {p: self.phase(p).to_json() for p in PHASES}
+        return {"phases": phases, **super().to_json(), "layer_rule": LAYER_RULE, "group_rule": GROUP_RULE}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Attribution:
-        """``to_json`` read back; KeyError, TypeError or ValueError where a value is missing or
-        of the wrong kind (a text where a number belongs: ValueError)."""
+    def from_json(cls, d: Mapping[str, object]) -> Attribution:
+        """``to_json`` read back (the plain runs' medians may be missing: None); KeyError, TypeError
+        or ValueError where a value is missing or of the wrong kind (a text where a number belongs:
+        ValueError)."""
         phases = _object(_object(d)["phases"])
-        return cls(
-            PhaseAttribution.from_json("prefill", _object(phases["prefill"])),
-            PhaseAttribution.from_json("decode", _object(phases["decode"])),
-            _number(d["tpot_ms"]),
-            _maybe(_number, d.get("plain_prefill_ms")),
-            _maybe(_number, d.get("plain_tpot_ms")),
-            _number(d["wall_s"]),
-        )
+        read = {p: {**(ph := _object(phases[p])), "phase": p, "blocks": ph.get("blocks") or None} for p in PHASES}
+        return _stored_section(cls, {"plain_prefill_ms": None, "plain_tpot_ms": None, **d, **read})
 
     def lines(self) -> list[str]:
         """How the node times add up, and what the pass cost (80 columns)."""
@@ -1193,38 +1079,21 @@ class Agreement:
         ]
 
     def to_json(self) -> dict[str, JSONValue]:
-        out = dataclasses.asdict(self)
-        out["first_divergence"] = list(self.first_divergence)
-        out["available"] = self.available
-        return out
+        """Each field as it is (nothing rounded), then ``available``."""
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)} | {"available": self.available}
 
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> Agreement:
         """``to_json`` read back (``available`` is computed, and checked against ``reason``);
-        KeyError, TypeError, ValueError: not an agreement."""
-        firsts = _array(d["first_divergence"])
-        if any(v is not None and (isinstance(v, bool) or not isinstance(v, int)) for v in firsts):
-            raise TypeError(f"first_divergence: {firsts!r} holds more than positions and None")
-        out = cls(
-            reason=_text(d["reason"]),
-            method=_text(d["method"]),
-            n_prompts=_count(d["n_prompts"]),
-            n_positions=_count(d["n_positions"]),
-            **{k: _maybe(_number, d[k]) for k in _AGREEMENT_FIGURES},
-            n_unscored=_count(d["n_unscored"]),
-            first_divergence=tuple(cast("list[int | None]", firsts)),
-        )
+        KeyError, TypeError, ValueError: not an agreement (every key is written)."""
+        out = _stored_section(cls, {f.name: d[f.name] for f in fields(cls)})
         if d["available"] is not out.available:
             raise ValueError(f"available: {d['available']!r} with reason {out.reason!r}")
         return out
 
 
-#: ``Agreement``'s figures (None: not available), in their order.
-_AGREEMENT_FIGURES = ("top1_agreement", "kl_mean", "kl_p99", "kl_max", "greedy_parity")
-
-
 @dataclass(frozen=True)
-class LengthBucket:
+class LengthBucket(_Fields):
     """The runs whose prompts had ``low_tokens`` to ``high_tokens`` tokens (both included): their
     count, TTFT median and p95, prefill median (None: the engine does not see the prefill end)."""
 
@@ -1235,17 +1104,9 @@ class LengthBucket:
     ttft_p95_ms: float
     prefill_p50_ms: float | None
 
-    def to_json(self) -> dict[str, JSONValue]:
-        return cast("dict[str, JSONValue]", stored_fields(self))
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, object]) -> LengthBucket:
-        """A stored bucket (``to_json``); KeyError, TypeError: not one."""
-        return _stored_section(cls, d)
-
 
 @dataclass(frozen=True)
-class PromptLengths:
+class PromptLengths(_Fields):
     """A measurement whose runs' prompts had different lengths (a prompt set), by length:
     ``buckets`` (``measuring.metrics.length_buckets``' ``rule``), and the prefill per evaluated
     prompt token over all ``n_runs``: the median of each run's prefill / its tokens, the same
@@ -1259,14 +1120,6 @@ class PromptLengths:
     native_ms_per_prompt_token: float | None
     slope_ms_per_token: float | None
     intercept_ms: float | None
-
-    def to_json(self) -> dict[str, JSONValue]:
-        return cast("dict[str, JSONValue]", {**stored_fields(self), "buckets": [b.to_json() for b in self.buckets]})
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, object]) -> PromptLengths:
-        """Stored figures by prompt length (``to_json``); KeyError, TypeError: not."""
-        return _stored_section(cls, d)
 
 
 class TurnFigures(NamedTuple):
@@ -1398,32 +1251,13 @@ class Measurement(StoredForm):
 
     def to_json(self) -> dict[str, JSONValue]:
         """The stored form (``schemas/baselines.schema.json#/$defs/record``): each section this
-        measurement has, in the order records have always been written, then ``extra``."""
-        sections: dict[str, object] = {
-            "recorded_at": self.recorded_at,
-            "commit": self.commit,
-            "hardware": self.hardware,
-            "subject": self.subject,
+        measurement has (``_SECTIONS``: the attribute of its name, but these three), then ``extra``."""
+        held = {
             "workload": self.identity if self.identity is not None else StoredWorkload.from_json({}),
             "runs": self.run_columns,
-            "itl_ms": self.itl_ms,
-            "summary": self.summary,
-            "stability": self.stability,
             "parts": self.part_columns or None,
-            "layers": self.layers,
-            "attribution": self.attribution,
-            "roofline": self.roofline,
-            "memory": self.memory,
-            "prompt": self.prompt,
-            "model_loads": self.model_loads,
-            "agreement": self.agreement,
-            "load": self.load,
-            "machine": self.machine,
-            "requests": self.requests,
-            "prompt_lengths": self.prompt_lengths,
-            "reference": self.reference,
-            "sessions": self.sessions,
         }
+        sections = {k: held[k] if k in held else getattr(self, k) for k in _SECTIONS}
         out = {
             k: _plain(self.unread.get(k, v))
             for k, v in sections.items()
@@ -1445,7 +1279,41 @@ class Measurement(StoredForm):
         schema): what it does not hold reads as None, a section or per-run value of the wrong
         kind is kept as it came (``unread``, ``unread_runs``...; written back so, and the judge
         names what it cannot judge), a key this version does not know in ``extra``."""
-        return _read(cls, d)
+        sections, unread = _stored_sections(d)
+        runs, unread_runs, unread_parts = _stored_runs(d)
+        summary = sections.get("summary") or Summary.from_json({})
+        assert isinstance(summary, Summary)
+        identity = sections.pop("workload", None)
+        if not isinstance(identity, StoredWorkload):
+            identity = StoredWorkload.from_json({})
+        median = functools.partial(_stored_median, summary, runs=runs)
+        ttfts = sorted(r.ttft_ms for r in runs if not math.isnan(r.ttft_ms))
+        return cls(
+            engine=_stored_engine(
+                cast("JsonObject", sections.get("subject") or {}), cast("Memory | None", sections.get("memory"))
+            ),
+            runs=runs,
+            itl=_stored_itl([v for r in runs for v in r.itl_ms], summary),
+            ttft_ms=median("ttft_ms"),
+            ttft_p95_ms=_percentile(ttfts, 95),
+            tpot_ms=median("tpot_ms"),
+            decode_tps=median("decode_tps"),
+            e2e_ms=median("e2e_ms"),
+            tokenize_ms=median("tokenize_ms"),
+            prefill_ms=summary.figures.get("prefill_ms"),
+            prefill_tps=summary.figures.get("prefill_tps"),
+            native_prefill_ms=_optional(median("native_prefill_ms")),
+            native_decode_ms_per_token=_optional(median("native_decode_ms_per_token")),
+            overhead_ms_per_token=None,
+            prompt_tokens=identity.prompt_tokens,
+            output_tokens=min((r.output_tokens for r in runs), default=0),
+            identity=identity,
+            unread_runs=unread_runs,
+            unread_parts=unread_parts,
+            unread=unread,
+            extra={k: v for k, v in d.items() if k not in _SECTIONS},  # type: ignore[misc]  # JSON as it came
+            **sections,  # type: ignore[arg-type]  # each of its field's kind (_stored_sections)
+        )
 
     def diagnosis(self) -> dict[str, JSONValue]:
         """Where the time went (the sections from ``stability`` to ``machine`` this record
@@ -1579,22 +1447,35 @@ PART_COLUMNS = (
     "python_sampling_ms_per_token",
     "decode_outside_ms_per_token",
 )
-#: The sections of where the time went (``Measurement.diagnosis``: ``llmperf profile``'s JSON).
-DIAGNOSIS = frozenset(
-    (
-        "stability",
-        "parts",
-        "layers",
-        "attribution",
-        "roofline",
-        "memory",
-        "prompt",
-        "model_loads",
-        "agreement",
-        "load",
-        "machine",
-    )
+#: A record's sections, in the order records have always been written (``Measurement.to_json``).
+_SECTIONS = (
+    "recorded_at",
+    "commit",
+    "hardware",
+    "subject",
+    "workload",
+    "runs",
+    "itl_ms",
+    "summary",
+    "stability",
+    "parts",
+    "layers",
+    "attribution",
+    "roofline",
+    "memory",
+    "prompt",
+    "model_loads",
+    "agreement",
+    "load",
+    "machine",
+    "requests",
+    "prompt_lengths",
+    "reference",
+    "sessions",
 )
+#: The sections of where the time went, ``stability`` to ``machine`` (``Measurement.diagnosis``:
+#: ``llmperf profile``'s JSON).
+DIAGNOSIS = frozenset(_SECTIONS[_SECTIONS.index("stability") : _SECTIONS.index("machine") + 1])
 #: Written even when None (a record holds ``"commit": null`` outside a git checkout), and the
 #: per-run values every record has.
 _ALWAYS = frozenset({"commit", "runs"})
@@ -1735,8 +1616,6 @@ def _stored_engine(subject: JsonObject, memory: Memory | None) -> EngineInfo:
     )
 
 
-#: The sections of per-run values (``_stored_runs``).
-_PER_RUN = ("runs", "parts", "itl_ms")
 #: The sections a record holds as they are: text, and objects.
 _TEXT = ("recorded_at", "commit")
 _OBJECTS = ("hardware", "subject", "reference", "sessions")
@@ -1784,45 +1663,6 @@ def _stored_sections(d: Mapping[str, object]) -> tuple[dict[str, object], dict[s
     return fields_, unread
 
 
-def _read(cls: type[Measurement], d: Mapping[str, object]) -> Measurement:
-    """``Measurement.read``."""
-    sections, unread = _stored_sections(d)
-    runs, unread_runs, unread_parts = _stored_runs(d)
-    summary = sections.get("summary") or Summary.from_json({})
-    assert isinstance(summary, Summary)
-    identity = sections.pop("workload", None)
-    if not isinstance(identity, StoredWorkload):
-        identity = StoredWorkload.from_json({})
-    median = functools.partial(_stored_median, summary, runs=runs)
-    ttfts = sorted(r.ttft_ms for r in runs if not math.isnan(r.ttft_ms))
-    return cls(
-        engine=_stored_engine(
-            cast("JsonObject", sections.get("subject") or {}), cast("Memory | None", sections.get("memory"))
-        ),
-        runs=runs,
-        itl=_stored_itl([v for r in runs for v in r.itl_ms], summary),
-        ttft_ms=median("ttft_ms"),
-        ttft_p95_ms=_percentile(ttfts, 95),
-        tpot_ms=median("tpot_ms"),
-        decode_tps=median("decode_tps"),
-        e2e_ms=median("e2e_ms"),
-        tokenize_ms=median("tokenize_ms"),
-        prefill_ms=summary.figures.get("prefill_ms"),
-        prefill_tps=summary.figures.get("prefill_tps"),
-        native_prefill_ms=_optional(median("native_prefill_ms")),
-        native_decode_ms_per_token=_optional(median("native_decode_ms_per_token")),
-        overhead_ms_per_token=None,
-        prompt_tokens=identity.prompt_tokens,
-        output_tokens=min((r.output_tokens for r in runs), default=0),
-        identity=identity,
-        unread_runs=unread_runs,
-        unread_parts=unread_parts,
-        unread=unread,
-        extra={k: v for k, v in d.items() if k not in {*_TEXT, *_OBJECTS, *_section_readers(), *_PER_RUN}},  # type: ignore[misc]  # JSON as it came
-        **sections,  # type: ignore[arg-type]  # each of its field's kind (_stored_sections)
-    )
-
-
 def _stored_itl(samples: Sequence[float], summary: Summary) -> LatencyStats:
     """The pooled ITLs a record keeps, summarized as ``measuring.metrics.latency_stats`` does (its
     percentiles the summary's where it holds them); NaN for a record without any."""
@@ -1858,17 +1698,88 @@ def _percentile(ordered: Sequence[float], q: float) -> float:
     return float(ordered[lo] + (h - lo) * (ordered[hi] - ordered[lo]))
 
 
-@dataclass(frozen=True, kw_only=True)
-class StoredWorkload(StoredForm):
+# --- the sections a record computes from the Measurement when it is stored --------------------
+#
+# ``Machine``, ``Memory``, ``PromptSeen`` (with its ``Turn``s) and ``Requests``, and the workload's
+# identity (``StoredWorkload``, written by ``stored`` too): each holds the figures as they are stored, written by ``to_json`` in the order the fields are declared, and read
+# back by ``from_json`` (every value of its kind, else KeyError/TypeError/ValueError) or by ``read``
+# (a hand-made or damaged section, the judge's to judge in part: a value of the wrong kind, or a key
+# this version does not know, is kept as it came in ``extra`` and written again after the fields).
+# A key written even where None (``NULLABLE``) that the stored section lacked is in ``absent``, so
+# it is not written; any other field is written only where it is not None.
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class _StoredSection(StoredForm):
+    """What the sections share: ``to_json``, ``from_json`` and ``read`` by their fields
+    (``stored_keys``: each value read as its field's annotation says, ``_as``) and ``NULLABLE``. Each also reads
+    as the read-only mapping of what its ``to_json`` writes, and equals it (``record["memory"]``,
+    ``record.memory == {"kv_cache_bytes": None}``: how a hook read a record before it was typed)."""
+
+    #: Keys written even where None that the stored section lacked.
+    absent: frozenset[str] = frozenset()
+    #: Stored values of the wrong kind, or keys this version does not know, as they came.
+    extra: JsonObject = dataclasses.field(default_factory=dict)
+    #: Not stored: the stored keys in the order they came (a section read is written again in
+    #: it, byte for byte); empty for a fresh one (the fields' order).
+    order: tuple[str, ...] = ()
+
+    NULLABLE: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def stored_keys(cls) -> dict[str, str]:
+        """Each stored key (a field but ``absent``, ``extra`` and ``order``), in order, and the kind
+        its value reads as (its field's annotation, a null apart: ``NULLABLE``)."""
+        skip = {"absent", "extra", "order"}
+        return {f.name: str(f.type).removesuffix(" | None") for f in dataclasses.fields(cls) if f.name not in skip}
+
+    def to_json(self) -> dict[str, JSONValue]:
+        out: dict[str, JSONValue] = {}
+        for name in self.stored_keys():
+            value = getattr(self, name)
+            if value is not None or (name in self.NULLABLE and name not in self.absent):
+                out[name] = _plain(value)
+        out.update(self.extra)
+        return {k: out[k] for k in self.order if k in out} | out if self.order else out
+
+    @classmethod
+    def read(cls: type[_S], d: Mapping[str, object]) -> _S:  # noqa: PYI019 (typing.Self: Python 3.11)
+        """``d`` as it came: a value of the wrong kind, or a key this version does not know, in ``extra``."""
+        if not isinstance(d, Mapping):
+            raise TypeError(f"not an object: {d!r}")
+        kinds = cls.stored_keys()
+        typed: dict[str, object] = {}
+        extra: dict[str, JSONValue] = {}
+        for key, value in d.items():
+            try:  # KeyError: a key this version does not know
+                typed[key] = None if value is None and key in cls.NULLABLE else _as(kinds[key], value)
+            except (KeyError, TypeError, ValueError):
+                extra[key] = cast("JSONValue", value)
+        return cls(**typed, absent=cls.NULLABLE - set(d), extra=extra, order=tuple(d))
+
+    @classmethod
+    def from_json(cls: type[_S], d: Mapping[str, object]) -> _S:  # noqa: PYI019 (typing.Self: Python 3.11)
+        """``d`` as ``to_json`` writes it; KeyError/TypeError where it holds what this section does not."""
+        read = cls.read(d)
+        if read.extra:
+            raise TypeError(f"{cls.__name__}: not of its kind or not known: {', '.join(map(str, read.extra))}")
+        return read
+
+
+_S = TypeVar("_S", bound=_StoredSection)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class StoredWorkload(_StoredSection):
     """What must match for two records to be compared (``WORKLOAD_KEYS``), with the run and
     warm-up counts (which may differ). ``shared_prefix_tokens`` and ``prompt_cache`` only when
     set, ``messages`` (a chat request's, as JSON text), ``prompt_set``, ``trace`` and
     ``conversation`` (their content hashes, a trace with its ``trace_speed``, a conversation with
     its judged ``turn``) too (so older baselines keep matching). The first six keys are written
-    even where None (``null``); the others only where set. Read back by ``from_json``: a key of
-    the wrong kind, or one this version does not know, is kept as it came in ``extra``, and a
-    first-six key the stored workload lacked (a hand-made record's) in ``absent``, so it is
-    written again as it was read."""
+    even where None (``null``); the others only where set. Read back by ``from_json`` (as ``read``,
+    but written again in its fields' order): a key of the wrong kind, or one this version does not
+    know, is kept as it came in ``extra``, and a first-six key the stored workload lacked (a
+    hand-made record's) in ``absent``, so it is written again as it was read."""
 
     prompt: str | None = None
     prompt_tokens: int | None = None
@@ -1886,28 +1797,14 @@ class StoredWorkload(StoredForm):
     turn: int | None = None
     runs: int | None = None
     warmup: int | None = None
-    #: Keys written even where None that the stored workload lacked.
-    absent: frozenset[str] = frozenset()
-    #: Stored keys of the wrong kind or that this version does not know, as they came.
-    extra: JsonObject = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, JSONValue]:
-        out: dict[str, JSONValue] = {}
-        for name in _WORKLOAD_FIELDS:
-            value = getattr(self, name)
-            if value is not None or (name in _NULLABLE_IDENTITY and name not in self.absent):
-                out[name] = value
-        out.update(self.extra)
-        return out
+    NULLABLE: ClassVar[frozenset[str]] = frozenset(
+        {"prompt", "prompt_tokens", "max_tokens", "seed", "concurrency", "rate"}
+    )
 
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> StoredWorkload:
-        typed = {k: v for k, v in d.items() if k in _WORKLOAD_FIELDS and _holds(_WORKLOAD_FIELDS[k], v, k)}
-        return cls(
-            **typed,  # type: ignore[arg-type]  # each of its field's kind (_holds)
-            absent=_NULLABLE_IDENTITY - set(d),
-            extra={k: v for k, v in d.items() if k not in typed},  # type: ignore[misc]  # JSON as it came
-        )
+        return dataclasses.replace(cls.read(d), order=())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -1930,8 +1827,8 @@ class Summary(StoredForm):
 
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> Summary:
-        counts = {k: v for k, v in d.items() if k in ("n_runs", "itl_count") and _holds("int", v, k)}
-        figures = {k: v for k, v in d.items() if k not in counts and (v is None or _holds("float", v, k))}
+        counts = {k: v for k, v in d.items() if k in ("n_runs", "itl_count") and _holds("int", v)}
+        figures = {k: v for k, v in d.items() if k not in counts and (v is None or _holds("float", v))}
         return cls(
             **counts,  # type: ignore[arg-type]  # ints (_holds)
             figures=figures,  # type: ignore[arg-type]  # numbers or None (_holds)
@@ -1939,23 +1836,15 @@ class Summary(StoredForm):
         )
 
 
-#: ``StoredWorkload``'s stored keys and the kind each holds (its field's annotation), in the
-#: order they are written.
-_WORKLOAD_FIELDS = {f.name: str(f.type) for f in fields(StoredWorkload) if f.name not in ("absent", "extra")}
 #: What must match for two records' workloads to be compared (the run counts may differ).
-WORKLOAD_KEYS = tuple(k for k in _WORKLOAD_FIELDS if k not in ("runs", "warmup"))
-#: The identity's keys a record writes even where None (``null``).
-_NULLABLE_IDENTITY = frozenset(WORKLOAD_KEYS[:6])
+WORKLOAD_KEYS = tuple(k for k in StoredWorkload.stored_keys() if k not in ("runs", "warmup"))
 
 
-def _holds(annotation: str, value: object, key: str) -> bool:
-    """Whether ``value`` is of the kind a field annotated ``annotation`` (``int | None``...)
-    holds (a bool is no number); None only where it is written as ``null``."""
-    if value is None:
-        return key in _NULLABLE_IDENTITY
+def _holds(kind: str, value: object) -> bool:
+    """Whether ``value`` is of ``kind`` (``int``, ``float``: a bool is no number; None is not)."""
     try:
-        _SCALARS[annotation.split(" ")[0]](value)
-    except (KeyError, TypeError, ValueError):
+        _SCALARS[kind](value)
+    except (TypeError, ValueError):
         return False
     return True
 
@@ -2007,87 +1896,6 @@ def _span(counts: Sequence[int]) -> str:
     """``32``, or ``4 to 32`` where the counts differ."""
     low, high = min(counts), max(counts)
     return f"{low}" if low == high else f"{low} to {high}"
-
-
-# --- the sections a record computes from the Measurement when it is stored --------------------
-#
-# ``Machine``, ``Memory``, ``PromptSeen`` (with its ``Turn``s) and ``Requests``: each holds the
-# figures as they are stored, written by ``to_json`` in the order the fields are declared, and read
-# back by ``from_json`` (every value of its kind, else KeyError/TypeError/ValueError) or by ``read``
-# (a hand-made or damaged section, the judge's to judge in part: a value of the wrong kind, or a key
-# this version does not know, is kept as it came in ``extra`` and written again after the fields).
-# A key written even where None (``NULLABLE``) that the stored section lacked is in ``absent``, so
-# it is not written; any other field is written only where it is not None.
-
-
-def _section_json(value: object) -> JSONValue:
-    """A field's value as it is stored: a typed part as it writes itself, a tuple as a list."""
-    if isinstance(value, tuple):
-        return [_section_json(v) for v in value]
-    if isinstance(value, _StoredSection):
-        return value.to_json()
-    return cast("JSONValue", value)
-
-
-@dataclass(frozen=True, kw_only=True, eq=False)
-class _StoredSection(StoredForm):
-    """What the four sections share: ``to_json``, ``from_json`` and ``read`` by their fields
-    (``stored_keys``: each value read as its field's annotation says, ``_as``) and ``NULLABLE``. Each also reads
-    as the read-only mapping of what its ``to_json`` writes, and equals it (``record["memory"]``,
-    ``record.memory == {"kv_cache_bytes": None}``: how a hook read a record before it was typed)."""
-
-    #: Keys written even where None that the stored section lacked.
-    absent: frozenset[str] = frozenset()
-    #: Stored values of the wrong kind, or keys this version does not know, as they came.
-    extra: JsonObject = dataclasses.field(default_factory=dict)
-    #: Not stored: the stored keys in the order they came (a section read is written again in
-    #: it, byte for byte); empty for a fresh one (the fields' order).
-    order: tuple[str, ...] = ()
-
-    NULLABLE: ClassVar[frozenset[str]] = frozenset()
-
-    @classmethod
-    def stored_keys(cls) -> dict[str, str]:
-        """Each stored key (a field but ``absent``, ``extra`` and ``order``), in order, and the kind
-        its value reads as (its field's annotation, a null apart: ``NULLABLE``)."""
-        skip = {"absent", "extra", "order"}
-        return {f.name: str(f.type).removesuffix(" | None") for f in dataclasses.fields(cls) if f.name not in skip}
-
-    def to_json(self) -> dict[str, JSONValue]:
-        out: dict[str, JSONValue] = {}
-        for name in self.stored_keys():
-            value = getattr(self, name)
-            if value is not None or (name in self.NULLABLE and name not in self.absent):
-                out[name] = _section_json(value)
-        out.update(self.extra)
-        return {k: out[k] for k in self.order if k in out} | out if self.order else out
-
-    @classmethod
-    def read(cls: type[_S], d: Mapping[str, object]) -> _S:  # noqa: PYI019 (typing.Self: Python 3.11)
-        """``d`` as it came: a value of the wrong kind, or a key this version does not know, in ``extra``."""
-        if not isinstance(d, Mapping):
-            raise TypeError(f"not an object: {d!r}")
-        typed: dict[str, object] = {}
-        extra: dict[str, JSONValue] = {}
-        for key, value in d.items():
-            try:
-                if key not in cls.stored_keys():
-                    raise KeyError(key)
-                typed[key] = None if value is None and key in cls.NULLABLE else _as(cls.stored_keys()[key], value)
-            except (KeyError, TypeError, ValueError):
-                extra[key] = cast("JSONValue", value)
-        return cls(**typed, absent=cls.NULLABLE - set(d), extra=extra, order=tuple(d))
-
-    @classmethod
-    def from_json(cls: type[_S], d: Mapping[str, object]) -> _S:  # noqa: PYI019 (typing.Self: Python 3.11)
-        """``d`` as ``to_json`` writes it; KeyError/TypeError where it holds what this section does not."""
-        read = cls.read(d)
-        if read.extra:
-            raise TypeError(f"{cls.__name__}: not of its kind or not known: {', '.join(map(str, read.extra))}")
-        return read
-
-
-_S = TypeVar("_S", bound=_StoredSection)
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

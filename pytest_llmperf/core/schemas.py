@@ -41,6 +41,7 @@ KEYWORDS = frozenset(
 ANNOTATIONS = frozenset({"$schema", "$id", "$defs", "title", "description", "$comment", "default"})
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _JSON_KINDS = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+_JSON_TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
 
 
 #: A JSON schema as this validator reads it: ``KEYWORDS`` and ``ANNOTATIONS``.
@@ -115,13 +116,7 @@ def _is(value: object, kind: str) -> bool:
         return (isinstance(value, int) and not isinstance(value, bool)) or (
             isinstance(value, float) and math.isfinite(value) and value.is_integer()
         )
-    return {
-        "object": lambda: isinstance(value, dict),
-        "array": lambda: isinstance(value, list),
-        "string": lambda: isinstance(value, str),
-        "boolean": lambda: isinstance(value, bool),
-        "null": lambda: value is None,
-    }[kind]()
+    return isinstance(value, _JSON_TYPES[kind])
 
 
 def _key(path: str, key: str, named: bool) -> str:

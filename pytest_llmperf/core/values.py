@@ -142,19 +142,6 @@ def parse_fraction(text: object, *, high: float = 10.0) -> float:
     return value
 
 
-def parse_share(value: object) -> float:
-    """A share of a whole in (0, 1] (``min_goodput``, ``min_mbu``): ``0.95`` or ``95%``, the
-    marker's and ``llmperf load --min-goodput``'s alike. Raises ValueError (one line)."""
-    number: float | None = None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        number = _float(value)
-    elif isinstance(value, str):
-        number = _percent(value)
-    if number is None or not 0 < number <= 1:  # also rejects nan
-        raise ValueError(f"must be a share in (0, 1], e.g. 0.95, got {shown(value)}")
-    return number
-
-
 @dataclass(frozen=True)
 class Fraction:
     """A share in (0, ``high``): a threshold (``5%`` or ``0.05``), a significance level (high 1)."""
@@ -173,15 +160,23 @@ class Fraction:
 
 @dataclass(frozen=True)
 class Share:
-    """A share of a whole in (0, 1] (``parse_share``)."""
+    """A share of a whole in (0, 1] (``min_goodput``, ``min_mbu``): ``0.95`` or ``95%``, the
+    marker's and ``llmperf load --min-goodput``'s alike. Raises ValueError (one line)."""
 
     metavar: str = "SHARE"
 
     def parse(self, text: str) -> float:
-        return parse_share(text)
+        return self.check(text)
 
     def check(self, value: object) -> float:
-        return parse_share(value)
+        number: float | None = None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            number = _float(value)
+        elif isinstance(value, str):
+            number = _percent(value)
+        if number is None or not 0 < number <= 1:  # also rejects nan
+            raise ValueError(f"must be a share in (0, 1], e.g. 0.95, got {shown(value)}")
+        return number
 
 
 @dataclass(frozen=True)
