@@ -16,7 +16,6 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..core.catalog import AGREEMENT_BUDGETS
@@ -64,7 +63,6 @@ def _undecided(assessment: Outcome | None) -> bool:
     return any(c.worth_more_runs for c in verdict.comparisons)
 
 
-@dataclass(eq=False)
 class Measurer:
     """One test's measurements (one attempt of it): ``measure()`` takes the marker (and a
     call's overrides: marker keys) to one ``Outcome``, kept in ``results``.
@@ -82,25 +80,38 @@ class Measurer:
     the Llama the fixtures handed out made ready for a callable's workload before it runs (its
     context fitted to every request, or one line). Every error is one ``LLMPerfError`` line."""
 
-    marker: MarkerConfig
-    engine_for: Callable[..., Engine]
-    assess: Callable[[Measurement, MarkerConfig], Outcome | None] = lambda m, c: None
-    measure_options: Callable[[Subject, MarkerConfig], MeasureOptions] = lambda engine, c: {}
-    _: KW_ONLY
-    smoke: bool = False
-    side: Link | None = None
-    nodeid: str = ""
-    release: Callable[[str], None] = lambda path: None
-    counters: Callable[[], CounterSource[Any] | None] = lambda: None
-    prompt_cache: str = "cold"
-    test_id: str = ""
-    seen: Callable[[object], None] = lambda engine: None
-    fit_handed: Callable[[Workload], None] = lambda workload: None
-    results: list[Outcome] = field(default_factory=list, init=False)
-    ab_results: list[ABResult] = field(default_factory=list, init=False)  # of each compare()
-
-    def __post_init__(self) -> None:
-        self.test_id = self.test_id or self.nodeid
+    def __init__(
+        self,
+        marker: MarkerConfig,
+        engine_for: Callable[..., Engine],
+        assess: Callable[[Measurement, MarkerConfig], Outcome | None] = lambda m, c: None,
+        measure_options: Callable[[Subject, MarkerConfig], MeasureOptions] = lambda engine, c: {},
+        *,
+        smoke: bool = False,
+        side: Link | None = None,
+        nodeid: str = "",
+        release: Callable[[str], None] = lambda path: None,
+        counters: Callable[[], CounterSource[Any] | None] = lambda: None,
+        prompt_cache: str = "cold",
+        test_id: str = "",
+        seen: Callable[[object], None] = lambda engine: None,
+        fit_handed: Callable[[Workload], None] = lambda workload: None,
+    ) -> None:
+        self.fit_handed = fit_handed
+        self.marker = marker
+        self.seen = seen
+        self.prompt_cache = prompt_cache
+        self.engine_for = engine_for
+        self.assess = assess
+        self.measure_options = measure_options
+        self.smoke = smoke
+        self.side = side
+        self.nodeid = nodeid
+        self.test_id = test_id or nodeid
+        self.release = release
+        self.counters = counters
+        self.results: list[Outcome] = []
+        self.ab_results: list[ABResult] = []  # of each compare()
 
     def engine(self, config: MarkerConfig | None = None) -> Engine:
         """The llama.cpp engine ``config`` (default: the marker) names: the session's unless it
