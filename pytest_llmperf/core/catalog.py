@@ -404,17 +404,9 @@ METRICS: dict[str, Metric] = {
             )
         ),
         # Start-up: fresh loads of the model after the runs, when a test asks (``model_load``).
-        Metric(
-            "load_ms", "model load", "ms", "startup", False, _loads("load_ms"), record_path=("model_loads", "load_ms")
-        ),
-        Metric(
-            "fresh_ttft_ms",
-            "fresh TTFT",
-            "ms",
-            "startup",
-            False,
-            _loads("fresh_ttft_ms"),
-            record_path=("model_loads", "fresh_ttft_ms"),
+        *(
+            Metric(name, label, "ms", "startup", False, _loads(name), record_path=("model_loads", name))
+            for name, label in (("load_ms", "model load"), ("fresh_ttft_ms", "fresh TTFT"))
         ),
         # The parts of each phase (``PARTS``): where the time of TTFT and of TPOT went.
         *(
@@ -757,25 +749,13 @@ BUDGETS: dict[str, Budget] = {
     b.key: b
     for b in (
         *sorted((f.budget() for f in FIGURES.values() if f.bound), key=lambda b: not b.pooled_tokens),
-        Budget(
-            "min_goodput",
-            "goodput",
-            "goodput",
-            "load: min share of requests meeting the ttft_ms and tpot_ms SLOs",
-            _goodput,
-            _at("load", "goodput"),
-            share=True,
-            statistic="share",
-        ),
-        Budget(
-            "min_mbu",
-            "decode_mbu",
-            "decode MBU",
-            "min decode memory-bandwidth utilization, e.g. 0.5 (roofline)",
-            _mbu,
-            _at("roofline", "decode", "mbu"),
-            share=True,
-            statistic="share",
+        # A share each, as its metric reads it and a record stores it.
+        *(
+            Budget(key, m.name, m.label, help, m.read, _at(*m.record_path), share=True, statistic="share")
+            for key, m, help in (
+                ("min_goodput", METRICS["goodput"], "load: min share of requests meeting the ttft_ms and tpot_ms SLOs"),
+                ("min_mbu", METRICS["decode_mbu"], "min decode memory-bandwidth utilization, e.g. 0.5 (roofline)"),
+            )
         ),
     )
 }

@@ -31,6 +31,12 @@ class ToolBuildError(EngineError):
     """llama.cpp's own tools (llama-server, llama-bench) could not be built or found."""
 
 
+def one_line(exc: BaseException) -> str:
+    """An error as one line: its message where it is ours (``LLMPerfError``), else its type too
+    (a bug in a worker thread, a task or a user's callable)."""
+    return str(exc) if isinstance(exc, LLMPerfError) else f"{type(exc).__name__}: {exc}"
+
+
 #: At most this many names are listed in full where a name was not one of them.
 LISTED_NAMES = 10
 

@@ -280,6 +280,11 @@ class Setting:
         return arg_type(self.parse)
 
 
+def switch(name: str, help: str) -> Setting:
+    """A setting given or not (a flag: no value, environment variable or ini key), off by default."""
+    return Setting(name, help, False, switch=True)
+
+
 def report_file(name: str, help: str) -> Setting:
     """The setting of a report the end of a session writes (``reports.reporters``): the file
     it goes to, none by default."""
@@ -346,12 +351,10 @@ SETTINGS: dict[str, Setting] = {
             metavar="PATH|PRESET",
         ),
         *(_llama_option(LLAMA_SETTINGS[name]) for name in LLAMA_OPTIONS),
-        Setting(
+        switch(
             "in_process",
             "run llama.cpp in the pytest process instead of one engine worker process per "
             "setting (a native crash then ends the session)",
-            False,
-            switch=True,
         ),
         Setting(
             "engine_timeout",
@@ -382,13 +385,8 @@ SETTINGS: dict[str, Setting] = {
             ini=True,
             metavar="DIR",
         ),
-        Setting(
-            "update_baselines",
-            "write or refresh the baselines of the tests that ran (others stay as they are)",
-            False,
-            switch=True,
-        ),
-        Setting("require_baseline", "fail a measured test that has no baseline", False, switch=True),
+        switch("update_baselines", "write or refresh the baselines of the tests that ran (others stay as they are)"),
+        switch("require_baseline", "fail a measured test that has no baseline"),
         Setting(
             "lost_baseline",
             "a test that finds no baseline although the last commit (git HEAD) holds one for it on this "
@@ -399,29 +397,17 @@ SETTINGS: dict[str, Setting] = {
             ini=True,
             metavar="fail|warn",
         ),
-        Setting("strict_env", "fail a test whose baselines were all recorded on other hardware", False, switch=True),
-        Setting(
+        switch("strict_env", "fail a test whose baselines were all recorded on other hardware"),
+        switch(
             "fail_other_hardware",
             "fail the session (exit 1) when any test was not compared because its "
             "baselines were all recorded on other hardware",
-            False,
-            switch=True,
         ),
-        Setting("budgets_only", "only budgets gate: do not compare with baselines", False, switch=True),
-        Setting(
-            "baselines_only",
-            "only baseline comparisons gate: budgets are measured and shown, never fail a test",
-            False,
-            switch=True,
-        ),
-        Setting("skip", "skip the tests that measure with llmperf (marker or llmperf* fixtures)", False, switch=True),
-        Setting("only", "run only the tests that measure with llmperf; skip the others", False, switch=True),
-        Setting(
-            "disable",
-            "smoke mode: run each measurement once, no warm-up, budgets, statistics or baselines",
-            False,
-            switch=True,
-        ),
+        switch("budgets_only", "only budgets gate: do not compare with baselines"),
+        switch("baselines_only", "only baseline comparisons gate: budgets are measured and shown, never fail a test"),
+        switch("skip", "skip the tests that measure with llmperf (marker or llmperf* fixtures)"),
+        switch("only", "run only the tests that measure with llmperf; skip the others"),
+        switch("disable", "smoke mode: run each measurement once, no warm-up, budgets, statistics or baselines"),
         Setting(
             "columns",
             "columns of the terminal tables, comma-separated, from: "
@@ -528,25 +514,18 @@ SETTINGS: dict[str, Setting] = {
             ini=True,
             metavar="cold|warm",
         ),
-        Setting(
-            "layers",
-            "also time each layer of the in-process model (llama.cpp eval callback, after the plain runs)",
-            False,
-            switch=True,
+        switch(
+            "layers", "also time each layer of the in-process model (llama.cpp eval callback, after the plain runs)"
         ),
-        Setting(
+        switch(
             "attribution",
             "time every graph node of the in-process model by layer and op type after the runs, and compare "
             "both sides' (an A/B, --llmperf-against; a baseline that has one); runs by itself when llama.cpp's "
             "own time moved",
-            False,
-            switch=True,
         ),
-        Setting(
+        switch(
             "roofline",
             "attach the roofline (MBU, MFU, bound) to every in-process measurement (probes the machine once)",
-            False,
-            switch=True,
         ),
         Setting(
             "peak_bw",
@@ -577,9 +556,7 @@ SETTINGS: dict[str, Setting] = {
             shown="off",
             metavar="REF",
         ),
-        Setting(
-            "allow_not_compared", "pass a --llmperf-against session that compared nothing with REF", False, switch=True
-        ),
+        switch("allow_not_compared", "pass a --llmperf-against session that compared nothing with REF"),
         Setting(
             "max_processes",
             "--llmperf-against: the most processes per side a measurement's pairs run in (the pairs in "

@@ -32,7 +32,7 @@ import stat
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -271,11 +271,9 @@ def _unwritable(path: Path) -> tuple[str, str] | None:
     the file, its folder: SQLite writes its journal beside the file) and the fix, in words;
     None when all of it is writable."""
     folder = path.parent
-    try:
+    with suppress(OSError):
         if os.statvfs(folder).f_flag & os.ST_RDONLY:
             return f"the file system holding {folder} is mounted read-only", "remount it read-write"
-    except OSError:
-        pass
     if path.exists() and not os.access(path, os.R_OK | os.W_OK):
         mode, what = stat.S_IMODE(os.stat(path).st_mode), "written" if os.access(path, os.R_OK) else "read or written"
         return f"{path} (mode {mode:04o}) may not be {what} by this process", f"make it writable (chmod u+rw {path})"
@@ -375,11 +373,9 @@ class Deadline:
                     self._cond.wait(left)
                     continue
                 self.fired = True
-                try:  # the fd stays the connection's until the statement returns: it cannot return now
-                    with socket.socket(fileno=os.dup(self.fd)) as sock:
-                        sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+                # the fd stays the connection's until the statement returns: it cannot return now
+                with suppress(OSError), socket.socket(fileno=os.dup(self.fd)) as sock:
+                    sock.shutdown(socket.SHUT_RDWR)
                 return
 
 
@@ -529,10 +525,8 @@ def _open_files(pid: int) -> set[str]:
     except OSError:
         return found
     for fd in fds:
-        try:
+        with suppress(OSError):  # closed since the listing
             found.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
-        except OSError:
-            continue  # closed since the listing
     return found
 
 
@@ -656,9 +650,7 @@ def transaction(conn: Conn) -> Iterator[Conn]:
     try:
         yield conn
     except BaseException:
-        try:
+        with suppress(*errors_of(conn.kind)):  # a broken connection: the server drops the transaction itself
             conn.execute("ROLLBACK")
-        except errors_of(conn.kind):
-            pass  # a broken connection: the server drops the transaction itself
         raise
     conn.execute("COMMIT")

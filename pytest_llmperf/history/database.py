@@ -657,7 +657,6 @@ def measurement_rows(results: Iterable[Mapping[str, Any]]) -> list[MeasurementRo
 
 
 def session_row(started_at: str, rootdir: Path | str, compared: bool) -> SessionRow:
-
     rev = revision(rootdir)
     return {
         "uid": uuid.uuid4().hex,

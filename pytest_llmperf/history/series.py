@@ -33,7 +33,6 @@ from .connection import Location
 
 if TYPE_CHECKING:
     from ..judge.result import Outcome
-    from .connection import Location
 
 
 #: Two-sided 95% normal quantile: the CI drawn and printed around a session's level.
@@ -286,8 +285,7 @@ class Step:
 
     @property
     def regression(self) -> bool:
-        worse = self.change < 0 if self.series.higher_is_better else self.change > 0
-        return worse
+        return self.change < 0 if self.series.higher_is_better else self.change > 0
 
     @property
     def point(self):

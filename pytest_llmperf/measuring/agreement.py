@@ -52,8 +52,7 @@ TOKENS = 64
 def log_softmax(logits: npt.ArrayLike) -> npt.NDArray[np.float64]:
     """Row-wise log-softmax in float64."""
     x = np.asarray(logits, dtype=np.float64)
-    top = x.max(axis=-1, keepdims=True)
-    shifted = x - top
+    shifted = x - x.max(axis=-1, keepdims=True)
     out: npt.NDArray[np.float64] = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
     return out
 

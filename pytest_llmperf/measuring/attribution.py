@@ -48,16 +48,8 @@ if TYPE_CHECKING:
 NO_OPS = frozenset({b"NONE", b"VIEW", b"RESHAPE", b"PERMUTE", b"TRANSPOSE"})
 
 #: The groups, in the order every report shows them.
-MATMUL, ATTENTION, NORMALISATION, ROPE, COPIES, ELEMENTWISE, OTHER = (
-    "matrix multiplication",
-    "attention",
-    "normalisation",
-    "rope",
-    "copies",
-    "elementwise",
-    "other",
-)
-GROUPS = (MATMUL, ATTENTION, NORMALISATION, ROPE, COPIES, ELEMENTWISE, OTHER)
+GROUPS = ("matrix multiplication", "attention", "normalisation", "rope", "copies", "elementwise", "other")
+MATMUL, ATTENTION, NORMALISATION, ROPE, COPIES, ELEMENTWISE, OTHER = GROUPS
 #: Attention by op; and by name: llama.cpp names the attention nodes it builds kq-N (K x Q),
 #: kq_soft_max-N, kqv-N (x V), kqv_merged-N, kqv_out-N, so K x Q and x V, matrix
 #: multiplications by op, count as attention (the projections Qcur/Kcur/Vcur/attn_out do not).
@@ -284,19 +276,8 @@ def interleaved(passes: Mapping[str, Stepping], warm: Sequence[str], orders: Seq
 
 
 def run_pass(one: Stepping, runs: int = ATTRIBUTION_RUNS) -> Attribution:
-    """A pass's warm-up and runs, then its result (closed either way)."""
-    try:
-        with task("attribution pass") as progress:
-            progress.step("warm-up")
-            one.warm_up()
-            progress.step("instrumented runs", 0, runs)
-            for i in range(runs):
-                one.run(i)
-                progress.advance(i + 1)
-            progress.step("result")
-            return one.result()
-    finally:
-        one.close()
+    """A pass's warm-up and runs, then its result (closed either way): ``interleaved`` with one side."""
+    return interleaved({"A": one}, "A", ["A"] * runs)["A"]
 
 
 def phase_of(phase: str, runs: Sequence[Sequence[tuple[int, Sequence[NodeEvent], int]]]) -> PhaseAttribution:

@@ -32,7 +32,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..core.errors import LLMPerfError, NotSteppable
+from ..core.errors import LLMPerfError, NotSteppable, one_line
 from ..core.measurement import Agreement, Measurement, RunMetrics
 from ..core.progress import task, timed
 from ..core.settings import usable_cpus
@@ -550,10 +550,7 @@ class SideRuns:
             if self.attribution is not None:
                 self.attribution.close()
                 self.attribution = None
-            return {
-                "ev": "attribution",
-                "line": str(exc) if isinstance(exc, LLMPerfError) else f"{type(exc).__name__}: {exc}",
-            }
+            return {"ev": "attribution", "line": one_line(exc)}
         return {"ev": "attribution"}
 
     def _run(self, engine: Engine, workload: Workload, index: int, *, stepped: bool = False) -> RunTrace | None:
@@ -569,8 +566,7 @@ class SideRuns:
             self.send({"ev": "unstepped", "line": str(exc)})
             return None
         except Exception as exc:  # noqa: BLE001 - the user's callable too: one line to the controller
-            line = str(exc) if isinstance(exc, LLMPerfError) else f"{type(exc).__name__}: {exc}"
-            self.send({"ev": "error", "line": line})
+            self.send({"ev": "error", "line": one_line(exc)})
             return None
 
 
@@ -591,7 +587,7 @@ def _token_logits(engine: Any, op: Mapping[str, Any]) -> dict[str, object]:
             **({"prompt_ids": op["prompt_ids"]} if op.get("prompt_ids") is not None else {}),
         )
     except Exception as exc:  # noqa: BLE001 - one line to the controller, the agreement says it
-        return {"ev": "logits", "line": str(exc) if isinstance(exc, LLMPerfError) else f"{type(exc).__name__}: {exc}"}
+        return {"ev": "logits", "line": one_line(exc)}
     if isinstance(got, str):  # an endpoint that cannot say (``engines.http``)
         return {"ev": "logits", "line": got}
     return {"ev": "logits", "got": logits_json(got)}

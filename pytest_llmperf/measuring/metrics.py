@@ -13,6 +13,7 @@ its signal is there; an unstable measurement with no signal says so."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import os
@@ -387,10 +388,8 @@ def _cpu_mhz() -> float | None:
     """Mean current clock over CPUs: cpufreq where the OS exposes it, else /proc/cpuinfo."""
     values = []
     for path in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/cpufreq/scaling_cur_freq"):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             values.append(int(Path(path).read_text()) / 1000)
-        except (OSError, ValueError):
-            pass
     if not values:
         try:
             with open("/proc/cpuinfo") as fh:
@@ -409,12 +408,11 @@ def _schedstat_ns(pid: int) -> tuple[int, int] | None:
     except OSError:
         return None
     for tid in tids:
-        try:
+        # A thread that ended between the listing and the read is left out.
+        with contextlib.suppress(OSError, ValueError, IndexError):
             with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
                 fields = fh.read().split()
             run, wait = run + int(fields[0]), wait + int(fields[1])
-        except (OSError, ValueError, IndexError):
-            continue  # a thread that ended between the listing and the read
     return run, wait
 
 
@@ -583,16 +581,12 @@ def _instability(n_runs: int, tpot_cv: float, ttft_cv: float, far: Sequence[int]
 def _unstable_warning(problems: Sequence[str], system: SystemDelta | None) -> str:
     """The warning for an unstable measurement: its problems, and the likely causes seen."""
     causes = likely_causes(system)
-    return (
-        "unstable measurement: "
-        + "; ".join(problems)
-        + ". "
-        + (
-            ("Likely causes: " + "; ".join(causes) + ".")
-            if causes
-            else "No load, clock or page-fault signal was seen; more runs narrow the estimate."
-        )
+    why = (
+        f"Likely causes: {'; '.join(causes)}."
+        if causes
+        else "No load, clock or page-fault signal was seen; more runs narrow the estimate."
     )
+    return f"unstable measurement: {'; '.join(problems)}. {why}"
 
 
 def likely_causes(system: SystemDelta | None) -> list[str]:

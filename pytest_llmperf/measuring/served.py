@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 
 from ..core import catalog
-from ..core.errors import ConfigError, EngineError, LLMPerfError
+from ..core.errors import ConfigError, EngineError, one_line
 from ..core.measurement import LoadStats, Measurement, RunMetrics, ServerSide, TraceReplay
 from ..core.progress import task
 from ..core.workload import NativeCounters, RunTrace, Workload
@@ -59,7 +59,6 @@ T = TypeVar("T")
 
 #: Budget keys that double as per-request SLOs for goodput: each phase's judged time metric.
 SLO_KEYS = tuple(catalog.PHASE_METRIC.values())
-#: The metrics a load test gives per-request percentiles of, with their ``LoadStats`` attribute.
 
 
 def arrival_offsets_s(n: int, rate_per_s: float, seed: int) -> np.ndarray:
@@ -190,11 +189,11 @@ def _send(
     outcomes: list[RunTrace | str | None] = [None] * n
     if isinstance(engine, AsyncRuns):
         server_before, begin = _run_loop(_send_async(engine, workload, n, workers, first, outcomes, sent_ns))
-        return outcomes, server_before, begin
-    for i in range(workload.warmup):
-        engine.run(workload, -1 - first - i)
-    server_before = _server_metrics(engine)
-    begin = _send_threads(engine, workload, n, workers, first, outcomes, sent_ns)
+    else:
+        for i in range(workload.warmup):
+            engine.run(workload, -1 - first - i)
+        server_before = _server_metrics(engine)
+        begin = _send_threads(engine, workload, n, workers, first, outcomes, sent_ns)
     return outcomes, server_before, begin
 
 
@@ -211,10 +210,8 @@ def _send_threads(
         sent_ns[i] = time.perf_counter_ns()  # the client begins it: outside the request's own clock reads
         try:
             outcomes[i] = engine.run(workload, first + i)
-        except LLMPerfError as exc:
-            outcomes[i] = str(exc)
         except Exception as exc:  # noqa: BLE001 - a bug must not vanish in a worker thread: reported per request
-            outcomes[i] = f"{type(exc).__name__}: {exc}"
+            outcomes[i] = one_line(exc)
 
     clock = time.perf_counter_ns
     schedule = schedule_s(workload, n)
@@ -276,10 +273,8 @@ async def _send_measured(
             sent_ns[i] = time.perf_counter_ns()  # the client begins it: outside the request's own clock reads
             try:
                 outcomes[i] = await engine.arun(workload, first + i, client)
-            except LLMPerfError as exc:
-                outcomes[i] = str(exc)
             except Exception as exc:  # noqa: BLE001 - a bug must not vanish in a task: reported per request
-                outcomes[i] = f"{type(exc).__name__}: {exc}"
+                outcomes[i] = one_line(exc)
 
     clock = time.perf_counter_ns
     schedule = schedule_s(workload, n)

@@ -363,7 +363,6 @@ class WorkerEngine(
         return bool(self._call({"op": "rss", "reset": True}, "reading the memory of")["reset"])
 
     def peak_rss(self, was_reset: bool) -> PeakRss:
-
         peak = self._call({"op": "rss", "reset": False}, "reading the memory of")["peak"]
         return PeakRss(int(peak[0]), peak[1] if was_reset else "process")
 
@@ -557,7 +556,6 @@ class RemotePass:
         self.worker.attribution_step("run", index=index)
 
     def result(self) -> Attribution:
-
         self.open = False
         return Attribution.from_json(self.worker.attribution_step("result")["attribution"])
 
