@@ -229,36 +229,22 @@ def _agreement(field: str) -> Reader:
 BUFFER_SOURCE = "llama.cpp log"
 
 
-def _memory_sample(metric: str, m: Measurement) -> str:
+def direct_sample(metric: str, m: Measurement) -> str | None:
+    """What a memory, start-up or agreement figure comes from (budget lines, the metrics table): a
+    direct reading, not a statistic; None for a statistic over runs or tokens."""
+    phase = METRICS[metric].phase
     if metric == "rss_mib":
         whole = m.peak_rss is not None and m.peak_rss.scope != "measurement"
         return f"peak over {m.n_runs} runs" + (", process lifetime" if whole else "")
-    return "/proc/self/smaps" if metric == "mapped_mib" else BUFFER_SOURCE
-
-
-def _startup_sample(metric: str, m: Measurement) -> str:
-    loads = m.model_loads
-    return f"{len(loads.samples)} loads, {loads.page_cache}" if loads is not None else "no fresh loads"
-
-
-def _agreement_sample(metric: str, m: Measurement) -> str:
-    g = m.agreement
-    return "not compared with REF" if g is None else g.sample if g.available else "not available"
-
-
-#: What a figure of each of these phases comes from: a direct reading, not a statistic.
-_DIRECT_SAMPLES: dict[str, Callable[[str, Measurement], str]] = {
-    "memory": _memory_sample,
-    "startup": _startup_sample,
-    "agreement": _agreement_sample,
-}
-
-
-def direct_sample(metric: str, m: Measurement) -> str | None:
-    """What a memory or start-up figure comes from (budget lines, the metrics table); None for a
-    statistic over runs or tokens."""
-    sample = _DIRECT_SAMPLES.get(METRICS[metric].phase)
-    return sample(metric, m) if sample is not None else None
+    if phase == "memory":
+        return "/proc/self/smaps" if metric == "mapped_mib" else BUFFER_SOURCE
+    if phase == "startup":
+        loads = m.model_loads
+        return f"{len(loads.samples)} loads, {loads.page_cache}" if loads is not None else "no fresh loads"
+    if phase == "agreement":
+        g = m.agreement
+        return "not compared with REF" if g is None else g.sample if g.available else "not available"
+    return None
 
 
 def _itl(q: int) -> Reader:
@@ -271,44 +257,31 @@ def _read(name: str) -> Reader:
     return lambda m: getattr(m, name)
 
 
-#: The parts of TTFT and TPOT: (name, label, unit, phase, part of, source, llama.cpp's own).
-#: A served model's "llama.cpp" counters are llama-server's ``timings`` (its sampling is inside
-#: them), so its "outside llama.cpp" is the queue, the network and the client.
-_PART_SPECS: tuple[tuple[str, str, str, str, str, str, bool], ...] = (
-    ("tokenize_ms", "tokenization", "ms", "prefill", "ttft_ms", "clock around the tokenizer, before the run", False),
+#: The parts of TTFT and TPOT: (name, label, phase, source, llama.cpp's own), each in its phase's
+#: unit and a part of its judged metric (``_PHASE_PARTS``). A served model's "llama.cpp" counters
+#: are llama-server's ``timings`` (its sampling is inside them), so its "outside llama.cpp" is the
+#: queue, the network and the client.
+_PART_SPECS: tuple[tuple[str, str, str, str, bool], ...] = (
+    ("tokenize_ms", "tokenization", "prefill", "clock around the tokenizer, before the run", False),
     (
         "native_prefill_ms",
         "llama.cpp prompt eval",
-        "ms",
         "prefill",
-        "ttft_ms",
         "llama.cpp's t_p_eval_ms (llama_perf_context), or llama-server's timings.prompt_ms",
         True,
     ),
-    (
-        "prefill_outside_ms",
-        "outside llama.cpp",
-        "ms",
-        "prefill",
-        "ttft_ms",
-        "TTFT - tokenization - llama.cpp prompt eval",
-        False,
-    ),
+    ("prefill_outside_ms", "outside llama.cpp", "prefill", "TTFT - tokenization - llama.cpp prompt eval", False),
     (
         "native_decode_ms_per_token",
         "llama.cpp eval",
-        "ms/token",
         "decode",
-        "tpot_ms",
         "llama.cpp's t_eval_ms / n_eval (llama_perf_context), or llama-server's timings.predicted_ms / predicted_n",
         True,
     ),
     (
         "sampling_ms_per_token",
         "sampling (llama.cpp)",
-        "ms/token",
         "decode",
-        "tpot_ms",
         "llama.cpp's t_sample_ms / n_sample (llama_perf_sampler); a callable's Llama: the clock around its "
         "sampler chain (grammar, penalties, top-k/p, temperature, dist), less the Python logits processors",
         True,
@@ -316,22 +289,20 @@ _PART_SPECS: tuple[tuple[str, str, str, str, str, str, bool], ...] = (
     (
         "python_sampling_ms_per_token",
         "logits processors / stopping criteria (Python)",
-        "ms/token",
         "decode",
-        "tpot_ms",
         "the clock around a callable's Python logits processors and stopping criteria, per generated token",
         False,
     ),
     (
         "decode_outside_ms_per_token",
         "outside llama.cpp",
-        "ms/token",
         "decode",
-        "tpot_ms",
         "TPOT - llama.cpp eval - sampling inside the run - Python logits processors and stopping criteria",
         False,
     ),
 )
+#: Each phase's parts: their unit and the judged metric they are a part of.
+_PHASE_PARTS = {"prefill": ("ms", "ttft_ms"), "decode": ("ms/token", "tpot_ms")}
 
 
 METRICS: dict[str, Metric] = {
@@ -411,7 +382,8 @@ METRICS: dict[str, Metric] = {
         # The parts of each phase (``PARTS``): where the time of TTFT and of TPOT went.
         *(
             Metric(name, label, unit, phase, False, _read(name), part_of=of, source=source, inside_llama_cpp=inside)
-            for name, label, unit, phase, of, source, inside in _PART_SPECS
+            for name, label, phase, source, inside in _PART_SPECS
+            for unit, of in (_PHASE_PARTS[phase],)
         ),
         # Output agreement with --llmperf-against's REF (REF is A; measuring.agreement), after the pairs.
         *(

@@ -16,10 +16,6 @@ from .documents import loads, read_workload_file
 from .errors import ConfigError
 from .workload import Conversation, conversation_of
 
-#: What ``read_text`` says a conversation file is, and what to do about one too big.
-WHAT = "conversation (JSON)"
-TOO_BIG = "shorten the conversation"
-
 
 def conversation(value: object) -> Conversation:
     """The conversation a test gives: a JSON file's path (str or path object), or inline."""
@@ -30,7 +26,9 @@ def conversation(value: object) -> Conversation:
 
 def read_conversation(path: Path) -> Conversation:
     """The conversation of the JSON file ``path``; a ConfigError naming the file."""
-    return parse_conversation(read_workload_file(path, "conversation", WHAT, TOO_BIG), str(path))
+    return parse_conversation(
+        read_workload_file(path, "conversation", "conversation (JSON)", "shorten the conversation"), str(path)
+    )
 
 
 def parse_conversation(text: str, source: str) -> Conversation:

@@ -14,10 +14,6 @@ from .documents import jsonl_values, read_workload_file
 from .errors import ConfigError
 from .workload import SetRequest, prompt_set_requests, read_each, set_request
 
-#: What ``read_text`` says a set file is, and what to do about one too big.
-WHAT = "prompt set (JSONL)"
-TOO_BIG = "split the set or sample it"
-
 
 def prompt_set(value: object) -> tuple[SetRequest, ...]:
     """The set a test gives: a JSONL file's path (str or path object) or an inline list."""
@@ -28,7 +24,9 @@ def prompt_set(value: object) -> tuple[SetRequest, ...]:
 
 def read_prompt_set(path: Path) -> tuple[SetRequest, ...]:
     """The requests of the JSONL file ``path``; a ConfigError naming the file (and the line)."""
-    return parse_prompt_set(read_workload_file(path, "prompt set", WHAT, TOO_BIG), str(path))
+    return parse_prompt_set(
+        read_workload_file(path, "prompt set", "prompt set (JSONL)", "split the set or sample it"), str(path)
+    )
 
 
 def parse_prompt_set(text: str, source: str) -> tuple[SetRequest, ...]:

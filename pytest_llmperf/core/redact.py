@@ -146,19 +146,11 @@ class Url:
             if _HOST.fullmatch(host):
                 userinfo, rest = rest[:at], rest[at + 1 :]
                 break
-        end = len(rest)
-        for c in "/?#":
-            i = rest.find(c)
-            if i != -1:
-                end = min(end, i)
+        end = min((i for i in map(rest.find, "/?#") if i != -1), default=len(rest))
         host, rest = rest[:end], rest[end:]
-        fragment = None
-        if "#" in rest:
-            rest, fragment = rest.split("#", 1)
-        query = None
-        if "?" in rest:
-            rest, query = rest.split("?", 1)
-        return cls(scheme, userinfo, host, rest, query, fragment)
+        rest, hashed, fragment = rest.partition("#")
+        path, asked, query = rest.partition("?")
+        return cls(scheme, userinfo, host, path, query if asked else None, fragment if hashed else None)
 
     def __str__(self) -> str:
         u, q, f = self.userinfo, self.query, self.fragment
@@ -221,11 +213,8 @@ class Url:
 
 def _params(text: str) -> list[tuple[str, str, bool]]:
     """``a=1&b=2`` as (name, value, is secret); a part without ``=`` has the value ""."""
-    out = []
-    for piece in re.split(r"[&;]", text):
-        name, _, value = piece.partition("=")
-        out.append((name, value, bool(value) and is_secret_name(name)))
-    return out
+    pairs = (piece.partition("=") for piece in re.split(r"[&;]", text))
+    return [(name, value, bool(value) and is_secret_name(name)) for name, _, value in pairs]
 
 
 def _redact_params(text: str) -> str:

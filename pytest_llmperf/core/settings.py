@@ -256,10 +256,8 @@ class Setting:
         """The default as every help text writes it."""
         if self.shown is not None:
             return self.shown
-        if isinstance(self.default, float) and self.parse in (share, alpha):
-            return f"{self.default:.0%}" if self.parse is share else f"{self.default:g}"
         if isinstance(self.default, float):
-            return f"{self.default:g}"
+            return f"{self.default:.0%}" if self.parse is share else f"{self.default:g}"
         if isinstance(self.default, tuple):
             return ",".join(self.default)
         return str(self.default)

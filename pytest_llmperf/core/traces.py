@@ -18,10 +18,6 @@ from .documents import jsonl_values, read_workload_file
 from .errors import ConfigError
 from .workload import TraceRequest, check_arrival, read_each, trace_request, trace_requests
 
-#: What ``read_text`` says a trace file is, and what to do about one too big.
-WHAT = "trace (JSONL)"
-TOO_BIG = "split the trace or replay a part of it"
-
 
 def trace(value: object) -> tuple[TraceRequest, ...]:
     """The trace a test gives: a JSONL file's path (str or path object) or an inline list."""
@@ -32,7 +28,9 @@ def trace(value: object) -> tuple[TraceRequest, ...]:
 
 def read_trace(path: Path) -> tuple[TraceRequest, ...]:
     """The lines of the JSONL file ``path``; a ConfigError naming the file (and the line)."""
-    return parse_trace(read_workload_file(path, "trace", WHAT, TOO_BIG), str(path))
+    return parse_trace(
+        read_workload_file(path, "trace", "trace (JSONL)", "split the trace or replay a part of it"), str(path)
+    )
 
 
 def parse_trace(text: str, source: str) -> tuple[TraceRequest, ...]:

@@ -809,20 +809,15 @@ class EngineInfo:
         object.__setattr__(self, "llamas", tuple(self.llamas))  # a list from JSON: hashable again
 
     def describe(self) -> str:
-        parts = [self.model]
-        if self.model_size_bytes is not None:
-            parts.append(human_bytes(self.model_size_bytes))
-        if self.quantization:
-            parts.append(self.quantization)
-        if self.n_params is not None:
-            parts.append(f"{self.n_params / 1e6:.1f} M params")
-        if self.n_layer is not None:
-            parts.append(f"{self.n_layer} layers")
-        if self.endpoint:
-            parts.append(f"at {self.endpoint}")
-        if self.token_count:
-            parts.append(f"tokens counted from {self.token_count}")
-        return ", ".join(parts)
+        parts = (
+            human_bytes(self.model_size_bytes) if self.model_size_bytes is not None else "",
+            self.quantization,
+            f"{self.n_params / 1e6:.1f} M params" if self.n_params is not None else "",
+            f"{self.n_layer} layers" if self.n_layer is not None else "",
+            f"at {self.endpoint}" if self.endpoint else "",
+            f"tokens counted from {self.token_count}" if self.token_count else "",
+        )
+        return ", ".join([self.model, *(p for p in parts if p)])
 
     def kv_bytes_per_position(self) -> float | None:
         """Bytes of K and V cache one context position takes across all layers (None: the

@@ -143,9 +143,8 @@ def e_divisive(
         t, q = best_split(seg, min_size)
         rng = np.random.default_rng([seed, a, b])
         shuffled = rng.permuted(np.broadcast_to(seg, (permutations, seg.size)), axis=1)
-        beaten = 0
-        for chunk in np.array_split(shuffled, -(-permutations * seg.size // CHUNK_VALUES)):
-            beaten += int((split_statistics(chunk, min_size).max(axis=1) >= q).sum())
+        chunks = np.array_split(shuffled, -(-permutations * seg.size // CHUNK_VALUES))
+        beaten = sum(int((split_statistics(chunk, min_size).max(axis=1) >= q).sum()) for chunk in chunks)
         p = (1 + beaten) / (1 + permutations)
         if p <= alpha:
             found.append(ChangePoint(a + t, p, q))

@@ -363,33 +363,15 @@ def _json(value: object) -> str:
 # Reading
 
 
-COLUMNS = (
-    "measurement_id",
-    "session_id",
-    "uid",
-    "started_at",
-    "commit_sha",
-    "dirty",
-    "branch",
-    "host",
-    "compared",
-    "test",
-    "label",
-    "hardware_key",
-    "subject",
-    "workload",
-    "baseline",
-    "metric",
-    "phase",
-    "unit",
-    "n",
-    "median",
-    "log_level",
-    "se",
-    "spread",
-    "upper",
-    "runs",
-)
+#: What ``read`` selects after the measurement's and the session's ids: each table's columns, by
+#: its alias in the query (s: sessions, m: measurements, v: values), then the runs.
+SELECTED = {
+    "s": ("uid", "started_at", "commit_sha", "dirty", "branch", "host", "compared"),
+    "m": ("test", "label", "hardware_key", "subject", "workload", "baseline"),
+    "v": ("metric", "phase", "unit", "n", "median", "log_level", "se", "spread", "upper"),
+}
+#: The names of a row ``read`` returns, in the query's order.
+COLUMNS = ("measurement_id", "session_id", *(c for columns in SELECTED.values() for c in columns), "runs")
 
 
 def read(
@@ -418,9 +400,8 @@ def read(
             return []
         where, params = _filters(test, metrics, hardware_key, last_sessions)
         sql = (
-            "SELECT m.id, s.id, s.uid, s.started_at, s.commit_sha, s.dirty, s.branch, s.host, s.compared, "
-            "m.test, m.label, m.hardware_key, m.subject, m.workload, m.baseline, "
-            "v.metric, v.phase, v.unit, v.n, v.median, v.log_level, v.se, v.spread, v.upper, "
+            "SELECT m.id, s.id, "
+            + "".join(f"{table}.{c}, " for table, columns in SELECTED.items() for c in columns)
             + ("v.runs " if runs else "'[]' ")
             + "FROM llmperf_values v JOIN llmperf_measurements m ON v.measurement_id = m.id "
             "JOIN llmperf_sessions s ON m.session_id = s.id"

@@ -141,8 +141,7 @@ def group(rows: Sequence[Mapping[str, Any]]) -> list[Series]:
     first: dict[tuple[str, str, str], int] = {}
     for s in out:
         first.setdefault((s.test, s.label, s.hardware_key), len(first))
-    order = {m: i for i, m in enumerate(RUN_FIELDS)}  # prefill first, then decode
-    return sorted(out, key=lambda s: (first[(s.test, s.label, s.hardware_key)], order.get(s.metric, len(order))))
+    return sorted(out, key=lambda s: (first[(s.test, s.label, s.hardware_key)], metric_order(s)))
 
 
 def read_series(
@@ -399,9 +398,7 @@ def table(s: Series, found: Sequence[Step] = ()) -> str:
     for i, p in enumerate(s.points):
         lo, hi = p.ci
         step = at.get(i)
-        mark = ""
-        if step is not None:
-            mark = f"<- {'REGRESSION' if step.regression else 'change'} {step.change:+.1%}"
+        mark = f"<- {'REGRESSION' if step.regression else 'change'} {step.change:+.1%}" if step is not None else ""
         changes = s.changes_at(i)
         if changes:
             mark = (mark + "; " if mark else "") + ", ".join(changes)

@@ -152,15 +152,12 @@ class NodeTimer(LayerTimer):
         """One run: the prefill step and the decode steps, each (start, node events, end), and
         the run's TPOT (ms)."""
         timed = self.timed()
-        events: list[NodeEvent] = list(self._events)
-        prefill, decode = steps_of(timed.start_ns, timed.prefill_done_ns, timed.token_ns, events)
-        return prefill, decode, tpot_of(timed)
+        return (*steps_of(timed.start_ns, timed.prefill_done_ns, timed.token_ns, list(self._events)), tpot_of(timed))
 
     def prefill_nodes(self) -> list[tuple[int, list[NodeEvent], int]]:
         """The prompt's step alone (the same timed loop, one token): a further prefill sample."""
         timed = self.timed(1)
-        events: list[NodeEvent] = list(self._events)
-        return steps_of(timed.start_ns, timed.prefill_done_ns, timed.token_ns, events)[0]
+        return steps_of(timed.start_ns, timed.prefill_done_ns, timed.token_ns, list(self._events))[0]
 
 
 #: Instrumented runs (each with an interleaved plain run) unless the caller gives another count.

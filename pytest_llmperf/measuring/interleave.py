@@ -280,9 +280,8 @@ class _Instances:
     def fresh(self) -> dict[str, Engine]:
         self.close()
         a, b = self.given["A"], self.given["B"]
-        assert isinstance(a, FreshInstances) and isinstance(
-            b, FreshInstances
-        )  # ``one_instance`` let only these through
+        # ``one_instance`` let only these through
+        assert isinstance(a, FreshInstances) and isinstance(b, FreshInstances)
         fa = a.fresh_instance()
         self.live.append(fa)
         fb = fa if b is a else b.fresh_instance()

@@ -178,7 +178,6 @@ def _phase(phase: str, runs: list[list[tuple[int, list[tuple[bytes, int]], int]]
         per_run.append(tuple(float(v) for v in np.median(segs, axis=0)))
         all_steps.append(segs)
         steps_ms.extend((end - s) / 1e6 for s, _, end in steps)
-    coverage = float(np.median(np.concatenate(all_steps).sum(axis=1) / np.asarray(steps_ms)))
     stacked = np.concatenate(all_steps)
     median_ms = tuple(float(v) for v in np.median(stacked, axis=0))
     return PhaseLayers(
@@ -190,7 +189,7 @@ def _phase(phase: str, runs: list[list[tuple[int, list[tuple[bytes, int]], int]]
         n_steps=len(stacked),
         per_run_ms=tuple(per_run),
         outliers=outlier_layers(names, median_ms),
-        coverage=coverage,
+        coverage=float(np.median(stacked.sum(axis=1) / np.asarray(steps_ms))),
     )
 
 

@@ -484,11 +484,8 @@ def context_slope(
     The first gap of each run is left out (it carries first-token effects, reported apart).
     """
     base = (prompt_tokens or 0) + 1
-    xs, ys = [], []
-    for itl in itl_runs:
-        for i, value in enumerate(itl[1:], start=1):
-            xs.append(base + i)
-            ys.append(value)
+    points = [(base + i, value) for itl in itl_runs for i, value in enumerate(itl[1:], start=1)]
+    xs, ys = [x for x, _ in points], [y for _, y in points]
     if len(set(xs)) < 3:
         return None, None
     slope_ms = float(np.polyfit(np.asarray(xs, float), np.asarray(ys, float), 1)[0])
