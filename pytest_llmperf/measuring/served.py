@@ -179,6 +179,11 @@ def _outcomes(outcomes: Sequence[RunTrace | str | None]) -> tuple[list[RunTrace]
     return traces, errors
 
 
+#: The measured requests as they are sent: each one's outcome (its trace, or why it failed) and
+#: when the client began it (``time.perf_counter_ns``), by request.
+Sent = tuple[list[RunTrace | str | None], list[int]]
+
+
 def _send(
     engine: Engine, workload: Workload, n: int, workers: int, first: int, sent_ns: list[int]
 ) -> tuple[list[RunTrace | str | None], dict[str, float] | None, int]:
@@ -188,24 +193,21 @@ def _send(
     event loop, any other from a thread pool."""
     outcomes: list[RunTrace | str | None] = [None] * n
     if isinstance(engine, AsyncRuns):
-        server_before, begin = _run_loop(_send_async(engine, workload, n, workers, first, outcomes, sent_ns))
+        server_before, begin = _run_loop(_send_async(engine, workload, workers, first, (outcomes, sent_ns)))
     else:
         for i in range(workload.warmup):
             engine.run(workload, -1 - first - i)
         server_before = _server_metrics(engine)
-        begin = _send_threads(engine, workload, n, workers, first, outcomes, sent_ns)
+        begin = _send_threads(engine, workload, workers, first, (outcomes, sent_ns))
     return outcomes, server_before, begin
 
 
-def _send_threads(
-    engine: Engine,
-    workload: Workload,
-    n: int,
-    workers: int,
-    first: int,
-    outcomes: list[RunTrace | str | None],
-    sent_ns: list[int],
-) -> int:
+def _send_threads(engine: Engine, workload: Workload, workers: int, first: int, sent: Sent) -> int:
+    """The requests from a thread pool, at their scheduled times (``schedule_s``) or all at once;
+    fills ``sent``; returns when the first was due."""
+    outcomes, sent_ns = sent
+    n = len(outcomes)
+
     def one(i: int) -> None:
         sent_ns[i] = time.perf_counter_ns()  # the client begins it: outside the request's own clock reads
         try:
@@ -230,13 +232,7 @@ def _send_threads(
 
 
 async def _send_async(
-    engine: AsyncRuns,
-    workload: Workload,
-    n: int,
-    workers: int,
-    first: int,
-    outcomes: list[RunTrace | str | None],
-    sent_ns: list[int],
+    engine: AsyncRuns, workload: Workload, workers: int, first: int, sent: Sent
 ) -> tuple[dict[str, float] | None, int]:
     """Warm-ups one by one, then all requests as tasks of this loop, at most ``workers`` in
     flight (a semaphore). The warm-ups run on the same client: the lazy imports of its first
@@ -249,24 +245,19 @@ async def _send_async(
         for i in range(workload.warmup):
             await engine.arun(workload, -1 - first - i, client)
         server_before = _server_metrics(engine)  # blocking, but nothing else runs on the loop yet
-        begin = await _send_measured(engine, workload, n, first, (outcomes, sent_ns), slots, client)
+        begin = await _send_measured(engine, workload, first, sent, slots, client)
     finally:
         await client.aclose()
     return server_before, begin
 
 
 async def _send_measured(
-    engine: AsyncRuns,
-    workload: Workload,
-    n: int,
-    first: int,
-    got: tuple[list[RunTrace | str | None], list[int]],
-    slots: asyncio.Semaphore,
-    client: httpx.AsyncClient,
+    engine: AsyncRuns, workload: Workload, first: int, sent: Sent, slots: asyncio.Semaphore, client: httpx.AsyncClient
 ) -> int:
     """The requests as tasks, at their scheduled times (``schedule_s``) or all at once; fills
-    ``got`` (each one's outcome, and when the client began it); returns when the first was due."""
-    outcomes, sent_ns = got
+    ``sent``; returns when the first was due."""
+    outcomes, sent_ns = sent
+    n = len(outcomes)
 
     async def one(i: int) -> None:
         async with slots:
