@@ -95,30 +95,38 @@ def no_llama(prompt: str, max_tokens: int):
     yield from range(max_tokens)
 
 
+#: llama.cpp times each sample in whole microseconds, and the tiny model's greedy sample takes
+#: under one (8 took 3 to 8 us here): 8 can all read 0 on a fast quiet machine (a fresh-clone
+#: run did); 32 all reading 0 has odds of about 0.6**32.
+W32 = dataclasses.replace(W, max_tokens=32)
+
+
 def test_the_counters_of_one_run_are_llama_cpps_own(tiny_engine) -> None:
     llm, lib = tiny_engine.llm, tiny_engine.lib
     engine = watched(stream(llm))
-    engine.run(W, -1)  # a first run: the next one would find its prompt cached, were it not cleared
+    engine.run(W32, -1)  # a first run: the next one would find its prompt cached, were it not cleared
     lib.llama_perf_context_reset(llm._ctx.ctx)
-    trace = engine.run(W, 0)
+    trace = engine.run(W32, 0)
     perf = lib.llama_perf_context(llm._ctx.ctx)
     native = trace.native
     assert native is not None and native.source.startswith("llama_perf_context") and native.sampled_in_run
-    prompt = llm.tokenize(synthetic_text(16, W.seed).encode())  # what the callable was given
+    prompt = llm.tokenize(synthetic_text(16, W32.seed).encode())  # what the callable was given
     # Cold: the whole prompt evaluated again, none reused; its counters are the prompt's alone.
     assert trace.prompt_tokens == len(prompt) and trace.prompt_reused_tokens == 0
     assert native.prefill_tokens == perf.n_p_eval == len(prompt) and native.prefill_ms == pytest.approx(
         perf.t_p_eval_ms
     )
     # Decode: exactly the steps between the first and the last token (the last one is not evaluated).
-    assert native.decode_tokens == perf.n_eval == W.max_tokens - 1 and native.decode_ms == pytest.approx(perf.t_eval_ms)
-    assert len(trace.token_ns) == W.max_tokens and trace.prefill_done_ns <= trace.token_ns[0]
+    assert native.decode_tokens == perf.n_eval == W32.max_tokens - 1 and native.decode_ms == pytest.approx(
+        perf.t_eval_ms
+    )
+    assert len(trace.token_ns) == W32.max_tokens and trace.prefill_done_ns <= trace.token_ns[0]
     # llama.cpp reports a count of 0 as 1: read as 0, a run after a reset counts from nothing.
     assert LlamaCounters(llm).between(LlamaCounters(llm).read(), LlamaCounters(llm).read()) is None
     # Sampling: the run's chain (llama-cpp-python makes one per generate call) kept llama.cpp's own
     # time, one sample per token, and that is the run's sampling, not a clock around ``sample``.
     chain = lib.llama_perf_sampler(llm._sampler.sampler)
-    assert chain.n_sample == native.sample_count == W.max_tokens and chain.t_sample_ms > 0
+    assert chain.n_sample == native.sample_count == W32.max_tokens and chain.t_sample_ms > 0
     assert native.sample_ms == pytest.approx(chain.t_sample_ms)
 
 
