@@ -261,3 +261,18 @@ def test_a_record_holds_each_section_typed_and_reads_it_by_attribute(data: st.Da
     first = next(iter(rec[name]))  # concurrency, asked, reason, rule: the catalog's readers' path
     assert r.to_json()[name][first] == getattr(held, first)
     assert READERS[name](rec[name]) == held
+
+
+@given(x=loads())
+def test_a_load_level_reads_no_key_it_never_writes_and_no_null_metrics(x: LoadStats) -> None:
+    """A key of a field the record does not keep (``UNSTORED``: a load level's ``ttft``, a trace's
+    ``scheduled_s``) is not read, whatever it holds; a server side's ``metrics`` is always written
+    as an object, so a null one is not a stored load level (it is kept unread, as it came)."""
+    d = json.loads(json.dumps(x.to_json()))
+    junk = {**d, "ttft": "not stats", "duration_s": [1], "slo": 3}
+    if "trace" in d:
+        junk["trace"] = {**d["trace"], "scheduled_s": "no"}
+    assert LoadStats.from_json(junk).to_json() == d
+    if "server" in d:
+        with pytest.raises(TypeError):
+            LoadStats.from_json({**d, "server": {**d["server"], "metrics": None}})

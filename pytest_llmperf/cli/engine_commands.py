@@ -166,8 +166,15 @@ def run_load(args: argparse.Namespace) -> int:
 
     if not args.endpoint and not args.serve:
         raise ConfigError("give --endpoint URL (or set LLMPERF_ENDPOINT), or --serve MODEL to start a local server")
-    fields = ("prompt_tokens", "max_tokens", "requests", "rate", "warmup", "seed", "shared_prefix_tokens")
-    workload = Workload(**{name: getattr(args, name) for name in fields})  # each argument named as its field
+    workload = Workload(
+        prompt_tokens=args.prompt_tokens,
+        max_tokens=args.max_tokens,
+        requests=args.requests,
+        rate=args.rate,
+        warmup=args.warmup,
+        seed=args.seed,
+        shared_prefix_tokens=args.shared_prefix_tokens,
+    )
     slo = {k: getattr(args, k) for k in SLO_KEYS if getattr(args, k) is not None}
     with contextlib.ExitStack() as stack:
         endpoint, model = _local_server(args, stack) if args.serve else (args.endpoint, args.model)

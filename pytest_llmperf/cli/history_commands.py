@@ -297,7 +297,17 @@ def calibrate(spec, levels: Sequence, *, threshold: float, alpha_: float, m: int
     in_window = judged(window[:1], Level(mean, se, n, cv), window).detectable if enough else None
     # Both sides in one session: no between-session term, the two sides' runs only.
     ab = detectable(math.sqrt(2.0) * se, 2.0 * n - 2.0, alpha=alpha_ / m, threshold=threshold)
-    return Calibration(k, n, cv, between, alarms, replayed, stored, in_window, ab)
+    return Calibration(
+        sessions=k,
+        runs=n,
+        cv=cv,
+        between=between,
+        alarms=alarms,
+        replayed=replayed,
+        stored=stored,
+        window=in_window,
+        ab=ab,
+    )
 
 
 #: ``llmperf calibrate``'s table: one row per series (``_calibration_row``).

@@ -78,7 +78,8 @@ class Metric:
     read: Reader
     #: Per-run field of ``RunMetrics`` stored in a record's ``runs`` (None: not stored per run).
     run_field: str | None = None
-    #: Elsewhere in a record (a load level's or the roofline's figures), as a key path.
+    #: Elsewhere in a record (a load level's or the roofline's figures), as an attribute path of
+    #: its typed sections (``_at``).
     record_path: tuple[str, ...] = ()
     #: Judged against the baseline: one comparison per phase (and the decode tail), each
     #: counting once in Holm's family; ``tail``: against the tail threshold.
@@ -258,7 +259,7 @@ def _read(name: str) -> Reader:
 
 
 #: The parts of TTFT and TPOT: (name, label, phase, source, llama.cpp's own), each in its phase's
-#: unit and a part of its judged metric (``_PHASE_PARTS``). A served model's "llama.cpp" counters
+#: unit and a part of its judged metric (``_PART_UNIT``, ``_PART_OF``). A served model's "llama.cpp" counters
 #: are llama-server's ``timings`` (its sampling is inside them), so its "outside llama.cpp" is the
 #: queue, the network and the client.
 _PART_SPECS: tuple[tuple[str, str, str, str, bool], ...] = (
@@ -301,8 +302,9 @@ _PART_SPECS: tuple[tuple[str, str, str, str, bool], ...] = (
         False,
     ),
 )
-#: Each phase's parts: their unit and the judged metric they are a part of.
-_PHASE_PARTS = {"prefill": ("ms", "ttft_ms"), "decode": ("ms/token", "tpot_ms")}
+#: Each phase's parts: their unit, and the judged metric they are a part of.
+_PART_UNIT = {"prefill": "ms", "decode": "ms/token"}
+_PART_OF = {"prefill": "ttft_ms", "decode": "tpot_ms"}
 
 
 METRICS: dict[str, Metric] = {
@@ -381,9 +383,18 @@ METRICS: dict[str, Metric] = {
         ),
         # The parts of each phase (``PARTS``): where the time of TTFT and of TPOT went.
         *(
-            Metric(name, label, unit, phase, False, _read(name), part_of=of, source=source, inside_llama_cpp=inside)
+            Metric(
+                name,
+                label,
+                _PART_UNIT[phase],
+                phase,
+                False,
+                _read(name),
+                part_of=_PART_OF[phase],
+                source=source,
+                inside_llama_cpp=inside,
+            )
             for name, label, phase, source, inside in _PART_SPECS
-            for unit, of in (_PHASE_PARTS[phase],)
         ),
         # Output agreement with --llmperf-against's REF (REF is A; measuring.agreement), after the pairs.
         *(

@@ -286,9 +286,14 @@ def _stored_section(cls: type[_D], d: Mapping[str, object], **keys: str) -> _D:
     values: dict[str, object] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]  # a dataclass of this module
         key = keys.get(f.name, f.name)
-        if key in d or (f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING):
+        if key in d or _required(f):
             values[f.name] = _as(str(f.type), d[key])
     return cls(**values)
+
+
+def _required(f: dataclasses.Field[object]) -> bool:
+    """A field without a default."""
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
 
 
 def _written(annotation: str, value: object) -> JSONValue:
@@ -308,9 +313,11 @@ _F = TypeVar("_F", bound="_Fields")
 class _Fields:
     """A section whose stored form is its fields in order: ``to_json`` writes each as its annotation
     says (``_written``), ``from_json`` reads them back (``_stored_section``). ``KEYS``: a field's
-    stored key where it is not its name; ``UNSTORED``: the fields not written (a record read back
-    holds their defaults); ``EXACT``: numbers written as they are (not to six significant figures);
-    ``WHERE_SET``: the fields written only where they are not None."""
+    stored key where it is not its name; ``UNSTORED``: the fields ``to_json`` does not write (a
+    record read back holds their defaults; one without a default is given by the caller, or the
+    class writes it itself); ``EXACT``: numbers written as they are (not to six significant
+    figures); ``WHERE_SET``: the fields written only where they are not None. ``ServerSide`` and
+    ``LoadSample`` write their own: a number kept as its kind (an int in a float field stays one)."""
 
     KEYS: ClassVar[Mapping[str, str]] = {}
     UNSTORED: ClassVar[frozenset[str]] = frozenset()
@@ -330,11 +337,15 @@ class _Fields:
     @classmethod
     def from_json(cls: type[_F], d: Mapping[str, object]) -> _F:  # noqa: PYI019 (typing.Self: Python 3.11)
         """``to_json`` read back (every key it writes, but ``WHERE_SET``'s where None); KeyError,
-        TypeError or ValueError where a key is missing or of the wrong kind."""
-        written = {f.name for f in dataclasses.fields(cls)} - cls.UNSTORED - cls.WHERE_SET  # type: ignore[arg-type]
+        TypeError or ValueError where a key is missing or of the wrong kind. A key of an
+        ``UNSTORED`` field with a default is not read (a record never holds it); one without a
+        default is the caller's (a phase: its key)."""
+        fields = dataclasses.fields(cls)  # type: ignore[arg-type]  # a dataclass of this module
+        written = {f.name for f in fields} - cls.UNSTORED - cls.WHERE_SET
         if missing := [key for name in written if (key := cls.KEYS.get(name, name)) not in d]:
             raise KeyError(", ".join(sorted(missing)))
-        return _stored_section(cls, d, **cls.KEYS)
+        unread = {f.name for f in fields if f.name in cls.UNSTORED and not _required(f)}
+        return _stored_section(cls, {k: v for k, v in d.items() if k not in unread}, **cls.KEYS)
 
 
 @dataclass(frozen=True)
@@ -468,6 +479,13 @@ class ServerSide(_Fields):
         }
         out["metrics"] = dict(self.metrics or {})
         return out
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> ServerSide:
+        """``to_json`` read back; ``metrics`` is always written as an object, so a null one is
+        not a stored server side (TypeError: the load section is kept unread, as it came)."""
+        _object(d["metrics"])
+        return super().from_json(d)
 
 
 @dataclass(frozen=True)
@@ -1623,8 +1641,8 @@ _OBJECTS = ("hardware", "subject", "reference", "sessions")
 
 def _section_readers() -> dict[str, Callable[[Mapping[str, object]], object]]:
     """Each typed section's reader: strict (a damaged section is kept as it came, in ``unread``),
-    but the four a record computes when it is stored, whose readers keep what they cannot read
-    inside the section (``_StoredSection.read``)."""
+    but the ``_StoredSection``s a record computes when it is stored (``read``) and the workload's
+    identity and the summary, whose readers keep what they cannot read inside the section."""
     return {
         "workload": StoredWorkload.from_json,
         "summary": Summary.from_json,
@@ -1701,8 +1719,9 @@ def _percentile(ordered: Sequence[float], q: float) -> float:
 # --- the sections a record computes from the Measurement when it is stored --------------------
 #
 # ``Machine``, ``Memory``, ``PromptSeen`` (with its ``Turn``s) and ``Requests``, and the workload's
-# identity (``StoredWorkload``, written by ``stored`` too): each holds the figures as they are stored, written by ``to_json`` in the order the fields are declared, and read
-# back by ``from_json`` (every value of its kind, else KeyError/TypeError/ValueError) or by ``read``
+# identity (``StoredWorkload``, written by ``stored`` too): each holds the figures as they are
+# stored, written by ``to_json`` in the order the fields are declared (a section read back: in the
+# order its keys came, ``order``), and read back by ``from_json`` (every value of its kind, else KeyError/TypeError/ValueError) or by ``read``
 # (a hand-made or damaged section, the judge's to judge in part: a value of the wrong kind, or a key
 # this version does not know, is kept as it came in ``extra`` and written again after the fields).
 # A key written even where None (``NULLABLE``) that the stored section lacked is in ``absent``, so

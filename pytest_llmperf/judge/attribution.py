@@ -318,7 +318,8 @@ class AttributionChange:
         each side's cost and roofline."""
         out = _wrapped(f"where llama.cpp's time went ({self.reason}): A {self.a_name}, B {self.b_name}")
         for p in PHASES:
-            out += [*_wrapped(f"{p}: {self.phase(p).reading}"), *_table(self.phase(p))]
+            phase = self.phase(p)
+            out += [*_wrapped(f"{p}: {phase.reading}"), *_table(phase)]
         for who in ("A", "B"):
             out += _wrapped(_side_line(who, self.cost.get(who) or {}, self.sides.get(who) or {}))
         return out

@@ -445,4 +445,12 @@ def _slower_than_suite(
 def _with_mirrors(comparisons: Sequence[Comparison], i: int, new: Comparison) -> list[Comparison]:
     """One measurement's comparisons with the ``i``-th replaced by ``new``, and the rates that
     mirror it following it."""
-    return [new if k == i else followed(new, m) if m.mirror_of == new.metric else m for k, m in enumerate(comparisons)]
+    out = []
+    for k, m in enumerate(comparisons):
+        if k == i:
+            out.append(new)
+        elif m.mirror_of == new.metric:
+            out.append(followed(new, m))
+        else:
+            out.append(m)
+    return out

@@ -47,8 +47,9 @@ from .session_file import (
     comparison_headers,
     detects_cell,
     summary_values,
+    turns_of,
 )
-from .text import REPLAYED_OVER, length_note, length_rows, load_state_rows, memory_rows, trace_rows
+from .text import length_note, length_rows, load_state_rows, memory_rows, trace_rows
 from .where import (
     ATTRIBUTION_HEADERS,
     LEGEND,
@@ -383,7 +384,7 @@ def _memory_table(record: Measurement) -> list[str]:
 def _trace_table(record: Measurement) -> list[str]:
     """A replayed trace's summary (the stored ``load.trace``): its requests, span and pace, and
     how late the client sent them against their schedule (its own lag)."""
-    rows = [r for r in trace_rows(record.load.trace if record.load is not None else None) if r[0] != REPLAYED_OVER]
+    rows = trace_rows(record.load.trace if record.load is not None else None, schedule=False)
     return [_table(("trace replay, open loop", "unit", "value", "sample"), rows)] if rows else []
 
 
@@ -416,7 +417,7 @@ def _turns_table(prompt: PromptSeen | None) -> list[str]:
     llama.cpp evaluated and reused (its counters), TTFT p50 / p95, decode per token, runs."""
     rows = [
         [str(t.turn), _turn_tokens(t), f"{cell(t.ttft_p50_ms)} / {cell(t.ttft_p95_ms)}", cell(t.tpot_ms), str(t.runs)]
-        for t in (prompt.turns if prompt is not None else None) or ()
+        for t in turns_of(prompt)
     ]
     return [f'<div class="turns"><h3>Conversation, turn by turn</h3>{_table(TURN_HEADERS, rows)}</div>'] if rows else []
 

@@ -92,7 +92,7 @@ def figure_rows() -> dict[str, tuple[str, ...]]:
     for name, f in FIGURES.items():
         if f.metric is not None and name not in placed:
             same = (k for k in rows if (FIGURES[k].metric, FIGURES[k].pooled_tokens) == (f.metric, f.pooled_tokens))
-            rows.setdefault(next(same, name), []).append(name)
+            rows.setdefault(next(same, name), []).append(name)  # the figure's own row when none matches
     return {k: tuple(v) for k, v in rows.items()}
 
 
@@ -594,19 +594,19 @@ def load_rows(m: Measurement) -> list[tuple[str, str, str, str]]:
 
 
 #: ``trace_rows``' row of the schedule's length (the HTML report's trace table has none).
-REPLAYED_OVER = "trace replayed over"
 
 
-def trace_rows(trace: TraceReplay | None) -> list[tuple[str, str, str, str]]:
+def trace_rows(trace: TraceReplay | None, *, schedule: bool = True) -> list[tuple[str, str, str, str]]:
     """A trace replay's length and pace, and how late the client sent its requests against
-    their schedule (the client's own lag): rows for the per-test table."""
+    their schedule (the client's own lag): rows for the per-test table (``schedule``: with the
+    span the schedule asked for, which the HTML table leaves out)."""
     if trace is None:
         return []
     n = f"{trace.n_requests} requests"
     lag = f"{fmt(trace.send_lag_p50_ms)} / {fmt(trace.send_lag_max_ms)}"
     return [
         ("trace", "", f"{trace.n_requests} requests over {fmt(trace.span_s)} s", f"replayed at {trace.speed:g}x"),
-        *([(REPLAYED_OVER, "s", fmt(trace.scheduled_s[-1]), n)] if trace.scheduled_s else []),
+        *([("trace replayed over", "s", fmt(trace.scheduled_s[-1]), n)] if schedule and trace.scheduled_s else []),
         ("client send lag p50 / max (sent - scheduled)", "ms", lag, n),
     ]
 

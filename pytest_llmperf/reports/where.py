@@ -222,7 +222,11 @@ def html_headers(e: Explained) -> tuple[str, ...]:
 def html_rows(parts: Sequence[PartChange]) -> list[list[str]]:
     """Every part's row of the HTML report's table (plain text; the caller escapes, and shows
     the part's ``source`` on its label)."""
-    return [[p.phase, *c[:-1], f"{p.p_value:.3g}", c[-1]] for p, c in zip(parts, map(part_cells, parts))]
+    rows = []
+    for p in parts:
+        label, a, b, change, ci, was = part_cells(p)
+        rows.append([p.phase, label, a, b, change, ci, f"{p.p_value:.3g}", was])
+    return rows
 
 
 # --- where llama.cpp's time went: the attribution pass (judge.attribution's JSON) --------------

@@ -207,7 +207,8 @@ class Session:
         fingerprint hook answers wrongly."""
         labels = self.labels_seen.setdefault(nodeid, set())
         # A test's second label is one more member; a sequential measurement's later looks are not.
-        self.extra_measurements += bool(labels) and m.label not in labels
+        if labels and m.label not in labels:
+            self.extra_measurements += 1
         labels.add(m.label)
         return self.assessor.assess(
             nodeid, Path(module), m, marker, family_size=self.family_size, peers=self.planned_measurements

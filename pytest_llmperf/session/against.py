@@ -117,7 +117,8 @@ class Against:
     def family_for(self, nodeid: str, label: str) -> int:
         """Holm's family size once this measurement is counted (the session's ``family_size``)."""
         labels = self.labels_seen.setdefault(nodeid, set())
-        self.extra_measurements += bool(labels) and label not in labels  # a test's later labels: new members
+        if labels and label not in labels:  # a test's later labels: new members
+            self.extra_measurements += 1
         labels.add(label)
         return self.family + self.extra_measurements * len(JUDGED)
 
